@@ -1,0 +1,78 @@
+"""Step overhead of eager capture on the GPT example: plain vs each capture mode, in one process.
+
+    python bench/overhead.py [--steps 10] [--warmup 3]
+
+Prints seconds per step and the ratio to the plain step, measured in this process, alternating
+modes so drift (thermal, other load) hits every mode alike. The model follows the foundation issue:
+4 layers, d_model 256, 4 heads, seq 128, batch 8, AdamW, CPU, fixed seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torchdebug  # noqa: E402
+from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
+
+MODES = {
+    "plain": None,
+    "statistics/op": dict(task="statistics", level="op"),
+    "statistics/module": dict(task="statistics", level="module"),
+    "tensor/op": dict(task="tensor", level="op"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per mode")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--modes", nargs="*", default=list(MODES))
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torchdebug.seed_all(1234)
+    config = GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=128)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = make_batch(config, batch=8)
+    times: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        debuggers = {
+            mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_"), **options)
+            for mode, options in MODES.items()
+            if options is not None and mode in args.modes
+        }
+        for round_ in range(args.warmup + args.steps):
+            for mode in args.modes:
+                debugger = debuggers.get(mode)
+                start = time.perf_counter()
+                if debugger is not None:
+                    debugger.start(model)
+                train_step(model, optimizer, batch)
+                if debugger is not None:
+                    debugger.stop()
+                    debugger.step()
+                elapsed = time.perf_counter() - start
+                if round_ >= args.warmup:
+                    times[mode].append(elapsed)
+        for debugger in debuggers.values():
+            with contextlib.suppress(Exception):
+                debugger.close()
+    plain = statistics.median(times["plain"]) if "plain" in times else None
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps per mode (median)")
+    for mode, values in times.items():
+        median = statistics.median(values)
+        ratio = f"{median / plain:.2f}x" if plain else "-"
+        print(f"{mode:20s} {median * 1000:8.1f} ms/step  {ratio}")
+
+
+if __name__ == "__main__":
+    main()

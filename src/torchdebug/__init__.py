@@ -1,0 +1,66 @@
+"""torchdebug: why a PyTorch model fails to compile and where its numbers go wrong.
+
+Typical use::
+
+    import torchdebug
+    torchdebug.seed_all(1234)
+    with torchdebug.dump("dump", task="statistics"):
+        loss = train_step(model, batch)
+
+This module only re-exports the public API, lazily: ``import torchdebug`` must stay cheap because
+PyTorch may import it while ``import torch`` runs (``TORCH_LOGS="+torchdebug"``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "Debugger": "torchdebug.debugger",
+    "DebuggerConfig": "torchdebug.config",
+    "dump": "torchdebug.debugger",
+    "seed_all": "torchdebug.seed",
+    "load": "torchdebug.store.reader",
+    "Record": "torchdebug.records",
+    "TorchDebugError": "torchdebug.errors",
+    "ConfigError": "torchdebug.errors",
+    "DumpError": "torchdebug.errors",
+    "compare": "torchdebug.compare",
+    "CompareResult": "torchdebug.compare",
+    "CompilerConfig": "torchdebug.compile",
+    "get_backend": "torchdebug.compile",
+}
+_SUBMODULES = {"scope"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"torchdebug.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'torchdebug' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from torchdebug.compare import CompareResult, compare
+    from torchdebug.compile import CompilerConfig, get_backend
+    from torchdebug.config import DebuggerConfig
+    from torchdebug.debugger import Debugger, dump
+    from torchdebug.errors import ConfigError, DumpError, TorchDebugError
+    from torchdebug.records import Record
+    from torchdebug.seed import seed_all
+    from torchdebug.store.reader import load

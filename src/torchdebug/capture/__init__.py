@@ -1,0 +1,1 @@
+"""Capturing records: eager ops (dispatch mode), modules (hooks), filters and call stacks."""

@@ -1,0 +1,158 @@
+"""Eager op capture: a ``TorchDispatchMode`` that records every aten op call.
+
+Capturing at the dispatcher sees every op, however it was called (``torch.relu``, ``x.relu()``,
+``from torch import relu``, ``F.linear``), with no list of functions to patch. The mode sets
+``ignore_compile_internals``: compiled functions called while it is active stay compiled and are
+not recompiled.
+
+Phases: an op runs in ``backward`` when the autograd engine is executing a node
+(``torch._C._current_autograd_node``), in ``optimizer`` between an optimizer's step pre- and
+post-hooks, else in ``forward``. A backward op is attributed to the module, source line and call
+of the forward op that created its autograd node, found through the node's sequence number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._C._autograd import _get_sequence_nr
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchdebug.capture.filters import NameMatcher, RangeGate
+from torchdebug.capture.modules import ModuleTracker
+from torchdebug.capture.session import CaptureSession, iter_slots
+from torchdebug.capture.stacks import StackRecorder
+from torchdebug.records import NO_MODULE
+
+_ForwardInfo = tuple[str, str, "tuple[str, list[str], str] | None"]
+"""``(module, call name, (stack id, frames, source))`` of a forward op, keyed by its autograd
+sequence number."""
+
+
+class _DumpMode(TorchDispatchMode):
+    def __init__(self, capture: OpCapture) -> None:
+        super().__init__()
+        self._capture = capture
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        return self._capture.on_op(func, args, kwargs or {})
+
+
+class OpCapture:
+    """Records the aten ops of one step into a :class:`CaptureSession`."""
+
+    def __init__(
+        self,
+        session: CaptureSession,
+        tracker: ModuleTracker,
+        *,
+        phases: frozenset[str],
+        ios: frozenset[str],
+        names: list[str],
+        call_range: list[str],
+        stack: str | list[str],
+    ) -> None:
+        self.session = session
+        self.tracker = tracker
+        self.phases = phases
+        self._backward_wanted = "backward" in phases
+        self.ios = ios
+        self.names = NameMatcher(names)
+        self.range = RangeGate(call_range)
+        self.stack_mode = "range" if isinstance(stack, list) else stack
+        self.stack_range = RangeGate(stack if isinstance(stack, list) else [])
+        self.stacks = StackRecorder()
+        self._op_names: dict[Any, str] = {}
+        self._calls: dict[tuple[str, str, str], int] = {}
+        self._forward: dict[int, _ForwardInfo] = {}
+        self._in_optimizer = 0
+        self._mode: _DumpMode | None = None
+        self._handles: list[Any] = []
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._handles = [
+            register_optimizer_step_pre_hook(self._optimizer_enter),
+            register_optimizer_step_post_hook(self._optimizer_exit),
+        ]
+        self._mode = _DumpMode(self)
+        self._mode.__enter__()
+
+    def stop(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._in_optimizer = 0
+
+    def next_step(self) -> None:
+        self._calls.clear()
+        self._forward.clear()
+        self.range.reset()
+        self.stack_range.reset()
+
+    def _optimizer_enter(self, *_: Any) -> None:
+        self._in_optimizer += 1
+
+    def _optimizer_exit(self, *_: Any) -> None:
+        self._in_optimizer = max(0, self._in_optimizer - 1)
+
+    # -- the hot path --------------------------------------------------------------------------
+    def on_op(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        op = self._op_names.get(func)
+        if op is None:
+            op = self._op_names[func] = str(func)
+        fwd = None
+        captured = None
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            phase = "backward"
+            info = self._forward.get(node._sequence_nr())
+            if info is not None:
+                module, fwd, captured = info
+            else:
+                module = NO_MODULE
+        else:
+            phase = "optimizer" if self._in_optimizer else "forward"
+            module = self.tracker.current() if phase == "forward" else NO_MODULE
+        key = (phase, module, op)
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        call_name = f"{phase}/{module}/{op}#{call}"
+
+        selected = phase in self.phases and self.range.check(call_name) and (not self.names or self.names(call_name))
+        want_stack = self.stack_mode == "all" or (self.stack_mode == "range" and self.stack_range.check(call_name))
+        if node is None and want_stack and (selected or self._backward_wanted):
+            captured = self.stacks.capture()
+        if phase == "forward":
+            # The node this op creates (if any) took the sequence number just before the next one.
+            self._forward.setdefault(_get_sequence_nr() - 1, (module, call_name, captured))
+        stack_id = source = None
+        if captured is not None and want_stack:
+            stack_id, frames, source = captured
+            if selected:
+                self.session.add_stack(stack_id, frames)
+
+        if not selected:
+            return func(*args, **kwargs)
+        session = self.session
+        seq = session.next_seq()
+        save = session.wants_tensor(call_name)
+        common = dict(
+            phase=phase, module=module, op=op, call=call, seq=seq, save_tensors=save,
+            stack=stack_id, source=source, fwd=fwd,
+        )  # fmt: skip
+        if "input" in self.ios:
+            session.add_call(iter_slots(args, kwargs), io="input", **common)
+        out = func(*args, **kwargs)
+        if "output" in self.ios:
+            session.add_call(iter_slots(out if isinstance(out, (tuple, list)) else (out,)), io="output", **common)
+        return out

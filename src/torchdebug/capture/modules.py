@@ -1,0 +1,174 @@
+"""Module attribution and module-level records, through global nn.Module hooks.
+
+:class:`ModuleTracker` keeps the stack of modules whose forward is running, so each op gets the
+path of the innermost one. Paths are relative to the model given to the debugger (its own path is
+``<root>``). Without a model, the first top-level module called is taken as the model; other
+top-level modules (a loss module, say) are named by their class.
+
+:class:`ModuleRecorder` (``level="module"`` or ``"mix"``) records each module call's inputs
+(positional ones when the call starts, keyword ones when it ends), outputs and own parameters in the
+forward, the gradients of its outputs and inputs in the backward (tensor hooks: an input shared by
+several modules gets its total gradient) and each parameter's gradient once accumulated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+from torchdebug.capture.session import CaptureSession, iter_slots
+from torchdebug.records import MODULE_OP, NO_MODULE
+
+ROOT_MODULE = "<root>"
+"""Module path of the model itself."""
+
+
+class ModuleTracker:
+    """The path of the innermost running module, maintained by global forward hooks."""
+
+    def __init__(self, model: nn.Module | None = None) -> None:
+        self._names: dict[int, str] = {}
+        self._model_adopted = model is not None
+        if model is not None:
+            self._adopt(model, "")
+        self._stack: list[str] = []
+        self._handles: list[Any] = []
+        self.recorder: ModuleRecorder | None = None
+
+    def _adopt(self, root: nn.Module, prefix: str) -> None:
+        for name, module in root.named_modules(remove_duplicate=False):
+            path = f"{prefix}.{name}" if prefix and name else (name or prefix or ROOT_MODULE)
+            self._names.setdefault(id(module), path)
+
+    def name_of(self, module: nn.Module) -> str:
+        name = self._names.get(id(module))
+        if name is None:
+            if not self._stack and not self._model_adopted:
+                self._model_adopted = True
+                self._adopt(module, "")
+            elif not self._stack:
+                self._adopt(module, type(module).__name__)
+            else:
+                self._names[id(module)] = f"{self._stack[-1]}.{type(module).__name__}"
+            name = self._names[id(module)]
+        return name
+
+    def current(self) -> str:
+        return self._stack[-1] if self._stack else NO_MODULE
+
+    def start(self) -> None:
+        self._handles = [
+            register_module_forward_pre_hook(self._enter),
+            register_module_forward_hook(self._exit, with_kwargs=True, always_call=True),
+        ]
+
+    def stop(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._stack.clear()
+
+    def _enter(self, module: nn.Module, args: tuple) -> None:
+        name = self.name_of(module)
+        self._stack.append(name)
+        if self.recorder is not None:
+            self.recorder.enter(module, name, args)
+
+    def _exit(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if self._stack:
+            name = self._stack.pop()
+            if self.recorder is not None:
+                self.recorder.exit(module, name, kwargs, output)
+
+
+class ModuleRecorder:
+    """Module-level records (see the module docstring)."""
+
+    def __init__(self, session: CaptureSession, phases: frozenset[str], ios: frozenset[str], model: nn.Module | None) -> None:
+        self.session = session
+        self.phases = phases
+        self.ios = ios
+        self.model = model
+        self._calls: dict[tuple[str, str], int] = {}
+        self._open: list[tuple[str, int, int]] = []
+        self._handles: list[Any] = []
+        self.active = False
+
+    def start(self) -> None:
+        self.active = True
+        if self.model is not None and "backward" in self.phases:
+            for name, param in self.model.named_parameters():
+                if param.requires_grad:
+                    self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
+
+    def stop(self) -> None:
+        self.active = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._open.clear()
+
+    def next_step(self) -> None:
+        self._calls.clear()
+
+    def _next_call(self, phase: str, name: str) -> int:
+        call = self._calls.get((phase, name), 0)
+        self._calls[(phase, name)] = call + 1
+        return call
+
+    def _add(self, slots: Any, *, phase: str, name: str, call: int, seq: int, io: str) -> None:
+        save = self.session.wants_tensor(f"{phase}/{name}/{MODULE_OP}#{call}")
+        self.session.add_call(slots, phase=phase, module=name, op=MODULE_OP, call=call, seq=seq, io=io, save_tensors=save)
+
+    def enter(self, module: nn.Module, name: str, args: tuple) -> None:
+        call = self._next_call("forward", name)
+        seq = self.session.next_seq()
+        self._open.append((name, call, seq))
+        if "forward" in self.phases and "input" in self.ios:
+            self._add(iter_slots(args), phase="forward", name=name, call=call, seq=seq, io="input")
+        if "backward" in self.phases and "output" in self.ios and torch.is_grad_enabled():
+            for arg, value in iter_slots(args):
+                if isinstance(value, torch.Tensor) and value.requires_grad:
+                    value.register_hook(self._tensor_grad_hook(name, call, "output", arg))
+
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+        if not self._open:
+            return
+        _, call, seq = self._open.pop()
+        if "forward" in self.phases:
+            if kwargs and "input" in self.ios:
+                self._add(iter_slots((), kwargs), phase="forward", name=name, call=call, seq=seq, io="input")
+            if "output" in self.ios:
+                outputs = output if isinstance(output, (tuple, list)) else (output,)
+                self._add(iter_slots(outputs), phase="forward", name=name, call=call, seq=seq, io="output")
+            params = [(n, p) for n, p in module.named_parameters(recurse=False)]
+            if params:
+                self._add(iter(params), phase="forward", name=name, call=call, seq=seq, io="parameter")
+        if "backward" in self.phases and torch.is_grad_enabled():
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            for arg, value in iter_slots(outputs):
+                if isinstance(value, torch.Tensor) and value.requires_grad:
+                    value.register_hook(self._tensor_grad_hook(name, call, "input", arg))
+
+
+    def _tensor_grad_hook(self, name: str, call: int, io: str, arg: str) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            if io in self.ios and self.active:
+                seq = self.session.next_seq()
+                self._add(iter([(arg, grad)]), phase="backward", name=name, call=call, seq=seq, io=io)
+
+        return hook
+
+    def _grad_hook(self, param_name: str) -> Any:
+        module, _, leaf = param_name.rpartition(".")
+        module = module or ROOT_MODULE
+
+        def hook(param: torch.Tensor) -> None:
+            call = self._next_call("parameter_grad", param_name)
+            seq = self.session.next_seq()
+            self._add(iter([(leaf, param.grad)]), phase="backward", name=module, call=call, seq=seq, io="parameter_grad")
+
+        return hook

@@ -1,0 +1,228 @@
+"""Turning tensor slots into records and batches of records into files.
+
+:class:`CaptureSession` is what eager op capture, module capture and (later) graph capture share:
+``add_call`` makes one record per slot of a call, takes statistics now (a tensor may be changed
+in place later) and snapshots tensors for ``task="tensor"``; ``flush`` resolves the staged
+statistics, writes the tensor batch and appends the records. A tensor seen again unchanged (an
+op's output fed to the next op) reuses the statistics and the saved tensor of its first slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from torchdebug.capture.filters import NameMatcher
+from torchdebug.config import DebuggerConfig
+from torchdebug.records import Record, make_name
+from torchdebug.stats import StatsStager
+from torchdebug.store.writer import RankWriter
+
+logger = logging.getLogger("torchdebug.capture.session")
+
+SAMPLE_EDGE = 256
+"""Elements kept at each end of a sampled tensor (ptdbg's convention)."""
+
+_FLUSH_RECORDS = 4096
+_FLUSH_TENSOR_BYTES = 512 * 2**20
+
+Slot = tuple[str, Any]
+"""``(argument path, value)``: one tensor or non-tensor argument of a call."""
+
+
+def iter_slots(args: tuple | list, kwargs: dict[str, Any] | None = None) -> Iterator[Slot]:
+    """Flatten call arguments into slots: ``0``, ``1.2`` (list element), ``alpha`` (keyword)."""
+    for index, value in enumerate(args):
+        yield from _walk(value, str(index))
+    if kwargs:
+        for key, value in kwargs.items():
+            yield from _walk(value, key)
+
+
+def _walk(value: Any, path: str) -> Iterator[Slot]:
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (torch.Tensor, list, tuple)) for v in value):
+        for index, item in enumerate(value):
+            yield from _walk(item, f"{path}.{index}")
+    else:
+        yield path, value
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-ready form of a non-tensor argument (dtypes, devices, symbolic ints as strings)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    text = str(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class _Seen:
+    """What was captured for a tensor object at one version (for reuse by later slots)."""
+
+    __slots__ = ("ref", "version", "stats", "tensor")
+
+    def __init__(self, ref: weakref.ref, version: int, stats: dict | None, tensor: dict | None) -> None:
+        self.ref, self.version, self.stats, self.tensor = ref, version, stats, tensor
+
+
+class CaptureSession:
+    """Builds records for one rank and writes them through a :class:`RankWriter` in batches."""
+
+    def __init__(self, config: DebuggerConfig, writer: RankWriter, rank: int) -> None:
+        self.writer = writer
+        self.rank = rank
+        self.step = 0
+        self.seq = 0
+        self.want_stats = config.task in ("statistics", "tensor")
+        self.want_tensors = config.task == "tensor"
+        self.tensor_matcher = NameMatcher(config.tensor_list)
+        self.sample_stride = config.sample_stride if config.sample_stride >= 2 else 0
+        self._records: list[Record] = []
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._tensor_refs: list[dict[str, str]] = []
+        self._tensor_bytes = 0
+        self._stager = StatsStager()
+        self._seen: dict[int, _Seen] = {}
+        self._warned: set[str] = set()
+
+    # -- building records -------------------------------------------------------------------
+    def next_seq(self) -> int:
+        seq = self.seq
+        self.seq += 1
+        return seq
+
+    def wants_tensor(self, call_name: str) -> bool:
+        return self.want_tensors and (not self.tensor_matcher or self.tensor_matcher(call_name))
+
+    def add_call(
+        self,
+        slots: Iterator[Slot],
+        *,
+        phase: str,
+        module: str,
+        op: str,
+        call: int,
+        seq: int,
+        io: str,
+        save_tensors: bool,
+        stack: str | None = None,
+        source: str | None = None,
+        fwd: str | None = None,
+    ) -> None:
+        """One record per slot of one side (inputs or outputs) of a call."""
+        step, rank = self.step, self.rank
+        for arg, value in slots:
+            record = Record(
+                name=make_name(phase, module, op, call, io, arg),
+                step=step,
+                rank=rank,
+                phase=phase,
+                module=module,
+                op=op,
+                call=call,
+                seq=seq,
+                io=io,
+                arg=arg,
+                stack=stack,
+                source=source,
+                fwd=fwd,
+            )
+            if isinstance(value, torch.Tensor):
+                try:
+                    self._describe_tensor(record, value, save_tensors)
+                except Exception as error:  # never crash the user's run for one slot
+                    record.error = f"{type(error).__name__}: {error}"
+                    if op not in self._warned:
+                        self._warned.add(op)
+                        logger.warning("could not capture a tensor of %s (%s); recorded the error", op, record.error)
+            else:
+                record.kind = "value"
+                record.value = json_value(value)
+            self._records.append(record)
+        if len(self._records) >= _FLUSH_RECORDS or self._tensor_bytes >= _FLUSH_TENSOR_BYTES:
+            self.flush()
+
+    def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool) -> None:
+        record.dtype = dtype_name(tensor.dtype)
+        record.shape = list(tensor.shape)
+        record.device = str(tensor.device)
+        if tensor.layout != torch.strided:
+            record.error = f"layout {tensor.layout} is not captured"
+            return
+        record.stride = list(tensor.stride())
+        if not (self.want_stats or save):
+            return
+        seen = self._seen.get(id(tensor))
+        version = tensor._version
+        if seen is not None and seen.ref() is tensor and seen.version == version:
+            record.stats = seen.stats
+            if save and seen.tensor is not None:
+                record.tensor = seen.tensor
+                record.sampled = self._sampling_for(tensor)
+                return
+        else:
+            stats: dict[str, Any] = {}
+            self._stager.add(tensor, stats.update)
+            record.stats = stats
+            seen = _Seen(weakref.ref(tensor), version, stats, None)
+            self._seen[id(tensor)] = seen
+        if save:
+            record.tensor = seen.tensor = self._snapshot(record.name, tensor)
+            record.sampled = self._sampling_for(tensor)
+
+    def _sampling_for(self, tensor: torch.Tensor) -> int | None:
+        if self.sample_stride and tensor.numel() > 2 * SAMPLE_EDGE:
+            return self.sample_stride
+        return None
+
+    def _snapshot(self, key: str, tensor: torch.Tensor) -> dict[str, str]:
+        """Copy the tensor now (contiguous, on the CPU) and queue it for the next tensor file."""
+        data = tensor.detach()
+        if data.is_complex():
+            data = torch.view_as_real(data)
+        if self._sampling_for(tensor):
+            flat = data.reshape(-1)
+            middle = flat[SAMPLE_EDGE : flat.shape[0] - SAMPLE_EDGE : self.sample_stride]
+            data = torch.cat([flat[:SAMPLE_EDGE], middle, flat[flat.shape[0] - SAMPLE_EDGE :]])
+        copy = torch.empty(data.shape, dtype=data.dtype, device="cpu")
+        copy.copy_(data)
+        self._tensors[key] = copy
+        self._tensor_bytes += copy.numel() * copy.element_size()
+        ref = {"key": key}
+        self._tensor_refs.append(ref)
+        return ref
+
+    # -- writing -----------------------------------------------------------------------------
+    def add_stack(self, stack_id: str, frames: list[str]) -> None:
+        if not self.writer.has_stack(stack_id):
+            self.writer.add_stack(stack_id, frames)
+
+    def flush(self) -> None:
+        """Resolve staged statistics, write the pending tensor batch, append pending records."""
+        self._stager.flush()
+        if self._tensors:
+            file = self.writer.save_tensors(self.step, self._tensors)
+            for ref in self._tensor_refs:
+                ref["file"] = file
+            self._tensors, self._tensor_refs, self._tensor_bytes = {}, [], 0
+        if self._records:
+            records, self._records = self._records, []
+            self.writer.write_records(records)
+
+    def next_step(self) -> None:
+        """Flush and start the next step (call indices and reuse caches start over)."""
+        self.flush()
+        self.step += 1
+        self.seq = 0
+        self._seen.clear()

@@ -1,0 +1,204 @@
+"""The user-facing eager dump: :class:`Debugger` and the :func:`dump` context manager.
+
+::
+
+    dbg = torchdebug.Debugger(dump_path="dump", task="statistics")   # or config="cfg.json"
+    for step, batch in enumerate(loader):
+        dbg.start(model)          # model optional: names modules, enables module-level records
+        loss = train_step(model, batch)
+        dbg.stop(); dbg.step()
+
+The run folder is created (and proven writable) when the debugger is built, before any training
+happens. Records are flushed at every ``stop``/``step`` and in batches in between; the completion
+marker is written by :meth:`Debugger.close`, a ``with`` block's end, or at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import torchdebug
+from torchdebug.capture.eager import OpCapture
+from torchdebug.capture.filters import phase_and_io_filter
+from torchdebug.capture.modules import ModuleRecorder, ModuleTracker
+from torchdebug.capture.session import CaptureSession
+from torchdebug.config import DebuggerConfig
+from torchdebug.dist import broadcast_from_rank0, rank_and_world_size
+from torchdebug.errors import ConfigError
+from torchdebug.store import layout
+from torchdebug.store.writer import RankWriter, check_writable, create_run_dir, new_run_name
+
+
+def _resolve_config(dump_path: str | Path | None, config: Any, options: dict[str, Any]) -> DebuggerConfig:
+    if dump_path is not None:
+        options = {"dump_path": str(dump_path), **options}
+    if config is None:
+        return DebuggerConfig.from_dict(options)
+    if isinstance(config, DebuggerConfig):
+        return DebuggerConfig.from_dict({**config.to_dict(), **options})
+    if isinstance(config, dict):
+        return DebuggerConfig.from_dict({**config, **options})
+    if isinstance(config, (str, Path)):
+        return DebuggerConfig.from_file(config, **options)
+    raise ConfigError(f"config: got {type(config).__name__}, expected a DebuggerConfig, a dict or a JSON/YAML file path")
+
+
+class Debugger:
+    """Dumps the ops (and optionally modules) of selected steps of an eager run.
+
+    Args:
+        dump_path: folder of the dump (each debugger writes a new run folder inside it).
+        config: a :class:`DebuggerConfig`, a dict, or a JSON/YAML file path; keyword ``options``
+            override it. See ``torchdebug config schema`` for every option.
+    """
+
+    def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, **options: Any) -> None:
+        self.config = _resolve_config(dump_path, config, options)
+        self.rank, self.world_size = rank_and_world_size()
+        self.enabled = self.config.rank is None or self.rank in self.config.rank
+        dump_root = Path(self.config.dump_path)
+        check_writable(dump_root)  # on every rank, before any work: fail early on a bad path
+        # Rank 0 picks a fresh run folder; the other ranks join it, so one run holds every rank.
+        run_name = ""
+        if self.rank == 0:
+            self.run_dir = create_run_dir(dump_root, new_run_name())
+            run_name = self.run_dir.name
+        run_name = broadcast_from_rank0(run_name) or new_run_name()
+        if self.rank != 0:
+            self.run_dir = dump_root / run_name
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rank_dir = self.run_dir / layout.rank_dir_name(self.world_size, self.rank)
+        self.current_step = 0
+        self._active = False
+        self._closed = not self.enabled
+        if not self.enabled:
+            return
+        writer = RankWriter(self.rank_dir, self._manifest(run_name))
+        self.session = CaptureSession(self.config, writer, self.rank)
+        self._phases, self._ios = phase_and_io_filter(self.config.data_mode)
+        self._tracker: ModuleTracker | None = None
+        self._ops: OpCapture | None = None
+        self._modules: ModuleRecorder | None = None
+        atexit.register(self._close_at_exit)
+
+    def _manifest(self, run_name: str) -> dict[str, Any]:
+        return {
+            "tool": "torchdebug",
+            "tool_version": torchdebug.__version__,
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "run_id": run_name,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "cuda": torch.cuda.is_available(),
+            "config": self.config.to_dict(),
+        }
+
+    # -- the three calls around a training step -------------------------------------------------
+    def start(self, model: nn.Module | None = None) -> None:
+        """Begin capturing the current step (no-op for steps or ranks not selected)."""
+        if self._closed or self._active:
+            return
+        if self.config.step is not None and self.current_step not in self.config.step:
+            return
+        level = self.config.level
+        if self._tracker is None or (model is not None and self._modules is None and level != "op"):
+            self._build(model)
+        assert self._tracker is not None
+        self._tracker.start()
+        if self._modules is not None:
+            self._modules.start()
+        if self._ops is not None:
+            self._ops.start()
+        self._active = True
+
+    def _build(self, model: nn.Module | None) -> None:
+        self._tracker = ModuleTracker(model)
+        if self.config.level in ("module", "mix"):
+            self._modules = ModuleRecorder(self.session, self._phases, self._ios, model)
+            self._tracker.recorder = self._modules
+        if self.config.level in ("op", "mix"):
+            self._ops = OpCapture(
+                self.session,
+                self._tracker,
+                phases=self._phases,
+                ios=self._ios,
+                names=self.config.list,
+                call_range=self.config.range,
+                stack=self.config.stack,
+            )
+
+    def stop(self) -> None:
+        """Stop capturing and flush every record of the step so far to disk."""
+        if not self._active:
+            return
+        if self._ops is not None:
+            self._ops.stop()
+        if self._modules is not None:
+            self._modules.stop()
+        if self._tracker is not None:
+            self._tracker.stop()
+        self._active = False
+        self.session.flush()
+
+    def step(self) -> None:
+        """Mark the end of a training step: flush, and number what follows as the next step."""
+        self.stop()
+        self.current_step += 1
+        if self._closed:
+            return
+        self.session.next_step()
+        if self._ops is not None:
+            self._ops.next_step()
+        if self._modules is not None:
+            self._modules.next_step()
+
+    def close(self) -> None:
+        """Stop, flush and write the completion marker. Safe to call twice."""
+        if self._closed:
+            return
+        self.stop()
+        self.session.flush()
+        self.session.writer.close("complete", steps=self.current_step)
+        self._closed = True
+        atexit.unregister(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        if self._closed:
+            return
+        status = "interrupted" if self._active else "complete"
+        self.stop()
+        self.session.writer.close(status, steps=self.current_step)
+        self._closed = True
+
+    def __enter__(self) -> Debugger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def dump(dump_path: str | Path = "./dump", *, model: nn.Module | None = None, config: Any = None, **options: Any) -> Iterator[Debugger]:
+    """Capture everything run inside the block into a new run under ``dump_path``.
+
+    ``with torchdebug.dump("dump", task="tensor", model=model): loss = step(model, batch)``
+    """
+    debugger = Debugger(dump_path, config=config, **options)
+    debugger.start(model)
+    try:
+        yield debugger
+    finally:
+        debugger.close()

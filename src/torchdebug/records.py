@@ -1,0 +1,128 @@
+"""The record model: one record per tensor slot.
+
+A *slot* is one input or output of one op call (or of one module call), in one phase of one step on
+one rank. Eager capture and compiled-graph capture both write records; the store persists them as
+JSON lines; compare aligns two sets of them by ``name``. The fields are documented for users in
+``docs/format.md``; bump ``SCHEMA_VERSION`` when their meaning changes.
+
+The stable name is built from the fields that do not depend on timing or memory addresses::
+
+    {phase}/{module}/{op}#{call}/{io}[.{arg}]
+    forward/layers.0.attn.q_proj/aten.addmm.default#0/output.0
+    backward/layers.0.mlp/aten.mm.default#3/input.1
+    forward/layers.0.attn/module#0/parameter.q_proj.weight
+
+``module`` is the module path relative to the model given to the debugger (``-`` outside any module
+or when no model is given), ``call`` counts calls of that op in that module and phase within the
+step, so two runs of the same program produce the same names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+PHASES = ("forward", "backward", "optimizer")
+"""Where in a training step the slot was seen. ``optimizer`` covers ops run by ``optimizer.step()``."""
+
+IO_KINDS = ("input", "output", "parameter", "parameter_grad")
+"""``parameter`` and ``parameter_grad`` appear only in module-level records."""
+
+MODULE_OP = "module"
+"""The ``op`` of module-level records (nn.Module inputs, outputs, parameters, parameter grads)."""
+
+NO_MODULE = "-"
+"""The module path shown in names for ops outside every tracked module."""
+
+STAT_KEYS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf")
+"""Statistics of a tensor, in this order (``torchdebug.stats`` computes them)."""
+
+
+def make_name(phase: str, module: str, op: str, call: int, io: str, arg: str) -> str:
+    """The stable name of a slot (see the module docstring)."""
+    slot = f"{io}.{arg}" if arg else io
+    return f"{phase}/{module or NO_MODULE}/{op}#{call}/{slot}"
+
+
+def call_name(name: str) -> str:
+    """The name of the op call a slot belongs to: the stable name without its ``/io.arg`` part."""
+    return name.rsplit("/", 1)[0]
+
+
+@dataclass(slots=True)
+class Record:
+    """One tensor slot (or one non-tensor argument) of one op or module call.
+
+    Non-tensor arguments (ints, floats, dtypes, strings, ``None``) are recorded as ``value`` with
+    ``kind == "value"``; tensors carry dtype, shape, device and, depending on the task, ``stats``
+    and a ``tensor`` reference ``{"file": ..., "key": ...}`` into a safetensors file of the rank
+    folder.
+    """
+
+    name: str
+    step: int
+    rank: int
+    phase: str
+    module: str
+    op: str
+    call: int
+    seq: int
+    """Execution order of the op call within the step (shared by all slots of one call)."""
+    io: str
+    arg: str
+    """Argument path: ``0`` for the first positional argument, ``1.2`` for the third element of a
+    list in the second, ``alpha`` for a keyword argument; output index for outputs."""
+    kind: str = "tensor"
+    """``tensor`` or ``value``."""
+    dtype: str | None = None
+    shape: list[int] | None = None
+    stride: list[int] | None = None
+    device: str | None = None
+    requires_grad: bool | None = None
+    stats: dict[str, float | int | None] | None = None
+    tensor: dict[str, str] | None = None
+    sampled: int | None = None
+    """When tensor sampling is on: the sampling stride used (the saved tensor is a 1-D sample)."""
+    value: Any = None
+    stack: str | None = None
+    """Key into the rank folder's ``stacks.json`` (deduplicated call stacks)."""
+    source: str | None = None
+    """The innermost user source line, ``file:line in function``, for quick display."""
+    fwd: str | None = None
+    """For backward records: the call name of the forward op whose gradient this op computes."""
+    node: str | None = None
+    """FX node name, for records captured inside compiled graphs."""
+    capture: str = "eager"
+    """Who wrote the record: ``eager`` (dispatch mode) or ``graph`` (compiled-graph capture)."""
+    error: str | None = None
+    """Why this slot could not be captured, when it could not."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict without the fields that hold their default empty value."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or (f.name == "extra" and not value):
+                continue
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        """Build a record from a dict written by :meth:`to_json`; unknown keys go to ``extra``."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        unknown = {k: v for k, v in data.items() if k not in known}
+        if unknown:
+            kwargs.setdefault("extra", {})
+            kwargs["extra"] = {**kwargs["extra"], **unknown}
+        return cls(**kwargs)
+
+    @property
+    def call_name(self) -> str:
+        """The name of the op call this slot belongs to."""
+        return call_name(self.name)

@@ -1,0 +1,170 @@
+"""Statistics of a tensor: min, max, mean, L2 norm and NaN/+Inf/-Inf counts.
+
+Computed on the tensor's own device with float32 (half types) or float64 (integers) accumulation.
+Min, max, mean and norm ignore NaNs; they are ``None`` for empty tensors or tensors that hold only
+NaNs. Complex tensors are described by their magnitudes.
+
+On the CPU a sum that comes out finite proves there is no NaN or Inf, so the common case costs
+three reductions and no mask. On other devices the same host check would synchronise the device
+once per op, so :class:`StatsStager` keeps the results as small device tensors and copies them to
+the host in one batch per flush.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchdebug.records import STAT_KEYS
+
+StatsDict = dict[str, Any]
+
+_INF = float("inf")
+
+
+def _as_real(tensor: torch.Tensor) -> torch.Tensor:
+    """The values statistics are taken over: magnitudes for complex, numbers for bool."""
+    if tensor.is_complex():
+        return tensor.abs()
+    if tensor.dtype == torch.bool:
+        return tensor.to(torch.uint8)
+    return tensor
+
+
+def _accumulation_dtype(tensor: torch.Tensor) -> torch.dtype:
+    if tensor.dtype == torch.float64:
+        return torch.float64
+    if tensor.is_floating_point():
+        return torch.float32
+    return torch.float64
+
+
+def _empty_stats() -> StatsDict:
+    return {"min": None, "max": None, "mean": None, "norm": None, "nan": 0, "posinf": 0, "neginf": 0}
+
+
+def _from_vector(values: list[float], integral: bool) -> StatsDict:
+    """Stats dict from the 7-vector produced by :func:`stats_vector`."""
+    out: StatsDict = {}
+    for key, value in zip(STAT_KEYS, values):
+        if key in ("nan", "posinf", "neginf"):
+            out[key] = int(value)
+        elif math.isnan(value):
+            out[key] = None
+        elif integral and key in ("min", "max"):
+            out[key] = int(value)
+        else:
+            out[key] = value
+    return out
+
+
+def stats_vector(tensor: torch.Tensor) -> torch.Tensor:
+    """The statistics as a float64 vector in ``STAT_KEYS`` order, on the tensor's device.
+
+    Never synchronises with the device. NaN in the first four entries means "no value" (empty or
+    all-NaN tensor). The tensor must be non-empty.
+    """
+    x = _as_real(tensor.detach())
+    acc = _accumulation_dtype(x)
+    if not x.is_floating_point():
+        xf = x.to(acc)
+        mn, mx = torch.aminmax(xf)
+        zero = xf.new_zeros(())
+        return torch.stack([mn, mx, xf.mean(), torch.linalg.vector_norm(xf), zero, zero, zero])
+    nan_mask = x.isnan()
+    nan = nan_mask.sum()
+    posinf = (x == _INF).sum()
+    neginf = (x == -_INF).sum()
+    valid = (~nan_mask).sum()
+    mn = torch.where(nan_mask, _INF, x).amin()
+    mx = torch.where(nan_mask, -_INF, x).amax()
+    zeroed = torch.where(nan_mask, 0, x)
+    total = zeroed.sum(dtype=acc)
+    norm = torch.linalg.vector_norm(zeroed, dtype=acc)
+    none = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
+    has = valid > 0
+    mean = total.to(torch.float64) / valid.clamp(min=1)
+    return torch.stack(
+        [
+            torch.where(has, mn.to(torch.float64), none),
+            torch.where(has, mx.to(torch.float64), none),
+            torch.where(has, mean, none),
+            torch.where(has, norm.to(torch.float64), none),
+            nan.to(torch.float64),
+            posinf.to(torch.float64),
+            neginf.to(torch.float64),
+        ]
+    )
+
+
+def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
+    """Fast path for CPU tensors: three reductions, a mask only when the sum is not finite."""
+    x = _as_real(tensor.detach())
+    if not x.is_floating_point():
+        return _from_vector(stats_vector(x).tolist(), integral=True)
+    acc = _accumulation_dtype(x)
+    total = float(x.sum(dtype=acc))
+    if not math.isfinite(total):
+        return _from_vector(stats_vector(x).tolist(), integral=False)
+    mn, mx = torch.aminmax(x)
+    return {
+        "min": float(mn),
+        "max": float(mx),
+        "mean": total / x.numel(),
+        "norm": float(torch.linalg.vector_norm(x, dtype=acc)),
+        "nan": 0,
+        "posinf": 0,
+        "neginf": 0,
+    }
+
+
+def tensor_stats(tensor: torch.Tensor) -> StatsDict:
+    """Statistics of ``tensor`` as a dict keyed by ``STAT_KEYS`` (synchronises on accelerators)."""
+    if tensor.numel() == 0:
+        return _empty_stats()
+    if tensor.device.type == "cpu":
+        return _cpu_stats(tensor)
+    integral = not (tensor.is_floating_point() or tensor.is_complex())
+    return _from_vector(stats_vector(tensor).tolist(), integral=integral)
+
+
+class StatsStager:
+    """Collects statistics without a host synchronisation per tensor.
+
+    ``add(tensor, sink)`` computes the statistics now (the tensor may change later) and calls
+    ``sink(stats_dict)`` by the next :meth:`flush`. CPU tensors are resolved at once; accelerator
+    tensors are staged as small device vectors and copied to the host in one transfer per flush.
+    """
+
+    def __init__(self) -> None:
+        self._staged: list[tuple[torch.Tensor, bool, Callable[[StatsDict], None]]] = []
+
+    def __len__(self) -> int:
+        return len(self._staged)
+
+    def add(self, tensor: torch.Tensor, sink: Callable[[StatsDict], None]) -> None:
+        """Compute the statistics of ``tensor`` and deliver them to ``sink`` by the next flush."""
+        if tensor.numel() == 0:
+            sink(_empty_stats())
+        elif tensor.device.type in ("cpu", "meta"):
+            sink(_cpu_stats(tensor) if tensor.device.type == "cpu" else _empty_stats())
+        else:
+            integral = not (tensor.is_floating_point() or tensor.is_complex())
+            self._staged.append((stats_vector(tensor), integral, sink))
+
+    def flush(self) -> None:
+        """Copy staged statistics to the host (one transfer per device) and deliver them."""
+        if not self._staged:
+            return
+        staged, self._staged = self._staged, []
+        by_device: dict[torch.device, list[int]] = {}
+        for index, (vector, _, _) in enumerate(staged):
+            by_device.setdefault(vector.device, []).append(index)
+        for indices in by_device.values():
+            rows = torch.stack([staged[i][0] for i in indices]).cpu().tolist()
+            for i, row in zip(indices, rows):
+                _, integral, sink = staged[i]
+                sink(_from_vector(row, integral))

@@ -1,0 +1,178 @@
+"""Reading dumps back, without pickle.
+
+:func:`load` takes a dump path (its latest run), a run folder or a rank folder. Records come from
+JSON lines; a last line cut short by a crash is skipped with a warning, and a rank folder without
+``complete.json`` is reported as partial. Tensors are memory-mapped from safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from torchdebug.errors import DumpError
+from torchdebug.records import SCHEMA_VERSION, Record
+from torchdebug.store import layout
+
+logger = logging.getLogger("torchdebug.store.reader")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise DumpError(f"{path}: unreadable ({error})") from None
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """Rows of a JSON-lines file and whether its last line was cut short (and skipped)."""
+    if not path.exists():
+        return [], False
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    rows: list[dict[str, Any]] = []
+    truncated = False
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # no newline after it: the write was cut by a crash
+                truncated = True
+                logger.warning("%s: last line is incomplete (the run stopped mid-write); skipped", path)
+                continue
+            raise DumpError(f"{path}:{number}: corrupt record line; the file was modified or damaged") from None
+    return rows, truncated
+
+
+@dataclass
+class RankDump:
+    """One rank's folder: manifest, records, stacks and tensors."""
+
+    path: Path
+    manifest: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def open(cls, path: Path) -> RankDump:
+        manifest = _read_json(path / layout.MANIFEST)
+        version = manifest.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise DumpError(
+                f"{path}: schema_version {version!r} is not supported by this torchdebug "
+                f"(reads {SCHEMA_VERSION}); use the torchdebug version that wrote it"
+            )
+        return cls(path=path, manifest=manifest)
+
+    @property
+    def rank(self) -> int:
+        return int(self.manifest["rank"])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.manifest["world_size"])
+
+    @cached_property
+    def completion(self) -> dict[str, Any] | None:
+        """The completion marker, or ``None`` when the run did not close cleanly (partial dump)."""
+        path = self.path / layout.COMPLETE
+        return _read_json(path) if path.exists() else None
+
+    @property
+    def complete(self) -> bool:
+        return self.completion is not None
+
+    @cached_property
+    def _records(self) -> tuple[list[Record], bool]:
+        rows, truncated = _read_jsonl(self.path / layout.RECORDS)
+        return [Record.from_json(row) for row in rows], truncated
+
+    def records(self) -> list[Record]:
+        """All records of this rank, in the order they were written."""
+        return self._records[0]
+
+    @property
+    def truncated(self) -> bool:
+        """True when the records file ended in a half-written line (a crash mid-write)."""
+        return self._records[1]
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records())
+
+    @cached_property
+    def stacks(self) -> dict[str, list[str]]:
+        rows, _ = _read_jsonl(self.path / layout.STACKS)
+        return {row["id"]: row["frames"] for row in rows}
+
+    def stack(self, record: Record) -> list[str]:
+        """The call stack of a record, innermost frame last (empty when none was recorded)."""
+        return self.stacks.get(record.stack or "", [])
+
+    def load_tensor(self, record: Record, device: str = "cpu") -> torch.Tensor:
+        """The saved tensor of a record (task=tensor), memory-mapped from its safetensors file."""
+        if not record.tensor or "file" not in record.tensor:
+            raise DumpError(f"{record.name}: no tensor saved for this record (dumped with task={self.task!r})")
+        path = self.path / record.tensor["file"]
+        if not path.is_file():
+            raise DumpError(f"{record.name}: tensor file {path} is missing")
+        with safe_open(str(path), framework="pt", device=device) as handle:
+            return handle.get_tensor(record.tensor["key"])
+
+    @property
+    def task(self) -> str:
+        return str(self.manifest.get("config", {}).get("task", "?"))
+
+
+@dataclass
+class Run:
+    """One run of a dump: the rank folders written together."""
+
+    path: Path
+    ranks: dict[int, RankDump]
+
+    @property
+    def partial_ranks(self) -> list[int]:
+        """Ranks whose folder has no completion marker (the process died or was killed)."""
+        return [rank for rank, dump in self.ranks.items() if not dump.complete]
+
+    def records(self) -> Iterator[Record]:
+        """Records of every rank, rank by rank."""
+        for rank in sorted(self.ranks):
+            yield from self.ranks[rank].records()
+
+
+def list_runs(dump_path: Path) -> list[Path]:
+    """Run folders under a dump path, oldest first."""
+    runs = [child for child in dump_path.iterdir() if layout.is_run_dir(child)]
+    return sorted(runs, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def load(path: str | Path) -> Run:
+    """Open a dump path (its latest run), a run folder or a rank folder."""
+    path = Path(path)
+    if not path.exists():
+        raise DumpError(f"{path}: no such dump folder")
+    if not path.is_dir():
+        raise DumpError(f"{path}: not a folder; give a dump path, a run folder or a rank folder")
+    if layout.is_rank_dir(path):
+        dump = RankDump.open(path)
+        return Run(path=path.parent, ranks={dump.rank: dump})
+    if not layout.is_run_dir(path):
+        runs = list_runs(path)
+        if not runs:
+            raise DumpError(f"{path}: no torchdebug dump here (no worldsize*_global_rank* folders with a manifest)")
+        path = runs[-1]
+    ranks = {}
+    for child in sorted(path.iterdir()):
+        if layout.is_rank_dir(child):
+            dump = RankDump.open(child)
+            ranks[dump.rank] = dump
+    return Run(path=path, ranks=ranks)

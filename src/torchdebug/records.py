@@ -103,12 +103,13 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict without the fields that hold their default empty value."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None or (f.name == "extra" and not value):
-                continue
-            out[f.name] = value
+        out = {}
+        for name in _FIELD_NAMES:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if not self.extra:
+            del out["extra"]
         return out
 
     @classmethod
@@ -126,3 +127,6 @@ class Record:
     def call_name(self) -> str:
         """The name of the op call this slot belongs to."""
         return call_name(self.name)
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Record))

@@ -5,7 +5,7 @@ Min, max, mean and norm ignore NaNs; they are ``None`` for empty tensors or tens
 NaNs. Complex tensors are described by their magnitudes.
 
 On the CPU a sum that comes out finite proves there is no NaN or Inf, so the common case costs
-three reductions and no mask. On other devices the same host check would synchronise the device
+three reductions (min/max, sum, and a BLAS dot product for the norm of float32) and no mask. On other devices the same host check would synchronise the device
 once per op, so :class:`StatsStager` keeps the results as small device tensors and copies them to
 the host in one batch per flush.
 """
@@ -110,11 +110,17 @@ def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
     if not math.isfinite(total):
         return _from_vector(stats_vector(x).tolist(), integral=False)
     mn, mx = torch.aminmax(x)
+    norm = math.inf
+    if x.dtype == torch.float32 and x.is_contiguous():
+        flat = x.view(-1)
+        norm = math.sqrt(float(torch.dot(flat, flat)))  # BLAS: about 2x faster than vector_norm
+    if math.isinf(norm):  # not float32, not contiguous, or the squares overflowed float32
+        norm = float(torch.linalg.vector_norm(x, dtype=acc))
     return {
         "min": float(mn),
         "max": float(mx),
         "mean": total / x.numel(),
-        "norm": float(torch.linalg.vector_norm(x, dtype=acc)),
+        "norm": norm,
         "nan": 0,
         "posinf": 0,
         "neginf": 0,

@@ -31,6 +31,16 @@ _ForwardInfo = tuple[str, str, "tuple[str, list[str], str] | None"]
 sequence number."""
 
 
+_VALUE_PRESERVING = frozenset(
+    {"aten._unsafe_view.default", "aten.clone.default", "aten.contiguous.default", "aten.permute.default"}
+)
+"""Non-view ops whose output holds the same elements as their first input (statistics reused)."""
+
+
+_SKIPPED_NAMESPACES = frozenset({"profiler"})
+"""``profiler._record_function_*``: bookkeeping of ``record_function`` blocks, no tensor data."""
+
+
 class _DumpMode(TorchDispatchMode):
     def __init__(self, capture: OpCapture) -> None:
         super().__init__()
@@ -105,11 +115,24 @@ class OpCapture:
     def _optimizer_exit(self, *_: Any) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
 
+    def _keeps_values(self, func: Any, op: str, args: tuple, out: Any) -> bool:
+        """Whether ``out`` holds exactly the elements of ``args[0]`` (so its statistics are equal)."""
+        return (
+            (func.is_view or op in _VALUE_PRESERVING)
+            and isinstance(out, torch.Tensor)
+            and bool(args)
+            and isinstance(args[0], torch.Tensor)
+            and out.numel() == args[0].numel()
+            and out.dtype == args[0].dtype
+        )
+
     # -- the hot path --------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         op = self._op_names.get(func)
         if op is None:
             op = self._op_names[func] = str(func)
+        if func.namespace in _SKIPPED_NAMESPACES:
+            return func(*args, **kwargs)
         fwd = None
         captured = None
         node = torch._C._current_autograd_node()
@@ -153,6 +176,8 @@ class OpCapture:
         if "input" in self.ios:
             session.add_call(iter_slots(args, kwargs), io="input", **common)
         out = func(*args, **kwargs)
+        if self._keeps_values(func, op, args, out):
+            session.share_stats(out, args[0])
         if "output" in self.ios:
             session.add_call(iter_slots(out if isinstance(out, (tuple, list)) else (out,)), io="output", **common)
         return out

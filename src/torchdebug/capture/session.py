@@ -181,6 +181,12 @@ class CaptureSession:
             record.tensor = seen.tensor = self._snapshot(record.name, tensor)
             record.sampled = self._sampling_for(tensor)
 
+    def share_stats(self, alias: torch.Tensor, source: torch.Tensor) -> None:
+        """Let ``alias`` (same elements as ``source``: a view, reshape or clone) reuse its statistics."""
+        seen = self._seen.get(id(source))
+        if seen is not None and seen.ref() is source and seen.version == source._version:
+            self._seen[id(alias)] = _Seen(weakref.ref(alias), alias._version, seen.stats, None)
+
     def _sampling_for(self, tensor: torch.Tensor) -> int | None:
         if self.sample_stride and tensor.numel() > 2 * SAMPLE_EDGE:
             return self.sample_stride

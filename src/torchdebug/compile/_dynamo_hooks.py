@@ -1,0 +1,75 @@
+"""Every torch._dynamo / torch._functorch / torch._logging internal the compile backend reads.
+
+One module, one version check, one test (``tests/compile/test_torch_internals.py``) that imports
+every symbol below, so a torch upgrade that moves one fails here. Verified on torch 2.13.
+
+Why these and not others:
+
+- graph-break reasons: Dynamo sets ``gm.compile_subgraph_reason`` (a ``GraphCompileReason`` with
+  the reason and the user stack) on every graph it hands a backend; ``torch._dynamo.explain`` reads
+  the same attribute. No logging handler or re-tracing needed, and it costs nothing.
+- recompile reasons: Dynamo computes them before tracing a recompiled frame and stores them in the
+  compile's metrics context (``recompile_reason``), the same value that lands in
+  ``torch._dynamo.utils.get_compilation_metrics()`` after the compile; reading it during the
+  backend call lets us write it with the graph it caused.
+- ``get_debug_dir()``: PyTorch's ``run_<time>-pid_<pid>`` folder for ``TORCH_COMPILE_DEBUG``.
+- ``trace_structured_artifact``: puts our files into the TORCH_TRACE log, so tlparse shows them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.utils import get_debug_dir, get_metrics_context
+from torch._logging._internal import trace_structured_artifact
+from torch.torch_version import TorchVersion
+
+if TorchVersion(torch.__version__) < (2, 6):
+    raise ImportError(
+        f"torchdebug.compile needs torch >= 2.6, found {torch.__version__}; upgrade with `pip install -U torch`"
+    )
+
+__all__ = [
+    "aot_autograd",
+    "compile_id",
+    "emit_artifact",
+    "get_debug_dir",
+    "graph_break_reason",
+    "make_boxed_func",
+    "min_cut_rematerialization_partition",
+    "recompile_reason",
+]
+
+
+def compile_id(gm: torch.fx.GraphModule) -> str | None:
+    """Dynamo's ``frame/attempt`` id of this graph (``"0/1"`` is frame 0's first recompile)."""
+    value = gm.meta.get("dynamo_compile_id")
+    return None if value is None else str(value)
+
+
+def graph_break_reason(gm: torch.fx.GraphModule) -> tuple[str, list[dict[str, Any]]] | None:
+    """``(reason, user frames)`` when Dynamo ended this graph at a graph break, else ``None``."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return None
+    frames = [
+        {"file": frame.filename, "line": frame.lineno, "function": frame.name, "code": (frame.line or "").strip()}
+        for frame in reason.user_stack
+    ]
+    return str(reason.reason), frames
+
+
+def recompile_reason() -> str | None:
+    """Why Dynamo is recompiling the frame being compiled now (``None`` on a first compile)."""
+    context = get_metrics_context()
+    if not context.in_progress():
+        return None
+    return context._metrics.get("recompile_reason")
+
+
+def emit_artifact(name: str, text: str) -> None:
+    """Log ``text`` as a structured-trace artifact named ``name`` (a no-op unless TORCH_TRACE is on)."""
+    trace_structured_artifact(name, "string", payload_fn=lambda: text)

@@ -41,6 +41,7 @@ __all__ = [
     "make_boxed_func",
     "min_cut_rematerialization_partition",
     "recompile_reason",
+    "user_frames",
 ]
 
 
@@ -50,16 +51,21 @@ def compile_id(gm: torch.fx.GraphModule) -> str | None:
     return None if value is None else str(value)
 
 
+def user_frames(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
+    """The user stack where Dynamo ended this graph (a graph break or the frame's return)."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    return [
+        {"file": frame.filename, "line": frame.lineno, "function": frame.name, "code": (frame.line or "").strip()}
+        for frame in getattr(reason, "user_stack", None) or []
+    ]
+
+
 def graph_break_reason(gm: torch.fx.GraphModule) -> tuple[str, list[dict[str, Any]]] | None:
     """``(reason, user frames)`` when Dynamo ended this graph at a graph break, else ``None``."""
     reason = getattr(gm, "compile_subgraph_reason", None)
     if reason is None or not getattr(reason, "graph_break", False):
         return None
-    frames = [
-        {"file": frame.filename, "line": frame.lineno, "function": frame.name, "code": (frame.line or "").strip()}
-        for frame in reason.user_stack
-    ]
-    return str(reason.reason), frames
+    return str(reason.reason), user_frames(gm)
 
 
 def recompile_reason() -> str | None:

@@ -162,6 +162,12 @@ class ModelDump:
         self.name = f"model__{index}"
         self.kind = kind
         self.phases: dict[str, float] = {}
+        self.summary: dict[str, Any] = {"model": self.name}
+
+    def write_summary(self) -> None:
+        """``model.json``: what the backend recorded so far (phases finish as they compile)."""
+        if self.tree.debug:
+            self.write_json("model.json", {**self.summary, "phase_seconds": self.phases})
 
     def graph_kinds(self, *, every_pass_txt_written: bool = False) -> list[str]:
         """The formats one dump point gets: txt while debugging, plus ``debug.graph_dump.type``."""
@@ -251,6 +257,7 @@ class PhaseDump:
         if model is None:
             return
         model.phases[self.aot_phase] = round(seconds, 6)
+        model.write_summary()
         if self.last_gm is not None and self.index > 1:
             kinds = model.graph_kinds(every_pass_txt_written=model.tree.debug)
             model.write_graph(f"{self.folder}/{self.last_stem}", self.last_gm, kinds)

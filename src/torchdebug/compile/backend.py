@@ -1,0 +1,247 @@
+"""The torch.compile backend: AOT autograd and inductor with torchdebug's pass pipeline and dumps.
+
+``get_backend(config)`` returns a callable for ``torch.compile(model, backend=...)``. Each call
+(one per Dynamo graph) picks the mode, builds the :class:`~torchdebug.compile.pipeline.Pipeline`,
+and, when there is something to dump, opens ``model__<N>`` in the dump tree
+(:mod:`torchdebug.compile.debug_dir` documents the files). While dumping it turns PyTorch's compile
+caches off for the duration of the compile (``torch.compiler.config.force_disable_caches``, scoped),
+because a cache hit skips the passes and their dumps (pytorch/pytorch#152374).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.compiler.config
+import torch.distributed as dist
+import torch.fx
+
+from torchdebug.compile import _dynamo_hooks
+from torchdebug.compile._inductor_hooks import (
+    CustomGraphPass,
+    compile_fx,
+    compile_fx_inner,
+    inductor_config,
+    select_decomp_table,
+)
+from torchdebug.compile.config import CompilerConfig
+from torchdebug.compile.debug_dir import DumpTree, ModelDump, PhaseDump, current_phase, dump_tree, run_folder
+from torchdebug.compile.pipeline import GraphPass, PassStage, Pipeline, observing_inductor_passes, run_passes
+
+log = logging.getLogger("torchdebug.compile.backend")
+
+INDUCTOR_MODES = ("max-autotune", "reduce-overhead")
+
+
+class _PhaseMarker(CustomGraphPass):
+    """Opens (first in ``joint_custom_pre_pass``) and closes (last in ``joint_custom_post_pass``)
+    the phase of inductor's joint-graph passes: ``joint`` for a training graph (it has tangent
+    inputs), ``inference`` otherwise, whose phase then goes on into post-grad passes."""
+
+    def __init__(self, model: ModelDump, opening: bool) -> None:
+        self.model, self.opening = model, opening
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        gm = graph.owning_module
+        assert isinstance(gm, torch.fx.GraphModule), "inductor passes a GraphModule-owned graph"
+        if self.opening:
+            training = any(n.name.startswith("tangents") for n in graph.find_nodes(op="placeholder"))
+            phase = PhaseDump(self.model, "joint" if training else "inference")
+            phase.dump_entry(gm)
+            current_phase.set(phase)
+            return
+        phase = current_phase.get()
+        if phase is not None:
+            phase.observed_by_us = True
+            if phase.aot_phase == "joint":
+                phase.finish()
+                current_phase.set(None)
+
+    def uuid(self) -> Any:
+        return ("torchdebug._PhaseMarker", self.opening)  # marks phases, never changes the graph
+
+
+def _with_ours(slot: str, ours: CustomGraphPass, *, first: bool) -> list[Any]:
+    """Inductor's current passes in ``slot`` with ours added first or last, so none is lost."""
+    current = getattr(inductor_config, slot)
+    existing = list(current) if isinstance(current, (list, tuple)) else ([] if current is None else [current])
+    return [ours, *existing] if first else [*existing, ours]
+
+
+class TorchDebugBackend:
+    """A ``torch.compile`` backend configured by a :class:`CompilerConfig` (read at each compile)."""
+
+    def __init__(self, config: CompilerConfig, passes: Sequence[GraphPass] = ()) -> None:
+        self.config = config
+        self.passes = tuple(passes)
+        self._warned_no_cudagraphs = False
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        graph_dump = self.config.debug.graph_dump
+        tree = dump_tree(graph_dump.type, graph_dump.path)
+        model = tree.new_model(graph_dump.type) if tree is not None else None
+        with self._scope(tree):
+            token = current_phase.set(None)
+            start = time.perf_counter()
+            try:
+                if model is not None:
+                    self._record_dynamo_graph(gm, model)
+                compiled = self._compile(gm, example_inputs, Pipeline.build(self.config, self.passes), model)
+            finally:
+                current_phase.reset(token)
+            if model is not None:
+                model.summary["backend_seconds"] = round(time.perf_counter() - start, 6)
+                model.write_summary()
+        return compiled
+
+    @contextlib.contextmanager
+    def _scope(self, tree: DumpTree | None) -> Iterator[None]:
+        """While dumping: debug.log, caches off, inductor's passes observed; all restored on exit."""
+        if tree is None:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(tree.logging_to_file())
+            stack.enter_context(torch.compiler.config.patch(force_disable_caches=True))
+            stack.enter_context(observing_inductor_passes())
+            if tree.debug and dist.is_available() and dist.is_initialized():
+                # keep PyTorch's own per-graph folders in the rank-suffixed run folder too
+                stack.enter_context(inductor_config.patch({"trace.debug_dir": str(run_folder())}))
+            yield
+
+    def _record_dynamo_graph(self, gm: torch.fx.GraphModule, model: ModelDump) -> None:
+        compile_id = _dynamo_hooks.compile_id(gm)
+        model.summary.update(
+            {"model": model.name, "compile_id": compile_id, "mode": self.config.mode, "config": self.config.to_dict()}
+        )
+        model.write_graph("dynamo_out_graph", gm, model.graph_kinds())
+        if not model.tree.debug:
+            return
+        stack = []
+        graph_break = _dynamo_hooks.graph_break_reason(gm)
+        if graph_break is not None:
+            reason, stack = graph_break
+            model.tree.add_graph_break({"model": model.name, "compile_id": compile_id, "reason": reason, "user_stack": stack})
+            where = f"{stack[-1]['file']}:{stack[-1]['line']}" if stack else "an unknown line"
+            log.info("%s ends at a graph break at %s: %s", model.name, where, reason.splitlines()[0])
+        recompile = _dynamo_hooks.recompile_reason()
+        if recompile is not None:
+            frames = stack or _dynamo_hooks.user_frames(gm)
+            model.tree.add_recompile({"model": model.name, "compile_id": compile_id, "reason": recompile, "user_stack": frames})
+            log.info("%s is a recompile (%s): %s", model.name, compile_id, recompile)
+
+    def _compile(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], pipeline: Pipeline, model: ModelDump | None
+    ) -> Callable[..., Any]:
+        mode = self.config.mode
+        if mode == "eager":
+            return gm.forward
+        if mode == "aot_eager" or self.config.debug.run_eagerly:
+            return self._compile_aot_eager(gm, example_inputs, pipeline, model, inductor_graph=mode in INDUCTOR_MODES)
+        return self._compile_inductor(gm, example_inputs, pipeline, model)
+
+    def _compile_inductor(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], pipeline: Pipeline, model: ModelDump | None
+    ) -> Callable[..., Any]:
+        patches: dict[str, Any] = {}
+        if self.config.mode == "reduce-overhead":
+            if any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+                patches["triton.cudagraphs"] = True
+            elif not self._warned_no_cudagraphs:
+                self._warned_no_cudagraphs = True
+                log.warning(
+                    "mode 'reduce-overhead': this graph has no CUDA tensors, so it runs without CUDA graphs "
+                    "(inductor code only); CUDA graphs need the model and inputs on a CUDA device"
+                )
+        if pipeline.pre:
+            patches["post_grad_custom_pre_pass"] = _with_ours("post_grad_custom_pre_pass", PassStage(pipeline.pre), first=True)
+        if pipeline.post:
+            patches["post_grad_custom_post_pass"] = _with_ours("post_grad_custom_post_pass", PassStage(pipeline.post), first=False)
+        if model is not None:
+            patches["joint_custom_pre_pass"] = _with_ours("joint_custom_pre_pass", _PhaseMarker(model, True), first=True)
+            patches["joint_custom_post_pass"] = _with_ours("joint_custom_post_pass", _PhaseMarker(model, False), first=False)
+        inner_compile: Callable[..., Any] = compile_fx_inner
+        if model is not None or pipeline:
+            inner_compile = functools.partial(self._inner_compile, model=model)
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches or None)
+
+    def _inner_compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, model: ModelDump | None,
+                       **kwargs: Any) -> Any:
+        """Inductor's ``inner_compile`` seam: one AOT graph in, its compiled code out, dumped on the way."""
+        aot_phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+        with self._scope(model.tree if model is not None else None):  # backward compiles after the backend returned
+            phase = current_phase.get()
+            if phase is None or phase.model is not model or phase.aot_phase != aot_phase or phase.finished:
+                phase = PhaseDump(model, aot_phase)
+                phase.dump_entry(gm)
+            token = current_phase.set(phase)
+            try:
+                compiled = compile_fx_inner(gm, example_inputs, **kwargs)
+            finally:
+                current_phase.reset(token)
+            phase.finish(getattr(compiled, "source_code", None))
+        return compiled
+
+    def _compile_aot_eager(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        pipeline: Pipeline,
+        model: ModelDump | None,
+        *,
+        inductor_graph: bool,
+    ) -> Callable[..., Any]:
+        """AOT autograd, the pipeline on each graph, then eager execution of the result.
+
+        With ``inductor_graph`` (``debug.run_eagerly`` in an inductor mode) the graphs are traced
+        with inductor's decompositions, so they are the graphs inductor would have compiled.
+        """
+        passes = (*pipeline.pre, *pipeline.post)
+
+        def phase_compiler(aot_phase: str) -> Callable[..., Any]:
+            def compiler(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+                with self._scope(model.tree if model is not None else None):
+                    phase = PhaseDump(model, aot_phase)
+                    phase.dump_entry(graph)
+                    run_passes(graph, passes, phase)
+                    phase.finish()
+                return _dynamo_hooks.make_boxed_func(graph.forward)
+
+            return compiler
+
+        options: dict[str, Any] = {
+            "fw_compiler": phase_compiler("forward"),
+            "bw_compiler": phase_compiler("backward"),
+            "inference_compiler": phase_compiler("inference"),
+            "partition_fn": _dynamo_hooks.min_cut_rematerialization_partition,
+            "keep_inference_input_mutations": True,
+        }
+        if inductor_graph:
+            options["decompositions"] = select_decomp_table()
+        return _dynamo_hooks.aot_autograd(**options)(gm, example_inputs)
+
+
+def get_backend(config: CompilerConfig | None = None, *, passes: Sequence[GraphPass] = ()) -> TorchDebugBackend:
+    """A backend for ``torch.compile(model, backend=get_backend(config))``.
+
+    ``passes`` are extra :class:`~torchdebug.compile.pipeline.GraphPass` es run on every AOT graph
+    after inductor's post-grad passes (or right after AOT autograd in ``aot_eager`` /
+    ``run_eagerly``), each one dumped while ``TORCH_COMPILE_DEBUG=1``.
+    """
+    return TorchDebugBackend(config if config is not None else CompilerConfig(), passes)
+
+
+@functools.cache
+def _default_backend() -> TorchDebugBackend:
+    return get_backend()
+
+
+def torchdebug_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """``backend="torchdebug"`` (the ``torch_dynamo_backends`` entry point): default options."""
+    return _default_backend()(gm, example_inputs)

@@ -77,6 +77,8 @@ class GPT(nn.Module):
         self.pos = nn.Embedding(config.seq_len, config.d_model)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.d_model)
+        for embedding in (self.tok, self.pos):
+            nn.init.normal_(embedding.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)

@@ -83,7 +83,7 @@ def stats_vector(tensor: torch.Tensor) -> torch.Tensor:
     mx = torch.where(nan_mask, -_INF, x).amax()
     zeroed = torch.where(nan_mask, 0, x)
     total = zeroed.sum(dtype=acc)
-    norm = torch.linalg.vector_norm(zeroed, dtype=acc)
+    norm = torch.linalg.vector_norm(zeroed, dtype=torch.float64)  # squares may overflow float32
     none = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
     has = valid > 0
     mean = total.to(torch.float64) / valid.clamp(min=1)
@@ -115,7 +115,7 @@ def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
         flat = x.view(-1)
         norm = math.sqrt(float(torch.dot(flat, flat)))  # BLAS: about 2x faster than vector_norm
     if math.isinf(norm):  # not float32, not contiguous, or the squares overflowed float32
-        norm = float(torch.linalg.vector_norm(x, dtype=acc))
+        norm = float(torch.linalg.vector_norm(x, dtype=torch.float64))
     return {
         "min": float(mn),
         "max": float(mx),

@@ -6,7 +6,7 @@ Capturing at the dispatcher sees every op, however it was called (``torch.relu``
 not recompiled.
 
 Phases: an op runs in ``backward`` when the autograd engine is executing a node
-(``torch._C._current_autograd_node``), in ``optimizer`` between an optimizer's step pre- and
+(see ``_autograd_node``), in ``optimizer`` between an optimizer's step pre- and
 post-hooks, else in ``forward``. A backward op is attributed to the module, source line and call
 of the forward op that created its autograd node, found through the node's sequence number.
 """
@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._C._autograd import _get_sequence_nr
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchdebug.capture._autograd_node import current_autograd_node, next_sequence_nr
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.session import CaptureSession, iter_slots
@@ -135,7 +135,7 @@ class OpCapture:
             return func(*args, **kwargs)
         fwd = None
         captured = None
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()
         if node is not None:
             phase = "backward"
             info = self._forward.get(node._sequence_nr())
@@ -157,7 +157,7 @@ class OpCapture:
             captured = self.stacks.capture()
         if phase == "forward":
             # The node this op creates (if any) took the sequence number just before the next one.
-            self._forward.setdefault(_get_sequence_nr() - 1, (module, call_name, captured))
+            self._forward.setdefault(next_sequence_nr() - 1, (module, call_name, captured))
         stack_id = source = None
         if captured is not None and want_stack:
             stack_id, frames, source = captured
@@ -179,5 +179,6 @@ class OpCapture:
         if self._keeps_values(func, op, args, out):
             session.share_stats(out, args[0])
         if "output" in self.ios:
-            session.add_call(iter_slots(out if isinstance(out, (tuple, list)) else (out,)), io="output", **common)
+            outputs = iter_slots(out if isinstance(out, (tuple, list)) else (out,))
+            session.add_call(outputs, io="output", mutated=func._schema.is_mutable, **common)
         return out

@@ -44,6 +44,7 @@ class ModuleTracker:
             self._names.setdefault(id(module), path)
 
     def name_of(self, module: nn.Module) -> str:
+        module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule wrapper
         name = self._names.get(id(module))
         if name is None:
             if not self._stack and not self._model_adopted:

@@ -116,11 +116,16 @@ class CaptureSession:
         seq: int,
         io: str,
         save_tensors: bool,
+        mutated: bool = False,
         stack: str | None = None,
         source: str | None = None,
         fwd: str | None = None,
     ) -> None:
-        """One record per slot of one side (inputs or outputs) of a call."""
+        """One record per slot of one side (inputs or outputs) of a call.
+
+        ``mutated``: the call wrote into its arguments, so output tensors may be the input objects
+        with new values (their version counter moves only after the op returns).
+        """
         step, rank = self.step, self.rank
         for arg, value in slots:
             record = Record(
@@ -140,7 +145,7 @@ class CaptureSession:
             )
             if isinstance(value, torch.Tensor):
                 try:
-                    self._describe_tensor(record, value, save_tensors)
+                    self._describe_tensor(record, value, save_tensors, mutated)
                 except Exception as error:  # never crash the user's run for one slot
                     record.error = f"{type(error).__name__}: {error}"
                     if op not in self._warned:
@@ -153,7 +158,7 @@ class CaptureSession:
         if len(self._records) >= _FLUSH_RECORDS or self._tensor_bytes >= _FLUSH_TENSOR_BYTES:
             self.flush()
 
-    def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool) -> None:
+    def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
         record.dtype = dtype_name(tensor.dtype)
         record.shape = list(tensor.shape)
         record.device = str(tensor.device)
@@ -163,8 +168,9 @@ class CaptureSession:
         record.stride = list(tensor.stride())
         if not (self.want_stats or save):
             return
-        seen = self._seen.get(id(tensor))
-        version = tensor._version
+        seen = None if mutated else self._seen.get(id(tensor))
+        # After an in-place op returns, autograd bumps the version once more.
+        version = tensor._version + (1 if mutated else 0)
         if seen is not None and seen.ref() is tensor and seen.version == version:
             record.stats = seen.stats
             if save and seen.tensor is not None:

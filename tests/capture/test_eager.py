@@ -1,0 +1,161 @@
+"""Eager op capture: what is seen, how it is named and attributed, and that it changes nothing."""
+
+import torch
+import torch.nn.functional as F
+from torch import relu as imported_relu
+
+import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch, train_step
+
+
+def _records(tmp_path, fn, model=None, **options):
+    with torchdebug.dump(tmp_path, model=model, **options):
+        fn()
+    return torchdebug.load(tmp_path).ranks[0].records()
+
+
+def _ops(records):
+    return [r.op for r in records if r.io == "output"]
+
+
+def test_every_way_of_calling_an_op_is_captured(tmp_path):
+    x = torch.randn(4)
+
+    def body():
+        torch.relu(x)
+        imported_relu(x)
+        F.relu(x)
+        x.relu()
+
+    assert _ops(_records(tmp_path, body)).count("aten.relu.default") == 4
+
+
+def test_calls_of_the_same_op_get_increasing_call_indices(tmp_path):
+    x = torch.randn(4)
+    records = _records(tmp_path, lambda: (x.exp(), x.exp()))
+    names = [r.name for r in records if r.op == "aten.exp.default" and r.io == "output"]
+    assert names == ["forward/-/aten.exp.default#0/output.0", "forward/-/aten.exp.default#1/output.0"]
+
+
+def test_names_are_identical_across_two_runs_of_the_same_program(tmp_path, tiny):
+    names = []
+    for run in ("a", "b"):
+        torch.manual_seed(0)
+        tiny.zero_grad(set_to_none=True)
+        records = _records(tmp_path / run, lambda: tiny(torch.randn(2, 4)).sum().backward(), model=tiny)
+        names.append([r.name for r in records])
+    assert names[0] == names[1] and len(set(names[0])) == len(names[0])
+
+
+def test_forward_ops_carry_module_path_and_source_line(tmp_path, tiny):
+    records = _records(tmp_path, lambda: tiny(torch.randn(2, 4)), model=tiny)
+    addmm = [r for r in records if r.op == "aten.addmm.default" and r.io == "output"]
+    assert [r.module for r in addmm] == ["fc1", "fc2"]
+    assert all("conftest.py" in r.source and "in forward" in r.source for r in addmm)
+    frames = torchdebug.load(tmp_path).ranks[0].stack(addmm[0])
+    assert "test_eager.py" in frames[-2] and "self.fc1(x)" in frames[-1]
+
+
+def test_backward_ops_are_attributed_to_the_forward_op_they_differentiate(tmp_path, tiny):
+    records = _records(tmp_path, lambda: tiny(torch.randn(2, 4)).sum().backward(), model=tiny)
+    backward = [r for r in records if r.phase == "backward" and r.op == "aten.mm.default" and r.io == "output"]
+    assert {r.module for r in backward} == {"fc1", "fc2"}
+    assert all(r.fwd.endswith("/aten.addmm.default#0") for r in backward)
+    fwd_sources = {r.source for r in records if r.phase == "forward" and r.op == "aten.addmm.default"}
+    assert {r.source for r in backward} <= fwd_sources
+
+
+def test_optimizer_ops_are_labelled_optimizer(tmp_path, tiny):
+    optimizer = torch.optim.SGD(tiny.parameters(), lr=0.1)
+
+    def body():
+        tiny(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    records = _records(tmp_path, body, model=tiny)
+    assert {r.phase for r in records} == {"forward", "backward", "optimizer"}
+    assert any(r.phase == "optimizer" and r.op.startswith("aten.add_") for r in records)
+
+
+def test_in_place_ops_record_the_input_before_and_the_output_after(tmp_path):
+    x = torch.ones(3)
+    records = _records(tmp_path, lambda: x.mul_(5))
+    (before,) = [r for r in records if r.op == "aten.mul_.Tensor" and r.io == "input" and r.arg == "0"]
+    (after,) = [r for r in records if r.op == "aten.mul_.Tensor" and r.io == "output"]
+    assert before.stats["max"] == 1.0 and after.stats["max"] == 5.0
+
+
+def test_views_share_statistics_with_their_base(tmp_path):
+    x = torch.randn(4, 6)
+    records = _records(tmp_path, lambda: x.exp().view(24).t())
+    exp_out = next(r for r in records if r.op == "aten.exp.default" and r.io == "output")
+    view_out = next(r for r in records if r.op == "aten.view.default" and r.io == "output")
+    assert view_out.stats == exp_out.stats and view_out.shape == [24]
+
+
+def test_non_tensor_arguments_are_recorded_as_values(tmp_path):
+    x = torch.randn(2, 3)
+    records = _records(tmp_path, lambda: (x.sum(dim=1, keepdim=True), x.to(torch.float64)))
+    values = {(r.op, r.arg): r.value for r in records if r.kind == "value"}
+    assert values[("aten.sum.dim_IntList", "1")] == [1] and values[("aten.sum.dim_IntList", "2")] is True
+    assert values[("aten._to_copy.default", "dtype")] == "float64"
+
+
+def test_lists_of_tensors_get_nested_argument_paths(tmp_path):
+    a, b = torch.ones(2), torch.zeros(2)
+    records = _records(tmp_path, lambda: torch.cat([a, b]))
+    assert {r.arg for r in records if r.op == "aten.cat.default" and r.io == "input"} == {"0.0", "0.1"}
+
+
+def test_ops_without_tensor_outputs_are_recorded(tmp_path):
+    x = torch.tensor([3.5])
+    records = _records(tmp_path, lambda: x.item())
+    (out,) = [r for r in records if r.op == "aten._local_scalar_dense.default" and r.io == "output"]
+    assert out.kind == "value" and out.value == 3.5
+
+
+def test_int_bool_complex_empty_and_bfloat16_tensors_are_captured(tmp_path):
+    def body():
+        torch.arange(5).mul(2)
+        (torch.ones(3) > 0).logical_not()
+        torch.tensor([1 + 1j]).mul(2)
+        torch.empty(0, 4).add(1)
+        torch.ones(4, dtype=torch.bfloat16).mul(3)
+
+    records = _records(tmp_path, body, task="tensor")
+    outputs = {r.dtype: r for r in records if r.io == "output" and r.kind == "tensor" and r.op != "aten.arange.default"}
+    assert outputs["int64"].stats["max"] == 8
+    assert outputs["bool"].stats["max"] == 0
+    assert outputs["complex64"].stats["max"] > 2.8
+    assert outputs["bfloat16"].stats["mean"] == 3.0
+    empty = [r for r in records if r.shape == [0, 4] and r.io == "output"]
+    assert empty and empty[0].stats["min"] is None
+    dump = torchdebug.load(tmp_path).ranks[0]
+    assert dump.load_tensor(outputs["bfloat16"]).dtype == torch.bfloat16
+    assert dump.load_tensor(outputs["complex64"]).shape == (1, 2)  # saved as (real, imag)
+    assert all(r.error is None for r in records)
+
+
+def test_structure_task_keeps_names_and_shapes_without_statistics(tmp_path):
+    records = _records(tmp_path, lambda: torch.ones(2).exp(), task="structure")
+    out = next(r for r in records if r.op == "aten.exp.default" and r.io == "output")
+    assert out.shape == [2] and out.stats is None and out.tensor is None and out.stack
+
+
+def test_capture_does_not_change_the_loss_bit_for_bit(tmp_path):
+    config = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64)
+    losses = []
+    for capture in (False, True, False):
+        torchdebug.seed_all(7)
+        model = GPT(config)
+        optimizer = torch.optim.AdamW(model.parameters())
+        batch = make_batch(config, batch=2)
+        step_losses = []
+        for _ in range(2):
+            if capture:
+                with torchdebug.dump(tmp_path, model=model, task="tensor"):
+                    step_losses.append(train_step(model, optimizer, batch))
+            else:
+                step_losses.append(train_step(model, optimizer, batch))
+        losses.append(torch.stack(step_losses))
+    assert torch.equal(losses[0], losses[1]) and torch.equal(losses[0], losses[2])

@@ -1,0 +1,139 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchdebug
+from torchdebug.errors import DumpError
+from torchdebug.records import Record
+from torchdebug.store import layout
+from torchdebug.store.reader import load
+from torchdebug.store.writer import RankWriter, create_run_dir
+
+
+def _record(i: int, **extra) -> Record:
+    return Record(name=f"forward/-/aten.add.Tensor#{i}/output.0", step=0, rank=0, phase="forward", module="-",
+                  op="aten.add.Tensor", call=i, seq=i, io="output", arg="0", **extra)  # fmt: skip
+
+
+def _writer(tmp_path):
+    run = create_run_dir(tmp_path, "run")
+    return RankWriter(run / layout.rank_dir_name(1, 0), {"rank": 0, "world_size": 1, "config": {"task": "tensor"}})
+
+
+def test_written_records_stacks_and_tensors_read_back(tmp_path):
+    writer = _writer(tmp_path)
+    file = writer.save_tensors(0, {"k": torch.arange(4.0).to(torch.bfloat16)})
+    writer.add_stack("s1", ['File "a.py", line 1, in f'])
+    writer.write_records([_record(0, tensor={"file": file, "key": "k"}, stack="s1")])
+    writer.close()
+    dump = load(tmp_path).ranks[0]
+    (record,) = dump.records()
+    assert dump.complete and dump.stack(record) == ['File "a.py", line 1, in f']
+    tensor = dump.load_tensor(record)
+    assert tensor.dtype == torch.bfloat16 and tensor.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_reader_skips_a_truncated_last_line_and_reports_the_dump_partial(tmp_path):
+    writer = _writer(tmp_path)
+    writer.write_records([_record(0), _record(1)])
+    path = writer.rank_dir / layout.RECORDS
+    writer._records.close()
+    with open(path, "a") as handle:
+        handle.write('{"name": "forward/-/aten.add.Tensor#2/outp')
+    dump = load(tmp_path).ranks[0]
+    assert [r.call for r in dump.records()] == [0, 1]
+    assert dump.truncated and not dump.complete
+    assert load(tmp_path).partial_ranks == [0]
+
+
+def test_reader_rejects_a_corrupt_line_in_the_middle_naming_it(tmp_path):
+    writer = _writer(tmp_path)
+    writer.write_records([_record(0)])
+    with open(writer.rank_dir / layout.RECORDS, "a") as handle:
+        handle.write("garbage\n")
+    writer.write_records([_record(1)])
+    writer.close()
+    with pytest.raises(DumpError, match=r"records.jsonl:2: corrupt record line"):
+        load(tmp_path).ranks[0].records()
+
+
+def test_run_folders_are_never_reused(tmp_path):
+    first = create_run_dir(tmp_path, "20261122-101500")
+    second = create_run_dir(tmp_path, "20261122-101500")
+    assert first != second and second.name == "20261122-101500-1"
+
+
+def test_load_rejects_folders_that_are_not_dumps(tmp_path):
+    with pytest.raises(DumpError, match="no torchdebug dump here"):
+        load(tmp_path)
+    with pytest.raises(DumpError, match="no such dump folder"):
+        load(tmp_path / "missing")
+
+
+def test_load_rejects_a_newer_schema_version(tmp_path):
+    writer = _writer(tmp_path)
+    writer.close()
+    manifest = writer.rank_dir / layout.MANIFEST
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 99}))
+    with pytest.raises(DumpError, match="schema_version 99 is not supported"):
+        load(tmp_path)
+
+
+def test_load_accepts_a_rank_folder_a_run_folder_and_a_dump_path(tmp_path):
+    writer = _writer(tmp_path)
+    writer.close()
+    for path in (tmp_path, writer.rank_dir.parent, writer.rank_dir):
+        assert list(load(path).ranks) == [0]
+
+
+def test_unwritable_dump_path_fails_before_the_run_starts(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(DumpError, match="dump_path: cannot write to"):
+        torchdebug.Debugger(blocker / "dump")
+
+
+def test_running_twice_into_one_dump_path_keeps_both_runs(tmp_path, tiny):
+    for _ in range(2):
+        with torchdebug.dump(tmp_path, model=tiny):
+            tiny(torch.randn(2, 4))
+    runs = [p for p in tmp_path.iterdir() if layout.is_run_dir(p)]
+    assert len(runs) == 2
+
+
+def test_a_process_killed_mid_step_keeps_every_flushed_record(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys, torch
+        sys.path.insert(0, {str(os.getcwd())!r})
+        import torchdebug
+        dbg = torchdebug.Debugger({str(tmp_path)!r}, task="tensor")
+        x = torch.ones(3)
+        for step in range(2):
+            dbg.start()
+            y = (x * 2).relu()
+            dbg.stop(); dbg.step()
+        dbg.start()
+        z = x + 1
+        dbg.session.flush()          # a batch written mid-step
+        w = z * 3                    # never flushed
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]
+    run = load(tmp_path)
+    dump = run.ranks[0]
+    assert run.partial_ranks == [0] and not dump.complete
+    calls = {(r.step, r.op) for r in dump.records()}
+    assert {(0, "aten.mul.Tensor"), (1, "aten.relu.default"), (2, "aten.add.Tensor")} <= calls
+    assert (2, "aten.mul.Tensor") not in calls
+    for record in dump.records():
+        if record.tensor:
+            dump.load_tensor(record)  # every referenced tensor file is complete

@@ -1,0 +1,91 @@
+import json
+
+import pytest
+
+from torchdebug.config import DebuggerConfig, parse_index_set
+from torchdebug.errors import ConfigError
+
+
+def test_index_set_accepts_the_seed_string_form():
+    assert parse_index_set("step", "0|3-5|10") == {0, 3, 4, 5, 10}
+
+
+def test_index_set_accepts_lists_of_ints_and_ranges():
+    assert parse_index_set("step", [0, "3-5"]) == {0, 3, 4, 5}
+
+
+def test_index_set_empty_means_everything():
+    assert parse_index_set("step", None) is None and parse_index_set("step", []) is None
+
+
+@pytest.mark.parametrize("bad", ["5-3", "x", [-1], True, 1.5])
+def test_index_set_rejects_bad_entries_naming_the_key(bad):
+    with pytest.raises(ConfigError, match=r"^rank: got"):
+        parse_index_set("rank", bad)
+
+
+def test_config_rejects_unknown_task_listing_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"task: got 'tensors', expected one of 'statistics', 'tensor', 'structure'"):
+        DebuggerConfig(task="tensors")
+
+
+def test_config_rejects_unknown_keys_by_name():
+    with pytest.raises(ConfigError, match=r"^tsk: unknown config key, expected one of dump_path, task"):
+        DebuggerConfig.from_dict({"tsk": "tensor"})
+
+
+def test_config_rejects_bad_level_and_data_mode():
+    with pytest.raises(ConfigError, match="level: got 'L1'"):
+        DebuggerConfig(level="L1")
+    with pytest.raises(ConfigError, match="data_mode: got 'fwd'"):
+        DebuggerConfig(data_mode=["fwd"])
+
+
+def test_config_rejects_a_range_without_two_names():
+    with pytest.raises(ConfigError, match=r"range: got \['a'\], expected two call names"):
+        DebuggerConfig(range=["a"])
+
+
+def test_config_rejects_an_invalid_regex_pattern():
+    with pytest.raises(ConfigError, match="list: pattern 're:\\(' is not a valid regex"):
+        DebuggerConfig(list=["re:("])
+
+
+def test_config_tensor_list_needs_the_tensor_task():
+    with pytest.raises(ConfigError, match="tensor_list: needs task='tensor'"):
+        DebuggerConfig(tensor_list=["mm"])
+
+
+def test_config_rejects_negative_sample_stride():
+    with pytest.raises(ConfigError, match="sample_stride: got -1"):
+        DebuggerConfig(sample_stride=-1)
+
+
+def test_config_loads_json_files_and_lets_keywords_override(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"task": "tensor", "step": "0|2", "list": ["mm"]}))
+    config = DebuggerConfig.from_file(path, task="statistics")
+    assert config.task == "statistics" and config.step == {0, 2} and config.list == ["mm"]
+
+
+def test_config_loads_yaml_files(tmp_path):
+    pytest.importorskip("yaml")
+    path = tmp_path / "cfg.yaml"
+    path.write_text("task: tensor\nlevel: mix\nrank: [0, '2-3']\n")
+    config = DebuggerConfig.from_file(path)
+    assert (config.task, config.level, config.rank) == ("tensor", "mix", {0, 2, 3})
+
+
+def test_config_reports_malformed_json_with_its_line(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text('{"task": \n')
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        DebuggerConfig.from_file(path)
+
+
+def test_config_schema_lists_every_option_with_its_allowed_values():
+    schema = DebuggerConfig.json_schema()
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["task"]["enum"] == ["statistics", "tensor", "structure"]
+    assert set(schema["properties"]) >= {"step", "rank", "list", "range", "tensor_list", "stack", "sample_stride"}
+    json.dumps(schema)  # serialisable as printed by `torchdebug config schema`

@@ -1,0 +1,73 @@
+"""Package-wide rules: cheap import, lazy public API, layering, private torch APIs in one place."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torchdebug
+
+PACKAGE = Path(torchdebug.__file__).parent
+
+# Layers from the bottom up; a module may import only from its own layer or lower ones.
+LAYERS = [
+    {"errors", "records", "stats", "config", "dist", "seed"},
+    {"store"},
+    {"compare"},
+    {"capture"},
+    {"compile"},
+    {"debugger", "scope"},
+    {"report"},
+    {"diagnose"},
+    {"cli", "__main__", "__init__"},
+]
+
+
+def _layer(part: str) -> int:
+    for index, layer in enumerate(LAYERS):
+        if part in layer:
+            return index
+    raise AssertionError(f"torchdebug.{part} is in no layer; add it to LAYERS in tests/test_package.py")
+
+
+def _imports(path: Path) -> set[str]:
+    """Module-level torchdebug imports (a function may import lazily upward, e.g. ``to_html``)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchdebug."):
+            names.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            names |= {a.name.split(".")[1] for a in node.names if a.name.startswith("torchdebug.")}
+    return names
+
+
+def test_import_torchdebug_does_not_import_torch():
+    code = "import sys, torchdebug; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False"
+
+
+def test_public_names_resolve():
+    for name in ("Debugger", "dump", "seed_all", "load", "Record", "DebuggerConfig", "TorchDebugError"):
+        assert getattr(torchdebug, name) is not None
+
+
+def test_unknown_attribute_raises_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        torchdebug.nope  # noqa: B018
+
+
+def test_lower_layers_never_import_higher_ones():
+    for path in PACKAGE.rglob("*.py"):
+        part = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for imported in _imports(path):
+            assert _layer(imported) <= _layer(part), f"{path.relative_to(PACKAGE)} imports torchdebug.{imported}"
+
+
+def test_private_autograd_apis_are_importable():
+    from torchdebug.capture._autograd_node import current_autograd_node, next_sequence_nr
+
+    assert current_autograd_node() is None and isinstance(next_sequence_nr(), int)

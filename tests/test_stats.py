@@ -1,0 +1,98 @@
+import math
+
+import pytest
+import torch
+
+from torchdebug.stats import StatsStager, stats_vector, tensor_stats
+
+
+def test_statistics_of_a_float_tensor():
+    stats = tensor_stats(torch.tensor([1.0, -2.0, 3.0, 4.0]))
+    assert stats["min"] == -2.0 and stats["max"] == 4.0
+    assert stats["mean"] == pytest.approx(1.5)
+    assert stats["norm"] == pytest.approx(math.sqrt(30))
+    assert (stats["nan"], stats["posinf"], stats["neginf"]) == (0, 0, 0)
+
+
+def test_statistics_ignore_nans_and_count_infinities():
+    stats = tensor_stats(torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0, float("nan")]))
+    assert (stats["nan"], stats["posinf"], stats["neginf"]) == (2, 1, 1)
+    assert stats["min"] == -math.inf and stats["max"] == math.inf
+
+
+def test_statistics_of_an_all_nan_tensor_have_no_values():
+    stats = tensor_stats(torch.full((3,), float("nan")))
+    assert stats["min"] is None and stats["mean"] is None and stats["nan"] == 3
+
+
+def test_statistics_of_an_empty_tensor():
+    stats = tensor_stats(torch.empty(0, 3))
+    assert stats["min"] is None and stats["norm"] is None and stats["nan"] == 0
+
+
+def test_statistics_of_integer_tensors_are_exact_for_min_and_max():
+    stats = tensor_stats(torch.tensor([3, -7, 10], dtype=torch.int64))
+    assert stats["min"] == -7 and isinstance(stats["min"], int)
+    assert stats["mean"] == pytest.approx(2.0)
+
+
+def test_statistics_of_bool_tensors_count_true_values():
+    stats = tensor_stats(torch.tensor([True, False, True]))
+    assert stats["max"] == 1 and stats["mean"] == pytest.approx(2 / 3)
+
+
+def test_statistics_of_complex_tensors_use_magnitudes():
+    stats = tensor_stats(torch.tensor([3 + 4j, 0 + 1j]))
+    assert stats["max"] == pytest.approx(5.0) and stats["min"] == pytest.approx(1.0)
+
+
+def test_statistics_of_bfloat16_accumulate_in_float32():
+    x = torch.full((4096,), 1.0 + 2**-7, dtype=torch.bfloat16)
+    stats = tensor_stats(x)
+    assert stats["mean"] == pytest.approx(1.0 + 2**-7)
+    assert stats["norm"] == pytest.approx(math.sqrt(4096) * (1 + 2**-7), rel=1e-6)
+
+
+def test_statistics_of_non_contiguous_tensors():
+    x = torch.arange(12.0).reshape(3, 4).t()
+    assert tensor_stats(x)["norm"] == pytest.approx(torch.arange(12.0).norm().item())
+
+
+def test_norm_survives_float32_overflow_of_squares():
+    stats = tensor_stats(torch.tensor([3e20, 4e20]))
+    assert stats["norm"] == pytest.approx(5e20, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [torch.randn(100), torch.tensor([1.0, float("nan"), -float("inf")]), torch.arange(5), torch.randn(7, dtype=torch.float64)],
+)
+def test_device_path_agrees_with_cpu_path(tensor):
+    from torchdebug.stats import _from_vector
+
+    integral = not tensor.is_floating_point()
+    via_vector = _from_vector(stats_vector(tensor).tolist(), integral)
+    direct = tensor_stats(tensor)
+    for key, value in direct.items():
+        assert via_vector[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_stager_delivers_statistics_at_flush_for_staged_tensors():
+    stager = StatsStager()
+    results: list[dict] = []
+    stager.add(torch.ones(3), results.append)  # CPU: delivered at once
+    stager.add(torch.empty(0), results.append)
+    assert len(results) == 2 and results[0]["mean"] == 1.0
+    stager.flush()
+    assert len(stager) == 0
+
+
+@pytest.mark.gpu
+def test_stager_batches_cuda_statistics_into_one_copy():
+    stager = StatsStager()
+    results: list[dict] = []
+    for value in (1.0, 2.0, 3.0):
+        stager.add(torch.full((10,), value, device="cuda"), results.append)
+    assert results == [] and len(stager) == 3
+    stager.flush()
+    assert [r["mean"] for r in results] == [1.0, 2.0, 3.0]

@@ -1,0 +1,193 @@
+"""Run a comparison: open both dumps, pair ranks and records, compute metrics, judge the rows.
+
+Statistics differences are computed for every matched tensor row at once (cheap, in Python). Tensor
+metrics run in a thread pool over unique tensor pairs (torch kernels release the GIL, so threads use
+every core); each worker loads its two tensors from the memory-mapped files, computes the metrics
+and drops them, so no more than ``workers`` pairs are in memory at any time and never a whole dump.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from torchdebug.compare.matching import NameMapping, load_mapping, match_records
+from torchdebug.compare.metrics import stats_metrics, tensor_metrics
+from torchdebug.compare.result import CompareResult, Side
+from torchdebug.compare.rows import Row
+from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances, tolerance_for
+from torchdebug.compare.verdicts import judge
+from torchdebug.errors import DumpError
+from torchdebug.records import Record
+from torchdebug.store import msprobe, reader
+
+__all__ = ["compare"]
+
+logger = logging.getLogger("torchdebug.compare")
+
+
+def open_dump(path: str | Path | reader.Run) -> reader.Run:
+    """A torchdebug dump (dump path, run or rank folder) or an msprobe dump folder."""
+    if isinstance(path, reader.Run):
+        return path
+    if msprobe.is_msprobe_dump(Path(path)):
+        return msprobe.load(path)
+    return reader.load(path)
+
+
+class _TensorLoader:
+    """Loads saved tensors of one rank, keeping one safetensors handle per file (headers parsed once)."""
+
+    def __init__(self, dump: Any) -> None:
+        self.dump = dump
+        self._handles: dict[Path, Any] = {}
+        self._lock = threading.Lock()
+
+    def load(self, record: Record) -> torch.Tensor:
+        if not isinstance(self.dump, reader.RankDump):
+            return self.dump.load_tensor(record)
+        path = self.dump.path / record.tensor["file"]  # type: ignore[index]
+        with self._lock:
+            handle = self._handles.get(path)
+            if handle is None:
+                if not path.is_file():
+                    raise DumpError(f"{record.name}: tensor file {path} is missing")
+                handle = self._handles[path] = safe_open(str(path), framework="pt", device="cpu")
+        return handle.get_tensor(record.tensor["key"])  # type: ignore[index]
+
+
+def _numel(shape: list[int] | None) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _has_tensor(record: Record | None) -> bool:
+    return record is not None and bool(record.tensor) and "file" in (record.tensor or {})
+
+
+def _fill_stats(row: Row, overrides: Mapping[str, Tolerance]) -> None:
+    a, b = row.record_a, row.record_b
+    tolerance = tolerance_for(row.dtype_a, row.dtype_b, overrides)
+    row.tolerance = tolerance.rtol
+    metrics = stats_metrics(a.stats, b.stats, numel=_numel(row.shape_b), atol=tolerance.atol)  # type: ignore[union-attr]
+    row.error = metrics.pop("error", None)
+    row.metrics.update(metrics)
+
+
+def _tensor_jobs(rows: Iterable[Row]) -> dict[tuple, list[Row]]:
+    """Rows needing tensor metrics, grouped by their unique pair of saved tensors."""
+    jobs: dict[tuple, list[Row]] = {}
+    for row in rows:
+        a, b = row.record_a, row.record_b
+        if row.kind == "tensor" and row.shape_a == row.shape_b and _has_tensor(a) and _has_tensor(b):
+            key = (row.rank, a.tensor["file"], a.tensor["key"], b.tensor["file"], b.tensor["key"])  # type: ignore[union-attr]
+            jobs.setdefault(key, []).append(row)
+    return jobs
+
+
+def _run_job(row: Row, loader_a: _TensorLoader, loader_b: _TensorLoader, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
+    tensor_a = loader_a.load(row.record_a)  # type: ignore[arg-type]
+    tensor_b = loader_b.load(row.record_b)  # type: ignore[arg-type]
+    if tensor_a.shape != tensor_b.shape:
+        return {"_shape_mismatch": 1.0}
+    tolerance = tolerance_for(row.dtype_a, row.dtype_b, overrides)
+    low = lower_precision(row.dtype_a, row.dtype_b)
+    return tensor_metrics(tensor_a, tensor_b, low_dtype=low, atol=tolerance.atol)
+
+
+def _compare_rank(
+    rank: int, dump_a: Any, dump_b: Any, *, mapping: NameMapping, overrides: Mapping[str, Tolerance],
+    tensors: bool, pool: ThreadPoolExecutor,
+) -> list[Row]:
+    pairs = match_records(dump_a.records(), dump_b.records(), mapping)
+    rows = [Row.from_records(rank, p.a, p.b, p.how, p.order) for p in pairs]
+    for row in rows:
+        if row.matched and row.kind == "tensor" and row.shape_a == row.shape_b:
+            _fill_stats(row, overrides)
+    if tensors:
+        jobs = _tensor_jobs(rows)
+        loader_a, loader_b = _TensorLoader(dump_a), _TensorLoader(dump_b)
+        args = [(group[0], loader_a, loader_b, overrides) for group in jobs.values()]
+        results = pool.map(lambda job: _run_job(*job), args)
+        for group, metrics in zip(jobs.values(), results):
+            if "_shape_mismatch" in metrics:
+                continue  # sampled with different strides: keep the statistics verdict
+            for row in group:
+                row.metrics.update(metrics)
+                row.error = metrics.get("error", row.error)
+                row.metrics.pop("error", None)
+    return rows
+
+
+def compare(
+    a: str | Path | reader.Run,
+    b: str | Path | reader.Run,
+    *,
+    tolerances: Mapping[str, Any] | None = None,
+    mapping: str | Path | Mapping[str, Any] | NameMapping | None = None,
+    growth: float = 16.0,
+    tensors: bool = True,
+    workers: int | None = None,
+) -> CompareResult:
+    """Compare dump ``a`` against the reference dump ``b``, rank by rank.
+
+    Args:
+        a, b: a torchdebug dump path (its latest run), run folder or rank folder, or an msprobe dump
+            folder (``dump.json`` inside, or ``step*/rank*`` / ``proc*`` above it). ``b`` is the
+            reference: relative errors are relative to it.
+        tolerances: per-dtype overrides, ``{"bfloat16": 0.02}`` (rtol) or
+            ``{"float32": {"rtol": 1e-5, "atol": 1e-6}}``; defaults are torch.testing's.
+        mapping: renames for side A (``{"modules": {old: new}, "ops": {old: new}}``, or a JSON/YAML
+            file) when modules or ops were renamed between the runs.
+        growth: how much an op may amplify its inputs' error before it is blamed.
+        tensors: compare saved tensors when both sides have them (else statistics only).
+        workers: threads for tensor metrics (default: all cores).
+
+    Returns:
+        A :class:`CompareResult`; ``result.first_divergence`` is the earliest blamed op.
+    """
+    if growth < 1:
+        raise ValueError(f"growth: got {growth}, expected a factor >= 1")
+    overrides = parse_tolerances(tolerances)
+    names = load_mapping(mapping)
+    run_a, run_b = open_dump(a), open_dump(b)
+    side_a, side_b = Side.of(a, run_a), Side.of(b, run_b)
+    problems = [*side_a.problems("A"), *side_b.problems("B")]
+    only_a = sorted(set(run_a.ranks) - set(run_b.ranks))
+    only_b = sorted(set(run_b.ranks) - set(run_a.ranks))
+    if only_a:
+        problems.append(f"ranks only in A (not compared): {only_a}")
+    if only_b:
+        problems.append(f"ranks only in B (not compared): {only_b}")
+    common = sorted(set(run_a.ranks) & set(run_b.ranks))
+    if not common:
+        raise ValueError(f"A has ranks {sorted(run_a.ranks)} and B has ranks {sorted(run_b.ranks)}: no rank to compare")
+    workers = workers or os.cpu_count() or 1
+    rows: list[Row] = []
+    # Parallelism comes from the pool (one tensor pair per thread); torch's own intra-op threads
+    # only add hand-off stalls on these mostly small tensors, so they are off while we run.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for rank in common:
+                rank_rows = _compare_rank(
+                    rank, run_a.ranks[rank], run_b.ranks[rank], mapping=names, overrides=overrides,
+                    tensors=tensors, pool=pool,
+                )
+                judge(rank_rows, growth=growth)
+                rows.extend(rank_rows)
+    finally:
+        torch.set_num_threads(threads)
+    result = CompareResult(rows=rows, a=side_a, b=side_b, problems=problems,
+                           options={"growth": growth, "tolerances": {k: [v.rtol, v.atol] for k, v in overrides.items()}})
+    result.check_overlap()
+    return result

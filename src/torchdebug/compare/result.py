@@ -1,0 +1,209 @@
+"""The outcome of a comparison: rows, verdict counts, the first divergence, and its exports."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchdebug.compare.metrics import STATS_METRICS, TENSOR_METRICS
+from torchdebug.compare.rows import VERDICTS, Row
+from torchdebug.compare.verdicts import first_divergence, first_nonfinite
+
+__all__ = ["CompareResult", "Side", "CSV_COLUMNS"]
+
+CSV_COLUMNS = (
+    "rank", "step", "phase", "module", "op", "call", "io", "arg", "name", "name_b", "match", "kind",
+    "dtype_a", "dtype_b", "shape_a", "shape_b", "verdict", "attribution", "error", "tolerance",
+    *TENSOR_METRICS, *STATS_METRICS, "message", "source",
+)  # fmt: skip
+"""Columns of :meth:`CompareResult.to_csv`, one row per tensor slot or argument."""
+
+_MIN_MATCHED = 0.5  # below this share of matched rows, the dumps probably come from different programs
+
+
+@dataclass
+class Side:
+    """One side of a comparison: what the user passed and the opened run."""
+
+    path: str
+    run: Any = field(repr=False)
+
+    @classmethod
+    def of(cls, given: Any, run: Any) -> Side:
+        return cls(path=str(getattr(given, "path", given)), run=run)
+
+    def problems(self, label: str) -> list[str]:
+        """Dump-level notes: partial or truncated rank folders."""
+        notes = []
+        for rank, dump in sorted(self.run.ranks.items()):
+            if not getattr(dump, "complete", True):
+                notes.append(f"{label} rank {rank} is partial (no complete.json): the run did not close cleanly; later records are missing")
+            if getattr(dump, "truncated", False):
+                notes.append(f"{label} rank {rank}: the records file ends in a half-written line (skipped)")
+        return notes
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return json.dumps(value)
+    return value
+
+
+@dataclass
+class CompareResult:
+    """Rows of a comparison of dump ``a`` against the reference ``b``, with their verdicts.
+
+    ``first_divergence`` is the earliest op whose output error its inputs do not explain (on the
+    lowest rank that has one); ``first_nonfinite`` the earliest op producing a NaN/Inf the other
+    side does not have. ``diverged`` is what the CLI's exit status reports.
+    """
+
+    rows: list[Row]
+    a: Side
+    b: Side
+    problems: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    # -- queries --------------------------------------------------------------------------------
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({row.rank for row in self.rows})
+
+    def rank_rows(self, rank: int) -> list[Row]:
+        return [row for row in self.rows if row.rank == rank]
+
+    def _first(self, finder: Any) -> Row | None:
+        for rank in self.ranks:
+            found = finder(self.rank_rows(rank))
+            if found is not None:
+                return found
+        return None
+
+    @property
+    def first_divergence(self) -> Row | None:
+        """The earliest blamed op row (lowest rank first), or ``None`` when nothing diverges."""
+        return self._first(first_divergence)
+
+    @property
+    def first_nonfinite(self) -> Row | None:
+        """The earliest row with a NaN/Inf that its inputs and the other side do not have."""
+        return self._first(first_nonfinite)
+
+    @property
+    def diverged(self) -> bool:
+        return any(row.verdict == "error" for row in self.rows)
+
+    def counts(self, rank: int | None = None) -> dict[str, int]:
+        """Rows per verdict (all ranks, or one)."""
+        rows = self.rows if rank is None else self.rank_rows(rank)
+        counter = Counter(row.verdict for row in rows)
+        return {verdict: counter.get(verdict, 0) for verdict in VERDICTS}
+
+    def stack(self, row: Row) -> list[str]:
+        """The call stack of a row's record, outermost frame first (empty when none was saved)."""
+        for side, record in ((self.a, row.record_a), (self.b, row.record_b)):
+            dump = side.run.ranks.get(row.rank)
+            if record is not None and dump is not None:
+                frames = dump.stack(record)
+                if frames:
+                    return list(frames)
+        return []
+
+    def check_overlap(self) -> None:
+        """Fail or warn when the two dumps have little in common (different models or programs)."""
+        tensors = [row for row in self.rows if row.kind == "tensor"]
+        matched = [row for row in tensors if row.matched]
+        if tensors and not matched:
+            raise ValueError(
+                f"{self.a.path} and {self.b.path} have no tensor records in common: they come from different "
+                "models or programs (or pass a mapping file for renamed modules)"
+            )
+        if tensors and len(matched) < _MIN_MATCHED * len(tensors):
+            self.problems.append(
+                f"only {len(matched)} of {len(tensors)} tensor rows matched: the dumps look like different models "
+                "or programs (unmatched rows are listed as 'unmatched')"
+            )
+        shapes = sum(1 for row in matched if row.shape_a != row.shape_b)
+        if shapes:
+            self.problems.append(
+                f"{shapes} matched rows differ in shape: the dumps come from different model configurations or inputs"
+            )
+
+    # -- describing ------------------------------------------------------------------------------
+    def describe(self, row: Row) -> dict[str, Any]:
+        """A row as a dict plus its stack, for JSON output and reports."""
+        return {**{k: _json_number(v) for k, v in row.to_dict().items()}, "stack": self.stack(row)}
+
+    def summary(self) -> str:
+        """A few lines for a terminal: counts per rank, first divergence, first non-finite op."""
+        lines = [f"compare {self.a.path} (A) against {self.b.path} (B, reference)"]
+        for rank in self.ranks:
+            counts = self.counts(rank)
+            lines.append(f"rank {rank}: {len(self.rank_rows(rank))} rows: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+        for title, row in (("first divergence", self.first_divergence), ("first non-finite", self.first_nonfinite)):
+            if row is None:
+                lines.append(f"{title}: none")
+                continue
+            lines.append(f"{title} (rank {row.rank}, step {row.step}, {row.phase}): {row.name}")
+            lines.append(f"  op {row.op} in module {row.module}" + (f" at {row.source}" if row.source else ""))
+            detail = row.message
+            metrics = ", ".join(f"{k} {row.metrics[k]:.4g}" for k in ("cosine", "max_abs_err", "rel_l2") if k in row.metrics)
+            lines.append(f"  {detail}" + (f" ({metrics})" if metrics else ""))
+        lines.extend(f"note: {problem}" for problem in self.problems)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    # -- exports -------------------------------------------------------------------------------
+    def to_csv(self, path: str | Path) -> Path:
+        """One line per row, columns :data:`CSV_COLUMNS`."""
+        path = Path(path)
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            for row in self.rows:
+                writer.writerow({k: _cell(v) for k, v in row.to_dict().items()})
+        return path
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as JSON-ready data (non-finite floats as strings ``"inf"``/``"nan"``)."""
+        first, nonfinite = self.first_divergence, self.first_nonfinite
+        return {
+            "a": self.a.path,
+            "b": self.b.path,
+            "diverged": self.diverged,
+            "counts": self.counts(),
+            "ranks": {str(rank): self.counts(rank) for rank in self.ranks},
+            "first_divergence": self.describe(first) if first else None,
+            "first_nonfinite": self.describe(nonfinite) if nonfinite else None,
+            "problems": self.problems,
+            "options": self.options,
+            "rows": [{k: _json_number(v) for k, v in row.to_dict().items()} for row in self.rows],
+        }
+
+    def to_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False))
+        return path
+
+    def to_html(self, path: str | Path) -> Path:
+        """A self-contained HTML report (works offline; every name is escaped)."""
+        from torchdebug.report.compare import render_compare  # report sits above compare
+
+        path = Path(path)
+        path.write_text(render_compare(self), encoding="utf-8")
+        return path

@@ -1,0 +1,116 @@
+"""One row of a comparison: a tensor slot (or argument) of side A next to its match on side B."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchdebug.records import Record, call_name
+
+__all__ = ["Row", "VERDICTS"]
+
+VERDICTS = ("pass", "warning", "error", "unmatched")
+"""``unmatched``: the slot exists on one side only (listed, never judged)."""
+
+
+@dataclass(slots=True, eq=False)
+class Row:
+    """A compared slot: where it is, both sides' dtype and shape, metrics and the verdict."""
+
+    rank: int
+    step: int
+    phase: str
+    module: str
+    op: str
+    call: int
+    io: str
+    arg: str
+    name: str
+    """Side A's stable name (side B's for a B-only row)."""
+    name_b: str | None
+    """Side B's stable name (``None`` for an A-only row)."""
+    match: str
+    """``exact``, ``mapped``, ``aligned``, ``only_a`` or ``only_b``."""
+    order: float
+    kind: str = "tensor"
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    shape_a: list[int] | None = None
+    shape_b: list[int] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: float | None = None
+    """Scale-relative error the verdict is based on (see :mod:`torchdebug.compare.metrics`)."""
+    tolerance: float | None = None
+    verdict: str = "pass"
+    attribution: str = ""
+    """``blamed`` (the error starts here), ``inherited`` (its inputs already carry it) or empty."""
+    message: str = ""
+    source: str | None = None
+    record_a: Record | None = field(default=None, repr=False)
+    record_b: Record | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_records(cls, rank: int, a: Record | None, b: Record | None, how: str, order: float) -> Row:
+        """A row for two paired records (either may be ``None``)."""
+        first = a if a is not None else b
+        assert first is not None
+        return cls(
+            rank=rank,
+            step=first.step,
+            phase=first.phase,
+            module=first.module,
+            op=first.op,
+            call=first.call,
+            io=first.io,
+            arg=first.arg,
+            name=first.name,
+            name_b=b.name if b is not None else None,
+            match=how,
+            order=order,
+            kind=first.kind,
+            dtype_a=a.dtype if a else None,
+            dtype_b=b.dtype if b else None,
+            shape_a=a.shape if a else None,
+            shape_b=b.shape if b else None,
+            source=(a.source if a and a.source else b.source if b else None),
+            record_a=a,
+            record_b=b,
+        )
+
+    @property
+    def call_name(self) -> str:
+        """The op call this slot belongs to (side A's name)."""
+        return call_name(self.name)
+
+    @property
+    def matched(self) -> bool:
+        return self.record_a is not None and self.record_b is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A flat, JSON-ready dict (metrics inlined), without the record references."""
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "step": self.step,
+            "phase": self.phase,
+            "module": self.module,
+            "op": self.op,
+            "call": self.call,
+            "io": self.io,
+            "arg": self.arg,
+            "name": self.name,
+            "name_b": self.name_b,
+            "match": self.match,
+            "kind": self.kind,
+            "dtype_a": self.dtype_a,
+            "dtype_b": self.dtype_b,
+            "shape_a": self.shape_a,
+            "shape_b": self.shape_b,
+            "error": self.error,
+            "tolerance": self.tolerance,
+            "verdict": self.verdict,
+            "attribution": self.attribution,
+            "message": self.message,
+            "source": self.source,
+        }
+        out.update(self.metrics)
+        return out

@@ -1,0 +1,122 @@
+"""Verdicts and attribution: which rows differ, and which op each difference starts at.
+
+Per row, in execution order:
+
+* ``pass`` when the scale-relative ``error`` is within the pair's dtype tolerance (the less
+  precise side's), so a bf16 run is allowed bf16 rounding;
+* otherwise the row is **blamed** (``error``) only when its op made the difference: an output whose
+  error exceeds ``growth × (largest error among the call's tensor inputs) + tolerance``, or an input
+  that differs before anything upstream did (a weight or batch that is already different). Rows
+  whose inputs explain their error are **inherited** (``warning``);
+* a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
+  the call has one) and inherited after;
+* shapes that differ are errors; argument values that differ are warnings.
+
+The first divergence is the earliest blamed op row (op records before module records); the first
+non-finite op is the earliest row whose NaN/Inf its inputs did not have.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from torchdebug.compare.rows import Row
+from torchdebug.records import MODULE_OP
+
+__all__ = ["judge", "first_divergence", "first_nonfinite"]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_OUTPUT_IO = ("output", "parameter_grad")
+
+
+def _same_value(a: object, b: object) -> bool:
+    """Equal argument values, ignoring memory addresses in object reprs."""
+    if isinstance(a, str) and isinstance(b, str):
+        return _ADDRESS.sub("", a) == _ADDRESS.sub("", b)
+    return a == b
+
+
+def _judge_value(row: Row) -> None:
+    a = row.record_a.value if row.record_a else None
+    b = row.record_b.value if row.record_b else None
+    if not _same_value(a, b):
+        row.verdict = "warning"
+        row.message = f"argument value differs: {a!r} vs {b!r}"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _judge_call(rows: list[Row], growth: float, seen: bool) -> bool:
+    """Judge the rows of one op call; returns whether a divergence has been seen up to here."""
+    inputs = [r for r in rows if r.io not in _OUTPUT_IO and r.kind == "tensor" and r.matched]
+    input_error = max((r.error or 0.0 for r in inputs), default=0.0)
+    input_nonfinite = any(r.metrics.get("nonfinite_mismatch") for r in inputs)
+    call_seen = seen
+    for row in rows:
+        if not row.matched:
+            row.verdict = "unmatched"
+            row.message = "only in A" if row.record_b is None else "only in B"
+            continue
+        if row.kind != "tensor":
+            _judge_value(row)
+            continue
+        is_output = row.io in _OUTPUT_IO
+        if row.shape_a != row.shape_b:
+            row.verdict, row.attribution = "error", "blamed"
+            row.message = f"shape differs: {row.shape_a} vs {row.shape_b}"
+            call_seen = True
+            continue
+        if row.metrics.get("nonfinite_mismatch"):
+            explained = input_nonfinite if is_output else seen
+            row.verdict, row.attribution = ("warning", "inherited") if explained else ("error", "blamed")
+            row.message = "NaN/Inf where the other side is finite" + (" (inputs had it)" if explained else "")
+            call_seen = True
+            continue
+        if row.error is None or row.tolerance is None:
+            row.message = row.message or "no statistics to compare"
+            continue
+        if row.error <= row.tolerance:
+            continue
+        call_seen = True
+        if is_output:
+            budget = growth * input_error + row.tolerance
+            explained = row.error <= budget
+            detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}; inputs differ by {_fmt(input_error)}"
+        else:
+            explained = seen
+            detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"
+            detail += "; upstream ops already differ" if seen else "; this input differs before any op did"
+        if explained:
+            row.verdict, row.attribution = "warning", "inherited"
+        else:
+            row.verdict, row.attribution = "error", "blamed"
+        row.message = detail
+    return call_seen
+
+
+def judge(rows: Sequence[Row], *, growth: float = 16.0) -> None:
+    """Set verdict, attribution and message of one rank's rows (sorted in execution order)."""
+    calls: dict[tuple[int, str], list[Row]] = {}
+    for row in rows:
+        calls.setdefault((row.step, row.call_name), []).append(row)
+    seen = False
+    for call_rows in calls.values():
+        seen = _judge_call(call_rows, growth, seen)
+
+
+def first_divergence(rows: Sequence[Row]) -> Row | None:
+    """The earliest blamed row, preferring op records over module records."""
+    blamed = [r for r in rows if r.attribution == "blamed"]
+    ops = [r for r in blamed if r.op != MODULE_OP]
+    return (ops or blamed or [None])[0]
+
+
+def first_nonfinite(rows: Sequence[Row]) -> Row | None:
+    """The earliest row holding a NaN/Inf its counterpart lacks, where its inputs had none."""
+    for row in rows:
+        if row.metrics.get("nonfinite_mismatch") and row.attribution == "blamed":
+            return row
+    return None

@@ -20,6 +20,7 @@ _COMMANDS = [
     "torchdebug.cli.show",
     "torchdebug.cli.convert",
     "torchdebug.cli.config",
+    "torchdebug.cli.compare",
     "torchdebug.cli.report",
 ]
 

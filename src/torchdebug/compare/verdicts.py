@@ -5,9 +5,11 @@ Per row, in execution order:
 * ``pass`` when the scale-relative ``error`` is within the pair's dtype tolerance (the less
   precise side's), so a bf16 run is allowed bf16 rounding;
 * otherwise the row is **blamed** (``error``) only when its op made the difference: an output whose
-  error exceeds ``growth × (largest error among the call's tensor inputs) + tolerance``, or an input
-  that differs before anything upstream did (a weight or batch that is already different). Rows
-  whose inputs explain their error are **inherited** (``warning``);
+  error exceeds both ``growth × (largest error among the call's tensor inputs) + tolerance`` and the
+  largest element-wise relative error of those inputs (ops such as ``sqrt`` or a division blow up
+  the error of near-zero elements: that is inherited, not made), or an input that differs before
+  anything upstream did (a weight or batch that is already different). Rows whose inputs explain
+  their error are **inherited** (``warning``);
 * a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
   the call has one) and inherited after;
 * shapes that differ are errors; argument values that differ are warnings.
@@ -45,6 +47,13 @@ def _judge_value(row: Row) -> None:
         row.message = f"argument value differs: {a!r} vs {b!r}"
 
 
+def _spread(row: Row) -> float:
+    """The largest element-wise relative error of a row (of min/max/mean/norm with statistics only)."""
+    if "max_rel_err" in row.metrics:
+        return row.metrics["max_rel_err"]
+    return max((row.metrics.get(k, 0.0) for k in ("min_rel", "max_rel", "mean_rel", "norm_rel")), default=0.0)
+
+
 def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
@@ -53,6 +62,7 @@ def _judge_call(rows: list[Row], growth: float, seen: bool) -> bool:
     """Judge the rows of one op call; returns whether a divergence has been seen up to here."""
     inputs = [r for r in rows if r.io not in _OUTPUT_IO and r.kind == "tensor" and r.matched]
     input_error = max((r.error or 0.0 for r in inputs), default=0.0)
+    input_spread = max((_spread(r) for r in inputs), default=0.0)
     input_nonfinite = any(r.metrics.get("nonfinite_mismatch") for r in inputs)
     call_seen = seen
     for row in rows:
@@ -83,7 +93,7 @@ def _judge_call(rows: list[Row], growth: float, seen: bool) -> bool:
         call_seen = True
         if is_output:
             budget = growth * input_error + row.tolerance
-            explained = row.error <= budget
+            explained = row.error <= budget or row.error <= input_spread
             detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}; inputs differ by {_fmt(input_error)}"
         else:
             explained = seen

@@ -1,0 +1,104 @@
+"""Dumps shared by the compare tests: a tiny MLP with a plantable bug, and a tiny GPT in fp32/bf16.
+
+Each dump is one training step, written once per module that asks for it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch, train_step
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by ``factor`` (NaN plants a backward NaN)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.clone()  # scale grad forward
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+class BuggyMLP(nn.Module):
+    """Linear → tanh → (× gain) → Linear. ``gain != 1`` plants a single-op bug in the forward."""
+
+    def __init__(self, gain: float = 1.0, grad_factor: float = 1.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 8)
+        self.gain = gain
+        self.grad_factor = grad_factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        h = h * self.gain  # planted bug line
+        h = _ScaleGrad.apply(h, self.grad_factor)
+        return self.fc2(h)
+
+
+def source_line(marker: str) -> int:
+    """Line number in this file of the line that ends with ``# {marker}``."""
+    lines, start = inspect.getsourcelines(inspect.getmodule(BuggyMLP))
+    for offset, line in enumerate(lines):
+        if line.rstrip().endswith(f"# {marker}"):
+            return max(start, 1) + offset
+    raise AssertionError(marker)
+
+
+def dump_mlp(path: Path, task: str = "tensor", **options: float) -> Path:
+    """One SGD step of :class:`BuggyMLP` dumped at ``path``."""
+    torchdebug.seed_all(1234)
+    model = BuggyMLP(**options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 16)
+    target = torch.randint(0, 8, (4,))
+    with torchdebug.dump(path, model=model, task=task):
+        loss = nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        optimizer.step()
+    return path
+
+
+def dump_gpt(path: Path, task: str = "tensor", bf16: bool = False, d_model: int = 32) -> Path:
+    """One AdamW step of a 1-layer GPT, in fp32 or with the forward under bf16 autocast."""
+    torchdebug.seed_all(1234)
+    model = GPT(GPTConfig(n_layer=1, d_model=d_model, n_head=4, seq_len=16))
+    optimizer = torch.optim.AdamW(model.parameters())
+    batch = make_batch(model.config, batch=2)
+    with torchdebug.dump(path, model=model, task=task):
+        if bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(*batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        else:
+            train_step(model, optimizer, batch)
+    return path
+
+
+@pytest.fixture(scope="session")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``dumps(kind, **options)`` → a dump folder, made once per session for each distinct request."""
+    made: dict[tuple, Path] = {}
+    root = tmp_path_factory.mktemp("dumps")
+
+    def get(kind: str, **options: object) -> Path:
+        key = (kind, tuple(sorted(options.items())))
+        if key not in made:
+            path = root / f"{kind}-{len(made)}"
+            made[key] = (dump_mlp if kind == "mlp" else dump_gpt)(path, **options)
+        return made[key]
+
+    return get

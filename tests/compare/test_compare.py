@@ -1,0 +1,100 @@
+"""End to end: dumps of real training steps compared, as the issue's checklist asks."""
+
+from __future__ import annotations
+
+import pytest
+
+import torchdebug
+from tests.compare.conftest import source_line
+
+
+def test_a_dump_compared_with_itself_is_all_pass(dumps):
+    result = torchdebug.compare(dumps("gpt"), dumps("gpt"))
+    assert result.counts()["pass"] == len(result.rows) > 0
+    assert result.first_divergence is None
+    assert not result.diverged
+
+
+def test_two_runs_of_the_same_program_match_exactly(dumps):
+    result = torchdebug.compare(dumps("mlp"), dumps("mlp", gain=1.0, grad_factor=1.0))
+    assert {row.match for row in result.rows} == {"exact"}
+    assert not result.diverged
+
+
+@pytest.mark.parametrize("task", ["tensor", "statistics"])
+def test_a_planted_op_bug_is_the_first_divergence_with_its_source_line(dumps, task):
+    result = torchdebug.compare(dumps("mlp", task=task, gain=1.001), dumps("mlp", task=task))
+    first = result.first_divergence
+    assert result.diverged
+    assert (first.phase, first.op, first.io) == ("forward", "aten.mul.Tensor", "output")
+    assert first.source.endswith(f"conftest.py:{source_line('planted bug line')} in forward")
+    assert any("h = h * self.gain" in frame for frame in result.stack(first))
+
+
+def test_rows_after_the_planted_bug_are_inherited_not_blamed(dumps):
+    result = torchdebug.compare(dumps("mlp", gain=1.001), dumps("mlp"))
+    blamed = [row for row in result.rows if row.attribution == "blamed"]
+    inherited = [row for row in result.rows if row.attribution == "inherited"]
+    assert {row.op for row in blamed} == {"aten.mul.Tensor"}
+    assert any(row.phase == "backward" for row in inherited)
+    assert all(row.verdict == "warning" for row in inherited)
+
+
+def test_bf16_autocast_against_fp32_of_a_healthy_model_has_no_error_rows(dumps):
+    result = torchdebug.compare(dumps("gpt", bf16=True), dumps("gpt"))
+    assert result.counts()["error"] == 0
+    assert result.first_divergence is None
+    # the extra casts of the autocast run are listed, not dropped
+    only_b = [row for row in result.rows if row.match == "only_a" and row.op == "aten._to_copy.default"]
+    assert only_b
+
+
+def test_bf16_statistics_against_fp32_statistics_has_no_error_rows(dumps):
+    result = torchdebug.compare(dumps("gpt", task="statistics", bf16=True), dumps("gpt", task="statistics"))
+    assert result.counts()["error"] == 0
+
+
+def test_a_nan_injected_in_the_backward_is_the_first_non_finite_op(dumps):
+    result = torchdebug.compare(dumps("mlp", grad_factor=float("nan")), dumps("mlp"))
+    first = result.first_nonfinite
+    assert (first.phase, first.op, first.io) == ("backward", "aten.mul.Tensor", "output")
+    # backward records carry the source line of the forward op they differentiate
+    assert first.source.endswith(f"conftest.py:{source_line('scale grad forward')} in forward")
+    assert result.first_divergence is first
+
+
+def test_an_intentional_minus_inf_mask_on_both_sides_is_not_non_finite(dumps):
+    result = torchdebug.compare(dumps("gpt"), dumps("gpt"))
+    masked = [row for row in result.rows if row.op == "aten.masked_fill.Scalar" and row.io == "output"]
+    assert masked and all(row.verdict == "pass" for row in masked)
+    assert result.first_nonfinite is None
+
+
+def test_statistics_only_compare_is_used_when_asked_even_with_tensors(dumps):
+    result = torchdebug.compare(dumps("mlp", gain=1.001), dumps("mlp"), tensors=False)
+    assert "cosine" not in result.first_divergence.metrics
+    assert "norm_rel" in result.first_divergence.metrics
+
+
+def test_tolerance_override_turns_the_planted_bug_into_a_pass(dumps):
+    result = torchdebug.compare(dumps("mlp", gain=1.001), dumps("mlp"), tolerances={"float32": 0.01})
+    assert not result.diverged
+
+
+def test_models_of_different_width_are_reported_as_different_configurations(dumps):
+    result = torchdebug.compare(dumps("gpt", d_model=64), dumps("gpt"))
+    assert result.diverged
+    assert any("differ in shape" in problem for problem in result.problems)
+    assert result.first_divergence.message.startswith("shape differs")
+
+
+def test_unrelated_models_give_a_clear_message(dumps):
+    with pytest.raises(ValueError, match="different models or programs"):
+        result = torchdebug.compare(dumps("mlp"), dumps("gpt"))
+        if result.problems:  # little overlap is a note, not an error
+            raise ValueError(result.problems[0])
+
+
+def test_summary_names_the_first_divergence_and_its_source(dumps):
+    text = torchdebug.compare(dumps("mlp", gain=1.001), dumps("mlp")).summary()
+    assert "first divergence" in text and "aten.mul.Tensor" in text and "conftest.py" in text

@@ -151,7 +151,7 @@ class Debugger:
         if self._tracker is not None:
             self._tracker.stop()
         self._active = False
-        self.session.flush()
+        self.session.flush(wait=True)
 
     def step(self) -> None:
         """Mark the end of a training step: flush, and number what follows as the next step."""
@@ -180,6 +180,7 @@ class Debugger:
             return
         status = "interrupted" if self._active else "complete"
         self.stop()
+        self.session.flush()
         self.session.writer.close(status, steps=self.current_step)
         self._closed = True
 

@@ -28,9 +28,12 @@ def _writer(tmp_path):
 
 def test_written_records_stacks_and_tensors_read_back(tmp_path):
     writer = _writer(tmp_path)
-    file = writer.save_tensors(0, {"k": torch.arange(4.0).to(torch.bfloat16)})
+    batch = writer.tensor_batch(64)
+    batch.add("pad-me", torch.ones(3, dtype=torch.bool))  # forces alignment padding before "k"
+    batch.add("k", torch.arange(4.0).to(torch.bfloat16))
+    ref = {"key": "k"}
     writer.add_stack("s1", ['File "a.py", line 1, in f'])
-    writer.write_records([_record(0, tensor={"file": file, "key": "k"}, stack="s1")])
+    writer.submit(0, [_record(0, tensor=ref, stack="s1")], batch, [ref])
     writer.close()
     dump = load(tmp_path).ranks[0]
     (record,) = dump.records()
@@ -41,9 +44,9 @@ def test_written_records_stacks_and_tensors_read_back(tmp_path):
 
 def test_reader_skips_a_truncated_last_line_and_reports_the_dump_partial(tmp_path):
     writer = _writer(tmp_path)
-    writer.write_records([_record(0), _record(1)])
+    writer.submit(0, [_record(0), _record(1)], None, [])
+    writer.drain()
     path = writer.rank_dir / layout.RECORDS
-    writer._records.close()
     with open(path, "a") as handle:
         handle.write('{"name": "forward/-/aten.add.Tensor#2/outp')
     dump = load(tmp_path).ranks[0]
@@ -54,13 +57,39 @@ def test_reader_skips_a_truncated_last_line_and_reports_the_dump_partial(tmp_pat
 
 def test_reader_rejects_a_corrupt_line_in_the_middle_naming_it(tmp_path):
     writer = _writer(tmp_path)
-    writer.write_records([_record(0)])
+    writer.submit(0, [_record(0)], None, [])
+    writer.drain()
     with open(writer.rank_dir / layout.RECORDS, "a") as handle:
         handle.write("garbage\n")
-    writer.write_records([_record(1)])
+    writer.submit(0, [_record(1)], None, [])
     writer.close()
     with pytest.raises(DumpError, match=r"records.jsonl:2: corrupt record line"):
         load(tmp_path).ranks[0].records()
+
+
+def test_tensor_files_open_with_the_safetensors_library(tmp_path):
+    from safetensors.torch import load_file
+
+    writer = _writer(tmp_path)
+    batch = writer.tensor_batch(64)
+    batch.add("a", torch.tensor([1, 2, 3], dtype=torch.int16))
+    batch.add("b", torch.tensor([[1.5, 2.5]], dtype=torch.float64))
+    batch.add("c", torch.empty(0, 2))
+    ref = {"key": "a"}
+    writer.submit(0, [_record(0, tensor=ref)], batch, [ref])
+    writer.close()
+    loaded = load_file(str(writer.rank_dir / ref["file"]))
+    assert loaded["a"].tolist() == [1, 2, 3] and loaded["b"].tolist() == [[1.5, 2.5]] and loaded["c"].shape == (0, 2)
+
+
+def test_a_failed_write_is_reported_on_the_next_drain(tmp_path):
+    writer = _writer(tmp_path)
+    batch = writer.tensor_batch(64)
+    batch.add("a", torch.ones(2))
+    (writer.rank_dir / "tensors").write_text("a file where the folder should be")
+    writer.submit(0, [], batch, [])
+    with pytest.raises(DumpError, match="writing the dump under .* failed"):
+        writer.drain()
 
 
 def test_run_folders_are_never_reused(tmp_path):
@@ -121,7 +150,7 @@ def test_a_process_killed_mid_step_keeps_every_flushed_record(tmp_path):
             dbg.stop(); dbg.step()
         dbg.start()
         z = x + 1
-        dbg.session.flush()          # a batch written mid-step
+        dbg.session.flush(wait=True)  # a batch written mid-step
         w = z * 3                    # never flushed
         os.kill(os.getpid(), signal.SIGKILL)
         """

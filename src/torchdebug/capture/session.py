@@ -20,6 +20,7 @@ from torchdebug.capture.filters import NameMatcher
 from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
 from torchdebug.stats import StatsStager
+from torchdebug.store.tensor_batch import TensorBatch, storable
 from torchdebug.store.writer import RankWriter
 
 logger = logging.getLogger("torchdebug.capture.session")
@@ -27,8 +28,7 @@ logger = logging.getLogger("torchdebug.capture.session")
 SAMPLE_EDGE = 256
 """Elements kept at each end of a sampled tensor (ptdbg's convention)."""
 
-_FLUSH_RECORDS = 4096
-_FLUSH_TENSOR_BYTES = 512 * 2**20
+_FLUSH_RECORDS = 2048
 
 Slot = tuple[str, Any]
 """``(argument path, value)``: one tensor or non-tensor argument of a call."""
@@ -89,9 +89,8 @@ class CaptureSession:
         self.tensor_matcher = NameMatcher(config.tensor_list)
         self.sample_stride = config.sample_stride if config.sample_stride >= 2 else 0
         self._records: list[Record] = []
-        self._tensors: dict[str, torch.Tensor] = {}
+        self._batch: TensorBatch | None = None
         self._tensor_refs: list[dict[str, str]] = []
-        self._tensor_bytes = 0
         self._stager = StatsStager()
         self._seen: dict[int, _Seen] = {}
         self._warned: set[str] = set()
@@ -155,7 +154,7 @@ class CaptureSession:
                 record.kind = "value"
                 record.value = json_value(value)
             self._records.append(record)
-        if len(self._records) >= _FLUSH_RECORDS or self._tensor_bytes >= _FLUSH_TENSOR_BYTES:
+        if len(self._records) >= _FLUSH_RECORDS:
             self.flush()
 
     def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
@@ -199,18 +198,18 @@ class CaptureSession:
         return None
 
     def _snapshot(self, key: str, tensor: torch.Tensor) -> dict[str, str]:
-        """Copy the tensor now (contiguous, on the CPU) and queue it for the next tensor file."""
-        data = tensor.detach()
-        if data.is_complex():
-            data = torch.view_as_real(data)
+        """Copy the tensor now into the current tensor batch (it may change later)."""
+        data = storable(tensor.detach())
         if self._sampling_for(tensor):
             flat = data.reshape(-1)
             middle = flat[SAMPLE_EDGE : flat.shape[0] - SAMPLE_EDGE : self.sample_stride]
             data = torch.cat([flat[:SAMPLE_EDGE], middle, flat[flat.shape[0] - SAMPLE_EDGE :]])
-        copy = torch.empty(data.shape, dtype=data.dtype, device="cpu")
-        copy.copy_(data)
-        self._tensors[key] = copy
-        self._tensor_bytes += copy.numel() * copy.element_size()
+        nbytes = data.numel() * data.element_size()
+        if self._batch is not None and not self._batch.fits(nbytes):
+            self.flush()
+        if self._batch is None:
+            self._batch = self.writer.tensor_batch(nbytes + 64)
+        self._batch.add(key, data)
         ref = {"key": key}
         self._tensor_refs.append(ref)
         return ref
@@ -220,21 +219,22 @@ class CaptureSession:
         if not self.writer.has_stack(stack_id):
             self.writer.add_stack(stack_id, frames)
 
-    def flush(self) -> None:
-        """Resolve staged statistics, write the pending tensor batch, append pending records."""
+    def flush(self, wait: bool = False) -> None:
+        """Resolve staged statistics and hand pending records and tensors to the writer.
+
+        ``wait``: return only once they are on disk (the debugger waits at every ``stop``).
+        """
         self._stager.flush()
-        if self._tensors:
-            file = self.writer.save_tensors(self.step, self._tensors)
-            for ref in self._tensor_refs:
-                ref["file"] = file
-            self._tensors, self._tensor_refs, self._tensor_bytes = {}, [], 0
-        if self._records:
+        if self._records or self._batch is not None:
             records, self._records = self._records, []
-            self.writer.write_records(records)
+            self.writer.submit(self.step, records, self._batch, self._tensor_refs)
+            self._batch, self._tensor_refs = None, []
+        if wait:
+            self.writer.drain()
 
     def next_step(self) -> None:
         """Flush and start the next step (call indices and reuse caches start over)."""
-        self.flush()
+        self.flush(wait=True)
         self.step += 1
         self.seq = 0
         self._seen.clear()

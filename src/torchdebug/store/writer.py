@@ -1,9 +1,10 @@
 """Crash-safe writing of one rank's records, stacks and tensors.
 
-Records and stacks are appended as JSON lines and flushed to the OS with every batch, so a process
+Records and stacks are appended as JSON lines and handed to the OS with every batch, so a process
 killed mid-step (even by SIGKILL) keeps every batch written before the kill; only a last line may
 be cut short, and the reader accepts that. Tensor files are written under a temporary name and
 renamed into place before any record refers to them, so a record never points at a partial file.
+Encoding and writing run on a background thread so they overlap the training step.
 """
 
 from __future__ import annotations
@@ -12,16 +13,19 @@ import datetime as _dt
 import json
 import logging
 import os
-from collections.abc import Iterable
+import queue
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
-from safetensors.torch import save_file
 
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
+from torchdebug.store.tensor_batch import TensorBatch
+
+BATCH_BYTES = 128 * 2**20
+"""Size of a reusable tensor batch buffer (two are kept per rank)."""
 
 logger = logging.getLogger("torchdebug.store.writer")
 
@@ -67,25 +71,38 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 class RankWriter:
-    """Appends one rank's records, stacks and tensor batches under its rank folder."""
+    """Appends one rank's records, stacks and tensor batches under its rank folder.
 
-    def __init__(self, rank_dir: Path, manifest: dict[str, Any]) -> None:
+    Writing happens on a background thread, in submission order: a batch's tensor file is renamed
+    into place before its records are appended, so a record never points at a missing file.
+    :meth:`drain` waits until everything submitted is on disk (the debugger drains every step).
+    """
+
+    def __init__(self, rank_dir: Path, manifest: dict[str, Any], *, batch_bytes: int = BATCH_BYTES) -> None:
         try:
             rank_dir.mkdir(parents=True, exist_ok=False)
         except FileExistsError:
             raise DumpError(f"{rank_dir} exists already; a dump never overwrites an earlier run") from None
         self.rank_dir = rank_dir
         self.record_count = 0
+        self.batch_bytes = batch_bytes
         self._stack_ids: set[str] = set()
         self._pending_stacks: list[dict[str, Any]] = []
-        self._tensor_batches: dict[int, int] = {}
-        self._manifest = {"schema_version": SCHEMA_VERSION, "start_time": now_iso(), **manifest}
-        _write_json_atomic(rank_dir / layout.MANIFEST, self._manifest)
+        self._tensor_files: dict[int, int] = {}
+        self._free_batches: queue.Queue[TensorBatch] = queue.Queue()
+        self._batches_made = 0
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._error: BaseException | None = None
+        manifest = {"schema_version": SCHEMA_VERSION, "start_time": now_iso(), **manifest}
+        _write_json_atomic(rank_dir / layout.MANIFEST, manifest)
         # Line-buffered text files: each write of whole lines reaches the OS at once.
         self._records = open(rank_dir / layout.RECORDS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._stacks = open(rank_dir / layout.STACKS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._thread = threading.Thread(target=self._run, name=f"torchdebug-writer-{rank_dir.name}", daemon=True)
+        self._thread.start()
         self.closed = False
 
+    # -- called by the capturing thread --------------------------------------------------------
     def add_stack(self, stack_id: str, frames: list[str]) -> None:
         """Queue a stack for writing with the next batch of records (once per id)."""
         if stack_id not in self._stack_ids:
@@ -95,42 +112,107 @@ class RankWriter:
     def has_stack(self, stack_id: str) -> bool:
         return stack_id in self._stack_ids
 
-    def save_tensors(self, step: int, tensors: dict[str, torch.Tensor]) -> str:
-        """Write a batch of tensors to a new safetensors file; returns its path in the rank folder."""
-        batch = self._tensor_batches.get(step, 0)
-        self._tensor_batches[step] = batch + 1
-        relative = layout.tensor_file_name(step, batch)
-        path = self.rank_dir / relative
-        path.parent.mkdir(exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"schema_version": str(SCHEMA_VERSION), "step": str(step)})
-        os.replace(tmp, path)
-        return relative
+    def tensor_batch(self, nbytes: int) -> TensorBatch:
+        """An empty batch with room for ``nbytes``: a reused one, or a new one (at most two are
+        kept; a tensor larger than ``batch_bytes`` gets a batch of its own)."""
+        if nbytes > self.batch_bytes:
+            return TensorBatch(nbytes)
+        if self._batches_made < 2 and self._free_batches.empty():
+            self._batches_made += 1
+            return TensorBatch(self.batch_bytes)
+        return self._free_batches.get()
 
-    def write_records(self, records: Iterable[Record]) -> None:
-        """Append records (after the stacks they refer to) and hand both to the OS."""
-        if self._pending_stacks:
-            self._stacks.write("".join(json.dumps(s) + "\n" for s in self._pending_stacks))
-            self._pending_stacks.clear()
-        lines = [json.dumps(r.to_json(), default=_json_default) + "\n" for r in records]
-        if lines:
-            self._records.write("".join(lines))
-            self.record_count += len(lines)
+    def submit(self, step: int, records: list[Record], batch: TensorBatch | None, refs: list[dict[str, str]]) -> None:
+        """Hand a batch to the writer thread: the tensor file first, then stacks and records.
+
+        Names and JSON are made here, on the calling thread: encoding on the writer thread would
+        hold the GIL while the training thread waits for it after every torch op.
+        """
+        self._raise_error()
+        tensor_file = None
+        if batch is not None and batch.entries:
+            number = self._tensor_files.get(step, 0)
+            self._tensor_files[step] = number + 1
+            tensor_file = layout.tensor_file_name(step, number)
+            for ref in refs:
+                ref["file"] = tensor_file
+        stacks = "".join(json.dumps(s) + "\n" for s in self._pending_stacks)
+        self._pending_stacks = []
+        encode = _ENCODER.encode
+        lines = "".join([encode(r.to_json()) + "\n" for r in records])
+        self.record_count += len(records)
+        self._jobs.put(_Job(step, tensor_file, batch, stacks, lines))
+
+    def drain(self) -> None:
+        """Wait until every submitted batch is on disk; raise if writing failed."""
+        self._jobs.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise DumpError(f"writing the dump under {self.rank_dir} failed: {error}") from error
 
     def close(self, status: str = "complete", **info: Any) -> None:
-        """Write the completion marker and close the files (idempotent)."""
+        """Write everything pending, then the completion marker (idempotent)."""
         if self.closed:
             return
-        self.write_records(())
+        self.closed = True
+        error = self._error
+        self._error = None
+        self.submit(0, [], None, [])  # the stacks still pending
+        self._jobs.put(None)
+        self._thread.join()
         self._records.close()
         self._stacks.close()
         _write_json_atomic(
             self.rank_dir / layout.COMPLETE,
             {"status": status, "end_time": now_iso(), "records": self.record_count, **info},
         )
-        self.closed = True
+        self._error = self._error or error
+        self._raise_error()
+
+    # -- the writer thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    self._write(job)
+            except BaseException as error:  # reported to the capturing thread by drain/submit
+                self._error = error
+            finally:
+                self._jobs.task_done()
+
+    def _write(self, job: _Job) -> None:
+        batch = job.batch
+        if job.tensor_file is not None and batch is not None:
+            path = self.rank_dir / job.tensor_file
+            path.parent.mkdir(exist_ok=True)
+            batch.write(path, {"schema_version": str(SCHEMA_VERSION), "step": str(job.step)})
+        if batch is not None and batch.capacity == self.batch_bytes:
+            batch.clear()
+            self._free_batches.put(batch)
+        if job.stacks:
+            self._stacks.write(job.stacks)
+        if job.lines:
+            self._records.write(job.lines)
+
+
+@dataclass
+class _Job:
+    step: int
+    tensor_file: str | None
+    batch: TensorBatch | None
+    stacks: str
+    lines: str
 
 
 def _json_default(value: Any) -> Any:
     """Last resort for values json cannot write: their string form."""
     return str(value)
+
+
+_ENCODER = json.JSONEncoder(check_circular=False, default=_json_default)

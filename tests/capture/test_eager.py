@@ -1,5 +1,6 @@
 """Eager op capture: what is seen, how it is named and attributed, and that it changes nothing."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import relu as imported_relu
@@ -159,3 +160,19 @@ def test_capture_does_not_change_the_loss_bit_for_bit(tmp_path):
                 step_losses.append(train_step(model, optimizer, batch))
         losses.append(torch.stack(step_losses))
     assert torch.equal(losses[0], losses[1]) and torch.equal(losses[0], losses[2])
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_are_saved_and_described_without_a_sync_per_op(tmp_path):
+    x = torch.randn(64, 64, device="cuda")
+
+    def body():
+        y = x.exp()
+        y.mul_(2)  # the saved output of exp must be the value before this in-place op
+
+    records = _records(tmp_path, body, task="tensor")
+    exp_out = next(r for r in records if r.op == "aten.exp.default" and r.io == "output")
+    saved = torchdebug.load(tmp_path).ranks[0].load_tensor(exp_out)
+    assert torch.equal(saved, x.exp().cpu())
+    assert exp_out.stats["max"] == pytest.approx(x.exp().max().item())
+    assert exp_out.device == "cuda:0"

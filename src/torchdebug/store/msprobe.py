@@ -176,13 +176,24 @@ class MsprobeRankDump:
                 parent = construct.get(key)
                 module = _parse_key(parent)[1] if parent else NO_MODULE
             sid = stack_keys.get(key)
+            fwd = _forward_call(key, construct) if phase == "backward" else None
             context = {
                 "step": folder.step, "rank": self.rank, "phase": phase, "module": module, "op": op, "call": number,
-                "seq": seq, "stack": sid, "source": sources.get(sid) if sid else None,
+                "seq": seq, "stack": sid, "source": sources.get(sid) if sid else None, "fwd": fwd,
             }  # fmt: skip
             for io, arg, entry in _slots(key, call):
                 records.append(_record(entry, io, arg, context, folder.path))
         return records
+
+
+def _forward_call(key: str, construct: dict[str, Any]) -> str | None:
+    """The call name of the forward call a backward key differentiates (its saved tensors live there)."""
+    forward_key = key.replace(".backward", ".forward").replace(".parameters_grad.", ".forward.")
+    _, module, op, number = _parse_key(forward_key)
+    if op != MODULE_OP:
+        parent = construct.get(forward_key)
+        module = _parse_key(parent)[1] if parent else NO_MODULE
+    return f"forward/{module}/{op}#{number}"
 
 
 def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -46,11 +46,14 @@ def storable(tensor: torch.Tensor) -> torch.Tensor:
 class TensorBatch:
     """A byte buffer that snapshots are copied into until it is written out and reused."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, pin_memory: bool = False) -> None:
         self.capacity = capacity
-        self.buffer = torch.empty(capacity, dtype=torch.uint8)
+        # Pinned memory lets copies from an accelerator run asynchronously (no sync per tensor).
+        self.buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=pin_memory)
         self.entries: list[tuple[str, str, list[int], int, int]] = []
         self.used = 0
+        self._copies_done: torch.cuda.Event | None = None
+        self._async = False
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -71,7 +74,9 @@ class TensorBatch:
         if self.used + nbytes > self.capacity:
             raise ValueError(f"{key}: {nbytes} bytes do not fit in the batch ({self.capacity - self.used} left)")
         target = self.buffer[self.used : self.used + nbytes].view(tensor.dtype).view(tensor.shape)
-        target.copy_(tensor)
+        non_blocking = tensor.is_cuda and self.buffer.is_pinned()
+        target.copy_(tensor, non_blocking=non_blocking)
+        self._async = self._async or non_blocking
         self.entries.append((key, code, list(tensor.shape), self.used, self.used + nbytes))
         self.used += nbytes
 
@@ -79,9 +84,20 @@ class TensorBatch:
         """Empty the batch for reuse (the buffer is kept)."""
         self.entries.clear()
         self.used = 0
+        self._copies_done = None
+        self._async = False
+
+    def seal(self) -> None:
+        """Mark the end of the copies (on the capturing thread): asynchronous device copies are
+        waited for by :meth:`write`, on the writer thread, through a CUDA event."""
+        if self._async:
+            self._copies_done = torch.cuda.Event()
+            self._copies_done.record()
 
     def write(self, path: Path, metadata: dict[str, str]) -> None:
         """Write the batch to ``path`` via a temporary name (one write for all tensor data)."""
+        if self._copies_done is not None:
+            self._copies_done.synchronize()
         header: dict[str, object] = {"__metadata__": metadata}
         for key, code, shape, begin, end in self.entries:
             header[key] = {"dtype": code, "shape": shape, "data_offsets": [begin, end]}

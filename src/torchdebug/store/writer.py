@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
@@ -115,11 +117,12 @@ class RankWriter:
     def tensor_batch(self, nbytes: int) -> TensorBatch:
         """An empty batch with room for ``nbytes``: a reused one, or a new one (at most two are
         kept; a tensor larger than ``batch_bytes`` gets a batch of its own)."""
+        pin = torch.cuda.is_available()
         if nbytes > self.batch_bytes:
-            return TensorBatch(nbytes)
+            return TensorBatch(nbytes, pin_memory=pin)
         if self._batches_made < 2 and self._free_batches.empty():
             self._batches_made += 1
-            return TensorBatch(self.batch_bytes)
+            return TensorBatch(self.batch_bytes, pin_memory=pin)
         return self._free_batches.get()
 
     def submit(self, step: int, records: list[Record], batch: TensorBatch | None, refs: list[dict[str, str]]) -> None:
@@ -130,6 +133,8 @@ class RankWriter:
         """
         self._raise_error()
         tensor_file = None
+        if batch is not None:
+            batch.seal()
         if batch is not None and batch.entries:
             number = self._tensor_files.get(step, 0)
             self._tensor_files[step] = number + 1

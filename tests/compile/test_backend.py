@@ -211,3 +211,23 @@ def test_debug_log_detaches_after_the_compile(debug_root: Path) -> None:
     logger = logging.getLogger("torchdebug")
     assert not [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
     assert "model__0/inference" in (torchdebug_folder(debug_root) / "debug.log").read_text()
+
+
+def test_dynamic_shapes_training_compiles_once_and_dumps_symbolic_graphs(debug_root: Path) -> None:
+    config = CompilerConfig()
+    config.debug.graph_dump.type = "py"
+    compiled = torch.compile(Double(), backend=get_backend(config), dynamic=True)
+    for size in (3, 5):
+        x = torch.randn(size, 2, requires_grad=True)
+        compiled(x).sum().backward()
+        torch.testing.assert_close(x.grad, torch.full((size, 2), 2.0))
+    folder = torchdebug_folder(debug_root)
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["model__0"]
+    forward = folder / "model__0" / "forward"
+    assert "Sym(s" in (forward / "000_aot_forward_graph.txt").read_text()
+    assert (forward / "000_aot_forward_graph.py").is_file()
+
+
+def test_graph_pass_rejects_unknown_phases() -> None:
+    with pytest.raises(ValueError, match=r"GraphPass 'p': unknown phases \['training'\]"):
+        GraphPass("p", lambda gm: None, phases=frozenset({"training"}))

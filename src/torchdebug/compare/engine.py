@@ -1,24 +1,24 @@
 """Run a comparison: open both dumps, pair ranks and records, compute metrics, judge the rows.
 
 Statistics differences are computed for every matched tensor row at once (cheap, in Python). Tensor
-metrics run in a thread pool over unique tensor pairs (torch kernels release the GIL, so threads use
-every core); each worker loads its two tensors from the memory-mapped files, computes the metrics
-and drops them, so no more than ``workers`` pairs are in memory at any time and never a whole dump.
+metrics run in a thread pool over unique tensor pairs (a slot that reuses another slot's saved
+tensor is computed once; torch kernels release the GIL, so threads use every core); each worker
+loads its two tensors through the dump's ``load_tensor`` (memory-mapped), computes the metrics and
+drops them, so no more than ``workers`` pairs are in memory at any time and never a whole dump.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
-import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from torchdebug.compare.matching import NameMapping, load_mapping, match_records
 from torchdebug.compare.metrics import stats_metrics, tensor_metrics
@@ -26,7 +26,6 @@ from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
 from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances, tolerance_for
 from torchdebug.compare.verdicts import judge
-from torchdebug.errors import DumpError
 from torchdebug.records import Record
 from torchdebug.store import msprobe, reader
 
@@ -42,27 +41,6 @@ def open_dump(path: str | Path | reader.Run) -> reader.Run:
     if msprobe.is_msprobe_dump(Path(path)):
         return msprobe.load(path)
     return reader.load(path)
-
-
-class _TensorLoader:
-    """Loads saved tensors of one rank, keeping one safetensors handle per file (headers parsed once)."""
-
-    def __init__(self, dump: Any) -> None:
-        self.dump = dump
-        self._handles: dict[Path, Any] = {}
-        self._lock = threading.Lock()
-
-    def load(self, record: Record) -> torch.Tensor:
-        if not isinstance(self.dump, reader.RankDump):
-            return self.dump.load_tensor(record)
-        path = self.dump.path / record.tensor["file"]  # type: ignore[index]
-        with self._lock:
-            handle = self._handles.get(path)
-            if handle is None:
-                if not path.is_file():
-                    raise DumpError(f"{record.name}: tensor file {path} is missing")
-                handle = self._handles[path] = safe_open(str(path), framework="pt", device="cpu")
-        return handle.get_tensor(record.tensor["key"])  # type: ignore[index]
 
 
 def _numel(shape: list[int] | None) -> int:
@@ -88,14 +66,21 @@ def _tensor_jobs(rows: Iterable[Row]) -> dict[tuple, list[Row]]:
     for row in rows:
         a, b = row.record_a, row.record_b
         if row.kind == "tensor" and row.shape_a == row.shape_b and _has_tensor(a) and _has_tensor(b):
-            key = (row.rank, a.tensor["file"], a.tensor["key"], b.tensor["file"], b.tensor["key"])  # type: ignore[union-attr]
+            key = (_tensor_ref(a), _tensor_ref(b))  # type: ignore[arg-type]
             jobs.setdefault(key, []).append(row)
     return jobs
 
 
-def _run_job(row: Row, loader_a: _TensorLoader, loader_b: _TensorLoader, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
-    tensor_a = loader_a.load(row.record_a)  # type: ignore[arg-type]
-    tensor_b = loader_b.load(row.record_b)  # type: ignore[arg-type]
+def _tensor_ref(record: Record) -> tuple:
+    """What identifies a saved tensor: its file, key and (for a view of another slot's tensor) view."""
+    ref = record.tensor or {}
+    view = ref.get("view")
+    return ref.get("folder"), ref.get("file"), ref.get("key"), json.dumps(view, sort_keys=True) if view else None
+
+
+def _run_job(row: Row, dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
+    tensor_a = dump_a.load_tensor(row.record_a)
+    tensor_b = dump_b.load_tensor(row.record_b)
     if tensor_a.shape != tensor_b.shape:
         return {"_shape_mismatch": 1.0}
     tolerance = tolerance_for(row.dtype_a, row.dtype_b, overrides)
@@ -114,8 +99,7 @@ def _compare_rank(
             _fill_stats(row, overrides)
     if tensors:
         jobs = _tensor_jobs(rows)
-        loader_a, loader_b = _TensorLoader(dump_a), _TensorLoader(dump_b)
-        args = [(group[0], loader_a, loader_b, overrides) for group in jobs.values()]
+        args = [(group[0], dump_a, dump_b, overrides) for group in jobs.values()]
         results = pool.map(lambda job: _run_job(*job), args)
         for group, metrics in zip(jobs.values(), results):
             if "_shape_mismatch" in metrics:

@@ -144,11 +144,16 @@ def _align(calls_a: list[list[Record]], calls_b: list[list[Record]], token: Call
     return [(block.a + k, block.b + k) for block in matcher.get_matching_blocks() for k in range(block.size)]
 
 
-def _swapped(calls_a: list[list[Record]], calls_b: list[list[Record]], token: Callable[[list[Record]], object]) -> list[tuple[int, int]]:
-    """Index pairs of calls with equal ``token`` in any order (each used once, earliest first)."""
+def _swapped(
+    calls_a: list[list[Record]], calls_b: list[list[Record]], token: Callable[[list[Record]], object],
+    token_b: Callable[[list[Record]], object] | None = None,
+) -> list[tuple[int, int]]:
+    """Index pairs of calls with equal tokens in any order (each used once, earliest first); a
+    ``None`` token never matches."""
     free: dict[object, list[int]] = defaultdict(list)
     for j, call in enumerate(calls_b):
-        free[token(call)].append(j)
+        free[(token_b or token)(call)].append(j)
+    free.pop(None, None)
     matched = []
     for i, call in enumerate(calls_a):
         candidates = free.get(token(call))
@@ -158,10 +163,14 @@ def _swapped(calls_a: list[list[Record]], calls_b: list[list[Record]], token: Ca
 
 
 def _align_leftovers(
-    left_a: dict[tuple[int, str], list[Record]], left_b: dict[tuple[int, str], list[Record]], mapping: NameMapping
+    left_a: dict[tuple[int, str], list[Record]],
+    left_b: dict[tuple[int, str], list[Record]],
+    mapping: NameMapping,
+    links: _Links,
 ) -> list[Pair]:
-    """Pair leftover calls per ``(step, phase, module)``: by op and shapes in order, by op and shapes
-    in any order (calls that swapped places), then by op alone in order (shapes then differ)."""
+    """Pair leftover calls per ``(step, phase, module)``: by op and paired producers of their
+    inputs, by op and shapes in order, by op and shapes in any order (calls that swapped places),
+    then by op alone in order (shapes then differ)."""
     groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
     for slots in left_a.values():
         groups[(slots[0].step, slots[0].phase, mapping.module(slots[0].module))][0].append(slots)
@@ -175,10 +184,16 @@ def _align_leftovers(
         def by_op_and_shapes(call: list[Record]) -> object:
             return by_op(call), _signature(call)
 
-        for how, token in ((_align, by_op_and_shapes), (_swapped, by_op_and_shapes), (_align, by_op)):
-            matched = how(calls_a, calls_b, token)
+        for matched in (
+            lambda: _swapped(calls_a, calls_b, links.token_a, links.token_b),
+            lambda: _align(calls_a, calls_b, by_op_and_shapes),
+            lambda: _swapped(calls_a, calls_b, by_op_and_shapes),
+            lambda: _align(calls_a, calls_b, by_op),
+        ):
+            matched = matched()
             for i, j in matched:
                 pairs.extend(_pair_slots(calls_a[i], calls_b[j], "aligned"))
+                links.pair(calls_a[i], calls_b[j])
             done_a, done_b = {i for i, _ in matched}, {j for _, j in matched}
             calls_a = [c for i, c in enumerate(calls_a) if i not in done_a]
             calls_b = [c for j, c in enumerate(calls_b) if j not in done_b]
@@ -208,22 +223,101 @@ def _assign_order(pairs: list[Pair], records_b: Sequence[Record]) -> None:
             pair.order = before + 0.5 + pos * 1e-9
 
 
+def _identity(record: Record) -> tuple | None:
+    """What makes two slots of one dump the same tensor: the saved tensor's key, else dtype, shape
+    and statistics."""
+    if record.kind != "tensor":
+        return None
+    if record.tensor and record.tensor.get("key"):
+        return ("key", record.tensor.get("file"), record.tensor["key"])
+    if record.stats:
+        values = tuple(v for v in record.stats.values() if isinstance(v, (int, float)))
+        return ("stats", record.dtype, tuple(record.shape or ()), values)
+    return None
+
+
+_CASTS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.type_as.default"}
+"""Ops that only change dtype: transparent when tracing where a tensor came from (autocast adds them)."""
+
+
+def _producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
+    """For input slots (by ``id``): ``(call name, output slot)`` that produced the same tensor earlier,
+    looking through casts."""
+    made_by: dict[tuple, tuple[str, str]] = {}
+    producers: dict[int, tuple[str, str]] = {}
+    cast_sources: dict[str, tuple[str, str]] = {}
+    for record in records:
+        identity = _identity(record)
+        if identity is None:
+            continue
+        if record.io == "input" and identity in made_by and made_by[identity][0] != record.call_name:
+            producers[id(record)] = made_by[identity]
+            if record.op in _CASTS:
+                cast_sources[record.call_name] = made_by[identity]
+        elif record.io in ("output", "parameter_grad"):
+            source = cast_sources.get(record.call_name) if record.op in _CASTS else None
+            made_by.setdefault(identity, source or (record.call_name, _slot(record)))
+    return producers
+
+
+class _Links:
+    """Producer links of both sides and the calls paired so far, to veto and guide pairings.
+
+    Calls whose name depends on execution order outside any module (the gradient accumulation of
+    each parameter, say) can swap between runs; their inputs still come from paired producers.
+    """
+
+    def __init__(self, records_a: Sequence[Record], records_b: Sequence[Record]) -> None:
+        self.producers_a, self.producers_b = _producers(records_a), _producers(records_b)
+        self.partner: dict[str, str] = {}
+
+    def pair(self, slots_a: list[Record], slots_b: list[Record]) -> None:
+        self.partner[slots_a[0].call_name] = slots_b[0].call_name
+
+    def _partner(self, producer: tuple[str, str] | None) -> tuple[str, str] | None:
+        if producer is None or producer[0] not in self.partner:
+            return None
+        return self.partner[producer[0]], producer[1]
+
+    def conflict(self, slots_a: list[Record], slots_b: list[Record]) -> bool:
+        """Whether some input of the two calls comes from producers that are paired elsewhere."""
+        by_slot = {_slot(r): r for r in slots_b}
+        for record in slots_a:
+            other = by_slot.get(_slot(record))
+            expected = self._partner(self.producers_a.get(id(record)))
+            actual = self.producers_b.get(id(other)) if other is not None else None
+            if expected and actual and expected != actual:
+                return True
+        return False
+
+    def token_a(self, slots: list[Record]) -> object:
+        """The op and the B-side producers its inputs should have (``None``: nothing known)."""
+        producers = tuple(self._partner(self.producers_a.get(id(r))) for r in slots)
+        return (slots[0].op, producers) if any(producers) else None
+
+    def token_b(self, slots: list[Record]) -> object:
+        producers = tuple(self.producers_b.get(id(r)) for r in slots)
+        return (slots[0].op, producers) if any(producers) else None
+
+
 def match_records(
     records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping | None = None
 ) -> list[Pair]:
     """Pair two record lists (one rank each); see the module docstring for the rules."""
     mapping = mapping or NameMapping()
     calls_a, calls_b = _calls(records_a), _calls(records_b)
+    links = _Links(records_a, records_b)
     pairs: list[Pair] = []
     left_a: dict[tuple[int, str], list[Record]] = {}
     for key, slots in calls_a.items():
         name = _rename(slots[0], mapping)
         other = calls_b.get((key[0], name))
-        if other is not None and _signature(other) == _signature(slots):
+        if other is not None and _signature(other) == _signature(slots) and not links.conflict(slots, other):
             pairs.extend(_pair_slots(slots, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped"))
+            links.pair(slots, other)
         else:
             left_a[key] = slots
-    pairs.extend(_align_leftovers(left_a, calls_b, mapping))
+    pairs.extend(_align_leftovers(left_a, calls_b, mapping, links))
     _assign_order(pairs, records_b)
     pairs.sort(key=lambda p: p.order)
     return pairs

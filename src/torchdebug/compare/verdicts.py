@@ -7,9 +7,10 @@ Per row, in execution order:
 * otherwise the row is **blamed** (``error``) only when its op made the difference: an output whose
   error exceeds both ``growth × (largest error among the call's tensor inputs) + tolerance`` and the
   largest element-wise relative error of those inputs (ops such as ``sqrt`` or a division blow up
-  the error of near-zero elements: that is inherited, not made), or an input that differs before
-  anything upstream did (a weight or batch that is already different). Rows whose inputs explain
-  their error are **inherited** (``warning``);
+  the error of near-zero elements: that is inherited, not made), or an input whose error is more
+  than ``growth`` times anything seen upstream (a weight or batch that is already different). The
+  inputs of a backward call include the rows of the forward call it differentiates (``fwd``): its
+  saved tensors. Rows whose inputs explain their error are **inherited** (``warning``);
 * a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
   the call has one) and inherited after;
 * shapes that differ are errors; argument values that differ are warnings.
@@ -20,6 +21,7 @@ non-finite op is the earliest row whose NaN/Inf its inputs did not have.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -58,13 +60,16 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _judge_call(rows: list[Row], growth: float, seen: bool) -> bool:
-    """Judge the rows of one op call; returns whether a divergence has been seen up to here."""
+def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: float) -> float:
+    """Judge the rows of one op call; ``saved`` are the rows of the forward call a backward call
+    differentiates (its saved tensors), ``upstream`` the largest error seen before this call.
+    Returns the largest error seen up to and including this call."""
     inputs = [r for r in rows if r.io not in _OUTPUT_IO and r.kind == "tensor" and r.matched]
+    inputs += [r for r in saved if r.kind == "tensor" and r.matched]
     input_error = max((r.error or 0.0 for r in inputs), default=0.0)
     input_spread = max((_spread(r) for r in inputs), default=0.0)
     input_nonfinite = any(r.metrics.get("nonfinite_mismatch") for r in inputs)
-    call_seen = seen
+    seen = upstream
     for row in rows:
         if not row.matched:
             row.verdict = "unmatched"
@@ -77,34 +82,33 @@ def _judge_call(rows: list[Row], growth: float, seen: bool) -> bool:
         if row.shape_a != row.shape_b:
             row.verdict, row.attribution = "error", "blamed"
             row.message = f"shape differs: {row.shape_a} vs {row.shape_b}"
-            call_seen = True
+            seen = math.inf
             continue
         if row.metrics.get("nonfinite_mismatch"):
-            explained = input_nonfinite if is_output else seen
+            explained = input_nonfinite if is_output else upstream == math.inf
             row.verdict, row.attribution = ("warning", "inherited") if explained else ("error", "blamed")
             row.message = "NaN/Inf where the other side is finite" + (" (inputs had it)" if explained else "")
-            call_seen = True
+            seen = math.inf
             continue
         if row.error is None or row.tolerance is None:
             row.message = row.message or "no statistics to compare"
             continue
+        seen = max(seen, row.error)
         if row.error <= row.tolerance:
             continue
-        call_seen = True
         if is_output:
-            budget = growth * input_error + row.tolerance
-            explained = row.error <= budget or row.error <= input_spread
+            explained = row.error <= growth * input_error + row.tolerance or row.error <= input_spread
             detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}; inputs differ by {_fmt(input_error)}"
         else:
-            explained = seen
+            explained = row.error <= growth * upstream
             detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"
-            detail += "; upstream ops already differ" if seen else "; this input differs before any op did"
+            detail += "; upstream ops already differ" if explained else "; this input differs before any op did"
         if explained:
             row.verdict, row.attribution = "warning", "inherited"
         else:
             row.verdict, row.attribution = "error", "blamed"
         row.message = detail
-    return call_seen
+    return seen
 
 
 def judge(rows: Sequence[Row], *, growth: float = 16.0) -> None:
@@ -112,9 +116,11 @@ def judge(rows: Sequence[Row], *, growth: float = 16.0) -> None:
     calls: dict[tuple[int, str], list[Row]] = {}
     for row in rows:
         calls.setdefault((row.step, row.call_name), []).append(row)
-    seen = False
-    for call_rows in calls.values():
-        seen = _judge_call(call_rows, growth, seen)
+    upstream = 0.0
+    for (step, _), call_rows in calls.items():
+        first = call_rows[0].record_a or call_rows[0].record_b
+        saved = calls.get((step, first.fwd), []) if first is not None and first.fwd else []
+        upstream = _judge_call(call_rows, saved, growth, upstream)
 
 
 def first_divergence(rows: Sequence[Row]) -> Row | None:

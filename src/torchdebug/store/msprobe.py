@@ -149,7 +149,7 @@ class MsprobeRankDump:
         """The ``.pt`` tensor of a record (task=tensor), loaded without pickle code execution."""
         if not record.tensor or "file" not in record.tensor:
             raise DumpError(f"{record.name}: no tensor saved for this record (msprobe task=statistics)")
-        path = Path(record.tensor["folder"]) / record.tensor["file"]
+        path = Path(record.tensor.get("folder", self.path)) / record.tensor["file"]
         if not path.is_file():
             raise DumpError(f"{record.name}: tensor file {path} is missing")
         return torch.load(path, map_location=device, weights_only=True)

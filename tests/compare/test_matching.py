@@ -1,0 +1,54 @@
+"""Pairing records: exact names, order-preserving alignment, mapping files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torchdebug.compare.matching import load_mapping, match_records
+from torchdebug.records import Record, make_name
+
+
+def _call(module: str, op: str, call: int, seq: int, shape: list[int] | None = None, phase: str = "forward") -> Record:
+    return Record(
+        name=make_name(phase, module, op, call, "output", "0"), step=0, rank=0, phase=phase, module=module,
+        op=op, call=call, seq=seq, io="output", arg="0", dtype="float32", shape=shape or [4],
+    )  # fmt: skip
+
+
+def test_same_names_pair_exactly_in_execution_order():
+    a = [_call("m", "aten.mm.default", 0, 0), _call("m", "aten.relu.default", 0, 1)]
+    b = [_call("m", "aten.mm.default", 0, 0), _call("m", "aten.relu.default", 0, 1)]
+    pairs = match_records(a, b)
+    assert [(p.how, p.a.op) for p in pairs] == [("exact", "aten.mm.default"), ("exact", "aten.relu.default")]
+
+
+def test_an_op_inserted_on_one_side_is_listed_and_the_rest_still_pairs():
+    a = [_call("m", "aten.add.Tensor", 0, 0), _call("m", "aten.add.Tensor", 1, 1, [8])]
+    b = [_call("m", "aten.mul.Tensor", 0, 0), _call("m", "aten.add.Tensor", 0, 1, [8]), _call("m", "aten.add.Tensor", 1, 2)]
+    pairs = match_records(a, b)
+    assert sorted(p.how for p in pairs) == ["aligned", "aligned", "only_b"]
+    assert all(p.a.shape == p.b.shape for p in pairs if p.a and p.b)
+
+
+def test_calls_that_swapped_places_pair_by_shape():
+    a = [_call("-", "aten.detach.default", 0, 0, [8, 4]), _call("-", "aten.detach.default", 1, 1, [4])]
+    b = [_call("-", "aten.detach.default", 0, 0, [4]), _call("-", "aten.detach.default", 1, 1, [8, 4])]
+    pairs = match_records(a, b)
+    assert all(p.a.shape == p.b.shape for p in pairs)
+
+
+def test_a_mapping_renames_modules_by_prefix_and_ops(tmp_path):
+    path = tmp_path / "mapping.json"
+    path.write_text(json.dumps({"modules": {"encoder": "model.encoder"}, "ops": {"aten.addmm.default": "aten.mm.default"}}))
+    a = [_call("encoder.layer0", "aten.addmm.default", 0, 0)]
+    b = [_call("model.encoder.layer0", "aten.mm.default", 0, 0)]
+    assert [p.how for p in match_records(a, b, load_mapping(path))] == ["mapped"]
+
+
+def test_a_mapping_file_with_unknown_keys_is_refused(tmp_path):
+    path = tmp_path / "mapping.json"
+    path.write_text(json.dumps({"module": {}}))
+    with pytest.raises(ValueError, match="expected keys 'modules' and/or 'ops'"):
+        load_mapping(path)

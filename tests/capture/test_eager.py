@@ -94,6 +94,26 @@ def test_views_share_statistics_with_their_base(tmp_path):
     assert view_out.stats == exp_out.stats and view_out.shape == [24]
 
 
+def test_views_are_saved_as_strided_views_of_their_base_not_as_copies(tmp_path):
+    x = torch.randn(4, 6)
+
+    def body():
+        y = x.exp()
+        y.t()[1:3]
+        y.view(2, 12).expand(3, 2, 12)
+
+    records = _records(tmp_path, body, task="tensor")
+    dump = torchdebug.load(tmp_path).ranks[0]
+    expected = {"aten.t.default": x.exp().t(), "aten.slice.Tensor": x.exp().t()[1:3], "aten.expand.default": x.exp().view(2, 12).expand(3, 2, 12)}
+    for op, value in expected.items():
+        out = next(r for r in records if r.op == op and r.io == "output")
+        assert "view" in out.tensor, op
+        assert torch.equal(dump.load_tensor(out), value), op
+    files = {r.tensor["file"] for r in records if r.tensor}
+    keys = {r.tensor["key"] for r in records if r.tensor}
+    assert len(files) == 1 and len(keys) == 2  # the input x and exp's output
+
+
 def test_non_tensor_arguments_are_recorded_as_values(tmp_path):
     x = torch.randn(2, 3)
     records = _records(tmp_path, lambda: (x.sum(dim=1, keepdim=True), x.to(torch.float64)))
@@ -133,7 +153,7 @@ def test_int_bool_complex_empty_and_bfloat16_tensors_are_captured(tmp_path):
     assert empty and empty[0].stats["min"] is None
     dump = torchdebug.load(tmp_path).ranks[0]
     assert dump.load_tensor(outputs["bfloat16"]).dtype == torch.bfloat16
-    assert dump.load_tensor(outputs["complex64"]).shape == (1, 2)  # saved as (real, imag)
+    assert torch.equal(dump.load_tensor(outputs["complex64"]), torch.tensor([2 + 2j]))  # stored as (real, imag)
     assert all(r.error is None for r in records)
 
 

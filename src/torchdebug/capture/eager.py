@@ -31,10 +31,8 @@ _ForwardInfo = tuple[str, str, "tuple[str, list[str], str] | None"]
 sequence number."""
 
 
-_VALUE_PRESERVING = frozenset(
-    {"aten._unsafe_view.default", "aten.clone.default", "aten.contiguous.default", "aten.permute.default"}
-)
-"""Non-view ops whose output holds the same elements as their first input (statistics reused)."""
+_VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
+"""Ops whose output is a copy of their first input (statistics reused; the copy is saved anew)."""
 
 
 _SKIPPED_NAMESPACES = frozenset({"profiler"})
@@ -115,16 +113,20 @@ class OpCapture:
     def _optimizer_exit(self, *_: Any) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
 
-    def _keeps_values(self, func: Any, op: str, args: tuple, out: Any) -> bool:
-        """Whether ``out`` holds exactly the elements of ``args[0]`` (so its statistics are equal)."""
-        return (
-            (func.is_view or op in _VALUE_PRESERVING)
-            and isinstance(out, torch.Tensor)
-            and bool(args)
-            and isinstance(args[0], torch.Tensor)
-            and out.numel() == args[0].numel()
-            and out.dtype == args[0].dtype
-        )
+    def _alias_source(self, func: Any, op: str, args: tuple, out: Any) -> tuple[torch.Tensor, bool] | None:
+        """``(input, same_elements)`` when ``out`` shares the memory of the first input (a view),
+        or holds exactly its elements (a clone); ``None`` otherwise."""
+        if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
+            return None
+        source = args[0]
+        if func._schema.is_mutable or out.layout != torch.strided or source.layout != torch.strided:
+            return None
+        same_elements = out.numel() == source.numel() and out.dtype == source.dtype
+        if op in _VALUE_PRESERVING:
+            return (source, True) if same_elements else None
+        if out.device == source.device and out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
+            return source, same_elements
+        return None
 
     # -- the hot path --------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -176,8 +178,9 @@ class OpCapture:
         if "input" in self.ios:
             session.add_call(iter_slots(args, kwargs), io="input", **common)
         out = func(*args, **kwargs)
-        if self._keeps_values(func, op, args, out):
-            session.share_stats(out, args[0])
+        alias = self._alias_source(func, op, args, out)
+        if alias is not None:
+            session.share_alias(out, *alias)
         if "output" in self.ios:
             outputs = iter_slots(out if isinstance(out, (tuple, list)) else (out,))
             session.add_call(outputs, io="output", mutated=func._schema.is_mutable, **common)

@@ -68,12 +68,16 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 class _Seen:
-    """What was captured for a tensor object at one version (for reuse by later slots)."""
+    """What was captured for a tensor object at one version (for reuse by later slots): its
+    statistics dict and tensor reference, shared by every record of that tensor."""
 
-    __slots__ = ("ref", "version", "stats", "tensor")
+    __slots__ = ("ref", "version", "stats", "tensor", "base")
 
-    def __init__(self, ref: weakref.ref, version: int, stats: dict | None, tensor: dict | None) -> None:
+    def __init__(self, ref: weakref.ref, version: int, stats: dict | None, tensor: dict | None, base: tuple | None = None) -> None:
         self.ref, self.version, self.stats, self.tensor = ref, version, stats, tensor
+        self.base = base
+        """``(tensor ref, storage offset, numel)`` of a contiguous saved tensor whose memory this
+        tensor's memory lies in (views of it are saved as strided views)."""
 
 
 class CaptureSession:
@@ -167,30 +171,48 @@ class CaptureSession:
         record.stride = list(tensor.stride())
         if not (self.want_stats or save):
             return
-        seen = None if mutated else self._seen.get(id(tensor))
         # After an in-place op returns, autograd bumps the version once more.
         version = tensor._version + (1 if mutated else 0)
-        if seen is not None and seen.ref() is tensor and seen.version == version:
-            record.stats = seen.stats
-            if save and seen.tensor is not None:
-                record.tensor = seen.tensor
-                record.sampled = self._sampling_for(tensor)
-                return
-        else:
-            stats: dict[str, Any] = {}
-            self._stager.add(tensor, stats.update)
-            record.stats = stats
-            seen = _Seen(weakref.ref(tensor), version, stats, None)
-            self._seen[id(tensor)] = seen
+        seen = None if mutated else self._seen.get(id(tensor))
+        if seen is None or seen.ref() is not tensor or seen.version != version:
+            seen = self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, None, None)
+        if seen.stats is None:
+            seen.stats = {}
+            self._stager.add(tensor, seen.stats.update)
+        record.stats = seen.stats
         if save:
-            record.tensor = seen.tensor = self._snapshot(record.name, tensor)
+            if seen.tensor is None:
+                seen.tensor = self._snapshot(record.name, tensor)
+                if tensor.is_contiguous() and not self._sampling_for(tensor):
+                    seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
+            record.tensor = seen.tensor
             record.sampled = self._sampling_for(tensor)
 
-    def share_stats(self, alias: torch.Tensor, source: torch.Tensor) -> None:
-        """Let ``alias`` (same elements as ``source``: a view, reshape or clone) reuse its statistics."""
+    def share_alias(self, alias: torch.Tensor, source: torch.Tensor, same_elements: bool) -> None:
+        """Let ``alias`` (an op output sharing ``source``'s memory) reuse what was captured for it.
+
+        ``same_elements`` (a reshape, transpose or detach): the statistics are equal. When the
+        memory was saved from a contiguous tensor, the alias is saved as a strided view of it
+        (``{"view": {"shape", "stride", "offset"}}`` in its tensor reference) instead of a copy.
+        """
         seen = self._seen.get(id(source))
-        if seen is not None and seen.ref() is source and seen.version == source._version:
-            self._seen[id(alias)] = _Seen(weakref.ref(alias), alias._version, seen.stats, None)
+        if seen is None or seen.ref() is not source or seen.version != source._version:
+            return
+        view_ref = None
+        if seen.base is not None:
+            base_ref, base_offset, base_numel = seen.base
+            offset = alias.storage_offset() - base_offset
+            last = offset + sum((size - 1) * stride for size, stride in zip(alias.shape, alias.stride()) if size)
+            if alias.numel() and offset >= 0 and last < base_numel:
+                view = {"shape": list(alias.shape), "stride": list(alias.stride()), "offset": offset}
+                view_ref = {"key": base_ref["key"], "view": view}
+                if "file" in base_ref:
+                    view_ref["file"] = base_ref["file"]
+                else:  # the base is in the pending batch: the file name is set when it is submitted
+                    self._tensor_refs.append(view_ref)
+        stats = seen.stats if same_elements else None
+        base = seen.base if view_ref is not None else None
+        self._seen[id(alias)] = _Seen(weakref.ref(alias), alias._version, stats, view_ref, base)
 
     def _sampling_for(self, tensor: torch.Tensor) -> int | None:
         if self.sample_stride and tensor.numel() > 2 * SAMPLE_EDGE:

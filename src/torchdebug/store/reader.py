@@ -124,7 +124,13 @@ class RankDump:
         if not path.is_file():
             raise DumpError(f"{record.name}: tensor file {path} is missing")
         with safe_open(str(path), framework="pt", device=device) as handle:
-            return handle.get_tensor(record.tensor["key"])
+            tensor = handle.get_tensor(record.tensor["key"])
+        view = record.tensor.get("view")
+        if view is not None:  # saved as a strided view of another slot's tensor
+            tensor = tensor.reshape(-1).as_strided(view["shape"], view["stride"], view["offset"])
+        if record.dtype and record.dtype.startswith("complex") and not tensor.is_complex():
+            tensor = torch.view_as_complex(tensor.contiguous())
+        return tensor
 
     @property
     def task(self) -> str:

@@ -166,3 +166,26 @@ def test_a_process_killed_mid_step_keeps_every_flushed_record(tmp_path):
     for record in dump.records():
         if record.tensor:
             dump.load_tensor(record)  # every referenced tensor file is complete
+
+
+def test_fast_record_encoding_equals_json_for_every_field():
+    import dataclasses
+    import math
+
+    from torchdebug.store.record_json import ENCODED_FIELDS, encode_record
+
+    assert ENCODED_FIELDS == tuple(f.name for f in dataclasses.fields(Record))
+    record = _record(
+        0, kind="value", dtype="bfloat16", shape=[2, 0], stride=[1, 1], device="cuda:0", requires_grad=True,
+        stats={"min": -math.inf, "max": 2.5, "mean": None, "norm": 1e300, "nan": 3, "posinf": 0, "neginf": 1},
+        tensor={"key": 'k"\\ü', "file": "tensors/x.safetensors", "view": {"shape": [1], "stride": [1], "offset": 0}},
+        sampled=4, value={"nested": [1, "two", None]}, stack="abc", source="f.py:1 in <module>", fwd="forward/-/x#0",
+        node="mm_1", capture="graph", error="boom", extra={"future": [1.5]},
+    )  # fmt: skip
+    decoded = json.loads(encode_record(record))
+    expected = json.loads(json.dumps(record.to_json()))
+    assert decoded.keys() == expected.keys()
+    assert math.isinf(decoded["stats"].pop("min")) and math.isinf(expected["stats"].pop("min"))
+    assert decoded == expected
+    minimal = _record(1)
+    assert json.loads(encode_record(minimal)) == minimal.to_json()

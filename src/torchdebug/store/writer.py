@@ -24,6 +24,7 @@ import torch
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
+from torchdebug.store.record_json import encode_record
 from torchdebug.store.tensor_batch import TensorBatch
 
 BATCH_BYTES = 128 * 2**20
@@ -143,8 +144,7 @@ class RankWriter:
                 ref["file"] = tensor_file
         stacks = "".join(json.dumps(s) + "\n" for s in self._pending_stacks)
         self._pending_stacks = []
-        encode = _ENCODER.encode
-        lines = "".join([encode(r.to_json()) + "\n" for r in records])
+        lines = "".join([encode_record(r) + "\n" for r in records])
         self.record_count += len(records)
         self._jobs.put(_Job(step, tensor_file, batch, stacks, lines))
 
@@ -215,9 +215,3 @@ class _Job:
     lines: str
 
 
-def _json_default(value: Any) -> Any:
-    """Last resort for values json cannot write: their string form."""
-    return str(value)
-
-
-_ENCODER = json.JSONEncoder(check_circular=False, default=_json_default)

@@ -60,22 +60,34 @@ def _fill_stats(row: Row, overrides: Mapping[str, Tolerance]) -> None:
     row.metrics.update(metrics)
 
 
-def _tensor_jobs(rows: Iterable[Row]) -> dict[tuple, list[Row]]:
-    """Rows needing tensor metrics, grouped by their unique pair of saved tensors."""
+def _tensor_ref(record: Record, shapes: Mapping[str, list[int] | None]) -> tuple:
+    """What identifies the values of a saved tensor: file, key and, for a strided view of another
+    slot's tensor, the view. A view that permutes all of its base (a transpose, a reshape) holds
+    the same elements, so it shares the base's metrics (they ignore element order)."""
+    ref = record.tensor or {}
+    view = ref.get("view")
+    if view is not None:
+        base = shapes.get(ref.get("key", ""))
+        covers_base = (
+            base is not None and view.get("offset", 0) == 0 and 0 not in view.get("stride", [0])
+            and math.prod(view.get("shape", [])) == math.prod(base)
+        )  # fmt: skip
+        if not covers_base:
+            return ref.get("folder"), ref.get("file"), ref.get("key"), json.dumps(view, sort_keys=True)
+    return ref.get("folder"), ref.get("file"), ref.get("key"), None
+
+
+def _tensor_jobs(rows: Iterable[Row], dump_a: Any, dump_b: Any) -> dict[tuple, list[Row]]:
+    """Rows needing tensor metrics, grouped by their unique pair of saved tensor values."""
+    shapes_a = {r.name: r.shape for r in dump_a.records()}
+    shapes_b = {r.name: r.shape for r in dump_b.records()}
     jobs: dict[tuple, list[Row]] = {}
     for row in rows:
         a, b = row.record_a, row.record_b
         if row.kind == "tensor" and row.shape_a == row.shape_b and _has_tensor(a) and _has_tensor(b):
-            key = (_tensor_ref(a), _tensor_ref(b))  # type: ignore[arg-type]
+            key = (_tensor_ref(a, shapes_a), _tensor_ref(b, shapes_b))  # type: ignore[arg-type]
             jobs.setdefault(key, []).append(row)
     return jobs
-
-
-def _tensor_ref(record: Record) -> tuple:
-    """What identifies a saved tensor: its file, key and (for a view of another slot's tensor) view."""
-    ref = record.tensor or {}
-    view = ref.get("view")
-    return ref.get("folder"), ref.get("file"), ref.get("key"), json.dumps(view, sort_keys=True) if view else None
 
 
 def _run_job(row: Row, dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
@@ -98,7 +110,7 @@ def _compare_rank(
         if row.matched and row.kind == "tensor" and row.shape_a == row.shape_b:
             _fill_stats(row, overrides)
     if tensors:
-        jobs = _tensor_jobs(rows)
+        jobs = _tensor_jobs(rows, dump_a, dump_b)
         args = [(group[0], dump_a, dump_b, overrides) for group in jobs.values()]
         results = pool.map(lambda job: _run_job(*job), args)
         for group, metrics in zip(jobs.values(), results):

@@ -53,7 +53,7 @@ STATS_METRICS = (
 
 _CHUNK = 1 << 18  # elements per float64 chunk: 2 MiB buffers, reused (fresh pages cost more than math)
 _REL_EPS = 1e-12  # keeps |a-b|/|b| finite where b == 0; the verdict does not use this metric
-_EXPONENT_BIAS = 1023
+_EXPONENT_MASK = 0x7FF0000000000000  # float64 exponent bits: x & mask == 2**floor(log2 x)
 
 
 class _Buffers(threading.local):
@@ -65,6 +65,7 @@ class _Buffers(threading.local):
         self.d = torch.empty(_CHUNK, dtype=torch.float64)
         self.t = torch.empty(_CHUNK, dtype=torch.float64)
         self.e = torch.empty(_CHUNK, dtype=torch.int64)
+        self.mask = torch.empty(_CHUNK, dtype=torch.bool)
 
 
 _buffers = _Buffers()
@@ -106,16 +107,16 @@ class _Sums:
         torch.add(b, _REL_EPS, out=scratch)
         torch.div(diff, scratch, out=scratch)
         self.max_rel = max(self.max_rel, float(scratch.max()))
-        self.within_1 += int(torch.count_nonzero(scratch <= 1e-3))
-        self.within_5 += int(torch.count_nonzero(scratch <= 5e-3))
+        self.within_1 += int(torch.count_nonzero(torch.le(scratch, 1e-3, out=buffers.mask[:n])))
+        self.within_5 += int(torch.count_nonzero(torch.le(scratch, 5e-3, out=buffers.mask[:n])))
         if self.ulp is not None:
-            # ulp(|b|) = 2**(max(floor(log2|b|), min_exp) - bits), built from float64 exponent bits
+            # ulp(|b|) = 2**(max(floor(log2|b|), min_exp) - bits): keep only b's exponent bits
             bits, min_exp = self.ulp
-            exponent = buffers.e[:n]
-            torch.bitwise_right_shift(b.view(torch.int64), 52, out=exponent)
-            exponent.clamp_(min=min_exp + _EXPONENT_BIAS).sub_(bits).bitwise_left_shift_(52)
-            torch.div(diff, exponent.view(torch.float64), out=scratch)
-            self.max_ulp = max(self.max_ulp, float(scratch.max()))
+            power = buffers.e[:n]
+            torch.bitwise_and(b.view(torch.int64), _EXPONENT_MASK, out=power)
+            power = power.view(torch.float64).clamp_min_(2.0**min_exp)
+            torch.div(diff, power, out=scratch)
+            self.max_ulp = max(self.max_ulp, float(scratch.max()) * 2.0**bits)
 
     def metrics(self, atol: float) -> dict[str, float]:
         if self.n == 0:
@@ -152,12 +153,21 @@ def _classes(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_IDENTICAL = {
+    "cosine": 1.0, "max_abs_err": 0.0, "max_rel_err": 0.0, "rmse": 0.0, "rel_l2": 0.0, "within_1e-3": 1.0,
+    "within_5e-3": 1.0, "max_ulp": 0.0, "error": 0.0, "nonfinite_mismatch": 0.0,
+}  # fmt: skip
+"""Metrics of a finite tensor against a bitwise copy of itself."""
+
+
 def tensor_metrics(a: torch.Tensor, b: torch.Tensor, *, low_dtype: str | None, atol: float) -> dict[str, float]:
     """Metrics of ``a`` against the reference ``b`` (same shape), in float64.
 
     ``low_dtype`` is the less precise dtype of the pair: ``max_ulp`` counts units in its last place.
     """
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    if a.dtype == b.dtype and torch.equal(a, b) and bool(torch.isfinite(a).all()):
+        return dict(_IDENTICAL)  # bitwise copies: one pass instead of twenty
     if a.is_complex() or b.is_complex():
         a, b = torch.view_as_real(a.to(torch.complex128)).reshape(-1), torch.view_as_real(b.to(torch.complex128)).reshape(-1)
     buffers = _buffers

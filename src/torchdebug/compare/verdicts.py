@@ -6,7 +6,7 @@ Per row, in execution order:
   precise side's), so a bf16 run is allowed bf16 rounding;
 * otherwise the row is **blamed** (``error``) only when its op made the difference: an output whose
   error exceeds both ``growth × (largest error among the call's tensor inputs) + tolerance`` and the
-  largest element-wise relative error of those inputs (ops such as ``sqrt`` or a division blow up
+  sum of the inputs' largest element-wise relative errors (ops such as ``sqrt`` or a division blow up
   the error of near-zero elements: that is inherited, not made), or an input whose error is more
   than ``growth`` times anything seen upstream (a weight or batch that is already different). The
   inputs of a backward call include the rows of the forward call it differentiates (``fwd``): its
@@ -67,7 +67,7 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
     inputs = [r for r in rows if r.io not in _OUTPUT_IO and r.kind == "tensor" and r.matched]
     inputs += [r for r in saved if r.kind == "tensor" and r.matched]
     input_error = max((r.error or 0.0 for r in inputs), default=0.0)
-    input_spread = max((_spread(r) for r in inputs), default=0.0)
+    input_spread = sum(_spread(r) for r in inputs)  # relative errors add up through products and quotients
     input_nonfinite = any(r.metrics.get("nonfinite_mismatch") for r in inputs)
     seen = upstream
     for row in rows:

@@ -39,3 +39,24 @@ def test_a_rank_present_on_one_side_only_is_reported(dumps, tmp_path):
     manifest.write_text(manifest.read_text().replace('"rank": 0', '"rank": 1'))
     result = torchdebug.compare(copy, dumps("mlp"))
     assert "ranks only in A (not compared): [1]" in result.problems
+
+
+def _add_rank(run_dir, source_rank_dir, rank: int) -> None:
+    target = run_dir / f"worldsize2_global_rank{rank}"
+    shutil.copytree(source_rank_dir, target)
+    manifest = target / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"rank": 0', f'"rank": {rank}'))
+
+
+def test_ranks_are_compared_one_by_one_and_the_divergent_rank_is_named(dumps, tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    shutil.copytree(dumps("mlp"), good)
+    shutil.copytree(dumps("mlp"), bad)
+    good_rank, bad_rank = next(good.glob("*/*/")), next(bad.glob("*/*/"))
+    _add_rank(good_rank.parent, good_rank, 1)
+    _add_rank(bad_rank.parent, next(dumps("mlp", gain=1.001).glob("*/*/")), 1)
+    result = torchdebug.compare(bad, good)
+    assert result.ranks == [0, 1]
+    assert result.counts(0)["error"] == 0
+    assert result.first_divergence.rank == 1
+    assert "rank 1" in result.summary()

@@ -193,8 +193,8 @@ def tensor_metrics(a: torch.Tensor, b: torch.Tensor, *, low_dtype: str | None, a
     return out
 
 
-def _stat(stats: dict[str, Any] | None, key: str) -> float | None:
-    value = (stats or {}).get(key)
+def _stat(stats: dict[str, Any], key: str) -> float | None:
+    value = stats.get(key)
     if value is None or isinstance(value, bool):
         return None
     value = float(value)
@@ -202,21 +202,14 @@ def _stat(stats: dict[str, Any] | None, key: str) -> float | None:
 
 
 def nonfinite_flags(stats: dict[str, Any] | None) -> tuple[bool, bool, bool]:
-    """Whether statistics report any NaN, +Inf, -Inf (counts where known, min/max otherwise)."""
+    """Whether statistics report any NaN, +Inf, -Inf: from the counts, or (msprobe, which has no
+    counts) from min and max."""
     stats = stats or {}
-    flags = []
-    for key, probe in (("nan", "nan"), ("posinf", "max"), ("neginf", "min")):
-        count = stats.get(key)
-        if count is not None:
-            flags.append(float(count) > 0)
-            continue
-        value = stats.get(probe if key != "nan" else "max")
-        value = None if value is None else float(value)
-        if key == "nan":
-            flags.append(value is not None and math.isnan(value))
-        else:
-            flags.append(value == (math.inf if key == "posinf" else -math.inf))
-    return flags[0], flags[1], flags[2]
+    nan, posinf, neginf = stats.get("nan"), stats.get("posinf"), stats.get("neginf")
+    if nan is not None and posinf is not None and neginf is not None:
+        return nan > 0, posinf > 0, neginf > 0
+    low, high = float(stats.get("min") or 0.0), float(stats.get("max") or 0.0)
+    return math.isnan(low) or math.isnan(high), high == math.inf, low == -math.inf
 
 
 def stats_metrics(a: dict[str, Any] | None, b: dict[str, Any] | None, *, numel: int, atol: float) -> dict[str, float]:
@@ -225,6 +218,7 @@ def stats_metrics(a: dict[str, Any] | None, b: dict[str, Any] | None, *, numel: 
     Returns only the metrics both sides have; ``error`` is scale-relative (see the module docstring)
     and ``nonfinite_mismatch`` is 1 when one side reports NaN/Inf the other does not.
     """
+    a, b = a or {}, b or {}
     out: dict[str, float] = {}
     errors = []
     lo, hi = _stat(b, "min"), _stat(b, "max")

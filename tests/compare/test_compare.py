@@ -107,3 +107,26 @@ def test_dumps_with_nothing_in_common_are_refused(dumps):
 def test_summary_names_the_first_divergence_and_its_source(dumps):
     text = torchdebug.compare(dumps("mlp", gain=1.001), dumps("mlp")).summary()
     assert "first divergence" in text and "aten.mul.Tensor" in text and "conftest.py" in text
+
+
+def test_a_mapping_pairs_a_renamed_module(dumps, tmp_path):
+    renamed = tmp_path / "renamed"
+    import shutil
+
+    shutil.copytree(dumps("mlp", task="statistics"), renamed)
+    records = next(renamed.glob("*/*/records.jsonl"))
+    records.write_text(records.read_text().replace('"fc1', '"encoder').replace("/fc1/", "/encoder/"))
+    plain = torchdebug.compare(renamed, dumps("mlp", task="statistics"))
+    mapped = torchdebug.compare(renamed, dumps("mlp", task="statistics"), mapping={"modules": {"encoder": "fc1"}})
+    assert plain.counts()["unmatched"] > 0
+    assert mapped.counts()["unmatched"] == 0
+    assert "mapped" in {row.match for row in mapped.rows}
+
+
+def test_json_output_is_strict_json_even_with_infinite_errors(dumps, tmp_path):
+    import json
+
+    result = torchdebug.compare(dumps("mlp", grad_factor=float("nan")), dumps("mlp"))
+    data = json.loads(result.to_json(tmp_path / "r.json").read_text())
+    assert data["first_nonfinite"]["phase"] == "backward"
+    assert data["counts"] == result.counts()

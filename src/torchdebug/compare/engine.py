@@ -113,6 +113,7 @@ def _compare_rank(
         jobs = _tensor_jobs(rows, dump_a, dump_b)
         args = [(group[0], dump_a, dump_b, overrides) for group in jobs.values()]
         results = pool.map(lambda job: _run_job(*job), args)
+        logger.debug("rank %d: %d rows, %d unique tensor pairs", rank, len(rows), len(jobs))
         for group, metrics in zip(jobs.values(), results):
             if "_shape_mismatch" in metrics:
                 continue  # sampled with different strides: keep the statistics verdict

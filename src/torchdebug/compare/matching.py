@@ -95,11 +95,6 @@ class Pair:
     order: float = 0.0
     """Position in execution order (used to sort rows and find the *first* divergence)."""
 
-    @property
-    def record(self) -> Record:
-        """The record that names the row: side A's when there is one."""
-        return self.a if self.a is not None else self.b  # type: ignore[return-value]
-
 
 def _rename(record: Record, mapping: NameMapping) -> str:
     """Side A's call name after the mapping's renames."""

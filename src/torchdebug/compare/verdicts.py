@@ -13,7 +13,8 @@ Per row, in execution order:
   saved tensors. Rows whose inputs explain their error are **inherited** (``warning``);
 * a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
   the call has one) and inherited after;
-* shapes that differ are errors; argument values that differ are warnings.
+* shapes that differ are errors; argument values that differ, and slots that could not be
+  captured on a side (``record.error``), are warnings.
 
 The first divergence is the earliest blamed op row (op records before module records); the first
 non-finite op is the earliest row whose NaN/Inf its inputs did not have.
@@ -74,6 +75,11 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
         if not row.matched:
             row.verdict = "unmatched"
             row.message = "only in A" if row.record_b is None else "only in B"
+            continue
+        failed = [f"{side}: {r.error}" for side, r in (("A", row.record_a), ("B", row.record_b)) if r.error]
+        if failed:
+            row.verdict = "warning"
+            row.message = "not captured on " + "; ".join(failed)
             continue
         if row.kind != "tensor":
             _judge_value(row)

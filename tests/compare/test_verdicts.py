@@ -1,0 +1,57 @@
+"""Verdicts and attribution on hand-made rows."""
+
+from __future__ import annotations
+
+from torchdebug.compare.rows import Row
+from torchdebug.compare.verdicts import first_divergence, judge
+from torchdebug.records import Record, make_name
+
+
+def _row(io: str, error: float | None, *, seq: int = 0, kind: str = "tensor", value: object = None, value_b: object = None, failed: str | None = None) -> Row:
+    def record(v: object, err: str | None) -> Record:
+        name = make_name("forward", "m", "aten.mul.Tensor", seq, io, "0")
+        return Record(name=name, step=0, rank=0, phase="forward", module="m", op="aten.mul.Tensor", call=seq,
+                      seq=seq, io=io, arg="0", kind=kind, dtype="float32", shape=[4], value=v, error=err)  # fmt: skip
+
+    row = Row.from_records(0, record(value, None), record(value_b if value_b is not None else value, failed), "exact", seq)
+    row.error, row.tolerance = error, (1e-3 if error is not None else None)
+    if error is not None:
+        row.metrics["max_rel_err"] = error
+    return row
+
+
+def test_an_output_whose_inputs_explain_its_error_is_inherited():
+    rows = [_row("input", 0.01), _row("output", 0.05)]
+    judge(rows, growth=16)
+    assert [(r.verdict, r.attribution) for r in rows] == [("error", "blamed"), ("warning", "inherited")]
+
+
+def test_an_output_that_grows_the_error_beyond_its_inputs_is_blamed():
+    rows = [_row("input", 0.0), _row("output", 0.05)]
+    judge(rows, growth=16)
+    assert rows[1].attribution == "blamed" and rows[1].verdict == "error"
+    assert first_divergence(rows) is rows[1]
+
+
+def test_errors_within_tolerance_pass():
+    rows = [_row("input", 0.0), _row("output", 5e-4)]
+    judge(rows)
+    assert {r.verdict for r in rows} == {"pass"}
+
+
+def test_object_reprs_that_differ_only_by_address_are_equal():
+    rows = [_row("input", None, kind="value", value="<Generator at 0x7f01>", value_b="<Generator at 0x7f99>")]
+    judge(rows)
+    assert rows[0].verdict == "pass"
+
+
+def test_a_different_argument_value_is_a_warning():
+    rows = [_row("input", None, kind="value", value=1.0, value_b=1.5)]
+    judge(rows)
+    assert rows[0].verdict == "warning" and "1.0 vs 1.5" in rows[0].message
+
+
+def test_a_slot_that_failed_to_capture_is_a_warning_naming_the_side():
+    rows = [_row("output", 0.0, failed="out of memory")]
+    judge(rows)
+    assert rows[0].verdict == "warning" and rows[0].message == "not captured on B: out of memory"

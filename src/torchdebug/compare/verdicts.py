@@ -104,7 +104,10 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             continue
         if is_output:
             explained = row.error <= growth * input_error + row.tolerance or row.error <= input_spread
-            detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}; inputs differ by {_fmt(input_error)}"
+            detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"
+            detail += f", explained by its inputs (error {_fmt(input_error)})" if explained else (
+                f"; its inputs differ by only {_fmt(input_error)}: this op makes the difference"
+            )
         else:
             explained = row.error <= growth * upstream
             detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"

@@ -52,3 +52,10 @@ def test_a_mapping_file_with_unknown_keys_is_refused(tmp_path):
     path.write_text(json.dumps({"module": {}}))
     with pytest.raises(ValueError, match="expected keys 'modules' and/or 'ops'"):
         load_mapping(path)
+
+
+def test_a_yaml_mapping_file_is_read(tmp_path):
+    pytest.importorskip("yaml")
+    path = tmp_path / "mapping.yaml"
+    path.write_text("modules:\n  encoder: model.encoder\n")
+    assert load_mapping(path).module("encoder.layer0") == "model.encoder.layer0"

@@ -66,8 +66,10 @@ def load_mapping(source: str | Path | Mapping[str, object] | None) -> NameMappin
         except OSError as error:
             raise ValueError(f"{path}: cannot read the mapping file ({error.strerror})") from None
         if path.suffix in (".yaml", ".yml"):
-            import yaml  # optional dependency, only needed for YAML mapping files
-
+            try:
+                import yaml  # optional dependency (extra "yaml"), only needed for YAML mapping files
+            except ImportError:
+                raise ValueError(f"{path}: reading YAML needs pyyaml (pip install pyyaml), or write the mapping as JSON") from None
             data = yaml.safe_load(text) or {}
         else:
             try:

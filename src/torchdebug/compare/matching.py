@@ -76,9 +76,9 @@ def load_mapping(source: str | Path | Mapping[str, object] | None) -> NameMappin
                 data = json.loads(text)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}: not valid JSON ({error})") from None
-    unknown = set(data) - {"modules", "ops"}
-    if not isinstance(data, dict) or unknown:
-        raise ValueError(f"{where}: expected keys 'modules' and/or 'ops', got {sorted(unknown or data)}")
+    if not isinstance(data, dict) or set(data) - {"modules", "ops"}:
+        got = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{where}: expected keys 'modules' and/or 'ops', got {got}")
     for key in ("modules", "ops"):
         section = data.get(key) or {}
         if not isinstance(section, dict) or not all(isinstance(v, str) for v in section.values()):

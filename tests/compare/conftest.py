@@ -56,15 +56,17 @@ def source_line(marker: str) -> int:
     raise AssertionError(marker)
 
 
-def dump_mlp(path: Path, task: str = "tensor", **options: float) -> Path:
-    """One SGD step of :class:`BuggyMLP` dumped at ``path``."""
+def dump_mlp(path: Path, task: str = "tensor", bf16: bool = False, **options: float) -> Path:
+    """One SGD step of :class:`BuggyMLP` dumped at ``path`` (forward under bf16 autocast if asked)."""
     torchdebug.seed_all(1234)
     model = BuggyMLP(**options)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 16)
     target = torch.randint(0, 8, (4,))
     with torchdebug.dump(path, model=model, task=task):
-        loss = nn.functional.cross_entropy(model(x), target)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+        loss = nn.functional.cross_entropy(logits.float(), target)
         loss.backward()
         optimizer.step()
     return path

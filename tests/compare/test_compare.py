@@ -51,6 +51,13 @@ def test_bf16_autocast_against_fp32_of_a_healthy_model_has_no_error_rows(dumps):
     assert only_b
 
 
+def test_a_bug_larger_than_bf16_rounding_is_found_in_a_bf16_run(dumps):
+    healthy = torchdebug.compare(dumps("mlp", bf16=True), dumps("mlp"))
+    buggy = torchdebug.compare(dumps("mlp", bf16=True, gain=1.1), dumps("mlp"))
+    assert healthy.first_divergence is None
+    assert (buggy.first_divergence.op, buggy.first_divergence.io) == ("aten.mul.Tensor", "output")
+
+
 def test_bf16_statistics_against_fp32_statistics_has_no_error_rows(dumps):
     result = torchdebug.compare(dumps("gpt", task="statistics", bf16=True), dumps("gpt", task="statistics"))
     assert result.counts()["error"] == 0

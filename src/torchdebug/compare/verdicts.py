@@ -5,9 +5,10 @@ Per row, in execution order:
 * ``pass`` when the scale-relative ``error`` is within the pair's dtype tolerance (the less
   precise side's), so a bf16 run is allowed bf16 rounding;
 * otherwise the row is **blamed** (``error``) only when its op made the difference: an output whose
-  error exceeds both ``growth × (largest error among the call's tensor inputs) + tolerance`` and the
-  sum of the inputs' largest element-wise relative errors (ops such as ``sqrt`` or a division blow up
-  the error of near-zero elements: that is inherited, not made), or an input whose error is more
+  error exceeds ``growth × (largest error among the call's tensor inputs) + tolerance`` (and, for
+  ops singular near zero such as ``sqrt``, ``log`` or a division, which blow up the error of
+  near-zero elements, the sum of the inputs' largest element-wise relative errors: that error is
+  inherited, not made), or an input whose error is more
   than ``growth`` times anything seen upstream (a weight or batch that is already different). The
   inputs of a backward call include the rows of the forward call it differentiates (``fwd``): its
   saved tensors. Rows whose inputs explain their error are **inherited** (``warning``);
@@ -48,6 +49,17 @@ def _judge_value(row: Row) -> None:
     if not _same_value(a, b):
         row.verdict = "warning"
         row.message = f"argument value differs: {a!r} vs {b!r}"
+
+
+_SINGULAR = {"sqrt", "rsqrt", "div", "reciprocal", "log", "log2", "log10", "log1p", "pow", "addcdiv", "atan2"}
+"""Ops whose relative error is unbounded near zero: they may turn a tiny input error into any size."""
+
+
+def _is_singular(op: str) -> bool:
+    """``aten.sqrt.default``, ``aten.addcdiv_.default``, ``aten._foreach_div.List``, ``Tensor.log``."""
+    parts = op.split(".")
+    base = parts[1] if parts[0] == "aten" and len(parts) > 1 else parts[-1]
+    return base.removeprefix("_foreach_").rstrip("_") in _SINGULAR
 
 
 def _spread(row: Row) -> float:
@@ -103,7 +115,9 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
         if row.error <= row.tolerance:
             continue
         if is_output:
-            explained = row.error <= growth * input_error + row.tolerance or row.error <= input_spread
+            explained = row.error <= growth * input_error + row.tolerance or (
+                _is_singular(row.op) and row.error <= input_spread
+            )
             detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"
             detail += f", explained by its inputs (error {_fmt(input_error)})" if explained else (
                 f"; its inputs differ by only {_fmt(input_error)}: this op makes the difference"

@@ -137,3 +137,30 @@ def test_json_output_is_strict_json_even_with_infinite_errors(dumps, tmp_path):
     data = json.loads(result.to_json(tmp_path / "r.json").read_text())
     assert data["first_nonfinite"]["phase"] == "backward"
     assert data["counts"] == result.counts()
+
+
+def test_a_bug_in_the_second_step_is_found_in_that_step(tmp_path):
+    import torch
+    from torch import nn
+
+    from tests.compare.conftest import BuggyMLP
+
+    def dump(path, gain):
+        torchdebug.seed_all(1234)
+        model = BuggyMLP()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        debugger = torchdebug.Debugger(path, task="statistics")
+        for step in range(2):
+            model.gain = gain if step == 1 else 1.0
+            debugger.start(model)
+            nn.functional.cross_entropy(model(torch.randn(4, 16)), torch.randint(0, 8, (4,))).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            debugger.stop()
+            debugger.step()
+        debugger.close()
+        return path
+
+    result = torchdebug.compare(dump(tmp_path / "bad", 1.001), dump(tmp_path / "good", 1.0))
+    assert (result.first_divergence.step, result.first_divergence.op) == (1, "aten.mul.Tensor")
+    assert result.counts()["error"] == 1

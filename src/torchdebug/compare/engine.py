@@ -146,7 +146,8 @@ def compare(
             file) when modules or ops were renamed between the runs.
         growth: how much an op may amplify its inputs' error before it is blamed.
         tensors: compare saved tensors when both sides have them (else statistics only).
-        workers: threads for tensor metrics (default: all cores).
+        workers: threads for tensor metrics (default: all cores). torch's own intra-op threads are
+            set to 1 while the comparison runs and restored afterwards.
 
     Returns:
         A :class:`CompareResult`; ``result.first_divergence`` is the earliest blamed op.
@@ -184,7 +185,7 @@ def compare(
                 rows.extend(rank_rows)
     finally:
         torch.set_num_threads(threads)
-    result = CompareResult(rows=rows, a=side_a, b=side_b, problems=problems,
-                           options={"growth": growth, "tolerances": {k: [v.rtol, v.atol] for k, v in overrides.items()}})
+    options = {"growth": growth, "tolerances": {k: [v.rtol, v.atol] for k, v in overrides.items()}}
+    result = CompareResult(rows=rows, a=side_a, b=side_b, problems=problems, options=options)
     result.check_overlap()
     return result

@@ -23,10 +23,10 @@ class _Hostile(nn.Module):
         return getattr(self, HOSTILE)(x) * self.scale  # </script><script>alert(2)</script>
 
 
-def _dump(path, scale: float):
+def _dump(path, scale: float, task: str = "tensor"):
     torchdebug.seed_all(0)
     model = _Hostile(scale)
-    with torchdebug.dump(path, model=model, task="tensor"):
+    with torchdebug.dump(path, model=model, task=task):
         model(torch.randn(2, 4)).sum().backward()
     return path
 
@@ -54,3 +54,15 @@ def test_the_report_shows_summary_first_divergence_table_and_plot(report):
     for part in ("Summary", "First divergence", "<table class=\"data\"", "<svg", "<circle", "data-filter"):
         assert part in report
     assert "aten.mul.Tensor" in report
+
+
+def test_a_statistics_only_report_renders_without_tensor_metrics(tmp_path):
+    result = torchdebug.compare(_dump(tmp_path / "a", 1.01, "statistics"), _dump(tmp_path / "b", 1.0, "statistics"))
+    html = result.to_html(tmp_path / "report.html").read_text()
+    assert "First divergence" in html and "cosine 1" not in html
+
+
+def test_a_report_without_divergence_says_so(tmp_path):
+    path = _dump(tmp_path / "a", 1.0, "statistics")
+    html = torchdebug.compare(path, path).to_html(tmp_path / "report.html").read_text()
+    assert "none: every difference is within tolerance" in html

@@ -30,7 +30,9 @@ from torchdebug.compile._inductor_hooks import (
     inductor_config,
     select_decomp_table,
 )
+from torchdebug.capture.graph import GraphCapture
 from torchdebug.compile.config import CompilerConfig
+from torchdebug.compile.dump_pass import DataDumpPass, ModelContext
 from torchdebug.compile.debug_dir import DumpTree, ModelDump, PhaseDump, current_phase, dump_tree, run_folder
 from torchdebug.compile.pipeline import GraphPass, PassStage, Pipeline, observing_inductor_passes, run_passes
 
@@ -81,24 +83,50 @@ class TorchDebugBackend:
         self.config = config
         self.passes = tuple(passes)
         self._warned_no_cudagraphs = False
+        self.data_dump: GraphCapture | None = None
+        """The records of ``config.dump_config`` (created at the first compile with ``enable_dump``);
+        ``data_dump.flush()`` writes what was captured so far, ``data_dump.close()`` ends the dump."""
+        self._dumped_graphs = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         graph_dump = self.config.debug.graph_dump
         tree = dump_tree(graph_dump.type, graph_dump.path)
         model = tree.new_model(graph_dump.type) if tree is not None else None
-        with self._scope(tree):
+        data_dump = self._data_dump_pass()
+        with self._scope(tree), self._caches_off(data_dump is not None):
             token = current_phase.set(None)
             start = time.perf_counter()
             try:
                 if model is not None:
                     self._record_dynamo_graph(gm, model)
-                compiled = self._compile(gm, example_inputs, Pipeline.build(self.config, self.passes), model)
+                pipeline = Pipeline.build(self.config, self.passes, data_dump)
+                compiled = self._compile(gm, example_inputs, pipeline, model)
             finally:
                 current_phase.reset(token)
             if model is not None:
                 model.summary["backend_seconds"] = round(time.perf_counter() - start, 6)
                 model.write_summary()
         return compiled
+
+    def _data_dump_pass(self) -> DataDumpPass | None:
+        """The data-dump pass for the next Dynamo graph (``model__<N>`` in this backend's order)."""
+        dump_config = self.config.dump_config
+        if not dump_config.enable_dump:
+            return None
+        settings = dump_config.settings()
+        if self.data_dump is None:
+            self.data_dump = GraphCapture(
+                path=settings.path, data=settings.data, steps=settings.steps, scene=settings.scene, settings=settings.to_dict()
+            )
+        model = ModelContext(f"model__{self._dumped_graphs}")
+        self._dumped_graphs += 1
+        return DataDumpPass(settings, self.data_dump, model)
+
+    @staticmethod
+    def _caches_off(off: bool) -> contextlib.AbstractContextManager[Any]:
+        """Compile caches off while instrumenting: a cached graph would report to sinks this process
+        never registered (the backward graph, compiled later, has no cache id and is never cached)."""
+        return torch.compiler.config.patch(force_disable_caches=True) if off else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _scope(self, tree: DumpTree | None) -> Iterator[None]:

@@ -8,9 +8,13 @@ rather than silently after a long compile.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from torchdebug.compile import dump_scenes
+from torchdebug.config import parse_index_set
 from torchdebug.errors import ConfigError
 
 MODES = ("max-autotune", "reduce-overhead", "aot_eager", "eager")
@@ -100,6 +104,88 @@ class _Options:
         return f"{type(self).__name__}({self.to_dict()!r})"
 
 
+def _writable_folder(key: str, value: Any) -> str:
+    """An existing folder this process can write into (the seed's rule: it is not created for you)."""
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise ConfigError(f"{key}: got {value!r}, expected an existing writable folder path")
+    folder = Path(value)
+    if not folder.is_dir():
+        raise ConfigError(f"{key}: got {str(value)!r}, which is not an existing folder; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: got {str(value)!r}, which this process cannot write to; choose a writable folder")
+    return str(value)
+
+
+def _step_set(key: str, value: Any) -> frozenset[int] | None:
+    return parse_index_set(key, value)
+
+
+def _layer_names(key: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{key}: got {value!r}, expected node names separated by spaces, e.g. 'addmm mul_3'")
+    return value
+
+
+def _scene_file(key: str, value: Any) -> str | None:
+    """A scene file is read and checked when assigned, so a bad one fails at that line."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise ConfigError(f"{key}: got {value!r}, expected the path of a JSON dump config file or None")
+    dump_scenes.read_scene_file(str(value))
+    return str(value)
+
+
+class DumpConfig(_Options):
+    """``dump_config``: op input/output data dumps inside compiled graphs (TorchAir's data dump).
+
+    - ``enable_dump``: turn it on (default False).
+    - ``dump_mode``: ``"all"`` (default), ``"input"`` or ``"output"`` slots of the selected nodes.
+    - ``dump_path``: an existing writable folder (default ``"."``); runs go in new subfolders.
+    - ``dump_step``: steps to dump, ``"0|3-5|10"``; ``None`` (default) dumps every step.
+    - ``dump_layer``: node names as printed in the graph dumps, separated by spaces; with
+      ``torchdebug.scope.data_dump()`` blocks the selection is the union; neither: every node.
+    - ``dump_data``: ``"tensor"`` (default: tensors and statistics) or ``"stats"`` (statistics only,
+      computed inside the compiled graph).
+    - ``dump_stage``: ``"optimized"`` (default: values of the compiled kernels) or ``"original"`` (an
+      FX interpreter over the graph before the backend's passes: the golden side).
+    - ``dump_config_path``: a JSON scene file (see :mod:`torchdebug.compile.dump_scenes`); options
+      assigned here win over it.
+    """
+
+    _fields = {
+        "enable_dump": (False, _bool),
+        "dump_mode": ("all", _one_of(dump_scenes.DUMP_MODES)),
+        "dump_path": (".", _writable_folder),
+        "dump_step": (None, _step_set),
+        "dump_layer": (None, _layer_names),
+        "dump_data": ("tensor", _one_of(dump_scenes.DUMP_DATA)),
+        "dump_stage": ("optimized", _one_of(dump_scenes.DUMP_STAGES)),
+        "dump_config_path": (None, _scene_file),
+    }
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(prefix)
+        object.__setattr__(self, "_explicit", set())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        self._explicit.add(name)
+
+    def settings(self) -> dump_scenes.DumpSettings:
+        """The resolved dump: the scene file merged under the options assigned on this object."""
+        file = dump_scenes.read_scene_file(self.dump_config_path) if self.dump_config_path else None
+        explicit = {name: getattr(self, name) for name in self._explicit}
+        defaults = {name: getattr(self, name) for name in self._fields}
+        return dump_scenes.resolve(file, explicit, defaults)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if out["dump_step"] is not None:
+            out["dump_step"] = sorted(out["dump_step"])
+        return out
+
+
 class GraphDumpConfig(_Options):
     """``debug.graph_dump``: extra graph dumps in one format.
 
@@ -132,6 +218,7 @@ class CompilerConfig(_Options):
       once), ``"aot_eager"`` (AOT autograd, then the ATen graphs run eagerly), ``"eager"`` (the Dynamo
       graph runs as is).
     - ``debug``: see :class:`DebugConfig`.
+    - ``dump_config``: op data dumps inside compiled graphs, see :class:`DumpConfig`.
     - ``post_grad_custom_pre_pass`` / ``post_grad_custom_post_pass``: user FX passes on each AOT
       graph (forward, backward, inference), before and after the pipeline's own passes; dumped like ours.
 
@@ -145,6 +232,7 @@ class CompilerConfig(_Options):
     _fields = {
         "mode": ("max-autotune", _one_of(MODES)),
         "debug": (DebugConfig, None),
+        "dump_config": (DumpConfig, None),
         "post_grad_custom_pre_pass": (None, _optional_graph_pass),
         "post_grad_custom_post_pass": (None, _optional_graph_pass),
     }

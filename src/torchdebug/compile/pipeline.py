@@ -18,7 +18,8 @@ Adding passes (how graph-mode data dumps plug in)::
 
     backend = get_backend(config, passes=[GraphPass("insert_dump_nodes", insert_dump_nodes)])
 
-or, for passes torchdebug adds from its own config, return them from :func:`default_passes`.
+or, for passes torchdebug adds from its own config, return them from :func:`default_passes` (the
+graph-mode data dump, ``torchdebug.compile.dump_pass``, is added there).
 Each pass is dumped as ``NNN_aot_<phase>_graph_after_<name>.txt`` and timed in ``passes.json``.
 """
 
@@ -89,13 +90,12 @@ def user_pass(slot: str, fn: Callable[[torch.fx.Graph], Any]) -> GraphPass:
     return GraphPass(slot, lambda gm: fn(gm.graph), owner="user", uuid=GraphPass(slot, fn).cache_id())
 
 
-def default_passes(config: CompilerConfig) -> list[GraphPass]:
-    """The passes torchdebug adds on its own for ``config``; none yet.
-
-    Features that instrument compiled graphs (graph-mode data dumps) return theirs from here, e.g.
-    ``if config.dump_config.enable_dump: passes.append(GraphPass("insert_dump_nodes", ...))``.
-    """
-    return []
+def default_passes(config: CompilerConfig, data_dump: Callable[[torch.fx.GraphModule], Any] | None = None) -> list[GraphPass]:
+    """The passes torchdebug adds on its own: ``data_dump`` (``config.dump_config.enable_dump``),
+    built by the backend for each Dynamo graph because it reports to the backend's capture."""
+    if data_dump is None or not config.dump_config.enable_dump:
+        return []
+    return [GraphPass("data_dump", data_dump)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +106,13 @@ class Pipeline:
     post: tuple[GraphPass, ...]
 
     @classmethod
-    def build(cls, config: CompilerConfig, extra: Sequence[GraphPass] = ()) -> Pipeline:
+    def build(
+        cls, config: CompilerConfig, extra: Sequence[GraphPass] = (), data_dump: Callable[[torch.fx.GraphModule], Any] | None = None
+    ) -> Pipeline:
         """User pre pass, then :func:`default_passes`, then ``extra``, then the user post pass."""
         pre = [user_pass("post_grad_custom_pre_pass", config.post_grad_custom_pre_pass)] \
             if config.post_grad_custom_pre_pass is not None else []
-        post = [*default_passes(config), *extra]
+        post = [*default_passes(config, data_dump), *extra]
         if config.post_grad_custom_post_pass is not None:
             post.append(user_pass("post_grad_custom_post_pass", config.post_grad_custom_post_pass))
         return cls(tuple(pre), tuple(post))

@@ -1,0 +1,278 @@
+"""Records from compiled graphs: one :class:`GraphCapture` per backend with ``enable_dump``.
+
+Instrumented graphs call back (``torchdebug.capture.graph_ops``) once per run with their
+statistics matrix and dumped tensors; this module turns them into the same records eager capture
+writes (``capture="graph"``, ``node`` = FX node name) through a :class:`CaptureSession` and its
+:class:`RankWriter`, in one run folder per backend::
+
+    DUMP_PATH/20261122-101500/worldsize1_global_rank0/records.jsonl, tensors/step0-0000.safetensors
+
+Steps: a step ends when a forward (or inference) graph runs again after it already ran in the
+current step, so graphs split by graph breaks share a step and a training loop counts one step per
+iteration. Call indices continue across the graphs of a step, as in eager capture.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import platform
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import torchdebug
+from torchdebug.capture import golden, overflow
+from torchdebug.capture.graph_ops import register_sink, unregister_sink
+from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, SlotPlan
+from torchdebug.capture.session import CaptureSession
+from torchdebug.config import DebuggerConfig
+from torchdebug.dist import rank_and_world_size
+from torchdebug.records import Record
+from torchdebug.stats import _from_vector, tensor_stats
+from torchdebug.store import layout
+from torchdebug.store.writer import RankWriter, create_run_dir, new_run_name
+
+log = logging.getLogger("torchdebug.capture.graph")
+
+
+class _GraphSession(CaptureSession):
+    """A session fed with finished records (statistics came from the graph) and whole tensors."""
+
+    def add_records(self, records: list[Record]) -> None:
+        self._records.extend(records)
+
+    def save(self, key: str, tensor: torch.Tensor) -> dict[str, str]:
+        """Copy ``tensor`` into the current batch now and return its reference."""
+        return self._snapshot(key, tensor)
+
+
+@dataclass
+class _Run:
+    """One execution of one graph: where its call indices and seq numbers start."""
+
+    plan: GraphPlan
+    step: int
+    dumped: bool
+    bases: dict[Key, int]
+    seq: int
+    values: dict[str, Any] = field(default_factory=dict)
+    """``dump_stage="original"``: node name -> value computed by the interpreter."""
+
+
+class GraphCapture:
+    """Receives the runs of instrumented graphs and writes their records.
+
+    ``scene``: ``model`` (every planned call), ``overflow`` (only calls with NaN/Inf outputs) or
+    ``watcher`` (only the watcher points). ``steps``: the steps written (``None``: all).
+    """
+
+    def __init__(self, *, path: str, data: str, steps: frozenset[int] | None, scene: str, settings: dict[str, Any]) -> None:
+        self.rank, self.world_size = rank_and_world_size()
+        self.run_dir = create_run_dir(Path(path), new_run_name())
+        task = "tensor" if data == "tensor" else "statistics"
+        manifest = {
+            "tool": "torchdebug", "tool_version": torchdebug.__version__, "torch_version": torch.__version__,
+            "python_version": platform.python_version(), "run_id": self.run_dir.name, "rank": self.rank,
+            "world_size": self.world_size, "host": socket.gethostname(), "pid": os.getpid(),
+            "cuda": torch.cuda.is_available(), "capture": "graph", "config": {"task": task, "dump_config": settings},
+        }  # fmt: skip
+        writer = RankWriter(self.run_dir / layout.rank_dir_name(self.world_size, self.rank), manifest)
+        self.session = _GraphSession(DebuggerConfig(dump_path=path, task=task), writer, self.rank)
+        self.save_tensors = data == "tensor"
+        self.steps = steps
+        self.scene = scene
+        self.step = 0
+        self.overflows: list[overflow.Overflow] = []
+        self._forward_ran: set[str] = set()
+        self._counts: dict[Key, int] = {}
+        self._forward_bases: dict[str, dict[Key, int]] = {}
+        self._seq = 0
+        self._run: _Run | None = None
+        self._sinks: list[int] = []
+        self._closed = False
+        atexit.register(self.close)
+
+    # -- compile time ----------------------------------------------------------------------------
+    def add_graph(self, plan: GraphPlan) -> int:
+        """Register an instrumented graph; returns the sink key its dump ops carry."""
+        key = register_sink(_GraphSink(self, plan))
+        self._sinks.append(key)
+        return key
+
+    # -- run time --------------------------------------------------------------------------------
+    def _begin(self, plan: GraphPlan) -> _Run:
+        run = self._run
+        if run is not None and run.plan is plan:
+            return run
+        if plan.phase != "backward":
+            if plan.model in self._forward_ran:
+                self._next_step()
+            self._forward_ran.add(plan.model)
+        counts = self._counts
+        bases = {key: counts.get(key, 0) for key in plan.counts}
+        for key, n in plan.counts.items():
+            counts[key] = bases[key] + n
+        if plan.phase != "backward":
+            self._forward_bases[plan.model] = bases
+        dumped = self.steps is None or self.step in self.steps
+        self._run = _Run(plan, self.step, dumped, bases, self._seq)
+        self._seq += plan.n_ops
+        return self._run
+
+    def _next_step(self) -> None:
+        self.session.flush()
+        self.step += 1
+        self.session.step = self.step
+        self._forward_ran.clear()
+        self._counts.clear()
+        self._seq = 0
+
+    def on_graph(self, plan: GraphPlan, stats: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+        run = self._begin(plan)
+        self._run = None
+        if not run.dumped or self.scene == "watcher":
+            return
+        rows = stats.view(-1, 7).tolist() if stats.numel() else []
+        if plan.golden is not None:
+            calls = range(len(plan.calls))
+        elif self.scene == "overflow":
+            calls = overflow.overflowing_calls(plan, rows)
+            self._note_overflow(run, calls, rows)
+        else:
+            calls = range(len(plan.calls))
+        refs: dict[int, dict[str, str]] = {}
+        stats_of: dict[int, dict[str, Any]] = {}
+        records = []
+        for index in calls:
+            call = plan.calls[index]
+            prefix = self._call_name(run, call)
+            fwd = self._fwd_name(plan, call)
+            for slot in call.slots:
+                record = self._record(run, call, slot, prefix, fwd)
+                if slot.kind == "tensor" and slot.note is None:
+                    self._fill(record, run, slot, rows, tensors, stats_of, refs)
+                records.append(record)
+        self.session.add_records(records)
+        self.session.flush()
+
+    def on_point(self, plan: GraphPlan, point: int, tensors: list[torch.Tensor]) -> None:
+        run = self._begin(plan)
+        if point < 0:  # the graph's inputs, for the interpreter of dump_stage="original"
+            if run.dumped:
+                run.values = golden.interpret(plan, tensors)
+            return
+        if not run.dumped:
+            return
+        records = []
+        spec = plan.points[point]
+        for (index, arg), tensor in zip(spec.watched, tensors[-len(spec.watched) :]):
+            call = plan.calls[index]
+            slot = next(s for s in call.slots if s.io == "output" and s.arg == arg)
+            record = self._record(run, call, slot, self._call_name(run, call), None)
+            record.extra = {"after": spec.after}
+            record.stats = tensor_stats(tensor)
+            if self.save_tensors:
+                record.tensor = self.session.save(f"{record.name}@{spec.after}", tensor)
+            records.append(record)
+        self.session.add_records(records)
+
+    # -- building records --------------------------------------------------------------------------
+    def _call_name(self, run: _Run, call: CallPlan) -> str:
+        phase, module, op = call.key
+        return f"{phase}/{module}/{op}#{run.bases[call.key] + call.local}"
+
+    def _fwd_name(self, plan: GraphPlan, call: CallPlan) -> str | None:
+        if call.fwd is None:
+            return None
+        (phase, module, op), local = call.fwd
+        base = self._forward_bases.get(plan.model, {}).get(call.fwd[0], 0)
+        return f"{phase}/{module}/{op}#{base + local}"
+
+    def _record(self, run: _Run, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> Record:
+        phase, module, op = call.key
+        meta = slot.meta or {}
+        source = call.source
+        if source is not None:
+            self.session.add_stack(source.stack_id, list(source.frames))
+        return Record(
+            name=f"{prefix}/{slot.io}.{slot.arg}", step=run.step, rank=self.rank, phase=phase, module=module, op=op,
+            call=run.bases[call.key] + call.local, seq=run.seq + call.order, io=slot.io, arg=slot.arg, kind=slot.kind,
+            dtype=meta.get("dtype"), shape=meta.get("shape"), stride=meta.get("stride"), device=meta.get("device"),
+            value=slot.value, stack=source.stack_id if source else None, source=source.source if source else None,
+            fwd=fwd, node=call.node, capture="graph", error=slot.note, extra={"graph": f"{run.plan.model}/{run.plan.phase}"},
+        )  # fmt: skip
+
+    def _fill(self, record: Record, run: _Run, slot: SlotPlan, rows: list, tensors: list[torch.Tensor],
+              stats_of: dict[int, dict[str, Any]], refs: dict[int, dict[str, str]]) -> None:  # fmt: skip
+        """Statistics (shared by the slots of one value) and the saved tensor of one slot."""
+        if run.plan.golden is not None:
+            value = run.values.get(slot.source_node or "")
+            if not isinstance(value, torch.Tensor):
+                record.error = "the interpreter produced no tensor for this slot"
+                return
+            key = id(value)
+            if key not in stats_of:
+                stats_of[key] = tensor_stats(value)
+                if self.save_tensors:
+                    refs[key] = self.session.save(record.name, value.detach())
+            record.stats = stats_of[key]
+            record.tensor = refs.get(key)
+            return
+        if slot.stat is not None:
+            if slot.stat not in stats_of:
+                stats_of[slot.stat] = _from_vector(rows[slot.stat], slot.integral)
+            record.stats = stats_of[slot.stat]
+        if slot.tensor is not None and self.save_tensors:
+            if slot.tensor not in refs:
+                refs[slot.tensor] = self.session.save(record.name, tensors[slot.tensor])
+            record.tensor = refs[slot.tensor]
+
+    def _note_overflow(self, run: _Run, calls: list[int], rows: list) -> None:
+        if not calls or (self.overflows and self.overflows[-1].step == run.step):
+            return
+        call = run.plan.calls[calls[0]]
+        nan, inf = overflow.nonfinite_counts(run.plan, calls[0], rows)
+        found = overflow.Overflow(
+            step=run.step, name=self._call_name(run, call), node=call.node, graph=f"{run.plan.model}/{run.plan.phase}",
+            source=call.source.source if call.source else None, nan=nan, inf=inf,
+        )  # fmt: skip
+        self.overflows.append(found)
+        overflow.report(found)
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    @property
+    def rank_dir(self) -> Path:
+        return self.session.writer.rank_dir
+
+    def flush(self) -> None:
+        """Write everything captured so far to disk (waits for the writer thread)."""
+        self.session.flush(wait=True)
+
+    def close(self) -> None:
+        """Flush, write the completion marker and stop listening to graphs. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for key in self._sinks:
+            unregister_sink(key)
+        self.session.flush()
+        self.session.writer.close("complete", steps=self.step + 1)
+        atexit.unregister(self.close)
+
+
+class _GraphSink:
+    """Binds one graph's plan to its capture (what :func:`register_sink` keeps)."""
+
+    def __init__(self, capture: GraphCapture, plan: GraphPlan) -> None:
+        self.capture, self.plan = capture, plan
+
+    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+        self.capture.on_graph(self.plan, stats, tensors)
+
+    def on_point(self, point: int, tensors: list[torch.Tensor]) -> None:
+        self.capture.on_point(self.plan, point, tensors)

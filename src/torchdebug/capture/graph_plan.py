@@ -1,0 +1,93 @@
+"""What an instrumented graph will report, decided at compile time and read at every run.
+
+The compile pass (``torchdebug.compile.dump_pass``) describes each dumped node call and slot once;
+:class:`torchdebug.capture.graph.GraphCapture` turns a run's statistics rows and tensors into
+records with these descriptions, adding only what changes per run (step, call index, seq).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx
+
+Key = tuple[str, str, str]
+"""``(phase, module, op)``: what call indices are counted per, as in eager capture."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSource:
+    """Where a node came from in user code."""
+
+    source: str
+    """Innermost user frame, ``file:line in function``."""
+    stack_id: str
+    frames: tuple[str, ...]
+    """User frames, outermost first, formatted as eager stacks are."""
+
+
+@dataclass(slots=True)
+class SlotPlan:
+    """One input or output slot of a dumped call."""
+
+    io: str
+    arg: str
+    kind: str = "tensor"
+    meta: dict[str, Any] | None = None
+    """``dtype``, ``shape``, ``stride``, ``device`` from the node's fake value (symbolic sizes as strings)."""
+    value: Any = None
+    """A non-tensor argument's JSON value."""
+    integral: bool = False
+    stat: int | None = None
+    """Row of this slot's statistics in the graph's statistics matrix."""
+    tensor: int | None = None
+    """Index of this slot's tensor in the tensors the graph hands over (tensor dumps)."""
+    source_node: str | None = None
+    """The node whose value fills the slot (``dump_stage="original"`` reads values by node)."""
+    note: str | None = None
+    """Why the slot has no value (an unused output of a multi-output op), written as ``error``."""
+
+
+@dataclass(slots=True)
+class CallPlan:
+    """One dumped node: its eager-style identity and its slots."""
+
+    node: str
+    key: Key
+    local: int
+    """Index of this call among the graph's calls with the same key, in graph order."""
+    order: int
+    """Position among the graph's op calls (for ``seq``)."""
+    source: CallSource | None
+    fwd: tuple[Key, int] | None
+    """For backward nodes: the forward call (key, local index in the forward graph)."""
+    slots: list[SlotPlan] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PointPlan:
+    """A watcher point: after node ``after`` ran, the outputs of the watched calls."""
+
+    after: str
+    watched: list[tuple[int, str]]
+    """``(index into GraphPlan.calls, output arg)`` for each tensor handed over at this point."""
+
+
+@dataclass(slots=True)
+class GraphPlan:
+    """Everything one instrumented graph reports."""
+
+    model: str
+    """``model__N``: the N-th graph the backend compiled."""
+    phase: str
+    """``forward``, ``backward`` or ``inference`` (the AOT graph kind)."""
+    calls: list[CallPlan]
+    counts: dict[Key, int]
+    """Op calls per key in the whole graph (dumped or not), to keep call indices in step with eager."""
+    n_ops: int
+    points: list[PointPlan] = field(default_factory=list)
+    golden: torch.fx.GraphModule | None = None
+    """``dump_stage="original"``: the graph before the backend's passes, interpreted on the real inputs."""
+    forward_calls: dict[Any, tuple[Key, int]] = field(default_factory=dict)
+    """Forward graphs: ``seq_nr -> (key, local)`` of the first node with that ``seq_nr``."""

@@ -1,0 +1,271 @@
+"""The ``data_dump`` pass: make a compiled graph report the inputs and outputs of selected nodes.
+
+Reads ``node.meta``: ``val`` (dtype, shape, device), ``nn_module_stack`` / ``fwd_nn_module_stack``,
+``seq_nr``, ``partitioner_tag``, ``stack_trace`` and ``custom`` (``torchdebug.scope.data_dump()``
+marks). Writes nothing to existing nodes. After the pass the graph holds, for ``dump_stage``
+``optimized``:
+
+- after each value a dumped slot reads, the nodes of its statistics (``graph_stats``), fused by
+  inductor with the rest of the graph; views and clones reuse the statistics of their input;
+- before the output, ``torchdebug::dump_graph(cat(statistics), [dumped tensors], sink)``: one
+  ``[N, 7]`` tensor per run to the host, and the tensors of a tensor dump (passing them to an extern
+  call is what makes inductor materialise them; nodes not passed keep their fusion);
+- for the watcher scene, ``torchdebug::dump_point([...], sink, i)`` after each watched node and each
+  ``layer`` node.
+
+For ``dump_stage="original"`` the graph only hands its inputs to ``dump_point(..., -1)`` when it
+starts and calls ``dump_graph`` when it ends; the values come from an interpreter over a copy of the
+graph as it was before this pass (``torchdebug.capture.golden``).
+
+Forward nodes that the partitioner recomputes in a backward graph are neither dumped nor counted:
+their values are those the forward graph dumped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from torchdebug.capture.graph import GraphCapture
+from torchdebug.capture.graph_ops import DUMP_GRAPH, DUMP_POINT
+from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan
+from torchdebug.capture.session import dtype_name, iter_slots, json_value
+from torchdebug.compile import graph_stats, node_names
+from torchdebug.compile.debug_dir import current_phase
+from torchdebug.compile.dump_scenes import DumpSettings, safe_model_name
+
+SCOPE_KEY = "torchdebug_data_dump"
+"""The ``node.meta["custom"]`` key ``torchdebug.scope.data_dump()`` sets."""
+
+aten = torch.ops.aten
+
+
+@dataclass
+class ModelContext:
+    """What the passes over the AOT graphs of one Dynamo graph share."""
+
+    name: str
+    rooted: bool | None = None
+    forward_calls: dict[Any, tuple[Key, int]] = field(default_factory=dict)
+
+
+def _meta(value: torch.Tensor) -> dict[str, Any]:
+    def plain(sizes: Any) -> list[Any]:
+        return [s if isinstance(s, int) else str(s) for s in sizes]
+
+    return {"dtype": dtype_name(value.dtype), "shape": plain(value.shape), "stride": plain(value.stride()), "device": str(value.device)}
+
+
+def _integral(value: torch.Tensor) -> bool:
+    return not (value.is_floating_point() or value.is_complex())
+
+
+def _output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | None, Any]]:
+    """``(arg, node holding the value, fake value)`` for each output of ``node``."""
+    value = node.meta.get("val")
+    if not isinstance(value, (tuple, list)):
+        yield "0", node, value
+        return
+    getitems = {user.args[1]: user for user in node.users if user.op == "call_function" and getattr(user.target, "__name__", "") == "getitem"}
+    for index, item in enumerate(value):
+        yield str(index), getitems.get(index), item
+
+
+class DataDumpPass:
+    """One instance per Dynamo graph; called by the pipeline on each of its AOT graphs."""
+
+    def __init__(self, settings: DumpSettings, capture: GraphCapture, model: ModelContext) -> None:
+        self.settings, self.capture, self.model = settings, capture, model
+
+    def uuid(self) -> None:
+        """No cache id: a cached graph would call sinks this process never registered."""
+        return None
+
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        phase = current_phase.get()
+        aot_phase = phase.aot_phase if phase is not None else "forward"
+        graph = gm.graph
+        if self.model.rooted is None:
+            self.model.rooted = node_names.graph_is_rooted(graph)
+        golden = self._copy(gm) if self.settings.stage == "original" else None
+        planner = _Planner(self.settings, self.model, aot_phase, graph)
+        plan = planner.plan(golden)
+        sink = self.capture.add_graph(plan)
+        _Instrumenter(graph, plan, sink, planner).run()
+
+    @staticmethod
+    def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        graph = torch.fx.Graph()
+        graph.output(graph.graph_copy(gm.graph, {}))
+        return torch.fx.GraphModule(gm, graph)
+
+
+class _Planner:
+    """Names every op node and describes the dumped ones (no graph edits)."""
+
+    def __init__(self, settings: DumpSettings, model: ModelContext, aot_phase: str, graph: torch.fx.Graph) -> None:
+        self.settings, self.model, self.aot_phase, self.graph = settings, model, aot_phase, graph
+        layers = set(settings.layers)
+        if settings.models is not None:
+            layers |= settings.models.get(safe_model_name(model.name), set())
+        self.layers = layers
+        self.whole_graph = settings.models is None or safe_model_name(model.name) in settings.models
+        self.stat_rows: dict[torch.fx.Node, int] = {}
+        self.tensor_index: dict[torch.fx.Node, int] = {}
+
+    def _selected(self, node: torch.fx.Node) -> bool:
+        if self.settings.scene == "overflow":
+            return True
+        if self.settings.scene == "watcher":
+            return node.name in self.settings.watched
+        if not self.whole_graph:
+            return False
+        custom = node.meta.get("custom")
+        marked = isinstance(custom, dict) and bool(custom.get(SCOPE_KEY))
+        any_mark = self.layers or self._any_mark
+        return not any_mark or node.name in self.layers or marked
+
+    def plan(self, golden: torch.fx.GraphModule | None) -> GraphPlan:
+        self._any_mark = any(isinstance(n.meta.get("custom"), dict) and n.meta["custom"].get(SCOPE_KEY) for n in self.graph.nodes)
+        counts: dict[Key, int] = {}
+        calls: list[CallPlan] = []
+        forward_calls: dict[Any, tuple[Key, int]] = {}
+        order = 0
+        for node in self.graph.nodes:
+            op = node_names.op_name(node)
+            if op is None:
+                continue
+            backward = node_names.is_backward_node(node, self.aot_phase)
+            if self.aot_phase == "backward" and not backward:
+                continue  # recomputed forward node (see the module docstring)
+            key = ("backward" if backward else "forward", node_names.module_of(node, backward, bool(self.model.rooted)), op)
+            local = counts.get(key, 0)
+            counts[key] = local + 1
+            seq_nr = node.meta.get("seq_nr")
+            if not backward and seq_nr is not None:
+                forward_calls.setdefault(seq_nr, (key, local))
+            if self._selected(node):
+                fwd = self.model.forward_calls.get(seq_nr) if backward else None
+                call = CallPlan(node.name, key, local, order, node_names.source_of(node), fwd)
+                call.slots = list(self._slots(node, golden is not None))
+                calls.append(call)
+            order += 1
+        if self.aot_phase != "backward":
+            self.model.forward_calls.update(forward_calls)
+        plan = GraphPlan(self.model.name, self.aot_phase, calls, counts, order, golden=golden)
+        plan.points = self._points(calls) if self.settings.scene == "watcher" else []
+        self.stat_nodes = sorted(self.stat_rows, key=self.stat_rows.get)
+        self.tensor_nodes = sorted(self.tensor_index, key=self.tensor_index.get)
+        return plan
+
+    def _slots(self, node: torch.fx.Node, golden: bool) -> Iterator[SlotPlan]:
+        mode = self.settings.mode
+        if mode in ("all", "input") and self.settings.scene != "watcher":
+            values: dict[int, torch.fx.Node] = {}
+
+            def fake(arg: torch.fx.Node) -> Any:
+                value = arg.meta.get("val")
+                values[id(value)] = arg
+                return value
+
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), fake)
+            for arg, value in iter_slots(args, kwargs):
+                yield self._slot("input", arg, values.get(id(value)) if isinstance(value, torch.Tensor) else None, value, golden)
+        if mode in ("all", "output"):
+            for arg, holder, value in _output_nodes(node):
+                slot = self._slot("output", arg, holder, value, golden)
+                if holder is None and isinstance(value, torch.Tensor):
+                    slot.note = "output not used by the graph, so never materialised"
+                yield slot
+
+    def _slot(self, io: str, arg: str, holder: torch.fx.Node | None, value: Any, golden: bool) -> SlotPlan:
+        if not isinstance(value, torch.Tensor):
+            return SlotPlan(io, arg, kind="value", value=json_value(value))
+        slot = SlotPlan(io, arg, meta=_meta(value), integral=_integral(value))
+        if holder is None or golden:
+            slot.source_node = holder.name if holder is not None else None
+            return slot
+        slot.stat = self._stat_row(holder)
+        if self.settings.data == "tensor" and self.settings.scene == "model":
+            slot.tensor = self.tensor_index.setdefault(holder, len(self.tensor_index))
+        return slot
+
+    def _stat_row(self, node: torch.fx.Node) -> int:
+        source = node
+        while (
+            source.op == "call_function" and getattr(source.target, "overloadpacket", None) in graph_stats.SAME_ELEMENTS
+            and isinstance(source.args[0], torch.fx.Node) and isinstance(source.args[0].meta.get("val"), torch.Tensor)
+            and source.args[0].meta["val"].numel() == source.meta["val"].numel()
+            and source.args[0].meta["val"].dtype == source.meta["val"].dtype
+        ):  # fmt: skip
+            source = source.args[0]
+        return self.stat_rows.setdefault(source, len(self.stat_rows))
+
+    def _points(self, calls: list[CallPlan]) -> list[PointPlan]:
+        """A point after each watched node (its reference values) and after each later ``layer`` node."""
+        by_name = {call.node: index for index, call in enumerate(calls)}
+        points, seen = [], []
+        for node in self.graph.nodes:
+            if node.name in by_name:
+                seen.append(by_name[node.name])
+                points.append(PointPlan(node.name, [(by_name[node.name], "0")]))
+            elif seen and node.op == "call_function" and node_names.op_name(node) is not None and (
+                not self.settings.watched_after or node.name in self.settings.watched_after
+            ):
+                points.append(PointPlan(node.name, [(index, "0") for index in seen]))
+        return points
+
+
+class _Instrumenter:
+    """Inserts the statistics nodes and the dump ops a plan needs."""
+
+    def __init__(self, graph: torch.fx.Graph, plan: GraphPlan, sink: int, planner: _Planner) -> None:
+        self.graph, self.plan, self.sink = graph, plan, sink
+        self.stat_nodes, self.tensor_nodes = planner.stat_nodes, planner.tensor_nodes
+
+    def run(self) -> None:
+        graph, plan = self.graph, self.plan
+        before = set(graph.nodes)
+        placeholders = list(graph.find_nodes(op="placeholder"))
+        after_inputs = placeholders[-1].next if placeholders else next(iter(graph.nodes))
+        if plan.golden is not None:
+            inputs = [n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)]
+            with graph.inserting_before(after_inputs):
+                graph.call_function(DUMP_POINT, (inputs, self.sink, -1))
+        stats = [
+            graph_stats.insert_stats(graph, node, after_inputs if node.op == "placeholder" else node.next)
+            for node in self.stat_nodes
+        ]
+        with graph.inserting_before(graph.find_nodes(op="output")[0]):
+            if stats:  # one flat vector of 7 * N values (inductor lowers cat, not stack)
+                matrix = graph.call_function(aten.cat.default, (stats,))
+            else:
+                matrix = graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})
+            graph.call_function(DUMP_GRAPH, (matrix, list(self.tensor_nodes), self.sink))
+        self._insert_points()
+        graph_stats.propagate_fake_values(graph, [n for n in graph.nodes if n not in before])
+
+    def _insert_points(self) -> None:
+        """``dump_point`` after each watcher point's node, fed its output (ordering) and the watched outputs."""
+        nodes = {n.name: n for n in self.graph.nodes}
+
+        def first_output(name: str) -> torch.fx.Node:
+            return next(holder for _, holder, _ in _output_nodes(nodes[name]) if holder is not None)
+
+        for index, point in enumerate(self.plan.points):
+            watched = [first_output(self.plan.calls[i].node) for i, _ in point.watched]
+            node = nodes[point.after]
+            outputs = [h for _, h, v in _output_nodes(node) if h is not None and isinstance(v, torch.Tensor)]
+            own = [] if node.name == self.plan.calls[point.watched[0][0]].node else outputs[:1]
+            last = max([node, *outputs], key=lambda n: self._position(n))
+            with self.graph.inserting_after(last):
+                self.graph.call_function(DUMP_POINT, (own + watched, self.sink, index))
+
+    def _position(self, node: torch.fx.Node) -> int:
+        if not hasattr(self, "_positions"):
+            self._positions = {n: i for i, n in enumerate(self.graph.nodes)}
+        return self._positions[node]

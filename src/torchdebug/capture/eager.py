@@ -9,10 +9,12 @@ Phases: an op runs in ``backward`` when the autograd engine is executing a node
 (see ``_autograd_node``), in ``optimizer`` between an optimizer's step pre- and
 post-hooks, else in ``forward``. A backward op is attributed to the module, source line and call
 of the forward op that created its autograd node, found through the node's sequence number.
+Collectives (``c10d`` ops) record their outputs once their work completes (``collectives.py``).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,6 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchdebug.capture._autograd_node import current_autograd_node, next_sequence_nr
+from torchdebug.capture.collectives import PendingCollectives, split_result, waited_by_caller
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.session import CaptureSession, iter_slots
@@ -80,6 +83,7 @@ class OpCapture:
         self._calls: dict[tuple[str, str, str], int] = {}
         self._forward: dict[int, _ForwardInfo] = {}
         self._in_optimizer = 0
+        self._collectives = PendingCollectives()
         self._mode: _DumpMode | None = None
         self._handles: list[Any] = []
 
@@ -93,6 +97,7 @@ class OpCapture:
         self._mode.__enter__()
 
     def stop(self) -> None:
+        self._collectives.finish()
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
@@ -166,6 +171,8 @@ class OpCapture:
             if selected:
                 self.session.add_stack(stack_id, frames)
 
+        if self._collectives:
+            self._collectives.capture_completed()
         if not selected:
             return func(*args, **kwargs)
         session = self.session
@@ -178,6 +185,12 @@ class OpCapture:
         if "input" in self.ios:
             session.add_call(iter_slots(args, kwargs), io="input", **common)
         out = func(*args, **kwargs)
+        if func.namespace == "c10d":
+            works, outputs = split_result(op, args, out)
+            if "output" in self.ios:
+                waited = waited_by_caller(func, args, kwargs)
+                self._collectives.add(works, waited, outputs, partial(session.add_call, io="output", mutated=True, **common))
+            return out
         alias = self._alias_source(func, op, args, out)
         if alias is not None:
             session.share_alias(out, *alias)

@@ -1,0 +1,116 @@
+"""Collectives (``c10d`` ops) complete after they are dispatched: capture their outputs then.
+
+``dist.all_reduce(x)`` dispatches ``c10d.allreduce_`` which only *starts* the work; the reduced
+values exist once the returned ``Work`` completes (the wrapper waits for it, or the user does with
+``async_op=True``). So the inputs of a collective are captured when it is dispatched, its outputs
+the first time torchdebug looks after the work has completed: before the next op is captured, or when
+capture stops (which waits for collectives still in flight). Outputs are the tensors the op returns, or its first argument for ``recv``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchdebug.capture.session import Slot, iter_slots
+
+Work = dist.Work if dist.is_available() else None
+
+_RECEIVE_INTO_ARGUMENT = frozenset({"c10d.recv_.default", "c10d.recv_any_source_.default"})
+
+
+def _as_work(value: Any) -> Any:
+    """The ``Work`` boxed in a c10d op's result, or ``None`` for other values."""
+    if isinstance(value, torch.ScriptObject):
+        try:
+            return Work.unbox(value)
+        except RuntimeError:  # a boxed object of another class
+            return None
+    return None
+
+
+def split_result(op: str, args: tuple, result: Any) -> tuple[list[Any], list[Any]]:
+    """``(works, outputs)`` of a c10d op's result."""
+    items = list(result) if isinstance(result, (tuple, list)) else [result]
+    works = [work for work in map(_as_work, items) if work is not None]
+    outputs = [item for item in items if not isinstance(item, torch.ScriptObject)]
+    if op in _RECEIVE_INTO_ARGUMENT and args:
+        outputs = [args[0]]
+    return works, outputs
+
+
+_DISTRIBUTED_DIR = os.path.dirname(dist.__file__) + os.sep
+
+
+def _inside_torch_distributed(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_DISTRIBUTED_DIR):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def waited_by_caller(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether the ``torch.distributed`` wrapper waits for this op right after dispatching it
+    (``async_op=False``): then it is complete by the time any later op is dispatched. Gloo's
+    ``reduce_scatter`` work never reports itself completed, so this is checked first."""
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.name == "async_op":
+            value = kwargs.get("async_op", args[index] if index < len(args) else argument.default_value)
+            return value is False
+    return False
+
+
+class PendingCollectives:
+    """Collectives whose outputs wait for their work to complete."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[list[Any], bool, list[Any], Callable[[Iterator[Slot]], None]]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def add(self, works: list[Any], waited: bool, outputs: list[Any], capture_outputs: Callable[[Iterator[Slot]], None]) -> None:
+        """Capture ``outputs`` with ``capture_outputs(slots)`` once the works are complete
+        (``waited``: the caller waits for them before dispatching anything else)."""
+        if not works:
+            capture_outputs(iter_slots(outputs))
+        else:
+            self._pending.append((works, waited, outputs, capture_outputs))
+
+    def capture_completed(self) -> None:
+        """Capture the outputs of every collective whose work has completed.
+
+        Does nothing while torch.distributed itself is running ops (gloo finishes some
+        collectives inside ``wait()`` with ``split``/``copy_``): the values are not final yet.
+        """
+        if _inside_torch_distributed(sys._getframe(1)):
+            return
+        still = []
+        pending, self._pending = self._pending, []
+        for entry in pending:
+            works, waited, outputs, capture_outputs = entry
+            if waited or all(work.is_completed() for work in works):
+                capture_outputs(iter_slots(outputs))
+            else:
+                still.append(entry)
+        self._pending = still + self._pending
+
+    def finish(self) -> None:
+        """Wait for the collectives still in flight (capture is stopping) and capture them.
+
+        Every rank issued them, so they complete; for NCCL, ``wait`` orders the current stream
+        after the collective, so the statistics taken next see the final values.
+        """
+        pending, self._pending = self._pending, []  # wait() may dispatch ops that look at the list
+        for works, _, outputs, capture_outputs in pending:
+            for work in works:
+                if not work.is_completed():  # gloo hangs in a second wait of a send/recv
+                    work.wait()
+            capture_outputs(iter_slots(outputs))

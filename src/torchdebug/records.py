@@ -115,9 +115,10 @@ class Record:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
         """Build a record from a dict written by :meth:`to_json`; unknown keys go to ``extra``."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
-        unknown = {k: v for k, v in data.items() if k not in known}
+        if data.keys() <= _FIELD_SET:
+            return cls(**data)
+        kwargs = {k: v for k, v in data.items() if k in _FIELD_SET}
+        unknown = {k: v for k, v in data.items() if k not in _FIELD_SET}
         if unknown:
             kwargs.setdefault("extra", {})
             kwargs["extra"] = {**kwargs["extra"], **unknown}
@@ -130,3 +131,4 @@ class Record:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Record))
+_FIELD_SET = frozenset(_FIELD_NAMES)

@@ -196,3 +196,9 @@ def test_cuda_tensors_are_saved_and_described_without_a_sync_per_op(tmp_path):
     assert torch.equal(saved, x.exp().cpu())
     assert exp_out.stats["max"] == pytest.approx(x.exp().max().item())
     assert exp_out.device == "cuda:0"
+
+
+def test_gradient_accumulation_ops_are_named_after_the_parameter(tmp_path, tiny):
+    records = _records(tmp_path, lambda: tiny(torch.randn(2, 4)).sum().backward(), model=tiny)
+    modules = {r.module for r in records if r.phase == "backward" and r.op == "aten.detach.default"}
+    assert {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"} <= modules

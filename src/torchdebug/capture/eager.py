@@ -9,7 +9,8 @@ Phases: an op runs in ``backward`` when the autograd engine is executing a node
 (see ``_autograd_node``), in ``optimizer`` between an optimizer's step pre- and
 post-hooks, else in ``forward``. A backward op is attributed to the module, source line and call
 of the forward op that created its autograd node, found through the node's sequence number.
-Collectives (``c10d`` ops) record their outputs once their work completes (``collectives.py``).
+Ops of ``AccumulateGrad`` nodes take the parameter's path (``layers.0.fc.weight``) as module, so
+their names do not depend on the order in which gradients arrive. Collectives (``c10d`` ops) record their outputs once their work completes (``collectives.py``).
 """
 
 from __future__ import annotations
@@ -148,8 +149,10 @@ class OpCapture:
             info = self._forward.get(node._sequence_nr())
             if info is not None:
                 module, fwd, captured = info
-            else:
-                module = NO_MODULE
+            else:  # gradient accumulation into a parameter is named after the parameter
+                variable = getattr(node, "variable", None)
+                path = self.tracker.parameter_path(variable) if variable is not None else None
+                module = path or NO_MODULE
         else:
             phase = "optimizer" if self._in_optimizer else "forward"
             module = self.tracker.current() if phase == "forward" else NO_MODULE

@@ -31,6 +31,7 @@ class ModuleTracker:
 
     def __init__(self, model: nn.Module | None = None) -> None:
         self._names: dict[int, str] = {}
+        self._params: dict[int, tuple[str, nn.Parameter]] = {}
         self._model_adopted = model is not None
         if model is not None:
             self._adopt(model, "")
@@ -42,6 +43,13 @@ class ModuleTracker:
         for name, module in root.named_modules(remove_duplicate=False):
             path = f"{prefix}.{name}" if prefix and name else (name or prefix or ROOT_MODULE)
             self._names.setdefault(id(module), path)
+        for name, param in root.named_parameters():
+            self._params.setdefault(id(param), (f"{prefix}.{name}" if prefix else name, param))
+
+    def parameter_path(self, tensor: torch.Tensor) -> str | None:
+        """The path of a parameter of a tracked module (``layers.0.fc.weight``), else ``None``."""
+        found = self._params.get(id(tensor))
+        return found[0] if found is not None and found[1] is tensor else None
 
     def name_of(self, module: nn.Module) -> str:
         module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule wrapper

@@ -1,15 +1,18 @@
-"""The torchdebug demo: dump one training step of a small GPT and show what was captured.
+"""The torchdebug demo: dump a small GPT in fp32 and in bf16 autocast, then compare them.
 
     make demo            # or: python examples/demo.py [--out demo_out]
 
-Writes ``demo_out/`` (a new run folder each time) and prints where the records are, how many
-there are per phase, and a few of them with statistics and source lines.
+Writes ``demo_out/{fp32,bf16,bf16_bug}`` (a new run folder each time) and two HTML reports; prints
+what was captured, a few records with statistics and source lines, the comparison of the healthy
+bf16 run (rounding only, no error) and of a bf16 run with a planted 10% bug, whose first divergent
+op and source line compare names.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
 from pathlib import Path
 
@@ -21,39 +24,68 @@ from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 from torchdebug.cli.show import format_record  # noqa: E402
 
 
-def dump_step(out: Path, task: str) -> Path:
-    """One training step of the GPT example dumped with ``task``; returns the run folder."""
+def planted_bug(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    """A forward hook that makes one layer's output 10% too large: the bug compare must find."""
+    return output * 1.1
+
+
+def dump_step(out: Path, *, bf16: bool, bug: bool = False) -> Path:
+    """One training step of the GPT example, dumped with statistics; returns the run folder."""
     torchdebug.seed_all(1234)
     config = GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=128)
     model = GPT(config)
+    if bug:
+        model.layers[2].mlp.fc.register_forward_hook(planted_bug)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = make_batch(config, batch=8)
-    with torchdebug.dump(out, model=model, task=task) as debugger:
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with torchdebug.dump(out, model=model, task="statistics") as debugger, autocast:
         loss = train_step(model, optimizer, batch)
-    print(f"loss {loss.item():.4f}; dumped to {debugger.run_dir}")
+    label = ("bf16" if bf16 else "fp32") + (" with a planted bug" if bug else "")
+    print(f"{label}: loss {loss.item():.4f}, dumped to {debugger.run_dir}")
     return debugger.run_dir
+
+
+def show_some(run_dir: Path) -> None:
+    dump = torchdebug.load(run_dir).ranks[0]
+    records = dump.records()
+    phases = collections.Counter(r.phase for r in records)
+    calls = {r.call_name for r in records}
+    print(f"{len(records)} records from {len(calls)} op calls: " + ", ".join(f"{n} {p}" for p, n in phases.items()))
+    print("\nTwo of them (more with: torchdebug show DUMP --name PATTERN):\n")
+    for prefix in ("forward/layers.0.attn.qkv/", "backward/layers.0.attn.qkv/"):
+        record = next(r for r in records if r.name.startswith(prefix) and r.io == "output" and r.op in ("aten.addmm.default", "aten.mm.default"))
+        print(format_record(record, dump))
+        print()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="demo_out", help="dump path (default: demo_out)")
+    parser.add_argument("--out", default="demo_out", help="output folder (default: demo_out)")
     args = parser.parse_args()
-    run_dir = dump_step(Path(args.out) / "fp32", task="statistics")
+    out = Path(args.out)
+    fp32 = dump_step(out / "fp32", bf16=False)
+    bf16 = dump_step(out / "bf16", bf16=True)
+    print()
+    show_some(fp32)
 
-    run = torchdebug.load(run_dir)
-    dump = run.ranks[0]
-    records = dump.records()
-    phases = collections.Counter(r.phase for r in records)
-    ops = {r.call_name for r in records}
-    print(f"{len(records)} records from {len(ops)} op calls: " + ", ".join(f"{n} {p}" for p, n in phases.items()))
-    print("\nA few of them (also: torchdebug show DUMP --name PATTERN):\n")
-    wanted = ("forward/layers.0.attn.qkv/", "backward/layers.0.attn.qkv/")
-    for prefix in wanted:
-        record = next(r for r in records if r.name.startswith(prefix) and r.io == "output" and r.op in ("aten.addmm.default", "aten.mm.default"))
-        print(format_record(record, dump))
-        print()
-    print(f"Try: torchdebug show {run_dir} --name 're:layers\\.0\\.mlp.*output'")
+    print("Comparing bf16 (A) against fp32 (B): a healthy model shows bf16 rounding, no error\n")
+    result = torchdebug.compare(bf16, fp32)
+    print(result.summary())
+    report = result.to_html(out / "compare.html")
+    print(f"HTML report: {report}\n")
 
+    buggy = dump_step(out / "bf16_bug", bf16=True, bug=True)
+    print("\nComparing the bf16 run with a planted bug (A) against fp32 (B):\n")
+    result = torchdebug.compare(buggy, fp32)
+    print(result.summary())
+    row = result.first_divergence
+    if row is not None:
+        print("\nstack of the first divergence (most recent call last):")
+        print("\n".join(f"  {frame}" for frame in result.stack(row)))
+    report = result.to_html(out / "compare_bug.html")
+    print(f"\nHTML report: {report}")
+    print(f"Same from the shell: torchdebug compare {buggy} {fp32} -o {out / 'compare_bug'} --format csv,json,html")
 
 if __name__ == "__main__":
     main()

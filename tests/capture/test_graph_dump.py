@@ -12,6 +12,7 @@ import torch._dynamo
 from torch import nn
 
 import torchdebug
+import torchdebug.store.reader
 from torchdebug.capture.watcher import find_overwrites
 from torchdebug.compile import CompilerConfig, get_backend
 
@@ -41,9 +42,13 @@ def _backend(tmp_path: Path, mode: str = "max-autotune", **options: object):
     return get_backend(config)
 
 
-def _records(backend) -> list[torchdebug.Record]:
+def _run(backend) -> torchdebug.store.reader.RankDump:
     backend.data_dump.close()
-    return torchdebug.load(backend.data_dump.run_dir).ranks[0].records()
+    return torchdebug.load(backend.data_dump.run_dir).ranks[0]
+
+
+def _records(backend) -> list[torchdebug.Record]:
+    return _run(backend).records()
 
 
 def _train(backend, steps: int = 1) -> Net:
@@ -56,7 +61,6 @@ def _train(backend, steps: int = 1) -> Net:
 
 
 def test_graph_records_are_named_like_eager_records(tmp_path: Path) -> None:
-    records = _records(_trained := _backend(tmp_path, dump_data="stats")) if False else None  # noqa: F841
     backend = _backend(tmp_path, dump_data="stats")
     _train(backend)
     records = _records(backend)
@@ -75,7 +79,7 @@ def test_graph_records_are_named_like_eager_records(tmp_path: Path) -> None:
 def test_dumped_values_equal_an_eager_recomputation_forward_and_backward(tmp_path: Path) -> None:
     backend = _backend(tmp_path)
     net = _train(backend)
-    run = torchdebug.load((_records(backend), backend.data_dump.run_dir)[1]).ranks[0]
+    run = _run(backend)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
     by_name = {r.name: r for r in run.records()}
     linear = run.load_tensor(by_name["forward/fc/aten.addmm.default#0/output.0"])
@@ -173,7 +177,7 @@ def test_watcher_catches_a_buffer_overwritten_after_it_was_produced(tmp_path: Pa
 def test_original_stage_interprets_the_graph_before_the_passes(tmp_path: Path) -> None:
     backend = _backend(tmp_path, dump_stage="original")
     net = _train(backend)
-    run = torchdebug.load((_records(backend), backend.data_dump.run_dir)[1]).ranks[0]
+    run = _run(backend)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
     record = next(r for r in run.records() if r.name == "forward/fc/aten.addmm.default#0/output.0")
     torch.testing.assert_close(run.load_tensor(record), net.fc(x).detach())

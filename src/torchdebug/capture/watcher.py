@@ -25,7 +25,7 @@ class Overwrite:
     name: str
     """Slot name of the watched output."""
     before: str
-    """The node after which the output still had its produced values."""
+    """The last node after which the output still had its produced values."""
     after: str
     """The first node after which it had changed."""
 
@@ -36,6 +36,7 @@ class Overwrite:
 def find_overwrites(records: Iterable[Record]) -> list[Overwrite]:
     """The first change of each watched output in each step, in the order the records were written."""
     first: dict[tuple[int, str], Record] = {}
+    unchanged_after: dict[tuple[int, str], str] = {}
     found: dict[tuple[int, str], Overwrite] = {}
     for record in records:
         after = record.extra.get("after") if record.extra else None
@@ -43,11 +44,13 @@ def find_overwrites(records: Iterable[Record]) -> list[Overwrite]:
             continue
         key = (record.step, record.name)
         if key not in first:
-            first[key] = record
+            first[key], unchanged_after[key] = record, after
             continue
         if key in found:
             continue
         reference = first[key].stats or {}
         if any(reference.get(k) != record.stats.get(k) for k in _COMPARED):
-            found[key] = Overwrite(record.step, record.name, first[key].extra["after"], after)
+            found[key] = Overwrite(record.step, record.name, unchanged_after[key], after)
+        else:
+            unchanged_after[key] = after
     return list(found.values())

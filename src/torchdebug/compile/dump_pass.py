@@ -252,6 +252,7 @@ class _Instrumenter:
     def _insert_points(self) -> None:
         """``dump_point`` after each watcher point's node, fed its output (ordering) and the watched outputs."""
         nodes = {n.name: n for n in self.graph.nodes}
+        positions = {n: i for i, n in enumerate(self.graph.nodes)}
 
         def first_output(name: str) -> torch.fx.Node:
             return next(holder for _, holder, _ in _output_nodes(nodes[name]) if holder is not None)
@@ -261,11 +262,6 @@ class _Instrumenter:
             node = nodes[point.after]
             outputs = [h for _, h, v in _output_nodes(node) if h is not None and isinstance(v, torch.Tensor)]
             own = [] if node.name == self.plan.calls[point.watched[0][0]].node else outputs[:1]
-            last = max([node, *outputs], key=lambda n: self._position(n))
+            last = max([node, *outputs], key=positions.__getitem__)
             with self.graph.inserting_after(last):
                 self.graph.call_function(DUMP_POINT, (own + watched, self.sink, index))
-
-    def _position(self, node: torch.fx.Node) -> int:
-        if not hasattr(self, "_positions"):
-            self._positions = {n: i for i, n in enumerate(self.graph.nodes)}
-        return self._positions[node]

@@ -1,0 +1,73 @@
+"""Step time of the compiled GPT training step with a statistics dump of every node vs without.
+
+    python bench/graph_dump.py [--steps 10] [--n-layer 1] [--d-model 256]
+
+One process, two compiled copies of the same model (inductor through the torchdebug backend; one
+with ``dump_config.enable_dump`` and ``dump_data="stats"``, every node selected). After two untimed
+warm-up steps each, the arms alternate step by step (ABBA) and the median step time of each is
+reported with their ratio (target: at most 1.15). A step is forward, backward and AdamW.
+Compile times are printed too: every dumped value gets its own statistics kernel to build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
+from torchdebug.compile import CompilerConfig, get_backend  # noqa: E402
+
+
+def _arm(config: GPTConfig, dump: bool) -> tuple[object, torch.nn.Module, torch.optim.Optimizer, float]:
+    torch.manual_seed(0)
+    model = GPT(config)
+    options = CompilerConfig()
+    if dump:
+        options.dump_config.enable_dump = True
+        options.dump_config.dump_path = tempfile.mkdtemp(prefix="torchdebug_graph_dump_")
+        options.dump_config.dump_data = "stats"
+    backend = get_backend(options)
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    start = time.perf_counter()
+    for seed in range(2):
+        train_step(compiled, optimizer, make_batch(config, seed=seed))
+    return backend, compiled, optimizer, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--n-layer", type=int, default=1)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=128)
+    args = parser.parse_args()
+    config = GPTConfig(n_layer=args.n_layer, d_model=args.d_model, n_head=4, seq_len=args.seq_len, vocab=512)
+    arms = {"plain": _arm(config, False), "dump": _arm(config, True)}
+    times: dict[str, list[float]] = {"plain": [], "dump": []}
+    for step in range(args.steps):
+        order = ("plain", "dump", "dump", "plain")[step % 2 * 2 :][:2]
+        for name in order:
+            _, compiled, optimizer, _ = arms[name]
+            batch = make_batch(config, seed=step)
+            start = time.perf_counter()
+            train_step(compiled, optimizer, batch)
+            times[name].append(time.perf_counter() - start)
+    backend = arms["dump"][0]
+    backend.data_dump.close()
+    records = sum(1 for _ in open(backend.data_dump.rank_dir / "records.jsonl"))
+    plain, dump = statistics.median(times["plain"]), statistics.median(times["dump"])
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GPT n_layer={args.n_layer} d_model={args.d_model} seq_len={args.seq_len}")
+    print(f"compile + 2 warm-up steps: plain {arms['plain'][3]:.1f} s, dump {arms['dump'][3]:.1f} s")
+    print(f"median step: plain {plain * 1e3:.1f} ms, dump {dump * 1e3:.1f} ms, ratio {dump / plain:.3f} ({records} records written)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""An eager dump and a compiled dump of the GPT example line up and agree (issue 5, item 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+
+import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch
+from torchdebug.compile import CompilerConfig, get_backend
+
+CONFIG = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64)
+
+
+@pytest.mark.slow  # about 100 s on 2 cores: inductor compiles a statistics kernel per dumped value
+def test_eager_and_compiled_dumps_of_gpt_compare_as_all_pass(tmp_path: Path) -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
+        model(*make_batch(CONFIG)).backward()
+    model.zero_grad()
+    config = CompilerConfig()
+    config.dump_config.enable_dump = True
+    (tmp_path / "compiled").mkdir()
+    config.dump_config.dump_path = str(tmp_path / "compiled")
+    config.dump_config.dump_data = "stats"
+    backend = get_backend(config)
+    torch.compile(model, backend=backend)(*make_batch(CONFIG)).backward()
+    backend.data_dump.close()
+
+    result = torchdebug.compare(tmp_path / "compiled", tmp_path / "eager")
+    counts = result.counts()
+    assert counts["error"] == 0 and counts["warning"] == 0, result.summary()
+    assert counts["pass"] >= 100, result.summary()
+    passed = {row.name for row in result.rows if row.verdict == "pass"}
+    for name in (
+        "forward/layers.0.attn.qkv/aten.addmm.default#0/output.0",
+        "forward/layers.0.attn/aten.bmm.default#0/output.0",
+        "forward/tok/aten.embedding.default#0/output.0",
+        "backward/layers.0.mlp.fc/aten.mm.default#0/output.0",
+    ):
+        assert name in passed, name
+    assert result.first_divergence is None
+    torch._dynamo.reset()

@@ -35,3 +35,42 @@ def test_two_gloo_ranks_write_two_rank_folders_of_one_run(tmp_path):
         assert dump.manifest["world_size"] == 2 and dump.manifest["rank"] == rank
         assert all(r.rank == rank for r in dump.records())
         assert any(r.op == "aten.addmm.default" for r in dump.records())
+
+
+def test_torchrun_ranks_without_a_process_group_share_the_run_named_after_the_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job42")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    run_dirs = []
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        with torchdebug.dump(tmp_path) as debugger:
+            torch.ones(2).exp()
+        run_dirs.append(debugger.run_dir)
+    assert run_dirs[0] == run_dirs[1] and run_dirs[0].name == "torchrun-job42-restart1"
+    assert sorted(torchdebug.load(tmp_path).ranks) == [0, 1]
+
+
+def _dying_worker(rank: int, init_file: str, dump_path: str) -> None:
+    import os
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    debugger = torchdebug.Debugger(dump_path)
+    debugger.start()
+    torch.ones(3).exp()
+    debugger.stop()
+    debugger.step()
+    if rank == 1:
+        os._exit(3)  # dies without closing: no completion marker
+    debugger.close()
+    dist.destroy_process_group()
+
+
+def test_a_rank_that_dies_leaves_a_readable_partial_folder(tmp_path):
+    import pytest
+
+    with pytest.raises(Exception, match="exit code 3"):
+        mp.spawn(_dying_worker, args=(str(tmp_path / "init"), str(tmp_path / "dump")), nprocs=2, join=True)
+    run = torchdebug.load(tmp_path / "dump")
+    assert run.partial_ranks == [1]
+    assert any(r.op == "aten.exp.default" for r in run.ranks[1].records())

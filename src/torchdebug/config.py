@@ -59,6 +59,32 @@ def parse_index_set(key: str, value: Any) -> frozenset[int] | None:
     return frozenset(out)
 
 
+def read_mapping_file(path: str | Path, key: str) -> dict[str, Any]:
+    """The mapping in a JSON or YAML (``.yaml``/``.yml``, needs pyyaml) file; errors name ``key``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"{key}: cannot read {path} ({error.strerror})") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml  # optional dependency, only for YAML files
+        except ImportError:
+            raise ConfigError(f"{key}: {path} is YAML; install pyyaml (pip install pyyaml) or use JSON") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{key}: {path} is not valid YAML ({error})") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{key}: {path} is not valid JSON ({error.msg} at line {error.lineno})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key}: {path} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         expected = ", ".join(repr(a) for a in allowed)
@@ -88,7 +114,7 @@ def _doc(text: str, **schema: Any) -> dict[str, Any]:
 
 @dataclass(kw_only=True, slots=True)
 class DebuggerConfig:
-    """What an eager dump captures and where it writes. See ``docs/config.md`` for examples."""
+    """What an eager dump captures and where it writes (README "Options"; ``torchdebug config schema``)."""
 
     dump_path: str = field(default="./dump", metadata=_doc("Folder of the dump; each run gets a new subfolder.", type="string"))
     task: str = field(
@@ -209,27 +235,7 @@ class DebuggerConfig:
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> DebuggerConfig:
         """Load a JSON or YAML (``.yaml``/``.yml``, needs pyyaml) file; ``overrides`` win."""
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise ConfigError(f"config: cannot read {path} ({error.strerror})") from None
-        if path.suffix in (".yaml", ".yml"):
-            try:
-                import yaml  # optional dependency, only for YAML configs
-            except ImportError:
-                raise ConfigError(f"config: {path} is YAML; install pyyaml or use JSON") from None
-            try:
-                data = yaml.safe_load(text) or {}
-            except yaml.YAMLError as error:
-                raise ConfigError(f"config: {path} is not valid YAML ({error})") from None
-        else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"config: {path} is not valid JSON ({error.msg} at line {error.lineno})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config: {path} must hold a mapping of option names to values")
+        data = read_mapping_file(path, "config")
         return cls.from_dict({**data, **overrides})
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""The stage ladder: uncompiled, eager, aot_eager, aot_eager_decomp_partition, the user's backend.
+
+``uncompiled`` is the program as written; each later stage compiles a fresh copy of the program with one more piece of the compiler than the stage
+before (Dynamo, then AOT autograd, then inductor's decompositions and partitioner, then code
+generation), as in PyTorch's troubleshooting guide. The first stage that raises, or whose outputs or
+gradients fail :func:`torchdebug.diagnose.accuracy.check` against the fp64 eager reference, is where
+the problem is; the stages before it clear everything they contain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE, Check, check
+from torchdebug.diagnose.program import Program, Run
+
+DEBUG_STAGES = ("eager", "aot_eager", "aot_eager_decomp_partition")
+
+
+@dataclass(slots=True)
+class Stage:
+    """One rung: a label and what ``torch.compile`` gets (``None`` backend means plain eager)."""
+
+    label: str
+    backend: str | Callable[..., Any] | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StageResult:
+    """How one stage did: its run, the verdict on each value, and its wall time."""
+
+    stage: Stage
+    run: Run
+    checks: list[Check]
+    seconds: float
+
+    @property
+    def failed(self) -> bool:
+        return self.run.error is not None or any(not c.passed for c in self.checks)
+
+    @property
+    def kind(self) -> str:
+        """``"exception"``, ``"accuracy"`` or ``"ok"``."""
+        return "exception" if self.run.error is not None else "accuracy" if self.failed else "ok"
+
+
+def backend_label(backend: str | Callable[..., Any]) -> str:
+    """``"inductor"`` for names, the function or class name for callables."""
+    if isinstance(backend, str):
+        return backend
+    return getattr(backend, "__name__", None) or type(backend).__name__
+
+
+def ladder(backend: str | Callable[..., Any] | None, mode: str | None = None) -> list[Stage]:
+    """The stages up to the user's backend (inductor by default, ``reduce-overhead`` on CUDA)."""
+    stages = [Stage("uncompiled", None), *(Stage(name, name) for name in DEBUG_STAGES)]
+    target = backend if backend is not None else "inductor"
+    options = {"mode": mode} if mode is not None else {}
+    if isinstance(target, str) and target in DEBUG_STAGES and not options:
+        return stages[: 2 + DEBUG_STAGES.index(target)]
+    return [*stages, Stage(backend_label(target) + (f" ({mode})" if mode else ""), target, options)]
+
+
+def default_mode(inputs: tuple[Any, ...], backend: Any) -> str | None:
+    """``reduce-overhead`` (CUDA graphs) when inductor runs on CUDA inputs, else inductor's default."""
+    on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+    return "reduce-overhead" if backend is None and on_cuda else None
+
+
+def run_stage(program: Program, stage: Stage) -> Run:
+    """Run the program once under ``stage`` (Dynamo state reset first, so nothing is reused)."""
+    torch.compiler.reset()
+    fn, inputs = program.instance()
+    params = fn if isinstance(fn, nn.Module) else None
+    if stage.backend is not None:
+        fn = torch.compile(fn, backend=stage.backend, **stage.options)
+    return program.run(fn, inputs, params)
+
+
+@dataclass(slots=True)
+class References:
+    """The fp64 eager values every stage is judged against, and the eager values in the program's dtype."""
+
+    fp64: Run
+    eager: Run
+
+
+def references(program: Program) -> References:
+    """Run the program eagerly in float64 and in its own dtypes."""
+    fn, inputs = program.instance(float64=True)
+    fp64 = program.run(fn, inputs, fn if isinstance(fn, nn.Module) else None)
+    return References(fp64, run_stage(program, Stage("uncompiled", None)))
+
+
+def judge(run: Run, refs: References, tol: float = DEFAULT_TOLERANCE) -> list[Check]:
+    """One :class:`Check` per value the fp64 reference has (missing values fail)."""
+    checks = []
+    for name, expected in refs.fp64.values.items():
+        got, eager = run.values.get(name), refs.eager.values.get(name)
+        if got is None or eager is None:
+            checks.append(Check(name, False, float("inf"), 0.0, tuple(expected.shape), "missing from this stage"))
+            continue
+        checks.append(check(name, expected, eager, got, tol))
+    return checks
+
+
+def climb(program: Program, stages: list[Stage], refs: References, tol: float = DEFAULT_TOLERANCE) -> list[StageResult]:
+    """Run the stages in order and stop at the first that fails (the rest are not run)."""
+    results = []
+    for stage in stages:
+        start = time.perf_counter()
+        run = refs.eager if stage.backend is None else run_stage(program, stage)
+        checks = judge(run, refs, tol) if run.error is None else []
+        results.append(StageResult(stage, run, checks, time.perf_counter() - start))
+        if results[-1].failed:
+            break
+    return results

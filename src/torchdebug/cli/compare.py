@@ -1,14 +1,23 @@
 """``torchdebug compare A B``: compare dump A against the reference dump B.
 
+``torchdebug compare --across-ranks DUMP``: compare the ranks of one data-parallel run with each
+other where replicas must agree (optimizer step, parameters, collective outputs).
+
 Prints a summary (counts, first divergence, first non-finite op) and, with ``-o``, writes
-``compare.csv``, ``compare.json`` and/or ``compare.html`` there. Exit status 0: no divergence,
-1: divergence found, 2: usage error (bad path, unreadable dump, bad option).
+``compare.csv``, ``compare.json`` and/or ``compare.html`` there. ``--workers N`` splits A B over N
+processes; under ``torchrun --nproc-per-node N -m torchdebug compare A B`` the processes torchrun
+starts share the work and process 0 reports. Exit status 0: no divergence, 1: divergence found,
+2: usage error (bad path, unreadable dump, bad option).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchdebug.compare import CompareResult
 
 _FORMATS = ("csv", "json", "html")
 
@@ -43,31 +52,64 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("a", help="dump to check: dump path (latest run), run folder, rank folder or msprobe dump")
-    parser.add_argument("b", help="reference dump, same forms as A")
+    parser.add_argument("a", nargs="?", help="dump to check: dump path (latest run), run folder, rank folder or msprobe dump")
+    parser.add_argument("b", nargs="?", help="reference dump, same forms as A")
+    parser.add_argument("--across-ranks", metavar="DUMP", help="compare the ranks of one run with each other instead of A with B")
+    parser.add_argument("--ranks", type=_ranks, help="with --across-ranks: the ranks of one data-parallel group, e.g. 0,2,4 (default: all)")
     parser.add_argument("-o", "--output", type=Path, help="folder for the reports (created if missing)")
     parser.add_argument("--format", type=_formats, default=list(_FORMATS), help="reports to write with -o (default: csv,json,html)")
     parser.add_argument("--tolerance", type=_tolerance, action="append", default=[], metavar="DTYPE=RTOL[,ATOL]",
-                        help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable)")  # fmt: skip
+                        help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable; --across-ranks: default exact)")  # fmt: skip
     parser.add_argument("--mapping", type=Path, help="JSON/YAML file renaming A's modules/ops: {modules: {...}, ops: {...}}")
     parser.add_argument("--stats-only", action="store_true", help="compare statistics even where tensors were saved")
     parser.add_argument("--growth", type=float, default=16.0, help="error amplification an op may show before it is blamed (default 16)")
-    parser.add_argument("--workers", type=int, default=None, help="threads for tensor metrics (default: all cores)")
+    parser.add_argument("--threads", type=int, default=None, help="threads for tensor metrics per process (default: the process's share of the cores)")
+    parser.add_argument("--workers", type=int, default=1, help="processes to split A B over on this machine (default 1; not with torchrun)")
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from torchdebug.compare import compare  # keeps `torchdebug --help` fast
+def _ranks(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected comma-separated rank numbers (e.g. 0,2,4)") from None
 
-    result = compare(
-        args.a,
-        args.b,
-        tolerances=dict(args.tolerance),
-        mapping=args.mapping,
-        growth=args.growth,
-        tensors=not args.stats_only,
-        workers=args.workers,
-    )
+
+def _across_ranks(args: argparse.Namespace) -> CompareResult:
+    from torchdebug.compare import compare_ranks, distributed
+
+    if args.a is not None:
+        raise ValueError("--across-ranks takes one dump: give it as --across-ranks DUMP, without A B")
+    if distributed.launched_by_torchrun():
+        raise ValueError("--across-ranks runs in one process: start it without torchrun (--threads sets its threads)")
+    return compare_ranks(
+        args.across_ranks, ranks=args.ranks, tolerances=dict(args.tolerance), tensors=not args.stats_only, threads=args.threads,
+    )  # fmt: skip
+
+
+def _pair(args: argparse.Namespace) -> CompareResult | None:
+    from torchdebug.compare import compare, distributed
+
+    if args.a is None or args.b is None:
+        raise ValueError("give two dumps A B, or one with --across-ranks DUMP")
+    if args.ranks is not None:
+        raise ValueError("--ranks applies to --across-ranks only")
+    options = {
+        "tolerances": dict(args.tolerance), "mapping": args.mapping, "growth": args.growth,
+        "tensors": not args.stats_only, "threads": args.threads,
+    }  # fmt: skip
+    if not distributed.launched_by_torchrun():
+        return compare(args.a, args.b, workers=args.workers, **options)
+    if args.workers != 1:
+        raise ValueError("--workers: torchrun already started the worker processes; leave --workers out")
+    with distributed.process_group_from_env():
+        return distributed.compare_distributed(args.a, args.b, **options)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = _across_ranks(args) if args.across_ranks is not None else _pair(args)
+    if result is None:
+        return 0  # a torchrun worker other than process 0: process 0 reports
     print(result.summary())
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,12 @@
     print(result.summary())
     result.first_divergence          # earliest op whose error its inputs do not explain
     result.to_html("report.html")    # also to_csv / to_json
+    torchdebug.compare.compare_ranks("dump")                 # the ranks of one run with each other
 
 Modules: ``matching`` (pairing records), ``metrics`` (float64 errors), ``tolerances`` (per dtype),
-``verdicts`` (pass/warning/error, blamed/inherited), ``engine`` (the run), ``result``.
+``verdicts`` (pass/warning/error, blamed/inherited), ``steps`` (one comparison's steps), ``engine``
+(the in-process run), ``distributed`` (worker processes), ``across_ranks`` (cross-rank check),
+``result``.
 """
 
 from __future__ import annotations
@@ -17,13 +20,18 @@ import sys
 import types
 from typing import Any
 
+from torchdebug.compare.across_ranks import RanksResult, compare_ranks
+from torchdebug.compare.distributed import compare_distributed
 from torchdebug.compare.engine import compare, open_dump
 from torchdebug.compare.matching import NameMapping, load_mapping
 from torchdebug.compare.result import CompareResult
 from torchdebug.compare.rows import Row
 from torchdebug.compare.tolerances import DEFAULT_TOLERANCES, Tolerance
 
-__all__ = ["compare", "open_dump", "CompareResult", "Row", "NameMapping", "load_mapping", "Tolerance", "DEFAULT_TOLERANCES"]
+__all__ = [
+    "compare", "compare_ranks", "compare_distributed", "open_dump", "CompareResult", "RanksResult", "Row",
+    "NameMapping", "load_mapping", "Tolerance", "DEFAULT_TOLERANCES",
+]  # fmt: skip
 
 
 class _CallableModule(types.ModuleType):

@@ -8,7 +8,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torchdebug.compare.metrics import STATS_METRICS, TENSOR_METRICS
 from torchdebug.compare.rows import VERDICTS, Row
@@ -37,14 +37,15 @@ class Side:
     def of(cls, given: Any, run: Any) -> Side:
         return cls(path=str(getattr(given, "path", given)), run=run)
 
-    def problems(self, label: str) -> list[str]:
-        """Dump-level notes: partial or truncated rank folders."""
+    def notes(self, label: str, rank: int) -> list[str]:
+        """Notes on one rank folder: partial, or truncated (reads its records: call it where they are
+        compared, so a worker reads only its own ranks)."""
+        dump = self.run.ranks[rank]
         notes = []
-        for rank, dump in sorted(self.run.ranks.items()):
-            if not getattr(dump, "complete", True):
-                notes.append(f"{label} rank {rank} is partial (no complete.json): the run did not close cleanly; later records are missing")
-            if getattr(dump, "truncated", False):
-                notes.append(f"{label} rank {rank}: the records file ends in a half-written line (skipped)")
+        if not getattr(dump, "complete", True):
+            notes.append(f"{label} rank {rank} is partial (no complete.json): the run did not close cleanly; later records are missing")
+        if getattr(dump, "truncated", False):
+            notes.append(f"{label} rank {rank}: the records file ends in a half-written line (skipped)")
         return notes
 
 
@@ -70,6 +71,9 @@ class CompareResult:
     lowest rank that has one); ``first_nonfinite`` the earliest op producing a NaN/Inf the other
     side does not have. ``diverged`` is what the CLI's exit status reports.
     """
+
+    heading: ClassVar[str] = "torchdebug compare"
+    """The title of reports."""
 
     rows: list[Row]
     a: Side
@@ -143,13 +147,21 @@ class CompareResult:
             )
 
     # -- describing ------------------------------------------------------------------------------
+    def title(self) -> str:
+        """The first line of the summary: what was compared with what."""
+        return f"compare {self.a.path} (A) against {self.b.path} (B, reference)"
+
+    def sides(self) -> list[tuple[str, str]]:
+        """``(label, path)`` of what was compared, for reports."""
+        return [("A", self.a.path), ("B (reference)", self.b.path)]
+
     def describe(self, row: Row) -> dict[str, Any]:
         """A row as a dict plus its stack, for JSON output and reports."""
         return {**{k: _json_number(v) for k, v in row.to_dict().items()}, "stack": self.stack(row)}
 
     def summary(self) -> str:
         """A few lines for a terminal: counts per rank, first divergence, first non-finite op."""
-        lines = [f"compare {self.a.path} (A) against {self.b.path} (B, reference)"]
+        lines = [self.title()]
         for rank in self.ranks:
             counts = self.counts(rank)
             lines.append(f"rank {rank}: {len(self.rank_rows(rank))} rows: " + ", ".join(f"{n} {v}" for v, n in counts.items()))

@@ -48,9 +48,8 @@ def render_compare(result: CompareResult) -> str:
     first, nonfinite = result.first_divergence, result.first_nonfinite
     return render(
         "compare.html.j2",
-        title="torchdebug compare",
-        a=result.a.path,
-        b=result.b.path,
+        title=result.heading,
+        sides=result.sides(),
         ranks=[{"rank": rank, "counts": result.counts(rank), "rows": len(result.rank_rows(rank))} for rank in result.ranks],
         counts=result.counts(),
         first=result.describe(first) if first else None,

@@ -1,0 +1,232 @@
+"""The steps of one comparison, shared by the in-process run and the distributed one.
+
+1. :func:`open_pair` opens both dumps and lists the ranks they have in common;
+2. :func:`match_rank` pairs one rank's records and fills the statistics metrics;
+3. :func:`tensor_jobs` groups the rows needing tensor metrics by their unique pair of saved tensor
+   values (a slot that reuses another slot's saved tensor is computed once);
+4. :func:`compute_jobs` runs them in a thread pool (torch kernels release the GIL, so threads use
+   every core); each job loads its two tensors through the dump's ``load_tensor`` (memory-mapped),
+   computes and drops them, so no more than ``threads`` pairs are in memory at once;
+5. :func:`apply_metrics` writes the results into the rows, then ``judge`` and :func:`finish`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchdebug.compare.matching import NameMapping, load_mapping, match_records
+from torchdebug.compare.metrics import stats_metrics, tensor_metrics
+from torchdebug.compare.result import CompareResult, Side
+from torchdebug.compare.rows import Row
+from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances, tolerance_for
+from torchdebug.compare.verdicts import judge
+from torchdebug.records import Record
+from torchdebug.store import msprobe, reader
+
+__all__ = [
+    "Settings", "Pairing", "open_dump", "has_tensor", "open_pair", "metric_pool", "match_rank", "tensor_jobs",
+    "compute_jobs", "apply_metrics", "rank_notes", "compare_rank", "finish",
+]  # fmt: skip
+
+JobKey = tuple
+"""Identifies the values of a pair of saved tensors (see :func:`tensor_jobs`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The validated options of a comparison (picklable: worker processes receive it)."""
+
+    overrides: dict[str, Tolerance] = field(default_factory=dict)
+    mapping: NameMapping = field(default_factory=NameMapping)
+    growth: float = 16.0
+    tensors: bool = True
+    threads: int | None = None
+    """Threads for tensor metrics per process (``None``: all cores of the process's share)."""
+
+    @classmethod
+    def build(
+        cls, *, tolerances: Mapping[str, Any] | None = None, mapping: Any = None, growth: float = 16.0,
+        tensors: bool = True, threads: int | None = None,
+    ) -> Settings:
+        """Validate user options: one-line errors naming the option."""
+        if growth < 1:
+            raise ValueError(f"growth: got {growth}, expected a factor >= 1")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads: got {threads}, expected at least 1")
+        return cls(parse_tolerances(tolerances), load_mapping(mapping), growth, tensors, threads)
+
+    def options(self) -> dict[str, Any]:
+        """What the result records of the options (JSON-ready)."""
+        return {"growth": self.growth, "tolerances": {k: [v.rtol, v.atol] for k, v in self.overrides.items()}}
+
+
+def open_dump(path: str | Path | reader.Run) -> reader.Run:
+    """A torchdebug dump (dump path, run or rank folder) or an msprobe dump folder."""
+    if isinstance(path, reader.Run):
+        return path
+    if msprobe.is_msprobe_dump(Path(path)):
+        return msprobe.load(path)
+    return reader.load(path)
+
+
+@dataclass
+class Pairing:
+    """Both sides of a comparison, the ranks they share and notes on ranks one side lacks."""
+
+    a: Side
+    b: Side
+    ranks: list[int]
+    problems: list[str]
+
+
+def open_pair(a: str | Path | reader.Run, b: str | Path | reader.Run) -> Pairing:
+    """Open both dumps; fail when they have no rank in common, note the ranks one side lacks."""
+    run_a, run_b = open_dump(a), open_dump(b)
+    side_a, side_b = Side.of(a, run_a), Side.of(b, run_b)
+    problems = []
+    only_a = sorted(set(run_a.ranks) - set(run_b.ranks))
+    only_b = sorted(set(run_b.ranks) - set(run_a.ranks))
+    if only_a:
+        problems.append(f"ranks only in A (not compared): {only_a}")
+    if only_b:
+        problems.append(f"ranks only in B (not compared): {only_b}")
+    common = sorted(set(run_a.ranks) & set(run_b.ranks))
+    if not common:
+        raise ValueError(f"A has ranks {sorted(run_a.ranks)} and B has ranks {sorted(run_b.ranks)}: no rank to compare")
+    return Pairing(side_a, side_b, common, problems)
+
+
+@contextmanager
+def metric_pool(threads: int | None) -> Iterator[ThreadPoolExecutor]:
+    """A pool of ``threads`` threads (default: all cores) with torch's intra-op threads set to 1.
+
+    Parallelism comes from the pool (one tensor pair per thread); torch's own intra-op threads only
+    add hand-off stalls on these mostly small tensors. They are restored on exit.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
+            yield pool
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _numel(shape: list[int] | None) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def has_tensor(record: Record | None) -> bool:
+    """Whether a record points at a saved tensor (task=tensor)."""
+    return record is not None and bool(record.tensor) and "file" in (record.tensor or {})
+
+
+def _fill_stats(row: Row, overrides: Mapping[str, Tolerance]) -> None:
+    a, b = row.record_a, row.record_b
+    tolerance = tolerance_for(row.dtype_a, row.dtype_b, overrides)
+    row.tolerance = tolerance.rtol
+    metrics = stats_metrics(a.stats, b.stats, numel=_numel(row.shape_b), atol=tolerance.atol)  # type: ignore[union-attr]
+    row.error = metrics.pop("error", None)
+    row.metrics.update(metrics)
+
+
+def match_rank(rank: int, dump_a: Any, dump_b: Any, settings: Settings) -> list[Row]:
+    """The rows of one rank, in execution order, with statistics metrics filled in (not judged)."""
+    pairs = match_records(dump_a.records(), dump_b.records(), settings.mapping)
+    rows = [Row.from_records(rank, p.a, p.b, p.how, p.order) for p in pairs]
+    for row in rows:
+        if row.matched and row.kind == "tensor" and row.shape_a == row.shape_b:
+            _fill_stats(row, settings.overrides)
+    return rows
+
+
+def _tensor_ref(record: Record, shapes: Mapping[str, list[int] | None]) -> tuple:
+    """What identifies the values of a saved tensor: file, key and, for a strided view of another
+    slot's tensor, the view. A view that permutes all of its base (a transpose, a reshape) holds
+    the same elements, so it shares the base's metrics (they ignore element order)."""
+    ref = record.tensor or {}
+    view = ref.get("view")
+    if view is not None:
+        base = shapes.get(ref.get("key", ""))
+        covers_base = (
+            base is not None and view.get("offset", 0) == 0 and 0 not in view.get("stride", [0])
+            and math.prod(view.get("shape", [])) == math.prod(base)
+        )  # fmt: skip
+        if not covers_base:
+            return ref.get("folder"), ref.get("file"), ref.get("key"), json.dumps(view, sort_keys=True)
+    return ref.get("folder"), ref.get("file"), ref.get("key"), None
+
+
+def tensor_jobs(rows: Iterable[Row], dump_a: Any, dump_b: Any) -> dict[JobKey, list[Row]]:
+    """Rows needing tensor metrics, grouped by their unique pair of saved tensor values, in row order."""
+    shapes_a = {r.name: r.shape for r in dump_a.records()}
+    shapes_b = {r.name: r.shape for r in dump_b.records()}
+    jobs: dict[JobKey, list[Row]] = {}
+    for row in rows:
+        a, b = row.record_a, row.record_b
+        if row.kind == "tensor" and row.shape_a == row.shape_b and has_tensor(a) and has_tensor(b):
+            key = (_tensor_ref(a, shapes_a), _tensor_ref(b, shapes_b))  # type: ignore[arg-type]
+            jobs.setdefault(key, []).append(row)
+    return jobs
+
+
+def _run_job(row: Row, dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
+    tensor_a = dump_a.load_tensor(row.record_a)
+    tensor_b = dump_b.load_tensor(row.record_b)
+    if tensor_a.shape != tensor_b.shape:
+        return {"_shape_mismatch": 1.0}
+    tolerance = tolerance_for(row.dtype_a, row.dtype_b, overrides)
+    low = lower_precision(row.dtype_a, row.dtype_b)
+    return tensor_metrics(tensor_a, tensor_b, low_dtype=low, atol=tolerance.atol)
+
+
+def compute_jobs(
+    groups: Sequence[list[Row]], dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
+) -> list[dict[str, float]]:
+    """Tensor metrics of each group's first row (the group shares its values), in order."""
+    return list(pool.map(lambda group: _run_job(group[0], dump_a, dump_b, overrides), groups))
+
+
+def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float]]) -> None:
+    """Write each group's tensor metrics into its rows (``error`` replaces the statistics one)."""
+    for group, metrics in zip(groups, results):
+        if "_shape_mismatch" in metrics:
+            continue  # sampled with different strides: keep the statistics verdict
+        for row in group:
+            row.metrics.update(metrics)
+            row.error = metrics.get("error", row.error)
+            row.metrics.pop("error", None)
+
+
+def rank_notes(rank: int, pairing: Pairing) -> list[str]:
+    """Notes on one rank's folders (partial, truncated), read where the rank is compared."""
+    return [*pairing.a.notes("A", rank), *pairing.b.notes("B", rank)]
+
+
+def compare_rank(rank: int, pairing: Pairing, settings: Settings, pool: ThreadPoolExecutor) -> list[Row]:
+    """One rank from start to verdicts."""
+    dump_a, dump_b = pairing.a.run.ranks[rank], pairing.b.run.ranks[rank]
+    rows = match_rank(rank, dump_a, dump_b, settings)
+    if settings.tensors:
+        groups = list(tensor_jobs(rows, dump_a, dump_b).values())
+        apply_metrics(groups, compute_jobs(groups, dump_a, dump_b, settings.overrides, pool))
+    judge(rows, growth=settings.growth)
+    return rows
+
+
+def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: Settings) -> CompareResult:
+    """The result of judged rows: rank ``notes`` and the pairing's, options, and the overlap check."""
+    problems = [*notes, *pairing.problems]
+    result = CompareResult(rows=rows, a=pairing.a, b=pairing.b, problems=problems, options=settings.options())
+    result.check_overlap()
+    return result

@@ -1,6 +1,7 @@
-"""Dumps shared by the compare tests: a tiny MLP with a plantable bug, and a tiny GPT in fp32/bf16.
+"""Dumps shared by the compare tests: a tiny MLP with a plantable bug, a tiny GPT in fp32/bf16, and
+a three-rank data-parallel run with one rank's update perturbed.
 
-Each dump is one training step, written once per module that asks for it.
+Each dump is written once per session, when a test first asks for it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from tests.compare.replicas import dump_replicas
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -104,3 +106,9 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Dump paths of the three-rank runs (``healthy``, ``perturbed``, ``perturbed_stats``), spawned once."""
+    return dump_replicas(tmp_path_factory.mktemp("replicas"))

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchdebug.compile import _dynamo_hooks
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose.finding import NodeFinding, node_finding
 from torchdebug.diagnose.program import Program
@@ -34,6 +35,8 @@ class DynamoGraph:
 
     gm: torch.fx.GraphModule
     inputs: list[Any] | None = None
+    recompile_reason: str | None = None
+    """Why Dynamo recompiled the frame this graph comes from (``None`` on a first compile)."""
 
 
 def capture_dynamo_graphs(program: Program) -> list[DynamoGraph]:
@@ -41,7 +44,7 @@ def capture_dynamo_graphs(program: Program) -> list[DynamoGraph]:
     graphs: list[DynamoGraph] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        entry = DynamoGraph(gm)
+        entry = DynamoGraph(gm, recompile_reason=_dynamo_hooks.recompile_reason())
         graphs.append(entry)
 
         def run(*args: Any) -> Any:
@@ -57,7 +60,7 @@ def capture_dynamo_graphs(program: Program) -> list[DynamoGraph]:
     outcome = program.run(torch.compile(fn, backend=backend), inputs, params)
     if outcome.error is not None:
         log.warning("capturing the Dynamo graphs raised %s: %s", type(outcome.error).__name__, outcome.error)
-    return [g for g in graphs if g.inputs is not None]
+    return graphs
 
 
 def _leaf(value: Any) -> Any:
@@ -133,43 +136,49 @@ class Bisector:
     def __init__(self, stage: Stage, train: bool, tol: float = DEFAULT_TOLERANCE) -> None:
         self.stage, self.train, self.tol, self.compiles = stage, train, tol, 0
 
-    def judge(self, gm: torch.fx.GraphModule, inputs: list[Any]) -> StageResult:
+    def judge(self, gm: torch.fx.GraphModule, inputs: list[Any], train: bool) -> StageResult:
         self.compiles += 1
-        program = Program(gm, inputs, train=self.train)
+        program = Program(gm, inputs, train=train)
         return climb(program, [self.stage], references(program), self.tol)[-1]
 
     def locate(self, graphs: list[DynamoGraph], label: str = "dynamo graph") -> NodeFinding | None:
         """The first node, in the first graph that fails, whose prefix fails."""
         for index, graph in enumerate(graphs):
-            assert graph.inputs is not None
             nodes = op_nodes(graph.gm)
-            if not nodes or not self.judge(prefix(graph.gm, len(nodes)), graph.inputs).failed:
+            if graph.inputs is None or not nodes:
                 continue
-            low, high = 1, len(nodes)
-            while low < high:
-                middle = (low + high) // 2
-                if self.judge(prefix(graph.gm, middle), graph.inputs).failed:
-                    high = middle
-                else:
-                    low = middle + 1
-            return self._finding(graph, nodes[low - 1], low, f"{label} {index}")
+            # forward only first: cheaper to compile, and enough for most failures
+            for train in dict.fromkeys((False, self.train)):
+                if self.judge(prefix(graph.gm, len(nodes)), graph.inputs, train).failed:
+                    low, high = 1, len(nodes)
+                    while low < high:
+                        middle = (low + high) // 2
+                        if self.judge(prefix(graph.gm, middle), graph.inputs, train).failed:
+                            high = middle
+                        else:
+                            low = middle + 1
+                    return self._finding(graph, nodes[low - 1], low, f"{label} {index}", train)
         return None
 
-    def _finding(self, graph: DynamoGraph, node: torch.fx.Node, count: int, name: str) -> NodeFinding:
+    def _finding(self, graph: DynamoGraph, node: torch.fx.Node, count: int, name: str, train: bool) -> NodeFinding:
         assert graph.inputs is not None
         values = _values(graph.gm, graph.inputs)
         alone, inputs = single_node(graph.gm, node, values)
-        result = self.judge(alone, list(inputs.values()))
+        result = self.judge(alone, list(inputs.values()), train)
         if not result.failed:  # the node needs its context: the repro keeps the prefix
-            alone, inputs = prefix(graph.gm, count), {p.name: v for p, v in zip(graph.gm.graph.find_nodes(op="placeholder"), graph.inputs)}
-            result = self.judge(alone, list(inputs.values()))
+            placeholders = graph.gm.graph.find_nodes(op="placeholder")
+            alone, inputs = prefix(graph.gm, count), {p.name: v for p, v in zip(placeholders, graph.inputs)}
+            result = self.judge(alone, list(inputs.values()), train)
         if result.run.error is not None:
             detail = f"{type(result.run.error).__name__}: {_first_line(result.run.error)}"
             failed = None
         else:
             failed = next((c for c in result.checks if not c.passed), None)
             detail = f"{failed.name} {failed.describe()}" if failed else "fails only inside the whole graph"
-        return node_finding(node, name, "forward", detail, check=failed, inputs=inputs, subgraph=alone)
+        phase = "backward" if failed is not None and failed.name.startswith("grad.") else "forward"
+        found = node_finding(node, name, "forward", detail, check=failed, inputs=inputs, subgraph=alone, train=train)
+        found.phase = phase
+        return found
 
 
 def _first_line(error: BaseException) -> str:

@@ -34,6 +34,8 @@ class NodeFinding:
     """The node's input values as the failing stage computed them (for the repro)."""
     subgraph: torch.fx.GraphModule | None = field(default=None, repr=False)
     """The graph the repro runs: the node alone, or the failing prefix when the node alone passes."""
+    train: bool = True
+    """Whether the repro needs the backward pass to show the problem."""
 
     def describe(self) -> str:
         where = f" at {self.source}" if self.source else ""

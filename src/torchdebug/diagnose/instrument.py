@@ -1,0 +1,128 @@
+"""An inductor backend that hands back the value of every node its generated code computed.
+
+For each AOT graph (forward, backward or inference) inductor compiles, this backend keeps a copy of
+the graph as inductor received it (before its post-grad passes: the reference program) and adds one
+pass at the end of inductor's ``post_grad_custom_post_pass`` slot, after any pass the user set
+there. That pass passes every tensor node of the graph to ``torchdebug::dump_graph``
+(:mod:`torchdebug.capture.graph_ops`, the op the graph-mode data dump uses): an extern call needs
+its inputs in memory, so inductor stores each node's value even where it fuses the node into a
+C++/Triton kernel, and the value is what that kernel computed. The first run's values are kept.
+
+Compile caches are off while it compiles (a cache hit would skip the pass).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.compiler.config
+import torch.fx
+
+from torchdebug.capture.graph_ops import DUMP_GRAPH, register_sink, unregister_sink
+from torchdebug.compile._inductor_hooks import CustomGraphPass, compile_fx, compile_fx_inner, inductor_config
+from torchdebug.compile.graph_stats import propagate_fake_values
+
+aten = torch.ops.aten
+
+
+@dataclass(slots=True)
+class AotGraph:
+    """One AOT graph inductor compiled: the reference copy and the values the compiled code made."""
+
+    model: str
+    """``model__N``: the N-th Dynamo graph of the run."""
+    phase: str
+    """``forward``, ``backward`` or ``inference``."""
+    original: torch.fx.GraphModule
+    values: dict[str, torch.Tensor] | None = None
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.phase}"
+
+
+class _Collector:
+    """The sink of one graph: keeps the values of its first run."""
+
+    def __init__(self, entry: AotGraph) -> None:
+        self.entry = entry
+
+    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+        if self.entry.values is None:
+            self.entry.values = {name: t.detach().clone() for name, t in zip(self.entry.names, tensors)}
+
+    def on_point(self, point: int, tensors: list[torch.Tensor]) -> None:
+        return None
+
+
+class _Materialize(CustomGraphPass):
+    """Pass every tensor node to ``dump_graph`` before the output (see the module docstring)."""
+
+    def __init__(self, entry: AotGraph, sink: int) -> None:
+        self.entry, self.sink = entry, sink
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        nodes = [
+            n for n in graph.nodes
+            if n.op in ("placeholder", "call_function") and isinstance(n.meta.get("val"), torch.Tensor)
+        ]  # fmt: skip
+        self.entry.names = [n.name for n in nodes]
+        with graph.inserting_before(graph.find_nodes(op="output")[0]):
+            empty = graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})
+            dump = graph.call_function(DUMP_GRAPH, (empty, nodes, self.sink))
+        propagate_fake_values(graph, [empty, dump])
+
+    def uuid(self) -> None:
+        return None  # never cached: the sink exists in this process only
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _with_ours(ours: CustomGraphPass) -> list[Any]:
+    current = inductor_config.post_grad_custom_post_pass
+    existing = list(current) if isinstance(current, (list, tuple)) else ([] if current is None else [current])
+    return [*existing, ours]
+
+
+class InstrumentedInductor:
+    """A ``torch.compile`` backend: inductor, with every node's value collected into ``graphs``."""
+
+    def __init__(self) -> None:
+        self.graphs: list[AotGraph] = []
+        self._sinks: list[int] = []
+        self._models = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        model = f"model__{self._models}"
+        self._models += 1
+
+        def inner_compile(graph: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+            phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+            entry = AotGraph(model, phase, _copy(graph))
+            self.graphs.append(entry)
+            sink = register_sink(_Collector(entry))
+            self._sinks.append(sink)
+            with inductor_config.patch({"post_grad_custom_post_pass": _with_ours(_Materialize(entry, sink))}):
+                return compile_fx_inner(graph, inputs, **kwargs)
+
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[InstrumentedInductor]:
+        """Caches off while compiling and running; the sinks are dropped on exit."""
+        try:
+            with torch.compiler.config.patch(force_disable_caches=True):
+                yield self
+        finally:
+            for sink in self._sinks:
+                unregister_sink(sink)
+            self._sinks.clear()

@@ -1,0 +1,86 @@
+"""Distributed compare: worker processes (spawned, or started by torchrun) give the in-process result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import torchdebug
+from torchdebug.cli import main
+from torchdebug.compare.distributed import Share, compare_distributed, plan
+from torchdebug.errors import DumpError
+
+
+def _assert_same(result, expected):
+    assert [row.to_dict() for row in result.rows] == [row.to_dict() for row in expected.rows]
+    assert result.problems == expected.problems and result.options == expected.options
+    first, first_expected = result.first_divergence, expected.first_divergence
+    assert (first and first.name) == (first_expected and first_expected.name)
+    if first is not None:
+        assert result.stack(first) == expected.stack(first_expected)
+
+
+def test_two_workers_sharing_three_ranks_give_the_in_process_result(replicas):
+    a, b = replicas["perturbed"], replicas["healthy"]
+    expected = torchdebug.compare(a, b)
+    assert expected.diverged and expected.ranks == [0, 1, 2]
+    _assert_same(torchdebug.compare(a, b, workers=2), expected)
+
+
+def test_two_workers_splitting_one_rank_by_tensor_file_give_the_in_process_result(dumps):
+    a, b = dumps("mlp", gain=1.001), dumps("mlp")
+    expected = torchdebug.compare(a, b)
+    assert expected.first_divergence is not None
+    _assert_same(torchdebug.compare(a, b, workers=2), expected)
+
+
+def test_torchrun_workers_write_the_in_process_result(dumps, tmp_path):
+    a, b = dumps("gpt", bf16=True), dumps("gpt")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "torchdebug", "compare", str(a), str(b), "-o", str(tmp_path), "--format", "json",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("first divergence: none") == 1  # process 0 reports, alone
+    expected = torchdebug.compare(a, b).to_json(tmp_path / "expected.json")
+    assert json.loads((tmp_path / "compare.json").read_text()) == json.loads(expected.read_text())
+
+
+def test_a_worker_error_reaches_the_caller_as_one_error(dumps, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(dumps("mlp"), copy)
+    for tensors in copy.glob("*/*/tensors/*.safetensors"):
+        tensors.unlink()
+    with pytest.raises(DumpError, match="is missing"):
+        torchdebug.compare(copy, dumps("mlp"), workers=2)
+
+
+def test_a_bad_path_fails_before_any_worker_starts(dumps, tmp_path):
+    with pytest.raises(DumpError, match="no such dump folder"):
+        torchdebug.compare(tmp_path / "nope", dumps("mlp"), workers=2)
+
+
+def test_the_plan_gives_whole_ranks_when_there_are_enough_and_parts_of_ranks_otherwise():
+    assert plan([0, 1, 2], 2) == [[Share(0), Share(2)], [Share(1)]]
+    assert plan([0], 3) == [[Share(0, 0, 3)], [Share(0, 1, 3)], [Share(0, 2, 3)]]
+    assert plan([4, 5], 3) == [[Share(4, 0, 2)], [Share(5, 0, 1)], [Share(4, 1, 2)]]
+
+
+def test_workers_below_one_and_a_missing_process_group_are_refused(dumps):
+    with pytest.raises(ValueError, match="workers: got 0, expected at least 1"):
+        torchdebug.compare(dumps("mlp"), dumps("mlp"), workers=0)
+    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+        compare_distributed(dumps("mlp"), dumps("mlp"))
+
+
+def test_cli_refuses_workers_under_torchrun(dumps, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    assert main(["compare", str(dumps("mlp")), str(dumps("mlp")), "--workers", "2"]) == 2
+    assert "torchrun already started the worker processes" in capsys.readouterr().err

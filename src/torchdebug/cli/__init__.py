@@ -22,6 +22,7 @@ _COMMANDS = [
     "torchdebug.cli.config",
     "torchdebug.cli.compare",
     "torchdebug.cli.report",
+    "torchdebug.cli.diagnose",
 ]
 
 

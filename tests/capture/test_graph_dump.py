@@ -181,3 +181,18 @@ def test_original_stage_interprets_the_graph_before_the_passes(tmp_path: Path) -
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
     record = next(r for r in run.records() if r.name == "forward/fc/aten.addmm.default#0/output.0")
     torch.testing.assert_close(run.load_tensor(record), net.fc(x).detach())
+
+
+@pytest.mark.gpu
+def test_dumps_keep_working_under_reduce_overhead_on_cuda(tmp_path: Path) -> None:
+    backend = _backend(tmp_path, "reduce-overhead", dump_data="stats")
+    torch.manual_seed(0)
+    net = Net().cuda()
+    compiled = torch.compile(net, backend=backend)
+    x = torch.randn(2, 4, device="cuda")
+    for _ in range(3):  # warm-up, record, replay
+        compiled(x).backward()
+    records = [r for r in _records(backend) if r.name == "forward/fc/aten.addmm.default#0/output.0"]
+    expected = net.fc(x).detach()
+    assert [r.step for r in records] == [0, 1, 2]
+    assert all(abs(r.stats["mean"] - expected.mean().item()) < 1e-5 for r in records)

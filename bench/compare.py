@@ -1,6 +1,6 @@
 """Speed of ``torchdebug.compare`` on the GPT example: bf16 autocast against fp32, one training step.
 
-    python bench/compare.py [--repeat 3] [--workers N] [--keep DIR]
+    python bench/compare.py [--repeat 3] [--threads N] [--keep DIR]
 
 Builds four dumps in a temporary folder (statistics and tensor, fp32 and bf16 autocast; 4 layers,
 d_model 256, 4 heads, seq 128, batch 8, AdamW, CPU, fixed seed), then times the in-process compare
@@ -51,7 +51,7 @@ def tensor_bytes(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="timed compares per pair (median reported)")
-    parser.add_argument("--workers", type=int, default=None, help="compare threads (default: all cores)")
+    parser.add_argument("--threads", type=int, default=None, help="compare threads (default: all cores)")
     parser.add_argument("--keep", type=Path, help="build the dumps here and keep them (default: a temp folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temp:
@@ -62,11 +62,11 @@ def main() -> None:
             if not (a.exists() and b.exists()):
                 dump(a, task, bf16=True)
                 dump(b, task, bf16=False)
-            torchdebug.compare(a, b, workers=args.workers)  # warm: imports, page cache
+            torchdebug.compare(a, b, threads=args.threads)  # warm: imports, page cache
             times = []
             for _ in range(args.repeat):
                 start = time.perf_counter()
-                result = torchdebug.compare(a, b, workers=args.workers)
+                result = torchdebug.compare(a, b, threads=args.threads)
                 times.append(time.perf_counter() - start)
             seconds = statistics.median(times)
             size = tensor_bytes(a) + tensor_bytes(b)

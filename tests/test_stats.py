@@ -68,10 +68,10 @@ def test_norm_survives_float32_overflow_of_squares():
     [torch.randn(100), torch.tensor([1.0, float("nan"), -float("inf")]), torch.arange(5), torch.randn(7, dtype=torch.float64)],
 )
 def test_device_path_agrees_with_cpu_path(tensor):
-    from torchdebug.stats import _from_vector
+    from torchdebug.stats import stats_from_vector
 
     integral = not tensor.is_floating_point()
-    via_vector = _from_vector(stats_vector(tensor).tolist(), integral)
+    via_vector = stats_from_vector(stats_vector(tensor).tolist(), integral)
     direct = tensor_stats(tensor)
     for key, value in direct.items():
         assert via_vector[key] == pytest.approx(value, rel=1e-6), key

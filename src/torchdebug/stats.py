@@ -46,8 +46,9 @@ def _empty_stats() -> StatsDict:
     return {"min": None, "max": None, "mean": None, "norm": None, "nan": 0, "posinf": 0, "neginf": 0}
 
 
-def _from_vector(values: list[float], integral: bool) -> StatsDict:
-    """Stats dict from the 7-vector produced by :func:`stats_vector`."""
+def stats_from_vector(values: list[float], integral: bool) -> StatsDict:
+    """Stats dict from the 7-vector produced by :func:`stats_vector` (``integral``: the tensor had
+    an integer or bool dtype, so min and max are ints)."""
     out: StatsDict = {}
     for key, value in zip(STAT_KEYS, values):
         if key in ("nan", "posinf", "neginf"):
@@ -104,11 +105,11 @@ def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
     """Fast path for CPU tensors: three reductions, a mask only when the sum is not finite."""
     x = _as_real(tensor.detach())
     if not x.is_floating_point():
-        return _from_vector(stats_vector(x).tolist(), integral=True)
+        return stats_from_vector(stats_vector(x).tolist(), integral=True)
     acc = _accumulation_dtype(x)
     total = float(x.sum(dtype=acc))
     if not math.isfinite(total):
-        return _from_vector(stats_vector(x).tolist(), integral=False)
+        return stats_from_vector(stats_vector(x).tolist(), integral=False)
     mn, mx = torch.aminmax(x)
     norm = math.inf
     if x.dtype == torch.float32 and x.is_contiguous():
@@ -134,7 +135,7 @@ def tensor_stats(tensor: torch.Tensor) -> StatsDict:
     if tensor.device.type == "cpu":
         return _cpu_stats(tensor)
     integral = not (tensor.is_floating_point() or tensor.is_complex())
-    return _from_vector(stats_vector(tensor).tolist(), integral=integral)
+    return stats_from_vector(stats_vector(tensor).tolist(), integral=integral)
 
 
 class StatsStager:
@@ -173,4 +174,4 @@ class StatsStager:
             rows = torch.stack([staged[i][0] for i in indices]).cpu().tolist()
             for i, row in zip(indices, rows):
                 _, integral, sink = staged[i]
-                sink(_from_vector(row, integral))
+                sink(stats_from_vector(row, integral))

@@ -202,3 +202,16 @@ def test_gradient_accumulation_ops_are_named_after_the_parameter(tmp_path, tiny)
     records = _records(tmp_path, lambda: tiny(torch.randn(2, 4)).sum().backward(), model=tiny)
     modules = {r.module for r in records if r.phase == "backward" and r.op == "aten.detach.default"}
     assert {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"} <= modules
+
+
+def test_clones_are_saved_as_their_own_values(tmp_path):
+    x = torch.randn(4, 6)
+
+    def body():
+        y = x.exp()
+        y.t().clone()  # own memory, contiguous in the transposed order
+
+    records = _records(tmp_path, body, task="tensor")
+    out = next(r for r in records if r.op == "aten.clone.default" and r.io == "output")
+    assert "view" not in out.tensor
+    assert torch.equal(torchdebug.load(tmp_path).ranks[0].load_tensor(out), x.exp().t().clone())

@@ -119,9 +119,9 @@ class OpCapture:
     def _optimizer_exit(self, *_: Any) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
 
-    def _alias_source(self, func: Any, op: str, args: tuple, out: Any) -> tuple[torch.Tensor, bool] | None:
-        """``(input, same_elements)`` when ``out`` shares the memory of the first input (a view),
-        or holds exactly its elements (a clone); ``None`` otherwise."""
+    def _alias_source(self, func: Any, op: str, args: tuple, out: Any) -> tuple[torch.Tensor, bool, bool] | None:
+        """``(input, same_elements, shares_memory)`` when ``out`` shares the memory of the first
+        input (a view) or holds exactly its elements (a clone); ``None`` otherwise."""
         if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
             return None
         source = args[0]
@@ -129,9 +129,9 @@ class OpCapture:
             return None
         same_elements = out.numel() == source.numel() and out.dtype == source.dtype
         if op in _VALUE_PRESERVING:
-            return (source, True) if same_elements else None
+            return (source, True, False) if same_elements else None
         if out.device == source.device and out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
-            return source, same_elements
+            return source, same_elements, True
         return None
 
     # -- the hot path --------------------------------------------------------------------------

@@ -33,22 +33,11 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.records import Record
-from torchdebug.stats import _from_vector, tensor_stats
+from torchdebug.stats import stats_from_vector, tensor_stats
 from torchdebug.store import layout
 from torchdebug.store.writer import RankWriter, create_run_dir, new_run_name
 
 log = logging.getLogger("torchdebug.capture.graph")
-
-
-class _GraphSession(CaptureSession):
-    """A session fed with finished records (statistics came from the graph) and whole tensors."""
-
-    def add_records(self, records: list[Record]) -> None:
-        self._records.extend(records)
-
-    def save(self, key: str, tensor: torch.Tensor) -> dict[str, str]:
-        """Copy ``tensor`` into the current batch now and return its reference."""
-        return self._snapshot(key, tensor)
 
 
 @dataclass
@@ -82,7 +71,7 @@ class GraphCapture:
             "cuda": torch.cuda.is_available(), "capture": "graph", "config": {"task": task, "dump_config": settings},
         }  # fmt: skip
         writer = RankWriter(self.run_dir / layout.rank_dir_name(self.world_size, self.rank), manifest)
-        self.session = _GraphSession(DebuggerConfig(dump_path=path, task=task), writer, self.rank)
+        self.session = CaptureSession(DebuggerConfig(dump_path=path, task=task), writer, self.rank)
         self.save_tensors = data == "tensor"
         self.steps = steps
         self.scene = scene
@@ -225,7 +214,7 @@ class GraphCapture:
             return
         if slot.stat is not None:
             if slot.stat not in stats_of:
-                stats_of[slot.stat] = _from_vector(rows[slot.stat], slot.integral)
+                stats_of[slot.stat] = stats_from_vector(rows[slot.stat], slot.integral)
             record.stats = stats_of[slot.stat]
         if slot.tensor is not None and self.save_tensors:
             if slot.tensor not in refs:

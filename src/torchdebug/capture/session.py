@@ -188,18 +188,19 @@ class CaptureSession:
             record.tensor = seen.tensor
             record.sampled = self._sampling_for(tensor)
 
-    def share_alias(self, alias: torch.Tensor, source: torch.Tensor, same_elements: bool) -> None:
+    def share_alias(self, alias: torch.Tensor, source: torch.Tensor, same_elements: bool, shares_memory: bool) -> None:
         """Let ``alias`` (an op output sharing ``source``'s memory) reuse what was captured for it.
 
-        ``same_elements`` (a reshape, transpose or detach): the statistics are equal. When the
-        memory was saved from a contiguous tensor, the alias is saved as a strided view of it
+        ``same_elements`` (a reshape, transpose, detach or clone): the statistics are equal.
+        ``shares_memory`` (a view): when the memory was saved from a contiguous tensor, the alias
+        is saved as a strided view of it
         (``{"view": {"shape", "stride", "offset"}}`` in its tensor reference) instead of a copy.
         """
         seen = self._seen.get(id(source))
         if seen is None or seen.ref() is not source or seen.version != source._version:
             return
         view_ref = None
-        if seen.base is not None:
+        if shares_memory and seen.base is not None:
             base_ref, base_offset, base_numel = seen.base
             offset = alias.storage_offset() - base_offset
             last = offset + sum((size - 1) * stride for size, stride in zip(alias.shape, alias.stride()) if size)
@@ -235,6 +236,14 @@ class CaptureSession:
         ref = {"key": key}
         self._tensor_refs.append(ref)
         return ref
+
+    def add_records(self, records: list[Record]) -> None:
+        """Queue finished records (graph capture computes their statistics in the graph)."""
+        self._records.extend(records)
+
+    def save(self, key: str, tensor: torch.Tensor) -> dict[str, str]:
+        """Copy ``tensor`` into the current tensor batch now; returns its tensor reference."""
+        return self._snapshot(key, tensor)
 
     # -- writing -----------------------------------------------------------------------------
     def add_stack(self, stack_id: str, frames: list[str]) -> None:

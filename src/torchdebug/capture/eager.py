@@ -10,7 +10,8 @@ Phases: an op runs in ``backward`` when the autograd engine is executing a node
 post-hooks, else in ``forward``. A backward op is attributed to the module, source line and call
 of the forward op that created its autograd node, found through the node's sequence number.
 Ops of ``AccumulateGrad`` nodes take the parameter's path (``layers.0.fc.weight``) as module, so
-their names do not depend on the order in which gradients arrive. Collectives (``c10d`` ops) record their outputs once their work completes (``collectives.py``).
+their names do not depend on the order in which gradients arrive. Collectives (``c10d`` ops)
+record their outputs once their work completes (``collectives.py``).
 """
 
 from __future__ import annotations

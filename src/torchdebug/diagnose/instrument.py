@@ -8,18 +8,20 @@ there. That pass passes every tensor node of the graph to ``torchdebug::dump_gra
 its inputs in memory, so inductor stores each node's value even where it fuses the node into a
 C++/Triton kernel, and the value is what that kernel computed. The first run's values are kept.
 
-Compile caches are off while it compiles (a cache hit would skip the pass).
+The pass sits in inductor's config for the whole compile and run (``active()``), with no cache id:
+the AOT autograd and FX graph caches see it and step aside (a hit would skip the pass), while the
+kernel cache still serves C++/Triton kernels that are unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.compiler.config
 import torch.fx
 
 from torchdebug.capture.graph_ops import DUMP_GRAPH, register_sink, unregister_sink
@@ -60,21 +62,25 @@ class _Collector:
         return None
 
 
+_current: contextvars.ContextVar[tuple[AotGraph, int] | None] = contextvars.ContextVar("torchdebug_diagnose_graph", default=None)
+
+
 class _Materialize(CustomGraphPass):
     """Pass every tensor node to ``dump_graph`` before the output (see the module docstring)."""
 
-    def __init__(self, entry: AotGraph, sink: int) -> None:
-        self.entry, self.sink = entry, sink
-
     def __call__(self, graph: torch.fx.Graph) -> None:
+        current = _current.get()
+        if current is None:
+            return  # a compile that is not ours (the pass is in the config while we run)
+        entry, sink = current
         nodes = [
             n for n in graph.nodes
             if n.op in ("placeholder", "call_function") and isinstance(n.meta.get("val"), torch.Tensor)
         ]  # fmt: skip
-        self.entry.names = [n.name for n in nodes]
+        entry.names = [n.name for n in nodes]
         with graph.inserting_before(graph.find_nodes(op="output")[0]):
             empty = graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})
-            dump = graph.call_function(DUMP_GRAPH, (empty, nodes, self.sink))
+            dump = graph.call_function(DUMP_GRAPH, (empty, nodes, sink))
         propagate_fake_values(graph, [empty, dump])
 
     def uuid(self) -> None:
@@ -111,16 +117,19 @@ class InstrumentedInductor:
             self.graphs.append(entry)
             sink = register_sink(_Collector(entry))
             self._sinks.append(sink)
-            with inductor_config.patch({"post_grad_custom_post_pass": _with_ours(_Materialize(entry, sink))}):
+            token = _current.set((entry, sink))
+            try:
                 return compile_fx_inner(graph, inputs, **kwargs)
+            finally:
+                _current.reset(token)
 
         return compile_fx(gm, example_inputs, inner_compile=inner_compile)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[InstrumentedInductor]:
-        """Caches off while compiling and running; the sinks are dropped on exit."""
+        """Our pass in inductor's config while compiling and running; the sinks are dropped on exit."""
         try:
-            with torch.compiler.config.patch(force_disable_caches=True):
+            with inductor_config.patch({"post_grad_custom_post_pass": _with_ours(_Materialize())}):
                 yield self
         finally:
             for sink in self._sinks:

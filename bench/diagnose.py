@@ -1,0 +1,135 @@
+"""Time-to-answer of ``torchdebug.diagnose`` against PyTorch's accuracy minifier, on one planted bug.
+
+    python bench/diagnose.py [--minifier-timeout 600] [--skip-minifier] [--layers 2]
+
+The program is the GPT example (``examples/gpt.py``; 2 layers, d_model 64, 4 heads, seq 32, vocab
+128, batch 4, loss forward and backward, CPU) with its MLP activation swapped for ``torch.relu``
+(inductor's planted bug hits relu only), and ``cpp.inject_relu_bug_TESTING_ONLY = "accuracy"``:
+every relu inductor generates adds 1. The right answer is: stage inductor, node ``relu``, module
+``layers.0.mlp``, the relu line below.
+
+- torchdebug: ``torchdebug.diagnose(model, tokens, targets)`` in a fresh process; we time the call
+  (and the whole process) and check the answer.
+- PyTorch: ``TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4`` on the same training step
+  (detects the loss and writes ``minifier_launcher.py``), then ``minifier_launcher.py minify`` with a
+  time limit; we time both and check whether the minified ``repro.py`` holds ``aten.relu``.
+Each prints one JSON line; the script prints a table and ``uptime`` (other jobs share the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROGRAM = '''
+import sys, time
+sys.path.insert(0, {root!r})
+import torch
+from examples.gpt import GPT, GPTConfig, MLP, make_batch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"
+
+
+class ReluMLP(MLP):
+    def forward(self, x):
+        return self.out(torch.relu(self.fc(x)))  # RELU LINE
+
+
+def make_model_and_inputs():
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer={layers}, d_model=64, n_head=4, seq_len=32, vocab=128)
+    model = GPT(config)
+    for block in model.layers:
+        block.mlp.__class__ = ReluMLP
+    return model, make_batch(config, batch=4)
+'''
+
+_OURS = '''
+import json, torchdebug.diagnose as td
+start = time.perf_counter()
+model, (tokens, targets) = make_model_and_inputs()
+report = td.diagnose(model, tokens, targets, output_dir={out!r})
+seconds = time.perf_counter() - start
+print(report.summary(), file=sys.stderr)
+relu_line = next(i for i, l in enumerate(open(__file__), 1) if l.rstrip().endswith("# RELU LINE"))
+right = report.stage == "inductor" and report.node == "relu" and report.module == "layers.0.mlp" \\
+    and report.source is not None and report.source.startswith(f"{{__file__}}:{{relu_line}} ")
+print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "right": right, "answer": report.finding.describe() if report.finding else None}}))
+'''
+
+_MINIFIER_RUN = '''
+model, batch = make_model_and_inputs()
+compiled = torch.compile(model)
+try:
+    compiled(*batch).backward()
+    print("no accuracy error detected")
+except Exception as error:
+    print(type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+'''
+
+
+def _run(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str] | None]:
+    start = time.perf_counter()
+    try:
+        result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - start, None
+    return time.perf_counter() - start, result
+
+
+def ours(folder: Path, layers: int) -> dict[str, object]:
+    script = folder / "ours.py"
+    script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + _OURS.format(out=str(folder / "out")))
+    wall, result = _run([sys.executable, str(script)], folder, 600)
+    assert result is not None and result.returncode == 0, result.stderr if result else "timed out"
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    row["process_seconds"] = wall
+    return row
+
+
+def minifier(folder: Path, layers: int, limit: float) -> dict[str, object]:
+    script = folder / "minifier_run.py"
+    script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + textwrap.dedent(_MINIFIER_RUN))
+    env = {**os.environ, "TORCHDYNAMO_REPRO_AFTER": "aot", "TORCHDYNAMO_REPRO_LEVEL": "4",
+           "TORCH_COMPILE_DEBUG_DIR": str(folder)}  # fmt: skip
+    detect, result = _run([sys.executable, str(script)], folder, limit, env)
+    launchers = sorted(folder.rglob("minifier_launcher.py"))
+    row: dict[str, object] = {"tool": "accuracy minifier", "detect_seconds": detect, "right": False,
+                              "detected": result.stdout.strip()[-200:] if result else "timed out"}  # fmt: skip
+    if not launchers:
+        row["seconds"] = detect
+        return row
+    minify, done = _run([sys.executable, str(launchers[-1]), "minify"], launchers[-1].parent, max(limit - detect, 1), env)
+    repros = sorted(launchers[-1].parent.rglob("repro.py"))
+    text = repros[-1].read_text() if repros else ""
+    row.update({"minify_seconds": minify, "seconds": detect + minify, "timed_out": done is None,
+                "right": "aten.relu" in text and text.count("torch.ops.aten.") <= 3})  # fmt: skip
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minifier-timeout", type=float, default=600.0, help="seconds for detection plus minification")
+    parser.add_argument("--skip-minifier", action="store_true")
+    parser.add_argument("--layers", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [ours(Path(tmp) / "ours", args.layers) if (Path(tmp) / "ours").mkdir() is None else {}]
+        if not args.skip_minifier:
+            (Path(tmp) / "minifier").mkdir()
+            rows.append(minifier(Path(tmp) / "minifier", args.layers, args.minifier_timeout))
+    for row in rows:
+        print(json.dumps(row))
+    print(f"load: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -80,8 +80,10 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult:
 
     if args.a is not None:
         raise ValueError("--across-ranks takes one dump: give it as --across-ranks DUMP, without A B")
-    if distributed.launched_by_torchrun():
-        raise ValueError("--across-ranks runs in one process: start it without torchrun (--threads sets its threads)")
+    if distributed.launched_by_torchrun() or args.workers != 1:
+        raise ValueError("--across-ranks runs in one process: start it without torchrun or --workers (--threads sets its threads)")
+    if args.mapping is not None:
+        raise ValueError("--mapping applies to A B only: the ranks of one run share their names")
     return compare_ranks(
         args.across_ranks, ranks=args.ranks, tolerances=dict(args.tolerance), tensors=not args.stats_only, threads=args.threads,
     )  # fmt: skip

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import bisect
 import difflib
-import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchdebug.config import read_mapping_file
 from torchdebug.records import PHASES, Record
 
 __all__ = ["Pair", "NameMapping", "load_mapping", "match_records"]
@@ -59,23 +59,8 @@ def load_mapping(source: str | Path | Mapping[str, object] | None) -> NameMappin
         data = dict(source)
         where = "mapping"
     else:
-        path = Path(source)
-        where = str(path)
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise ValueError(f"{path}: cannot read the mapping file ({error.strerror})") from None
-        if path.suffix in (".yaml", ".yml"):
-            try:
-                import yaml  # optional dependency (extra "yaml"), only needed for YAML mapping files
-            except ImportError:
-                raise ValueError(f"{path}: reading YAML needs pyyaml (pip install pyyaml), or write the mapping as JSON") from None
-            data = yaml.safe_load(text) or {}
-        else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}: not valid JSON ({error})") from None
+        where = str(source)
+        data = read_mapping_file(source, "mapping")
     if not isinstance(data, dict) or set(data) - {"modules", "ops"}:
         got = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{where}: expected keys 'modules' and/or 'ops', got {got}")

@@ -57,6 +57,7 @@ def test_dynamo_planted_bug_is_localised_to_the_backend_and_the_relu_line(backen
     assert result.returncode == 1 and "REPRO:" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # an inductor compile and a repro subprocess: about 15-25 s on 2 cores
 def test_inductor_accuracy_bug_inside_a_fused_cpp_kernel_is_localised_and_reproduced(tmp_path: Path) -> None:
     with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}):
         report = td.diagnose(ReluNet(), torch.randn(4, 8), output_dir=tmp_path)

@@ -1,8 +1,9 @@
 """``torchdebug.diagnose``: the troubleshooting workflow of PyTorch's compiler docs, automated.
 
 1. fp64 and eager references; 2. the stage ladder (:mod:`~torchdebug.diagnose.stages`) up to the
-first stage that raises or loses accuracy; 3. the first bad node inside it: node by node against
-fp64 (:mod:`~torchdebug.diagnose.nodes`) for an inductor accuracy loss, graph-prefix bisection
+first stage that raises or loses accuracy (inductor runs instrumented, so its node values come with
+the stage's run); 3. the first bad node inside it: node by node against fp64
+(:mod:`~torchdebug.diagnose.nodes`) for an inductor accuracy loss, graph-prefix bisection
 (:mod:`~torchdebug.diagnose.bisect`) otherwise; 4. ``repro.py`` with that node alone; 5. graph
 breaks and recompiles.
 """
@@ -15,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose.bisect import Bisector, capture_dynamo_graphs
 from torchdebug.diagnose.finding import NodeFinding
@@ -26,7 +25,7 @@ from torchdebug.diagnose.nodes import first_divergence
 from torchdebug.diagnose.program import Program
 from torchdebug.diagnose.report import DiagnoseReport
 from torchdebug.diagnose.repro import write_repro
-from torchdebug.diagnose.stages import StageResult, climb, default_mode, ladder, references
+from torchdebug.diagnose.stages import References, Stage, StageResult, climb, default_mode, ladder, references
 from torchdebug.errors import TorchDebugError
 
 log = logging.getLogger("torchdebug.diagnose")
@@ -67,37 +66,59 @@ def diagnose(
             "make the program run in float64 (no hard-coded float32 tensors) or pass train=False"
         )
     stages = ladder(backend, mode if mode is not None else default_mode(program.inputs, backend))
-    results = climb(program, stages, refs, tolerance)
+    notes: list[str] = []
+    results = climb(program, stages[:-1], refs, tolerance)
+    instrumented = None
+    if not results[-1].failed:
+        instrumented, last = _last_stage(program, stages[-1], refs, tolerance, notes)
+        results.append(last)
     graphs = capture_dynamo_graphs(program)
-    report = DiagnoseReport(results, compile_events=compile_events(graphs))
+    report = DiagnoseReport(results, compile_events=compile_events(graphs), notes=notes)
     failed = report.failed_stage
     if failed is not None and failed.stage.backend is not None:
-        report.finding = _localize(program, failed, graphs, tolerance, report.notes)
+        report.finding = _localize(program, failed, instrumented, graphs, tolerance, notes)
         if report.finding is not None and repro:
-            report.repro_path = _write_repro(report.finding, failed, Path(output_dir), tolerance, report.notes)
+            report.repro_path = _write_repro(report.finding, failed, Path(output_dir), tolerance, notes)
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _is_inductor(result: StageResult) -> bool:
-    return result.stage.backend == "inductor" and not result.stage.options
+def _is_inductor(stage: Stage) -> bool:
+    return stage.backend == "inductor" and not stage.options
 
 
-def _localize(program: Program, failed: StageResult, graphs: list[Any], tol: float, notes: list[str]) -> NodeFinding | None:
+def _last_stage(
+    program: Program, stage: Stage, refs: References, tol: float, notes: list[str]
+) -> tuple[InstrumentedInductor | None, StageResult]:
+    """The user's backend. Inductor runs instrumented (its node values kept for localisation, one
+    compile instead of two); a pass or an exception is confirmed by plain inductor, because
+    materialising every node could hide a bug that needs fusion, or cause an error of its own."""
+    if not _is_inductor(stage):
+        return None, climb(program, [stage], refs, tol)[-1]
+    instrumented = InstrumentedInductor()
+    with instrumented.active():
+        result = climb(program, [Stage(stage.label, instrumented)], refs, tol)[-1]
+    result.stage = stage
+    if result.kind == "accuracy":
+        return instrumented, result
+    plain = climb(program, [stage], refs, tol)[-1]
+    if plain.kind == "accuracy":
+        notes.append("inductor loses accuracy only with its kernels fused; localised by bisection")
+    elif result.kind == "exception" and plain.kind == "ok":
+        notes.append(f"instrumenting inductor raised {type(result.run.error).__name__}: {result.run.error}")
+    return None, plain
+
+
+def _localize(
+    program: Program, failed: StageResult, instrumented: InstrumentedInductor | None, graphs: list[Any], tol: float,
+    notes: list[str],
+) -> NodeFinding | None:
     """The first bad node of the failing stage (see the module docstring for which method)."""
-    if failed.kind == "accuracy" and _is_inductor(failed):
-        instrumented = InstrumentedInductor()
-        with instrumented.active():
-            torch.compiler.reset()
-            fn, inputs = program.instance()
-            params = fn if isinstance(fn, torch.nn.Module) else None
-            run = program.run(torch.compile(fn, backend=instrumented), inputs, params)
-        if run.error is not None:
-            notes.append(f"the instrumented inductor run raised {type(run.error).__name__}: {run.error}")
+    if instrumented is not None:
         found = first_divergence(instrumented.graphs, tol)
         if found is not None:
             return found
-        notes.append("node by node, inductor's kernels match fp64 (fusion may hide the problem); bisecting the graph instead")
+        notes.append("node by node, inductor's kernels match fp64; bisecting the graph instead")
     bisector = Bisector(failed.stage, program.train, tol)
     found = bisector.locate(graphs)
     log.info("bisection took %d compiles", bisector.compiles)

@@ -21,7 +21,7 @@ import torch.fx
 from torchdebug.compile import _dynamo_hooks
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose.finding import NodeFinding, node_finding
-from torchdebug.diagnose.program import Program
+from torchdebug.diagnose.program import Program, first_line
 from torchdebug.diagnose.stages import Stage, StageResult, climb, references
 
 log = logging.getLogger("torchdebug.diagnose.bisect")
@@ -170,18 +170,10 @@ class Bisector:
             alone, inputs = prefix(graph.gm, count), {p.name: v for p, v in zip(placeholders, graph.inputs)}
             result = self.judge(alone, list(inputs.values()), train)
         if result.run.error is not None:
-            detail = f"{type(result.run.error).__name__}: {_first_line(result.run.error)}"
+            detail = f"{type(result.run.error).__name__}: {first_line(result.run.error)}"
             failed = None
         else:
             failed = next((c for c in result.checks if not c.passed), None)
             detail = f"{failed.name} {failed.describe()}" if failed else "fails only inside the whole graph"
         phase = "backward" if failed is not None and failed.name.startswith("grad.") else "forward"
-        found = node_finding(node, name, "forward", detail, check=failed, inputs=inputs, subgraph=alone, train=train)
-        found.phase = phase
-        return found
-
-
-def _first_line(error: BaseException) -> str:
-    cause = getattr(error, "inner_exception", None) or error
-    text = str(cause).strip() or type(cause).__name__
-    return text.splitlines()[0]
+        return node_finding(node, name, "forward", detail, phase, check=failed, inputs=inputs, subgraph=alone, train=train)

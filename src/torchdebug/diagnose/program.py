@@ -49,6 +49,13 @@ def user_frame(error: BaseException) -> str | None:
     return found
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (of its cause, for a backend Dynamo wrapped)."""
+    cause = getattr(error, "inner_exception", None) or error
+    text = str(cause).strip() or type(cause).__name__
+    return text.splitlines()[0]
+
+
 def _innermost(tb: TracebackType | None) -> str | None:
     found = None
     for frame, line in traceback.walk_tb(tb):

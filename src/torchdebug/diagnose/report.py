@@ -8,6 +8,7 @@ from pathlib import Path
 from torchdebug.diagnose.accuracy import Check
 from torchdebug.diagnose.finding import NodeFinding
 from torchdebug.diagnose.graph_breaks import CompileEvents
+from torchdebug.diagnose.program import first_line
 from torchdebug.diagnose.stages import StageResult
 from torchdebug.report.diagnose import render_diagnose
 
@@ -82,7 +83,7 @@ class DiagnoseReport:
         if self.ok:
             lines.append("every stage matches the fp64 eager reference")
         elif self.error is not None:
-            lines.append(f"stage {self.stage} raises {type(self.error).__name__}: {_first_line(self.error)}")
+            lines.append(f"stage {self.stage} raises {type(self.error).__name__}: {first_line(self.error)}")
         else:
             checks = self.failed_checks
             shown = ", ".join(f"{c.name} ({c.describe()})" for c in checks[:3])
@@ -108,8 +109,3 @@ class DiagnoseReport:
         target.write_text(render_diagnose(self))
         return target
 
-
-def _first_line(error: BaseException) -> str:
-    cause = getattr(error, "inner_exception", None) or error
-    text = str(cause).strip() or type(cause).__name__
-    return text.splitlines()[0]

@@ -1,6 +1,6 @@
 """Time-to-answer of ``torchdebug.diagnose`` against PyTorch's accuracy minifier, on one planted bug.
 
-    python bench/diagnose.py [--minifier-timeout 600] [--skip-minifier] [--layers 2]
+    python bench/diagnose.py [--minifier-timeout 900] [--skip-minifier] [--layers 2] [--cold]
 
 The program is the GPT example (``examples/gpt.py``; 2 layers, d_model 64, 4 heads, seq 32, vocab
 128, batch 4, loss forward and backward, CPU) with its MLP activation swapped for ``torch.relu``
@@ -13,7 +13,9 @@ every relu inductor generates adds 1. The right answer is: stage inductor, node 
 - PyTorch: ``TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4`` on the same training step
   (detects the loss and writes ``minifier_launcher.py``), then ``minifier_launcher.py minify`` with a
   time limit; we time both and check whether the minified ``repro.py`` holds ``aten.relu``.
-Each prints one JSON line; the script prints a table and ``uptime`` (other jobs share the machine).
+Both run on inductor's kernel cache as this machine has it, or with ``--cold`` on an empty one
+(``TORCHINDUCTOR_CACHE_DIR`` in the run's temporary folder). Each prints one JSON line, then
+``uptime`` (other jobs share the machine).
 """
 
 from __future__ import annotations
@@ -85,20 +87,24 @@ def _run(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None 
     return time.perf_counter() - start, result
 
 
-def ours(folder: Path, layers: int) -> dict[str, object]:
+def _env(folder: Path, cold: bool) -> dict[str, str]:
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor_cache")} if cold else dict(os.environ)
+
+
+def ours(folder: Path, layers: int, cold: bool) -> dict[str, object]:
     script = folder / "ours.py"
     script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + _OURS.format(out=str(folder / "out")))
-    wall, result = _run([sys.executable, str(script)], folder, 600)
+    wall, result = _run([sys.executable, str(script)], folder, 600, _env(folder, cold))
     assert result is not None and result.returncode == 0, result.stderr if result else "timed out"
     row = json.loads(result.stdout.strip().splitlines()[-1])
     row["process_seconds"] = wall
     return row
 
 
-def minifier(folder: Path, layers: int, limit: float) -> dict[str, object]:
+def minifier(folder: Path, layers: int, limit: float, cold: bool) -> dict[str, object]:
     script = folder / "minifier_run.py"
     script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + textwrap.dedent(_MINIFIER_RUN))
-    env = {**os.environ, "TORCHDYNAMO_REPRO_AFTER": "aot", "TORCHDYNAMO_REPRO_LEVEL": "4",
+    env = {**_env(folder, cold), "TORCHDYNAMO_REPRO_AFTER": "aot", "TORCHDYNAMO_REPRO_LEVEL": "4",
            "TORCH_COMPILE_DEBUG_DIR": str(folder)}  # fmt: skip
     detect, result = _run([sys.executable, str(script)], folder, limit, env)
     launchers = sorted(folder.rglob("minifier_launcher.py"))
@@ -120,15 +126,17 @@ def main() -> None:
     parser.add_argument("--minifier-timeout", type=float, default=600.0, help="seconds for detection plus minification")
     parser.add_argument("--skip-minifier", action="store_true")
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--cold", action="store_true", help="empty inductor cache for each tool")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [ours(Path(tmp) / "ours", args.layers) if (Path(tmp) / "ours").mkdir() is None else {}]
+        (Path(tmp) / "ours").mkdir()
+        rows = [ours(Path(tmp) / "ours", args.layers, args.cold)]
         if not args.skip_minifier:
             (Path(tmp) / "minifier").mkdir()
-            rows.append(minifier(Path(tmp) / "minifier", args.layers, args.minifier_timeout))
+            rows.append(minifier(Path(tmp) / "minifier", args.layers, args.minifier_timeout, args.cold))
     for row in rows:
         print(json.dumps(row))
-    print(f"load: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print(f"cache: {'cold' if args.cold else 'as found'}; load: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
-from torchdebug.diagnose.bisect import Bisector, capture_dynamo_graphs
+from torchdebug.diagnose.bisect import Bisector, DynamoRecorder
 from torchdebug.diagnose.finding import NodeFinding
 from torchdebug.diagnose.graph_breaks import compile_events
 from torchdebug.diagnose.instrument import InstrumentedInductor
@@ -66,13 +66,17 @@ def diagnose(
             "make the program run in float64 (no hard-coded float32 tensors) or pass train=False"
         )
     stages = ladder(backend, mode if mode is not None else default_mode(program.inputs, backend))
+    recorder = DynamoRecorder()
+    stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
     notes: list[str] = []
     results = climb(program, stages[:-1], refs, tolerance)
     instrumented = None
     if not results[-1].failed:
         instrumented, last = _last_stage(program, stages[-1], refs, tolerance, notes)
         results.append(last)
-    graphs = capture_dynamo_graphs(program)
+    if len(results) > 1:
+        results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
+    graphs = list(recorder.graphs)
     report = DiagnoseReport(results, compile_events=compile_events(graphs), notes=notes)
     failed = report.failed_stage
     if failed is not None and failed.stage.backend is not None:

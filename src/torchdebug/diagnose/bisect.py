@@ -1,7 +1,8 @@
 """Find the Dynamo-graph node that makes a backend fail, by bisecting over graph prefixes.
 
 Works for any backend, opaque ones included (a backend that rewrites the Dynamo graph, one that
-fails to compile or at run time): the program's Dynamo graphs are captured with their real inputs,
+fails to compile or at run time): the program's Dynamo graphs are recorded with their real inputs
+(:class:`DynamoRecorder`, the ladder's ``eager`` stage),
 then prefix ``k`` (the first ``k`` op nodes, every tensor they produce an output, so nothing is
 dead) is compiled with the backend and judged like a stage (forward and backward, against fp64).
 The smallest failing prefix ends at the culprit; ``log2(nodes)`` compiles per graph. The culprit
@@ -39,13 +40,16 @@ class DynamoGraph:
     """Why Dynamo recompiled the frame this graph comes from (``None`` on a first compile)."""
 
 
-def capture_dynamo_graphs(program: Program) -> list[DynamoGraph]:
-    """Run the program under Dynamo with a recording backend; the graphs in the order they ran."""
-    graphs: list[DynamoGraph] = []
+class DynamoRecorder:
+    """A ``torch.compile`` backend that runs Dynamo's graphs as they are (the ``eager`` backend) and
+    keeps each one, with the values of its first call, in ``graphs`` (in the order they ran)."""
 
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    def __init__(self) -> None:
+        self.graphs: list[DynamoGraph] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         entry = DynamoGraph(gm, recompile_reason=_dynamo_hooks.recompile_reason())
-        graphs.append(entry)
+        self.graphs.append(entry)
 
         def run(*args: Any) -> Any:
             if entry.inputs is None:
@@ -53,14 +57,6 @@ def capture_dynamo_graphs(program: Program) -> list[DynamoGraph]:
             return gm.forward(*args)
 
         return run
-
-    torch.compiler.reset()
-    fn, inputs = program.instance()
-    params = fn if isinstance(fn, torch.nn.Module) else None
-    outcome = program.run(torch.compile(fn, backend=backend), inputs, params)
-    if outcome.error is not None:
-        log.warning("capturing the Dynamo graphs raised %s: %s", type(outcome.error).__name__, outcome.error)
-    return graphs
 
 
 def _leaf(value: Any) -> Any:

@@ -1,6 +1,6 @@
 """Graph breaks and recompiles of the program, with their reasons and source lines.
 
-Read from the Dynamo graphs :func:`torchdebug.diagnose.bisect.capture_dynamo_graphs` recorded: the
+Read from the Dynamo graphs :class:`torchdebug.diagnose.bisect.DynamoRecorder` recorded: the
 graph-break reason Dynamo attaches to each graph it ends early (the attribute
 ``torch._dynamo.explain`` reads) and the recompile reason of each recompiled frame, both through the
 compile backend's ``_dynamo_hooks``. No extra run of the program is needed.

@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "CompareResult": "torchdebug.compare",
     "CompilerConfig": "torchdebug.compile",
     "get_backend": "torchdebug.compile",
+    "diagnose": "torchdebug.diagnose",
+    "DiagnoseReport": "torchdebug.diagnose",
 }
 _SUBMODULES = {"scope"}
 
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchdebug.compile import CompilerConfig, get_backend
     from torchdebug.config import DebuggerConfig
     from torchdebug.debugger import Debugger, dump
+    from torchdebug.diagnose import DiagnoseReport, diagnose
     from torchdebug.errors import ConfigError, DumpError, TorchDebugError
     from torchdebug.records import Record
     from torchdebug.seed import seed_all

@@ -60,9 +60,11 @@ def _dying_worker(rank: int, init_file: str, dump_path: str) -> None:
     torch.ones(3).exp()
     debugger.stop()
     debugger.step()
+    if rank == 0:
+        debugger.close()
+    dist.barrier()  # rank 0 has closed before rank 1 dies (spawn then terminates the others)
     if rank == 1:
         os._exit(3)  # dies without closing: no completion marker
-    debugger.close()
     dist.destroy_process_group()
 
 

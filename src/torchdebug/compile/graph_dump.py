@@ -163,9 +163,12 @@ def _random(shape, stride, dtype, device):
 '''
 
 
-def graph_python(gm: torch.fx.GraphModule, title: str) -> str:
+def graph_python(gm: torch.fx.GraphModule, title: str, *, main: bool = True) -> str:
     """A standalone script: the graph as Python, one ``# File ..., line ...`` comment per node,
-    inputs of the traced shapes, dtypes and strides; run it to print the outputs."""
+    inputs of the traced shapes, dtypes and strides; run it to print the outputs.
+
+    ``main=False`` leaves out the ``if __name__ == "__main__":`` block, for callers (the
+    diagnose repro) that append their own."""
     code = gm.graph.python_code(root_module="self")
     nodes = {node.name: node for node in gm.graph.nodes}
     body = []
@@ -196,12 +199,15 @@ def graph_python(gm: torch.fx.GraphModule, title: str) -> str:
         *inputs,
         "    ]",
         "",
-        "",
-        'if __name__ == "__main__":',
-        "    outputs = forward(GRAPH_ATTRIBUTES, *make_inputs())",
-        "    print(outputs)",
-        "",
     ]
+    if main:
+        parts += [
+            "",
+            'if __name__ == "__main__":',
+            "    outputs = forward(GRAPH_ATTRIBUTES, *make_inputs())",
+            "    print(outputs)",
+            "",
+        ]
     return "\n".join(parts)
 
 

@@ -108,8 +108,7 @@ def write_repro(finding: NodeFinding, backend: Any, folder: Path, tolerance: flo
     tensors = {name: finding.inputs[name].detach().contiguous().clone() for name in names}
     save_file(tensors, str(folder / INPUTS_FILE))
     title = f"torchdebug diagnose: {finding.describe()}"
-    script = graph_dump.graph_python(finding.subgraph, title.replace('"""', "'''"))
-    script = script.split('\nif __name__ == "__main__":')[0]  # our main below replaces the writer's
+    script = graph_dump.graph_python(finding.subgraph, title.replace('"""', "'''"), main=False)
     main = _MAIN.format(
         config=generate_config_string(), backend=_backend_expression(backend), names=names, train=finding.train,
         tolerance=tolerance, inputs_file=INPUTS_FILE,

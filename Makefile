@@ -20,6 +20,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/overhead.py
+	$(PY) bench/compare.py
+	$(PY) bench/compile_debug.py --rounds 1
+	$(PY) bench/graph_dump.py
+	$(PY) bench/diagnose.py --skip-minifier
 
 clean:
 	rm -rf $(VENV) demo_out .pytest_cache

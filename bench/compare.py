@@ -33,14 +33,7 @@ def dump(path: Path, task: str, bf16: bool) -> Path:
     optimizer = torch.optim.AdamW(model.parameters())
     batch = make_batch(model.config, batch=8)
     with torchdebug.dump(path, model=model, task=task):
-        if bf16:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = model(*batch)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            train_step(model, optimizer, batch)
+        train_step(model, optimizer, batch, autocast=torch.bfloat16 if bf16 else None)
     return path
 
 

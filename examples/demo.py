@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import sys
 from pathlib import Path
 
@@ -38,9 +37,8 @@ def dump_step(out: Path, *, bf16: bool, bug: bool = False) -> Path:
         model.layers[2].mlp.fc.register_forward_hook(planted_bug)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = make_batch(config, batch=8)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    with torchdebug.dump(out, model=model, task="statistics") as debugger, autocast:
-        loss = train_step(model, optimizer, batch)
+    with torchdebug.dump(out, model=model, task="statistics") as debugger:
+        loss = train_step(model, optimizer, batch, autocast=torch.bfloat16 if bf16 else None)
     label = ("bf16" if bf16 else "fp32") + (" with a planted bug" if bug else "")
     print(f"{label}: loss {loss.item():.4f}, dumped to {debugger.run_dir}")
     return debugger.run_dir

@@ -98,10 +98,17 @@ def make_batch(config: GPTConfig, batch: int = 8, seed: int = 0, device: str = "
     return data[:, :-1].to(device), data[:, 1:].to(device)
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """One step: forward to the loss, backward, optimizer step. Returns the detached loss."""
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    autocast: torch.dtype | None = None,
+) -> torch.Tensor:
+    """One step: forward to the loss (under autocast to ``autocast`` if given), backward, optimizer
+    step. Returns the detached loss."""
     tokens, targets = batch
-    loss = model(tokens, targets)
+    with torch.autocast(tokens.device.type, dtype=autocast, enabled=autocast is not None):
+        loss = model(tokens, targets)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

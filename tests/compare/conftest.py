@@ -81,14 +81,7 @@ def dump_gpt(path: Path, task: str = "tensor", bf16: bool = False, d_model: int 
     optimizer = torch.optim.AdamW(model.parameters())
     batch = make_batch(model.config, batch=2)
     with torchdebug.dump(path, model=model, task=task):
-        if bf16:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = model(*batch)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        else:
-            train_step(model, optimizer, batch)
+        train_step(model, optimizer, batch, autocast=torch.bfloat16 if bf16 else None)
     return path
 
 

@@ -49,7 +49,8 @@ def make_name(phase: str, module: str, op: str, call: int, io: str, arg: str) ->
 
 def call_name(name: str) -> str:
     """The name of the op call a slot belongs to: the stable name without its ``/io.arg`` part."""
-    return name.rsplit("/", 1)[0]
+    cut = name.rfind("/")
+    return name[:cut] if cut >= 0 else name
 
 
 @dataclass(slots=True)

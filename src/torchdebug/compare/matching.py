@@ -93,7 +93,8 @@ def _rename(record: Record, mapping: NameMapping) -> str:
 
 
 def _slot(record: Record) -> str:
-    return record.name.rsplit("/", 1)[1]
+    name = record.name
+    return name[name.rfind("/") + 1 :]
 
 
 def _calls(records: Sequence[Record]) -> dict[tuple[int, str], list[Record]]:
@@ -213,8 +214,7 @@ def _identity(record: Record) -> tuple | None:
     if record.tensor and record.tensor.get("key"):
         return ("key", record.tensor.get("file"), record.tensor["key"])
     if record.stats:
-        values = tuple(v for v in record.stats.values() if isinstance(v, (int, float)))
-        return ("stats", record.dtype, tuple(record.shape or ()), values)
+        return ("stats", record.dtype, tuple(record.shape or ()), tuple(record.stats.values()))
     return None
 
 

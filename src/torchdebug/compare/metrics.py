@@ -195,10 +195,10 @@ def tensor_metrics(a: torch.Tensor, b: torch.Tensor, *, low_dtype: str | None, a
 
 def _stat(stats: dict[str, Any], key: str) -> float | None:
     value = stats.get(key)
-    if value is None or isinstance(value, bool):
+    if value is None or value is True or value is False:
         return None
     value = float(value)
-    return value if math.isfinite(value) else None
+    return value if -math.inf < value < math.inf else None  # NaN fails both comparisons
 
 
 def nonfinite_flags(stats: dict[str, Any] | None) -> tuple[bool, bool, bool]:
@@ -220,19 +220,22 @@ def stats_metrics(a: dict[str, Any] | None, b: dict[str, Any] | None, *, numel: 
     """
     a, b = a or {}, b or {}
     out: dict[str, float] = {}
-    errors = []
+    error = None
     lo, hi = _stat(b, "min"), _stat(b, "max")
     scale = max(abs(lo or 0.0), abs(hi or 0.0), atol, 1e-300)
-    norm_floor = max(atol * math.sqrt(max(numel, 1)), 1e-300)
-    for key in ("min", "max", "mean", "norm"):
-        value_a, value_b = _stat(a, key), _stat(b, key)
+    for key, value_b in (("min", lo), ("max", hi), ("mean", _stat(b, "mean")), ("norm", _stat(b, "norm"))):
+        value_a = _stat(a, key)
         if value_a is None or value_b is None:
             continue
         diff = value_a - value_b
         out[f"{key}_diff"] = diff
         out[f"{key}_rel"] = abs(diff) / abs(value_b) if value_b else (0.0 if diff == 0 else math.inf)
-        errors.append(abs(diff) / (max(abs(value_b), norm_floor) if key == "norm" else scale))
-    if errors:
-        out["error"] = max(errors)
+        if key == "norm":
+            relative = abs(diff) / max(abs(value_b), atol * math.sqrt(max(numel, 1)), 1e-300)
+        else:
+            relative = abs(diff) / scale
+        error = relative if error is None or relative > error else error
+    if error is not None:
+        out["error"] = error
     out["nonfinite_mismatch"] = float(nonfinite_flags(a) != nonfinite_flags(b))
     return out

@@ -13,7 +13,7 @@ PACKAGE = Path(torchdebug.__file__).parent
 
 # Layers from the bottom up; a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "records", "stats", "config", "dist", "seed"},
+    {"errors", "records", "native", "stats", "config", "dist", "seed"},
     {"store"},
     {"compare"},
     {"capture"},

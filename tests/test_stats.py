@@ -3,7 +3,19 @@ import math
 import pytest
 import torch
 
+import torchdebug.stats
+from torchdebug.native import fused_stats as native
 from torchdebug.stats import StatsStager, stats_vector, tensor_stats
+
+
+@pytest.fixture(params=["native", "torch ops"], autouse=True)
+def cpu_path(request, monkeypatch):
+    """Run every test through the native kernel and through the torch-ops fallback."""
+    if request.param == "torch ops":
+        monkeypatch.setattr(torchdebug.stats, "fused_stats", lambda tensor: None)
+    elif not native.available():
+        pytest.skip("no C compiler: the native kernel is not built here")
+    return request.param
 
 
 def test_statistics_of_a_float_tensor():

@@ -4,8 +4,10 @@ Computed on the tensor's own device with float32 (half types) or float64 (intege
 Min, max, mean and norm ignore NaNs; they are ``None`` for empty tensors or tensors that hold only
 NaNs. Complex tensors are described by their magnitudes.
 
-On the CPU a sum that comes out finite proves there is no NaN or Inf, so the common case costs
-three reductions (min/max, sum, and a BLAS dot product for the norm of float32) and no mask. On other devices the same host check would synchronise the device
+On the CPU, float32, bfloat16 and float64 tensors take one pass of a small C kernel
+(:mod:`torchdebug.native`); other dtypes, or a machine without a C compiler, use torch ops: a sum
+that comes out finite proves there is no NaN or Inf, so the common case costs three reductions
+(min/max, sum, and a BLAS dot product for the norm of float32) and no mask. On other devices the same host check would synchronise the device
 once per op, so :class:`StatsStager` keeps the results as small device tensors and copies them to
 the host in one batch per flush.
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from torchdebug.native.fused_stats import fused_stats
 from torchdebug.records import STAT_KEYS
 
 StatsDict = dict[str, Any]
@@ -101,9 +104,22 @@ def stats_vector(tensor: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _from_sums(sums: list[float], numel: int) -> StatsDict:
+    """Stats dict from :func:`fused_stats`' ``[min, max, sum, sum of squares, nan, posinf, neginf]``."""
+    low, high, total, squares, nan, posinf, neginf = sums
+    valid = numel - int(nan)
+    if valid == 0:
+        return stats_from_vector([math.nan] * 4 + [nan, posinf, neginf], integral=False)
+    return stats_from_vector([low, high, total / valid, math.sqrt(squares), nan, posinf, neginf], integral=False)
+
+
 def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
-    """Fast path for CPU tensors: three reductions, a mask only when the sum is not finite."""
+    """Fast path for CPU tensors: one native pass (float32, bfloat16, float64), else three
+    reductions and a mask only when the sum is not finite."""
     x = _as_real(tensor.detach())
+    sums = fused_stats(x)
+    if sums is not None:
+        return _from_sums(sums, x.numel())
     if not x.is_floating_point():
         return stats_from_vector(stats_vector(x).tolist(), integral=True)
     acc = _accumulation_dtype(x)

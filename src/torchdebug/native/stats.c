@@ -1,0 +1,149 @@
+/* Tensor statistics in one pass over memory: min, max, sum, sum of squares and NaN/+Inf/-Inf counts.
+ *
+ * Built and loaded by torchdebug/native/build.py (plain C, no torch headers, called through ctypes,
+ * which releases the GIL). A tensor is walked as runs of contiguous elements: the innermost
+ * dimension has stride 1, the outer ones any stride (views, slices, broadcasts). The fast loop
+ * keeps LANES independent accumulators, so compilers vectorise it without -ffast-math, and adds
+ * each block's sums into doubles. NaN fails every comparison, so min/max skip it on their own; a
+ * sum that comes out non-finite (some NaN or Inf) or a sum of squares that underflowed sends the
+ * tensor through the careful loop, which counts NaN/Inf and accumulates in double. Semantics match
+ * torchdebug.stats.stats_vector: NaNs are left out of min, max, sum and norm; infinities are kept.
+ *
+ * td_stats_<dtype>(data, ndim, sizes, strides, out): strides in elements, strides[ndim-1] == 1,
+ * ndim <= MAX_DIMS; out[7] = {min, max, sum, sum of squares, nan, posinf, neginf}, min/max NaN when
+ * every element is NaN. Returns 1 when the careful loop ran.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+#define BLOCK 4096
+#define MAX_DIMS 16
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define MULTIVERSION
+#endif
+
+typedef struct {
+    double low, high, sum, squares;
+    int64_t nan, posinf, neginf;
+} acc_t;
+
+static inline float load_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
+
+static inline float load_bf16(const void *p, int64_t i) {
+    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+static inline double load_f64(const void *p, int64_t i) { return ((const double *)p)[i]; }
+
+/* One contiguous run, no NaN/Inf bookkeeping. ACC: float for 32-bit and narrower, double for float64. */
+#define FAST_RUN(NAME, LOAD, ACC)                                                                    \
+    static inline void NAME(const void *x, int64_t n, acc_t *acc) {                                  \
+        ACC mn[LANES], mx[LANES];                                                                    \
+        for (int l = 0; l < LANES; l++) {                                                            \
+            mn[l] = INFINITY;                                                                        \
+            mx[l] = -INFINITY;                                                                       \
+        }                                                                                            \
+        int64_t i = 0;                                                                               \
+        while (i + LANES <= n) {                                                                     \
+            int64_t end = i + BLOCK < n ? i + BLOCK : n;                                             \
+            ACC block_sum[LANES] = {0}, block_squares[LANES] = {0};                                  \
+            for (; i + LANES <= end; i += LANES) {                                                   \
+                for (int l = 0; l < LANES; l++) {                                                    \
+                    ACC v = LOAD(x, i + l);                                                          \
+                    mn[l] = v < mn[l] ? v : mn[l];                                                   \
+                    mx[l] = v > mx[l] ? v : mx[l];                                                   \
+                    block_sum[l] += v;                                                               \
+                    block_squares[l] += v * v;                                                       \
+                }                                                                                    \
+            }                                                                                        \
+            for (int l = 0; l < LANES; l++) {                                                        \
+                acc->sum += block_sum[l];                                                            \
+                acc->squares += block_squares[l];                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        for (int l = 0; l < LANES; l++) {                                                            \
+            if (mn[l] < acc->low) acc->low = mn[l];                                                  \
+            if (mx[l] > acc->high) acc->high = mx[l];                                                \
+        }                                                                                            \
+        for (; i < n; i++) {                                                                         \
+            double v = LOAD(x, i);                                                                   \
+            if (v < acc->low) acc->low = v;                                                          \
+            if (v > acc->high) acc->high = v;                                                        \
+            acc->sum += v;                                                                           \
+            acc->squares += v * v;                                                                   \
+        }                                                                                            \
+    }
+
+/* One contiguous run, double accumulation, NaN left out and counted, infinities counted. */
+#define CAREFUL_RUN(NAME, LOAD)                                                                      \
+    static void NAME(const void *x, int64_t n, acc_t *acc) {                                         \
+        for (int64_t i = 0; i < n; i++) {                                                            \
+            double v = LOAD(x, i);                                                                   \
+            if (v != v) {                                                                            \
+                acc->nan++;                                                                          \
+                continue;                                                                            \
+            }                                                                                        \
+            if (v == INFINITY) acc->posinf++;                                                        \
+            else if (v == -INFINITY) acc->neginf++;                                                  \
+            if (v < acc->low) acc->low = v;                                                          \
+            if (v > acc->high) acc->high = v;                                                        \
+            acc->sum += v;                                                                           \
+            acc->squares += v * v;                                                                   \
+        }                                                                                            \
+    }
+
+/* Calls RUN on every contiguous run of the tensor (an odometer over the outer dimensions). */
+#define WALK(RUN, ELEMENT_SIZE)                                                                      \
+    do {                                                                                             \
+        int64_t index[MAX_DIMS] = {0};                                                               \
+        for (;;) {                                                                                   \
+            int64_t offset = 0;                                                                      \
+            for (int d = 0; d < ndim - 1; d++) offset += index[d] * strides[d];                      \
+            RUN(data + offset * (ELEMENT_SIZE), sizes[ndim - 1], &acc);                              \
+            int d = ndim - 2;                                                                        \
+            while (d >= 0 && ++index[d] == sizes[d]) index[d--] = 0;                                 \
+            if (d < 0) break;                                                                        \
+        }                                                                                            \
+    } while (0)
+
+#define STATS(NAME, FAST_NAME, CAREFUL_NAME, TYPE)                                                   \
+    MULTIVERSION int NAME(const void *x, int ndim, const int64_t *sizes, const int64_t *strides,     \
+                          double *out) {                                                             \
+        const char *data = (const char *)x;                                                          \
+        int64_t numel = 1;                                                                           \
+        for (int d = 0; d < ndim; d++) numel *= sizes[d];                                            \
+        acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                        \
+        WALK(FAST_NAME, sizeof(TYPE));                                                               \
+        int underflow = acc.squares < 1e-30 && (acc.low < 0 || acc.high > 0);                        \
+        int careful = !isfinite(acc.sum) || !isfinite(acc.squares) || underflow;                     \
+        if (careful) {                                                                               \
+            acc = (acc_t){INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                   \
+            WALK(CAREFUL_NAME, sizeof(TYPE));                                                        \
+        }                                                                                            \
+        out[0] = acc.nan == numel ? NAN : acc.low;                                                   \
+        out[1] = acc.nan == numel ? NAN : acc.high;                                                  \
+        out[2] = acc.sum;                                                                            \
+        out[3] = acc.squares;                                                                        \
+        out[4] = (double)acc.nan;                                                                    \
+        out[5] = (double)acc.posinf;                                                                 \
+        out[6] = (double)acc.neginf;                                                                 \
+        return careful;                                                                              \
+    }
+
+FAST_RUN(fast_f32, load_f32, float)
+FAST_RUN(fast_bf16, load_bf16, float)
+FAST_RUN(fast_f64, load_f64, double)
+CAREFUL_RUN(careful_f32, load_f32)
+CAREFUL_RUN(careful_bf16, load_bf16)
+CAREFUL_RUN(careful_f64, load_f64)
+STATS(td_stats_f32, fast_f32, careful_f32, float)
+STATS(td_stats_bf16, fast_bf16, careful_bf16, uint16_t)
+STATS(td_stats_f64, fast_f64, careful_f64, double)

@@ -1,0 +1,127 @@
+"""The native statistics kernel: built once, cached, equal to the torch-ops reference, and optional."""
+
+import math
+import shutil
+
+import pytest
+import torch
+
+from torchdebug.native import build, fused_stats
+from torchdebug.stats import stats_from_vector, stats_vector
+
+needs_compiler = pytest.mark.skipif(build._compiler() is None, reason="no C compiler")
+
+
+def _reference(tensor: torch.Tensor) -> list[float]:
+    """min, max, sum, sum of squares and counts from the torch-ops statistics."""
+    stats = stats_from_vector(stats_vector(tensor).tolist(), integral=False)
+    valid = tensor.numel() - stats["nan"]
+    mean, norm = stats["mean"], stats["norm"]
+    if valid == 0:  # nothing to sum
+        mean = norm = 0.0
+    return [stats["min"], stats["max"], None if mean is None else mean * valid, None if norm is None else norm**2,
+            stats["nan"], stats["posinf"], stats["neginf"]]  # fmt: skip
+
+
+def _cases() -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    cases = []
+    for n in (1, 15, 16, 17, 4095, 4096, 4097, 100_003):
+        cases.append((f"f32[{n}]", torch.randn(n, generator=generator) * 3 + 1))
+    holes = torch.randn(10_000, generator=generator)
+    holes[[3, 4_500, 9_999]] = float("nan")
+    holes[[7, 8_000]] = float("inf")
+    holes[2] = -float("inf")
+    cases.append(("nan and inf, in blocks and tail", holes))
+    cases.append(("all nan", torch.full((40,), float("nan"))))
+    cases.append(("+inf and -inf", torch.tensor([1.0, float("inf"), -float("inf")] * 10)))
+    cases.append(("bfloat16", (torch.randn(5_000, generator=generator) * 50).to(torch.bfloat16)))
+    cases.append(("float64", torch.randn(3_333, generator=generator, dtype=torch.float64) * 1e200))
+    cases.append(("transpose", torch.randn(64, 48, generator=generator).t()))
+    cases.append(("permute", torch.randn(4, 5, 6, generator=generator).permute(2, 0, 1)))
+    cases.append(("squares overflow float32", torch.tensor([3e20, 4e20] * 20)))
+    cases.append(("squares underflow float32", torch.full((64,), 1e-25)))
+    cases.append(("zeros", torch.zeros(100)))
+    cases.append(("column slice", torch.randn(64, 48, generator=generator)[:, 5:30]))
+    cases.append(("every other row", torch.randn(40, 33, generator=generator)[::2]))
+    cases.append(("broadcast", torch.randn(5, 1, generator=generator).expand(5, 7)))
+    cases.append(("strided 1-d (copied first)", torch.randn(100, generator=generator)[::3]))
+    cases.append(("sliced 4-d permute", torch.randn(3, 4, 5, 6, generator=generator)[:, 1:3].permute(3, 1, 0, 2)))
+    return cases
+
+
+@needs_compiler
+def test_kernel_is_built_where_a_compiler_exists():
+    assert fused_stats.available()
+
+
+@needs_compiler
+@pytest.mark.parametrize("label,tensor", _cases(), ids=[label for label, _ in _cases()])
+def test_kernel_agrees_with_torch_ops(label, tensor):
+    got = fused_stats.fused_stats(tensor)
+    assert got is not None, label
+    want = _reference(tensor.to(torch.float64) if tensor.dtype == torch.bfloat16 else tensor)
+    for key, value, expected in zip(("min", "max", "sum", "squares", "nan", "posinf", "neginf"), got, want):
+        if expected is None:
+            assert math.isnan(value), key
+        elif math.isinf(expected) or key in ("min", "max", "nan", "posinf", "neginf"):
+            assert value == expected, key
+        else:
+            assert value == pytest.approx(expected, rel=1e-5, abs=1e-3 * math.sqrt(tensor.numel())), key
+
+
+@needs_compiler
+@pytest.mark.parametrize("tensor", [torch.arange(10), torch.randn(6, dtype=torch.float16)], ids=["integer", "float16"])
+def test_kernel_declines_what_it_does_not_handle(tensor):
+    assert fused_stats.fused_stats(tensor) is None
+
+
+@needs_compiler
+def test_kernel_declines_negative_views():
+    assert fused_stats.fused_stats(torch._neg_view(torch.randn(8))) is None
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """An empty cache folder and no library loaded yet in this process."""
+    monkeypatch.setenv("TORCHDEBUG_CACHE_DIR", str(tmp_path))
+    build.load_library.cache_clear()
+    fused_stats._kernels.cache_clear()
+    yield tmp_path
+    build.load_library.cache_clear()
+    fused_stats._kernels.cache_clear()
+
+
+@needs_compiler
+def test_library_is_built_once_and_then_loaded_from_the_cache(fresh_build, monkeypatch):
+    assert build.load_library("stats") is not None
+    (built,) = fresh_build.rglob("stats.so")
+    assert not list(fresh_build.rglob("*.tmp")), "the temporary build output was renamed into place"
+    build.load_library.cache_clear()
+    monkeypatch.setattr(build, "_build", lambda *args: pytest.fail("rebuilt although cached"))
+    assert build.load_library("stats") is not None
+    assert list(fresh_build.rglob("stats.so")) == [built]
+
+
+def test_disabled_by_environment(fresh_build, monkeypatch):
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
+    assert build.load_library("stats") is None
+    assert fused_stats.fused_stats(torch.randn(10)) is None
+    assert not list(fresh_build.iterdir())
+
+
+def test_a_failing_compiler_falls_back_with_a_warning(fresh_build, monkeypatch, caplog):
+    monkeypatch.setenv("CC", shutil.which("false") or "false")
+    assert build.load_library("stats") is None
+    assert "torch ops instead" in caplog.text
+    assert fused_stats.fused_stats(torch.randn(10)) is None
+
+
+def test_walk_covers_views_without_copying():
+    base = torch.randn(64, 48)
+    assert fused_stats._runs(base[:, 5:30]) == ([64, 25], [48, 1])
+    assert fused_stats._runs(base.t()) == ([3072], [1])  # one run in memory order, not logical order
+    assert fused_stats._runs(torch.randn(5, 1).expand(5, 7)) == ([7, 5], [0, 1])  # broadcast dim outermost
+    assert fused_stats._runs(torch.randn(1, 5).expand(7, 5)) == ([7, 5], [0, 1])
+    assert fused_stats._runs(torch.randn(100)[::3]) is None  # no stride-1 dim: copied first
+    assert fused_stats._runs(torch.randn(5, 8)[:, ::2]) is None

@@ -9,11 +9,12 @@ every relu inductor generates adds 1. The right answer is: stage inductor, node 
 ``layers.0.mlp``, the relu line below.
 
 - torchdebug: ``torchdebug.diagnose(model, tokens, targets)`` in a fresh process; we time the call
-  (and the whole process) and check the answer.
+  (and the whole process), check the answer and report inductor's FX graph cache hits and misses
+  (on a warm cache the instrumented forward and backward graphs are hits).
 - PyTorch: ``TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4`` on the same training step
   (detects the loss and writes ``minifier_launcher.py``), then ``minifier_launcher.py minify`` with a
   time limit; we time both and check whether the minified ``repro.py`` holds ``aten.relu``.
-Both run on inductor's kernel cache as this machine has it, or with ``--cold`` on an empty one
+Both run on inductor's caches as this machine has them, or with ``--cold`` on empty ones
 (``TORCHINDUCTOR_CACHE_DIR`` in the run's temporary folder). Each prints one JSON line, then
 ``uptime`` (other jobs share the machine).
 """
@@ -64,7 +65,9 @@ print(report.summary(), file=sys.stderr)
 relu_line = next(i for i, l in enumerate(open(__file__), 1) if l.rstrip().endswith("# RELU LINE"))
 right = report.stage == "inductor" and report.node == "relu" and report.module == "layers.0.mlp" \\
     and report.source is not None and report.source.startswith(f"{{__file__}}:{{relu_line}} ")
-print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "right": right, "answer": report.finding.describe() if report.finding else None}}))
+fx_cache = {{k: v for k, v in torch._dynamo.utils.counters["inductor"].items() if k.startswith("fxgraph_cache")}}
+print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "right": right, "fx_graph_cache": fx_cache,
+                  "answer": report.finding.describe() if report.finding else None}}))
 '''
 
 _MINIFIER_RUN = '''

@@ -89,7 +89,7 @@ class GraphCapture:
     # -- compile time ----------------------------------------------------------------------------
     def add_graph(self, plan: GraphPlan) -> int:
         """Register an instrumented graph; returns the sink key its dump ops carry."""
-        key = register_sink(_GraphSink(self, plan))
+        key = register_sink(_GraphSink(self, plan), f"graph_capture/{plan.model}/{plan.phase}")
         self._sinks.append(key)
         return key
 
@@ -260,7 +260,7 @@ class _GraphSink:
     def __init__(self, capture: GraphCapture, plan: GraphPlan) -> None:
         self.capture, self.plan = capture, plan
 
-    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor], labels: list[str]) -> None:
         self.capture.on_graph(self.plan, stats, tensors)
 
     def on_point(self, point: int, tensors: list[torch.Tensor]) -> None:

@@ -1,8 +1,10 @@
 """The two custom ops that carry values out of a compiled graph to the dump.
 
-- ``torchdebug::dump_graph(Tensor stats, Tensor[] tensors, int sink) -> ()``: once per graph run,
-  the statistics of every dumped value as one float64 vector of ``7 * N`` values (computed inside the graph,
-  fused by inductor) and, for tensor dumps, the dumped tensors themselves. It ends the run.
+- ``torchdebug::dump_graph(Tensor stats, Tensor[] tensors, int sink, str labels="") -> ()``: once
+  per graph run, the statistics of every dumped value as one float64 vector of ``7 * N`` values
+  (computed inside the graph, fused by inductor) and, for tensor dumps, the dumped tensors
+  themselves; ``labels`` optionally names the tensors (comma-separated), so compiled code says what
+  it hands over. It ends the run.
 - ``torchdebug::dump_point(Tensor[] tensors, int sink, int point) -> ()``: tensors at one point of
   the graph (the watcher: after a node ran).
 
@@ -10,14 +12,16 @@ An extern call needs its inputs in memory, so inductor materialises the nodes wh
 passed even where it would have fused them; nodes not passed keep their fusion. Both ops return
 nothing and are registered as side-effectful (``torch.fx.node.has_side_effect``), so neither FX
 dead-code elimination nor inductor's scheduler drops them. ``sink`` is the key of a callback
-registered with :func:`register_sink`; compiled code holds only that integer. Both are tagged
+registered with :func:`register_sink`; compiled code holds only that integer (and the labels), so
+code that inductor's FX graph cache hands to another process reports to the sink that process
+registered under the same key (see :func:`register_sink`). Both are tagged
 ``cudagraph_unsafe``: inductor keeps the graph parts holding them out of CUDA graphs, so the
 values are read from regular buffers, never from static ones a later replay overwrites.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,37 +33,60 @@ from torch import Tensor
 class Sink(Protocol):
     """What a compiled graph reports to."""
 
-    def on_graph(self, stats: Tensor, tensors: list[Tensor]) -> None: ...
+    def on_graph(self, stats: Tensor, tensors: list[Tensor], labels: list[str]) -> None: ...
 
     def on_point(self, point: int, tensors: list[Tensor]) -> None: ...
 
 
 _SINKS: dict[int, Sink] = {}
-_NEXT = itertools.count()
+_ISSUED: dict[str, int] = {}
+"""Per identity: how many keys this process derived from it (keys are never handed out twice)."""
+_USED: set[int] = set()
 _TAGS: tuple[Any, ...] = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
 
 
-def register_sink(sink: Sink) -> int:
-    """Register ``sink`` and return the key compiled graphs pass to the ops."""
-    key = next(_NEXT)
+def _key(identity: str, index: int) -> int:
+    digest = hashlib.sha256(f"{identity}\0{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # a non-negative int64, as the op's schema takes
+
+
+def register_sink(sink: Sink, identity: str) -> int:
+    """Register ``sink`` and return the key compiled graphs pass to the ops.
+
+    The key is a hash of ``identity`` (what the instrumented graph is, e.g. its code and phase) and
+    of how many keys this process already derived from that identity. So it is the same in every
+    process that instruments the same graphs in the same order, which lets a caller put the key into
+    inductor's FX graph cache key (its pass's ``uuid()``): a cache hit then returns code that
+    reports to the sink registered now, never to another one. Within a process a key is never
+    handed out twice, so two live sinks never share one, and code compiled for a sink that is gone
+    delivers nowhere.
+    """
+    index = _ISSUED.get(identity, 0)
+    key = _key(identity, index)
+    while key in _USED:  # a 63-bit hash collision: move on, deterministically
+        index += 1
+        key = _key(identity, index)
+    _ISSUED[identity] = index + 1
+    _USED.add(key)
     _SINKS[key] = sink
     return key
 
 
 def unregister_sink(key: int) -> None:
+    """Stop delivering to ``key`` (its key is not reused)."""
     _SINKS.pop(key, None)
 
 
 @torch.library.custom_op("torchdebug::dump_graph", mutates_args=(), tags=_TAGS)
-def dump_graph(stats: Tensor, tensors: list[Tensor], sink: int) -> None:
+def dump_graph(stats: Tensor, tensors: list[Tensor], sink: int, labels: str = "") -> None:
     """Deliver one graph run's statistics and tensors to sink ``sink`` (a no-op once it is gone)."""
     target = _SINKS.get(sink)
     if target is not None:
-        target.on_graph(stats, tensors)
+        target.on_graph(stats, tensors, labels.split(",") if labels else [])
 
 
 @dump_graph.register_fake
-def _dump_graph_fake(stats: Tensor, tensors: list[Tensor], sink: int) -> None:
+def _dump_graph_fake(stats: Tensor, tensors: list[Tensor], sink: int, labels: str = "") -> None:
     return None
 
 

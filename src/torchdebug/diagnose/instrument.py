@@ -8,22 +8,30 @@ there. That pass passes every tensor node of the graph to ``torchdebug::dump_gra
 its inputs in memory, so inductor stores each node's value even where it fuses the node into a
 C++/Triton kernel, and the value is what that kernel computed. The first run's values are kept.
 
-The pass sits in inductor's config for the whole compile and run (``active()``), with no cache id:
-the AOT autograd and FX graph caches see it and step aside (a hit would skip the pass), while the
-kernel cache still serves C++/Triton kernels that are unchanged.
+Caching: the pass sits in inductor's config for the whole compile and run (``active()``). Inside
+``inner_compile`` its ``uuid()`` is the sink key of the graph being compiled, which
+:func:`~torchdebug.capture.graph_ops.register_sink` derives from the graph's code, its phase and
+how many identical graphs this process instrumented before. So inductor's FX graph cache can serve
+the instrumented code to a later process: a hit is only possible for the same key, and the cached
+code reports to the sink registered under that key now, with the node names it carries as the
+op's ``labels``. Outside ``inner_compile`` (AOT autograd's cache lookup) ``uuid()`` is ``None``:
+a hit there would skip ``inner_compile``, where the sink is registered, so that cache steps aside.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
+import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
 
+from torchdebug.capture import graph_ops
 from torchdebug.capture.graph_ops import DUMP_GRAPH, register_sink, unregister_sink
 from torchdebug.compile._inductor_hooks import CustomGraphPass, compile_fx, compile_fx_inner, inductor_config
 from torchdebug.compile.graph_stats import propagate_fake_values
@@ -41,7 +49,7 @@ class AotGraph:
     """``forward``, ``backward`` or ``inference``."""
     original: torch.fx.GraphModule
     values: dict[str, torch.Tensor] | None = None
-    names: list[str] = field(default_factory=list)
+    """Node name -> the value the compiled code computed in its first run."""
 
     @property
     def label(self) -> str:
@@ -54,43 +62,58 @@ class _Collector:
     def __init__(self, entry: AotGraph) -> None:
         self.entry = entry
 
-    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor], labels: list[str]) -> None:
         if self.entry.values is None:
-            self.entry.values = {name: t.detach().clone() for name, t in zip(self.entry.names, tensors)}
+            self.entry.values = {name: t.detach().clone() for name, t in zip(labels, tensors)}
 
     def on_point(self, point: int, tensors: list[torch.Tensor]) -> None:
         return None
 
 
-_current: contextvars.ContextVar[tuple[AotGraph, int] | None] = contextvars.ContextVar("torchdebug_diagnose_graph", default=None)
+_current: contextvars.ContextVar[int | None] = contextvars.ContextVar("torchdebug_diagnose_sink", default=None)
+"""The sink key of the AOT graph ``inner_compile`` is compiling now."""
 
 
 class _Materialize(CustomGraphPass):
     """Pass every tensor node to ``dump_graph`` before the output (see the module docstring)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        current = _current.get()
-        if current is None:
+        sink = _current.get()
+        if sink is None:
             return  # a compile that is not ours (the pass is in the config while we run)
-        entry, sink = current
         nodes = [
             n for n in graph.nodes
             if n.op in ("placeholder", "call_function") and isinstance(n.meta.get("val"), torch.Tensor)
         ]  # fmt: skip
-        entry.names = [n.name for n in nodes]
+        labels = ",".join(n.name for n in nodes)  # FX node names never hold a comma
         with graph.inserting_before(graph.find_nodes(op="output")[0]):
             empty = graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})
-            dump = graph.call_function(DUMP_GRAPH, (empty, nodes, sink))
+            dump = graph.call_function(DUMP_GRAPH, (empty, nodes, sink, labels))
         propagate_fake_values(graph, [empty, dump])
 
-    def uuid(self) -> None:
-        return None  # never cached: the sink exists in this process only
+    def uuid(self) -> tuple[str, str, int] | None:
+        """The sink key of the graph being compiled (see the module docstring), else ``None``."""
+        sink = _current.get()
+        return None if sink is None else ("torchdebug.diagnose.materialize", _CODE_ID, sink)
+
+
+_CODE_ID = hashlib.sha256((inspect.getsource(_Materialize) + inspect.getsource(graph_ops)).encode()).hexdigest()[:16]
+"""Changes with this pass and with the dump ops, so a cache never serves code they no longer match."""
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     return torch.fx.GraphModule(gm, graph)
+
+
+def _identity(phase: str, graph: torch.fx.GraphModule, inputs: Any) -> str:
+    """What an AOT graph is, for its sink key: phase, code and the kinds of its inputs."""
+    kinds = [
+        f"{x.dtype}{list(x.shape)}{list(x.stride())}" if isinstance(x, torch.Tensor) else type(x).__name__
+        for x in inputs
+    ]  # fmt: skip
+    return f"diagnose/{phase}/{kinds}\n{graph.code}"
 
 
 def _with_ours(ours: CustomGraphPass) -> list[Any]:
@@ -115,9 +138,9 @@ class InstrumentedInductor:
             phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
             entry = AotGraph(model, phase, _copy(graph))
             self.graphs.append(entry)
-            sink = register_sink(_Collector(entry))
+            sink = register_sink(_Collector(entry), _identity(phase, graph, inputs))
             self._sinks.append(sink)
-            token = _current.set((entry, sink))
+            token = _current.set(sink)
             try:
                 return compile_fx_inner(graph, inputs, **kwargs)
             finally:

@@ -104,8 +104,9 @@ def stats_vector(tensor: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _from_sums(sums: list[float], numel: int) -> StatsDict:
-    """Stats dict from :func:`fused_stats`' ``[min, max, sum, sum of squares, nan, posinf, neginf]``."""
+def stats_from_sums(sums: list[float], numel: int) -> StatsDict:
+    """Stats dict from the native kernels' ``[min, max, sum, sum of squares, nan, posinf, neginf]``
+    (:func:`~torchdebug.native.fused_stats.fused_stats`, ``copy_with_stats``)."""
     low, high, total, squares, nan, posinf, neginf = sums
     valid = numel - int(nan)
     if valid == 0:
@@ -119,7 +120,7 @@ def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
     x = _as_real(tensor.detach())
     sums = fused_stats(x)
     if sums is not None:
-        return _from_sums(sums, x.numel())
+        return stats_from_sums(sums, x.numel())
     if not x.is_floating_point():
         return stats_from_vector(stats_vector(x).tolist(), integral=True)
     acc = _accumulation_dtype(x)

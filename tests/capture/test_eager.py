@@ -215,3 +215,29 @@ def test_clones_are_saved_as_their_own_values(tmp_path):
     out = next(r for r in records if r.op == "aten.clone.default" and r.io == "output")
     assert "view" not in out.tensor
     assert torch.equal(torchdebug.load(tmp_path).ranks[0].load_tensor(out), x.exp().t().clone())
+
+
+def test_tensor_task_statistics_equal_statistics_task_and_the_saved_tensors(tmp_path):
+    """Tensor dumps take statistics during the snapshot copy; they must be those of the tensor."""
+    config = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64)
+
+    def run(path, task):
+        torchdebug.seed_all(0)
+        model = GPT(config)
+        optimizer = torch.optim.AdamW(model.parameters())
+        return _records(path, lambda: train_step(model, optimizer, make_batch(config, batch=2)), model, task=task)
+
+    by_stats = {r.name: r.stats for r in run(tmp_path / "stats", "statistics")}
+    tensor_records = run(tmp_path / "tensor", "tensor")
+    dump = torchdebug.load(tmp_path / "tensor").ranks[0]
+    checked = 0
+    for record in tensor_records:
+        if record.kind != "tensor" or not record.stats or record.stats["min"] is None:
+            continue
+        assert record.stats == pytest.approx(by_stats[record.name], rel=1e-5, abs=1e-6), record.name
+        if record.dtype == "float32" and "view" not in record.tensor:
+            saved = dump.load_tensor(record).double()
+            assert record.stats["max"] == saved.max().item() and record.stats["min"] == saved.min().item()
+            assert record.stats["norm"] == pytest.approx(saved.norm().item(), rel=1e-5)
+            checked += 1
+    assert checked > 100

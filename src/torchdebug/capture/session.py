@@ -19,7 +19,7 @@ import torch
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
-from torchdebug.stats import StatsStager
+from torchdebug.stats import StatsStager, stats_from_sums
 from torchdebug.store.tensor_batch import TensorBatch, storable
 from torchdebug.store.writer import RankWriter
 
@@ -176,15 +176,17 @@ class CaptureSession:
         seen = None if mutated else self._seen.get(id(tensor))
         if seen is None or seen.ref() is not tensor or seen.version != version:
             seen = self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, None, None)
+        if save and seen.tensor is None:
+            seen.tensor, sums = self._snapshot(record.name, tensor, with_stats=seen.stats is None)
+            if sums is not None:  # taken during the copy
+                seen.stats = stats_from_sums(sums, tensor.numel())
+            if tensor.is_contiguous() and not self._sampling_for(tensor):
+                seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
         if seen.stats is None:
             seen.stats = {}
             self._stager.add(tensor, seen.stats.update)
         record.stats = seen.stats
         if save:
-            if seen.tensor is None:
-                seen.tensor = self._snapshot(record.name, tensor)
-                if tensor.is_contiguous() and not self._sampling_for(tensor):
-                    seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
             record.tensor = seen.tensor
             record.sampled = self._sampling_for(tensor)
 
@@ -220,10 +222,13 @@ class CaptureSession:
             return self.sample_stride
         return None
 
-    def _snapshot(self, key: str, tensor: torch.Tensor) -> dict[str, str]:
-        """Copy the tensor now into the current tensor batch (it may change later)."""
+    def _snapshot(self, key: str, tensor: torch.Tensor, with_stats: bool = False) -> tuple[dict[str, str], list[float] | None]:
+        """Copy the tensor now into the current tensor batch (it may change later). Returns its
+        tensor reference and, when ``with_stats`` and the copy could take them, the native sums of
+        the whole tensor (never of a sample)."""
         data = storable(tensor.detach())
-        if self._sampling_for(tensor):
+        sampled = self._sampling_for(tensor)
+        if sampled:
             flat = data.reshape(-1)
             middle = flat[SAMPLE_EDGE : flat.shape[0] - SAMPLE_EDGE : self.sample_stride]
             data = torch.cat([flat[:SAMPLE_EDGE], middle, flat[flat.shape[0] - SAMPLE_EDGE :]])
@@ -232,10 +237,11 @@ class CaptureSession:
             self.flush()
         if self._batch is None:
             self._batch = self.writer.tensor_batch(nbytes + 64)
-        self._batch.add(key, data)
+        whole = with_stats and not sampled and not tensor.is_complex()
+        sums = self._batch.add(key, data, with_stats=whole)
         ref = {"key": key}
         self._tensor_refs.append(ref)
-        return ref
+        return ref, sums
 
     def add_records(self, records: list[Record]) -> None:
         """Queue finished records (graph capture computes their statistics in the graph)."""
@@ -243,7 +249,7 @@ class CaptureSession:
 
     def save(self, key: str, tensor: torch.Tensor) -> dict[str, str]:
         """Copy ``tensor`` into the current tensor batch now; returns its tensor reference."""
-        return self._snapshot(key, tensor)
+        return self._snapshot(key, tensor)[0]
 
     # -- writing -----------------------------------------------------------------------------
     def add_stack(self, stack_id: str, frames: list[str]) -> None:

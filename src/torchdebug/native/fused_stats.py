@@ -3,7 +3,8 @@
 Handles float32, bfloat16 and float64 CPU tensors of any layout: the kernel walks runs of contiguous
 elements in whatever order memory holds them (statistics do not depend on element order), so
 transposes, permutes, slices and broadcasts need no copy. Other dtypes and devices give ``None``
-and the caller uses torch ops. ctypes releases the GIL during the call.
+and the caller uses torch ops. :func:`copy_with_stats` snapshots a tensor and takes its statistics in
+the same pass. ctypes releases the GIL during the calls.
 """
 
 from __future__ import annotations
@@ -16,21 +17,35 @@ import torch
 
 from torchdebug.native.build import load_library
 
-Kernel = Callable[[int, int, ctypes.Array, ctypes.Array, ctypes.Array], int]
+Kernel = Callable[..., int]
+
+_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float64: "f64"}
 
 
 @functools.cache
-def _kernels() -> dict[torch.dtype, Kernel] | None:
+def _kernels() -> dict[torch.dtype, tuple[Kernel, Kernel]] | None:
+    """``dtype -> (stats kernel, copy-and-stats kernel)``, or ``None`` without the library."""
     library = load_library("stats")
     if library is None:
         return None
     kernels = {}
-    for dtype, symbol in ((torch.float32, "td_stats_f32"), (torch.bfloat16, "td_stats_bf16"), (torch.float64, "td_stats_f64")):
-        function = getattr(library, symbol)
-        function.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-        function.restype = ctypes.c_int
-        kernels[dtype] = function
+    for dtype, suffix in _SUFFIXES.items():
+        stats = getattr(library, f"td_stats_{suffix}")
+        stats.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        stats.restype = ctypes.c_int
+        copy = getattr(library, f"td_copy_stats_{suffix}")
+        copy.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+        copy.restype = ctypes.c_int
+        kernels[dtype] = (stats, copy)
     return kernels
+
+
+def _kernel(tensor: torch.Tensor, which: int) -> Kernel | None:
+    kernels = _kernels()
+    pair = kernels.get(tensor.dtype) if kernels is not None else None
+    if pair is None or tensor.device.type != "cpu" or tensor.is_neg():
+        return None
+    return pair[which]
 
 
 def available() -> bool:
@@ -66,9 +81,8 @@ def fused_stats(tensor: torch.Tensor) -> list[float] | None:
     """``[min, max, sum, sum of squares, nan, posinf, neginf]`` of a non-empty CPU tensor (NaNs left
     out of the first four; min/max NaN when all are NaN), or ``None`` when the kernel does not apply
     (another dtype or device). Layouts the kernel cannot walk are copied to a contiguous tensor first."""
-    kernels = _kernels()
-    kernel = kernels.get(tensor.dtype) if kernels is not None else None
-    if kernel is None or tensor.device.type != "cpu" or tensor.is_neg():
+    kernel = _kernel(tensor, 0)
+    if kernel is None:
         return None
     layout = _runs(tensor)
     if layout is None:
@@ -78,4 +92,15 @@ def fused_stats(tensor: torch.Tensor) -> list[float] | None:
     ndim = len(sizes)
     out = (ctypes.c_double * 7)()
     kernel(tensor.data_ptr(), ndim, (ctypes.c_int64 * ndim)(*sizes), (ctypes.c_int64 * ndim)(*strides), out)
+    return list(out)
+
+
+def copy_with_stats(tensor: torch.Tensor, address: int) -> list[float] | None:
+    """Copy a contiguous CPU tensor's bytes to memory at ``address`` and return its statistics as
+    :func:`fused_stats` does, in one pass; ``None`` (nothing copied) when the kernel does not apply."""
+    kernel = _kernel(tensor, 1)
+    if kernel is None or not tensor.is_contiguous():
+        return None
+    out = (ctypes.c_double * 7)()
+    kernel(tensor.data_ptr(), tensor.numel(), address, out)
     return list(out)

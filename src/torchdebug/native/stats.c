@@ -43,9 +43,10 @@ static inline float load_bf16(const void *p, int64_t i) {
 
 static inline double load_f64(const void *p, int64_t i) { return ((const double *)p)[i]; }
 
-/* One contiguous run, no NaN/Inf bookkeeping. ACC: float for 32-bit and narrower, double for float64. */
-#define FAST_RUN(NAME, LOAD, ACC)                                                                    \
-    static inline void NAME(const void *x, int64_t n, acc_t *acc) {                                  \
+/* One contiguous run, no NaN/Inf bookkeeping. ACC: float for 32-bit and narrower, double for float64.
+ * COPY: also copy the run's elements (TYPE, bit for bit) to dst in the same pass. */
+#define FAST_RUN(NAME, LOAD, ACC, TYPE, COPY)                                                        \
+    static inline void NAME(const void *x, void *dst, int64_t n, acc_t *acc) {                       \
         ACC mn[LANES], mx[LANES];                                                                    \
         for (int l = 0; l < LANES; l++) {                                                            \
             mn[l] = INFINITY;                                                                        \
@@ -56,6 +57,7 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
             int64_t end = i + BLOCK < n ? i + BLOCK : n;                                             \
             ACC block_sum[LANES] = {0}, block_squares[LANES] = {0};                                  \
             for (; i + LANES <= end; i += LANES) {                                                   \
+                if (COPY) memcpy((TYPE *)dst + i, (const TYPE *)x + i, LANES * sizeof(TYPE));        \
                 for (int l = 0; l < LANES; l++) {                                                    \
                     ACC v = LOAD(x, i + l);                                                          \
                     mn[l] = v < mn[l] ? v : mn[l];                                                   \
@@ -73,6 +75,7 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
             if (mn[l] < acc->low) acc->low = mn[l];                                                  \
             if (mx[l] > acc->high) acc->high = mx[l];                                                \
         }                                                                                            \
+        if (COPY) memcpy((TYPE *)dst + i, (const TYPE *)x + i, (size_t)(n - i) * sizeof(TYPE));      \
         for (; i < n; i++) {                                                                         \
             double v = LOAD(x, i);                                                                   \
             if (v < acc->low) acc->low = v;                                                          \
@@ -84,7 +87,8 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
 
 /* One contiguous run, double accumulation, NaN left out and counted, infinities counted. */
 #define CAREFUL_RUN(NAME, LOAD)                                                                      \
-    static void NAME(const void *x, int64_t n, acc_t *acc) {                                         \
+    static void NAME(const void *x, void *unused, int64_t n, acc_t *acc) {                           \
+        (void)unused;                                                                                \
         for (int64_t i = 0; i < n; i++) {                                                            \
             double v = LOAD(x, i);                                                                   \
             if (v != v) {                                                                            \
@@ -107,12 +111,27 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
         for (;;) {                                                                                   \
             int64_t offset = 0;                                                                      \
             for (int d = 0; d < ndim - 1; d++) offset += index[d] * strides[d];                      \
-            RUN(data + offset * (ELEMENT_SIZE), sizes[ndim - 1], &acc);                              \
+            RUN(data + offset * (ELEMENT_SIZE), NULL, sizes[ndim - 1], &acc);                        \
             int d = ndim - 2;                                                                        \
             while (d >= 0 && ++index[d] == sizes[d]) index[d--] = 0;                                 \
             if (d < 0) break;                                                                        \
         }                                                                                            \
     } while (0)
+
+static void finish(const acc_t *acc, int64_t numel, double *out) {
+    out[0] = acc->nan == numel ? NAN : acc->low;
+    out[1] = acc->nan == numel ? NAN : acc->high;
+    out[2] = acc->sum;
+    out[3] = acc->squares;
+    out[4] = (double)acc->nan;
+    out[5] = (double)acc->posinf;
+    out[6] = (double)acc->neginf;
+}
+
+static int needs_care(const acc_t *acc) {
+    int underflow = acc->squares < 1e-30 && (acc->low < 0 || acc->high > 0);
+    return !isfinite(acc->sum) || !isfinite(acc->squares) || underflow;
+}
 
 #define STATS(NAME, FAST_NAME, CAREFUL_NAME, TYPE)                                                   \
     MULTIVERSION int NAME(const void *x, int ndim, const int64_t *sizes, const int64_t *strides,     \
@@ -122,28 +141,42 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
         for (int d = 0; d < ndim; d++) numel *= sizes[d];                                            \
         acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                        \
         WALK(FAST_NAME, sizeof(TYPE));                                                               \
-        int underflow = acc.squares < 1e-30 && (acc.low < 0 || acc.high > 0);                        \
-        int careful = !isfinite(acc.sum) || !isfinite(acc.squares) || underflow;                     \
+        int careful = needs_care(&acc);                                                              \
         if (careful) {                                                                               \
             acc = (acc_t){INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                   \
             WALK(CAREFUL_NAME, sizeof(TYPE));                                                        \
         }                                                                                            \
-        out[0] = acc.nan == numel ? NAN : acc.low;                                                   \
-        out[1] = acc.nan == numel ? NAN : acc.high;                                                  \
-        out[2] = acc.sum;                                                                            \
-        out[3] = acc.squares;                                                                        \
-        out[4] = (double)acc.nan;                                                                    \
-        out[5] = (double)acc.posinf;                                                                 \
-        out[6] = (double)acc.neginf;                                                                 \
+        finish(&acc, numel, out);                                                                    \
         return careful;                                                                              \
     }
 
-FAST_RUN(fast_f32, load_f32, float)
-FAST_RUN(fast_bf16, load_bf16, float)
-FAST_RUN(fast_f64, load_f64, double)
+/* td_copy_stats_<dtype>(src, n, dst, out): copy n contiguous elements to dst and take their
+ * statistics in the same pass (a tensor snapshot costs one read of the tensor, not two). */
+#define COPY_STATS(NAME, COPY_NAME, CAREFUL_NAME)                                                    \
+    MULTIVERSION int NAME(const void *src, int64_t n, void *dst, double *out) {                      \
+        acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                        \
+        COPY_NAME(src, dst, n, &acc);                                                                \
+        int careful = needs_care(&acc);                                                              \
+        if (careful) {                                                                               \
+            acc = (acc_t){INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                   \
+            CAREFUL_NAME(dst, NULL, n, &acc);                                                        \
+        }                                                                                            \
+        finish(&acc, n, out);                                                                        \
+        return careful;                                                                              \
+    }
+
+FAST_RUN(fast_f32, load_f32, float, float, 0)
+FAST_RUN(fast_bf16, load_bf16, float, uint16_t, 0)
+FAST_RUN(fast_f64, load_f64, double, double, 0)
+FAST_RUN(copy_f32, load_f32, float, float, 1)
+FAST_RUN(copy_bf16, load_bf16, float, uint16_t, 1)
+FAST_RUN(copy_f64, load_f64, double, double, 1)
 CAREFUL_RUN(careful_f32, load_f32)
 CAREFUL_RUN(careful_bf16, load_bf16)
 CAREFUL_RUN(careful_f64, load_f64)
 STATS(td_stats_f32, fast_f32, careful_f32, float)
 STATS(td_stats_bf16, fast_bf16, careful_bf16, uint16_t)
 STATS(td_stats_f64, fast_f64, careful_f64, double)
+COPY_STATS(td_copy_stats_f32, copy_f32, careful_f32)
+COPY_STATS(td_copy_stats_bf16, copy_bf16, careful_bf16)
+COPY_STATS(td_copy_stats_f64, copy_f64, careful_f64)

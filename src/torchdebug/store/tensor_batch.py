@@ -9,12 +9,15 @@ are indexed as ``__pad_N`` uint8 tensors because the format forbids unindexed by
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import struct
 from pathlib import Path
 
 import torch
+
+from torchdebug.native.fused_stats import copy_with_stats
 
 PAD_PREFIX = "__pad_"
 """Keys of alignment padding entries (not user data)."""
@@ -61,8 +64,14 @@ class TensorBatch:
     def fits(self, nbytes: int) -> bool:
         return self.used + (-self.used) % _ALIGN + nbytes <= self.capacity
 
-    def add(self, key: str, tensor: torch.Tensor) -> None:
-        """Copy ``tensor`` (any device, any layout; a supported dtype) into the buffer now."""
+    def add(self, key: str, tensor: torch.Tensor, with_stats: bool = False) -> list[float] | None:
+        """Copy ``tensor`` (any device, any layout; a supported dtype) into the buffer now.
+
+        ``with_stats``: also return :func:`~torchdebug.native.fused_stats.copy_with_stats`' sums,
+        taken during the copy, where the native kernel applies (else ``None``). Contiguous CPU
+        tensors are copied by one single-threaded ``memcpy`` without the GIL: torch's two-thread
+        copy stalls badly when another process shares the cores.
+        """
         code = _DTYPE_CODES.get(tensor.dtype)
         if code is None:
             raise TypeError(f"dtype {tensor.dtype} cannot be saved in safetensors")
@@ -73,12 +82,20 @@ class TensorBatch:
         nbytes = tensor.numel() * tensor.element_size()
         if self.used + nbytes > self.capacity:
             raise ValueError(f"{key}: {nbytes} bytes do not fit in the batch ({self.capacity - self.used} left)")
-        target = self.buffer[self.used : self.used + nbytes].view(tensor.dtype).view(tensor.shape)
-        non_blocking = tensor.is_cuda and self.buffer.is_pinned()
-        target.copy_(tensor, non_blocking=non_blocking)
-        self._async = self._async or non_blocking
+        sums = None
+        if tensor.device.type == "cpu" and tensor.is_contiguous():
+            address = self.buffer.data_ptr() + self.used
+            sums = copy_with_stats(tensor, address) if with_stats else None
+            if sums is None:
+                ctypes.memmove(address, tensor.data_ptr(), nbytes)
+        else:
+            target = self.buffer[self.used : self.used + nbytes].view(tensor.dtype).view(tensor.shape)
+            non_blocking = tensor.is_cuda and self.buffer.is_pinned()
+            target.copy_(tensor, non_blocking=non_blocking)
+            self._async = self._async or non_blocking
         self.entries.append((key, code, list(tensor.shape), self.used, self.used + nbytes))
         self.used += nbytes
+        return sums
 
     def clear(self) -> None:
         """Empty the batch for reuse (the buffer is kept)."""

@@ -1,10 +1,13 @@
 """Step overhead of eager capture on the GPT example: plain vs each capture mode, in one process.
 
-    python bench/overhead.py [--steps 10] [--warmup 3]
+    python bench/overhead.py [--steps 10] [--block 3] [--warmup 2]
 
-Prints seconds per step and the ratio to the plain step, measured in this process, alternating
-modes so drift (thermal, other load) hits every mode alike. The model follows the foundation issue:
-4 layers, d_model 256, 4 heads, seq 128, batch 8, AdamW, CPU, fixed seed.
+Prints seconds per step and the ratio to the plain step, measured in this process. Modes take
+turns in blocks of ``--block`` consecutive steps, so drift (thermal, other load) hits every mode
+alike while tensor files written in the background overlap the next step of the same mode, as in
+training; each block ends with ``Debugger.flush()``, so every byte written is charged to its mode.
+The model follows the foundation issue: 4 layers, d_model 256, 4 heads, seq 128, batch 8, AdamW,
+CPU, fixed seed.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ MODES = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per mode")
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="timed blocks per mode")
+    parser.add_argument("--block", type=int, default=3, help="consecutive steps per block")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per mode")
     parser.add_argument("--modes", nargs="*", default=list(MODES))
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -54,20 +58,26 @@ def main() -> None:
             for mode in args.modes:
                 debugger = debuggers.get(mode)
                 start = time.perf_counter()
+                for _ in range(args.block):
+                    if debugger is not None:
+                        debugger.start(model)
+                    train_step(model, optimizer, batch)
+                    if debugger is not None:
+                        debugger.stop()
+                        debugger.step()
                 if debugger is not None:
-                    debugger.start(model)
-                train_step(model, optimizer, batch)
-                if debugger is not None:
-                    debugger.stop()
-                    debugger.step()
-                elapsed = time.perf_counter() - start
+                    debugger.flush()
+                elapsed = (time.perf_counter() - start) / args.block
                 if round_ >= args.warmup:
                     times[mode].append(elapsed)
         for debugger in debuggers.values():
             with contextlib.suppress(Exception):
                 debugger.close()
     plain = statistics.median(times["plain"]) if "plain" in times else None
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.steps} steps per mode (median)")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.steps} blocks "
+        f"of {args.block} steps per mode"
+    )
     for mode, values in times.items():
         median = statistics.median(values)
         ratio = f"{median / plain:.2f}x" if plain else "-"

@@ -9,8 +9,10 @@
         dbg.stop(); dbg.step()
 
 The run folder is created (and proven writable) when the debugger is built, before any training
-happens. Records are flushed at every ``stop``/``step`` and in batches in between; the completion
-marker is written by :meth:`Debugger.close`, a ``with`` block's end, or at interpreter exit.
+happens. Records are flushed at every ``stop``/``step`` and in batches in between; tensor files
+(``task="tensor"``) are written in the background while the next step runs, and are all on disk
+after :meth:`Debugger.flush` or :meth:`Debugger.close`. The completion marker is written by
+:meth:`Debugger.close`, a ``with`` block's end, or at interpreter exit.
 """
 
 from __future__ import annotations
@@ -171,6 +173,11 @@ class Debugger:
             self._tracker.stop()
         self._active = False
         self.session.flush(wait=True)
+
+    def flush(self) -> None:
+        """Wait until everything captured so far, tensor files included, is on disk (``stop``
+        waits for the records only; tensor files are written while the next step runs)."""
+        self.session.flush(wait=True, tensors=True)
 
     def step(self) -> None:
         """Mark the end of a training step: flush, and number what follows as the next step."""

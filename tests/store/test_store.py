@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -40,6 +41,40 @@ def test_written_records_stacks_and_tensors_read_back(tmp_path):
     assert dump.complete and dump.stack(record) == ['File "a.py", line 1, in f']
     tensor = dump.load_tensor(record)
     assert tensor.dtype == torch.bfloat16 and tensor.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_records_are_on_disk_at_drain_while_tensor_files_are_still_being_written(tmp_path, monkeypatch):
+    from torchdebug.store.tensor_batch import TensorBatch
+
+    release = threading.Event()
+    original = TensorBatch.write
+    monkeypatch.setattr(TensorBatch, "write", lambda self, *args: (release.wait(30), original(self, *args)))
+    writer = _writer(tmp_path)
+    batch = writer.tensor_batch(64)
+    batch.add("k", torch.ones(4))
+    ref = {"key": "k"}
+    writer.submit(0, [_record(0, tensor=ref)], batch, [ref])
+    writer.drain()  # returns although the tensor file is not written yet
+    partial = load(tmp_path).ranks[0]
+    (record,) = partial.records()
+    assert record.tensor is None and "stopped before" in record.error
+    release.set()
+    writer.close()
+    (record,) = load(tmp_path).ranks[0].records()
+    assert record.error is None and load(tmp_path).ranks[0].load_tensor(record).tolist() == [1.0] * 4
+
+
+def test_a_tensor_file_missing_from_a_complete_run_is_an_error(tmp_path):
+    writer = _writer(tmp_path)
+    batch = writer.tensor_batch(64)
+    batch.add("k", torch.ones(4))
+    ref = {"key": "k"}
+    writer.submit(0, [_record(0, tensor=ref)], batch, [ref])
+    writer.close()
+    dump = load(tmp_path).ranks[0]
+    (dump.path / ref["file"]).unlink()
+    with pytest.raises(DumpError, match=ref["file"]):
+        dump.load_tensor(dump.records()[0])
 
 
 def test_reader_skips_a_truncated_last_line_and_reports_the_dump_partial(tmp_path):
@@ -82,14 +117,25 @@ def test_tensor_files_open_with_the_safetensors_library(tmp_path):
     assert loaded["a"].tolist() == [1, 2, 3] and loaded["b"].tolist() == [[1.5, 2.5]] and loaded["c"].shape == (0, 2)
 
 
-def test_a_failed_write_is_reported_on_the_next_drain(tmp_path):
+def test_a_failed_tensor_write_is_reported_by_the_drain_that_waits_for_it(tmp_path):
     writer = _writer(tmp_path)
     batch = writer.tensor_batch(64)
     batch.add("a", torch.ones(2))
     (writer.rank_dir / "tensors").write_text("a file where the folder should be")
     writer.submit(0, [], batch, [])
     with pytest.raises(DumpError, match="writing the dump under .* failed"):
-        writer.drain()
+        writer.drain(tensors=True)
+
+
+def test_a_failed_tensor_write_is_reported_by_the_next_submit(tmp_path):
+    writer = _writer(tmp_path)
+    batch = writer.tensor_batch(64)
+    batch.add("a", torch.ones(2))
+    (writer.rank_dir / "tensors").write_text("a file where the folder should be")
+    writer.submit(0, [], batch, [])
+    writer._tensor_jobs.join()  # the background write has failed by now
+    with pytest.raises(DumpError, match="writing the dump under .* failed"):
+        writer.submit(0, [_record(0)], None, [])
 
 
 def test_run_folders_are_never_reused(tmp_path):
@@ -165,7 +211,9 @@ def test_a_process_killed_mid_step_keeps_every_flushed_record(tmp_path):
     assert (2, "aten.mul.Tensor") not in calls
     for record in dump.records():
         if record.tensor:
-            dump.load_tensor(record)  # every referenced tensor file is complete
+            dump.load_tensor(record)  # tensor files are complete or absent, never partial
+        elif record.kind == "tensor":
+            assert record.error.startswith("tensor not saved: the run stopped before")
 
 
 def test_fast_record_encoding_equals_json_for_every_field():

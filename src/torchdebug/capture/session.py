@@ -256,18 +256,19 @@ class CaptureSession:
         if not self.writer.has_stack(stack_id):
             self.writer.add_stack(stack_id, frames)
 
-    def flush(self, wait: bool = False) -> None:
+    def flush(self, wait: bool = False, tensors: bool = False) -> None:
         """Resolve staged statistics and hand pending records and tensors to the writer.
 
-        ``wait``: return only once they are on disk (the debugger waits at every ``stop``).
+        ``wait``: return only once the records are on disk (the debugger waits at every ``stop``);
+        ``tensors``: once the tensor files are too.
         """
         self._stager.flush()
         if self._records or self._batch is not None:
             records, self._records = self._records, []
             self.writer.submit(self.step, records, self._batch, self._tensor_refs)
             self._batch, self._tensor_refs = None, []
-        if wait:
-            self.writer.drain()
+        if wait or tensors:
+            self.writer.drain(tensors=tensors)
 
     def next_step(self) -> None:
         """Flush and start the next step (call indices and reuse caches start over)."""

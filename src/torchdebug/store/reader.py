@@ -104,7 +104,24 @@ class RankDump:
     @cached_property
     def _records(self) -> tuple[list[Record], bool]:
         rows, truncated = _read_jsonl(self.path / layout.RECORDS)
-        return [Record.from_json(row) for row in rows], truncated
+        records = [Record.from_json(row) for row in rows]
+        if not self.complete:
+            self._mark_unwritten_tensors(records)
+        return records, truncated
+
+    def _mark_unwritten_tensors(self, records: list[Record]) -> None:
+        """In a run that stopped without closing, tensor files still being written at the stop are
+        absent: their records keep everything else and say why the tensor is missing."""
+        exists: dict[str, bool] = {}
+        for record in records:
+            file = record.tensor.get("file") if record.tensor else None
+            if file is None:
+                continue
+            if file not in exists:
+                exists[file] = (self.path / file).is_file()
+            if not exists[file]:
+                record.tensor = None
+                record.error = f"tensor not saved: the run stopped before {file} was written"
 
     def records(self) -> list[Record]:
         """All records of this rank, in the order they were written."""

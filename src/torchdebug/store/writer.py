@@ -3,8 +3,13 @@
 Records and stacks are appended as JSON lines and handed to the OS with every batch, so a process
 killed mid-step (even by SIGKILL) keeps every batch written before the kill; only a last line may
 be cut short, and the reader accepts that. Tensor files are written under a temporary name and
-renamed into place before any record refers to them, so a record never points at a partial file.
-Encoding and writing run on a background thread so they overlap the training step.
+renamed into place, so a file is complete or absent, never partial.
+
+Two background threads write: one appends records and stacks, one writes tensor files. The
+debugger waits for the records at every step; tensor files are written while the next step runs
+(at most two batch buffers are in flight, so memory stays bounded and a slow disk slows the step
+rather than filling memory). ``close`` waits for both. A run killed before a tensor file was
+written keeps the records that name it; the reader marks them (see ``reader.py``).
 """
 
 from __future__ import annotations
@@ -76,9 +81,9 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 class RankWriter:
     """Appends one rank's records, stacks and tensor batches under its rank folder.
 
-    Writing happens on a background thread, in submission order: a batch's tensor file is renamed
-    into place before its records are appended, so a record never points at a missing file.
-    :meth:`drain` waits until everything submitted is on disk (the debugger drains every step).
+    Records and stacks are appended in submission order by one background thread, tensor files
+    written by another. :meth:`drain` waits until the records submitted so far are on disk (the
+    debugger drains every step); ``drain(tensors=True)`` and :meth:`close` wait for the tensors too.
     """
 
     def __init__(self, rank_dir: Path, manifest: dict[str, Any], *, batch_bytes: int = BATCH_BYTES) -> None:
@@ -94,15 +99,23 @@ class RankWriter:
         self._tensor_files: dict[int, int] = {}
         self._free_batches: queue.Queue[TensorBatch] = queue.Queue()
         self._batches_made = 0
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._record_jobs: queue.Queue[_RecordJob | None] = queue.Queue()
+        self._tensor_jobs: queue.Queue[_TensorJob | None] = queue.Queue()
         self._error: BaseException | None = None
         manifest = {"schema_version": SCHEMA_VERSION, "start_time": now_iso(), **manifest}
         _write_json_atomic(rank_dir / layout.MANIFEST, manifest)
         # Line-buffered text files: each write of whole lines reaches the OS at once.
         self._records = open(rank_dir / layout.RECORDS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._stacks = open(rank_dir / layout.STACKS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-        self._thread = threading.Thread(target=self._run, name=f"torchdebug-writer-{rank_dir.name}", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, args=(jobs, write), name=f"torchdebug-{kind}-{rank_dir.name}", daemon=True)
+            for kind, jobs, write in (
+                ("records", self._record_jobs, self._write_records),
+                ("tensors", self._tensor_jobs, self._write_tensors),
+            )
+        ]
+        for thread in self._threads:
+            thread.start()
         self.closed = False
 
     # -- called by the capturing thread --------------------------------------------------------
@@ -124,10 +137,14 @@ class RankWriter:
         if self._batches_made < 2 and self._free_batches.empty():
             self._batches_made += 1
             return TensorBatch(self.batch_bytes, pin_memory=pin)
-        return self._free_batches.get()
+        while True:  # wait for the tensor thread to hand a buffer back (or fail)
+            try:
+                return self._free_batches.get(timeout=1.0)
+            except queue.Empty:
+                self._raise_error()
 
     def submit(self, step: int, records: list[Record], batch: TensorBatch | None, refs: list[dict[str, str]]) -> None:
-        """Hand a batch to the writer thread: the tensor file first, then stacks and records.
+        """Hand a batch to the writer threads: the tensor file to one, stacks and records to the other.
 
         Names and JSON are made here, on the calling thread: encoding on the writer thread would
         hold the GIL while the training thread waits for it after every torch op.
@@ -146,11 +163,16 @@ class RankWriter:
         self._pending_stacks = []
         lines = "".join([encode_record(r) + "\n" for r in records])
         self.record_count += len(records)
-        self._jobs.put(_Job(step, tensor_file, batch, stacks, lines))
+        if batch is not None:
+            self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))
+        self._record_jobs.put(_RecordJob(stacks, lines))
 
-    def drain(self) -> None:
-        """Wait until every submitted batch is on disk; raise if writing failed."""
-        self._jobs.join()
+    def drain(self, tensors: bool = False) -> None:
+        """Wait until the records and stacks submitted so far are on disk (``tensors``: the tensor
+        files too); raise if writing failed."""
+        self._record_jobs.join()
+        if tensors:
+            self._tensor_jobs.join()
         self._raise_error()
 
     def _raise_error(self) -> None:
@@ -166,8 +188,10 @@ class RankWriter:
         error = self._error
         self._error = None
         self.submit(0, [], None, [])  # the stacks still pending
-        self._jobs.put(None)
-        self._thread.join()
+        for jobs in (self._record_jobs, self._tensor_jobs):
+            jobs.put(None)
+        for thread in self._threads:
+            thread.join()
         self._records.close()
         self._stacks.close()
         _write_json_atomic(
@@ -178,28 +202,30 @@ class RankWriter:
         self._raise_error()
 
     # -- the writer thread -----------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, jobs: queue.Queue, write: Any) -> None:
         while True:
-            job = self._jobs.get()
+            job = jobs.get()
             try:
                 if job is None:
                     return
                 if self._error is None:
-                    self._write(job)
+                    write(job)
             except BaseException as error:  # reported to the capturing thread by drain/submit
                 self._error = error
             finally:
-                self._jobs.task_done()
+                jobs.task_done()
 
-    def _write(self, job: _Job) -> None:
+    def _write_tensors(self, job: _TensorJob) -> None:
         batch = job.batch
-        if job.tensor_file is not None and batch is not None:
+        if job.tensor_file is not None:
             path = self.rank_dir / job.tensor_file
             path.parent.mkdir(exist_ok=True)
             batch.write(path, {"schema_version": str(SCHEMA_VERSION), "step": str(job.step)})
-        if batch is not None and batch.capacity == self.batch_bytes:
+        if batch.capacity == self.batch_bytes:
             batch.clear()
             self._free_batches.put(batch)
+
+    def _write_records(self, job: _RecordJob) -> None:
         if job.stacks:
             self._stacks.write(job.stacks)
         if job.lines:
@@ -207,11 +233,13 @@ class RankWriter:
 
 
 @dataclass
-class _Job:
+class _TensorJob:
     step: int
     tensor_file: str | None
-    batch: TensorBatch | None
+    batch: TensorBatch
+
+
+@dataclass
+class _RecordJob:
     stacks: str
     lines: str
-
-

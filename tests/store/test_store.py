@@ -237,3 +237,16 @@ def test_fast_record_encoding_equals_json_for_every_field():
     assert decoded == expected
     minimal = _record(1)
     assert json.loads(encode_record(minimal)) == minimal.to_json()
+
+
+def test_debugger_flush_puts_every_tensor_file_on_disk_before_close(tmp_path):
+    dbg = torchdebug.Debugger(tmp_path, task="tensor")
+    dbg.start()
+    (torch.ones(8) * 2).relu()
+    dbg.stop()
+    dbg.flush()
+    dump = load(tmp_path).ranks[0]
+    assert not dump.complete
+    saved = [r for r in dump.records() if r.kind == "tensor"]
+    assert saved and all(r.error is None and dump.load_tensor(r).numel() == 8 for r in saved)
+    dbg.close()

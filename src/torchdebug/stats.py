@@ -171,10 +171,10 @@ class StatsStager:
 
     def add(self, tensor: torch.Tensor, sink: Callable[[StatsDict], None]) -> None:
         """Compute the statistics of ``tensor`` and deliver them to ``sink`` by the next flush."""
-        if tensor.numel() == 0:
+        if tensor.is_cpu:
+            sink(_cpu_stats(tensor) if tensor.numel() else _empty_stats())
+        elif tensor.numel() == 0 or tensor.is_meta:
             sink(_empty_stats())
-        elif tensor.device.type in ("cpu", "meta"):
-            sink(_cpu_stats(tensor) if tensor.device.type == "cpu" else _empty_stats())
         else:
             integral = not (tensor.is_floating_point() or tensor.is_complex())
             self._staged.append((stats_vector(tensor), integral, sink))

@@ -63,8 +63,22 @@ def json_value(value: Any) -> Any:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_DEVICE_NAMES: dict[torch.device, str] = {}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _device_name(device: torch.device) -> str:
+    name = _DEVICE_NAMES.get(device)
+    if name is None:
+        name = _DEVICE_NAMES[device] = str(device)
+    return name
 
 
 class _Seen:
@@ -164,7 +178,7 @@ class CaptureSession:
     def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
         record.dtype = dtype_name(tensor.dtype)
         record.shape = list(tensor.shape)
-        record.device = str(tensor.device)
+        record.device = _device_name(tensor.device)
         if tensor.layout != torch.strided:
             record.error = f"layout {tensor.layout} is not captured"
             return

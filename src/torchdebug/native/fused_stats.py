@@ -19,7 +19,13 @@ from torchdebug.native.build import load_library
 
 Kernel = Callable[..., int]
 
+MAX_DIMS = 16
+"""Dimensions the kernel walks at most (after dropping size-1 dims and merging contiguous ones)."""
+
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float64: "f64"}
+
+_Sums = ctypes.c_double * 7
+_Dims = [ctypes.c_int64 * n for n in range(MAX_DIMS + 1)]
 
 
 @functools.cache
@@ -43,7 +49,7 @@ def _kernels() -> dict[torch.dtype, tuple[Kernel, Kernel]] | None:
 def _kernel(tensor: torch.Tensor, which: int) -> Kernel | None:
     kernels = _kernels()
     pair = kernels.get(tensor.dtype) if kernels is not None else None
-    if pair is None or tensor.device.type != "cpu" or tensor.is_neg():
+    if pair is None or not tensor.is_cpu or tensor.is_neg():
         return None
     return pair[which]
 
@@ -51,10 +57,6 @@ def _kernel(tensor: torch.Tensor, which: int) -> Kernel | None:
 def available() -> bool:
     """Whether the native kernels could be built and loaded here."""
     return _kernels() is not None
-
-
-MAX_DIMS = 16
-"""Dimensions the kernel walks at most (after dropping size-1 dims and merging contiguous ones)."""
 
 
 def _runs(tensor: torch.Tensor) -> tuple[list[int], list[int]] | None:
@@ -90,8 +92,8 @@ def fused_stats(tensor: torch.Tensor) -> list[float] | None:
         layout = [tensor.numel()], [1]
     sizes, strides = layout
     ndim = len(sizes)
-    out = (ctypes.c_double * 7)()
-    kernel(tensor.data_ptr(), ndim, (ctypes.c_int64 * ndim)(*sizes), (ctypes.c_int64 * ndim)(*strides), out)
+    out = _Sums()
+    kernel(tensor.data_ptr(), ndim, _Dims[ndim](*sizes), _Dims[ndim](*strides), out)
     return list(out)
 
 
@@ -101,6 +103,6 @@ def copy_with_stats(tensor: torch.Tensor, address: int) -> list[float] | None:
     kernel = _kernel(tensor, 1)
     if kernel is None or not tensor.is_contiguous():
         return None
-    out = (ctypes.c_double * 7)()
+    out = _Sums()
     kernel(tensor.data_ptr(), tensor.numel(), address, out)
     return list(out)

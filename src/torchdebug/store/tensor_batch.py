@@ -83,7 +83,7 @@ class TensorBatch:
         if self.used + nbytes > self.capacity:
             raise ValueError(f"{key}: {nbytes} bytes do not fit in the batch ({self.capacity - self.used} left)")
         sums = None
-        if tensor.device.type == "cpu" and tensor.is_contiguous():
+        if tensor.is_cpu and tensor.is_contiguous():
             address = self.buffer.data_ptr() + self.used
             sums = copy_with_stats(tensor, address) if with_stats else None
             if sums is None:

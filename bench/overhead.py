@@ -1,19 +1,21 @@
 """Step overhead of eager capture on the GPT example: plain vs each capture mode, in one process.
 
-    python bench/overhead.py [--steps 10] [--block 3] [--warmup 2]
+    python bench/overhead.py [--steps 10] [--block 3] [--warmup 2] [--dir /dev/shm --delete-tensors]
 
 Prints seconds per step and the ratio to the plain step, measured in this process. Modes take
 turns in blocks of ``--block`` consecutive steps, so drift (thermal, other load) hits every mode
 alike while tensor files written in the background overlap the next step of the same mode, as in
 training; each block ends with ``Debugger.flush()``, so every byte written is charged to its mode.
 The model follows the foundation issue: 4 layers, d_model 256, 4 heads, seq 128, batch 8, AdamW,
-CPU, fixed seed.
+CPU, fixed seed. Tensor mode writes about half a gigabyte a step, so on a disk it measures the
+disk; ``--dir /dev/shm --delete-tensors`` measures torchdebug's own cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +42,11 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=3, help="consecutive steps per block")
     parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per mode")
     parser.add_argument("--modes", nargs="*", default=list(MODES))
+    parser.add_argument("--dir", type=Path, default=None, help="where the dumps go (default: a temporary folder)")
+    parser.add_argument(
+        "--delete-tensors", action="store_true",
+        help="delete each block's tensor files after it is timed (keeps a RAM disk such as /dev/shm from filling up)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     torchdebug.seed_all(1234)
@@ -48,7 +55,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = make_batch(config, batch=8)
     times: dict[str, list[float]] = {mode: [] for mode in args.modes}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         debuggers = {
             mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_"), **options)
             for mode, options in MODES.items()
@@ -70,6 +77,9 @@ def main() -> None:
                 elapsed = (time.perf_counter() - start) / args.block
                 if round_ >= args.warmup:
                     times[mode].append(elapsed)
+                if debugger is not None and args.delete_tensors:
+                    for folder in Path(tmp).glob(f"{mode.replace('/', '_')}/*/*/tensors"):
+                        shutil.rmtree(folder)
         for debugger in debuggers.values():
             with contextlib.suppress(Exception):
                 debugger.close()

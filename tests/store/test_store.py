@@ -117,22 +117,24 @@ def test_tensor_files_open_with_the_safetensors_library(tmp_path):
     assert loaded["a"].tolist() == [1, 2, 3] and loaded["b"].tolist() == [[1.5, 2.5]] and loaded["c"].shape == (0, 2)
 
 
-def test_a_failed_tensor_write_is_reported_by_the_drain_that_waits_for_it(tmp_path):
+def _failing_tensor_write(tmp_path) -> RankWriter:
+    """A writer whose submitted tensor batch cannot be written (a file where the folder goes)."""
     writer = _writer(tmp_path)
     batch = writer.tensor_batch(64)
     batch.add("a", torch.ones(2))
     (writer.rank_dir / "tensors").write_text("a file where the folder should be")
     writer.submit(0, [], batch, [])
+    return writer
+
+
+def test_a_failed_tensor_write_is_reported_by_the_drain_that_waits_for_it(tmp_path):
+    writer = _failing_tensor_write(tmp_path)
     with pytest.raises(DumpError, match="writing the dump under .* failed"):
         writer.drain(tensors=True)
 
 
 def test_a_failed_tensor_write_is_reported_by_the_next_submit(tmp_path):
-    writer = _writer(tmp_path)
-    batch = writer.tensor_batch(64)
-    batch.add("a", torch.ones(2))
-    (writer.rank_dir / "tensors").write_text("a file where the folder should be")
-    writer.submit(0, [], batch, [])
+    writer = _failing_tensor_write(tmp_path)
     writer._tensor_jobs.join()  # the background write has failed by now
     with pytest.raises(DumpError, match="writing the dump under .* failed"):
         writer.submit(0, [_record(0)], None, [])

@@ -1,7 +1,7 @@
 """Records from compiled graphs: one :class:`GraphCapture` per backend with ``enable_dump``.
 
 Instrumented graphs call back (``torchdebug.capture.graph_ops``) once per run with their
-statistics matrix and dumped tensors; this module turns them into the same records eager capture
+statistics vector and dumped tensors; this module turns them into the same records eager capture
 writes (``capture="graph"``, ``node`` = FX node name) through a :class:`CaptureSession` and its
 :class:`RankWriter`, in one run folder per backend::
 
@@ -82,6 +82,7 @@ class GraphCapture:
         self._forward_bases: dict[str, dict[Key, int]] = {}
         self._seq = 0
         self._run: _Run | None = None
+        self._templates: dict[int, tuple[tuple[Any, ...], list[list[tuple[SlotPlan, dict[str, Any]]]]]] = {}
         self._sinks: list[int] = []
         self._closed = False
         atexit.register(self.close)
@@ -126,7 +127,7 @@ class GraphCapture:
         self._run = None
         if not run.dumped or self.scene == "watcher":
             return
-        rows = stats.view(-1, 7).tolist() if stats.numel() else []
+        rows = self._rows(plan, stats)
         if plan.golden is not None:
             calls = range(len(plan.calls))
         elif self.scene == "overflow":
@@ -137,12 +138,10 @@ class GraphCapture:
         refs: dict[int, dict[str, str]] = {}
         stats_of: dict[int, dict[str, Any]] = {}
         records = []
+        templates = self._templates_of(run)
         for index in calls:
-            call = plan.calls[index]
-            prefix = self._call_name(run, call)
-            fwd = self._fwd_name(plan, call)
-            for slot in call.slots:
-                record = self._record(run, call, slot, prefix, fwd)
+            for slot, fields in templates[index]:
+                record = Record(step=run.step, **fields)
                 if slot.kind == "tensor" and slot.note is None:
                     self._fill(record, run, slot, rows, tensors, stats_of, refs)
                 records.append(record)
@@ -162,7 +161,7 @@ class GraphCapture:
         for (index, arg), tensor in zip(spec.watched, tensors[-len(spec.watched) :]):
             call = plan.calls[index]
             slot = next(s for s in call.slots if s.io == "output" and s.arg == arg)
-            record = self._record(run, call, slot, self._call_name(run, call), None)
+            record = Record(step=run.step, **self._fields(run, call, slot, self._call_name(run, call), None))
             record.extra = {"after": spec.after}
             record.stats = tensor_stats(tensor)
             if self.save_tensors:
@@ -171,6 +170,15 @@ class GraphCapture:
         self.session.add_records(records)
 
     # -- building records --------------------------------------------------------------------------
+    @staticmethod
+    def _rows(plan: GraphPlan, stats: torch.Tensor) -> list[dict[str, Any] | None]:
+        """Statistics dicts by row, from the graph's vector (7 numbers per row)."""
+        rows: list[dict[str, Any] | None] = [None] * len(plan.integral)
+        vector = stats.tolist() if stats.numel() else []
+        for index, row in enumerate(plan.vector_rows):
+            rows[row] = stats_from_vector(vector[7 * index : 7 * index + 7], plan.integral[row])
+        return rows
+
     def _call_name(self, run: _Run, call: CallPlan) -> str:
         phase, module, op = call.key
         return f"{phase}/{module}/{op}#{run.bases[call.key] + call.local}"
@@ -182,21 +190,42 @@ class GraphCapture:
         base = self._forward_bases.get(plan.model, {}).get(call.fwd[0], 0)
         return f"{phase}/{module}/{op}#{base + local}"
 
-    def _record(self, run: _Run, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> Record:
+    def _templates_of(self, run: _Run) -> list[list[tuple[SlotPlan, dict[str, Any]]]]:
+        """Per call of the plan, per slot: the record fields that do not change from step to step.
+
+        They depend on where the run's call indices and seq numbers start (and, for backward
+        graphs, the forward's), which repeat every step of a steady training loop, so the last
+        ones of each plan are kept.
+        """
+        plan = run.plan
+        forward_bases = self._forward_bases.get(plan.model, {})
+        signature = (tuple(run.bases.values()), run.seq, tuple(forward_bases.values()) if plan.phase == "backward" else ())
+        cached = self._templates.get(id(plan))
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        templates = []
+        for call in plan.calls:
+            prefix, fwd = self._call_name(run, call), self._fwd_name(plan, call)
+            templates.append([(slot, self._fields(run, call, slot, prefix, fwd)) for slot in call.slots])
+        self._templates[id(plan)] = (signature, templates)
+        return templates
+
+    def _fields(self, run: _Run, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> dict[str, Any]:
+        """A slot's record fields but ``step``, statistics and tensor."""
         phase, module, op = call.key
         meta = slot.meta or {}
         source = call.source
         if source is not None:
             self.session.add_stack(source.stack_id, list(source.frames))
-        return Record(
-            name=f"{prefix}/{slot.io}.{slot.arg}", step=run.step, rank=self.rank, phase=phase, module=module, op=op,
+        return dict(
+            name=f"{prefix}/{slot.io}.{slot.arg}", rank=self.rank, phase=phase, module=module, op=op,
             call=run.bases[call.key] + call.local, seq=run.seq + call.order, io=slot.io, arg=slot.arg, kind=slot.kind,
             dtype=meta.get("dtype"), shape=meta.get("shape"), stride=meta.get("stride"), device=meta.get("device"),
             value=slot.value, stack=source.stack_id if source else None, source=source.source if source else None,
             fwd=fwd, node=call.node, capture="graph", error=slot.note, extra={"graph": f"{run.plan.model}/{run.plan.phase}"},
         )  # fmt: skip
 
-    def _fill(self, record: Record, run: _Run, slot: SlotPlan, rows: list, tensors: list[torch.Tensor],
+    def _fill(self, record: Record, run: _Run, slot: SlotPlan, rows: list[dict[str, Any] | None], tensors: list[torch.Tensor],
               stats_of: dict[int, dict[str, Any]], refs: dict[int, dict[str, str]]) -> None:  # fmt: skip
         """Statistics (shared by the slots of one value) and the saved tensor of one slot."""
         if run.plan.golden is not None:
@@ -213,15 +242,13 @@ class GraphCapture:
             record.tensor = refs.get(key)
             return
         if slot.stat is not None:
-            if slot.stat not in stats_of:
-                stats_of[slot.stat] = stats_from_vector(rows[slot.stat], slot.integral)
-            record.stats = stats_of[slot.stat]
+            record.stats = rows[slot.stat]
         if slot.tensor is not None and self.save_tensors:
             if slot.tensor not in refs:
                 refs[slot.tensor] = self.session.save(record.name, tensors[slot.tensor])
             record.tensor = refs[slot.tensor]
 
-    def _note_overflow(self, run: _Run, calls: list[int], rows: list) -> None:
+    def _note_overflow(self, run: _Run, calls: list[int], rows: list[dict[str, Any] | None]) -> None:
         if not calls or (self.overflows and self.overflows[-1].step == run.step):
             return
         call = run.plan.calls[calls[0]]

@@ -1,20 +1,23 @@
-"""The two custom ops that carry values out of a compiled graph to the dump.
+"""The custom ops that carry values out of a compiled graph to the dump.
 
 - ``torchdebug::dump_graph(Tensor stats, Tensor[] tensors, int sink, str labels="") -> ()``: once
-  per graph run, the statistics of every dumped value as one float64 vector of ``7 * N`` values
-  (computed inside the graph, fused by inductor) and, for tensor dumps, the dumped tensors
-  themselves; ``labels`` optionally names the tensors (comma-separated), so compiled code says what
-  it hands over. It ends the run.
+  per graph run, the statistics computed inside the graph as one float64 vector of ``7 * N`` values
+  (fused by inductor) and, for tensor dumps, the dumped tensors themselves; ``labels`` optionally
+  names the tensors (comma-separated), so compiled code says what it hands over. It ends the run.
+- ``torchdebug::host_stats(Tensor[] tensors) -> Tensor``: the statistics of each tensor, taken on
+  the host when the graph reaches the call (CPU values: one native pass each, see
+  ``torchdebug.native``), as ``7 * N`` float64 values in ``torchdebug.stats.stats_vector`` order. A
+  plain function of its inputs: the graph feeds its result into ``dump_graph``'s ``stats``.
 - ``torchdebug::dump_point(Tensor[] tensors, int sink, int point) -> ()``: tensors at one point of
   the graph (the watcher: after a node ran).
 
 An extern call needs its inputs in memory, so inductor materialises the nodes whose tensors are
-passed even where it would have fused them; nodes not passed keep their fusion. Both ops return
-nothing and are registered as side-effectful (``torch.fx.node.has_side_effect``), so neither FX
+passed even where it would have fused them; nodes not passed keep their fusion. ``dump_graph`` and
+``dump_point`` return nothing and are registered as side-effectful (``torch.fx.node.has_side_effect``), so neither FX
 dead-code elimination nor inductor's scheduler drops them. ``sink`` is the key of a callback
 registered with :func:`register_sink`; compiled code holds only that integer (and the labels), so
 code that inductor's FX graph cache hands to another process reports to the sink that process
-registered under the same key (see :func:`register_sink`). Both are tagged
+registered under the same key (see :func:`register_sink`). All are tagged
 ``cudagraph_unsafe``: inductor keeps the graph parts holding them out of CUDA graphs, so the
 values are read from regular buffers, never from static ones a later replay overwrites.
 """
@@ -22,12 +25,16 @@ values are read from regular buffers, never from static ones a later replay over
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.fx
 from torch import Tensor
+
+from torchdebug.records import STAT_KEYS
+from torchdebug.stats import tensor_stats
 
 
 class Sink(Protocol):
@@ -90,6 +97,21 @@ def _dump_graph_fake(stats: Tensor, tensors: list[Tensor], sink: int, labels: st
     return None
 
 
+@torch.library.custom_op("torchdebug::host_stats", mutates_args=(), tags=_TAGS)
+def host_stats(tensors: list[Tensor]) -> Tensor:
+    """``stats_vector`` of each tensor, one after the other (CPU tensors in one native pass each)."""
+    values: list[float] = []
+    for tensor in tensors:
+        stats = tensor_stats(tensor)
+        values += (math.nan if stats[key] is None else float(stats[key]) for key in STAT_KEYS)
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@host_stats.register_fake
+def _host_stats_fake(tensors: list[Tensor]) -> Tensor:
+    return torch.empty(7 * len(tensors), dtype=torch.float64)
+
+
 @torch.library.custom_op("torchdebug::dump_point", mutates_args=(), tags=_TAGS)
 def dump_point(tensors: list[Tensor], sink: int, point: int) -> None:
     """Deliver the tensors of dump point ``point`` to sink ``sink``."""
@@ -105,5 +127,6 @@ def _dump_point_fake(tensors: list[Tensor], sink: int, point: int) -> None:
 
 DUMP_GRAPH: Callable[..., Any] = torch.ops.torchdebug.dump_graph.default
 DUMP_POINT: Callable[..., Any] = torch.ops.torchdebug.dump_point.default
+HOST_STATS: Callable[..., Any] = torch.ops.torchdebug.host_stats.default
 for _op in (DUMP_GRAPH, DUMP_POINT):
     torch.fx.node.has_side_effect(_op)

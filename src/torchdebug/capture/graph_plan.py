@@ -38,9 +38,8 @@ class SlotPlan:
     """``dtype``, ``shape``, ``stride``, ``device`` from the node's fake value (symbolic sizes as strings)."""
     value: Any = None
     """A non-tensor argument's JSON value."""
-    integral: bool = False
     stat: int | None = None
-    """Row of this slot's statistics in the graph's statistics matrix."""
+    """Statistics row of this slot's value; slots holding the same elements share a row."""
     tensor: int | None = None
     """Index of this slot's tensor in the tensors the graph hands over (tensor dumps)."""
     source_node: str | None = None
@@ -87,6 +86,10 @@ class GraphPlan:
     """Op calls per key in the whole graph (dumped or not), to keep call indices in step with eager."""
     n_ops: int
     points: list[PointPlan] = field(default_factory=list)
+    integral: list[bool] = field(default_factory=list)
+    """Per statistics row: the value has an integer or bool dtype (min and max are ints)."""
+    vector_rows: list[int] = field(default_factory=list)
+    """The row of each block of 7 numbers in the statistics vector ``dump_graph`` receives."""
     golden: torch.fx.GraphModule | None = None
     """``dump_stage="original"``: the graph before the backend's passes, interpreted on the real inputs."""
     forward_calls: dict[Any, tuple[Key, int]] = field(default_factory=dict)

@@ -1,8 +1,7 @@
 """The overflow scene: keep only the calls whose outputs hold NaN or Inf, and name the first one.
 
-Statistics rows (``torchdebug.stats`` order: min, max, mean, norm, nan, posinf, neginf) of every
-output are computed inside the compiled graph; a call overflows when any output row counts a NaN or
-an Inf. Graph order is a valid execution order and a NaN flows only downstream, so the first
+The statistics of every output are taken as the compiled graph runs (inside it, or by the host as
+soon as the value exists); a call overflows when any output's statistics count a NaN or an Inf. Graph order is a valid execution order and a NaN flows only downstream, so the first
 overflowing call of the first graph that ran in a step is where the step's non-finite values begin,
 forward or backward (``torch.autograd.detect_anomaly`` under compile only names
 ``CompiledFunctionBackward``).
@@ -13,12 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torchdebug.capture.graph_plan import GraphPlan
 
 log = logging.getLogger("torchdebug.capture.overflow")
 
-_NONFINITE = slice(4, 7)
+Rows = Sequence[dict[str, Any] | None]
+"""Statistics dicts (``torchdebug.stats`` keys) by statistics row."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,25 +40,31 @@ class Overflow:
         return f"step {self.step}: {self.name} (node {self.node} in {self.graph}) at {where}: {self.nan} NaN, {self.inf} Inf"
 
 
-def overflowing_calls(plan: GraphPlan, rows: Sequence[Sequence[float]]) -> list[int]:
+def _nonfinite(stats: dict[str, Any] | None) -> tuple[int, int]:
+    if stats is None:
+        return 0, 0
+    return stats["nan"], stats["posinf"] + stats["neginf"]
+
+
+def overflowing_calls(plan: GraphPlan, rows: Rows) -> list[int]:
     """Indices of the plan's calls with a NaN or Inf in an output, in graph order."""
     found = []
     for index, call in enumerate(plan.calls):
         for slot in call.slots:
-            if slot.io == "output" and slot.stat is not None and any(rows[slot.stat][_NONFINITE]):
+            if slot.io == "output" and slot.stat is not None and any(_nonfinite(rows[slot.stat])):
                 found.append(index)
                 break
     return found
 
 
-def nonfinite_counts(plan: GraphPlan, index: int, rows: Sequence[Sequence[float]]) -> tuple[int, int]:
+def nonfinite_counts(plan: GraphPlan, index: int, rows: Rows) -> tuple[int, int]:
     """``(NaN count, Inf count)`` over the outputs of one call."""
     nan = inf = 0
     for slot in plan.calls[index].slots:
         if slot.io == "output" and slot.stat is not None:
-            row = rows[slot.stat]
-            nan += int(row[4])
-            inf += int(row[5]) + int(row[6])
+            row_nan, row_inf = _nonfinite(rows[slot.stat])
+            nan += row_nan
+            inf += row_inf
     return nan, inf
 
 

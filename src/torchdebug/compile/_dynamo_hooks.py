@@ -15,8 +15,7 @@ Why these and not others:
 - ``get_debug_dir()``: PyTorch's ``run_<time>-pid_<pid>`` folder for ``TORCH_COMPILE_DEBUG``.
 - ``trace_structured_artifact``: puts our files into the TORCH_TRACE log, so tlparse shows them.
 - ``detect_fake_mode``: the fake mode of a graph's example values, to give nodes our passes insert
-  a ``meta["val"]`` as AOT autograd would have; ``unset_fake_temporarily``: leave the compile's
-  fake mode to trace our statistics subgraph with real constants.
+  a ``meta["val"]`` as AOT autograd would have.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from functorch.compile import make_boxed_func, min_cut_rematerialization_partiti
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import get_debug_dir, get_metrics_context
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch._logging._internal import trace_structured_artifact
 from torch.torch_version import TorchVersion
 
@@ -47,7 +45,6 @@ __all__ = [
     "make_boxed_func",
     "min_cut_rematerialization_partition",
     "recompile_reason",
-    "unset_fake_temporarily",
     "user_frames",
 ]
 

@@ -5,13 +5,19 @@ Reads ``node.meta``: ``val`` (dtype, shape, device), ``nn_module_stack`` / ``fwd
 marks). Writes nothing to existing nodes. After the pass the graph holds, for ``dump_stage``
 ``optimized``:
 
-- after each value a dumped slot reads, the nodes of its statistics (``graph_stats``), fused by
-  inductor with the rest of the graph; views and clones reuse the statistics of their input;
-- before the output, ``torchdebug::dump_graph(cat(statistics), [dumped tensors], sink)``: one
-  ``[N, 7]`` tensor per run to the host, and the tensors of a tensor dump (passing them to an extern
+- for each value a dumped slot reads (views and clones share the row of their input), its
+  statistics. CPU values that inductor keeps in memory anyway (graph inputs and outputs, inputs and
+  outputs of matrix products and convolutions) go to ``torchdebug::host_stats`` a few at a time,
+  as soon as they exist, and the host takes them in one native pass each (``torchdebug.native``,
+  about twice as fast per element as inductor's fused reductions here, and nothing to compile).
+  The other values get statistics nodes inside the graph (``graph_stats``), fused by inductor into
+  the loops that compute them: storing them for the host would cost more than it saves;
+- before the output, ``torchdebug::dump_graph(cat(statistics), [dumped tensors], sink)``: the
+  in-graph statistics and the ``host_stats`` results (in ``GraphPlan.vector_rows`` order) as one
+  small tensor per run to the host, and the tensors of a tensor dump (passing them to an extern
   call is what makes inductor materialise them; nodes not passed keep their fusion);
 - for the watcher scene, ``torchdebug::dump_point([...], sink, i)`` after each watched node and each
-  ``layer`` node.
+  ``layer`` node (no statistics rows: the watcher takes its own).
 
 For ``dump_stage="original"`` the graph only hands its inputs to ``dump_point(..., -1)`` when it
 starts and calls ``dump_graph`` when it ends; the values come from an interpreter over a copy of the
@@ -31,17 +37,21 @@ import torch
 import torch.fx
 
 from torchdebug.capture.graph import GraphCapture
-from torchdebug.capture.graph_ops import DUMP_GRAPH, DUMP_POINT
+from torchdebug.capture.graph_ops import DUMP_GRAPH, DUMP_POINT, HOST_STATS
 from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan
 from torchdebug.capture.session import dtype_name, iter_slots, json_value
 from torchdebug.compile import graph_stats, node_names
 from torchdebug.compile.debug_dir import current_phase
 from torchdebug.compile.dump_scenes import DumpSettings, safe_model_name
+from torchdebug.native import fused_stats
 
 SCOPE_KEY = "torchdebug_data_dump"
 """The ``node.meta["custom"]`` key ``torchdebug.scope.data_dump()`` sets."""
 
 aten = torch.ops.aten
+
+HOST_GROUP = 8
+"""CPU values handed to one ``host_stats`` call (fewer calls; values stay in memory a little longer)."""
 
 
 @dataclass
@@ -62,6 +72,27 @@ def _meta(value: torch.Tensor) -> dict[str, Any]:
 
 def _integral(value: torch.Tensor) -> bool:
     return not (value.is_floating_point() or value.is_complex())
+
+
+_STORED_AROUND = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten.convolution_backward})
+"""Ops inductor runs as extern kernels: their inputs and outputs are in memory in any case."""
+
+
+def _host_stats(value: torch.Tensor) -> bool:
+    """Whether the host can take this value's statistics (see the module docstring)."""
+    return value.device.type == "cpu" and fused_stats.available()
+
+
+def _stored(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose values inductor keeps in memory whatever we add: graph inputs and outputs and
+    the inputs and outputs of extern kernels (statistics from the host cost them no extra store)."""
+    stored = set(graph.find_nodes(op="placeholder"))
+    stored.update(graph.find_nodes(op="output")[0].all_input_nodes)
+    for node in graph.nodes:
+        if getattr(node.target, "overloadpacket", None) in _STORED_AROUND:
+            stored.add(node)
+            stored.update(node.all_input_nodes)
+    return stored
 
 
 def _output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | None, Any]]:
@@ -158,9 +189,23 @@ class _Planner:
             self.model.forward_calls.update(forward_calls)
         plan = GraphPlan(self.model.name, self.aot_phase, calls, counts, order, golden=golden)
         plan.points = self._points(calls) if self.settings.scene == "watcher" else []
-        self.stat_nodes = sorted(self.stat_rows, key=self.stat_rows.get)
+        self._split_rows(plan)
         self.tensor_nodes = sorted(self.tensor_index, key=self.tensor_index.get)
         return plan
+
+    def _split_rows(self, plan: GraphPlan) -> None:
+        """Who computes each statistics row: the host for CPU values stored in memory anyway, in
+        groups of values in the order the graph computes them (``host_groups``); the graph for the
+        others (``graph_nodes``), so that fused values stay fused."""
+        nodes = sorted(self.stat_rows, key=self.stat_rows.get)
+        plan.integral = [_integral(n.meta["val"]) for n in nodes]
+        stored = {self._source(n) for n in _stored(self.graph)}
+        on_host = {n for n in nodes if n in stored and _host_stats(n.meta["val"])}
+        self.graph_nodes = [n for n in nodes if n not in on_host]
+        position = {n: i for i, n in enumerate(self.graph.nodes)}
+        host = sorted(on_host, key=position.__getitem__)
+        self.host_groups = [host[i : i + HOST_GROUP] for i in range(0, len(host), HOST_GROUP)]
+        plan.vector_rows = [self.stat_rows[n] for n in self.graph_nodes + host]
 
     def _slots(self, node: torch.fx.Node, golden: bool) -> Iterator[SlotPlan]:
         mode = self.settings.mode
@@ -185,16 +230,22 @@ class _Planner:
     def _slot(self, io: str, arg: str, holder: torch.fx.Node | None, value: Any, golden: bool) -> SlotPlan:
         if not isinstance(value, torch.Tensor):
             return SlotPlan(io, arg, kind="value", value=json_value(value))
-        slot = SlotPlan(io, arg, meta=_meta(value), integral=_integral(value))
+        slot = SlotPlan(io, arg, meta=_meta(value))
         if holder is None or golden:
             slot.source_node = holder.name if holder is not None else None
             return slot
-        slot.stat = self._stat_row(holder)
+        if self.settings.scene != "watcher":
+            slot.stat = self._stat_row(holder)
         if self.settings.data == "tensor" and self.settings.scene == "model":
             slot.tensor = self.tensor_index.setdefault(holder, len(self.tensor_index))
         return slot
 
     def _stat_row(self, node: torch.fx.Node) -> int:
+        return self.stat_rows.setdefault(self._source(node), len(self.stat_rows))
+
+    @staticmethod
+    def _source(node: torch.fx.Node) -> torch.fx.Node:
+        """The node whose value holds the same elements as ``node`` (through views and clones)."""
         source = node
         while (
             source.op == "call_function" and getattr(source.target, "overloadpacket", None) in graph_stats.SAME_ELEMENTS
@@ -203,7 +254,7 @@ class _Planner:
             and source.args[0].meta["val"].dtype == source.meta["val"].dtype
         ):  # fmt: skip
             source = source.args[0]
-        return self.stat_rows.setdefault(source, len(self.stat_rows))
+        return source
 
     def _points(self, calls: list[CallPlan]) -> list[PointPlan]:
         """A point after each watched node (its reference values) and after each later ``layer`` node."""
@@ -225,7 +276,7 @@ class _Instrumenter:
 
     def __init__(self, graph: torch.fx.Graph, plan: GraphPlan, sink: int, planner: _Planner) -> None:
         self.graph, self.plan, self.sink = graph, plan, sink
-        self.stat_nodes, self.tensor_nodes = planner.stat_nodes, planner.tensor_nodes
+        self.graph_nodes, self.host_groups, self.tensor_nodes = planner.graph_nodes, planner.host_groups, planner.tensor_nodes
 
     def run(self) -> None:
         graph, plan = self.graph, self.plan
@@ -236,10 +287,14 @@ class _Instrumenter:
             inputs = [n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)]
             with graph.inserting_before(after_inputs):
                 graph.call_function(DUMP_POINT, (inputs, self.sink, -1))
-        stats = [
-            graph_stats.insert_stats(graph, node, after_inputs if node.op == "placeholder" else node.next)
-            for node in self.stat_nodes
-        ]
+
+        def after(node: torch.fx.Node) -> torch.fx.Node:
+            return after_inputs if node.op == "placeholder" else node.next
+
+        stats = [graph_stats.insert_stats(graph, node, after(node)) for node in self.graph_nodes]
+        for nodes in self.host_groups:  # in the order of plan.vector_rows: graph rows, then host rows
+            with graph.inserting_before(after(nodes[-1])):
+                stats.append(graph.call_function(HOST_STATS, (nodes,)))
         with graph.inserting_before(graph.find_nodes(op="output")[0]):
             if stats:  # one flat vector of 7 * N values (inductor lowers cat, not stack)
                 matrix = graph.call_function(aten.cat.default, (stats,))

@@ -1,23 +1,32 @@
-"""Statistics as FX nodes: ``torchdebug.stats.stats_vector`` traced once per dtype and device, then
-inlined after each dumped value, so inductor fuses the reductions into kernels of the graph.
+"""Statistics as FX nodes, inserted after each dumped value so inductor fuses them into one loop.
 
-The trace uses inductor's decompositions (the graph after our pass is lowered as is) and contains
-only whole-tensor reductions, so one trace serves every shape. After inlining, the new nodes get
-``meta["val"]`` from the graph's own fake mode (:func:`propagate_fake_values`): later inductor passes
-and lowering read it.
+The numbers are those of ``torchdebug.stats.stats_vector`` (a float64 7-vector in ``STAT_KEYS``
+order; NaN in the first four means "no value"), written for inductor's code generators. For a
+floating value ``x`` inductor reads ``x`` once and keeps seven accumulators, all vectorised:
+
+- ``nan = x != x``: the NaN mask (``isnan`` is computed element by element in inductor's C++ code,
+  which made it the most expensive part of the statistics);
+- counts of NaN, ``+inf`` and ``-inf``: ``int32`` sums (``int64`` above 2**31 elements);
+- ``min`` / ``max`` of ``x`` with NaN replaced by ``+inf`` / ``-inf``;
+- ``sum`` of ``x`` with NaN replaced by 0, accumulated in float32 (float64 for float64 values);
+- the sum of squares in float64 (the squares may overflow float32).
+
+Then, on 0-d values: ``valid = numel - nan`` (``numel`` from the shape, or one more count when
+the shape is symbolic), ``mean = sum / valid``, ``norm = sqrt(sum of squares)``, and NaN where
+``valid == 0``. Integer and bool values are taken in float64 with zero counts; complex values by
+their magnitudes. After insertion the new nodes get ``meta["val"]`` from the graph's own fake mode
+(:func:`propagate_fake_values`): later inductor passes and lowering read it.
 """
 
 from __future__ import annotations
 
-import functools
+import math
+from typing import Any
 
 import torch
 import torch.fx
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from torchdebug.compile._dynamo_hooks import detect_fake_mode, unset_fake_temporarily
-from torchdebug.compile._inductor_hooks import select_decomp_table
-from torchdebug.stats import stats_vector
+from torchdebug.compile._dynamo_hooks import detect_fake_mode
 
 aten = torch.ops.aten
 
@@ -27,35 +36,77 @@ SAME_ELEMENTS = frozenset(
 )  # fmt: skip
 """Ops whose output holds exactly the elements of their first input: the statistics are reused."""
 
+_INT32_COUNT_LIMIT = 2**31 - 1
 
-@functools.cache
-def _template(dtype: torch.dtype, device: torch.device) -> tuple[torch.fx.GraphModule, dict[str, float]]:
-    """The traced statistics graph and the values of its 0-d constants (the NaN meaning "no value")."""
-    with unset_fake_temporarily():  # traced outside the compile's fake mode, constants are real
-        example = torch.zeros(2, 2, dtype=dtype, device=device)
-        gm = make_fx(stats_vector, decomposition_table=select_decomp_table(), tracing_mode="fake")(example)
-        constants = {str(n.target): getattr(gm, str(n.target)).item() for n in gm.graph.find_nodes(op="get_attr")}
-    return gm, constants
+
+class _Builder:
+    """Appends aten nodes before one point of a graph."""
+
+    def __init__(self, graph: torch.fx.Graph, device: torch.device) -> None:
+        self.graph, self.device = graph, device
+
+    def __call__(self, op: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        return self.graph.call_function(op, args, kwargs)
+
+    def constant(self, value: float) -> torch.fx.Node:
+        return self(aten.full.default, [], value, dtype=torch.float64, device=self.device)
+
+    def f64(self, node: torch.fx.Node) -> torch.fx.Node:
+        return self(torch.ops.prims.convert_element_type.default, node, torch.float64)
+
+    def count(self, mask: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+        return self.f64(self(aten.sum.default, mask, dtype=dtype))
 
 
 def insert_stats(graph: torch.fx.Graph, value: torch.fx.Node, before: torch.fx.Node) -> torch.fx.Node:
     """Insert the statistics of ``value`` (a 7-vector, float64) before ``before``; return its node."""
     fake = value.meta["val"]
-    template, constants = _template(fake.dtype, fake.device)
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    numel = fake.numel()
+    static = isinstance(numel, int)
+    b = _Builder(graph, fake.device)
     with graph.inserting_before(before):
-        for node in template.graph.nodes:
-            if node.op == "placeholder":
-                env[node] = value
-            elif node.op == "get_attr":  # 0-d constants (the NaN that means "no value")
-                env[node] = graph.call_function(
-                    aten.full.default, ([], constants[str(node.target)]), {"dtype": torch.float64, "device": fake.device}
-                )
-            elif node.op == "output":
-                return env[node.args[0]]
-            else:
-                env[node] = graph.node_copy(node, lambda n: env[n])
-    raise AssertionError("a traced graph always ends in an output node")
+        if static and numel == 0:
+            entries = [b.constant(math.nan)] * 4 + [b.constant(0.0)] * 3
+        elif fake.is_floating_point() or fake.is_complex():
+            x = b(aten.abs.default, value) if fake.is_complex() else value
+            entries = _floating(b, x, fake.dtype in (torch.float64, torch.complex128), numel if static else None)
+        else:
+            entries = _integral(b, value)
+        return b(aten.cat.default, [b(aten.view.default, e, [1]) for e in entries])
+
+
+def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None) -> list[torch.fx.Node]:
+    """Seven 0-d float64 nodes for a floating value (``double``: float64 or complex128);
+    ``numel`` is ``None`` when symbolic."""
+    count_dtype = torch.int32 if numel is not None and numel <= _INT32_COUNT_LIMIT else torch.int64
+    nan = b(aten.ne.Tensor, x, x)
+    counts = [
+        b.count(nan, count_dtype),
+        b.count(b(aten.eq.Scalar, x, math.inf), count_dtype),
+        b.count(b(aten.eq.Scalar, x, -math.inf), count_dtype),
+    ]
+    low = b.f64(b(aten.amin.default, b(aten.where.self, nan, b.constant(math.inf), x)))
+    high = b.f64(b(aten.amax.default, b(aten.where.self, nan, b.constant(-math.inf), x)))
+    zeroed = b(aten.where.self, nan, b.constant(0.0), x)
+    total = b.f64(b(aten.sum.default, zeroed, dtype=torch.float64 if double else torch.float32))
+    wide = b.f64(zeroed)
+    norm = b(aten.sqrt.default, b(aten.sum.default, b(aten.mul.Tensor, wide, wide)))
+    if numel is not None:
+        valid = b(aten.sub.Tensor, b.constant(float(numel)), counts[0])
+    else:
+        valid = b.count(b(aten.logical_not.default, nan), torch.int64)
+    has = b(aten.gt.Scalar, valid, 0)
+    mean = b(aten.div.Tensor, total, b(aten.clamp_min.default, valid, 1.0))
+    none = b.constant(math.nan)
+    return [*(b(aten.where.self, has, v, none) for v in (low, high, mean, norm)), *counts]
+
+
+def _integral(b: _Builder, x: torch.fx.Node) -> list[torch.fx.Node]:
+    """Seven 0-d float64 nodes for a non-empty integer or bool value (no NaN or Inf possible)."""
+    wide = b.f64(x)
+    zero = b.constant(0.0)
+    norm = b(aten.sqrt.default, b(aten.sum.default, b(aten.mul.Tensor, wide, wide)))
+    return [b(aten.amin.default, wide), b(aten.amax.default, wide), b(aten.mean.default, wide), norm, zero, zero, zero]
 
 
 def propagate_fake_values(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:

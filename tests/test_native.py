@@ -2,6 +2,7 @@
 
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,6 +48,13 @@ def _cases() -> list[tuple[str, torch.Tensor]]:
     cases.append(("broadcast", torch.randn(5, 1, generator=generator).expand(5, 7)))
     cases.append(("strided 1-d (copied first)", torch.randn(100, generator=generator)[::3]))
     cases.append(("sliced 4-d permute", torch.randn(3, 4, 5, 6, generator=generator)[:, 1:3].permute(3, 1, 0, 2)))
+    big = torch.randn(300_001, generator=generator)  # split over the threads of torch's pool
+    big[[0, 150_000, 300_000]] = float("nan")
+    big[[10, 290_000]] = float("inf")
+    big[200_000] = -float("inf")
+    cases.append(("nan and inf in every thread's chunk", big))
+    cases.append(("bfloat16, parallel", (torch.randn(200_000, generator=generator) * 7).to(torch.bfloat16)))
+    cases.append(("float64, parallel", torch.randn(150_000, generator=generator, dtype=torch.float64)))
     return cases
 
 
@@ -115,6 +123,45 @@ def test_a_failing_compiler_falls_back_with_a_warning(fresh_build, monkeypatch, 
     assert build.load_library("stats") is None
     assert "torch ops instead" in caplog.text
     assert fused_stats.fused_stats(torch.randn(10)) is None
+
+
+@needs_compiler
+def test_copy_with_stats_copies_and_agrees_with_the_kernel_on_big_tensors():
+    tensor = torch.randn(300_001, generator=torch.Generator().manual_seed(1))
+    tensor[123_456] = float("nan")
+    target = torch.empty_like(tensor)
+    sums = fused_stats.copy_with_stats(tensor, target.data_ptr())
+    assert torch.equal(target.isnan(), tensor.isnan()) and torch.equal(target.nan_to_num(), tensor.nan_to_num())
+    want = fused_stats.fused_stats(tensor)
+    assert sums[:2] == want[:2] and sums[4:] == want[4:] == [1.0, 0.0, 0.0]
+    assert sums[2:4] == pytest.approx(want[2:4], rel=1e-9)
+
+
+@needs_compiler
+def test_results_do_not_depend_on_the_thread_count_beyond_rounding():
+    tensor = torch.randn(500_000, generator=torch.Generator().manual_seed(2)) * 3
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fused_stats.fused_stats(tensor)
+        torch.set_num_threads(max(2, threads))
+        many = fused_stats.fused_stats(tensor)
+        assert fused_stats.fused_stats(tensor) == many, "the same thread count gives the same bits"
+    finally:
+        torch.set_num_threads(threads)
+    assert one[:2] == many[:2] and one[4:] == many[4:]
+    assert one[2:4] == pytest.approx(many[2:4], rel=1e-5, abs=1e-3 * math.sqrt(tensor.numel()))  # float32 blocks
+
+
+@needs_compiler
+@pytest.mark.skipif(not build.torch_uses_gnu_openmp(), reason="torch does not run on GNU OpenMP here")
+def test_kernel_shares_torchs_openmp_runtime(fresh_build):
+    library = build.load_library("stats")
+    assert library is not None
+    assert b"libgomp.so.1" in Path(library._name).read_bytes(), "built with -fopenmp"
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "/libgomp" in line}
+    assert len(runtimes) == 1, f"one OpenMP runtime in the process, not {sorted(runtimes)}"
 
 
 def test_walk_covers_views_without_copying():

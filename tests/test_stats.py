@@ -86,7 +86,8 @@ def test_device_path_agrees_with_cpu_path(tensor):
     via_vector = stats_from_vector(stats_vector(tensor).tolist(), integral)
     direct = tensor_stats(tensor)
     for key, value in direct.items():
-        assert via_vector[key] == pytest.approx(value, rel=1e-6), key
+        # float32 accumulation: a mean near zero is exact only up to the tensor's scale
+        assert via_vector[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
 
 
 def test_stager_delivers_statistics_at_flush_for_staged_tensors():

@@ -12,14 +12,26 @@
  * td_stats_<dtype>(data, ndim, sizes, strides, out): strides in elements, strides[ndim-1] == 1,
  * ndim <= MAX_DIMS; out[7] = {min, max, sum, sum of squares, nan, posinf, neginf}, min/max NaN when
  * every element is NaN. Returns 1 when the careful loop ran.
+ *
+ * Built with -fopenmp where torch runs on GNU OpenMP (build.py checks), so the parallel regions
+ * below share torch's own thread pool: a contiguous tensor of at least PARALLEL_MIN elements is cut
+ * into one chunk per thread, in order, as at::parallel_for cuts the op that produced it, so each
+ * thread mostly reads what its core just wrote. The partial sums are merged in thread order: the
+ * same thread count gives the same result on every run.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define LANES 16
 #define BLOCK 4096
 #define MAX_DIMS 16
+#define PARALLEL_MIN 65536 /* elements; smaller tensors take one thread (a region costs microseconds) */
+#define MAX_THREADS 64
+#define CHUNK_ALIGN 64 /* chunk boundaries in elements, so every chunk but the last is whole blocks */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define MULTIVERSION __attribute__((target_clones("avx2", "default")))
@@ -46,7 +58,7 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
 /* One contiguous run, no NaN/Inf bookkeeping. ACC: float for 32-bit and narrower, double for float64.
  * COPY: also copy the run's elements (TYPE, bit for bit) to dst in the same pass. */
 #define FAST_RUN(NAME, LOAD, ACC, TYPE, COPY)                                                        \
-    static inline void NAME(const void *x, void *dst, int64_t n, acc_t *acc) {                       \
+    MULTIVERSION static void NAME(const void *x, void *dst, int64_t n, acc_t *acc) {                       \
         ACC mn[LANES], mx[LANES];                                                                    \
         for (int l = 0; l < LANES; l++) {                                                            \
             mn[l] = INFINITY;                                                                        \
@@ -85,23 +97,32 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
         }                                                                                            \
     }
 
-/* One contiguous run, double accumulation, NaN left out and counted, infinities counted. */
+/* One contiguous run, double accumulation, NaN left out and counted, infinities counted. Written
+ * without branches so that it vectorises (a masked softmax input holds -inf in every row). */
 #define CAREFUL_RUN(NAME, LOAD)                                                                      \
-    static void NAME(const void *x, void *unused, int64_t n, acc_t *acc) {                           \
+    MULTIVERSION static void NAME(const void *x, void *unused, int64_t n, acc_t *acc) {                           \
         (void)unused;                                                                                \
+        double low = acc->low, high = acc->high, sum = 0.0, squares = 0.0;                           \
+        int64_t nan = 0, posinf = 0, neginf = 0;                                                     \
         for (int64_t i = 0; i < n; i++) {                                                            \
             double v = LOAD(x, i);                                                                   \
-            if (v != v) {                                                                            \
-                acc->nan++;                                                                          \
-                continue;                                                                            \
-            }                                                                                        \
-            if (v == INFINITY) acc->posinf++;                                                        \
-            else if (v == -INFINITY) acc->neginf++;                                                  \
-            if (v < acc->low) acc->low = v;                                                          \
-            if (v > acc->high) acc->high = v;                                                        \
-            acc->sum += v;                                                                           \
-            acc->squares += v * v;                                                                   \
+            int is_nan = v != v;                                                                     \
+            nan += is_nan;                                                                           \
+            posinf += v == INFINITY;                                                                 \
+            neginf += v == -INFINITY;                                                                \
+            low = v < low ? v : low; /* NaN compares false: skipped */                               \
+            high = v > high ? v : high;                                                              \
+            double kept = is_nan ? 0.0 : v;                                                          \
+            sum += kept;                                                                             \
+            squares += kept * kept;                                                                  \
         }                                                                                            \
+        acc->low = low;                                                                              \
+        acc->high = high;                                                                            \
+        acc->sum += sum;                                                                             \
+        acc->squares += squares;                                                                     \
+        acc->nan += nan;                                                                             \
+        acc->posinf += posinf;                                                                       \
+        acc->neginf += neginf;                                                                       \
     }
 
 /* Calls RUN on every contiguous run of the tensor (an odometer over the outer dimensions). */
@@ -133,17 +154,66 @@ static int needs_care(const acc_t *acc) {
     return !isfinite(acc->sum) || !isfinite(acc->squares) || underflow;
 }
 
+typedef void (*run_fn)(const void *x, void *dst, int64_t n, acc_t *acc);
+
+static const acc_t ACC_INIT = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};
+
+static void merge(acc_t *into, const acc_t *part) {
+    if (part->low < into->low) into->low = part->low;
+    if (part->high > into->high) into->high = part->high;
+    into->sum += part->sum;
+    into->squares += part->squares;
+    into->nan += part->nan;
+    into->posinf += part->posinf;
+    into->neginf += part->neginf;
+}
+
+/* RUN over n contiguous elements (and dst, when copying), one chunk per thread of torch's pool. */
+static acc_t run_split(run_fn run, const char *src, char *dst, int64_t n, size_t element_size) {
+    acc_t total = ACC_INIT;
+#ifdef _OPENMP
+    int threads = omp_get_max_threads();
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (n >= PARALLEL_MIN && threads > 1 && !omp_in_parallel()) {
+        acc_t parts[MAX_THREADS];
+        int used = 1;
+#pragma omp parallel num_threads(threads)
+        {
+            int t = omp_get_thread_num(), k = omp_get_num_threads();
+            int64_t chunk = (n + k - 1) / k;
+            chunk = (chunk + CHUNK_ALIGN - 1) / CHUNK_ALIGN * CHUNK_ALIGN;
+            int64_t begin = t * chunk < n ? t * chunk : n, end = begin + chunk < n ? begin + chunk : n;
+            parts[t] = ACC_INIT;
+            if (end > begin)
+                run(src + begin * element_size, dst ? dst + begin * element_size : NULL, end - begin, &parts[t]);
+            if (t == 0) used = k;
+        }
+        for (int t = 0; t < used; t++) merge(&total, &parts[t]);
+        return total;
+    }
+#endif
+    run(src, dst, n, &total);
+    return total;
+}
+
 #define STATS(NAME, FAST_NAME, CAREFUL_NAME, TYPE)                                                   \
-    MULTIVERSION int NAME(const void *x, int ndim, const int64_t *sizes, const int64_t *strides,     \
+    int NAME(const void *x, int ndim, const int64_t *sizes, const int64_t *strides,     \
                           double *out) {                                                             \
         const char *data = (const char *)x;                                                          \
         int64_t numel = 1;                                                                           \
         for (int d = 0; d < ndim; d++) numel *= sizes[d];                                            \
-        acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                        \
-        WALK(FAST_NAME, sizeof(TYPE));                                                               \
+        acc_t acc;                                                                                   \
+        if (ndim == 1) {                                                                             \
+            acc = run_split(FAST_NAME, data, NULL, numel, sizeof(TYPE));                             \
+        } else {                                                                                     \
+            acc = ACC_INIT;                                                                          \
+            WALK(FAST_NAME, sizeof(TYPE));                                                           \
+        }                                                                                            \
         int careful = needs_care(&acc);                                                              \
-        if (careful) {                                                                               \
-            acc = (acc_t){INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                   \
+        if (careful && ndim == 1) {                                                                  \
+            acc = run_split(CAREFUL_NAME, data, NULL, numel, sizeof(TYPE));                          \
+        } else if (careful) {                                                                        \
+            acc = ACC_INIT;                                                                          \
             WALK(CAREFUL_NAME, sizeof(TYPE));                                                        \
         }                                                                                            \
         finish(&acc, numel, out);                                                                    \
@@ -152,15 +222,11 @@ static int needs_care(const acc_t *acc) {
 
 /* td_copy_stats_<dtype>(src, n, dst, out): copy n contiguous elements to dst and take their
  * statistics in the same pass (a tensor snapshot costs one read of the tensor, not two). */
-#define COPY_STATS(NAME, COPY_NAME, CAREFUL_NAME)                                                    \
-    MULTIVERSION int NAME(const void *src, int64_t n, void *dst, double *out) {                      \
-        acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                        \
-        COPY_NAME(src, dst, n, &acc);                                                                \
+#define COPY_STATS(NAME, COPY_NAME, CAREFUL_NAME, TYPE)                                              \
+    int NAME(const void *src, int64_t n, void *dst, double *out) {                      \
+        acc_t acc = run_split(COPY_NAME, (const char *)src, (char *)dst, n, sizeof(TYPE));           \
         int careful = needs_care(&acc);                                                              \
-        if (careful) {                                                                               \
-            acc = (acc_t){INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};                                   \
-            CAREFUL_NAME(dst, NULL, n, &acc);                                                        \
-        }                                                                                            \
+        if (careful) acc = run_split(CAREFUL_NAME, (const char *)dst, NULL, n, sizeof(TYPE));        \
         finish(&acc, n, out);                                                                        \
         return careful;                                                                              \
     }
@@ -177,6 +243,6 @@ CAREFUL_RUN(careful_f64, load_f64)
 STATS(td_stats_f32, fast_f32, careful_f32, float)
 STATS(td_stats_bf16, fast_bf16, careful_bf16, uint16_t)
 STATS(td_stats_f64, fast_f64, careful_f64, double)
-COPY_STATS(td_copy_stats_f32, copy_f32, careful_f32)
-COPY_STATS(td_copy_stats_bf16, copy_bf16, careful_bf16)
-COPY_STATS(td_copy_stats_f64, copy_f64, careful_f64)
+COPY_STATS(td_copy_stats_f32, copy_f32, careful_f32, float)
+COPY_STATS(td_copy_stats_bf16, copy_bf16, careful_bf16, uint16_t)
+COPY_STATS(td_copy_stats_f64, copy_f64, careful_f64, double)

@@ -110,8 +110,12 @@ def stats_from_sums(sums: list[float], numel: int) -> StatsDict:
     low, high, total, squares, nan, posinf, neginf = sums
     valid = numel - int(nan)
     if valid == 0:
-        return stats_from_vector([math.nan] * 4 + [nan, posinf, neginf], integral=False)
-    return stats_from_vector([low, high, total / valid, math.sqrt(squares), nan, posinf, neginf], integral=False)
+        return {"min": None, "max": None, "mean": None, "norm": None, "nan": int(nan), "posinf": int(posinf), "neginf": int(neginf)}
+    mean = total / valid
+    return {
+        "min": low, "max": high, "mean": None if mean != mean else mean, "norm": math.sqrt(squares),
+        "nan": int(nan), "posinf": int(posinf), "neginf": int(neginf),
+    }  # fmt: skip
 
 
 def _cpu_stats(tensor: torch.Tensor) -> StatsDict:

@@ -241,6 +241,18 @@ def test_fast_record_encoding_equals_json_for_every_field():
     assert json.loads(encode_record(minimal)) == minimal.to_json()
 
 
+def test_batch_encoding_writes_shared_descriptions_as_each_record_alone():
+    from torchdebug.store.record_json import encode_record, encode_records
+
+    shape, stats = [4, 8], {"min": -1.0, "max": 2.0, "mean": 0.5, "norm": 3.0, "nan": 0, "posinf": 0, "neginf": 0}
+    shared = [_record(i, dtype="float32", shape=shape, stride=[8, 1], device="cpu", stats=stats) for i in range(3)]
+    other = _record(3, dtype="float32", shape=[2], stride=[1], device="cpu", stats={**stats, "min": -7.0})
+    records = [*shared, other, _record(4)]
+    lines = encode_records(records).splitlines(keepends=True)
+    assert lines == [encode_record(r) + "\n" for r in records]
+    assert json.loads(lines[3])["stats"]["min"] == -7.0 and json.loads(lines[3])["shape"] == [2]
+
+
 def test_debugger_flush_puts_every_tensor_file_on_disk_before_close(tmp_path):
     dbg = torchdebug.Debugger(tmp_path, task="tensor")
     dbg.start()

@@ -17,7 +17,7 @@ record their outputs once their work completes (``collectives.py``).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -42,6 +42,25 @@ _VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
 
 _SKIPPED_NAMESPACES = frozenset({"profiler"})
 """``profiler._record_function_*``: bookkeeping of ``record_function`` blocks, no tensor data."""
+
+
+class _OpInfo(NamedTuple):
+    """What the hot path needs to know of an op overload, looked up once per overload."""
+
+    name: str
+    """``aten.mm.default``."""
+    skipped: bool
+    mutable: bool
+    """The op writes into one of its arguments (in-place or ``out=`` ops)."""
+    collective: bool
+    """A ``c10d`` op: outputs are recorded once its work completes."""
+    value_preserving: bool
+
+
+def _op_info(func: Any) -> _OpInfo:
+    name = str(func)
+    namespace = func.namespace
+    return _OpInfo(name, namespace in _SKIPPED_NAMESPACES, func._schema.is_mutable, namespace == "c10d", name in _VALUE_PRESERVING)
 
 
 class _DumpMode(TorchDispatchMode):
@@ -81,7 +100,7 @@ class OpCapture:
         self.stack_mode = "range" if isinstance(stack, list) else stack
         self.stack_range = RangeGate(stack if isinstance(stack, list) else [])
         self.stacks = StackRecorder()
-        self._op_names: dict[Any, str] = {}
+        self._ops: dict[Any, _OpInfo] = {}
         self._calls: dict[tuple[str, str, str], int] = {}
         self._forward: dict[int, _ForwardInfo] = {}
         self._in_optimizer = 0
@@ -120,16 +139,17 @@ class OpCapture:
     def _optimizer_exit(self, *_: Any) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
 
-    def _alias_source(self, func: Any, op: str, args: tuple, out: Any) -> tuple[torch.Tensor, bool, bool] | None:
+    @staticmethod
+    def _alias_source(info: _OpInfo, args: tuple, out: Any) -> tuple[torch.Tensor, bool, bool] | None:
         """``(input, same_elements, shares_memory)`` when ``out`` shares the memory of the first
         input (a view) or holds exactly its elements (a clone); ``None`` otherwise."""
-        if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
+        if info.mutable or not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
             return None
         source = args[0]
-        if func._schema.is_mutable or out.layout != torch.strided or source.layout != torch.strided:
+        if out.layout != torch.strided or source.layout != torch.strided:
             return None
         same_elements = out.numel() == source.numel() and out.dtype == source.dtype
-        if op in _VALUE_PRESERVING:
+        if info.value_preserving:
             return (source, True, False) if same_elements else None
         if out.device == source.device and out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
             return source, same_elements, True
@@ -137,19 +157,20 @@ class OpCapture:
 
     # -- the hot path --------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-        op = self._op_names.get(func)
-        if op is None:
-            op = self._op_names[func] = str(func)
-        if func.namespace in _SKIPPED_NAMESPACES:
+        info = self._ops.get(func)
+        if info is None:
+            info = self._ops[func] = _op_info(func)
+        if info.skipped:
             return func(*args, **kwargs)
+        op = info.name
         fwd = None
         captured = None
         node = current_autograd_node()
         if node is not None:
             phase = "backward"
-            info = self._forward.get(node._sequence_nr())
-            if info is not None:
-                module, fwd, captured = info
+            forward_info = self._forward.get(node._sequence_nr())
+            if forward_info is not None:
+                module, fwd, captured = forward_info
             else:  # gradient accumulation into a parameter is named after the parameter
                 variable = getattr(node, "variable", None)
                 path = self.tracker.parameter_path(variable) if variable is not None else None
@@ -189,16 +210,16 @@ class OpCapture:
         if "input" in self.ios:
             session.add_call(iter_slots(args, kwargs), io="input", **common)
         out = func(*args, **kwargs)
-        if func.namespace == "c10d":
+        if info.collective:
             works, outputs = split_result(op, args, out)
             if "output" in self.ios:
                 waited = waited_by_caller(func, args, kwargs)
                 self._collectives.add(works, waited, outputs, partial(session.add_call, io="output", mutated=True, **common))
             return out
-        alias = self._alias_source(func, op, args, out)
+        alias = self._alias_source(info, args, out)
         if alias is not None:
             session.share_alias(out, *alias)
         if "output" in self.ios:
             outputs = iter_slots(out if isinstance(out, (tuple, list)) else (out,))
-            session.add_call(outputs, io="output", mutated=func._schema.is_mutable, **common)
+            session.add_call(outputs, io="output", mutated=info.mutable, **common)
         return out

@@ -34,10 +34,18 @@ Slot = tuple[str, Any]
 """``(argument path, value)``: one tensor or non-tensor argument of a call."""
 
 
+_INDEX_NAMES = tuple(str(i) for i in range(64))
+"""``"0"``, ``"1"``, ...: argument paths of the first positional arguments, made once."""
+
+
 def iter_slots(args: tuple | list, kwargs: dict[str, Any] | None = None) -> Iterator[Slot]:
     """Flatten call arguments into slots: ``0``, ``1.2`` (list element), ``alpha`` (keyword)."""
     for index, value in enumerate(args):
-        yield from _walk(value, str(index))
+        path = _INDEX_NAMES[index] if index < 64 else str(index)
+        if value.__class__ is list or value.__class__ is tuple:
+            yield from _walk(value, path)
+        else:
+            yield path, value
     if kwargs:
         for key, value in kwargs.items():
             yield from _walk(value, key)
@@ -83,15 +91,18 @@ def _device_name(device: torch.device) -> str:
 
 class _Seen:
     """What was captured for a tensor object at one version (for reuse by later slots): its
-    statistics dict and tensor reference, shared by every record of that tensor."""
+    description, statistics dict and tensor reference, shared by every record of that tensor."""
 
-    __slots__ = ("ref", "version", "stats", "tensor", "base")
+    __slots__ = ("ref", "version", "stats", "tensor", "base", "desc")
 
     def __init__(self, ref: weakref.ref, version: int, stats: dict | None, tensor: dict | None, base: tuple | None = None) -> None:
         self.ref, self.version, self.stats, self.tensor = ref, version, stats, tensor
         self.base = base
         """``(tensor ref, storage offset, numel)`` of a contiguous saved tensor whose memory this
         tensor's memory lies in (views of it are saved as strided views)."""
+        self.desc: tuple[str, list[int], list[int], str] | None = None
+        """``(dtype, shape, stride, device)`` as records hold them (the lists are shared, never
+        changed)."""
 
 
 class CaptureSession:
@@ -144,22 +155,10 @@ class CaptureSession:
         with new values (their version counter moves only after the op returns).
         """
         step, rank = self.step, self.rank
+        records = self._records
         for arg, value in slots:
-            record = Record(
-                name=make_name(phase, module, op, call, io, arg),
-                step=step,
-                rank=rank,
-                phase=phase,
-                module=module,
-                op=op,
-                call=call,
-                seq=seq,
-                io=io,
-                arg=arg,
-                stack=stack,
-                source=source,
-                fwd=fwd,
-            )
+            record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, seq, io, arg)
+            record.stack, record.source, record.fwd = stack, source, fwd
             if isinstance(value, torch.Tensor):
                 try:
                     self._describe_tensor(record, value, save_tensors, mutated)
@@ -171,25 +170,30 @@ class CaptureSession:
             else:
                 record.kind = "value"
                 record.value = json_value(value)
-            self._records.append(record)
-        if len(self._records) >= _FLUSH_RECORDS:
+            records.append(record)
+        if len(records) >= _FLUSH_RECORDS:
             self.flush()
 
     def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
-        record.dtype = dtype_name(tensor.dtype)
-        record.shape = list(tensor.shape)
-        record.device = _device_name(tensor.device)
-        if tensor.layout != torch.strided:
-            record.error = f"layout {tensor.layout} is not captured"
-            return
-        record.stride = list(tensor.stride())
         if not (self.want_stats or save):
+            self._fill_description(record, tensor)
             return
         # After an in-place op returns, autograd bumps the version once more.
         version = tensor._version + (1 if mutated else 0)
         seen = None if mutated else self._seen.get(id(tensor))
         if seen is None or seen.ref() is not tensor or seen.version != version:
             seen = self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, None, None)
+        elif seen.desc is not None and seen.stats is not None and not (save and seen.tensor is None):
+            # seen unchanged before: an earlier op's output fed to this op (the common case)
+            record.dtype, record.shape, record.stride, record.device = seen.desc
+            record.stats = seen.stats
+            if save:
+                record.tensor = seen.tensor
+                record.sampled = self._sampling_for(tensor)
+            return
+        if not self._fill_description(record, tensor):
+            return
+        seen.desc = (record.dtype, record.shape, record.stride, record.device)
         if save and seen.tensor is None:
             seen.tensor, sums = self._snapshot(record.name, tensor, with_stats=seen.stats is None)
             if sums is not None:  # taken during the copy
@@ -203,6 +207,19 @@ class CaptureSession:
         if save:
             record.tensor = seen.tensor
             record.sampled = self._sampling_for(tensor)
+
+    @staticmethod
+    def _fill_description(record: Record, tensor: torch.Tensor) -> bool:
+        """Set dtype, shape, device and stride; ``False`` (with the reason in ``record.error``) for
+        layouts that are not captured."""
+        record.dtype = dtype_name(tensor.dtype)
+        record.shape = list(tensor.shape)
+        record.device = _device_name(tensor.device)
+        if tensor.layout != torch.strided:
+            record.error = f"layout {tensor.layout} is not captured"
+            return False
+        record.stride = list(tensor.stride())
+        return True
 
     def share_alias(self, alias: torch.Tensor, source: torch.Tensor, same_elements: bool, shares_memory: bool) -> None:
         """Let ``alias`` (an op output sharing ``source``'s memory) reuse what was captured for it.

@@ -5,6 +5,10 @@ fields are written directly by type: strings through the C string escaper, ints,
 finite floats by ``repr``; ``value`` and ``extra`` go through ``json``. Non-finite floats are
 written as ``NaN``/``Infinity``/``-Infinity``, which Python's ``json`` reads back. The output equals
 ``json.dumps(record.to_json())`` up to whitespace (``tests/store`` checks it for every field).
+
+:func:`encode_records` encodes a batch and writes the description and statistics of a tensor once:
+records of the same tensor (an op's output, then the next op's input) share those objects, so they
+are looked up by identity (all records of the batch are alive, so identities are unique).
 """
 
 from __future__ import annotations
@@ -50,8 +54,18 @@ def _flat_dict(data: dict[str, Any]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-def encode_record(r: Record) -> str:
-    """The record's JSON object on one line (fields holding ``None`` or an empty ``extra`` left out)."""
+def encode_records(records: list[Record]) -> str:
+    """The records as JSON lines, one ``\\n``-terminated line each."""
+    memo: dict[int, str] = {}
+    return "".join([encode_record(r, memo) + "\n" for r in records])
+
+
+def encode_record(r: Record, memo: dict[int, str] | None = None) -> str:
+    """The record's JSON object on one line (fields holding ``None`` or an empty ``extra`` left out).
+
+    ``memo``: encoded shape, stride and statistics by the identity of their objects, for records of
+    one batch that share them (see :func:`encode_records`).
+    """
     parts = [
         '{"name":', _quote(r.name), ',"step":', str(r.step), ',"rank":', str(r.rank),
         ',"phase":', _quote(r.phase), ',"module":', _quote(r.module), ',"op":', _quote(r.op),
@@ -61,24 +75,15 @@ def encode_record(r: Record) -> str:
     if r.dtype is not None:
         parts += (',"dtype":', _quote(r.dtype))
     if r.shape is not None:
-        parts += (',"shape":', _ints(r.shape))
+        parts += (',"shape":', _ints(r.shape) if memo is None else _memo(memo, r.shape, _ints))
     if r.stride is not None:
-        parts += (',"stride":', _ints(r.stride))
+        parts += (',"stride":', _ints(r.stride) if memo is None else _memo(memo, r.stride, _ints))
     if r.device is not None:
         parts += (',"device":', _quote(r.device))
     if r.requires_grad is not None:
         parts += (',"requires_grad":', "true" if r.requires_grad else "false")
-    stats = r.stats
-    if stats is not None:
-        if stats.keys() == _STAT_KEYS:
-            get = stats.get
-            parts += (
-                ',"stats":{"min":', _number(get("min")), ',"max":', _number(get("max")),
-                ',"mean":', _number(get("mean")), ',"norm":', _number(get("norm")),
-                ',"nan":', str(get("nan")), ',"posinf":', str(get("posinf")), ',"neginf":', str(get("neginf")), "}",
-            )  # fmt: skip
-        else:  # not yet filled (an error) or written by another tool
-            parts += (',"stats":', _flat_dict(stats))
+    if r.stats is not None:
+        parts += (',"stats":', _stats(r.stats) if memo is None else _memo(memo, r.stats, _stats))
     if r.tensor is not None:
         parts += (',"tensor":', _flat_dict(r.tensor))
     if r.sampled is not None:
@@ -95,3 +100,21 @@ def encode_record(r: Record) -> str:
         parts += (',"extra":', _FALLBACK.encode(r.extra))
     parts.append("}")
     return "".join(parts)
+
+
+def _memo(memo: dict[int, str], value: Any, encode: Any) -> str:
+    text = memo.get(id(value))
+    if text is None:
+        text = memo[id(value)] = encode(value)
+    return text
+
+
+def _stats(stats: dict[str, Any]) -> str:
+    if stats.keys() == _STAT_KEYS:
+        get = stats.get
+        return "".join((
+            '{"min":', _number(get("min")), ',"max":', _number(get("max")),
+            ',"mean":', _number(get("mean")), ',"norm":', _number(get("norm")),
+            ',"nan":', str(get("nan")), ',"posinf":', str(get("posinf")), ',"neginf":', str(get("neginf")), "}",
+        ))  # fmt: skip
+    return _flat_dict(stats)  # not yet filled (an error) or written by another tool

@@ -29,7 +29,7 @@ import torch
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
-from torchdebug.store.record_json import encode_record
+from torchdebug.store.record_json import encode_records
 from torchdebug.store.tensor_batch import TensorBatch
 
 BATCH_BYTES = 128 * 2**20
@@ -161,7 +161,7 @@ class RankWriter:
                 ref["file"] = tensor_file
         stacks = "".join(json.dumps(s) + "\n" for s in self._pending_stacks)
         self._pending_stacks = []
-        lines = "".join([encode_record(r) + "\n" for r in records])
+        lines = encode_records(records)
         self.record_count += len(records)
         if batch is not None:
             self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))

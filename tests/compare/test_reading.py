@@ -1,0 +1,40 @@
+"""Records as compare reads them back: every field as written, fields of a newer version kept,
+blank lines skipped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import torchdebug
+from torchdebug.records import Record
+from torchdebug.store import reader
+
+
+def _copy(dumps, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(dumps("mlp", task="statistics"), copy)
+    return copy, next(copy.glob("*/*/records.jsonl"))
+
+
+def test_records_read_back_equal_their_json_lines(dumps):
+    path = next(dumps("mlp", task="statistics").glob("*/*/records.jsonl"))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert reader.load(path.parent).ranks[0].records() == [Record.from_json(line) for line in lines]
+
+
+def test_a_field_unknown_to_this_version_is_kept_in_extra(dumps, tmp_path):
+    copy, path = _copy(dumps, tmp_path)
+    path.write_text(path.read_text().replace('"capture":', '"future_field":7,"capture":', 1))
+    first = reader.load(copy).ranks[0].records()[0]
+    assert first.extra == {"future_field": 7}
+
+
+def test_blank_lines_in_the_records_file_are_skipped(dumps, tmp_path):
+    copy, path = _copy(dumps, tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:3]) + "\n" + "".join(lines[3:]))
+    blank = torchdebug.compare(copy, dumps("mlp", task="statistics"))
+    plain = torchdebug.compare(dumps("mlp", task="statistics"), dumps("mlp", task="statistics"))
+    assert [row.to_dict() for row in blank.rows] == [row.to_dict() for row in plain.rows]
+    assert not blank.problems

@@ -4,8 +4,9 @@
 
 Builds four dumps in a temporary folder (statistics and tensor, fp32 and bf16 autocast; 4 layers,
 d_model 256, 4 heads, seq 128, batch 8, AdamW, CPU, fixed seed), then times the in-process compare
-of the statistics pair and of the tensor pair. Prints rows, seconds (median of the repeats), rows/s
-and GB/s (bytes of both dumps' tensor files per second, the measure msprobe documents). msprobe's
+of the statistics pair and of the tensor pair. Prints rows, seconds (median of the repeats), rows/s,
+GB/s (bytes of both dumps' tensor files per second, the measure msprobe documents) and the load
+average (timings taken while other processes share the cores are slower). msprobe's
 in-process compare on this machine, for the same kind of pairs: 0.29 s (statistics, 2011 rows) and
 5.1 s (tensor, 724 + 933 MB).
 """
@@ -13,6 +14,7 @@ in-process compare on this machine, for the same kind of pairs: 0.29 s (statisti
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -67,6 +69,7 @@ def main() -> None:
             print(
                 f"{task:10s} rows {len(result.rows):5d}  {seconds:6.3f} s (runs {', '.join(f'{t:.3f}' for t in times)})"
                 f"  {len(result.rows) / seconds:8.0f} rows/s{rate}  verdicts {result.counts()}"
+                f"  load {os.getloadavg()[0]:.2f}"
             )
 
 

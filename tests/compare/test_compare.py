@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,31 @@ def test_a_bug_in_the_second_step_is_found_in_that_step(tmp_path):
     result = torchdebug.compare(dump(tmp_path / "bad", 1.001), dump(tmp_path / "good", 1.0))
     assert (result.first_divergence.step, result.first_divergence.op) == (1, "aten.mul.Tensor")
     assert result.counts()["error"] == 1
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_compare_leaves_the_garbage_collector_as_it_found_it(dumps, enabled):
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        torchdebug.compare(dumps("mlp", task="statistics"), dumps("mlp", task="statistics"))
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_the_garbage_collector_runs_once_at_most_in_a_compare(dumps):
+    """With torch imported, each full collection walks every live object (tens of ms)."""
+    a, b = dumps("gpt", task="statistics", bf16=True), dumps("gpt", task="statistics")
+    started = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        torchdebug.compare(a, b)
+    finally:
+        gc.callbacks.remove(count)
+    assert len(started) <= 1  # over the objects the compare made, once it is done

@@ -7,10 +7,10 @@ from torchdebug.compare.verdicts import first_divergence, judge
 from torchdebug.records import Record, make_name
 
 
-def _row(io: str, error: float | None, *, seq: int = 0, kind: str = "tensor", value: object = None, value_b: object = None, failed: str | None = None) -> Row:
+def _row(io: str, error: float | None, *, seq: int = 0, kind: str = "tensor", value: object = None, value_b: object = None, failed: str | None = None, op: str = "aten.mul.Tensor") -> Row:
     def record(v: object, err: str | None) -> Record:
-        name = make_name("forward", "m", "aten.mul.Tensor", seq, io, "0")
-        return Record(name=name, step=0, rank=0, phase="forward", module="m", op="aten.mul.Tensor", call=seq,
+        name = make_name("forward", "m", op, seq, io, "0")
+        return Record(name=name, step=0, rank=0, phase="forward", module="m", op=op, call=seq,
                       seq=seq, io=io, arg="0", kind=kind, dtype="float32", shape=[4], value=v, error=err)  # fmt: skip
 
     row = Row.from_records(0, record(value, None), record(value_b if value_b is not None else value, failed), "exact", seq)
@@ -55,3 +55,22 @@ def test_a_slot_that_failed_to_capture_is_a_warning_naming_the_side():
     rows = [_row("output", 0.0, failed="out of memory")]
     judge(rows)
     assert rows[0].verdict == "warning" and rows[0].message == "not captured on B: out of memory"
+
+
+def test_an_op_singular_near_zero_inherits_an_error_within_its_inputs_relative_spread():
+    def call(op: str) -> list[Row]:
+        rows = [_row("input", 0.001, op=op), _row("output", 0.1, op=op)]
+        rows[0].metrics["max_rel_err"] = 0.5  # near-zero elements of the input differ by up to 50 %
+        judge(rows, growth=16)
+        return rows
+
+    sqrt, mul = call("aten.sqrt.default"), call("aten.mul.Tensor")
+    assert (sqrt[1].verdict, sqrt[1].attribution) == ("warning", "inherited")
+    assert (mul[1].verdict, mul[1].attribution) == ("error", "blamed")
+
+
+def test_a_slot_that_failed_to_capture_on_both_sides_names_both():
+    row = _row("output", 0.0, failed="out of memory")
+    row.record_a.error = "no space"
+    judge([row])
+    assert row.message == "not captured on A: no space; B: out of memory"

@@ -40,7 +40,7 @@ from torchdebug.compare.result import CompareResult
 from torchdebug.compare.rows import Row
 from torchdebug.compare.steps import (
     JobKey, Pairing, Settings, apply_metrics, compare_rank, compute_jobs, finish, match_rank, metric_pool, open_pair,
-    rank_notes, tensor_jobs,
+    paused_gc, rank_notes, tensor_jobs,
 )  # fmt: skip
 from torchdebug.compare.verdicts import judge
 from torchdebug.errors import TorchDebugError
@@ -98,7 +98,7 @@ class _Piece:
 
 def _work(shares: list[Share], pairing: Pairing, settings: Settings) -> list[_Piece]:
     pieces = []
-    with metric_pool(settings.threads) as pool:
+    with paused_gc(), metric_pool(settings.threads) as pool:
         for share in shares:
             if share.parts == 1:
                 rows = compare_rank(share.rank, pairing, settings, pool)

@@ -16,7 +16,9 @@ from typing import Any
 from torchdebug.compare import distributed
 from torchdebug.compare.matching import NameMapping
 from torchdebug.compare.result import CompareResult
-from torchdebug.compare.steps import Settings, compare_rank, finish, metric_pool, open_dump, open_pair, rank_notes
+from torchdebug.compare.steps import (
+    Settings, compare_rank, finish, metric_pool, open_dump, open_pair, paused_gc, rank_notes,
+)  # fmt: skip
 from torchdebug.store import reader
 
 __all__ = ["compare", "open_dump"]
@@ -63,10 +65,11 @@ def compare(
         return distributed.spawn_compare(a, b, settings, workers)
     pairing = open_pair(a, b)
     rows, notes = [], []
-    with metric_pool(settings.threads) as pool:
-        for rank in pairing.ranks:
-            rank_rows = compare_rank(rank, pairing, settings, pool)
-            logger.debug("rank %d: %d rows", rank, len(rank_rows))
-            rows.extend(rank_rows)
-            notes.extend(rank_notes(rank, pairing))
-    return finish(rows, notes, pairing, settings)
+    with paused_gc():
+        with metric_pool(settings.threads) as pool:
+            for rank in pairing.ranks:
+                rank_rows = compare_rank(rank, pairing, settings, pool)
+                logger.debug("rank %d: %d rows", rank, len(rank_rows))
+                rows.extend(rank_rows)
+                notes.extend(rank_notes(rank, pairing))
+        return finish(rows, notes, pairing, settings)

@@ -21,6 +21,7 @@ import difflib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from torchdebug.config import read_mapping_file
@@ -83,53 +84,82 @@ class Pair:
     """Position in execution order (used to sort rows and find the *first* divergence)."""
 
 
-def _rename(record: Record, mapping: NameMapping) -> str:
+def _split(name: str) -> tuple[str, str]:
+    """A stable name cut into its call name and its slot: ``(forward/m/aten.mm.default#0, output.0)``."""
+    cut = name.rfind("/")
+    return (name[:cut], name[cut + 1 :]) if cut >= 0 else (name, name)
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    """The records of one op or module call, with their slot names (``output.0``) cut once."""
+
+    name: str
+    """The call name as the dump wrote it (before any mapping)."""
+    records: list[Record] = field(default_factory=list)
+    slots: list[str] = field(default_factory=list)
+    _signature: tuple | None = field(default=None, init=False, repr=False)
+
+    @property
+    def first(self) -> Record:
+        return self.records[0]
+
+    def by_slot(self) -> dict[str, Record]:
+        """Records by slot name (a repeated slot keeps its last record)."""
+        return dict(zip(self.slots, self.records))
+
+    def signature(self) -> tuple:
+        """The shapes of the tensor slots: calls that swapped places (gradient accumulation order,
+        say) keep their names but not their shapes."""
+        if self._signature is None:
+            self._signature = tuple(
+                (slot, tuple(r.shape or ())) for slot, r in zip(self.slots, self.records) if r.kind == "tensor"
+            )
+        return self._signature
+
+
+def _rename(call: _Call, mapping: NameMapping) -> str:
     """Side A's call name after the mapping's renames."""
     if not mapping:
-        return record.call_name
+        return call.name
+    record = call.first
     module = mapping.module(record.module)
     op = mapping.ops.get(record.op, record.op)
     return f"{record.phase}/{module}/{op}#{record.call}"
 
 
-def _slot(record: Record) -> str:
-    name = record.name
-    return name[name.rfind("/") + 1 :]
-
-
-def _calls(records: Sequence[Record]) -> dict[tuple[int, str], list[Record]]:
-    """Records grouped by call, keyed by ``(step, call_name)``, in first-seen order."""
-    calls: dict[tuple[int, str], list[Record]] = {}
+def _calls(records: Sequence[Record]) -> dict[tuple[int, str], _Call]:
+    """Records grouped by call, keyed by ``(step, call name)``, in first-seen order."""
+    calls: dict[tuple[int, str], _Call] = {}
     for record in records:
-        calls.setdefault((record.step, record.call_name), []).append(record)
+        name, slot = _split(record.name)
+        call = calls.get((record.step, name))
+        if call is None:
+            call = calls[(record.step, name)] = _Call(name)
+        call.records.append(record)
+        call.slots.append(slot)
     return calls
 
 
-def _signature(slots: list[Record]) -> tuple:
-    """The shapes of a call's tensor slots: calls that swapped places (gradient accumulation
-    order, say) keep their names but not their shapes."""
-    return tuple((_slot(r), tuple(r.shape or ())) for r in slots if r.kind == "tensor")
-
-
-def _pair_slots(slots_a: list[Record], slots_b: list[Record], how: str) -> list[Pair]:
-    by_slot = {_slot(r): r for r in slots_b}
+def _pair_slots(call_a: _Call, call_b: _Call, how: str) -> list[Pair]:
+    by_slot = call_b.by_slot()
     pairs = []
-    for record in slots_a:
-        other = by_slot.pop(_slot(record), None)
+    for slot, record in zip(call_a.slots, call_a.records):
+        other = by_slot.pop(slot, None)
         pairs.append(Pair(record, other, how if other else "only_a"))
     pairs.extend(Pair(None, r, "only_b") for r in by_slot.values())
     return pairs
 
 
-def _align(calls_a: list[list[Record]], calls_b: list[list[Record]], token: Callable[[list[Record]], object]) -> list[tuple[int, int]]:
+def _align(calls_a: list[_Call], calls_b: list[_Call], token: Callable[[_Call], object]) -> list[tuple[int, int]]:
     """Index pairs of an order-preserving alignment of two call lists by ``token``."""
     matcher = difflib.SequenceMatcher(a=[token(c) for c in calls_a], b=[token(c) for c in calls_b], autojunk=False)
     return [(block.a + k, block.b + k) for block in matcher.get_matching_blocks() for k in range(block.size)]
 
 
 def _swapped(
-    calls_a: list[list[Record]], calls_b: list[list[Record]], token: Callable[[list[Record]], object],
-    token_b: Callable[[list[Record]], object] | None = None,
+    calls_a: list[_Call], calls_b: list[_Call], token: Callable[[_Call], object],
+    token_b: Callable[[_Call], object] | None = None,
 ) -> list[tuple[int, int]]:
     """Index pairs of calls with equal tokens in any order (each used once, earliest first); a
     ``None`` token never matches."""
@@ -146,8 +176,8 @@ def _swapped(
 
 
 def _align_leftovers(
-    left_a: dict[tuple[int, str], list[Record]],
-    left_b: dict[tuple[int, str], list[Record]],
+    left_a: dict[tuple[int, str], _Call],
+    left_b: dict[tuple[int, str], _Call],
     mapping: NameMapping,
     links: _Links,
 ) -> list[Pair]:
@@ -155,17 +185,19 @@ def _align_leftovers(
     inputs, by op and shapes in order, by op and shapes in any order (calls that swapped places),
     then by op alone in order (shapes then differ)."""
     groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
-    for slots in left_a.values():
-        groups[(slots[0].step, slots[0].phase, mapping.module(slots[0].module))][0].append(slots)
-    for slots in left_b.values():
-        groups[(slots[0].step, slots[0].phase, slots[0].module)][1].append(slots)
+    for call in left_a.values():
+        first = call.first
+        groups[(first.step, first.phase, mapping.module(first.module))][0].append(call)
+    for call in left_b.values():
+        first = call.first
+        groups[(first.step, first.phase, first.module)][1].append(call)
     pairs: list[Pair] = []
     for calls_a, calls_b in groups.values():
-        def by_op(call: list[Record]) -> object:
-            return mapping.ops.get(call[0].op, call[0].op)
+        def by_op(call: _Call) -> object:
+            return mapping.ops.get(call.first.op, call.first.op)
 
-        def by_op_and_shapes(call: list[Record]) -> object:
-            return by_op(call), _signature(call)
+        def by_op_and_shapes(call: _Call) -> object:
+            return by_op(call), call.signature()
 
         for matched in (
             lambda: _swapped(calls_a, calls_b, links.token_a, links.token_b),
@@ -180,19 +212,23 @@ def _align_leftovers(
             done_a, done_b = {i for i, _ in matched}, {j for _, j in matched}
             calls_a = [c for i, c in enumerate(calls_a) if i not in done_a]
             calls_b = [c for j, c in enumerate(calls_b) if j not in done_b]
-        pairs.extend(Pair(r, None, "only_a") for c in calls_a for r in c)
-        pairs.extend(Pair(None, r, "only_b") for c in calls_b for r in c)
+        pairs.extend(Pair(r, None, "only_a") for c in calls_a for r in c.records)
+        pairs.extend(Pair(None, r, "only_b") for c in calls_b for r in c.records)
     return pairs
 
 
-def _sort_key(record: Record) -> tuple:
-    return (record.step, _PHASE_ORDER.get(record.phase, len(PHASES)), record.seq)
+def _execution_order(records: Sequence[Record]) -> list[int]:
+    """Indices of ``records`` sorted by step, phase and call order (stable)."""
+    last = len(PHASES)
+    keys = [(r.step, _PHASE_ORDER.get(r.phase, last), r.seq) for r in records]
+    return sorted(range(len(records)), key=keys.__getitem__)
 
 
 def _assign_order(pairs: list[Pair], records_b: Sequence[Record]) -> None:
     """Order pairs by side A's execution order; B-only rows follow their predecessor on side B."""
-    position_b = {id(r): i for i, r in enumerate(sorted(records_b, key=_sort_key))}
-    anchored = sorted((p for p in pairs if p.a is not None), key=lambda p: _sort_key(p.a))
+    position_b = {id(records_b[i]): position for position, i in enumerate(_execution_order(records_b))}
+    anchored = [p for p in pairs if p.a is not None]
+    anchored = [anchored[i] for i in _execution_order([p.a for p in anchored])]  # type: ignore[arg-type]
     for index, pair in enumerate(anchored):
         pair.order = float(index)
     # map B positions of paired rows to their order, then slot B-only rows in between
@@ -232,13 +268,15 @@ def _producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
         identity = _identity(record)
         if identity is None:
             continue
-        if record.io == "input" and identity in made_by and made_by[identity][0] != record.call_name:
-            producers[id(record)] = made_by[identity]
-            if record.op in _CASTS:
-                cast_sources[record.call_name] = made_by[identity]
-        elif record.io in ("output", "parameter_grad"):
-            source = cast_sources.get(record.call_name) if record.op in _CASTS else None
-            made_by.setdefault(identity, source or (record.call_name, _slot(record)))
+        call, slot = _split(record.name)
+        if record.io == "input":
+            producer = made_by.get(identity)
+            if producer is not None and producer[0] != call:
+                producers[id(record)] = producer
+                if record.op in _CASTS:
+                    cast_sources[call] = producer
+        elif record.io in ("output", "parameter_grad") and identity not in made_by:
+            made_by[identity] = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
     return producers
 
 
@@ -253,33 +291,37 @@ class _Links:
         self.producers_a, self.producers_b = _producers(records_a), _producers(records_b)
         self.partner: dict[str, str] = {}
 
-    def pair(self, slots_a: list[Record], slots_b: list[Record]) -> None:
-        self.partner[slots_a[0].call_name] = slots_b[0].call_name
+    def pair(self, call_a: _Call, call_b: _Call) -> None:
+        self.partner[call_a.name] = call_b.name
 
     def _partner(self, producer: tuple[str, str] | None) -> tuple[str, str] | None:
         if producer is None or producer[0] not in self.partner:
             return None
         return self.partner[producer[0]], producer[1]
 
-    def conflict(self, slots_a: list[Record], slots_b: list[Record]) -> bool:
+    def conflict(self, call_a: _Call, call_b: _Call) -> bool:
         """Whether some input of the two calls comes from producers that are paired elsewhere."""
-        by_slot = {_slot(r): r for r in slots_b}
-        for record in slots_a:
-            other = by_slot.get(_slot(record))
+        by_slot = None
+        for slot, record in zip(call_a.slots, call_a.records):
             expected = self._partner(self.producers_a.get(id(record)))
+            if expected is None:
+                continue
+            if by_slot is None:
+                by_slot = call_b.by_slot()
+            other = by_slot.get(slot)
             actual = self.producers_b.get(id(other)) if other is not None else None
-            if expected and actual and expected != actual:
+            if actual and expected != actual:
                 return True
         return False
 
-    def token_a(self, slots: list[Record]) -> object:
+    def token_a(self, call: _Call) -> object:
         """The op and the B-side producers its inputs should have (``None``: nothing known)."""
-        producers = tuple(self._partner(self.producers_a.get(id(r))) for r in slots)
-        return (slots[0].op, producers) if any(producers) else None
+        producers = tuple(self._partner(self.producers_a.get(id(r))) for r in call.records)
+        return (call.first.op, producers) if any(producers) else None
 
-    def token_b(self, slots: list[Record]) -> object:
-        producers = tuple(self.producers_b.get(id(r)) for r in slots)
-        return (slots[0].op, producers) if any(producers) else None
+    def token_b(self, call: _Call) -> object:
+        producers = tuple(self.producers_b.get(id(r)) for r in call.records)
+        return (call.first.op, producers) if any(producers) else None
 
 
 def match_records(
@@ -290,16 +332,16 @@ def match_records(
     calls_a, calls_b = _calls(records_a), _calls(records_b)
     links = _Links(records_a, records_b)
     pairs: list[Pair] = []
-    left_a: dict[tuple[int, str], list[Record]] = {}
-    for key, slots in calls_a.items():
-        name = _rename(slots[0], mapping)
+    left_a: dict[tuple[int, str], _Call] = {}
+    for key, call in calls_a.items():
+        name = _rename(call, mapping)
         other = calls_b.get((key[0], name))
-        if other is not None and _signature(other) == _signature(slots) and not links.conflict(slots, other):
-            pairs.extend(_pair_slots(slots, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped"))
-            links.pair(slots, other)
+        if other is not None and other.signature() == call.signature() and not links.conflict(call, other):
+            pairs.extend(_pair_slots(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped"))
+            links.pair(call, other)
         else:
-            left_a[key] = slots
+            left_a[key] = call
     pairs.extend(_align_leftovers(left_a, calls_b, mapping, links))
     _assign_order(pairs, records_b)
-    pairs.sort(key=lambda p: p.order)
+    pairs.sort(key=attrgetter("order"))
     return pairs

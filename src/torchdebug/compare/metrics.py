@@ -194,10 +194,12 @@ def tensor_metrics(a: torch.Tensor, b: torch.Tensor, *, low_dtype: str | None, a
 
 
 def _stat(stats: dict[str, Any], key: str) -> float | None:
+    """A finite statistic as a float, else ``None`` (missing, NaN, ±Inf, or not a number)."""
     value = stats.get(key)
-    if value is None or value is True or value is False:
-        return None
-    value = float(value)
+    if value.__class__ is not float:  # floats are the common case: only the rest need converting
+        if value is None or value is True or value is False:
+            return None
+        value = float(value)
     return value if -math.inf < value < math.inf else None  # NaN fails both comparisons
 
 
@@ -212,6 +214,10 @@ def nonfinite_flags(stats: dict[str, Any] | None) -> tuple[bool, bool, bool]:
     return math.isnan(low) or math.isnan(high), high == math.inf, low == -math.inf
 
 
+_STAT_METRIC_NAMES = tuple((key, f"{key}_diff", f"{key}_rel") for key in ("min", "max", "mean", "norm"))
+"""Each statistic with the names of its two metrics, in :data:`STATS_METRICS` order."""
+
+
 def stats_metrics(a: dict[str, Any] | None, b: dict[str, Any] | None, *, numel: int, atol: float) -> dict[str, float]:
     """Differences of min, max, mean and L2 norm of ``a`` against the reference ``b``.
 
@@ -223,18 +229,19 @@ def stats_metrics(a: dict[str, Any] | None, b: dict[str, Any] | None, *, numel: 
     error = None
     lo, hi = _stat(b, "min"), _stat(b, "max")
     scale = max(abs(lo or 0.0), abs(hi or 0.0), atol, 1e-300)
-    for key, value_b in (("min", lo), ("max", hi), ("mean", _stat(b, "mean")), ("norm", _stat(b, "norm"))):
+    for (key, diff_name, rel_name), value_b in zip(_STAT_METRIC_NAMES, (lo, hi, _stat(b, "mean"), _stat(b, "norm"))):
         value_a = _stat(a, key)
         if value_a is None or value_b is None:
             continue
         diff = value_a - value_b
-        out[f"{key}_diff"] = diff
-        out[f"{key}_rel"] = abs(diff) / abs(value_b) if value_b else (0.0 if diff == 0 else math.inf)
+        out[diff_name] = diff
+        out[rel_name] = abs(diff) / abs(value_b) if value_b else (0.0 if diff == 0 else math.inf)
         if key == "norm":
             relative = abs(diff) / max(abs(value_b), atol * math.sqrt(max(numel, 1)), 1e-300)
         else:
             relative = abs(diff) / scale
-        error = relative if error is None or relative > error else error
+        if error is None or relative > error:
+            error = relative
     if error is not None:
         out["error"] = error
     out["nonfinite_mismatch"] = float(nonfinite_flags(a) != nonfinite_flags(b))

@@ -54,28 +54,15 @@ class Row:
         """A row for two paired records (either may be ``None``)."""
         first = a if a is not None else b
         assert first is not None
+        # the leading fields by position: keywords cost about 0.5 µs a row (a compare makes thousands)
         return cls(
-            rank=rank,
-            step=first.step,
-            phase=first.phase,
-            module=first.module,
-            op=first.op,
-            call=first.call,
-            io=first.io,
-            arg=first.arg,
-            name=first.name,
-            name_b=b.name if b is not None else None,
-            match=how,
-            order=order,
-            kind=first.kind,
-            dtype_a=a.dtype if a else None,
-            dtype_b=b.dtype if b else None,
-            shape_a=a.shape if a else None,
-            shape_b=b.shape if b else None,
+            rank, first.step, first.phase, first.module, first.op, first.call, first.io, first.arg, first.name,
+            b.name if b is not None else None, how, order, first.kind,
+            a.dtype if a else None, b.dtype if b else None, a.shape if a else None, b.shape if b else None,
             source=(a.source if a and a.source else b.source if b else None),
             record_a=a,
             record_b=b,
-        )
+        )  # fmt: skip
 
     @property
     def call_name(self) -> str:

@@ -28,7 +28,7 @@ import re
 from collections.abc import Sequence
 
 from torchdebug.compare.rows import Row
-from torchdebug.records import MODULE_OP
+from torchdebug.records import MODULE_OP, call_name
 
 __all__ = ["judge", "first_divergence", "first_nonfinite"]
 
@@ -80,18 +80,16 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
     inputs = [r for r in rows if r.io not in _OUTPUT_IO and r.kind == "tensor" and r.matched]
     inputs += [r for r in saved if r.kind == "tensor" and r.matched]
     input_error = max((r.error or 0.0 for r in inputs), default=0.0)
-    input_spread = sum(_spread(r) for r in inputs)  # relative errors add up through products and quotients
-    input_nonfinite = any(r.metrics.get("nonfinite_mismatch") for r in inputs)
     seen = upstream
     for row in rows:
-        if not row.matched:
+        a, b = row.record_a, row.record_b
+        if a is None or b is None:
             row.verdict = "unmatched"
-            row.message = "only in A" if row.record_b is None else "only in B"
+            row.message = "only in A" if b is None else "only in B"
             continue
-        failed = [f"{side}: {r.error}" for side, r in (("A", row.record_a), ("B", row.record_b)) if r.error]
-        if failed:
-            row.verdict = "warning"
-            row.message = "not captured on " + "; ".join(failed)
+        if a.error or b.error:
+            failed = [f"{side}: {r.error}" for side, r in (("A", a), ("B", b)) if r.error]
+            row.verdict, row.message = "warning", "not captured on " + "; ".join(failed)
             continue
         if row.kind != "tensor":
             _judge_value(row)
@@ -103,7 +101,9 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             seen = math.inf
             continue
         if row.metrics.get("nonfinite_mismatch"):
-            explained = input_nonfinite if is_output else upstream == math.inf
+            explained = (
+                any(r.metrics.get("nonfinite_mismatch") for r in inputs) if is_output else upstream == math.inf
+            )
             row.verdict, row.attribution = ("warning", "inherited") if explained else ("error", "blamed")
             row.message = "NaN/Inf where the other side is finite" + (" (inputs had it)" if explained else "")
             seen = math.inf
@@ -116,7 +116,8 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             continue
         if is_output:
             explained = row.error <= growth * input_error + row.tolerance or (
-                _is_singular(row.op) and row.error <= input_spread
+                # relative errors add up through products and quotients
+                _is_singular(row.op) and row.error <= sum(_spread(r) for r in inputs)
             )
             detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"
             detail += f", explained by its inputs (error {_fmt(input_error)})" if explained else (
@@ -138,7 +139,7 @@ def judge(rows: Sequence[Row], *, growth: float = 16.0) -> None:
     """Set verdict, attribution and message of one rank's rows (sorted in execution order)."""
     calls: dict[tuple[int, str], list[Row]] = {}
     for row in rows:
-        calls.setdefault((row.step, row.call_name), []).append(row)
+        calls.setdefault((row.step, call_name(row.name)), []).append(row)
     upstream = 0.0
     for (step, _), call_rows in calls.items():
         first = call_rows[0].record_a or call_rows[0].record_b

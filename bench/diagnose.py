@@ -14,7 +14,9 @@ every relu inductor generates adds 1. The right answer is: stage inductor, node 
 - PyTorch: ``TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4`` on the same training step
   (detects the loss and writes ``minifier_launcher.py``), then ``minifier_launcher.py minify`` with a
   time limit; we time both and check whether the minified ``repro.py`` holds ``aten.relu``.
-Both run on inductor's caches as this machine has them, or with ``--cold`` on empty ones
+- Baseline: the same training step compiled with plain inductor (no diagnose), so the time of the
+  compile any run of the model pays can be told from what diagnose adds.
+Each runs on inductor's caches as this machine has them, or with ``--cold`` on empty ones
 (``TORCHINDUCTOR_CACHE_DIR`` in the run's temporary folder). Each prints one JSON line, then
 ``uptime`` (other jobs share the machine).
 """
@@ -70,6 +72,14 @@ print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "right": r
                   "answer": report.finding.describe() if report.finding else None}}))
 '''
 
+_PLAIN = '''
+import json
+start = time.perf_counter()
+model, batch = make_model_and_inputs()
+torch.compile(model)(*batch).backward()
+print(json.dumps({"tool": "plain inductor compile + step", "seconds": time.perf_counter() - start}))
+'''
+
 _MINIFIER_RUN = '''
 model, batch = make_model_and_inputs()
 compiled = torch.compile(model)
@@ -97,6 +107,16 @@ def _env(folder: Path, cold: bool) -> dict[str, str]:
 def ours(folder: Path, layers: int, cold: bool) -> dict[str, object]:
     script = folder / "ours.py"
     script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + _OURS.format(out=str(folder / "out")))
+    wall, result = _run([sys.executable, str(script)], folder, 600, _env(folder, cold))
+    assert result is not None and result.returncode == 0, result.stderr if result else "timed out"
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    row["process_seconds"] = wall
+    return row
+
+
+def plain(folder: Path, layers: int, cold: bool) -> dict[str, object]:
+    script = folder / "plain.py"
+    script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + _PLAIN)
     wall, result = _run([sys.executable, str(script)], folder, 600, _env(folder, cold))
     assert result is not None and result.returncode == 0, result.stderr if result else "timed out"
     row = json.loads(result.stdout.strip().splitlines()[-1])
@@ -134,6 +154,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "ours").mkdir()
         rows = [ours(Path(tmp) / "ours", args.layers, args.cold)]
+        (Path(tmp) / "plain").mkdir()
+        rows.append(plain(Path(tmp) / "plain", args.layers, args.cold))
         if not args.skip_minifier:
             (Path(tmp) / "minifier").mkdir()
             rows.append(minifier(Path(tmp) / "minifier", args.layers, args.minifier_timeout, args.cold))

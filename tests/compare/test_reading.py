@@ -25,9 +25,13 @@ def test_records_read_back_equal_their_json_lines(dumps):
 
 def test_a_field_unknown_to_this_version_is_kept_in_extra(dumps, tmp_path):
     copy, path = _copy(dumps, tmp_path)
-    path.write_text(path.read_text().replace('"capture":', '"future_field":7,"capture":', 1))
-    first = reader.load(copy).ranks[0].records()[0]
-    assert first.extra == {"future_field": 7}
+    first, second, *rest = path.read_text().splitlines(keepends=True)
+    first = first.replace('"capture":', '"future_field":7,"capture":')
+    second = second.replace('"capture":', '"extra":{"note":"x"},"capture":')
+    path.write_text("".join([first, second, *rest]))
+    records = reader.load(copy).ranks[0].records()
+    assert records[0].extra == {"future_field": 7} and records[1].extra == {"note": "x"}
+    assert records[2].extra == {}
 
 
 def test_blank_lines_in_the_records_file_are_skipped(dumps, tmp_path):

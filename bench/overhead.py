@@ -2,7 +2,10 @@
 
     python bench/overhead.py [--steps 10] [--block 3] [--warmup 2] [--dir /dev/shm --delete-tensors]
 
-Prints seconds per step and the ratio to the plain step, measured in this process. Modes take
+Prints seconds per step and the ratio to the plain step, measured in this process. Two reference
+rows show what any dispatch-mode capture pays before it records anything: ``dispatch-mode`` (an
+empty ``TorchDispatchMode`` that only calls each op) and ``structure/op`` (names, shapes and stacks,
+no statistics). Modes take
 turns in blocks of ``--block`` consecutive steps, so drift (thermal, other load) hits every mode
 alike while tensor files written in the background overlap the next step of the same mode, as in
 training; each block ends with ``Debugger.flush()``, so every byte written is charged to its mode.
@@ -23,13 +26,27 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 
+class _EmptyMode(TorchDispatchMode):
+    """Calls each op and nothing else: the floor of any capture built on a dispatch mode."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        return func(*args, **(kwargs or {}))
+
+
 MODES = {
     "plain": None,
+    "dispatch-mode": None,
+    "structure/op": dict(task="structure", level="op"),
     "statistics/op": dict(task="statistics", level="op"),
     "statistics/module": dict(task="statistics", level="module"),
     "tensor/op": dict(task="tensor", level="op"),
@@ -68,7 +85,11 @@ def main() -> None:
                 for _ in range(args.block):
                     if debugger is not None:
                         debugger.start(model)
-                    train_step(model, optimizer, batch)
+                    if mode == "dispatch-mode":
+                        with _EmptyMode():
+                            train_step(model, optimizer, batch)
+                    else:
+                        train_step(model, optimizer, batch)
                     if debugger is not None:
                         debugger.stop()
                         debugger.step()

@@ -241,3 +241,31 @@ def test_tensor_task_statistics_equal_statistics_task_and_the_saved_tensors(tmp_
             assert record.stats["norm"] == pytest.approx(saved.norm().item(), rel=1e-5)
             checked += 1
     assert checked > 100
+
+
+def test_tensor_task_keeps_every_record_when_the_tensor_batch_fills_mid_call(tmp_path):
+    """A snapshot that does not fit hands the batch to the writer in the middle of a call; the
+    slots recorded after it must land in the next batch, not be lost."""
+    config = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64)
+
+    def run(path, task, batch_bytes=None):
+        torchdebug.seed_all(0)
+        model = GPT(config)
+        optimizer = torch.optim.AdamW(model.parameters())
+        dbg = torchdebug.Debugger(path, task=task)
+        if batch_bytes is not None:
+            dbg.session.writer.batch_bytes = batch_bytes  # a few tensors per batch
+        dbg.start(model)
+        train_step(model, optimizer, make_batch(config, batch=2))
+        dbg.stop()
+        dbg.close()
+        return torchdebug.load(path).ranks[0]
+
+    expected = [r.name for r in run(tmp_path / "stats", "statistics").records()]
+    dump = run(tmp_path / "tensor", "tensor", batch_bytes=16 * 1024)
+    records = dump.records()
+    assert [r.name for r in records] == expected
+    assert len({r.tensor["file"] for r in records if r.tensor}) > 10, "many batches were written"
+    for record in records[:200]:
+        if record.tensor:
+            dump.load_tensor(record)

@@ -155,7 +155,6 @@ class CaptureSession:
         with new values (their version counter moves only after the op returns).
         """
         step, rank = self.step, self.rank
-        records = self._records
         for arg, value in slots:
             record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, seq, io, arg)
             record.stack, record.source, record.fwd = stack, source, fwd
@@ -170,8 +169,8 @@ class CaptureSession:
             else:
                 record.kind = "value"
                 record.value = json_value(value)
-            records.append(record)
-        if len(records) >= _FLUSH_RECORDS:
+            self._records.append(record)  # not a local: a tensor snapshot may flush and start a new list
+        if len(self._records) >= _FLUSH_RECORDS:
             self.flush()
 
     def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:

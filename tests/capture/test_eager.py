@@ -269,3 +269,41 @@ def test_tensor_task_keeps_every_record_when_the_tensor_batch_fills_mid_call(tmp
     for record in records[:200]:
         if record.tensor:
             dump.load_tensor(record)
+
+
+def test_stacks_follow_the_caller_of_each_op(tmp_path):
+    """Ops of one line share a stack; the same line reached from another caller, or a generator
+    resumed from another place, gets its own."""
+
+    def inner(x):
+        return torch.relu(x) + 1  # two ops, one line
+
+    def caller_a(x):
+        return inner(x)
+
+    def caller_b(x):
+        return inner(x)
+
+    def steps(x):
+        while True:
+            x = torch.sin(x)
+            yield x
+
+    def run():
+        x = torch.randn(4)
+        caller_a(x)
+        caller_b(x)
+        gen = steps(x)
+        next(gen)  # resumed from here ...
+        (lambda: next(gen))()  # ... and from inside a lambda
+
+    ops = ("aten.relu.default", "aten.add.Tensor", "aten.sin.default")
+    records = [r for r in _records(tmp_path, run) if r.io == "output" and r.op in ops]
+    dump = torchdebug.load(tmp_path).ranks[0]
+    stacks = [dump.stack(r) for r in records]
+    relu_a, add_a, relu_b, add_b, sin_1, sin_2 = stacks
+    assert relu_a == add_a and relu_b == add_b
+    assert any("caller_a" in frame for frame in relu_a) and not any("caller_b" in frame for frame in relu_a)
+    assert any("caller_b" in frame for frame in relu_b)
+    resumed_in_lambda = "in <lambda>: (lambda: next(gen))()"
+    assert not any(resumed_in_lambda in frame for frame in sin_1) and any(resumed_in_lambda in frame for frame in sin_2)

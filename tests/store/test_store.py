@@ -241,16 +241,47 @@ def test_fast_record_encoding_equals_json_for_every_field():
     assert json.loads(encode_record(minimal)) == minimal.to_json()
 
 
-def test_batch_encoding_writes_shared_descriptions_as_each_record_alone():
-    from torchdebug.store.record_json import encode_record, encode_records
+def _encoding_cases() -> list[Record]:
+    import math
 
     shape, stats = [4, 8], {"min": -1.0, "max": 2.0, "mean": 0.5, "norm": 3.0, "nan": 0, "posinf": 0, "neginf": 0}
     shared = [_record(i, dtype="float32", shape=shape, stride=[8, 1], device="cpu", stats=stats) for i in range(3)]
-    other = _record(3, dtype="float32", shape=[2], stride=[1], device="cpu", stats={**stats, "min": -7.0})
-    records = [*shared, other, _record(4)]
-    lines = encode_records(records).splitlines(keepends=True)
-    assert lines == [encode_record(r) + "\n" for r in records]
+    return [
+        *shared,
+        _record(3, dtype="float32", shape=[2], stride=[1], device="cpu", stats={**stats, "min": -7.0}),
+        _record(4),
+        _record(5, kind="value", value={"nested": [1, "two", None, 2.5]}),
+        _record(6, kind="value", value=[1, 2, "float32"]),
+        _record(7, stats={"min": math.nan, "max": math.inf, "mean": -math.inf, "norm": None, "nan": 3, "posinf": 1, "neginf": 1}),
+        _record(8, stats={"min": 1e-300, "max": 1e300, "mean": -0.0, "norm": 0.1, "nan": 0, "posinf": 0, "neginf": 2**40}),
+        _record(9, stats={"min": 1.0}, tensor={"key": 'k"\\ü\n', "file": "tensors/x.safetensors", "view": {"shape": [1], "offset": 0}}),
+        _record(10, shape=[2**62, -3, 0], stride=[], requires_grad=True, sampled=4, extra={"graph": "m__0/forward"}),
+        _record(11, requires_grad=False, stack="abc", source="fünf.py:1 in <module>", fwd="forward/-/x#0", node="mm_1",
+                capture="graph", error="boom\t\x7f"),
+        _record(12, stats={"min": -1, "max": 5, "mean": 2.0, "norm": 7.5, "nan": 0, "posinf": 0, "neginf": 0}, extra={}),
+    ]  # fmt: skip
+
+
+def test_batch_encoding_writes_shared_descriptions_as_each_record_alone():
+    from torchdebug.store import record_json
+
+    records = _encoding_cases()
+    lines = record_json.encode_records(records).splitlines(keepends=True)
+    assert lines == [record_json.encode_record(r) + "\n" for r in records]
     assert json.loads(lines[3])["stats"]["min"] == -7.0 and json.loads(lines[3])["shape"] == [2]
+
+
+def test_native_record_encoding_equals_the_python_encoder(monkeypatch):
+    from torchdebug.native import json_lines
+    from torchdebug.store import record_json
+
+    if json_lines.encoder() is None:
+        pytest.skip("the C encoder cannot be built here (no compiler or Python headers)")
+    records = _encoding_cases()
+    native = record_json.encode_records(records)
+    monkeypatch.setattr(record_json, "encoder", lambda: None)
+    assert native == record_json.encode_records(records)
+    assert record_json.encode_records([]) == ""
 
 
 def test_debugger_flush_puts_every_tensor_file_on_disk_before_close(tmp_path):

@@ -119,6 +119,7 @@ class OpCapture:
 
     def stop(self) -> None:
         self._collectives.finish()
+        self.stacks.clear()
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None

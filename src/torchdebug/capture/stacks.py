@@ -8,6 +8,7 @@ program) so records carry a short reference and the rank folder stores each stac
 from __future__ import annotations
 
 import hashlib
+import inspect
 import linecache
 import os
 import sys
@@ -19,6 +20,10 @@ _SKIP_DIRS = (
     os.path.dirname(torch.__file__) + os.sep,
     os.path.dirname(os.path.dirname(__file__)) + os.sep,  # the torchdebug package
 )
+
+
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+"""Code flags of frames that can be suspended and resumed by a different caller."""
 
 
 def format_frame(filename: str, lineno: int, function: str) -> str:
@@ -34,25 +39,37 @@ class StackRecorder:
     def __init__(self) -> None:
         self._is_user: dict[CodeType, bool] = {}
         self._stacks: dict[tuple, tuple[str, list[str], str]] = {}
+        self._last: tuple[FrameType, int, tuple[str, list[str], str]] | None = None
+        """The innermost user frame of the last capture, its line and what was captured. While that
+        frame runs on at that line, its callers wait at theirs, so the stack is the same (ops of one
+        line, and every op of an optimizer step inside torch). Holding the frame keeps its identity
+        from being reused; :meth:`clear` lets it go."""
+
+    def _user(self, code: CodeType) -> bool:
+        user = self._is_user.get(code)
+        if user is None:
+            user = self._is_user[code] = not code.co_filename.startswith(_SKIP_DIRS)
+        return user
 
     def _user_frames(self, frame: FrameType | None) -> tuple:
         key = []
-        is_user = self._is_user
         while frame is not None:
-            code = frame.f_code
-            user = is_user.get(code)
-            if user is None:
-                user = is_user[code] = not code.co_filename.startswith(_SKIP_DIRS)
-            if user:
-                key.append((code, frame.f_lineno))
+            if self._user(frame.f_code):
+                key.append((frame.f_code, frame.f_lineno))
             frame = frame.f_back
         return tuple(key)
 
     def capture(self) -> tuple[str, list[str], str] | None:
         """``(stack_id, frames outermost first, innermost source)`` or ``None`` without user frames."""
-        key = self._user_frames(sys._getframe(1))
-        if not key:
+        frame = sys._getframe(1)
+        while frame is not None and not self._user(frame.f_code):
+            frame = frame.f_back
+        if frame is None:
             return None
+        last = self._last
+        if last is not None and last[0] is frame and last[1] == frame.f_lineno:
+            return last[2]
+        key = self._user_frames(frame)
         found = self._stacks.get(key)
         if found is None:
             frames = [format_frame(c.co_filename, line, c.co_name) for c, line in reversed(key)]
@@ -60,4 +77,10 @@ class StackRecorder:
             inner_code, inner_line = key[0]
             source = f"{inner_code.co_filename}:{inner_line} in {inner_code.co_name}"
             found = self._stacks[key] = (stack_id, frames, source)
+        if not frame.f_code.co_flags & _RESUMABLE:
+            self._last = (frame, frame.f_lineno, found)
         return found
+
+    def clear(self) -> None:
+        """Forget the last frame (call when capture stops, so the frame can be freed)."""
+        self._last = None

@@ -79,24 +79,35 @@ def torch_uses_gnu_openmp() -> bool:
 
 
 @functools.cache
-def load_library(source_name: str) -> ctypes.CDLL | None:
+def load_library(source_name: str, *, python_api: bool = False) -> ctypes.CDLL | None:
     """The shared library built from ``torchdebug/native/<source_name>.c``, or ``None`` when it
-    cannot be built here (no compiler, a build error) or native kernels are disabled."""
+    cannot be built here (no compiler, a build error) or native kernels are disabled.
+
+    ``python_api``: the source uses the Python C API; it is built against this interpreter's headers
+    and loaded with :class:`ctypes.PyDLL` (calls keep the GIL, and raise the exceptions they set).
+    Other libraries are loaded with :class:`ctypes.CDLL` (calls release the GIL).
+    """
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None
     source = Path(__file__).with_name(f"{source_name}.c")
     compiler = _compiler()
     if compiler is None:
-        logger.info("no C compiler found; torchdebug uses torch ops for %s", source_name)
+        logger.info("no C compiler found; torchdebug uses Python for %s", source_name)
         return None
-    variants = [(*FLAGS, *OPENMP_FLAGS), FLAGS] if torch_uses_gnu_openmp() else [FLAGS]
+    if python_api:
+        variants = [(*FLAGS, f"-I{sysconfig.get_paths()['include']}")]
+    elif torch_uses_gnu_openmp():
+        variants = [(*FLAGS, *OPENMP_FLAGS), FLAGS]
+    else:
+        variants = [FLAGS]
+    loader = ctypes.PyDLL if python_api else ctypes.CDLL
     error: Exception | None = None
     for flags in variants:
         try:
-            return ctypes.CDLL(str(_built(compiler, flags, source)))
+            return loader(str(_built(compiler, flags, source)))
         except (OSError, subprocess.SubprocessError) as failure:
             error = failure
-    logger.warning("could not build %s (%s); torchdebug uses torch ops instead", source.name, error)
+    logger.warning("could not build %s (%s); torchdebug uses Python or torch ops instead", source.name, error)
     return None
 
 
@@ -104,7 +115,7 @@ def _built(compiler: list[str], flags: tuple[str, ...], source: Path) -> Path:
     """The library built from ``source`` with ``flags``, from the cache or built now."""
     key = hashlib.sha256()
     for part in (source.read_bytes(), " ".join([*compiler, *flags]).encode(), _compiler_version(compiler).encode(),
-                 platform.machine().encode()):  # fmt: skip
+                 platform.machine().encode(), str(sysconfig.get_config_var("EXT_SUFFIX")).encode()):  # fmt: skip
         key.update(part)
     target = cache_dir() / key.hexdigest()[:16] / f"{source.stem}.so"
     if not target.exists():

@@ -18,6 +18,7 @@ import math
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
+from torchdebug.native.json_lines import encoder
 from torchdebug.records import STAT_KEYS, Record
 
 _STAT_KEYS = set(STAT_KEYS)
@@ -30,6 +31,9 @@ ENCODED_FIELDS = (
     "node", "capture", "error", "extra",
 )  # fmt: skip
 """Every Record field, in the order written (a test checks this matches ``Record``)."""
+
+_HELPERS = (_quote, _FALLBACK.encode, ENCODED_FIELDS, STAT_KEYS)
+"""What the C encoder hands the cases it does not write itself to (see ``records.c``)."""
 
 
 def _number(value: Any) -> str:
@@ -55,7 +59,11 @@ def _flat_dict(data: dict[str, Any]) -> str:
 
 
 def encode_records(records: list[Record]) -> str:
-    """The records as JSON lines, one ``\\n``-terminated line each."""
+    """The records as JSON lines, one ``\\n``-terminated line each (in C where it could be built,
+    see ``torchdebug.native.json_lines``)."""
+    native = encoder()
+    if native is not None:
+        return native(records, _HELPERS)
     memo: dict[int, str] = {}
     return "".join([encode_record(r, memo) + "\n" for r in records])
 

@@ -1,5 +1,5 @@
-"""Dumps shared by the compare tests: a tiny MLP with a plantable bug, a tiny GPT in fp32/bf16, and
-a three-rank data-parallel run with one rank's update perturbed.
+"""Dumps shared by the compare tests: a tiny MLP with a plantable bug, a tiny GPT in fp32/bf16 (either
+with a wrong kernel planted), and a three-rank data-parallel run with one rank's update perturbed.
 
 Each dump is written once per session, when a test first asks for it.
 """
@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
@@ -58,14 +60,41 @@ def source_line(marker: str) -> int:
     raise AssertionError(marker)
 
 
-def dump_mlp(path: Path, task: str = "tensor", bf16: bool = False, **options: float) -> Path:
-    """One SGD step of :class:`BuggyMLP` dumped at ``path`` (forward under bf16 autocast if asked)."""
+class WrongKernel(TorchDispatchMode):
+    """A kernel bug: call number ``call`` (from 0) of the aten op ``op`` returns its result times
+    ``factor``. Entered before the dump, so the dump records the op's inputs and its wrong output."""
+
+    def __init__(self, op: str, call: int, factor: float) -> None:
+        super().__init__()
+        self.op, self.call, self.factor = op, call, factor
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        if str(func) == self.op:
+            if self.calls == self.call:
+                out = out * self.factor
+            self.calls += 1
+        return out
+
+
+def planted(wrong: tuple[str, int, float] | None) -> WrongKernel | nullcontext:
+    """``WrongKernel(*wrong)``, or nothing planted."""
+    return WrongKernel(*wrong) if wrong else nullcontext()
+
+
+def dump_mlp(
+    path: Path, task: str = "tensor", bf16: bool = False, wrong: tuple | None = None, tensor_list: tuple[str, ...] = (),
+    **options: float,
+) -> Path:
+    """One SGD step of :class:`BuggyMLP` dumped at ``path`` (forward under bf16 autocast if asked;
+    ``wrong``: a :class:`WrongKernel` planted; ``tensor_list``: the calls whose tensors are saved)."""
     torchdebug.seed_all(1234)
     model = BuggyMLP(**options)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 16)
     target = torch.randint(0, 8, (4,))
-    with torchdebug.dump(path, model=model, task=task):
+    with planted(wrong), torchdebug.dump(path, model=model, task=task, tensor_list=list(tensor_list)):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(x)
         loss = nn.functional.cross_entropy(logits.float(), target)
@@ -74,13 +103,16 @@ def dump_mlp(path: Path, task: str = "tensor", bf16: bool = False, **options: fl
     return path
 
 
-def dump_gpt(path: Path, task: str = "tensor", bf16: bool = False, d_model: int = 32) -> Path:
-    """One AdamW step of a 1-layer GPT, in fp32 or with the forward under bf16 autocast."""
+def dump_gpt(
+    path: Path, task: str = "tensor", bf16: bool = False, d_model: int = 32, wrong: tuple | None = None, dropout: float = 0.0
+) -> Path:
+    """One AdamW step of a 1-layer GPT, in fp32 or with the forward under bf16 autocast (``wrong``:
+    a :class:`WrongKernel` planted)."""
     torchdebug.seed_all(1234)
-    model = GPT(GPTConfig(n_layer=1, d_model=d_model, n_head=4, seq_len=16))
+    model = GPT(GPTConfig(n_layer=1, d_model=d_model, n_head=4, seq_len=16, dropout=dropout))
     optimizer = torch.optim.AdamW(model.parameters())
     batch = make_batch(model.config, batch=2)
-    with torchdebug.dump(path, model=model, task=task):
+    with planted(wrong), torchdebug.dump(path, model=model, task=task):
         train_step(model, optimizer, batch, autocast=torch.bfloat16 if bf16 else None)
     return path
 

@@ -62,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable; --across-ranks: default exact)")  # fmt: skip
     parser.add_argument("--mapping", type=Path, help="JSON/YAML file renaming A's modules/ops: {modules: {...}, ops: {...}}")
     parser.add_argument("--stats-only", action="store_true", help="compare statistics even where tensors were saved")
+    parser.add_argument("--replay", action="store_true",
+                        help="re-run diverging ops in float64 on each side's saved inputs to blame an op's own error (task=tensor dumps; slower)")  # fmt: skip
     parser.add_argument("--growth", type=float, default=16.0, help="error amplification an op may show before it is blamed (default 16)")
     parser.add_argument("--threads", type=int, default=None, help="threads for tensor metrics per process (default: the process's share of the cores)")
     parser.add_argument("--workers", type=int, default=1, help="processes to split A B over on this machine (default 1; not with torchrun)")
@@ -84,6 +86,8 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult:
         raise ValueError("--across-ranks runs in one process: start it without torchrun or --workers (--threads sets its threads)")
     if args.mapping is not None:
         raise ValueError("--mapping applies to A B only: the ranks of one run share their names")
+    if args.replay:
+        raise ValueError("--replay applies to A B only: --across-ranks checks that replicas agree bitwise")
     return compare_ranks(
         args.across_ranks, ranks=args.ranks, tolerances=dict(args.tolerance), tensors=not args.stats_only, threads=args.threads,
     )  # fmt: skip
@@ -98,7 +102,7 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
         raise ValueError("--ranks applies to --across-ranks only")
     options = {
         "tolerances": dict(args.tolerance), "mapping": args.mapping, "growth": args.growth,
-        "tensors": not args.stats_only, "threads": args.threads,
+        "tensors": not args.stats_only, "threads": args.threads, "replay": args.replay,
     }  # fmt: skip
     if not distributed.launched_by_torchrun():
         return compare(args.a, args.b, workers=args.workers, **options)

@@ -9,9 +9,9 @@
     torchdebug.compare.compare_ranks("dump")                 # the ranks of one run with each other
 
 Modules: ``matching`` (pairing records), ``metrics`` (float64 errors), ``tolerances`` (per dtype),
-``verdicts`` (pass/warning/error, blamed/inherited), ``steps`` (one comparison's steps), ``engine``
-(the in-process run), ``distributed`` (worker processes), ``across_ranks`` (cross-rank check),
-``result``.
+``replay`` (an op call re-run in float64 from its records), ``verdicts`` (pass/warning/error,
+blamed/inherited), ``steps`` (one comparison's steps), ``engine`` (the in-process run),
+``distributed`` (worker processes), ``across_ranks`` (cross-rank check), ``result``.
 """
 
 from __future__ import annotations

@@ -39,10 +39,9 @@ import torch.multiprocessing as mp
 from torchdebug.compare.result import CompareResult
 from torchdebug.compare.rows import Row
 from torchdebug.compare.steps import (
-    JobKey, Pairing, Settings, apply_metrics, compare_rank, compute_jobs, finish, match_rank, metric_pool, open_pair,
-    paused_gc, rank_notes, tensor_jobs,
+    JobKey, Pairing, Settings, apply_metrics, attribute, compare_rank, compute_jobs, finish, match_rank, metric_pool,
+    open_pair, paused_gc, rank_notes, tensor_jobs,
 )  # fmt: skip
-from torchdebug.compare.verdicts import judge
 from torchdebug.errors import TorchDebugError
 
 __all__ = ["Share", "plan", "compare_distributed", "spawn_compare", "launched_by_torchrun", "process_group_from_env"]
@@ -118,23 +117,25 @@ def _work(shares: list[Share], pairing: Pairing, settings: Settings) -> list[_Pi
     return pieces
 
 
-def _merge(pieces: list[_Piece], ranks: Sequence[int], growth: float) -> tuple[list[Row], list[str]]:
-    """Rows and notes of every rank, in rank order, with split ranks' metrics applied and judged."""
+def _merge(pieces: list[_Piece], pairing: Pairing, settings: Settings) -> tuple[list[Row], list[str]]:
+    """Rows and notes of every rank, in rank order, with split ranks' metrics applied and judged
+    (replayed here, when asked: which calls diverge is known once every part's metrics are in)."""
     by_rank: dict[int, list[_Piece]] = defaultdict(list)
     for piece in pieces:
         by_rank[piece.rank].append(piece)
     rows: list[Row] = []
     notes: list[str] = []
-    for rank in ranks:
-        main = next(piece for piece in by_rank[rank] if piece.rows is not None)
-        assert main.rows is not None
-        if not main.judged:
-            metrics = {key: value for piece in by_rank[rank] for key, value in piece.metrics.items()}
-            groups = main.groups or {}
-            apply_metrics([[main.rows[i] for i in groups[key]] for key in groups], [metrics[key] for key in groups])
-            judge(main.rows, growth=growth)
-        rows.extend(main.rows)
-        notes.extend(main.notes)
+    with metric_pool(settings.threads) as pool:
+        for rank in pairing.ranks:
+            main = next(piece for piece in by_rank[rank] if piece.rows is not None)
+            assert main.rows is not None
+            if not main.judged:
+                metrics = {key: value for piece in by_rank[rank] for key, value in piece.metrics.items()}
+                groups = main.groups or {}
+                apply_metrics([[main.rows[i] for i in groups[key]] for key in groups], [metrics[key] for key in groups])
+                attribute(main.rows, pairing.a.run.ranks[rank], pairing.b.run.ranks[rank], settings, pool)
+            rows.extend(main.rows)
+            notes.extend(main.notes)
     return rows, notes
 
 
@@ -156,7 +157,7 @@ def _compare_in_group(a: str | Path, b: str | Path, settings: Settings) -> Compa
         failure = next((item for item in gathered if isinstance(item, Exception)), None)
         if failure is None and pairing is not None:
             try:
-                rows, notes = _merge([piece for pieces in gathered for piece in pieces], pairing.ranks, settings.growth)
+                rows, notes = _merge([piece for pieces in gathered for piece in pieces], pairing, settings)
                 result = finish(rows, notes, pairing, settings)
             except _EXPECTED as error:
                 failure = error
@@ -177,7 +178,7 @@ def compare_distributed(a: str | Path, b: str | Path, **options: Any) -> Compare
 
     Call it on every process (same arguments); process 0 gets the result, the others ``None``.
     ``options`` are :func:`torchdebug.compare`'s (``tolerances``, ``mapping``, ``growth``,
-    ``tensors``, ``threads``); ``threads`` defaults to the cores per process on this node.
+    ``tensors``, ``threads``, ``replay``); ``threads`` defaults to the cores per process on this node.
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("compare_distributed: torch.distributed is not initialised; call init_process_group first, or use compare(..., workers=N)")

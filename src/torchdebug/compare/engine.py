@@ -36,6 +36,7 @@ def compare(
     tensors: bool = True,
     threads: int | None = None,
     workers: int = 1,
+    replay: bool = False,
 ) -> CompareResult:
     """Compare dump ``a`` against the reference dump ``b``, rank by rank.
 
@@ -54,11 +55,17 @@ def compare(
         workers: processes to split the work over (by rank, then by tensor file); more than 1
             spawns them (torch.distributed, gloo, file rendezvous). Under torchrun use
             :func:`torchdebug.compare.distributed.compare_distributed` instead.
+        replay: re-run, on each side, every op call with an output beyond tolerance in float64 on
+            that side's own saved inputs, and blame a call whose output is far from its replay
+            even when its inputs carry inherited error (finds an op's own few-percent error in a
+            bf16 run; needs task="tensor" dumps; costs about one more pass over those calls).
 
     Returns:
         A :class:`CompareResult`; ``result.first_divergence`` is the earliest blamed op.
     """
-    settings = Settings.build(tolerances=tolerances, mapping=mapping, growth=growth, tensors=tensors, threads=threads)
+    settings = Settings.build(
+        tolerances=tolerances, mapping=mapping, growth=growth, tensors=tensors, threads=threads, replay=replay
+    )
     if workers < 1:
         raise ValueError(f"workers: got {workers}, expected at least 1")
     if workers > 1:

@@ -24,7 +24,7 @@ import torch
 
 from torchdebug.compare.tolerances import MANTISSA_BITS, normalize_dtype
 
-__all__ = ["TENSOR_METRICS", "STATS_METRICS", "tensor_metrics", "stats_metrics"]
+__all__ = ["TENSOR_METRICS", "STATS_METRICS", "REPLAY_METRICS", "tensor_metrics", "stats_metrics"]
 
 TENSOR_METRICS = (
     "cosine",
@@ -50,6 +50,10 @@ STATS_METRICS = (
     "norm_rel",
 )
 """Keys of :func:`stats_metrics`: differences ``a − b`` and ``|a − b| / |b|`` per statistic."""
+
+REPLAY_METRICS = ("own_err_a", "own_err_b")
+"""With replay: the ``error`` of an output on side A / B against its op replayed in float64 on that
+side's own inputs (see :mod:`torchdebug.compare.replay`)."""
 
 _CHUNK = 1 << 18  # elements per float64 chunk: 2 MiB buffers, reused (fresh pages cost more than math)
 _REL_EPS = 1e-12  # keeps |a-b|/|b| finite where b == 0; the verdict does not use this metric

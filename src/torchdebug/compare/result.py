@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from torchdebug.compare.metrics import STATS_METRICS, TENSOR_METRICS
+from torchdebug.compare.metrics import REPLAY_METRICS, STATS_METRICS, TENSOR_METRICS
 from torchdebug.compare.rows import VERDICTS, Row
 from torchdebug.compare.verdicts import first_divergence, first_nonfinite
+from torchdebug.records import MODULE_OP
 
 __all__ = ["CompareResult", "Side", "CSV_COLUMNS"]
 
@@ -21,7 +22,8 @@ CSV_COLUMNS = (
     "dtype_a", "dtype_b", "shape_a", "shape_b", "verdict", "attribution", "error", "tolerance",
     *TENSOR_METRICS, *STATS_METRICS, "message", "source",
 )  # fmt: skip
-"""Columns of :meth:`CompareResult.to_csv`, one row per tensor slot or argument."""
+"""Columns of :meth:`CompareResult.to_csv`, one row per tensor slot or argument (with replay, the
+:data:`~torchdebug.compare.metrics.REPLAY_METRICS` are appended)."""
 
 _MIN_MATCHED = 0.5  # below this share of matched rows, the dumps probably come from different programs
 
@@ -110,6 +112,20 @@ class CompareResult:
     def diverged(self) -> bool:
         return any(row.verdict == "error" for row in self.rows)
 
+    @property
+    def replay_hint(self) -> str | None:
+        """A suggestion to replay, for a compare of two dumps with tensors run without replay whose
+        first op beyond tolerance is not blamed (nothing is, or something later is)."""
+        if self.options.get("replay") is not False:
+            return None  # replayed already, or not a compare of two dumps
+        over = next((r for r in self.rows if r.attribution and r.op != MODULE_OP and "cosine" in r.metrics), None)
+        if over is None or over is self.first_divergence:
+            return None
+        return (
+            f"{over.name} is the first op beyond tolerance and is not blamed: an op's own error can hide in the "
+            "error its inputs inherit; --replay (replay=True) re-runs the diverging ops in float64 to measure it"
+        )
+
     def counts(self, rank: int | None = None) -> dict[str, int]:
         """Rows per verdict (all ranks, or one)."""
         rows = self.rows if rank is None else self.rank_rows(rank)
@@ -174,6 +190,9 @@ class CompareResult:
             detail = row.message
             metrics = ", ".join(f"{k} {row.metrics[k]:.4g}" for k in ("cosine", "max_abs_err", "rel_l2") if k in row.metrics)
             lines.append(f"  {detail}" + (f" ({metrics})" if metrics else ""))
+        hint = self.replay_hint
+        if hint:
+            lines.append(f"hint: {hint}")
         lines.extend(f"note: {problem}" for problem in self.problems)
         return "\n".join(lines)
 
@@ -185,7 +204,8 @@ class CompareResult:
         """One line per row, columns :data:`CSV_COLUMNS`."""
         path = Path(path)
         with path.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+            columns = CSV_COLUMNS + REPLAY_METRICS if self.options.get("replay") else CSV_COLUMNS
+            writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
             for row in self.rows:
                 writer.writerow({k: _cell(v) for k, v in row.to_dict().items()})

@@ -7,13 +7,17 @@
 4. :func:`compute_jobs` runs them in a thread pool (torch kernels release the GIL, so threads use
    every core); each job loads its two tensors through the dump's ``load_tensor`` (memory-mapped),
    computes and drops them, so no more than ``threads`` pairs are in memory at once;
-5. :func:`apply_metrics` writes the results into the rows, then ``judge`` and :func:`finish`.
+5. :func:`apply_metrics` writes the results into the rows;
+6. :func:`attribute`: with ``replay``, :func:`replay_rows` replays each call with an output beyond
+   tolerance on each side in float64 (its own error, one call and side per job, so a job holds one
+   side's tensors of one call); then ``judge``, and :func:`finish`.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,18 +30,21 @@ from typing import Any
 import torch
 
 from torchdebug.compare.matching import NameMapping, load_mapping, match_records
-from torchdebug.compare.metrics import stats_metrics, tensor_metrics
+from torchdebug.compare.metrics import REPLAY_METRICS, stats_metrics, tensor_metrics
+from torchdebug.compare.replay import NotReplayable, output_at, replay
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
-from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances, tolerance_for
+from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances, rounding_tolerance, tolerance_for
 from torchdebug.compare.verdicts import judge
 from torchdebug.records import Record
 from torchdebug.store import msprobe, reader
 
 __all__ = [
     "Settings", "Pairing", "open_dump", "has_tensor", "open_pair", "metric_pool", "paused_gc", "match_rank",
-    "tensor_jobs", "compute_jobs", "apply_metrics", "rank_notes", "compare_rank", "finish",
+    "tensor_jobs", "compute_jobs", "apply_metrics", "replay_rows", "attribute", "rank_notes", "compare_rank", "finish",
 ]  # fmt: skip
+
+logger = logging.getLogger("torchdebug.compare")
 
 JobKey = tuple
 """Identifies the values of a pair of saved tensors (see :func:`tensor_jobs`)."""
@@ -53,22 +60,25 @@ class Settings:
     tensors: bool = True
     threads: int | None = None
     """Threads for tensor metrics per process (``None``: all cores of the process's share)."""
+    replay: bool = False
+    """Replay the calls with an output beyond tolerance in float64 to measure each op's own error."""
 
     @classmethod
     def build(
         cls, *, tolerances: Mapping[str, Any] | None = None, mapping: Any = None, growth: float = 16.0,
-        tensors: bool = True, threads: int | None = None,
+        tensors: bool = True, threads: int | None = None, replay: bool = False,
     ) -> Settings:
         """Validate user options: one-line errors naming the option."""
         if growth < 1:
             raise ValueError(f"growth: got {growth}, expected a factor >= 1")
         if threads is not None and threads < 1:
             raise ValueError(f"threads: got {threads}, expected at least 1")
-        return cls(parse_tolerances(tolerances), load_mapping(mapping), growth, tensors, threads)
+        return cls(parse_tolerances(tolerances), load_mapping(mapping), growth, tensors, threads, replay)
 
     def options(self) -> dict[str, Any]:
         """What the result records of the options (JSON-ready)."""
-        return {"growth": self.growth, "tolerances": {k: [v.rtol, v.atol] for k, v in self.overrides.items()}}
+        tolerances = {k: [v.rtol, v.atol] for k, v in self.overrides.items()}
+        return {"growth": self.growth, "tolerances": tolerances, "replay": self.replay}
 
 
 def open_dump(path: str | Path | reader.Run) -> reader.Run:
@@ -232,6 +242,64 @@ def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float
             row.metrics.pop("error", None)
 
 
+def _replay_job(dump: Any, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, float]:
+    """The own error of each floating output slot of one call on one side (none if not replayable)."""
+    try:
+        result = replay(records[0].op, [r for r in records if r.io == "input"], dump.load_tensor)
+    except NotReplayable as reason:
+        logger.debug("not replayed: %s", reason)
+        return {}
+    own = {}
+    for record in records:
+        if record.io != "output" or rounding_tolerance(record.dtype) is None or not has_tensor(record) or record.sampled:
+            continue
+        replayed = output_at(result, record.arg)
+        if isinstance(replayed, torch.Tensor) and list(replayed.shape) == record.shape:
+            atol = tolerance_for(record.dtype, record.dtype, overrides).atol
+            own[record.arg] = tensor_metrics(dump.load_tensor(record), replayed, low_dtype=record.dtype, atol=atol)["error"]
+    return own
+
+
+def _calls(dump: Any) -> dict[tuple[int, str], list[Record]]:
+    """A dump's records by op call: ``(step, call name)``."""
+    calls: dict[tuple[int, str], list[Record]] = {}
+    for record in dump.records():
+        calls.setdefault((record.step, record.call_name), []).append(record)
+    return calls
+
+
+def replay_rows(
+    rows: Sequence[Row], dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
+) -> None:
+    """Replay, on each side, every call with an output row beyond tolerance, and write the own
+    errors of its output rows into their metrics (:data:`REPLAY_METRICS`)."""
+    outputs = [row for row in rows if row.io == "output" and row.kind == "tensor" and row.matched]
+    diverging = [row for row in outputs if row.error is not None and row.tolerance is not None and row.error > row.tolerance]
+    if not diverging:
+        return
+    jobs: dict[tuple[str, int, str], list[Record]] = {}
+    for side, dump in (("a", dump_a), ("b", dump_b)):
+        calls = _calls(dump)
+        for row in diverging:
+            record = row.record_a if side == "a" else row.record_b
+            key = (record.step, record.call_name)  # type: ignore[union-attr]
+            jobs.setdefault((side, *key), calls[key])
+    dumps = {"a": dump_a, "b": dump_b}
+    results = dict(zip(jobs, pool.map(lambda key: _replay_job(dumps[key[0]], jobs[key], overrides), jobs)))
+    for row in outputs:
+        for (side, record), name in zip((("a", row.record_a), ("b", row.record_b)), REPLAY_METRICS):
+            own = results.get((side, record.step, record.call_name), {}).get(record.arg)  # type: ignore[union-attr]
+            if own is not None:
+                row.metrics[name] = own
+
+
+def attribute(rows: Sequence[Row], dump_a: Any, dump_b: Any, settings: Settings, pool: ThreadPoolExecutor) -> None:
+    """Verdicts and attribution of one rank's rows, with replay first when asked."""
+    if settings.replay:
+        replay_rows(rows, dump_a, dump_b, settings.overrides, pool)
+    judge(rows, growth=settings.growth)
+
+
 def rank_notes(rank: int, pairing: Pairing) -> list[str]:
     """Notes on one rank's folders (partial, truncated), read where the rank is compared."""
     return [*pairing.a.notes("A", rank), *pairing.b.notes("B", rank)]
@@ -244,7 +312,7 @@ def compare_rank(rank: int, pairing: Pairing, settings: Settings, pool: ThreadPo
     if settings.tensors:
         groups = list(tensor_jobs(rows, dump_a, dump_b).values())
         apply_metrics(groups, compute_jobs(groups, dump_a, dump_b, settings.overrides, pool))
-    judge(rows, growth=settings.growth)
+    attribute(rows, dump_a, dump_b, settings, pool)
     return rows
 
 

@@ -5,6 +5,9 @@ run is allowed bf16 rounding, not fp32 rounding. The defaults are ``torch.testin
 (``rtol``/``atol`` per dtype). Errors are measured relative to the tensor's scale (see
 :mod:`torchdebug.compare.metrics`), so ``rtol`` bounds that scale-relative error and ``atol`` is the
 floor of the scale: tensors whose values are all below ``atol`` are compared in absolute terms.
+
+:func:`rounding_tolerance` is a different bound: how far one healthy op's output may be from its
+exact (float64) value, which replay (:mod:`torchdebug.compare.replay`) measures.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_TOLERANCES", "Tolerance", "tolerance_for"]
+__all__ = ["DEFAULT_TOLERANCES", "Tolerance", "tolerance_for", "rounding_tolerance"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,13 @@ MANTISSA_BITS: dict[str, int] = {
     "float8_e5m2": 2,
     "float8_e5m2fnuz": 2,
 }
+
+
+ACCUMULATION_UNITS = 64
+"""Units in the last place of float32 (or of the op's dtype when more precise) a healthy op's
+accumulations may add to its output's error: bf16 and fp16 ops accumulate in float32, float32
+matmuls and sums over ~1k elements were seen at 8 units, and errors grow about as the square root
+of the reduction length."""
 
 
 def normalize_dtype(dtype: str | None) -> str | None:
@@ -109,3 +119,13 @@ def parse_tolerances(spec: Mapping[str, object] | None) -> dict[str, Tolerance]:
                 f"tolerances.{name}: got {value!r}, expected a number (rtol) or {{'rtol': ..., 'atol': ...}}"
             )
     return out
+
+
+def rounding_tolerance(dtype: str | None) -> float | None:
+    """Scale-relative error a healthy op may make in ``dtype``, against its float64 replay: one unit
+    in the last place (twice the output's rounding) plus :data:`ACCUMULATION_UNITS` units of its
+    accumulation dtype (float32 or more precise). ``None`` for dtypes that are not floating."""
+    bits = MANTISSA_BITS.get(normalize_dtype(dtype) or "")
+    if bits is None:
+        return None
+    return 2.0**-bits + ACCUMULATION_UNITS * 2.0 ** -max(bits, MANTISSA_BITS["float32"])

@@ -15,7 +15,11 @@ Per row, in execution order:
 * a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
   the call has one) and inherited after;
 * shapes that differ are errors; argument values that differ, and slots that could not be
-  captured on a side (``record.error``), are warnings.
+  captured on a side (``record.error``), are warnings;
+* with replay (``own_err_a``/``own_err_b`` in an output row's metrics: its error against the op
+  replayed in float64 on that side's own inputs), an output beyond tolerance whose own error on
+  either side exceeds twice the rounding tolerance of the pair's less precise dtype is blamed,
+  whatever its inputs carry: a healthy op stays within half of it.
 
 The first divergence is the earliest blamed op row (op records before module records); the first
 non-finite op is the earliest row whose NaN/Inf its inputs did not have.
@@ -27,7 +31,9 @@ import math
 import re
 from collections.abc import Sequence
 
+from torchdebug.compare.metrics import REPLAY_METRICS
 from torchdebug.compare.rows import Row
+from torchdebug.compare.tolerances import lower_precision, rounding_tolerance
 from torchdebug.records import MODULE_OP, call_name
 
 __all__ = ["judge", "first_divergence", "first_nonfinite"]
@@ -73,6 +79,27 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+_REPLAY_MARGIN = 2.0
+"""How many rounding tolerances an op's own error must exceed to be blamed (a healthy op: ≤ 0.5)."""
+_OWN_A, _OWN_B = REPLAY_METRICS
+
+
+def _own_error(row: Row) -> str | None:
+    """Why replay blames a replayed output row (its own error on the side that exceeds most), or ``None``."""
+    own = [(row.metrics[key], side) for key, side in ((_OWN_A, "A"), (_OWN_B, "B")) if key in row.metrics]
+    dtype = lower_precision(row.dtype_a, row.dtype_b)
+    tolerance = rounding_tolerance(dtype)
+    if tolerance is None:
+        return None
+    error, side = max(own)
+    if error <= _REPLAY_MARGIN * tolerance:
+        return None
+    return (
+        f"own error {error:.1e} vs fp64 replay on side {side} ({dtype} tolerance {tolerance:.1e}): "
+        "this op makes the difference"
+    )
+
+
 def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: float) -> float:
     """Judge the rows of one op call; ``saved`` are the rows of the forward call a backward call
     differentiates (its saved tensors), ``upstream`` the largest error seen before this call.
@@ -113,6 +140,10 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             continue
         seen = max(seen, row.error)
         if row.error <= row.tolerance:
+            continue
+        replayed = _own_error(row) if is_output and (_OWN_A in row.metrics or _OWN_B in row.metrics) else None
+        if replayed is not None:
+            row.verdict, row.attribution, row.message = "error", "blamed", replayed
             continue
         if is_output:
             explained = row.error <= growth * input_error + row.tolerance or (

@@ -44,5 +44,9 @@ def test_eager_and_compiled_dumps_of_gpt_compare_as_all_pass(tmp_path: Path) -> 
         "backward/layers.0.mlp.fc/aten.mm.default#0/output.0",
     ):
         assert name in passed, name
+    # forward nodes that alone replaced a decomposed view op carry that op's name
+    renamed = {row.name: row.record_a.extra.get("target") for row in result.rows if row.verdict == "pass"}
+    assert renamed["forward/layers.0.attn.proj/aten.t.default#0/output.0"] == "aten.permute.default"
+    assert renamed["forward/layers.0.attn.proj/aten.view.default#0/output.0"] == "aten.reshape.default"
     assert result.first_divergence is None
     torch._dynamo.reset()

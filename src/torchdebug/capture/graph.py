@@ -217,12 +217,15 @@ class GraphCapture:
         source = call.source
         if source is not None:
             self.session.add_stack(source.stack_id, list(source.frames))
+        extra = {"graph": f"{run.plan.model}/{run.plan.phase}"}
+        if call.target is not None:
+            extra["target"] = call.target
         return dict(
             name=f"{prefix}/{slot.io}.{slot.arg}", rank=self.rank, phase=phase, module=module, op=op,
             call=run.bases[call.key] + call.local, seq=run.seq + call.order, io=slot.io, arg=slot.arg, kind=slot.kind,
             dtype=meta.get("dtype"), shape=meta.get("shape"), stride=meta.get("stride"), device=meta.get("device"),
             value=slot.value, stack=source.stack_id if source else None, source=source.source if source else None,
-            fwd=fwd, node=call.node, capture="graph", error=slot.note, extra={"graph": f"{run.plan.model}/{run.plan.phase}"},
+            fwd=fwd, node=call.node, capture="graph", error=slot.note, extra=extra,
         )  # fmt: skip
 
     def _fill(self, record: Record, run: _Run, slot: SlotPlan, rows: list[dict[str, Any] | None], tensors: list[torch.Tensor],

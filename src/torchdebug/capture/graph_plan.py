@@ -61,6 +61,8 @@ class CallPlan:
     source: CallSource | None
     fwd: tuple[Key, int] | None
     """For backward nodes: the forward call (key, local index in the forward graph)."""
+    target: str | None = None
+    """The node's own op when the call is named after the op it replaced (``key`` holds that one)."""
     slots: list[SlotPlan] = field(default_factory=list)
 
 

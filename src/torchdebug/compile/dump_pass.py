@@ -165,14 +165,17 @@ class _Planner:
         counts: dict[Key, int] = {}
         calls: list[CallPlan] = []
         forward_calls: dict[Any, tuple[Key, int]] = {}
+        replaced = node_names.replaced_ops(self.graph)
         order = 0
         for node in self.graph.nodes:
-            op = node_names.op_name(node)
-            if op is None:
+            target = node_names.op_name(node)
+            if target is None:
                 continue
             backward = node_names.is_backward_node(node, self.aot_phase)
             if self.aot_phase == "backward" and not backward:
                 continue  # recomputed forward node (see the module docstring)
+            # Backward calls run in another order than eager's: renamed ones would pair wrongly.
+            op = target if backward else replaced.get(node, target)
             key = ("backward" if backward else "forward", node_names.module_of(node, backward, bool(self.model.rooted)), op)
             local = counts.get(key, 0)
             counts[key] = local + 1
@@ -181,8 +184,8 @@ class _Planner:
                 forward_calls.setdefault(seq_nr, (key, local))
             if self._selected(node):
                 fwd = self.model.forward_calls.get(seq_nr) if backward else None
-                call = CallPlan(node.name, key, local, order, node_names.source_of(node), fwd)
-                call.slots = list(self._slots(node, golden is not None))
+                call = CallPlan(node.name, key, local, order, node_names.source_of(node), fwd, target if op != target else None)
+                call.slots = list(self._slots(node, golden is not None, values=op == target))
                 calls.append(call)
             order += 1
         if self.aot_phase != "backward":
@@ -207,19 +210,24 @@ class _Planner:
         self.host_groups = [host[i : i + HOST_GROUP] for i in range(0, len(host), HOST_GROUP)]
         plan.vector_rows = [self.stat_rows[n] for n in self.graph_nodes + host]
 
-    def _slots(self, node: torch.fx.Node, golden: bool) -> Iterator[SlotPlan]:
+    def _slots(self, node: torch.fx.Node, golden: bool, values: bool = True) -> Iterator[SlotPlan]:
+        """``values``: also the non-tensor arguments (not for a node named after the op it replaced:
+        its arguments are the stand-in's, ``permute`` dims for ``transpose``'s)."""
         mode = self.settings.mode
         if mode in ("all", "input") and self.settings.scene != "watcher":
-            values: dict[int, torch.fx.Node] = {}
+            holders: dict[int, torch.fx.Node] = {}
 
             def fake(arg: torch.fx.Node) -> Any:
                 value = arg.meta.get("val")
-                values[id(value)] = arg
+                holders[id(value)] = arg
                 return value
 
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), fake)
             for arg, value in iter_slots(args, kwargs):
-                yield self._slot("input", arg, values.get(id(value)) if isinstance(value, torch.Tensor) else None, value, golden)
+                if isinstance(value, torch.Tensor):
+                    yield self._slot("input", arg, holders.get(id(value)), value, golden)
+                elif values:
+                    yield self._slot("input", arg, None, value, golden)
         if mode in ("all", "output"):
             for arg, holder, value in _output_nodes(node):
                 slot = self._slot("output", arg, holder, value, golden)

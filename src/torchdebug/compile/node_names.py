@@ -7,7 +7,11 @@ An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.rec
   the same ``seq_nr``), turned into the eager form: ``L['self'].layers[0].attn`` -> ``layers.0.attn``,
   the compiled module itself -> ``<root>``. Nodes with no stack are ``<root>`` when the graph comes
   from a module (some node's stack starts at ``L['self']``), else ``-``.
-- ``op``: ``str(node.target)`` (``aten.addmm.default``), as the dispatcher names it in eager mode.
+- ``op``: ``str(node.target)`` (``aten.addmm.default``), as the dispatcher names it in eager mode;
+  for a forward node that alone replaced an eager op when the compiler decomposed it (``permute``
+  for ``t`` or ``transpose``, ``reshape`` for ``view``), the op it replaced, read from
+  ``node.meta["original_aten"]`` (see :func:`replaced_ops`; backward calls run in another order
+  than eager's, so same-named calls there would pair wrongly).
 - ``phase``: ``backward`` for nodes AOT autograd tagged ``partitioner_tag == "is_backward"`` and for
   nodes of a backward graph that inductor created without tags; forward nodes the partitioner
   recomputes in the backward graph keep ``forward`` and are marked ``recomputed``.
@@ -24,6 +28,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx
@@ -102,6 +107,45 @@ def source_of(node: torch.fx.Node) -> Source | None:
     inner = found[-1]
     stack_id = hashlib.sha1("\n".join(frames).encode()).hexdigest()[:12]
     return Source(f"{inner['file']}:{inner['line']} in {inner['function']}", stack_id, frames)
+
+
+_STAND_INS: dict[str, frozenset[str]] = {
+    "aten.reshape.default": frozenset({"aten.view.default", "aten._unsafe_view.default"}),
+    "aten.permute.default": frozenset({"aten.t.default", "aten.transpose.int", "aten.numpy_T.default"}),
+    "aten.expand.default": frozenset({"aten.expand_as.default", "aten.broadcast_to.default"}),
+    "aten.full.default": frozenset({"aten.ones.default", "aten.zeros.default", "aten.new_ones.default",
+                                    "aten.new_zeros.default", "aten.new_full.default"}),
+    "prims.iota.default": frozenset({"aten.arange.default", "aten.arange.start", "aten.arange.start_step"}),
+}  # fmt: skip
+"""Ops a decomposition uses to stand for a whole view or factory op, and the ops they stand for
+(see :func:`replaced_ops`). Other pairs are fragments as often as stand-ins: after inductor's
+passes an ``unsqueeze`` can be the one node left tagged with ``nll_loss_backward``."""
+
+
+def replaced_ops(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
+    """Nodes that alone stand for an op the compiler's decompositions replaced, with that op's name.
+
+    AOT autograd records in ``node.meta["original_aten"]`` the op each node was decomposed from,
+    and ``seq_nr`` tells the calls of that op apart. Where a call of op O became exactly one node of
+    another op (``t`` -> ``permute``, ``view`` -> ``reshape``), that node computes O's output, so
+    it is named O and lines up with the eager record. A call that became several nodes
+    (``native_layer_norm`` -> ``var_mean``, ``sub``, ``mul`` ...), or whose ``seq_nr`` other calls
+    of O share, keeps its own nodes' names: which node holds which output of O is not recorded.
+    Only view and factory stand-ins for view and factory ops (``_STAND_INS``) are renamed: after
+    inductor's passes a decomposition can leave a single node tagged (one ``div`` of a layer-norm
+    backward), and such a node may be a fragment of O, not its output.
+    """
+    groups: dict[tuple[str, Any], list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        original = node.meta.get("original_aten")
+        if not isinstance(original, torch._ops.OpOverload):
+            continue
+        name = str(original)  # by name: graph copies (the FX graph cache) hold copies of the op objects
+        if name in _STAND_INS.get(str(node.target), ()):
+            groups.setdefault((name, node.meta.get("seq_nr")), []).append(node)
+    return {nodes[0]: name for (name, seq_nr), nodes in groups.items() if len(nodes) == 1 and seq_nr is not None}
 
 
 def op_name(node: torch.fx.Node) -> str | None:

@@ -4,7 +4,9 @@ Handles float32, bfloat16 and float64 CPU tensors of any layout: the kernel walk
 elements in whatever order memory holds them (statistics do not depend on element order), so
 transposes, permutes, slices and broadcasts need no copy. Other dtypes and devices give ``None``
 and the caller uses torch ops. :func:`copy_with_stats` snapshots a tensor and takes its statistics in
-the same pass. ctypes releases the GIL during the calls.
+the same pass. ctypes releases the GIL during the calls. Big contiguous tensors are split over
+``torch.get_num_threads()`` threads of torch's OpenMP pool (see ``stats.c``), on whichever thread
+the call comes from.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ def _kernels() -> dict[torch.dtype, tuple[Kernel, Kernel]] | None:
     kernels = {}
     for dtype, suffix in _SUFFIXES.items():
         stats = getattr(library, f"td_stats_{suffix}")
-        stats.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        stats.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
         stats.restype = ctypes.c_int
         copy = getattr(library, f"td_copy_stats_{suffix}")
-        copy.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+        copy.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
         copy.restype = ctypes.c_int
         kernels[dtype] = (stats, copy)
     return kernels
@@ -93,7 +95,7 @@ def fused_stats(tensor: torch.Tensor) -> list[float] | None:
     sizes, strides = layout
     ndim = len(sizes)
     out = _Sums()
-    kernel(tensor.data_ptr(), ndim, _Dims[ndim](*sizes), _Dims[ndim](*strides), out)
+    kernel(tensor.data_ptr(), ndim, _Dims[ndim](*sizes), _Dims[ndim](*strides), out, torch.get_num_threads())
     return list(out)
 
 
@@ -104,5 +106,5 @@ def copy_with_stats(tensor: torch.Tensor, address: int) -> list[float] | None:
     if kernel is None or not tensor.is_contiguous():
         return None
     out = _Sums()
-    kernel(tensor.data_ptr(), tensor.numel(), address, out)
+    kernel(tensor.data_ptr(), tensor.numel(), address, out, torch.get_num_threads())
     return list(out)

@@ -9,9 +9,11 @@
  * tensor through the careful loop, which counts NaN/Inf and accumulates in double. Semantics match
  * torchdebug.stats.stats_vector: NaNs are left out of min, max, sum and norm; infinities are kept.
  *
- * td_stats_<dtype>(data, ndim, sizes, strides, out): strides in elements, strides[ndim-1] == 1,
- * ndim <= MAX_DIMS; out[7] = {min, max, sum, sum of squares, nan, posinf, neginf}, min/max NaN when
- * every element is NaN. Returns 1 when the careful loop ran.
+ * td_stats_<dtype>(data, ndim, sizes, strides, out, threads): strides in elements,
+ * strides[ndim-1] == 1, ndim <= MAX_DIMS; out[7] = {min, max, sum, sum of squares, nan, posinf,
+ * neginf}, min/max NaN when every element is NaN; threads: how many threads may share the work
+ * (torch.get_num_threads(): a thread other than the one torch.set_num_threads ran on would read
+ * OpenMP's own default, all cores). Returns 1 when the careful loop ran.
  *
  * Built with -fopenmp where torch runs on GNU OpenMP (build.py checks), so the parallel regions
  * below share torch's own thread pool: a contiguous tensor of at least PARALLEL_MIN elements is cut
@@ -158,6 +160,7 @@ typedef void (*run_fn)(const void *x, void *dst, int64_t n, acc_t *acc);
 
 static const acc_t ACC_INIT = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0};
 
+#ifdef _OPENMP
 static void merge(acc_t *into, const acc_t *part) {
     if (part->low < into->low) into->low = part->low;
     if (part->high > into->high) into->high = part->high;
@@ -167,12 +170,12 @@ static void merge(acc_t *into, const acc_t *part) {
     into->posinf += part->posinf;
     into->neginf += part->neginf;
 }
+#endif
 
 /* RUN over n contiguous elements (and dst, when copying), one chunk per thread of torch's pool. */
-static acc_t run_split(run_fn run, const char *src, char *dst, int64_t n, size_t element_size) {
+static acc_t run_split(run_fn run, const char *src, char *dst, int64_t n, size_t element_size, int threads) {
     acc_t total = ACC_INIT;
 #ifdef _OPENMP
-    int threads = omp_get_max_threads();
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (n >= PARALLEL_MIN && threads > 1 && !omp_in_parallel()) {
         acc_t parts[MAX_THREADS];
@@ -191,27 +194,30 @@ static acc_t run_split(run_fn run, const char *src, char *dst, int64_t n, size_t
         for (int t = 0; t < used; t++) merge(&total, &parts[t]);
         return total;
     }
+#else
+    (void)element_size;
+    (void)threads;
 #endif
     run(src, dst, n, &total);
     return total;
 }
 
 #define STATS(NAME, FAST_NAME, CAREFUL_NAME, TYPE)                                                   \
-    int NAME(const void *x, int ndim, const int64_t *sizes, const int64_t *strides,     \
-                          double *out) {                                                             \
+    int NAME(const void *x, int ndim, const int64_t *sizes, const int64_t *strides, double *out,     \
+             int threads) {                                                                          \
         const char *data = (const char *)x;                                                          \
         int64_t numel = 1;                                                                           \
         for (int d = 0; d < ndim; d++) numel *= sizes[d];                                            \
         acc_t acc;                                                                                   \
         if (ndim == 1) {                                                                             \
-            acc = run_split(FAST_NAME, data, NULL, numel, sizeof(TYPE));                             \
+            acc = run_split(FAST_NAME, data, NULL, numel, sizeof(TYPE), threads);                           \
         } else {                                                                                     \
             acc = ACC_INIT;                                                                          \
             WALK(FAST_NAME, sizeof(TYPE));                                                           \
         }                                                                                            \
         int careful = needs_care(&acc);                                                              \
         if (careful && ndim == 1) {                                                                  \
-            acc = run_split(CAREFUL_NAME, data, NULL, numel, sizeof(TYPE));                          \
+            acc = run_split(CAREFUL_NAME, data, NULL, numel, sizeof(TYPE), threads);                        \
         } else if (careful) {                                                                        \
             acc = ACC_INIT;                                                                          \
             WALK(CAREFUL_NAME, sizeof(TYPE));                                                        \
@@ -220,13 +226,13 @@ static acc_t run_split(run_fn run, const char *src, char *dst, int64_t n, size_t
         return careful;                                                                              \
     }
 
-/* td_copy_stats_<dtype>(src, n, dst, out): copy n contiguous elements to dst and take their
- * statistics in the same pass (a tensor snapshot costs one read of the tensor, not two). */
+/* td_copy_stats_<dtype>(src, n, dst, out, threads): copy n contiguous elements to dst and take
+ * their statistics in the same pass (a tensor snapshot costs one read of the tensor, not two). */
 #define COPY_STATS(NAME, COPY_NAME, CAREFUL_NAME, TYPE)                                              \
-    int NAME(const void *src, int64_t n, void *dst, double *out) {                      \
-        acc_t acc = run_split(COPY_NAME, (const char *)src, (char *)dst, n, sizeof(TYPE));           \
+    int NAME(const void *src, int64_t n, void *dst, double *out, int threads) {                      \
+        acc_t acc = run_split(COPY_NAME, (const char *)src, (char *)dst, n, sizeof(TYPE), threads);  \
         int careful = needs_care(&acc);                                                              \
-        if (careful) acc = run_split(CAREFUL_NAME, (const char *)dst, NULL, n, sizeof(TYPE));        \
+        if (careful) acc = run_split(CAREFUL_NAME, (const char *)dst, NULL, n, sizeof(TYPE), threads); \
         finish(&acc, n, out);                                                                        \
         return careful;                                                                              \
     }

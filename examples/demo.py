@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
@@ -23,9 +25,25 @@ from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 from torchdebug.cli.show import format_record  # noqa: E402
 
 
-def planted_bug(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-    """A forward hook that makes one layer's output 10% too large: the bug compare must find."""
-    return output * 1.1
+class WrongKernel(TorchDispatchMode):
+    """A kernel bug, the kind compare must find: call ``call`` (from 0) of ``aten.addmm.default``
+    returns its result 10% too large. Entered before the dump, so the dump sees the wrong output."""
+
+    def __init__(self, call: int) -> None:
+        super().__init__()
+        self.call, self.calls = call, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.addmm.default:
+            if self.calls == self.call:
+                out = out * 1.1
+            self.calls += 1
+        return out
+
+
+BUGGY_ADDMM = 10
+"""The forward of ``layers.2.mlp.fc``: four addmm calls per block (qkv, proj, fc, out)."""
 
 
 def dump_step(out: Path, *, bf16: bool, bug: bool = False) -> Path:
@@ -33,12 +51,11 @@ def dump_step(out: Path, *, bf16: bool, bug: bool = False) -> Path:
     torchdebug.seed_all(1234)
     config = GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=128)
     model = GPT(config)
-    if bug:
-        model.layers[2].mlp.fc.register_forward_hook(planted_bug)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = make_batch(config, batch=8)
-    with torchdebug.dump(out, model=model, task="statistics") as debugger:
-        loss = train_step(model, optimizer, batch, autocast=torch.bfloat16 if bf16 else None)
+    with WrongKernel(BUGGY_ADDMM) if bug else contextlib.nullcontext():
+        with torchdebug.dump(out, model=model, task="statistics") as debugger:
+            loss = train_step(model, optimizer, batch, autocast=torch.bfloat16 if bf16 else None)
     label = ("bf16" if bf16 else "fp32") + (" with a planted bug" if bug else "")
     print(f"{label}: loss {loss.item():.4f}, dumped to {debugger.run_dir}")
     return debugger.run_dir

@@ -219,6 +219,14 @@ def test_a_call_whose_tensors_were_not_saved_gets_no_replay_verdict(dumps):
     assert not any(row.message.startswith("own error") for row in result.rows)
 
 
+def test_replay_on_statistics_dumps_says_nothing_could_be_replayed(dumps):
+    result = torchdebug.compare(dumps("mlp", task="statistics", bf16=True), dumps("mlp", task="statistics"), replay=True)
+    assert any(p.startswith("replay: no slot has saved tensors") for p in result.problems)
+    assert "note: replay: no slot has saved tensors" in result.summary()
+    tensors = torchdebug.compare(dumps("mlp", bf16=True), dumps("mlp"), replay=True)
+    assert not any(p.startswith("replay:") for p in tensors.problems)
+
+
 def test_replay_blames_an_output_whose_inputs_explain_its_error_by_the_growth_rule():
     rows = [_row("input", 5e-4), _row("output", 0.005)]
     rows[1].metrics.update(own_err_a=2e-5, own_err_b=1e-7)  # twice float32's rounding tolerance is 1.5e-5

@@ -319,6 +319,8 @@ def compare_rank(rank: int, pairing: Pairing, settings: Settings, pool: ThreadPo
 def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: Settings) -> CompareResult:
     """The result of judged rows: rank ``notes`` and the pairing's, options, and the overlap check."""
     problems = [*notes, *pairing.problems]
+    if settings.replay and not any(has_tensor(row.record_a) and has_tensor(row.record_b) for row in rows):
+        problems.append('replay: no slot has saved tensors on both sides (dump with task="tensor"), so nothing was replayed')
     result = CompareResult(rows=rows, a=pairing.a, b=pairing.b, problems=problems, options=settings.options())
     result.check_overlap()
     return result

@@ -1,22 +1,36 @@
 # One command each for the demo and the tests; both create .venv and install into it first.
+#   make demo    the demo on torch $(TORCH)
+#   make test    the suite on torch $(TORCH) in .venv, then on each torch of $(MATRIX), each in
+#                its own .venv-torch<version> (what CI runs; `make test MATRIX=` skips the matrix)
 VENV ?= .venv
+TORCH ?= 2.13.0
+MATRIX ?= 2.11.0 2.14.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchdebug-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-one test-matrix bench clean
 
+# torch is pinned before torchdebug is installed, so pip never picks a torch on its own
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==$(TORCH)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+test: test-one test-matrix
+
+test-one: $(STAMP)
+	@$(PY) -c "import torch; print('torchdebug tests on torch', torch.__version__)"
 	$(PY) -m pytest -q
+
+test-matrix:
+	@for version in $(MATRIX); do \
+		$(MAKE) --no-print-directory test-one VENV=.venv-torch$$version TORCH=$$version || exit 1; \
+	done
 
 bench: $(STAMP)
 	$(PY) bench/overhead.py
@@ -26,4 +40,4 @@ bench: $(STAMP)
 	$(PY) bench/diagnose.py --skip-minifier
 
 clean:
-	rm -rf $(VENV) demo_out .pytest_cache
+	rm -rf $(VENV) .venv-torch* demo_out .pytest_cache

@@ -1,6 +1,7 @@
 """Package-wide rules: cheap import, lazy public API, layering, private torch APIs in one place."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ PACKAGE = Path(torchdebug.__file__).parent
 
 # Layers from the bottom up; a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "records", "native", "stats", "config", "dist", "seed"},
+    {"errors", "_torch", "records", "native", "stats", "config", "dist", "seed"},
     {"store"},
     {"compare"},
     {"capture"},
@@ -67,7 +68,29 @@ def test_lower_layers_never_import_higher_ones():
             assert _layer(imported) <= _layer(part), f"{path.relative_to(PACKAGE)} imports torchdebug.{imported}"
 
 
-def test_private_autograd_apis_are_importable():
-    from torchdebug.capture._autograd_node import current_autograd_node, next_sequence_nr
+_PRIVATE_TORCH_MODULE = re.compile(r"^(torch\._|torch\.utils\._|torch\.nn\.modules\.module$|functorch)")
+_PRIVATE_TORCH_ATTRIBUTES = {"_schema", "_version", "_sequence_nr", "_orig_mod", "_has_any_global_hook"}
 
-    assert current_autograd_node() is None and isinstance(next_sequence_nr(), int)
+
+def _private_torch_uses(path: Path) -> list[str]:
+    uses = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and _PRIVATE_TORCH_MODULE.match(node.module):
+            uses.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            uses += [f"import {a.name}" for a in node.names if _PRIVATE_TORCH_MODULE.match(a.name)]
+        elif isinstance(node, ast.Attribute):
+            dunder = node.attr.startswith("__")
+            on_torch = isinstance(node.value, ast.Name) and node.value.id == "torch"
+            if (on_torch and node.attr.startswith("_") and not dunder) or node.attr in _PRIVATE_TORCH_ATTRIBUTES:
+                uses.append(f"line {node.lineno}: .{node.attr}")
+    return uses
+
+
+def test_private_torch_apis_are_used_only_in_the_torch_seam():
+    offenders = {
+        str(path.relative_to(PACKAGE)): uses
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts[0] != "_torch" and (uses := _private_torch_uses(path))
+    }
+    assert not offenders, f"private torch API outside torchdebug/_torch: {offenders}"

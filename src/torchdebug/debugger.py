@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 import torchdebug
+from torchdebug._torch.nn import unwrap_compiled
 from torchdebug.capture.eager import OpCapture
 from torchdebug.capture.filters import phase_and_io_filter
 from torchdebug.capture.modules import ModuleRecorder, ModuleTracker
@@ -146,6 +147,8 @@ class Debugger:
         self._active = True
 
     def _build(self, model: nn.Module | None) -> None:
+        if model is not None:
+            model = unwrap_compiled(model)  # names relative to the model, not to torch.compile's wrapper
         self._tracker = ModuleTracker(model)
         if self.config.level in ("module", "mix"):
             self._modules = ModuleRecorder(self.session, self._phases, self._ios, model)

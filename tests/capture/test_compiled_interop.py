@@ -1,9 +1,14 @@
-"""A compiled function called while eager capture is on stays compiled and is not recompiled."""
+"""A compiled function called while eager capture is on stays compiled, is not recompiled, and
+its module calls are recorded once, without torch's warning about global hooks."""
 
+import warnings
+
+import pytest
 import torch
 import torch._dynamo
 
 import torchdebug
+from torchdebug.records import MODULE_OP
 
 
 class _CountingBackend:
@@ -54,4 +59,44 @@ def test_compiled_function_under_capture_is_not_recompiled_by_inductor(tmp_path)
     records = torchdebug.load(tmp_path).ranks[0].records()
     assert "aten.exp.default" in {r.op for r in records}
     assert "aten.sin.default" not in {r.op for r in records}  # fused inside the compiled kernel
+    torch._dynamo.reset()
+
+
+def _module_calls(path) -> dict[str, set[int]]:
+    """Module path -> call indices of its forward module-level records."""
+    calls: dict[str, set[int]] = {}
+    for record in torchdebug.load(path).ranks[0].records():
+        if record.phase == "forward" and record.op == MODULE_OP:
+            calls.setdefault(record.module, set()).add(record.call)
+    return calls
+
+
+@pytest.mark.parametrize("hand_over", ["compiled", "original", "none"])
+def test_compiling_a_module_under_capture_warns_nothing_and_records_each_module_call_once(tmp_path, tiny, hand_over):
+    torch._dynamo.reset()
+    compiled = torch.compile(tiny, backend="eager")
+    model = {"compiled": compiled, "original": tiny, "none": None}[hand_over]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torchdebug.dump(tmp_path, model=model, level="mix"):
+            compiled(torch.randn(2, 4)).sum().backward()
+        compiled(torch.randn(2, 4))  # no hooks left behind: still no warning
+    assert not [w for w in caught if "global hooks" in str(w.message)]
+    # one call each: the wrapper's call is not a second call of the model, nor named "_orig_mod"
+    assert _module_calls(tmp_path) == {"<root>": {0}, "fc1": {0}, "fc2": {0}}
+    torch._dynamo.reset()
+
+
+def test_the_compiled_module_warning_comes_back_once_capture_stops(tmp_path, tiny):
+    """The silenced warning is torch's own, and only while our hooks are registered."""
+    torch._dynamo.reset()
+    compiled = torch.compile(tiny, backend="eager")
+    with torchdebug.dump(tmp_path):
+        pass
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        with pytest.warns(UserWarning, match="global hooks"):
+            compiled(torch.randn(2, 4))
+    finally:
+        handle.remove()
     torch._dynamo.reset()

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchdebug._torch.dispatch import op_schema
 from torchdebug.capture.session import Slot, iter_slots
 
 Work = dist.Work if dist.is_available() else None
@@ -60,7 +61,7 @@ def waited_by_caller(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
     """Whether the ``torch.distributed`` wrapper waits for this op right after dispatching it
     (``async_op=False``): then it is complete by the time any later op is dispatched. Gloo's
     ``reduce_scatter`` work never reports itself completed, so this is checked first."""
-    for index, argument in enumerate(func._schema.arguments):
+    for index, argument in enumerate(op_schema(func).arguments):
         if argument.name == "async_op":
             value = kwargs.get("async_op", args[index] if index < len(args) else argument.default_value)
             return value is False

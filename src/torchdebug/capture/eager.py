@@ -6,7 +6,7 @@ Capturing at the dispatcher sees every op, however it was called (``torch.relu``
 not recompiled.
 
 Phases: an op runs in ``backward`` when the autograd engine is executing a node
-(see ``_autograd_node``), in ``optimizer`` between an optimizer's step pre- and
+(see ``torchdebug._torch.autograd``), in ``optimizer`` between an optimizer's step pre- and
 post-hooks, else in ``forward``. A backward op is attributed to the module, source line and call
 of the forward op that created its autograd node, found through the node's sequence number.
 Ops of ``AccumulateGrad`` nodes take the parameter's path (``layers.0.fc.weight``) as module, so
@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchdebug.capture._autograd_node import current_autograd_node, next_sequence_nr
+from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr
+from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
 from torchdebug.capture.collectives import PendingCollectives, split_result, waited_by_caller
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
@@ -60,7 +60,7 @@ class _OpInfo(NamedTuple):
 def _op_info(func: Any) -> _OpInfo:
     name = str(func)
     namespace = func.namespace
-    return _OpInfo(name, namespace in _SKIPPED_NAMESPACES, func._schema.is_mutable, namespace == "c10d", name in _VALUE_PRESERVING)
+    return _OpInfo(name, namespace in _SKIPPED_NAMESPACES, op_schema(func).is_mutable, namespace == "c10d", name in _VALUE_PRESERVING)
 
 
 class _DumpMode(TorchDispatchMode):
@@ -169,7 +169,7 @@ class OpCapture:
         node = current_autograd_node()
         if node is not None:
             phase = "backward"
-            forward_info = self._forward.get(node._sequence_nr())
+            forward_info = self._forward.get(node_sequence_nr(node))
             if forward_info is not None:
                 module, fwd, captured = forward_info
             else:  # gradient accumulation into a parameter is named after the parameter

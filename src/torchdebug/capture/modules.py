@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+from torchdebug._torch.nn import GlobalForwardHooks, unwrap_compiled
 from torchdebug.capture.session import CaptureSession, iter_slots
 from torchdebug.records import MODULE_OP, NO_MODULE
 
@@ -36,7 +36,7 @@ class ModuleTracker:
         if model is not None:
             self._adopt(model, "")
         self._stack: list[str] = []
-        self._handles: list[Any] = []
+        self._hooks: GlobalForwardHooks | None = None
         self.recorder: ModuleRecorder | None = None
 
     def _adopt(self, root: nn.Module, prefix: str) -> None:
@@ -52,7 +52,7 @@ class ModuleTracker:
         return found[0] if found is not None and found[1] is tensor else None
 
     def name_of(self, module: nn.Module) -> str:
-        module = getattr(module, "_orig_mod", module)  # torch.compile's OptimizedModule wrapper
+        module = unwrap_compiled(module)
         name = self._names.get(id(module))
         if name is None:
             if not self._stack and not self._model_adopted:
@@ -69,15 +69,12 @@ class ModuleTracker:
         return self._stack[-1] if self._stack else NO_MODULE
 
     def start(self) -> None:
-        self._handles = [
-            register_module_forward_pre_hook(self._enter),
-            register_module_forward_hook(self._exit, with_kwargs=True, always_call=True),
-        ]
+        self._hooks = GlobalForwardHooks(self._enter, self._exit)
 
     def stop(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
         self._stack.clear()
 
     def _enter(self, module: nn.Module, args: tuple) -> None:

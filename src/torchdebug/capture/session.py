@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torchdebug._torch.autograd import tensor_version
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
@@ -178,7 +179,7 @@ class CaptureSession:
             self._fill_description(record, tensor)
             return
         # After an in-place op returns, autograd bumps the version once more.
-        version = tensor._version + (1 if mutated else 0)
+        version = tensor_version(tensor) + (1 if mutated else 0)
         seen = None if mutated else self._seen.get(id(tensor))
         if seen is None or seen.ref() is not tensor or seen.version != version:
             seen = self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, None, None)
@@ -229,7 +230,7 @@ class CaptureSession:
         (``{"view": {"shape", "stride", "offset"}}`` in its tensor reference) instead of a copy.
         """
         seen = self._seen.get(id(source))
-        if seen is None or seen.ref() is not source or seen.version != source._version:
+        if seen is None or seen.ref() is not source or seen.version != tensor_version(source):
             return
         view_ref = None
         if shares_memory and seen.base is not None:
@@ -245,7 +246,7 @@ class CaptureSession:
                     self._tensor_refs.append(view_ref)
         stats = seen.stats if same_elements else None
         base = seen.base if view_ref is not None else None
-        self._seen[id(alias)] = _Seen(weakref.ref(alias), alias._version, stats, view_ref, base)
+        self._seen[id(alias)] = _Seen(weakref.ref(alias), tensor_version(alias), stats, view_ref, base)
 
     def _sampling_for(self, tensor: torch.Tensor) -> int | None:
         if self.sample_stride and tensor.numel() > 2 * SAMPLE_EDGE:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from torchdebug._torch.dispatch import op_schema
 from torchdebug.records import MODULE_OP, Record
 
 __all__ = ["NotReplayable", "resolve", "rebuild", "replay", "output_at"]
@@ -129,7 +130,8 @@ def _lists(node: Any, where: str) -> Any:
 
 def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Tensor]) -> tuple[list, dict]:
     """Positional and keyword arguments of a call from its input records (see the module docstring)."""
-    arguments = op._schema.arguments
+    schema = op_schema(op)
+    arguments = schema.arguments
     positional = [arg for arg in arguments if not arg.kwarg_only]
     keywords = {arg.name: arg for arg in arguments if arg.kwarg_only}
     tops: dict[str, Any] = {}
@@ -138,7 +140,7 @@ def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Te
         top = path[0]
         schema_arg = positional[int(top)] if top.isdigit() and int(top) < len(positional) else keywords.get(top)
         if schema_arg is None:
-            raise NotReplayable(f"{record.name}: no argument {top!r} in {op._schema.name}")
+            raise NotReplayable(f"{record.name}: no argument {top!r} in {schema.name}")
         if record.kind == "tensor":
             value = _tensor(record, load)
         else:
@@ -148,7 +150,7 @@ def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Te
     needed = positional[count:] + list(keywords.values())
     missing = [arg.name for arg in needed if arg.name not in tops and not arg.has_default_value()]
     if missing or any(str(index) not in tops for index in range(count)):
-        raise NotReplayable(f"{op._schema.name}: inputs missing from the records ({', '.join(missing) or 'a gap'})")
+        raise NotReplayable(f"{schema.name}: inputs missing from the records ({', '.join(missing) or 'a gap'})")
     args = [_lists(tops[str(index)], str(index)) for index in range(count)]
     kwargs = {key: _lists(value, key) for key, value in tops.items() if not key.isdigit()}
     return args, kwargs

@@ -4,7 +4,7 @@
 (one per Dynamo graph) picks the mode, builds the :class:`~torchdebug.compile.pipeline.Pipeline`,
 and, when there is something to dump, opens ``model__<N>`` in the dump tree
 (:mod:`torchdebug.compile.debug_dir` documents the files). While dumping it turns PyTorch's compile
-caches off for the duration of the compile (``torch.compiler.config.force_disable_caches``, scoped),
+caches off for the duration of the compile (``torchdebug._torch.dynamo.caches_disabled``, scoped),
 because a cache hit skips the passes and their dumps (pytorch/pytorch#152374).
 """
 
@@ -18,16 +18,18 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.compiler.config
 import torch.distributed as dist
 import torch.fx
 
-from torchdebug.compile import _dynamo_hooks
-from torchdebug.compile._inductor_hooks import (
+from torchdebug._torch import dynamo as _dynamo
+from torchdebug._torch.inductor import (
     CustomGraphPass,
     compile_fx,
     compile_fx_inner,
-    inductor_config,
+    config_patched,
+    cudagraphs_patch,
+    custom_pass_patch,
+    debug_dir_patch,
     select_decomp_table,
 )
 from torchdebug.capture.graph import GraphCapture
@@ -67,13 +69,6 @@ class _PhaseMarker(CustomGraphPass):
 
     def uuid(self) -> Any:
         return ("torchdebug._PhaseMarker", self.opening)  # marks phases, never changes the graph
-
-
-def _with_ours(slot: str, ours: CustomGraphPass, *, first: bool) -> list[Any]:
-    """Inductor's current passes in ``slot`` with ours added first or last, so none is lost."""
-    current = getattr(inductor_config, slot)
-    existing = list(current) if isinstance(current, (list, tuple)) else ([] if current is None else [current])
-    return [ours, *existing] if first else [*existing, ours]
 
 
 class TorchDebugBackend:
@@ -126,7 +121,7 @@ class TorchDebugBackend:
     def _caches_off(off: bool) -> contextlib.AbstractContextManager[Any]:
         """Compile caches off while instrumenting: a cached graph would report to sinks this process
         never registered (the backward graph, compiled later, has no cache id and is never cached)."""
-        return torch.compiler.config.patch(force_disable_caches=True) if off else contextlib.nullcontext()
+        return _dynamo.caches_disabled() if off else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _scope(self, tree: DumpTree | None) -> Iterator[None]:
@@ -136,15 +131,15 @@ class TorchDebugBackend:
             return
         with contextlib.ExitStack() as stack:
             stack.enter_context(tree.logging_to_file())
-            stack.enter_context(torch.compiler.config.patch(force_disable_caches=True))
+            stack.enter_context(_dynamo.caches_disabled())
             stack.enter_context(observing_inductor_passes())
             if tree.debug and dist.is_available() and dist.is_initialized():
                 # keep PyTorch's own per-graph folders in the rank-suffixed run folder too
-                stack.enter_context(inductor_config.patch({"trace.debug_dir": str(run_folder())}))
+                stack.enter_context(config_patched(debug_dir_patch(str(run_folder()))))
             yield
 
     def _record_dynamo_graph(self, gm: torch.fx.GraphModule, model: ModelDump) -> None:
-        compile_id = _dynamo_hooks.compile_id(gm)
+        compile_id = _dynamo.compile_id(gm)
         model.summary.update(
             {"model": model.name, "compile_id": compile_id, "mode": self.config.mode, "config": self.config.to_dict()}
         )
@@ -152,15 +147,15 @@ class TorchDebugBackend:
         if not model.tree.debug:
             return
         stack = []
-        graph_break = _dynamo_hooks.graph_break_reason(gm)
+        graph_break = _dynamo.graph_break_reason(gm)
         if graph_break is not None:
             reason, stack = graph_break
             model.tree.add_graph_break({"model": model.name, "compile_id": compile_id, "reason": reason, "user_stack": stack})
             where = f"{stack[-1]['file']}:{stack[-1]['line']}" if stack else "an unknown line"
             log.info("%s ends at a graph break at %s: %s", model.name, where, reason.splitlines()[0])
-        recompile = _dynamo_hooks.recompile_reason()
+        recompile = _dynamo.recompile_reason()
         if recompile is not None:
-            frames = stack or _dynamo_hooks.user_frames(gm)
+            frames = stack or _dynamo.user_frames(gm)
             model.tree.add_recompile({"model": model.name, "compile_id": compile_id, "reason": recompile, "user_stack": frames})
             log.info("%s is a recompile (%s): %s", model.name, compile_id, recompile)
 
@@ -180,7 +175,7 @@ class TorchDebugBackend:
         patches: dict[str, Any] = {}
         if self.config.mode == "reduce-overhead":
             if any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
-                patches["triton.cudagraphs"] = True
+                patches.update(cudagraphs_patch())
             elif not self._warned_no_cudagraphs:
                 self._warned_no_cudagraphs = True
                 log.warning(
@@ -188,12 +183,12 @@ class TorchDebugBackend:
                     "(inductor code only); CUDA graphs need the model and inputs on a CUDA device"
                 )
         if pipeline.pre:
-            patches["post_grad_custom_pre_pass"] = _with_ours("post_grad_custom_pre_pass", PassStage(pipeline.pre), first=True)
+            patches.update(custom_pass_patch("post_grad_custom_pre_pass", PassStage(pipeline.pre), first=True))
         if pipeline.post:
-            patches["post_grad_custom_post_pass"] = _with_ours("post_grad_custom_post_pass", PassStage(pipeline.post), first=False)
+            patches.update(custom_pass_patch("post_grad_custom_post_pass", PassStage(pipeline.post), first=False))
         if model is not None:
-            patches["joint_custom_pre_pass"] = _with_ours("joint_custom_pre_pass", _PhaseMarker(model, True), first=True)
-            patches["joint_custom_post_pass"] = _with_ours("joint_custom_post_pass", _PhaseMarker(model, False), first=False)
+            patches.update(custom_pass_patch("joint_custom_pre_pass", _PhaseMarker(model, True), first=True))
+            patches.update(custom_pass_patch("joint_custom_post_pass", _PhaseMarker(model, False), first=False))
         inner_compile: Callable[..., Any] = compile_fx_inner
         if model is not None or pipeline:
             inner_compile = functools.partial(self._inner_compile, model=model)
@@ -239,7 +234,7 @@ class TorchDebugBackend:
                     phase.dump_entry(graph)
                     run_passes(graph, passes, phase)
                     phase.finish()
-                return _dynamo_hooks.make_boxed_func(graph.forward)
+                return _dynamo.make_boxed_func(graph.forward)
 
             return compiler
 
@@ -247,12 +242,12 @@ class TorchDebugBackend:
             "fw_compiler": phase_compiler("forward"),
             "bw_compiler": phase_compiler("backward"),
             "inference_compiler": phase_compiler("inference"),
-            "partition_fn": _dynamo_hooks.min_cut_rematerialization_partition,
+            "partition_fn": _dynamo.min_cut_rematerialization_partition,
             "keep_inference_input_mutations": True,
         }
         if inductor_graph:
             options["decompositions"] = select_decomp_table()
-        return _dynamo_hooks.aot_autograd(**options)(gm, example_inputs)
+        return _dynamo.aot_autograd(**options)(gm, example_inputs)
 
 
 def get_backend(config: CompilerConfig | None = None, *, passes: Sequence[GraphPass] = ()) -> TorchDebugBackend:

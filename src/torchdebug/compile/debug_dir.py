@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchdebug.compile import _dynamo_hooks
+from torchdebug._torch import dynamo as _dynamo
 from torchdebug.compile.graph_dump import graph_text, write_graph
 
 log = logging.getLogger("torchdebug.compile.debug_dir")
@@ -63,7 +63,7 @@ def debugging() -> bool:
 
 def run_folder() -> Path:
     """PyTorch's run folder for this process, with ``-rank_<r>`` when torch.distributed is initialised."""
-    folder = Path(_dynamo_hooks.get_debug_dir())
+    folder = Path(_dynamo.get_debug_dir())
     if dist.is_available() and dist.is_initialized():
         folder = folder.with_name(f"{folder.name}-rank_{dist.get_rank()}")
     return folder
@@ -98,7 +98,7 @@ class DumpTree:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         if self.debug:
-            _dynamo_hooks.emit_artifact("torchdebug_" + _safe(relative), text)
+            _dynamo.emit_artifact("torchdebug_" + _safe(relative), text)
         return path
 
     def add_graph_break(self, record: dict[str, Any]) -> None:
@@ -186,7 +186,7 @@ class ModelDump:
             stem.parent.mkdir(parents=True, exist_ok=True)
             for path in write_graph(gm, stem, kind, f"{self.name}/{relative}"):
                 if self.tree.debug:
-                    _dynamo_hooks.emit_artifact("torchdebug_" + _safe(f"{self.name}/{path.name}"), path.read_text())
+                    _dynamo.emit_artifact("torchdebug_" + _safe(f"{self.name}/{path.name}"), path.read_text())
 
     def write_json(self, relative: str, document: Any) -> None:
         self.tree.write(f"{self.name}/{relative}", json.dumps(document, indent=1, default=str) + "\n")

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchdebug._torch.dispatch import OpOverload, OpOverloadPacket
+
 log = logging.getLogger("torchdebug.compile.graph_dump")
 
 FORMATS = ("txt", "py", "json", "dot")
@@ -214,7 +216,7 @@ def graph_python(gm: torch.fx.GraphModule, title: str, *, main: bool = True) -> 
 def target_name(node: torch.fx.Node) -> str:
     """``aten.mul.Tensor`` for ATen ops, ``module.qualname`` for Python callables, else the string."""
     target = node.target
-    if isinstance(target, str) or isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(target, str) or isinstance(target, (OpOverload, OpOverloadPacket)):
         return str(target)
     module = getattr(target, "__module__", None) or ""
     return f"{module}.{getattr(target, '__qualname__', repr(target))}".lstrip(".")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchdebug.compile._dynamo_hooks import detect_fake_mode
+from torchdebug._torch.dynamo import detect_fake_mode
 
 aten = torch.ops.aten
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchdebug._torch.dispatch import OpOverload
 from torchdebug.capture.stacks import format_frame
 from torchdebug.records import NO_MODULE
 
@@ -137,10 +138,10 @@ def replaced_ops(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     """
     groups: dict[tuple[str, Any], list[torch.fx.Node]] = {}
     for node in graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(node.target, OpOverload):
             continue
         original = node.meta.get("original_aten")
-        if not isinstance(original, torch._ops.OpOverload):
+        if not isinstance(original, OpOverload):
             continue
         name = str(original)  # by name: graph copies (the FX graph cache) hold copies of the op objects
         if name in _STAND_INS.get(str(node.target), ()):
@@ -151,6 +152,6 @@ def replaced_ops(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
 def op_name(node: torch.fx.Node) -> str | None:
     """The op of a node as eager capture names it, or ``None`` for nodes that are not op calls
     (placeholders, outputs, ``getitem`` of multi-output ops, Python callables)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(node.target, OpOverload):
         return None
     return str(node.target)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
-from torchdebug.compile._inductor_hooks import CustomGraphPass, observe_inductor_passes
+from torchdebug._torch.inductor import CustomGraphPass, observe_inductor_passes
 from torchdebug.compile.debug_dir import PhaseDump, current_phase
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchdebug.compile import _dynamo_hooks
+from torchdebug._torch import dynamo as _dynamo
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose.finding import NodeFinding, node_finding
 from torchdebug.diagnose.program import Program, first_line
@@ -48,7 +48,7 @@ class DynamoRecorder:
         self.graphs: list[DynamoGraph] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        entry = DynamoGraph(gm, recompile_reason=_dynamo_hooks.recompile_reason())
+        entry = DynamoGraph(gm, recompile_reason=_dynamo.recompile_reason())
         self.graphs.append(entry)
 
         def run(*args: Any) -> Any:

@@ -3,7 +3,7 @@
 Read from the Dynamo graphs :class:`torchdebug.diagnose.bisect.DynamoRecorder` recorded: the
 graph-break reason Dynamo attaches to each graph it ends early (the attribute
 ``torch._dynamo.explain`` reads) and the recompile reason of each recompiled frame, both through the
-compile backend's ``_dynamo_hooks``. No extra run of the program is needed.
+seam ``torchdebug._torch.dynamo``. No extra run of the program is needed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdebug.compile import _dynamo_hooks
+from torchdebug._torch import dynamo as _dynamo
 from torchdebug.diagnose.bisect import DynamoGraph
 
 
@@ -61,11 +61,11 @@ def compile_events(graphs: list[DynamoGraph]) -> CompileEvents:
     """The graph breaks and recompiles recorded with ``graphs``."""
     events = []
     for index, graph in enumerate(graphs):
-        broken = _dynamo_hooks.graph_break_reason(graph.gm)
+        broken = _dynamo.graph_break_reason(graph.gm)
         if broken is not None:
             reason, frames = broken
             events.append(CompileEvent("graph break", index, reason, tuple(frames)))
         if graph.recompile_reason is not None:
-            frames = tuple(_dynamo_hooks.user_frames(graph.gm))
+            frames = tuple(_dynamo.user_frames(graph.gm))
             events.append(CompileEvent("recompile", index, graph.recompile_reason, frames))
     return CompileEvents(len(graphs), events)

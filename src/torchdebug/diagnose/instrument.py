@@ -33,7 +33,7 @@ import torch.fx
 
 from torchdebug.capture import graph_ops
 from torchdebug.capture.graph_ops import DUMP_GRAPH, register_sink, unregister_sink
-from torchdebug.compile._inductor_hooks import CustomGraphPass, compile_fx, compile_fx_inner, inductor_config
+from torchdebug._torch.inductor import CustomGraphPass, compile_fx, compile_fx_inner, config_patched, custom_pass_patch
 from torchdebug.compile.graph_stats import propagate_fake_values
 
 aten = torch.ops.aten
@@ -116,12 +116,6 @@ def _identity(phase: str, graph: torch.fx.GraphModule, inputs: Any) -> str:
     return f"diagnose/{phase}/{kinds}\n{graph.code}"
 
 
-def _with_ours(ours: CustomGraphPass) -> list[Any]:
-    current = inductor_config.post_grad_custom_post_pass
-    existing = list(current) if isinstance(current, (list, tuple)) else ([] if current is None else [current])
-    return [*existing, ours]
-
-
 class InstrumentedInductor:
     """A ``torch.compile`` backend: inductor, with every node's value collected into ``graphs``."""
 
@@ -152,7 +146,7 @@ class InstrumentedInductor:
     def active(self) -> Iterator[InstrumentedInductor]:
         """Our pass in inductor's config while compiling and running; the sinks are dropped on exit."""
         try:
-            with inductor_config.patch({"post_grad_custom_post_pass": _with_ours(_Materialize())}):
+            with config_patched(custom_pass_patch("post_grad_custom_post_pass", _Materialize(), first=False)):
                 yield self
         finally:
             for sink in self._sinks:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdebug.diagnose._torch_internals import tree_leaves
+from torchdebug._torch.pytree import tree_leaves
 
 _SKIPPED_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 

@@ -17,7 +17,7 @@ from typing import Any
 from safetensors.torch import save_file
 
 from torchdebug.compile import graph_dump
-from torchdebug.diagnose._torch_internals import generate_config_string
+from torchdebug._torch.dynamo import generate_config_string
 from torchdebug.diagnose.finding import NodeFinding
 
 INPUTS_FILE = "repro_inputs.safetensors"

@@ -1,7 +1,4 @@
-"""Every torch._dynamo / torch._functorch / torch._logging internal the compile backend reads.
-
-One module, one version check, one test (``tests/compile/test_torch_internals.py``) that imports
-every symbol below, so a torch upgrade that moves one fails here. Verified on torch 2.13.
+"""Dynamo, AOT autograd and compile-cache internals the compile backend and diagnose read.
 
 Why these and not others:
 
@@ -10,36 +7,44 @@ Why these and not others:
   the same attribute. No logging handler or re-tracing needed, and it costs nothing.
 - recompile reasons: Dynamo computes them before tracing a recompiled frame and stores them in the
   compile's metrics context (``recompile_reason``), the same value that lands in
-  ``torch._dynamo.utils.get_compilation_metrics()`` after the compile; reading it during the
-  backend call lets us write it with the graph it caused.
+  ``torch._dynamo.utils.get_compilation_metrics()`` after the compile; reading it during the backend call lets us
+  write it with the graph it caused.
 - ``get_debug_dir()``: PyTorch's ``run_<time>-pid_<pid>`` folder for ``TORCH_COMPILE_DEBUG``.
 - ``trace_structured_artifact``: puts our files into the TORCH_TRACE log, so tlparse shows them.
 - ``detect_fake_mode``: the fake mode of a graph's example values, to give nodes our passes insert
   a ``meta["val"]`` as AOT autograd would have.
+- ``generate_config_string``: the non-default Dynamo/inductor/functorch config as Python, the text
+  PyTorch's own minifier repros start with, so diagnose's repro reproduces a planted or tuned config.
+- ``caches_disabled()``: a cache hit skips our passes and their dumps (pytorch/pytorch#152374).
+
+Unchanged from torch 2.11 through 2.14.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-import torch
-from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.utils import get_debug_dir, get_metrics_context
-from torch._guards import detect_fake_mode
-from torch._logging._internal import trace_structured_artifact
-from torch.torch_version import TorchVersion
+from torchdebug._torch import require
 
-if TorchVersion(torch.__version__) < (2, 6):
-    raise ImportError(
-        f"torchdebug.compile needs torch >= 2.6, found {torch.__version__}; upgrade with `pip install -U torch`"
-    )
+require("torch.compile features (Dynamo internals)")
+
+import torch  # noqa: E402
+import torch.compiler.config  # noqa: E402
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+from torch._dynamo.debug_utils import generate_config_string  # noqa: E402
+from torch._dynamo.utils import get_debug_dir, get_metrics_context  # noqa: E402
+from torch._guards import detect_fake_mode  # noqa: E402
+from torch._logging._internal import trace_structured_artifact  # noqa: E402
 
 __all__ = [
     "aot_autograd",
+    "caches_disabled",
     "compile_id",
     "detect_fake_mode",
     "emit_artifact",
+    "generate_config_string",
     "get_debug_dir",
     "graph_break_reason",
     "make_boxed_func",
@@ -47,6 +52,11 @@ __all__ = [
     "recompile_reason",
     "user_frames",
 ]
+
+
+def caches_disabled() -> contextlib.AbstractContextManager[Any]:
+    """Every torch.compile cache (FX graph, AOT autograd, remote) off inside the block."""
+    return torch.compiler.config.patch(force_disable_caches=True)
 
 
 def compile_id(gm: torch.fx.GraphModule) -> str | None:

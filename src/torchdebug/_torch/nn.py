@@ -1,0 +1,83 @@
+"""Global ``nn.Module`` forward hooks that live beside ``torch.compile(module)``.
+
+Global hooks see every module call, which names the ops of modules the user never handed us (a
+loss module, say). ``torch.compile(module)`` returns an ``OptimizedModule`` wrapper that is itself
+an ``nn.Module``: with global hooks present, every call of it warns that "hooks fire an extra time
+for the OptimizedModule" (torch 2.11 through 2.14), and the hooks see the wrapper and then the
+wrapped module. :func:`global_forward_hooks` registers the hooks so that wrapper calls never reach
+them and silences that one warning while the hooks are registered (the warning describes the
+extra call the hooks now skip).
+
+A forward hook registered ``with_kwargs=True`` leaves its id in
+``torch.nn.modules.module._global_forward_hooks_with_kwargs`` after ``handle.remove()`` (torch 2.11
+through 2.14: the handle does not know that dict), which keeps ``_has_any_global_hook()`` true and
+that warning on for the rest of the process; :meth:`GlobalForwardHooks.remove` takes it out too.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+from torch.nn.modules import module as _module_globals
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+_WRAPPER_WARNING = re.escape("Using `torch.compile(module)` when there are global hooks on modules")
+
+
+def is_compiled_wrapper(module: nn.Module) -> bool:
+    """Whether ``module`` is the ``OptimizedModule`` that ``torch.compile(module)`` returned."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # no wrapper exists before Dynamo is loaded
+    return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
+
+
+def unwrap_compiled(module: nn.Module) -> nn.Module:
+    """The module that ``torch.compile`` wrapped, or ``module`` itself."""
+    return module._orig_mod if is_compiled_wrapper(module) else module  # type: ignore[return-value]
+
+
+class GlobalForwardHooks:
+    """A forward pre-hook and an always-called forward hook (with kwargs) on every module call.
+
+    Calls of ``torch.compile``'s wrapper are skipped: the wrapped module's own call follows, so
+    each module call reaches the hooks once. ``remove()`` undoes everything, once.
+    """
+
+    def __init__(
+        self,
+        enter: Callable[[nn.Module, tuple], None],
+        exit: Callable[[nn.Module, tuple, dict[str, Any], Any], None],
+    ) -> None:
+        def on_enter(module: nn.Module, args: tuple) -> None:
+            if not is_compiled_wrapper(module):
+                enter(module, args)
+
+        def on_exit(module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+            if not is_compiled_wrapper(module):
+                exit(module, args, kwargs, output)
+
+        self._filter = ("ignore", re.compile(_WRAPPER_WARNING, re.I), UserWarning, None, 0)
+        warnings.filters.insert(0, self._filter)  # type: ignore[attr-defined]
+        self._handles = [
+            register_module_forward_pre_hook(on_enter),
+            register_module_forward_hook(on_exit, with_kwargs=True, always_call=True),
+        ]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+            _module_globals._global_forward_hooks_with_kwargs.pop(handle.id, None)
+        self._handles = []
+        # An "ignore" filter leaves nothing in warning registries, so taking it out needs no
+        # invalidation; it may be gone already if the list was swapped (warnings.catch_warnings).
+        try:
+            warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
+        except ValueError:
+            pass
+
+
+__all__ = ["GlobalForwardHooks", "is_compiled_wrapper", "unwrap_compiled"]

@@ -1,0 +1,291 @@
+"""Every seam in ``torchdebug._torch`` works on the running torch: each test runs the seam, so a
+torch release that moves or changes what it wraps fails here, by name, before any feature test."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.torch_version import TorchVersion
+
+import torchdebug._torch as seam
+from torchdebug._torch import autograd, dispatch, dynamo, inductor, pytree
+from torchdebug._torch.nn import GlobalForwardHooks, is_compiled_wrapper, unwrap_compiled
+
+# -- versions -------------------------------------------------------------------------------------
+
+
+def test_the_running_torch_is_a_supported_release():
+    assert seam.at_least(seam.MINIMUM_TORCH)
+    assert seam.TORCH_VERSION >= seam.MINIMUM_TORCH and isinstance(seam.TORCH_VERSION, TorchVersion)
+
+
+def test_versions_compare_as_versions_not_strings(monkeypatch):
+    monkeypatch.setattr(seam, "TORCH_VERSION", TorchVersion("2.10.0"))
+    assert seam.at_least("2.9")  # "2.10" > "2.9" as versions, though not as strings
+    assert not seam.at_least("2.11")
+
+
+def test_require_raises_one_line_naming_both_versions(monkeypatch):
+    monkeypatch.setattr(seam, "TORCH_VERSION", TorchVersion("2.6.0"))
+    with pytest.raises(seam.TorchVersionError, match=r"^torchdebug needs torch >= 2\.11 for eager capture, found ") as raised:
+        seam.require("eager capture")
+    assert "\n" not in str(raised.value) and isinstance(raised.value, ImportError)
+
+
+def test_every_version_difference_names_a_release_and_the_function_that_handles_it():
+    for difference in seam.VERSION_DIFFERENCES:
+        assert TorchVersion(difference.since) > seam.MINIMUM_TORCH, difference
+        module, _, name = difference.handled_by.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), name)), difference.handled_by
+
+
+_OLD_TORCH = """
+import torch
+torch.__version__ = "2.6.0"
+import torchdebug
+assert torchdebug.__version__
+try:
+    torchdebug.{feature}
+except ImportError as error:
+    print(type(error).__name__, str(error))
+"""
+
+
+@pytest.mark.parametrize("feature", ["Debugger", "get_backend"])
+def test_on_an_older_torch_import_works_and_the_first_use_names_the_version(feature):
+    code = _OLD_TORCH.format(feature=feature)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith("TorchVersionError torchdebug needs torch >= 2.11 for ") and "found 2.6.0" in line, line
+
+
+# -- autograd -------------------------------------------------------------------------------------
+
+
+def test_backward_ops_see_the_autograd_node_whose_sequence_number_their_forward_op_took():
+    seen: dict[str, object] = {}
+
+    class Mode(dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            node = autograd.current_autograd_node()
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.mul.Tensor and node is None:
+                seen["forward"] = autograd.next_sequence_nr() - 1
+            elif node is not None and "Mul" in type(node).__name__:
+                seen["backward"] = autograd.node_sequence_nr(node)
+            return out
+
+    x = torch.randn(3, requires_grad=True)
+    with Mode():
+        (x * 2).sum().backward()
+    assert autograd.current_autograd_node() is None
+    assert seen["forward"] == seen["backward"]
+
+
+def test_tensor_version_counts_in_place_writes():
+    x = torch.zeros(2)
+    before = autograd.tensor_version(x)
+    x.add_(1)
+    assert autograd.tensor_version(x) == before + 1
+
+
+# -- dispatch -------------------------------------------------------------------------------------
+
+
+def test_op_overloads_and_their_schemas():
+    assert isinstance(torch.ops.aten.mm.default, dispatch.OpOverload)
+    assert isinstance(torch.ops.aten.mm, dispatch.OpOverloadPacket)
+    assert dispatch.op_schema(torch.ops.aten.add_.Tensor).is_mutable
+    assert not dispatch.op_schema(torch.ops.aten.add.Tensor).is_mutable
+    assert [a.name for a in dispatch.op_schema(torch.ops.aten.mm.default).arguments] == ["self", "mat2"]
+
+
+def test_a_dispatch_mode_that_ignores_compile_internals_leaves_compiled_code_compiled():
+    torch._dynamo.reset()
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    class Mode(dispatch.TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    fn = torch.compile(lambda x: x.sin() + 1, backend=backend)
+    fn(torch.randn(4))
+    with Mode():
+        fn(torch.randn(4))
+    assert len(compiles) == 1
+    torch._dynamo.reset()
+
+
+# -- nn -------------------------------------------------------------------------------------------
+
+
+def test_global_hooks_see_each_module_call_once_and_silence_only_while_registered():
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    compiled = torch.compile(model, backend="eager")
+    assert is_compiled_wrapper(compiled) and unwrap_compiled(compiled) is model and unwrap_compiled(model) is model
+    entered, exited = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hooks = GlobalForwardHooks(lambda m, args: entered.append(m), lambda m, args, kwargs, out: exited.append(m))
+        compiled(torch.randn(1, 2))
+        hooks.remove()
+        hooks.remove()  # twice is harmless
+        compiled(torch.randn(1, 2))
+    assert entered == [model, model[0], model[1]] and sorted(map(id, exited)) == sorted(map(id, entered))
+    assert len([w for w in caught if "global hooks" in str(w.message)]) == 0
+    assert not torch.nn.modules.module._has_any_global_hook(), "a hook id was left in torch's global dicts"
+    torch._dynamo.reset()
+
+
+# -- pytree ---------------------------------------------------------------------------------------
+
+
+def test_tree_leaves_flattens_nested_outputs():
+    a, b, c = torch.ones(1), torch.zeros(1), torch.full((1,), 2.0)
+    assert [t.item() for t in pytree.tree_leaves((a, {"x": [b, (c,)]}))] == [1.0, 0.0, 2.0]
+
+
+# -- dynamo ---------------------------------------------------------------------------------------
+
+
+def test_graph_breaks_recompiles_and_compile_ids_are_read_from_what_dynamo_hands_a_backend():
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append((dynamo.compile_id(gm), dynamo.graph_break_reason(gm), dynamo.recompile_reason(), dynamo.detect_fake_mode(example_inputs)))
+        return gm.forward
+
+    def fn(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    compiled = torch.compile(fn, backend=backend)
+    compiled(torch.randn(3))
+    compiled(torch.randn(3, dtype=torch.float64))  # a recompile
+    ids = [s[0] for s in seen]
+    assert ids[0] == "0/0" and any(i.endswith("/1") for i in ids), ids
+    reason, frames = seen[0][1]
+    assert "graph_break" in reason and frames and frames[-1]["function"] == "fn", (reason, frames)
+    assert seen[0][2] is None and any(s[2] for s in seen[2:]), [s[2] for s in seen]
+    assert all(s[3] is not None for s in seen)
+    torch._dynamo.reset()
+
+
+def test_aot_autograd_with_boxed_eager_compilers_runs_forward_and_backward():
+    torch._dynamo.reset()
+    phases = []
+
+    def compiler(phase):
+        def compile_graph(gm, inputs):
+            phases.append(phase)
+            return dynamo.make_boxed_func(gm.forward)
+
+        return compile_graph
+
+    backend = dynamo.aot_autograd(
+        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+        partition_fn=dynamo.min_cut_rematerialization_partition,
+    )
+    x = torch.randn(4, requires_grad=True)
+    torch.compile(lambda t: (t.sin() * t).sum(), backend=backend)(x).backward()
+    assert phases == ["forward", "backward"] and torch.allclose(x.grad, x.cos() * x + x.sin())
+    torch._dynamo.reset()
+
+
+def test_caches_debug_dir_config_string_and_structured_artifacts():
+    with dynamo.caches_disabled():
+        assert torch.compiler.config.force_disable_caches
+    assert isinstance(dynamo.get_debug_dir(), str)
+    assert "import torch" in dynamo.generate_config_string()
+    dynamo.emit_artifact("torchdebug_seam_test", "text")  # a no-op without TORCH_TRACE, and no error
+
+
+# -- inductor -------------------------------------------------------------------------------------
+
+
+class _Recorder(inductor.CustomGraphPass):
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.log.append(self.name)
+
+    def uuid(self) -> str:
+        return f"seam-test-{self.name}"
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first", "last"])
+@pytest.mark.parametrize("slot", inductor.CUSTOM_PASS_SLOTS)
+def test_our_pass_runs_beside_the_users_pass_in_every_custom_pass_slot(slot, first):
+    torch._dynamo.reset()
+    log: list[str] = []
+
+    def backend(gm, example_inputs):
+        patches = inductor.custom_pass_patch(slot, _Recorder("ours", log), first=first)
+        return inductor.compile_fx(gm, example_inputs, config_patches=patches)
+
+    x = torch.randn(8, requires_grad=True)
+    with inductor.config_patched({slot: _Recorder("user", log)}), dynamo.caches_disabled():
+        torch.compile(lambda t: (t.relu() * 2).sum(), backend=backend)(x).backward()
+    assert log[:2] == (["ours", "user"] if first else ["user", "ours"]), log
+    torch._dynamo.reset()
+
+
+def test_chained_passes_run_in_order_and_have_a_cache_id_only_when_every_member_has_one():
+    log: list[str] = []
+    chain = inductor.ChainedPasses([_Recorder("a", log), _Recorder("b", log)])
+    chain(torch.fx.Graph())
+    assert log == ["a", "b"]
+    assert chain.uuid() == ("torchdebug.ChainedPasses", "seam-test-a", "seam-test-b")
+    assert inductor.ChainedPasses([_Recorder("a", log), lambda graph: None]).uuid() is None
+
+
+def test_custom_pass_patch_rejects_a_slot_inductor_does_not_have():
+    with pytest.raises(ValueError, match=r"^slot: got 'post_grad_pass', expected one of 'joint_custom_pre_pass'"):
+        inductor.custom_pass_patch("post_grad_pass", _Recorder("x", []), first=True)
+
+
+def test_config_keys_exist_in_inductor():
+    with inductor.config_patched({**inductor.cudagraphs_patch(), **inductor.debug_dir_patch("elsewhere")}):
+        from torch._inductor import config
+
+        assert config.triton.cudagraphs is True and config.trace.debug_dir == "elsewhere"
+
+
+def test_observer_reports_inductor_passes_and_is_restored_after():
+    import torch.fx.passes.graph_transform_observer as observer_module
+
+    torch._dynamo.reset()
+    original = observer_module.GraphTransformObserver
+    names: list[str] = []
+    finished: list[str] = []
+    with inductor.observe_inductor_passes(lambda gm, name: names.append(name) or name, finished.append):
+        with inductor.observe_inductor_passes(lambda gm, name: None, lambda token: None):
+            assert observer_module.GraphTransformObserver is not original
+        with dynamo.caches_disabled():
+            torch.compile(lambda t: (t.relu() * 2).sum(), backend="inductor")(torch.randn(8))
+    assert observer_module.GraphTransformObserver is original
+    assert names and finished == names, names
+    torch._dynamo.reset()
+
+
+def test_decompositions_are_inductors():
+    assert torch.ops.aten.gelu.default in inductor.select_decomp_table()

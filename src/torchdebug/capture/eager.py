@@ -7,15 +7,19 @@ not recompiled.
 
 Phases: an op runs in ``backward`` when the autograd engine is executing a node
 (see ``torchdebug._torch.autograd``), in ``optimizer`` between an optimizer's step pre- and
-post-hooks, else in ``forward``. A backward op is attributed to the module, source line and call
-of the forward op that created its autograd node, found through the node's sequence number.
-Ops of ``AccumulateGrad`` nodes take the parameter's path (``layers.0.fc.weight``) as module, so
-their names do not depend on the order in which gradients arrive. Collectives (``c10d`` ops)
-record their outputs once their work completes (``collectives.py``).
+post-hooks, else in ``forward``. A closure given to ``optimizer.step(closure)`` (LBFGS; Lightning's
+automatic optimisation runs every training step that way) computes the loss and its gradients: the
+pre-hook wraps it so that its ops are forward and backward ops, named as in a loop that runs them
+before the step. A backward op is attributed to the module, source line and call of the forward op
+that created its autograd node, found through the node's sequence number. Ops of ``AccumulateGrad``
+nodes take the parameter's path (``layers.0.fc.weight``) as module, so their names do not depend on
+the order in which gradients arrive. Collectives (``c10d`` ops) record their outputs once their
+work completes (``collectives.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -134,8 +138,25 @@ class OpCapture:
         self.range.reset()
         self.stack_range.reset()
 
-    def _optimizer_enter(self, *_: Any) -> None:
+    def _optimizer_enter(self, optimizer: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         self._in_optimizer += 1
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": self._outside_optimizer(kwargs["closure"])}
+        if len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
+            return (args[0], self._outside_optimizer(args[1]), *args[2:]), kwargs
+        return None
+
+    def _outside_optimizer(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """``closure``, run with the optimizer phase suspended (its forward is a forward)."""
+
+        def run() -> Any:
+            depth, self._in_optimizer = self._in_optimizer, 0
+            try:
+                return closure()
+            finally:
+                self._in_optimizer = depth
+
+        return run
 
     def _optimizer_exit(self, *_: Any) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)

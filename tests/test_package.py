@@ -14,12 +14,12 @@ PACKAGE = Path(torchdebug.__file__).parent
 
 # Layers from the bottom up; a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "_torch", "records", "native", "stats", "config", "dist", "seed"},
+    {"errors", "_torch", "records", "native", "stats", "config", "dist", "seed", "scope"},
     {"store"},
     {"compare"},
     {"capture"},
     {"compile"},
-    {"debugger", "scope"},
+    {"debugger"},
     {"report"},
     {"diagnose"},
     {"cli", "__main__", "__init__"},
@@ -94,3 +94,22 @@ def test_private_torch_apis_are_used_only_in_the_torch_seam():
         if path.relative_to(PACKAGE).parts[0] != "_torch" and (uses := _private_torch_uses(path))
     }
     assert not offenders, f"private torch API outside torchdebug/_torch: {offenders}"
+
+
+_COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "functorch", "triton")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import torchdebug.scope",
+        "import torchdebug; torchdebug.Debugger",
+        "from torchdebug.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
+    ],
+    ids=["scope", "debugger", "cli-help"],
+)
+def test_cheap_entry_points_load_neither_dynamo_nor_inductor(code):
+    check = f"{code}\nimport sys\nprint(sorted({{m.split('.')[0] + '.' + m.split('.')[1] if m.count('.') else m for m in sys.modules if m.startswith({_COMPILER_MODULES!r})}}))"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -28,9 +28,6 @@ SCHEMA_VERSION = 1
 PHASES = ("forward", "backward", "optimizer")
 """Where in a training step the slot was seen. ``optimizer`` covers ops run by ``optimizer.step()``."""
 
-IO_KINDS = ("input", "output", "parameter", "parameter_grad")
-"""``parameter`` and ``parameter_grad`` appear only in module-level records."""
-
 MODULE_OP = "module"
 """The ``op`` of module-level records (nn.Module inputs, outputs, parameters, parameter grads)."""
 

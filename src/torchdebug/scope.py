@@ -9,7 +9,7 @@ The block rides on ``torch.fx.traceback.annotate``: the mark lands in ``node.met
 nodes traced inside it, in Dynamo's graph, AOT autograd's forward and backward graphs (AOT copies the
 forward node's ``custom`` to the gradient nodes) and inductor's post-grad graph, with no graph break.
 The dumped set is the union of the marked nodes and ``dump_config.dump_layer``. In eager mode the
-block does nothing.
+block does nothing. Importing this module loads neither Dynamo nor inductor.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from collections.abc import Iterator
 
 import torch.fx.traceback
 
-from torchdebug.compile.dump_pass import SCOPE_KEY
+__all__ = ["SCOPE_KEY", "data_dump"]
 
-__all__ = ["data_dump"]
+SCOPE_KEY = "torchdebug_data_dump"
+"""The ``node.meta["custom"]`` key the block sets; the compile backend's dump pass reads it."""
 
 
 @contextlib.contextmanager

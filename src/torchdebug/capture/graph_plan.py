@@ -94,5 +94,3 @@ class GraphPlan:
     """The row of each block of 7 numbers in the statistics vector ``dump_graph`` receives."""
     golden: torch.fx.GraphModule | None = None
     """``dump_stage="original"``: the graph before the backend's passes, interpreted on the real inputs."""
-    forward_calls: dict[Any, tuple[Key, int]] = field(default_factory=dict)
-    """Forward graphs: ``seq_nr -> (key, local)`` of the first node with that ``seq_nr``."""

@@ -8,9 +8,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from torchdebug.diagnose import diagnose
-from torchdebug.diagnose.entry import load_entry
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -32,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: diagnose loads Dynamo and inductor (2 s), which `torchdebug --help` must not
+    from torchdebug.diagnose import diagnose
+    from torchdebug.diagnose.entry import load_entry
+
     program, inputs = load_entry(args.entry)
     report = diagnose(
         program, *inputs, backend=args.backend, mode=args.mode, train=not args.forward_only,

@@ -44,9 +44,7 @@ from torchdebug.compile import graph_stats, node_names
 from torchdebug.compile.debug_dir import current_phase
 from torchdebug.compile.dump_scenes import DumpSettings, safe_model_name
 from torchdebug.native import fused_stats
-
-SCOPE_KEY = "torchdebug_data_dump"
-"""The ``node.meta["custom"]`` key ``torchdebug.scope.data_dump()`` sets."""
+from torchdebug.scope import SCOPE_KEY
 
 aten = torch.ops.aten
 

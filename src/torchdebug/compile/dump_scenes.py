@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from torchdebug.errors import ConfigError
 DUMP_MODES = ("all", "input", "output")
 DUMP_DATA = ("tensor", "stats")
 DUMP_STAGES = ("optimized", "original")
-SCENES = ("model", "overflow", "watcher")
 
 _FILE_KEYS = ("dump_list", "dump_path", "dump_mode", "dump_data", "dump_step", "dump_op_switch", "dump_debug", "dump_scene")
 _ENTRY_KEYS = ("model_name", "layer", "watcher_nodes")
@@ -59,7 +58,6 @@ class DumpSettings:
     """Watcher: the nodes after which the watched outputs are dumped (empty: after every node)."""
     watched: tuple[str, ...] = ()
     """Watcher: the nodes whose outputs are dumped (``watcher_nodes``)."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for the dump manifest."""

@@ -14,12 +14,13 @@ PACKAGE = Path(torchdebug.__file__).parent
 
 # Layers from the bottom up; a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "_torch", "records", "native", "stats", "config", "dist", "seed", "scope"},
+    {"errors", "_torch", "records", "native", "stats", "config", "dist", "seed", "scope", "extras", "progress"},
     {"store"},
     {"compare"},
     {"capture"},
     {"compile"},
     {"debugger"},
+    {"integrations"},
     {"report"},
     {"diagnose"},
     {"cli", "__main__", "__init__"},

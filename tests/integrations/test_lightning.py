@@ -1,0 +1,132 @@
+"""The Lightning callback: a Lightning run dumps what an equivalent plain loop dumps."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchdebug
+
+L = pytest.importorskip("lightning.pytorch")
+from torchdebug.integrations.lightning import TorchDebugCallback  # noqa: E402
+
+
+class LitNet(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 16)
+        self.fc2 = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def _batches(n=4):
+    generator = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 4, generator=generator), torch.randn(8, 2, generator=generator)) for _ in range(n)]
+
+
+def _model():
+    torch.manual_seed(0)
+    return LitNet()
+
+
+def _trainer(tmp_path, callback, **options):
+    defaults = dict(
+        accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    return L.Trainer(callbacks=[callback], **{**defaults, **options})
+
+
+def _fit(tmp_path, callback, **options):
+    model = _model()
+    _trainer(tmp_path, callback, **options).fit(model, torch.utils.data.DataLoader(_batches(), batch_size=None))
+    return model
+
+
+def _plain_loop(dump_path, steps, **options):
+    model = _model()
+    optimizer = model.configure_optimizers()
+    with torchdebug.Debugger(dump_path, **options) as debugger:
+        for index, batch in enumerate(_batches()[:steps]):
+            debugger.start(model)
+            optimizer.zero_grad()
+            model.training_step(batch, index).backward()
+            optimizer.step()
+            debugger.step()
+    return model
+
+
+def test_a_lightning_run_compares_with_a_plain_loop_as_all_pass(tmp_path):
+    _fit(tmp_path / "lit", TorchDebugCallback(tmp_path / "lit_dump", step="1-2"))
+    _plain_loop(tmp_path / "plain_dump", 3, step="1-2")
+    result = torchdebug.compare(tmp_path / "lit_dump", tmp_path / "plain_dump")
+    counts = result.counts()
+    assert counts["error"] == 0 and counts["warning"] == 0
+    assert not [row for row in result.rows if row.match == "only_b"]  # every row of the plain loop is in Lightning's
+    # Lightning's own ops (the loss divided by accumulate_grad_batches, detached for logging) are its alone
+    assert counts["pass"] >= 0.9 * len(result.rows)
+    matched = [row for row in result.rows if row.matched]
+    assert {row.step for row in matched} == {1, 2}
+    assert {row.phase for row in matched} == {"forward", "backward", "optimizer"}
+    assert {row.module for row in matched if row.phase == "forward"} >= {"fc1", "fc2", "-"}
+
+
+def _hooks_in_place():
+    """How many global module and optimizer hooks and dispatch modes are installed (torch internals)."""
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return (
+        len(module._global_forward_pre_hooks), len(module._global_forward_hooks),
+        len(optimizer._global_optimizer_pre_hooks), len(optimizer._global_optimizer_post_hooks),
+        len(_get_current_dispatch_mode_stack()),
+    )  # fmt: skip
+
+
+def test_steps_are_global_steps_and_accumulated_batches_join_their_step(tmp_path):
+    callback = TorchDebugCallback(step=[1], task="structure")
+    _fit(tmp_path, callback, accumulate_grad_batches=2, max_steps=2)
+    records = torchdebug.load(callback.run_dir).ranks[0].records()
+    assert {r.step for r in records} == {1}
+    forwards = [r for r in records if r.phase == "forward" and r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]
+    assert len(forwards) == 2  # two batches accumulate into step 1
+    assert callback.run_dir.parent == tmp_path / "torchdebug"  # default: under trainer.log_dir
+
+
+def test_nothing_stays_hooked_after_training_and_the_dump_is_complete(tmp_path):
+    before = _hooks_in_place()
+    callback = TorchDebugCallback(tmp_path / "dump", step=[0])
+    _fit(tmp_path, callback)
+    assert _hooks_in_place() == before
+    assert (next(callback.run_dir.iterdir()) / "complete.json").is_file()
+
+
+def test_an_exception_in_training_unhooks_and_closes_the_dump(tmp_path):
+    class Failing(LitNet):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            if batch_idx == 1:
+                raise RuntimeError("planted")
+            return loss
+
+    before = _hooks_in_place()
+    callback = TorchDebugCallback(tmp_path / "dump")
+    with pytest.raises(RuntimeError, match="planted"):
+        _trainer(tmp_path, callback).fit(Failing(), torch.utils.data.DataLoader(_batches(), batch_size=None))
+    assert _hooks_in_place() == before
+    assert {r.step for r in torchdebug.load(callback.run_dir).ranks[0].records()} == {0, 1}
+
+
+def test_bad_options_fail_when_the_callback_is_built():
+    with pytest.raises(torchdebug.ConfigError, match="task"):
+        TorchDebugCallback(task="everything")

@@ -1,0 +1,105 @@
+"""The Hugging Face Trainer callback: steps, module paths, and a dump that matches a plain loop."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchdebug
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+from torchdebug.integrations.transformers import TorchDebugCallback  # noqa: E402
+
+
+class RegressionNet(nn.Module):
+    """A plain module as the Trainer takes it: keyword inputs, a dict with ``loss`` out. It keeps
+    the batches it saw, so that a plain loop can replay the Trainer's (shuffled) order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 16)
+        self.fc2 = nn.Linear(16, 2)
+        self.batches = []
+
+    def forward(self, x, labels):
+        self.batches.append({"x": x, "labels": labels})
+        return {"loss": F.mse_loss(self.fc2(torch.relu(self.fc1(x))), labels)}
+
+
+def _rows(n=8):
+    generator = torch.Generator().manual_seed(0)
+    return [{"x": torch.randn(4, generator=generator), "labels": torch.randn(2, generator=generator)} for _ in range(n)]
+
+
+def _args(tmp_path, **options):
+    defaults = dict(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=3, report_to=[], use_cpu=True,
+        save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    return transformers.TrainingArguments(**{**defaults, **options})
+
+
+def _train(tmp_path, model, callback, data, **options):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    trainer = transformers.Trainer(
+        model=model, args=_args(tmp_path, **options), train_dataset=data, callbacks=[callback],
+        optimizers=(optimizer, scheduler),
+    )  # fmt: skip
+    trainer.train()
+    return trainer
+
+
+def _regression_model():
+    torch.manual_seed(0)
+    return RegressionNet()
+
+
+def test_a_trainer_run_compares_with_a_plain_loop_as_all_pass(tmp_path):
+    trained = _regression_model()
+    _train(tmp_path / "hf", trained, TorchDebugCallback(tmp_path / "hf_dump", step="1-2"), _rows())
+    model = _regression_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchdebug.Debugger(tmp_path / "plain_dump", step="1-2") as debugger:
+        for batch in trained.batches:
+            debugger.start(model)
+            model(**batch)["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            model.zero_grad()
+            debugger.step()
+    result = torchdebug.compare(tmp_path / "hf_dump", tmp_path / "plain_dump")
+    counts = result.counts()
+    assert counts["error"] == 0 and counts["warning"] == 0
+    assert not [row for row in result.rows if row.match == "only_b"]  # every row of the plain loop is in the Trainer's
+    # the Trainer's own ops (loss scaling by the accumulation steps, its NaN filter) are its alone
+    assert counts["pass"] >= 0.8 * len(result.rows)
+    assert {row.phase for row in result.rows if row.matched} == {"forward", "backward", "optimizer"}
+
+
+def test_steps_are_global_steps_and_micro_batches_join_their_step(tmp_path):
+    callback = TorchDebugCallback(step=[1], task="structure")
+    _train(tmp_path, _regression_model(), callback, _rows(16), gradient_accumulation_steps=2)
+    records = torchdebug.load(callback.run_dir).ranks[0].records()
+    assert {r.step for r in records} == {1}
+    forwards = [r for r in records if r.phase == "forward" and r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]
+    assert len(forwards) == 2  # two micro-batches accumulate into step 1
+    assert callback.run_dir.parent == tmp_path / "torchdebug"  # default: under args.output_dir
+
+
+def test_a_tiny_gpt2_is_dumped_with_module_paths_in_every_phase(tmp_path):
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    generator = torch.Generator().manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (4, 8), generator=generator)]
+    callback = TorchDebugCallback(tmp_path / "dump", step=[1], task="structure")
+    _train(tmp_path, model, callback, data, max_steps=2)
+    records = torchdebug.load(callback.run_dir).ranks[0].records()
+    assert {r.phase for r in records} == {"forward", "backward", "optimizer"}
+    assert any(r.module == "transformer.h.0.attn.c_attn" for r in records if r.phase == "forward")
+    assert any(r.module == "transformer.h.0.attn.c_attn" for r in records if r.phase == "backward")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from torchdebug import progress
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.errors import DumpError
 from torchdebug.store.reader import load
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     matcher = NameMatcher(args.name)
     index: dict[str, dict[str, object]] = {}
     for rank, dump in sorted(run_.ranks.items()):
-        for record in dump.records():
+        for record in progress.track(dump.records(), f"converting rank {rank}", unit="record"):
             if not record.tensor or (matcher and not matcher(record.name)):
                 continue
             tensor = dump.load_tensor(record)

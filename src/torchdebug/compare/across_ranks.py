@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from torchdebug import progress
 from torchdebug.compare.metrics import stats_metrics, tensor_metrics
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
@@ -169,8 +170,9 @@ def compare_ranks(
     agreeing: dict[int, str] = {}
     with metric_pool(threads) as pool:
         jobs = [(rank, record) for present in slots for rank, record in present.items()]
-        prints = dict(zip(((rank, id(record)) for rank, record in jobs),
-                          pool.map(lambda job: _fingerprint(run.ranks[job[0]], job[1], tensors), jobs)))  # fmt: skip
+        fingerprints = pool.map(lambda job: _fingerprint(run.ranks[job[0]], job[1], tensors), jobs)
+        fingerprints = progress.track(fingerprints, "reading replicated slots", total=len(jobs), unit="slot")
+        prints = dict(zip(((rank, id(record)) for rank, record in jobs), fingerprints))
         for order, present in enumerate(slots):
             groups: dict[tuple, list[int]] = {}
             for rank, record in present.items():

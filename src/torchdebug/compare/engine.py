@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchdebug import progress
 from torchdebug.compare import distributed
 from torchdebug.compare.matching import NameMapping
 from torchdebug.compare.result import CompareResult
@@ -74,9 +75,7 @@ def compare(
     rows, notes = [], []
     with paused_gc():
         with metric_pool(settings.threads) as pool:
-            for rank in pairing.ranks:
-                rank_rows = compare_rank(rank, pairing, settings, pool)
-                logger.debug("rank %d: %d rows", rank, len(rank_rows))
-                rows.extend(rank_rows)
+            for rank in progress.track(pairing.ranks, "compare", unit="rank"):
+                rows.extend(compare_rank(rank, pairing, settings, pool))
                 notes.extend(rank_notes(rank, pairing))
         return finish(rows, notes, pairing, settings)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from torchdebug import progress
 from torchdebug.compare.matching import NameMapping, load_mapping, match_records
 from torchdebug.compare.metrics import REPLAY_METRICS, stats_metrics, tensor_metrics
 from torchdebug.compare.replay import NotReplayable, output_at, replay
@@ -228,7 +229,8 @@ def compute_jobs(
     groups: Sequence[list[Row]], dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
 ) -> list[dict[str, float]]:
     """Tensor metrics of each group's first row (the group shares its values), in order."""
-    return list(pool.map(lambda group: _run_job(group[0], dump_a, dump_b, overrides), groups))
+    results = pool.map(lambda group: _run_job(group[0], dump_a, dump_b, overrides), groups)
+    return list(progress.track(results, "tensor metrics", total=len(groups), unit="pair"))
 
 
 def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float]]) -> None:
@@ -285,7 +287,9 @@ def replay_rows(
             key = (record.step, record.call_name)  # type: ignore[union-attr]
             jobs.setdefault((side, *key), calls[key])
     dumps = {"a": dump_a, "b": dump_b}
-    results = dict(zip(jobs, pool.map(lambda key: _replay_job(dumps[key[0]], jobs[key], overrides), jobs)))
+    logger.info("replaying %d op calls (of %d diverging output slots) in float64", len(jobs), len(diverging))
+    replayed = pool.map(lambda key: _replay_job(dumps[key[0]], jobs[key], overrides), jobs)
+    results = dict(zip(jobs, progress.track(replayed, "replay", total=len(jobs), unit="call")))
     for row in outputs:
         for (side, record), name in zip((("a", row.record_a), ("b", row.record_b)), REPLAY_METRICS):
             own = results.get((side, record.step, record.call_name), {}).get(record.arg)  # type: ignore[union-attr]
@@ -308,9 +312,13 @@ def rank_notes(rank: int, pairing: Pairing) -> list[str]:
 def compare_rank(rank: int, pairing: Pairing, settings: Settings, pool: ThreadPoolExecutor) -> list[Row]:
     """One rank from start to verdicts."""
     dump_a, dump_b = pairing.a.run.ranks[rank], pairing.b.run.ranks[rank]
+    logger.info("rank %d: reading and pairing records", rank)
     rows = match_rank(rank, dump_a, dump_b, settings)
+    logger.info("rank %d: %d rows (%d + %d records)", rank, len(rows), len(dump_a.records()), len(dump_b.records()))
     if settings.tensors:
         groups = list(tensor_jobs(rows, dump_a, dump_b).values())
+        if groups:
+            logger.info("rank %d: tensor metrics of %d saved tensor pairs", rank, len(groups))
         apply_metrics(groups, compute_jobs(groups, dump_a, dump_b, settings.overrides, pool))
     attribute(rows, dump_a, dump_b, settings, pool)
     return rows

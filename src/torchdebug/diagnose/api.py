@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torchdebug import progress
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose.bisect import Bisector, DynamoRecorder
 from torchdebug.diagnose.finding import NodeFinding
@@ -59,30 +60,34 @@ def diagnose(
     """
     start = time.perf_counter()
     program = Program(fn, example_inputs, train=train)
-    refs = references(program)
-    if refs.fp64.error is not None and refs.eager.error is None:
-        raise TorchDebugError(
-            f"diagnose: the fp64 reference run failed ({type(refs.fp64.error).__name__}: {refs.fp64.error}); "
-            "make the program run in float64 (no hard-coded float32 tensors) or pass train=False"
-        )
     stages = ladder(backend, mode if mode is not None else default_mode(program.inputs, backend))
-    recorder = DynamoRecorder()
-    stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
-    notes: list[str] = []
-    results = climb(program, stages[:-1], refs, tolerance)
-    instrumented = None
-    if not results[-1].failed:
-        instrumented, last = _last_stage(program, stages[-1], refs, tolerance, notes)
-        results.append(last)
-    if len(results) > 1:
-        results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
-    graphs = list(recorder.graphs)
-    report = DiagnoseReport(results, compile_events=compile_events(graphs), notes=notes)
-    failed = report.failed_stage
-    if failed is not None and failed.stage.backend is not None:
-        report.finding = _localize(program, failed, instrumented, graphs, tolerance, notes)
-        if report.finding is not None and repro:
-            report.repro_path = _write_repro(report.finding, failed, Path(output_dir), tolerance, notes)
+    with progress.bar(len(stages) + 1, "diagnose", unit="stage") as shown:  # the fp64 reference, then each stage
+        shown.set_postfix_str("fp64 reference")
+        refs = references(program)
+        if refs.fp64.error is not None and refs.eager.error is None:
+            raise TorchDebugError(
+                f"diagnose: the fp64 reference run failed ({type(refs.fp64.error).__name__}: {refs.fp64.error}); "
+                "make the program run in float64 (no hard-coded float32 tensors) or pass train=False"
+            )
+        shown.update()
+        recorder = DynamoRecorder()
+        stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
+        notes: list[str] = []
+        results = climb(program, stages[:-1], refs, tolerance, shown)
+        instrumented = None
+        if not results[-1].failed:
+            instrumented, last = _last_stage(program, stages[-1], refs, tolerance, notes, shown)
+            results.append(last)
+        if len(results) > 1:
+            results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
+        graphs = list(recorder.graphs)
+        report = DiagnoseReport(results, compile_events=compile_events(graphs), notes=notes)
+        failed = report.failed_stage
+        if failed is not None and failed.stage.backend is not None:
+            shown.set_postfix_str(f"finding the first bad node of {failed.stage.label}")
+            report.finding = _localize(program, failed, instrumented, graphs, tolerance, notes)
+            if report.finding is not None and repro:
+                report.repro_path = _write_repro(report.finding, failed, Path(output_dir), tolerance, notes)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -92,19 +97,20 @@ def _is_inductor(stage: Stage) -> bool:
 
 
 def _last_stage(
-    program: Program, stage: Stage, refs: References, tol: float, notes: list[str]
+    program: Program, stage: Stage, refs: References, tol: float, notes: list[str], shown: progress.Bar
 ) -> tuple[InstrumentedInductor | None, StageResult]:
     """The user's backend. Inductor runs instrumented (its node values kept for localisation, one
     compile instead of two); a pass or an exception is confirmed by plain inductor, because
     materialising every node could hide a bug that needs fusion, or cause an error of its own."""
     if not _is_inductor(stage):
-        return None, climb(program, [stage], refs, tol)[-1]
+        return None, climb(program, [stage], refs, tol, shown)[-1]
     instrumented = InstrumentedInductor()
     with instrumented.active():
-        result = climb(program, [Stage(stage.label, instrumented)], refs, tol)[-1]
+        result = climb(program, [Stage(stage.label, instrumented)], refs, tol, shown)[-1]
     result.stage = stage
     if result.kind == "accuracy":
         return instrumented, result
+    shown.set_postfix_str(f"confirming {stage.label} without instrumentation")
     plain = climb(program, [stage], refs, tol)[-1]
     if plain.kind == "accuracy":
         notes.append("inductor loses accuracy only with its kernels fused; localised by bisection")

@@ -9,6 +9,7 @@ the problem is; the stages before it clear everything they contain.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,8 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchdebug import progress
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE, Check, check
 from torchdebug.diagnose.program import Program, Run
+
+log = logging.getLogger("torchdebug.diagnose")
 
 DEBUG_STAGES = ("eager", "aot_eager", "aot_eager_decomp_partition")
 
@@ -111,14 +115,22 @@ def judge(run: Run, refs: References, tol: float = DEFAULT_TOLERANCE) -> list[Ch
     return checks
 
 
-def climb(program: Program, stages: list[Stage], refs: References, tol: float = DEFAULT_TOLERANCE) -> list[StageResult]:
-    """Run the stages in order and stop at the first that fails (the rest are not run)."""
+def climb(
+    program: Program, stages: list[Stage], refs: References, tol: float = DEFAULT_TOLERANCE, shown: progress.Bar | None = None
+) -> list[StageResult]:
+    """Run the stages in order and stop at the first that fails (the rest are not run); ``shown``
+    names the running stage and advances one unit per stage."""
     results = []
     for stage in stages:
+        if shown is not None:
+            shown.set_postfix_str(stage.label)
         start = time.perf_counter()
         run = refs.eager if stage.backend is None else run_stage(program, stage)
         checks = judge(run, refs, tol) if run.error is None else []
         results.append(StageResult(stage, run, checks, time.perf_counter() - start))
+        log.info("stage %s: %s in %.1f s", stage.label, results[-1].kind, results[-1].seconds)
+        if shown is not None:
+            shown.update()
         if results[-1].failed:
             break
     return results

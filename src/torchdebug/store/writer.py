@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from torchdebug import progress
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
@@ -97,6 +98,7 @@ class RankWriter:
         self._stack_ids: set[str] = set()
         self._pending_stacks: list[dict[str, Any]] = []
         self._tensor_files: dict[int, int] = {}
+        self._tensor_bytes = [0, 0]  # submitted, written: what a wait for the tensor files shows
         self._free_batches: queue.Queue[TensorBatch] = queue.Queue()
         self._batches_made = 0
         self._record_jobs: queue.Queue[_RecordJob | None] = queue.Queue()
@@ -164,6 +166,7 @@ class RankWriter:
         lines = encode_records(records)
         self.record_count += len(records)
         if batch is not None:
+            self._tensor_bytes[0] += batch.used
             self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))
         self._record_jobs.put(_RecordJob(stacks, lines))
 
@@ -172,8 +175,27 @@ class RankWriter:
         files too); raise if writing failed."""
         self._record_jobs.join()
         if tensors:
-            self._tensor_jobs.join()
+            self._wait_for_tensors()
         self._raise_error()
+
+    def _wait_for_tensors(self) -> None:
+        """Wait until the tensor files submitted so far are written, with a bar of the bytes left
+        when that lasts (hundreds of MB on a slow disk)."""
+        jobs = self._tensor_jobs
+        written = self._tensor_bytes[1]
+        if self._tensor_bytes[0] == written:
+            jobs.join()  # nothing left but empty batches: no bar
+            return
+        with progress.bar(self._tensor_bytes[0] - written, "writing tensor files", unit="B") as shown:
+            while True:
+                with jobs.all_tasks_done:  # queue.Queue's condition: join() with a timeout
+                    if jobs.unfinished_tasks:
+                        jobs.all_tasks_done.wait(0.2)
+                    pending = jobs.unfinished_tasks
+                shown.update(self._tensor_bytes[1] - written)
+                written = self._tensor_bytes[1]
+                if not pending:
+                    return
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -188,6 +210,7 @@ class RankWriter:
         error = self._error
         self._error = None
         self.submit(0, [], None, [])  # the stacks still pending
+        self._wait_for_tensors()
         for jobs in (self._record_jobs, self._tensor_jobs):
             jobs.put(None)
         for thread in self._threads:
@@ -221,6 +244,7 @@ class RankWriter:
             path = self.rank_dir / job.tensor_file
             path.parent.mkdir(exist_ok=True)
             batch.write(path, {"schema_version": str(SCHEMA_VERSION), "step": str(job.step)})
+        self._tensor_bytes[1] += batch.used
         if batch.capacity == self.batch_bytes:
             batch.clear()
             self._free_batches.put(batch)

@@ -1,8 +1,8 @@
 """Optional dependencies (the extras in ``pyproject.toml``), imported only by the features that use them.
 
 ``import torchdebug`` never imports pandas, pyarrow, lightning or transformers: each feature calls
-:func:`import_extra` when it runs (or when its module is imported), and a missing package raises one
-``ImportError`` line naming the extra that installs it.
+:func:`import_extra` when it runs (or when its module is imported), and a missing package raises
+:class:`MissingExtraError`, one line naming the extra that installs it.
 """
 
 from __future__ import annotations
@@ -10,10 +10,17 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from torchdebug.errors import TorchDebugError
+
+
+class MissingExtraError(TorchDebugError, ImportError):
+    """An optional dependency is not installed; the message names the extra (the CLI prints it as a
+    usage error, Python code can catch it as an ``ImportError``)."""
+
 
 def import_extra(module: str, extra: str, feature: str) -> ModuleType:
-    """``module``, or an ``ImportError`` saying ``feature`` needs ``pip install 'torchdebug[extra]'``."""
+    """``module``, or a :class:`MissingExtraError` saying ``feature`` needs ``pip install 'torchdebug[extra]'``."""
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise ImportError(f"{feature} needs {module.partition('.')[0]}: pip install 'torchdebug[{extra}]' ({error})") from None
+        raise MissingExtraError(f"{feature} needs {module.partition('.')[0]}: pip install 'torchdebug[{extra}]' ({error})") from None

@@ -4,7 +4,8 @@
 other where replicas must agree (optimizer step, parameters, collective outputs).
 
 Prints a summary (counts, first divergence, first non-finite op) and, with ``-o``, writes
-``compare.csv``, ``compare.json`` and/or ``compare.html`` there. ``--workers N`` splits A B over N
+``compare.csv``, ``compare.json`` and/or ``compare.html`` there; ``-o out.parquet`` writes the rows
+as one Parquet table instead (needs ``torchdebug[parquet]``). ``--workers N`` splits A B over N
 processes; under ``torchrun --nproc-per-node N -m torchdebug compare A B`` the processes torchrun
 starts share the work and process 0 reports. Exit status 0: no divergence, 1: divergence found,
 2: usage error (bad path, unreadable dump, bad option).
@@ -56,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("b", nargs="?", help="reference dump, same forms as A")
     parser.add_argument("--across-ranks", metavar="DUMP", help="compare the ranks of one run with each other instead of A with B")
     parser.add_argument("--ranks", type=_ranks, help="with --across-ranks: the ranks of one data-parallel group, e.g. 0,2,4 (default: all)")
-    parser.add_argument("-o", "--output", type=Path, help="folder for the reports (created if missing)")
+    parser.add_argument("-o", "--output", type=Path, help="folder for the reports (created if missing), or a .parquet file for the rows")
     parser.add_argument("--format", type=_formats, default=list(_FORMATS), help="reports to write with -o (default: csv,json,html)")
     parser.add_argument("--tolerance", type=_tolerance, action="append", default=[], metavar="DTYPE=RTOL[,ATOL]",
                         help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable; --across-ranks: default exact)")  # fmt: skip
@@ -113,11 +114,19 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    table = args.output is not None and args.output.suffix == ".parquet"
+    if table:
+        from torchdebug.store.tables import require_parquet
+
+        require_parquet()  # before the comparison, which may take minutes
     result = _across_ranks(args) if args.across_ranks is not None else _pair(args)
     if result is None:
         return 0  # a torchrun worker other than process 0: process 0 reports
     print(result.summary())
-    if args.output is not None:
+    if table:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {result.to_parquet(args.output)}")
+    elif args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
         for fmt in args.format:
             path = getattr(result, f"to_{fmt}")(args.output / f"compare.{fmt}")

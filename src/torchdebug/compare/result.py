@@ -14,6 +14,7 @@ from torchdebug.compare.metrics import REPLAY_METRICS, STATS_METRICS, TENSOR_MET
 from torchdebug.compare.rows import VERDICTS, Row
 from torchdebug.compare.verdicts import first_divergence, first_nonfinite
 from torchdebug.records import MODULE_OP
+from torchdebug.store.tables import pandas, write_parquet
 
 __all__ = ["CompareResult", "Side", "CSV_COLUMNS"]
 
@@ -200,11 +201,26 @@ class CompareResult:
         return self.summary()
 
     # -- exports -------------------------------------------------------------------------------
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns of the CSV, pandas and Parquet exports (:data:`CSV_COLUMNS`, plus
+        :data:`~torchdebug.compare.metrics.REPLAY_METRICS` with replay)."""
+        return CSV_COLUMNS + REPLAY_METRICS if self.options.get("replay") else CSV_COLUMNS
+
+    def to_pandas(self) -> Any:
+        """The rows as a ``pandas.DataFrame``, columns :attr:`columns` (a metric a row lacks is NaN;
+        needs ``pip install 'torchdebug[pandas]'``)."""
+        return pandas().DataFrame([row.to_dict() for row in self.rows], columns=list(self.columns))
+
+    def to_parquet(self, path: str | Path) -> Path:
+        """The :meth:`to_pandas` table as a Parquet file (``pip install 'torchdebug[parquet]'``)."""
+        return write_parquet(self.to_pandas(), path)
+
     def to_csv(self, path: str | Path) -> Path:
         """One line per row, columns :data:`CSV_COLUMNS`."""
         path = Path(path)
         with path.open("w", newline="") as handle:
-            columns = CSV_COLUMNS + REPLAY_METRICS if self.options.get("replay") else CSV_COLUMNS
+            columns = self.columns
             writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
             for row in self.rows:

@@ -3,6 +3,7 @@
 :func:`load` takes a dump path (its latest run), a run folder or a rank folder. Records come from
 JSON lines; a last line cut short by a crash is skipped with a warning, and a rank folder without
 ``complete.json`` is reported as partial. Tensors are memory-mapped from safetensors files.
+``to_pandas()`` turns the records into a table (``torchdebug.store.tables``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from safetensors import SafetensorError, safe_open
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
+from torchdebug.store.tables import records_frame
 
 logger = logging.getLogger("torchdebug.store.reader")
 
@@ -154,6 +156,11 @@ class RankDump:
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records())
 
+    def to_pandas(self) -> Any:
+        """This rank's records as a ``pandas.DataFrame``, one row per record, statistics as columns
+        (:data:`~torchdebug.store.tables.RECORD_COLUMNS`; needs ``pip install 'torchdebug[pandas]'``)."""
+        return records_frame(self.records())
+
     @cached_property
     def stacks(self) -> dict[str, list[str]]:
         rows, _ = _read_jsonl(self.path / layout.STACKS)
@@ -214,6 +221,10 @@ class Run:
         """Records of every rank, rank by rank."""
         for rank in sorted(self.ranks):
             yield from self.ranks[rank].records()
+
+    def to_pandas(self) -> Any:
+        """The records of every rank as one ``pandas.DataFrame`` (see :meth:`RankDump.to_pandas`)."""
+        return records_frame(self.records())
 
 
 def list_runs(dump_path: Path) -> list[Path]:

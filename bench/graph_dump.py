@@ -3,7 +3,7 @@
     python bench/graph_dump.py [--steps 10] [--n-layer 1] [--d-model 256]
 
 One process, two compiled copies of the same model (inductor through the torchdebug backend; one
-with ``dump_config.enable_dump`` and ``dump_data="stats"``, every node selected). After two untimed
+with ``dump_config.enable_dump`` and ``task="statistics"``, every node selected). After two untimed
 warm-up steps each, the arms alternate step by step (ABBA) and the median step time of each is
 reported with their ratio (target: at most 1.15). A step is forward, backward and AdamW.
 Compile times are printed too: the statistics of fused values are compiled into inductor's loops.
@@ -32,7 +32,7 @@ def _arm(config: GPTConfig, dump: bool) -> tuple[object, torch.nn.Module, torch.
     if dump:
         options.dump_config.enable_dump = True
         options.dump_config.dump_path = tempfile.mkdtemp(prefix="torchdebug_graph_dump_")
-        options.dump_config.dump_data = "stats"
+        options.dump_config.task = "statistics"
     backend = get_backend(options)
     compiled = torch.compile(model, backend=backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -2,26 +2,27 @@ import json
 
 import pytest
 
-from torchdebug.config import DebuggerConfig, parse_index_set
+from torchdebug.config import DebuggerConfig
+from torchdebug.options import index_set
 from torchdebug.errors import ConfigError
 
 
 def test_index_set_accepts_the_seed_string_form():
-    assert parse_index_set("step", "0|3-5|10") == {0, 3, 4, 5, 10}
+    assert index_set("step", "0|3-5|10") == {0, 3, 4, 5, 10}
 
 
 def test_index_set_accepts_lists_of_ints_and_ranges():
-    assert parse_index_set("step", [0, "3-5"]) == {0, 3, 4, 5}
+    assert index_set("step", [0, "3-5"]) == {0, 3, 4, 5}
 
 
 def test_index_set_empty_means_everything():
-    assert parse_index_set("step", None) is None and parse_index_set("step", []) is None
+    assert index_set("step", None) is None and index_set("step", []) is None
 
 
 @pytest.mark.parametrize("bad", ["5-3", "x", [-1], True, 1.5])
 def test_index_set_rejects_bad_entries_naming_the_key(bad):
     with pytest.raises(ConfigError, match=r"^rank: got"):
-        parse_index_set("rank", bad)
+        index_set("rank", bad)
 
 
 def test_config_rejects_unknown_task_listing_the_allowed_values():
@@ -89,3 +90,25 @@ def test_config_schema_lists_every_option_with_its_allowed_values():
     assert schema["properties"]["task"]["enum"] == ["statistics", "tensor", "structure"]
     assert set(schema["properties"]) >= {"step", "rank", "list", "range", "tensor_list", "stack", "sample_stride"}
     json.dumps(schema)  # serialisable as printed by `torchdebug config schema`
+
+
+def test_config_checks_each_assignment_and_keeps_the_old_value_on_error():
+    config = DebuggerConfig()
+    with pytest.raises(ConfigError, match=r"^task: got 'tensors', expected one of"):
+        config.task = "tensors"
+    with pytest.raises(ConfigError, match=r"^tensor_list: needs task='tensor', got task='statistics'$"):
+        config.tensor_list = ["mm"]
+    assert config.task == "statistics" and config.tensor_list == []
+    config.step = "1-2"
+    assert config.step == {1, 2}
+
+
+def test_config_rejects_assigning_an_unknown_option_by_name():
+    with pytest.raises(ConfigError, match=r"^tsk: unknown option, expected one of 'dump_path', 'task'"):
+        DebuggerConfig().tsk = "tensor"
+
+
+def test_config_files_may_use_ptdbg_level_codes(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"task": "statistics", "level": "L0"}))
+    assert DebuggerConfig.from_file(path).level == "module"

@@ -8,7 +8,7 @@
 The block rides on ``torch.fx.traceback.annotate``: the mark lands in ``node.meta["custom"]`` of the
 nodes traced inside it, in Dynamo's graph, AOT autograd's forward and backward graphs (AOT copies the
 forward node's ``custom`` to the gradient nodes) and inductor's post-grad graph, with no graph break.
-The dumped set is the union of the marked nodes and ``dump_config.dump_layer``. In eager mode the
+The dumped set is the union of the marked nodes and ``dump_config.nodes``. In eager mode the
 block does nothing. Importing this module loads neither Dynamo nor inductor.
 """
 

@@ -27,7 +27,7 @@ def test_eager_and_compiled_dumps_of_gpt_compare_as_all_pass(tmp_path: Path) -> 
     config.dump_config.enable_dump = True
     (tmp_path / "compiled").mkdir()
     config.dump_config.dump_path = str(tmp_path / "compiled")
-    config.dump_config.dump_data = "stats"
+    config.dump_config.task = "statistics"
     backend = get_backend(config)
     torch.compile(model, backend=backend)(*make_batch(CONFIG)).backward()
     backend.data_dump.close()

@@ -61,7 +61,7 @@ def _train(backend, steps: int = 1) -> Net:
 
 
 def test_graph_records_are_named_like_eager_records(tmp_path: Path) -> None:
-    backend = _backend(tmp_path, dump_data="stats")
+    backend = _backend(tmp_path, task="statistics")
     _train(backend)
     records = _records(backend)
     names = {r.name for r in records}
@@ -88,22 +88,22 @@ def test_dumped_values_equal_an_eager_recomputation_forward_and_backward(tmp_pat
     assert any(torch.allclose(g, net.fc.weight.grad) or torch.allclose(g.t(), net.fc.weight.grad) for g in grads)
 
 
-def test_dump_step_selects_steps(tmp_path: Path) -> None:
-    backend = _backend(tmp_path, dump_data="stats", dump_step="1|2")
+def test_step_selects_steps(tmp_path: Path) -> None:
+    backend = _backend(tmp_path, task="statistics", step="1|2")
     _train(backend, steps=4)
     assert {r.step for r in _records(backend)} == {1, 2}
 
 
-def test_dump_layer_selects_nodes_and_their_inputs(tmp_path: Path) -> None:
-    backend = _backend(tmp_path, dump_data="stats", dump_layer="relu")
+def test_nodes_select_nodes_and_their_inputs(tmp_path: Path) -> None:
+    backend = _backend(tmp_path, task="statistics", nodes="relu")
     _train(backend)
     records = _records(backend)
     assert {r.node for r in records} == {"relu"}
     assert {r.io for r in records} == {"input", "output"}
 
 
-def test_dump_mode_output_keeps_only_outputs(tmp_path: Path) -> None:
-    backend = _backend(tmp_path, "aot_eager", dump_data="stats", dump_mode="output")
+def test_data_mode_output_keeps_only_outputs(tmp_path: Path) -> None:
+    backend = _backend(tmp_path, "aot_eager", task="statistics", data_mode="output")
     _train(backend)
     assert {r.io for r in _records(backend)} == {"output"}
 
@@ -115,7 +115,7 @@ def test_scope_marks_nodes_forward_and_backward_without_a_graph_break(tmp_path: 
             z = y * 3
         return z.cos().sum()
 
-    backend = _backend(tmp_path, dump_data="stats")
+    backend = _backend(tmp_path, task="statistics")
     explained = torch._dynamo.explain(fn)(torch.randn(5, requires_grad=True))
     assert explained.graph_break_count == 0
     x = torch.randn(5, requires_grad=True)
@@ -185,7 +185,7 @@ def test_original_stage_interprets_the_graph_before_the_passes(tmp_path: Path) -
 
 @pytest.mark.gpu
 def test_dumps_keep_working_under_reduce_overhead_on_cuda(tmp_path: Path) -> None:
-    backend = _backend(tmp_path, "reduce-overhead", dump_data="stats")
+    backend = _backend(tmp_path, "reduce-overhead", task="statistics")
     torch.manual_seed(0)
     net = Net().cuda()
     compiled = torch.compile(net, backend=backend)

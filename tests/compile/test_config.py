@@ -1,4 +1,4 @@
-"""CompilerConfig checks every option when it is assigned and names the dotted key in errors."""
+"""CompilerConfig checks every option when it is built or assigned and names the dotted key in errors."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_compiler_config_rejects_non_callable_user_pass() -> None:
 
 
 def test_compiler_config_refuses_to_replace_an_option_group() -> None:
-    with pytest.raises(ConfigError, match=r"^debug: is a group of options; set its fields, e.g. debug\.graph_dump$"):
+    with pytest.raises(ConfigError, match=r"^debug: got \{\}, expected a DebugConfig \(a group of options: set its fields, e\.g\. debug\.graph_dump\)$"):
         CompilerConfig().debug = {}
 
 

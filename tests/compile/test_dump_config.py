@@ -1,4 +1,5 @@
-"""dump_config options and JSON scene files are checked when assigned, naming the dotted key."""
+"""dump_config options and JSON scene files are checked when assigned, naming the dotted key; the
+options speak the eager dump's words, TorchAir's old names still work with a warning."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _scene(tmp_path: Path, dump: dict) -> str:
 
 def test_dump_config_defaults_dump_every_node_as_tensors() -> None:
     settings = CompilerConfig().dump_config.settings()
-    assert (settings.scene, settings.mode, settings.data, settings.stage, settings.steps) == ("model", "all", "tensor", "optimized", None)
+    assert (settings.scene, settings.mode, settings.task, settings.stage, settings.steps) == ("model", "all", "tensor", "optimized", None)
 
 
 def test_dump_path_must_exist(tmp_path: Path) -> None:
@@ -39,22 +40,52 @@ def test_dump_path_must_be_writable(tmp_path: Path) -> None:
         locked.chmod(0o700)
 
 
-def test_dump_step_uses_the_index_set_syntax() -> None:
+def test_step_uses_the_index_set_syntax() -> None:
     config = CompilerConfig()
-    config.dump_config.dump_step = "0|3-5|10"
-    assert config.dump_config.dump_step == frozenset({0, 3, 4, 5, 10})
-    with pytest.raises(ConfigError, match=r"^dump_config\.dump_step: got '5-3', expected a non-negative integer"):
-        config.dump_config.dump_step = "5-3"
+    config.dump_config.step = "0|3-5|10"
+    assert config.dump_config.step == frozenset({0, 3, 4, 5, 10})
+    with pytest.raises(ConfigError, match=r"^dump_config\.step: got '5-3', expected a non-negative integer"):
+        config.dump_config.step = "5-3"
+
+
+@pytest.mark.parametrize(
+    ("old", "value", "new", "expected"),
+    [
+        ("dump_data", "stats", "task", "statistics"),
+        ("dump_step", "1|3", "step", frozenset({1, 3})),
+        ("dump_mode", "output", "data_mode", ["output"]),
+        ("dump_layer", "addmm mul_3", "nodes", "addmm mul_3"),
+    ],
+)
+def test_torchair_option_names_still_work_with_a_warning_naming_the_new_one(old, value, new, expected) -> None:
+    config = CompilerConfig()
+    with pytest.warns(FutureWarning, match=rf"^dump_config\.{old} is deprecated; use dump_config\.{new}"):
+        setattr(config.dump_config, old, value)
+    assert getattr(config.dump_config, new) == expected
+    with pytest.warns(FutureWarning, match=rf"read dump_config\.{new}"):
+        assert getattr(config.dump_config, old) == expected
+
+
+def test_dump_path_is_checked_when_dumps_are_enabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = CompilerConfig()  # the default "." is not checked while dumps are off
+    config.dump_config.dump_path = str(tmp_path)
+    (tmp_path / "gone").mkdir()
+    config.dump_config.dump_path = str(tmp_path / "gone")
+    (tmp_path / "gone").rmdir()
+    with pytest.raises(ConfigError, match=r"^dump_config\.dump_path: got '.*gone', which is not an existing folder"):
+        config.dump_config.enable_dump = True
+    assert config.dump_config.enable_dump is False
 
 
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("dump_mode", "both", r"^dump_config\.dump_mode: got 'both', expected one of 'all', 'input', 'output'$"),
-        ("dump_data", "csv", r"^dump_config\.dump_data: got 'csv', expected one of 'tensor', 'stats'$"),
+        ("data_mode", "both", r"^dump_config\.data_mode: got 'both', expected one of 'all', 'input', 'output'$"),
+        ("task", "stats", r"^dump_config\.task: got 'stats', expected one of 'tensor', 'statistics'$"),
         ("dump_stage", "golden", r"^dump_config\.dump_stage: got 'golden', expected one of 'optimized', 'original'$"),
         ("enable_dump", "yes", r"^dump_config\.enable_dump: got 'yes', expected True or False$"),
-        ("dump_layer", ["addmm"], r"^dump_config\.dump_layer: got \['addmm'\], expected node names separated by spaces"),
+        ("nodes", 3, r"^dump_config\.nodes: got 3, expected node names separated by spaces"),
         ("dump_lyer", "addmm", r"^dump_config\.dump_lyer: unknown option, expected one of 'enable_dump'"),
     ],
 )
@@ -69,7 +100,7 @@ def test_model_dump_scene_selects_layers_per_model(tmp_path: Path) -> None:
         tmp_path, {"dump_list": [{"model_name": "model.0"}, {"model_name": "model__1", "layer": ["addmm", "mul_3"]}], "dump_mode": "output", "dump_data": "stats", "dump_step": "1|3"}
     )
     settings = config.dump_config.settings()
-    assert settings.scene == "model" and settings.mode == "output" and settings.data == "stats"
+    assert settings.scene == "model" and settings.mode == "output" and settings.task == "statistics"
     assert settings.steps == frozenset({1, 3})
     assert settings.models == {"model_0": frozenset(), "model__1": frozenset({"addmm", "mul_3"})}
 
@@ -77,9 +108,9 @@ def test_model_dump_scene_selects_layers_per_model(tmp_path: Path) -> None:
 def test_options_set_on_the_config_override_the_scene_file(tmp_path: Path) -> None:
     config = CompilerConfig()
     config.dump_config.dump_config_path = _scene(tmp_path, {"dump_mode": "output", "dump_data": "stats"})
-    config.dump_config.dump_mode = "input"
+    config.dump_config.data_mode = "input"
     settings = config.dump_config.settings()
-    assert (settings.mode, settings.data) == ("input", "stats")
+    assert (settings.mode, settings.task) == ("input", "statistics")
 
 
 def test_overflow_and_watcher_scenes_are_read(tmp_path: Path) -> None:
@@ -127,8 +158,9 @@ def test_scene_file_without_dump_path_needs_it_on_the_config(tmp_path: Path) -> 
     path = tmp_path / "d.json"
     path.write_text(json.dumps({"dump": {"dump_debug": "on"}}))
     config = CompilerConfig()
-    config.dump_config.dump_config_path = str(path)
-    with pytest.raises(ConfigError, match=r"^dump\.dump_path: the scene file sets no dump_path"):
-        config.dump_config.settings()
+    with pytest.raises(ConfigError, match=r"^dump\.dump_path: the scene file sets no dump_path; set it in the file or in dump_config\.dump_path$"):
+        config.dump_config.dump_config_path = str(path)  # refused at this line, not at the first compile
+    assert config.dump_config.dump_config_path is None
     config.dump_config.dump_path = str(tmp_path)
+    config.dump_config.dump_config_path = str(path)
     assert config.dump_config.settings().path == str(tmp_path)

@@ -38,7 +38,7 @@ def test_dumped_statistics_match_eager_statistics_for_special_values_and_dtypes(
     config = CompilerConfig()
     config.dump_config.enable_dump = True
     config.dump_config.dump_path = str(tmp_path)
-    config.dump_config.dump_data = "tensor"
+    config.dump_config.task = "tensor"
     backend = get_backend(config)
     f32 = torch.tensor([1.0, -2.0, float("nan"), float("inf"), -float("inf"), 0.5, float("nan")])
     inputs = (

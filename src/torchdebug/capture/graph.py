@@ -60,10 +60,9 @@ class GraphCapture:
     ``watcher`` (only the watcher points). ``steps``: the steps written (``None``: all).
     """
 
-    def __init__(self, *, path: str, data: str, steps: frozenset[int] | None, scene: str, settings: dict[str, Any]) -> None:
+    def __init__(self, *, path: str, task: str, steps: frozenset[int] | None, scene: str, settings: dict[str, Any]) -> None:
         self.rank, self.world_size = rank_and_world_size()
         self.run_dir = create_run_dir(Path(path), new_run_name())
-        task = "tensor" if data == "tensor" else "statistics"
         manifest = {
             "tool": "torchdebug", "tool_version": torchdebug.__version__, "torch_version": torch.__version__,
             "python_version": platform.python_version(), "run_id": self.run_dir.name, "rank": self.rank,
@@ -72,7 +71,7 @@ class GraphCapture:
         }  # fmt: skip
         writer = RankWriter(self.run_dir / layout.rank_dir_name(self.world_size, self.rank), manifest)
         self.session = CaptureSession(DebuggerConfig(dump_path=path, task=task), writer, self.rank)
-        self.save_tensors = data == "tensor"
+        self.save_tensors = task == "tensor"
         self.steps = steps
         self.scene = scene
         self.step = 0

@@ -111,7 +111,7 @@ class TorchDebugBackend:
         settings = dump_config.settings()
         if self.data_dump is None:
             self.data_dump = GraphCapture(
-                path=settings.path, data=settings.data, steps=settings.steps, scene=settings.scene, settings=settings.to_dict()
+                path=settings.path, task=settings.task, steps=settings.steps, scene=settings.scene, settings=settings.to_dict()
             )
         model = ModelContext(f"model__{self._dumped_graphs}")
         self._dumped_graphs += 1

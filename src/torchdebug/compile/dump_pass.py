@@ -242,7 +242,7 @@ class _Planner:
             return slot
         if self.settings.scene != "watcher":
             slot.stat = self._stat_row(holder)
-        if self.settings.data == "tensor" and self.settings.scene == "model":
+        if self.settings.task == "tensor" and self.settings.scene == "model":
             slot.tensor = self.tensor_index.setdefault(holder, len(self.tensor_index))
         return slot
 

@@ -9,9 +9,11 @@ three scenes::
     {"dump": {"dump_list": [{"layer": ["A"], "watcher_nodes": ["C"]}],
               "dump_path": "out", "dump_mode": "output", "dump_scene": "watcher"}}        # watcher
 
-Options assigned on the config win over the file; the file wins over defaults. Scenes that cannot
-be combined (overflow with a model or op dump, watcher with either) are refused with one line
-naming the keys, as the seed does. ``model_name`` is a graph name as the backend numbers them
+The file keeps TorchAir's keys (``dump_data`` ``"tensor"``/``"stats"``, ``dump_mode``,
+``dump_step``); on ``config.dump_config`` they are ``task`` (``"tensor"``/``"statistics"``),
+``data_mode`` and ``step``, as in eager dumps. Options set on the config win over the file; the
+file wins over defaults. Scenes that cannot be combined (overflow with a model or op dump, watcher
+with either) are refused with one line naming the keys, as TorchAir does. ``model_name`` is a graph name as the backend numbers them
 (``model__0`` is the first graph it compiled), with ``.``, ``/``, ``\\`` and spaces read as ``_``.
 """
 
@@ -24,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchdebug.config import parse_index_set
 from torchdebug.errors import ConfigError
+from torchdebug.options import index_set
 
-DUMP_MODES = ("all", "input", "output")
-DUMP_DATA = ("tensor", "stats")
+DATA_MODES = ("all", "input", "output")
+TASKS = ("tensor", "statistics")
+_FILE_TASKS = {"tensor": "tensor", "stats": "statistics"}
+"""TorchAir's ``dump_data`` values in scene files, and the task each means."""
 DUMP_STAGES = ("optimized", "original")
 
 _FILE_KEYS = ("dump_list", "dump_path", "dump_mode", "dump_data", "dump_step", "dump_op_switch", "dump_debug", "dump_scene")
@@ -46,7 +50,9 @@ class DumpSettings:
 
     scene: str = "model"
     mode: str = "all"
-    data: str = "tensor"
+    """``all``, ``input`` or ``output`` slots of the dumped nodes."""
+    task: str = "tensor"
+    """``tensor`` or ``statistics``."""
     path: str = "."
     steps: frozenset[int] | None = None
     stage: str = "optimized"
@@ -62,9 +68,9 @@ class DumpSettings:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for the dump manifest."""
         return {
-            "scene": self.scene, "dump_mode": self.mode, "dump_data": self.data, "dump_path": self.path,
-            "dump_step": sorted(self.steps) if self.steps is not None else None, "dump_stage": self.stage,
-            "dump_layer": sorted(self.layers), "models": {k: sorted(v) for k, v in (self.models or {}).items()} or None,
+            "scene": self.scene, "data_mode": self.mode, "task": self.task, "dump_path": self.path,
+            "step": sorted(self.steps) if self.steps is not None else None, "dump_stage": self.stage,
+            "nodes": sorted(self.layers), "models": {k: sorted(v) for k, v in (self.models or {}).items()} or None,
             "watched_after": sorted(self.watched_after), "watcher_nodes": list(self.watched),
         }  # fmt: skip
 
@@ -135,27 +141,43 @@ def _check_scene(dump: dict[str, Any]) -> None:
         raise ConfigError("dump.dump_list[].watcher_nodes: only used with dump.dump_scene 'watcher'")
 
 
-def resolve(file: dict[str, Any] | None, explicit: Mapping[str, Any], defaults: Mapping[str, Any]) -> DumpSettings:
-    """Merge the scene file (``file``, from :func:`read_scene_file`), the options assigned on the
-    config (``explicit``, they win) and the config defaults into :class:`DumpSettings`."""
+def _single_mode(modes: list[str]) -> str:
+    """One of ``all``, ``input``, ``output`` from a ``data_mode`` list."""
+    if "all" in modes or {"input", "output"} <= set(modes):
+        return "all"
+    return modes[0]
+
+
+def resolve(file: dict[str, Any] | None, values: Mapping[str, Any], assigned: frozenset[str], prefix: str = "") -> DumpSettings:
+    """Merge the scene file (``file``, from :func:`read_scene_file`, TorchAir's keys) under the
+    config's ``values`` (``task``, ``data_mode``, ``dump_path``, ``step``, ``nodes``,
+    ``dump_stage``): an option in ``assigned`` wins over the file, the file over the defaults."""
     file = file or {}
 
-    def pick(key: str) -> Any:
-        if key in explicit:
-            return explicit[key]
-        if key in file:
-            return file[key]
-        return defaults[key]
+    def pick(key: str, file_key: str) -> tuple[Any, bool]:
+        """The value and whether it came from the file."""
+        if key in assigned or file_key not in file:
+            return values[key], False
+        return file[file_key], True
 
-    if file and "dump_path" not in file and "dump_path" not in explicit:
-        raise ConfigError("dump.dump_path: the scene file sets no dump_path; set it in the file or in config.dump_config.dump_path")
-    mode, data = pick("dump_mode"), pick("dump_data")
-    for key, value, allowed in (("dump_mode", mode, DUMP_MODES), ("dump_data", data, DUMP_DATA)):
-        if value not in allowed:
-            raise ConfigError(f"dump.{key}: got {value!r}, expected one of {', '.join(map(repr, allowed))}")
-    steps = explicit["dump_step"] if "dump_step" in explicit else parse_index_set("dump.dump_step", file.get("dump_step", defaults["dump_step"]))
-    layer_text = pick("dump_layer") or ""
-    common = dict(mode=mode, data=data, path=str(pick("dump_path")), steps=steps, stage=pick("dump_stage"), layers=frozenset(layer_text.split()))
+    if file and "dump_path" not in file and "dump_path" not in assigned:
+        raise ConfigError(f"dump.dump_path: the scene file sets no dump_path; set it in the file or in {prefix}dump_path")
+    task, from_file = pick("task", "dump_data")
+    if from_file:
+        if task not in _FILE_TASKS:
+            raise ConfigError(f"dump.dump_data: got {task!r}, expected one of {', '.join(map(repr, _FILE_TASKS))}")
+        task = _FILE_TASKS[task]
+    mode, from_file = pick("data_mode", "dump_mode")
+    if from_file and mode not in DATA_MODES:
+        raise ConfigError(f"dump.dump_mode: got {mode!r}, expected one of {', '.join(map(repr, DATA_MODES))}")
+    mode = mode if from_file else _single_mode(mode)
+    steps, from_file = pick("step", "dump_step")
+    if from_file:
+        steps = index_set("dump.dump_step", steps)
+    common = dict(
+        mode=mode, task=task, path=str(pick("dump_path", "dump_path")[0]), steps=steps, stage=values["dump_stage"],
+        layers=frozenset((values["nodes"] or "").split()),
+    )
     entries = file.get("dump_list", [])
     if file.get("dump_scene") == "watcher":
         after = {n for i, e in enumerate(entries) for n in _names(f"dump.dump_list[{i}].layer", e.get("layer", []))}

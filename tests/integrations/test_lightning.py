@@ -8,7 +8,7 @@ from torch import nn
 import torchdebug
 
 L = pytest.importorskip("lightning.pytorch")
-from torchdebug.integrations.lightning import TorchDebugCallback  # noqa: E402
+from torchdebug.integrations.lightning import TorchDebugCallback
 
 
 class LitNet(L.LightningModule):

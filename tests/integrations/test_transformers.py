@@ -12,7 +12,7 @@ import torchdebug
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
-from torchdebug.integrations.transformers import TorchDebugCallback  # noqa: E402
+from torchdebug.integrations.transformers import TorchDebugCallback
 
 
 class RegressionNet(nn.Module):

@@ -1,10 +1,20 @@
-"""The HTML report of a comparison: summary, first divergence with its stack, table, error plot."""
+"""The HTML report of a comparison: summary, first divergence, error plot, module tree and table.
+
+The plot is drawn here as SVG: error (log scale) against execution order, one dot per compared
+row, coloured by verdict, with the phases of the first rank shaded and the first divergence and
+first non-finite op marked and linked to their table rows. The module tree, the filters (phase,
+rank, verdict, text, module) and the links between plot and table live in ``compare.js``, which
+reads the rows' ``data-*`` attributes: every name reaches the page through an escaped attribute
+or text node, never as markup.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from torchdebug.compare.rows import VERDICTS
 from torchdebug.report import render
 
 if TYPE_CHECKING:
@@ -13,48 +23,119 @@ if TYPE_CHECKING:
 
 __all__ = ["render_compare"]
 
-_PLOT_WIDTH, _PLOT_HEIGHT = 900, 260
+_WIDTH, _HEIGHT = 1000, 300
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 26, 44  # margins: room for the axes' labels
 _LOG_FLOOR = -12.0  # errors below 1e-12 (and exact zeros) sit on the bottom line
-_MAX_POINTS = 20000
-_COLORS = {"pass": "#3b8b3b", "warning": "#d08a00", "error": "#c62828", "unmatched": "#888888"}
+_MAX_POINTS = 20000  # beyond this, passing rows are thinned out (every non-passing row stays)
+_MAX_BANDS = 24  # more phase changes than this (many steps): no shading
+COLORS = {"pass": "#3b8b3b", "warning": "#d08a00", "error": "#c62828", "unmatched": "#888888"}
+"""Verdict colours, shared by the plot, the table and the module tree."""
 
 
-def _plot(rows: list[Row]) -> dict[str, Any]:
-    """SVG coordinates of error (log scale) against execution order, coloured by verdict."""
-    points = [row for row in rows if row.error is not None and row.matched][:_MAX_POINTS]
-    logs = [max(_LOG_FLOOR, math.log10(row.error)) if row.error > 0 else _LOG_FLOOR for row in points]
-    top = max([0.0, *logs])
-    top = math.ceil(top)
-    span = top - _LOG_FLOOR or 1.0
-    count = max(len(points) - 1, 1)
-    dots = [
-        {
-            "x": round(10 + index * (_PLOT_WIDTH - 20) / count, 1),
-            "y": round(10 + (top - value) * (_PLOT_HEIGHT - 30) / span, 1),
-            "color": _COLORS.get(row.verdict, "#888888"),
-            "title": f"{row.name}: error {row.error:.3g} ({row.verdict})",
-        }
-        for index, (row, value) in enumerate(zip(points, logs))
-    ]
-    ticks = [
-        {"y": round(10 + (top - exponent) * (_PLOT_HEIGHT - 30) / span, 1), "label": f"1e{int(exponent)}"}
-        for exponent in range(int(top), int(_LOG_FLOOR) - 1, -2)
-    ]
-    return {"width": _PLOT_WIDTH, "height": _PLOT_HEIGHT, "dots": dots, "ticks": ticks, "colors": _COLORS}
+def _nice_step(span: float, count: int) -> int:
+    """A round step (1, 2 or 5 times a power of ten) giving about ``count`` ticks over ``span``."""
+    raw = max(span / count, 1.0)
+    power = 10 ** math.floor(math.log10(raw))
+    return int(next(f * power for f in (1, 2, 5, 10) if f * power >= raw))
+
+
+def _positions(rows: Sequence[Row]) -> list[int]:
+    """Each row's place (from 1) in its rank's execution order: ranks share the x axis."""
+    seen: dict[int, int] = {}
+    positions = []
+    for row in rows:
+        positions.append(seen.get(row.rank, 0) + 1)
+        seen[row.rank] = positions[-1]
+    return positions
+
+
+def _plotted(rows: Sequence[Row]) -> list[int]:
+    """Indexes of the rows drawn: matched, with a finite error; passing rows thinned past the cap."""
+    drawn = [i for i, row in enumerate(rows) if row.matched and row.error is not None and not math.isnan(row.error)]
+    if len(drawn) <= _MAX_POINTS:
+        return drawn
+    loud = [i for i in drawn if rows[i].verdict != "pass"]
+    quiet = [i for i in drawn if rows[i].verdict == "pass"]
+    stride = math.ceil(len(quiet) / max(_MAX_POINTS - len(loud), 1))
+    return sorted(loud + quiet[::stride])
+
+
+def _bands(rows: Sequence[Row], positions: list[int], x: Any) -> list[dict[str, Any]]:
+    """Shaded spans of the first rank's phases (``step 1 backward`` when there are several steps)."""
+    first_rank = min((row.rank for row in rows), default=0)
+    spans: list[list[Any]] = []
+    for row, position in zip(rows, positions):
+        if row.rank != first_rank:
+            continue
+        if spans and spans[-1][0] == (row.step, row.phase):
+            spans[-1][2] = position
+        else:
+            spans.append([(row.step, row.phase), position, position])
+    if len(spans) > _MAX_BANDS:
+        return []
+    steps = len({step for (step, _), _, _ in spans})
+    return [
+        {"x": x(start - 0.5), "width": max(x(end + 0.5) - x(start - 0.5), 1.0), "shade": index % 2 == 0,
+         "label": f"step {step} {phase}" if steps > 1 else phase}
+        for index, ((step, phase), start, end) in enumerate(spans)
+    ]  # fmt: skip
+
+
+def _plot(rows: Sequence[Row], marks: dict[str, Row | None]) -> dict[str, Any]:
+    """SVG coordinates: dots, axes with ticks, phase bands and the marked rows."""
+    positions = _positions(rows)
+    last = max(positions, default=1)
+    plotted = _plotted(rows)
+    logs = {i: max(_LOG_FLOOR, min(math.log10(rows[i].error), 12.0)) if rows[i].error > 0 else _LOG_FLOOR for i in plotted}  # type: ignore[operator]
+    top = float(math.ceil(max([0.0, *logs.values()])))
+    span = top - _LOG_FLOOR
+
+    def x(position: float) -> float:
+        return round(_LEFT + (position - 0.5) * (_WIDTH - _LEFT - _RIGHT) / last, 1)
+
+    def y(value: float) -> float:
+        return round(_TOP + (top - value) * (_HEIGHT - _TOP - _BOTTOM) / span, 1)
+
+    decades = 1 if span <= 8 else 2
+    step = _nice_step(last, 8)
+    index = {id(row): i for i, row in enumerate(rows)}
+    marked = [
+        {"label": label, "row": index[id(row)] + 1, "x": x(positions[index[id(row)]]), "kind": kind}
+        for kind, (label, row) in (("divergence", ("first divergence", marks["divergence"])), ("nonfinite", ("first non-finite", marks["nonfinite"])))
+        if row is not None
+    ]  # fmt: skip
+    return {
+        "width": _WIDTH, "height": _HEIGHT, "left": _LEFT, "right": _WIDTH - _RIGHT, "top": _TOP, "bottom": _HEIGHT - _BOTTOM,
+        "dots": [{"x": x(positions[i]), "y": y(logs[i]), "row": i + 1, "verdict": rows[i].verdict,
+                  "title": f"#{i + 1} {rows[i].name}: error {rows[i].error:.3g} ({rows[i].verdict})"} for i in plotted],
+        "y_ticks": [{"y": y(e), "label": f"1e{int(e)}"} for e in range(int(top), int(_LOG_FLOOR) - 1, -decades)],
+        "x_ticks": [{"x": x(p), "label": str(p)} for p in dict.fromkeys([1, *range(step, last + 1, step)])],
+        "bands": _bands(rows, positions, x),
+        "marks": marked,
+        "thinned": len(plotted) < sum(1 for row in rows if row.matched and row.error is not None),
+    }  # fmt: skip
+
+
+def _first_seen(values: Sequence[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
 
 
 def render_compare(result: CompareResult) -> str:
     """The complete HTML page for ``result`` (a string; the caller writes it)."""
     first, nonfinite = result.first_divergence, result.first_nonfinite
+    index = {id(row): i + 1 for i, row in enumerate(result.rows)}
     return render(
         "compare.html.j2",
         title=result.heading,
         sides=result.sides(),
         ranks=[{"rank": rank, "counts": result.counts(rank), "rows": len(result.rank_rows(rank))} for rank in result.ranks],
         counts=result.counts(),
-        first=result.describe(first) if first else None,
-        nonfinite=result.describe(nonfinite) if nonfinite else None,
+        verdicts=VERDICTS,
+        colors=COLORS,
+        first={**result.describe(first), "index": index[id(first)]} if first else None,
+        nonfinite={**result.describe(nonfinite), "index": index[id(nonfinite)]} if nonfinite else None,
         problems=result.problems,
         rows=result.rows,
-        plot=_plot(result.rows),
+        phases=_first_seen([row.phase for row in result.rows]),
+        plot=_plot(result.rows, {"divergence": first, "nonfinite": nonfinite}),
     )

@@ -1,0 +1,56 @@
+"""Headless Chromium for report tests: Debian's ``chromium`` and ``chromedriver``, driven by selenium.
+
+No browser download: the system binaries only (``apt-get install chromium chromium-driver``), with
+a fresh profile and everything that would reach the network switched off.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--force-device-scale-factor=1",
+)  # fmt: skip
+
+
+def _binaries() -> tuple[str | None, str | None]:
+    return shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+
+
+def missing() -> str | None:
+    """Why no browser can run here, or ``None`` when one can."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    chromium, driver = _binaries()
+    if chromium is None or driver is None:
+        return "no headless Chromium: install Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+    return None
+
+
+@contextmanager
+def browser(width: int = 1400, height: int = 1000) -> Iterator[Any]:
+    """A selenium driver of headless Chromium with a ``width`` x ``height`` window, console logged."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver_path = _binaries()
+    profile = tempfile.mkdtemp(prefix="torchdebug-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)

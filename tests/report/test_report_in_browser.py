@@ -1,0 +1,117 @@
+"""The compare report in headless Chromium: the tree, the table and the plot render, clicks filter and link.
+
+Skipped where no browser is installed (see ``browser.missing``); CI installs Debian's chromium.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import torchdebug
+from tests.report.browser import browser, missing
+from tests.report.hostile import HOSTILE, SCRIPT, dump
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+
+_VISIBLE_ROWS = "return Array.from(document.querySelectorAll('#rows tbody tr')).filter(r => !r.hidden).map(r => [r.dataset.module, r.dataset.phase])"
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser")
+    result = torchdebug.compare(dump(root / "a", 1.01), dump(root / "b", 1.0))
+    return result, result.to_html(root / "report.html").as_uri()
+
+
+@pytest.fixture(scope="module")
+def driver():
+    with browser() as opened:
+        yield opened
+
+
+@pytest.fixture
+def page(driver, compared):
+    """The report freshly loaded (no filter left from another test)."""
+    result, uri = compared
+    driver.get(uri)
+    return driver, result
+
+
+def _click(driver, selector: str, text: str | None = None) -> None:
+    """Click the element matching ``selector`` (and showing ``text``) as a user would."""
+    from selenium.webdriver.common.by import By
+
+    elements = driver.find_elements(By.CSS_SELECTOR, selector)
+    element = next(e for e in elements if text is None or e.text == text)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+    element.click()
+
+
+def test_the_tree_the_table_and_the_plot_render_with_hostile_names_as_plain_text(page):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    driver, result = page
+    assert len(driver.execute_script(_VISIBLE_ROWS)) == len(result.rows)
+    assert driver.find_element("id", "shown-count").text == f"{len(result.rows)} of {len(result.rows)} rows"
+    names = driver.execute_script("return Array.from(document.querySelectorAll('#tree-body button.module'), b => b.textContent)")
+    assert {HOSTILE, SCRIPT, "0"} <= set(names)  # "0": the child of SCRIPT, nested under it
+    plot = driver.execute_script("const r = document.getElementById('plot').getBoundingClientRect(); return [r.width, r.height]")
+    assert plot[0] > 300 and plot[1] > 100
+    assert driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length") > 0
+    assert driver.execute_script("return document.querySelectorAll('img').length") == 0  # no injected markup ran
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert  # noqa: B018
+    errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    assert errors == []
+
+
+def test_the_plot_marks_the_first_divergence_and_links_it_to_its_row(page):
+    driver, result = page
+    href = driver.execute_script("return document.querySelector('#plot a.mark-divergence').getAttribute('href')")
+    number = result.rows.index(result.first_divergence) + 1
+    assert href == f"#row-{number}"
+    _click(driver, "#plot a.mark-divergence text")
+    assert driver.execute_script("return location.hash") == href
+    assert "target" in driver.find_element("id", f"row-{number}").get_attribute("class")
+
+
+def test_clicking_a_module_in_the_tree_filters_the_table_and_the_plot(page):
+    driver, result = page
+    dots = driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length")
+    _click(driver, "#tree-body button.module", SCRIPT)
+    shown = driver.execute_script(_VISIBLE_ROWS)
+    expected = [row for row in result.rows if row.module == SCRIPT or row.module.startswith(SCRIPT + ".")]
+    assert len(shown) == len(expected) and 0 < len(shown) < len(result.rows)
+    assert all(module == SCRIPT or module.startswith(SCRIPT + ".") for module, _ in shown)
+    assert 0 < driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length") < dots
+    assert driver.find_element("css selector", "#filter-module code").text == SCRIPT
+    _click(driver, "#tree-body button.module", SCRIPT)  # a second click shows every module again
+    assert len(driver.execute_script(_VISIBLE_ROWS)) == len(result.rows)
+
+
+def test_the_phase_selector_keeps_one_phase_in_the_table_and_the_tree(page):
+    from selenium.webdriver.support.select import Select
+
+    driver, result = page
+    Select(driver.find_element("id", "filter-phase")).select_by_visible_text("backward")
+    shown = driver.execute_script(_VISIBLE_ROWS)
+    assert {phase for _, phase in shown} == {"backward"}
+    assert len(shown) == sum(1 for row in result.rows if row.phase == "backward")
+    counted = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#tree-body > * > .node-line .count, #tree-body > details > summary .count'),"
+        " c => parseInt(c.textContent)).reduce((a, b) => a + b, 0)"
+    )
+    assert counted == len(shown)  # the top-level nodes count the backward rows only
+
+
+def test_the_first_divergence_box_shows_its_row_even_when_a_filter_hides_it(page):
+    from selenium.webdriver.support.select import Select
+
+    driver, result = page
+    number = result.rows.index(result.first_divergence) + 1
+    Select(driver.find_element("id", "filter-verdict")).select_by_visible_text("pass")
+    assert driver.find_element("id", f"row-{number}").get_attribute("hidden") is not None
+    _click(driver, "#divergence h2 a")
+    row = driver.find_element("id", f"row-{number}")
+    assert row.get_attribute("hidden") is None and row.is_displayed()
+    assert len(driver.execute_script(_VISIBLE_ROWS)) == len(result.rows)  # the filters were cleared

@@ -112,3 +112,45 @@ def test_config_files_may_use_ptdbg_level_codes(tmp_path):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"task": "statistics", "level": "L0"}))
     assert DebuggerConfig.from_file(path).level == "module"
+
+
+def test_every_config_is_checked_when_built_with_one_error_shape():
+    from torchdebug.compare.config import CompareConfig
+    from torchdebug.compile import CompilerConfig
+    from torchdebug.diagnose.config import DiagnoseConfig
+
+    cases = [
+        (lambda: CompareConfig(growth=0.5), r"^growth: got 0\.5, expected a number >= 1$"),
+        (lambda: CompareConfig(threads=0), r"^threads: got 0, expected an integer >= 1$"),
+        (lambda: CompareConfig(tolerances={"bfloat16": "loose"}), r"^tolerances\.bfloat16: got 'loose', expected a number"),
+        (lambda: CompareConfig(tensor=False), r"^tensor: unknown option, expected one of 'tolerances', 'mapping'"),
+        (lambda: DiagnoseConfig(tolerance=0), r"^tolerance: got 0, expected a number > 0$"),
+        (lambda: DiagnoseConfig(mode="fast"), r"^mode: got 'fast', expected one of 'default', 'reduce-overhead'"),
+        (lambda: DiagnoseConfig(backend=3), r"^backend: got 3, expected None \(inductor\), a backend name or a callable"),
+        (lambda: CompilerConfig(mode="jit"), r"^mode: got 'jit', expected one of 'max-autotune'"),
+        (lambda: DebuggerConfig(step="x"), r"^step: got 'x', expected a non-negative integer"),
+    ]
+    for build, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            build()
+
+
+def test_configs_survive_pickling_for_worker_processes():
+    import pickle
+
+    from torchdebug.compare.config import CompareConfig
+
+    config = CompareConfig(tolerances={"bfloat16": 0.02}, threads=2)
+    copy = pickle.loads(pickle.dumps(config))
+    assert copy.to_dict() == config.to_dict() and copy.tolerances == config.tolerances
+    with pytest.raises(ConfigError, match=r"^threads: got -1"):
+        copy.threads = -1  # still checked after the round trip
+
+
+def test_diagnose_rejects_a_bad_option_before_running_anything():
+    import torchdebug
+
+    calls = []
+    with pytest.raises(ConfigError, match=r"^tolerance: got -1"):
+        torchdebug.diagnose(lambda x: calls.append(x), 1.0, tolerance=-1)
+    assert calls == []

@@ -14,7 +14,7 @@ PACKAGE = Path(torchdebug.__file__).parent
 
 # Layers from the bottom up; a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "_torch", "records", "native", "stats", "config", "dist", "seed", "scope", "extras", "progress"},
+    {"errors", "_torch", "callable_package", "options", "records", "native", "stats", "config", "dist", "seed", "scope", "extras", "progress"},
     {"store"},
     {"compare"},
     {"capture"},
@@ -114,3 +114,10 @@ def test_cheap_entry_points_load_neither_dynamo_nor_inductor(code):
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("name", ["compare", "diagnose"])
+def test_packages_named_like_their_function_stay_callable_after_a_submodule_import(name):
+    code = f"import importlib, torchdebug\nimportlib.import_module('torchdebug.{name}.config')\nprint(callable(torchdebug.{name}), torchdebug.{name}.__doc__ is not None)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["True", "True"], result.stderr

@@ -84,6 +84,9 @@ class Options:
         object.__setattr__(self, "_ready", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):  # our own slots (also set by unpickling)
+            object.__setattr__(self, name, value)
+            return
         if name in self._ALIASES:
             name, value = self._translate(name, value)
         known = self._field_map()

@@ -16,10 +16,7 @@ blamed/inherited), ``steps`` (one comparison's steps), ``engine`` (the in-proces
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
+from torchdebug.callable_package import make_callable
 from torchdebug.compare.across_ranks import RanksResult, compare_ranks
 from torchdebug.compare.distributed import compare_distributed
 from torchdebug.compare.engine import compare, open_dump
@@ -34,12 +31,4 @@ __all__ = [
 ]  # fmt: skip
 
 
-class _CallableModule(types.ModuleType):
-    """``torchdebug.compare`` names both this package and the function: once a submodule is imported,
-    Python binds the attribute to the package, so the package forwards calls to :func:`compare`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> CompareResult:
-        return compare(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, compare)

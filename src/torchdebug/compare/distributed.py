@@ -36,10 +36,11 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torchdebug.compare.config import CompareConfig
 from torchdebug.compare.result import CompareResult
 from torchdebug.compare.rows import Row
 from torchdebug.compare.steps import (
-    JobKey, Pairing, Settings, apply_metrics, attribute, compare_rank, compute_jobs, finish, match_rank, metric_pool,
+    JobKey, Pairing, apply_metrics, attribute, compare_rank, compute_jobs, finish, match_rank, metric_pool,
     open_pair, paused_gc, rank_notes, tensor_jobs,
 )  # fmt: skip
 from torchdebug.errors import TorchDebugError
@@ -95,7 +96,7 @@ class _Piece:
     metrics: dict[JobKey, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
-def _work(shares: list[Share], pairing: Pairing, settings: Settings) -> list[_Piece]:
+def _work(shares: list[Share], pairing: Pairing, settings: CompareConfig) -> list[_Piece]:
     pieces = []
     with paused_gc(), metric_pool(settings.threads) as pool:
         for share in shares:
@@ -107,7 +108,7 @@ def _work(shares: list[Share], pairing: Pairing, settings: Settings) -> list[_Pi
             rows = match_rank(share.rank, dump_a, dump_b, settings)
             jobs = tensor_jobs(rows, dump_a, dump_b) if settings.tensors else {}
             mine = _part_of(jobs, share)
-            metrics = dict(zip(mine, compute_jobs([jobs[key] for key in mine], dump_a, dump_b, settings.overrides, pool)))
+            metrics = dict(zip(mine, compute_jobs([jobs[key] for key in mine], dump_a, dump_b, settings.tolerances, pool)))
             if share.part == 0:
                 index = {id(row): position for position, row in enumerate(rows)}
                 groups = {key: [index[id(row)] for row in group] for key, group in jobs.items()}
@@ -117,7 +118,7 @@ def _work(shares: list[Share], pairing: Pairing, settings: Settings) -> list[_Pi
     return pieces
 
 
-def _merge(pieces: list[_Piece], pairing: Pairing, settings: Settings) -> tuple[list[Row], list[str]]:
+def _merge(pieces: list[_Piece], pairing: Pairing, settings: CompareConfig) -> tuple[list[Row], list[str]]:
     """Rows and notes of every rank, in rank order, with split ranks' metrics applied and judged
     (replayed here, when asked: which calls diverge is known once every part's metrics are in)."""
     by_rank: dict[int, list[_Piece]] = defaultdict(list)
@@ -139,7 +140,7 @@ def _merge(pieces: list[_Piece], pairing: Pairing, settings: Settings) -> tuple[
     return rows, notes
 
 
-def _compare_in_group(a: str | Path, b: str | Path, settings: Settings) -> CompareResult | None:
+def _compare_in_group(a: str | Path, b: str | Path, settings: CompareConfig) -> CompareResult | None:
     """Run on every process of the default group; the result on process 0, ``None`` elsewhere.
     An expected error on any worker is raised on every worker (none is left waiting)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -182,14 +183,14 @@ def compare_distributed(a: str | Path, b: str | Path, **options: Any) -> Compare
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("compare_distributed: torch.distributed is not initialised; call init_process_group first, or use compare(..., workers=N)")
-    settings = Settings.build(**options)
+    settings = CompareConfig(**options)
     if settings.threads is None:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
         settings = dataclasses.replace(settings, threads=_local_threads(local))
     return _compare_in_group(a, b, settings)
 
 
-def _spawned(index: int, world_size: int, init_method: str, a: str, b: str, settings: Settings, results: Any) -> None:
+def _spawned(index: int, world_size: int, init_method: str, a: str, b: str, settings: CompareConfig, results: Any) -> None:
     """A spawned worker: join the group, do its share; process 0 hands the outcome to the parent."""
     dist.init_process_group("gloo", init_method=init_method, rank=index, world_size=world_size)
     try:
@@ -218,8 +219,9 @@ def _wait(results: Any, processes: mp.ProcessContext) -> Any:
     return outcome
 
 
-def spawn_compare(a: Any, b: Any, settings: Settings, workers: int) -> CompareResult:
-    """Spawn ``workers`` processes on this machine to compare ``a`` and ``b``; the result comes back here."""
+def spawn_compare(a: Any, b: Any, settings: CompareConfig) -> CompareResult:
+    """Spawn ``settings.workers`` processes on this machine to compare ``a`` and ``b``; the result comes back here."""
+    workers = settings.workers
     pairing = open_pair(a, b)  # bad paths fail here, before any process starts
     if settings.threads is None:
         settings = dataclasses.replace(settings, threads=_local_threads(workers))

@@ -15,10 +15,11 @@ from typing import Any
 
 from torchdebug import progress
 from torchdebug.compare import distributed
+from torchdebug.compare.config import CompareConfig
 from torchdebug.compare.matching import NameMapping
 from torchdebug.compare.result import CompareResult
 from torchdebug.compare.steps import (
-    Settings, compare_rank, finish, metric_pool, open_dump, open_pair, paused_gc, rank_notes,
+    compare_rank, finish, metric_pool, open_dump, open_pair, paused_gc, rank_notes,
 )  # fmt: skip
 from torchdebug.store import reader
 
@@ -64,13 +65,11 @@ def compare(
     Returns:
         A :class:`CompareResult`; ``result.first_divergence`` is the earliest blamed op.
     """
-    settings = Settings.build(
-        tolerances=tolerances, mapping=mapping, growth=growth, tensors=tensors, threads=threads, replay=replay
+    settings = CompareConfig(
+        tolerances=tolerances, mapping=mapping, growth=growth, tensors=tensors, threads=threads, workers=workers, replay=replay
     )
-    if workers < 1:
-        raise ValueError(f"workers: got {workers}, expected at least 1")
-    if workers > 1:
-        return distributed.spawn_compare(a, b, settings, workers)
+    if settings.workers > 1:
+        return distributed.spawn_compare(a, b, settings)
     pairing = open_pair(a, b)
     rows, notes = [], []
     with paused_gc():

@@ -25,6 +25,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from torchdebug.config import read_mapping_file
+from torchdebug.errors import ConfigError
 from torchdebug.records import PHASES, Record
 
 __all__ = ["Pair", "NameMapping", "load_mapping", "match_records"]
@@ -64,11 +65,11 @@ def load_mapping(source: str | Path | Mapping[str, object] | None) -> NameMappin
         data = read_mapping_file(source, "mapping")
     if not isinstance(data, dict) or set(data) - {"modules", "ops"}:
         got = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{where}: expected keys 'modules' and/or 'ops', got {got}")
+        raise ConfigError(f"{where}: expected keys 'modules' and/or 'ops', got {got}")
     for key in ("modules", "ops"):
         section = data.get(key) or {}
         if not isinstance(section, dict) or not all(isinstance(v, str) for v in section.values()):
-            raise ValueError(f"{where}: '{key}' must map names to names, got {section!r}")
+            raise ConfigError(f"{where}: '{key}' must map names to names, got {section!r}")
     return NameMapping(modules=dict(data.get("modules") or {}), ops=dict(data.get("ops") or {}))
 
 

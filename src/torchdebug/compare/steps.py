@@ -23,25 +23,26 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchdebug import progress
-from torchdebug.compare.matching import NameMapping, load_mapping, match_records
+from torchdebug.compare.config import CompareConfig
+from torchdebug.compare.matching import match_records
 from torchdebug.compare.metrics import REPLAY_METRICS, stats_metrics, tensor_metrics
 from torchdebug.compare.replay import NotReplayable, output_at, replay
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
-from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances, rounding_tolerance, tolerance_for
+from torchdebug.compare.tolerances import Tolerance, lower_precision, rounding_tolerance, tolerance_for
 from torchdebug.compare.verdicts import judge
 from torchdebug.records import Record
 from torchdebug.store import msprobe, reader
 
 __all__ = [
-    "Settings", "Pairing", "open_dump", "has_tensor", "open_pair", "metric_pool", "paused_gc", "match_rank",
+    "Pairing", "open_dump", "has_tensor", "open_pair", "metric_pool", "paused_gc", "match_rank",
     "tensor_jobs", "compute_jobs", "apply_metrics", "replay_rows", "attribute", "rank_notes", "compare_rank", "finish",
 ]  # fmt: skip
 
@@ -49,37 +50,6 @@ logger = logging.getLogger("torchdebug.compare")
 
 JobKey = tuple
 """Identifies the values of a pair of saved tensors (see :func:`tensor_jobs`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """The validated options of a comparison (picklable: worker processes receive it)."""
-
-    overrides: dict[str, Tolerance] = field(default_factory=dict)
-    mapping: NameMapping = field(default_factory=NameMapping)
-    growth: float = 16.0
-    tensors: bool = True
-    threads: int | None = None
-    """Threads for tensor metrics per process (``None``: all cores of the process's share)."""
-    replay: bool = False
-    """Replay the calls with an output beyond tolerance in float64 to measure each op's own error."""
-
-    @classmethod
-    def build(
-        cls, *, tolerances: Mapping[str, Any] | None = None, mapping: Any = None, growth: float = 16.0,
-        tensors: bool = True, threads: int | None = None, replay: bool = False,
-    ) -> Settings:
-        """Validate user options: one-line errors naming the option."""
-        if growth < 1:
-            raise ValueError(f"growth: got {growth}, expected a factor >= 1")
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads: got {threads}, expected at least 1")
-        return cls(parse_tolerances(tolerances), load_mapping(mapping), growth, tensors, threads, replay)
-
-    def options(self) -> dict[str, Any]:
-        """What the result records of the options (JSON-ready)."""
-        tolerances = {k: [v.rtol, v.atol] for k, v in self.overrides.items()}
-        return {"growth": self.growth, "tolerances": tolerances, "replay": self.replay}
 
 
 def open_dump(path: str | Path | reader.Run) -> reader.Run:
@@ -166,7 +136,7 @@ def _fill_stats(row: Row, tolerance: Tolerance) -> None:
     row.metrics.update(metrics)
 
 
-def match_rank(rank: int, dump_a: Any, dump_b: Any, settings: Settings) -> list[Row]:
+def match_rank(rank: int, dump_a: Any, dump_b: Any, settings: CompareConfig) -> list[Row]:
     """The rows of one rank, in execution order, with statistics metrics filled in (not judged)."""
     pairs = match_records(dump_a.records(), dump_b.records(), settings.mapping)
     rows = [Row.from_records(rank, p.a, p.b, p.how, p.order) for p in pairs]
@@ -176,7 +146,7 @@ def match_rank(rank: int, dump_a: Any, dump_b: Any, settings: Settings) -> list[
             dtypes = (row.dtype_a, row.dtype_b)
             tolerance = tolerances.get(dtypes)
             if tolerance is None:
-                tolerance = tolerances[dtypes] = tolerance_for(*dtypes, settings.overrides)
+                tolerance = tolerances[dtypes] = tolerance_for(*dtypes, settings.tolerances)
             _fill_stats(row, tolerance)
     return rows
 
@@ -297,10 +267,10 @@ def replay_rows(
                 row.metrics[name] = own
 
 
-def attribute(rows: Sequence[Row], dump_a: Any, dump_b: Any, settings: Settings, pool: ThreadPoolExecutor) -> None:
+def attribute(rows: Sequence[Row], dump_a: Any, dump_b: Any, settings: CompareConfig, pool: ThreadPoolExecutor) -> None:
     """Verdicts and attribution of one rank's rows, with replay first when asked."""
     if settings.replay:
-        replay_rows(rows, dump_a, dump_b, settings.overrides, pool)
+        replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
     judge(rows, growth=settings.growth)
 
 
@@ -309,7 +279,7 @@ def rank_notes(rank: int, pairing: Pairing) -> list[str]:
     return [*pairing.a.notes("A", rank), *pairing.b.notes("B", rank)]
 
 
-def compare_rank(rank: int, pairing: Pairing, settings: Settings, pool: ThreadPoolExecutor) -> list[Row]:
+def compare_rank(rank: int, pairing: Pairing, settings: CompareConfig, pool: ThreadPoolExecutor) -> list[Row]:
     """One rank from start to verdicts."""
     dump_a, dump_b = pairing.a.run.ranks[rank], pairing.b.run.ranks[rank]
     logger.info("rank %d: reading and pairing records", rank)
@@ -319,12 +289,12 @@ def compare_rank(rank: int, pairing: Pairing, settings: Settings, pool: ThreadPo
         groups = list(tensor_jobs(rows, dump_a, dump_b).values())
         if groups:
             logger.info("rank %d: tensor metrics of %d saved tensor pairs", rank, len(groups))
-        apply_metrics(groups, compute_jobs(groups, dump_a, dump_b, settings.overrides, pool))
+        apply_metrics(groups, compute_jobs(groups, dump_a, dump_b, settings.tolerances, pool))
     attribute(rows, dump_a, dump_b, settings, pool)
     return rows
 
 
-def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: Settings) -> CompareResult:
+def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: CompareConfig) -> CompareResult:
     """The result of judged rows: rank ``notes`` and the pairing's, options, and the overlap check."""
     problems = [*notes, *pairing.problems]
     if settings.replay and not any(has_tensor(row.record_a) and has_tensor(row.record_b) for row in rows):

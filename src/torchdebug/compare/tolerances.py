@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from torchdebug.errors import ConfigError
+
 __all__ = ["DEFAULT_TOLERANCES", "Tolerance", "tolerance_for", "rounding_tolerance"]
 
 
@@ -27,7 +29,7 @@ class Tolerance:
 
     def __post_init__(self) -> None:
         if self.rtol < 0 or self.atol < 0:
-            raise ValueError(f"tolerance: got rtol={self.rtol}, atol={self.atol}; both must be >= 0")
+            raise ConfigError(f"tolerance: got rtol={self.rtol}, atol={self.atol}; both must be >= 0")
 
 
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
@@ -99,7 +101,7 @@ def tolerance_for(
     return DEFAULT_TOLERANCES.get(dtype, _EXACT)
 
 
-def parse_tolerances(spec: Mapping[str, object] | None) -> dict[str, Tolerance]:
+def parse_tolerances(spec: Mapping[str, object] | None, key: str = "tolerances") -> dict[str, Tolerance]:
     """Turn ``{"bfloat16": {"rtol": 0.02, "atol": 1e-5}}`` or ``{"bfloat16": 0.02}`` into tolerances.
 
     A bare number sets ``rtol`` and keeps the default ``atol``.
@@ -115,9 +117,7 @@ def parse_tolerances(spec: Mapping[str, object] | None) -> dict[str, Tolerance]:
         elif isinstance(value, Mapping) and set(value) <= {"rtol", "atol"}:
             out[name] = Tolerance(float(value.get("rtol", default.rtol)), float(value.get("atol", default.atol)))
         else:
-            raise ValueError(
-                f"tolerances.{name}: got {value!r}, expected a number (rtol) or {{'rtol': ..., 'atol': ...}}"
-            )
+            raise ConfigError(f"{key}.{name}: got {value!r}, expected a number (rtol) or {{'rtol': ..., 'atol': ...}}")
     return out
 
 

@@ -11,7 +11,10 @@ Typical use::
 
 from __future__ import annotations
 
+from torchdebug.callable_package import make_callable
 from torchdebug.diagnose.api import diagnose
 from torchdebug.diagnose.report import DiagnoseReport
 
 __all__ = ["DiagnoseReport", "diagnose"]
+
+make_callable(__name__, diagnose)

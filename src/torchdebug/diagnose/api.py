@@ -19,6 +19,7 @@ from typing import Any
 from torchdebug import progress
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose.bisect import Bisector, DynamoRecorder
+from torchdebug.diagnose.config import DiagnoseConfig
 from torchdebug.diagnose.finding import NodeFinding
 from torchdebug.diagnose.graph_breaks import compile_events
 from torchdebug.diagnose.instrument import InstrumentedInductor
@@ -58,9 +59,10 @@ def diagnose(
     Returns:
         A :class:`DiagnoseReport`; ``report.stage is None`` when every stage is accurate.
     """
+    config = DiagnoseConfig(backend=backend, train=train, mode=mode, tolerance=tolerance, output_dir=output_dir, repro=repro)
     start = time.perf_counter()
-    program = Program(fn, example_inputs, train=train)
-    stages = ladder(backend, mode if mode is not None else default_mode(program.inputs, backend))
+    program = Program(fn, example_inputs, train=config.train)
+    stages = ladder(config.backend, config.mode if config.mode is not None else default_mode(program.inputs, config.backend))
     with progress.bar(len(stages) + 1, "diagnose", unit="stage") as shown:  # the fp64 reference, then each stage
         shown.set_postfix_str("fp64 reference")
         refs = references(program)
@@ -73,10 +75,10 @@ def diagnose(
         recorder = DynamoRecorder()
         stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
         notes: list[str] = []
-        results = climb(program, stages[:-1], refs, tolerance, shown)
+        results = climb(program, stages[:-1], refs, config.tolerance, shown)
         instrumented = None
         if not results[-1].failed:
-            instrumented, last = _last_stage(program, stages[-1], refs, tolerance, notes, shown)
+            instrumented, last = _last_stage(program, stages[-1], refs, config.tolerance, notes, shown)
             results.append(last)
         if len(results) > 1:
             results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
@@ -85,9 +87,9 @@ def diagnose(
         failed = report.failed_stage
         if failed is not None and failed.stage.backend is not None:
             shown.set_postfix_str(f"finding the first bad node of {failed.stage.label}")
-            report.finding = _localize(program, failed, instrumented, graphs, tolerance, notes)
-            if report.finding is not None and repro:
-                report.repro_path = _write_repro(report.finding, failed, Path(output_dir), tolerance, notes)
+            report.finding = _localize(program, failed, instrumented, graphs, config.tolerance, notes)
+            if report.finding is not None and config.repro:
+                report.repro_path = _write_repro(report.finding, failed, Path(config.output_dir), config.tolerance, notes)
     report.seconds = time.perf_counter() - start
     return report
 

@@ -14,7 +14,7 @@ PACKAGE = Path(torchdebug.__file__).parent
 
 # Layers from the bottom up; a module may import only from its own layer or lower ones.
 LAYERS = [
-    {"errors", "_torch", "callable_package", "options", "records", "native", "stats", "config", "dist", "seed", "scope", "extras", "progress"},
+    {"errors", "version", "_torch", "callable_package", "options", "records", "native", "stats", "config", "dist", "seed", "scope", "extras", "progress"},
     {"store"},
     {"compare"},
     {"capture"},

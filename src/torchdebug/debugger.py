@@ -20,17 +20,13 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import platform
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-import torchdebug
 from torchdebug._torch.nn import unwrap_compiled
 from torchdebug.capture.eager import OpCapture
 from torchdebug.capture.filters import phase_and_io_filter
@@ -40,7 +36,7 @@ from torchdebug.config import DebuggerConfig
 from torchdebug.dist import broadcast_from_rank0, dist_initialized, rank_and_world_size
 from torchdebug.errors import ConfigError
 from torchdebug.store import layout
-from torchdebug.store.writer import RankWriter, check_writable, create_run_dir, new_run_name
+from torchdebug.store.writer import RankWriter, check_writable, create_run_dir, new_run_name, run_manifest
 
 logger = logging.getLogger("torchdebug.debugger")
 
@@ -105,28 +101,14 @@ class Debugger:
         self._closed = not self.enabled
         if not self.enabled:
             return
-        writer = RankWriter(self.rank_dir, self._manifest(self.run_dir.name))
+        manifest = run_manifest(self.run_dir.name, self.rank, self.world_size, self.config.to_dict())
+        writer = RankWriter(self.rank_dir, manifest)
         self.session = CaptureSession(self.config, writer, self.rank)
         self._phases, self._ios = phase_and_io_filter(self.config.data_mode)
         self._tracker: ModuleTracker | None = None
         self._ops: OpCapture | None = None
         self._modules: ModuleRecorder | None = None
         atexit.register(self._close_at_exit)
-
-    def _manifest(self, run_name: str) -> dict[str, Any]:
-        return {
-            "tool": "torchdebug",
-            "tool_version": torchdebug.__version__,
-            "torch_version": torch.__version__,
-            "python_version": platform.python_version(),
-            "run_id": run_name,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "cuda": torch.cuda.is_available(),
-            "config": self.config.to_dict(),
-        }
 
     # -- the three calls around a training step -------------------------------------------------
     def start(self, model: nn.Module | None = None) -> None:

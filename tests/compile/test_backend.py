@@ -1,4 +1,4 @@
-"""The backend under TORCH_COMPILE_DEBUG=1: the seed example's tree, pass dumps, modes, reasons."""
+"""The backend under TORCH_COMPILE_DEBUG=1: TorchAir's example's tree, pass dumps, modes, reasons."""
 
 from __future__ import annotations
 

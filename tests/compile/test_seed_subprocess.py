@@ -1,4 +1,4 @@
-"""The seed example as users run it: a fresh process, TORCH_COMPILE_DEBUG set after importing
+"""TorchAir's debug example as users run it: a fresh process, TORCH_COMPILE_DEBUG set after importing
 torchdebug, run twice on one compile cache (the second run is warm)."""
 
 from __future__ import annotations

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
-import platform
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import torchdebug
 from torchdebug.capture import golden, overflow
 from torchdebug.capture.graph_ops import register_sink, unregister_sink
 from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, SlotPlan
@@ -35,7 +31,7 @@ from torchdebug.dist import rank_and_world_size
 from torchdebug.records import Record
 from torchdebug.stats import stats_from_vector, tensor_stats
 from torchdebug.store import layout
-from torchdebug.store.writer import RankWriter, create_run_dir, new_run_name
+from torchdebug.store.writer import RankWriter, create_run_dir, new_run_name, run_manifest
 
 log = logging.getLogger("torchdebug.capture.graph")
 
@@ -63,12 +59,8 @@ class GraphCapture:
     def __init__(self, *, path: str, task: str, steps: frozenset[int] | None, scene: str, settings: dict[str, Any]) -> None:
         self.rank, self.world_size = rank_and_world_size()
         self.run_dir = create_run_dir(Path(path), new_run_name())
-        manifest = {
-            "tool": "torchdebug", "tool_version": torchdebug.__version__, "torch_version": torch.__version__,
-            "python_version": platform.python_version(), "run_id": self.run_dir.name, "rank": self.rank,
-            "world_size": self.world_size, "host": socket.gethostname(), "pid": os.getpid(),
-            "cuda": torch.cuda.is_available(), "capture": "graph", "config": {"task": task, "dump_config": settings},
-        }  # fmt: skip
+        config = {"task": task, "dump_config": settings}
+        manifest = run_manifest(self.run_dir.name, self.rank, self.world_size, config, capture="graph")
         writer = RankWriter(self.run_dir / layout.rank_dir_name(self.world_size, self.rank), manifest)
         self.session = CaptureSession(DebuggerConfig(dump_path=path, task=task), writer, self.rank)
         self.save_tensors = task == "tensor"

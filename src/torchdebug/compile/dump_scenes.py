@@ -114,7 +114,7 @@ def read_scene_file(path: str) -> dict[str, Any]:
 
 
 def _check_scene(dump: dict[str, Any]) -> None:
-    """Refuse the combinations the seed refuses, naming the keys involved."""
+    """Refuse the combinations TorchAir refuses, naming the keys involved."""
     overflow = _on_off("dump.dump_debug", dump.get("dump_debug", "off"))
     op_switch = _on_off("dump.dump_op_switch", dump.get("dump_op_switch", "off"))
     scene = dump.get("dump_scene")

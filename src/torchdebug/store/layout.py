@@ -28,7 +28,7 @@ _RANK_DIR = re.compile(r"^worldsize(\d+)_global_rank(\d+)$")
 
 
 def rank_dir_name(world_size: int, rank: int) -> str:
-    """``worldsize{W}_global_rank{R}``, the seeds' convention."""
+    """``worldsize{W}_global_rank{R}``, ptdbg's, msprobe's and TorchAir's convention."""
     return f"worldsize{world_size}_global_rank{rank}"
 
 

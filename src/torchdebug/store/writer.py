@@ -18,7 +18,9 @@ import datetime as _dt
 import json
 import logging
 import os
+import platform
 import queue
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
 from torchdebug.store.record_json import encode_records
 from torchdebug.store.tensor_batch import TensorBatch
+from torchdebug.version import __version__
 
 BATCH_BYTES = 128 * 2**20
 """Size of a reusable tensor batch buffer (two are kept per rank)."""
@@ -57,6 +60,16 @@ def check_writable(path: Path) -> None:
 def new_run_name() -> str:
     """A run folder name from the local time, e.g. ``20261122-101500``."""
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def run_manifest(run_id: str, rank: int, world_size: int, config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """The ``manifest.json`` of one rank's folder: tool, torch, Python, host and process, the
+    rank and the config that made the dump (``extra`` adds fields, e.g. ``capture="graph"``)."""
+    return {
+        "tool": "torchdebug", "tool_version": __version__, "torch_version": torch.__version__,
+        "python_version": platform.python_version(), "run_id": run_id, "rank": rank, "world_size": world_size,
+        "host": socket.gethostname(), "pid": os.getpid(), "cuda": torch.cuda.is_available(), **extra, "config": config,
+    }  # fmt: skip
 
 
 def create_run_dir(dump_path: Path, name: str) -> Path:

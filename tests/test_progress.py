@@ -91,3 +91,12 @@ def test_waiting_for_tensor_files_shows_the_bytes_left(tmp_path, monkeypatch):
     run = torchdebug.load(tmp_path / "dump").ranks[0]
     sums = [run.load_tensor(r).sum().item() for r in run.records() if r.tensor and r.io == "output"]
     assert sums == pytest.approx([1024.0, 1024 * math.e])  # ones, then exp: every file written
+
+
+def test_diagnose_names_each_stage_of_its_ladder_on_the_bar(monkeypatch, tmp_path):
+    screen = on_terminal(monkeypatch)
+    report = torchdebug.diagnose(lambda x: x.sin() * 2, torch.randn(8), backend="aot_eager", train=False, output_dir=tmp_path)
+    assert report.ok
+    drawn = screen.getvalue()
+    assert "torchdebug: diagnose" in drawn
+    assert all(stage in drawn for stage in ("fp64 reference", "uncompiled", "eager", "aot_eager"))

@@ -56,3 +56,9 @@ def test_a_command_leaves_logging_and_bars_as_it_found_them(dumps):
     main(["compare", *dumps, "-q"])
     assert (logger.handlers, logger.level, logger.propagate) == before
     assert progress.set_enabled(True) is True
+
+
+def test_convert_on_a_terminal_draws_a_bar(dumps, tmp_path, monkeypatch):
+    screen = on_terminal(monkeypatch)
+    assert main(["convert", dumps[0], str(tmp_path / "npy"), "--to", "npy"]) == 0
+    assert "torchdebug: converting rank 0" in screen.getvalue()

@@ -78,7 +78,7 @@
     const worst = document.createElement("span");
     worst.className = "worst v-" + worstVerdict;
     worst.title = "largest error in this module";
-    worst.textContent = node.worst === null ? "" : node.worst.toPrecision(3);
+    worst.textContent = node.worst === null ? "" : node.worst > 0 && node.worst < 1e-3 ? node.worst.toExponential(2) : node.worst.toPrecision(3);
     line.append(worst);
     return line;
   }

@@ -31,3 +31,8 @@ def test_record_round_trips_through_json_without_empty_fields():
 def test_record_from_json_keeps_unknown_keys_in_extra():
     data = {**_record().to_json(), "future_field": 7}
     assert Record.from_json(data).extra == {"future_field": 7}
+
+
+def test_records_of_torchdebug_0_1_dumps_read_their_error_field_as_capture_error():
+    record = Record.from_json({**_record().to_json(), "error": "layout torch.sparse_coo is not captured"})
+    assert record.capture_error == "layout torch.sparse_coo is not captured" and record.extra == {}

@@ -95,8 +95,8 @@ class Record:
     """FX node name, for records captured inside compiled graphs."""
     capture: str = "eager"
     """Who wrote the record: ``eager`` (dispatch mode) or ``graph`` (compiled-graph capture)."""
-    error: str | None = None
-    """Why this slot could not be captured, when it could not."""
+    capture_error: str | None = None
+    """Why this slot could not be captured, when it could not (``error`` in dumps of torchdebug 0.1)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -113,6 +113,9 @@ class Record:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
         """Build a record from a dict written by :meth:`to_json`; unknown keys go to ``extra``."""
+        if "error" in data and "capture_error" not in data:  # the field's name in torchdebug 0.1 dumps
+            data = {**data, "capture_error": data["error"]}
+            del data["error"]
         if data.keys() <= _FIELD_SET:
             return cls(**data)
         kwargs = {k: v for k, v in data.items() if k in _FIELD_SET}

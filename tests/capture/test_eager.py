@@ -154,7 +154,7 @@ def test_int_bool_complex_empty_and_bfloat16_tensors_are_captured(tmp_path):
     dump = torchdebug.load(tmp_path).ranks[0]
     assert dump.load_tensor(outputs["bfloat16"]).dtype == torch.bfloat16
     assert torch.equal(dump.load_tensor(outputs["complex64"]), torch.tensor([2 + 2j]))  # stored as (real, imag)
-    assert all(r.error is None for r in records)
+    assert all(r.capture_error is None for r in records)
 
 
 def test_structure_task_keeps_names_and_shapes_without_statistics(tmp_path):

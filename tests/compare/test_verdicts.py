@@ -11,7 +11,7 @@ def _row(io: str, error: float | None, *, seq: int = 0, kind: str = "tensor", va
     def record(v: object, err: str | None) -> Record:
         name = make_name("forward", "m", op, seq, io, "0")
         return Record(name=name, step=0, rank=0, phase="forward", module="m", op=op, call=seq,
-                      seq=seq, io=io, arg="0", kind=kind, dtype="float32", shape=[4], value=v, error=err)  # fmt: skip
+                      seq=seq, io=io, arg="0", kind=kind, dtype="float32", shape=[4], value=v, capture_error=err)  # fmt: skip
 
     row = Row.from_records(0, record(value, None), record(value_b if value_b is not None else value, failed), "exact", seq)
     row.error, row.tolerance = error, (1e-3 if error is not None else None)
@@ -71,6 +71,6 @@ def test_an_op_singular_near_zero_inherits_an_error_within_its_inputs_relative_s
 
 def test_a_slot_that_failed_to_capture_on_both_sides_names_both():
     row = _row("output", 0.0, failed="out of memory")
-    row.record_a.error = "no space"
+    row.record_a.capture_error = "no space"
     judge([row])
     assert row.message == "not captured on A: no space; B: out of memory"

@@ -57,11 +57,11 @@ def test_records_are_on_disk_at_drain_while_tensor_files_are_still_being_written
     writer.drain()  # returns although the tensor file is not written yet
     partial = load(tmp_path).ranks[0]
     (record,) = partial.records()
-    assert record.tensor is None and "stopped before" in record.error
+    assert record.tensor is None and "stopped before" in record.capture_error
     release.set()
     writer.close()
     (record,) = load(tmp_path).ranks[0].records()
-    assert record.error is None and load(tmp_path).ranks[0].load_tensor(record).tolist() == [1.0] * 4
+    assert record.capture_error is None and load(tmp_path).ranks[0].load_tensor(record).tolist() == [1.0] * 4
 
 
 def test_a_tensor_file_missing_from_a_complete_run_is_an_error(tmp_path):
@@ -215,7 +215,7 @@ def test_a_process_killed_mid_step_keeps_every_flushed_record(tmp_path):
         if record.tensor:
             dump.load_tensor(record)  # tensor files are complete or absent, never partial
         elif record.kind == "tensor":
-            assert record.error.startswith("tensor not saved: the run stopped before")
+            assert record.capture_error.startswith("tensor not saved: the run stopped before")
 
 
 def test_fast_record_encoding_equals_json_for_every_field():
@@ -230,7 +230,7 @@ def test_fast_record_encoding_equals_json_for_every_field():
         stats={"min": -math.inf, "max": 2.5, "mean": None, "norm": 1e300, "nan": 3, "posinf": 0, "neginf": 1},
         tensor={"key": 'k"\\ü', "file": "tensors/x.safetensors", "view": {"shape": [1], "stride": [1], "offset": 0}},
         sampled=4, value={"nested": [1, "two", None]}, stack="abc", source="f.py:1 in <module>", fwd="forward/-/x#0",
-        node="mm_1", capture="graph", error="boom", extra={"future": [1.5]},
+        node="mm_1", capture="graph", capture_error="boom", extra={"future": [1.5]},
     )  # fmt: skip
     decoded = json.loads(encode_record(record))
     expected = json.loads(json.dumps(record.to_json()))
@@ -257,7 +257,7 @@ def _encoding_cases() -> list[Record]:
         _record(9, stats={"min": 1.0}, tensor={"key": 'k"\\ü\n', "file": "tensors/x.safetensors", "view": {"shape": [1], "offset": 0}}),
         _record(10, shape=[2**62, -3, 0], stride=[], requires_grad=True, sampled=4, extra={"graph": "m__0/forward"}),
         _record(11, requires_grad=False, stack="abc", source="fünf.py:1 in <module>", fwd="forward/-/x#0", node="mm_1",
-                capture="graph", error="boom\t\x7f"),
+                capture="graph", capture_error="boom\t\x7f"),
         _record(12, stats={"min": -1, "max": 5, "mean": 2.0, "norm": 7.5, "nan": 0, "posinf": 0, "neginf": 0}, extra={}),
     ]  # fmt: skip
 
@@ -293,5 +293,5 @@ def test_debugger_flush_puts_every_tensor_file_on_disk_before_close(tmp_path):
     dump = load(tmp_path).ranks[0]
     assert not dump.complete
     saved = [r for r in dump.records() if r.kind == "tensor"]
-    assert saved and all(r.error is None and dump.load_tensor(r).numel() == 8 for r in saved)
+    assert saved and all(r.capture_error is None and dump.load_tensor(r).numel() == 8 for r in saved)
     dbg.close()

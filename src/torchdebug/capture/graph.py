@@ -216,7 +216,7 @@ class GraphCapture:
             call=run.bases[call.key] + call.local, seq=run.seq + call.order, io=slot.io, arg=slot.arg, kind=slot.kind,
             dtype=meta.get("dtype"), shape=meta.get("shape"), stride=meta.get("stride"), device=meta.get("device"),
             value=slot.value, stack=source.stack_id if source else None, source=source.source if source else None,
-            fwd=fwd, node=call.node, capture="graph", error=slot.note, extra=extra,
+            fwd=fwd, node=call.node, capture="graph", capture_error=slot.note, extra=extra,
         )  # fmt: skip
 
     def _fill(self, record: Record, run: _Run, slot: SlotPlan, rows: list[dict[str, Any] | None], tensors: list[torch.Tensor],
@@ -225,7 +225,7 @@ class GraphCapture:
         if run.plan.golden is not None:
             value = run.values.get(slot.source_node or "")
             if not isinstance(value, torch.Tensor):
-                record.error = "the interpreter produced no tensor for this slot"
+                record.capture_error = "the interpreter produced no tensor for this slot"
                 return
             key = id(value)
             if key not in stats_of:

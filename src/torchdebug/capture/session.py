@@ -163,10 +163,10 @@ class CaptureSession:
                 try:
                     self._describe_tensor(record, value, save_tensors, mutated)
                 except Exception as error:  # never crash the user's run for one slot
-                    record.error = f"{type(error).__name__}: {error}"
+                    record.capture_error = f"{type(error).__name__}: {error}"
                     if op not in self._warned:
                         self._warned.add(op)
-                        logger.warning("could not capture a tensor of %s (%s); recorded the error", op, record.error)
+                        logger.warning("could not capture a tensor of %s (%s); recorded the error", op, record.capture_error)
             else:
                 record.kind = "value"
                 record.value = json_value(value)
@@ -210,13 +210,13 @@ class CaptureSession:
 
     @staticmethod
     def _fill_description(record: Record, tensor: torch.Tensor) -> bool:
-        """Set dtype, shape, device and stride; ``False`` (with the reason in ``record.error``) for
+        """Set dtype, shape, device and stride; ``False`` (with the reason in ``record.capture_error``) for
         layouts that are not captured."""
         record.dtype = dtype_name(tensor.dtype)
         record.shape = list(tensor.shape)
         record.device = _device_name(tensor.device)
         if tensor.layout != torch.strided:
-            record.error = f"layout {tensor.layout} is not captured"
+            record.capture_error = f"layout {tensor.layout} is not captured"
             return False
         record.stride = list(tensor.stride())
         return True

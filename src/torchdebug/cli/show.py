@@ -40,8 +40,8 @@ def format_record(record: Record, dump: RankDump, with_stack: bool = True) -> st
         lines.append(f"  tensor: {record.tensor.get('file')} [{record.tensor.get('key')}]{sampled}")
     if record.fwd:
         lines.append(f"  gradient of: {record.fwd}")
-    if record.error:
-        lines.append(f"  error: {record.error}")
+    if record.capture_error:
+        lines.append(f"  error: {record.capture_error}")
     if with_stack:
         frames = dump.stack(record)
         if frames:

@@ -66,7 +66,7 @@ _EXACT = Tolerance(0.0, 0.0)
 
 def replicated(record: Record) -> bool:
     """Whether data-parallel replicas must hold the same value in this slot (module docstring)."""
-    if record.kind != "tensor" or record.error:
+    if record.kind != "tensor" or record.capture_error:
         return False
     return record.phase == "optimizer" or record.io == "parameter" or (record.io == "output" and record.op in SAME_ON_EVERY_RANK)
 

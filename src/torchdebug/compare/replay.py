@@ -103,8 +103,8 @@ def _upcast(tensor: torch.Tensor) -> torch.Tensor:
 
 def _tensor(record: Record, load: Callable[[Record], torch.Tensor]) -> torch.Tensor:
     """A saved input tensor, upcast (see :func:`_upcast`); not replayable unless saved whole."""
-    if record.error:
-        raise NotReplayable(f"{record.name}: not captured ({record.error})")
+    if record.capture_error:
+        raise NotReplayable(f"{record.name}: not captured ({record.capture_error})")
     if not record.tensor or "file" not in record.tensor:
         raise NotReplayable(f"{record.name}: tensor not saved")
     if record.sampled:

@@ -15,7 +15,7 @@ Per row, in execution order:
 * a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
   the call has one) and inherited after;
 * shapes that differ are errors; argument values that differ, and slots that could not be
-  captured on a side (``record.error``), are warnings;
+  captured on a side (``record.capture_error``), are warnings;
 * with replay (``own_err_a``/``own_err_b`` in an output row's metrics: its error against the op
   replayed in float64 on that side's own inputs), an output beyond tolerance whose own error on
   either side exceeds twice the rounding tolerance of the pair's less precise dtype is blamed,
@@ -114,8 +114,8 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             row.verdict = "unmatched"
             row.message = "only in A" if b is None else "only in B"
             continue
-        if a.error or b.error:
-            failed = [f"{side}: {r.error}" for side, r in (("A", a), ("B", b)) if r.error]
+        if a.capture_error or b.capture_error:
+            failed = [f"{side}: {r.capture_error}" for side, r in (("A", a), ("B", b)) if r.capture_error]
             row.verdict, row.message = "warning", "not captured on " + "; ".join(failed)
             continue
         if row.kind != "tensor":

@@ -68,7 +68,7 @@ def _meta(value: torch.Tensor) -> dict[str, Any]:
     return {"dtype": dtype_name(value.dtype), "shape": plain(value.shape), "stride": plain(value.stride()), "device": str(value.device)}
 
 
-def _integral(value: torch.Tensor) -> bool:
+def _is_integral(value: torch.Tensor) -> bool:
     return not (value.is_floating_point() or value.is_complex())
 
 
@@ -199,7 +199,7 @@ class _Planner:
         groups of values in the order the graph computes them (``host_groups``); the graph for the
         others (``graph_nodes``), so that fused values stay fused."""
         nodes = sorted(self.stat_rows, key=self.stat_rows.get)
-        plan.integral = [_integral(n.meta["val"]) for n in nodes]
+        plan.integral = [_is_integral(n.meta["val"]) for n in nodes]
         stored = {self._source(n) for n in _stored(self.graph)}
         on_host = {n for n in nodes if n in stored and _host_stats(n.meta["val"])}
         self.graph_nodes = [n for n in nodes if n not in on_host]

@@ -71,7 +71,7 @@ def insert_stats(graph: torch.fx.Graph, value: torch.fx.Node, before: torch.fx.N
             x = b(aten.abs.default, value) if fake.is_complex() else value
             entries = _floating(b, x, fake.dtype in (torch.float64, torch.complex128), numel if static else None)
         else:
-            entries = _integral(b, value)
+            entries = _integer_stats(b, value)
         return b(aten.cat.default, [b(aten.view.default, e, [1]) for e in entries])
 
 
@@ -101,7 +101,7 @@ def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None) ->
     return [*(b(aten.where.self, has, v, none) for v in (low, high, mean, norm)), *counts]
 
 
-def _integral(b: _Builder, x: torch.fx.Node) -> list[torch.fx.Node]:
+def _integer_stats(b: _Builder, x: torch.fx.Node) -> list[torch.fx.Node]:
     """Seven 0-d float64 nodes for a non-empty integer or bool value (no NaN or Inf possible)."""
     wide = b.f64(x)
     zero = b.constant(0.0)

@@ -39,13 +39,14 @@ import torch.fx
 
 from torchdebug._torch.inductor import CustomGraphPass, observe_inductor_passes
 from torchdebug.compile.debug_dir import PhaseDump, current_phase
+from torchdebug.errors import ConfigError
 
 if TYPE_CHECKING:
     from torchdebug.compile.config import CompilerConfig
 
 log = logging.getLogger("torchdebug.compile.pipeline")
 
-PHASES = frozenset({"forward", "backward", "inference"})
+AOT_PHASES = frozenset({"forward", "backward", "inference"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +62,14 @@ class GraphPass:
 
     name: str
     fn: Callable[[torch.fx.GraphModule], Any]
-    phases: frozenset[str] = PHASES
+    phases: frozenset[str] = AOT_PHASES
     owner: str = "torchdebug"
     uuid: str | None = None
 
     def __post_init__(self) -> None:
-        unknown = set(self.phases) - PHASES
+        unknown = set(self.phases) - AOT_PHASES
         if unknown:
-            raise ValueError(f"GraphPass {self.name!r}: unknown phases {sorted(unknown)}, expected {sorted(PHASES)}")
+            raise ConfigError(f"GraphPass {self.name!r}: unknown phases {sorted(unknown)}, expected {sorted(AOT_PHASES)}")
 
     def cache_id(self) -> str | None:
         """What inductor's cache key gets for this pass (``None`` disables that cache)."""

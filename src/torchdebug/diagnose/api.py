@@ -23,7 +23,7 @@ from torchdebug.diagnose.config import DiagnoseConfig
 from torchdebug.diagnose.finding import NodeFinding
 from torchdebug.diagnose.graph_breaks import compile_events
 from torchdebug.diagnose.instrument import InstrumentedInductor
-from torchdebug.diagnose.nodes import first_divergence
+from torchdebug.diagnose.nodes import first_bad_node
 from torchdebug.diagnose.program import Program
 from torchdebug.diagnose.report import DiagnoseReport
 from torchdebug.diagnose.repro import write_repro
@@ -127,7 +127,7 @@ def _localize(
 ) -> NodeFinding | None:
     """The first bad node of the failing stage (see the module docstring for which method)."""
     if instrumented is not None:
-        found = first_divergence(instrumented.graphs, tol)
+        found = first_bad_node(instrumented.graphs, tol)
         if found is not None:
             return found
         notes.append("node by node, inductor's kernels match fp64; bisecting the graph instead")

@@ -132,7 +132,7 @@ class Bisector:
     def __init__(self, stage: Stage, train: bool, tol: float = DEFAULT_TOLERANCE) -> None:
         self.stage, self.train, self.tol, self.compiles = stage, train, tol, 0
 
-    def judge(self, gm: torch.fx.GraphModule, inputs: list[Any], train: bool) -> StageResult:
+    def check_graph(self, gm: torch.fx.GraphModule, inputs: list[Any], train: bool) -> StageResult:
         self.compiles += 1
         program = Program(gm, inputs, train=train)
         return climb(program, [self.stage], references(program), self.tol)[-1]
@@ -145,11 +145,11 @@ class Bisector:
                 continue
             # forward only first: cheaper to compile, and enough for most failures
             for train in dict.fromkeys((False, self.train)):
-                if self.judge(prefix(graph.gm, len(nodes)), graph.inputs, train).failed:
+                if self.check_graph(prefix(graph.gm, len(nodes)), graph.inputs, train).failed:
                     low, high = 1, len(nodes)
                     while low < high:
                         middle = (low + high) // 2
-                        if self.judge(prefix(graph.gm, middle), graph.inputs, train).failed:
+                        if self.check_graph(prefix(graph.gm, middle), graph.inputs, train).failed:
                             high = middle
                         else:
                             low = middle + 1
@@ -160,11 +160,11 @@ class Bisector:
         assert graph.inputs is not None
         values = _values(graph.gm, graph.inputs)
         alone, inputs = single_node(graph.gm, node, values)
-        result = self.judge(alone, list(inputs.values()), train)
+        result = self.check_graph(alone, list(inputs.values()), train)
         if not result.failed:  # the node needs its context: the repro keeps the prefix
             placeholders = graph.gm.graph.find_nodes(op="placeholder")
             alone, inputs = prefix(graph.gm, count), {p.name: v for p, v in zip(placeholders, graph.inputs)}
-            result = self.judge(alone, list(inputs.values()), train)
+            result = self.check_graph(alone, list(inputs.values()), train)
         if result.run.error is not None:
             detail = f"{type(result.run.error).__name__}: {first_line(result.run.error)}"
             failed = None

@@ -59,7 +59,7 @@ def execution_order(graphs: list[AotGraph]) -> list[AotGraph]:
     return [g for g in graphs if g.phase != "backward"] + [g for g in graphs if g.phase == "backward"]
 
 
-def first_divergence(graphs: list[AotGraph], tol: float = DEFAULT_TOLERANCE) -> NodeFinding | None:
+def first_bad_node(graphs: list[AotGraph], tol: float = DEFAULT_TOLERANCE) -> NodeFinding | None:
     """The first node, over ``graphs`` in execution order, whose compiled value fails the check."""
     for entry in execution_order(graphs):
         if entry.values is None:

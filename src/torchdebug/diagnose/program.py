@@ -28,7 +28,7 @@ _SKIPPED_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.pa
 
 
 @dataclass(slots=True)
-class Run:
+class Outcome:
     """What one run produced: named tensors, or the exception it raised and where."""
 
     values: dict[str, torch.Tensor]
@@ -102,12 +102,12 @@ class Program:
             copied.requires_grad_(self.train or value.requires_grad)
         return copied
 
-    def run(self, fn: Callable[..., Any], inputs: list[Any], params: nn.Module | None = None) -> Run:
+    def run(self, fn: Callable[..., Any], inputs: list[Any], params: nn.Module | None = None) -> Outcome:
         """Call ``fn`` (forward, then backward when training) and collect its values."""
         try:
-            return Run(self._execute(fn, inputs, params))
+            return Outcome(self._execute(fn, inputs, params))
         except Exception as error:  # noqa: BLE001 - the exception is the finding
-            return Run({}, error, user_frame(error))
+            return Outcome({}, error, user_frame(error))
 
     def _execute(self, fn: Callable[..., Any], inputs: list[Any], params: nn.Module | None) -> dict[str, torch.Tensor]:
         leaves = [t for t in tree_leaves(fn(*inputs)) if isinstance(t, torch.Tensor)]

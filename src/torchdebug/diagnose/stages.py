@@ -20,7 +20,7 @@ from torch import nn
 
 from torchdebug import progress
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE, Check, check
-from torchdebug.diagnose.program import Program, Run
+from torchdebug.diagnose.program import Outcome, Program
 
 log = logging.getLogger("torchdebug.diagnose")
 
@@ -41,7 +41,7 @@ class StageResult:
     """How one stage did: its run, the verdict on each value, and its wall time."""
 
     stage: Stage
-    run: Run
+    run: Outcome
     checks: list[Check]
     seconds: float
 
@@ -78,7 +78,7 @@ def default_mode(inputs: tuple[Any, ...], backend: Any) -> str | None:
     return "reduce-overhead" if backend is None and on_cuda else None
 
 
-def run_stage(program: Program, stage: Stage) -> Run:
+def run_stage(program: Program, stage: Stage) -> Outcome:
     """Run the program once under ``stage`` (Dynamo state reset first, so nothing is reused)."""
     torch.compiler.reset()
     fn, inputs = program.instance()
@@ -92,8 +92,8 @@ def run_stage(program: Program, stage: Stage) -> Run:
 class References:
     """The fp64 eager values every stage is judged against, and the eager values in the program's dtype."""
 
-    fp64: Run
-    eager: Run
+    fp64: Outcome
+    eager: Outcome
 
 
 def references(program: Program) -> References:
@@ -103,7 +103,7 @@ def references(program: Program) -> References:
     return References(fp64, run_stage(program, Stage("uncompiled", None)))
 
 
-def judge(run: Run, refs: References, tol: float = DEFAULT_TOLERANCE) -> list[Check]:
+def check_outcome(run: Outcome, refs: References, tol: float = DEFAULT_TOLERANCE) -> list[Check]:
     """One :class:`Check` per value the fp64 reference has (missing values fail)."""
     checks = []
     for name, expected in refs.fp64.values.items():
@@ -126,7 +126,7 @@ def climb(
             shown.set_postfix_str(stage.label)
         start = time.perf_counter()
         run = refs.eager if stage.backend is None else run_stage(program, stage)
-        checks = judge(run, refs, tol) if run.error is None else []
+        checks = check_outcome(run, refs, tol) if run.error is None else []
         results.append(StageResult(stage, run, checks, time.perf_counter() - start))
         log.info("stage %s: %s in %.1f s", stage.label, results[-1].kind, results[-1].seconds)
         if shown is not None:

@@ -16,7 +16,7 @@
 #include <string.h>
 
 enum { NAME, STEP, RANK, PHASE, MODULE, OP, CALL, SEQ, IO, ARG, KIND, DTYPE, SHAPE, STRIDE, DEVICE, REQUIRES_GRAD,
-       STATS, TENSOR, SAMPLED, VALUE, STACK, SOURCE, FWD, NODE, CAPTURE, ERROR, EXTRA, FIELD_COUNT };
+       STATS, TENSOR, SAMPLED, VALUE, STACK, SOURCE, FWD, NODE, CAPTURE, CAPTURE_ERROR, EXTRA, FIELD_COUNT };
 
 typedef struct {
     char *data;
@@ -231,7 +231,7 @@ static int encode(buffer_t *b, PyObject *record, const helpers_t *h, memo_t *mem
         if (status == 0 && f[STACK + i] != Py_None) { TRY(put_key(b, texts[i])); TRY(put_quoted(b, f[STACK + i], h)); }
     }
     TRY(put_key(b, ",\"capture\":")); TRY(put_quoted(b, f[CAPTURE], h));
-    if (status == 0 && f[ERROR] != Py_None) { TRY(put_key(b, ",\"error\":")); TRY(put_quoted(b, f[ERROR], h)); }
+    if (status == 0 && f[CAPTURE_ERROR] != Py_None) { TRY(put_key(b, ",\"capture_error\":")); TRY(put_quoted(b, f[CAPTURE_ERROR], h)); }
     if (status == 0) {
         int truth = PyObject_IsTrue(f[EXTRA]);
         if (truth < 0) status = -1;

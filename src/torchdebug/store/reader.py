@@ -142,7 +142,7 @@ class RankDump:
                 exists[file] = (self.path / file).is_file()
             if not exists[file]:
                 record.tensor = None
-                record.error = f"tensor not saved: the run stopped before {file} was written"
+                record.capture_error = f"tensor not saved: the run stopped before {file} was written"
 
     def records(self) -> list[Record]:
         """All records of this rank, in the order they were written."""

@@ -28,7 +28,7 @@ _FALLBACK = json.JSONEncoder(check_circular=False, separators=(",", ":"), defaul
 ENCODED_FIELDS = (
     "name", "step", "rank", "phase", "module", "op", "call", "seq", "io", "arg", "kind", "dtype", "shape",
     "stride", "device", "requires_grad", "stats", "tensor", "sampled", "value", "stack", "source", "fwd",
-    "node", "capture", "error", "extra",
+    "node", "capture", "capture_error", "extra",
 )  # fmt: skip
 """Every Record field, in the order written (a test checks this matches ``Record``)."""
 
@@ -102,8 +102,8 @@ def encode_record(r: Record, memo: dict[int, str] | None = None) -> str:
         if text is not None:
             parts += (',"', key, '":', _quote(text))
     parts += (',"capture":', _quote(r.capture))
-    if r.error is not None:
-        parts += (',"error":', _quote(r.error))
+    if r.capture_error is not None:
+        parts += (',"capture_error":', _quote(r.capture_error))
     if r.extra:
         parts += (',"extra":', _FALLBACK.encode(r.extra))
     parts.append("}")

@@ -22,7 +22,7 @@ __all__ = ["RECORD_COLUMNS", "pandas", "records_frame", "require_parquet", "writ
 _LEADING = ("rank", "step", "phase", "module", "op", "call", "io", "arg", "name", "kind", "dtype", "shape")
 _TRAILING = (
     "stride", "device", "requires_grad", "value", "sampled", "tensor_file", "tensor_key", "seq", "stack",
-    "source", "fwd", "node", "capture", "error", "extra",
+    "source", "fwd", "node", "capture", "capture_error", "extra",
 )  # fmt: skip
 RECORD_COLUMNS = (*_LEADING, *STAT_KEYS, *_TRAILING)
 """Columns of :func:`records_frame`: where the slot is, what it holds, its statistics, then the rest."""

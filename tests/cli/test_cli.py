@@ -84,3 +84,13 @@ def test_bad_arguments_exit_2():
     with pytest.raises(SystemExit) as exit_info:
         main(["convert", "x", "y", "--to", "csv"])
     assert exit_info.value.code == 2
+
+
+def test_the_old_stats_only_flag_still_works_and_names_its_new_spelling():
+    from torchdebug.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["compare", "a", "b", "--statistics-only"]).statistics_only
+    with pytest.warns(FutureWarning, match="--stats-only is deprecated; use --statistics-only"):
+        assert parser.parse_args(["compare", "a", "b", "--stats-only"]).statistics_only
+    assert not parser.parse_args(["compare", "a", "b"]).statistics_only

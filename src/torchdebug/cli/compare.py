@@ -14,6 +14,7 @@ starts share the work and process 0 reports. Exit status 0: no divergence, 1: di
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,18 @@ if TYPE_CHECKING:
     from torchdebug.compare import CompareResult
 
 _FORMATS = ("csv", "json", "html")
+
+
+class _Renamed(argparse.Action):
+    """A flag's old spelling: still works, and says the new one on stderr."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)  # type: ignore[arg-type]
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option: str | None = None) -> None:
+        warnings.warn(f"{option} is deprecated; use {self.new}", FutureWarning, stacklevel=2)
+        setattr(namespace, self.dest, True)
 
 
 def _tolerance(text: str) -> tuple[str, dict[str, float]]:
@@ -62,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tolerance", type=_tolerance, action="append", default=[], metavar="DTYPE=RTOL[,ATOL]",
                         help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable; --across-ranks: default exact)")  # fmt: skip
     parser.add_argument("--mapping", type=Path, help="JSON/YAML file renaming A's modules/ops: {modules: {...}, ops: {...}}")
-    parser.add_argument("--stats-only", action="store_true", help="compare statistics even where tensors were saved")
+    parser.add_argument("--statistics-only", action="store_true", help="compare statistics even where tensors were saved")
+    parser.add_argument("--stats-only", action=_Renamed, new="--statistics-only", dest="statistics_only", help=argparse.SUPPRESS)
     parser.add_argument("--replay", action="store_true",
                         help="re-run diverging ops in float64 on each side's saved inputs to blame an op's own error (task=tensor dumps; slower)")  # fmt: skip
     parser.add_argument("--growth", type=float, default=16.0, help="error amplification an op may show before it is blamed (default 16)")
@@ -90,7 +104,7 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult:
     if args.replay:
         raise ValueError("--replay applies to A B only: --across-ranks checks that replicas agree bitwise")
     return compare_ranks(
-        args.across_ranks, ranks=args.ranks, tolerances=dict(args.tolerance), tensors=not args.stats_only, threads=args.threads,
+        args.across_ranks, ranks=args.ranks, tolerances=dict(args.tolerance), tensors=not args.statistics_only, threads=args.threads,
     )  # fmt: skip
 
 
@@ -103,7 +117,7 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
         raise ValueError("--ranks applies to --across-ranks only")
     options = {
         "tolerances": dict(args.tolerance), "mapping": args.mapping, "growth": args.growth,
-        "tensors": not args.stats_only, "threads": args.threads, "replay": args.replay,
+        "tensors": not args.statistics_only, "threads": args.threads, "replay": args.replay,
     }  # fmt: skip
     if not distributed.launched_by_torchrun():
         return compare(args.a, args.b, workers=args.workers, **options)

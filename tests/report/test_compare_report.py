@@ -8,6 +8,7 @@ import pytest
 
 import torchdebug
 from tests.report.hostile import HOSTILE, SCRIPT, dump
+from torchdebug.report import compare as report_compare
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +55,14 @@ def test_a_report_without_divergence_says_so(tmp_path):
     path = dump(tmp_path / "a", 1.0, "statistics")
     html = torchdebug.compare(path, path).to_html(tmp_path / "report.html").read_text()
     assert "none: every difference is within tolerance" in html
+
+
+def test_a_plot_past_its_point_cap_thins_passing_rows_and_keeps_every_other_one(tmp_path, monkeypatch):
+    result = torchdebug.compare(dump(tmp_path / "a", 1.01), dump(tmp_path / "b", 1.0))
+    loud = sum(1 for row in result.rows if row.matched and row.error is not None and row.verdict != "pass")
+    monkeypatch.setattr(report_compare, "_MAX_POINTS", loud + 2)
+    html = result.to_html(tmp_path / "report.html").read_text()
+    verdicts = re.findall(r'<circle class="dot"[^>]*><title>[^<]*\((\w+)\)</title>', html)
+    assert sum(verdict != "pass" for verdict in verdicts) == loud
+    assert 0 < sum(verdict == "pass" for verdict in verdicts) <= 2
+    assert "passing rows thinned out" in html

@@ -50,7 +50,8 @@ def _positions(rows: Sequence[Row]) -> list[int]:
 
 
 def _plotted(rows: Sequence[Row]) -> list[int]:
-    """Indexes of the rows drawn: matched, with a finite error; passing rows thinned past the cap."""
+    """Indexes of the rows drawn: matched, with an error that is not NaN (an infinite one sits on
+    the top line); passing rows thinned out past :data:`_MAX_POINTS`."""
     drawn = [i for i, row in enumerate(rows) if row.matched and row.error is not None and not math.isnan(row.error)]
     if len(drawn) <= _MAX_POINTS:
         return drawn
@@ -81,12 +82,21 @@ def _bands(rows: Sequence[Row], positions: list[int], x: Any) -> list[dict[str, 
     ]  # fmt: skip
 
 
-def _plot(rows: Sequence[Row], marks: dict[str, Row | None]) -> dict[str, Any]:
-    """SVG coordinates: dots, axes with ticks, phase bands and the marked rows."""
+def _log_error(error: float) -> float:
+    """log10 of an error, from :data:`_LOG_FLOOR` (exact zeros) up to 12 (an infinite error)."""
+    return max(_LOG_FLOOR, min(math.log10(error), 12.0)) if error > 0 else _LOG_FLOOR
+
+
+_MARKS = {"divergence": "first divergence", "nonfinite": "first non-finite"}
+
+
+def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
+    """SVG coordinates: dots, axes with ticks, phase bands, and the rows at the indexes ``marks``
+    gives for each of :data:`_MARKS` (``None``: not marked)."""
     positions = _positions(rows)
     last = max(positions, default=1)
     plotted = _plotted(rows)
-    logs = {i: max(_LOG_FLOOR, min(math.log10(rows[i].error), 12.0)) if rows[i].error > 0 else _LOG_FLOOR for i in plotted}  # type: ignore[operator]
+    logs = {i: _log_error(rows[i].error) for i in plotted}  # type: ignore[arg-type]
     top = float(math.ceil(max([0.0, *logs.values()])))
     span = top - _LOG_FLOOR
 
@@ -98,11 +108,9 @@ def _plot(rows: Sequence[Row], marks: dict[str, Row | None]) -> dict[str, Any]:
 
     decades = 1 if span <= 8 else 2
     step = _nice_step(last, 8)
-    index = {id(row): i for i, row in enumerate(rows)}
     marked = [
-        {"label": label, "row": index[id(row)] + 1, "x": x(positions[index[id(row)]]), "kind": kind}
-        for kind, (label, row) in (("divergence", ("first divergence", marks["divergence"])), ("nonfinite", ("first non-finite", marks["nonfinite"])))
-        if row is not None
+        {"kind": kind, "label": label, "row": marks[kind] + 1, "x": x(positions[marks[kind]])}  # type: ignore[operator,index]
+        for kind, label in _MARKS.items() if marks.get(kind) is not None
     ]  # fmt: skip
     return {
         "width": _WIDTH, "height": _HEIGHT, "left": _LEFT, "right": _WIDTH - _RIGHT, "top": _TOP, "bottom": _HEIGHT - _BOTTOM,
@@ -116,14 +124,11 @@ def _plot(rows: Sequence[Row], marks: dict[str, Row | None]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _first_seen(values: Sequence[Any]) -> list[Any]:
-    return list(dict.fromkeys(values))
-
-
 def render_compare(result: CompareResult) -> str:
     """The complete HTML page for ``result`` (a string; the caller writes it)."""
     first, nonfinite = result.first_divergence, result.first_nonfinite
-    index = {id(row): i + 1 for i, row in enumerate(result.rows)}
+    index = {id(row): i for i, row in enumerate(result.rows)}
+    marks = {"divergence": index[id(first)] if first else None, "nonfinite": index[id(nonfinite)] if nonfinite else None}
     return render(
         "compare.html.j2",
         title=result.heading,
@@ -132,10 +137,10 @@ def render_compare(result: CompareResult) -> str:
         counts=result.counts(),
         verdicts=VERDICTS,
         colors=COLORS,
-        first={**result.describe(first), "index": index[id(first)]} if first else None,
-        nonfinite={**result.describe(nonfinite), "index": index[id(nonfinite)]} if nonfinite else None,
+        first={**result.describe(first), "index": index[id(first)] + 1} if first else None,
+        nonfinite={**result.describe(nonfinite), "index": index[id(nonfinite)] + 1} if nonfinite else None,
         problems=result.problems,
         rows=result.rows,
-        phases=_first_seen([row.phase for row in result.rows]),
-        plot=_plot(result.rows, {"divergence": first, "nonfinite": nonfinite}),
+        phases=list(dict.fromkeys(row.phase for row in result.rows)),
+        plot=_plot(result.rows, marks),
     )

@@ -193,20 +193,22 @@ def _align_leftovers(
         first = call.first
         groups[(first.step, first.phase, first.module)][1].append(call)
     pairs: list[Pair] = []
+
+    def by_op(call: _Call) -> object:
+        return mapping.ops.get(call.first.op, call.first.op)
+
+    def by_op_and_shapes(call: _Call) -> object:
+        return by_op(call), call.signature()
+
+    strategies = (  # each runs on the calls the ones before it left unpaired
+        lambda a, b: _swapped(a, b, links.token_a, links.token_b),
+        lambda a, b: _align(a, b, by_op_and_shapes),
+        lambda a, b: _swapped(a, b, by_op_and_shapes),
+        lambda a, b: _align(a, b, by_op),
+    )
     for calls_a, calls_b in groups.values():
-        def by_op(call: _Call) -> object:
-            return mapping.ops.get(call.first.op, call.first.op)
-
-        def by_op_and_shapes(call: _Call) -> object:
-            return by_op(call), call.signature()
-
-        for matched in (
-            lambda: _swapped(calls_a, calls_b, links.token_a, links.token_b),
-            lambda: _align(calls_a, calls_b, by_op_and_shapes),
-            lambda: _swapped(calls_a, calls_b, by_op_and_shapes),
-            lambda: _align(calls_a, calls_b, by_op),
-        ):
-            matched = matched()
+        for strategy in strategies:
+            matched = strategy(calls_a, calls_b)
             for i, j in matched:
                 pairs.extend(_pair_slots(calls_a[i], calls_b[j], "aligned"))
                 links.pair(calls_a[i], calls_b[j])

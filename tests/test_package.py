@@ -12,16 +12,17 @@ import torchdebug
 
 PACKAGE = Path(torchdebug.__file__).parent
 
-# Layers from the bottom up; a module may import only from its own layer or lower ones.
+# Layers from the bottom up, as docs/architecture.md draws them; a module may import only from its own
+# layer or lower ones, at module level, inside a function or under TYPE_CHECKING alike.
 LAYERS = [
-    {"errors", "version", "_torch", "callable_package", "options", "records", "native", "stats", "config", "dist", "seed", "scope", "extras", "progress"},
+    {"errors", "version", "_torch", "callable_package", "options", "records", "native", "stats", "config", "dist", "seed", "scope", "slots", "extras", "progress"},
     {"store"},
+    {"report"},
     {"compare"},
     {"capture"},
     {"compile"},
     {"debugger"},
     {"integrations"},
-    {"report"},
     {"diagnose"},
     {"cli", "__main__", "__init__"},
 ]
@@ -34,15 +35,18 @@ def _layer(part: str) -> int:
     raise AssertionError(f"torchdebug.{part} is in no layer; add it to LAYERS in tests/test_package.py")
 
 
-def _imports(path: Path) -> set[str]:
-    """Module-level torchdebug imports (a function may import lazily upward, e.g. ``to_html``)."""
-    tree = ast.parse(path.read_text())
+def _imports(path: Path) -> set[tuple[str, int]]:
+    """Every torchdebug import of a module, with its line: at module level, in functions and under
+    ``TYPE_CHECKING`` (a type-only import upward is still a dependency upward)."""
     names = set()
-    for node in tree.body:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchdebug."):
-            names.add(node.module.split(".")[1])
+            names.add((node.module.split(".")[1], node.lineno))
+        elif isinstance(node, ast.ImportFrom) and node.module == "torchdebug" and node.level == 0:
+            names |= {(a.name, node.lineno) for a in node.names}
         elif isinstance(node, ast.Import):
-            names |= {a.name.split(".")[1] for a in node.names if a.name.startswith("torchdebug.")}
+            names |= {(a.name.split(".")[1], node.lineno) for a in node.names if a.name.startswith("torchdebug.")}
+            names |= {("__init__", node.lineno) for a in node.names if a.name == "torchdebug"}
     return names
 
 
@@ -65,8 +69,8 @@ def test_unknown_attribute_raises_attribute_error():
 def test_lower_layers_never_import_higher_ones():
     for path in PACKAGE.rglob("*.py"):
         part = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
-        for imported in _imports(path):
-            assert _layer(imported) <= _layer(part), f"{path.relative_to(PACKAGE)} imports torchdebug.{imported}"
+        for imported, line in _imports(path):
+            assert _layer(imported) <= _layer(part), f"{path.relative_to(PACKAGE)}:{line} imports torchdebug.{imported}"
 
 
 _PRIVATE_TORCH_MODULE = re.compile(r"^(torch\._|torch\.utils\._|torch\.nn\.modules\.module$|functorch)")

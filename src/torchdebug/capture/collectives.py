@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from torchdebug._torch.dispatch import op_schema
-from torchdebug.capture.session import Slot, iter_slots
+from torchdebug.slots import Slot, iter_slots
 
 Work = dist.Work if dist.is_available() else None
 

@@ -31,7 +31,8 @@ from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
 from torchdebug.capture.collectives import PendingCollectives, split_result, waited_by_caller
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
-from torchdebug.capture.session import CaptureSession, iter_slots
+from torchdebug.capture.session import CaptureSession
+from torchdebug.slots import iter_slots
 from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE
 

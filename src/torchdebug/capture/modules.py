@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from torchdebug._torch.nn import GlobalForwardHooks, unwrap_compiled
-from torchdebug.capture.session import CaptureSession, iter_slots
+from torchdebug.capture.session import CaptureSession
+from torchdebug.slots import iter_slots
 from torchdebug.records import MODULE_OP, NO_MODULE
 
 ROOT_MODULE = "<root>"

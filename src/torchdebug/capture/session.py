@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -20,6 +19,7 @@ from torchdebug._torch.autograd import tensor_version
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
+from torchdebug.slots import Slot, dtype_name, json_value
 from torchdebug.stats import StatsStager, stats_from_sums
 from torchdebug.store.tensor_batch import TensorBatch, storable
 from torchdebug.store.writer import RankWriter
@@ -31,56 +31,7 @@ SAMPLE_EDGE = 256
 
 _FLUSH_RECORDS = 2048
 
-Slot = tuple[str, Any]
-"""``(argument path, value)``: one tensor or non-tensor argument of a call."""
-
-
-_INDEX_NAMES = tuple(str(i) for i in range(64))
-"""``"0"``, ``"1"``, ...: argument paths of the first positional arguments, made once."""
-
-
-def iter_slots(args: tuple | list, kwargs: dict[str, Any] | None = None) -> Iterator[Slot]:
-    """Flatten call arguments into slots: ``0``, ``1.2`` (list element), ``alpha`` (keyword)."""
-    for index, value in enumerate(args):
-        path = _INDEX_NAMES[index] if index < 64 else str(index)
-        if value.__class__ is list or value.__class__ is tuple:
-            yield from _walk(value, path)
-        else:
-            yield path, value
-    if kwargs:
-        for key, value in kwargs.items():
-            yield from _walk(value, key)
-
-
-def _walk(value: Any, path: str) -> Iterator[Slot]:
-    if isinstance(value, (list, tuple)) and any(isinstance(v, (torch.Tensor, list, tuple)) for v in value):
-        for index, item in enumerate(value):
-            yield from _walk(item, f"{path}.{index}")
-    else:
-        yield path, value
-
-
-def json_value(value: Any) -> Any:
-    """A JSON-ready form of a non-tensor argument (dtypes, devices, symbolic ints as strings)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [json_value(v) for v in value]
-    if isinstance(value, torch.dtype):
-        return str(value).removeprefix("torch.")
-    text = str(value)
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
 _DEVICE_NAMES: dict[torch.device, str] = {}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
 
 
 def _device_name(device: torch.device) -> str:

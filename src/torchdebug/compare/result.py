@@ -14,6 +14,7 @@ from torchdebug.compare.metrics import REPLAY_METRICS, STATS_METRICS, TENSOR_MET
 from torchdebug.compare.rows import VERDICTS, Row
 from torchdebug.compare.verdicts import first_divergence, first_nonfinite
 from torchdebug.records import MODULE_OP
+from torchdebug.report.compare import render_compare
 from torchdebug.store.tables import pandas, write_parquet
 
 __all__ = ["CompareResult", "Side", "CSV_COLUMNS"]
@@ -250,8 +251,6 @@ class CompareResult:
 
     def to_html(self, path: str | Path) -> Path:
         """A self-contained HTML report (works offline; every name is escaped)."""
-        from torchdebug.report.compare import render_compare  # report sits above compare
-
         path = Path(path)
-        path.write_text(render_compare(self), encoding="utf-8")
+        path.write_text(render_compare(self, VERDICTS), encoding="utf-8")
         return path

@@ -3,8 +3,8 @@
 Reads the tree :mod:`torchdebug.compile.debug_dir` writes (models, phases, ``passes.json``,
 numbered dumps, ``graph_breaks.json``, ``recompiles.json``, ``model.json``) and renders models and
 phases, the pass pipeline with node-count changes, a diff between consecutive pass dumps, graph
-breaks and recompiles with source lines, and compile times. Self-contained: inline CSS, no
-scripts from elsewhere; every name is HTML-escaped (jinja2 autoescape).
+breaks and recompiles with source lines, and compile times. The page itself is drawn by
+:mod:`torchdebug.report.compile`: self-contained, every name HTML-escaped.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdebug.errors import DumpError
+from torchdebug.report.compile import render_compile
 
 MAX_DIFF_LINES = 400
 _PHASE_ORDER = {"joint": 0, "forward": 1, "backward": 2}
@@ -113,52 +114,6 @@ def collect(folder: Path) -> dict[str, Any]:
     }
 
 
-_TEMPLATE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>torchdebug compile report</title>
-<style>
-body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}
-h1{font-size:1.4em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:2px 8px;text-align:left}
-th{background:#f4f4f4}.num{text-align:right;font-variant-numeric:tabular-nums}
-.up{color:#0a7d20}.down{color:#b3261e}.muted{color:#888}code,pre{font:12px/1.35 ui-monospace,monospace}
-pre{background:#f8f8f8;padding:.5em;overflow:auto;max-height:40em}.add{color:#0a7d20}.del{color:#b3261e}
-details{margin:.2em 0}summary{cursor:pointer}
-</style></head><body>
-<h1>torchdebug compile report</h1>
-<p class="muted">{{ folder }}</p>
-<h2>Models</h2>
-<table><tr><th>model</th><th>compile id</th><th>mode</th><th class="num">backend s</th><th>phases (s)</th></tr>
-{% for m in models %}<tr><td><a href="#{{ m.name }}">{{ m.name }}</a></td><td>{{ m.summary.get("compile_id") or "" }}</td>
-<td>{{ m.summary.get("mode") or "" }}</td><td class="num">{{ "%.3f"|format(m.summary.get("backend_seconds") or 0) }}</td>
-<td>{% for name, s in (m.summary.get("phase_seconds") or {}).items() %}{{ name }} {{ "%.3f"|format(s) }}{% if not loop.last %}, {% endif %}{% endfor %}</td></tr>
-{% endfor %}</table>
-<h2>Graph breaks ({{ graph_breaks|length }})</h2>
-{% for b in graph_breaks %}<details><summary>{{ b.model }} ({{ b.compile_id }}):
-{% set f = b.user_stack[-1] if b.user_stack else None %}{% if f %}<code>{{ f.file }}:{{ f.line }}</code> <code>{{ f.code }}</code>{% endif %}</summary>
-<pre>{{ b.reason }}</pre>{% for f in b.user_stack %}<div><code>{{ f.file }}:{{ f.line }} in {{ f.function }}: {{ f.code }}</code></div>{% endfor %}</details>
-{% else %}<p class="muted">none</p>{% endfor %}
-<h2>Recompiles ({{ recompiles|length }})</h2>
-{% for r in recompiles %}<details><summary>{{ r.model }} ({{ r.compile_id }}): {{ r.reason }}</summary>
-{% for f in r.user_stack %}<div><code>{{ f.file }}:{{ f.line }} in {{ f.function }}: {{ f.code }}</code></div>{% endfor %}</details>
-{% else %}<p class="muted">none</p>{% endfor %}
-{% for m in models %}<h2 id="{{ m.name }}">{{ m.name }}</h2>
-{% for p in m.phases %}<h3>{{ p.name }}{% if p.compile_seconds is not none %} <span class="muted">({{ "%.3f"|format(p.compile_seconds) }} s)</span>{% endif %}</h3>
-<table><tr><th class="num">#</th><th>pass</th><th>owner</th><th class="num">ms</th><th class="num">nodes</th><th>added</th><th>removed</th><th>diff</th></tr>
-{% for s in p.steps %}<tr><td class="num">{{ "%03d"|format(s.index) }}</td><td>{{ s.name }}</td><td>{{ s.owner }}</td>
-<td class="num">{{ "%.2f"|format(s.seconds * 1000) }}</td>
-<td class="num">{{ s.nodes_before }} &rarr; {{ s.nodes_after }}{% set d = s.nodes_after - s.nodes_before %}{% if d > 0 %} <span class="up">+{{ d }}</span>{% elif d < 0 %} <span class="down">{{ d }}</span>{% endif %}</td>
-<td>{{ s.added|join(", ") }}</td><td>{{ s.removed|join(", ") }}</td>
-<td>{% if s.diff %}<details><summary>{{ s.diff|length }} lines</summary><pre>{% for line in s.diff %}<span class="{{ 'add' if line.startswith('+') else 'del' if line.startswith('-') else '' }}">{{ line }}</span>
-{% endfor %}{% if s.diff_truncated %}&hellip; (cut at {{ max_diff }} lines){% endif %}</pre></details>{% else %}<span class="muted">no change</span>{% endif %}</td></tr>
-{% else %}<tr><td colspan="8" class="muted">no passes recorded</td></tr>{% endfor %}</table>
-{% endfor %}{% endfor %}
-</body></html>
-"""
-
-
 def render_report(folder: Path) -> str:
     """The HTML page for the ``torchdebug/`` folder of a debug run."""
-    import jinja2  # lazily: only the report needs it (it comes with torch)
-
-    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    return environment.from_string(_TEMPLATE).render(**collect(folder), max_diff=MAX_DIFF_LINES)
+    return render_compile(**collect(folder), max_diff=MAX_DIFF_LINES)

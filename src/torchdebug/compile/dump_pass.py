@@ -39,7 +39,7 @@ import torch.fx
 from torchdebug.capture.graph import GraphCapture
 from torchdebug.capture.graph_ops import DUMP_GRAPH, DUMP_POINT, HOST_STATS
 from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan
-from torchdebug.capture.session import dtype_name, iter_slots, json_value
+from torchdebug.slots import dtype_name, iter_slots, json_value
 from torchdebug.compile import graph_stats, node_names
 from torchdebug.compile.debug_dir import current_phase
 from torchdebug.compile.dump_scenes import DumpSettings, safe_model_name

@@ -12,16 +12,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from torchdebug.compare.rows import VERDICTS
 from torchdebug.report import render
 
-if TYPE_CHECKING:
-    from torchdebug.compare.result import CompareResult
-    from torchdebug.compare.rows import Row
-
 __all__ = ["render_compare"]
+
+
+class Row(Protocol):
+    """What the page reads of a compared row (``torchdebug.compare.Row``; the template reads its
+    other fields by name). The report layer sits below compare: results are passed down to it."""
+
+    rank: int
+    step: int
+    phase: str
+    name: str
+    matched: bool
+    error: float | None
+    verdict: str
+
+
+class Result(Protocol):
+    """What the page reads of a ``torchdebug.compare.CompareResult``."""
+
+    rows: list[Any]
+    problems: list[str]
+    heading: str
+    ranks: list[int]
+    first_divergence: Any
+    first_nonfinite: Any
+
+    def sides(self) -> Any: ...
+    def counts(self, rank: int | None = None) -> dict[str, int]: ...
+    def rank_rows(self, rank: int) -> list[Any]: ...
+    def describe(self, row: Any) -> dict[str, Any]: ...
 
 _WIDTH, _HEIGHT = 1000, 300
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 26, 44  # margins: room for the axes' labels
@@ -124,8 +148,9 @@ def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def render_compare(result: CompareResult) -> str:
-    """The complete HTML page for ``result`` (a string; the caller writes it)."""
+def render_compare(result: Result, verdicts: Sequence[str]) -> str:
+    """The complete HTML page for ``result`` (a string; the caller writes it); ``verdicts`` in the
+    order the page lists them."""
     first, nonfinite = result.first_divergence, result.first_nonfinite
     index = {id(row): i for i, row in enumerate(result.rows)}
     marks = {"divergence": index[id(first)] if first else None, "nonfinite": index[id(nonfinite)] if nonfinite else None}
@@ -135,7 +160,7 @@ def render_compare(result: CompareResult) -> str:
         sides=result.sides(),
         ranks=[{"rank": rank, "counts": result.counts(rank), "rows": len(result.rank_rows(rank))} for rank in result.ranks],
         counts=result.counts(),
-        verdicts=VERDICTS,
+        verdicts=verdicts,
         colors=COLORS,
         first={**result.describe(first), "index": index[id(first)] + 1} if first else None,
         nonfinite={**result.describe(nonfinite), "index": index[id(nonfinite)] + 1} if nonfinite else None,

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import traceback
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from torchdebug.report import render
-
-if TYPE_CHECKING:
-    from torchdebug.diagnose.report import DiagnoseReport
 
 __all__ = ["render_diagnose"]
 
 
-def render_diagnose(report: DiagnoseReport) -> str:
+class Report(Protocol):
+    """What the page reads of a ``torchdebug.diagnose.DiagnoseReport`` (passed down to this layer)."""
+
+    stages: list[Any]
+    finding: Any
+    repro_path: Any
+    compile_events: Any
+    notes: list[str]
+    failed_stage: Any
+    stage: str | None
+    error: BaseException | None
+    user_frame: str | None
+
+
+def render_diagnose(report: Report) -> str:
     """The complete HTML page for ``report`` (a string; the caller writes it)."""
     failed = report.failed_stage
     error = report.error

@@ -1,0 +1,66 @@
+"""The slots of an op call: its arguments flattened into named slots, and how slots are written.
+
+A record describes one slot (``docs/format.md``): ``0``, ``1.2`` (an element of a list argument),
+``alpha`` (a keyword). Eager capture, module capture and the compiled-graph dump pass all name
+slots with :func:`iter_slots` and write non-tensor values with :func:`json_value`, so their
+records pair up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["Slot", "dtype_name", "iter_slots", "json_value"]
+
+Slot = tuple[str, Any]
+"""``(argument path, value)``: one tensor or non-tensor argument of a call."""
+
+
+_INDEX_NAMES = tuple(str(i) for i in range(64))
+"""``"0"``, ``"1"``, ...: argument paths of the first positional arguments, made once."""
+
+
+def iter_slots(args: tuple | list, kwargs: dict[str, Any] | None = None) -> Iterator[Slot]:
+    """Flatten call arguments into slots: ``0``, ``1.2`` (list element), ``alpha`` (keyword)."""
+    for index, value in enumerate(args):
+        path = _INDEX_NAMES[index] if index < 64 else str(index)
+        if value.__class__ is list or value.__class__ is tuple:
+            yield from _walk(value, path)
+        else:
+            yield path, value
+    if kwargs:
+        for key, value in kwargs.items():
+            yield from _walk(value, key)
+
+
+def _walk(value: Any, path: str) -> Iterator[Slot]:
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (torch.Tensor, list, tuple)) for v in value):
+        for index, item in enumerate(value):
+            yield from _walk(item, f"{path}.{index}")
+    else:
+        yield path, value
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-ready form of a non-tensor argument (dtypes, devices, symbolic ints as strings)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    text = str(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name

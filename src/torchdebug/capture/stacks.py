@@ -11,19 +11,30 @@ import hashlib
 import inspect
 import linecache
 import os
+import re
 import sys
+from collections.abc import Sequence
 from types import CodeType, FrameType
 
 import torch
 
-_SKIP_DIRS = (
+SKIP_DIRS = (
     os.path.dirname(torch.__file__) + os.sep,
     os.path.dirname(os.path.dirname(__file__)) + os.sep,  # the torchdebug package
 )
+"""Frames in files under these folders are torch's or torchdebug's, never the user's."""
+
+TRACE_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+"""One frame line of a Python traceback text (``node.meta["stack_trace"]``, :func:`format_frame`)."""
 
 
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 """Code flags of frames that can be suspended and resumed by a different caller."""
+
+
+def stack_id(frames: Sequence[str]) -> str:
+    """The stable id of a stack: a hash of its formatted frames, the same in every run."""
+    return hashlib.sha1("\n".join(frames).encode()).hexdigest()[:12]
 
 
 def format_frame(filename: str, lineno: int, function: str) -> str:
@@ -48,7 +59,7 @@ class StackRecorder:
     def _user(self, code: CodeType) -> bool:
         user = self._is_user.get(code)
         if user is None:
-            user = self._is_user[code] = not code.co_filename.startswith(_SKIP_DIRS)
+            user = self._is_user[code] = not code.co_filename.startswith(SKIP_DIRS)
         return user
 
     def _user_frames(self, frame: FrameType | None) -> tuple:
@@ -73,10 +84,9 @@ class StackRecorder:
         found = self._stacks.get(key)
         if found is None:
             frames = [format_frame(c.co_filename, line, c.co_name) for c, line in reversed(key)]
-            stack_id = hashlib.sha1("\n".join(frames).encode()).hexdigest()[:12]
             inner_code, inner_line = key[0]
             source = f"{inner_code.co_filename}:{inner_line} in {inner_code.co_name}"
-            found = self._stacks[key] = (stack_id, frames, source)
+            found = self._stacks[key] = (stack_id(frames), frames, source)
         if not frame.f_code.co_flags & _RESUMABLE:
             self._last = (frame, frame.f_lineno, found)
         return found

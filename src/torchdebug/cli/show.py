@@ -6,7 +6,7 @@ import argparse
 
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.records import Record
-from torchdebug.store.reader import RankDump, load
+from torchdebug.store.reader import RankRecords, load
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def _format_number(value: object) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def format_record(record: Record, dump: RankDump, with_stack: bool = True) -> str:
+def format_record(record: Record, dump: RankRecords, with_stack: bool = True) -> str:
     """A few indented lines describing one record, as ``show`` prints it."""
     lines = [f"{record.name}  (step {record.step}, rank {record.rank}, seq {record.seq})"]
     if record.kind == "value":

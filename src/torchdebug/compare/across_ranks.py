@@ -89,7 +89,7 @@ class RanksResult(CompareResult):
         return finder(sorted(self.rows, key=lambda row: (row.order, row.rank)))
 
 
-def _fingerprint(dump: reader.RankDump, record: Record, tensors: bool) -> tuple:
+def _fingerprint(dump: reader.RankRecords, record: Record, tensors: bool) -> tuple:
     """What two ranks must share to hold the same value: dtype, shape and the bytes (or statistics)."""
     if tensors and has_tensor(record):
         data = dump.load_tensor(record).detach().contiguous().reshape(-1).view(torch.uint8).numpy()

@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -40,6 +39,7 @@ from torchdebug.compare.tolerances import Tolerance, lower_precision, rounding_t
 from torchdebug.compare.verdicts import judge
 from torchdebug.records import Record
 from torchdebug.store import msprobe, reader
+from torchdebug.store.reader import RankRecords
 
 __all__ = [
     "Pairing", "open_dump", "has_tensor", "open_pair", "metric_pool", "paused_gc", "match_rank",
@@ -136,7 +136,7 @@ def _fill_stats(row: Row, tolerance: Tolerance) -> None:
     row.metrics.update(metrics)
 
 
-def match_rank(rank: int, dump_a: Any, dump_b: Any, settings: CompareConfig) -> list[Row]:
+def match_rank(rank: int, dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig) -> list[Row]:
     """The rows of one rank, in execution order, with statistics metrics filled in (not judged)."""
     pairs = match_records(dump_a.records(), dump_b.records(), settings.mapping)
     rows = [Row.from_records(rank, p.a, p.b, p.how, p.order) for p in pairs]
@@ -168,7 +168,7 @@ def _tensor_ref(record: Record, shapes: Mapping[str, list[int] | None]) -> tuple
     return ref.get("folder"), ref.get("file"), ref.get("key"), None
 
 
-def tensor_jobs(rows: Iterable[Row], dump_a: Any, dump_b: Any) -> dict[JobKey, list[Row]]:
+def tensor_jobs(rows: Iterable[Row], dump_a: RankRecords, dump_b: RankRecords) -> dict[JobKey, list[Row]]:
     """Rows needing tensor metrics, grouped by their unique pair of saved tensor values, in row order."""
     saved = [
         row for row in rows
@@ -185,7 +185,7 @@ def tensor_jobs(rows: Iterable[Row], dump_a: Any, dump_b: Any) -> dict[JobKey, l
     return jobs
 
 
-def _run_job(row: Row, dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
+def _run_job(row: Row, dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
     tensor_a = dump_a.load_tensor(row.record_a)
     tensor_b = dump_b.load_tensor(row.record_b)
     if tensor_a.shape != tensor_b.shape:
@@ -196,7 +196,7 @@ def _run_job(row: Row, dump_a: Any, dump_b: Any, overrides: Mapping[str, Toleran
 
 
 def compute_jobs(
-    groups: Sequence[list[Row]], dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
+    groups: Sequence[list[Row]], dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
 ) -> list[dict[str, float]]:
     """Tensor metrics of each group's first row (the group shares its values), in order."""
     results = pool.map(lambda group: _run_job(group[0], dump_a, dump_b, overrides), groups)
@@ -214,7 +214,7 @@ def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float
             row.metrics.pop("error", None)
 
 
-def _replay_job(dump: Any, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, float]:
+def _replay_job(dump: RankRecords, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, float]:
     """The own error of each floating output slot of one call on one side (none if not replayable)."""
     try:
         result = replay(records[0].op, [r for r in records if r.io == "input"], dump.load_tensor)
@@ -232,7 +232,7 @@ def _replay_job(dump: Any, records: Sequence[Record], overrides: Mapping[str, To
     return own
 
 
-def _calls(dump: Any) -> dict[tuple[int, str], list[Record]]:
+def _calls(dump: RankRecords) -> dict[tuple[int, str], list[Record]]:
     """A dump's records by op call: ``(step, call name)``."""
     calls: dict[tuple[int, str], list[Record]] = {}
     for record in dump.records():
@@ -241,7 +241,7 @@ def _calls(dump: Any) -> dict[tuple[int, str], list[Record]]:
 
 
 def replay_rows(
-    rows: Sequence[Row], dump_a: Any, dump_b: Any, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
+    rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
 ) -> None:
     """Replay, on each side, every call with an output row beyond tolerance, and write the own
     errors of its output rows into their metrics (:data:`REPLAY_METRICS`)."""
@@ -267,7 +267,7 @@ def replay_rows(
                 row.metrics[name] = own
 
 
-def attribute(rows: Sequence[Row], dump_a: Any, dump_b: Any, settings: CompareConfig, pool: ThreadPoolExecutor) -> None:
+def attribute(rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig, pool: ThreadPoolExecutor) -> None:
     """Verdicts and attribution of one rank's rows, with replay first when asked."""
     if settings.replay:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)

@@ -24,12 +24,13 @@ import torch
 import torch.fx
 
 from torchdebug._torch.dispatch import OpOverload, OpOverloadPacket
+from torchdebug.capture.stacks import TRACE_FRAME
+from torchdebug.compile.node_names import module_stack_path
 
 log = logging.getLogger("torchdebug.compile.graph_dump")
 
 FORMATS = ("txt", "py", "json", "dot")
 
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 _ASSIGNMENT = re.compile(r"^    (?P<name>\w+) = ")
 
 
@@ -40,7 +41,7 @@ def source_location(node: torch.fx.Node) -> dict[str, Any] | None:
         return None
     lines = trace.splitlines()
     for index in range(len(lines) - 1, -1, -1):
-        match = _FRAME.search(lines[index])
+        match = TRACE_FRAME.search(lines[index])
         if match:
             code = lines[index + 1].strip() if index + 1 < len(lines) else ""
             return {
@@ -54,11 +55,7 @@ def source_location(node: torch.fx.Node) -> dict[str, Any] | None:
 
 def module_path(node: torch.fx.Node) -> str | None:
     """The innermost module owning ``node`` (``L['self'].layers.0.attn``), forward or backward."""
-    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
-    if not stack:
-        return None
-    path, _ = list(stack.values())[-1]
-    return str(path)
+    return module_stack_path(node, "nn_module_stack") or module_stack_path(node, "fwd_nn_module_stack")
 
 
 def _size_hint(size: Any) -> int:

@@ -24,8 +24,6 @@ split by graph breaks keep counting where the previous graph stopped, as eager c
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -34,13 +32,11 @@ import torch
 import torch.fx
 
 from torchdebug._torch.dispatch import OpOverload
-from torchdebug.capture.stacks import format_frame
+from torchdebug.capture.stacks import SKIP_DIRS, TRACE_FRAME, format_frame, stack_id
 from torchdebug.records import NO_MODULE
 
 ROOT_MODULE = "<root>"
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 _LOCAL = re.compile(r"^[LG]\['[^']*'\]")
 _INDEX = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
 
@@ -52,7 +48,8 @@ def eager_module_path(path: str) -> str:
     return rest.strip(".") or ROOT_MODULE
 
 
-def _stack_path(node: torch.fx.Node, key: str) -> str | None:
+def module_stack_path(node: torch.fx.Node, key: str) -> str | None:
+    """The innermost entry of ``node.meta[key]`` (``nn_module_stack`` or ``fwd_nn_module_stack``)."""
     stack = node.meta.get(key)
     if not stack:
         return None
@@ -71,7 +68,7 @@ def is_backward_node(node: torch.fx.Node, graph_phase: str) -> bool:
 def graph_is_rooted(graph: torch.fx.Graph) -> bool:
     """Whether the graph was traced from a module (its module stacks start at ``L['self']``)."""
     for node in graph.nodes:
-        path = _stack_path(node, "nn_module_stack") or _stack_path(node, "fwd_nn_module_stack")
+        path = module_stack_path(node, "nn_module_stack") or module_stack_path(node, "fwd_nn_module_stack")
         if path is not None and path.startswith("L['self']"):
             return True
     return False
@@ -79,9 +76,9 @@ def graph_is_rooted(graph: torch.fx.Graph) -> bool:
 
 def module_of(node: torch.fx.Node, backward: bool, rooted: bool) -> str:
     """The eager module path of a node (see the module docstring)."""
-    path = _stack_path(node, "fwd_nn_module_stack" if backward else "nn_module_stack")
+    path = module_stack_path(node, "fwd_nn_module_stack" if backward else "nn_module_stack")
     if path is None and backward:
-        path = _stack_path(node, "nn_module_stack")
+        path = module_stack_path(node, "nn_module_stack")
     if path is None:
         return ROOT_MODULE if rooted else NO_MODULE
     return eager_module_path(path)
@@ -101,13 +98,12 @@ def source_of(node: torch.fx.Node) -> Source | None:
     trace = node.meta.get("stack_trace")
     if not trace:
         return None
-    found = [m for m in map(_FRAME.search, trace.splitlines()) if m and not m["file"].startswith(_TORCH_DIR)]
+    found = [m for m in map(TRACE_FRAME.search, trace.splitlines()) if m and not m["file"].startswith(SKIP_DIRS)]
     if not found:
         return None
     frames = tuple(format_frame(m["file"], int(m["line"]), m["function"]) for m in found)
     inner = found[-1]
-    stack_id = hashlib.sha1("\n".join(frames).encode()).hexdigest()[:12]
-    return Source(f"{inner['file']}:{inner['line']} in {inner['function']}", stack_id, frames)
+    return Source(f"{inner['file']}:{inner['line']} in {inner['function']}", stack_id(frames), frames)
 
 
 _STAND_INS: dict[str, frozenset[str]] = {

@@ -11,7 +11,6 @@ and ``grad.input.N``.
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -23,9 +22,7 @@ import torch
 from torch import nn
 
 from torchdebug._torch.pytree import tree_leaves
-
-_SKIPPED_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
-
+from torchdebug.capture.stacks import SKIP_DIRS
 
 @dataclass(slots=True)
 class Outcome:
@@ -60,7 +57,7 @@ def _innermost(tb: TracebackType | None) -> str | None:
     found = None
     for frame, line in traceback.walk_tb(tb):
         path = frame.f_code.co_filename
-        if path.startswith(_SKIPPED_DIRS) or path.startswith("<") or path.startswith(sys.prefix):
+        if path.startswith(SKIP_DIRS) or path.startswith("<") or path.startswith(sys.prefix):
             continue
         found = f"{path}:{line} in {frame.f_code.co_name}"
     return found

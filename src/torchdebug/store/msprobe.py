@@ -114,7 +114,7 @@ class _Folder:
 
 @dataclass
 class MsprobeRankDump:
-    """One rank of an msprobe dump, over all its steps; quacks like :class:`~torchdebug.store.reader.RankDump`."""
+    """One rank of an msprobe dump, over all its steps: a :class:`~torchdebug.store.reader.RankRecords`."""
 
     rank: int
     folders: list[_Folder]

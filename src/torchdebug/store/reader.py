@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -205,12 +205,29 @@ class RankDump:
         return str(self.manifest.get("config", {}).get("task", "?"))
 
 
+class RankRecords(Protocol):
+    """One rank of a dump, whoever wrote it: what compare, show and convert read. Ours is a
+    :class:`RankDump`, an msprobe dump's a :class:`~torchdebug.store.msprobe.MsprobeRankDump`."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def path(self) -> Path: ...
+    @property
+    def complete(self) -> bool: ...
+    @property
+    def truncated(self) -> bool: ...
+    def records(self) -> list[Record]: ...
+    def stack(self, record: Record) -> list[str]: ...
+    def load_tensor(self, record: Record, device: str = "cpu") -> torch.Tensor: ...
+
+
 @dataclass
 class Run:
     """One run of a dump: the rank folders written together."""
 
     path: Path
-    ranks: dict[int, RankDump]
+    ranks: dict[int, RankRecords]
 
     @property
     def partial_ranks(self) -> list[int]:

@@ -1,14 +1,15 @@
 # One command each for the demo and the tests; both create .venv and install into it first.
 #   make demo    the demo on torch $(TORCH)
-#   make test    the suite on torch $(TORCH) in .venv, then on each torch of $(MATRIX), each in
-#                its own .venv-torch<version> (what CI runs; `make test MATRIX=` skips the matrix)
+#   make test    ruff (lint and format check), the suite on torch $(TORCH) in .venv, then on each
+#                torch of $(MATRIX), each in its own .venv-torch<version> (what CI runs;
+#                `make test MATRIX=` skips the matrix)
 VENV ?= .venv
 TORCH ?= 2.13.0
 MATRIX ?= 2.11.0 2.14.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchdebug-installed
 
-.PHONY: demo test test-one test-matrix bench clean
+.PHONY: demo test lint test-one test-matrix bench clean
 
 # torch is pinned before torchdebug is installed, so pip never picks a torch on its own
 $(STAMP): pyproject.toml
@@ -21,7 +22,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: test-one test-matrix
+test: lint test-one test-matrix
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test-one: $(STAMP)
 	@$(PY) -c "import torch; print('torchdebug tests on torch', torch.__version__)"

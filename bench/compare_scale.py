@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import torchdebug  # noqa: E402
 from compare import dump, tensor_bytes  # noqa: E402  (bench/compare.py: the same dump pair)
+
+import torchdebug  # noqa: E402
 
 
 def _workers(text: str) -> list[int]:
@@ -66,6 +67,7 @@ def main() -> None:
                 f"  {len(rows) / total:6.0f} rows/s  {size / total / 1e9:.2f} GB/s  net {size / max(net, 1e-9) / 1e9:.2f} GB/s"
                 f"  load average {os.getloadavg()[0]:.2f}"
             )
+
 
 if __name__ == "__main__":
     main()

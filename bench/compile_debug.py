@@ -62,8 +62,10 @@ def main() -> None:
                 times[name].append(compile_seconds(arms[name], config))
                 print(f"  {name:<10} {times[name][-1]:7.2f} s", flush=True)
     plain, ours = statistics.median(times["inductor"]), statistics.median(times["torchdebug"])
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, GPT n_layer={config.n_layer} d_model={config.d_model} "
-          f"seq={config.seq_len} batch=8, fwd+bwd compile")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, GPT n_layer={config.n_layer} d_model={config.d_model} "
+        f"seq={config.seq_len} batch=8, fwd+bwd compile"
+    )
     print(f"inductor + TORCH_COMPILE_DEBUG=1:   median {plain:.2f} s over {len(times['inductor'])}")
     print(f"torchdebug + TORCH_COMPILE_DEBUG=1: median {ours:.2f} s over {len(times['torchdebug'])}")
     print(f"ratio torchdebug / inductor: {ours / plain:.2f}x (target <= 1.3x); debug trees in {_DEBUG_DIR}")

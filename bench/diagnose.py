@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_PROGRAM = '''
+_PROGRAM = """
 import sys, time
 sys.path.insert(0, {root!r})
 import torch
@@ -55,9 +55,9 @@ def make_model_and_inputs():
     for block in model.layers:
         block.mlp.__class__ = ReluMLP
     return model, make_batch(config, batch=4)
-'''
+"""
 
-_OURS = '''
+_OURS = """
 import json, torchdebug.diagnose as td
 start = time.perf_counter()
 model, (tokens, targets) = make_model_and_inputs()
@@ -70,17 +70,17 @@ right = report.stage == "inductor" and report.node == "relu" and report.module =
 fx_cache = {{k: v for k, v in torch._dynamo.utils.counters["inductor"].items() if k.startswith("fxgraph_cache")}}
 print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "right": right, "fx_graph_cache": fx_cache,
                   "answer": report.finding.describe() if report.finding else None}}))
-'''
+"""
 
-_PLAIN = '''
+_PLAIN = """
 import json
 start = time.perf_counter()
 model, batch = make_model_and_inputs()
 torch.compile(model)(*batch).backward()
 print(json.dumps({"tool": "plain inductor compile + step", "seconds": time.perf_counter() - start}))
-'''
+"""
 
-_MINIFIER_RUN = '''
+_MINIFIER_RUN = """
 model, batch = make_model_and_inputs()
 compiled = torch.compile(model)
 try:
@@ -88,10 +88,12 @@ try:
     print("no accuracy error detected")
 except Exception as error:
     print(type(error).__name__, str(error).splitlines()[0] if str(error) else "")
-'''
+"""
 
 
-def _run(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str] | None]:
+def _run(
+    args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
+) -> tuple[float, subprocess.CompletedProcess[str] | None]:
     start = time.perf_counter()
     try:
         result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -127,20 +129,34 @@ def plain(folder: Path, layers: int, cold: bool) -> dict[str, object]:
 def minifier(folder: Path, layers: int, limit: float, cold: bool) -> dict[str, object]:
     script = folder / "minifier_run.py"
     script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + textwrap.dedent(_MINIFIER_RUN))
-    env = {**_env(folder, cold), "TORCHDYNAMO_REPRO_AFTER": "aot", "TORCHDYNAMO_REPRO_LEVEL": "4",
-           "TORCH_COMPILE_DEBUG_DIR": str(folder)}  # fmt: skip
+    env = {
+        **_env(folder, cold),
+        "TORCHDYNAMO_REPRO_AFTER": "aot",
+        "TORCHDYNAMO_REPRO_LEVEL": "4",
+        "TORCH_COMPILE_DEBUG_DIR": str(folder),
+    }
     detect, result = _run([sys.executable, str(script)], folder, limit, env)
     launchers = sorted(folder.rglob("minifier_launcher.py"))
-    row: dict[str, object] = {"tool": "accuracy minifier", "detect_seconds": detect, "right": False,
-                              "detected": result.stdout.strip()[-200:] if result else "timed out"}  # fmt: skip
+    row: dict[str, object] = {
+        "tool": "accuracy minifier",
+        "detect_seconds": detect,
+        "right": False,
+        "detected": result.stdout.strip()[-200:] if result else "timed out",
+    }
     if not launchers:
         row["seconds"] = detect
         return row
     minify, done = _run([sys.executable, str(launchers[-1]), "minify"], launchers[-1].parent, max(limit - detect, 1), env)
     repros = sorted(launchers[-1].parent.rglob("repro.py"))
     text = repros[-1].read_text() if repros else ""
-    row.update({"minify_seconds": minify, "seconds": detect + minify, "timed_out": done is None,
-                "right": "aten.relu" in text and text.count("torch.ops.aten.") <= 3})  # fmt: skip
+    row.update(
+        {
+            "minify_seconds": minify,
+            "seconds": detect + minify,
+            "timed_out": done is None,
+            "right": "aten.relu" in text and text.count("torch.ops.aten.") <= 3,
+        }
+    )
     return row
 
 
@@ -161,7 +177,8 @@ def main() -> None:
             rows.append(minifier(Path(tmp) / "minifier", args.layers, args.minifier_timeout, args.cold))
     for row in rows:
         print(json.dumps(row))
-    print(f"cache: {'cold' if args.cold else 'as found'}; load: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"cache: {'cold' if args.cold else 'as found'}; load: {load}")
 
 
 if __name__ == "__main__":

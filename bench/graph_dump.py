@@ -64,9 +64,12 @@ def main() -> None:
     backend.data_dump.close()
     records = sum(1 for _ in open(backend.data_dump.rank_dir / "records.jsonl"))
     plain, dump = statistics.median(times["plain"]), statistics.median(times["dump"])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GPT n_layer={args.n_layer} d_model={args.d_model} seq_len={args.seq_len}")
+    model = f"GPT n_layer={args.n_layer} d_model={args.d_model} seq_len={args.seq_len}"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {model}")
     print(f"compile + 2 warm-up steps: plain {arms['plain'][3]:.1f} s, dump {arms['dump'][3]:.1f} s")
-    print(f"median step: plain {plain * 1e3:.1f} ms, dump {dump * 1e3:.1f} ms, ratio {dump / plain:.3f} ({records} records written)")
+    print(
+        f"median step: plain {plain * 1e3:.1f} ms, dump {dump * 1e3:.1f} ms, ratio {dump / plain:.3f} ({records} records written)"
+    )
 
 
 if __name__ == "__main__":

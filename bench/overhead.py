@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 
+
 class _EmptyMode(TorchDispatchMode):
     """Calls each op and nothing else: the floor of any capture built on a dispatch mode."""
 
@@ -61,9 +62,10 @@ def main() -> None:
     parser.add_argument("--modes", nargs="*", default=list(MODES))
     parser.add_argument("--dir", type=Path, default=None, help="where the dumps go (default: a temporary folder)")
     parser.add_argument(
-        "--delete-tensors", action="store_true",
+        "--delete-tensors",
+        action="store_true",
         help="delete each block's tensor files after it is timed (keeps a RAM disk such as /dev/shm from filling up)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     torchdebug.seed_all(1234)

@@ -69,7 +69,11 @@ def show_some(run_dir: Path) -> None:
     print(f"{len(records)} records from {len(calls)} op calls: " + ", ".join(f"{n} {p}" for p, n in phases.items()))
     print("\nTwo of them (more with: torchdebug show DUMP --name PATTERN):\n")
     for prefix in ("forward/layers.0.attn.qkv/", "backward/layers.0.attn.qkv/"):
-        record = next(r for r in records if r.name.startswith(prefix) and r.io == "output" and r.op in ("aten.addmm.default", "aten.mm.default"))
+        record = next(
+            r
+            for r in records
+            if r.name.startswith(prefix) and r.io == "output" and r.op in ("aten.addmm.default", "aten.mm.default")
+        )
         print(format_record(record, dump))
         print()
 
@@ -101,6 +105,7 @@ def main() -> None:
     report = result.to_html(out / "compare_bug.html")
     print(f"\nHTML report: {report}")
     print(f"Same from the shell: torchdebug compare {buggy} {fp32} -o {out / 'compare_bug'} --format csv,json,html")
+
 
 if __name__ == "__main__":
     main()

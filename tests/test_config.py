@@ -3,8 +3,8 @@ import json
 import pytest
 
 from torchdebug.config import DebuggerConfig
-from torchdebug.options import index_set
 from torchdebug.errors import ConfigError
+from torchdebug.options import index_set
 
 
 def test_index_set_accepts_the_seed_string_form():

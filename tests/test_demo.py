@@ -13,8 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_demo_names_the_planted_bug(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "demo.py"), "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     healthy, buggy = result.stdout.split("Comparing the bf16 run with a planted bug")
     assert " 0 error" in healthy and "first divergence: none" in healthy

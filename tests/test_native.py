@@ -21,8 +21,15 @@ def _reference(tensor: torch.Tensor) -> list[float]:
     mean, norm = stats["mean"], stats["norm"]
     if valid == 0:  # nothing to sum
         mean = norm = 0.0
-    return [stats["min"], stats["max"], None if mean is None else mean * valid, None if norm is None else norm**2,
-            stats["nan"], stats["posinf"], stats["neginf"]]  # fmt: skip
+    return [
+        stats["min"],
+        stats["max"],
+        None if mean is None else mean * valid,
+        None if norm is None else norm**2,
+        stats["nan"],
+        stats["posinf"],
+        stats["neginf"],
+    ]
 
 
 def _cases() -> list[tuple[str, torch.Tensor]]:

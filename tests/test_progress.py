@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import torchdebug
+from tests.terminal import Terminal, on_terminal
 from torchdebug import progress
 from torchdebug.store.tensor_batch import TensorBatch
-from tests.terminal import Terminal, on_terminal
 
 
 def test_a_bar_is_drawn_on_a_terminal(monkeypatch):
@@ -77,7 +77,9 @@ def test_import_torchdebug_imports_no_progress_library():
 def test_waiting_for_tensor_files_shows_the_bytes_left(tmp_path, monkeypatch):
     screen = on_terminal(monkeypatch)
     drawn = threading.Event()
-    monkeypatch.setattr(screen, "write", lambda text: (drawn.set() if "writing tensor files" in text else None, Terminal.write(screen, text))[1])
+    monkeypatch.setattr(
+        screen, "write", lambda text: (drawn.set() if "writing tensor files" in text else None, Terminal.write(screen, text))[1]
+    )
     write = TensorBatch.write
 
     def held_write(self, path, metadata):  # the disk is busy until the bar is drawn

@@ -3,8 +3,16 @@ from torchdebug.records import Record, call_name, make_name
 
 def _record(**overrides):
     fields = dict(
-        name="forward/fc1/aten.addmm.default#0/output.0", step=0, rank=0, phase="forward", module="fc1",
-        op="aten.addmm.default", call=0, seq=3, io="output", arg="0",
+        name="forward/fc1/aten.addmm.default#0/output.0",
+        step=0,
+        rank=0,
+        phase="forward",
+        module="fc1",
+        op="aten.addmm.default",
+        call=0,
+        seq=3,
+        io="output",
+        arg="0",
     )
     return Record(**{**fields, **overrides})
 

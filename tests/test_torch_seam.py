@@ -169,7 +169,14 @@ def test_graph_breaks_recompiles_and_compile_ids_are_read_from_what_dynamo_hands
     seen = []
 
     def backend(gm, example_inputs):
-        seen.append((dynamo.compile_id(gm), dynamo.graph_break_reason(gm), dynamo.recompile_reason(), dynamo.detect_fake_mode(example_inputs)))
+        seen.append(
+            (
+                dynamo.compile_id(gm),
+                dynamo.graph_break_reason(gm),
+                dynamo.recompile_reason(),
+                dynamo.detect_fake_mode(example_inputs),
+            )
+        )
         return gm.forward
 
     def fn(x):
@@ -201,7 +208,8 @@ def test_aot_autograd_with_boxed_eager_compilers_runs_forward_and_backward():
         return compile_graph
 
     backend = dynamo.aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
         partition_fn=dynamo.min_cut_rematerialization_partition,
     )
     x = torch.randn(4, requires_grad=True)

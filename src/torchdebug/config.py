@@ -74,7 +74,10 @@ def _stack(key: str, value: Any) -> str | list[str]:
 class DebuggerConfig(Options):
     """What an eager dump captures and where it writes (README "Options"; ``torchdebug config schema``)."""
 
-    dump_path: str = field(default="./dump", metadata=option("Folder of the dump; each run gets a new subfolder.", text("a folder path"), type="string"))
+    dump_path: str = field(
+        default="./dump",
+        metadata=option("Folder of the dump; each run gets a new subfolder.", text("a folder path"), type="string"),
+    )
     task: str = field(
         default="statistics",
         metadata=option(
@@ -87,8 +90,7 @@ class DebuggerConfig(Options):
     level: str = field(
         default="op",
         metadata=option(
-            "op: every aten op; module: nn.Module inputs, outputs, parameters and parameter grads "
-            "(needs a model); mix: both.",
+            "op: every aten op; module: nn.Module inputs, outputs, parameters and parameter grads (needs a model); mix: both.",
             one_of(*LEVELS),
             enum=list(LEVELS),
         ),
@@ -105,11 +107,19 @@ class DebuggerConfig(Options):
     )
     step: frozenset[int] | None = field(
         default=None,
-        metadata=option("Steps to dump, e.g. [0, '3-5'] or '0|3-5|10'; empty means every step.", index_set, type=["array", "string", "integer", "null"]),
+        metadata=option(
+            "Steps to dump, e.g. [0, '3-5'] or '0|3-5|10'; empty means every step.",
+            index_set,
+            type=["array", "string", "integer", "null"],
+        ),
     )
     rank: frozenset[int] | None = field(
         default=None,
-        metadata=option("Ranks that dump, same syntax as step; empty means every rank.", index_set, type=["array", "string", "integer", "null"]),
+        metadata=option(
+            "Ranks that dump, same syntax as step; empty means every rank.",
+            index_set,
+            type=["array", "string", "integer", "null"],
+        ),
     )
     list: list[str] = field(
         default_factory=lambda: [],
@@ -173,4 +183,3 @@ class DebuggerConfig(Options):
         if data.get("level") in PTDBG_LEVELS:
             data["level"] = PTDBG_LEVELS[data["level"]]
         return cls.from_dict({**data, **overrides})  # type: ignore[return-value]
-

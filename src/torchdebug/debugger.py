@@ -68,8 +68,9 @@ def _join_run(dump_root: Path, rank: int, world_size: int) -> Path:
             logger.warning(
                 "rank %d of %d: torch.distributed is not initialised and no torchrun run id is set, so "
                 "ranks may write different run folders; build the Debugger after init_process_group",
-                rank, world_size,
-            )  # fmt: skip
+                rank,
+                world_size,
+            )
         name = create_run_dir(dump_root, new_run_name()).name if rank == 0 else ""
         name = broadcast_from_rank0(name) or new_run_name()
     else:
@@ -203,7 +204,9 @@ class Debugger:
 
 
 @contextmanager
-def dump(dump_path: str | Path = "./dump", *, model: nn.Module | None = None, config: Any = None, **options: Any) -> Iterator[Debugger]:
+def dump(
+    dump_path: str | Path = "./dump", *, model: nn.Module | None = None, config: Any = None, **options: Any
+) -> Iterator[Debugger]:
     """Capture everything run inside the block into a new run under ``dump_path``.
 
     ``with torchdebug.dump("dump", task="tensor", model=model): loss = step(model, batch)``

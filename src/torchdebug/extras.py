@@ -23,4 +23,6 @@ def import_extra(module: str, extra: str, feature: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise MissingExtraError(f"{feature} needs {module.partition('.')[0]}: pip install 'torchdebug[{extra}]' ({error})") from None
+        raise MissingExtraError(
+            f"{feature} needs {module.partition('.')[0]}: pip install 'torchdebug[{extra}]' ({error})"
+        ) from None

@@ -344,7 +344,9 @@ def group(kind: type[Options]) -> Validator:
     def check(key: str, value: Any) -> Options:
         if not isinstance(value, kind):
             first = dataclasses.fields(kind)[0].name  # type: ignore[arg-type]
-            raise ConfigError(f"{key}: got {value!r}, expected a {kind.__name__} (a group of options: set its fields, e.g. {key}.{first})")
+            raise ConfigError(
+                f"{key}: got {value!r}, expected a {kind.__name__} (a group of options: set its fields, e.g. {key}.{first})"
+            )
         return value
 
     return check

@@ -70,9 +70,15 @@ def bar(total: float | None, desc: str, unit: str = "it") -> Iterator[Bar]:
     from tqdm import tqdm
 
     with tqdm(
-        total=total, desc=f"torchdebug: {desc}", unit=unit, unit_scale=unit == "B", delay=DELAY, leave=False,
-        dynamic_ncols=True, file=sys.stderr,
-    ) as shown:  # fmt: skip
+        total=total,
+        desc=f"torchdebug: {desc}",
+        unit=unit,
+        unit_scale=unit == "B",
+        delay=DELAY,
+        leave=False,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    ) as shown:
         yield shown
 
 

@@ -7,9 +7,9 @@ NaNs. Complex tensors are described by their magnitudes.
 On the CPU, float32, bfloat16 and float64 tensors take one pass of a small C kernel
 (:mod:`torchdebug.native`); other dtypes, or a machine without a C compiler, use torch ops: a sum
 that comes out finite proves there is no NaN or Inf, so the common case costs three reductions
-(min/max, sum, and a BLAS dot product for the norm of float32) and no mask. On other devices the same host check would synchronise the device
-once per op, so :class:`StatsStager` keeps the results as small device tensors and copies them to
-the host in one batch per flush.
+(min/max, sum, and a BLAS dot product for the norm of float32) and no mask. On other devices the
+same host check would synchronise the device once per op, so :class:`StatsStager` keeps the
+results as small device tensors and copies them to the host in one batch per flush.
 """
 
 from __future__ import annotations
@@ -110,12 +110,25 @@ def stats_from_sums(sums: list[float], numel: int) -> StatsDict:
     low, high, total, squares, nan, posinf, neginf = sums
     valid = numel - int(nan)
     if valid == 0:
-        return {"min": None, "max": None, "mean": None, "norm": None, "nan": int(nan), "posinf": int(posinf), "neginf": int(neginf)}
+        return {
+            "min": None,
+            "max": None,
+            "mean": None,
+            "norm": None,
+            "nan": int(nan),
+            "posinf": int(posinf),
+            "neginf": int(neginf),
+        }
     mean = total / valid
     return {
-        "min": low, "max": high, "mean": None if mean != mean else mean, "norm": math.sqrt(squares),
-        "nan": int(nan), "posinf": int(posinf), "neginf": int(neginf),
-    }  # fmt: skip
+        "min": low,
+        "max": high,
+        "mean": None if mean != mean else mean,
+        "norm": math.sqrt(squares),
+        "nan": int(nan),
+        "posinf": int(posinf),
+        "neginf": int(neginf),
+    }
 
 
 def _cpu_stats(tensor: torch.Tensor) -> StatsDict:

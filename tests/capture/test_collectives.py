@@ -63,5 +63,7 @@ def test_collective_outputs_hold_the_values_after_completion(tmp_path):
         if rank == 1:
             (received,) = _outputs(records, "c10d.recv_.default")
             assert received.stats["mean"] == 7.0
-        names.append({r.name for r in records if r.op.startswith("c10d.") and r.op != "c10d.recv_.default" and r.op != "c10d.send.default"})
+        names.append(
+            {r.name for r in records if r.op.startswith("c10d.") and r.op != "c10d.recv_.default" and r.op != "c10d.send.default"}
+        )
     assert names[0] == names[1]  # the same collective has the same name on every rank

@@ -104,7 +104,11 @@ def test_views_are_saved_as_strided_views_of_their_base_not_as_copies(tmp_path):
 
     records = _records(tmp_path, body, task="tensor")
     dump = torchdebug.load(tmp_path).ranks[0]
-    expected = {"aten.t.default": x.exp().t(), "aten.slice.Tensor": x.exp().t()[1:3], "aten.expand.default": x.exp().view(2, 12).expand(3, 2, 12)}
+    expected = {
+        "aten.t.default": x.exp().t(),
+        "aten.slice.Tensor": x.exp().t()[1:3],
+        "aten.expand.default": x.exp().view(2, 12).expand(3, 2, 12),
+    }
     for op, value in expected.items():
         out = next(r for r in records if r.op == op and r.io == "output")
         assert "view" in out.tensor, op

@@ -163,8 +163,18 @@ def test_watcher_catches_a_buffer_overwritten_after_it_was_produced(tmp_path: Pa
     names = {r.node: r.name for r in _records(backend)}
     torch._dynamo.reset()
     scene = tmp_path / "watch.json"
-    scene.write_text(json.dumps({"dump": {"dump_path": str(tmp_path), "dump_scene": "watcher", "dump_mode": "output",
-                                          "dump_list": [{"layer": ["stomp"], "watcher_nodes": ["mul"]}]}}))  # fmt: skip
+    scene.write_text(
+        json.dumps(
+            {
+                "dump": {
+                    "dump_path": str(tmp_path),
+                    "dump_scene": "watcher",
+                    "dump_mode": "output",
+                    "dump_list": [{"layer": ["stomp"], "watcher_nodes": ["mul"]}],
+                }
+            }
+        )
+    )
     config = CompilerConfig(mode="aot_eager")
     config.dump_config.enable_dump = True
     config.dump_config.dump_config_path = str(scene)

@@ -25,7 +25,10 @@ _KEYS = "from torchdebug.capture.graph_ops import register_sink as r; print(r(No
 
 
 def test_sink_keys_are_the_same_in_every_fresh_process() -> None:
-    first, second = (subprocess.run([sys.executable, "-c", _KEYS], capture_output=True, text=True, timeout=120, check=True).stdout for _ in range(2))
+    first, second = (
+        subprocess.run([sys.executable, "-c", _KEYS], capture_output=True, text=True, timeout=120, check=True).stdout
+        for _ in range(2)
+    )
     assert first == second
     assert len(set(first.split())) == 3
 

@@ -84,7 +84,11 @@ def planted(wrong: tuple[str, int, float] | None) -> WrongKernel | nullcontext:
 
 
 def dump_mlp(
-    path: Path, task: str = "tensor", bf16: bool = False, wrong: tuple | None = None, tensor_list: tuple[str, ...] = (),
+    path: Path,
+    task: str = "tensor",
+    bf16: bool = False,
+    wrong: tuple | None = None,
+    tensor_list: tuple[str, ...] = (),
     **options: float,
 ) -> Path:
     """One SGD step of :class:`BuggyMLP` dumped at ``path`` (forward under bf16 autocast if asked;

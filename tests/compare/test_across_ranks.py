@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 from torchdebug.cli import main
 from torchdebug.compare.across_ranks import compare_ranks, replicated
 from torchdebug.records import Record
-from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 
 
 def test_healthy_replicas_agree_on_every_replicated_slot(replicas):
@@ -32,7 +32,13 @@ def test_the_checked_slots_are_optimizer_parameters_and_collective_outputs(repli
 def test_a_perturbed_update_names_the_rank_and_the_optimizer_op(replicas):
     result = compare_ranks(replicas["perturbed"])
     first = result.first_divergence
-    assert (first.rank, first.step, first.phase, first.op, first.io) == (PERTURBED_RANK, 0, "optimizer", "aten.add_.Tensor", "output")
+    assert (first.rank, first.step, first.phase, first.op, first.io) == (
+        PERTURBED_RANK,
+        0,
+        "optimizer",
+        "aten.add_.Tensor",
+        "output",
+    )
     assert "ranks 0, 2 hold the reference value" in first.message
     assert first.metrics["max_abs_err"] > 0
 

@@ -34,7 +34,9 @@ def test_the_rank_selector_keeps_one_rank_in_the_table_and_the_plot(report):
         driver.get(path.as_uri())
         dots = driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length")
         Select(driver.find_element("id", "filter-rank")).select_by_visible_text(f"rank {PERTURBED_RANK}")
-        ranks = driver.execute_script("return Array.from(document.querySelectorAll('#rows tbody tr')).filter(r => !r.hidden).map(r => r.dataset.rank)")
+        ranks = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#rows tbody tr')).filter(r => !r.hidden).map(r => r.dataset.rank)"
+        )
         assert set(ranks) == {str(PERTURBED_RANK)}
         assert len(ranks) == sum(1 for row in result.rows if row.rank == PERTURBED_RANK)
         assert 0 < driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length") < dots

@@ -41,9 +41,22 @@ def test_two_workers_splitting_one_rank_by_tensor_file_give_the_in_process_resul
 def test_torchrun_workers_write_the_in_process_result(dumps, tmp_path):
     a, b = dumps("gpt", bf16=True), dumps("gpt")
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "torchdebug", "compare", str(a), str(b), "-o", str(tmp_path), "--format", "json",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "torchdebug",
+        "compare",
+        str(a),
+        str(b),
+        "-o",
+        str(tmp_path),
+        "--format",
+        "json",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("first divergence: none") == 1  # process 0 reports, alone

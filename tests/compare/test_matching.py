@@ -12,9 +12,19 @@ from torchdebug.records import Record, make_name
 
 def _call(module: str, op: str, call: int, seq: int, shape: list[int] | None = None, phase: str = "forward") -> Record:
     return Record(
-        name=make_name(phase, module, op, call, "output", "0"), step=0, rank=0, phase=phase, module=module,
-        op=op, call=call, seq=seq, io="output", arg="0", dtype="float32", shape=shape or [4],
-    )  # fmt: skip
+        name=make_name(phase, module, op, call, "output", "0"),
+        step=0,
+        rank=0,
+        phase=phase,
+        module=module,
+        op=op,
+        call=call,
+        seq=seq,
+        io="output",
+        arg="0",
+        dtype="float32",
+        shape=shape or [4],
+    )
 
 
 def test_same_names_pair_exactly_in_execution_order():
@@ -63,9 +73,20 @@ def test_a_yaml_mapping_file_is_read(tmp_path):
 
 def _slot(op: str, seq: int, io: str, arg: str, kind: str = "tensor") -> Record:
     return Record(
-        name=make_name("forward", "m", op, 0, io, arg), step=0, rank=0, phase="forward", module="m", op=op, call=0,
-        seq=seq, io=io, arg=arg, kind=kind, dtype="float32", shape=[4],
-    )  # fmt: skip
+        name=make_name("forward", "m", op, 0, io, arg),
+        step=0,
+        rank=0,
+        phase="forward",
+        module="m",
+        op=op,
+        call=0,
+        seq=seq,
+        io=io,
+        arg=arg,
+        kind=kind,
+        dtype="float32",
+        shape=[4],
+    )
 
 
 def test_a_slot_on_one_side_of_a_paired_call_is_listed_next_to_the_paired_slots():
@@ -73,13 +94,17 @@ def test_a_slot_on_one_side_of_a_paired_call_is_listed_next_to_the_paired_slots(
     b = [*a, _slot("aten.add.Tensor", 0, "input", "alpha", kind="value")]
     pairs = match_records(a, b)
     assert [(p.how, p.a and p.a.arg, p.b and p.b.arg) for p in pairs] == [
-        ("exact", "0", "0"), ("exact", "0", "0"), ("only_b", None, "alpha"),
-    ]  # fmt: skip
+        ("exact", "0", "0"),
+        ("exact", "0", "0"),
+        ("only_b", None, "alpha"),
+    ]
 
 
 def test_records_of_one_call_apart_in_the_file_are_paired_as_one_call():
     records = [  # a module's input and output records enclose the records of the ops it runs
-        _slot("module", 0, "input", "0"), _slot("aten.relu.default", 1, "output", "0"), _slot("module", 2, "output", "0"),
-    ]  # fmt: skip
+        _slot("module", 0, "input", "0"),
+        _slot("aten.relu.default", 1, "output", "0"),
+        _slot("module", 2, "output", "0"),
+    ]
     pairs = match_records(records, list(records))
     assert [(p.how, p.a, p.b) for p in pairs] == [("exact", r, r) for r in records]

@@ -259,4 +259,3 @@ def test_cli_replay_is_refused_with_across_ranks(dumps, capsys):
 def test_without_replay_the_csv_has_no_own_error_columns(dumps, tmp_path):
     path = torchdebug.compare(dumps("mlp"), dumps("mlp")).to_csv(tmp_path / "c.csv")
     assert "own_err_a" not in path.read_text().splitlines()[0]
-

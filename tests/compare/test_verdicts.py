@@ -7,11 +7,36 @@ from torchdebug.compare.verdicts import first_divergence, judge
 from torchdebug.records import Record, make_name
 
 
-def _row(io: str, error: float | None, *, seq: int = 0, kind: str = "tensor", value: object = None, value_b: object = None, failed: str | None = None, op: str = "aten.mul.Tensor") -> Row:
+def _row(
+    io: str,
+    error: float | None,
+    *,
+    seq: int = 0,
+    kind: str = "tensor",
+    value: object = None,
+    value_b: object = None,
+    failed: str | None = None,
+    op: str = "aten.mul.Tensor",
+) -> Row:
     def record(v: object, err: str | None) -> Record:
         name = make_name("forward", "m", op, seq, io, "0")
-        return Record(name=name, step=0, rank=0, phase="forward", module="m", op=op, call=seq,
-                      seq=seq, io=io, arg="0", kind=kind, dtype="float32", shape=[4], value=v, capture_error=err)  # fmt: skip
+        return Record(
+            name=name,
+            step=0,
+            rank=0,
+            phase="forward",
+            module="m",
+            op=op,
+            call=seq,
+            seq=seq,
+            io=io,
+            arg="0",
+            kind=kind,
+            dtype="float32",
+            shape=[4],
+            value=v,
+            capture_error=err,
+        )
 
     row = Row.from_records(0, record(value, None), record(value_b if value_b is not None else value, failed), "exact", seq)
     row.error, row.tolerance = error, (1e-3 if error is not None else None)

@@ -52,11 +52,19 @@ def test_seed_example_writes_forward_backward_and_inference_dumps_in_numbered_or
     folder = torchdebug_folder(debug_root)
     assert (folder / "debug.log").is_file()
     assert sorted(p.name for p in (folder / "model__0").iterdir()) == [
-        "backward", "dynamo_out_graph.txt", "forward", "joint", "model.json"
+        "backward",
+        "dynamo_out_graph.txt",
+        "forward",
+        "joint",
+        "model.json",
     ]
     assert sorted(p.name for p in (folder / "model__1").iterdir()) == ["dynamo_out_graph.txt", "forward", "model.json"]
-    for model, phase, label in [("model__0", "forward", "forward"), ("model__0", "backward", "backward"),
-                                ("model__1", "forward", "forward"), ("model__0", "joint", "joint")]:
+    for model, phase, label in [
+        ("model__0", "forward", "forward"),
+        ("model__0", "backward", "backward"),
+        ("model__1", "forward", "forward"),
+        ("model__0", "joint", "joint"),
+    ]:
         phase_folder = folder / model / phase
         dumps = numbered_dumps(phase_folder)
         assert dumps[0] == f"000_aot_{label}_graph.txt"

@@ -45,7 +45,10 @@ def test_compiler_config_rejects_non_callable_user_pass() -> None:
 
 
 def test_compiler_config_refuses_to_replace_an_option_group() -> None:
-    with pytest.raises(ConfigError, match=r"^debug: got \{\}, expected a DebugConfig \(a group of options: set its fields, e\.g\. debug\.graph_dump\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^debug: got \{\}, expected a DebugConfig \(a group of options: set its fields, e\.g\. debug\.graph_dump\)$",
+    ):
         CompilerConfig().debug = {}
 
 

@@ -21,11 +21,19 @@ def _scene(tmp_path: Path, dump: dict) -> str:
 
 def test_dump_config_defaults_dump_every_node_as_tensors() -> None:
     settings = CompilerConfig().dump_config.settings()
-    assert (settings.scene, settings.mode, settings.task, settings.stage, settings.steps) == ("model", "all", "tensor", "optimized", None)
+    assert (settings.scene, settings.mode, settings.task, settings.stage, settings.steps) == (
+        "model",
+        "all",
+        "tensor",
+        "optimized",
+        None,
+    )
 
 
 def test_dump_path_must_exist(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^dump_config\.dump_path: got '.*missing', which is not an existing folder; create it first$"):
+    with pytest.raises(
+        ConfigError, match=r"^dump_config\.dump_path: got '.*missing', which is not an existing folder; create it first$"
+    ):
         CompilerConfig().dump_config.dump_path = str(tmp_path / "missing")
 
 
@@ -97,7 +105,13 @@ def test_bad_dump_options_name_the_key_and_the_allowed_values(key: str, value: o
 def test_model_dump_scene_selects_layers_per_model(tmp_path: Path) -> None:
     config = CompilerConfig()
     config.dump_config.dump_config_path = _scene(
-        tmp_path, {"dump_list": [{"model_name": "model.0"}, {"model_name": "model__1", "layer": ["addmm", "mul_3"]}], "dump_mode": "output", "dump_data": "stats", "dump_step": "1|3"}
+        tmp_path,
+        {
+            "dump_list": [{"model_name": "model.0"}, {"model_name": "model__1", "layer": ["addmm", "mul_3"]}],
+            "dump_mode": "output",
+            "dump_data": "stats",
+            "dump_step": "1|3",
+        },
     )
     settings = config.dump_config.settings()
     assert settings.scene == "model" and settings.mode == "output" and settings.task == "statistics"
@@ -127,13 +141,31 @@ def test_overflow_and_watcher_scenes_are_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("dump", "message"),
     [
-        ({"dump_debug": "on", "dump_list": [{"model_name": "m"}]}, r"^dump\.dump_debug: 'on' \(overflow dump\) cannot be combined"),
+        (
+            {"dump_debug": "on", "dump_list": [{"model_name": "m"}]},
+            r"^dump\.dump_debug: 'on' \(overflow dump\) cannot be combined",
+        ),
         ({"dump_debug": "on", "dump_op_switch": "on"}, r"^dump\.dump_debug: 'on' \(overflow dump\) cannot be combined"),
-        ({"dump_scene": "watcher", "dump_debug": "on", "dump_list": [{"watcher_nodes": ["C"]}]}, r"^dump\.dump_scene: 'watcher' cannot be combined with dump\.dump_debug"),
-        ({"dump_scene": "watcher", "dump_op_switch": "on", "dump_list": [{"watcher_nodes": ["C"]}]}, r"^dump\.dump_scene: 'watcher' cannot be combined with dump\.dump_op_switch"),
-        ({"dump_scene": "watcher", "dump_list": [{"model_name": "m", "watcher_nodes": ["C"]}]}, r"^dump\.dump_list\[\]\.model_name: not supported in the watcher scene"),
-        ({"dump_scene": "watcher", "dump_mode": "all", "dump_list": [{"watcher_nodes": ["C"]}]}, r"^dump\.dump_mode: got 'all', the watcher scene supports only 'output'$"),
-        ({"dump_scene": "watcher", "dump_list": [{"layer": ["A"]}]}, r"^dump\.dump_list\[\]\.watcher_nodes: the watcher scene needs"),
+        (
+            {"dump_scene": "watcher", "dump_debug": "on", "dump_list": [{"watcher_nodes": ["C"]}]},
+            r"^dump\.dump_scene: 'watcher' cannot be combined with dump\.dump_debug",
+        ),
+        (
+            {"dump_scene": "watcher", "dump_op_switch": "on", "dump_list": [{"watcher_nodes": ["C"]}]},
+            r"^dump\.dump_scene: 'watcher' cannot be combined with dump\.dump_op_switch",
+        ),
+        (
+            {"dump_scene": "watcher", "dump_list": [{"model_name": "m", "watcher_nodes": ["C"]}]},
+            r"^dump\.dump_list\[\]\.model_name: not supported in the watcher scene",
+        ),
+        (
+            {"dump_scene": "watcher", "dump_mode": "all", "dump_list": [{"watcher_nodes": ["C"]}]},
+            r"^dump\.dump_mode: got 'all', the watcher scene supports only 'output'$",
+        ),
+        (
+            {"dump_scene": "watcher", "dump_list": [{"layer": ["A"]}]},
+            r"^dump\.dump_list\[\]\.watcher_nodes: the watcher scene needs",
+        ),
         ({"dump_scene": "spy"}, r"^dump\.dump_scene: got 'spy', expected 'watcher'"),
         ({"dump_debug": "yes"}, r"^dump\.dump_debug: got 'yes', expected one of 'on', 'off'$"),
         ({"dump_lists": []}, r"^dump\.dump_lists: unknown key in .*dump\.json, expected one of dump_list"),
@@ -158,7 +190,9 @@ def test_scene_file_without_dump_path_needs_it_on_the_config(tmp_path: Path) -> 
     path = tmp_path / "d.json"
     path.write_text(json.dumps({"dump": {"dump_debug": "on"}}))
     config = CompilerConfig()
-    with pytest.raises(ConfigError, match=r"^dump\.dump_path: the scene file sets no dump_path; set it in the file or in dump_config\.dump_path$"):
+    with pytest.raises(
+        ConfigError, match=r"^dump\.dump_path: the scene file sets no dump_path; set it in the file or in dump_config\.dump_path$"
+    ):
         config.dump_config.dump_config_path = str(path)  # refused at this line, not at the first compile
     assert config.dump_config.dump_config_path is None
     config.dump_config.dump_path = str(tmp_path)

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchdebug.compile import CompilerConfig, GraphPass, get_backend
-from torchdebug.compile import graph_dump
+from torchdebug.compile import CompilerConfig, GraphPass, get_backend, graph_dump
 
 
 class TwoLayer(torch.nn.Module):

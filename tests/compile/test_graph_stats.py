@@ -42,9 +42,13 @@ def test_dumped_statistics_match_eager_statistics_for_special_values_and_dtypes(
     backend = get_backend(config)
     f32 = torch.tensor([1.0, -2.0, float("nan"), float("inf"), -float("inf"), 0.5, float("nan")])
     inputs = (
-        f32, torch.randn(64).half(), torch.randn(33).bfloat16(), torch.randn(5, 5, dtype=torch.float64),
-        torch.arange(-3, 9), torch.tensor([True, False, True]),
-    )  # fmt: skip
+        f32,
+        torch.randn(64).half(),
+        torch.randn(33).bfloat16(),
+        torch.randn(5, 5, dtype=torch.float64),
+        torch.arange(-3, 9),
+        torch.tensor([True, False, True]),
+    )
     torch.compile(_program, backend=backend)(*inputs)
     backend.data_dump.close()
     run = torchdebug.load(backend.data_dump.run_dir).ranks[0]

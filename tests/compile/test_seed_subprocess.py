@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = '''
+SCRIPT = """
 import os
 import torch
 import torchdebug
@@ -24,7 +24,7 @@ model = torch.compile(Model(), backend=torchdebug.get_backend(), dynamic=False)
 x = torch.randn(10, 10, requires_grad=True)
 torch.nn.MSELoss()(model(x), torch.randn(10, 10)).backward()
 model(torch.randn(20, 20))
-'''
+"""
 
 
 def run_once(tmp_path: Path, name: str) -> list[str]:

@@ -40,7 +40,9 @@ def test_entry_errors_name_the_problem_and_the_fix(spec: str, message: str) -> N
 
 
 def test_cli_reports_a_planted_bug_with_exit_status_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    status = main(["diagnose", f"{MODELS}:make_model_and_inputs", "--backend", "relu_accuracy_error_TESTING_ONLY", "-o", str(tmp_path)])
+    status = main(
+        ["diagnose", f"{MODELS}:make_model_and_inputs", "--backend", "relu_accuracy_error_TESTING_ONLY", "-o", str(tmp_path)]
+    )
     out = capsys.readouterr().out
     assert status == 1
     assert f"models.py:{line_of('RELU LINE')}" in out and "repro:" in out

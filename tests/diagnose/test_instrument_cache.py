@@ -47,7 +47,8 @@ def instrumented_run(seed):
 
 
 runs = [instrumented_run(1), instrumented_run(2)]  # the same graphs twice: two keys, two cache entries
-print(json.dumps({"runs": runs, "hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}))
+hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+print(json.dumps({"runs": runs, "hit": hits, "miss": misses}))
 '''
 
 

@@ -47,7 +47,9 @@ def _run_repro(report: td.DiagnoseReport) -> subprocess.CompletedProcess[str]:
         ("relu_runtime_error_TESTING_ONLY", "exception", "ReluRuntimeError"),
     ],
 )
-def test_dynamo_planted_bug_is_localised_to_the_backend_and_the_relu_line(backend: str, kind: str, message: str, tmp_path: Path) -> None:
+def test_dynamo_planted_bug_is_localised_to_the_backend_and_the_relu_line(
+    backend: str, kind: str, message: str, tmp_path: Path
+) -> None:
     report = td.diagnose(ReluNet(), torch.randn(4, 8), backend=backend, output_dir=tmp_path)
     _assert_relu(report, backend, kind)
     assert [s.stage.label for s in report.stages[:-1]] == ["uncompiled", "eager", "aot_eager", "aot_eager_decomp_partition"]

@@ -8,7 +8,7 @@ from torch import nn
 import torchdebug
 
 L = pytest.importorskip("lightning.pytorch")
-from torchdebug.integrations.lightning import TorchDebugCallback
+from torchdebug.integrations.lightning import TorchDebugCallback  # noqa: E402 - after the skip
 
 
 class LitNet(L.LightningModule):
@@ -40,9 +40,15 @@ def _model():
 
 def _trainer(tmp_path, callback, **options):
     defaults = dict(
-        accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     return L.Trainer(callbacks=[callback], **{**defaults, **options})
 
 
@@ -87,10 +93,12 @@ def _hooks_in_place():
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     return (
-        len(module._global_forward_pre_hooks), len(module._global_forward_hooks),
-        len(optimizer._global_optimizer_pre_hooks), len(optimizer._global_optimizer_post_hooks),
+        len(module._global_forward_pre_hooks),
+        len(module._global_forward_hooks),
+        len(optimizer._global_optimizer_pre_hooks),
+        len(optimizer._global_optimizer_post_hooks),
         len(_get_current_dispatch_mode_stack()),
-    )  # fmt: skip
+    )
 
 
 def test_steps_are_global_steps_and_accumulated_batches_join_their_step(tmp_path):
@@ -98,7 +106,9 @@ def test_steps_are_global_steps_and_accumulated_batches_join_their_step(tmp_path
     _fit(tmp_path, callback, accumulate_grad_batches=2, max_steps=2)
     records = torchdebug.load(callback.run_dir).ranks[0].records()
     assert {r.step for r in records} == {1}
-    forwards = [r for r in records if r.phase == "forward" and r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]
+    forwards = [
+        r for r in records if r.phase == "forward" and r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"
+    ]
     assert len(forwards) == 2  # two batches accumulate into step 1
     assert callback.run_dir.parent == tmp_path / "torchdebug"  # default: under trainer.log_dir
 

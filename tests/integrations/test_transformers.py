@@ -12,7 +12,7 @@ import torchdebug
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
-from torchdebug.integrations.transformers import TorchDebugCallback
+from torchdebug.integrations.transformers import TorchDebugCallback  # noqa: E402 - after the skip
 
 
 class RegressionNet(nn.Module):
@@ -37,9 +37,16 @@ def _rows(n=8):
 
 def _args(tmp_path, **options):
     defaults = dict(
-        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=3, report_to=[], use_cpu=True,
-        save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
-    )  # fmt: skip
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_steps=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
     return transformers.TrainingArguments(**{**defaults, **options})
 
 
@@ -47,9 +54,12 @@ def _train(tmp_path, model, callback, data, **options):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     trainer = transformers.Trainer(
-        model=model, args=_args(tmp_path, **options), train_dataset=data, callbacks=[callback],
+        model=model,
+        args=_args(tmp_path, **options),
+        train_dataset=data,
+        callbacks=[callback],
         optimizers=(optimizer, scheduler),
-    )  # fmt: skip
+    )
     trainer.train()
     return trainer
 
@@ -86,7 +96,9 @@ def test_steps_are_global_steps_and_micro_batches_join_their_step(tmp_path):
     _train(tmp_path, _regression_model(), callback, _rows(16), gradient_accumulation_steps=2)
     records = torchdebug.load(callback.run_dir).ranks[0].records()
     assert {r.step for r in records} == {1}
-    forwards = [r for r in records if r.phase == "forward" and r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]
+    forwards = [
+        r for r in records if r.phase == "forward" and r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"
+    ]
     assert len(forwards) == 2  # two micro-batches accumulate into step 1
     assert callback.run_dir.parent == tmp_path / "torchdebug"  # default: under args.output_dir
 

@@ -13,10 +13,16 @@ from contextlib import contextmanager
 from typing import Any
 
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--force-device-scale-factor=1",
-)  # fmt: skip
+)
 
 
 def _binaries() -> tuple[str | None, str | None]:

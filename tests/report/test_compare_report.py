@@ -32,7 +32,7 @@ def test_the_report_loads_nothing_from_the_network(report):
 
 
 def test_the_report_shows_summary_first_divergence_table_and_plot(report):
-    for part in ("Summary", "First divergence", "<table class=\"data\"", "<svg", "<circle", 'id="tree"', 'id="filter-phase"'):
+    for part in ("Summary", "First divergence", '<table class="data"', "<svg", "<circle", 'id="tree"', 'id="filter-phase"'):
         assert part in report
     assert "aten.mul.Tensor" in report
 

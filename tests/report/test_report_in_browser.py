@@ -13,7 +13,10 @@ from tests.report.hostile import HOSTILE, SCRIPT, dump
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
-_VISIBLE_ROWS = "return Array.from(document.querySelectorAll('#rows tbody tr')).filter(r => !r.hidden).map(r => [r.dataset.module, r.dataset.phase])"
+_VISIBLE_ROWS = (
+    "return Array.from(document.querySelectorAll('#rows tbody tr'))"
+    ".filter(r => !r.hidden).map(r => [r.dataset.module, r.dataset.phase])"
+)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,8 @@ def test_the_phase_selector_keeps_one_phase_in_the_table_and_the_tree(page):
     assert {phase for _, phase in shown} == {"backward"}
     assert len(shown) == sum(1 for row in result.rows if row.phase == "backward")
     counted = driver.execute_script(
-        "return Array.from(document.querySelectorAll('#tree-body > * > .node-line .count, #tree-body > details > summary .count'),"
+        "return Array.from(document.querySelectorAll("
+        "'#tree-body > * > .node-line .count, #tree-body > details > summary .count'),"
         " c => parseInt(c.textContent)).reduce((a, b) => a + b, 0)"
     )
     assert counted == len(shown)  # the top-level nodes count the backward rows only

@@ -18,8 +18,19 @@ from torchdebug.store.writer import RankWriter, create_run_dir
 
 
 def _record(i: int, **extra) -> Record:
-    return Record(name=f"forward/-/aten.add.Tensor#{i}/output.0", step=0, rank=0, phase="forward", module="-",
-                  op="aten.add.Tensor", call=i, seq=i, io="output", arg="0", **extra)  # fmt: skip
+    return Record(
+        name=f"forward/-/aten.add.Tensor#{i}/output.0",
+        step=0,
+        rank=0,
+        phase="forward",
+        module="-",
+        op="aten.add.Tensor",
+        call=i,
+        seq=i,
+        io="output",
+        arg="0",
+        **extra,
+    )
 
 
 def _writer(tmp_path):
@@ -226,12 +237,25 @@ def test_fast_record_encoding_equals_json_for_every_field():
 
     assert ENCODED_FIELDS == tuple(f.name for f in dataclasses.fields(Record))
     record = _record(
-        0, kind="value", dtype="bfloat16", shape=[2, 0], stride=[1, 1], device="cuda:0", requires_grad=True,
+        0,
+        kind="value",
+        dtype="bfloat16",
+        shape=[2, 0],
+        stride=[1, 1],
+        device="cuda:0",
+        requires_grad=True,
         stats={"min": -math.inf, "max": 2.5, "mean": None, "norm": 1e300, "nan": 3, "posinf": 0, "neginf": 1},
         tensor={"key": 'k"\\ü', "file": "tensors/x.safetensors", "view": {"shape": [1], "stride": [1], "offset": 0}},
-        sampled=4, value={"nested": [1, "two", None]}, stack="abc", source="f.py:1 in <module>", fwd="forward/-/x#0",
-        node="mm_1", capture="graph", capture_error="boom", extra={"future": [1.5]},
-    )  # fmt: skip
+        sampled=4,
+        value={"nested": [1, "two", None]},
+        stack="abc",
+        source="f.py:1 in <module>",
+        fwd="forward/-/x#0",
+        node="mm_1",
+        capture="graph",
+        capture_error="boom",
+        extra={"future": [1.5]},
+    )
     decoded = json.loads(encode_record(record))
     expected = json.loads(json.dumps(record.to_json()))
     assert decoded.keys() == expected.keys()
@@ -254,12 +278,22 @@ def _encoding_cases() -> list[Record]:
         _record(6, kind="value", value=[1, 2, "float32"]),
         _record(7, stats={"min": math.nan, "max": math.inf, "mean": -math.inf, "norm": None, "nan": 3, "posinf": 1, "neginf": 1}),
         _record(8, stats={"min": 1e-300, "max": 1e300, "mean": -0.0, "norm": 0.1, "nan": 0, "posinf": 0, "neginf": 2**40}),
-        _record(9, stats={"min": 1.0}, tensor={"key": 'k"\\ü\n', "file": "tensors/x.safetensors", "view": {"shape": [1], "offset": 0}}),
+        _record(
+            9, stats={"min": 1.0}, tensor={"key": 'k"\\ü\n', "file": "tensors/x.safetensors", "view": {"shape": [1], "offset": 0}}
+        ),
         _record(10, shape=[2**62, -3, 0], stride=[], requires_grad=True, sampled=4, extra={"graph": "m__0/forward"}),
-        _record(11, requires_grad=False, stack="abc", source="fünf.py:1 in <module>", fwd="forward/-/x#0", node="mm_1",
-                capture="graph", capture_error="boom\t\x7f"),
+        _record(
+            11,
+            requires_grad=False,
+            stack="abc",
+            source="fünf.py:1 in <module>",
+            fwd="forward/-/x#0",
+            node="mm_1",
+            capture="graph",
+            capture_error="boom\t\x7f",
+        ),
         _record(12, stats={"min": -1, "max": 5, "mean": 2.0, "norm": 7.5, "nan": 0, "posinf": 0, "neginf": 0}, extra={}),
-    ]  # fmt: skip
+    ]
 
 
 def test_batch_encoding_writes_shared_descriptions_as_each_record_alone():

@@ -4,7 +4,8 @@
 values exist once the returned ``Work`` completes (the wrapper waits for it, or the user does with
 ``async_op=True``). So the inputs of a collective are captured when it is dispatched, its outputs
 the first time torchdebug looks after the work has completed: before the next op is captured, or when
-capture stops (which waits for collectives still in flight). Outputs are the tensors the op returns, or its first argument for ``recv``.
+capture stops (which waits for collectives still in flight). Outputs are the tensors the op returns,
+or its first argument for ``recv``.
 """
 
 from __future__ import annotations

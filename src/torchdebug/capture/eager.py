@@ -32,9 +32,9 @@ from torchdebug.capture.collectives import PendingCollectives, split_result, wai
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.session import CaptureSession
-from torchdebug.slots import iter_slots
 from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE
+from torchdebug.slots import iter_slots
 
 _ForwardInfo = tuple[str, str, "tuple[str, list[str], str] | None"]
 """``(module, call name, (stack id, frames, source))`` of a forward op, keyed by its autograd
@@ -65,7 +65,9 @@ class _OpInfo(NamedTuple):
 def _op_info(func: Any) -> _OpInfo:
     name = str(func)
     namespace = func.namespace
-    return _OpInfo(name, namespace in _SKIPPED_NAMESPACES, op_schema(func).is_mutable, namespace == "c10d", name in _VALUE_PRESERVING)
+    return _OpInfo(
+        name, namespace in _SKIPPED_NAMESPACES, op_schema(func).is_mutable, namespace == "c10d", name in _VALUE_PRESERVING
+    )
 
 
 class _DumpMode(TorchDispatchMode):
@@ -227,9 +229,16 @@ class OpCapture:
         seq = session.next_seq()
         save = session.wants_tensor(call_name)
         common = dict(
-            phase=phase, module=module, op=op, call=call, seq=seq, save_tensors=save,
-            stack=stack_id, source=source, fwd=fwd,
-        )  # fmt: skip
+            phase=phase,
+            module=module,
+            op=op,
+            call=call,
+            seq=seq,
+            save_tensors=save,
+            stack=stack_id,
+            source=source,
+            fwd=fwd,
+        )
         if "input" in self.ios:
             session.add_call(iter_slots(args, kwargs), io="input", **common)
         out = func(*args, **kwargs)

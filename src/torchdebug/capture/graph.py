@@ -212,15 +212,40 @@ class GraphCapture:
         if call.target is not None:
             extra["target"] = call.target
         return dict(
-            name=f"{prefix}/{slot.io}.{slot.arg}", rank=self.rank, phase=phase, module=module, op=op,
-            call=run.bases[call.key] + call.local, seq=run.seq + call.order, io=slot.io, arg=slot.arg, kind=slot.kind,
-            dtype=meta.get("dtype"), shape=meta.get("shape"), stride=meta.get("stride"), device=meta.get("device"),
-            value=slot.value, stack=source.stack_id if source else None, source=source.source if source else None,
-            fwd=fwd, node=call.node, capture="graph", capture_error=slot.note, extra=extra,
-        )  # fmt: skip
+            name=f"{prefix}/{slot.io}.{slot.arg}",
+            rank=self.rank,
+            phase=phase,
+            module=module,
+            op=op,
+            call=run.bases[call.key] + call.local,
+            seq=run.seq + call.order,
+            io=slot.io,
+            arg=slot.arg,
+            kind=slot.kind,
+            dtype=meta.get("dtype"),
+            shape=meta.get("shape"),
+            stride=meta.get("stride"),
+            device=meta.get("device"),
+            value=slot.value,
+            stack=source.stack_id if source else None,
+            source=source.source if source else None,
+            fwd=fwd,
+            node=call.node,
+            capture="graph",
+            capture_error=slot.note,
+            extra=extra,
+        )
 
-    def _fill(self, record: Record, run: _Run, slot: SlotPlan, rows: list[dict[str, Any] | None], tensors: list[torch.Tensor],
-              stats_of: dict[int, dict[str, Any]], refs: dict[int, dict[str, str]]) -> None:  # fmt: skip
+    def _fill(
+        self,
+        record: Record,
+        run: _Run,
+        slot: SlotPlan,
+        rows: list[dict[str, Any] | None],
+        tensors: list[torch.Tensor],
+        stats_of: dict[int, dict[str, Any]],
+        refs: dict[int, dict[str, str]],
+    ) -> None:
         """Statistics (shared by the slots of one value) and the saved tensor of one slot."""
         if run.plan.golden is not None:
             value = run.values.get(slot.source_node or "")
@@ -248,9 +273,14 @@ class GraphCapture:
         call = run.plan.calls[calls[0]]
         nan, inf = overflow.nonfinite_counts(run.plan, calls[0], rows)
         found = overflow.Overflow(
-            step=run.step, name=self._call_name(run, call), node=call.node, graph=f"{run.plan.model}/{run.plan.phase}",
-            source=call.source.source if call.source else None, nan=nan, inf=inf,
-        )  # fmt: skip
+            step=run.step,
+            name=self._call_name(run, call),
+            node=call.node,
+            graph=f"{run.plan.model}/{run.plan.phase}",
+            source=call.source.source if call.source else None,
+            nan=nan,
+            inf=inf,
+        )
         self.overflows.append(found)
         overflow.report(found)
 

@@ -20,8 +20,8 @@ from torch import nn
 
 from torchdebug._torch.nn import GlobalForwardHooks, unwrap_compiled
 from torchdebug.capture.session import CaptureSession
-from torchdebug.slots import iter_slots
 from torchdebug.records import MODULE_OP, NO_MODULE
+from torchdebug.slots import iter_slots
 
 ROOT_MODULE = "<root>"
 """Module path of the model itself."""
@@ -159,7 +159,6 @@ class ModuleRecorder:
             for arg, value in iter_slots(outputs):
                 if isinstance(value, torch.Tensor) and value.requires_grad:
                     value.register_hook(self._tensor_grad_hook(name, call, "input", arg))
-
 
     def _tensor_grad_hook(self, name: str, call: int, io: str, arg: str) -> Any:
         def hook(grad: torch.Tensor) -> None:

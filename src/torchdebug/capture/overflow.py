@@ -1,7 +1,8 @@
 """The overflow scene: keep only the calls whose outputs hold NaN or Inf, and name the first one.
 
 The statistics of every output are taken as the compiled graph runs (inside it, or by the host as
-soon as the value exists); a call overflows when any output's statistics count a NaN or an Inf. Graph order is a valid execution order and a NaN flows only downstream, so the first
+soon as the value exists); a call overflows when any output's statistics count a NaN or an Inf.
+Graph order is a valid execution order and a NaN flows only downstream, so the first
 overflowing call of the first graph that ran in a step is where the step's non-finite values begin,
 forward or backward (``torch.autograd.detect_anomaly`` under compile only names
 ``CompiledFunctionBackward``).

@@ -47,7 +47,9 @@ class _Seen:
 
     __slots__ = ("ref", "version", "stats", "tensor", "base", "desc")
 
-    def __init__(self, ref: weakref.ref, version: int, stats: dict | None, tensor: dict | None, base: tuple | None = None) -> None:
+    def __init__(
+        self, ref: weakref.ref, version: int, stats: dict | None, tensor: dict | None, base: tuple | None = None
+    ) -> None:
         self.ref, self.version, self.stats, self.tensor = ref, version, stats, tensor
         self.base = base
         """``(tensor ref, storage offset, numel)`` of a contiguous saved tensor whose memory this

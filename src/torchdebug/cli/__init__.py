@@ -47,8 +47,7 @@ def _add_output_options(parser: argparse.ArgumentParser, default: object) -> Non
     """``-q`` and ``-v``, accepted before and after the subcommand (``SUPPRESS`` on a subcommand
     keeps what the root parser set when the subcommand does not give it)."""
     parser.add_argument("-q", "--quiet", action="store_true", default=default, help="no progress bars, no warnings")
-    parser.add_argument("-v", "--verbose", action="count", default=default,
-                        help="tell what is happening (-vv: debug details)")  # fmt: skip
+    parser.add_argument("-v", "--verbose", action="count", default=default, help="tell what is happening (-vv: debug details)")
 
 
 @contextmanager

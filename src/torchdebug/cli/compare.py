@@ -31,7 +31,9 @@ class _Renamed(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, **kwargs)  # type: ignore[arg-type]
         self.new = new
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option: str | None = None) -> None:
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option: str | None = None
+    ) -> None:
         warnings.warn(f"{option} is deprecated; use {self.new}", FutureWarning, stacklevel=2)
         setattr(namespace, self.dest, True)
 
@@ -69,19 +71,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("a", nargs="?", help="dump to check: dump path (latest run), run folder, rank folder or msprobe dump")
     parser.add_argument("b", nargs="?", help="reference dump, same forms as A")
     parser.add_argument("--across-ranks", metavar="DUMP", help="compare the ranks of one run with each other instead of A with B")
-    parser.add_argument("--ranks", type=_ranks, help="with --across-ranks: the ranks of one data-parallel group, e.g. 0,2,4 (default: all)")
-    parser.add_argument("-o", "--output", type=Path, help="folder for the reports (created if missing), or a .parquet file for the rows")
-    parser.add_argument("--format", type=_formats, default=list(_FORMATS), help="reports to write with -o (default: csv,json,html)")
-    parser.add_argument("--tolerance", type=_tolerance, action="append", default=[], metavar="DTYPE=RTOL[,ATOL]",
-                        help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable; --across-ranks: default exact)")  # fmt: skip
+    parser.add_argument(
+        "--ranks", type=_ranks, help="with --across-ranks: the ranks of one data-parallel group, e.g. 0,2,4 (default: all)"
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, help="folder for the reports (created if missing), or a .parquet file for the rows"
+    )
+    parser.add_argument(
+        "--format", type=_formats, default=list(_FORMATS), help="reports to write with -o (default: csv,json,html)"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=_tolerance,
+        action="append",
+        default=[],
+        metavar="DTYPE=RTOL[,ATOL]",
+        help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable; --across-ranks: default exact)",
+    )
     parser.add_argument("--mapping", type=Path, help="JSON/YAML file renaming A's modules/ops: {modules: {...}, ops: {...}}")
     parser.add_argument("--statistics-only", action="store_true", help="compare statistics even where tensors were saved")
     parser.add_argument("--stats-only", action=_Renamed, new="--statistics-only", dest="statistics_only", help=argparse.SUPPRESS)
-    parser.add_argument("--replay", action="store_true",
-                        help="re-run diverging ops in float64 on each side's saved inputs to blame an op's own error (task=tensor dumps; slower)")  # fmt: skip
-    parser.add_argument("--growth", type=float, default=16.0, help="error amplification an op may show before it is blamed (default 16)")
-    parser.add_argument("--threads", type=int, default=None, help="threads for tensor metrics per process (default: the process's share of the cores)")
-    parser.add_argument("--workers", type=int, default=1, help="processes to split A B over on this machine (default 1; not with torchrun)")
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="re-run diverging ops in float64 on each side's saved inputs to blame an op's own error (task=tensor dumps; slower)",
+    )
+    parser.add_argument(
+        "--growth", type=float, default=16.0, help="error amplification an op may show before it is blamed (default 16)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for tensor metrics per process (default: the process's share of the cores)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes to split A B over on this machine (default 1; not with torchrun)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -98,14 +124,20 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult:
     if args.a is not None:
         raise ValueError("--across-ranks takes one dump: give it as --across-ranks DUMP, without A B")
     if distributed.launched_by_torchrun() or args.workers != 1:
-        raise ValueError("--across-ranks runs in one process: start it without torchrun or --workers (--threads sets its threads)")
+        raise ValueError(
+            "--across-ranks runs in one process: start it without torchrun or --workers (--threads sets its threads)"
+        )
     if args.mapping is not None:
         raise ValueError("--mapping applies to A B only: the ranks of one run share their names")
     if args.replay:
         raise ValueError("--replay applies to A B only: --across-ranks checks that replicas agree bitwise")
     return compare_ranks(
-        args.across_ranks, ranks=args.ranks, tolerances=dict(args.tolerance), tensors=not args.statistics_only, threads=args.threads,
-    )  # fmt: skip
+        args.across_ranks,
+        ranks=args.ranks,
+        tolerances=dict(args.tolerance),
+        tensors=not args.statistics_only,
+        threads=args.threads,
+    )
 
 
 def _pair(args: argparse.Namespace) -> CompareResult | None:
@@ -116,9 +148,13 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
     if args.ranks is not None:
         raise ValueError("--ranks applies to --across-ranks only")
     options = {
-        "tolerances": dict(args.tolerance), "mapping": args.mapping, "growth": args.growth,
-        "tensors": not args.statistics_only, "threads": args.threads, "replay": args.replay,
-    }  # fmt: skip
+        "tolerances": dict(args.tolerance),
+        "mapping": args.mapping,
+        "growth": args.growth,
+        "tensors": not args.statistics_only,
+        "threads": args.threads,
+        "replay": args.replay,
+    }
     if not distributed.launched_by_torchrun():
         return compare(args.a, args.b, workers=args.workers, **options)
     if args.workers != 1:

@@ -30,7 +30,9 @@ _NUMPY_UNSUPPORTED = {torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("convert", help="export saved tensors to .npy or .pt files, or the records to Parquet", description=__doc__)
+    parser = subparsers.add_parser(
+        "convert", help="export saved tensors to .npy or .pt files, or the records to Parquet", description=__doc__
+    )
     parser.add_argument("dump", help="dump path (latest run), run folder or rank folder")
     parser.add_argument("out", help="output folder (created), or a .parquet file for the records table")
     parser.add_argument("--to", choices=("npy", "pt"), help="tensor file format (required unless OUT ends in .parquet)")

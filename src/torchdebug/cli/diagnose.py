@@ -35,9 +35,14 @@ def run(args: argparse.Namespace) -> int:
 
     program, inputs = load_entry(args.entry)
     report = diagnose(
-        program, *inputs, backend=args.backend, mode=args.mode, train=not args.forward_only,
-        tolerance=args.tolerance, output_dir=args.output,
-    )  # fmt: skip
+        program,
+        *inputs,
+        backend=args.backend,
+        mode=args.mode,
+        train=not args.forward_only,
+        tolerance=args.tolerance,
+        output_dir=args.output,
+    )
     print(report.summary())
     if not args.no_html:
         folder = Path(args.output)

@@ -26,9 +26,18 @@ from torchdebug.compare.rows import Row
 from torchdebug.compare.tolerances import DEFAULT_TOLERANCES, Tolerance
 
 __all__ = [
-    "compare", "compare_ranks", "compare_distributed", "open_dump", "CompareResult", "RanksResult", "Row",
-    "NameMapping", "load_mapping", "Tolerance", "DEFAULT_TOLERANCES",
-]  # fmt: skip
+    "compare",
+    "compare_ranks",
+    "compare_distributed",
+    "open_dump",
+    "CompareResult",
+    "RanksResult",
+    "Row",
+    "NameMapping",
+    "load_mapping",
+    "Tolerance",
+    "DEFAULT_TOLERANCES",
+]
 
 
 make_callable(__name__, compare)

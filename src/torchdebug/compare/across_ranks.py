@@ -54,11 +54,17 @@ from torchdebug.store import reader
 
 __all__ = ["compare_ranks", "replicated", "RanksResult"]
 
-SAME_ON_EVERY_RANK = frozenset({
-    "c10d.allreduce_.default", "c10d.allreduce_coalesced_.default", "c10d.allgather_.default",
-    "c10d._allgather_base_.default", "c10d.allgather_coalesced_.default",
-    "c10d.allgather_into_tensor_coalesced_.default", "c10d.broadcast_.default",
-})  # fmt: skip
+SAME_ON_EVERY_RANK = frozenset(
+    {
+        "c10d.allreduce_.default",
+        "c10d.allreduce_coalesced_.default",
+        "c10d.allgather_.default",
+        "c10d._allgather_base_.default",
+        "c10d.allgather_coalesced_.default",
+        "c10d.allgather_into_tensor_coalesced_.default",
+        "c10d.broadcast_.default",
+    }
+)
 """Collectives whose outputs hold the same values on every rank of the group."""
 
 _EXACT = Tolerance(0.0, 0.0)
@@ -200,7 +206,10 @@ def compare_ranks(
     for row in differing:
         row.tolerance = tolerance_of[id(row)].rtol
         if row.shape_a != row.shape_b or row.dtype_a != row.dtype_b:
-            row.verdict, row.message = "error", f"{row.dtype_a} {row.shape_a} vs {row.dtype_b} {row.shape_b} on rank {row.record_b.rank}"  # type: ignore[union-attr]
+            row.verdict, row.message = (
+                "error",
+                f"{row.dtype_a} {row.shape_a} vs {row.dtype_b} {row.shape_b} on rank {row.record_b.rank}",
+            )  # type: ignore[union-attr]
         elif row.metrics.get("nonfinite_mismatch") or (row.error or 0.0) > row.tolerance:
             row.verdict = "error"
             row.message = f"differs from rank {row.record_b.rank} by {row.error:.3g} (tolerance {row.tolerance:.3g})"  # type: ignore[union-attr]

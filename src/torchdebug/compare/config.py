@@ -36,7 +36,9 @@ class CompareConfig(Options):
     )
     mapping: NameMapping = field(
         default_factory=NameMapping,
-        metadata=option("Module and op renames between the dumps: a dict or a JSON/YAML file {'modules': ..., 'ops': ...}.", _mapping),
+        metadata=option(
+            "Module and op renames between the dumps: a dict or a JSON/YAML file {'modules': ..., 'ops': ...}.", _mapping
+        ),
     )
     growth: float = field(
         default=16.0, metadata=option("How much an op may amplify the error of its inputs before it is blamed.", number(1))
@@ -44,11 +46,14 @@ class CompareConfig(Options):
     tensors: bool = field(default=True, metadata=option("Compare saved tensors where both sides have them.", boolean))
     threads: int | None = field(
         default=None,
-        metadata=option("Threads for tensor metrics per process (None: every core of the process's share).", optional(number(1, integer=True))),
+        metadata=option(
+            "Threads for tensor metrics per process (None: every core of the process's share).", optional(number(1, integer=True))
+        ),
     )
     workers: int = field(default=1, metadata=option("Processes to split the work over.", number(1, integer=True)))
     replay: bool = field(
-        default=False, metadata=option("Replay calls with an output beyond tolerance in float64 to measure each op's own error.", boolean)
+        default=False,
+        metadata=option("Replay calls with an output beyond tolerance in float64 to measure each op's own error.", boolean),
     )
 
     def options(self) -> dict[str, Any]:

@@ -40,9 +40,20 @@ from torchdebug.compare.config import CompareConfig
 from torchdebug.compare.result import CompareResult
 from torchdebug.compare.rows import Row
 from torchdebug.compare.steps import (
-    JobKey, Pairing, apply_metrics, attribute, compare_rank, compute_jobs, finish, match_rank, metric_pool,
-    open_pair, paused_gc, rank_notes, tensor_jobs,
-)  # fmt: skip
+    JobKey,
+    Pairing,
+    apply_metrics,
+    attribute,
+    compare_rank,
+    compute_jobs,
+    finish,
+    match_rank,
+    metric_pool,
+    open_pair,
+    paused_gc,
+    rank_notes,
+    tensor_jobs,
+)
 from torchdebug.errors import TorchDebugError
 
 __all__ = ["Share", "plan", "compare_distributed", "spawn_compare", "launched_by_torchrun", "process_group_from_env"]
@@ -182,7 +193,10 @@ def compare_distributed(a: str | Path, b: str | Path, **options: Any) -> Compare
     ``tensors``, ``threads``, ``replay``); ``threads`` defaults to the cores per process on this node.
     """
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("compare_distributed: torch.distributed is not initialised; call init_process_group first, or use compare(..., workers=N)")
+        raise ValueError(
+            "compare_distributed: torch.distributed is not initialised; "
+            "call init_process_group first, or use compare(..., workers=N)"
+        )
     settings = CompareConfig(**options)
     if settings.threads is None:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))

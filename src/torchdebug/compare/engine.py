@@ -19,8 +19,14 @@ from torchdebug.compare.config import CompareConfig
 from torchdebug.compare.matching import NameMapping
 from torchdebug.compare.result import CompareResult
 from torchdebug.compare.steps import (
-    compare_rank, finish, metric_pool, open_dump, open_pair, paused_gc, rank_notes,
-)  # fmt: skip
+    compare_rank,
+    finish,
+    metric_pool,
+    open_dump,
+    open_pair,
+    paused_gc,
+    rank_notes,
+)
 from torchdebug.store import reader
 
 __all__ = ["compare", "open_dump"]

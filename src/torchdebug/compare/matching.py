@@ -159,7 +159,9 @@ def _align(calls_a: list[_Call], calls_b: list[_Call], token: Callable[[_Call], 
 
 
 def _swapped(
-    calls_a: list[_Call], calls_b: list[_Call], token: Callable[[_Call], object],
+    calls_a: list[_Call],
+    calls_b: list[_Call],
+    token: Callable[[_Call], object],
     token_b: Callable[[_Call], object] | None = None,
 ) -> list[tuple[int, int]]:
     """Index pairs of calls with equal tokens in any order (each used once, earliest first); a
@@ -327,9 +329,7 @@ class _Links:
         return (call.first.op, producers) if any(producers) else None
 
 
-def match_records(
-    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping | None = None
-) -> list[Pair]:
+def match_records(records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping | None = None) -> list[Pair]:
     """Pair two record lists (one rank each); see the module docstring for the rules."""
     mapping = mapping or NameMapping()
     calls_a, calls_b = _calls(records_a), _calls(records_b)

@@ -158,9 +158,17 @@ def _classes(x: torch.Tensor) -> torch.Tensor:
 
 
 _IDENTICAL = {
-    "cosine": 1.0, "max_abs_err": 0.0, "max_rel_err": 0.0, "rmse": 0.0, "rel_l2": 0.0, "within_1e-3": 1.0,
-    "within_5e-3": 1.0, "max_ulp": 0.0, "error": 0.0, "nonfinite_mismatch": 0.0,
-}  # fmt: skip
+    "cosine": 1.0,
+    "max_abs_err": 0.0,
+    "max_rel_err": 0.0,
+    "rmse": 0.0,
+    "rel_l2": 0.0,
+    "within_1e-3": 1.0,
+    "within_5e-3": 1.0,
+    "max_ulp": 0.0,
+    "error": 0.0,
+    "nonfinite_mismatch": 0.0,
+}
 """Metrics of a finite tensor against a bitwise copy of itself."""
 
 

@@ -20,10 +20,31 @@ from torchdebug.store.tables import pandas, write_parquet
 __all__ = ["CompareResult", "Side", "CSV_COLUMNS"]
 
 CSV_COLUMNS = (
-    "rank", "step", "phase", "module", "op", "call", "io", "arg", "name", "name_b", "match", "kind",
-    "dtype_a", "dtype_b", "shape_a", "shape_b", "verdict", "attribution", "error", "tolerance",
-    *TENSOR_METRICS, *STATS_METRICS, "message", "source",
-)  # fmt: skip
+    "rank",
+    "step",
+    "phase",
+    "module",
+    "op",
+    "call",
+    "io",
+    "arg",
+    "name",
+    "name_b",
+    "match",
+    "kind",
+    "dtype_a",
+    "dtype_b",
+    "shape_a",
+    "shape_b",
+    "verdict",
+    "attribution",
+    "error",
+    "tolerance",
+    *TENSOR_METRICS,
+    *STATS_METRICS,
+    "message",
+    "source",
+)
 """Columns of :meth:`CompareResult.to_csv`, one row per tensor slot or argument (with replay, the
 :data:`~torchdebug.compare.metrics.REPLAY_METRICS` are appended)."""
 
@@ -47,7 +68,9 @@ class Side:
         dump = self.run.ranks[rank]
         notes = []
         if not getattr(dump, "complete", True):
-            notes.append(f"{label} rank {rank} is partial (no complete.json): the run did not close cleanly; later records are missing")
+            notes.append(
+                f"{label} rank {rank} is partial (no complete.json): the run did not close cleanly; later records are missing"
+            )
         if getattr(dump, "truncated", False):
             notes.append(f"{label} rank {rank}: the records file ends in a half-written line (skipped)")
         return notes

@@ -56,13 +56,27 @@ class Row:
         assert first is not None
         # the leading fields by position: keywords cost about 0.5 µs a row (a compare makes thousands)
         return cls(
-            rank, first.step, first.phase, first.module, first.op, first.call, first.io, first.arg, first.name,
-            b.name if b is not None else None, how, order, first.kind,
-            a.dtype if a else None, b.dtype if b else None, a.shape if a else None, b.shape if b else None,
+            rank,
+            first.step,
+            first.phase,
+            first.module,
+            first.op,
+            first.call,
+            first.io,
+            first.arg,
+            first.name,
+            b.name if b is not None else None,
+            how,
+            order,
+            first.kind,
+            a.dtype if a else None,
+            b.dtype if b else None,
+            a.shape if a else None,
+            b.shape if b else None,
             source=(a.source if a and a.source else b.source if b else None),
             record_a=a,
             record_b=b,
-        )  # fmt: skip
+        )
 
     @property
     def call_name(self) -> str:

@@ -42,9 +42,22 @@ from torchdebug.store import msprobe, reader
 from torchdebug.store.reader import RankRecords
 
 __all__ = [
-    "Pairing", "open_dump", "has_tensor", "open_pair", "metric_pool", "paused_gc", "match_rank",
-    "tensor_jobs", "compute_jobs", "apply_metrics", "replay_rows", "attribute", "rank_notes", "compare_rank", "finish",
-]  # fmt: skip
+    "Pairing",
+    "open_dump",
+    "has_tensor",
+    "open_pair",
+    "metric_pool",
+    "paused_gc",
+    "match_rank",
+    "tensor_jobs",
+    "compute_jobs",
+    "apply_metrics",
+    "replay_rows",
+    "attribute",
+    "rank_notes",
+    "compare_rank",
+    "finish",
+]
 
 logger = logging.getLogger("torchdebug.compare")
 
@@ -160,9 +173,11 @@ def _tensor_ref(record: Record, shapes: Mapping[str, list[int] | None]) -> tuple
     if view is not None:
         base = shapes.get(ref.get("key", ""))
         covers_base = (
-            base is not None and view.get("offset", 0) == 0 and 0 not in view.get("stride", [0])
+            base is not None
+            and view.get("offset", 0) == 0
+            and 0 not in view.get("stride", [0])
             and math.prod(view.get("shape", [])) == math.prod(base)
-        )  # fmt: skip
+        )
         if not covers_base:
             return ref.get("folder"), ref.get("file"), ref.get("key"), json.dumps(view, sort_keys=True)
     return ref.get("folder"), ref.get("file"), ref.get("key"), None
@@ -171,9 +186,10 @@ def _tensor_ref(record: Record, shapes: Mapping[str, list[int] | None]) -> tuple
 def tensor_jobs(rows: Iterable[Row], dump_a: RankRecords, dump_b: RankRecords) -> dict[JobKey, list[Row]]:
     """Rows needing tensor metrics, grouped by their unique pair of saved tensor values, in row order."""
     saved = [
-        row for row in rows
+        row
+        for row in rows
         if row.kind == "tensor" and row.shape_a == row.shape_b and has_tensor(row.record_a) and has_tensor(row.record_b)
-    ]  # fmt: skip
+    ]
     if not saved:
         return {}  # statistics dumps: no need to index the records' shapes
     shapes_a = {r.name: r.shape for r in dump_a.records()}
@@ -196,7 +212,11 @@ def _run_job(row: Row, dump_a: RankRecords, dump_b: RankRecords, overrides: Mapp
 
 
 def compute_jobs(
-    groups: Sequence[list[Row]], dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
+    groups: Sequence[list[Row]],
+    dump_a: RankRecords,
+    dump_b: RankRecords,
+    overrides: Mapping[str, Tolerance],
+    pool: ThreadPoolExecutor,
 ) -> list[dict[str, float]]:
     """Tensor metrics of each group's first row (the group shares its values), in order."""
     results = pool.map(lambda group: _run_job(group[0], dump_a, dump_b, overrides), groups)
@@ -267,7 +287,9 @@ def replay_rows(
                 row.metrics[name] = own
 
 
-def attribute(rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig, pool: ThreadPoolExecutor) -> None:
+def attribute(
+    rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig, pool: ThreadPoolExecutor
+) -> None:
     """Verdicts and attribution of one rank's rows, with replay first when asked."""
     if settings.replay:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)

@@ -89,9 +89,7 @@ def lower_precision(dtype_a: str | None, dtype_b: str | None) -> str | None:
     return a if bits_a <= bits_b else b
 
 
-def tolerance_for(
-    dtype_a: str | None, dtype_b: str | None, overrides: Mapping[str, Tolerance] | None = None
-) -> Tolerance:
+def tolerance_for(dtype_a: str | None, dtype_b: str | None, overrides: Mapping[str, Tolerance] | None = None) -> Tolerance:
     """The tolerance of a pair: the less precise dtype's entry, user ``overrides`` first."""
     dtype = lower_precision(dtype_a, dtype_b)
     if dtype is None:

@@ -95,8 +95,7 @@ def _own_error(row: Row) -> str | None:
     if error <= _REPLAY_MARGIN * tolerance:
         return None
     return (
-        f"own error {error:.1e} vs fp64 replay on side {side} ({dtype} tolerance {tolerance:.1e}): "
-        "this op makes the difference"
+        f"own error {error:.1e} vs fp64 replay on side {side} ({dtype} tolerance {tolerance:.1e}): this op makes the difference"
     )
 
 
@@ -128,9 +127,7 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             seen = math.inf
             continue
         if row.metrics.get("nonfinite_mismatch"):
-            explained = (
-                any(r.metrics.get("nonfinite_mismatch") for r in inputs) if is_output else upstream == math.inf
-            )
+            explained = any(r.metrics.get("nonfinite_mismatch") for r in inputs) if is_output else upstream == math.inf
             row.verdict, row.attribution = ("warning", "inherited") if explained else ("error", "blamed")
             row.message = "NaN/Inf where the other side is finite" + (" (inputs had it)" if explained else "")
             seen = math.inf
@@ -151,8 +148,10 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
                 _is_singular(row.op) and row.error <= sum(_spread(r) for r in inputs)
             )
             detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"
-            detail += f", explained by its inputs (error {_fmt(input_error)})" if explained else (
-                f"; its inputs differ by only {_fmt(input_error)}: this op makes the difference"
+            detail += (
+                f", explained by its inputs (error {_fmt(input_error)})"
+                if explained
+                else (f"; its inputs differ by only {_fmt(input_error)}: this op makes the difference")
             )
         else:
             explained = row.error <= growth * upstream

@@ -34,8 +34,8 @@ from torchdebug._torch.inductor import (
 )
 from torchdebug.capture.graph import GraphCapture
 from torchdebug.compile.config import CompilerConfig
-from torchdebug.compile.dump_pass import DataDumpPass, ModelContext
 from torchdebug.compile.debug_dir import DumpTree, ModelDump, PhaseDump, current_phase, dump_tree, run_folder
+from torchdebug.compile.dump_pass import DataDumpPass, ModelContext
 from torchdebug.compile.pipeline import GraphPass, PassStage, Pipeline, observing_inductor_passes, run_passes
 
 log = logging.getLogger("torchdebug.compile.backend")
@@ -194,8 +194,9 @@ class TorchDebugBackend:
             inner_compile = functools.partial(self._inner_compile, model=model)
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches or None)
 
-    def _inner_compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, model: ModelDump | None,
-                       **kwargs: Any) -> Any:
+    def _inner_compile(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, model: ModelDump | None, **kwargs: Any
+    ) -> Any:
         """Inductor's ``inner_compile`` seam: one AOT graph in, its compiled code out, dumped on the way."""
         aot_phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
         with self._scope(model.tree if model is not None else None):  # backward compiles after the backend returned

@@ -82,7 +82,9 @@ class DumpConfig(Options):
     )
     data_mode: list[str] = field(
         default_factory=lambda: ["all"],
-        metadata=option("Slots of the selected nodes: any of all, input, output (was dump_mode).", choices(dump_scenes.DATA_MODES)),
+        metadata=option(
+            "Slots of the selected nodes: any of all, input, output (was dump_mode).", choices(dump_scenes.DATA_MODES)
+        ),
     )
     dump_path: str = field(
         default=".",
@@ -92,7 +94,8 @@ class DumpConfig(Options):
         ),
     )
     step: frozenset[int] | None = field(
-        default=None, metadata=option("Steps to dump, e.g. '0|3-5|10' or [0, '3-5']; None: every step (was dump_step).", index_set)
+        default=None,
+        metadata=option("Steps to dump, e.g. '0|3-5|10' or [0, '3-5']; None: every step (was dump_step).", index_set),
     )
     nodes: str | None = field(
         default=None,
@@ -112,7 +115,9 @@ class DumpConfig(Options):
     )
     dump_config_path: str | None = field(
         default=None,
-        metadata=option("A TorchAir-style JSON scene file (torchdebug.compile.dump_scenes); options set here win over it.", _scene_file),
+        metadata=option(
+            "A TorchAir-style JSON scene file (torchdebug.compile.dump_scenes); options set here win over it.", _scene_file
+        ),
     )
 
     def check(self) -> None:
@@ -153,7 +158,9 @@ class GraphDumpConfig(Options):
 class DebugConfig(Options):
     """``debug``: what to dump and how to run."""
 
-    graph_dump: GraphDumpConfig = field(default_factory=GraphDumpConfig, metadata=option("Extra graph dumps.", group(GraphDumpConfig)))
+    graph_dump: GraphDumpConfig = field(
+        default_factory=GraphDumpConfig, metadata=option("Extra graph dumps.", group(GraphDumpConfig))
+    )
     run_eagerly: bool = field(
         default=False,
         metadata=option(

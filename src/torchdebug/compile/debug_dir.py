@@ -221,9 +221,7 @@ class PhaseDump:
         if self.model is not None:
             self.model.write_graph(f"{self.folder}/{stem}", gm, self.model.graph_kinds())
 
-    def record_pass(
-        self, gm: torch.fx.GraphModule, name: str, owner: str, seconds: float, before: list[str]
-    ) -> None:
+    def record_pass(self, gm: torch.fx.GraphModule, name: str, owner: str, seconds: float, before: list[str]) -> None:
         """Dump the graph after pass ``name`` and add its line to ``passes.json``."""
         stem = self._stem(f"_after_{_safe(name)}")
         self.last_stem, self.last_gm = stem, gm
@@ -276,6 +274,4 @@ class PhaseDump:
         log.debug("%s/%s: %d passes in %.3f s", model.name, self.aot_phase, len(self.passes), seconds)
 
 
-current_phase: contextvars.ContextVar[PhaseDump | None] = contextvars.ContextVar(
-    "torchdebug_current_phase", default=None
-)
+current_phase: contextvars.ContextVar[PhaseDump | None] = contextvars.ContextVar("torchdebug_current_phase", default=None)

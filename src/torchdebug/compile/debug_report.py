@@ -77,8 +77,11 @@ class Model:
 def _diff(before: Path | None, after: Path | None) -> tuple[list[str], bool]:
     if before is None or after is None or not before.is_file() or not after.is_file():
         return [], False
-    lines = list(difflib.unified_diff(before.read_text().splitlines(), after.read_text().splitlines(),
-                                      before.name, after.name, lineterm="", n=2))
+    lines = list(
+        difflib.unified_diff(
+            before.read_text().splitlines(), after.read_text().splitlines(), before.name, after.name, lineterm="", n=2
+        )
+    )
     return lines[:MAX_DIFF_LINES], len(lines) > MAX_DIFF_LINES
 
 
@@ -90,11 +93,20 @@ def _phase(folder: Path) -> Phase:
     for record in passes.get("passes", []):
         current = folder / record["file"] if record.get("file") else None
         diff, truncated = _diff(previous, current)
-        steps.append(PassStep(
-            index=record["index"], name=record["name"], owner=record["owner"], seconds=record["seconds"],
-            nodes_before=record["nodes_before"], nodes_after=record["nodes_after"], added=record["added"],
-            removed=record["removed"], diff=diff, diff_truncated=truncated,
-        ))
+        steps.append(
+            PassStep(
+                index=record["index"],
+                name=record["name"],
+                owner=record["owner"],
+                seconds=record["seconds"],
+                nodes_before=record["nodes_before"],
+                nodes_after=record["nodes_after"],
+                added=record["added"],
+                removed=record["removed"],
+                diff=diff,
+                diff_truncated=truncated,
+            )
+        )
         previous = current or previous
     return Phase(folder.name, passes.get("compile_seconds"), steps, steps[0].nodes_before if steps else None)
 

@@ -39,12 +39,12 @@ import torch.fx
 from torchdebug.capture.graph import GraphCapture
 from torchdebug.capture.graph_ops import DUMP_GRAPH, DUMP_POINT, HOST_STATS
 from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan
-from torchdebug.slots import dtype_name, iter_slots, json_value
 from torchdebug.compile import graph_stats, node_names
 from torchdebug.compile.debug_dir import current_phase
 from torchdebug.compile.dump_scenes import DumpSettings, safe_model_name
 from torchdebug.native import fused_stats
 from torchdebug.scope import SCOPE_KEY
+from torchdebug.slots import dtype_name, iter_slots, json_value
 
 aten = torch.ops.aten
 
@@ -65,7 +65,12 @@ def _meta(value: torch.Tensor) -> dict[str, Any]:
     def plain(sizes: Any) -> list[Any]:
         return [s if isinstance(s, int) else str(s) for s in sizes]
 
-    return {"dtype": dtype_name(value.dtype), "shape": plain(value.shape), "stride": plain(value.stride()), "device": str(value.device)}
+    return {
+        "dtype": dtype_name(value.dtype),
+        "shape": plain(value.shape),
+        "stride": plain(value.stride()),
+        "device": str(value.device),
+    }
 
 
 def _is_integral(value: torch.Tensor) -> bool:
@@ -99,7 +104,11 @@ def _output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | No
     if not isinstance(value, (tuple, list)):
         yield "0", node, value
         return
-    getitems = {user.args[1]: user for user in node.users if user.op == "call_function" and getattr(user.target, "__name__", "") == "getitem"}
+    getitems = {
+        user.args[1]: user
+        for user in node.users
+        if user.op == "call_function" and getattr(user.target, "__name__", "") == "getitem"
+    }
     for index, item in enumerate(value):
         yield str(index), getitems.get(index), item
 
@@ -254,11 +263,13 @@ class _Planner:
         """The node whose value holds the same elements as ``node`` (through views and clones)."""
         source = node
         while (
-            source.op == "call_function" and getattr(source.target, "overloadpacket", None) in graph_stats.SAME_ELEMENTS
-            and isinstance(source.args[0], torch.fx.Node) and isinstance(source.args[0].meta.get("val"), torch.Tensor)
+            source.op == "call_function"
+            and getattr(source.target, "overloadpacket", None) in graph_stats.SAME_ELEMENTS
+            and isinstance(source.args[0], torch.fx.Node)
+            and isinstance(source.args[0].meta.get("val"), torch.Tensor)
             and source.args[0].meta["val"].numel() == source.meta["val"].numel()
             and source.args[0].meta["val"].dtype == source.meta["val"].dtype
-        ):  # fmt: skip
+        ):
             source = source.args[0]
         return source
 
@@ -270,8 +281,11 @@ class _Planner:
             if node.name in by_name:
                 seen.append(by_name[node.name])
                 points.append(PointPlan(node.name, [(by_name[node.name], "0")]))
-            elif seen and node.op == "call_function" and node_names.op_name(node) is not None and (
-                not self.settings.watched_after or node.name in self.settings.watched_after
+            elif (
+                seen
+                and node.op == "call_function"
+                and node_names.op_name(node) is not None
+                and (not self.settings.watched_after or node.name in self.settings.watched_after)
             ):
                 points.append(PointPlan(node.name, [(index, "0") for index in seen]))
         return points

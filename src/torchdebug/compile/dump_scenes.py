@@ -13,8 +13,9 @@ The file keeps TorchAir's keys (``dump_data`` ``"tensor"``/``"stats"``, ``dump_m
 ``dump_step``); on ``config.dump_config`` they are ``task`` (``"tensor"``/``"statistics"``),
 ``data_mode`` and ``step``, as in eager dumps. Options set on the config win over the file; the
 file wins over defaults. Scenes that cannot be combined (overflow with a model or op dump, watcher
-with either) are refused with one line naming the keys, as TorchAir does. ``model_name`` is a graph name as the backend numbers them
-(``model__0`` is the first graph it compiled), with ``.``, ``/``, ``\\`` and spaces read as ``_``.
+with either) are refused with one line naming the keys, as TorchAir does. ``model_name`` is a graph
+name as the backend numbers them (``model__0`` is the first graph it compiled), with ``.``, ``/``,
+``\\`` and spaces read as ``_``.
 """
 
 from __future__ import annotations
@@ -68,11 +69,17 @@ class DumpSettings:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for the dump manifest."""
         return {
-            "scene": self.scene, "data_mode": self.mode, "task": self.task, "dump_path": self.path,
-            "step": sorted(self.steps) if self.steps is not None else None, "dump_stage": self.stage,
-            "nodes": sorted(self.layers), "models": {k: sorted(v) for k, v in (self.models or {}).items()} or None,
-            "watched_after": sorted(self.watched_after), "watcher_nodes": list(self.watched),
-        }  # fmt: skip
+            "scene": self.scene,
+            "data_mode": self.mode,
+            "task": self.task,
+            "dump_path": self.path,
+            "step": sorted(self.steps) if self.steps is not None else None,
+            "dump_stage": self.stage,
+            "nodes": sorted(self.layers),
+            "models": {k: sorted(v) for k, v in (self.models or {}).items()} or None,
+            "watched_after": sorted(self.watched_after),
+            "watcher_nodes": list(self.watched),
+        }
 
 
 def _names(key: str, value: Any) -> list[str]:
@@ -104,7 +111,9 @@ def read_scene_file(path: str) -> dict[str, Any]:
             raise ConfigError(f"dump.{key}: unknown key in {path}, expected one of {', '.join(_FILE_KEYS)}")
     entries = dump.get("dump_list", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ConfigError(f"dump.dump_list: got {entries!r}, expected a list of objects like {{'model_name': ..., 'layer': [...]}}")
+        raise ConfigError(
+            f"dump.dump_list: got {entries!r}, expected a list of objects like {{'model_name': ..., 'layer': [...]}}"
+        )
     for index, entry in enumerate(entries):
         for key in entry:
             if key not in _ENTRY_KEYS:
@@ -123,13 +132,19 @@ def _check_scene(dump: dict[str, Any]) -> None:
     entries = dump.get("dump_list", [])
     if scene == "watcher":
         if overflow:
-            raise ConfigError("dump.dump_scene: 'watcher' cannot be combined with dump.dump_debug 'on' (overflow dump); use one scene per file")
+            raise ConfigError(
+                "dump.dump_scene: 'watcher' cannot be combined with dump.dump_debug 'on' (overflow dump); use one scene per file"
+            )
         if op_switch:
-            raise ConfigError("dump.dump_scene: 'watcher' cannot be combined with dump.dump_op_switch 'on' (op dump); use one scene per file")
+            raise ConfigError(
+                "dump.dump_scene: 'watcher' cannot be combined with dump.dump_op_switch 'on' (op dump); use one scene per file"
+            )
         if dump.get("dump_mode", "output") != "output":
             raise ConfigError(f"dump.dump_mode: got {dump['dump_mode']!r}, the watcher scene supports only 'output'")
         if any("model_name" in e for e in entries):
-            raise ConfigError("dump.dump_list[].model_name: not supported in the watcher scene; list node names in layer and watcher_nodes")
+            raise ConfigError(
+                "dump.dump_list[].model_name: not supported in the watcher scene; list node names in layer and watcher_nodes"
+            )
         if not any(e.get("watcher_nodes") for e in entries):
             raise ConfigError("dump.dump_list[].watcher_nodes: the watcher scene needs at least one node to watch")
     elif overflow and (entries or op_switch):
@@ -175,13 +190,19 @@ def resolve(file: dict[str, Any] | None, values: Mapping[str, Any], assigned: fr
     if from_file:
         steps = index_set("dump.dump_step", steps)
     common = dict(
-        mode=mode, task=task, path=str(pick("dump_path", "dump_path")[0]), steps=steps, stage=values["dump_stage"],
+        mode=mode,
+        task=task,
+        path=str(pick("dump_path", "dump_path")[0]),
+        steps=steps,
+        stage=values["dump_stage"],
         layers=frozenset((values["nodes"] or "").split()),
     )
     entries = file.get("dump_list", [])
     if file.get("dump_scene") == "watcher":
         after = {n for i, e in enumerate(entries) for n in _names(f"dump.dump_list[{i}].layer", e.get("layer", []))}
-        watched = [n for i, e in enumerate(entries) for n in _names(f"dump.dump_list[{i}].watcher_nodes", e.get("watcher_nodes", []))]
+        watched = [
+            n for i, e in enumerate(entries) for n in _names(f"dump.dump_list[{i}].watcher_nodes", e.get("watcher_nodes", []))
+        ]
         return DumpSettings(scene="watcher", watched_after=frozenset(after), watched=tuple(dict.fromkeys(watched)), **common)
     if file.get("dump_debug") == "on":
         return DumpSettings(scene="overflow", **common)

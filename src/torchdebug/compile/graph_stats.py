@@ -31,9 +31,20 @@ from torchdebug._torch.dynamo import detect_fake_mode
 aten = torch.ops.aten
 
 SAME_ELEMENTS = frozenset(
-    {aten.view, aten.reshape, aten._unsafe_view, aten.permute, aten.t, aten.transpose, aten.squeeze,
-     aten.unsqueeze, aten.alias, aten.clone, aten.detach}
-)  # fmt: skip
+    {
+        aten.view,
+        aten.reshape,
+        aten._unsafe_view,
+        aten.permute,
+        aten.t,
+        aten.transpose,
+        aten.squeeze,
+        aten.unsqueeze,
+        aten.alias,
+        aten.clone,
+        aten.detach,
+    }
+)
 """Ops whose output holds exactly the elements of their first input: the statistics are reused."""
 
 _INT32_COUNT_LIMIT = 2**31 - 1

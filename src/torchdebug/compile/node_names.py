@@ -110,10 +110,11 @@ _STAND_INS: dict[str, frozenset[str]] = {
     "aten.reshape.default": frozenset({"aten.view.default", "aten._unsafe_view.default"}),
     "aten.permute.default": frozenset({"aten.t.default", "aten.transpose.int", "aten.numpy_T.default"}),
     "aten.expand.default": frozenset({"aten.expand_as.default", "aten.broadcast_to.default"}),
-    "aten.full.default": frozenset({"aten.ones.default", "aten.zeros.default", "aten.new_ones.default",
-                                    "aten.new_zeros.default", "aten.new_full.default"}),
+    "aten.full.default": frozenset(
+        {"aten.ones.default", "aten.zeros.default", "aten.new_ones.default", "aten.new_zeros.default", "aten.new_full.default"}
+    ),
     "prims.iota.default": frozenset({"aten.arange.default", "aten.arange.start", "aten.arange.start_step"}),
-}  # fmt: skip
+}
 """Ops a decomposition uses to stand for a whole view or factory op, and the ops they stand for
 (see :func:`replaced_ops`). Other pairs are fragments as often as stand-ins: after inductor's
 passes an ``unsqueeze`` can be the one node left tagged with ``nll_loss_backward``."""

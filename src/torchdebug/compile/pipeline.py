@@ -108,11 +108,17 @@ class Pipeline:
 
     @classmethod
     def build(
-        cls, config: CompilerConfig, extra: Sequence[GraphPass] = (), data_dump: Callable[[torch.fx.GraphModule], Any] | None = None
+        cls,
+        config: CompilerConfig,
+        extra: Sequence[GraphPass] = (),
+        data_dump: Callable[[torch.fx.GraphModule], Any] | None = None,
     ) -> Pipeline:
         """User pre pass, then :func:`default_passes`, then ``extra``, then the user post pass."""
-        pre = [user_pass("post_grad_custom_pre_pass", config.post_grad_custom_pre_pass)] \
-            if config.post_grad_custom_pre_pass is not None else []
+        pre = (
+            [user_pass("post_grad_custom_pre_pass", config.post_grad_custom_pre_pass)]
+            if config.post_grad_custom_pre_pass is not None
+            else []
+        )
         post = [*default_passes(config, data_dump), *extra]
         if config.post_grad_custom_post_pass is not None:
             post.append(user_pass("post_grad_custom_post_pass", config.post_grad_custom_post_pass))

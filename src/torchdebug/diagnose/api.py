@@ -122,7 +122,11 @@ def _last_stage(
 
 
 def _localize(
-    program: Program, failed: StageResult, instrumented: InstrumentedInductor | None, graphs: list[Any], tol: float,
+    program: Program,
+    failed: StageResult,
+    instrumented: InstrumentedInductor | None,
+    graphs: list[Any],
+    tol: float,
     notes: list[str],
 ) -> NodeFinding | None:
     """The first bad node of the failing stage (see the module docstring for which method)."""

@@ -89,7 +89,9 @@ def op_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op in _OPS]
 
 
-def single_node(gm: torch.fx.GraphModule, node: torch.fx.Node, values: dict[str, Any]) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
+def single_node(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, values: dict[str, Any]
+) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
     """``node`` alone: one placeholder per tensor it reads (named after the producing node)."""
     graph = torch.fx.Graph()
     inputs: dict[str, Any] = {}

@@ -27,12 +27,18 @@ def _backend(key: str, value: Any) -> Any:
 class DiagnoseConfig(Options):
     """Options of :func:`torchdebug.diagnose` (see its docstring for what each one does)."""
 
-    backend: Any = field(default=None, metadata=option("The torch.compile backend under test: a name, a callable, or None for inductor.", _backend))
+    backend: Any = field(
+        default=None, metadata=option("The torch.compile backend under test: a name, a callable, or None for inductor.", _backend)
+    )
     train: bool = field(default=True, metadata=option("Also run backward and check gradients.", boolean))
-    mode: str | None = field(default=None, metadata=option("torch.compile mode for the last stage.", optional(one_of(*COMPILE_MODES))))
+    mode: str | None = field(
+        default=None, metadata=option("torch.compile mode for the last stage.", optional(one_of(*COMPILE_MODES)))
+    )
     tolerance: float = field(
         default=DEFAULT_TOLERANCE,
         metadata=option("The tol of the RMSE-ratio accuracy rule (PyTorch's minifier uses 1e-3).", number(0, inclusive=False)),
     )
-    output_dir: str = field(default="torchdebug_diagnose", metadata=option("Where repro.py and its inputs go.", text("a folder path")))
+    output_dir: str = field(
+        default="torchdebug_diagnose", metadata=option("Where repro.py and its inputs go.", text("a folder path"))
+    )
     repro: bool = field(default=True, metadata=option("Write the repro.", boolean))

@@ -42,16 +42,22 @@ class NodeFinding:
         return f"{self.phase} node {self.node} ({self.target}) in module {self.module}{where}: {self.detail}"
 
 
-def node_finding(node: torch.fx.Node, graph: str, graph_phase: str, detail: str, phase: str | None = None,
-                 **extra: Any) -> NodeFinding:
+def node_finding(
+    node: torch.fx.Node, graph: str, graph_phase: str, detail: str, phase: str | None = None, **extra: Any
+) -> NodeFinding:
     """Describe ``node`` with its module path and source line from ``node.meta``; ``phase`` overrides
     the node's own (a Dynamo-graph node whose gradient is wrong)."""
     backward = node_names.is_backward_node(node, graph_phase)
     rooted = node_names.graph_is_rooted(node.graph)
     where = graph_dump.source_location(node)
     return NodeFinding(
-        graph=graph, node=node.name, target=graph_dump.target_name(node), phase=phase or ("backward" if backward else "forward"),
+        graph=graph,
+        node=node.name,
+        target=graph_dump.target_name(node),
+        phase=phase or ("backward" if backward else "forward"),
         module=node_names.module_of(node, backward, rooted),
         source=f"{where['file']}:{where['line']} in {where['function']}" if where else None,
-        code=where["code"] if where else None, detail=detail, **extra,
-    )  # fmt: skip
+        code=where["code"] if where else None,
+        detail=detail,
+        **extra,
+    )

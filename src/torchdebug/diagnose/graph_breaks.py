@@ -53,8 +53,10 @@ class CompileEvents:
     def summary(self) -> str:
         """``2 graphs, 1 graph break, 0 recompiles``."""
         breaks, recompiles = self.count("graph break"), self.count("recompile")
-        return f"{self.graphs} graph{'s' * (self.graphs != 1)}, {breaks} graph break{'s' * (breaks != 1)}, " \
-               f"{recompiles} recompile{'s' * (recompiles != 1)}"  # fmt: skip
+        return (
+            f"{self.graphs} graph{'s' * (self.graphs != 1)}, {breaks} graph break{'s' * (breaks != 1)}, "
+            f"{recompiles} recompile{'s' * (recompiles != 1)}"
+        )
 
 
 def compile_events(graphs: list[DynamoGraph]) -> CompileEvents:

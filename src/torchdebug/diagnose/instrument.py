@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchdebug._torch.inductor import CustomGraphPass, compile_fx, compile_fx_inner, config_patched, custom_pass_patch
 from torchdebug.capture import graph_ops
 from torchdebug.capture.graph_ops import DUMP_GRAPH, register_sink, unregister_sink
-from torchdebug._torch.inductor import CustomGraphPass, compile_fx, compile_fx_inner, config_patched, custom_pass_patch
 from torchdebug.compile.graph_stats import propagate_fake_values
 
 aten = torch.ops.aten
@@ -82,9 +82,8 @@ class _Materialize(CustomGraphPass):
         if sink is None:
             return  # a compile that is not ours (the pass is in the config while we run)
         nodes = [
-            n for n in graph.nodes
-            if n.op in ("placeholder", "call_function") and isinstance(n.meta.get("val"), torch.Tensor)
-        ]  # fmt: skip
+            n for n in graph.nodes if n.op in ("placeholder", "call_function") and isinstance(n.meta.get("val"), torch.Tensor)
+        ]
         labels = ",".join(n.name for n in nodes)  # FX node names never hold a comma
         with graph.inserting_before(graph.find_nodes(op="output")[0]):
             empty = graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})
@@ -109,10 +108,7 @@ def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 def _identity(phase: str, graph: torch.fx.GraphModule, inputs: Any) -> str:
     """What an AOT graph is, for its sink key: phase, code and the kinds of its inputs."""
-    kinds = [
-        f"{x.dtype}{list(x.shape)}{list(x.stride())}" if isinstance(x, torch.Tensor) else type(x).__name__
-        for x in inputs
-    ]  # fmt: skip
+    kinds = [f"{x.dtype}{list(x.shape)}{list(x.stride())}" if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]
     return f"diagnose/{phase}/{kinds}\n{graph.code}"
 
 

@@ -112,6 +112,12 @@ def _finding(entry: AotGraph, node: torch.fx.Node, verdict: Any, values: dict[st
     inputs = {**values, **(entry.values or {})}  # the compiled value of each input where there is one
     alone, alone_inputs = single_node(entry.original, node, inputs)
     return node_finding(
-        node, entry.label, entry.phase, f"output {verdict.describe()}", check=verdict, inputs=alone_inputs, subgraph=alone,
+        node,
+        entry.label,
+        entry.phase,
+        f"output {verdict.describe()}",
+        check=verdict,
+        inputs=alone_inputs,
+        subgraph=alone,
         train=False,  # the node alone, forward: a backward node is an ordinary op of the backward graph
     )

@@ -24,6 +24,7 @@ from torch import nn
 from torchdebug._torch.pytree import tree_leaves
 from torchdebug.capture.stacks import SKIP_DIRS
 
+
 @dataclass(slots=True)
 class Outcome:
     """What one run produced: named tensors, or the exception it raised and where."""

@@ -108,4 +108,3 @@ class DiagnoseReport:
         target = Path(path)
         target.write_text(render_diagnose(self))
         return target
-

@@ -16,8 +16,8 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-from torchdebug.compile import graph_dump
 from torchdebug._torch.dynamo import generate_config_string
+from torchdebug.compile import graph_dump
 from torchdebug.diagnose.finding import NodeFinding
 
 INPUTS_FILE = "repro_inputs.safetensors"
@@ -110,9 +110,13 @@ def write_repro(finding: NodeFinding, backend: Any, folder: Path, tolerance: flo
     title = f"torchdebug diagnose: {finding.describe()}"
     script = graph_dump.graph_python(finding.subgraph, title.replace('"""', "'''"), main=False)
     main = _MAIN.format(
-        config=generate_config_string(), backend=_backend_expression(backend), names=names, train=finding.train,
-        tolerance=tolerance, inputs_file=INPUTS_FILE,
-    )  # fmt: skip
+        config=generate_config_string(),
+        backend=_backend_expression(backend),
+        names=names,
+        train=finding.train,
+        tolerance=tolerance,
+        inputs_file=INPUTS_FILE,
+    )
     path = folder / "repro.py"
     path.write_text(script + main)
     return path

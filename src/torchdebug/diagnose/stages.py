@@ -1,8 +1,9 @@
 """The stage ladder: uncompiled, eager, aot_eager, aot_eager_decomp_partition, the user's backend.
 
-``uncompiled`` is the program as written; each later stage compiles a fresh copy of the program with one more piece of the compiler than the stage
-before (Dynamo, then AOT autograd, then inductor's decompositions and partitioner, then code
-generation), as in PyTorch's troubleshooting guide. The first stage that raises, or whose outputs or
+``uncompiled`` is the program as written; each later stage compiles a fresh copy of the program
+with one more piece of the compiler than the stage before (Dynamo, then AOT autograd, then
+inductor's decompositions and partitioner, then code generation), as in PyTorch's troubleshooting
+guide. The first stage that raises, or whose outputs or
 gradients fail :func:`torchdebug.diagnose.accuracy.check` against the fp64 eager reference, is where
 the problem is; the stages before it clear everything they contain.
 """

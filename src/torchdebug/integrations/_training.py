@@ -21,9 +21,7 @@ from torchdebug.debugger import Debugger, _resolve_config
 
 _DEFAULT_DUMP_PATH = next(f.default for f in dataclasses.fields(DebuggerConfig) if f.name == "dump_path")
 
-NO_STEP_WARNING = (
-    "torchdebug: no step selected, so every training step is dumped; pass step=[N] or step='a-b' to dump a few"
-)
+NO_STEP_WARNING = "torchdebug: no step selected, so every training step is dumped; pass step=[N] or step='a-b' to dump a few"
 
 
 class TrainerDump:
@@ -75,4 +73,3 @@ class TrainerDump:
             return None
         self._unreported = False
         return f"torchdebug: dump written to {self.run_dir} (compare it: torchdebug compare {self.run_dir} REFERENCE)"
-

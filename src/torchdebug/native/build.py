@@ -114,8 +114,13 @@ def load_library(source_name: str, *, python_api: bool = False) -> ctypes.CDLL |
 def _built(compiler: list[str], flags: tuple[str, ...], source: Path) -> Path:
     """The library built from ``source`` with ``flags``, from the cache or built now."""
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join([*compiler, *flags]).encode(), _compiler_version(compiler).encode(),
-                 platform.machine().encode(), str(sysconfig.get_config_var("EXT_SUFFIX")).encode()):  # fmt: skip
+    for part in (
+        source.read_bytes(),
+        " ".join([*compiler, *flags]).encode(),
+        _compiler_version(compiler).encode(),
+        platform.machine().encode(),
+        str(sysconfig.get_config_var("EXT_SUFFIX")).encode(),
+    ):
         key.update(part)
     target = cache_dir() / key.hexdigest()[:16] / f"{source.stem}.so"
     if not target.exists():

@@ -47,6 +47,7 @@ class Result(Protocol):
     def rank_rows(self, rank: int) -> list[Any]: ...
     def describe(self, row: Any) -> dict[str, Any]: ...
 
+
 _WIDTH, _HEIGHT = 1000, 300
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 26, 44  # margins: room for the axes' labels
 _LOG_FLOOR = -12.0  # errors below 1e-12 (and exact zeros) sit on the bottom line
@@ -100,10 +101,14 @@ def _bands(rows: Sequence[Row], positions: list[int], x: Any) -> list[dict[str, 
         return []
     steps = len({step for (step, _), _, _ in spans})
     return [
-        {"x": x(start - 0.5), "width": max(x(end + 0.5) - x(start - 0.5), 1.0), "shade": index % 2 == 0,
-         "label": f"step {step} {phase}" if steps > 1 else phase}
+        {
+            "x": x(start - 0.5),
+            "width": max(x(end + 0.5) - x(start - 0.5), 1.0),
+            "shade": index % 2 == 0,
+            "label": f"step {step} {phase}" if steps > 1 else phase,
+        }
         for index, ((step, phase), start, end) in enumerate(spans)
-    ]  # fmt: skip
+    ]
 
 
 def _log_error(error: float) -> float:
@@ -134,18 +139,32 @@ def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
     step = _nice_step(last, 8)
     marked = [
         {"kind": kind, "label": label, "row": marks[kind] + 1, "x": x(positions[marks[kind]])}  # type: ignore[operator,index]
-        for kind, label in _MARKS.items() if marks.get(kind) is not None
-    ]  # fmt: skip
+        for kind, label in _MARKS.items()
+        if marks.get(kind) is not None
+    ]
     return {
-        "width": _WIDTH, "height": _HEIGHT, "left": _LEFT, "right": _WIDTH - _RIGHT, "top": _TOP, "bottom": _HEIGHT - _BOTTOM,
-        "dots": [{"x": x(positions[i]), "y": y(logs[i]), "row": i + 1, "verdict": rows[i].verdict,
-                  "title": f"#{i + 1} {rows[i].name}: error {rows[i].error:.3g} ({rows[i].verdict})"} for i in plotted],
+        "width": _WIDTH,
+        "height": _HEIGHT,
+        "left": _LEFT,
+        "right": _WIDTH - _RIGHT,
+        "top": _TOP,
+        "bottom": _HEIGHT - _BOTTOM,
+        "dots": [
+            {
+                "x": x(positions[i]),
+                "y": y(logs[i]),
+                "row": i + 1,
+                "verdict": rows[i].verdict,
+                "title": f"#{i + 1} {rows[i].name}: error {rows[i].error:.3g} ({rows[i].verdict})",
+            }
+            for i in plotted
+        ],
         "y_ticks": [{"y": y(e), "label": f"1e{int(e)}"} for e in range(int(top), int(_LOG_FLOOR) - 1, -decades)],
         "x_ticks": [{"x": x(p), "label": str(p)} for p in dict.fromkeys([1, *range(step, last + 1, step)])],
         "bands": _bands(rows, positions, x),
         "marks": marked,
         "thinned": len(plotted) < sum(1 for row in rows if row.matched and row.error is not None),
-    }  # fmt: skip
+    }
 
 
 def render_compare(result: Result, verdicts: Sequence[str]) -> str:

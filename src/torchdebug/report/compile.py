@@ -13,7 +13,10 @@ from torchdebug.report import render
 __all__ = ["render_compile"]
 
 
-def render_compile(*, folder: str, models: list[Any], graph_breaks: list[dict[str, Any]], recompiles: list[dict[str, Any]],
-                   max_diff: int) -> str:
+def render_compile(
+    *, folder: str, models: list[Any], graph_breaks: list[dict[str, Any]], recompiles: list[dict[str, Any]], max_diff: int
+) -> str:
     """The complete HTML page (a string; the caller writes it)."""
-    return render("compile.html.j2", folder=folder, models=models, graph_breaks=graph_breaks, recompiles=recompiles, max_diff=max_diff)
+    return render(
+        "compile.html.j2", folder=folder, models=models, graph_breaks=graph_breaks, recompiles=recompiles, max_diff=max_diff
+    )

@@ -92,7 +92,9 @@ def _frames(raw: list[str]) -> list[str]:
     frames = []
     for text in reversed(raw):
         match = _FRAME.match(text.strip())
-        frames.append(f'File "{match["file"]}", line {match["line"]}, in {match["fn"]}: {match["code"].strip()}' if match else text)
+        frames.append(
+            f'File "{match["file"]}", line {match["line"]}, in {match["fn"]}: {match["code"].strip()}' if match else text
+        )
     return frames
 
 
@@ -178,9 +180,17 @@ class MsprobeRankDump:
             sid = stack_keys.get(key)
             fwd = _forward_call(key, construct) if phase == "backward" else None
             context = {
-                "step": folder.step, "rank": self.rank, "phase": phase, "module": module, "op": op, "call": number,
-                "seq": seq, "stack": sid, "source": sources.get(sid) if sid else None, "fwd": fwd,
-            }  # fmt: skip
+                "step": folder.step,
+                "rank": self.rank,
+                "phase": phase,
+                "module": module,
+                "op": op,
+                "call": number,
+                "seq": seq,
+                "stack": sid,
+                "source": sources.get(sid) if sid else None,
+                "fwd": fwd,
+            }
             for io, arg, entry in _slots(key, call):
                 records.append(_record(entry, io, arg, context, folder.path))
         return records
@@ -228,14 +238,17 @@ def _record(entry: dict[str, Any], io: str, arg: str, context: dict[str, Any], f
         return Record(name=name, io=io, arg=arg, kind="value", value=entry.get("value"), **context)
     data_name = entry.get("data_name")
     return Record(
-        name=name, io=io, arg=arg, kind="tensor",
+        name=name,
+        io=io,
+        arg=arg,
+        kind="tensor",
         dtype=str(entry.get("dtype", "")).removeprefix("torch.") or None,
         shape=list(entry.get("shape") or []),
         requires_grad=entry.get("requires_grad"),
         stats={"min": entry.get("Min"), "max": entry.get("Max"), "mean": entry.get("Mean"), "norm": entry.get("Norm")},
         tensor={"file": f"dump_tensor_data/{data_name}", "key": "", "folder": str(folder)} if data_name else None,
         **context,
-    )  # fmt: skip
+    )
 
 
 def load(path: str | Path) -> Run:

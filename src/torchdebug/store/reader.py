@@ -177,7 +177,9 @@ class RankDump:
         try:
             tensor = self._open(record.tensor["file"], device).get_tensor(record.tensor["key"])
         except SafetensorError as error:
-            raise DumpError(f"{record.name}: cannot read {record.tensor['key']!r} from {record.tensor['file']} ({error})") from None
+            raise DumpError(
+                f"{record.name}: cannot read {record.tensor['key']!r} from {record.tensor['file']} ({error})"
+            ) from None
         view = record.tensor.get("view")
         if view is not None:  # saved as a strided view of another slot's tensor
             tensor = tensor.reshape(-1).as_strided(view["shape"], view["stride"], view["offset"])

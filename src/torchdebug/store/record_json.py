@@ -26,10 +26,34 @@ _STAT_KEYS = set(STAT_KEYS)
 _FALLBACK = json.JSONEncoder(check_circular=False, separators=(",", ":"), default=str)
 
 ENCODED_FIELDS = (
-    "name", "step", "rank", "phase", "module", "op", "call", "seq", "io", "arg", "kind", "dtype", "shape",
-    "stride", "device", "requires_grad", "stats", "tensor", "sampled", "value", "stack", "source", "fwd",
-    "node", "capture", "capture_error", "extra",
-)  # fmt: skip
+    "name",
+    "step",
+    "rank",
+    "phase",
+    "module",
+    "op",
+    "call",
+    "seq",
+    "io",
+    "arg",
+    "kind",
+    "dtype",
+    "shape",
+    "stride",
+    "device",
+    "requires_grad",
+    "stats",
+    "tensor",
+    "sampled",
+    "value",
+    "stack",
+    "source",
+    "fwd",
+    "node",
+    "capture",
+    "capture_error",
+    "extra",
+)
 """Every Record field, in the order written (a test checks this matches ``Record``)."""
 
 _HELPERS = (_quote, _FALLBACK.encode, ENCODED_FIELDS, STAT_KEYS)
@@ -53,7 +77,13 @@ def _ints(values: list[int]) -> str:
 def _flat_dict(data: dict[str, Any]) -> str:
     parts = []
     for key, value in data.items():
-        text = _quote(value) if value.__class__ is str else _FALLBACK.encode(value) if isinstance(value, (dict, list)) else _number(value)
+        text = (
+            _quote(value)
+            if value.__class__ is str
+            else _FALLBACK.encode(value)
+            if isinstance(value, (dict, list))
+            else _number(value)
+        )
         parts.append(_quote(key) + ":" + text)
     return "{" + ",".join(parts) + "}"
 
@@ -75,11 +105,29 @@ def encode_record(r: Record, memo: dict[int, str] | None = None) -> str:
     one batch that share them (see :func:`encode_records`).
     """
     parts = [
-        '{"name":', _quote(r.name), ',"step":', str(r.step), ',"rank":', str(r.rank),
-        ',"phase":', _quote(r.phase), ',"module":', _quote(r.module), ',"op":', _quote(r.op),
-        ',"call":', str(r.call), ',"seq":', str(r.seq), ',"io":', _quote(r.io), ',"arg":', _quote(r.arg),
-        ',"kind":', _quote(r.kind),
-    ]  # fmt: skip
+        '{"name":',
+        _quote(r.name),
+        ',"step":',
+        str(r.step),
+        ',"rank":',
+        str(r.rank),
+        ',"phase":',
+        _quote(r.phase),
+        ',"module":',
+        _quote(r.module),
+        ',"op":',
+        _quote(r.op),
+        ',"call":',
+        str(r.call),
+        ',"seq":',
+        str(r.seq),
+        ',"io":',
+        _quote(r.io),
+        ',"arg":',
+        _quote(r.arg),
+        ',"kind":',
+        _quote(r.kind),
+    ]
     if r.dtype is not None:
         parts += (',"dtype":', _quote(r.dtype))
     if r.shape is not None:
@@ -120,9 +168,23 @@ def _memo(memo: dict[int, str], value: Any, encode: Any) -> str:
 def _stats(stats: dict[str, Any]) -> str:
     if stats.keys() == _STAT_KEYS:
         get = stats.get
-        return "".join((
-            '{"min":', _number(get("min")), ',"max":', _number(get("max")),
-            ',"mean":', _number(get("mean")), ',"norm":', _number(get("norm")),
-            ',"nan":', str(get("nan")), ',"posinf":', str(get("posinf")), ',"neginf":', str(get("neginf")), "}",
-        ))  # fmt: skip
+        return "".join(
+            (
+                '{"min":',
+                _number(get("min")),
+                ',"max":',
+                _number(get("max")),
+                ',"mean":',
+                _number(get("mean")),
+                ',"norm":',
+                _number(get("norm")),
+                ',"nan":',
+                str(get("nan")),
+                ',"posinf":',
+                str(get("posinf")),
+                ',"neginf":',
+                str(get("neginf")),
+                "}",
+            )
+        )
     return _flat_dict(stats)  # not yet filled (an error) or written by another tool

@@ -21,9 +21,22 @@ __all__ = ["RECORD_COLUMNS", "pandas", "records_frame", "require_parquet", "writ
 
 _LEADING = ("rank", "step", "phase", "module", "op", "call", "io", "arg", "name", "kind", "dtype", "shape")
 _TRAILING = (
-    "stride", "device", "requires_grad", "value", "sampled", "tensor_file", "tensor_key", "seq", "stack",
-    "source", "fwd", "node", "capture", "capture_error", "extra",
-)  # fmt: skip
+    "stride",
+    "device",
+    "requires_grad",
+    "value",
+    "sampled",
+    "tensor_file",
+    "tensor_key",
+    "seq",
+    "stack",
+    "source",
+    "fwd",
+    "node",
+    "capture",
+    "capture_error",
+    "extra",
+)
 RECORD_COLUMNS = (*_LEADING, *STAT_KEYS, *_TRAILING)
 """Columns of :func:`records_frame`: where the slot is, what it holds, its statistics, then the rest."""
 
@@ -44,7 +57,9 @@ def records_frame(records: Iterable[Record]) -> Any:
     """A ``pandas.DataFrame`` of ``records``, columns :data:`RECORD_COLUMNS`."""
     pd = pandas()
     columns: dict[str, list[Any]] = {name: [] for name in RECORD_COLUMNS}
-    plain = [name for name in RECORD_COLUMNS if name not in STAT_KEYS and name not in ("value", "extra", "tensor_file", "tensor_key")]
+    plain = [
+        name for name in RECORD_COLUMNS if name not in STAT_KEYS and name not in ("value", "extra", "tensor_file", "tensor_key")
+    ]
     for record in records:
         for name in plain:
             columns[name].append(getattr(record, name))

@@ -36,7 +36,13 @@ _DTYPE_CODES: dict[torch.dtype, str] = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
-for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
+for _name, _code in (
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+):
     if hasattr(torch, _name):  # newer dtypes, absent from older torch releases
         _DTYPE_CODES[getattr(torch, _name)] = _code
 

@@ -66,10 +66,19 @@ def run_manifest(run_id: str, rank: int, world_size: int, config: dict[str, Any]
     """The ``manifest.json`` of one rank's folder: tool, torch, Python, host and process, the
     rank and the config that made the dump (``extra`` adds fields, e.g. ``capture="graph"``)."""
     return {
-        "tool": "torchdebug", "tool_version": __version__, "torch_version": torch.__version__,
-        "python_version": platform.python_version(), "run_id": run_id, "rank": rank, "world_size": world_size,
-        "host": socket.gethostname(), "pid": os.getpid(), "cuda": torch.cuda.is_available(), **extra, "config": config,
-    }  # fmt: skip
+        "tool": "torchdebug",
+        "tool_version": __version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "run_id": run_id,
+        "rank": rank,
+        "world_size": world_size,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cuda": torch.cuda.is_available(),
+        **extra,
+        "config": config,
+    }
 
 
 def create_run_dir(dump_path: Path, name: str) -> Path:

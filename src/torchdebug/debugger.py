@@ -41,7 +41,9 @@ from torchdebug.store.writer import RankWriter, check_writable, create_run_dir, 
 logger = logging.getLogger("torchdebug.debugger")
 
 
-def _resolve_config(dump_path: str | Path | None, config: Any, options: dict[str, Any]) -> DebuggerConfig:
+def resolve_config(dump_path: str | Path | None, config: Any, options: dict[str, Any]) -> DebuggerConfig:
+    """The one config of a dump from the ways a caller may give it: a ``dump_path``, a
+    :class:`DebuggerConfig`, a dict or a JSON/YAML file, and keyword ``options`` that win."""
     if dump_path is not None:
         options = {"dump_path": str(dump_path), **options}
     if config is None:
@@ -90,7 +92,7 @@ class Debugger:
     """
 
     def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, **options: Any) -> None:
-        self.config = _resolve_config(dump_path, config, options)
+        self.config = resolve_config(dump_path, config, options)
         self.rank, self.world_size = rank_and_world_size()
         self.enabled = self.config.rank is None or self.rank in self.config.rank
         dump_root = Path(self.config.dump_path)

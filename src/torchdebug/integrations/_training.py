@@ -10,16 +10,12 @@ accumulation belong to the step they accumulate into.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from torchdebug.config import DebuggerConfig
-from torchdebug.debugger import Debugger, _resolve_config
-
-_DEFAULT_DUMP_PATH = next(f.default for f in dataclasses.fields(DebuggerConfig) if f.name == "dump_path")
+from torchdebug.debugger import Debugger, resolve_config
 
 NO_STEP_WARNING = "torchdebug: no step selected, so every training step is dumped; pass step=[N] or step='a-b' to dump a few"
 
@@ -28,8 +24,8 @@ class TrainerDump:
     """One debugger per training run, started and stopped around the trainer's steps."""
 
     def __init__(self, dump_path: str | Path | None, config: Any, options: dict[str, Any]) -> None:
-        self.config = _resolve_config(dump_path, config, options)
-        self._dump_path_set = dump_path is not None or self.config.dump_path != _DEFAULT_DUMP_PATH
+        self.config = resolve_config(dump_path, config, options)
+        self._dump_path_set = dump_path is not None or "dump_path" in self.config.assigned
         self.debugger: Debugger | None = None
         self.run_dir: Path | None = None
         """The run folder of the last dump (also after it is closed)."""

@@ -15,5 +15,14 @@ class ConfigError(TorchDebugError, ValueError):
     """A configuration key or value is invalid; the message names the key and what is allowed."""
 
 
+class MissingExtraError(TorchDebugError, ImportError):
+    """An optional dependency is not installed; the message names the extra (the CLI prints it as a
+    usage error, Python code can catch it as an ``ImportError``)."""
+
+
+class TorchVersionError(TorchDebugError, ImportError):
+    """The running torch is older than a torchdebug feature needs; the message names both versions."""
+
+
 class DumpError(TorchDebugError):
     """A dump folder is missing, unwritable, truncated beyond repair or not a dump at all."""

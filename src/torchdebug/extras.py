@@ -10,12 +10,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from torchdebug.errors import TorchDebugError
+from torchdebug.errors import MissingExtraError
 
-
-class MissingExtraError(TorchDebugError, ImportError):
-    """An optional dependency is not installed; the message names the extra (the CLI prints it as a
-    usage error, Python code can catch it as an ``ImportError``)."""
+__all__ = ["MissingExtraError", "import_extra"]
 
 
 def import_extra(module: str, extra: str, feature: str) -> ModuleType:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchdebug
-from torchdebug.extras import MissingExtraError
+from torchdebug.errors import MissingExtraError
 from torchdebug.records import STAT_KEYS
 from torchdebug.store.tables import RECORD_COLUMNS, records_frame, write_parquet
 

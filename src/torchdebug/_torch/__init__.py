@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 from torch.torch_version import TorchVersion
 
-from torchdebug.errors import TorchDebugError
+from torchdebug.errors import TorchVersionError
 
 MINIMUM_TORCH = "2.11"
 """The oldest torch the test suite passes on (CI runs it on 2.11.0, 2.13.0 and 2.14.1)."""
@@ -55,10 +55,6 @@ VERSION_DIFFERENCES = (
         "torchdebug._torch.inductor.custom_pass_patch",
     ),
 )
-
-
-class TorchVersionError(TorchDebugError, ImportError):
-    """The running torch is older than a torchdebug feature needs."""
 
 
 def at_least(version: str) -> bool:

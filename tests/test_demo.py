@@ -23,4 +23,5 @@ def test_demo_names_the_planted_bug(tmp_path: Path) -> None:
     assert " 0 error" in healthy and "first divergence: none" in healthy
     assert "first divergence (rank 0, step 0, forward): forward/layers.2.mlp.fc/aten.addmm.default#0/output.0" in buggy
     assert "examples/gpt.py:56 in forward" in buggy and "this op makes the difference" in buggy
-    assert (tmp_path / "compare.html").exists() and (tmp_path / "compare_bug.html").exists()
+    for page in ("compare.html", "compare_bug.html"):  # the reports the demo tells the user to open
+        assert "forward/layers.2.mlp.fc" in (tmp_path / page).read_text(encoding="utf-8"), page

@@ -72,9 +72,12 @@ def test_import_torchdebug_does_not_import_torch():
     assert result.stdout.strip() == "False"
 
 
-def test_public_names_resolve():
-    for name in ("Debugger", "dump", "seed_all", "load", "Record", "DebuggerConfig", "TorchDebugError"):
-        assert getattr(torchdebug, name) is not None
+def test_every_public_name_is_the_object_its_module_defines():
+    import importlib
+
+    for name, module in torchdebug._EXPORTS.items():
+        assert getattr(torchdebug, name) is getattr(importlib.import_module(module), name), name
+    assert set(torchdebug.__all__) == {*torchdebug._EXPORTS, *torchdebug._SUBMODULES, "__version__"}
 
 
 def test_unknown_attribute_raises_attribute_error():

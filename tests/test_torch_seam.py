@@ -218,9 +218,24 @@ def test_aot_autograd_with_boxed_eager_compilers_runs_forward_and_backward():
     torch._dynamo.reset()
 
 
-def test_caches_debug_dir_config_string_and_structured_artifacts():
+def test_with_caches_disabled_a_compile_seen_before_misses_the_fx_graph_cache():
+    from torch._dynamo.utils import counters
+
+    def compile_once() -> None:
+        torch._dynamo.reset()
+        torch.compile(lambda t: t.sin() * 3, backend="inductor")(torch.randn(8))
+
+    compile_once()  # the graph is in inductor's cache now
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    compile_once()
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1, "the cache was expected to serve a repeat compile"
     with dynamo.caches_disabled():
-        assert torch.compiler.config.force_disable_caches
+        compile_once()
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
+    torch._dynamo.reset()
+
+
+def test_debug_dir_config_string_and_structured_artifacts():
     assert isinstance(dynamo.get_debug_dir(), str)
     assert "import torch" in dynamo.generate_config_string()
     dynamo.emit_artifact("torchdebug_seam_test", "text")  # a no-op without TORCH_TRACE, and no error

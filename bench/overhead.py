@@ -1,6 +1,7 @@
 """Step overhead of eager capture on the GPT example: plain vs each capture mode, in one process.
 
     python bench/overhead.py [--steps 10] [--block 3] [--warmup 2] [--dir /dev/shm --delete-tensors]
+                             [--device cpu|cuda] [--size S|M]
 
 Prints seconds per step and the ratio to the plain step, measured in this process. Two reference
 rows show what any dispatch-mode capture pays before it records anything: ``dispatch-mode`` (an
@@ -9,9 +10,12 @@ no statistics). Modes take
 turns in blocks of ``--block`` consecutive steps, so drift (thermal, other load) hits every mode
 alike while tensor files written in the background overlap the next step of the same mode, as in
 training; each block ends with ``Debugger.flush()``, so every byte written is charged to its mode.
-The model follows the foundation issue: 4 layers, d_model 256, 4 heads, seq 128, batch 8, AdamW,
-CPU, fixed seed. Tensor mode writes about half a gigabyte a step, so on a disk it measures the
-disk; ``--dir /dev/shm --delete-tensors`` measures torchdebug's own cost.
+The model is the GPT example, AdamW, fixed seed, in one of two sizes (the GPU-speed issue's): ``S``
+4 layers, d_model 256, 4 heads, seq 128, batch 8 (the default, and the CPU figures in RESULTS.md);
+``M`` 12 layers, d_model 768, 12 heads, seq 1024, batch 8, vocabulary 50304. On ``--device cuda``
+every block is timed between two ``torch.cuda.synchronize()`` calls. Tensor mode writes about half
+a gigabyte a step (size S), so on a disk it measures the disk; ``--dir /dev/shm --delete-tensors``
+measures torchdebug's own cost.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ class _EmptyMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+SIZES = {
+    "S": GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=128),
+    "M": GPTConfig(n_layer=12, d_model=768, n_head=12, seq_len=1024, vocab=50304),
+}
+
 MODES = {
     "plain": None,
     "dispatch-mode": None,
@@ -66,13 +75,16 @@ def main() -> None:
         action="store_true",
         help="delete each block's tensor files after it is timed (keeps a RAM disk such as /dev/shm from filling up)",
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     torchdebug.seed_all(1234)
-    config = GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=128)
-    model = GPT(config)
+    config = SIZES[args.size]
+    model = GPT(config).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = make_batch(config, batch=8)
+    batch = make_batch(config, batch=8, device=args.device)
+    sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {mode: [] for mode in args.modes}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         debuggers = {
@@ -83,6 +95,7 @@ def main() -> None:
         for round_ in range(args.warmup + args.steps):
             for mode in args.modes:
                 debugger = debuggers.get(mode)
+                sync()
                 start = time.perf_counter()
                 for _ in range(args.block):
                     if debugger is not None:
@@ -97,6 +110,7 @@ def main() -> None:
                         debugger.step()
                 if debugger is not None:
                     debugger.flush()
+                sync()
                 elapsed = (time.perf_counter() - start) / args.block
                 if round_ >= args.warmup:
                     times[mode].append(elapsed)
@@ -107,8 +121,9 @@ def main() -> None:
             with contextlib.suppress(Exception):
                 debugger.close()
     plain = statistics.median(times["plain"]) if "plain" in times else None
+    where = torch.cuda.get_device_name(args.device) if sync is torch.cuda.synchronize else f"{torch.get_num_threads()} threads"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.steps} blocks "
+        f"torch {torch.__version__}, GPT {args.size} on {args.device} ({where}), median of {args.steps} blocks "
         f"of {args.block} steps per mode"
     )
     for mode, values in times.items():

@@ -10,7 +10,7 @@ of one shape: ``dotted.key: got VALUE, expected WHAT`` (plus the fix where there
 
 Old spellings of renamed options stay readable and writable as aliases (``_ALIASES``) with a
 ``FutureWarning`` that names the new one; keys that other tools' config files use (TorchAir's
-``dump_*``, ptdbg's ``L0``/``L1`` levels) are accepted silently where those files are read.
+``dump_*`` in scene files, ptdbg's ``L0``/``L1`` levels) are read by the code that reads those files.
 """
 
 from __future__ import annotations
@@ -125,20 +125,15 @@ class Options:
 
     # -- building from mappings (files, CLI, keyword arguments) ----------------------------------
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, file_aliases: Mapping[str, str] | None = None) -> Options:
-        """Build from a mapping, rejecting unknown keys by name.
-
-        Deprecated names (``_ALIASES``) are accepted with a warning; ``file_aliases`` (other tools'
-        keys, for their config files) silently.
-        """
+    def from_dict(cls, data: Mapping[str, Any]) -> Options:
+        """Build from a mapping (keyword options, a file's contents), rejecting unknown keys by name;
+        deprecated names (``_ALIASES``) are accepted with a warning."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"config: got {type(data).__name__}, expected a mapping of option names to values")
         known = cls._field_map()
         values: dict[str, Any] = {}
         for key, value in data.items():
-            if file_aliases and key in file_aliases:
-                key = file_aliases[key]
-            elif key in cls._ALIASES:
+            if key in cls._ALIASES:
                 key, value = cls._translate_static(key, value, "")
             if key not in known:
                 raise ConfigError(f"{key}: unknown config key, expected one of {', '.join(known)}")
@@ -160,7 +155,7 @@ class Options:
         return out
 
     @classmethod
-    def json_schema(cls, title: str | None = None) -> dict[str, Any]:
+    def json_schema(cls) -> dict[str, Any]:
         """JSON schema of this config as a file, generated from the field metadata."""
         properties = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -173,7 +168,7 @@ class Options:
             properties[f.name] = prop
         return {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
-            "title": title or f"torchdebug {cls.__name__}",
+            "title": f"torchdebug {cls.__name__}",
             "type": "object",
             "properties": properties,
             "additionalProperties": False,

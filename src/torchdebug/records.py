@@ -81,6 +81,9 @@ class Record:
     device: str | None = None
     requires_grad: bool | None = None
     stats: dict[str, float | int | None] | None = None
+    checksum: str | None = None
+    """64-bit fingerprint of the tensor's bytes as 16 hex digits (``task="checksum"`` or ``checksum=True``,
+    see ``torchdebug.checksum``): equal bits give equal checksums on every device."""
     tensor: dict[str, str] | None = None
     sampled: int | None = None
     """When tensor sampling is on: the sampling stride used (the saved tensor is a 1-D sample)."""

@@ -293,6 +293,8 @@ def _encoding_cases() -> list[Record]:
             capture_error="boom\t\x7f",
         ),
         _record(12, stats={"min": -1, "max": 5, "mean": 2.0, "norm": 7.5, "nan": 0, "posinf": 0, "neginf": 0}, extra={}),
+        _record(13, dtype="bfloat16", shape=[2], stats=stats, checksum="00ff00ff00ff00ff", tensor={"key": "k"}),
+        _record(14, dtype="int64", shape=[], checksum="8000000000000000"),
     ]
 
 

@@ -16,7 +16,7 @@
 #include <string.h>
 
 enum { NAME, STEP, RANK, PHASE, MODULE, OP, CALL, SEQ, IO, ARG, KIND, DTYPE, SHAPE, STRIDE, DEVICE, REQUIRES_GRAD,
-       STATS, TENSOR, SAMPLED, VALUE, STACK, SOURCE, FWD, NODE, CAPTURE, CAPTURE_ERROR, EXTRA, FIELD_COUNT };
+       STATS, CHECKSUM, TENSOR, SAMPLED, VALUE, STACK, SOURCE, FWD, NODE, CAPTURE, CAPTURE_ERROR, EXTRA, FIELD_COUNT };
 
 typedef struct {
     char *data;
@@ -220,6 +220,7 @@ static int encode(buffer_t *b, PyObject *record, const helpers_t *h, memo_t *mem
         TRY(put_key(b, truth ? ",\"requires_grad\":true" : ",\"requires_grad\":false"));
     }
     if (status == 0 && f[STATS] != Py_None) { TRY(put_key(b, ",\"stats\":")); TRY(put_stats_memo(b, f[STATS], h, memo)); }
+    if (status == 0 && f[CHECKSUM] != Py_None) { TRY(put_key(b, ",\"checksum\":")); TRY(put_quoted(b, f[CHECKSUM], h)); }
     if (status == 0 && f[TENSOR] != Py_None) {
         TRY(put_key(b, ",\"tensor\":"));
         TRY(PyDict_Check(f[TENSOR]) ? put_flat_dict(b, f[TENSOR], h) : put_str(b, PyObject_CallOneArg(h->dumps, f[TENSOR])));

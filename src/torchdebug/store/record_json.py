@@ -43,6 +43,7 @@ ENCODED_FIELDS = (
     "device",
     "requires_grad",
     "stats",
+    "checksum",
     "tensor",
     "sampled",
     "value",
@@ -140,6 +141,8 @@ def encode_record(r: Record, memo: dict[int, str] | None = None) -> str:
         parts += (',"requires_grad":', "true" if r.requires_grad else "false")
     if r.stats is not None:
         parts += (',"stats":', _stats(r.stats) if memo is None else _memo(memo, r.stats, _stats))
+    if r.checksum is not None:
+        parts += (',"checksum":', _quote(r.checksum))
     if r.tensor is not None:
         parts += (',"tensor":', _flat_dict(r.tensor))
     if r.sampled is not None:

@@ -87,8 +87,18 @@ def test_config_reports_malformed_json_with_its_line(tmp_path):
 def test_config_schema_lists_every_option_with_its_allowed_values():
     schema = DebuggerConfig.json_schema()
     assert schema["additionalProperties"] is False
-    assert schema["properties"]["task"]["enum"] == ["statistics", "tensor", "structure"]
-    assert set(schema["properties"]) >= {"step", "rank", "list", "range", "tensor_list", "stack", "sample_stride"}
+    assert schema["properties"]["task"]["enum"] == ["statistics", "tensor", "structure", "overflow_check", "checksum"]
+    assert set(schema["properties"]) >= {
+        "step",
+        "rank",
+        "list",
+        "range",
+        "tensor_list",
+        "stack",
+        "sample_stride",
+        "overflow_nums",
+        "checksum",
+    }
     json.dumps(schema)  # serialisable as printed by `torchdebug config schema`
 
 

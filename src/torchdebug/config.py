@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from torchdebug.errors import ConfigError
-from torchdebug.options import Options, choices, configclass, index_set, number, one_of, option, patterns, text
+from torchdebug.options import Options, boolean, choices, configclass, index_set, number, one_of, option, patterns, text
 
-TASKS = ("statistics", "tensor", "structure")
+TASKS = ("statistics", "tensor", "structure", "overflow_check", "checksum")
 LEVELS = ("op", "module", "mix")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 
@@ -70,6 +70,12 @@ def _stack(key: str, value: Any) -> str | list[str]:
     return names
 
 
+def _overflow_nums(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value >= 1):
+        raise ConfigError(f"{key}: got {value!r}, expected an integer >= 1, or -1 for no limit")
+    return value
+
+
 @configclass
 class DebuggerConfig(Options):
     """What an eager dump captures and where it writes (README "Options"; ``torchdebug config schema``)."""
@@ -82,7 +88,8 @@ class DebuggerConfig(Options):
         default="statistics",
         metadata=option(
             "statistics: dtype, shape and statistics per slot; tensor: also the tensors (safetensors); "
-            "structure: names, shapes and stacks only.",
+            "structure: names, shapes and stacks only; overflow_check: check every op's outputs for NaN/Inf and "
+            "record only the overflowing ops, with their tensors; checksum: a 64-bit fingerprint of every tensor's bits.",
             one_of(*TASKS),
             enum=list(TASKS),
         ),
@@ -169,9 +176,35 @@ class DebuggerConfig(Options):
         ),
     )
 
+    overflow_nums: int = field(
+        default=1,
+        metadata=option(
+            "With task=overflow_check: stop recording after this many overflowing op calls in the run; -1 records them all.",
+            _overflow_nums,
+            type="integer",
+            minimum=-1,
+            **{"not": {"const": 0}},
+        ),
+    )
+    checksum: bool = field(
+        default=False,
+        metadata=option(
+            "Also store a 64-bit fingerprint of each tensor's bits (task=statistics, tensor or overflow_check), "
+            "so that two dumps can be compared bit for bit; task=checksum stores only that.",
+            boolean,
+            type="boolean",
+        ),
+    )
+
     def check(self) -> None:
         if self.tensor_list and self.task != "tensor":
             raise ConfigError(f"tensor_list: needs task='tensor', got task={self.task!r}")
+        if self.overflow_nums != 1 and self.task != "overflow_check":
+            raise ConfigError(f"overflow_nums: needs task='overflow_check', got task={self.task!r}")
+        if self.task == "overflow_check" and self.level != "op":
+            raise ConfigError(f"level: task='overflow_check' checks op calls, expected level='op', got {self.level!r}")
+        if self.checksum and self.task == "structure":
+            raise ConfigError("checksum: needs task='statistics', 'tensor', 'overflow_check' or 'checksum', got task='structure'")
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> DebuggerConfig:

@@ -162,6 +162,21 @@ def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
     }
 
 
+def finite_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """A 0-d float64 tensor on the tensor's device, finite exactly when the floating (or complex)
+    ``tensor`` holds no NaN or Inf: one reduction, never a host synchronisation.
+
+    Up to 32-bit floats it is the sum in float64, which values below 2**128 cannot overflow; float64
+    values could, so their sum is taken of ``x * 0`` (0 for a finite value, NaN for NaN or Inf).
+    """
+    x = tensor.detach()
+    if x.is_complex():
+        x = torch.view_as_real(x.resolve_conj())
+    if x.dtype == torch.float64:
+        x = x * 0
+    return x.sum(dtype=torch.float64)
+
+
 def tensor_stats(tensor: torch.Tensor) -> StatsDict:
     """Statistics of ``tensor`` as a dict keyed by ``STAT_KEYS`` (synchronises on accelerators)."""
     if tensor.numel() == 0:
@@ -173,15 +188,17 @@ def tensor_stats(tensor: torch.Tensor) -> StatsDict:
 
 
 class StatsStager:
-    """Collects statistics without a host synchronisation per tensor.
+    """Collects per-tensor results computed on the device without a host synchronisation per tensor.
 
     ``add(tensor, sink)`` computes the statistics now (the tensor may change later) and calls
-    ``sink(stats_dict)`` by the next :meth:`flush`. CPU tensors are resolved at once; accelerator
-    tensors are staged as small device vectors and copied to the host in one transfer per flush.
+    ``sink(stats_dict)`` by the next :meth:`flush`; :meth:`stage` does the same for any small
+    result (a fingerprint, an overflow flag). CPU tensors are resolved at once; accelerator results
+    stay as small device tensors (the device-side table) and are copied to the host in one transfer
+    per device and dtype at each flush.
     """
 
     def __init__(self) -> None:
-        self._staged: list[tuple[torch.Tensor, bool, Callable[[StatsDict], None]]] = []
+        self._staged: list[tuple[torch.Tensor, Callable[[list], None]]] = []
 
     def __len__(self) -> int:
         return len(self._staged)
@@ -194,18 +211,30 @@ class StatsStager:
             sink(_empty_stats())
         else:
             integral = not (tensor.is_floating_point() or tensor.is_complex())
-            self._staged.append((stats_vector(tensor), integral, sink))
+            self._staged.append((stats_vector(tensor), lambda row: sink(stats_from_vector(row, integral))))
+
+    def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
+        """Deliver ``result`` (a 0-d or 1-D device tensor) to ``sink`` as a list of Python numbers by
+        the next flush; at once when it is on the CPU."""
+        vector = result.reshape(-1)
+        if vector.is_cpu:
+            sink(vector.tolist())
+        else:
+            self._staged.append((vector, sink))
 
     def flush(self) -> None:
-        """Copy staged statistics to the host (one transfer per device) and deliver them."""
-        if not self._staged:
-            return
-        staged, self._staged = self._staged, []
-        by_device: dict[torch.device, list[int]] = {}
-        for index, (vector, _, _) in enumerate(staged):
-            by_device.setdefault(vector.device, []).append(index)
-        for indices in by_device.values():
-            rows = torch.stack([staged[i][0] for i in indices]).cpu().tolist()
-            for i, row in zip(indices, rows):
-                _, integral, sink = staged[i]
-                sink(stats_from_vector(row, integral))
+        """Copy staged results to the host (one transfer per device and dtype) and deliver them, in
+        the order they were staged on each device; sinks may stage more, delivered in the same flush."""
+        while self._staged:
+            staged, self._staged = self._staged, []
+            groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+            for index, (vector, _) in enumerate(staged):
+                groups.setdefault((vector.device, vector.dtype), []).append(index)
+            for indices in groups.values():
+                flat = torch.cat([staged[i][0] for i in indices]).cpu().tolist()
+                start = 0
+                for i in indices:
+                    vector, sink = staged[i]
+                    end = start + vector.shape[0]
+                    sink(flat[start:end])
+                    start = end

@@ -14,7 +14,8 @@ before the step. A backward op is attributed to the module, source line and call
 that created its autograd node, found through the node's sequence number. Ops of ``AccumulateGrad``
 nodes take the parameter's path (``layers.0.fc.weight``) as module, so their names do not depend on
 the order in which gradients arrive. Collectives (``c10d`` ops) record their outputs once their
-work completes (``collectives.py``).
+work completes (``collectives.py``). With ``task="overflow_check"`` every selected call is checked
+for NaN/Inf outputs and only the overflowing ones are recorded (``overflow_check.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
 from torchdebug.capture.collectives import PendingCollectives, split_result, waited_by_caller
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
+from torchdebug.capture.overflow_check import OverflowWatch
 from torchdebug.capture.session import CaptureSession
 from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE
@@ -60,13 +62,22 @@ class _OpInfo(NamedTuple):
     collective: bool
     """A ``c10d`` op: outputs are recorded once its work completes."""
     value_preserving: bool
+    written: frozenset[str]
+    """Top-level argument keys (position ``"0"`` and name ``"self"``) the op writes into."""
 
 
 def _op_info(func: Any) -> _OpInfo:
     name = str(func)
     namespace = func.namespace
+    schema = op_schema(func)
+    written = frozenset(
+        key
+        for index, argument in enumerate(schema.arguments)
+        if argument.alias_info is not None and argument.alias_info.is_write
+        for key in (str(index), argument.name)
+    )
     return _OpInfo(
-        name, namespace in _SKIPPED_NAMESPACES, op_schema(func).is_mutable, namespace == "c10d", name in _VALUE_PRESERVING
+        name, namespace in _SKIPPED_NAMESPACES, schema.is_mutable, namespace == "c10d", name in _VALUE_PRESERVING, written
     )
 
 
@@ -112,6 +123,7 @@ class OpCapture:
         self._forward: dict[int, _ForwardInfo] = {}
         self._in_optimizer = 0
         self._collectives = PendingCollectives()
+        self._overflow = OverflowWatch(session, session.overflow_nums) if session.overflow_nums is not None else None
         self._mode: _DumpMode | None = None
         self._handles: list[Any] = []
 
@@ -185,7 +197,7 @@ class OpCapture:
         info = self._ops.get(func)
         if info is None:
             info = self._ops[func] = _op_info(func)
-        if info.skipped:
+        if info.skipped or (self._overflow is not None and (self._overflow.done or info.collective)):
             return func(*args, **kwargs)
         op = info.name
         fwd = None
@@ -239,6 +251,8 @@ class OpCapture:
             source=source,
             fwd=fwd,
         )
+        if self._overflow is not None:
+            return self._overflow.run(func, args, kwargs, info.written, common, inputs="input" in self.ios)
         if "input" in self.ios:
             session.add_call(iter_slots(args, kwargs), io="input", **common)
         out = func(*args, **kwargs)

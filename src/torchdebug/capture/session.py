@@ -2,25 +2,28 @@
 
 :class:`CaptureSession` is what eager op capture, module capture and (later) graph capture share:
 ``add_call`` makes one record per slot of a call, takes statistics now (a tensor may be changed
-in place later) and snapshots tensors for ``task="tensor"``; ``flush`` resolves the staged
-statistics, writes the tensor batch and appends the records. A tensor seen again unchanged (an
-op's output fed to the next op) reuses the statistics and the saved tensor of its first slot.
+in place later), fingerprints (``task="checksum"`` or ``checksum=True``) and snapshots tensors for
+``task="tensor"``; ``flush`` resolves the staged statistics and fingerprints, writes the tensor batch
+and appends the records. A tensor seen again unchanged (an op's output fed to the next op) reuses
+the statistics, fingerprint and saved tensor of its first slot.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from torchdebug._torch.autograd import tensor_version
 from torchdebug.capture.filters import NameMatcher
+from torchdebug.checksum import fingerprint, hex_digits
 from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
-from torchdebug.stats import StatsStager, stats_from_sums
+from torchdebug.stats import StatsStager, finite_sum, stats_from_sums
 from torchdebug.store.tensor_batch import TensorBatch, storable
 from torchdebug.store.writer import RankWriter
 
@@ -43,9 +46,10 @@ def _device_name(device: torch.device) -> str:
 
 class _Seen:
     """What was captured for a tensor object at one version (for reuse by later slots): its
-    description, statistics dict and tensor reference, shared by every record of that tensor."""
+    description, statistics dict, fingerprint and tensor reference, shared by every record of that
+    tensor."""
 
-    __slots__ = ("ref", "version", "stats", "tensor", "base", "desc")
+    __slots__ = ("ref", "version", "stats", "tensor", "base", "desc", "checksum")
 
     def __init__(
         self, ref: weakref.ref, version: int, stats: dict | None, tensor: dict | None, base: tuple | None = None
@@ -57,6 +61,8 @@ class _Seen:
         self.desc: tuple[str, list[int], list[int], str] | None = None
         """``(dtype, shape, stride, device)`` as records hold them (the lists are shared, never
         changed)."""
+        self.checksum: str | list[Record] | None = None
+        """The fingerprint, or the records waiting for it while it is staged on the device."""
 
 
 class CaptureSession:
@@ -69,6 +75,9 @@ class CaptureSession:
         self.seq = 0
         self.want_stats = config.task in ("statistics", "tensor")
         self.want_tensors = config.task == "tensor"
+        self.want_checksum = config.task == "checksum" or config.checksum
+        self.overflow_nums = config.overflow_nums if config.task == "overflow_check" else None
+        """``task="overflow_check"``: op capture records only overflowing calls (``overflow_check.py``)."""
         self.tensor_matcher = NameMatcher(config.tensor_list)
         self.sample_stride = config.sample_stride if config.sample_stride >= 2 else 0
         self._records: list[Record] = []
@@ -128,7 +137,8 @@ class CaptureSession:
             self.flush()
 
     def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
-        if not (self.want_stats or save):
+        want_stats = self.want_stats or save
+        if not (want_stats or self.want_checksum):
             self._fill_description(record, tensor)
             return
         # After an in-place op returns, autograd bumps the version once more.
@@ -136,13 +146,15 @@ class CaptureSession:
         seen = None if mutated else self._seen.get(id(tensor))
         if seen is None or seen.ref() is not tensor or seen.version != version:
             seen = self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, None, None)
-        elif seen.desc is not None and seen.stats is not None and not (save and seen.tensor is None):
+        elif (
+            seen.desc is not None
+            and (seen.stats is not None or not want_stats)
+            and (seen.checksum is not None or not self.want_checksum)
+            and not (save and seen.tensor is None)
+        ):
             # seen unchanged before: an earlier op's output fed to this op (the common case)
             record.dtype, record.shape, record.stride, record.device = seen.desc
-            record.stats = seen.stats
-            if save:
-                record.tensor = seen.tensor
-                record.sampled = self._sampling_for(tensor)
+            self._attach(record, tensor, seen, save, want_stats)
             return
         if not self._fill_description(record, tensor):
             return
@@ -153,13 +165,37 @@ class CaptureSession:
                 seen.stats = stats_from_sums(sums, tensor.numel())
             if tensor.is_contiguous() and not self._sampling_for(tensor):
                 seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
-        if seen.stats is None:
+        if want_stats and seen.stats is None:
             seen.stats = {}
             self._stager.add(tensor, seen.stats.update)
-        record.stats = seen.stats
+        if self.want_checksum and seen.checksum is None and not tensor.is_meta:
+            seen.checksum = []
+            self._stager.stage(fingerprint(tensor), lambda row: self._deliver_checksum(seen, row))
+        self._attach(record, tensor, seen, save, want_stats)
+
+    def _attach(self, record: Record, tensor: torch.Tensor, seen: _Seen, save: bool, want_stats: bool) -> None:
+        """Point the record at what was captured for its tensor."""
+        if want_stats:
+            record.stats = seen.stats
+        if isinstance(seen.checksum, str):
+            record.checksum = seen.checksum
+        elif seen.checksum is not None:
+            seen.checksum.append(record)  # filled in when the flush reads the fingerprint
         if save:
             record.tensor = seen.tensor
             record.sampled = self._sampling_for(tensor)
+
+    @staticmethod
+    def _deliver_checksum(seen: _Seen, row: list[int]) -> None:
+        text = hex_digits(row[0])
+        waiting, seen.checksum = seen.checksum, text
+        for record in waiting or ():
+            record.checksum = text
+
+    def stage_overflow_flag(self, tensor: torch.Tensor, sink: Callable[[bool], None]) -> None:
+        """Call ``sink(True)`` when ``tensor`` holds a NaN or an Inf, ``sink(False)`` otherwise: at
+        once on the CPU, at the next flush on an accelerator (``overflow_check.py``)."""
+        self._stager.stage(finite_sum(tensor), lambda row: sink(not math.isfinite(row[0])))
 
     @staticmethod
     def _fill_description(record: Record, tensor: torch.Tensor) -> bool:
@@ -199,7 +235,9 @@ class CaptureSession:
                     self._tensor_refs.append(view_ref)
         stats = seen.stats if same_elements else None
         base = seen.base if view_ref is not None else None
-        self._seen[id(alias)] = _Seen(weakref.ref(alias), tensor_version(alias), stats, view_ref, base)
+        alias_seen = self._seen[id(alias)] = _Seen(weakref.ref(alias), tensor_version(alias), stats, view_ref, base)
+        if same_elements and not shares_memory and isinstance(seen.checksum, str):
+            alias_seen.checksum = seen.checksum  # a copy: the same bits in the same logical order
 
     def _sampling_for(self, tensor: torch.Tensor) -> int | None:
         if self.sample_stride and tensor.numel() > 2 * SAMPLE_EDGE:

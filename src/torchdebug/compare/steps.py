@@ -10,7 +10,8 @@
 5. :func:`apply_metrics` writes the results into the rows;
 6. :func:`attribute`: with ``replay``, :func:`replay_rows` replays each call with an output beyond
    tolerance on each side in float64 (its own error, one call and side per job, so a job holds one
-   side's tensors of one call); then ``judge``, and :func:`finish`.
+   side's tensors of one call); then ``judge``, and ``judge_checksums`` for slots whose records
+   carry checksums on both sides (bit-exact); then :func:`finish`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from torchdebug import progress
+from torchdebug.compare.checksums import judge_checksums
 from torchdebug.compare.config import CompareConfig
 from torchdebug.compare.matching import match_records
 from torchdebug.compare.metrics import REPLAY_METRICS, stats_metrics, tensor_metrics
@@ -294,6 +296,7 @@ def attribute(
     if settings.replay:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
     judge(rows, growth=settings.growth)
+    judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
 
 
 def rank_notes(rank: int, pairing: Pairing) -> list[str]:

@@ -164,3 +164,32 @@ def test_diagnose_rejects_a_bad_option_before_running_anything():
     with pytest.raises(ConfigError, match=r"^tolerance: got -1"):
         torchdebug.diagnose(lambda x: calls.append(x), 1.0, tolerance=-1)
     assert calls == []
+
+
+def test_config_accepts_the_overflow_check_and_checksum_tasks():
+    config = DebuggerConfig(task="overflow_check", overflow_nums=-1, checksum=True)
+    assert (config.task, config.overflow_nums, config.checksum) == ("overflow_check", -1, True)
+    assert DebuggerConfig(task="checksum").overflow_nums == 1
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "3"])
+def test_config_overflow_nums_must_be_positive_or_minus_one(value):
+    with pytest.raises(ConfigError, match=r"^overflow_nums: got .*, expected an integer >= 1, or -1 for no limit$"):
+        DebuggerConfig(task="overflow_check", overflow_nums=value)
+
+
+def test_config_overflow_nums_needs_the_overflow_check_task():
+    with pytest.raises(ConfigError, match=r"^overflow_nums: needs task='overflow_check', got task='statistics'$"):
+        DebuggerConfig(overflow_nums=5)
+
+
+def test_config_overflow_check_checks_op_calls_only():
+    with pytest.raises(ConfigError, match=r"^level: task='overflow_check' checks op calls, expected level='op', got 'mix'$"):
+        DebuggerConfig(task="overflow_check", level="mix")
+
+
+def test_config_checksum_is_a_boolean_and_needs_a_task_that_reads_values():
+    with pytest.raises(ConfigError, match=r"^checksum: got 'yes', expected True or False$"):
+        DebuggerConfig(checksum="yes")
+    with pytest.raises(ConfigError, match=r"^checksum: needs task='statistics', 'tensor', 'overflow_check' or 'checksum'"):
+        DebuggerConfig(task="structure", checksum=True)

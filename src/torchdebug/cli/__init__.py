@@ -20,6 +20,7 @@ from torchdebug.errors import TorchDebugError
 # subcommand modules, in the order `torchdebug --help` lists them
 _COMMANDS = [
     "torchdebug.cli.show",
+    "torchdebug.cli.check",
     "torchdebug.cli.convert",
     "torchdebug.cli.config",
     "torchdebug.cli.compare",

@@ -1,10 +1,14 @@
-"""``torchdebug show DUMP``: print records with statistics and source stack (ptdbg's ``parse``)."""
+"""``torchdebug show DUMP``: print records with statistics and source stack (ptdbg's ``parse``).
+
+When an output holds a NaN or an Inf, the first such op call of each rank is named at the top.
+"""
 
 from __future__ import annotations
 
 import argparse
 
 from torchdebug.capture.filters import NameMatcher
+from torchdebug.capture.overflow_check import describe_overflow, first_overflow
 from torchdebug.records import Record
 from torchdebug.store.reader import RankRecords, load
 
@@ -35,6 +39,8 @@ def format_record(record: Record, dump: RankRecords, with_stack: bool = True) ->
         stats = record.stats
         numbers = "  ".join(f"{k} {_format_number(stats.get(k))}" for k in ("min", "max", "mean", "norm"))
         lines.append(f"  {numbers}  nan {stats.get('nan')} +inf {stats.get('posinf')} -inf {stats.get('neginf')}")
+    if record.checksum:
+        lines.append(f"  checksum: {record.checksum}")
     if record.tensor:
         sampled = f" (sampled every {record.sampled})" if record.sampled else ""
         lines.append(f"  tensor: {record.tensor.get('file')} [{record.tensor.get('key')}]{sampled}")
@@ -56,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"run {run_.path}: ranks {sorted(run_.ranks)}")
     for rank in run_.partial_ranks:
         print(f"warning: rank {rank} did not finish (no completion marker); its records end where it stopped")
+    for rank, dump in sorted(run_.ranks.items()):
+        first = first_overflow(dump.records())
+        if first is not None and (args.rank is None or rank == args.rank):
+            print(f"first NaN/Inf of rank {rank}: {describe_overflow(first)}")
     shown = 0
     for rank, dump in sorted(run_.ranks.items()):
         if args.rank is not None and rank != args.rank:

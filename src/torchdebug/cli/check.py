@@ -1,0 +1,41 @@
+"""``torchdebug check DUMP``: a CI gate on NaN/Inf, exit 0 clean, 1 a NaN or Inf found, 2 usage error.
+
+Reads the statistics of every output slot in the dump (``task="overflow_check"`` records only the
+overflowing calls; ``statistics`` and ``tensor`` dumps have them all) and prints, per rank, the first
+op call whose outputs hold a NaN or an Inf: call name, phase, module and source line (for a
+backward op, the forward line that created it).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from torchdebug.capture.overflow_check import describe_overflow, first_overflow
+from torchdebug.store.reader import load
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check", help="exit 1 when a dump holds a NaN or an Inf (for CI)", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("dump", help="dump path (latest run), run folder or rank folder")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    run_ = load(args.dump)
+    found = with_stats = False
+    for rank, dump in sorted(run_.ranks.items()):
+        records = dump.records()
+        # an overflow check that found nothing recorded nothing
+        with_stats = with_stats or getattr(dump, "task", None) == "overflow_check" or any(record.stats for record in records)
+        first = first_overflow(records)
+        if first is not None:
+            found = True
+            print(f"rank {rank}: first NaN/Inf at {describe_overflow(first)}")
+    if found:
+        return 1
+    if not with_stats:
+        raise ValueError(f"{run_.path} holds no statistics (task='structure' or 'checksum'): nothing to check")
+    print(f"run {run_.path}: no NaN or Inf")
+    return 0

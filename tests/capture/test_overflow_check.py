@@ -1,0 +1,187 @@
+"""task="overflow_check": only the op calls whose outputs hold NaN/Inf are recorded, and the first is named."""
+
+import inspect
+import logging
+
+import pytest
+import torch
+
+import torchdebug
+from torchdebug.capture import overflow_check
+from torchdebug.capture.overflow_check import describe_overflow, first_overflow
+from torchdebug.cli import main
+from torchdebug.stats import StatsStager
+
+
+@pytest.fixture(params=["at once", "at flush"])
+def resolution(request, monkeypatch):
+    """CPU results resolve at once; "at flush" makes them wait for the flush as on an accelerator,
+    so the pending-call path (held tensors, copy on write, windows) runs on the CPU too."""
+    if request.param == "at flush":
+        monkeypatch.setattr(StatsStager, "stage", lambda self, result, sink: self._staged.append((result.reshape(-1), sink)))
+    return request.param
+
+
+def _records(tmp_path, fn, model=None, **options):
+    with torchdebug.dump(tmp_path, model=model, task="overflow_check", **options):
+        fn()
+    return torchdebug.load(tmp_path).ranks[0].records()
+
+
+def _calls(records):
+    return list(dict.fromkeys(r.call_name for r in records))
+
+
+def _line_of(function, text):
+    lines, start = inspect.getsourcelines(function)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+class Planted(torch.nn.Module):
+    """A linear layer whose forward overflows (``inf_weight``) or a square root of zeros, finite in
+    forward, whose gradient is Inf (``backward_only``)."""
+
+    def __init__(self, *, inf_weight: bool = False) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+        self.inf_weight = inf_weight
+        self.register_buffer("scale", torch.tensor([1.0, float("inf"), 1.0]))
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.inf_weight:
+            h = h * self.scale  # planted forward Inf
+        return torch.sqrt(h * 0.0).sum()  # finite forward, Inf gradient
+
+
+def test_a_forward_inf_is_the_first_overflow_with_its_module_and_source_line(tmp_path, resolution):
+    torch.manual_seed(0)
+    model = Planted(inf_weight=True)
+    records = _records(tmp_path, lambda: model(torch.randn(2, 3)).backward(), model=model)
+    first = first_overflow(records)
+    assert first.call_name == "forward/<root>/aten.mul.Tensor#0" and first.phase == "forward"
+    assert first.source.endswith(f":{_line_of(Planted.forward, 'planted forward Inf')} in forward")
+    assert first.stats["posinf"] + first.stats["neginf"] > 0
+    assert all(r.tensor for r in records if r.call_name == first.call_name and r.kind == "tensor")
+    assert "forward/<root>/aten.mul.Tensor#0" in describe_overflow(first)
+
+
+def test_a_backward_only_inf_is_named_in_backward_with_the_forward_line(tmp_path, resolution, caplog):
+    torch.manual_seed(0)
+    model = Planted()
+    with caplog.at_level(logging.WARNING, "torchdebug.capture.overflow_check"):
+        records = _records(tmp_path, lambda: model(torch.randn(2, 3)).backward(), model=model)
+    assert not [r for r in records if r.phase == "forward"]
+    first = first_overflow(records)
+    assert first.phase == "backward" and first.fwd == "forward/<root>/aten.sqrt.default#0"
+    line = _line_of(Planted.forward, "Inf gradient")
+    assert first.source.endswith(f":{line} in forward")
+    message = caplog.records[0].getMessage()
+    assert "first NaN/Inf" in message and "phase backward" in message and f"forward line {first.source}" in message
+
+
+def test_only_overflowing_calls_are_recorded_and_recording_stops_after_overflow_nums(tmp_path):
+    x = torch.full((4,), float("inf"))
+
+    def body():
+        torch.ones(4).exp()  # finite: not recorded
+        (x + 1).mul(2).sub(3).div(4)
+
+    records = _records(tmp_path / "two", body, overflow_nums=2)
+    assert _calls(records) == ["forward/-/aten.add.Tensor#0", "forward/-/aten.mul.Tensor#0"]
+    records = _records(tmp_path / "all", body, overflow_nums=-1)
+    assert len(_calls(records)) == 4
+
+
+def test_overflow_nums_counts_over_the_whole_run(tmp_path):
+    debugger = torchdebug.Debugger(tmp_path, task="overflow_check", overflow_nums=3)
+    nan = torch.full((2,), float("nan"))
+    for _ in range(3):
+        debugger.start()
+        nan.add(1).add(1)
+        debugger.step()
+    debugger.close()
+    records = torchdebug.load(tmp_path).ranks[0].records()
+    assert [(r.step, r.call_name) for r in records if r.io == "output"] == [
+        (0, "forward/-/aten.add.Tensor#0"),
+        (0, "forward/-/aten.add.Tensor#1"),
+        (1, "forward/-/aten.add.Tensor#0"),
+    ]
+
+
+def test_inputs_of_an_in_place_op_are_the_values_before_it(tmp_path, resolution):
+    def body():
+        y = torch.full((3,), 1e38)
+        y.mul_(10)
+
+    records = _records(tmp_path, body)
+    by_slot = {(r.io, r.arg): r for r in records}
+    assert by_slot["input", "0"].stats["max"] == pytest.approx(1e38, rel=1e-6) and by_slot["input", "0"].stats["posinf"] == 0
+    assert by_slot["output", "0"].stats["posinf"] == 3
+    saved = torchdebug.load(tmp_path).ranks[0].load_tensor(by_slot["input", "0"])
+    assert torch.equal(saved, torch.full((3,), 1e38))
+
+
+def test_a_pending_call_keeps_its_output_when_a_later_op_writes_into_it(tmp_path, resolution, monkeypatch):
+    monkeypatch.setattr(overflow_check, "WINDOW_CALLS", 2)  # several windows in one step
+    x = torch.ones(1, 2)
+    w = torch.tensor([[float("-inf"), 1.0], [0.0, 1.0]])
+
+    def body():
+        for _ in range(3):
+            y = torch.mm(x, w)  # [-inf, 2]: overflows
+            y.relu_()  # [0, 2]: writes into the pending mm's output
+            y.add_(1)
+
+    records = _records(tmp_path, body, overflow_nums=-1)
+    dump = torchdebug.load(tmp_path).ranks[0]
+    outputs = [r for r in records if r.op == "aten.mm.default" and r.io == "output"]
+    assert len(outputs) == 3
+    for record in outputs:
+        assert record.stats["neginf"] == 1
+        assert dump.load_tensor(record).tolist() == [[float("-inf"), 2.0]]
+    assert not [r for r in records if r.op != "aten.mm.default"]
+
+
+def test_the_optimizer_step_is_checked(tmp_path):
+    param = torch.nn.Parameter(torch.full((2,), 1e38))
+    param.grad = torch.full((2,), -1e38)
+    optimizer = torch.optim.SGD([param], lr=10.0, foreach=False)
+    first = first_overflow(_records(tmp_path, optimizer.step))
+    assert first.phase == "optimizer" and first.op.startswith("aten.add_")
+
+
+def test_check_exits_one_on_a_nan_and_zero_on_a_clean_run(tmp_path, capsys):
+    _records(tmp_path / "bad", lambda: torch.tensor([0.0]).div(0.0))
+    _records(tmp_path / "clean", lambda: torch.ones(2).add(1))
+    assert main(["check", str(tmp_path / "bad")]) == 1
+    assert "first NaN/Inf at step 0: forward/-/aten.div.Tensor#0" in capsys.readouterr().out
+    assert main(["check", str(tmp_path / "clean")]) == 0
+    with torchdebug.dump(tmp_path / "shape", task="structure"):
+        torch.ones(2).add(1)
+    assert main(["check", str(tmp_path / "shape")]) == 2
+
+
+def test_show_names_the_first_overflow_at_the_top(tmp_path, capsys):
+    with torchdebug.dump(tmp_path):  # a statistics dump: every record, the first NaN named on top
+        torch.ones(2).add(1)
+        torch.tensor([0.0]).div(0.0).add(1)
+    assert main(["show", str(tmp_path), "--no-stack"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("first NaN/Inf of rank 0: step 0: forward/-/aten.div.Tensor#0")
+
+
+@pytest.mark.gpu
+def test_the_cuda_check_never_synchronises_per_op(tmp_path):
+    model = Planted(inf_weight=True).cuda()
+    x = torch.randn(2, 3, device="cuda")
+    debugger = torchdebug.Debugger(tmp_path, task="overflow_check", overflow_nums=-1)
+    debugger.start(model)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(x).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    debugger.close()
+    first = first_overflow(torchdebug.load(tmp_path).ranks[0].records())
+    assert first.call_name == "forward/<root>/aten.mul.Tensor#0"

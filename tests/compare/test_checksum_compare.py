@@ -1,0 +1,73 @@
+"""Checksum dumps compare bit for bit: identical runs agree, the first op making a difference is named."""
+
+import torch
+
+import torchdebug
+from torchdebug.cli import main
+
+
+class Net(torch.nn.Module):
+    def __init__(self, nudge: bool = False) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.fc2 = torch.nn.Linear(8, 2)
+        self.nudge = nudge
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        if self.nudge:  # another "kernel": same inputs, output bits off by rounding
+            h = h * (1 + 2**-20)
+        else:
+            h = h * 1.0
+        return self.fc2(h)
+
+
+def _run(path, *, nudge=False, ulp=False, **options):
+    torch.manual_seed(0)
+    model = Net(nudge)
+    if ulp:
+        with torch.no_grad():
+            model.fc2.weight[1, 3] = torch.nextafter(model.fc2.weight[1, 3], torch.tensor(9.0))
+    x = torch.randn(5, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchdebug.dump(path, model=model, **{"task": "checksum", **options}) as debugger:
+        model(x).sum().backward()
+        optimizer.step()
+    return debugger.run_dir
+
+
+def test_two_identical_runs_show_no_divergence(tmp_path):
+    result = torchdebug.compare(_run(tmp_path / "a"), _run(tmp_path / "b"))
+    assert not result.diverged and result.first_divergence is None
+    assert all(row.verdict == "pass" for row in result.rows)
+
+
+def test_a_weight_one_ulp_apart_names_the_first_op_reading_it(tmp_path):
+    result = torchdebug.compare(_run(tmp_path / "a"), _run(tmp_path / "b", ulp=True))
+    first = result.first_divergence
+    assert result.diverged
+    assert first.name == "forward/fc2/aten.t.default#0/input.0"
+    assert "input bits already differ before this op" in first.message
+    assert [r.name for r in result.rows if r.attribution == "blamed"] == [first.name]
+
+
+def test_the_first_op_whose_output_bits_differ_with_equal_inputs_is_blamed(tmp_path):
+    result = torchdebug.compare(_run(tmp_path / "a"), _run(tmp_path / "b", nudge=True))
+    first = result.first_divergence
+    assert first.name == "forward/<root>/aten.mul.Tensor#0/output.0"
+    assert "inputs' bits agree: this op makes the difference" in first.message
+
+
+def test_statistics_dumps_with_checksums_compare_bit_for_bit(tmp_path):
+    a = _run(tmp_path / "a", task="statistics", checksum=True)
+    b = _run(tmp_path / "b", task="statistics", checksum=True, nudge=True)
+    records = torchdebug.load(a).ranks[0].records()
+    assert all(r.checksum and r.stats for r in records if r.kind == "tensor")
+    result = torchdebug.compare(a, b)
+    assert result.first_divergence.name == "forward/<root>/aten.mul.Tensor#0/output.0"
+
+
+def test_compare_exits_one_on_a_bit_difference(tmp_path):
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b", ulp=True)
+    assert main(["compare", str(a), str(_run(tmp_path / "c")), "-q"]) == 0
+    assert main(["compare", str(a), str(b), "-q"]) == 1

@@ -24,6 +24,7 @@ LAYERS = [
         "records",
         "native",
         "stats",
+        "checksum",
         "config",
         "dist",
         "seed",

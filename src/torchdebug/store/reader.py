@@ -252,6 +252,14 @@ def list_runs(dump_path: Path) -> list[Path]:
     return sorted(runs, key=lambda p: (p.stat().st_mtime, p.name))
 
 
+def is_dump(path: str | Path) -> bool:
+    """Whether ``path`` is a torchdebug dump path (with at least one run), a run folder or a rank folder."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    return layout.is_rank_dir(path) or layout.is_run_dir(path) or bool(list_runs(path))
+
+
 def load(path: str | Path) -> Run:
     """Open a dump path (its latest run), a run folder or a rank folder."""
     path = Path(path)

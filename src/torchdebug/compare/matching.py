@@ -28,7 +28,7 @@ from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
 from torchdebug.records import PHASES, Record
 
-__all__ = ["Pair", "NameMapping", "load_mapping", "match_records"]
+__all__ = ["Pair", "NameMapping", "load_mapping", "match_records", "execution_order", "producers"]
 
 _PHASE_ORDER = {phase: index for index, phase in enumerate(PHASES)}
 
@@ -222,7 +222,7 @@ def _align_leftovers(
     return pairs
 
 
-def _execution_order(records: Sequence[Record]) -> list[int]:
+def execution_order(records: Sequence[Record]) -> list[int]:
     """Indices of ``records`` sorted by step, phase and call order (stable)."""
     last = len(PHASES)
     keys = [(r.step, _PHASE_ORDER.get(r.phase, last), r.seq) for r in records]
@@ -231,9 +231,9 @@ def _execution_order(records: Sequence[Record]) -> list[int]:
 
 def _assign_order(pairs: list[Pair], records_b: Sequence[Record]) -> None:
     """Order pairs by side A's execution order; B-only rows follow their predecessor on side B."""
-    position_b = {id(records_b[i]): position for position, i in enumerate(_execution_order(records_b))}
+    position_b = {id(records_b[i]): position for position, i in enumerate(execution_order(records_b))}
     anchored = [p for p in pairs if p.a is not None]
-    anchored = [anchored[i] for i in _execution_order([p.a for p in anchored])]  # type: ignore[arg-type]
+    anchored = [anchored[i] for i in execution_order([p.a for p in anchored])]  # type: ignore[arg-type]
     for index, pair in enumerate(anchored):
         pair.order = float(index)
     # map B positions of paired rows to their order, then slot B-only rows in between
@@ -263,11 +263,12 @@ _CASTS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "ate
 """Ops that only change dtype: transparent when tracing where a tensor came from (autocast adds them)."""
 
 
-def _producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
-    """For input slots (by ``id``): ``(call name, output slot)`` that produced the same tensor earlier,
-    looking through casts."""
+def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
+    """For input slots (by ``id``) of ``records`` in execution order: ``(call name, output slot)`` that
+    produced the same tensor earlier, looking through casts. Compare's matching and its verdicts (which
+    trace an input through ops only one side runs) follow tensors with it."""
     made_by: dict[tuple, tuple[str, str]] = {}
-    producers: dict[int, tuple[str, str]] = {}
+    found: dict[int, tuple[str, str]] = {}
     cast_sources: dict[str, tuple[str, str]] = {}
     for record in records:
         identity = _identity(record)
@@ -277,12 +278,12 @@ def _producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
         if record.io == "input":
             producer = made_by.get(identity)
             if producer is not None and producer[0] != call:
-                producers[id(record)] = producer
+                found[id(record)] = producer
                 if record.op in _CASTS:
                     cast_sources[call] = producer
         elif record.io in ("output", "parameter_grad") and identity not in made_by:
             made_by[identity] = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
-    return producers
+    return found
 
 
 class _Links:
@@ -293,7 +294,7 @@ class _Links:
     """
 
     def __init__(self, records_a: Sequence[Record], records_b: Sequence[Record]) -> None:
-        self.producers_a, self.producers_b = _producers(records_a), _producers(records_b)
+        self.producers_a, self.producers_b = producers(records_a), producers(records_b)
         self.partner: dict[str, str] = {}
 
     def pair(self, call_a: _Call, call_b: _Call) -> None:

@@ -9,8 +9,9 @@ from torchdebug.records import Record, call_name
 
 __all__ = ["Row", "VERDICTS"]
 
-VERDICTS = ("pass", "warning", "error", "unmatched")
-"""``unmatched``: the slot exists on one side only (listed, never judged)."""
+VERDICTS = ("pass", "warning", "undecided", "error", "unmatched")
+"""``undecided``: beyond tolerance, and statistics cannot tell whether the op or its inputs made it
+(a tensor dump decides); ``unmatched``: the slot exists on one side only (listed, never judged)."""
 
 
 @dataclass(slots=True, eq=False)

@@ -292,10 +292,16 @@ def replay_rows(
 def attribute(
     rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig, pool: ThreadPoolExecutor
 ) -> None:
-    """Verdicts and attribution of one rank's rows, with replay first when asked."""
+    """Verdicts and attribution of one rank's rows, with replay first when asked; without it, the
+    rows left ``undecided`` that have tensor metrics (both sides saved them) are replayed, and all
+    rows judged again."""
     if settings.replay:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
-    judge(rows, growth=settings.growth)
+    judge(rows, growth=settings.growth, replayed=settings.replay)
+    undecided = [row for row in rows if row.verdict == "undecided" and "cosine" in row.metrics]
+    if undecided:
+        replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
+        judge(rows, growth=settings.growth, replayed=True)
     judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
 
 

@@ -64,6 +64,23 @@ MANTISSA_BITS: dict[str, int] = {
 }
 
 
+MIN_EXPONENTS: dict[str, int] = {
+    "float64": -1022,
+    "complex128": -1022,
+    "float32": -126,
+    "complex64": -126,
+    "float16": -14,
+    "bfloat16": -126,
+    "float8_e4m3fn": -6,
+    "float8_e4m3fnuz": -7,
+    "float8_e5m2": -14,
+    "float8_e5m2fnuz": -15,
+}
+"""Exponent of the smallest normal number of each floating dtype: below it values are subnormal,
+spaced ``2 ** (exponent - mantissa bits)`` apart, so their relative precision drops (fp16 gradients
+of 1e-5 keep about 7 bits)."""
+
+
 ACCUMULATION_UNITS = 64
 """Units in the last place of float32 (or of the op's dtype when more precise) a healthy op's
 accumulations may add to its output's error: bf16 and fp16 ops accumulate in float32, float32
@@ -119,11 +136,18 @@ def parse_tolerances(spec: Mapping[str, object] | None, key: str = "tolerances")
     return out
 
 
-def rounding_tolerance(dtype: str | None) -> float | None:
+def rounding_tolerance(dtype: str | None, scale: float | None = None) -> float | None:
     """Scale-relative error a healthy op may make in ``dtype``, against its float64 replay: one unit
     in the last place (twice the output's rounding) plus :data:`ACCUMULATION_UNITS` units of its
-    accumulation dtype (float32 or more precise). ``None`` for dtypes that are not floating."""
-    bits = MANTISSA_BITS.get(normalize_dtype(dtype) or "")
+    accumulation dtype (float32 or more precise); with the output's ``scale`` (its largest magnitude),
+    plus the spacing of the dtype's subnormals relative to it, which dominates for outputs near the
+    smallest normal number (fp16 gradients without loss scaling). ``None`` for dtypes that are not
+    floating."""
+    name = normalize_dtype(dtype) or ""
+    bits = MANTISSA_BITS.get(name)
     if bits is None:
         return None
-    return 2.0**-bits + ACCUMULATION_UNITS * 2.0 ** -max(bits, MANTISSA_BITS["float32"])
+    tolerance = 2.0**-bits + ACCUMULATION_UNITS * 2.0 ** -max(bits, MANTISSA_BITS["float32"])
+    if scale:
+        tolerance += 2.0 ** (MIN_EXPONENTS[name] - bits) / scale
+    return tolerance

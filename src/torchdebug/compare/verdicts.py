@@ -31,10 +31,11 @@ import math
 import re
 from collections.abc import Sequence
 
+from torchdebug.compare.matching import execution_order, producers
 from torchdebug.compare.metrics import REPLAY_METRICS
 from torchdebug.compare.rows import Row
 from torchdebug.compare.tolerances import lower_precision, rounding_tolerance
-from torchdebug.records import MODULE_OP, call_name
+from torchdebug.records import MODULE_OP, Record, call_name
 
 __all__ = ["judge", "first_divergence", "first_nonfinite"]
 
@@ -63,9 +64,7 @@ _SINGULAR = {"sqrt", "rsqrt", "div", "reciprocal", "log", "log2", "log10", "log1
 
 def _is_singular(op: str) -> bool:
     """``aten.sqrt.default``, ``aten.addcdiv_.default``, ``aten._foreach_div.List``, ``Tensor.log``."""
-    parts = op.split(".")
-    base = parts[1] if parts[0] == "aten" and len(parts) > 1 else parts[-1]
-    return base.removeprefix("_foreach_").rstrip("_") in _SINGULAR
+    return _base_op(op) in _SINGULAR
 
 
 def _spread(row: Row) -> float:
@@ -84,30 +83,220 @@ _REPLAY_MARGIN = 2.0
 _OWN_A, _OWN_B = REPLAY_METRICS
 
 
-def _own_error(row: Row) -> str | None:
-    """Why replay blames a replayed output row (its own error on the side that exceeds most), or ``None``."""
-    own = [(row.metrics[key], side) for key, side in ((_OWN_A, "A"), (_OWN_B, "B")) if key in row.metrics]
+def _scale(record: Record | None) -> float | None:
+    """The largest magnitude of a slot, from its statistics (``None`` without them)."""
+    stats = record.stats if record is not None else None
+    if not stats:
+        return None
+    low, high = stats.get("min"), stats.get("max")
+    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+        return None
+    scale = max(abs(low), abs(high))
+    return scale if math.isfinite(scale) else None
+
+
+def _own_error(row: Row) -> tuple[bool, str] | None:
+    """What replay says of an output row: ``(True, why)`` when its own error on a side exceeds
+    :data:`_REPLAY_MARGIN` rounding tolerances (the op makes the difference), ``(False, why)`` when it
+    was replayed on both sides within them (the op is healthy: its error is inherited), else ``None``."""
     dtype = lower_precision(row.dtype_a, row.dtype_b)
-    tolerance = rounding_tolerance(dtype)
-    if tolerance is None:
+    own = []
+    for key, side, record in ((_OWN_A, "A", row.record_a), (_OWN_B, "B", row.record_b)):
+        tolerance = rounding_tolerance(dtype, _scale(record))
+        if key in row.metrics and tolerance is not None:
+            own.append((row.metrics[key] / tolerance, row.metrics[key], tolerance, side))
+    if not own:
         return None
-    error, side = max(own)
-    if error <= _REPLAY_MARGIN * tolerance:
+    ratio, error, tolerance, side = max(own)
+    if ratio > _REPLAY_MARGIN:
+        why = f"own error {error:.1e} vs fp64 replay on side {side} ({dtype} tolerance {tolerance:.1e})"
+        return True, why + ": this op makes the difference"
+    if len(own) < 2:
         return None
-    return (
-        f"own error {error:.1e} vs fp64 replay on side {side} ({dtype} tolerance {tolerance:.1e}): this op makes the difference"
+    return False, f"own error {error:.1e} vs fp64 replay on side {side} is rounding ({dtype} tolerance {tolerance:.1e})"
+
+
+_MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot"}
+"""Ops whose output element sums products of inputs: their relative error may grow by the ratio
+``‖A‖·‖B‖ / ‖A @ B‖`` (large when the products cancel)."""
+
+
+def _base_op(op: str) -> str:
+    """``aten.addcdiv_.default`` → ``addcdiv``, ``aten._foreach_div.List`` → ``div``, ``Tensor.log`` → ``log``."""
+    parts = op.split(".")
+    base = parts[1] if parts[0] == "aten" and len(parts) > 1 else parts[-1]
+    return base.removeprefix("_foreach_").rstrip("_")
+
+
+def _amplification(output: Row, inputs: Sequence[Row]) -> float:
+    """How much an op may amplify the scale-relative error of its inputs, from the statistics of the
+    reference side: the inputs' scales over the output's (an output far smaller than what it is made
+    of — a LayerNorm's mean, a softmax of large scores, a difference of close values — magnifies
+    their error), and for matmuls the product of the two largest input norms over the output's.
+    An upper estimate: a healthy op usually stays well within it."""
+    out = output.record_b
+    scale_out = _scale(out)
+    if not scale_out:
+        return math.inf
+    scales = [_scale(r.record_b) or 0.0 for r in inputs]
+    amplification = max(1.0, sum(scales) / scale_out)
+    if _base_op(output.op) in _MATMULS:
+        norms = sorted(float(r.record_b.stats.get("norm") or 0.0) for r in inputs if r.record_b and r.record_b.stats)
+        norm_out = float((out.stats or {}).get("norm") or 0.0)  # type: ignore[union-attr]
+        if len(norms) >= 2 and norm_out > 0:
+            amplification = max(amplification, norms[-1] * norms[-2] / norm_out)
+    return amplification
+
+
+_CARRIED = 2.0
+"""How many times the error of the tensor its producer made an input may carry (plus the pair's
+tolerance for a cast on the way): the same tensor cannot differ more unless an op changed it."""
+_MAX_TRACE = 8
+"""How many ops only one side runs are followed back from an input (a cast chain, a hook)."""
+
+
+class _Flow:
+    """Where each input slot's tensor came from on each side (``matching.producers``: the same saved
+    tensor, or the same dtype, shape and statistics, looking through casts), traced through the calls
+    only that side runs back to matched rows; and which blamed row each row inherits from."""
+
+    def __init__(self, rows: Sequence[Row]) -> None:
+        self.slots: dict[tuple[str, int, str], Row] = {}
+        self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
+        records: dict[str, list[Record]] = {"a": [], "b": []}
+        for row in rows:
+            for side, record in (("a", row.record_a), ("b", row.record_b)):
+                if record is None:
+                    continue
+                self.slots[(side, record.step, record.name)] = row
+                records[side].append(record)
+                if not row.matched:
+                    self.one_sided.setdefault((side, record.step, record.call_name), []).append(row)
+        self.producers: dict[int, tuple[str, str]] = {}
+        for side_records in records.values():
+            self.producers.update(producers([side_records[i] for i in execution_order(side_records)]))
+        self.origin: dict[int, str] = {}
+        """``id(row)`` → the name of the blamed row whose error it carries."""
+
+    def sources(self, row: Row, side: str, depth: int = 0) -> tuple[list[Row], list[str]] | None:
+        """The matched rows whose tensor input ``row`` holds on ``side`` and the ops only that side
+        ran on the way; ``None`` when unknown."""
+        record = row.record_a if side == "a" else row.record_b
+        link = self.producers.get(id(record))
+        if record is None or link is None:
+            return None
+        producer = self.slots.get((side, record.step, f"{link[0]}/{link[1]}"))
+        if producer is None or producer.order >= row.order:
+            return None  # a producer in another step, or not before this row: no reliable link
+        if producer.matched:
+            return [producer], []
+        if depth >= _MAX_TRACE:
+            return None
+        found, via = [], [producer.op]
+        for other in self.one_sided.get((side, record.step, link[0]), []):
+            if other.io not in _OUTPUT_IO and other.kind == "tensor":
+                traced = self.sources(other, side, depth + 1)
+                if traced is not None:
+                    found += traced[0]
+                    via += traced[1]
+        return (found, via) if found else None
+
+    def inherit(self, row: Row, sources: Sequence[Row]) -> None:
+        """Mark ``row`` as carrying the error of the first blamed row among ``sources`` (or theirs)."""
+        for source in sources:
+            origin = self.origin.get(id(source)) or (source.name if source.attribution == "blamed" else None)
+            if origin is not None:
+                self.origin[id(row)] = origin
+                return
+
+
+def _inherited(row: Row, flow: _Flow, sources: Sequence[Row], detail: str) -> None:
+    """An error its inputs explain: ``pass`` when they carry rounding drift only, ``warning`` when
+    they carry the error of a blamed op (named in the message)."""
+    flow.inherit(row, sources)
+    origin = flow.origin.get(id(row))
+    row.attribution = "inherited"
+    row.verdict = "warning" if origin else "pass"
+    row.message = detail + (f"; carries the error blamed on {origin}" if origin else "")
+
+
+def _blamed(row: Row, flow: _Flow, message: str) -> None:
+    row.verdict, row.attribution, row.message = "error", "blamed", message
+    flow.origin[id(row)] = row.name
+
+
+def _judge_input(row: Row, flow: _Flow, growth: float, upstream: float) -> None:
+    """An input beyond tolerance: against the tensor its producer made (traced through ops only one
+    side runs), else against the largest error seen upstream."""
+    detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"  # type: ignore[arg-type]
+    traced = [found for side in ("a", "b") if (found := flow.sources(row, side)) is not None]
+    if not traced:
+        if row.error <= growth * upstream:  # type: ignore[operator]
+            _inherited(row, flow, (), detail + "; upstream ops already differ")
+        else:
+            _blamed(row, flow, detail + "; this input differs before any op did")
+        return
+    sources = [source for found, _ in traced for source in found]
+    carried = max((source.error or 0.0 for source in sources), default=0.0)
+    if row.error <= _CARRIED * carried + row.tolerance:  # type: ignore[operator]
+        _inherited(row, flow, sources, detail + f", as {sources[0].name} (error {_fmt(carried)})")
+        return
+    one_sided = sorted({op for _, via in traced for op in via})
+    how = f", changed on the way by {', '.join(one_sided)} that only one side runs" if one_sided else ""
+    _blamed(
+        row,
+        flow,
+        detail + f"; the tensor {sources[0].name} made differs by only {_fmt(carried)}{how}: the difference enters here",
     )
 
 
-def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: float) -> float:
+def _judge_output(row: Row, inputs: Sequence[Row], flow: _Flow, growth: float, replayed: bool) -> None:
+    """An output beyond tolerance: replay first; then whether its inputs' error, amplified by what
+    the op may do, explains it (see the module docstring)."""
+    input_error = max((r.error or 0.0 for r in inputs), default=0.0)
+    detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"  # type: ignore[arg-type]
+    own = _own_error(row)
+    if own is not None:
+        blame, why = own
+        if blame:
+            _blamed(row, flow, why)
+        else:
+            _inherited(row, flow, inputs, f"{detail}; {why}")
+        return
+    explained = f", explained by its inputs (error {_fmt(input_error)})"
+    if row.error <= _CARRIED * input_error + row.tolerance:  # type: ignore[operator]
+        _inherited(row, flow, inputs, detail + explained)
+        return
+    tensors = "cosine" in row.metrics  # both sides saved it: replay can measure the op's own error
+    amplified = row.error <= growth * input_error + row.tolerance or (  # type: ignore[operator]
+        # relative errors add up through products and quotients
+        _is_singular(row.op) and row.error <= sum(_spread(r) for r in inputs)  # type: ignore[operator]
+    )
+    if amplified and not (tensors and not replayed):
+        _inherited(row, flow, inputs, detail + explained)
+        return
+    amplification = _amplification(row, inputs)
+    if amplified or (input_error > 0 and row.error <= amplification * input_error + row.tolerance):  # type: ignore[operator]
+        flow.inherit(row, inputs)
+        row.verdict = row.attribution = "undecided"
+        how = "it could not be replayed" if tensors else 'a tensor dump (task="tensor") would decide it'
+        row.message = (
+            f"{detail}; its inputs differ by {_fmt(input_error)} and {row.op} may amplify that up to "
+            f"{_fmt(max(amplification, growth))}x: statistics cannot tell whether it made the difference; {how}"
+        )
+        return
+    _blamed(row, flow, detail + f"; its inputs differ by only {_fmt(input_error)}: this op makes the difference")
+
+
+def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: float, flow: _Flow, replayed: bool) -> float:
     """Judge the rows of one op call; ``saved`` are the rows of the forward call a backward call
     differentiates (its saved tensors), ``upstream`` the largest error seen before this call.
     Returns the largest error seen up to and including this call."""
     inputs = [r for r in rows if r.io not in _OUTPUT_IO and r.kind == "tensor" and r.matched]
     inputs += [r for r in saved if r.kind == "tensor" and r.matched]
-    input_error = max((r.error or 0.0 for r in inputs), default=0.0)
     seen = upstream
-    for row in rows:
+    for row in sorted(rows, key=lambda r: r.io in _OUTPUT_IO):  # inputs first: outputs inherit from them
+        row.verdict, row.attribution, row.message = "pass", "", ""
         a, b = row.record_a, row.record_b
         if a is None or b is None:
             row.verdict = "unmatched"
@@ -122,51 +311,38 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             continue
         is_output = row.io in _OUTPUT_IO
         if row.shape_a != row.shape_b:
-            row.verdict, row.attribution = "error", "blamed"
-            row.message = f"shape differs: {row.shape_a} vs {row.shape_b}"
+            _blamed(row, flow, f"shape differs: {row.shape_a} vs {row.shape_b}")
             seen = math.inf
             continue
         if row.metrics.get("nonfinite_mismatch"):
             explained = any(r.metrics.get("nonfinite_mismatch") for r in inputs) if is_output else upstream == math.inf
-            row.verdict, row.attribution = ("warning", "inherited") if explained else ("error", "blamed")
-            row.message = "NaN/Inf where the other side is finite" + (" (inputs had it)" if explained else "")
+            message = "NaN/Inf where the other side is finite" + (" (inputs had it)" if explained else "")
+            if explained:
+                flow.inherit(row, inputs)
+                row.verdict, row.attribution, row.message = "warning", "inherited", message
+            else:
+                _blamed(row, flow, message)
             seen = math.inf
             continue
         if row.error is None or row.tolerance is None:
-            row.message = row.message or "no statistics to compare"
+            row.message = "no statistics to compare"
             continue
         seen = max(seen, row.error)
         if row.error <= row.tolerance:
             continue
-        replayed = _own_error(row) if is_output and (_OWN_A in row.metrics or _OWN_B in row.metrics) else None
-        if replayed is not None:
-            row.verdict, row.attribution, row.message = "error", "blamed", replayed
-            continue
         if is_output:
-            explained = row.error <= growth * input_error + row.tolerance or (
-                # relative errors add up through products and quotients
-                _is_singular(row.op) and row.error <= sum(_spread(r) for r in inputs)
-            )
-            detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"
-            detail += (
-                f", explained by its inputs (error {_fmt(input_error)})"
-                if explained
-                else (f"; its inputs differ by only {_fmt(input_error)}: this op makes the difference")
-            )
+            _judge_output(row, inputs, flow, growth, replayed)
         else:
-            explained = row.error <= growth * upstream
-            detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"
-            detail += "; upstream ops already differ" if explained else "; this input differs before any op did"
-        if explained:
-            row.verdict, row.attribution = "warning", "inherited"
-        else:
-            row.verdict, row.attribution = "error", "blamed"
-        row.message = detail
+            _judge_input(row, flow, growth, upstream)
     return seen
 
 
-def judge(rows: Sequence[Row], *, growth: float = 16.0) -> None:
-    """Set verdict, attribution and message of one rank's rows (sorted in execution order)."""
+def judge(rows: Sequence[Row], *, growth: float = 16.0, replayed: bool = False) -> None:
+    """Set verdict, attribution and message of one rank's rows (sorted in execution order); judging
+    again starts afresh. ``replayed``: the calls that replay could decide were replayed, so a row
+    with saved tensors and no own error is judged by statistics alone (else it is ``undecided``,
+    for replay to decide)."""
+    flow = _Flow(rows)
     calls: dict[tuple[int, str], list[Row]] = {}
     for row in rows:
         calls.setdefault((row.step, call_name(row.name)), []).append(row)
@@ -174,7 +350,7 @@ def judge(rows: Sequence[Row], *, growth: float = 16.0) -> None:
     for (step, _), call_rows in calls.items():
         first = call_rows[0].record_a or call_rows[0].record_b
         saved = calls.get((step, first.fwd), []) if first is not None and first.fwd else []
-        upstream = _judge_call(call_rows, saved, growth, upstream)
+        upstream = _judge_call(call_rows, saved, growth, upstream, flow, replayed)
 
 
 def first_divergence(rows: Sequence[Row]) -> Row | None:

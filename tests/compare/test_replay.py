@@ -37,11 +37,10 @@ def _gelu_line() -> str:
         (GPT_GELU_BACKWARD, "backward", "layers.0.mlp", "aten.gelu_backward.default"),
     ],
 )
-def test_a_2_percent_kernel_bug_in_a_bf16_run_is_found_only_with_replay(dumps, wrong, phase, module, op):
+def test_a_2_percent_kernel_bug_in_a_bf16_run_is_found_by_replay(dumps, wrong, phase, module, op):
     buggy, reference = dumps("gpt", bf16=True, wrong=wrong), dumps("gpt")
-    plain = torchdebug.compare(buggy, reference)
-    assert plain.first_divergence is None  # hidden in the bf16 error its inputs inherit
-    assert "--replay" in plain.summary()
+    plain = torchdebug.compare(buggy, reference)  # tensors saved: the calls statistics cannot decide are replayed
+    assert plain.first_divergence.name == torchdebug.compare(buggy, reference, replay=True).first_divergence.name
 
     replayed = torchdebug.compare(buggy, reference, replay=True)
     first = replayed.first_divergence

@@ -90,7 +90,7 @@ def test_an_op_singular_near_zero_inherits_an_error_within_its_inputs_relative_s
         return rows
 
     sqrt, mul = call("aten.sqrt.default"), call("aten.mul.Tensor")
-    assert (sqrt[1].verdict, sqrt[1].attribution) == ("warning", "inherited")
+    assert (sqrt[1].verdict, sqrt[1].attribution) == ("pass", "inherited")  # drift, nothing blamed upstream
     assert (mul[1].verdict, mul[1].attribution) == ("error", "blamed")
 
 

@@ -215,6 +215,12 @@ class CompareResult:
             detail = row.message
             metrics = ", ".join(f"{k} {row.metrics[k]:.4g}" for k in ("cosine", "max_abs_err", "rel_l2") if k in row.metrics)
             lines.append(f"  {detail}" + (f" ({metrics})" if metrics else ""))
+        undecided = self.counts()["undecided"]
+        if undecided:
+            lines.append(
+                f"undecided: {undecided} rows beyond tolerance where statistics cannot tell whether the op or its inputs "
+                'made the difference; a tensor dump (task="tensor") would decide them'
+            )
         hint = self.replay_hint
         if hint:
             lines.append(f"hint: {hint}")

@@ -136,7 +136,9 @@ def _amplification(output: Row, inputs: Sequence[Row]) -> float:
     An upper estimate: a healthy op usually stays well within it."""
     out = output.record_b
     scale_out = _scale(out)
-    if not scale_out:
+    if scale_out is None:
+        return 1.0  # no statistics: no evidence of amplification
+    if scale_out == 0.0:
         return math.inf
     scales = [_scale(r.record_b) or 0.0 for r in inputs]
     amplification = max(1.0, sum(scales) / scale_out)
@@ -250,24 +252,25 @@ def _judge_input(row: Row, flow: _Flow, growth: float, upstream: float) -> None:
     )
 
 
-def _judge_output(row: Row, inputs: Sequence[Row], flow: _Flow, growth: float, replayed: bool) -> None:
-    """An output beyond tolerance: replay first; then whether its inputs' error, amplified by what
-    the op may do, explains it (see the module docstring)."""
+def _judge_output(row: Row, inputs: Sequence[Row], arguments: Sequence[Row], flow: _Flow, growth: float, replayed: bool) -> None:
+    """An output beyond tolerance: replay first (an op exact on each side whose argument values differ
+    is blamed); then whether its inputs' error, amplified by what the op may do, explains it (see the
+    module docstring). ``arguments`` are the call's non-tensor input rows, judged already."""
     input_error = max((r.error or 0.0 for r in inputs), default=0.0)
     detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"  # type: ignore[arg-type]
     own = _own_error(row)
     if own is not None:
         blame, why = own
+        changed = [r for r in arguments if r.verdict == "warning"]
+        if not blame and changed and row.error > growth * input_error + row.tolerance:  # type: ignore[operator]
+            blame, why = True, f"{why}, but its {changed[0].message}: the op was called differently"
         if blame:
             _blamed(row, flow, why)
         else:
             _inherited(row, flow, inputs, f"{detail}; {why}")
         return
-    explained = f", explained by its inputs (error {_fmt(input_error)})"
-    if row.error <= _CARRIED * input_error + row.tolerance:  # type: ignore[operator]
-        _inherited(row, flow, inputs, detail + explained)
-        return
     tensors = "cosine" in row.metrics  # both sides saved it: replay can measure the op's own error
+    explained = f", explained by its inputs (error {_fmt(input_error)})"
     amplified = row.error <= growth * input_error + row.tolerance or (  # type: ignore[operator]
         # relative errors add up through products and quotients
         _is_singular(row.op) and row.error <= sum(_spread(r) for r in inputs)  # type: ignore[operator]
@@ -276,7 +279,7 @@ def _judge_output(row: Row, inputs: Sequence[Row], flow: _Flow, growth: float, r
         _inherited(row, flow, inputs, detail + explained)
         return
     amplification = _amplification(row, inputs)
-    if amplified or (input_error > 0 and row.error <= amplification * input_error + row.tolerance):  # type: ignore[operator]
+    if tensors and not replayed or (input_error > 0 and row.error <= amplification * input_error + row.tolerance):  # type: ignore[operator]
         flow.inherit(row, inputs)
         row.verdict = row.attribution = "undecided"
         how = "it could not be replayed" if tensors else 'a tensor dump (task="tensor") would decide it'
@@ -331,7 +334,8 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
         if row.error <= row.tolerance:
             continue
         if is_output:
-            _judge_output(row, inputs, flow, growth, replayed)
+            arguments = [r for r in rows if r.kind != "tensor" and r.io not in _OUTPUT_IO]
+            _judge_output(row, inputs, arguments, flow, growth, replayed)
         else:
             _judge_input(row, flow, growth, upstream)
     return seen

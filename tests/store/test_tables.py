@@ -65,3 +65,14 @@ def test_without_pyarrow_writing_parquet_names_the_extra(run, tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with pytest.raises(MissingExtraError, match=r"writing Parquet needs pyarrow: pip install 'torchdebug\[parquet\]'"):
         write_parquet(run.to_pandas(), tmp_path / "records.parquet")
+
+
+def test_every_record_field_has_a_column():
+    import dataclasses
+
+    from torchdebug.records import Record
+    from torchdebug.store.tables import RECORD_COLUMNS
+
+    spread = {"stats": "min", "tensor": "tensor_file"}  # fields spread over several columns
+    for field in dataclasses.fields(Record):
+        assert spread.get(field.name, field.name) in RECORD_COLUMNS, field.name

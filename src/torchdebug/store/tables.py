@@ -28,6 +28,7 @@ _TRAILING = (
     "sampled",
     "tensor_file",
     "tensor_key",
+    "checksum",
     "seq",
     "stack",
     "source",

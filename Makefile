@@ -8,6 +8,7 @@ TORCH ?= 2.13.0
 MATRIX ?= 2.11.0 2.14.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchdebug-installed
+TEST_STAMP := $(VENV)/.torchdebug-test-installed
 
 .PHONY: demo test lint test-one test-matrix bench clean
 
@@ -16,19 +17,24 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e .
 	touch $(STAMP)
+
+# the test extra (pytest, ruff, the optional libraries the integrations are tested with)
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: lint test-one test-matrix
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test-one: $(STAMP)
+test-one: $(TEST_STAMP)
 	@$(PY) -c "import torch; print('torchdebug tests on torch', torch.__version__)"
 	$(PY) -m pytest -q
 

@@ -192,10 +192,16 @@ class CaptureSession:
         for record in waiting or ():
             record.checksum = text
 
+    def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
+        """Deliver ``result`` (a small tensor, e.g. a graph's statistics table) to ``sink`` as a list
+        of Python numbers by the next :meth:`flush`: at once on the CPU, without a host
+        synchronisation on an accelerator (read with everything else staged, once per flush)."""
+        self._stager.stage(result, sink)
+
     def stage_overflow_flag(self, tensor: torch.Tensor, sink: Callable[[bool], None]) -> None:
         """Call ``sink(True)`` when ``tensor`` holds a NaN or an Inf, ``sink(False)`` otherwise: at
         once on the CPU, at the next flush on an accelerator (``overflow_check.py``)."""
-        self._stager.stage(finite_sum(tensor), lambda row: sink(not math.isfinite(row[0])))
+        self.stage(finite_sum(tensor), lambda row: sink(not math.isfinite(row[0])))
 
     @staticmethod
     def _fill_description(record: Record, tensor: torch.Tensor) -> bool:

@@ -24,6 +24,7 @@ LAYERS = [
         "records",
         "native",
         "stats",
+        "stats_table",
         "checksum",
         "config",
         "dist",

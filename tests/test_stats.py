@@ -5,7 +5,8 @@ import torch
 
 import torchdebug.stats
 from torchdebug.native import fused_stats as native
-from torchdebug.stats import StatsStager, stats_vector, tensor_stats
+from torchdebug.stats import stats_vector, tensor_stats
+from torchdebug.stats_table import StatsStager
 
 
 @pytest.fixture(params=["native", "torch ops"], autouse=True)

@@ -18,7 +18,7 @@ dtype and shape are recorded beside it and compared separately (an empty tensor'
 Cost: about a dozen elementwise integer kernels and one sum per tensor, over chunks of
 ``_CHUNK`` elements, so the temporaries stay below ``_CHUNK`` 64-bit words whatever the tensor's
 size; a non-contiguous tensor is copied once at its own width. Nothing synchronises with the device:
-the result is a 0-d int64 tensor there, read by :class:`torchdebug.stats.StatsStager` at a flush.
+the result is a 0-d int64 tensor there, read by :class:`torchdebug.stats_table.StatsStager` at a flush.
 """
 
 from __future__ import annotations

@@ -8,14 +8,14 @@ On the CPU, float32, bfloat16 and float64 tensors take one pass of a small C ker
 (:mod:`torchdebug.native`); other dtypes, or a machine without a C compiler, use torch ops: a sum
 that comes out finite proves there is no NaN or Inf, so the common case costs three reductions
 (min/max, sum, and a BLAS dot product for the norm of float32) and no mask. On other devices the
-same host check would synchronise the device once per op, so :class:`StatsStager` keeps the
-results as small device tensors and copies them to the host in one batch per flush.
+same host check would synchronise the device once per op: :mod:`torchdebug.stats_table` reduces
+them there (a Triton kernel on CUDA, :func:`device_sums` elsewhere) into a table the host reads once
+per flush.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,11 +29,14 @@ _INF = float("inf")
 
 
 def _as_real(tensor: torch.Tensor) -> torch.Tensor:
-    """The values statistics are taken over: magnitudes for complex, numbers for bool."""
+    """The values statistics are taken over: magnitudes for complex, numbers for bool, float8 widened to
+    float32 (torch has no reductions over float8)."""
     if tensor.is_complex():
         return tensor.abs()
     if tensor.dtype == torch.bool:
         return tensor.to(torch.uint8)
+    if tensor.is_floating_point() and tensor.element_size() == 1:
+        return tensor.float()
     return tensor
 
 
@@ -45,7 +48,7 @@ def _accumulation_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.float64
 
 
-def _empty_stats() -> StatsDict:
+def empty_stats() -> StatsDict:
     return {"min": None, "max": None, "mean": None, "norm": None, "nan": 0, "posinf": 0, "neginf": 0}
 
 
@@ -65,48 +68,45 @@ def stats_from_vector(values: list[float], integral: bool) -> StatsDict:
     return out
 
 
+def device_sums(tensor: torch.Tensor) -> torch.Tensor:
+    """``[min, max, sum, sum of squares, nan, posinf, neginf]`` as a float64 vector on the tensor's
+    device, with torch ops: the torch fallback of the fused kernels' sums (NaNs left out of the first
+    four; min/max ``+inf``/``-inf`` when every element is NaN). Never synchronises with the device;
+    the tensor must be non-empty. Integers and bool are taken in float64 (exact below 2**53)."""
+    x = _as_real(tensor.detach())
+    if not x.is_floating_point():
+        xf = x.to(torch.float64)
+        low, high = torch.aminmax(xf)
+        zero = xf.new_zeros(())
+        return torch.stack([low, high, xf.sum(), torch.dot(xf.reshape(-1), xf.reshape(-1)), zero, zero, zero])
+    nan = x.isnan()
+    low = torch.where(nan, _INF, x).amin()
+    high = torch.where(nan, -_INF, x).amax()
+    kept = torch.where(nan, 0, x)
+    total = kept.sum(dtype=_accumulation_dtype(x))
+    squares = torch.linalg.vector_norm(kept, dtype=torch.float64).square()  # squares may overflow float32
+    counts = (nan.sum(), (x == _INF).sum(), (x == -_INF).sum())
+    return torch.stack([v.to(torch.float64) for v in (low, high, total, squares, *counts)])
+
+
 def stats_vector(tensor: torch.Tensor) -> torch.Tensor:
     """The statistics as a float64 vector in ``STAT_KEYS`` order, on the tensor's device.
 
     Never synchronises with the device. NaN in the first four entries means "no value" (empty or
     all-NaN tensor). The tensor must be non-empty.
     """
-    x = _as_real(tensor.detach())
-    acc = _accumulation_dtype(x)
-    if not x.is_floating_point():
-        xf = x.to(acc)
-        mn, mx = torch.aminmax(xf)
-        zero = xf.new_zeros(())
-        return torch.stack([mn, mx, xf.mean(), torch.linalg.vector_norm(xf), zero, zero, zero])
-    nan_mask = x.isnan()
-    nan = nan_mask.sum()
-    posinf = (x == _INF).sum()
-    neginf = (x == -_INF).sum()
-    valid = (~nan_mask).sum()
-    mn = torch.where(nan_mask, _INF, x).amin()
-    mx = torch.where(nan_mask, -_INF, x).amax()
-    zeroed = torch.where(nan_mask, 0, x)
-    total = zeroed.sum(dtype=acc)
-    norm = torch.linalg.vector_norm(zeroed, dtype=torch.float64)  # squares may overflow float32
-    none = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
+    low, high, total, squares, nan, posinf, neginf = device_sums(tensor).unbind()
+    valid = tensor.numel() - nan
     has = valid > 0
-    mean = total.to(torch.float64) / valid.clamp(min=1)
-    return torch.stack(
-        [
-            torch.where(has, mn.to(torch.float64), none),
-            torch.where(has, mx.to(torch.float64), none),
-            torch.where(has, mean, none),
-            torch.where(has, norm.to(torch.float64), none),
-            nan.to(torch.float64),
-            posinf.to(torch.float64),
-            neginf.to(torch.float64),
-        ]
-    )
+    mean = total / valid.clamp(min=1)
+    values = [torch.where(has, v, math.nan) for v in (low, high, mean, squares.sqrt())]
+    return torch.stack([*values, nan, posinf, neginf])
 
 
-def stats_from_sums(sums: list[float], numel: int) -> StatsDict:
-    """Stats dict from the native kernels' ``[min, max, sum, sum of squares, nan, posinf, neginf]``
-    (:func:`~torchdebug.native.fused_stats.fused_stats`, ``copy_with_stats``)."""
+def stats_from_sums(sums: list[float], numel: int, integral: bool = False) -> StatsDict:
+    """Stats dict from ``[min, max, sum, sum of squares, nan, posinf, neginf]`` as the fused kernels
+    (:func:`~torchdebug.native.fused_stats.fused_stats`, ``copy_with_stats``, the Triton kernel) and
+    :func:`device_sums` give them (``integral``: an integer or bool tensor, so min and max are ints)."""
     low, high, total, squares, nan, posinf, neginf = sums
     valid = numel - int(nan)
     if valid == 0:
@@ -120,6 +120,8 @@ def stats_from_sums(sums: list[float], numel: int) -> StatsDict:
             "neginf": int(neginf),
         }
     mean = total / valid
+    if integral:
+        low, high = int(low), int(high)
     return {
         "min": low,
         "max": high,
@@ -131,7 +133,7 @@ def stats_from_sums(sums: list[float], numel: int) -> StatsDict:
     }
 
 
-def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
+def cpu_stats(tensor: torch.Tensor) -> StatsDict:
     """Fast path for CPU tensors: one native pass (float32, bfloat16, float64), else three
     reductions and a mask only when the sum is not finite."""
     x = _as_real(tensor.detach())
@@ -139,11 +141,11 @@ def _cpu_stats(tensor: torch.Tensor) -> StatsDict:
     if sums is not None:
         return stats_from_sums(sums, x.numel())
     if not x.is_floating_point():
-        return stats_from_vector(stats_vector(x).tolist(), integral=True)
+        return stats_from_sums(device_sums(x).tolist(), x.numel(), integral=True)
     acc = _accumulation_dtype(x)
     total = float(x.sum(dtype=acc))
     if not math.isfinite(total):
-        return stats_from_vector(stats_vector(x).tolist(), integral=False)
+        return stats_from_sums(device_sums(x).tolist(), x.numel())
     mn, mx = torch.aminmax(x)
     norm = math.inf
     if x.dtype == torch.float32 and x.is_contiguous():
@@ -180,61 +182,8 @@ def finite_sum(tensor: torch.Tensor) -> torch.Tensor:
 def tensor_stats(tensor: torch.Tensor) -> StatsDict:
     """Statistics of ``tensor`` as a dict keyed by ``STAT_KEYS`` (synchronises on accelerators)."""
     if tensor.numel() == 0:
-        return _empty_stats()
+        return empty_stats()
     if tensor.device.type == "cpu":
-        return _cpu_stats(tensor)
+        return cpu_stats(tensor)
     integral = not (tensor.is_floating_point() or tensor.is_complex())
-    return stats_from_vector(stats_vector(tensor).tolist(), integral=integral)
-
-
-class StatsStager:
-    """Collects per-tensor results computed on the device without a host synchronisation per tensor.
-
-    ``add(tensor, sink)`` computes the statistics now (the tensor may change later) and calls
-    ``sink(stats_dict)`` by the next :meth:`flush`; :meth:`stage` does the same for any small
-    result (a fingerprint, an overflow flag). CPU tensors are resolved at once; accelerator results
-    stay as small device tensors (the device-side table) and are copied to the host in one transfer
-    per device and dtype at each flush.
-    """
-
-    def __init__(self) -> None:
-        self._staged: list[tuple[torch.Tensor, Callable[[list], None]]] = []
-
-    def __len__(self) -> int:
-        return len(self._staged)
-
-    def add(self, tensor: torch.Tensor, sink: Callable[[StatsDict], None]) -> None:
-        """Compute the statistics of ``tensor`` and deliver them to ``sink`` by the next flush."""
-        if tensor.is_cpu:
-            sink(_cpu_stats(tensor) if tensor.numel() else _empty_stats())
-        elif tensor.numel() == 0 or tensor.is_meta:
-            sink(_empty_stats())
-        else:
-            integral = not (tensor.is_floating_point() or tensor.is_complex())
-            self._staged.append((stats_vector(tensor), lambda row: sink(stats_from_vector(row, integral))))
-
-    def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
-        """Deliver ``result`` (a 0-d or 1-D device tensor) to ``sink`` as a list of Python numbers by
-        the next flush; at once when it is on the CPU."""
-        vector = result.reshape(-1)
-        if vector.is_cpu:
-            sink(vector.tolist())
-        else:
-            self._staged.append((vector, sink))
-
-    def flush(self) -> None:
-        """Copy staged results to the host (one transfer per device and dtype) and deliver them, in
-        the order they were staged on each device; sinks may stage more, delivered in the same flush."""
-        while self._staged:
-            staged, self._staged = self._staged, []
-            groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-            for index, (vector, _) in enumerate(staged):
-                groups.setdefault((vector.device, vector.dtype), []).append(index)
-            for indices in groups.values():
-                flat = torch.cat([staged[i][0] for i in indices]).cpu().tolist()
-                start = 0
-                for i in indices:
-                    vector, sink = staged[i]
-                    end = start + vector.shape[0]
-                    sink(flat[start:end])
-                    start = end
+    return stats_from_sums(device_sums(tensor).tolist(), tensor.numel(), integral)

@@ -2,7 +2,7 @@
 
 Every selected op call (forward, backward and optimizer) has each floating output reduced on its
 own device to one float64 sum (:func:`torchdebug.stats.finite_sum`), staged in the session's device
-table (:class:`torchdebug.stats.StatsStager`) like statistics are. A call *overflows* when one sum
+table (:class:`torchdebug.stats_table.StatsStager`) like statistics are. A call *overflows* when one sum
 is not finite; as in ptdbg, only overflowing calls are recorded, with statistics and their input
 and output tensors saved, and recording stops after ``overflow_nums`` of them in the run (then ops
 run unchecked). Inputs are the values the call saw: an in-place op's written inputs are copied

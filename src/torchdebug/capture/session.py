@@ -23,7 +23,8 @@ from torchdebug.checksum import fingerprint, hex_digits
 from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
-from torchdebug.stats import StatsStager, finite_sum, stats_from_sums
+from torchdebug.stats import finite_sum, stats_from_sums
+from torchdebug.stats_table import StatsStager
 from torchdebug.store.tensor_batch import TensorBatch, storable
 from torchdebug.store.writer import RankWriter
 
@@ -84,6 +85,8 @@ class CaptureSession:
         self._batch: TensorBatch | None = None
         self._tensor_refs: list[dict[str, str]] = []
         self._stager = StatsStager()
+        self._waiting: list[list[Record]] = []
+        """Records handed over by mid-step flushes whose statistics are still on their way to the host."""
         self._seen: dict[int, _Seen] = {}
         self._warned: set[str] = set()
 
@@ -134,7 +137,7 @@ class CaptureSession:
                 record.value = json_value(value)
             self._records.append(record)  # not a local: a tensor snapshot may flush and start a new list
         if len(self._records) >= _FLUSH_RECORDS:
-            self.flush()
+            self._flush_records()
 
     def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
         want_stats = self.want_stats or save
@@ -285,18 +288,37 @@ class CaptureSession:
             self.writer.add_stack(stack_id, frames)
 
     def flush(self, wait: bool = False, tensors: bool = False) -> None:
-        """Resolve staged statistics and hand pending records and tensors to the writer.
+        """Resolve staged statistics (one host read) and hand pending records and tensors to the writer.
 
         ``wait``: return only once the records are on disk (the debugger waits at every ``stop``);
         ``tensors``: once the tensor files are too.
         """
         self._stager.flush()
+        self._submit_waiting()
         if self._records or self._batch is not None:
             records, self._records = self._records, []
             self.writer.submit(self.step, records, self._batch, self._tensor_refs)
             self._batch, self._tensor_refs = None, []
         if wait or tensors:
             self.writer.drain(tensors=tensors)
+
+    def _flush_records(self) -> None:
+        """The flush of a full list of records in mid-step: start the transfer of their statistics and
+        keep the records until it lands, without waiting for the device (a pending tensor batch is
+        flushed in full: its buffer is one of the writer's two)."""
+        if self._batch is not None:
+            self.flush()
+            return
+        self._stager.send()
+        self._waiting.append(self._records)
+        self._records = []
+        if self._stager.deliver(block=False):
+            self._submit_waiting()
+
+    def _submit_waiting(self) -> None:
+        for records in self._waiting:
+            self.writer.submit(self.step, records, None, [])
+        self._waiting = []
 
     def next_step(self) -> None:
         """Flush and start the next step (call indices and reuse caches start over)."""

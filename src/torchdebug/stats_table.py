@@ -1,0 +1,273 @@
+"""The device-side table: statistics and other small results of a step, read by the host in one copy.
+
+Reading a value computed on an accelerator (``.item()``, ``.tolist()``, ``.cpu()``) waits for the
+device to finish everything queued before it; doing that per captured tensor serialises the host
+with the device at every op. :class:`StatsStager` never reads per tensor:
+
+- ``add(tensor, sink)`` reduces the tensor *now* (it may change in place later) into one row of a
+  per-device table of float64 ``[min, max, sum, sum of squares, nan, posinf, neginf]`` sums: on
+  CUDA with one Triton kernel launch (:mod:`torchdebug.native.triton_stats`, one read of the
+  tensor), elsewhere with torch ops (:func:`torchdebug.stats.device_sums`);
+- ``stage(result, sink)`` keeps any other small device result (a fingerprint, a compiled graph's
+  statistics vector) for the same transfer;
+- ``send()`` starts the transfer: one non-blocking copy of the used rows into pinned host memory
+  per device, plus the staged results, then records an event; ``deliver()`` hands rows to their
+  sinks once that event has completed (``block=True`` waits for it: the one synchronisation of a
+  step). ``flush()`` is both.
+
+CPU tensors are reduced at once (the native kernel, :mod:`torchdebug.native.fused_stats`) and
+delivered immediately: there is no device to wait for.
+
+Memory is bounded: at most two tables per device (one filling while the other is in flight), each
+:data:`TABLE_ROWS` rows (float64 x 7, 3.5 MiB on the device and as much pinned on the host) with
+:data:`SCRATCH_ROWS` rows of scratch for tensors reduced by several programs. A full table is sent
+and a new one filled; when both are taken the older one is delivered first (a synchronisation per
+``TABLE_ROWS`` captured tensors at worst). :meth:`StatsStager.memory_bytes` reports the total.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchdebug.native.build import DISABLE_ENV
+from torchdebug.stats import StatsDict, cpu_stats, device_sums, empty_stats, stats_from_sums
+
+logger = logging.getLogger("torchdebug.stats_table")
+
+TABLE_ROWS = 1 << 16
+"""Rows of one table (one per captured tensor)."""
+
+SCRATCH_ROWS = 1 << 16
+"""Partial rows of one table, for tensors that several kernel programs reduce together."""
+
+COLUMNS = 7
+
+_Sink = Callable[[Any], None]
+
+
+def _resolves_now(tensor: torch.Tensor) -> bool:
+    """CPU tensors need no table: the host can read them at no cost (tests patch this to exercise
+    the device path on the CPU)."""
+    return tensor.is_cpu
+
+
+@functools.cache
+def _triton() -> Any:
+    """:mod:`torchdebug.native.triton_stats`, or ``None`` (no Triton, or ``TORCHDEBUG_NATIVE=0``)."""
+    if os.environ.get(DISABLE_ENV) == "0" or importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        from torchdebug.native import triton_stats  # imports Triton: only once a device tensor arrives
+    except Exception as error:  # an incompatible Triton must cost speed, not the run
+        logger.warning("Triton statistics kernel unavailable (%s: %s); using torch ops", type(error).__name__, error)
+        return None
+    return triton_stats
+
+
+def _kernel_for(tensor: torch.Tensor) -> Any:
+    triton_stats = _triton()
+    if triton_stats is None or tensor.dtype not in triton_stats.DTYPES:
+        return None
+    if tensor.device.type != "cuda" and not (tensor.is_cpu and triton_stats.interpreted()):
+        return None
+    return triton_stats
+
+
+class _Table:
+    """One device's rows, their scratch and pinned host copy, and who waits for each row."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.values = torch.empty((TABLE_ROWS, COLUMNS), dtype=torch.float64, device=device)
+        self.scratch = torch.empty((SCRATCH_ROWS, COLUMNS), dtype=torch.float64, device=device)
+        self.counters = torch.zeros(TABLE_ROWS, dtype=torch.int32, device=device)
+        pinned = device.type == "cuda"
+        self.host = self.values if device.type == "cpu" else torch.empty_like(self.values, device="cpu", pin_memory=pinned)
+        self.used = 0
+        self.scratch_used = 0
+        self.sinks: list[tuple[int, int, bool, _Sink]] = []
+        """``(row, numel, integral, sink)`` of each row in use."""
+
+    def fits(self, scratch_rows: int) -> bool:
+        return self.used < TABLE_ROWS and self.scratch_used + scratch_rows <= SCRATCH_ROWS
+
+    def reset(self) -> None:
+        if self.scratch_used:
+            self.counters[: self.used].zero_()  # asynchronous: ordered before the next launches
+        self.used = self.scratch_used = 0
+        self.sinks = []
+
+    @property
+    def nbytes(self) -> int:
+        device = self.values.nbytes + self.scratch.nbytes + self.counters.nbytes
+        return device + (0 if self.host is self.values else self.host.nbytes)
+
+
+@dataclass
+class _Transfer:
+    """What one ``send`` copied to the host, and who waits for it."""
+
+    tables: list[_Table] = field(default_factory=list)
+    staged: list[tuple[torch.Tensor, list[tuple[int, int, _Sink]]]] = field(default_factory=list)
+    """Host copies of the staged results (one per device and dtype) with ``(start, end, sink)``."""
+    events: list[torch.cuda.Event] = field(default_factory=list)
+
+    def ready(self) -> bool:
+        return all(event.query() for event in self.events)
+
+    def wait(self) -> None:
+        for event in self.events:
+            event.synchronize()
+
+
+class StatsStager:
+    """Per-device statistics tables and staged results, sent to the host once per flush (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._filling: dict[torch.device, _Table] = {}
+        self._free: dict[torch.device, list[_Table]] = {}
+        self._tables_made: dict[torch.device, int] = {}
+        self._staged: list[tuple[torch.Tensor, _Sink]] = []
+        self._in_flight: list[_Transfer] = []
+
+    def __len__(self) -> int:
+        """Results not yet delivered."""
+        waiting = sum(len(table.sinks) for table in self._filling.values())
+        in_flight = sum(len(t.sinks) for transfer in self._in_flight for t in transfer.tables)
+        in_flight += sum(len(sinks) for transfer in self._in_flight for _, sinks in transfer.staged)
+        return waiting + in_flight + len(self._staged)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the tables, on devices and pinned on the host."""
+        tables = list(self._filling.values()) + [t for free in self._free.values() for t in free]
+        tables += [t for transfer in self._in_flight for t in transfer.tables]
+        return sum(table.nbytes for table in tables)
+
+    # -- capturing ---------------------------------------------------------------------------------
+    def add(self, tensor: torch.Tensor, sink: Callable[[StatsDict], None]) -> None:
+        """Reduce ``tensor`` now and deliver its statistics to ``sink`` by the next delivery."""
+        if tensor.numel() == 0 or tensor.is_meta:
+            sink(empty_stats())
+            return
+        if _resolves_now(tensor):
+            sink(cpu_stats(tensor))
+            return
+        x = tensor.detach()
+        integral = not (x.is_floating_point() or x.is_complex())
+        if x.is_complex():
+            x = x.abs()  # statistics of the magnitudes
+        kernel = _kernel_for(x)
+        flat = kernel.dense_span(x) if kernel is not None else None
+        scratch_rows = kernel.programs_for(x.numel()) if flat is not None else 0
+        table = self._table(x.device, scratch_rows if scratch_rows > 1 else 0)
+        row = table.used
+        if flat is not None:
+            kernel.launch(flat, table.values, row, table.scratch, table.scratch_used, table.counters)
+            if scratch_rows > 1:
+                table.scratch_used += scratch_rows
+        else:
+            table.values[row].copy_(device_sums(x))
+        table.used += 1
+        table.sinks.append((row, x.numel(), integral, sink))
+
+    def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
+        """Deliver ``result`` (a small tensor) to ``sink`` as a list of Python numbers by the next
+        delivery; at once when it is on the CPU."""
+        vector = result.reshape(-1)
+        if _resolves_now(vector):
+            sink(vector.tolist())
+        else:
+            self._staged.append((vector, sink))
+
+    def _table(self, device: torch.device, scratch_rows: int) -> _Table:
+        table = self._filling.get(device)
+        if table is not None and table.fits(scratch_rows):
+            return table
+        if table is not None:  # full: send it and fill another
+            self.send()
+        free = self._free.setdefault(device, [])
+        while not free and self._tables_made.get(device, 0) >= 2:  # both in flight: wait for the older
+            self.deliver(block=True, oldest_only=True)
+        if free:
+            table = free.pop()
+        else:
+            self._tables_made[device] = self._tables_made.get(device, 0) + 1
+            table = _Table(device)
+        self._filling[device] = table
+        return table
+
+    # -- reading -----------------------------------------------------------------------------------
+    def send(self) -> None:
+        """Start copying everything added and staged so far to the host, without waiting."""
+        if not self._filling and not self._staged:
+            return
+        transfer = _Transfer()
+        devices: set[torch.device] = set()
+        for device, table in self._filling.items():
+            if table.used:
+                if table.host is not table.values:
+                    table.host[: table.used].copy_(table.values[: table.used], non_blocking=table.host.is_pinned())
+                transfer.tables.append(table)
+                devices.add(device)
+            else:
+                self._free.setdefault(device, []).append(table)
+        self._filling = {}
+        groups: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, _Sink]]] = {}
+        for vector, sink in self._staged:
+            groups.setdefault((vector.device, vector.dtype), []).append((vector, sink))
+        self._staged = []
+        for (device, _), members in groups.items():
+            flat = torch.cat([vector for vector, _ in members])
+            host = flat.to("cpu", non_blocking=device.type == "cuda")  # pinned by torch when non-blocking
+            sinks, start = [], 0
+            for vector, sink in members:
+                sinks.append((start, start + vector.shape[0], sink))
+                start += vector.shape[0]
+            transfer.staged.append((host, sinks))
+            devices.add(device)
+        for device in devices:
+            if device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(device))
+                transfer.events.append(event)
+        self._in_flight.append(transfer)
+
+    def deliver(self, block: bool = True, oldest_only: bool = False) -> bool:
+        """Hand sent results to their sinks, oldest transfer first; ``block``: wait for the copies
+        (else stop at the first one still running). Returns whether nothing sent is left."""
+        while self._in_flight:
+            transfer = self._in_flight[0]
+            if block:
+                transfer.wait()
+            elif not transfer.ready():
+                return False
+            self._in_flight.pop(0)
+            for table in transfer.tables:
+                rows = table.host[: table.used].tolist()
+                sinks, device = table.sinks, table.device
+                table.reset()
+                self._free.setdefault(device, []).append(table)
+                for row, numel, integral, sink in sinks:
+                    sink(stats_from_sums(rows[row], numel, integral))
+            for host, sinks in transfer.staged:
+                values = host.tolist()
+                for start, end, sink in sinks:
+                    sink(values[start:end])
+            if oldest_only:
+                break
+        return not self._in_flight
+
+    def flush(self) -> None:
+        """Send and deliver everything, waiting once per device; sinks may stage more, delivered in
+        the same flush."""
+        while self._filling or self._staged or self._in_flight:
+            self.send()
+            self.deliver(block=True)

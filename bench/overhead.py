@@ -15,13 +15,17 @@ The model is the GPT example, AdamW, fixed seed, in one of two sizes (the GPU-sp
 ``M`` 12 layers, d_model 768, 12 heads, seq 1024, batch 8, vocabulary 50304. On ``--device cuda``
 every block is timed between two ``torch.cuda.synchronize()`` calls. Tensor mode writes about half
 a gigabyte a step (size S), so on a disk it measures the disk; ``--dir /dev/shm --delete-tensors``
-measures torchdebug's own cost.
+measures torchdebug's own cost. Where ``msprobe`` imports (PyPI: mindstudio-probe), its
+statistics (L1, L0, mix) and tensor (L1) arms run on the same model in the same rounds; on CUDA
+each row also shows the peak GPU memory of its blocks.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import json
 import shutil
 import statistics
 import sys
@@ -59,8 +63,29 @@ MODES = {
     "structure/op": dict(task="structure", level="op"),
     "statistics/op": dict(task="statistics", level="op"),
     "statistics/module": dict(task="statistics", level="module"),
+    "statistics/mix": dict(task="statistics", level="mix"),
     "tensor/op": dict(task="tensor", level="op"),
 }
+
+MSPROBE_MODES = {
+    "msprobe statistics/L1": {"task": "statistics", "level": "L1"},
+    "msprobe statistics/L0": {"task": "statistics", "level": "L0"},
+    "msprobe statistics/mix": {"task": "statistics", "level": "mix"},
+    "msprobe tensor/L1": {"task": "tensor", "level": "L1"},
+}
+"""msprobe's arms on the same model and steps, run where ``msprobe`` (PyPI: mindstudio-probe) imports."""
+
+
+def _msprobe_debugger(folder: Path, options: dict) -> object:
+    """An msprobe ``PrecisionDebugger`` writing under ``folder`` (its config lives in a JSON file)."""
+    from msprobe.pytorch import PrecisionDebugger
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {**options, "dump_path": str(folder), "rank": [], "step": [], "seed": 1234}
+    config[options["task"]] = {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"}
+    path = folder / "config.json"
+    path.write_text(json.dumps(config))
+    return PrecisionDebugger(config_path=str(path))
 
 
 def main() -> None:
@@ -68,7 +93,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed blocks per mode")
     parser.add_argument("--block", type=int, default=3, help="consecutive steps per block")
     parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per mode")
-    parser.add_argument("--modes", nargs="*", default=list(MODES))
+    parser.add_argument("--modes", nargs="*", default=None, help="default: all of ours, and msprobe's where it imports")
     parser.add_argument("--dir", type=Path, default=None, help="where the dumps go (default: a temporary folder)")
     parser.add_argument(
         "--delete-tensors",
@@ -78,6 +103,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
     args = parser.parse_args()
+    if args.modes is None:
+        args.modes = list(MODES) + (list(MSPROBE_MODES) if importlib.util.find_spec("msprobe") else [])
     torch.set_num_threads(max(1, torch.get_num_threads()))
     torchdebug.seed_all(1234)
     config = SIZES[args.size]
@@ -86,20 +113,27 @@ def main() -> None:
     batch = make_batch(config, batch=8, device=args.device)
     sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    peaks: dict[str, int] = {}
+    cuda = torch.device(args.device).type == "cuda"
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         debuggers = {
             mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_"), **options)
             for mode, options in MODES.items()
             if options is not None and mode in args.modes
         }
+        for mode, options in MSPROBE_MODES.items():
+            if mode in args.modes:
+                debuggers[mode] = _msprobe_debugger(Path(tmp) / mode.replace("/", "_").replace(" ", "_"), options)
         for round_ in range(args.warmup + args.steps):
             for mode in args.modes:
                 debugger = debuggers.get(mode)
                 sync()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(args.device)
                 start = time.perf_counter()
                 for _ in range(args.block):
                     if debugger is not None:
-                        debugger.start(model)
+                        debugger.start(model=model)
                     if mode == "dispatch-mode":
                         with _EmptyMode():
                             train_step(model, optimizer, batch)
@@ -108,18 +142,21 @@ def main() -> None:
                     if debugger is not None:
                         debugger.stop()
                         debugger.step()
-                if debugger is not None:
+                if isinstance(debugger, torchdebug.Debugger):
                     debugger.flush()
                 sync()
                 elapsed = (time.perf_counter() - start) / args.block
                 if round_ >= args.warmup:
                     times[mode].append(elapsed)
+                    if cuda:
+                        peaks[mode] = max(peaks.get(mode, 0), torch.cuda.max_memory_allocated(args.device))
                 if debugger is not None and args.delete_tensors:
                     for folder in Path(tmp).glob(f"{mode.replace('/', '_')}/*/*/tensors"):
                         shutil.rmtree(folder)
         for debugger in debuggers.values():
-            with contextlib.suppress(Exception):
-                debugger.close()
+            if isinstance(debugger, torchdebug.Debugger):
+                with contextlib.suppress(Exception):
+                    debugger.close()
     plain = statistics.median(times["plain"]) if "plain" in times else None
     where = torch.cuda.get_device_name(args.device) if sync is torch.cuda.synchronize else f"{torch.get_num_threads()} threads"
     print(
@@ -129,7 +166,8 @@ def main() -> None:
     for mode, values in times.items():
         median = statistics.median(values)
         ratio = f"{median / plain:.2f}x" if plain else "-"
-        print(f"{mode:20s} {median * 1000:8.1f} ms/step  {ratio}")
+        peak = f"  peak {peaks[mode] / 2**30:.2f} GiB" if mode in peaks else ""
+        print(f"{mode:24s} {median * 1000:8.1f} ms/step  {ratio}{peak}")
 
 
 if __name__ == "__main__":

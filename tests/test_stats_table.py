@@ -245,3 +245,50 @@ def test_capture_reads_the_device_a_constant_number_of_times_per_step(tmp_path, 
     if task != "overflow_check":
         assert many_records > 3 * few_records  # six times the ops...
     assert many == few  # ...and not one more host read
+
+
+# -- on a GPU ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(_edge_cases()))
+def test_cuda_statistics_equal_the_reference_statistics(case):
+    tensor = _edge_cases()[case]
+    stager = StatsStager()
+    got: list[dict] = []
+    stager.add(tensor.cuda(), got.append)
+    assert got == []
+    stager.flush()
+    _assert_same_stats(got[0], _reference(tensor), case)
+
+
+@pytest.mark.gpu
+def test_cuda_statistics_use_the_triton_kernel_where_triton_is_installed():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    assert stats_table._kernel_for(torch.ones(3, device="cuda")) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("task", ["statistics", "overflow_check", "checksum"])
+def test_a_captured_cuda_training_step_never_synchronises_with_the_host(tmp_path, task):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    x = torch.randn(16, 64, device="cuda")
+    debugger = torchdebug.Debugger(dump_path=str(tmp_path), task=task)
+    for step in range(2):  # the second step reuses the tables and pinned buffers of the first
+        debugger.start(model)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            debugger.stop()  # one wait for the table's copy: an event, not a synchronising op
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        debugger.step()
+    debugger.close()
+    records = torchdebug.load(debugger.run_dir).ranks[0].records()
+    if task == "statistics":
+        assert records and all(r.stats and r.stats["norm"] is not None for r in records if r.kind == "tensor" and r.shape)
+    elif task == "checksum":
+        assert records and all(r.checksum for r in records if r.kind == "tensor")

@@ -275,7 +275,7 @@ def test_a_captured_cuda_training_step_never_synchronises_with_the_host(tmp_path
     optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
     x = torch.randn(16, 64, device="cuda")
     debugger = torchdebug.Debugger(dump_path=str(tmp_path), task=task)
-    for step in range(2):  # the second step reuses the tables and pinned buffers of the first
+    for _ in range(2):  # the second step reuses the tables and pinned buffers of the first
         debugger.start(model)
         torch.cuda.set_sync_debug_mode("error")
         try:

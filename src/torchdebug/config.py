@@ -175,6 +175,18 @@ class DebuggerConfig(Options):
             minimum=0,
         ),
     )
+    tensor_bytes_in_flight: int = field(
+        default=256 * 2**20,
+        metadata=option(
+            "With task=tensor or overflow_check: bytes of host buffers (pinned when CUDA is present) that hold tensor "
+            "snapshots until they are written (device copies made for transfers from CUDA stay within the same figure); "
+            "once they are full, capture waits for the disk instead of taking more memory. At least 1 MiB (1048576); "
+            "default 256 MiB (268435456).",
+            number(2**20, integer=True),
+            type="integer",
+            minimum=2**20,
+        ),
+    )
 
     overflow_nums: int = field(
         default=1,

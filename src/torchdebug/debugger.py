@@ -105,7 +105,7 @@ class Debugger:
         if not self.enabled:
             return
         manifest = run_manifest(self.run_dir.name, self.rank, self.world_size, self.config.to_dict())
-        writer = RankWriter(self.rank_dir, manifest)
+        writer = RankWriter(self.rank_dir, manifest, bytes_in_flight=self.config.tensor_bytes_in_flight)
         self.session = CaptureSession(self.config, writer, self.rank)
         self._phases, self._ios = phase_and_io_filter(self.config.data_mode)
         self._tracker: ModuleTracker | None = None

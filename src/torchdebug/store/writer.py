@@ -6,10 +6,14 @@ be cut short, and the reader accepts that. Tensor files are written under a temp
 renamed into place, so a file is complete or absent, never partial.
 
 Two background threads write: one appends records and stacks, one writes tensor files. The
-debugger waits for the records at every step; tensor files are written while the next step runs
-(at most two batch buffers are in flight, so memory stays bounded and a slow disk slows the step
-rather than filling memory). ``close`` waits for both. A run killed before a tensor file was
-written keeps the records that name it; the reader marks them (see ``reader.py``).
+debugger waits for the records at every step; tensor files are written while the next step runs.
+The batch buffers (pinned when CUDA is present) together hold at most ``bytes_in_flight`` bytes
+(``tensor_bytes_in_flight``), usually two buffers of half that (one filled while the other is
+written); once they are all taken, capture waits for the writer instead of allocating more, so a
+slow disk slows the step rather than filling memory. Device copies made for transfers lie inside
+their batch, so they are bounded by the same figure. ``close`` waits for both threads and reports
+the peaks (``tensor_transfer`` in ``complete.json``, and a log line). A run killed before a tensor
+file was written keeps the records that name it; the reader marks them (see ``reader.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import platform
 import queue
 import socket
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +38,23 @@ from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
 from torchdebug.store.record_json import encode_records
-from torchdebug.store.tensor_batch import TensorBatch
+from torchdebug.store.tensor_batch import BLOCK, TensorBatch
 from torchdebug.version import __version__
 
 BATCH_BYTES = 128 * 2**20
-"""Size of a reusable tensor batch buffer (two are kept per rank)."""
+"""Largest size of a reusable tensor batch buffer."""
+
+BYTES_IN_FLIGHT = 256 * 2**20
+"""Default bound on the bytes of all tensor batch buffers of a rank (``tensor_bytes_in_flight``)."""
 
 logger = logging.getLogger("torchdebug.store.writer")
+
+
+def batch_bytes_for(bytes_in_flight: int) -> int:
+    """Size of a reusable batch buffer under the bound: two fit (one filled while the other is
+    written), at most :data:`BATCH_BYTES`, a power of two (the size torch's pinned-memory allocator
+    rounds every block up to, so no pinned memory is hidden in rounding)."""
+    return 1 << max(min(BATCH_BYTES, bytes_in_flight // 2), 1).bit_length() - 1
 
 
 def now_iso() -> str:
@@ -109,20 +124,22 @@ class RankWriter:
     debugger drains every step); ``drain(tensors=True)`` and :meth:`close` wait for the tensors too.
     """
 
-    def __init__(self, rank_dir: Path, manifest: dict[str, Any], *, batch_bytes: int = BATCH_BYTES) -> None:
+    def __init__(self, rank_dir: Path, manifest: dict[str, Any], *, bytes_in_flight: int = BYTES_IN_FLIGHT) -> None:
         try:
             rank_dir.mkdir(parents=True, exist_ok=False)
         except FileExistsError:
             raise DumpError(f"{rank_dir} exists already; a dump never overwrites an earlier run") from None
         self.rank_dir = rank_dir
         self.record_count = 0
-        self.batch_bytes = batch_bytes
+        self.bytes_in_flight = bytes_in_flight
+        self.batch_bytes = batch_bytes_for(bytes_in_flight)
+        self.transfers = TransferReport(bytes_in_flight, pinned=torch.cuda.is_available())
         self._stack_ids: set[str] = set()
         self._pending_stacks: list[dict[str, Any]] = []
         self._tensor_files: dict[int, int] = {}
         self._tensor_bytes = [0, 0]  # submitted, written: what a wait for the tensor files shows
-        self._free_batches: queue.Queue[TensorBatch] = queue.Queue()
-        self._batches_made = 0
+        self._idle_batches: list[TensorBatch] = []
+        self._buffers = threading.Condition()  # guards the idle batches and the bytes in transfers
         self._record_jobs: queue.Queue[_RecordJob | None] = queue.Queue()
         self._tensor_jobs: queue.Queue[_TensorJob | None] = queue.Queue()
         self._error: BaseException | None = None
@@ -153,19 +170,36 @@ class RankWriter:
         return stack_id in self._stack_ids
 
     def tensor_batch(self, nbytes: int) -> TensorBatch:
-        """An empty batch with room for ``nbytes``: a reused one, or a new one (at most two are
-        kept; a tensor larger than ``batch_bytes`` gets a batch of its own)."""
-        pin = torch.cuda.is_available()
-        if nbytes > self.batch_bytes:
-            return TensorBatch(nbytes, pin_memory=pin)
-        if self._batches_made < 2 and self._free_batches.empty():
-            self._batches_made += 1
-            return TensorBatch(self.batch_bytes, pin_memory=pin)
-        while True:  # wait for the tensor thread to hand a buffer back (or fail)
-            try:
-                return self._free_batches.get(timeout=1.0)
-            except queue.Empty:
+        """An empty batch with room for ``nbytes``: the smallest idle buffer that fits, else a new one
+        of ``batch_bytes`` (or, if larger, of ``nbytes`` and a block, a power of two when pinned)
+        while all buffers stay within ``bytes_in_flight``; else wait for the writer to hand one back.
+        A tensor larger than the bound gets a buffer of its own once every other one is freed."""
+        report = self.transfers
+        needed = nbytes + BLOCK  # a batch keeps a block for the padding of direct writes
+        size = max(self.batch_bytes, _ceil_power_of_two(needed) if report.pinned else needed)
+        waited_since = None
+        with self._buffers:
+            while True:
+                fitting = [batch for batch in self._idle_batches if batch.capacity >= nbytes]
+                if fitting:
+                    batch = min(fitting, key=lambda batch: batch.size)
+                    self._idle_batches.remove(batch)
+                    break
+                while self._idle_batches and report.host_bytes + size > self.bytes_in_flight:
+                    report.host_bytes -= self._idle_batches.pop().size  # too small: make room
+                if report.host_bytes + size <= self.bytes_in_flight or report.host_bytes == 0:
+                    report.host_bytes += size
+                    report.host_peak_bytes = max(report.host_peak_bytes, report.host_bytes)
+                    batch = None
+                    break
+                if waited_since is None:
+                    waited_since = time.perf_counter()
+                    report.waits += 1
+                self._buffers.wait(1.0)
                 self._raise_error()
+        if waited_since is not None:
+            report.wait_seconds += time.perf_counter() - waited_since
+        return batch if batch is not None else TensorBatch(size, pin_memory=report.pinned)
 
     def submit(self, step: int, records: list[Record], batch: TensorBatch | None, refs: list[dict[str, str]]) -> None:
         """Hand a batch to the writer threads: the tensor file to one, stacks and records to the other.
@@ -189,6 +223,9 @@ class RankWriter:
         self.record_count += len(records)
         if batch is not None:
             self._tensor_bytes[0] += batch.used
+            with self._buffers:
+                self.transfers.device_bytes += batch.staged_bytes
+                self.transfers.device_peak_bytes = max(self.transfers.device_peak_bytes, self.transfers.device_bytes)
             self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))
         self._record_jobs.put(_RecordJob(stacks, lines))
 
@@ -239,6 +276,9 @@ class RankWriter:
             thread.join()
         self._records.close()
         self._stacks.close()
+        if self.transfers.host_peak_bytes:
+            info["tensor_transfer"] = asdict(self.transfers)
+            logger.info("%s: %s", self.rank_dir, self.transfers.summary(self._tensor_bytes[1]))
         _write_json_atomic(
             self.rank_dir / layout.COMPLETE,
             {"status": status, "end_time": now_iso(), "records": self.record_count, **info},
@@ -267,15 +307,52 @@ class RankWriter:
             path.parent.mkdir(exist_ok=True)
             batch.write(path, {"schema_version": str(SCHEMA_VERSION), "step": str(job.step)})
         self._tensor_bytes[1] += batch.used
-        if batch.capacity == self.batch_bytes:
+        with self._buffers:
+            self.transfers.device_bytes -= batch.staged_bytes
             batch.clear()
-            self._free_batches.put(batch)
+            self._idle_batches.append(batch)
+            self._buffers.notify()
 
     def _write_records(self, job: _RecordJob) -> None:
         if job.stacks:
             self._stacks.write(job.stacks)
         if job.lines:
             self._records.write(job.lines)
+
+
+@dataclass
+class TransferReport:
+    """The memory that tensor snapshots took on their way to disk, as ``complete.json`` reports it
+    under ``tensor_transfer`` (bytes; ``*_peak_bytes`` are the highest values seen)."""
+
+    bytes_in_flight: int
+    """The bound on the batch buffers (``tensor_bytes_in_flight``)."""
+    pinned: bool
+    """Whether the buffers are pinned (CUDA present): transfers from CUDA are then asynchronous."""
+    host_bytes: int = 0
+    """Batch buffers allocated now, in use or idle."""
+    host_peak_bytes: int = 0
+    """Above ``bytes_in_flight`` only while one tensor larger than it was in flight alone."""
+    device_bytes: int = 0
+    """Device copies of submitted batches not yet written (an upper bound: each is freed as soon
+    as its transfer is done)."""
+    device_peak_bytes: int = 0
+    waits: int = 0
+    """How many times capture waited for the writer to free a buffer."""
+    wait_seconds: float = 0.0
+
+    def summary(self, written: int) -> str:
+        mib = 2**20
+        return (
+            f"{written / mib:.1f} MiB of tensors written; batch buffers peaked at {self.host_peak_bytes / mib:.1f} MiB "
+            f"({'pinned' if self.pinned else 'not pinned'}) of {self.bytes_in_flight / mib:.1f} MiB allowed, device "
+            f"copies at {self.device_peak_bytes / mib:.1f} MiB; capture waited {self.waits} times "
+            f"({self.wait_seconds:.2f} s) for the disk"
+        )
+
+
+def _ceil_power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 @dataclass

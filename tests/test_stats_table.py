@@ -292,3 +292,18 @@ def test_a_captured_cuda_training_step_never_synchronises_with_the_host(tmp_path
         assert records and all(r.stats and r.stats["norm"] is not None for r in records if r.kind == "tensor" and r.shape)
     elif task == "checksum":
         assert records and all(r.checksum for r in records if r.kind == "tensor")
+
+
+def test_the_completion_marker_reports_the_memory_of_the_statistics_tables(tmp_path, on_device):
+    torch.manual_seed(0)
+    with torchdebug.dump(tmp_path, task="statistics") as debugger:
+        torch.randn(8, 8).relu().sum()
+    completion = torchdebug.load(debugger.run_dir).ranks[0].completion
+    table = stats_table._Table(torch.device("cpu")).nbytes
+    assert completion["statistics_table_bytes"] == table  # one table: nothing was in flight when it filled
+
+
+def test_capture_on_the_cpu_holds_no_statistics_table(tmp_path):
+    with torchdebug.dump(tmp_path, task="statistics") as debugger:
+        torch.randn(8, 8).relu().sum()
+    assert torchdebug.load(debugger.run_dir).ranks[0].completion["statistics_table_bytes"] == 0

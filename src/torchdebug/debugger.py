@@ -185,7 +185,7 @@ class Debugger:
             return
         self.stop()
         self.session.flush()
-        self.session.writer.close("complete", steps=self.current_step)
+        self.session.writer.close("complete", steps=self.current_step, **self.session.memory_info())
         self._closed = True
         atexit.unregister(self._close_at_exit)
 
@@ -195,7 +195,7 @@ class Debugger:
         status = "interrupted" if self._active else "complete"
         self.stop()
         self.session.flush()
-        self.session.writer.close(status, steps=self.current_step)
+        self.session.writer.close(status, steps=self.current_step, **self.session.memory_info())
         self._closed = True
 
     def __enter__(self) -> Debugger:

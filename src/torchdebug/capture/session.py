@@ -195,6 +195,11 @@ class CaptureSession:
         for record in waiting or ():
             record.checksum = text
 
+    def memory_info(self) -> dict[str, int]:
+        """What the capture holds besides the writer's buffers, for the run's completion marker:
+        ``statistics_table_bytes``, the device statistics tables (on devices and pinned on the host)."""
+        return {"statistics_table_bytes": self._stager.memory_bytes()}
+
     def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
         """Deliver ``result`` (a small tensor, e.g. a graph's statistics table) to ``sink`` as a list
         of Python numbers by the next :meth:`flush`: at once on the CPU, without a host

@@ -165,12 +165,13 @@ class StatsStager:
         if x.is_complex():
             x = x.abs()  # statistics of the magnitudes
         kernel = _kernel_for(x)
-        flat = kernel.dense_span(x) if kernel is not None else None
-        scratch_rows = kernel.programs_for(x.numel()) if flat is not None else 0
+        if kernel is not None and not kernel.is_dense(x):
+            kernel = None
+        scratch_rows = kernel.programs_for(x.numel()) if kernel is not None else 0
         table = self._table(x.device, scratch_rows if scratch_rows > 1 else 0)
         row = table.used
-        if flat is not None:
-            kernel.launch(flat, table.values, row, table.scratch, table.scratch_used, table.counters)
+        if kernel is not None:
+            kernel.launch(x, table.values, row, table.scratch, table.scratch_used, table.counters)
             if scratch_rows > 1:
                 table.scratch_used += scratch_rows
         else:

@@ -145,17 +145,18 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def dense_span(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The tensor's elements as a 1-D view of the memory they fill, when they fill one dense span
-    with no element twice (contiguous or permuted); ``None`` otherwise (slices, broadcasts)."""
+def is_dense(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's elements fill one span of memory with no element twice (contiguous or
+    permuted). Strides are never negative in torch, so such a span starts at ``data_ptr()`` and the
+    kernel reads it as a flat array, in memory order: statistics do not depend on element order."""
     if tensor.is_contiguous():
-        return tensor.reshape(-1)
+        return True
     expected = 1
     for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
         if stride != expected:
-            return None
+            return False
         expected *= size
-    return tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
+    return True
 
 
 def launch(
@@ -166,18 +167,15 @@ def launch(
     scratch_row: int,
     counters: torch.Tensor,
 ) -> None:
-    """Reduce a dense, non-empty floating ``tensor`` (see :func:`dense_span`; dtype in :data:`DTYPES`)
-    into ``table[row]``, using ``scratch[scratch_row : scratch_row + programs_for(numel)]`` and
+    """Reduce a non-empty floating ``tensor`` (:func:`is_dense`, dtype in :data:`DTYPES`) into
+    ``table[row]``, using ``scratch[scratch_row : scratch_row + programs_for(numel)]`` and
     ``counters[row]`` (zero before the call) when it takes several programs. Asynchronous."""
-    flat = dense_span(tensor)
-    if flat is None:
-        raise ValueError("the kernel reads dense tensors only")
-    numel = flat.numel()
+    numel = tensor.numel()
     programs = programs_for(numel)
     share = -(-numel // programs)
     share += (-share) % _BLOCK
     _stats_kernel[(programs,)](
-        flat,
+        tensor,
         table,
         scratch,
         counters,
@@ -186,7 +184,7 @@ def launch(
         share // _BLOCK,
         row,
         scratch_row,
-        WIDE=flat.dtype == torch.float64,
+        WIDE=tensor.dtype == torch.float64,
         BLOCK=_BLOCK,
         PROGRAMS=MAX_PROGRAMS,
     )

@@ -10,6 +10,10 @@
    paired by ``io.arg`` (``aligned``).
 4. Everything else is kept as ``only_a`` / ``only_b``: nothing is dropped silently.
 
+When a side was captured in compiled graphs (``compiled=True``), steps 2 and 3 pair calls by index
+or order only where both sides have as many calls of the op in that step, phase and module;
+:mod:`torchdebug.compare.boundaries` then pairs the slots of the ops the compiler decomposed.
+
 Pairs come back in execution order (side A's, with B-only calls placed after the call that precedes
 them on side B).
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -28,7 +32,7 @@ from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
 from torchdebug.records import PHASES, Record
 
-__all__ = ["Pair", "NameMapping", "load_mapping", "match_records", "execution_order", "producers"]
+__all__ = ["Pair", "NameMapping", "load_mapping", "match_records", "execution_order", "identity", "producers"]
 
 _PHASE_ORDER = {phase: index for index, phase in enumerate(PHASES)}
 
@@ -80,9 +84,12 @@ class Pair:
     a: Record | None
     b: Record | None
     how: str
-    """``exact``, ``mapped``, ``aligned``, ``only_a`` or ``only_b``."""
+    """``exact``, ``mapped``, ``aligned``, ``only_a`` or ``only_b``; after
+    :func:`torchdebug.compare.boundaries.align_boundaries` also ``value``, ``group`` or ``inside``."""
     order: float = 0.0
     """Position in execution order (used to sort rows and find the *first* divergence)."""
+    inside: str | None = None
+    """For ``inside``: the call of B (a decomposed eager op) whose compiled group holds this slot of A."""
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -183,10 +190,14 @@ def _align_leftovers(
     left_b: dict[tuple[int, str], _Call],
     mapping: NameMapping,
     links: _Links,
+    compiled: bool,
 ) -> list[Pair]:
     """Pair leftover calls per ``(step, phase, module)``: by op and paired producers of their
     inputs, by op and shapes in order, by op and shapes in any order (calls that swapped places),
-    then by op alone in order (shapes then differ)."""
+    then by op alone in order (shapes then differ). With ``compiled``, order pairs calls of an op
+    only where both sides have as many of them left: a decomposition's extra ``mul`` nodes would
+    otherwise take the place of the eager ``mul`` calls (:mod:`torchdebug.compare.boundaries` pairs
+    what is left by value)."""
     groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
     for call in left_a.values():
         first = call.first
@@ -202,11 +213,24 @@ def _align_leftovers(
     def by_op_and_shapes(call: _Call) -> object:
         return by_op(call), call.signature()
 
+    def in_order(align: Callable[[list[_Call], list[_Call]], list[tuple[int, int]]]) -> Callable[..., list[tuple[int, int]]]:
+        if not compiled:
+            return align
+
+        def even(calls_a: list[_Call], calls_b: list[_Call]) -> list[tuple[int, int]]:
+            count_a, count_b = Counter(map(by_op, calls_a)), Counter(map(by_op, calls_b))
+            index_a = [i for i, c in enumerate(calls_a) if count_a[by_op(c)] == count_b[by_op(c)]]
+            index_b = [j for j, c in enumerate(calls_b) if count_a[by_op(c)] == count_b[by_op(c)]]
+            found = align([calls_a[i] for i in index_a], [calls_b[j] for j in index_b])
+            return [(index_a[i], index_b[j]) for i, j in found]
+
+        return even
+
     strategies = (  # each runs on the calls the ones before it left unpaired
         lambda a, b: _swapped(a, b, links.token_a, links.token_b),
-        lambda a, b: _align(a, b, by_op_and_shapes),
-        lambda a, b: _swapped(a, b, by_op_and_shapes),
-        lambda a, b: _align(a, b, by_op),
+        in_order(lambda a, b: _align(a, b, by_op_and_shapes)),
+        in_order(lambda a, b: _swapped(a, b, by_op_and_shapes)),
+        in_order(lambda a, b: _align(a, b, by_op)),
     )
     for calls_a, calls_b in groups.values():
         for strategy in strategies:
@@ -247,7 +271,7 @@ def _assign_order(pairs: list[Pair], records_b: Sequence[Record]) -> None:
             pair.order = before + 0.5 + pos * 1e-9
 
 
-def _identity(record: Record) -> tuple | None:
+def identity(record: Record) -> tuple | None:
     """What makes two slots of one dump the same tensor: the saved tensor's key, else dtype, shape
     and statistics."""
     if record.kind != "tensor":
@@ -271,18 +295,18 @@ def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
     found: dict[int, tuple[str, str]] = {}
     cast_sources: dict[str, tuple[str, str]] = {}
     for record in records:
-        identity = _identity(record)
-        if identity is None:
+        value = identity(record)
+        if value is None:
             continue
         call, slot = _split(record.name)
         if record.io == "input":
-            producer = made_by.get(identity)
+            producer = made_by.get(value)
             if producer is not None and producer[0] != call:
                 found[id(record)] = producer
                 if record.op in _CASTS:
                     cast_sources[call] = producer
-        elif record.io in ("output", "parameter_grad") and identity not in made_by:
-            made_by[identity] = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
+        elif record.io in ("output", "parameter_grad") and value not in made_by:
+            made_by[value] = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
     return found
 
 
@@ -330,22 +354,45 @@ class _Links:
         return (call.first.op, producers) if any(producers) else None
 
 
-def match_records(records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping | None = None) -> list[Pair]:
-    """Pair two record lists (one rank each); see the module docstring for the rules."""
+def _counted(call: _Call, mapping: NameMapping) -> tuple[str, str, str]:
+    """What a call's index counts: its phase, module and op (after the mapping's renames)."""
+    first = call.first
+    return first.phase, mapping.module(first.module), mapping.ops.get(first.op, first.op)
+
+
+def _uneven(calls_a: dict[tuple[int, str], _Call], calls_b: dict[tuple[int, str], _Call], mapping: NameMapping) -> set[tuple]:
+    """``(step, phase, module, op)`` of which the two sides have different numbers of calls: there a
+    call index says nothing (a decomposition added ``mul`` nodes before the one named like eager's)."""
+    count_a = Counter((step, _counted(call, mapping)) for (step, _), call in calls_a.items())
+    count_b = Counter((step, _counted(call, NameMapping())) for (step, _), call in calls_b.items())
+    return {key for key in count_a.keys() | count_b.keys() if count_a[key] != count_b[key]}
+
+
+def match_records(
+    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping | None = None, *, compiled: bool = False
+) -> list[Pair]:
+    """Pair two record lists (one rank each); see the module docstring for the rules. ``compiled``: a
+    side was captured in compiled graphs, whose decompositions add calls (see :func:`_align_leftovers`)."""
     mapping = mapping or NameMapping()
     calls_a, calls_b = _calls(records_a), _calls(records_b)
     links = _Links(records_a, records_b)
+    uneven = _uneven(calls_a, calls_b, mapping) if compiled else set()
     pairs: list[Pair] = []
     left_a: dict[tuple[int, str], _Call] = {}
     for key, call in calls_a.items():
         name = _rename(call, mapping)
         other = calls_b.get((key[0], name))
-        if other is not None and other.signature() == call.signature() and not links.conflict(call, other):
+        if (
+            other is not None
+            and other.signature() == call.signature()
+            and not links.conflict(call, other)
+            and (key[0], _counted(other, NameMapping())) not in uneven
+        ):
             pairs.extend(_pair_slots(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped"))
             links.pair(call, other)
         else:
             left_a[key] = call
-    pairs.extend(_align_leftovers(left_a, calls_b, mapping, links))
+    pairs.extend(_align_leftovers(left_a, calls_b, mapping, links, compiled))
     _assign_order(pairs, records_b)
     pairs.sort(key=attrgetter("order"))
     return pairs

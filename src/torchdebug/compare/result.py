@@ -151,6 +151,43 @@ class CompareResult:
             "error its inputs inherit; --replay (replay=True) re-runs the diverging ops in float64 to measure it"
         )
 
+    def coverage(self) -> dict[str, dict[str, Any]]:
+        """How much of each side (``"a"``, ``"b"``) the comparison paired: its tensor slots, how many
+        are matched and (A) how many are ``inside`` an eager op its compiled group stands for,
+        counted over the phases both sides hold; and the slots of phases only one side holds (an
+        optimizer step run outside the compiled graphs), which no matching can pair, per phase."""
+        slots: dict[str, dict[int, tuple[str, bool, bool]]] = {"a": {}, "b": {}}
+        for row in self.rows:
+            for side, record in (("a", row.record_a), ("b", row.record_b)):
+                if record is None or row.kind != "tensor":
+                    continue
+                _, matched, inside = slots[side].get(id(record), ("", False, False))  # a slot of A may hold two rows
+                slots[side][id(record)] = (record.phase, matched or row.matched, inside or row.match == "inside")
+        phases = {side: {phase for phase, _, _ in found.values()} for side, found in slots.items()}
+        both = phases["a"] & phases["b"]
+        out = {}
+        for side, found in slots.items():
+            counted = [(matched, inside) for phase, matched, inside in found.values() if phase in both]
+            out[side] = {
+                "rows": len(counted),
+                "matched": sum(matched for matched, _ in counted),
+                "inside": sum(inside for _, inside in counted),
+                "other_phases": dict(Counter(phase for phase, _, _ in found.values() if phase not in both)),
+            }
+        return out
+
+    def coverage_text(self, side: str, coverage: dict[str, dict[str, Any]] | None = None) -> str | None:
+        """One line on how much of ``side`` matched (``None`` when it has no tensor slot to count)."""
+        found = (coverage or self.coverage())[side]
+        if not found["rows"]:
+            return None
+        text = f"{found['matched']} of {found['rows']} tensor rows matched ({found['matched'] / found['rows']:.1%})"
+        if found["inside"]:
+            text += f", {found['inside']} inside eager ops the compiler decomposed"
+        for phase, n in found["other_phases"].items():
+            text += f"; its {n} {phase} rows are not compared (no {phase} phase on the other side)"
+        return text
+
     def counts(self, rank: int | None = None) -> dict[str, int]:
         """Rows per verdict (all ranks, or one)."""
         rows = self.rows if rank is None else self.rank_rows(rank)
@@ -176,10 +213,11 @@ class CompareResult:
                 f"{self.a.path} and {self.b.path} have no tensor records in common: they come from different "
                 "models or programs (or pass a mapping file for renamed modules)"
             )
-        if tensors and len(matched) < _MIN_MATCHED * len(tensors):
+        reference = self.coverage()["b"]
+        if reference["rows"] and reference["matched"] < _MIN_MATCHED * reference["rows"]:
             self.problems.append(
-                f"only {len(matched)} of {len(tensors)} tensor rows matched: the dumps look like different models "
-                "or programs (unmatched rows are listed as 'unmatched')"
+                f"only {reference['matched']} of {reference['rows']} tensor rows of B matched: the dumps look like different "
+                "models or programs (unmatched rows are listed as 'unmatched')"
             )
         shapes = sum(1 for row in matched if row.shape_a != row.shape_b)
         if shapes:
@@ -193,8 +231,13 @@ class CompareResult:
         return f"compare {self.a.path} (A) against {self.b.path} (B, reference)"
 
     def sides(self) -> list[tuple[str, str]]:
-        """``(label, path)`` of what was compared, for reports."""
-        return [("A", self.a.path), ("B (reference)", self.b.path)]
+        """``(label, what)`` of what was compared, for reports: each side's path and how much of it matched."""
+        coverage = self.coverage()
+        sides = []
+        for side, label, path in (("a", "A", self.a.path), ("b", "B (reference)", self.b.path)):
+            text = self.coverage_text(side, coverage)
+            sides.append((label, f"{path} ({text})" if text else path))
+        return sides
 
     def describe(self, row: Row) -> dict[str, Any]:
         """A row as a dict plus its stack, for JSON output and reports."""
@@ -206,6 +249,8 @@ class CompareResult:
         for rank in self.ranks:
             counts = self.counts(rank)
             lines.append(f"rank {rank}: {len(self.rank_rows(rank))} rows: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+        coverage = self.coverage()
+        lines.extend(f"{side.upper()}: {text}" for side in "ba" if (text := self.coverage_text(side, coverage)))
         for title, row in (("first divergence", self.first_divergence), ("first non-finite", self.first_nonfinite)):
             if row is None:
                 lines.append(f"{title}: none")
@@ -265,6 +310,7 @@ class CompareResult:
             "b": self.b.path,
             "diverged": self.diverged,
             "counts": self.counts(),
+            "coverage": self.coverage(),
             "ranks": {str(rank): self.counts(rank) for rank in self.ranks},
             "first_divergence": self.describe(first) if first else None,
             "first_nonfinite": self.describe(nonfinite) if nonfinite else None,

@@ -14,6 +14,9 @@ VERDICTS = ("pass", "warning", "undecided", "error", "unmatched")
 (a tensor dump decides); ``unmatched``: the slot exists on one side only (listed, never judged)."""
 
 
+_NAMED_BY_B = frozenset({"value", "group"})
+
+
 @dataclass(slots=True, eq=False)
 class Row:
     """A compared slot: where it is, both sides' dtype and shape, metrics and the verdict."""
@@ -27,11 +30,13 @@ class Row:
     io: str
     arg: str
     name: str
-    """Side A's stable name (side B's for a B-only row)."""
+    """Side A's stable name (side B's for a B-only row, and for a ``value`` or ``group`` row: a slot of
+    A aligned with a call of B it is not a call of, see :mod:`torchdebug.compare.boundaries`)."""
     name_b: str | None
-    """Side B's stable name (``None`` for an A-only row)."""
+    """Side B's stable name (``None`` for an A-only row; for an ``inside`` row, the call of B it is inside)."""
     match: str
-    """``exact``, ``mapped``, ``aligned``, ``only_a`` or ``only_b``."""
+    """``exact``, ``mapped``, ``aligned``, ``value``, ``group``, ``only_a``, ``only_b`` or ``inside``
+    (see :mod:`torchdebug.compare.matching` and :mod:`torchdebug.compare.boundaries`)."""
     order: float
     kind: str = "tensor"
     dtype_a: str | None = None
@@ -51,9 +56,12 @@ class Row:
     record_b: Record | None = field(default=None, repr=False)
 
     @classmethod
-    def from_records(cls, rank: int, a: Record | None, b: Record | None, how: str, order: float) -> Row:
-        """A row for two paired records (either may be ``None``)."""
-        first = a if a is not None else b
+    def from_records(
+        cls, rank: int, a: Record | None, b: Record | None, how: str, order: float, inside: str | None = None
+    ) -> Row:
+        """A row for two paired records (either may be ``None``; ``inside``: the call of B an A-only
+        slot is inside)."""
+        first = b if a is None or how in _NAMED_BY_B else a
         assert first is not None
         # the leading fields by position: keywords cost about 0.5 µs a row (a compare makes thousands)
         return cls(
@@ -66,7 +74,7 @@ class Row:
             first.io,
             first.arg,
             first.name,
-            b.name if b is not None else None,
+            b.name if b is not None else inside,
             how,
             order,
             first.kind,

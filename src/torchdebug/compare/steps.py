@@ -1,7 +1,9 @@
 """The steps of one comparison, shared by the in-process run and the distributed one.
 
 1. :func:`open_pair` opens both dumps and lists the ranks they have in common;
-2. :func:`match_rank` pairs one rank's records and fills the statistics metrics;
+2. :func:`match_rank` pairs one rank's records (and, when a side was captured in compiled graphs,
+   the slots of eager ops the compiler decomposed, at their group's boundary:
+   :mod:`torchdebug.compare.boundaries`) and fills the statistics metrics;
 3. :func:`tensor_jobs` groups the rows needing tensor metrics by their unique pair of saved tensor
    values (a slot that reuses another slot's saved tensor is computed once);
 4. :func:`compute_jobs` runs them in a thread pool (torch kernels release the GIL, so threads use
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 
 from torchdebug import progress
+from torchdebug.compare.boundaries import align_boundaries, unpaired_calls
 from torchdebug.compare.checksums import judge_checksums
 from torchdebug.compare.config import CompareConfig
 from torchdebug.compare.matching import match_records
@@ -153,8 +156,12 @@ def _fill_stats(row: Row, tolerance: Tolerance) -> None:
 
 def match_rank(rank: int, dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig) -> list[Row]:
     """The rows of one rank, in execution order, with statistics metrics filled in (not judged)."""
-    pairs = match_records(dump_a.records(), dump_b.records(), settings.mapping)
-    rows = [Row.from_records(rank, p.a, p.b, p.how, p.order) for p in pairs]
+    records_a, records_b = dump_a.records(), dump_b.records()
+    compiled = any(r.capture == "graph" for r in (*records_a[:1], *records_b[:1]))
+    pairs = match_records(records_a, records_b, settings.mapping, compiled=compiled)
+    if compiled:
+        pairs = align_boundaries(pairs, unpaired_calls(pairs))
+    rows = [Row.from_records(rank, p.a, p.b, p.how, p.order, inside=p.inside) for p in pairs]
     tolerances: dict[tuple[str | None, str | None], Tolerance] = {}  # per pair of dtypes: a handful
     for row in rows:
         if row.matched and row.kind == "tensor" and row.shape_a == row.shape_b:
@@ -303,6 +310,9 @@ def attribute(
         replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
         judge(rows, growth=settings.growth, replayed=True)
     judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
+    for row in rows:
+        if row.match == "inside":
+            row.message = f"inside {row.name_b}: a node of its compiled form, compared where values enter and leave it"
 
 
 def rank_notes(rank: int, pairing: Pairing) -> list[str]:

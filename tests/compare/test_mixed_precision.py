@@ -25,17 +25,18 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class _Scale(TorchDispatchMode):
-    """Call ``index`` (from 0, counted over the step) of ``op`` returns its first output 3 % too large."""
+    """Call ``index`` (from 0, counted over the step) of ``op`` returns its first output ``factor``
+    times too large (3 % by default)."""
 
-    def __init__(self, op: object, index: int) -> None:
+    def __init__(self, op: object, index: int, factor: float = 1.03) -> None:
         super().__init__()
-        self.op, self.index, self.calls = op, index, 0
+        self.op, self.index, self.factor, self.calls = op, index, factor, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
         if func is self.op:
             if self.calls == self.index:
-                out = out * 1.03 if isinstance(out, torch.Tensor) else (out[0] * 1.03, *out[1:])
+                out = out * self.factor if isinstance(out, torch.Tensor) else (out[0] * self.factor, *out[1:])
             self.calls += 1
         return out
 

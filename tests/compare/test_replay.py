@@ -235,6 +235,25 @@ def test_replay_blames_an_output_whose_inputs_explain_its_error_by_the_growth_ru
     assert first_divergence(rows) is rows[1]
 
 
+@pytest.mark.parametrize(
+    ("own", "kernel", "verdict"),
+    [
+        (2e-5, 1.8e-5, "inherited"),  # as far from float64 as the CPU kernel on the same inputs
+        (2e-5, 1e-6, "blamed"),  # beyond 2 tolerances (7.7e-6), and 1 beyond the kernel
+        (1.2e-5, 2e-6, "undecided"),  # beyond 1 tolerance, within 2: too close to rounding to blame
+        (5e-6, None, "inherited"),  # within 1 tolerance
+    ],
+)
+def test_replay_blames_only_beyond_what_the_cpu_kernel_makes(own, kernel, verdict):
+    rows = [_row("input", 5e-4), _row("output", 0.005)]
+    rows[1].metrics.update(own_err_a=own, own_err_b=1e-7)
+    if kernel is not None:
+        rows[1].metrics["kernel_err_a"] = kernel
+    judge(rows, growth=16)
+    assert rows[1].attribution == verdict
+    assert (first_divergence(rows) is rows[1]) == (verdict == "blamed")
+
+
 def test_an_output_whose_replay_agrees_keeps_the_growth_rule_verdict():
     rows = [_row("input", 0.01), _row("output", 0.05)]
     rows[1].metrics.update(own_err_a=1e-6, own_err_b=1e-7)
@@ -247,7 +266,7 @@ def test_cli_replay_names_the_bug_and_writes_the_own_errors(dumps, tmp_path, cap
     assert main(["compare", str(buggy), str(reference), "--replay", "-o", str(tmp_path), "--format", "csv"]) == 1
     assert "own error" in capsys.readouterr().out
     header = (tmp_path / "compare.csv").read_text().splitlines()[0].split(",")
-    assert header[-2:] == ["own_err_a", "own_err_b"]
+    assert header[-4:] == ["own_err_a", "own_err_b", "kernel_err_a", "kernel_err_b"]
 
 
 def test_cli_replay_is_refused_with_across_ranks(dumps, capsys):

@@ -51,9 +51,10 @@ STATS_METRICS = (
 )
 """Keys of :func:`stats_metrics`: differences ``a − b`` and ``|a − b| / |b|`` per statistic."""
 
-REPLAY_METRICS = ("own_err_a", "own_err_b")
+REPLAY_METRICS = ("own_err_a", "own_err_b", "kernel_err_a", "kernel_err_b")
 """With replay: the ``error`` of an output on side A / B against its op replayed in float64 on that
-side's own inputs (see :mod:`torchdebug.compare.replay`)."""
+side's own inputs, and that of the op re-run on the CPU in the recorded dtypes against the same
+replay: how much a healthy kernel rounds on those inputs (see :mod:`torchdebug.compare.replay`)."""
 
 _CHUNK = 1 << 18  # elements per float64 chunk: 2 MiB buffers, reused (fresh pages cost more than math)
 _REL_EPS = 1e-12  # keeps |a-b|/|b| finite where b == 0; the verdict does not use this metric

@@ -7,7 +7,15 @@ JSON values back into torch types by the op's schema (dtype names, layouts, memo
 device becomes the CPU), upcasts floating tensors to float64 (complex to complex128; integer and
 bool tensors keep their dtype) and runs the op on contiguous copies, so an in-place op changes
 nothing it was given (its inputs were recorded before it ran). :func:`output_at` picks an output
-slot out of what the op returned.
+slot out of what the op returned. With ``exact=False`` the call is re-run as recorded instead: on
+CPU copies in the recorded dtypes, what a healthy CPU kernel of those dtypes makes of the same
+inputs.
+
+:func:`own_errors` measures one call: each floating output's error against the float64 replay
+(``own_err``: what the op made of its own inputs) and the error of the CPU kernel's re-run against
+the same replay (``kernel_err``: how much a healthy kernel of that dtype rounds on these inputs, so a
+kernel that legitimately rounds more than once — a bf16 LayerNorm backward reducing its weight
+gradient in bf16 — is not taken for a bug).
 
 A call that cannot be replayed raises :class:`NotReplayable` with the reason: module records, ops
 outside ``aten``, ops with random or undefined results (schema tag ``nondeterministic_seeded``,
@@ -26,9 +34,11 @@ from typing import Any
 import torch
 
 from torchdebug._torch.dispatch import op_schema
+from torchdebug.compare.metrics import tensor_metrics
+from torchdebug.compare.tolerances import rounding_tolerance
 from torchdebug.records import MODULE_OP, Record
 
-__all__ = ["NotReplayable", "resolve", "rebuild", "replay", "output_at"]
+__all__ = ["NotReplayable", "resolve", "rebuild", "replay", "output_at", "own_errors"]
 
 _RANDOM = re.compile(r"dropout|rand|bernoulli|normal|uniform|exponential|multinomial|poisson|cauchy|geometric")
 """Ops whose result is drawn from a random generator (some lack the ``nondeterministic_seeded`` tag)."""
@@ -101,15 +111,21 @@ def _upcast(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to("cpu", dtype, memory_format=torch.contiguous_format, copy=True)
 
 
-def _tensor(record: Record, load: Callable[[Record], torch.Tensor]) -> torch.Tensor:
-    """A saved input tensor, upcast (see :func:`_upcast`); not replayable unless saved whole."""
+def _as_recorded(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy in the recorded dtype."""
+    return tensor.to("cpu", memory_format=torch.contiguous_format, copy=True)
+
+
+def _tensor(record: Record, load: Callable[[Record], torch.Tensor], exact: bool) -> torch.Tensor:
+    """A saved input tensor, upcast (see :func:`_upcast`) when ``exact``, else as recorded (on the
+    CPU); not replayable unless saved whole."""
     if record.capture_error:
         raise NotReplayable(f"{record.name}: not captured ({record.capture_error})")
     if not record.tensor or "file" not in record.tensor:
         raise NotReplayable(f"{record.name}: tensor not saved")
     if record.sampled:
         raise NotReplayable(f"{record.name}: only a sample was saved")
-    return _upcast(load(record))
+    return (_upcast if exact else _as_recorded)(load(record))
 
 
 def _place(tree: dict[str, Any], path: list[str], value: Any) -> None:
@@ -128,8 +144,9 @@ def _lists(node: Any, where: str) -> Any:
     return [_lists(node[str(i)], f"{where}.{i}") for i in range(len(node))]
 
 
-def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Tensor]) -> tuple[list, dict]:
-    """Positional and keyword arguments of a call from its input records (see the module docstring)."""
+def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Tensor], exact: bool = True) -> tuple[list, dict]:
+    """Positional and keyword arguments of a call from its input records (see the module docstring;
+    ``exact``: floating tensors upcast, else in their recorded dtypes)."""
     schema = op_schema(op)
     arguments = schema.arguments
     positional = [arg for arg in arguments if not arg.kwarg_only]
@@ -142,7 +159,7 @@ def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Te
         if schema_arg is None:
             raise NotReplayable(f"{record.name}: no argument {top!r} in {schema.name}")
         if record.kind == "tensor":
-            value = _tensor(record, load)
+            value = _tensor(record, load, exact)
         else:
             value = _from_json(record.value, _base_type(schema_arg), record.name)
         _place(tops, [top, *path[1:]], value)
@@ -156,13 +173,14 @@ def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Te
     return args, kwargs
 
 
-def replay(op: str, inputs: Sequence[Record], load: Callable[[Record], torch.Tensor]) -> Any:
-    """Run the call of ``op`` recorded in ``inputs`` in float64 on the CPU; ``load`` reads a
-    record's saved tensor. Returns what the op returns."""
+def replay(op: str, inputs: Sequence[Record], load: Callable[[Record], torch.Tensor], exact: bool = True) -> Any:
+    """Run the call of ``op`` recorded in ``inputs`` in float64 on the CPU (``exact=False``: in the
+    recorded dtypes, as a CPU kernel of those dtypes would); ``load`` reads a record's saved tensor.
+    Returns what the op returns."""
     overload = resolve(op)
     if not inputs:
         raise NotReplayable(f"{op}: no input records")
-    args, kwargs = rebuild(overload, inputs, load)
+    args, kwargs = rebuild(overload, inputs, load, exact)
     try:
         return overload(*args, **kwargs)
     except Exception as error:  # any kernel refusal (dtype, device, shape) means: not replayable
@@ -177,3 +195,45 @@ def output_at(result: Any, arg: str) -> Any:
             return None
         value = value[int(part)]
     return value
+
+
+def own_errors(
+    records: Sequence[Record], load: Callable[[Record], torch.Tensor], atol: Callable[[str], float]
+) -> dict[str, dict[str, float]]:
+    """``{output slot: {"own_err": …, "kernel_err": …}}`` for the floating outputs, saved whole, of one
+    recorded call (its input and output records): each output's scale-relative ``error`` (see
+    :mod:`torchdebug.compare.metrics`, ``atol(dtype)`` the floor of the scale) against the call
+    replayed in float64, and that of the call re-run as recorded on the CPU against the same replay
+    (absent when that kernel refuses the inputs, say a dtype the CPU lacks, and not run when every
+    own error is within one rounding unit: healthy whatever the kernel does). Raises
+    :class:`NotReplayable` when the call cannot be replayed."""
+
+    def error(value: torch.Tensor, replayed: torch.Tensor, record: Record) -> float:
+        return tensor_metrics(value, replayed, low_dtype=record.dtype, atol=atol(record.dtype or ""))["error"]
+
+    inputs = [record for record in records if record.io == "input"]
+    exact = replay(records[0].op, inputs, load)
+    outputs: dict[str, tuple[Record, torch.Tensor]] = {}
+    errors: dict[str, dict[str, float]] = {}
+    for record in records:
+        saved = bool(record.tensor) and "file" in record.tensor and not record.sampled  # type: ignore[operator]
+        replayed = output_at(exact, record.arg) if record.io == "output" and saved else None
+        if (
+            rounding_tolerance(record.dtype) is None
+            or not isinstance(replayed, torch.Tensor)
+            or list(replayed.shape) != record.shape
+        ):
+            continue
+        outputs[record.arg] = record, replayed
+        errors[record.arg] = {"own_err": error(load(record), replayed, record)}
+    if not any(errors[arg]["own_err"] > rounding_tolerance(record.dtype) for arg, (record, _) in outputs.items()):  # type: ignore[operator]
+        return errors
+    try:
+        kernel = replay(records[0].op, inputs, load, exact=False)
+    except NotReplayable:
+        return errors
+    for arg, (record, replayed) in outputs.items():
+        rerun = output_at(kernel, arg)
+        if isinstance(rerun, torch.Tensor) and list(rerun.shape) == record.shape and str(rerun.dtype) == f"torch.{record.dtype}":
+            errors[arg]["kernel_err"] = error(rerun, replayed, record)
+    return errors

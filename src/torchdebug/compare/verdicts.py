@@ -17,9 +17,14 @@ Per row, in execution order:
 * shapes that differ are errors; argument values that differ, and slots that could not be
   captured on a side (``record.capture_error``), are warnings;
 * with replay (``own_err_a``/``own_err_b`` in an output row's metrics: its error against the op
-  replayed in float64 on that side's own inputs), an output beyond tolerance whose own error on
-  either side exceeds twice the rounding tolerance of the pair's less precise dtype is blamed,
-  whatever its inputs carry: a healthy op stays within half of it.
+  replayed in float64 on that side's own inputs; ``kernel_err_a``/``kernel_err_b``: that of the CPU
+  kernel re-run on the same inputs in their dtypes), an output beyond tolerance whose own error on
+  either side exceeds twice the rounding tolerance of the pair's less precise dtype and the kernel's
+  error by one is blamed, whatever its inputs carry; one beyond one tolerance and the kernel's by
+  half of one is ``undecided`` (bf16: a 1 % bug looks like a kernel rounding twice);
+* an output of a division (``div``, Adam's ``addcdiv``) may amplify its inputs' error by the spread
+  of its divisor's magnitudes (``max / min`` from its statistics), so a zero gradient's ``eps`` makes
+  Adam's update ``undecided`` with statistics, never blamed.
 
 The first divergence is the earliest blamed op row (op records before module records); the first
 non-finite op is the earliest row whose NaN/Inf its inputs did not have.
@@ -32,7 +37,6 @@ import re
 from collections.abc import Sequence
 
 from torchdebug.compare.matching import execution_order, producers
-from torchdebug.compare.metrics import REPLAY_METRICS
 from torchdebug.compare.rows import Row
 from torchdebug.compare.tolerances import lower_precision, rounding_tolerance
 from torchdebug.records import MODULE_OP, Record, call_name
@@ -79,8 +83,9 @@ def _fmt(value: float) -> str:
 
 
 _REPLAY_MARGIN = 2.0
-"""How many rounding tolerances an op's own error must exceed to be blamed (a healthy op: ≤ 0.5)."""
-_OWN_A, _OWN_B = REPLAY_METRICS
+"""How many rounding tolerances an op's own error must exceed to be blamed (a healthy op that rounds
+once: ≤ 0.5), and how many it must exceed what the CPU kernel makes by."""
+_OWN = {"A": ("own_err_a", "kernel_err_a"), "B": ("own_err_b", "kernel_err_b")}
 
 
 def _scale(record: Record | None) -> float | None:
@@ -95,25 +100,43 @@ def _scale(record: Record | None) -> float | None:
     return scale if math.isfinite(scale) else None
 
 
-def _own_error(row: Row) -> tuple[bool, str] | None:
-    """What replay says of an output row: ``(True, why)`` when its own error on a side exceeds
-    :data:`_REPLAY_MARGIN` rounding tolerances (the op makes the difference), ``(False, why)`` when it
-    was replayed on both sides within them (the op is healthy: its error is inherited), else ``None``."""
+def _own_error(row: Row) -> tuple[str, str] | None:
+    """What replay says of an output row, per side from its own error ``own`` against the float64
+    replay, the error ``kernel`` of the CPU kernel re-run on the same inputs (0 when it could not
+    run) and the rounding tolerance ``t`` of the pair's less precise dtype:
+
+    * ``("blamed", why)`` when ``own`` exceeds both twice ``t`` and ``kernel + t`` on a side: more
+      than any healthy kernel of that dtype makes;
+    * ``("undecided", why)`` when, short of that, it exceeds both ``t`` and ``kernel + t / 2``: a
+      bug this small (bf16: about 1 %) cannot be told from a kernel that rounds more than the CPU's;
+    * ``("inherited", why)`` when both sides were replayed within that: the op is healthy;
+    * ``None`` when replay says nothing (not replayed, or on one side only and within bounds)."""
     dtype = lower_precision(row.dtype_a, row.dtype_b)
-    own = []
-    for key, side, record in ((_OWN_A, "A", row.record_a), (_OWN_B, "B", row.record_b)):
+    verdicts = []
+    for side, record in (("A", row.record_a), ("B", row.record_b)):
+        own_key, kernel_key = _OWN[side]
         tolerance = rounding_tolerance(dtype, _scale(record))
-        if key in row.metrics and tolerance is not None:
-            own.append((row.metrics[key] / tolerance, row.metrics[key], tolerance, side))
-    if not own:
+        if own_key not in row.metrics or tolerance is None:
+            continue
+        own, kernel = row.metrics[own_key], row.metrics.get(kernel_key)
+        excess = own - (kernel or 0.0)
+        why = f"own error {own:.1e} vs fp64 replay on side {side}"
+        why += f", the CPU's {dtype} kernel {kernel:.1e}" if kernel is not None else ""
+        why += f" ({dtype} tolerance {tolerance:.1e})"
+        if own > _REPLAY_MARGIN * tolerance and excess > tolerance:
+            verdicts.append((2, own / tolerance, f"{why}: this op makes the difference"))
+        elif own > tolerance and excess > tolerance / _REPLAY_MARGIN:
+            verdicts.append(
+                (1, own / tolerance, f"{why}: too close to {dtype} rounding to tell a bug from a kernel that rounds differently")
+            )
+        else:
+            verdicts.append((0, own / tolerance, f"{why} is rounding"))
+    if not verdicts:
         return None
-    ratio, error, tolerance, side = max(own)
-    if ratio > _REPLAY_MARGIN:
-        why = f"own error {error:.1e} vs fp64 replay on side {side} ({dtype} tolerance {tolerance:.1e})"
-        return True, why + ": this op makes the difference"
-    if len(own) < 2:
+    level, _, why = max(verdicts)
+    if level == 0 and len(verdicts) < 2:
         return None
-    return False, f"own error {error:.1e} vs fp64 replay on side {side} is rounding ({dtype} tolerance {tolerance:.1e})"
+    return ("inherited", "undecided", "blamed")[level], why
 
 
 _MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot"}
@@ -142,12 +165,41 @@ def _amplification(output: Row, inputs: Sequence[Row]) -> float:
         return math.inf
     scales = [_scale(r.record_b) or 0.0 for r in inputs]
     amplification = max(1.0, sum(scales) / scale_out)
-    if _base_op(output.op) in _MATMULS:
+    base = _base_op(output.op)
+    if base in _MATMULS:
         norms = sorted(float(r.record_b.stats.get("norm") or 0.0) for r in inputs if r.record_b and r.record_b.stats)
         norm_out = float((out.stats or {}).get("norm") or 0.0)  # type: ignore[union-attr]
         if len(norms) >= 2 and norm_out > 0:
             amplification = max(amplification, norms[-1] * norms[-2] / norm_out)
+    if base in _DIVISOR:
+        for divisor in _divisors(output, inputs, _DIVISOR[base]):
+            amplification = max(amplification, _range(divisor.record_b))
     return amplification
+
+
+_DIVISOR = {"div": "1", "addcdiv": "2"}
+"""Ops dividing by an input, and its position: ``div(a, b)``, ``addcdiv(x, a, b)`` (Adam's update)."""
+
+
+def _divisors(output: Row, inputs: Sequence[Row], position: str) -> list[Row]:
+    """The divisor rows of a call: the input at ``position``, or for ``_foreach_*`` ops the element
+    of that list which ``output`` is the result of (``2.3`` for output ``0.3``)."""
+    element = output.arg.split(".")[1:]
+    return [r for r in inputs if r.arg.split(".")[0] == position and r.arg.split(".")[1:] == element]
+
+
+def _range(record: Record | None) -> float:
+    """How far apart the magnitudes of a divisor are, from its statistics: ``max|x| / min|x|`` when it
+    keeps one sign (a quotient's relative error is the divisor's, magnified where it is small: Adam's
+    update divides by ``sqrt(v) + eps``, ``eps`` where a gradient is zero), infinite when it crosses
+    zero, 1 without statistics."""
+    stats = record.stats if record is not None else None
+    low, high = (stats or {}).get("min"), (stats or {}).get("max")
+    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)) or not math.isfinite(low + high):
+        return 1.0
+    if low <= 0.0 <= high:
+        return math.inf
+    return max(abs(low), abs(high)) / min(abs(low), abs(high))
 
 
 _CARRIED = 2.0
@@ -222,6 +274,14 @@ def _inherited(row: Row, flow: _Flow, sources: Sequence[Row], detail: str) -> No
     row.message = detail + (f"; carries the error blamed on {origin}" if origin else "")
 
 
+def _undecided(row: Row, flow: _Flow, sources: Sequence[Row], message: str) -> None:
+    """Beyond tolerance, and what the records hold cannot tell whether the op made the difference:
+    never blamed, and what follows inherits only what its inputs carry."""
+    flow.inherit(row, sources)
+    row.verdict = row.attribution = "undecided"
+    row.message = message
+
+
 def _blamed(row: Row, flow: _Flow, message: str) -> None:
     row.verdict, row.attribution, row.message = "error", "blamed", message
     flow.origin[id(row)] = row.name
@@ -260,12 +320,14 @@ def _judge_output(row: Row, inputs: Sequence[Row], arguments: Sequence[Row], flo
     detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"  # type: ignore[arg-type]
     own = _own_error(row)
     if own is not None:
-        blame, why = own
+        verdict, why = own
         changed = [r for r in arguments if r.verdict == "warning"]
-        if not blame and changed and row.error > growth * input_error + row.tolerance:  # type: ignore[operator]
-            blame, why = True, f"{why}, but its {changed[0].message}: the op was called differently"
-        if blame:
+        if verdict != "blamed" and changed and row.error > growth * input_error + row.tolerance:  # type: ignore[operator]
+            verdict, why = "blamed", f"{why}, but its {changed[0].message}: the op was called differently"
+        if verdict == "blamed":
             _blamed(row, flow, why)
+        elif verdict == "undecided":
+            _undecided(row, flow, inputs, f"{detail}; {why}")
         else:
             _inherited(row, flow, inputs, f"{detail}; {why}")
         return
@@ -280,12 +342,13 @@ def _judge_output(row: Row, inputs: Sequence[Row], arguments: Sequence[Row], flo
         return
     amplification = _amplification(row, inputs)
     if tensors and not replayed or (input_error > 0 and row.error <= amplification * input_error + row.tolerance):  # type: ignore[operator]
-        flow.inherit(row, inputs)
-        row.verdict = row.attribution = "undecided"
         how = "it could not be replayed" if tensors else 'a tensor dump (task="tensor") would decide it'
-        row.message = (
+        _undecided(
+            row,
+            flow,
+            inputs,
             f"{detail}; its inputs differ by {_fmt(input_error)} and {row.op} may amplify that up to "
-            f"{_fmt(max(amplification, growth))}x: statistics cannot tell whether it made the difference; {how}"
+            f"{_fmt(max(amplification, growth))}x: statistics cannot tell whether it made the difference; {how}",
         )
         return
     _blamed(row, flow, detail + f"; its inputs differ by only {_fmt(input_error)}: this op makes the difference")

@@ -1,0 +1,163 @@
+"""Blame that survives mixed precision on more models and smaller bugs (issue 16, items 3 and 6).
+
+* A bf16 **model** (weights, activations, gradients and AdamW state in bf16, ``model.to(bfloat16)``)
+  against its fp32 twin, forward, backward and optimizer: no error row, at most 2 % warning rows,
+  no first divergence, with statistics and with tensors.
+* Planted bugs of 1 % and 2 % (attention and MLP, forward and backward) with tensor dumps: named in
+  fp32 and fp16 pairs; in bf16 pairs a 2 % bug is named, and a 1 % bug, below bf16's tolerance of
+  1.6 %, is found once the tolerance is lowered to 0.8 %, as ``undecided`` (its own error against
+  the float64 replay is about 1 %, the CPU kernel's 0.2–0.4 %: too close to bf16 rounding to blame).
+* Tiny Hugging Face GPT-2, Llama and BERT built from configs (no download), bf16 autocast against
+  fp32 with statistics: no error row, at most 2 % warning rows, no first divergence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from tests.compare.test_mixed_precision import BUGS, DTYPES, _Scale
+from torchdebug.compare.replay import own_errors
+from torchdebug.compare.tolerances import rounding_tolerance
+from torchdebug.records import Record
+
+PLACES = ("attention", "mlp", "attention_backward", "mlp_backward")
+
+
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``gpt(task, dtype, bug=None, factor=1.0)`` → a dump of one AdamW step of the 2-layer GPT of
+    ``test_mixed_precision``; ``dtype`` ``bf16model`` is the model cast to bf16, the others autocast."""
+    root = tmp_path_factory.mktemp("models")
+    made: dict[tuple, Path] = {}
+
+    def get(task: str, dtype: str, bug: str | None = None, factor: float = 1.0) -> Path:
+        key = (task, dtype, bug, factor)
+        if key not in made:
+            torchdebug.seed_all(0)
+            model = GPT(GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab=128))
+            if dtype == "bf16model":
+                model.to(torch.bfloat16)
+            optimizer = torch.optim.AdamW(model.parameters())
+            path = root / "-".join(str(part) for part in key)
+            op, index = BUGS[bug][:2] if bug else (None, -1)
+            with _Scale(op, index, factor), torchdebug.dump(path, model=model, task=task):
+                train_step(model, optimizer, make_batch(model.config, batch=2), autocast=DTYPES.get(dtype))
+            made[key] = path
+        return made[key]
+
+    return get
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_a_bf16_model_against_its_fp32_twin_has_no_error_few_warnings_and_no_divergence(gpt, task):
+    result = torchdebug.compare(gpt(task, "bf16model"), gpt(task, "fp32"))
+    counts = result.counts()
+    assert counts["error"] == 0 and counts["undecided"] == 0, result.summary()
+    assert counts["warning"] <= 0.02 * len(result.rows)
+    assert result.first_divergence is None
+    phases = {row.phase for row in result.rows if (row.dtype_a, row.dtype_b) == ("bfloat16", "float32")}
+    assert phases == {"forward", "backward", "optimizer"}
+
+
+def test_a_bf16_layer_norm_backward_rounds_beyond_one_unit_as_its_cpu_kernel_does(gpt):
+    # its weight and bias gradients are reduced in bf16: up to 2 units from the float64 replay, which
+    # a fixed bound would blame; the CPU kernel re-run on the same inputs makes the same error
+    dump = torchdebug.load(gpt("tensor", "bf16model")).ranks[0]
+    calls: dict[str, list[Record]] = {}
+    for record in dump.records():
+        if record.op == "aten.native_layer_norm_backward.default":
+            calls.setdefault(record.call_name, []).append(record)
+    errors = [e for records in calls.values() for e in own_errors(records, dump.load_tensor, lambda dtype: 1e-5).values()]
+    assert len(errors) == 3 * len(calls) == 15
+    assert all(e["kernel_err"] == e["own_err"] for e in errors)
+    assert max(e["own_err"] for e in errors) > 2 * rounding_tolerance("bfloat16")
+
+
+@pytest.mark.parametrize("factor", [1.01, 1.02])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("bug", PLACES)
+def test_a_1_or_2_percent_bug_is_named_in_fp32_and_fp16_pairs(gpt, bug, dtype, factor):
+    result = torchdebug.compare(gpt("tensor", dtype, bug, factor), gpt("tensor", "fp32"))
+    first = result.first_divergence
+    assert (first.call_name, first.io) == (BUGS[bug][2], "output")
+    assert result.counts()["error"] == 1 and result.counts()["undecided"] == 0
+
+
+@pytest.mark.parametrize("bug", PLACES)
+def test_a_2_percent_bug_is_named_in_a_bf16_pair(gpt, bug):
+    first = torchdebug.compare(gpt("tensor", "bf16", bug, 1.02), gpt("tensor", "fp32")).first_divergence
+    assert (first.call_name, first.io) == (BUGS[bug][2], "output")
+
+
+@pytest.mark.parametrize("bug", PLACES)
+def test_a_1_percent_bug_in_a_bf16_pair_is_undecided_never_blamed(gpt, bug):
+    buggy, reference = gpt("tensor", "bf16", bug, 1.01), gpt("tensor", "fp32")
+    default = torchdebug.compare(buggy, reference)  # within bf16's tolerance (1.6 %): not judged
+    assert default.counts()["error"] == 0 and default.first_divergence is None
+
+    result = torchdebug.compare(buggy, reference, tolerances={"bfloat16": 0.008})
+    assert result.counts()["error"] == 0 and result.first_divergence is None
+    undecided = [row for row in result.rows if row.verdict == "undecided"]
+    assert [(row.call_name, row.io) for row in undecided] == [(BUGS[bug][2], "output")]
+    assert "too close to bfloat16 rounding to tell a bug from a kernel that rounds differently" in undecided[0].message
+
+
+def test_a_lower_bf16_tolerance_keeps_a_healthy_pair_clean(gpt):
+    result = torchdebug.compare(gpt("tensor", "bf16"), gpt("tensor", "fp32"), tolerances={"bfloat16": 0.008})
+    assert result.counts()["error"] == result.counts()["undecided"] == 0
+    assert result.counts()["warning"] <= 0.02 * len(result.rows)
+
+
+transformers = pytest.importorskip("transformers")
+
+_SIZES = {"hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64, "max_position_embeddings": 16}
+
+
+def _hf_model(family: str) -> torch.nn.Module:
+    """A two-layer model of ``family`` with hidden size 32 and no dropout, seeded."""
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+        config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+        return transformers.GPT2LMHeadModel(config)
+    if family == "llama":
+        return transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(num_hidden_layers=2, intermediate_size=64, num_key_value_heads=2, **_SIZES)
+        )
+    config = transformers.BertConfig(
+        num_hidden_layers=2, intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SIZES
+    )
+    return transformers.BertForMaskedLM(config)
+
+
+def _hf_dump(path: Path, family: str, autocast: torch.dtype | None) -> Path:
+    """One AdamW step of ``family`` (forward under ``autocast`` if given), statistics dumped."""
+    model = _hf_model(family)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.AdamW(model.parameters())
+    with torchdebug.dump(path, model=model, task="statistics"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+    return path
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
+def test_a_healthy_bf16_autocast_hugging_face_model_has_no_error_few_warnings_and_no_divergence(family, tmp_path):
+    result = torchdebug.compare(_hf_dump(tmp_path / "bf16", family, torch.bfloat16), _hf_dump(tmp_path / "fp32", family, None))
+    counts = result.counts()
+    assert counts["error"] == 0, result.summary()
+    assert counts["warning"] <= 0.02 * len(result.rows)
+    assert result.first_divergence is None
+    # what statistics cannot decide is said, never blamed: a LayerNorm's saved mean (BERT), Adam's
+    # update of a parameter whose gradient is zero in places (GPT-2)
+    assert all(
+        'a tensor dump (task="tensor") would decide it' in row.message for row in result.rows if row.verdict == "undecided"
+    )

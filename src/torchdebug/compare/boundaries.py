@@ -15,8 +15,12 @@ are paired by value, in two ways, and each runs again on what the other found:
    the compiler erased (``detach``, ``alias``, ``clone``) with the value they pass on.
 2. **Group boundary.** A slot of B still unpaired (the mean and ``rstd`` a LayerNorm saves for its
    backward, the weight gradient of a decomposed backward) is paired with the unpaired slot of A in
-   the same step, phase and module, with the same direction, dtype and shape; among several, the one
-   whose statistics are closest.
+   the same step, phase and module, with the same direction, dtype and shape whose statistics are
+   closest, when they agree within the pair's tolerance. Nothing ties the two values but their
+   place and their agreement, so such a row says that the value exists on both sides, and passes:
+   a value the compiled graph holds differently, or never materialises (GELU's backward holds several
+   tensors of one shape, 5e-3 apart at the closest), stays unmatched instead of being paired with
+   another value (a false error). Differences show where the data flow pairs values (1.).
 
 These rows carry B's names (the eager op's call), so a decomposed op is judged as one call: its
 outputs against its inputs. Slots of A left over in a module where a decomposed eager op was aligned
@@ -30,7 +34,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from torchdebug.compare.matching import Pair, identity
+from torchdebug.compare.matching import Pair, identity, producers
 from torchdebug.compare.metrics import stats_metrics
 from torchdebug.compare.tolerances import tolerance_for
 from torchdebug.records import NO_MODULE, Record
@@ -39,12 +43,6 @@ __all__ = ["align_boundaries", "unpaired_calls"]
 
 _OUTPUTS = ("output", "parameter_grad")
 _ROOT = "<root>"  # the module path of the model itself in both captures' names
-_SAME_VALUE = 10.0
-"""A slot at a group's boundary is taken for the eager slot's value when their statistics differ by at
-most this many tolerances of the pair's dtype: well above the rounding of a decomposed computation,
-below unrelated tensors of one shape (5e-3 apart at the closest in the models measured: a GELU's
-backward holds several). A boundary value the compiled graph never materialises stays unmatched
-instead of being paired with another value (a false error)."""
 
 
 def _module(record: Record) -> str:
@@ -131,28 +129,51 @@ class _Aligner:
                 if pair.how == "only_a"
             ]
             if free:
-                distance, best, a = min(free, key=lambda found: found[0])
-                if distance <= _SAME_VALUE * _scale_tolerance(a, b):
+                _, best, a = min(free, key=lambda found: found[0])
+                if _agree(a, b):
                     self._join(best, left_b, "group")
                     joined += 1
         return joined
 
     def mark_inside(self, decomposed: set[str]) -> None:
-        """A-only slots in a module where a decomposed eager call was aligned: inside that call
-        (the first such call whose aligned A slots come at or after the slot; else the last one)."""
+        """A-only slots in a module where a decomposed eager call was aligned: inside the one of its
+        decomposed calls whose aligned outputs their values flow into through A-only calls, else the
+        first aligned at or after them in A's order (else the last one)."""
+        records = {id(p.a): p.a for p in self.pairs if p.a is not None}
+        ordered = [records[i] for i in sorted(records, key=lambda i: (records[i].step, records[i].seq))]
+        consumers: dict[tuple[int, str], set[str]] = defaultdict(set)  # A's (step, call) -> calls reading it
+        made_by = producers(ordered)
+        for record in ordered:
+            producer = made_by.get(id(record))
+            if producer is not None:
+                consumers[(record.step, producer[0])].add(record.call_name)
+        owner: dict[tuple[int, str], str] = {}  # A's (step, call) -> the decomposed eager call it computes
         boundaries: dict[tuple, list[tuple[int, str]]] = defaultdict(list)
         for pair in self.pairs:
-            if pair.how in ("value", "group") and pair.b.call_name in decomposed:  # type: ignore[union-attr]
-                boundaries[_region(pair.b)].append((pair.a.seq, pair.b.call_name))  # type: ignore[union-attr]
+            a, b = pair.a, pair.b
+            if pair.how in ("value", "group") and b.call_name in decomposed:  # type: ignore[union-attr]
+                boundaries[_region(b)].append((a.seq, b.call_name))  # type: ignore[arg-type, union-attr]
+                if _direction(b) and _direction(a):  # type: ignore[arg-type]
+                    owner.setdefault((a.step, a.call_name), b.call_name)  # type: ignore[union-attr]
+        left = [p for p in self.pairs if p.how == "only_a"]
+        for pair in sorted(left, key=lambda p: -p.a.seq):  # type: ignore[union-attr]  # consumers first
+            key = (pair.a.step, pair.a.call_name)  # type: ignore[union-attr]
+            if key not in owner:
+                found = [owner[(key[0], c)] for c in sorted(consumers.get(key, ())) if (key[0], c) in owner]
+                if found:
+                    owner[key] = found[0]
         for found in boundaries.values():
             found.sort()
-        for pair in self.pairs:
-            if pair.how != "only_a":
-                continue
-            found = boundaries.get(_region(pair.a))  # type: ignore[arg-type]
+        for pair in left:
+            a = pair.a
+            found = boundaries.get(_region(a))  # type: ignore[arg-type]
             if found:
                 pair.how = "inside"
-                pair.inside = next((name for seq, name in found if seq >= pair.a.seq), found[-1][1])  # type: ignore[union-attr]
+                flows_into = owner.get((a.step, a.call_name))  # type: ignore[union-attr]
+                if any(name == flows_into for _, name in found):
+                    pair.inside = flows_into
+                else:
+                    pair.inside = next((name for seq, name in found if seq >= a.seq), found[-1][1])  # type: ignore[union-attr]
 
 
 def _nearness(a: Record, b: Record) -> int | None:
@@ -172,16 +193,17 @@ def _constant(record: Record) -> bool:
     return stats.get("min") == stats.get("max")
 
 
-def _scale_tolerance(a: Record, b: Record) -> float:
-    """The pair's tolerance on the scale of :func:`_distance` (relative, with the absolute floor)."""
-    tolerance = tolerance_for(a.dtype, b.dtype)
-    return max(tolerance.rtol, tolerance.atol)
-
-
-def _distance(a: Record, b: Record) -> float:
-    """How far apart two slots' statistics are (scale-relative; infinite without statistics)."""
-    error = stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or ()), atol=0.0).get("error")
+def _distance(a: Record, b: Record, atol: float = 0.0) -> float:
+    """How far apart two slots' statistics are: scale-relative, on the scale floor ``atol`` (infinite
+    without statistics). Candidates are ranked without a floor, which would make all small values equal."""
+    error = stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or ()), atol=atol).get("error")
     return math.inf if error is None or math.isnan(error) else error
+
+
+def _agree(a: Record, b: Record) -> bool:
+    """Whether two slots' statistics agree within the pair's tolerance, as their row would judge them."""
+    tolerance = tolerance_for(a.dtype, b.dtype)
+    return _distance(a, b, tolerance.atol) <= tolerance.rtol
 
 
 def align_boundaries(pairs: list[Pair], decomposed: set[str]) -> list[Pair]:

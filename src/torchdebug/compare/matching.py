@@ -150,11 +150,18 @@ def _calls(records: Sequence[Record]) -> dict[tuple[int, str], _Call]:
 
 
 def _pair_slots(call_a: _Call, call_b: _Call, how: str) -> list[Pair]:
+    """The slots of two paired calls, by slot name; a slot holding a tensor on one side only (a
+    compiled backward handed an attention mask that eager autograd passes as ``None``) is listed on
+    each side, not compared as a shape."""
     by_slot = call_b.by_slot()
     pairs = []
     for slot, record in zip(call_a.slots, call_a.records):
-        other = by_slot.pop(slot, None)
-        pairs.append(Pair(record, other, how if other else "only_a"))
+        other = by_slot.get(slot)
+        if other is not None and (other.kind == "tensor") == (record.kind == "tensor"):
+            del by_slot[slot]
+            pairs.append(Pair(record, other, how))
+        else:
+            pairs.append(Pair(record, None, "only_a"))
     pairs.extend(Pair(None, r, "only_b") for r in by_slot.values())
     return pairs
 

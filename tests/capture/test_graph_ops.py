@@ -14,7 +14,7 @@ class _Sink:
     def __init__(self) -> None:
         self.runs: list[tuple[list[torch.Tensor], list[str]]] = []
 
-    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor], labels: list[str]) -> None:
+    def on_graph(self, stats: list[torch.Tensor], tensors: list[torch.Tensor], labels: list[str]) -> None:
         self.runs.append((tensors, labels))
 
     def on_point(self, point: int, tensors: list[torch.Tensor]) -> None:
@@ -38,7 +38,7 @@ def test_two_live_sinks_of_the_same_graph_get_their_own_keys_and_runs() -> None:
     key_one, key_two = register_sink(one, "test/same graph"), register_sink(two, "test/same graph")
     try:
         assert key_one != key_two
-        dump_graph(torch.zeros(0, dtype=torch.float64), [torch.ones(2)], key_two, "a,b")
+        dump_graph([], [torch.ones(2)], key_two, "a,b")
         assert one.runs == [] and len(two.runs) == 1 and two.runs[0][1] == ["a", "b"]
     finally:
         unregister_sink(key_one)
@@ -53,7 +53,7 @@ def test_a_key_is_never_handed_out_again_so_stale_code_delivers_nowhere() -> Non
     new_key = register_sink(new, "test/stale")
     try:
         assert new_key != key
-        dump_graph(torch.zeros(0, dtype=torch.float64), [torch.ones(1)], key)  # code compiled for the old sink
+        dump_graph([], [torch.ones(1)], key)  # code compiled for the old sink
         assert old.runs == [] and new.runs == []
     finally:
         unregister_sink(new_key)

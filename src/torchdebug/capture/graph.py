@@ -1,8 +1,10 @@
 """Records from compiled graphs: one :class:`GraphCapture` per backend with ``enable_dump``.
 
 Instrumented graphs call back (``torchdebug.capture.graph_ops``) once per run with their
-statistics vector and dumped tensors; this module turns them into the same records eager capture
-writes (``capture="graph"``, ``node`` = FX node name) through a :class:`CaptureSession` and its
+statistics (0-d accumulators and host results, joined here into one vector per device and dtype and
+staged with the session: read at once on the CPU, with the session's one host read per flush on an
+accelerator, never per graph run) and dumped tensors; this module turns them into the same records
+eager capture writes (``capture="graph"``, ``node`` = FX node name) through a :class:`CaptureSession` and its
 :class:`RankWriter`, in one run folder per backend::
 
     DUMP_PATH/20261122-101500/worldsize1_global_rank0/records.jsonl, tensors/step0-0000.safetensors
@@ -15,7 +17,10 @@ iteration. Call indices continue across the graphs of a step, as in eager captur
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,12 +29,13 @@ import torch
 
 from torchdebug.capture import golden, overflow
 from torchdebug.capture.graph_ops import register_sink, unregister_sink
-from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, SlotPlan
+from torchdebug.capture.graph_plan import ACCUMULATORS, CallPlan, GraphPlan, Key, SlotPlan, StatTable
+from torchdebug.capture.overflow import Rows
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.records import Record
-from torchdebug.stats import stats_from_vector, tensor_stats
+from torchdebug.stats import stats_from_sums, stats_from_vector, tensor_stats
 from torchdebug.store import layout
 from torchdebug.store.writer import RankWriter, create_run_dir, new_run_name, run_manifest
 
@@ -113,31 +119,19 @@ class GraphCapture:
         self._counts.clear()
         self._seq = 0
 
-    def on_graph(self, plan: GraphPlan, stats: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    def on_graph(self, plan: GraphPlan, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+        """One run of ``plan``'s graph ended: queue its records. Their statistics arrive with the
+        session's next flush (at once on the CPU); the overflow scene, which needs them to pick
+        the calls it records, builds its records then."""
         run = self._begin(plan)
         self._run = None
         if not run.dumped or self.scene == "watcher":
             return
-        rows = self._rows(plan, stats)
-        if plan.golden is not None:
-            calls = range(len(plan.calls))
-        elif self.scene == "overflow":
-            calls = overflow.overflowing_calls(plan, rows)
-            self._note_overflow(run, calls, rows)
-        else:
-            calls = range(len(plan.calls))
-        refs: dict[int, dict[str, str]] = {}
-        stats_of: dict[int, dict[str, Any]] = {}
-        records = []
-        templates = self._templates_of(run)
-        for index in calls:
-            for slot, fields in templates[index]:
-                record = Record(step=run.step, **fields)
-                if slot.kind == "tensor" and slot.note is None:
-                    self._fill(record, run, slot, rows, tensors, stats_of, refs)
-                records.append(record)
-        self.session.add_records(records)
-        self.session.flush()
+        if self.scene == "overflow" and plan.golden is None:
+            self._stage_rows(plan, stats, lambda rows: self._record_overflows(run, rows))
+            return
+        rows = self._stage_rows(plan, stats, None)
+        self.session.add_records(self._records(run, range(len(plan.calls)), rows, tensors))
 
     def on_point(self, plan: GraphPlan, point: int, tensors: list[torch.Tensor]) -> None:
         run = self._begin(plan)
@@ -161,14 +155,40 @@ class GraphCapture:
         self.session.add_records(records)
 
     # -- building records --------------------------------------------------------------------------
-    @staticmethod
-    def _rows(plan: GraphPlan, stats: torch.Tensor) -> list[dict[str, Any] | None]:
-        """Statistics dicts by row, from the graph's vector (7 numbers per row)."""
-        rows: list[dict[str, Any] | None] = [None] * len(plan.integral)
-        vector = stats.tolist() if stats.numel() else []
-        for index, row in enumerate(plan.vector_rows):
-            rows[row] = stats_from_vector(vector[7 * index : 7 * index + 7], plan.integral[row])
-        return rows
+    def _stage_rows(self, plan: GraphPlan, stats: list[torch.Tensor], done: Callable[[Rows], None] | None) -> Rows:
+        """Hand the run's statistics to the session, one vector per table (``plan.tables``: one
+        device and dtype each), to be read with the next flush; returns the rows (statistics dicts),
+        filled in place when the last table arrives, which then calls ``done``."""
+        pending = _PendingRows(plan, done)
+        start = 0
+        for table in plan.tables:
+            part = stats[start : start + table.count]
+            start += table.count
+            vector = torch.cat(part) if table.rows else torch.stack(part)
+            self.session.stage(vector, functools.partial(pending.deliver, table))
+        if not plan.tables:
+            pending.finish()
+        return pending.rows
+
+    def _records(self, run: _Run, calls: Iterable[int], rows: Rows, tensors: list[torch.Tensor]) -> list[Record]:
+        """The records of ``calls`` (indices into the plan's calls) of one run."""
+        refs: dict[int, dict[str, str]] = {}
+        stats_of: dict[int, dict[str, Any]] = {}
+        records = []
+        templates = self._templates_of(run)
+        for index in calls:
+            for slot, fields in templates[index]:
+                record = Record(step=run.step, **fields)
+                if slot.kind == "tensor" and slot.note is None:
+                    self._fill(record, run, slot, rows, tensors, stats_of, refs)
+                records.append(record)
+        return records
+
+    def _record_overflows(self, run: _Run, rows: Rows) -> None:
+        """The overflow scene, once a run's statistics arrived: record the calls with NaN/Inf outputs."""
+        calls = overflow.overflowing_calls(run.plan, rows)
+        self._note_overflow(run, calls, rows)
+        self.session.add_records(self._records(run, calls, rows, []))
 
     def _call_name(self, run: _Run, call: CallPlan) -> str:
         phase, module, op = call.key
@@ -241,7 +261,7 @@ class GraphCapture:
         record: Record,
         run: _Run,
         slot: SlotPlan,
-        rows: list[dict[str, Any] | None],
+        rows: Rows,
         tensors: list[torch.Tensor],
         stats_of: dict[int, dict[str, Any]],
         refs: dict[int, dict[str, str]],
@@ -267,7 +287,7 @@ class GraphCapture:
                 refs[slot.tensor] = self.session.save(record.name, tensors[slot.tensor])
             record.tensor = refs[slot.tensor]
 
-    def _note_overflow(self, run: _Run, calls: list[int], rows: list[dict[str, Any] | None]) -> None:
+    def _note_overflow(self, run: _Run, calls: list[int], rows: Rows) -> None:
         if not calls or (self.overflows and self.overflows[-1].step == run.step):
             return
         call = run.plan.calls[calls[0]]
@@ -305,13 +325,57 @@ class GraphCapture:
         atexit.unregister(self.close)
 
 
+class _PendingRows:
+    """The statistics rows of one graph run, filled as its tables reach the host."""
+
+    def __init__(self, plan: GraphPlan, done: Callable[[Rows], None] | None) -> None:
+        self.plan, self.done = plan, done
+        self.rows: list[dict[str, Any]] = [{} for _ in plan.integral]
+        self._sums: dict[int, list[float]] = {}
+        """Row -> its accumulators (``ACCUMULATORS`` order) as they arrive."""
+        self._finished: set[int] = set()
+        """Rows whose statistics ``host_stats`` finished."""
+        self._waiting = len(plan.tables)
+
+    def deliver(self, table: StatTable, values: list[float]) -> None:
+        """One table's numbers arrived (the session's staging calls this)."""
+        integral = self.plan.integral
+        for index, row in enumerate(table.rows):
+            self.rows[row].update(stats_from_vector(values[7 * index : 7 * index + 7], integral[row]))
+            self._finished.add(row)
+        for (row, accumulator), value in zip(table.entries, values):
+            self._sums.setdefault(row, list(_NO_SUMS))[accumulator] = value
+        self._waiting -= 1
+        if self._waiting == 0:
+            self.finish()
+
+    def finish(self) -> None:
+        """Every table arrived: turn the accumulators into statistics, then call ``done``."""
+        plan = self.plan
+        for row, stats in enumerate(self.rows):
+            if row in self._finished:
+                continue
+            sums = self._sums.get(row, _NO_SUMS)
+            numel = plan.numel[row]
+            if numel is None:  # symbolic size: the graph counted the non-NaN values
+                numel = int(sums[_VALID]) + int(sums[_NAN])
+            stats.update(stats_from_sums(sums[:_VALID], numel, plan.integral[row]))
+        if self.done is not None:
+            self.done(self.rows)
+
+
+_NO_SUMS = (math.nan, math.nan, 0.0, 0.0, 0, 0, 0, 0)
+"""Accumulators before any arrived (an empty value gets none: no values, no NaN or Inf)."""
+_NAN, _VALID = ACCUMULATORS.index("nan"), ACCUMULATORS.index("valid")
+
+
 class _GraphSink:
     """Binds one graph's plan to its capture (what :func:`register_sink` keeps)."""
 
     def __init__(self, capture: GraphCapture, plan: GraphPlan) -> None:
         self.capture, self.plan = capture, plan
 
-    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor], labels: list[str]) -> None:
+    def on_graph(self, stats: list[torch.Tensor], tensors: list[torch.Tensor], labels: list[str]) -> None:
         self.capture.on_graph(self.plan, stats, tensors)
 
     def on_point(self, point: int, tensors: list[torch.Tensor]) -> None:

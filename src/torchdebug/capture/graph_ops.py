@@ -1,9 +1,12 @@
 """The custom ops that carry values out of a compiled graph to the dump.
 
-- ``torchdebug::dump_graph(Tensor stats, Tensor[] tensors, int sink, str labels="") -> ()``: once
-  per graph run, the statistics computed inside the graph as one float64 vector of ``7 * N`` values
-  (fused by inductor) and, for tensor dumps, the dumped tensors themselves; ``labels`` optionally
-  names the tensors (comma-separated), so compiled code says what it hands over. It ends the run.
+- ``torchdebug::dump_graph(Tensor[] stats, Tensor[] tensors, int sink, str labels="") -> ()``:
+  once per graph run, the statistics: the accumulators computed inside the graph (0-d tensors,
+  fused by inductor into the loops that compute the values) and the ``host_stats`` results, as
+  they are, on their own devices, so a graph that mixes devices needs no copy or concatenation in
+  the graph (``torchdebug.capture.graph`` joins them per device and dtype); for tensor dumps also
+  the dumped tensors themselves; ``labels`` optionally names the tensors (comma-separated), so
+  compiled code says what it hands over. It ends the run.
 - ``torchdebug::host_stats(Tensor[] tensors) -> Tensor``: the statistics of each tensor, taken on
   the host when the graph reaches the call (CPU values: one native pass each, see
   ``torchdebug.native``), as ``7 * N`` float64 values in ``torchdebug.stats.stats_vector`` order. A
@@ -40,7 +43,7 @@ from torchdebug.stats import tensor_stats
 class Sink(Protocol):
     """What a compiled graph reports to."""
 
-    def on_graph(self, stats: Tensor, tensors: list[Tensor], labels: list[str]) -> None: ...
+    def on_graph(self, stats: list[Tensor], tensors: list[Tensor], labels: list[str]) -> None: ...
 
     def on_point(self, point: int, tensors: list[Tensor]) -> None: ...
 
@@ -85,7 +88,7 @@ def unregister_sink(key: int) -> None:
 
 
 @torch.library.custom_op("torchdebug::dump_graph", mutates_args=(), tags=_TAGS)
-def dump_graph(stats: Tensor, tensors: list[Tensor], sink: int, labels: str = "") -> None:
+def dump_graph(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "") -> None:
     """Deliver one graph run's statistics and tensors to sink ``sink`` (a no-op once it is gone)."""
     target = _SINKS.get(sink)
     if target is not None:
@@ -93,7 +96,7 @@ def dump_graph(stats: Tensor, tensors: list[Tensor], sink: int, labels: str = ""
 
 
 @dump_graph.register_fake
-def _dump_graph_fake(stats: Tensor, tensors: list[Tensor], sink: int, labels: str = "") -> None:
+def _dump_graph_fake(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "") -> None:
     return None
 
 

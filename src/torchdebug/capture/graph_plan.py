@@ -15,6 +15,12 @@ import torch.fx
 Key = tuple[str, str, str]
 """``(phase, module, op)``: what call indices are counted per, as in eager capture."""
 
+ACCUMULATORS = ("min", "max", "sum", "squares", "nan", "posinf", "neginf", "valid")
+"""What the graph computes for a value whose statistics it takes (each a 0-d tensor): min and max
+ignoring NaN, the sum of the non-NaN values and of their squares, the NaN, +Inf and -Inf counts,
+and, only when the value's size is symbolic, the count of non-NaN values. The first seven are the
+sums ``torchdebug.stats.stats_from_sums`` turns into statistics on the host."""
+
 
 @dataclass(frozen=True, slots=True)
 class CallSource:
@@ -75,6 +81,20 @@ class PointPlan:
     """``(index into GraphPlan.calls, output arg)`` for each tensor handed over at this point."""
 
 
+@dataclass(frozen=True, slots=True)
+class StatTable:
+    """Consecutive tensors of ``dump_graph``'s ``stats`` list that reach the host as one vector:
+    all on one device, of one dtype, so the host reads them with one copy (at the next flush on an
+    accelerator). Either 0-d accumulators (``entries``) or ``host_stats`` results (``rows``)."""
+
+    count: int
+    """How many tensors of the list."""
+    entries: tuple[tuple[int, int], ...] = ()
+    """Per accumulator: ``(row, index into ACCUMULATORS)``."""
+    rows: tuple[int, ...] = ()
+    """Per row taken by ``host_stats``: 7 finished numbers in ``STAT_KEYS`` order."""
+
+
 @dataclass(slots=True)
 class GraphPlan:
     """Everything one instrumented graph reports."""
@@ -90,7 +110,9 @@ class GraphPlan:
     points: list[PointPlan] = field(default_factory=list)
     integral: list[bool] = field(default_factory=list)
     """Per statistics row: the value has an integer or bool dtype (min and max are ints)."""
-    vector_rows: list[int] = field(default_factory=list)
-    """The row of each block of 7 numbers in the statistics vector ``dump_graph`` receives."""
+    numel: list[int | None] = field(default_factory=list)
+    """Per statistics row: the value's element count (``None`` when symbolic: the graph counts)."""
+    tables: list[StatTable] = field(default_factory=list)
+    """How ``dump_graph``'s ``stats`` list is cut into host vectors, in list order."""
     golden: torch.fx.GraphModule | None = None
     """``dump_stage="original"``: the graph before the backend's passes, interpreted on the real inputs."""

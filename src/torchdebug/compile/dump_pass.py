@@ -7,15 +7,19 @@ marks). Writes nothing to existing nodes. After the pass the graph holds, for ``
 
 - for each value a dumped slot reads (views and clones share the row of their input), its
   statistics. CPU values that inductor keeps in memory anyway (graph inputs and outputs, inputs and
-  outputs of matrix products and convolutions) go to ``torchdebug::host_stats`` a few at a time,
-  as soon as they exist, and the host takes them in one native pass each (``torchdebug.native``,
-  about twice as fast per element as inductor's fused reductions here, and nothing to compile).
-  The other values get statistics nodes inside the graph (``graph_stats``), fused by inductor into
-  the loops that compute them: storing them for the host would cost more than it saves;
-- before the output, ``torchdebug::dump_graph(cat(statistics), [dumped tensors], sink)``: the
-  in-graph statistics and the ``host_stats`` results (in ``GraphPlan.vector_rows`` order) as one
-  small tensor per run to the host, and the tensors of a tensor dump (passing them to an extern
-  call is what makes inductor materialise them; nodes not passed keep their fusion);
+  outputs of matrix products and convolutions), that are small (``SMALL``) or that inductor computes
+  in a loop over the rows of a reduction (layer norm, softmax: statistics over the whole value
+  cannot join that loop, so in the graph they would split the kernel in two) go to
+  ``torchdebug::host_stats`` a few at a time, as soon as they exist, and the host takes them in one
+  native pass each (``torchdebug.native``, about twice as fast per element as inductor's fused
+  reductions here, and nothing to compile). The other values get accumulator nodes inside the graph
+  (``graph_stats``), fused by inductor into the loops that compute them: storing them for the host
+  would cost more than it saves;
+- before the output, ``torchdebug::dump_graph([statistics], [dumped tensors], sink)``: the 0-d
+  accumulators and the ``host_stats`` results, ordered in runs of one device and dtype
+  (``GraphPlan.tables``; nothing in the graph combines two devices, so CUDA graphs holding CPU
+  scalars compile), and the tensors of a tensor dump (passing them to an extern call is what makes
+  inductor materialise them; nodes not passed keep their fusion);
 - for the watcher scene, ``torchdebug::dump_point([...], sink, i)`` after each watched node and each
   ``layer`` node (no statistics rows: the watcher takes its own).
 
@@ -38,7 +42,7 @@ import torch.fx
 
 from torchdebug.capture.graph import GraphCapture
 from torchdebug.capture.graph_ops import DUMP_GRAPH, DUMP_POINT, HOST_STATS
-from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan
+from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan, StatTable
 from torchdebug.compile import graph_stats, node_names
 from torchdebug.compile.debug_dir import current_phase
 from torchdebug.compile.dump_scenes import DumpSettings, safe_model_name
@@ -50,6 +54,9 @@ aten = torch.ops.aten
 
 HOST_GROUP = 8
 """CPU values handed to one ``host_stats`` call (fewer calls; values stay in memory a little longer)."""
+
+SMALL = 65536
+"""Values with fewer elements go to the host on the CPU even when inductor would fuse them."""
 
 
 @dataclass
@@ -86,6 +93,13 @@ def _host_stats(value: torch.Tensor) -> bool:
     return value.device.type == "cpu" and fused_stats.available()
 
 
+def _small(value: torch.Tensor) -> bool:
+    """Whether storing the value for the host costs next to nothing (while its statistics in the
+    graph would cost as much generated code, so compile time, as a large value's)."""
+    numel = value.numel()
+    return isinstance(numel, int) and numel < SMALL
+
+
 def _stored(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Nodes whose values inductor keeps in memory whatever we add: graph inputs and outputs and
     the inputs and outputs of extern kernels (statistics from the host cost them no extra store)."""
@@ -96,6 +110,26 @@ def _stored(graph: torch.fx.Graph) -> set[torch.fx.Node]:
             stored.add(node)
             stored.update(node.all_input_nodes)
     return stored
+
+
+def _in_row_kernels(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes inductor computes inside a loop over rows of a reduction (layer norm, softmax): values
+    made from a computed value with fewer elements (a row statistic, broadcast), and the values of
+    the same size made from them. A whole-tensor reduction cannot join such a kernel, so their
+    statistics in the graph would split it in two (one more kernel to compile and run)."""
+    found: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        value = node.meta.get("val")
+        if node.op != "call_function" or not isinstance(value, torch.Tensor) or not isinstance(value.numel(), int):
+            continue
+        for arg in node.all_input_nodes:
+            size = arg.meta.get("val").numel() if isinstance(arg.meta.get("val"), torch.Tensor) else None
+            if not isinstance(size, int):
+                continue
+            if arg in found and size == value.numel() or arg.op == "call_function" and 1 < size < value.numel():
+                found.add(node)
+                break
+    return found
 
 
 def _output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | None, Any]]:
@@ -204,18 +238,19 @@ class _Planner:
         return plan
 
     def _split_rows(self, plan: GraphPlan) -> None:
-        """Who computes each statistics row: the host for CPU values stored in memory anyway, in
-        groups of values in the order the graph computes them (``host_groups``); the graph for the
-        others (``graph_nodes``), so that fused values stay fused."""
+        """Who computes each statistics row: the host for CPU values stored in memory anyway, small
+        ones and those computed in a loop over rows (their statistics in the graph would split the
+        kernel), in groups of values in the order the graph computes them (``host_groups``); the
+        graph for the others (``graph_nodes``), so that fused values stay fused."""
         nodes = sorted(self.stat_rows, key=self.stat_rows.get)
         plan.integral = [_is_integral(n.meta["val"]) for n in nodes]
-        stored = {self._source(n) for n in _stored(self.graph)}
-        on_host = {n for n in nodes if n in stored and _host_stats(n.meta["val"])}
+        plan.numel = [n.meta["val"].numel() if isinstance(n.meta["val"].numel(), int) else None for n in nodes]
+        cheap = {self._source(n) for n in _stored(self.graph) | _in_row_kernels(self.graph)}
+        on_host = {n for n in nodes if (n in cheap or _small(n.meta["val"])) and _host_stats(n.meta["val"])}
         self.graph_nodes = [n for n in nodes if n not in on_host]
         position = {n: i for i, n in enumerate(self.graph.nodes)}
         host = sorted(on_host, key=position.__getitem__)
         self.host_groups = [host[i : i + HOST_GROUP] for i in range(0, len(host), HOST_GROUP)]
-        plan.vector_rows = [self.stat_rows[n] for n in self.graph_nodes + host]
 
     def _slots(self, node: torch.fx.Node, golden: bool, values: bool = True) -> Iterator[SlotPlan]:
         """``values``: also the non-tensor arguments (not for a node named after the op it replaced:
@@ -296,33 +331,56 @@ class _Instrumenter:
 
     def __init__(self, graph: torch.fx.Graph, plan: GraphPlan, sink: int, planner: _Planner) -> None:
         self.graph, self.plan, self.sink = graph, plan, sink
+        self.rows = planner.stat_rows
         self.graph_nodes, self.host_groups, self.tensor_nodes = planner.graph_nodes, planner.host_groups, planner.tensor_nodes
 
     def run(self) -> None:
         graph, plan = self.graph, self.plan
         before = set(graph.nodes)
         placeholders = list(graph.find_nodes(op="placeholder"))
-        after_inputs = placeholders[-1].next if placeholders else next(iter(graph.nodes))
+        self.after_inputs = placeholders[-1].next if placeholders else next(iter(graph.nodes))
         if plan.golden is not None:
             inputs = [n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)]
-            with graph.inserting_before(after_inputs):
+            with graph.inserting_before(self.after_inputs):
                 graph.call_function(DUMP_POINT, (inputs, self.sink, -1))
-
-        def after(node: torch.fx.Node) -> torch.fx.Node:
-            return after_inputs if node.op == "placeholder" else node.next
-
-        stats = [graph_stats.insert_stats(graph, node, after(node)) for node in self.graph_nodes]
-        for nodes in self.host_groups:  # in the order of plan.vector_rows: graph rows, then host rows
-            with graph.inserting_before(after(nodes[-1])):
-                stats.append(graph.call_function(HOST_STATS, (nodes,)))
+        stats = self._insert_stats()
         with graph.inserting_before(graph.find_nodes(op="output")[0]):
-            if stats:  # one flat vector of 7 * N values (inductor lowers cat, not stack)
-                matrix = graph.call_function(aten.cat.default, (stats,))
-            else:
-                matrix = graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})
-            graph.call_function(DUMP_GRAPH, (matrix, list(self.tensor_nodes), self.sink))
+            if not stats and not self.tensor_nodes:
+                # an extern call with no tensor argument makes inductor (2.13) free a buffer
+                # before its last use; an empty tensor, which no table covers, avoids that
+                stats = [graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})]
+            graph.call_function(DUMP_GRAPH, (stats, list(self.tensor_nodes), self.sink))
         self._insert_points()
+        graph_stats.propagate_fake_values(graph, [n for n in graph.nodes if n not in before and "val" not in n.meta])
+
+    def _after(self, node: torch.fx.Node) -> torch.fx.Node:
+        return self.after_inputs if node.op == "placeholder" else node.next
+
+    def _insert_stats(self) -> list[torch.fx.Node]:
+        """Insert the accumulators and ``host_stats`` calls; return them as ``dump_graph``'s
+        ``stats`` list, one run per device and dtype (``plan.tables``): nothing in the graph joins
+        values of two devices (a CUDA graph holds CPU scalars too), the host does, per table."""
+        graph, rows = self.graph, self.rows
+        before = set(graph.nodes)
+        accumulators: list[tuple[torch.fx.Node, tuple[int, int]]] = []
+        for node in self.graph_nodes:
+            for index, accumulator in graph_stats.insert_stats(graph, node, self._after(node)):
+                accumulators.append((accumulator, (rows[node], index)))
+        host: list[tuple[torch.fx.Node, list[torch.fx.Node]]] = []
+        for nodes in self.host_groups:
+            with graph.inserting_before(self._after(nodes[-1])):
+                host.append((graph.call_function(HOST_STATS, (nodes,)), nodes))
         graph_stats.propagate_fake_values(graph, [n for n in graph.nodes if n not in before])
+        tables: dict[tuple[torch.device, torch.dtype], list[tuple[torch.fx.Node, tuple[int, int]]]] = {}
+        for accumulator, entry in accumulators:
+            value = accumulator.meta["val"]
+            tables.setdefault((value.device, value.dtype), []).append((accumulator, entry))
+        self.plan.tables = [StatTable(len(table), entries=tuple(entry for _, entry in table)) for table in tables.values()]
+        stats = [accumulator for table in tables.values() for accumulator, _ in table]
+        if host:  # CPU float64 vectors, 7 numbers per value
+            self.plan.tables.append(StatTable(len(host), rows=tuple(rows[n] for _, nodes in host for n in nodes)))
+            stats += [result for result, _ in host]
+        return stats
 
     def _insert_points(self) -> None:
         """``dump_point`` after each watcher point's node, fed its output (ordering) and the watched outputs."""

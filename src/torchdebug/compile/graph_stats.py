@@ -1,21 +1,23 @@
 """Statistics as FX nodes, inserted after each dumped value so inductor fuses them into one loop.
 
-The numbers are those of ``torchdebug.stats.stats_vector`` (a float64 7-vector in ``STAT_KEYS``
-order; NaN in the first four means "no value"), written for inductor's code generators. For a
-floating value ``x`` inductor reads ``x`` once and keeps seven accumulators, all vectorised:
+For a floating value ``x`` the graph computes only the accumulators
+(``torchdebug.capture.graph_plan.ACCUMULATORS``), each a 0-d tensor that inductor reads ``x`` once
+for, all vectorised in the loop that computes ``x``:
 
 - ``nan = x != x``: the NaN mask (``isnan`` is computed element by element in inductor's C++ code,
   which made it the most expensive part of the statistics);
 - counts of NaN, ``+inf`` and ``-inf``: ``int32`` sums (``int64`` above 2**31 elements);
-- ``min`` / ``max`` of ``x`` with NaN replaced by ``+inf`` / ``-inf``;
+- ``min`` / ``max`` of ``x`` with NaN replaced by ``+inf`` / ``-inf``, in ``x``'s dtype;
 - ``sum`` of ``x`` with NaN replaced by 0, accumulated in float32 (float64 for float64 values);
-- the sum of squares in float64 (the squares may overflow float32).
+- the sum of squares in float64 (the squares may overflow float32);
+- when the size is symbolic, the count of non-NaN values (``int64``).
 
-Then, on 0-d values: ``valid = numel - nan`` (``numel`` from the shape, or one more count when
-the shape is symbolic), ``mean = sum / valid``, ``norm = sqrt(sum of squares)``, and NaN where
-``valid == 0``. Integer and bool values are taken in float64 with zero counts; complex values by
-their magnitudes. After insertion the new nodes get ``meta["val"]`` from the graph's own fake mode
-(:func:`propagate_fake_values`): later inductor passes and lowering read it.
+Mean, norm and "no value" are worked out on the host (``torchdebug.stats.stats_from_sums``) when
+the accumulators arrive: done in the graph, those few scalar operations per value were as much
+generated code as the loops themselves, and about half the compile time of an every-node dump.
+Integer and bool values are taken in float64 (min, max, sum, sum of squares; no counts); complex
+values by their magnitudes. After insertion the new nodes get ``meta["val"]`` from the graph's
+own fake mode (:func:`propagate_fake_values`): later inductor passes and lowering read it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.fx
 
 from torchdebug._torch.dynamo import detect_fake_mode
+from torchdebug.capture.graph_plan import ACCUMULATORS
 
 aten = torch.ops.aten
 
@@ -51,7 +54,7 @@ _INT32_COUNT_LIMIT = 2**31 - 1
 
 
 class _Builder:
-    """Appends aten nodes before one point of a graph."""
+    """Appends aten nodes at the graph's insertion point."""
 
     def __init__(self, graph: torch.fx.Graph, device: torch.device) -> None:
         self.graph, self.device = graph, device
@@ -65,59 +68,50 @@ class _Builder:
     def f64(self, node: torch.fx.Node) -> torch.fx.Node:
         return self(torch.ops.prims.convert_element_type.default, node, torch.float64)
 
-    def count(self, mask: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
-        return self.f64(self(aten.sum.default, mask, dtype=dtype))
+    def squares(self, node: torch.fx.Node) -> torch.fx.Node:
+        return self(aten.sum.default, self(aten.mul.Tensor, node, node))
 
 
-def insert_stats(graph: torch.fx.Graph, value: torch.fx.Node, before: torch.fx.Node) -> torch.fx.Node:
-    """Insert the statistics of ``value`` (a 7-vector, float64) before ``before``; return its node."""
+def insert_stats(graph: torch.fx.Graph, value: torch.fx.Node, before: torch.fx.Node) -> list[tuple[int, torch.fx.Node]]:
+    """Insert the accumulators of ``value`` before ``before``: ``(index into ACCUMULATORS, 0-d
+    node)`` pairs; none for an empty value."""
     fake = value.meta["val"]
     numel = fake.numel()
     static = isinstance(numel, int)
+    if static and numel == 0:
+        return []
     b = _Builder(graph, fake.device)
     with graph.inserting_before(before):
-        if static and numel == 0:
-            entries = [b.constant(math.nan)] * 4 + [b.constant(0.0)] * 3
-        elif fake.is_floating_point() or fake.is_complex():
+        if fake.is_floating_point() or fake.is_complex():
             x = b(aten.abs.default, value) if fake.is_complex() else value
-            entries = _floating(b, x, fake.dtype in (torch.float64, torch.complex128), numel if static else None)
+            found = _floating(b, x, fake.dtype in (torch.float64, torch.complex128), numel if static else None)
         else:
-            entries = _integer_stats(b, value)
-        return b(aten.cat.default, [b(aten.view.default, e, [1]) for e in entries])
+            wide = b.f64(value)
+            found = {"min": b(aten.amin.default, wide), "max": b(aten.amax.default, wide), "sum": b(aten.sum.default, wide)}
+            found["squares"] = b.squares(wide)
+            if not static:
+                found["valid"] = b(aten.sum.default, b(aten.eq.Tensor, value, value), dtype=torch.int64)
+    return [(ACCUMULATORS.index(name), node) for name, node in found.items()]
 
 
-def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None) -> list[torch.fx.Node]:
-    """Seven 0-d float64 nodes for a floating value (``double``: float64 or complex128);
-    ``numel`` is ``None`` when symbolic."""
+def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None) -> dict[str, torch.fx.Node]:
+    """The accumulators of a floating value (``double``: float64 or complex128); ``numel`` is
+    ``None`` when symbolic."""
     count_dtype = torch.int32 if numel is not None and numel <= _INT32_COUNT_LIMIT else torch.int64
     nan = b(aten.ne.Tensor, x, x)
-    counts = [
-        b.count(nan, count_dtype),
-        b.count(b(aten.eq.Scalar, x, math.inf), count_dtype),
-        b.count(b(aten.eq.Scalar, x, -math.inf), count_dtype),
-    ]
-    low = b.f64(b(aten.amin.default, b(aten.where.self, nan, b.constant(math.inf), x)))
-    high = b.f64(b(aten.amax.default, b(aten.where.self, nan, b.constant(-math.inf), x)))
     zeroed = b(aten.where.self, nan, b.constant(0.0), x)
-    total = b.f64(b(aten.sum.default, zeroed, dtype=torch.float64 if double else torch.float32))
-    wide = b.f64(zeroed)
-    norm = b(aten.sqrt.default, b(aten.sum.default, b(aten.mul.Tensor, wide, wide)))
-    if numel is not None:
-        valid = b(aten.sub.Tensor, b.constant(float(numel)), counts[0])
-    else:
-        valid = b.count(b(aten.logical_not.default, nan), torch.int64)
-    has = b(aten.gt.Scalar, valid, 0)
-    mean = b(aten.div.Tensor, total, b(aten.clamp_min.default, valid, 1.0))
-    none = b.constant(math.nan)
-    return [*(b(aten.where.self, has, v, none) for v in (low, high, mean, norm)), *counts]
-
-
-def _integer_stats(b: _Builder, x: torch.fx.Node) -> list[torch.fx.Node]:
-    """Seven 0-d float64 nodes for a non-empty integer or bool value (no NaN or Inf possible)."""
-    wide = b.f64(x)
-    zero = b.constant(0.0)
-    norm = b(aten.sqrt.default, b(aten.sum.default, b(aten.mul.Tensor, wide, wide)))
-    return [b(aten.amin.default, wide), b(aten.amax.default, wide), b(aten.mean.default, wide), norm, zero, zero, zero]
+    found = {
+        "min": b(aten.amin.default, b(aten.where.self, nan, b.constant(math.inf), x)),
+        "max": b(aten.amax.default, b(aten.where.self, nan, b.constant(-math.inf), x)),
+        "sum": b(aten.sum.default, zeroed, dtype=torch.float64 if double else torch.float32),
+        "squares": b.squares(b.f64(zeroed)),
+        "nan": b(aten.sum.default, nan, dtype=count_dtype),
+        "posinf": b(aten.sum.default, b(aten.eq.Scalar, x, math.inf), dtype=count_dtype),
+        "neginf": b(aten.sum.default, b(aten.eq.Scalar, x, -math.inf), dtype=count_dtype),
+    }
+    if numel is None:
+        found["valid"] = b(aten.sum.default, b(aten.logical_not.default, nan), dtype=torch.int64)
+    return found
 
 
 def propagate_fake_values(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:

@@ -36,8 +36,6 @@ from torchdebug.capture import graph_ops
 from torchdebug.capture.graph_ops import DUMP_GRAPH, register_sink, unregister_sink
 from torchdebug.compile.graph_stats import propagate_fake_values
 
-aten = torch.ops.aten
-
 
 @dataclass(slots=True)
 class AotGraph:
@@ -62,7 +60,7 @@ class _Collector:
     def __init__(self, entry: AotGraph) -> None:
         self.entry = entry
 
-    def on_graph(self, stats: torch.Tensor, tensors: list[torch.Tensor], labels: list[str]) -> None:
+    def on_graph(self, stats: list[torch.Tensor], tensors: list[torch.Tensor], labels: list[str]) -> None:
         if self.entry.values is None:
             self.entry.values = {name: t.detach().clone() for name, t in zip(labels, tensors)}
 
@@ -86,9 +84,8 @@ class _Materialize(CustomGraphPass):
         ]
         labels = ",".join(n.name for n in nodes)  # FX node names never hold a comma
         with graph.inserting_before(graph.find_nodes(op="output")[0]):
-            empty = graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})
-            dump = graph.call_function(DUMP_GRAPH, (empty, nodes, sink, labels))
-        propagate_fake_values(graph, [empty, dump])
+            dump = graph.call_function(DUMP_GRAPH, ([], nodes, sink, labels))
+        propagate_fake_values(graph, [dump])
 
     def uuid(self) -> tuple[str, str, int] | None:
         """The sink key of the graph being compiled (see the module docstring), else ``None``."""

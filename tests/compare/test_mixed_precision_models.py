@@ -106,6 +106,9 @@ def test_a_1_percent_bug_in_a_bf16_pair_is_undecided_never_blamed(gpt, bug):
     undecided = [row for row in result.rows if row.verdict == "undecided"]
     assert [(row.call_name, row.io) for row in undecided] == [(BUGS[bug][2], "output")]
     assert "too close to bfloat16 rounding to tell a bug from a kernel that rounds differently" in undecided[0].message
+    summary = result.summary()
+    assert "undecided: 1 replayed rows whose own error is within two rounding units" in summary
+    assert "would decide them" not in summary  # a tensor dump is what it already is
 
 
 def test_a_lower_bf16_tolerance_keeps_a_healthy_pair_clean(gpt):

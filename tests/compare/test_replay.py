@@ -46,7 +46,8 @@ def test_a_2_percent_kernel_bug_in_a_bf16_run_is_found_by_replay(dumps, wrong, p
     first = replayed.first_divergence
     assert (first.phase, first.module, first.op, first.io) == (phase, module, op, "output")
     assert first.source.endswith(f"{_gelu_line()} in forward")
-    assert first.message.startswith("own error") and "replay on side A (bfloat16 tolerance 7.8e-03)" in first.message
+    assert first.message.startswith("own error") and "vs fp64 replay on side A, the CPU's bfloat16 kernel" in first.message
+    assert "(bfloat16 tolerance 7.8e-03): this op makes the difference" in first.message
     assert replayed.counts()["error"] == 1
     assert "--replay" not in replayed.summary()
 

@@ -260,11 +260,17 @@ class CompareResult:
             detail = row.message
             metrics = ", ".join(f"{k} {row.metrics[k]:.4g}" for k in ("cosine", "max_abs_err", "rel_l2") if k in row.metrics)
             lines.append(f"  {detail}" + (f" ({metrics})" if metrics else ""))
-        undecided = self.counts()["undecided"]
-        if undecided:
+        undecided = [row for row in self.rows if row.verdict == "undecided"]
+        replayed = sum("own_err_a" in row.metrics or "own_err_b" in row.metrics for row in undecided)
+        if len(undecided) > replayed:
             lines.append(
-                f"undecided: {undecided} rows beyond tolerance where statistics cannot tell whether the op or its inputs "
-                'made the difference; a tensor dump (task="tensor") would decide them'
+                f"undecided: {len(undecided) - replayed} rows beyond tolerance where statistics cannot tell whether the op "
+                'or its inputs made the difference; a tensor dump (task="tensor") would decide them'
+            )
+        if replayed:
+            lines.append(
+                f"undecided: {replayed} replayed rows whose own error is within two rounding units of what the CPU kernel "
+                "makes of the same inputs: below what the dtype can tell apart (a lower --tolerance does not help)"
             )
         hint = self.replay_hint
         if hint:

@@ -36,11 +36,11 @@ from torchdebug.compare.boundaries import align_boundaries, unpaired_calls
 from torchdebug.compare.checksums import judge_checksums
 from torchdebug.compare.config import CompareConfig
 from torchdebug.compare.matching import match_records
-from torchdebug.compare.metrics import REPLAY_METRICS, stats_metrics, tensor_metrics
-from torchdebug.compare.replay import NotReplayable, output_at, replay
+from torchdebug.compare.metrics import stats_metrics, tensor_metrics
+from torchdebug.compare.replay import NotReplayable, own_errors
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
-from torchdebug.compare.tolerances import Tolerance, lower_precision, rounding_tolerance, tolerance_for
+from torchdebug.compare.tolerances import Tolerance, lower_precision, tolerance_for
 from torchdebug.compare.verdicts import judge
 from torchdebug.records import Record
 from torchdebug.store import msprobe, reader
@@ -243,22 +243,14 @@ def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float
             row.metrics.pop("error", None)
 
 
-def _replay_job(dump: RankRecords, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, float]:
-    """The own error of each floating output slot of one call on one side (none if not replayable)."""
+def _replay_job(dump: RankRecords, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, dict[str, float]]:
+    """The own and kernel errors of each floating output slot of one call on one side (none if not
+    replayable)."""
     try:
-        result = replay(records[0].op, [r for r in records if r.io == "input"], dump.load_tensor)
+        return own_errors(records, dump.load_tensor, lambda dtype: tolerance_for(dtype, dtype, overrides).atol)
     except NotReplayable as reason:
         logger.debug("not replayed: %s", reason)
         return {}
-    own = {}
-    for record in records:
-        if record.io != "output" or rounding_tolerance(record.dtype) is None or not has_tensor(record) or record.sampled:
-            continue
-        replayed = output_at(result, record.arg)
-        if isinstance(replayed, torch.Tensor) and list(replayed.shape) == record.shape:
-            atol = tolerance_for(record.dtype, record.dtype, overrides).atol
-            own[record.arg] = tensor_metrics(dump.load_tensor(record), replayed, low_dtype=record.dtype, atol=atol)["error"]
-    return own
 
 
 def _calls(dump: RankRecords) -> dict[tuple[int, str], list[Record]]:
@@ -273,7 +265,7 @@ def replay_rows(
     rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
 ) -> None:
     """Replay, on each side, every call with an output row beyond tolerance, and write the own
-    errors of its output rows into their metrics (:data:`REPLAY_METRICS`)."""
+    and kernel errors of its output rows into their metrics (:data:`~torchdebug.compare.metrics.REPLAY_METRICS`)."""
     outputs = [row for row in rows if row.io == "output" and row.kind == "tensor" and row.matched]
     diverging = [row for row in outputs if row.error is not None and row.tolerance is not None and row.error > row.tolerance]
     if not diverging:
@@ -290,10 +282,9 @@ def replay_rows(
     replayed = pool.map(lambda key: _replay_job(dumps[key[0]], jobs[key], overrides), jobs)
     results = dict(zip(jobs, progress.track(replayed, "replay", total=len(jobs), unit="call")))
     for row in outputs:
-        for (side, record), name in zip((("a", row.record_a), ("b", row.record_b)), REPLAY_METRICS):
-            own = results.get((side, record.step, record.call_name), {}).get(record.arg)  # type: ignore[union-attr]
-            if own is not None:
-                row.metrics[name] = own
+        for side, record in (("a", row.record_a), ("b", row.record_b)):
+            errors = results.get((side, record.step, record.call_name), {}).get(record.arg, {})  # type: ignore[union-attr]
+            row.metrics.update({f"{name}_{side}": value for name, value in errors.items()})
 
 
 def attribute(

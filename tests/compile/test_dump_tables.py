@@ -85,3 +85,15 @@ def test_every_node_dump_of_a_cuda_model_with_cpu_scalars_compiles_and_runs(tmp_
     assert {r.step for r in records} == {0, 1}
     assert {"cuda:0", "cpu"} <= {r.device for r in records if r.kind == "tensor"}
     assert all(r.stats and r.stats["nan"] == 0 for r in records if r.kind == "tensor" and r.capture_error is None)
+
+
+def test_values_inside_a_softmax_row_loop_are_found_and_an_independent_value_is_not() -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        exp = (x - x.amax(-1, keepdim=True)).exp()  # softmax as inductor's decomposition writes it
+        return exp / exp.sum(-1, keepdim=True), y * 2
+
+    gm = make_fx(fn)(torch.randn(4, 8), torch.randn(4, 8))
+    found = {node.target.overloadpacket for node in dump_pass._in_row_kernels(gm.graph)}
+    aten = torch.ops.aten
+    assert {aten.sub, aten.exp, aten.div} <= found  # x - rowmax, exp, / rowsum: one kernel over rows
+    assert aten.mul not in found and aten.amax not in found

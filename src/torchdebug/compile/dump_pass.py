@@ -123,10 +123,12 @@ def _in_row_kernels(graph: torch.fx.Graph) -> set[torch.fx.Node]:
         if node.op != "call_function" or not isinstance(value, torch.Tensor) or not isinstance(value.numel(), int):
             continue
         for arg in node.all_input_nodes:
-            size = arg.meta.get("val").numel() if isinstance(arg.meta.get("val"), torch.Tensor) else None
+            held = arg.meta.get("val")
+            size = held.numel() if isinstance(held, torch.Tensor) else None
             if not isinstance(size, int):
                 continue
-            if arg in found and size == value.numel() or arg.op == "call_function" and 1 < size < value.numel():
+            row_statistic = arg.op == "call_function" and 1 < size < value.numel()
+            if row_statistic or (arg in found and size == value.numel()):
                 found.add(node)
                 break
     return found

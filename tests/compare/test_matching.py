@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -25,6 +26,43 @@ def _call(module: str, op: str, call: int, seq: int, shape: list[int] | None = N
         dtype="float32",
         shape=shape or [4],
     )
+
+
+def _op(op: str, call: int, seq: int, inputs: list[float], output: float) -> list[Record]:
+    """A call of ``op`` in module ``m`` whose tensors are told apart by their mean (same dtype and shape)."""
+
+    def slot(io: str, arg: str, mean: float) -> Record:
+        record = _call("m", op, call, seq)
+        return replace(record, name=make_name("forward", "m", op, call, io, arg), io=io, arg=arg, stats={"mean": mean})
+
+    return [slot("input", str(i), mean) for i, mean in enumerate(inputs)] + [slot("output", "0", output)]
+
+
+def _how(pairs: list) -> dict[str, set[str]]:
+    """How each call of either side was paired."""
+    found: dict[str, set[str]] = {}
+    for pair in pairs:
+        found.setdefault((pair.a or pair.b).call_name.split("/")[-1], set()).add(pair.how)
+    return found
+
+
+def test_partial_sums_taken_in_another_order_are_not_paired_but_the_final_sums_are():
+    # A sums the two branches first (a cast splits a bf16 tensor's uses), B adds the residual first
+    made = _op("aten.mm.default", 0, 0, [], 3.0) + _op("aten.mul.Tensor", 0, 1, [], 1.0) + _op("aten.mul.Tensor", 1, 2, [], 2.0)
+    a = made + _op("aten.add.Tensor", 0, 3, [1.0, 2.0], 4.0) + _op("aten.add.Tensor", 1, 4, [3.0, 4.0], 6.0)
+    b = made + _op("aten.add.Tensor", 0, 3, [3.0, 1.0], 5.0) + _op("aten.add.Tensor", 1, 4, [5.0, 2.0], 6.5)
+    found = _how(match_records(a, b))
+    assert found["aten.add.Tensor#0"] == {"only_a", "only_b"}
+    assert found["aten.add.Tensor#1"] == {"exact"}
+
+
+def test_a_value_two_calls_made_pairs_with_either_of_them():
+    # a bf16 weight decay rounds back to the weight the forward transposed: either call made it
+    a = _op("aten.t.default", 0, 0, [], 7.0) + _op("aten.mul_.Tensor", 0, 1, [7.0], 7.0)
+    b = _op("aten.t.default", 0, 0, [], 7.0) + _op("aten.mul_.Tensor", 0, 1, [7.0], 8.0)
+    a += _op("aten.addcdiv_.default", 0, 2, [7.0], 9.0)
+    b += _op("aten.addcdiv_.default", 0, 2, [8.0], 9.0)
+    assert _how(match_records(a, b))["aten.addcdiv_.default#0"] == {"exact"}
 
 
 def test_same_names_pair_exactly_in_execution_order():

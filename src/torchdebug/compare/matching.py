@@ -6,8 +6,9 @@
 3. The calls left over are aligned inside each ``(step, phase, module)`` in execution order
    (``difflib``'s longest matching blocks), first by op and shapes, then by op alone, so ops inserted
    or removed on one side (the extra casts of an autocast run) or calls that swapped places (the
-   order of gradient accumulation) do not shift everything after them. Slots of aligned calls are
-   paired by ``io.arg`` (``aligned``).
+   order of gradient accumulation) do not shift everything after them. No strategy pairs calls
+   whose inputs come from producers paired with other calls (partial sums of gradients added in
+   another order). Slots of aligned calls are paired by ``io.arg`` (``aligned``).
 4. Everything else is kept as ``only_a`` / ``only_b``: nothing is dropped silently.
 
 When a side was captured in compiled graphs (``compiled=True``), steps 2 and 3 pair calls by index
@@ -241,7 +242,7 @@ def _align_leftovers(
     )
     for calls_a, calls_b in groups.values():
         for strategy in strategies:
-            matched = strategy(calls_a, calls_b)
+            matched = [(i, j) for i, j in strategy(calls_a, calls_b) if not links.conflict(calls_a[i], calls_b[j])]
             for i, j in matched:
                 pairs.extend(_pair_slots(calls_a[i], calls_b[j], "aligned"))
                 links.pair(calls_a[i], calls_b[j])
@@ -298,8 +299,16 @@ def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
     """For input slots (by ``id``) of ``records`` in execution order: ``(call name, output slot)`` that
     produced the same tensor earlier, looking through casts. Compare's matching and its verdicts (which
     trace an input through ops only one side runs) follow tensors with it."""
-    made_by: dict[tuple, tuple[str, str]] = {}
-    found: dict[int, tuple[str, str]] = {}
+    return {key: found[0] for key, found in candidate_producers(records).items()}
+
+
+def candidate_producers(records: Sequence[Record]) -> dict[int, tuple[tuple[str, str], ...]]:
+    """Every earlier ``(call name, output slot)`` that made the tensor an input slot (by ``id``) holds,
+    first made first (:func:`producers` takes that one). With statistics, identity is ambiguous: in a
+    bf16 run AdamW's weight decay (``mul_`` by ``1 - lr * wd``) rounds back to the very weight the
+    forward pass transposed, so both calls made the value the update reads."""
+    made_by: dict[tuple, list[tuple[str, str]]] = {}
+    found: dict[int, tuple[tuple[str, str], ...]] = {}
     cast_sources: dict[str, tuple[str, str]] = {}
     for record in records:
         value = identity(record)
@@ -307,13 +316,16 @@ def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
             continue
         call, slot = _split(record.name)
         if record.io == "input":
-            producer = made_by.get(value)
-            if producer is not None and producer[0] != call:
-                found[id(record)] = producer
+            made = tuple(producer for producer in made_by.get(value, ()) if producer[0] != call)
+            if made:
+                found[id(record)] = made
                 if record.op in _CASTS:
-                    cast_sources[call] = producer
-        elif record.io in ("output", "parameter_grad") and value not in made_by:
-            made_by[value] = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
+                    cast_sources[call] = made[0]
+        elif record.io in ("output", "parameter_grad"):
+            producer = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
+            made = made_by.setdefault(value, [])
+            if producer not in made:
+                made.append(producer)
     return found
 
 
@@ -325,11 +337,13 @@ class _Links:
     """
 
     def __init__(self, records_a: Sequence[Record], records_b: Sequence[Record]) -> None:
-        self.producers_a, self.producers_b = producers(records_a), producers(records_b)
+        self.made_a, self.made_b = candidate_producers(records_a), candidate_producers(records_b)
         self.partner: dict[str, str] = {}
+        self.paired_b: set[str] = set()
 
     def pair(self, call_a: _Call, call_b: _Call) -> None:
         self.partner[call_a.name] = call_b.name
+        self.paired_b.add(call_b.name)
 
     def _partner(self, producer: tuple[str, str] | None) -> tuple[str, str] | None:
         if producer is None or producer[0] not in self.partner:
@@ -337,27 +351,30 @@ class _Links:
         return self.partner[producer[0]], producer[1]
 
     def conflict(self, call_a: _Call, call_b: _Call) -> bool:
-        """Whether some input of the two calls comes from producers that are paired elsewhere."""
+        """Whether some input of the two calls comes from producers that are paired with other calls:
+        none of the paired calls that made it on side B is the partner of one that made it on side A.
+        A producer only one side runs (a hook, autograd summing gradients in another order) is none."""
         by_slot = None
         for slot, record in zip(call_a.slots, call_a.records):
-            expected = self._partner(self.producers_a.get(id(record)))
-            if expected is None:
+            expected = {self._partner(producer) for producer in self.made_a.get(id(record), ())} - {None}
+            if not expected:
                 continue
             if by_slot is None:
                 by_slot = call_b.by_slot()
             other = by_slot.get(slot)
-            actual = self.producers_b.get(id(other)) if other is not None else None
-            if actual and expected != actual:
+            made = self.made_b.get(id(other), ()) if other is not None else ()
+            actual = {producer for producer in made if producer[0] in self.paired_b}
+            if actual and expected.isdisjoint(actual):
                 return True
         return False
 
     def token_a(self, call: _Call) -> object:
         """The op and the B-side producers its inputs should have (``None``: nothing known)."""
-        producers = tuple(self._partner(self.producers_a.get(id(r))) for r in call.records)
+        producers = tuple(self._partner(self.made_a.get(id(r), (None,))[0]) for r in call.records)
         return (call.first.op, producers) if any(producers) else None
 
     def token_b(self, call: _Call) -> object:
-        producers = tuple(self.producers_b.get(id(r)) for r in call.records)
+        producers = tuple(self.made_b.get(id(r), (None,))[0] for r in call.records)
         return (call.first.op, producers) if any(producers) else None
 
 

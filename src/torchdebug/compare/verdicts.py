@@ -12,6 +12,9 @@ Per row, in execution order:
   than ``growth`` times anything seen upstream (a weight or batch that is already different). The
   inputs of a backward call include the rows of the forward call it differentiates (``fwd``): its
   saved tensors. Rows whose inputs explain their error are **inherited** (``warning``);
+* an input slot each side made from different matched rows through ops only one side runs (partial
+  sums of gradients added in another order) holds different tensors: it passes, and those rows
+  stand for it when the call's outputs are judged;
 * a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
   the call has one) and inherited after;
 * shapes that differ are errors; argument values that differ, and slots that could not be
@@ -287,9 +290,11 @@ def _blamed(row: Row, flow: _Flow, message: str) -> None:
     flow.origin[id(row)] = row.name
 
 
-def _judge_input(row: Row, flow: _Flow, growth: float, upstream: float) -> None:
+def _judge_input(row: Row, flow: _Flow, growth: float, upstream: float) -> list[Row]:
     """An input beyond tolerance: against the tensor its producer made (traced through ops only one
-    side runs), else against the largest error seen upstream."""
+    side runs), else against the largest error seen upstream. Returns the rows that stand for it
+    when the call's outputs are judged: itself, or, when the two sides made it from different rows,
+    those rows (see :func:`_made_differently`)."""
     detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"  # type: ignore[arg-type]
     traced = [found for side in ("a", "b") if (found := flow.sources(row, side)) is not None]
     if not traced:
@@ -297,19 +302,39 @@ def _judge_input(row: Row, flow: _Flow, growth: float, upstream: float) -> None:
             _inherited(row, flow, (), detail + "; upstream ops already differ")
         else:
             _blamed(row, flow, detail + "; this input differs before any op did")
-        return
+        return [row]
     sources = [source for found, _ in traced for source in found]
+    one_sided = sorted({op for _, via in traced for op in via})
+    if one_sided and len(traced) == 2 and {id(r) for r in traced[0][0]} != {id(r) for r in traced[1][0]}:
+        return _made_differently(row, traced[0][0], traced[1][0], one_sided)
     carried = max((source.error or 0.0 for source in sources), default=0.0)
     if row.error <= _CARRIED * carried + row.tolerance:  # type: ignore[operator]
         _inherited(row, flow, sources, detail + f", as {sources[0].name} (error {_fmt(carried)})")
-        return
-    one_sided = sorted({op for _, via in traced for op in via})
+        return [row]
     how = f", changed on the way by {', '.join(one_sided)} that only one side runs" if one_sided else ""
     _blamed(
         row,
         flow,
         detail + f"; the tensor {sources[0].name} made differs by only {_fmt(carried)}{how}: the difference enters here",
     )
+    return [row]
+
+
+def _made_differently(row: Row, made_a: Sequence[Row], made_b: Sequence[Row], one_sided: Sequence[str]) -> list[Row]:
+    """An input slot that each side made from different matched rows, through ops only one side runs
+    (``one_sided``): the two records are different tensors, and their difference says nothing of
+    either run. A bf16 Llama's RMSNorm casts its input to float32, so autograd sums the two float32
+    gradients first and adds the residual's after the cast back, while the float32 twin adds them
+    in another order: the same call gets a different partial sum on each side. The slot passes; when the
+    call's outputs are judged, the rows it was made from (both sides' together) take its place, so
+    what the one-sided ops change shows where the call's output differs from them."""
+    names = [", ".join(sorted({r.name for r in made})) for made in (made_a, made_b)]
+    row.verdict, row.attribution = "pass", ""
+    row.message = (
+        f"error {_fmt(row.error)} between different tensors: A made this input from {names[0]}, B from "  # type: ignore[arg-type]
+        f"{names[1]} (through {', '.join(one_sided)} that only one side runs); the call's outputs are judged against them"
+    )
+    return list({id(r): r for r in (*made_a, *made_b)}.values())
 
 
 def _judge_output(row: Row, inputs: Sequence[Row], arguments: Sequence[Row], flow: _Flow, growth: float, replayed: bool) -> None:
@@ -393,14 +418,18 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
         if row.error is None or row.tolerance is None:
             row.message = "no statistics to compare"
             continue
-        seen = max(seen, row.error)
         if row.error <= row.tolerance:
+            seen = max(seen, row.error)
             continue
         if is_output:
+            seen = max(seen, row.error)
             arguments = [r for r in rows if r.kind != "tensor" and r.io not in _OUTPUT_IO]
             _judge_output(row, inputs, arguments, flow, growth, replayed)
-        else:
-            _judge_input(row, flow, growth, upstream)
+            continue
+        stand_ins = _judge_input(row, flow, growth, upstream)
+        seen = max(seen, *(r.error or 0.0 for r in stand_ins))
+        if stand_ins[0] is not row:  # different tensors on the two sides: what they were made from counts
+            inputs = [r for r in inputs if r is not row] + stand_ins
     return seen
 
 

@@ -68,11 +68,11 @@ def _backend(tmp_path: Path, **options: object):
 
 
 def _host_reads(
-    fn: Callable[[torch.Tensor], torch.Tensor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fn: Callable[[torch.Tensor], torch.Tensor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: object
 ) -> tuple[int, int, list]:
     """Run 5 steps of ``fn`` after a compiling one; returns (``.item()`` calls, host reads, records)."""
     tmp_path.mkdir()
-    backend = _backend(tmp_path)
+    backend = _backend(tmp_path, **options)
     compiled = torch.compile(fn, backend=backend)
     compiled(torch.randn(256))
     counter = _HostReads()
@@ -101,6 +101,17 @@ def test_host_reads_per_step_do_not_grow_with_graph_runs_or_nodes(tmp_path: Path
         assert {r.step for r in records} == set(range(6))
         tensors = [r for r in records if r.kind == "tensor"]
         assert tensors and all(set(r.stats) >= {"min", "max", "mean", "norm", "nan"} for r in tensors)
+
+
+def test_original_stage_statistics_are_read_once_per_flush_not_per_graph_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = _host_reads(_one_graph, tmp_path / "one", monkeypatch, dump_stage="original")
+    three = _host_reads(_three_graphs, tmp_path / "three", monkeypatch, dump_stage="original")
+    assert one[0] == three[0] == 0  # no .item()
+    assert one[1] == three[1] <= 5  # one table read per step, however many graphs and values
+    tensors = [r for r in three[2] if r.kind == "tensor"]
+    assert tensors and all(r.stats and r.stats["norm"] is not None for r in tensors if r.shape)
 
 
 def test_deferred_statistics_equal_eager_statistics(tmp_path: Path) -> None:
@@ -132,3 +143,24 @@ def test_overflow_scene_decides_at_the_flush_and_records_only_overflowing_calls(
     records = torchdebug.load(backend.data_dump.run_dir).ranks[0].records()
     assert records and {r.op for r in records} <= {"aten.exp.default", "aten.mul.Tensor", "aten.log.default", "aten.sum.default"}
     assert all(r.io == "input" or r.stats["posinf"] + r.stats["nan"] > 0 for r in records if r.kind == "tensor")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dump_stage", ["optimized", "original"])
+def test_a_compiled_cuda_graph_dump_never_synchronises_with_the_host(tmp_path: Path, dump_stage: str) -> None:
+    backend = _backend(tmp_path, dump_stage=dump_stage)
+    compiled = torch.compile(_three_graphs, backend=backend)
+    x = torch.randn(4096, device="cuda")
+    compiled(x)  # compiles (inductor may synchronise while it benchmarks)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            compiled(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    backend.data_dump.close()
+    records = torchdebug.load(backend.data_dump.run_dir).ranks[0].records()
+    tensors = [r for r in records if r.kind == "tensor" and r.shape]
+    assert {r.step for r in records} == set(range(4))
+    assert tensors and all(r.stats["norm"] is not None for r in tensors)

@@ -35,7 +35,7 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.records import Record
-from torchdebug.stats import stats_from_sums, stats_from_vector, tensor_stats
+from torchdebug.stats import stats_from_sums, stats_from_vector
 from torchdebug.store import layout
 from torchdebug.store.writer import RankWriter, create_run_dir, new_run_name, run_manifest
 
@@ -148,7 +148,7 @@ class GraphCapture:
             slot = next(s for s in call.slots if s.io == "output" and s.arg == arg)
             record = Record(step=run.step, **self._fields(run, call, slot, self._call_name(run, call), None))
             record.extra = {"after": spec.after}
-            record.stats = tensor_stats(tensor)
+            record.stats = self.session.tensor_stats(tensor)
             if self.save_tensors:
                 record.tensor = self.session.save(f"{record.name}@{spec.after}", tensor)
             records.append(record)
@@ -274,7 +274,7 @@ class GraphCapture:
                 return
             key = id(value)
             if key not in stats_of:
-                stats_of[key] = tensor_stats(value)
+                stats_of[key] = self.session.tensor_stats(value)
                 if self.save_tensors:
                     refs[key] = self.session.save(record.name, value.detach())
             record.stats = stats_of[key]
@@ -321,7 +321,7 @@ class GraphCapture:
         for key in self._sinks:
             unregister_sink(key)
         self.session.flush()
-        self.session.writer.close("complete", steps=self.step + 1)
+        self.session.writer.close("complete", steps=self.step + 1, **self.session.memory_info())
         atexit.unregister(self.close)
 
 

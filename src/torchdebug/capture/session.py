@@ -200,6 +200,13 @@ class CaptureSession:
         ``statistics_table_bytes``, the device statistics tables (on devices and pinned on the host)."""
         return {"statistics_table_bytes": self._stager.memory_bytes()}
 
+    def tensor_stats(self, tensor: torch.Tensor) -> dict:
+        """The statistics of ``tensor`` as taken now: a dict filled at once on the CPU, by the next
+        :meth:`flush` on an accelerator (the device table, no host synchronisation)."""
+        stats: dict = {}
+        self._stager.add(tensor, stats.update)
+        return stats
+
     def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
         """Deliver ``result`` (a small tensor, e.g. a graph's statistics table) to ``sink`` as a list
         of Python numbers by the next :meth:`flush`: at once on the CPU, without a host

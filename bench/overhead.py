@@ -16,8 +16,9 @@ The model is the GPT example, AdamW, fixed seed, in one of two sizes (the GPU-sp
 every block is timed between two ``torch.cuda.synchronize()`` calls. Tensor mode writes about half
 a gigabyte a step (size S), so on a disk it measures the disk; ``--dir /dev/shm --delete-tensors``
 measures torchdebug's own cost. Where ``msprobe`` imports (PyPI: mindstudio-probe), its
-statistics (L1, L0, mix) and tensor (L1) arms run on the same model in the same rounds; on CUDA
-each row also shows the peak GPU memory of its blocks.
+statistics/L1 arm runs on the same model in the same rounds; its other arms (``--modes plain
+"msprobe statistics/L0"``, ``statistics/mix``, ``tensor/L1``) one per process, because msprobe's
+debugger is a process-wide singleton. On CUDA each row also shows the peak GPU memory of its blocks.
 """
 
 from __future__ import annotations
@@ -104,7 +105,11 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
     args = parser.parse_args()
     if args.modes is None:
-        args.modes = list(MODES) + (list(MSPROBE_MODES) if importlib.util.find_spec("msprobe") else [])
+        args.modes = list(MODES) + (["msprobe statistics/L1"] if importlib.util.find_spec("msprobe") else [])
+    if sum(mode in MSPROBE_MODES for mode in args.modes) > 1:
+        parser.error(
+            "msprobe's PrecisionDebugger is one per process (later ones keep the first's config): one msprobe mode a run"
+        )
     torch.set_num_threads(max(1, torch.get_num_threads()))
     torchdebug.seed_all(1234)
     config = SIZES[args.size]

@@ -19,8 +19,9 @@ CPU tensors are reduced at once (the native kernel, :mod:`torchdebug.native.fuse
 delivered immediately: there is no device to wait for.
 
 Memory is bounded: at most two tables per device (one filling while the other is in flight), each
-:data:`TABLE_ROWS` rows (float64 x 7, 3.5 MiB on the device and as much pinned on the host) with
-:data:`SCRATCH_ROWS` rows of scratch for tensors reduced by several programs. A full table is sent
+:data:`TABLE_ROWS` rows (float64 x 7: 3.5 MiB on the device and as much pinned on the host) with
+:data:`SCRATCH_ROWS` rows of scratch for tensors reduced by several programs and a counter per row
+(7.25 MiB on the device in all). A full table is sent
 and a new one filled; when both are taken the older one is delivered first (a synchronisation per
 ``TABLE_ROWS`` captured tensors at worst). :meth:`StatsStager.memory_bytes` reports the total.
 """

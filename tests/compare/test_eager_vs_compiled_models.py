@@ -15,6 +15,7 @@ import torch
 import torch._dynamo
 
 import torchdebug
+from tests.hf_models import tiny_model
 from torchdebug.compare import CompareResult
 from torchdebug.compare.boundaries import align_boundaries, unpaired_calls
 from torchdebug.compare.matching import match_records
@@ -23,24 +24,6 @@ from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.records import Record
 
 transformers = pytest.importorskip("transformers")
-
-_SIZES = {"hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64, "max_position_embeddings": 16}
-
-
-def _model(family: str) -> torch.nn.Module:
-    """A one-layer model of ``family`` with hidden size 32 and no dropout, seeded."""
-    torch.manual_seed(0)
-    if family == "gpt2":
-        config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
-        config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-        return transformers.GPT2LMHeadModel(config)
-    if family == "llama":
-        config = transformers.LlamaConfig(num_hidden_layers=1, intermediate_size=64, num_key_value_heads=2, **_SIZES)
-        return transformers.LlamaForCausalLM(config)
-    config = transformers.BertConfig(
-        num_hidden_layers=1, intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SIZES
-    )
-    return transformers.BertForMaskedLM(config)
 
 
 def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor) -> float:
@@ -54,7 +37,7 @@ def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: t
 def _compare_eager_and_compiled(family: str, device: str, tmp_path: Path) -> CompareResult:
     """One training step eagerly and compiled (every node dumped) from the same weights; the compare."""
     torch._dynamo.reset()
-    model = _model(family).to(device)
+    model = tiny_model(family, layers=1).to(device)
     weights = {name: value.clone() for name, value in model.state_dict().items()}
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1)).to(device)
     with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):

@@ -23,6 +23,7 @@ import torch
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from tests.compare.test_mixed_precision import BUGS, DTYPES, _Scale
+from tests.hf_models import tiny_model
 from torchdebug.compare.replay import own_errors
 from torchdebug.compare.tolerances import rounding_tolerance
 from torchdebug.records import Record
@@ -120,29 +121,10 @@ def test_a_lower_bf16_tolerance_keeps_a_healthy_pair_clean(gpt):
 
 transformers = pytest.importorskip("transformers")
 
-_SIZES = {"hidden_size": 32, "num_attention_heads": 2, "vocab_size": 64, "max_position_embeddings": 16}
-
-
-def _hf_model(family: str) -> torch.nn.Module:
-    """A two-layer model of ``family`` with hidden size 32 and no dropout, seeded."""
-    torch.manual_seed(0)
-    if family == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
-        config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-        return transformers.GPT2LMHeadModel(config)
-    if family == "llama":
-        return transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(num_hidden_layers=2, intermediate_size=64, num_key_value_heads=2, **_SIZES)
-        )
-    config = transformers.BertConfig(
-        num_hidden_layers=2, intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SIZES
-    )
-    return transformers.BertForMaskedLM(config)
-
 
 def _hf_dump(path: Path, family: str, autocast: torch.dtype | None, dtype: torch.dtype = torch.float32) -> Path:
     """One AdamW step of ``family`` cast to ``dtype`` (forward under ``autocast`` if given), statistics dumped."""
-    model = _hf_model(family).to(dtype)
+    model = tiny_model(family, layers=2).to(dtype)
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
     optimizer = torch.optim.AdamW(model.parameters())
     with torchdebug.dump(path, model=model, task="statistics"):

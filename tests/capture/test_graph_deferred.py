@@ -3,7 +3,6 @@ run here on the CPU by making the session's staging defer CPU results as it defe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import torch
 import torch._dynamo
 
 import torchdebug
+from tests.capture.test_graph_dump import overflow_backend
 from torchdebug import stats_table
 from torchdebug._torch.dispatch import TorchDispatchMode
 from torchdebug.compile import CompilerConfig, dump_pass, get_backend
@@ -127,12 +127,7 @@ def test_deferred_statistics_equal_eager_statistics(tmp_path: Path) -> None:
 
 
 def test_overflow_scene_decides_at_the_flush_and_records_only_overflowing_calls(tmp_path: Path) -> None:
-    scene = tmp_path / "overflow.json"
-    scene.write_text(json.dumps({"dump": {"dump_path": str(tmp_path), "dump_debug": "on"}}))
-    config = CompilerConfig()
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_config_path = str(scene)
-    backend = get_backend(config)
+    backend = overflow_backend(tmp_path)
     compiled = torch.compile(lambda t: (t.exp() * 2).log().sum(), backend=backend)
     compiled(torch.tensor([1.0, 2.0, 100.0]))  # exp(100) overflows float32
     assert backend.data_dump.overflows == []  # the statistics have not been read yet

@@ -124,13 +124,18 @@ def test_scope_marks_nodes_forward_and_backward_without_a_graph_break(tmp_path: 
     assert {(r.phase, r.op) for r in records} == {("forward", "aten.mul.Tensor"), ("backward", "aten.mul.Tensor")}
 
 
-def test_overflow_scene_names_the_first_nan_in_a_backward_graph(tmp_path: Path) -> None:
+def overflow_backend(tmp_path: Path):
+    """A torchdebug backend running TorchAir's overflow scene (a scene file with ``dump_debug: on``)."""
     scene = tmp_path / "overflow.json"
     scene.write_text(json.dumps({"dump": {"dump_path": str(tmp_path), "dump_debug": "on"}}))
     config = CompilerConfig()
     config.dump_config.enable_dump = True
     config.dump_config.dump_config_path = str(scene)
-    backend = get_backend(config)
+    return get_backend(config)
+
+
+def test_overflow_scene_names_the_first_nan_in_a_backward_graph(tmp_path: Path) -> None:
+    backend = overflow_backend(tmp_path)
     x = torch.tensor([0.0, 1.0, 4.0], requires_grad=True)
     torch.compile(lambda t: t.sqrt().sum(), backend=backend)(x).backward()  # d sqrt(0) = inf
     first = backend.data_dump.overflows[0]

@@ -116,22 +116,25 @@ def _stats_kernel(
     tl.store(out + 5, posinf.to(tl.float64))
     tl.store(out + 6, neginf.to(tl.float64))
     if programs > 1:
-        # the last program to finish combines the partial rows, in program order
+        # The last program to finish combines the partial rows, in program order (CUDA's
+        # "threadfence reduction"): a block barrier orders every thread's stores before the
+        # release of the counter, and the winner's acquire and a second barrier order its loads,
+        # which bypass L1 (".cg"): other SMs wrote the partial rows.
+        tl.debug_barrier()
         finished = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel")
         if finished == programs - 1:
+            tl.debug_barrier()
             part = tl.arange(0, PROGRAMS)
             present = part < programs
             rows = scratch_ptr + (scratch_row + part) * 7
-            low = tl.min(tl.load(rows + 0, mask=present, other=float("inf")), 0)
-            high = tl.max(tl.load(rows + 1, mask=present, other=float("-inf")), 0)
+            low = tl.min(tl.load(rows + 0, mask=present, other=float("inf"), cache_modifier=".cg"), 0)
+            high = tl.max(tl.load(rows + 1, mask=present, other=float("-inf"), cache_modifier=".cg"), 0)
             final = table_ptr + row * 7
             tl.store(final + 0, low)
             tl.store(final + 1, high)
-            tl.store(final + 2, tl.sum(tl.load(rows + 2, mask=present, other=0.0), 0))
-            tl.store(final + 3, tl.sum(tl.load(rows + 3, mask=present, other=0.0), 0))
-            tl.store(final + 4, tl.sum(tl.load(rows + 4, mask=present, other=0.0), 0))
-            tl.store(final + 5, tl.sum(tl.load(rows + 5, mask=present, other=0.0), 0))
-            tl.store(final + 6, tl.sum(tl.load(rows + 6, mask=present, other=0.0), 0))
+            for column in tl.static_range(2, 7):
+                sums = tl.load(rows + column, mask=present, other=0.0, cache_modifier=".cg")
+                tl.store(final + column, tl.sum(sums, 0))
 
 
 def programs_for(numel: int) -> int:

@@ -10,7 +10,7 @@ import torch._dynamo
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
-from torchdebug.compile import CompilerConfig, get_backend
+from tests.backends import dump_backend
 
 CONFIG = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64)
 
@@ -23,12 +23,7 @@ def test_eager_and_compiled_dumps_of_gpt_compare_as_all_pass(tmp_path: Path) -> 
     with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
         model(*make_batch(CONFIG)).backward()
     model.zero_grad()
-    config = CompilerConfig()
-    config.dump_config.enable_dump = True
-    (tmp_path / "compiled").mkdir()
-    config.dump_config.dump_path = str(tmp_path / "compiled")
-    config.dump_config.task = "statistics"
-    backend = get_backend(config)
+    backend = dump_backend(tmp_path / "compiled")
     torch.compile(model, backend=backend)(*make_batch(CONFIG)).backward()
     backend.data_dump.close()
 

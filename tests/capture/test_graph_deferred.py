@@ -11,10 +11,11 @@ import torch
 import torch._dynamo
 
 import torchdebug
+from tests.backends import dump_backend
 from tests.capture.test_graph_dump import overflow_backend
 from torchdebug import stats_table
 from torchdebug._torch.dispatch import TorchDispatchMode
-from torchdebug.compile import CompilerConfig, dump_pass, get_backend
+from torchdebug.compile import dump_pass
 
 
 @pytest.fixture(autouse=True)
@@ -57,22 +58,12 @@ class _HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _backend(tmp_path: Path, **options: object):
-    config = CompilerConfig()
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(tmp_path)
-    config.dump_config.task = "statistics"
-    for key, value in options.items():
-        setattr(config.dump_config, key, value)
-    return get_backend(config)
-
-
 def _host_reads(
     fn: Callable[[torch.Tensor], torch.Tensor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: object
 ) -> tuple[int, int, list]:
     """Run 5 steps of ``fn`` after a compiling one; returns (``.item()`` calls, host reads, records)."""
     tmp_path.mkdir()
-    backend = _backend(tmp_path, **options)
+    backend = dump_backend(tmp_path, **options)
     compiled = torch.compile(fn, backend=backend)
     compiled(torch.randn(256))
     counter = _HostReads()
@@ -115,7 +106,7 @@ def test_original_stage_statistics_are_read_once_per_flush_not_per_graph_run(
 
 
 def test_deferred_statistics_equal_eager_statistics(tmp_path: Path) -> None:
-    backend = _backend(tmp_path, task="tensor")
+    backend = dump_backend(tmp_path, task="tensor")
     x = torch.tensor([1.0, -2.0, float("nan"), float("inf"), -float("inf"), 0.5] * 4)
     torch.compile(lambda t: (t * 3, (t - t) / (t - t)), backend=backend)(x)
     backend.data_dump.close()
@@ -143,7 +134,7 @@ def test_overflow_scene_decides_at_the_flush_and_records_only_overflowing_calls(
 @pytest.mark.gpu
 @pytest.mark.parametrize("dump_stage", ["optimized", "original"])
 def test_a_compiled_cuda_graph_dump_never_synchronises_with_the_host(tmp_path: Path, dump_stage: str) -> None:
-    backend = _backend(tmp_path, dump_stage=dump_stage)
+    backend = dump_backend(tmp_path, dump_stage=dump_stage)
     compiled = torch.compile(_three_graphs, backend=backend)
     x = torch.randn(4096, device="cuda")
     compiled(x)  # compiles (inductor may synchronise while it benchmarks)

@@ -15,12 +15,12 @@ import torch
 import torch._dynamo
 
 import torchdebug
+from tests.backends import dump_backend
 from tests.hf_models import tiny_model
 from torchdebug.compare import CompareResult
 from torchdebug.compare.boundaries import align_boundaries, unpaired_calls
 from torchdebug.compare.matching import match_records
 from torchdebug.compare.rows import Row
-from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.records import Record
 
 transformers = pytest.importorskip("transformers")
@@ -43,12 +43,7 @@ def _compare_eager_and_compiled(family: str, device: str, tmp_path: Path) -> Com
     with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
         eager_loss = _train_step(model, torch.optim.AdamW(model.parameters()), ids)
     model.load_state_dict(weights)
-    config = CompilerConfig()
-    config.dump_config.enable_dump = True
-    (tmp_path / "compiled").mkdir()
-    config.dump_config.dump_path = str(tmp_path / "compiled")
-    config.dump_config.task = "statistics"
-    backend = get_backend(config)
+    backend = dump_backend(tmp_path / "compiled")
     compiled_loss = _train_step(torch.compile(model, backend=backend), torch.optim.AdamW(model.parameters()), ids)
     backend.data_dump.close()
     torch._dynamo.reset()

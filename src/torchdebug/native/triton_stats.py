@@ -80,7 +80,9 @@ def _share_sums(x_ptr, start, end, blocks, WIDE: tl.constexpr, BLOCK: tl.constex
     )
 
 
-@triton.jit
+# Triton specialises integer arguments on their value (== 1, divisible by 16) and compiles a
+# variant per combination; sizes and row numbers change with every tensor, so they are not.
+@triton.jit(do_not_specialize=["numel", "share", "blocks", "row", "scratch_row"])
 def _stats_kernel(
     x_ptr,
     table_ptr,

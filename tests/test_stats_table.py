@@ -137,6 +137,58 @@ def test_cpu_tensors_are_resolved_at_once_without_a_table():
     assert got[0]["mean"] == 1.0 and stager.memory_bytes() == 0
 
 
+class _FakeKernel:
+    """Stands in for ``triton_stats`` on machines without Triton: records each launch and fills the
+    rows with torch ops, as the kernel would."""
+
+    SLOTS = 2
+    DTYPES = frozenset({torch.float32, torch.float64})
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[torch.dtype, int, int, int]] = []
+
+    @staticmethod
+    def is_dense(tensor: torch.Tensor) -> bool:
+        return tensor.is_contiguous()
+
+    @staticmethod
+    def scratch_rows(tensors: list[torch.Tensor]) -> int:
+        return 3 * len(tensors)
+
+    def launch(self, tensors, table, row, scratch, scratch_row, counters) -> None:  # noqa: ANN001
+        self.launches.append((tensors[0].dtype, len(tensors), row, scratch_row))
+        for k, tensor in enumerate(tensors):
+            table[row + k].copy_(stats_table.device_sums(tensor))
+
+
+def test_an_ops_tensors_are_reduced_slots_of_one_dtype_per_launch(on_device, monkeypatch):
+    fake = _FakeKernel()
+    monkeypatch.setattr(stats_table, "_triton", lambda: fake)
+    monkeypatch.setattr(stats_table, "_kernel_for", lambda tensor: fake if tensor.dtype in fake.DTYPES else None)
+    tensors = [
+        torch.full((4,), 1.0),
+        torch.full((3,), 2.0, dtype=torch.float64),
+        torch.full((2,), 3.0),
+        torch.arange(6),  # integers: torch ops
+        torch.full((5,), 4.0),
+        torch.full((4, 2), 5.0).t(),  # not dense for this kernel: torch ops
+        torch.full((1,), 6.0),
+        torch.full((2,), 7.0, dtype=torch.float64),
+    ]
+    got: dict[int, dict] = {}
+    stager = StatsStager()
+    stager.add_all([(tensor, lambda stats, k=k: got.__setitem__(k, stats)) for k, tensor in enumerate(tensors)])
+    assert got == {}
+    stager.flush()
+    assert [got[k]["mean"] for k in range(len(tensors))] == [1.0, 2.0, 3.0, 2.5, 4.0, 5.0, 6.0, 7.0]
+    # rows 0-1 went to the torch-op tensors; then float32 in pairs, then float64; scratch in order
+    assert fake.launches == [
+        (torch.float32, 2, 2, 0),
+        (torch.float32, 2, 4, 6),
+        (torch.float64, 2, 6, 12),
+    ]
+
+
 # -- the Triton kernel, run by Triton's interpreter on the CPU ------------------------------------------
 def _triton_interpreter_skip() -> str | None:
     if importlib.util.find_spec("triton") is None:
@@ -150,7 +202,7 @@ def _triton_interpreter_skip() -> str | None:
 
 
 _TRITON_SCRIPT = """
-import json, sys
+import collections, json, sys
 import torch
 sys.path.insert(0, {tests!r})
 from test_stats_table import _edge_cases, _reference
@@ -170,6 +222,36 @@ for case, tensor in _edge_cases().items():
         stager.flush()
         runs.append(got[0])
     results[case] = {{"kernel": used, "got": runs[0], "again": runs[1], "want": _reference(tensor)}}
+
+# every case in one call: the kernel's tensors go SLOTS of one dtype per launch, tensors that take
+# several programs beside ones that take one
+launches = []
+launch = stats_table._triton().launch
+stats_table._triton().launch = lambda tensors, *rest: (launches.append(len(tensors)), launch(tensors, *rest))
+cases = {{**_edge_cases(), "large, second": torch.randn(100_000) - 2, "small, third": torch.randn(33)}}
+together = {{case: [] for case in cases}}
+stager = stats_table.StatsStager()
+stager.add_all([(tensor, together[case].append) for case, tensor in cases.items()])
+stager.flush()
+results["together"] = {{case: {{"got": together[case][0], "want": _reference(tensor)}} for case, tensor in cases.items()}}
+per_dtype = collections.Counter()
+for tensor in cases.values():
+    value = tensor.abs() if tensor.is_complex() else tensor
+    if value.numel() and stats_table._kernel_for(value) is not None and stats_table._triton().is_dense(value):
+        per_dtype[value.dtype] += 1
+slots = stats_table._triton().SLOTS
+expected = [slots] * sum(n // slots for n in per_dtype.values()) + [n % slots for n in per_dtype.values() if n % slots]
+results["launches"] = {{"made": sorted(launches), "expected": sorted(expected), "float32": per_dtype[torch.float32]}}
+
+# programs of 1024 elements, at most 8 per tensor: every case takes several programs, and the last
+# program of a 20,000-element tensor starts past its end (8 shares of 3,072)
+stats_table._triton().ELEMENTS_PER_PROGRAM, stats_table._triton().MAX_PROGRAMS = 1024, 8
+cases["past the end"] = torch.randn(20_000)
+small = {{case: [] for case in cases}}
+stager = stats_table.StatsStager()
+stager.add_all([(tensor, small[case].append) for case, tensor in cases.items()])
+stager.flush()
+results["small programs"] = {{case: {{"got": small[case][0], "want": _reference(tensor)}} for case, tensor in cases.items()}}
 print(json.dumps(results))
 """
 
@@ -183,6 +265,7 @@ def test_triton_kernel_equals_the_reference_statistics_in_the_interpreter():
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+    together, launches, small = results.pop("together"), results.pop("launches"), results.pop("small programs")
     kernel_cases = {case for case, result in results.items() if result["kernel"]}
     # every float32/16/bf16/64 layout that fills one dense span goes through the kernel
     assert {
@@ -197,6 +280,43 @@ def test_triton_kernel_equals_the_reference_statistics_in_the_interpreter():
     for case, result in results.items():
         _assert_same_stats(result["got"], result["want"], case)
         assert json.dumps(result["got"]) == json.dumps(result["again"]), case  # deterministic bits
+    for case, result in together.items():
+        _assert_same_stats(result["got"], result["want"], f"{case}, in one add_all")
+    for case, result in small.items():
+        _assert_same_stats(result["got"], result["want"], f"{case}, programs of 1024 elements")
+    # one launch per SLOTS tensors of a dtype (over ten float32 ones, so some launches are full)
+    assert launches["float32"] > 8 and launches["made"] == launches["expected"], launches
+
+
+_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+
+
+@pytest.mark.parametrize("dtype", list(_TRITON_TYPES), ids=str)
+def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_combine(dtype):
+    """Compiled for sm_90 (no GPU needed): aligned tensors are read with 128-bit loads, and the
+    combine of partial rows keeps its memory ordering (acquire-release counter, block barriers,
+    L1-bypassing loads), which the interpreter cannot show."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (torch's CPU builds do not ship it)")
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from torchdebug.native import triton_stats
+
+    kernel = triton_stats._stats_kernel
+    names = list(inspect.signature(kernel.fn).parameters)
+    constexprs = {"WIDE": dtype == torch.float64, "BLOCK": triton_stats._BLOCK, "PROGRAMS": triton_stats.MAX_PROGRAMS}
+    signature = {name: "constexpr" if name in constexprs else "i32" for name in names}
+    signature.update({f"x{slot}": f"*{_TRITON_TYPES[dtype]}" for slot in range(triton_stats.SLOTS)})
+    signature.update({"table_ptr": "*fp64", "scratch_ptr": "*fp64", "counter_ptr": "*i32"})
+    aligned = {(names.index(f"x{slot}"),): [["tt.divisibility", 16]] for slot in range(triton_stats.SLOTS)}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert "ld.global.v4.b32" in ptx or "ld.global.v2.b64" in ptx  # vectorised reads of the tensors
+    assert "atom.global.gpu.acq_rel.add" in ptx and "bar.sync" in ptx and "ld.global.cg" in ptx
 
 
 # -- no host read per op ------------------------------------------------------------------------------------

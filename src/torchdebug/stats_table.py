@@ -6,8 +6,9 @@ with the device at every op. :class:`StatsStager` never reads per tensor:
 
 - ``add(tensor, sink)`` reduces the tensor *now* (it may change in place later) into one row of a
   per-device table of float64 ``[min, max, sum, sum of squares, nan, posinf, neginf]`` sums: on
-  CUDA with one Triton kernel launch (:mod:`torchdebug.native.triton_stats`, one read of the
-  tensor), elsewhere with torch ops (:func:`torchdebug.stats.device_sums`);
+  CUDA with a Triton kernel (:mod:`torchdebug.native.triton_stats`, one read of the tensor),
+  elsewhere with torch ops (:func:`torchdebug.stats.device_sums`); ``add_all`` takes an op's
+  tensors together, so that one launch reduces several;
 - ``stage(result, sink)`` keeps any other small device result (a fingerprint, a compiled graph's
   statistics vector) for the same transfer;
 - ``send()`` starts the transfer: one non-blocking copy of the used rows into pinned host memory
@@ -97,8 +98,8 @@ class _Table:
         self.sinks: list[tuple[int, int, bool, _Sink]] = []
         """``(row, numel, integral, sink)`` of each row in use."""
 
-    def fits(self, scratch_rows: int) -> bool:
-        return self.used < TABLE_ROWS and self.scratch_used + scratch_rows <= SCRATCH_ROWS
+    def fits(self, rows: int, scratch_rows: int) -> bool:
+        return self.used + rows <= TABLE_ROWS and self.scratch_used + scratch_rows <= SCRATCH_ROWS
 
     def reset(self) -> None:
         if self.scratch_used:
@@ -155,30 +156,44 @@ class StatsStager:
     # -- capturing ---------------------------------------------------------------------------------
     def add(self, tensor: torch.Tensor, sink: Callable[[StatsDict], None]) -> None:
         """Reduce ``tensor`` now and deliver its statistics to ``sink`` by the next delivery."""
-        if tensor.numel() == 0 or tensor.is_meta:
-            sink(empty_stats())
-            return
-        if _resolves_now(tensor):
-            sink(cpu_stats(tensor))
-            return
-        x = tensor.detach()
-        integral = not (x.is_floating_point() or x.is_complex())
-        if x.is_complex():
-            x = x.abs()  # statistics of the magnitudes
-        kernel = _kernel_for(x)
-        if kernel is not None and not kernel.is_dense(x):
-            kernel = None
-        scratch_rows = kernel.programs_for(x.numel()) if kernel is not None else 0
-        table = self._table(x.device, scratch_rows if scratch_rows > 1 else 0)
-        row = table.used
-        if kernel is not None:
-            kernel.launch(x, table.values, row, table.scratch, table.scratch_used, table.counters)
-            if scratch_rows > 1:
+        self.add_all([(tensor, sink)])
+
+    def add_all(self, items: list[tuple[torch.Tensor, Callable[[StatsDict], None]]]) -> None:
+        """:meth:`add` for each ``(tensor, sink)``; the tensors the Triton kernel reads are reduced
+        :data:`~torchdebug.native.triton_stats.SLOTS` of one device and dtype per launch (pass an
+        op's inputs, or its outputs, together)."""
+        launches: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, bool, _Sink]]] = {}
+        for tensor, sink in items:
+            if tensor.numel() == 0 or tensor.is_meta:
+                sink(empty_stats())
+                continue
+            if _resolves_now(tensor):
+                sink(cpu_stats(tensor))
+                continue
+            x = tensor.detach()
+            integral = not (x.is_floating_point() or x.is_complex())
+            if x.is_complex():
+                x = x.abs()  # statistics of the magnitudes
+            kernel = _kernel_for(x)
+            if kernel is not None and kernel.is_dense(x):
+                launches.setdefault((x.device, x.dtype), []).append((x, integral, sink))
+                continue
+            table = self._table(x.device, rows=1, scratch_rows=0)
+            table.values[table.used].copy_(device_sums(x))
+            table.sinks.append((table.used, x.numel(), integral, sink))
+            table.used += 1
+        for (device, _), members in launches.items():
+            kernel = _triton()
+            for start in range(0, len(members), kernel.SLOTS):
+                group = members[start : start + kernel.SLOTS]
+                tensors = [x for x, _, _ in group]
+                scratch_rows = kernel.scratch_rows(tensors)
+                table = self._table(device, rows=len(group), scratch_rows=scratch_rows)
+                kernel.launch(tensors, table.values, table.used, table.scratch, table.scratch_used, table.counters)
                 table.scratch_used += scratch_rows
-        else:
-            table.values[row].copy_(device_sums(x))
-        table.used += 1
-        table.sinks.append((row, x.numel(), integral, sink))
+                for x, integral, sink in group:
+                    table.sinks.append((table.used, x.numel(), integral, sink))
+                    table.used += 1
 
     def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
         """Deliver ``result`` (a small tensor) to ``sink`` as a list of Python numbers by the next
@@ -189,9 +204,11 @@ class StatsStager:
         else:
             self._staged.append((vector, sink))
 
-    def _table(self, device: torch.device, scratch_rows: int) -> _Table:
+    def _table(self, device: torch.device, rows: int, scratch_rows: int) -> _Table:
+        """The table of ``device`` being filled, with room for ``rows`` more rows and
+        ``scratch_rows`` more scratch rows."""
         table = self._filling.get(device)
-        if table is not None and table.fits(scratch_rows):
+        if table is not None and table.fits(rows, scratch_rows):
             return table
         if table is not None:  # full: send it and fill another
             self.send()

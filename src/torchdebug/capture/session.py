@@ -85,6 +85,9 @@ class CaptureSession:
         self._batch: TensorBatch | None = None
         self._tensor_refs: list[dict[str, str]] = []
         self._stager = StatsStager()
+        self._stats_due: list[tuple[torch.Tensor, Callable[[dict], None]]] = []
+        """Tensors of the slots being recorded whose statistics are still to be taken: an op's
+        inputs (or outputs) go to the device table together, several per kernel launch."""
         self._waiting: list[list[Record]] = []
         """Records handed over by mid-step flushes whose statistics are still on their way to the host."""
         self._seen: dict[int, _Seen] = {}
@@ -136,6 +139,7 @@ class CaptureSession:
                 record.kind = "value"
                 record.value = json_value(value)
             self._records.append(record)  # not a local: a tensor snapshot may flush and start a new list
+        self._take_due_stats()
         if len(self._records) >= _FLUSH_RECORDS:
             self._flush_records()
 
@@ -170,7 +174,7 @@ class CaptureSession:
                 seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
         if want_stats and seen.stats is None:
             seen.stats = {}
-            self._stager.add(tensor, seen.stats.update)
+            self._stats_due.append((tensor, seen.stats.update))
         if self.want_checksum and seen.checksum is None and not tensor.is_meta:
             seen.checksum = []
             self._stager.stage(fingerprint(tensor), lambda row: self._deliver_checksum(seen, row))
@@ -187,6 +191,11 @@ class CaptureSession:
         if save:
             record.tensor = seen.tensor
             record.sampled = self._sampling_for(tensor)
+
+    def _take_due_stats(self) -> None:
+        if self._stats_due:
+            due, self._stats_due = self._stats_due, []
+            self._stager.add_all(due)
 
     @staticmethod
     def _deliver_checksum(seen: _Seen, row: list[int]) -> None:
@@ -305,6 +314,7 @@ class CaptureSession:
         ``wait``: return only once the records are on disk (the debugger waits at every ``stop``);
         ``tensors``: once the tensor files are too.
         """
+        self._take_due_stats()
         self._stager.flush()
         self._submit_waiting()
         if self._records or self._batch is not None:

@@ -1,18 +1,21 @@
-"""Statistics of a CUDA tensor in one pass, by a Triton kernel that writes one row of a device table.
+"""Statistics of CUDA tensors in one pass each, by a Triton kernel that writes rows of a device table.
 
-``launch(tensor, table, row, scratch, scratch_row, counters)`` reduces a floating tensor whose
+``launch(tensors, table, row, scratch, scratch_row, counters)`` reduces each floating tensor whose
 elements fill one dense span of memory (contiguous, or any permutation of a contiguous layout) to
 ``[min, max, sum, sum of squares, nan, posinf, neginf]`` (NaNs left out of the first four, as in
-``stats.c``) and stores them, as float64, in ``table[row]``. Nothing is read back: the host copies
-the whole table once per flush (:mod:`torchdebug.stats_table`).
+``stats.c``) and stores them, as float64, in ``table[row + k]``. Nothing is read back: the host
+copies the whole table once per flush (:mod:`torchdebug.stats_table`).
 
-One launch per tensor, of up to :data:`MAX_PROGRAMS` programs. Each program loops over its share
-of the elements with BLOCK-wide float32 accumulators (float64 for float64 tensors) and, when the
-float32 sum or sum of squares of its share overflowed with no infinity among the values, takes its
-share again in float64 — values beyond 1e19 are rare, so the common case is one read. A single
-program writes the row itself; with several, each writes its partial row to ``scratch`` and the last
-one to finish (an acquire-release counter per table row) combines the partials in program order, so
-the result does not depend on scheduling: the same tensor gives the same bits every run.
+One launch reduces up to :data:`SLOTS` tensors of one dtype (the new inputs or outputs of one op:
+a linear's weight and bias, the lists of a foreach optimizer op), each with up to
+:data:`MAX_PROGRAMS` programs: a launch costs the host more than a small tensor costs the GPU.
+Each program loops over its share of the elements with BLOCK-wide float32 accumulators (float64
+for float64 tensors) and, when the float32 sum or sum of squares of its share overflowed with no
+infinity among the values, takes its share again in float64 — values beyond 1e19 are rare, so the
+common case is one read. A tensor reduced by a single program gets its row written directly; with
+several, each writes its partial row to ``scratch`` and the last one to finish (an acquire-release
+counter per table row) combines the partials in program order, so the result does not depend on
+scheduling: the same tensor gives the same bits every run.
 
 Triton is imported when the first CUDA tensor arrives. Under ``TRITON_INTERPRET=1`` the kernel runs
 on CPU tensors too, which is how the suite checks it on machines without a GPU.
@@ -38,14 +41,36 @@ ELEMENTS_PER_PROGRAM = 1 << 15
 
 _BLOCK = 1024
 
+SLOTS = 4
+"""Tensors one launch reduces at most (an op's new inputs or outputs of one dtype: a linear's weight
+and bias, a foreach op's lists)."""
+
 DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
 """Dtypes the kernel reads; others go through torch ops (``stats_table``)."""
 
 
 @triton.jit
-def _share_sums(x_ptr, start, end, blocks, WIDE: tl.constexpr, BLOCK: tl.constexpr):
-    """Sums of elements ``[start, end)``, read in ``blocks`` blocks: NaN-free min, max, sum, sum of
-    squares and the counts."""
+def _add_block(x, inside, low, high, total, squares, nans, posinf, neginf):
+    """The running sums of :func:`_share_sums` with one block of values added (``inside``: which
+    lanes hold one)."""
+    nan = x != x
+    valid = inside & (x == x)
+    low = tl.minimum(low, tl.where(valid, x, float("inf")))
+    high = tl.maximum(high, tl.where(valid, x, float("-inf")))
+    kept = tl.where(valid, x, 0.0)
+    total += kept
+    squares += kept * kept
+    nans += (inside & nan).to(tl.int32)
+    posinf += (x == float("inf")).to(tl.int32)
+    neginf += (x == float("-inf")).to(tl.int32)
+    return low, high, total, squares, nans, posinf, neginf
+
+
+@triton.jit
+def _share_sums(x_ptr, start, end, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """Sums of elements ``[start, end)`` (``start`` a multiple of BLOCK): NaN-free min, max, sum,
+    sum of squares and the counts. Whole blocks are read without a mask, so that loads from an
+    aligned tensor are vectorised; the rest, if any, is one masked block."""
     acc: tl.constexpr = tl.float64 if WIDE else tl.float32
     offsets = tl.arange(0, BLOCK)
     low = tl.full([BLOCK], float("inf"), acc)
@@ -55,20 +80,20 @@ def _share_sums(x_ptr, start, end, blocks, WIDE: tl.constexpr, BLOCK: tl.constex
     nans = tl.zeros([BLOCK], tl.int32)
     posinf = tl.zeros([BLOCK], tl.int32)
     neginf = tl.zeros([BLOCK], tl.int32)
-    for block in range(0, blocks):  # a host-given count: runs on the GPU and in every interpreter
+    everywhere = offsets >= 0
+    length = tl.maximum(end - start, 0)  # a program past the end of a small tensor reads nothing
+    whole = length // BLOCK
+    for block in range(0, whole):
+        index = tl.multiple_of(start + block * BLOCK, BLOCK) + offsets
+        x = tl.load(x_ptr + index).to(acc)
+        low, high, total, squares, nans, posinf, neginf = _add_block(
+            x, everywhere, low, high, total, squares, nans, posinf, neginf
+        )
+    for block in range(whole, tl.cdiv(length, BLOCK)):  # the rest: none or one block
         index = start + block * BLOCK + offsets
         inside = index < end
         x = tl.load(x_ptr + index, mask=inside, other=0.0).to(acc)
-        nan = x != x
-        valid = inside & (x == x)
-        low = tl.minimum(low, tl.where(valid, x, float("inf")))
-        high = tl.maximum(high, tl.where(valid, x, float("-inf")))
-        kept = tl.where(valid, x, 0.0)
-        total += kept
-        squares += kept * kept
-        nans += (inside & nan).to(tl.int32)
-        posinf += (x == float("inf")).to(tl.int32)
-        neginf += (x == float("-inf")).to(tl.int32)
+        low, high, total, squares, nans, posinf, neginf = _add_block(x, inside, low, high, total, squares, nans, posinf, neginf)
     return (
         tl.min(low, 0).to(tl.float64),
         tl.max(high, 0).to(tl.float64),
@@ -81,33 +106,56 @@ def _share_sums(x_ptr, start, end, blocks, WIDE: tl.constexpr, BLOCK: tl.constex
 
 
 # Triton specialises integer arguments on their value (== 1, divisible by 16) and compiles a
-# variant per combination; sizes and row numbers change with every tensor, so they are not.
-@triton.jit(do_not_specialize=["numel", "share", "blocks", "row", "scratch_row"])
+# variant per combination; sizes and row numbers change with every launch, so they are not.
+@triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "first1", "first2", "first3", "row", "scratch_row"])
 def _stats_kernel(
-    x_ptr,
+    x0,
+    x1,
+    x2,
+    x3,
+    n0,
+    n1,
+    n2,
+    n3,
+    first1,
+    first2,
+    first3,
     table_ptr,
     scratch_ptr,
     counter_ptr,
-    numel,
-    share,
-    blocks,
     row,
     scratch_row,
     WIDE: tl.constexpr,
     BLOCK: tl.constexpr,
     PROGRAMS: tl.constexpr,
 ):
+    # Up to four tensors of one dtype: programs [first_k, first_k+1) reduce tensor k into table row
+    # ``row + k``; a slot left unused starts at the grid's end, so no program takes it.
     pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    start = pid.to(tl.int64) * share
+    x_ptr = x0
+    numel = n0.to(tl.int64)
+    first = pid.to(tl.int64) * 0
+    after = first1.to(tl.int64)
+    slot = pid * 0
+    if pid >= first1:
+        x_ptr, numel, first, after, slot = x1, n1.to(tl.int64), first1.to(tl.int64), first2.to(tl.int64), slot + 1
+    if pid >= first2:
+        x_ptr, numel, first, after, slot = x2, n2.to(tl.int64), first2.to(tl.int64), first3.to(tl.int64), slot + 1
+    if pid >= first3:
+        x_ptr, numel, first, slot = x3, n3.to(tl.int64), first3.to(tl.int64), slot + 1
+        after = tl.num_programs(0).to(tl.int64)
+    programs = after - first
+    share = tl.cdiv(tl.cdiv(numel, programs), BLOCK) * BLOCK
+    start = (pid - first) * share
     end = tl.minimum(start + share, numel)
-    low, high, total, squares, nans, posinf, neginf = _share_sums(x_ptr, start, end, blocks, WIDE, BLOCK)
+    low, high, total, squares, nans, posinf, neginf = _share_sums(x_ptr, start, end, WIDE, BLOCK)
     if not WIDE:
         overflowed = (total != total) | (total == float("inf")) | (total == float("-inf")) | (squares == float("inf"))
         if overflowed & (posinf + neginf == 0) & (nans < end - start):
-            low, high, total, squares, nans, posinf, neginf = _share_sums(x_ptr, start, end, blocks, True, BLOCK)
+            low, high, total, squares, nans, posinf, neginf = _share_sums(x_ptr, start, end, True, BLOCK)
+    final = table_ptr + (row + slot) * 7
     if programs == 1:
-        out = table_ptr + row * 7
+        out = final
     else:
         out = scratch_ptr + (scratch_row + pid) * 7
     tl.store(out + 0, low)
@@ -118,20 +166,19 @@ def _stats_kernel(
     tl.store(out + 5, posinf.to(tl.float64))
     tl.store(out + 6, neginf.to(tl.float64))
     if programs > 1:
-        # The last program to finish combines the partial rows, in program order (CUDA's
-        # "threadfence reduction"): a block barrier orders every thread's stores before the
+        # The last program of the tensor to finish combines its partial rows, in program order
+        # (CUDA's "threadfence reduction"): a block barrier orders every thread's stores before the
         # release of the counter, and the winner's acquire and a second barrier order its loads,
         # which bypass L1 (".cg"): other SMs wrote the partial rows.
         tl.debug_barrier()
-        finished = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel")
+        finished = tl.atomic_add(counter_ptr + row + slot, 1, sem="acq_rel")
         if finished == programs - 1:
             tl.debug_barrier()
             part = tl.arange(0, PROGRAMS)
             present = part < programs
-            rows = scratch_ptr + (scratch_row + part) * 7
+            rows = scratch_ptr + (scratch_row + first + part) * 7
             low = tl.min(tl.load(rows + 0, mask=present, other=float("inf"), cache_modifier=".cg"), 0)
             high = tl.max(tl.load(rows + 1, mask=present, other=float("-inf"), cache_modifier=".cg"), 0)
-            final = table_ptr + row * 7
             tl.store(final + 0, low)
             tl.store(final + 1, high)
             for column in tl.static_range(2, 7):
@@ -165,31 +212,41 @@ def is_dense(tensor: torch.Tensor) -> bool:
 
 
 def launch(
-    tensor: torch.Tensor,
+    tensors: list[torch.Tensor],
     table: torch.Tensor,
     row: int,
     scratch: torch.Tensor,
     scratch_row: int,
     counters: torch.Tensor,
 ) -> None:
-    """Reduce a non-empty floating ``tensor`` (:func:`is_dense`, dtype in :data:`DTYPES`) into
-    ``table[row]``, using ``scratch[scratch_row : scratch_row + programs_for(numel)]`` and
-    ``counters[row]`` (zero before the call) when it takes several programs. Asynchronous."""
-    numel = tensor.numel()
-    programs = programs_for(numel)
-    share = -(-numel // programs)
-    share += (-share) % _BLOCK
-    _stats_kernel[(programs,)](
-        tensor,
+    """Reduce up to :data:`SLOTS` non-empty floating tensors of one dtype (each :func:`is_dense`,
+    dtype in :data:`DTYPES`) into ``table[row : row + len(tensors)]`` with one launch, using
+    ``scratch[scratch_row : scratch_row + scratch_rows(tensors)]`` and ``counters[row + k]`` (zero
+    before the call) for a tensor that takes several programs. Asynchronous."""
+    firsts = [0]
+    for tensor in tensors:
+        firsts.append(firsts[-1] + programs_for(tensor.numel()))
+    grid = firsts[-1]
+    slots = tensors + [tensors[0]] * (SLOTS - len(tensors))  # unused slots: any pointer, no programs
+    numels = [tensor.numel() for tensor in tensors] + [0] * (SLOTS - len(tensors))
+    firsts += [grid] * (SLOTS - len(tensors))
+    _stats_kernel[(grid,)](
+        *slots,
+        *numels,
+        *firsts[1:SLOTS],
         table,
         scratch,
         counters,
-        numel,
-        share,
-        share // _BLOCK,
         row,
         scratch_row,
-        WIDE=tensor.dtype == torch.float64,
+        WIDE=tensors[0].dtype == torch.float64,
         BLOCK=_BLOCK,
         PROGRAMS=MAX_PROGRAMS,
     )
+
+
+def scratch_rows(tensors: list[torch.Tensor]) -> int:
+    """Scratch rows one :func:`launch` of ``tensors`` uses: a row per program, none when every
+    tensor takes a single program (it writes its table row directly)."""
+    programs = [programs_for(tensor.numel()) for tensor in tensors]
+    return sum(programs) if max(programs) > 1 else 0

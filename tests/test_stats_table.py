@@ -288,6 +288,55 @@ def test_triton_kernel_equals_the_reference_statistics_in_the_interpreter():
     assert launches["float32"] > 8 and launches["made"] == launches["expected"], launches
 
 
+_CAPTURE_SCRIPT = """
+import json, sys, tempfile
+import torch
+import torchdebug
+from torchdebug import stats_table
+
+launches = []
+if sys.argv[1] == "kernel":
+    stats_table._resolves_now = lambda tensor: False
+    kernel = stats_table._triton()
+    launch = kernel.launch
+    kernel.launch = lambda tensors, *rest: (launches.append(len(tensors)), launch(tensors, *rest))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+debugger = torchdebug.Debugger(dump_path=tempfile.mkdtemp(), task="statistics")
+debugger.start(model)
+model(torch.randn(8, 16)).square().mean().backward()
+optimizer.step()
+debugger.stop()
+debugger.close()
+records = torchdebug.load(debugger.run_dir).ranks[0].records()
+print(json.dumps({{"stats": {{r.name: r.stats for r in records if r.stats}}, "launches": launches}}))
+"""
+
+
+def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
+    """The whole path (session, table, launches of several tensors, delivery to the right records)
+    in Triton's interpreter, against the native CPU statistics of the same step."""
+    reason = _triton_interpreter_skip()
+    if reason:
+        pytest.skip(reason)
+    runs = {}
+    for arm in ("cpu", "kernel"):
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[arm] = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+    cpu, kernel = runs["cpu"]["stats"], runs["kernel"]["stats"]
+    assert cpu.keys() == kernel.keys() and len(cpu) > 100
+    for name, want in cpu.items():
+        _assert_same_stats(kernel[name], want, name)
+    launches = runs["kernel"]["launches"]
+    assert max(launches) == 4  # a foreach optimizer op's list of six, in two launches
+    assert sum(count > 1 for count in launches) >= 5  # a linear's weight and bias, and the like
+
+
 _TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
 

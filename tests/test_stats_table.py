@@ -431,6 +431,28 @@ def test_cuda_statistics_equal_the_reference_statistics(case):
 
 
 @pytest.mark.gpu
+def test_cuda_tensors_reduced_together_by_many_programs_equal_the_reference_every_run():
+    """Several tensors per launch, each big enough for the most programs (the partial rows are
+    combined by whichever program finishes last, on real hardware): right, and the same bits on
+    every run."""
+    torch.manual_seed(0)
+    tensors = [torch.randn(n, device="cuda") * scale for n, scale in ((50_000_000, 1.0), (33_554_433, 1e3), (1_000, 2.0))]
+    tensors.append(torch.randn(20_000_000, device="cuda").bfloat16())
+    tensors[1][12345] = float("nan")
+    runs = []
+    for _ in range(3):
+        got: list[list[dict]] = [[] for _ in tensors]
+        stager = StatsStager()
+        stager.add_all([(tensor, got[k].append) for k, tensor in enumerate(tensors)])
+        stager.flush()
+        runs.append(json.dumps([g[0] for g in got]))
+    for k, tensor in enumerate(tensors):
+        want = _reference(tensor.double().cpu()) if tensor.dtype == torch.float32 else _reference(tensor.cpu())
+        _assert_same_stats(json.loads(runs[0], parse_constant=float)[k], want, f"tensor {k}")
+    assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.gpu
 def test_cuda_statistics_use_the_triton_kernel_where_triton_is_installed():
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed")

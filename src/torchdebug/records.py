@@ -40,8 +40,9 @@ STAT_KEYS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf")
 
 def make_name(phase: str, module: str, op: str, call: int, io: str, arg: str) -> str:
     """The stable name of a slot (see the module docstring)."""
-    slot = f"{io}.{arg}" if arg else io
-    return f"{phase}/{module or NO_MODULE}/{op}#{call}/{slot}"
+    if arg:  # one f-string per name: this runs for every captured slot
+        return f"{phase}/{module or NO_MODULE}/{op}#{call}/{io}.{arg}"
+    return f"{phase}/{module or NO_MODULE}/{op}#{call}/{io}"
 
 
 def call_name(name: str) -> str:

@@ -23,25 +23,44 @@ _INDEX_NAMES = tuple(str(i) for i in range(64))
 """``"0"``, ``"1"``, ...: argument paths of the first positional arguments, made once."""
 
 
+_NESTED = (torch.Tensor, list, tuple)
+"""Elements that make a list argument be walked into element slots rather than kept whole."""
+
+_SCALARS = frozenset({type(None), bool, int, float, str})
+"""Exact types :func:`json_value` returns unchanged, checked by type first in lists (sizes are int lists)."""
+
+
 def iter_slots(args: tuple | list, kwargs: dict[str, Any] | None = None) -> Iterator[Slot]:
     """Flatten call arguments into slots: ``0``, ``1.2`` (list element), ``alpha`` (keyword)."""
     for index, value in enumerate(args):
         path = _INDEX_NAMES[index] if index < 64 else str(index)
-        if value.__class__ is list or value.__class__ is tuple:
-            yield from _walk(value, path)
+        if (value.__class__ is list or value.__class__ is tuple) and _holds_nested(value):
+            yield from _walk_items(value, path)
         else:
             yield path, value
     if kwargs:
         for key, value in kwargs.items():
-            yield from _walk(value, key)
+            if isinstance(value, (list, tuple)) and _holds_nested(value):
+                yield from _walk_items(value, key)
+            else:
+                yield key, value
 
 
-def _walk(value: Any, path: str) -> Iterator[Slot]:
-    if isinstance(value, (list, tuple)) and any(isinstance(v, (torch.Tensor, list, tuple)) for v in value):
-        for index, item in enumerate(value):
-            yield from _walk(item, f"{path}.{index}")
-    else:
-        yield path, value
+def _holds_nested(values: list | tuple) -> bool:
+    """Whether a list holds tensors or lists (a loop: cheaper than ``any`` on short size lists)."""
+    for value in values:
+        if isinstance(value, _NESTED):
+            return True
+    return False
+
+
+def _walk_items(values: list | tuple, path: str) -> Iterator[Slot]:
+    for index, value in enumerate(values):
+        item_path = f"{path}.{index}"
+        if isinstance(value, (list, tuple)) and _holds_nested(value):
+            yield from _walk_items(value, item_path)
+        else:
+            yield item_path, value
 
 
 def json_value(value: Any) -> Any:
@@ -49,7 +68,7 @@ def json_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return [json_value(v) for v in value]
+        return [item if item.__class__ in _SCALARS else json_value(item) for item in value]
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
     text = str(value)

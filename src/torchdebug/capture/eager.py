@@ -47,6 +47,10 @@ _VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
 """Ops whose output is a copy of their first input (statistics reused; the copy is saved anew)."""
 
 
+_STRIDED = torch.strided
+"""Layouts are singletons: compared by identity on the hot path."""
+
+
 _SKIPPED_NAMESPACES = frozenset({"profiler"})
 """``profiler._record_function_*``: bookkeeping of ``record_function`` blocks, no tensor data."""
 
@@ -113,11 +117,17 @@ class OpCapture:
         self.phases = phases
         self._backward_wanted = "backward" in phases
         self.ios = ios
+        self._inputs = "input" in ios
+        self._outputs = "output" in ios
         self.names = NameMatcher(names)
+        self._any_names = bool(names)
         self.range = RangeGate(call_range)
-        self.stack_mode = "range" if isinstance(stack, list) else stack
-        self.stack_range = RangeGate(stack if isinstance(stack, list) else [])
+        self._stack_all = stack == "all"
+        self.stack_range = RangeGate(stack) if isinstance(stack, list) else None
         self.stacks = StackRecorder()
+        self._stack_added: str | None = None
+        """The id of the stack last handed to the session: ops of one line share it, and the session
+        keeps each id once anyway."""
         self._ops: dict[Any, _OpInfo] = {}
         self._calls: dict[tuple[str, str, str], int] = {}
         self._forward: dict[int, _ForwardInfo] = {}
@@ -151,7 +161,8 @@ class OpCapture:
         self._calls.clear()
         self._forward.clear()
         self.range.reset()
-        self.stack_range.reset()
+        if self.stack_range is not None:
+            self.stack_range.reset()
 
     def _optimizer_enter(self, optimizer: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         self._in_optimizer += 1
@@ -183,14 +194,13 @@ class OpCapture:
         if info.mutable or not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
             return None
         source = args[0]
-        if out.layout != torch.strided or source.layout != torch.strided:
+        if out.layout is not _STRIDED or source.layout is not _STRIDED:
             return None
-        same_elements = out.numel() == source.numel() and out.dtype == source.dtype
         if info.value_preserving:
-            return (source, True, False) if same_elements else None
-        if out.device == source.device and out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
-            return source, same_elements, True
-        return None
+            return (source, True, False) if out.numel() == source.numel() and out.dtype is source.dtype else None
+        if out.device != source.device or out.untyped_storage().data_ptr() != source.untyped_storage().data_ptr():
+            return None
+        return source, out.numel() == source.numel() and out.dtype is source.dtype, True
 
     # -- the hot path --------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -212,16 +222,19 @@ class OpCapture:
                 variable = getattr(node, "variable", None)
                 path = self.tracker.parameter_path(variable) if variable is not None else None
                 module = path or NO_MODULE
+        elif self._in_optimizer:
+            phase = "optimizer"
+            module = NO_MODULE
         else:
-            phase = "optimizer" if self._in_optimizer else "forward"
-            module = self.tracker.current() if phase == "forward" else NO_MODULE
+            phase = "forward"
+            module = self.tracker.current()
         key = (phase, module, op)
         call = self._calls.get(key, 0)
         self._calls[key] = call + 1
         call_name = f"{phase}/{module}/{op}#{call}"
 
-        selected = phase in self.phases and self.range.check(call_name) and (not self.names or self.names(call_name))
-        want_stack = self.stack_mode == "all" or (self.stack_mode == "range" and self.stack_range.check(call_name))
+        selected = phase in self.phases and self.range.check(call_name) and (not self._any_names or self.names(call_name))
+        want_stack = self._stack_all or (self.stack_range is not None and self.stack_range.check(call_name))
         if node is None and want_stack and (selected or self._backward_wanted):
             captured = self.stacks.capture()
         if phase == "forward":
@@ -230,8 +243,9 @@ class OpCapture:
         stack_id = source = None
         if captured is not None and want_stack:
             stack_id, frames, source = captured
-            if selected:
+            if selected and stack_id != self._stack_added:
                 self.session.add_stack(stack_id, frames)
+                self._stack_added = stack_id
 
         if self._collectives:
             self._collectives.capture_completed()
@@ -240,32 +254,57 @@ class OpCapture:
         session = self.session
         seq = session.next_seq()
         save = session.wants_tensor(call_name)
-        common = dict(
-            phase=phase,
-            module=module,
-            op=op,
-            call=call,
-            seq=seq,
-            save_tensors=save,
-            stack=stack_id,
-            source=source,
-            fwd=fwd,
-        )
-        if self._overflow is not None:
-            return self._overflow.run(func, args, kwargs, info.written, common, inputs="input" in self.ios)
-        if "input" in self.ios:
-            session.add_call(iter_slots(args, kwargs), io="input", **common)
+        if self._overflow is not None or info.collective:
+            common = dict(
+                phase=phase, module=module, op=op, call=call, seq=seq, save_tensors=save, stack=stack_id, source=source, fwd=fwd
+            )
+            return self._run_watched(func, args, kwargs, info, common)
+        # The common case: keywords spelt out (no dict built and unpacked per call).
+        if self._inputs:
+            session.add_call(
+                iter_slots(args, kwargs),
+                phase=phase,
+                module=module,
+                op=op,
+                call=call,
+                seq=seq,
+                io="input",
+                save_tensors=save,
+                stack=stack_id,
+                source=source,
+                fwd=fwd,
+            )
         out = func(*args, **kwargs)
-        if info.collective:
-            works, outputs = split_result(op, args, out)
-            if "output" in self.ios:
-                waited = waited_by_caller(func, args, kwargs)
-                self._collectives.add(works, waited, outputs, partial(session.add_call, io="output", mutated=True, **common))
-            return out
         alias = self._alias_source(info, args, out)
         if alias is not None:
             session.share_alias(out, *alias)
-        if "output" in self.ios:
-            outputs = iter_slots(out if isinstance(out, (tuple, list)) else (out,))
-            session.add_call(outputs, io="output", mutated=info.mutable, **common)
+        if self._outputs:
+            session.add_call(
+                iter_slots(out if isinstance(out, (tuple, list)) else (out,)),
+                phase=phase,
+                module=module,
+                op=op,
+                call=call,
+                seq=seq,
+                io="output",
+                save_tensors=save,
+                mutated=info.mutable,
+                stack=stack_id,
+                source=source,
+                fwd=fwd,
+            )
+        return out
+
+    def _run_watched(self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, common: dict[str, Any]) -> Any:
+        """Run a selected call of an overflow check or of a collective (whose outputs wait for its work)."""
+        if self._overflow is not None:
+            return self._overflow.run(func, args, kwargs, info.written, common, inputs=self._inputs)
+        session = self.session
+        if self._inputs:
+            session.add_call(iter_slots(args, kwargs), io="input", **common)
+        out = func(*args, **kwargs)
+        works, outputs = split_result(info.name, args, out)
+        if self._outputs:
+            waited = waited_by_caller(func, args, kwargs)
+            self._collectives.add(works, waited, outputs, partial(session.add_call, io="output", mutated=True, **common))
         return out

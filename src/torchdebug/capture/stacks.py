@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from types import CodeType, FrameType
+from types import FrameType
 
 import torch
 
@@ -45,10 +45,15 @@ def format_frame(filename: str, lineno: int, function: str) -> str:
 
 
 class StackRecorder:
-    """Captures the user part of the current Python stack, cached per distinct stack."""
+    """Captures the user part of the current Python stack, cached per distinct stack.
+
+    Caches are keyed by file names and ``(file, function, line)`` rather than code objects: a code
+    object's hash is recomputed from its constants and names at every lookup (about 0.3 µs), while a
+    string keeps its hash, and the formatted frames depend on nothing else.
+    """
 
     def __init__(self) -> None:
-        self._is_user: dict[CodeType, bool] = {}
+        self._is_user: dict[str, bool] = {}
         self._stacks: dict[tuple, tuple[str, list[str], str]] = {}
         self._last: tuple[FrameType, int, tuple[str, list[str], str]] | None = None
         """The innermost user frame of the last capture, its line and what was captured. While that
@@ -56,39 +61,51 @@ class StackRecorder:
         line, and every op of an optimizer step inside torch). Holding the frame keeps its identity
         from being reused; :meth:`clear` lets it go."""
 
-    def _user(self, code: CodeType) -> bool:
-        user = self._is_user.get(code)
-        if user is None:
-            user = self._is_user[code] = not code.co_filename.startswith(SKIP_DIRS)
+    def _user(self, filename: str) -> bool:
+        user = self._is_user[filename] = not filename.startswith(SKIP_DIRS)
         return user
 
     def _user_frames(self, frame: FrameType | None) -> tuple:
+        is_user = self._is_user
         key = []
         while frame is not None:
-            if self._user(frame.f_code):
-                key.append((frame.f_code, frame.f_lineno))
+            code = frame.f_code
+            filename = code.co_filename
+            user = is_user.get(filename)
+            if user is None:
+                user = self._user(filename)
+            if user:
+                key.append((filename, code.co_name, frame.f_lineno))
             frame = frame.f_back
         return tuple(key)
 
     def capture(self) -> tuple[str, list[str], str] | None:
         """``(stack_id, frames outermost first, innermost source)`` or ``None`` without user frames."""
+        is_user = self._is_user
         frame = sys._getframe(1)
-        while frame is not None and not self._user(frame.f_code):
+        while frame is not None:  # up to the innermost user frame (inlined: it runs for every op)
+            filename = frame.f_code.co_filename
+            user = is_user.get(filename)
+            if user is None:
+                user = self._user(filename)
+            if user:
+                break
             frame = frame.f_back
         if frame is None:
             return None
+        line = frame.f_lineno
         last = self._last
-        if last is not None and last[0] is frame and last[1] == frame.f_lineno:
+        if last is not None and last[0] is frame and last[1] == line:
             return last[2]
         key = self._user_frames(frame)
         found = self._stacks.get(key)
         if found is None:
-            frames = [format_frame(c.co_filename, line, c.co_name) for c, line in reversed(key)]
-            inner_code, inner_line = key[0]
-            source = f"{inner_code.co_filename}:{inner_line} in {inner_code.co_name}"
+            frames = [format_frame(filename, line, function) for filename, function, line in reversed(key)]
+            inner_file, inner_function, inner_line = key[0]
+            source = f"{inner_file}:{inner_line} in {inner_function}"
             found = self._stacks[key] = (stack_id(frames), frames, source)
         if not frame.f_code.co_flags & _RESUMABLE:
-            self._last = (frame, frame.f_lineno, found)
+            self._last = (frame, line, found)
         return found
 
     def clear(self) -> None:

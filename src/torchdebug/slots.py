@@ -47,9 +47,10 @@ def iter_slots(args: tuple | list, kwargs: dict[str, Any] | None = None) -> Iter
 
 
 def _holds_nested(values: list | tuple) -> bool:
-    """Whether a list holds tensors or lists (a loop: cheaper than ``any`` on short size lists)."""
+    """Whether a list holds tensors or lists (a loop: cheaper than ``any`` on short size lists;
+    ints, the elements of sizes, are let through before the slower ``isinstance``)."""
     for value in values:
-        if isinstance(value, _NESTED):
+        if value.__class__ is not int and isinstance(value, _NESTED):
             return True
     return False
 

@@ -58,6 +58,8 @@ _SKIPPED_NAMESPACES = frozenset({"profiler"})
 class _OpInfo(NamedTuple):
     """What the hot path needs to know of an op overload, looked up once per overload."""
 
+    overload: Any
+    """The op overload itself, held so that its ``id`` (the key it is looked up by) stays its own."""
     name: str
     """``aten.mm.default``."""
     skipped: bool
@@ -81,7 +83,7 @@ def _op_info(func: Any) -> _OpInfo:
         for key in (str(index), argument.name)
     )
     return _OpInfo(
-        name, namespace in _SKIPPED_NAMESPACES, schema.is_mutable, namespace == "c10d", name in _VALUE_PRESERVING, written
+        func, name, namespace in _SKIPPED_NAMESPACES, schema.is_mutable, namespace == "c10d", name in _VALUE_PRESERVING, written
     )
 
 
@@ -128,7 +130,8 @@ class OpCapture:
         self._stack_added: str | None = None
         """The id of the stack last handed to the session: ops of one line share it, and the session
         keeps each id once anyway."""
-        self._ops: dict[Any, _OpInfo] = {}
+        self._ops: dict[int, _OpInfo] = {}
+        """Keyed by ``id(overload)``: an overload's ``__hash__`` is a Python call."""
         self._calls: dict[tuple[str, str, str], int] = {}
         self._forward: dict[int, _ForwardInfo] = {}
         self._in_optimizer = 0
@@ -204,9 +207,9 @@ class OpCapture:
 
     # -- the hot path --------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-        info = self._ops.get(func)
+        info = self._ops.get(id(func))
         if info is None:
-            info = self._ops[func] = _op_info(func)
+            info = self._ops[id(func)] = _op_info(func)
         if info.skipped or (self._overflow is not None and (self._overflow.done or info.collective)):
             return func(*args, **kwargs)
         op = info.name

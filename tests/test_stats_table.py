@@ -197,7 +197,7 @@ def _triton_interpreter_skip() -> str | None:
 
     major, minor = (int(part) for part in version("triton").split(".")[:2])
     if (major, minor) < (3, 8):
-        return "Triton's interpreter before 3.8 cannot loop over scalar arguments with NumPy 2"
+        return "Triton's interpreter before 3.8 cannot run loops with runtime bounds under NumPy 2"
     return None
 
 

@@ -324,7 +324,11 @@ def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
     for arm in ("cpu", "kernel"):
         env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
         done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm], capture_output=True, text=True, env=env
+            [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
         )
         assert done.returncode == 0, done.stderr[-3000:]
         runs[arm] = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)

@@ -1,4 +1,4 @@
-"""task="overflow_check": only the op calls whose outputs hold NaN/Inf are recorded, and the first is named."""
+"""task="overflow_check": only the op calls that make a NaN/Inf are recorded, and the first is named."""
 
 import inspect
 import logging
@@ -38,19 +38,19 @@ def _line_of(function, text):
 
 
 class Planted(torch.nn.Module):
-    """A linear layer whose forward overflows (``inf_weight``) or a square root of zeros, finite in
-    forward, whose gradient is Inf (``backward_only``)."""
+    """A linear layer whose forward overflows (``inf_weight``: a finite scale too large for float32)
+    or a square root of zeros, finite in forward, whose gradient is Inf (``backward_only``)."""
 
     def __init__(self, *, inf_weight: bool = False) -> None:
         super().__init__()
         self.fc = torch.nn.Linear(3, 3)
         self.inf_weight = inf_weight
-        self.register_buffer("scale", torch.tensor([1.0, float("inf"), 1.0]))
+        self.register_buffer("scale", torch.tensor([1.0, 3e38, 1.0]))
 
     def forward(self, x):
         h = self.fc(x)
         if self.inf_weight:
-            h = h * self.scale  # planted forward Inf
+            h = (h.abs() + 2.0) * self.scale  # planted forward Inf: 2 * 3e38 overflows float32
         return torch.sqrt(h * 0.0).sum()  # finite forward, Inf gradient
 
 
@@ -58,12 +58,13 @@ def test_a_forward_inf_is_the_first_overflow_with_its_module_and_source_line(tmp
     torch.manual_seed(0)
     model = Planted(inf_weight=True)
     records = _records(tmp_path, lambda: model(torch.randn(2, 3)).backward(), model=model)
-    first = first_overflow(records)
+    origin = first_overflow(records)
+    first = origin.record
     assert first.call_name == "forward/<root>/aten.mul.Tensor#0" and first.phase == "forward"
     assert first.source.endswith(f":{_line_of(Planted.forward, 'planted forward Inf')} in forward")
     assert first.stats["posinf"] + first.stats["neginf"] > 0
     assert all(r.tensor for r in records if r.call_name == first.call_name and r.kind == "tensor")
-    assert "forward/<root>/aten.mul.Tensor#0" in describe_overflow(first)
+    assert "forward/<root>/aten.mul.Tensor#0" in describe_overflow(origin) and "made 0 NaN" in describe_overflow(origin)
 
 
 def test_a_backward_only_inf_is_named_in_backward_with_the_forward_line(tmp_path, resolution, caplog):
@@ -72,7 +73,7 @@ def test_a_backward_only_inf_is_named_in_backward_with_the_forward_line(tmp_path
     with caplog.at_level(logging.WARNING, "torchdebug.capture.overflow_check"):
         records = _records(tmp_path, lambda: model(torch.randn(2, 3)).backward(), model=model)
     assert not [r for r in records if r.phase == "forward"]
-    first = first_overflow(records)
+    first = first_overflow(records).record
     assert first.phase == "backward" and first.fwd == "forward/<root>/aten.sqrt.default#0"
     line = _line_of(Planted.forward, "Inf gradient")
     assert first.source.endswith(f":{line} in forward")
@@ -80,33 +81,71 @@ def test_a_backward_only_inf_is_named_in_backward_with_the_forward_line(tmp_path
     assert "first NaN/Inf" in message and "phase backward" in message and f"forward line {first.source}" in message
 
 
-def test_only_overflowing_calls_are_recorded_and_recording_stops_after_overflow_nums(tmp_path):
-    x = torch.full((4,), float("inf"))
-
+def test_only_calls_that_make_a_nan_or_inf_are_recorded_and_recording_stops_after_overflow_nums(tmp_path):
     def body():
         torch.ones(4).exp()  # finite: not recorded
-        (x + 1).mul(2).sub(3).div(4)
+        big = torch.full((4,), 3e38)
+        (big * 2).mul(2).sub(3)  # the first mul overflows; the ops after it pass the Inf on
+        torch.zeros(4).div(0.0)  # 0/0: a new NaN
+        torch.zeros(4).log()  # log(0) = -inf
 
     records = _records(tmp_path / "two", body, overflow_nums=2)
-    assert _calls(records) == ["forward/-/aten.add.Tensor#0", "forward/-/aten.mul.Tensor#0"]
+    assert _calls(records) == ["forward/-/aten.mul.Tensor#0", "forward/-/aten.div.Tensor#0"]
     records = _records(tmp_path / "all", body, overflow_nums=-1)
-    assert len(_calls(records)) == 4
+    assert _calls(records) == ["forward/-/aten.mul.Tensor#0", "forward/-/aten.div.Tensor#0", "forward/-/aten.log.default#0"]
 
 
 def test_overflow_nums_counts_over_the_whole_run(tmp_path):
     debugger = torchdebug.Debugger(tmp_path, task="overflow_check", overflow_nums=3)
-    nan = torch.full((2,), float("nan"))
     for _ in range(3):
         debugger.start()
-        nan.add(1).add(1)
+        torch.zeros(2).div(0.0).add(1)  # div makes a NaN, add passes it on
+        torch.zeros(2).log()
         debugger.step()
     debugger.close()
     records = torchdebug.load(tmp_path).ranks[0].records()
     assert [(r.step, r.call_name) for r in records if r.io == "output"] == [
-        (0, "forward/-/aten.add.Tensor#0"),
-        (0, "forward/-/aten.add.Tensor#1"),
-        (1, "forward/-/aten.add.Tensor#0"),
+        (0, "forward/-/aten.div.Tensor#0"),
+        (0, "forward/-/aten.log.default#0"),
+        (1, "forward/-/aten.div.Tensor#0"),
     ]
+
+
+def test_a_nan_already_in_a_parameter_enters_at_the_first_op_that_reads_it(tmp_path, resolution, caplog):
+    weight = torch.tensor([1.0, float("nan")])
+    with caplog.at_level(logging.WARNING, "torchdebug.capture.overflow_check"):
+        records = _records(tmp_path, lambda: weight.mul(2).add(1).sum(), overflow_nums=-1)
+    assert _calls(records) == ["forward/-/aten.mul.Tensor#0"]  # add and sum pass it on
+    origin = first_overflow(records)
+    assert origin.kind == "entry" and origin.record.io == "input" and origin.record.arg == "0"
+    assert "1 NaN already in input.0" in describe_overflow(origin)
+    assert "passes on a NaN" in caplog.records[0].getMessage()
+
+
+def test_given_infinities_are_not_origins_and_new_nans_made_from_them_are(tmp_path, resolution):
+    def body():
+        scores = torch.zeros(3, 3)
+        mask = torch.ones(3, 3, dtype=torch.bool).tril()
+        masked = scores.masked_fill(~mask, float("-inf"))  # given: not an origin
+        masked.softmax(-1)  # -inf -> 0: nothing
+        torch.full((2,), float("-inf")).exp()  # given, and exp(-inf) = 0
+        torch.where(mask, scores, torch.finfo(torch.float32).min).to(torch.float16)  # limit cast to -inf: given
+        scores.masked_fill(~mask, torch.finfo(torch.float32).min).to(torch.bfloat16).mul(2)  # rounds to -inf: given
+        bias = torch.full((2,), float("-inf"))
+        bias - bias  # -inf - -inf = NaN: new
+
+    records = _records(tmp_path, body, overflow_nums=-1)
+    assert _calls(records) == ["forward/-/aten.sub.Tensor#0"]
+
+
+def test_a_product_or_a_cast_that_overflows_is_an_origin(tmp_path):
+    def body():
+        torch.ones(2, dtype=torch.float16).fill_(-65504.0).mul(2)  # the float16 limit, doubled: a limit given
+        torch.ones(2, dtype=torch.float16) * 1e5  # a finite scalar, a product too large for float16
+        torch.full((2,), 1e5).to(torch.float16)  # 1e5 does not fit float16: the cast makes the Inf
+
+    calls = _calls(_records(tmp_path, body, overflow_nums=-1))
+    assert calls == ["forward/-/aten.mul.Tensor#1", "forward/-/aten._to_copy.default#0"]
 
 
 def test_inputs_of_an_in_place_op_are_the_values_before_it(tmp_path, resolution):
@@ -125,11 +164,11 @@ def test_inputs_of_an_in_place_op_are_the_values_before_it(tmp_path, resolution)
 def test_a_pending_call_keeps_its_output_when_a_later_op_writes_into_it(tmp_path, resolution, monkeypatch):
     monkeypatch.setattr(overflow_check, "WINDOW_CALLS", 2)  # several windows in one step
     x = torch.ones(1, 2)
-    w = torch.tensor([[float("-inf"), 1.0], [0.0, 1.0]])
+    w = torch.tensor([[-3e38, 1.0], [-3e38, 1.0]])
 
     def body():
         for _ in range(3):
-            y = torch.mm(x, w)  # [-inf, 2]: overflows
+            y = torch.mm(x, w)  # [-6e38 -> -inf, 2]: overflows in any summation order
             y.relu_()  # [0, 2]: writes into the pending mm's output
             y.add_(1)
 
@@ -147,7 +186,7 @@ def test_the_optimizer_step_is_checked(tmp_path):
     param = torch.nn.Parameter(torch.full((2,), 1e38))
     param.grad = torch.full((2,), -1e38)
     optimizer = torch.optim.SGD([param], lr=10.0, foreach=False)
-    first = first_overflow(_records(tmp_path, optimizer.step))
+    first = first_overflow(_records(tmp_path, optimizer.step)).record
     assert first.phase == "optimizer" and first.op.startswith("aten.add_")
 
 

@@ -15,7 +15,7 @@ that created its autograd node, found through the node's sequence number. Ops of
 nodes take the parameter's path (``layers.0.fc.weight``) as module, so their names do not depend on
 the order in which gradients arrive. Collectives (``c10d`` ops) record their outputs once their
 work completes (``collectives.py``). With ``task="overflow_check"`` every selected call is checked
-for NaN/Inf outputs and only the overflowing ones are recorded (``overflow_check.py``).
+for the NaN/Inf it makes and only those calls are recorded (``overflow_check.py``, ``nonfinite.py``).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from torchdebug.capture.overflow import Rows
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
+from torchdebug.nonfinite import OriginTracker
 from torchdebug.records import Record
 from torchdebug.stats import stats_from_sums, stats_from_vector
 from torchdebug.store import layout
@@ -74,6 +75,8 @@ class GraphCapture:
         self.scene = scene
         self.step = 0
         self.overflows: list[overflow.Overflow] = []
+        """The first call of each step that made a NaN/Inf (overflow scene)."""
+        self._origins, self._origin_step = OriginTracker(), 0
         self._forward_ran: set[str] = set()
         self._counts: dict[Key, int] = {}
         self._forward_bases: dict[str, dict[Key, int]] = {}
@@ -185,8 +188,11 @@ class GraphCapture:
         return records
 
     def _record_overflows(self, run: _Run, rows: Rows) -> None:
-        """The overflow scene, once a run's statistics arrived: record the calls with NaN/Inf outputs."""
-        calls = overflow.overflowing_calls(run.plan, rows)
+        """The overflow scene, once a run's statistics arrived (in run order): record the calls that
+        make a NaN/Inf (``overflow.origins``)."""
+        if self._origin_step != run.step:
+            self._origins, self._origin_step = OriginTracker(), run.step
+        calls = overflow.origins(run.plan, rows, self._origins)
         self._note_overflow(run, calls, rows)
         self.session.add_records(self._records(run, calls, rows, []))
 

@@ -1,11 +1,13 @@
-"""The overflow scene: keep only the calls whose outputs hold NaN or Inf, and name the first one.
+"""The overflow scene: keep only the calls that make a NaN or an Inf, and name the first one.
 
-The statistics of every output are taken as the compiled graph runs (inside it, or by the host as
-soon as the value exists); a call overflows when any output's statistics count a NaN or an Inf.
-Graph order is a valid execution order and a NaN flows only downstream, so the first
-overflowing call of the first graph that ran in a step is where the step's non-finite values begin,
-forward or backward (``torch.autograd.detect_anomaly`` under compile only names
-``CompiledFunctionBackward``).
+The statistics of every input and output are taken as the compiled graph runs (inside it, or by the
+host as soon as the value exists), and each call is judged by :mod:`torchdebug.nonfinite` in graph
+order: an *origin* makes a NaN/Inf from inputs that did not hold it, an *entry* passes on a NaN that
+no call of the step made (the graph's inputs held it); a ``-inf`` attention mask, and every call
+that writes or passes on an infinity it was given, is neither. Graph order is a valid execution
+order and a NaN flows only downstream, so the first origin of the first graph that ran in a step is
+where the step's non-finite values begin, forward or backward (``torch.autograd.detect_anomaly``
+under compile only names ``CompiledFunctionBackward``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchdebug.capture.graph_plan import GraphPlan
+from torchdebug.nonfinite import ENTRY, ORIGIN, OriginTracker, tensor_flags, value_flags
 
 log = logging.getLogger("torchdebug.capture.overflow")
 
@@ -47,14 +50,23 @@ def _nonfinite(stats: dict[str, Any] | None) -> tuple[int, int]:
     return stats["nan"], stats["posinf"] + stats["neginf"]
 
 
-def overflowing_calls(plan: GraphPlan, rows: Rows) -> list[int]:
-    """Indices of the plan's calls with a NaN or Inf in an output, in graph order."""
+def origins(plan: GraphPlan, rows: Rows, tracker: OriginTracker) -> list[int]:
+    """Indices of the plan's calls that are origins or entries of NaN/Inf, in graph order;
+    ``tracker`` carries the step's state across its graphs."""
     found = []
     for index, call in enumerate(plan.calls):
+        inputs = outputs = 0
         for slot in call.slots:
-            if slot.io == "output" and slot.stat is not None and any(_nonfinite(rows[slot.stat])):
-                found.append(index)
-                break
+            if slot.kind == "value":
+                inputs |= value_flags(slot.value) if slot.io == "input" else 0
+            elif slot.stat is not None:
+                flags = tensor_flags(rows[slot.stat], slot.meta["dtype"] if slot.meta else None)
+                if slot.io == "output":
+                    outputs |= flags
+                else:
+                    inputs |= flags
+        if tracker.judge(inputs, outputs) in (ORIGIN, ENTRY):
+            found.append(index)
     return found
 
 

@@ -1,35 +1,40 @@
-"""Eager overflow check (``task="overflow_check"``): record only the op calls whose outputs hold NaN or Inf.
+"""Eager overflow check (``task="overflow_check"``): record only the op calls that make a NaN or an Inf.
 
-Every selected op call (forward, backward and optimizer) has each floating output reduced on its
-own device to one float64 sum (:func:`torchdebug.stats.finite_sum`), staged in the session's device
-table (:class:`torchdebug.stats_table.StatsStager`) like statistics are. A call *overflows* when one sum
-is not finite; as in ptdbg, only overflowing calls are recorded, with statistics and their input
-and output tensors saved, and recording stops after ``overflow_nums`` of them in the run (then ops
-run unchecked). Inputs are the values the call saw: an in-place op's written inputs are copied
-before it runs. Collectives (``c10d`` ops) are not checked: their outputs are complete only once
-their work is waited for.
+Every selected op call (forward, backward and optimizer) has the statistics of its floating inputs
+and outputs taken on their own device (the session's device table,
+:class:`torchdebug.stats_table.StatsStager`, as for ``task="statistics"``; a tensor already judged at
+its current version, an earlier op's output fed to this one, is not read again). A call is judged
+by :mod:`torchdebug.nonfinite`: an *origin* makes a NaN/Inf from inputs that did not hold it, an
+*entry* passes on a NaN no checked op of the step made; ops that write an infinity they were given
+(a ``-inf`` attention mask) or pass one on are neither. As in ptdbg, only origins and entries are
+recorded, with statistics and their input and output tensors saved, and recording stops after
+``overflow_nums`` of them in the run (then ops run unchecked). Inputs are the values the call saw:
+an in-place op's written inputs are copied before it runs. Collectives (``c10d`` ops) are not
+checked: their outputs are complete only once their work is waited for.
 
-**On the CPU** the sum is read at once: a call is recorded right after it runs, and nothing is held.
+**On the CPU** the statistics are read at once: a call is judged right after it runs, and nothing
+is held.
 
-**On an accelerator** reading the sum would synchronise with the device at every op, so the
-decision waits for the session's next flush. Until then a checked call is *pending*: it holds
-references to its input and output tensors. Before an in-place op writes into memory a pending
-call holds (same storage), the held tensor is copied (copy on write), so what is recorded is what
-the call saw. Pending calls are bounded: when more than :data:`WINDOW_CALLS` calls or
-:data:`WINDOW_BYTES` bytes of held tensors are pending, the session flushes, one synchronisation per
-window rather than per op; ``stop`` and ``step`` flush the rest. The trade-off: held tensors stay
-alive until their window resolves (up to about :data:`WINDOW_BYTES` of extra device memory, plus
-the copies made on write), and overflowing calls beyond ``overflow_nums`` in the last window were
-checked though not recorded.
+**On an accelerator** reading them would synchronise with the device at every op, so the judgement
+waits for the session's next flush, and calls are judged in execution order then. Until then a
+checked call is *pending*: it holds references to its input and output tensors. Before an in-place
+op writes into memory a pending call holds (same storage), the held tensor is copied (copy on
+write), so what is recorded is what the call saw. Pending calls are bounded: when more than
+:data:`WINDOW_CALLS` calls or :data:`WINDOW_BYTES` bytes of held tensors are pending, the session
+flushes, one synchronisation per window rather than per op; ``stop`` and ``step`` flush the rest.
+The trade-off: held tensors stay alive until their window resolves (up to about
+:data:`WINDOW_BYTES` of extra device memory, plus the copies made on write), and origins beyond
+``overflow_nums`` in the last window were checked though not recorded.
 
-The first overflow of a run is logged with its call name, phase, module and source line (for a
+The first origin of a run is logged with its call name, phase, module and source line (for a
 backward op: the forward line that created it, see ``capture/eager.py``). From a dump,
-:func:`first_overflow` finds it again (``torchdebug show`` and ``torchdebug check``).
+:func:`first_overflow` finds it again (``torchdebug show``, ``check`` and ``report``).
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import deque
 from collections.abc import Iterable
 from functools import partial
@@ -37,8 +42,19 @@ from typing import Any
 
 import torch
 
+from torchdebug._torch.autograd import tensor_version
 from torchdebug.capture.session import CaptureSession
-from torchdebug.records import MODULE_OP, Record, make_name
+from torchdebug.nonfinite import (
+    ENTRY,
+    ORIGIN,
+    Origin,
+    OriginTracker,
+    describe_call,
+    find_origin,
+    tensor_flags,
+    value_flags,
+)
+from torchdebug.records import Record, make_name
 from torchdebug.slots import Slot, iter_slots
 
 logger = logging.getLogger("torchdebug.capture.overflow_check")
@@ -60,7 +76,7 @@ def _storage_key(tensor: torch.Tensor) -> _StorageKey | None:
 
 
 def _checked(value: Any) -> bool:
-    """Whether an output can hold NaN or Inf and has data to read."""
+    """Whether a tensor can hold NaN or Inf and has data to read."""
     return (
         isinstance(value, torch.Tensor)
         and (value.is_floating_point() or value.is_complex())
@@ -70,21 +86,48 @@ def _checked(value: Any) -> bool:
     )
 
 
+class _Flags:
+    """The :mod:`torchdebug.nonfinite` flags of one tensor at one version, once its statistics
+    arrived (``flags is None`` until then), with the calls waiting for them."""
+
+    __slots__ = ("ref", "version", "dtype", "flags", "waiting")
+
+    def __init__(self, tensor: torch.Tensor, version: int) -> None:
+        self.ref = weakref.ref(tensor)
+        self.version = version
+        self.dtype = tensor.dtype
+        self.flags: int | None = None
+        self.waiting: list[tuple[_Call, bool]] = []
+
+    def deliver(self, stats: dict[str, Any]) -> None:
+        self.flags = tensor_flags(stats, self.dtype)
+        waiting, self.waiting = self.waiting, []
+        for call, output in waiting:
+            call.add(self.flags, output)
+
+
 class _Call:
     """A checked op call waiting for its flags (on an accelerator, until the next flush)."""
 
-    __slots__ = ("common", "inputs", "outputs", "mutable", "waiting", "overflowed", "done", "nbytes")
+    __slots__ = ("common", "step", "inputs", "outputs", "mutable", "waiting", "flags_in", "flags_out", "done", "nbytes")
 
-    def __init__(self, common: dict[str, Any], inputs: list[Slot], outputs: list[Slot], mutable: bool) -> None:
-        self.common, self.inputs, self.outputs, self.mutable = common, inputs, outputs, mutable
+    def __init__(self, common: dict[str, Any], step: int, inputs: list[Slot], outputs: list[Slot], mutable: bool) -> None:
+        self.common, self.step, self.inputs, self.outputs, self.mutable = common, step, inputs, outputs, mutable
         self.waiting = 0
-        self.overflowed = False
+        self.flags_in = self.flags_out = 0
         self.done = False
         self.nbytes = 0
 
+    def add(self, flags: int, output: bool) -> None:
+        if output:
+            self.flags_out |= flags
+        else:
+            self.flags_in |= flags
+        self.waiting -= 1
+
 
 class OverflowWatch:
-    """Checks op calls for NaN/Inf outputs and records the overflowing ones into a session."""
+    """Checks op calls for the NaN/Inf they make and records those calls into a session."""
 
     def __init__(self, session: CaptureSession, limit: int) -> None:
         self.session = session
@@ -94,6 +137,12 @@ class OverflowWatch:
         self._pending: deque[_Call] = deque()
         self._held: dict[_StorageKey, list[tuple[_Call, list[Slot], int]]] = {}
         self._held_bytes = 0
+        self._flags: dict[int, _Flags] = {}
+        """Tensors judged in this step, by ``id``: an earlier op's output read again is not reduced again."""
+        self._new: list[tuple[torch.Tensor, Any]] = []
+        self._step = session.step
+        self._tracker = OriginTracker()
+        self._tracker_step = session.step
 
     @property
     def done(self) -> bool:
@@ -103,12 +152,17 @@ class OverflowWatch:
     def run(
         self, func: Any, args: tuple, kwargs: dict[str, Any], written: frozenset[str], common: dict[str, Any], *, inputs: bool
     ) -> Any:
-        """Run one op call, check its outputs and record it if they overflow (now or at a flush).
+        """Run one op call, judge it and record it if it makes a NaN/Inf (now or at a flush).
 
         ``written``: top-level argument keys (``"0"``, ``"out"``) the op writes into;
         ``inputs``: whether input slots are recorded (``data_mode``).
         """
-        slots = list(iter_slots(args, kwargs)) if inputs or written else []
+        if self.session.step != self._step:
+            self._step = self.session.step
+            self._flags.clear()
+        slots = list(iter_slots(args, kwargs))
+        before = [self._flags_of(value, fresh=False) for _, value in slots if _checked(value)]
+        self._stage_new()  # before the op: an in-place op changes its inputs
         if written:
             self._copy_before_write(slots, written)
             slots = [
@@ -117,19 +171,46 @@ class OverflowWatch:
             ]
         out = func(*args, **kwargs)
         outputs = list(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
-        flagged = [value for _, value in outputs if _checked(value)]
-        if not flagged:
+        checked = [value for _, value in outputs if _checked(value)]
+        if not checked:
             return out
-        call = _Call(common, slots if inputs else [], outputs, bool(written))
-        call.waiting = len(flagged)
+        call = _Call(common, self._step, slots if inputs else [], outputs, bool(written))
+        for _, value in slots:
+            if not isinstance(value, torch.Tensor):
+                call.flags_in |= value_flags(value)
+        after = [self._flags_of(value, fresh=True, mutated=bool(written)) for value in checked]
+        self._stage_new()
         self._pending.append(call)
-        for tensor in flagged:
-            self.session.stage_overflow_flag(tensor, partial(self._flag, call))
-        if not call.done:  # an accelerator: hold the call's tensors until a flush reads its flags
+        for side, output in ((before, False), (after, True)):
+            for flags in side:
+                call.waiting += 1
+                if flags.flags is None:
+                    flags.waiting.append((call, output))
+                else:
+                    call.add(flags.flags, output)
+        if call.waiting:  # an accelerator: hold the call's tensors until a flush reads its flags
             self._hold(call)
             if len(self._pending) > WINDOW_CALLS or self._held_bytes > WINDOW_BYTES:
                 self.session.flush()
+        self._judge_ready()
         return out
+
+    # -- flags ---------------------------------------------------------------------------------
+    def _flags_of(self, tensor: torch.Tensor, *, fresh: bool, mutated: bool = False) -> _Flags:
+        """The flags of ``tensor`` as it is now: reused when it was judged at this version (not for
+        ``fresh`` outputs), else staged with the next :meth:`_stage_new`."""
+        # After an in-place op returns, autograd bumps the version once more (as in the session).
+        version = tensor_version(tensor) + (1 if mutated else 0)
+        known = None if fresh else self._flags.get(id(tensor))
+        if known is not None and known.ref() is tensor and known.version == version:
+            return known
+        flags = self._flags[id(tensor)] = _Flags(tensor, version)
+        self._new.append((tensor, partial(self._deliver, flags)))
+        return flags
+
+    def _stage_new(self) -> None:
+        new, self._new = self._new, []
+        self.session.stage_stats(new)
 
     # -- pending calls -------------------------------------------------------------------------
     def _hold(self, call: _Call) -> None:
@@ -153,19 +234,26 @@ class OverflowWatch:
                         name, held = side[index]
                         side[index] = (name, held.clone())
 
-    def _flag(self, call: _Call, overflowed: bool) -> None:
-        call.overflowed = call.overflowed or overflowed
-        call.waiting -= 1
+    def _deliver(self, flags: _Flags, stats: dict[str, Any]) -> None:
+        flags.deliver(stats)
+        self._judge_ready()
+
+    def _judge_ready(self) -> None:
+        """Judge the calls whose flags arrived, in execution order (on an accelerator the session's
+        flush delivers them)."""
         while self._pending and self._pending[0].waiting == 0:
-            ready = self._pending.popleft()
-            ready.done = True
-            self._held_bytes -= ready.nbytes
-            if ready.overflowed and not self.done:
-                self._record(ready)
+            call = self._pending.popleft()
+            call.done = True
+            self._held_bytes -= call.nbytes
+            if call.step != self._tracker_step:
+                self._tracker, self._tracker_step = OriginTracker(), call.step
+            kind = self._tracker.judge(call.flags_in, call.flags_out)
+            if kind in (ORIGIN, ENTRY) and not self.done:
+                self._record(call, kind)
         if not self._pending:
             self._held.clear()
 
-    def _record(self, call: _Call) -> None:
+    def _record(self, call: _Call, kind: str) -> None:
         self.found += 1
         common = {**call.common, "save_tensors": True}
         if call.inputs:
@@ -174,47 +262,23 @@ class OverflowWatch:
         c = call.common
         name = make_name(c["phase"], c["module"], c["op"], c["call"], "output", "").removesuffix("/output")
         log = logger.warning if self.found == 1 else logger.info
+        what = "made a NaN/Inf" if kind == ORIGIN else "passes on a NaN no checked op of the step made"
         log(
-            "%s NaN/Inf of the run, step %d: %s",
+            "%s NaN/Inf of the run, step %d: %s %s",
             "first" if self.found == 1 else f"#{self.found}",
-            self.session.step,
-            _where(name, c["phase"], c["module"], c["fwd"], c["source"]),
+            call.step,
+            describe_call(name, c["phase"], c["module"], c["fwd"], c["source"]),
+            what,
         )
 
 
-def _where(call: str, phase: str, module: str, fwd: str | None, source: str | None) -> str:
-    where = f"{call} (phase {phase}, module {module})"
-    if fwd:
-        where += f", gradient of {fwd}"
-    if source:
-        where += f" from the forward line {source}" if phase == "backward" else f" at {source}"
-    else:
-        where += ", no source line"
-    return where
+def first_overflow(records: Iterable[Record]) -> Origin | None:
+    """The first op call of a dump that made a NaN/Inf, or through which a NaN entered a step
+    (:func:`torchdebug.nonfinite.find_origin`), in any dump with statistics."""
+    return find_origin(records)
 
 
-def _counts(record: Record) -> tuple[int, int]:
-    stats = record.stats or {}
-    return int(stats.get("nan") or 0), int(stats.get("posinf") or 0) + int(stats.get("neginf") or 0)
-
-
-def first_overflow(records: Iterable[Record]) -> Record | None:
-    """The earliest output slot (by step, then execution order; op records before module records)
-    whose statistics count a NaN or an Inf, in any dump with statistics."""
-    best: tuple[int, int, int] | None = None
-    found = None
-    for record in records:
-        if record.io in ("output", "parameter_grad") and any(_counts(record)):
-            key = (record.step, record.op == MODULE_OP, record.seq)
-            if best is None or key < best:
-                best, found = key, record
-    return found
-
-
-def describe_overflow(record: Record) -> str:
-    """``step 0: backward/fc/aten.mm.default#0 (phase backward, module fc), gradient of ... from the
-    forward line t.py:12 in forward: 0 NaN, 4 Inf in output.0``"""
-    nan, inf = _counts(record)
-    where = _where(record.call_name, record.phase, record.module, record.fwd, record.source)
-    slot = f"{record.io}.{record.arg}" if record.arg else record.io
-    return f"step {record.step}: {where}: {nan} NaN, {inf} Inf in {slot}"
+def describe_overflow(origin: Origin) -> str:
+    """``step 0: forward/h.0.mlp/aten.exp.default#0 (phase forward, module h.0.mlp) at t.py:12 in
+    forward: made 0 NaN, 4 Inf in output.0``"""
+    return str(origin)

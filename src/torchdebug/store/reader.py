@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
-from torchdebug.store import layout
+from torchdebug.store import layout, live
 from torchdebug.store.tables import records_frame
 
 logger = logging.getLogger("torchdebug.store.reader")
@@ -261,10 +261,14 @@ def is_dump(path: str | Path) -> bool:
 
 
 def load(path: str | Path) -> Run:
-    """Open a dump path (its latest run), a run folder or a rank folder."""
+    """Open a dump path (its latest run), a run folder or a rank folder.
+
+    Dumps this thread is still capturing under ``path`` are flushed first, so every record captured
+    so far is read (``torchdebug.store.live``)."""
     path = Path(path)
     if not path.exists():
         raise DumpError(f"{path}: no such dump folder")
+    live.flush_under(path)
     if not path.is_dir():
         raise DumpError(f"{path}: not a folder; give a dump path, a run folder or a rank folder")
     if layout.is_rank_dir(path):

@@ -33,6 +33,7 @@ LAYERS = [
         "slots",
         "extras",
         "progress",
+        "nonfinite",
     },
     {"store"},
     {"report"},
@@ -153,3 +154,31 @@ def test_packages_named_like_their_function_stay_callable_after_a_submodule_impo
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.split() == ["True", "True"], result.stderr
+
+
+_COMMANDS = ["show", "check", "convert", "config", "compare", "report", "diagnose"]
+
+
+def test_the_help_of_every_subcommand_imports_no_torch_and_no_other_subcommand():
+    """``torchdebug --help`` and ``torchdebug COMMAND --help`` build parsers only: torch (2 s to
+    import) stays out, and so do the modules of the other subcommands."""
+    code = (
+        "import sys\nfrom torchdebug.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('torch', 'numpy', 'safetensors', 'jinja2')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy}), "
+        "sorted(m for m in sys.modules if m.startswith('torchdebug.cli.') and m != 'torchdebug.cli.arguments'))"
+    )
+    for argv in [["--help"], *([command, "--help"] for command in _COMMANDS)]:
+        result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert "usage: torchdebug" in result.stdout
+        expected = [] if len(argv) == 1 else [f"torchdebug.cli.{argv[0]}"]
+        assert result.stdout.strip().splitlines()[-1] == f"[] {expected}", argv
+
+
+def test_the_root_help_lists_every_subcommand_module():
+    from torchdebug.cli import COMMANDS
+
+    modules = {path.stem for path in (PACKAGE / "cli").glob("*.py")} - {"__init__", "arguments", "tensor_files"}
+    assert list(COMMANDS) == _COMMANDS and set(COMMANDS) == modules

@@ -72,7 +72,7 @@ def test_config_check_names_the_bad_key_in_one_line(tmp_path, capsys):
     path.write_text(json.dumps({"task": "statistics", "level": "L2"}))
     assert main(["config", "check", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "torchdebug config: error: level: got 'L2', expected one of 'op', 'module', 'mix'"
+    assert err == "torchdebug config check: error: level: got 'L2', expected one of 'op', 'module', 'mix'"
 
 
 def test_python_dash_m_runs_the_cli():

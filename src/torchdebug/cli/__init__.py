@@ -1,45 +1,97 @@
 """The ``torchdebug`` command line: one subcommand per module in this package.
 
-Each subcommand module defines ``register(subparsers)``, which adds its parser and sets
-``func(args) -> int`` as the handler. Exit status: 0 success, 1 a finding (e.g. a divergence),
-2 a usage error (bad arguments, bad config, unreadable dump).
+Each subcommand module defines ``register(parser)``, which gives the subcommand's parser its
+description and arguments and sets ``func(args) -> int`` as the handler; :data:`COMMANDS` lists
+them with their one-line help. Exit status: 0 success, 1 a finding (e.g. a divergence), 2 a usage
+error (bad arguments, bad config, unreadable dump).
+
+Every usage error is one line on stderr, ``torchdebug COMMAND: error: ...``: the parser's own
+(:class:`_Parser`) and those a command raises (:data:`_USAGE_ERRORS`).
+
+Help is fast (``torchdebug --help`` and every ``torchdebug COMMAND --help`` about 30 ms, torch
+takes 2 s to import): :func:`main` imports only the module of the command it runs, and subcommand
+modules import what loads torch (the reader, numpy) inside their handlers, not at the top;
+``tests/test_package.py`` checks that no help imports torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import NoReturn
 
-from torchdebug import progress
 from torchdebug.errors import TorchDebugError
 
-# subcommand modules, in the order `torchdebug --help` lists them
-_COMMANDS = [
-    "torchdebug.cli.show",
-    "torchdebug.cli.check",
-    "torchdebug.cli.convert",
-    "torchdebug.cli.config",
-    "torchdebug.cli.compare",
-    "torchdebug.cli.report",
-    "torchdebug.cli.diagnose",
-]
+COMMANDS = {
+    "show": "print records of a dump",
+    "check": "exit 1 when a dump holds a NaN or an Inf (for CI)",
+    "convert": "export saved tensors to .npy or .pt files, or the records to Parquet",
+    "config": "print the config schema or check a config file",
+    "compare": "compare two dumps and find the first divergent op",
+    "report": "HTML page for a TORCH_COMPILE_DEBUG run or an eager dump",
+    "diagnose": "find the compiler stage, node and source line that break a model",
+}
+"""Subcommand (module ``torchdebug.cli.<name>``) -> its line in ``torchdebug --help``, in that order."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The root parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with one-line errors: the message and where to find the usage, no usage
+    block (subparsers are made of the same class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _terminal_width() -> int:
+    """What ``shutil.get_terminal_size`` says (``$COLUMNS``, else the terminal, else 80), without
+    importing shutil, which loads the archive modules (a tenth of the time help takes)."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, with the width found without shutil."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _terminal_width() - 2 if width is None else width)
+
+
+class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """:class:`HelpFormatter` that keeps the description's line breaks."""
+
+
+_USAGE_ERRORS = (TorchDebugError, ValueError, OSError, re.error)
+"""What a command raises for bad input (a ``ConfigError`` is a ``ValueError``; a missing or
+unwritable path an ``OSError``): printed as one line, exit 2."""
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The root parser with every subcommand registered, or, given the command line ``argv``, only
+    the subcommand it names (the others keep their help line: ``torchdebug --help`` lists them)."""
+    parser = _Parser(
         prog="torchdebug",
         description="Debug torch.compile failures and numerical divergence in PyTorch models.",
+        formatter_class=HelpFormatter,
     )
     _add_output_options(parser, default=0)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMANDS:
-        importlib.import_module(name).register(subparsers)
-    for subparser in subparsers.choices.values():
+    # the command is the first word that is no option (-q and -v take no value)
+    named = None if argv is None else next((word for word in argv if not word.startswith("-")), "")
+    for name, line in COMMANDS.items():
+        subparser = subparsers.add_parser(name, help=line, description=line, formatter_class=HelpFormatter)
+        if named is None or name == named:
+            importlib.import_module(f"torchdebug.cli.{name}").register(subparser)
         _add_output_options(subparser, default=argparse.SUPPRESS)  # `torchdebug compare A B -q` as well
     return parser
 
@@ -54,6 +106,10 @@ def _add_output_options(parser: argparse.ArgumentParser, default: object) -> Non
 @contextmanager
 def _output(quiet: bool, verbose: int) -> Iterator[None]:
     """Progress bars and torchdebug's log level for one command; the previous state restored after."""
+    import logging  # here, not at the top: `--help` needs neither logging nor the bars (see test_package.py)
+
+    from torchdebug import progress
+
     logger = logging.getLogger("torchdebug")
     saved = logger.handlers, logger.level, logger.propagate
     handler = progress.LogHandler()
@@ -70,7 +126,8 @@ def _output(quiet: bool, verbose: int) -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand and return its exit status (2 for usage errors)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -80,11 +137,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _output(args.quiet, args.verbose):
             return int(args.func(args) or 0)
-    except (TorchDebugError, ValueError, FileNotFoundError, NotADirectoryError) as error:
-        print(f"torchdebug {args.command}: error: {error}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `torchdebug show ... | head`
         return 0
+    except _USAGE_ERRORS as error:
+        message = _one_line(error).removeprefix(f"{args.command}: ")  # "diagnose: no script at ..."
+        print(f"{_command(args)}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _command(args: argparse.Namespace) -> str:
+    """``torchdebug show``, ``torchdebug config check``: the command that failed."""
+    return " ".join(["torchdebug", args.command, *([args.action] if getattr(args, "action", None) else [])])
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (an ``OSError`` as ``strerror: path``)."""
+    if isinstance(error, OSError) and error.strerror and error.filename is not None:
+        text = f"{error.filename}: {error.strerror}"
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

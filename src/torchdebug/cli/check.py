@@ -3,30 +3,32 @@
 Reads the statistics of every output slot in the dump (``task="overflow_check"`` records only the
 overflowing calls; ``statistics`` and ``tensor`` dumps have them all) and prints, per rank, the first
 op call whose outputs hold a NaN or an Inf: call name, phase, module and source line (for a
-backward op, the forward line that created it).
+backward op, the forward line that created it). Damaged tensor files (truncated, missing) are named
+in warnings on stderr; they do not change the exit status, which is about NaN/Inf only.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from torchdebug.capture.overflow_check import describe_overflow, first_overflow
-from torchdebug.store.reader import load
 
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "check", help="exit 1 when a dump holds a NaN or an Inf (for CI)", description=__doc__.split("\n\n")[0]
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n")[0]
     parser.add_argument("dump", help="dump path (latest run), run folder or rank folder")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: these load torch, which `torchdebug check --help` must not
+    from torchdebug.capture.overflow_check import describe_overflow, first_overflow
+    from torchdebug.cli.tensor_files import damaged_files, warn_damaged
+    from torchdebug.store.reader import load
+
     run_ = load(args.dump)
     found = with_stats = False
     for rank, dump in sorted(run_.ranks.items()):
         records = dump.records()
+        warn_damaged(rank, damaged_files(dump, records), "cannot be read (their statistics were checked)")
         # an overflow check that found nothing recorded nothing
         with_stats = with_stats or getattr(dump, "task", None) == "overflow_check" or any(record.stats for record in records)
         first = first_overflow(records)

@@ -18,6 +18,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchdebug.cli import RawDescriptionHelpFormatter
+from torchdebug.cli.arguments import indices, integer, number
+
 if TYPE_CHECKING:
     from torchdebug.compare import CompareResult
 
@@ -61,18 +64,16 @@ def _formats(text: str) -> list[str]:
     return formats
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "compare",
-        help="compare two dumps and find the first divergent op",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = RawDescriptionHelpFormatter
     parser.add_argument("a", nargs="?", help="dump to check: dump path (latest run), run folder, rank folder or msprobe dump")
     parser.add_argument("b", nargs="?", help="reference dump, same forms as A")
     parser.add_argument("--across-ranks", metavar="DUMP", help="compare the ranks of one run with each other instead of A with B")
     parser.add_argument(
-        "--ranks", type=_ranks, help="with --across-ranks: the ranks of one data-parallel group, e.g. 0,2,4 (default: all)"
+        "--ranks",
+        type=indices,
+        help="with --across-ranks: the ranks of one data-parallel group, e.g. 0,2,4 or 0-3 (default: all)",
     )
     parser.add_argument(
         "-o", "--output", type=Path, help="folder for the reports (created if missing), or a .parquet file for the rows"
@@ -97,25 +98,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="re-run diverging ops in float64 on each side's saved inputs to blame an op's own error (task=tensor dumps; slower)",
     )
     parser.add_argument(
-        "--growth", type=float, default=16.0, help="error amplification an op may show before it is blamed (default 16)"
+        "--growth", type=number(1), default=16.0, help="error amplification an op may show before it is blamed (default 16)"
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=integer(1),
         default=None,
         help="threads for tensor metrics per process (default: the process's share of the cores)",
     )
     parser.add_argument(
-        "--workers", type=int, default=1, help="processes to split A B over on this machine (default 1; not with torchrun)"
+        "--workers", type=integer(1), default=1, help="processes to split A B over on this machine (default 1; not with torchrun)"
     )
     parser.set_defaults(func=run)
-
-
-def _ranks(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected comma-separated rank numbers (e.g. 0,2,4)") from None
 
 
 def _across_ranks(args: argparse.Namespace) -> CompareResult:
@@ -165,6 +159,13 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
 
 def run(args: argparse.Namespace) -> int:
     table = args.output is not None and args.output.suffix == ".parquet"
+    # bad outputs fail here, before a comparison that may take minutes
+    if table and args.output.is_dir():
+        raise ValueError(f"-o {args.output}: is a folder; give a file name ending in .parquet, or a folder for the reports")
+    if not table and args.output is not None and args.output.exists() and not args.output.is_dir():
+        raise ValueError(f"-o {args.output}: exists and is not a folder; give a folder for the reports, or a .parquet file")
+    if args.mapping is not None and not args.mapping.is_file():
+        raise ValueError(f"--mapping {args.mapping}: no such file")
     if table:
         from torchdebug.store.tables import require_parquet
 

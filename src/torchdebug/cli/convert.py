@@ -8,6 +8,9 @@ bfloat16 or float8: those tensors are widened to float32 in ``.npy`` files (``in
 
 A ``.parquet`` OUT gets one row per record of every rank (statistics as columns, see
 ``torchdebug.store.tables``), for pandas, Polars, DuckDB or Spark; needs ``torchdebug[parquet]``.
+
+A damaged tensor file (truncated, missing) is skipped with a warning naming it; the others are
+converted. Exit status 2 when nothing could be converted.
 """
 
 from __future__ import annotations
@@ -16,27 +19,27 @@ import argparse
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from torchdebug import progress
-from torchdebug.capture.filters import NameMatcher
+from torchdebug.cli.arguments import name_pattern
 from torchdebug.errors import DumpError
-from torchdebug.store.reader import Run, load
-from torchdebug.store.tables import records_frame, write_parquet
 
-_NUMPY_UNSUPPORTED = {torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))}
+if TYPE_CHECKING:
+    from torchdebug.capture.filters import NameMatcher
+    from torchdebug.store.reader import Run
+
+_NUMPY_UNSUPPORTED = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+"""dtypes NumPy has no type for: widened to float32 in ``.npy`` files."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "convert", help="export saved tensors to .npy or .pt files, or the records to Parquet", description=__doc__
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
     parser.add_argument("dump", help="dump path (latest run), run folder or rank folder")
     parser.add_argument("out", help="output folder (created), or a .parquet file for the records table")
     parser.add_argument("--to", choices=("npy", "pt"), help="tensor file format (required unless OUT ends in .parquet)")
-    parser.add_argument("--name", action="append", default=[], help="substring or 're:REGEX' of record names (repeatable)")
+    parser.add_argument(
+        "--name", type=name_pattern, action="append", default=[], help="substring or 're:REGEX' of record names (repeatable)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -46,41 +49,73 @@ def file_stem(name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_ = load(args.dump)
+    # here, not at the top: these load torch, which `torchdebug convert --help` must not
+    from torchdebug.capture.filters import NameMatcher
+    from torchdebug.store.reader import load
+
     out = Path(args.out)
-    matcher = NameMatcher(args.name)
     if out.suffix == ".parquet" and args.to is None:
-        return _records_table(run_, out, matcher)
+        return _records_table(load(args.dump), out, NameMatcher(args.name))
     if args.to is None:
         raise ValueError(f"--to: required for an output folder ({out}); give --to npy or --to pt, or an OUT ending in .parquet")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: exists and is not a folder; give a new or existing folder for the {args.to} files")
+    return _tensor_files(load(args.dump), out, args.to, NameMatcher(args.name))
+
+
+def _tensor_files(run_: Run, out: Path, to: str, matcher: NameMatcher) -> int:
+    """Write the saved tensors ``matcher`` selects as ``.npy`` or ``.pt`` files, and ``index.json``."""
+    import numpy as np  # here, as in run(): not for `--help`
+    import torch
+
+    from torchdebug import progress
+    from torchdebug.cli.tensor_files import damaged_files, logger, warn_damaged
+
     index: dict[str, dict[str, object]] = {}
+    skipped = 0
     for rank, dump in sorted(run_.ranks.items()):
-        for record in progress.track(dump.records(), f"converting rank {rank}", unit="record"):
-            if not record.tensor or (matcher and not matcher(record.name)):
+        selected = [record for record in dump.records() if record.tensor and (not matcher or matcher(record.name))]
+        damaged = damaged_files(dump, selected)
+        warn_damaged(rank, damaged, "skipped")
+        for record in progress.track(selected, f"converting rank {rank}", unit="record"):
+            if record.tensor.get("file") in damaged:
+                skipped += 1
                 continue
-            tensor = dump.load_tensor(record)
+            try:
+                tensor = dump.load_tensor(record)
+            except DumpError as error:  # a file whose size is right but whose header or key is wrong
+                logger.warning("rank %s: skipped %s: %s", rank, record.name, error)
+                skipped += 1
+                continue
             folder = out / f"rank{rank}" / f"step{record.step}"
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"{file_stem(record.name)}.{args.to}"
-            entry: dict[str, object] = {"file": str(path.relative_to(out)), "dtype": str(tensor.dtype).removeprefix("torch.")}
-            if args.to == "pt":
+            path = folder / f"{file_stem(record.name)}.{to}"
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            entry: dict[str, object] = {"file": str(path.relative_to(out)), "dtype": dtype}
+            if to == "pt":
                 torch.save(tensor.clone(), path)
             else:
-                if tensor.dtype in _NUMPY_UNSUPPORTED:
+                if dtype in _NUMPY_UNSUPPORTED:
                     entry["saved_as"] = "float32"
                     tensor = tensor.float()
                 np.save(path, tensor.numpy())
             index[f"rank{rank}/{record.name}@step{record.step}"] = entry
+    if not index and skipped:
+        raise DumpError(
+            f"{run_.path}: no saved tensor could be read: the {skipped} selected are in damaged files (see the warnings)"
+        )
     if not index:
         raise DumpError(f"{run_.path}: no saved tensors match (dump with task='tensor' to save tensors)")
     out.mkdir(parents=True, exist_ok=True)
     (out / "index.json").write_text(json.dumps(index, indent=2))
-    print(f"wrote {len(index)} {args.to} files under {out}")
+    print(f"wrote {len(index)} {to} files under {out}" + (f"; skipped {skipped} in damaged files" if skipped else ""))
     return 0
 
 
 def _records_table(run_: Run, out: Path, matcher: NameMatcher) -> int:
     """Write the records (those ``--name`` selects) of every rank as one Parquet table."""
+    from torchdebug.store.tables import records_frame, write_parquet
+
     records = [record for record in run_.records() if not matcher or matcher(record.name)]
     if not records:
         raise DumpError(f"{run_.path}: no records match")

@@ -1,5 +1,6 @@
 """``torchdebug report PATH -o report.html``: one offline HTML page for a compile debug run or an
-eager dump (per rank its first NaN/Inf with the source line, and every slot that holds one)."""
+eager dump (per rank: records per phase and module, the largest magnitudes, a plot of them along
+the modules, damaged tensor files, and the first NaN/Inf with every slot that holds one)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from torchdebug.capture.overflow_check import describe_overflow, first_overflow
-from torchdebug.report.dump import render_dump
-from torchdebug.store.reader import is_dump, load
 
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "report",
-        help="HTML page for a TORCH_COMPILE_DEBUG run or an eager dump",
-        description="Render models, phases, the pass pipeline with diffs, graph breaks, recompiles and "
-        "compile times of a torchdebug compile debug run, or the first NaN/Inf and every overflowing slot "
-        "of an eager dump, as one self-contained HTML file.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Render models, phases, the pass pipeline with diffs, graph breaks, recompiles and "
+        "compile times of a torchdebug compile debug run, or an eager dump's overview (records per phase and "
+        "module, largest magnitudes, per-module statistics with a plot) with its first NaN/Inf and every "
+        "overflowing slot, as one self-contained HTML file."
     )
     parser.add_argument("run_dir", help="torch_compile_debug/run_* folder, its torchdebug/ folder or the root; or an eager dump")
     parser.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
@@ -26,42 +22,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: the reader loads torch, which `torchdebug report --help` must not
+    from torchdebug.store.reader import is_dump
+
     output = Path(args.output)
     path = Path(args.run_dir)
+    if output.is_dir():
+        raise ValueError(f"-o {output}: is a folder; give the HTML file to write, e.g. {output / 'report.html'}")
+    if not path.exists():
+        raise ValueError(f"{path}: no such folder; give an eager dump or a torch_compile_debug/run_* folder")
     if is_dump(path):
-        output.write_text(render_dump(**_dump_page(path)), encoding="utf-8")
+        from torchdebug.report.dump import render_dump
+
+        page = render_dump(**_dump_page(path))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(page, encoding="utf-8")
         print(f"wrote {output} ({path})")
         return 0
     # imported here: torchdebug.compile pulls in inductor, too slow for every `torchdebug --help`
     from torchdebug.compile.debug_report import find_torchdebug_folder, render_report
 
     folder = find_torchdebug_folder(path)
-    output.write_text(render_report(folder))
+    page = render_report(folder)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(page, encoding="utf-8")
     print(f"wrote {output} ({folder})")
     return 0
 
 
 def _dump_page(path: Path) -> dict[str, Any]:
-    """What the eager dump page shows, per rank."""
+    """What the eager dump page shows, per rank: aggregates, never every record."""
+    from torchdebug.capture.overflow_check import describe_overflow, first_overflow
+    from torchdebug.cli.tensor_files import damaged_files
+    from torchdebug.report.dump import overflow_rows, overview
+    from torchdebug.store.reader import load
+
     run_ = load(path)
     ranks = []
     for rank, dump in sorted(run_.ranks.items()):
         records = dump.records()
         first = first_overflow(records)
-        overflows = [
-            {
-                "name": r.name,
-                "phase": r.phase,
-                "module": r.module,
-                "source": r.source,
-                "dtype": r.dtype,
-                "shape": r.shape,
-                "nan": r.stats.get("nan") or 0,
-                "inf": (r.stats.get("posinf") or 0) + (r.stats.get("neginf") or 0),
-            }
-            for r in records
-            if r.stats and (r.stats.get("nan") or r.stats.get("posinf") or r.stats.get("neginf"))
-        ]
+        overflows, more_overflows = overflow_rows(records)
+        damaged = damaged_files(dump, records)
         ranks.append(
             {
                 "rank": rank,
@@ -70,6 +72,9 @@ def _dump_page(path: Path) -> dict[str, Any]:
                 "records": len(records),
                 "first": describe_overflow(first) if first is not None else None,
                 "overflows": overflows,
+                "more_overflows": more_overflows,
+                "damaged": [{"file": file, "reason": reason, "records": count} for file, (reason, count) in damaged.items()],
+                "overview": overview(records),
             }
         )
     return {"path": str(run_.path), "ranks": ranks}

@@ -1,25 +1,31 @@
 """``torchdebug show DUMP``: print records with statistics and source stack (ptdbg's ``parse``).
 
 When an output holds a NaN or an Inf, the first such op call of each rank is named at the top.
+Damaged tensor files (truncated, missing) are named in warnings, and their records say so.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from torchdebug.capture.filters import NameMatcher
-from torchdebug.capture.overflow_check import describe_overflow, first_overflow
-from torchdebug.records import Record
-from torchdebug.store.reader import RankRecords, load
+from torchdebug.cli.arguments import indices, integer, name_pattern
+
+if TYPE_CHECKING:
+    from torchdebug.records import Record
+    from torchdebug.store.reader import RankRecords
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("show", help="print records of a dump", description=__doc__)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
     parser.add_argument("dump", help="dump path (latest run), run folder or rank folder")
-    parser.add_argument("--name", action="append", default=[], help="substring or 're:REGEX' of record names (repeatable)")
-    parser.add_argument("--step", type=int, help="only this step")
-    parser.add_argument("--rank", type=int, help="only this rank")
-    parser.add_argument("--limit", type=int, default=0, help="print at most N records (0: all)")
+    parser.add_argument(
+        "--name", type=name_pattern, action="append", default=[], help="substring or 're:REGEX' of record names (repeatable)"
+    )
+    parser.add_argument("--step", type=indices, help="only these steps: 3, 0|3-5 or 0,2")
+    parser.add_argument("--rank", type=indices, help="only these ranks, same forms as --step")
+    parser.add_argument("--limit", type=integer(0), default=0, help="print at most N records (0: all)")
     parser.add_argument("--no-stack", action="store_true", help="omit call stacks")
     parser.set_defaults(func=run)
 
@@ -28,8 +34,11 @@ def _format_number(value: object) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def format_record(record: Record, dump: RankRecords, with_stack: bool = True) -> str:
-    """A few indented lines describing one record, as ``show`` prints it."""
+def format_record(
+    record: Record, dump: RankRecords, with_stack: bool = True, damaged: Mapping[str, tuple[str, int]] | None = None
+) -> str:
+    """A few indented lines describing one record, as ``show`` prints it (``damaged``: the rank's
+    damaged tensor files, see ``cli/tensor_files.py``)."""
     lines = [f"{record.name}  (step {record.step}, rank {record.rank}, seq {record.seq})"]
     if record.kind == "value":
         lines.append(f"  value: {record.value!r}")
@@ -43,7 +52,9 @@ def format_record(record: Record, dump: RankRecords, with_stack: bool = True) ->
         lines.append(f"  checksum: {record.checksum}")
     if record.tensor:
         sampled = f" (sampled every {record.sampled})" if record.sampled else ""
-        lines.append(f"  tensor: {record.tensor.get('file')} [{record.tensor.get('key')}]{sampled}")
+        file = record.tensor.get("file")
+        unreadable = f" (unreadable, damaged file: {damaged[file][0]})" if damaged and file in damaged else ""
+        lines.append(f"  tensor: {file} [{record.tensor.get('key')}]{sampled}{unreadable}")
     if record.fwd:
         lines.append(f"  gradient of: {record.fwd}")
     if record.capture_error:
@@ -57,28 +68,42 @@ def format_record(record: Record, dump: RankRecords, with_stack: bool = True) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: these load torch, which `torchdebug show --help` must not
+    from torchdebug.capture.filters import NameMatcher
+    from torchdebug.capture.overflow_check import describe_overflow, first_overflow
+    from torchdebug.cli.tensor_files import damaged_files, warn_damaged
+    from torchdebug.store.reader import load
+
     run_ = load(args.dump)
     matcher = NameMatcher(args.name)
+    ranks = {rank: dump for rank, dump in sorted(run_.ranks.items()) if args.rank is None or rank in args.rank}
+    if not ranks:
+        raise ValueError(f"--rank: got {_spec(args.rank)}, the run has ranks {_spec(sorted(run_.ranks))}")
     print(f"run {run_.path}: ranks {sorted(run_.ranks)}")
     for rank in run_.partial_ranks:
         print(f"warning: rank {rank} did not finish (no completion marker); its records end where it stopped")
-    for rank, dump in sorted(run_.ranks.items()):
+    damaged = {}
+    for rank, dump in ranks.items():
+        damaged[rank] = damaged_files(dump)
+        warn_damaged(rank, damaged[rank], "cannot be read")
         first = first_overflow(dump.records())
-        if first is not None and (args.rank is None or rank == args.rank):
+        if first is not None:
             print(f"first NaN/Inf of rank {rank}: {describe_overflow(first)}")
     shown = 0
-    for rank, dump in sorted(run_.ranks.items()):
-        if args.rank is not None and rank != args.rank:
-            continue
+    for rank, dump in ranks.items():
         for record in dump.records():
-            if args.step is not None and record.step != args.step:
+            if args.step is not None and record.step not in args.step:
                 continue
             if matcher and not matcher(record.name):
                 continue
-            print(format_record(record, dump, with_stack=not args.no_stack))
+            print(format_record(record, dump, with_stack=not args.no_stack, damaged=damaged[rank]))
             shown += 1
             if args.limit and shown >= args.limit:
                 return 0
     if not shown:
         print("no records match")
     return 0
+
+
+def _spec(values: list[int]) -> str:
+    return ",".join(map(str, values))

@@ -35,7 +35,7 @@ def main() -> None:
         buggy = dump_step(Path("demo_out/bf16_bug"), bf16=True, bug=True)
         result = torchdebug.compare(buggy, reference)
         page = result.to_html(Path("compare.html")).resolve()
-        with browser(width=1200, height=1560) as driver:
+        with browser(width=1400, height=1560) as driver:
             driver.get(page.as_uri())
             driver.save_screenshot(str(out))
     print(f"wrote {out} ({out.stat().st_size // 1024} KiB)")

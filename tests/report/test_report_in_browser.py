@@ -119,3 +119,67 @@ def test_the_first_divergence_box_shows_its_row_even_when_a_filter_hides_it(page
     row = driver.find_element("id", f"row-{number}")
     assert row.get_attribute("hidden") is None and row.is_displayed()
     assert len(driver.execute_script(_VISIBLE_ROWS)) == len(result.rows)  # the filters were cleared
+
+
+_TABLE_FIT = """
+const wrap = document.querySelector('.table-wrap');
+const right = wrap.getBoundingClientRect().right;
+const heads = Array.from(document.querySelectorAll('#rows thead th'));
+return {
+  overflow: wrap.scrollWidth - wrap.clientWidth,
+  page: document.documentElement.scrollWidth - window.innerWidth,
+  cut: heads.filter(th => th.getBoundingClientRect().right > right + 0.5).map(th => th.textContent),
+  metrics: heads.map(th => th.textContent).filter(t => ['error', 'tol.', 'cosine', 'max abs', 'rel L2', 'max ULP'].includes(t)),
+};
+"""
+
+_WIDEST = """
+for (const tr of document.querySelectorAll('#rows tbody tr')) {
+  for (const i of [4, 5, 7, 8]) tr.cells[i].textContent = '-1.234e-05';
+  tr.cells[6].textContent = '0.99999988'; tr.cells[9].textContent = '1.234e+04';
+  tr.cells[10].firstChild.textContent = 'float8_e4m3fn / bfloat16';
+}
+"""
+
+
+def test_the_compare_table_fits_a_1400_pixel_window_with_every_metric_in_view(page):
+    driver, _ = page
+    assert driver.get_window_size()["width"] == 1400
+    fit = driver.execute_script(_TABLE_FIT)
+    assert fit["metrics"] == ["error", "tol.", "cosine", "max abs", "rel L2", "max ULP"]
+    assert fit["overflow"] <= 0 and fit["page"] <= 0 and fit["cut"] == [], fit
+    driver.execute_script(_WIDEST)  # the widest numbers and dtypes a row can show: still no scrolling
+    fit = driver.execute_script(_TABLE_FIT)
+    assert fit["overflow"] <= 0 and fit["cut"] == [], fit
+
+
+@pytest.fixture(scope="module")
+def dump_page(tmp_path_factory):
+    from torchdebug.cli import main
+
+    root = tmp_path_factory.mktemp("dump-page")
+    assert main(["report", str(dump(root / "dump", 1.0, "statistics")), "-o", str(root / "dump.html")]) == 0
+    return (root / "dump.html").as_uri()
+
+
+def test_the_dump_page_renders_its_plot_and_tables_within_the_window(driver, dump_page):
+    driver.get(dump_page)
+    shown = driver.execute_script(
+        "const r = document.getElementById('module-plot-0').getBoundingClientRect();"
+        "return {plot: [r.width, r.height], dots: document.querySelectorAll('#module-plot-0 circle').length,"
+        " modules: document.querySelectorAll('#modules-0 tbody tr').length,"
+        " page: document.documentElement.scrollWidth - window.innerWidth}"
+    )
+    assert shown["plot"][0] > 500 and shown["plot"][1] > 100 and shown["dots"] > 0
+    assert shown["modules"] >= 3 and shown["page"] <= 0
+    assert driver.execute_script("return document.querySelectorAll('img').length") == 0  # hostile names stay text
+    assert [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"] == []
+
+
+def test_a_header_click_sorts_the_module_table(driver, dump_page):
+    driver.get(dump_page)
+    records = "return Array.from(document.querySelectorAll('#modules-0 tbody tr'), r => parseInt(r.cells[2].textContent))"
+    _click(driver, "#modules-0 th", "records")
+    assert driver.execute_script(records) == sorted(driver.execute_script(records))
+    _click(driver, "#modules-0 th", "records")
+    assert driver.execute_script(records) == sorted(driver.execute_script(records), reverse=True)

@@ -1,5 +1,13 @@
-"""The HTML page of an eager dump: per rank, the first NaN/Inf with its source line, and every slot
-whose statistics count one (``task="overflow_check"`` dumps hold only those).
+"""The HTML page of an eager dump: per rank, an overview worth opening on a clean dump, and the
+first NaN/Inf with every slot that holds one when there is one.
+
+The overview is aggregated from the records in one pass (:func:`overview`), so its size follows the
+number of modules, not of records (a dump may hold millions): records and op calls per phase; the
+slots with the largest magnitudes (``max(|min|, |max|)``, one slot per distinct tensor: an op's
+output, the next op's input and views of it, which hold the same statistics, count once); and per module its
+records, op calls, largest magnitude in forward and backward, largest L2 norm and NaN/Inf slots,
+with an inline SVG plot of those magnitudes along the modules. The slot table of NaN/Inf stops at
+:data:`MAX_OVERFLOW_ROWS`.
 
 Rendered from plain data the caller gathered (``torchdebug report DUMP``: one dict per rank), so
 this layer reads nothing above it; every name reaches the page escaped.
@@ -7,18 +15,261 @@ this layer reads nothing above it; every name reaches the page escaped.
 
 from __future__ import annotations
 
+import heapq
+import math
+from collections.abc import Iterable
 from typing import Any
 
+from torchdebug.records import PHASES, Record
 from torchdebug.report import render
 
-__all__ = ["render_dump"]
+__all__ = ["MAX_OVERFLOW_ROWS", "overflow_rows", "overview", "render_dump"]
+
+LARGEST = 12
+"""Slots listed under "largest magnitudes"."""
+MAX_MODULES = 2000
+"""Modules in the table and the plot at most (in order of first use); the rest are counted."""
+MAX_OVERFLOW_ROWS = 1000
+"""NaN/Inf slots listed at most (a NaN spreads to everything after it); the rest are counted."""
+
+_WIDTH, _HEIGHT = 1000, 240
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 14, 40
+_SERIES = ("forward", "backward", "optimizer")
+_SIGNED = ("min", "max", "mean", "norm")
+COLORS = {"forward": "#1f77b4", "backward": "#d9730d", "optimizer": "#2e7d32"}
+"""Phase colours of the plot and its legend."""
+
+
+def _magnitude(stats: dict[str, Any]) -> float | None:
+    """``max(|min|, |max|)`` of a slot's statistics (``None`` when they hold no number)."""
+    low, high = stats.get("min"), stats.get("max")
+    values = [abs(float(v)) for v in (low, high) if v is not None]
+    values = [v for v in values if not math.isnan(v)]
+    return max(values) if values else None
+
+
+def _floating(dtype: str | None) -> bool:
+    """Whether magnitudes of this dtype mean something (not token ids, indices or masks)."""
+    return dtype is not None and dtype.startswith(("float", "bfloat", "complex"))
+
+
+def _nonfinite(stats: dict[str, Any]) -> bool:
+    return bool(stats.get("nan") or stats.get("posinf") or stats.get("neginf"))
+
+
+class _Module:
+    """What the table shows of one module, gathered record by record."""
+
+    __slots__ = ("name", "records", "calls", "phases", "largest", "norm", "nonfinite")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.records = 0
+        self.calls: set[tuple[int, int]] = set()
+        self.phases: dict[str, int] = {}
+        self.largest: dict[str, tuple[float, str]] = {}  # phase -> (magnitude, slot)
+        self.norm: tuple[float, str] | None = None
+        self.nonfinite = 0
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "module": self.name,
+            "records": self.records,
+            "calls": len(self.calls),
+            "phases": self.phases,
+            "largest": {phase: {"value": v, "slot": s} for phase, (v, s) in self.largest.items()},
+            "norm": {"value": self.norm[0], "slot": self.norm[1]} if self.norm else None,
+            "nonfinite": self.nonfinite,
+        }
+
+
+def _slot(record: Record, magnitude: float) -> dict[str, Any]:
+    stats = record.stats or {}
+    return {
+        "name": record.name,
+        "step": record.step,
+        "phase": record.phase,
+        "module": record.module,
+        "dtype": record.dtype,
+        "shape": record.shape,
+        "min": stats.get("min"),
+        "max": stats.get("max"),
+        "norm": stats.get("norm"),
+        "magnitude": magnitude,
+        "source": record.source,
+    }
+
+
+def overview(records: Iterable[Record], largest: int = LARGEST) -> dict[str, Any]:
+    """The aggregates the page shows for one rank, from one pass over its records.
+
+    ``steps`` (sorted), ``phases`` (rows: ``phase``, ``records``, ``calls``, ``stats``,
+    ``tensors``, ``nonfinite``, ``largest``), ``largest`` (the ``largest`` slots by finite
+    magnitude, biggest first; floating dtypes only: an integer tensor's magnitude is a token id or
+    an index), ``modules`` (rows in order of first use, see ``_Module.row``) and ``more_modules``
+    (how many are left out past :data:`MAX_MODULES`).
+    """
+    steps: set[int] = set()
+    phases: dict[str, dict[str, Any]] = {}
+    modules: dict[str, _Module] = {}
+    heap: list[tuple[float, int, tuple[Any, ...], Record]] = []  # the largest slots, smallest on top
+    kept: set[tuple[Any, ...]] = set()  # signatures of the tensors in the heap
+    for order, record in enumerate(records):
+        steps.add(record.step)
+        phase = phases.get(record.phase)
+        if phase is None:
+            phase = phases[record.phase] = {
+                "records": 0,
+                "calls": set(),
+                "stats": 0,
+                "tensors": 0,
+                "nonfinite": 0,
+                "largest": None,
+            }
+        module = modules.get(record.module)
+        if module is None:
+            module = modules[record.module] = _Module(record.module)
+        phase["records"] += 1
+        phase["calls"].add((record.step, record.seq))
+        module.records += 1
+        module.calls.add((record.step, record.seq))
+        module.phases[record.phase] = module.phases.get(record.phase, 0) + 1
+        if record.tensor:
+            phase["tensors"] += 1
+        stats = record.stats
+        if not stats:
+            continue
+        phase["stats"] += 1
+        if _nonfinite(stats):
+            phase["nonfinite"] += 1
+            module.nonfinite += 1
+        norm = stats.get("norm")
+        if (
+            norm is not None
+            and _floating(record.dtype)
+            and not math.isnan(norm)
+            and (module.norm is None or norm > module.norm[0])
+        ):
+            module.norm = (float(norm), record.name)
+        magnitude = _magnitude(stats) if _floating(record.dtype) else None
+        if magnitude is None:
+            continue
+        best = module.largest.get(record.phase)
+        if best is None or magnitude > best[0]:
+            module.largest[record.phase] = (magnitude, record.name)
+        if phase["largest"] is None or magnitude > phase["largest"]:
+            phase["largest"] = magnitude
+        if magnitude == math.inf or (len(heap) == largest and magnitude <= heap[0][0]):
+            continue  # Infs are listed with the NaNs
+        # the same values seen again: an output, then the next op's input, or a view of it
+        signature = (record.step, record.dtype, math.prod(record.shape or ()), *(stats.get(k) for k in _SIGNED))
+        if signature in kept:
+            continue
+        kept.add(signature)
+        entry = (magnitude, -order, signature, record)
+        if len(heap) < largest:
+            heapq.heappush(heap, entry)
+        else:
+            kept.discard(heapq.heappushpop(heap, entry)[2])
+    ordered = list(modules.values())
+    return {
+        "steps": sorted(steps),
+        "phases": [
+            {"phase": name, **{**row, "calls": len(row["calls"])}}
+            for name, row in sorted(phases.items(), key=lambda item: _phase_order(item[0]))
+        ],
+        "largest": [_slot(record, magnitude) for magnitude, _, _, record in sorted(heap, reverse=True)],
+        "modules": [module.row() for module in ordered[:MAX_MODULES]],
+        "more_modules": max(len(ordered) - MAX_MODULES, 0),
+    }
+
+
+def _phase_order(phase: str) -> tuple[int, str]:
+    return (PHASES.index(phase) if phase in PHASES else len(PHASES), phase)
+
+
+def overflow_rows(records: Iterable[Record], limit: int = MAX_OVERFLOW_ROWS) -> tuple[list[dict[str, Any]], int]:
+    """The first ``limit`` slots whose statistics count a NaN or an Inf, and how many more there are."""
+    rows: list[dict[str, Any]] = []
+    more = 0
+    for r in records:
+        if not r.stats or not _nonfinite(r.stats):
+            continue
+        if len(rows) == limit:
+            more += 1
+            continue
+        rows.append(
+            {
+                "name": r.name,
+                "phase": r.phase,
+                "module": r.module,
+                "source": r.source,
+                "dtype": r.dtype,
+                "shape": r.shape,
+                "nan": r.stats.get("nan") or 0,
+                "inf": (r.stats.get("posinf") or 0) + (r.stats.get("neginf") or 0),
+            }
+        )
+    return rows, more
+
+
+def _plot(modules: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """SVG coordinates of the largest magnitude per module and phase (log scale), modules along x
+    in order of first use; zeros sit on the bottom line, Infs on the top one. ``None`` when no
+    module has a magnitude."""
+    values = [row["largest"][p]["value"] for row in modules for p in _SERIES if p in row["largest"]]
+    finite = [v for v in values if 0 < v < math.inf]
+    if not values:
+        return None
+    low = math.floor(math.log10(min(finite))) if finite else 0
+    high = math.ceil(math.log10(max(finite))) if finite else 1
+    if high <= low:
+        high = low + 1
+    has_inf = any(v == math.inf for v in values)
+    top = high + (1 if has_inf else 0)  # a band above the finite values for Infs
+    count = len(modules)
+
+    def x(index: int) -> float:
+        return round(_LEFT + (index + 0.5) * (_WIDTH - _LEFT - _RIGHT) / count, 1)
+
+    def y(value: float) -> float:
+        level = top if value == math.inf else (math.log10(value) if value > 0 else low)
+        return round(_TOP + (top - level) * (_HEIGHT - _TOP - _BOTTOM) / (top - low), 1)
+
+    decades = max(1, math.ceil((high - low) / 8))
+    dots = []
+    for index, row in enumerate(modules):
+        for phase in _SERIES:
+            best = row["largest"].get(phase)
+            if best is not None:
+                title = f"{row['module']} ({phase}): largest |x| {best['value']:.4g} in {best['slot']}"
+                dots.append({"x": x(index), "y": y(best["value"]), "phase": phase, "title": title})
+    ticks = [{"y": y(10.0**e), "label": f"1e{e}"} for e in range(low, high + 1, decades)]
+    if has_inf:
+        ticks.append({"y": y(math.inf), "label": "inf"})
+    return {
+        "width": _WIDTH,
+        "height": _HEIGHT,
+        "left": _LEFT,
+        "right": _WIDTH - _RIGHT,
+        "top": _TOP,
+        "bottom": _HEIGHT - _BOTTOM,
+        "dots": dots,
+        "y_ticks": ticks,
+        "first": modules[0]["module"],
+        "last": modules[-1]["module"],
+    }
 
 
 def render_dump(*, path: str, ranks: list[dict[str, Any]]) -> str:
     """The complete HTML page (a string; the caller writes it).
 
     Each rank: ``rank``, ``task``, ``complete``, ``records`` (count), ``first`` (the first NaN/Inf
-    described in one line, or ``None``) and ``overflows`` (rows with ``name``, ``phase``,
-    ``module``, ``source``, ``dtype``, ``shape``, ``nan``, ``inf``).
+    described in one line, or ``None``), ``overflows`` and ``more_overflows`` (from
+    :func:`overflow_rows`), ``damaged`` (rows with ``file``, ``reason``, ``records``: tensor
+    files that cannot be read) and ``overview`` (from :func:`overview`).
     """
-    return render("dump.html.j2", title=f"torchdebug dump {path}", path=path, ranks=ranks)
+    shown = [{**rank, "plot": _plot(rank["overview"]["modules"])} for rank in ranks]
+    return render(
+        "dump.html.j2", title=f"torchdebug dump {path}", path=path, ranks=shown, colors=COLORS, phases=_SERIES, inf=math.inf
+    )

@@ -40,47 +40,54 @@ COLORS = {"forward": "#1f77b4", "backward": "#d9730d", "optimizer": "#2e7d32"}
 """Phase colours of the plot and its legend."""
 
 
-def _magnitude(stats: dict[str, Any]) -> float | None:
-    """``max(|min|, |max|)`` of a slot's statistics (``None`` when they hold no number)."""
-    low, high = stats.get("min"), stats.get("max")
-    values = [abs(float(v)) for v in (low, high) if v is not None]
-    values = [v for v in values if not math.isnan(v)]
-    return max(values) if values else None
-
-
-def _floating(dtype: str | None) -> bool:
-    """Whether magnitudes of this dtype mean something (not token ids, indices or masks)."""
-    return dtype is not None and dtype.startswith(("float", "bfloat", "complex"))
+_FLOATING = ("float", "bfloat", "complex")
+"""dtypes whose magnitudes mean something (not token ids, indices or masks)."""
 
 
 def _nonfinite(stats: dict[str, Any]) -> bool:
     return bool(stats.get("nan") or stats.get("posinf") or stats.get("neginf"))
 
 
-class _Module:
-    """What the table shows of one module, gathered record by record."""
+class _Tally:
+    """What the page shows of one module in one phase, gathered record by record (an op call
+    belongs to one module and one phase, so calls add up over modules and over phases)."""
 
-    __slots__ = ("name", "records", "calls", "phases", "largest", "norm", "nonfinite")
+    __slots__ = ("records", "calls", "stats", "tensors", "nonfinite", "largest", "largest_slot", "norm", "norm_slot")
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.records = 0
+    def __init__(self) -> None:
+        self.records = self.stats = self.tensors = self.nonfinite = 0
         self.calls: set[tuple[int, int]] = set()
-        self.phases: dict[str, int] = {}
-        self.largest: dict[str, tuple[float, str]] = {}  # phase -> (magnitude, slot)
-        self.norm: tuple[float, str] | None = None
-        self.nonfinite = 0
+        self.largest: float | None = None
+        self.largest_slot = ""
+        self.norm: float | None = None
+        self.norm_slot = ""
 
-    def row(self) -> dict[str, Any]:
-        return {
-            "module": self.name,
-            "records": self.records,
-            "calls": len(self.calls),
-            "phases": self.phases,
-            "largest": {phase: {"value": v, "slot": s} for phase, (v, s) in self.largest.items()},
-            "norm": {"value": self.norm[0], "slot": self.norm[1]} if self.norm else None,
-            "nonfinite": self.nonfinite,
-        }
+
+def _module_row(name: str, tallies: dict[str, _Tally]) -> dict[str, Any]:
+    norms = [(t.norm, t.norm_slot) for t in tallies.values() if t.norm is not None]
+    norm = max(norms, key=lambda item: item[0]) if norms else None
+    return {
+        "module": name,
+        "records": sum(t.records for t in tallies.values()),
+        "calls": sum(len(t.calls) for t in tallies.values()),
+        "phases": {phase: t.records for phase, t in tallies.items()},
+        "largest": {phase: {"value": t.largest, "slot": t.largest_slot} for phase, t in tallies.items() if t.largest is not None},
+        "norm": {"value": norm[0], "slot": norm[1]} if norm else None,
+        "nonfinite": sum(t.nonfinite for t in tallies.values()),
+    }
+
+
+def _phase_row(name: str, tallies: list[_Tally]) -> dict[str, Any]:
+    largest = [t.largest for t in tallies if t.largest is not None]
+    return {
+        "phase": name,
+        "records": sum(t.records for t in tallies),
+        "calls": sum(len(t.calls) for t in tallies),
+        "stats": sum(t.stats for t in tallies),
+        "tensors": sum(t.tensors for t in tallies),
+        "nonfinite": sum(t.nonfinite for t in tallies),
+        "largest": max(largest) if largest else None,
+    }
 
 
 def _slot(record: Record, magnitude: float) -> dict[str, Any]:
@@ -106,63 +113,57 @@ def overview(records: Iterable[Record], largest: int = LARGEST) -> dict[str, Any
     ``steps`` (sorted), ``phases`` (rows: ``phase``, ``records``, ``calls``, ``stats``,
     ``tensors``, ``nonfinite``, ``largest``), ``largest`` (the ``largest`` slots by finite
     magnitude, biggest first; floating dtypes only: an integer tensor's magnitude is a token id or
-    an index), ``modules`` (rows in order of first use, see ``_Module.row``) and ``more_modules``
-    (how many are left out past :data:`MAX_MODULES`).
+    an index), ``modules`` (rows in order of first use: ``module``, ``records``, ``calls``,
+    ``phases`` (records per phase), ``largest`` (per phase: ``value`` and ``slot``), ``norm``
+    (``value`` and ``slot``), ``nonfinite``) and ``more_modules`` (how many are left out past
+    :data:`MAX_MODULES`).
+
+    The loop runs once per record (a million in a big dump), so it stays flat: one tally per module
+    and phase, dtypes classified once.
     """
     steps: set[int] = set()
-    phases: dict[str, dict[str, Any]] = {}
-    modules: dict[str, _Module] = {}
+    modules: dict[str, dict[str, _Tally]] = {}
+    floating: dict[str | None, bool] = {}
     heap: list[tuple[float, int, tuple[Any, ...], Record]] = []  # the largest slots, smallest on top
     kept: set[tuple[Any, ...]] = set()  # signatures of the tensors in the heap
     for order, record in enumerate(records):
-        steps.add(record.step)
-        phase = phases.get(record.phase)
-        if phase is None:
-            phase = phases[record.phase] = {
-                "records": 0,
-                "calls": set(),
-                "stats": 0,
-                "tensors": 0,
-                "nonfinite": 0,
-                "largest": None,
-            }
-        module = modules.get(record.module)
-        if module is None:
-            module = modules[record.module] = _Module(record.module)
-        phase["records"] += 1
-        phase["calls"].add((record.step, record.seq))
-        module.records += 1
-        module.calls.add((record.step, record.seq))
-        module.phases[record.phase] = module.phases.get(record.phase, 0) + 1
+        step = record.step
+        steps.add(step)
+        tallies = modules.get(record.module)
+        if tallies is None:
+            tallies = modules[record.module] = {}
+        tally = tallies.get(record.phase)
+        if tally is None:
+            tally = tallies[record.phase] = _Tally()
+        tally.records += 1
+        tally.calls.add((step, record.seq))
         if record.tensor:
-            phase["tensors"] += 1
+            tally.tensors += 1
         stats = record.stats
         if not stats:
             continue
-        phase["stats"] += 1
-        if _nonfinite(stats):
-            phase["nonfinite"] += 1
-            module.nonfinite += 1
-        norm = stats.get("norm")
-        if (
-            norm is not None
-            and _floating(record.dtype)
-            and not math.isnan(norm)
-            and (module.norm is None or norm > module.norm[0])
-        ):
-            module.norm = (float(norm), record.name)
-        magnitude = _magnitude(stats) if _floating(record.dtype) else None
-        if magnitude is None:
+        tally.stats += 1
+        if stats.get("nan") or stats.get("posinf") or stats.get("neginf"):
+            tally.nonfinite += 1
+        dtype = record.dtype
+        scaled = floating.get(dtype)
+        if scaled is None:
+            scaled = floating[dtype] = dtype is not None and dtype.startswith(_FLOATING)
+        if not scaled:
             continue
-        best = module.largest.get(record.phase)
-        if best is None or magnitude > best[0]:
-            module.largest[record.phase] = (magnitude, record.name)
-        if phase["largest"] is None or magnitude > phase["largest"]:
-            phase["largest"] = magnitude
+        norm = stats.get("norm")
+        if norm is not None and (tally.norm is None or norm > tally.norm):
+            tally.norm, tally.norm_slot = float(norm), record.name
+        low, high = stats.get("min"), stats.get("max")
+        if low is None or high is None:  # an empty or all-NaN tensor
+            continue
+        magnitude = float(max(-low, high))  # max(|min|, |max|) since min <= max
+        if tally.largest is None or magnitude > tally.largest:
+            tally.largest, tally.largest_slot = magnitude, record.name
         if magnitude == math.inf or (len(heap) == largest and magnitude <= heap[0][0]):
             continue  # Infs are listed with the NaNs
         # the same values seen again: an output, then the next op's input, or a view of it
-        signature = (record.step, record.dtype, math.prod(record.shape or ()), *(stats.get(k) for k in _SIGNED))
+        signature = (step, dtype, math.prod(record.shape or ()), *(stats.get(k) for k in _SIGNED))
         if signature in kept:
             continue
         kept.add(signature)
@@ -171,16 +172,17 @@ def overview(records: Iterable[Record], largest: int = LARGEST) -> dict[str, Any
             heapq.heappush(heap, entry)
         else:
             kept.discard(heapq.heappushpop(heap, entry)[2])
-    ordered = list(modules.values())
+    by_phase: dict[str, list[_Tally]] = {}
+    for tallies in modules.values():
+        for phase, tally in tallies.items():
+            by_phase.setdefault(phase, []).append(tally)
+    names = list(modules)
     return {
         "steps": sorted(steps),
-        "phases": [
-            {"phase": name, **{**row, "calls": len(row["calls"])}}
-            for name, row in sorted(phases.items(), key=lambda item: _phase_order(item[0]))
-        ],
+        "phases": [_phase_row(phase, by_phase[phase]) for phase in sorted(by_phase, key=_phase_order)],
         "largest": [_slot(record, magnitude) for magnitude, _, _, record in sorted(heap, reverse=True)],
-        "modules": [module.row() for module in ordered[:MAX_MODULES]],
-        "more_modules": max(len(ordered) - MAX_MODULES, 0),
+        "modules": [_module_row(name, modules[name]) for name in names[:MAX_MODULES]],
+        "more_modules": max(len(names) - MAX_MODULES, 0),
     }
 
 

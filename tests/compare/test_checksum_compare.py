@@ -71,3 +71,35 @@ def test_compare_exits_one_on_a_bit_difference(tmp_path):
     a, b = _run(tmp_path / "a"), _run(tmp_path / "b", ulp=True)
     assert main(["compare", str(a), str(_run(tmp_path / "c")), "-q"]) == 0
     assert main(["compare", str(a), str(b), "-q"]) == 1
+
+
+def _run_autocast(path, **options):
+    """A bf16 autocast run of :class:`Net` (its linears in bf16, the rest in float32)."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(5, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchdebug.dump(path, model=model, **{"task": "checksum", **options}) as debugger:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().sum().backward()
+        optimizer.step()
+    return debugger.run_dir
+
+
+def test_runs_in_different_dtypes_are_said_to_be_so_and_nothing_is_blamed(tmp_path):
+    result = torchdebug.compare(_run_autocast(tmp_path / "bf16"), _run(tmp_path / "fp32"))
+    note = result.summary().splitlines()[1]
+    assert note.startswith("note: checksums compare bits, and A and B hold different dtypes")
+    assert "bfloat16 in A where B has float32" in note and "nothing is blamed" in note
+    assert result.first_divergence is None and result.counts()["error"] == 0
+    first_linear = next(row for row in result.rows if row.call_name == "forward/fc1/aten.addmm.default#0" and row.arg == "0")
+    assert first_linear.verdict == "incomparable" and "dtypes differ (bfloat16 vs float32)" in first_linear.message
+    assert not any("input bits already differ" in row.message for row in result.rows)
+
+
+def test_with_statistics_the_slots_of_other_dtypes_keep_their_statistics_verdicts(tmp_path):
+    a = _run_autocast(tmp_path / "bf16", task="statistics", checksum=True)
+    result = torchdebug.compare(a, _run(tmp_path / "fp32", task="statistics", checksum=True))
+    assert "keep their statistics verdicts" in result.summary().splitlines()[1]
+    assert not any("bits" in row.message for row in result.rows if row.dtype_a != row.dtype_b)
+    assert not any("input bits already differ" in row.message for row in result.rows)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
+from pathlib import Path
+
+import pytest
 
 import torchdebug
+from torchdebug.cli import main
+from torchdebug.errors import DumpError
 
 
 def _copy(dumps, tmp_path):
@@ -60,3 +66,46 @@ def test_ranks_are_compared_one_by_one_and_the_divergent_rank_is_named(dumps, tm
     assert result.counts(0)["error"] == 0
     assert result.first_divergence.rank == 1
     assert "rank 1" in result.summary()
+
+
+def test_a_dump_still_being_written_is_named_when_nothing_matches(dumps, tmp_path, capsys):
+    copy, rank = _copy(dumps, tmp_path)
+    (rank / "complete.json").unlink()
+    (rank / "records.jsonl").write_text("")  # its writer has not flushed a record yet
+    with pytest.raises(ValueError, match="no tensor records in common") as error:
+        torchdebug.compare(copy, dumps("mlp"))
+    assert f"A ({copy}) is still being written or did not finish (rank 0 without complete.json)" in str(error.value)
+    assert "different models or programs" not in str(error.value)
+    assert main(["compare", str(copy), str(dumps("mlp")), "-q"]) == 2
+    assert "is still being written or did not finish" in capsys.readouterr().err
+
+
+def _truncate(path: Path) -> None:
+    with path.open("r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def test_a_damaged_tensor_file_falls_back_to_statistics_with_one_warning(dumps, tmp_path, caplog):
+    copy = tmp_path / "buggy"
+    shutil.copytree(dumps("mlp", gain=1.001), copy)
+    damaged = sorted(copy.glob("*/*/tensors/*.safetensors"))
+    for file in damaged:
+        _truncate(file)
+    with caplog.at_level(logging.WARNING, logger="torchdebug.compare"):
+        result = torchdebug.compare(copy, dumps("mlp"))
+    warnings = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and all(str(file) in warnings[0].getMessage() for file in damaged)
+    assert warnings[0].getMessage() in result.problems
+    assert "compared by their statistics instead" in warnings[0].getMessage()
+    assert all("cosine" not in row.metrics for row in result.rows)  # statistics metrics only
+    assert result.first_divergence.op == "aten.mul.Tensor"  # the planted bug, found by statistics
+    assert main(["compare", str(copy), str(dumps("mlp")), "-q"]) == 1  # the comparison's status, not 2
+
+
+def test_a_missing_tensor_file_is_still_a_dump_error(dumps, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(dumps("mlp"), copy)
+    for file in copy.glob("*/*/tensors/*.safetensors"):
+        file.unlink()
+    with pytest.raises(DumpError, match="is missing"):
+        torchdebug.compare(copy, dumps("mlp"))

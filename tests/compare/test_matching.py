@@ -146,3 +146,19 @@ def test_records_of_one_call_apart_in_the_file_are_paired_as_one_call():
     ]
     pairs = match_records(records, list(records))
     assert [(p.how, p.a, p.b) for p in pairs] == [("exact", r, r) for r in records]
+
+
+def test_compiled_nodes_holding_another_value_are_not_aligned_with_an_eager_op_by_name_alone():
+    # the compiled graph's float ``sub`` (a softmax's x - max) against eager's integer ``sub`` of
+    # relative positions: as many calls on each side, but other values (T5's attention bias)
+    eager = [replace(_call("attn", "aten.sub.Tensor", 0, 0, [8, 8]), dtype="int64")]
+    node = replace(_call("attn", "aten.sub.Tensor", 0, 0, [2, 2, 8, 8]), capture="graph")
+    assert _how(match_records([node], eager, compiled=True))["aten.sub.Tensor#0"] == {"only_a", "only_b"}
+    of_another_shape = replace(node, dtype="int64")  # the same dtype, an output of another shape
+    assert _how(match_records([of_another_shape], eager, compiled=True))["aten.sub.Tensor#0"] == {"only_a", "only_b"}
+    reading_another_view = [  # the same output, computed from another view of its input: aligned
+        replace(node, dtype="int64", shape=[8, 8]),
+        replace(node, dtype="int64", shape=[64], io="input", name=node.name.replace("output.0", "input.0")),
+    ]
+    eager_input = replace(eager[0], shape=[8, 1], io="input", name=eager[0].name.replace("output.0", "input.0"))
+    assert _how(match_records(reading_another_view, [eager_input, *eager], compiled=True))["aten.sub.Tensor#0"] == {"aligned"}

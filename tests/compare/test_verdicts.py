@@ -99,3 +99,17 @@ def test_a_slot_that_failed_to_capture_on_both_sides_names_both():
     row.record_a.capture_error = "no space"
     judge([row])
     assert row.message == "not captured on A: no space; B: out of memory"
+
+
+def test_every_error_row_has_an_error_and_says_what_differs():
+    # a shape of another program (no data input behind it) and a NaN seen through statistics only
+    reshaped = _row("output", None)
+    reshaped.shape_a = reshaped.record_a.shape = [8]
+    nan = _row("output", None, seq=1)
+    nan.metrics["nonfinite_mismatch"] = 1.0
+    rows = [reshaped, nan]
+    judge(rows)
+    assert [row.verdict for row in rows] == ["error", "error"]
+    assert all(row.error == float("inf") for row in rows)
+    assert reshaped.message == "shape differs: [8] vs [4]"
+    assert nan.message == "NaN/Inf where the other side is finite"

@@ -206,12 +206,15 @@ def compare_ranks(
     for row in differing:
         row.tolerance = tolerance_of[id(row)].rtol
         if row.shape_a != row.shape_b or row.dtype_a != row.dtype_b:
-            row.verdict, row.message = (
+            row.verdict, row.error, row.message = (
                 "error",
+                math.inf,  # no number measures it: the message says what differs
                 f"{row.dtype_a} {row.shape_a} vs {row.dtype_b} {row.shape_b} on rank {row.record_b.rank}",
             )  # type: ignore[union-attr]
         elif row.metrics.get("nonfinite_mismatch") or (row.error or 0.0) > row.tolerance:
             row.verdict = "error"
+            if row.error is None:
+                row.error = math.inf  # NaN/Inf statistics: no finite number to compare
             row.message = f"differs from rank {row.record_b.rank} by {row.error:.3g} (tolerance {row.tolerance:.3g})"  # type: ignore[union-attr]
         else:
             row.message = f"within tolerance of rank {row.record_b.rank}"  # type: ignore[union-attr]

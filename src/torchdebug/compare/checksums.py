@@ -14,6 +14,12 @@ slots, per op call in execution order:
   message that its inputs already differ;
 * other differing slots are **inherited** (``warning``): an earlier difference flows into them.
 
+Runs in different dtypes (a bf16 autocast run against an fp32 one) cannot agree bit for bit: a slot
+whose dtype differs, and a slot of one dtype whose value one side computed from another dtype (from
+a cast only that side runs, or from a slot whose dtype differs), keeps its statistics verdict when
+both records have statistics, and is ``incomparable`` otherwise; such differences are never blamed.
+:func:`dtype_note` is the line the summary opens with.
+
 Identical runs therefore give no verdict but ``pass``, and the first divergence
 (:func:`~torchdebug.compare.verdicts.first_divergence`) is the first op whose output bits differ
 with agreeing inputs, or the first op that reads a value that differs from outside the step.
@@ -21,14 +27,18 @@ with agreeing inputs, or the first op that reads a value that differs from outsi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from torchdebug.compare.rows import Row
 from torchdebug.records import call_name
 
-__all__ = ["judge_checksums"]
+__all__ = ["judge_checksums", "dtype_note", "DTYPE_NOTE"]
 
 _OUTPUT_IO = ("output", "parameter_grad")
+
+DTYPE_NOTE = "checksums compare bits"
+"""How :func:`dtype_note`'s line starts (the summary puts it first)."""
 
 
 def _exact(row: Row) -> bool:
@@ -46,26 +56,61 @@ def _fingerprints(row: Row) -> tuple[str, str]:
     return f"{row.dtype_a}:{row.record_a.checksum}", f"{row.dtype_b}:{row.record_b.checksum}"  # type: ignore[union-attr]
 
 
+def _one_sided(rows: Sequence[Row]) -> set[str]:
+    """``a:`` / ``b:`` fingerprints of the values calls only one side runs made (an autocast run's casts)."""
+    made = set()
+    for row in rows:
+        record = row.record_a or row.record_b
+        if not row.matched and record is not None and record.checksum and row.io in _OUTPUT_IO:
+            made.add(f"{'a' if row.record_a is not None else 'b'}:{record.dtype}:{record.checksum}")
+    return made
+
+
+def _other_dtype(row: Row, why: str) -> None:
+    """A slot whose bits cannot agree because of the dtypes: its statistics verdict, else incomparable."""
+    if row.record_a.stats and row.record_b.stats:  # type: ignore[union-attr]
+        return  # judge() compared the statistics, within the pair's tolerance
+    _set(row, "incomparable", "", f"not comparable: {why}; checksums compare bits")
+
+
 def judge_checksums(rows: Sequence[Row]) -> None:
     """Judge bit for bit the rows (of one rank, in execution order) with checksums on both sides."""
     calls: dict[tuple[int, str], list[Row]] = {}
     for row in rows:
         if _exact(row):
             calls.setdefault((row.step, call_name(row.name)), []).append(row)
+    mixed = any(row.dtype_a != row.dtype_b for call_rows in calls.values() for row in call_rows)
+    # fingerprints a side holds that come from a dtype the other side does not use
+    other: set[str] = _one_sided(rows) if mixed else set()
     known: set[tuple[str, str]] = set()  # pairs of differing fingerprints seen so far
+
+    def from_other_dtype(pair: tuple[str, str]) -> bool:
+        return f"a:{pair[0]}" in other or f"b:{pair[1]}" in other
+
+    def taint(pair: tuple[str, str]) -> None:
+        other.update((f"a:{pair[0]}", f"b:{pair[1]}"))
+
     for call_rows in calls.values():
-        differing_inputs = False
+        differing_inputs = dtype_inputs = False
         for row in call_rows:
             if row.io in _OUTPUT_IO:
                 continue
             pair = _fingerprints(row)
             if pair[0] == pair[1]:
                 _set(row, "pass", "", "")
-                continue
-            differing_inputs = True
-            if pair in known:
+            elif row.dtype_a != row.dtype_b:
+                dtype_inputs = True
+                taint(pair)
+                _other_dtype(row, f"dtypes differ ({row.dtype_a} vs {row.dtype_b})")
+            elif pair in known:
+                differing_inputs = True
                 _set(row, "warning", "inherited", "input bits differ: an earlier op's output already did")
+            elif from_other_dtype(pair):
+                dtype_inputs = True
+                taint(pair)
+                _other_dtype(row, "one side computed this value from another dtype")
             else:
+                differing_inputs = True
                 known.add(pair)
                 _set(row, "error", "blamed", "input bits already differ before this op, and no earlier captured op made them")
         for row in call_rows:
@@ -74,13 +119,43 @@ def judge_checksums(rows: Sequence[Row]) -> None:
             pair = _fingerprints(row)
             if pair[0] == pair[1]:
                 _set(row, "pass", "", "")
+            elif row.dtype_a != row.dtype_b:
+                taint(pair)
+                _other_dtype(row, f"dtypes differ ({row.dtype_a} vs {row.dtype_b})")
             elif differing_inputs:
                 known.add(pair)
                 _set(row, "warning", "inherited", "output bits differ, as its inputs' do")
+            elif dtype_inputs:
+                taint(pair)
+                _other_dtype(row, "computed from inputs of another dtype")
             else:
                 known.add(pair)
                 _set(row, "error", "blamed", "output bits differ while all its inputs' bits agree: this op makes the difference")
 
 
+def dtype_note(rows: Sequence[Row]) -> str | None:
+    """One line when the rows compared bit for bit hold other dtypes on the two sides (``None`` otherwise)."""
+    pairs: dict[tuple[str | None, str | None], int] = {}
+    for row in rows:
+        if _exact(row) and row.dtype_a != row.dtype_b:
+            pairs[(row.dtype_a, row.dtype_b)] = pairs.get((row.dtype_a, row.dtype_b), 0) + 1
+    if not pairs:
+        return None
+    (dtype_a, dtype_b), _ = max(pairs.items(), key=lambda item: item[1])
+    statistics = any(row.record_a.stats and row.record_b.stats for row in rows if _exact(row))  # type: ignore[union-attr]
+    instead = (
+        "those slots and the values computed from them keep their statistics verdicts"
+        if statistics
+        else "those slots and the values computed from them are 'incomparable' (dump statistics too, checksum=True "
+        'with task="statistics", to compare them within tolerance)'
+    )
+    return (
+        f"{DTYPE_NOTE}, and A and B hold different dtypes in {sum(pairs.values())} slots (mostly {dtype_a} in A where "
+        f"B has {dtype_b}): bits cannot agree across dtypes, so {instead}; nothing is blamed for it"
+    )
+
+
 def _set(row: Row, verdict: str, attribution: str, message: str) -> None:
     row.verdict, row.attribution, row.message = verdict, attribution, message
+    if verdict == "error" and row.error is None:
+        row.error = math.inf  # bits differ by an amount checksums cannot measure; the message says what differs

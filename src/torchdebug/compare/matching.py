@@ -36,6 +36,7 @@ from torchdebug.records import PHASES, Record
 __all__ = ["Pair", "NameMapping", "load_mapping", "match_records", "execution_order", "identity", "producers"]
 
 _PHASE_ORDER = {phase: index for index, phase in enumerate(PHASES)}
+_OUTPUTS = ("output", "parameter_grad")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +206,8 @@ def _align_leftovers(
     then by op alone in order (shapes then differ). With ``compiled``, order pairs calls of an op
     only where both sides have as many of them left: a decomposition's extra ``mul`` nodes would
     otherwise take the place of the eager ``mul`` calls (:mod:`torchdebug.compare.boundaries` pairs
-    what is left by value)."""
+    what is left by value); and the last step pairs only calls whose slots hold the same dtypes and
+    whose outputs have the same shapes."""
     groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
     for call in left_a.values():
         first = call.first
@@ -220,6 +222,12 @@ def _align_leftovers(
 
     def by_op_and_shapes(call: _Call) -> object:
         return by_op(call), call.signature()
+
+    def by_op_and_outputs(call: _Call) -> object:
+        """The op, its slots' dtypes and its outputs' shapes (its inputs may be other views)."""
+        slots = [(slot, r) for slot, r in zip(call.slots, call.records) if r.kind == "tensor"]
+        shape = {slot: tuple(r.shape or ()) if r.io in _OUTPUTS else () for slot, r in slots}
+        return by_op(call), tuple(sorted((slot, r.dtype or "", shape[slot]) for slot, r in slots))
 
     def in_order(align: Callable[[list[_Call], list[_Call]], list[tuple[int, int]]]) -> Callable[..., list[tuple[int, int]]]:
         if not compiled:
@@ -238,7 +246,10 @@ def _align_leftovers(
         lambda a, b: _swapped(a, b, links.token_a, links.token_b),
         in_order(lambda a, b: _align(a, b, by_op_and_shapes)),
         in_order(lambda a, b: _swapped(a, b, by_op_and_shapes)),
-        in_order(lambda a, b: _align(a, b, by_op)),
+        # compiled: a node of another dtype or output shape is another value (a softmax's float ``sub``
+        # is not the eager integer ``sub`` of relative positions); eager against eager, an autocast
+        # run's dtypes and another batch's shapes differ
+        in_order(lambda a, b: _align(a, b, by_op_and_outputs if compiled else by_op)),
     )
     for calls_a, calls_b in groups.values():
         for strategy in strategies:

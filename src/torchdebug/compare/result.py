@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from torchdebug.compare.checksums import DTYPE_NOTE
 from torchdebug.compare.metrics import REPLAY_METRICS, STATS_METRICS, TENSOR_METRICS
 from torchdebug.compare.rows import VERDICTS, Row
 from torchdebug.compare.verdicts import first_divergence, first_nonfinite
@@ -143,7 +144,9 @@ class CompareResult:
         first op beyond tolerance is not blamed (nothing is, or something later is)."""
         if self.options.get("replay") is not False:
             return None  # replayed already, or not a compare of two dumps
-        over = next((r for r in self.rows if r.attribution and r.op != MODULE_OP and "cosine" in r.metrics), None)
+        over = next(
+            (r for r in self.rows if r.attribution not in ("", "dtype") and r.op != MODULE_OP and "cosine" in r.metrics), None
+        )
         if over is None or over is self.first_divergence:
             return None
         return (
@@ -188,6 +191,38 @@ class CompareResult:
             text += f"; its {n} {phase} rows are not compared (no {phase} phase on the other side)"
         return text
 
+    def phases(self) -> dict[str, dict[str, Any]]:
+        """What could be compared, per phase (in execution order): its matched rows ``compared`` and
+        their ``verdicts``, the rows that are ``incomparable`` (the runs' inputs, or a checksum
+        compare's dtypes, differ) and the ``unmatched`` ones."""
+        out: dict[str, dict[str, Any]] = {}
+        for row in self.rows:
+            phase = out.setdefault(row.phase, {"compared": 0, "incomparable": 0, "unmatched": 0, "verdicts": Counter()})
+            if row.verdict in ("incomparable", "unmatched"):
+                phase[row.verdict] += 1
+            else:
+                phase["compared"] += 1
+                phase["verdicts"][row.verdict] += 1
+        for phase in out.values():
+            phase["verdicts"] = {verdict: phase["verdicts"][verdict] for verdict in VERDICTS if phase["verdicts"][verdict]}
+        return out
+
+    def scope_lines(self) -> list[str]:
+        """The summary's lines on what could be compared, per phase; none when every matched row could."""
+        phases = self.phases()
+        if not any(found["incomparable"] for found in phases.values()):
+            return []
+        lines = ["what could be compared, per phase (rows that cannot be are 'incomparable'; their messages say why):"]
+        for name, found in phases.items():
+            verdicts = ", ".join(f"{n} {verdict}" for verdict, n in found["verdicts"].items())
+            if not found["incomparable"]:
+                lines.append(f"  {name}: compared, {found['compared']} rows ({verdicts})")
+            elif not found["compared"]:
+                lines.append(f"  {name}: not comparable ({found['incomparable']} rows)")
+            else:
+                lines.append(f"  {name}: {found['incomparable']} rows not comparable, {found['compared']} compared ({verdicts})")
+        return lines
+
     def counts(self, rank: int | None = None) -> dict[str, int]:
         """Rows per verdict (all ranks, or one)."""
         rows = self.rows if rank is None else self.rank_rows(rank)
@@ -209,21 +244,40 @@ class CompareResult:
         tensors = [row for row in self.rows if row.kind == "tensor"]
         matched = [row for row in tensors if row.matched]
         if tensors and not matched:
+            unfinished = self.unfinished()
+            if unfinished:
+                raise ValueError(
+                    f"{self.a.path} and {self.b.path} have no tensor records in common: {'; '.join(unfinished)}. "
+                    "Compare it once its run has ended"
+                )
             raise ValueError(
                 f"{self.a.path} and {self.b.path} have no tensor records in common: they come from different "
                 "models or programs (or pass a mapping file for renamed modules)"
             )
         reference = self.coverage()["b"]
         if reference["rows"] and reference["matched"] < _MIN_MATCHED * reference["rows"]:
+            unfinished = self.unfinished()
+            why = "; ".join(unfinished) if unfinished else "the dumps look like different models or programs"
             self.problems.append(
-                f"only {reference['matched']} of {reference['rows']} tensor rows of B matched: the dumps look like different "
-                "models or programs (unmatched rows are listed as 'unmatched')"
+                f"only {reference['matched']} of {reference['rows']} tensor rows of B matched: {why} "
+                "(unmatched rows are listed as 'unmatched')"
             )
-        shapes = sum(1 for row in matched if row.shape_a != row.shape_b)
+        shapes = sum(1 for row in matched if row.shape_a != row.shape_b and row.verdict != "incomparable")
         if shapes:
             self.problems.append(
                 f"{shapes} matched rows differ in shape: the dumps come from different model configurations or inputs"
             )
+
+    def unfinished(self) -> list[str]:
+        """A phrase for each side with a compared rank folder that has no ``complete.json`` (its run is
+        still being written, or stopped before it finished)."""
+        found = []
+        for label, side in (("A", self.a), ("B", self.b)):
+            ranks = [rank for rank in self.ranks if not getattr(side.run.ranks.get(rank), "complete", True)]
+            if ranks:
+                which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+                found.append(f"{label} ({side.path}) is still being written or did not finish ({which} without complete.json)")
+        return found
 
     # -- describing ------------------------------------------------------------------------------
     def title(self) -> str:
@@ -245,7 +299,8 @@ class CompareResult:
 
     def summary(self) -> str:
         """A few lines for a terminal: counts per rank, first divergence, first non-finite op."""
-        lines = [self.title()]
+        leading = [problem for problem in self.problems if problem.startswith(DTYPE_NOTE)]
+        lines = [self.title(), *(f"note: {problem}" for problem in leading), *self.scope_lines()]
         for rank in self.ranks:
             counts = self.counts(rank)
             lines.append(f"rank {rank}: {len(self.rank_rows(rank))} rows: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
@@ -275,7 +330,7 @@ class CompareResult:
         hint = self.replay_hint
         if hint:
             lines.append(f"hint: {hint}")
-        lines.extend(f"note: {problem}" for problem in self.problems)
+        lines.extend(f"note: {problem}" for problem in self.problems if problem not in leading)
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -317,6 +372,7 @@ class CompareResult:
             "diverged": self.diverged,
             "counts": self.counts(),
             "coverage": self.coverage(),
+            "phases": self.phases(),
             "ranks": {str(rank): self.counts(rank) for rank in self.ranks},
             "first_divergence": self.describe(first) if first else None,
             "first_nonfinite": self.describe(nonfinite) if nonfinite else None,

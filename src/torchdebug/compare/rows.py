@@ -9,9 +9,12 @@ from torchdebug.records import Record, call_name
 
 __all__ = ["Row", "VERDICTS"]
 
-VERDICTS = ("pass", "warning", "undecided", "error", "unmatched")
+VERDICTS = ("pass", "warning", "undecided", "error", "incomparable", "unmatched")
 """``undecided``: beyond tolerance, and statistics cannot tell whether the op or its inputs made it
-(a tensor dump decides); ``unmatched``: the slot exists on one side only (listed, never judged)."""
+(a tensor dump decides); ``incomparable``: the two sides hold values that cannot be compared — their
+shapes differ because the runs' inputs do, or they were computed from such values, or (checksums)
+their dtypes differ — so the row is neither a pass nor an error; ``unmatched``: the slot exists on
+one side only (listed, never judged)."""
 
 
 _NAMED_BY_B = frozenset({"value", "group"})
@@ -49,11 +52,15 @@ class Row:
     tolerance: float | None = None
     verdict: str = "pass"
     attribution: str = ""
-    """``blamed`` (the error starts here), ``inherited`` (its inputs already carry it) or empty."""
+    """``blamed`` (the error starts here), ``inherited`` (its inputs already carry it), ``undecided``,
+    ``dtype`` (a constant made for the dtype, such as ``torch.finfo(dtype).min``, that differs because
+    the runs' dtypes do: it passes) or empty."""
     message: str = ""
     source: str | None = None
     record_a: Record | None = field(default=None, repr=False)
     record_b: Record | None = field(default=None, repr=False)
+    unreadable: str | None = field(default=None, repr=False)
+    """Why its saved tensors could not be read (a damaged tensor file): compared by statistics instead."""
 
     @classmethod
     def from_records(

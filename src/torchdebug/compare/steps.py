@@ -8,12 +8,15 @@
    values (a slot that reuses another slot's saved tensor is computed once);
 4. :func:`compute_jobs` runs them in a thread pool (torch kernels release the GIL, so threads use
    every core); each job loads its two tensors through the dump's ``load_tensor`` (memory-mapped),
-   computes and drops them, so no more than ``threads`` pairs are in memory at once;
+   computes and drops them, so no more than ``threads`` pairs are in memory at once; a damaged
+   (truncated, corrupt) tensor file leaves its slots to their statistics, named once by
+   :func:`finish` (a missing one is a dump error);
 5. :func:`apply_metrics` writes the results into the rows;
 6. :func:`attribute`: with ``replay``, :func:`replay_rows` replays each call with an output beyond
    tolerance on each side in float64 (its own error, one call and side per job, so a job holds one
    side's tensors of one call); then ``judge``, and ``judge_checksums`` for slots whose records
-   carry checksums on both sides (bit-exact); then :func:`finish`.
+   carry checksums on both sides (bit-exact); rows that cannot be compared lose their ``error``;
+   then :func:`finish` (notes: checksums of other dtypes first, damaged tensor files, overlap).
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from torchdebug import progress
 from torchdebug.compare.boundaries import align_boundaries, unpaired_calls
-from torchdebug.compare.checksums import judge_checksums
+from torchdebug.compare.checksums import dtype_note, judge_checksums
 from torchdebug.compare.config import CompareConfig
 from torchdebug.compare.matching import match_records
 from torchdebug.compare.metrics import stats_metrics, tensor_metrics
@@ -42,6 +46,7 @@ from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
 from torchdebug.compare.tolerances import Tolerance, lower_precision, tolerance_for
 from torchdebug.compare.verdicts import judge
+from torchdebug.errors import DumpError
 from torchdebug.records import Record
 from torchdebug.store import msprobe, reader
 from torchdebug.store.reader import RankRecords
@@ -210,9 +215,38 @@ def tensor_jobs(rows: Iterable[Row], dump_a: RankRecords, dump_b: RankRecords) -
     return jobs
 
 
+_UNREADABLE = "_unreadable"
+"""The key of a tensor job's result whose tensors could not be read: which file, and why."""
+_DAMAGED = (DumpError, SafetensorError, OSError, RuntimeError)
+"""What reading a damaged tensor file raises (the reader's ``DumpError``, or the library's own)."""
+
+
+def _missing(dump: RankRecords, record: Record) -> bool:
+    """Whether a record's tensor file is absent (a dump error), rather than unreadable (damaged)."""
+    folder = getattr(dump, "path", None)
+    return folder is not None and not (Path(folder) / str((record.tensor or {}).get("file", ""))).is_file()
+
+
+def _load(dump: RankRecords, record: Record, label: str) -> torch.Tensor | str:
+    """A record's saved tensor, or, when its file is damaged, ``"A tensors/step0-0000.safetensors"``."""
+    try:
+        return dump.load_tensor(record)
+    except _DAMAGED as error:
+        if _missing(dump, record):
+            raise
+        logger.debug("%s: %s", record.name, error)
+        folder = getattr(dump, "path", None)
+        file = str((record.tensor or {}).get("file"))
+        return f"{label} {Path(folder) / file if folder is not None else file}"
+
+
 def _run_job(row: Row, dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
-    tensor_a = dump_a.load_tensor(row.record_a)
-    tensor_b = dump_b.load_tensor(row.record_b)
+    tensor_a = _load(dump_a, row.record_a, "A")  # type: ignore[arg-type]
+    tensor_b = _load(dump_b, row.record_b, "B")  # type: ignore[arg-type]
+    damaged = [found for found in (tensor_a, tensor_b) if isinstance(found, str)]
+    if damaged:
+        return {_UNREADABLE: ", ".join(damaged)}  # type: ignore[dict-item]
+    assert isinstance(tensor_a, torch.Tensor) and isinstance(tensor_b, torch.Tensor)
     if tensor_a.shape != tensor_b.shape:
         return {"_shape_mismatch": 1.0}
     tolerance = tolerance_for(row.dtype_a, row.dtype_b, overrides)
@@ -237,6 +271,10 @@ def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float
     for group, metrics in zip(groups, results):
         if "_shape_mismatch" in metrics:
             continue  # sampled with different strides: keep the statistics verdict
+        if _UNREADABLE in metrics:
+            for row in group:
+                row.unreadable = str(metrics[_UNREADABLE])  # compared by statistics: see finish()
+            continue
         for row in group:
             row.metrics.update(metrics)
             row.error = metrics.get("error", row.error)
@@ -250,6 +288,11 @@ def _replay_job(dump: RankRecords, records: Sequence[Record], overrides: Mapping
         return own_errors(records, dump.load_tensor, lambda dtype: tolerance_for(dtype, dtype, overrides).atol)
     except NotReplayable as reason:
         logger.debug("not replayed: %s", reason)
+        return {}
+    except _DAMAGED as error:  # a damaged tensor file (named by the tensor metrics' warning)
+        if any(_missing(dump, record) for record in records if has_tensor(record)):
+            raise
+        logger.debug("not replayed: %s", error)
         return {}
 
 
@@ -304,6 +347,8 @@ def attribute(
     for row in rows:
         if row.match == "inside":
             row.message = f"inside {row.name_b}: a node of its compiled form, compared where values enter and leave it"
+        elif row.verdict == "incomparable":
+            row.error = None  # two values that cannot be compared have no error (their metrics stay)
 
 
 def rank_notes(rank: int, pairing: Pairing) -> list[str]:
@@ -326,9 +371,30 @@ def compare_rank(rank: int, pairing: Pairing, settings: CompareConfig, pool: Thr
     return rows
 
 
+def _damaged_note(rows: Sequence[Row]) -> str | None:
+    """One line naming the damaged tensor files and the slots compared by statistics instead."""
+    damaged = [row for row in rows if row.unreadable]
+    if not damaged:
+        return None
+    files = sorted({file for row in damaged for file in row.unreadable.split(", ")})  # type: ignore[union-attr]
+    names = [row.name for row in damaged]
+    listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"damaged tensor files (truncated or corrupt, unreadable): {', '.join(files)}; their {len(names)} slots "
+        f"({listed}) are compared by their statistics instead"
+    )
+
+
 def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: CompareConfig) -> CompareResult:
     """The result of judged rows: rank ``notes`` and the pairing's, options, and the overlap check."""
     problems = [*notes, *pairing.problems]
+    dtypes = dtype_note(rows)
+    if dtypes is not None:
+        problems.insert(0, dtypes)
+    damaged = _damaged_note(rows)
+    if damaged is not None:
+        logger.warning("%s", damaged)
+        problems.append(damaged)
     if settings.replay and not any(has_tensor(row.record_a) and has_tensor(row.record_b) for row in rows):
         problems.append('replay: no slot has saved tensors on both sides (dump with task="tensor"), so nothing was replayed')
     result = CompareResult(rows=rows, a=pairing.a, b=pairing.b, problems=problems, options=settings.options())

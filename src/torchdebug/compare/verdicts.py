@@ -17,8 +17,20 @@ Per row, in execution order:
   stand for it when the call's outputs are judged;
 * a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
   the call has one) and inherited after;
-* shapes that differ are errors; argument values that differ, and slots that could not be
-  captured on a side (``record.capture_error``), are warnings;
+* rows whose two values cannot be compared are ``incomparable``, never errors
+  (:mod:`torchdebug.compare.comparable`): a shape that differs because the runs' inputs do (a data
+  input of another shape, data cut to other shapes, sizes that change as the data's do), and a value
+  computed from such rows (a micro-batch's loss or weight gradient) that differs. A value that one
+  side makes from incomparable rows through ops only it runs (micro-batch gradients summed by
+  accumulation) can be compared again: it is judged, and blamed when it differs by more than
+  ``growth`` tolerances (summing in another order);
+* a value made from constants alone (a call without tensor inputs: ``scalar_tensor``, ``full``) or
+  a constant no captured op made that differs only because the runs' dtypes do
+  (``torch.finfo(dtype).min`` as an attention bias) passes with attribution ``dtype``; what is
+  computed from it inherits that, and never counts as error seen upstream;
+* other shapes that differ are errors (with an infinite ``error``: no number measures them); argument
+  values that differ, and slots that could not be captured on a side (``record.capture_error``), are
+  warnings (argument values of a constant that differ with the dtype pass);
 * with replay (``own_err_a``/``own_err_b`` in an output row's metrics: its error against the op
   replayed in float64 on that side's own inputs; ``kernel_err_a``/``kernel_err_b``: that of the CPU
   kernel re-run on the same inputs in their dtypes), an output beyond tolerance whose own error on
@@ -39,6 +51,7 @@ import math
 import re
 from collections.abc import Sequence
 
+from torchdebug.compare.comparable import DataShapes, data_records, dtype_argument, dtype_constants
 from torchdebug.compare.matching import execution_order, producers
 from torchdebug.compare.rows import Row
 from torchdebug.compare.tolerances import lower_precision, rounding_tolerance
@@ -57,12 +70,36 @@ def _same_value(a: object, b: object) -> bool:
     return a == b
 
 
-def _judge_value(row: Row) -> None:
+def _judge_value(row: Row, constant: bool) -> None:
+    """An argument value: a warning when the two differ, unless ``constant`` (a call without tensor
+    inputs) and they differ only with the runs' dtypes."""
     a = row.record_a.value if row.record_a else None
     b = row.record_b.value if row.record_b else None
-    if not _same_value(a, b):
-        row.verdict = "warning"
-        row.message = f"argument value differs: {a!r} vs {b!r}"
+    if _same_value(a, b):
+        return
+    why = dtype_argument(a, b) if constant else None
+    if why is not None:
+        row.verdict, row.attribution = "pass", "dtype"
+        row.message = f"argument value differs because the runs' dtypes differ: {why}"
+        return
+    row.verdict = "warning"
+    row.message = f"argument value differs: {a!r} vs {b!r}"
+
+
+def _dtype_arguments(rows: Sequence[Row]) -> str | None:
+    """What differs among a call's argument values, when some differ and all of those only with the
+    runs' dtypes (``None`` otherwise)."""
+    found = []
+    for row in rows:
+        if row.kind == "tensor" or row.io in _OUTPUT_IO or row.record_a is None or row.record_b is None:
+            continue
+        a, b = row.record_a.value, row.record_b.value
+        if not _same_value(a, b):
+            why = dtype_argument(a, b)
+            if why is None:
+                return None
+            found.append(why)
+    return "; ".join(found) or None
 
 
 _SINGULAR = {"sqrt", "rsqrt", "div", "reciprocal", "log", "log2", "log10", "log1p", "pow", "addcdiv", "atan2"}
@@ -230,10 +267,22 @@ class _Flow:
                 if not row.matched:
                     self.one_sided.setdefault((side, record.step, record.call_name), []).append(row)
         self.producers: dict[int, tuple[str, str]] = {}
-        for side_records in records.values():
-            self.producers.update(producers([side_records[i] for i in execution_order(side_records)]))
+        reshaped = any(row.shape_a != row.shape_b and row.matched and row.kind == "tensor" for row in rows)
+        data: dict[str, set[int]] = {"a": set(), "b": set()}
+        parameters: set[int] = set()
+        for side, side_records in records.items():
+            ordered = [side_records[i] for i in execution_order(side_records)]
+            made_by = producers(ordered)
+            self.producers.update(made_by)
+            if reshaped:  # which values are data matters only where shapes differ
+                data[side], held = data_records(ordered, made_by)
+                parameters |= held
+        self.shapes = DataShapes(rows, data, self.producers, parameters)
+        """Where shapes differ because the runs' inputs do."""
         self.origin: dict[int, str] = {}
         """``id(row)`` → the name of the blamed row whose error it carries."""
+        self.constant: dict[int, str] = {}
+        """``id(row)`` → the name of the constant made for the dtype whose difference it is or carries."""
 
     def sources(self, row: Row, side: str, depth: int = 0) -> tuple[list[Row], list[str]] | None:
         """The matched rows whose tensor input ``row`` holds on ``side`` and the ops only that side
@@ -259,12 +308,22 @@ class _Flow:
         return (found, via) if found else None
 
     def inherit(self, row: Row, sources: Sequence[Row]) -> None:
-        """Mark ``row`` as carrying the error of the first blamed row among ``sources`` (or theirs)."""
+        """Mark ``row`` as carrying the error of the first blamed row among ``sources`` (or theirs);
+        else, when the source with the largest error is or carries a constant made for the dtype, that."""
         for source in sources:
             origin = self.origin.get(id(source)) or (source.name if source.attribution == "blamed" else None)
             if origin is not None:
                 self.origin[id(row)] = origin
                 return
+        largest = max(sources, key=lambda source: source.error or 0.0, default=None)
+        constant = self.constant.get(id(largest)) if largest is not None else None
+        if constant is not None:
+            self.constant[id(row)] = constant
+
+    def counts(self, row: Row) -> bool:
+        """Whether ``row``'s error counts as error seen upstream: not a constant made for the dtype
+        (or what carries it), not a value that cannot be compared."""
+        return row.verdict != "incomparable" and id(row) not in self.constant
 
 
 def _inherited(row: Row, flow: _Flow, sources: Sequence[Row], detail: str) -> None:
@@ -272,9 +331,14 @@ def _inherited(row: Row, flow: _Flow, sources: Sequence[Row], detail: str) -> No
     they carry the error of a blamed op (named in the message)."""
     flow.inherit(row, sources)
     origin = flow.origin.get(id(row))
+    constant = flow.constant.get(id(row))
     row.attribution = "inherited"
     row.verdict = "warning" if origin else "pass"
-    row.message = detail + (f"; carries the error blamed on {origin}" if origin else "")
+    if origin:
+        detail += f"; carries the error blamed on {origin}"
+    elif constant:
+        detail += f"; carries the constant made for the dtype at {constant}"
+    row.message = detail
 
 
 def _undecided(row: Row, flow: _Flow, sources: Sequence[Row], message: str) -> None:
@@ -290,6 +354,39 @@ def _blamed(row: Row, flow: _Flow, message: str) -> None:
     flow.origin[id(row)] = row.name
 
 
+def _incomparable(row: Row, why: str) -> None:
+    """The two values cannot be compared (see :mod:`torchdebug.compare.comparable`)."""
+    shapes = f" ({row.shape_a} vs {row.shape_b})" if row.shape_a != row.shape_b else ""
+    row.verdict, row.attribution, row.message = "incomparable", "", f"not comparable{shapes}: {why}"
+
+
+def _dtype_constant(row: Row, flow: _Flow, what: str, why: str) -> None:
+    """A constant made for the dtype, which differs because the runs' dtypes do: it passes."""
+    row.verdict, row.attribution = "pass", "dtype"
+    row.message = (
+        f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}: {what} ({why}); "  # type: ignore[arg-type]
+        "it differs because the runs' dtypes differ, by design"
+    )
+    flow.constant[id(row)] = row.name
+
+
+def _shape_reason(row: Row, inputs: Sequence[Row], flow: _Flow) -> str | None:
+    """Why ``row``'s shapes differ because the runs' inputs do (``None``: for another reason)."""
+    if row.io in _OUTPUT_IO:
+        if any(r.verdict == "error" and r.shape_a != r.shape_b for r in inputs):
+            return None  # an input of another shape for another reason (a wider layer): that is reported
+        unlike = next((r for r in inputs if r.verdict == "incomparable"), None)
+        if unlike is not None:
+            return f"computed from values that cannot be compared ({unlike.name})"
+    else:
+        for side in ("a", "b"):
+            found = flow.sources(row, side)
+            unlike = next((r for r in found[0] if r.verdict == "incomparable"), None) if found else None
+            if unlike is not None:
+                return f"holds a value that cannot be compared ({unlike.name})"
+    return flow.shapes.origin(row) or flow.shapes.follows_data(row)
+
+
 def _judge_input(row: Row, flow: _Flow, growth: float, upstream: float) -> list[Row]:
     """An input beyond tolerance: against the tensor its producer made (traced through ops only one
     side runs), else against the largest error seen upstream. Returns the rows that stand for it
@@ -298,13 +395,19 @@ def _judge_input(row: Row, flow: _Flow, growth: float, upstream: float) -> list[
     detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"  # type: ignore[arg-type]
     traced = [found for side in ("a", "b") if (found := flow.sources(row, side)) is not None]
     if not traced:
-        if row.error <= growth * upstream:  # type: ignore[operator]
+        constants = dtype_constants(row)
+        if constants is not None:
+            _dtype_constant(row, flow, "a constant no captured op made", constants)
+        elif row.error <= growth * upstream:  # type: ignore[operator]
             _inherited(row, flow, (), detail + "; upstream ops already differ")
         else:
             _blamed(row, flow, detail + "; this input differs before any op did")
         return [row]
     sources = [source for found, _ in traced for source in found]
     one_sided = sorted({op for _, via in traced for op in via})
+    unlike = [source for source in sources if source.verdict == "incomparable"]
+    if unlike:
+        return _made_from_incomparable(row, traced, unlike, one_sided, growth, upstream, flow)
     if one_sided and len(traced) == 2 and {id(r) for r in traced[0][0]} != {id(r) for r in traced[1][0]}:
         return _made_differently(row, traced[0][0], traced[1][0], one_sided)
     carried = max((source.error or 0.0 for source in sources), default=0.0)
@@ -317,6 +420,39 @@ def _judge_input(row: Row, flow: _Flow, growth: float, upstream: float) -> list[
         flow,
         detail + f"; the tensor {sources[0].name} made differs by only {_fmt(carried)}{how}: the difference enters here",
     )
+    return [row]
+
+
+_LISTED = 3
+"""How many ops only one side runs a message names."""
+
+
+def _made_from_incomparable(
+    row: Row,
+    traced: Sequence[tuple[list[Row], list[str]]],
+    unlike: Sequence[Row],
+    one_sided: Sequence[str],
+    growth: float,
+    upstream: float,
+    flow: _Flow,
+) -> list[Row]:
+    """An input beyond tolerance made from rows that cannot be compared. When the value reached it
+    through ops both sides run, it cannot be compared either; when a side made it through ops only it
+    runs (4 micro-batch gradients summed by accumulation against one batch's), it is a quantity both
+    runs should agree on: within ``growth`` tolerances (summing in another order) it is inherited,
+    beyond it blamed."""
+    if not one_sided:  # both sides' value comes from such rows through ops both run
+        _incomparable(row, f"holds a value that cannot be compared ({unlike[0].name})")
+        return [row]
+    detail = f"error {_fmt(row.error)} > tolerance {_fmt(row.tolerance)}"  # type: ignore[arg-type]
+    ops = ", ".join(one_sided[:_LISTED]) + (f" and {len(one_sided) - _LISTED} more" if len(one_sided) > _LISTED else "")
+    made = f"made through {ops} that only one side runs from values that cannot be compared ({unlike[0].name})"
+    if row.error <= growth * row.tolerance:  # type: ignore[operator]
+        _inherited(row, flow, (), f"{detail}; {made}: within what summing in another order makes")
+    elif row.error <= growth * upstream:  # type: ignore[operator]
+        _inherited(row, flow, (), f"{detail}; {made}; upstream ops already differ")
+    else:
+        _blamed(row, flow, f"{detail}; {made}, it differs where both runs should agree: the difference enters here")
     return [row]
 
 
@@ -385,8 +521,10 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
     Returns the largest error seen up to and including this call."""
     inputs = [r for r in rows if r.io not in _OUTPUT_IO and r.kind == "tensor" and r.matched]
     inputs += [r for r in saved if r.kind == "tensor" and r.matched]
+    constant = not any(r.io not in _OUTPUT_IO and r.kind == "tensor" for r in rows)  # made from arguments alone
     seen = upstream
-    for row in sorted(rows, key=lambda r: r.io in _OUTPUT_IO):  # inputs first: outputs inherit from them
+    # tensor inputs, argument values, outputs: arguments and outputs look at the inputs' verdicts
+    for row in sorted(rows, key=lambda r: (r.io in _OUTPUT_IO, r.kind != "tensor")):
         row.verdict, row.attribution, row.message = "pass", "", ""
         a, b = row.record_a, row.record_b
         if a is None or b is None:
@@ -398,13 +536,27 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             row.verdict, row.message = "warning", "not captured on " + "; ".join(failed)
             continue
         if row.kind != "tensor":
-            _judge_value(row)
+            _judge_value(row, constant)
+            unlike = next((r for r in inputs if r.verdict == "incomparable"), None) if row.verdict == "warning" else None
+            if unlike is not None:  # a view's sizes, a loss divided by the number of micro-batches
+                _incomparable(row, f"{row.message}, in a call on values that cannot be compared ({unlike.name})")
             continue
         is_output = row.io in _OUTPUT_IO
         if row.shape_a != row.shape_b:
+            why = _shape_reason(row, inputs, flow)
+            if why is not None:
+                _incomparable(row, why)
+                continue
+            row.error = math.inf  # no number measures it; the message says what differs
             _blamed(row, flow, f"shape differs: {row.shape_a} vs {row.shape_b}")
             seen = math.inf
             continue
+        beyond = row.error is not None and row.tolerance is not None and row.error > row.tolerance
+        if is_output and (beyond or row.metrics.get("nonfinite_mismatch")):
+            unlike = next((r for r in inputs if r.verdict == "incomparable"), None)
+            if unlike is not None:
+                _incomparable(row, f"computed from values that cannot be compared ({unlike.name})")
+                continue
         if row.metrics.get("nonfinite_mismatch"):
             explained = any(r.metrics.get("nonfinite_mismatch") for r in inputs) if is_output else upstream == math.inf
             message = "NaN/Inf where the other side is finite" + (" (inputs had it)" if explained else "")
@@ -412,6 +564,8 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
                 flow.inherit(row, inputs)
                 row.verdict, row.attribution, row.message = "warning", "inherited", message
             else:
+                if row.error is None:
+                    row.error = math.inf  # statistics without a finite number to compare
                 _blamed(row, flow, message)
             seen = math.inf
             continue
@@ -422,12 +576,17 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
             seen = max(seen, row.error)
             continue
         if is_output:
-            seen = max(seen, row.error)
+            constants = (dtype_constants(row) or _dtype_arguments(rows)) if constant else None
+            if constants is not None:
+                _dtype_constant(row, flow, "a constant made from arguments alone", constants)
+                continue
             arguments = [r for r in rows if r.kind != "tensor" and r.io not in _OUTPUT_IO]
             _judge_output(row, inputs, arguments, flow, growth, replayed)
+            if flow.counts(row):
+                seen = max(seen, row.error)
             continue
         stand_ins = _judge_input(row, flow, growth, upstream)
-        seen = max(seen, *(r.error or 0.0 for r in stand_ins))
+        seen = max([seen, *(r.error or 0.0 for r in stand_ins if flow.counts(r))])
         if stand_ins[0] is not row:  # different tensors on the two sides: what they were made from counts
             inputs = [r for r in inputs if r is not row] + stand_ins
     return seen

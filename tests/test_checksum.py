@@ -1,9 +1,35 @@
-"""The 64-bit tensor fingerprint: bits in logical order, any dtype, same on every device."""
+"""The 64-bit tensor fingerprint: bits in logical order, any dtype, same on every device and on every
+path (the torch-op reference, the native pass, the definition written out in Python)."""
 
 import pytest
 import torch
 
-from torchdebug.checksum import fingerprint, hex_digits
+from torchdebug.checksum import cpu_fingerprint, fingerprint, hex_digits
+from torchdebug.native import fused_stats
+
+_MASK = (1 << 64) - 1
+
+PINNED_INT32 = "e2d285e2eb473ef9"
+"""``torch.arange(4, dtype=torch.int32)``, computed by the torch-op reference before the native paths existed."""
+
+PINNED_FLOAT32 = "013d929f1bd4f111"
+"""``torch.tensor([1.0, -0.0, 3.5])``, likewise."""
+
+
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _as_documented(tensor: torch.Tensor) -> int:
+    """The definition in checksum.py's docstring, in plain Python: each element's bits as an unsigned
+    word of its width (two 64-bit words for 128-bit complex), in row-major order."""
+    x = tensor.resolve_conj().resolve_neg().contiguous()
+    data = x.reshape(-1).view(torch.uint8).numpy().tobytes() if x.numel() else b""
+    size = min(x.element_size(), 8)
+    words = [int.from_bytes(data[k : k + size], "little") for k in range(0, len(data), size)]
+    return _mix(sum(_mix((w + i * 0x9E3779B97F4A7C15) & _MASK) for i, w in enumerate(words, start=1)) & _MASK)
 
 
 def _hex(tensor):
@@ -80,3 +106,46 @@ def test_big_tensors_are_reduced_in_chunks_without_changing_the_result(monkeypat
 def test_cuda_and_cpu_agree_on_the_same_bits():
     x = torch.randn(1 << 12, 3).bfloat16()
     assert _hex(x) == _hex(x.cuda()) and _hex(x.t()) == _hex(x.cuda().t())
+
+
+_DTYPE_CASES = [
+    torch.randn(40).bfloat16(),
+    torch.randn(33).half(),
+    torch.randn(17),
+    torch.randn(5, 7, dtype=torch.float64).t(),
+    torch.arange(-50, 50, dtype=torch.int8),
+    torch.arange(0, 200, dtype=torch.uint8),
+    torch.arange(-500, 500, 9, dtype=torch.int16),
+    torch.arange(-(2**31), 2**31 - 1, 2**25, dtype=torch.int32),
+    torch.arange(-5, 40) * (2**57),
+    torch.tensor([True, False, True] * 9),
+    torch.randn(19, dtype=torch.complex64),
+    torch.randn(3, 6, dtype=torch.complex128).t(),
+    torch.randn(6, dtype=torch.complex64).conj(),
+    torch.tensor(2.5),
+    torch.empty(0, 4),
+]
+
+
+@pytest.mark.parametrize("tensor", _DTYPE_CASES, ids=lambda t: f"{t.dtype}{list(t.shape)}")
+def test_every_path_computes_the_documented_definition(tensor):
+    want = _as_documented(tensor)
+    assert int(fingerprint(tensor)) & _MASK == want  # the torch-op reference
+    assert cpu_fingerprint(tensor) == want  # the native pass where it is built, else the reference
+    if fused_stats.available():
+        assert fused_stats.fingerprint(tensor) == want
+
+
+def test_the_definition_is_pinned():
+    """Two values written down once: a change of the definition (a constant, the word order, the
+    positions) breaks comparisons with dumps taken before it."""
+    assert hex_digits(_as_documented(torch.arange(4, dtype=torch.int32))) == _hex(torch.arange(4, dtype=torch.int32))
+    assert _hex(torch.arange(4, dtype=torch.int32)) == PINNED_INT32
+    assert _hex(torch.tensor([1.0, -0.0, 3.5])) == PINNED_FLOAT32
+
+
+def test_cpu_fingerprint_falls_back_to_the_reference_without_the_kernel(monkeypatch):
+    monkeypatch.setattr(fused_stats, "_kernels", lambda: None)
+    x = torch.randn(70_000).t()
+    assert fused_stats.fingerprint(x) is None
+    assert cpu_fingerprint(x) == int(fingerprint(x)) & _MASK

@@ -1,4 +1,5 @@
-"""The native statistics kernel: built once, cached, equal to the torch-ops reference, and optional."""
+"""The native statistics kernel: built once, cached, equal to the torch-ops reference, and optional;
+its fingerprint equals the torch-op fingerprint of torchdebug.checksum bit for bit."""
 
 import math
 import shutil
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from torchdebug.checksum import fingerprint
 from torchdebug.native import build, fused_stats
 from torchdebug.stats import stats_from_vector, stats_vector
 
@@ -131,6 +133,8 @@ def test_disabled_by_environment(fresh_build, monkeypatch):
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
     assert build.load_library("stats") is None
     assert fused_stats.fused_stats(torch.randn(10)) is None
+    assert fused_stats.fingerprint(torch.randn(10)) is None
+    assert fused_stats.stats_and_fingerprint(torch.randn(10)) is None
     assert not list(fresh_build.iterdir())
 
 
@@ -188,3 +192,121 @@ def test_walk_covers_views_without_copying():
     assert fused_stats._runs(torch.randn(1, 5).expand(7, 5)) == ([7, 5], [0, 1])
     assert fused_stats._runs(torch.randn(100)[::3]) is None  # no stride-1 dim: copied first
     assert fused_stats._runs(torch.randn(5, 8)[:, ::2]) is None
+
+
+# -- the fingerprint, in the statistics' pass or alone --------------------------------------------------------
+def _reference_fingerprint(tensor: torch.Tensor) -> int:
+    return int(fingerprint(tensor)) & (2**64 - 1)
+
+
+def _fingerprint_cases() -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(3)
+
+    def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=dtype)
+
+    cases = [(f"f32[{n}]", randn(n)) for n in (1, 15, 16, 17, 4097)]
+    cases += [
+        ("f32, parallel (past the threshold, odd size)", randn(300_001)),
+        ("f32, parallel, exactly the threshold", randn(65_536)),
+        ("bfloat16, parallel", randn(200_003).bfloat16()),
+        ("float16, parallel", randn(70_001).half()),
+        ("float64, parallel", randn(150_001, dtype=torch.float64)),
+        ("float64 with nan and inf", torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -0.0], dtype=torch.float64)),
+        ("f32 with nan (the careful pass keeps the fingerprint)", torch.tensor([1.0, float("nan")] * 40)),
+        ("int8", torch.arange(-100, 100, dtype=torch.int8)),
+        ("uint8", torch.arange(0, 250, dtype=torch.uint8)),
+        ("int16", torch.arange(-3000, 3000, 7, dtype=torch.int16)),
+        ("int32", torch.randint(-(2**31), 2**31 - 1, (5_000,), generator=generator, dtype=torch.int32)),
+        ("int64, parallel", torch.randint(-(2**62), 2**62, (100_000,), generator=generator)),
+        ("bool", torch.rand(1_000, generator=generator) > 0.5),
+        ("complex64", randn(333, dtype=torch.complex64)),
+        ("complex128 (two words an element)", randn(257, dtype=torch.complex128)),
+        ("complex128, transposed", randn(9, 7, dtype=torch.complex128).t()),
+        ("complex64 conjugate view", randn(50, dtype=torch.complex64).conj()),
+        ("negative view", torch._neg_view(randn(40))),
+        ("0-d", torch.tensor(2.5)),
+        ("transpose", randn(64, 48).t()),
+        ("big transpose (one run per column)", randn(700, 300).t()),
+        ("permute", randn(4, 5, 6).permute(2, 0, 1)),
+        ("column slice", randn(64, 48)[:, 5:30]),
+        ("every other row", randn(40, 33)[::2]),
+        ("broadcast", randn(5, 1).expand(5, 7)),
+        ("broadcast rows", randn(1, 5).expand(7, 5)),
+        ("strided 1-d (copied first)", randn(100)[::3]),
+        ("sliced 4-d permute", randn(3, 4, 5, 6)[:, 1:3].permute(3, 1, 0, 2)),
+        ("bfloat16 transpose", randn(33, 65).bfloat16().t()),
+        ("int32 transpose", torch.arange(600, dtype=torch.int32).reshape(20, 30).t()),
+    ]
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        if hasattr(torch, name):  # newer dtypes, absent from older torch releases
+            cases.append((name, randn(500).to(getattr(torch, name))))
+    return cases
+
+
+_FINGERPRINT_CASES = _fingerprint_cases()
+
+
+@needs_compiler
+@pytest.mark.parametrize("label,tensor", _FINGERPRINT_CASES, ids=[label for label, _ in _FINGERPRINT_CASES])
+def test_kernel_fingerprint_equals_the_torch_op_fingerprint(label, tensor):
+    want = _reference_fingerprint(tensor)
+    assert fused_stats.fingerprint(tensor) == want, label
+    both = fused_stats.stats_and_fingerprint(tensor)
+    if tensor.dtype in (torch.float32, torch.bfloat16, torch.float64) and not tensor.is_neg():
+        sums, value = both
+        assert value == want, label
+        alone = fused_stats.fused_stats(tensor)  # the statistics of the same pass: as the kernel takes them alone
+        assert sums[:2] == alone[:2] or all(math.isnan(v) for v in sums[:2] + alone[:2]), label
+        assert sums[4:] == alone[4:], label
+        assert sums[2:4] == pytest.approx(alone[2:4], rel=1e-5, abs=1e-3 * math.sqrt(tensor.numel()), nan_ok=True), label
+    else:
+        assert both is None, label  # statistics of other dtypes are torch ops: the fingerprint alone
+
+
+@needs_compiler
+@pytest.mark.parametrize("tensor", [torch.empty(0), torch.empty(3, 0, 2), torch.empty(0, dtype=torch.int64)], ids=str)
+def test_kernel_fingerprint_of_an_empty_tensor_is_zero(tensor):
+    assert fused_stats.fingerprint(tensor) == _reference_fingerprint(tensor) == 0
+
+
+@needs_compiler
+def test_kernel_fingerprint_does_not_depend_on_the_thread_count():
+    tensor = torch.randn(500_001, generator=torch.Generator().manual_seed(4))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fused_stats.fingerprint(tensor), fused_stats.stats_and_fingerprint(tensor)[1]
+        torch.set_num_threads(max(2, threads))
+        many = fused_stats.fingerprint(tensor), fused_stats.stats_and_fingerprint(tensor)[1]
+    finally:
+        torch.set_num_threads(threads)
+    assert one == many == (_reference_fingerprint(tensor),) * 2  # a sum modulo 2**64: exact in any order
+
+
+@needs_compiler
+def test_kernel_fingerprint_tracks_single_bits_and_positions():
+    x = torch.randn(70_000, generator=torch.Generator().manual_seed(5))
+    y = x.clone()
+    y.view(torch.int32)[69_999] ^= 1  # one bit of the last element, in the last thread's chunk
+    swapped = x.clone()
+    swapped[[10, 60_000]] = x[[60_000, 10]]
+    prints = {fused_stats.fingerprint(t) for t in (x, y, swapped, x.view(350, 200).t())}
+    assert len(prints) == 4
+
+
+@needs_compiler
+def test_kernel_fingerprint_declines_what_it_cannot_read():
+    assert fused_stats.fingerprint(torch.empty(4, device="meta")) is None
+    assert fused_stats.fingerprint(torch.eye(3).to_sparse()) is None
+    assert fused_stats.stats_and_fingerprint(torch.arange(5)) is None
+
+
+def test_fingerprint_walk_follows_memory_and_knows_logical_positions():
+    base = torch.randn(64, 48)
+    assert fused_stats._ordered_runs(base) == ([3072], [1], [1])
+    assert fused_stats._ordered_runs(base.t()) == ([64, 48], [48, 1], [1, 64])  # memory order, logical steps
+    assert fused_stats._ordered_runs(base[:, 5:30]) == ([64, 25], [48, 1], [25, 1])
+    assert fused_stats._ordered_runs(torch.randn(5, 1).expand(5, 7)) == ([7, 5], [0, 1], [1, 7])
+    assert fused_stats._ordered_runs(torch.randn(2, 3, 4).permute(1, 0, 2)) == ([2, 3, 4], [12, 4, 1], [4, 8, 1])
+    assert fused_stats._ordered_runs(torch.randn(100)[::3]) is None  # no stride-1 dim: copied first

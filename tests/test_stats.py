@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import torchdebug.stats
+from torchdebug.checksum import fingerprint
 from torchdebug.native import fused_stats as native
-from torchdebug.stats import stats_vector, tensor_stats
+from torchdebug.stats import cpu_stats, cpu_stats_and_fingerprint, stats_vector, tensor_stats
 from torchdebug.stats_table import StatsStager
 
 
@@ -14,6 +15,8 @@ def cpu_path(request, monkeypatch):
     """Run every test through the native kernel and through the torch-ops fallback."""
     if request.param == "torch ops":
         monkeypatch.setattr(torchdebug.stats, "fused_stats", lambda tensor: None)
+        monkeypatch.setattr(torchdebug.stats, "stats_and_fingerprint", lambda tensor: None)
+        monkeypatch.setattr(native, "fingerprint", lambda tensor: None)
     elif not native.available():
         pytest.skip("no C compiler: the native kernel is not built here")
     return request.param
@@ -110,3 +113,40 @@ def test_stager_batches_cuda_statistics_into_one_copy():
     assert results == [] and len(stager) == 3
     stager.flush()
     assert [r["mean"] for r in results] == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.randn(100),
+        torch.randn(300_001) * 4,  # split over threads by the native pass
+        torch.tensor([1.0, float("nan"), -float("inf")]),
+        torch.randn(40, 30).t(),
+        torch.randn(513).bfloat16(),
+        torch.randn(7, dtype=torch.float64),
+        torch.randn(9).half(),
+        torch.arange(5),
+        torch.tensor([True, False]),
+        torch.tensor([3 + 4j, 1j]),
+    ],
+    ids=lambda t: f"{t.dtype}{list(t.shape)}",
+)
+def test_statistics_and_fingerprint_in_one_call_equal_each_taken_alone(tensor):
+    stats, value = cpu_stats_and_fingerprint(tensor)
+    assert value == int(fingerprint(tensor)) & (2**64 - 1)
+    alone = cpu_stats(tensor)
+    for key, expected in alone.items():
+        if expected is None or key in ("nan", "posinf", "neginf"):
+            assert stats[key] == expected, key
+        else:  # a walk in logical order may add in another order than the statistics' own walk
+            assert stats[key] == pytest.approx(expected, rel=1e-6, abs=1e-6), key
+
+
+def test_statistics_and_fingerprint_take_one_native_pass_for_the_kernels_dtypes(cpu_path, monkeypatch):
+    taken_alone = []
+    monkeypatch.setattr(torchdebug.stats, "cpu_stats", lambda tensor: taken_alone.append(tensor) or {})
+    cpu_stats_and_fingerprint(torch.randn(10))
+    cpu_stats_and_fingerprint(torch.randn(10).bfloat16())
+    assert (taken_alone == []) == (cpu_path == "native")
+    cpu_stats_and_fingerprint(torch.arange(3))  # integers: torch-op statistics, then the fingerprint
+    assert len(taken_alone) == (1 if cpu_path == "native" else 3)

@@ -1,6 +1,6 @@
-"""The device-side statistics table: every implementation equals the reference statistics, results
-wait for one read per flush, memory stays bounded, and capture reads the device a constant number
-of times per step however many ops ran."""
+"""The device-side statistics table: every implementation equals the reference statistics and the
+reference fingerprint, results wait for one read per flush, memory stays bounded, and capture reads
+the device a constant number of times per step however many ops ran."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchdebug
 from torchdebug import stats_table
+from torchdebug.checksum import fingerprint
 from torchdebug.stats import tensor_stats
 from torchdebug.stats_table import StatsStager
 
@@ -77,6 +78,32 @@ def _reference(tensor: torch.Tensor) -> dict:
     return tensor_stats(tensor)
 
 
+def _reference_fingerprint(tensor: torch.Tensor) -> int:
+    return int(fingerprint(tensor)) & (2**64 - 1)
+
+
+def _fingerprint_cases() -> dict[str, torch.Tensor]:
+    """The statistics' edge cases and more dtypes and layouts, for the fingerprint."""
+    torch.manual_seed(1)
+    cases = _edge_cases()
+    cases.update(
+        {
+            "int8": torch.arange(-100, 100, dtype=torch.int8),
+            "int16": torch.arange(-3000, 3000, 7, dtype=torch.int16),
+            "int32, transposed": torch.arange(600, dtype=torch.int32).reshape(20, 30).t(),
+            "uint8, large": torch.randint(0, 256, (70_001,), dtype=torch.uint8),
+            "bool, large": torch.rand(40_000) > 0.3,
+            "complex128": torch.randn(257, dtype=torch.complex128),
+            "complex64 conjugate": torch.randn(20, dtype=torch.complex64).conj(),
+            "float64, large": torch.randn(70_001, dtype=torch.float64),
+            "bfloat16, transposed": torch.randn(33, 65).bfloat16().t(),
+            "float16, large": torch.randn(100_003).half(),
+            "broadcast rows": torch.randn(1, 5).expand(7, 5),
+        }
+    )
+    return cases
+
+
 @pytest.mark.parametrize("case", list(_edge_cases()))
 def test_device_table_statistics_equal_the_reference_statistics(case, on_device):
     tensor = _edge_cases()[case]
@@ -86,6 +113,48 @@ def test_device_table_statistics_equal_the_reference_statistics(case, on_device)
     assert got == [] and len(stager) == 1  # nothing is read before the flush
     stager.flush()
     _assert_same_stats(got[0], _reference(tensor), case)
+
+
+@pytest.mark.parametrize("with_stats", [True, False], ids=["with statistics", "alone"])
+def test_device_table_fingerprints_equal_the_reference_fingerprint(with_stats, on_device):
+    """Without Triton (this machine, or TORCHDEBUG_NATIVE=0) each row holds the torch-op fingerprint."""
+    cases = _fingerprint_cases()
+    stats: dict[str, dict] = {}
+    prints: dict[str, int] = {}
+    stager = StatsStager()
+    stager.add_all(
+        [
+            (
+                tensor,
+                (lambda value, k=case: stats.__setitem__(k, value)) if with_stats else None,
+                lambda v, k=case: prints.__setitem__(k, v),
+            )
+            for case, tensor in cases.items()
+        ]
+    )
+    assert prints == {} and stats == {}  # nothing is read before the flush
+    stager.flush()
+    for case, tensor in cases.items():
+        assert prints[case] == _reference_fingerprint(tensor), case
+        if with_stats:
+            _assert_same_stats(stats[case], _reference(tensor), case)
+    assert stats.keys() == (cases.keys() if with_stats else set())
+
+
+@pytest.mark.parametrize("with_stats", [True, False], ids=["with statistics", "alone"])
+def test_cpu_fingerprints_are_delivered_at_once_and_equal_the_reference(with_stats):
+    for case, tensor in _fingerprint_cases().items():
+        got: list = []
+        StatsStager().add_all([(tensor, got.append if with_stats else None, got.append)])
+        assert got[-1] == _reference_fingerprint(tensor), case
+        if with_stats:
+            _assert_same_stats(got[0], _reference(tensor), case)
+
+
+def test_an_empty_tensor_gets_fingerprint_zero_at_once(on_device):
+    got: list = []
+    StatsStager().add_all([(torch.empty(0, 3), None, got.append)])
+    assert got == [0]
 
 
 def test_integer_statistics_keep_integer_min_and_max(on_device):
@@ -143,9 +212,10 @@ class _FakeKernel:
 
     SLOTS = 2
     DTYPES = frozenset({torch.float32, torch.float64})
+    WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
     def __init__(self) -> None:
-        self.launches: list[tuple[torch.dtype, int, int, int]] = []
+        self.launches: list[tuple] = []
 
     @staticmethod
     def is_dense(tensor: torch.Tensor) -> bool:
@@ -155,16 +225,28 @@ class _FakeKernel:
     def scratch_rows(tensors: list[torch.Tensor]) -> int:
         return 3 * len(tensors)
 
-    def launch(self, tensors, table, row, scratch, scratch_row, counters) -> None:  # noqa: ANN001
-        self.launches.append((tensors[0].dtype, len(tensors), row, scratch_row))
+    def launch(
+        self, tensors, table, row, scratch, scratch_row, counters, fingerprints=None, scratch_fingerprints=None, *, stats=True
+    ):  # noqa: ANN001
+        hashed = fingerprints is not None
+        self.launches.append((tensors[0].dtype, len(tensors), row, scratch_row) + ((stats, hashed) if hashed else ()))
         for k, tensor in enumerate(tensors):
-            table[row + k].copy_(stats_table.device_sums(tensor))
+            if stats:
+                table[row + k].copy_(stats_table.device_sums(tensor))
+            if hashed:
+                assert tensor.is_contiguous()
+                fingerprints[row + k].copy_(fingerprint(tensor))
+
+
+def _fake_kernel(monkeypatch) -> _FakeKernel:  # noqa: ANN001
+    fake = _FakeKernel()
+    monkeypatch.setattr(stats_table, "_triton", lambda: fake)
+    monkeypatch.setattr(stats_table, "_kernel_on", lambda tensor: fake)
+    return fake
 
 
 def test_an_ops_tensors_are_reduced_slots_of_one_dtype_per_launch(on_device, monkeypatch):
-    fake = _FakeKernel()
-    monkeypatch.setattr(stats_table, "_triton", lambda: fake)
-    monkeypatch.setattr(stats_table, "_kernel_for", lambda tensor: fake if tensor.dtype in fake.DTYPES else None)
+    fake = _fake_kernel(monkeypatch)
     tensors = [
         torch.full((4,), 1.0),
         torch.full((3,), 2.0, dtype=torch.float64),
@@ -189,6 +271,42 @@ def test_an_ops_tensors_are_reduced_slots_of_one_dtype_per_launch(on_device, mon
     ]
 
 
+def test_fingerprints_share_the_statistics_launch_or_go_by_word_width(on_device, monkeypatch):
+    """With statistics, a kernel dtype's fingerprint is taken in the same launch (a non-contiguous
+    tensor copied first); without, or for other dtypes, tensors go as integers of their width."""
+    fake = _fake_kernel(monkeypatch)
+    tensors = [
+        torch.full((4,), 1.0),
+        torch.arange(6.0).reshape(2, 3).t(),  # float32, transposed: copied, then with the others
+        torch.arange(6, dtype=torch.int32),  # statistics by torch ops, fingerprint as int32 words
+        torch.tensor([True, False]),  # int8 words
+    ]
+    stats: dict[int, dict] = {}
+    prints: dict[int, int] = {}
+    stager = StatsStager()
+    stager.add_all(
+        [(t, lambda v, k=k: stats.__setitem__(k, v), lambda v, k=k: prints.__setitem__(k, v)) for k, t in enumerate(tensors)]
+    )
+    stager.flush()
+    assert prints == {k: _reference_fingerprint(t) for k, t in enumerate(tensors)}
+    assert [stats[k]["mean"] for k in range(4)] == [1.0, 2.5, 2.5, 0.5]
+    assert fake.launches == [
+        (torch.float32, 2, 2, 0, True, True),  # rows 0-1: the int32 and bool statistics (torch ops)
+        (torch.int32, 1, 4, 6, False, True),
+        (torch.int8, 1, 5, 9, False, True),
+    ]
+    fake.launches.clear()
+    prints.clear()
+    stager.add_all([(t, None, lambda v, k=k: prints.__setitem__(k, v)) for k, t in enumerate(tensors)])
+    stager.flush()
+    assert prints == {k: _reference_fingerprint(t) for k, t in enumerate(tensors)}
+    assert fake.launches == [  # three tensors of 4-byte words (two SLOTS), then one of bytes
+        (torch.int32, 2, 0, 0, False, True),
+        (torch.int32, 1, 2, 6, False, True),
+        (torch.int8, 1, 3, 9, False, True),
+    ]
+
+
 # -- the Triton kernel, run by Triton's interpreter on the CPU ------------------------------------------
 def _triton_interpreter_skip() -> str | None:
     if importlib.util.find_spec("triton") is None:
@@ -199,6 +317,13 @@ def _triton_interpreter_skip() -> str | None:
     if (major, minor) < (3, 8):
         return "Triton's interpreter before 3.8 cannot run loops with runtime bounds under NumPy 2"
     return None
+
+
+def _interpreter_env(**extra: str) -> dict[str, str]:
+    """The environment of a subprocess that runs the Triton kernel in Triton's interpreter (this
+    checkout's sources first on the path, whatever else the path held)."""
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, **extra}
 
 
 _TRITON_SCRIPT = """
@@ -227,7 +352,7 @@ for case, tensor in _edge_cases().items():
 # several programs beside ones that take one
 launches = []
 launch = stats_table._triton().launch
-stats_table._triton().launch = lambda tensors, *rest: (launches.append(len(tensors)), launch(tensors, *rest))
+stats_table._triton().launch = lambda tensors, *rest, **kw: (launches.append(len(tensors)), launch(tensors, *rest, **kw))
 cases = {{**_edge_cases(), "large, second": torch.randn(100_000) - 2, "small, third": torch.randn(33)}}
 together = {{case: [] for case in cases}}
 stager = stats_table.StatsStager()
@@ -260,9 +385,10 @@ def test_triton_kernel_equals_the_reference_statistics_in_the_interpreter():
     reason = _triton_interpreter_skip()
     if reason:
         pytest.skip(reason)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
     script = _TRITON_SCRIPT.format(tests=str(ROOT / "tests"))
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=_interpreter_env(), timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
     together, launches, small = results.pop("together"), results.pop("launches"), results.pop("small programs")
@@ -299,18 +425,25 @@ if sys.argv[1] == "kernel":
     stats_table._resolves_now = lambda tensor: False
     kernel = stats_table._triton()
     launch = kernel.launch
-    kernel.launch = lambda tensors, *rest: (launches.append(len(tensors)), launch(tensors, *rest))
+    def counted(tensors, *rest, stats=True):
+        launches.append(len(tensors) if len(rest) == 5 else [len(tensors), stats])  # [n, stats]: with fingerprints
+        launch(tensors, *rest, stats=stats)
+    kernel.launch = counted
+task = sys.argv[2]
+options = dict(task="statistics", checksum=True) if task == "statistics+checksum" else dict(task=task)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
 optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
-debugger = torchdebug.Debugger(dump_path=tempfile.mkdtemp(), task="statistics")
+debugger = torchdebug.Debugger(dump_path=tempfile.mkdtemp(), **options)
 debugger.start(model)
 model(torch.randn(8, 16)).square().mean().backward()
 optimizer.step()
 debugger.stop()
 debugger.close()
 records = torchdebug.load(debugger.run_dir).ranks[0].records()
-print(json.dumps({{"stats": {{r.name: r.stats for r in records if r.stats}}, "launches": launches}}))
+stats = {{r.name: r.stats for r in records if r.stats}}
+checksums = {{r.name: r.checksum for r in records if r.kind == "tensor"}}
+print(json.dumps({{"stats": stats, "checksums": checksums, "launches": launches}}))
 """
 
 
@@ -322,12 +455,11 @@ def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
         pytest.skip(reason)
     runs = {}
     for arm in ("cpu", "kernel"):
-        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
         done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm],
+            [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm, "statistics"],
             capture_output=True,
             text=True,
-            env=env,
+            env=_interpreter_env(),
             timeout=600,
         )
         assert done.returncode == 0, done.stderr[-3000:]
@@ -341,11 +473,116 @@ def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
     assert sum(count > 1 for count in launches) >= 5  # a linear's weight and bias, and the like
 
 
-_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+@pytest.mark.parametrize("task", ["checksum", "statistics+checksum"])
+def test_a_captured_steps_fingerprints_through_the_triton_kernel_equal_the_torch_op_fingerprints(task):
+    """Every record's checksum from the Triton kernel (interpreter) equals the torch-op fingerprint
+    (TORCHDEBUG_NATIVE=0) of the same step, record by record; with statistics, in the same launches."""
+    reason = _triton_interpreter_skip()
+    if reason:
+        pytest.skip(reason)
+    runs = {}
+    for arm, env in (("reference", _interpreter_env(TORCHDEBUG_NATIVE="0")), ("kernel", _interpreter_env())):
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm, task],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[arm] = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+    reference, kernel = runs["reference"]["checksums"], runs["kernel"]["checksums"]
+    assert len(reference) > 100 and all(reference.values())
+    assert kernel == reference
+    launches = [launch for launch in runs["kernel"]["launches"] if isinstance(launch, list)]
+    assert launches and max(n for n, _ in launches) == 4  # several tensors' fingerprints per launch
+    assert any(stats for _, stats in launches) == (task == "statistics+checksum")  # one pass for both
+    if task == "statistics+checksum":
+        for name, want in runs["reference"]["stats"].items():
+            _assert_same_stats(runs["kernel"]["stats"][name], want, name)
 
 
-@pytest.mark.parametrize("dtype", list(_TRITON_TYPES), ids=str)
-def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_combine(dtype):
+_FINGERPRINT_SCRIPT = """
+import json, sys
+import torch
+sys.path.insert(0, {tests!r})
+from test_stats_table import _fingerprint_cases
+from torchdebug import stats_table
+
+stats_table._resolves_now = lambda tensor: False
+kernel = stats_table._triton()
+launched = []
+launch = kernel.launch
+def counted(tensors, *rest, stats=True):
+    if len(rest) == 7:  # with the fingerprint columns
+        launched.append(len(tensors))
+    launch(tensors, *rest, stats=stats)
+kernel.launch = counted
+cases = _fingerprint_cases()
+results = {{}}
+for arm in ("with statistics", "alone", "with statistics, programs of 1024", "alone, programs of 1024"):
+    if arm.endswith("1024"):  # every tensor over 1024 elements takes several programs; some start past the end
+        kernel.ELEMENTS_PER_PROGRAM, kernel.MAX_PROGRAMS = 1024, 8
+    launched.clear()
+    prints = {{}}
+    stats = {{}}
+    stager = stats_table.StatsStager()
+    stager.add_all([
+        (tensor, (lambda v, k=case: stats.__setitem__(k, v)) if arm.startswith("with") else None,
+         lambda v, k=case: prints.__setitem__(k, v))
+        for case, tensor in cases.items()
+    ])
+    stager.flush()
+    results[arm] = {{"prints": prints, "stats": stats, "launched": sum(launched)}}
+print(json.dumps(results))
+"""
+
+
+def test_triton_kernel_fingerprints_equal_the_torch_op_fingerprints_in_the_interpreter():
+    """Every dtype and layout, with the statistics and alone, one program per tensor and several
+    (the partial sums combined by the last program), all in the same launches."""
+    reason = _triton_interpreter_skip()
+    if reason:
+        pytest.skip(reason)
+    script = _FINGERPRINT_SCRIPT.format(tests=str(ROOT / "tests"))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=_interpreter_env(), timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+    cases = _fingerprint_cases()
+    for arm, result in results.items():
+        assert result["launched"] == len(cases), arm  # every fingerprint came from the kernel
+        for case, tensor in cases.items():
+            assert result["prints"][case] == _reference_fingerprint(tensor), (arm, case)
+            if arm.startswith("with"):
+                _assert_same_stats(result["stats"][case], _reference(tensor), f"{case}, {arm}")
+
+
+_TRITON_TYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float64: "fp64",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+
+_KERNEL_VARIANTS = [(dtype, True, False) for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)]
+_KERNEL_VARIANTS += [(torch.float32, True, True), (torch.bfloat16, True, True), (torch.float64, True, True)]
+_KERNEL_VARIANTS += [(dtype, False, True) for dtype in (torch.int8, torch.int16, torch.int32, torch.int64)]
+
+
+@pytest.mark.parametrize(
+    "dtype,stats,hashed",
+    _KERNEL_VARIANTS,
+    ids=[
+        f"{dtype}{' statistics' if stats else ''}{' fingerprint' if hashed else ''}" for dtype, stats, hashed in _KERNEL_VARIANTS
+    ],
+)
+def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_combine(dtype, stats, hashed):
     """Compiled for sm_90 (no GPU needed): aligned tensors are read with 128-bit loads, and the
     combine of partial rows keeps its memory ordering (acquire-release counter, block barriers,
     L1-bypassing loads), which the interpreter cannot show."""
@@ -361,15 +598,25 @@ def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_com
 
     kernel = triton_stats._stats_kernel
     names = list(inspect.signature(kernel.fn).parameters)
-    constexprs = {"WIDE": dtype == torch.float64, "BLOCK": triton_stats._BLOCK, "PROGRAMS": triton_stats.MAX_PROGRAMS}
+    constexprs = {
+        "WIDE": stats and dtype == torch.float64,
+        "BLOCK": triton_stats._BLOCK,
+        "PROGRAMS": triton_stats.MAX_PROGRAMS,
+        "STATS": stats,
+        "HASH": hashed,
+        "BITS": 8 * dtype.itemsize,
+    }
     signature = {name: "constexpr" if name in constexprs else "i32" for name in names}
     signature.update({f"x{slot}": f"*{_TRITON_TYPES[dtype]}" for slot in range(triton_stats.SLOTS)})
     signature.update({"table_ptr": "*fp64", "scratch_ptr": "*fp64", "counter_ptr": "*i32"})
+    signature.update({"fingerprint_ptr": "*i64", "scratch_fingerprint_ptr": "*i64"})
     aligned = {(names.index(f"x{slot}"),): [["tt.divisibility", 16]] for slot in range(triton_stats.SLOTS)}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-    assert "ld.global.v4.b32" in ptx or "ld.global.v2.b64" in ptx  # vectorised reads of the tensors
+    assert any(load in ptx for load in ("ld.global.v4.b32", "ld.global.v2.b64", "ld.global.v2.b32"))  # vectorised reads
     assert "atom.global.gpu.acq_rel.add" in ptx and "bar.sync" in ptx and "ld.global.cg" in ptx
+    mix = str(0xBF58476D1CE4E5B9 - 2**64)  # splitmix64's first multiplier, as PTX writes an int64
+    assert ("mul.lo.s64" in ptx and mix in ptx) == hashed  # only where the fingerprint is taken
 
 
 # -- no host read per op ------------------------------------------------------------------------------------
@@ -453,6 +700,41 @@ def test_cuda_tensors_reduced_together_by_many_programs_equal_the_reference_ever
     for k, tensor in enumerate(tensors):
         want = _reference(tensor.double().cpu()) if tensor.dtype == torch.float32 else _reference(tensor.cpu())
         _assert_same_stats(json.loads(runs[0], parse_constant=float)[k], want, f"tensor {k}")
+    assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_stats", [True, False], ids=["with statistics", "alone"])
+def test_cuda_fingerprints_equal_the_cpu_reference_the_same_bits_every_run(with_stats):
+    """Every dtype and layout, and tensors big enough for the most programs (their partial sums
+    combined by whichever program finishes last, on real hardware), several per launch."""
+    cases = _fingerprint_cases()
+    torch.manual_seed(2)
+    cases.update(
+        {"50M": torch.randn(50_000_000), "33M bf16": torch.randn(33_554_433).bfloat16(), "int64 20M": torch.arange(20_000_000)}
+    )
+    runs = []
+    for _ in range(3):
+        prints: dict[str, int] = {}
+        stats: dict[str, dict] = {}
+        stager = StatsStager()
+        stager.add_all(
+            [
+                (
+                    tensor.cuda(),
+                    (lambda v, k=case, into=stats: into.__setitem__(k, v)) if with_stats else None,
+                    lambda v, k=case, into=prints: into.__setitem__(k, v),
+                )
+                for case, tensor in cases.items()
+            ]
+        )
+        assert prints == {}
+        stager.flush()
+        runs.append(prints)
+    for case, tensor in cases.items():
+        assert runs[0][case] == _reference_fingerprint(tensor), case
+        if with_stats and tensor.numel() < 1_000_000:
+            _assert_same_stats(stats[case], _reference(tensor), case)
     assert runs[0] == runs[1] == runs[2]
 
 

@@ -1,4 +1,4 @@
-"""A 64-bit fingerprint of a tensor's bytes, computed with torch ops on the tensor's own device.
+"""A 64-bit fingerprint of a tensor's bytes: its definition, and the torch-op reference that computes it.
 
 Each element's bits are read as an unsigned integer of the element's width (two 64-bit words for
 128-bit complex numbers), in the memory order of the logical elements (row-major over the shape,
@@ -15,17 +15,30 @@ independent random 64-bit values; two different tensors then share a fingerprint
 about 2**-64. It is a checksum, not a cryptographic hash: a collision can be built on purpose. The
 dtype and shape are recorded beside it and compared separately (an empty tensor's fingerprint is 0).
 
-Cost: about a dozen elementwise integer kernels and one sum per tensor, over chunks of
-``_CHUNK`` elements, so the temporaries stay below ``_CHUNK`` 64-bit words whatever the tensor's
-size; a non-contiguous tensor is copied once at its own width. Nothing synchronises with the device:
-the result is a 0-d int64 tensor there, read by :class:`torchdebug.stats_table.StatsStager` at a flush.
+Cost: capture takes the fingerprint in the native single pass that takes the statistics, reading
+each element once for both: on the CPU the C kernel (:mod:`torchdebug.native.fused_stats`, any
+layout walked in memory order without a copy, each run knowing its elements' logical positions;
+big contiguous tensors split over torch's OpenMP threads, whose partial sums add up modulo 2**64 in
+any order), on CUDA the Triton kernel (:mod:`torchdebug.native.triton_stats`, several programs per
+tensor whose partial sums the last one adds up, the 64 bits stored in an int64 column of the
+statistics table and read with it once per flush, no host synchronisation; a non-contiguous tensor
+is copied to a contiguous one first). A checksum-only capture runs the same pass without the
+statistics, over the tensor's bits as integers of its width, so it takes every dtype.
+:func:`fingerprint` below, the reference, computes the same value with about a dozen elementwise
+integer torch kernels and one sum per chunk of ``_CHUNK`` elements (temporaries below ``_CHUNK``
+64-bit words whatever the tensor's size; a non-contiguous tensor copied once at its own width),
+returning a 0-d int64 tensor on the tensor's device without synchronising; capture uses it where
+the kernels do not apply (other devices, no Triton, no C compiler, ``TORCHDEBUG_NATIVE=0``).
+Tests check that every path gives the reference's bits.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["fingerprint", "hex_digits"]
+from torchdebug.native import fused_stats
+
+__all__ = ["cpu_fingerprint", "fingerprint", "hex_digits"]
 
 _WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """The integer dtype each element is read as, by element size in bytes."""
@@ -75,6 +88,15 @@ def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
         position = torch.arange(start + 1, start + 1 + chunk.shape[0], dtype=torch.int64, device=x.device)
         total = total + _mix(chunk + position * _GAMMA).sum()
     return _mix(total)
+
+
+def cpu_fingerprint(tensor: torch.Tensor) -> int:
+    """The fingerprint of a CPU tensor as an unsigned 64-bit int, now: one pass of the native kernel,
+    or :func:`fingerprint` where it does not apply."""
+    value = fused_stats.fingerprint(tensor)
+    if value is None:
+        value = int(fingerprint(tensor))
+    return value & 0xFFFFFFFFFFFFFFFF
 
 
 def hex_digits(value: int) -> str:

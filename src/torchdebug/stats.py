@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from torchdebug.native.fused_stats import fused_stats
+from torchdebug.checksum import cpu_fingerprint
+from torchdebug.native.fused_stats import fused_stats, stats_and_fingerprint
 from torchdebug.records import STAT_KEYS
 
 StatsDict = dict[str, Any]
@@ -162,6 +163,18 @@ def cpu_stats(tensor: torch.Tensor) -> StatsDict:
         "posinf": 0,
         "neginf": 0,
     }
+
+
+def cpu_stats_and_fingerprint(tensor: torch.Tensor) -> tuple[StatsDict, int]:
+    """:func:`cpu_stats` and the fingerprint (:func:`torchdebug.checksum.cpu_fingerprint`) of a
+    non-empty CPU tensor: one native pass for both where the kernel takes the dtype (float32,
+    bfloat16, float64), else one pass each."""
+    x = tensor.detach()
+    both = stats_and_fingerprint(x)
+    if both is not None:
+        sums, value = both
+        return stats_from_sums(sums, x.numel()), value
+    return cpu_stats(x), cpu_fingerprint(x)
 
 
 def finite_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -8,21 +8,24 @@ with the device at every op. :class:`StatsStager` never reads per tensor:
   per-device table of float64 ``[min, max, sum, sum of squares, nan, posinf, neginf]`` sums: on
   CUDA with a Triton kernel (:mod:`torchdebug.native.triton_stats`, one read of the tensor),
   elsewhere with torch ops (:func:`torchdebug.stats.device_sums`); ``add_all`` takes an op's
-  tensors together, so that one launch reduces several;
-- ``stage(result, sink)`` keeps any other small device result (a fingerprint, a compiled graph's
-  statistics vector) for the same transfer;
+  tensors together, so that one launch reduces several. An item of ``add_all`` may also ask for the
+  tensor's fingerprint (:mod:`torchdebug.checksum`): the same pass takes it, into an int64 column
+  beside the row (the torch-op :func:`~torchdebug.checksum.fingerprint` where the kernel does not
+  apply), and its sink gets it as an unsigned 64-bit int;
+- ``stage(result, sink)`` keeps any other small device result (a compiled graph's statistics
+  vector) for the same transfer;
 - ``send()`` starts the transfer: one non-blocking copy of the used rows into pinned host memory
   per device, plus the staged results, then records an event; ``deliver()`` hands rows to their
   sinks once that event has completed (``block=True`` waits for it: the one synchronisation of a
   step). ``flush()`` is both.
 
-CPU tensors are reduced at once (the native kernel, :mod:`torchdebug.native.fused_stats`) and
-delivered immediately: there is no device to wait for.
+CPU tensors are reduced at once (the native kernel, :mod:`torchdebug.native.fused_stats`, the
+fingerprint in the same pass) and delivered immediately: there is no device to wait for.
 
 Memory is bounded: at most two tables per device (one filling while the other is in flight), each
-:data:`TABLE_ROWS` rows (float64 x 7: 3.5 MiB on the device and as much pinned on the host) with
-:data:`SCRATCH_ROWS` rows of scratch for tensors reduced by several programs and a counter per row
-(7.25 MiB on the device in all). A full table is sent
+:data:`TABLE_ROWS` rows (float64 x 7 and an int64 fingerprint: 4 MiB on the device and as much
+pinned on the host) with :data:`SCRATCH_ROWS` rows of scratch for tensors reduced by several
+programs and a counter per row (8.25 MiB on the device in all). A full table is sent
 and a new one filled; when both are taken the older one is delivered first (a synchronisation per
 ``TABLE_ROWS`` captured tensors at worst). :meth:`StatsStager.memory_bytes` reports the total.
 """
@@ -39,8 +42,9 @@ from typing import Any
 
 import torch
 
+from torchdebug.checksum import cpu_fingerprint, fingerprint
 from torchdebug.native.build import DISABLE_ENV
-from torchdebug.stats import StatsDict, cpu_stats, device_sums, empty_stats, stats_from_sums
+from torchdebug.stats import StatsDict, cpu_stats, cpu_stats_and_fingerprint, device_sums, empty_stats, stats_from_sums
 
 logger = logging.getLogger("torchdebug.stats_table")
 
@@ -53,6 +57,8 @@ SCRATCH_ROWS = 1 << 16
 COLUMNS = 7
 
 _Sink = Callable[[Any], None]
+
+_MASK = (1 << 64) - 1
 
 
 def _resolves_now(tensor: torch.Tensor) -> bool:
@@ -75,12 +81,33 @@ def _triton() -> Any:
 
 
 def _kernel_for(tensor: torch.Tensor) -> Any:
-    triton_stats = _triton()
+    """The Triton kernel's module when it takes the statistics of ``tensor`` (dtype and device)."""
+    triton_stats = _kernel_on(tensor)
     if triton_stats is None or tensor.dtype not in triton_stats.DTYPES:
+        return None
+    return triton_stats
+
+
+def _kernel_on(tensor: torch.Tensor) -> Any:
+    """The Triton kernel's module when it runs on ``tensor``'s device (it takes the fingerprint of
+    any dtype there)."""
+    triton_stats = _triton()
+    if triton_stats is None:
         return None
     if tensor.device.type != "cuda" and not (tensor.is_cpu and triton_stats.interpreted()):
         return None
     return triton_stats
+
+
+def _words(tensor: torch.Tensor, words: dict[int, torch.dtype]) -> torch.Tensor:
+    """``tensor``'s bits as the fingerprint reads them: contiguous, as integers of the element's
+    width (``words``: dtype by size in bytes), a 16-byte complex number as two 64-bit words."""
+    x = tensor
+    if x.is_conj() or x.is_neg():
+        x = x.resolve_conj().resolve_neg()
+    if x.element_size() == 16:
+        x = torch.view_as_real(x)
+    return x.contiguous().view(words[x.element_size()])
 
 
 class _Table:
@@ -91,12 +118,21 @@ class _Table:
         self.values = torch.empty((TABLE_ROWS, COLUMNS), dtype=torch.float64, device=device)
         self.scratch = torch.empty((SCRATCH_ROWS, COLUMNS), dtype=torch.float64, device=device)
         self.counters = torch.zeros(TABLE_ROWS, dtype=torch.int32, device=device)
+        self.fingerprints = torch.empty(TABLE_ROWS, dtype=torch.int64, device=device)
+        """The fingerprint of each row's tensor, where asked: 64 bits, stored as int64."""
+        self.scratch_fingerprints = torch.empty(SCRATCH_ROWS, dtype=torch.int64, device=device)
         pinned = device.type == "cuda"
-        self.host = self.values if device.type == "cpu" else torch.empty_like(self.values, device="cpu", pin_memory=pinned)
+        on_cpu = device.type == "cpu"
+        self.host = self.values if on_cpu else torch.empty_like(self.values, device="cpu", pin_memory=pinned)
+        self.host_fingerprints = (
+            self.fingerprints if on_cpu else torch.empty_like(self.fingerprints, device="cpu", pin_memory=pinned)
+        )
         self.used = 0
         self.scratch_used = 0
-        self.sinks: list[tuple[int, int, bool, _Sink]] = []
-        """``(row, numel, integral, sink)`` of each row in use."""
+        self.fingerprinted = False
+        """Whether a row in use holds a fingerprint (else that column is not copied)."""
+        self.sinks: list[tuple[int, int, bool, _Sink | None, _Sink | None]] = []
+        """``(row, numel, integral, statistics sink, fingerprint sink)`` of each row in use."""
 
     def fits(self, rows: int, scratch_rows: int) -> bool:
         return self.used + rows <= TABLE_ROWS and self.scratch_used + scratch_rows <= SCRATCH_ROWS
@@ -105,12 +141,23 @@ class _Table:
         if self.scratch_used:
             self.counters[: self.used].zero_()  # asynchronous: ordered before the next launches
         self.used = self.scratch_used = 0
+        self.fingerprinted = False
         self.sinks = []
+
+    def add_row(self, numel: int, integral: bool, sink: _Sink | None, checksum_sink: _Sink | None) -> int:
+        """Take the next row for a tensor's statistics and/or fingerprint; returns its number."""
+        row = self.used
+        self.sinks.append((row, numel, integral, sink, checksum_sink))
+        self.fingerprinted |= checksum_sink is not None
+        self.used += 1
+        return row
 
     @property
     def nbytes(self) -> int:
         device = self.values.nbytes + self.scratch.nbytes + self.counters.nbytes
-        return device + (0 if self.host is self.values else self.host.nbytes)
+        device += self.fingerprints.nbytes + self.scratch_fingerprints.nbytes
+        host = 0 if self.host is self.values else self.host.nbytes + self.host_fingerprints.nbytes
+        return device + host
 
 
 @dataclass
@@ -158,42 +205,74 @@ class StatsStager:
         """Reduce ``tensor`` now and deliver its statistics to ``sink`` by the next delivery."""
         self.add_all([(tensor, sink)])
 
-    def add_all(self, items: list[tuple[torch.Tensor, Callable[[StatsDict], None]]]) -> None:
-        """:meth:`add` for each ``(tensor, sink)``; the tensors the Triton kernel reads are reduced
+    def add_all(self, items: list[tuple]) -> None:
+        """:meth:`add` for each ``(tensor, sink)``, or ``(tensor, sink, checksum_sink)`` to also take
+        the tensor's fingerprint (either sink may be ``None``; ``checksum_sink`` gets an unsigned
+        64-bit int; a meta tensor has none). The tensors the Triton kernel reads are reduced
         :data:`~torchdebug.native.triton_stats.SLOTS` of one device and dtype per launch (pass an
-        op's inputs, or its outputs, together)."""
-        launches: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, bool, _Sink]]] = {}
-        for tensor, sink in items:
+        op's inputs, or its outputs, together), statistics and fingerprint in the same pass."""
+        launches: dict[tuple[torch.device, torch.dtype, bool, bool], list[tuple[torch.Tensor, bool, Any, Any]]] = {}
+        for item in items:
+            tensor, sink = item[0], item[1]
+            checksum_sink = item[2] if len(item) > 2 else None
             if tensor.numel() == 0 or tensor.is_meta:
-                sink(empty_stats())
+                if sink is not None:
+                    sink(empty_stats())
+                if checksum_sink is not None and not tensor.is_meta:
+                    checksum_sink(0)  # the fingerprint of no elements
                 continue
             if _resolves_now(tensor):
-                sink(cpu_stats(tensor))
+                self._resolve_now(tensor, sink, checksum_sink)
                 continue
             x = tensor.detach()
             integral = not (x.is_floating_point() or x.is_complex())
-            if x.is_complex():
-                x = x.abs()  # statistics of the magnitudes
-            kernel = _kernel_for(x)
-            if kernel is not None and kernel.is_dense(x):
-                launches.setdefault((x.device, x.dtype), []).append((x, integral, sink))
+            kernel = _kernel_on(x)
+            if kernel is not None and sink is not None and checksum_sink is not None and x.dtype in kernel.DTYPES:
+                x = x.contiguous()  # the fingerprint's positions are the kernel's memory positions
+                launches.setdefault((x.device, x.dtype, True, True), []).append((x, integral, sink, checksum_sink))
+                continue
+            if sink is not None:
+                values = x.abs() if x.is_complex() else x  # statistics of the magnitudes
+                if kernel is not None and values.dtype in kernel.DTYPES and kernel.is_dense(values):
+                    launches.setdefault((x.device, values.dtype, True, False), []).append((values, integral, sink, None))
+                    sink = None
+            if checksum_sink is not None and kernel is not None:
+                words = _words(x, kernel.WORDS)
+                launches.setdefault((x.device, words.dtype, False, True), []).append((words, integral, None, checksum_sink))
+                checksum_sink = None
+            if sink is None and checksum_sink is None:
                 continue
             table = self._table(x.device, rows=1, scratch_rows=0)
-            table.values[table.used].copy_(device_sums(x))
-            table.sinks.append((table.used, x.numel(), integral, sink))
-            table.used += 1
-        for (device, _), members in launches.items():
+            if sink is not None:
+                table.values[table.used].copy_(device_sums(x))
+            if checksum_sink is not None:
+                table.fingerprints[table.used].copy_(fingerprint(x))  # torch ops: no Triton here
+            table.add_row(x.numel(), integral, sink, checksum_sink)
+        for (device, _, stats, hashed), members in launches.items():
             kernel = _triton()
             for start in range(0, len(members), kernel.SLOTS):
                 group = members[start : start + kernel.SLOTS]
-                tensors = [x for x, _, _ in group]
+                tensors = [x for x, _, _, _ in group]
                 scratch_rows = kernel.scratch_rows(tensors)
                 table = self._table(device, rows=len(group), scratch_rows=scratch_rows)
-                kernel.launch(tensors, table.values, table.used, table.scratch, table.scratch_used, table.counters)
+                rows = (table.values, table.used, table.scratch, table.scratch_used, table.counters)
+                fingerprints = (table.fingerprints, table.scratch_fingerprints) if hashed else ()
+                kernel.launch(tensors, *rows, *fingerprints, stats=stats)
                 table.scratch_used += scratch_rows
-                for x, integral, sink in group:
-                    table.sinks.append((table.used, x.numel(), integral, sink))
-                    table.used += 1
+                for x, integral, sink, checksum_sink in group:
+                    table.add_row(x.numel(), integral, sink, checksum_sink)
+
+    @staticmethod
+    def _resolve_now(tensor: torch.Tensor, sink: _Sink | None, checksum_sink: _Sink | None) -> None:
+        """Statistics and/or fingerprint of a tensor the host reads at no cost, delivered at once."""
+        if sink is not None and checksum_sink is not None:
+            stats, value = cpu_stats_and_fingerprint(tensor)
+            sink(stats)
+            checksum_sink(value)
+        elif sink is not None:
+            sink(cpu_stats(tensor))
+        elif checksum_sink is not None:
+            checksum_sink(cpu_fingerprint(tensor))
 
     def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
         """Deliver ``result`` (a small tensor) to ``sink`` as a list of Python numbers by the next
@@ -233,7 +312,10 @@ class StatsStager:
         for device, table in self._filling.items():
             if table.used:
                 if table.host is not table.values:
-                    table.host[: table.used].copy_(table.values[: table.used], non_blocking=table.host.is_pinned())
+                    pinned = table.host.is_pinned()
+                    table.host[: table.used].copy_(table.values[: table.used], non_blocking=pinned)
+                    if table.fingerprinted:
+                        table.host_fingerprints[: table.used].copy_(table.fingerprints[: table.used], non_blocking=pinned)
                 transfer.tables.append(table)
                 devices.add(device)
             else:
@@ -271,11 +353,15 @@ class StatsStager:
             self._in_flight.pop(0)
             for table in transfer.tables:
                 rows = table.host[: table.used].tolist()
+                prints = table.host_fingerprints[: table.used].tolist() if table.fingerprinted else []
                 sinks, device = table.sinks, table.device
                 table.reset()
                 self._free.setdefault(device, []).append(table)
-                for row, numel, integral, sink in sinks:
-                    sink(stats_from_sums(rows[row], numel, integral))
+                for row, numel, integral, sink, checksum_sink in sinks:
+                    if sink is not None:
+                        sink(stats_from_sums(rows[row], numel, integral))
+                    if checksum_sink is not None:
+                        checksum_sink(prints[row] & _MASK)
             for host, sinks in transfer.staged:
                 values = host.tolist()
                 for start, end, sink in sinks:

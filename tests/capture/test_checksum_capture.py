@@ -1,11 +1,13 @@
-"""task="checksum" and checksum=True: every captured tensor slot carries its fingerprint."""
+"""task="checksum" and checksum=True: every captured tensor slot carries its fingerprint, taken in
+the statistics' native pass and equal to the torch-op fingerprint record by record."""
 
 import pytest
 import torch
 
 import torchdebug
-from torchdebug import stats_table
+from torchdebug import checksum, stats_table
 from torchdebug.checksum import fingerprint, hex_digits
+from torchdebug.native import fused_stats
 
 
 def _records(tmp_path, fn, **options):
@@ -51,3 +53,99 @@ def test_statistics_and_tensor_dumps_carry_checksums_when_asked(tmp_path):
         assert all(r.checksum and r.stats for r in records)
     plain = _records(tmp_path / "plain", _body)
     assert not any(r.checksum for r in plain)
+
+
+def _training_step(device: str = "cpu"):  # noqa: ANN202
+    """A small training step with views, transposes, several dtypes and tensors past the native
+    kernel's threshold for splitting over threads (64 Ki elements); the model is made before
+    capture (``torch.empty`` memory differs between runs)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8))
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    x = torch.randn(8, 16, device=device)
+    big = torch.randn(300, 260, device=device)
+    return lambda: _step(model, optimizer, x, big)
+
+
+def _step(model, optimizer, x, big) -> None:  # noqa: ANN001
+    h = model(x)
+    heads = h.view(8, 2, 4).transpose(0, 1)  # a view in another order
+    mask = h > 0
+    loss = h.masked_fill(mask, 0.0).square().mean() + heads.bfloat16().float().softmax(-1).mean()
+    loss = loss + h.argmax(1).float().mean() * 0
+    loss.backward()
+    optimizer.step()
+    big.t().mul(2).reshape(-1).add(1).half().to(torch.int32)
+    torch.arange(70_000, device=big.device).view(70, 1000).t().contiguous()
+
+
+_TASKS = {
+    "checksum": dict(task="checksum"),
+    "statistics+checksum": dict(task="statistics", checksum=True),
+    "tensor+checksum": dict(task="tensor", checksum=True),
+}
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["at once", "at flush"])
+@pytest.mark.parametrize("task", list(_TASKS))
+def test_a_captured_training_step_has_the_torch_op_fingerprints_record_by_record(tmp_path, monkeypatch, task, deferred):
+    if deferred:  # as on an accelerator without Triton: a table row per tensor, read at the flush
+        monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+    native = _records(tmp_path / "native", _training_step(), **_TASKS[task])
+    with monkeypatch.context() as torch_ops:
+        torch_ops.setattr(fused_stats, "_kernels", lambda: None)  # the kernel is not there: torch ops
+        reference = _records(tmp_path / "reference", _training_step(), **_TASKS[task])
+    got = {r.name: r.checksum for r in native if r.kind == "tensor"}
+    want = {r.name: r.checksum for r in reference if r.kind == "tensor"}
+    assert len(want) > 150 and all(want.values())
+    assert got == want
+    assert not [r.capture_error for r in native if r.capture_error]
+
+
+def test_on_the_cpu_every_fingerprint_comes_from_the_native_pass(tmp_path, monkeypatch):
+    if not fused_stats.available():
+        pytest.skip("no C compiler: the native kernel is not built here")
+
+    def torch_op_fingerprint(tensor):  # noqa: ANN001, ANN202
+        raise AssertionError("the torch-op fingerprint was used")
+
+    monkeypatch.setattr(checksum, "fingerprint", torch_op_fingerprint)
+    for task in ("checksum", "statistics+checksum"):
+        records = [r for r in _records(tmp_path / task, _training_step(), **_TASKS[task]) if r.kind == "tensor"]
+        assert records and all(r.checksum for r in records) and not any(r.capture_error for r in records)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_tensor_dump_checksums_are_the_fingerprints_of_the_saved_tensors(tmp_path, device):
+    """Each record's checksum is the torch-op fingerprint of the tensor saved beside it (so a view
+    that shares its source's fingerprint, or a transpose that does not, is checked on its values)."""
+    step = _training_step(device)
+    with torchdebug.dump(tmp_path, task="tensor", checksum=True) as debugger:
+        step()
+    dump = torchdebug.load(debugger.run_dir).ranks[0]
+    records = [r for r in dump.records() if r.kind == "tensor" and r.tensor]
+    assert len(records) > 150
+    for record in records:
+        assert record.checksum == hex_digits(int(fingerprint(dump.load_tensor(record)))), record.name
+
+
+def test_a_view_in_the_same_order_shares_its_sources_fingerprint_without_another_pass(tmp_path, monkeypatch):
+    calls = []
+    for name in ("cpu_fingerprint", "cpu_stats_and_fingerprint"):
+        original = getattr(stats_table, name)
+        monkeypatch.setattr(stats_table, name, lambda tensor, original=original: calls.append(tensor.shape) or original(tensor))
+
+    def body() -> None:
+        x = torch.randn(64, 32).relu()
+        x.view(2048).neg()  # same bits, same order: the relu output's fingerprint
+        x.t().neg()  # another order: a fingerprint of its own
+
+    records = {r.name: r for r in _records(tmp_path, body, task="checksum") if r.kind == "tensor"}
+    relu = records["forward/-/aten.relu.default#0/output.0"].checksum
+    assert records["forward/-/aten.view.default#0/output.0"].checksum == relu
+    assert records["forward/-/aten.neg.default#0/input.0"].checksum == relu
+    transposed = records["forward/-/aten.t.default#0/output.0"].checksum
+    assert transposed != relu and records["forward/-/aten.neg.default#1/input.0"].checksum == transposed
+    assert calls.count(torch.Size([2048])) == 1  # the first neg's output, not the view
+    assert calls.count(torch.Size([32, 64])) == 2  # the transpose and the second neg's output

@@ -2,8 +2,9 @@
 
 :class:`CaptureSession` is what eager op capture, module capture and (later) graph capture share:
 ``add_call`` makes one record per slot of a call, takes statistics now (a tensor may be changed
-in place later), fingerprints (``task="checksum"`` or ``checksum=True``) and snapshots tensors for
-``task="tensor"``; ``flush`` resolves the staged statistics and fingerprints, writes the tensor batch
+in place later), fingerprints (``task="checksum"`` or ``checksum=True``; in the statistics' pass,
+see :class:`~torchdebug.stats_table.StatsStager`) and snapshots tensors for ``task="tensor"``;
+``flush`` resolves the staged statistics and fingerprints, writes the tensor batch
 and appends the records. A tensor seen again unchanged (an op's output fed to the next op) reuses
 the statistics, fingerprint and saved tensor of its first slot.
 """
@@ -19,7 +20,7 @@ import torch
 
 from torchdebug._torch.autograd import tensor_version
 from torchdebug.capture.filters import NameMatcher
-from torchdebug.checksum import fingerprint, hex_digits
+from torchdebug.checksum import hex_digits
 from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
@@ -62,8 +63,26 @@ class _Seen:
         self.desc: tuple[str, list[int], list[int], str] | None = None
         """``(dtype, shape, stride, device)`` as records hold them (the lists are shared, never
         changed)."""
-        self.checksum: str | list[Record] | None = None
+        self.checksum: str | _PendingChecksum | None = None
         """The fingerprint, or the records waiting for it while it is staged on the device."""
+
+
+class _PendingChecksum:
+    """A fingerprint on its way from the device: the tensors it is for (an alias with the same bits
+    in the same order shares it) and the records waiting for it."""
+
+    __slots__ = ("seens", "records")
+
+    def __init__(self, seen: _Seen) -> None:
+        self.seens = [seen]
+        self.records: list[Record] = []
+
+    def deliver(self, value: int) -> None:
+        text = hex_digits(value)
+        for seen in self.seens:
+            seen.checksum = text
+        for record in self.records:
+            record.checksum = text
 
 
 class CaptureSession:
@@ -85,9 +104,10 @@ class CaptureSession:
         self._batch: TensorBatch | None = None
         self._tensor_refs: list[dict[str, str]] = []
         self._stager = StatsStager()
-        self._stats_due: list[tuple[torch.Tensor, Callable[[dict], None]]] = []
-        """Tensors of the slots being recorded whose statistics are still to be taken: an op's
-        inputs (or outputs) go to the device table together, several per kernel launch."""
+        self._stats_due: list[tuple[torch.Tensor, Callable[[dict], None] | None, Callable[[int], None] | None]] = []
+        """Tensors of the slots being recorded whose statistics and/or fingerprints are still to be
+        taken (one pass for both): an op's inputs (or outputs) go to the device table together,
+        several per kernel launch."""
         self._waiting: list[list[Record]] = []
         """Records handed over by mid-step flushes whose statistics are still on their way to the host."""
         self._seen: dict[int, _Seen] = {}
@@ -172,12 +192,15 @@ class CaptureSession:
                 seen.stats = stats_from_sums(sums, tensor.numel())
             if tensor.is_contiguous() and not self._sampling_for(tensor):
                 seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
+        stats_sink = checksum_sink = None
         if want_stats and seen.stats is None:
             seen.stats = {}
-            self._stats_due.append((tensor, seen.stats.update))
+            stats_sink = seen.stats.update
         if self.want_checksum and seen.checksum is None and not tensor.is_meta:
-            seen.checksum = []
-            self._stager.stage(fingerprint(tensor), lambda row: self._deliver_checksum(seen, row))
+            seen.checksum = _PendingChecksum(seen)
+            checksum_sink = seen.checksum.deliver
+        if stats_sink is not None or checksum_sink is not None:
+            self._stats_due.append((tensor, stats_sink, checksum_sink))
         self._attach(record, tensor, seen, save, want_stats)
 
     def _attach(self, record: Record, tensor: torch.Tensor, seen: _Seen, save: bool, want_stats: bool) -> None:
@@ -187,7 +210,7 @@ class CaptureSession:
         if isinstance(seen.checksum, str):
             record.checksum = seen.checksum
         elif seen.checksum is not None:
-            seen.checksum.append(record)  # filled in when the flush reads the fingerprint
+            seen.checksum.records.append(record)  # filled in when the flush reads the fingerprint
         if save:
             record.tensor = seen.tensor
             record.sampled = self._sampling_for(tensor)
@@ -196,13 +219,6 @@ class CaptureSession:
         if self._stats_due:
             due, self._stats_due = self._stats_due, []
             self._stager.add_all(due)
-
-    @staticmethod
-    def _deliver_checksum(seen: _Seen, row: list[int]) -> None:
-        text = hex_digits(row[0])
-        waiting, seen.checksum = seen.checksum, text
-        for record in waiting or ():
-            record.checksum = text
 
     def memory_info(self) -> dict[str, int]:
         """What the capture holds besides the writer's buffers, for the run's completion marker:
@@ -266,8 +282,15 @@ class CaptureSession:
         stats = seen.stats if same_elements else None
         base = seen.base if view_ref is not None else None
         alias_seen = self._seen[id(alias)] = _Seen(weakref.ref(alias), tensor_version(alias), stats, view_ref, base)
-        if same_elements and not shares_memory and isinstance(seen.checksum, str):
-            alias_seen.checksum = seen.checksum  # a copy: the same bits in the same logical order
+        same_order = same_elements and not shares_memory  # a copy
+        if not same_order and shares_memory and alias.dtype == source.dtype and alias.numel() == source.numel():
+            # a view that reads the same memory in the same order (reshape, detach, unsqueeze, ... of
+            # a contiguous tensor), not a transpose
+            same_order = alias.data_ptr() == source.data_ptr() and alias.is_contiguous() and source.is_contiguous()
+        if same_order and seen.checksum is not None:  # the same bits in the same logical order
+            alias_seen.checksum = seen.checksum
+            if isinstance(seen.checksum, _PendingChecksum):
+                seen.checksum.seens.append(alias_seen)
 
     def _sampling_for(self, tensor: torch.Tensor) -> int | None:
         if self.sample_stride and tensor.numel() > 2 * SAMPLE_EDGE:

@@ -1,12 +1,15 @@
-"""Ctypes binding of ``stats.c``: the statistics of a CPU tensor in one pass over its memory.
+"""Ctypes binding of ``stats.c``: the statistics and the fingerprint of a CPU tensor in one pass over its memory.
 
 Handles float32, bfloat16 and float64 CPU tensors of any layout: the kernel walks runs of contiguous
 elements in whatever order memory holds them (statistics do not depend on element order), so
 transposes, permutes, slices and broadcasts need no copy. Other dtypes and devices give ``None``
 and the caller uses torch ops. :func:`copy_with_stats` snapshots a tensor and takes its statistics in
-the same pass. ctypes releases the GIL during the calls. Big contiguous tensors are split over
-``torch.get_num_threads()`` threads of torch's OpenMP pool (see ``stats.c``), on whichever thread
-the call comes from.
+the same pass. :func:`stats_and_fingerprint` adds the fingerprint of :mod:`torchdebug.checksum` to the
+statistics' pass, and :func:`fingerprint` takes it alone, of a CPU tensor of any dtype (it reads
+bits): the walk is still in memory order, each run carrying the logical position of its first
+element and the step between its elements, since the fingerprint depends on logical order. ctypes
+releases the GIL during the calls. Big contiguous tensors are split over ``torch.get_num_threads()``
+threads of torch's OpenMP pool (see ``stats.c``), on whichever thread the call comes from.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -26,34 +30,54 @@ MAX_DIMS = 16
 
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float64: "f64"}
 
+_WORD_BYTES = (1, 2, 4, 8)
+"""Element sizes the fingerprint-only kernels read (16-byte complex numbers as two 8-byte words)."""
+
 _Sums = ctypes.c_double * 7
 _Dims = [ctypes.c_int64 * n for n in range(MAX_DIMS + 1)]
 
 
+class _Library(NamedTuple):
+    stats: dict[torch.dtype, tuple[Kernel, Kernel, Kernel]]
+    """``dtype -> (stats, copy-and-stats, stats-and-fingerprint)``."""
+    fingerprint: dict[int, Kernel]
+    """``element size in bytes -> fingerprint kernel``."""
+
+
 @functools.cache
-def _kernels() -> dict[torch.dtype, tuple[Kernel, Kernel]] | None:
-    """``dtype -> (stats kernel, copy-and-stats kernel)``, or ``None`` without the library."""
+def _kernels() -> _Library | None:
+    """The library's kernels, or ``None`` without the library."""
     library = load_library("stats")
     if library is None:
         return None
-    kernels = {}
+    pointer, dims, count = ctypes.c_void_p, ctypes.c_int, ctypes.c_int
+    stats_kernels = {}
     for dtype, suffix in _SUFFIXES.items():
         stats = getattr(library, f"td_stats_{suffix}")
-        stats.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+        stats.argtypes = (pointer, dims, pointer, pointer, pointer, count)
         stats.restype = ctypes.c_int
         copy = getattr(library, f"td_copy_stats_{suffix}")
-        copy.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+        copy.argtypes = (pointer, ctypes.c_int64, pointer, pointer, count)
         copy.restype = ctypes.c_int
-        kernels[dtype] = (stats, copy)
-    return kernels
+        both = getattr(library, f"td_stats_hash_{suffix}")
+        both.argtypes = (pointer, dims, pointer, pointer, pointer, pointer, pointer, count)
+        both.restype = ctypes.c_int
+        stats_kernels[dtype] = (stats, copy, both)
+    fingerprints = {}
+    for size in _WORD_BYTES:
+        kernel = getattr(library, f"td_hash_w{size}")
+        kernel.argtypes = (pointer, dims, pointer, pointer, pointer, count)
+        kernel.restype = ctypes.c_uint64
+        fingerprints[size] = kernel
+    return _Library(stats_kernels, fingerprints)
 
 
 def _kernel(tensor: torch.Tensor, which: int) -> Kernel | None:
     kernels = _kernels()
-    pair = kernels.get(tensor.dtype) if kernels is not None else None
-    if pair is None or not tensor.is_cpu or tensor.is_neg():
+    found = kernels.stats.get(tensor.dtype) if kernels is not None else None
+    if found is None or not tensor.is_cpu or tensor.is_neg():
         return None
-    return pair[which]
+    return found[which]
 
 
 def available() -> bool:
@@ -81,6 +105,48 @@ def _runs(tensor: torch.Tensor) -> tuple[list[int], list[int]] | None:
     return sizes[::-1], strides[::-1]
 
 
+def _ordered_runs(tensor: torch.Tensor) -> tuple[list[int], list[int], list[int]] | None:
+    """Sizes, strides and logical steps, outer to inner, that visit every element once with an
+    innermost stride of 1, as :func:`_runs`, where each dimension also says how far one step along it
+    moves in the row-major order of the elements (the fingerprint's positions). Dims merge only where
+    they continue each other in memory and in that order; ``None`` when no such walk exists."""
+    if tensor.is_contiguous():
+        return [tensor.numel()], [1], [1]
+    logical, step = [], 1
+    for size in reversed(tensor.shape):
+        logical.append(step)
+        step *= size
+    logical.reverse()
+    dims = sorted(
+        ((st, sz, lg) for sz, st, lg in zip(tensor.shape, tensor.stride(), logical) if sz != 1),
+        key=lambda d: (d[0] != 0, -d[0], -d[2]),
+    )
+    sizes: list[int] = []
+    strides: list[int] = []
+    positions: list[int] = []
+    for stride, size, position in reversed(dims):  # inner to outer
+        if strides and stride == strides[-1] * sizes[-1] and position == positions[-1] * sizes[-1]:
+            sizes[-1] *= size
+        else:
+            sizes.append(size)
+            strides.append(stride)
+            positions.append(position)
+    if not strides or strides[0] != 1 or len(sizes) > MAX_DIMS:
+        return None
+    return sizes[::-1], strides[::-1], positions[::-1]
+
+
+def _walk(tensor: torch.Tensor) -> tuple[torch.Tensor, int, ctypes.Array, ctypes.Array, ctypes.Array]:
+    """``(tensor, ndim, sizes, strides, positions)`` for the kernels that take the fingerprint (the
+    tensor copied to a contiguous one when its layout cannot be walked)."""
+    layout = _ordered_runs(tensor)
+    if layout is None:
+        tensor = tensor.contiguous()
+        layout = [tensor.numel()], [1], [1]
+    ndim = len(layout[0])
+    return (tensor, ndim, *(_Dims[ndim](*values) for values in layout))
+
+
 def fused_stats(tensor: torch.Tensor) -> list[float] | None:
     """``[min, max, sum, sum of squares, nan, posinf, neginf]`` of a non-empty CPU tensor (NaNs left
     out of the first four; min/max NaN when all are NaN), or ``None`` when the kernel does not apply
@@ -97,6 +163,41 @@ def fused_stats(tensor: torch.Tensor) -> list[float] | None:
     out = _Sums()
     kernel(tensor.data_ptr(), ndim, _Dims[ndim](*sizes), _Dims[ndim](*strides), out, torch.get_num_threads())
     return list(out)
+
+
+def stats_and_fingerprint(tensor: torch.Tensor) -> tuple[list[float], int] | None:
+    """:func:`fused_stats` of a non-empty CPU tensor and its fingerprint (as
+    :func:`torchdebug.checksum.fingerprint` defines it, an unsigned 64-bit int), in one pass; ``None``
+    when the kernel does not apply."""
+    kernel = _kernel(tensor, 2)
+    if kernel is None or tensor.numel() == 0:
+        return None
+    tensor, ndim, sizes, strides, positions = _walk(tensor)
+    out = _Sums()
+    value = ctypes.c_uint64()
+    kernel(tensor.data_ptr(), ndim, sizes, strides, positions, out, ctypes.byref(value), torch.get_num_threads())
+    return list(out), value.value
+
+
+def fingerprint(tensor: torch.Tensor) -> int | None:
+    """The fingerprint of a CPU tensor of any dtype (:mod:`torchdebug.checksum`), an unsigned 64-bit
+    int, from one pass over its bits; ``None`` when the kernel does not apply (no library, another
+    device, a layout other than strided)."""
+    kernels = _kernels()
+    if kernels is None or not tensor.is_cpu or tensor.layout != torch.strided:
+        return None
+    x = tensor.detach()
+    if x.is_conj() or x.is_neg():
+        x = x.resolve_conj().resolve_neg()  # the values, as the reference reads them
+    if x.numel() == 0:
+        return 0
+    if x.element_size() == 16:  # complex128: two 64-bit words per element, real first
+        x = torch.view_as_real(x)
+    kernel = kernels.fingerprint.get(x.element_size())
+    if kernel is None:
+        return None
+    x, ndim, sizes, strides, positions = _walk(x)
+    return kernel(x.data_ptr(), ndim, sizes, strides, positions, torch.get_num_threads())
 
 
 def copy_with_stats(tensor: torch.Tensor, address: int) -> list[float] | None:

@@ -17,6 +17,14 @@ several, each writes its partial row to ``scratch`` and the last one to finish (
 counter per table row) combines the partials in program order, so the result does not depend on
 scheduling: the same tensor gives the same bits every run.
 
+The same pass takes the tensor's fingerprint (:mod:`torchdebug.checksum`) when asked: each element's
+bits, widened to 64 bits, plus its position times the golden-ratio constant, through splitmix64's
+finaliser, summed modulo 2**64 per program (a sum that no order of addition changes), the partial
+sums combined by the same last program; ``mix`` of the total is stored, exactly, in an int64 column
+beside the table (``fingerprints[row + k]``). Positions are memory positions, so a tensor
+fingerprinted here must be contiguous (the stager copies other layouts first). ``stats=False``
+takes the fingerprint alone, of tensors of any dtype viewed as integers of their width.
+
 Triton is imported when the first CUDA tensor arrives. Under ``TRITON_INTERPRET=1`` the kernel runs
 on CPU tensors too, which is how the suite checks it on machines without a GPU.
 """
@@ -46,7 +54,36 @@ SLOTS = 4
 and bias, a foreach op's lists)."""
 
 DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
-"""Dtypes the kernel reads; others go through torch ops (``stats_table``)."""
+"""Dtypes the kernel takes statistics of; others go through torch ops (``stats_table``)."""
+
+WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""The dtype a tensor is viewed as to take its fingerprint alone, by element size in bytes."""
+
+_GAMMA: tl.constexpr = tl.constexpr(0x9E3779B97F4A7C15)
+_MIX1: tl.constexpr = tl.constexpr(0xBF58476D1CE4E5B9)
+_MIX2: tl.constexpr = tl.constexpr(0x94D049BB133111EB)
+
+
+@triton.jit
+def _mix(z):
+    """splitmix64's finaliser on uint64 values (products wrap modulo 2**64, shifts are logical)."""
+    z = (z ^ (z >> 30)) * _MIX1
+    z = (z ^ (z >> 27)) * _MIX2
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def _word(x, BITS: tl.constexpr):
+    """The bits of ``x`` (values of BITS bits) as unsigned 64-bit integers."""
+    if BITS == 8:
+        w = x.to(tl.uint8, bitcast=True)
+    elif BITS == 16:
+        w = x.to(tl.uint16, bitcast=True)
+    elif BITS == 32:
+        w = x.to(tl.uint32, bitcast=True)
+    else:
+        w = x.to(tl.uint64, bitcast=True)
+    return w.to(tl.uint64)
 
 
 @triton.jit
@@ -67,10 +104,13 @@ def _add_block(x, inside, low, high, total, squares, nans, posinf, neginf):
 
 
 @triton.jit
-def _share_sums(x_ptr, start, end, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+def _share_sums(
+    x_ptr, start, end, WIDE: tl.constexpr, BLOCK: tl.constexpr, STATS: tl.constexpr, HASH: tl.constexpr, BITS: tl.constexpr
+):
     """Sums of elements ``[start, end)`` (``start`` a multiple of BLOCK): NaN-free min, max, sum,
-    sum of squares and the counts. Whole blocks are read without a mask, so that loads from an
-    aligned tensor are vectorised; the rest, if any, is one masked block."""
+    sum of squares and the counts (STATS), and the sum of the fingerprint's contributions modulo
+    2**64 (HASH; element ``i`` is at position ``i + 1``). Whole blocks are read without a mask, so
+    that loads from an aligned tensor are vectorised; the rest, if any, is one masked block."""
     acc: tl.constexpr = tl.float64 if WIDE else tl.float32
     offsets = tl.arange(0, BLOCK)
     low = tl.full([BLOCK], float("inf"), acc)
@@ -80,20 +120,32 @@ def _share_sums(x_ptr, start, end, WIDE: tl.constexpr, BLOCK: tl.constexpr):
     nans = tl.zeros([BLOCK], tl.int32)
     posinf = tl.zeros([BLOCK], tl.int32)
     neginf = tl.zeros([BLOCK], tl.int32)
+    hashes = tl.zeros([BLOCK], tl.uint64)
+    keys = (start + offsets + 1).to(tl.uint64) * _GAMMA  # position times GAMMA, advanced per block
+    advance = tl.full([], BLOCK, tl.uint64) * _GAMMA
     everywhere = offsets >= 0
     length = tl.maximum(end - start, 0)  # a program past the end of a small tensor reads nothing
     whole = length // BLOCK
     for block in range(0, whole):
         index = tl.multiple_of(start + block * BLOCK, BLOCK) + offsets
-        x = tl.load(x_ptr + index).to(acc)
-        low, high, total, squares, nans, posinf, neginf = _add_block(
-            x, everywhere, low, high, total, squares, nans, posinf, neginf
-        )
+        raw = tl.load(x_ptr + index)
+        if STATS:
+            low, high, total, squares, nans, posinf, neginf = _add_block(
+                raw.to(acc), everywhere, low, high, total, squares, nans, posinf, neginf
+            )
+        if HASH:
+            hashes += _mix(_word(raw, BITS) + keys)
+            keys += advance
     for block in range(whole, tl.cdiv(length, BLOCK)):  # the rest: none or one block
         index = start + block * BLOCK + offsets
         inside = index < end
-        x = tl.load(x_ptr + index, mask=inside, other=0.0).to(acc)
-        low, high, total, squares, nans, posinf, neginf = _add_block(x, inside, low, high, total, squares, nans, posinf, neginf)
+        raw = tl.load(x_ptr + index, mask=inside, other=0)
+        if STATS:
+            low, high, total, squares, nans, posinf, neginf = _add_block(
+                raw.to(acc), inside, low, high, total, squares, nans, posinf, neginf
+            )
+        if HASH:
+            hashes += tl.where(inside, _mix(_word(raw, BITS) + keys), tl.zeros_like(hashes))
     return (
         tl.min(low, 0).to(tl.float64),
         tl.max(high, 0).to(tl.float64),
@@ -102,6 +154,7 @@ def _share_sums(x_ptr, start, end, WIDE: tl.constexpr, BLOCK: tl.constexpr):
         tl.sum(nans, 0),
         tl.sum(posinf, 0),
         tl.sum(neginf, 0),
+        tl.sum(hashes, 0),
     )
 
 
@@ -123,11 +176,16 @@ def _stats_kernel(
     table_ptr,
     scratch_ptr,
     counter_ptr,
+    fingerprint_ptr,
+    scratch_fingerprint_ptr,
     row,
     scratch_row,
     WIDE: tl.constexpr,
     BLOCK: tl.constexpr,
     PROGRAMS: tl.constexpr,
+    STATS: tl.constexpr,
+    HASH: tl.constexpr,
+    BITS: tl.constexpr,
 ):
     # Up to four tensors of one dtype: programs [first_k, first_k+1) reduce tensor k into table row
     # ``row + k``; a slot left unused starts at the grid's end, so no program takes it.
@@ -148,23 +206,29 @@ def _stats_kernel(
     share = tl.cdiv(tl.cdiv(numel, programs), BLOCK) * BLOCK
     start = (pid - first) * share
     end = tl.minimum(start + share, numel)
-    low, high, total, squares, nans, posinf, neginf = _share_sums(x_ptr, start, end, WIDE, BLOCK)
-    if not WIDE:
+    low, high, total, squares, nans, posinf, neginf, hashed = _share_sums(x_ptr, start, end, WIDE, BLOCK, STATS, HASH, BITS)
+    if STATS and not WIDE:
         overflowed = (total != total) | (total == float("inf")) | (total == float("-inf")) | (squares == float("inf"))
         if overflowed & (posinf + neginf == 0) & (nans < end - start):
-            low, high, total, squares, nans, posinf, neginf = _share_sums(x_ptr, start, end, True, BLOCK)
+            low, high, total, squares, nans, posinf, neginf, _ = _share_sums(x_ptr, start, end, True, BLOCK, True, False, BITS)
     final = table_ptr + (row + slot) * 7
-    if programs == 1:
-        out = final
-    else:
-        out = scratch_ptr + (scratch_row + pid) * 7
-    tl.store(out + 0, low)
-    tl.store(out + 1, high)
-    tl.store(out + 2, total)
-    tl.store(out + 3, squares)
-    tl.store(out + 4, nans.to(tl.float64))
-    tl.store(out + 5, posinf.to(tl.float64))
-    tl.store(out + 6, neginf.to(tl.float64))
+    if STATS:
+        if programs == 1:
+            out = final
+        else:
+            out = scratch_ptr + (scratch_row + pid) * 7
+        tl.store(out + 0, low)
+        tl.store(out + 1, high)
+        tl.store(out + 2, total)
+        tl.store(out + 3, squares)
+        tl.store(out + 4, nans.to(tl.float64))
+        tl.store(out + 5, posinf.to(tl.float64))
+        tl.store(out + 6, neginf.to(tl.float64))
+    if HASH:
+        if programs == 1:
+            tl.store(fingerprint_ptr + row + slot, _mix(hashed).to(tl.int64, bitcast=True))
+        else:
+            tl.store(scratch_fingerprint_ptr + scratch_row + pid, hashed.to(tl.int64, bitcast=True))
     if programs > 1:
         # The last program of the tensor to finish combines its partial rows, in program order
         # (CUDA's "threadfence reduction"): a block barrier orders every thread's stores before the
@@ -176,14 +240,19 @@ def _stats_kernel(
             tl.debug_barrier()
             part = tl.arange(0, PROGRAMS)
             present = part < programs
-            rows = scratch_ptr + (scratch_row + first + part) * 7
-            low = tl.min(tl.load(rows + 0, mask=present, other=float("inf"), cache_modifier=".cg"), 0)
-            high = tl.max(tl.load(rows + 1, mask=present, other=float("-inf"), cache_modifier=".cg"), 0)
-            tl.store(final + 0, low)
-            tl.store(final + 1, high)
-            for column in tl.static_range(2, 7):
-                sums = tl.load(rows + column, mask=present, other=0.0, cache_modifier=".cg")
-                tl.store(final + column, tl.sum(sums, 0))
+            if STATS:
+                rows = scratch_ptr + (scratch_row + first + part) * 7
+                low = tl.min(tl.load(rows + 0, mask=present, other=float("inf"), cache_modifier=".cg"), 0)
+                high = tl.max(tl.load(rows + 1, mask=present, other=float("-inf"), cache_modifier=".cg"), 0)
+                tl.store(final + 0, low)
+                tl.store(final + 1, high)
+                for column in tl.static_range(2, 7):
+                    sums = tl.load(rows + column, mask=present, other=0.0, cache_modifier=".cg")
+                    tl.store(final + column, tl.sum(sums, 0))
+            if HASH:
+                partial = scratch_fingerprint_ptr + scratch_row + first + part
+                hashes = tl.load(partial, mask=present, other=0, cache_modifier=".cg").to(tl.uint64, bitcast=True)
+                tl.store(fingerprint_ptr + row + slot, _mix(tl.sum(hashes, 0)).to(tl.int64, bitcast=True))
 
 
 def programs_for(numel: int) -> int:
@@ -218,11 +287,20 @@ def launch(
     scratch: torch.Tensor,
     scratch_row: int,
     counters: torch.Tensor,
+    fingerprints: torch.Tensor | None = None,
+    scratch_fingerprints: torch.Tensor | None = None,
+    *,
+    stats: bool = True,
 ) -> None:
-    """Reduce up to :data:`SLOTS` non-empty floating tensors of one dtype (each :func:`is_dense`,
-    dtype in :data:`DTYPES`) into ``table[row : row + len(tensors)]`` with one launch, using
-    ``scratch[scratch_row : scratch_row + scratch_rows(tensors)]`` and ``counters[row + k]`` (zero
-    before the call) for a tensor that takes several programs. Asynchronous."""
+    """Reduce up to :data:`SLOTS` non-empty tensors of one dtype into ``table[row : row +
+    len(tensors)]`` with one launch, using ``scratch[scratch_row : scratch_row +
+    scratch_rows(tensors)]`` and ``counters[row + k]`` (zero before the call) for a tensor that takes
+    several programs. Asynchronous.
+
+    ``stats``: take the statistics (each tensor :func:`is_dense`, its dtype in :data:`DTYPES`).
+    ``fingerprints`` (int64, with ``scratch_fingerprints`` beside ``scratch``): also store each
+    tensor's fingerprint in ``fingerprints[row + k]``, in the same pass; each tensor must then be
+    contiguous, and without ``stats`` of an integer dtype of :data:`WORDS`."""
     firsts = [0]
     for tensor in tensors:
         firsts.append(firsts[-1] + programs_for(tensor.numel()))
@@ -230,6 +308,7 @@ def launch(
     slots = tensors + [tensors[0]] * (SLOTS - len(tensors))  # unused slots: any pointer, no programs
     numels = [tensor.numel() for tensor in tensors] + [0] * (SLOTS - len(tensors))
     firsts += [grid] * (SLOTS - len(tensors))
+    hashed = fingerprints is not None
     _stats_kernel[(grid,)](
         *slots,
         *numels,
@@ -237,11 +316,16 @@ def launch(
         table,
         scratch,
         counters,
+        fingerprints if hashed else counters,  # unused without HASH: any pointer
+        scratch_fingerprints if hashed else counters,
         row,
         scratch_row,
-        WIDE=tensors[0].dtype == torch.float64,
+        WIDE=stats and tensors[0].dtype == torch.float64,
         BLOCK=_BLOCK,
         PROGRAMS=MAX_PROGRAMS,
+        STATS=stats,
+        HASH=hashed,
+        BITS=8 * tensors[0].element_size(),
     )
 
 

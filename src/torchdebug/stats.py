@@ -177,21 +177,6 @@ def cpu_stats_and_fingerprint(tensor: torch.Tensor) -> tuple[StatsDict, int]:
     return cpu_stats(x), cpu_fingerprint(x)
 
 
-def finite_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """A 0-d float64 tensor on the tensor's device, finite exactly when the floating (or complex)
-    ``tensor`` holds no NaN or Inf: one reduction, never a host synchronisation.
-
-    Up to 32-bit floats it is the sum in float64, which values below 2**128 cannot overflow; float64
-    values could, so their sum is taken of ``x * 0`` (0 for a finite value, NaN for NaN or Inf).
-    """
-    x = tensor.detach()
-    if x.is_complex():
-        x = torch.view_as_real(x.resolve_conj())
-    if x.dtype == torch.float64:
-        x = x * 0
-    return x.sum(dtype=torch.float64)
-
-
 def tensor_stats(tensor: torch.Tensor) -> StatsDict:
     """Statistics of ``tensor`` as a dict keyed by ``STAT_KEYS`` (synchronises on accelerators)."""
     if tensor.numel() == 0:

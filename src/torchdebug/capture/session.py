@@ -12,7 +12,6 @@ the statistics, fingerprint and saved tensor of its first slot.
 from __future__ import annotations
 
 import logging
-import math
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -24,8 +23,9 @@ from torchdebug.checksum import hex_digits
 from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
-from torchdebug.stats import finite_sum, stats_from_sums
+from torchdebug.stats import stats_from_sums
 from torchdebug.stats_table import StatsStager
+from torchdebug.store import live
 from torchdebug.store.tensor_batch import TensorBatch, storable
 from torchdebug.store.writer import RankWriter
 
@@ -112,6 +112,7 @@ class CaptureSession:
         """Records handed over by mid-step flushes whose statistics are still on their way to the host."""
         self._seen: dict[int, _Seen] = {}
         self._warned: set[str] = set()
+        live.register(writer.rank_dir, self.flush_for_readers)
 
     # -- building records -------------------------------------------------------------------
     def next_seq(self) -> int:
@@ -238,10 +239,11 @@ class CaptureSession:
         synchronisation on an accelerator (read with everything else staged, once per flush)."""
         self._stager.stage(result, sink)
 
-    def stage_overflow_flag(self, tensor: torch.Tensor, sink: Callable[[bool], None]) -> None:
-        """Call ``sink(True)`` when ``tensor`` holds a NaN or an Inf, ``sink(False)`` otherwise: at
-        once on the CPU, at the next flush on an accelerator (``overflow_check.py``)."""
-        self.stage(finite_sum(tensor), lambda row: sink(not math.isfinite(row[0])))
+    def stage_stats(self, items: list[tuple[torch.Tensor, Callable[[dict], None]]]) -> None:
+        """Hand each ``(tensor, sink)``'s statistics as taken now to its sink: at once on the CPU, by
+        the next :meth:`flush` on an accelerator (pass one side of an op's tensors together: they
+        share kernel launches)."""
+        self._stager.add_all(items)
 
     @staticmethod
     def _fill_description(record: Record, tensor: torch.Tensor) -> bool:
@@ -346,6 +348,14 @@ class CaptureSession:
             self._batch, self._tensor_refs = None, []
         if wait or tensors:
             self.writer.drain(tensors=tensors)
+
+    def flush_for_readers(self) -> bool:
+        """Write everything captured so far, tensor files included, for a reader in this process
+        (``torchdebug.store.live``); ``False`` once the dump is closed."""
+        if self.writer.closed:
+            return False
+        self.flush(wait=True, tensors=True)
+        return True
 
     def _flush_records(self) -> None:
         """The flush of a full list of records in mid-step: start the transfer of their statistics and

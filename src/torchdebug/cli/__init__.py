@@ -8,10 +8,12 @@ error (bad arguments, bad config, unreadable dump).
 Every usage error is one line on stderr, ``torchdebug COMMAND: error: ...``: the parser's own
 (:class:`_Parser`) and those a command raises (:data:`_USAGE_ERRORS`).
 
-Help is fast (``torchdebug --help`` and every ``torchdebug COMMAND --help`` about 30 ms, torch
-takes 2 s to import): :func:`main` imports only the module of the command it runs, and subcommand
-modules import what loads torch (the reader, numpy) inside their handlers, not at the top;
-``tests/test_package.py`` checks that no help imports torch.
+Help is fast (``torchdebug --help`` and every ``torchdebug COMMAND --help`` take about as long as
+an argparse script's help; torch takes 2 s to import): :func:`main` builds and imports only the
+subcommand it runs, and subcommand modules import what loads torch (the reader, numpy), json and
+pathlib inside their handlers, not at the top, and typing only for type checkers
+(``TYPE_CHECKING = False``: typing costs a tenth of an argparse help); ``tests/test_package.py``
+checks that no help imports torch or another subcommand.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import NoReturn
 
 from torchdebug.errors import TorchDebugError
+
+TYPE_CHECKING = False  # typing's (type checkers read the name as True), without importing typing
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 COMMANDS = {
     "show": "print records of a dump",
@@ -77,8 +82,10 @@ unwritable path an ``OSError``): printed as one line, exit 2."""
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The root parser with every subcommand registered, or, given the command line ``argv``, only
-    the subcommand it names (the others keep their help line: ``torchdebug --help`` lists them)."""
+    """The root parser with every subcommand registered; given the command line ``argv``, only
+    what it needs: the subcommand it names alone (parsers cost a millisecond each to build), or,
+    when it names none (``torchdebug --help``, a typo), every subcommand's help line without
+    importing its module."""
     parser = _Parser(
         prog="torchdebug",
         description="Debug torch.compile failures and numerical divergence in PyTorch models.",
@@ -86,14 +93,26 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     _add_output_options(parser, default=0)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # the command is the first word that is no option (-q and -v take no value)
-    named = None if argv is None else next((word for word in argv if not word.startswith("-")), "")
+    named = None if argv is None else _named_command(argv)
     for name, line in COMMANDS.items():
+        if named is not None and name != named:
+            continue
         subparser = subparsers.add_parser(name, help=line, description=line, formatter_class=HelpFormatter)
-        if named is None or name == named:
+        if argv is None or named is not None:
             importlib.import_module(f"torchdebug.cli.{name}").register(subparser)
         _add_output_options(subparser, default=argparse.SUPPRESS)  # `torchdebug compare A B -q` as well
     return parser
+
+
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` runs: its first word that is no option (``-q`` and ``-v`` take no
+    value), if that is a subcommand and no ``--help`` comes before it (the root's help lists all)."""
+    for word in argv:
+        if word in ("-h", "--help"):
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
 
 
 def _add_output_options(parser: argparse.ArgumentParser, default: object) -> None:

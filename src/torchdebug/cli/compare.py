@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchdebug.cli import RawDescriptionHelpFormatter
 from torchdebug.cli.arguments import indices, integer, number
 
+TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
     from torchdebug.compare import CompareResult
 
@@ -75,9 +74,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=indices,
         help="with --across-ranks: the ranks of one data-parallel group, e.g. 0,2,4 or 0-3 (default: all)",
     )
-    parser.add_argument(
-        "-o", "--output", type=Path, help="folder for the reports (created if missing), or a .parquet file for the rows"
-    )
+    parser.add_argument("-o", "--output", help="folder for the reports (created if missing), or a .parquet file for the rows")
     parser.add_argument(
         "--format", type=_formats, default=list(_FORMATS), help="reports to write with -o (default: csv,json,html)"
     )
@@ -89,7 +86,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="DTYPE=RTOL[,ATOL]",
         help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable; --across-ranks: default exact)",
     )
-    parser.add_argument("--mapping", type=Path, help="JSON/YAML file renaming A's modules/ops: {modules: {...}, ops: {...}}")
+    parser.add_argument("--mapping", help="JSON/YAML file renaming A's modules/ops: {modules: {...}, ops: {...}}")
     parser.add_argument("--statistics-only", action="store_true", help="compare statistics even where tensors were saved")
     parser.add_argument("--stats-only", action=_Renamed, new="--statistics-only", dest="statistics_only", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -158,6 +155,10 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path  # here, not at the top: `torchdebug compare --help` needs no pathlib
+
+    args.output = None if args.output is None else Path(args.output)
+    args.mapping = None if args.mapping is None else Path(args.mapping)
     table = args.output is not None and args.output.suffix == ".parquet"
     # bad outputs fail here, before a comparison that may take minutes
     if table and args.output.is_dir():

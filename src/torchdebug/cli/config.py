@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -18,14 +17,18 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from torchdebug.config import DebuggerConfig  # here, not at the top: `--help` needs the parser only
+    import json  # here, not at the top: `--help` needs the parser only
+
+    from torchdebug.config import DebuggerConfig
 
     print(json.dumps(DebuggerConfig.json_schema(), indent=2, default=str))
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    from torchdebug.config import DebuggerConfig  # here, not at the top: `--help` needs the parser only
+    import json  # here, not at the top: `--help` needs the parser only
+
+    from torchdebug.config import DebuggerConfig
 
     config = DebuggerConfig.from_file(args.file)
     print(json.dumps(config.to_dict(), indent=2))

@@ -16,15 +16,15 @@ converted. Exit status 2 when nothing could be converted.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchdebug.cli.arguments import name_pattern
 from torchdebug.errors import DumpError
 
+TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from torchdebug.capture.filters import NameMatcher
     from torchdebug.store.reader import Run
 
@@ -49,7 +49,9 @@ def file_stem(name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    # here, not at the top: these load torch, which `torchdebug convert --help` must not
+    # here, not at the top: the reader loads torch, and `torchdebug convert --help` imports none of it
+    from pathlib import Path
+
     from torchdebug.capture.filters import NameMatcher
     from torchdebug.store.reader import load
 
@@ -65,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _tensor_files(run_: Run, out: Path, to: str, matcher: NameMatcher) -> int:
     """Write the saved tensors ``matcher`` selects as ``.npy`` or ``.pt`` files, and ``index.json``."""
-    import numpy as np  # here, as in run(): not for `--help`
+    import json  # here, as in run(): not for `--help`
+
+    import numpy as np
     import torch
 
     from torchdebug import progress

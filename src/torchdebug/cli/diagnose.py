@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from pathlib import Path
+import os
 
 from torchdebug.cli.arguments import number
 
@@ -20,7 +20,7 @@ def _check_entry(text: str) -> None:
     if not sep or not target or not name.isidentifier():
         raise ValueError(f"ENTRY {text!r} must look like path/to/script.py:function or package.module:function")
     if target.endswith(".py"):
-        if not Path(target).is_file():
+        if not os.path.isfile(target):
             raise ValueError(f"ENTRY {text!r}: no script at {target}")
     elif importlib.util.find_spec(target.partition(".")[0]) is None:
         raise ValueError(f"ENTRY {text!r}: no module named {target.partition('.')[0]!r}")
@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     report = diagnose(program, *inputs, **options)
     print(report.summary())
     if not args.no_html:
+        from pathlib import Path  # here, not at the top: `torchdebug diagnose --help` needs no pathlib
+
         folder = Path(args.output)
         folder.mkdir(parents=True, exist_ok=True)
         print(f"report: {report.to_html(folder / 'report.html')}")

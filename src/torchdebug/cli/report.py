@@ -5,8 +5,11 @@ the modules, damaged tensor files, and the first NaN/Inf with every slot that ho
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +25,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # here, not at the top: the reader loads torch, which `torchdebug report --help` must not
+    # here, not at the top: the reader loads torch, and `torchdebug report --help` imports none of it
+    from pathlib import Path
+
     from torchdebug.store.reader import is_dump
 
     output = Path(args.output)

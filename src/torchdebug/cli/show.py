@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from torchdebug.cli.arguments import indices, integer, name_pattern
 
+TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
     from torchdebug.records import Record
     from torchdebug.store.reader import RankRecords

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 COMMANDS = {
     "show": "print records of a dump",
-    "check": "exit 1 when a dump holds a NaN or an Inf (for CI)",
+    "check": "exit 1 when an op made a NaN or an Inf (for CI)",
     "convert": "export saved tensors to .npy or .pt files, or the records to Parquet",
     "config": "print the config schema or check a config file",
     "compare": "compare two dumps and find the first divergent op",

@@ -1,9 +1,11 @@
 """``torchdebug check DUMP``: a CI gate on NaN/Inf, exit 0 clean, 1 a NaN or Inf found, 2 usage error.
 
-Reads the statistics of every output slot in the dump (``task="overflow_check"`` records only the
-overflowing calls; ``statistics`` and ``tensor`` dumps have them all) and prints, per rank, the first
-op call whose outputs hold a NaN or an Inf: call name, phase, module and source line (for a
-backward op, the forward line that created it). Damaged tensor files (truncated, missing) are named
+Reads the statistics in the dump (``task="overflow_check"`` records only the calls that made a
+NaN/Inf; ``statistics`` and ``tensor`` dumps have them all) and prints, per rank, the first op call
+that made a NaN or an Inf from finite inputs, or through which a NaN entered the step (an op that
+only writes an infinity it was given, a ``-inf`` attention mask, is not one; see
+``torchdebug.nonfinite``): call name, phase, module and source line (for a backward op, the forward
+line that created it). Damaged tensor files (truncated, missing) are named
 in warnings on stderr; they do not change the exit status, which is about NaN/Inf only.
 """
 

@@ -1,6 +1,6 @@
 """``torchdebug show DUMP``: print records with statistics and source stack (ptdbg's ``parse``).
 
-When an output holds a NaN or an Inf, the first such op call of each rank is named at the top.
+The first op call of each rank that made a NaN or an Inf is named at the top.
 Damaged tensor files (truncated, missing) are named in warnings, and their records say so.
 """
 

@@ -14,9 +14,10 @@ PyTorch may import it while ``import torch`` runs (``TORCH_LOGS="+torchdebug"``)
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
 from torchdebug.version import __version__
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `torchdebug --help` starts here
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -41,7 +42,7 @@ _SUBMODULES = {"scope"}
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value

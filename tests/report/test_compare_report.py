@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +68,12 @@ def test_a_plot_past_its_point_cap_thins_passing_rows_and_keeps_every_other_one(
     assert sum(verdict != "pass" for verdict in verdicts) == loud
     assert 0 < sum(verdict == "pass" for verdict in verdicts) <= 2
     assert "passing rows thinned out" in html
+
+
+def test_every_verdict_compare_gives_has_a_colour_and_a_place_in_the_module_tree():
+    from torchdebug.compare.rows import VERDICTS
+
+    assert set(report_compare.COLORS) == set(VERDICTS)
+    script = (Path(report_compare.__file__).parent / "templates" / "compare.js").read_text()
+    tree_order = re.search(r"const VERDICTS = \[(.*?)\]", script).group(1)
+    assert sorted(json.loads(f"[{tree_order}]")) == sorted(VERDICTS)

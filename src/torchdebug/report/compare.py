@@ -53,7 +53,14 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 26, 44  # margins: room for the axes' lab
 _LOG_FLOOR = -12.0  # errors below 1e-12 (and exact zeros) sit on the bottom line
 _MAX_POINTS = 20000  # beyond this, passing rows are thinned out (every non-passing row stays)
 _MAX_BANDS = 24  # more phase changes than this (many steps): no shading
-COLORS = {"pass": "#3b8b3b", "warning": "#d08a00", "undecided": "#7b1fa2", "error": "#c62828", "unmatched": "#888888"}
+COLORS = {
+    "pass": "#3b8b3b",
+    "warning": "#d08a00",
+    "undecided": "#7b1fa2",
+    "error": "#c62828",
+    "incomparable": "#4f7391",
+    "unmatched": "#888888",
+}
 """Verdict colours, shared by the plot, the table and the module tree."""
 
 

@@ -3,7 +3,7 @@
 // Every name is read from an escaped data-* attribute and written with textContent, never as HTML.
 (function () {
   "use strict";
-  const VERDICTS = ["error", "undecided", "warning", "pass", "unmatched"];  // worst first
+  const VERDICTS = ["error", "undecided", "warning", "pass", "incomparable", "unmatched"];  // worst first
   const table = document.getElementById("rows");
   const rows = Array.from(table.tBodies[0].rows);
   const dots = Array.from(document.querySelectorAll("#plot .dot"));

@@ -9,8 +9,8 @@ import torch
 import torchdebug
 from torchdebug import stats_table
 from torchdebug.capture import overflow_check
-from torchdebug.capture.overflow_check import describe_overflow, first_overflow
 from torchdebug.cli import main
+from torchdebug.nonfinite import find_origin
 
 
 @pytest.fixture(params=["at once", "at flush"])
@@ -58,13 +58,13 @@ def test_a_forward_inf_is_the_first_overflow_with_its_module_and_source_line(tmp
     torch.manual_seed(0)
     model = Planted(inf_weight=True)
     records = _records(tmp_path, lambda: model(torch.randn(2, 3)).backward(), model=model)
-    origin = first_overflow(records)
+    origin = find_origin(records)
     first = origin.record
     assert first.call_name == "forward/<root>/aten.mul.Tensor#0" and first.phase == "forward"
     assert first.source.endswith(f":{_line_of(Planted.forward, 'planted forward Inf')} in forward")
     assert first.stats["posinf"] + first.stats["neginf"] > 0
     assert all(r.tensor for r in records if r.call_name == first.call_name and r.kind == "tensor")
-    assert "forward/<root>/aten.mul.Tensor#0" in describe_overflow(origin) and "made 0 NaN" in describe_overflow(origin)
+    assert "forward/<root>/aten.mul.Tensor#0" in str(origin) and "made 0 NaN" in str(origin)
 
 
 def test_a_backward_only_inf_is_named_in_backward_with_the_forward_line(tmp_path, resolution, caplog):
@@ -73,7 +73,7 @@ def test_a_backward_only_inf_is_named_in_backward_with_the_forward_line(tmp_path
     with caplog.at_level(logging.WARNING, "torchdebug.capture.overflow_check"):
         records = _records(tmp_path, lambda: model(torch.randn(2, 3)).backward(), model=model)
     assert not [r for r in records if r.phase == "forward"]
-    first = first_overflow(records).record
+    first = find_origin(records).record
     assert first.phase == "backward" and first.fwd == "forward/<root>/aten.sqrt.default#0"
     line = _line_of(Planted.forward, "Inf gradient")
     assert first.source.endswith(f":{line} in forward")
@@ -116,9 +116,9 @@ def test_a_nan_already_in_a_parameter_enters_at_the_first_op_that_reads_it(tmp_p
     with caplog.at_level(logging.WARNING, "torchdebug.capture.overflow_check"):
         records = _records(tmp_path, lambda: weight.mul(2).add(1).sum(), overflow_nums=-1)
     assert _calls(records) == ["forward/-/aten.mul.Tensor#0"]  # add and sum pass it on
-    origin = first_overflow(records)
+    origin = find_origin(records)
     assert origin.kind == "entry" and origin.record.io == "input" and origin.record.arg == "0"
-    assert "1 NaN already in input.0" in describe_overflow(origin)
+    assert "1 NaN already in input.0" in str(origin)
     assert "passes on a NaN" in caplog.records[0].getMessage()
 
 
@@ -186,7 +186,7 @@ def test_the_optimizer_step_is_checked(tmp_path):
     param = torch.nn.Parameter(torch.full((2,), 1e38))
     param.grad = torch.full((2,), -1e38)
     optimizer = torch.optim.SGD([param], lr=10.0, foreach=False)
-    first = first_overflow(_records(tmp_path, optimizer.step)).record
+    first = find_origin(_records(tmp_path, optimizer.step)).record
     assert first.phase == "optimizer" and first.op.startswith("aten.add_")
 
 
@@ -222,5 +222,5 @@ def test_the_cuda_check_never_synchronises_per_op(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     debugger.close()
-    first = first_overflow(torchdebug.load(tmp_path).ranks[0].records())
+    first = find_origin(torchdebug.load(tmp_path).ranks[0].records())
     assert first.call_name == "forward/<root>/aten.mul.Tensor#0"

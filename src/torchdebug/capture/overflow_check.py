@@ -28,7 +28,7 @@ The trade-off: held tensors stay alive until their window resolves (up to about
 
 The first origin of a run is logged with its call name, phase, module and source line (for a
 backward op: the forward line that created it, see ``capture/eager.py``). From a dump,
-:func:`first_overflow` finds it again (``torchdebug show``, ``check`` and ``report``).
+:func:`torchdebug.nonfinite.find_origin` finds it again (``torchdebug show``, ``check`` and ``report``).
 """
 
 from __future__ import annotations
@@ -47,14 +47,12 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.nonfinite import (
     ENTRY,
     ORIGIN,
-    Origin,
     OriginTracker,
     describe_call,
-    find_origin,
     tensor_flags,
     value_flags,
 )
-from torchdebug.records import Record, make_name
+from torchdebug.records import make_name
 from torchdebug.slots import Slot, iter_slots
 
 logger = logging.getLogger("torchdebug.capture.overflow_check")
@@ -270,15 +268,3 @@ class OverflowWatch:
             describe_call(name, c["phase"], c["module"], c["fwd"], c["source"]),
             what,
         )
-
-
-def first_overflow(records: Iterable[Record]) -> Origin | None:
-    """The first op call of a dump that made a NaN/Inf, or through which a NaN entered a step
-    (:func:`torchdebug.nonfinite.find_origin`), in any dump with statistics."""
-    return find_origin(records)
-
-
-def describe_overflow(origin: Origin) -> str:
-    """``step 0: forward/h.0.mlp/aten.exp.default#0 (phase forward, module h.0.mlp) at t.py:12 in
-    forward: made 0 NaN, 4 Inf in output.0``"""
-    return str(origin)

@@ -22,8 +22,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # here, not at the top: these load torch, which `torchdebug check --help` must not
-    from torchdebug.capture.overflow_check import describe_overflow, first_overflow
     from torchdebug.cli.tensor_files import damaged_files, warn_damaged
+    from torchdebug.nonfinite import find_origin
     from torchdebug.store.reader import load
 
     run_ = load(args.dump)
@@ -33,13 +33,18 @@ def run(args: argparse.Namespace) -> int:
         warn_damaged(rank, damaged_files(dump, records), "cannot be read (their statistics were checked)")
         # an overflow check that found nothing recorded nothing
         with_stats = with_stats or getattr(dump, "task", None) == "overflow_check" or any(record.stats for record in records)
-        first = first_overflow(records)
+        first = find_origin(records)
         if first is not None:
             found = True
-            print(f"rank {rank}: first NaN/Inf at {describe_overflow(first)}")
+            print(f"rank {rank}: first NaN/Inf at {str(first)}")
     if found:
         return 1
     if not with_stats:
         raise ValueError(f"{run_.path} holds no statistics (task='structure' or 'checksum'): nothing to check")
-    print(f"run {run_.path}: no NaN or Inf")
+    given = [r for r in run_.records() if r.io == "output" and r.stats and (r.stats.get("posinf") or r.stats.get("neginf"))]
+    if given:
+        held = f"{len(given)} output slots hold infinities they were given (first: {given[0].name})"
+        print(f"run {run_.path}: no NaN or Inf made; {held}")
+    else:
+        print(f"run {run_.path}: no NaN or Inf")
     return 0

@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _dump_page(path: Path) -> dict[str, Any]:
     """What the eager dump page shows, per rank: aggregates, never every record."""
-    from torchdebug.capture.overflow_check import describe_overflow, first_overflow
     from torchdebug.cli.tensor_files import damaged_files
+    from torchdebug.nonfinite import find_origin
     from torchdebug.report.dump import overflow_rows, overview
     from torchdebug.store.reader import load
 
@@ -66,7 +66,7 @@ def _dump_page(path: Path) -> dict[str, Any]:
     ranks = []
     for rank, dump in sorted(run_.ranks.items()):
         records = dump.records()
-        first = first_overflow(records)
+        first = find_origin(records)
         overflows, more_overflows = overflow_rows(records)
         damaged = damaged_files(dump, records)
         ranks.append(
@@ -75,7 +75,7 @@ def _dump_page(path: Path) -> dict[str, Any]:
                 "task": getattr(dump, "task", "?"),
                 "complete": dump.complete,
                 "records": len(records),
-                "first": describe_overflow(first) if first is not None else None,
+                "first": str(first) if first is not None else None,
                 "overflows": overflows,
                 "more_overflows": more_overflows,
                 "damaged": [{"file": file, "reason": reason, "records": count} for file, (reason, count) in damaged.items()],

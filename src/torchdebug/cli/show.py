@@ -70,8 +70,8 @@ def format_record(
 def run(args: argparse.Namespace) -> int:
     # here, not at the top: these load torch, which `torchdebug show --help` must not
     from torchdebug.capture.filters import NameMatcher
-    from torchdebug.capture.overflow_check import describe_overflow, first_overflow
     from torchdebug.cli.tensor_files import damaged_files, warn_damaged
+    from torchdebug.nonfinite import find_origin
     from torchdebug.store.reader import load
 
     run_ = load(args.dump)
@@ -86,9 +86,9 @@ def run(args: argparse.Namespace) -> int:
     for rank, dump in ranks.items():
         damaged[rank] = damaged_files(dump)
         warn_damaged(rank, damaged[rank], "cannot be read")
-        first = first_overflow(dump.records())
+        first = find_origin(dump.records())
         if first is not None:
-            print(f"first NaN/Inf of rank {rank}: {describe_overflow(first)}")
+            print(f"first NaN/Inf of rank {rank}: {str(first)}")
     shown = 0
     for rank, dump in ranks.items():
         for record in dump.records():

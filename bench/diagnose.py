@@ -1,16 +1,26 @@
 """Time-to-answer of ``torchdebug.diagnose`` against PyTorch's accuracy minifier, on one planted bug.
 
-    python bench/diagnose.py [--minifier-timeout 900] [--skip-minifier] [--layers 2] [--cold]
+    python bench/diagnose.py [--model gpt|llama] [--minifier-timeout 900] [--skip-minifier] [--layers 2] [--cold]
 
-The program is the GPT example (``examples/gpt.py``; 2 layers, d_model 64, 4 heads, seq 32, vocab
-128, batch 4, loss forward and backward, CPU) with its MLP activation swapped for ``torch.relu``
-(inductor's planted bug hits relu only), and ``cpp.inject_relu_bug_TESTING_ONLY = "accuracy"``:
-every relu inductor generates adds 1. The right answer is: stage inductor, node ``relu``, module
-``layers.0.mlp``, the relu line below.
+Two programs, each with inductor's planted ``cpp.inject_relu_bug_TESTING_ONLY = "accuracy"`` (every
+relu inductor generates adds 1), forward and backward, on the CPU:
 
-- torchdebug: ``torchdebug.diagnose(model, tokens, targets)`` in a fresh process; we time the call
-  (and the whole process), check the answer and report inductor's FX graph cache hits and misses
-  (on a warm cache the instrumented forward and backward graphs are hits).
+- ``gpt`` (default): the GPT example (``examples/gpt.py``; 2 layers, d_model 64, 4 heads, seq 32,
+  vocab 128, batch 4, loss) with its MLP activation swapped for ``torch.relu`` (inductor's planted
+  bug hits relu only). The right answer: stage inductor, node ``relu``, module ``layers.0.mlp``,
+  the relu line.
+- ``llama``: a Llama-3-style decoder written below (2 layers, dim 64, 4 heads, seq 32, vocab 128,
+  batch 2, logits): fused QKV projection, RoPE from a complex64 frequency buffer (``torch.polar``,
+  ``view_as_complex``), ``F.scaled_dot_product_attention`` (the CPU flash kernel, a multi-output
+  op) and a ReLU-GLU feed-forward. The right answer: stage inductor, node ``relu``, module
+  ``layers.0.ffn``, the relu line.
+
+What runs:
+
+- torchdebug: ``torchdebug.diagnose(model, *inputs)`` in a fresh process; we time the call (wall
+  and the process's CPU time; inductor's C++ compiles run in other processes) and the whole process,
+  check the answer and report inductor's FX graph cache hits and misses (on a warm cache the
+  instrumented forward and backward graphs are hits).
 - PyTorch: ``TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4`` on the same training step
   (detects the loss and writes ``minifier_launcher.py``), then ``minifier_launcher.py minify`` with a
   time limit; we time both and check whether the minified ``repro.py`` holds ``aten.relu``.
@@ -35,12 +45,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_PROGRAM = """
+_GPT = """
 import sys, time
 sys.path.insert(0, {root!r})
 import torch
 from examples.gpt import GPT, GPTConfig, MLP, make_batch
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"
+EXPECTED_MODULE = "layers.0.mlp"
 
 
 class ReluMLP(MLP):
@@ -57,26 +68,110 @@ def make_model_and_inputs():
     return model, make_batch(config, batch=4)
 """
 
+_LLAMA = """
+import sys, time
+sys.path.insert(0, {root!r})
+import torch
+import torch.nn.functional as F
+from torch import nn
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"
+EXPECTED_MODULE = "layers.0.ffn"
+
+
+def rope_frequencies(head_dim, seq, theta=10000.0):
+    frequencies = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(seq).float(), frequencies)
+    return torch.polar(torch.ones_like(angles), angles)  # complex64
+
+
+def apply_rope(x, frequencies):
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * frequencies).flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, frequencies):
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, self.head_dim).unbind(2)
+        q, k = apply_rope(q, frequencies[:seq, None]), apply_rope(k, frequencies[:seq, None])
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        a, g = self.w13(x).chunk(2, dim=-1)
+        return self.w2(torch.relu(a) * g)  # RELU LINE
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.attention, self.ffn = Attention(dim, heads), FeedForward(dim, 4 * dim)
+
+    def forward(self, x, frequencies):
+        x = x + self.attention(self.attention_norm(x), frequencies)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab=128, dim=64, heads=4, layers=2, seq=32):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.register_buffer("frequencies", rope_frequencies(dim // heads, seq), persistent=False)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        for layer in self.layers:
+            x = layer(x, self.frequencies)
+        return self.head(self.norm(x))
+
+
+def make_model_and_inputs():
+    torch.manual_seed(0)
+    model = Llama(layers={layers})
+    return model, (torch.randint(0, 128, (2, 32)),)
+"""
+
+_PROGRAMS = {"gpt": _GPT, "llama": _LLAMA}
+
 _OURS = """
 import json, torchdebug.diagnose as td
-start = time.perf_counter()
-model, (tokens, targets) = make_model_and_inputs()
-report = td.diagnose(model, tokens, targets, output_dir={out!r})
-seconds = time.perf_counter() - start
+start, cpu = time.perf_counter(), time.process_time()
+model, inputs = make_model_and_inputs()
+report = td.diagnose(model, *inputs, output_dir={out!r})
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 print(report.summary(), file=sys.stderr)
 relu_line = next(i for i, l in enumerate(open(__file__), 1) if l.rstrip().endswith("# RELU LINE"))
-right = report.stage == "inductor" and report.node == "relu" and report.module == "layers.0.mlp" \\
+right = report.stage == "inductor" and report.node == "relu" and report.module == EXPECTED_MODULE \\
     and report.source is not None and report.source.startswith(f"{{__file__}}:{{relu_line}} ")
 fx_cache = {{k: v for k, v in torch._dynamo.utils.counters["inductor"].items() if k.startswith("fxgraph_cache")}}
-print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "right": right, "fx_graph_cache": fx_cache,
-                  "answer": report.finding.describe() if report.finding else None}}))
+print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "cpu_seconds": cpu, "right": right,
+                  "stages": {{s.stage.label: round(s.seconds, 2) for s in report.stages}}, "fx_graph_cache": fx_cache,
+                  "answer": report.finding.describe() if report.finding else None, "notes": report.notes}}))
 """
 
 _PLAIN = """
 import json
 start = time.perf_counter()
 model, batch = make_model_and_inputs()
-torch.compile(model)(*batch).backward()
+out = torch.compile(model)(*batch)
+(out if out.dim() == 0 else out.square().mean()).backward()
 print(json.dumps({"tool": "plain inductor compile + step", "seconds": time.perf_counter() - start}))
 """
 
@@ -84,7 +179,8 @@ _MINIFIER_RUN = """
 model, batch = make_model_and_inputs()
 compiled = torch.compile(model)
 try:
-    compiled(*batch).backward()
+    out = compiled(*batch)
+    (out if out.dim() == 0 else out.square().mean()).backward()
     print("no accuracy error detected")
 except Exception as error:
     print(type(error).__name__, str(error).splitlines()[0] if str(error) else "")
@@ -106,9 +202,9 @@ def _env(folder: Path, cold: bool) -> dict[str, str]:
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor_cache")} if cold else dict(os.environ)
 
 
-def ours(folder: Path, layers: int, cold: bool) -> dict[str, object]:
+def ours(folder: Path, model: str, layers: int, cold: bool) -> dict[str, object]:
     script = folder / "ours.py"
-    script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + _OURS.format(out=str(folder / "out")))
+    script.write_text(_PROGRAMS[model].format(root=str(ROOT), layers=layers) + _OURS.format(out=str(folder / "out")))
     wall, result = _run([sys.executable, str(script)], folder, 600, _env(folder, cold))
     assert result is not None and result.returncode == 0, result.stderr if result else "timed out"
     row = json.loads(result.stdout.strip().splitlines()[-1])
@@ -116,9 +212,9 @@ def ours(folder: Path, layers: int, cold: bool) -> dict[str, object]:
     return row
 
 
-def plain(folder: Path, layers: int, cold: bool) -> dict[str, object]:
+def plain(folder: Path, model: str, layers: int, cold: bool) -> dict[str, object]:
     script = folder / "plain.py"
-    script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + _PLAIN)
+    script.write_text(_PROGRAMS[model].format(root=str(ROOT), layers=layers) + _PLAIN)
     wall, result = _run([sys.executable, str(script)], folder, 600, _env(folder, cold))
     assert result is not None and result.returncode == 0, result.stderr if result else "timed out"
     row = json.loads(result.stdout.strip().splitlines()[-1])
@@ -126,9 +222,9 @@ def plain(folder: Path, layers: int, cold: bool) -> dict[str, object]:
     return row
 
 
-def minifier(folder: Path, layers: int, limit: float, cold: bool) -> dict[str, object]:
+def minifier(folder: Path, model: str, layers: int, limit: float, cold: bool) -> dict[str, object]:
     script = folder / "minifier_run.py"
-    script.write_text(_PROGRAM.format(root=str(ROOT), layers=layers) + textwrap.dedent(_MINIFIER_RUN))
+    script.write_text(_PROGRAMS[model].format(root=str(ROOT), layers=layers) + textwrap.dedent(_MINIFIER_RUN))
     env = {
         **_env(folder, cold),
         "TORCHDYNAMO_REPRO_AFTER": "aot",
@@ -164,21 +260,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minifier-timeout", type=float, default=600.0, help="seconds for detection plus minification")
     parser.add_argument("--skip-minifier", action="store_true")
+    parser.add_argument("--model", choices=sorted(_PROGRAMS), default="gpt", help="the program with the planted bug")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--cold", action="store_true", help="empty inductor cache for each tool")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "ours").mkdir()
-        rows = [ours(Path(tmp) / "ours", args.layers, args.cold)]
+        rows = [ours(Path(tmp) / "ours", args.model, args.layers, args.cold)]
         (Path(tmp) / "plain").mkdir()
-        rows.append(plain(Path(tmp) / "plain", args.layers, args.cold))
+        rows.append(plain(Path(tmp) / "plain", args.model, args.layers, args.cold))
         if not args.skip_minifier:
             (Path(tmp) / "minifier").mkdir()
-            rows.append(minifier(Path(tmp) / "minifier", args.layers, args.minifier_timeout, args.cold))
+            rows.append(minifier(Path(tmp) / "minifier", args.model, args.layers, args.minifier_timeout, args.cold))
     for row in rows:
         print(json.dumps(row))
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"cache: {'cold' if args.cold else 'as found'}; load: {load}")
+    print(f"model: {args.model}; cache: {'cold' if args.cold else 'as found'}; load: {load}")
 
 
 if __name__ == "__main__":

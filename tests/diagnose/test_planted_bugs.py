@@ -12,9 +12,11 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import torchdebug.diagnose as td
+from tests.diagnose.llama import tiny_llama
 from tests.diagnose.models import ReluNet, TanhNet, line_of
 
 MODELS = str(Path(__file__).with_name("models.py"))
+LLAMA = str(Path(__file__).with_name("llama.py"))
 
 
 def _source_line(report: td.DiagnoseReport) -> tuple[str, int]:
@@ -70,6 +72,18 @@ def test_inductor_accuracy_bug_inside_a_fused_cpp_kernel_is_localised_and_reprod
     assert result.returncode == 1 and "REPRO: value 0" in result.stdout, result.stdout + result.stderr
     html = report.to_html(tmp_path / "report.html").read_text()
     assert "aten.relu.default" in html and "inductor" in html
+
+
+@pytest.mark.slow  # an inductor compile of the tiny Llama, forward only: about 10 s on 2 cores (40 s on a cold cache)
+def test_inductor_accuracy_bug_after_cpu_sdpa_and_complex_rope_is_localised_to_the_relu_line(tmp_path: Path) -> None:
+    model, tokens = tiny_llama()
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}):
+        report = td.diagnose(model, tokens, train=False, output_dir=tmp_path, repro=False)
+    assert report.stage == "inductor" and report.kind == "accuracy", report.summary()
+    assert report.finding is not None and report.finding.target == "aten.relu.default", report.summary()
+    assert report.module == "layers.0.ffn"
+    assert _source_line(report) == (LLAMA, line_of("RELU LINE", LLAMA))
+    assert report.notes == []  # every node before the relu, the SDPA kernel included, was judged
 
 
 @pytest.mark.parametrize("bug", ["compile_error", "runtime_error"])

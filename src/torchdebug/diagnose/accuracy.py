@@ -4,8 +4,9 @@ A result ``res`` passes when it is close to the eager result ``ref`` (``allclose
 when its RMSE against an fp64 reference is at most ``multiplier * rmse(ref, fp64) + tol / 10``:
 eager's own rounding error sets the budget, so a reordering of float sums passes and a wrong value
 does not. ``multiplier`` is 3 for fp16/bf16 results and tensors under 1000 elements, else 2 (as
-``same``). Integer and bool tensors pass when they differ from fp64 in no more elements than eager
-does (twice as many, plus one, for comparisons that flip on rounding ties).
+``same``). Complex tensors are judged on the modulus of the difference. Integer and bool tensors
+pass when they differ from fp64 in no more elements than eager does (twice as many, plus one, for
+comparisons that flip on rounding ties).
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ class Check:
 
 
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    return torch.sqrt(torch.mean(torch.square(a.double() - b.double()))).item() if a.numel() else 0.0
+    """Root mean square of ``a - b`` in double precision (of ``|a - b|`` for complex tensors)."""
+    if not a.numel():
+        return 0.0
+    if a.is_complex() or b.is_complex():
+        return torch.sqrt(torch.mean(torch.square((a.to(torch.complex128) - b.to(torch.complex128)).abs()))).item()
+    return torch.sqrt(torch.mean(torch.square(a.double() - b.double()))).item()
 
 
 def check(name: str, fp64: torch.Tensor, ref: torch.Tensor, res: torch.Tensor, tol: float = DEFAULT_TOLERANCE) -> Check:

@@ -16,7 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from torchdebug import progress
+from torchdebug._torch.inductor import config_patched
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose.bisect import Bisector, DynamoRecorder
 from torchdebug.diagnose.config import DiagnoseConfig
@@ -24,13 +27,18 @@ from torchdebug.diagnose.finding import NodeFinding
 from torchdebug.diagnose.graph_breaks import compile_events
 from torchdebug.diagnose.instrument import InstrumentedInductor
 from torchdebug.diagnose.nodes import first_bad_node
-from torchdebug.diagnose.program import Program
+from torchdebug.diagnose.program import Program, first_line
 from torchdebug.diagnose.report import DiagnoseReport
 from torchdebug.diagnose.repro import write_repro
 from torchdebug.diagnose.stages import References, Stage, StageResult, climb, default_mode, ladder, references
 from torchdebug.errors import TorchDebugError
 
 log = logging.getLogger("torchdebug.diagnose")
+
+FALLBACK_RANDOM = {"fallback_random": True}
+"""Inductor config for a program that draws random numbers: inductor calls the ATen random ops
+instead of generating its own, so with the same seed a compiled run draws what eager draws (the
+knob PyTorch's docs and its compiler bisector use for accuracy debugging)."""
 
 
 def diagnose(
@@ -62,6 +70,13 @@ def diagnose(
     config = DiagnoseConfig(backend=backend, train=train, mode=mode, tolerance=tolerance, output_dir=output_dir, repro=repro)
     start = time.perf_counter()
     program = Program(fn, example_inputs, train=config.train)
+    with torch.random.fork_rng(devices=_cuda_devices(program.inputs)):  # every run seeds; the caller's RNG is kept
+        report = _diagnose(program, config)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _diagnose(program: Program, config: DiagnoseConfig) -> DiagnoseReport:
     stages = ladder(config.backend, config.mode if config.mode is not None else default_mode(program.inputs, config.backend))
     with progress.bar(len(stages) + 1, "diagnose", unit="stage") as shown:  # the fp64 reference, then each stage
         shown.set_postfix_str("fp64 reference")
@@ -72,26 +87,47 @@ def diagnose(
                 "make the program run in float64 (no hard-coded float32 tensors) or pass train=False"
             )
         shown.update()
-        recorder = DynamoRecorder()
-        stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
         notes: list[str] = []
-        results = climb(program, stages[:-1], refs, config.tolerance, shown)
-        instrumented = None
-        if not results[-1].failed:
-            instrumented, last = _last_stage(program, stages[-1], refs, config.tolerance, notes, shown)
-            results.append(last)
-        if len(results) > 1:
-            results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
-        graphs = list(recorder.graphs)
-        report = DiagnoseReport(results, compile_events=compile_events(graphs), notes=notes)
-        failed = report.failed_stage
-        if failed is not None and failed.stage.backend is not None:
-            shown.set_postfix_str(f"finding the first bad node of {failed.stage.label}")
-            report.finding = _localize(program, failed, instrumented, graphs, config.tolerance, notes)
-            if report.finding is not None and config.repro:
-                report.repro_path = _write_repro(report.finding, failed, Path(config.output_dir), config.tolerance, notes)
-    report.seconds = time.perf_counter() - start
+        patches: dict[str, Any] = {}
+        if refs.random_ops:
+            patches = FALLBACK_RANDOM
+            notes.append(
+                f"the program draws random numbers ({', '.join(refs.random_ops[:3])}): every run starts from the same seed "
+                "and inductor runs with fallback_random=True, so every stage draws eager's numbers "
+                "(inductor's own random-number code is not tested)"
+            )
+        with config_patched(patches):
+            report = _climb_and_localize(program, stages, refs, config, notes, shown)
     return report
+
+
+def _climb_and_localize(
+    program: Program, stages: list[Stage], refs: References, config: DiagnoseConfig, notes: list[str], shown: progress.Bar
+) -> DiagnoseReport:
+    recorder = DynamoRecorder()
+    stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
+    results = climb(program, stages[:-1], refs, config.tolerance, shown)
+    instrumented = None
+    if not results[-1].failed:
+        instrumented, last = _last_stage(program, stages[-1], refs, config.tolerance, notes, shown)
+        results.append(last)
+    if len(results) > 1:
+        results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
+    graphs = list(recorder.graphs)
+    report = DiagnoseReport(results, compile_events=compile_events(graphs), notes=notes)
+    failed = report.failed_stage
+    if failed is not None and failed.stage.backend is not None:
+        shown.set_postfix_str(f"finding the first bad node of {failed.stage.label}")
+        report.finding = _localize(program, failed, instrumented, graphs, config.tolerance, notes)
+        if report.finding is None:
+            report.not_localised = notes[-1]
+        elif config.repro:
+            report.repro_path = _write_repro(report.finding, failed, Path(config.output_dir), config.tolerance, notes)
+    return report
+
+
+def _cuda_devices(inputs: tuple[Any, ...]) -> list[int]:
+    return sorted({x.device.index or 0 for x in inputs if isinstance(x, torch.Tensor) and x.is_cuda})
 
 
 def _is_inductor(stage: Stage) -> bool:
@@ -129,17 +165,34 @@ def _localize(
     tol: float,
     notes: list[str],
 ) -> NodeFinding | None:
-    """The first bad node of the failing stage (see the module docstring for which method)."""
+    """The first bad node of the failing stage (see the module docstring for which method). When
+    there is none, the last note says why; a failure of the search itself becomes a note too."""
     if instrumented is not None:
-        found = first_bad_node(instrumented.graphs, tol)
+        try:
+            found = first_bad_node(instrumented.graphs, tol, notes)
+        except Exception as error:  # noqa: BLE001 - diagnose reports, it does not crash
+            log.warning("node-by-node comparison failed", exc_info=True)
+            notes.append(f"node by node, the comparison failed ({type(error).__name__}: {first_line(error)})")
+            found = None
         if found is not None:
             return found
-        notes.append("node by node, inductor's kernels match fp64; bisecting the graph instead")
+        notes.append("node by node, no compiled value is further from fp64 than eager allows; bisecting the graph instead")
     bisector = Bisector(failed.stage, program.train, tol)
-    found = bisector.locate(graphs)
+    try:
+        found = bisector.locate(graphs)
+    except Exception as error:  # noqa: BLE001
+        log.warning("bisection failed", exc_info=True)
+        notes.append(f"no node localised: bisecting the Dynamo graphs failed ({type(error).__name__}: {first_line(error)})")
+        return None
     log.info("bisection took %d compiles", bisector.compiles)
     if found is None:
-        notes.append(f"no single Dynamo graph prefix fails under {failed.stage.label}; the problem needs the whole program")
+        if not graphs:
+            notes.append(f"no node localised: Dynamo captured no graph to bisect under {failed.stage.label}")
+        else:
+            notes.append(
+                f"no node localised: no single Dynamo graph prefix fails under {failed.stage.label}; "
+                "the problem needs the whole program"
+            )
     return found
 
 

@@ -13,6 +13,7 @@ otherwise the failing prefix does.
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,8 @@ def op_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 def single_node(
     gm: torch.fx.GraphModule, node: torch.fx.Node, values: dict[str, Any]
 ) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
-    """``node`` alone: one placeholder per tensor it reads (named after the producing node)."""
+    """``node`` alone: one placeholder per tensor it reads (named after the producing node); each
+    tensor result an output (all of a multi-output op's)."""
     graph = torch.fx.Graph()
     inputs: dict[str, Any] = {}
 
@@ -109,7 +111,16 @@ def single_node(
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), placeholder)
     copied = graph.create_node(node.op, node.target, args, kwargs, name=node.name)
     copied.meta.update(node.meta)
-    graph.output((copied,))
+    results = node.meta.get("val", node.meta.get("example_value"))
+    if isinstance(results, (tuple, list)):  # a multi-output op: each tensor result is an output
+        outputs = []
+        for index, result in enumerate(results):
+            if isinstance(result, torch.Tensor):
+                outputs.append(graph.call_function(operator.getitem, (copied, index)))
+                outputs[-1].meta["val"] = result
+        graph.output(tuple(outputs))
+    else:
+        graph.output((copied,))
     return torch.fx.GraphModule(gm, graph), inputs
 
 

@@ -1,10 +1,13 @@
 """The program under diagnosis: a function or module and its inputs, run fresh for every stage.
 
 Each run gets its own deep copy of the module (so gradients and compiled state never leak between
-stages) and clones of the inputs; the fp64 reference converts floating parameters, buffers and
-inputs to float64. With ``train`` every floating input requires a gradient, and backward runs on
-``sum(output * w)`` with fixed seeded weights ``w`` (a scalar output is used as is), so every run
-differentiates the same function. The values of a run are named ``output.N``, ``grad.<parameter>``
+stages) and clones of the inputs; the fp64 reference widens each parameter, buffer and input within
+its kind: floating to float64, complex to complex128 (a complex64 RoPE frequency buffer stays
+complex), integer and bool untouched. With ``train`` every floating input requires a gradient, and
+backward runs on ``sum(output * w)`` with fixed seeded weights ``w`` (a scalar output is used as
+is), so every run differentiates the same function. Every run starts from the same random seed
+(:data:`SEED`), so a program with dropout draws the same numbers in each run that executes the
+same random ops. The values of a run are named ``output.N``, ``grad.<parameter>``
 and ``grad.input.N``.
 """
 
@@ -64,11 +67,49 @@ def _innermost(tb: TracebackType | None) -> str | None:
     return found
 
 
+SEED = 0
+"""The seed of torch's global generators at the start of every run."""
+
+
+def widen(value: torch.Tensor) -> torch.Tensor:
+    """``value`` in the widest dtype of its kind: float64 or complex128; other dtypes as they are."""
+    if value.is_complex():
+        return value.to(torch.complex128)
+    if value.is_floating_point():
+        return value.to(torch.float64)
+    return value
+
+
+def widen_module(module: nn.Module) -> nn.Module:
+    """Widen every parameter and buffer of ``module`` in place (:func:`widen`; shared tensors stay
+    shared). Unlike ``module.to(torch.float64)``, which casts complex tensors to real and drops
+    their imaginary part."""
+    parameters: set[int] = set()
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original, widened); keeps ids unique
+    with torch.no_grad():
+        for owner in module.modules():
+            for _, parameter in owner.named_parameters(recurse=False):
+                if id(parameter) not in parameters:
+                    parameters.add(id(parameter))
+                    parameter.data = widen(parameter.data)
+            for name, buffer in owner.named_buffers(recurse=False):
+                if id(buffer) not in buffers:
+                    buffers[id(buffer)] = (buffer, widen(buffer))
+                setattr(owner, name, buffers[id(buffer)][1])
+    return module
+
+
 def _grad_weight(value: torch.Tensor, index: int) -> torch.Tensor:
     if value.dim() == 0:
         return torch.ones((), dtype=value.dtype, device=value.device)
     generator = torch.Generator().manual_seed(1000 + index)
     return torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value.device, value.dtype)
+
+
+def _weighted_sum(value: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``sum(value * weight)``, real (the real part of a complex output's sum)."""
+    total = (value * weight).sum()
+    return total.real if total.is_complex() else total
 
 
 class Program:
@@ -86,22 +127,21 @@ class Program:
             fn = copy.deepcopy(fn)
             fn.zero_grad(set_to_none=True)
             if float64:
-                fn = fn.to(torch.float64)
+                fn = widen_module(fn)
         inputs = [self._input(x, float64) for x in self.inputs]
         return fn, inputs
 
     def _input(self, value: Any, float64: bool) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
-        copied = value.detach().clone()
+        copied = widen(value.detach()).clone() if float64 else value.detach().clone()
         if copied.is_floating_point():
-            if float64:
-                copied = copied.to(torch.float64)
             copied.requires_grad_(self.train or value.requires_grad)
         return copied
 
     def run(self, fn: Callable[..., Any], inputs: list[Any], params: nn.Module | None = None) -> Outcome:
         """Call ``fn`` (forward, then backward when training) and collect its values."""
+        torch.manual_seed(SEED)
         try:
             return Outcome(self._execute(fn, inputs, params))
         except Exception as error:  # noqa: BLE001 - the exception is the finding
@@ -114,7 +154,7 @@ class Program:
             return values
         differentiable = [(i, t) for i, t in enumerate(leaves) if t.requires_grad]
         if differentiable:
-            loss = sum((t * _grad_weight(t, i)).sum() for i, t in differentiable)
+            loss = sum(_weighted_sum(t, _grad_weight(t, i)) for i, t in differentiable)
             loss.backward()  # type: ignore[union-attr]
         if params is not None:
             values.update({f"grad.{name}": p.grad for name, p in params.named_parameters() if p.grad is not None})

@@ -23,6 +23,8 @@ class DiagnoseReport:
     compile_events: CompileEvents = field(default_factory=CompileEvents)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    not_localised: str | None = None
+    """Why no node is named although a compiler stage fails (also the last of ``notes``)."""
 
     @property
     def failed_stage(self) -> StageResult | None:
@@ -93,7 +95,9 @@ class DiagnoseReport:
             lines.append(f"first bad node: {self.finding.describe()}")
             if self.finding.code:
                 lines.append(f"    {self.finding.code}")
-        elif self.user_frame:
+        elif self.not_localised is not None:
+            lines.append("first bad node: not found (the last note says why)")
+        if self.finding is None and self.user_frame:
             lines.append(f"user frame: {self.user_frame}")
         if self.repro_path is not None:
             lines.append(f"repro: python {self.repro_path}")

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from torchdebug import progress
+from torchdebug._torch.dispatch import TorchDispatchMode
+from torchdebug.diagnose import attention
 from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE, Check, check
 from torchdebug.diagnose.program import Outcome, Program
 
@@ -95,13 +97,35 @@ class References:
 
     fp64: Outcome
     eager: Outcome
+    random_ops: list[str] = field(default_factory=list)
+    """The random ops the program calls (``aten.native_dropout.default``), in first-call order."""
+
+
+class _RandomOps(TorchDispatchMode):
+    """Notes every op that draws random numbers (:func:`torchdebug.diagnose.attention.is_random`)
+    from torch's global generators; one passed a generator of its own draws the same in every run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, None] = {}
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # a compiled function the program calls stays compiled
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if kwargs.get("generator") is None and attention.is_random(func, args, kwargs):
+            self.seen[str(func)] = None
+        return func(*args, **kwargs)
 
 
 def references(program: Program) -> References:
-    """Run the program eagerly in float64 and in its own dtypes."""
+    """Run the program eagerly in float64 (noting the random ops it calls) and in its own dtypes."""
     fn, inputs = program.instance(float64=True)
-    fp64 = program.run(fn, inputs, fn if isinstance(fn, nn.Module) else None)
-    return References(fp64, run_stage(program, Stage("uncompiled", None)))
+    with _RandomOps() as random_ops:
+        fp64 = program.run(fn, inputs, fn if isinstance(fn, nn.Module) else None)
+    return References(fp64, run_stage(program, Stage("uncompiled", None)), list(random_ops.seen))
 
 
 def check_outcome(run: Outcome, refs: References, tol: float = DEFAULT_TOLERANCE) -> list[Check]:

@@ -7,6 +7,8 @@ Each module wraps one torch subsystem and is imported only by the features that 
 - :mod:`~torchdebug._torch.dispatch`: ``TorchDispatchMode``, op overloads and their schemas.
 - :mod:`~torchdebug._torch.nn`: global module hooks next to ``torch.compile(module)``.
 - :mod:`~torchdebug._torch.pytree`: the tensors of nested outputs.
+- :mod:`~torchdebug._torch.subclasses`: wrapper subclasses (DTensor, FSDP2 parameters, float8
+  weights) read through their plain inner tensors.
 - :mod:`~torchdebug._torch.dynamo`: Dynamo, AOT autograd, compile caches, debug folder, structured trace.
 - :mod:`~torchdebug._torch.inductor`: inductor's entry points, config keys, custom-pass slots and
   the per-pass observer.

@@ -29,6 +29,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr
 from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
+from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.collectives import PendingCollectives, split_result, waited_by_caller
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
@@ -85,6 +86,11 @@ def _op_info(func: Any) -> _OpInfo:
     return _OpInfo(
         func, name, namespace in _SKIPPED_NAMESPACES, schema.is_mutable, namespace == "c10d", name in _VALUE_PRESERVING, written
     )
+
+
+def _wrapper(tensor: torch.Tensor) -> bool:
+    """A wrapper subclass (DTensor, ...): its storage is not its elements'."""
+    return tensor.__class__ is not torch.Tensor and is_subclass(tensor)
 
 
 class _DumpMode(TorchDispatchMode):
@@ -197,7 +203,7 @@ class OpCapture:
         if info.mutable or not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
             return None
         source = args[0]
-        if out.layout is not _STRIDED or source.layout is not _STRIDED:
+        if out.layout is not _STRIDED or source.layout is not _STRIDED or _wrapper(out) or _wrapper(source):
             return None
         if info.value_preserving:
             return (source, True, False) if out.numel() == source.numel() and out.dtype is source.dtype else None

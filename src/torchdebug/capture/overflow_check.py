@@ -43,6 +43,8 @@ from typing import Any
 import torch
 
 from torchdebug._torch.autograd import tensor_version
+from torchdebug._torch.subclasses import describe as describe_subclass
+from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.session import CaptureSession
 from torchdebug.nonfinite import (
     ENTRY,
@@ -73,8 +75,16 @@ def _storage_key(tensor: torch.Tensor) -> _StorageKey | None:
         return None
 
 
+def _plain(value: Any) -> Any:
+    """The plain tensor a wrapper subclass's elements are read from (a DTensor's local shard; ``None``
+    for one without such a tensor); anything else as it is."""
+    if value.__class__ is not torch.Tensor and isinstance(value, torch.Tensor) and is_subclass(value):
+        return describe_subclass(value).local
+    return value
+
+
 def _checked(value: Any) -> bool:
-    """Whether a tensor can hold NaN or Inf and has data to read."""
+    """Whether a plain tensor can hold NaN or Inf and has data to read."""
     return (
         isinstance(value, torch.Tensor)
         and (value.is_floating_point() or value.is_complex())
@@ -159,7 +169,7 @@ class OverflowWatch:
             self._step = self.session.step
             self._flags.clear()
         slots = list(iter_slots(args, kwargs))
-        before = [self._flags_of(value, fresh=False) for _, value in slots if _checked(value)]
+        before = [self._flags_of(plain, fresh=False) for _, value in slots if _checked(plain := _plain(value))]
         self._stage_new()  # before the op: an in-place op changes its inputs
         if written:
             self._copy_before_write(slots, written)
@@ -169,7 +179,7 @@ class OverflowWatch:
             ]
         out = func(*args, **kwargs)
         outputs = list(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
-        checked = [value for _, value in outputs if _checked(value)]
+        checked = [plain for _, value in outputs if _checked(plain := _plain(value))]
         if not checked:
             return out
         call = _Call(common, self._step, slots if inputs else [], outputs, bool(written))

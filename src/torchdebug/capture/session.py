@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from torchdebug._torch.autograd import tensor_version
+from torchdebug._torch.subclasses import describe as describe_subclass
+from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.checksum import hex_digits
 from torchdebug.config import DebuggerConfig
@@ -85,6 +87,19 @@ class _PendingChecksum:
             record.checksum = text
 
 
+def _same_memory_in_order(alias: torch.Tensor, source: torch.Tensor) -> bool:
+    """Whether a view reads its source's memory in the same order (a reshape, detach, unsqueeze, ...
+    of a contiguous tensor; not a transpose), so that it has the source's fingerprint."""
+    if alias.dtype != source.dtype or alias.numel() != source.numel():
+        return False
+    if not (alias.is_contiguous() and source.is_contiguous()):
+        return False
+    try:
+        return alias.data_ptr() == source.data_ptr()
+    except RuntimeError:  # a tensor subclass without storage of its own
+        return False
+
+
 class CaptureSession:
     """Builds records for one rank and writes them through a :class:`RankWriter` in batches."""
 
@@ -150,7 +165,10 @@ class CaptureSession:
             record.stack, record.source, record.fwd = stack, source, fwd
             if isinstance(value, torch.Tensor):
                 try:
-                    self._describe_tensor(record, value, save_tensors, mutated)
+                    if value.__class__ is not torch.Tensor and is_subclass(value):
+                        self._describe_subclass(record, value, save_tensors, mutated)
+                    else:
+                        self._describe_tensor(record, value, save_tensors, mutated)
                 except Exception as error:  # never crash the user's run for one slot
                     record.capture_error = f"{type(error).__name__}: {error}"
                     if op not in self._warned:
@@ -163,6 +181,19 @@ class CaptureSession:
         self._take_due_stats()
         if len(self._records) >= _FLUSH_RECORDS:
             self._flush_records()
+
+    def _describe_subclass(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
+        """A wrapper subclass (DTensor, FSDP2 parameters, float8 weights): described as itself (dtype,
+        global shape), captured through the plain tensor that holds its elements (a DTensor's local
+        shard), its facts in ``extra``; one without such a tensor gets a ``capture_error``."""
+        view = describe_subclass(tensor)
+        record.extra = view.info
+        if view.local is None:
+            self._fill_description(record, tensor)
+            record.capture_error = view.why_unread()
+            return
+        self._describe_tensor(record, view.local, save, mutated)
+        record.shape, record.stride = list(tensor.shape), list(tensor.stride())
 
     def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
         want_stats = self.want_stats or save
@@ -285,10 +316,8 @@ class CaptureSession:
         base = seen.base if view_ref is not None else None
         alias_seen = self._seen[id(alias)] = _Seen(weakref.ref(alias), tensor_version(alias), stats, view_ref, base)
         same_order = same_elements and not shares_memory  # a copy
-        if not same_order and shares_memory and alias.dtype == source.dtype and alias.numel() == source.numel():
-            # a view that reads the same memory in the same order (reshape, detach, unsqueeze, ... of
-            # a contiguous tensor), not a transpose
-            same_order = alias.data_ptr() == source.data_ptr() and alias.is_contiguous() and source.is_contiguous()
+        if not same_order and shares_memory:
+            same_order = _same_memory_in_order(alias, source)
         if same_order and seen.checksum is not None:  # the same bits in the same logical order
             alias_seen.checksum = seen.checksum
             if isinstance(seen.checksum, _PendingChecksum):

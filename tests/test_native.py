@@ -247,9 +247,21 @@ def _fingerprint_cases() -> list[tuple[str, torch.Tensor]]:
 _FINGERPRINT_CASES = _fingerprint_cases()
 
 
+@pytest.fixture(params=["picked", "portable"])
+def hashers(request):
+    """The fingerprint's inner loops the library picked for this CPU, then the portable ones (the
+    same where the CPU has no AVX2): both must give the reference's bits."""
+    library = fused_stats._kernels()
+    if library is None:
+        pytest.skip("no C compiler: the native kernel is not built here")
+    library.pick_hashers(int(request.param == "portable"))
+    yield request.param
+    library.pick_hashers(0)
+
+
 @needs_compiler
 @pytest.mark.parametrize("label,tensor", _FINGERPRINT_CASES, ids=[label for label, _ in _FINGERPRINT_CASES])
-def test_kernel_fingerprint_equals_the_torch_op_fingerprint(label, tensor):
+def test_kernel_fingerprint_equals_the_torch_op_fingerprint(label, tensor, hashers):
     want = _reference_fingerprint(tensor)
     assert fused_stats.fingerprint(tensor) == want, label
     both = fused_stats.stats_and_fingerprint(tensor)
@@ -271,8 +283,13 @@ def test_kernel_fingerprint_of_an_empty_tensor_is_zero(tensor):
 
 
 @needs_compiler
-def test_kernel_fingerprint_does_not_depend_on_the_thread_count():
-    tensor = torch.randn(500_001, generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize(
+    "shape,view",
+    [((500_001,), lambda x: x), ((700, 300), lambda x: x.t()), ((3, 200, 170), lambda x: x.permute(2, 0, 1))],
+    ids=["contiguous", "transposed (rows split over threads)", "permuted"],
+)
+def test_kernel_fingerprint_does_not_depend_on_the_thread_count(hashers, shape, view):
+    tensor = view(torch.randn(*shape, generator=torch.Generator().manual_seed(4)))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

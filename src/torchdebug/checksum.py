@@ -16,20 +16,22 @@ about 2**-64. It is a checksum, not a cryptographic hash: a collision can be bui
 dtype and shape are recorded beside it and compared separately (an empty tensor's fingerprint is 0).
 
 Cost: capture takes the fingerprint in the native single pass that takes the statistics, reading
-each element once for both: on the CPU the C kernel (:mod:`torchdebug.native.fused_stats`, any
+each element once for both: on the CPU the C kernel (:mod:`torchdebug.native.fused_stats`; any
 layout walked in memory order without a copy, each run knowing its elements' logical positions;
-big contiguous tensors split over torch's OpenMP threads, whose partial sums add up modulo 2**64 in
-any order), on CUDA the Triton kernel (:mod:`torchdebug.native.triton_stats`, several programs per
+each block hashed while it is in L1, by a hand-written AVX2 loop where the CPU has one; big
+contiguous tensors split over torch's OpenMP threads, whose partial sums add up modulo 2**64 in any
+order), on CUDA the Triton kernel (:mod:`torchdebug.native.triton_stats`; several programs per
 tensor whose partial sums the last one adds up, the 64 bits stored in an int64 column of the
 statistics table and read with it once per flush, no host synchronisation; a non-contiguous tensor
 is copied to a contiguous one first). A checksum-only capture runs the same pass without the
-statistics, over the tensor's bits as integers of its width, so it takes every dtype.
-:func:`fingerprint` below, the reference, computes the same value with about a dozen elementwise
-integer torch kernels and one sum per chunk of ``_CHUNK`` elements (temporaries below ``_CHUNK``
-64-bit words whatever the tensor's size; a non-contiguous tensor copied once at its own width),
-returning a 0-d int64 tensor on the tensor's device without synchronising; capture uses it where
-the kernels do not apply (other devices, no Triton, no C compiler, ``TORCHDEBUG_NATIVE=0``).
-Tests check that every path gives the reference's bits.
+statistics, over the tensor's bits as integers of its width, so it takes every dtype. The hash is
+arithmetic, two 64-bit products an element: 0.64 ns an element on one AVX2 core of the bench
+machine (bench/RESULTS.md), eight times the statistics' 0.08 ns. :func:`fingerprint` below, the reference, computes
+the same value with about a dozen elementwise integer torch kernels and one sum per chunk of
+``_CHUNK`` elements (temporaries below ``_CHUNK`` 64-bit words whatever the tensor's size; a
+non-contiguous tensor copied once at its own width), returning a 0-d int64 tensor on the tensor's
+device without synchronising; capture uses it where the kernels do not apply (other devices, no
+Triton, no C compiler, ``TORCHDEBUG_NATIVE=0``). Tests check that every path gives its bits.
 """
 
 from __future__ import annotations

@@ -42,6 +42,9 @@ class _Library(NamedTuple):
     """``dtype -> (stats, copy-and-stats, stats-and-fingerprint)``."""
     fingerprint: dict[int, Kernel]
     """``element size in bytes -> fingerprint kernel``."""
+    pick_hashers: Kernel
+    """``pick_hashers(portable)``: the fingerprint's inner loops for this CPU (AVX2 where it has it)
+    or, with 1, the portable ones; the library picks with 0 when it loads (tests run both)."""
 
 
 @functools.cache
@@ -69,7 +72,10 @@ def _kernels() -> _Library | None:
         kernel.argtypes = (pointer, dims, pointer, pointer, pointer, count)
         kernel.restype = ctypes.c_uint64
         fingerprints[size] = kernel
-    return _Library(stats_kernels, fingerprints)
+    pick_hashers = library.td_pick_hashers
+    pick_hashers.argtypes = (ctypes.c_int,)
+    pick_hashers.restype = None
+    return _Library(stats_kernels, fingerprints, pick_hashers)
 
 
 def _kernel(tensor: torch.Tensor, which: int) -> Kernel | None:

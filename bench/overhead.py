@@ -73,6 +73,7 @@ MODES = {
     "checksum/op": dict(task="checksum", level="op"),
     "statistics+checksum/op": dict(task="statistics", level="op", checksum=True),
     "tensor/op": dict(task="tensor", level="op"),
+    "overflow_check/op": dict(task="overflow_check", level="op"),
 }
 
 CHECKSUM_RATIOS = {"checksum/op": 1.30, "statistics+checksum/op": 1.10}

@@ -1,6 +1,7 @@
 """Step and compile time of the compiled GPT training step with a statistics dump of every node vs without.
 
     python bench/graph_dump.py [--sizes 768x1024,256x128] [--steps 10] [--batch 8] [--device cpu|cuda]
+    python bench/graph_dump.py --recompile [--sizes 256x128] [--batch 8]
 
 For each size ``DxS`` (d_model x seq_len, one layer): one process, two compiled copies of the same
 model (inductor through the torchdebug backend; one with ``dump_config.enable_dump`` and
@@ -13,11 +14,19 @@ step each, the arms alternate step by step (ABBA) and the median step time of ea
 with their ratio. Targets (issue 17 on an H100): step ratio at most 1.15 at d768 and 2 at d256,
 compile with the dump at most 2x the plain compile. On ``--device cuda`` each step is timed between
 two ``torch.cuda.synchronize()`` calls.
+
+``--recompile`` times the recompile with symbolic shapes instead (issue 26): each copy compiles and
+runs a step at ``seq_len``, then one at ``seq_len / 2`` (Dynamo's automatic dynamic shapes recompile
+the model with a symbolic sequence length: that step is timed, forward and backward graphs), then
+one at ``3 seq_len / 4``, which reuses the symbolic graph (its time shows no compile). Wall time and
+CPU time (this process and the compiler processes it waited for) are printed: on a shared box the
+CPU time is the steadier figure. Target: recompile with the dump at most 2x the plain recompile.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -25,6 +34,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
@@ -54,6 +64,64 @@ class _Arm:
 
     def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         train_step(self.compiled, self.optimizer, batch)
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of the child processes it waited for (inductor's C++ compiles)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+class _RecompileArm:
+    """One compiled copy, run at three sequence lengths; the second one recompiles with symbolic sizes."""
+
+    def __init__(self, config: GPTConfig, dump: bool, device: str, batch: int, sync: object) -> None:
+        torch.manual_seed(0)
+        self.config, self.batch, self.device, self.sync = config, batch, device, sync
+        self.model = GPT(config).to(device)
+        options = CompilerConfig()
+        if dump:
+            options.dump_config.enable_dump = True
+            options.dump_config.dump_path = tempfile.mkdtemp(prefix="torchdebug_graph_dump_")
+            options.dump_config.task = "statistics"
+        self.backend = get_backend(options)
+        self.compiled = torch.compile(self.model, backend=self.backend)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.first = self._timed(config.seq_len)
+        self.recompile = self._timed(config.seq_len // 2)
+        self.reuse = self._timed(config.seq_len * 3 // 4)
+
+    def _timed(self, length: int) -> tuple[float, float]:
+        """``(wall, CPU)`` seconds of one training step at ``length`` tokens, caches off."""
+        tokens, targets = make_batch(self.config, self.batch, seed=length, device=self.device)
+        batch = tokens[:, :length].contiguous(), targets[:, :length].contiguous()
+        with torch.compiler.config.patch(force_disable_caches=True):
+            cpu, start = _cpu_seconds(), time.perf_counter()
+            train_step(self.compiled, self.optimizer, batch)
+            self.sync()  # type: ignore[operator]
+            return time.perf_counter() - start, _cpu_seconds() - cpu
+
+
+def _bench_recompile(d_model: int, seq_len: int, args: argparse.Namespace) -> None:
+    sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
+    config = GPTConfig(n_layer=1, d_model=d_model, n_head=4, seq_len=seq_len, vocab=512)
+    arms = {}
+    for name in ("plain", "dump"):
+        # Dynamo keeps which sizes changed per code object: a second arm would compile the length
+        # as symbolic from its first step. Each arm starts from a fresh Dynamo (the first arm is done).
+        torch._dynamo.reset()
+        arms[name] = _RecompileArm(config, name == "dump", args.device, args.batch, sync)
+    print(f"GPT n_layer=1 d_model={d_model} batch={args.batch} on {args.device}, every node dumped, caches off:")
+    for label, part in (("first compile", "first"), ("recompile", "recompile"), ("reused", "reuse")):
+        (wall_p, cpu_p), (wall_d, cpu_d) = (getattr(arms[name], part) for name in ("plain", "dump"))
+        print(
+            f"  {label:<13} plain {wall_p:6.1f} s (CPU {cpu_p:6.1f} s), dump {wall_d:6.1f} s (CPU {cpu_d:6.1f} s), "
+            f"ratio {wall_d / wall_p:.2f} (CPU {cpu_d / cpu_p:.2f})"
+        )
+    backend = arms["dump"].backend
+    backend.data_dump.close()
+    with open(backend.data_dump.rank_dir / "records.jsonl") as lines:
+        print(f"  {sum(1 for _ in lines)} records in 3 steps (lengths {seq_len}, {seq_len // 2}, {seq_len * 3 // 4})")
 
 
 def _warm_up_inductor(device: str) -> None:
@@ -99,12 +167,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--recompile", action="store_true", help="time the recompile with symbolic shapes instead")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
     _warm_up_inductor(args.device)
     for size in args.sizes.split(","):
         d_model, seq_len = (int(part) for part in size.split("x"))
-        _bench(d_model, seq_len, args)
+        (_bench_recompile if args.recompile else _bench)(d_model, seq_len, args)
 
 
 if __name__ == "__main__":

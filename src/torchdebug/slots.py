@@ -8,6 +8,8 @@ records pair up.
 
 from __future__ import annotations
 
+import numbers
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,13 +67,19 @@ def _walk_items(values: list | tuple, path: str) -> Iterator[Slot]:
 
 
 def json_value(value: Any) -> Any:
-    """A JSON-ready form of a non-tensor argument (dtypes, devices, symbolic ints as strings)."""
+    """A JSON-ready form of a non-tensor argument: other integer and real types (numpy's) as the int
+    or float they are; dtypes, devices and anything else (a symbolic int the graph dump could not
+    evaluate) as strings."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
         return [item if item.__class__ in _SCALARS else json_value(item) for item in value]
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
     text = str(value)
     return text if len(text) <= 200 else text[:197] + "..."
 

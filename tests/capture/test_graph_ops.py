@@ -57,3 +57,25 @@ def test_a_key_is_never_handed_out_again_so_stale_code_delivers_nowhere() -> Non
         assert old.runs == [] and new.runs == []
     finally:
         unregister_sink(new_key)
+
+
+class _SizedSink(_Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[list[int]] = []
+
+    def on_graph(self, stats: list[torch.Tensor], tensors: list[torch.Tensor], labels: list[str], *, sizes=()) -> None:
+        self.sizes.append(list(sizes))
+
+
+def test_a_graph_with_symbolic_sizes_hands_their_values_over_and_a_sink_without_them_gets_none() -> None:
+    sized, plain = _SizedSink(), _Sink()
+    sized_key, plain_key = register_sink(sized, "test/sizes"), register_sink(plain, "test/no sizes")
+    try:
+        torch.ops.torchdebug.dump_graph.default([], [torch.ones(1)], sized_key, "", [16, 32])
+        torch.ops.torchdebug.dump_graph.default([], [torch.ones(1)], plain_key)  # older callers: no sizes argument
+        assert sized.sizes == [[16, 32]] and len(plain.runs) == 1
+        assert "SymInt[]? sizes=None" in str(torch.ops.torchdebug.dump_graph.default._schema)
+    finally:
+        unregister_sink(sized_key)
+        unregister_sink(plain_key)

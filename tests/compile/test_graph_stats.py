@@ -70,3 +70,52 @@ def test_dumped_statistics_match_eager_statistics_for_special_values_and_dtypes(
         scale = max((abs(want[k]) for k in ("min", "max") if want[k] is not None and math.isfinite(want[k])), default=0.0)
         for key, value in want.items():
             assert _close(key, record.stats[key], value, record.dtype, scale), (record.name, key, record.stats, want)
+
+
+def _planned(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The plan and instrumented graph of a softmax and a large product, traced with ``mode`` sizes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchdebug.capture.graph import GraphCapture
+    from torchdebug.capture.graph_ops import DUMP_GRAPH
+    from torchdebug.compile.dump_pass import DataDumpPass, ModelContext
+    from torchdebug.compile.dump_scenes import DumpSettings
+
+    def fn(x: torch.Tensor, big: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        exp = (x - x.amax(-1, keepdim=True)).exp()
+        return exp / exp.sum(-1, keepdim=True), (big * 2).relu()
+
+    gm = make_fx(fn, tracing_mode=mode)(torch.randn(4, 8), torch.randn(300, 256))
+    settings = DumpSettings(task="statistics", path=str(tmp_path))
+    capture = GraphCapture(path=str(tmp_path), task="statistics", steps=None, scene="model", settings=settings.to_dict())
+    plans = []
+    register = capture.add_graph
+    monkeypatch.setattr(capture, "add_graph", lambda plan: plans.append(plan) or register(plan))
+    try:
+        DataDumpPass(settings, capture, ModelContext("model__0"))(gm)
+    finally:
+        capture.close()
+    (dump,) = gm.graph.find_nodes(op="call_function", target=DUMP_GRAPH)
+    return plans[0], dump
+
+
+def test_symbolic_sizes_split_statistics_between_host_and_graph_as_their_traced_sizes_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dynamic shapes: small values and values inside a row loop still go to the host, the graph
+    counts no values (the host knows the run's element counts), and the sizes are handed over."""
+    from torchdebug.capture.graph_plan import ACCUMULATORS, SymbolicSize
+    from torchdebug.native import fused_stats
+
+    if not fused_stats.available():
+        pytest.skip("the native statistics kernel cannot be built here: every value's statistics are in the graph")
+    static, static_dump = _planned("fake", tmp_path / "static", monkeypatch)
+    symbolic, symbolic_dump = _planned("symbolic", tmp_path / "symbolic", monkeypatch)
+    in_graph = [{row for table in plan.tables for row, _ in table.entries} for plan in (static, symbolic)]
+    on_host = [{row for table in plan.tables for row in table.rows} for plan in (static, symbolic)]
+    assert in_graph[0] and on_host[0]  # the large product in the graph, the softmax's values on the host
+    assert in_graph[1] == in_graph[0] and on_host[1] == on_host[0]
+    assert all(index != ACCUMULATORS.index("valid") for table in symbolic.tables for _, index in table.entries)
+    assert any(isinstance(numel, SymbolicSize) for numel in symbolic.numel)
+    assert len(static_dump.args) == 3 and len(symbolic.sizes.symbols) == 4  # x: s0 x s1, big: s2 x s3
+    assert [node.target for node in symbolic_dump.args[4]] == [torch.ops.aten.sym_size.int] * 4

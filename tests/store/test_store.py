@@ -295,6 +295,7 @@ def _encoding_cases() -> list[Record]:
         _record(12, stats={"min": -1, "max": 5, "mean": 2.0, "norm": 7.5, "nan": 0, "posinf": 0, "neginf": 0}, extra={}),
         _record(13, dtype="bfloat16", shape=[2], stats=stats, checksum="00ff00ff00ff00ff", tensor={"key": "k"}),
         _record(14, dtype="int64", shape=[], checksum="8000000000000000"),
+        _odd_numbers_record(),
     ]
 
 
@@ -331,3 +332,65 @@ def test_debugger_flush_puts_every_tensor_file_on_disk_before_close(tmp_path):
     saved = [r for r in dump.records() if r.kind == "tensor"]
     assert saved and all(r.capture_error is None and dump.load_tensor(r).numel() == 8 for r in saved)
     dbg.close()
+
+
+class _SymbolicSize:
+    """Stands for a size the encoder cannot write as a number (a ``SymInt`` left in a record)."""
+
+    def __str__(self) -> str:
+        return "s27"
+
+    def __index__(self) -> int:
+        raise TypeError("a symbolic size has no value here")
+
+
+def _odd_numbers_record() -> Record:
+    import numpy as np
+
+    record = _record(
+        0,
+        shape=[2, _SymbolicSize(), np.int64(64), "s9", True],
+        stride=[_SymbolicSize(), 1],
+        stats={
+            "min": np.float32(1.5),
+            "max": None,
+            "mean": _SymbolicSize(),
+            "norm": 2.0,
+            "nan": np.int64(0),
+            "posinf": None,
+            "neginf": 1,
+        },
+        sampled=np.int16(4),
+        value=[np.int64(3), _SymbolicSize(), np.float32(2.5)],
+        extra={"graph": "model__0/forward", "count": np.int8(1)},
+    )
+    record.step, record.call = np.int64(3), np.int32(2)
+    return record
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["python-encoder", "c-encoder"])
+def test_numbers_that_are_not_plain_ints_or_floats_never_make_an_invalid_line(native, monkeypatch):
+    from torchdebug.native import json_lines
+    from torchdebug.store import record_json
+
+    if native and json_lines.encoder() is None:
+        pytest.skip("the C encoder cannot be built here (no compiler or Python headers)")
+    if not native:
+        monkeypatch.setattr(record_json, "encoder", lambda: None)
+    (line,) = record_json.encode_records([_odd_numbers_record()]).splitlines()
+    decoded = json.loads(line)  # a symbolic size, a numpy int, a string: still one valid JSON line
+    assert decoded["step"] == 3 and decoded["call"] == 2 and decoded["sampled"] == 4
+    assert decoded["shape"] == [2, "s27", 64, "s9", True] and decoded["stride"] == ["s27", 1]
+    assert decoded["stats"] == {"min": 1.5, "max": None, "mean": "s27", "norm": 2.0, "nan": 0, "posinf": None, "neginf": 1}
+    assert decoded["value"] == [3, "s27", 2.5] and decoded["extra"]["count"] == 1
+
+
+def test_numpy_scalars_among_an_ops_arguments_are_recorded_as_numbers():
+    import numpy as np
+
+    from torchdebug.slots import json_value
+    from torchdebug.store.record_json import encode_record
+
+    value = json_value([np.int64(3), np.float32(1.5), -1])
+    assert value == [3, 1.5, -1] and all(type(v) in (int, float) for v in value)
+    assert json.loads(encode_record(_record(0, kind="value", value=value)))["value"] == [3, 1.5, -1]

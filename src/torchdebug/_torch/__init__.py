@@ -12,6 +12,9 @@ Each module wraps one torch subsystem and is imported only by the features that 
 - :mod:`~torchdebug._torch.dynamo`: Dynamo, AOT autograd, compile caches, debug folder, structured trace.
 - :mod:`~torchdebug._torch.inductor`: inductor's entry points, config keys, custom-pass slots and
   the per-pass observer.
+- :mod:`~torchdebug._torch.symbolic`: symbolic sizes (``SymInt`` expressions, traced values) of
+  graphs compiled with dynamic shapes, evaluated for the sizes that ran.
+- :mod:`~torchdebug._torch.guards`: the Dynamo frame of the compile in progress.
 
 Every behaviour that differs between the torch versions we support is listed in
 :data:`VERSION_DIFFERENCES`, with the version that changed it and the function that handles it;

@@ -11,7 +11,15 @@ eager capture writes (``capture="graph"``, ``node`` = FX node name) through a :c
 
 Steps: a step ends when a forward (or inference) graph runs again after it already ran in the
 current step, so graphs split by graph breaks share a step and a training loop counts one step per
-iteration. Call indices continue across the graphs of a step, as in eager capture.
+iteration. A recompiled graph (another sequence length, dynamic shapes after a recompile) counts as
+the graph it replaces: graphs compiled from the same Dynamo frame (``GraphPlan.frame``) are one.
+Call indices continue across the graphs of a step, as in eager capture.
+
+Dynamic shapes: a graph compiled with symbolic sizes hands their values over with each run
+(``dump_graph``'s ``sizes``); its plan's expressions (``GraphPlan.sizes``) are evaluated once per
+distinct set of values and the records hold the sizes, strides, element counts and arguments that
+ran. Records of a few recent sets of values are kept built, so runs that alternate lengths do not
+rebuild them.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ from typing import Any
 
 import torch
 
+from torchdebug._torch import symbolic
 from torchdebug.capture import golden, overflow
 from torchdebug.capture.graph_ops import register_sink, unregister_sink
-from torchdebug.capture.graph_plan import ACCUMULATORS, CallPlan, GraphPlan, Key, SlotPlan, StatTable
+from torchdebug.capture.graph_plan import ACCUMULATORS, CallPlan, GraphPlan, Key, SlotPlan, StatTable, resolve
 from torchdebug.capture.overflow import Rows
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
@@ -41,6 +50,11 @@ from torchdebug.store import layout
 from torchdebug.store.writer import RankWriter, create_run_dir, new_run_name, run_manifest
 
 log = logging.getLogger("torchdebug.capture.graph")
+
+_KEPT_SIZES = 8
+"""Sets of symbolic-size values per graph whose evaluated sizes and built record fields are kept."""
+
+_Templates = list[list[tuple[SlotPlan, dict[str, Any]]]]
 
 
 @dataclass
@@ -54,6 +68,10 @@ class _Run:
     seq: int
     values: dict[str, Any] = field(default_factory=dict)
     """``dump_stage="original"``: node name -> value computed by the interpreter."""
+    sizes: tuple[int, ...] = ()
+    """The values of the plan's symbols in this run (``plan.sizes.symbols``; none for static shapes)."""
+    evaluated: list[Any] = field(default_factory=list)
+    """``plan.sizes.expressions`` evaluated with ``sizes``."""
 
 
 class GraphCapture:
@@ -82,7 +100,10 @@ class GraphCapture:
         self._forward_bases: dict[str, dict[Key, int]] = {}
         self._seq = 0
         self._run: _Run | None = None
-        self._templates: dict[int, tuple[tuple[Any, ...], list[list[tuple[SlotPlan, dict[str, Any]]]]]] = {}
+        self._templates: dict[int, dict[tuple[Any, ...], _Templates]] = {}
+        """Per plan: the record fields of its last few runs' signatures (see :meth:`_templates_of`)."""
+        self._evaluations: dict[int, dict[tuple[int, ...], list[Any]]] = {}
+        """Per plan: its symbolic expressions evaluated, per set of symbol values."""
         self._sinks: list[int] = []
         self._closed = False
         atexit.register(self.close)
@@ -100,9 +121,10 @@ class GraphCapture:
         if run is not None and run.plan is plan:
             return run
         if plan.phase != "backward":
-            if plan.model in self._forward_ran:
+            code = plan.frame or plan.model  # a recompile of the same code ends the step as its first graph would
+            if code in self._forward_ran:
                 self._next_step()
-            self._forward_ran.add(plan.model)
+            self._forward_ran.add(code)
         counts = self._counts
         bases = {key: counts.get(key, 0) for key in plan.counts}
         for key, n in plan.counts.items():
@@ -122,25 +144,39 @@ class GraphCapture:
         self._counts.clear()
         self._seq = 0
 
-    def on_graph(self, plan: GraphPlan, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+    def on_graph(self, plan: GraphPlan, stats: list[torch.Tensor], tensors: list[torch.Tensor], sizes: list[int]) -> None:
         """One run of ``plan``'s graph ended: queue its records. Their statistics arrive with the
         session's next flush (at once on the CPU); the overflow scene, which needs them to pick
-        the calls it records, builds its records then."""
+        the calls it records, builds its records then. ``sizes``: the values of the plan's symbols."""
         run = self._begin(plan)
         self._run = None
         if not run.dumped or self.scene == "watcher":
             return
+        if plan.sizes.expressions:
+            run.sizes = tuple(sizes)
+            run.evaluated = self._evaluate(plan, run.sizes)
         if self.scene == "overflow" and plan.golden is None:
-            self._stage_rows(plan, stats, lambda rows: self._record_overflows(run, rows))
+            self._stage_rows(run, stats, lambda rows: self._record_overflows(run, rows))
             return
-        rows = self._stage_rows(plan, stats, None)
+        rows = self._stage_rows(run, stats, None)
         self.session.add_records(self._records(run, range(len(plan.calls)), rows, tensors))
 
-    def on_point(self, plan: GraphPlan, point: int, tensors: list[torch.Tensor]) -> None:
+    def _evaluate(self, plan: GraphPlan, sizes: tuple[int, ...]) -> list[Any]:
+        """The plan's symbolic expressions with the symbols' values ``sizes`` (kept for a few sets)."""
+        kept = self._evaluations.setdefault(id(plan), {})
+        evaluated = kept.get(sizes)
+        if evaluated is None:
+            if len(kept) >= _KEPT_SIZES:
+                del kept[next(iter(kept))]
+            values = dict(zip(plan.sizes.symbols, sizes))
+            evaluated = kept[sizes] = symbolic.evaluate(plan.sizes.expressions, values)
+        return evaluated
+
+    def on_point(self, plan: GraphPlan, point: int, tensors: list[torch.Tensor], sizes: list[int]) -> None:
         run = self._begin(plan)
         if point < 0:  # the graph's inputs, for the interpreter of dump_stage="original"
             if run.dumped:
-                run.values = golden.interpret(plan, tensors)
+                run.values = golden.interpret(plan, tensors, sizes)
             return
         if not run.dumped:
             return
@@ -150,6 +186,7 @@ class GraphCapture:
             call = plan.calls[index]
             slot = next(s for s in call.slots if s.io == "output" and s.arg == arg)
             record = Record(step=run.step, **self._fields(run, call, slot, self._call_name(run, call), None))
+            record.shape, record.stride = list(tensor.shape), list(tensor.stride())  # as it ran
             record.extra = {"after": spec.after}
             record.stats = self.session.tensor_stats(tensor)
             if self.save_tensors:
@@ -158,11 +195,13 @@ class GraphCapture:
         self.session.add_records(records)
 
     # -- building records --------------------------------------------------------------------------
-    def _stage_rows(self, plan: GraphPlan, stats: list[torch.Tensor], done: Callable[[Rows], None] | None) -> Rows:
+    def _stage_rows(self, run: _Run, stats: list[torch.Tensor], done: Callable[[Rows], None] | None) -> Rows:
         """Hand the run's statistics to the session, one vector per table (``plan.tables``: one
         device and dtype each), to be read with the next flush; returns the rows (statistics dicts),
         filled in place when the last table arrives, which then calls ``done``."""
-        pending = _PendingRows(plan, done)
+        plan = run.plan
+        numel = [resolve(n, run.evaluated) for n in plan.numel] if run.evaluated else plan.numel
+        pending = _PendingRows(plan, numel, done)
         start = 0
         for table in plan.tables:
             part = stats[start : start + table.count]
@@ -207,30 +246,41 @@ class GraphCapture:
         base = self._forward_bases.get(plan.model, {}).get(call.fwd[0], 0)
         return f"{phase}/{module}/{op}#{base + local}"
 
-    def _templates_of(self, run: _Run) -> list[list[tuple[SlotPlan, dict[str, Any]]]]:
+    def _templates_of(self, run: _Run) -> _Templates:
         """Per call of the plan, per slot: the record fields that do not change from step to step.
 
         They depend on where the run's call indices and seq numbers start (and, for backward
-        graphs, the forward's), which repeat every step of a steady training loop, so the last
-        ones of each plan are kept.
+        graphs, the forward's), which repeat every step of a steady training loop, and on the
+        values of its symbolic sizes, so those of the last few signatures of each plan are kept.
         """
         plan = run.plan
         forward_bases = self._forward_bases.get(plan.model, {})
-        signature = (tuple(run.bases.values()), run.seq, tuple(forward_bases.values()) if plan.phase == "backward" else ())
-        cached = self._templates.get(id(plan))
-        if cached is not None and cached[0] == signature:
-            return cached[1]
+        signature = (
+            tuple(run.bases.values()),
+            run.seq,
+            tuple(forward_bases.values()) if plan.phase == "backward" else (),
+            run.sizes,
+        )
+        kept = self._templates.setdefault(id(plan), {})
+        templates = kept.get(signature)
+        if templates is not None:
+            return templates
         templates = []
         for call in plan.calls:
             prefix, fwd = self._call_name(run, call), self._fwd_name(plan, call)
             templates.append([(slot, self._fields(run, call, slot, prefix, fwd)) for slot in call.slots])
-        self._templates[id(plan)] = (signature, templates)
+        if len(kept) >= _KEPT_SIZES:
+            del kept[next(iter(kept))]
+        kept[signature] = templates
         return templates
 
     def _fields(self, run: _Run, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> dict[str, Any]:
         """A slot's record fields but ``step``, statistics and tensor."""
         phase, module, op = call.key
         meta = slot.meta or {}
+        shape, stride, value = meta.get("shape"), meta.get("stride"), slot.value
+        if run.evaluated:  # symbolic sizes: those of this run
+            shape, stride, value = resolve(shape, run.evaluated), resolve(stride, run.evaluated), resolve(value, run.evaluated)
         source = call.source
         if source is not None:
             self.session.add_stack(source.stack_id, list(source.frames))
@@ -249,10 +299,10 @@ class GraphCapture:
             arg=slot.arg,
             kind=slot.kind,
             dtype=meta.get("dtype"),
-            shape=meta.get("shape"),
-            stride=meta.get("stride"),
+            shape=shape,
+            stride=stride,
             device=meta.get("device"),
-            value=slot.value,
+            value=value,
             stack=source.stack_id if source else None,
             source=source.source if source else None,
             fwd=fwd,
@@ -334,8 +384,8 @@ class GraphCapture:
 class _PendingRows:
     """The statistics rows of one graph run, filled as its tables reach the host."""
 
-    def __init__(self, plan: GraphPlan, done: Callable[[Rows], None] | None) -> None:
-        self.plan, self.done = plan, done
+    def __init__(self, plan: GraphPlan, numel: list[Any], done: Callable[[Rows], None] | None) -> None:
+        self.plan, self.numel, self.done = plan, numel, done
         self.rows: list[dict[str, Any]] = [{} for _ in plan.integral]
         self._sums: dict[int, list[float]] = {}
         """Row -> its accumulators (``ACCUMULATORS`` order) as they arrive."""
@@ -362,8 +412,8 @@ class _PendingRows:
             if row in self._finished:
                 continue
             sums = self._sums.get(row, _NO_SUMS)
-            numel = plan.numel[row]
-            if numel is None:  # symbolic size: the graph counted the non-NaN values
+            numel = self.numel[row]
+            if not isinstance(numel, int):  # a size the host cannot evaluate: the graph counted the values
                 numel = int(sums[_VALID]) + int(sums[_NAN])
             stats.update(stats_from_sums(sums[:_VALID], numel, plan.integral[row]))
         if self.done is not None:
@@ -381,8 +431,10 @@ class _GraphSink:
     def __init__(self, capture: GraphCapture, plan: GraphPlan) -> None:
         self.capture, self.plan = capture, plan
 
-    def on_graph(self, stats: list[torch.Tensor], tensors: list[torch.Tensor], labels: list[str]) -> None:
-        self.capture.on_graph(self.plan, stats, tensors)
+    def on_graph(
+        self, stats: list[torch.Tensor], tensors: list[torch.Tensor], labels: list[str], *, sizes: list[int] = ()
+    ) -> None:
+        self.capture.on_graph(self.plan, stats, tensors, sizes)
 
-    def on_point(self, point: int, tensors: list[torch.Tensor]) -> None:
-        self.capture.on_point(self.plan, point, tensors)
+    def on_point(self, point: int, tensors: list[torch.Tensor], *, sizes: list[int] = ()) -> None:
+        self.capture.on_point(self.plan, point, tensors, sizes)

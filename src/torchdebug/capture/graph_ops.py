@@ -1,18 +1,23 @@
 """The custom ops that carry values out of a compiled graph to the dump.
 
-- ``torchdebug::dump_graph(Tensor[] stats, Tensor[] tensors, int sink, str labels="") -> ()``:
+- ``torchdebug::dump_graph(Tensor[] stats, Tensor[] tensors, SymInt sink, str labels="",
+  SymInt[]? sizes=None) -> ()``:
   once per graph run, the statistics: the accumulators computed inside the graph (0-d tensors,
   fused by inductor into the loops that compute the values) and the ``host_stats`` results, as
   they are, on their own devices, so a graph that mixes devices needs no copy or concatenation in
   the graph (``torchdebug.capture.graph`` joins them per device and dtype); for tensor dumps also
   the dumped tensors themselves; ``labels`` optionally names the tensors (comma-separated), so
-  compiled code says what it hands over. It ends the run.
+  compiled code says what it hands over; ``sizes``, in a graph compiled with dynamic shapes, the
+  values of its symbolic sizes (``s27``): compiled code passes them as the host ints it computes
+  its loops' bounds with (from the inputs' sizes, never a device read), and the sink evaluates each
+  slot's shape and stride from them. It ends the run.
 - ``torchdebug::host_stats(Tensor[] tensors) -> Tensor``: the statistics of each tensor, taken on
   the host when the graph reaches the call (CPU values: one native pass each, see
   ``torchdebug.native``), as ``7 * N`` float64 values in ``torchdebug.stats.stats_vector`` order. A
   plain function of its inputs: the graph feeds its result into ``dump_graph``'s ``stats``.
-- ``torchdebug::dump_point(Tensor[] tensors, int sink, int point) -> ()``: tensors at one point of
-  the graph (the watcher: after a node ran).
+- ``torchdebug::dump_point(Tensor[] tensors, SymInt sink, SymInt point, SymInt[]? sizes=None) -> ()``:
+  tensors at one point of the graph (the watcher: after a node ran; ``point=-1``: the graph's
+  inputs, with its symbolic-int inputs in ``sizes``, for ``dump_stage="original"``).
 
 An extern call needs its inputs in memory, so inductor materialises the nodes whose tensors are
 passed even where it would have fused them; nodes not passed keep their fusion. ``dump_graph`` and
@@ -30,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 import torch.fx
@@ -41,12 +46,15 @@ from torchdebug.stats import tensor_stats
 
 
 class Sink(Protocol):
-    """What a compiled graph reports to."""
+    """What a compiled graph reports to. ``sizes`` is passed (by keyword) only by graphs that hand
+    over symbolic sizes, so a sink of graphs with none may leave it out."""
 
-    def on_graph(self, stats: list[Tensor], tensors: list[Tensor], labels: list[str]) -> None: ...
+    def on_graph(self, stats: list[Tensor], tensors: list[Tensor], labels: list[str], *, sizes: list[int] = ...) -> None: ...
 
-    def on_point(self, point: int, tensors: list[Tensor]) -> None: ...
+    def on_point(self, point: int, tensors: list[Tensor], *, sizes: list[int] = ...) -> None: ...
 
+
+_Sizes = Optional[list[int]]  # noqa: UP045 (torch.library reads `SymInt[]?` from the typing form)
 
 _SINKS: dict[int, Sink] = {}
 _ISSUED: dict[str, int] = {}
@@ -88,15 +96,21 @@ def unregister_sink(key: int) -> None:
 
 
 @torch.library.custom_op("torchdebug::dump_graph", mutates_args=(), tags=_TAGS)
-def dump_graph(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "") -> None:
-    """Deliver one graph run's statistics and tensors to sink ``sink`` (a no-op once it is gone)."""
+def dump_graph(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "", sizes: _Sizes = None) -> None:
+    """Deliver one graph run's statistics and tensors (and symbolic sizes) to sink ``sink`` (a
+    no-op once it is gone)."""
     target = _SINKS.get(sink)
-    if target is not None:
-        target.on_graph(stats, tensors, labels.split(",") if labels else [])
+    if target is None:
+        return
+    names = labels.split(",") if labels else []
+    if sizes:
+        target.on_graph(stats, tensors, names, sizes=sizes)
+    else:
+        target.on_graph(stats, tensors, names)
 
 
 @dump_graph.register_fake
-def _dump_graph_fake(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "") -> None:
+def _dump_graph_fake(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "", sizes: _Sizes = None) -> None:
     return None
 
 
@@ -116,15 +130,19 @@ def _host_stats_fake(tensors: list[Tensor]) -> Tensor:
 
 
 @torch.library.custom_op("torchdebug::dump_point", mutates_args=(), tags=_TAGS)
-def dump_point(tensors: list[Tensor], sink: int, point: int) -> None:
-    """Deliver the tensors of dump point ``point`` to sink ``sink``."""
+def dump_point(tensors: list[Tensor], sink: int, point: int, sizes: _Sizes = None) -> None:
+    """Deliver the tensors (and symbolic sizes) of dump point ``point`` to sink ``sink``."""
     target = _SINKS.get(sink)
-    if target is not None:
+    if target is None:
+        return
+    if sizes:
+        target.on_point(point, tensors, sizes=sizes)
+    else:
         target.on_point(point, tensors)
 
 
 @dump_point.register_fake
-def _dump_point_fake(tensors: list[Tensor], sink: int, point: int) -> None:
+def _dump_point_fake(tensors: list[Tensor], sink: int, point: int, sizes: _Sizes = None) -> None:
     return None
 
 

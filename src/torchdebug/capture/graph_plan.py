@@ -3,6 +3,11 @@
 The compile pass (``torchdebug.compile.dump_pass``) describes each dumped node call and slot once;
 :class:`torchdebug.capture.graph.GraphCapture` turns a run's statistics rows and tensors into
 records with these descriptions, adding only what changes per run (step, call index, seq).
+
+A graph compiled with dynamic shapes describes sizes by expressions of its symbols (``2*s27``).
+Those stand in the plan as :class:`SymbolicSize` (an index into :attr:`GraphPlan.sizes`); the graph
+hands the symbols' values to ``dump_graph`` at every run (host ints, no device read), and the
+records get the sizes that ran.
 """
 
 from __future__ import annotations
@@ -18,8 +23,53 @@ Key = tuple[str, str, str]
 ACCUMULATORS = ("min", "max", "sum", "squares", "nan", "posinf", "neginf", "valid")
 """What the graph computes for a value whose statistics it takes (each a 0-d tensor): min and max
 ignoring NaN, the sum of the non-NaN values and of their squares, the NaN, +Inf and -Inf counts,
-and, only when the value's size is symbolic, the count of non-NaN values. The first seven are the
-sums ``torchdebug.stats.stats_from_sums`` turns into statistics on the host."""
+and, only when the value's size is symbolic and a symbol it depends on cannot be handed to the host
+(never seen so far), the count of non-NaN values. The first seven are the sums
+``torchdebug.stats.stats_from_sums`` turns into statistics on the host."""
+
+
+@dataclass(frozen=True, slots=True)
+class SymbolicSize:
+    """A size, stride, element count or argument that is an expression of the graph's symbolic sizes."""
+
+    index: int
+    """Index into :attr:`SymbolicSizes.expressions`."""
+
+
+@dataclass(slots=True)
+class SymbolicSizes:
+    """The symbolic expressions a plan's slots use, and the symbols the graph hands over to evaluate them."""
+
+    symbols: tuple[Any, ...] = ()
+    """The sympy symbols whose values ``dump_graph`` receives (its ``sizes`` argument), in that order."""
+    expressions: list[Any] = field(default_factory=list)
+    """Distinct sympy expressions, each referred to by a :class:`SymbolicSize`."""
+    _index: dict[Any, int] = field(default_factory=dict, init=False, repr=False)
+
+    def add(self, expression: Any) -> SymbolicSize:
+        """The :class:`SymbolicSize` of ``expression`` (equal expressions share one)."""
+        index = self._index.get(expression)
+        if index is None:
+            index = self._index[expression] = len(self.expressions)
+            self.expressions.append(expression)
+        return SymbolicSize(index)
+
+    def free_symbols(self) -> set[Any]:
+        found: set[Any] = set()
+        for expression in self.expressions:
+            found |= expression.free_symbols
+        return found
+
+
+def resolve(value: Any, evaluated: list[Any]) -> Any:
+    """``value`` (a size list, an argument) with each :class:`SymbolicSize` replaced by its value in
+    ``evaluated`` (``GraphPlan.sizes.expressions`` evaluated for one run); lists are copied only
+    when they hold one."""
+    if value.__class__ is SymbolicSize:
+        return evaluated[value.index]
+    if value.__class__ is list and any(item.__class__ is SymbolicSize or item.__class__ is list for item in value):
+        return [resolve(item, evaluated) for item in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +91,10 @@ class SlotPlan:
     arg: str
     kind: str = "tensor"
     meta: dict[str, Any] | None = None
-    """``dtype``, ``shape``, ``stride``, ``device`` from the node's fake value (symbolic sizes as strings)."""
+    """``dtype``, ``shape``, ``stride``, ``device`` from the node's fake value (symbolic sizes as
+    :class:`SymbolicSize`)."""
     value: Any = None
-    """A non-tensor argument's JSON value."""
+    """A non-tensor argument's JSON value (symbolic ints and floats, in lists too, as :class:`SymbolicSize`)."""
     stat: int | None = None
     """Statistics row of this slot's value; slots holding the same elements share a row."""
     tensor: int | None = None
@@ -110,9 +161,18 @@ class GraphPlan:
     points: list[PointPlan] = field(default_factory=list)
     integral: list[bool] = field(default_factory=list)
     """Per statistics row: the value has an integer or bool dtype (min and max are ints)."""
-    numel: list[int | None] = field(default_factory=list)
-    """Per statistics row: the value's element count (``None`` when symbolic: the graph counts)."""
+    numel: list[int | SymbolicSize | None] = field(default_factory=list)
+    """Per statistics row: the value's element count (``None`` when the host cannot work it out:
+    the graph counts the values, ``ACCUMULATORS``' ``valid``)."""
+    sizes: SymbolicSizes = field(default_factory=SymbolicSizes)
+    """The symbolic expressions of the slots and element counts (none for a graph with static shapes)."""
+    golden_inputs: tuple[str, ...] = ()
+    """``dump_stage="original"``: per graph input, ``tensor`` or ``size`` (a symbolic int), the
+    order in which the interpreter gets the values ``dump_point(..., -1)`` hands over."""
     tables: list[StatTable] = field(default_factory=list)
     """How ``dump_graph``'s ``stats`` list is cut into host vectors, in list order."""
+    frame: str | None = None
+    """The Dynamo frame (code object) the graph was compiled from; its recompiles (another input
+    size, another dtype) share it, so their runs count steps together."""
     golden: torch.fx.GraphModule | None = None
     """``dump_stage="original"``: the graph before the backend's passes, interpreted on the real inputs."""

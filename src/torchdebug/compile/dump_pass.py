@@ -27,12 +27,22 @@ For ``dump_stage="original"`` the graph only hands its inputs to ``dump_point(..
 starts and calls ``dump_graph`` when it ends; the values come from an interpreter over a copy of the
 graph as it was before this pass (``torchdebug.capture.golden``).
 
+Dynamic shapes: sizes, strides, element counts and arguments that are expressions of the graph's
+symbols (``SymInt``: ``2*s27``) are planned as such (``graph_plan.SymbolicSize``), and
+``dump_graph`` gets the symbols' values as its ``sizes``: each symbol's placeholder where the graph
+has one (Dynamo and AOT autograd pass the symbols a graph uses as inputs), else
+``aten.sym_size.int`` / ``aten.sym_stride.int`` of the first node whose size or stride is that
+symbol. Compiled code hands them over as the host ints it sizes its loops with; the host evaluates
+the expressions once per distinct set of values. Compile-time choices that depend on sizes
+(``SMALL``, the row loops) use the sizes the graph was traced with (the hints).
+
 Forward nodes that the partitioner recomputes in a backward graph are neither dumped nor counted:
 their values are those the forward graph dumped.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,9 +50,10 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchdebug._torch import guards, symbolic
 from torchdebug.capture.graph import GraphCapture
 from torchdebug.capture.graph_ops import DUMP_GRAPH, DUMP_POINT, HOST_STATS
-from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan, StatTable
+from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan, StatTable, SymbolicSizes
 from torchdebug.compile import graph_stats, node_names
 from torchdebug.compile.debug_dir import current_phase
 from torchdebug.compile.dump_scenes import DumpSettings, safe_model_name
@@ -51,12 +62,16 @@ from torchdebug.scope import SCOPE_KEY
 from torchdebug.slots import dtype_name, iter_slots, json_value
 
 aten = torch.ops.aten
+log = logging.getLogger("torchdebug.compile.dump_pass")
 
 HOST_GROUP = 8
 """CPU values handed to one ``host_stats`` call (fewer calls; values stay in memory a little longer)."""
 
 SMALL = 65536
 """Values with fewer elements go to the host on the CPU even when inductor would fuse them."""
+
+UNKNOWN_SIZE = 8192
+"""What a data-dependent (unbacked) size counts as in compile-time choices: it has no hint."""
 
 
 @dataclass
@@ -66,18 +81,14 @@ class ModelContext:
     name: str
     rooted: bool | None = None
     forward_calls: dict[Any, tuple[Key, int]] = field(default_factory=dict)
+    frame: str | None = None
+    """The Dynamo frame the graph comes from (recompiles share it)."""
 
 
-def _meta(value: torch.Tensor) -> dict[str, Any]:
-    def plain(sizes: Any) -> list[Any]:
-        return [s if isinstance(s, int) else str(s) for s in sizes]
-
-    return {
-        "dtype": dtype_name(value.dtype),
-        "shape": plain(value.shape),
-        "stride": plain(value.stride()),
-        "device": str(value.device),
-    }
+def _numel(value: torch.Tensor) -> int:
+    """The element count of a fake value; for a symbolic one, as traced (compile-time choices only)."""
+    numel = value.numel()
+    return numel if isinstance(numel, int) else symbolic.hint(numel, UNKNOWN_SIZE)
 
 
 def _is_integral(value: torch.Tensor) -> bool:
@@ -95,9 +106,9 @@ def _host_stats(value: torch.Tensor) -> bool:
 
 def _small(value: torch.Tensor) -> bool:
     """Whether storing the value for the host costs next to nothing (while its statistics in the
-    graph would cost as much generated code, so compile time, as a large value's)."""
-    numel = value.numel()
-    return isinstance(numel, int) and numel < SMALL
+    graph would cost as much generated code, so compile time, as a large value's). A symbolic size
+    counts as traced: a value small then is of the same order at run time (a sequence length)."""
+    return _numel(value) < SMALL
 
 
 def _stored(graph: torch.fx.Graph) -> set[torch.fx.Node]:
@@ -118,20 +129,42 @@ def _in_row_kernels(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     the same size made from them. A whole-tensor reduction cannot join such a kernel, so their
     statistics in the graph would split it in two (one more kernel to compile and run)."""
     found: set[torch.fx.Node] = set()
+    numels: dict[torch.fx.Node, int] = {}
     for node in graph.nodes:
         value = node.meta.get("val")
-        if node.op != "call_function" or not isinstance(value, torch.Tensor) or not isinstance(value.numel(), int):
+        if not isinstance(value, torch.Tensor):
+            continue
+        numel = numels[node] = _numel(value)  # symbolic sizes as traced
+        if node.op != "call_function":
             continue
         for arg in node.all_input_nodes:
-            held = arg.meta.get("val")
-            size = held.numel() if isinstance(held, torch.Tensor) else None
-            if not isinstance(size, int):
+            size = numels.get(arg)
+            if size is None:
                 continue
-            row_statistic = arg.op == "call_function" and 1 < size < value.numel()
-            if row_statistic or (arg in found and size == value.numel()):
+            row_statistic = arg.op == "call_function" and 1 < size < numel
+            if row_statistic or (arg in found and size == numel):
                 found.add(node)
                 break
     return found
+
+
+def _plain_lists(value: Any) -> Any:
+    """FX's ``immutable_list``/``immutable_dict`` as plain ones, as eager calls get them: the slot
+    walk (``iter_slots``) walks a plain list of tensors into one slot per tensor (``cat``'s inputs)."""
+    if isinstance(value, list):
+        return [_plain_lists(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_plain_lists(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _plain_lists(item) for key, item in value.items()}
+    return value
+
+
+def _aot_phase(graph: torch.fx.Graph) -> str:
+    """The AOT graph kind where no compile phase is open (``aot_eager`` runs the pipeline without
+    one): a backward graph takes the output gradients, its ``tangents`` inputs."""
+    backward = any(node.name.startswith("tangents") for node in graph.find_nodes(op="placeholder"))
+    return "backward" if backward else "forward"
 
 
 def _output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | None, Any]]:
@@ -160,11 +193,12 @@ class DataDumpPass:
         return None
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
-        phase = current_phase.get()
-        aot_phase = phase.aot_phase if phase is not None else "forward"
         graph = gm.graph
+        phase = current_phase.get()
+        aot_phase = phase.aot_phase if phase is not None else _aot_phase(graph)
         if self.model.rooted is None:
             self.model.rooted = node_names.graph_is_rooted(graph)
+            self.model.frame = guards.current_frame()
         golden = self._copy(gm) if self.settings.stage == "original" else None
         planner = _Planner(self.settings, self.model, aot_phase, graph)
         plan = planner.plan(golden)
@@ -190,6 +224,10 @@ class _Planner:
         self.whole_graph = settings.models is None or safe_model_name(model.name) in settings.models
         self.stat_rows: dict[torch.fx.Node, int] = {}
         self.tensor_index: dict[torch.fx.Node, int] = {}
+        self.sizes = SymbolicSizes()
+        self.size_sources: list[tuple[torch.fx.Node, str | None, int]] = []
+        """Per symbol of ``sizes.symbols``: the node that holds its value, and how to read it
+        (``None``: the node is the symbolic int; ``size``/``stride``: of dimension ``dim``)."""
 
     def _selected(self, node: torch.fx.Node) -> bool:
         if self.settings.scene == "overflow":
@@ -233,11 +271,79 @@ class _Planner:
             order += 1
         if self.aot_phase != "backward":
             self.model.forward_calls.update(forward_calls)
-        plan = GraphPlan(self.model.name, self.aot_phase, calls, counts, order, golden=golden)
+        plan = GraphPlan(
+            self.model.name, self.aot_phase, calls, counts, order, golden=golden, sizes=self.sizes, frame=self.model.frame
+        )
         plan.points = self._points(calls) if self.settings.scene == "watcher" else []
         self._split_rows(plan)
+        self._find_symbols(plan)
         self.tensor_nodes = sorted(self.tensor_index, key=self.tensor_index.get)
         return plan
+
+    # -- symbolic sizes ----------------------------------------------------------------------------
+    def _size(self, value: Any) -> Any:
+        """A size, stride or count: an ``int``, or a ``SymbolicSize`` when it is symbolic."""
+        if isinstance(value, int):
+            return value
+        if symbolic.is_symbolic(value):
+            return self.sizes.add(symbolic.expression(value))
+        return symbolic.evaluate([symbolic.expression(value)], {})[0]  # a SymInt that is a constant
+
+    def _meta(self, value: torch.Tensor) -> dict[str, Any]:
+        return {
+            "dtype": dtype_name(value.dtype),
+            "shape": [self._size(s) for s in value.shape],
+            "stride": [self._size(s) for s in value.stride()],
+            "device": str(value.device),
+        }
+
+    def _value(self, value: Any) -> Any:
+        """A non-tensor argument's JSON value, its symbolic parts (a size list's ``s27``) planned."""
+        if isinstance(value, symbolic.SYMBOLIC_TYPES):
+            return self._size(value)
+        if isinstance(value, (list, tuple)) and any(isinstance(v, (*symbolic.SYMBOLIC_TYPES, list, tuple)) for v in value):
+            return [self._value(item) for item in value]
+        return json_value(value)
+
+    def _find_symbols(self, plan: GraphPlan) -> None:
+        """Which node gives each symbol the plan's expressions use (see the module docstring);
+        rows whose element count needs a symbol no node gives are counted in the graph instead."""
+        wanted = self.sizes.free_symbols()
+        if not wanted:
+            return
+        sources: dict[Any, tuple[torch.fx.Node, str | None, int]] = {}
+        for node in self.graph.nodes:  # placeholders first: they are the graph's first nodes
+            value = node.meta.get("val")
+            if isinstance(value, torch.SymInt):
+                symbol = symbolic.expression(value)
+                if symbol in wanted and symbol not in sources:
+                    sources[symbol] = (node, None, 0)
+            elif isinstance(value, torch.Tensor):
+                for kind, sizes in (("size", value.shape), ("stride", value.stride())):
+                    for dim, size in enumerate(sizes):
+                        if isinstance(size, torch.SymInt):
+                            symbol = symbolic.expression(size)
+                            if symbol in wanted and symbol not in sources:
+                                sources[symbol] = (node, kind, dim)
+            if len(sources) == len(wanted):
+                break
+        self.sizes.symbols = tuple(sources)
+        self.size_sources = list(sources.values())
+        missing = wanted - set(sources)
+        if missing:
+            log.warning(
+                "%s/%s: no node holds the symbolic size(s) %s; records show them as expressions",
+                self.model.name,
+                self.aot_phase,
+                ", ".join(sorted(map(str, missing))),
+            )
+            for row, numel in enumerate(plan.numel):
+                if (
+                    numel is not None
+                    and not isinstance(numel, int)
+                    and self.sizes.expressions[numel.index].free_symbols & missing
+                ):
+                    plan.numel[row] = None
 
     def _split_rows(self, plan: GraphPlan) -> None:
         """Who computes each statistics row: the host for CPU values stored in memory anyway, small
@@ -246,7 +352,7 @@ class _Planner:
         graph for the others (``graph_nodes``), so that fused values stay fused."""
         nodes = sorted(self.stat_rows, key=self.stat_rows.get)
         plan.integral = [_is_integral(n.meta["val"]) for n in nodes]
-        plan.numel = [n.meta["val"].numel() if isinstance(n.meta["val"].numel(), int) else None for n in nodes]
+        plan.numel = [self._size(n.meta["val"].numel()) for n in nodes]
         cheap = {self._source(n) for n in _stored(self.graph) | _in_row_kernels(self.graph)}
         on_host = {n for n in nodes if (n in cheap or _small(n.meta["val"])) and _host_stats(n.meta["val"])}
         self.graph_nodes = [n for n in nodes if n not in on_host]
@@ -266,7 +372,7 @@ class _Planner:
                 holders[id(value)] = arg
                 return value
 
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), fake)
+            args, kwargs = _plain_lists(torch.fx.node.map_arg((node.args, node.kwargs), fake))
             for arg, value in iter_slots(args, kwargs):
                 if isinstance(value, torch.Tensor):
                     yield self._slot("input", arg, holders.get(id(value)), value, golden)
@@ -281,8 +387,8 @@ class _Planner:
 
     def _slot(self, io: str, arg: str, holder: torch.fx.Node | None, value: Any, golden: bool) -> SlotPlan:
         if not isinstance(value, torch.Tensor):
-            return SlotPlan(io, arg, kind="value", value=json_value(value))
-        slot = SlotPlan(io, arg, meta=_meta(value))
+            return SlotPlan(io, arg, kind="value", value=self._value(value))
+        slot = SlotPlan(io, arg, meta=self._meta(value))
         if holder is None or golden:
             slot.source_node = holder.name if holder is not None else None
             return slot
@@ -335,6 +441,7 @@ class _Instrumenter:
         self.graph, self.plan, self.sink = graph, plan, sink
         self.rows = planner.stat_rows
         self.graph_nodes, self.host_groups, self.tensor_nodes = planner.graph_nodes, planner.host_groups, planner.tensor_nodes
+        self.size_sources = planner.size_sources
 
     def run(self) -> None:
         graph, plan = self.graph, self.plan
@@ -342,21 +449,59 @@ class _Instrumenter:
         placeholders = list(graph.find_nodes(op="placeholder"))
         self.after_inputs = placeholders[-1].next if placeholders else next(iter(graph.nodes))
         if plan.golden is not None:
-            inputs = [n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)]
-            with graph.inserting_before(self.after_inputs):
-                graph.call_function(DUMP_POINT, (inputs, self.sink, -1))
+            self._insert_golden_inputs(placeholders)
+        sizes = self._size_nodes()
         stats = self._insert_stats()
         with graph.inserting_before(graph.find_nodes(op="output")[0]):
             if not stats and not self.tensor_nodes:
                 # an extern call with no tensor argument makes inductor (2.13) free a buffer
                 # before its last use; an empty tensor, which no table covers, avoids that
                 stats = [graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})]
-            graph.call_function(DUMP_GRAPH, (stats, list(self.tensor_nodes), self.sink))
+            args: tuple[Any, ...] = (stats, list(self.tensor_nodes), self.sink)
+            if sizes:
+                args += ("", sizes)
+            graph.call_function(DUMP_GRAPH, args)
         self._insert_points()
         graph_stats.propagate_fake_values(graph, [n for n in graph.nodes if n not in before and "val" not in n.meta])
 
     def _after(self, node: torch.fx.Node) -> torch.fx.Node:
         return self.after_inputs if node.op == "placeholder" else node.next
+
+    def _insert_golden_inputs(self, placeholders: list[torch.fx.Node]) -> None:
+        """``dump_point(tensor inputs, sink, -1, symbolic-int inputs)`` where the inputs are known."""
+        tensors, sizes, kinds = [], [], []
+        for node in placeholders:
+            value = node.meta.get("val")
+            if isinstance(value, torch.Tensor):
+                tensors.append(node)
+                kinds.append("tensor")
+            elif isinstance(value, (int, torch.SymInt)):
+                sizes.append(node)
+                kinds.append("size")
+            else:
+                kinds.append("none")
+        self.plan.golden_inputs = tuple(kinds)
+        args: tuple[Any, ...] = (tensors, self.sink, -1)
+        if sizes:
+            args += (sizes,)
+        with self.graph.inserting_before(self.after_inputs):
+            self.graph.call_function(DUMP_POINT, args)
+
+    def _size_nodes(self) -> list[torch.fx.Node]:
+        """The nodes ``dump_graph`` reads the plan's symbols from, in ``plan.sizes.symbols`` order:
+        symbolic-int inputs as they are, other symbols read off a node's size or stride right after it."""
+        nodes = []
+        for node, kind, dim in self.size_sources:
+            if kind is None:
+                nodes.append(node)
+                continue
+            value = node.meta["val"]
+            op = aten.sym_size.int if kind == "size" else aten.sym_stride.int
+            with self.graph.inserting_before(self._after(node)):
+                read = self.graph.call_function(op, (node, dim))
+            read.meta["val"] = value.shape[dim] if kind == "size" else value.stride()[dim]
+            nodes.append(read)
+        return nodes
 
     def _insert_stats(self) -> list[torch.fx.Node]:
         """Insert the accumulators and ``host_stats`` calls; return them as ``dump_graph``'s
@@ -366,7 +511,8 @@ class _Instrumenter:
         before = set(graph.nodes)
         accumulators: list[tuple[torch.fx.Node, tuple[int, int]]] = []
         for node in self.graph_nodes:
-            for index, accumulator in graph_stats.insert_stats(graph, node, self._after(node)):
+            count = self.plan.numel[rows[node]] is None  # the host cannot work out its element count
+            for index, accumulator in graph_stats.insert_stats(graph, node, self._after(node), count_valid=count):
                 accumulators.append((accumulator, (rows[node], index)))
         host: list[tuple[torch.fx.Node, list[torch.fx.Node]]] = []
         for nodes in self.host_groups:

@@ -10,7 +10,9 @@ for, all vectorised in the loop that computes ``x``:
 - ``min`` / ``max`` of ``x`` with NaN replaced by ``+inf`` / ``-inf``, in ``x``'s dtype;
 - ``sum`` of ``x`` with NaN replaced by 0, accumulated in float32 (float64 for float64 values);
 - the sum of squares in float64 (the squares may overflow float32);
-- when the size is symbolic, the count of non-NaN values (``int64``).
+- only when asked (a symbolic size the host cannot evaluate), the count of non-NaN values
+  (``int64``); otherwise the host knows the element count of the run (the graph hands over its
+  symbolic sizes).
 
 Mean, norm and "no value" are worked out on the host (``torchdebug.stats.stats_from_sums``) when
 the accumulators arrive: done in the graph, those few scalar operations per value were as much
@@ -72,9 +74,12 @@ class _Builder:
         return self(aten.sum.default, self(aten.mul.Tensor, node, node))
 
 
-def insert_stats(graph: torch.fx.Graph, value: torch.fx.Node, before: torch.fx.Node) -> list[tuple[int, torch.fx.Node]]:
+def insert_stats(
+    graph: torch.fx.Graph, value: torch.fx.Node, before: torch.fx.Node, *, count_valid: bool = False
+) -> list[tuple[int, torch.fx.Node]]:
     """Insert the accumulators of ``value`` before ``before``: ``(index into ACCUMULATORS, 0-d
-    node)`` pairs; none for an empty value."""
+    node)`` pairs; none for an empty value. ``count_valid``: also count the non-NaN values (the
+    host cannot work out the element count)."""
     fake = value.meta["val"]
     numel = fake.numel()
     static = isinstance(numel, int)
@@ -84,19 +89,19 @@ def insert_stats(graph: torch.fx.Graph, value: torch.fx.Node, before: torch.fx.N
     with graph.inserting_before(before):
         if fake.is_floating_point() or fake.is_complex():
             x = b(aten.abs.default, value) if fake.is_complex() else value
-            found = _floating(b, x, fake.dtype in (torch.float64, torch.complex128), numel if static else None)
+            found = _floating(b, x, fake.dtype in (torch.float64, torch.complex128), numel if static else None, count_valid)
         else:
             wide = b.f64(value)
             found = {"min": b(aten.amin.default, wide), "max": b(aten.amax.default, wide), "sum": b(aten.sum.default, wide)}
             found["squares"] = b.squares(wide)
-            if not static:
+            if count_valid:
                 found["valid"] = b(aten.sum.default, b(aten.eq.Tensor, value, value), dtype=torch.int64)
     return [(ACCUMULATORS.index(name), node) for name, node in found.items()]
 
 
-def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None) -> dict[str, torch.fx.Node]:
+def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None, count_valid: bool) -> dict[str, torch.fx.Node]:
     """The accumulators of a floating value (``double``: float64 or complex128); ``numel`` is
-    ``None`` when symbolic."""
+    ``None`` when symbolic (its counts are then ``int64``: the size may grow)."""
     count_dtype = torch.int32 if numel is not None and numel <= _INT32_COUNT_LIMIT else torch.int64
     nan = b(aten.ne.Tensor, x, x)
     zeroed = b(aten.where.self, nan, b.constant(0.0), x)
@@ -109,7 +114,7 @@ def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None) ->
         "posinf": b(aten.sum.default, b(aten.eq.Scalar, x, math.inf), dtype=count_dtype),
         "neginf": b(aten.sum.default, b(aten.eq.Scalar, x, -math.inf), dtype=count_dtype),
     }
-    if numel is None:
+    if count_valid:
         found["valid"] = b(aten.sum.default, b(aten.logical_not.default, nan), dtype=torch.int64)
     return found
 

@@ -2,13 +2,16 @@
  *
  * Built and loaded by torchdebug/native/build.py against this interpreter's headers and called
  * through ctypes.PyDLL (the GIL stays held; a Python exception raised here reaches the caller).
- * Plain ASCII strings, ints, finite floats, lists of ints and the statistics dict are written
- * here; anything else (non-ASCII or escaped strings, the `value` and `extra` fields, nested dicts)
- * goes through the Python helpers the caller passes, so the rules live in one place: record_json.py.
+ * Plain ASCII strings, ints, floats, lists of ints and the statistics dict are written here;
+ * anything else (non-ASCII or escaped strings, the `value` and `extra` fields, nested dicts, and any
+ * number that is not exactly an int or a float: bools, numpy scalars, a symbolic size, a string in
+ * a shape) goes through the Python helpers the caller passes, so the rules live in one place:
+ * record_json.py. No object is ever written as its bare str(): every line is valid JSON.
  *
- * td_encode_records(records, helpers): helpers = (quote, dumps, fields, stat_keys) where quote is
- * json's encode_basestring_ascii, dumps the compact JSON encoder, fields the Record field names in
- * the order record_json.ENCODED_FIELDS gives, stat_keys torchdebug.records.STAT_KEYS.
+ * td_encode_records(records, helpers): helpers = (quote, dumps, fields, stat_keys, number) where
+ * quote is json's encode_basestring_ascii, dumps the compact JSON encoder, fields the Record field
+ * names in the order record_json.ENCODED_FIELDS gives, stat_keys torchdebug.records.STAT_KEYS,
+ * number record_json._number (the JSON text of any other numeric field's value).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,7 +27,7 @@ typedef struct {
 } buffer_t;
 
 typedef struct {
-    PyObject *quote, *dumps, *fields, *stat_keys;
+    PyObject *quote, *dumps, *fields, *stat_keys, *number;
 } helpers_t;
 
 /* Statistics already written in this batch, by the identity of their dict: the records of one
@@ -88,8 +91,8 @@ static int put_quoted(buffer_t *b, PyObject *s, const helpers_t *h) {
     return put_str(b, PyObject_CallOneArg(h->quote, s));
 }
 
-/* str(value) for ints, as record_json writes counts and indices. */
-static int put_int(buffer_t *b, PyObject *value) {
+/* An int field (counts, indices, sizes): an exact int here, anything else through record_json._number. */
+static int put_int(buffer_t *b, PyObject *value, const helpers_t *h) {
     if (PyLong_CheckExact(value)) {
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
@@ -99,12 +102,13 @@ static int put_int(buffer_t *b, PyObject *value) {
             return put(b, text, n);
         }
         PyErr_Clear();
+        return put_str(b, PyObject_Str(value)); /* an exact int beyond 64 bits: its digits */
     }
-    return put_str(b, PyObject_Str(value));
+    return put_str(b, PyObject_CallOneArg(h->number, value));
 }
 
-/* record_json._number: null, repr of a finite float, NaN/Infinity/-Infinity, else str(value). */
-static int put_number(buffer_t *b, PyObject *value) {
+/* record_json._number: null, repr of a finite float, NaN/Infinity/-Infinity, an exact int, else the helper. */
+static int put_number(buffer_t *b, PyObject *value, const helpers_t *h) {
     if (value == NULL || value == Py_None) return PUT(b, "null");
     if (PyFloat_CheckExact(value)) {
         double v = PyFloat_AS_DOUBLE(value);
@@ -117,18 +121,18 @@ static int put_number(buffer_t *b, PyObject *value) {
         PyMem_Free(text);
         return status;
     }
-    return put_int(b, value);
+    return put_int(b, value, h);
 }
 
 /* record_json._ints: "[1,2,3]". */
-static int put_ints(buffer_t *b, PyObject *values) {
+static int put_ints(buffer_t *b, PyObject *values, const helpers_t *h) {
     PyObject *items = PySequence_Fast(values, "shape and stride must be sequences");
     if (items == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
     int status = PUT(b, "[");
     for (Py_ssize_t i = 0; i < n && status == 0; i++) {
         if (i) status = PUT(b, ",");
-        if (status == 0) status = put_int(b, PySequence_Fast_GET_ITEM(items, i));
+        if (status == 0) status = put_int(b, PySequence_Fast_GET_ITEM(items, i), h);
     }
     Py_DECREF(items);
     return status < 0 ? -1 : PUT(b, "]");
@@ -147,7 +151,7 @@ static int put_flat_dict(buffer_t *b, PyObject *data, const helpers_t *h) {
         int status;
         if (PyUnicode_CheckExact(value)) status = put_quoted(b, value, h);
         else if (PyDict_Check(value) || PyList_Check(value)) status = put_str(b, PyObject_CallOneArg(h->dumps, value));
-        else status = put_number(b, value);
+        else status = put_number(b, value, h);
         if (status < 0) return -1;
     }
     return PUT(b, "}");
@@ -164,7 +168,7 @@ static int put_stats(buffer_t *b, PyObject *stats, const helpers_t *h) {
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *value = PyDict_GetItem(stats, PyTuple_GET_ITEM(h->stat_keys, i));
         if (put(b, labels[i], (Py_ssize_t)strlen(labels[i])) < 0) return -1;
-        if ((i < 4 ? put_number(b, value) : put_str(b, PyObject_Str(value))) < 0) return -1;
+        if (put_number(b, value, h) < 0) return -1;
     }
     return PUT(b, "}");
 }
@@ -200,19 +204,19 @@ static int encode(buffer_t *b, PyObject *record, const helpers_t *h, memo_t *mem
     }
 #define TRY(call) if (status == 0) status = (call) < 0 ? -1 : 0
     TRY(put_key(b, "{\"name\":")); TRY(put_quoted(b, f[NAME], h));
-    TRY(put_key(b, ",\"step\":")); TRY(put_int(b, f[STEP]));
-    TRY(put_key(b, ",\"rank\":")); TRY(put_int(b, f[RANK]));
+    TRY(put_key(b, ",\"step\":")); TRY(put_int(b, f[STEP], h));
+    TRY(put_key(b, ",\"rank\":")); TRY(put_int(b, f[RANK], h));
     TRY(put_key(b, ",\"phase\":")); TRY(put_quoted(b, f[PHASE], h));
     TRY(put_key(b, ",\"module\":")); TRY(put_quoted(b, f[MODULE], h));
     TRY(put_key(b, ",\"op\":")); TRY(put_quoted(b, f[OP], h));
-    TRY(put_key(b, ",\"call\":")); TRY(put_int(b, f[CALL]));
-    TRY(put_key(b, ",\"seq\":")); TRY(put_int(b, f[SEQ]));
+    TRY(put_key(b, ",\"call\":")); TRY(put_int(b, f[CALL], h));
+    TRY(put_key(b, ",\"seq\":")); TRY(put_int(b, f[SEQ], h));
     TRY(put_key(b, ",\"io\":")); TRY(put_quoted(b, f[IO], h));
     TRY(put_key(b, ",\"arg\":")); TRY(put_quoted(b, f[ARG], h));
     TRY(put_key(b, ",\"kind\":")); TRY(put_quoted(b, f[KIND], h));
     if (status == 0 && f[DTYPE] != Py_None) { TRY(put_key(b, ",\"dtype\":")); TRY(put_quoted(b, f[DTYPE], h)); }
-    if (status == 0 && f[SHAPE] != Py_None) { TRY(put_key(b, ",\"shape\":")); TRY(put_ints(b, f[SHAPE])); }
-    if (status == 0 && f[STRIDE] != Py_None) { TRY(put_key(b, ",\"stride\":")); TRY(put_ints(b, f[STRIDE])); }
+    if (status == 0 && f[SHAPE] != Py_None) { TRY(put_key(b, ",\"shape\":")); TRY(put_ints(b, f[SHAPE], h)); }
+    if (status == 0 && f[STRIDE] != Py_None) { TRY(put_key(b, ",\"stride\":")); TRY(put_ints(b, f[STRIDE], h)); }
     if (status == 0 && f[DEVICE] != Py_None) { TRY(put_key(b, ",\"device\":")); TRY(put_quoted(b, f[DEVICE], h)); }
     if (status == 0 && f[REQUIRES_GRAD] != Py_None) {
         int truth = PyObject_IsTrue(f[REQUIRES_GRAD]);
@@ -225,7 +229,7 @@ static int encode(buffer_t *b, PyObject *record, const helpers_t *h, memo_t *mem
         TRY(put_key(b, ",\"tensor\":"));
         TRY(PyDict_Check(f[TENSOR]) ? put_flat_dict(b, f[TENSOR], h) : put_str(b, PyObject_CallOneArg(h->dumps, f[TENSOR])));
     }
-    if (status == 0 && f[SAMPLED] != Py_None) { TRY(put_key(b, ",\"sampled\":")); TRY(put_str(b, PyObject_Str(f[SAMPLED]))); }
+    if (status == 0 && f[SAMPLED] != Py_None) { TRY(put_key(b, ",\"sampled\":")); TRY(put_number(b, f[SAMPLED], h)); }
     if (status == 0 && f[VALUE] != Py_None) { TRY(put_key(b, ",\"value\":")); TRY(put_str(b, PyObject_CallOneArg(h->dumps, f[VALUE]))); }
     static const char *texts[] = {",\"stack\":", ",\"source\":", ",\"fwd\":", ",\"node\":"};
     for (int i = 0; i < 4; i++) {
@@ -246,7 +250,8 @@ static int encode(buffer_t *b, PyObject *record, const helpers_t *h, memo_t *mem
 
 PyObject *td_encode_records(PyObject *records, PyObject *helpers) {
     helpers_t h;
-    if (!PyArg_ParseTuple(helpers, "OOO!O!", &h.quote, &h.dumps, &PyTuple_Type, &h.fields, &PyTuple_Type, &h.stat_keys))
+    if (!PyArg_ParseTuple(helpers, "OOO!O!O", &h.quote, &h.dumps, &PyTuple_Type, &h.fields, &PyTuple_Type, &h.stat_keys,
+                          &h.number))
         return NULL;
     if (PyTuple_GET_SIZE(h.fields) != FIELD_COUNT || PyTuple_GET_SIZE(h.stat_keys) != 7) {
         PyErr_SetString(PyExc_ValueError, "record fields changed: rebuild records.c");

@@ -6,6 +6,11 @@ finite floats by ``repr``; ``value`` and ``extra`` go through ``json``. Non-fini
 written as ``NaN``/``Infinity``/``-Infinity``, which Python's ``json`` reads back. The output equals
 ``json.dumps(record.to_json())`` up to whitespace (``tests/store`` checks it for every field).
 
+Every line is valid JSON whatever a numeric field holds (:func:`_number`): other integer types
+(numpy's) are written as the int they are, other real types as floats, ``bool`` as ``true``/
+``false``, and anything else (a string, a symbolic size such as ``s27``, an object) as a JSON
+string, never as bare text: a shape of ``[2, "s27"]`` still parses, and says what went wrong.
+
 :func:`encode_records` encodes a batch and writes the description and statistics of a tensor once:
 records of the same tensor (an op's output, then the next op's input) share those objects, so they
 are looked up by identity (all records of the batch are alive, so identities are unique).
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
+import operator
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
@@ -23,7 +30,18 @@ from torchdebug.records import STAT_KEYS, Record
 
 _STAT_KEYS = set(STAT_KEYS)
 
-_FALLBACK = json.JSONEncoder(check_circular=False, separators=(",", ":"), default=str)
+
+def _plain(value: Any) -> Any:
+    """What ``json`` writes for a value it has no rule for: other integer and real types as numbers
+    (numpy scalars), anything else as its string."""
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
+
+
+_FALLBACK = json.JSONEncoder(check_circular=False, separators=(",", ":"), default=_plain)
 
 ENCODED_FIELDS = (
     "name",
@@ -57,21 +75,41 @@ ENCODED_FIELDS = (
 )
 """Every Record field, in the order written (a test checks this matches ``Record``)."""
 
-_HELPERS = (_quote, _FALLBACK.encode, ENCODED_FIELDS, STAT_KEYS)
-"""What the C encoder hands the cases it does not write itself to (see ``records.c``)."""
+
+def _float(value: float) -> str:
+    if math.isfinite(value):
+        return repr(value)
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
 
 
 def _number(value: Any) -> str:
+    """A numeric field as JSON: ``null``, an int, a float (non-finite as ``NaN``/``Infinity``),
+    ``true``/``false``; another integer or real type (numpy's) as the int or float it is; anything
+    else as a JSON string (see the module docstring)."""
+    cls = value.__class__
+    if cls is int:
+        return str(value)
+    if cls is float:
+        return _float(value)
     if value is None:
         return "null"
-    if value.__class__ is float:
-        if math.isfinite(value):
-            return repr(value)
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-    return str(value)
+    if cls is bool:
+        return "true" if value else "false"
+    if isinstance(value, numbers.Integral):
+        return str(operator.index(value))
+    if isinstance(value, numbers.Real):
+        return _float(float(value))
+    return _quote(str(value))
+
+
+_HELPERS = (_quote, _FALLBACK.encode, ENCODED_FIELDS, STAT_KEYS, _number)
+"""What the C encoder hands the cases it does not write itself to (see ``records.c``)."""
 
 
 def _ints(values: list[int]) -> str:
+    for value in values:
+        if value.__class__ is not int:
+            return "[" + ",".join(map(_number, values)) + "]"
     return "[" + ",".join(map(str, values)) + "]"
 
 
@@ -109,9 +147,9 @@ def encode_record(r: Record, memo: dict[int, str] | None = None) -> str:
         '{"name":',
         _quote(r.name),
         ',"step":',
-        str(r.step),
+        _number(r.step),
         ',"rank":',
-        str(r.rank),
+        _number(r.rank),
         ',"phase":',
         _quote(r.phase),
         ',"module":',
@@ -119,9 +157,9 @@ def encode_record(r: Record, memo: dict[int, str] | None = None) -> str:
         ',"op":',
         _quote(r.op),
         ',"call":',
-        str(r.call),
+        _number(r.call),
         ',"seq":',
-        str(r.seq),
+        _number(r.seq),
         ',"io":',
         _quote(r.io),
         ',"arg":',
@@ -146,7 +184,7 @@ def encode_record(r: Record, memo: dict[int, str] | None = None) -> str:
     if r.tensor is not None:
         parts += (',"tensor":', _flat_dict(r.tensor))
     if r.sampled is not None:
-        parts += (',"sampled":', str(r.sampled))
+        parts += (',"sampled":', _number(r.sampled))
     if r.value is not None:
         parts += (',"value":', _FALLBACK.encode(r.value))
     for key, text in (("stack", r.stack), ("source", r.source), ("fwd", r.fwd), ("node", r.node)):
@@ -182,11 +220,11 @@ def _stats(stats: dict[str, Any]) -> str:
                 ',"norm":',
                 _number(get("norm")),
                 ',"nan":',
-                str(get("nan")),
+                _number(get("nan")),
                 ',"posinf":',
-                str(get("posinf")),
+                _number(get("posinf")),
                 ',"neginf":',
-                str(get("neginf")),
+                _number(get("neginf")),
                 "}",
             )
         )

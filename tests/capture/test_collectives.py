@@ -1,43 +1,35 @@
 """Collectives under torch.distributed (gloo): outputs captured after the work completes."""
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import torchdebug
+from tests import gloo
 
 
-def _worker(rank: int, init_file: str, dump_path: str) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        with torchdebug.dump(dump_path):
-            x = torch.full((4,), float(rank + 1))
-            dist.all_reduce(x)
-            x.mul_(10)  # the all_reduce output record must hold the value before this
-            gathered = [torch.zeros(4) for _ in range(2)]
-            dist.all_gather(gathered, torch.full((4,), float(rank)))
-            flat = torch.zeros(8)
-            dist.all_gather_into_tensor(flat, torch.full((4,), float(rank)))
-            b = torch.full((2,), float(rank + 5))
-            dist.broadcast(b, 1)
-            out = torch.zeros(2)
-            dist.reduce_scatter_tensor(out, torch.arange(4.0))
-            p2p = torch.full((3,), 7.0) if rank == 0 else torch.zeros(3)
-            if rank == 0:
-                dist.send(p2p, 1)
-            else:
-                dist.recv(p2p, 0)
-            y = torch.full((2,), float(rank + 1))
-            work = dist.all_reduce(y, async_op=True)
-            work.wait()
-            z = torch.full((2,), 1.0)
-            dist.all_reduce(z, async_op=True)  # never waited by the user: capture stop waits
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, dump_path: str) -> None:
+    with torchdebug.dump(dump_path):
+        x = torch.full((4,), float(rank + 1))
+        dist.all_reduce(x)
+        x.mul_(10)  # the all_reduce output record must hold the value before this
+        gathered = [torch.zeros(4) for _ in range(2)]
+        dist.all_gather(gathered, torch.full((4,), float(rank)))
+        flat = torch.zeros(8)
+        dist.all_gather_into_tensor(flat, torch.full((4,), float(rank)))
+        b = torch.full((2,), float(rank + 5))
+        dist.broadcast(b, 1)
+        out = torch.zeros(2)
+        dist.reduce_scatter_tensor(out, torch.arange(4.0))
+        p2p = torch.full((3,), 7.0) if rank == 0 else torch.zeros(3)
+        if rank == 0:
+            dist.send(p2p, 1)
+        else:
+            dist.recv(p2p, 0)
+        y = torch.full((2,), float(rank + 1))
+        work = dist.all_reduce(y, async_op=True)
+        work.wait()
+        z = torch.full((2,), 1.0)
+        dist.all_reduce(z, async_op=True)  # never waited by the user: capture stop waits
 
 
 def _outputs(records, op):
@@ -45,7 +37,7 @@ def _outputs(records, op):
 
 
 def test_collective_outputs_hold_the_values_after_completion(tmp_path):
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path / "dump")), nprocs=2, join=True)
+    gloo.spawn(_worker, tmp_path, str(tmp_path / "dump"))
     run = torchdebug.load(tmp_path / "dump")
     names = []
     for rank, dump in sorted(run.ranks.items()):

@@ -3,16 +3,12 @@ are read through their plain inner tensors, or recorded with a readable capture_
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils import _pytree as pytree
 
 import torchdebug
+from tests import gloo
 from torchdebug._torch.subclasses import describe, is_subclass
 
 
@@ -128,45 +124,39 @@ class _Block(torch.nn.Module):
         return torch.relu(self.fc(x)) + x
 
 
-def _fsdp_worker(rank: int, init_file: str, dump_path: str, out_path: str, captured: bool) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        from torch.distributed.fsdp import fully_shard
+def _fsdp_worker(rank: int, dump_path: str, out_path: str, captured: bool) -> None:
+    from torch.distributed.fsdp import fully_shard
 
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(_Block(), _Block(), torch.nn.Linear(8, 4))
-        for block in model[:2]:
-            fully_shard(block)
-        fully_shard(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
-        debugger = torchdebug.Debugger(dump_path, task="statistics") if captured else None
-        for _ in range(2):
-            if debugger:
-                debugger.start(model)
-            loss = model(batch).square().mean()
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            if debugger:
-                debugger.step()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Block(), _Block(), torch.nn.Linear(8, 4))
+    for block in model[:2]:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+    debugger = torchdebug.Debugger(dump_path, task="statistics") if captured else None
+    for _ in range(2):
         if debugger:
-            debugger.close()
-        full = {name: param.full_tensor() for name, param in model.named_parameters()}
-        if rank == 0:
-            torch.save({"loss": loss.detach(), **full}, out_path)
-    finally:
-        dist.destroy_process_group()
+            debugger.start(model)
+        loss = model(batch).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if debugger:
+            debugger.step()
+    if debugger:
+        debugger.close()
+    full = {name: param.full_tensor() for name, param in model.named_parameters()}
+    if rank == 0:
+        torch.save({"loss": loss.detach(), **full}, out_path)
 
 
 @pytest.mark.slow
 def test_an_fsdp2_training_step_is_captured_bit_identically_with_local_statistics(tmp_path):
     results = {}
     for captured in (False, True):
-        init = tmp_path / f"init-{captured}"
         out = tmp_path / f"out-{captured}.pt"
-        mp.spawn(_fsdp_worker, args=(str(init), str(tmp_path / "dump"), str(out), captured), nprocs=2, join=True)
+        gloo.spawn(_fsdp_worker, tmp_path, str(tmp_path / "dump"), str(out), captured)
         results[captured] = torch.load(out)
     for name, value in results[False].items():
         assert torch.equal(results[True][name], value), name

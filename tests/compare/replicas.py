@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import torchdebug
+from tests import gloo
 
 WORLD_SIZE = 3
 PERTURBED_RANK = 1
@@ -40,16 +40,12 @@ def _train(path: Path, rank: int, task: str, perturb: bool) -> None:
     debugger.close()
 
 
-def _worker(rank: int, init_file: str, root: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
-    try:
-        for name, (task, perturbed) in RUNS.items():
-            _train(Path(root) / name, rank, task, perturb=perturbed and rank == PERTURBED_RANK)
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, root: str) -> None:
+    for name, (task, perturbed) in RUNS.items():
+        _train(Path(root) / name, rank, task, perturb=perturbed and rank == PERTURBED_RANK)
 
 
 def dump_replicas(root: Path) -> dict[str, Path]:
     """The dump path of each run in ``RUNS``, written under ``root`` by three spawned processes."""
-    mp.spawn(_worker, args=(str(root / "init"), str(root)), nprocs=WORLD_SIZE, join=True)
+    gloo.spawn(_worker, root, str(root), world_size=WORLD_SIZE)
     return {name: root / name for name in RUNS}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,10 +32,10 @@ from torchdebug.capture.filters import phase_and_io_filter
 from torchdebug.capture.modules import ModuleRecorder, ModuleTracker
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
-from torchdebug.dist import broadcast_from_rank0, dist_initialized, rank_and_world_size
+from torchdebug.dist import rank_and_world_size
 from torchdebug.errors import ConfigError
 from torchdebug.store import layout
-from torchdebug.store.writer import RankWriter, check_writable, create_run_dir, new_run_name, run_manifest
+from torchdebug.store.writer import RankWriter, check_writable, join_run, run_manifest
 
 logger = logging.getLogger("torchdebug.debugger")
 
@@ -57,31 +56,6 @@ def resolve_config(dump_path: str | Path | None, config: Any, options: dict[str,
     raise ConfigError(f"config: got {type(config).__name__}, expected a DebuggerConfig, a dict or a JSON/YAML file path")
 
 
-def _join_run(dump_root: Path, rank: int, world_size: int) -> Path:
-    """The run folder every rank of this job writes into.
-
-    With torch.distributed initialised, rank 0 makes a fresh folder and broadcasts its name. Under
-    torchrun without a process group yet, the folder is named after the job's run id (and restart
-    count), the same on every rank. A single process makes a fresh folder named by the time.
-    """
-    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    if dist_initialized() or world_size == 1 or elastic_id == "none":
-        if world_size > 1 and not dist_initialized():
-            logger.warning(
-                "rank %d of %d: torch.distributed is not initialised and no torchrun run id is set, so "
-                "ranks may write different run folders; build the Debugger after init_process_group",
-                rank,
-                world_size,
-            )
-        name = create_run_dir(dump_root, new_run_name()).name if rank == 0 else ""
-        name = broadcast_from_rank0(name) or new_run_name()
-    else:
-        name = f"torchrun-{elastic_id}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    run_dir = dump_root / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
 class Debugger:
     """Dumps the ops (and optionally modules) of selected steps of an eager run.
 
@@ -97,7 +71,7 @@ class Debugger:
         self.enabled = self.config.rank is None or self.rank in self.config.rank
         dump_root = Path(self.config.dump_path)
         check_writable(dump_root)  # on every rank, before any work: fail early on a bad path
-        self.run_dir = _join_run(dump_root, self.rank, self.world_size)
+        self.run_dir = join_run(dump_root, self.rank, self.world_size)
         self.rank_dir = self.run_dir / layout.rank_dir_name(self.world_size, self.rank)
         self.current_step = 0
         self._active = False

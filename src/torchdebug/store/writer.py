@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from torchdebug import progress
+from torchdebug.dist import broadcast_from_rank0, dist_initialized
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
@@ -108,6 +109,31 @@ def create_run_dir(dump_path: Path, name: str) -> Path:
         except FileExistsError:
             suffix += 1
             candidate = f"{name}-{suffix}"
+
+
+def join_run(dump_root: Path, rank: int, world_size: int) -> Path:
+    """The run folder every rank of this job writes into.
+
+    With torch.distributed initialised, rank 0 makes a fresh folder and broadcasts its name. Under
+    torchrun without a process group yet, the folder is named after the job's run id (and restart
+    count), the same on every rank. A single process makes a fresh folder named by the time.
+    """
+    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if dist_initialized() or world_size == 1 or elastic_id == "none":
+        if world_size > 1 and not dist_initialized():
+            logger.warning(
+                "rank %d of %d: torch.distributed is not initialised and no torchrun run id is set, so "
+                "ranks may write different run folders; build the Debugger or dump backend after init_process_group",
+                rank,
+                world_size,
+            )
+        name = create_run_dir(dump_root, new_run_name()).name if rank == 0 else ""
+        name = broadcast_from_rank0(name) or new_run_name()
+    else:
+        name = f"torchrun-{elastic_id}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    run_dir = dump_root / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:

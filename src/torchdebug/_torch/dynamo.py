@@ -16,6 +16,12 @@ Why these and not others:
 - ``generate_config_string``: the non-default Dynamo/inductor/functorch config as Python, the text
   PyTorch's own minifier repros start with, so diagnose's repro reproduces a planted or tuned config.
 - ``caches_disabled()``: a cache hit skips our passes and their dumps (pytorch/pytorch#152374).
+- compiled modules: ``torch.compile(module)`` returns an ``OptimizedModule`` holding the module as
+  ``_orig_mod`` (so parameter and module paths through it contain ``_orig_mod``), and
+  ``module.compile()`` stores the compiled call in ``module._compiled_call_impl``; the graph dump
+  names per-block compiled graphs by the block instance that ran (``capture/graph_instances.py``).
+- ``calls_with``: what a backend returns is called by Dynamo's bytecode with the graph's inputs as
+  positional arguments (parameters first among them when the graph reads any).
 
 Unchanged from torch 2.11 through 2.14.
 """
@@ -23,6 +29,7 @@ Unchanged from torch 2.11 through 2.14.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchdebug._torch import require
@@ -32,8 +39,10 @@ require("torch.compile features (Dynamo internals)")
 import torch  # noqa: E402
 import torch.compiler.config  # noqa: E402
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition  # noqa: E402
+from torch import nn  # noqa: E402
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch._dynamo.debug_utils import generate_config_string  # noqa: E402
+from torch._dynamo.eval_frame import OptimizedModule  # noqa: E402
 from torch._dynamo.utils import get_debug_dir, get_metrics_context  # noqa: E402
 from torch._guards import detect_fake_mode  # noqa: E402
 from torch._logging._internal import trace_structured_artifact  # noqa: E402
@@ -41,7 +50,9 @@ from torch._logging._internal import trace_structured_artifact  # noqa: E402
 __all__ = [
     "aot_autograd",
     "caches_disabled",
+    "calls_with",
     "compile_id",
+    "compiled_modules",
     "detect_fake_mode",
     "emit_artifact",
     "generate_config_string",
@@ -51,6 +62,7 @@ __all__ = [
     "min_cut_rematerialization_partition",
     "recompile_reason",
     "user_frames",
+    "without_wrappers",
 ]
 
 
@@ -93,3 +105,34 @@ def recompile_reason() -> str | None:
 def emit_artifact(name: str, text: str) -> None:
     """Log ``text`` as a structured-trace artifact named ``name`` (a no-op unless TORCH_TRACE is on)."""
     trace_structured_artifact(name, "string", payload_fn=lambda: text)
+
+
+_WRAPPED = "_orig_mod"
+"""Where ``torch.compile(module)``'s wrapper keeps the module (a path component of what it wraps)."""
+
+
+def without_wrappers(path: str) -> str:
+    """A module path with ``torch.compile``'s wrappers left out: ``layers.0._orig_mod.attn`` ->
+    ``layers.0.attn``, ``_orig_mod`` -> ``""``."""
+    if _WRAPPED not in path:
+        return path
+    return ".".join(part for part in path.split(".") if part != _WRAPPED)
+
+
+def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``(path, module)`` for each module of ``root`` whose calls run compiled code, outer ones
+    first: ``torch.compile(module)``'s wrapper and modules whose ``compile()`` ran. Paths leave the
+    wrappers out (``layers.0``, never ``layers.0._orig_mod``); ``root`` itself is ``""``."""
+    for path, module in root.named_modules():
+        if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None:
+            yield without_wrappers(path), module
+
+
+def calls_with(compiled: Callable[..., Any], before: Callable[[tuple[Any, ...]], None]) -> Callable[..., Any]:
+    """``compiled`` (what a backend returns to Dynamo) calling ``before(args)`` first at every run."""
+
+    def run(*args: Any) -> Any:
+        before(args)
+        return compiled(*args)
+
+    return run

@@ -9,11 +9,20 @@ eager capture writes (``capture="graph"``, ``node`` = FX node name) through a :c
 
     DUMP_PATH/20261122-101500/worldsize1_global_rank0/records.jsonl, tensors/step0-0000.safetensors
 
-Steps: a step ends when a forward (or inference) graph runs again after it already ran in the
-current step, so graphs split by graph breaks share a step and a training loop counts one step per
-iteration. A recompiled graph (another sequence length, dynamic shapes after a recompile) counts as
-the graph it replaces: graphs compiled from the same Dynamo frame (``GraphPlan.frame``) are one.
-Call indices continue across the graphs of a step, as in eager capture.
+Steps: a step ends when a forward (or inference) graph runs again for the same module instance
+after it already ran in the current step, so graphs split by graph breaks share a step and a
+training loop counts one step per iteration. A recompiled graph (another sequence length, dynamic
+shapes after a recompile) counts as the graph it replaces: graphs compiled from the same Dynamo
+frame (``GraphPlan.frame``) are one. Call indices continue across the graphs of a step, as in eager
+capture.
+
+Per-block compile (``block.compile()`` for each block, or ``torch.compile(block)``): the blocks of
+one class run one graph (or recompiles of one frame), traced from the block. Before each run the
+backend says which instance runs it (:meth:`GraphCapture.enter`, ``capture/graph_instances.py``):
+its records are named by the instance's path in the root model (``layers.1.attention.wo``), and
+the graph running for block 1 after block 0 is the same step. A backward graph belongs to the
+latest forward run of its graph whose backward has not run yet (autograd runs the blocks'
+backward graphs in reverse order), whose instance and call indices its ``fwd`` names use.
 
 Dynamic shapes: a graph compiled with symbolic sizes hands their values over with each run
 (``dump_graph``'s ``sizes``); its plan's expressions (``GraphPlan.sizes``) are evaluated once per
@@ -37,6 +46,7 @@ import torch
 
 from torchdebug._torch import symbolic
 from torchdebug.capture import golden, overflow
+from torchdebug.capture.graph_instances import NO_INSTANCE, CompiledInstances, Instance, in_instance
 from torchdebug.capture.graph_ops import register_sink, unregister_sink
 from torchdebug.capture.graph_plan import ACCUMULATORS, CallPlan, GraphPlan, Key, SlotPlan, StatTable, resolve
 from torchdebug.capture.overflow import Rows
@@ -65,7 +75,13 @@ class _Run:
     step: int
     dumped: bool
     bases: dict[Key, int]
+    """Per key of the plan: the call index its first call takes in this run."""
     seq: int
+    instance: Instance
+    keys: dict[Key, Key]
+    """Per key of the plan: the key of the same calls named in the instance (``layers.1.attn``)."""
+    forward_bases: dict[Key, int]
+    """For a backward run: ``bases`` of the forward run it belongs to (its ``fwd`` names)."""
     values: dict[str, Any] = field(default_factory=dict)
     """``dump_stage="original"``: node name -> value computed by the interpreter."""
     sizes: tuple[int, ...] = ()
@@ -79,9 +95,20 @@ class GraphCapture:
 
     ``scene``: ``model`` (every planned call), ``overflow`` (only calls with NaN/Inf outputs) or
     ``watcher`` (only the watcher points). ``steps``: the steps written (``None``: all).
+    ``model``: the root model, whose compiled modules name the records of graphs compiled per
+    block (``None``: their records keep the paths within the block).
     """
 
-    def __init__(self, *, path: str, task: str, steps: frozenset[int] | None, scene: str, settings: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        *,
+        path: str,
+        task: str,
+        steps: frozenset[int] | None,
+        scene: str,
+        settings: dict[str, Any],
+        model: torch.nn.Module | None = None,
+    ) -> None:
         self.rank, self.world_size = rank_and_world_size()
         self.run_dir = create_run_dir(Path(path), new_run_name())
         config = {"task": task, "dump_config": settings}
@@ -95,9 +122,15 @@ class GraphCapture:
         self.overflows: list[overflow.Overflow] = []
         """The first call of each step that made a NaN/Inf (overflow scene)."""
         self._origins, self._origin_step = OriginTracker(), 0
-        self._forward_ran: set[str] = set()
+        self._forward_ran: set[tuple[str, int]] = set()
         self._counts: dict[Key, int] = {}
-        self._forward_bases: dict[str, dict[Key, int]] = {}
+        self._instances = CompiledInstances(model)
+        self._running: dict[str, Instance] = {}
+        """Per Dynamo graph (``plan.model``): the instance its next runs belong to."""
+        self._awaiting_backward: dict[str, list[tuple[Instance, dict[Key, int]]]] = {}
+        """Per Dynamo graph: its forward runs whose backward has not run yet (instance, bases)."""
+        self._last_backward: dict[str, tuple[Instance, dict[Key, int]]] = {}
+        self._keys: dict[tuple[int, str], dict[Key, Key]] = {}
         self._seq = 0
         self._run: _Run | None = None
         self._templates: dict[int, dict[tuple[Any, ...], _Templates]] = {}
@@ -113,28 +146,56 @@ class GraphCapture:
         """Register an instrumented graph; returns the sink key its dump ops carry."""
         key = register_sink(_GraphSink(self, plan), f"graph_capture/{plan.model}/{plan.phase}")
         self._sinks.append(key)
+        self._instances.changed()
         return key
+
+    def enter(self, model: str, parameter: torch.Tensor | None) -> None:
+        """Dynamo graph ``model`` is about to run, handed ``parameter`` (its first parameter input;
+        ``None`` when it reads none): the runs of its graphs belong to that parameter's module."""
+        self._running[model] = self._instances.of(parameter)
 
     # -- run time --------------------------------------------------------------------------------
     def _begin(self, plan: GraphPlan) -> _Run:
         run = self._run
         if run is not None and run.plan is plan:
             return run
-        if plan.phase != "backward":
-            code = plan.frame or plan.model  # a recompile of the same code ends the step as its first graph would
+        forward_bases: dict[Key, int] = {}
+        if plan.phase == "backward":
+            instance, forward_bases = self._forward_of(plan.model)
+        else:
+            instance = self._running.get(plan.model, NO_INSTANCE)
+            # a recompile of the same code ends the step as its first graph would
+            code = (plan.frame or plan.model, instance.key)
             if code in self._forward_ran:
                 self._next_step()
             self._forward_ran.add(code)
+        keys = self._keys_of(plan, instance.path)
         counts = self._counts
-        bases = {key: counts.get(key, 0) for key in plan.counts}
+        bases = {key: counts.get(keys[key], 0) for key in plan.counts}
         for key, n in plan.counts.items():
-            counts[key] = bases[key] + n
-        if plan.phase != "backward":
-            self._forward_bases[plan.model] = bases
+            counts[keys[key]] = bases[key] + n
+        if plan.phase == "forward":
+            self._awaiting_backward.setdefault(plan.model, []).append((instance, bases))
         dumped = self.steps is None or self.step in self.steps
-        self._run = _Run(plan, self.step, dumped, bases, self._seq)
+        self._run = _Run(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases)
         self._seq += plan.n_ops
         return self._run
+
+    def _forward_of(self, model: str) -> tuple[Instance, dict[Key, int]]:
+        """The forward run a backward run of Dynamo graph ``model`` belongs to: the latest one whose
+        backward has not run (the same as the last backward's when none is left: a second
+        backward through a retained graph)."""
+        waiting = self._awaiting_backward.get(model)
+        if waiting:
+            self._last_backward[model] = waiting.pop()
+        return self._last_backward.get(model, (self._running.get(model, NO_INSTANCE), {}))
+
+    def _keys_of(self, plan: GraphPlan, path: str) -> dict[Key, Key]:
+        """The plan's keys named in the instance at ``path`` (see :attr:`_Run.keys`)."""
+        keys = self._keys.get((id(plan), path))
+        if keys is None:
+            keys = self._keys[id(plan), path] = {key: _in(key, path) for key in plan.counts}
+        return keys
 
     def _next_step(self) -> None:
         self.session.flush()
@@ -142,6 +203,7 @@ class GraphCapture:
         self.session.step = self.step
         self._forward_ran.clear()
         self._counts.clear()
+        self._awaiting_backward.clear()
         self._seq = 0
 
     def on_graph(self, plan: GraphPlan, stats: list[torch.Tensor], tensors: list[torch.Tensor], sizes: list[int]) -> None:
@@ -236,15 +298,16 @@ class GraphCapture:
         self.session.add_records(self._records(run, calls, rows, []))
 
     def _call_name(self, run: _Run, call: CallPlan) -> str:
-        phase, module, op = call.key
+        phase, module, op = run.keys[call.key]
         return f"{phase}/{module}/{op}#{run.bases[call.key] + call.local}"
 
-    def _fwd_name(self, plan: GraphPlan, call: CallPlan) -> str | None:
+    @staticmethod
+    def _fwd_name(run: _Run, call: CallPlan) -> str | None:
         if call.fwd is None:
             return None
-        (phase, module, op), local = call.fwd
-        base = self._forward_bases.get(plan.model, {}).get(call.fwd[0], 0)
-        return f"{phase}/{module}/{op}#{base + local}"
+        key, local = call.fwd
+        phase, module, op = _in(key, run.instance.path)
+        return f"{phase}/{module}/{op}#{run.forward_bases.get(key, 0) + local}"
 
     def _templates_of(self, run: _Run) -> _Templates:
         """Per call of the plan, per slot: the record fields that do not change from step to step.
@@ -254,20 +317,14 @@ class GraphCapture:
         values of its symbolic sizes, so those of the last few signatures of each plan are kept.
         """
         plan = run.plan
-        forward_bases = self._forward_bases.get(plan.model, {})
-        signature = (
-            tuple(run.bases.values()),
-            run.seq,
-            tuple(forward_bases.values()) if plan.phase == "backward" else (),
-            run.sizes,
-        )
+        signature = (tuple(run.bases.values()), run.seq, tuple(run.forward_bases.values()), run.sizes, run.instance.path)
         kept = self._templates.setdefault(id(plan), {})
         templates = kept.get(signature)
         if templates is not None:
             return templates
         templates = []
         for call in plan.calls:
-            prefix, fwd = self._call_name(run, call), self._fwd_name(plan, call)
+            prefix, fwd = self._call_name(run, call), self._fwd_name(run, call)
             templates.append([(slot, self._fields(run, call, slot, prefix, fwd)) for slot in call.slots])
         if len(kept) >= _KEPT_SIZES:
             del kept[next(iter(kept))]
@@ -276,7 +333,7 @@ class GraphCapture:
 
     def _fields(self, run: _Run, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> dict[str, Any]:
         """A slot's record fields but ``step``, statistics and tensor."""
-        phase, module, op = call.key
+        phase, module, op = run.keys[call.key]
         meta = slot.meta or {}
         shape, stride, value = meta.get("shape"), meta.get("stride"), slot.value
         if run.evaluated:  # symbolic sizes: those of this run
@@ -418,6 +475,12 @@ class _PendingRows:
             stats.update(stats_from_sums(sums[:_VALID], numel, plan.integral[row]))
         if self.done is not None:
             self.done(self.rows)
+
+
+def _in(key: Key, path: str) -> Key:
+    """A plan's key named in the instance at ``path`` (``graph_instances.in_instance``)."""
+    phase, module, op = key
+    return (phase, in_instance(path, module), op) if path else key
 
 
 _NO_SUMS = (math.nan, math.nan, 0.0, 0.0, 0, 0, 0, 0)

@@ -6,6 +6,11 @@ and, when there is something to dump, opens ``model__<N>`` in the dump tree
 (:mod:`torchdebug.compile.debug_dir` documents the files). While dumping it turns PyTorch's compile
 caches off for the duration of the compile (``torchdebug._torch.dynamo.caches_disabled``, scoped),
 because a cache hit skips the passes and their dumps (pytorch/pytorch#152374).
+
+With the data dump on, each compiled graph that reads parameters tells the dump which module
+instance runs it before every run (its first parameter; ``torchdebug.capture.graph_instances``),
+so graphs compiled per block are named by the block that ran when the backend knows the root model
+(``get_backend(config, model=model)``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.fx
+from torch import nn
 
 from torchdebug._torch import dynamo as _dynamo
 from torchdebug._torch.inductor import (
@@ -74,9 +80,11 @@ class _PhaseMarker(CustomGraphPass):
 class TorchDebugBackend:
     """A ``torch.compile`` backend configured by a :class:`CompilerConfig` (read at each compile)."""
 
-    def __init__(self, config: CompilerConfig, passes: Sequence[GraphPass] = ()) -> None:
+    def __init__(self, config: CompilerConfig, passes: Sequence[GraphPass] = (), model: nn.Module | None = None) -> None:
         self.config = config
         self.passes = tuple(passes)
+        self.model = model
+        """The root model, whose compiled blocks name the data dump's records (``None``: not known)."""
         self._warned_no_cudagraphs = False
         self.data_dump: GraphCapture | None = None
         """The records of ``config.dump_config`` (created at the first compile with ``enable_dump``);
@@ -101,7 +109,18 @@ class TorchDebugBackend:
             if model is not None:
                 model.summary["backend_seconds"] = round(time.perf_counter() - start, 6)
                 model.write_summary()
+        if data_dump is not None:
+            compiled = self._naming_instances(compiled, data_dump.model.name, example_inputs)
         return compiled
+
+    def _naming_instances(self, compiled: Callable[..., Any], model: str, example_inputs: list[Any]) -> Callable[..., Any]:
+        """``compiled`` handing the data dump its first parameter input before each run, which
+        tells the module instance running it (none to hand: ``compiled`` itself)."""
+        index = next((i for i, value in enumerate(example_inputs) if isinstance(value, nn.Parameter)), None)
+        capture = self.data_dump
+        if index is None or capture is None:
+            return compiled
+        return _dynamo.calls_with(compiled, lambda args: capture.enter(model, args[index]))
 
     def _data_dump_pass(self) -> DataDumpPass | None:
         """The data-dump pass for the next Dynamo graph (``model__<N>`` in this backend's order)."""
@@ -111,7 +130,12 @@ class TorchDebugBackend:
         settings = dump_config.settings()
         if self.data_dump is None:
             self.data_dump = GraphCapture(
-                path=settings.path, task=settings.task, steps=settings.steps, scene=settings.scene, settings=settings.to_dict()
+                path=settings.path,
+                task=settings.task,
+                steps=settings.steps,
+                scene=settings.scene,
+                settings=settings.to_dict(),
+                model=self.model,
             )
         model = ModelContext(f"model__{self._dumped_graphs}")
         self._dumped_graphs += 1
@@ -251,14 +275,18 @@ class TorchDebugBackend:
         return _dynamo.aot_autograd(**options)(gm, example_inputs)
 
 
-def get_backend(config: CompilerConfig | None = None, *, passes: Sequence[GraphPass] = ()) -> TorchDebugBackend:
+def get_backend(
+    config: CompilerConfig | None = None, *, passes: Sequence[GraphPass] = (), model: nn.Module | None = None
+) -> TorchDebugBackend:
     """A backend for ``torch.compile(model, backend=get_backend(config))``.
 
     ``passes`` are extra :class:`~torchdebug.compile.pipeline.GraphPass` es run on every AOT graph
     after inductor's post-grad passes (or right after AOT autograd in ``aot_eager`` /
-    ``run_eagerly``), each one dumped while ``TORCH_COMPILE_DEBUG=1``.
+    ``run_eagerly``), each one dumped while ``TORCH_COMPILE_DEBUG=1``. ``model``: the root model
+    when its blocks are compiled one by one (``block.compile(backend=backend)``), so that the data
+    dump names each block's records by its path in the model (``layers.1.attn``), as eager dumps do.
     """
-    return TorchDebugBackend(config if config is not None else CompilerConfig(), passes)
+    return TorchDebugBackend(config if config is not None else CompilerConfig(), passes, model)
 
 
 @functools.cache

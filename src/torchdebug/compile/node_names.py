@@ -5,8 +5,10 @@ An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.rec
 - ``module``: the innermost entry of ``node.meta["nn_module_stack"]`` (forward) or
   ``fwd_nn_module_stack`` (backward nodes, copied there by AOT autograd from the forward node with
   the same ``seq_nr``), turned into the eager form: ``L['self'].layers[0].attn`` -> ``layers.0.attn``,
-  the compiled module itself -> ``<root>``. Nodes with no stack are ``<root>`` when the graph comes
-  from a module (some node's stack starts at ``L['self']``), else ``-``.
+  the compiled module itself -> ``<root>``, ``torch.compile``'s wrapper left out (no ``_orig_mod``).
+  Nodes with no stack are ``<root>`` when the graph comes from a module (some node's stack starts at
+  ``L['self']``), else ``-``. A graph compiled per block is traced from the block: its runs put the
+  path of the block instance that ran in front (``torchdebug.capture.graph_instances``).
 - ``op``: ``str(node.target)`` (``aten.addmm.default``), as the dispatcher names it in eager mode;
   for a forward node that alone replaced an eager op when the compiler decomposed it (``permute``
   for ``t`` or ``transpose``, ``reshape`` for ``view``), the op it replaced, read from
@@ -32,6 +34,7 @@ import torch
 import torch.fx
 
 from torchdebug._torch.dispatch import OpOverload
+from torchdebug._torch.dynamo import without_wrappers
 from torchdebug.capture.stacks import SKIP_DIRS, TRACE_FRAME, format_frame, stack_id
 from torchdebug.records import NO_MODULE
 
@@ -42,10 +45,11 @@ _INDEX = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
 
 
 def eager_module_path(path: str) -> str:
-    """``L['self'].layers[0].attn`` -> ``layers.0.attn``; the compiled module itself -> ``<root>``."""
+    """``L['self'].layers[0].attn`` -> ``layers.0.attn``; the compiled module itself -> ``<root>``;
+    ``torch.compile``'s wrappers left out (``layers.0._orig_mod.attn`` -> ``layers.0.attn``)."""
     rest = _LOCAL.sub("", path, count=1)
     rest = _INDEX.sub(lambda m: "." + (m[1] if m[1] is not None else m[2]), rest)
-    return rest.strip(".") or ROOT_MODULE
+    return without_wrappers(rest.strip(".")) or ROOT_MODULE
 
 
 def module_stack_path(node: torch.fx.Node, key: str) -> str | None:

@@ -11,7 +11,8 @@
 Modules: ``matching`` (pairing records), ``metrics`` (float64 errors), ``tolerances`` (per dtype),
 ``replay`` (an op call re-run in float64 from its records), ``verdicts`` (pass/warning/error,
 blamed/inherited), ``comparable`` (what cannot be compared: shapes of other inputs, constants made
-for the dtype), ``checksums`` (bit-exact verdicts), ``steps`` (one comparison's steps), ``engine`` (the in-process run),
+for the dtype), ``checksums`` (bit-exact verdicts), ``shards`` (a sharded run's DTensor pieces read as
+whole tensors), ``steps`` (one comparison's steps), ``engine`` (the in-process run),
 ``distributed`` (worker processes), ``across_ranks`` (cross-rank check), ``result``.
 """
 

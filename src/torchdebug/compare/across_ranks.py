@@ -18,10 +18,13 @@ see the same reduced gradients and run the same optimizer step. The records wher
   gradients after all-reduce. DDP reduces gradients in C++ inside the autograd engine, which a
   dispatch mode does not see: there the reduced gradients appear as inputs of the optimizer.
 
-Not compared: activations and local gradients (each rank has its own batch), ``reduce_scatter``,
-``send``/``recv`` outputs (they differ by design), ``parameter_grad`` records (taken before the
-all-reduce), argument values. Sharded optimizers (FSDP, ZeRO) give ranks different state: pass the
-``ranks`` that hold the same shard (one data-parallel group).
+Not compared: pieces of a split DTensor (``Shard`` or ``Partial`` placements: FSDP2's sharded
+parameters, gradients and optimizer state, tensor-parallel weights; each rank holds another piece,
+while ``Replicate`` ones are compared), activations and local gradients (each rank has its own
+batch), ``reduce_scatter``, ``send``/``recv`` outputs (they differ by design), ``parameter_grad``
+records (taken before the all-reduce), argument values. Sharded optimizers on plain tensors (ZeRO,
+FSDP1) give ranks different state: pass the ``ranks`` that hold the same shard (one data-parallel
+group).
 
 **Reference**: for each slot the ranks are grouped by value (bitwise; by statistics where no tensor
 was saved). The largest group is the reference, on a tie the group holding the lowest rank: with
@@ -47,6 +50,7 @@ from torchdebug import progress
 from torchdebug.compare.metrics import stats_metrics, tensor_metrics
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
+from torchdebug.compare.shards import sharded
 from torchdebug.compare.steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances
 from torchdebug.records import Record
@@ -72,7 +76,7 @@ _EXACT = Tolerance(0.0, 0.0)
 
 def replicated(record: Record) -> bool:
     """Whether data-parallel replicas must hold the same value in this slot (module docstring)."""
-    if record.kind != "tensor" or record.capture_error:
+    if record.kind != "tensor" or record.capture_error or sharded(record):
         return False
     return record.phase == "optimizer" or record.io == "parameter" or (record.io == "output" and record.op in SAME_ON_EVERY_RANK)
 

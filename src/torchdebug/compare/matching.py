@@ -290,15 +290,16 @@ def _assign_order(pairs: list[Pair], records_b: Sequence[Record]) -> None:
             pair.order = before + 0.5 + pos * 1e-9
 
 
-def identity(record: Record) -> tuple | None:
+def identity(record: Record, shape: Sequence[int] | None = None) -> tuple | None:
     """What makes two slots of one dump the same tensor: the saved tensor's key, else dtype, shape
-    and statistics."""
+    (``shape`` instead of the record's: a DTensor's local shape, which its statistics describe) and
+    statistics."""
     if record.kind != "tensor":
         return None
     if record.tensor and record.tensor.get("key"):
         return ("key", record.tensor.get("file"), record.tensor["key"])
     if record.stats:
-        return ("stats", record.dtype, tuple(record.shape or ()), tuple(record.stats.values()))
+        return ("stats", record.dtype, tuple(record.shape or () if shape is None else shape), tuple(record.stats.values()))
     return None
 
 

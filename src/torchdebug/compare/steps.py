@@ -44,6 +44,7 @@ from torchdebug.compare.metrics import stats_metrics, tensor_metrics
 from torchdebug.compare.replay import NotReplayable, own_errors
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
+from torchdebug.compare.shards import row_note, whole_tensors
 from torchdebug.compare.tolerances import Tolerance, lower_precision, tolerance_for
 from torchdebug.compare.verdicts import judge
 from torchdebug.errors import DumpError
@@ -97,6 +98,7 @@ class Pairing:
 def open_pair(a: str | Path | reader.Run, b: str | Path | reader.Run) -> Pairing:
     """Open both dumps; fail when they have no rank in common, note the ranks one side lacks."""
     run_a, run_b = open_dump(a), open_dump(b)
+    run_a, run_b = whole_tensors(run_a, run_b), whole_tensors(run_b, run_a)  # a sharded run against another world size
     side_a, side_b = Side.of(a, run_a), Side.of(b, run_b)
     problems = []
     only_a = sorted(set(run_a.ranks) - set(run_b.ranks))
@@ -345,6 +347,9 @@ def attribute(
         judge(rows, growth=settings.growth, replayed=True)
     judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
     for row in rows:
+        note = row_note(row)
+        if note is not None:
+            row.message = f"{row.message}; {note}" if row.message else note
         if row.match == "inside":
             row.message = f"inside {row.name_b}: a node of its compiled form, compared where values enter and leave it"
         elif row.verdict == "incomparable":

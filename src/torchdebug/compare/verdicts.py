@@ -23,7 +23,8 @@ Per row, in execution order:
   computed from such rows (a micro-batch's loss or weight gradient) that differs. A value that one
   side makes from incomparable rows through ops only it runs (micro-batch gradients summed by
   accumulation) can be compared again: it is judged, and blamed when it differs by more than
-  ``growth`` tolerances (summing in another order);
+  ``growth`` tolerances (summing in another order); and a slot holding one piece of a split DTensor
+  whose other pieces are not in the dump (:func:`~torchdebug.compare.shards.one_shard`);
 * a value made from constants alone (a call without tensor inputs: ``scalar_tensor``, ``full``) or
   a constant no captured op made that differs only because the runs' dtypes do
   (``torch.finfo(dtype).min`` as an attention bias) passes with attribution ``dtype``; what is
@@ -54,6 +55,7 @@ from collections.abc import Sequence
 from torchdebug.compare.comparable import DataShapes, data_records, dtype_argument, dtype_constants
 from torchdebug.compare.matching import execution_order, producers
 from torchdebug.compare.rows import Row
+from torchdebug.compare.shards import one_shard
 from torchdebug.compare.tolerances import lower_precision, rounding_tolerance
 from torchdebug.records import MODULE_OP, Record, call_name
 
@@ -534,6 +536,9 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
         if a.capture_error or b.capture_error:
             failed = [f"{side}: {r.capture_error}" for side, r in (("A", a), ("B", b)) if r.capture_error]
             row.verdict, row.message = "warning", "not captured on " + "; ".join(failed)
+            continue
+        if row.kind == "tensor" and (piece := one_shard(row)) is not None:
+            _incomparable(row, piece)
             continue
         if row.kind != "tensor":
             _judge_value(row, constant)

@@ -124,6 +124,9 @@ class RankDump:
 
     @cached_property
     def _records(self) -> tuple[list[Record], bool]:
+        return self._read()
+
+    def _read(self) -> tuple[list[Record], bool]:
         rows, truncated = _read_jsonl(self.path / layout.RECORDS)
         records = [_record(row) for row in rows]
         if not self.complete:
@@ -147,6 +150,11 @@ class RankDump:
     def records(self) -> list[Record]:
         """All records of this rank, in the order they were written."""
         return self._records[0]
+
+    def passing_records(self) -> list[Record]:
+        """This rank's records, read without being kept (the kept list when they were read already):
+        for a pass over the other ranks of a run that must not hold every rank's records at once."""
+        return self.records() if "_records" in self.__dict__ else self._read()[0]
 
     @property
     def truncated(self) -> bool:

@@ -9,6 +9,8 @@ Each module wraps one torch subsystem and is imported only by the features that 
 - :mod:`~torchdebug._torch.pytree`: the tensors of nested outputs.
 - :mod:`~torchdebug._torch.subclasses`: wrapper subclasses (DTensor, FSDP2 parameters, float8
   weights) read through their plain inner tensors.
+- :mod:`~torchdebug._torch.fsdp`: the FSDP2 parameter group issuing a collective, and the pass it
+  runs it for.
 - :mod:`~torchdebug._torch.dynamo`: Dynamo, AOT autograd, compile caches, debug folder, structured trace.
 - :mod:`~torchdebug._torch.inductor`: inductor's entry points, config keys, custom-pass slots and
   the per-pass observer.

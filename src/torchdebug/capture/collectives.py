@@ -6,6 +6,11 @@ values exist once the returned ``Work`` completes (the wrapper waits for it, or 
 the first time torchdebug looks after the work has completed: before the next op is captured, or when
 capture stops (which waits for collectives still in flight). Outputs are the tensors the op returns,
 or its first argument for ``recv``.
+
+A collective that an FSDP2 parameter group issues belongs to that group's module, not to the module
+running when it is dispatched (:func:`collective_owner`): a prefetching all-gather runs in another
+module's hook, and the last reduce-scatters in the root's final backward callback, outside every
+autograd node.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from torchdebug._torch.dispatch import op_schema
+from torchdebug._torch.fsdp import issuing_group
 from torchdebug.slots import Slot, iter_slots
 
 Work = dist.Work if dist.is_available() else None
@@ -56,6 +63,20 @@ def _inside_torch_distributed(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def collective_owner(name_of: Callable[[nn.Module], str]) -> tuple[str | None, str] | None:
+    """``(phase, module path)`` of the collective being dispatched when an FSDP2 parameter group
+    issues it: an all-gather belongs to the module whose parameters it gathers, a reduce-scatter to
+    the module whose gradients it reduces, in the pass the group runs it for (``forward`` or
+    ``backward``, prefetches included; ``None`` when the group is idle: the caller's phase holds).
+    ``name_of`` names a module (the module tracker's); a group of several modules
+    (``fully_shard([a, b])``) is named ``a+b``. ``None`` for other collectives."""
+    found = issuing_group(sys._getframe(1))
+    if found is None:
+        return None
+    modules, phase = found
+    return phase, "+".join(map(name_of, modules))
 
 
 def waited_by_caller(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:

@@ -1,20 +1,36 @@
-"""``torchdebug show DUMP``: print records with statistics and source stack (ptdbg's ``parse``).
+"""``torchdebug show DUMP``: what a dump holds, on one screen, then its records one by one.
 
-The first op call of each rank that made a NaN or an Inf is named at the top.
-Damaged tensor files (truncated, missing) are named in warnings, and their records say so.
+First the first op call of each rank that made a NaN or an Inf, then a summary of the matching
+records (per phase: records, op calls, NaN/Inf slots, largest magnitude; the modules with NaN/Inf
+or the largest magnitudes; the largest slots), then the first ``--limit`` records with statistics
+and source stack, and how many more there are. A dump holds up to a million records per rank, so
+the records are read once, in order, and only the first few are kept. Damaged tensor files
+(truncated, missing) are named in warnings, and their records say so.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from torchdebug.cli.arguments import indices, integer, name_pattern
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchdebug.records import Record
     from torchdebug.store.reader import RankRecords
+
+
+ROWS = 10
+"""Records printed after the summary unless ``--limit`` or ``--all`` says otherwise."""
+MODULES = 8
+"""Modules in the summary: those with NaN/Inf slots first, then by largest magnitude."""
+SLOTS = 5
+"""Slots listed under the largest magnitudes."""
+ORIGIN_RANKS = 8
+"""Ranks whose first NaN/Inf is named; the others are counted."""
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -25,12 +41,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--step", type=indices, help="only these steps: 3, 0|3-5 or 0,2")
     parser.add_argument("--rank", type=indices, help="only these ranks, same forms as --step")
-    parser.add_argument("--limit", type=integer(0), default=0, help="print at most N records (0: all)")
+    parser.add_argument(
+        "--limit", type=integer(0), default=ROWS, help=f"print the first N matching records (default {ROWS}; 0: all)"
+    )
+    parser.add_argument("--all", action="store_true", help="print every matching record (as --limit 0)")
     parser.add_argument("--no-stack", action="store_true", help="omit call stacks")
     parser.set_defaults(func=run)
 
 
 def _format_number(value: object) -> str:
+    if value is None:
+        return "-"
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
@@ -72,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from torchdebug.capture.filters import NameMatcher
     from torchdebug.cli.tensor_files import damaged_files, warn_damaged
     from torchdebug.nonfinite import find_origin
+    from torchdebug.report.dump import overview
     from torchdebug.store.reader import load
 
     run_ = load(args.dump)
@@ -79,31 +101,116 @@ def run(args: argparse.Namespace) -> int:
     ranks = {rank: dump for rank, dump in sorted(run_.ranks.items()) if args.rank is None or rank in args.rank}
     if not ranks:
         raise ValueError(f"--rank: got {_spec(args.rank)}, the run has ranks {_spec(sorted(run_.ranks))}")
-    print(f"run {run_.path}: ranks {sorted(run_.ranks)}")
+    print(f"run {run_.path}: ranks {_spec(sorted(run_.ranks))}")
     for rank in run_.partial_ranks:
         print(f"warning: rank {rank} did not finish (no completion marker); its records end where it stopped")
     damaged = {}
+    origins = []
     for rank, dump in ranks.items():
         damaged[rank] = damaged_files(dump)
         warn_damaged(rank, damaged[rank], "cannot be read")
         first = find_origin(dump.records())
         if first is not None:
-            print(f"first NaN/Inf of rank {rank}: {str(first)}")
-    shown = 0
-    for rank, dump in ranks.items():
-        for record in dump.records():
-            if args.step is not None and record.step not in args.step:
-                continue
-            if matcher and not matcher(record.name):
-                continue
-            print(format_record(record, dump, with_stack=not args.no_stack, damaged=damaged[rank]))
-            shown += 1
-            if args.limit and shown >= args.limit:
-                return 0
-    if not shown:
+            origins.append(f"first NaN/Inf of rank {rank}: {first}")
+    for line in origins[:ORIGIN_RANKS]:
+        print(line)
+    if len(origins) > ORIGIN_RANKS:
+        print(f"... and a first NaN/Inf on {len(origins) - ORIGIN_RANKS} more ranks (--rank to see them)")
+
+    limit = None if args.all or args.limit == 0 else args.limit
+    shown: list[tuple[int, Record]] = []
+    matched = 0
+
+    def matching() -> Iterator[Record]:
+        nonlocal matched
+        for rank, dump in ranks.items():
+            for record in dump.records():
+                if (args.step is None or record.step in args.step) and (not matcher or matcher(record.name)):
+                    matched += 1
+                    if limit is None or len(shown) < limit:
+                        shown.append((rank, record))
+                    yield record
+
+    summary = overview(matching(), largest=SLOTS)
+    if not matched:
         print("no records match")
+        return 0
+    print(*_summary_lines(summary, matched), sep="\n")
+    print(f"\nthe first {len(shown)} records:" if len(shown) < matched else f"\nall {matched} records:")
+    for rank, record in shown:
+        print(format_record(record, ranks[rank], with_stack=not args.no_stack, damaged=damaged[rank]))
+    if len(shown) < matched:
+        print(f"... {matched - len(shown)} more: --limit N or --all prints them, --name, --step and --rank narrow them")
     return 0
 
 
+def _summary_lines(summary: dict[str, Any], matched: int) -> list[str]:
+    """The summary's text: phases, the modules worth a look, the largest slots."""
+    steps = summary["steps"]
+    calls = sum(row["calls"] for row in summary["phases"])
+    lines = [f"\n{matched} records of {calls} op calls in steps {_spec(steps)}"]
+    lines.append(
+        _table(
+            ["phase", "records", "calls", "NaN/Inf", "largest"],
+            [
+                [row["phase"], row["records"], row["calls"], row["nonfinite"], _format_number(row["largest"])]
+                for row in summary["phases"]
+            ],
+        )
+    )
+    modules = summary["modules"]
+    picked = sorted(modules, key=_module_rank)[:MODULES]
+    if picked:
+        count = len(modules) + summary["more_modules"]
+        lines.append(f"\nmodules ({len(picked)} of {count}: NaN/Inf first, then by largest magnitude):")
+        lines.append(
+            _table(
+                ["module", "records", "NaN/Inf", "largest forward", "largest backward"],
+                [
+                    [
+                        row["module"],
+                        row["records"],
+                        row["nonfinite"],
+                        *(_largest(row, phase) for phase in ("forward", "backward")),
+                    ]
+                    for row in picked
+                ],
+            )
+        )
+    if summary["largest"]:
+        lines.append("\nlargest magnitudes:")
+        lines.extend(
+            f"  {_format_number(slot['magnitude']):>12}  {slot['name']}  (step {slot['step']})" for slot in summary["largest"]
+        )
+    return lines
+
+
+def _module_rank(row: dict[str, Any]) -> tuple[bool, float]:
+    values = [entry["value"] for entry in row["largest"].values()]
+    return (not row["nonfinite"], -max(values, default=-1.0))
+
+
+def _largest(row: dict[str, Any], phase: str) -> str:
+    entry = row["largest"].get(phase)
+    return _format_number(entry["value"]) if entry else "-"
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    """Columns padded to their widest cell: text left-aligned, numbers right-aligned."""
+    cells = [header, *[[str(cell) for cell in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  " + "  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths)))
+        for row in cells
+    )
+
+
 def _spec(values: list[int]) -> str:
-    return ",".join(map(str, values))
+    """``0-3,7``: sorted integers with consecutive runs joined (the form --step and --rank take)."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][1] + 1:
+            runs[-1][1] = value
+        else:
+            runs.append([value, value])
+    return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in runs)

@@ -157,7 +157,7 @@ def overview(records: Iterable[Record], largest: int = LARGEST) -> dict[str, Any
         low, high = stats.get("min"), stats.get("max")
         if low is None or high is None:  # an empty or all-NaN tensor
             continue
-        magnitude = float(max(-low, high))  # max(|min|, |max|) since min <= max
+        magnitude = float(max(abs(low), abs(high)))
         if tally.largest is None or magnitude > tally.largest:
             tally.largest, tally.largest_slot = magnitude, record.name
         if magnitude == math.inf or (len(heap) == largest and magnitude <= heap[0][0]):

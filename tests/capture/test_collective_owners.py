@@ -4,16 +4,14 @@ reduce, in the pass they run for: prefetches and the root's final reduce-scatter
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests import gloo
 from torchdebug.capture.collectives import collective_owner
 from torchdebug.capture.modules import ModuleTracker
 
@@ -43,38 +41,33 @@ class _Owners(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _worker(rank: int, init_file: str, out_path: str) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        from torch.distributed.fsdp import fully_shard
+def _worker(rank: int, out_path: str) -> None:
+    from torch.distributed.fsdp import fully_shard
 
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(_Block(8), _Block(12), torch.nn.Linear(8, 4))  # every group of another size
-        for block in model[:2]:
-            fully_shard(block)
-        fully_shard(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        owners = _Owners(ModuleTracker(model).name_of)
-        batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
-        steps = []
-        for _ in range(2):
-            with owners:
-                model(batch).square().mean().backward()
-                optimizer.step()
-                optimizer.zero_grad()
-            steps.append(owners.seen)
-            owners.seen = []
-        if rank == 0:
-            Path(out_path).write_text(json.dumps(steps))
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Block(8), _Block(12), torch.nn.Linear(8, 4))  # every group of another size
+    for block in model[:2]:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    owners = _Owners(ModuleTracker(model).name_of)
+    batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+    steps = []
+    for _ in range(2):
+        with owners:
+            model(batch).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        steps.append(owners.seen)
+        owners.seen = []
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(steps))
 
 
 @pytest.mark.slow
 def test_fsdp2_collectives_carry_the_module_and_phase_they_belong_to(tmp_path):
     out = tmp_path / "owners.json"
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    gloo.spawn(_worker, tmp_path, str(out))
     # all-gathers return a group's whole parameters, reduce-scatters one rank's half of its gradients
     whole = {"0": 2 * (8 * 8 + 8), "1": 8 * 12 + 12 + 12 * 8 + 8, "<root>": 8 * 4 + 4}
     for seen in json.loads(out.read_text()):

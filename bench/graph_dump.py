@@ -1,7 +1,7 @@
 """Step and compile time of the compiled GPT training step with a statistics dump of every node vs without.
 
     python bench/graph_dump.py [--sizes 768x1024,256x128] [--steps 10] [--batch 8] [--device cpu|cuda]
-    python bench/graph_dump.py --recompile [--sizes 256x128] [--batch 8]
+    python bench/graph_dump.py --recompile [--sizes 256x128] [--batch 8] [--model gpt|llama]
 
 For each size ``DxS`` (d_model x seq_len, one layer): one process, two compiled copies of the same
 model (inductor through the torchdebug backend; one with ``dump_config.enable_dump`` and
@@ -21,6 +21,8 @@ the model with a symbolic sequence length: that step is timed, forward and backw
 one at ``3 seq_len / 4``, which reuses the symbolic graph (its time shows no compile). Wall time and
 CPU time (this process and the compiler processes it waited for) are printed: on a shared box the
 CPU time is the steadier figure. Target: recompile with the dump at most 2x the plain recompile.
+``--model llama`` runs issue 26's model instead (``examples/llama.py``: 2 layers, dim 64, fused
+QKV, complex RoPE buffer, SDPA; batch 2, lengths 32, 16, 24; ``--sizes`` is ignored).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch._dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
+from examples.llama import Llama  # noqa: E402
 from torchdebug.compile import CompilerConfig, get_backend  # noqa: E402
 
 
@@ -75,10 +78,16 @@ def _cpu_seconds() -> float:
 class _RecompileArm:
     """One compiled copy, run at three sequence lengths; the second one recompiles with symbolic sizes."""
 
-    def __init__(self, config: GPTConfig, dump: bool, device: str, batch: int, sync: object) -> None:
+    def __init__(self, config: GPTConfig, dump: bool, device: str, batch: int, sync: object, model: str) -> None:
         torch.manual_seed(0)
         self.config, self.batch, self.device, self.sync = config, batch, device, sync
-        self.model = GPT(config).to(device)
+        if model == "llama":
+            self.model = Llama(
+                vocab=config.vocab, dim=config.d_model, heads=config.n_head, layers=config.n_layer, seq=config.seq_len
+            )
+        else:
+            self.model = GPT(config)
+        self.model.to(device)
         options = CompilerConfig()
         if dump:
             options.dump_config.enable_dump = True
@@ -104,14 +113,20 @@ class _RecompileArm:
 
 def _bench_recompile(d_model: int, seq_len: int, args: argparse.Namespace) -> None:
     sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
-    config = GPTConfig(n_layer=1, d_model=d_model, n_head=4, seq_len=seq_len, vocab=512)
+    if args.model == "llama":
+        config = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab=128)
+        title = "Llama layers=2 dim=64 (fused QKV, complex RoPE, SDPA)"
+    else:
+        config = GPTConfig(n_layer=1, d_model=d_model, n_head=4, seq_len=seq_len, vocab=512)
+        title = f"GPT n_layer=1 d_model={d_model}"
+    seq_len = config.seq_len
     arms = {}
     for name in ("plain", "dump"):
         # Dynamo keeps which sizes changed per code object: a second arm would compile the length
         # as symbolic from its first step. Each arm starts from a fresh Dynamo (the first arm is done).
         torch._dynamo.reset()
-        arms[name] = _RecompileArm(config, name == "dump", args.device, args.batch, sync)
-    print(f"GPT n_layer=1 d_model={d_model} batch={args.batch} on {args.device}, every node dumped, caches off:")
+        arms[name] = _RecompileArm(config, name == "dump", args.device, args.batch, sync, args.model)
+    print(f"{title} batch={args.batch} on {args.device}, every node dumped, caches off:")
     for label, part in (("first compile", "first"), ("recompile", "recompile"), ("reused", "reuse")):
         (wall_p, cpu_p), (wall_d, cpu_d) = (getattr(arms[name], part) for name in ("plain", "dump"))
         print(
@@ -168,10 +183,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--recompile", action="store_true", help="time the recompile with symbolic shapes instead")
+    parser.add_argument("--model", choices=("gpt", "llama"), default="gpt", help="--recompile: the model (default gpt)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
     _warm_up_inductor(args.device)
-    for size in args.sizes.split(","):
+    sizes = args.sizes.split(",") if not (args.recompile and args.model == "llama") else ["64x32"]
+    for size in sizes:
         d_model, seq_len = (int(part) for part in size.split("x"))
         (_bench_recompile if args.recompile else _bench)(d_model, seq_len, args)
 

@@ -57,7 +57,7 @@ from torchdebug.nonfinite import OriginTracker
 from torchdebug.records import Record
 from torchdebug.stats import stats_from_sums, stats_from_vector
 from torchdebug.store import layout
-from torchdebug.store.writer import RankWriter, create_run_dir, new_run_name, run_manifest
+from torchdebug.store.writer import RankWriter, join_run, run_manifest
 
 log = logging.getLogger("torchdebug.capture.graph")
 
@@ -110,7 +110,7 @@ class GraphCapture:
         model: torch.nn.Module | None = None,
     ) -> None:
         self.rank, self.world_size = rank_and_world_size()
-        self.run_dir = create_run_dir(Path(path), new_run_name())
+        self.run_dir = join_run(Path(path), self.rank, self.world_size)  # one run folder for every rank
         config = {"task": task, "dump_config": settings}
         manifest = run_manifest(self.run_dir.name, self.rank, self.world_size, config, capture="graph")
         writer = RankWriter(self.run_dir / layout.rank_dir_name(self.world_size, self.rank), manifest)

@@ -12,6 +12,17 @@ A forward hook registered ``with_kwargs=True`` leaves its id in
 ``torch.nn.modules.module._global_forward_hooks_with_kwargs`` after ``handle.remove()`` (torch 2.11
 through 2.14: the handle does not know that dict), which keeps ``_has_any_global_hook()`` true and
 that warning on for the rest of the process; :meth:`GlobalForwardHooks.remove` takes it out too.
+
+When a forward raises (activation checkpointing's early stop raises inside a recomputed forward on
+purpose), torch 2.11 through 2.14 call an always-called global hook without its ``kwargs``
+argument, ``hook(module, args, result)``: a hook declared with kwargs would fail and torch would
+warn. :class:`GlobalForwardHooks` takes that call and reports it to its ``raised`` callback.
+
+Module wrappers (``checkpoint_wrapper``'s ``CheckpointWrapper``, FSDP1's
+``FullyShardedDataParallel``, ``torch.compile``'s ``OptimizedModule``) hold the module they stand
+for as their only child, under the attribute names in :data:`WRAPPER_ATTRIBUTES`. The hooks skip
+their calls (the wrapped module's own call follows) and :func:`strip_wrappers` takes those names
+out of module and parameter paths, as ``torch.distributed.fsdp``'s ``clean_tensor_name`` does.
 """
 
 from __future__ import annotations
@@ -29,6 +40,23 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 _WRAPPER_WARNING = re.escape("Using `torch.compile(module)` when there are global hooks on modules")
 
 
+WRAPPER_ATTRIBUTES = frozenset({"_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod"})
+"""Child names under which a module wrapper holds the module it stands for (torch 2.11 through 2.14)."""
+
+
+def is_module_wrapper(module: nn.Module) -> bool:
+    """Whether ``module`` only wraps its one child (see the module docstring)."""
+    children = module._modules
+    return len(children) == 1 and next(iter(children)) in WRAPPER_ATTRIBUTES
+
+
+def strip_wrappers(path: str) -> str:
+    """``path`` without the wrapper names in it: ``h.0._checkpoint_wrapped_module.attn`` is ``h.0.attn``."""
+    if "._" not in path and not path.startswith("_"):  # the common case, no split
+        return path
+    return ".".join(part for part in path.split(".") if part not in WRAPPER_ATTRIBUTES)
+
+
 def is_compiled_wrapper(module: nn.Module) -> bool:
     """Whether ``module`` is the ``OptimizedModule`` that ``torch.compile(module)`` returned."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # no wrapper exists before Dynamo is loaded
@@ -43,22 +71,28 @@ def unwrap_compiled(module: nn.Module) -> nn.Module:
 class GlobalForwardHooks:
     """A forward pre-hook and an always-called forward hook (with kwargs) on every module call.
 
-    Calls of ``torch.compile``'s wrapper are skipped: the wrapped module's own call follows, so
-    each module call reaches the hooks once. ``remove()`` undoes everything, once.
+    ``exit`` sees each call that returned, ``raised`` (when given) each call whose forward raised.
+    Calls of module wrappers are skipped: the wrapped module's own call follows, so each module
+    call reaches the hooks once. ``remove()`` undoes everything, once.
     """
 
     def __init__(
         self,
         enter: Callable[[nn.Module, tuple], None],
         exit: Callable[[nn.Module, tuple, dict[str, Any], Any], None],
+        raised: Callable[[nn.Module], None] | None = None,
     ) -> None:
         def on_enter(module: nn.Module, args: tuple) -> None:
-            if not is_compiled_wrapper(module):
+            if not is_module_wrapper(module):
                 enter(module, args)
 
-        def on_exit(module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-            if not is_compiled_wrapper(module):
-                exit(module, args, kwargs, output)
+        def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
+            if is_module_wrapper(module):
+                return
+            if len(kwargs_and_output) == 2:
+                exit(module, args, *kwargs_and_output)
+            elif raised is not None:  # torch's call after a forward raised: (module, args, None)
+                raised(module)
 
         self._filter = ("ignore", re.compile(_WRAPPER_WARNING, re.I), UserWarning, None, 0)
         warnings.filters.insert(0, self._filter)  # type: ignore[attr-defined]
@@ -80,4 +114,11 @@ class GlobalForwardHooks:
             pass
 
 
-__all__ = ["GlobalForwardHooks", "is_compiled_wrapper", "unwrap_compiled"]
+__all__ = [
+    "WRAPPER_ATTRIBUTES",
+    "GlobalForwardHooks",
+    "is_compiled_wrapper",
+    "is_module_wrapper",
+    "strip_wrappers",
+    "unwrap_compiled",
+]

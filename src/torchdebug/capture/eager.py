@@ -13,9 +13,12 @@ pre-hook wraps it so that its ops are forward and backward ops, named as in a lo
 before the step. A backward op is attributed to the module, source line and call of the forward op
 that created its autograd node, found through the node's sequence number. Ops of ``AccumulateGrad``
 nodes take the parameter's path (``layers.0.fc.weight``) as module, so their names do not depend on
-the order in which gradients arrive. Collectives (``c10d`` ops) record their outputs once their
-work completes (``collectives.py``). With ``task="overflow_check"`` every selected call is checked
-for the NaN/Inf it makes and only those calls are recorded (``overflow_check.py``, ``nonfinite.py``).
+the order in which gradients arrive. Ops that activation checkpointing runs again inside the
+backward are phase ``recompute``, named after their own module and source line and counted apart,
+so the backward's call numbers are those of a run without checkpointing (``recompute.py``).
+Collectives (``c10d`` ops) record their outputs once their work completes (``collectives.py``).
+With ``task="overflow_check"`` every selected call is checked for the NaN/Inf it makes and only
+those calls are recorded (``overflow_check.py``, ``nonfinite.py``).
 """
 
 from __future__ import annotations
@@ -28,21 +31,18 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr
+from torchdebug._torch.checkpoint import BOOKKEEPING_OPS, RecomputeDetector, bookkeeping
 from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.collectives import PendingCollectives, split_result, waited_by_caller
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.overflow_check import OverflowWatch
+from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors, Replay
 from torchdebug.capture.session import CaptureSession
 from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE
 from torchdebug.slots import iter_slots
-
-_ForwardInfo = tuple[str, str, "tuple[str, list[str], str] | None"]
-"""``(module, call name, (stack id, frames, source))`` of a forward op, keyed by its autograd
-sequence number."""
-
 
 _VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
 """Ops whose output is a copy of their first input (statistics reused; the copy is saved anew)."""
@@ -69,6 +69,10 @@ class _OpInfo(NamedTuple):
     collective: bool
     """A ``c10d`` op: outputs are recorded once its work completes."""
     value_preserving: bool
+    detach: bool
+    """``aten.detach``: autograd makes one when it unpacks a saved tensor."""
+    bookkeeping: bool
+    """An op activation checkpointing also runs for its own bookkeeping in the forward."""
     written: frozenset[str]
     """Top-level argument keys (position ``"0"`` and name ``"self"``) the op writes into."""
 
@@ -84,7 +88,15 @@ def _op_info(func: Any) -> _OpInfo:
         for key in (str(index), argument.name)
     )
     return _OpInfo(
-        func, name, namespace in _SKIPPED_NAMESPACES, schema.is_mutable, namespace == "c10d", name in _VALUE_PRESERVING, written
+        func,
+        name,
+        namespace in _SKIPPED_NAMESPACES,
+        schema.is_mutable,
+        namespace == "c10d",
+        name in _VALUE_PRESERVING,
+        name == "aten.detach.default",
+        name in BOOKKEEPING_OPS,
+        written,
     )
 
 
@@ -122,7 +134,8 @@ class OpCapture:
     ) -> None:
         self.session = session
         self.tracker = tracker
-        self.phases = phases
+        self.phases = phases | {RECOMPUTE} if "forward" in phases else phases
+        """Recomputed ops are forward ops: recorded when the forward is."""
         self._backward_wanted = "backward" in phases
         self.ios = ios
         self._inputs = "input" in ios
@@ -139,7 +152,13 @@ class OpCapture:
         self._ops: dict[int, _OpInfo] = {}
         """Keyed by ``id(overload)``: an overload's ``__hash__`` is a Python call."""
         self._calls: dict[tuple[str, str, str], int] = {}
-        self._forward: dict[int, _ForwardInfo] = {}
+        self._log: list[ForwardCall] = []
+        """The step's forward calls, in order (recomputed ops are paired with them)."""
+        self._forward: dict[int, ForwardCall] = {}
+        """Forward calls keyed by the autograd sequence number of the node they made."""
+        self._recomputing = RecomputeDetector()
+        self._replay = Replay()
+        self._rebuilt = RebuiltTensors()
         self._in_optimizer = 0
         self._collectives = PendingCollectives()
         self._overflow = OverflowWatch(session, session.overflow_nums) if session.overflow_nums is not None else None
@@ -158,6 +177,7 @@ class OpCapture:
     def stop(self) -> None:
         self._collectives.finish()
         self.stacks.clear()
+        self._recomputing.reset()
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
@@ -168,7 +188,10 @@ class OpCapture:
 
     def next_step(self) -> None:
         self._calls.clear()
+        self._log.clear()
         self._forward.clear()
+        self._replay.reset()
+        self._rebuilt.clear()
         self.range.reset()
         if self.stack_range is not None:
             self.stack_range.reset()
@@ -221,22 +244,36 @@ class OpCapture:
         op = info.name
         fwd = None
         captured = None
+        paired = None
+        rebuilt = None
         node = current_autograd_node()
-        if node is not None:
+        if node is None:
+            if self._in_optimizer:
+                phase = "optimizer"
+                module = NO_MODULE
+            else:  # activation checkpointing's own ops (detaching what it keeps) are not the model's
+                phase = RECOMPUTE if info.bookkeeping and bookkeeping() else "forward"
+                module = self.tracker.current()
+        elif info.detach and (rebuilt := self._rebuilt.module_of(args[0] if args else None)) is not None:
+            phase = RECOMPUTE  # autograd unpacks a tensor the checkpoint rebuilt or kept
+            module = rebuilt
+        elif not self._recomputing(node, info.detach):
             phase = "backward"
             forward_info = self._forward.get(node_sequence_nr(node))
             if forward_info is not None:
-                module, fwd, captured = forward_info
+                module, fwd, captured, _, _ = forward_info
             else:  # gradient accumulation into a parameter is named after the parameter
                 variable = getattr(node, "variable", None)
                 path = self.tracker.parameter_path(variable) if variable is not None else None
                 module = path or NO_MODULE
-        elif self._in_optimizer:
-            phase = "optimizer"
-            module = NO_MODULE
         else:
-            phase = "forward"
+            phase = RECOMPUTE
             module = self.tracker.current()
+            if not info.detach:  # detaches are checkpoint's own (see RebuiltTensors)
+                paired = self._replay.pair(node, op, module, self._log, self._forward)
+            if paired is not None:
+                module, fwd = paired[0], paired[1]
+        rebuilds = phase == RECOMPUTE and info.detach and rebuilt is None
         key = (phase, module, op)
         call = self._calls.get(key, 0)
         self._calls[key] = call + 1
@@ -244,11 +281,15 @@ class OpCapture:
 
         selected = phase in self.phases and self.range.check(call_name) and (not self._any_names or self.names(call_name))
         want_stack = self._stack_all or (self.stack_range is not None and self.stack_range.check(call_name))
-        if node is None and want_stack and (selected or self._backward_wanted):
+        if phase != "backward" and want_stack and (selected or self._backward_wanted):
             captured = self.stacks.capture()
+        # The node this op creates (if any) took the sequence number just before the next one.
         if phase == "forward":
-            # The node this op creates (if any) took the sequence number just before the next one.
-            self._forward.setdefault(next_sequence_nr() - 1, (module, call_name, captured))
+            entry = (module, call_name, captured, op, len(self._log))
+            self._log.append(entry)
+            self._forward.setdefault(next_sequence_nr() - 1, entry)
+        elif phase == RECOMPUTE and not info.detach:  # a reentrant checkpoint backwards through the nodes made here
+            self._forward.setdefault(next_sequence_nr() - 1, paired or (module, call_name, captured, op, None))
         stack_id = source = None
         if captured is not None and want_stack:
             stack_id, frames, source = captured
@@ -259,7 +300,10 @@ class OpCapture:
         if self._collectives:
             self._collectives.capture_completed()
         if not selected:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if rebuilds:
+                self._rebuilt.add(out, module)
+            return out
         session = self.session
         seq = session.next_seq()
         save = session.wants_tensor(call_name)
@@ -284,6 +328,8 @@ class OpCapture:
                 fwd=fwd,
             )
         out = func(*args, **kwargs)
+        if rebuilds:
+            self._rebuilt.add(out, module)
         alias = self._alias_source(info, args, out)
         if alias is not None:
             session.share_alias(out, *alias)

@@ -3,12 +3,18 @@
 :class:`ModuleTracker` keeps the stack of modules whose forward is running, so each op gets the
 path of the innermost one. Paths are relative to the model given to the debugger (its own path is
 ``<root>``). Without a model, the first top-level module called is taken as the model; other
-top-level modules (a loss module, say) are named by their class.
+top-level modules (a loss module, say) are named by their class. Module wrappers
+(``checkpoint_wrapper``, FSDP1, ``torch.compile``) are not modules of their own here: their calls
+are skipped and their attribute names (``_checkpoint_wrapped_module``, ...) never appear in paths.
+Module calls that activation checkpointing runs again inside the backward are phase ``recompute``.
 
 :class:`ModuleRecorder` (``level="module"`` or ``"mix"``) records each module call's inputs
 (positional ones when the call starts, keyword ones when it ends), outputs and own parameters in the
 forward, the gradients of its outputs and inputs in the backward (tensor hooks: an input shared by
-several modules gets its total gradient) and each parameter's gradient once accumulated.
+several modules gets its total gradient) and each parameter's gradient once accumulated. A
+recomputed module call records its inputs, outputs and parameters in phase ``recompute``, counted
+apart; the gradient hooks are those set in the forward (with a reentrant checkpoint, whose forward
+runs under ``no_grad``, the modules inside its regions get no gradient records).
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdebug._torch.nn import GlobalForwardHooks, unwrap_compiled
+from torchdebug._torch.autograd import current_autograd_node
+from torchdebug._torch.checkpoint import RecomputeDetector
+from torchdebug._torch.nn import GlobalForwardHooks, strip_wrappers
+from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
 from torchdebug.records import MODULE_OP, NO_MODULE
 from torchdebug.slots import iter_slots
@@ -38,13 +47,16 @@ class ModuleTracker:
             self._adopt(model, "")
         self._stack: list[str] = []
         self._hooks: GlobalForwardHooks | None = None
+        self._recomputing = RecomputeDetector()
         self.recorder: ModuleRecorder | None = None
 
     def _adopt(self, root: nn.Module, prefix: str) -> None:
         for name, module in root.named_modules(remove_duplicate=False):
+            name = strip_wrappers(name)
             path = f"{prefix}.{name}" if prefix and name else (name or prefix or ROOT_MODULE)
             self._names.setdefault(id(module), path)
         for name, param in root.named_parameters():
+            name = strip_wrappers(name)
             self._params.setdefault(id(param), (f"{prefix}.{name}" if prefix else name, param))
 
     def parameter_path(self, tensor: torch.Tensor) -> str | None:
@@ -53,7 +65,6 @@ class ModuleTracker:
         return found[0] if found is not None and found[1] is tensor else None
 
     def name_of(self, module: nn.Module) -> str:
-        module = unwrap_compiled(module)
         name = self._names.get(id(module))
         if name is None:
             if not self._stack and not self._model_adopted:
@@ -70,25 +81,35 @@ class ModuleTracker:
         return self._stack[-1] if self._stack else NO_MODULE
 
     def start(self) -> None:
-        self._hooks = GlobalForwardHooks(self._enter, self._exit)
+        self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised)
 
     def stop(self) -> None:
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
         self._stack.clear()
+        self._recomputing.reset()
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
         name = self.name_of(module)
         self._stack.append(name)
         if self.recorder is not None:
-            self.recorder.enter(module, name, args)
+            node = current_autograd_node()
+            recomputed = node is not None and self._recomputing(node, False)
+            self.recorder.enter(module, name, args, RECOMPUTE if recomputed else "forward")
 
     def _exit(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         if self._stack:
             name = self._stack.pop()
             if self.recorder is not None:
                 self.recorder.exit(module, name, kwargs, output)
+
+    def _raised(self, module: nn.Module) -> None:
+        """The forward of ``module`` raised (checkpoint's early stop does, on purpose)."""
+        if self._stack:
+            self._stack.pop()
+            if self.recorder is not None:
+                self.recorder.drop()
 
 
 class ModuleRecorder:
@@ -101,6 +122,7 @@ class ModuleRecorder:
         self.model = model
         self._calls: dict[tuple[str, str], int] = {}
         self._open: list[tuple[str, int, int]] = []
+        """``(phase, call, seq)`` of each module call under way, innermost last."""
         self._handles: list[Any] = []
         self.active = False
 
@@ -109,7 +131,7 @@ class ModuleRecorder:
         if self.model is not None and "backward" in self.phases:
             for name, param in self.model.named_parameters():
                 if param.requires_grad:
-                    self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(name)))
+                    self._handles.append(param.register_post_accumulate_grad_hook(self._grad_hook(strip_wrappers(name))))
 
     def stop(self) -> None:
         self.active = False
@@ -130,13 +152,14 @@ class ModuleRecorder:
         save = self.session.wants_tensor(f"{phase}/{name}/{MODULE_OP}#{call}")
         self.session.add_call(slots, phase=phase, module=name, op=MODULE_OP, call=call, seq=seq, io=io, save_tensors=save)
 
-    def enter(self, module: nn.Module, name: str, args: tuple) -> None:
-        call = self._next_call("forward", name)
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+        """A call of ``module`` starts, in phase ``forward`` or ``recompute``."""
+        call = self._next_call(phase, name)
         seq = self.session.next_seq()
-        self._open.append((name, call, seq))
+        self._open.append((phase, call, seq))
         if "forward" in self.phases and "input" in self.ios:
-            self._add(iter_slots(args), phase="forward", name=name, call=call, seq=seq, io="input")
-        if "backward" in self.phases and "output" in self.ios and torch.is_grad_enabled():
+            self._add(iter_slots(args), phase=phase, name=name, call=call, seq=seq, io="input")
+        if phase == "forward" and "backward" in self.phases and "output" in self.ios and torch.is_grad_enabled():
             for arg, value in iter_slots(args):
                 if isinstance(value, torch.Tensor) and value.requires_grad:
                     value.register_hook(self._tensor_grad_hook(name, call, "output", arg))
@@ -144,21 +167,26 @@ class ModuleRecorder:
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
         if not self._open:
             return
-        _, call, seq = self._open.pop()
+        phase, call, seq = self._open.pop()
         if "forward" in self.phases:
             if kwargs and "input" in self.ios:
-                self._add(iter_slots((), kwargs), phase="forward", name=name, call=call, seq=seq, io="input")
+                self._add(iter_slots((), kwargs), phase=phase, name=name, call=call, seq=seq, io="input")
             if "output" in self.ios:
                 outputs = output if isinstance(output, (tuple, list)) else (output,)
-                self._add(iter_slots(outputs), phase="forward", name=name, call=call, seq=seq, io="output")
+                self._add(iter_slots(outputs), phase=phase, name=name, call=call, seq=seq, io="output")
             params = [(n, p) for n, p in module.named_parameters(recurse=False)]
             if params:
-                self._add(iter(params), phase="forward", name=name, call=call, seq=seq, io="parameter")
-        if "backward" in self.phases and torch.is_grad_enabled():
+                self._add(iter(params), phase=phase, name=name, call=call, seq=seq, io="parameter")
+        if phase == "forward" and "backward" in self.phases and torch.is_grad_enabled():
             outputs = output if isinstance(output, (tuple, list)) else (output,)
             for arg, value in iter_slots(outputs):
                 if isinstance(value, torch.Tensor) and value.requires_grad:
                     value.register_hook(self._tensor_grad_hook(name, call, "input", arg))
+
+    def drop(self) -> None:
+        """The innermost module call under way raised: it has no outputs to record."""
+        if self._open:
+            self._open.pop()
 
     def _tensor_grad_hook(self, name: str, call: int, io: str, arg: str) -> Any:
         def hook(grad: torch.Tensor) -> None:

@@ -5,7 +5,8 @@ Each module wraps one torch subsystem and is imported only by the features that 
 
 - :mod:`~torchdebug._torch.autograd`: the running autograd node and sequence numbers, version counters.
 - :mod:`~torchdebug._torch.dispatch`: ``TorchDispatchMode``, op overloads and their schemas.
-- :mod:`~torchdebug._torch.nn`: global module hooks next to ``torch.compile(module)``.
+- :mod:`~torchdebug._torch.nn`: global module hooks next to ``torch.compile(module)`` and module wrappers.
+- :mod:`~torchdebug._torch.checkpoint`: activation checkpointing's recomputation and bookkeeping ops.
 - :mod:`~torchdebug._torch.pytree`: the tensors of nested outputs.
 - :mod:`~torchdebug._torch.subclasses`: wrapper subclasses (DTensor, FSDP2 parameters, float8
   weights) read through their plain inner tensors.

@@ -4,6 +4,7 @@ torch release that moves or changes what it wraps fails here, by name, before an
 from __future__ import annotations
 
 import importlib
+import inspect
 import subprocess
 import sys
 import warnings
@@ -312,3 +313,15 @@ def test_observer_reports_inductor_passes_and_is_restored_after():
 
 def test_decompositions_are_inductors():
     assert torch.ops.aten.gelu.default in inductor.select_decomp_table()
+
+
+def test_fsdp2_parameter_groups_have_what_the_collective_owners_read():
+    from torchdebug._torch import fsdp
+
+    groups = importlib.import_module(fsdp._MODULE)
+    for name in ("FORWARD", "PRE_BACKWARD", "POST_BACKWARD"):
+        assert hasattr(groups.TrainingState, name)
+    for method in ("unshard", "post_backward"):
+        assert inspect.unwrap(getattr(groups.FSDPParamGroup, method)).__code__.co_filename == groups.__file__
+    init = inspect.getsource(groups.FSDPParamGroup.__init__)
+    assert "self.modules" in init and "self._training_state" in init

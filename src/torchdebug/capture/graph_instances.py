@@ -42,26 +42,42 @@ class CompiledInstances:
     """Maps the parameters of the compiled modules of a root model to the module's path.
 
     The map is built when first needed and again after a compile (:meth:`changed`), since blocks
-    are compiled after the backend exists (``block.compile(backend=backend)`` needs it).
+    are compiled after the backend exists (``block.compile(backend=backend)`` needs it), and when
+    a graph is handed a parameter the map lacks: FSDP2 registers a block's unsharded parameters
+    only while the block runs (its sharded DTensors the rest of the time), so a map built during
+    one block's forward holds the other blocks' sharded parameters, not the ones their graphs get.
+    A parameter still unknown after a rebuild is remembered, so each costs one rebuild at most.
     """
 
     def __init__(self, root: nn.Module | None) -> None:
         self._root = root
         self._paths: dict[int, tuple[weakref.ref[torch.Tensor], str]] | None = None
+        self._unknown: dict[int, weakref.ref[torch.Tensor]] = {}
+        """Parameters no rebuild found (handed by graphs of modules outside the root's compiled ones)."""
 
     def changed(self) -> None:
         """A graph was compiled: modules may have been compiled since the map was built."""
         self._paths = None
+        self._unknown.clear()
 
     def of(self, parameter: torch.Tensor | None) -> Instance:
         """The instance whose graph was handed ``parameter`` (``None``: the graph reads none)."""
         if parameter is None:
             return NO_INSTANCE
+        path = self._lookup(parameter)
+        known_unknown = (ref := self._unknown.get(id(parameter))) is not None and ref() is parameter
+        if path is None and self._root is not None and not known_unknown:
+            self._paths = self._build()
+            path = self._lookup(parameter)
+            if path is None:
+                self._unknown[id(parameter)] = weakref.ref(parameter)
+        return Instance(id(parameter), path or "")
+
+    def _lookup(self, parameter: torch.Tensor) -> str | None:
         if self._paths is None:
             self._paths = self._build()
         found = self._paths.get(id(parameter))
-        path = found[1] if found is not None and found[0]() is parameter else ""
-        return Instance(id(parameter), path)
+        return found[1] if found is not None and found[0]() is parameter else None
 
     def _build(self) -> dict[int, tuple[weakref.ref[torch.Tensor], str]]:
         paths: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}

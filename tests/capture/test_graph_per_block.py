@@ -16,7 +16,7 @@ import torch._dynamo
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
-from torchdebug._torch.dynamo import without_wrappers
+from torchdebug._torch.nn import strip_wrappers
 from torchdebug.capture.graph_instances import NO_INSTANCE, CompiledInstances, in_instance
 from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.compile.node_names import eager_module_path
@@ -140,10 +140,13 @@ def test_without_the_root_model_each_block_run_takes_its_own_call_indices_forwar
     }
 
 
-def test_module_paths_leave_torch_compile_wrappers_out() -> None:
+def test_module_paths_leave_module_wrappers_out() -> None:
     assert eager_module_path("L['self'].layers[0]._orig_mod.attn") == "layers.0.attn"
     assert eager_module_path("L['self']._orig_mod") == "<root>"
-    assert without_wrappers("layers.1._orig_mod.mlp.fc") == "layers.1.mlp.fc"
+    checkpointed = "L['self'].layers[1].__dict__['_modules']['_checkpoint_wrapped_module'].attn"  # checkpoint_wrapper
+    assert eager_module_path(checkpointed) == "layers.1.attn"
+    assert eager_module_path("L['self'].__dict__['_modules']['_checkpoint_wrapped_module']") == "<root>"
+    assert strip_wrappers("layers.1._orig_mod.mlp.fc") == "layers.1.mlp.fc"
     assert in_instance("layers.1", "<root>") == "layers.1" and in_instance("layers.1", "attn.qkv") == "layers.1.attn.qkv"
     assert in_instance("", "attn.qkv") == "attn.qkv"
 

@@ -47,6 +47,8 @@ from torch._dynamo.utils import get_debug_dir, get_metrics_context  # noqa: E402
 from torch._guards import detect_fake_mode  # noqa: E402
 from torch._logging._internal import trace_structured_artifact  # noqa: E402
 
+from torchdebug._torch.nn import strip_wrappers  # noqa: E402
+
 __all__ = [
     "aot_autograd",
     "caches_disabled",
@@ -62,7 +64,6 @@ __all__ = [
     "min_cut_rematerialization_partition",
     "recompile_reason",
     "user_frames",
-    "without_wrappers",
 ]
 
 
@@ -107,25 +108,13 @@ def emit_artifact(name: str, text: str) -> None:
     trace_structured_artifact(name, "string", payload_fn=lambda: text)
 
 
-_WRAPPED = "_orig_mod"
-"""Where ``torch.compile(module)``'s wrapper keeps the module (a path component of what it wraps)."""
-
-
-def without_wrappers(path: str) -> str:
-    """A module path with ``torch.compile``'s wrappers left out: ``layers.0._orig_mod.attn`` ->
-    ``layers.0.attn``, ``_orig_mod`` -> ``""``."""
-    if _WRAPPED not in path:
-        return path
-    return ".".join(part for part in path.split(".") if part != _WRAPPED)
-
-
 def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """``(path, module)`` for each module of ``root`` whose calls run compiled code, outer ones
     first: ``torch.compile(module)``'s wrapper and modules whose ``compile()`` ran. Paths leave the
     wrappers out (``layers.0``, never ``layers.0._orig_mod``); ``root`` itself is ``""``."""
     for path, module in root.named_modules():
         if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None:
-            yield without_wrappers(path), module
+            yield strip_wrappers(path), module
 
 
 def calls_with(compiled: Callable[..., Any], before: Callable[[tuple[Any, ...]], None]) -> Callable[..., Any]:

@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from torchdebug._torch.dispatch import OpOverload
-from torchdebug._torch.dynamo import without_wrappers
+from torchdebug._torch.nn import strip_wrappers
 from torchdebug.capture.stacks import SKIP_DIRS, TRACE_FRAME, format_frame, stack_id
 from torchdebug.records import NO_MODULE
 
@@ -42,14 +42,19 @@ ROOT_MODULE = "<root>"
 
 _LOCAL = re.compile(r"^[LG]\['[^']*'\]")
 _INDEX = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
+_MODULES_DICT = re.compile(r"\.__dict__\._modules\.")
+"""A child reached through the parent's ``__dict__['_modules']`` (how Dynamo names a module that a
+wrapper's ``forward`` takes from its attributes)."""
 
 
 def eager_module_path(path: str) -> str:
     """``L['self'].layers[0].attn`` -> ``layers.0.attn``; the compiled module itself -> ``<root>``;
-    ``torch.compile``'s wrappers left out (``layers.0._orig_mod.attn`` -> ``layers.0.attn``)."""
+    module wrappers left out (``layers.0._orig_mod.attn``, checkpoint_wrapper's
+    ``layers.0.__dict__['_modules']['_checkpoint_wrapped_module'].attn`` -> ``layers.0.attn``)."""
     rest = _LOCAL.sub("", path, count=1)
     rest = _INDEX.sub(lambda m: "." + (m[1] if m[1] is not None else m[2]), rest)
-    return without_wrappers(rest.strip(".")) or ROOT_MODULE
+    rest = _MODULES_DICT.sub(".", rest)
+    return strip_wrappers(rest.strip(".")) or ROOT_MODULE
 
 
 def module_stack_path(node: torch.fx.Node, key: str) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from torchdebug.compare.rows import Row
 from torchdebug.compare.verdicts import first_divergence, judge
 from torchdebug.records import Record, make_name
@@ -113,3 +115,20 @@ def test_every_error_row_has_an_error_and_says_what_differs():
     assert all(row.error == float("inf") for row in rows)
     assert reshaped.message == "shape differs: [8] vs [4]"
     assert nan.message == "NaN/Inf where the other side is finite"
+
+
+def test_sizes_that_change_as_the_world_sizes_do_are_incomparable_not_errors():
+    # A: one process with the whole batch of 8; B: a rank of two with its 4 (no data input dumped:
+    # the blocks of a graph dump); a size changed by another ratio stays an error
+    def reshaped(seq: int, size: int) -> Row:
+        row = _row("output", None, seq=seq)
+        row.shape_a = row.record_a.shape = [size]
+        return row
+
+    split, other = reshaped(0, 8), reshaped(1, 12)
+    judge([split, other], split=Fraction(1, 2))
+    assert split.verdict == "incomparable" and "world sizes do (1:2)" in split.message
+    assert other.verdict == "error"
+    again = reshaped(0, 8)
+    judge([again])
+    assert again.verdict == "error"

@@ -15,6 +15,8 @@ Two cases make a matched pair of slots differ by design, and compare must not ca
   batch), unless it holds a parameter: a different hidden size or vocabulary changes a parameter,
   and stays an error. Without any parameter evidence in the dump (no optimizer step, no module
   records), only integer and bool inputs (token ids, masks, labels) count as data.
+  A run on other world size splits the data between its ranks: sizes that change by the ratio of
+  the world sizes follow the data too (:class:`DataShapes`' ``split``), data inputs in the dump or not.
 * **A constant made for the dtype.** ``torch.finfo(dtype).min`` as an attention bias, ``eps``:
   a bf16 run and an fp32 run make other values on purpose. :func:`dtype_constants` names the
   values that are one ``finfo`` attribute of two different floating dtypes, from an argument of the
@@ -111,7 +113,12 @@ class DataShapes:
         data: Mapping[str, set[int]],
         made_by: Mapping[int, tuple[str, str]],
         parameters: Collection[int] = (),
+        split: Fraction | None = None,
     ) -> None:
+        self.split = split
+        """World size of A over B when they differ (data parallelism: each rank holds its share of
+        the batch, so sizes change by that ratio even where no data input shows it: a graph dump
+        of compiled blocks holds no tokens)."""
         self.parameters = set(parameters)
         """``id``\\ s of records holding a parameter or optimizer state: their shapes never follow the data."""
         self.origins: dict[int, str] = {}
@@ -131,6 +138,8 @@ class DataShapes:
             else:
                 continue
             ratios.update(changes or ())
+        if split is not None:
+            ratios.add(split)
         self.ratios = ratios | {r * s for r in ratios for s in ratios}
         """How sizes change where the data differs, and products of two (batch and sequence flattened)."""
 
@@ -145,6 +154,9 @@ class DataShapes:
         changes = _ratios(row.shape_a or (), row.shape_b or ())  # type: ignore[attr-defined]
         if not changes or any(change not in self.ratios for change in changes):
             return None
+        if self.split is not None and all(change == self.split for change in changes):
+            ratio = f"{self.split.numerator}:{self.split.denominator}"
+            return f"its sizes differ as the runs' world sizes do ({ratio}): each rank holds its share of the data"
         return "its sizes change as the runs' data inputs do"
 
 

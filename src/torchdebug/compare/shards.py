@@ -32,13 +32,14 @@ import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from torchdebug.compare.matching import identity
 from torchdebug.records import Record
 from torchdebug.store import reader
 
-__all__ = ["Layout", "ShardedRank", "layouts", "whole_tensors", "one_shard", "row_note", "sharded"]
+__all__ = ["Layout", "ShardedRank", "data_split", "layouts", "whole_tensors", "one_shard", "row_note", "sharded"]
 
 _OUTPUTS = ("output", "parameter_grad")
 _COMBINED_PARTIALS = {"P(sum)": False, "P(avg)": True}
@@ -281,6 +282,15 @@ class ShardedRank:
 def _world_size(run: reader.Run) -> int:
     """The run's world size: its manifests' (a run read from one rank folder has the others too)."""
     return max([len(run.ranks), *(getattr(dump, "world_size", 0) for dump in run.ranks.values())])
+
+
+def data_split(dump_a: Any, dump_b: Any) -> Fraction | None:
+    """A's world size over B's when they differ (a data-parallel rank holds its share of the batch,
+    so its activations' sizes change by that ratio); ``None`` when they agree."""
+    size_a, size_b = getattr(dump_a, "world_size", 0), getattr(dump_b, "world_size", 0)
+    if not size_a or not size_b or size_a == size_b:
+        return None
+    return Fraction(size_a, size_b)
 
 
 def whole_tensors(run: reader.Run, other: reader.Run) -> reader.Run:

@@ -44,7 +44,7 @@ from torchdebug.compare.metrics import stats_metrics, tensor_metrics
 from torchdebug.compare.replay import NotReplayable, own_errors
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
-from torchdebug.compare.shards import row_note, whole_tensors
+from torchdebug.compare.shards import data_split, row_note, whole_tensors
 from torchdebug.compare.tolerances import Tolerance, lower_precision, tolerance_for
 from torchdebug.compare.verdicts import judge
 from torchdebug.errors import DumpError
@@ -338,13 +338,14 @@ def attribute(
     """Verdicts and attribution of one rank's rows, with replay first when asked; without it, the
     rows left ``undecided`` that have tensor metrics (both sides saved them) are replayed, and all
     rows judged again."""
+    split = data_split(dump_a, dump_b)
     if settings.replay:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
-    judge(rows, growth=settings.growth, replayed=settings.replay)
+    judge(rows, growth=settings.growth, replayed=settings.replay, split=split)
     undecided = [row for row in rows if row.verdict == "undecided" and "cosine" in row.metrics]
     if undecided:
         replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
-        judge(rows, growth=settings.growth, replayed=True)
+        judge(rows, growth=settings.growth, replayed=True, split=split)
     judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
     for row in rows:
         note = row_note(row)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from fractions import Fraction
 
 from torchdebug.compare.comparable import DataShapes, data_records, dtype_argument, dtype_constants
 from torchdebug.compare.matching import execution_order, producers
@@ -256,7 +257,7 @@ class _Flow:
     tensor, or the same dtype, shape and statistics, looking through casts), traced through the calls
     only that side runs back to matched rows; and which blamed row each row inherits from."""
 
-    def __init__(self, rows: Sequence[Row]) -> None:
+    def __init__(self, rows: Sequence[Row], split: Fraction | None = None) -> None:
         self.slots: dict[tuple[str, int, str], Row] = {}
         self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
         records: dict[str, list[Record]] = {"a": [], "b": []}
@@ -279,7 +280,7 @@ class _Flow:
             if reshaped:  # which values are data matters only where shapes differ
                 data[side], held = data_records(ordered, made_by)
                 parameters |= held
-        self.shapes = DataShapes(rows, data, self.producers, parameters)
+        self.shapes = DataShapes(rows, data, self.producers, parameters, split)
         """Where shapes differ because the runs' inputs do."""
         self.origin: dict[int, str] = {}
         """``id(row)`` → the name of the blamed row whose error it carries."""
@@ -597,12 +598,13 @@ def _judge_call(rows: list[Row], saved: list[Row], growth: float, upstream: floa
     return seen
 
 
-def judge(rows: Sequence[Row], *, growth: float = 16.0, replayed: bool = False) -> None:
+def judge(rows: Sequence[Row], *, growth: float = 16.0, replayed: bool = False, split: Fraction | None = None) -> None:
     """Set verdict, attribution and message of one rank's rows (sorted in execution order); judging
     again starts afresh. ``replayed``: the calls that replay could decide were replayed, so a row
     with saved tensors and no own error is judged by statistics alone (else it is ``undecided``,
-    for replay to decide)."""
-    flow = _Flow(rows)
+    for replay to decide). ``split``: A's world size over B's, when they differ (each rank holds
+    its share of the data)."""
+    flow = _Flow(rows, split)
     calls: dict[tuple[int, str], list[Row]] = {}
     for row in rows:
         calls.setdefault((row.step, call_name(row.name)), []).append(row)

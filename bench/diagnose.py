@@ -52,6 +52,7 @@ import torch
 from examples.gpt import GPT, GPTConfig, MLP, make_batch
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"
 EXPECTED_MODULE = "layers.0.mlp"
+RELU_FILE = __file__
 
 
 class ReluMLP(MLP):
@@ -72,74 +73,11 @@ _LLAMA = """
 import sys, time
 sys.path.insert(0, {root!r})
 import torch
-import torch.nn.functional as F
-from torch import nn
+import examples.llama
+from examples.llama import Llama
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"
 EXPECTED_MODULE = "layers.0.ffn"
-
-
-def rope_frequencies(head_dim, seq, theta=10000.0):
-    frequencies = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
-    angles = torch.outer(torch.arange(seq).float(), frequencies)
-    return torch.polar(torch.ones_like(angles), angles)  # complex64
-
-
-def apply_rope(x, frequencies):
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(pairs * frequencies).flatten(-2).type_as(x)
-
-
-class Attention(nn.Module):
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads, self.head_dim = heads, dim // heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.out = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x, frequencies):
-        batch, seq, dim = x.shape
-        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, self.head_dim).unbind(2)
-        q, k = apply_rope(q, frequencies[:seq, None]), apply_rope(k, frequencies[:seq, None])
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, dim))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim, hidden):
-        super().__init__()
-        self.w13 = nn.Linear(dim, 2 * hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x):
-        a, g = self.w13(x).chunk(2, dim=-1)
-        return self.w2(torch.relu(a) * g)  # RELU LINE
-
-
-class Block(nn.Module):
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.attention_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
-        self.attention, self.ffn = Attention(dim, heads), FeedForward(dim, 4 * dim)
-
-    def forward(self, x, frequencies):
-        x = x + self.attention(self.attention_norm(x), frequencies)
-        return x + self.ffn(self.ffn_norm(x))
-
-
-class Llama(nn.Module):
-    def __init__(self, vocab=128, dim=64, heads=4, layers=2, seq=32):
-        super().__init__()
-        self.embedding = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.norm = nn.RMSNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-        self.register_buffer("frequencies", rope_frequencies(dim // heads, seq), persistent=False)
-
-    def forward(self, tokens):
-        x = self.embedding(tokens)
-        for layer in self.layers:
-            x = layer(x, self.frequencies)
-        return self.head(self.norm(x))
+RELU_FILE = examples.llama.__file__
 
 
 def make_model_and_inputs():
@@ -157,9 +95,9 @@ model, inputs = make_model_and_inputs()
 report = td.diagnose(model, *inputs, output_dir={out!r})
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 print(report.summary(), file=sys.stderr)
-relu_line = next(i for i, l in enumerate(open(__file__), 1) if l.rstrip().endswith("# RELU LINE"))
+relu_line = next(i for i, l in enumerate(open(RELU_FILE), 1) if l.rstrip().endswith("# RELU LINE"))
 right = report.stage == "inductor" and report.node == "relu" and report.module == EXPECTED_MODULE \\
-    and report.source is not None and report.source.startswith(f"{{__file__}}:{{relu_line}} ")
+    and report.source is not None and report.source.startswith(f"{{RELU_FILE}}:{{relu_line}} ")
 fx_cache = {{k: v for k, v in torch._dynamo.utils.counters["inductor"].items() if k.startswith("fxgraph_cache")}}
 print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "cpu_seconds": cpu, "right": right,
                   "stages": {{s.stage.label: round(s.seconds, 2) for s in report.stages}}, "fx_graph_cache": fx_cache,

@@ -16,7 +16,7 @@ from tests.diagnose.llama import tiny_llama
 from tests.diagnose.models import ReluNet, TanhNet, line_of
 
 MODELS = str(Path(__file__).with_name("models.py"))
-LLAMA = str(Path(__file__).with_name("llama.py"))
+LLAMA = str(Path(__file__).resolve().parents[2] / "examples" / "llama.py")
 
 
 def _source_line(report: td.DiagnoseReport) -> tuple[str, int]:

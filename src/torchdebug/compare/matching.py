@@ -307,19 +307,58 @@ _CASTS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "ate
 """Ops that only change dtype: transparent when tracing where a tensor came from (autocast adds them)."""
 
 
+_NEAREST = 2
+"""How many of the latest earlier producers of a value, besides the first, an input's candidates keep.
+Freshly initialised tensors share their statistics (zero biases and optimizer state, LayerNorm
+weights of ones): a bound keeps a step's matching linear in its records however many there are."""
+
+
 def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
     """For input slots (by ``id``) of ``records`` in execution order: ``(call name, output slot)`` that
     produced the same tensor earlier, looking through casts. Compare's matching and its verdicts (which
     trace an input through ops only one side runs) follow tensors with it."""
-    return {key: found[0] for key, found in candidate_producers(records).items()}
+    return {key: found[0] for key, found in candidate_producers(records, nearest=0).items()}
 
 
-def candidate_producers(records: Sequence[Record]) -> dict[int, tuple[tuple[str, str], ...]]:
-    """Every earlier ``(call name, output slot)`` that made the tensor an input slot (by ``id``) holds,
+class _Made:
+    """The distinct producers of one value in the order they first made it."""
+
+    __slots__ = ("order", "seen")
+
+    def __init__(self) -> None:
+        self.order: list[tuple[str, str]] = []
+        self.seen: set[tuple[str, str]] = set()
+
+    def add(self, producer: tuple[str, str]) -> None:
+        if producer not in self.seen:
+            self.seen.add(producer)
+            self.order.append(producer)
+
+    def candidates(self, call: str, nearest: int) -> tuple[tuple[str, str], ...]:
+        """The first producer other than ``call`` and up to ``nearest`` latest others, first made first.
+        Only ``call``'s own outputs are skipped on the way, so the cost does not grow with the group."""
+        order = self.order
+        first = next((i for i, producer in enumerate(order) if producer[0] != call), None)
+        if first is None:
+            return ()
+        latest: list[int] = []
+        i = len(order) - 1
+        while i > first and len(latest) < nearest:
+            if order[i][0] != call:
+                latest.append(i)
+            i -= 1
+        return (order[first], *(order[j] for j in reversed(latest)))
+
+
+def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> dict[int, tuple[tuple[str, str], ...]]:
+    """Earlier ``(call name, output slot)`` that made the tensor an input slot (by ``id``) holds,
     first made first (:func:`producers` takes that one). With statistics, identity is ambiguous: in a
     bf16 run AdamW's weight decay (``mul_`` by ``1 - lr * wd``) rounds back to the very weight the
-    forward pass transposed, so both calls made the value the update reads."""
-    made_by: dict[tuple, list[tuple[str, str]]] = {}
+    forward pass transposed, so both calls made the value the update reads. Of a group of calls that
+    made one value (at the first step, every zero bias's optimizer state), the first and the
+    ``nearest`` latest before the input are kept: the latest is where the input's own tensor came
+    from unless a later call remade the value, the first is where it was first seen."""
+    made_by: dict[tuple, _Made] = {}
     found: dict[int, tuple[tuple[str, str], ...]] = {}
     cast_sources: dict[str, tuple[str, str]] = {}
     for record in records:
@@ -328,16 +367,18 @@ def candidate_producers(records: Sequence[Record]) -> dict[int, tuple[tuple[str,
             continue
         call, slot = _split(record.name)
         if record.io == "input":
-            made = tuple(producer for producer in made_by.get(value, ()) if producer[0] != call)
+            group = made_by.get(value)
+            made = group.candidates(call, nearest) if group is not None else ()
             if made:
                 found[id(record)] = made
                 if record.op in _CASTS:
                     cast_sources[call] = made[0]
-        elif record.io in ("output", "parameter_grad"):
+        elif record.io in _OUTPUTS:
             producer = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
-            made = made_by.setdefault(value, [])
-            if producer not in made:
-                made.append(producer)
+            group = made_by.get(value)
+            if group is None:
+                group = made_by[value] = _Made()
+            group.add(producer)
     return found
 
 

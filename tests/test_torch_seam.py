@@ -325,3 +325,17 @@ def test_fsdp2_parameter_groups_have_what_the_collective_owners_read():
         assert inspect.unwrap(getattr(groups.FSDPParamGroup, method)).__code__.co_filename == groups.__file__
     init = inspect.getsource(groups.FSDPParamGroup.__init__)
     assert "self.modules" in init and "self._training_state" in init
+
+
+def test_async_collective_tensors_have_what_capture_reads_and_a_wait_without_work_returns():
+    from torchdebug._torch import funcol
+
+    module = importlib.import_module(funcol._MODULE)
+    assert funcol.async_tensor_class() is module.AsyncCollectiveTensor
+    plain = torch.arange(4.0)
+    wrapped = module.AsyncCollectiveTensor(plain)
+    assert funcol.inner_tensor(wrapped) is plain and funcol.unwaited(wrapped, module.AsyncCollectiveTensor) == [wrapped]
+    funcol.waits_before(wrapped)  # no collective writes into it: returns at once
+    assert wrapped.completed and funcol.unwaited(wrapped, module.AsyncCollectiveTensor) == []
+    funcol.wait_tensor(plain)
+    assert isinstance(funcol.pending_works(), int)

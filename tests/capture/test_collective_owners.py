@@ -1,19 +1,15 @@
-"""FSDP2's collectives belong to the module whose parameters they gather or whose gradients they
-reduce, in the pass they run for: prefetches and the root's final reduce-scatters included."""
+"""FSDP2's collectives are recorded under the module whose parameters they gather or whose gradients
+they reduce, in the pass they run for: prefetches and the root's final reduce-scatters included."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+import torchdebug
 from tests import gloo
-from torchdebug.capture.collectives import collective_owner
-from torchdebug.capture.modules import ModuleTracker
 
 _GATHER, _SCATTER = "c10d._allgather_base_.default", "c10d._reduce_scatter_base_.default"
 
@@ -28,20 +24,7 @@ class _Block(torch.nn.Module):
         return self.down(torch.relu(self.up(x))) + x
 
 
-class _Owners(TorchDispatchMode):
-    """Notes, for every FSDP collective, its owner and the size of its output."""
-
-    def __init__(self, name_of) -> None:  # noqa: ANN001
-        super().__init__()
-        self.name_of, self.seen = name_of, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if str(func) in (_GATHER, _SCATTER):
-            self.seen.append((str(func), args[0].numel(), collective_owner(self.name_of)))
-        return func(*args, **(kwargs or {}))
-
-
-def _worker(rank: int, out_path: str) -> None:
+def _worker(rank: int, dump: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
@@ -50,36 +33,39 @@ def _worker(rank: int, out_path: str) -> None:
         fully_shard(block)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    owners = _Owners(ModuleTracker(model).name_of)
     batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
-    steps = []
+    debugger = torchdebug.Debugger(dump, task="statistics")
     for _ in range(2):
-        with owners:
-            model(batch).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        steps.append(owners.seen)
-        owners.seen = []
-    if rank == 0:
-        Path(out_path).write_text(json.dumps(steps))
+        debugger.start(model)
+        model(batch).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        debugger.step()
+    debugger.close()
 
 
 @pytest.mark.slow
-def test_fsdp2_collectives_carry_the_module_and_phase_they_belong_to(tmp_path):
-    out = tmp_path / "owners.json"
-    gloo.spawn(_worker, tmp_path, str(out))
+def test_fsdp2_collectives_are_recorded_under_the_module_and_phase_they_belong_to(tmp_path):
+    gloo.spawn(_worker, tmp_path, str(tmp_path / "dump"))
     # all-gathers return a group's whole parameters, reduce-scatters one rank's half of its gradients
     whole = {"0": 2 * (8 * 8 + 8), "1": 8 * 12 + 12 + 12 * 8 + 8, "<root>": 8 * 4 + 4}
-    for seen in json.loads(out.read_text()):
-        for op, numel, owner in seen:
-            assert owner is not None, (op, numel)
-            phase, module = owner
-            assert numel == (whole[module] if op == _GATHER else whole[module] // 2), (op, numel, owner)
-            assert phase == "backward" or op == _GATHER, (op, owner)
-        gathered = Counter((phase, module) for op, _, (phase, module) in seen if op == _GATHER)
-        scattered = Counter((phase, module) for op, _, (phase, module) in seen if op == _SCATTER)
-        # the forward gathers every group; backward gathers the blocks again (resharded after forward;
-        # the root keeps its parameters) and reduces every group's gradients once
-        forward = {("forward", "<root>"): 1, ("forward", "0"): 1, ("forward", "1"): 1}
-        assert gathered == {**forward, ("backward", "0"): 1, ("backward", "1"): 1}
-        assert scattered == {("backward", "<root>"): 1, ("backward", "0"): 1, ("backward", "1"): 1}
+    # the forward gathers every group; backward gathers the blocks again (resharded after forward;
+    # the root keeps its parameters) and reduces every group's gradients once, the root's last
+    gathered = {("forward", "<root>"), ("forward", "0"), ("forward", "1"), ("backward", "0"), ("backward", "1")}
+    scattered = {("backward", "<root>"), ("backward", "0"), ("backward", "1")}
+    run = torchdebug.load(tmp_path / "dump")
+    for rank, dump in run.ranks.items():
+        records = dump.records()
+        for step in (0, 1):
+            outputs = [r for r in records if r.step == step and r.op in (_GATHER, _SCATTER) and r.io == "output"]
+            for record in outputs:
+                assert record.module in whole, (rank, record.name)
+                expected = whole[record.module] if record.op == _GATHER else whole[record.module] // 2
+                assert record.shape == [expected] and record.fwd is None, (rank, record.name, record.shape)
+            calls = Counter((r.op, r.phase, r.module, r.call) for r in outputs)
+            assert set(calls.values()) == {1}, calls  # one output each
+            expected_calls = {(_GATHER, phase, module, 0) for phase, module in gathered}
+            expected_calls |= {(_SCATTER, phase, module, 0) for phase, module in scattered}
+            assert set(calls) == expected_calls, (rank, step, sorted(calls))
+        collectives = {r.name for r in records if r.op.startswith("c10d.")}
+        assert not [name for name in collectives if "/-/" in name], sorted(collectives)

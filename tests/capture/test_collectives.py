@@ -1,5 +1,10 @@
 """Collectives under torch.distributed (gloo): outputs captured after the work completes."""
 
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -59,3 +64,98 @@ def test_collective_outputs_hold_the_values_after_completion(tmp_path):
             {r.name for r in records if r.op.startswith("c10d.") and r.op != "c10d.recv_.default" and r.op != "c10d.send.default"}
         )
     assert names[0] == names[1]  # the same collective has the same name on every rank
+
+
+# -- functional collectives (DTensor, tensor parallelism) ---------------------------------------------
+
+
+def _functional_program(rank: int) -> dict[str, torch.Tensor]:
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+    x = torch.arange(4.0) + 4 * rank  # [0, 1, 2, 3] and [4, 5, 6, 7]: their sum [4, 6, 8, 10]
+    reduced = funcol.all_reduce(x, "sum", group)  # an AsyncCollectiveTensor
+    doubled = reduced.view(2, 2) * 2  # a view runs unwaited, the multiplication waits
+    tripled = funcol.wait_tensor(funcol.all_reduce(x * 3, "sum", group))
+    inplace = x.clone()
+    torch.ops._c10d_functional.all_reduce_(inplace, "sum", group.group_name)
+    torch.ops._c10d_functional.wait_tensor(inplace)
+    late = funcol.all_reduce(x + 1, "sum", group)  # waited for when capture stops
+    return {"doubled": doubled, "tripled": tripled, "inplace": inplace, "late": late}
+
+
+def _functional_worker(rank: int, dump_path: str) -> None:
+    plain = _functional_program(rank)
+    with torchdebug.dump(dump_path):
+        captured = _functional_program(rank)
+    for key, value in plain.items():
+        assert torch.equal(value, captured[key]), key
+
+
+def test_functional_collective_outputs_hold_the_reduced_values(tmp_path):
+    gloo.spawn(_functional_worker, tmp_path, str(tmp_path / "dump"))
+    run = torchdebug.load(tmp_path / "dump")
+    for rank, dump in sorted(run.ranks.items()):
+        records = {r.name: r for r in dump.records() if r.kind == "tensor"}
+        means = {name.removeprefix("forward/-/"): r.stats["mean"] for name, r in records.items()}
+        assert [means[f"_c10d_functional.all_reduce.default#{call}/output.0"] for call in range(3)] == [7.0, 21.0, 9.0]
+        assert means["_c10d_functional.all_reduce_.default#0/output.0"] == 7.0
+        assert means["_c10d_functional.all_reduce_.default#0/input.0"] == 1.5 + 4 * rank  # before the reduction
+        assert means["_c10d_functional._wrap_tensor_autograd.default#0/output.0"] == 7.0
+        assert means["aten.view.default#0/input.0"] == means["aten.view.default#0/output.0"] == 7.0
+        assert means["aten.mul.Tensor#0/input.0"] == 7.0 and means["aten.mul.Tensor#0/output.0"] == 14.0
+        assert means["_c10d_functional.wait_tensor.default#0/input.0"] == 21.0
+        assert means["_c10d_functional.wait_tensor.default#1/input.0"] == 7.0
+        unwaited = [r for r in records.values() if r.extra.get("subclass") == "AsyncCollectiveTensor"]
+        assert unwaited and all(r.stats["min"] >= 4.0 for r in unwaited), rank  # never a rank's own summand
+
+
+# -- tensor parallelism: DTensor's functional collectives -----------------------------------------------
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x))) + x
+
+
+def _tensor_parallel_step(mesh, dump_path: str | None) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:  # noqa: ANN001
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = parallelize_module(_Block(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    reduced = []
+    model.down.register_forward_hook(lambda module, inputs, output: reduced.append(output))  # after RowwiseParallel's
+    batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    with torchdebug.dump(dump_path) if dump_path else contextlib.nullcontext():
+        loss = model(batch).square().mean()
+        loss.backward()
+    return loss, [p.grad.to_local() for p in model.parameters()], reduced[0]
+
+
+def _tensor_parallel_worker(rank: int, dump_path: str, out_path: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2,))
+    loss, grads, _ = _tensor_parallel_step(mesh, None)
+    captured_loss, captured_grads, reduced = _tensor_parallel_step(mesh, dump_path)
+    assert torch.equal(loss, captured_loss) and all(map(torch.equal, grads, captured_grads))
+    reduced = reduced.wait() if hasattr(reduced, "wait") else reduced
+    Path(out_path, f"{rank}.json").write_text(json.dumps({"min": reduced.min().item(), "max": reduced.max().item()}))
+
+
+@pytest.mark.slow
+def test_tensor_parallel_all_reduce_records_hold_the_reduced_output(tmp_path):
+    gloo.spawn(_tensor_parallel_worker, tmp_path, str(tmp_path / "dump"), str(tmp_path))
+    run = torchdebug.load(tmp_path / "dump")
+    for rank, dump in sorted(run.ranks.items()):
+        expected = json.loads((tmp_path / f"{rank}.json").read_text())
+        forward = {r.name.removeprefix("forward/<root>/"): r for r in dump.records() if r.phase == "forward"}
+        reduced = forward["_c10d_functional.all_reduce.default#0/output.0"]
+        assert (reduced.stats["min"], reduced.stats["max"]) == (expected["min"], expected["max"]), rank
+        residual = forward["aten.add.Tensor#0/input.0"]  # RowwiseParallel's output, plus the block's input
+        assert residual.extra.get("subclass") == "AsyncCollectiveTensor" and residual.stats == reduced.stats

@@ -12,6 +12,8 @@ Each module wraps one torch subsystem and is imported only by the features that 
   weights) read through their plain inner tensors.
 - :mod:`~torchdebug._torch.fsdp`: the FSDP2 parameter group issuing a collective, and the pass it
   runs it for.
+- :mod:`~torchdebug._torch.funcol`: functional collectives (DTensor's): ``AsyncCollectiveTensor``,
+  waiting for a result, the count of works not yet waited for.
 - :mod:`~torchdebug._torch.dynamo`: Dynamo, AOT autograd, compile caches, debug folder, structured trace.
 - :mod:`~torchdebug._torch.inductor`: inductor's entry points, config keys, custom-pass slots and
   the per-pass observer.

@@ -7,6 +7,15 @@ the first time torchdebug looks after the work has completed: before the next op
 capture stops (which waits for collectives still in flight). Outputs are the tensors the op returns,
 or its first argument for ``recv``.
 
+Functional collectives (``_c10d_functional.all_reduce``, ..., what DTensor and tensor parallelism
+issue) return no ``Work``: their outputs are final once ``_c10d_functional.wait_tensor`` ran on a
+tensor of the same storage (an ``AsyncCollectiveTensor`` runs it before the first op that is not a
+view reads it). :class:`PendingFunctional` keeps the storages still being written and holds back
+every slot that would read one (the collective's outputs, views of them and the ``AsyncCollectiveTensor``
+wrapping them) until the wait: the ``wait_tensor`` call, a wait torchdebug makes for an op that is
+about to wait anyway, the moment no functional collective's work is left uncollected, or capture
+stopping (which waits for the rest).
+
 A collective that an FSDP2 parameter group issues belongs to that group's module, not to the module
 running when it is dispatched (:func:`collective_owner`): a prefetching all-gather runs in another
 module's hook, and the last reduce-scatters in the root's final backward callback, outside every
@@ -17,7 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -27,6 +36,8 @@ from torch import nn
 
 from torchdebug._torch.dispatch import op_schema
 from torchdebug._torch.fsdp import issuing_group
+from torchdebug._torch.funcol import pending_works, wait_tensor
+from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.slots import Slot, iter_slots
 
 Work = dist.Work if dist.is_available() else None
@@ -137,3 +148,80 @@ class PendingCollectives:
                 if not work.is_completed():  # gloo hangs in a second wait of a send/recv
                     work.wait()
             capture_outputs(iter_slots(outputs))
+
+
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    """The address of a plain tensor's storage (``None`` for an empty one: nothing to wait for)."""
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # no storage of its own
+        return None
+    return storage.data_ptr() if storage.nbytes() else None
+
+
+class PendingFunctional:
+    """Storages that functional collectives are still writing into, and the slots held back until
+    they are final (keyed by storage: a view or a wrapper of a collective's output waits with it)."""
+
+    def __init__(self) -> None:
+        self._written: dict[int, torch.Tensor] = {}
+        """Storage address -> a tensor of that storage (to wait on when capture stops)."""
+        self._held: list[tuple[set[int], list[Slot], Callable[[Iterable[Slot]], None]]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._written)
+
+    def writes(self, tensors: Iterable[Any]) -> None:
+        """Note the storages of ``tensors`` (plain tensors) as written until a wait completes them."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and (key := _storage_key(tensor)) is not None:
+                self._written.setdefault(key, tensor)
+
+    def _written_into(self, value: Any) -> set[int]:
+        if not isinstance(value, torch.Tensor):
+            return set()
+        plain = [inner for _, inner in describe(value).inner] if is_subclass(value) else [value]
+        return {key for tensor in plain if (key := _storage_key(tensor)) in self._written}
+
+    def hold(self, slots: Iterable[Slot], capture: Callable[[Iterable[Slot]], None]) -> list[Slot]:
+        """The slots that can be read now; the others are handed to ``capture`` once every storage
+        they read is final."""
+        ready, held, keys = [], [], set()
+        for slot in slots:
+            found = self._written_into(slot[1])
+            if found:
+                held.append(slot)
+                keys |= found
+            else:
+                ready.append(slot)
+        if held:
+            self._held.append((keys, held, capture))
+        return ready
+
+    def complete(self, tensor: torch.Tensor) -> None:
+        """``tensor``'s storage is final (a wait ran on it): capture the slots that waited for it."""
+        key = _storage_key(tensor)
+        if key is not None and self._written.pop(key, None) is not None:
+            self._capture_ready()
+
+    def capture_completed(self) -> None:
+        """Capture everything held once no functional collective's work is left uncollected."""
+        if pending_works() == 0:
+            self._written.clear()
+            self._capture_ready()
+
+    def finish(self) -> None:
+        """Wait for the storages still being written (capture is stopping) and capture the rest."""
+        written, self._written = self._written, {}
+        for tensor in written.values():
+            wait_tensor(tensor)
+        self._capture_ready()
+
+    def _capture_ready(self) -> None:
+        held, self._held = self._held, []
+        for entry in held:
+            keys, slots, capture = entry
+            if keys.isdisjoint(self._written):
+                capture(slots)
+            else:
+                self._held.append(entry)

@@ -16,14 +16,17 @@ nodes take the parameter's path (``layers.0.fc.weight``) as module, so their nam
 the order in which gradients arrive. Ops that activation checkpointing runs again inside the
 backward are phase ``recompute``, named after their own module and source line and counted apart,
 so the backward's call numbers are those of a run without checkpointing (``recompute.py``).
-Collectives (``c10d`` ops) record their outputs once their work completes (``collectives.py``).
+Collectives (``c10d`` and ``_c10d_functional`` ops) record their outputs once their work completes,
+and no slot reads a tensor a functional collective is still writing into (an ``AsyncCollectiveTensor``
+included) before it completes (``collectives.py``); FSDP2's collectives are named after the module
+whose parameters they gather or whose gradients they reduce.
 With ``task="overflow_check"`` every selected call is checked for the NaN/Inf it makes and only
 those calls are recorded (``overflow_check.py``, ``nonfinite.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -33,8 +36,15 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr
 from torchdebug._torch.checkpoint import BOOKKEEPING_OPS, RecomputeDetector, bookkeeping
 from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
+from torchdebug._torch.funcol import async_tensor_class, inner_tensor, unwaited, waits_before
 from torchdebug._torch.subclasses import is_subclass
-from torchdebug.capture.collectives import PendingCollectives, split_result, waited_by_caller
+from torchdebug.capture.collectives import (
+    PendingCollectives,
+    PendingFunctional,
+    collective_owner,
+    split_result,
+    waited_by_caller,
+)
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.overflow_check import OverflowWatch
@@ -42,7 +52,7 @@ from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors,
 from torchdebug.capture.session import CaptureSession
 from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE
-from torchdebug.slots import iter_slots
+from torchdebug.slots import Slot, iter_slots
 
 _VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
 """Ops whose output is a copy of their first input (statistics reused; the copy is saved anew)."""
@@ -54,6 +64,10 @@ _STRIDED = torch.strided
 
 _SKIPPED_NAMESPACES = frozenset({"profiler"})
 """``profiler._record_function_*``: bookkeeping of ``record_function`` blocks, no tensor data."""
+
+_WAIT = "_c10d_functional.wait_tensor.default"
+_NOT_FUNCTIONAL_COLLECTIVES = frozenset({_WAIT, "_c10d_functional._wrap_tensor_autograd.default"})
+"""``_c10d_functional`` ops that start no collective: the wait, and the ``AsyncCollectiveTensor`` wrapping."""
 
 
 class _OpInfo(NamedTuple):
@@ -67,7 +81,13 @@ class _OpInfo(NamedTuple):
     mutable: bool
     """The op writes into one of its arguments (in-place or ``out=`` ops)."""
     collective: bool
-    """A ``c10d`` op: outputs are recorded once its work completes."""
+    """A ``c10d`` or ``_c10d_functional`` collective: outputs are recorded once its work completes."""
+    functional: bool
+    """A ``_c10d_functional`` collective: its outputs are final after a ``wait_tensor`` on them."""
+    waits: bool
+    """``_c10d_functional.wait_tensor``: its argument is final once it returns."""
+    view: bool
+    """The first argument is aliased, not written (what ``AsyncCollectiveTensor`` lets run unwaited)."""
     value_preserving: bool
     detach: bool
     """``aten.detach``: autograd makes one when it unpacks a saved tensor."""
@@ -81,6 +101,8 @@ def _op_info(func: Any) -> _OpInfo:
     name = str(func)
     namespace = func.namespace
     schema = op_schema(func)
+    functional = namespace == "_c10d_functional" and name not in _NOT_FUNCTIONAL_COLLECTIVES
+    first = schema.arguments[0].alias_info if schema.arguments else None
     written = frozenset(
         key
         for index, argument in enumerate(schema.arguments)
@@ -92,7 +114,10 @@ def _op_info(func: Any) -> _OpInfo:
         name,
         namespace in _SKIPPED_NAMESPACES,
         schema.is_mutable,
-        namespace == "c10d",
+        namespace == "c10d" or functional,
+        functional,
+        name == _WAIT,
+        first is not None and not first.is_write,
         name in _VALUE_PRESERVING,
         name == "aten.detach.default",
         name in BOOKKEEPING_OPS,
@@ -161,6 +186,9 @@ class OpCapture:
         self._rebuilt = RebuiltTensors()
         self._in_optimizer = 0
         self._collectives = PendingCollectives()
+        self._functional = PendingFunctional()
+        self._async_class: type | None = None
+        """``AsyncCollectiveTensor``, once something imported functional collectives."""
         self._overflow = OverflowWatch(session, session.overflow_nums) if session.overflow_nums is not None else None
         self._mode: _DumpMode | None = None
         self._handles: list[Any] = []
@@ -181,6 +209,7 @@ class OpCapture:
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
+        self._functional.finish()  # its waits are torchdebug's own: not recorded
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -239,7 +268,7 @@ class OpCapture:
         info = self._ops.get(id(func))
         if info is None:
             info = self._ops[id(func)] = _op_info(func)
-        if info.skipped or (self._overflow is not None and (self._overflow.done or info.collective)):
+        if info.skipped or (self._overflow is not None and (self._overflow.done or info.collective or info.waits)):
             return func(*args, **kwargs)
         op = info.name
         fwd = None
@@ -273,6 +302,9 @@ class OpCapture:
                 paired = self._replay.pair(node, op, module, self._log, self._forward)
             if paired is not None:
                 module, fwd = paired[0], paired[1]
+        if info.collective and (owner := collective_owner(self.tracker.name_of)) is not None:
+            phase = owner[0] or phase  # an FSDP2 group's collective: its module, in the pass it runs for
+            module, fwd, captured = owner[1], None, None
         rebuilds = phase == RECOMPUTE and info.detach and rebuilt is None
         key = (phase, module, op)
         call = self._calls.get(key, 0)
@@ -299,20 +331,28 @@ class OpCapture:
 
         if self._collectives:
             self._collectives.capture_completed()
+        if self._functional:
+            self._functional.capture_completed()
         if not selected:
             out = func(*args, **kwargs)
             if rebuilds:
                 self._rebuilt.add(out, module)
+            if info.functional:
+                self._functional.writes(split_result(op, args, out)[1])
+            elif info.waits and self._functional:
+                self._functional.complete(out)
             return out
         session = self.session
         seq = session.next_seq()
         save = session.wants_tensor(call_name)
-        if self._overflow is not None or info.collective:
+        if self._async_class is None:
+            self._async_class = async_tensor_class()
+        if self._overflow is not None or info.collective or self._async_class is not None:
             common = dict(
                 phase=phase, module=module, op=op, call=call, seq=seq, save_tensors=save, stack=stack_id, source=source, fwd=fwd
             )
-            return self._run_watched(func, args, kwargs, info, common)
-        # The common case: keywords spelt out (no dict built and unpacked per call).
+            return self._run_watched(func, args, kwargs, info, common, rebuilds)
+        # The common case (no collective ever): keywords spelt out (no dict built and unpacked per call).
         if self._inputs:
             session.add_call(
                 iter_slots(args, kwargs),
@@ -350,16 +390,72 @@ class OpCapture:
             )
         return out
 
-    def _run_watched(self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, common: dict[str, Any]) -> Any:
-        """Run a selected call of an overflow check or of a collective (whose outputs wait for its work)."""
+    def _await_collectives(self, info: _OpInfo, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Before a call reads an ``AsyncCollectiveTensor`` not yet waited for (itself or inside a
+        DTensor): wait for it as its own dispatch is about to, or, for a view (which it lets run
+        unwaited), hold the slots on its storage back until the collective completes."""
+        found = [
+            waiting
+            for _, value in iter_slots(args, kwargs)
+            if value.__class__ is not torch.Tensor and isinstance(value, torch.Tensor)
+            for waiting in unwaited(value, self._async_class)
+        ]
+        if info.view:
+            self._functional.writes(map(inner_tensor, found))
+            return
+        for waiting in found:
+            waits_before(waiting)
+            if self._functional:
+                self._functional.complete(inner_tensor(waiting))
+
+    def _run_watched(
+        self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, common: dict[str, Any], rebuilds: bool
+    ) -> Any:
+        """Run a selected call of an overflow check, of a collective (whose outputs wait for its work),
+        or any call once functional collectives are in use: slots on the storage of one in flight
+        wait for it, a wait's argument is read once it returns."""
+        if self._async_class is not None:
+            self._await_collectives(info, args, kwargs)
         if self._overflow is not None:
             return self._overflow.run(func, args, kwargs, info.written, common, inputs=self._inputs)
         session = self.session
+        if info.waits:
+            out = func(*args, **kwargs)
+            self._functional.complete(out)
         if self._inputs:
-            session.add_call(iter_slots(args, kwargs), io="input", **common)
-        out = func(*args, **kwargs)
-        works, outputs = split_result(info.name, args, out)
+            self._add(iter_slots(args, kwargs), common, io="input")
+        if not info.waits:
+            out = func(*args, **kwargs)
+        if rebuilds:
+            self._rebuilt.add(out, common["module"])
+        if info.collective:
+            works, outputs = split_result(info.name, args, out)
+            if info.functional:
+                self._functional.writes(outputs)
+            if self._outputs:
+                capture = partial(session.add_call, io="output", mutated=True, **common)
+                if info.functional:
+                    capture(self._functional.hold(iter_slots(outputs), capture))
+                else:
+                    self._collectives.add(works, waited_by_caller(func, args, kwargs), outputs, capture)
+            return out
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        if self._async_class is not None:  # a view of an unwaited AsyncCollectiveTensor, or a new one
+            self._functional.writes(
+                inner_tensor(waiting)
+                for value in outputs
+                if isinstance(value, torch.Tensor) and value.__class__ is not torch.Tensor
+                for waiting in unwaited(value, self._async_class)
+            )
+        alias = self._alias_source(info, args, out)
+        if alias is not None:
+            session.share_alias(out, *alias)
         if self._outputs:
-            waited = waited_by_caller(func, args, kwargs)
-            self._collectives.add(works, waited, outputs, partial(session.add_call, io="output", mutated=True, **common))
+            self._add(iter_slots(outputs), common, io="output", mutated=info.mutable)
         return out
+
+    def _add(self, slots: Iterator[Slot], common: dict[str, Any], **side: Any) -> None:
+        """Record one side of a call; slots on a storage a functional collective still writes into
+        are recorded once it completes."""
+        capture = partial(self.session.add_call, **side, **common)
+        capture(self._functional.hold(slots, capture) if self._functional else slots)

@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
+import torchdebug.compare  # noqa: E402,F401  (imported before the timed compare)
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 
 

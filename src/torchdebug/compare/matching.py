@@ -338,6 +338,8 @@ class _Made:
         """The first producer other than ``call`` and up to ``nearest`` latest others, first made first.
         Only ``call``'s own outputs are skipped on the way, so the cost does not grow with the group."""
         order = self.order
+        if len(order) == 1:  # most values: one maker
+            return () if order[0][0] == call else (order[0],)
         first = next((i for i, producer in enumerate(order) if producer[0] != call), None)
         if first is None:
             return ()
@@ -362,18 +364,21 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> d
     found: dict[int, tuple[tuple[str, str], ...]] = {}
     cast_sources: dict[str, tuple[str, str]] = {}
     for record in records:
+        io = record.io
+        if io != "input" and io not in _OUTPUTS:
+            continue
         value = identity(record)
         if value is None:
             continue
         call, slot = _split(record.name)
-        if record.io == "input":
+        if io == "input":
             group = made_by.get(value)
             made = group.candidates(call, nearest) if group is not None else ()
             if made:
                 found[id(record)] = made
                 if record.op in _CASTS:
                     cast_sources[call] = made[0]
-        elif record.io in _OUTPUTS:
+        else:
             producer = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
             group = made_by.get(value)
             if group is None:
@@ -408,8 +413,10 @@ class _Links:
         none of the paired calls that made it on side B is the partner of one that made it on side A.
         A producer only one side runs (a hook, autograd summing gradients in another order) is none."""
         by_slot = None
+        partner = self.partner
         for slot, record in zip(call_a.slots, call_a.records):
-            expected = {self._partner(producer) for producer in self.made_a.get(id(record), ())} - {None}
+            made = self.made_a.get(id(record))
+            expected = {(partner[call], out) for call, out in made if call in partner} if made else None
             if not expected:
                 continue
             if by_slot is None:

@@ -18,7 +18,8 @@ collective of its own):
 Tensor parallelism hands plain tensors between its layers (``ColwiseParallel`` returns the local
 shard). A plain input slot holding the local tensor a sharded slot of the same step made (same dtype,
 local shape and statistics), and a plain op's output made from such slots of one layout with their
-shape (an activation, its gradient), are read as pieces of that layout too.
+shape (an activation, its gradient), are read as pieces of that layout too; a collective's output
+is not (an all-reduce makes ``P(sum)`` pieces whole).
 
 Each pass is linear: one over the compared rank's records, then one over each other rank's, read
 one at a time and not kept. A slot whose pieces are not all in the dump (a rank folder alone, a rank
@@ -98,6 +99,11 @@ def _native(record: Record) -> Layout | None:
     return Layout(tuple(extra["placements"]), tuple(extra["mesh"]), tuple(coordinate), tuple(record.shape), tuple(local))
 
 
+_COLLECTIVES = ("_c10d_functional.", "c10d.")
+"""Ops whose output is another value than their inputs' pieces (an all-reduce of ``P(sum)`` pieces
+is the whole value on every rank): it follows no input's layout."""
+
+
 def _follow(inputs: Sequence[tuple[Record, Layout | None]], shape: Sequence[int] | None) -> Layout | None:
     """The layout of a plain op's output: that of its inputs holding pieces, when they share one
     whose local shape is the output's and no plain input of that shape (another value) joins them."""
@@ -135,7 +141,7 @@ def layouts(records: Sequence[Record]) -> dict[int, Layout]:
         elif not on_subclass:
             if record.io == "input":
                 layout = made.get(identity(record))  # type: ignore[arg-type]
-            elif record.io in _OUTPUTS:
+            elif record.io in _OUTPUTS and not record.op.startswith(_COLLECTIVES):
                 layout = _follow(inputs, record.shape)
         if record.io == "input":
             inputs.append((record, layout))

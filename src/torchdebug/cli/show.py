@@ -3,8 +3,9 @@
 First the first op call of each rank that made a NaN or an Inf, then a summary of the matching
 records (per phase: records, op calls, NaN/Inf slots, largest magnitude; the modules with NaN/Inf
 or the largest magnitudes; the largest slots), then the first ``--limit`` records with statistics
-and source stack, and how many more there are. A dump holds up to a million records per rank, so
-the records are read once, in order, and only the first few are kept. Damaged tensor files
+and source stack, and how many more there are. A dump holds up to a million records per rank and a
+run hundreds of ranks, so each rank's records are read in order and dropped, keeping only the first
+few (``--all`` reads them a second time to print them). Damaged tensor files
 (truncated, missing) are named in warnings, and their records say so.
 """
 
@@ -106,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: rank {rank} did not finish (no completion marker); its records end where it stopped")
     damaged = {}
     origins = []
-    for rank, dump in ranks.items():
+    for rank, dump in ranks.items():  # ranks' records are read a rank at a time and not kept
         damaged[rank] = damaged_files(dump)
         warn_damaged(rank, damaged[rank], "cannot be read")
-        first = find_origin(dump.records())
+        first = find_origin(dump.passing_records())
         if first is not None:
             origins.append(f"first NaN/Inf of rank {rank}: {first}")
     for line in origins[:ORIGIN_RANKS]:
@@ -118,29 +119,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"... and a first NaN/Inf on {len(origins) - ORIGIN_RANKS} more ranks (--rank to see them)")
 
     limit = None if args.all or args.limit == 0 else args.limit
-    shown: list[tuple[int, Record]] = []
+    first_rows: list[tuple[int, Record]] = []
     matched = 0
 
-    def matching() -> Iterator[Record]:
-        nonlocal matched
+    def matching() -> Iterator[tuple[int, Record]]:
         for rank, dump in ranks.items():
-            for record in dump.records():
+            for record in dump.passing_records():
                 if (args.step is None or record.step in args.step) and (not matcher or matcher(record.name)):
-                    matched += 1
-                    if limit is None or len(shown) < limit:
-                        shown.append((rank, record))
-                    yield record
+                    yield rank, record
 
-    summary = overview(matching(), largest=SLOTS)
+    def counted() -> Iterator[Record]:
+        nonlocal matched
+        for rank, record in matching():
+            matched += 1
+            if limit is not None and len(first_rows) < limit:
+                first_rows.append((rank, record))
+            yield record
+
+    summary = overview(counted(), largest=SLOTS)
     if not matched:
         print("no records match")
         return 0
     print(*_summary_lines(summary, matched), sep="\n")
-    print(f"\nthe first {len(shown)} records:" if len(shown) < matched else f"\nall {matched} records:")
-    for rank, record in shown:
+    rows = matching() if limit is None else iter(first_rows)  # every record: read again, not kept
+    shown = matched if limit is None else len(first_rows)
+    print(f"\nthe first {shown} records:" if shown < matched else f"\nall {matched} records:")
+    for rank, record in rows:
         print(format_record(record, ranks[rank], with_stack=not args.no_stack, damaged=damaged[rank]))
-    if len(shown) < matched:
-        print(f"... {matched - len(shown)} more: --limit N or --all prints them, --name, --step and --rank narrow them")
+    if shown < matched:
+        print(f"... {matched - shown} more: --limit N or --all prints them, --name, --step and --rank narrow them")
     return 0
 
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 import torchdebug
 from tests import gloo
+from tests.blocks import MLPBlock
 
 
 def _worker(rank: int, dump_path: str) -> None:
@@ -113,21 +114,11 @@ def test_functional_collective_outputs_hold_the_reduced_values(tmp_path):
 # -- tensor parallelism: DTensor's functional collectives -----------------------------------------------
 
 
-class _Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = torch.nn.Linear(8, 16)
-        self.down = torch.nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x))) + x
-
-
 def _tensor_parallel_step(mesh, dump_path: str | None) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:  # noqa: ANN001
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.manual_seed(0)
-    model = parallelize_module(_Block(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    model = parallelize_module(MLPBlock(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     reduced = []
     model.down.register_forward_hook(lambda module, inputs, output: reduced.append(output))  # after RowwiseParallel's
     batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))

@@ -11,6 +11,7 @@ import torch
 
 import torchdebug
 from tests import gloo
+from tests.blocks import MLPBlock
 from torchdebug.compare import compare, compare_ranks
 from torchdebug.compare.shards import ShardedRank, layouts
 from torchdebug.records import Record
@@ -94,19 +95,9 @@ def test_plain_slots_holding_a_local_shard_follow_its_layout_through_shape_keepi
 # -- FSDP2 and tensor parallelism on two gloo ranks against one process ----------------------------------
 
 
-class _Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = torch.nn.Linear(8, 16)
-        self.down = torch.nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x))) + x
-
-
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(_Block(), _Block(), torch.nn.Linear(8, 4))
+    return torch.nn.Sequential(MLPBlock(), MLPBlock(), torch.nn.Linear(8, 4))
 
 
 def _train(model: torch.nn.Module, batch: torch.Tensor, dump: str) -> float:

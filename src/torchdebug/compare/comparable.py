@@ -15,7 +15,7 @@ Two cases make a matched pair of slots differ by design, and compare must not ca
   batch), unless it holds a parameter: a different hidden size or vocabulary changes a parameter,
   and stays an error. Without any parameter evidence in the dump (no optimizer step, no module
   records), only integer and bool inputs (token ids, masks, labels) count as data.
-  A run on other world size splits the data between its ranks: sizes that change by the ratio of
+  A run on another world size splits the data between its ranks: sizes that change by the ratio of
   the world sizes follow the data too (:class:`DataShapes`' ``split``), data inputs in the dump or not.
 * **A constant made for the dtype.** ``torch.finfo(dtype).min`` as an attention bias, ``eps``:
   a bf16 run and an fp32 run make other values on purpose. :func:`dtype_constants` names the

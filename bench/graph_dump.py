@@ -44,20 +44,25 @@ from examples.llama import Llama  # noqa: E402
 from torchdebug.compile import CompilerConfig, get_backend  # noqa: E402
 
 
+def _compiled(model: torch.nn.Module, dump: bool) -> tuple[object, torch.nn.Module, torch.optim.Optimizer]:
+    """``(backend, compiled model, optimizer)``: inductor through torchdebug's backend, with a
+    statistics dump of every node into a fresh temporary folder when ``dump``."""
+    options = CompilerConfig()
+    if dump:
+        options.dump_config.enable_dump = True
+        options.dump_config.dump_path = tempfile.mkdtemp(prefix="torchdebug_graph_dump_")
+        options.dump_config.task = "statistics"
+    backend = get_backend(options)
+    return backend, torch.compile(model, backend=backend), torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
 class _Arm:
     """One compiled copy of the model: its backend, optimizer and compile time."""
 
     def __init__(self, config: GPTConfig, dump: bool, device: str, batch: int, sync: object) -> None:
         torch.manual_seed(0)
         self.model = GPT(config).to(device)
-        options = CompilerConfig()
-        if dump:
-            options.dump_config.enable_dump = True
-            options.dump_config.dump_path = tempfile.mkdtemp(prefix="torchdebug_graph_dump_")
-            options.dump_config.task = "statistics"
-        self.backend = get_backend(options)
-        self.compiled = torch.compile(self.model, backend=self.backend)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.backend, self.compiled, self.optimizer = _compiled(self.model, dump)
         with torch.compiler.config.patch(force_disable_caches=True):
             start = time.perf_counter()
             self.step(make_batch(config, batch, seed=0, device=device))
@@ -88,14 +93,7 @@ class _RecompileArm:
         else:
             self.model = GPT(config)
         self.model.to(device)
-        options = CompilerConfig()
-        if dump:
-            options.dump_config.enable_dump = True
-            options.dump_config.dump_path = tempfile.mkdtemp(prefix="torchdebug_graph_dump_")
-            options.dump_config.task = "statistics"
-        self.backend = get_backend(options)
-        self.compiled = torch.compile(self.model, backend=self.backend)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.backend, self.compiled, self.optimizer = _compiled(self.model, dump)
         self.first = self._timed(config.seq_len)
         self.recompile = self._timed(config.seq_len // 2)
         self.reuse = self._timed(config.seq_len * 3 // 4)

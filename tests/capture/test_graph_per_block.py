@@ -164,3 +164,8 @@ def test_compiled_instances_name_the_compiled_module_a_parameter_belongs_to() ->
     weight = model.layers[1].ln1.weight
     assert CompiledInstances(None).of(weight) == (id(weight), "")  # told apart, not named
     torch._dynamo.reset()
+
+
+def test_a_root_model_that_is_not_a_module_is_a_one_line_error() -> None:
+    with pytest.raises(torchdebug.ConfigError, match=r"^model: got str, expected the root torch.nn.Module"):
+        get_backend(CompilerConfig(), model="layers")  # type: ignore[arg-type]

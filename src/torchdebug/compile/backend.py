@@ -43,6 +43,7 @@ from torchdebug.compile.config import CompilerConfig
 from torchdebug.compile.debug_dir import DumpTree, ModelDump, PhaseDump, current_phase, dump_tree, run_folder
 from torchdebug.compile.dump_pass import DataDumpPass, ModelContext
 from torchdebug.compile.pipeline import GraphPass, PassStage, Pipeline, observing_inductor_passes, run_passes
+from torchdebug.errors import ConfigError
 
 log = logging.getLogger("torchdebug.compile.backend")
 
@@ -286,6 +287,8 @@ def get_backend(
     when its blocks are compiled one by one (``block.compile(backend=backend)``), so that the data
     dump names each block's records by its path in the model (``layers.1.attn``), as eager dumps do.
     """
+    if model is not None and not isinstance(model, nn.Module):
+        raise ConfigError(f"model: got {type(model).__name__}, expected the root torch.nn.Module whose blocks are compiled")
     return TorchDebugBackend(config if config is not None else CompilerConfig(), passes, model)
 
 

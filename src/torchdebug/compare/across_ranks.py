@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from torchdebug import progress
+from torchdebug.compare.judgement import Judgement
 from torchdebug.compare.metrics import stats_metrics, tensor_metrics
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
@@ -130,18 +131,31 @@ def _metrics(run: reader.Run, row: Row, tensors: bool, tolerance: Tolerance) -> 
     return stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or []), atol=tolerance.atol)
 
 
-def _judge(rows: Iterable[Row], agreeing: Mapping[int, str]) -> None:
+def _difference(row: Row, tolerance: float) -> Judgement:
+    """How a rank's value, which is not the reference's, compares with it."""
+    reference = row.record_b.rank if row.record_b is not None else None
+    if row.shape_a != row.shape_b or row.dtype_a != row.dtype_b:
+        # no number measures it: the message says what differs
+        return Judgement(
+            "error", "", f"{row.dtype_a} {row.shape_a} vs {row.dtype_b} {row.shape_b} on rank {reference}", error=math.inf
+        )
+    if row.metrics.get("nonfinite_mismatch") or (row.error or 0.0) > tolerance:
+        error = math.inf if row.error is None else row.error  # NaN/Inf statistics: no finite number to compare
+        return Judgement("error", "", f"differs from rank {reference} by {error:.3g} (tolerance {tolerance:.3g})", error=error)
+    return Judgement("pass", "", f"within tolerance of rank {reference}")
+
+
+def _attribute(rows: Iterable[Row], agreeing: Mapping[Row, str]) -> None:
     """Blame each rank's first differing slot; later ones are inherited."""
     first: dict[int, Row] = {}
     for row in sorted(rows, key=lambda r: r.order):
         if row.verdict != "error":
             continue
         if row.rank in first:
-            row.verdict, row.attribution = "warning", "inherited"
-            row.message += f"; rank {row.rank} already diverged at {first[row.rank].name} (step {first[row.rank].step})"
+            already = f"; rank {row.rank} already diverged at {first[row.rank].name} (step {first[row.rank].step})"
+            Judgement("warning", "inherited", row.message + already).apply(row)
         else:
-            row.attribution = "blamed"
-            row.message += f" ({agreeing[id(row)]}): rank {row.rank} diverges here first"
+            Judgement("error", "blamed", f"{row.message} ({agreeing[row]}): rank {row.rank} diverges here first").apply(row)
             first[row.rank] = row
 
 
@@ -177,7 +191,7 @@ def compare_ranks(
     slots = _slots(run, selected)
     rows: list[Row] = []
     differing: list[Row] = []
-    agreeing: dict[int, str] = {}
+    agreeing: dict[Row, str] = {}
     with metric_pool(threads) as pool:
         jobs = [(rank, record) for present in slots for rank, record in present.items()]
         fingerprints = pool.map(lambda job: _fingerprint(run.ranks[job[0]], job[1], tensors), jobs)
@@ -194,35 +208,23 @@ def compare_ranks(
                 row = Row.from_records(rank, record, present[reference_rank], "exact" if record else "only_b", float(order))
                 rows.append(row)
                 if record is None:
-                    row.verdict, row.message = "unmatched", f"not on rank {rank}"
+                    Judgement("unmatched", "", f"not on rank {rank}").apply(row)
                 elif prints[rank, id(record)] == reference:
                     row.error = 0.0
-                    row.message = "reference" if rank == reference_rank else ""
+                    Judgement("pass", "", "reference" if rank == reference_rank else "").apply(row)
                 else:
                     differing.append(row)
-                    agreeing[id(row)] = f"ranks {', '.join(map(str, groups[reference]))} hold the reference value"
-        tolerance_of = {id(row): overrides.get(lower_precision(row.dtype_a, row.dtype_b) or "", _EXACT) for row in differing}
+                    agreeing[row] = f"ranks {', '.join(map(str, groups[reference]))} hold the reference value"
+        tolerance_of = {row: overrides.get(lower_precision(row.dtype_a, row.dtype_b) or "", _EXACT) for row in differing}
         comparable = [row for row in differing if row.shape_a == row.shape_b and row.dtype_a == row.dtype_b]
-        results = pool.map(lambda row: _metrics(run, row, tensors, tolerance_of[id(row)]), comparable)
+        results = pool.map(lambda row: _metrics(run, row, tensors, tolerance_of[row]), comparable)
         for row, metrics in zip(comparable, results):
             row.error = metrics.pop("error", None)
             row.metrics.update(metrics)
     for row in differing:
-        row.tolerance = tolerance_of[id(row)].rtol
-        if row.shape_a != row.shape_b or row.dtype_a != row.dtype_b:
-            row.verdict, row.error, row.message = (
-                "error",
-                math.inf,  # no number measures it: the message says what differs
-                f"{row.dtype_a} {row.shape_a} vs {row.dtype_b} {row.shape_b} on rank {row.record_b.rank}",
-            )  # type: ignore[union-attr]
-        elif row.metrics.get("nonfinite_mismatch") or (row.error or 0.0) > row.tolerance:
-            row.verdict = "error"
-            if row.error is None:
-                row.error = math.inf  # NaN/Inf statistics: no finite number to compare
-            row.message = f"differs from rank {row.record_b.rank} by {row.error:.3g} (tolerance {row.tolerance:.3g})"  # type: ignore[union-attr]
-        else:
-            row.message = f"within tolerance of rank {row.record_b.rank}"  # type: ignore[union-attr]
-    _judge(rows, agreeing)
+        row.tolerance = tolerance_of[row].rtol
+        _difference(row, row.tolerance).apply(row)
+    _attribute(rows, agreeing)
     side = Side.of(dump, run)
     notes = [note for rank in selected for note in side.notes("run", rank)]
     if not slots:

@@ -28,14 +28,14 @@ with agreeing inputs, or the first op that reads a value that differs from outsi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from torchdebug.compare.flow import OUTPUT_IO
+from torchdebug.compare.judgement import Judgement
 from torchdebug.compare.rows import Row
 from torchdebug.records import call_name
 
 __all__ = ["judge_checksums", "dtype_note", "DTYPE_NOTE"]
-
-_OUTPUT_IO = ("output", "parameter_grad")
 
 DTYPE_NOTE = "checksums compare bits"
 """How :func:`dtype_note`'s line starts (the summary puts it first)."""
@@ -53,7 +53,9 @@ def _exact(row: Row) -> bool:
 
 
 def _fingerprints(row: Row) -> tuple[str, str]:
-    return f"{row.dtype_a}:{row.record_a.checksum}", f"{row.dtype_b}:{row.record_b.checksum}"  # type: ignore[union-attr]
+    """Each side's dtype and checksum (of a slot compared bit for bit)."""
+    a, b = row.record_a, row.record_b
+    return f"{row.dtype_a}:{a.checksum if a else None}", f"{row.dtype_b}:{b.checksum if b else None}"
 
 
 def _one_sided(rows: Sequence[Row]) -> set[str]:
@@ -61,16 +63,55 @@ def _one_sided(rows: Sequence[Row]) -> set[str]:
     made = set()
     for row in rows:
         record = row.record_a or row.record_b
-        if not row.matched and record is not None and record.checksum and row.io in _OUTPUT_IO:
+        if not row.matched and record is not None and record.checksum and row.io in OUTPUT_IO:
             made.add(f"{'a' if row.record_a is not None else 'b'}:{record.dtype}:{record.checksum}")
     return made
 
 
-def _other_dtype(row: Row, why: str) -> None:
-    """A slot whose bits cannot agree because of the dtypes: its statistics verdict, else incomparable."""
-    if row.record_a.stats and row.record_b.stats:  # type: ignore[union-attr]
-        return  # judge() compared the statistics, within the pair's tolerance
-    _set(row, "incomparable", "", f"not comparable: {why}; checksums compare bits")
+def _with_statistics(row: Row) -> bool:
+    return bool(row.record_a and row.record_a.stats and row.record_b and row.record_b.stats)
+
+
+def _other_dtype(row: Row, why: str) -> Judgement | None:
+    """A slot whose bits cannot agree because of the dtypes: its statistics verdict (``None``: the
+    tolerance rules compared them), else incomparable."""
+    if _with_statistics(row):
+        return None
+    return Judgement("incomparable", "", f"not comparable: {why}; checksums compare bits")
+
+
+def _bits(row: Row, verdict: str, attribution: str = "", message: str = "") -> Judgement:
+    """A bit-for-bit judgement; an error without a number gets an infinite one (bits differ by an
+    amount checksums cannot measure; the message says what differs)."""
+    return Judgement(verdict, attribution, message, error=math.inf if verdict == "error" and row.error is None else None)
+
+
+def _input(row: Row, known: set[tuple[str, str]], from_other_dtype: Callable[[tuple[str, str]], bool]) -> Judgement | None:
+    """An input slot's judgement (``None``: its statistics verdict stands)."""
+    pair = _fingerprints(row)
+    if pair[0] == pair[1]:
+        return _bits(row, "pass")
+    if row.dtype_a != row.dtype_b:
+        return _other_dtype(row, f"dtypes differ ({row.dtype_a} vs {row.dtype_b})")
+    if pair in known:
+        return _bits(row, "warning", "inherited", "input bits differ: an earlier op's output already did")
+    if from_other_dtype(pair):
+        return _other_dtype(row, "one side computed this value from another dtype")
+    return _bits(row, "error", "blamed", "input bits already differ before this op, and no earlier captured op made them")
+
+
+def _output(row: Row, differing_inputs: bool, dtype_inputs: bool) -> Judgement | None:
+    """An output slot's judgement (``None``: its statistics verdict stands)."""
+    pair = _fingerprints(row)
+    if pair[0] == pair[1]:
+        return _bits(row, "pass")
+    if row.dtype_a != row.dtype_b:
+        return _other_dtype(row, f"dtypes differ ({row.dtype_a} vs {row.dtype_b})")
+    if differing_inputs:
+        return _bits(row, "warning", "inherited", "output bits differ, as its inputs' do")
+    if dtype_inputs:
+        return _other_dtype(row, "computed from inputs of another dtype")
+    return _bits(row, "error", "blamed", "output bits differ while all its inputs' bits agree: this op makes the difference")
 
 
 def judge_checksums(rows: Sequence[Row]) -> None:
@@ -92,45 +133,29 @@ def judge_checksums(rows: Sequence[Row]) -> None:
 
     for call_rows in calls.values():
         differing_inputs = dtype_inputs = False
-        for row in call_rows:
-            if row.io in _OUTPUT_IO:
-                continue
-            pair = _fingerprints(row)
-            if pair[0] == pair[1]:
-                _set(row, "pass", "", "")
-            elif row.dtype_a != row.dtype_b:
+        for row in (row for row in call_rows if row.io not in OUTPUT_IO):
+            judgement = _input(row, known, from_other_dtype)
+            if _of_the_dtypes(judgement):
                 dtype_inputs = True
-                taint(pair)
-                _other_dtype(row, f"dtypes differ ({row.dtype_a} vs {row.dtype_b})")
-            elif pair in known:
+                taint(_fingerprints(row))
+            elif judgement is not None and judgement.attribution:  # bits that differ: later slots holding them inherit
                 differing_inputs = True
-                _set(row, "warning", "inherited", "input bits differ: an earlier op's output already did")
-            elif from_other_dtype(pair):
-                dtype_inputs = True
-                taint(pair)
-                _other_dtype(row, "one side computed this value from another dtype")
-            else:
-                differing_inputs = True
-                known.add(pair)
-                _set(row, "error", "blamed", "input bits already differ before this op, and no earlier captured op made them")
-        for row in call_rows:
-            if row.io not in _OUTPUT_IO:
-                continue
-            pair = _fingerprints(row)
-            if pair[0] == pair[1]:
-                _set(row, "pass", "", "")
-            elif row.dtype_a != row.dtype_b:
-                taint(pair)
-                _other_dtype(row, f"dtypes differ ({row.dtype_a} vs {row.dtype_b})")
-            elif differing_inputs:
-                known.add(pair)
-                _set(row, "warning", "inherited", "output bits differ, as its inputs' do")
-            elif dtype_inputs:
-                taint(pair)
-                _other_dtype(row, "computed from inputs of another dtype")
-            else:
-                known.add(pair)
-                _set(row, "error", "blamed", "output bits differ while all its inputs' bits agree: this op makes the difference")
+                known.add(_fingerprints(row))
+            if judgement is not None:
+                judgement.apply(row)
+        for row in (row for row in call_rows if row.io in OUTPUT_IO):
+            judgement = _output(row, differing_inputs, dtype_inputs)
+            if _of_the_dtypes(judgement):
+                taint(_fingerprints(row))
+            elif judgement is not None and judgement.attribution:
+                known.add(_fingerprints(row))
+            if judgement is not None:
+                judgement.apply(row)
+
+
+def _of_the_dtypes(judgement: Judgement | None) -> bool:
+    """A judgement of bits that cannot agree because of the dtypes (:func:`_other_dtype`)."""
+    return judgement is None or judgement.verdict == "incomparable"
 
 
 def dtype_note(rows: Sequence[Row]) -> str | None:
@@ -142,7 +167,7 @@ def dtype_note(rows: Sequence[Row]) -> str | None:
     if not pairs:
         return None
     (dtype_a, dtype_b), _ = max(pairs.items(), key=lambda item: item[1])
-    statistics = any(row.record_a.stats and row.record_b.stats for row in rows if _exact(row))  # type: ignore[union-attr]
+    statistics = any(_with_statistics(row) for row in rows if _exact(row))
     instead = (
         "those slots and the values computed from them keep their statistics verdicts"
         if statistics
@@ -153,9 +178,3 @@ def dtype_note(rows: Sequence[Row]) -> str | None:
         f"{DTYPE_NOTE}, and A and B hold different dtypes in {sum(pairs.values())} slots (mostly {dtype_a} in A where "
         f"B has {dtype_b}): bits cannot agree across dtypes, so {instead}; nothing is blamed for it"
     )
-
-
-def _set(row: Row, verdict: str, attribution: str, message: str) -> None:
-    row.verdict, row.attribution, row.message = verdict, attribution, message
-    if verdict == "error" and row.error is None:
-        row.error = math.inf  # bits differ by an amount checksums cannot measure; the message says what differs

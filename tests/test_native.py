@@ -12,7 +12,8 @@ import torch
 
 from torchdebug.checksum import fingerprint
 from torchdebug.native import build, fused_stats
-from torchdebug.stats import stats_from_vector, stats_vector
+from torchdebug.stats.schema import COLUMNS, COUNT_KEYS
+from torchdebug.stats.torch_ops import device_sums
 
 needs_compiler = pytest.mark.skipif(
     build._compiler() is None or os.environ.get(build.DISABLE_ENV) == "0",
@@ -20,22 +21,13 @@ needs_compiler = pytest.mark.skipif(
 )
 
 
-def _reference(tensor: torch.Tensor) -> list[float]:
-    """min, max, sum, sum of squares and counts from the torch-ops statistics."""
-    stats = stats_from_vector(stats_vector(tensor).tolist(), integral=False)
-    valid = tensor.numel() - stats["nan"]
-    mean, norm = stats["mean"], stats["norm"]
-    if valid == 0:  # nothing to sum
-        mean = norm = 0.0
-    return [
-        stats["min"],
-        stats["max"],
-        None if mean is None else mean * valid,
-        None if norm is None else norm**2,
-        stats["nan"],
-        stats["posinf"],
-        stats["neginf"],
-    ]
+def _reference(tensor: torch.Tensor) -> list[float | None]:
+    """The sums vector from torch ops, ``None`` where the kernel gives NaN: a NaN sum (+inf and -inf
+    added), min and max when every element is NaN."""
+    sums = [None if value != value else value for value in device_sums(tensor).tolist()]
+    if sums[COLUMNS.index("nan")] == tensor.numel():
+        sums[0] = sums[1] = None
+    return sums
 
 
 def _cases() -> list[tuple[str, torch.Tensor]]:
@@ -91,10 +83,11 @@ def test_kernel_agrees_with_torch_ops(label, tensor):
     got = fused_stats.fused_stats(tensor)
     assert got is not None, label
     want = _reference(tensor.to(torch.float64) if tensor.dtype == torch.bfloat16 else tensor)
-    for key, value, expected in zip(("min", "max", "sum", "squares", "nan", "posinf", "neginf"), got, want):
+    assert len(got) == len(want) == len(COLUMNS)
+    for key, value, expected in zip(COLUMNS, got, want):
         if expected is None:
             assert math.isnan(value), key
-        elif math.isinf(expected) or key in ("min", "max", "nan", "posinf", "neginf"):
+        elif math.isinf(expected) or key in ("min", "max", *COUNT_KEYS):
             assert value == expected, key
         else:
             assert value == pytest.approx(expected, rel=1e-5, abs=1e-3 * math.sqrt(tensor.numel())), key

@@ -23,6 +23,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchdebug.stats.schema import STAT_KEYS
+
+__all__ = ["MODULE_OP", "NO_MODULE", "PHASES", "SCHEMA_VERSION", "STAT_KEYS", "Record", "call_name", "make_name"]
+
 SCHEMA_VERSION = 1
 
 PHASES = ("forward", "backward", "optimizer")
@@ -33,9 +37,6 @@ MODULE_OP = "module"
 
 NO_MODULE = "-"
 """The module path shown in names for ops outside every tracked module."""
-
-STAT_KEYS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf")
-"""Statistics of a tensor, in this order (``torchdebug.stats`` computes them)."""
 
 
 def make_name(phase: str, module: str, op: str, call: int, io: str, arg: str) -> str:
@@ -82,6 +83,8 @@ class Record:
     device: str | None = None
     requires_grad: bool | None = None
     stats: dict[str, float | int | None] | None = None
+    """Keyed by ``STAT_KEYS`` (declared in ``torchdebug.stats.schema``); a statistic added after the
+    record was written is missing from it, and reads as unknown (``stats.get(key)`` is ``None``)."""
     checksum: str | None = None
     """64-bit fingerprint of the tensor's bytes as 16 hex digits (``task="checksum"`` or ``checksum=True``,
     see ``torchdebug.checksum``): equal bits give equal checksums on every device."""

@@ -5,9 +5,9 @@ device to finish everything queued before it; doing that per captured tensor ser
 with the device at every op. :class:`StatsStager` never reads per tensor:
 
 - ``add(tensor, sink)`` reduces the tensor *now* (it may change in place later) into one row of a
-  per-device table of float64 ``[min, max, sum, sum of squares, nan, posinf, neginf]`` sums: on
+  per-device table of float64 sums, one column per accumulator of :mod:`torchdebug.stats.schema`: on
   CUDA with a Triton kernel (:mod:`torchdebug.native.triton_stats`, one read of the tensor),
-  elsewhere with torch ops (:func:`torchdebug.stats.device_sums`); ``add_all`` takes an op's
+  elsewhere with torch ops (:func:`torchdebug.stats.torch_ops.device_sums`); ``add_all`` takes an op's
   tensors together, so that one launch reduces several. An item of ``add_all`` may also ask for the
   tensor's fingerprint (:mod:`torchdebug.checksum`): the same pass takes it, into an int64 column
   beside the row (the torch-op :func:`~torchdebug.checksum.fingerprint` where the kernel does not
@@ -23,9 +23,10 @@ CPU tensors are reduced at once (the native kernel, :mod:`torchdebug.native.fuse
 fingerprint in the same pass) and delivered immediately: there is no device to wait for.
 
 Memory is bounded: at most two tables per device (one filling while the other is in flight), each
-:data:`TABLE_ROWS` rows (float64 x 7 and an int64 fingerprint: 4 MiB on the device and as much
-pinned on the host) with :data:`SCRATCH_ROWS` rows of scratch for tensors reduced by several
-programs and a counter per row (8.25 MiB on the device in all). A full table is sent
+:data:`TABLE_ROWS` rows (``schema.WIDTH`` float64 columns and an int64 fingerprint, 0.5 MiB a
+column: 4 MiB on the device for 7 statistics, and as much pinned on the host) with
+:data:`SCRATCH_ROWS` rows of scratch for tensors reduced by several programs and a counter per row
+(8.25 MiB on the device in all, for 7 statistics). A full table is sent
 and a new one filled; when both are taken the older one is delivered first (a synchronisation per
 ``TABLE_ROWS`` captured tensors at worst). :meth:`StatsStager.memory_bytes` reports the total.
 """
@@ -44,7 +45,9 @@ import torch
 
 from torchdebug.checksum import cpu_fingerprint, fingerprint
 from torchdebug.native.build import DISABLE_ENV
-from torchdebug.stats import StatsDict, cpu_stats, cpu_stats_and_fingerprint, device_sums, empty_stats, stats_from_sums
+from torchdebug.stats.cpu import cpu_stats, cpu_stats_and_fingerprint
+from torchdebug.stats.schema import WIDTH, StatsDict, empty_stats, stats_from_sums
+from torchdebug.stats.torch_ops import device_sums
 
 logger = logging.getLogger("torchdebug.stats_table")
 
@@ -53,8 +56,6 @@ TABLE_ROWS = 1 << 16
 
 SCRATCH_ROWS = 1 << 16
 """Partial rows of one table, for tensors that several kernel programs reduce together."""
-
-COLUMNS = 7
 
 _Sink = Callable[[Any], None]
 
@@ -115,8 +116,8 @@ class _Table:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.values = torch.empty((TABLE_ROWS, COLUMNS), dtype=torch.float64, device=device)
-        self.scratch = torch.empty((SCRATCH_ROWS, COLUMNS), dtype=torch.float64, device=device)
+        self.values = torch.empty((TABLE_ROWS, WIDTH), dtype=torch.float64, device=device)
+        self.scratch = torch.empty((SCRATCH_ROWS, WIDTH), dtype=torch.float64, device=device)
         self.counters = torch.zeros(TABLE_ROWS, dtype=torch.int32, device=device)
         self.fingerprints = torch.empty(TABLE_ROWS, dtype=torch.int64, device=device)
         """The fingerprint of each row's tensor, where asked: 64 bits, stored as int64."""

@@ -12,6 +12,7 @@ import torch
 import torchdebug
 from torchdebug.compile import CompilerConfig, dump_pass, get_backend
 from torchdebug.stats import tensor_stats
+from torchdebug.stats.schema import COUNT_KEYS
 
 
 def _program(f32: torch.Tensor, f16: torch.Tensor, bf16: torch.Tensor, f64: torch.Tensor, i64: torch.Tensor, flags: torch.Tensor):
@@ -27,7 +28,7 @@ def _close(key: str, got: float | None, want: float | None, dtype: str, scale: f
     ``scale`` its largest finite magnitude) up to rounding, whatever the values."""
     if got is None or want is None:
         return got is want
-    if key in ("nan", "posinf", "neginf") or not math.isfinite(want):
+    if key in COUNT_KEYS or not math.isfinite(want):
         return got == want or math.isnan(got) and math.isnan(want)
     # inductor computes float16/bfloat16 in float32 and rounds only when it stores, so statistics
     # taken in the same kernel see the unrounded values: each element at most half a unit apart, so

@@ -36,7 +36,6 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,7 @@ from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.nonfinite import OriginTracker
 from torchdebug.records import Record
-from torchdebug.stats import stats_from_sums, stats_from_vector
+from torchdebug.stats.schema import IDENTITY, stats_from_sums
 from torchdebug.store import layout
 from torchdebug.store.writer import RankWriter, join_run, run_manifest
 
@@ -446,16 +445,13 @@ class _PendingRows:
         self.rows: list[dict[str, Any]] = [{} for _ in plan.integral]
         self._sums: dict[int, list[float]] = {}
         """Row -> its accumulators (``ACCUMULATORS`` order) as they arrive."""
-        self._finished: set[int] = set()
-        """Rows whose statistics ``host_stats`` finished."""
         self._waiting = len(plan.tables)
 
     def deliver(self, table: StatTable, values: list[float]) -> None:
         """One table's numbers arrived (the session's staging calls this)."""
-        integral = self.plan.integral
+        width = len(ACCUMULATORS)
         for index, row in enumerate(table.rows):
-            self.rows[row].update(stats_from_vector(values[7 * index : 7 * index + 7], integral[row]))
-            self._finished.add(row)
+            self._sums[row] = values[width * index : width * (index + 1)]
         for (row, accumulator), value in zip(table.entries, values):
             self._sums.setdefault(row, list(_NO_SUMS))[accumulator] = value
         self._waiting -= 1
@@ -466,8 +462,6 @@ class _PendingRows:
         """Every table arrived: turn the accumulators into statistics, then call ``done``."""
         plan = self.plan
         for row, stats in enumerate(self.rows):
-            if row in self._finished:
-                continue
             sums = self._sums.get(row, _NO_SUMS)
             numel = self.numel[row]
             if not isinstance(numel, int):  # a size the host cannot evaluate: the graph counted the values
@@ -483,8 +477,8 @@ def _in(key: Key, path: str) -> Key:
     return (phase, in_instance(path, module), op) if path else key
 
 
-_NO_SUMS = (math.nan, math.nan, 0.0, 0.0, 0, 0, 0, 0)
-"""Accumulators before any arrived (an empty value gets none: no values, no NaN or Inf)."""
+_NO_SUMS = (*IDENTITY, 0)
+"""Accumulators before any arrived (an empty value gets none: no values, every count 0)."""
 _NAN, _VALID = ACCUMULATORS.index("nan"), ACCUMULATORS.index("valid")
 
 

@@ -11,10 +11,11 @@
   values of its symbolic sizes (``s27``): compiled code passes them as the host ints it computes
   its loops' bounds with (from the inputs' sizes, never a device read), and the sink evaluates each
   slot's shape and stride from them. It ends the run.
-- ``torchdebug::host_stats(Tensor[] tensors) -> Tensor``: the statistics of each tensor, taken on
+- ``torchdebug::host_stats(Tensor[] tensors) -> Tensor``: the accumulators of each tensor, taken on
   the host when the graph reaches the call (CPU values: one native pass each, see
-  ``torchdebug.native``), as ``7 * N`` float64 values in ``torchdebug.stats.stats_vector`` order. A
-  plain function of its inputs: the graph feeds its result into ``dump_graph``'s ``stats``.
+  ``torchdebug.native``), as float64 values in ``graph_plan.ACCUMULATORS`` order, one tensor after
+  the other: the layout of the accumulators the graph computes itself. A plain function of its
+  inputs: the graph feeds its result into ``dump_graph``'s ``stats``.
 - ``torchdebug::dump_point(Tensor[] tensors, SymInt sink, SymInt point, SymInt[]? sizes=None) -> ()``:
   tensors at one point of the graph (the watcher: after a node ran; ``point=-1``: the graph's
   inputs, with its symbolic-int inputs in ``sizes``, for ``dump_stage="original"``).
@@ -33,7 +34,6 @@ values are read from regular buffers, never from static ones a later replay over
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable
 from typing import Any, Optional, Protocol
 
@@ -41,8 +41,12 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from torchdebug.records import STAT_KEYS
-from torchdebug.stats import tensor_stats
+from torchdebug.capture.graph_plan import ACCUMULATORS
+from torchdebug.stats.cpu import cpu_sums
+from torchdebug.stats.schema import COLUMNS, IDENTITY
+from torchdebug.stats.torch_ops import as_real
+
+_NAN = COLUMNS.index("nan")
 
 
 class Sink(Protocol):
@@ -116,17 +120,20 @@ def _dump_graph_fake(stats: list[Tensor], tensors: list[Tensor], sink: int, labe
 
 @torch.library.custom_op("torchdebug::host_stats", mutates_args=(), tags=_TAGS)
 def host_stats(tensors: list[Tensor]) -> Tensor:
-    """``stats_vector`` of each tensor, one after the other (CPU tensors in one native pass each)."""
+    """The ``ACCUMULATORS`` of each tensor, one after the other (CPU tensors in one native pass each)."""
     values: list[float] = []
     for tensor in tensors:
-        stats = tensor_stats(tensor)
-        values += (math.nan if stats[key] is None else float(stats[key]) for key in STAT_KEYS)
+        if tensor.numel() == 0:
+            values += (*IDENTITY, 0)
+            continue
+        sums = cpu_sums(as_real(tensor.detach()))
+        values += (*sums, tensor.numel() - sums[_NAN])
     return torch.tensor(values, dtype=torch.float64)
 
 
 @host_stats.register_fake
 def _host_stats_fake(tensors: list[Tensor]) -> Tensor:
-    return torch.empty(7 * len(tensors), dtype=torch.float64)
+    return torch.empty(len(ACCUMULATORS) * len(tensors), dtype=torch.float64)
 
 
 @torch.library.custom_op("torchdebug::dump_point", mutates_args=(), tags=_TAGS)

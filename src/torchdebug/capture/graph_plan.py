@@ -17,15 +17,17 @@ from typing import Any
 
 import torch.fx
 
+from torchdebug.stats.schema import COLUMNS
+
 Key = tuple[str, str, str]
 """``(phase, module, op)``: what call indices are counted per, as in eager capture."""
 
-ACCUMULATORS = ("min", "max", "sum", "squares", "nan", "posinf", "neginf", "valid")
-"""What the graph computes for a value whose statistics it takes (each a 0-d tensor): min and max
-ignoring NaN, the sum of the non-NaN values and of their squares, the NaN, +Inf and -Inf counts,
-and, only when the value's size is symbolic and a symbol it depends on cannot be handed to the host
-(never seen so far), the count of non-NaN values. The first seven are the sums
-``torchdebug.stats.stats_from_sums`` turns into statistics on the host."""
+ACCUMULATORS = (*COLUMNS, "valid")
+"""What the graph computes for a value whose statistics it takes (each a 0-d tensor): the columns of
+the sums vector (``torchdebug.stats.schema``, which ``stats_from_sums`` turns into statistics on the
+host), then the count of non-NaN values, computed only when the value's size is symbolic and a
+symbol it depends on cannot be handed to the host (never seen so far). ``host_stats`` hands over all
+of them for each value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +145,7 @@ class StatTable:
     entries: tuple[tuple[int, int], ...] = ()
     """Per accumulator: ``(row, index into ACCUMULATORS)``."""
     rows: tuple[int, ...] = ()
-    """Per row taken by ``host_stats``: 7 finished numbers in ``STAT_KEYS`` order."""
+    """Per row taken by ``host_stats``: its ``ACCUMULATORS``, one after the other."""
 
 
 @dataclass(slots=True)

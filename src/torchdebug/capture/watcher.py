@@ -13,8 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torchdebug.records import Record
-
-_COMPARED = ("min", "max", "mean", "norm", "nan", "posinf", "neginf")
+from torchdebug.stats.schema import STAT_KEYS
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +48,7 @@ def find_overwrites(records: Iterable[Record]) -> list[Overwrite]:
         if key in found:
             continue
         reference = first[key].stats or {}
-        if any(reference.get(k) != record.stats.get(k) for k in _COMPARED):
+        if any(reference.get(k) != record.stats.get(k) for k in STAT_KEYS):
             found[key] = Overwrite(record.step, record.name, unchanged_after[key], after)
         else:
             unchanged_after[key] = after

@@ -67,9 +67,12 @@ def format_record(
     else:
         lines.append(f"  {record.dtype} {record.shape} on {record.device}")
     if record.stats:
+        from torchdebug.stats.schema import COUNTS, VALUE_KEYS  # here: the help path imports no dataclasses
+
         stats = record.stats
-        numbers = "  ".join(f"{k} {_format_number(stats.get(k))}" for k in ("min", "max", "mean", "norm"))
-        lines.append(f"  {numbers}  nan {stats.get('nan')} +inf {stats.get('posinf')} -inf {stats.get('neginf')}")
+        numbers = "  ".join(f"{k} {_format_number(stats.get(k))}" for k in VALUE_KEYS)
+        counts = " ".join(f"{a.label or a.field} {_format_number(stats.get(a.field))}" for a in COUNTS)
+        lines.append(f"  {numbers}  {counts}")  # a count the record predates shows as "-"
     if record.checksum:
         lines.append(f"  checksum: {record.checksum}")
     if record.tensor:

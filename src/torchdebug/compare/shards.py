@@ -38,6 +38,7 @@ from typing import Any
 
 from torchdebug.compare.matching import identity
 from torchdebug.records import Record
+from torchdebug.stats.schema import COUNT_KEYS
 from torchdebug.store import reader
 
 __all__ = ["Layout", "ShardedRank", "data_split", "layouts", "whole_tensors", "one_shard", "row_note", "sharded"]
@@ -163,14 +164,20 @@ class _Pieces:
     ambiguous: bool = False
 
 
+def _count(parts: Sequence[tuple[dict[str, Any] | None, int]], key: str) -> int | None:
+    """A count of the whole value: the sum of its pieces' (``None`` when a piece's record predates the count)."""
+    values = [stats.get(key) for stats, _ in parts]  # type: ignore[union-attr]
+    return None if None in values else sum(values)
+
+
 def _whole_stats(parts: Sequence[tuple[dict[str, Any] | None, int]], layout: Layout) -> dict[str, Any] | None:
-    """Min, max, mean, norm and NaN/Inf counts of the whole value from its pieces' statistics and
+    """Min, max, mean, norm and counts of the whole value from its pieces' statistics and
     element counts; with Partial placements, the mean alone (``None`` without statistics)."""
     if any(not stats or stats.get("mean") is None and numel for stats, numel in parts):
         return None
     numel = sum(n for _, n in parts)
     total = sum(stats["mean"] * n for stats, n in parts if n)  # type: ignore[index]
-    counts = {key: sum(stats.get(key) or 0 for stats, _ in parts) for key in ("nan", "posinf", "neginf")}  # type: ignore[union-attr]
+    counts = {key: _count(parts, key) for key in COUNT_KEYS}
     if layout.partial:
         summands = math.prod(layout.mesh[i] for i, p in enumerate(layout.placements) if p.startswith("P("))
         averaged = any(_COMBINED_PARTIALS.get(p) for p in layout.partial)

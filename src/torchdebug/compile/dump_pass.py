@@ -525,7 +525,7 @@ class _Instrumenter:
             tables.setdefault((value.device, value.dtype), []).append((accumulator, entry))
         self.plan.tables = [StatTable(len(table), entries=tuple(entry for _, entry in table)) for table in tables.values()]
         stats = [accumulator for table in tables.values() for accumulator, _ in table]
-        if host:  # CPU float64 vectors, 7 numbers per value
+        if host:  # CPU float64 vectors, the ACCUMULATORS of each value
             self.plan.tables.append(StatTable(len(host), rows=tuple(rows[n] for _, nodes in host for n in nodes)))
             stats += [result for result, _ in host]
         return stats

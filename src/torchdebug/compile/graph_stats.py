@@ -6,7 +6,8 @@ for, all vectorised in the loop that computes ``x``:
 
 - ``nan = x != x``: the NaN mask (``isnan`` is computed element by element in inductor's C++ code,
   which made it the most expensive part of the statistics);
-- counts of NaN, ``+inf`` and ``-inf``: ``int32`` sums (``int64`` above 2**31 elements);
+- the schema's counts (``torchdebug.stats.schema.COUNTS``: NaN from the mask, the others
+  ``x == constant``): ``int32`` sums (``int64`` above 2**31 elements);
 - ``min`` / ``max`` of ``x`` with NaN replaced by ``+inf`` / ``-inf``, in ``x``'s dtype;
 - ``sum`` of ``x`` with NaN replaced by 0, accumulated in float32 (float64 for float64 values);
 - the sum of squares in float64 (the squares may overflow float32);
@@ -14,12 +15,13 @@ for, all vectorised in the loop that computes ``x``:
   (``int64``); otherwise the host knows the element count of the run (the graph hands over its
   symbolic sizes).
 
-Mean, norm and "no value" are worked out on the host (``torchdebug.stats.stats_from_sums``) when
-the accumulators arrive: done in the graph, those few scalar operations per value were as much
+Mean, norm and "no value" are worked out on the host (``torchdebug.stats.schema.stats_from_sums``)
+when the accumulators arrive: done in the graph, those few scalar operations per value were as much
 generated code as the loops themselves, and about half the compile time of an every-node dump.
-Integer and bool values are taken in float64 (min, max, sum, sum of squares; no counts); complex
-values by their magnitudes. After insertion the new nodes get ``meta["val"]`` from the graph's
-own fake mode (:func:`propagate_fake_values`): later inductor passes and lowering read it.
+Integer and bool values are taken in float64 (min, max, sum, sum of squares, and the counts a finite
+value can have: ``Accumulator.nonfinite`` False); complex values by their magnitudes. After
+insertion the new nodes get ``meta["val"]`` from the graph's own fake mode
+(:func:`propagate_fake_values`): later inductor passes and lowering read it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch.fx
 
 from torchdebug._torch.dynamo import detect_fake_mode
 from torchdebug.capture.graph_plan import ACCUMULATORS
+from torchdebug.stats.schema import COUNTS
 
 aten = torch.ops.aten
 
@@ -73,6 +76,15 @@ class _Builder:
     def squares(self, node: torch.fx.Node) -> torch.fx.Node:
         return self(aten.sum.default, self(aten.mul.Tensor, node, node))
 
+    def count(self, node: torch.fx.Node, equals: float, dtype: torch.dtype) -> torch.fx.Node:
+        """How many elements of ``node`` equal ``equals`` (not NaN: the NaN count reuses the mask)."""
+        return self(aten.sum.default, self(aten.eq.Scalar, node, equals), dtype=dtype)
+
+
+def _count_dtype(numel: int | None) -> torch.dtype:
+    """int32 counts where the element count is known to fit, else int64 (a symbolic size may grow)."""
+    return torch.int32 if numel is not None and numel <= _INT32_COUNT_LIMIT else torch.int64
+
 
 def insert_stats(
     graph: torch.fx.Graph, value: torch.fx.Node, before: torch.fx.Node, *, count_valid: bool = False
@@ -94,6 +106,8 @@ def insert_stats(
             wide = b.f64(value)
             found = {"min": b(aten.amin.default, wide), "max": b(aten.amax.default, wide), "sum": b(aten.sum.default, wide)}
             found["squares"] = b.squares(wide)
+            count_dtype = _count_dtype(numel if static else None)
+            found.update((a.name, b.count(value, a.equals, count_dtype)) for a in COUNTS if not a.nonfinite)
             if count_valid:
                 found["valid"] = b(aten.sum.default, b(aten.eq.Tensor, value, value), dtype=torch.int64)
     return [(ACCUMULATORS.index(name), node) for name, node in found.items()]
@@ -102,7 +116,7 @@ def insert_stats(
 def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None, count_valid: bool) -> dict[str, torch.fx.Node]:
     """The accumulators of a floating value (``double``: float64 or complex128); ``numel`` is
     ``None`` when symbolic (its counts are then ``int64``: the size may grow)."""
-    count_dtype = torch.int32 if numel is not None and numel <= _INT32_COUNT_LIMIT else torch.int64
+    count_dtype = _count_dtype(numel)
     nan = b(aten.ne.Tensor, x, x)
     zeroed = b(aten.where.self, nan, b.constant(0.0), x)
     found = {
@@ -110,10 +124,9 @@ def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None, co
         "max": b(aten.amax.default, b(aten.where.self, nan, b.constant(-math.inf), x)),
         "sum": b(aten.sum.default, zeroed, dtype=torch.float64 if double else torch.float32),
         "squares": b.squares(b.f64(zeroed)),
-        "nan": b(aten.sum.default, nan, dtype=count_dtype),
-        "posinf": b(aten.sum.default, b(aten.eq.Scalar, x, math.inf), dtype=count_dtype),
-        "neginf": b(aten.sum.default, b(aten.eq.Scalar, x, -math.inf), dtype=count_dtype),
     }
+    for a in COUNTS:
+        found[a.name] = b(aten.sum.default, nan, dtype=count_dtype) if math.isnan(a.equals) else b.count(x, a.equals, count_dtype)
     if count_valid:
         found["valid"] = b(aten.sum.default, b(aten.logical_not.default, nan), dtype=torch.int64)
     return found

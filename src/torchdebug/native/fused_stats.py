@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from torchdebug.native.build import load_library
+from torchdebug.stats.schema import COLUMNS, WIDTH
 
 Kernel = Callable[..., int]
 
@@ -33,7 +34,7 @@ _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float64: "f64"}
 _WORD_BYTES = (1, 2, 4, 8)
 """Element sizes the fingerprint-only kernels read (16-byte complex numbers as two 8-byte words)."""
 
-_Sums = ctypes.c_double * 7
+_Sums = ctypes.c_double * WIDTH
 _Dims = [ctypes.c_int64 * n for n in range(MAX_DIMS + 1)]
 
 
@@ -53,6 +54,10 @@ def _kernels() -> _Library | None:
     library = load_library("stats")
     if library is None:
         return None
+    columns = library.td_stats_columns
+    columns.restype = ctypes.c_char_p
+    if tuple(columns().decode().split(",")) != COLUMNS:  # the kernel must write the schema's columns
+        raise RuntimeError(f"native/stats.c writes the columns {columns().decode()}, the schema has {','.join(COLUMNS)}")
     pointer, dims, count = ctypes.c_void_p, ctypes.c_int, ctypes.c_int
     stats_kernels = {}
     for dtype, suffix in _SUFFIXES.items():
@@ -154,9 +159,9 @@ def _walk(tensor: torch.Tensor) -> tuple[torch.Tensor, int, ctypes.Array, ctypes
 
 
 def fused_stats(tensor: torch.Tensor) -> list[float] | None:
-    """``[min, max, sum, sum of squares, nan, posinf, neginf]`` of a non-empty CPU tensor (NaNs left
-    out of the first four; min/max NaN when all are NaN), or ``None`` when the kernel does not apply
-    (another dtype or device). Layouts the kernel cannot walk are copied to a contiguous tensor first."""
+    """The sums vector (``torchdebug.stats.schema.COLUMNS``) of a non-empty CPU tensor (NaNs left
+    out of min, max, sum and squares; min/max NaN when all are NaN), or ``None`` when the kernel does
+    not apply (another dtype or device). Layouts the kernel cannot walk are copied to a contiguous tensor first."""
     kernel = _kernel(tensor, 0)
     if kernel is None:
         return None

@@ -10,7 +10,8 @@
  *
  * td_encode_records(records, helpers): helpers = (quote, dumps, fields, stat_keys, number) where
  * quote is json's encode_basestring_ascii, dumps the compact JSON encoder, fields the Record field
- * names in the order record_json.ENCODED_FIELDS gives, stat_keys torchdebug.records.STAT_KEYS,
+ * names in the order record_json.ENCODED_FIELDS gives, stat_keys the statistics' keys in the order
+ * they are written (torchdebug.stats.schema.STAT_KEYS: nothing here knows how many or which),
  * number record_json._number (the JSON text of any other numeric field's value).
  */
 #define PY_SSIZE_T_CLEAN
@@ -157,18 +158,17 @@ static int put_flat_dict(buffer_t *b, PyObject *data, const helpers_t *h) {
     return PUT(b, "}");
 }
 
-/* record_json._stats: the seven statistics in their fixed order, else a flat dict. */
+/* record_json._stats: every statistic in stat_keys' order (plain ASCII keys), else a flat dict. */
 static int put_stats(buffer_t *b, PyObject *stats, const helpers_t *h) {
     Py_ssize_t count = PyTuple_GET_SIZE(h->stat_keys);
     int complete = PyDict_Check(stats) && PyDict_GET_SIZE(stats) == count;
     for (Py_ssize_t i = 0; i < count && complete; i++) complete = PyDict_GetItemWithError(stats, PyTuple_GET_ITEM(h->stat_keys, i)) != NULL;
     if (PyErr_Occurred()) return -1;
     if (!complete) return PyDict_Check(stats) ? put_flat_dict(b, stats, h) : put_str(b, PyObject_CallOneArg(h->dumps, stats));
-    static const char *labels[] = {"{\"min\":", ",\"max\":", ",\"mean\":", ",\"norm\":", ",\"nan\":", ",\"posinf\":", ",\"neginf\":"};
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *value = PyDict_GetItem(stats, PyTuple_GET_ITEM(h->stat_keys, i));
-        if (put(b, labels[i], (Py_ssize_t)strlen(labels[i])) < 0) return -1;
-        if (put_number(b, value, h) < 0) return -1;
+        PyObject *key = PyTuple_GET_ITEM(h->stat_keys, i);
+        if (put(b, i ? "," : "{", 1) < 0 || put_quoted(b, key, h) < 0 || PUT(b, ":") < 0) return -1;
+        if (put_number(b, PyDict_GetItem(stats, key), h) < 0) return -1;
     }
     return PUT(b, "}");
 }
@@ -253,7 +253,7 @@ PyObject *td_encode_records(PyObject *records, PyObject *helpers) {
     if (!PyArg_ParseTuple(helpers, "OOO!O!O", &h.quote, &h.dumps, &PyTuple_Type, &h.fields, &PyTuple_Type, &h.stat_keys,
                           &h.number))
         return NULL;
-    if (PyTuple_GET_SIZE(h.fields) != FIELD_COUNT || PyTuple_GET_SIZE(h.stat_keys) != 7) {
+    if (PyTuple_GET_SIZE(h.fields) != FIELD_COUNT) {
         PyErr_SetString(PyExc_ValueError, "record fields changed: rebuild records.c");
         return NULL;
     }

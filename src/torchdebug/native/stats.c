@@ -8,11 +8,16 @@
  * each block's sums into doubles. NaN fails every comparison, so min/max skip it on their own; a
  * sum that comes out non-finite (some NaN or Inf) or a sum of squares that underflowed sends the
  * tensor through the careful loop, which counts NaN/Inf and accumulates in double. Semantics match
- * torchdebug.stats.stats_vector: NaNs are left out of min, max, sum and norm; infinities are kept.
+ * torchdebug.stats.torch_ops.device_sums: NaNs are left out of min, max, sum and squares; infinities
+ * are kept.
+ *
+ * td_stats_columns(): the columns every out[] below holds, in order, as COLUMNS spells them; the
+ * binding checks them against torchdebug/stats/schema.py when the library loads, so a column added
+ * there and not here (or the reverse) fails loudly instead of shifting the numbers.
  *
  * td_stats_<dtype>(data, ndim, sizes, strides, out, threads): strides in elements,
- * strides[ndim-1] == 1, ndim <= MAX_DIMS; out[7] = {min, max, sum, sum of squares, nan, posinf,
- * neginf}, min/max NaN when every element is NaN; threads: how many threads may share the work
+ * strides[ndim-1] == 1, ndim <= MAX_DIMS; out[]: the columns above, min/max NaN when
+ * every element is NaN; threads: how many threads may share the work
  * (torch.get_num_threads(): a thread other than the one torch.set_num_threads ran on would read
  * OpenMP's own default, all cores). Returns 1 when the careful loop ran.
  *
@@ -50,6 +55,10 @@
 #else
 #define MULTIVERSION
 #endif
+
+#define COLUMNS "min,max,sum,squares,nan,posinf,neginf"
+
+const char *td_stats_columns(void) { return COLUMNS; }
 
 typedef struct {
     double low, high, sum, squares;

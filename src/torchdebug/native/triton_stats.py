@@ -2,8 +2,8 @@
 
 ``launch(tensors, table, row, scratch, scratch_row, counters)`` reduces each floating tensor whose
 elements fill one dense span of memory (contiguous, or any permutation of a contiguous layout) to
-``[min, max, sum, sum of squares, nan, posinf, neginf]`` (NaNs left out of the first four, as in
-``stats.c``) and stores them, as float64, in ``table[row + k]``. Nothing is read back: the host
+the sums vector of :mod:`torchdebug.stats.schema` (:data:`COLUMNS`; NaNs left out of min, max, sum
+and squares, as in ``stats.c``) and stores it, as float64, in ``table[row + k]``. Nothing is read back: the host
 copies the whole table once per flush (:mod:`torchdebug.stats_table`).
 
 One launch reduces up to :data:`SLOTS` tensors of one dtype (the new inputs or outputs of one op:
@@ -38,8 +38,16 @@ import torch
 import triton
 import triton.language as tl
 
-COLUMNS = 7
-"""``min, max, sum, sum of squares, nan, posinf, neginf``."""
+from torchdebug.stats import schema
+
+COLUMNS = ("min", "max", "sum", "squares", "nan", "posinf", "neginf")
+"""The columns the kernel writes, in order: :func:`_share_sums` returns them (and the fingerprint's
+sum), the stores write them; checked against the schema on import."""
+
+if COLUMNS != schema.COLUMNS:
+    raise ImportError(f"triton_stats writes the columns {COLUMNS}, the schema has {schema.COLUMNS}")
+
+_WIDTH: tl.constexpr = tl.constexpr(schema.WIDTH)
 
 MAX_PROGRAMS = 512
 """Programs per tensor at most (enough to keep every SM of an H100 streaming)."""
@@ -211,12 +219,12 @@ def _stats_kernel(
         overflowed = (total != total) | (total == float("inf")) | (total == float("-inf")) | (squares == float("inf"))
         if overflowed & (posinf + neginf == 0) & (nans < end - start):
             low, high, total, squares, nans, posinf, neginf, _ = _share_sums(x_ptr, start, end, True, BLOCK, True, False, BITS)
-    final = table_ptr + (row + slot) * 7
+    final = table_ptr + (row + slot) * _WIDTH
     if STATS:
         if programs == 1:
             out = final
         else:
-            out = scratch_ptr + (scratch_row + pid) * 7
+            out = scratch_ptr + (scratch_row + pid) * _WIDTH
         tl.store(out + 0, low)
         tl.store(out + 1, high)
         tl.store(out + 2, total)
@@ -241,12 +249,12 @@ def _stats_kernel(
             part = tl.arange(0, PROGRAMS)
             present = part < programs
             if STATS:
-                rows = scratch_ptr + (scratch_row + first + part) * 7
+                rows = scratch_ptr + (scratch_row + first + part) * _WIDTH
                 low = tl.min(tl.load(rows + 0, mask=present, other=float("inf"), cache_modifier=".cg"), 0)
                 high = tl.max(tl.load(rows + 1, mask=present, other=float("-inf"), cache_modifier=".cg"), 0)
                 tl.store(final + 0, low)
                 tl.store(final + 1, high)
-                for column in tl.static_range(2, 7):
+                for column in tl.static_range(2, _WIDTH):  # sums and counts add up
                     sums = tl.load(rows + column, mask=present, other=0.0, cache_modifier=".cg")
                     tl.store(final + column, tl.sum(sums, 0))
             if HASH:

@@ -22,6 +22,7 @@ from typing import Any
 
 from torchdebug.records import PHASES, Record
 from torchdebug.report import render
+from torchdebug.stats.schema import COUNTS, NONFINITE_KEYS, VALUE_KEYS
 
 __all__ = ["MAX_OVERFLOW_ROWS", "overflow_rows", "overview", "render_dump"]
 
@@ -35,7 +36,7 @@ MAX_OVERFLOW_ROWS = 1000
 _WIDTH, _HEIGHT = 1000, 240
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 14, 40
 _SERIES = ("forward", "backward", "optimizer")
-_SIGNED = ("min", "max", "mean", "norm")
+_SIGNED = VALUE_KEYS
 COLORS = {"forward": "#1f77b4", "backward": "#d9730d", "optimizer": "#2e7d32"}
 """Phase colours of the plot and its legend."""
 
@@ -45,7 +46,7 @@ _FLOATING = ("float", "bfloat", "complex")
 
 
 def _nonfinite(stats: dict[str, Any]) -> bool:
-    return bool(stats.get("nan") or stats.get("posinf") or stats.get("neginf"))
+    return any(map(stats.get, NONFINITE_KEYS))
 
 
 class _Tally:
@@ -102,6 +103,7 @@ def _slot(record: Record, magnitude: float) -> dict[str, Any]:
         "min": stats.get("min"),
         "max": stats.get("max"),
         "norm": stats.get("norm"),
+        "counts": [(a.label or a.field, stats.get(a.field)) for a in COUNTS],
         "magnitude": magnitude,
         "source": record.source,
     }
@@ -143,7 +145,7 @@ def overview(records: Iterable[Record], largest: int = LARGEST) -> dict[str, Any
         if not stats:
             continue
         tally.stats += 1
-        if stats.get("nan") or stats.get("posinf") or stats.get("neginf"):
+        if _nonfinite(stats):
             tally.nonfinite += 1
         dtype = record.dtype
         scaled = floating.get(dtype)

@@ -29,6 +29,8 @@ from torchdebug.native.json_lines import encoder
 from torchdebug.records import STAT_KEYS, Record
 
 _STAT_KEYS = set(STAT_KEYS)
+_STAT_LABELS = tuple((('{"' if i == 0 else ',"') + key + '":', key) for i, key in enumerate(STAT_KEYS))
+"""``(text written before the value, key)`` of each statistic, in ``STAT_KEYS`` order (``{"min":``, ``,"max":``, ...)."""
 
 
 def _plain(value: Any) -> Any:
@@ -208,24 +210,5 @@ def _memo(memo: dict[int, str], value: Any, encode: Any) -> str:
 
 def _stats(stats: dict[str, Any]) -> str:
     if stats.keys() == _STAT_KEYS:
-        get = stats.get
-        return "".join(
-            (
-                '{"min":',
-                _number(get("min")),
-                ',"max":',
-                _number(get("max")),
-                ',"mean":',
-                _number(get("mean")),
-                ',"norm":',
-                _number(get("norm")),
-                ',"nan":',
-                _number(get("nan")),
-                ',"posinf":',
-                _number(get("posinf")),
-                ',"neginf":',
-                _number(get("neginf")),
-                "}",
-            )
-        )
-    return _flat_dict(stats)  # not yet filled (an error) or written by another tool
+        return "".join([label + _number(stats[key]) for label, key in _STAT_LABELS]) + "}"
+    return _flat_dict(stats)  # not yet filled (an error), written before a statistic existed, or by another tool

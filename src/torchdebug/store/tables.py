@@ -1,10 +1,11 @@
 """Records as a pandas table, and tables as Parquet files (extras ``pandas`` and ``parquet``).
 
 One table row per record, the record's fields as columns, with the statistics spread into their own
-columns (``min`` ... ``neginf``) so that a dump can be filtered, grouped and plotted where analysts
-work. Columns that hold JSON of varying shape (``value``, ``extra``) are JSON text, so every column
-has one type and the table writes to Parquet as it is. Parquet is an export format only: dumps stay
-JSON lines (a crash mid-write leaves a Parquet file unreadable).
+columns (``torchdebug.stats.schema.STAT_KEYS``: ``min`` ... ``neginf``) so that a dump can be
+filtered, grouped and plotted where analysts work. Columns that hold JSON of varying shape
+(``value``, ``extra``) are JSON text, so every column has one type and the table writes to Parquet
+as it is. Parquet is an export format only: dumps stay JSON lines (a crash mid-write leaves a
+Parquet file unreadable).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from torchdebug.extras import import_extra
-from torchdebug.records import STAT_KEYS, Record
+from torchdebug.records import Record
+from torchdebug.stats.schema import COUNT_KEYS, STAT_KEYS, VALUE_KEYS
 
 __all__ = ["RECORD_COLUMNS", "pandas", "records_frame", "require_parquet", "write_parquet"]
 
@@ -41,7 +43,7 @@ _TRAILING = (
 RECORD_COLUMNS = (*_LEADING, *STAT_KEYS, *_TRAILING)
 """Columns of :func:`records_frame`: where the slot is, what it holds, its statistics, then the rest."""
 
-_COUNTS = ("nan", "posinf", "neginf", "sampled")
+_COUNTS = (*COUNT_KEYS, "sampled")
 """Integer columns that may be empty (pandas' nullable ``Int64``)."""
 
 
@@ -73,7 +75,7 @@ def records_frame(records: Iterable[Record]) -> Any:
         columns["value"].append(_json_text(record.value) if record.kind == "value" else None)
         columns["extra"].append(_json_text(record.extra or None))
     frame = pd.DataFrame(columns)
-    for name in ("min", "max", "mean", "norm"):
+    for name in VALUE_KEYS:
         frame[name] = frame[name].astype("float64")
     for name in _COUNTS:
         frame[name] = frame[name].astype("Int64")

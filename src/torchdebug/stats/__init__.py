@@ -1,0 +1,56 @@
+"""Statistics of a tensor: min, max, mean, L2 norm and counts of NaN, +Inf and -Inf elements.
+
+Computed on the tensor's own device with float32 (half types) or float64 (integers) accumulation.
+Min, max, mean and norm ignore NaNs; they are ``None`` for empty tensors or tensors that hold only
+NaNs. Complex tensors are described by their magnitudes.
+
+- :mod:`~torchdebug.stats.schema`: the one declaration of the accumulators every path computes and
+  of how they are finished into a record's ``stats`` (no torch: records import it);
+- :mod:`~torchdebug.stats.torch_ops`: the accumulators with torch ops, on any device, no sync;
+- :mod:`~torchdebug.stats.cpu`: statistics taken now (the C kernel on the CPU, else torch ops).
+
+The kernels live in :mod:`torchdebug.native` (C, Triton), the per-device table the host reads once
+per flush in :mod:`torchdebug.stats_table`. The names below load their module on first use, so
+importing the schema does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "StatsDict": "schema",
+    "empty_stats": "schema",
+    "stats_from_sums": "schema",
+    "device_sums": "torch_ops",
+    "cpu_sums": "cpu",
+    "cpu_stats": "cpu",
+    "cpu_stats_and_fingerprint": "cpu",
+    "tensor_stats": "cpu",
+}
+
+__all__ = [
+    "StatsDict",
+    "cpu_stats",
+    "cpu_stats_and_fingerprint",
+    "cpu_sums",
+    "device_sums",
+    "empty_stats",
+    "stats_from_sums",
+    "tensor_stats",
+]
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"torchdebug.stats.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'torchdebug.stats' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from torchdebug.stats.cpu import cpu_stats, cpu_stats_and_fingerprint, cpu_sums, tensor_stats
+    from torchdebug.stats.schema import StatsDict, empty_stats, stats_from_sums
+    from torchdebug.stats.torch_ops import device_sums

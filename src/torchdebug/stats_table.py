@@ -24,11 +24,11 @@ fingerprint in the same pass) and delivered immediately: there is no device to w
 
 Memory is bounded: at most two tables per device (one filling while the other is in flight), each
 :data:`TABLE_ROWS` rows (``schema.WIDTH`` float64 columns and an int64 fingerprint, 0.5 MiB a
-column: 4 MiB on the device for 7 statistics, and as much pinned on the host) with
-:data:`SCRATCH_ROWS` rows of scratch for tensors reduced by several programs and a counter per row
-(8.25 MiB on the device in all, for 7 statistics). A full table is sent
-and a new one filled; when both are taken the older one is delivered first (a synchronisation per
-``TABLE_ROWS`` captured tensors at worst). :meth:`StatsStager.memory_bytes` reports the total.
+column, as much pinned on the host) with :data:`SCRATCH_ROWS` rows of scratch as wide, for tensors
+reduced by several programs, and a counter per row (0.25 MiB): 8.25 MiB on the device with 7
+columns, 1 MiB more for each further one. A full table is sent and a new one filled; when both
+are taken the older one is delivered first (a synchronisation per ``TABLE_ROWS`` captured tensors
+at worst). :meth:`StatsStager.memory_bytes` reports the total.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Statistics of a tensor: min, max, mean, L2 norm and counts of NaN, +Inf and -Inf elements.
+"""Statistics of a tensor: min, max, mean and L2 norm of its values, and counts of elements (NaN,
++Inf, -Inf, ...: :data:`~torchdebug.stats.schema.STAT_KEYS` lists them all).
 
 Computed on the tensor's own device with float32 (half types) or float64 (integers) accumulation.
 Min, max, mean and norm ignore NaNs; they are ``None`` for empty tensors or tensors that hold only

@@ -130,11 +130,11 @@ def test_every_config_is_checked_when_built_with_one_error_shape():
     from torchdebug.diagnose.config import DiagnoseConfig
 
     cases = [
-        (lambda: CompareConfig(growth=0.5), r"^growth: got 0\.5, expected a number >= 1$"),
+        (lambda: CompareConfig(growth=0.5), r"^growth: got 0\.5, expected a finite number >= 1$"),
         (lambda: CompareConfig(threads=0), r"^threads: got 0, expected an integer >= 1$"),
         (lambda: CompareConfig(tolerances={"bfloat16": "loose"}), r"^tolerances\.bfloat16: got 'loose', expected a number"),
         (lambda: CompareConfig(tensor=False), r"^tensor: unknown option, expected one of 'tolerances', 'mapping'"),
-        (lambda: DiagnoseConfig(tolerance=0), r"^tolerance: got 0, expected a number > 0$"),
+        (lambda: DiagnoseConfig(tolerance=0), r"^tolerance: got 0, expected a finite number > 0$"),
         (lambda: DiagnoseConfig(mode="fast"), r"^mode: got 'fast', expected one of 'default', 'reduce-overhead'"),
         (lambda: DiagnoseConfig(backend=3), r"^backend: got 3, expected None \(inductor\), a backend name or a callable"),
         (lambda: CompilerConfig(mode="jit"), r"^mode: got 'jit', expected one of 'max-autotune'"),

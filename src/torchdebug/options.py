@@ -8,32 +8,85 @@ cross-field rules (:meth:`Options.check`) run after both, so a bad value or comb
 line that made it, never hours into a run. Every error is a :class:`~torchdebug.errors.ConfigError`
 of one shape: ``dotted.key: got VALUE, expected WHAT`` (plus the fix where there is one).
 
+Each option is declared once, as a field, and everything else is generated from it: the JSON schema
+(:meth:`Options.json_schema`), the command-line flag (its :class:`Flag`: ``--growth`` for ``growth``,
+help, choices and default from the field; ``torchdebug.cli.arguments.add_options``), and the keyword
+options of a public function that takes the config (:func:`accepts`).
+
 Old spellings of renamed options stay readable and writable as aliases (``_ALIASES``) with a
-``FutureWarning`` that names the new one; keys that other tools' config files use (TorchAir's
-``dump_*`` in scene files, ptdbg's ``L0``/``L1`` levels) are read by the code that reads those files.
+``FutureWarning`` that names the new one, and so do renamed flags (:attr:`Flag.old`); keys that
+other tools' config files use (TorchAir's ``dump_*`` in scene files, ptdbg's ``L0``/``L1`` levels)
+are read by the code that reads those files.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import os
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any, ClassVar, TypeVar
 
 from torchdebug.errors import ConfigError
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing's, without importing typing: the command line's help imports this module
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, TypeVar
 
-Validator = Callable[[str, Any], Any]
-"""``check(dotted_key, value) -> normalised value``; raises :class:`ConfigError`."""
+    T = TypeVar("T")
+    C = TypeVar("C", bound="Options")
+    F = TypeVar("F", bound=Callable[..., Any])
+
+    Validator = Callable[[str, Any], Any]
+    """``check(dotted_key, value) -> normalised value``; raises :class:`ConfigError`."""
 
 
-def option(doc: str, check: Validator, **schema: Any) -> dict[str, Any]:
-    """Field metadata: what the option means (``doc``), its validator and its JSON-schema entry."""
-    return {"doc": doc, "check": check, "schema": schema}
+@dataclasses.dataclass(frozen=True, slots=True)
+class Flag:
+    """How an option reads from the command line: ``--WORD`` (the option's name, ``_`` as ``-``)
+    with the option's doc as help, its ``enum`` as choices and its default; a ``bool`` option is a
+    switch, ``--WORD`` / ``--no-WORD``. The option's validator checks what ``parse`` returns."""
+
+    parse: Callable[[str], Any] = str
+    """Text -> value; raises ``ValueError`` with the message to show (:func:`number_text` and
+    :func:`integer_text` leave text that is no number for the validator to name)."""
+    word: str | None = None
+    """The flag's word where it is not the option's name: the singular of a repeated option."""
+    short: str | None = None
+    """A one-letter spelling (``-o``)."""
+    metavar: str | None = None
+    repeated: bool = False
+    """Given once per item; each item parses to a mapping, merged into the option's value."""
+    old: tuple[str, ...] = ()
+    """Former spellings, still read with a ``FutureWarning``: a switch's sets what the new flag sets
+    against the default (``--statistics-only`` is ``--no-tensors``), another's takes the same value."""
+
+
+def option(doc: str, check: Validator, *, flag: Flag | None = None, **schema: Any) -> dict[str, Any]:
+    """Field metadata: what the option means (``doc``), its validator, how the command line reads it
+    (``flag``; by default the option's name, the text as it is, or a switch for a ``bool``) and its
+    JSON-schema entry (an ``enum`` there is also the flag's choices)."""
+    return {"doc": doc, "check": check, "schema": schema, "flag": flag or Flag()}
+
+
+def number_text(text: str) -> float | str:
+    """A command-line number: the finite float ``text`` spells, else ``text`` (the validator names
+    what it expects)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if math.isfinite(value) else text
+
+
+def integer_text(text: str) -> int | str:
+    """A command-line integer: the int ``text`` spells, else ``text`` (the validator names what it expects)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def configclass(cls: type[T]) -> type[T]:
@@ -75,7 +128,7 @@ class Options:
         assigned = set()
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            default = field_default(f)
             if not isinstance(value, Options) and value != default:
                 assigned.add(f.name)
             object.__setattr__(self, f.name, self._validate(f, value))
@@ -125,6 +178,16 @@ class Options:
 
     # -- building from mappings (files, CLI, keyword arguments) ----------------------------------
     @classmethod
+    def build(cls: type[C], config: C | None = None, /, **options: Any) -> C:
+        """``config`` (the defaults when ``None``) with ``options`` set on top, all validated: what a
+        function that takes ``config=`` and keyword options works with (:func:`accepts`)."""
+        if config is None:
+            return cls(**options)
+        if type(config) is not cls:
+            raise ConfigError(f"config: got {config!r}, expected a {cls.__name__} (or keyword options)")
+        return dataclasses.replace(config, **options) if options else config  # type: ignore[type-var]
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Options:
         """Build from a mapping (keyword options, a file's contents), rejecting unknown keys by name;
         deprecated names (``_ALIASES``) are accepted with a warning."""
@@ -159,7 +222,7 @@ class Options:
         """JSON schema of this config as a file, generated from the field metadata."""
         properties = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            default = field_default(f)
             if isinstance(default, Options):
                 prop = {"description": f.metadata["doc"], **type(default).json_schema()}
                 prop.pop("$schema", None)
@@ -213,6 +276,53 @@ class Options:
         return new, value
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """An option's default value (a fresh one from its factory)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def accepts(kind: type[Options]) -> Callable[[F], F]:
+    """Decorate a function whose last parameter is ``config`` (a ``kind``) so that callers give it
+    ``config=``, keyword options checked by ``kind`` (the field names, old spellings with a
+    warning), or both (the keywords win). The options stay declared once, in ``kind``: its fields
+    make the function's signature and the *Options* part of its docstring."""
+    import inspect  # here: the command line imports this module, and its help needs no inspect
+
+    def decorate(function: F) -> F:
+        @functools.wraps(function)
+        def wrapper(*args: Any, config: Options | None = None, **options: Any) -> Any:
+            return function(*args, config=kind.build(config, **options))
+
+        parameters = list(inspect.signature(function).parameters.values())[:-1]
+        parameters.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind.__name__))
+        for f in dataclasses.fields(kind):  # type: ignore[arg-type]
+            parameters.append(
+                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=field_default(f), annotation=f.type)
+            )
+        wrapper.__signature__ = inspect.signature(function).replace(parameters=parameters)  # type: ignore[attr-defined]
+        wrapper.__doc__ = _with_options_doc(function.__doc__ or "", kind)
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _with_options_doc(doc: str, kind: type[Options]) -> str:
+    """``doc`` with an *Options* section listing ``kind``'s fields, before its *Returns* if it has one."""
+    import textwrap  # here, as inspect in accepts()
+
+    lines = doc.expandtabs().splitlines()
+    pad = " " * min((len(line) - len(line.lstrip()) for line in lines[1:] if line.strip()), default=0)
+    section = [f"{pad}Options (:class:`{kind.__module__}.{kind.__name__}`; keyword options win over ``config``):"]
+    for f in dataclasses.fields(kind):  # type: ignore[arg-type]
+        default = field_default(f)
+        text = f"{f.name}: {f.metadata['doc']}" + ("" if default is None else f" Default: ``{default!r}``.")
+        section.append(textwrap.fill(text, 100, initial_indent=pad + " " * 4, subsequent_indent=pad + " " * 8))
+    returns = next((i for i, line in enumerate(lines) if line.strip() == "Returns:"), len(lines))
+    while returns > 0 and not lines[returns - 1].strip():
+        returns -= 1
+    return "\n".join([*lines[:returns], "", *section, *lines[returns:]]).rstrip() + "\n"
+
+
 # -- validators shared by every config ---------------------------------------------------------------
 
 
@@ -240,14 +350,14 @@ def boolean(key: str, value: Any) -> bool:
 
 def number(minimum: float, *, integer: bool = False, inclusive: bool = True) -> Validator:
     """A real number (an ``int`` if ``integer``) at least ``minimum`` (above it if not ``inclusive``)."""
-    kind = "an integer" if integer else "a number"
+    kind = "an integer" if integer else "a finite number"
     bound = f">= {minimum}" if inclusive else f"> {minimum}"
 
     def check(key: str, value: Any) -> Any:
         types = (int,) if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, types):
             raise ConfigError(f"{key}: got {value!r}, expected {kind} {bound}")
-        if value < minimum or (not inclusive and value == minimum) or value != value:
+        if not math.isfinite(value) or value < minimum or (not inclusive and value == minimum):
             raise ConfigError(f"{key}: got {value!r}, expected {kind} {bound}")
         return value
 
@@ -258,8 +368,8 @@ def text(what: str) -> Validator:
     """A non-empty string (``what`` says what it holds, for the message)."""
 
     def check(key: str, value: Any) -> str:
-        if isinstance(value, Path):
-            value = str(value)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{key}: got {value!r}, expected {what}")
         return value

@@ -23,6 +23,7 @@ import importlib
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -147,7 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand and return its exit status (2 for usage errors)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line  # a renamed flag's warning: one line, no source line
+        args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -162,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _one_line(error).removeprefix(f"{args.command}: ")  # "diagnose: no script at ..."
         print(f"{_command(args)}: error: {message}", file=sys.stderr)
         return 2
+
+
+def _warning_line(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    print(f"torchdebug: warning: {message}", file=sys.stderr)
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -1,18 +1,28 @@
-"""Argument types shared by the subcommands: each checks a value as argparse reads it, so a bad one
-is a one-line usage error (exit 2) naming the option, never a traceback from deep inside a command.
+"""Arguments shared by the subcommands: each checks a value as argparse reads it, so a bad one is a
+one-line usage error (exit 2) naming the option, never a traceback from deep inside a command.
 
-The rules are the config's (``torchdebug.options``): a ``--name`` pattern is a substring or
-``re:REGEX``, as in ``Debugger(list=...)``; ``--step`` and ``--rank`` take ``0|3-5|10`` as the
-config's ``step`` and ``rank`` do, and commas as well (``0,2,4``).
+A config's options (``CompareConfig``, ``DiagnoseConfig``) become flags with :func:`add_options`,
+generated from the fields that declare them (``torchdebug.options``): the option's word, help,
+choices and default, its validator checking each value as it is read, and its former spellings
+hidden, with a warning. The other argument types follow the config's rules: a ``--name`` pattern is
+a substring or ``re:REGEX``, as in ``Debugger(list=...)``; ``--step`` and ``--rank`` take
+``0|3-5|10`` as the config's ``step`` and ``rank`` do, and commas as well (``0,2,4``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import warnings
 from collections.abc import Callable
 
 from torchdebug.errors import ConfigError
+from torchdebug.options import Flag, Options, field_default
+
+TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _message(error: ConfigError, key: str) -> str:
@@ -76,3 +86,95 @@ def number(minimum: float, *, inclusive: bool = True) -> Callable[[str], float]:
 
     check.__name__ = f"number >= {minimum}"
     return check
+
+
+def add_options(parser: argparse.ArgumentParser, kind: type[Options]) -> None:
+    """A flag for each option of ``kind``, generated from its field (see :class:`~torchdebug.options.Flag`):
+    the value lands in ``args.<option>``, already checked by the option's validator."""
+    for f in dataclasses.fields(kind):  # type: ignore[arg-type]
+        flag: Flag = f.metadata["flag"]
+        default = field_default(f)
+        long = f"--{(flag.word or f.name).replace('_', '-')}"
+        names = [*([flag.short] if flag.short else []), long]
+        doc = f.metadata["doc"].replace("%", "%%")  # argparse formats help with %
+        if isinstance(default, bool):
+            off = f"--no-{long[2:]}"
+            shown = long if default else off
+            parser.add_argument(*names, off, action=_Switch, dest=f.name, default=default, help=f"{doc} (default: {shown})")
+            for old in flag.old:  # a former switch did what the new one does against the default
+                new = off if default else long
+                parser.add_argument(old, action=_Renamed, new=new, const=not default, dest=f.name, help=argparse.SUPPRESS)
+            continue
+        choices = [choice for choice in f.metadata["schema"].get("enum", ()) if choice is not None] or None
+        notes = [f"one of: {', '.join(choices)}"] if choices else []
+        if default not in (None, {}, []):
+            notes.append(f"default: {default}")
+        shown = f" ({'; '.join(notes)})" if notes else ""
+        common = {"type": _reader(f.name, f.metadata["check"], flag), "dest": f.name, "metavar": flag.metavar or f.name.upper()}
+        action = _Merge if flag.repeated else "store"
+        parser.add_argument(*names, action=action, default=default, choices=choices, help=f"{doc}{shown}", **common)
+        for old in flag.old:
+            parser.add_argument(old, action=_Renamed, new=long, help=argparse.SUPPRESS, **common)
+
+
+def options_of(args: argparse.Namespace, kind: type[Options]) -> dict[str, Any]:
+    """The options :func:`add_options` read into ``args``, by name."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+
+
+def _reader(name: str, check: Callable[[str, Any], Any], flag: Flag) -> Callable[[str], Any]:
+    """``text -> value``: the flag's parse, then the option's validator; its error without the key
+    (argparse names the flag) and quoting the text as typed (``got '0'``, not ``got 0.0``)."""
+
+    def read(text: str) -> Any:
+        try:
+            value = flag.parse(text)
+            return check(name, value)
+        except ConfigError as error:
+            message = _message(error, name)
+            got = f"got {value!r},"
+            raise argparse.ArgumentTypeError(
+                f"got {text!r},{message[len(got) :]}" if message.startswith(got) else message
+            ) from None
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    read.__name__ = name  # argparse's "invalid NAME value" when it wraps an error itself
+    return read
+
+
+class _Switch(argparse.Action):
+    """``--word`` sets the option, ``--no-word`` clears it."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        setattr(namespace, self.dest, not (option or "").startswith("--no-"))
+
+
+class _Merge(argparse.Action):
+    """A repeated flag whose items are mappings: each merged into the value (a later one wins)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), **values})
+
+
+class _Renamed(argparse.Action):
+    """A flag's former spelling: still works (a switch sets ``const``, another takes its value) and
+    warns, naming the new one."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        nargs = 0 if "const" in kwargs else None
+        super().__init__(option_strings, dest, nargs=nargs, default=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        warnings.warn(f"{option} is deprecated; use {self.new}", FutureWarning, stacklevel=2)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)

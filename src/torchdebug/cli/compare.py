@@ -14,45 +14,16 @@ starts share the work and process 0 reports. Exit status 0: no divergence, 1: di
 from __future__ import annotations
 
 import argparse
-import warnings
 
 from torchdebug.cli import RawDescriptionHelpFormatter
-from torchdebug.cli.arguments import indices, integer, number
+from torchdebug.cli.arguments import add_options, indices, options_of
+from torchdebug.compare.config import CompareConfig
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
     from torchdebug.compare import CompareResult
 
 _FORMATS = ("csv", "json", "html")
-
-
-class _Renamed(argparse.Action):
-    """A flag's old spelling: still works, and says the new one on stderr."""
-
-    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, **kwargs)  # type: ignore[arg-type]
-        self.new = new
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option: str | None = None
-    ) -> None:
-        warnings.warn(f"{option} is deprecated; use {self.new}", FutureWarning, stacklevel=2)
-        setattr(namespace, self.dest, True)
-
-
-def _tolerance(text: str) -> tuple[str, dict[str, float]]:
-    """``bfloat16=0.02`` or ``float32=1e-5,1e-6`` (rtol[,atol])."""
-    dtype, _, values = text.partition("=")
-    try:
-        numbers = [float(v) for v in values.split(",")]
-    except ValueError:
-        numbers = []
-    if not dtype or not 1 <= len(numbers) <= 2:
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected DTYPE=RTOL or DTYPE=RTOL,ATOL (e.g. bfloat16=0.02)")
-    spec = {"rtol": numbers[0]}
-    if len(numbers) == 2:
-        spec["atol"] = numbers[1]
-    return dtype, spec
 
 
 def _formats(text: str) -> list[str]:
@@ -78,34 +49,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format", type=_formats, default=list(_FORMATS), help="reports to write with -o (default: csv,json,html)"
     )
-    parser.add_argument(
-        "--tolerance",
-        type=_tolerance,
-        action="append",
-        default=[],
-        metavar="DTYPE=RTOL[,ATOL]",
-        help="override a dtype's tolerance, e.g. bfloat16=0.02 (repeatable; --across-ranks: default exact)",
-    )
-    parser.add_argument("--mapping", help="JSON/YAML file renaming A's modules/ops: {modules: {...}, ops: {...}}")
-    parser.add_argument("--statistics-only", action="store_true", help="compare statistics even where tensors were saved")
-    parser.add_argument("--stats-only", action=_Renamed, new="--statistics-only", dest="statistics_only", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--replay",
-        action="store_true",
-        help="re-run diverging ops in float64 on each side's saved inputs to blame an op's own error (task=tensor dumps; slower)",
-    )
-    parser.add_argument(
-        "--growth", type=number(1), default=16.0, help="error amplification an op may show before it is blamed (default 16)"
-    )
-    parser.add_argument(
-        "--threads",
-        type=integer(1),
-        default=None,
-        help="threads for tensor metrics per process (default: the process's share of the cores)",
-    )
-    parser.add_argument(
-        "--workers", type=integer(1), default=1, help="processes to split A B over on this machine (default 1; not with torchrun)"
-    )
+    add_options(parser, CompareConfig)  # --tolerance, --mapping, --growth, --tensors, ... (one per option)
     parser.set_defaults(func=run)
 
 
@@ -123,11 +67,7 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult:
     if args.replay:
         raise ValueError("--replay applies to A B only: --across-ranks checks that replicas agree bitwise")
     return compare_ranks(
-        args.across_ranks,
-        ranks=args.ranks,
-        tolerances=dict(args.tolerance),
-        tensors=not args.statistics_only,
-        threads=args.threads,
+        args.across_ranks, ranks=args.ranks, tolerances=args.tolerances, tensors=args.tensors, threads=args.threads
     )
 
 
@@ -138,35 +78,25 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
         raise ValueError("give two dumps A B, or one with --across-ranks DUMP")
     if args.ranks is not None:
         raise ValueError("--ranks applies to --across-ranks only")
-    options = {
-        "tolerances": dict(args.tolerance),
-        "mapping": args.mapping,
-        "growth": args.growth,
-        "tensors": not args.statistics_only,
-        "threads": args.threads,
-        "replay": args.replay,
-    }
+    config = CompareConfig(**options_of(args, CompareConfig))
     if not distributed.launched_by_torchrun():
-        return compare(args.a, args.b, workers=args.workers, **options)
+        return compare(args.a, args.b, config=config)
     if args.workers != 1:
         raise ValueError("--workers: torchrun already started the worker processes; leave --workers out")
     with distributed.process_group_from_env():
-        return distributed.compare_distributed(args.a, args.b, **options)
+        return distributed.compare_distributed(args.a, args.b, config=config)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path  # here, not at the top: `torchdebug compare --help` needs no pathlib
 
     args.output = None if args.output is None else Path(args.output)
-    args.mapping = None if args.mapping is None else Path(args.mapping)
     table = args.output is not None and args.output.suffix == ".parquet"
     # bad outputs fail here, before a comparison that may take minutes
     if table and args.output.is_dir():
         raise ValueError(f"-o {args.output}: is a folder; give a file name ending in .parquet, or a folder for the reports")
     if not table and args.output is not None and args.output.exists() and not args.output.is_dir():
         raise ValueError(f"-o {args.output}: exists and is not a folder; give a folder for the reports, or a .parquet file")
-    if args.mapping is not None and not args.mapping.is_file():
-        raise ValueError(f"--mapping {args.mapping}: no such file")
     if table:
         from torchdebug.store.tables import require_parquet
 

@@ -9,7 +9,8 @@ import argparse
 import importlib.util
 import os
 
-from torchdebug.cli.arguments import number
+from torchdebug.cli.arguments import add_options, options_of
+from torchdebug.diagnose.config import DiagnoseConfig
 
 
 def _check_entry(text: str) -> None:
@@ -34,13 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "returns (model_or_fn, example_inputs)."
     )
     parser.add_argument("entry", metavar="ENTRY", help="script.py:make_model_and_inputs")
-    parser.add_argument("--backend", default=None, help="torch.compile backend under test (default: inductor)")
-    parser.add_argument("--mode", default=None, help="torch.compile mode for the last stage")
-    parser.add_argument("--forward-only", action="store_true", help="skip backward (no gradient checks)")
-    parser.add_argument(
-        "--tolerance", type=number(0, inclusive=False), default=1e-3, help="tol of torch._dynamo.utils.same (default 1e-3)"
-    )
-    parser.add_argument("-o", "--output", default="torchdebug_diagnose", help="folder for repro.py and report.html")
+    add_options(parser, DiagnoseConfig)  # --backend, --mode, --train, --tolerance, -o/--output-dir, ... (one per option)
     parser.add_argument("--no-html", action="store_true", help="do not write report.html")
     parser.set_defaults(func=run)
 
@@ -49,29 +44,21 @@ def run(args: argparse.Namespace) -> int:
     _check_entry(args.entry)
     # here, not at the top: diagnose loads Dynamo and inductor (2 s), which `torchdebug --help` must not
     from torchdebug.diagnose import diagnose
-    from torchdebug.diagnose.config import DiagnoseConfig
     from torchdebug.diagnose.entry import load_entry
 
-    options = {
-        "backend": args.backend,
-        "mode": args.mode,
-        "train": not args.forward_only,
-        "tolerance": args.tolerance,
-        "output_dir": args.output,
-    }
-    DiagnoseConfig(**options)  # a bad option fails here, before the script runs
+    config = DiagnoseConfig(**options_of(args, DiagnoseConfig))  # each option was checked as it was read
     try:
         program, inputs = load_entry(args.entry)
     except TypeError as error:
         if _raised_in(error, load_entry):  # the function returned something else than (model, inputs)
             raise ValueError(str(error)) from None
         raise  # a bug in the user's function: its traceback helps
-    report = diagnose(program, *inputs, **options)
+    report = diagnose(program, *inputs, config=config)
     print(report.summary())
     if not args.no_html:
         from pathlib import Path  # here, not at the top: `torchdebug diagnose --help` needs no pathlib
 
-        folder = Path(args.output)
+        folder = Path(config.output_dir)
         folder.mkdir(parents=True, exist_ok=True)
         print(f"report: {report.to_html(folder / 'report.html')}")
     return 0 if report.ok else 1

@@ -55,6 +55,7 @@ from torchdebug.compare.steps import (
     tensor_jobs,
 )
 from torchdebug.errors import TorchDebugError
+from torchdebug.options import accepts
 
 __all__ = ["Share", "plan", "compare_distributed", "spawn_compare", "launched_by_torchrun", "process_group_from_env"]
 
@@ -185,23 +186,23 @@ def _local_threads(processes: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, processes))
 
 
-def compare_distributed(a: str | Path, b: str | Path, **options: Any) -> CompareResult | None:
+@accepts(CompareConfig)
+def compare_distributed(a: str | Path, b: str | Path, *, config: CompareConfig) -> CompareResult | None:
     """:func:`torchdebug.compare` split over the processes of the initialised default process group.
 
     Call it on every process (same arguments); process 0 gets the result, the others ``None``.
-    ``options`` are :func:`torchdebug.compare`'s (``tolerances``, ``mapping``, ``growth``,
-    ``tensors``, ``threads``, ``replay``); ``threads`` defaults to the cores per process on this node.
+    ``config`` and the keyword options are :func:`torchdebug.compare`'s (``workers`` aside: the
+    group's processes are the workers); ``threads`` defaults to the cores per process on this node.
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "compare_distributed: torch.distributed is not initialised; "
             "call init_process_group first, or use compare(..., workers=N)"
         )
-    settings = CompareConfig(**options)
-    if settings.threads is None:
+    if config.threads is None:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-        settings = dataclasses.replace(settings, threads=_local_threads(local))
-    return _compare_in_group(a, b, settings)
+        config = dataclasses.replace(config, threads=_local_threads(local))
+    return _compare_in_group(a, b, config)
 
 
 def _spawned(index: int, world_size: int, init_method: str, a: str, b: str, settings: CompareConfig, results: Any) -> None:

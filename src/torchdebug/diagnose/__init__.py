@@ -6,15 +6,20 @@ Typical use::
     print(report.summary())      # stage, error or lost accuracy, first bad node, source line
     report.repro_path            # repro.py with only that node, inputs in safetensors next to it
 
-``docs/diagnose.md`` describes the method and the command line (``torchdebug diagnose``).
+``docs/diagnose.md`` describes the method and the command line (``torchdebug diagnose``). The
+names below load lazily: ``torchdebug diagnose --help`` imports ``config`` without torch.
 """
 
 from __future__ import annotations
 
-from torchdebug.callable_package import make_callable
-from torchdebug.diagnose.api import diagnose
-from torchdebug.diagnose.report import DiagnoseReport
+from torchdebug.callable_package import lazy_exports, make_callable
 
-__all__ = ["DiagnoseReport", "diagnose"]
+_EXPORTS = {
+    "diagnose": "torchdebug.diagnose.api",
+    "DiagnoseConfig": "torchdebug.diagnose.config",
+    "DiagnoseReport": "torchdebug.diagnose.report",
+}
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
-make_callable(__name__, diagnose)
+make_callable(__name__, "diagnose")

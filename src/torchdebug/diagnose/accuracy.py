@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_TOLERANCE = 1e-3
-"""The tolerance PyTorch's accuracy minifier uses (``torch._dynamo.config.repro_tolerance``)."""
+from torchdebug.diagnose.config import DEFAULT_TOLERANCE
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,6 @@ import torch
 
 from torchdebug import progress
 from torchdebug._torch.inductor import config_patched
-from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose.bisect import Bisector, DynamoRecorder
 from torchdebug.diagnose.config import DiagnoseConfig
 from torchdebug.diagnose.finding import NodeFinding
@@ -32,6 +31,7 @@ from torchdebug.diagnose.report import DiagnoseReport
 from torchdebug.diagnose.repro import write_repro
 from torchdebug.diagnose.stages import References, Stage, StageResult, climb, default_mode, ladder, references
 from torchdebug.errors import TorchDebugError
+from torchdebug.options import accepts
 
 log = logging.getLogger("torchdebug.diagnose")
 
@@ -41,33 +41,19 @@ instead of generating its own, so with the same seed a compiled run draws what e
 knob PyTorch's docs and its compiler bisector use for accuracy debugging)."""
 
 
-def diagnose(
-    fn: Callable[..., Any],
-    *example_inputs: Any,
-    backend: str | Callable[..., Any] | None = None,
-    train: bool = True,
-    mode: str | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    output_dir: str | Path = "torchdebug_diagnose",
-    repro: bool = True,
-) -> DiagnoseReport:
+@accepts(DiagnoseConfig)
+def diagnose(fn: Callable[..., Any], *example_inputs: Any, config: DiagnoseConfig) -> DiagnoseReport:
     """Find the first compiler stage that breaks ``fn(*example_inputs)``, its node and source line.
 
     Args:
         fn: a function or ``nn.Module``; it is copied for each stage, never changed.
         example_inputs: its positional inputs.
-        backend: the ``torch.compile`` backend under test (name or callable); ``None`` is inductor
-            (with ``mode="reduce-overhead"`` when the inputs are on CUDA).
-        train: also run backward and check the gradients of parameters and floating inputs.
-        mode: ``torch.compile`` mode for the last stage.
-        tolerance: the ``tol`` of ``torch._dynamo.utils.same`` (PyTorch's minifier uses 1e-3).
-        output_dir: where ``repro.py`` and its inputs go.
-        repro: write the repro (on by default).
+        config: a :class:`~torchdebug.diagnose.config.DiagnoseConfig`; or give its options as
+            keywords (``backend="aot_eager"``, ``train=False``, ...), listed below.
 
     Returns:
         A :class:`DiagnoseReport`; ``report.stage is None`` when every stage is accurate.
     """
-    config = DiagnoseConfig(backend=backend, train=train, mode=mode, tolerance=tolerance, output_dir=output_dir, repro=repro)
     start = time.perf_counter()
     program = Program(fn, example_inputs, train=config.train)
     with torch.random.fork_rng(devices=_cuda_devices(program.inputs)):  # every run seeds; the caller's RNG is kept

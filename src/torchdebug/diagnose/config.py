@@ -1,20 +1,27 @@
-"""``DiagnoseConfig``: the validated options of one :func:`torchdebug.diagnose` run.
+"""``DiagnoseConfig``: the validated options of one :func:`torchdebug.diagnose` run, declared once.
 
 The same kind of object as every torchdebug config (:mod:`torchdebug.options`), so a bad option
-fails before the first stage runs, with one line naming it.
+fails before the first stage runs, with one line naming it. Its fields are also
+:func:`torchdebug.diagnose`'s keyword options and ``torchdebug diagnose``'s flags (generated from
+them), so this module imports nothing that loads torch (the command line's help imports it).
 """
 
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Any
 
-from torchdebug.diagnose.accuracy import DEFAULT_TOLERANCE
 from torchdebug.errors import ConfigError
-from torchdebug.options import Options, boolean, configclass, number, one_of, option, optional, text
+from torchdebug.options import Flag, Options, boolean, configclass, number, number_text, one_of, option, optional, text
+
+TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """The modes ``torch.compile`` takes."""
+
+DEFAULT_TOLERANCE = 1e-3
+"""The tolerance PyTorch's accuracy minifier uses (``torch._dynamo.config.repro_tolerance``)."""
 
 
 def _backend(key: str, value: Any) -> Any:
@@ -25,20 +32,48 @@ def _backend(key: str, value: Any) -> Any:
 
 @configclass
 class DiagnoseConfig(Options):
-    """Options of :func:`torchdebug.diagnose` (see its docstring for what each one does)."""
+    """Options of :func:`torchdebug.diagnose` and ``torchdebug diagnose``."""
 
     backend: Any = field(
-        default=None, metadata=option("The torch.compile backend under test: a name, a callable, or None for inductor.", _backend)
+        default=None,
+        metadata=option(
+            "The torch.compile backend under test: a name (or, from Python, a callable); default: inductor "
+            "(with mode='reduce-overhead' when the inputs are on CUDA).",
+            _backend,
+            flag=Flag(metavar="NAME"),
+        ),
     )
-    train: bool = field(default=True, metadata=option("Also run backward and check gradients.", boolean))
+    train: bool = field(
+        default=True,
+        metadata=option(
+            "Also run backward and check the gradients of parameters and floating inputs.",
+            boolean,
+            flag=Flag(old=("--forward-only",)),
+        ),
+    )
     mode: str | None = field(
-        default=None, metadata=option("torch.compile mode for the last stage.", optional(one_of(*COMPILE_MODES)))
+        default=None,
+        metadata=option(
+            "torch.compile mode for the last stage.",
+            optional(one_of(*COMPILE_MODES)),
+            flag=Flag(metavar="MODE"),
+            enum=[*COMPILE_MODES, None],
+        ),
     )
     tolerance: float = field(
         default=DEFAULT_TOLERANCE,
-        metadata=option("The tol of the RMSE-ratio accuracy rule (PyTorch's minifier uses 1e-3).", number(0, inclusive=False)),
+        metadata=option(
+            "The tol of the RMSE-ratio accuracy rule of torch._dynamo.utils.same (PyTorch's minifier uses 1e-3).",
+            number(0, inclusive=False),
+            flag=Flag(parse=number_text, metavar="TOL"),
+        ),
     )
     output_dir: str = field(
-        default="torchdebug_diagnose", metadata=option("Where repro.py and its inputs go.", text("a folder path"))
+        default="torchdebug_diagnose",
+        metadata=option(
+            "Where repro.py and its inputs go (and, from the command line, report.html).",
+            text("a folder path"),
+            flag=Flag(short="-o", metavar="DIR", old=("--output",)),
+        ),
     )
     repro: bool = field(default=True, metadata=option("Write the repro.", boolean))

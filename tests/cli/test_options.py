@@ -1,0 +1,165 @@
+"""Options declared once: ``torchdebug compare`` and ``torchdebug diagnose`` flags, and the keyword
+options of ``compare()``, ``compare_distributed()`` and ``diagnose()``, come from the config fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from torchdebug.cli import build_parser, main
+from torchdebug.cli.arguments import options_of
+from torchdebug.compare.config import CompareConfig
+from torchdebug.compare.tolerances import Tolerance
+from torchdebug.diagnose.config import DiagnoseConfig
+from torchdebug.errors import ConfigError
+from torchdebug.options import field_default
+
+CONFIGS = {"compare": CompareConfig, "diagnose": DiagnoseConfig}
+POSITIONALS = {"compare": ["a", "b"], "diagnose": ["script.py:make"]}
+
+
+def _actions(command: str) -> dict[str, object]:
+    parser = build_parser([command])
+    subparser = next(a for a in parser._actions if a.dest == "command").choices[command]
+    return {action.dest: action for action in subparser._actions if action.help != argparse.SUPPRESS}
+
+
+@pytest.mark.parametrize("command", list(CONFIGS))
+def test_each_option_is_a_flag_with_the_fields_word_help_choices_and_default(command):
+    actions = _actions(command)
+    for f in dataclasses.fields(CONFIGS[command]):
+        action = actions[f.name]
+        word = "--" + (f.metadata["flag"].word or f.name).replace("_", "-")
+        assert word in action.option_strings, f.name
+        assert action.help.startswith(f.metadata["doc"].replace("%", "%%")), f.name
+        assert action.default == field_default(f), f.name
+        enum = f.metadata["schema"].get("enum")
+        assert action.choices == (None if enum is None else [value for value in enum if value is not None]), f.name
+        if isinstance(field_default(f), bool):
+            assert action.option_strings[-1] == f"--no-{word[2:]}", f.name
+
+
+@pytest.mark.parametrize("command", list(CONFIGS))
+def test_the_flags_defaults_build_the_default_config(command):
+    args = build_parser().parse_args([command, *POSITIONALS[command]])
+    assert CONFIGS[command](**options_of(args, CONFIGS[command])).to_dict() == CONFIGS[command]().to_dict()
+
+
+def test_compare_flags_give_the_config_the_python_keywords_give():
+    argv = ["compare", "a", "b", "--tolerance", "bfloat16=0.02", "--tolerance", "float32=1e-5,1e-6", "--growth", "4"]
+    argv += ["--no-tensors", "--threads", "2", "--workers", "3", "--replay"]
+    config = CompareConfig(**options_of(build_parser().parse_args(argv), CompareConfig))
+    expected = CompareConfig(
+        tolerances={"bfloat16": 0.02, "float32": {"rtol": 1e-5, "atol": 1e-6}},
+        growth=4.0,
+        tensors=False,
+        threads=2,
+        workers=3,
+        replay=True,
+    )
+    assert config.to_dict() == expected.to_dict()
+    assert config.tolerances == {"bfloat16": Tolerance(0.02, 1e-5), "float32": Tolerance(1e-5, 1e-6)}
+
+
+def test_diagnose_flags_give_the_config_the_python_keywords_give():
+    argv = ["diagnose", "s.py:f", "--backend", "aot_eager", "--no-train", "--mode", "max-autotune"]
+    argv += ["--tolerance", "0.01", "-o", "out", "--no-repro"]
+    config = DiagnoseConfig(**options_of(build_parser().parse_args(argv), DiagnoseConfig))
+    expected = DiagnoseConfig(
+        backend="aot_eager", train=False, mode="max-autotune", tolerance=0.01, output_dir="out", repro=False
+    )
+    assert config.to_dict() == expected.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "value", "new"),
+    [
+        (["compare", "a", "b", "--statistics-only"], "tensors", False, "--no-tensors"),
+        (["compare", "a", "b", "--stats-only"], "tensors", False, "--no-tensors"),
+        (["diagnose", "s.py:f", "--forward-only"], "train", False, "--no-train"),
+        (["diagnose", "s.py:f", "--output", "out"], "output_dir", "out", "--output-dir"),
+    ],
+)
+def test_an_old_flag_still_works_and_warns_naming_the_new_one(argv, dest, value, new):
+    with pytest.warns(FutureWarning, match=f"^{argv[-1] if dest != 'output_dir' else '--output'} is deprecated; use {new}$"):
+        assert getattr(build_parser().parse_args(argv), dest) == value
+
+
+def test_an_old_flag_is_hidden_from_the_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["diagnose", "--help"])
+    out = capsys.readouterr().out
+    assert "--no-train" in out and "--output-dir" in out
+    assert "--forward-only" not in out and "--output " not in out
+
+
+def test_an_old_flag_on_the_command_line_warns_in_one_line(capsys):
+    assert main(["diagnose", "not-an-entry", "--forward-only"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "torchdebug: warning: --forward-only is deprecated; use --no-train",
+        "torchdebug diagnose: error: ENTRY 'not-an-entry' must look like path/to/script.py:function or package.module:function",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["compare", "a", "b", "--growth", "0.5"], "argument --growth: got '0.5', expected a finite number >= 1"),
+        (["compare", "a", "b", "--growth", "inf"], "argument --growth: got 'inf', expected a finite number >= 1"),
+        (["compare", "a", "b", "--threads", "0"], "argument --threads: got '0', expected an integer >= 1"),
+        (["compare", "a", "b", "--tolerance", "bf16"], "argument --tolerance: got 'bf16', expected DTYPE=RTOL or"),
+        (["diagnose", "s.py:f", "--mode", "fast"], "argument --mode: got 'fast', expected one of 'default', 'reduce-overhead'"),
+        (["diagnose", "s.py:f", "--tolerance", "0"], "argument --tolerance: got '0', expected a finite number > 0"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_flag_and_what_it_takes(argv, line, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert f"torchdebug {argv[0]}: error: {line}" in err
+
+
+def test_compare_takes_a_config_or_keyword_options_checked_by_it(tmp_path):
+    from torchdebug.compare import compare, compare_distributed
+
+    for function in (compare, compare_distributed):
+        parameters = inspect.signature(function).parameters
+        assert list(parameters) == ["a", "b", "config", *(f.name for f in dataclasses.fields(CompareConfig))]
+        assert parameters["growth"].default == 16.0 and parameters["tensors"].default is True
+        assert all(f"    {f.name}: " in function.__doc__ for f in dataclasses.fields(CompareConfig))
+    missing = tmp_path / "missing"  # options are checked before the dumps are opened
+    with pytest.raises(ConfigError, match=r"^growht: unknown option, expected one of 'tolerances'"):
+        compare(missing, missing, growht=2)
+    with pytest.raises(ConfigError, match=r"^growth: got 0\.5, expected a finite number >= 1$"):
+        compare(missing, missing, config=CompareConfig(replay=True), growth=0.5)
+    with pytest.raises(ConfigError, match=r"^config: got 'fast', expected a CompareConfig"):
+        compare(missing, missing, config="fast")
+
+
+def test_keyword_options_win_over_the_config_they_come_with():
+    config = CompareConfig(replay=True, growth=8)
+    merged = CompareConfig.build(config, growth=2)
+    assert (merged.growth, merged.replay, config.growth) == (2, True, 8)
+    assert CompareConfig.build(config) is config and CompareConfig.build(growth=3).growth == 3
+
+
+def test_diagnose_takes_a_config_or_keyword_options_checked_by_it():
+    from torchdebug.diagnose import diagnose
+
+    parameters = inspect.signature(diagnose).parameters
+    assert list(parameters) == ["fn", "example_inputs", "config", *(f.name for f in dataclasses.fields(DiagnoseConfig))]
+    assert parameters["train"].default is True and parameters["output_dir"].default == "torchdebug_diagnose"
+    with pytest.raises(ConfigError, match=r"^trian: unknown option"):
+        diagnose(abs, 1.0, trian=False)
+
+
+def test_the_option_classes_the_command_line_imports_load_no_torch():
+    code = "import sys, torchdebug.compare.config, torchdebug.diagnose.config; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr

@@ -32,10 +32,12 @@ _EXPORTS: dict[str, str] = {
     "DumpError": "torchdebug.errors",
     "compare": "torchdebug.compare",
     "CompareResult": "torchdebug.compare",
+    "CompareConfig": "torchdebug.compare.config",
     "CompilerConfig": "torchdebug.compile",
     "get_backend": "torchdebug.compile",
     "diagnose": "torchdebug.diagnose",
     "DiagnoseReport": "torchdebug.diagnose",
+    "DiagnoseConfig": "torchdebug.diagnose.config",
 }
 _SUBMODULES = {"scope"}
 
@@ -60,10 +62,12 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchdebug.compare import CompareResult, compare
+    from torchdebug.compare.config import CompareConfig
     from torchdebug.compile import CompilerConfig, get_backend
     from torchdebug.config import DebuggerConfig
     from torchdebug.debugger import Debugger, dump
     from torchdebug.diagnose import DiagnoseReport, diagnose
+    from torchdebug.diagnose.config import DiagnoseConfig
     from torchdebug.errors import ConfigError, DumpError, TorchDebugError
     from torchdebug.records import Record
     from torchdebug.seed import seed_all

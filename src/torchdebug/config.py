@@ -21,6 +21,9 @@ TASKS = ("statistics", "tensor", "structure", "overflow_check", "checksum")
 LEVELS = ("op", "module", "mix")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 
+TENSOR_BYTES_IN_FLIGHT = 256 * 2**20
+"""Default of ``tensor_bytes_in_flight`` (256 MiB); the tensor writer's default too."""
+
 PTDBG_LEVELS = {"L0": "module", "L1": "op"}
 """ptdbg's and msprobe's ``level`` codes, accepted in config files."""
 
@@ -176,7 +179,7 @@ class DebuggerConfig(Options):
         ),
     )
     tensor_bytes_in_flight: int = field(
-        default=256 * 2**20,
+        default=TENSOR_BYTES_IN_FLIGHT,
         metadata=option(
             "With task=tensor or overflow_check: bytes of host buffers (pinned when CUDA is present) that hold tensor "
             "snapshots until they are written (device copies made for transfers from CUDA stay within the same figure); "

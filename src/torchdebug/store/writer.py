@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from torchdebug import progress
+from torchdebug.config import TENSOR_BYTES_IN_FLIGHT
 from torchdebug.dist import broadcast_from_rank0, dist_initialized
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
@@ -44,9 +45,6 @@ from torchdebug.version import __version__
 
 BATCH_BYTES = 128 * 2**20
 """Largest size of a reusable tensor batch buffer."""
-
-BYTES_IN_FLIGHT = 256 * 2**20
-"""Default bound on the bytes of all tensor batch buffers of a rank (``tensor_bytes_in_flight``)."""
 
 logger = logging.getLogger("torchdebug.store.writer")
 
@@ -150,7 +148,7 @@ class RankWriter:
     debugger drains every step); ``drain(tensors=True)`` and :meth:`close` wait for the tensors too.
     """
 
-    def __init__(self, rank_dir: Path, manifest: dict[str, Any], *, bytes_in_flight: int = BYTES_IN_FLIGHT) -> None:
+    def __init__(self, rank_dir: Path, manifest: dict[str, Any], *, bytes_in_flight: int = TENSOR_BYTES_IN_FLIGHT) -> None:
         try:
             rank_dir.mkdir(parents=True, exist_ok=False)
         except FileExistsError:

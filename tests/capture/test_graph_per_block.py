@@ -115,10 +115,10 @@ def test_per_block_records_carry_the_block_path_count_steps_and_compare_with_eag
     matched, rows = _blocks_coverage(result)
     whole_matched, whole_rows = _blocks_coverage(whole_model)
     assert matched >= 0.9 * rows and matched / rows >= whole_matched / whole_rows, (matched, rows, whole_matched, whole_rows)
-    # no error row the whole-model compile does not have (aot_eager's backward graph runs some
-    # transposes of an attention in another order than eager autograd, whole model or per block)
-    errors = {row.name for row in result.rows if row.verdict == "error"}
-    assert errors <= {row.name for row in whole_model.rows if row.verdict == "error"}, result.summary()
+    # no error row, per block or whole model (aot_eager's backward graph transposes an attention's
+    # saved tensors in another order than eager autograd: their namesakes are other values)
+    for compared in (result, whole_model):
+        assert not [row.name for row in compared.rows if row.verdict in ("error", "warning")], compared.summary()
     passed = {row.name for row in result.rows if row.verdict == "pass" and row.step == 1}
     for block in range(CONFIG.n_layer):
         assert f"forward/layers.{block}.mlp.fc/aten.addmm.default#0/output.0" in passed

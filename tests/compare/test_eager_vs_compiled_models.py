@@ -13,6 +13,7 @@ goes through inductor's post-grad passes and generated code, as do all three on 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,29 @@ def test_layer_norm_decomposed_by_the_compiler_is_compared_at_its_boundary() -> 
     assert "forward/ln/aten.sub.Tensor#0/output.0" in {p.a.name for p in inside}
     rows = [Row.from_records(0, p.a, p.b, p.how, p.order, inside=p.inside) for p in pairs]
     assert {row.name for row in rows if row.match in ("value", "group")} <= {r.name for r in eager}  # named by the eager op
+
+
+def test_a_masked_minus_infinity_is_never_the_boundary_partner_of_the_finite_scores() -> None:
+    # the compiled graph's where(mask, -inf, scores) stands for eager masked_fill; the finite scores
+    # agree with the masked ones in every finite statistic, but the -inf says they are other values
+    scores, near_scores = (-0.64, 1.1, 0.0365, 4.73), (-0.64, 1.1, 0.0365 + 1e-8, 4.73)
+    masked = _record("forward/attn/aten.where.self#0/output.0", (-math.inf, 1.1, -math.inf, math.inf), "graph")
+    masked.stats.update(neginf=112)
+    compiled = [
+        _record("forward/attn/aten.div.Tensor#0/output.0", near_scores, "graph"),
+        _record("forward/attn/aten.where.self#0/input.2", near_scores, "graph"),
+        masked,
+        _record("forward/attn/aten.div.Tensor#1/output.0", (0.0, 1.0, 0.125, 3.36), "graph"),
+    ]
+    eager_masked = _record("forward/attn/aten.masked_fill.Scalar#0/output.0", (-math.inf, 1.1, -math.inf, math.inf), "eager")
+    eager_masked.stats.update(neginf=112)
+    eager = [
+        _record("forward/attn/aten.div.Tensor#0/output.0", scores, "eager"),
+        _record("forward/attn/aten.masked_fill.Scalar#0/input.0", scores, "eager"),
+        eager_masked,
+    ]
+    pairs = match_records(compiled, eager, compiled=True)
+    pairs = align_boundaries(pairs, unpaired_calls(pairs))
+    partner = {p.b.name: p.a.name for p in pairs if p.b is not None and p.a is not None}
+    assert partner["forward/attn/aten.div.Tensor#0/output.0"] == "forward/attn/aten.div.Tensor#0/output.0"
+    assert partner.get("forward/attn/aten.masked_fill.Scalar#0/output.0") in (None, masked.name)

@@ -28,12 +28,12 @@ def _call(module: str, op: str, call: int, seq: int, shape: list[int] | None = N
     )
 
 
-def _op(op: str, call: int, seq: int, inputs: list[float], output: float) -> list[Record]:
+def _op(op: str, call: int, seq: int, inputs: list[float], output: float, phase: str = "forward") -> list[Record]:
     """A call of ``op`` in module ``m`` whose tensors are told apart by their mean (same dtype and shape)."""
 
     def slot(io: str, arg: str, mean: float) -> Record:
-        record = _call("m", op, call, seq)
-        return replace(record, name=make_name("forward", "m", op, call, io, arg), io=io, arg=arg, stats={"mean": mean})
+        record = _call("m", op, call, seq, phase=phase)
+        return replace(record, name=make_name(phase, "m", op, call, io, arg), io=io, arg=arg, stats={"mean": mean})
 
     return [slot("input", str(i), mean) for i, mean in enumerate(inputs)] + [slot("output", "0", output)]
 
@@ -162,3 +162,21 @@ def test_compiled_nodes_holding_another_value_are_not_aligned_with_an_eager_op_b
     ]
     eager_input = replace(eager[0], shape=[8, 1], io="input", name=eager[0].name.replace("output.0", "input.0"))
     assert _how(match_records(reading_another_view, [eager_input, *eager], compiled=True))["aten.sub.Tensor#0"] == {"aligned"}
+
+
+def test_calls_paired_by_name_before_their_producers_are_paired_again_by_data_flow():
+    # aot's backward graph transposes the saved tensors in another order than eager autograd: the
+    # namesakes read other values, which is known only once the compiled forward's extra views
+    # (uneven counts: aligned after the exact names) have their partners
+    mm = _op("aten.mm.default", 0, 0, [], 1.0) + _op("aten.mm.default", 1, 1, [], 2.0)
+    view = "aten.view.default"
+    a = [*mm, *_op(view, 0, 2, [1.0], 11.0), *_op(view, 1, 3, [2.0], 12.0)]
+    b = [*mm, *_op(view, 0, 2, [9.0], 19.0), *_op(view, 1, 3, [1.0], 11.0), *_op(view, 2, 4, [2.0], 12.0)]
+    transpose = "aten.transpose.int"
+    a += _op(transpose, 0, 5, [11.0], 21.0, "backward") + _op(transpose, 1, 6, [12.0], 22.0, "backward")
+    b += _op(transpose, 0, 5, [12.0], 22.0, "backward") + _op(transpose, 1, 6, [11.0], 21.0, "backward")
+    pairs = match_records(a, b, compiled=True)
+    paired = {(p.a.name, p.b.name) for p in pairs if p.a is not None and p.b is not None and p.a.phase == "backward"}
+    assert ("backward/m/aten.transpose.int#0/input.0", "backward/m/aten.transpose.int#1/input.0") in paired
+    assert ("backward/m/aten.transpose.int#1/output.0", "backward/m/aten.transpose.int#0/output.0") in paired
+    assert all(p.a.stats == p.b.stats for p in pairs if p.a is not None and p.b is not None), "every pair holds one value"

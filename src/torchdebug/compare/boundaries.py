@@ -195,9 +195,14 @@ def _constant(record: Record) -> bool:
 
 def _distance(a: Record, b: Record, atol: float = 0.0) -> float:
     """How far apart two slots' statistics are: scale-relative, on the scale floor ``atol`` (infinite
-    without statistics). Candidates are ranked without a floor, which would make all small values equal."""
-    error = stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or ()), atol=atol).get("error")
-    return math.inf if error is None or math.isnan(error) else error
+    without statistics, and where one side holds NaN/Inf the other does not: a masked ``-inf`` is not
+    the finite scores it was written into). Candidates are ranked without a floor, which would make
+    all small values equal."""
+    metrics = stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or ()), atol=atol)
+    error = metrics.get("error")
+    if error is None or math.isnan(error) or metrics.get("nonfinite_mismatch"):
+        return math.inf
+    return error
 
 
 def _agree(a: Record, b: Record) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import difflib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -128,6 +128,15 @@ class _Call:
         return self._signature
 
 
+@dataclass(slots=True, eq=False)
+class _Match:
+    """Two calls paired and how: ``exact``, ``mapped`` or ``aligned``."""
+
+    call_a: _Call
+    call_b: _Call
+    how: str
+
+
 def _rename(call: _Call, mapping: NameMapping) -> str:
     """Side A's call name after the mapping's renames."""
     if not mapping:
@@ -195,27 +204,23 @@ def _swapped(
 
 
 def _align_leftovers(
-    left_a: dict[tuple[int, str], _Call],
-    left_b: dict[tuple[int, str], _Call],
-    mapping: NameMapping,
-    links: _Links,
-    compiled: bool,
-) -> list[Pair]:
+    left_a: Iterable[_Call], left_b: Iterable[_Call], mapping: NameMapping, links: _Links, compiled: bool
+) -> tuple[list[_Match], list[_Call], list[_Call]]:
     """Pair leftover calls per ``(step, phase, module)``: by op and paired producers of their
     inputs, by op and shapes in order, by op and shapes in any order (calls that swapped places),
     then by op alone in order (shapes then differ). With ``compiled``, order pairs calls of an op
     only where both sides have as many of them left: a decomposition's extra ``mul`` nodes would
     otherwise take the place of the eager ``mul`` calls (:mod:`torchdebug.compare.boundaries` pairs
     what is left by value); and the last step pairs only calls whose slots hold the same dtypes and
-    whose outputs have the same shapes."""
+    whose outputs have the same shapes. Returns the matches and the calls of each side left unpaired."""
     groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
-    for call in left_a.values():
-        first = call.first
-        groups[(first.step, first.phase, mapping.module(first.module))][0].append(call)
-    for call in left_b.values():
-        first = call.first
-        groups[(first.step, first.phase, first.module)][1].append(call)
-    pairs: list[Pair] = []
+    for call in left_a:
+        groups[_group(call, mapping)][0].append(call)
+    for call in left_b:
+        groups[_group(call, NameMapping())][1].append(call)
+    matches: list[_Match] = []
+    unpaired_a: list[_Call] = []
+    unpaired_b: list[_Call] = []
 
     def by_op(call: _Call) -> object:
         return mapping.ops.get(call.first.op, call.first.op)
@@ -255,14 +260,14 @@ def _align_leftovers(
         for strategy in strategies:
             matched = [(i, j) for i, j in strategy(calls_a, calls_b) if not links.conflict(calls_a[i], calls_b[j])]
             for i, j in matched:
-                pairs.extend(_pair_slots(calls_a[i], calls_b[j], "aligned"))
+                matches.append(_Match(calls_a[i], calls_b[j], "aligned"))
                 links.pair(calls_a[i], calls_b[j])
             done_a, done_b = {i for i, _ in matched}, {j for _, j in matched}
             calls_a = [c for i, c in enumerate(calls_a) if i not in done_a]
             calls_b = [c for j, c in enumerate(calls_b) if j not in done_b]
-        pairs.extend(Pair(r, None, "only_a") for c in calls_a for r in c.records)
-        pairs.extend(Pair(None, r, "only_b") for c in calls_b for r in c.records)
-    return pairs
+        unpaired_a.extend(calls_a)
+        unpaired_b.extend(calls_b)
+    return matches, unpaired_a, unpaired_b
 
 
 def execution_order(records: Sequence[Record]) -> list[int]:
@@ -403,6 +408,13 @@ class _Links:
         self.partner[call_a.name] = call_b.name
         self.paired_b.add(call_b.name)
 
+    def unpair(self, call_a: _Call, call_b: _Call) -> None:
+        """Forget a pairing (names are shared by the steps: another step's pairing of the same calls
+        may have gone first)."""
+        if self.partner.get(call_a.name) == call_b.name:
+            del self.partner[call_a.name]
+            self.paired_b.discard(call_b.name)
+
     def _partner(self, producer: tuple[str, str] | None) -> tuple[str, str] | None:
         if producer is None or producer[0] not in self.partner:
             return None
@@ -461,8 +473,8 @@ def match_records(
     calls_a, calls_b = _calls(records_a), _calls(records_b)
     links = _Links(records_a, records_b)
     uneven = _uneven(calls_a, calls_b, mapping) if compiled else set()
-    pairs: list[Pair] = []
-    left_a: dict[tuple[int, str], _Call] = {}
+    matches: list[_Match] = []
+    left_a: list[_Call] = []
     for key, call in calls_a.items():
         name = _rename(call, mapping)
         other = calls_b.get((key[0], name))
@@ -472,11 +484,61 @@ def match_records(
             and not links.conflict(call, other)
             and (key[0], _counted(other, NameMapping())) not in uneven
         ):
-            pairs.extend(_pair_slots(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped"))
+            matches.append(_Match(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped"))
             links.pair(call, other)
         else:
-            left_a[key] = call
-    pairs.extend(_align_leftovers(left_a, calls_b, mapping, links, compiled))
+            left_a.append(call)
+    aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
+    matches = _repair(matches + aligned, left_a, left_b, mapping, links, compiled)
+    pairs = [pair for match in matches for pair in _pair_slots(match.call_a, match.call_b, match.how)]
+    pairs.extend(Pair(r, None, "only_a") for call in left_a for r in call.records)
+    pairs.extend(Pair(None, r, "only_b") for call in left_b for r in call.records)
     _assign_order(pairs, records_b)
     pairs.sort(key=attrgetter("order"))
     return pairs
+
+
+_REPAIR_ROUNDS = 3
+"""How many times pairs are checked again against every partner known: each round frees the pairs
+whose inputs turned out to come from other calls and pairs them anew; a fourth is never needed in
+practice (a repair only moves pairs within one module's calls of one op)."""
+
+
+def _repair(
+    matches: list[_Match], left_a: list[_Call], left_b: list[_Call], mapping: NameMapping, links: _Links, compiled: bool
+) -> list[_Match]:
+    """Matches checked again once every call has its partner. A call is paired by name before the
+    producers of its inputs are (a compiled graph's forward has fewer ``_unsafe_view`` nodes than
+    eager, so they are aligned later): aot's backward graph runs the transposes of saved attention
+    tensors first, and the eager ``transpose#2`` has the compiled ``transpose#2`` as its namesake but
+    ``transpose#1`` as its data. Pairs whose inputs now come from producers paired with other calls are
+    freed and aligned again with the calls still unpaired in their ``(step, phase, module)``;
+    ``left_a`` and ``left_b`` are updated in place."""
+    for _ in range(_REPAIR_ROUNDS):
+        wrong = [match for match in matches if links.conflict(match.call_a, match.call_b)]
+        if not wrong:
+            break
+        for match in wrong:
+            links.unpair(match.call_a, match.call_b)
+        freed = {id(match) for match in wrong}
+        matches = [match for match in matches if id(match) not in freed]
+        groups = {_group(match.call_a, mapping) for match in wrong}
+        retry_a = [match.call_a for match in wrong] + [c for c in left_a if _group(c, mapping) in groups]
+        retry_b = [match.call_b for match in wrong] + [c for c in left_b if _group(c, NameMapping()) in groups]
+        again, still_a, still_b = _align_leftovers(_in_order(retry_a), _in_order(retry_b), mapping, links, compiled)
+        matches.extend(again)
+        retried_a, retried_b = {id(c) for c in retry_a}, {id(c) for c in retry_b}
+        left_a[:] = [c for c in left_a if id(c) not in retried_a] + still_a
+        left_b[:] = [c for c in left_b if id(c) not in retried_b] + still_b
+    return matches
+
+
+def _group(call: _Call, mapping: NameMapping) -> tuple[int, str, str]:
+    """The ``(step, phase, module)`` whose leftover calls are aligned together."""
+    first = call.first
+    return first.step, first.phase, mapping.module(first.module)
+
+
+def _in_order(calls: list[_Call]) -> list[_Call]:
+    """Calls in the order they ran (their first record's position)."""
+    return sorted(calls, key=lambda call: (call.first.step, _PHASE_ORDER.get(call.first.phase, len(PHASES)), call.first.seq))

@@ -141,22 +141,34 @@ def test_a_lower_bf16_tolerance_keeps_a_healthy_pair_clean(gpt):
 transformers = pytest.importorskip("transformers")
 
 
-def _hf_dump(path: Path, family: str, autocast: torch.dtype | None, dtype: torch.dtype = torch.float32) -> Path:
-    """One AdamW step of ``family`` cast to ``dtype`` (forward under ``autocast`` if given), statistics dumped."""
-    model = tiny_model(family, layers=2).to(dtype)
-    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
-    optimizer = torch.optim.AdamW(model.parameters())
-    with torchdebug.dump(path, model=model, task="statistics"):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-    return path
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``hf(family, precision)`` → a statistics dump of one AdamW step of a 2-layer ``family`` model,
+    made once per module (the fp32 twin serves both bf16 tests): ``precision`` ``fp32``, ``bf16``
+    (forward under bf16 autocast) or ``bf16model`` (the model cast to bf16)."""
+    root = tmp_path_factory.mktemp("hf")
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(family: str, precision: str) -> Path:
+        if (family, precision) not in made:
+            path = root / f"{family}-{precision}"
+            model = tiny_model(family, layers=2).to(torch.bfloat16 if precision == "bf16model" else torch.float32)
+            ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+            optimizer = torch.optim.AdamW(model.parameters())
+            with torchdebug.dump(path, model=model, task="statistics"):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                optimizer.step()
+            made[family, precision] = path
+        return made[family, precision]
+
+    return get
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
-def test_a_healthy_bf16_autocast_hugging_face_model_has_no_error_few_warnings_and_no_divergence(family, tmp_path):
-    result = torchdebug.compare(_hf_dump(tmp_path / "bf16", family, torch.bfloat16), _hf_dump(tmp_path / "fp32", family, None))
+def test_a_healthy_bf16_autocast_hugging_face_model_has_no_error_few_warnings_and_no_divergence(family, hf):
+    result = torchdebug.compare(hf(family, "bf16"), hf(family, "fp32"))
     counts = result.counts()
     assert counts["error"] == 0, result.summary()
     assert counts["warning"] <= 0.02 * len(result.rows)
@@ -169,10 +181,8 @@ def test_a_healthy_bf16_autocast_hugging_face_model_has_no_error_few_warnings_an
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
-def test_a_healthy_bf16_hugging_face_model_has_no_error_few_warnings_and_no_divergence(family, tmp_path):
-    result = torchdebug.compare(
-        _hf_dump(tmp_path / "bf16", family, None, torch.bfloat16), _hf_dump(tmp_path / "fp32", family, None)
-    )
+def test_a_healthy_bf16_hugging_face_model_has_no_error_few_warnings_and_no_divergence(family, hf):
+    result = torchdebug.compare(hf(family, "bf16model"), hf(family, "fp32"))
     counts = result.counts()
     assert counts["error"] == 0, result.summary()
     assert counts["warning"] <= 0.02 * len(result.rows)

@@ -44,3 +44,39 @@ def test_record_from_json_keeps_unknown_keys_in_extra():
 def test_records_of_torchdebug_0_1_dumps_read_their_error_field_as_capture_error():
     record = Record.from_json({**_record().to_json(), "error": "layout torch.sparse_coo is not captured"})
     assert record.capture_error == "layout torch.sparse_coo is not captured" and record.extra == {}
+
+
+_BEFORE_ZEROS = (
+    '{"name":"forward/-/aten.relu.default#0/output.0","step":0,"rank":0,"phase":"forward","module":"-",'
+    '"op":"aten.relu.default","call":0,"seq":0,"io":"output","arg":"0","kind":"tensor","dtype":"float32",'
+    '"stats":{"min":0.0,"max":2.0,"mean":0.5,"norm":3.0,"nan":0,"posinf":0,"neginf":0},"capture":"eager"}'
+)
+"""A record line of a dump written before the ``zeros`` statistic existed."""
+
+
+def test_a_record_written_before_zeros_existed_reads_it_as_unknown_and_writes_back_unchanged(monkeypatch):
+    import json
+
+    from torchdebug.cli.show import format_record
+    from torchdebug.native import json_lines
+    from torchdebug.store.record_json import encode_record, encode_records
+
+    record = Record.from_json(json.loads(_BEFORE_ZEROS))
+    assert record.stats.get("zeros") is None and record.stats["nan"] == 0
+    assert encode_record(record) == _BEFORE_ZEROS and encode_records([record]) == _BEFORE_ZEROS + "\n"  # C, where built
+    monkeypatch.setattr(json_lines, "encoder", lambda: None)
+    assert encode_records([record]) == _BEFORE_ZEROS + "\n"
+    assert "nan 0 +inf 0 -inf 0 zeros -" in format_record(record, None, with_stack=False)
+
+
+def test_zeros_are_written_read_back_and_shown():
+    import json
+
+    from torchdebug.cli.show import format_record
+    from torchdebug.store.record_json import encode_records
+
+    stats = {"min": 0.0, "max": 2.0, "mean": 0.5, "norm": 3.0, "nan": 0, "posinf": 0, "neginf": 0, "zeros": 12}
+    line = encode_records([_record(stats=stats)])
+    assert line.endswith('"neginf":0,"zeros":12},"capture":"eager"}\n')
+    assert Record.from_json(json.loads(line)).stats == stats
+    assert "-inf 0 zeros 12" in format_record(_record(stats=stats), None, with_stack=False)

@@ -37,6 +37,30 @@ def test_statistics_ignore_nans_and_count_infinities():
     assert stats["min"] == -math.inf and stats["max"] == math.inf
 
 
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.tensor([0.0, -0.0, 1.0, 0.0]),
+        torch.tensor([0.0, float("nan"), -0.0, float("inf"), 2.0]),  # the careful pass counts them too
+        torch.relu(torch.randn(300_001, generator=torch.Generator().manual_seed(0))),  # split over threads
+        torch.relu(torch.randn(40, 30, generator=torch.Generator().manual_seed(1))).t(),
+        torch.tensor([1e-30, 0.0, -1e-30]).bfloat16(),  # underflows to zero in bfloat16
+        torch.tensor([1e-8, 0.0, 1.0]).half(),  # the torch-op path's dtype
+        torch.tensor([0.0, 3.0], dtype=torch.float64),
+        torch.tensor([0, 3, 0, -1]),
+        torch.tensor([True, False, False]),
+        torch.tensor([0j, 3 + 4j]),
+    ],
+    ids=lambda t: f"{t.dtype}{list(t.shape)}",
+)
+def test_statistics_count_exact_zeros(tensor):
+    expected = int((tensor == 0).sum())
+    assert tensor_stats(tensor)["zeros"] == expected
+    assert cpu_stats_and_fingerprint(tensor)[0]["zeros"] == expected
+    integral = not (tensor.is_floating_point() or tensor.is_complex())
+    assert stats_from_sums(device_sums(tensor).tolist(), tensor.numel(), integral)["zeros"] == expected
+
+
 def test_statistics_of_an_all_nan_tensor_have_no_values():
     stats = tensor_stats(torch.full((3,), float("nan")))
     assert stats["min"] is None and stats["mean"] is None and stats["nan"] == 3

@@ -74,6 +74,19 @@ def test_shards_merge_into_the_whole_tensors_statistics_and_partial_sums_keep_on
     assert replicated is run.ranks[0].records()[2]  # the local tensor is the whole one
 
 
+def test_counts_of_the_pieces_add_up_and_a_piece_written_before_a_count_existed_leaves_it_unknown():
+    whole = torch.relu(torch.randn(8, 3, generator=torch.Generator().manual_seed(2)))
+    pieces = whole.chunk(2)
+    records = {rank: _record(rank, "input.0", pieces[rank], "S(0)", [8, 3]) for rank in (0, 1)}
+    for rank, record in records.items():
+        record.stats["zeros"] = int((pieces[rank] == 0).sum())
+    merged = ShardedRank(reader.Run(Path("."), {rank: _Rank(rank, [r]) for rank, r in records.items()}), 0).records()
+    assert merged[0].stats["zeros"] == int((whole == 0).sum()) and merged[0].stats["nan"] == 0
+    del records[1].stats["zeros"]  # a rank's dump from before zeros existed
+    merged = ShardedRank(reader.Run(Path("."), {rank: _Rank(rank, [r]) for rank, r in records.items()}), 0).records()
+    assert merged[0].stats["zeros"] is None and merged[0].stats["nan"] == 0
+
+
 def test_a_piece_whose_other_pieces_are_not_in_the_dump_is_marked_not_merged():
     piece = torch.arange(4.0)
     run = reader.Run(Path("."), {0: _Rank(0, [_record(0, "input.0", piece, "S(0)", [8])])})

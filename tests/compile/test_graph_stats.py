@@ -16,7 +16,8 @@ from torchdebug.stats.schema import COUNT_KEYS
 
 
 def _program(f32: torch.Tensor, f16: torch.Tensor, bf16: torch.Tensor, f64: torch.Tensor, i64: torch.Tensor, flags: torch.Tensor):
-    return (f32 * 2, (f32 - f32) / (f32 - f32), f16 + 1, bf16 * 3, f64 - 1, i64 * 2, flags.logical_not(), f32.sqrt())
+    outputs = (f32 * 2, (f32 - f32) / (f32 - f32), f16 + 1, bf16 * 3, f64 - 1, i64 * 2, flags.logical_not(), f32.sqrt())
+    return (*outputs, f32.relu(), bf16.relu())  # exact zeros, floating and (i64, flags) integral
 
 
 HALF_UNIT = {"float16": 2**-11, "bfloat16": 2**-8}
@@ -66,6 +67,8 @@ def test_dumped_statistics_match_eager_statistics_for_special_values_and_dtypes(
     records = [r for r in run.records() if r.tensor is not None]
     assert len({r.dtype for r in records}) == 6
     assert any(r.stats["nan"] == 7 for r in records)  # 0 / 0 and nan / nan: every element NaN, no values
+    counted = {(r.dtype, r.stats["zeros"]) for r in records if r.io == "output"}
+    assert {("float32", 2), ("int64", 1), ("bool", 2)} <= counted  # f32.relu(), i64 * 2, flags.logical_not()
     for record in records:
         want = tensor_stats(run.load_tensor(record))
         scale = max((abs(want[k]) for k in ("min", "max") if want[k] is not None and math.isfinite(want[k])), default=0.0)

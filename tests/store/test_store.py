@@ -244,7 +244,7 @@ def test_fast_record_encoding_equals_json_for_every_field():
         stride=[1, 1],
         device="cuda:0",
         requires_grad=True,
-        stats={"min": -math.inf, "max": 2.5, "mean": None, "norm": 1e300, "nan": 3, "posinf": 0, "neginf": 1},
+        stats={"min": -math.inf, "max": 2.5, "mean": None, "norm": 1e300, "nan": 3, "posinf": 0, "neginf": 1, "zeros": 7},
         tensor={"key": 'k"\\ü', "file": "tensors/x.safetensors", "view": {"shape": [1], "stride": [1], "offset": 0}},
         sampled=4,
         value={"nested": [1, "two", None]},
@@ -268,7 +268,7 @@ def test_fast_record_encoding_equals_json_for_every_field():
 def _encoding_cases() -> list[Record]:
     import math
 
-    shape, stats = [4, 8], {"min": -1.0, "max": 2.0, "mean": 0.5, "norm": 3.0, "nan": 0, "posinf": 0, "neginf": 0}
+    shape, stats = [4, 8], {"min": -1.0, "max": 2.0, "mean": 0.5, "norm": 3.0, "nan": 0, "posinf": 0, "neginf": 0, "zeros": 9}
     shared = [_record(i, dtype="float32", shape=shape, stride=[8, 1], device="cpu", stats=stats) for i in range(3)]
     return [
         *shared,
@@ -292,6 +292,7 @@ def _encoding_cases() -> list[Record]:
             capture="graph",
             capture_error="boom\t\x7f",
         ),
+        # statistics of a dump from before zeros existed: written as they were read
         _record(12, stats={"min": -1, "max": 5, "mean": 2.0, "norm": 7.5, "nan": 0, "posinf": 0, "neginf": 0}, extra={}),
         _record(13, dtype="bfloat16", shape=[2], stats=stats, checksum="00ff00ff00ff00ff", tensor={"key": "k"}),
         _record(14, dtype="int64", shape=[], checksum="8000000000000000"),

@@ -33,6 +33,15 @@ def test_a_run_becomes_one_row_per_record_with_statistics_as_columns(run):
     assert frame["min"].dtype == "float64" and str(frame["nan"].dtype) == "Int64"
 
 
+def test_a_count_a_record_predates_is_an_empty_integer_cell():
+    from torchdebug.records import Record
+
+    stats = {"min": 0.0, "max": 1.0, "mean": 0.5, "norm": 1.0, "nan": 0, "posinf": 0, "neginf": 0}
+    old, new = (Record("a", 0, 0, "forward", "-", "op", 0, 0, "output", "0", stats=s) for s in (stats, {**stats, "zeros": 3}))
+    frame = records_frame([old, new])
+    assert str(frame["zeros"].dtype) == "Int64" and frame["zeros"].isna().tolist() == [True, False] and frame["zeros"][1] == 3
+
+
 def test_a_rank_folder_gives_the_same_table_as_its_run(run):
     assert run.ranks[0].to_pandas().equals(run.to_pandas())
 

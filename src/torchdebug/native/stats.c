@@ -1,5 +1,6 @@
-/* Tensor statistics in one pass over memory: min, max, sum, sum of squares and NaN/+Inf/-Inf counts,
- * and, in the same pass where asked, the tensor's 64-bit fingerprint (torchdebug/checksum.py).
+/* Tensor statistics in one pass over memory: min, max, sum, sum of squares, NaN/+Inf/-Inf counts and
+ * the count of exact zeros (-0.0 included), and, in the same pass where asked, the tensor's 64-bit
+ * fingerprint (torchdebug/checksum.py).
  *
  * Built and loaded by torchdebug/native/build.py (plain C, no torch headers, called through ctypes,
  * which releases the GIL). A tensor is walked as runs of contiguous elements: the innermost
@@ -56,13 +57,13 @@
 #define MULTIVERSION
 #endif
 
-#define COLUMNS "min,max,sum,squares,nan,posinf,neginf"
+#define COLUMNS "min,max,sum,squares,nan,posinf,neginf,zeros"
 
 const char *td_stats_columns(void) { return COLUMNS; }
 
 typedef struct {
     double low, high, sum, squares;
-    int64_t nan, posinf, neginf;
+    int64_t nan, posinf, neginf, zeros;
     uint64_t hash; /* sum of the fingerprint's contributions, modulo 2**64 */
 } acc_t;
 
@@ -236,7 +237,7 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
         int64_t i = 0;                                                                               \
         while (i + LANES <= n) {                                                                     \
             int64_t end = i + BLOCK < n ? i + BLOCK : n, begin = i;                                  \
-            ACC block_sum[LANES] = {0}, block_squares[LANES] = {0};                                  \
+            ACC block_sum[LANES] = {0}, block_squares[LANES] = {0}, block_zeros[LANES] = {0};        \
             for (; i + LANES <= end; i += LANES) {                                                   \
                 if (COPY) memcpy((TYPE *)dst + i, (const TYPE *)x + i, LANES * sizeof(TYPE));        \
                 for (int l = 0; l < LANES; l++) {                                                    \
@@ -245,11 +246,13 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
                     mx[l] = v > mx[l] ? v : mx[l];                                                   \
                     block_sum[l] += v;                                                               \
                     block_squares[l] += v * v;                                                       \
+                    block_zeros[l] += v == 0 ? (ACC)1 : (ACC)0; /* exact: BLOCK / LANES per lane */  \
                 }                                                                                    \
             }                                                                                        \
             for (int l = 0; l < LANES; l++) {                                                        \
                 acc->sum += block_sum[l];                                                            \
                 acc->squares += block_squares[l];                                                    \
+                acc->zeros += (int64_t)block_zeros[l];                                               \
             }                                                                                        \
             if (HASH)                                                                                \
                 acc->hash += hashers[sizeof(TYPE)]((const TYPE *)x + begin, i - begin,               \
@@ -268,6 +271,7 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
             if (v > acc->high) acc->high = v;                                                        \
             acc->sum += v;                                                                           \
             acc->squares += v * v;                                                                   \
+            acc->zeros += v == 0;                                                                    \
         }                                                                                            \
     }
 
@@ -287,13 +291,14 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
         (void)key0;                                                                                  \
         (void)step;                                                                                  \
         double low = acc->low, high = acc->high, sum = 0.0, squares = 0.0;                           \
-        int64_t nan = 0, posinf = 0, neginf = 0;                                                     \
+        int64_t nan = 0, posinf = 0, neginf = 0, zeros = 0;                                          \
         for (int64_t i = 0; i < n; i++) {                                                            \
             double v = LOAD(x, i);                                                                   \
             int is_nan = v != v;                                                                     \
             nan += is_nan;                                                                           \
             posinf += v == INFINITY;                                                                 \
             neginf += v == -INFINITY;                                                                \
+            zeros += v == 0;                                                                         \
             low = v < low ? v : low; /* NaN compares false: skipped */                               \
             high = v > high ? v : high;                                                              \
             double kept = is_nan ? 0.0 : v;                                                          \
@@ -307,6 +312,7 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
         acc->nan += nan;                                                                             \
         acc->posinf += posinf;                                                                       \
         acc->neginf += neginf;                                                                       \
+        acc->zeros += zeros;                                                                         \
     }
 
 static void finish(const acc_t *acc, int64_t numel, double *out) {
@@ -317,6 +323,7 @@ static void finish(const acc_t *acc, int64_t numel, double *out) {
     out[4] = (double)acc->nan;
     out[5] = (double)acc->posinf;
     out[6] = (double)acc->neginf;
+    out[7] = (double)acc->zeros;
 }
 
 static int needs_care(const acc_t *acc) {
@@ -326,7 +333,7 @@ static int needs_care(const acc_t *acc) {
 
 typedef void (*run_fn)(const void *x, void *dst, int64_t n, acc_t *acc, uint64_t key0, uint64_t step);
 
-static const acc_t ACC_INIT = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0, 0};
+static const acc_t ACC_INIT = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0, 0, 0};
 
 #ifdef _OPENMP
 static void merge(acc_t *into, const acc_t *part) {
@@ -337,6 +344,7 @@ static void merge(acc_t *into, const acc_t *part) {
     into->nan += part->nan;
     into->posinf += part->posinf;
     into->neginf += part->neginf;
+    into->zeros += part->zeros;
     into->hash += part->hash;
 }
 #endif

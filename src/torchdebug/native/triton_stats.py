@@ -40,7 +40,7 @@ import triton.language as tl
 
 from torchdebug.stats import schema
 
-COLUMNS = ("min", "max", "sum", "squares", "nan", "posinf", "neginf")
+COLUMNS = ("min", "max", "sum", "squares", "nan", "posinf", "neginf", "zeros")
 """The columns the kernel writes, in order: :func:`_share_sums` returns them (and the fingerprint's
 sum), the stores write them; checked against the schema on import."""
 
@@ -95,7 +95,7 @@ def _word(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def _add_block(x, inside, low, high, total, squares, nans, posinf, neginf):
+def _add_block(x, inside, low, high, total, squares, nans, posinf, neginf, zeros):
     """The running sums of :func:`_share_sums` with one block of values added (``inside``: which
     lanes hold one)."""
     nan = x != x
@@ -108,7 +108,8 @@ def _add_block(x, inside, low, high, total, squares, nans, posinf, neginf):
     nans += (inside & nan).to(tl.int32)
     posinf += (x == float("inf")).to(tl.int32)
     neginf += (x == float("-inf")).to(tl.int32)
-    return low, high, total, squares, nans, posinf, neginf
+    zeros += (inside & (x == 0)).to(tl.int32)  # masked lanes load 0
+    return low, high, total, squares, nans, posinf, neginf, zeros
 
 
 @triton.jit
@@ -128,6 +129,7 @@ def _share_sums(
     nans = tl.zeros([BLOCK], tl.int32)
     posinf = tl.zeros([BLOCK], tl.int32)
     neginf = tl.zeros([BLOCK], tl.int32)
+    zeros = tl.zeros([BLOCK], tl.int32)
     hashes = tl.zeros([BLOCK], tl.uint64)
     keys = (start + offsets + 1).to(tl.uint64) * _GAMMA  # position times GAMMA, advanced per block
     advance = tl.full([], BLOCK, tl.uint64) * _GAMMA
@@ -138,8 +140,8 @@ def _share_sums(
         index = tl.multiple_of(start + block * BLOCK, BLOCK) + offsets
         raw = tl.load(x_ptr + index)
         if STATS:
-            low, high, total, squares, nans, posinf, neginf = _add_block(
-                raw.to(acc), everywhere, low, high, total, squares, nans, posinf, neginf
+            low, high, total, squares, nans, posinf, neginf, zeros = _add_block(
+                raw.to(acc), everywhere, low, high, total, squares, nans, posinf, neginf, zeros
             )
         if HASH:
             hashes += _mix(_word(raw, BITS) + keys)
@@ -149,8 +151,8 @@ def _share_sums(
         inside = index < end
         raw = tl.load(x_ptr + index, mask=inside, other=0)
         if STATS:
-            low, high, total, squares, nans, posinf, neginf = _add_block(
-                raw.to(acc), inside, low, high, total, squares, nans, posinf, neginf
+            low, high, total, squares, nans, posinf, neginf, zeros = _add_block(
+                raw.to(acc), inside, low, high, total, squares, nans, posinf, neginf, zeros
             )
         if HASH:
             hashes += tl.where(inside, _mix(_word(raw, BITS) + keys), tl.zeros_like(hashes))
@@ -162,6 +164,7 @@ def _share_sums(
         tl.sum(nans, 0),
         tl.sum(posinf, 0),
         tl.sum(neginf, 0),
+        tl.sum(zeros, 0),
         tl.sum(hashes, 0),
     )
 
@@ -214,11 +217,15 @@ def _stats_kernel(
     share = tl.cdiv(tl.cdiv(numel, programs), BLOCK) * BLOCK
     start = (pid - first) * share
     end = tl.minimum(start + share, numel)
-    low, high, total, squares, nans, posinf, neginf, hashed = _share_sums(x_ptr, start, end, WIDE, BLOCK, STATS, HASH, BITS)
+    low, high, total, squares, nans, posinf, neginf, zeros, hashed = _share_sums(
+        x_ptr, start, end, WIDE, BLOCK, STATS, HASH, BITS
+    )
     if STATS and not WIDE:
         overflowed = (total != total) | (total == float("inf")) | (total == float("-inf")) | (squares == float("inf"))
         if overflowed & (posinf + neginf == 0) & (nans < end - start):
-            low, high, total, squares, nans, posinf, neginf, _ = _share_sums(x_ptr, start, end, True, BLOCK, True, False, BITS)
+            low, high, total, squares, nans, posinf, neginf, zeros, _ = _share_sums(
+                x_ptr, start, end, True, BLOCK, True, False, BITS
+            )
     final = table_ptr + (row + slot) * _WIDTH
     if STATS:
         if programs == 1:
@@ -232,6 +239,7 @@ def _stats_kernel(
         tl.store(out + 4, nans.to(tl.float64))
         tl.store(out + 5, posinf.to(tl.float64))
         tl.store(out + 6, neginf.to(tl.float64))
+        tl.store(out + 7, zeros.to(tl.float64))
     if HASH:
         if programs == 1:
             tl.store(fingerprint_ptr + row + slot, _mix(hashed).to(tl.int64, bitcast=True))

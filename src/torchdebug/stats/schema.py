@@ -59,6 +59,7 @@ ACCUMULATORS: tuple[Accumulator, ...] = (
     Accumulator("nan", "nan", "count", 0.0, equals=math.nan, nonfinite=True),
     Accumulator("posinf", "posinf", "count", 0.0, equals=math.inf, nonfinite=True, label="+inf"),
     Accumulator("neginf", "neginf", "count", 0.0, equals=-math.inf, nonfinite=True, label="-inf"),
+    Accumulator("zeros", "zeros", "count", 0.0, equals=0.0),  # dead activations, gradients that underflowed
 )
 """Every accumulator, in column order: the four value accumulators first, then the counts."""
 

@@ -273,7 +273,7 @@ def within_tolerance(row: Row, call: Call) -> Judgement | None:
 
 
 def constant_from_arguments(row: Row, call: Call) -> Judgement | None:
-    """An output made from argument values alone that differs only with the runs' dtypes passes (``dtype``)."""
+    """An output made from argument values alone that differs only with the runs' dtypes passes (attribution dtype)."""
     if not call.constant:
         return None
     constants = dtype_constants(row) or _dtype_arguments(call.rows)
@@ -331,7 +331,7 @@ def _explained(row: Row, call: Call) -> Judgement:
 
 
 def explained_by_inputs(row: Row, call: Call) -> Judgement | None:
-    """An output within ``growth`` times its inputs' error plus the tolerance is inherited."""
+    """An output within growth times its inputs' error plus the tolerance is inherited."""
     error, tolerance = _beyond(row)
     if _awaits_replay(row, call) or error > call.growth * call.input_error() + tolerance:
         return None
@@ -378,7 +378,7 @@ def made_here(row: Row, call: Call) -> Judgement | None:
 
 
 def constant_no_op_made(row: Row, call: Call) -> Judgement | None:
-    """An input no captured op made, holding a dtype constant on each side (``finfo.min``), passes (``dtype``)."""
+    """An input no captured op made that holds one dtype constant on each side (finfo.min) passes (attribution dtype)."""
     if call.trace(row) is not None:
         return None
     constants = dtype_constants(row)
@@ -386,7 +386,7 @@ def constant_no_op_made(row: Row, call: Call) -> Judgement | None:
 
 
 def upstream_differs(row: Row, call: Call) -> Judgement | None:
-    """An input no captured op made, within ``growth`` times the error seen upstream, is inherited."""
+    """An input no captured op made, within growth times the error seen upstream, is inherited."""
     error, _ = _beyond(row)
     if call.trace(row) is not None or error > call.growth * call.upstream:
         return None
@@ -409,8 +409,11 @@ def holds_incomparable(row: Row, call: Call) -> Judgement | None:
 
 
 def one_sided_from_incomparable(row: Row, call: Call) -> Judgement | None:
-    """An input one side made from values that cannot be compared, through ops only it runs (gradient
-    accumulation), is inherited within ``growth`` tolerances or upstream error, blamed beyond."""
+    """An input one side made from incomparable values through ops only it runs is inherited within growth tolerances.
+
+    Micro-batch gradients summed by accumulation against one batch's are a quantity both runs should
+    agree on: within ``growth`` tolerances (summing in another order) or ``growth`` times the error
+    seen upstream it is inherited, beyond it blamed."""
     trace = call.trace(row)
     if trace is None or not trace.unlike:
         return None
@@ -427,13 +430,13 @@ def one_sided_from_incomparable(row: Row, call: Call) -> Judgement | None:
 
 
 def made_differently(row: Row, call: Call) -> Judgement | None:
-    """An input each side made from other matched rows, through ops only one side runs, passes; those
-    rows take its place when the call's outputs are judged.
+    """An input each side made from other matched rows, through ops only one side runs, passes; they stand for it.
 
-    The two records are different tensors, and their difference says nothing of either run. A bf16
-    Llama's RMSNorm casts its input to float32, so autograd sums the two float32 gradients first and
-    adds the residual's after the cast back, while the float32 twin adds them in another order: the
-    same call gets a different partial sum on each side."""
+    Those rows (both sides' together) take its place when the call's outputs are judged. The two
+    records are different tensors, and their difference says nothing of either run. A bf16 Llama's
+    RMSNorm casts its input to float32, so autograd sums the two float32 gradients first and adds
+    the residual's after the cast back, while the float32 twin adds them in another order: the same
+    call gets a different partial sum on each side."""
     trace = call.trace(row)
     if trace is None or not trace.one_sided or len(trace.made) != 2:
         return None
@@ -482,7 +485,7 @@ def same_value(row: Row, call: Call) -> Judgement | None:
 
 
 def dtype_argument_value(row: Row, call: Call) -> Judgement | None:
-    """An argument of a call without tensor inputs that differs only with the runs' dtypes passes (``dtype``)."""
+    """An argument of a call without tensor inputs that differs only with the runs' dtypes passes (attribution dtype)."""
     why = dtype_argument(*_values(row)) if call.constant else None
     if why is None:
         return None

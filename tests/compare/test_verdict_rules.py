@@ -1,0 +1,391 @@
+"""Each verdict rule of ``compare.rules.RULES`` on small hand-made rows, and the documented order.
+
+A test is named ``test_<rule>_...`` after the rule it is about: ``test_every_rule_has_a_test_of_its_own``
+checks that each rule has one. Rows are built in execution order; ``judge`` runs every rule in order,
+so each test also shows that the rules before its own leave the row to it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import sys
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchdebug.compare.rows import Row
+from torchdebug.compare.rules import RULES
+from torchdebug.compare.tolerances import rounding_tolerance
+from torchdebug.compare.verdicts import first_divergence, judge
+from torchdebug.records import Record, make_name
+
+_ORDER = itertools.count()
+_DOC = Path(__file__).resolve().parents[2] / "docs" / "compare.md"
+
+
+def _record(io: str, call: int, op: str, arg: str, fields: dict[str, Any]) -> Record:
+    return Record(
+        name=make_name("forward", "m", op, call, io, arg),
+        step=0,
+        rank=0,
+        phase="forward",
+        module="m",
+        op=op,
+        call=call,
+        seq=call,
+        io=io,
+        arg=arg,
+        **{"dtype": "float32", "shape": [4], **fields},
+    )
+
+
+def _row(
+    io: str,
+    error: float | None = None,
+    *,
+    call: int = 0,
+    op: str = "aten.mul.Tensor",
+    arg: str = "0",
+    a: dict[str, Any] | None = None,
+    b: dict[str, Any] | None = None,
+    only: str | None = None,
+    metrics: dict[str, float] | None = None,
+    **both: Any,
+) -> Row:
+    """A row of slot ``io.arg`` of call ``call``: ``both`` are record fields of the two sides, ``a``
+    and ``b`` one side's; ``only="a"`` or ``"b"``: a slot of that side alone."""
+    record_a = _record(io, call, op, arg, {**both, **(a or {})}) if only != "b" else None
+    record_b = _record(io, call, op, arg, {**both, **(b or {})}) if only != "a" else None
+    row = Row.from_records(0, record_a, record_b, "exact" if only is None else f"only_{only}", next(_ORDER))
+    row.error, row.tolerance = error, (1e-3 if error is not None else None)
+    row.metrics.update(metrics or {})
+    return row
+
+
+def _stats(value: float) -> dict[str, float]:
+    """Statistics that identify one tensor (producers link an input to the output holding them)."""
+    return {"min": -value, "max": value, "mean": 0.0, "norm": value}
+
+
+def _judged(row: Row) -> tuple[str, str]:
+    return row.verdict, row.attribution
+
+
+# --- every slot ---------------------------------------------------------------------------------------
+
+
+def test_unmatched_rows_are_listed_with_the_side_that_has_them():
+    only_a = _row("output", only="a", capture_error="out of memory")  # not compared, so not a capture warning
+    only_b = _row("output", call=1, only="b")
+    judge([only_a, only_b])
+    assert (only_a.verdict, only_a.message) == ("unmatched", "only in A")
+    assert (only_b.verdict, only_b.message) == ("unmatched", "only in B")
+
+
+def test_not_captured_names_the_side_and_why_even_when_the_error_is_large():
+    row = _row("output", 0.5, b={"capture_error": "out of memory"})
+    judge([row])
+    assert (row.verdict, row.message) == ("warning", "not captured on B: out of memory")
+
+
+# --- tensor slots ---------------------------------------------------------------------------------------
+
+
+def test_one_piece_of_a_split_dtensor_cannot_be_compared():
+    row = _row("output", 0.5, a={"extra": {"one_shard": "holds one Shard(0) piece of 2"}})
+    judge([row])
+    assert (row.verdict, row.message) == ("incomparable", "not comparable: A holds one Shard(0) piece of 2")
+
+
+def test_shape_follows_inputs_when_sizes_change_by_the_world_sizes_ratio():
+    row = _row("output", a={"shape": [8]})
+    judge([row], split=Fraction(1, 2))
+    assert row.verdict == "incomparable" and "world sizes do (1:2)" in row.message
+
+
+def test_other_shape_is_blamed_with_an_infinite_error():
+    row = _row("output", 0.0, a={"shape": [8]})
+    judge([row])
+    assert _judged(row) == ("error", "blamed") and row.error == math.inf
+    assert row.message == "shape differs: [8] vs [4]"
+
+
+def test_computed_from_incomparable_inputs_an_output_that_differs_cannot_be_compared():
+    piece = _row("input", 0.5, a={"extra": {"one_shard": "holds one Shard(0) piece of 2"}})
+    out = _row("output", 0.5)
+    judge([piece, out])
+    assert out.verdict == "incomparable"
+    assert out.message == f"not comparable: computed from values that cannot be compared ({piece.name})"
+
+
+def test_nonfinite_inherited_when_an_input_already_had_the_nan():
+    nan_in = _row("input", 1.0, metrics={"nonfinite_mismatch": 1.0})
+    nan_out = _row("output", 1.0, metrics={"nonfinite_mismatch": 1.0})
+    judge([nan_in, nan_out])
+    assert _judged(nan_in) == ("error", "blamed")  # an input no op made: where it first appears
+    assert _judged(nan_out) == ("warning", "inherited")
+    assert nan_out.message == "NaN/Inf where the other side is finite (inputs had it)"
+
+
+def test_nonfinite_origin_is_blamed_where_no_input_had_it_and_counts_as_infinite_upstream():
+    healthy = _row("input", 0.0)
+    nan = _row("output", None, metrics={"nonfinite_mismatch": 1.0})
+    later = _row("input", 0.5, call=1)  # no producer: compared with the error seen upstream
+    judge([healthy, nan, later])
+    assert _judged(nan) == ("error", "blamed") and nan.error == math.inf
+    assert first_divergence([healthy, nan, later]) is nan
+    assert _judged(later) == ("pass", "inherited") and "upstream ops already differ" in later.message
+
+
+def test_no_statistics_passes_and_says_so():
+    row = _row("output", None)
+    judge([row])
+    assert (row.verdict, row.attribution, row.message) == ("pass", "", "no statistics to compare")
+
+
+def test_within_tolerance_passes_without_a_message():
+    row = _row("output", 5e-4)
+    judge([row])
+    assert (row.verdict, row.attribution, row.message) == ("pass", "", "")
+
+
+# --- outputs beyond tolerance ---------------------------------------------------------------------------
+
+
+def test_constant_from_arguments_differing_with_the_dtype_passes():
+    low = {"float32": torch.finfo(torch.float32).min, "bfloat16": torch.finfo(torch.bfloat16).min}
+    fill = _row("input", kind="value", arg="1", op="aten.full.default", a={"value": low["bfloat16"]}, b={"value": low["float32"]})
+    out = _row("output", 0.5, op="aten.full.default")
+    within = _row("output", 5e-4, op="aten.full.default", arg="1")
+    judge([fill, out, within])
+    assert _judged(fill) == ("pass", "dtype")
+    assert _judged(out) == ("pass", "dtype") and "a constant made from arguments alone" in out.message
+    assert _judged(within) == ("pass", "")  # within tolerance first
+
+
+def _replayed(own_a: float, own_b: float, **fields: Any) -> Row:
+    """A bf16 output replayed on both sides, whose own errors are given in rounding tolerances."""
+    tolerance = rounding_tolerance("bfloat16")
+    assert tolerance is not None
+    metrics = {"own_err_a": own_a * tolerance, "own_err_b": own_b * tolerance, "cosine": 1.0}
+    return _row("output", 0.05, dtype="bfloat16", metrics=metrics, **fields)
+
+
+def test_called_differently_blames_a_healthy_replay_whose_argument_values_differ():
+    tensor = _row("input", 0.0, dtype="bfloat16")
+    alpha = _row("input", kind="value", arg="alpha", a={"value": 1.0}, b={"value": 2.0})
+    out = _replayed(0.3, 0.2)
+    judge([tensor, alpha, out], replayed=True)
+    assert _judged(out) == ("error", "blamed")
+    assert out.message.endswith("but its argument value differs: 1.0 vs 2.0: the op was called differently")
+
+
+def test_replay_own_error_blames_decides_not_or_clears_an_output_by_its_own_error():
+    verdicts = {}
+    for own, case in ((3.0, "beyond twice"), (1.5, "between one and two"), (0.3, "rounding")):
+        tensor = _row("input", 0.01, dtype="bfloat16")  # blamed, and would explain the output by statistics
+        out = _replayed(own, 0.2)  # side A decides (and is named)
+        judge([tensor, out], replayed=True)
+        verdicts[case] = _judged(out)
+        assert "vs fp64 replay on side A" in out.message
+    assert verdicts == {
+        "beyond twice": ("error", "blamed"),
+        "between one and two": ("undecided", "undecided"),
+        "rounding": ("warning", "inherited"),  # healthy: it carries its input's blame
+    }
+
+
+def test_explained_by_inputs_an_output_carries_the_blame_of_its_input():
+    given = _row("input", 0.01)
+    out = _row("output", 0.05)
+    judge([given, out], growth=16)
+    assert _judged(given) == ("error", "blamed")
+    assert _judged(out) == ("warning", "inherited")
+    assert "explained by its inputs (error 0.01)" in out.message and f"carries the error blamed on {given.name}" in out.message
+
+
+def test_singular_near_zero_ops_inherit_an_error_within_their_inputs_relative_spread():
+    def output_of(op: str) -> Row:
+        given = _row("input", 0.001, op=op, metrics={"max_rel_err": 0.5})  # near-zero elements differ by 50 %
+        out = _row("output", 0.1, op=op)
+        judge([given, out], growth=16)
+        return out
+
+    assert _judged(output_of("aten.sqrt.default")) == ("pass", "inherited")
+    assert _judged(output_of("aten.mul.Tensor")) == ("error", "blamed")
+
+
+def test_awaits_replay_an_output_with_saved_tensors_is_undecided_until_replayed():
+    given = _row("input", 0.0)
+    out = _row("output", 0.05, metrics={"cosine": 0.99})
+    judge([given, out])
+    assert _judged(out) == ("undecided", "undecided") and out.message.endswith("it could not be replayed")
+    judge([given, out], replayed=True)  # replay found nothing to say: statistics decide
+    assert _judged(out) == ("error", "blamed")
+
+
+def test_may_amplify_an_output_far_smaller_than_its_inputs_is_undecided_with_statistics():
+    given = _row("input", 0.001, stats=_stats(1.0))
+    out = _row("output", 0.05, stats=_stats(0.01))  # inputs 100 times its scale: up to 100x their error
+    judge([given, out], growth=16)
+    assert _judged(out) == ("undecided", "undecided")
+    assert "may amplify that up to 100x" in out.message and 'a tensor dump (task="tensor") would decide it' in out.message
+
+
+def test_made_here_an_output_its_inputs_do_not_explain_is_blamed():
+    given = _row("input", 0.0)
+    out = _row("output", 0.05)
+    judge([given, out])
+    assert _judged(out) == ("error", "blamed") and first_divergence([given, out]) is out
+    assert out.message == "error 0.05 > tolerance 0.001; its inputs differ by only 0: this op makes the difference"
+
+
+# --- inputs beyond tolerance -----------------------------------------------------------------------------
+
+
+def test_constant_no_op_made_holding_finfo_min_of_each_dtype_passes():
+    low = {dtype: torch.finfo(getattr(torch, dtype)).min for dtype in ("bfloat16", "float32")}
+    blamed = _row("output", 0.1, op="aten.ones.default")  # 0.1 seen upstream would explain the bias
+    bias = _row(
+        "input",
+        0.5,
+        a={"stats": {"min": low["bfloat16"], "max": low["bfloat16"]}},
+        b={"stats": {"min": low["float32"], "max": low["float32"]}},
+    )
+    judge([blamed, bias])
+    assert _judged(bias) == ("pass", "dtype") and "a constant no captured op made" in bias.message
+
+
+def test_upstream_differs_an_input_within_growth_times_the_error_seen_before_is_inherited():
+    before = _row("output", 5e-4)  # within tolerance: still error seen upstream
+    weight = _row("input", 0.005, call=1)
+    judge([before, weight], growth=16)
+    assert _judged(weight) == ("pass", "inherited") and weight.message.endswith("upstream ops already differ")
+
+
+def test_differs_before_any_op_an_input_no_op_made_is_blamed():
+    weight = _row("input", 0.01)
+    judge([weight])
+    assert _judged(weight) == ("error", "blamed") and weight.message.endswith("this input differs before any op did")
+
+
+def _piece(call: int, stats: dict[str, float]) -> Row:
+    """A matched output that cannot be compared (one piece of a split DTensor)."""
+    return _row("output", 0.5, call=call, stats=stats, a={"extra": {"one_shard": "holds one Shard(0) piece of 2"}})
+
+
+def test_holds_incomparable_an_input_made_from_a_value_that_cannot_be_compared_through_shared_ops():
+    piece = _piece(0, _stats(1.0))
+    held = _row("input", 0.5, call=1, op="aten.add.Tensor", stats=_stats(1.0))
+    judge([piece, held])
+    assert (
+        held.verdict == "incomparable" and held.message == f"not comparable: holds a value that cannot be compared ({piece.name})"
+    )
+
+
+def test_one_sided_from_incomparable_inherits_within_growth_tolerances_and_blames_beyond():
+    def summed(error: float) -> Row:
+        piece = _piece(0, _stats(1.0))
+        add_in = _row("input", call=1, op="aten.add_.Tensor", only="a", stats=_stats(1.0))
+        add_out = _row("output", call=1, op="aten.add_.Tensor", only="a", stats=_stats(2.0))
+        total = _row("input", error, call=2, op="aten.mul.Tensor", a={"stats": _stats(2.0)}, b={"stats": _stats(1.0)})
+        judge([piece, add_in, add_out, total], growth=16)
+        assert "made through aten.add_.Tensor that only one side runs" in total.message
+        return total
+
+    assert _judged(summed(0.01)) == ("pass", "inherited")  # within 16 tolerances: summed in another order
+    assert _judged(summed(0.5)) == ("error", "blamed")
+
+
+def test_made_differently_an_input_each_side_made_from_other_rows_passes_and_they_stand_for_it():
+    first = _row("output", 0.002, call=0, op="aten.mm.default", stats=_stats(1.0))
+    second = _row("output", 0.003, call=1, op="aten.mm.default", stats=_stats(2.0))
+    cast_in = _row("input", call=2, op="aten.mul.Tensor", only="a", stats=_stats(1.0))
+    cast_out = _row("output", call=2, op="aten.mul.Tensor", only="a", stats=_stats(3.0))
+    partial = _row("input", 0.005, call=3, op="aten.add.Tensor", a={"stats": _stats(3.0)}, b={"stats": _stats(2.0)})
+    out = _row("output", 0.02, call=3, op="aten.add.Tensor")
+    judge([first, second, cast_in, cast_out, partial, out], growth=16)
+    assert (partial.verdict, partial.attribution) == ("pass", "")
+    assert f"A made this input from {first.name}, B from {second.name}" in partial.message
+    assert _judged(out) == ("warning", "inherited") and "explained by its inputs (error 0.003)" in out.message
+
+
+def test_carried_from_source_an_input_within_twice_its_producers_error_is_inherited():
+    made = _row("output", 0.01, call=0, stats=_stats(1.0))
+    used = _row("input", 0.015, call=1, op="aten.add.Tensor", stats=_stats(1.0))
+    judge([made, used])
+    assert _judged(made) == ("error", "blamed")
+    assert _judged(used) == ("warning", "inherited") and f", as {made.name} (error 0.01)" in used.message
+
+
+def test_enters_here_an_input_differing_more_than_its_producer_made_is_blamed_naming_one_sided_ops():
+    made = _row("output", 0.0, call=0, stats=_stats(1.0))
+    hook_in = _row("input", call=1, only="a", stats=_stats(1.0))
+    hook_out = _row("output", call=1, only="a", stats=_stats(1.03))
+    used = _row("input", 0.03, call=2, op="aten.add.Tensor", a={"stats": _stats(1.03)}, b={"stats": _stats(1.0)})
+    judge([made, hook_in, hook_out, used])
+    assert _judged(used) == ("error", "blamed") and first_divergence([made, hook_in, hook_out, used]) is used
+    assert "changed on the way by aten.mul.Tensor that only one side runs: the difference enters here" in used.message
+
+
+# --- argument values -------------------------------------------------------------------------------------
+
+
+def test_same_value_passes_reprs_that_differ_only_by_address():
+    row = _row("input", kind="value", a={"value": "<Generator at 0x7f01>"}, b={"value": "<Generator at 0x7f99>"})
+    judge([row])
+    assert (row.verdict, row.message) == ("pass", "")
+
+
+def test_dtype_argument_value_of_a_call_without_tensor_inputs_passes():
+    dtype = _row(
+        "input", kind="value", arg="dtype", op="aten.zeros.default", a={"value": "torch.bfloat16"}, b={"value": "torch.float32"}
+    )
+    judge([dtype])
+    assert _judged(dtype) == ("pass", "dtype")
+    assert dtype.message == "argument value differs because the runs' dtypes differ: dtype torch.bfloat16 vs torch.float32"
+
+
+def test_other_value_is_a_warning_or_incomparable_in_a_call_on_incomparable_values():
+    plain = _row("input", kind="value", arg="1", a={"value": 1.0}, b={"value": 1.5})
+    judge([plain])
+    assert (plain.verdict, plain.message) == ("warning", "argument value differs: 1.0 vs 1.5")
+    piece = _row("input", 0.5, call=1, a={"extra": {"one_shard": "holds one Shard(0) piece of 2"}})
+    sizes = _row("input", call=1, kind="value", arg="1", a={"value": [8]}, b={"value": [4]})
+    judge([piece, sizes])
+    assert sizes.verdict == "incomparable" and "in a call on values that cannot be compared" in sizes.message
+
+
+# --- the list -----------------------------------------------------------------------------------------------
+
+
+def test_every_rule_has_a_test_of_its_own():
+    tests = {name for name in dir(sys.modules[__name__]) if name.startswith("test_")}
+    untested = [rule.name for rule in RULES if not any(test.startswith(f"test_{rule.name}_") for test in tests)]
+    assert not untested
+
+
+_SLOTS = {
+    frozenset({"input", "output", "value"}): "every slot",
+    frozenset({"input", "output"}): "tensors",
+    frozenset({"input"}): "tensor inputs",
+    frozenset({"output"}): "tensor outputs",
+    frozenset({"value"}): "argument values",
+}
+"""How the list names the slots a rule applies to."""
+
+
+def _documented() -> list[str]:
+    """The numbered rule list of docs/compare.md's *Verdict rules, in order* section."""
+    text = _DOC.read_text()
+    section = text.split("### Verdict rules, in order", 1)[1].split("\n#", 1)[0]
+    return re.findall(r"^\d+\. .*$", section, flags=re.MULTILINE)
+
+
+def test_docs_list_the_rules_in_their_order_with_their_first_docstring_line():
+    expected = [f"{i}. `{rule.name}` ({_SLOTS[rule.slots]}): {rule.summary}" for i, rule in enumerate(RULES, 1)]
+    assert _documented() == expected, "docs/compare.md's list should read:\n" + "\n".join(expected)

@@ -1,4 +1,8 @@
-"""Collectives under torch.distributed (gloo): outputs captured after the work completes."""
+"""Collectives under torch.distributed (gloo): outputs captured after the work completes.
+
+The three programs (plain collectives, functional collectives, DTensor tensor parallelism) run in
+one spawn of two gloo ranks, each into its own dump, which the tests of this module read.
+"""
 
 import contextlib
 import json
@@ -13,7 +17,7 @@ from tests import gloo
 from tests.blocks import MLPBlock
 
 
-def _worker(rank: int, dump_path: str) -> None:
+def _collectives_worker(rank: int, dump_path: str) -> None:
     with torchdebug.dump(dump_path):
         x = torch.full((4,), float(rank + 1))
         dist.all_reduce(x)
@@ -38,13 +42,27 @@ def _worker(rank: int, dump_path: str) -> None:
         dist.all_reduce(z, async_op=True)  # never waited by the user: capture stop waits
 
 
+def _worker(rank: int, root: str) -> None:
+    _collectives_worker(rank, f"{root}/collectives")
+    _functional_worker(rank, f"{root}/functional")
+    _tensor_parallel_worker(rank, f"{root}/tensor_parallel", root)
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the three dumps (``collectives``, ``functional``, ``tensor_parallel``) and the
+    tensor-parallel ranks' reduced outputs (``{rank}.json``), written by one spawn of two ranks."""
+    root = tmp_path_factory.mktemp("collectives")
+    gloo.spawn(_worker, root, str(root))
+    return root
+
+
 def _outputs(records, op):
     return [r for r in records if r.op == op and r.io == "output" and r.kind == "tensor"]
 
 
-def test_collective_outputs_hold_the_values_after_completion(tmp_path):
-    gloo.spawn(_worker, tmp_path, str(tmp_path / "dump"))
-    run = torchdebug.load(tmp_path / "dump")
+def test_collective_outputs_hold_the_values_after_completion(dumps):
+    run = torchdebug.load(dumps / "collectives")
     names = []
     for rank, dump in sorted(run.ranks.items()):
         records = dump.records()
@@ -93,9 +111,8 @@ def _functional_worker(rank: int, dump_path: str) -> None:
         assert torch.equal(value, captured[key]), key
 
 
-def test_functional_collective_outputs_hold_the_reduced_values(tmp_path):
-    gloo.spawn(_functional_worker, tmp_path, str(tmp_path / "dump"))
-    run = torchdebug.load(tmp_path / "dump")
+def test_functional_collective_outputs_hold_the_reduced_values(dumps):
+    run = torchdebug.load(dumps / "functional")
     for rank, dump in sorted(run.ranks.items()):
         records = {r.name: r for r in dump.records() if r.kind == "tensor"}
         means = {name.removeprefix("forward/-/"): r.stats["mean"] for name, r in records.items()}
@@ -139,12 +156,10 @@ def _tensor_parallel_worker(rank: int, dump_path: str, out_path: str) -> None:
     Path(out_path, f"{rank}.json").write_text(json.dumps({"min": reduced.min().item(), "max": reduced.max().item()}))
 
 
-@pytest.mark.slow
-def test_tensor_parallel_all_reduce_records_hold_the_reduced_output(tmp_path):
-    gloo.spawn(_tensor_parallel_worker, tmp_path, str(tmp_path / "dump"), str(tmp_path))
-    run = torchdebug.load(tmp_path / "dump")
+def test_tensor_parallel_all_reduce_records_hold_the_reduced_output(dumps):
+    run = torchdebug.load(dumps / "tensor_parallel")
     for rank, dump in sorted(run.ranks.items()):
-        expected = json.loads((tmp_path / f"{rank}.json").read_text())
+        expected = json.loads((dumps / f"{rank}.json").read_text())
         forward = {r.name.removeprefix("forward/<root>/"): r for r in dump.records() if r.phase == "forward"}
         reduced = forward["_c10d_functional.all_reduce.default#0/output.0"]
         assert (reduced.stats["min"], reduced.stats["max"]) == (expected["min"], expected["max"]), rank

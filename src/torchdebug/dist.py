@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import torch.distributed as dist
 
 
@@ -20,9 +21,22 @@ def rank_and_world_size() -> tuple[int, int]:
 
 
 def broadcast_from_rank0(value: str) -> str:
-    """Rank 0's ``value`` on every rank (identity when torch.distributed is not initialised)."""
+    """Rank 0's ``value`` on every rank (identity when torch.distributed is not initialised): its
+    UTF-8 bytes in a tensor, not a pickle (``broadcast_object_list``). Called once per run, so the
+    length read back to the host costs nothing."""
     if not dist_initialized() or dist.get_world_size() == 1:
         return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return str(box[0])
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    encoded = value.encode()
+    size = torch.tensor([len(encoded)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    if dist.get_rank() == 0:
+        data = (
+            torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(device)
+            if encoded
+            else torch.empty(0, dtype=torch.uint8, device=device)
+        )
+    else:
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    return data.cpu().numpy().tobytes().decode()

@@ -1,4 +1,4 @@
-from torchdebug.records import Record, call_name, make_name
+from torchdebug.records import NO_MODULE, Record, call_name, make_call_name, make_name, split_call_name
 
 
 def _record(**overrides):
@@ -80,3 +80,13 @@ def test_zeros_are_written_read_back_and_shown():
     assert line.endswith('"neginf":0,"zeros":12},"capture":"eager"}\n')
     assert Record.from_json(json.loads(line)).stats == stats
     assert "-inf 0 zeros 12" in format_record(_record(stats=stats), None, with_stack=False)
+
+
+def test_a_call_name_and_its_slot_make_the_slot_name_and_cut_back_into_them():
+    for module, arg in (("layers.0.attn", "0"), ("", "1"), ("m", "")):
+        name = make_name("backward", module, "aten.mm.default", 3, "input", arg)
+        call = make_call_name("backward", module, "aten.mm.default", 3)
+        slot = f"input.{arg}" if arg else "input"
+        assert name == f"{call}/{slot}"
+        assert split_call_name(name) == (call, slot)
+    assert make_call_name("forward", "", "module", 0) == f"forward/{NO_MODULE}/module#0"

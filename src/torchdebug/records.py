@@ -46,6 +46,17 @@ def make_name(phase: str, module: str, op: str, call: int, io: str, arg: str) ->
     return f"{phase}/{module or NO_MODULE}/{op}#{call}/{io}"
 
 
+def make_call_name(phase: str, module: str, op: str, call: int) -> str:
+    """The name of one op or module call: a slot's stable name without its ``/io.arg`` part."""
+    return f"{phase}/{module or NO_MODULE}/{op}#{call}"
+
+
+def split_call_name(name: str) -> tuple[str, str]:
+    """A stable name cut into its call name and its slot: ``(forward/m/aten.mm.default#0, output.0)``."""
+    cut = name.rfind("/")
+    return (name[:cut], name[cut + 1 :]) if cut >= 0 else (name, name)
+
+
 def call_name(name: str) -> str:
     """The name of the op call a slot belongs to: the stable name without its ``/io.arg`` part."""
     cut = name.rfind("/")

@@ -51,7 +51,7 @@ from torchdebug.capture.overflow_check import OverflowWatch
 from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors, Replay
 from torchdebug.capture.session import CaptureSession
 from torchdebug.capture.stacks import StackRecorder
-from torchdebug.records import NO_MODULE
+from torchdebug.records import NO_MODULE, make_call_name
 from torchdebug.slots import Slot, iter_slots
 
 _VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
@@ -309,7 +309,7 @@ class OpCapture:
         key = (phase, module, op)
         call = self._calls.get(key, 0)
         self._calls[key] = call + 1
-        call_name = f"{phase}/{module}/{op}#{call}"
+        call_name = make_call_name(phase, module, op, call)
 
         selected = phase in self.phases and self.range.check(call_name) and (not self._any_names or self.names(call_name))
         want_stack = self._stack_all or (self.stack_range is not None and self.stack_range.check(call_name))

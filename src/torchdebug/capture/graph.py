@@ -53,7 +53,7 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.nonfinite import OriginTracker
-from torchdebug.records import Record
+from torchdebug.records import Record, make_call_name
 from torchdebug.stats.schema import IDENTITY, stats_from_sums
 from torchdebug.store import layout
 from torchdebug.store.writer import RankWriter, join_run, run_manifest
@@ -298,7 +298,7 @@ class GraphCapture:
 
     def _call_name(self, run: _Run, call: CallPlan) -> str:
         phase, module, op = run.keys[call.key]
-        return f"{phase}/{module}/{op}#{run.bases[call.key] + call.local}"
+        return make_call_name(phase, module, op, run.bases[call.key] + call.local)
 
     @staticmethod
     def _fwd_name(run: _Run, call: CallPlan) -> str | None:
@@ -306,7 +306,7 @@ class GraphCapture:
             return None
         key, local = call.fwd
         phase, module, op = _in(key, run.instance.path)
-        return f"{phase}/{module}/{op}#{run.forward_bases.get(key, 0) + local}"
+        return make_call_name(phase, module, op, run.forward_bases.get(key, 0) + local)
 
     def _templates_of(self, run: _Run) -> _Templates:
         """Per call of the plan, per slot: the record fields that do not change from step to step.

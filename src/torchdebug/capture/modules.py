@@ -29,7 +29,7 @@ from torchdebug._torch.checkpoint import RecomputeDetector
 from torchdebug._torch.nn import GlobalForwardHooks, strip_wrappers
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
-from torchdebug.records import MODULE_OP, NO_MODULE
+from torchdebug.records import MODULE_OP, NO_MODULE, make_call_name
 from torchdebug.slots import iter_slots
 
 ROOT_MODULE = "<root>"
@@ -149,7 +149,7 @@ class ModuleRecorder:
         return call
 
     def _add(self, slots: Any, *, phase: str, name: str, call: int, seq: int, io: str) -> None:
-        save = self.session.wants_tensor(f"{phase}/{name}/{MODULE_OP}#{call}")
+        save = self.session.wants_tensor(make_call_name(phase, name, MODULE_OP, call))
         self.session.add_call(slots, phase=phase, module=name, op=MODULE_OP, call=call, seq=seq, io=io, save_tensors=save)
 
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
-from torchdebug.records import PHASES, Record
+from torchdebug.records import PHASES, Record, make_call_name, split_call_name
 
 __all__ = ["Pair", "NameMapping", "load_mapping", "match_records", "execution_order", "identity", "producers"]
 
@@ -94,12 +94,6 @@ class Pair:
     """For ``inside``: the call of B (a decomposed eager op) whose compiled group holds this slot of A."""
 
 
-def _split(name: str) -> tuple[str, str]:
-    """A stable name cut into its call name and its slot: ``(forward/m/aten.mm.default#0, output.0)``."""
-    cut = name.rfind("/")
-    return (name[:cut], name[cut + 1 :]) if cut >= 0 else (name, name)
-
-
 @dataclass(slots=True, eq=False)
 class _Call:
     """The records of one op or module call, with their slot names (``output.0``) cut once."""
@@ -144,14 +138,14 @@ def _rename(call: _Call, mapping: NameMapping) -> str:
     record = call.first
     module = mapping.module(record.module)
     op = mapping.ops.get(record.op, record.op)
-    return f"{record.phase}/{module}/{op}#{record.call}"
+    return make_call_name(record.phase, module, op, record.call)
 
 
 def _calls(records: Sequence[Record]) -> dict[tuple[int, str], _Call]:
     """Records grouped by call, keyed by ``(step, call name)``, in first-seen order."""
     calls: dict[tuple[int, str], _Call] = {}
     for record in records:
-        name, slot = _split(record.name)
+        name, slot = split_call_name(record.name)
         call = calls.get((record.step, name))
         if call is None:
             call = calls[(record.step, name)] = _Call(name)
@@ -375,7 +369,7 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> d
         value = identity(record)
         if value is None:
             continue
-        call, slot = _split(record.name)
+        call, slot = split_call_name(record.name)
         if io == "input":
             group = made_by.get(value)
             made = group.candidates(call, nearest) if group is not None else ()

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from torchdebug.errors import DumpError
-from torchdebug.records import MODULE_OP, NO_MODULE, Record, make_name
+from torchdebug.records import MODULE_OP, NO_MODULE, Record, make_call_name, make_name
 from torchdebug.store.reader import Run
 
 __all__ = ["is_msprobe_dump", "load", "MsprobeRankDump"]
@@ -203,7 +203,7 @@ def _forward_call(key: str, construct: dict[str, Any]) -> str | None:
     if op != MODULE_OP:
         parent = construct.get(forward_key)
         module = _parse_key(parent)[1] if parent else NO_MODULE
-    return f"forward/{module}/{op}#{number}"
+    return make_call_name("forward", module, op, number)
 
 
 def _flatten(prefix: str, value: Any) -> Iterator[tuple[str, dict[str, Any]]]:

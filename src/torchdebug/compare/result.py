@@ -157,25 +157,32 @@ class CompareResult:
     def coverage(self) -> dict[str, dict[str, Any]]:
         """How much of each side (``"a"``, ``"b"``) the comparison paired: its tensor slots, how many
         are matched and (A) how many are ``inside`` an eager op its compiled group stands for,
-        counted over the phases both sides hold; and the slots of phases only one side holds (an
-        optimizer step run outside the compiled graphs), which no matching can pair, per phase."""
-        slots: dict[str, dict[int, tuple[str, bool, bool]]] = {"a": {}, "b": {}}
+        counted over the phases and modules both sides hold; the slots of phases only one side holds
+        (an optimizer step run outside the compiled graphs), which no matching can pair, per phase;
+        and the slots of modules the other side has no record of and none of whose slots matched
+        (the embedding and loss of a model whose blocks alone were compiled), per module."""
+        slots: dict[str, dict[int, tuple[str, str, bool, bool]]] = {"a": {}, "b": {}}
         for row in self.rows:
             for side, record in (("a", row.record_a), ("b", row.record_b)):
                 if record is None or row.kind != "tensor":
                     continue
-                _, matched, inside = slots[side].get(id(record), ("", False, False))  # a slot of A may hold two rows
-                slots[side][id(record)] = (record.phase, matched or row.matched, inside or row.match == "inside")
-        phases = {side: {phase for phase, _, _ in found.values()} for side, found in slots.items()}
+                _, _, matched, inside = slots[side].get(id(record), ("", "", False, False))  # a slot of A may hold two rows
+                slots[side][id(record)] = (record.phase, record.module, matched or row.matched, inside or row.match == "inside")
+        phases = {side: {phase for phase, _, _, _ in found.values()} for side, found in slots.items()}
+        modules = {side: {module for _, module, _, _ in found.values()} for side, found in slots.items()}
         both = phases["a"] & phases["b"]
         out = {}
         for side, found in slots.items():
-            counted = [(matched, inside) for phase, matched, inside in found.values() if phase in both]
+            other = modules["b" if side == "a" else "a"]
+            paired = {module for _, module, matched, _ in found.values() if matched}
+            held = [(module, matched, inside) for phase, module, matched, inside in found.values() if phase in both]
+            counted = [(matched, inside) for module, matched, inside in held if module in other or module in paired]
             out[side] = {
                 "rows": len(counted),
                 "matched": sum(matched for matched, _ in counted),
                 "inside": sum(inside for _, inside in counted),
-                "other_phases": dict(Counter(phase for phase, _, _ in found.values() if phase not in both)),
+                "other_phases": dict(Counter(phase for phase, _, _, _ in found.values() if phase not in both)),
+                "other_modules": dict(Counter(module for module, _, _ in held if module not in other and module not in paired)),
             }
         return out
 
@@ -189,6 +196,13 @@ class CompareResult:
             text += f", {found['inside']} inside eager ops the compiler decomposed"
         for phase, n in found["other_phases"].items():
             text += f"; its {n} {phase} rows are not compared (no {phase} phase on the other side)"
+        if found["other_modules"]:
+            outside = found["other_modules"]
+            largest = sorted(outside, key=lambda module: -outside[module])
+            text += (
+                f"; its {sum(outside.values())} rows in {len(outside)} modules the other side has no record of are "
+                f"not compared ({_listed(largest)}: outside its compiled graphs, or not selected there)"
+            )
         return text
 
     def phases(self) -> dict[str, dict[str, Any]]:
@@ -391,3 +405,9 @@ class CompareResult:
         path = Path(path)
         path.write_text(render_compare(self, VERDICTS), encoding="utf-8")
         return path
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    """The first ``most`` names, and how many more (a summary line stays one line)."""
+    shown = ", ".join(names[:most])
+    return f"{shown} and {len(names) - most} more" if len(names) > most else shown

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
-from tests.report.browser import browser, missing
+from tests.report.browser import DOTS, browser, missing, open_compare_page
 from torchdebug.compare import compare_ranks
 
 
@@ -31,12 +31,12 @@ def test_the_rank_selector_keeps_one_rank_in_the_table_and_the_plot(report):
 
     result, path = report
     with browser() as driver:
-        driver.get(path.as_uri())
-        dots = driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length")
+        open_compare_page(driver, path.as_uri())
+        dots = driver.execute_script(DOTS)
         Select(driver.find_element("id", "filter-rank")).select_by_visible_text(f"rank {PERTURBED_RANK}")
         ranks = driver.execute_script(
             "return Array.from(document.querySelectorAll('#rows tbody tr')).filter(r => !r.hidden).map(r => r.dataset.rank)"
         )
         assert set(ranks) == {str(PERTURBED_RANK)}
         assert len(ranks) == sum(1 for row in result.rows if row.rank == PERTURBED_RANK)
-        assert 0 < driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length") < dots
+        assert 0 < driver.execute_script(DOTS) < dots

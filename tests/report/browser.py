@@ -24,6 +24,12 @@ FLAGS = (
     "--force-device-scale-factor=1",
 )
 
+DOTS = (
+    "return Array.from(document.querySelectorAll('#dots path'), p => (p.getAttribute('d').match(/M/g) || []).length)"
+    ".reduce((a, b) => a + b, 0)"
+)
+"""A script giving the number of dots a compare page's plot draws (each a subpath of its verdict's path)."""
+
 
 def _binaries() -> tuple[str | None, str | None]:
     return shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
@@ -60,3 +66,16 @@ def browser(width: int = 1400, height: int = 1000) -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def open_compare_page(driver: Any, uri: str, timeout: float = 120.0) -> float:
+    """Load a compare page at ``uri`` and wait until its rows are unpacked and the table's first page
+    drawn; returns the seconds from navigation to then (the page's ``rows-ready`` mark)."""
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    driver.get(uri)
+    state = WebDriverWait(driver, timeout).until(
+        lambda d: d.execute_script("return document.getElementById('rows').dataset.state")
+    )
+    assert state == "ready", driver.find_element("id", "rows").text
+    return driver.execute_script("return performance.getEntriesByName('rows-ready')[0].startTime") / 1000

@@ -1,15 +1,19 @@
 """The compare report in headless Chromium: the tree, the table and the plot render, clicks filter and link.
 
 Skipped where no browser is installed (see ``browser.missing``); CI installs Debian's chromium.
+``test_report_at_scale.py`` does the same on a page of 100,000 rows.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import torchdebug
-from tests.report.browser import browser, missing
+from tests.report.browser import DOTS, browser, missing, open_compare_page
 from tests.report.hostile import HOSTILE, SCRIPT, dump
+from tests.report.packed import unpack
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
@@ -36,7 +40,7 @@ def driver():
 def page(driver, compared):
     """The report freshly loaded (no filter left from another test)."""
     result, uri = compared
-    driver.get(uri)
+    open_compare_page(driver, uri)
     return driver, result
 
 
@@ -60,7 +64,7 @@ def test_the_tree_the_table_and_the_plot_render_with_hostile_names_as_plain_text
     assert {HOSTILE, SCRIPT, "0"} <= set(names)  # "0": the child of SCRIPT, nested under it
     plot = driver.execute_script("const r = document.getElementById('plot').getBoundingClientRect(); return [r.width, r.height]")
     assert plot[0] > 300 and plot[1] > 100
-    assert driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length") > 0
+    assert driver.execute_script(DOTS) > 0
     assert driver.execute_script("return document.querySelectorAll('img').length") == 0  # no injected markup ran
     with pytest.raises(NoAlertPresentException):
         driver.switch_to.alert  # noqa: B018
@@ -80,13 +84,13 @@ def test_the_plot_marks_the_first_divergence_and_links_it_to_its_row(page):
 
 def test_clicking_a_module_in_the_tree_filters_the_table_and_the_plot(page):
     driver, result = page
-    dots = driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length")
+    dots = driver.execute_script(DOTS)
     _click(driver, "#tree-body button.module", SCRIPT)
     shown = driver.execute_script(_VISIBLE_ROWS)
     expected = [row for row in result.rows if row.module == SCRIPT or row.module.startswith(SCRIPT + ".")]
     assert len(shown) == len(expected) and 0 < len(shown) < len(result.rows)
     assert all(module == SCRIPT or module.startswith(SCRIPT + ".") for module, _ in shown)
-    assert 0 < driver.execute_script("return document.querySelectorAll('#plot .dot:not(.off)').length") < dots
+    assert 0 < driver.execute_script(DOTS) < dots
     assert driver.find_element("css selector", "#filter-module code").text == SCRIPT
     _click(driver, "#tree-body button.module", SCRIPT)  # a second click shows every module again
     assert len(driver.execute_script(_VISIBLE_ROWS)) == len(result.rows)
@@ -114,11 +118,32 @@ def test_the_first_divergence_box_shows_its_row_even_when_a_filter_hides_it(page
     driver, result = page
     number = result.rows.index(result.first_divergence) + 1
     Select(driver.find_element("id", "filter-verdict")).select_by_visible_text("pass")
-    assert driver.find_element("id", f"row-{number}").get_attribute("hidden") is not None
+    assert driver.find_elements("id", f"row-{number}") == []  # filtered out: not in the table
     _click(driver, "#divergence h2 a")
     row = driver.find_element("id", f"row-{number}")
     assert row.get_attribute("hidden") is None and row.is_displayed()
     assert len(driver.execute_script(_VISIBLE_ROWS)) == len(result.rows)  # the filters were cleared
+
+
+def test_clicking_a_dot_of_the_plot_goes_to_its_row(page):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    driver, result = page
+    number = result.rows.index(result.first_divergence) + 1
+    tables = unpack(Path(driver.current_url.removeprefix("file://")).read_text())
+    dot = tables["dots"]["row"].index(number - 1)
+    driver.execute_script("document.getElementById('plot').scrollIntoView({block: 'center'})")
+    x, y = driver.execute_script(
+        "const p = new DOMPoint(arguments[0], arguments[1]).matrixTransform(document.getElementById('plot').getScreenCTM());"
+        "return [Math.round(p.x), Math.round(p.y)]",
+        tables["dots"]["x"][dot],
+        tables["dots"]["y"][dot],
+    )
+    actions = ActionChains(driver)
+    actions.w3c_actions.pointer_action.move_to_location(x, y).click()
+    actions.perform()
+    assert driver.execute_script("return location.hash") == f"#row-{number}"
+    assert "target" in driver.find_element("id", f"row-{number}").get_attribute("class")
 
 
 _TABLE_FIT = """

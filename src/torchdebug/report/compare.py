@@ -2,25 +2,31 @@
 
 The plot is drawn here as SVG: error (log scale) against execution order, one dot per compared
 row, coloured by verdict, with the phases of the first rank shaded and the first divergence and
-first non-finite op marked and linked to their table rows. The module tree, the filters (phase,
-rank, verdict, text, module) and the links between plot and table live in ``compare.js``, which
-reads the rows' ``data-*`` attributes: every name reaches the page through an escaped attribute
-or text node, never as markup.
+first non-finite op marked and linked to their table rows. The rows and the plot's dots reach the
+page packed (:mod:`torchdebug.report.packed`: a string table and typed columns, gzip'd, about
+10–40 bytes a row instead of 600–700 as markup), so a page of 268k rows stays near 10 MB and
+opens in seconds. ``compare.js`` unpacks them and draws the dots, the module tree, the filters
+(phase, rank, verdict, text, module) and a paged, sortable table; it writes every name with
+``textContent``, never as markup.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, Protocol
 
-from torchdebug.report import render
+import numpy as np
 
-__all__ = ["render_compare"]
+from torchdebug.report import render
+from torchdebug.report.packed import Column, pack
+
+__all__ = ["PAGE_ROWS", "render_compare"]
 
 
 class Row(Protocol):
-    """What the page reads of a compared row (``torchdebug.compare.Row``; the template reads its
+    """What the page reads of a compared row (``torchdebug.compare.Row``; :func:`_columns` reads its
     other fields by name). The report layer sits below compare: results are passed down to it."""
 
     rank: int
@@ -53,6 +59,8 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 26, 44  # margins: room for the axes' lab
 _LOG_FLOOR = -12.0  # errors below 1e-12 (and exact zeros) sit on the bottom line
 _MAX_POINTS = 20000  # beyond this, passing rows are thinned out (every non-passing row stays)
 _MAX_BANDS = 24  # more phase changes than this (many steps): no shading
+PAGE_ROWS = 200
+"""Rows the table shows at once (a page; every row is a few clicks away through filters and links)."""
 COLORS = {
     "pass": "#3b8b3b",
     "warning": "#d08a00",
@@ -127,8 +135,8 @@ _MARKS = {"divergence": "first divergence", "nonfinite": "first non-finite"}
 
 
 def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
-    """SVG coordinates: dots, axes with ticks, phase bands, and the rows at the indexes ``marks``
-    gives for each of :data:`_MARKS` (``None``: not marked)."""
+    """SVG coordinates: dots (columns: row index, x, y), axes with ticks, phase bands, and the rows at
+    the indexes ``marks`` gives for each of :data:`_MARKS` (``None``: not marked)."""
     positions = _positions(rows)
     last = max(positions, default=1)
     plotted = _plotted(rows)
@@ -156,21 +164,45 @@ def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
         "right": _WIDTH - _RIGHT,
         "top": _TOP,
         "bottom": _HEIGHT - _BOTTOM,
-        "dots": [
-            {
-                "x": x(positions[i]),
-                "y": y(logs[i]),
-                "row": i + 1,
-                "verdict": rows[i].verdict,
-                "title": f"#{i + 1} {rows[i].name}: error {rows[i].error:.3g} ({rows[i].verdict})",
-            }
-            for i in plotted
-        ],
+        "dots": {  # packed with the rows: compare.js draws them
+            "row": np.array(plotted, dtype=np.int64),
+            "x": np.array([x(positions[i]) for i in plotted], dtype=np.float64),
+            "y": np.array([y(logs[i]) for i in plotted], dtype=np.float64),
+        },
         "y_ticks": [{"y": y(e), "label": f"1e{int(e)}"} for e in range(int(top), int(_LOG_FLOOR) - 1, -decades)],
         "x_ticks": [{"x": x(p), "label": str(p)} for p in dict.fromkeys([1, *range(step, last + 1, step)])],
         "bands": _bands(rows, positions, x),
         "marks": marked,
         "thinned": len(plotted) < sum(1 for row in rows if row.matched and row.error is not None),
+    }
+
+
+_FLOATS = ("error", "tolerance")
+_METRICS = ("cosine", "max_abs_err", "rel_l2", "max_ulp")
+"""The float columns of the table (metrics from ``row.metrics``), in the order of ``absent``'s bits."""
+
+
+def _columns(rows: Sequence[Any]) -> dict[str, Column]:
+    """The table's columns for :func:`~torchdebug.report.packed.pack`: a string column per text the
+    table shows or filters on, integers, floats (NaN for ``None``) and ``absent``, whose bit ``k``
+    says the ``k``-th float column is ``None`` (an empty cell, where NaN shows ``nan``)."""
+
+    def field(name: str) -> list[Any]:
+        return list(map(attrgetter(name), rows))
+
+    floats = [field(name) for name in _FLOATS] + [[row.metrics.get(name) for row in rows] for name in _METRICS]
+    absent = np.zeros(len(rows), dtype=np.uint8)
+    for bit, values in enumerate(floats):
+        absent |= np.fromiter((value is None for value in values), dtype=np.uint8, count=len(rows)) << bit
+    return {
+        **{name: field(name) for name in ("verdict", "attribution", "match", "phase", "module", "op", "io", "arg", "message")},
+        "dtype_a": [dtype or "" for dtype in field("dtype_a")],
+        "dtype_b": [dtype or "" for dtype in field("dtype_b")],
+        "shape": [str(row.shape_a if row.shape_a is not None else (row.shape_b or "")) for row in rows],
+        "source": [source or "" for source in field("source")],
+        **{name: np.array(field(name), dtype=np.int64) for name in ("rank", "step", "call")},
+        **{name: np.array(values, dtype=np.float64) for name, values in zip(_FLOATS + _METRICS, floats)},
+        "absent": absent,
     }
 
 
@@ -180,6 +212,7 @@ def render_compare(result: Result, verdicts: Sequence[str]) -> str:
     first, nonfinite = result.first_divergence, result.first_nonfinite
     index = {id(row): i for i, row in enumerate(result.rows)}
     marks = {"divergence": index[id(first)] if first else None, "nonfinite": index[id(nonfinite)] if nonfinite else None}
+    plot = _plot(result.rows, marks)
     return render(
         "compare.html.j2",
         title=result.heading,
@@ -191,7 +224,9 @@ def render_compare(result: Result, verdicts: Sequence[str]) -> str:
         first={**result.describe(first), "index": index[id(first)] + 1} if first else None,
         nonfinite={**result.describe(nonfinite), "index": index[id(nonfinite)] + 1} if nonfinite else None,
         problems=result.problems,
-        rows=result.rows,
+        rows=len(result.rows),
+        page_rows=PAGE_ROWS,
         phases=list(dict.fromkeys(row.phase for row in result.rows)),
-        plot=_plot(result.rows, marks),
+        plot=plot,
+        packed=pack({"rows": _columns(result.rows), "dots": plot.pop("dots")}),
     )

@@ -220,6 +220,11 @@ static inline float load_bf16(const void *p, int64_t i) {
 
 static inline double load_f64(const void *p, int64_t i) { return ((const double *)p)[i]; }
 
+/* Integer lanes as wide as the ACC lanes (the zero count's compare and add stay in the same vectors). */
+#define LANE_COUNT(ACC) LANE_COUNT_##ACC
+#define LANE_COUNT_float int32_t
+#define LANE_COUNT_double int64_t
+
 /* One contiguous run, no NaN/Inf bookkeeping. ACC: float for 32-bit and narrower, double for float64.
  * COPY: also copy the run's elements (TYPE, bit for bit) to dst in the same pass. HASH: also add the
  * fingerprint's sum of the run's elements (see hash_fn) to acc->hash, block by block while the
@@ -237,7 +242,8 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
         int64_t i = 0;                                                                               \
         while (i + LANES <= n) {                                                                     \
             int64_t end = i + BLOCK < n ? i + BLOCK : n, begin = i;                                  \
-            ACC block_sum[LANES] = {0}, block_squares[LANES] = {0}, block_zeros[LANES] = {0};        \
+            ACC block_sum[LANES] = {0}, block_squares[LANES] = {0};                                  \
+            LANE_COUNT(ACC) block_zeros[LANES] = {0};                                                \
             for (; i + LANES <= end; i += LANES) {                                                   \
                 if (COPY) memcpy((TYPE *)dst + i, (const TYPE *)x + i, LANES * sizeof(TYPE));        \
                 for (int l = 0; l < LANES; l++) {                                                    \
@@ -246,13 +252,13 @@ static inline double load_f64(const void *p, int64_t i) { return ((const double 
                     mx[l] = v > mx[l] ? v : mx[l];                                                   \
                     block_sum[l] += v;                                                               \
                     block_squares[l] += v * v;                                                       \
-                    block_zeros[l] += v == 0 ? (ACC)1 : (ACC)0; /* exact: BLOCK / LANES per lane */  \
+                    block_zeros[l] += v == 0;                                                        \
                 }                                                                                    \
             }                                                                                        \
             for (int l = 0; l < LANES; l++) {                                                        \
                 acc->sum += block_sum[l];                                                            \
                 acc->squares += block_squares[l];                                                    \
-                acc->zeros += (int64_t)block_zeros[l];                                               \
+                acc->zeros += block_zeros[l];                                                        \
             }                                                                                        \
             if (HASH)                                                                                \
                 acc->hash += hashers[sizeof(TYPE)]((const TYPE *)x + begin, i - begin,               \

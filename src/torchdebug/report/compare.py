@@ -59,7 +59,7 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 26, 44  # margins: room for the axes' lab
 _LOG_FLOOR = -12.0  # errors below 1e-12 (and exact zeros) sit on the bottom line
 _MAX_POINTS = 20000  # beyond this, passing rows are thinned out (every non-passing row stays)
 _MAX_BANDS = 24  # more phase changes than this (many steps): no shading
-PAGE_ROWS = 200
+PAGE_ROWS = 100
 """Rows the table shows at once (a page; every row is a few clicks away through filters and links)."""
 COLORS = {
     "pass": "#3b8b3b",

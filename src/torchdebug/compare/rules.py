@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from torchdebug.compare.bounds import amplification, is_singular, own_error, spread
@@ -67,10 +67,12 @@ class Call:
     error is left ``undecided``, for replay to decide)."""
     constant: bool = False
     """The call has no tensor input: it makes its outputs from argument values alone."""
-    _traces: dict[Row, _Trace | None] = field(default_factory=dict)
+    _traces: dict[Row, _Trace | None] | None = None
 
     def trace(self, row: Row) -> _Trace | None:
         """Where ``row``'s tensor came from (``None`` when no side can be traced)."""
+        if self._traces is None:
+            self._traces = {}  # made for the few calls with an input beyond tolerance
         if row not in self._traces:
             traced = [found for side in ("a", "b") if (found := self.flow.sources(row, side)) is not None]
             sources = [source for made, _ in traced for source in made]
@@ -179,8 +181,11 @@ def unmatched(row: Row, call: Call) -> Judgement | None:
 
 def not_captured(row: Row, call: Call) -> Judgement | None:
     """A slot that could not be captured on a side is a warning naming the side and why."""
-    failed = [f"{side}: {r.capture_error}" for side, r in (("A", row.record_a), ("B", row.record_b)) if r and r.capture_error]
-    return Judgement("warning", "", "not captured on " + "; ".join(failed)) if failed else None
+    a, b = row.record_a, row.record_b
+    if not (a and a.capture_error or b and b.capture_error):
+        return None  # most slots: no list built
+    failed = [f"{side}: {r.capture_error}" for side, r in (("A", a), ("B", b)) if r and r.capture_error]
+    return Judgement("warning", "", "not captured on " + "; ".join(failed))
 
 
 # --- tensor slots ---------------------------------------------------------------------------------
@@ -266,7 +271,7 @@ def no_statistics(row: Row, call: Call) -> Judgement | None:
 def within_tolerance(row: Row, call: Call) -> Judgement | None:
     """An error within the pair's tolerance (its less precise dtype's) passes."""
     error, tolerance = _beyond(row)
-    return Judgement("pass", upstream=error) if error <= tolerance else None
+    return Judgement("pass", "", "", None, None, None, error) if error <= tolerance else None  # by position: most rows
 
 
 # --- outputs beyond tolerance ---------------------------------------------------------------------
@@ -298,12 +303,12 @@ def _dtype_arguments(rows: Sequence[Row]) -> str | None:
 
 def called_differently(row: Row, call: Call) -> Judgement | None:
     """A replayed output its inputs do not explain, in a call whose argument values differ, is blamed."""
-    own = own_error(row)
-    if own is None or own[0] == "blamed":
-        return None
     changed = [r for r in call.rows if r.kind != "tensor" and r.io not in OUTPUT_IO and r.verdict == "warning"]
     error, tolerance = _beyond(row)
     if not changed or error <= call.growth * call.input_error() + tolerance:
+        return None
+    own = own_error(row)
+    if own is None or own[0] == "blamed":
         return None
     return _blamed(row, f"{own[1]}, but its {changed[0].message}: the op was called differently")
 

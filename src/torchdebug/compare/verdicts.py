@@ -42,8 +42,11 @@ Per row, in execution order:
   of its divisor's magnitudes (``max / min`` from its statistics), so a zero gradient's ``eps`` makes
   Adam's update ``undecided`` with statistics, never blamed.
 
-The first divergence is the earliest blamed op row (op records before module records); the first
-non-finite op is the earliest row whose NaN/Inf its inputs did not have.
+Each of these is one rule of :data:`torchdebug.compare.rules.RULES`, tried in order; :func:`judge`
+walks the calls in execution order, asks each row's rules for a
+:class:`~torchdebug.compare.judgement.Judgement` and applies it. The first divergence is the
+earliest blamed op row (op records before module records); the first non-finite op is the earliest
+row whose NaN/Inf its inputs did not have.
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from torchdebug.compare.flow import OUTPUT_IO, Flow
-from torchdebug.compare.judgement import Judgement
 from torchdebug.compare.rows import Row
 from torchdebug.compare.rules import RULES, Call, slot_of
 from torchdebug.records import MODULE_OP, call_name
@@ -63,21 +65,17 @@ _BY_SLOT = {slot: tuple(rule.judge for rule in RULES if slot in rule.slots) for 
 """The rules that apply to each kind of slot, in :data:`~torchdebug.compare.rules.RULES`' order."""
 
 
-def _judgement(row: Row, call: Call) -> Judgement:
-    """The judgement of the first rule that answers for ``row``."""
-    for rule in _BY_SLOT[slot_of(row)]:
-        judgement = rule(row, call)
-        if judgement is not None:
-            return judgement
-    raise AssertionError(f"no verdict rule judged {row.name}")  # the last rule of each slot kind always answers
-
-
 def _judge_call(call: Call) -> float:
     """Judge the rows of one op call in order: tensor inputs, argument values, outputs (arguments and
     outputs read the inputs' verdicts). Returns the largest error seen up to and including this call."""
     seen = call.upstream
     for row in sorted(call.rows, key=lambda r: (r.io in OUTPUT_IO, r.kind != "tensor")):
-        judgement = _judgement(row, call)
+        for rule in _BY_SLOT[slot_of(row)]:
+            judgement = rule(row, call)
+            if judgement is not None:
+                break
+        else:
+            raise AssertionError(f"no verdict rule judged {row.name}")  # the last rule of each slot kind always answers
         judgement.apply(row)
         call.flow.record(row, judgement)
         if judgement.upstream is not None:

@@ -104,3 +104,11 @@ def test_the_first_divergence_link_opens_the_page_holding_its_row(page):
     link.click()
     row = driver.find_element("id", f"row-{number}")
     assert row.is_displayed() and "target" in row.get_attribute("class")
+
+
+def test_the_search_finds_a_slot_across_its_op_call_and_argument(page):
+    driver, result, _ = page
+    driver.find_element("id", "filter-text").send_keys("GELU.default#7 output")  # any case
+    expected = sum(row.op == "aten.gelu.default" and row.call == 7 and row.io == "output" for row in result.rows)
+    assert expected > 0
+    _wait_for(driver, "return document.getElementById('shown-count').textContent", f"{expected} of {ROWS} rows")

@@ -124,10 +124,17 @@
     }
     return tr;
   }
-  let texts = null;  // each row's lower-cased text, made at the first search
-  function rowText(i) {
-    if (texts === null) texts = Array.from({ length: n }, (_, j) => cells(j).flat().join(" ").toLowerCase());
-    return texts[i];
+  const SEARCHED = ["verdict", "attribution", "match", "phase", "module", "op", "io", "arg", "dtype_a", "dtype_b", "shape", "message", "source"];
+  let lowered = null, slots = null;  // strings and slots in lower case, made at the first search
+  function matcher(query) {  // the text filter: each distinct string is tested once, then rows look up theirs
+    lowered = lowered || strings.map((s) => s.toLowerCase());
+    slots = slots || Array.from({ length: n }, (_, i) => slot(i).toLowerCase());
+    const hit = Uint8Array.from(lowered, (s) => s.includes(query));
+    const searched = SEARCHED.map((column) => columns[column]);
+    return function (i) {
+      for (const column of searched) if (hit[column[i]]) return true;
+      return slots[i].includes(query);  // across a slot's parts: "mm.default#3 output"
+    };
   }
 
   // -- state: filters, sort order, the rows that pass, the page in view ------------------------------
@@ -313,11 +320,12 @@
     const verdict = stringIndex(state.verdict);
     const [phase, rank] = scope();
     const modules = state.module === null ? null : strings.map((s) => inModule(s, state.module));
+    const matches = state.text ? matcher(state.text) : null;
     const picked = [];
     shown = new Uint8Array(n);
     for (const i of order) {
       if (inScope(i, phase, rank) && (modules === null || modules[columns.module[i]]) &&
-          (verdict === null || columns.verdict[i] === verdict) && (!state.text || rowText(i).includes(state.text))) {
+          (verdict === null || columns.verdict[i] === verdict) && (matches === null || matches(i))) {
         shown[i] = 1;
         picked.push(i);
       }

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import torchdebug  # noqa: E402
 from examples.demo import dump_step  # noqa: E402
-from tests.report.browser import browser, missing  # noqa: E402
+from tests.report.browser import browser, missing, open_compare_page  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
         result = torchdebug.compare(buggy, reference)
         page = result.to_html(Path("compare.html")).resolve()
         with browser(width=1400, height=1560) as driver:
-            driver.get(page.as_uri())
+            open_compare_page(driver, page.as_uri())  # the rows unpacked and their first page drawn
             driver.save_screenshot(str(out))
     print(f"wrote {out} ({out.stat().st_size // 1024} KiB)")
 

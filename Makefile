@@ -2,7 +2,8 @@
 #   make demo    the demo on torch $(TORCH)
 #   make test    ruff (lint and format check), the suite on torch $(TORCH) in .venv, then on each
 #                torch of $(MATRIX), each in its own .venv-torch<version> (what CI runs;
-#                `make test MATRIX=` skips the matrix)
+#                `make test MATRIX=` skips the matrix). pytest-xdist runs one worker per core, a
+#                test file per worker, so a file's module fixtures are built once
 VENV ?= .venv
 TORCH ?= 2.13.0
 MATRIX ?= 2.11.0 2.14.1
@@ -36,7 +37,7 @@ lint: $(TEST_STAMP)
 
 test-one: $(TEST_STAMP)
 	@$(PY) -c "import torch; print('torchdebug tests on torch', torch.__version__)"
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 test-matrix:
 	@for version in $(MATRIX); do \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,14 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for `examples.gpt`
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test``) each worker takes its share of the cores for torch's
+    intra-op threads: two workers on two cores each running two OpenMP threads would oversubscribe."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, torch.get_num_threads() // int(workers)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

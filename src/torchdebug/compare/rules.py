@@ -67,30 +67,33 @@ class Call:
     error is left ``undecided``, for replay to decide)."""
     constant: bool = False
     """The call has no tensor input: it makes its outputs from argument values alone."""
-    _traces: dict[Row, _Trace | None] | None = None
+    _traced: Row | None = None
+    _trace: _Trace | None = None
+    _input_error: float | None = None
 
     def trace(self, row: Row) -> _Trace | None:
-        """Where ``row``'s tensor came from (``None`` when no side can be traced)."""
-        if self._traces is None:
-            self._traces = {}  # made for the few calls with an input beyond tolerance
-        if row not in self._traces:
+        """Where ``row``'s tensor came from (``None`` when no side can be traced); the input rules
+        ask in turn about one row, so the last answer is kept."""
+        if row is not self._traced:
             traced = [found for side in ("a", "b") if (found := self.flow.sources(row, side)) is not None]
             sources = [source for made, _ in traced for source in made]
-            self._traces[row] = (
-                _Trace(
-                    [made for made, _ in traced],
-                    sources,
-                    sorted({op for _, via in traced for op in via}),
-                    [source for source in sources if source.verdict == "incomparable"],
-                )
-                if traced
-                else None
-            )
-        return self._traces[row]
+            self._traced, self._trace = row, None
+            if traced:
+                one_sided = sorted({op for _, via in traced for op in via})
+                unlike = [source for source in sources if source.verdict == "incomparable"]
+                self._trace = _Trace([made for made, _ in traced], sources, one_sided, unlike)
+        return self._trace
 
     def input_error(self) -> float:
         """The largest error among the call's tensor inputs."""
-        return max((r.error or 0.0 for r in self.inputs), default=0.0)
+        if self._input_error is None:
+            self._input_error = max((r.error or 0.0 for r in self.inputs), default=0.0)
+        return self._input_error
+
+    def stand_in(self, row: Row, stand_ins: Sequence[Row]) -> None:
+        """Judge the outputs against ``stand_ins`` instead of the input ``row``."""
+        self.inputs = [r for r in self.inputs if r is not row] + list(stand_ins)
+        self._input_error = None
 
     def incomparable_input(self) -> Row | None:
         """The first input whose two values cannot be compared."""
@@ -133,7 +136,7 @@ def _inherited(row: Row, call: Call, sources: Sequence[Row], detail: str) -> Jud
         detail += f"; carries the constant made for the dtype at {constant}"
     verdict = "warning" if origin else "pass"
     upstream = row.error if constant is None else None
-    return Judgement(verdict, "inherited", detail, origin=origin, constant=constant, upstream=upstream)
+    return Judgement(verdict, "inherited", detail, None, origin, constant, upstream)  # by position: many rows
 
 
 def _undecided(row: Row, call: Call, message: str) -> Judgement:
@@ -193,6 +196,9 @@ def not_captured(row: Row, call: Call) -> Judgement | None:
 
 def one_piece(row: Row, call: Call) -> Judgement | None:
     """One piece of a split DTensor whose other pieces are not in the dump cannot be compared."""
+    a, b = row.record_a, row.record_b
+    if not (a and a.extra or b and b.extra):
+        return None  # most slots: nothing in extra, so no piece (one_shard reads it there)
     piece = one_shard(row)
     return _incomparable(row, piece) if piece is not None else None
 
@@ -303,11 +309,11 @@ def _dtype_arguments(rows: Sequence[Row]) -> str | None:
 
 def called_differently(row: Row, call: Call) -> Judgement | None:
     """A replayed output its inputs do not explain, in a call whose argument values differ, is blamed."""
-    changed = [r for r in call.rows if r.kind != "tensor" and r.io not in OUTPUT_IO and r.verdict == "warning"]
     error, tolerance = _beyond(row)
-    if not changed or error <= call.growth * call.input_error() + tolerance:
+    if error <= call.growth * call.input_error() + tolerance:
         return None
-    own = own_error(row)
+    changed = [r for r in call.rows if r.kind != "tensor" and r.io not in OUTPUT_IO and r.verdict == "warning"]
+    own = own_error(row) if changed else None
     if own is None or own[0] == "blamed":
         return None
     return _blamed(row, f"{own[1]}, but its {changed[0].message}: the op was called differently")

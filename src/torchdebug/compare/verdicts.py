@@ -81,7 +81,7 @@ def _judge_call(call: Call) -> float:
         if judgement.upstream is not None:
             seen = max(seen, judgement.upstream)
         if judgement.stand_ins:  # different tensors on the two sides: what they were made from counts
-            call.inputs = [r for r in call.inputs if r is not row] + list(judgement.stand_ins)
+            call.stand_in(row, judgement.stand_ins)
     return seen
 
 

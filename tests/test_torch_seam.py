@@ -236,6 +236,32 @@ def test_with_caches_disabled_a_compile_seen_before_misses_the_fx_graph_cache():
     torch._dynamo.reset()
 
 
+def test_with_caches_disabled_inductor_still_reuses_the_kernels_it_built(tmp_path, monkeypatch):
+    # the graph is compiled again (our passes run) but its C++ kernel, keyed by its source, is not
+    from torch._inductor import codecache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    built = []
+    original = codecache.CppCodeCache.load_async.__func__
+
+    def counting(cls, source, *args, **kwargs):
+        built.append(source)
+        return original(cls, source, *args, **kwargs)
+
+    def compile_once() -> None:
+        torch._dynamo.reset()
+        torch.compile(lambda t: t.cos() * 5, backend="inductor")(torch.randn(8))
+
+    with dynamo.caches_disabled():
+        compile_once()
+        kernels = set(tmp_path.rglob("*.so"))
+        monkeypatch.setattr(codecache.CppCodeCache, "load_async", classmethod(counting))
+        compile_once()
+    assert built, "the graph was compiled again, not served by the FX graph cache"
+    assert kernels and set(tmp_path.rglob("*.so")) == kernels, "no kernel rebuilt in a new folder"
+    torch._dynamo.reset()
+
+
 def test_debug_dir_config_string_and_structured_artifacts():
     assert isinstance(dynamo.get_debug_dir(), str)
     assert "import torch" in dynamo.generate_config_string()

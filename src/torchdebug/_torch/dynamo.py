@@ -15,7 +15,9 @@ Why these and not others:
   a ``meta["val"]`` as AOT autograd would have.
 - ``generate_config_string``: the non-default Dynamo/inductor/functorch config as Python, the text
   PyTorch's own minifier repros start with, so diagnose's repro reproduces a planted or tuned config.
-- ``caches_disabled()``: a cache hit skips our passes and their dumps (pytorch/pytorch#152374).
+- ``caches_disabled()``: a cache hit skips our passes and their dumps (pytorch/pytorch#152374); the
+  config names ``fx_graph_cache``, ``fx_graph_remote_cache``, ``enable_autograd_cache`` and
+  ``enable_remote_autograd_cache``.
 - compiled modules: ``torch.compile(module)`` returns an ``OptimizedModule`` holding the module as
   ``_orig_mod`` (so parameter and module paths through it contain ``_orig_mod``), and
   ``module.compile()`` stores the compiled call in ``module._compiled_call_impl``; the graph dump
@@ -37,7 +39,8 @@ from torchdebug._torch import require
 require("torch.compile features (Dynamo internals)")
 
 import torch  # noqa: E402
-import torch.compiler.config  # noqa: E402
+import torch._functorch.config  # noqa: E402
+import torch._inductor.config  # noqa: E402
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition  # noqa: E402
 from torch import nn  # noqa: E402
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
@@ -67,9 +70,16 @@ __all__ = [
 ]
 
 
-def caches_disabled() -> contextlib.AbstractContextManager[Any]:
-    """Every torch.compile cache (FX graph, AOT autograd, remote) off inside the block."""
-    return torch.compiler.config.patch(force_disable_caches=True)
+@contextlib.contextmanager
+def caches_disabled() -> Iterator[None]:
+    """The caches that hand back a compiled graph without running the passes, off inside the block:
+    inductor's FX graph cache and AOT autograd's, local and remote. Inductor's kernel cache stays on:
+    it keys a compiled kernel by its source, so a statistics kernel built once is not built again
+    (``force_disable_caches`` gives every compile a fresh kernel folder: every C++ kernel rebuilt)."""
+    graphs = torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False)
+    autograd = torch._functorch.config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False)
+    with graphs, autograd:
+        yield
 
 
 def compile_id(gm: torch.fx.GraphModule) -> str | None:

@@ -25,7 +25,18 @@ from typing import Any
 
 from torchdebug.stats.schema import STAT_KEYS
 
-__all__ = ["MODULE_OP", "NO_MODULE", "PHASES", "SCHEMA_VERSION", "STAT_KEYS", "Record", "call_name", "make_name"]
+__all__ = [
+    "MODULE_OP",
+    "NO_MODULE",
+    "PHASES",
+    "SCHEMA_VERSION",
+    "STAT_KEYS",
+    "Record",
+    "call_name",
+    "make_call_name",
+    "make_name",
+    "split_call_name",
+]
 
 SCHEMA_VERSION = 1
 

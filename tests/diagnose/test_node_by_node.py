@@ -220,3 +220,13 @@ def test_attention_in_float64_applies_a_boolean_mask_and_repeats_grouped_heads()
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5, enable_gqa=True)
     assert torch.allclose(wide[0], expected, rtol=1e-10, atol=1e-12)
     assert math.isfinite(wide[0].sum().item())
+
+
+def test_an_uninitialised_allocation_is_never_judged() -> None:
+    # F.dropout traced without autograd fills an empty_like with bernoulli_: whatever the memory held
+    # before is no error (it failed at random in the suite when that memory held huge numbers)
+    args = (torch.randn(4, 8), torch.randn(8, 8))
+    gm = make_fx(_functional_dropout_then_relu)(*args)
+    empty, relu = node_of(gm, torch.ops.aten.empty_like.default), node_of(gm, torch.ops.aten.relu.default)
+    found = _diagnose(gm, args, {empty.name: lambda t: torch.full_like(t, 3e38), relu.name: lambda t: t - 1}, [])
+    assert found is not None and found.node == relu.name

@@ -15,6 +15,9 @@ nodes after them are still judged, and the report says which:
   kernels with ``dropout_p == 0`` are not random (:mod:`~torchdebug.diagnose.attention`);
 - ops that raise when recomputed (one that has no float64 kernel), and nodes that read a value
   the compiled code did not keep (a symbolic size, an input a pass renamed).
+
+Uninitialised allocations (``empty_like``, ...) are recomputed but never judged: their values are
+whatever the memory held until the next op writes them.
 A node that can be neither recomputed nor read from the compiled values is unknown, and so is
 every node computed from it.
 
@@ -44,6 +47,9 @@ log = logging.getLogger("torchdebug.diagnose.nodes")
 _WIDER = {torch.float32: torch.float64, torch.float16: torch.float64, torch.bfloat16: torch.float64}
 _WIDER_COMPLEX = {torch.complex64: torch.complex128, torch.complex32: torch.complex128}
 _RANDOM_PRIMS = {"inductor_random", "inductor_seeds", "inductor_seed", "inductor_lookup_seed"}
+_ALLOCATIONS = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
+"""Ops whose output holds whatever the memory held: recomputed (the op that writes it next reads the
+buffer), never judged (a traced ``F.dropout`` fills an ``empty_like`` with ``bernoulli_``)."""
 
 
 def _is_random(node: torch.fx.Node) -> bool:
@@ -225,6 +231,8 @@ class _Replay:
         self._set(node, eager, wide)
         result = self.compiled.get(node.name)
         if not isinstance(result, torch.Tensor) or not isinstance(wide, torch.Tensor) or self._bookkeeping(node):
+            return None
+        if attention.op_name(node.target) in _ALLOCATIONS:
             return None
         verdict = check(node.name, wide, eager, result, self.tol)
         return None if verdict.passed else verdict

@@ -9,7 +9,10 @@
    order of gradient accumulation) do not shift everything after them. No strategy pairs calls
    whose inputs come from producers paired with other calls (partial sums of gradients added in
    another order). Slots of aligned calls are paired by ``io.arg`` (``aligned``).
-4. Everything else is kept as ``only_a`` / ``only_b``: nothing is dropped silently.
+4. Once every call has its partner, pairs are checked again: a call paired by name before the
+   producers of its inputs were paired (they were aligned later) is freed when its inputs come from
+   producers paired with other calls, and aligned again by data flow (:func:`_repair`).
+5. Everything else is kept as ``only_a`` / ``only_b``: nothing is dropped silently.
 
 When a side was captured in compiled graphs (``compiled=True``), steps 2 and 3 pair calls by index
 or order only where both sides have as many calls of the op in that step, phase and module;

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.report.browser import browser, missing, open_compare_page
+from tests.report.browser import missing, open_compare_page
 from tests.report.synthetic import SyntheticResult, synthetic_rows
 from torchdebug.compare.rows import VERDICTS
 from torchdebug.report.compare import PAGE_ROWS, render_compare
@@ -26,12 +26,6 @@ def large(tmp_path_factory):
     page = tmp_path_factory.mktemp("large") / "report.html"
     page.write_text(render_compare(result, VERDICTS), encoding="utf-8")
     return result, page.as_uri()
-
-
-@pytest.fixture(scope="module")
-def driver():
-    with browser() as opened:
-        yield opened
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import torchdebug
-from tests.report.browser import DOTS, browser, missing, open_compare_page
+from tests.report.browser import DOTS, missing, open_compare_page
 from tests.report.hostile import HOSTILE, SCRIPT, dump
 from tests.report.packed import unpack
 
@@ -28,12 +28,6 @@ def compared(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser")
     result = torchdebug.compare(dump(root / "a", 1.01), dump(root / "b", 1.0))
     return result, result.to_html(root / "report.html").as_uri()
-
-
-@pytest.fixture(scope="module")
-def driver():
-    with browser() as opened:
-        yield opened
 
 
 @pytest.fixture

@@ -497,8 +497,9 @@ def match_records(
 
 _REPAIR_ROUNDS = 3
 """How many times pairs are checked again against every partner known: each round frees the pairs
-whose inputs turned out to come from other calls and pairs them anew; a fourth is never needed in
-practice (a repair only moves pairs within one module's calls of one op)."""
+whose inputs turned out to come from other calls and pairs them anew (a pair freed in one round can
+make its consumers' pairs wrong in the next). Bounded, so matching stays linear in the records; the
+attention transposes of the GPT tests settle in the first round."""
 
 
 def _repair(

@@ -1,31 +1,45 @@
-"""Compare time per record as the record count grows: a narrow GPT at many layers, bf16 autocast vs fp32.
+"""How capture, storage, load, compare and the report scale with the record count: a narrow GPT at many layers.
 
-    python bench/scale.py [--layers 4,64,256] [--warmup N] [--repeat 1] [--no-html]
+    python bench/scale.py [--layers 4,64,256] [--warmup N] [--repeat 1] [--stages capture,load,compare,report]
 
 For each layer count L: a GPT of width 32, sequence 16, vocabulary 64 (the example's -inf causal
 mask), batch 2, whose records grow like a deep model's while its compute stays small. One AdamW
 step is dumped as statistics twice, fp32 and bf16 autocast, after ``--warmup`` plain steps (0: the
 first step, where freshly initialised tensors share their statistics: zero biases, LayerNorm
-weights of ones, zero optimizer state). ``torchdebug.compare(a, b)`` is then timed in-process.
-Each L runs in its own process so that its peak RSS (``resource.getrusage``) is its own. Prints
-records, seconds (best of the repeats), µs per record, peak RSS and the µs-per-record ratio to the
-first L. Then, unless ``--no-html``, the HTML report: seconds to write it, its bytes per row, and
-the seconds headless Chromium takes from navigation to the table's first page drawn (the page's
-``rows-ready`` mark; the faster of two loads; needs the test extra's selenium and Debian's chromium,
-see ``tests/report/browser.py``). Dumps live in a temporary folder.
+weights of ones, zero optimizer state).
+
+Each stage runs in a process of its own, after importing torch and torchdebug, so its figures are
+its own: seconds (best of ``--repeat``), records per second, and peak memory beyond what the
+process held when the stage began (``ru_maxrss`` against the resident size just before; the
+interpreter, torch and the stage's inputs excluded). Stages:
+
+* ``capture``: the dumped bf16 step (a plain step is timed beside it), and the dump's bytes on disk
+  per record;
+* ``load``: ``torchdebug.load(dump)`` and its records;
+* ``compare``: the in-process ``torchdebug.compare(bf16, fp32)``;
+* ``report``: that compare's HTML report written, its bytes per row, and the seconds headless
+  Chromium takes from navigation to the table's first page (the page's ``rows-ready`` mark; the
+  faster of two loads; needs the test extra's selenium and Debian's chromium, see
+  ``tests/report/browser.py``; NaN without them).
+
+Last, each stage's growth exponent: the slope of log(seconds) against log(records) over the layer
+counts (1.0 is linear). Dumps live in a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,88 +48,163 @@ import torchdebug  # noqa: E402
 import torchdebug.compare  # noqa: E402,F401  (imported before the timed compare)
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 
-
-def dump(path: Path, layers: int, warmup: int, bf16: bool) -> Path:
-    """The narrow GPT's AdamW step after ``warmup`` plain ones, dumped as statistics at ``path``."""
-    torchdebug.seed_all(1234)
-    model = GPT(GPTConfig(n_layer=layers, d_model=32, n_head=4, seq_len=16, vocab=64))
-    optimizer = torch.optim.AdamW(model.parameters())
-    batch = make_batch(model.config, batch=2)
-    autocast = torch.bfloat16 if bf16 else None
-    for _ in range(warmup):
-        train_step(model, optimizer, batch, autocast=autocast)
-    with torchdebug.dump(path, model=model, task="statistics"):
-        train_step(model, optimizer, batch, autocast=autocast)
-    return path
+STAGES = ("capture", "load", "compare", "report")
 
 
-def page(result: torchdebug.CompareResult, path: Path) -> dict[str, float]:
-    """Write ``result``'s HTML report at ``path``: seconds to write, bytes, and seconds to open (or NaN)."""
+def resident_mb() -> float:
+    """This process's resident memory now, in MB."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_mb() -> float:
+    """This process's peak resident memory so far, in MB (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed(work: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
+    """Best seconds of ``repeat`` runs of ``work``, the peak MB beyond the resident size before, its last result."""
+    before = resident_mb()
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = work()
+        times.append(time.perf_counter() - start)
+    return min(times), max(peak_mb() - before, 0.0), result
+
+
+def capture(folder: Path, layers: int, warmup: int) -> dict[str, Any]:
+    """Dump the narrow GPT's step as statistics, fp32 then bf16, into ``folder``: the bf16 step's
+    seconds and memory, a plain step's seconds after it, the bf16 dump's records and bytes on disk."""
+    config = GPTConfig(n_layer=layers, d_model=32, n_head=4, seq_len=16, vocab=64)
+    for name, autocast in (("fp32", None), ("bf16", torch.bfloat16)):
+        torchdebug.seed_all(1234)
+        model = GPT(config)
+        optimizer = torch.optim.AdamW(model.parameters())
+        batch = make_batch(config, batch=2)
+        for _ in range(warmup):
+            train_step(model, optimizer, batch, autocast=autocast)
+
+        def step() -> None:
+            with torchdebug.dump(folder / name, model=model, task="statistics"):  # noqa: B023 (called at once)
+                train_step(model, optimizer, batch, autocast=autocast)  # noqa: B023
+
+        seconds, memory, _ = timed(step, 1)
+        plain, _, _ = timed(lambda: train_step(model, optimizer, batch, autocast=autocast), 1)  # noqa: B023
+    run = torchdebug.load(folder / "bf16")
+    records = sum(len(rank.records()) for rank in run.ranks.values())
+    on_disk = sum(file.stat().st_size for file in run.path.rglob("*") if file.is_file())
+    return {
+        "seconds": seconds,
+        "plain_seconds": plain,
+        "memory_mb": memory,
+        "records": records,
+        "bytes_per_record": on_disk / records,
+    }
+
+
+def load(folder: Path, repeat: int) -> dict[str, Any]:
+    """Read the bf16 dump's records."""
+    seconds, memory, records = timed(lambda: torchdebug.load(folder / "bf16").ranks[0].records(), repeat)
+    return {"seconds": seconds, "memory_mb": memory, "records": len(records)}
+
+
+def compare(folder: Path, repeat: int) -> dict[str, Any]:
+    """Compare the bf16 dump with the fp32 one in-process."""
+    seconds, memory, result = timed(lambda: torchdebug.compare(folder / "bf16", folder / "fp32"), repeat)
+    return {"seconds": seconds, "memory_mb": memory, "records": len(result.rows), "counts": result.counts()}
+
+
+def report(folder: Path, repeat: int) -> dict[str, Any]:
+    """Write the compare's HTML page, then open it in headless Chromium where one can run."""
     from tests.report.browser import browser, missing, open_compare_page
 
-    start = time.perf_counter()
-    result.to_html(path)
-    written = time.perf_counter() - start
+    result = torchdebug.compare(folder / "bf16", folder / "fp32")
+    page = folder / "compare.html"
+    seconds, memory, _ = timed(lambda: result.to_html(page), repeat)
     opened = float("nan")
     if missing() is None:
         with browser() as driver:
-            opened = min(open_compare_page(driver, path.as_uri()) for _ in range(2))
-    return {"html_seconds": written, "html_bytes": path.stat().st_size, "open_seconds": opened}
-
-
-def measure(layers: int, warmup: int, repeat: int, html: bool) -> dict[str, float]:
-    """Build the pair for ``layers`` and time its compare (this process's peak RSS included), then its page."""
-    with tempfile.TemporaryDirectory() as temp:
-        a = dump(Path(temp) / "bf16", layers, warmup, bf16=True)
-        b = dump(Path(temp) / "fp32", layers, warmup, bf16=False)
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            result = torchdebug.compare(a, b)
-            times.append(time.perf_counter() - start)
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        report = page(result, Path(temp) / "compare.html") if html else {}
+            opened = min(open_compare_page(driver, page.as_uri()) for _ in range(2))
     return {
-        "layers": layers,
+        "seconds": seconds,
+        "memory_mb": memory,
         "records": len(result.rows),
-        "seconds": min(times),
-        "rss_mb": rss_mb,
-        "counts": result.counts(),
-        **report,
+        "bytes_per_row": page.stat().st_size / len(result.rows),
+        "open_seconds": opened,
     }
+
+
+def run_stage(stage: str, folder: Path, layers: int, warmup: int, repeat: int) -> dict[str, Any]:
+    """Run ``stage`` in a child process (so its memory is its own) and return its figures."""
+    child = [sys.executable, __file__, "--stage", stage, "--folder", str(folder), "--layers", str(layers)]
+    child += ["--warmup", str(warmup), "--repeat", str(repeat)]
+    out = subprocess.run(child, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def growth_exponent(points: list[tuple[int, float]]) -> float:
+    """Least-squares slope of log(seconds) against log(records): 1.0 grows linearly, 2.0 quadratically."""
+    xs = [math.log(records) for records, _ in points]
+    ys = [math.log(seconds) for _, seconds in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else float("nan")
+
+
+def describe(stage: str, layers: int, row: dict[str, Any]) -> str:
+    records, seconds, memory = row["records"], row["seconds"], row["memory_mb"]
+    line = (
+        f"{stage:8s} layers {layers:4d}  records {records:9,d}  {seconds:8.2f} s  {records / seconds:10,.0f} records/s"
+        f"  {seconds / records * 1e6:6.1f} µs/record  peak +{memory:6.0f} MB ({memory * 2**20 / records:6.0f} B/record)"
+    )
+    if stage == "capture":
+        line += f"  plain step {row['plain_seconds']:.3f} s  on disk {row['bytes_per_record']:.0f} B/record"
+    if stage == "compare":
+        line += f"  verdicts {row['counts']}"
+    if stage == "report":
+        line += f"  page {row['bytes_per_row']:.1f} B/row, opens in {row['open_seconds']:.2f} s"
+    return line
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="4,64,256", help="layer counts, comma-separated (default 4,64,256)")
     parser.add_argument("--warmup", type=int, default=0, help="plain steps before the dumped one (default 0)")
-    parser.add_argument("--repeat", type=int, default=1, help="timed compares per L (best reported)")
-    parser.add_argument("--no-html", action="store_true", help="skip the HTML report (its size and load time)")
-    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one L, JSON out
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs per stage and L (best reported)")
+    parser.add_argument(
+        "--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)} (capture always runs)"
+    )
+    parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # a child: one stage, JSON out
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     counts = [int(part) for part in args.layers.split(",")]
-    if args.one:
-        print(json.dumps(measure(counts[0], args.warmup, args.repeat, not args.no_html)))
+    if args.stage:
+        work = {
+            "capture": lambda: capture(args.folder, counts[0], args.warmup),
+            "load": lambda: load(args.folder, args.repeat),
+            "compare": lambda: compare(args.folder, args.repeat),
+            "report": lambda: report(args.folder, args.repeat),
+        }[args.stage]
+        print(json.dumps(work()))
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, warm-up steps {args.warmup}")
-    first = None
+    stages = [stage for stage in STAGES if stage == "capture" or stage in args.stages.split(",")]
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads,"
+        f" warm-up steps {args.warmup}, load {os.getloadavg()[0]:.2f}"
+    )
+    points: dict[str, list[tuple[int, float]]] = {stage: [] for stage in stages}
     for layers in counts:
-        child = [sys.executable, __file__, "--one", "--layers", str(layers), "--warmup", str(args.warmup)]
-        child += ["--no-html"] if args.no_html else []
-        out = subprocess.run([*child, "--repeat", str(args.repeat)], check=True, capture_output=True, text=True)
-        row = json.loads(out.stdout.strip().splitlines()[-1])
-        per_record = row["seconds"] / row["records"] * 1e6
-        first = first or per_record
+        with tempfile.TemporaryDirectory() as temp:
+            for stage in stages:
+                row = run_stage(stage, Path(temp), layers, args.warmup, args.repeat)
+                points[stage].append((row["records"], row["seconds"]))
+                print(describe(stage, layers, row), flush=True)
+    if len(counts) > 1:
         print(
-            f"layers {layers:4d}  records {row['records']:8,d}  compare {row['seconds']:8.2f} s  {per_record:6.1f} µs/record"
-            f"  x{per_record / first:4.2f}  peak RSS {row['rss_mb']:6.0f} MB  load {os.getloadavg()[0]:.2f}"
-            f"  verdicts {row['counts']}"
+            "growth exponents (log seconds against log records; 1.0 is linear): "
+            + ", ".join(f"{stage} {growth_exponent(points[stage]):.2f}" for stage in stages)
         )
-        if "html_bytes" in row:
-            print(
-                f"            html: written in {row['html_seconds']:.2f} s, {row['html_bytes'] / 1e6:.2f} MB"
-                f" ({row['html_bytes'] / row['records']:.1f} B/row), opens in {row['open_seconds']:.2f} s"
-            )
 
 
 if __name__ == "__main__":

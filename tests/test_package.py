@@ -38,7 +38,7 @@ LAYERS = [
     {"store"},
     {"report"},
     {"compare"},
-    {"capture"},
+    {"capture", "graph_dump"},
     {"compile"},
     {"debugger"},
     {"integrations"},

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from torchdebug.capture.graph_ops import host_stats
-from torchdebug.capture.graph_plan import ACCUMULATORS
+from torchdebug.graph_dump.plan import ACCUMULATORS
+from torchdebug.graph_dump.runtime import host_stats
 from torchdebug.native import fused_stats
 from torchdebug.stats import cpu_sums, device_sums, empty_stats, stats_from_sums, tensor_stats
 from torchdebug.stats.schema import COLUMNS, COUNT_KEYS, IDENTITY, STAT_KEYS, VALUE_KEYS, WIDTH

@@ -13,8 +13,8 @@ from torch import nn
 
 import torchdebug
 import torchdebug.store.reader
-from torchdebug.capture.watcher import find_overwrites
 from torchdebug.compile import CompilerConfig, get_backend
+from torchdebug.graph_dump.scenes.watcher import find_overwrites
 
 
 @pytest.fixture(autouse=True)

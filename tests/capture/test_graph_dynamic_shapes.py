@@ -23,7 +23,8 @@ from torch import nn
 
 import torchdebug
 from torchdebug._torch import symbolic
-from torchdebug.compile import CompilerConfig, dump_pass, get_backend
+from torchdebug.compile import CompilerConfig, get_backend
+from torchdebug.graph_dump import planner as dump_pass
 
 LENGTHS = (32, 16, 24)
 BATCH, WIDTH, HEADS, VOCAB = 2, 16, 2, 32

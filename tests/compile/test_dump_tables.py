@@ -13,12 +13,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchdebug
-from torchdebug.capture.graph import GraphCapture
-from torchdebug.capture.graph_ops import DUMP_GRAPH
-from torchdebug.capture.graph_plan import GraphPlan
-from torchdebug.compile import CompilerConfig, dump_pass, get_backend
-from torchdebug.compile.dump_pass import DataDumpPass, ModelContext
-from torchdebug.compile.dump_scenes import DumpSettings
+from torchdebug.compile import CompilerConfig, get_backend
+from torchdebug.graph_dump import planner as dump_pass
+from torchdebug.graph_dump.capture import GraphCapture
+from torchdebug.graph_dump.plan import GraphPlan
+from torchdebug.graph_dump.planner import DataDumpPass, ModelContext
+from torchdebug.graph_dump.runtime import DUMP_GRAPH
+from torchdebug.graph_dump.settings import DumpSettings
 
 
 def _scaled(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torchdebug
-from torchdebug.compile import CompilerConfig, dump_pass, get_backend
+from torchdebug.compile import CompilerConfig, get_backend
+from torchdebug.graph_dump import planner as dump_pass
 from torchdebug.stats import tensor_stats
 from torchdebug.stats.schema import COUNT_KEYS
 
@@ -80,10 +81,10 @@ def _planned(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The plan and instrumented graph of a softmax and a large product, traced with ``mode`` sizes."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from torchdebug.capture.graph import GraphCapture
-    from torchdebug.capture.graph_ops import DUMP_GRAPH
-    from torchdebug.compile.dump_pass import DataDumpPass, ModelContext
-    from torchdebug.compile.dump_scenes import DumpSettings
+    from torchdebug.graph_dump.capture import GraphCapture
+    from torchdebug.graph_dump.planner import DataDumpPass, ModelContext
+    from torchdebug.graph_dump.runtime import DUMP_GRAPH
+    from torchdebug.graph_dump.settings import DumpSettings
 
     def fn(x: torch.Tensor, big: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         exp = (x - x.amax(-1, keepdim=True)).exp()
@@ -108,7 +109,7 @@ def test_symbolic_sizes_split_statistics_between_host_and_graph_as_their_traced_
 ) -> None:
     """Dynamic shapes: small values and values inside a row loop still go to the host, the graph
     counts no values (the host knows the run's element counts), and the sizes are handed over."""
-    from torchdebug.capture.graph_plan import ACCUMULATORS, SymbolicSize
+    from torchdebug.graph_dump.plan import ACCUMULATORS, SymbolicSize
     from torchdebug.native import fused_stats
 
     if not fused_stats.available():

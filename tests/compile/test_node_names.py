@@ -7,7 +7,7 @@ import copy
 import torch
 import torch.fx
 
-from torchdebug.compile import node_names
+from torchdebug.graph_dump import node_names
 
 aten = torch.ops.aten
 

@@ -8,7 +8,7 @@ caches off for the duration of the compile (``torchdebug._torch.dynamo.caches_di
 because a cache hit skips the passes and their dumps (pytorch/pytorch#152374).
 
 With the data dump on, each compiled graph that reads parameters tells the dump which module
-instance runs it before every run (its first parameter; ``torchdebug.capture.graph_instances``),
+instance runs it before every run (its first parameter; ``torchdebug.graph_dump.instances``),
 so graphs compiled per block are named by the block that ran when the backend knows the root model
 (``get_backend(config, model=model)``).
 """
@@ -38,12 +38,12 @@ from torchdebug._torch.inductor import (
     debug_dir_patch,
     select_decomp_table,
 )
-from torchdebug.capture.graph import GraphCapture
 from torchdebug.compile.config import CompilerConfig
 from torchdebug.compile.debug_dir import DumpTree, ModelDump, PhaseDump, current_phase, dump_tree, run_folder
-from torchdebug.compile.dump_pass import DataDumpPass, ModelContext
 from torchdebug.compile.pipeline import GraphPass, PassStage, Pipeline, observing_inductor_passes, run_passes
 from torchdebug.errors import ConfigError
+from torchdebug.graph_dump.capture import GraphCapture
+from torchdebug.graph_dump.planner import DataDumpPass, ModelContext
 
 log = logging.getLogger("torchdebug.compile.backend")
 
@@ -76,6 +76,12 @@ class _PhaseMarker(CustomGraphPass):
 
     def uuid(self) -> Any:
         return ("torchdebug._PhaseMarker", self.opening)  # marks phases, never changes the graph
+
+
+def _open_aot_phase() -> str | None:
+    """The AOT graph kind of the compile phase open now, for the data dump (``None``: none open)."""
+    phase = current_phase.get()
+    return phase.aot_phase if phase is not None else None
 
 
 class TorchDebugBackend:
@@ -140,7 +146,7 @@ class TorchDebugBackend:
             )
         model = ModelContext(f"model__{self._dumped_graphs}")
         self._dumped_graphs += 1
-        return DataDumpPass(settings, self.data_dump, model)
+        return DataDumpPass(settings, self.data_dump, model, _open_aot_phase)
 
     @staticmethod
     def _caches_off(off: bool) -> contextlib.AbstractContextManager[Any]:

@@ -16,8 +16,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from torchdebug.compile import dump_scenes
 from torchdebug.errors import ConfigError
+from torchdebug.graph_dump import settings as dump_scenes
 from torchdebug.options import Options, boolean, choices, configclass, group, index_set, one_of, option, optional, text
 
 MODES = ("max-autotune", "reduce-overhead", "aot_eager", "eager")
@@ -116,7 +116,7 @@ class DumpConfig(Options):
     dump_config_path: str | None = field(
         default=None,
         metadata=option(
-            "A TorchAir-style JSON scene file (torchdebug.compile.dump_scenes); options set here win over it.", _scene_file
+            "A TorchAir-style JSON scene file (torchdebug.graph_dump.settings); options set here win over it.", _scene_file
         ),
     )
 

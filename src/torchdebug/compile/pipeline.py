@@ -19,7 +19,7 @@ Adding passes (how graph-mode data dumps plug in)::
     backend = get_backend(config, passes=[GraphPass("insert_dump_nodes", insert_dump_nodes)])
 
 or, for passes torchdebug adds from its own config, return them from :func:`default_passes` (the
-graph-mode data dump, ``torchdebug.compile.dump_pass``, is added there).
+graph-mode data dump, ``torchdebug.graph_dump.planner``, is added there).
 Each pass is dumped as ``NNN_aot_<phase>_graph_after_<name>.txt`` and timed in ``passes.json``.
 """
 

@@ -8,8 +8,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchdebug.compile import graph_dump, node_names
+from torchdebug.compile import graph_dump
 from torchdebug.diagnose.accuracy import Check
+from torchdebug.graph_dump import node_names
 
 
 @dataclass(slots=True)

@@ -4,13 +4,13 @@ For each AOT graph (forward, backward or inference) inductor compiles, this back
 the graph as inductor received it (before its post-grad passes: the reference program) and adds one
 pass at the end of inductor's ``post_grad_custom_post_pass`` slot, after any pass the user set
 there. That pass passes every tensor node of the graph to ``torchdebug::dump_graph``
-(:mod:`torchdebug.capture.graph_ops`, the op the graph-mode data dump uses): an extern call needs
+(:mod:`torchdebug.graph_dump.runtime`, the op the graph-mode data dump uses): an extern call needs
 its inputs in memory, so inductor stores each node's value even where it fuses the node into a
 C++/Triton kernel, and the value is what that kernel computed. The first run's values are kept.
 
 Caching: the pass sits in inductor's config for the whole compile and run (``active()``). Inside
 ``inner_compile`` its ``uuid()`` is the sink key of the graph being compiled, which
-:func:`~torchdebug.capture.graph_ops.register_sink` derives from the graph's code, its phase and
+:func:`~torchdebug.graph_dump.runtime.register_sink` derives from the graph's code, its phase and
 how many identical graphs this process instrumented before. So inductor's FX graph cache can serve
 the instrumented code to a later process: a hit is only possible for the same key, and the cached
 code reports to the sink registered under that key now, with the node names it carries as the
@@ -32,9 +32,9 @@ import torch
 import torch.fx
 
 from torchdebug._torch.inductor import CustomGraphPass, compile_fx, compile_fx_inner, config_patched, custom_pass_patch
-from torchdebug.capture import graph_ops
-from torchdebug.capture.graph_ops import DUMP_GRAPH, register_sink, unregister_sink
-from torchdebug.compile.graph_stats import propagate_fake_values
+from torchdebug.graph_dump import runtime
+from torchdebug.graph_dump.accumulators import propagate_fake_values
+from torchdebug.graph_dump.runtime import DUMP_GRAPH, register_sink, unregister_sink
 
 
 @dataclass(slots=True)
@@ -93,7 +93,7 @@ class _Materialize(CustomGraphPass):
         return None if sink is None else ("torchdebug.diagnose.materialize", _CODE_ID, sink)
 
 
-_CODE_ID = hashlib.sha256((inspect.getsource(_Materialize) + inspect.getsource(graph_ops)).encode()).hexdigest()[:16]
+_CODE_ID = hashlib.sha256((inspect.getsource(_Materialize) + inspect.getsource(runtime)).encode()).hexdigest()[:16]
 """Changes with this pass and with the dump ops, so a cache never serves code they no longer match."""
 
 

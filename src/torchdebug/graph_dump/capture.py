@@ -1,6 +1,6 @@
 """Records from compiled graphs: one :class:`GraphCapture` per backend with ``enable_dump``.
 
-Instrumented graphs call back (``torchdebug.capture.graph_ops``) once per run with their
+Instrumented graphs call back (``torchdebug.graph_dump.runtime``) once per run with their
 statistics (0-d accumulators and host results, joined here into one vector per device and dtype and
 staged with the session: read at once on the CPU, with the session's one host read per flush on an
 accelerator, never per graph run) and dumped tensors; this module turns them into the same records
@@ -44,21 +44,22 @@ from typing import Any
 import torch
 
 from torchdebug._torch import symbolic
-from torchdebug.capture import golden, overflow
-from torchdebug.capture.graph_instances import NO_INSTANCE, CompiledInstances, Instance, in_instance
-from torchdebug.capture.graph_ops import register_sink, unregister_sink
-from torchdebug.capture.graph_plan import ACCUMULATORS, CallPlan, GraphPlan, Key, SlotPlan, StatTable, resolve
-from torchdebug.capture.overflow import Rows
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
+from torchdebug.graph_dump import golden
+from torchdebug.graph_dump.instances import NO_INSTANCE, CompiledInstances, Instance, in_instance
+from torchdebug.graph_dump.plan import ACCUMULATORS, CallPlan, GraphPlan, Key, SlotPlan, StatTable, resolve
+from torchdebug.graph_dump.runtime import register_sink, unregister_sink
+from torchdebug.graph_dump.scenes import overflow
+from torchdebug.graph_dump.scenes.overflow import Rows
 from torchdebug.nonfinite import OriginTracker
 from torchdebug.records import Record, make_call_name
 from torchdebug.stats.schema import IDENTITY, stats_from_sums
 from torchdebug.store import layout
 from torchdebug.store.writer import RankWriter, join_run, run_manifest
 
-log = logging.getLogger("torchdebug.capture.graph")
+log = logging.getLogger("torchdebug.graph_dump.capture")
 
 _KEPT_SIZES = 8
 """Sets of symbolic-size values per graph whose evaluated sizes and built record fields are kept."""

@@ -1,7 +1,7 @@
 """What an instrumented graph will report, decided at compile time and read at every run.
 
-The compile pass (``torchdebug.compile.dump_pass``) describes each dumped node call and slot once;
-:class:`torchdebug.capture.graph.GraphCapture` turns a run's statistics rows and tensors into
+The compile pass (``torchdebug.graph_dump.planner``) describes each dumped node call and slot once;
+:class:`torchdebug.graph_dump.capture.GraphCapture` turns a run's statistics rows and tensors into
 records with these descriptions, adding only what changes per run (step, call index, seq).
 
 A graph compiled with dynamic shapes describes sizes by expressions of its symbols (``2*s27``).

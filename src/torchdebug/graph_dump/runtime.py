@@ -5,7 +5,7 @@
   once per graph run, the statistics: the accumulators computed inside the graph (0-d tensors,
   fused by inductor into the loops that compute the values) and the ``host_stats`` results, as
   they are, on their own devices, so a graph that mixes devices needs no copy or concatenation in
-  the graph (``torchdebug.capture.graph`` joins them per device and dtype); for tensor dumps also
+  the graph (``torchdebug.graph_dump.capture`` joins them per device and dtype); for tensor dumps also
   the dumped tensors themselves; ``labels`` optionally names the tensors (comma-separated), so
   compiled code says what it hands over; ``sizes``, in a graph compiled with dynamic shapes, the
   values of its symbolic sizes (``s27``): compiled code passes them as the host ints it computes
@@ -41,7 +41,7 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from torchdebug.capture.graph_plan import ACCUMULATORS
+from torchdebug.graph_dump.plan import ACCUMULATORS
 from torchdebug.stats.cpu import cpu_sums
 from torchdebug.stats.schema import COLUMNS, IDENTITY
 from torchdebug.stats.torch_ops import as_real

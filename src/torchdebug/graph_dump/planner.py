@@ -25,7 +25,7 @@ marks). Writes nothing to existing nodes. After the pass the graph holds, for ``
 
 For ``dump_stage="original"`` the graph only hands its inputs to ``dump_point(..., -1)`` when it
 starts and calls ``dump_graph`` when it ends; the values come from an interpreter over a copy of the
-graph as it was before this pass (``torchdebug.capture.golden``).
+graph as it was before this pass (``torchdebug.graph_dump.golden``).
 
 Dynamic shapes: sizes, strides, element counts and arguments that are expressions of the graph's
 symbols (``SymInt``: ``2*s27``) are planned as such (``graph_plan.SymbolicSize``), and
@@ -43,7 +43,7 @@ their values are those the forward graph dumped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,18 +51,18 @@ import torch
 import torch.fx
 
 from torchdebug._torch import guards, symbolic
-from torchdebug.capture.graph import GraphCapture
-from torchdebug.capture.graph_ops import DUMP_GRAPH, DUMP_POINT, HOST_STATS
-from torchdebug.capture.graph_plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan, StatTable, SymbolicSizes
-from torchdebug.compile import graph_stats, node_names
-from torchdebug.compile.debug_dir import current_phase
-from torchdebug.compile.dump_scenes import DumpSettings, safe_model_name
+from torchdebug.graph_dump import accumulators as graph_stats
+from torchdebug.graph_dump import node_names
+from torchdebug.graph_dump.capture import GraphCapture
+from torchdebug.graph_dump.plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan, StatTable, SymbolicSizes
+from torchdebug.graph_dump.runtime import DUMP_GRAPH, DUMP_POINT, HOST_STATS
+from torchdebug.graph_dump.settings import DumpSettings, safe_model_name
 from torchdebug.native import fused_stats
 from torchdebug.scope import SCOPE_KEY
 from torchdebug.slots import dtype_name, iter_slots, json_value
 
 aten = torch.ops.aten
-log = logging.getLogger("torchdebug.compile.dump_pass")
+log = logging.getLogger("torchdebug.graph_dump.planner")
 
 HOST_GROUP = 8
 """CPU values handed to one ``host_stats`` call (fewer calls; values stay in memory a little longer)."""
@@ -185,8 +185,16 @@ def _output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | No
 class DataDumpPass:
     """One instance per Dynamo graph; called by the pipeline on each of its AOT graphs."""
 
-    def __init__(self, settings: DumpSettings, capture: GraphCapture, model: ModelContext) -> None:
+    def __init__(
+        self,
+        settings: DumpSettings,
+        capture: GraphCapture,
+        model: ModelContext,
+        aot_phase: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self.settings, self.capture, self.model = settings, capture, model
+        self.aot_phase = aot_phase
+        """The AOT graph kind of the compile phase open now (``None`` where none is open)."""
 
     def uuid(self) -> None:
         """No cache id: a cached graph would call sinks this process never registered."""
@@ -194,8 +202,7 @@ class DataDumpPass:
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         graph = gm.graph
-        phase = current_phase.get()
-        aot_phase = phase.aot_phase if phase is not None else _aot_phase(graph)
+        aot_phase = self.aot_phase() or _aot_phase(graph)
         if self.model.rooted is None:
             self.model.rooted = node_names.graph_is_rooted(graph)
             self.model.frame = guards.current_frame()

@@ -1,7 +1,7 @@
 """Statistics as FX nodes, inserted after each dumped value so inductor fuses them into one loop.
 
 For a floating value ``x`` the graph computes only the accumulators
-(``torchdebug.capture.graph_plan.ACCUMULATORS``), each a 0-d tensor that inductor reads ``x`` once
+(``torchdebug.graph_dump.plan.ACCUMULATORS``), each a 0-d tensor that inductor reads ``x`` once
 for, all vectorised in the loop that computes ``x``:
 
 - ``nan = x != x``: the NaN mask (``isnan`` is computed element by element in inductor's C++ code,
@@ -33,7 +33,7 @@ import torch
 import torch.fx
 
 from torchdebug._torch.dynamo import detect_fake_mode
-from torchdebug.capture.graph_plan import ACCUMULATORS
+from torchdebug.graph_dump.plan import ACCUMULATORS
 from torchdebug.stats.schema import COUNTS
 
 aten = torch.ops.aten

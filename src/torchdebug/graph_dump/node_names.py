@@ -8,7 +8,7 @@ An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.rec
   the compiled module itself -> ``<root>``, ``torch.compile``'s wrapper left out (no ``_orig_mod``).
   Nodes with no stack are ``<root>`` when the graph comes from a module (some node's stack starts at
   ``L['self']``), else ``-``. A graph compiled per block is traced from the block: its runs put the
-  path of the block instance that ran in front (``torchdebug.capture.graph_instances``).
+  path of the block instance that ran in front (``torchdebug.graph_dump.instances``).
 - ``op``: ``str(node.target)`` (``aten.addmm.default``), as the dispatcher names it in eager mode;
   for a forward node that alone replaced an eager op when the compiler decomposed it (``permute``
   for ``t`` or ``transpose``, ``reshape`` for ``view``), the op it replaced, read from
@@ -20,7 +20,7 @@ An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.rec
 - ``fwd``: for backward nodes, the first forward node with the same ``seq_nr`` (AOT autograd's rule).
 - ``source``: the innermost frame of ``node.meta["stack_trace"]`` outside torch, ``file:line in function``.
 
-Call indices are counted by :class:`torchdebug.capture.graph.GraphCapture` at run time, so graphs
+Call indices are counted by :class:`torchdebug.graph_dump.capture.GraphCapture` at run time, so graphs
 split by graph breaks keep counting where the previous graph stopped, as eager capture does.
 """
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchdebug.capture.graph_plan import GraphPlan
+from torchdebug.graph_dump.plan import GraphPlan
 
 
 class _Keeper(torch.fx.Interpreter):

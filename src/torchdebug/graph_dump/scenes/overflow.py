@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchdebug.capture.graph_plan import GraphPlan
+from torchdebug.graph_dump.plan import GraphPlan
 from torchdebug.nonfinite import ENTRY, ORIGIN, OriginTracker, tensor_flags, value_flags
 
-log = logging.getLogger("torchdebug.capture.overflow")
+log = logging.getLogger("torchdebug.graph_dump.scenes.overflow")
 
 Rows = Sequence[dict[str, Any] | None]
 """Statistics dicts (``torchdebug.stats`` keys) by statistics row."""

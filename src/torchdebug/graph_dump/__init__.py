@@ -1,0 +1,1 @@
+"""Op data dumps inside compiled graphs (``CompilerConfig.dump_config``, ``docs/graph_dump.md``)."""

@@ -20,13 +20,18 @@ def rank_and_world_size() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def _device() -> torch.device:
+    """Where the default group's collectives take their tensors: the current GPU under NCCL, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def broadcast_from_rank0(value: str) -> str:
     """Rank 0's ``value`` on every rank (identity when torch.distributed is not initialised): its
     UTF-8 bytes in a tensor, not a pickle (``broadcast_object_list``). Called once per run, so the
     length read back to the host costs nothing."""
     if not dist_initialized() or dist.get_world_size() == 1:
         return value
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = _device()
     encoded = value.encode()
     size = torch.tensor([len(encoded)], dtype=torch.int64, device=device)
     dist.broadcast(size, src=0)
@@ -40,3 +45,24 @@ def broadcast_from_rank0(value: str) -> str:
         data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     dist.broadcast(data, src=0)
     return data.cpu().numpy().tobytes().decode()
+
+
+def gather_to_rank0(value: bytes) -> list[bytes] | None:
+    """Every rank's ``value``, in rank order, on rank 0 (``None`` on the others; ``[value]`` when
+    torch.distributed is not initialised): bytes in tensors, padded to the longest, not pickles
+    (``gather_object``). The lengths are read back to the host once per call."""
+    if not dist_initialized() or dist.get_world_size() == 1:
+        return [value]
+    device = _device()
+    size = torch.tensor([len(value)], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    lengths = torch.cat(sizes).tolist()
+    data = torch.zeros(max(1, *lengths), dtype=torch.uint8, device=device)
+    if value:
+        data[: len(value)] = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+    gathered = [torch.empty_like(data) for _ in lengths] if dist.get_rank() == 0 else None
+    dist.gather(data, gathered, dst=0)
+    if gathered is None:
+        return None
+    return [tensor[:length].cpu().numpy().tobytes() for tensor, length in zip(gathered, lengths)]

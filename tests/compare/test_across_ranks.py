@@ -102,7 +102,6 @@ def test_cli_exit_status_is_0_for_agreeing_ranks_and_1_for_a_divergence(replicas
     [
         (["--ranks", "0"], "comparing across ranks needs two or more"),
         (["A"], "--across-ranks takes one dump"),
-        (["--workers", "2"], "--across-ranks runs in one process"),
     ],
 )
 def test_cli_usage_errors_exit_2_with_one_line(replicas, capsys, argv, message):

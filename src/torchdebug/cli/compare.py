@@ -9,6 +9,13 @@ as one Parquet table instead (needs ``torchdebug[parquet]``). ``--workers N`` sp
 processes; under ``torchrun --nproc-per-node N -m torchdebug compare A B`` the processes torchrun
 starts share the work and process 0 reports. Exit status 0: no divergence, 1: divergence found,
 2: usage error (bad path, unreadable dump, bad option).
+
+``--across-ranks`` reads one rank at a time and keeps a digest of each slot replicas must agree
+on; ``--workers N`` reads N ranks at once in N processes, and torchrun spreads the ranks over the
+processes of one or several nodes (each sees DUMP at the same path, e.g. a shared file system):
+
+  torchrun --nnodes 2 --nproc-per-node 8 --node-rank $NODE_RANK --rdzv-backend c10d \\
+      --rdzv-endpoint $HEAD_NODE:29500 -m torchdebug compare --across-ranks /shared/dump -o out
 """
 
 from __future__ import annotations
@@ -53,22 +60,31 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-def _across_ranks(args: argparse.Namespace) -> CompareResult:
+def _torchrun(args: argparse.Namespace) -> bool:
+    """Whether torchrun started this process as one of the workers (then ``--workers`` is refused)."""
+    from torchdebug.compare import distributed
+
+    if not distributed.launched_by_torchrun():
+        return False
+    if args.workers != 1:
+        raise ValueError("--workers: torchrun already started the worker processes; leave --workers out")
+    return True
+
+
+def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
     from torchdebug.compare import compare_ranks, distributed
 
     if args.a is not None:
         raise ValueError("--across-ranks takes one dump: give it as --across-ranks DUMP, without A B")
-    if distributed.launched_by_torchrun() or args.workers != 1:
-        raise ValueError(
-            "--across-ranks runs in one process: start it without torchrun or --workers (--threads sets its threads)"
-        )
     if args.mapping is not None:
         raise ValueError("--mapping applies to A B only: the ranks of one run share their names")
     if args.replay:
         raise ValueError("--replay applies to A B only: --across-ranks checks that replicas agree bitwise")
-    return compare_ranks(
-        args.across_ranks, ranks=args.ranks, tolerances=args.tolerances, tensors=args.tensors, threads=args.threads
-    )
+    options = {"ranks": args.ranks, "tolerances": args.tolerances, "tensors": args.tensors, "threads": args.threads}
+    if not _torchrun(args):
+        return compare_ranks(args.across_ranks, workers=args.workers, **options)
+    with distributed.process_group_from_env():
+        return distributed.compare_ranks_distributed(args.across_ranks, **options)
 
 
 def _pair(args: argparse.Namespace) -> CompareResult | None:
@@ -79,10 +95,8 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
     if args.ranks is not None:
         raise ValueError("--ranks applies to --across-ranks only")
     config = CompareConfig(**options_of(args, CompareConfig))
-    if not distributed.launched_by_torchrun():
+    if not _torchrun(args):
         return compare(args.a, args.b, config=config)
-    if args.workers != 1:
-        raise ValueError("--workers: torchrun already started the worker processes; leave --workers out")
     with distributed.process_group_from_env():
         return distributed.compare_distributed(args.a, args.b, config=config)
 

@@ -33,59 +33,54 @@ be the culprit. A rank's first slot that differs from the reference by more than
 (exact unless given) is ``error``/``blamed``; its later differing slots are ``warning``/``inherited``.
 The first divergence is the earliest blamed slot in execution order (step, then call), lowest rank
 on a tie.
+
+**Memory and processes**: the check reads one rank at a time and keeps of it one digest per
+replicated slot (:mod:`~torchdebug.compare.replica_digests`); records are read again only from the
+reference ranks and the ranks that differ. With ``workers=N`` the ranks are digested by N spawned
+processes; under torchrun by the job's processes
+(:func:`~torchdebug.compare.distributed.compare_ranks_distributed`). A rank holding the reference
+value gets a row whose records are the reference's (one record per slot is kept, not one per rank).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from torchdebug import progress
 from torchdebug.compare.judgement import Judgement
 from torchdebug.compare.metrics import stats_metrics, tensor_metrics
+from torchdebug.compare.replica_digests import (
+    SAME_ON_EVERY_RANK,
+    RankDigest,
+    digest_rank,
+    digests_in_processes,
+    fresh,
+    replicated,
+)
 from torchdebug.compare.result import CompareResult, Side
 from torchdebug.compare.rows import Row
-from torchdebug.compare.shards import sharded
 from torchdebug.compare.steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances
 from torchdebug.records import Record
 from torchdebug.store import reader
 
-__all__ = ["compare_ranks", "replicated", "RanksResult"]
-
-SAME_ON_EVERY_RANK = frozenset(
-    {
-        "c10d.allreduce_.default",
-        "c10d.allreduce_coalesced_.default",
-        "c10d.allgather_.default",
-        "c10d._allgather_base_.default",
-        "c10d.allgather_coalesced_.default",
-        "c10d.allgather_into_tensor_coalesced_.default",
-        "c10d.broadcast_.default",
-    }
-)
-"""Collectives whose outputs hold the same values on every rank of the group."""
+__all__ = ["compare_ranks", "replicated", "RanksResult", "SAME_ON_EVERY_RANK", "checked_ranks", "ranks_result"]
 
 _EXACT = Tolerance(0.0, 0.0)
 
-
-def replicated(record: Record) -> bool:
-    """Whether data-parallel replicas must hold the same value in this slot (module docstring)."""
-    if record.kind != "tensor" or record.capture_error or sharded(record):
-        return False
-    return record.phase == "optimizer" or record.io == "parameter" or (record.io == "output" and record.op in SAME_ON_EVERY_RANK)
+SlotKey = tuple[int, str]
+"""``(step, name)``: a slot, the same on every rank."""
 
 
 class RanksResult(CompareResult):
     """A :class:`CompareResult` whose rows compare each rank with the reference ranks, slot by slot.
 
-    ``row.rank`` is the rank checked, ``row.record_a`` its record, ``row.record_b`` the reference's.
+    ``row.rank`` is the rank checked, ``row.record_b`` the reference's record, ``row.record_a`` the
+    checked rank's (the reference's too where the rank holds the reference value).
     """
 
     heading = "torchdebug compare --across-ranks"
@@ -100,40 +95,60 @@ class RanksResult(CompareResult):
         return finder(sorted(self.rows, key=lambda row: (row.order, row.rank)))
 
 
-def _fingerprint(dump: reader.RankRecords, record: Record, tensors: bool) -> tuple:
-    """What two ranks must share to hold the same value: dtype, shape and the bytes (or statistics)."""
-    if tensors and has_tensor(record):
-        data = dump.load_tensor(record).detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        content = hashlib.blake2b(data, digest_size=16).hexdigest()
-    else:
-        content = json.dumps(record.stats, sort_keys=True)
-    return record.dtype, tuple(record.shape or ()), content
+@dataclass(slots=True)
+class _Slot:
+    """A replicated slot over the ranks: where the first rank holding it wrote it, and which ranks
+    hold which value (digest -> ranks, ascending)."""
+
+    step: int
+    seq: int
+    position: int
+    holders: dict[str, list[int]] = field(default_factory=dict)
+
+    def reference(self) -> list[int]:
+        """The ranks holding the reference value: the largest group, on a tie the one with the lowest rank."""
+        return max(self.holders.values(), key=lambda ranks: (len(ranks), -ranks[0]))
 
 
-def _slots(run: reader.Run, ranks: Sequence[int]) -> list[dict[int, Record]]:
-    """Replicated slots in execution order: ``{rank: record}`` per ``(step, name)``."""
-    slots: dict[tuple[int, str], dict[int, Record]] = {}
-    for rank in ranks:
-        for record in run.ranks[rank].records():
-            if replicated(record):
-                slots.setdefault((record.step, record.name), {})[rank] = record
-    position = {key: index for index, key in enumerate(slots)}
-    ordered = sorted(slots, key=lambda key: (key[0], next(iter(slots[key].values())).seq, position[key]))
-    return [slots[key] for key in ordered]
+def _slots(digests: Iterable[RankDigest]) -> tuple[list[tuple[SlotKey, _Slot]], list[str]]:
+    """Every rank's digest folded into the slots, in execution order (step, then the first holder's
+    call order, then first appearance), and the ranks' notes; the digests are consumed one by one."""
+    slots: dict[SlotKey, _Slot] = {}
+    notes: list[str] = []
+    for digest in digests:
+        notes.extend(digest.notes)
+        for step, name, seq, value in digest.slots:
+            slot = slots.get((step, name))
+            if slot is None:
+                slot = slots[step, name] = _Slot(step, seq, len(slots))
+            slot.holders.setdefault(value, []).append(digest.rank)
+    ordered = sorted(slots.items(), key=lambda item: (item[1].step, item[1].seq, item[1].position))
+    return ordered, notes
 
 
-def _metrics(run: reader.Run, row: Row, tensors: bool, tolerance: Tolerance) -> dict[str, float]:
+def _records(run: reader.Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[int, SlotKey], Record]:
+    """The records of the wanted slots, rank by rank (each rank read from a fresh handle, not kept)."""
+    found: dict[tuple[int, SlotKey], Record] = {}
+    for rank in sorted(wanted):
+        keys = wanted[rank]
+        for record in fresh(run.ranks[rank]).records():
+            key = (record.step, record.name)
+            if key in keys:
+                found[rank, key] = record
+    return found
+
+
+def _metrics(run: reader.Run, row: Row, reference: int, tensors: bool, tolerance: Tolerance) -> dict[str, float]:
     a, b = row.record_a, row.record_b
     assert a is not None and b is not None
     if tensors and has_tensor(a) and has_tensor(b):
-        tensor_a, tensor_b = run.ranks[a.rank].load_tensor(a), run.ranks[b.rank].load_tensor(b)
+        tensor_a, tensor_b = run.ranks[row.rank].load_tensor(a), run.ranks[reference].load_tensor(b)
         return tensor_metrics(tensor_a, tensor_b, low_dtype=lower_precision(a.dtype, b.dtype), atol=tolerance.atol)
     return stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or []), atol=tolerance.atol)
 
 
-def _difference(row: Row, tolerance: float) -> Judgement:
+def _difference(row: Row, reference: int, tolerance: float) -> Judgement:
     """How a rank's value, which is not the reference's, compares with it."""
-    reference = row.record_b.rank if row.record_b is not None else None
     if row.shape_a != row.shape_b or row.dtype_a != row.dtype_b:
         # no number measures it: the message says what differs
         return Judgement(
@@ -159,6 +174,77 @@ def _attribute(rows: Iterable[Row], agreeing: Mapping[Row, str]) -> None:
             first[row.rank] = row
 
 
+def checked_ranks(run: reader.Run, ranks: Sequence[int] | None) -> list[int]:
+    """The ranks to check (default: every rank of the run), validated: present, two or more."""
+    selected = sorted(run.ranks) if ranks is None else sorted(set(ranks))
+    missing = [rank for rank in selected if rank not in run.ranks]
+    if missing:
+        raise ValueError(f"ranks: {missing} not in {run.path} (it has ranks {sorted(run.ranks)})")
+    if len(selected) < 2:
+        raise ValueError(f"{run.path}: ranks {selected} only; comparing across ranks needs two or more")
+    return selected
+
+
+def ranks_result(
+    dump: str | Path | reader.Run,
+    run: reader.Run,
+    selected: Sequence[int],
+    digests: Iterable[RankDigest],
+    overrides: Mapping[str, Tolerance],
+    tensors: bool,
+    threads: int | None,
+) -> RanksResult:
+    """The verdicts from every checked rank's digest (in rank order): the rows, with the records
+    read again from the reference ranks and the ranks that differ, and the metrics of those."""
+    slots, notes = _slots(progress.track(digests, "digesting ranks", total=len(selected), unit="rank"))
+    wanted: dict[int, set[SlotKey]] = {}
+    for key, slot in slots:
+        reference = slot.reference()
+        wanted.setdefault(reference[0], set()).add(key)
+        for ranks in slot.holders.values():
+            if ranks is not reference:
+                for rank in ranks:
+                    wanted.setdefault(rank, set()).add(key)
+    records = _records(run, wanted)
+    rows: list[Row] = []
+    differing: dict[Row, int] = {}  # row -> its reference rank
+    agreeing: dict[Row, str] = {}
+    for order, (key, slot) in enumerate(slots):
+        reference = slot.reference()
+        reference_record = records[reference[0], key]
+        holds = {rank: ranks for ranks in slot.holders.values() for rank in ranks}
+        for rank in selected:
+            ranks = holds.get(rank)
+            if ranks is reference:
+                row = Row.from_records(rank, reference_record, reference_record, "exact", float(order))
+                row.error = 0.0
+                Judgement("pass", "", "reference" if rank == reference[0] else "").apply(row)
+            elif ranks is None:
+                row = Row.from_records(rank, None, reference_record, "only_b", float(order))
+                Judgement("unmatched", "", f"not on rank {rank}").apply(row)
+            else:
+                row = Row.from_records(rank, records[rank, key], reference_record, "exact", float(order))
+                differing[row] = reference[0]
+                agreeing[row] = f"ranks {', '.join(map(str, reference))} hold the reference value"
+            rows.append(row)
+    tolerance_of = {row: overrides.get(lower_precision(row.dtype_a, row.dtype_b) or "", _EXACT) for row in differing}
+    comparable = [row for row in differing if row.shape_a == row.shape_b and row.dtype_a == row.dtype_b]
+    with metric_pool(threads) as pool:
+        results = pool.map(lambda row: _metrics(run, row, differing[row], tensors, tolerance_of[row]), comparable)
+        for row, metrics in zip(comparable, results):
+            row.error = metrics.pop("error", None)
+            row.metrics.update(metrics)
+    for row, reference_rank in differing.items():
+        row.tolerance = tolerance_of[row].rtol
+        _difference(row, reference_rank, row.tolerance).apply(row)
+    _attribute(rows, agreeing)
+    if not slots:
+        notes.append("no slot replicas must agree on: capture the optimizer step, parameters (level=mix) or collectives")
+    options = {"across_ranks": list(selected), "tolerances": {k: [v.rtol, v.atol] for k, v in overrides.items()}}
+    side = Side.of(dump, run)
+    return RanksResult(rows=rows, a=side, b=side, problems=notes, options=options)
+
+
 def compare_ranks(
     dump: str | Path | reader.Run,
     *,
@@ -166,6 +252,7 @@ def compare_ranks(
     tolerances: Mapping[str, Any] | None = None,
     tensors: bool = True,
     threads: int | None = None,
+    workers: int = 1,
 ) -> RanksResult:
     """Compare the ranks of one run with each other where data-parallel replicas must agree.
 
@@ -175,59 +262,22 @@ def compare_ranks(
         tolerances: per-dtype overrides as in :func:`torchdebug.compare`; by default values must
             be bitwise equal (replicas run the same kernels on the same values).
         tensors: compare saved tensors when there are any (else statistics).
-        threads: threads reading and hashing tensors (default: all cores).
+        threads: threads reading and hashing tensors, per process (default: the process's share of the cores).
+        workers: processes on this machine reading the ranks (each reads ranks ``w, w+N, ...`` in
+            turn); guard a script that sets it with ``if __name__ == "__main__"``.
 
     Returns:
         A :class:`RanksResult`; ``first_divergence`` names the first rank and op that disagree.
     """
+    if workers < 1:
+        raise ValueError(f"workers: must be 1 or more, got {workers}")
     run = open_dump(dump)
-    selected = sorted(run.ranks) if ranks is None else sorted(set(ranks))
-    missing = [rank for rank in selected if rank not in run.ranks]
-    if missing:
-        raise ValueError(f"ranks: {missing} not in {run.path} (it has ranks {sorted(run.ranks)})")
-    if len(selected) < 2:
-        raise ValueError(f"{run.path}: ranks {selected} only; comparing across ranks needs two or more")
+    selected = checked_ranks(run, ranks)
     overrides = parse_tolerances(tolerances)
-    slots = _slots(run, selected)
-    rows: list[Row] = []
-    differing: list[Row] = []
-    agreeing: dict[Row, str] = {}
+    workers = min(workers, len(selected))
+    if workers > 1:
+        digests = digests_in_processes(getattr(dump, "path", dump), selected, tensors, workers, threads)
+        return ranks_result(dump, run, selected, digests, overrides, tensors, threads)
     with metric_pool(threads) as pool:
-        jobs = [(rank, record) for present in slots for rank, record in present.items()]
-        fingerprints = pool.map(lambda job: _fingerprint(run.ranks[job[0]], job[1], tensors), jobs)
-        fingerprints = progress.track(fingerprints, "reading replicated slots", total=len(jobs), unit="slot")
-        prints = dict(zip(((rank, id(record)) for rank, record in jobs), fingerprints))
-        for order, present in enumerate(slots):
-            groups: dict[tuple, list[int]] = {}
-            for rank, record in present.items():
-                groups.setdefault(prints[rank, id(record)], []).append(rank)
-            reference = max(groups, key=lambda key: (len(groups[key]), -min(groups[key])))
-            reference_rank = min(groups[reference])
-            for rank in selected:
-                record = present.get(rank)
-                row = Row.from_records(rank, record, present[reference_rank], "exact" if record else "only_b", float(order))
-                rows.append(row)
-                if record is None:
-                    Judgement("unmatched", "", f"not on rank {rank}").apply(row)
-                elif prints[rank, id(record)] == reference:
-                    row.error = 0.0
-                    Judgement("pass", "", "reference" if rank == reference_rank else "").apply(row)
-                else:
-                    differing.append(row)
-                    agreeing[row] = f"ranks {', '.join(map(str, groups[reference]))} hold the reference value"
-        tolerance_of = {row: overrides.get(lower_precision(row.dtype_a, row.dtype_b) or "", _EXACT) for row in differing}
-        comparable = [row for row in differing if row.shape_a == row.shape_b and row.dtype_a == row.dtype_b]
-        results = pool.map(lambda row: _metrics(run, row, tensors, tolerance_of[row]), comparable)
-        for row, metrics in zip(comparable, results):
-            row.error = metrics.pop("error", None)
-            row.metrics.update(metrics)
-    for row in differing:
-        row.tolerance = tolerance_of[row].rtol
-        _difference(row, row.tolerance).apply(row)
-    _attribute(rows, agreeing)
-    side = Side.of(dump, run)
-    notes = [note for rank in selected for note in side.notes("run", rank)]
-    if not slots:
-        notes.append("no slot replicas must agree on: capture the optimizer step, parameters (level=mix) or collectives")
-    options = {"across_ranks": selected, "tolerances": {k: [v.rtol, v.atol] for k, v in overrides.items()}}
-    return RanksResult(rows=rows, a=side, b=side, problems=notes, options=options)
+        digests = (digest_rank(run.ranks[rank], tensors, pool) for rank in selected)
+        return ranks_result(dump, run, selected, digests, overrides, tensors, threads)

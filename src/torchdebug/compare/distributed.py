@@ -17,11 +17,18 @@ and judges. Rows (with their records) and metrics travel with ``gather_object``,
 between workers; dump data is only read through the dump reader (JSON, safetensors), never
 unpickled from disk. Each worker's metrics are computed exactly as in one process (one tensor
 pair per thread, float64, torch's intra-op threads off), so the gathered result is the same.
+
+The cross-rank check (``torchrun ... -m torchdebug compare --across-ranks DUMP``,
+:func:`compare_ranks_distributed`) goes round by round: in round ``k`` worker ``w`` digests dump
+rank ``ranks[w + k*W]`` (:mod:`~torchdebug.compare.replica_digests`) and process 0 gathers the
+round's digests as JSON bytes in tensors (:func:`torchdebug.dist.gather_to_rank0`, no pickle) and
+folds them in; so it holds a round's digests at a time, then judges alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import queue
@@ -36,7 +43,9 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torchdebug.compare.across_ranks import RanksResult, checked_ranks, ranks_result
 from torchdebug.compare.config import CompareConfig
+from torchdebug.compare.replica_digests import RankDigest, digest_rank, share_of_cores
 from torchdebug.compare.result import CompareResult
 from torchdebug.compare.rows import Row
 from torchdebug.compare.steps import (
@@ -49,15 +58,26 @@ from torchdebug.compare.steps import (
     finish,
     match_rank,
     metric_pool,
+    open_dump,
     open_pair,
     paused_gc,
     rank_notes,
     tensor_jobs,
 )
+from torchdebug.compare.tolerances import parse_tolerances
+from torchdebug.dist import broadcast_from_rank0, gather_to_rank0
 from torchdebug.errors import TorchDebugError
 from torchdebug.options import accepts
 
-__all__ = ["Share", "plan", "compare_distributed", "spawn_compare", "launched_by_torchrun", "process_group_from_env"]
+__all__ = [
+    "Share",
+    "plan",
+    "compare_distributed",
+    "compare_ranks_distributed",
+    "spawn_compare",
+    "launched_by_torchrun",
+    "process_group_from_env",
+]
 
 _EXPECTED = (TorchDebugError, ValueError, OSError)
 """Errors a worker reports to the others instead of leaving them waiting in a collective."""
@@ -181,11 +201,6 @@ def _compare_in_group(a: str | Path, b: str | Path, settings: CompareConfig) -> 
     return result
 
 
-def _local_threads(processes: int) -> int:
-    """This process's share of the machine's cores."""
-    return max(1, (os.cpu_count() or 1) // max(1, processes))
-
-
 @accepts(CompareConfig)
 def compare_distributed(a: str | Path, b: str | Path, *, config: CompareConfig) -> CompareResult | None:
     """:func:`torchdebug.compare` split over the processes of the initialised default process group.
@@ -194,15 +209,69 @@ def compare_distributed(a: str | Path, b: str | Path, *, config: CompareConfig) 
     ``config`` and the keyword options are :func:`torchdebug.compare`'s (``workers`` aside: the
     group's processes are the workers); ``threads`` defaults to the cores per process on this node.
     """
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(
-            "compare_distributed: torch.distributed is not initialised; "
-            "call init_process_group first, or use compare(..., workers=N)"
-        )
+    _require_group("compare_distributed", "compare(..., workers=N)")
     if config.threads is None:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-        config = dataclasses.replace(config, threads=_local_threads(local))
+        config = dataclasses.replace(config, threads=_node_threads())
     return _compare_in_group(a, b, config)
+
+
+def _require_group(function: str, instead: str) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"{function}: torch.distributed is not initialised; call init_process_group first, or use {instead}")
+
+
+def _node_threads() -> int:
+    """This process's share of its node's cores (torchrun's ``LOCAL_WORLD_SIZE`` processes share them)."""
+    return share_of_cores(int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
+
+
+def _digests_in_group(run: Any, selected: Sequence[int], tensors: bool, threads: int) -> Iterator[RankDigest]:
+    """Run on every process: the checked ranks' digests in rank order on process 0 (nothing on the
+    others), a round of one rank per process at a time (module docstring). An expected error on any
+    process is raised on every process once the rounds are over (none is left waiting)."""
+    process, processes = dist.get_rank(), dist.get_world_size()
+    failure = ""
+    with metric_pool(threads) as pool:
+        for first in range(0, len(selected), processes):
+            mine = selected[first + process] if first + process < len(selected) else None
+            try:
+                payload = "" if mine is None else json.dumps(digest_rank(run.ranks[mine], tensors, pool).to_plain())
+            except _EXPECTED as error:
+                payload = json.dumps({"error": f"rank {mine}: {error}"})
+            for data in gather_to_rank0(payload.encode()) or []:
+                plain = json.loads(data) if data else None
+                if plain is not None and "error" in plain:
+                    failure = failure or plain["error"]
+                elif plain is not None and not failure:
+                    yield RankDigest.from_plain(plain)
+    failure = broadcast_from_rank0(failure)
+    if failure:
+        raise ValueError(failure)
+
+
+def compare_ranks_distributed(
+    dump: str | Path,
+    *,
+    ranks: Sequence[int] | None = None,
+    tolerances: Mapping[str, Any] | None = None,
+    tensors: bool = True,
+    threads: int | None = None,
+) -> RanksResult | None:
+    """:func:`~torchdebug.compare.compare_ranks` split over the processes of the initialised default
+    process group: each digests its share of the dump's ranks, process 0 gathers the digests and
+    judges. Call it on every process (same arguments); process 0 gets the result, the others
+    ``None``. ``threads`` defaults to the cores per process on this node. Every process must see the
+    dump at the same path; process 0 reads again the reference ranks and those that differ."""
+    _require_group("compare_ranks_distributed", "compare_ranks(..., workers=N)")
+    run = open_dump(dump)
+    selected = checked_ranks(run, ranks)
+    overrides = parse_tolerances(tolerances)
+    digests = _digests_in_group(run, selected, tensors, threads or _node_threads())
+    if dist.get_rank() != 0:
+        for _ in digests:  # nothing comes out here: the rounds run, process 0 gathers
+            pass
+        return None
+    return ranks_result(dump, run, selected, digests, overrides, tensors, threads)
 
 
 def _spawned(index: int, world_size: int, init_method: str, a: str, b: str, settings: CompareConfig, results: Any) -> None:
@@ -239,7 +308,7 @@ def spawn_compare(a: Any, b: Any, settings: CompareConfig) -> CompareResult:
     workers = settings.workers
     pairing = open_pair(a, b)  # bad paths fail here, before any process starts
     if settings.threads is None:
-        settings = dataclasses.replace(settings, threads=_local_threads(workers))
+        settings = dataclasses.replace(settings, threads=share_of_cores(workers))
     results = mp.get_context("spawn").Queue()
     with tempfile.TemporaryDirectory(prefix="torchdebug-compare-") as temp:
         init_method = Path(temp, "rendezvous").as_uri()

@@ -38,6 +38,9 @@ _EXPORTS: dict[str, str] = {
     "diagnose": "torchdebug.diagnose",
     "DiagnoseReport": "torchdebug.diagnose",
     "DiagnoseConfig": "torchdebug.diagnose.config",
+    "Monitor": "torchdebug.monitor",
+    "MonitorConfig": "torchdebug.monitor",
+    "AnomalyError": "torchdebug.errors",
 }
 _SUBMODULES = {"scope"}
 
@@ -68,7 +71,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchdebug.debugger import Debugger, dump
     from torchdebug.diagnose import DiagnoseReport, diagnose
     from torchdebug.diagnose.config import DiagnoseConfig
-    from torchdebug.errors import ConfigError, DumpError, TorchDebugError
+    from torchdebug.errors import AnomalyError, ConfigError, DumpError, TorchDebugError
+    from torchdebug.monitor import Monitor, MonitorConfig
     from torchdebug.records import Record
     from torchdebug.seed import seed_all
     from torchdebug.store.reader import load

@@ -141,6 +141,15 @@ class Debugger:
         waits for the records only; tensor files are written while the next step runs)."""
         self.session.flush(wait=True, tensors=True)
 
+    def start_at(self, step: int) -> None:
+        """Number the next captured step ``step`` instead of the step after the last one (a replay
+        of a training run's step ``step``); only before anything of the current step is captured."""
+        if self._active:
+            raise RuntimeError("Debugger.start_at: a step is being captured; call it before start()")
+        self.current_step = step
+        if not self._closed:
+            self.session.step = step
+
     def step(self) -> None:
         """Mark the end of a training step: flush, and number what follows as the next step."""
         self.stop()

@@ -26,3 +26,12 @@ class TorchVersionError(TorchDebugError, ImportError):
 
 class DumpError(TorchDebugError):
     """A dump folder is missing, unwritable, truncated beyond repair or not a dump at all."""
+
+
+class AnomalyError(TorchDebugError):
+    """The flight recorder fired with ``on_anomaly="raise"``; ``event`` holds what it found
+    (:class:`~torchdebug.monitor.MonitorEvent`)."""
+
+    def __init__(self, event: object) -> None:
+        super().__init__(str(event))
+        self.event = event

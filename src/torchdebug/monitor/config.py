@@ -1,0 +1,80 @@
+"""What the flight recorder watches, when it triggers and what it does then (:class:`MonitorConfig`).
+
+Thresholds are robust z-scores: how many scaled median absolute deviations a step's value lies
+above the median of the steps before it in the window (1.4826 MAD estimates one standard deviation
+of normally distributed values). A loss that falls, however fast, never triggers; a spike has to
+stand out from the recent steps, so a loss curve's ordinary noise stays below 8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+from torchdebug.options import Options, configclass, number, one_of, option, text
+
+ACTIONS = ("continue", "skip", "raise")
+REPLAYS = ("statistics", "tensor", "off")
+
+
+@configclass
+class MonitorConfig(Options):
+    """Options of :class:`~torchdebug.Monitor` (docs/monitor.md)."""
+
+    dump_path: str = field(
+        default="./monitor",
+        metadata=option(
+            "Folder the window dump and the replay are written under when a trigger fires.", text("a folder path"), type="string"
+        ),
+    )
+    window: int = field(
+        default=32,
+        metadata=option("Steps kept: the window written when a trigger fires.", number(2, integer=True), type="integer"),
+    )
+    loss_spike: float = field(
+        default=8.0,
+        metadata=option(
+            "Robust z-score of the loss above the window's median that triggers; 0 turns the trigger off.",
+            number(0),
+            type="number",
+        ),
+    )
+    grad_norm_spike: float = field(
+        default=8.0,
+        metadata=option(
+            "Robust z-score of the total gradient norm above the window's median that triggers; 0 turns it off.",
+            number(0),
+            type="number",
+        ),
+    )
+    history: int = field(
+        default=8,
+        metadata=option(
+            "Steps seen before the spike triggers judge (a first step has nothing to stand out from).",
+            number(2, integer=True),
+            type="integer",
+        ),
+    )
+    on_anomaly: str = field(
+        default="continue",
+        metadata=option(
+            "After a trigger in Monitor.step(closure): continue (take the optimizer step), skip it, or raise AnomalyError.",
+            one_of(*ACTIONS),
+            enum=list(ACTIONS),
+        ),
+    )
+    replay: str = field(
+        default="statistics",
+        metadata=option(
+            "Re-run the anomalous step under op-level capture with this task (statistics or tensor), or off.",
+            one_of(*REPLAYS),
+            enum=list(REPLAYS),
+        ),
+    )
+    max_events: int = field(
+        default=1,
+        metadata=option(
+            "Triggers that write a window dump (and replay); later ones are logged and counted only.",
+            number(1, integer=True),
+            type="integer",
+        ),
+    )

@@ -1,0 +1,165 @@
+"""The hooks that feed the flight recorder's ring: what is watched, when, and under which name.
+
+- **Module outputs**, in the forward of a model in training mode, through the global module hooks of
+  :class:`~torchdebug.capture.modules.ModuleTracker` (module paths, wrappers skipped; a module run
+  again by activation checkpointing's recomputation is not watched twice). A model in ``eval()``
+  mode (validation) is not watched.
+- **Gradients**, once per step before the optimizer step (an optimizer step pre-hook), when the
+  gradients of every micro-batch have accumulated: ``backward/<module>/module#0/parameter_grad.<leaf>``.
+- **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
+
+Each tensor's statistics are taken by :class:`~torchdebug.stats_table.StatsStager` in one pass (the
+C kernel on the CPU, Triton on CUDA) into its device table; the rows reach the ring when the host
+reads the table, once per step, without waiting for the device (see :class:`~torchdebug.monitor.Monitor`).
+A wrapper subclass (a DTensor, FSDP2's sharded parameters and gradients) is watched through its
+local tensor: each rank watches its own shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdebug._torch.nn import strip_wrappers
+from torchdebug._torch.subclasses import describe, is_subclass
+from torchdebug.capture.modules import ROOT_MODULE, ModuleTracker
+from torchdebug.capture.recompute import RECOMPUTE
+from torchdebug.monitor.ring import LOSS_OP, Ring
+from torchdebug.records import MODULE_OP, NO_MODULE
+from torchdebug.slots import dtype_name, iter_slots
+from torchdebug.stats_table import StatsStager
+
+Deliver = Callable[[int, int, dict], None]
+"""``deliver(step, slot index, statistics)``."""
+
+
+def plain(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The plain tensor holding ``tensor``'s elements (a subclass's local tensor), or ``None``."""
+    return describe(tensor).local if is_subclass(tensor) else tensor
+
+
+def parameter_names(model: nn.Module) -> dict[int, tuple[str, str]]:
+    """``id(parameter) -> (module path, leaf name)``, wrappers stripped (``<root>`` for the model's own)."""
+    names: dict[int, tuple[str, str]] = {}
+    for name, param in model.named_parameters():
+        module, _, leaf = strip_wrappers(name).rpartition(".")
+        names.setdefault(id(param), (module or ROOT_MODULE, leaf))
+    return names
+
+
+class Watcher:
+    """Module, gradient and parameter hooks writing statistics of the current step (see the module docstring)."""
+
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, ring: Ring, stager: StatsStager, deliver: Deliver
+    ) -> None:
+        self.model, self.optimizer, self.ring, self.stager = model, optimizer, ring, stager
+        self._deliver = deliver
+        self._tracker = ModuleTracker(model)
+        self._tracker.recorder = self
+        self._names = parameter_names(model)
+        self._calls: dict[str, int] = {}
+        self._open: list[str] = []
+        self._handles: list[Any] = []
+        self.step = 0
+        self.pending: dict[int, int] = {}
+        """Rows added but not yet delivered, by step."""
+        self.grads_taken = False
+        """The gradients of :attr:`step` are watched already (:meth:`watch_gradients` ran)."""
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._tracker.start()
+        if self.optimizer is not None:
+            self._handles = [
+                self.optimizer.register_step_pre_hook(lambda *_: self.watch_gradients()),
+                self.optimizer.register_step_post_hook(lambda *_: self.watch_parameters()),
+            ]
+
+    def stop(self) -> None:
+        self._tracker.stop()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def next_step(self, step: int) -> None:
+        self.step = step
+        self._calls.clear()
+        self.grads_taken = False
+
+    # -- module outputs (ModuleTracker's recorder interface) --------------------------------------
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+        self._open.append(phase)
+
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+        phase = self._open.pop() if self._open else RECOMPUTE
+        if phase != "forward" or not self.model.training:
+            return
+        call = self._calls.get(name, 0)
+        self._calls[name] = call + 1
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        self._add([("forward", name, arg, call, "output", value) for arg, value in iter_slots(outputs)])
+
+    def drop(self) -> None:
+        if self._open:
+            self._open.pop()
+
+    # -- gradients and parameters ---------------------------------------------------------------
+    def watch_gradients(self) -> None:
+        """The accumulated gradients of this step (once per step)."""
+        if self.grads_taken:
+            return
+        self.grads_taken = True
+        params = [p for p in self.parameters() if p.grad is not None]
+        self._add([("backward", *self._name(p), 0, "parameter_grad", p.grad) for p in params])
+
+    def watch_parameters(self) -> None:
+        """The parameters as the optimizer step left them."""
+        self._add([("optimizer", *self._name(p), 0, "parameter", p) for p in self.parameters()])
+
+    def watch_loss(self, loss: torch.Tensor) -> None:
+        """The loss the loop passes in."""
+        self._add([("forward", NO_MODULE, "", 0, "output", loss)], op=LOSS_OP)
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters watched: the optimizer's, else the model's."""
+        if self.optimizer is not None:
+            return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return list(self.model.parameters())
+
+    def _name(self, param: torch.Tensor) -> tuple[str, int]:
+        """``(module path, leaf name)`` of a parameter; one the model does not hold is named by its place in the optimizer."""
+        return self._names.get(id(param)) or ("-", f"param{self.parameters().index(param)}")
+
+    # -- into the stager ------------------------------------------------------------------------
+    def _add(self, slots: list[tuple[str, str, str, int, str, Any]], op: str = MODULE_OP) -> None:
+        """Stage ``(phase, module, arg, call, io, value)`` slots of floating tensors into the current step."""
+        items = []
+        step = self.step
+        for phase, module, arg, call, io, value in slots:
+            if not isinstance(value, torch.Tensor) or value.is_meta:
+                continue
+            tensor = plain(value.detach())
+            if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
+                continue
+            index = self.ring.slot(phase, module, op, call, io, arg)
+            slot = self.ring.slots[index]
+            slot.dtype, slot.shape = dtype_name(value.dtype), tuple(value.shape)
+            items.append((tensor, self._sink(step, index)))
+        if items:
+            self.pending[step] = self.pending.get(step, 0) + len(items)
+            self.stager.add_all(items)
+
+    def _sink(self, step: int, index: int) -> Callable[[dict], None]:
+        def sink(stats: dict) -> None:
+            left = self.pending[step] - 1
+            if left:
+                self.pending[step] = left
+            else:
+                del self.pending[step]
+            self._deliver(step, index, stats)
+
+        return sink

@@ -1,0 +1,180 @@
+"""The flight recorder on a small GPT (examples/gpt.py, with its -inf causal mask), one process."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch
+from torchdebug.errors import AnomalyError, ConfigError
+
+CONFIG = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
+
+
+def _gpt() -> tuple[GPT, torch.optim.Optimizer]:
+    torchdebug.seed_all(0)
+    model = GPT(CONFIG)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def _closure(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, scale: float = 1.0):
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = model(*make_batch(CONFIG, batch=2, seed=step)) * scale
+        loss.backward()
+        return loss
+
+    return closure
+
+
+def test_a_nan_at_step_40_dumps_the_window_of_steps_25_to_40_and_names_the_module(tmp_path: Path) -> None:
+    """The loop keeps its own optimizer step (no closure): the window is read from the step's tables."""
+    model, optimizer = _gpt()
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path, window=16)
+    for step in range(60):
+        if step == 40:
+            with torch.no_grad():
+                model.layers[1].mlp.out.weight[0, 0] = float("nan")
+        loss = _closure(model, optimizer, step)()
+        optimizer.step()
+        monitor.step(loss=loss)
+    monitor.close()
+    assert [(e.step, e.reason) for e in monitor.events] == [(40, "nonfinite")]
+    event = monitor.events[0]
+    assert event.slot == "forward/layers.1.mlp.out/module#0/output.0"
+    assert event.module == "layers.1.mlp.out"
+    assert monitor.anomalies == 20  # every step after 40 holds the NaN; only the first is dumped (max_events=1)
+    records = torchdebug.load(event.window).ranks[0].records()
+    assert sorted({r.step for r in records}) == list(range(25, 41))
+    bad = [r for r in records if r.step == 40 and r.name == event.slot]
+    assert len(bad) == 1 and bad[0].stats["nan"] > 0
+    assert all(r.stats["nan"] == 0 for r in records if r.step < 40)
+    assert {"forward", "backward", "optimizer"} <= {r.phase for r in records}
+    assert event.replay is None and "Monitor.step(closure)" in str(event)
+
+
+def test_a_healthy_run_with_an_infinite_causal_mask_never_fires(tmp_path: Path) -> None:
+    model, optimizer = _gpt()
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path)
+    for step in range(200):
+        monitor.step(_closure(model, optimizer, step))
+    assert monitor.events == [] and monitor.anomalies == 0
+    assert not any(tmp_path.iterdir())  # nothing written while nothing fired
+    slots = {slot.name for slot in monitor.ring.slots}
+    assert "forward/layers.0.attn/module#0/output.0" in slots
+    assert "backward/layers.0.attn.qkv/module#0/parameter_grad.weight" in slots
+    assert "optimizer/layers.0.attn.qkv/module#0/parameter.weight" in slots
+    assert monitor.memory_bytes() >= 32 * len(slots) * 8 * 8
+
+
+def _grads_scaled(closure, model: nn.Module, factor: float = 100.0):
+    """``closure``, then every gradient multiplied by ``factor`` (the loss unchanged)."""
+
+    def scaled() -> torch.Tensor:
+        loss = closure()
+        for p in model.parameters():
+            p.grad.mul_(factor)
+        return loss
+
+    return scaled
+
+
+@pytest.mark.parametrize("spike", ["loss", "grad_norm"])
+def test_a_spike_fires_once(tmp_path: Path, spike: str) -> None:
+    model, optimizer = _gpt()
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path, max_events=5, replay="off")
+    for step in range(40):
+        closure = _closure(model, optimizer, step, scale=50.0 if spike == "loss" and step == 30 else 1.0)
+        monitor.step(_grads_scaled(closure, model) if spike == "grad_norm" and step == 30 else closure)
+    assert [(e.step, e.reason) for e in monitor.events] == [(30, f"{spike}_spike")]
+    slot = monitor.events[0].slot
+    assert slot is not None and slot.endswith("output.0" if spike == "loss" else slot.rpartition("/")[2])
+    assert ("parameter_grad" in slot) == (spike == "grad_norm")
+
+
+class _Poisoned(nn.Module):
+    """A layer whose forward takes the log of a negative number at a chosen step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.poison = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc(x)
+        if self.poison:
+            x = torch.log(x - 1e6)  # POISON
+        return x
+
+
+def _poison_line() -> str:
+    lines = Path(__file__).read_text().splitlines()
+    return f"test_monitor.py:{next(i for i, line in enumerate(lines, 1) if line.strip().endswith('# POISON'))}"
+
+
+def test_the_replay_names_the_op_that_made_the_nan_and_reproduces_the_step(tmp_path: Path) -> None:
+    torchdebug.seed_all(0)
+    model = nn.Sequential(nn.Linear(8, 8), _Poisoned(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path, on_anomaly="skip")
+    x = torch.randn(4, 8)
+    for step in range(16):
+        model[1].poison = step == 12
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.dropout(model(x), 0.5).pow(2).mean()  # random: the replay restores the RNG
+            loss.backward()
+            return loss
+
+        before = model[0].weight.detach().clone()
+        monitor.step(closure)
+        if step == 12:
+            assert torch.equal(model[0].weight, before)  # on_anomaly="skip": no optimizer step
+    (event,) = monitor.events
+    assert event.step == 12 and event.slot == "forward/1/module#0/output.0"
+    assert event.replay is not None and event.replay.reproduced
+    assert "aten.log.default" in event.replay.origin and _poison_line() in event.replay.origin
+    assert "reproduced the step bit for bit" in str(event)
+    replayed = torchdebug.load(event.replay.dump).ranks[0].records()
+    assert {r.step for r in replayed} == {12} and any(r.op == "aten.log.default" for r in replayed)
+
+
+def test_a_nondeterministic_step_is_not_reproduced(tmp_path: Path) -> None:
+    model, optimizer = _gpt()
+    monitor = torchdebug.Monitor(
+        model, optimizer, dump_path=tmp_path, predicate=lambda summary: "asked for" if summary.step == 5 else None
+    )
+    for step in range(8):
+        inner = _closure(model, optimizer, step)
+        monitor.step(lambda inner=inner: inner() * (1 + random.random()))  # Python's RNG: not restored
+    (event,) = monitor.events
+    assert event.reason == "predicate" and event.message == "step 5: asked for"
+    assert event.replay is not None and not event.replay.reproduced
+    assert "did NOT reproduce" in str(event) and "task='checksum'" in str(event)
+
+
+def test_on_anomaly_raise_stops_the_loop_with_the_event(tmp_path: Path) -> None:
+    model, optimizer = _gpt()
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path, on_anomaly="raise", replay="off")
+    with pytest.raises(AnomalyError) as raised:
+        for step in range(10):
+            monitor.step(_closure(model, optimizer, step, scale=float("nan") if step == 3 else 1.0))
+    assert raised.value.event.step == 3 and raised.value.event.reason == "nonfinite"
+
+
+def test_bad_options_fail_at_construction(tmp_path: Path) -> None:
+    model, optimizer = _gpt()
+    with pytest.raises(ConfigError, match="window: got 1"):
+        torchdebug.Monitor(model, optimizer, dump_path=tmp_path, window=1)
+    with pytest.raises(ConfigError, match="on_anomaly: got 'stop'"):
+        torchdebug.Monitor(model, optimizer, dump_path=tmp_path, on_anomaly="stop")
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(torchdebug.DumpError, match="dump_path"):
+        torchdebug.Monitor(model, optimizer, dump_path=blocked / "monitor")

@@ -1,0 +1,56 @@
+"""The flight recorder under DDP on 2 gloo ranks: a NaN made on one rank reaches both through the
+gradients' all-reduce; both ranks fire, dump their window and replay together, and the event names
+the rank that saw it first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch
+from tests import gloo
+
+CONFIG = GPTConfig(n_layer=2, d_model=16, n_head=2, seq_len=8, vocab=32)
+
+
+def _rank_main(rank: int, root: str) -> None:
+    torchdebug.seed_all(0)
+    model = DistributedDataParallel(GPT(CONFIG))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4)
+    for step in range(8):
+        if step == 5 and rank == 1:
+            with torch.no_grad():
+                model.module.layers[0].mlp.fc.weight[0, 0] = float("nan")
+
+        def closure(step: int = step) -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = model(*make_batch(CONFIG, batch=2, seed=10 * step + rank))
+            loss.backward()
+            return loss
+
+        monitor.step(closure)
+    (event,) = monitor.events
+    Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_both_ranks_fire_and_replay_and_the_rank_that_saw_it_first_is_named(tmp_path: Path) -> None:
+    gloo.spawn(_rank_main, tmp_path, str(tmp_path))
+    events = [json.loads((tmp_path / f"event{rank}.json").read_text()) for rank in (0, 1)]
+    assert [e["ranks"] for e in events] == [[1, 0], [1, 0]]  # rank 1 saw it in the forward, rank 0 in its gradients
+    assert events[1]["slot"] == "forward/module.layers.0.mlp.fc/module#0/output.0"
+    assert events[0]["slot"].startswith("backward/") and "parameter_grad" in events[0]["slot"]
+    assert all(e["step"] == 5 and e["reason"] == "nonfinite" for e in events)
+    window = torchdebug.load(events[0]["window"])
+    assert sorted(window.ranks) == [0, 1]  # one run folder, both ranks
+    assert sorted({r.step for r in window.ranks[1].records()}) == [2, 3, 4, 5]
+    assert all(e["replay"]["reproduced"] for e in events)
+    assert "layers.0.mlp.fc" in events[1]["replay"]["origin"]

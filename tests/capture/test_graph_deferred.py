@@ -15,14 +15,14 @@ from tests.backends import dump_backend
 from tests.capture.test_graph_dump import overflow_backend
 from torchdebug import stats_table
 from torchdebug._torch.dispatch import TorchDispatchMode
-from torchdebug.graph_dump import planner as dump_pass
+from torchdebug.graph_dump import planner
 
 
 @pytest.fixture(autouse=True)
 def deferred(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Staging as on a GPU (delivered at the next flush) and every statistic in the graph."""
     monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
-    monkeypatch.setattr(dump_pass, "_host_stats", lambda value: False)
+    monkeypatch.setattr(planner, "_host_stats", lambda value: False)
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

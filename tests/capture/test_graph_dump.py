@@ -14,7 +14,7 @@ from torch import nn
 import torchdebug
 import torchdebug.store.reader
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.graph_dump.scenes.watcher import find_overwrites
+from torchdebug.graph_dump import find_overwrites
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from torch import nn
 import torchdebug
 from torchdebug._torch import symbolic
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.graph_dump import planner as dump_pass
+from torchdebug.graph_dump import planner
 
 LENGTHS = (32, 16, 24)
 BATCH, WIDTH, HEADS, VOCAB = 2, 16, 2, 32
@@ -182,7 +182,7 @@ def test_statistics_taken_in_the_graph_count_the_elements_of_the_run(
 ) -> None:
     """Every value's statistics in the graph: the host divides by the element count of the run,
     not by the one the graph was traced with (and the graph counts no values itself)."""
-    monkeypatch.setattr(dump_pass, "_host_stats", lambda value: False)
+    monkeypatch.setattr(planner, "_host_stats", lambda value: False)
     rank_dir = _compiled_dump(tmp_path / "compiled", dynamic=True)
     _check_sizes_ran(_lines(rank_dir))
     _check_pairs_with_eager(tmp_path / "compiled", eager_dump)

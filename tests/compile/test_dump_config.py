@@ -21,7 +21,7 @@ def _scene(tmp_path: Path, dump: dict) -> str:
 
 def test_dump_config_defaults_dump_every_node_as_tensors() -> None:
     settings = CompilerConfig().dump_config.settings()
-    assert (settings.scene, settings.mode, settings.task, settings.stage, settings.steps) == (
+    assert (settings.scene.name, settings.data_mode, settings.task, settings.dump_stage, settings.step) == (
         "model",
         "all",
         "tensor",
@@ -114,9 +114,9 @@ def test_model_dump_scene_selects_layers_per_model(tmp_path: Path) -> None:
         },
     )
     settings = config.dump_config.settings()
-    assert settings.scene == "model" and settings.mode == "output" and settings.task == "statistics"
-    assert settings.steps == frozenset({1, 3})
-    assert settings.models == {"model_0": frozenset(), "model__1": frozenset({"addmm", "mul_3"})}
+    assert settings.scene.name == "model" and settings.data_mode == "output" and settings.task == "statistics"
+    assert settings.step == frozenset({1, 3})
+    assert settings.scene.models == {"model_0": frozenset(), "model__1": frozenset({"addmm", "mul_3"})}
 
 
 def test_options_set_on_the_config_override_the_scene_file(tmp_path: Path) -> None:
@@ -124,18 +124,19 @@ def test_options_set_on_the_config_override_the_scene_file(tmp_path: Path) -> No
     config.dump_config.dump_config_path = _scene(tmp_path, {"dump_mode": "output", "dump_data": "stats"})
     config.dump_config.data_mode = "input"
     settings = config.dump_config.settings()
-    assert (settings.mode, settings.task) == ("input", "statistics")
+    assert (settings.data_mode, settings.task) == ("input", "statistics")
 
 
 def test_overflow_and_watcher_scenes_are_read(tmp_path: Path) -> None:
     config = CompilerConfig()
     config.dump_config.dump_config_path = _scene(tmp_path, {"dump_debug": "on"})
-    assert config.dump_config.settings().scene == "overflow"
+    assert config.dump_config.settings().scene.name == "overflow"
     config.dump_config.dump_config_path = _scene(
         tmp_path, {"dump_scene": "watcher", "dump_mode": "output", "dump_list": [{"layer": ["A"], "watcher_nodes": ["C", "D"]}]}
     )
     settings = config.dump_config.settings()
-    assert (settings.scene, settings.watched_after, settings.watched) == ("watcher", frozenset({"A"}), ("C", "D"))
+    scene = settings.scene
+    assert (scene.name, scene.watched_after, scene.watched) == ("watcher", frozenset({"A"}), ("C", "D"))
 
 
 @pytest.mark.parametrize(
@@ -197,4 +198,4 @@ def test_scene_file_without_dump_path_needs_it_on_the_config(tmp_path: Path) -> 
     assert config.dump_config.dump_config_path is None
     config.dump_config.dump_path = str(tmp_path)
     config.dump_config.dump_config_path = str(path)
-    assert config.dump_config.settings().path == str(tmp_path)
+    assert config.dump_config.settings().dump_path == str(tmp_path)

@@ -14,10 +14,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.graph_dump import planner as dump_pass
+from torchdebug.graph_dump import planner
 from torchdebug.graph_dump.capture import GraphCapture
+from torchdebug.graph_dump.instrument import DataDumpPass
 from torchdebug.graph_dump.plan import GraphPlan
-from torchdebug.graph_dump.planner import DataDumpPass, ModelContext
+from torchdebug.graph_dump.planner import ModelContext
 from torchdebug.graph_dump.runtime import DUMP_GRAPH
 from torchdebug.graph_dump.settings import DumpSettings
 
@@ -31,12 +32,12 @@ def test_a_graph_mixing_cuda_tensors_and_cpu_scalars_gets_one_table_per_device(
     host: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not host:  # as without the native kernel: the CPU scalars' accumulators are in the graph too
-        monkeypatch.setattr(dump_pass, "_host_stats", lambda value: False)
+        monkeypatch.setattr(planner, "_host_stats", lambda value: False)
     with FakeTensorMode():
         x, scale = torch.empty(4, 8, device="cuda"), torch.empty((), device="cpu")
     gm = make_fx(_scaled, tracing_mode="fake")(x, scale)
-    settings = DumpSettings(task="statistics", path=str(tmp_path))
-    capture = GraphCapture(path=str(tmp_path), task="statistics", steps=None, scene="model", settings=settings.to_dict())
+    settings = DumpSettings(task="statistics", dump_path=str(tmp_path))
+    capture = GraphCapture(settings)
     plans: list[GraphPlan] = []
     register = capture.add_graph
     monkeypatch.setattr(capture, "add_graph", lambda plan: plans.append(plan) or register(plan))
@@ -94,7 +95,7 @@ def test_values_inside_a_softmax_row_loop_are_found_and_an_independent_value_is_
         return exp / exp.sum(-1, keepdim=True), y * 2
 
     gm = make_fx(fn)(torch.randn(4, 8), torch.randn(4, 8))
-    found = {node.target.overloadpacket for node in dump_pass._in_row_kernels(gm.graph)}
+    found = {node.target.overloadpacket for node in planner._in_row_kernels(gm.graph)}
     aten = torch.ops.aten
     assert {aten.sub, aten.exp, aten.div} <= found  # x - rowmax, exp, / rowsum: one kernel over rows
     assert aten.mul not in found and aten.amax not in found

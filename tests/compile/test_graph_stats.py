@@ -11,7 +11,7 @@ import torch
 
 import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.graph_dump import planner as dump_pass
+from torchdebug.graph_dump import planner
 from torchdebug.stats import tensor_stats
 from torchdebug.stats.schema import COUNT_KEYS
 
@@ -44,8 +44,8 @@ def test_dumped_statistics_match_eager_statistics_for_special_values_and_dtypes(
     where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if where == "graph":  # as on devices without the native kernel
-        monkeypatch.setattr(dump_pass, "_host_stats", lambda value: False)
-    elif not dump_pass._host_stats(torch.zeros(1)):
+        monkeypatch.setattr(planner, "_host_stats", lambda value: False)
+    elif not planner._host_stats(torch.zeros(1)):
         pytest.skip("no native statistics kernel on this machine")
     config = CompilerConfig()
     config.dump_config.enable_dump = True
@@ -82,7 +82,8 @@ def _planned(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from torchdebug.graph_dump.capture import GraphCapture
-    from torchdebug.graph_dump.planner import DataDumpPass, ModelContext
+    from torchdebug.graph_dump.instrument import DataDumpPass
+    from torchdebug.graph_dump.planner import ModelContext
     from torchdebug.graph_dump.runtime import DUMP_GRAPH
     from torchdebug.graph_dump.settings import DumpSettings
 
@@ -91,8 +92,8 @@ def _planned(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return exp / exp.sum(-1, keepdim=True), (big * 2).relu()
 
     gm = make_fx(fn, tracing_mode=mode)(torch.randn(4, 8), torch.randn(300, 256))
-    settings = DumpSettings(task="statistics", path=str(tmp_path))
-    capture = GraphCapture(path=str(tmp_path), task="statistics", steps=None, scene="model", settings=settings.to_dict())
+    settings = DumpSettings(task="statistics", dump_path=str(tmp_path))
+    capture = GraphCapture(settings)
     plans = []
     register = capture.add_graph
     monkeypatch.setattr(capture, "add_graph", lambda plan: plans.append(plan) or register(plan))

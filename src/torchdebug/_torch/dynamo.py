@@ -21,7 +21,7 @@ Why these and not others:
 - compiled modules: ``torch.compile(module)`` returns an ``OptimizedModule`` holding the module as
   ``_orig_mod`` (so parameter and module paths through it contain ``_orig_mod``), and
   ``module.compile()`` stores the compiled call in ``module._compiled_call_impl``; the graph dump
-  names per-block compiled graphs by the block instance that ran (``capture/graph_instances.py``).
+  names per-block compiled graphs by the block instance that ran (``graph_dump/instances.py``).
 - ``calls_with``: what a backend returns is called by Dynamo's bytecode with the graph's inputs as
   positional arguments (parameters first among them when the graph reads any).
 

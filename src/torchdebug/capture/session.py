@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -22,7 +24,6 @@ from torchdebug._torch.subclasses import describe as describe_subclass
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.checksum import hex_digits
-from torchdebug.config import DebuggerConfig
 from torchdebug.records import Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
 from torchdebug.stats import stats_from_sums
@@ -100,10 +101,38 @@ def _same_memory_in_order(alias: torch.Tensor, source: torch.Tensor) -> bool:
         return False
 
 
+class SessionConfig(Protocol):
+    """What a session reads of its dump's options: ``DebuggerConfig`` (eager dumps) has them all,
+    :class:`SessionOptions` holds them for dumps configured otherwise (graph dumps)."""
+
+    @property
+    def task(self) -> str: ...
+    @property
+    def checksum(self) -> bool: ...
+    @property
+    def overflow_nums(self) -> int: ...
+    @property
+    def tensor_list(self) -> Sequence[str]: ...
+    @property
+    def sample_stride(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOptions:
+    """A session's options without a ``DebuggerConfig``: a ``task`` and the eager defaults
+    (no checksums, no ``tensor_list`` filter, whole tensors)."""
+
+    task: str
+    checksum: bool = False
+    overflow_nums: int = 1
+    tensor_list: Sequence[str] = ()
+    sample_stride: int = 0
+
+
 class CaptureSession:
     """Builds records for one rank and writes them through a :class:`RankWriter` in batches."""
 
-    def __init__(self, config: DebuggerConfig, writer: RankWriter, rank: int) -> None:
+    def __init__(self, config: SessionConfig, writer: RankWriter, rank: int) -> None:
         self.writer = writer
         self.rank = rank
         self.step = 0

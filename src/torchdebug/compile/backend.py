@@ -43,7 +43,8 @@ from torchdebug.compile.debug_dir import DumpTree, ModelDump, PhaseDump, current
 from torchdebug.compile.pipeline import GraphPass, PassStage, Pipeline, observing_inductor_passes, run_passes
 from torchdebug.errors import ConfigError
 from torchdebug.graph_dump.capture import GraphCapture
-from torchdebug.graph_dump.planner import DataDumpPass, ModelContext
+from torchdebug.graph_dump.instrument import DataDumpPass
+from torchdebug.graph_dump.planner import ModelContext
 
 log = logging.getLogger("torchdebug.compile.backend")
 
@@ -136,14 +137,7 @@ class TorchDebugBackend:
             return None
         settings = dump_config.settings()
         if self.data_dump is None:
-            self.data_dump = GraphCapture(
-                path=settings.path,
-                task=settings.task,
-                steps=settings.steps,
-                scene=settings.scene,
-                settings=settings.to_dict(),
-                model=self.model,
-            )
+            self.data_dump = GraphCapture(settings, self.model)
         model = ModelContext(f"model__{self._dumped_graphs}")
         self._dumped_graphs += 1
         return DataDumpPass(settings, self.data_dump, model, _open_aot_phase)

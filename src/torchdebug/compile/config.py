@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdebug.errors import ConfigError
-from torchdebug.graph_dump import settings as dump_scenes
+from torchdebug.graph_dump import settings as dump_settings
 from torchdebug.options import Options, boolean, choices, configclass, group, index_set, one_of, option, optional, text
 
 MODES = ("max-autotune", "reduce-overhead", "aot_eager", "eager")
@@ -60,7 +60,7 @@ def _scene_file(key: str, value: Any) -> str | None:
         return None
     if not isinstance(value, (str, Path)) or not str(value):
         raise ConfigError(f"{key}: got {value!r}, expected the path of a JSON dump config file or None")
-    dump_scenes.read_scene_file(str(value))
+    dump_settings.read_scene_file(str(value))
     return str(value)
 
 
@@ -77,13 +77,13 @@ class DumpConfig(Options):
         metadata=option(
             "tensor: tensors and statistics of the selected nodes; statistics: statistics only, computed "
             "inside the compiled graph (was dump_data 'stats').",
-            one_of(*dump_scenes.TASKS),
+            one_of(*dump_settings.TASKS),
         ),
     )
     data_mode: list[str] = field(
         default_factory=lambda: ["all"],
         metadata=option(
-            "Slots of the selected nodes: any of all, input, output (was dump_mode).", choices(dump_scenes.DATA_MODES)
+            "Slots of the selected nodes: any of all, input, output (was dump_mode).", choices(dump_settings.DATA_MODES)
         ),
     )
     dump_path: str = field(
@@ -110,7 +110,7 @@ class DumpConfig(Options):
         metadata=option(
             "optimized: values of the compiled kernels; original: an FX interpreter over the graph before "
             "the backend's passes (the golden side).",
-            one_of(*dump_scenes.DUMP_STAGES),
+            one_of(*dump_settings.DUMP_STAGES),
         ),
     )
     dump_config_path: str | None = field(
@@ -125,11 +125,11 @@ class DumpConfig(Options):
             _writable_folder(self._key("dump_path"), self.dump_path)
         self.settings()  # the scene file and the options must make one dump
 
-    def settings(self) -> dump_scenes.DumpSettings:
+    def settings(self) -> dump_settings.DumpSettings:
         """The resolved dump: the scene file merged under the options set on this object."""
-        file = dump_scenes.read_scene_file(self.dump_config_path) if self.dump_config_path else None
+        file = dump_settings.read_scene_file(self.dump_config_path) if self.dump_config_path else None
         values = {name: getattr(self, name) for name in ("task", "data_mode", "dump_path", "step", "nodes", "dump_stage")}
-        return dump_scenes.resolve(file, values, self.assigned, prefix=self._key(""))
+        return dump_settings.resolve(file, values, self.assigned, prefix=self._key(""))
 
 
 @configclass

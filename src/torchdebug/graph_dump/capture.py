@@ -3,9 +3,10 @@
 Instrumented graphs call back (``torchdebug.graph_dump.runtime``) once per run with their
 statistics (0-d accumulators and host results, joined here into one vector per device and dtype and
 staged with the session: read at once on the CPU, with the session's one host read per flush on an
-accelerator, never per graph run) and dumped tensors; this module turns them into the same records
-eager capture writes (``capture="graph"``, ``node`` = FX node name) through a :class:`CaptureSession` and its
-:class:`RankWriter`, in one run folder per backend::
+accelerator, never per graph run) and dumped tensors; the dump's scene
+(``torchdebug.graph_dump.scenes``) picks what becomes a record, and this module builds the same
+records eager capture writes (``capture="graph"``, ``node`` = FX node name) through a
+:class:`CaptureSession` and its :class:`RankWriter`, in one run folder per backend::
 
     DUMP_PATH/20261122-101500/worldsize1_global_rank0/records.jsonl, tensors/step0-0000.safetensors
 
@@ -18,7 +19,7 @@ capture.
 
 Per-block compile (``block.compile()`` for each block, or ``torch.compile(block)``): the blocks of
 one class run one graph (or recompiles of one frame), traced from the block. Before each run the
-backend says which instance runs it (:meth:`GraphCapture.enter`, ``capture/graph_instances.py``):
+backend says which instance runs it (:meth:`GraphCapture.enter`, ``graph_dump/instances.py``):
 its records are named by the instance's path in the root model (``layers.1.attention.wo``), and
 the graph running for block 1 after block 0 is the same step. A backward graph belongs to the
 latest forward run of its graph whose backward has not run yet (autograd runs the blocks'
@@ -44,16 +45,13 @@ from typing import Any
 import torch
 
 from torchdebug._torch import symbolic
-from torchdebug.capture.session import CaptureSession
-from torchdebug.config import DebuggerConfig
+from torchdebug.capture.session import CaptureSession, SessionOptions
 from torchdebug.dist import rank_and_world_size
 from torchdebug.graph_dump import golden
 from torchdebug.graph_dump.instances import NO_INSTANCE, CompiledInstances, Instance, in_instance
-from torchdebug.graph_dump.plan import ACCUMULATORS, CallPlan, GraphPlan, Key, SlotPlan, StatTable, resolve
+from torchdebug.graph_dump.plan import ACCUMULATORS, CallPlan, GraphPlan, Key, Rows, SlotPlan, StatTable, resolve
 from torchdebug.graph_dump.runtime import register_sink, unregister_sink
-from torchdebug.graph_dump.scenes import overflow
-from torchdebug.graph_dump.scenes.overflow import Rows
-from torchdebug.nonfinite import OriginTracker
+from torchdebug.graph_dump.settings import DumpSettings
 from torchdebug.records import Record, make_call_name
 from torchdebug.stats.schema import IDENTITY, stats_from_sums
 from torchdebug.store import layout
@@ -68,8 +66,9 @@ _Templates = list[list[tuple[SlotPlan, dict[str, Any]]]]
 
 
 @dataclass
-class _Run:
-    """One execution of one graph: where its call indices and seq numbers start."""
+class GraphRun:
+    """One execution of one graph: where its call indices and seq numbers start (what a scene is
+    handed at run time, with the capture that builds its records)."""
 
     plan: GraphPlan
     step: int
@@ -93,35 +92,22 @@ class _Run:
 class GraphCapture:
     """Receives the runs of instrumented graphs and writes their records.
 
-    ``scene``: ``model`` (every planned call), ``overflow`` (only calls with NaN/Inf outputs) or
-    ``watcher`` (only the watcher points). ``steps``: the steps written (``None``: all).
-    ``model``: the root model, whose compiled modules name the records of graphs compiled per
-    block (``None``: their records keep the paths within the block).
+    ``settings``: the dump (its scene says which records a run makes; ``step``: the steps written,
+    ``None``: all). ``model``: the root model, whose compiled modules name the records of graphs
+    compiled per block (``None``: their records keep the paths within the block).
     """
 
-    def __init__(
-        self,
-        *,
-        path: str,
-        task: str,
-        steps: frozenset[int] | None,
-        scene: str,
-        settings: dict[str, Any],
-        model: torch.nn.Module | None = None,
-    ) -> None:
+    def __init__(self, settings: DumpSettings, model: torch.nn.Module | None = None) -> None:
         self.rank, self.world_size = rank_and_world_size()
-        self.run_dir = join_run(Path(path), self.rank, self.world_size)  # one run folder for every rank
-        config = {"task": task, "dump_config": settings}
+        self.run_dir = join_run(Path(settings.dump_path), self.rank, self.world_size)  # one run folder for every rank
+        config = {"task": settings.task, "dump_config": settings.to_dict()}
         manifest = run_manifest(self.run_dir.name, self.rank, self.world_size, config, capture="graph")
         writer = RankWriter(self.run_dir / layout.rank_dir_name(self.world_size, self.rank), manifest)
-        self.session = CaptureSession(DebuggerConfig(dump_path=path, task=task), writer, self.rank)
-        self.save_tensors = task == "tensor"
-        self.steps = steps
-        self.scene = scene
+        self.session = CaptureSession(SessionOptions(task=settings.task), writer, self.rank)
+        self.save_tensors = settings.task == "tensor"
+        self.steps = settings.step
+        self.scene = settings.scene
         self.step = 0
-        self.overflows: list[overflow.Overflow] = []
-        """The first call of each step that made a NaN/Inf (overflow scene)."""
-        self._origins, self._origin_step = OriginTracker(), 0
         self._forward_ran: set[tuple[str, int]] = set()
         self._counts: dict[Key, int] = {}
         self._instances = CompiledInstances(model)
@@ -132,7 +118,7 @@ class GraphCapture:
         self._last_backward: dict[str, tuple[Instance, dict[Key, int]]] = {}
         self._keys: dict[tuple[int, str], dict[Key, Key]] = {}
         self._seq = 0
-        self._run: _Run | None = None
+        self._run: GraphRun | None = None
         self._templates: dict[int, dict[tuple[Any, ...], _Templates]] = {}
         """Per plan: the record fields of its last few runs' signatures (see :meth:`_templates_of`)."""
         self._evaluations: dict[int, dict[tuple[int, ...], list[Any]]] = {}
@@ -155,7 +141,7 @@ class GraphCapture:
         self._running[model] = self._instances.of(parameter)
 
     # -- run time --------------------------------------------------------------------------------
-    def _begin(self, plan: GraphPlan) -> _Run:
+    def _begin(self, plan: GraphPlan) -> GraphRun:
         run = self._run
         if run is not None and run.plan is plan:
             return run
@@ -177,7 +163,7 @@ class GraphCapture:
         if plan.phase == "forward":
             self._awaiting_backward.setdefault(plan.model, []).append((instance, bases))
         dumped = self.steps is None or self.step in self.steps
-        self._run = _Run(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases)
+        self._run = GraphRun(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases)
         self._seq += plan.n_ops
         return self._run
 
@@ -191,7 +177,7 @@ class GraphCapture:
         return self._last_backward.get(model, (self._running.get(model, NO_INSTANCE), {}))
 
     def _keys_of(self, plan: GraphPlan, path: str) -> dict[Key, Key]:
-        """The plan's keys named in the instance at ``path`` (see :attr:`_Run.keys`)."""
+        """The plan's keys named in the instance at ``path`` (see :attr:`GraphRun.keys`)."""
         keys = self._keys.get((id(plan), path))
         if keys is None:
             keys = self._keys[id(plan), path] = {key: _in(key, path) for key in plan.counts}
@@ -207,21 +193,16 @@ class GraphCapture:
         self._seq = 0
 
     def on_graph(self, plan: GraphPlan, stats: list[torch.Tensor], tensors: list[torch.Tensor], sizes: list[int]) -> None:
-        """One run of ``plan``'s graph ended: queue its records. Their statistics arrive with the
-        session's next flush (at once on the CPU); the overflow scene, which needs them to pick
-        the calls it records, builds its records then. ``sizes``: the values of the plan's symbols."""
+        """One run of ``plan``'s graph ended: the scene writes its records (their statistics arrive
+        with the session's next flush, at once on the CPU). ``sizes``: the values of the plan's symbols."""
         run = self._begin(plan)
         self._run = None
-        if not run.dumped or self.scene == "watcher":
+        if not run.dumped:
             return
         if plan.sizes.expressions:
             run.sizes = tuple(sizes)
             run.evaluated = self._evaluate(plan, run.sizes)
-        if self.scene == "overflow" and plan.golden is None:
-            self._stage_rows(run, stats, lambda rows: self._record_overflows(run, rows))
-            return
-        rows = self._stage_rows(run, stats, None)
-        self.session.add_records(self._records(run, range(len(plan.calls)), rows, tensors))
+        self.scene.on_graph(self, run, stats, tensors)
 
     def _evaluate(self, plan: GraphPlan, sizes: tuple[int, ...]) -> list[Any]:
         """The plan's symbolic expressions with the symbols' values ``sizes`` (kept for a few sets)."""
@@ -235,29 +216,21 @@ class GraphCapture:
         return evaluated
 
     def on_point(self, plan: GraphPlan, point: int, tensors: list[torch.Tensor], sizes: list[int]) -> None:
+        """Point ``point`` of ``plan``'s graph handed ``tensors`` over (``-1``: the graph's inputs)."""
         run = self._begin(plan)
         if point < 0:  # the graph's inputs, for the interpreter of dump_stage="original"
             if run.dumped:
                 run.values = golden.interpret(plan, tensors, sizes)
             return
-        if not run.dumped:
-            return
-        records = []
-        spec = plan.points[point]
-        for (index, arg), tensor in zip(spec.watched, tensors[-len(spec.watched) :]):
-            call = plan.calls[index]
-            slot = next(s for s in call.slots if s.io == "output" and s.arg == arg)
-            record = Record(step=run.step, **self._fields(run, call, slot, self._call_name(run, call), None))
-            record.shape, record.stride = list(tensor.shape), list(tensor.stride())  # as it ran
-            record.extra = {"after": spec.after}
-            record.stats = self.session.tensor_stats(tensor)
-            if self.save_tensors:
-                record.tensor = self.session.save(f"{record.name}@{spec.after}", tensor)
-            records.append(record)
-        self.session.add_records(records)
+        if run.dumped:
+            self.scene.on_point(self, run, point, tensors)
 
-    # -- building records --------------------------------------------------------------------------
-    def _stage_rows(self, run: _Run, stats: list[torch.Tensor], done: Callable[[Rows], None] | None) -> Rows:
+    # -- building records (what scenes call) -------------------------------------------------------
+    def slot_record(self, run: GraphRun, call: CallPlan, slot: SlotPlan) -> Record:
+        """A record of one slot of one call, with no statistics or tensor yet."""
+        return Record(step=run.step, **self._fields(run, call, slot, self.call_name(run, call), None))
+
+    def stage_rows(self, run: GraphRun, stats: list[torch.Tensor], done: Callable[[Rows], None] | None) -> Rows:
         """Hand the run's statistics to the session, one vector per table (``plan.tables``: one
         device and dtype each), to be read with the next flush; returns the rows (statistics dicts),
         filled in place when the last table arrives, which then calls ``done``."""
@@ -274,8 +247,9 @@ class GraphCapture:
             pending.finish()
         return pending.rows
 
-    def _records(self, run: _Run, calls: Iterable[int], rows: Rows, tensors: list[torch.Tensor]) -> list[Record]:
-        """The records of ``calls`` (indices into the plan's calls) of one run."""
+    def write(self, run: GraphRun, calls: Iterable[int], rows: Rows, tensors: list[torch.Tensor]) -> None:
+        """Queue the records of ``calls`` (indices into the plan's calls) of one run: statistics from
+        ``rows`` (:meth:`stage_rows`), tensors from those the graph handed over."""
         refs: dict[int, dict[str, str]] = {}
         stats_of: dict[int, dict[str, Any]] = {}
         records = []
@@ -286,30 +260,22 @@ class GraphCapture:
                 if slot.kind == "tensor" and slot.note is None:
                     self._fill(record, run, slot, rows, tensors, stats_of, refs)
                 records.append(record)
-        return records
+        self.session.add_records(records)
 
-    def _record_overflows(self, run: _Run, rows: Rows) -> None:
-        """The overflow scene, once a run's statistics arrived (in run order): record the calls that
-        make a NaN/Inf (``overflow.origins``)."""
-        if self._origin_step != run.step:
-            self._origins, self._origin_step = OriginTracker(), run.step
-        calls = overflow.origins(run.plan, rows, self._origins)
-        self._note_overflow(run, calls, rows)
-        self.session.add_records(self._records(run, calls, rows, []))
-
-    def _call_name(self, run: _Run, call: CallPlan) -> str:
+    def call_name(self, run: GraphRun, call: CallPlan) -> str:
+        """The call's name in this run (``phase/module/op#call``)."""
         phase, module, op = run.keys[call.key]
         return make_call_name(phase, module, op, run.bases[call.key] + call.local)
 
     @staticmethod
-    def _fwd_name(run: _Run, call: CallPlan) -> str | None:
+    def _fwd_name(run: GraphRun, call: CallPlan) -> str | None:
         if call.fwd is None:
             return None
         key, local = call.fwd
         phase, module, op = _in(key, run.instance.path)
         return make_call_name(phase, module, op, run.forward_bases.get(key, 0) + local)
 
-    def _templates_of(self, run: _Run) -> _Templates:
+    def _templates_of(self, run: GraphRun) -> _Templates:
         """Per call of the plan, per slot: the record fields that do not change from step to step.
 
         They depend on where the run's call indices and seq numbers start (and, for backward
@@ -324,14 +290,14 @@ class GraphCapture:
             return templates
         templates = []
         for call in plan.calls:
-            prefix, fwd = self._call_name(run, call), self._fwd_name(run, call)
+            prefix, fwd = self.call_name(run, call), self._fwd_name(run, call)
             templates.append([(slot, self._fields(run, call, slot, prefix, fwd)) for slot in call.slots])
         if len(kept) >= _KEPT_SIZES:
             del kept[next(iter(kept))]
         kept[signature] = templates
         return templates
 
-    def _fields(self, run: _Run, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> dict[str, Any]:
+    def _fields(self, run: GraphRun, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> dict[str, Any]:
         """A slot's record fields but ``step``, statistics and tensor."""
         phase, module, op = run.keys[call.key]
         meta = slot.meta or {}
@@ -372,7 +338,7 @@ class GraphCapture:
     def _fill(
         self,
         record: Record,
-        run: _Run,
+        run: GraphRun,
         slot: SlotPlan,
         rows: Rows,
         tensors: list[torch.Tensor],
@@ -400,24 +366,13 @@ class GraphCapture:
                 refs[slot.tensor] = self.session.save(record.name, tensors[slot.tensor])
             record.tensor = refs[slot.tensor]
 
-    def _note_overflow(self, run: _Run, calls: list[int], rows: Rows) -> None:
-        if not calls or (self.overflows and self.overflows[-1].step == run.step):
-            return
-        call = run.plan.calls[calls[0]]
-        nan, inf = overflow.nonfinite_counts(run.plan, calls[0], rows)
-        found = overflow.Overflow(
-            step=run.step,
-            name=self._call_name(run, call),
-            node=call.node,
-            graph=f"{run.plan.model}/{run.plan.phase}",
-            source=call.source.source if call.source else None,
-            nan=nan,
-            inf=inf,
-        )
-        self.overflows.append(found)
-        overflow.report(found)
-
     # -- lifetime ----------------------------------------------------------------------------------
+    @property
+    def overflows(self) -> list[Any]:
+        """What the scene found while the graphs ran: the overflow scene's first call of each step
+        that made a NaN/Inf (:class:`~torchdebug.graph_dump.scenes.overflow.Overflow`); empty otherwise."""
+        return self.scene.findings
+
     @property
     def rank_dir(self) -> Path:
         return self.session.writer.rank_dir
@@ -473,7 +428,7 @@ class _PendingRows:
 
 
 def _in(key: Key, path: str) -> Key:
-    """A plan's key named in the instance at ``path`` (``graph_instances.in_instance``)."""
+    """A plan's key named in the instance at ``path`` (``instances.in_instance``)."""
     phase, module, op = key
     return (phase, in_instance(path, module), op) if path else key
 

@@ -1,6 +1,6 @@
 """What an instrumented graph will report, decided at compile time and read at every run.
 
-The compile pass (``torchdebug.graph_dump.planner``) describes each dumped node call and slot once;
+The planner (``torchdebug.graph_dump.planner``) describes each dumped node call and slot once;
 :class:`torchdebug.graph_dump.capture.GraphCapture` turns a run's statistics rows and tensors into
 records with these descriptions, adding only what changes per run (step, call index, seq).
 
@@ -12,6 +12,7 @@ records get the sizes that ran.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ from torchdebug.stats.schema import COLUMNS
 
 Key = tuple[str, str, str]
 """``(phase, module, op)``: what call indices are counted per, as in eager capture."""
+
+Rows = Sequence[dict[str, Any] | None]
+"""A run's statistics (``torchdebug.stats`` keys) by statistics row (``SlotPlan.stat``)."""
 
 ACCUMULATORS = (*COLUMNS, "valid")
 """What the graph computes for a value whose statistics it takes (each a 0-d tensor): the columns of

@@ -1,40 +1,33 @@
-"""The ``data_dump`` pass: make a compiled graph report the inputs and outputs of selected nodes.
+"""What a graph dump reads from one AOT graph: :func:`plan_graph` returns a :class:`Plan`.
 
 Reads ``node.meta``: ``val`` (dtype, shape, device), ``nn_module_stack`` / ``fwd_nn_module_stack``,
 ``seq_nr``, ``partitioner_tag``, ``stack_trace`` and ``custom`` (``torchdebug.scope.data_dump()``
-marks). Writes nothing to existing nodes. After the pass the graph holds, for ``dump_stage``
-``optimized``:
+marks); changes nothing. Every op node is named and counted as eager capture names its call
+(``node_names``); the nodes the dump's scene selects (``torchdebug.graph_dump.scenes``) are
+described slot by slot (``GraphPlan``, what the run time reads), and the plan names the nodes the
+instrumenter (``torchdebug.graph_dump.instrument``) works on:
 
-- for each value a dumped slot reads (views and clones share the row of their input), its
-  statistics. CPU values that inductor keeps in memory anyway (graph inputs and outputs, inputs and
-  outputs of matrix products and convolutions), that are small (``SMALL``) or that inductor computes
-  in a loop over the rows of a reduction (layer norm, softmax: statistics over the whole value
-  cannot join that loop, so in the graph they would split the kernel in two) go to
-  ``torchdebug::host_stats`` a few at a time, as soon as they exist, and the host takes them in one
-  native pass each (``torchdebug.native``, about twice as fast per element as inductor's fused
-  reductions here, and nothing to compile). The other values get accumulator nodes inside the graph
-  (``graph_stats``), fused by inductor into the loops that compute them: storing them for the host
-  would cost more than it saves;
-- before the output, ``torchdebug::dump_graph([statistics], [dumped tensors], sink)``: the 0-d
-  accumulators and the ``host_stats`` results, ordered in runs of one device and dtype
-  (``GraphPlan.tables``; nothing in the graph combines two devices, so CUDA graphs holding CPU
-  scalars compile), and the tensors of a tensor dump (passing them to an extern call is what makes
-  inductor materialise them; nodes not passed keep their fusion);
-- for the watcher scene, ``torchdebug::dump_point([...], sink, i)`` after each watched node and each
-  ``layer`` node (no statistics rows: the watcher takes its own).
-
-For ``dump_stage="original"`` the graph only hands its inputs to ``dump_point(..., -1)`` when it
-starts and calls ``dump_graph`` when it ends; the values come from an interpreter over a copy of the
-graph as it was before this pass (``torchdebug.graph_dump.golden``).
+- for each value a dumped slot reads (views and clones share the row of their input), a statistics
+  row (when the scene takes statistics). CPU values that inductor keeps in memory anyway (graph
+  inputs and outputs, inputs and outputs of matrix products and convolutions), that are small
+  (``SMALL``) or that inductor computes in a loop over the rows of a reduction (layer norm,
+  softmax: statistics over the whole value cannot join that loop, so in the graph they would split
+  the kernel in two) go to ``torchdebug::host_stats`` a few at a time (``Plan.host_groups``), as
+  soon as they exist, and the host takes them in one native pass each (``torchdebug.native``, about
+  twice as fast per element as inductor's fused reductions here, and nothing to compile). The other
+  values get accumulator nodes inside the graph (``Plan.in_graph``), fused by inductor into the
+  loops that compute them: storing them for the host would cost more than it saves;
+- the tensors a tensor dump hands over (``Plan.tensors``), when the scene hands tensors over;
+- the points the scene asks for (``GraphPlan.points``).
 
 Dynamic shapes: sizes, strides, element counts and arguments that are expressions of the graph's
-symbols (``SymInt``: ``2*s27``) are planned as such (``graph_plan.SymbolicSize``), and
-``dump_graph`` gets the symbols' values as its ``sizes``: each symbol's placeholder where the graph
-has one (Dynamo and AOT autograd pass the symbols a graph uses as inputs), else
-``aten.sym_size.int`` / ``aten.sym_stride.int`` of the first node whose size or stride is that
-symbol. Compiled code hands them over as the host ints it sizes its loops with; the host evaluates
-the expressions once per distinct set of values. Compile-time choices that depend on sizes
-(``SMALL``, the row loops) use the sizes the graph was traced with (the hints).
+symbols (``SymInt``: ``2*s27``) are planned as such (``plan.SymbolicSize``), and the plan says
+where the graph holds each symbol's value (``Plan.size_sources``): its placeholder where the graph
+has one (Dynamo and AOT autograd pass the symbols a graph uses as inputs), else the size or stride
+of the first node whose size or stride is that symbol. Compiled code hands them over as the host
+ints it sizes its loops with; the host evaluates the expressions once per distinct set of values.
+Compile-time choices that depend on sizes (``SMALL``, the row loops) use the sizes the graph was
+traced with (the hints).
 
 Forward nodes that the partitioner recomputes in a backward graph are neither dumped nor counted:
 their values are those the forward graph dumped.
@@ -43,22 +36,19 @@ their values are those the forward graph dumped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx
 
-from torchdebug._torch import guards, symbolic
-from torchdebug.graph_dump import accumulators as graph_stats
+from torchdebug._torch import symbolic
 from torchdebug.graph_dump import node_names
-from torchdebug.graph_dump.capture import GraphCapture
-from torchdebug.graph_dump.plan import CallPlan, GraphPlan, Key, PointPlan, SlotPlan, StatTable, SymbolicSizes
-from torchdebug.graph_dump.runtime import DUMP_GRAPH, DUMP_POINT, HOST_STATS
-from torchdebug.graph_dump.settings import DumpSettings, safe_model_name
+from torchdebug.graph_dump.accumulators import SAME_ELEMENTS
+from torchdebug.graph_dump.plan import CallPlan, GraphPlan, Key, SlotPlan, SymbolicSizes
+from torchdebug.graph_dump.settings import DumpSettings
 from torchdebug.native import fused_stats
-from torchdebug.scope import SCOPE_KEY
 from torchdebug.slots import dtype_name, iter_slots, json_value
 
 aten = torch.ops.aten
@@ -160,14 +150,7 @@ def _plain_lists(value: Any) -> Any:
     return value
 
 
-def _aot_phase(graph: torch.fx.Graph) -> str:
-    """The AOT graph kind where no compile phase is open (``aot_eager`` runs the pipeline without
-    one): a backward graph takes the output gradients, its ``tangents`` inputs."""
-    backward = any(node.name.startswith("tangents") for node in graph.find_nodes(op="placeholder"))
-    return "backward" if backward else "forward"
-
-
-def _output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | None, Any]]:
+def output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | None, Any]]:
     """``(arg, node holding the value, fake value)`` for each output of ``node``."""
     value = node.meta.get("val")
     if not isinstance(value, (tuple, list)):
@@ -182,74 +165,53 @@ def _output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | No
         yield str(index), getitems.get(index), item
 
 
-class DataDumpPass:
-    """One instance per Dynamo graph; called by the pipeline on each of its AOT graphs."""
+SizeSource = tuple[torch.fx.Node, str | None, int]
+"""Where the graph holds a symbol's value: ``(node, None, 0)``, the node is the symbolic int;
+``(node, "size" or "stride", dim)``, that of the node's dimension ``dim``."""
 
-    def __init__(
-        self,
-        settings: DumpSettings,
-        capture: GraphCapture,
-        model: ModelContext,
-        aot_phase: Callable[[], str | None] = lambda: None,
-    ) -> None:
-        self.settings, self.capture, self.model = settings, capture, model
-        self.aot_phase = aot_phase
-        """The AOT graph kind of the compile phase open now (``None`` where none is open)."""
 
-    def uuid(self) -> None:
-        """No cache id: a cached graph would call sinks this process never registered."""
-        return None
+@dataclass(frozen=True)
+class Plan:
+    """What the planner decided for one AOT graph: what the run time reads, and the nodes the
+    instrumenter reads values from."""
 
-    def __call__(self, gm: torch.fx.GraphModule) -> None:
-        graph = gm.graph
-        aot_phase = self.aot_phase() or _aot_phase(graph)
-        if self.model.rooted is None:
-            self.model.rooted = node_names.graph_is_rooted(graph)
-            self.model.frame = guards.current_frame()
-        golden = self._copy(gm) if self.settings.stage == "original" else None
-        planner = _Planner(self.settings, self.model, aot_phase, graph)
-        plan = planner.plan(golden)
-        sink = self.capture.add_graph(plan)
-        _Instrumenter(graph, plan, sink, planner).run()
+    graph: GraphPlan
+    """The run-time description (calls, slots, counts, points), registered with the capture."""
+    stat_rows: dict[torch.fx.Node, int]
+    """The node whose value fills each statistics row, with its row."""
+    in_graph: list[torch.fx.Node]
+    """Values whose statistics the graph computes (accumulator nodes), in row order."""
+    host_groups: list[list[torch.fx.Node]]
+    """Values the host takes, in groups per ``host_stats`` call, in graph order."""
+    tensors: list[torch.fx.Node]
+    """Values handed to ``dump_graph`` as tensors, in the order ``SlotPlan.tensor`` counts."""
+    size_sources: list[SizeSource]
+    """Per symbol of ``graph.sizes.symbols``, where the graph holds its value."""
 
-    @staticmethod
-    def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        graph = torch.fx.Graph()
-        graph.output(graph.graph_copy(gm.graph, {}))
-        return torch.fx.GraphModule(gm, graph)
+
+def plan_graph(
+    graph: torch.fx.Graph,
+    settings: DumpSettings,
+    model: ModelContext,
+    aot_phase: str,
+    golden: torch.fx.GraphModule | None = None,
+) -> Plan:
+    """The plan of one AOT graph (``forward``, ``backward`` or ``inference``) of Dynamo graph
+    ``model``; ``golden``: the graph's copy for ``dump_stage="original"``."""
+    return _Planner(settings, model, aot_phase, graph).plan(golden)
 
 
 class _Planner:
     """Names every op node and describes the dumped ones (no graph edits)."""
 
     def __init__(self, settings: DumpSettings, model: ModelContext, aot_phase: str, graph: torch.fx.Graph) -> None:
-        self.settings, self.model, self.aot_phase, self.graph = settings, model, aot_phase, graph
-        layers = set(settings.layers)
-        if settings.models is not None:
-            layers |= settings.models.get(safe_model_name(model.name), set())
-        self.layers = layers
-        self.whole_graph = settings.models is None or safe_model_name(model.name) in settings.models
+        self.settings, self.scene, self.model, self.aot_phase, self.graph = settings, settings.scene, model, aot_phase, graph
         self.stat_rows: dict[torch.fx.Node, int] = {}
         self.tensor_index: dict[torch.fx.Node, int] = {}
         self.sizes = SymbolicSizes()
-        self.size_sources: list[tuple[torch.fx.Node, str | None, int]] = []
-        """Per symbol of ``sizes.symbols``: the node that holds its value, and how to read it
-        (``None``: the node is the symbolic int; ``size``/``stride``: of dimension ``dim``)."""
 
-    def _selected(self, node: torch.fx.Node) -> bool:
-        if self.settings.scene == "overflow":
-            return True
-        if self.settings.scene == "watcher":
-            return node.name in self.settings.watched
-        if not self.whole_graph:
-            return False
-        custom = node.meta.get("custom")
-        marked = isinstance(custom, dict) and bool(custom.get(SCOPE_KEY))
-        any_mark = self.layers or self._any_mark
-        return not any_mark or node.name in self.layers or marked
-
-    def plan(self, golden: torch.fx.GraphModule | None) -> GraphPlan:
-        self._any_mark = any(isinstance(n.meta.get("custom"), dict) and n.meta["custom"].get(SCOPE_KEY) for n in self.graph.nodes)
+    def plan(self, golden: torch.fx.GraphModule | None) -> Plan:
+        selected = self.scene.selector(self.graph, self.model.name, self.settings.nodes)
         counts: dict[Key, int] = {}
         calls: list[CallPlan] = []
         forward_calls: dict[Any, tuple[Key, int]] = {}
@@ -270,7 +232,7 @@ class _Planner:
             seq_nr = node.meta.get("seq_nr")
             if not backward and seq_nr is not None:
                 forward_calls.setdefault(seq_nr, (key, local))
-            if self._selected(node):
+            if selected(node):
                 fwd = self.model.forward_calls.get(seq_nr) if backward else None
                 call = CallPlan(node.name, key, local, order, node_names.source_of(node), fwd, target if op != target else None)
                 call.slots = list(self._slots(node, golden is not None, values=op == target))
@@ -281,11 +243,11 @@ class _Planner:
         plan = GraphPlan(
             self.model.name, self.aot_phase, calls, counts, order, golden=golden, sizes=self.sizes, frame=self.model.frame
         )
-        plan.points = self._points(calls) if self.settings.scene == "watcher" else []
-        self._split_rows(plan)
-        self._find_symbols(plan)
-        self.tensor_nodes = sorted(self.tensor_index, key=self.tensor_index.get)
-        return plan
+        plan.points = self.scene.points(self.graph, calls)
+        in_graph, host_groups = self._split_rows(plan)
+        size_sources = self._find_symbols(plan)
+        tensors = sorted(self.tensor_index, key=self.tensor_index.__getitem__)
+        return Plan(plan, self.stat_rows, in_graph, host_groups, tensors, size_sources)
 
     # -- symbolic sizes ----------------------------------------------------------------------------
     def _size(self, value: Any) -> Any:
@@ -312,13 +274,13 @@ class _Planner:
             return [self._value(item) for item in value]
         return json_value(value)
 
-    def _find_symbols(self, plan: GraphPlan) -> None:
+    def _find_symbols(self, plan: GraphPlan) -> list[SizeSource]:
         """Which node gives each symbol the plan's expressions use (see the module docstring);
         rows whose element count needs a symbol no node gives are counted in the graph instead."""
         wanted = self.sizes.free_symbols()
         if not wanted:
-            return
-        sources: dict[Any, tuple[torch.fx.Node, str | None, int]] = {}
+            return []
+        sources: dict[Any, SizeSource] = {}
         for node in self.graph.nodes:  # placeholders first: they are the graph's first nodes
             value = node.meta.get("val")
             if isinstance(value, torch.SymInt):
@@ -335,7 +297,6 @@ class _Planner:
             if len(sources) == len(wanted):
                 break
         self.sizes.symbols = tuple(sources)
-        self.size_sources = list(sources.values())
         missing = wanted - set(sources)
         if missing:
             log.warning(
@@ -351,27 +312,27 @@ class _Planner:
                     and self.sizes.expressions[numel.index].free_symbols & missing
                 ):
                     plan.numel[row] = None
+        return list(sources.values())
 
-    def _split_rows(self, plan: GraphPlan) -> None:
+    def _split_rows(self, plan: GraphPlan) -> tuple[list[torch.fx.Node], list[list[torch.fx.Node]]]:
         """Who computes each statistics row: the host for CPU values stored in memory anyway, small
         ones and those computed in a loop over rows (their statistics in the graph would split the
         kernel), in groups of values in the order the graph computes them (``host_groups``); the
-        graph for the others (``graph_nodes``), so that fused values stay fused."""
+        graph for the others (``in_graph``), so that fused values stay fused."""
         nodes = sorted(self.stat_rows, key=self.stat_rows.get)
         plan.integral = [_is_integral(n.meta["val"]) for n in nodes]
         plan.numel = [self._size(n.meta["val"].numel()) for n in nodes]
         cheap = {self._source(n) for n in _stored(self.graph) | _in_row_kernels(self.graph)}
         on_host = {n for n in nodes if (n in cheap or _small(n.meta["val"])) and _host_stats(n.meta["val"])}
-        self.graph_nodes = [n for n in nodes if n not in on_host]
         position = {n: i for i, n in enumerate(self.graph.nodes)}
         host = sorted(on_host, key=position.__getitem__)
-        self.host_groups = [host[i : i + HOST_GROUP] for i in range(0, len(host), HOST_GROUP)]
+        return [n for n in nodes if n not in on_host], [host[i : i + HOST_GROUP] for i in range(0, len(host), HOST_GROUP)]
 
     def _slots(self, node: torch.fx.Node, golden: bool, values: bool = True) -> Iterator[SlotPlan]:
         """``values``: also the non-tensor arguments (not for a node named after the op it replaced:
         its arguments are the stand-in's, ``permute`` dims for ``transpose``'s)."""
-        mode = self.settings.mode
-        if mode in ("all", "input") and self.settings.scene != "watcher":
+        mode = self.settings.data_mode
+        if mode in ("all", "input") and self.scene.inputs:
             holders: dict[int, torch.fx.Node] = {}
 
             def fake(arg: torch.fx.Node) -> Any:
@@ -386,7 +347,7 @@ class _Planner:
                 elif values:
                     yield self._slot("input", arg, None, value, golden)
         if mode in ("all", "output"):
-            for arg, holder, value in _output_nodes(node):
+            for arg, holder, value in output_nodes(node):
                 slot = self._slot("output", arg, holder, value, golden)
                 if holder is None and isinstance(value, torch.Tensor):
                     slot.note = "output not used by the graph, so never materialised"
@@ -399,9 +360,9 @@ class _Planner:
         if holder is None or golden:
             slot.source_node = holder.name if holder is not None else None
             return slot
-        if self.settings.scene != "watcher":
+        if self.scene.statistics:
             slot.stat = self._stat_row(holder)
-        if self.settings.task == "tensor" and self.settings.scene == "model":
+        if self.settings.task == "tensor" and self.scene.tensors:
             slot.tensor = self.tensor_index.setdefault(holder, len(self.tensor_index))
         return slot
 
@@ -414,7 +375,7 @@ class _Planner:
         source = node
         while (
             source.op == "call_function"
-            and getattr(source.target, "overloadpacket", None) in graph_stats.SAME_ELEMENTS
+            and getattr(source.target, "overloadpacket", None) in SAME_ELEMENTS
             and isinstance(source.args[0], torch.fx.Node)
             and isinstance(source.args[0].meta.get("val"), torch.Tensor)
             and source.args[0].meta["val"].numel() == source.meta["val"].numel()
@@ -422,134 +383,3 @@ class _Planner:
         ):
             source = source.args[0]
         return source
-
-    def _points(self, calls: list[CallPlan]) -> list[PointPlan]:
-        """A point after each watched node (its reference values) and after each later ``layer`` node."""
-        by_name = {call.node: index for index, call in enumerate(calls)}
-        points, seen = [], []
-        for node in self.graph.nodes:
-            if node.name in by_name:
-                seen.append(by_name[node.name])
-                points.append(PointPlan(node.name, [(by_name[node.name], "0")]))
-            elif (
-                seen
-                and node.op == "call_function"
-                and node_names.op_name(node) is not None
-                and (not self.settings.watched_after or node.name in self.settings.watched_after)
-            ):
-                points.append(PointPlan(node.name, [(index, "0") for index in seen]))
-        return points
-
-
-class _Instrumenter:
-    """Inserts the statistics nodes and the dump ops a plan needs."""
-
-    def __init__(self, graph: torch.fx.Graph, plan: GraphPlan, sink: int, planner: _Planner) -> None:
-        self.graph, self.plan, self.sink = graph, plan, sink
-        self.rows = planner.stat_rows
-        self.graph_nodes, self.host_groups, self.tensor_nodes = planner.graph_nodes, planner.host_groups, planner.tensor_nodes
-        self.size_sources = planner.size_sources
-
-    def run(self) -> None:
-        graph, plan = self.graph, self.plan
-        before = set(graph.nodes)
-        placeholders = list(graph.find_nodes(op="placeholder"))
-        self.after_inputs = placeholders[-1].next if placeholders else next(iter(graph.nodes))
-        if plan.golden is not None:
-            self._insert_golden_inputs(placeholders)
-        sizes = self._size_nodes()
-        stats = self._insert_stats()
-        with graph.inserting_before(graph.find_nodes(op="output")[0]):
-            if not stats and not self.tensor_nodes:
-                # an extern call with no tensor argument makes inductor (2.13) free a buffer
-                # before its last use; an empty tensor, which no table covers, avoids that
-                stats = [graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})]
-            args: tuple[Any, ...] = (stats, list(self.tensor_nodes), self.sink)
-            if sizes:
-                args += ("", sizes)
-            graph.call_function(DUMP_GRAPH, args)
-        self._insert_points()
-        graph_stats.propagate_fake_values(graph, [n for n in graph.nodes if n not in before and "val" not in n.meta])
-
-    def _after(self, node: torch.fx.Node) -> torch.fx.Node:
-        return self.after_inputs if node.op == "placeholder" else node.next
-
-    def _insert_golden_inputs(self, placeholders: list[torch.fx.Node]) -> None:
-        """``dump_point(tensor inputs, sink, -1, symbolic-int inputs)`` where the inputs are known."""
-        tensors, sizes, kinds = [], [], []
-        for node in placeholders:
-            value = node.meta.get("val")
-            if isinstance(value, torch.Tensor):
-                tensors.append(node)
-                kinds.append("tensor")
-            elif isinstance(value, (int, torch.SymInt)):
-                sizes.append(node)
-                kinds.append("size")
-            else:
-                kinds.append("none")
-        self.plan.golden_inputs = tuple(kinds)
-        args: tuple[Any, ...] = (tensors, self.sink, -1)
-        if sizes:
-            args += (sizes,)
-        with self.graph.inserting_before(self.after_inputs):
-            self.graph.call_function(DUMP_POINT, args)
-
-    def _size_nodes(self) -> list[torch.fx.Node]:
-        """The nodes ``dump_graph`` reads the plan's symbols from, in ``plan.sizes.symbols`` order:
-        symbolic-int inputs as they are, other symbols read off a node's size or stride right after it."""
-        nodes = []
-        for node, kind, dim in self.size_sources:
-            if kind is None:
-                nodes.append(node)
-                continue
-            value = node.meta["val"]
-            op = aten.sym_size.int if kind == "size" else aten.sym_stride.int
-            with self.graph.inserting_before(self._after(node)):
-                read = self.graph.call_function(op, (node, dim))
-            read.meta["val"] = value.shape[dim] if kind == "size" else value.stride()[dim]
-            nodes.append(read)
-        return nodes
-
-    def _insert_stats(self) -> list[torch.fx.Node]:
-        """Insert the accumulators and ``host_stats`` calls; return them as ``dump_graph``'s
-        ``stats`` list, one run per device and dtype (``plan.tables``): nothing in the graph joins
-        values of two devices (a CUDA graph holds CPU scalars too), the host does, per table."""
-        graph, rows = self.graph, self.rows
-        before = set(graph.nodes)
-        accumulators: list[tuple[torch.fx.Node, tuple[int, int]]] = []
-        for node in self.graph_nodes:
-            count = self.plan.numel[rows[node]] is None  # the host cannot work out its element count
-            for index, accumulator in graph_stats.insert_stats(graph, node, self._after(node), count_valid=count):
-                accumulators.append((accumulator, (rows[node], index)))
-        host: list[tuple[torch.fx.Node, list[torch.fx.Node]]] = []
-        for nodes in self.host_groups:
-            with graph.inserting_before(self._after(nodes[-1])):
-                host.append((graph.call_function(HOST_STATS, (nodes,)), nodes))
-        graph_stats.propagate_fake_values(graph, [n for n in graph.nodes if n not in before])
-        tables: dict[tuple[torch.device, torch.dtype], list[tuple[torch.fx.Node, tuple[int, int]]]] = {}
-        for accumulator, entry in accumulators:
-            value = accumulator.meta["val"]
-            tables.setdefault((value.device, value.dtype), []).append((accumulator, entry))
-        self.plan.tables = [StatTable(len(table), entries=tuple(entry for _, entry in table)) for table in tables.values()]
-        stats = [accumulator for table in tables.values() for accumulator, _ in table]
-        if host:  # CPU float64 vectors, the ACCUMULATORS of each value
-            self.plan.tables.append(StatTable(len(host), rows=tuple(rows[n] for _, nodes in host for n in nodes)))
-            stats += [result for result, _ in host]
-        return stats
-
-    def _insert_points(self) -> None:
-        """``dump_point`` after each watcher point's node, fed its output (ordering) and the watched outputs."""
-        nodes = {n.name: n for n in self.graph.nodes}
-        positions = {n: i for i, n in enumerate(self.graph.nodes)}
-
-        def first_output(name: str) -> torch.fx.Node:
-            return next(holder for _, holder, _ in _output_nodes(nodes[name]) if holder is not None)
-
-        for index, point in enumerate(self.plan.points):
-            watched = [first_output(self.plan.calls[i].node) for i, _ in point.watched]
-            node = nodes[point.after]
-            outputs = [h for _, h, v in _output_nodes(node) if h is not None and isinstance(v, torch.Tensor)]
-            own = [] if node.name == self.plan.calls[point.watched[0][0]].node else outputs[:1]
-            last = max([node, *outputs], key=positions.__getitem__)
-            with self.graph.inserting_after(last):
-                self.graph.call_function(DUMP_POINT, (own + watched, self.sink, index))

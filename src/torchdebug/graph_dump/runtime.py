@@ -13,7 +13,7 @@
   slot's shape and stride from them. It ends the run.
 - ``torchdebug::host_stats(Tensor[] tensors) -> Tensor``: the accumulators of each tensor, taken on
   the host when the graph reaches the call (CPU values: one native pass each, see
-  ``torchdebug.native``), as float64 values in ``graph_plan.ACCUMULATORS`` order, one tensor after
+  ``torchdebug.native``), as float64 values in ``plan.ACCUMULATORS`` order, one tensor after
   the other: the layout of the accumulators the graph computes itself. A plain function of its
   inputs: the graph feeds its result into ``dump_graph``'s ``stats``.
 - ``torchdebug::dump_point(Tensor[] tensors, SymInt sink, SymInt point, SymInt[]? sizes=None) -> ()``:

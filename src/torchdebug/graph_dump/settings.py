@@ -1,4 +1,5 @@
-"""What a graph-mode data dump captures: ``config.dump_config`` plus the JSON scene file, resolved.
+"""What a graph-mode data dump captures: ``config.dump_config`` plus the JSON scene file, resolved
+into one :class:`DumpSettings` with ``DumpConfig``'s names and the scene object the file asks for.
 
 The JSON file (``dump_config.dump_config_path``) follows TorchAir's ``dump`` object and holds one of
 three scenes::
@@ -15,19 +16,20 @@ The file keeps TorchAir's keys (``dump_data`` ``"tensor"``/``"stats"``, ``dump_m
 file wins over defaults. Scenes that cannot be combined (overflow with a model or op dump, watcher
 with either) are refused with one line naming the keys, as TorchAir does. ``model_name`` is a graph
 name as the backend numbers them (``model__0`` is the first graph it compiled), with ``.``, ``/``,
-``\\`` and spaces read as ``_``.
+``\\`` and spaces read as ``_``. Each scene reads its own entries of the file
+(``torchdebug.graph_dump.scenes``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchdebug.errors import ConfigError
+from torchdebug.graph_dump.scenes import ModelScene, Scene, scene_from_file
 from torchdebug.options import index_set
 
 DATA_MODES = ("all", "input", "output")
@@ -40,52 +42,35 @@ _FILE_KEYS = ("dump_list", "dump_path", "dump_mode", "dump_data", "dump_step", "
 _ENTRY_KEYS = ("model_name", "layer", "watcher_nodes")
 
 
-def safe_model_name(name: str) -> str:
-    """A graph name as it appears in dump folders: ``.``, ``/``, ``\\`` and spaces turned into ``_``."""
-    return re.sub(r"[./\\ ]", "_", name)
-
-
 @dataclass(frozen=True)
 class DumpSettings:
-    """The resolved options of one graph-mode data dump (see the module docstring)."""
+    """The resolved options of one graph-mode data dump, named as on ``DumpConfig`` (see the module
+    docstring); ``scene`` holds what the scene file selects."""
 
-    scene: str = "model"
-    mode: str = "all"
-    """``all``, ``input`` or ``output`` slots of the dumped nodes."""
+    scene: Scene = field(default_factory=ModelScene)
     task: str = "tensor"
     """``tensor`` or ``statistics``."""
-    path: str = "."
-    steps: frozenset[int] | None = None
-    stage: str = "optimized"
-    layers: frozenset[str] = frozenset()
-    """Node names selected in every graph (``dump_layer``); empty with no scope marks: every node."""
-    models: Mapping[str, frozenset[str]] | None = None
-    """From ``dump_list``: graph name -> node names (empty set: every node); ``None``: every graph."""
-    watched_after: frozenset[str] = frozenset()
-    """Watcher: the nodes after which the watched outputs are dumped (empty: after every node)."""
-    watched: tuple[str, ...] = ()
-    """Watcher: the nodes whose outputs are dumped (``watcher_nodes``)."""
+    data_mode: str = "all"
+    """``all``, ``input`` or ``output`` slots of the dumped nodes (one of them, resolved)."""
+    dump_path: str = "."
+    step: frozenset[int] | None = None
+    """The steps written (``None``: every step)."""
+    nodes: frozenset[str] = frozenset()
+    """Node names selected in every graph; empty with no scope marks: every node (model dump)."""
+    dump_stage: str = "optimized"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for the dump manifest."""
         return {
-            "scene": self.scene,
-            "data_mode": self.mode,
+            "scene": self.scene.name,
+            "data_mode": self.data_mode,
             "task": self.task,
-            "dump_path": self.path,
-            "step": sorted(self.steps) if self.steps is not None else None,
-            "dump_stage": self.stage,
-            "nodes": sorted(self.layers),
-            "models": {k: sorted(v) for k, v in (self.models or {}).items()} or None,
-            "watched_after": sorted(self.watched_after),
-            "watcher_nodes": list(self.watched),
+            "dump_path": self.dump_path,
+            "step": sorted(self.step) if self.step is not None else None,
+            "dump_stage": self.dump_stage,
+            "nodes": sorted(self.nodes),
+            **self.scene.to_dict(),
         }
-
-
-def _names(key: str, value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ConfigError(f"{key}: got {value!r}, expected a list of node names like ['addmm', 'mul_3']")
-    return [v.strip() for v in value]
 
 
 def _on_off(key: str, value: Any) -> bool:
@@ -189,28 +174,12 @@ def resolve(file: dict[str, Any] | None, values: Mapping[str, Any], assigned: fr
     steps, from_file = pick("step", "dump_step")
     if from_file:
         steps = index_set("dump.dump_step", steps)
-    common = dict(
-        mode=mode,
+    return DumpSettings(
+        scene=scene_from_file(file),
         task=task,
-        path=str(pick("dump_path", "dump_path")[0]),
-        steps=steps,
-        stage=values["dump_stage"],
-        layers=frozenset((values["nodes"] or "").split()),
+        data_mode=mode,
+        dump_path=str(pick("dump_path", "dump_path")[0]),
+        step=steps,
+        nodes=frozenset((values["nodes"] or "").split()),
+        dump_stage=values["dump_stage"],
     )
-    entries = file.get("dump_list", [])
-    if file.get("dump_scene") == "watcher":
-        after = {n for i, e in enumerate(entries) for n in _names(f"dump.dump_list[{i}].layer", e.get("layer", []))}
-        watched = [
-            n for i, e in enumerate(entries) for n in _names(f"dump.dump_list[{i}].watcher_nodes", e.get("watcher_nodes", []))
-        ]
-        return DumpSettings(scene="watcher", watched_after=frozenset(after), watched=tuple(dict.fromkeys(watched)), **common)
-    if file.get("dump_debug") == "on":
-        return DumpSettings(scene="overflow", **common)
-    models = None
-    if entries and file.get("dump_op_switch", "off") == "off":
-        models = {}
-        for index, entry in enumerate(entries):
-            name = safe_model_name(str(entry.get("model_name", "")))
-            layer = frozenset(_names(f"dump.dump_list[{index}].layer", entry.get("layer", [])))
-            models[name] = models.get(name, frozenset()) | layer
-    return DumpSettings(scene="model", models=models, **common)

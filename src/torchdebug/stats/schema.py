@@ -4,7 +4,7 @@ how the host finishes them into a record's ``stats``.
 Every path reduces a tensor to the same vector of sums, one column per :data:`ACCUMULATORS` entry
 in this order: the C kernel (``native/stats.c``, checked against :data:`COLUMNS` when it loads),
 the Triton kernel (``native/triton_stats.py``, checked on import), the torch ops
-(:func:`torchdebug.stats.torch_ops.device_sums`), compiled graphs (``compile/graph_stats.py``, one
+(:func:`torchdebug.stats.torch_ops.device_sums`), compiled graphs (``graph_dump/accumulators.py``, one
 0-d node per column) and the device table (:data:`WIDTH` float64 columns, ``stats_table.py``).
 The host turns a vector into the record's statistics with :func:`stats_from_sums`; their keys,
 :data:`STAT_KEYS`, are what the record encoders (Python and ``native/records.c``), tables,

@@ -7,23 +7,28 @@ no call of the step made (the graph's inputs held it); a ``-inf`` attention mask
 that writes or passes on an infinity it was given, is neither. Graph order is a valid execution
 order and a NaN flows only downstream, so the first origin of the first graph that ran in a step is
 where the step's non-finite values begin, forward or backward (``torch.autograd.detect_anomaly``
-under compile only names ``CompiledFunctionBackward``).
+under compile only names ``CompiledFunctionBackward``). The scene file asks for it with
+``"dump_debug": "on"``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchdebug.graph_dump.plan import GraphPlan
+from torchdebug.graph_dump.plan import GraphPlan, Rows
+from torchdebug.graph_dump.scenes.base import Scene
 from torchdebug.nonfinite import ENTRY, ORIGIN, OriginTracker, tensor_flags, value_flags
 
-log = logging.getLogger("torchdebug.graph_dump.scenes.overflow")
+if TYPE_CHECKING:
+    import torch
+    import torch.fx
 
-Rows = Sequence[dict[str, Any] | None]
-"""Statistics dicts (``torchdebug.stats`` keys) by statistics row."""
+    from torchdebug.graph_dump.capture import GraphCapture, GraphRun
+
+log = logging.getLogger("torchdebug.graph_dump.scenes.overflow")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +88,55 @@ def nonfinite_counts(plan: GraphPlan, index: int, rows: Rows) -> tuple[int, int]
 
 def report(overflow: Overflow) -> None:
     log.warning("first NaN/Inf of %s", overflow)
+
+
+class OverflowScene(Scene):
+    """Every node's statistics; records only for the calls that make a NaN/Inf, chosen once a
+    run's statistics arrived; the first of each step in :attr:`findings` and the log."""
+
+    name = "overflow"
+
+    def __init__(self) -> None:
+        self._found: list[Overflow] = []
+        self._origins, self._origin_step = OriginTracker(), 0
+
+    @property
+    def findings(self) -> list[Overflow]:
+        return self._found
+
+    @classmethod
+    def from_file(cls, dump: Mapping[str, Any]) -> OverflowScene:
+        return cls()
+
+    def selector(self, graph: torch.fx.Graph, model: str, nodes: frozenset[str]) -> Callable[[torch.fx.Node], bool]:
+        return lambda node: True
+
+    def on_graph(self, capture: GraphCapture, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+        if run.plan.golden is not None:  # the interpreter's values are not judged: every call is written
+            capture.write(run, range(len(run.plan.calls)), capture.stage_rows(run, stats, None), tensors)
+            return
+        capture.stage_rows(run, stats, lambda rows: self._record(capture, run, rows))
+
+    def _record(self, capture: GraphCapture, run: GraphRun, rows: Rows) -> None:
+        """Once a run's statistics arrived (in run order): record the calls that make a NaN/Inf."""
+        if self._origin_step != run.step:
+            self._origins, self._origin_step = OriginTracker(), run.step
+        calls = origins(run.plan, rows, self._origins)
+        if calls and not (self.findings and self.findings[-1].step == run.step):
+            self._note(capture, run, calls[0], rows)
+        capture.write(run, calls, rows, [])
+
+    def _note(self, capture: GraphCapture, run: GraphRun, index: int, rows: Rows) -> None:
+        call = run.plan.calls[index]
+        nan, inf = nonfinite_counts(run.plan, index, rows)
+        found = Overflow(
+            step=run.step,
+            name=capture.call_name(run, call),
+            node=call.node,
+            graph=f"{run.plan.model}/{run.plan.phase}",
+            source=call.source.source if call.source else None,
+            nan=nan,
+            inf=inf,
+        )
+        self._found.append(found)
+        report(found)

@@ -1,0 +1,62 @@
+"""The planner returns its plan: FX graphs traced with make_fx (no compiler), planned, never edited."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torchdebug.graph_dump.planner import ModelContext, Plan, plan_graph
+from torchdebug.graph_dump.scenes import ModelScene
+from torchdebug.graph_dump.settings import DumpSettings
+
+
+def _product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (torch.mm(x, w).view(-1) * 2).relu()
+
+
+def _traced() -> torch.fx.GraphModule:
+    return make_fx(_product, tracing_mode="fake")(torch.randn(4, 8), torch.randn(8, 3))
+
+
+def _plan(gm: torch.fx.GraphModule, settings: DumpSettings, model: str = "model__0") -> Plan:
+    return plan_graph(gm.graph, settings, ModelContext(model), "forward")
+
+
+def _op_nodes(gm: torch.fx.GraphModule) -> list[str]:
+    return [node.name for node in gm.graph.nodes if node.op == "call_function"]
+
+
+def test_the_plan_names_every_node_the_instrumenter_reads_and_the_graph_is_unchanged() -> None:
+    gm = _traced()
+    before = [(node.name, node.target, node.args) for node in gm.graph.nodes]
+    plan = _plan(gm, DumpSettings(task="tensor"))
+    assert [(node.name, node.target, node.args) for node in gm.graph.nodes] == before
+    calls = plan.graph.calls
+    assert [call.node for call in calls] == _op_nodes(gm)
+    row = {(call.node, slot.io): slot.stat for call in calls for slot in call.slots if slot.kind == "tensor"}
+    mm, view, mul, relu = (call.node for call in calls)
+    assert row[view, "input"] == row[view, "output"] == row[mm, "output"]  # a view shares its input's row
+    assert len({row[mm, "output"], row[mul, "output"], row[relu, "output"]}) == 3
+    assert sorted(plan.stat_rows.values()) == list(range(len(plan.stat_rows)))
+    inputs = {node.name for node in gm.graph.find_nodes(op="placeholder")}
+    assert {node.name for node in plan.stat_rows} == {*inputs, mm, mul, relu}
+    host = [node for group in plan.host_groups for node in group]
+    assert set(plan.in_graph) | set(host) == set(plan.stat_rows) and not set(plan.in_graph) & set(host)
+    assert [plan.stat_rows[node] for node in plan.in_graph] == sorted(plan.stat_rows[node] for node in plan.in_graph)
+    outputs = [(call.node, slot.tensor) for call in calls for slot in call.slots if slot.io == "output"]
+    assert all(plan.tensors[index].name == node for node, index in outputs)  # what dump_graph is handed
+    assert plan.size_sources == [] and plan.graph.sizes.expressions == []  # static shapes
+
+
+def test_the_plan_dumps_what_the_scene_selects_and_still_counts_every_call() -> None:
+    gm = _traced()
+    mm, view, mul, relu = _op_nodes(gm)
+    plan = _plan(gm, DumpSettings(task="statistics", data_mode="output", nodes=frozenset({mul})))
+    assert [call.node for call in plan.graph.calls] == [mul]
+    assert [slot.io for slot in plan.graph.calls[0].slots] == ["output"]
+    assert plan.graph.n_ops == 4 and sum(plan.graph.counts.values()) == 4
+    assert plan.tensors == []  # a statistics dump hands no tensor over
+    other_graph = DumpSettings(scene=ModelScene({"model__1": frozenset()}))
+    assert _plan(gm, other_graph).graph.calls == []
+    assert [call.node for call in _plan(gm, other_graph, "model__1").graph.calls] == [mm, view, mul, relu]

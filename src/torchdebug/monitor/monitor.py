@@ -146,6 +146,9 @@ class Monitor:
         """Steps that fired, including those beyond ``max_events``."""
         self.current_step = 0
         self._judged = -1
+        """The last step judged with every row in (at the end of a step)."""
+        self._fired: set[int] = set()
+        self._random_state: RandomState | None = None
         self._closed = False
         self.ring.begin(0)
         self.watcher.start()
@@ -162,26 +165,74 @@ class Monitor:
         if self._closed:
             raise RuntimeError("Monitor.step: the monitor is closed")
         if closure is None:
-            self._end_of_step(loss)
+            self.end_step(loss)
             return None
-        state = RandomState.capture()
+        self.begin_step()
         result = closure()
         step_loss = loss if loss is not None else (result if isinstance(result, torch.Tensor) else None)
+        event = self.before_update(step_loss, replay=closure)
+        if (event is None or self.config.on_anomaly != "skip") and self.optimizer is not None:
+            self.optimizer.step()
+        self.end_step()
+        return result
+
+    def begin_step(self) -> None:
+        """A step starts: keep the random state a replay of it starts from."""
+        self._random_state = RandomState.capture()
+
+    def before_update(self, loss: torch.Tensor | None = None, replay: Callable[[], Any] | None = None) -> MonitorEvent | None:
+        """The step's gradients are final and the optimizer has not stepped: read the step's table
+        (one host read), judge it, agree with the other ranks, and on a trigger dump the window and
+        replay the step with ``replay`` (the forward and backward again, returning the loss). Then
+        ``on_anomaly``: ``skip`` drops the gradients (an optimizer skips parameters without one),
+        ``raise`` raises :class:`~torchdebug.errors.AnomalyError`. Returns the event, if any."""
         self.watcher.watch_gradients()
-        if step_loss is not None:
-            self.watcher.watch_loss(step_loss)
+        if loss is not None:
+            self.watcher.watch_loss(loss)
         self.stager.flush()
-        event = self._judge_now(closure, state, step_loss)
-        if event is not None and self.config.on_anomaly == "raise":
-            raise AnomalyError(event)
+        step = self.current_step
+        trigger = None
+        for earlier in range(self._judged + 1, step + 1):
+            trigger = trigger or self._judge(earlier)
+        stage = None if trigger is None else self.ring.stage(trigger.slot)
+        ranks = _ranks_that_fired(stage, self.rank)
+        if not ranks:
+            return None
+        if trigger is None:
+            trigger = Trigger("other_rank", step, None, f"step {step}: rank {ranks[0]} fired")
+            self._fired.add(step)
+        event = self._fire(trigger, ranks, replay, loss)
         if event is not None and self.config.on_anomaly == "skip":
-            logger.warning("torchdebug monitor: step %d: optimizer step skipped", self.current_step)
+            logger.warning("torchdebug monitor: step %d: optimizer step skipped (gradients dropped)", step)
             for p in self.watcher.parameters():
                 p.grad = None
-        elif self.optimizer is not None:
-            self.optimizer.step()
-        self._advance()
-        return result
+        if event is not None and self.config.on_anomaly == "raise":
+            raise AnomalyError(event)
+        return event
+
+    def end_step(self, loss: torch.Tensor | None = None) -> None:
+        """The step is over (after the optimizer step): send its table without waiting, judge the
+        steps whose rows are in, number what follows as the next step. Raises
+        :class:`~torchdebug.errors.AnomalyError` on a trigger with ``on_anomaly="raise"``."""
+        self.watcher.watch_gradients()  # no optimizer: the gradients as the step left them
+        if loss is not None:
+            self.watcher.watch_loss(loss)
+        self.stager.send()
+        self.stager.deliver(block=False)
+        raised = None
+        for step in range(self._judged + 1, self.current_step + 1):
+            if self.watcher.pending.get(step, 0):
+                break  # its rows are still on their way: judged at a later step
+            self._judged = step
+            trigger = self._judge(step)
+            if trigger is not None:
+                event = self._fire(trigger, [self.rank])
+                raised = raised or (event if self.config.on_anomaly == "raise" else None)
+        self.current_step += 1
+        self.ring.begin(self.current_step)
+        self.watcher.next_step(self.current_step)
+        if raised is not None:
+            raise AnomalyError(raised)
 
     def close(self) -> None:
         """Remove every hook (safe to call twice)."""
@@ -201,47 +252,25 @@ class Monitor:
         self.close()
 
     # -- judging ---------------------------------------------------------------------------------
-    def _end_of_step(self, loss: torch.Tensor | None) -> None:
-        """The loop's own step is over: stage what is left, send the table, judge the steps whose rows are in."""
-        self.watcher.watch_gradients()
-        if loss is not None:
-            self.watcher.watch_loss(loss)
-        self.stager.send()
-        self.stager.deliver(block=False)
-        for step in range(self._judged + 1, self.current_step + 1):
-            if self.watcher.pending.get(step, 0):
-                break  # its rows are still on their way: judged at a later step
-            self._judged = step
-            trigger = self.triggers.judge(step)
-            if trigger is not None:
-                event = self._fire(trigger, [self.rank])
-                if event is not None and self.config.on_anomaly == "raise":
-                    self._advance()
-                    raise AnomalyError(event)
-        self._advance()
-
-    def _judge_now(self, closure: Callable[[], Any], state: RandomState, loss: torch.Tensor | None) -> MonitorEvent | None:
-        """Judge the current step (every row is in) and agree with the other ranks; dump and replay on a trigger."""
-        trigger = None
-        for step in range(self._judged + 1, self.current_step + 1):
-            trigger = trigger or self.triggers.judge(step)
-        self._judged = self.current_step
-        stage = None if trigger is None else self.ring.stage(trigger.slot)
-        ranks = _ranks_that_fired(stage, self.rank)
-        if not ranks:
+    def _judge(self, step: int) -> Trigger | None:
+        """The trigger ``step`` fires, once: a step that fired is not judged again (its late rows,
+        the parameters after the update, may be judged before and after the update)."""
+        if step in self._fired:
             return None
-        if trigger is None:
-            trigger = Trigger("other_rank", self.current_step, None, f"step {self.current_step}: rank {ranks[0]} fired")
-        return self._fire(trigger, ranks, closure, state, loss)
+        trigger = self.triggers.judge(step)
+        if trigger is not None:
+            self._fired.add(step)
+        return trigger
 
     def _fire(
         self,
         trigger: Trigger,
         ranks: list[int],
         closure: Callable[[], Any] | None = None,
-        state: RandomState | None = None,
         loss: torch.Tensor | None = None,
     ) -> MonitorEvent | None:
+        """Count the trigger; within ``max_events``, dump the window and (with ``closure``, judged
+        before the update) replay the step."""
         self.anomalies += 1
         slot = self.ring.slots[trigger.slot].name if trigger.slot is not None else None
         if len(self.events) >= self.config.max_events:
@@ -253,6 +282,7 @@ class Monitor:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_window(self.ring, run_dir, self.rank, self.world_size, self.config.to_dict(), event.to_dict())
         outcome = None
+        state = self._random_state if trigger.step == self.current_step else None
         if closure is not None and state is not None and self.config.replay != "off":
             self.watcher.stop()  # the replay's module calls are not the window's
             try:
@@ -273,11 +303,6 @@ class Monitor:
         self.events.append(event)
         logger.warning("%s", event)
         return event
-
-    def _advance(self) -> None:
-        self.current_step += 1
-        self.ring.begin(self.current_step)
-        self.watcher.next_step(self.current_step)
 
 
 def _ranks_that_fired(stage: int | None, rank: int) -> list[int]:

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 from examples.llama import Llama  # noqa: E402
 from torchdebug.compile import CompilerConfig, get_backend  # noqa: E402
+from torchdebug.store.reader import RankDump  # noqa: E402
 
 
 def _compiled(model: torch.nn.Module, dump: bool) -> tuple[object, torch.nn.Module, torch.optim.Optimizer]:
@@ -133,8 +134,8 @@ def _bench_recompile(d_model: int, seq_len: int, args: argparse.Namespace) -> No
         )
     backend = arms["dump"].backend
     backend.data_dump.close()
-    with open(backend.data_dump.rank_dir / "records.jsonl") as lines:
-        print(f"  {sum(1 for _ in lines)} records in 3 steps (lengths {seq_len}, {seq_len // 2}, {seq_len * 3 // 4})")
+    records = len(RankDump.open(backend.data_dump.rank_dir).records())
+    print(f"  {records} records in 3 steps (lengths {seq_len}, {seq_len // 2}, {seq_len * 3 // 4})")
 
 
 def _warm_up_inductor(device: str) -> None:
@@ -162,8 +163,7 @@ def _bench(d_model: int, seq_len: int, args: argparse.Namespace) -> None:
             times[name].append(time.perf_counter() - start)
     backend = arms["dump"].backend
     backend.data_dump.close()
-    with open(backend.data_dump.rank_dir / "records.jsonl") as lines:
-        records = sum(1 for _ in lines) // (args.steps + 2)
+    records = len(RankDump.open(backend.data_dump.rank_dir).records()) // (args.steps + 2)
     plain, dump = statistics.median(times["plain"]), statistics.median(times["dump"])
     compile_plain, compile_dump = arms["plain"].compile_s, arms["dump"].compile_s
     print(f"GPT n_layer=1 d_model={d_model} seq_len={seq_len} batch={args.batch} on {args.device}, every node dumped:")

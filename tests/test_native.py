@@ -4,7 +4,6 @@ its fingerprint equals the torch-op fingerprint of torchdebug.checksum bit for b
 import math
 import os
 import shutil
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -71,14 +70,6 @@ def _cases() -> list[tuple[str, torch.Tensor]]:
 @needs_compiler
 def test_kernel_is_built_where_a_compiler_exists():
     assert fused_stats.available()
-
-
-@needs_compiler
-@pytest.mark.skipif(not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists(), reason="no Python headers")
-def test_record_encoder_is_built_where_a_compiler_and_python_headers_exist():
-    from torchdebug.native import json_lines
-
-    assert json_lines.encoder() is not None
 
 
 @needs_compiler

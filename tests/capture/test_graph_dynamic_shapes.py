@@ -10,7 +10,6 @@ its generated code.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torchdebug
 from torchdebug._torch import symbolic
 from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.graph_dump import planner
+from torchdebug.store.reader import RankDump
 
 LENGTHS = (32, 16, 24)
 BATCH, WIDTH, HEADS, VOCAB = 2, 16, 2, 32
@@ -105,8 +105,11 @@ def _compiled_dump(path: Path, dynamic: bool | None = None, mark: bool = False, 
 
 
 def _lines(rank_dir: Path) -> list[dict]:
-    """Every record line, parsed by the strict reader (no line may be skipped)."""
-    return [json.loads(line) for line in (rank_dir / "records.jsonl").read_text().splitlines()]
+    """Every record as its JSON object (no batch may be skipped)."""
+    dump = RankDump.open(rank_dir)
+    records = dump.records()
+    assert not dump.truncated
+    return [record.to_json() for record in records]
 
 
 def _concrete(value: object) -> bool:

@@ -48,8 +48,8 @@ def test_compare_writes_its_rows_to_a_parquet_file(tmp_path):
     assert not (tmp_path / "rows.parquet" / "compare.csv").exists()
 
 
-def test_compare_to_parquet_without_pyarrow_fails_first_naming_the_extra(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "pyarrow", None)
+def test_compare_to_parquet_without_pandas_fails_first_naming_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)
     assert main(["compare", str(tmp_path / "missing"), str(tmp_path / "missing"), "-o", str(tmp_path / "rows.parquet")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "pip install 'torchdebug[parquet]'" in err and len(err.splitlines()) == 1
+    assert "pip install 'torchdebug[pandas]'" in err and len(err.splitlines()) == 1

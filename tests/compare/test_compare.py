@@ -9,6 +9,7 @@ import pytest
 
 import torchdebug
 from tests.compare.conftest import source_line
+from tests.store.old_format import to_json_lines
 
 
 def test_a_dump_compared_with_itself_is_all_pass(dumps):
@@ -122,7 +123,7 @@ def test_a_mapping_pairs_a_renamed_module(dumps, tmp_path):
     import shutil
 
     shutil.copytree(dumps("mlp", task="statistics"), renamed)
-    records = next(renamed.glob("*/*/records.jsonl"))
+    records = to_json_lines(renamed)
     records.write_text(records.read_text().replace('"fc1', '"encoder').replace("/fc1/", "/encoder/"))
     plain = torchdebug.compare(renamed, dumps("mlp", task="statistics"))
     mapped = torchdebug.compare(renamed, dumps("mlp", task="statistics"), mapping={"modules": {"encoder": "fc1"}})

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 import torchdebug
+from tests.store.old_format import to_json_lines
 from torchdebug.cli import main
 from torchdebug.errors import DumpError
+from torchdebug.store import layout
 
 
 def _copy(dumps, tmp_path):
@@ -29,7 +31,7 @@ def test_a_dump_without_completion_marker_is_compared_and_reported_partial(dumps
 
 def test_a_half_written_last_record_is_skipped_and_reported(dumps, tmp_path):
     copy, rank = _copy(dumps, tmp_path)
-    records = rank / "records.jsonl"
+    records = to_json_lines(copy)  # a dump of JSON lines: one record a line (tests/store cuts Arrow batches)
     text = records.read_text()
     records.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 1] + text.splitlines()[-1][:40])
     result = torchdebug.compare(copy, dumps("mlp"))
@@ -71,7 +73,7 @@ def test_ranks_are_compared_one_by_one_and_the_divergent_rank_is_named(dumps, tm
 def test_a_dump_still_being_written_is_named_when_nothing_matches(dumps, tmp_path, capsys):
     copy, rank = _copy(dumps, tmp_path)
     (rank / "complete.json").unlink()
-    (rank / "records.jsonl").write_text("")  # its writer has not flushed a record yet
+    (rank / layout.RECORDS).write_bytes(b"")  # its writer has not flushed a record yet
     with pytest.raises(ValueError, match="no tensor records in common") as error:
         torchdebug.compare(copy, dumps("mlp"))
     assert f"A ({copy}) is still being written or did not finish (rank 0 without complete.json)" in str(error.value)

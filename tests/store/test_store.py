@@ -33,6 +33,9 @@ def _record(i: int, **extra) -> Record:
     )
 
 
+_STATS = {"min": -1.0, "max": 2.0, "mean": 0.5, "norm": 3.0, "nan": 0, "posinf": 1, "neginf": 0, "zeros": 9}
+
+
 def _writer(tmp_path):
     run = create_run_dir(tmp_path, "run")
     return RankWriter(run / layout.rank_dir_name(1, 0), {"rank": 0, "world_size": 1, "config": {"task": "tensor"}})
@@ -88,29 +91,77 @@ def test_a_tensor_file_missing_from_a_complete_run_is_an_error(tmp_path):
         dump.load_tensor(dump.records()[0])
 
 
-def test_reader_skips_a_truncated_last_line_and_reports_the_dump_partial(tmp_path):
+def test_reader_skips_a_truncated_last_batch_and_reports_the_dump_partial(tmp_path):
     writer = _writer(tmp_path)
     writer.submit(0, [_record(0), _record(1)], None, [])
     writer.drain()
     path = writer.rank_dir / layout.RECORDS
-    with open(path, "a") as handle:
-        handle.write('{"name": "forward/-/aten.add.Tensor#2/outp')
-    dump = load(tmp_path).ranks[0]
-    assert [r.call for r in dump.records()] == [0, 1]
-    assert dump.truncated and not dump.complete
+    first = path.stat().st_size
+    writer.submit(0, [_record(2), _record(3)], None, [])
+    writer.drain()
+    whole = path.read_bytes()
+    for cut in (first + 3, first + 40, (first + len(whole)) // 2, len(whole) - 1):
+        path.write_bytes(whole[:cut])  # killed while writing the second batch
+        dump = load(tmp_path).ranks[0]
+        assert [r.call for r in dump.records()] == [0, 1], cut
+        assert dump.truncated and not dump.complete
     assert load(tmp_path).partial_ranks == [0]
 
 
-def test_reader_rejects_a_corrupt_line_in_the_middle_naming_it(tmp_path):
+def test_a_dump_killed_before_its_first_batch_has_no_records(tmp_path):
+    writer = _writer(tmp_path)
+    assert (writer.rank_dir / layout.RECORDS).read_bytes() == b""  # the schema is written with the first batch
+    dump = load(tmp_path).ranks[0]
+    assert dump.records() == [] and not dump.truncated and not dump.complete
+    writer.close()
+
+
+def test_reader_rejects_a_corrupt_batch_in_the_middle_naming_it(tmp_path):
     writer = _writer(tmp_path)
     writer.submit(0, [_record(0)], None, [])
     writer.drain()
-    with open(writer.rank_dir / layout.RECORDS, "a") as handle:
-        handle.write("garbage\n")
+    path = writer.rank_dir / layout.RECORDS
+    first = path.stat().st_size
     writer.submit(0, [_record(1)], None, [])
     writer.close()
-    with pytest.raises(DumpError, match=r"records.jsonl:2: corrupt record line"):
+    data = path.read_bytes()
+    path.write_bytes(data[:first] + b"garbage\n" + data[first:])
+    with pytest.raises(DumpError, match=rf"records.arrows: batch 2 of records \(byte {first}\) is corrupt"):
         load(tmp_path).ranks[0].records()
+
+
+def test_records_take_few_bytes_each(tmp_path, tiny):
+    with torchdebug.dump(tmp_path, model=tiny, task="statistics"):
+        for _ in range(40):  # one batch of many records, as a real step writes
+            tiny(torch.randn(2, 4)).sum().backward()
+    dump = load(tmp_path).ranks[0]
+    size = (dump.path / layout.RECORDS).stat().st_size
+    assert len(dump.records()) > 2000
+    assert size / len(dump.records()) < 200  # JSON lines took about 460 bytes a record
+
+
+def test_the_records_file_is_an_arrow_stream_any_arrow_reader_opens(tmp_path):
+    import pyarrow.ipc
+
+    writer = _writer(tmp_path)
+    writer.submit(0, [_record(0, stats=_STATS)], None, [])
+    writer.submit(1, [_record(1)], None, [])
+    writer.close()
+    table = pyarrow.ipc.open_stream(writer.rank_dir / layout.RECORDS).read_all()
+    assert table.column("name").to_pylist() == [_record(0).name, _record(1).name]
+    assert table.column("stats").to_pylist() == [_STATS, None]
+
+
+def test_to_arrow_gives_the_stored_table_and_to_pandas_goes_through_it(tmp_path):
+    writer = _writer(tmp_path)
+    writer.submit(0, [_record(0, dtype="float32", shape=[2, 3], stats=_STATS), _record(1, kind="value", value=[1, 2])], None, [])
+    writer.close()
+    run = load(tmp_path)
+    table = run.to_arrow()
+    assert table.equals(run.ranks[0].to_arrow()) and table.num_rows == 2
+    assert table.column("shape").to_pylist() == [[2, 3], None] and table.column("value").to_pylist() == [None, "[1,2]"]
+    frame = run.to_pandas()
+    assert frame["max"].tolist()[0] == _STATS["max"] and frame["shape"].tolist() == [[2, 3], None]
 
 
 def test_tensor_files_open_with_the_safetensors_library(tmp_path):
@@ -309,17 +360,32 @@ def test_batch_encoding_writes_shared_descriptions_as_each_record_alone():
     assert json.loads(lines[3])["stats"]["min"] == -7.0 and json.loads(lines[3])["shape"] == [2]
 
 
-def test_native_record_encoding_equals_the_python_encoder(monkeypatch):
-    from torchdebug.native import json_lines
-    from torchdebug.store import record_json
+def _columns_round_trip(records: list[Record]) -> list[Record]:
+    import pyarrow as pa
 
-    if json_lines.encoder() is None:
-        pytest.skip("the C encoder cannot be built here (no compiler or Python headers)")
-    records = _encoding_cases()
-    native = record_json.encode_records(records)
-    monkeypatch.setattr(record_json, "encoder", lambda: None)
-    assert native == record_json.encode_records(records)
-    assert record_json.encode_records([]) == ""
+    from torchdebug.store.record_columns import records_batch, records_from_table
+
+    return records_from_table(pa.Table.from_batches([records_batch(records)]))
+
+
+def test_every_field_reads_back_from_the_arrow_columns_as_written():
+    import math
+
+    cases = _encoding_cases()[:-1]  # all but the odd numbers (below)
+    back = _columns_round_trip(cases)
+    nan = back[7].stats.pop("min"), cases[7].stats["min"]
+    assert math.isnan(nan[0]) and back[7].stats == {k: v for k, v in cases[7].stats.items() if k != "min"}
+    back[7].stats["min"] = cases[7].stats["min"]
+    assert back == cases
+    assert back[0].shape is back[1].shape and back[0].stats is back[1].stats  # shared, as capture shares them
+    assert "zeros" not in back[12].stats and back[12].stats["max"].__class__ is int  # written as they were read
+
+
+def test_statistics_of_integer_tensors_read_back_as_ints():
+    stats = {**_STATS, "min": 3, "max": 2**40}
+    back = _columns_round_trip([_record(0, dtype="int64", stats=stats), _record(1, dtype="float32", stats=_STATS)])
+    assert back[0].stats == stats and back[0].stats["min"].__class__ is int and back[0].stats["max"].__class__ is int
+    assert back[1].stats == _STATS and back[1].stats["min"].__class__ is float
 
 
 def test_debugger_flush_puts_every_tensor_file_on_disk_before_close(tmp_path):
@@ -369,17 +435,19 @@ def _odd_numbers_record() -> Record:
     return record
 
 
-@pytest.mark.parametrize("native", [False, True], ids=["python-encoder", "c-encoder"])
-def test_numbers_that_are_not_plain_ints_or_floats_never_make_an_invalid_line(native, monkeypatch):
-    from torchdebug.native import json_lines
+def test_numbers_that_are_not_plain_ints_or_floats_never_make_an_invalid_line():
     from torchdebug.store import record_json
 
-    if native and json_lines.encoder() is None:
-        pytest.skip("the C encoder cannot be built here (no compiler or Python headers)")
-    if not native:
-        monkeypatch.setattr(record_json, "encoder", lambda: None)
     (line,) = record_json.encode_records([_odd_numbers_record()]).splitlines()
-    decoded = json.loads(line)  # a symbolic size, a numpy int, a string: still one valid JSON line
+    _assert_odd_numbers(json.loads(line))  # a symbolic size, a numpy int, a string: still one valid JSON line
+
+
+def test_numbers_that_are_not_plain_ints_or_floats_are_kept_beside_the_arrow_columns():
+    (record,) = _columns_round_trip([_odd_numbers_record()])
+    _assert_odd_numbers({**record.to_json(), "extra": record.extra})
+
+
+def _assert_odd_numbers(decoded: dict) -> None:
     assert decoded["step"] == 3 and decoded["call"] == 2 and decoded["sampled"] == 4
     assert decoded["shape"] == [2, "s27", 64, "s9", True] and decoded["stride"] == ["s27", 1]
     assert decoded["stats"] == {"min": 1.5, "max": None, "mean": "s27", "norm": 2.0, "nan": 0, "posinf": None, "neginf": 1}

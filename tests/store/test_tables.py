@@ -70,12 +70,6 @@ def test_without_pandas_the_error_names_the_extra_in_one_line(run, monkeypatch):
     assert "\n" not in str(error.value) and isinstance(error.value, ImportError)
 
 
-def test_without_pyarrow_writing_parquet_names_the_extra(run, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "pyarrow", None)
-    with pytest.raises(MissingExtraError, match=r"writing Parquet needs pyarrow: pip install 'torchdebug\[parquet\]'"):
-        write_parquet(run.to_pandas(), tmp_path / "records.parquet")
-
-
 def test_every_record_field_has_a_column():
     import dataclasses
 

@@ -1,5 +1,6 @@
 """``torchdebug convert DUMP --to npy|pt OUT``: export the saved tensors of a dump;
-``torchdebug convert DUMP out.parquet``: its records as one table.
+``torchdebug convert DUMP out.parquet``: its records as one table;
+``torchdebug convert DUMP out.jsonl``: its records as JSON lines, one record a line, for grep.
 
 One file per record that has a tensor, named after the record (``/`` becomes ``__``), under
 ``OUT/rank{R}/step{S}/``, plus ``OUT/index.json`` mapping record names to files. NumPy has no
@@ -7,7 +8,9 @@ bfloat16 or float8: those tensors are widened to float32 in ``.npy`` files (``in
 ``.pt`` files keep every dtype.
 
 A ``.parquet`` OUT gets one row per record of every rank (statistics as columns, see
-``torchdebug.store.tables``), for pandas, Polars, DuckDB or Spark; needs ``torchdebug[parquet]``.
+``torchdebug.store.tables``), for pandas, Polars, DuckDB or Spark; needs ``torchdebug[pandas]``.
+A ``.jsonl`` OUT gets one JSON object per record of every rank, the fields of ``docs/format.md``
+(those holding ``null`` left out), as dumps stored them before their records were Arrow columns.
 
 A damaged tensor file (truncated, missing) is skipped with a warning naming it; the others are
 converted. Exit status 2 when nothing could be converted.
@@ -31,12 +34,15 @@ if TYPE_CHECKING:
 _NUMPY_UNSUPPORTED = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 """dtypes NumPy has no type for: widened to float32 in ``.npy`` files."""
 
+_RECORD_FILES = (".parquet", ".jsonl")
+"""Suffixes of an OUT that gets the records rather than the tensors."""
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.add_argument("dump", help="dump path (latest run), run folder or rank folder")
-    parser.add_argument("out", help="output folder (created), or a .parquet file for the records table")
-    parser.add_argument("--to", choices=("npy", "pt"), help="tensor file format (required unless OUT ends in .parquet)")
+    parser.add_argument("out", help="output folder (created), or a .parquet or .jsonl file for the records")
+    parser.add_argument("--to", choices=("npy", "pt"), help="tensor file format (required unless OUT ends in .parquet or .jsonl)")
     parser.add_argument(
         "--name", type=name_pattern, action="append", default=[], help="substring or 're:REGEX' of record names (repeatable)"
     )
@@ -56,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
     from torchdebug.store.reader import load
 
     out = Path(args.out)
-    if out.suffix == ".parquet" and args.to is None:
-        return _records_table(load(args.dump), out, NameMatcher(args.name))
+    if out.suffix in _RECORD_FILES and args.to is None:
+        return _records_file(load(args.dump), out, NameMatcher(args.name))
     if args.to is None:
-        raise ValueError(f"--to: required for an output folder ({out}); give --to npy or --to pt, or an OUT ending in .parquet")
+        raise ValueError(
+            f"--to: required for an output folder ({out}); give --to npy or --to pt, or an OUT ending in .parquet or .jsonl"
+        )
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out}: exists and is not a folder; give a new or existing folder for the {args.to} files")
     return _tensor_files(load(args.dump), out, args.to, NameMatcher(args.name))
@@ -116,14 +124,18 @@ def _tensor_files(run_: Run, out: Path, to: str, matcher: NameMatcher) -> int:
     return 0
 
 
-def _records_table(run_: Run, out: Path, matcher: NameMatcher) -> int:
-    """Write the records (those ``--name`` selects) of every rank as one Parquet table."""
+def _records_file(run_: Run, out: Path, matcher: NameMatcher) -> int:
+    """Write the records (those ``--name`` selects) of every rank as one Parquet table or JSON-lines file."""
+    from torchdebug.store.record_json import encode_records
     from torchdebug.store.tables import records_frame, write_parquet
 
     records = [record for record in run_.records() if not matcher or matcher(record.name)]
     if not records:
         raise DumpError(f"{run_.path}: no records match")
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(records_frame(records), out)
+    if out.suffix == ".jsonl":
+        out.write_text(encode_records(records), encoding="utf-8")
+    else:
+        write_parquet(records_frame(records), out)
     print(f"wrote {len(records)} records to {out}")
     return 0

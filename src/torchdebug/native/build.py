@@ -79,13 +79,10 @@ def torch_uses_gnu_openmp() -> bool:
 
 
 @functools.cache
-def load_library(source_name: str, *, python_api: bool = False) -> ctypes.CDLL | None:
+def load_library(source_name: str) -> ctypes.CDLL | None:
     """The shared library built from ``torchdebug/native/<source_name>.c``, or ``None`` when it
-    cannot be built here (no compiler, a build error) or native kernels are disabled.
-
-    ``python_api``: the source uses the Python C API; it is built against this interpreter's headers
-    and loaded with :class:`ctypes.PyDLL` (calls keep the GIL, and raise the exceptions they set).
-    Other libraries are loaded with :class:`ctypes.CDLL` (calls release the GIL).
+    cannot be built here (no compiler, a build error) or native kernels are disabled. It is loaded
+    with :class:`ctypes.CDLL` (calls release the GIL).
     """
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None
@@ -94,17 +91,14 @@ def load_library(source_name: str, *, python_api: bool = False) -> ctypes.CDLL |
     if compiler is None:
         logger.info("no C compiler found; torchdebug uses Python for %s", source_name)
         return None
-    if python_api:
-        variants = [(*FLAGS, f"-I{sysconfig.get_paths()['include']}")]
-    elif torch_uses_gnu_openmp():
+    if torch_uses_gnu_openmp():
         variants = [(*FLAGS, *OPENMP_FLAGS), FLAGS]
     else:
         variants = [FLAGS]
-    loader = ctypes.PyDLL if python_api else ctypes.CDLL
     error: Exception | None = None
     for flags in variants:
         try:
-            return loader(str(_built(compiler, flags, source)))
+            return ctypes.CDLL(str(_built(compiler, flags, source)))
         except (OSError, subprocess.SubprocessError) as failure:
             error = failure
     logger.warning("could not build %s (%s); torchdebug uses Python or torch ops instead", source.name, error)

@@ -6,7 +6,9 @@
       20261122-101500/                   one run (a new folder every time; never overwritten)
         worldsize2_global_rank0/         one folder per rank
           manifest.json                  versions, config, world size, start time, run id
-          records.jsonl                  one record per line, appended and flushed per batch
+          records.arrows                 records as an Arrow IPC stream, one batch per flush
+                                         (records.jsonl, one JSON record per line, in dumps
+                                         written before; still read)
           stacks.jsonl                   deduplicated call stacks, {"id": ..., "frames": [...]}
           tensors/step0-0000.safetensors tensors of task=tensor, written to *.tmp then renamed
           complete.json                  written by a clean close: end time, record count
@@ -19,7 +21,9 @@ import re
 from pathlib import Path
 
 MANIFEST = "manifest.json"
-RECORDS = "records.jsonl"
+RECORDS = "records.arrows"
+RECORDS_JSON = "records.jsonl"
+"""The records file of dumps written before records were Arrow columns."""
 STACKS = "stacks.jsonl"
 COMPLETE = "complete.json"
 TENSORS = "tensors"

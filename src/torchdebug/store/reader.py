@@ -1,9 +1,11 @@
 """Reading dumps back, without pickle.
 
 :func:`load` takes a dump path (its latest run), a run folder or a rank folder. Records come from
-JSON lines; a last line cut short by a crash is skipped with a warning, and a rank folder without
+the Arrow stream of each rank (``record_file.py``), or from the JSON lines of dumps written before;
+a last batch (or line) cut short by a crash is skipped with a warning, and a rank folder without
 ``complete.json`` is reported as partial. Tensors are memory-mapped from safetensors files.
-``to_pandas()`` turns the records into a table (``torchdebug.store.tables``).
+``to_arrow()`` gives the records as an Arrow table, ``to_pandas()`` as a pandas one
+(``torchdebug.store.tables``).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyarrow as pa
 import torch
 from safetensors import SafetensorError, safe_open
 
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout, live
-from torchdebug.store.tables import records_frame
+from torchdebug.store.record_columns import records_from_table, records_table
+from torchdebug.store.record_file import read_records
+from torchdebug.store.tables import arrow_frame
 
 logger = logging.getLogger("torchdebug.store.reader")
 
@@ -127,8 +132,12 @@ class RankDump:
         return self._read()
 
     def _read(self) -> tuple[list[Record], bool]:
-        rows, truncated = _read_jsonl(self.path / layout.RECORDS)
-        records = [_record(row) for row in rows]
+        if self._json_lines:
+            rows, truncated = _read_jsonl(self.path / layout.RECORDS_JSON)
+            records = [_record(row) for row in rows]
+        else:
+            table, truncated = read_records(self.path / layout.RECORDS)
+            records = records_from_table(table)
         if not self.complete:
             self._mark_unwritten_tensors(records)
         return records, truncated
@@ -147,6 +156,11 @@ class RankDump:
                 record.tensor = None
                 record.capture_error = f"tensor not saved: the run stopped before {file} was written"
 
+    @property
+    def _json_lines(self) -> bool:
+        """Whether the records are JSON lines (a dump written before records were Arrow columns)."""
+        return not (self.path / layout.RECORDS).exists() and (self.path / layout.RECORDS_JSON).exists()
+
     def records(self) -> list[Record]:
         """All records of this rank, in the order they were written."""
         return self._records[0]
@@ -164,10 +178,20 @@ class RankDump:
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records())
 
+    def to_arrow(self) -> pa.Table:
+        """This rank's records as an Arrow table, as stored (``record_columns.SCHEMA``: one row per
+        record, statistics as a struct column, ``value`` and ``extra`` as JSON text), for pandas,
+        Polars or DuckDB without a copy. A dump of JSON lines is converted. Records of a partial
+        run whose tensor file was never written keep their ``tensor_file`` here (:meth:`records`
+        marks them)."""
+        if self._json_lines:
+            return records_table(self.records())
+        return read_records(self.path / layout.RECORDS)[0]
+
     def to_pandas(self) -> Any:
         """This rank's records as a ``pandas.DataFrame``, one row per record, statistics as columns
         (:data:`~torchdebug.store.tables.RECORD_COLUMNS`; needs ``pip install 'torchdebug[pandas]'``)."""
-        return records_frame(self.records())
+        return arrow_frame(self.to_arrow())
 
     @cached_property
     def stacks(self) -> dict[str, list[str]]:
@@ -249,9 +273,16 @@ class Run:
         for rank in sorted(self.ranks):
             yield from self.ranks[rank].records()
 
+    def to_arrow(self) -> pa.Table:
+        """The records of every rank as one Arrow table, rank by rank (see :meth:`RankDump.to_arrow`;
+        ranks of another reader, msprobe's, are converted)."""
+        ranks = [self.ranks[rank] for rank in sorted(self.ranks)]
+        tables = [dump.to_arrow() if isinstance(dump, RankDump) else records_table(dump.records()) for dump in ranks]
+        return pa.concat_tables(tables) if tables else records_table([])
+
     def to_pandas(self) -> Any:
         """The records of every rank as one ``pandas.DataFrame`` (see :meth:`RankDump.to_pandas`)."""
-        return records_frame(self.records())
+        return arrow_frame(self.to_arrow())
 
 
 def list_runs(dump_path: Path) -> list[Path]:

@@ -1,8 +1,9 @@
-"""One record as one JSON line, about twice as fast as ``json.dumps(record.to_json())``.
+"""Records as JSON lines: ``torchdebug convert DUMP out.jsonl``, for people who grep, and the JSON
+text of the fields a dump's Arrow columns hold as JSON (``value``, ``extra``, ``json_fields``).
 
-Encoding is on the capturing thread's critical path (a step writes thousands of records), so the
-fields are written directly by type: strings through the C string escaper, ints, lists of ints,
-finite floats by ``repr``; ``value`` and ``extra`` go through ``json``. Non-finite floats are
+About twice as fast as ``json.dumps(record.to_json())``: the fields are written directly by type:
+strings through the C string escaper, ints, lists of ints, finite floats by ``repr``; ``value``
+and ``extra`` go through ``json``. Non-finite floats are
 written as ``NaN``/``Infinity``/``-Infinity``, which Python's ``json`` reads back. The output equals
 ``json.dumps(record.to_json())`` up to whitespace (``tests/store`` checks it for every field).
 
@@ -10,6 +11,8 @@ Every line is valid JSON whatever a numeric field holds (:func:`_number`): other
 (numpy's) are written as the int they are, other real types as floats, ``bool`` as ``true``/
 ``false``, and anything else (a string, a symbolic size such as ``s27``, an object) as a JSON
 string, never as bare text: a shape of ``[2, "s27"]`` still parses, and says what went wrong.
+Dumps written before torchdebug stored records as Arrow columns hold these lines
+(``records.jsonl``, read by ``torchdebug.store.reader``).
 
 :func:`encode_records` encodes a batch and writes the description and statistics of a tensor once:
 records of the same tensor (an op's output, then the next op's input) share those objects, so they
@@ -25,7 +28,6 @@ import operator
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
-from torchdebug.native.json_lines import encoder
 from torchdebug.records import STAT_KEYS, Record
 
 _STAT_KEYS = set(STAT_KEYS)
@@ -44,6 +46,13 @@ def _plain(value: Any) -> Any:
 
 
 _FALLBACK = json.JSONEncoder(check_circular=False, separators=(",", ":"), default=_plain)
+
+
+def json_text(value: Any) -> str:
+    """``value`` as compact JSON text: numpy scalars as the numbers they are, any other object
+    ``json`` has no rule for as its string."""
+    return _FALLBACK.encode(value)
+
 
 ENCODED_FIELDS = (
     "name",
@@ -104,10 +113,6 @@ def _number(value: Any) -> str:
     return _quote(str(value))
 
 
-_HELPERS = (_quote, _FALLBACK.encode, ENCODED_FIELDS, STAT_KEYS, _number)
-"""What the C encoder hands the cases it does not write itself to (see ``records.c``)."""
-
-
 def _ints(values: list[int]) -> str:
     for value in values:
         if value.__class__ is not int:
@@ -130,11 +135,7 @@ def _flat_dict(data: dict[str, Any]) -> str:
 
 
 def encode_records(records: list[Record]) -> str:
-    """The records as JSON lines, one ``\\n``-terminated line each (in C where it could be built,
-    see ``torchdebug.native.json_lines``)."""
-    native = encoder()
-    if native is not None:
-        return native(records, _HELPERS)
+    """The records as JSON lines, one ``\\n``-terminated line each."""
     memo: dict[int, str] = {}
     return "".join([encode_record(r, memo) + "\n" for r in records])
 

@@ -1,8 +1,9 @@
 """Crash-safe writing of one rank's records, stacks and tensors.
 
-Records and stacks are appended as JSON lines and handed to the OS with every batch, so a process
-killed mid-step (even by SIGKILL) keeps every batch written before the kill; only a last line may
-be cut short, and the reader accepts that. Tensor files are written under a temporary name and
+Records are appended as one Arrow record batch per flush (``record_file.py``), stacks as JSON
+lines, both handed to the OS with every batch, so a process killed mid-step (even by SIGKILL) keeps
+every batch written before the kill; only a last batch or line may be cut short, and the reader
+accepts that. Tensor files are written under a temporary name and
 renamed into place, so a file is complete or absent, never partial.
 
 Two background threads write: one appends records and stacks, one writes tensor files. The
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import torch
 
 from torchdebug import progress
@@ -39,7 +41,8 @@ from torchdebug.dist import broadcast_from_rank0, dist_initialized
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import layout
-from torchdebug.store.record_json import encode_records
+from torchdebug.store.record_columns import records_batch
+from torchdebug.store.record_file import RecordFile
 from torchdebug.store.tensor_batch import BLOCK, TensorBatch
 from torchdebug.version import __version__
 
@@ -169,8 +172,8 @@ class RankWriter:
         self._error: BaseException | None = None
         manifest = {"schema_version": SCHEMA_VERSION, "start_time": now_iso(), **manifest}
         _write_json_atomic(rank_dir / layout.MANIFEST, manifest)
-        # Line-buffered text files: each write of whole lines reaches the OS at once.
-        self._records = open(rank_dir / layout.RECORDS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._records = RecordFile(rank_dir / layout.RECORDS)
+        # A line-buffered text file: each write of whole lines reaches the OS at once.
         self._stacks = open(rank_dir / layout.STACKS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._threads = [
             threading.Thread(target=self._run, args=(jobs, write), name=f"torchdebug-{kind}-{rank_dir.name}", daemon=True)
@@ -228,8 +231,9 @@ class RankWriter:
     def submit(self, step: int, records: list[Record], batch: TensorBatch | None, refs: list[dict[str, str]]) -> None:
         """Hand a batch to the writer threads: the tensor file to one, stacks and records to the other.
 
-        Names and JSON are made here, on the calling thread: encoding on the writer thread would
-        hold the GIL while the training thread waits for it after every torch op.
+        The records' columns are made here, on the calling thread: building them on the writer
+        thread would hold the GIL while the training thread waits for it after every torch op (the
+        writer thread compresses and writes them with the GIL released).
         """
         self._raise_error()
         tensor_file = None
@@ -243,7 +247,7 @@ class RankWriter:
                 ref["file"] = tensor_file
         stacks = "".join(json.dumps(s) + "\n" for s in self._pending_stacks)
         self._pending_stacks = []
-        lines = encode_records(records)
+        columns = records_batch(records) if records else None
         self.record_count += len(records)
         if batch is not None:
             self._tensor_bytes[0] += batch.used
@@ -251,7 +255,7 @@ class RankWriter:
                 self.transfers.device_bytes += batch.staged_bytes
                 self.transfers.device_peak_bytes = max(self.transfers.device_peak_bytes, self.transfers.device_bytes)
             self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))
-        self._record_jobs.put(_RecordJob(stacks, lines))
+        self._record_jobs.put(_RecordJob(stacks, columns))
 
     def drain(self, tensors: bool = False) -> None:
         """Wait until the records and stacks submitted so far are on disk (``tensors``: the tensor
@@ -340,8 +344,8 @@ class RankWriter:
     def _write_records(self, job: _RecordJob) -> None:
         if job.stacks:
             self._stacks.write(job.stacks)
-        if job.lines:
-            self._records.write(job.lines)
+        if job.columns is not None:
+            self._records.append(job.columns)
 
 
 @dataclass
@@ -389,4 +393,4 @@ class _TensorJob:
 @dataclass
 class _RecordJob:
     stacks: str
-    lines: str
+    columns: pa.RecordBatch | None

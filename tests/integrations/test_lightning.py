@@ -140,3 +140,38 @@ def test_an_exception_in_training_unhooks_and_closes_the_dump(tmp_path):
 def test_bad_options_fail_when_the_callback_is_built():
     with pytest.raises(torchdebug.ConfigError, match="task"):
         TorchDebugCallback(task="everything")
+
+
+class _PoisonedAt(LitNet):
+    """Takes the log of a negative number in the forward of one optimizer step."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.poisoned_step = step
+
+    def forward(self, x):
+        out = super().forward(x)
+        if self.trainer.global_step == self.poisoned_step:
+            out = torch.log(-1 - out.abs())  # POISON
+        return out
+
+
+def test_the_monitor_catches_a_nan_and_replays_its_step(tmp_path):
+    before = _hooks_in_place()
+    callback = TorchDebugCallback(monitor={"window": 4, "on_anomaly": "skip"})
+    torch.manual_seed(0)
+    model = _PoisonedAt(5)
+    _trainer(tmp_path, callback, max_steps=8, accumulate_grad_batches=2).fit(
+        model, torch.utils.data.DataLoader(_batches(16), batch_size=None)
+    )
+    assert callback.run_dir is None  # monitor= alone: no step dumped by the debugger
+    (event,) = callback.events
+    assert (event.step, event.reason, event.slot) == (5, "nonfinite", "forward/<root>/module#0/output.0")
+    assert event.window.parent == tmp_path / "torchdebug-monitor"
+    assert sorted({r.step for r in torchdebug.load(event.window).ranks[0].records()}) == [2, 3, 4, 5]
+    assert event.replay is not None and event.replay.reproduced
+    assert "aten.log.default" in event.replay.origin and "test_lightning.py" in event.replay.origin
+    replayed = torchdebug.load(event.replay.dump).ranks[0].records()
+    assert len([r for r in replayed if r.op == "aten.log.default" and r.io == "output"]) == 2  # both micro-batches
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # on_anomaly="skip": the NaN step was not taken
+    assert _hooks_in_place() == before

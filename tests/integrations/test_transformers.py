@@ -115,3 +115,44 @@ def test_a_tiny_gpt2_is_dumped_with_module_paths_in_every_phase(tmp_path):
     assert {r.phase for r in records} == {"forward", "backward", "optimizer"}
     assert any(r.module == "transformer.h.0.attn.c_attn" for r in records if r.phase == "forward")
     assert any(r.module == "transformer.h.0.attn.c_attn" for r in records if r.phase == "backward")
+
+
+class _SpikingNet(RegressionNet):
+    """Its loss jumps a thousandfold on the calls of one optimizer step (from the Trainer's state)."""
+
+    def __init__(self, state_of: list, step: int) -> None:
+        super().__init__()
+        self.state_of, self.spike_step = state_of, step
+
+    def forward(self, x, labels):
+        out = super().forward(x, labels)
+        if self.state_of and self.state_of[0].global_step == self.spike_step:
+            out["loss"] = out["loss"] * 1000.0
+        return out
+
+
+def test_the_monitor_catches_a_loss_spike_and_replays_its_step(tmp_path):
+    state_of: list = []
+
+    class Remember(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            state_of.append(state)
+
+    torch.manual_seed(0)
+    model = _SpikingNet(state_of, 20)
+    callback = TorchDebugCallback(monitor={"history": 8})
+    trainer = transformers.Trainer(
+        model=model,
+        args=_args(tmp_path, max_steps=24, gradient_accumulation_steps=2, max_grad_norm=0.0),
+        train_dataset=_rows(48),
+        callbacks=[Remember(), callback],
+        optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+    )
+    trainer.train()
+    (event,) = callback.events
+    assert (event.step, event.reason) == (20, "loss_spike")
+    assert event.window.parent == tmp_path / "torchdebug-monitor"
+    assert event.replay is not None and event.replay.reproduced and event.replay.loss > 100
+    replayed = torchdebug.load(event.replay.dump).ranks[0].records()
+    assert {r.step for r in replayed} == {20}
+    assert len([r for r in replayed if r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]) == 2

@@ -10,12 +10,15 @@ accumulation belong to the step they accumulate into.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from torchdebug.debugger import Debugger, resolve_config
+from torchdebug.errors import ConfigError
+from torchdebug.monitor import Monitor, MonitorConfig
 
 NO_STEP_WARNING = "torchdebug: no step selected, so every training step is dumped; pass step=[N] or step='a-b' to dump a few"
 
@@ -69,3 +72,93 @@ class TrainerDump:
             return None
         self._unreported = False
         return f"torchdebug: dump written to {self.run_dir} (compare it: torchdebug compare {self.run_dir} REFERENCE)"
+
+
+class TrainerMonitor:
+    """A :class:`~torchdebug.Monitor` driven by a trainer's hooks (``monitor=`` of the callbacks).
+
+    A trainer runs the forward and backward itself, so the callback hands the monitor, for each
+    micro-batch of a step, a callable that runs that micro-batch's forward and backward again; on a
+    trigger before the optimizer step, the replay runs them all on the same parameters and random
+    state. The monitor's dumps go under ``dump_path``, by default ``<trainer's folder>/torchdebug-monitor``.
+    """
+
+    def __init__(self, dump_path: str | Path | None, monitor: Any) -> None:
+        if isinstance(monitor, dict):
+            self.config = MonitorConfig(**monitor)
+        elif isinstance(monitor, MonitorConfig):
+            self.config = monitor
+        elif monitor is True:
+            self.config = MonitorConfig()
+        else:
+            raise ConfigError(f"monitor: got {monitor!r}, expected True, a dict of Monitor options or a MonitorConfig")
+        if dump_path is not None:
+            self.config.dump_path = str(dump_path)
+        self._dump_path_set = dump_path is not None or "dump_path" in self.config.assigned
+        self.monitor: Any = None
+        self._step: int | None = None
+        self._replays: list[Callable[[], Any]] = []
+        self._loss: Any = None
+        self.replaying = False
+        """A replay is running: the trainer's hooks it reaches are not the step's."""
+
+    @property
+    def events(self) -> list[Any]:
+        """The monitor's events (empty before training starts)."""
+        return self.monitor.events if self.monitor is not None else []
+
+    def open(self, trainer_dir: str | Path, model: nn.Module) -> None:
+        if self.monitor is None:
+            dump_path = None if self._dump_path_set else Path(trainer_dir) / "torchdebug-monitor"
+            self.monitor = Monitor(model, None, dump_path, config=self.config)
+
+    def micro_batch(self, step: int, replay: Callable[[], Any]) -> None:
+        """A micro-batch of optimizer step ``step`` starts; ``replay`` runs its forward and backward
+        again and returns its loss."""
+        if self.monitor is None or self.replaying:
+            return
+        if step != self._step:
+            self._step, self._replays, self._loss = step, [], None
+            self.monitor.begin_step()
+        self._replays.append(replay)
+
+    def loss(self, loss: Any) -> None:
+        """The loss of the micro-batch under way (the last one is the step's)."""
+        if self.monitor is not None and not self.replaying:
+            self._loss = loss.detach()
+
+    def before_update(self) -> None:
+        """The gradients are final, the optimizer has not stepped: judge, and replay on a trigger."""
+        if self.monitor is None or self.replaying:
+            return
+        replays = list(self._replays)
+
+        def replay() -> Any:
+            self.replaying = True
+            try:
+                loss = None
+                for one in replays:
+                    loss = one()
+                return loss
+            finally:
+                self.replaying = False
+
+        self.monitor.before_update(self._loss, replay=replay if replays else None)
+
+    def end_step(self, step: int | None = None) -> None:
+        """The optimizer has stepped (``step``: the trainer's step count now; a step still under way,
+        one more micro-batch to accumulate, is left open): watch the parameters it left, end the
+        monitor's step."""
+        if self.monitor is not None and self._step is not None and step != self._step:
+            self.monitor.watcher.watch_parameters()
+            self.monitor.end_step()
+            self._step = None
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+
+
+def monitor_option(dump_path: str | Path | None, monitor: Any) -> TrainerMonitor | None:
+    """The callbacks' ``monitor=``: ``None``/``False`` none, else a :class:`TrainerMonitor` (checked now)."""
+    return None if monitor is None or monitor is False else TrainerMonitor(dump_path, monitor)

@@ -13,15 +13,23 @@ Steps are ``trainer.global_step``; every rank writes its own folder of one run (
 ranks) under ``dump_path``, by default ``trainer.log_dir/torchdebug``. Validation and data loading
 are not captured. Global rank 0 logs where the dump went; ``callback.run_dir`` holds it too.
 Needs ``pip install 'torchdebug[lightning]'`` (the ``lightning`` package).
+
+``monitor=True`` (or a dict of :class:`~torchdebug.Monitor` options) adds the flight recorder: every
+step watched, the last ``window`` kept, and on a NaN or a spike the window dumped and the step
+replayed under op-level capture (``TorchDebugCallback(monitor={"window": 16})``; its dumps go under
+``trainer.log_dir/torchdebug-monitor``; ``callback.events``). With ``monitor=`` alone no step is dumped
+by the debugger; pass ``step=`` for that too. The replay runs ``training_step`` of each micro-batch
+of the step again (through the strategy, so the precision context is the same) and its backward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from torchdebug.extras import import_extra
-from torchdebug.integrations._training import NO_STEP_WARNING, TrainerDump
+from torchdebug.integrations._training import NO_STEP_WARNING, TrainerDump, monitor_option
 
 _pl = import_extra("lightning.pytorch", "lightning", "torchdebug.integrations.lightning")
 _rank_zero = import_extra("lightning.pytorch.utilities.rank_zero", "lightning", "torchdebug.integrations.lightning")
@@ -35,30 +43,55 @@ class TorchDebugCallback(_pl.Callback):
     Args:
         dump_path: folder of the dump (default: ``trainer.log_dir/torchdebug``).
         config: a ``DebuggerConfig``, a dict, or a JSON/YAML file path; keyword ``options`` override it.
+        monitor: ``True`` or a dict of :class:`~torchdebug.Monitor` options: the flight recorder.
     """
 
-    def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, **options: Any) -> None:
+    def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, monitor: Any = None, **options: Any) -> None:
         super().__init__()
-        self._dump = TrainerDump(dump_path, config, options)
+        self._monitor = monitor_option(dump_path, monitor)
+        dumps = self._monitor is None or config is not None or bool(options)
+        self._dump = TrainerDump(dump_path, config, options) if dumps else None
 
     @property
     def run_dir(self) -> Path | None:
-        """The run folder of the last fit's dump (``None`` before training starts)."""
-        return self._dump.run_dir
+        """The run folder of the last fit's dump (``None`` before training starts or without one)."""
+        return self._dump.run_dir if self._dump is not None else None
+
+    @property
+    def events(self) -> list[Any]:
+        """What the monitor caught (:class:`~torchdebug.monitor.MonitorEvent`; empty without ``monitor=``)."""
+        return self._monitor.events if self._monitor is not None else []
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
-        log_dir = trainer.log_dir  # a collective under DDP: every rank asks
-        self._dump.open(log_dir or trainer.default_root_dir)
-        if self._dump.config.step is None:
-            _rank_zero.rank_zero_warn(NO_STEP_WARNING)
+        log_dir = trainer.log_dir or trainer.default_root_dir  # a collective under DDP: every rank asks
+        if self._dump is not None:
+            self._dump.open(log_dir)
+            if self._dump.config.step is None:
+                _rank_zero.rank_zero_warn(NO_STEP_WARNING)
+        if self._monitor is not None:
+            self._monitor.open(log_dir, pl_module)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self._dump.start(trainer.global_step, pl_module)
+        if self._dump is not None:
+            self._dump.start(trainer.global_step, pl_module)
+        if self._monitor is not None:
+            self._monitor.micro_batch(trainer.global_step, _replay(trainer, batch, batch_idx))
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self._monitor is not None:
+            self._monitor.loss(loss)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._monitor is not None:
+            self._monitor.before_update()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._dump.stop()
+        if self._dump is not None:
+            self._dump.stop()
+        if self._monitor is not None:
+            self._monitor.end_step(trainer.global_step)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._close()
@@ -71,6 +104,22 @@ class TorchDebugCallback(_pl.Callback):
             self._close()
 
     def _close(self) -> None:
-        summary = self._dump.finish()
+        if self._monitor is not None:
+            self._monitor.close()
+        summary = self._dump.finish() if self._dump is not None else None
         if summary is not None:
             _rank_zero.rank_zero_info(summary)
+
+
+def _replay(trainer: Any, batch: Any, batch_idx: int) -> Callable[[], Any]:
+    """A micro-batch's forward and backward again, as automatic optimisation runs them: the
+    strategy's ``training_step`` (its precision context), the loss divided over the accumulated
+    batches, its backward. Returns that loss."""
+
+    def run() -> Any:
+        output = trainer.strategy.training_step(batch, batch_idx)
+        loss = (output["loss"] if isinstance(output, Mapping) else output) / trainer.accumulate_grad_batches
+        loss.backward()
+        return loss
+
+    return run

@@ -13,16 +13,27 @@ writes its own rank folder of one run (``rank=`` selects ranks) under ``dump_pat
 ``args.output_dir/torchdebug``. Evaluation and data loading are not captured. The world's process 0
 logs where the dump went (logger ``torchdebug.integrations.transformers``); ``callback.run_dir``
 holds it too. Needs ``pip install 'torchdebug[transformers]'``.
+
+``monitor=True`` (or a dict of :class:`~torchdebug.Monitor` options) adds the flight recorder: every
+step watched, the last ``window`` kept, and on a NaN or a spike the window dumped and the step
+replayed under op-level capture (its dumps go under ``args.output_dir/torchdebug-monitor``;
+``callback.events``). With ``monitor=`` alone no step is dumped by the debugger; pass ``step=`` for
+that too. The model's calls in training are kept for the step (its inputs, for the replay, and the
+``loss`` it returns, for the loss trigger); the replay calls the model on each micro-batch's inputs
+again and runs the backward of its loss divided over the accumulation steps. The step is judged in
+``on_pre_optimizer_step``, which the Trainer calls since transformers 4.47; before that, steps are
+judged after the optimizer step and not replayed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from torchdebug.extras import import_extra
-from torchdebug.integrations._training import NO_STEP_WARNING, TrainerDump
+from torchdebug.integrations._training import NO_STEP_WARNING, TrainerDump, monitor_option
 
 _hf = import_extra("transformers", "transformers", "torchdebug.integrations.transformers")
 
@@ -37,28 +48,86 @@ class TorchDebugCallback(_hf.TrainerCallback):
     Args:
         dump_path: folder of the dump (default: ``args.output_dir/torchdebug``).
         config: a ``DebuggerConfig``, a dict, or a JSON/YAML file path; keyword ``options`` override it.
+        monitor: ``True`` or a dict of :class:`~torchdebug.Monitor` options: the flight recorder.
     """
 
-    def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, **options: Any) -> None:
-        self._dump = TrainerDump(dump_path, config, options)
+    def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, monitor: Any = None, **options: Any) -> None:
+        self._monitor = monitor_option(dump_path, monitor)
+        dumps = self._monitor is None or config is not None or bool(options)
+        self._dump = TrainerDump(dump_path, config, options) if dumps else None
+        self._handles: list[Any] = []
 
     @property
     def run_dir(self) -> Path | None:
-        """The run folder of the last training's dump (``None`` before training starts)."""
-        return self._dump.run_dir
+        """The run folder of the last training's dump (``None`` before training starts or without one)."""
+        return self._dump.run_dir if self._dump is not None else None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._dump.open(args.output_dir or ".")
-        if self._dump.config.step is None and state.is_world_process_zero:
-            logger.warning(NO_STEP_WARNING)
+    @property
+    def events(self) -> list[Any]:
+        """What the monitor caught (:class:`~torchdebug.monitor.MonitorEvent`; empty without ``monitor=``)."""
+        return self._monitor.events if self._monitor is not None else []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self._dump is not None:
+            self._dump.open(args.output_dir or ".")
+            if self._dump.config.step is None and state.is_world_process_zero:
+                logger.warning(NO_STEP_WARNING)
+        if self._monitor is not None and model is not None and not self._handles:
+            self._monitor.open(args.output_dir or ".", model)
+            self._handles = _watch_model_calls(model, args, state, self._monitor)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        self._dump.start(state.global_step, model)
+        if self._dump is not None:
+            self._dump.start(state.global_step, model)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._monitor is not None:
+            self._monitor.before_update()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._dump.stop()
+        if self._dump is not None:
+            self._dump.stop()
+        if self._monitor is not None:
+            self._monitor.end_step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        summary = self._dump.finish()
+        if self._monitor is not None:
+            self._monitor.close()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        summary = self._dump.finish() if self._dump is not None else None
         if summary is not None and state.is_world_process_zero:
             logger.info(summary)
+
+
+def _model_loss(output: Any) -> Any:
+    """The ``loss`` a Trainer's model returns (a ``ModelOutput``/dict key, or the first of a tuple)."""
+    if isinstance(output, Mapping):
+        return output.get("loss")
+    return output[0] if isinstance(output, (tuple, list)) and output else None
+
+
+def _watch_model_calls(model: Any, args: Any, state: Any, monitor: Any) -> list[Any]:
+    """Hooks on the model's own call: each training call's inputs become a micro-batch to replay,
+    its ``loss`` the step's loss."""
+
+    def before(module: Any, call_args: tuple, call_kwargs: dict) -> None:
+        if module.training:
+            monitor.micro_batch(state.global_step, _replay(model, call_args, call_kwargs, args.gradient_accumulation_steps))
+
+    def after(module: Any, call_args: tuple, output: Any) -> None:
+        loss = _model_loss(output)
+        if module.training and loss is not None:
+            monitor.loss(loss)
+
+    return [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after)]
+
+
+def _replay(model: Any, call_args: tuple, call_kwargs: dict, accumulation: int) -> Callable[[], Any]:
+    def run() -> Any:
+        loss = _model_loss(model(*call_args, **call_kwargs))
+        (loss / accumulation).backward()
+        return loss
+
+    return run

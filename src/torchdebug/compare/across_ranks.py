@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,8 @@ class RanksResult(CompareResult):
     """A :class:`CompareResult` whose rows compare each rank with the reference ranks, slot by slot.
 
     ``row.rank`` is the rank checked, ``row.record_b`` the reference's record, ``row.record_a`` the
-    checked rank's (the reference's too where the rank holds the reference value).
+    checked rank's (the reference's too where the rank holds the reference value). The rows are
+    final once made: the per-rank lists are indexed on first use.
     """
 
     heading = "torchdebug compare --across-ranks"
@@ -93,6 +95,22 @@ class RanksResult(CompareResult):
 
     def _first(self, finder: Callable[[Sequence[Row]], Row | None]) -> Row | None:
         return finder(sorted(self.rows, key=lambda row: (row.order, row.rank)))
+
+    @cached_property
+    def _by_rank(self) -> dict[int, list[Row]]:
+        """The rows of each rank, found in one pass (a row per slot and rank: the per-rank counts of
+        the summary and reports would pass over every row once per rank)."""
+        by_rank: dict[int, list[Row]] = {}
+        for row in self.rows:
+            by_rank.setdefault(row.rank, []).append(row)
+        return by_rank
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self._by_rank)
+
+    def rank_rows(self, rank: int) -> list[Row]:
+        return list(self._by_rank.get(rank, ()))
 
 
 @dataclass(slots=True)

@@ -1,20 +1,21 @@
 """Where each judged row's value came from, and what blame or dtype constant it carries.
 
 The rules (:mod:`torchdebug.compare.rules`) judge an input against the tensor its producer made
-(:func:`torchdebug.compare.matching.producers`: the same saved tensor, or the same dtype, shape and
-statistics, looking through casts), traced through the calls only one side runs back to matched
-rows; and an inherited row names the blamed row, or the constant made for the dtype, whose error it
-carries. :class:`Flow` holds both for one judging of one rank's rows.
+(:func:`torchdebug.compare.matching.producers`; those matching found, when it hands them on: the
+same saved tensor, or the same dtype, shape and statistics, looking through casts), traced through
+the calls only one side runs back to matched rows; and an inherited row names the blamed row, or
+the constant made for the dtype, whose error it carries. :class:`Flow` holds both for one judging of one rank's rows.
 """
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Sequence
 from fractions import Fraction
 
 from torchdebug.compare.comparable import DataShapes, data_records
 from torchdebug.compare.judgement import Judgement
-from torchdebug.compare.matching import execution_order, producers
+from torchdebug.compare.matching import Producers, execution_order
 from torchdebug.compare.rows import Row
 from torchdebug.records import Record
 
@@ -29,30 +30,38 @@ _MAX_TRACE = 8
 class Flow:
     """The data flow of one rank's rows and what the rows judged so far carry."""
 
-    def __init__(self, rows: Sequence[Row], split: Fraction | None = None) -> None:
-        self.slots: dict[tuple[str, int, str], Row] = {}
+    def __init__(self, rows: Sequence[Row], split: Fraction | None = None, made: Producers | None = None) -> None:
+        """``made``: the producers matching found for the rows' records (else traced from the rows)."""
+        self.slots: dict[str, dict[int, dict[str, Row]]] = {"a": {}, "b": {}}
+        """Per side and step, the row of each slot name."""
         self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
         records: dict[str, list[Record]] = {"a": [], "b": []}
+        reshaped = False
         for row in rows:
+            matched = row.record_a is not None and row.record_b is not None
+            reshaped = reshaped or matched and row.shape_a != row.shape_b and row.kind == "tensor"
             for side, record in (("a", row.record_a), ("b", row.record_b)):
                 if record is None:
                     continue
-                self.slots[(side, record.step, record.name)] = row
+                names = self.slots[side].get(record.step)
+                if names is None:
+                    names = self.slots[side][record.step] = {}
+                names[record.name] = row
                 records[side].append(record)
-                if not row.matched:
+                if not matched:
                     self.one_sided.setdefault((side, record.step, record.call_name), []).append(row)
-        self.producers: dict[int, tuple[str, str]] = {}
-        reshaped = any(row.shape_a != row.shape_b and row.matched and row.kind == "tensor" for row in rows)
+        if made is None:
+            made = Producers.of(records["a"], records["b"])
+        self.made = {"a": made.a, "b": made.b}
+        """Per side, the candidate producers of its input slots (the first is where the tensor came from)."""
         data: dict[str, set[int]] = {"a": set(), "b": set()}
         parameters: set[int] = set()
-        for side, side_records in records.items():
-            ordered = [side_records[i] for i in execution_order(side_records)]
-            made_by = producers(ordered)
-            self.producers.update(made_by)
-            if reshaped:  # which values are data matters only where shapes differ
-                data[side], held = data_records(ordered, made_by)
+        if reshaped:  # which values are data matters only where shapes differ
+            for side, side_records in records.items():
+                ordered = [side_records[i] for i in execution_order(side_records)]
+                data[side], held = data_records(ordered, {key: found[0] for key, found in self.made[side].items()})
                 parameters |= held
-        self.shapes = DataShapes(rows, data, self.producers, parameters, split)
+        self.shapes = DataShapes(rows, data, ChainMap(made.a, made.b), parameters, split)
         """Where shapes differ because the runs' inputs do."""
         self.carrying: dict[Row, Judgement] = {}
         """The judgements of the rows that are or carry a blame or a constant made for the dtype."""
@@ -61,10 +70,11 @@ class Flow:
         """The matched rows whose tensor input ``row`` holds on ``side`` and the ops only that side
         ran on the way; ``None`` when unknown."""
         record = row.record_a if side == "a" else row.record_b
-        link = self.producers.get(id(record))
-        if record is None or link is None:
+        made = self.made[side].get(id(record))
+        if record is None or made is None:
             return None
-        producer = self.slots.get((side, record.step, f"{link[0]}/{link[1]}"))
+        link = made[0]
+        producer = self.slots[side].get(record.step, {}).get(f"{link[0]}/{link[1]}")
         if producer is None or producer.order >= row.order:
             return None  # a producer in another step, or not before this row: no reliable link
         if producer.matched:

@@ -31,12 +31,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
 from torchdebug.records import PHASES, Record, make_call_name, split_call_name
 
-__all__ = ["Pair", "NameMapping", "load_mapping", "match_records", "execution_order", "identity", "producers"]
+__all__ = [
+    "Pair",
+    "NameMapping",
+    "Producers",
+    "load_mapping",
+    "match_records",
+    "execution_order",
+    "identity",
+    "producers",
+    "candidate_producers",
+]
 
 _PHASE_ORDER = {phase: index for index, phase in enumerate(PHASES)}
 _OUTPUTS = ("output", "parameter_grad")
@@ -132,6 +143,9 @@ class _Match:
     call_a: _Call
     call_b: _Call
     how: str
+    settled: int | None = None
+    """``_Links.changes`` when the pairing was checked and every producer it consulted was paired:
+    the check holds until a pairing is forgotten or replaced."""
 
 
 def _rename(call: _Call, mapping: NameMapping) -> str:
@@ -147,11 +161,14 @@ def _rename(call: _Call, mapping: NameMapping) -> str:
 def _calls(records: Sequence[Record]) -> dict[tuple[int, str], _Call]:
     """Records grouped by call, keyed by ``(step, call name)``, in first-seen order."""
     calls: dict[tuple[int, str], _Call] = {}
+    call, step = None, None
     for record in records:
         name, slot = split_call_name(record.name)
-        call = calls.get((record.step, name))
-        if call is None:
-            call = calls[(record.step, name)] = _Call(name)
+        if call is None or name != call.name or record.step != step:  # a call's slots come one after another
+            step = record.step
+            call = calls.get((step, name))
+            if call is None:
+                call = calls[(step, name)] = _Call(name)
         call.records.append(record)
         call.slots.append(slot)
     return calls
@@ -315,6 +332,10 @@ Freshly initialised tensors share their statistics (zero biases and optimizer st
 weights of ones): a bound keeps a step's matching linear in its records however many there are."""
 
 
+Candidates = dict[int, tuple[tuple[str, str], ...]]
+"""Earlier ``(call name, output slot)`` that made the tensor of each input slot (by ``id``), first made first."""
+
+
 def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
     """For input slots (by ``id``) of ``records`` in execution order: ``(call name, output slot)`` that
     produced the same tensor earlier, looking through casts. Compare's matching and its verdicts (which
@@ -354,7 +375,7 @@ class _Made:
         return (order[first], *(order[j] for j in reversed(latest)))
 
 
-def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> dict[int, tuple[tuple[str, str], ...]]:
+def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> Candidates:
     """Earlier ``(call name, output slot)`` that made the tensor an input slot (by ``id``) holds,
     first made first (:func:`producers` takes that one). With statistics, identity is ambiguous: in a
     bf16 run AdamW's weight decay (``mul_`` by ``1 - lr * wd``) rounds back to the very weight the
@@ -363,30 +384,45 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> d
     ``nearest`` latest before the input are kept: the latest is where the input's own tensor came
     from unless a later call remade the value, the first is where it was first seen."""
     made_by: dict[tuple, _Made] = {}
-    found: dict[int, tuple[tuple[str, str], ...]] = {}
+    found: Candidates = {}
     cast_sources: dict[str, tuple[str, str]] = {}
     for record in records:
         io = record.io
-        if io != "input" and io not in _OUTPUTS:
-            continue
-        value = identity(record)
-        if value is None:
-            continue
-        call, slot = split_call_name(record.name)
         if io == "input":
-            group = made_by.get(value)
-            made = group.candidates(call, nearest) if group is not None else ()
+            value = identity(record)
+            group = made_by.get(value) if value is not None else None
+            if group is None:  # a value no earlier call made (a weight, the batch)
+                continue
+            call = split_call_name(record.name)[0]
+            made = group.candidates(call, nearest)
             if made:
                 found[id(record)] = made
                 if record.op in _CASTS:
                     cast_sources[call] = made[0]
-        else:
+        elif io in _OUTPUTS:
+            value = identity(record)
+            if value is None:
+                continue
+            call, slot = split_call_name(record.name)
             producer = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
             group = made_by.get(value)
             if group is None:
                 group = made_by[value] = _Made()
             group.add(producer)
     return found
+
+
+class Producers(NamedTuple):
+    """The candidate producers (:func:`candidate_producers`) of both sides' input slots, each side's
+    records taken in execution order: made once per rank, read by matching (to veto and guide
+    pairings) and by verdicts (to trace an input to the tensor its producer made)."""
+
+    a: Candidates
+    b: Candidates
+
+    @classmethod
+    def of(cls, records_a: Sequence[Record], records_b: Sequence[Record]) -> Producers:
+        return cls(*(candidate_producers([records[i] for i in execution_order(records)]) for records in (records_a, records_b)))
 
 
 class _Links:
@@ -396,12 +432,17 @@ class _Links:
     each parameter, say) can swap between runs; their inputs still come from paired producers.
     """
 
-    def __init__(self, records_a: Sequence[Record], records_b: Sequence[Record]) -> None:
-        self.made_a, self.made_b = candidate_producers(records_a), candidate_producers(records_b)
+    def __init__(self, made: Producers) -> None:
+        self.made_a, self.made_b = made
         self.partner: dict[str, str] = {}
         self.paired_b: set[str] = set()
+        self.changes = 0
+        """How many pairings were forgotten or replaced (only those can turn a settled check)."""
 
     def pair(self, call_a: _Call, call_b: _Call) -> None:
+        known = self.partner.get(call_a.name)
+        if known is not None and known != call_b.name:  # another step's calls of the same names
+            self.changes += 1
         self.partner[call_a.name] = call_b.name
         self.paired_b.add(call_b.name)
 
@@ -411,6 +452,7 @@ class _Links:
         if self.partner.get(call_a.name) == call_b.name:
             del self.partner[call_a.name]
             self.paired_b.discard(call_b.name)
+            self.changes += 1
 
     def _partner(self, producer: tuple[str, str] | None) -> tuple[str, str] | None:
         if producer is None or producer[0] not in self.partner:
@@ -421,21 +463,32 @@ class _Links:
         """Whether some input of the two calls comes from producers that are paired with other calls:
         none of the paired calls that made it on side B is the partner of one that made it on side A.
         A producer only one side runs (a hook, autograd summing gradients in another order) is none."""
+        return self.check(call_a, call_b) is True
+
+    def check(self, call_a: _Call, call_b: _Call) -> bool | None:
+        """:meth:`conflict`, told apart further: ``True`` a conflict; ``False`` none, and every
+        producer it consulted is paired already, so no later pairing can make one (until a pairing
+        is forgotten or replaced: :attr:`changes`); ``None`` none for now."""
         by_slot = None
-        partner = self.partner
+        settled = True
+        partner, paired_b, made_a, made_b = self.partner, self.paired_b, self.made_a, self.made_b
         for slot, record in zip(call_a.slots, call_a.records):
-            made = self.made_a.get(id(record))
-            expected = {(partner[call], out) for call, out in made if call in partner} if made else None
-            if not expected:
+            made = made_a.get(id(record))
+            if made is None:
                 continue
+            expected = [(partner[call], out) for call, out in made if call in partner]  # a few at most
+            settled = settled and len(expected) == len(made)
             if by_slot is None:
                 by_slot = call_b.by_slot()
             other = by_slot.get(slot)
-            made = self.made_b.get(id(other), ()) if other is not None else ()
-            actual = {producer for producer in made if producer[0] in self.paired_b}
-            if actual and expected.isdisjoint(actual):
+            made = made_b.get(id(other)) if other is not None else None
+            if made is None:
+                continue
+            actual = [producer for producer in made if producer[0] in paired_b]
+            settled = settled and len(actual) == len(made)
+            if expected and actual and not any(producer in expected for producer in actual):
                 return True
-        return False
+        return False if settled else None
 
     def token_a(self, call: _Call) -> object:
         """The op and the B-side producers its inputs should have (``None``: nothing known)."""
@@ -462,27 +515,30 @@ def _uneven(calls_a: dict[tuple[int, str], _Call], calls_b: dict[tuple[int, str]
 
 
 def match_records(
-    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping | None = None, *, compiled: bool = False
+    records_a: Sequence[Record],
+    records_b: Sequence[Record],
+    mapping: NameMapping | None = None,
+    *,
+    compiled: bool = False,
+    made: Producers | None = None,
 ) -> list[Pair]:
     """Pair two record lists (one rank each); see the module docstring for the rules. ``compiled``: a
-    side was captured in compiled graphs, whose decompositions add calls (see :func:`_align_leftovers`)."""
+    side was captured in compiled graphs, whose decompositions add calls (see :func:`_align_leftovers`).
+    ``made``: the two sides' :class:`Producers`, when the caller keeps them for verdicts."""
     mapping = mapping or NameMapping()
     calls_a, calls_b = _calls(records_a), _calls(records_b)
-    links = _Links(records_a, records_b)
+    links = _Links(made or Producers.of(records_a, records_b))
     uneven = _uneven(calls_a, calls_b, mapping) if compiled else set()
     matches: list[_Match] = []
     left_a: list[_Call] = []
     for key, call in calls_a.items():
         name = _rename(call, mapping)
         other = calls_b.get((key[0], name))
-        if (
-            other is not None
-            and other.signature() == call.signature()
-            and not links.conflict(call, other)
-            and (key[0], _counted(other, NameMapping())) not in uneven
-        ):
-            matches.append(_Match(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped"))
-            links.pair(call, other)
+        found = links.check(call, other) if other is not None and other.signature() == call.signature() else True
+        if found is not True and (not uneven or (key[0], _counted(other, NameMapping())) not in uneven):  # type: ignore[arg-type]
+            settled = links.changes if found is False else None
+            matches.append(_Match(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped", settled))
+            links.pair(call, other)  # type: ignore[arg-type]
         else:
             left_a.append(call)
     aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
@@ -513,7 +569,7 @@ def _repair(
     freed and aligned again with the calls still unpaired in their ``(step, phase, module)``;
     ``left_a`` and ``left_b`` are updated in place."""
     for _ in range(_REPAIR_ROUNDS):
-        wrong = [match for match in matches if links.conflict(match.call_a, match.call_b)]
+        wrong = [match for match in matches if match.settled != links.changes and links.conflict(match.call_a, match.call_b)]
         if not wrong:
             break
         for match in wrong:

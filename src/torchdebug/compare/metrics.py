@@ -206,14 +206,24 @@ def tensor_metrics(a: torch.Tensor, b: torch.Tensor, *, low_dtype: str | None, a
     return out
 
 
-def _stat(stats: dict[str, Any], key: str) -> float | None:
-    """A finite statistic as a float, else ``None`` (missing, NaN, ±Inf, or not a number)."""
-    value = stats.get(key)
-    if value.__class__ is not float:  # floats are the common case: only the rest need converting
-        if value is None or value is True or value is False:
-            return None
-        value = float(value)
-    return value if -math.inf < value < math.inf else None  # NaN fails both comparisons
+_STAT_NAMES = ("min", "max", "mean", "norm")
+_STAT_METRIC_NAMES = tuple((f"{key}_diff", f"{key}_rel") for key in _STAT_NAMES)
+"""The names of each statistic's two metrics, in :data:`STATS_METRICS` order."""
+
+
+def _finite(stats: dict[str, Any]) -> list[float | None]:
+    """Min, max, mean and L2 norm as floats, each ``None`` unless finite (missing, NaN, ±Inf, or not
+    a number): one call per side, as compare runs it for every matched row."""
+    found: list[float | None] = []
+    for key in _STAT_NAMES:
+        value = stats.get(key)
+        if value.__class__ is not float:  # floats are the common case: only the rest need converting
+            if value is None or value is True or value is False:
+                found.append(None)
+                continue
+            value = float(value)
+        found.append(value if -math.inf < value < math.inf else None)  # NaN fails both comparisons
+    return found
 
 
 def nonfinite_flags(stats: dict[str, Any] | None) -> tuple[bool, bool, bool]:
@@ -227,10 +237,6 @@ def nonfinite_flags(stats: dict[str, Any] | None) -> tuple[bool, bool, bool]:
     return math.isnan(low) or math.isnan(high), high == math.inf, low == -math.inf
 
 
-_STAT_METRIC_NAMES = tuple((key, f"{key}_diff", f"{key}_rel") for key in ("min", "max", "mean", "norm"))
-"""Each statistic with the names of its two metrics, in :data:`STATS_METRICS` order."""
-
-
 def stats_metrics(a: dict[str, Any] | None, b: dict[str, Any] | None, *, numel: int, atol: float) -> dict[str, float]:
     """Differences of min, max, mean and L2 norm of ``a`` against the reference ``b``.
 
@@ -240,16 +246,17 @@ def stats_metrics(a: dict[str, Any] | None, b: dict[str, Any] | None, *, numel: 
     a, b = a or {}, b or {}
     out: dict[str, float] = {}
     error = None
-    lo, hi = _stat(b, "min"), _stat(b, "max")
+    values_b = _finite(b)
+    lo, hi = values_b[0], values_b[1]
     scale = max(abs(lo or 0.0), abs(hi or 0.0), atol, 1e-300)
-    for (key, diff_name, rel_name), value_b in zip(_STAT_METRIC_NAMES, (lo, hi, _stat(b, "mean"), _stat(b, "norm"))):
-        value_a = _stat(a, key)
+    for index, (value_a, value_b) in enumerate(zip(_finite(a), values_b)):
         if value_a is None or value_b is None:
             continue
         diff = value_a - value_b
+        diff_name, rel_name = _STAT_METRIC_NAMES[index]
         out[diff_name] = diff
         out[rel_name] = abs(diff) / abs(value_b) if value_b else (0.0 if diff == 0 else math.inf)
-        if key == "norm":
+        if index == 3:  # the norm
             relative = abs(diff) / max(abs(value_b), atol * math.sqrt(max(numel, 1)), 1e-300)
         else:
             relative = abs(diff) / scale

@@ -14,7 +14,7 @@ from torchdebug.compare.checksums import DTYPE_NOTE
 from torchdebug.compare.metrics import REPLAY_METRICS, STATS_METRICS, TENSOR_METRICS
 from torchdebug.compare.rows import VERDICTS, Row
 from torchdebug.compare.verdicts import first_divergence, first_nonfinite
-from torchdebug.records import MODULE_OP
+from torchdebug.records import MODULE_OP, Record
 from torchdebug.report.compare import render_compare
 from torchdebug.store.tables import pandas, write_parquet
 
@@ -161,28 +161,44 @@ class CompareResult:
         (an optimizer step run outside the compiled graphs), which no matching can pair, per phase;
         and the slots of modules the other side has no record of and none of whose slots matched
         (the embedding and loss of a model whose blocks alone were compiled), per module."""
-        slots: dict[str, dict[int, tuple[str, str, bool, bool]]] = {"a": {}, "b": {}}
+        slots: dict[str, dict[int, tuple[Record, bool, bool]]] = {"a": {}, "b": {}}
         for row in self.rows:
-            for side, record in (("a", row.record_a), ("b", row.record_b)):
-                if record is None or row.kind != "tensor":
-                    continue
-                _, _, matched, inside = slots[side].get(id(record), ("", "", False, False))  # a slot of A may hold two rows
-                slots[side][id(record)] = (record.phase, record.module, matched or row.matched, inside or row.match == "inside")
-        phases = {side: {phase for phase, _, _, _ in found.values()} for side, found in slots.items()}
-        modules = {side: {module for _, module, _, _ in found.values()} for side, found in slots.items()}
+            if row.kind != "tensor":
+                continue
+            matched, inside = row.matched, row.match == "inside"
+            for found, record in ((slots["a"], row.record_a), (slots["b"], row.record_b)):
+                if record is not None:
+                    seen = found.get(id(record))  # a slot of A may hold two rows
+                    found[id(record)] = (
+                        (record, matched, inside) if seen is None else (record, seen[1] or matched, seen[2] or inside)
+                    )
+        # (phase, module, matched, inside) -> slots, in the order the slots first appear
+        held = {side: Counter((r.phase, r.module, m, i) for r, m, i in found.values()) for side, found in slots.items()}
+        phases = {side: {phase for phase, _, _, _ in counts} for side, counts in held.items()}
+        modules = {side: {module for _, module, _, _ in counts} for side, counts in held.items()}
         both = phases["a"] & phases["b"]
         out = {}
-        for side, found in slots.items():
+        for side, counts in held.items():
             other = modules["b" if side == "a" else "a"]
-            paired = {module for _, module, matched, _ in found.values() if matched}
-            held = [(module, matched, inside) for phase, module, matched, inside in found.values() if phase in both]
-            counted = [(matched, inside) for module, matched, inside in held if module in other or module in paired]
+            paired = {module for _, module, matched, _ in counts if matched}
+            rows = matched_rows = inside_rows = 0
+            other_phases: Counter[str] = Counter()
+            other_modules: Counter[str] = Counter()
+            for (phase, module, matched, inside), n in counts.items():
+                if phase not in both:
+                    other_phases[phase] += n
+                elif module in other or module in paired:
+                    rows += n
+                    matched_rows += n * matched
+                    inside_rows += n * inside
+                else:
+                    other_modules[module] += n
             out[side] = {
-                "rows": len(counted),
-                "matched": sum(matched for matched, _ in counted),
-                "inside": sum(inside for _, inside in counted),
-                "other_phases": dict(Counter(phase for phase, _, _, _ in found.values() if phase not in both)),
-                "other_modules": dict(Counter(module for module, _, _ in held if module not in other and module not in paired)),
+                "rows": rows,
+                "matched": matched_rows,
+                "inside": inside_rows,
+                "other_phases": dict(other_phases),
+                "other_modules": dict(other_modules),
             }
         return out
 
@@ -255,8 +271,13 @@ class CompareResult:
 
     def check_overlap(self) -> None:
         """Fail or warn when the two dumps have little in common (different models or programs)."""
-        tensors = [row for row in self.rows if row.kind == "tensor"]
-        matched = [row for row in tensors if row.matched]
+        tensors = matched = shapes = 0
+        for row in self.rows:
+            if row.kind == "tensor":
+                tensors += 1
+                if row.matched:
+                    matched += 1
+                    shapes += row.shape_a != row.shape_b and row.verdict != "incomparable"
         if tensors and not matched:
             unfinished = self.unfinished()
             if unfinished:
@@ -276,7 +297,6 @@ class CompareResult:
                 f"only {reference['matched']} of {reference['rows']} tensor rows of B matched: {why} "
                 "(unmatched rows are listed as 'unmatched')"
             )
-        shapes = sum(1 for row in matched if row.shape_a != row.shape_b and row.verdict != "incomparable")
         if shapes:
             self.problems.append(
                 f"{shapes} matched rows differ in shape: the dumps come from different model configurations or inputs"

@@ -39,7 +39,7 @@ from torchdebug import progress
 from torchdebug.compare.boundaries import align_boundaries, unpaired_calls
 from torchdebug.compare.checksums import dtype_note, judge_checksums
 from torchdebug.compare.config import CompareConfig
-from torchdebug.compare.matching import match_records
+from torchdebug.compare.matching import Producers, match_records
 from torchdebug.compare.metrics import stats_metrics, tensor_metrics
 from torchdebug.compare.replay import NotReplayable, own_errors
 from torchdebug.compare.result import CompareResult, Side
@@ -158,14 +158,17 @@ def _fill_stats(row: Row, tolerance: Tolerance) -> None:
     row.tolerance = tolerance.rtol
     metrics = stats_metrics(stats_a, stats_b, numel=math.prod(row.shape_b or ()), atol=tolerance.atol)
     row.error = metrics.pop("error", None)
-    row.metrics.update(metrics)
+    row.metrics = metrics  # the row's first metrics: its own dict, not a copy
 
 
-def match_rank(rank: int, dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig) -> list[Row]:
-    """The rows of one rank, in execution order, with statistics metrics filled in (not judged)."""
+def match_rank(
+    rank: int, dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig, made: Producers | None = None
+) -> list[Row]:
+    """The rows of one rank, in execution order, with statistics metrics filled in (not judged).
+    ``made``: the two sides' producers, when the caller keeps them for :func:`attribute`."""
     records_a, records_b = dump_a.records(), dump_b.records()
     compiled = any(r.capture == "graph" for r in (*records_a[:1], *records_b[:1]))
-    pairs = match_records(records_a, records_b, settings.mapping, compiled=compiled)
+    pairs = match_records(records_a, records_b, settings.mapping, compiled=compiled, made=made)
     if compiled:
         pairs = align_boundaries(pairs, unpaired_calls(pairs))
     rows = [Row.from_records(rank, p.a, p.b, p.how, p.order, inside=p.inside) for p in pairs]
@@ -333,19 +336,24 @@ def replay_rows(
 
 
 def attribute(
-    rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig, pool: ThreadPoolExecutor
+    rows: Sequence[Row],
+    dump_a: RankRecords,
+    dump_b: RankRecords,
+    settings: CompareConfig,
+    pool: ThreadPoolExecutor,
+    made: Producers | None = None,
 ) -> None:
     """Verdicts and attribution of one rank's rows, with replay first when asked; without it, the
     rows left ``undecided`` that have tensor metrics (both sides saved them) are replayed, and all
-    rows judged again."""
+    rows judged again. ``made``: the producers matching found (else traced again from the rows)."""
     split = data_split(dump_a, dump_b)
     if settings.replay:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
-    judge(rows, growth=settings.growth, replayed=settings.replay, split=split)
+    judge(rows, growth=settings.growth, replayed=settings.replay, split=split, made=made)
     undecided = [row for row in rows if row.verdict == "undecided" and "cosine" in row.metrics]
     if undecided:
         replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
-        judge(rows, growth=settings.growth, replayed=True, split=split)
+        judge(rows, growth=settings.growth, replayed=True, split=split, made=made)
     judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
     for row in rows:
         note = row_note(row)
@@ -366,14 +374,15 @@ def compare_rank(rank: int, pairing: Pairing, settings: CompareConfig, pool: Thr
     """One rank from start to verdicts."""
     dump_a, dump_b = pairing.a.run.ranks[rank], pairing.b.run.ranks[rank]
     logger.info("rank %d: reading and pairing records", rank)
-    rows = match_rank(rank, dump_a, dump_b, settings)
+    made = Producers.of(dump_a.records(), dump_b.records())  # matching's, reused by the verdicts
+    rows = match_rank(rank, dump_a, dump_b, settings, made)
     logger.info("rank %d: %d rows (%d + %d records)", rank, len(rows), len(dump_a.records()), len(dump_b.records()))
     if settings.tensors:
         groups = list(tensor_jobs(rows, dump_a, dump_b).values())
         if groups:
             logger.info("rank %d: tensor metrics of %d saved tensor pairs", rank, len(groups))
         apply_metrics(groups, compute_jobs(groups, dump_a, dump_b, settings.tolerances, pool))
-    attribute(rows, dump_a, dump_b, settings, pool)
+    attribute(rows, dump_a, dump_b, settings, pool, made)
     return rows
 
 

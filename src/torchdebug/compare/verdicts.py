@@ -55,6 +55,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from torchdebug.compare.flow import OUTPUT_IO, Flow
+from torchdebug.compare.matching import Producers
 from torchdebug.compare.rows import Row
 from torchdebug.compare.rules import RULES, Call, slot_of
 from torchdebug.records import MODULE_OP, call_name
@@ -78,20 +79,28 @@ def _judge_call(call: Call) -> float:
             raise AssertionError(f"no verdict rule judged {row.name}")  # the last rule of each slot kind always answers
         judgement.apply(row)
         call.flow.record(row, judgement)
-        if judgement.upstream is not None:
-            seen = max(seen, judgement.upstream)
+        if judgement.upstream is not None and judgement.upstream > seen:
+            seen = judgement.upstream
         if judgement.stand_ins:  # different tensors on the two sides: what they were made from counts
             call.stand_in(row, judgement.stand_ins)
     return seen
 
 
-def judge(rows: Sequence[Row], *, growth: float = 16.0, replayed: bool = False, split: Fraction | None = None) -> None:
+def judge(
+    rows: Sequence[Row],
+    *,
+    growth: float = 16.0,
+    replayed: bool = False,
+    split: Fraction | None = None,
+    made: Producers | None = None,
+) -> None:
     """Set verdict, attribution and message of one rank's rows (sorted in execution order); judging
     again starts afresh. ``replayed``: the calls that replay could decide were replayed, so a row
     with saved tensors and no own error is judged by statistics alone (else it is ``undecided``,
     for replay to decide). ``split``: A's world size over B's, when they differ (each rank holds
-    its share of the data)."""
-    flow = Flow(rows, split)
+    its share of the data). ``made``: the producers matching found for the rows' records (else
+    traced again from the rows)."""
+    flow = Flow(rows, split, made)
     calls: dict[tuple[int, str], list[Row]] = {}
     for row in rows:
         calls.setdefault((row.step, call_name(row.name)), []).append(row)
@@ -99,9 +108,9 @@ def judge(rows: Sequence[Row], *, growth: float = 16.0, replayed: bool = False, 
     for (step, _), call_rows in calls.items():
         first = call_rows[0].record_a or call_rows[0].record_b
         saved = calls.get((step, first.fwd), []) if first is not None and first.fwd else []
-        inputs = [r for r in call_rows if r.io not in OUTPUT_IO and r.kind == "tensor" and r.matched]
-        inputs += [r for r in saved if r.kind == "tensor" and r.matched]
-        constant = not any(r.io not in OUTPUT_IO and r.kind == "tensor" for r in call_rows)  # made from arguments alone
+        tensors = [r for r in call_rows if r.io not in OUTPUT_IO and r.kind == "tensor"]
+        inputs = [r for r in tensors if r.matched] + [r for r in saved if r.kind == "tensor" and r.matched]
+        constant = not tensors  # made from arguments alone
         upstream = _judge_call(Call(call_rows, inputs, upstream, flow, growth, replayed, constant))
 
 

@@ -2,8 +2,9 @@
 
 A *slot* is one input or output of one op call (or of one module call), in one phase of one step on
 one rank. Eager capture and compiled-graph capture both write records; the store persists them as
-JSON lines; compare aligns two sets of them by ``name``. The fields are documented for users in
-``docs/format.md``; bump ``SCHEMA_VERSION`` when their meaning changes.
+Arrow columns (``torchdebug.store.record_columns``); compare aligns two sets of them by ``name``.
+The fields are documented for users in ``docs/format.md``; bump ``SCHEMA_VERSION`` when their
+meaning changes.
 
 The stable name is built from the fields that do not depend on timing or memory addresses::
 

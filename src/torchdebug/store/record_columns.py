@@ -26,7 +26,7 @@ import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from itertools import chain
+from itertools import chain, takewhile
 from operator import attrgetter
 from typing import Any
 
@@ -208,8 +208,8 @@ def records_from_table(table: pa.Table) -> list[Record]:
     if not count:
         return []
     names = set(table.column_names)
-    columns = {name: _column(table.column(name).chunk(0), name) if name in names else None for name in _PLAIN}
     with _no_cyclic_collection():
+        columns = {name: _column(table.column(name).chunk(0), name) if name in names else None for name in _PLAIN}
         empty = [None] * count
         columns["stats"] = _stats_column(table.column("stats").chunk(0)) if "stats" in names else None
         columns["tensor"] = _tensor_column(table, names)
@@ -227,8 +227,8 @@ def records_from_table(table: pa.Table) -> list[Record]:
     return records
 
 
-_FIELDS = tuple(name for name in Record.__dataclass_fields__ if name != "extra")
-"""Record fields before ``extra``, in the order ``Record`` takes them by position."""
+_FIELDS = tuple(takewhile(lambda name: name != "extra", Record.__dataclass_fields__))
+"""Record fields before ``extra`` (the last), in the order ``Record`` takes them by position."""
 
 
 @contextmanager
@@ -297,7 +297,7 @@ def _stats_column(array: pa.StructArray) -> list[dict[str, Any] | None] | None:
     if array.null_count == len(array):
         return None
     children = [array.field(i) for i in range(len(STAT_KEYS))]
-    lists = [child.to_pylist() if child.null_count or child.type != _INT else child.to_numpy().tolist() for child in children]
+    lists = [child.to_pylist() if child.null_count else child.to_numpy().tolist() for child in children]
     shared: dict[tuple[Any, ...], dict[str, Any]] = {}
     out: list[dict[str, Any] | None] = []
     for row in zip(*lists):

@@ -41,6 +41,7 @@ LAYERS = [
     {"capture", "graph_dump"},
     {"compile"},
     {"debugger"},
+    {"monitor"},
     {"integrations"},
     {"diagnose"},
     {"cli", "__main__", "__init__"},

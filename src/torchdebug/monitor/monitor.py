@@ -234,6 +234,14 @@ class Monitor:
         if raised is not None:
             raise AnomalyError(raised)
 
+    def pause(self) -> None:
+        """Stop watching (every hook removed) until :meth:`resume`: an evaluation loop or a
+        benchmark's plain steps; step numbering goes on with the calls of :meth:`step`."""
+        self.watcher.stop()
+
+    def resume(self) -> None:
+        self.watcher.start()
+
     def close(self) -> None:
         """Remove every hook (safe to call twice)."""
         if not self._closed:

@@ -1,0 +1,146 @@
+"""Step overhead of the flight recorder (``torchdebug.Monitor``) on the GPT example, in one process.
+
+    python bench/monitor.py [--steps 10] [--block 3] [--warmup 2] [--device cpu|cuda] [--size S|M]
+
+Modes take turns in blocks of ``--block`` steps (a paused monitor removes every hook, so the plain
+blocks run unhooked): ``plain``; ``monitor`` (the loop's own ``optimizer.step()``, then
+``monitor.step(loss=loss)``: the table is read a step late, no synchronisation); ``monitor+closure``
+(``monitor.step(closure)``: the table read once before the optimizer step, so a bad step can be
+skipped and replayed). Targets (issue 25): at most 1.03x a plain step on the CPU GPT S (4 layers,
+d_model 256, AdamW), at most 1.02x on CUDA at size M. Then one trigger is forced (a predicate) in
+each of two fresh runs, and the seconds of the trigger's work — the window dump, and the replay
+under op-level statistics capture — are set beside the seconds of a step captured by a
+``Debugger`` with the same options: the replay should add only the captured step's own cost. Also
+prints the monitor's memory (window and device tables) and its watched slots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torchdebug  # noqa: E402
+from bench.overhead import SIZES  # noqa: E402
+from examples.gpt import GPT, make_batch  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10, help="timed blocks per mode")
+    parser.add_argument("--block", type=int, default=3, help="consecutive steps per block")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per mode")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
+    args = parser.parse_args()
+    torchdebug.seed_all(1234)
+    config = SIZES[args.size]
+    model = GPT(config).to(args.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = make_batch(config, batch=8, device=args.device)
+    cuda = torch.device(args.device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(*batch)
+        loss.backward()
+        return loss
+
+    def own_step() -> torch.Tensor:
+        loss = closure()
+        optimizer.step()
+        return loss
+
+    modes = ("plain", "monitor", "monitor+closure")
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        monitors = {mode: torchdebug.Monitor(model, optimizer, Path(tmp) / mode) for mode in modes[1:]}
+        for monitor in monitors.values():
+            monitor.pause()
+        for round_ in range(args.warmup + args.steps):
+            for mode in modes:
+                monitor = monitors.get(mode)
+                if monitor is not None:
+                    monitor.resume()
+                sync()
+                start = time.perf_counter()
+                for _ in range(args.block):
+                    if mode == "plain":
+                        own_step()
+                    elif mode == "monitor":
+                        monitor.step(loss=own_step())
+                    else:
+                        monitor.step(closure)
+                sync()
+                if round_ >= args.warmup:
+                    times[mode].append((time.perf_counter() - start) / args.block)
+                if monitor is not None:
+                    monitor.pause()
+        watched = monitors["monitor"]
+        slots, memory = len(watched.ring.slots), watched.memory_bytes()
+        for monitor in monitors.values():
+            monitor.close()
+        trigger, replayed = _trigger_cost(model, closure, optimizer, Path(tmp) / "fired", sync)
+        captured = _captured_step(model, own_step, Path(tmp) / "debugger", sync)
+    plain = statistics.median(times["plain"])
+    where = torch.cuda.get_device_name(args.device) if cuda else f"{torch.get_num_threads()} threads"
+    print(
+        f"torch {torch.__version__}, GPT {args.size} on {args.device} ({where}), median of {args.steps} blocks of {args.block} steps"
+    )
+    for mode, values in times.items():
+        median = statistics.median(values)
+        print(f"{mode:16s} {median * 1000:8.1f} ms/step  {median / plain:.3f}x")
+    print(f"watched slots {slots}, memory {memory / 2**20:.1f} MiB (window {watched.config.window} steps and device tables)")
+    print(
+        f"a trigger: window dump {trigger:.2f} s, replay {replayed:.2f} s; "
+        f"a step captured by a Debugger (statistics/op) {captured:.2f} s"
+    )
+
+
+def _trigger_cost(model: torch.nn.Module, closure, optimizer, folder: Path, sync) -> tuple[float, float]:  # noqa: ANN001
+    """Seconds of one forced trigger's window dump and of its replay (the step's own cost excluded)."""
+    monitor = torchdebug.Monitor(model, optimizer, folder, replay="off", predicate=lambda s: "forced" if s.step == 3 else None)
+    replaying = torchdebug.Monitor(model, optimizer, folder / "replay", predicate=lambda s: "forced" if s.step == 3 else None)
+    costs = []
+    for current in (monitor, replaying):
+        others = [m for m in (monitor, replaying) if m is not current]
+        for other in others:
+            other.pause()
+        steps = []
+        for _ in range(5):
+            sync()
+            start = time.perf_counter()
+            current.step(closure)
+            sync()
+            steps.append(time.perf_counter() - start)
+        costs.append(steps[3] - statistics.median(steps[:3] + steps[4:]))
+        current.close()
+        for other in others:
+            other.resume()
+    window = costs[0]
+    return window, costs[1] - window
+
+
+def _captured_step(model: torch.nn.Module, own_step, folder: Path, sync) -> float:  # noqa: ANN001
+    with torchdebug.Debugger(folder, task="statistics", level="op") as debugger:
+        times = []
+        for _ in range(3):
+            sync()
+            start = time.perf_counter()
+            debugger.start(model)
+            own_step()
+            debugger.step()
+            sync()
+            times.append(time.perf_counter() - start)
+    return min(times)
+
+
+if __name__ == "__main__":
+    main()

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from torchdebug.records import MODULE_OP, Record
+from torchdebug.records import LOSS_OP, MODULE_OP, Record
 
 __all__ = ["INF", "LIMIT", "NAN", "Origin", "OriginTracker", "find_origin", "tensor_flags", "value_flags"]
 
@@ -198,6 +198,10 @@ _INPUT_IO = ("input", "parameter")
 _OUTPUT_IO = ("output", "parameter_grad")
 
 
+_MODULE_LEVEL = (MODULE_OP, LOSS_OP)
+"""Ops of module-level records: a flight recorder's window holds the loss beside the module outputs."""
+
+
 def _calls(records: Iterable[Record]) -> list[_Call]:
     """The dump's calls that have outputs, with their flags, in execution order (op calls before
     module calls per step)."""
@@ -219,7 +223,7 @@ def _calls(records: Iterable[Record]) -> list[_Call]:
                 call.entered = record
         elif record.io in _OUTPUT_IO and record.kind == "tensor":
             if call.key is None:
-                call.key = (record.step, record.op == MODULE_OP, position)
+                call.key = (record.step, record.op in _MODULE_LEVEL, position)
             flags = tensor_flags(record.stats, record.dtype)
             call.outputs |= flags
             if flags & (NAN | INF) and call.made is None:

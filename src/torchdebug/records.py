@@ -27,6 +27,7 @@ from typing import Any
 from torchdebug.stats.schema import STAT_KEYS
 
 __all__ = [
+    "LOSS_OP",
     "MODULE_OP",
     "NO_MODULE",
     "PHASES",
@@ -46,6 +47,9 @@ PHASES = ("forward", "backward", "optimizer")
 
 MODULE_OP = "module"
 """The ``op`` of module-level records (nn.Module inputs, outputs, parameters, parameter grads)."""
+
+LOSS_OP = "monitor.loss"
+"""The ``op`` of the loss the flight recorder keeps per step (``forward/-/monitor.loss#0/output``)."""
 
 NO_MODULE = "-"
 """The module path shown in names for ops outside every tracked module."""

@@ -178,3 +178,23 @@ def test_bad_options_fail_at_construction(tmp_path: Path) -> None:
     blocked.write_text("")
     with pytest.raises(torchdebug.DumpError, match="dump_path"):
         torchdebug.Monitor(model, optimizer, dump_path=blocked / "monitor")
+
+
+def test_the_report_of_a_window_draws_the_timeline_with_the_trigger(tmp_path: Path) -> None:
+    from torchdebug.cli import main
+
+    model, optimizer = _gpt()
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path / "monitor", window=8, replay="off")
+    for step in range(12):
+        if step == 10:
+            with torch.no_grad():
+                model.layers[1].mlp.out.weight[0, 0] = float("nan")
+        monitor.step(_closure(model, optimizer, step))
+    (event,) = monitor.events
+    assert main(["report", str(event.window), "-o", str(tmp_path / "window.html")]) == 0
+    page = (tmp_path / "window.html").read_text()
+    assert 'id="monitor-0"' in page and "step 10: 32 NaN, 0 Inf in forward/layers.1.mlp.out/module#0/output.0" in page
+    assert 'id="timeline-map-0"' in page and "the trigger at step 10" in page
+    assert "layers.1.mlp.out, step 10: NaN/Inf" in page and "layers.1.mlp.out, step 9: norm" in page
+    assert page.index('class="label first"') < page.index(">layers.1.mlp.out<") < page.index('class="label"')  # its row first
+    assert page.count("<rect") >= 8 * len({slot.module for slot in monitor.ring.slots if slot.io == "output"}) - 8

@@ -60,6 +60,7 @@ def _dump_page(path: Path) -> dict[str, Any]:
     from torchdebug.cli.tensor_files import damaged_files
     from torchdebug.nonfinite import find_origin
     from torchdebug.report.dump import overflow_rows, overview
+    from torchdebug.report.timeline import timeline
     from torchdebug.store.reader import load
 
     run_ = load(path)
@@ -69,6 +70,7 @@ def _dump_page(path: Path) -> dict[str, Any]:
         first = find_origin(records)
         overflows, more_overflows = overflow_rows(records)
         damaged = damaged_files(dump, records)
+        event = (dump.completion or {}).get("monitor")  # a flight recorder's window
         ranks.append(
             {
                 "rank": rank,
@@ -80,6 +82,8 @@ def _dump_page(path: Path) -> dict[str, Any]:
                 "more_overflows": more_overflows,
                 "damaged": [{"file": file, "reason": reason, "records": count} for file, (reason, count) in damaged.items()],
                 "overview": overview(records),
+                "monitor": event,
+                "timeline": timeline(records, event) if event else None,
             }
         )
     return {"path": str(run_.path), "ranks": ranks}

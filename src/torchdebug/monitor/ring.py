@@ -17,12 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torchdebug.records import MODULE_OP, make_name
+from torchdebug.records import LOSS_OP, MODULE_OP, make_name
 from torchdebug.stats.schema import STAT_KEYS, StatsDict
-
-LOSS_OP = "monitor.loss"
-"""The op of the loss slot (``forward/-/monitor.loss#0/output``)."""
-
 
 _STAGES = {"forward": 0, "backward": 2, "optimizer": 3}
 

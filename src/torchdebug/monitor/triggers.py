@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from torchdebug.monitor.config import MonitorConfig
-from torchdebug.monitor.ring import LOSS_OP, Ring
+from torchdebug.monitor.ring import Ring
+from torchdebug.records import LOSS_OP
 from torchdebug.stats.schema import STAT_KEYS
 
 _NORM, _NAN = STAT_KEYS.index("norm"), STAT_KEYS.index("nan")

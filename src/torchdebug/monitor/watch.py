@@ -27,8 +27,8 @@ from torchdebug._torch.nn import strip_wrappers
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
-from torchdebug.monitor.ring import LOSS_OP, Ring
-from torchdebug.records import MODULE_OP, NO_MODULE
+from torchdebug.monitor.ring import Ring
+from torchdebug.records import LOSS_OP, MODULE_OP, NO_MODULE
 from torchdebug.slots import dtype_name, iter_slots
 from torchdebug.stats_table import StatsStager
 

@@ -21,13 +21,15 @@ from torchdebug.store.writer import RankWriter, run_manifest
 
 
 def window_records(ring: Ring, step: int, rank: int) -> list[Record]:
-    """The records of kept ``step``: one per slot seen that step, in slot (execution) order."""
+    """The records of kept ``step``: one per slot seen that step, in execution order."""
     row = ring.row(step)
     if row is None:
         return []
     records = []
-    for index, slot in enumerate(ring.slots[: len(row)]):
-        values = row[index]
+    for index in ring.execution_order():
+        if index >= len(row):
+            continue
+        slot, values = ring.slots[index], row[index]
         if all(math.isnan(v) for v in values):
             continue  # not seen this step
         stats: dict[str, Any] = {key: None if math.isnan(v) else float(v) for key, v in zip(STAT_KEYS, values)}
@@ -43,7 +45,7 @@ def window_records(ring: Ring, step: int, rank: int) -> list[Record]:
                 module=slot.module,
                 op=slot.op,
                 call=slot.call,
-                seq=index,
+                seq=len(records),
                 io=slot.io,
                 arg=slot.arg,
                 dtype=slot.dtype,
@@ -57,7 +59,9 @@ def window_records(ring: Ring, step: int, rank: int) -> list[Record]:
 def write_window(ring: Ring, run_dir: Path, rank: int, world_size: int, config: dict[str, Any], event: dict[str, Any]) -> Path:
     """Write every kept step of ``ring`` as this rank's folder of the run ``run_dir``; returns the rank folder."""
     rank_dir = run_dir / layout.rank_dir_name(world_size, rank)
-    writer = RankWriter(rank_dir, run_manifest(run_dir.name, rank, world_size, config, capture="monitor"))
+    config = {"task": "statistics", "level": "module", **config}  # what the records hold, as a Debugger's manifest says
+    manifest = run_manifest(run_dir.name, rank, world_size, config, capture="monitor")
+    writer = RankWriter(rank_dir, manifest)
     try:
         for step in ring.kept_steps():
             writer.submit(step, window_records(ring, step, rank), None, [])

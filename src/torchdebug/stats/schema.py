@@ -7,7 +7,7 @@ the Triton kernel (``native/triton_stats.py``, checked on import), the torch ops
 (:func:`torchdebug.stats.torch_ops.device_sums`), compiled graphs (``graph_dump/accumulators.py``, one
 0-d node per column) and the device table (:data:`WIDTH` float64 columns, ``stats_table.py``).
 The host turns a vector into the record's statistics with :func:`stats_from_sums`; their keys,
-:data:`STAT_KEYS`, are what the record encoders (Python and ``native/records.c``), tables,
+:data:`STAT_KEYS`, are what the record columns (``store/record_columns.py``) and JSON lines, tables,
 ``show``, the watcher and the shard merge of compare iterate over.
 
 Two kinds of accumulator: the four *value* accumulators (min, max, sum and sum of squares of the

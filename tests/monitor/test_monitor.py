@@ -16,6 +16,20 @@ from torchdebug.errors import AnomalyError, ConfigError
 CONFIG = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
 
 
+@pytest.fixture
+def monitors():
+    """``monitors(...)`` builds a Monitor that is closed after the test (its global hooks removed)."""
+    made: list[torchdebug.Monitor] = []
+
+    def make(*args, **kwargs) -> torchdebug.Monitor:
+        made.append(torchdebug.Monitor(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for monitor in made:
+        monitor.close()
+
+
 def _gpt() -> tuple[GPT, torch.optim.Optimizer]:
     torchdebug.seed_all(0)
     model = GPT(CONFIG)
@@ -32,10 +46,10 @@ def _closure(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, scal
     return closure
 
 
-def test_a_nan_at_step_40_dumps_the_window_of_steps_25_to_40_and_names_the_module(tmp_path: Path) -> None:
+def test_a_nan_at_step_40_dumps_the_window_of_steps_25_to_40_and_names_the_module(monitors, tmp_path: Path) -> None:
     """The loop keeps its own optimizer step (no closure): the window is read from the step's tables."""
     model, optimizer = _gpt()
-    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path, window=16)
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=16)
     for step in range(60):
         if step == 40:
             with torch.no_grad():
@@ -58,9 +72,9 @@ def test_a_nan_at_step_40_dumps_the_window_of_steps_25_to_40_and_names_the_modul
     assert event.replay is None and "Monitor.step(closure)" in str(event)
 
 
-def test_a_healthy_run_with_an_infinite_causal_mask_never_fires(tmp_path: Path) -> None:
+def test_a_healthy_run_with_an_infinite_causal_mask_never_fires(monitors, tmp_path: Path) -> None:
     model, optimizer = _gpt()
-    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path)
+    monitor = monitors(model, optimizer, dump_path=tmp_path)
     for step in range(200):
         monitor.step(_closure(model, optimizer, step))
     assert monitor.events == [] and monitor.anomalies == 0
@@ -85,9 +99,9 @@ def _grads_scaled(closure, model: nn.Module, factor: float = 100.0):
 
 
 @pytest.mark.parametrize("spike", ["loss", "grad_norm"])
-def test_a_spike_fires_once(tmp_path: Path, spike: str) -> None:
+def test_a_spike_fires_once(monitors, tmp_path: Path, spike: str) -> None:
     model, optimizer = _gpt()
-    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path, max_events=5, replay="off")
+    monitor = monitors(model, optimizer, dump_path=tmp_path, max_events=5, replay="off")
     for step in range(40):
         closure = _closure(model, optimizer, step, scale=50.0 if spike == "loss" and step == 30 else 1.0)
         monitor.step(_grads_scaled(closure, model) if spike == "grad_norm" and step == 30 else closure)
@@ -117,11 +131,11 @@ def _poison_line() -> str:
     return f"test_monitor.py:{next(i for i, line in enumerate(lines, 1) if line.strip().endswith('# POISON'))}"
 
 
-def test_the_replay_names_the_op_that_made_the_nan_and_reproduces_the_step(tmp_path: Path) -> None:
+def test_the_replay_names_the_op_that_made_the_nan_and_reproduces_the_step(monitors, tmp_path: Path) -> None:
     torchdebug.seed_all(0)
     model = nn.Sequential(nn.Linear(8, 8), _Poisoned(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path, on_anomaly="skip")
+    monitor = monitors(model, optimizer, dump_path=tmp_path, on_anomaly="skip")
     x = torch.randn(4, 8)
     for step in range(16):
         model[1].poison = step == 12
@@ -145,11 +159,9 @@ def test_the_replay_names_the_op_that_made_the_nan_and_reproduces_the_step(tmp_p
     assert {r.step for r in replayed} == {12} and any(r.op == "aten.log.default" for r in replayed)
 
 
-def test_a_nondeterministic_step_is_not_reproduced(tmp_path: Path) -> None:
+def test_a_nondeterministic_step_is_not_reproduced(monitors, tmp_path: Path) -> None:
     model, optimizer = _gpt()
-    monitor = torchdebug.Monitor(
-        model, optimizer, dump_path=tmp_path, predicate=lambda summary: "asked for" if summary.step == 5 else None
-    )
+    monitor = monitors(model, optimizer, dump_path=tmp_path, predicate=lambda summary: "asked for" if summary.step == 5 else None)
     for step in range(8):
         inner = _closure(model, optimizer, step)
         monitor.step(lambda inner=inner: inner() * (1 + random.random()))  # Python's RNG: not restored
@@ -159,32 +171,32 @@ def test_a_nondeterministic_step_is_not_reproduced(tmp_path: Path) -> None:
     assert "did NOT reproduce" in str(event) and "task='checksum'" in str(event)
 
 
-def test_on_anomaly_raise_stops_the_loop_with_the_event(tmp_path: Path) -> None:
+def test_on_anomaly_raise_stops_the_loop_with_the_event(monitors, tmp_path: Path) -> None:
     model, optimizer = _gpt()
-    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path, on_anomaly="raise", replay="off")
+    monitor = monitors(model, optimizer, dump_path=tmp_path, on_anomaly="raise", replay="off")
     with pytest.raises(AnomalyError) as raised:
         for step in range(10):
             monitor.step(_closure(model, optimizer, step, scale=float("nan") if step == 3 else 1.0))
     assert raised.value.event.step == 3 and raised.value.event.reason == "nonfinite"
 
 
-def test_bad_options_fail_at_construction(tmp_path: Path) -> None:
+def test_bad_options_fail_at_construction(monitors, tmp_path: Path) -> None:
     model, optimizer = _gpt()
     with pytest.raises(ConfigError, match="window: got 1"):
-        torchdebug.Monitor(model, optimizer, dump_path=tmp_path, window=1)
+        monitors(model, optimizer, dump_path=tmp_path, window=1)
     with pytest.raises(ConfigError, match="on_anomaly: got 'stop'"):
-        torchdebug.Monitor(model, optimizer, dump_path=tmp_path, on_anomaly="stop")
+        monitors(model, optimizer, dump_path=tmp_path, on_anomaly="stop")
     blocked = tmp_path / "file"
     blocked.write_text("")
     with pytest.raises(torchdebug.DumpError, match="dump_path"):
-        torchdebug.Monitor(model, optimizer, dump_path=blocked / "monitor")
+        monitors(model, optimizer, dump_path=blocked / "monitor")
 
 
-def test_the_report_of_a_window_draws_the_timeline_with_the_trigger(tmp_path: Path) -> None:
+def test_the_report_of_a_window_draws_the_timeline_with_the_trigger(monitors, tmp_path: Path) -> None:
     from torchdebug.cli import main
 
     model, optimizer = _gpt()
-    monitor = torchdebug.Monitor(model, optimizer, dump_path=tmp_path / "monitor", window=8, replay="off")
+    monitor = monitors(model, optimizer, dump_path=tmp_path / "monitor", window=8, replay="off")
     for step in range(12):
         if step == 10:
             with torch.no_grad():
@@ -198,3 +210,33 @@ def test_the_report_of_a_window_draws_the_timeline_with_the_trigger(tmp_path: Pa
     assert "layers.1.mlp.out, step 10: NaN/Inf" in page and "layers.1.mlp.out, step 9: norm" in page
     assert page.index('class="label first"') < page.index(">layers.1.mlp.out<") < page.index('class="label"')  # its row first
     assert page.count("<rect") >= 8 * len({slot.module for slot in monitor.ring.slots if slot.io == "output"}) - 8
+
+
+def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eagerly(monitors, tmp_path: Path) -> None:
+    """Per-block torch.compile with activation checkpointing: no graph break for the monitor's hooks,
+    each block's output watched once (not again in the recomputation), the replay's dump op by op."""
+    from torch._dynamo.utils import counters
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model, optimizer = _gpt()
+    for index, block in enumerate(model.layers):
+        block = checkpoint_wrapper(block)
+        block.compile(backend="aot_eager")
+        model.layers[index] = block
+    counters.clear()
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=4)
+    for step in range(5):
+        if step == 3:
+            with torch.no_grad():
+                model.layers[1].mlp.out.weight[0, 0] = float("nan")
+        monitor.step(_closure(model, optimizer, step))
+    assert not counters["graph_break"]
+    forward = sorted(slot.name for slot in monitor.ring.slots if slot.phase == "forward" and slot.op == "module")
+    assert "forward/layers.0/module#0/output.0" in forward and "forward/layers.0/module#1/output.0" not in forward
+    assert not [name for name in forward if name.startswith("forward/layers.0.")]  # inside the compiled block
+    (event,) = monitor.events
+    assert (event.step, event.slot) == (3, "forward/layers.1/module#0/output.0")
+    assert event.replay is not None and event.replay.reproduced and event.replay.eager_loss is not None
+    assert "layers.1.mlp.out" in event.replay.origin
+    replayed = torchdebug.load(event.replay.dump).ranks[0].records()
+    assert any(r.module == "layers.1.attn.qkv" and r.op == "aten.addmm.default" for r in replayed)

@@ -22,6 +22,9 @@ Why these and not others:
   ``_orig_mod`` (so parameter and module paths through it contain ``_orig_mod``), and
   ``module.compile()`` stores the compiled call in ``module._compiled_call_impl``; the graph dump
   names per-block compiled graphs by the block instance that ran (``graph_dump/instances.py``).
+- ``after_compiled_calls``: a compiled module's own hooks run inside its compiled code, so an
+  observer of its output stands outside: a forward hook on ``OptimizedModule``, a wrapper around
+  ``_compiled_call_impl`` for ``module.compile()``.
 - ``calls_with``: what a backend returns is called by Dynamo's bytecode with the graph's inputs as
   positional arguments (parameters first among them when the graph reads any).
 
@@ -53,6 +56,7 @@ from torch._logging._internal import trace_structured_artifact  # noqa: E402
 from torchdebug._torch.nn import strip_wrappers  # noqa: E402
 
 __all__ = [
+    "after_compiled_calls",
     "aot_autograd",
     "caches_disabled",
     "calls_with",
@@ -125,6 +129,29 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     for path, module in root.named_modules():
         if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None:
             yield strip_wrappers(path), module
+
+
+def after_compiled_calls(module: nn.Module, after: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``after(output)`` after every call of a compiled module, outside its compiled code (Dynamo
+    never traces it); returns what undoes it. ``torch.compile(module)``'s wrapper gets a forward hook
+    (its own call is eager); a module whose ``compile()`` ran gets its ``_compiled_call_impl``, what
+    ``Module._wrapped_call_impl`` calls in place of ``_call_impl`` and its hooks, wrapped."""
+    if isinstance(module, OptimizedModule):
+        return module.register_forward_hook(lambda _module, _args, output: after(output)).remove
+    compiled = module._compiled_call_impl
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        output = compiled(*args, **kwargs)
+        after(output)
+        return output
+
+    module._compiled_call_impl = call
+
+    def undo() -> None:
+        if module._compiled_call_impl is call:
+            module._compiled_call_impl = compiled
+
+    return undo
 
 
 def calls_with(compiled: Callable[..., Any], before: Callable[[tuple[Any, ...]], None]) -> Callable[..., Any]:

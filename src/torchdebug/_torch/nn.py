@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torch import nn
+from torch.compiler import is_compiling
 from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -81,13 +82,20 @@ class GlobalForwardHooks:
         enter: Callable[[nn.Module, tuple], None],
         exit: Callable[[nn.Module, tuple, dict[str, Any], Any], None],
         raised: Callable[[nn.Module], None] | None = None,
+        *,
+        outside_compiled: bool = False,
     ) -> None:
+        """``outside_compiled``: skip module calls that Dynamo traces (the hooks return at once under
+        ``torch.compiler.is_compiling()``, so compiled code neither breaks its graph on them nor runs them)."""
+
         def on_enter(module: nn.Module, args: tuple) -> None:
+            if outside_compiled and is_compiling():
+                return
             if not is_module_wrapper(module):
                 enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
-            if is_module_wrapper(module):
+            if (outside_compiled and is_compiling()) or is_module_wrapper(module):
                 return
             if len(kwargs_and_output) == 2:
                 exit(module, args, *kwargs_and_output)

@@ -19,7 +19,7 @@ runs under ``no_grad``, the modules inside its regions get no gradient records).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -36,10 +36,22 @@ ROOT_MODULE = "<root>"
 """Module path of the model itself."""
 
 
+class CallObserver(Protocol):
+    """What :class:`ModuleTracker` tells of each module call (:class:`ModuleRecorder`, the flight
+    recorder's watcher): it starts (phase ``forward`` or ``recompute``), it returned, or it raised."""
+
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None: ...
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None: ...
+    def drop(self) -> None: ...
+
+
 class ModuleTracker:
     """The path of the innermost running module, maintained by global forward hooks."""
 
-    def __init__(self, model: nn.Module | None = None) -> None:
+    def __init__(self, model: nn.Module | None = None, *, outside_compiled: bool = False) -> None:
+        """``outside_compiled``: module calls inside compiled code are not tracked (see
+        :class:`~torchdebug._torch.nn.GlobalForwardHooks`)."""
+        self._outside_compiled = outside_compiled
         self._names: dict[int, str] = {}
         self._params: dict[int, tuple[str, nn.Parameter]] = {}
         self._model_adopted = model is not None
@@ -48,7 +60,7 @@ class ModuleTracker:
         self._stack: list[str] = []
         self._hooks: GlobalForwardHooks | None = None
         self._recomputing = RecomputeDetector()
-        self.recorder: ModuleRecorder | None = None
+        self.recorder: CallObserver | None = None
 
     def _adopt(self, root: nn.Module, prefix: str) -> None:
         for name, module in root.named_modules(remove_duplicate=False):
@@ -81,7 +93,7 @@ class ModuleTracker:
         return self._stack[-1] if self._stack else NO_MODULE
 
     def start(self) -> None:
-        self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised)
+        self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised, outside_compiled=self._outside_compiled)
 
     def stop(self) -> None:
         if self._hooks is not None:

@@ -13,6 +13,8 @@ it was.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchdebug._torch.dynamo import compiled_modules
 from torchdebug.debugger import Debugger
 from torchdebug.nonfinite import find_origin
 from torchdebug.store.reader import load
@@ -56,17 +59,26 @@ class ReplayOutcome:
     replay_loss: float | None
     origin: str | None
     """The op that made the first NaN/Inf, with its phase, module and source line (``None``: none made)."""
+    eager_loss: float | None = None
+    """With compiled modules: the loss of the captured replay, which ran them eagerly."""
 
     @property
     def message(self) -> str:
+        eager = ""
+        if self.eager_loss is not None:
+            eager = f" The op-level replay ran the compiled modules eagerly: loss {self.eager_loss}"
+            if _finite(self.eager_loss) and not _finite(self.loss):
+                eager += ", finite where the compiled step's was not: compiled code made it (torchdebug diagnose finds where)."
+            else:
+                eager += "."
         if self.reproduced:
             found = f"; first NaN/Inf made by {self.origin}" if self.origin else ""
-            return f"replay reproduced the step bit for bit (loss {self.loss}){found}; its op-level dump: {self.dump}"
+            return f"replay reproduced the step bit for bit (loss {self.loss}){found}; its op-level dump: {self.dump}.{eager}"
         return (
             f"replay did NOT reproduce the step: loss {self.replay_loss} where the step gave {self.loss}. The step is not "
             "deterministic (nondeterministic kernels, uninitialised memory, a collective's order) or the hardware erred; "
             "dump two runs of it with task='checksum' and compare them to find the first op whose bits differ. "
-            f"Replay dump: {self.dump}"
+            f"Replay dump: {self.dump}.{eager}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +88,7 @@ class ReplayOutcome:
             "loss": self.loss,
             "replay_loss": self.replay_loss,
             "origin": self.origin,
+            "eager_loss": self.eager_loss,
         }
 
 
@@ -99,29 +112,45 @@ def replay(
 ) -> ReplayOutcome:
     """Run ``closure`` again from ``state`` under op-level capture into ``dump_path`` (see the module docstring)."""
     grads = [p.grad for p in parameters]
+    compiled = next(compiled_modules(model), None) is not None
+    try:
+        replayed = _run(closure, parameters, state) if compiled else None  # the compiled code again, as it ran
+        debugger = Debugger(dump_path, task=task, level="op")
+        debugger.start_at(step)
+        try:
+            with torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext():
+                debugger.start(model)
+                captured = _run(closure, parameters, state)
+                debugger.stop()
+        finally:
+            debugger.close()
+    finally:
+        for p, grad in zip(parameters, grads):
+            p.grad = grad
+    if not compiled:
+        replayed = captured
+    origin = find_origin(load(debugger.run_dir).ranks[rank].records())
+    return ReplayOutcome(
+        dump=Path(dump_path),
+        reproduced=same_bits(loss, replayed),
+        loss=_value(loss),
+        replay_loss=_value(replayed),
+        origin=str(origin) if origin is not None else None,
+        eager_loss=_value(captured) if compiled else None,
+    )
+
+
+def _run(closure: Callable[[], Any], parameters: list[torch.Tensor], state: RandomState) -> torch.Tensor | None:
+    """The closure from the step's start: no gradients yet, the step's random state; its loss."""
     for p in parameters:
         p.grad = None
     state.restore()
-    debugger = Debugger(dump_path, task=task, level="op")
-    debugger.start_at(step)
-    try:
-        debugger.start(model)
-        replayed = closure()
-        debugger.stop()
-    finally:
-        debugger.close()
-        for p, grad in zip(parameters, grads):
-            p.grad = grad
-    replay_loss = replayed if isinstance(replayed, torch.Tensor) else None
-    records = load(debugger.run_dir).ranks[rank].records()
-    origin = find_origin(records)
-    return ReplayOutcome(
-        dump=Path(dump_path),
-        reproduced=same_bits(loss, replay_loss),
-        loss=_value(loss),
-        replay_loss=_value(replay_loss),
-        origin=str(origin) if origin is not None else None,
-    )
+    result = closure()
+    return result if isinstance(result, torch.Tensor) else None
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _value(loss: torch.Tensor | None) -> float | None:

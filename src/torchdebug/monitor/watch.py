@@ -3,7 +3,10 @@
 - **Module outputs**, in the forward of a model in training mode, through the global module hooks of
   :class:`~torchdebug.capture.modules.ModuleTracker` (module paths, wrappers skipped; a module run
   again by activation checkpointing's recomputation is not watched twice). A model in ``eval()``
-  mode (validation) is not watched.
+  mode (validation) is not watched. Compiled code is left alone: the hooks return at once while
+  Dynamo traces (no graph break, nothing inside the compiled graph), and a compiled module's output
+  is watched from outside its compiled call (:func:`~torchdebug._torch.dynamo.after_compiled_calls`):
+  with per-block ``torch.compile`` each block's output is watched, the modules inside it are not.
 - **Gradients**, once per step before the optimizer step (an optimizer step pre-hook), when the
   gradients of every micro-batch have accumulated: ``backward/<module>/module#0/parameter_grad.<leaf>``.
 - **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
@@ -23,7 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdebug._torch.nn import strip_wrappers
+from torchdebug._torch.autograd import current_autograd_node
+from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
+from torchdebug._torch.nn import strip_wrappers, unwrap_compiled
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
@@ -58,12 +63,14 @@ class Watcher:
     ) -> None:
         self.model, self.optimizer, self.ring, self.stager = model, optimizer, ring, stager
         self._deliver = deliver
-        self._tracker = ModuleTracker(model)
+        self._tracker = ModuleTracker(unwrap_compiled(model), outside_compiled=True)
         self._tracker.recorder = self
         self._names = parameter_names(model)
+        self._modules = {id(module) for module in model.modules()}
+        """The model's own modules (not the graph modules a compiled backend runs, nor a loss module of the loop's)."""
         self._calls: dict[str, int] = {}
         self._open: list[str] = []
-        self._handles: list[Any] = []
+        self._undo: list[Callable[[], None]] = []
         self.step = 0
         self.pending: dict[int, int] = {}
         """Rows added but not yet delivered, by step."""
@@ -73,17 +80,19 @@ class Watcher:
     # -- lifetime -------------------------------------------------------------------------------
     def start(self) -> None:
         self._tracker.start()
+        compiled = compiled_modules(self.model)
+        self._undo = [after_compiled_calls(module, self._compiled_output(path or ROOT_MODULE)) for path, module in compiled]
         if self.optimizer is not None:
-            self._handles = [
-                self.optimizer.register_step_pre_hook(lambda *_: self.watch_gradients()),
-                self.optimizer.register_step_post_hook(lambda *_: self.watch_parameters()),
+            self._undo += [
+                self.optimizer.register_step_pre_hook(lambda *_: self.watch_gradients()).remove,
+                self.optimizer.register_step_post_hook(lambda *_: self.watch_parameters()).remove,
             ]
 
     def stop(self) -> None:
         self._tracker.stop()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        for undo in self._undo:
+            undo()
+        self._undo = []
 
     def next_step(self, step: int) -> None:
         self.step = step
@@ -96,7 +105,18 @@ class Watcher:
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
         phase = self._open.pop() if self._open else RECOMPUTE
-        if phase != "forward" or not self.model.training:
+        if phase == "forward" and id(module) in self._modules:
+            self._watch_output(name, output)
+
+    def _compiled_output(self, name: str) -> Callable[[Any], None]:
+        def watch(output: Any) -> None:
+            if current_autograd_node() is None:  # not activation checkpointing's recomputation
+                self._watch_output(name, output)
+
+        return watch
+
+    def _watch_output(self, name: str, output: Any) -> None:
+        if not self.model.training:
             return
         call = self._calls.get(name, 0)
         self._calls[name] = call + 1

@@ -54,3 +54,50 @@ def test_both_ranks_fire_and_replay_and_the_rank_that_saw_it_first_is_named(tmp_
     assert sorted({r.step for r in window.ranks[1].records()}) == [2, 3, 4, 5]
     assert all(e["replay"]["reproduced"] for e in events)
     assert "layers.0.mlp.fc" in events[1]["replay"]["origin"]
+
+
+def _fsdp_main(rank: int, root: str) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import fully_shard
+
+    torchdebug.seed_all(0)
+    model = GPT(CONFIG)
+    for index, block in enumerate(model.layers):
+        block = checkpoint_wrapper(block)
+        block.compile(backend="aot_eager")
+        fully_shard(block)
+        model.layers[index] = block
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4, replay="off")
+    for step in range(6):
+        if step == 4 and rank == 1:
+            with torch.no_grad():
+                model.layers[1].mlp.fc.weight.to_local()[0, 0] = float("nan")  # this rank's shard
+
+        def closure(step: int = step) -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = model(*make_batch(CONFIG, batch=2, seed=10 * step + rank))
+            loss.backward()
+            return loss
+
+        monitor.step(closure)
+    monitor.close()
+    (event,) = monitor.events
+    Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))
+    names = {slot.name for slot in monitor.ring.slots}
+    Path(root, f"slots{rank}.json").write_text(json.dumps(sorted(names)))
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_fsdp2_checkpointed_compiled_blocks_are_watched_by_shard(tmp_path: Path) -> None:
+    """The large-model recipe: FSDP2 parameters and gradients are watched through each rank's shard;
+    a NaN in rank 1's shard reaches both ranks' forward through the all-gather."""
+    gloo.spawn(_fsdp_main, tmp_path, str(tmp_path))
+    events = [json.loads((tmp_path / f"event{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(e["step"] == 4 and e["reason"] == "nonfinite" for e in events)
+    assert all(e["slot"] == "forward/layers.1/module#0/output.0" for e in events)
+    slots = json.loads((tmp_path / "slots0.json").read_text())
+    assert "backward/layers.1.mlp.fc/module#0/parameter_grad.weight" in slots
+    assert "optimizer/layers.1.mlp.fc/module#0/parameter.weight" in slots

@@ -78,7 +78,7 @@ class MonitorEvent:
 
     def __str__(self) -> str:
         lines = [f"torchdebug monitor, rank {self.rank}: {self.message}"]
-        if self.slot:
+        if self.slot and self.slot not in self.message:
             lines.append(f"  first seen in {self.slot}")
         if self.ranks != [self.rank]:
             lines.append(f"  ranks that fired: {self.ranks}, rank {self.ranks[0]} first")

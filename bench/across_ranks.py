@@ -36,23 +36,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from scale import capture, peak_mb, resident_mb  # noqa: E402
+from scale import capture, peak_mb, replicate, resident_mb  # noqa: E402
 
 import torchdebug  # noqa: E402
 from torchdebug.cli import main as cli_main  # noqa: E402
 from torchdebug.compare.across_ranks import compare_ranks  # noqa: E402
-from torchdebug.store import layout  # noqa: E402
-
-
-def replicate(rank_folder: Path, run: Path, ranks: int) -> Path:
-    """``run`` with ``ranks`` copies of ``rank_folder``: files hard-linked, a manifest of its own each."""
-    manifest = json.loads((rank_folder / layout.MANIFEST).read_text())
-    for rank in range(ranks):
-        copy = run / layout.rank_dir_name(ranks, rank)
-        shutil.copytree(rank_folder, copy, copy_function=os.link)
-        (copy / layout.MANIFEST).unlink()  # a link to the original's: replaced, not written through
-        (copy / layout.MANIFEST).write_text(json.dumps({**manifest, "rank": rank, "world_size": ranks}))
-    return run
 
 
 def measure(mode: str, run: Path) -> dict[str, Any]:

@@ -17,6 +17,8 @@ interpreter, torch and the stage's inputs excluded). Stages:
   per record;
 * ``load``: ``torchdebug.load(dump)`` and its records;
 * ``compare``: the in-process ``torchdebug.compare(bf16, fp32)``;
+* ``ranks``: the cross-rank check (``compare_ranks``) over ``--ranks`` copies of the bf16 dump's rank
+  folder (every rank agrees; records counted over all ranks);
 * ``report``: that compare's HTML report written, its bytes per row, and the seconds headless
   Chromium takes from navigation to the table's first page (the page's ``rows-ready`` mark; the
   faster of two loads; needs the test extra's selenium and Debian's chromium, see
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,14 +44,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow  # noqa: F401  (imported before any stage: its import is not the stage's memory)
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 import torchdebug.compare  # noqa: E402,F401  (imported before the timed compare)
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
+from torchdebug.store import layout  # noqa: E402
 
-STAGES = ("capture", "load", "compare", "report")
+STAGES = ("capture", "load", "compare", "ranks", "report")
 
 
 def resident_mb() -> float:
@@ -103,6 +108,17 @@ def capture(folder: Path, layers: int, warmup: int) -> dict[str, Any]:
     }
 
 
+def replicate(rank_folder: Path, run: Path, ranks: int) -> Path:
+    """``run`` with ``ranks`` copies of ``rank_folder``: files hard-linked, a manifest of its own each."""
+    manifest = json.loads((rank_folder / layout.MANIFEST).read_text())
+    for rank in range(ranks):
+        copy = run / layout.rank_dir_name(ranks, rank)
+        shutil.copytree(rank_folder, copy, copy_function=os.link)
+        (copy / layout.MANIFEST).unlink()  # a link to the original's: replaced, not written through
+        (copy / layout.MANIFEST).write_text(json.dumps({**manifest, "rank": rank, "world_size": ranks}))
+    return run
+
+
 def load(folder: Path, repeat: int) -> dict[str, Any]:
     """Read the bf16 dump's records."""
     seconds, memory, records = timed(lambda: torchdebug.load(folder / "bf16").ranks[0].records(), repeat)
@@ -113,6 +129,19 @@ def compare(folder: Path, repeat: int) -> dict[str, Any]:
     """Compare the bf16 dump with the fp32 one in-process."""
     seconds, memory, result = timed(lambda: torchdebug.compare(folder / "bf16", folder / "fp32"), repeat)
     return {"seconds": seconds, "memory_mb": memory, "records": len(result.rows), "counts": result.counts()}
+
+
+def ranks(folder: Path, repeat: int, count: int) -> dict[str, Any]:
+    """The cross-rank check over ``count`` copies of the bf16 dump's rank (every rank agrees)."""
+    from torchdebug.compare.across_ranks import compare_ranks
+
+    dump = torchdebug.load(folder / "bf16")
+    (rank_folder,) = dump.path.iterdir()
+    run = replicate(rank_folder, folder / "ranks" / "run", count)
+    per_rank = len(dump.ranks[0].records())
+    seconds, memory, _ = timed(lambda: compare_ranks(run), repeat)
+    shutil.rmtree(folder / "ranks")
+    return {"seconds": seconds, "memory_mb": memory, "records": count * per_rank}
 
 
 def report(folder: Path, repeat: int) -> dict[str, Any]:
@@ -135,10 +164,10 @@ def report(folder: Path, repeat: int) -> dict[str, Any]:
     }
 
 
-def run_stage(stage: str, folder: Path, layers: int, warmup: int, repeat: int) -> dict[str, Any]:
+def run_stage(stage: str, folder: Path, layers: int, warmup: int, repeat: int, ranks: int) -> dict[str, Any]:
     """Run ``stage`` in a child process (so its memory is its own) and return its figures."""
     child = [sys.executable, __file__, "--stage", stage, "--folder", str(folder), "--layers", str(layers)]
-    child += ["--warmup", str(warmup), "--repeat", str(repeat)]
+    child += ["--warmup", str(warmup), "--repeat", str(repeat), "--ranks", str(ranks)]
     out = subprocess.run(child, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -175,6 +204,7 @@ def main() -> None:
     parser.add_argument(
         "--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)} (capture always runs)"
     )
+    parser.add_argument("--ranks", type=int, default=8, help="ranks of the cross-rank stage (default 8)")
     parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # a child: one stage, JSON out
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -184,6 +214,7 @@ def main() -> None:
             "capture": lambda: capture(args.folder, counts[0], args.warmup),
             "load": lambda: load(args.folder, args.repeat),
             "compare": lambda: compare(args.folder, args.repeat),
+            "ranks": lambda: ranks(args.folder, args.repeat, args.ranks),
             "report": lambda: report(args.folder, args.repeat),
         }[args.stage]
         print(json.dumps(work()))
@@ -197,7 +228,7 @@ def main() -> None:
     for layers in counts:
         with tempfile.TemporaryDirectory() as temp:
             for stage in stages:
-                row = run_stage(stage, Path(temp), layers, args.warmup, args.repeat)
+                row = run_stage(stage, Path(temp), layers, args.warmup, args.repeat, args.ranks)
                 points[stage].append((row["records"], row["seconds"]))
                 print(describe(stage, layers, row), flush=True)
     if len(counts) > 1:

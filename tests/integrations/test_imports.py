@@ -7,7 +7,7 @@ import pytest
 
 from torchdebug.extras import import_extra
 
-_OPTIONAL = ("lightning", "pytorch_lightning", "transformers", "accelerate", "pandas", "pyarrow")
+_OPTIONAL = ("lightning", "pytorch_lightning", "transformers", "accelerate", "pandas")  # pyarrow is required (the record store)
 
 
 def test_import_torchdebug_and_its_public_names_import_no_optional_library():

@@ -27,6 +27,13 @@ _MAX_TRACE = 8
 """How many ops only one side runs are followed back from an input (a cast chain, a hook)."""
 
 
+def _records(rows: Sequence[Row], side: str) -> list[Record]:
+    """One side's records of ``rows``, in row order."""
+    if side == "a":
+        return [row.record_a for row in rows if row.record_a is not None]
+    return [row.record_b for row in rows if row.record_b is not None]
+
+
 class Flow:
     """The data flow of one rank's rows and what the rows judged so far carry."""
 
@@ -35,7 +42,6 @@ class Flow:
         self.slots: dict[str, dict[int, dict[str, Row]]] = {"a": {}, "b": {}}
         """Per side and step, the row of each slot name."""
         self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
-        records: dict[str, list[Record]] = {"a": [], "b": []}
         reshaped = False
         for row in rows:
             matched = row.record_a is not None and row.record_b is not None
@@ -47,17 +53,17 @@ class Flow:
                 if names is None:
                     names = self.slots[side][record.step] = {}
                 names[record.name] = row
-                records[side].append(record)
                 if not matched:
                     self.one_sided.setdefault((side, record.step, record.call_name), []).append(row)
         if made is None:
-            made = Producers.of(records["a"], records["b"])
+            made = Producers.of(_records(rows, "a"), _records(rows, "b"))
         self.made = {"a": made.a, "b": made.b}
         """Per side, the candidate producers of its input slots (the first is where the tensor came from)."""
         data: dict[str, set[int]] = {"a": set(), "b": set()}
         parameters: set[int] = set()
         if reshaped:  # which values are data matters only where shapes differ
-            for side, side_records in records.items():
+            for side in ("a", "b"):
+                side_records = _records(rows, side)
                 ordered = [side_records[i] for i in execution_order(side_records)]
                 data[side], held = data_records(ordered, {key: found[0] for key, found in self.made[side].items()})
                 parameters |= held

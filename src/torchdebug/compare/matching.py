@@ -525,7 +525,16 @@ def match_records(
     """Pair two record lists (one rank each); see the module docstring for the rules. ``compiled``: a
     side was captured in compiled graphs, whose decompositions add calls (see :func:`_align_leftovers`).
     ``made``: the two sides' :class:`Producers`, when the caller keeps them for verdicts."""
-    mapping = mapping or NameMapping()
+    pairs = _pair_calls(records_a, records_b, mapping or NameMapping(), compiled, made)
+    _assign_order(pairs, records_b)  # the calls are gone by now, so they and the order's index never coexist
+    pairs.sort(key=attrgetter("order"))
+    return pairs
+
+
+def _pair_calls(
+    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping, compiled: bool, made: Producers | None
+) -> list[Pair]:
+    """The pairs of :func:`match_records`, in no order yet."""
     calls_a, calls_b = _calls(records_a), _calls(records_b)
     links = _Links(made or Producers.of(records_a, records_b))
     uneven = _uneven(calls_a, calls_b, mapping) if compiled else set()
@@ -546,8 +555,6 @@ def match_records(
     pairs = [pair for match in matches for pair in _pair_slots(match.call_a, match.call_b, match.how)]
     pairs.extend(Pair(r, None, "only_a") for call in left_a for r in call.records)
     pairs.extend(Pair(None, r, "only_b") for call in left_b for r in call.records)
-    _assign_order(pairs, records_b)
-    pairs.sort(key=attrgetter("order"))
     return pairs
 
 

@@ -211,6 +211,11 @@ _STAT_METRIC_NAMES = tuple((f"{key}_diff", f"{key}_rel") for key in _STAT_NAMES)
 """The names of each statistic's two metrics, in :data:`STATS_METRICS` order."""
 
 
+_FLAGS = (0.0, 1.0)
+"""``nonfinite_mismatch`` as one shared float each way, not a new one per row (a compare keeps
+hundreds of thousands of rows)."""
+
+
 def _finite(stats: dict[str, Any]) -> list[float | None]:
     """Min, max, mean and L2 norm as floats, each ``None`` unless finite (missing, NaN, ±Inf, or not
     a number): one call per side, as compare runs it for every matched row."""
@@ -264,5 +269,5 @@ def stats_metrics(a: dict[str, Any] | None, b: dict[str, Any] | None, *, numel: 
             error = relative
     if error is not None:
         out["error"] = error
-    out["nonfinite_mismatch"] = float(nonfinite_flags(a) != nonfinite_flags(b))
+    out["nonfinite_mismatch"] = _FLAGS[nonfinite_flags(a) != nonfinite_flags(b)]
     return out

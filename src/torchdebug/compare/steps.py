@@ -171,7 +171,7 @@ def match_rank(
     pairs = match_records(records_a, records_b, settings.mapping, compiled=compiled, made=made)
     if compiled:
         pairs = align_boundaries(pairs, unpaired_calls(pairs))
-    rows = [Row.from_records(rank, p.a, p.b, p.how, p.order, inside=p.inside) for p in pairs]
+    rows = [Row.from_records(rank, p.a, p.b, p.how, p.order, p.inside) for p in pairs]
     tolerances: dict[tuple[str | None, str | None], Tolerance] = {}  # per pair of dtypes: a handful
     for row in rows:
         if row.matched and row.kind == "tensor" and row.shape_a == row.shape_b:

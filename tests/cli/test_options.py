@@ -67,11 +67,11 @@ def test_compare_flags_give_the_config_the_python_keywords_give():
 
 
 def test_diagnose_flags_give_the_config_the_python_keywords_give():
-    argv = ["diagnose", "s.py:f", "--backend", "aot_eager", "--no-train", "--mode", "max-autotune"]
+    argv = ["diagnose", "s.py:f", "--backend", "aot_eager", "--no-train", "--compile-mode", "max-autotune"]
     argv += ["--tolerance", "0.01", "-o", "out", "--no-repro"]
     config = DiagnoseConfig(**options_of(build_parser().parse_args(argv), DiagnoseConfig))
     expected = DiagnoseConfig(
-        backend="aot_eager", train=False, mode="max-autotune", tolerance=0.01, output_dir="out", repro=False
+        backend="aot_eager", train=False, compile_mode="max-autotune", tolerance=0.01, output_dir="out", repro=False
     )
     assert config.to_dict() == expected.to_dict()
 
@@ -83,10 +83,12 @@ def test_diagnose_flags_give_the_config_the_python_keywords_give():
         (["compare", "a", "b", "--stats-only"], "tensors", False, "--no-tensors"),
         (["diagnose", "s.py:f", "--forward-only"], "train", False, "--no-train"),
         (["diagnose", "s.py:f", "--output", "out"], "output_dir", "out", "--output-dir"),
+        (["diagnose", "s.py:f", "--mode", "default"], "compile_mode", "default", "--compile-mode"),
     ],
 )
 def test_an_old_flag_still_works_and_warns_naming_the_new_one(argv, dest, value, new):
-    with pytest.warns(FutureWarning, match=f"^{argv[-1] if dest != 'output_dir' else '--output'} is deprecated; use {new}$"):
+    old = argv[-2] if dest in ("output_dir", "compile_mode") else argv[-1]
+    with pytest.warns(FutureWarning, match=f"^{old} is deprecated; use {new}$"):
         assert getattr(build_parser().parse_args(argv), dest) == value
 
 
@@ -113,7 +115,10 @@ def test_an_old_flag_on_the_command_line_warns_in_one_line(capsys):
         (["compare", "a", "b", "--growth", "inf"], "argument --growth: got 'inf', expected a finite number >= 1"),
         (["compare", "a", "b", "--threads", "0"], "argument --threads: got '0', expected an integer >= 1"),
         (["compare", "a", "b", "--tolerance", "bf16"], "argument --tolerance: got 'bf16', expected DTYPE=RTOL or"),
-        (["diagnose", "s.py:f", "--mode", "fast"], "argument --mode: got 'fast', expected one of 'default', 'reduce-overhead'"),
+        (
+            ["diagnose", "s.py:f", "--compile-mode", "fast"],
+            "argument --compile-mode: got 'fast', expected one of 'default', 'reduce-overhead'",
+        ),
         (["diagnose", "s.py:f", "--tolerance", "0"], "argument --tolerance: got '0', expected a finite number > 0"),
     ],
 )
@@ -163,3 +168,9 @@ def test_the_option_classes_the_command_line_imports_load_no_torch():
     code = "import sys, torchdebug.compare.config, torchdebug.diagnose.config; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_diagnose_configs_mode_keyword_is_read_as_compile_mode_with_a_warning():
+    with pytest.warns(FutureWarning, match="mode"):
+        config = DiagnoseConfig(mode="reduce-overhead")
+    assert config.compile_mode == "reduce-overhead"

@@ -63,7 +63,8 @@ def diagnose(fn: Callable[..., Any], *example_inputs: Any, config: DiagnoseConfi
 
 
 def _diagnose(program: Program, config: DiagnoseConfig) -> DiagnoseReport:
-    stages = ladder(config.backend, config.mode if config.mode is not None else default_mode(program.inputs, config.backend))
+    compile_mode = config.compile_mode if config.compile_mode is not None else default_mode(program.inputs, config.backend)
+    stages = ladder(config.backend, compile_mode)
     with progress.bar(len(stages) + 1, "diagnose", unit="stage") as shown:  # the fp64 reference, then each stage
         shown.set_postfix_str("fp64 reference")
         refs = references(program)

@@ -34,6 +34,8 @@ def _backend(key: str, value: Any) -> Any:
 class DiagnoseConfig(Options):
     """Options of :func:`torchdebug.diagnose` and ``torchdebug diagnose``."""
 
+    _ALIASES = {"mode": "compile_mode"}  # "mode" is CompilerConfig's pipeline; torch.compile's mode is compile_mode
+
     backend: Any = field(
         default=None,
         metadata=option(
@@ -51,12 +53,12 @@ class DiagnoseConfig(Options):
             flag=Flag(old=("--forward-only",)),
         ),
     )
-    mode: str | None = field(
+    compile_mode: str | None = field(
         default=None,
         metadata=option(
-            "torch.compile mode for the last stage.",
+            "torch.compile mode for the last stage (was mode).",
             optional(one_of(*COMPILE_MODES)),
-            flag=Flag(metavar="MODE"),
+            flag=Flag(metavar="MODE", old=("--mode",)),
             enum=[*COMPILE_MODES, None],
         ),
     )

@@ -36,13 +36,15 @@ _EXPORTS: dict[str, str] = {
     "CompilerConfig": "torchdebug.compile",
     "get_backend": "torchdebug.compile",
     "diagnose": "torchdebug.diagnose",
-    "DiagnoseReport": "torchdebug.diagnose",
+    "DiagnoseResult": "torchdebug.diagnose",
     "DiagnoseConfig": "torchdebug.diagnose.config",
     "Monitor": "torchdebug.monitor",
     "MonitorConfig": "torchdebug.monitor",
     "AnomalyError": "torchdebug.errors",
 }
 _SUBMODULES = {"scope"}
+_RENAMED = {"DiagnoseReport": "DiagnoseResult"}
+"""Old public names -> new ones: still given, with a FutureWarning."""
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
@@ -52,6 +54,11 @@ def __getattr__(name: str) -> object:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(f"torchdebug.{name} is deprecated; use torchdebug.{_RENAMED[name]}", FutureWarning, stacklevel=2)
+        return __getattr__(_RENAMED[name])
     if name in _SUBMODULES:
         module = importlib.import_module(f"torchdebug.{name}")
         globals()[name] = module
@@ -69,7 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchdebug.compile import CompilerConfig, get_backend
     from torchdebug.config import DebuggerConfig
     from torchdebug.debugger import Debugger, dump
-    from torchdebug.diagnose import DiagnoseReport, diagnose
+    from torchdebug.diagnose import DiagnoseResult, diagnose
     from torchdebug.diagnose.config import DiagnoseConfig
     from torchdebug.errors import AnomalyError, ConfigError, DumpError, TorchDebugError
     from torchdebug.monitor import Monitor, MonitorConfig

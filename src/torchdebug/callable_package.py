@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+import warnings
 from collections.abc import Callable, Mapping
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
@@ -32,11 +33,15 @@ def make_callable(package: str, function: str) -> None:
     sys.modules[package].__class__ = CallablePackage
 
 
-def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
+def lazy_exports(package: str, exports: Mapping[str, str], renamed: Mapping[str, str] | None = None) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``package``: each name in ``exports`` (name -> defining module)
-    is imported at its first use and kept."""
+    is imported at its first use and kept; an old name in ``renamed`` (old -> new) gives the new
+    name's value with a ``FutureWarning``."""
 
     def __getattr__(name: str) -> Any:
+        if renamed and name in renamed:
+            warnings.warn(f"{package}.{name} is deprecated; use {renamed[name]}", FutureWarning, stacklevel=2)
+            return __getattr__(renamed[name])
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(exports[name]), name)

@@ -174,3 +174,13 @@ def test_diagnose_configs_mode_keyword_is_read_as_compile_mode_with_a_warning():
     with pytest.warns(FutureWarning, match="mode"):
         config = DiagnoseConfig(mode="reduce-overhead")
     assert config.compile_mode == "reduce-overhead"
+
+
+def test_the_old_name_of_diagnoses_result_still_imports_with_a_warning():
+    import torchdebug
+    import torchdebug.diagnose
+
+    with pytest.warns(FutureWarning, match="DiagnoseReport is deprecated; use .*DiagnoseResult"):
+        assert torchdebug.DiagnoseReport is torchdebug.DiagnoseResult
+    with pytest.warns(FutureWarning, match="DiagnoseReport is deprecated"):
+        assert torchdebug.diagnose.DiagnoseReport is torchdebug.DiagnoseResult

@@ -19,14 +19,14 @@ MODELS = str(Path(__file__).with_name("models.py"))
 LLAMA = str(Path(__file__).resolve().parents[2] / "examples" / "llama.py")
 
 
-def _source_line(report: td.DiagnoseReport) -> tuple[str, int]:
+def _source_line(report: td.DiagnoseResult) -> tuple[str, int]:
     assert report.source is not None, report.summary()
     where = report.source.split(" in ")[0]
     path, line = where.rsplit(":", 1)
     return path, int(line)
 
 
-def _assert_relu(report: td.DiagnoseReport, stage: str, kind: str) -> None:
+def _assert_relu(report: td.DiagnoseResult, stage: str, kind: str) -> None:
     assert report.stage == stage, report.summary()
     assert report.kind == kind, report.summary()
     assert report.finding is not None and "relu" in report.node and "relu" in report.finding.target
@@ -35,7 +35,7 @@ def _assert_relu(report: td.DiagnoseReport, stage: str, kind: str) -> None:
     assert report.user_frame == report.source
 
 
-def _run_repro(report: td.DiagnoseReport) -> subprocess.CompletedProcess[str]:
+def _run_repro(report: td.DiagnoseResult) -> subprocess.CompletedProcess[str]:
     assert report.repro_path is not None and report.repro_path.is_file()
     assert (report.repro_path.parent / "repro_inputs.safetensors").is_file()
     return subprocess.run([sys.executable, str(report.repro_path)], capture_output=True, text=True, timeout=300)

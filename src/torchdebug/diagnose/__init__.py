@@ -2,9 +2,9 @@
 
 Typical use::
 
-    report = torchdebug.diagnose(model, x, backend="inductor")
-    print(report.summary())      # stage, error or lost accuracy, first bad node, source line
-    report.repro_path            # repro.py with only that node, inputs in safetensors next to it
+    result = torchdebug.diagnose(model, x, backend="inductor")
+    print(result.summary())      # stage, error or lost accuracy, first bad node, source line
+    result.repro_path            # repro.py with only that node, inputs in safetensors next to it
 
 ``docs/diagnose.md`` describes the method and the command line (``torchdebug diagnose``). The
 names below load lazily: ``torchdebug diagnose --help`` imports ``config`` without torch.
@@ -17,9 +17,9 @@ from torchdebug.callable_package import lazy_exports, make_callable
 _EXPORTS = {
     "diagnose": "torchdebug.diagnose.api",
     "DiagnoseConfig": "torchdebug.diagnose.config",
-    "DiagnoseReport": "torchdebug.diagnose.report",
+    "DiagnoseResult": "torchdebug.diagnose.result",
 }
 __all__ = list(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS, renamed={"DiagnoseReport": "DiagnoseResult"})
 
 make_callable(__name__, "diagnose")

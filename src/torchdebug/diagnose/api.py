@@ -27,8 +27,8 @@ from torchdebug.diagnose.graph_breaks import compile_events
 from torchdebug.diagnose.instrument import InstrumentedInductor
 from torchdebug.diagnose.nodes import first_bad_node
 from torchdebug.diagnose.program import Program, first_line
-from torchdebug.diagnose.report import DiagnoseReport
 from torchdebug.diagnose.repro import write_repro
+from torchdebug.diagnose.result import DiagnoseResult
 from torchdebug.diagnose.stages import References, Stage, StageResult, climb, default_mode, ladder, references
 from torchdebug.errors import TorchDebugError
 from torchdebug.options import accepts
@@ -42,7 +42,7 @@ knob PyTorch's docs and its compiler bisector use for accuracy debugging)."""
 
 
 @accepts(DiagnoseConfig)
-def diagnose(fn: Callable[..., Any], *example_inputs: Any, config: DiagnoseConfig) -> DiagnoseReport:
+def diagnose(fn: Callable[..., Any], *example_inputs: Any, config: DiagnoseConfig) -> DiagnoseResult:
     """Find the first compiler stage that breaks ``fn(*example_inputs)``, its node and source line.
 
     Args:
@@ -52,7 +52,7 @@ def diagnose(fn: Callable[..., Any], *example_inputs: Any, config: DiagnoseConfi
             keywords (``backend="aot_eager"``, ``train=False``, ...), listed below.
 
     Returns:
-        A :class:`DiagnoseReport`; ``report.stage is None`` when every stage is accurate.
+        A :class:`DiagnoseResult`; ``report.stage is None`` when every stage is accurate.
     """
     start = time.perf_counter()
     program = Program(fn, example_inputs, train=config.train)
@@ -62,7 +62,7 @@ def diagnose(fn: Callable[..., Any], *example_inputs: Any, config: DiagnoseConfi
     return report
 
 
-def _diagnose(program: Program, config: DiagnoseConfig) -> DiagnoseReport:
+def _diagnose(program: Program, config: DiagnoseConfig) -> DiagnoseResult:
     compile_mode = config.compile_mode if config.compile_mode is not None else default_mode(program.inputs, config.backend)
     stages = ladder(config.backend, compile_mode)
     with progress.bar(len(stages) + 1, "diagnose", unit="stage") as shown:  # the fp64 reference, then each stage
@@ -90,7 +90,7 @@ def _diagnose(program: Program, config: DiagnoseConfig) -> DiagnoseReport:
 
 def _climb_and_localize(
     program: Program, stages: list[Stage], refs: References, config: DiagnoseConfig, notes: list[str], shown: progress.Bar
-) -> DiagnoseReport:
+) -> DiagnoseResult:
     recorder = DynamoRecorder()
     stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
     results = climb(program, stages[:-1], refs, config.tolerance, shown)
@@ -101,7 +101,7 @@ def _climb_and_localize(
     if len(results) > 1:
         results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
     graphs = list(recorder.graphs)
-    report = DiagnoseReport(results, compile_events=compile_events(graphs), notes=notes)
+    report = DiagnoseResult(results, compile_events=compile_events(graphs), notes=notes)
     failed = report.failed_stage
     if failed is not None and failed.stage.backend is not None:
         shown.set_postfix_str(f"finding the first bad node of {failed.stage.label}")

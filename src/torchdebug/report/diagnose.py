@@ -11,7 +11,7 @@ __all__ = ["render_diagnose"]
 
 
 class Report(Protocol):
-    """What the page reads of a ``torchdebug.diagnose.DiagnoseReport`` (passed down to this layer)."""
+    """What the page reads of a ``torchdebug.diagnose.DiagnoseResult`` (passed down to this layer)."""
 
     stages: list[Any]
     finding: Any

@@ -14,7 +14,7 @@ from torchdebug.report.diagnose import render_diagnose
 
 
 @dataclass(slots=True)
-class DiagnoseReport:
+class DiagnoseResult:
     """The answer of :func:`torchdebug.diagnose`. ``stage`` is ``None`` when every stage passed."""
 
     stages: list[StageResult]

@@ -91,9 +91,7 @@ def main() -> None:
         captured = _captured_step(model, own_step, Path(tmp) / "debugger", sync)
     plain = statistics.median(times["plain"])
     where = torch.cuda.get_device_name(args.device) if cuda else f"{torch.get_num_threads()} threads"
-    print(
-        f"torch {torch.__version__}, GPT {args.size} on {args.device} ({where}), median of {args.steps} blocks of {args.block} steps"
-    )
+    print(f"torch {torch.__version__}, GPT {args.size} on {args.device} ({where}), median of {args.steps} blocks of {args.block}")
     for mode, values in times.items():
         median = statistics.median(values)
         print(f"{mode:16s} {median * 1000:8.1f} ms/step  {median / plain:.3f}x")
@@ -113,13 +111,7 @@ def _trigger_cost(model: torch.nn.Module, closure, optimizer, folder: Path, sync
         others = [m for m in (monitor, replaying) if m is not current]
         for other in others:
             other.pause()
-        steps = []
-        for _ in range(5):
-            sync()
-            start = time.perf_counter()
-            current.step(closure)
-            sync()
-            steps.append(time.perf_counter() - start)
+        steps = [_seconds(lambda current=current: current.step(closure), sync) for _ in range(5)]
         costs.append(steps[3] - statistics.median(steps[:3] + steps[4:]))
         current.close()
         for other in others:
@@ -130,16 +122,22 @@ def _trigger_cost(model: torch.nn.Module, closure, optimizer, folder: Path, sync
 
 def _captured_step(model: torch.nn.Module, own_step, folder: Path, sync) -> float:  # noqa: ANN001
     with torchdebug.Debugger(folder, task="statistics", level="op") as debugger:
-        times = []
-        for _ in range(3):
-            sync()
-            start = time.perf_counter()
+
+        def captured() -> None:
             debugger.start(model)
             own_step()
             debugger.step()
-            sync()
-            times.append(time.perf_counter() - start)
-    return min(times)
+
+        return min(_seconds(captured, sync) for _ in range(3))
+
+
+def _seconds(work, sync) -> float:  # noqa: ANN001
+    """Seconds of ``work()``, the device synchronised before and after."""
+    sync()
+    start = time.perf_counter()
+    work()
+    sync()
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -19,6 +19,18 @@ from tests import gloo
 CONFIG = GPTConfig(n_layer=2, d_model=16, n_head=2, seq_len=8, vocab=32)
 
 
+def _closure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, rank: int):
+    """The step's forward and backward on this rank's own batch."""
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = model(*make_batch(CONFIG, batch=2, seed=10 * step + rank))
+        loss.backward()
+        return loss
+
+    return closure
+
+
 def _rank_main(rank: int, root: str) -> None:
     torchdebug.seed_all(0)
     model = DistributedDataParallel(GPT(CONFIG))
@@ -29,13 +41,7 @@ def _rank_main(rank: int, root: str) -> None:
             with torch.no_grad():
                 model.module.layers[0].mlp.fc.weight[0, 0] = float("nan")
 
-        def closure(step: int = step) -> torch.Tensor:
-            optimizer.zero_grad()
-            loss = model(*make_batch(CONFIG, batch=2, seed=10 * step + rank))
-            loss.backward()
-            return loss
-
-        monitor.step(closure)
+        monitor.step(_closure(model, optimizer, step, rank))
     (event,) = monitor.events
     Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))
     dist.barrier()
@@ -75,13 +81,7 @@ def _fsdp_main(rank: int, root: str) -> None:
             with torch.no_grad():
                 model.layers[1].mlp.fc.weight.to_local()[0, 0] = float("nan")  # this rank's shard
 
-        def closure(step: int = step) -> torch.Tensor:
-            optimizer.zero_grad()
-            loss = model(*make_batch(CONFIG, batch=2, seed=10 * step + rank))
-            loss.backward()
-            return loss
-
-        monitor.step(closure)
+        monitor.step(_closure(model, optimizer, step, rank))
     monitor.close()
     (event,) = monitor.events
     Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))

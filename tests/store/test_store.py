@@ -381,6 +381,17 @@ def test_every_field_reads_back_from_the_arrow_columns_as_written():
     assert "zeros" not in back[12].stats and back[12].stats["max"].__class__ is int  # written as they were read
 
 
+def test_records_share_statistics_only_when_every_bit_is_equal():
+    import math
+
+    negative_zero, nan = {**_STATS, "mean": -0.0}, {**_STATS, "min": math.nan, "norm": None}
+    cases = [_STATS, dict(_STATS), {**_STATS, "mean": 0.0}, negative_zero, nan, None, {**_STATS, "zeros": None}]
+    back = [r.stats for r in _columns_round_trip([_record(i, dtype="float32", stats=s) for i, s in enumerate(cases)])]
+    assert back[0] is back[1] and back[0] == _STATS and back[2] is not back[3]
+    assert math.copysign(1, back[2]["mean"]) == 1 and math.copysign(1, back[3]["mean"]) == -1
+    assert math.isnan(back[4]["min"]) and back[4]["norm"] is None and back[5] is None and back[6]["zeros"] is None
+
+
 def test_statistics_of_integer_tensors_read_back_as_ints():
     stats = {**_STATS, "min": 3, "max": 2**40}
     back = _columns_round_trip([_record(0, dtype="int64", stats=stats), _record(1, dtype="float32", stats=_STATS)])

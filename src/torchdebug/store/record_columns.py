@@ -30,6 +30,7 @@ from itertools import chain, takewhile
 from operator import attrgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -184,6 +185,8 @@ def _stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, An
 
 
 _STAT_KEY_SET = frozenset(STAT_KEYS)
+_STAT_COUNTS = tuple((key, key not in VALUE_KEYS) for key in STAT_KEYS)
+"""Each statistic's key, and whether it is a count (an int; the others are floats)."""
 
 
 def _number(value: Any, kind: pa.DataType) -> bool:
@@ -223,7 +226,7 @@ def records_from_table(table: pa.Table) -> list[Record]:
             _to_extra(records, None, _json_column(table, "extra", names))
         if "json_fields" in names and table.column("json_fields").null_count < count:
             _apply_json_fields(records, _json_column(table, "json_fields", names))
-        _integral_min_max(records, columns["dtype"], columns["stats"])
+        _integral_min_max(records, table.column("dtype").chunk(0) if "dtype" in names else None, columns["stats"])
     return records
 
 
@@ -263,53 +266,57 @@ def _column(array: pa.Array, name: str) -> list[Any] | None:
 def _shared_strings(array: pa.Array, decode: Callable[[str], Any] = sys.intern) -> list[Any]:
     """Each distinct string once, ``decode``d (interned: the same object in every rank and dump read)."""
     encoded = pc.dictionary_encode(array)
-    values = [decode(s) for s in encoded.dictionary.to_pylist()]
+    distinct = encoded.dictionary.to_pylist()
+    values = np.empty(len(distinct) + 1, dtype=object)  # the last one, None, for empty rows
+    for i, text in enumerate(distinct):
+        values[i] = decode(text)
     indices = encoded.indices
     if indices.null_count:
-        indices = indices.fill_null(len(values))
-        values.append(None)
-    return list(map(values.__getitem__, indices.to_numpy().tolist()))
+        indices = indices.fill_null(len(distinct))
+    return values.take(indices.to_numpy()).tolist()
 
 
 def _shared_lists(array: pa.ListArray) -> list[list[int] | None]:
-    """Each distinct list of sizes once (a record's shape and stride are shared as capture shares them)."""
-    offsets = array.offsets.to_numpy().tolist()
-    flat = array.values.to_numpy()
-    values, raw = flat.tolist(), flat.tobytes()
-    width = flat.itemsize
-    shared: dict[bytes, list[int]] = {}
-    out = []
-    for start, end in zip(offsets, offsets[1:]):
-        key = raw[start * width : end * width]
-        found = shared.get(key)
-        if found is None:
-            found = shared[key] = values[start:end]
-        out.append(found)
-    if array.null_count:
-        for row, valid in enumerate(array.is_valid().to_pylist()):
-            if not valid:
-                out[row] = None
-    return out
+    """Each distinct list of sizes once (a record's shape and stride are shared as capture shares
+    them): the lists joined into text by Arrow, each distinct text parsed once."""
+    return _shared_strings(pc.binary_join(array.cast(pa.list_(_STRING)), ","), _sizes)
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(size) for size in text.split(",")] if text else []
 
 
 def _stats_column(array: pa.StructArray) -> list[dict[str, Any] | None] | None:
-    """The statistics dicts; equal statistics share one dict (as the records of one tensor do)."""
+    """The statistics dicts; equal statistics share one dict (as the records of one tensor do).
+
+    Each row's statistics are found by their bits (and which are empty): Arrow hashes the rows as
+    fixed-size keys, and a dict is made once per distinct key."""
     if array.null_count == len(array):
         return None
-    children = [array.field(i) for i in range(len(STAT_KEYS))]
-    lists = [child.to_pylist() if child.null_count else child.to_numpy().tolist() for child in children]
-    shared: dict[tuple[Any, ...], dict[str, Any]] = {}
-    out: list[dict[str, Any] | None] = []
-    for row in zip(*lists):
-        found = shared.get(row)
-        if found is None:
-            found = shared[row] = dict(zip(STAT_KEYS, row))
-        out.append(found)
+    count, width = len(array), len(STAT_KEYS)
+    words = np.zeros((count, width + 1), np.int64)  # the values' bits, then a mask of the empty ones
+    for i in range(width):
+        child = array.field(i)
+        words[:, i] = child.fill_null(0).to_numpy().view(np.int64)
+        if child.null_count:
+            words[:, width] |= child.is_null().to_numpy(zero_copy_only=False).astype(np.int64) << i
     if array.null_count:
-        for row, valid in enumerate(array.is_valid().to_pylist()):
-            if not valid:
-                out[row] = None
-    return out
+        words[:, width] |= array.is_null().to_numpy(zero_copy_only=False).astype(np.int64) << width
+    key_type = pa.binary(words.itemsize * (width + 1))
+    encoded = pc.dictionary_encode(pa.FixedSizeBinaryArray.from_buffers(key_type, count, [None, pa.py_buffer(words)]))
+    unique = np.frombuffer(encoded.dictionary.buffers()[1], np.int64, len(encoded.dictionary) * (width + 1))
+    unique = unique.reshape(-1, width + 1)
+    values = unique[:, :width].copy()
+    shared = [
+        None if empty >> width else _stats_dict(as_float, as_int, empty)
+        for as_float, as_int, empty in zip(values.view(np.float64).tolist(), values.tolist(), unique[:, width].tolist())
+    ]
+    return list(map(shared.__getitem__, encoded.indices.to_numpy().tolist()))
+
+
+def _stats_dict(as_float: list[float], as_int: list[int], empty: int) -> dict[str, Any]:
+    """One row's statistics from its bits read as floats and as ints, and the mask of its empty ones."""
+    return {key: None if empty >> i & 1 else as_int[i] if count else as_float[i] for i, (key, count) in enumerate(_STAT_COUNTS)}
 
 
 def _tensor_column(table: pa.Table, names: set[str]) -> list[dict[str, str] | None] | None:
@@ -353,15 +360,16 @@ def _apply_json_fields(records: list[Record], rows: list[dict[str, Any] | None])
                 setattr(record, name, value)
 
 
-def _integral_min_max(records: list[Record], dtypes: list[str | None] | None, stats: list[Any] | None) -> None:
+def _integral_min_max(records: list[Record], dtypes: pa.Array | None, stats: list[Any] | None) -> None:
     """Statistics of integer and bool tensors hold ints for ``min`` and ``max``; the float64 column
     gives floats back."""
     if dtypes is None or stats is None:
         return
+    integral = pc.is_in(dtypes, value_set=pa.array(sorted(_INTEGRAL_DTYPES), _STRING))
     converted: dict[int, dict[str, Any]] = {}  # by the identity of the shared dict: shared again
-    for row, dtype in enumerate(dtypes):
+    for row in np.flatnonzero(integral.to_numpy(zero_copy_only=False)).tolist():
         values = stats[row]
-        if dtype in _INTEGRAL_DTYPES and values is not None and records[row].stats is values and _finite(values):
+        if values is not None and records[row].stats is values and _finite(values):
             ints = converted.get(id(values))
             if ints is None:
                 ints = converted[id(values)] = {**values, "min": int(values["min"]), "max": int(values["max"])}

@@ -346,11 +346,13 @@ def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
 class _Made:
     """The distinct producers of one value in the order they first made it."""
 
-    __slots__ = ("order", "seen")
+    __slots__ = ("order", "seen", "first")
 
-    def __init__(self) -> None:
-        self.order: list[tuple[str, str]] = []
-        self.seen: set[tuple[str, str]] = set()
+    def __init__(self, producer: tuple[str, str]) -> None:
+        self.order = [producer]
+        self.seen = {producer}
+        self.first = (producer,)
+        """The candidates of most inputs, one tuple for all of them."""
 
     def add(self, producer: tuple[str, str]) -> None:
         if producer not in self.seen:
@@ -362,7 +364,7 @@ class _Made:
         Only ``call``'s own outputs are skipped on the way, so the cost does not grow with the group."""
         order = self.order
         if len(order) == 1:  # most values: one maker
-            return () if order[0][0] == call else (order[0],)
+            return () if order[0][0] == call else self.first
         first = next((i for i, producer in enumerate(order) if producer[0] != call), None)
         if first is None:
             return ()
@@ -386,6 +388,7 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> C
     made_by: dict[tuple, _Made] = {}
     found: Candidates = {}
     cast_sources: dict[str, tuple[str, str]] = {}
+    names: dict[str, str] = {}  # one string per call name and slot name kept in ``found``
     for record in records:
         io = record.io
         if io == "input":
@@ -404,11 +407,14 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> C
             if value is None:
                 continue
             call, slot = split_call_name(record.name)
-            producer = (cast_sources.get(call) if record.op in _CASTS else None) or (call, slot)
+            producer = cast_sources.get(call) if record.op in _CASTS else None
+            if producer is None:
+                producer = (names.setdefault(call, call), names.setdefault(slot, slot))
             group = made_by.get(value)
             if group is None:
-                group = made_by[value] = _Made()
-            group.add(producer)
+                made_by[value] = _Made(producer)
+            else:
+                group.add(producer)
     return found
 
 

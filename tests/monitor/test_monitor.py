@@ -39,7 +39,7 @@ def _gpt() -> tuple[GPT, torch.optim.Optimizer]:
 def _closure(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, scale: float = 1.0):
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        loss = model(*make_batch(CONFIG, batch=2, seed=step)) * scale
+        loss = model(*make_batch(CONFIG, batch=2, seed=step, device=str(next(model.parameters()).device))) * scale
         loss.backward()
         return loss
 
@@ -240,3 +240,30 @@ def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eage
     assert "layers.1.mlp.out" in event.replay.origin
     replayed = torchdebug.load(event.replay.dump).ranks[0].records()
     assert any(r.module == "layers.1.attn.qkv" and r.op == "aten.addmm.default" for r in replayed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("closure_mode", [True, False])
+def test_on_cuda_the_window_is_read_without_waiting_and_a_nan_is_caught(monitors, tmp_path: Path, closure_mode: bool) -> None:
+    """On CUDA the statistics go through the device table: without a closure the step is judged when
+    its table has arrived (a step late at most), with one before the optimizer step."""
+    torchdebug.seed_all(0)
+    model = GPT(CONFIG).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=8, replay="statistics" if closure_mode else "off")
+    for step in range(12):
+        if step == 9:
+            with torch.no_grad():
+                model.layers[1].mlp.out.weight[0, 0] = float("nan")
+        closure = _closure(model, optimizer, step)
+        if closure_mode:
+            monitor.step(closure)
+        else:
+            loss = closure()
+            optimizer.step()
+            monitor.step(loss=loss)
+    monitor.close()
+    event = monitor.events[0]
+    assert (event.step, event.slot) == (9, "forward/layers.1.mlp.out/module#0/output.0")
+    assert closure_mode == (event.replay is not None and event.replay.reproduced)
+    assert 9 in {r.step for r in torchdebug.load(event.window).ranks[0].records()}  # a later step's rows may be in too

@@ -9,7 +9,8 @@ capturing thread's time per record to make a batch's columns (``records_batch``,
 as a step writes them); then writes its records again and again through ``RankWriter`` until
 ``--records`` are on disk, and times ``to_arrow()`` of that rank and ``records()`` (best of 3, the
 cyclic collector as it is) with the memory the records hold (``tracemalloc``, per record). Times
-are wall-clock; on a shared machine note the load.
+are wall-clock, then the process's CPU time (all threads) in parentheses; on a shared machine note
+the load.
 """
 
 from __future__ import annotations
@@ -48,15 +49,15 @@ def narrow_gpt_dump(folder: Path, layers: int) -> RankDump:
     return torchdebug.load(folder).ranks[0]
 
 
-def best(work, repeat: int = 3) -> tuple[float, object]:
-    """Best wall-clock seconds of ``repeat`` runs of ``work``, and its last result."""
-    times, result = [], None
+def best(work, repeat: int = 3) -> tuple[float, float]:
+    """Best wall-clock seconds and best CPU seconds (all the process's threads) of ``repeat`` runs of ``work``."""
+    wall, cpu = [], []
     for _ in range(repeat):
-        result = None
-        start = time.perf_counter()
-        result = work()
-        times.append(time.perf_counter() - start)
-    return min(times), result
+        start, start_cpu = time.perf_counter(), time.process_time()
+        work()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return min(wall), min(cpu)
 
 
 def write_many(records: list, folder: Path, total: int) -> Path:
@@ -82,8 +83,8 @@ def measure_dump(dump: RankDump, layers: int) -> list:
     folder = sum(file.stat().st_size for file in dump.path.iterdir() if file.is_file()) / count
     print(f"narrow GPT, {layers} layers: {count} records, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"  on disk: {on_disk:.1f} B/record, rank folder {folder:.1f} B/record")
-    seconds, _ = best(lambda: [records_batch(records[i : i + BATCH]) for i in range(0, count, BATCH)])
-    print(f"  columns of a batch (capturing thread): {seconds / count * 1e6:.2f} us/record")
+    seconds, cpu = best(lambda: [records_batch(records[i : i + BATCH]) for i in range(0, count, BATCH)])
+    print(f"  columns of a batch (capturing thread): {seconds / count * 1e6:.2f} us/record ({cpu / count * 1e6:.2f} CPU)")
     return records
 
 
@@ -91,10 +92,10 @@ def measure_loading(rank_dir: Path) -> None:
     """Print the time to load a rank's records as an Arrow table and as records, and their memory."""
     count = RankDump.open(rank_dir).to_arrow().num_rows
     size = (rank_dir / layout.RECORDS).stat().st_size
-    seconds, _ = best(RankDump.open(rank_dir).to_arrow)
-    print(f"  {count} records ({size / 2**20:.1f} MiB, {size / count:.1f} B/record): to_arrow {seconds:.2f} s")
-    seconds, _ = best(lambda: RankDump.open(rank_dir).records())
-    print(f"  records(): {seconds:.2f} s, {seconds / count * 1e6:.2f} us/record")
+    seconds, cpu = best(RankDump.open(rank_dir).to_arrow)
+    print(f"  {count} records ({size / 2**20:.1f} MiB, {size / count:.1f} B/record): to_arrow {seconds:.2f} s ({cpu:.2f} s CPU)")
+    seconds, cpu = best(lambda: RankDump.open(rank_dir).records())
+    print(f"  records(): {seconds:.2f} s, {seconds / count * 1e6:.2f} us/record ({cpu / count * 1e6:.2f} CPU)")
     gc.collect()
     tracemalloc.start()
     kept = RankDump.open(rank_dir).records()

@@ -205,28 +205,27 @@ def _finite(stats: dict[str, Any]) -> bool:
 # -- columns to records ------------------------------------------------------------------------
 def records_from_table(table: pa.Table) -> list[Record]:
     """The records of a table of :data:`SCHEMA` (columns it lacks read as empty, columns it has
-    beyond the schema go to each record's ``extra``), in row order."""
-    table = table.combine_chunks()
+    beyond the schema go to each record's ``extra``), in row order. The columns are read chunk
+    by chunk (a batch per flush), never concatenated."""
     count = table.num_rows
     if not count:
         return []
     names = set(table.column_names)
     with _no_cyclic_collection():
-        columns = {name: _column(table.column(name).chunk(0), name) if name in names else None for name in _PLAIN}
+        columns = {name: _column(table.column(name), name) if name in names else None for name in _PLAIN}
         empty = [None] * count
-        columns["stats"] = _stats_column(table.column("stats").chunk(0)) if "stats" in names else None
+        columns["stats"] = _stats_column(table.column("stats")) if "stats" in names else None
         columns["tensor"] = _tensor_column(table, names)
         columns["value"] = _json_column(table, "value", names)
         args = [empty if columns[field] is None else columns[field] for field in _FIELDS]
         records = list(map(Record, *args))
         for name in names.difference(SCHEMA.names):
             _to_extra(records, name, table.column(name).to_pylist())
-        extra = table.column("extra").chunk(0) if "extra" in names else None
-        if extra is not None and extra.null_count < count:
+        if "extra" in names and table.column("extra").null_count < count:
             _to_extra(records, None, _json_column(table, "extra", names))
         if "json_fields" in names and table.column("json_fields").null_count < count:
             _apply_json_fields(records, _json_column(table, "json_fields", names))
-        _integral_min_max(records, table.column("dtype").chunk(0) if "dtype" in names else None, columns["stats"])
+        _integral_min_max(records, table.column("dtype") if "dtype" in names else None, columns["stats"])
     return records
 
 
@@ -249,7 +248,7 @@ def _no_cyclic_collection() -> Iterator[None]:
             gc.enable()
 
 
-def _column(array: pa.Array, name: str) -> list[Any] | None:
+def _column(array: pa.ChunkedArray, name: str) -> list[Any] | None:
     """A plain column as a list (``None`` when every value is empty)."""
     if array.null_count == len(array):
         return None
@@ -263,20 +262,18 @@ def _column(array: pa.Array, name: str) -> list[Any] | None:
     return array.to_pylist()
 
 
-def _shared_strings(array: pa.Array, decode: Callable[[str], Any] = sys.intern) -> list[Any]:
+def _shared_strings(array: pa.ChunkedArray, decode: Callable[[str], Any] = sys.intern) -> list[Any]:
     """Each distinct string once, ``decode``d (interned: the same object in every rank and dump read)."""
-    encoded = pc.dictionary_encode(array)
-    distinct = encoded.dictionary.to_pylist()
+    encoded = pc.dictionary_encode(array)  # one dictionary, shared by every chunk
+    distinct = encoded.chunk(0).dictionary.to_pylist()
     values = np.empty(len(distinct) + 1, dtype=object)  # the last one, None, for empty rows
     for i, text in enumerate(distinct):
         values[i] = decode(text)
-    indices = encoded.indices
-    if indices.null_count:
-        indices = indices.fill_null(len(distinct))
-    return values.take(indices.to_numpy()).tolist()
+    indices = [chunk.indices.fill_null(len(distinct)).to_numpy() for chunk in encoded.chunks]
+    return values.take(np.concatenate(indices)).tolist()
 
 
-def _shared_lists(array: pa.ListArray) -> list[list[int] | None]:
+def _shared_lists(array: pa.ChunkedArray) -> list[list[int] | None]:
     """Each distinct list of sizes once (a record's shape and stride are shared as capture shares
     them): the lists joined into text by Arrow, each distinct text parsed once."""
     return _shared_strings(pc.binary_join(array.cast(pa.list_(_STRING)), ","), _sizes)
@@ -286,7 +283,7 @@ def _sizes(text: str) -> list[int]:
     return [int(size) for size in text.split(",")] if text else []
 
 
-def _stats_column(array: pa.StructArray) -> list[dict[str, Any] | None] | None:
+def _stats_column(array: pa.ChunkedArray) -> list[dict[str, Any] | None] | None:
     """The statistics dicts; equal statistics share one dict (as the records of one tensor do).
 
     Each row's statistics are found by their bits (and which are empty): Arrow hashes the rows as
@@ -296,12 +293,12 @@ def _stats_column(array: pa.StructArray) -> list[dict[str, Any] | None] | None:
     count, width = len(array), len(STAT_KEYS)
     words = np.zeros((count, width + 1), np.int64)  # the values' bits, then a mask of the empty ones
     for i in range(width):
-        child = array.field(i)
+        child = pc.struct_field(array, [i])
         words[:, i] = child.fill_null(0).to_numpy().view(np.int64)
         if child.null_count:
-            words[:, width] |= child.is_null().to_numpy(zero_copy_only=False).astype(np.int64) << i
+            words[:, width] |= _flags(child.is_null()) << i
     if array.null_count:
-        words[:, width] |= array.is_null().to_numpy(zero_copy_only=False).astype(np.int64) << width
+        words[:, width] |= _flags(array.is_null()) << width
     key_type = pa.binary(words.itemsize * (width + 1))
     encoded = pc.dictionary_encode(pa.FixedSizeBinaryArray.from_buffers(key_type, count, [None, pa.py_buffer(words)]))
     unique = np.frombuffer(encoded.dictionary.buffers()[1], np.int64, len(encoded.dictionary) * (width + 1))
@@ -314,14 +311,19 @@ def _stats_column(array: pa.StructArray) -> list[dict[str, Any] | None] | None:
     return list(map(shared.__getitem__, encoded.indices.to_numpy().tolist()))
 
 
+def _flags(mask: pa.ChunkedArray) -> np.ndarray:
+    """A boolean column as 0 and 1 (int64)."""
+    return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in mask.chunks]).astype(np.int64)
+
+
 def _stats_dict(as_float: list[float], as_int: list[int], empty: int) -> dict[str, Any]:
     """One row's statistics from its bits read as floats and as ints, and the mask of its empty ones."""
     return {key: None if empty >> i & 1 else as_int[i] if count else as_float[i] for i, (key, count) in enumerate(_STAT_COUNTS)}
 
 
 def _tensor_column(table: pa.Table, names: set[str]) -> list[dict[str, str] | None] | None:
-    files = _column(table.column("tensor_file").chunk(0), "tensor_file") if "tensor_file" in names else None
-    keys = _column(table.column("tensor_key").chunk(0), "tensor_key") if "tensor_key" in names else None
+    files = _column(table.column("tensor_file"), "tensor_file") if "tensor_file" in names else None
+    keys = _column(table.column("tensor_key"), "tensor_key") if "tensor_key" in names else None
     if files is None and keys is None:
         return None
     files = files or [None] * table.num_rows
@@ -340,7 +342,7 @@ def _json_column(table: pa.Table, name: str, names: set[str]) -> list[Any] | Non
     """A column of JSON text decoded, each distinct text once (argument values repeat: sizes, dims)."""
     if name not in names:
         return None
-    array = table.column(name).chunk(0)
+    array = table.column(name)
     if array.null_count == len(array):
         return None
     return _shared_strings(array, json.loads)
@@ -360,14 +362,14 @@ def _apply_json_fields(records: list[Record], rows: list[dict[str, Any] | None])
                 setattr(record, name, value)
 
 
-def _integral_min_max(records: list[Record], dtypes: pa.Array | None, stats: list[Any] | None) -> None:
+def _integral_min_max(records: list[Record], dtypes: pa.ChunkedArray | None, stats: list[Any] | None) -> None:
     """Statistics of integer and bool tensors hold ints for ``min`` and ``max``; the float64 column
     gives floats back."""
     if dtypes is None or stats is None:
         return
     integral = pc.is_in(dtypes, value_set=pa.array(sorted(_INTEGRAL_DTYPES), _STRING))
     converted: dict[int, dict[str, Any]] = {}  # by the identity of the shared dict: shared again
-    for row in np.flatnonzero(integral.to_numpy(zero_copy_only=False)).tolist():
+    for row in np.flatnonzero(_flags(integral)).tolist():
         values = stats[row]
         if values is not None and records[row].stats is values and _finite(values):
             ints = converted.get(id(values))

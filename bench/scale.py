@@ -72,6 +72,7 @@ def timed(work: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
     before = resident_mb()
     times, result = [], None
     for _ in range(repeat):
+        result = None  # the last run's result freed first, so that it is not counted in this run's peak
         start = time.perf_counter()
         result = work()
         times.append(time.perf_counter() - start)

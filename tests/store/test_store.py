@@ -390,6 +390,8 @@ def test_records_share_statistics_only_when_every_bit_is_equal():
     assert back[0] is back[1] and back[0] == _STATS and back[2] is not back[3]
     assert math.copysign(1, back[2]["mean"]) == 1 and math.copysign(1, back[3]["mean"]) == -1
     assert math.isnan(back[4]["min"]) and back[4]["norm"] is None and back[5] is None and back[6]["zeros"] is None
+    (odd,) = _columns_round_trip([_record(0, stats={**_STATS, "nan": 2.5, "zeros": True})])
+    assert odd.stats == {**_STATS, "nan": 2.5, "zeros": True} and odd.stats["zeros"] is True  # never truncated to an int
 
 
 def test_statistics_of_integer_tensors_read_back_as_ints():

@@ -167,9 +167,12 @@ def _stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, An
     try:
         if not usual:
             raise KeyError
-        children = [
-            pa.array([s[key] if s is not None else None for s in stats], kind.type) for key, kind in zip(STAT_KEYS, _STATS)
-        ]
+        children = []
+        for key, kind in zip(STAT_KEYS, _STATS):
+            column = [s[key] if s is not None else None for s in stats]
+            if kind.type == _INT and not set(map(type, column)) <= _INT_OR_NONE:
+                raise TypeError  # a count that is not an int: kept exactly below
+            children.append(pa.array(column, kind.type))
     except (KeyError, pa.ArrowException, TypeError, ValueError, OverflowError):
         children = []
         for key, kind in zip(STAT_KEYS, _STATS):

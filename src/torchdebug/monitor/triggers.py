@@ -35,9 +35,10 @@ _MEAN = STAT_KEYS.index("mean")
 MAD_SCALE = 1.4826
 """Median absolute deviation to the standard deviation of normally distributed values."""
 
-RELATIVE_FLOOR = 0.01
-"""The smallest spread a z-score divides by, as a fraction of the median: a flat history (the same
-loss for many steps) does not make a 1% change a spike."""
+RELATIVE_FLOOR = 0.1
+"""The smallest spread a z-score divides by, as a fraction of the median: after a smooth history
+(the same batch again and again, a slowly drifting gradient norm) a spike has to stand out from the
+median by ``threshold`` tenths of it (80% at the default 8), not by a few of its tiny deviations."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,10 @@ class Triggers:
     def __init__(self, config: MonitorConfig, ring: Ring, predicate: Callable[[StepSummary], str | None] | None = None) -> None:
         self.config, self.ring, self.predicate = config, ring, predicate
         self._loss_index: int | None = None
+        self._slots_of: dict[tuple[str, int], list[int]] = {}
+        """``_indices`` by io and slot count (slots only grow)."""
+        self._grad_norms: dict[int, float | None] = {}
+        """Total gradient norms of judged steps (their gradient rows do not change afterwards)."""
 
     def loss(self, step: int) -> float | None:
         """The loss passed in at ``step``, if any."""
@@ -133,10 +138,13 @@ class Triggers:
 
     def _grad_spike(self, step: int) -> Trigger | None:
         threshold = self.config.grad_norm_spike
-        value = self.grad_norm(step)
+        value = self._grad_norms[step] = self.grad_norm(step)
         if not threshold or value is None:
             return None
-        earlier = [self.grad_norm(s) for s in self.ring.kept_steps() if s < step]
+        kept = self.ring.kept_steps()
+        for old in [s for s in self._grad_norms if s < kept[0]]:
+            del self._grad_norms[old]
+        earlier = [self._grad_norms[s] if s in self._grad_norms else self.grad_norm(s) for s in kept if s < step]
         history = np.array([v for v in earlier if v is not None])
         if len(history) < self.config.history:
             return None
@@ -174,8 +182,12 @@ class Triggers:
 
     def _indices(self, io: str, count: int) -> list[int]:
         """Slots of ``io`` (the loss left out) among the first ``count``, in execution order."""
-        slots = self.ring.slots
-        return [i for i in self.ring.execution_order() if i < count and slots[i].io == io and slots[i].op != LOSS_OP]
+        found = self._slots_of.get((io, count))
+        if found is None:
+            slots = self.ring.slots
+            order = self.ring.execution_order()
+            found = self._slots_of[(io, count)] = [i for i in order if i < count and slots[i].io == io and slots[i].op != LOSS_OP]
+        return found
 
     def _history(self, index: int, column: int, step: int) -> np.ndarray | None:
         """Column ``column`` of slot ``index`` over the window's steps before ``step``; ``None`` while

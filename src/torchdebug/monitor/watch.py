@@ -20,6 +20,7 @@ local tensor: each rank watches its own shard.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,8 @@ class Watcher:
         self._modules = {id(module) for module in model.modules()}
         """The model's own modules (not the graph modules a compiled backend runs, nor a loss module of the loop's)."""
         self._calls: dict[str, int] = {}
+        self._seen: dict[int, _Seen] = {}
+        """Tensors reduced in this step, by ``id``."""
         self._open: list[str] = []
         self._undo: list[Callable[[], None]] = []
         self.step = 0
@@ -97,6 +100,7 @@ class Watcher:
     def next_step(self, step: int) -> None:
         self.step = step
         self._calls.clear()
+        self._seen.clear()
         self.grads_taken = False
 
     # -- module outputs (ModuleTracker's recorder interface) --------------------------------------
@@ -156,30 +160,62 @@ class Watcher:
 
     # -- into the stager ------------------------------------------------------------------------
     def _add(self, slots: list[tuple[str, str, str, int, str, Any]], op: str = MODULE_OP) -> None:
-        """Stage ``(phase, module, arg, call, io, value)`` slots of floating tensors into the current step."""
+        """Stage ``(phase, module, arg, call, io, value)`` slots of floating tensors into the current
+        step. A tensor seen before in the step, unchanged (a module passing on its last child's
+        output), is reduced once: its later slots get the first one's statistics."""
         items = []
         step = self.step
         for phase, module, arg, call, io, value in slots:
             if not isinstance(value, torch.Tensor) or value.is_meta:
                 continue
-            tensor = plain(value.detach())
+            tensor = plain(value)
             if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
                 continue
             index = self.ring.slot(phase, module, op, call, io, arg)
             slot = self.ring.slots[index]
             slot.dtype, slot.shape = dtype_name(value.dtype), tuple(value.shape)
-            items.append((tensor, self._sink(step, index)))
+            seen = self._seen.get(id(tensor))
+            if seen is not None and seen.ref() is tensor and seen.version == tensor._version:
+                seen.add(index)
+                continue
+            seen = self._seen[id(tensor)] = _Seen(tensor, step, self._deliver)
+            seen.add(index)
+            items.append((tensor, self._sink(step, seen)))
         if items:
             self.pending[step] = self.pending.get(step, 0) + len(items)
             self.stager.add_all(items)
 
-    def _sink(self, step: int, index: int) -> Callable[[dict], None]:
+    def _sink(self, step: int, seen: _Seen) -> Callable[[dict], None]:
         def sink(stats: dict) -> None:
             left = self.pending[step] - 1
             if left:
                 self.pending[step] = left
             else:
                 del self.pending[step]
-            self._deliver(step, index, stats)
+            seen.deliver(stats)
 
         return sink
+
+
+class _Seen:
+    """A tensor reduced in the current step, and the slots its statistics go to (those added
+    before they arrive wait for them)."""
+
+    __slots__ = ("ref", "version", "step", "stats", "indices", "_deliver")
+
+    def __init__(self, tensor: torch.Tensor, step: int, deliver: Deliver) -> None:
+        self.ref, self.version, self.step, self._deliver = weakref.ref(tensor), tensor._version, step, deliver
+        self.stats: dict | None = None
+        self.indices: list[int] = []
+
+    def add(self, index: int) -> None:
+        if self.stats is None:
+            self.indices.append(index)
+        else:
+            self._deliver(self.step, index, self.stats)
+
+    def deliver(self, stats: dict) -> None:
+        self.stats = stats
+        for index in self.indices:
+            self._deliver(self.step, index, stats)
+        self.indices = []

@@ -128,6 +128,7 @@ def test_every_config_is_checked_when_built_with_one_error_shape():
     from torchdebug.compare.config import CompareConfig
     from torchdebug.compile import CompilerConfig
     from torchdebug.diagnose.config import DiagnoseConfig
+    from torchdebug.monitor import MonitorConfig
 
     cases = [
         (lambda: CompareConfig(growth=0.5), r"^growth: got 0\.5, expected a finite number >= 1$"),
@@ -135,10 +136,12 @@ def test_every_config_is_checked_when_built_with_one_error_shape():
         (lambda: CompareConfig(tolerances={"bfloat16": "loose"}), r"^tolerances\.bfloat16: got 'loose', expected a number"),
         (lambda: CompareConfig(tensor=False), r"^tensor: unknown option, expected one of 'tolerances', 'mapping'"),
         (lambda: DiagnoseConfig(tolerance=0), r"^tolerance: got 0, expected a finite number > 0$"),
-        (lambda: DiagnoseConfig(mode="fast"), r"^mode: got 'fast', expected one of 'default', 'reduce-overhead'"),
+        (lambda: DiagnoseConfig(compile_mode="fast"), r"^compile_mode: got 'fast', expected one of 'default', 'reduce-overhead'"),
         (lambda: DiagnoseConfig(backend=3), r"^backend: got 3, expected None \(inductor\), a backend name or a callable"),
         (lambda: CompilerConfig(mode="jit"), r"^mode: got 'jit', expected one of 'max-autotune'"),
         (lambda: DebuggerConfig(step="x"), r"^step: got 'x', expected a non-negative integer"),
+        (lambda: MonitorConfig(window=1), r"^window: got 1, expected an integer >= 2$"),
+        (lambda: MonitorConfig(on_anomaly="stop"), r"^on_anomaly: got 'stop', expected one of 'continue', 'skip', 'raise'$"),
     ]
     for build, message in cases:
         with pytest.raises(ConfigError, match=message):

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdebug._torch.autograd import current_autograd_node
+from torchdebug._torch.autograd import current_autograd_node, tensor_version
 from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
 from torchdebug._torch.nn import strip_wrappers, unwrap_compiled
 from torchdebug._torch.subclasses import describe, is_subclass
@@ -175,7 +175,7 @@ class Watcher:
             slot = self.ring.slots[index]
             slot.dtype, slot.shape = dtype_name(value.dtype), tuple(value.shape)
             seen = self._seen.get(id(tensor))
-            if seen is not None and seen.ref() is tensor and seen.version == tensor._version:
+            if seen is not None and seen.ref() is tensor and seen.version == tensor_version(tensor):
                 seen.add(index)
                 continue
             seen = self._seen[id(tensor)] = _Seen(tensor, step, self._deliver)
@@ -204,7 +204,7 @@ class _Seen:
     __slots__ = ("ref", "version", "step", "stats", "indices", "_deliver")
 
     def __init__(self, tensor: torch.Tensor, step: int, deliver: Deliver) -> None:
-        self.ref, self.version, self.step, self._deliver = weakref.ref(tensor), tensor._version, step, deliver
+        self.ref, self.version, self.step, self._deliver = weakref.ref(tensor), tensor_version(tensor), step, deliver
         self.stats: dict | None = None
         self.indices: list[int] = []
 

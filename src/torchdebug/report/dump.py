@@ -271,9 +271,11 @@ def render_dump(*, path: str, ranks: list[dict[str, Any]]) -> str:
     Each rank: ``rank``, ``task``, ``complete``, ``records`` (count), ``first`` (the first NaN/Inf
     described in one line, or ``None``), ``overflows`` and ``more_overflows`` (from
     :func:`overflow_rows`), ``damaged`` (rows with ``file``, ``reason``, ``records``: tensor
-    files that cannot be read) and ``overview`` (from :func:`overview`).
+    files that cannot be read) and ``overview`` (from :func:`overview`); for a flight recorder's
+    window also ``monitor`` (its event) and ``timeline`` (from
+    :func:`torchdebug.report.timeline.timeline`).
     """
-    shown = [{**rank, "plot": _plot(rank["overview"]["modules"])} for rank in ranks]
+    shown = [{"monitor": None, "timeline": None, **rank, "plot": _plot(rank["overview"]["modules"])} for rank in ranks]
     return render(
         "dump.html.j2", title=f"torchdebug dump {path}", path=path, ranks=shown, colors=COLORS, phases=_SERIES, inf=math.inf
     )

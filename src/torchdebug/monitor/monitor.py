@@ -148,6 +148,7 @@ class Monitor:
         self._judged = -1
         """The last step judged with every row in (at the end of a step)."""
         self._fired: set[int] = set()
+        self._agreed_events = 0
         self._random_state: RandomState | None = None
         self._closed = False
         self.ring.begin(0)
@@ -201,7 +202,7 @@ class Monitor:
         if trigger is None:
             trigger = Trigger("other_rank", step, None, f"step {step}: rank {ranks[0]} fired")
             self._fired.add(step)
-        event = self._fire(trigger, ranks, replay, loss)
+        event = self._fire(trigger, ranks, replay, loss, agreed=True)
         if event is not None and self.config.on_anomaly == "skip":
             logger.warning("torchdebug monitor: step %d: optimizer step skipped (gradients dropped)", step)
             for p in self.watcher.parameters():
@@ -276,12 +277,16 @@ class Monitor:
         ranks: list[int],
         closure: Callable[[], Any] | None = None,
         loss: torch.Tensor | None = None,
+        agreed: bool = False,
     ) -> MonitorEvent | None:
         """Count the trigger; within ``max_events``, dump the window and (with ``closure``, judged
-        before the update) replay the step."""
+        before the update) replay the step. ``agreed``: every rank fires this step (before the
+        update), so the cap counts such events alone, the same on every rank: a rank that also
+        fired on its own after an update must not skip a replay whose collectives the others run."""
         self.anomalies += 1
         slot = self.ring.slots[trigger.slot].name if trigger.slot is not None else None
-        if len(self.events) >= self.config.max_events:
+        counted = self._agreed_events if agreed else len(self.events)
+        if counted >= self.config.max_events:
             logger.info("torchdebug monitor: %s (not dumped: max_events=%d reached)", trigger.message, self.config.max_events)
             return None
         event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks)
@@ -309,6 +314,7 @@ class Monitor:
                 self.watcher.start()
         event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome)
         self.events.append(event)
+        self._agreed_events += agreed
         logger.warning("%s", event)
         return event
 
@@ -324,5 +330,5 @@ def _ranks_that_fired(stage: int | None, rank: int) -> list[int]:
     flag = torch.tensor([int(stage is not None), stage or 0], device=device)
     flags = [torch.zeros_like(flag) for _ in range(dist.get_world_size())]
     dist.all_gather(flags, flag)
-    fired = [(int(stage), r) for r, (did, stage) in enumerate(torch.stack(flags).tolist()) if did]
+    fired = [(int(where), r) for r, (did, where) in enumerate(torch.stack(flags).tolist()) if did]
     return [r for _, r in sorted(fired)]

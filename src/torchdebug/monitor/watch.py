@@ -154,7 +154,7 @@ class Watcher:
             return [p for group in self.optimizer.param_groups for p in group["params"]]
         return list(self.model.parameters())
 
-    def _name(self, param: torch.Tensor) -> tuple[str, int]:
+    def _name(self, param: torch.Tensor) -> tuple[str, str]:
         """``(module path, leaf name)`` of a parameter; one the model does not hold is named by its place in the optimizer."""
         return self._names.get(id(param)) or ("-", f"param{self.parameters().index(param)}")
 

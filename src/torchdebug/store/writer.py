@@ -160,7 +160,7 @@ class RankWriter:
         self.record_count = 0
         self.bytes_in_flight = bytes_in_flight
         self.batch_bytes = batch_bytes_for(bytes_in_flight)
-        self.transfers = TransferReport(bytes_in_flight, pinned=torch.cuda.is_available())
+        self.transfers = TransferPeaks(bytes_in_flight, pinned=torch.cuda.is_available())
         self._stack_ids: set[str] = set()
         self._pending_stacks: list[dict[str, Any]] = []
         self._tensor_files: dict[int, int] = {}
@@ -349,7 +349,7 @@ class RankWriter:
 
 
 @dataclass
-class TransferReport:
+class TransferPeaks:
     """The memory that tensor snapshots took on their way to disk, as ``complete.json`` reports it
     under ``tensor_transfer`` (bytes; ``*_peak_bytes`` are the highest values seen)."""
 

@@ -86,7 +86,7 @@ def nonfinite_counts(plan: GraphPlan, index: int, rows: Rows) -> tuple[int, int]
     return nan, inf
 
 
-def report(overflow: Overflow) -> None:
+def log_overflow(overflow: Overflow) -> None:
     log.warning("first NaN/Inf of %s", overflow)
 
 
@@ -139,4 +139,4 @@ class OverflowScene(Scene):
             inf=inf,
         )
         self._found.append(found)
-        report(found)
+        log_overflow(found)

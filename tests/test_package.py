@@ -34,6 +34,7 @@ LAYERS = [
         "extras",
         "progress",
         "nonfinite",
+        "gc_paused",
     },
     {"store"},
     {"report"},

@@ -60,13 +60,13 @@ from torchdebug.compare.steps import (
     metric_pool,
     open_dump,
     open_pair,
-    paused_gc,
     rank_notes,
     tensor_jobs,
 )
 from torchdebug.compare.tolerances import parse_tolerances
 from torchdebug.dist import broadcast_from_rank0, gather_to_rank0
 from torchdebug.errors import TorchDebugError
+from torchdebug.gc_paused import paused_gc
 from torchdebug.options import accepts
 
 __all__ = [

@@ -21,9 +21,9 @@ from torchdebug.compare.steps import (
     metric_pool,
     open_dump,
     open_pair,
-    paused_gc,
     rank_notes,
 )
+from torchdebug.gc_paused import paused_gc
 from torchdebug.options import accepts
 from torchdebug.store import reader
 

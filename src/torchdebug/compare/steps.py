@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import math
@@ -58,7 +57,6 @@ __all__ = [
     "has_tensor",
     "open_pair",
     "metric_pool",
-    "paused_gc",
     "match_rank",
     "tensor_jobs",
     "compute_jobs",
@@ -127,25 +125,6 @@ def metric_pool(threads: int | None) -> Iterator[ThreadPoolExecutor]:
             yield pool
     finally:
         torch.set_num_threads(previous)
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused meanwhile (restored on exit).
-
-    A comparison allocates hundreds of thousands of objects (records, rows, metrics) and makes
-    almost no reference cycles. With torch imported, a full collection walks every live object of
-    the process (about 50 ms on a 2-core box), and the records a compare keeps alive triggered one
-    or two: a statistics compare took 0.15 to 0.25 s depending on how many it hit. Paused, the
-    collector runs once, as the compare ends, over the objects it made (a few ms).
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def has_tensor(record: Record | None) -> bool:

@@ -20,12 +20,10 @@ one shared dict, as a capture shares them between the records of one tensor.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from itertools import chain, takewhile
 from operator import attrgetter
 from typing import Any
@@ -34,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from torchdebug.gc_paused import paused_gc
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.stats.schema import STAT_KEYS, VALUE_KEYS
 from torchdebug.store.record_json import json_text
@@ -214,7 +213,7 @@ def records_from_table(table: pa.Table) -> list[Record]:
     if not count:
         return []
     names = set(table.column_names)
-    with _no_cyclic_collection():
+    with paused_gc():
         columns = {name: _column(table.column(name), name) if name in names else None for name in _PLAIN}
         empty = [None] * count
         columns["stats"] = _stats_column(table.column("stats")) if "stats" in names else None
@@ -234,21 +233,6 @@ def records_from_table(table: pa.Table) -> list[Record]:
 
 _FIELDS = tuple(takewhile(lambda name: name != "extra", Record.__dataclass_fields__))
 """Record fields before ``extra`` (the last), in the order ``Record`` takes them by position."""
-
-
-@contextmanager
-def _no_cyclic_collection() -> Iterator[None]:
-    """Pause the cyclic garbage collector while records are built: a record makes a few new
-    containers (itself, its dicts and lists), none of them in a cycle, and the collector would
-    otherwise scan the growing lists and every record built so far again and again (on the narrow
-    GPT dump it doubled the build's time)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _column(array: pa.ChunkedArray, name: str) -> list[Any] | None:

@@ -140,6 +140,10 @@ def test_an_exception_in_training_unhooks_and_closes_the_dump(tmp_path):
 def test_bad_options_fail_when_the_callback_is_built():
     with pytest.raises(torchdebug.ConfigError, match="task"):
         TorchDebugCallback(task="everything")
+    with pytest.raises(torchdebug.ConfigError, match=r"^monitor: got 'yes', expected True, a dict of Monitor options"):
+        TorchDebugCallback(monitor="yes")
+    with pytest.raises(torchdebug.ConfigError, match=r"^window: got 1, expected an integer >= 2$"):
+        TorchDebugCallback(monitor={"window": 1})
 
 
 class _PoisonedAt(LitNet):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -267,3 +268,18 @@ def test_on_cuda_the_window_is_read_without_waiting_and_a_nan_is_caught(monitors
     assert (event.step, event.slot) == (9, "forward/layers.1.mlp.out/module#0/output.0")
     assert closure_mode == (event.replay is not None and event.replay.reproduced)
     assert 9 in {r.step for r in torchdebug.load(event.window).ranks[0].records()}  # a later step's rows may be in too
+
+
+def test_a_paused_monitor_watches_nothing_until_resumed(monitors, tmp_path: Path) -> None:
+    model, optimizer = _gpt()
+    monitor = monitors(model, optimizer, dump_path=tmp_path)
+    monitor.step(_closure(model, optimizer, 0))
+    monitor.pause()
+    monitor.step(_closure(model, optimizer, 1))
+    monitor.resume()
+    monitor.step(_closure(model, optimizer, 2))
+    name = monitor.ring.slots[0].name
+    seen = {step: monitor.triggers.ring.row(step) for step in (0, 1, 2)}
+    index = next(i for i, slot in enumerate(monitor.ring.slots) if slot.name == name)
+    assert not np.isnan(seen[0][index]).all() and not np.isnan(seen[2][index]).all()
+    assert np.isnan(seen[1]).all()  # paused: no module, gradient or parameter hook ran

@@ -236,8 +236,9 @@ class Monitor:
             raise AnomalyError(raised)
 
     def pause(self) -> None:
-        """Stop watching (every hook removed) until :meth:`resume`: an evaluation loop or a
-        benchmark's plain steps; step numbering goes on with the calls of :meth:`step`."""
+        """Stop watching (every hook removed, the loss and gradients :meth:`step` hands over left
+        alone) until :meth:`resume`: an evaluation loop or a benchmark's plain steps; step numbering
+        goes on with the calls of :meth:`step`."""
         self.watcher.stop()
 
     def resume(self) -> None:

@@ -79,9 +79,13 @@ class Watcher:
         """Rows added but not yet delivered, by step."""
         self.grads_taken = False
         """The gradients of :attr:`step` are watched already (:meth:`watch_gradients` ran)."""
+        self.active = False
+        """Between :meth:`start` and :meth:`stop`: also the monitor's own calls (the loss, the
+        gradients) are watched only then."""
 
     # -- lifetime -------------------------------------------------------------------------------
     def start(self) -> None:
+        self.active = True
         self._tracker.start()
         compiled = compiled_modules(self.model)
         self._undo = [after_compiled_calls(module, self._compiled_output(path or ROOT_MODULE)) for path, module in compiled]
@@ -92,6 +96,7 @@ class Watcher:
             ]
 
     def stop(self) -> None:
+        self.active = False
         self._tracker.stop()
         for undo in self._undo:
             undo()
@@ -163,6 +168,8 @@ class Watcher:
         """Stage ``(phase, module, arg, call, io, value)`` slots of floating tensors into the current
         step. A tensor seen before in the step, unchanged (a module passing on its last child's
         output), is reduced once: its later slots get the first one's statistics."""
+        if not self.active:
+            return
         items = []
         step = self.step
         for phase, module, arg, call, io, value in slots:

@@ -40,7 +40,7 @@ from scale import capture, peak_mb, replicate, resident_mb  # noqa: E402
 
 import torchdebug  # noqa: E402
 from torchdebug.cli import main as cli_main  # noqa: E402
-from torchdebug.compare.across_ranks import compare_ranks  # noqa: E402
+from torchdebug.compare._across_ranks import compare_ranks  # noqa: E402
 
 
 def measure(mode: str, run: Path) -> dict[str, Any]:

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 from examples.llama import Llama  # noqa: E402
 from torchdebug.compile import CompilerConfig, get_backend  # noqa: E402
-from torchdebug.store.reader import RankDump  # noqa: E402
+from torchdebug.store._reader import RankDump  # noqa: E402
 
 
 def _compiled(model: torch.nn.Module, dump: bool) -> tuple[object, torch.nn.Module, torch.optim.Optimizer]:

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 import torchdebug.compare  # noqa: E402,F401  (imported before the timed compare)
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
-from torchdebug.store import layout  # noqa: E402
+from torchdebug.store import _layout as layout  # noqa: E402
 
 STAGES = ("capture", "load", "compare", "ranks", "report")
 
@@ -134,7 +134,7 @@ def compare(folder: Path, repeat: int) -> dict[str, Any]:
 
 def ranks(folder: Path, repeat: int, count: int) -> dict[str, Any]:
     """The cross-rank check over ``count`` copies of the bf16 dump's rank (every rank agrees)."""
-    from torchdebug.compare.across_ranks import compare_ranks
+    from torchdebug.compare._across_ranks import compare_ranks
 
     dump = torchdebug.load(folder / "bf16")
     (rank_folder,) = dump.path.iterdir()

@@ -29,10 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
-from torchdebug.store import layout  # noqa: E402
-from torchdebug.store.reader import RankDump  # noqa: E402
-from torchdebug.store.record_columns import records_batch  # noqa: E402
-from torchdebug.store.writer import RankWriter, create_run_dir  # noqa: E402
+from torchdebug.store import _layout as layout  # noqa: E402
+from torchdebug.store._reader import RankDump  # noqa: E402
+from torchdebug.store._record_columns import records_batch  # noqa: E402
+from torchdebug.store._writer import RankWriter, create_run_dir  # noqa: E402
 
 BATCH = 2048
 

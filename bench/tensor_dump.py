@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 
 import torchdebug
-from torchdebug.store import layout
-from torchdebug.store.tensor_batch import TensorBatch
-from torchdebug.store.writer import batch_bytes_for
+from torchdebug.store import _layout as layout
+from torchdebug.store._tensor_batch import TensorBatch
+from torchdebug.store._writer import batch_bytes_for
 
 GB = 1e9
 

@@ -125,9 +125,9 @@ def test_config_files_may_use_ptdbg_level_codes(tmp_path):
 
 
 def test_every_config_is_checked_when_built_with_one_error_shape():
-    from torchdebug.compare.config import CompareConfig
+    from torchdebug.compare._config import CompareConfig
     from torchdebug.compile import CompilerConfig
-    from torchdebug.diagnose.config import DiagnoseConfig
+    from torchdebug.diagnose._config import DiagnoseConfig
     from torchdebug.monitor import MonitorConfig
 
     cases = [
@@ -151,7 +151,7 @@ def test_every_config_is_checked_when_built_with_one_error_shape():
 def test_configs_survive_pickling_for_worker_processes():
     import pickle
 
-    from torchdebug.compare.config import CompareConfig
+    from torchdebug.compare._config import CompareConfig
 
     config = CompareConfig(tolerances={"bfloat16": 0.02}, threads=2)
     copy = pickle.loads(pickle.dumps(config))

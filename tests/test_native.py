@@ -11,8 +11,8 @@ import torch
 
 from torchdebug.checksum import fingerprint
 from torchdebug.native import build, fused_stats
-from torchdebug.stats.schema import COLUMNS, COUNT_KEYS
-from torchdebug.stats.torch_ops import device_sums
+from torchdebug.stats._schema import COLUMNS, COUNT_KEYS
+from torchdebug.stats._torch_ops import device_sums
 
 needs_compiler = pytest.mark.skipif(
     build._compiler() is None or os.environ.get(build.DISABLE_ENV) == "0",

@@ -100,6 +100,25 @@ def test_lower_layers_never_import_higher_ones():
             assert _layer(imported) <= _layer(part), f"{path.relative_to(PACKAGE)}:{line} imports torchdebug.{imported}"
 
 
+# Modules users import by path (documented helpers not re-exported by their package).
+_PUBLIC_MODULES_IN_EXPORTING_PACKAGES = {"compile/graph_dump.py"}
+
+
+def test_packages_that_re_export_their_names_keep_their_modules_private():
+    """A package whose ``__init__`` re-exports the public names (``__all__``) is the only public door:
+    its modules start with ``_``, so what users may import is what the package lists."""
+    public = []
+    for init in PACKAGE.rglob("__init__.py"):
+        package = ".".join(("torchdebug", *init.parent.relative_to(PACKAGE).parts))
+        if init.parent == PACKAGE or f"{package}._" not in init.read_text():  # re-exports nothing
+            continue
+        for module in init.parent.glob("*.py"):
+            relative = str(module.relative_to(PACKAGE))
+            if not module.name.startswith("_") and relative not in _PUBLIC_MODULES_IN_EXPORTING_PACKAGES:
+                public.append(relative)
+    assert not public, f"modules of re-exporting packages without a leading underscore: {sorted(public)}"
+
+
 _PRIVATE_TORCH_MODULE = re.compile(r"^(torch\._|torch\.utils\._|torch\.nn\.modules\.module$|functorch)")
 _PRIVATE_TORCH_ATTRIBUTES = {"_schema", "_version", "_sequence_nr", "_orig_mod", "_has_any_global_hook"}
 
@@ -151,7 +170,7 @@ def test_cheap_entry_points_load_neither_dynamo_nor_inductor(code):
 @pytest.mark.parametrize("name", ["compare", "diagnose"])
 def test_packages_named_like_their_function_stay_callable_after_a_submodule_import(name):
     code = (
-        f"import importlib, torchdebug\nimportlib.import_module('torchdebug.{name}.config')\n"
+        f"import importlib, torchdebug\nimportlib.import_module('torchdebug.{name}._config')\n"
         f"print(callable(torchdebug.{name}), torchdebug.{name}.__doc__ is not None)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -14,7 +14,7 @@ import torch
 import torchdebug
 from tests.terminal import Terminal, on_terminal
 from torchdebug import progress
-from torchdebug.store.tensor_batch import TensorBatch
+from torchdebug.store._tensor_batch import TensorBatch
 
 
 def test_a_bar_is_drawn_on_a_terminal(monkeypatch):

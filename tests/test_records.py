@@ -58,7 +58,7 @@ def test_a_record_written_before_zeros_existed_reads_it_as_unknown_and_writes_ba
     import json
 
     from torchdebug.cli.show import format_record
-    from torchdebug.store.record_json import encode_record, encode_records
+    from torchdebug.store._record_json import encode_record, encode_records
 
     record = Record.from_json(json.loads(_BEFORE_ZEROS))
     assert record.stats.get("zeros") is None and record.stats["nan"] == 0
@@ -70,7 +70,7 @@ def test_zeros_are_written_read_back_and_shown():
     import json
 
     from torchdebug.cli.show import format_record
-    from torchdebug.store.record_json import encode_records
+    from torchdebug.store._record_json import encode_records
 
     stats = {"min": 0.0, "max": 2.0, "mean": 0.5, "norm": 3.0, "nan": 0, "posinf": 0, "neginf": 0, "zeros": 12}
     line = encode_records([_record(stats=stats)])

@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
-import torchdebug.stats.cpu
+import torchdebug.stats._cpu
 from torchdebug.checksum import fingerprint
 from torchdebug.native import fused_stats as native
 from torchdebug.stats import cpu_stats, cpu_stats_and_fingerprint, device_sums, stats_from_sums, tensor_stats
-from torchdebug.stats.schema import COUNT_KEYS
+from torchdebug.stats._schema import COUNT_KEYS
 from torchdebug.stats_table import StatsStager
 
 
@@ -15,8 +15,8 @@ from torchdebug.stats_table import StatsStager
 def cpu_path(request, monkeypatch):
     """Run every test through the native kernel and through the torch-ops fallback."""
     if request.param == "torch ops":
-        monkeypatch.setattr(torchdebug.stats.cpu, "fused_stats", lambda tensor: None)
-        monkeypatch.setattr(torchdebug.stats.cpu, "stats_and_fingerprint", lambda tensor: None)
+        monkeypatch.setattr(torchdebug.stats._cpu, "fused_stats", lambda tensor: None)
+        monkeypatch.setattr(torchdebug.stats._cpu, "stats_and_fingerprint", lambda tensor: None)
         monkeypatch.setattr(native, "fingerprint", lambda tensor: None)
     elif not native.available():
         pytest.skip("no C compiler: the native kernel is not built here")
@@ -168,7 +168,7 @@ def test_statistics_and_fingerprint_in_one_call_equal_each_taken_alone(tensor):
 
 def test_statistics_and_fingerprint_take_one_native_pass_for_the_kernels_dtypes(cpu_path, monkeypatch):
     taken_alone = []
-    monkeypatch.setattr(torchdebug.stats.cpu, "cpu_stats", lambda tensor: taken_alone.append(tensor) or {})
+    monkeypatch.setattr(torchdebug.stats._cpu, "cpu_stats", lambda tensor: taken_alone.append(tensor) or {})
     cpu_stats_and_fingerprint(torch.randn(10))
     cpu_stats_and_fingerprint(torch.randn(10).bfloat16())
     assert (taken_alone == []) == (cpu_path == "native")

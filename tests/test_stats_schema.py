@@ -7,11 +7,11 @@ import sys
 import pytest
 import torch
 
-from torchdebug.graph_dump.plan import ACCUMULATORS
-from torchdebug.graph_dump.runtime import host_stats
+from torchdebug.graph_dump._plan import ACCUMULATORS
+from torchdebug.graph_dump._runtime import host_stats
 from torchdebug.native import fused_stats
 from torchdebug.stats import cpu_sums, device_sums, empty_stats, stats_from_sums, tensor_stats
-from torchdebug.stats.schema import COLUMNS, COUNT_KEYS, IDENTITY, STAT_KEYS, VALUE_KEYS, WIDTH
+from torchdebug.stats._schema import COLUMNS, COUNT_KEYS, IDENTITY, STAT_KEYS, VALUE_KEYS, WIDTH
 from torchdebug.stats_table import _Table
 
 
@@ -58,5 +58,5 @@ def test_a_native_library_that_writes_other_columns_is_refused(monkeypatch):
 
 
 def test_the_schema_and_the_record_import_without_torch():
-    code = "import sys, torchdebug.records, torchdebug.stats.schema; print('torch' in sys.modules)"
+    code = "import sys, torchdebug.records, torchdebug.stats._schema; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -21,7 +21,7 @@ import torchdebug
 from torchdebug import stats_table
 from torchdebug.checksum import fingerprint
 from torchdebug.stats import tensor_stats
-from torchdebug.stats.schema import COUNT_KEYS, empty_stats
+from torchdebug.stats._schema import COUNT_KEYS, empty_stats
 from torchdebug.stats_table import StatsStager
 
 ROOT = Path(__file__).resolve().parents[1]

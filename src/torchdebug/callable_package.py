@@ -1,6 +1,6 @@
 """Packages that share their name with their main function (``torchdebug.compare``, ``torchdebug.diagnose``).
 
-``torchdebug.compare(a, b)`` is the function, but once any submodule (``torchdebug.compare.config``)
+``torchdebug.compare(a, b)`` is the function, but once any submodule (``torchdebug.compare._config``)
 is imported, Python binds the attribute ``torchdebug.compare`` to the package itself. Making the
 package callable keeps both spellings working whatever was imported before.
 

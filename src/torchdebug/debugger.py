@@ -34,8 +34,8 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.errors import ConfigError
-from torchdebug.store import layout
-from torchdebug.store.writer import RankWriter, check_writable, join_run, run_manifest
+from torchdebug.store import _layout as layout
+from torchdebug.store._writer import RankWriter, check_writable, join_run, run_manifest
 
 logger = logging.getLogger("torchdebug.debugger")
 

@@ -2,7 +2,7 @@
 
 A *slot* is one input or output of one op call (or of one module call), in one phase of one step on
 one rank. Eager capture and compiled-graph capture both write records; the store persists them as
-Arrow columns (``torchdebug.store.record_columns``); compare aligns two sets of them by ``name``.
+Arrow columns (``torchdebug.store._record_columns``); compare aligns two sets of them by ``name``.
 The fields are documented for users in ``docs/format.md``; bump ``SCHEMA_VERSION`` when their
 meaning changes.
 
@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdebug.stats.schema import STAT_KEYS
+from torchdebug.stats._schema import STAT_KEYS
 
 __all__ = [
     "LOSS_OP",
@@ -110,7 +110,7 @@ class Record:
     device: str | None = None
     requires_grad: bool | None = None
     stats: dict[str, float | int | None] | None = None
-    """Keyed by ``STAT_KEYS`` (declared in ``torchdebug.stats.schema``); a statistic added after the
+    """Keyed by ``STAT_KEYS`` (declared in ``torchdebug.stats._schema``); a statistic added after the
     record was written is missing from it, and reads as unknown (``stats.get(key)`` is ``None``)."""
     checksum: str | None = None
     """64-bit fingerprint of the tensor's bytes as 16 hex digits (``task="checksum"`` or ``checksum=True``,

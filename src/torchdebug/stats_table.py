@@ -5,9 +5,9 @@ device to finish everything queued before it; doing that per captured tensor ser
 with the device at every op. :class:`StatsStager` never reads per tensor:
 
 - ``add(tensor, sink)`` reduces the tensor *now* (it may change in place later) into one row of a
-  per-device table of float64 sums, one column per accumulator of :mod:`torchdebug.stats.schema`: on
+  per-device table of float64 sums, one column per accumulator of :mod:`torchdebug.stats._schema`: on
   CUDA with a Triton kernel (:mod:`torchdebug.native.triton_stats`, one read of the tensor),
-  elsewhere with torch ops (:func:`torchdebug.stats.torch_ops.device_sums`); ``add_all`` takes an op's
+  elsewhere with torch ops (:func:`torchdebug.stats._torch_ops.device_sums`); ``add_all`` takes an op's
   tensors together, so that one launch reduces several. An item of ``add_all`` may also ask for the
   tensor's fingerprint (:mod:`torchdebug.checksum`): the same pass takes it, into an int64 column
   beside the row (the torch-op :func:`~torchdebug.checksum.fingerprint` where the kernel does not
@@ -45,9 +45,9 @@ import torch
 
 from torchdebug.checksum import cpu_fingerprint, fingerprint
 from torchdebug.native.build import DISABLE_ENV
-from torchdebug.stats.cpu import cpu_stats, cpu_stats_and_fingerprint
-from torchdebug.stats.schema import WIDTH, StatsDict, empty_stats, stats_from_sums
-from torchdebug.stats.torch_ops import device_sums
+from torchdebug.stats._cpu import cpu_stats, cpu_stats_and_fingerprint
+from torchdebug.stats._schema import WIDTH, StatsDict, empty_stats, stats_from_sums
+from torchdebug.stats._torch_ops import device_sums
 
 logger = logging.getLogger("torchdebug.stats_table")
 

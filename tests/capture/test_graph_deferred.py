@@ -15,7 +15,7 @@ from tests.backends import dump_backend
 from tests.capture.test_graph_dump import overflow_backend
 from torchdebug import stats_table
 from torchdebug._torch.dispatch import TorchDispatchMode
-from torchdebug.graph_dump import planner
+from torchdebug.graph_dump import _planner as planner
 
 
 @pytest.fixture(autouse=True)

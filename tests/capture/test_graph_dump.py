@@ -12,7 +12,7 @@ import torch._dynamo
 from torch import nn
 
 import torchdebug
-import torchdebug.store.reader
+import torchdebug.store._reader
 from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.graph_dump import find_overwrites
 
@@ -42,7 +42,7 @@ def _backend(tmp_path: Path, mode: str = "max-autotune", **options: object):
     return get_backend(config)
 
 
-def _run(backend) -> torchdebug.store.reader.RankDump:
+def _run(backend) -> torchdebug.store._reader.RankDump:
     backend.data_dump.close()
     return torchdebug.load(backend.data_dump.run_dir).ranks[0]
 

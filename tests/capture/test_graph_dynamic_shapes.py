@@ -23,8 +23,8 @@ from torch import nn
 import torchdebug
 from torchdebug._torch import symbolic
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.graph_dump import planner
-from torchdebug.store.reader import RankDump
+from torchdebug.graph_dump import _planner as planner
+from torchdebug.store._reader import RankDump
 
 LENGTHS = (32, 16, 24)
 BATCH, WIDTH, HEADS, VOCAB = 2, 16, 2, 32
@@ -80,7 +80,7 @@ def _eager_dump(path: Path) -> None:
     debugger.close()
 
 
-def _backend(path: Path, mode: str) -> torchdebug.compile.backend.TorchDebugBackend:
+def _backend(path: Path, mode: str) -> torchdebug.compile._backend.TorchDebugBackend:
     """A statistics dump of every node into ``path``."""
     path.mkdir(parents=True, exist_ok=True)
     config = CompilerConfig(mode=mode)

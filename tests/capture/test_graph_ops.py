@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from torchdebug.graph_dump.runtime import dump_graph, register_sink, unregister_sink
+from torchdebug.graph_dump._runtime import dump_graph, register_sink, unregister_sink
 
 
 class _Sink:
@@ -21,7 +21,7 @@ class _Sink:
         return None
 
 
-_KEYS = "from torchdebug.graph_dump.runtime import register_sink as r; print(r(None, 'g'), r(None, 'g'), r(None, 'h'))"
+_KEYS = "from torchdebug.graph_dump._runtime import register_sink as r; print(r(None, 'g'), r(None, 'g'), r(None, 'h'))"
 
 
 def test_sink_keys_are_the_same_in_every_fresh_process() -> None:

@@ -18,8 +18,8 @@ import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
 from torchdebug._torch.nn import strip_wrappers
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.graph_dump.instances import NO_INSTANCE, CompiledInstances, in_instance
-from torchdebug.graph_dump.node_names import eager_module_path
+from torchdebug.graph_dump._instances import NO_INSTANCE, CompiledInstances, in_instance
+from torchdebug.graph_dump._node_names import eager_module_path
 
 CONFIG = GPTConfig(n_layer=3, d_model=32, n_head=2, seq_len=8, vocab=64)
 STEPS = 2

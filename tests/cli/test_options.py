@@ -13,9 +13,9 @@ import pytest
 
 from torchdebug.cli import build_parser, main
 from torchdebug.cli.arguments import options_of
-from torchdebug.compare.config import CompareConfig
-from torchdebug.compare.tolerances import Tolerance
-from torchdebug.diagnose.config import DiagnoseConfig
+from torchdebug.compare._config import CompareConfig
+from torchdebug.compare._tolerances import Tolerance
+from torchdebug.diagnose._config import DiagnoseConfig
 from torchdebug.errors import ConfigError
 from torchdebug.options import field_default
 
@@ -165,7 +165,7 @@ def test_diagnose_takes_a_config_or_keyword_options_checked_by_it():
 
 
 def test_the_option_classes_the_command_line_imports_load_no_torch():
-    code = "import sys, torchdebug.compare.config, torchdebug.diagnose.config; print('torch' in sys.modules)"
+    code = "import sys, torchdebug.compare._config, torchdebug.diagnose._config; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 

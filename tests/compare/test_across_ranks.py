@@ -8,7 +8,7 @@ import pytest
 
 from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 from torchdebug.cli import main
-from torchdebug.compare.across_ranks import compare_ranks, replicated
+from torchdebug.compare._across_ranks import compare_ranks, replicated
 from torchdebug.records import Record
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import torchdebug.compare.across_ranks as across_ranks
+import torchdebug.compare._across_ranks as across_ranks
 from tests import gloo
 from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 from torchdebug.cli import main
-from torchdebug.compare.across_ranks import compare_ranks
-from torchdebug.compare.distributed import compare_ranks_distributed
+from torchdebug.compare._across_ranks import compare_ranks
+from torchdebug.compare._distributed import compare_ranks_distributed
 from torchdebug.errors import DumpError
 from torchdebug.records import Record
 

@@ -12,7 +12,7 @@ import torchdebug
 from tests.store.old_format import to_json_lines
 from torchdebug.cli import main
 from torchdebug.errors import DumpError
-from torchdebug.store import layout
+from torchdebug.store import _layout as layout
 
 
 def _copy(dumps, tmp_path):

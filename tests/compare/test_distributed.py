@@ -11,7 +11,7 @@ import pytest
 
 import torchdebug
 from torchdebug.cli import main
-from torchdebug.compare.distributed import Share, compare_distributed, plan
+from torchdebug.compare._distributed import Share, compare_distributed, plan
 from torchdebug.errors import DumpError
 
 

@@ -24,9 +24,9 @@ import torchdebug
 from tests.backends import dump_backend
 from tests.hf_models import tiny_model
 from torchdebug.compare import CompareResult
-from torchdebug.compare.boundaries import align_boundaries, unpaired_calls
-from torchdebug.compare.matching import match_records
-from torchdebug.compare.rows import Row
+from torchdebug.compare._boundaries import align_boundaries, unpaired_calls
+from torchdebug.compare._matching import match_records
+from torchdebug.compare._rows import Row
 from torchdebug.records import Record
 
 transformers = pytest.importorskip("transformers")

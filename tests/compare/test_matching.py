@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from torchdebug.compare.matching import load_mapping, match_records
+from torchdebug.compare._matching import load_mapping, match_records
 from torchdebug.records import Record, make_name
 
 

@@ -6,7 +6,7 @@ import math
 import time
 
 from tests.compare.test_matching import _how, _op
-from torchdebug.compare.matching import candidate_producers, match_records, producers
+from torchdebug.compare._matching import candidate_producers, match_records, producers
 
 
 def _fresh_state(layers: int) -> list:

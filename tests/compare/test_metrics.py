@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from torchdebug.compare.metrics import stats_metrics, tensor_metrics
-from torchdebug.compare.tolerances import Tolerance, lower_precision, parse_tolerances, tolerance_for
+from torchdebug.compare._metrics import stats_metrics, tensor_metrics
+from torchdebug.compare._tolerances import Tolerance, lower_precision, parse_tolerances, tolerance_for
 
 
 def test_identical_tensors_have_zero_error_and_unit_cosine():

@@ -24,8 +24,8 @@ import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from tests.compare.test_mixed_precision import BUGS, DTYPES, _Scale
 from tests.hf_models import tiny_model
-from torchdebug.compare.replay import own_errors
-from torchdebug.compare.tolerances import rounding_tolerance
+from torchdebug.compare._replay import own_errors
+from torchdebug.compare._tolerances import rounding_tolerance
 from torchdebug.records import Record
 
 PLACES = ("attention", "mlp", "attention_backward", "mlp_backward")

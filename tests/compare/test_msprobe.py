@@ -9,7 +9,7 @@ import pytest
 
 import torchdebug
 from torchdebug.errors import DumpError
-from torchdebug.store import msprobe
+from torchdebug.store import _msprobe as msprobe
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "msprobe"
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="msprobe fixtures not present")

@@ -9,7 +9,7 @@ import shutil
 import torchdebug
 from tests.store.old_format import to_json_lines
 from torchdebug.records import Record
-from torchdebug.store import reader
+from torchdebug.store import _reader as reader
 
 
 def _copy(dumps, tmp_path):

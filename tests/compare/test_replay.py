@@ -13,10 +13,10 @@ from examples.gpt import MLP
 from tests.compare.test_distributed import _assert_same
 from tests.compare.test_verdicts import _row
 from torchdebug.cli import main
-from torchdebug.compare.replay import NotReplayable, output_at, replay, resolve
-from torchdebug.compare.verdicts import first_divergence, judge
+from torchdebug.compare._replay import NotReplayable, output_at, replay, resolve
+from torchdebug.compare._verdicts import first_divergence, judge
 from torchdebug.records import Record, call_name
-from torchdebug.store import reader
+from torchdebug.store import _reader as reader
 
 GPT_MLP_FC = ("aten.addmm.default", 2, 1.02)
 """2 % too large: the third addmm of the GPT's forward (qkv, proj, then layers.0.mlp.fc)."""

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import torchdebug
-from torchdebug.compare.result import CSV_COLUMNS
+from torchdebug.compare._result import CSV_COLUMNS
 
 pd = pytest.importorskip("pandas")
 

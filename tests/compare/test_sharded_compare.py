@@ -13,9 +13,9 @@ import torchdebug
 from tests import gloo
 from tests.blocks import MLPBlock
 from torchdebug.compare import compare, compare_ranks
-from torchdebug.compare.shards import ShardedRank, layouts
+from torchdebug.compare._shards import ShardedRank, layouts
 from torchdebug.records import Record
-from torchdebug.store import reader
+from torchdebug.store import _reader as reader
 
 # -- merging statistics, from records alone ---------------------------------------------------------
 

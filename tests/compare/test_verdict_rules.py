@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from torchdebug.compare.rows import Row
-from torchdebug.compare.rules import RULES
-from torchdebug.compare.tolerances import rounding_tolerance
-from torchdebug.compare.verdicts import first_divergence, judge
+from torchdebug.compare._rows import Row
+from torchdebug.compare._rules import RULES
+from torchdebug.compare._tolerances import rounding_tolerance
+from torchdebug.compare._verdicts import first_divergence, judge
 from torchdebug.records import Record, make_name
 
 _ORDER = itertools.count()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from torchdebug.compare.rows import Row
-from torchdebug.compare.verdicts import first_divergence, judge
+from torchdebug.compare._rows import Row
+from torchdebug.compare._verdicts import first_divergence, judge
 from torchdebug.records import Record, make_name
 
 

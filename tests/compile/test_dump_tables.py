@@ -14,13 +14,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.graph_dump import planner
-from torchdebug.graph_dump.capture import GraphCapture
-from torchdebug.graph_dump.instrument import DataDumpPass
-from torchdebug.graph_dump.plan import GraphPlan
-from torchdebug.graph_dump.planner import ModelContext
-from torchdebug.graph_dump.runtime import DUMP_GRAPH
-from torchdebug.graph_dump.settings import DumpSettings
+from torchdebug.graph_dump import _planner as planner
+from torchdebug.graph_dump._capture import GraphCapture
+from torchdebug.graph_dump._instrument import DataDumpPass
+from torchdebug.graph_dump._plan import GraphPlan
+from torchdebug.graph_dump._planner import ModelContext
+from torchdebug.graph_dump._runtime import DUMP_GRAPH
+from torchdebug.graph_dump._settings import DumpSettings
 
 
 def _scaled(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

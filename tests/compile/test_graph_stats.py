@@ -11,9 +11,9 @@ import torch
 
 import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.graph_dump import planner
+from torchdebug.graph_dump import _planner as planner
 from torchdebug.stats import tensor_stats
-from torchdebug.stats.schema import COUNT_KEYS
+from torchdebug.stats._schema import COUNT_KEYS
 
 
 def _program(f32: torch.Tensor, f16: torch.Tensor, bf16: torch.Tensor, f64: torch.Tensor, i64: torch.Tensor, flags: torch.Tensor):
@@ -81,11 +81,11 @@ def _planned(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The plan and instrumented graph of a softmax and a large product, traced with ``mode`` sizes."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from torchdebug.graph_dump.capture import GraphCapture
-    from torchdebug.graph_dump.instrument import DataDumpPass
-    from torchdebug.graph_dump.planner import ModelContext
-    from torchdebug.graph_dump.runtime import DUMP_GRAPH
-    from torchdebug.graph_dump.settings import DumpSettings
+    from torchdebug.graph_dump._capture import GraphCapture
+    from torchdebug.graph_dump._instrument import DataDumpPass
+    from torchdebug.graph_dump._planner import ModelContext
+    from torchdebug.graph_dump._runtime import DUMP_GRAPH
+    from torchdebug.graph_dump._settings import DumpSettings
 
     def fn(x: torch.Tensor, big: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         exp = (x - x.amax(-1, keepdim=True)).exp()
@@ -110,7 +110,7 @@ def test_symbolic_sizes_split_statistics_between_host_and_graph_as_their_traced_
 ) -> None:
     """Dynamic shapes: small values and values inside a row loop still go to the host, the graph
     counts no values (the host knows the run's element counts), and the sizes are handed over."""
-    from torchdebug.graph_dump.plan import ACCUMULATORS, SymbolicSize
+    from torchdebug.graph_dump._plan import ACCUMULATORS, SymbolicSize
     from torchdebug.native import fused_stats
 
     if not fused_stats.available():

@@ -7,7 +7,7 @@ import copy
 import torch
 import torch.fx
 
-from torchdebug.graph_dump import node_names
+from torchdebug.graph_dump import _node_names as node_names
 
 aten = torch.ops.aten
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from torchdebug.diagnose.accuracy import check
+from torchdebug.diagnose._accuracy import check
 
 
 def test_check_passes_a_result_as_close_to_fp64_as_eager() -> None:

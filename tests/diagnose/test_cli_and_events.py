@@ -10,7 +10,7 @@ import torch
 import torchdebug.diagnose as td
 from tests.diagnose.models import broken_in_the_middle, line_of
 from torchdebug.cli import main
-from torchdebug.diagnose.entry import load_entry
+from torchdebug.diagnose._entry import load_entry
 
 MODELS = Path(__file__).with_name("models.py")
 

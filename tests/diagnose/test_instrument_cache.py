@@ -15,7 +15,7 @@ SCRIPT = '''
 import json
 import torch
 from torch._dynamo.utils import counters
-from torchdebug.diagnose.instrument import InstrumentedInductor
+from torchdebug.diagnose._instrument import InstrumentedInductor
 
 
 class Net(torch.nn.Module):

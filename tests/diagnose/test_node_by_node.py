@@ -21,9 +21,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from tests.diagnose.llama import tiny_llama
 from torchdebug._torch.dispatch import op_schema
-from torchdebug.diagnose import attention
-from torchdebug.diagnose.instrument import AotGraph
-from torchdebug.diagnose.nodes import first_bad_node
+from torchdebug.diagnose import _attention as attention
+from torchdebug.diagnose._instrument import AotGraph
+from torchdebug.diagnose._nodes import first_bad_node
 
 SDPA_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 SDPA_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default

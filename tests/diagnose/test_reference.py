@@ -12,9 +12,9 @@ from torch import nn
 
 import torchdebug.diagnose as td
 from tests.diagnose.llama import apply_rope, rope_frequencies
-from torchdebug.diagnose.accuracy import check
-from torchdebug.diagnose.program import Program
-from torchdebug.diagnose.stages import references
+from torchdebug.diagnose._accuracy import check
+from torchdebug.diagnose._program import Program
+from torchdebug.diagnose._stages import references
 
 
 class Rotary(nn.Module):

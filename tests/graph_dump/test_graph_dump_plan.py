@@ -6,9 +6,9 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torchdebug.graph_dump.planner import ModelContext, Plan, plan_graph
+from torchdebug.graph_dump._planner import ModelContext, Plan, plan_graph
+from torchdebug.graph_dump._settings import DumpSettings
 from torchdebug.graph_dump.scenes import ModelScene
-from torchdebug.graph_dump.settings import DumpSettings
 
 
 def _product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -13,11 +13,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchdebug
 from torchdebug.graph_dump import find_overwrites
-from torchdebug.graph_dump.capture import GraphCapture
-from torchdebug.graph_dump.instrument import DataDumpPass
-from torchdebug.graph_dump.planner import ModelContext
+from torchdebug.graph_dump._capture import GraphCapture
+from torchdebug.graph_dump._instrument import DataDumpPass
+from torchdebug.graph_dump._planner import ModelContext
+from torchdebug.graph_dump._settings import DumpSettings
 from torchdebug.graph_dump.scenes import ModelScene, OverflowScene, Scene, WatcherScene, scene_from_file
-from torchdebug.graph_dump.settings import DumpSettings
 
 
 def _log_of_negative(x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from torchdebug.compare.rows import VERDICTS, Row
+from torchdebug.compare._rows import VERDICTS, Row
 from torchdebug.records import Record, make_name
 
 _SLOTS = (  # (submodule, op, io, arg) of one block

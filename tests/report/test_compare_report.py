@@ -13,7 +13,7 @@ import torchdebug
 from tests.report.hostile import HOSTILE, SCRIPT, dump
 from tests.report.packed import unpack
 from tests.report.synthetic import SyntheticResult, synthetic_rows
-from torchdebug.compare.rows import VERDICTS
+from torchdebug.compare._rows import VERDICTS
 from torchdebug.report import compare as report_compare
 
 
@@ -96,7 +96,7 @@ def test_a_plot_past_its_point_cap_thins_passing_rows_and_keeps_every_other_one(
 
 
 def test_every_verdict_compare_gives_has_a_colour_and_a_place_in_the_module_tree():
-    from torchdebug.compare.rows import VERDICTS
+    from torchdebug.compare._rows import VERDICTS
 
     assert set(report_compare.COLORS) == set(VERDICTS)
     script = (Path(report_compare.__file__).parent / "templates" / "compare.js").read_text()

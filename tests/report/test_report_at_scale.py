@@ -10,7 +10,7 @@ import pytest
 
 from tests.report.browser import missing, open_compare_page
 from tests.report.synthetic import SyntheticResult, synthetic_rows
-from torchdebug.compare.rows import VERDICTS
+from torchdebug.compare._rows import VERDICTS
 from torchdebug.report.compare import PAGE_ROWS, render_compare
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))

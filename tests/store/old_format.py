@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchdebug.store import layout
-from torchdebug.store.reader import RankDump
-from torchdebug.store.record_json import encode_records
+from torchdebug.store import _layout as layout
+from torchdebug.store._reader import RankDump
+from torchdebug.store._record_json import encode_records
 
 OLD_DUMP = Path(__file__).with_name("old_dump")
 """A dump written by torchdebug 0.1 before the Arrow records (a Linear and a ReLU, forward and backward, statistics)."""

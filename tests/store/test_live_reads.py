@@ -10,7 +10,7 @@ import torch
 
 import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
-from torchdebug.store import live
+from torchdebug.store import _live as live
 
 
 def _backend(**dump_options: object):

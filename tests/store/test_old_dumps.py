@@ -9,7 +9,7 @@ import torch
 import torchdebug
 from tests.store.old_format import OLD_DUMP
 from torchdebug.cli import main
-from torchdebug.store import layout
+from torchdebug.store import _layout as layout
 
 _LINES = next(OLD_DUMP.glob(f"*/*/{layout.RECORDS_JSON}"))
 

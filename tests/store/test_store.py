@@ -12,9 +12,9 @@ import torch
 import torchdebug
 from torchdebug.errors import DumpError
 from torchdebug.records import Record
-from torchdebug.store import layout
-from torchdebug.store.reader import load
-from torchdebug.store.writer import RankWriter, create_run_dir
+from torchdebug.store import _layout as layout
+from torchdebug.store._reader import load
+from torchdebug.store._writer import RankWriter, create_run_dir
 
 
 def _record(i: int, **extra) -> Record:
@@ -58,7 +58,7 @@ def test_written_records_stacks_and_tensors_read_back(tmp_path):
 
 
 def test_records_are_on_disk_at_drain_while_tensor_files_are_still_being_written(tmp_path, monkeypatch):
-    from torchdebug.store.tensor_batch import TensorBatch
+    from torchdebug.store._tensor_batch import TensorBatch
 
     release = threading.Event()
     original = TensorBatch.write
@@ -284,7 +284,7 @@ def test_fast_record_encoding_equals_json_for_every_field():
     import dataclasses
     import math
 
-    from torchdebug.store.record_json import ENCODED_FIELDS, encode_record
+    from torchdebug.store._record_json import ENCODED_FIELDS, encode_record
 
     assert ENCODED_FIELDS == tuple(f.name for f in dataclasses.fields(Record))
     record = _record(
@@ -352,7 +352,7 @@ def _encoding_cases() -> list[Record]:
 
 
 def test_batch_encoding_writes_shared_descriptions_as_each_record_alone():
-    from torchdebug.store import record_json
+    from torchdebug.store import _record_json as record_json
 
     records = _encoding_cases()
     lines = record_json.encode_records(records).splitlines(keepends=True)
@@ -363,7 +363,7 @@ def test_batch_encoding_writes_shared_descriptions_as_each_record_alone():
 def _columns_round_trip(records: list[Record]) -> list[Record]:
     import pyarrow as pa
 
-    from torchdebug.store.record_columns import records_batch, records_from_table
+    from torchdebug.store._record_columns import records_batch, records_from_table
 
     return records_from_table(pa.Table.from_batches([records_batch(records)]))
 
@@ -449,7 +449,7 @@ def _odd_numbers_record() -> Record:
 
 
 def test_numbers_that_are_not_plain_ints_or_floats_never_make_an_invalid_line():
-    from torchdebug.store import record_json
+    from torchdebug.store import _record_json as record_json
 
     (line,) = record_json.encode_records([_odd_numbers_record()]).splitlines()
     _assert_odd_numbers(json.loads(line))  # a symbolic size, a numpy int, a string: still one valid JSON line
@@ -471,7 +471,7 @@ def test_numpy_scalars_among_an_ops_arguments_are_recorded_as_numbers():
     import numpy as np
 
     from torchdebug.slots import json_value
-    from torchdebug.store.record_json import encode_record
+    from torchdebug.store._record_json import encode_record
 
     value = json_value([np.int64(3), np.float32(1.5), -1])
     assert value == [3, 1.5, -1] and all(type(v) in (int, float) for v in value)

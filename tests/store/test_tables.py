@@ -9,7 +9,7 @@ import torch
 import torchdebug
 from torchdebug.errors import MissingExtraError
 from torchdebug.records import STAT_KEYS
-from torchdebug.store.tables import RECORD_COLUMNS, records_frame, write_parquet
+from torchdebug.store._tables import RECORD_COLUMNS, records_frame, write_parquet
 
 pd = pytest.importorskip("pandas")
 
@@ -74,7 +74,7 @@ def test_every_record_field_has_a_column():
     import dataclasses
 
     from torchdebug.records import Record
-    from torchdebug.store.tables import RECORD_COLUMNS
+    from torchdebug.store._tables import RECORD_COLUMNS
 
     spread = {"stats": "min", "tensor": "tensor_file"}  # fields spread over several columns
     for field in dataclasses.fields(Record):

@@ -13,10 +13,10 @@ import torch
 import torchdebug
 from torchdebug.config import DebuggerConfig
 from torchdebug.errors import ConfigError
-from torchdebug.store import layout
-from torchdebug.store.reader import load
-from torchdebug.store.tensor_batch import BLOCK, PAD_PREFIX, TensorBatch
-from torchdebug.store.writer import BATCH_BYTES, RankWriter, create_run_dir
+from torchdebug.store import _layout as layout
+from torchdebug.store._reader import load
+from torchdebug.store._tensor_batch import BLOCK, PAD_PREFIX, TensorBatch
+from torchdebug.store._writer import BATCH_BYTES, RankWriter, create_run_dir
 
 MIB = 2**20
 
@@ -126,7 +126,7 @@ def test_a_tiny_bound_loses_nothing_and_writes_every_distinct_tensor_once(tmp_pa
             y = torch.sin(y) * 1.5
             expected.append(y.clone())
         dbg.stop()
-        with caplog.at_level(logging.INFO, logger="torchdebug.store.writer"):
+        with caplog.at_level(logging.INFO, logger="torchdebug.store._writer"):
             dbg.close()
     dump = load(tmp_path).ranks[0]
     report = dump.completion["tensor_transfer"]

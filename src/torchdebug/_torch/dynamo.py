@@ -21,7 +21,7 @@ Why these and not others:
 - compiled modules: ``torch.compile(module)`` returns an ``OptimizedModule`` holding the module as
   ``_orig_mod`` (so parameter and module paths through it contain ``_orig_mod``), and
   ``module.compile()`` stores the compiled call in ``module._compiled_call_impl``; the graph dump
-  names per-block compiled graphs by the block instance that ran (``graph_dump/instances.py``).
+  names per-block compiled graphs by the block instance that ran (``graph_dump/_instances.py``).
 - ``after_compiled_calls``: a compiled module's own hooks run inside its compiled code, so an
   observer of its output stands outside: a forward hook on ``OptimizedModule``, a wrapper around
   ``_compiled_call_impl`` for ``module.compile()``.

@@ -4,7 +4,7 @@ A graph compiled with ``dynamic=True``, ``mark_dynamic`` or Dynamo's automatic d
 recompile after a size changed) holds sizes and strides as ``torch.SymInt``: an expression of
 ``ShapeEnv`` symbols (``s27``, ``2*s27``, ``64*s27``) over the sizes of the graph's inputs. The
 dump describes each slot by those expressions at compile time and evaluates them on the host at run
-time, from the symbols' values the graph hands over (``torchdebug.graph_dump.plan``).
+time, from the symbols' values the graph hands over (``torchdebug.graph_dump._plan``).
 
 What is read, and why here:
 

@@ -28,9 +28,9 @@ from torchdebug.records import Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
 from torchdebug.stats import stats_from_sums
 from torchdebug.stats_table import StatsStager
-from torchdebug.store import live
-from torchdebug.store.tensor_batch import TensorBatch, storable
-from torchdebug.store.writer import RankWriter
+from torchdebug.store import _live as live
+from torchdebug.store._tensor_batch import TensorBatch, storable
+from torchdebug.store._writer import RankWriter
 
 logger = logging.getLogger("torchdebug.capture.session")
 
@@ -409,7 +409,7 @@ class CaptureSession:
 
     def flush_for_readers(self) -> bool:
         """Write everything captured so far, tensor files included, for a reader in this process
-        (``torchdebug.store.live``); ``False`` once the dump is closed."""
+        (``torchdebug.store._live``); ``False`` once the dump is closed."""
         if self.writer.closed:
             return False
         self.flush(wait=True, tensors=True)

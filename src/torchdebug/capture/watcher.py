@@ -1,4 +1,4 @@
-"""Moved: the watcher scene is :mod:`torchdebug.graph_dump.scenes.watcher`. ``find_overwrites`` and
+"""Moved: the watcher scene is :mod:`torchdebug.graph_dump.scenes._watcher`. ``find_overwrites`` and
 ``Overwrite`` still import from here, with a ``FutureWarning``."""
 
 from __future__ import annotations
@@ -17,6 +17,6 @@ def __getattr__(name: str) -> Any:
         FutureWarning,
         stacklevel=2,
     )
-    from torchdebug.graph_dump.scenes import watcher
+    from torchdebug.graph_dump.scenes import _watcher as watcher
 
     return getattr(watcher, name)

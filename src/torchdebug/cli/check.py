@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     # here, not at the top: these load torch, which `torchdebug check --help` must not
     from torchdebug.cli.tensor_files import damaged_files, warn_damaged
     from torchdebug.nonfinite import find_origin
-    from torchdebug.store.reader import load
+    from torchdebug.store._reader import load
 
     run_ = load(args.dump)
     found = with_stats = False

@@ -24,7 +24,7 @@ import argparse
 
 from torchdebug.cli import RawDescriptionHelpFormatter
 from torchdebug.cli.arguments import add_options, indices, options_of
-from torchdebug.compare.config import CompareConfig
+from torchdebug.compare._config import CompareConfig
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _torchrun(args: argparse.Namespace) -> bool:
     """Whether torchrun started this process as one of the workers (then ``--workers`` is refused)."""
-    from torchdebug.compare import distributed
+    from torchdebug.compare import _distributed as distributed
 
     if not distributed.launched_by_torchrun():
         return False
@@ -72,7 +72,8 @@ def _torchrun(args: argparse.Namespace) -> bool:
 
 
 def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
-    from torchdebug.compare import compare_ranks, distributed
+    from torchdebug.compare import _distributed as distributed
+    from torchdebug.compare import compare_ranks
 
     if args.a is not None:
         raise ValueError("--across-ranks takes one dump: give it as --across-ranks DUMP, without A B")
@@ -88,7 +89,8 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
 
 
 def _pair(args: argparse.Namespace) -> CompareResult | None:
-    from torchdebug.compare import compare, distributed
+    from torchdebug.compare import _distributed as distributed
+    from torchdebug.compare import compare
 
     if args.a is None or args.b is None:
         raise ValueError("give two dumps A B, or one with --across-ranks DUMP")
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if not table and args.output is not None and args.output.exists() and not args.output.is_dir():
         raise ValueError(f"-o {args.output}: exists and is not a folder; give a folder for the reports, or a .parquet file")
     if table:
-        from torchdebug.store.tables import require_parquet
+        from torchdebug.store._tables import require_parquet
 
         require_parquet()  # before the comparison, which may take minutes
     result = _across_ranks(args) if args.across_ranks is not None else _pair(args)

@@ -8,14 +8,14 @@
     result.to_html("report.html")    # also to_csv / to_json
     torchdebug.compare.compare_ranks("dump")                 # the ranks of one run with each other
 
-Modules: ``config`` (``CompareConfig``, the options), ``matching`` (pairing records), ``metrics``
-(float64 errors), ``tolerances`` (per dtype), ``replay`` (an op call re-run in float64 from its
-records), ``verdicts`` (pass/warning/error, blamed/inherited), ``comparable`` (what cannot be
-compared: shapes of other inputs, constants made for the dtype), ``checksums`` (bit-exact verdicts),
-``shards`` (a sharded run's DTensor pieces read as whole tensors), ``steps`` (one comparison's
-steps), ``engine`` (the in-process run), ``distributed`` (worker processes), ``across_ranks``
-(cross-rank check), ``result``. The names below load lazily: ``torchdebug compare --help`` imports
-``config`` without torch.
+Modules: ``_config`` (``CompareConfig``, the options), ``_matching`` (pairing records), ``_metrics``
+(float64 errors), ``_tolerances`` (per dtype), ``_replay`` (an op call re-run in float64 from its
+records), ``_verdicts`` (pass/warning/error, blamed/inherited), ``_comparable`` (what cannot be
+compared: shapes of other inputs, constants made for the dtype), ``_checksums`` (bit-exact verdicts),
+``_shards`` (a sharded run's DTensor pieces read as whole tensors), ``_steps`` (one comparison's
+steps), ``_engine`` (the in-process run), ``_distributed`` (worker processes), ``_across_ranks``
+(cross-rank check), ``_result``. The names below load lazily: ``torchdebug compare --help`` imports
+``_config`` without torch.
 """
 
 from __future__ import annotations
@@ -23,18 +23,19 @@ from __future__ import annotations
 from torchdebug.callable_package import lazy_exports, make_callable
 
 _EXPORTS = {
-    "compare": "torchdebug.compare.engine",
-    "compare_ranks": "torchdebug.compare.across_ranks",
-    "compare_distributed": "torchdebug.compare.distributed",
-    "open_dump": "torchdebug.compare.engine",
-    "CompareConfig": "torchdebug.compare.config",
-    "CompareResult": "torchdebug.compare.result",
-    "RanksResult": "torchdebug.compare.across_ranks",
-    "Row": "torchdebug.compare.rows",
-    "NameMapping": "torchdebug.compare.matching",
-    "load_mapping": "torchdebug.compare.matching",
-    "Tolerance": "torchdebug.compare.tolerances",
-    "DEFAULT_TOLERANCES": "torchdebug.compare.tolerances",
+    "compare": "torchdebug.compare._engine",
+    "compare_ranks": "torchdebug.compare._across_ranks",
+    "compare_distributed": "torchdebug.compare._distributed",
+    "compare_ranks_distributed": "torchdebug.compare._distributed",
+    "open_dump": "torchdebug.compare._engine",
+    "CompareConfig": "torchdebug.compare._config",
+    "CompareResult": "torchdebug.compare._result",
+    "RanksResult": "torchdebug.compare._across_ranks",
+    "Row": "torchdebug.compare._rows",
+    "NameMapping": "torchdebug.compare._matching",
+    "load_mapping": "torchdebug.compare._matching",
+    "Tolerance": "torchdebug.compare._tolerances",
+    "DEFAULT_TOLERANCES": "torchdebug.compare._tolerances",
 }
 __all__ = list(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

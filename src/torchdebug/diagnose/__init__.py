@@ -7,7 +7,7 @@ Typical use::
     result.repro_path            # repro.py with only that node, inputs in safetensors next to it
 
 ``docs/diagnose.md`` describes the method and the command line (``torchdebug diagnose``). The
-names below load lazily: ``torchdebug diagnose --help`` imports ``config`` without torch.
+names below load lazily: ``torchdebug diagnose --help`` imports ``_config`` without torch.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 from torchdebug.callable_package import lazy_exports, make_callable
 
 _EXPORTS = {
-    "diagnose": "torchdebug.diagnose.api",
-    "DiagnoseConfig": "torchdebug.diagnose.config",
-    "DiagnoseResult": "torchdebug.diagnose.result",
+    "diagnose": "torchdebug.diagnose._api",
+    "DiagnoseConfig": "torchdebug.diagnose._config",
+    "DiagnoseResult": "torchdebug.diagnose._result",
 }
 __all__ = list(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS, renamed={"DiagnoseReport": "DiagnoseResult"})

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from torchdebug.native.build import load_library
-from torchdebug.stats.schema import COLUMNS, WIDTH
+from torchdebug.stats._schema import COLUMNS, WIDTH
 
 Kernel = Callable[..., int]
 
@@ -159,7 +159,7 @@ def _walk(tensor: torch.Tensor) -> tuple[torch.Tensor, int, ctypes.Array, ctypes
 
 
 def fused_stats(tensor: torch.Tensor) -> list[float] | None:
-    """The sums vector (``torchdebug.stats.schema.COLUMNS``) of a non-empty CPU tensor (NaNs left
+    """The sums vector (``torchdebug.stats._schema.COLUMNS``) of a non-empty CPU tensor (NaNs left
     out of min, max, sum and squares; min/max NaN when all are NaN), or ``None`` when the kernel does
     not apply (another dtype or device). Layouts the kernel cannot walk are copied to a contiguous tensor first."""
     kernel = _kernel(tensor, 0)

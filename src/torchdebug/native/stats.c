@@ -9,11 +9,11 @@
  * each block's sums into doubles. NaN fails every comparison, so min/max skip it on their own; a
  * sum that comes out non-finite (some NaN or Inf) or a sum of squares that underflowed sends the
  * tensor through the careful loop, which counts NaN/Inf and accumulates in double. Semantics match
- * torchdebug.stats.torch_ops.device_sums: NaNs are left out of min, max, sum and squares; infinities
+ * torchdebug.stats._torch_ops.device_sums: NaNs are left out of min, max, sum and squares; infinities
  * are kept.
  *
  * td_stats_columns(): the columns every out[] below holds, in order, as COLUMNS spells them; the
- * binding checks them against torchdebug/stats/schema.py when the library loads, so a column added
+ * binding checks them against torchdebug/stats/_schema.py when the library loads, so a column added
  * there and not here (or the reverse) fails loudly instead of shifting the numbers.
  *
  * td_stats_<dtype>(data, ndim, sizes, strides, out, threads): strides in elements,

@@ -2,7 +2,7 @@
 
 ``launch(tensors, table, row, scratch, scratch_row, counters)`` reduces each floating tensor whose
 elements fill one dense span of memory (contiguous, or any permutation of a contiguous layout) to
-the sums vector of :mod:`torchdebug.stats.schema` (:data:`COLUMNS`; NaNs left out of min, max, sum
+the sums vector of :mod:`torchdebug.stats._schema` (:data:`COLUMNS`; NaNs left out of min, max, sum
 and squares, as in ``stats.c``) and stores it, as float64, in ``table[row + k]``. Nothing is read back: the host
 copies the whole table once per flush (:mod:`torchdebug.stats_table`).
 
@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchdebug.stats import schema
+from torchdebug.stats import _schema as schema
 
 COLUMNS = ("min", "max", "sum", "squares", "nan", "posinf", "neginf", "zeros")
 """The columns the kernel writes, in order: :func:`_share_sums` returns them (and the fingerprint's

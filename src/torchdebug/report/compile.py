@@ -1,6 +1,6 @@
 """The HTML page of a ``TORCH_COMPILE_DEBUG`` run: models, graph breaks, recompiles, pass pipelines.
 
-Rendered from what :func:`torchdebug.compile.debug_report.collect` read from the run's folder,
+Rendered from what :func:`torchdebug.compile._debug_report.collect` read from the run's folder,
 passed down as plain data (models, phases and pass steps with their diffs); inline CSS only.
 """
 

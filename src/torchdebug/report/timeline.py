@@ -1,6 +1,6 @@
 """The flight recorder's window on the dump page: per-module norms over the steps, the trigger marked.
 
-A window dump (:mod:`torchdebug.monitor.window`) holds the module outputs, gradients and parameters
+A window dump (:mod:`torchdebug.monitor._window`) holds the module outputs, gradients and parameters
 of the last steps before a trigger. People look at a spike before they read numbers, so the page
 draws, for each rank:
 

@@ -1,14 +1,14 @@
 """Statistics of a tensor: min, max, mean and L2 norm of its values, and counts of elements (NaN,
-+Inf, -Inf, ...: :data:`~torchdebug.stats.schema.STAT_KEYS` lists them all).
++Inf, -Inf, ...: :data:`~torchdebug.stats._schema.STAT_KEYS` lists them all).
 
 Computed on the tensor's own device with float32 (half types) or float64 (integers) accumulation.
 Min, max, mean and norm ignore NaNs; they are ``None`` for empty tensors or tensors that hold only
 NaNs. Complex tensors are described by their magnitudes.
 
-- :mod:`~torchdebug.stats.schema`: the one declaration of the accumulators every path computes and
+- :mod:`~torchdebug.stats._schema`: the one declaration of the accumulators every path computes and
   of how they are finished into a record's ``stats`` (no torch: records import it);
-- :mod:`~torchdebug.stats.torch_ops`: the accumulators with torch ops, on any device, no sync;
-- :mod:`~torchdebug.stats.cpu`: statistics taken now (the C kernel on the CPU, else torch ops).
+- :mod:`~torchdebug.stats._torch_ops`: the accumulators with torch ops, on any device, no sync;
+- :mod:`~torchdebug.stats._cpu`: statistics taken now (the C kernel on the CPU, else torch ops).
 
 The kernels live in :mod:`torchdebug.native` (C, Triton), the per-device table the host reads once
 per flush in :mod:`torchdebug.stats_table`. The names below load their module on first use, so
@@ -45,13 +45,13 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"torchdebug.stats.{_EXPORTS[name]}"), name)
+        value = getattr(importlib.import_module(f"torchdebug.stats._{_EXPORTS[name]}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'torchdebug.stats' has no attribute {name!r}")
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from torchdebug.stats.cpu import cpu_stats, cpu_stats_and_fingerprint, cpu_sums, tensor_stats
-    from torchdebug.stats.schema import StatsDict, empty_stats, stats_from_sums
-    from torchdebug.stats.torch_ops import device_sums
+    from torchdebug.stats._cpu import cpu_stats, cpu_stats_and_fingerprint, cpu_sums, tensor_stats
+    from torchdebug.stats._schema import StatsDict, empty_stats, stats_from_sums
+    from torchdebug.stats._torch_ops import device_sums

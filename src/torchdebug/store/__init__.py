@@ -8,7 +8,7 @@ Typical use::
             print(record.name, record.stats)
 """
 
-from torchdebug.store.reader import RankDump, Run, load
-from torchdebug.store.writer import RankWriter
+from torchdebug.store._reader import RankDump, Run, load
+from torchdebug.store._writer import RankWriter
 
 __all__ = ["RankDump", "RankWriter", "Run", "load"]

@@ -1,4 +1,4 @@
-"""The graph dump's scenes, one class each behind :class:`~torchdebug.graph_dump.scenes.base.Scene`.
+"""The graph dump's scenes, one class each behind :class:`~torchdebug.graph_dump.scenes._base.Scene`.
 
 - ``model`` (:class:`ModelScene`): the selected nodes of the selected graphs;
 - ``overflow`` (:class:`OverflowScene`, ``"dump_debug": "on"``): only the calls that make a NaN/Inf;
@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchdebug.graph_dump.scenes.base import Scene
-from torchdebug.graph_dump.scenes.model import ModelScene
-from torchdebug.graph_dump.scenes.overflow import Overflow, OverflowScene
-from torchdebug.graph_dump.scenes.watcher import Overwrite, WatcherScene, find_overwrites
+from torchdebug.graph_dump.scenes._base import Scene
+from torchdebug.graph_dump.scenes._model import ModelScene
+from torchdebug.graph_dump.scenes._overflow import Overflow, OverflowScene
+from torchdebug.graph_dump.scenes._watcher import Overwrite, WatcherScene, find_overwrites
 
 __all__ = ["ModelScene", "Overflow", "OverflowScene", "Overwrite", "Scene", "WatcherScene", "find_overwrites", "scene_from_file"]
 

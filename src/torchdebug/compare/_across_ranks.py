@@ -1,0 +1,301 @@
+"""Cross-rank check: do the data-parallel replicas of one run agree where they must?
+
+::
+
+    result = torchdebug.compare.compare_ranks("dump")       # the latest run, every rank
+    result.first_divergence                                  # first rank and op that disagree
+
+Replicas of a data-parallel run (DDP, or gradients all-reduced by hand) hold the same parameters,
+see the same reduced gradients and run the same optimizer step. The records where that must hold:
+
+* every tensor slot of the ``optimizer`` phase: its inputs are the parameters, the reduced
+  gradients and the optimizer state, its outputs the updated values (in-place updates such as
+  ``add_``, ``lerp_``, ``addcdiv_``, ``_foreach_*``);
+* module-level ``parameter`` records (``level="module"`` or ``"mix"``): the parameters each
+  forward starts from, i.e. after the previous step's optimizer step;
+* outputs of the collectives whose result is the same on every rank (``all_reduce``,
+  ``all_gather`` and its variants, ``broadcast``). With gradients all-reduced by hand these are the
+  gradients after all-reduce. DDP reduces gradients in C++ inside the autograd engine, which a
+  dispatch mode does not see: there the reduced gradients appear as inputs of the optimizer.
+
+Not compared: pieces of a split DTensor (``Shard`` or ``Partial`` placements: FSDP2's sharded
+parameters, gradients and optimizer state, tensor-parallel weights; each rank holds another piece,
+while ``Replicate`` ones are compared), activations and local gradients (each rank has its own
+batch), ``reduce_scatter``, ``send``/``recv`` outputs (they differ by design), ``parameter_grad``
+records (taken before the all-reduce), argument values. Sharded optimizers on plain tensors (ZeRO,
+FSDP1) give ranks different state: pass the ``ranks`` that hold the same shard (one data-parallel
+group).
+
+**Reference**: for each slot the ranks are grouped by value (bitwise; by statistics where no tensor
+was saved). The largest group is the reference, on a tie the group holding the lowest rank: with
+three or more ranks one bad rank is named; with two, rank 1 is named against rank 0 and either may
+be the culprit. A rank's first slot that differs from the reference by more than the tolerance
+(exact unless given) is ``error``/``blamed``; its later differing slots are ``warning``/``inherited``.
+The first divergence is the earliest blamed slot in execution order (step, then call), lowest rank
+on a tie.
+
+**Memory and processes**: the check reads one rank at a time and keeps of it one digest per
+replicated slot (:mod:`~torchdebug.compare._replica_digests`); records are read again only from the
+reference ranks and the ranks that differ. With ``workers=N`` the ranks are digested by N spawned
+processes; under torchrun by the job's processes
+(:func:`~torchdebug.compare._distributed.compare_ranks_distributed`). A rank holding the reference
+value gets a row whose records are the reference's (one record per slot is kept, not one per rank).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from torchdebug import progress
+from torchdebug.compare._judgement import Judgement
+from torchdebug.compare._metrics import stats_metrics, tensor_metrics
+from torchdebug.compare._replica_digests import (
+    SAME_ON_EVERY_RANK,
+    RankDigest,
+    digest_rank,
+    digests_in_processes,
+    fresh,
+    replicated,
+)
+from torchdebug.compare._result import CompareResult, Side
+from torchdebug.compare._rows import Row
+from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
+from torchdebug.compare._tolerances import Tolerance, lower_precision, parse_tolerances
+from torchdebug.records import Record
+from torchdebug.store import _reader as reader
+
+__all__ = ["compare_ranks", "replicated", "RanksResult", "SAME_ON_EVERY_RANK", "checked_ranks", "ranks_result"]
+
+_EXACT = Tolerance(0.0, 0.0)
+
+SlotKey = tuple[int, str]
+"""``(step, name)``: a slot, the same on every rank."""
+
+
+class RanksResult(CompareResult):
+    """A :class:`CompareResult` whose rows compare each rank with the reference ranks, slot by slot.
+
+    ``row.rank`` is the rank checked, ``row.record_b`` the reference's record, ``row.record_a`` the
+    checked rank's (the reference's too where the rank holds the reference value). The rows are
+    final once made: the per-rank lists are indexed on first use.
+    """
+
+    heading = "torchdebug compare --across-ranks"
+
+    def title(self) -> str:
+        return f"compare the ranks of {self.a.path} with each other (reference: the majority of ranks, on a tie the lowest)"
+
+    def sides(self) -> list[tuple[str, str]]:
+        return [("run", self.a.path), ("reference", "per slot, the value most ranks hold (on a tie, the lowest rank's)")]
+
+    def _first(self, finder: Callable[[Sequence[Row]], Row | None]) -> Row | None:
+        return finder(sorted(self.rows, key=lambda row: (row.order, row.rank)))
+
+    @cached_property
+    def _by_rank(self) -> dict[int, list[Row]]:
+        """The rows of each rank, found in one pass (a row per slot and rank: the per-rank counts of
+        the summary and reports would pass over every row once per rank)."""
+        by_rank: dict[int, list[Row]] = {}
+        for row in self.rows:
+            by_rank.setdefault(row.rank, []).append(row)
+        return by_rank
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self._by_rank)
+
+    def rank_rows(self, rank: int) -> list[Row]:
+        return list(self._by_rank.get(rank, ()))
+
+
+@dataclass(slots=True)
+class _Slot:
+    """A replicated slot over the ranks: where the first rank holding it wrote it, and which ranks
+    hold which value (digest -> ranks, ascending)."""
+
+    step: int
+    seq: int
+    position: int
+    holders: dict[str, list[int]] = field(default_factory=dict)
+
+    def reference(self) -> list[int]:
+        """The ranks holding the reference value: the largest group, on a tie the one with the lowest rank."""
+        return max(self.holders.values(), key=lambda ranks: (len(ranks), -ranks[0]))
+
+
+def _slots(digests: Iterable[RankDigest]) -> tuple[list[tuple[SlotKey, _Slot]], list[str]]:
+    """Every rank's digest folded into the slots, in execution order (step, then the first holder's
+    call order, then first appearance), and the ranks' notes; the digests are consumed one by one."""
+    slots: dict[SlotKey, _Slot] = {}
+    notes: list[str] = []
+    for digest in digests:
+        notes.extend(digest.notes)
+        for step, name, seq, value in digest.slots:
+            slot = slots.get((step, name))
+            if slot is None:
+                slot = slots[step, name] = _Slot(step, seq, len(slots))
+            slot.holders.setdefault(value, []).append(digest.rank)
+    ordered = sorted(slots.items(), key=lambda item: (item[1].step, item[1].seq, item[1].position))
+    return ordered, notes
+
+
+def _records(run: reader.Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[int, SlotKey], Record]:
+    """The records of the wanted slots, rank by rank (each rank read from a fresh handle, not kept)."""
+    found: dict[tuple[int, SlotKey], Record] = {}
+    for rank in sorted(wanted):
+        keys = wanted[rank]
+        for record in fresh(run.ranks[rank]).records():
+            key = (record.step, record.name)
+            if key in keys:
+                found[rank, key] = record
+    return found
+
+
+def _metrics(run: reader.Run, row: Row, reference: int, tensors: bool, tolerance: Tolerance) -> dict[str, float]:
+    a, b = row.record_a, row.record_b
+    assert a is not None and b is not None
+    if tensors and has_tensor(a) and has_tensor(b):
+        tensor_a, tensor_b = run.ranks[row.rank].load_tensor(a), run.ranks[reference].load_tensor(b)
+        return tensor_metrics(tensor_a, tensor_b, low_dtype=lower_precision(a.dtype, b.dtype), atol=tolerance.atol)
+    return stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or []), atol=tolerance.atol)
+
+
+def _difference(row: Row, reference: int, tolerance: float) -> Judgement:
+    """How a rank's value, which is not the reference's, compares with it."""
+    if row.shape_a != row.shape_b or row.dtype_a != row.dtype_b:
+        # no number measures it: the message says what differs
+        return Judgement(
+            "error", "", f"{row.dtype_a} {row.shape_a} vs {row.dtype_b} {row.shape_b} on rank {reference}", error=math.inf
+        )
+    if row.metrics.get("nonfinite_mismatch") or (row.error or 0.0) > tolerance:
+        error = math.inf if row.error is None else row.error  # NaN/Inf statistics: no finite number to compare
+        return Judgement("error", "", f"differs from rank {reference} by {error:.3g} (tolerance {tolerance:.3g})", error=error)
+    return Judgement("pass", "", f"within tolerance of rank {reference}")
+
+
+def _attribute(rows: Iterable[Row], agreeing: Mapping[Row, str]) -> None:
+    """Blame each rank's first differing slot; later ones are inherited."""
+    first: dict[int, Row] = {}
+    for row in sorted(rows, key=lambda r: r.order):
+        if row.verdict != "error":
+            continue
+        if row.rank in first:
+            already = f"; rank {row.rank} already diverged at {first[row.rank].name} (step {first[row.rank].step})"
+            Judgement("warning", "inherited", row.message + already).apply(row)
+        else:
+            Judgement("error", "blamed", f"{row.message} ({agreeing[row]}): rank {row.rank} diverges here first").apply(row)
+            first[row.rank] = row
+
+
+def checked_ranks(run: reader.Run, ranks: Sequence[int] | None) -> list[int]:
+    """The ranks to check (default: every rank of the run), validated: present, two or more."""
+    selected = sorted(run.ranks) if ranks is None else sorted(set(ranks))
+    missing = [rank for rank in selected if rank not in run.ranks]
+    if missing:
+        raise ValueError(f"ranks: {missing} not in {run.path} (it has ranks {sorted(run.ranks)})")
+    if len(selected) < 2:
+        raise ValueError(f"{run.path}: ranks {selected} only; comparing across ranks needs two or more")
+    return selected
+
+
+def ranks_result(
+    dump: str | Path | reader.Run,
+    run: reader.Run,
+    selected: Sequence[int],
+    digests: Iterable[RankDigest],
+    overrides: Mapping[str, Tolerance],
+    tensors: bool,
+    threads: int | None,
+) -> RanksResult:
+    """The verdicts from every checked rank's digest (in rank order): the rows, with the records
+    read again from the reference ranks and the ranks that differ, and the metrics of those."""
+    slots, notes = _slots(progress.track(digests, "digesting ranks", total=len(selected), unit="rank"))
+    wanted: dict[int, set[SlotKey]] = {}
+    for key, slot in slots:
+        reference = slot.reference()
+        wanted.setdefault(reference[0], set()).add(key)
+        for ranks in slot.holders.values():
+            if ranks is not reference:
+                for rank in ranks:
+                    wanted.setdefault(rank, set()).add(key)
+    records = _records(run, wanted)
+    rows: list[Row] = []
+    differing: dict[Row, int] = {}  # row -> its reference rank
+    agreeing: dict[Row, str] = {}
+    for order, (key, slot) in enumerate(slots):
+        reference = slot.reference()
+        reference_record = records[reference[0], key]
+        holds = {rank: ranks for ranks in slot.holders.values() for rank in ranks}
+        for rank in selected:
+            ranks = holds.get(rank)
+            if ranks is reference:
+                row = Row.from_records(rank, reference_record, reference_record, "exact", float(order))
+                row.error = 0.0
+                Judgement("pass", "", "reference" if rank == reference[0] else "").apply(row)
+            elif ranks is None:
+                row = Row.from_records(rank, None, reference_record, "only_b", float(order))
+                Judgement("unmatched", "", f"not on rank {rank}").apply(row)
+            else:
+                row = Row.from_records(rank, records[rank, key], reference_record, "exact", float(order))
+                differing[row] = reference[0]
+                agreeing[row] = f"ranks {', '.join(map(str, reference))} hold the reference value"
+            rows.append(row)
+    tolerance_of = {row: overrides.get(lower_precision(row.dtype_a, row.dtype_b) or "", _EXACT) for row in differing}
+    comparable = [row for row in differing if row.shape_a == row.shape_b and row.dtype_a == row.dtype_b]
+    with metric_pool(threads) as pool:
+        results = pool.map(lambda row: _metrics(run, row, differing[row], tensors, tolerance_of[row]), comparable)
+        for row, metrics in zip(comparable, results):
+            row.error = metrics.pop("error", None)
+            row.metrics.update(metrics)
+    for row, reference_rank in differing.items():
+        row.tolerance = tolerance_of[row].rtol
+        _difference(row, reference_rank, row.tolerance).apply(row)
+    _attribute(rows, agreeing)
+    if not slots:
+        notes.append("no slot replicas must agree on: capture the optimizer step, parameters (level=mix) or collectives")
+    options = {"across_ranks": list(selected), "tolerances": {k: [v.rtol, v.atol] for k, v in overrides.items()}}
+    side = Side.of(dump, run)
+    return RanksResult(rows=rows, a=side, b=side, problems=notes, options=options)
+
+
+def compare_ranks(
+    dump: str | Path | reader.Run,
+    *,
+    ranks: Sequence[int] | None = None,
+    tolerances: Mapping[str, Any] | None = None,
+    tensors: bool = True,
+    threads: int | None = None,
+    workers: int = 1,
+) -> RanksResult:
+    """Compare the ranks of one run with each other where data-parallel replicas must agree.
+
+    Args:
+        dump: a dump path (its latest run) or a run folder.
+        ranks: the ranks of one data-parallel group (default: every rank of the run).
+        tolerances: per-dtype overrides as in :func:`torchdebug.compare`; by default values must
+            be bitwise equal (replicas run the same kernels on the same values).
+        tensors: compare saved tensors when there are any (else statistics).
+        threads: threads reading and hashing tensors, per process (default: the process's share of the cores).
+        workers: processes on this machine reading the ranks (each reads ranks ``w, w+N, ...`` in
+            turn); guard a script that sets it with ``if __name__ == "__main__"``.
+
+    Returns:
+        A :class:`RanksResult`; ``first_divergence`` names the first rank and op that disagree.
+    """
+    if workers < 1:
+        raise ValueError(f"workers: must be 1 or more, got {workers}")
+    run = open_dump(dump)
+    selected = checked_ranks(run, ranks)
+    overrides = parse_tolerances(tolerances)
+    workers = min(workers, len(selected))
+    if workers > 1:
+        digests = digests_in_processes(getattr(dump, "path", dump), selected, tensors, workers, threads)
+        return ranks_result(dump, run, selected, digests, overrides, tensors, threads)
+    with metric_pool(threads) as pool:
+        digests = (digest_rank(run.ranks[rank], tensors, pool) for rank in selected)
+        return ranks_result(dump, run, selected, digests, overrides, tensors, threads)

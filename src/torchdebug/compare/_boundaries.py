@@ -1,0 +1,228 @@
+"""Align what one side decomposed: eager ops against the groups of compiled nodes that stand for them.
+
+A compiled graph holds the decomposed form of many eager ops (``native_layer_norm`` becomes
+``var_mean``, ``sub``, ``rsqrt``, ``mul``, ``add``; ``gelu``'s backward a handful of ``mul``; a
+``detach`` or ``view`` disappears), so call-level matching leaves both the eager op and its nodes
+unpaired. What the two sides share is the group's **boundary**: the values that enter it and leave
+it. After call-level matching (:func:`torchdebug.compare._matching.match_records`), slots left over
+are paired by value, in two ways, and each runs again on what the other found:
+
+1. **Data flow.** A paired slot says that a value of A is a value of B; every other slot of B
+   holding that value (the same saved tensor, or the same dtype, shape and statistics: the output
+   of the op that made it, a ``detach`` of it) is paired with a slot of A holding the partner value,
+   an unpaired one first. This pairs the outputs of a decomposed op with the node whose value the
+   next matched op reads, its inputs with the values the group's nodes read, and the slots of ops
+   the compiler erased (``detach``, ``alias``, ``clone``) with the value they pass on.
+2. **Group boundary.** A slot of B still unpaired (the mean and ``rstd`` a LayerNorm saves for its
+   backward, the weight gradient of a decomposed backward) is paired with the unpaired slot of A in
+   the same step, phase and module, with the same direction, dtype and shape whose statistics are
+   closest, when they agree within the pair's tolerance. Nothing ties the two values but their
+   place and their agreement, so such a row says that the value exists on both sides, and passes:
+   a value the compiled graph holds differently, or never materialises (GELU's backward holds several
+   tensors of one shape, 5e-3 apart at the closest), stays unmatched instead of being paired with
+   another value (a false error). Differences show where the data flow pairs values (1.).
+
+These rows carry B's names (the eager op's call), so a decomposed op is judged as one call: its
+outputs against its inputs. Slots of A left over in a module where a decomposed eager op was aligned
+are the group's inner values (``how="inside"``, with the eager call in ``Pair.inside``): listed, not
+compared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+from torchdebug.compare._matching import Pair, identity, producers
+from torchdebug.compare._metrics import stats_metrics
+from torchdebug.compare._tolerances import tolerance_for
+from torchdebug.records import NO_MODULE, Record
+
+__all__ = ["align_boundaries", "unpaired_calls"]
+
+_OUTPUTS = ("output", "parameter_grad")
+_ROOT = "<root>"  # the module path of the model itself in both captures' names
+
+
+def _module(record: Record) -> str:
+    """The module of a slot, ops outside every module counted as the root module's: a compiled graph
+    traced from a function the model's forward calls after a graph break (the loss of a Hugging
+    Face model) knows no module, where eager capture saw the root module's forward."""
+    return _ROOT if record.module == NO_MODULE else record.module
+
+
+def _region(record: Record) -> tuple[int, str, str]:
+    return record.step, record.phase, _module(record)
+
+
+def _value(record: Record) -> tuple | None:
+    """The value a slot holds within its step (values of other steps are other values)."""
+    value = identity(record)
+    return None if value is None else (record.step, value)
+
+
+def _direction(record: Record) -> bool:
+    return record.io in _OUTPUTS
+
+
+class _Aligner:
+    """The pairs of one rank, with the slots each side still has unpaired, indexed by value."""
+
+    def __init__(self, pairs: list[Pair]) -> None:
+        self.pairs = pairs
+        self.partner_b: dict[tuple, tuple] = {}  # B's value -> A's value
+        for pair in pairs:
+            if pair.a is not None and pair.b is not None:
+                self._link(pair.a, pair.b)
+
+    def _link(self, a: Record, b: Record) -> None:
+        value_a, value_b = _value(a), _value(b)
+        if value_a is not None and value_b is not None:
+            self.partner_b.setdefault(value_b, value_a)
+
+    def _left(self, side: str) -> list[tuple[Pair, Record]]:
+        """The pairs holding a tensor slot of ``side`` only, with that slot."""
+        how = "only_a" if side == "a" else "only_b"
+        return [(p, record) for p in self.pairs if p.how == how and (record := getattr(p, side)).kind == "tensor"]
+
+    def _join(self, holder: Pair, left_b: Pair, how: str) -> None:
+        """Give the B-only pair the slot of A that ``holder`` has (dropping ``holder`` when it was A-only:
+        a slot paired already stays in its pair too, holding a value an erased eager op passed on)."""
+        left_b.a, left_b.how = holder.a, how
+        if holder.how == "only_a":
+            holder.how = ""  # dropped by align_boundaries()
+        self._link(left_b.a, left_b.b)  # type: ignore[arg-type]
+
+    def by_value(self) -> int:
+        """Pair left-over slots holding partner values (1. in the module docstring; where, see
+        :func:`_nearness`)."""
+        holders: dict[tuple, list[tuple[Pair, Record]]] = defaultdict(list)
+        for pair in self.pairs:
+            value = _value(pair.a) if pair.a is not None and pair.how else None
+            if value is not None:
+                holders[value].append((pair, pair.a))  # type: ignore[arg-type]
+        joined = 0
+        for left_b, b in self._left("b"):
+            value_b = _value(b)
+            value_a = self.partner_b.get(value_b) if value_b is not None else None
+            ranked = []  # the nearest, an unpaired slot of A first, then one in the same direction
+            for holder, a in holders.get(value_a, ()) if value_a is not None else ():
+                nearness = _nearness(a, b)
+                if holder.how and nearness is not None:
+                    ranked.append(((nearness, holder.how != "only_a", _direction(a) != _direction(b)), holder))
+            if ranked:
+                self._join(min(ranked, key=lambda found: found[0])[1], left_b, "value")
+                joined += 1
+        return joined
+
+    def by_boundary(self) -> int:
+        """Pair left-over slots of B with A's of the same region, direction, dtype and shape (2.)."""
+        candidates: dict[tuple, list[tuple[Pair, Record]]] = defaultdict(list)
+        for pair, a in self._left("a"):
+            candidates[(*_region(a), _direction(a), a.dtype, tuple(a.shape or ()))].append((pair, a))
+        joined = 0
+        for left_b, b in self._left("b"):
+            free = [
+                (_distance(a, b), pair, a)
+                for pair, a in candidates.get((*_region(b), _direction(b), b.dtype, tuple(b.shape or ())), ())
+                if pair.how == "only_a"
+            ]
+            if free:
+                _, best, a = min(free, key=lambda found: found[0])
+                if _agree(a, b):
+                    self._join(best, left_b, "group")
+                    joined += 1
+        return joined
+
+    def mark_inside(self, decomposed: set[str]) -> None:
+        """A-only slots in a module where a decomposed eager call was aligned: inside the one of its
+        decomposed calls whose aligned outputs their values flow into through A-only calls, else the
+        first aligned at or after them in A's order (else the last one)."""
+        records = {id(p.a): p.a for p in self.pairs if p.a is not None}
+        ordered = [records[i] for i in sorted(records, key=lambda i: (records[i].step, records[i].seq))]
+        consumers: dict[tuple[int, str], set[str]] = defaultdict(set)  # A's (step, call) -> calls reading it
+        made_by = producers(ordered)
+        for record in ordered:
+            producer = made_by.get(id(record))
+            if producer is not None:
+                consumers[(record.step, producer[0])].add(record.call_name)
+        owner: dict[tuple[int, str], str] = {}  # A's (step, call) -> the decomposed eager call it computes
+        boundaries: dict[tuple, list[tuple[int, str]]] = defaultdict(list)
+        for pair in self.pairs:
+            a, b = pair.a, pair.b
+            if pair.how in ("value", "group") and b.call_name in decomposed:  # type: ignore[union-attr]
+                boundaries[_region(b)].append((a.seq, b.call_name))  # type: ignore[arg-type, union-attr]
+                if _direction(b) and _direction(a):  # type: ignore[arg-type]
+                    owner.setdefault((a.step, a.call_name), b.call_name)  # type: ignore[union-attr]
+        left = [p for p in self.pairs if p.how == "only_a"]
+        for pair in sorted(left, key=lambda p: -p.a.seq):  # type: ignore[union-attr]  # consumers first
+            key = (pair.a.step, pair.a.call_name)  # type: ignore[union-attr]
+            if key not in owner:
+                found = [owner[(key[0], c)] for c in sorted(consumers.get(key, ())) if (key[0], c) in owner]
+                if found:
+                    owner[key] = found[0]
+        for found in boundaries.values():
+            found.sort()
+        for pair in left:
+            a = pair.a
+            found = boundaries.get(_region(a))  # type: ignore[arg-type]
+            if found:
+                pair.how = "inside"
+                flows_into = owner.get((a.step, a.call_name))  # type: ignore[union-attr]
+                if any(name == flows_into for _, name in found):
+                    pair.inside = flows_into
+                else:
+                    pair.inside = next((name for seq, name in found if seq >= a.seq), found[-1][1])  # type: ignore[union-attr]
+
+
+def _nearness(a: Record, b: Record) -> int | None:
+    """How near a slot of A holding the partner value of B's slot is to it: 0 in the same phase and
+    module, 1 in the same module (a backward op reading what its forward saved, which the compiled
+    forward graph holds), 2 in the same phase (a value passed on across modules); a constant value
+    (zeros, a scalar: many unrelated tensors share its statistics) only in the same module."""
+    same_phase, same_module = a.phase == b.phase, _module(a) == _module(b)
+    if same_module and (same_phase or (b.phase, a.phase) == ("backward", "forward")):
+        return 0 if same_phase else 1
+    return 2 if same_phase and not _constant(b) else None
+
+
+def _constant(record: Record) -> bool:
+    """A value whose statistics many unrelated tensors share (all elements equal: zeros, a scalar)."""
+    stats = record.stats or {}
+    return stats.get("min") == stats.get("max")
+
+
+def _distance(a: Record, b: Record, atol: float = 0.0) -> float:
+    """How far apart two slots' statistics are: scale-relative, on the scale floor ``atol`` (infinite
+    without statistics, and where one side holds NaN/Inf the other does not: a masked ``-inf`` is not
+    the finite scores it was written into). Candidates are ranked without a floor, which would make
+    all small values equal."""
+    metrics = stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or ()), atol=atol)
+    error = metrics.get("error")
+    if error is None or math.isnan(error) or metrics.get("nonfinite_mismatch"):
+        return math.inf
+    return error
+
+
+def _agree(a: Record, b: Record) -> bool:
+    """Whether two slots' statistics agree within the pair's tolerance, as their row would judge them."""
+    tolerance = tolerance_for(a.dtype, b.dtype)
+    return _distance(a, b, tolerance.atol) <= tolerance.rtol
+
+
+def align_boundaries(pairs: list[Pair], decomposed: set[str]) -> list[Pair]:
+    """``pairs`` with left-over slots paired by value (``how="value"``), at group boundaries
+    (``"group"``) and marked ``"inside"`` (see the module docstring). ``decomposed``: the call names
+    of B that call-level matching left unpaired."""
+    aligner = _Aligner(pairs)
+    while aligner.by_value() + aligner.by_boundary():
+        pass
+    aligner.mark_inside(decomposed)
+    return [p for p in aligner.pairs if p.how]
+
+
+def unpaired_calls(pairs: Sequence[Pair]) -> set[str]:
+    """Call names of B with no slot paired."""
+    paired = {p.b.call_name for p in pairs if p.b is not None and p.a is not None}
+    return {p.b.call_name for p in pairs if p.b is not None and p.a is None} - paired

@@ -1,0 +1,121 @@
+"""``CompareConfig``: the validated options of one comparison, declared once.
+
+The same kind of object as every torchdebug config (:mod:`torchdebug.options`): a keyword-only
+slotted dataclass checked when built, raising one-line :class:`~torchdebug.errors.ConfigError` s
+that name the option. Its fields are also :func:`torchdebug.compare`'s keyword options and
+``torchdebug compare``'s flags (generated from them). It is picklable: worker processes of a
+distributed compare receive it.
+
+The command line imports this module to build ``torchdebug compare --help``, so it imports nothing
+that loads torch; the validators import what they need when they run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+from torchdebug.errors import ConfigError
+from torchdebug.options import Flag, Options, boolean, configclass, integer_text, number, number_text, option, optional
+
+TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from torchdebug.compare._matching import NameMapping
+    from torchdebug.compare._tolerances import Tolerance
+
+
+def _tolerances(key: str, value: Any) -> dict[str, Tolerance]:
+    from torchdebug.compare._tolerances import parse_tolerances
+
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(f"{key}: got {value!r}, expected a mapping of dtype to rtol or {{'rtol': ..., 'atol': ...}}")
+    return parse_tolerances(value, key)
+
+
+def _tolerance_text(text: str) -> dict[str, dict[str, float]]:
+    """One ``--tolerance``: ``bfloat16=0.02`` or ``float32=1e-5,1e-6`` (rtol[,atol])."""
+    dtype, _, values = text.partition("=")
+    try:
+        numbers = [float(v) for v in values.split(",")]
+    except ValueError:
+        numbers = []
+    if not dtype or not 1 <= len(numbers) <= 2:
+        raise ValueError(f"got {text!r}, expected DTYPE=RTOL or DTYPE=RTOL,ATOL (e.g. bfloat16=0.02)")
+    return {dtype: dict(zip(("rtol", "atol"), numbers))}
+
+
+def _mapping(key: str, value: Any) -> NameMapping:
+    from torchdebug.compare._matching import load_mapping
+
+    return load_mapping(value)
+
+
+@configclass
+class CompareConfig(Options):
+    """Options of :func:`torchdebug.compare` and ``torchdebug compare``."""
+
+    tolerances: dict[str, Tolerance] = field(
+        default_factory=dict,
+        metadata=option(
+            "Per-dtype tolerance overrides: {'bfloat16': 0.02} (rtol) or {'float32': {'rtol': 1e-5, 'atol': 1e-6}}, "
+            "on the command line bfloat16=0.02 or float32=1e-5,1e-6 once per dtype; other dtypes keep torch.testing's.",
+            _tolerances,
+            flag=Flag(parse=_tolerance_text, word="tolerance", metavar="DTYPE=RTOL[,ATOL]", repeated=True),
+        ),
+    )
+    mapping: NameMapping | None = field(
+        default=None,
+        metadata=option(
+            "Module and op renames applied to A: {'modules': {old: new}, 'ops': {old: new}}, or a JSON/YAML file of it.",
+            _mapping,
+            flag=Flag(metavar="FILE"),
+        ),
+    )
+    growth: float = field(
+        default=16.0,
+        metadata=option(
+            "How much an op may amplify the error of its inputs before it is blamed.",
+            number(1),
+            flag=Flag(parse=number_text),
+        ),
+    )
+    tensors: bool = field(
+        default=True,
+        metadata=option(
+            "Compare saved tensors where both sides have them (off: statistics only).",
+            boolean,
+            flag=Flag(old=("--statistics-only", "--stats-only")),
+        ),
+    )
+    threads: int | None = field(
+        default=None,
+        metadata=option(
+            "Threads for tensor metrics per process (default: the process's share of the cores; torch's "
+            "intra-op threads are set to 1 meanwhile and restored after).",
+            optional(number(1, integer=True)),
+            flag=Flag(parse=integer_text, metavar="N"),
+        ),
+    )
+    workers: int = field(
+        default=1,
+        metadata=option(
+            "Processes to split the work over on this machine (by rank, then by tensor file; not under torchrun).",
+            number(1, integer=True),
+            flag=Flag(parse=integer_text, metavar="N"),
+        ),
+    )
+    replay: bool = field(
+        default=False,
+        metadata=option(
+            "Re-run every op call with an output beyond tolerance in float64 on each side's own saved inputs, and "
+            "blame a call far from its replay even when its inputs carry inherited error (task='tensor' dumps; "
+            "about one more pass over those calls).",
+            boolean,
+        ),
+    )
+
+    def options(self) -> dict[str, Any]:
+        """What the result records of the options (JSON-ready)."""
+        tolerances = {k: [v.rtol, v.atol] for k, v in self.tolerances.items()}
+        return {"growth": self.growth, "tolerances": tolerances, "replay": self.replay}

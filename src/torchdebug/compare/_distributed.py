@@ -1,0 +1,340 @@
+"""Compare over several processes with torch.distributed; process 0 gathers the one result.
+
+Three ways in, one code path:
+
+* ``compare(a, b, workers=N)`` / ``torchdebug compare A B --workers N``: spawns N processes on this
+  machine (gloo, file rendezvous in a temporary folder) and returns the result in the caller;
+* ``torchrun --nproc-per-node N -m torchdebug compare A B``: every process torchrun starts is a
+  worker (gloo, ``env://`` rendezvous; several nodes work the same way);
+* :func:`compare_distributed` on every process of an initialised process group.
+
+Every worker opens both dumps (manifests only) and computes the same plan. With R ranks in
+common and W workers: if R >= W, worker ``w`` takes ranks ``w, w+W, ...`` whole (matches,
+computes, judges them); if R < W, the workers ``w ≡ i (mod R)`` share rank ``i``: each matches it
+(cheap next to tensor metrics) and computes the tensor jobs of its contiguous range of tensor files,
+balanced by element count; part 0 also sends the rows, and process 0 applies every part's metrics
+and judges. Rows (with their records) and metrics travel with ``gather_object``, pickled in memory
+between workers; dump data is only read through the dump reader (JSON, safetensors), never
+unpickled from disk. Each worker's metrics are computed exactly as in one process (one tensor
+pair per thread, float64, torch's intra-op threads off), so the gathered result is the same.
+
+The cross-rank check (``torchrun ... -m torchdebug compare --across-ranks DUMP``,
+:func:`compare_ranks_distributed`) goes round by round: in round ``k`` worker ``w`` digests dump
+rank ``ranks[w + k*W]`` (:mod:`~torchdebug.compare._replica_digests`) and process 0 gathers the
+round's digests as JSON bytes in tensors (:func:`torchdebug.dist.gather_to_rank0`, no pickle) and
+folds them in; so it holds a round's digests at a time, then judges alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import queue
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchdebug.compare._across_ranks import RanksResult, checked_ranks, ranks_result
+from torchdebug.compare._config import CompareConfig
+from torchdebug.compare._replica_digests import RankDigest, digest_rank, share_of_cores
+from torchdebug.compare._result import CompareResult
+from torchdebug.compare._rows import Row
+from torchdebug.compare._steps import (
+    JobKey,
+    Pairing,
+    apply_metrics,
+    attribute,
+    compare_rank,
+    compute_jobs,
+    finish,
+    match_rank,
+    metric_pool,
+    open_dump,
+    open_pair,
+    rank_notes,
+    tensor_jobs,
+)
+from torchdebug.compare._tolerances import parse_tolerances
+from torchdebug.dist import broadcast_from_rank0, gather_to_rank0
+from torchdebug.errors import TorchDebugError
+from torchdebug.gc_paused import paused_gc
+from torchdebug.options import accepts
+
+__all__ = [
+    "Share",
+    "plan",
+    "compare_distributed",
+    "compare_ranks_distributed",
+    "spawn_compare",
+    "launched_by_torchrun",
+    "process_group_from_env",
+]
+
+_EXPECTED = (TorchDebugError, ValueError, OSError)
+"""Errors a worker reports to the others instead of leaving them waiting in a collective."""
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One worker's part of one dump rank: ``part`` of ``parts`` (``parts == 1``: the whole rank)."""
+
+    rank: int
+    part: int = 0
+    parts: int = 1
+
+
+def plan(ranks: Sequence[int], world_size: int) -> list[list[Share]]:
+    """The shares of each worker (the same on every worker; see the module docstring)."""
+    if len(ranks) >= world_size:
+        return [[Share(rank) for rank in ranks[worker::world_size]] for worker in range(world_size)]
+    count = len(ranks)
+    return [
+        [Share(ranks[worker % count], worker // count, len(range(worker % count, world_size, count)))]
+        for worker in range(world_size)
+    ]
+
+
+def _part_of(jobs: Mapping[JobKey, list[Row]], share: Share) -> list[JobKey]:
+    """The jobs of one part: a contiguous range in file order, balanced by element count."""
+    keys = sorted(jobs, key=str)  # (folder, file, key, view) of side A first: file order
+    sizes = [max(1, math.prod(jobs[key][0].shape_a or [])) for key in keys]
+    total, before, mine = sum(sizes), 0, []
+    for key, size in zip(keys, sizes):
+        if min(share.parts - 1, (before + size // 2) * share.parts // total) == share.part:
+            mine.append(key)
+        before += size
+    return mine
+
+
+@dataclass(slots=True)
+class _Piece:
+    """What a worker sends for one share: rows (whole rank, or part 0), and tensor metrics by job."""
+
+    rank: int
+    rows: list[Row] | None = None
+    judged: bool = False
+    notes: list[str] = dataclasses.field(default_factory=list)
+    groups: dict[JobKey, list[int]] | None = None
+    """Part 0: the row indices of each tensor job, so process 0 can apply every part's metrics."""
+    metrics: dict[JobKey, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+
+def _work(shares: list[Share], pairing: Pairing, settings: CompareConfig) -> list[_Piece]:
+    pieces = []
+    with paused_gc(), metric_pool(settings.threads) as pool:
+        for share in shares:
+            if share.parts == 1:
+                rows = compare_rank(share.rank, pairing, settings, pool)
+                pieces.append(_Piece(share.rank, rows, judged=True, notes=rank_notes(share.rank, pairing)))
+                continue
+            dump_a, dump_b = pairing.a.run.ranks[share.rank], pairing.b.run.ranks[share.rank]
+            rows = match_rank(share.rank, dump_a, dump_b, settings)
+            jobs = tensor_jobs(rows, dump_a, dump_b) if settings.tensors else {}
+            mine = _part_of(jobs, share)
+            metrics = dict(zip(mine, compute_jobs([jobs[key] for key in mine], dump_a, dump_b, settings.tolerances, pool)))
+            if share.part == 0:
+                index = {id(row): position for position, row in enumerate(rows)}
+                groups = {key: [index[id(row)] for row in group] for key, group in jobs.items()}
+                pieces.append(_Piece(share.rank, rows, notes=rank_notes(share.rank, pairing), groups=groups, metrics=metrics))
+            else:
+                pieces.append(_Piece(share.rank, metrics=metrics))
+    return pieces
+
+
+def _merge(pieces: list[_Piece], pairing: Pairing, settings: CompareConfig) -> tuple[list[Row], list[str]]:
+    """Rows and notes of every rank, in rank order, with split ranks' metrics applied and judged
+    (replayed here, when asked: which calls diverge is known once every part's metrics are in)."""
+    by_rank: dict[int, list[_Piece]] = defaultdict(list)
+    for piece in pieces:
+        by_rank[piece.rank].append(piece)
+    rows: list[Row] = []
+    notes: list[str] = []
+    with metric_pool(settings.threads) as pool:
+        for rank in pairing.ranks:
+            main = next(piece for piece in by_rank[rank] if piece.rows is not None)
+            assert main.rows is not None
+            if not main.judged:
+                metrics = {key: value for piece in by_rank[rank] for key, value in piece.metrics.items()}
+                groups = main.groups or {}
+                apply_metrics([[main.rows[i] for i in groups[key]] for key in groups], [metrics[key] for key in groups])
+                attribute(main.rows, pairing.a.run.ranks[rank], pairing.b.run.ranks[rank], settings, pool)
+            rows.extend(main.rows)
+            notes.extend(main.notes)
+    return rows, notes
+
+
+def _compare_in_group(a: str | Path, b: str | Path, settings: CompareConfig) -> CompareResult | None:
+    """Run on every process of the default group; the result on process 0, ``None`` elsewhere.
+    An expected error on any worker is raised on every worker (none is left waiting)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    outcome: list[_Piece] | Exception
+    pairing = None
+    try:
+        pairing = open_pair(a, b)
+        outcome = _work(plan(pairing.ranks, world_size)[rank], pairing, settings)
+    except _EXPECTED as error:
+        outcome = error
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object(outcome, gathered, dst=0)
+    result, failure = None, None
+    if gathered is not None:
+        failure = next((item for item in gathered if isinstance(item, Exception)), None)
+        if failure is None and pairing is not None:
+            try:
+                rows, notes = _merge([piece for pieces in gathered for piece in pieces], pairing, settings)
+                result = finish(rows, notes, pairing, settings)
+            except _EXPECTED as error:
+                failure = error
+    box = [failure]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise box[0]
+    return result
+
+
+@accepts(CompareConfig)
+def compare_distributed(a: str | Path, b: str | Path, *, config: CompareConfig) -> CompareResult | None:
+    """:func:`torchdebug.compare` split over the processes of the initialised default process group.
+
+    Call it on every process (same arguments); process 0 gets the result, the others ``None``.
+    ``config`` and the keyword options are :func:`torchdebug.compare`'s (``workers`` aside: the
+    group's processes are the workers); ``threads`` defaults to the cores per process on this node.
+    """
+    _require_group("compare_distributed", "compare(..., workers=N)")
+    if config.threads is None:
+        config = dataclasses.replace(config, threads=_node_threads())
+    return _compare_in_group(a, b, config)
+
+
+def _require_group(function: str, instead: str) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"{function}: torch.distributed is not initialised; call init_process_group first, or use {instead}")
+
+
+def _node_threads() -> int:
+    """This process's share of its node's cores (torchrun's ``LOCAL_WORLD_SIZE`` processes share them)."""
+    return share_of_cores(int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
+
+
+def _digests_in_group(run: Any, selected: Sequence[int], tensors: bool, threads: int) -> Iterator[RankDigest]:
+    """Run on every process: the checked ranks' digests in rank order on process 0 (nothing on the
+    others), a round of one rank per process at a time (module docstring). An expected error on any
+    process is raised on every process once the rounds are over (none is left waiting)."""
+    process, processes = dist.get_rank(), dist.get_world_size()
+    failure = ""
+    with metric_pool(threads) as pool:
+        for first in range(0, len(selected), processes):
+            mine = selected[first + process] if first + process < len(selected) else None
+            try:
+                payload = "" if mine is None else json.dumps(digest_rank(run.ranks[mine], tensors, pool).to_plain())
+            except _EXPECTED as error:
+                payload = json.dumps({"error": f"rank {mine}: {error}"})
+            for data in gather_to_rank0(payload.encode()) or []:
+                plain = json.loads(data) if data else None
+                if plain is not None and "error" in plain:
+                    failure = failure or plain["error"]
+                elif plain is not None and not failure:
+                    yield RankDigest.from_plain(plain)
+    failure = broadcast_from_rank0(failure)
+    if failure:
+        raise ValueError(failure)
+
+
+def compare_ranks_distributed(
+    dump: str | Path,
+    *,
+    ranks: Sequence[int] | None = None,
+    tolerances: Mapping[str, Any] | None = None,
+    tensors: bool = True,
+    threads: int | None = None,
+) -> RanksResult | None:
+    """:func:`~torchdebug.compare.compare_ranks` split over the processes of the initialised default
+    process group: each digests its share of the dump's ranks, process 0 gathers the digests and
+    judges. Call it on every process (same arguments); process 0 gets the result, the others
+    ``None``. ``threads`` defaults to the cores per process on this node. Every process must see the
+    dump at the same path; process 0 reads again the reference ranks and those that differ."""
+    _require_group("compare_ranks_distributed", "compare_ranks(..., workers=N)")
+    run = open_dump(dump)
+    selected = checked_ranks(run, ranks)
+    overrides = parse_tolerances(tolerances)
+    digests = _digests_in_group(run, selected, tensors, threads or _node_threads())
+    if dist.get_rank() != 0:
+        for _ in digests:  # nothing comes out here: the rounds run, process 0 gathers
+            pass
+        return None
+    return ranks_result(dump, run, selected, digests, overrides, tensors, threads)
+
+
+def _spawned(index: int, world_size: int, init_method: str, a: str, b: str, settings: CompareConfig, results: Any) -> None:
+    """A spawned worker: join the group, do its share; process 0 hands the outcome to the parent."""
+    dist.init_process_group("gloo", init_method=init_method, rank=index, world_size=world_size)
+    try:
+        try:
+            result = _compare_in_group(a, b, settings)
+            outcome: Any = (result.rows, result.problems) if result is not None else None
+        except _EXPECTED as error:
+            outcome = error
+        if index == 0:
+            results.put(outcome)
+    finally:
+        dist.destroy_process_group()
+
+
+def _wait(results: Any, processes: mp.ProcessContext) -> Any:
+    """Process 0's outcome; a worker that died raises (and the others are stopped)."""
+    while True:
+        try:
+            outcome = results.get(timeout=0.2)
+            break
+        except queue.Empty:
+            if processes.join(timeout=0):
+                raise RuntimeError("compare workers exited without a result") from None
+    while not processes.join():
+        pass
+    return outcome
+
+
+def spawn_compare(a: Any, b: Any, settings: CompareConfig) -> CompareResult:
+    """Spawn ``settings.workers`` processes on this machine to compare ``a`` and ``b``; the result comes back here."""
+    workers = settings.workers
+    pairing = open_pair(a, b)  # bad paths fail here, before any process starts
+    if settings.threads is None:
+        settings = dataclasses.replace(settings, threads=share_of_cores(workers))
+    results = mp.get_context("spawn").Queue()
+    with tempfile.TemporaryDirectory(prefix="torchdebug-compare-") as temp:
+        init_method = Path(temp, "rendezvous").as_uri()
+        args = (workers, init_method, pairing.a.path, pairing.b.path, settings, results)
+        processes = mp.start_processes(_spawned, args=args, nprocs=workers, join=False, start_method="spawn")
+        outcome = _wait(results, processes)
+    if isinstance(outcome, Exception):
+        raise outcome
+    rows, problems = outcome
+    return CompareResult(rows=rows, a=pairing.a, b=pairing.b, problems=problems, options=settings.options())
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun (or a launcher setting the same variables) started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ and "MASTER_ADDR" in os.environ
+
+
+@contextmanager
+def process_group_from_env() -> Iterator[None]:
+    """Inside the block, the gloo process group torchrun's variables describe (``env://``); one
+    that is already initialised is used as it is."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,123 @@
+"""Where each judged row's value came from, and what blame or dtype constant it carries.
+
+The rules (:mod:`torchdebug.compare._rules`) judge an input against the tensor its producer made
+(:func:`torchdebug.compare._matching.producers`; those matching found, when it hands them on: the
+same saved tensor, or the same dtype, shape and statistics, looking through casts), traced through
+the calls only one side runs back to matched rows; and an inherited row names the blamed row, or
+the constant made for the dtype, whose error it carries. :class:`Flow` holds both for one judging of one rank's rows.
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Sequence
+from fractions import Fraction
+
+from torchdebug.compare._comparable import DataShapes, data_records
+from torchdebug.compare._judgement import Judgement
+from torchdebug.compare._matching import Producers, execution_order
+from torchdebug.compare._rows import Row
+from torchdebug.records import Record
+
+__all__ = ["Flow", "OUTPUT_IO"]
+
+OUTPUT_IO = ("output", "parameter_grad")
+"""The ``io`` of a call's output slots; every other ``io`` is an input."""
+_MAX_TRACE = 8
+"""How many ops only one side runs are followed back from an input (a cast chain, a hook)."""
+
+
+def _records(rows: Sequence[Row], side: str) -> list[Record]:
+    """One side's records of ``rows``, in row order."""
+    if side == "a":
+        return [row.record_a for row in rows if row.record_a is not None]
+    return [row.record_b for row in rows if row.record_b is not None]
+
+
+class Flow:
+    """The data flow of one rank's rows and what the rows judged so far carry."""
+
+    def __init__(self, rows: Sequence[Row], split: Fraction | None = None, made: Producers | None = None) -> None:
+        """``made``: the producers matching found for the rows' records (else traced from the rows)."""
+        self.slots: dict[str, dict[int, dict[str, Row]]] = {"a": {}, "b": {}}
+        """Per side and step, the row of each slot name."""
+        self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
+        reshaped = False
+        for row in rows:
+            matched = row.record_a is not None and row.record_b is not None
+            reshaped = reshaped or matched and row.shape_a != row.shape_b and row.kind == "tensor"
+            for side, record in (("a", row.record_a), ("b", row.record_b)):
+                if record is None:
+                    continue
+                names = self.slots[side].get(record.step)
+                if names is None:
+                    names = self.slots[side][record.step] = {}
+                names[record.name] = row
+                if not matched:
+                    self.one_sided.setdefault((side, record.step, record.call_name), []).append(row)
+        if made is None:
+            made = Producers.of(_records(rows, "a"), _records(rows, "b"))
+        self.made = {"a": made.a, "b": made.b}
+        """Per side, the candidate producers of its input slots (the first is where the tensor came from)."""
+        data: dict[str, set[int]] = {"a": set(), "b": set()}
+        parameters: set[int] = set()
+        if reshaped:  # which values are data matters only where shapes differ
+            for side in ("a", "b"):
+                side_records = _records(rows, side)
+                ordered = [side_records[i] for i in execution_order(side_records)]
+                data[side], held = data_records(ordered, {key: found[0] for key, found in self.made[side].items()})
+                parameters |= held
+        self.shapes = DataShapes(rows, data, ChainMap(made.a, made.b), parameters, split)
+        """Where shapes differ because the runs' inputs do."""
+        self.carrying: dict[Row, Judgement] = {}
+        """The judgements of the rows that are or carry a blame or a constant made for the dtype."""
+
+    def sources(self, row: Row, side: str, depth: int = 0) -> tuple[list[Row], list[str]] | None:
+        """The matched rows whose tensor input ``row`` holds on ``side`` and the ops only that side
+        ran on the way; ``None`` when unknown."""
+        record = row.record_a if side == "a" else row.record_b
+        made = self.made[side].get(id(record))
+        if record is None or made is None:
+            return None
+        link = made[0]
+        producer = self.slots[side].get(record.step, {}).get(f"{link[0]}/{link[1]}")
+        if producer is None or producer.order >= row.order:
+            return None  # a producer in another step, or not before this row: no reliable link
+        if producer.matched:
+            return [producer], []
+        if depth >= _MAX_TRACE:
+            return None
+        found, via = [], [producer.op]
+        for other in self.one_sided.get((side, record.step, link[0]), []):
+            if other.io not in OUTPUT_IO and other.kind == "tensor":
+                traced = self.sources(other, side, depth + 1)
+                if traced is not None:
+                    found += traced[0]
+                    via += traced[1]
+        return (found, via) if found else None
+
+    def carried(self, sources: Sequence[Row]) -> tuple[str | None, str | None]:
+        """What a row computed from ``sources`` carries: ``(origin, None)`` with the first blamed
+        row among them (or the one they carry); else ``(None, constant)`` when the source with the
+        largest error is or carries a constant made for the dtype; else ``(None, None)``."""
+        for source in sources:
+            judged = self.carrying.get(source)
+            origin = judged.origin if judged is not None else None
+            if origin is None and source.attribution == "blamed":
+                origin = source.name
+            if origin is not None:
+                return origin, None
+        largest = max(sources, key=lambda source: source.error or 0.0, default=None)
+        judged = self.carrying.get(largest) if largest is not None else None
+        return None, judged.constant if judged is not None else None
+
+    def record(self, row: Row, judgement: Judgement) -> None:
+        """Keep ``row``'s judgement when it is or carries a blame or a dtype constant."""
+        if judgement.origin is not None or judgement.constant is not None:
+            self.carrying[row] = judgement
+
+    def counts(self, row: Row) -> bool:
+        """Whether ``row``'s error counts as error seen upstream: not a constant made for the dtype
+        (or what carries it), not a value that cannot be compared."""
+        judged = self.carrying.get(row)
+        return row.verdict != "incomparable" and (judged is None or judged.constant is None)

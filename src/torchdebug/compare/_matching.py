@@ -1,0 +1,611 @@
+"""Pair the records of two dumps: exact names first, then an order-preserving alignment.
+
+1. Optionally rename side A with a mapping (module prefixes, op names) so renamed code still lines up.
+2. Calls whose ``(step, call name)`` and tensor shapes are the same on both sides are paired, slot
+   by slot (``exact``/``mapped``).
+3. The calls left over are aligned inside each ``(step, phase, module)`` in execution order
+   (``difflib``'s longest matching blocks), first by op and shapes, then by op alone, so ops inserted
+   or removed on one side (the extra casts of an autocast run) or calls that swapped places (the
+   order of gradient accumulation) do not shift everything after them. No strategy pairs calls
+   whose inputs come from producers paired with other calls (partial sums of gradients added in
+   another order). Slots of aligned calls are paired by ``io.arg`` (``aligned``).
+4. Once every call has its partner, pairs are checked again: a call paired by name before the
+   producers of its inputs were paired (they were aligned later) is freed when its inputs come from
+   producers paired with other calls, and aligned again by data flow (:func:`_repair`).
+5. Everything else is kept as ``only_a`` / ``only_b``: nothing is dropped silently.
+
+When a side was captured in compiled graphs (``compiled=True``), steps 2 and 3 pair calls by index
+or order only where both sides have as many calls of the op in that step, phase and module;
+:mod:`torchdebug.compare._boundaries` then pairs the slots of the ops the compiler decomposed.
+
+Pairs come back in execution order (side A's, with B-only calls placed after the call that precedes
+them on side B).
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+from typing import NamedTuple
+
+from torchdebug.config import read_mapping_file
+from torchdebug.errors import ConfigError
+from torchdebug.records import PHASES, Record, make_call_name, split_call_name
+
+__all__ = [
+    "Pair",
+    "NameMapping",
+    "Producers",
+    "load_mapping",
+    "match_records",
+    "execution_order",
+    "identity",
+    "producers",
+    "candidate_producers",
+]
+
+_PHASE_ORDER = {phase: index for index, phase in enumerate(PHASES)}
+_OUTPUTS = ("output", "parameter_grad")
+
+
+@dataclass(frozen=True, slots=True)
+class NameMapping:
+    """Renames applied to side A before matching: module path prefixes and op names."""
+
+    modules: dict[str, str] = field(default_factory=dict)
+    ops: dict[str, str] = field(default_factory=dict)
+
+    def module(self, module: str) -> str:
+        """The module path with the longest matching prefix replaced."""
+        for old in sorted(self.modules, key=len, reverse=True):
+            if module == old or module.startswith(old + "."):
+                return self.modules[old] + module[len(old) :]
+        return module
+
+    def __bool__(self) -> bool:
+        return bool(self.modules or self.ops)
+
+
+def load_mapping(source: str | Path | Mapping[str, object] | None) -> NameMapping:
+    """Read a mapping file (JSON, or YAML with pyyaml) or dict: ``{"modules": {...}, "ops": {...}}``."""
+    if source is None:
+        return NameMapping()
+    if isinstance(source, NameMapping):
+        return source
+    if isinstance(source, Mapping):
+        data = dict(source)
+        where = "mapping"
+    else:
+        where = str(source)
+        data = read_mapping_file(source, "mapping")
+    if not isinstance(data, dict) or set(data) - {"modules", "ops"}:
+        got = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"{where}: expected keys 'modules' and/or 'ops', got {got}")
+    for key in ("modules", "ops"):
+        section = data.get(key) or {}
+        if not isinstance(section, dict) or not all(isinstance(v, str) for v in section.values()):
+            raise ConfigError(f"{where}: '{key}' must map names to names, got {section!r}")
+    return NameMapping(modules=dict(data.get("modules") or {}), ops=dict(data.get("ops") or {}))
+
+
+@dataclass(slots=True)
+class Pair:
+    """Two records that compare with each other (either may be ``None``) and how they were paired."""
+
+    a: Record | None
+    b: Record | None
+    how: str
+    """``exact``, ``mapped``, ``aligned``, ``only_a`` or ``only_b``; after
+    :func:`torchdebug.compare._boundaries.align_boundaries` also ``value``, ``group`` or ``inside``."""
+    order: float = 0.0
+    """Position in execution order (used to sort rows and find the *first* divergence)."""
+    inside: str | None = None
+    """For ``inside``: the call of B (a decomposed eager op) whose compiled group holds this slot of A."""
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    """The records of one op or module call, with their slot names (``output.0``) cut once."""
+
+    name: str
+    """The call name as the dump wrote it (before any mapping)."""
+    records: list[Record] = field(default_factory=list)
+    slots: list[str] = field(default_factory=list)
+    _signature: tuple | None = field(default=None, init=False, repr=False)
+
+    @property
+    def first(self) -> Record:
+        return self.records[0]
+
+    def by_slot(self) -> dict[str, Record]:
+        """Records by slot name (a repeated slot keeps its last record)."""
+        return dict(zip(self.slots, self.records))
+
+    def signature(self) -> tuple:
+        """The shapes of the tensor slots: calls that swapped places (gradient accumulation order,
+        say) keep their names but not their shapes."""
+        if self._signature is None:
+            self._signature = tuple(
+                (slot, tuple(r.shape or ())) for slot, r in zip(self.slots, self.records) if r.kind == "tensor"
+            )
+        return self._signature
+
+
+@dataclass(slots=True, eq=False)
+class _Match:
+    """Two calls paired and how: ``exact``, ``mapped`` or ``aligned``."""
+
+    call_a: _Call
+    call_b: _Call
+    how: str
+    settled: int | None = None
+    """``_Links.changes`` when the pairing was checked and every producer it consulted was paired:
+    the check holds until a pairing is forgotten or replaced."""
+
+
+def _rename(call: _Call, mapping: NameMapping) -> str:
+    """Side A's call name after the mapping's renames."""
+    if not mapping:
+        return call.name
+    record = call.first
+    module = mapping.module(record.module)
+    op = mapping.ops.get(record.op, record.op)
+    return make_call_name(record.phase, module, op, record.call)
+
+
+def _calls(records: Sequence[Record]) -> dict[tuple[int, str], _Call]:
+    """Records grouped by call, keyed by ``(step, call name)``, in first-seen order."""
+    calls: dict[tuple[int, str], _Call] = {}
+    call, step = None, None
+    for record in records:
+        name, slot = split_call_name(record.name)
+        if call is None or name != call.name or record.step != step:  # a call's slots come one after another
+            step = record.step
+            call = calls.get((step, name))
+            if call is None:
+                call = calls[(step, name)] = _Call(name)
+        call.records.append(record)
+        call.slots.append(slot)
+    return calls
+
+
+def _pair_slots(call_a: _Call, call_b: _Call, how: str) -> list[Pair]:
+    """The slots of two paired calls, by slot name; a slot holding a tensor on one side only (a
+    compiled backward handed an attention mask that eager autograd passes as ``None``) is listed on
+    each side, not compared as a shape."""
+    by_slot = call_b.by_slot()
+    pairs = []
+    for slot, record in zip(call_a.slots, call_a.records):
+        other = by_slot.get(slot)
+        if other is not None and (other.kind == "tensor") == (record.kind == "tensor"):
+            del by_slot[slot]
+            pairs.append(Pair(record, other, how))
+        else:
+            pairs.append(Pair(record, None, "only_a"))
+    pairs.extend(Pair(None, r, "only_b") for r in by_slot.values())
+    return pairs
+
+
+def _align(calls_a: list[_Call], calls_b: list[_Call], token: Callable[[_Call], object]) -> list[tuple[int, int]]:
+    """Index pairs of an order-preserving alignment of two call lists by ``token``."""
+    matcher = difflib.SequenceMatcher(a=[token(c) for c in calls_a], b=[token(c) for c in calls_b], autojunk=False)
+    return [(block.a + k, block.b + k) for block in matcher.get_matching_blocks() for k in range(block.size)]
+
+
+def _swapped(
+    calls_a: list[_Call],
+    calls_b: list[_Call],
+    token: Callable[[_Call], object],
+    token_b: Callable[[_Call], object] | None = None,
+) -> list[tuple[int, int]]:
+    """Index pairs of calls with equal tokens in any order (each used once, earliest first); a
+    ``None`` token never matches."""
+    free: dict[object, list[int]] = defaultdict(list)
+    for j, call in enumerate(calls_b):
+        free[(token_b or token)(call)].append(j)
+    free.pop(None, None)
+    matched = []
+    for i, call in enumerate(calls_a):
+        candidates = free.get(token(call))
+        if candidates:
+            matched.append((i, candidates.pop(0)))
+    return matched
+
+
+def _align_leftovers(
+    left_a: Iterable[_Call], left_b: Iterable[_Call], mapping: NameMapping, links: _Links, compiled: bool
+) -> tuple[list[_Match], list[_Call], list[_Call]]:
+    """Pair leftover calls per ``(step, phase, module)``: by op and paired producers of their
+    inputs, by op and shapes in order, by op and shapes in any order (calls that swapped places),
+    then by op alone in order (shapes then differ). With ``compiled``, order pairs calls of an op
+    only where both sides have as many of them left: a decomposition's extra ``mul`` nodes would
+    otherwise take the place of the eager ``mul`` calls (:mod:`torchdebug.compare._boundaries` pairs
+    what is left by value); and the last step pairs only calls whose slots hold the same dtypes and
+    whose outputs have the same shapes. Returns the matches and the calls of each side left unpaired."""
+    groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for call in left_a:
+        groups[_group(call, mapping)][0].append(call)
+    for call in left_b:
+        groups[_group(call, NameMapping())][1].append(call)
+    matches: list[_Match] = []
+    unpaired_a: list[_Call] = []
+    unpaired_b: list[_Call] = []
+
+    def by_op(call: _Call) -> object:
+        return mapping.ops.get(call.first.op, call.first.op)
+
+    def by_op_and_shapes(call: _Call) -> object:
+        return by_op(call), call.signature()
+
+    def by_op_and_outputs(call: _Call) -> object:
+        """The op, its slots' dtypes and its outputs' shapes (its inputs may be other views)."""
+        slots = [(slot, r) for slot, r in zip(call.slots, call.records) if r.kind == "tensor"]
+        shape = {slot: tuple(r.shape or ()) if r.io in _OUTPUTS else () for slot, r in slots}
+        return by_op(call), tuple(sorted((slot, r.dtype or "", shape[slot]) for slot, r in slots))
+
+    def in_order(align: Callable[[list[_Call], list[_Call]], list[tuple[int, int]]]) -> Callable[..., list[tuple[int, int]]]:
+        if not compiled:
+            return align
+
+        def even(calls_a: list[_Call], calls_b: list[_Call]) -> list[tuple[int, int]]:
+            count_a, count_b = Counter(map(by_op, calls_a)), Counter(map(by_op, calls_b))
+            index_a = [i for i, c in enumerate(calls_a) if count_a[by_op(c)] == count_b[by_op(c)]]
+            index_b = [j for j, c in enumerate(calls_b) if count_a[by_op(c)] == count_b[by_op(c)]]
+            found = align([calls_a[i] for i in index_a], [calls_b[j] for j in index_b])
+            return [(index_a[i], index_b[j]) for i, j in found]
+
+        return even
+
+    strategies = (  # each runs on the calls the ones before it left unpaired
+        lambda a, b: _swapped(a, b, links.token_a, links.token_b),
+        in_order(lambda a, b: _align(a, b, by_op_and_shapes)),
+        in_order(lambda a, b: _swapped(a, b, by_op_and_shapes)),
+        # compiled: a node of another dtype or output shape is another value (a softmax's float ``sub``
+        # is not the eager integer ``sub`` of relative positions); eager against eager, an autocast
+        # run's dtypes and another batch's shapes differ
+        in_order(lambda a, b: _align(a, b, by_op_and_outputs if compiled else by_op)),
+    )
+    for calls_a, calls_b in groups.values():
+        for strategy in strategies:
+            matched = [(i, j) for i, j in strategy(calls_a, calls_b) if not links.conflict(calls_a[i], calls_b[j])]
+            for i, j in matched:
+                matches.append(_Match(calls_a[i], calls_b[j], "aligned"))
+                links.pair(calls_a[i], calls_b[j])
+            done_a, done_b = {i for i, _ in matched}, {j for _, j in matched}
+            calls_a = [c for i, c in enumerate(calls_a) if i not in done_a]
+            calls_b = [c for j, c in enumerate(calls_b) if j not in done_b]
+        unpaired_a.extend(calls_a)
+        unpaired_b.extend(calls_b)
+    return matches, unpaired_a, unpaired_b
+
+
+def execution_order(records: Sequence[Record]) -> list[int]:
+    """Indices of ``records`` sorted by step, phase and call order (stable)."""
+    last = len(PHASES)
+    keys = [(r.step, _PHASE_ORDER.get(r.phase, last), r.seq) for r in records]
+    return sorted(range(len(records)), key=keys.__getitem__)
+
+
+def _assign_order(pairs: list[Pair], records_b: Sequence[Record]) -> None:
+    """Order pairs by side A's execution order; B-only rows follow their predecessor on side B."""
+    position_b = {id(records_b[i]): position for position, i in enumerate(execution_order(records_b))}
+    anchored = [p for p in pairs if p.a is not None]
+    anchored = [anchored[i] for i in execution_order([p.a for p in anchored])]  # type: ignore[arg-type]
+    for index, pair in enumerate(anchored):
+        pair.order = float(index)
+    # map B positions of paired rows to their order, then slot B-only rows in between
+    b_to_order = sorted((position_b[id(p.b)], p.order) for p in anchored if p.b is not None)
+    positions = [pos for pos, _ in b_to_order]
+    for pair in pairs:
+        if pair.a is None and pair.b is not None:
+            pos = position_b[id(pair.b)]
+            index = bisect.bisect_left(positions, pos)
+            before = b_to_order[index - 1][1] if index else -1.0
+            pair.order = before + 0.5 + pos * 1e-9
+
+
+def identity(record: Record, shape: Sequence[int] | None = None) -> tuple | None:
+    """What makes two slots of one dump the same tensor: the saved tensor's key, else dtype, shape
+    (``shape`` instead of the record's: a DTensor's local shape, which its statistics describe) and
+    statistics."""
+    if record.kind != "tensor":
+        return None
+    if record.tensor and record.tensor.get("key"):
+        return ("key", record.tensor.get("file"), record.tensor["key"])
+    if record.stats:
+        return ("stats", record.dtype, tuple(record.shape or () if shape is None else shape), tuple(record.stats.values()))
+    return None
+
+
+_CASTS = {"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.type_as.default"}
+"""Ops that only change dtype: transparent when tracing where a tensor came from (autocast adds them)."""
+
+
+_NEAREST = 2
+"""How many of the latest earlier producers of a value, besides the first, an input's candidates keep.
+Freshly initialised tensors share their statistics (zero biases and optimizer state, LayerNorm
+weights of ones): a bound keeps a step's matching linear in its records however many there are."""
+
+
+Candidates = dict[int, tuple[tuple[str, str], ...]]
+"""Earlier ``(call name, output slot)`` that made the tensor of each input slot (by ``id``), first made first."""
+
+
+def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
+    """For input slots (by ``id``) of ``records`` in execution order: ``(call name, output slot)`` that
+    produced the same tensor earlier, looking through casts. Compare's matching and its verdicts (which
+    trace an input through ops only one side runs) follow tensors with it."""
+    return {key: found[0] for key, found in candidate_producers(records, nearest=0).items()}
+
+
+class _Made:
+    """The distinct producers of one value in the order they first made it."""
+
+    __slots__ = ("order", "seen", "first")
+
+    def __init__(self, producer: tuple[str, str]) -> None:
+        self.order = [producer]
+        self.seen = {producer}
+        self.first = (producer,)
+        """The candidates of most inputs, one tuple for all of them."""
+
+    def add(self, producer: tuple[str, str]) -> None:
+        if producer not in self.seen:
+            self.seen.add(producer)
+            self.order.append(producer)
+
+    def candidates(self, call: str, nearest: int) -> tuple[tuple[str, str], ...]:
+        """The first producer other than ``call`` and up to ``nearest`` latest others, first made first.
+        Only ``call``'s own outputs are skipped on the way, so the cost does not grow with the group."""
+        order = self.order
+        if len(order) == 1:  # most values: one maker
+            return () if order[0][0] == call else self.first
+        first = next((i for i, producer in enumerate(order) if producer[0] != call), None)
+        if first is None:
+            return ()
+        latest: list[int] = []
+        i = len(order) - 1
+        while i > first and len(latest) < nearest:
+            if order[i][0] != call:
+                latest.append(i)
+            i -= 1
+        return (order[first], *(order[j] for j in reversed(latest)))
+
+
+def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> Candidates:
+    """Earlier ``(call name, output slot)`` that made the tensor an input slot (by ``id``) holds,
+    first made first (:func:`producers` takes that one). With statistics, identity is ambiguous: in a
+    bf16 run AdamW's weight decay (``mul_`` by ``1 - lr * wd``) rounds back to the very weight the
+    forward pass transposed, so both calls made the value the update reads. Of a group of calls that
+    made one value (at the first step, every zero bias's optimizer state), the first and the
+    ``nearest`` latest before the input are kept: the latest is where the input's own tensor came
+    from unless a later call remade the value, the first is where it was first seen."""
+    made_by: dict[tuple, _Made] = {}
+    found: Candidates = {}
+    cast_sources: dict[str, tuple[str, str]] = {}
+    names: dict[str, str] = {}  # one string per call name and slot name kept in ``found``
+    for record in records:
+        io = record.io
+        if io == "input":
+            value = identity(record)
+            group = made_by.get(value) if value is not None else None
+            if group is None:  # a value no earlier call made (a weight, the batch)
+                continue
+            call = split_call_name(record.name)[0]
+            made = group.candidates(call, nearest)
+            if made:
+                found[id(record)] = made
+                if record.op in _CASTS:
+                    cast_sources[call] = made[0]
+        elif io in _OUTPUTS:
+            value = identity(record)
+            if value is None:
+                continue
+            call, slot = split_call_name(record.name)
+            producer = cast_sources.get(call) if record.op in _CASTS else None
+            if producer is None:
+                producer = (names.setdefault(call, call), names.setdefault(slot, slot))
+            group = made_by.get(value)
+            if group is None:
+                made_by[value] = _Made(producer)
+            else:
+                group.add(producer)
+    return found
+
+
+class Producers(NamedTuple):
+    """The candidate producers (:func:`candidate_producers`) of both sides' input slots, each side's
+    records taken in execution order: made once per rank, read by matching (to veto and guide
+    pairings) and by verdicts (to trace an input to the tensor its producer made)."""
+
+    a: Candidates
+    b: Candidates
+
+    @classmethod
+    def of(cls, records_a: Sequence[Record], records_b: Sequence[Record]) -> Producers:
+        return cls(*(candidate_producers([records[i] for i in execution_order(records)]) for records in (records_a, records_b)))
+
+
+class _Links:
+    """Producer links of both sides and the calls paired so far, to veto and guide pairings.
+
+    Calls whose name depends on execution order outside any module (the gradient accumulation of
+    each parameter, say) can swap between runs; their inputs still come from paired producers.
+    """
+
+    def __init__(self, made: Producers) -> None:
+        self.made_a, self.made_b = made
+        self.partner: dict[str, str] = {}
+        self.paired_b: set[str] = set()
+        self.changes = 0
+        """How many pairings were forgotten or replaced (only those can turn a settled check)."""
+
+    def pair(self, call_a: _Call, call_b: _Call) -> None:
+        known = self.partner.get(call_a.name)
+        if known is not None and known != call_b.name:  # another step's calls of the same names
+            self.changes += 1
+        self.partner[call_a.name] = call_b.name
+        self.paired_b.add(call_b.name)
+
+    def unpair(self, call_a: _Call, call_b: _Call) -> None:
+        """Forget a pairing (names are shared by the steps: another step's pairing of the same calls
+        may have gone first)."""
+        if self.partner.get(call_a.name) == call_b.name:
+            del self.partner[call_a.name]
+            self.paired_b.discard(call_b.name)
+            self.changes += 1
+
+    def _partner(self, producer: tuple[str, str] | None) -> tuple[str, str] | None:
+        if producer is None or producer[0] not in self.partner:
+            return None
+        return self.partner[producer[0]], producer[1]
+
+    def conflict(self, call_a: _Call, call_b: _Call) -> bool:
+        """Whether some input of the two calls comes from producers that are paired with other calls:
+        none of the paired calls that made it on side B is the partner of one that made it on side A.
+        A producer only one side runs (a hook, autograd summing gradients in another order) is none."""
+        return self.check(call_a, call_b) is True
+
+    def check(self, call_a: _Call, call_b: _Call) -> bool | None:
+        """:meth:`conflict`, told apart further: ``True`` a conflict; ``False`` none, and every
+        producer it consulted is paired already, so no later pairing can make one (until a pairing
+        is forgotten or replaced: :attr:`changes`); ``None`` none for now."""
+        by_slot = None
+        settled = True
+        partner, paired_b, made_a, made_b = self.partner, self.paired_b, self.made_a, self.made_b
+        for slot, record in zip(call_a.slots, call_a.records):
+            made = made_a.get(id(record))
+            if made is None:
+                continue
+            expected = [(partner[call], out) for call, out in made if call in partner]  # a few at most
+            settled = settled and len(expected) == len(made)
+            if by_slot is None:
+                by_slot = call_b.by_slot()
+            other = by_slot.get(slot)
+            made = made_b.get(id(other)) if other is not None else None
+            if made is None:
+                continue
+            actual = [producer for producer in made if producer[0] in paired_b]
+            settled = settled and len(actual) == len(made)
+            if expected and actual and not any(producer in expected for producer in actual):
+                return True
+        return False if settled else None
+
+    def token_a(self, call: _Call) -> object:
+        """The op and the B-side producers its inputs should have (``None``: nothing known)."""
+        producers = tuple(self._partner(self.made_a.get(id(r), (None,))[0]) for r in call.records)
+        return (call.first.op, producers) if any(producers) else None
+
+    def token_b(self, call: _Call) -> object:
+        producers = tuple(self.made_b.get(id(r), (None,))[0] for r in call.records)
+        return (call.first.op, producers) if any(producers) else None
+
+
+def _counted(call: _Call, mapping: NameMapping) -> tuple[str, str, str]:
+    """What a call's index counts: its phase, module and op (after the mapping's renames)."""
+    first = call.first
+    return first.phase, mapping.module(first.module), mapping.ops.get(first.op, first.op)
+
+
+def _uneven(calls_a: dict[tuple[int, str], _Call], calls_b: dict[tuple[int, str], _Call], mapping: NameMapping) -> set[tuple]:
+    """``(step, phase, module, op)`` of which the two sides have different numbers of calls: there a
+    call index says nothing (a decomposition added ``mul`` nodes before the one named like eager's)."""
+    count_a = Counter((step, _counted(call, mapping)) for (step, _), call in calls_a.items())
+    count_b = Counter((step, _counted(call, NameMapping())) for (step, _), call in calls_b.items())
+    return {key for key in count_a.keys() | count_b.keys() if count_a[key] != count_b[key]}
+
+
+def match_records(
+    records_a: Sequence[Record],
+    records_b: Sequence[Record],
+    mapping: NameMapping | None = None,
+    *,
+    compiled: bool = False,
+    made: Producers | None = None,
+) -> list[Pair]:
+    """Pair two record lists (one rank each); see the module docstring for the rules. ``compiled``: a
+    side was captured in compiled graphs, whose decompositions add calls (see :func:`_align_leftovers`).
+    ``made``: the two sides' :class:`Producers`, when the caller keeps them for verdicts."""
+    pairs = _pair_calls(records_a, records_b, mapping or NameMapping(), compiled, made)
+    _assign_order(pairs, records_b)  # the calls are gone by now, so they and the order's index never coexist
+    pairs.sort(key=attrgetter("order"))
+    return pairs
+
+
+def _pair_calls(
+    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping, compiled: bool, made: Producers | None
+) -> list[Pair]:
+    """The pairs of :func:`match_records`, in no order yet."""
+    calls_a, calls_b = _calls(records_a), _calls(records_b)
+    links = _Links(made or Producers.of(records_a, records_b))
+    uneven = _uneven(calls_a, calls_b, mapping) if compiled else set()
+    matches: list[_Match] = []
+    left_a: list[_Call] = []
+    for key, call in calls_a.items():
+        name = _rename(call, mapping)
+        other = calls_b.get((key[0], name))
+        found = links.check(call, other) if other is not None and other.signature() == call.signature() else True
+        if found is not True and (not uneven or (key[0], _counted(other, NameMapping())) not in uneven):  # type: ignore[arg-type]
+            settled = links.changes if found is False else None
+            matches.append(_Match(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped", settled))
+            links.pair(call, other)  # type: ignore[arg-type]
+        else:
+            left_a.append(call)
+    aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
+    matches = _repair(matches + aligned, left_a, left_b, mapping, links, compiled)
+    pairs = [pair for match in matches for pair in _pair_slots(match.call_a, match.call_b, match.how)]
+    pairs.extend(Pair(r, None, "only_a") for call in left_a for r in call.records)
+    pairs.extend(Pair(None, r, "only_b") for call in left_b for r in call.records)
+    return pairs
+
+
+_REPAIR_ROUNDS = 3
+"""How many times pairs are checked again against every partner known: each round frees the pairs
+whose inputs turned out to come from other calls and pairs them anew (a pair freed in one round can
+make its consumers' pairs wrong in the next). Bounded, so matching stays linear in the records; the
+attention transposes of the GPT tests settle in the first round."""
+
+
+def _repair(
+    matches: list[_Match], left_a: list[_Call], left_b: list[_Call], mapping: NameMapping, links: _Links, compiled: bool
+) -> list[_Match]:
+    """Matches checked again once every call has its partner. A call is paired by name before the
+    producers of its inputs are (a compiled graph's forward has fewer ``_unsafe_view`` nodes than
+    eager, so they are aligned later): aot's backward graph runs the transposes of saved attention
+    tensors first, and the eager ``transpose#2`` has the compiled ``transpose#2`` as its namesake but
+    ``transpose#1`` as its data. Pairs whose inputs now come from producers paired with other calls are
+    freed and aligned again with the calls still unpaired in their ``(step, phase, module)``;
+    ``left_a`` and ``left_b`` are updated in place."""
+    for _ in range(_REPAIR_ROUNDS):
+        wrong = [match for match in matches if match.settled != links.changes and links.conflict(match.call_a, match.call_b)]
+        if not wrong:
+            break
+        for match in wrong:
+            links.unpair(match.call_a, match.call_b)
+        freed = {id(match) for match in wrong}
+        matches = [match for match in matches if id(match) not in freed]
+        groups = {_group(match.call_a, mapping) for match in wrong}
+        retry_a = [match.call_a for match in wrong] + [c for c in left_a if _group(c, mapping) in groups]
+        retry_b = [match.call_b for match in wrong] + [c for c in left_b if _group(c, NameMapping()) in groups]
+        again, still_a, still_b = _align_leftovers(_in_order(retry_a), _in_order(retry_b), mapping, links, compiled)
+        matches.extend(again)
+        retried_a, retried_b = {id(c) for c in retry_a}, {id(c) for c in retry_b}
+        left_a[:] = [c for c in left_a if id(c) not in retried_a] + still_a
+        left_b[:] = [c for c in left_b if id(c) not in retried_b] + still_b
+    return matches
+
+
+def _group(call: _Call, mapping: NameMapping) -> tuple[int, str, str]:
+    """The ``(step, phase, module)`` whose leftover calls are aligned together."""
+    first = call.first
+    return first.step, first.phase, mapping.module(first.module)
+
+
+def _in_order(calls: list[_Call]) -> list[_Call]:
+    """Calls in the order they ran (their first record's position)."""
+    return sorted(calls, key=lambda call: (call.first.step, _PHASE_ORDER.get(call.first.phase, len(PHASES)), call.first.seq))

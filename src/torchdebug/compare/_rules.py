@@ -1,0 +1,577 @@
+"""The verdict rules of a tolerance compare, in the order they are tried.
+
+Each rule is a function ``rule(row, call) -> Judgement | None``: it judges the row (a
+:class:`~torchdebug.compare._judgement.Judgement`) or passes it on to the next rule. :data:`RULES`
+lists them in order with the slots each applies to (``input`` and ``output``: tensor slots;
+``value``: argument values and other non-tensor slots); the first rule that answers decides.
+``docs/compare.md`` lists the same rules, in the same order, with the first line of each
+docstring (``tests/compare/test_verdict_rules.py`` checks it). A new rule is one function here, one
+entry in :data:`RULES` and one unit test there.
+
+The rows of a call are judged tensor inputs first, then argument values, then outputs, so the rules
+of arguments and outputs read the verdicts of the call's inputs (:class:`Call`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from torchdebug.compare._bounds import amplification, is_singular, own_error, spread
+from torchdebug.compare._comparable import dtype_argument, dtype_constants
+from torchdebug.compare._flow import OUTPUT_IO, Flow
+from torchdebug.compare._judgement import Judgement
+from torchdebug.compare._rows import Row
+from torchdebug.compare._shards import one_shard
+
+__all__ = ["Call", "Rule", "RULES", "slot_of"]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_CARRIED = 2.0
+"""How many times the error of the tensor its producer made an input may carry (plus the pair's
+tolerance for a cast on the way): the same tensor cannot differ more unless an op changed it."""
+_LISTED = 3
+"""How many ops only one side runs a message names."""
+
+
+class _Trace(NamedTuple):
+    """Where an input's tensor came from on the sides it could be traced on."""
+
+    made: list[list[Row]]
+    """Per traced side, the matched rows it was made from."""
+    sources: list[Row]
+    """Those rows, both sides' together."""
+    one_sided: list[str]
+    """The ops only one side runs on the way, sorted."""
+    unlike: list[Row]
+    """The sources whose two values cannot be compared."""
+
+
+@dataclass(slots=True)
+class Call:
+    """One op call being judged: what its rules read besides the row."""
+
+    rows: Sequence[Row]
+    inputs: list[Row]
+    """Its matched tensor inputs and the rows of the forward call a backward call differentiates
+    (its saved tensors); rows that stand for an input made differently replace it."""
+    upstream: float
+    """The largest error seen before this call."""
+    flow: Flow
+    growth: float
+    replayed: bool
+    """The calls that replay could decide were replayed (else a row with saved tensors and no own
+    error is left ``undecided``, for replay to decide)."""
+    constant: bool = False
+    """The call has no tensor input: it makes its outputs from argument values alone."""
+    _traced: Row | None = None
+    _trace: _Trace | None = None
+    _input_error: float | None = None
+
+    def trace(self, row: Row) -> _Trace | None:
+        """Where ``row``'s tensor came from (``None`` when no side can be traced); the input rules
+        ask in turn about one row, so the last answer is kept."""
+        if row is not self._traced:
+            traced = [found for side in ("a", "b") if (found := self.flow.sources(row, side)) is not None]
+            sources = [source for made, _ in traced for source in made]
+            self._traced, self._trace = row, None
+            if traced:
+                one_sided = sorted({op for _, via in traced for op in via})
+                unlike = [source for source in sources if source.verdict == "incomparable"]
+                self._trace = _Trace([made for made, _ in traced], sources, one_sided, unlike)
+        return self._trace
+
+    def input_error(self) -> float:
+        """The largest error among the call's tensor inputs."""
+        if self._input_error is None:
+            self._input_error = max((r.error or 0.0 for r in self.inputs), default=0.0)
+        return self._input_error
+
+    def stand_in(self, row: Row, stand_ins: Sequence[Row]) -> None:
+        """Judge the outputs against ``stand_ins`` instead of the input ``row``."""
+        self.inputs = [r for r in self.inputs if r is not row] + list(stand_ins)
+        self._input_error = None
+
+    def incomparable_input(self) -> Row | None:
+        """The first input whose two values cannot be compared."""
+        return next((r for r in self.inputs if r.verdict == "incomparable"), None)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _beyond(row: Row) -> tuple[float, float]:
+    """A row judged beyond tolerance: its error and tolerance, both known by then."""
+    assert row.error is not None and row.tolerance is not None
+    return row.error, row.tolerance
+
+
+def _detail(row: Row) -> str:
+    error, tolerance = _beyond(row)
+    return f"error {_fmt(error)} > tolerance {_fmt(tolerance)}"
+
+
+def _blamed(row: Row, message: str) -> Judgement:
+    """The row makes the difference: its error counts upstream."""
+    return Judgement("error", "blamed", message, origin=row.name, upstream=row.error)
+
+
+def _blamed_unmeasured(row: Row, message: str, error: float | None) -> Judgement:
+    """The row makes a difference no finite error measures (a shape, a NaN), so every later error is
+    upstream of it; ``error`` replaces the row's when given."""
+    return Judgement("error", "blamed", message, error=error, origin=row.name, upstream=math.inf)
+
+
+def _inherited(row: Row, call: Call, sources: Sequence[Row], detail: str) -> Judgement:
+    """An error ``sources`` explain: ``pass`` when they carry rounding drift only, ``warning`` when
+    they carry the error of a blamed op (named in the message)."""
+    origin, constant = call.flow.carried(sources)
+    if origin:
+        detail += f"; carries the error blamed on {origin}"
+    elif constant:
+        detail += f"; carries the constant made for the dtype at {constant}"
+    verdict = "warning" if origin else "pass"
+    upstream = row.error if constant is None else None
+    return Judgement(verdict, "inherited", detail, None, origin, constant, upstream)  # by position: many rows
+
+
+def _undecided(row: Row, call: Call, message: str) -> Judgement:
+    """Beyond tolerance, and what the records hold cannot tell whether the op made the difference:
+    never blamed, and what follows inherits only what its inputs carry."""
+    origin, constant = call.flow.carried(call.inputs)
+    upstream = row.error if constant is None else None
+    return Judgement("undecided", "undecided", message, origin=origin, constant=constant, upstream=upstream)
+
+
+def _incomparable(row: Row, why: str) -> Judgement:
+    """The two values cannot be compared (see :mod:`torchdebug.compare._comparable`)."""
+    shapes = f" ({row.shape_a} vs {row.shape_b})" if row.shape_a != row.shape_b else ""
+    return Judgement("incomparable", "", f"not comparable{shapes}: {why}")
+
+
+def _dtype_constant(row: Row, what: str, why: str) -> Judgement:
+    """A constant made for the dtype, which differs because the runs' dtypes do: it passes."""
+    message = f"{_detail(row)}: {what} ({why}); it differs because the runs' dtypes differ, by design"
+    return Judgement("pass", "dtype", message, constant=row.name)
+
+
+def _same_value(a: object, b: object) -> bool:
+    """Equal argument values, ignoring memory addresses in object reprs."""
+    if isinstance(a, str) and isinstance(b, str):
+        return _ADDRESS.sub("", a) == _ADDRESS.sub("", b)
+    return a == b
+
+
+def _values(row: Row) -> tuple[object, object]:
+    return (row.record_a.value if row.record_a else None), (row.record_b.value if row.record_b else None)
+
+
+# --- every slot -----------------------------------------------------------------------------------
+
+
+def unmatched(row: Row, call: Call) -> Judgement | None:
+    """A slot on one side only is listed, never judged."""
+    if row.record_b is None:
+        return Judgement("unmatched", "", "only in A")
+    if row.record_a is None:
+        return Judgement("unmatched", "", "only in B")
+    return None
+
+
+def not_captured(row: Row, call: Call) -> Judgement | None:
+    """A slot that could not be captured on a side is a warning naming the side and why."""
+    a, b = row.record_a, row.record_b
+    if not (a and a.capture_error or b and b.capture_error):
+        return None  # most slots: no list built
+    failed = [f"{side}: {r.capture_error}" for side, r in (("A", a), ("B", b)) if r and r.capture_error]
+    return Judgement("warning", "", "not captured on " + "; ".join(failed))
+
+
+# --- tensor slots ---------------------------------------------------------------------------------
+
+
+def one_piece(row: Row, call: Call) -> Judgement | None:
+    """One piece of a split DTensor whose other pieces are not in the dump cannot be compared."""
+    a, b = row.record_a, row.record_b
+    if not (a and a.extra or b and b.extra):
+        return None  # most slots: nothing in extra, so no piece (one_shard reads it there)
+    piece = one_shard(row)
+    return _incomparable(row, piece) if piece is not None else None
+
+
+def _shape_reason(row: Row, call: Call) -> str | None:
+    """Why ``row``'s shapes differ because the runs' inputs do (``None``: for another reason)."""
+    if row.io in OUTPUT_IO:
+        if any(r.verdict == "error" and r.shape_a != r.shape_b for r in call.inputs):
+            return None  # an input of another shape for another reason (a wider layer): that is reported
+        unlike = call.incomparable_input()
+        if unlike is not None:
+            return f"computed from values that cannot be compared ({unlike.name})"
+    else:
+        for side in ("a", "b"):
+            found = call.flow.sources(row, side)
+            unlike = next((r for r in found[0] if r.verdict == "incomparable"), None) if found else None
+            if unlike is not None:
+                return f"holds a value that cannot be compared ({unlike.name})"
+    return call.flow.shapes.origin(row) or call.flow.shapes.follows_data(row)
+
+
+def shape_follows_inputs(row: Row, call: Call) -> Judgement | None:
+    """A shape that differs because the runs' inputs do (data, world size) cannot be compared."""
+    if row.shape_a == row.shape_b:
+        return None
+    why = _shape_reason(row, call)
+    return _incomparable(row, why) if why is not None else None
+
+
+def other_shape(row: Row, call: Call) -> Judgement | None:
+    """Any other shape that differs is blamed, with an infinite error."""
+    if row.shape_a == row.shape_b:
+        return None
+    return _blamed_unmeasured(row, f"shape differs: {row.shape_a} vs {row.shape_b}", math.inf)
+
+
+def computed_from_incomparable(row: Row, call: Call) -> Judgement | None:
+    """An output that differs, computed from inputs that cannot be compared, cannot be compared."""
+    beyond = row.error is not None and row.tolerance is not None and row.error > row.tolerance
+    if not (beyond or row.metrics.get("nonfinite_mismatch")):
+        return None
+    unlike = call.incomparable_input()
+    return _incomparable(row, f"computed from values that cannot be compared ({unlike.name})") if unlike else None
+
+
+def _nonfinite_inherited(row: Row, call: Call) -> bool:
+    if row.io in OUTPUT_IO:
+        return any(r.metrics.get("nonfinite_mismatch") for r in call.inputs)
+    return call.upstream == math.inf
+
+
+def nonfinite_inherited(row: Row, call: Call) -> Judgement | None:
+    """A NaN/Inf where the other side is finite, which its inputs (or upstream) had, is inherited."""
+    if not row.metrics.get("nonfinite_mismatch") or not _nonfinite_inherited(row, call):
+        return None
+    origin, constant = call.flow.carried(call.inputs)
+    message = "NaN/Inf where the other side is finite (inputs had it)"
+    return Judgement("warning", "inherited", message, origin=origin, constant=constant, upstream=math.inf)
+
+
+def nonfinite_origin(row: Row, call: Call) -> Judgement | None:
+    """A NaN/Inf where the other side is finite that no input had is blamed where it first appears."""
+    if not row.metrics.get("nonfinite_mismatch"):
+        return None
+    no_number = math.inf if row.error is None else None  # statistics without a finite number to compare
+    return _blamed_unmeasured(row, "NaN/Inf where the other side is finite", no_number)
+
+
+def no_statistics(row: Row, call: Call) -> Judgement | None:
+    """A slot without an error to judge (no statistics on a side) passes and says so."""
+    if row.error is None or row.tolerance is None:
+        return Judgement("pass", "", "no statistics to compare")
+    return None
+
+
+def within_tolerance(row: Row, call: Call) -> Judgement | None:
+    """An error within the pair's tolerance (its less precise dtype's) passes."""
+    error, tolerance = _beyond(row)
+    return Judgement("pass", "", "", None, None, None, error) if error <= tolerance else None  # by position: most rows
+
+
+# --- outputs beyond tolerance ---------------------------------------------------------------------
+
+
+def constant_from_arguments(row: Row, call: Call) -> Judgement | None:
+    """An output made from argument values alone that differs only with the runs' dtypes passes (attribution dtype)."""
+    if not call.constant:
+        return None
+    constants = dtype_constants(row) or _dtype_arguments(call.rows)
+    return _dtype_constant(row, "a constant made from arguments alone", constants) if constants is not None else None
+
+
+def _dtype_arguments(rows: Sequence[Row]) -> str | None:
+    """What differs among a call's argument values, when some differ and all of those only with the
+    runs' dtypes (``None`` otherwise)."""
+    found = []
+    for row in rows:
+        if row.kind == "tensor" or row.io in OUTPUT_IO or row.record_a is None or row.record_b is None:
+            continue
+        a, b = row.record_a.value, row.record_b.value
+        if not _same_value(a, b):
+            why = dtype_argument(a, b)
+            if why is None:
+                return None
+            found.append(why)
+    return "; ".join(found) or None
+
+
+def called_differently(row: Row, call: Call) -> Judgement | None:
+    """A replayed output its inputs do not explain, in a call whose argument values differ, is blamed."""
+    error, tolerance = _beyond(row)
+    if error <= call.growth * call.input_error() + tolerance:
+        return None
+    changed = [r for r in call.rows if r.kind != "tensor" and r.io not in OUTPUT_IO and r.verdict == "warning"]
+    own = own_error(row) if changed else None
+    if own is None or own[0] == "blamed":
+        return None
+    return _blamed(row, f"{own[1]}, but its {changed[0].message}: the op was called differently")
+
+
+def replay_own_error(row: Row, call: Call) -> Judgement | None:
+    """A replayed output is judged by its own error against float64: blamed, undecided or inherited."""
+    own = own_error(row)
+    if own is None:
+        return None
+    verdict, why = own
+    if verdict == "blamed":
+        return _blamed(row, why)
+    if verdict == "undecided":
+        return _undecided(row, call, f"{_detail(row)}; {why}")
+    return _inherited(row, call, call.inputs, f"{_detail(row)}; {why}")
+
+
+def _awaits_replay(row: Row, call: Call) -> bool:
+    """Both sides saved the tensors (replay can measure the op's own error) and it was not replayed."""
+    return "cosine" in row.metrics and not call.replayed
+
+
+def _explained(row: Row, call: Call) -> Judgement:
+    return _inherited(row, call, call.inputs, f"{_detail(row)}, explained by its inputs (error {_fmt(call.input_error())})")
+
+
+def explained_by_inputs(row: Row, call: Call) -> Judgement | None:
+    """An output within growth times its inputs' error plus the tolerance is inherited."""
+    error, tolerance = _beyond(row)
+    if _awaits_replay(row, call) or error > call.growth * call.input_error() + tolerance:
+        return None
+    return _explained(row, call)
+
+
+def singular_near_zero(row: Row, call: Call) -> Judgement | None:
+    """An op singular near zero (sqrt, log, a division) within its inputs' summed relative spread is inherited."""
+    if _awaits_replay(row, call) or not is_singular(row.op):
+        return None
+    error, _ = _beyond(row)
+    return _explained(row, call) if error <= sum(spread(r) for r in call.inputs) else None
+
+
+def _amplified(row: Row, call: Call, factor: float) -> Judgement:
+    how = "it could not be replayed" if "cosine" in row.metrics else 'a tensor dump (task="tensor") would decide it'
+    return _undecided(
+        row,
+        call,
+        f"{_detail(row)}; its inputs differ by {_fmt(call.input_error())} and {row.op} may amplify that up to "
+        f"{_fmt(max(factor, call.growth))}x: statistics cannot tell whether it made the difference; {how}",
+    )
+
+
+def awaits_replay(row: Row, call: Call) -> Judgement | None:
+    """An output with saved tensors that replay has not decided yet is undecided."""
+    return _amplified(row, call, amplification(row, call.inputs)) if _awaits_replay(row, call) else None
+
+
+def may_amplify(row: Row, call: Call) -> Judgement | None:
+    """An output within what the op may amplify its inputs' error to (from statistics) is undecided."""
+    error, tolerance = _beyond(row)
+    input_error, factor = call.input_error(), amplification(row, call.inputs)
+    return _amplified(row, call, factor) if input_error > 0 and error <= factor * input_error + tolerance else None
+
+
+def made_here(row: Row, call: Call) -> Judgement | None:
+    """Any other output beyond tolerance is blamed: this op makes the difference."""
+    message = f"{_detail(row)}; its inputs differ by only {_fmt(call.input_error())}: this op makes the difference"
+    return _blamed(row, message)
+
+
+# --- inputs beyond tolerance ----------------------------------------------------------------------
+
+
+def constant_no_op_made(row: Row, call: Call) -> Judgement | None:
+    """An input no captured op made that holds one dtype constant on each side (finfo.min) passes (attribution dtype)."""
+    if call.trace(row) is not None:
+        return None
+    constants = dtype_constants(row)
+    return _dtype_constant(row, "a constant no captured op made", constants) if constants is not None else None
+
+
+def upstream_differs(row: Row, call: Call) -> Judgement | None:
+    """An input no captured op made, within growth times the error seen upstream, is inherited."""
+    error, _ = _beyond(row)
+    if call.trace(row) is not None or error > call.growth * call.upstream:
+        return None
+    return _inherited(row, call, (), f"{_detail(row)}; upstream ops already differ")
+
+
+def differs_before_any_op(row: Row, call: Call) -> Judgement | None:
+    """Any other input no captured op made (a weight, the batch) is blamed: it differs before any op did."""
+    if call.trace(row) is not None:
+        return None
+    return _blamed(row, f"{_detail(row)}; this input differs before any op did")
+
+
+def holds_incomparable(row: Row, call: Call) -> Judgement | None:
+    """An input both sides made from values that cannot be compared, through ops both run, cannot be compared."""
+    trace = call.trace(row)
+    if trace is None or not trace.unlike or trace.one_sided:
+        return None
+    return _incomparable(row, f"holds a value that cannot be compared ({trace.unlike[0].name})")
+
+
+def one_sided_from_incomparable(row: Row, call: Call) -> Judgement | None:
+    """An input one side made from incomparable values through ops only it runs is inherited within growth tolerances.
+
+    Micro-batch gradients summed by accumulation against one batch's are a quantity both runs should
+    agree on: within ``growth`` tolerances (summing in another order) or ``growth`` times the error
+    seen upstream it is inherited, beyond it blamed."""
+    trace = call.trace(row)
+    if trace is None or not trace.unlike:
+        return None
+    error, tolerance = _beyond(row)
+    ops = ", ".join(trace.one_sided[:_LISTED])
+    if len(trace.one_sided) > _LISTED:
+        ops += f" and {len(trace.one_sided) - _LISTED} more"
+    made = f"made through {ops} that only one side runs from values that cannot be compared ({trace.unlike[0].name})"
+    if error <= call.growth * tolerance:
+        return _inherited(row, call, (), f"{_detail(row)}; {made}: within what summing in another order makes")
+    if error <= call.growth * call.upstream:
+        return _inherited(row, call, (), f"{_detail(row)}; {made}; upstream ops already differ")
+    return _blamed(row, f"{_detail(row)}; {made}, it differs where both runs should agree: the difference enters here")
+
+
+def made_differently(row: Row, call: Call) -> Judgement | None:
+    """An input each side made from other matched rows, through ops only one side runs, passes; they stand for it.
+
+    Those rows (both sides' together) take its place when the call's outputs are judged. The two
+    records are different tensors, and their difference says nothing of either run. A bf16 Llama's
+    RMSNorm casts its input to float32, so autograd sums the two float32 gradients first and adds
+    the residual's after the cast back, while the float32 twin adds them in another order: the same
+    call gets a different partial sum on each side."""
+    trace = call.trace(row)
+    if trace is None or not trace.one_sided or len(trace.made) != 2:
+        return None
+    made_a, made_b = trace.made
+    if set(made_a) == set(made_b):
+        return None
+    error, _ = _beyond(row)
+    names = [", ".join(sorted({r.name for r in made})) for made in (made_a, made_b)]
+    message = (
+        f"error {_fmt(error)} between different tensors: A made this input from {names[0]}, B from "
+        f"{names[1]} (through {', '.join(trace.one_sided)} that only one side runs); the call's outputs are judged against them"
+    )
+    stand_ins = tuple({id(r): r for r in (*made_a, *made_b)}.values())
+    upstream = max((r.error or 0.0 for r in stand_ins if call.flow.counts(r)), default=None)
+    return Judgement("pass", "", message, upstream=upstream, stand_ins=stand_ins)
+
+
+def carried_from_source(row: Row, call: Call) -> Judgement | None:
+    """An input within twice its source's error plus the tolerance (a cast on the way) is inherited."""
+    trace = call.trace(row)
+    if trace is None:
+        return None
+    error, tolerance = _beyond(row)
+    carried = max((source.error or 0.0 for source in trace.sources), default=0.0)
+    if error > _CARRIED * carried + tolerance:
+        return None
+    return _inherited(row, call, trace.sources, f"{_detail(row)}, as {trace.sources[0].name} (error {_fmt(carried)})")
+
+
+def enters_here(row: Row, call: Call) -> Judgement | None:
+    """Any other input beyond tolerance is blamed: the difference enters here (on the way from its source)."""
+    trace = call.trace(row)
+    assert trace is not None  # the rules above judged every input without one
+    carried = max((source.error or 0.0 for source in trace.sources), default=0.0)
+    how = f", changed on the way by {', '.join(trace.one_sided)} that only one side runs" if trace.one_sided else ""
+    made = f"the tensor {trace.sources[0].name} made differs by only {_fmt(carried)}{how}"
+    return _blamed(row, f"{_detail(row)}; {made}: the difference enters here")
+
+
+# --- argument values ------------------------------------------------------------------------------
+
+
+def same_value(row: Row, call: Call) -> Judgement | None:
+    """Argument values that are equal (object reprs ignoring memory addresses) pass."""
+    return Judgement("pass") if _same_value(*_values(row)) else None
+
+
+def dtype_argument_value(row: Row, call: Call) -> Judgement | None:
+    """An argument of a call without tensor inputs that differs only with the runs' dtypes passes (attribution dtype)."""
+    why = dtype_argument(*_values(row)) if call.constant else None
+    if why is None:
+        return None
+    return Judgement("pass", "dtype", f"argument value differs because the runs' dtypes differ: {why}")
+
+
+def other_value(row: Row, call: Call) -> Judgement | None:
+    """Any other argument value that differs is a warning (incomparable in a call on values that cannot be compared)."""
+    a, b = _values(row)
+    message = f"argument value differs: {a!r} vs {b!r}"
+    unlike = call.incomparable_input()
+    if unlike is not None:  # a view's sizes, a loss divided by the number of micro-batches
+        return _incomparable(row, f"{message}, in a call on values that cannot be compared ({unlike.name})")
+    return Judgement("warning", "", message)
+
+
+class Rule(NamedTuple):
+    """One verdict rule and the slots it applies to."""
+
+    judge: Callable[[Row, Call], Judgement | None]
+    slots: frozenset[str]
+    """Of ``input``, ``output`` (tensor slots) and ``value`` (non-tensor slots)."""
+
+    @property
+    def name(self) -> str:
+        return self.judge.__name__
+
+    @property
+    def summary(self) -> str:
+        """The first line of its docstring."""
+        return (self.judge.__doc__ or "").strip().splitlines()[0]
+
+
+_ANY = frozenset({"input", "output", "value"})
+_TENSORS = frozenset({"input", "output"})
+_INPUTS = frozenset({"input"})
+_OUTPUTS = frozenset({"output"})
+_VALUES = frozenset({"value"})
+
+RULES: tuple[Rule, ...] = (
+    Rule(unmatched, _ANY),
+    Rule(not_captured, _ANY),
+    Rule(one_piece, _TENSORS),
+    Rule(shape_follows_inputs, _TENSORS),
+    Rule(other_shape, _TENSORS),
+    Rule(computed_from_incomparable, _OUTPUTS),
+    Rule(nonfinite_inherited, _TENSORS),
+    Rule(nonfinite_origin, _TENSORS),
+    Rule(no_statistics, _TENSORS),
+    Rule(within_tolerance, _TENSORS),
+    Rule(constant_from_arguments, _OUTPUTS),
+    Rule(called_differently, _OUTPUTS),
+    Rule(replay_own_error, _OUTPUTS),
+    Rule(explained_by_inputs, _OUTPUTS),
+    Rule(singular_near_zero, _OUTPUTS),
+    Rule(awaits_replay, _OUTPUTS),
+    Rule(may_amplify, _OUTPUTS),
+    Rule(made_here, _OUTPUTS),
+    Rule(constant_no_op_made, _INPUTS),
+    Rule(upstream_differs, _INPUTS),
+    Rule(differs_before_any_op, _INPUTS),
+    Rule(holds_incomparable, _INPUTS),
+    Rule(one_sided_from_incomparable, _INPUTS),
+    Rule(made_differently, _INPUTS),
+    Rule(carried_from_source, _INPUTS),
+    Rule(enters_here, _INPUTS),
+    Rule(same_value, _VALUES),
+    Rule(dtype_argument_value, _VALUES),
+    Rule(other_value, _VALUES),
+)
+"""The rules in the order they are tried; the first that answers judges the row."""
+
+
+def slot_of(row: Row) -> str:
+    """Which rules apply to ``row``: ``value`` (non-tensor), ``output`` or ``input``."""
+    if row.kind != "tensor":
+        return "value"
+    return "output" if row.io in OUTPUT_IO else "input"

@@ -1,0 +1,338 @@
+"""Records of sharded tensors (DTensor: FSDP2, tensor parallelism) read as whole tensors.
+
+A DTensor's record holds the statistics of its *local* tensor under the tensor's global shape
+(``extra``: ``placements``, ``mesh``, ``mesh_coordinate``, ``local_shape``). Against a run of another
+world size (a single process), compare reads each rank of a sharded run through
+:class:`ShardedRank`, which puts the pieces back together from the records alone (capture adds no
+collective of its own):
+
+* **Shard** (``S(d)``): the records of the same slot on the ranks holding the other pieces (same
+  mesh and placements, the same coordinate along every other mesh dimension) merge into one
+  whole-tensor record: min and max of the pieces', sums (mean × elements) and sums of squares
+  (norm²) added, NaN/Inf and element counts added, so mean and norm follow exactly;
+* **Replicate** (``R``): the local tensor is the whole one: kept as it is;
+* **Partial** (``P(sum)``, ``P(avg)``): each rank holds a summand. The whole value's sum, so its
+  mean, combines; its min, max and norm do not: the merged record keeps the mean alone, and its
+  row says so (:func:`row_note`).
+
+Tensor parallelism hands plain tensors between its layers (``ColwiseParallel`` returns the local
+shard). A plain input slot holding the local tensor a sharded slot of the same step made (same dtype,
+local shape and statistics), and a plain op's output made from such slots of one layout with their
+shape (an activation, its gradient), are read as pieces of that layout too; a collective's output
+is not (an all-reduce makes ``P(sum)`` pieces whole).
+
+Each pass is linear: one over the compared rank's records, then one over each other rank's, read
+one at a time and not kept. A slot whose pieces are not all in the dump (a rank folder alone, a rank
+missing), or whose pieces several ranks offer (a sub-mesh: its coordinates do not name the ranks of
+the group), keeps its local statistics and is ``incomparable`` (:func:`one_shard`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from torchdebug.compare._matching import identity
+from torchdebug.records import Record
+from torchdebug.stats._schema import COUNT_KEYS
+from torchdebug.store import _reader as reader
+
+__all__ = ["Layout", "ShardedRank", "data_split", "layouts", "whole_tensors", "one_shard", "row_note", "sharded"]
+
+_OUTPUTS = ("output", "parameter_grad")
+_COMBINED_PARTIALS = {"P(sum)": False, "P(avg)": True}
+"""Partial placements whose whole value's mean combines from the summands' (``True``: divided by their number)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How one record's tensor is laid out over a device mesh."""
+
+    placements: tuple[str, ...]
+    mesh: tuple[int, ...]
+    coordinate: tuple[int, ...]
+    shape: tuple[int, ...]
+    """The whole tensor's shape."""
+    local_shape: tuple[int, ...]
+
+    @property
+    def split(self) -> tuple[int, ...]:
+        """Mesh dimensions whose placement splits the value (Shard or Partial)."""
+        return tuple(i for i, p in enumerate(self.placements) if p.startswith(("S(", "P(")))
+
+    @property
+    def group(self) -> tuple:
+        """What the records of one value's pieces share: placements, mesh, the coordinate elsewhere."""
+        split = self.split
+        return self.placements, self.mesh, tuple(-1 if i in split else c for i, c in enumerate(self.coordinate))
+
+    @property
+    def piece(self) -> tuple[int, ...]:
+        """Which piece this is: the coordinate along the splitting mesh dimensions."""
+        return tuple(self.coordinate[i] for i in self.split)
+
+    @property
+    def pieces(self) -> int:
+        return math.prod(self.mesh[i] for i in self.split)
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        return tuple(p for p in self.placements if p.startswith("P("))
+
+
+def sharded(record: Record) -> bool:
+    """Whether a record holds one piece of a DTensor split over ranks (Shard or Partial)."""
+    placements = record.extra.get("placements") if record.extra else None
+    return bool(placements) and any(str(p).startswith(("S(", "P(")) for p in placements)
+
+
+def _native(record: Record) -> Layout | None:
+    """The layout a DTensor record names, when it splits the value."""
+    extra = record.extra
+    coordinate = extra.get("mesh_coordinate")
+    if not sharded(record) or coordinate is None or record.shape is None:
+        return None
+    local = extra.get("local_shape", record.shape)
+    return Layout(tuple(extra["placements"]), tuple(extra["mesh"]), tuple(coordinate), tuple(record.shape), tuple(local))
+
+
+_COLLECTIVES = ("_c10d_functional.", "c10d.")
+"""Ops whose output is another value than their inputs' pieces (an all-reduce of ``P(sum)`` pieces
+is the whole value on every rank): it follows no input's layout."""
+
+
+def _follow(inputs: Sequence[tuple[Record, Layout | None]], shape: Sequence[int] | None) -> Layout | None:
+    """The layout of a plain op's output: that of its inputs holding pieces, when they share one
+    whose local shape is the output's and no plain input of that shape (another value) joins them."""
+    found = {layout for _, layout in inputs if layout is not None}
+    if len(found) != 1 or shape is None:
+        return None
+    layout = next(iter(found))
+    if layout.local_shape != tuple(shape):
+        return None
+    if any(other is None and tuple(record.shape or ()) == layout.local_shape for record, other in inputs):
+        return None
+    return layout
+
+
+def layouts(records: Sequence[Record]) -> dict[int, Layout]:
+    """``id(record)`` → layout, for one rank's records (in execution order) holding a piece of a
+    split value: DTensor records, and the plain slots that follow them (module docstring)."""
+    found: dict[int, Layout] = {}
+    made: dict[tuple, Layout] = {}  # local identity of the pieces made in this step
+    step = call = None
+    inputs: list[tuple[Record, Layout | None]] = []
+    on_subclass = False
+    for record in records:
+        if record.kind != "tensor":
+            continue
+        if record.step != step:
+            step = record.step
+            made.clear()
+        name = record.call_name
+        if name != call:
+            call, inputs, on_subclass = name, [], False
+        layout = _native(record)
+        if record.extra.get("subclass"):
+            on_subclass = True  # a DTensor op: its records name their own layouts
+        elif not on_subclass:
+            if record.io == "input":
+                layout = made.get(identity(record))  # type: ignore[arg-type]
+            elif record.io in _OUTPUTS and not record.op.startswith(_COLLECTIVES):
+                layout = _follow(inputs, record.shape)
+        if record.io == "input":
+            inputs.append((record, layout))
+        if layout is not None:
+            found[id(record)] = layout
+            if record.io in _OUTPUTS:
+                made[identity(record, layout.local_shape)] = layout  # type: ignore[index]
+    return found
+
+
+@dataclass(slots=True)
+class _Pieces:
+    """The pieces found so far of one slot of the compared rank."""
+
+    record: Record
+    layout: Layout
+    parts: dict[tuple[int, ...], tuple[int, Record, Layout]]
+    """piece → (rank, record, its layout)."""
+    ambiguous: bool = False
+
+
+def _count(parts: Sequence[tuple[dict[str, Any] | None, int]], key: str) -> int | None:
+    """A count of the whole value: the sum of its pieces' (``None`` when a piece's record predates the count)."""
+    values = [stats.get(key) for stats, _ in parts]  # type: ignore[union-attr]
+    return None if None in values else sum(values)
+
+
+def _whole_stats(parts: Sequence[tuple[dict[str, Any] | None, int]], layout: Layout) -> dict[str, Any] | None:
+    """Min, max, mean, norm and counts of the whole value from its pieces' statistics and
+    element counts; with Partial placements, the mean alone (``None`` without statistics)."""
+    if any(not stats or stats.get("mean") is None and numel for stats, numel in parts):
+        return None
+    numel = sum(n for _, n in parts)
+    total = sum(stats["mean"] * n for stats, n in parts if n)  # type: ignore[index]
+    counts = {key: _count(parts, key) for key in COUNT_KEYS}
+    if layout.partial:
+        summands = math.prod(layout.mesh[i] for i, p in enumerate(layout.placements) if p.startswith("P("))
+        averaged = any(_COMBINED_PARTIALS.get(p) for p in layout.partial)
+        if not all(p in _COMBINED_PARTIALS for p in layout.partial) or not numel:
+            return {"min": None, "max": None, "mean": None, "norm": None, **counts}
+        mean = total / (numel / summands) / (summands if averaged else 1)
+        return {"min": None, "max": None, "mean": mean, "norm": None, **counts}
+    present = [stats for stats, n in parts if n]
+    return {
+        "min": min(stats["min"] for stats in present),  # type: ignore[index]
+        "max": max(stats["max"] for stats in present),  # type: ignore[index]
+        "mean": total / numel if numel else None,
+        "norm": math.sqrt(sum((stats.get("norm") or 0.0) ** 2 for stats in present)),  # type: ignore[union-attr]
+        **counts,
+    }
+
+
+def _pieces_of(records: Sequence[Record]) -> dict[tuple[int, str], _Pieces]:
+    """The split slots of the compared rank, keyed by ``(step, name)``, each with its own piece."""
+    found = layouts(records)
+    pending = {}
+    for record in records:
+        layout = found.get(id(record))
+        if layout is not None:
+            pending[(record.step, record.name)] = _Pieces(record, layout, {layout.piece: (record.rank, record, layout)})
+    return pending
+
+
+def _gather(pending: dict[tuple[int, str], _Pieces], rank: int, run: reader.Run) -> None:
+    """Add the other ranks' pieces to ``pending``, one rank at a time (only the pieces are kept).
+    Stops once every slot is complete when each mesh spans the world (a coordinate names one rank);
+    with a sub-mesh, reads every rank to notice pieces that several ranks offer."""
+    world = _world_size(run)
+    unique = all(math.prod(entry.layout.mesh) == world for entry in pending.values())
+    missing = sum(1 for entry in pending.values() if len(entry.parts) < entry.layout.pieces)
+    for other in sorted(run.ranks, key=lambda r: (abs(r - rank), r)):
+        if unique and not missing:
+            return
+        if other == rank:
+            continue
+        dump = run.ranks[other]
+        records = dump.passing_records() if hasattr(dump, "passing_records") else dump.records()
+        found = layouts(records)
+        for record in records:
+            layout = found.get(id(record))
+            entry = pending.get((record.step, record.name)) if layout is not None else None
+            if entry is None or layout.group != entry.layout.group:  # type: ignore[union-attr]
+                continue
+            held = entry.parts.get(layout.piece)  # type: ignore[union-attr]
+            if held is not None:
+                entry.ambiguous = entry.ambiguous or held[0] != other
+                continue
+            entry.parts[layout.piece] = (other, record, layout)  # type: ignore[union-attr]
+            missing -= len(entry.parts) == entry.layout.pieces
+
+
+def _merged(entry: _Pieces) -> Record:
+    """The whole-tensor record of one slot, or its own record marked when its pieces are not all there."""
+    record, layout = entry.record, entry.layout
+    if entry.ambiguous or len(entry.parts) < layout.pieces:
+        why = f"holds one piece ({'/'.join(layout.placements)} over mesh {list(layout.mesh)}) of a " + (
+            "value whose other pieces several ranks hold (a sub-mesh): the dump does not say which ranks form its group"
+            if entry.ambiguous
+            else f"value whose other pieces are not in the dump ({len(entry.parts)} of {layout.pieces} found)"
+        )
+        return dataclasses.replace(record, extra={**record.extra, "one_shard": why})
+    parts = [(r.stats, math.prod(piece.local_shape)) for _, r, piece in entry.parts.values()]
+    ranks = sorted(rank for rank, _, _ in entry.parts.values())
+    extra = {key: value for key, value in record.extra.items() if key not in ("local_shape", "mesh_coordinate")}
+    extra["merged_ranks"] = ranks
+    return dataclasses.replace(
+        record,
+        shape=list(layout.shape),
+        stride=None,
+        stats=_whole_stats(parts, layout),
+        checksum=None,  # a fingerprint of one piece's bytes
+        tensor=None,  # one piece saved: the whole value is compared by its statistics
+        extra=extra,
+    )
+
+
+class ShardedRank:
+    """One rank of a sharded run whose split slots read as whole tensors (see the module docstring);
+    everything else is the rank's own (:class:`~torchdebug.store._reader.RankRecords`)."""
+
+    def __init__(self, run: reader.Run, rank: int) -> None:
+        self._run, self._rank = run, rank
+        self._dump = run.ranks[rank]
+        self._records: list[Record] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dump, name)
+
+    @property
+    def rank(self) -> int:
+        return self._dump.rank
+
+    def records(self) -> list[Record]:
+        """The rank's records, split slots merged with their pieces on the other ranks."""
+        if self._records is None:
+            own = self._dump.records()
+            pending = _pieces_of(own)
+            if not pending:
+                self._records = own
+                return own
+            _gather(pending, self._rank, self._run)
+            merged = {id(entry.record): _merged(entry) for entry in pending.values()}
+            self._records = [merged.get(id(record), record) for record in own]
+        return self._records
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records())
+
+
+def _world_size(run: reader.Run) -> int:
+    """The run's world size: its manifests' (a run read from one rank folder has the others too)."""
+    return max([len(run.ranks), *(getattr(dump, "world_size", 0) for dump in run.ranks.values())])
+
+
+def data_split(dump_a: Any, dump_b: Any) -> Fraction | None:
+    """A's world size over B's when they differ (a data-parallel rank holds its share of the batch,
+    so its activations' sizes change by that ratio); ``None`` when they agree."""
+    size_a, size_b = getattr(dump_a, "world_size", 0), getattr(dump_b, "world_size", 0)
+    if not size_a or not size_b or size_a == size_b:
+        return None
+    return Fraction(size_a, size_b)
+
+
+def whole_tensors(run: reader.Run, other: reader.Run) -> reader.Run:
+    """``run`` with its ranks read through :class:`ShardedRank` when ``other`` has another world
+    size (a single process against a sharded run); as it is otherwise (shards pair with shards)."""
+    if _world_size(run) == _world_size(other):
+        return run
+    return reader.Run(path=run.path, ranks={rank: ShardedRank(run, rank) for rank in run.ranks})  # type: ignore[misc]
+
+
+def one_shard(row: Any) -> str | None:
+    """Why a row cannot be compared when a side holds one piece of a split value (its other pieces
+    are not in the dump); ``None`` otherwise."""
+    for side, record in (("A", row.record_a), ("B", row.record_b)):
+        why = record.extra.get("one_shard") if record is not None and record.extra else None
+        if why:
+            return f"{side} {why}"
+    return None
+
+
+def row_note(row: Any) -> str | None:
+    """What a row's words must say of a merged Partial value: its summands' sums combine into the
+    whole value's mean, their min, max and norm do not."""
+    for side, record in (("A", row.record_a), ("B", row.record_b)):
+        extra = record.extra if record is not None else None
+        if extra and extra.get("merged_ranks") and extra.get("partial"):
+            placements = "/".join(extra.get("placements", ()))
+            return (
+                f"{side} is a partial value ({placements}): the sum of its summands on ranks {extra['merged_ranks']} "
+                "gives the whole value's mean; min, max and norm of summands do not combine, so only the mean is compared"
+            )
+    return None

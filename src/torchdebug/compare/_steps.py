@@ -1,0 +1,397 @@
+"""The steps of one comparison, shared by the in-process run and the distributed one.
+
+1. :func:`open_pair` opens both dumps and lists the ranks they have in common;
+2. :func:`match_rank` pairs one rank's records (and, when a side was captured in compiled graphs,
+   the slots of eager ops the compiler decomposed, at their group's boundary:
+   :mod:`torchdebug.compare._boundaries`) and fills the statistics metrics;
+3. :func:`tensor_jobs` groups the rows needing tensor metrics by their unique pair of saved tensor
+   values (a slot that reuses another slot's saved tensor is computed once);
+4. :func:`compute_jobs` runs them in a thread pool (torch kernels release the GIL, so threads use
+   every core); each job loads its two tensors through the dump's ``load_tensor`` (memory-mapped),
+   computes and drops them, so no more than ``threads`` pairs are in memory at once; a damaged
+   (truncated, corrupt) tensor file leaves its slots to their statistics, named once by
+   :func:`finish` (a missing one is a dump error);
+5. :func:`apply_metrics` writes the results into the rows;
+6. :func:`attribute`: with ``replay``, :func:`replay_rows` replays each call with an output beyond
+   tolerance on each side in float64 (its own error, one call and side per job, so a job holds one
+   side's tensors of one call); then ``judge``, and ``judge_checksums`` for slots whose records
+   carry checksums on both sides (bit-exact); rows that cannot be compared lose their ``error``;
+   then :func:`finish` (notes: checksums of other dtypes first, damaged tensor files, overlap).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+
+from torchdebug import progress
+from torchdebug.compare._boundaries import align_boundaries, unpaired_calls
+from torchdebug.compare._checksums import dtype_note, judge_checksums
+from torchdebug.compare._config import CompareConfig
+from torchdebug.compare._matching import Producers, match_records
+from torchdebug.compare._metrics import stats_metrics, tensor_metrics
+from torchdebug.compare._replay import NotReplayable, own_errors
+from torchdebug.compare._result import CompareResult, Side
+from torchdebug.compare._rows import Row
+from torchdebug.compare._shards import data_split, row_note, whole_tensors
+from torchdebug.compare._tolerances import Tolerance, lower_precision, tolerance_for
+from torchdebug.compare._verdicts import judge
+from torchdebug.errors import DumpError
+from torchdebug.records import Record
+from torchdebug.store import _msprobe as msprobe
+from torchdebug.store import _reader as reader
+from torchdebug.store._reader import RankRecords
+
+__all__ = [
+    "Pairing",
+    "open_dump",
+    "has_tensor",
+    "open_pair",
+    "metric_pool",
+    "match_rank",
+    "tensor_jobs",
+    "compute_jobs",
+    "apply_metrics",
+    "replay_rows",
+    "attribute",
+    "rank_notes",
+    "compare_rank",
+    "finish",
+]
+
+logger = logging.getLogger("torchdebug.compare")
+
+JobKey = tuple
+"""Identifies the values of a pair of saved tensors (see :func:`tensor_jobs`)."""
+
+
+def open_dump(path: str | Path | reader.Run) -> reader.Run:
+    """A torchdebug dump (dump path, run or rank folder) or an msprobe dump folder."""
+    if isinstance(path, reader.Run):
+        return path
+    if msprobe.is_msprobe_dump(Path(path)):
+        return msprobe.load(path)
+    return reader.load(path)
+
+
+@dataclass
+class Pairing:
+    """Both sides of a comparison, the ranks they share and notes on ranks one side lacks."""
+
+    a: Side
+    b: Side
+    ranks: list[int]
+    problems: list[str]
+
+
+def open_pair(a: str | Path | reader.Run, b: str | Path | reader.Run) -> Pairing:
+    """Open both dumps; fail when they have no rank in common, note the ranks one side lacks."""
+    run_a, run_b = open_dump(a), open_dump(b)
+    run_a, run_b = whole_tensors(run_a, run_b), whole_tensors(run_b, run_a)  # a sharded run against another world size
+    side_a, side_b = Side.of(a, run_a), Side.of(b, run_b)
+    problems = []
+    only_a = sorted(set(run_a.ranks) - set(run_b.ranks))
+    only_b = sorted(set(run_b.ranks) - set(run_a.ranks))
+    if only_a:
+        problems.append(f"ranks only in A (not compared): {only_a}")
+    if only_b:
+        problems.append(f"ranks only in B (not compared): {only_b}")
+    common = sorted(set(run_a.ranks) & set(run_b.ranks))
+    if not common:
+        raise ValueError(f"A has ranks {sorted(run_a.ranks)} and B has ranks {sorted(run_b.ranks)}: no rank to compare")
+    return Pairing(side_a, side_b, common, problems)
+
+
+@contextmanager
+def metric_pool(threads: int | None) -> Iterator[ThreadPoolExecutor]:
+    """A pool of ``threads`` threads (default: all cores) with torch's intra-op threads set to 1.
+
+    Parallelism comes from the pool (one tensor pair per thread); torch's own intra-op threads only
+    add hand-off stalls on these mostly small tensors. They are restored on exit.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
+            yield pool
+    finally:
+        torch.set_num_threads(previous)
+
+
+def has_tensor(record: Record | None) -> bool:
+    """Whether a record points at a saved tensor (task=tensor)."""
+    return record is not None and bool(record.tensor) and "file" in (record.tensor or {})
+
+
+def _fill_stats(row: Row, tolerance: Tolerance) -> None:
+    stats_a, stats_b = row.record_a.stats, row.record_b.stats  # type: ignore[union-attr]
+    row.tolerance = tolerance.rtol
+    metrics = stats_metrics(stats_a, stats_b, numel=math.prod(row.shape_b or ()), atol=tolerance.atol)
+    row.error = metrics.pop("error", None)
+    row.metrics = metrics  # the row's first metrics: its own dict, not a copy
+
+
+def match_rank(
+    rank: int, dump_a: RankRecords, dump_b: RankRecords, settings: CompareConfig, made: Producers | None = None
+) -> list[Row]:
+    """The rows of one rank, in execution order, with statistics metrics filled in (not judged).
+    ``made``: the two sides' producers, when the caller keeps them for :func:`attribute`."""
+    records_a, records_b = dump_a.records(), dump_b.records()
+    compiled = any(r.capture == "graph" for r in (*records_a[:1], *records_b[:1]))
+    pairs = match_records(records_a, records_b, settings.mapping, compiled=compiled, made=made)
+    if compiled:
+        pairs = align_boundaries(pairs, unpaired_calls(pairs))
+    rows = [Row.from_records(rank, p.a, p.b, p.how, p.order, p.inside) for p in pairs]
+    tolerances: dict[tuple[str | None, str | None], Tolerance] = {}  # per pair of dtypes: a handful
+    for row in rows:
+        if row.matched and row.kind == "tensor" and row.shape_a == row.shape_b:
+            dtypes = (row.dtype_a, row.dtype_b)
+            tolerance = tolerances.get(dtypes)
+            if tolerance is None:
+                tolerance = tolerances[dtypes] = tolerance_for(*dtypes, settings.tolerances)
+            _fill_stats(row, tolerance)
+    return rows
+
+
+def _tensor_ref(record: Record, shapes: Mapping[str, list[int] | None]) -> tuple:
+    """What identifies the values of a saved tensor: file, key and, for a strided view of another
+    slot's tensor, the view. A view that permutes all of its base (a transpose, a reshape) holds
+    the same elements, so it shares the base's metrics (they ignore element order)."""
+    ref = record.tensor or {}
+    view = ref.get("view")
+    if view is not None:
+        base = shapes.get(ref.get("key", ""))
+        covers_base = (
+            base is not None
+            and view.get("offset", 0) == 0
+            and 0 not in view.get("stride", [0])
+            and math.prod(view.get("shape", [])) == math.prod(base)
+        )
+        if not covers_base:
+            return ref.get("folder"), ref.get("file"), ref.get("key"), json.dumps(view, sort_keys=True)
+    return ref.get("folder"), ref.get("file"), ref.get("key"), None
+
+
+def tensor_jobs(rows: Iterable[Row], dump_a: RankRecords, dump_b: RankRecords) -> dict[JobKey, list[Row]]:
+    """Rows needing tensor metrics, grouped by their unique pair of saved tensor values, in row order."""
+    saved = [
+        row
+        for row in rows
+        if row.kind == "tensor" and row.shape_a == row.shape_b and has_tensor(row.record_a) and has_tensor(row.record_b)
+    ]
+    if not saved:
+        return {}  # statistics dumps: no need to index the records' shapes
+    shapes_a = {r.name: r.shape for r in dump_a.records()}
+    shapes_b = {r.name: r.shape for r in dump_b.records()}
+    jobs: dict[JobKey, list[Row]] = {}
+    for row in saved:
+        key = (_tensor_ref(row.record_a, shapes_a), _tensor_ref(row.record_b, shapes_b))  # type: ignore[arg-type]
+        jobs.setdefault(key, []).append(row)
+    return jobs
+
+
+_UNREADABLE = "_unreadable"
+"""The key of a tensor job's result whose tensors could not be read: which file, and why."""
+_DAMAGED = (DumpError, SafetensorError, OSError, RuntimeError)
+"""What reading a damaged tensor file raises (the reader's ``DumpError``, or the library's own)."""
+
+
+def _missing(dump: RankRecords, record: Record) -> bool:
+    """Whether a record's tensor file is absent (a dump error), rather than unreadable (damaged)."""
+    folder = getattr(dump, "path", None)
+    return folder is not None and not (Path(folder) / str((record.tensor or {}).get("file", ""))).is_file()
+
+
+def _load(dump: RankRecords, record: Record, label: str) -> torch.Tensor | str:
+    """A record's saved tensor, or, when its file is damaged, ``"A tensors/step0-0000.safetensors"``."""
+    try:
+        return dump.load_tensor(record)
+    except _DAMAGED as error:
+        if _missing(dump, record):
+            raise
+        logger.debug("%s: %s", record.name, error)
+        folder = getattr(dump, "path", None)
+        file = str((record.tensor or {}).get("file"))
+        return f"{label} {Path(folder) / file if folder is not None else file}"
+
+
+def _run_job(row: Row, dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
+    tensor_a = _load(dump_a, row.record_a, "A")  # type: ignore[arg-type]
+    tensor_b = _load(dump_b, row.record_b, "B")  # type: ignore[arg-type]
+    damaged = [found for found in (tensor_a, tensor_b) if isinstance(found, str)]
+    if damaged:
+        return {_UNREADABLE: ", ".join(damaged)}  # type: ignore[dict-item]
+    assert isinstance(tensor_a, torch.Tensor) and isinstance(tensor_b, torch.Tensor)
+    if tensor_a.shape != tensor_b.shape:
+        return {"_shape_mismatch": 1.0}
+    tolerance = tolerance_for(row.dtype_a, row.dtype_b, overrides)
+    low = lower_precision(row.dtype_a, row.dtype_b)
+    return tensor_metrics(tensor_a, tensor_b, low_dtype=low, atol=tolerance.atol)
+
+
+def compute_jobs(
+    groups: Sequence[list[Row]],
+    dump_a: RankRecords,
+    dump_b: RankRecords,
+    overrides: Mapping[str, Tolerance],
+    pool: ThreadPoolExecutor,
+) -> list[dict[str, float]]:
+    """Tensor metrics of each group's first row (the group shares its values), in order."""
+    results = pool.map(lambda group: _run_job(group[0], dump_a, dump_b, overrides), groups)
+    return list(progress.track(results, "tensor metrics", total=len(groups), unit="pair"))
+
+
+def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float]]) -> None:
+    """Write each group's tensor metrics into its rows (``error`` replaces the statistics one)."""
+    for group, metrics in zip(groups, results):
+        if "_shape_mismatch" in metrics:
+            continue  # sampled with different strides: keep the statistics verdict
+        if _UNREADABLE in metrics:
+            for row in group:
+                row.unreadable = str(metrics[_UNREADABLE])  # compared by statistics: see finish()
+            continue
+        for row in group:
+            row.metrics.update(metrics)
+            row.error = metrics.get("error", row.error)
+            row.metrics.pop("error", None)
+
+
+def _replay_job(dump: RankRecords, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, dict[str, float]]:
+    """The own and kernel errors of each floating output slot of one call on one side (none if not
+    replayable)."""
+    try:
+        return own_errors(records, dump.load_tensor, lambda dtype: tolerance_for(dtype, dtype, overrides).atol)
+    except NotReplayable as reason:
+        logger.debug("not replayed: %s", reason)
+        return {}
+    except _DAMAGED as error:  # a damaged tensor file (named by the tensor metrics' warning)
+        if any(_missing(dump, record) for record in records if has_tensor(record)):
+            raise
+        logger.debug("not replayed: %s", error)
+        return {}
+
+
+def _calls(dump: RankRecords) -> dict[tuple[int, str], list[Record]]:
+    """A dump's records by op call: ``(step, call name)``."""
+    calls: dict[tuple[int, str], list[Record]] = {}
+    for record in dump.records():
+        calls.setdefault((record.step, record.call_name), []).append(record)
+    return calls
+
+
+def replay_rows(
+    rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
+) -> None:
+    """Replay, on each side, every call with an output row beyond tolerance, and write the own
+    and kernel errors of its output rows into their metrics (:data:`~torchdebug.compare._metrics.REPLAY_METRICS`)."""
+    outputs = [row for row in rows if row.io == "output" and row.kind == "tensor" and row.matched]
+    diverging = [row for row in outputs if row.error is not None and row.tolerance is not None and row.error > row.tolerance]
+    if not diverging:
+        return
+    jobs: dict[tuple[str, int, str], list[Record]] = {}
+    for side, dump in (("a", dump_a), ("b", dump_b)):
+        calls = _calls(dump)
+        for row in diverging:
+            record = row.record_a if side == "a" else row.record_b
+            key = (record.step, record.call_name)  # type: ignore[union-attr]
+            jobs.setdefault((side, *key), calls[key])
+    dumps = {"a": dump_a, "b": dump_b}
+    logger.info("replaying %d op calls (of %d diverging output slots) in float64", len(jobs), len(diverging))
+    replayed = pool.map(lambda key: _replay_job(dumps[key[0]], jobs[key], overrides), jobs)
+    results = dict(zip(jobs, progress.track(replayed, "replay", total=len(jobs), unit="call")))
+    for row in outputs:
+        for side, record in (("a", row.record_a), ("b", row.record_b)):
+            errors = results.get((side, record.step, record.call_name), {}).get(record.arg, {})  # type: ignore[union-attr]
+            row.metrics.update({f"{name}_{side}": value for name, value in errors.items()})
+
+
+def attribute(
+    rows: Sequence[Row],
+    dump_a: RankRecords,
+    dump_b: RankRecords,
+    settings: CompareConfig,
+    pool: ThreadPoolExecutor,
+    made: Producers | None = None,
+) -> None:
+    """Verdicts and attribution of one rank's rows, with replay first when asked; without it, the
+    rows left ``undecided`` that have tensor metrics (both sides saved them) are replayed, and all
+    rows judged again. ``made``: the producers matching found (else traced again from the rows)."""
+    split = data_split(dump_a, dump_b)
+    if settings.replay:
+        replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
+    judge(rows, growth=settings.growth, replayed=settings.replay, split=split, made=made)
+    undecided = [row for row in rows if row.verdict == "undecided" and "cosine" in row.metrics]
+    if undecided:
+        replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
+        judge(rows, growth=settings.growth, replayed=True, split=split, made=made)
+    judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
+    for row in rows:
+        note = row_note(row)
+        if note is not None:
+            row.message = f"{row.message}; {note}" if row.message else note
+        if row.match == "inside":
+            row.message = f"inside {row.name_b}: a node of its compiled form, compared where values enter and leave it"
+        elif row.verdict == "incomparable":
+            row.error = None  # two values that cannot be compared have no error (their metrics stay)
+
+
+def rank_notes(rank: int, pairing: Pairing) -> list[str]:
+    """Notes on one rank's folders (partial, truncated), read where the rank is compared."""
+    return [*pairing.a.notes("A", rank), *pairing.b.notes("B", rank)]
+
+
+def compare_rank(rank: int, pairing: Pairing, settings: CompareConfig, pool: ThreadPoolExecutor) -> list[Row]:
+    """One rank from start to verdicts."""
+    dump_a, dump_b = pairing.a.run.ranks[rank], pairing.b.run.ranks[rank]
+    logger.info("rank %d: reading and pairing records", rank)
+    made = Producers.of(dump_a.records(), dump_b.records())  # matching's, reused by the verdicts
+    rows = match_rank(rank, dump_a, dump_b, settings, made)
+    logger.info("rank %d: %d rows (%d + %d records)", rank, len(rows), len(dump_a.records()), len(dump_b.records()))
+    if settings.tensors:
+        groups = list(tensor_jobs(rows, dump_a, dump_b).values())
+        if groups:
+            logger.info("rank %d: tensor metrics of %d saved tensor pairs", rank, len(groups))
+        apply_metrics(groups, compute_jobs(groups, dump_a, dump_b, settings.tolerances, pool))
+    attribute(rows, dump_a, dump_b, settings, pool, made)
+    return rows
+
+
+def _damaged_note(rows: Sequence[Row]) -> str | None:
+    """One line naming the damaged tensor files and the slots compared by statistics instead."""
+    damaged = [row for row in rows if row.unreadable]
+    if not damaged:
+        return None
+    files = sorted({file for row in damaged for file in row.unreadable.split(", ")})  # type: ignore[union-attr]
+    names = [row.name for row in damaged]
+    listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"damaged tensor files (truncated or corrupt, unreadable): {', '.join(files)}; their {len(names)} slots "
+        f"({listed}) are compared by their statistics instead"
+    )
+
+
+def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: CompareConfig) -> CompareResult:
+    """The result of judged rows: rank ``notes`` and the pairing's, options, and the overlap check."""
+    problems = [*notes, *pairing.problems]
+    dtypes = dtype_note(rows)
+    if dtypes is not None:
+        problems.insert(0, dtypes)
+    damaged = _damaged_note(rows)
+    if damaged is not None:
+        logger.warning("%s", damaged)
+        problems.append(damaged)
+    if settings.replay and not any(has_tensor(row.record_a) and has_tensor(row.record_b) for row in rows):
+        problems.append('replay: no slot has saved tensors on both sides (dump with task="tensor"), so nothing was replayed')
+    result = CompareResult(rows=rows, a=pairing.a, b=pairing.b, problems=problems, options=settings.options())
+    result.check_overlap()
+    return result

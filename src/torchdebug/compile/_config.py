@@ -1,0 +1,205 @@
+"""``CompilerConfig``: the options of the torchdebug compile backend.
+
+The same kind of object as every torchdebug config (:mod:`torchdebug.options`): nested keyword-only
+dataclasses whose options are checked when built and whenever assigned
+(``config.debug.graph_dump.type = "py"``), cross-field rules included, so a typo or a bad
+combination fails at the line that made it with one line naming the dotted key, not after a long
+compile. ``dump_config`` speaks the eager dump's words (``task``, ``step``, ``data_mode``);
+TorchAir's ``dump_data``, ``dump_step``, ``dump_mode`` and ``dump_layer`` still work, with a
+``FutureWarning``, and stay the keys of TorchAir-style scene files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from torchdebug.errors import ConfigError
+from torchdebug.graph_dump import _settings as dump_settings
+from torchdebug.options import Options, boolean, choices, configclass, group, index_set, one_of, option, optional, text
+
+MODES = ("max-autotune", "reduce-overhead", "aot_eager", "eager")
+GRAPH_DUMP_TYPES = ("txt", "py", "json", "dot")
+
+
+def _graph_pass(key: str, value: Any) -> Any:
+    """A user FX pass: a callable taking a ``torch.fx.Graph`` (inductor's custom-pass contract)."""
+    if value is not None and not callable(value):
+        raise ConfigError(
+            f"{key}: got {value!r}, expected None or a callable taking a torch.fx.Graph "
+            "(an inductor CustomGraphPass keeps the FX graph cache usable)"
+        )
+    return value
+
+
+def _writable_folder(key: str, value: Any) -> str:
+    """An existing folder this process can write into (TorchAir's rule: it is not created for you)."""
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise ConfigError(f"{key}: got {value!r}, expected an existing writable folder path")
+    folder = Path(value)
+    if not folder.is_dir():
+        raise ConfigError(f"{key}: got {str(value)!r}, which is not an existing folder; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: got {str(value)!r}, which this process cannot write to; choose a writable folder")
+    return str(value)
+
+
+def _node_names(key: str, value: Any) -> str | None:
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        value = " ".join(value)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{key}: got {value!r}, expected node names separated by spaces, e.g. 'addmm mul_3'")
+    return value
+
+
+def _scene_file(key: str, value: Any) -> str | None:
+    """A scene file is read and checked when assigned, so a bad one fails at that line."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise ConfigError(f"{key}: got {value!r}, expected the path of a JSON dump config file or None")
+    dump_settings.read_scene_file(str(value))
+    return str(value)
+
+
+@configclass
+class DumpConfig(Options):
+    """``dump_config``: op input/output data dumps inside compiled graphs (TorchAir's data dump)."""
+
+    _ALIASES = {"dump_data": "task", "dump_step": "step", "dump_mode": "data_mode", "dump_layer": "nodes"}
+    _ALIAS_VALUES = {"dump_data": {"stats": "statistics"}}
+
+    enable_dump: bool = field(default=False, metadata=option("Turn graph data dumps on.", boolean))
+    task: str = field(
+        default="tensor",
+        metadata=option(
+            "tensor: tensors and statistics of the selected nodes; statistics: statistics only, computed "
+            "inside the compiled graph (was dump_data 'stats').",
+            one_of(*dump_settings.TASKS),
+        ),
+    )
+    data_mode: list[str] = field(
+        default_factory=lambda: ["all"],
+        metadata=option(
+            "Slots of the selected nodes: any of all, input, output (was dump_mode).", choices(dump_settings.DATA_MODES)
+        ),
+    )
+    dump_path: str = field(
+        default=".",
+        metadata=option(
+            "An existing writable folder (checked once set, or once dumps are enabled); each run goes in a new subfolder.",
+            text("an existing writable folder path"),
+        ),
+    )
+    step: frozenset[int] | None = field(
+        default=None,
+        metadata=option("Steps to dump, e.g. '0|3-5|10' or [0, '3-5']; None: every step (was dump_step).", index_set),
+    )
+    nodes: str | None = field(
+        default=None,
+        metadata=option(
+            "Node names as printed in the graph dumps, separated by spaces (was dump_layer); with "
+            "torchdebug.scope.data_dump() blocks the selection is the union; neither: every node.",
+            _node_names,
+        ),
+    )
+    dump_stage: str = field(
+        default="optimized",
+        metadata=option(
+            "optimized: values of the compiled kernels; original: an FX interpreter over the graph before "
+            "the backend's passes (the golden side).",
+            one_of(*dump_settings.DUMP_STAGES),
+        ),
+    )
+    dump_config_path: str | None = field(
+        default=None,
+        metadata=option(
+            "A TorchAir-style JSON scene file (torchdebug.graph_dump._settings); options set here win over it.", _scene_file
+        ),
+    )
+
+    def check(self) -> None:
+        if self.enable_dump or "dump_path" in self.assigned:
+            _writable_folder(self._key("dump_path"), self.dump_path)
+        self.settings()  # the scene file and the options must make one dump
+
+    def settings(self) -> dump_settings.DumpSettings:
+        """The resolved dump: the scene file merged under the options set on this object."""
+        file = dump_settings.read_scene_file(self.dump_config_path) if self.dump_config_path else None
+        values = {name: getattr(self, name) for name in ("task", "data_mode", "dump_path", "step", "nodes", "dump_stage")}
+        return dump_settings.resolve(file, values, self.assigned, prefix=self._key(""))
+
+
+@configclass
+class GraphDumpConfig(Options):
+    """``debug.graph_dump``: extra graph dumps in one format."""
+
+    type: str | None = field(
+        default=None,
+        metadata=option(
+            "None (off), txt, py (runnable repro), json or dot (plus .svg when Graphviz is installed); written "
+            "for the first and last graph of every phase, with the stem of the matching .txt dump.",
+            optional(one_of(*GRAPH_DUMP_TYPES)),
+        ),
+    )
+    path: str | None = field(
+        default=None,
+        metadata=option(
+            "Folder for these dumps when TORCH_COMPILE_DEBUG is off (default ./torchdebug_graphs); with it on, "
+            "they go into the debug folder next to the .txt dumps.",
+            optional(text("a folder path (str) or None")),
+        ),
+    )
+
+
+@configclass
+class DebugConfig(Options):
+    """``debug``: what to dump and how to run."""
+
+    graph_dump: GraphDumpConfig = field(
+        default_factory=GraphDumpConfig, metadata=option("Extra graph dumps.", group(GraphDumpConfig))
+    )
+    run_eagerly: bool = field(
+        default=False,
+        metadata=option(
+            "Run each AOT graph after the pass pipeline eagerly instead of generating code (separates a pass "
+            "bug from a code-generation bug).",
+            boolean,
+        ),
+    )
+
+
+@configclass
+class CompilerConfig(Options):
+    """Options of :func:`torchdebug.get_backend`.
+
+    Example::
+
+        config = CompilerConfig()                  # or CompilerConfig(mode="aot_eager")
+        config.debug.graph_dump.type = "py"
+        model = torch.compile(model, backend=torchdebug.get_backend(config))
+    """
+
+    mode: str = field(
+        default="max-autotune",
+        metadata=option(
+            "max-autotune: inductor compiles the whole graph; reduce-overhead: inductor with CUDA graphs (graphs "
+            "without CUDA tensors run without them, and a warning says so once); aot_eager: AOT autograd, then "
+            "the ATen graphs run eagerly; eager: the Dynamo graph runs as is.",
+            one_of(*MODES),
+        ),
+    )
+    debug: DebugConfig = field(default_factory=DebugConfig, metadata=option("What to dump and how to run.", group(DebugConfig)))
+    dump_config: DumpConfig = field(
+        default_factory=DumpConfig, metadata=option("Op data dumps inside compiled graphs.", group(DumpConfig))
+    )
+    post_grad_custom_pre_pass: Any = field(
+        default=None,
+        metadata=option("A user FX pass on each AOT graph before the pipeline's own passes; dumped like ours.", _graph_pass),
+    )
+    post_grad_custom_post_pass: Any = field(
+        default=None,
+        metadata=option("A user FX pass on each AOT graph after the pipeline's own passes; dumped like ours.", _graph_pass),
+    )

@@ -1,0 +1,64 @@
+"""A localised culprit: the FX node where a stage first goes wrong, and where it came from in user code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from torchdebug.compile import graph_dump
+from torchdebug.diagnose._accuracy import Check
+from torchdebug.graph_dump import _node_names as node_names
+
+
+@dataclass(slots=True)
+class NodeFinding:
+    """The first node of a graph that raises or loses accuracy."""
+
+    graph: str
+    """Which graph: ``dynamo graph 0`` or ``model__0 forward`` / ``model__0 backward``."""
+    node: str
+    target: str
+    phase: str
+    """``forward`` or ``backward``."""
+    module: str
+    """Eager module path (``layers.0.mlp.fc``), ``<root>`` or ``-``."""
+    source: str | None
+    """``file:line in function`` of the user code the node was traced from."""
+    code: str | None
+    detail: str
+    """The error message, or how far the value is from fp64 and what eager allowed."""
+    check: Check | None = None
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    """The node's input values as the failing stage computed them (for the repro)."""
+    subgraph: torch.fx.GraphModule | None = field(default=None, repr=False)
+    """The graph the repro runs: the node alone, or the failing prefix when the node alone passes."""
+    train: bool = True
+    """Whether the repro needs the backward pass to show the problem."""
+
+    def describe(self) -> str:
+        where = f" at {self.source}" if self.source else ""
+        return f"{self.phase} node {self.node} ({self.target}) in module {self.module}{where}: {self.detail}"
+
+
+def node_finding(
+    node: torch.fx.Node, graph: str, graph_phase: str, detail: str, phase: str | None = None, **extra: Any
+) -> NodeFinding:
+    """Describe ``node`` with its module path and source line from ``node.meta``; ``phase`` overrides
+    the node's own (a Dynamo-graph node whose gradient is wrong)."""
+    backward = node_names.is_backward_node(node, graph_phase)
+    rooted = node_names.graph_is_rooted(node.graph)
+    where = graph_dump.source_location(node)
+    return NodeFinding(
+        graph=graph,
+        node=node.name,
+        target=graph_dump.target_name(node),
+        phase=phase or ("backward" if backward else "forward"),
+        module=node_names.module_of(node, backward, rooted),
+        source=f"{where['file']}:{where['line']} in {where['function']}" if where else None,
+        code=where["code"] if where else None,
+        detail=detail,
+        **extra,
+    )

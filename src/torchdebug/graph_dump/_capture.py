@@ -1,0 +1,453 @@
+"""Records from compiled graphs: one :class:`GraphCapture` per backend with ``enable_dump``.
+
+Instrumented graphs call back (``torchdebug.graph_dump._runtime``) once per run with their
+statistics (0-d accumulators and host results, joined here into one vector per device and dtype and
+staged with the session: read at once on the CPU, with the session's one host read per flush on an
+accelerator, never per graph run) and dumped tensors; the dump's scene
+(``torchdebug.graph_dump.scenes``) picks what becomes a record, and this module builds the same
+records eager capture writes (``capture="graph"``, ``node`` = FX node name) through a
+:class:`CaptureSession` and its :class:`RankWriter`, in one run folder per backend::
+
+    DUMP_PATH/20261122-101500/worldsize1_global_rank0/records.jsonl, tensors/step0-0000.safetensors
+
+Steps: a step ends when a forward (or inference) graph runs again for the same module instance
+after it already ran in the current step, so graphs split by graph breaks share a step and a
+training loop counts one step per iteration. A recompiled graph (another sequence length, dynamic
+shapes after a recompile) counts as the graph it replaces: graphs compiled from the same Dynamo
+frame (``GraphPlan.frame``) are one. Call indices continue across the graphs of a step, as in eager
+capture.
+
+Per-block compile (``block.compile()`` for each block, or ``torch.compile(block)``): the blocks of
+one class run one graph (or recompiles of one frame), traced from the block. Before each run the
+backend says which instance runs it (:meth:`GraphCapture.enter`, ``graph_dump/_instances.py``):
+its records are named by the instance's path in the root model (``layers.1.attention.wo``), and
+the graph running for block 1 after block 0 is the same step. A backward graph belongs to the
+latest forward run of its graph whose backward has not run yet (autograd runs the blocks'
+backward graphs in reverse order), whose instance and call indices its ``fwd`` names use.
+
+Dynamic shapes: a graph compiled with symbolic sizes hands their values over with each run
+(``dump_graph``'s ``sizes``); its plan's expressions (``GraphPlan.sizes``) are evaluated once per
+distinct set of values and the records hold the sizes, strides, element counts and arguments that
+ran. Records of a few recent sets of values are kept built, so runs that alternate lengths do not
+rebuild them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchdebug._torch import symbolic
+from torchdebug.capture.session import CaptureSession, SessionOptions
+from torchdebug.dist import rank_and_world_size
+from torchdebug.graph_dump import _golden as golden
+from torchdebug.graph_dump._instances import NO_INSTANCE, CompiledInstances, Instance, in_instance
+from torchdebug.graph_dump._plan import ACCUMULATORS, CallPlan, GraphPlan, Key, Rows, SlotPlan, StatTable, resolve
+from torchdebug.graph_dump._runtime import register_sink, unregister_sink
+from torchdebug.graph_dump._settings import DumpSettings
+from torchdebug.records import Record, make_call_name
+from torchdebug.stats._schema import IDENTITY, stats_from_sums
+from torchdebug.store import _layout as layout
+from torchdebug.store._writer import RankWriter, join_run, run_manifest
+
+log = logging.getLogger("torchdebug.graph_dump._capture")
+
+_KEPT_SIZES = 8
+"""Sets of symbolic-size values per graph whose evaluated sizes and built record fields are kept."""
+
+_Templates = list[list[tuple[SlotPlan, dict[str, Any]]]]
+
+
+@dataclass
+class GraphRun:
+    """One execution of one graph: where its call indices and seq numbers start (what a scene is
+    handed at run time, with the capture that builds its records)."""
+
+    plan: GraphPlan
+    step: int
+    dumped: bool
+    bases: dict[Key, int]
+    """Per key of the plan: the call index its first call takes in this run."""
+    seq: int
+    instance: Instance
+    keys: dict[Key, Key]
+    """Per key of the plan: the key of the same calls named in the instance (``layers.1.attn``)."""
+    forward_bases: dict[Key, int]
+    """For a backward run: ``bases`` of the forward run it belongs to (its ``fwd`` names)."""
+    values: dict[str, Any] = field(default_factory=dict)
+    """``dump_stage="original"``: node name -> value computed by the interpreter."""
+    sizes: tuple[int, ...] = ()
+    """The values of the plan's symbols in this run (``plan.sizes.symbols``; none for static shapes)."""
+    evaluated: list[Any] = field(default_factory=list)
+    """``plan.sizes.expressions`` evaluated with ``sizes``."""
+
+
+class GraphCapture:
+    """Receives the runs of instrumented graphs and writes their records.
+
+    ``settings``: the dump (its scene says which records a run makes; ``step``: the steps written,
+    ``None``: all). ``model``: the root model, whose compiled modules name the records of graphs
+    compiled per block (``None``: their records keep the paths within the block).
+    """
+
+    def __init__(self, settings: DumpSettings, model: torch.nn.Module | None = None) -> None:
+        self.rank, self.world_size = rank_and_world_size()
+        self.run_dir = join_run(Path(settings.dump_path), self.rank, self.world_size)  # one run folder for every rank
+        config = {"task": settings.task, "dump_config": settings.to_dict()}
+        manifest = run_manifest(self.run_dir.name, self.rank, self.world_size, config, capture="graph")
+        writer = RankWriter(self.run_dir / layout.rank_dir_name(self.world_size, self.rank), manifest)
+        self.session = CaptureSession(SessionOptions(task=settings.task), writer, self.rank)
+        self.save_tensors = settings.task == "tensor"
+        self.steps = settings.step
+        self.scene = settings.scene
+        self.step = 0
+        self._forward_ran: set[tuple[str, int]] = set()
+        self._counts: dict[Key, int] = {}
+        self._instances = CompiledInstances(model)
+        self._running: dict[str, Instance] = {}
+        """Per Dynamo graph (``plan.model``): the instance its next runs belong to."""
+        self._awaiting_backward: dict[str, list[tuple[Instance, dict[Key, int]]]] = {}
+        """Per Dynamo graph: its forward runs whose backward has not run yet (instance, bases)."""
+        self._last_backward: dict[str, tuple[Instance, dict[Key, int]]] = {}
+        self._keys: dict[tuple[int, str], dict[Key, Key]] = {}
+        self._seq = 0
+        self._run: GraphRun | None = None
+        self._templates: dict[int, dict[tuple[Any, ...], _Templates]] = {}
+        """Per plan: the record fields of its last few runs' signatures (see :meth:`_templates_of`)."""
+        self._evaluations: dict[int, dict[tuple[int, ...], list[Any]]] = {}
+        """Per plan: its symbolic expressions evaluated, per set of symbol values."""
+        self._sinks: list[int] = []
+        self._closed = False
+        atexit.register(self.close)
+
+    # -- compile time ----------------------------------------------------------------------------
+    def add_graph(self, plan: GraphPlan) -> int:
+        """Register an instrumented graph; returns the sink key its dump ops carry."""
+        key = register_sink(_GraphSink(self, plan), f"graph_capture/{plan.model}/{plan.phase}")
+        self._sinks.append(key)
+        self._instances.changed()
+        return key
+
+    def enter(self, model: str, parameter: torch.Tensor | None) -> None:
+        """Dynamo graph ``model`` is about to run, handed ``parameter`` (its first parameter input;
+        ``None`` when it reads none): the runs of its graphs belong to that parameter's module."""
+        self._running[model] = self._instances.of(parameter)
+
+    # -- run time --------------------------------------------------------------------------------
+    def _begin(self, plan: GraphPlan) -> GraphRun:
+        run = self._run
+        if run is not None and run.plan is plan:
+            return run
+        forward_bases: dict[Key, int] = {}
+        if plan.phase == "backward":
+            instance, forward_bases = self._forward_of(plan.model)
+        else:
+            instance = self._running.get(plan.model, NO_INSTANCE)
+            # a recompile of the same code ends the step as its first graph would
+            code = (plan.frame or plan.model, instance.key)
+            if code in self._forward_ran:
+                self._next_step()
+            self._forward_ran.add(code)
+        keys = self._keys_of(plan, instance.path)
+        counts = self._counts
+        bases = {key: counts.get(keys[key], 0) for key in plan.counts}
+        for key, n in plan.counts.items():
+            counts[keys[key]] = bases[key] + n
+        if plan.phase == "forward":
+            self._awaiting_backward.setdefault(plan.model, []).append((instance, bases))
+        dumped = self.steps is None or self.step in self.steps
+        self._run = GraphRun(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases)
+        self._seq += plan.n_ops
+        return self._run
+
+    def _forward_of(self, model: str) -> tuple[Instance, dict[Key, int]]:
+        """The forward run a backward run of Dynamo graph ``model`` belongs to: the latest one whose
+        backward has not run (the same as the last backward's when none is left: a second
+        backward through a retained graph)."""
+        waiting = self._awaiting_backward.get(model)
+        if waiting:
+            self._last_backward[model] = waiting.pop()
+        return self._last_backward.get(model, (self._running.get(model, NO_INSTANCE), {}))
+
+    def _keys_of(self, plan: GraphPlan, path: str) -> dict[Key, Key]:
+        """The plan's keys named in the instance at ``path`` (see :attr:`GraphRun.keys`)."""
+        keys = self._keys.get((id(plan), path))
+        if keys is None:
+            keys = self._keys[id(plan), path] = {key: _in(key, path) for key in plan.counts}
+        return keys
+
+    def _next_step(self) -> None:
+        self.session.flush()
+        self.step += 1
+        self.session.step = self.step
+        self._forward_ran.clear()
+        self._counts.clear()
+        self._awaiting_backward.clear()
+        self._seq = 0
+
+    def on_graph(self, plan: GraphPlan, stats: list[torch.Tensor], tensors: list[torch.Tensor], sizes: list[int]) -> None:
+        """One run of ``plan``'s graph ended: the scene writes its records (their statistics arrive
+        with the session's next flush, at once on the CPU). ``sizes``: the values of the plan's symbols."""
+        run = self._begin(plan)
+        self._run = None
+        if not run.dumped:
+            return
+        if plan.sizes.expressions:
+            run.sizes = tuple(sizes)
+            run.evaluated = self._evaluate(plan, run.sizes)
+        self.scene.on_graph(self, run, stats, tensors)
+
+    def _evaluate(self, plan: GraphPlan, sizes: tuple[int, ...]) -> list[Any]:
+        """The plan's symbolic expressions with the symbols' values ``sizes`` (kept for a few sets)."""
+        kept = self._evaluations.setdefault(id(plan), {})
+        evaluated = kept.get(sizes)
+        if evaluated is None:
+            if len(kept) >= _KEPT_SIZES:
+                del kept[next(iter(kept))]
+            values = dict(zip(plan.sizes.symbols, sizes))
+            evaluated = kept[sizes] = symbolic.evaluate(plan.sizes.expressions, values)
+        return evaluated
+
+    def on_point(self, plan: GraphPlan, point: int, tensors: list[torch.Tensor], sizes: list[int]) -> None:
+        """Point ``point`` of ``plan``'s graph handed ``tensors`` over (``-1``: the graph's inputs)."""
+        run = self._begin(plan)
+        if point < 0:  # the graph's inputs, for the interpreter of dump_stage="original"
+            if run.dumped:
+                run.values = golden.interpret(plan, tensors, sizes)
+            return
+        if run.dumped:
+            self.scene.on_point(self, run, point, tensors)
+
+    # -- building records (what scenes call) -------------------------------------------------------
+    def slot_record(self, run: GraphRun, call: CallPlan, slot: SlotPlan) -> Record:
+        """A record of one slot of one call, with no statistics or tensor yet."""
+        return Record(step=run.step, **self._fields(run, call, slot, self.call_name(run, call), None))
+
+    def stage_rows(self, run: GraphRun, stats: list[torch.Tensor], done: Callable[[Rows], None] | None) -> Rows:
+        """Hand the run's statistics to the session, one vector per table (``plan.tables``: one
+        device and dtype each), to be read with the next flush; returns the rows (statistics dicts),
+        filled in place when the last table arrives, which then calls ``done``."""
+        plan = run.plan
+        numel = [resolve(n, run.evaluated) for n in plan.numel] if run.evaluated else plan.numel
+        pending = _PendingRows(plan, numel, done)
+        start = 0
+        for table in plan.tables:
+            part = stats[start : start + table.count]
+            start += table.count
+            vector = torch.cat(part) if table.rows else torch.stack(part)
+            self.session.stage(vector, functools.partial(pending.deliver, table))
+        if not plan.tables:
+            pending.finish()
+        return pending.rows
+
+    def write(self, run: GraphRun, calls: Iterable[int], rows: Rows, tensors: list[torch.Tensor]) -> None:
+        """Queue the records of ``calls`` (indices into the plan's calls) of one run: statistics from
+        ``rows`` (:meth:`stage_rows`), tensors from those the graph handed over."""
+        refs: dict[int, dict[str, str]] = {}
+        stats_of: dict[int, dict[str, Any]] = {}
+        records = []
+        templates = self._templates_of(run)
+        for index in calls:
+            for slot, fields in templates[index]:
+                record = Record(step=run.step, **fields)
+                if slot.kind == "tensor" and slot.note is None:
+                    self._fill(record, run, slot, rows, tensors, stats_of, refs)
+                records.append(record)
+        self.session.add_records(records)
+
+    def call_name(self, run: GraphRun, call: CallPlan) -> str:
+        """The call's name in this run (``phase/module/op#call``)."""
+        phase, module, op = run.keys[call.key]
+        return make_call_name(phase, module, op, run.bases[call.key] + call.local)
+
+    @staticmethod
+    def _fwd_name(run: GraphRun, call: CallPlan) -> str | None:
+        if call.fwd is None:
+            return None
+        key, local = call.fwd
+        phase, module, op = _in(key, run.instance.path)
+        return make_call_name(phase, module, op, run.forward_bases.get(key, 0) + local)
+
+    def _templates_of(self, run: GraphRun) -> _Templates:
+        """Per call of the plan, per slot: the record fields that do not change from step to step.
+
+        They depend on where the run's call indices and seq numbers start (and, for backward
+        graphs, the forward's), which repeat every step of a steady training loop, and on the
+        values of its symbolic sizes, so those of the last few signatures of each plan are kept.
+        """
+        plan = run.plan
+        signature = (tuple(run.bases.values()), run.seq, tuple(run.forward_bases.values()), run.sizes, run.instance.path)
+        kept = self._templates.setdefault(id(plan), {})
+        templates = kept.get(signature)
+        if templates is not None:
+            return templates
+        templates = []
+        for call in plan.calls:
+            prefix, fwd = self.call_name(run, call), self._fwd_name(run, call)
+            templates.append([(slot, self._fields(run, call, slot, prefix, fwd)) for slot in call.slots])
+        if len(kept) >= _KEPT_SIZES:
+            del kept[next(iter(kept))]
+        kept[signature] = templates
+        return templates
+
+    def _fields(self, run: GraphRun, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> dict[str, Any]:
+        """A slot's record fields but ``step``, statistics and tensor."""
+        phase, module, op = run.keys[call.key]
+        meta = slot.meta or {}
+        shape, stride, value = meta.get("shape"), meta.get("stride"), slot.value
+        if run.evaluated:  # symbolic sizes: those of this run
+            shape, stride, value = resolve(shape, run.evaluated), resolve(stride, run.evaluated), resolve(value, run.evaluated)
+        source = call.source
+        if source is not None:
+            self.session.add_stack(source.stack_id, list(source.frames))
+        extra = {"graph": f"{run.plan.model}/{run.plan.phase}"}
+        if call.target is not None:
+            extra["target"] = call.target
+        return dict(
+            name=f"{prefix}/{slot.io}.{slot.arg}",
+            rank=self.rank,
+            phase=phase,
+            module=module,
+            op=op,
+            call=run.bases[call.key] + call.local,
+            seq=run.seq + call.order,
+            io=slot.io,
+            arg=slot.arg,
+            kind=slot.kind,
+            dtype=meta.get("dtype"),
+            shape=shape,
+            stride=stride,
+            device=meta.get("device"),
+            value=value,
+            stack=source.stack_id if source else None,
+            source=source.source if source else None,
+            fwd=fwd,
+            node=call.node,
+            capture="graph",
+            capture_error=slot.note,
+            extra=extra,
+        )
+
+    def _fill(
+        self,
+        record: Record,
+        run: GraphRun,
+        slot: SlotPlan,
+        rows: Rows,
+        tensors: list[torch.Tensor],
+        stats_of: dict[int, dict[str, Any]],
+        refs: dict[int, dict[str, str]],
+    ) -> None:
+        """Statistics (shared by the slots of one value) and the saved tensor of one slot."""
+        if run.plan.golden is not None:
+            value = run.values.get(slot.source_node or "")
+            if not isinstance(value, torch.Tensor):
+                record.capture_error = "the interpreter produced no tensor for this slot"
+                return
+            key = id(value)
+            if key not in stats_of:
+                stats_of[key] = self.session.tensor_stats(value)
+                if self.save_tensors:
+                    refs[key] = self.session.save(record.name, value.detach())
+            record.stats = stats_of[key]
+            record.tensor = refs.get(key)
+            return
+        if slot.stat is not None:
+            record.stats = rows[slot.stat]
+        if slot.tensor is not None and self.save_tensors:
+            if slot.tensor not in refs:
+                refs[slot.tensor] = self.session.save(record.name, tensors[slot.tensor])
+            record.tensor = refs[slot.tensor]
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    @property
+    def overflows(self) -> list[Any]:
+        """What the scene found while the graphs ran: the overflow scene's first call of each step
+        that made a NaN/Inf (:class:`~torchdebug.graph_dump.scenes._overflow.Overflow`); empty otherwise."""
+        return self.scene.findings
+
+    @property
+    def rank_dir(self) -> Path:
+        return self.session.writer.rank_dir
+
+    def flush(self) -> None:
+        """Write everything captured so far to disk (waits for the writer thread)."""
+        self.session.flush(wait=True)
+
+    def close(self) -> None:
+        """Flush, write the completion marker and stop listening to graphs. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for key in self._sinks:
+            unregister_sink(key)
+        self.session.flush()
+        self.session.writer.close("complete", steps=self.step + 1, **self.session.memory_info())
+        atexit.unregister(self.close)
+
+
+class _PendingRows:
+    """The statistics rows of one graph run, filled as its tables reach the host."""
+
+    def __init__(self, plan: GraphPlan, numel: list[Any], done: Callable[[Rows], None] | None) -> None:
+        self.plan, self.numel, self.done = plan, numel, done
+        self.rows: list[dict[str, Any]] = [{} for _ in plan.integral]
+        self._sums: dict[int, list[float]] = {}
+        """Row -> its accumulators (``ACCUMULATORS`` order) as they arrive."""
+        self._waiting = len(plan.tables)
+
+    def deliver(self, table: StatTable, values: list[float]) -> None:
+        """One table's numbers arrived (the session's staging calls this)."""
+        width = len(ACCUMULATORS)
+        for index, row in enumerate(table.rows):
+            self._sums[row] = values[width * index : width * (index + 1)]
+        for (row, accumulator), value in zip(table.entries, values):
+            self._sums.setdefault(row, list(_NO_SUMS))[accumulator] = value
+        self._waiting -= 1
+        if self._waiting == 0:
+            self.finish()
+
+    def finish(self) -> None:
+        """Every table arrived: turn the accumulators into statistics, then call ``done``."""
+        plan = self.plan
+        for row, stats in enumerate(self.rows):
+            sums = self._sums.get(row, _NO_SUMS)
+            numel = self.numel[row]
+            if not isinstance(numel, int):  # a size the host cannot evaluate: the graph counted the values
+                numel = int(sums[_VALID]) + int(sums[_NAN])
+            stats.update(stats_from_sums(sums[:_VALID], numel, plan.integral[row]))
+        if self.done is not None:
+            self.done(self.rows)
+
+
+def _in(key: Key, path: str) -> Key:
+    """A plan's key named in the instance at ``path`` (``instances.in_instance``)."""
+    phase, module, op = key
+    return (phase, in_instance(path, module), op) if path else key
+
+
+_NO_SUMS = (*IDENTITY, 0)
+"""Accumulators before any arrived (an empty value gets none: no values, every count 0)."""
+_NAN, _VALID = ACCUMULATORS.index("nan"), ACCUMULATORS.index("valid")
+
+
+class _GraphSink:
+    """Binds one graph's plan to its capture (what :func:`register_sink` keeps)."""
+
+    def __init__(self, capture: GraphCapture, plan: GraphPlan) -> None:
+        self.capture, self.plan = capture, plan
+
+    def on_graph(
+        self, stats: list[torch.Tensor], tensors: list[torch.Tensor], labels: list[str], *, sizes: list[int] = ()
+    ) -> None:
+        self.capture.on_graph(self.plan, stats, tensors, sizes)
+
+    def on_point(self, point: int, tensors: list[torch.Tensor], *, sizes: list[int] = ()) -> None:
+        self.capture.on_point(self.plan, point, tensors, sizes)

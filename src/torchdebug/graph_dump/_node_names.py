@@ -1,0 +1,163 @@
+"""Name FX nodes the way eager capture names op calls, so compiled and eager records line up.
+
+An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.records``). For a node:
+
+- ``module``: the innermost entry of ``node.meta["nn_module_stack"]`` (forward) or
+  ``fwd_nn_module_stack`` (backward nodes, copied there by AOT autograd from the forward node with
+  the same ``seq_nr``), turned into the eager form: ``L['self'].layers[0].attn`` -> ``layers.0.attn``,
+  the compiled module itself -> ``<root>``, ``torch.compile``'s wrapper left out (no ``_orig_mod``).
+  Nodes with no stack are ``<root>`` when the graph comes from a module (some node's stack starts at
+  ``L['self']``), else ``-``. A graph compiled per block is traced from the block: its runs put the
+  path of the block instance that ran in front (``torchdebug.graph_dump._instances``).
+- ``op``: ``str(node.target)`` (``aten.addmm.default``), as the dispatcher names it in eager mode;
+  for a forward node that alone replaced an eager op when the compiler decomposed it (``permute``
+  for ``t`` or ``transpose``, ``reshape`` for ``view``), the op it replaced, read from
+  ``node.meta["original_aten"]`` (see :func:`replaced_ops`; backward calls run in another order
+  than eager's, so same-named calls there would pair wrongly).
+- ``phase``: ``backward`` for nodes AOT autograd tagged ``partitioner_tag == "is_backward"`` and for
+  nodes of a backward graph that inductor created without tags; forward nodes the partitioner
+  recomputes in the backward graph keep ``forward`` and are marked ``recomputed``.
+- ``fwd``: for backward nodes, the first forward node with the same ``seq_nr`` (AOT autograd's rule).
+- ``source``: the innermost frame of ``node.meta["stack_trace"]`` outside torch, ``file:line in function``.
+
+Call indices are counted by :class:`torchdebug.graph_dump._capture.GraphCapture` at run time, so graphs
+split by graph breaks keep counting where the previous graph stopped, as eager capture does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from torchdebug._torch.dispatch import OpOverload
+from torchdebug._torch.nn import strip_wrappers
+from torchdebug.capture.stacks import SKIP_DIRS, TRACE_FRAME, format_frame, stack_id
+from torchdebug.records import NO_MODULE
+
+ROOT_MODULE = "<root>"
+
+_LOCAL = re.compile(r"^[LG]\['[^']*'\]")
+_INDEX = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
+_MODULES_DICT = re.compile(r"\.__dict__\._modules\.")
+"""A child reached through the parent's ``__dict__['_modules']`` (how Dynamo names a module that a
+wrapper's ``forward`` takes from its attributes)."""
+
+
+def eager_module_path(path: str) -> str:
+    """``L['self'].layers[0].attn`` -> ``layers.0.attn``; the compiled module itself -> ``<root>``;
+    module wrappers left out (``layers.0._orig_mod.attn``, checkpoint_wrapper's
+    ``layers.0.__dict__['_modules']['_checkpoint_wrapped_module'].attn`` -> ``layers.0.attn``)."""
+    rest = _LOCAL.sub("", path, count=1)
+    rest = _INDEX.sub(lambda m: "." + (m[1] if m[1] is not None else m[2]), rest)
+    rest = _MODULES_DICT.sub(".", rest)
+    return strip_wrappers(rest.strip(".")) or ROOT_MODULE
+
+
+def module_stack_path(node: torch.fx.Node, key: str) -> str | None:
+    """The innermost entry of ``node.meta[key]`` (``nn_module_stack`` or ``fwd_nn_module_stack``)."""
+    stack = node.meta.get(key)
+    if not stack:
+        return None
+    path, _ = list(stack.values())[-1]
+    return str(path)
+
+
+def is_backward_node(node: torch.fx.Node, graph_phase: str) -> bool:
+    """True for gradient computations; forward nodes recomputed in a backward graph are not."""
+    tag = node.meta.get("partitioner_tag")
+    if tag is not None:
+        return tag in ("is_backward", "must_be_in_backward")
+    return graph_phase == "backward" and "nn_module_stack" not in node.meta
+
+
+def graph_is_rooted(graph: torch.fx.Graph) -> bool:
+    """Whether the graph was traced from a module (its module stacks start at ``L['self']``)."""
+    for node in graph.nodes:
+        path = module_stack_path(node, "nn_module_stack") or module_stack_path(node, "fwd_nn_module_stack")
+        if path is not None and path.startswith("L['self']"):
+            return True
+    return False
+
+
+def module_of(node: torch.fx.Node, backward: bool, rooted: bool) -> str:
+    """The eager module path of a node (see the module docstring)."""
+    path = module_stack_path(node, "fwd_nn_module_stack" if backward else "nn_module_stack")
+    if path is None and backward:
+        path = module_stack_path(node, "nn_module_stack")
+    if path is None:
+        return ROOT_MODULE if rooted else NO_MODULE
+    return eager_module_path(path)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a node came from in user code: innermost frame outside torch, and the user frames."""
+
+    source: str
+    stack_id: str
+    frames: tuple[str, ...]
+
+
+def source_of(node: torch.fx.Node) -> Source | None:
+    """The user frames of ``node.meta["stack_trace"]`` (frames inside torch are dropped)."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    found = [m for m in map(TRACE_FRAME.search, trace.splitlines()) if m and not m["file"].startswith(SKIP_DIRS)]
+    if not found:
+        return None
+    frames = tuple(format_frame(m["file"], int(m["line"]), m["function"]) for m in found)
+    inner = found[-1]
+    return Source(f"{inner['file']}:{inner['line']} in {inner['function']}", stack_id(frames), frames)
+
+
+_STAND_INS: dict[str, frozenset[str]] = {
+    "aten.reshape.default": frozenset({"aten.view.default", "aten._unsafe_view.default"}),
+    "aten.permute.default": frozenset({"aten.t.default", "aten.transpose.int", "aten.numpy_T.default"}),
+    "aten.expand.default": frozenset({"aten.expand_as.default", "aten.broadcast_to.default"}),
+    "aten.full.default": frozenset(
+        {"aten.ones.default", "aten.zeros.default", "aten.new_ones.default", "aten.new_zeros.default", "aten.new_full.default"}
+    ),
+    "prims.iota.default": frozenset({"aten.arange.default", "aten.arange.start", "aten.arange.start_step"}),
+}
+"""Ops a decomposition uses to stand for a whole view or factory op, and the ops they stand for
+(see :func:`replaced_ops`). Other pairs are fragments as often as stand-ins: after inductor's
+passes an ``unsqueeze`` can be the one node left tagged with ``nll_loss_backward``."""
+
+
+def replaced_ops(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
+    """Nodes that alone stand for an op the compiler's decompositions replaced, with that op's name.
+
+    AOT autograd records in ``node.meta["original_aten"]`` the op each node was decomposed from,
+    and ``seq_nr`` tells the calls of that op apart. Where a call of op O became exactly one node of
+    another op (``t`` -> ``permute``, ``view`` -> ``reshape``), that node computes O's output, so
+    it is named O and lines up with the eager record. A call that became several nodes
+    (``native_layer_norm`` -> ``var_mean``, ``sub``, ``mul`` ...), or whose ``seq_nr`` other calls
+    of O share, keeps its own nodes' names: which node holds which output of O is not recorded.
+    Only view and factory stand-ins for view and factory ops (``_STAND_INS``) are renamed: after
+    inductor's passes a decomposition can leave a single node tagged (one ``div`` of a layer-norm
+    backward), and such a node may be a fragment of O, not its output.
+    """
+    groups: dict[tuple[str, Any], list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, OpOverload):
+            continue
+        original = node.meta.get("original_aten")
+        if not isinstance(original, OpOverload):
+            continue
+        name = str(original)  # by name: graph copies (the FX graph cache) hold copies of the op objects
+        if name in _STAND_INS.get(str(node.target), ()):
+            groups.setdefault((name, node.meta.get("seq_nr")), []).append(node)
+    return {nodes[0]: name for (name, seq_nr), nodes in groups.items() if len(nodes) == 1 and seq_nr is not None}
+
+
+def op_name(node: torch.fx.Node) -> str | None:
+    """The op of a node as eager capture names it, or ``None`` for nodes that are not op calls
+    (placeholders, outputs, ``getitem`` of multi-output ops, Python callables)."""
+    if node.op != "call_function" or not isinstance(node.target, OpOverload):
+        return None
+    return str(node.target)

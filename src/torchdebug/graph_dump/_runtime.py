@@ -1,0 +1,160 @@
+"""The custom ops that carry values out of a compiled graph to the dump.
+
+- ``torchdebug::dump_graph(Tensor[] stats, Tensor[] tensors, SymInt sink, str labels="",
+  SymInt[]? sizes=None) -> ()``:
+  once per graph run, the statistics: the accumulators computed inside the graph (0-d tensors,
+  fused by inductor into the loops that compute the values) and the ``host_stats`` results, as
+  they are, on their own devices, so a graph that mixes devices needs no copy or concatenation in
+  the graph (``torchdebug.graph_dump._capture`` joins them per device and dtype); for tensor dumps also
+  the dumped tensors themselves; ``labels`` optionally names the tensors (comma-separated), so
+  compiled code says what it hands over; ``sizes``, in a graph compiled with dynamic shapes, the
+  values of its symbolic sizes (``s27``): compiled code passes them as the host ints it computes
+  its loops' bounds with (from the inputs' sizes, never a device read), and the sink evaluates each
+  slot's shape and stride from them. It ends the run.
+- ``torchdebug::host_stats(Tensor[] tensors) -> Tensor``: the accumulators of each tensor, taken on
+  the host when the graph reaches the call (CPU values: one native pass each, see
+  ``torchdebug.native``), as float64 values in ``plan.ACCUMULATORS`` order, one tensor after
+  the other: the layout of the accumulators the graph computes itself. A plain function of its
+  inputs: the graph feeds its result into ``dump_graph``'s ``stats``.
+- ``torchdebug::dump_point(Tensor[] tensors, SymInt sink, SymInt point, SymInt[]? sizes=None) -> ()``:
+  tensors at one point of the graph (the watcher: after a node ran; ``point=-1``: the graph's
+  inputs, with its symbolic-int inputs in ``sizes``, for ``dump_stage="original"``).
+
+An extern call needs its inputs in memory, so inductor materialises the nodes whose tensors are
+passed even where it would have fused them; nodes not passed keep their fusion. ``dump_graph`` and
+``dump_point`` return nothing and are registered as side-effectful (``torch.fx.node.has_side_effect``), so neither FX
+dead-code elimination nor inductor's scheduler drops them. ``sink`` is the key of a callback
+registered with :func:`register_sink`; compiled code holds only that integer (and the labels), so
+code that inductor's FX graph cache hands to another process reports to the sink that process
+registered under the same key (see :func:`register_sink`). All are tagged
+``cudagraph_unsafe``: inductor keeps the graph parts holding them out of CUDA graphs, so the
+values are read from regular buffers, never from static ones a later replay overwrites.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, Optional, Protocol
+
+import torch
+import torch.fx
+from torch import Tensor
+
+from torchdebug.graph_dump._plan import ACCUMULATORS
+from torchdebug.stats._cpu import cpu_sums
+from torchdebug.stats._schema import COLUMNS, IDENTITY
+from torchdebug.stats._torch_ops import as_real
+
+_NAN = COLUMNS.index("nan")
+
+
+class Sink(Protocol):
+    """What a compiled graph reports to. ``sizes`` is passed (by keyword) only by graphs that hand
+    over symbolic sizes, so a sink of graphs with none may leave it out."""
+
+    def on_graph(self, stats: list[Tensor], tensors: list[Tensor], labels: list[str], *, sizes: list[int] = ...) -> None: ...
+
+    def on_point(self, point: int, tensors: list[Tensor], *, sizes: list[int] = ...) -> None: ...
+
+
+_Sizes = Optional[list[int]]  # noqa: UP045 (torch.library reads `SymInt[]?` from the typing form)
+
+_SINKS: dict[int, Sink] = {}
+_ISSUED: dict[str, int] = {}
+"""Per identity: how many keys this process derived from it (keys are never handed out twice)."""
+_USED: set[int] = set()
+_TAGS: tuple[Any, ...] = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+
+def _key(identity: str, index: int) -> int:
+    digest = hashlib.sha256(f"{identity}\0{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # a non-negative int64, as the op's schema takes
+
+
+def register_sink(sink: Sink, identity: str) -> int:
+    """Register ``sink`` and return the key compiled graphs pass to the ops.
+
+    The key is a hash of ``identity`` (what the instrumented graph is, e.g. its code and phase) and
+    of how many keys this process already derived from that identity. So it is the same in every
+    process that instruments the same graphs in the same order, which lets a caller put the key into
+    inductor's FX graph cache key (its pass's ``uuid()``): a cache hit then returns code that
+    reports to the sink registered now, never to another one. Within a process a key is never
+    handed out twice, so two live sinks never share one, and code compiled for a sink that is gone
+    delivers nowhere.
+    """
+    index = _ISSUED.get(identity, 0)
+    key = _key(identity, index)
+    while key in _USED:  # a 63-bit hash collision: move on, deterministically
+        index += 1
+        key = _key(identity, index)
+    _ISSUED[identity] = index + 1
+    _USED.add(key)
+    _SINKS[key] = sink
+    return key
+
+
+def unregister_sink(key: int) -> None:
+    """Stop delivering to ``key`` (its key is not reused)."""
+    _SINKS.pop(key, None)
+
+
+@torch.library.custom_op("torchdebug::dump_graph", mutates_args=(), tags=_TAGS)
+def dump_graph(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "", sizes: _Sizes = None) -> None:
+    """Deliver one graph run's statistics and tensors (and symbolic sizes) to sink ``sink`` (a
+    no-op once it is gone)."""
+    target = _SINKS.get(sink)
+    if target is None:
+        return
+    names = labels.split(",") if labels else []
+    if sizes:
+        target.on_graph(stats, tensors, names, sizes=sizes)
+    else:
+        target.on_graph(stats, tensors, names)
+
+
+@dump_graph.register_fake
+def _dump_graph_fake(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "", sizes: _Sizes = None) -> None:
+    return None
+
+
+@torch.library.custom_op("torchdebug::host_stats", mutates_args=(), tags=_TAGS)
+def host_stats(tensors: list[Tensor]) -> Tensor:
+    """The ``ACCUMULATORS`` of each tensor, one after the other (CPU tensors in one native pass each)."""
+    values: list[float] = []
+    for tensor in tensors:
+        if tensor.numel() == 0:
+            values += (*IDENTITY, 0)
+            continue
+        sums = cpu_sums(as_real(tensor.detach()))
+        values += (*sums, tensor.numel() - sums[_NAN])
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@host_stats.register_fake
+def _host_stats_fake(tensors: list[Tensor]) -> Tensor:
+    return torch.empty(len(ACCUMULATORS) * len(tensors), dtype=torch.float64)
+
+
+@torch.library.custom_op("torchdebug::dump_point", mutates_args=(), tags=_TAGS)
+def dump_point(tensors: list[Tensor], sink: int, point: int, sizes: _Sizes = None) -> None:
+    """Deliver the tensors (and symbolic sizes) of dump point ``point`` to sink ``sink``."""
+    target = _SINKS.get(sink)
+    if target is None:
+        return
+    if sizes:
+        target.on_point(point, tensors, sizes=sizes)
+    else:
+        target.on_point(point, tensors)
+
+
+@dump_point.register_fake
+def _dump_point_fake(tensors: list[Tensor], sink: int, point: int, sizes: _Sizes = None) -> None:
+    return None
+
+
+DUMP_GRAPH: Callable[..., Any] = torch.ops.torchdebug.dump_graph.default
+DUMP_POINT: Callable[..., Any] = torch.ops.torchdebug.dump_point.default
+HOST_STATS: Callable[..., Any] = torch.ops.torchdebug.host_stats.default
+for _op in (DUMP_GRAPH, DUMP_POINT):
+    torch.fx.node.has_side_effect(_op)

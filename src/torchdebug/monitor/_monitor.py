@@ -1,0 +1,335 @@
+"""The flight recorder: watch every step nearly for free, keep the last K, dump and replay the bad one.
+
+::
+
+    monitor = torchdebug.Monitor(model, optimizer, dump_path="monitor", window=32)
+    for batch in loader:
+        def closure():
+            optimizer.zero_grad()
+            loss = model(*batch)
+            loss.backward()
+            return loss
+        loss = monitor.step(closure)          # forward+backward watched, judged, then optimizer.step()
+
+or, keeping the loop as it is, ``monitor.step(loss=loss)`` after ``optimizer.step()`` (no replay then).
+
+**Cost.** Each watched tensor is reduced once, in one pass, into the step's device table
+(:class:`~torchdebug.stats_table.StatsStager`); the table reaches the host in one non-blocking copy
+per step. Without a closure the host reads it a step late (CUDA) and never waits for the device;
+with a closure it reads it once before the optimizer step, so that a bad step can be skipped and
+replayed on the parameters it ran with. Under torch.distributed the ranks then agree on whether
+any fired with one small all-gather per step, so that all of them replay together (a replay runs the
+step's collectives).
+
+**On a trigger** (:mod:`~torchdebug.monitor._triggers`) the window of the last ``window`` steps is
+written as a dump (:mod:`~torchdebug.monitor._window`) under ``dump_path/step{N}-window``; with a
+closure the step is replayed under op-level capture into ``dump_path/step{N}-replay``
+(:mod:`~torchdebug.monitor._replay`). :attr:`Monitor.events` lists what fired; ``on_anomaly`` says
+whether the optimizer step is then taken, skipped, or :class:`~torchdebug.errors.AnomalyError` raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchdebug.dist import broadcast_from_rank0, dist_initialized, rank_and_world_size
+from torchdebug.errors import AnomalyError
+from torchdebug.monitor._config import MonitorConfig
+from torchdebug.monitor._replay import RandomState, ReplayOutcome, replay
+from torchdebug.monitor._ring import Ring
+from torchdebug.monitor._triggers import StepSummary, Trigger, Triggers
+from torchdebug.monitor._watch import Watcher
+from torchdebug.monitor._window import write_window
+from torchdebug.stats_table import StatsStager
+from torchdebug.store._writer import check_writable, new_run_name
+
+logger = logging.getLogger("torchdebug.monitor")
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorEvent:
+    """One trigger: the step, why, where it first showed, and where its dumps are."""
+
+    step: int
+    reason: str
+    """``nonfinite``, ``loss_spike``, ``grad_norm_spike``, ``predicate``, or ``other_rank`` (another rank fired)."""
+    message: str
+    slot: str | None
+    """The record name of the first watched slot where it showed (``None``: no slot stands out)."""
+    rank: int
+    ranks: list[int] = field(default_factory=list)
+    """Every rank that fired at this step, those that saw it earliest in the step (forward before the
+    loss, the loss before gradients, gradients before parameters) first: ``ranks[0]`` saw it first."""
+    window: Path | None = None
+    """The window dump (a dump path)."""
+    replay: ReplayOutcome | None = None
+
+    @property
+    def module(self) -> str | None:
+        return self.slot.split("/")[1] if self.slot else None
+
+    def __str__(self) -> str:
+        lines = [f"torchdebug monitor, rank {self.rank}: {self.message}"]
+        if self.slot and self.slot not in self.message:
+            lines.append(f"  first seen in {self.slot}")
+        if self.ranks != [self.rank]:
+            lines.append(f"  ranks that fired: {self.ranks}, rank {self.ranks[0]} first")
+        if self.window is not None:
+            lines.append(f"  the last steps: {self.window}")
+        lines.append(
+            f"  {self.replay.message}"
+            if self.replay
+            else "  no replay: pass the forward and backward to Monitor.step(closure) for one"
+        )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "reason": self.reason,
+            "message": self.message,
+            "slot": self.slot,
+            "rank": self.rank,
+            "ranks": self.ranks,
+            "window": str(self.window) if self.window else None,
+            "replay": self.replay.to_dict() if self.replay else None,
+        }
+
+
+class Monitor:
+    """Watches a model's training steps and records the last ``window`` of them (see the module docstring).
+
+    Args:
+        model: the model trained (wrappers such as FSDP2, DDP, ``checkpoint_wrapper`` are fine).
+        optimizer: its optimizer; gradients are watched before and parameters after its step. Without
+            one, gradients are watched when :meth:`step` is called.
+        dump_path: folder for the dumps a trigger writes (default ``./monitor``).
+        config: a :class:`MonitorConfig` or a dict; keyword ``options`` override it (``window``,
+            ``loss_spike``, ``grad_norm_spike``, ``history``, ``on_anomaly``, ``replay``, ``max_events``).
+        predicate: ``predicate(StepSummary) -> reason or None``, a trigger of the user's own.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        dump_path: str | Path | None = None,
+        *,
+        config: MonitorConfig | dict[str, Any] | None = None,
+        predicate: Callable[[StepSummary], str | None] | None = None,
+        **options: Any,
+    ) -> None:
+        if isinstance(config, dict):
+            config = MonitorConfig(**config)
+        if dump_path is not None:
+            options["dump_path"] = str(dump_path)
+        self.config = MonitorConfig.build(config, **options)
+        self.rank, self.world_size = rank_and_world_size()
+        self.dump_root = Path(self.config.dump_path)
+        check_writable(self.dump_root)  # fail before training, not at the first trigger
+        self.run_name = broadcast_from_rank0(new_run_name()) if dist_initialized() else new_run_name()
+        self.model, self.optimizer = model, optimizer
+        self.ring = Ring(self.config.window)
+        self.stager = StatsStager()
+        self.watcher = Watcher(model, optimizer, self.ring, self.stager, self.ring.put)
+        self.triggers = Triggers(self.config, self.ring, predicate)
+        self.events: list[MonitorEvent] = []
+        self.anomalies = 0
+        """Steps that fired, including those beyond ``max_events``."""
+        self.current_step = 0
+        self._judged = -1
+        """The last step judged with every row in (at the end of a step)."""
+        self._fired: set[int] = set()
+        self._agreed_events = 0
+        self._random_state: RandomState | None = None
+        self._closed = False
+        self.ring.begin(0)
+        self.watcher.start()
+
+    # -- the loop's calls ------------------------------------------------------------------------
+    def step(self, closure: Callable[[], Any] | None = None, *, loss: torch.Tensor | None = None) -> Any:
+        """End a training step.
+
+        With ``closure`` (forward and backward, returning the loss, as for ``optimizer.step(closure)``):
+        run it watched, judge the step, on a trigger dump the window and replay it, then take the
+        optimizer step (unless ``on_anomaly`` says otherwise); returns the closure's result. Without:
+        call it after ``optimizer.step()``, with the step's ``loss`` for the loss-spike trigger.
+        """
+        if self._closed:
+            raise RuntimeError("Monitor.step: the monitor is closed")
+        if closure is None:
+            self.end_step(loss)
+            return None
+        self.begin_step()
+        result = closure()
+        step_loss = loss if loss is not None else (result if isinstance(result, torch.Tensor) else None)
+        event = self.before_update(step_loss, replay=closure)
+        if (event is None or self.config.on_anomaly != "skip") and self.optimizer is not None:
+            self.optimizer.step()
+        self.end_step()
+        return result
+
+    def begin_step(self) -> None:
+        """A step starts: keep the random state a replay of it starts from."""
+        self._random_state = RandomState.capture()
+
+    def before_update(self, loss: torch.Tensor | None = None, replay: Callable[[], Any] | None = None) -> MonitorEvent | None:
+        """The step's gradients are final and the optimizer has not stepped: read the step's table
+        (one host read), judge it, agree with the other ranks, and on a trigger dump the window and
+        replay the step with ``replay`` (the forward and backward again, returning the loss). Then
+        ``on_anomaly``: ``skip`` drops the gradients (an optimizer skips parameters without one),
+        ``raise`` raises :class:`~torchdebug.errors.AnomalyError`. Returns the event, if any."""
+        self.watcher.watch_gradients()
+        if loss is not None:
+            self.watcher.watch_loss(loss)
+        self.stager.flush()
+        step = self.current_step
+        trigger = None
+        for earlier in range(self._judged + 1, step + 1):
+            trigger = trigger or self._judge(earlier)
+        stage = None if trigger is None else self.ring.stage(trigger.slot)
+        ranks = _ranks_that_fired(stage, self.rank)
+        if not ranks:
+            return None
+        if trigger is None:
+            trigger = Trigger("other_rank", step, None, f"step {step}: rank {ranks[0]} fired")
+            self._fired.add(step)
+        event = self._fire(trigger, ranks, replay, loss, agreed=True)
+        if event is not None and self.config.on_anomaly == "skip":
+            logger.warning("torchdebug monitor: step %d: optimizer step skipped (gradients dropped)", step)
+            for p in self.watcher.parameters():
+                p.grad = None
+        if event is not None and self.config.on_anomaly == "raise":
+            raise AnomalyError(event)
+        return event
+
+    def end_step(self, loss: torch.Tensor | None = None) -> None:
+        """The step is over (after the optimizer step): send its table without waiting, judge the
+        steps whose rows are in, number what follows as the next step. Raises
+        :class:`~torchdebug.errors.AnomalyError` on a trigger with ``on_anomaly="raise"``."""
+        self.watcher.watch_gradients()  # no optimizer: the gradients as the step left them
+        if loss is not None:
+            self.watcher.watch_loss(loss)
+        self.stager.send()
+        self.stager.deliver(block=False)
+        raised = None
+        for step in range(self._judged + 1, self.current_step + 1):
+            if self.watcher.pending.get(step, 0):
+                break  # its rows are still on their way: judged at a later step
+            self._judged = step
+            trigger = self._judge(step)
+            if trigger is not None:
+                event = self._fire(trigger, [self.rank])
+                raised = raised or (event if self.config.on_anomaly == "raise" else None)
+        self.current_step += 1
+        self.ring.begin(self.current_step)
+        self.watcher.next_step(self.current_step)
+        if raised is not None:
+            raise AnomalyError(raised)
+
+    def pause(self) -> None:
+        """Stop watching (every hook removed, the loss and gradients :meth:`step` hands over left
+        alone) until :meth:`resume`: an evaluation loop or a benchmark's plain steps; step numbering
+        goes on with the calls of :meth:`step`."""
+        self.watcher.stop()
+
+    def resume(self) -> None:
+        self.watcher.start()
+
+    def close(self) -> None:
+        """Remove every hook (safe to call twice)."""
+        if not self._closed:
+            self._closed = True
+            self.watcher.stop()
+            self.stager.flush()
+
+    def memory_bytes(self) -> int:
+        """Host memory of the window plus the device tables the statistics pass through."""
+        return self.ring.memory_bytes() + self.stager.memory_bytes()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- judging ---------------------------------------------------------------------------------
+    def _judge(self, step: int) -> Trigger | None:
+        """The trigger ``step`` fires, once: a step that fired is not judged again (its late rows,
+        the parameters after the update, may be judged before and after the update)."""
+        if step in self._fired:
+            return None
+        trigger = self.triggers.judge(step)
+        if trigger is not None:
+            self._fired.add(step)
+        return trigger
+
+    def _fire(
+        self,
+        trigger: Trigger,
+        ranks: list[int],
+        closure: Callable[[], Any] | None = None,
+        loss: torch.Tensor | None = None,
+        agreed: bool = False,
+    ) -> MonitorEvent | None:
+        """Count the trigger; within ``max_events``, dump the window and (with ``closure``, judged
+        before the update) replay the step. ``agreed``: every rank fires this step (before the
+        update), so the cap counts such events alone, the same on every rank: a rank that also
+        fired on its own after an update must not skip a replay whose collectives the others run."""
+        self.anomalies += 1
+        slot = self.ring.slots[trigger.slot].name if trigger.slot is not None else None
+        counted = self._agreed_events if agreed else len(self.events)
+        if counted >= self.config.max_events:
+            logger.info("torchdebug monitor: %s (not dumped: max_events=%d reached)", trigger.message, self.config.max_events)
+            return None
+        event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks)
+        window_root = self.dump_root / f"step{trigger.step}-window"
+        run_dir = window_root / self.run_name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_window(self.ring, run_dir, self.rank, self.world_size, self.config.to_dict(), event.to_dict())
+        outcome = None
+        state = self._random_state if trigger.step == self.current_step else None
+        if closure is not None and state is not None and self.config.replay != "off":
+            self.watcher.stop()  # the replay's module calls are not the window's
+            try:
+                outcome = replay(
+                    closure,
+                    self.model,
+                    self.watcher.parameters(),
+                    state,
+                    loss,
+                    self.dump_root / f"step{trigger.step}-replay",
+                    trigger.step,
+                    self.config.replay,
+                    self.rank,
+                )
+            finally:
+                self.watcher.start()
+        event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome)
+        self.events.append(event)
+        self._agreed_events += agreed
+        logger.warning("%s", event)
+        return event
+
+
+def _ranks_that_fired(stage: int | None, rank: int) -> list[int]:
+    """The ranks whose step fired, those that saw it earliest in the step first: ``stage`` is where
+    this rank first saw it (:meth:`~torchdebug.monitor._ring.Ring.stage`; ``None``: it did not fire).
+    Without torch.distributed this rank alone; else one all-gather of two integers per rank (on the
+    device NCCL needs)."""
+    if not dist_initialized():
+        return [rank] if stage is not None else []
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([int(stage is not None), stage or 0], device=device)
+    flags = [torch.zeros_like(flag) for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, flag)
+    fired = [(int(where), r) for r, (did, where) in enumerate(torch.stack(flags).tolist()) if did]
+    return [r for _, r in sorted(fired)]

@@ -1,0 +1,228 @@
+"""The hooks that feed the flight recorder's ring: what is watched, when, and under which name.
+
+- **Module outputs**, in the forward of a model in training mode, through the global module hooks of
+  :class:`~torchdebug.capture.modules.ModuleTracker` (module paths, wrappers skipped; a module run
+  again by activation checkpointing's recomputation is not watched twice). A model in ``eval()``
+  mode (validation) is not watched. Compiled code is left alone: the hooks return at once while
+  Dynamo traces (no graph break, nothing inside the compiled graph), and a compiled module's output
+  is watched from outside its compiled call (:func:`~torchdebug._torch.dynamo.after_compiled_calls`):
+  with per-block ``torch.compile`` each block's output is watched, the modules inside it are not.
+- **Gradients**, once per step before the optimizer step (an optimizer step pre-hook), when the
+  gradients of every micro-batch have accumulated: ``backward/<module>/module#0/parameter_grad.<leaf>``.
+- **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
+
+Each tensor's statistics are taken by :class:`~torchdebug.stats_table.StatsStager` in one pass (the
+C kernel on the CPU, Triton on CUDA) into its device table; the rows reach the ring when the host
+reads the table, once per step, without waiting for the device (see :class:`~torchdebug.monitor.Monitor`).
+A wrapper subclass (a DTensor, FSDP2's sharded parameters and gradients) is watched through its
+local tensor: each rank watches its own shard.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchdebug._torch.autograd import current_autograd_node, tensor_version
+from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
+from torchdebug._torch.nn import strip_wrappers, unwrap_compiled
+from torchdebug._torch.subclasses import describe, is_subclass
+from torchdebug.capture.modules import ROOT_MODULE, ModuleTracker
+from torchdebug.capture.recompute import RECOMPUTE
+from torchdebug.monitor._ring import Ring
+from torchdebug.records import LOSS_OP, MODULE_OP, NO_MODULE
+from torchdebug.slots import dtype_name, iter_slots
+from torchdebug.stats_table import StatsStager
+
+Deliver = Callable[[int, int, dict], None]
+"""``deliver(step, slot index, statistics)``."""
+
+
+def plain(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The plain tensor holding ``tensor``'s elements (a subclass's local tensor), or ``None``."""
+    return describe(tensor).local if is_subclass(tensor) else tensor
+
+
+def parameter_names(model: nn.Module) -> dict[int, tuple[str, str]]:
+    """``id(parameter) -> (module path, leaf name)``, wrappers stripped (``<root>`` for the model's own)."""
+    names: dict[int, tuple[str, str]] = {}
+    for name, param in model.named_parameters():
+        module, _, leaf = strip_wrappers(name).rpartition(".")
+        names.setdefault(id(param), (module or ROOT_MODULE, leaf))
+    return names
+
+
+class Watcher:
+    """Module, gradient and parameter hooks writing statistics of the current step (see the module docstring)."""
+
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, ring: Ring, stager: StatsStager, deliver: Deliver
+    ) -> None:
+        self.model, self.optimizer, self.ring, self.stager = model, optimizer, ring, stager
+        self._deliver = deliver
+        self._tracker = ModuleTracker(unwrap_compiled(model), outside_compiled=True)
+        self._tracker.recorder = self
+        self._names = parameter_names(model)
+        self._modules = {id(module) for module in model.modules()}
+        """The model's own modules (not the graph modules a compiled backend runs, nor a loss module of the loop's)."""
+        self._calls: dict[str, int] = {}
+        self._seen: dict[int, _Seen] = {}
+        """Tensors reduced in this step, by ``id``."""
+        self._open: list[str] = []
+        self._undo: list[Callable[[], None]] = []
+        self.step = 0
+        self.pending: dict[int, int] = {}
+        """Rows added but not yet delivered, by step."""
+        self.grads_taken = False
+        """The gradients of :attr:`step` are watched already (:meth:`watch_gradients` ran)."""
+        self.active = False
+        """Between :meth:`start` and :meth:`stop`: also the monitor's own calls (the loss, the
+        gradients) are watched only then."""
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.active = True
+        self._tracker.start()
+        compiled = compiled_modules(self.model)
+        self._undo = [after_compiled_calls(module, self._compiled_output(path or ROOT_MODULE)) for path, module in compiled]
+        if self.optimizer is not None:
+            self._undo += [
+                self.optimizer.register_step_pre_hook(lambda *_: self.watch_gradients()).remove,
+                self.optimizer.register_step_post_hook(lambda *_: self.watch_parameters()).remove,
+            ]
+
+    def stop(self) -> None:
+        self.active = False
+        self._tracker.stop()
+        for undo in self._undo:
+            undo()
+        self._undo = []
+
+    def next_step(self, step: int) -> None:
+        self.step = step
+        self._calls.clear()
+        self._seen.clear()
+        self.grads_taken = False
+
+    # -- module outputs (ModuleTracker's recorder interface) --------------------------------------
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+        self._open.append(phase)
+
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+        phase = self._open.pop() if self._open else RECOMPUTE
+        if phase == "forward" and id(module) in self._modules:
+            self._watch_output(name, output)
+
+    def _compiled_output(self, name: str) -> Callable[[Any], None]:
+        def watch(output: Any) -> None:
+            if current_autograd_node() is None:  # not activation checkpointing's recomputation
+                self._watch_output(name, output)
+
+        return watch
+
+    def _watch_output(self, name: str, output: Any) -> None:
+        if not self.model.training:
+            return
+        call = self._calls.get(name, 0)
+        self._calls[name] = call + 1
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        self._add([("forward", name, arg, call, "output", value) for arg, value in iter_slots(outputs)])
+
+    def drop(self) -> None:
+        if self._open:
+            self._open.pop()
+
+    # -- gradients and parameters ---------------------------------------------------------------
+    def watch_gradients(self) -> None:
+        """The accumulated gradients of this step (once per step)."""
+        if self.grads_taken:
+            return
+        self.grads_taken = True
+        params = [p for p in self.parameters() if p.grad is not None]
+        self._add([("backward", *self._name(p), 0, "parameter_grad", p.grad) for p in params])
+
+    def watch_parameters(self) -> None:
+        """The parameters as the optimizer step left them."""
+        self._add([("optimizer", *self._name(p), 0, "parameter", p) for p in self.parameters()])
+
+    def watch_loss(self, loss: torch.Tensor) -> None:
+        """The loss the loop passes in."""
+        self._add([("forward", NO_MODULE, "", 0, "output", loss)], op=LOSS_OP)
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters watched: the optimizer's, else the model's."""
+        if self.optimizer is not None:
+            return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return list(self.model.parameters())
+
+    def _name(self, param: torch.Tensor) -> tuple[str, str]:
+        """``(module path, leaf name)`` of a parameter; one the model does not hold is named by its place in the optimizer."""
+        return self._names.get(id(param)) or ("-", f"param{self.parameters().index(param)}")
+
+    # -- into the stager ------------------------------------------------------------------------
+    def _add(self, slots: list[tuple[str, str, str, int, str, Any]], op: str = MODULE_OP) -> None:
+        """Stage ``(phase, module, arg, call, io, value)`` slots of floating tensors into the current
+        step. A tensor seen before in the step, unchanged (a module passing on its last child's
+        output), is reduced once: its later slots get the first one's statistics."""
+        if not self.active:
+            return
+        items = []
+        step = self.step
+        for phase, module, arg, call, io, value in slots:
+            if not isinstance(value, torch.Tensor) or value.is_meta:
+                continue
+            tensor = plain(value)
+            if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
+                continue
+            index = self.ring.slot(phase, module, op, call, io, arg)
+            slot = self.ring.slots[index]
+            slot.dtype, slot.shape = dtype_name(value.dtype), tuple(value.shape)
+            seen = self._seen.get(id(tensor))
+            if seen is not None and seen.ref() is tensor and seen.version == tensor_version(tensor):
+                seen.add(index)
+                continue
+            seen = self._seen[id(tensor)] = _Seen(tensor, step, self._deliver)
+            seen.add(index)
+            items.append((tensor, self._sink(step, seen)))
+        if items:
+            self.pending[step] = self.pending.get(step, 0) + len(items)
+            self.stager.add_all(items)
+
+    def _sink(self, step: int, seen: _Seen) -> Callable[[dict], None]:
+        def sink(stats: dict) -> None:
+            left = self.pending[step] - 1
+            if left:
+                self.pending[step] = left
+            else:
+                del self.pending[step]
+            seen.deliver(stats)
+
+        return sink
+
+
+class _Seen:
+    """A tensor reduced in the current step, and the slots its statistics go to (those added
+    before they arrive wait for them)."""
+
+    __slots__ = ("ref", "version", "step", "stats", "indices", "_deliver")
+
+    def __init__(self, tensor: torch.Tensor, step: int, deliver: Deliver) -> None:
+        self.ref, self.version, self.step, self._deliver = weakref.ref(tensor), tensor_version(tensor), step, deliver
+        self.stats: dict | None = None
+        self.indices: list[int] = []
+
+    def add(self, index: int) -> None:
+        if self.stats is None:
+            self.indices.append(index)
+        else:
+            self._deliver(self.step, index, self.stats)
+
+    def deliver(self, stats: dict) -> None:
+        self.stats = stats
+        for index in self.indices:
+            self._deliver(self.step, index, stats)
+        self.indices = []

@@ -1,0 +1,365 @@
+"""Records as Arrow columns, and Arrow columns back as records.
+
+A dump stores its records as an Arrow IPC stream (``records.arrows``): one record batch per flush,
+its buffers zstd-compressed, in the columns of :data:`SCHEMA`, one per record field except that
+``stats`` is a struct of the statistics (:data:`~torchdebug.stats._schema.STAT_KEYS`), ``tensor``
+is ``tensor_file`` and ``tensor_key``, and ``value`` and ``extra`` are JSON text. On the narrow GPT
+of ``bench/scale.py`` that is about 45 bytes a record (JSON lines took 460).
+
+Whatever a typed column cannot hold exactly (a symbolic size in a shape, a float where an int
+goes, statistics with other keys than the schema's, a tensor reference with a view) goes into the
+row's ``json_fields`` as JSON (``record_json``'s rules: numpy scalars as numbers, anything else as
+its string), and those fields override the columns when read: a batch always encodes.
+
+:func:`records_batch` runs on the capturing thread (the column lists are built under the GIL; the
+writer thread compresses and writes with the GIL released). :func:`records_from_table` builds
+``Record`` objects column by column, not row by row: repeated strings (phases, modules, ops,
+dtypes) become one shared string each, equal shapes and strides one shared list, equal statistics
+one shared dict, as a capture shares them between the records of one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from itertools import chain, takewhile
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from torchdebug.gc_paused import paused_gc
+from torchdebug.records import SCHEMA_VERSION, Record
+from torchdebug.stats._schema import STAT_KEYS, VALUE_KEYS
+from torchdebug.store._record_json import json_text
+
+__all__ = ["SCHEMA", "records_batch", "records_from_table", "records_table"]
+
+_STRING, _INT, _SIZES = pa.string(), pa.int64(), pa.list_(pa.int64())
+_STATS = pa.struct([(key, pa.float64() if key in VALUE_KEYS else _INT) for key in STAT_KEYS])
+
+_PLAIN = {
+    "name": _STRING,
+    "step": _INT,
+    "rank": _INT,
+    "phase": _STRING,
+    "module": _STRING,
+    "op": _STRING,
+    "call": _INT,
+    "seq": _INT,
+    "io": _STRING,
+    "arg": _STRING,
+    "kind": _STRING,
+    "dtype": _STRING,
+    "shape": _SIZES,
+    "stride": _SIZES,
+    "device": _STRING,
+    "requires_grad": pa.bool_(),
+    "checksum": _STRING,
+    "sampled": _INT,
+    "stack": _STRING,
+    "source": _STRING,
+    "fwd": _STRING,
+    "node": _STRING,
+    "capture": _STRING,
+    "capture_error": _STRING,
+}
+"""Record fields stored as they are, with their column type."""
+
+SCHEMA = pa.schema(
+    [
+        *((name, kind) for name, kind in _PLAIN.items() if name not in ("checksum", "sampled")),
+        ("stats", _STATS),
+        ("checksum", _STRING),
+        ("tensor_file", _STRING),
+        ("tensor_key", _STRING),
+        ("sampled", _INT),
+        ("value", _STRING),
+        ("extra", _STRING),
+        ("json_fields", _STRING),
+    ],
+    metadata={"torchdebug.schema_version": str(SCHEMA_VERSION)},
+)
+"""The columns of a dump's records (``docs/format.md``)."""
+
+_GET_PLAIN = attrgetter(*_PLAIN)
+_UNIQUE = frozenset({"name"})
+"""String columns whose values rarely repeat: read as they are, not through a dictionary."""
+_INTEGRAL_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"})
+"""dtypes whose statistics hold ints for ``min`` and ``max`` (``stats_from_sums(integral=True)``)."""
+_TENSOR_KEYS = frozenset({"file", "key"})
+_INT_OR_NONE = frozenset({int, type(None)})
+
+
+# -- records to a batch ------------------------------------------------------------------------
+def records_batch(records: Sequence[Record]) -> pa.RecordBatch:
+    """``records`` as one record batch of :data:`SCHEMA` (see the module docstring)."""
+    count = len(records)
+    odd: dict[int, dict[str, Any]] = {}  # row -> the fields the columns cannot hold
+    columns: dict[str, pa.Array] = {}
+    plain = zip(*map(_GET_PLAIN, records)) if count else ([] for _ in _PLAIN)
+    for (name, kind), values in zip(_PLAIN.items(), plain):
+        columns[name] = _array(name, values, kind, odd)
+    columns["stats"] = _stats_array([r.stats for r in records], odd)
+    tensors = [r.tensor for r in records]
+    for row, tensor in enumerate(tensors):
+        if tensor is not None and not (tensor.keys() <= _TENSOR_KEYS and all(v.__class__ is str for v in tensor.values())):
+            odd.setdefault(row, {})["tensor"] = tensor
+    columns["tensor_file"] = pa.array([t.get("file") if t else None for t in tensors], _STRING)
+    columns["tensor_key"] = pa.array([t.get("key") if t else None for t in tensors], _STRING)
+    columns["value"] = pa.array([None if r.value is None else json_text(r.value) for r in records], _STRING)
+    columns["extra"] = pa.array([json_text(r.extra) if r.extra else None for r in records], _STRING)
+    json_fields = [None] * count
+    for row, fields in odd.items():
+        json_fields[row] = json_text(fields)
+    columns["json_fields"] = pa.array(json_fields, _STRING)
+    return pa.RecordBatch.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA)
+
+
+def records_table(records: Sequence[Record]) -> pa.Table:
+    """``records`` as a table of :data:`SCHEMA` (the table of a dump written as JSON lines, or of another tool's)."""
+    return pa.Table.from_batches([records_batch(records)])
+
+
+def _array(name: str, values: Sequence[Any], kind: pa.DataType, odd: dict[int, dict[str, Any]]) -> pa.Array:
+    """A column of ``values``; those it cannot hold exactly (or at all) are left empty and kept in ``odd``."""
+    try:  # Arrow would take 2.5 as 2 and True as 1 in an int column: other types are kept exactly
+        if kind == _INT:
+            if set(map(type, values)) <= _INT_OR_NONE:
+                return pa.array(values, kind)
+        elif kind == _SIZES:
+            if set(map(type, chain.from_iterable(filter(None, values)))) <= _INT_OR_NONE:
+                return pa.array(values, kind)
+        else:
+            return pa.array(values, kind)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        pass
+    kept = []
+    for row, value in enumerate(values):
+        if value is not None and not _exact(value, kind):
+            odd.setdefault(row, {})[name] = value
+            value = None
+        kept.append(value)
+    return pa.array(kept, kind)
+
+
+def _exact(value: Any, kind: pa.DataType) -> bool:
+    if kind == _INT:
+        return value.__class__ is int
+    if kind == _SIZES:
+        return isinstance(value, list) and all(size.__class__ is int for size in value)
+    if kind == _STRING:
+        return isinstance(value, str)
+    return value.__class__ is bool
+
+
+def _stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, Any]]) -> pa.StructArray:
+    """The statistics as a struct column, empty where a record has none. Statistics with other keys
+    (written before a count existed, or by another tool) or values the columns cannot hold are kept
+    whole in ``odd``; the columns get what they can of them."""
+    present = [s for s in stats if s is not None]
+    usual = sum(map(len, present)) == len(STAT_KEYS) * len(present)
+    try:
+        if not usual:
+            raise KeyError
+        children = []
+        for key, kind in zip(STAT_KEYS, _STATS):
+            column = [s[key] if s is not None else None for s in stats]
+            if kind.type == _INT and not set(map(type, column)) <= _INT_OR_NONE:
+                raise TypeError  # a count that is not an int: kept exactly below
+            children.append(pa.array(column, kind.type))
+    except (KeyError, pa.ArrowException, TypeError, ValueError, OverflowError):
+        children = []
+        for key, kind in zip(STAT_KEYS, _STATS):
+            column = []
+            for row, s in enumerate(stats):
+                value = s.get(key) if s is not None else None
+                if s is not None and (s.keys() != _STAT_KEY_SET or not _number(value, kind.type)):
+                    odd.setdefault(row, {})["stats"] = s
+                column.append(value if _number(value, kind.type) else None)
+            children.append(pa.array(column, kind.type))
+    mask = pa.array([s is None for s in stats], pa.bool_())
+    return pa.StructArray.from_arrays(children, fields=list(_STATS), mask=mask)
+
+
+_STAT_KEY_SET = frozenset(STAT_KEYS)
+_STAT_COUNTS = tuple((key, key not in VALUE_KEYS) for key in STAT_KEYS)
+"""Each statistic's key, and whether it is a count (an int; the others are floats)."""
+
+
+def _number(value: Any, kind: pa.DataType) -> bool:
+    if value is None:
+        return True
+    if kind == _INT:
+        return value.__class__ is int
+    return value.__class__ in (int, float)
+
+
+def _finite(stats: dict[str, Any]) -> bool:
+    low, high = stats["min"], stats["max"]
+    return low is not None and high is not None and math.isfinite(low) and math.isfinite(high)
+
+
+# -- columns to records ------------------------------------------------------------------------
+def records_from_table(table: pa.Table) -> list[Record]:
+    """The records of a table of :data:`SCHEMA` (columns it lacks read as empty, columns it has
+    beyond the schema go to each record's ``extra``), in row order. The columns are read chunk
+    by chunk (a batch per flush), never concatenated."""
+    count = table.num_rows
+    if not count:
+        return []
+    names = set(table.column_names)
+    with paused_gc():
+        columns = {name: _column(table.column(name), name) if name in names else None for name in _PLAIN}
+        empty = [None] * count
+        columns["stats"] = _stats_column(table.column("stats")) if "stats" in names else None
+        columns["tensor"] = _tensor_column(table, names)
+        columns["value"] = _json_column(table, "value", names)
+        args = [empty if columns[field] is None else columns[field] for field in _FIELDS]
+        records = list(map(Record, *args))
+        for name in names.difference(SCHEMA.names):
+            _to_extra(records, name, table.column(name).to_pylist())
+        if "extra" in names and table.column("extra").null_count < count:
+            _to_extra(records, None, _json_column(table, "extra", names))
+        if "json_fields" in names and table.column("json_fields").null_count < count:
+            _apply_json_fields(records, _json_column(table, "json_fields", names))
+        _integral_min_max(records, table.column("dtype") if "dtype" in names else None, columns["stats"])
+    return records
+
+
+_FIELDS = tuple(takewhile(lambda name: name != "extra", Record.__dataclass_fields__))
+"""Record fields before ``extra`` (the last), in the order ``Record`` takes them by position."""
+
+
+def _column(array: pa.ChunkedArray, name: str) -> list[Any] | None:
+    """A plain column as a list (``None`` when every value is empty)."""
+    if array.null_count == len(array):
+        return None
+    kind = array.type
+    if kind == _STRING:
+        return array.to_pylist() if name in _UNIQUE else _shared_strings(array)
+    if kind == _SIZES:
+        return _shared_lists(array)
+    if kind == _INT and not array.null_count:
+        return array.to_numpy().tolist()
+    return array.to_pylist()
+
+
+def _shared_strings(array: pa.ChunkedArray, decode: Callable[[str], Any] = sys.intern) -> list[Any]:
+    """Each distinct string once, ``decode``d (interned: the same object in every rank and dump read)."""
+    encoded = pc.dictionary_encode(array)  # one dictionary, shared by every chunk
+    distinct = encoded.chunk(0).dictionary.to_pylist()
+    values = np.empty(len(distinct) + 1, dtype=object)  # the last one, None, for empty rows
+    for i, text in enumerate(distinct):
+        values[i] = decode(text)
+    indices = [chunk.indices.fill_null(len(distinct)).to_numpy() for chunk in encoded.chunks]
+    return values.take(np.concatenate(indices)).tolist()
+
+
+def _shared_lists(array: pa.ChunkedArray) -> list[list[int] | None]:
+    """Each distinct list of sizes once (a record's shape and stride are shared as capture shares
+    them): the lists joined into text by Arrow, each distinct text parsed once."""
+    return _shared_strings(pc.binary_join(array.cast(pa.list_(_STRING)), ","), _sizes)
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(size) for size in text.split(",")] if text else []
+
+
+def _stats_column(array: pa.ChunkedArray) -> list[dict[str, Any] | None] | None:
+    """The statistics dicts; equal statistics share one dict (as the records of one tensor do).
+
+    Each row's statistics are found by their bits (and which are empty): Arrow hashes the rows as
+    fixed-size keys, and a dict is made once per distinct key."""
+    if array.null_count == len(array):
+        return None
+    count, width = len(array), len(STAT_KEYS)
+    words = np.zeros((count, width + 1), np.int64)  # the values' bits, then a mask of the empty ones
+    for i in range(width):
+        child = pc.struct_field(array, [i])
+        words[:, i] = child.fill_null(0).to_numpy().view(np.int64)
+        if child.null_count:
+            words[:, width] |= _flags(child.is_null()) << i
+    if array.null_count:
+        words[:, width] |= _flags(array.is_null()) << width
+    key_type = pa.binary(words.itemsize * (width + 1))
+    encoded = pc.dictionary_encode(pa.FixedSizeBinaryArray.from_buffers(key_type, count, [None, pa.py_buffer(words)]))
+    unique = np.frombuffer(encoded.dictionary.buffers()[1], np.int64, len(encoded.dictionary) * (width + 1))
+    unique = unique.reshape(-1, width + 1)
+    values = unique[:, :width].copy()
+    shared = [
+        None if empty >> width else _stats_dict(as_float, as_int, empty)
+        for as_float, as_int, empty in zip(values.view(np.float64).tolist(), values.tolist(), unique[:, width].tolist())
+    ]
+    return list(map(shared.__getitem__, encoded.indices.to_numpy().tolist()))
+
+
+def _flags(mask: pa.ChunkedArray) -> np.ndarray:
+    """A boolean column as 0 and 1 (int64)."""
+    return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in mask.chunks]).astype(np.int64)
+
+
+def _stats_dict(as_float: list[float], as_int: list[int], empty: int) -> dict[str, Any]:
+    """One row's statistics from its bits read as floats and as ints, and the mask of its empty ones."""
+    return {key: None if empty >> i & 1 else as_int[i] if count else as_float[i] for i, (key, count) in enumerate(_STAT_COUNTS)}
+
+
+def _tensor_column(table: pa.Table, names: set[str]) -> list[dict[str, str] | None] | None:
+    files = _column(table.column("tensor_file"), "tensor_file") if "tensor_file" in names else None
+    keys = _column(table.column("tensor_key"), "tensor_key") if "tensor_key" in names else None
+    if files is None and keys is None:
+        return None
+    files = files or [None] * table.num_rows
+    keys = keys or [None] * table.num_rows
+    return [
+        None
+        if file is None and key is None
+        else {"file": file, "key": key}
+        if file is not None and key is not None
+        else ({"file": file} if key is None else {"key": key})
+        for file, key in zip(files, keys)
+    ]
+
+
+def _json_column(table: pa.Table, name: str, names: set[str]) -> list[Any] | None:
+    """A column of JSON text decoded, each distinct text once (argument values repeat: sizes, dims)."""
+    if name not in names:
+        return None
+    array = table.column(name)
+    if array.null_count == len(array):
+        return None
+    return _shared_strings(array, json.loads)
+
+
+def _to_extra(records: list[Record], name: str | None, values: list[Any] | None) -> None:
+    """Add a column's values to each record's ``extra`` (``name`` ``None``: the values are dicts to merge)."""
+    for record, value in zip(records, values or ()):
+        if value is not None:
+            record.extra = {**record.extra, **value} if name is None else {**record.extra, name: value}
+
+
+def _apply_json_fields(records: list[Record], rows: list[dict[str, Any] | None]) -> None:
+    for record, fields in zip(records, rows):
+        if fields:
+            for name, value in fields.items():
+                setattr(record, name, value)
+
+
+def _integral_min_max(records: list[Record], dtypes: pa.ChunkedArray | None, stats: list[Any] | None) -> None:
+    """Statistics of integer and bool tensors hold ints for ``min`` and ``max``; the float64 column
+    gives floats back."""
+    if dtypes is None or stats is None:
+        return
+    integral = pc.is_in(dtypes, value_set=pa.array(sorted(_INTEGRAL_DTYPES), _STRING))
+    converted: dict[int, dict[str, Any]] = {}  # by the identity of the shared dict: shared again
+    for row in np.flatnonzero(_flags(integral)).tolist():
+        values = stats[row]
+        if values is not None and records[row].stats is values and _finite(values):
+            ints = converted.get(id(values))
+            if ints is None:
+                ints = converted[id(values)] = {**values, "min": int(values["min"]), "max": int(values["max"])}
+            records[row].stats = ints

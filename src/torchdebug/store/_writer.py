@@ -1,0 +1,396 @@
+"""Crash-safe writing of one rank's records, stacks and tensors.
+
+Records are appended as one Arrow record batch per flush (``record_file.py``), stacks as JSON
+lines, both handed to the OS with every batch, so a process killed mid-step (even by SIGKILL) keeps
+every batch written before the kill; only a last batch or line may be cut short, and the reader
+accepts that. Tensor files are written under a temporary name and
+renamed into place, so a file is complete or absent, never partial.
+
+Two background threads write: one appends records and stacks, one writes tensor files. The
+debugger waits for the records at every step; tensor files are written while the next step runs.
+The batch buffers (pinned when CUDA is present) together hold at most ``bytes_in_flight`` bytes
+(``tensor_bytes_in_flight``), usually two buffers of half that (one filled while the other is
+written); once they are all taken, capture waits for the writer instead of allocating more, so a
+slow disk slows the step rather than filling memory. Device copies made for transfers lie inside
+their batch, so they are bounded by the same figure. ``close`` waits for both threads and reports
+the peaks (``tensor_transfer`` in ``complete.json``, and a log line). A run killed before a tensor
+file was written keeps the records that name it; the reader marks them (see ``reader.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import queue
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from torchdebug import progress
+from torchdebug.config import TENSOR_BYTES_IN_FLIGHT
+from torchdebug.dist import broadcast_from_rank0, dist_initialized
+from torchdebug.errors import DumpError
+from torchdebug.records import SCHEMA_VERSION, Record
+from torchdebug.store import _layout as layout
+from torchdebug.store._record_columns import records_batch
+from torchdebug.store._record_file import RecordFile
+from torchdebug.store._tensor_batch import BLOCK, TensorBatch
+from torchdebug.version import __version__
+
+BATCH_BYTES = 128 * 2**20
+"""Largest size of a reusable tensor batch buffer."""
+
+logger = logging.getLogger("torchdebug.store._writer")
+
+
+def batch_bytes_for(bytes_in_flight: int) -> int:
+    """Size of a reusable batch buffer under the bound: two fit (one filled while the other is
+    written), at most :data:`BATCH_BYTES`, a power of two (the size torch's pinned-memory allocator
+    rounds every block up to, so no pinned memory is hidden in rounding)."""
+    return 1 << max(min(BATCH_BYTES, bytes_in_flight // 2), 1).bit_length() - 1
+
+
+def now_iso() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def check_writable(path: Path) -> None:
+    """Create ``path`` if needed and prove a file can be written there, or raise DumpError."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".torchdebug-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise DumpError(f"dump_path: cannot write to {path} ({error.strerror or error}); choose a writable folder") from None
+
+
+def new_run_name() -> str:
+    """A run folder name from the local time, e.g. ``20261122-101500``."""
+    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def run_manifest(run_id: str, rank: int, world_size: int, config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """The ``manifest.json`` of one rank's folder: tool, torch, Python, host and process, the
+    rank and the config that made the dump (``extra`` adds fields, e.g. ``capture="graph"``)."""
+    return {
+        "tool": "torchdebug",
+        "tool_version": __version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "run_id": run_id,
+        "rank": rank,
+        "world_size": world_size,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cuda": torch.cuda.is_available(),
+        **extra,
+        "config": config,
+    }
+
+
+def create_run_dir(dump_path: Path, name: str) -> Path:
+    """Make a new run folder under ``dump_path``; never reuses an existing one (adds ``-1``, ``-2``)."""
+    check_writable(dump_path)
+    candidate, suffix = name, 0
+    while True:
+        run_dir = dump_path / candidate
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            suffix += 1
+            candidate = f"{name}-{suffix}"
+
+
+def join_run(dump_root: Path, rank: int, world_size: int) -> Path:
+    """The run folder every rank of this job writes into.
+
+    With torch.distributed initialised, rank 0 makes a fresh folder and broadcasts its name. Under
+    torchrun without a process group yet, the folder is named after the job's run id (and restart
+    count), the same on every rank. A single process makes a fresh folder named by the time.
+    """
+    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if dist_initialized() or world_size == 1 or elastic_id == "none":
+        if world_size > 1 and not dist_initialized():
+            logger.warning(
+                "rank %d of %d: torch.distributed is not initialised and no torchrun run id is set, so "
+                "ranks may write different run folders; build the Debugger or dump backend after init_process_group",
+                rank,
+                world_size,
+            )
+        name = create_run_dir(dump_root, new_run_name()).name if rank == 0 else ""
+        name = broadcast_from_rank0(name) or new_run_name()
+    else:
+        name = f"torchrun-{elastic_id}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    run_dir = dump_root / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+class RankWriter:
+    """Appends one rank's records, stacks and tensor batches under its rank folder.
+
+    Records and stacks are appended in submission order by one background thread, tensor files
+    written by another. :meth:`drain` waits until the records submitted so far are on disk (the
+    debugger drains every step); ``drain(tensors=True)`` and :meth:`close` wait for the tensors too.
+    """
+
+    def __init__(self, rank_dir: Path, manifest: dict[str, Any], *, bytes_in_flight: int = TENSOR_BYTES_IN_FLIGHT) -> None:
+        try:
+            rank_dir.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            raise DumpError(f"{rank_dir} exists already; a dump never overwrites an earlier run") from None
+        self.rank_dir = rank_dir
+        self.record_count = 0
+        self.bytes_in_flight = bytes_in_flight
+        self.batch_bytes = batch_bytes_for(bytes_in_flight)
+        self.transfers = TransferPeaks(bytes_in_flight, pinned=torch.cuda.is_available())
+        self._stack_ids: set[str] = set()
+        self._pending_stacks: list[dict[str, Any]] = []
+        self._tensor_files: dict[int, int] = {}
+        self._tensor_bytes = [0, 0]  # submitted, written: what a wait for the tensor files shows
+        self._idle_batches: list[TensorBatch] = []
+        self._buffers = threading.Condition()  # guards the idle batches and the bytes in transfers
+        self._record_jobs: queue.Queue[_RecordJob | None] = queue.Queue()
+        self._tensor_jobs: queue.Queue[_TensorJob | None] = queue.Queue()
+        self._error: BaseException | None = None
+        manifest = {"schema_version": SCHEMA_VERSION, "start_time": now_iso(), **manifest}
+        _write_json_atomic(rank_dir / layout.MANIFEST, manifest)
+        self._records = RecordFile(rank_dir / layout.RECORDS)
+        # A line-buffered text file: each write of whole lines reaches the OS at once.
+        self._stacks = open(rank_dir / layout.STACKS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._threads = [
+            threading.Thread(target=self._run, args=(jobs, write), name=f"torchdebug-{kind}-{rank_dir.name}", daemon=True)
+            for kind, jobs, write in (
+                ("records", self._record_jobs, self._write_records),
+                ("tensors", self._tensor_jobs, self._write_tensors),
+            )
+        ]
+        for thread in self._threads:
+            thread.start()
+        self.closed = False
+
+    # -- called by the capturing thread --------------------------------------------------------
+    def add_stack(self, stack_id: str, frames: list[str]) -> None:
+        """Queue a stack for writing with the next batch of records (once per id)."""
+        if stack_id not in self._stack_ids:
+            self._stack_ids.add(stack_id)
+            self._pending_stacks.append({"id": stack_id, "frames": frames})
+
+    def has_stack(self, stack_id: str) -> bool:
+        return stack_id in self._stack_ids
+
+    def tensor_batch(self, nbytes: int) -> TensorBatch:
+        """An empty batch with room for ``nbytes``: the smallest idle buffer that fits, else a new one
+        of ``batch_bytes`` (or, if larger, of ``nbytes`` and a block, a power of two when pinned)
+        while all buffers stay within ``bytes_in_flight``; else wait for the writer to hand one back.
+        A tensor larger than the bound gets a buffer of its own once every other one is freed."""
+        report = self.transfers
+        needed = nbytes + BLOCK  # a batch keeps a block for the padding of direct writes
+        size = max(self.batch_bytes, _ceil_power_of_two(needed) if report.pinned else needed)
+        waited_since = None
+        with self._buffers:
+            while True:
+                fitting = [batch for batch in self._idle_batches if batch.capacity >= nbytes]
+                if fitting:
+                    batch = min(fitting, key=lambda batch: batch.size)
+                    self._idle_batches.remove(batch)
+                    break
+                while self._idle_batches and report.host_bytes + size > self.bytes_in_flight:
+                    report.host_bytes -= self._idle_batches.pop().size  # too small: make room
+                if report.host_bytes + size <= self.bytes_in_flight or report.host_bytes == 0:
+                    report.host_bytes += size
+                    report.host_peak_bytes = max(report.host_peak_bytes, report.host_bytes)
+                    batch = None
+                    break
+                if waited_since is None:
+                    waited_since = time.perf_counter()
+                    report.waits += 1
+                self._buffers.wait(1.0)
+                self._raise_error()
+        if waited_since is not None:
+            report.wait_seconds += time.perf_counter() - waited_since
+        return batch if batch is not None else TensorBatch(size, pin_memory=report.pinned)
+
+    def submit(self, step: int, records: list[Record], batch: TensorBatch | None, refs: list[dict[str, str]]) -> None:
+        """Hand a batch to the writer threads: the tensor file to one, stacks and records to the other.
+
+        The records' columns are made here, on the calling thread: building them on the writer
+        thread would hold the GIL while the training thread waits for it after every torch op (the
+        writer thread compresses and writes them with the GIL released).
+        """
+        self._raise_error()
+        tensor_file = None
+        if batch is not None:
+            batch.seal()
+        if batch is not None and batch.entries:
+            number = self._tensor_files.get(step, 0)
+            self._tensor_files[step] = number + 1
+            tensor_file = layout.tensor_file_name(step, number)
+            for ref in refs:
+                ref["file"] = tensor_file
+        stacks = "".join(json.dumps(s) + "\n" for s in self._pending_stacks)
+        self._pending_stacks = []
+        columns = records_batch(records) if records else None
+        self.record_count += len(records)
+        if batch is not None:
+            self._tensor_bytes[0] += batch.used
+            with self._buffers:
+                self.transfers.device_bytes += batch.staged_bytes
+                self.transfers.device_peak_bytes = max(self.transfers.device_peak_bytes, self.transfers.device_bytes)
+            self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))
+        self._record_jobs.put(_RecordJob(stacks, columns))
+
+    def drain(self, tensors: bool = False) -> None:
+        """Wait until the records and stacks submitted so far are on disk (``tensors``: the tensor
+        files too); raise if writing failed."""
+        self._record_jobs.join()
+        if tensors:
+            self._wait_for_tensors()
+        self._raise_error()
+
+    def _wait_for_tensors(self) -> None:
+        """Wait until the tensor files submitted so far are written, with a bar of the bytes left
+        when that lasts (hundreds of MB on a slow disk)."""
+        jobs = self._tensor_jobs
+        written = self._tensor_bytes[1]
+        if self._tensor_bytes[0] == written:
+            jobs.join()  # nothing left but empty batches: no bar
+            return
+        with progress.bar(self._tensor_bytes[0] - written, "writing tensor files", unit="B") as shown:
+            while True:
+                with jobs.all_tasks_done:  # queue.Queue's condition: join() with a timeout
+                    if jobs.unfinished_tasks:
+                        jobs.all_tasks_done.wait(0.2)
+                    pending = jobs.unfinished_tasks
+                shown.update(self._tensor_bytes[1] - written)
+                written = self._tensor_bytes[1]
+                if not pending:
+                    return
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise DumpError(f"writing the dump under {self.rank_dir} failed: {error}") from error
+
+    def close(self, status: str = "complete", **info: Any) -> None:
+        """Write everything pending, then the completion marker (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        error = self._error
+        self._error = None
+        self.submit(0, [], None, [])  # the stacks still pending
+        self._wait_for_tensors()
+        for jobs in (self._record_jobs, self._tensor_jobs):
+            jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._records.close()
+        self._stacks.close()
+        if self.transfers.host_peak_bytes:
+            info["tensor_transfer"] = asdict(self.transfers)
+            logger.info("%s: %s", self.rank_dir, self.transfers.summary(self._tensor_bytes[1]))
+        _write_json_atomic(
+            self.rank_dir / layout.COMPLETE,
+            {"status": status, "end_time": now_iso(), "records": self.record_count, **info},
+        )
+        self._error = self._error or error
+        self._raise_error()
+
+    # -- the writer thread -----------------------------------------------------------------------
+    def _run(self, jobs: queue.Queue, write: Any) -> None:
+        while True:
+            job = jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    write(job)
+            except BaseException as error:  # reported to the capturing thread by drain/submit
+                self._error = error
+            finally:
+                jobs.task_done()
+
+    def _write_tensors(self, job: _TensorJob) -> None:
+        batch = job.batch
+        if job.tensor_file is not None:
+            path = self.rank_dir / job.tensor_file
+            path.parent.mkdir(exist_ok=True)
+            batch.write(path, {"schema_version": str(SCHEMA_VERSION), "step": str(job.step)})
+        self._tensor_bytes[1] += batch.used
+        with self._buffers:
+            self.transfers.device_bytes -= batch.staged_bytes
+            batch.clear()
+            self._idle_batches.append(batch)
+            self._buffers.notify()
+
+    def _write_records(self, job: _RecordJob) -> None:
+        if job.stacks:
+            self._stacks.write(job.stacks)
+        if job.columns is not None:
+            self._records.append(job.columns)
+
+
+@dataclass
+class TransferPeaks:
+    """The memory that tensor snapshots took on their way to disk, as ``complete.json`` reports it
+    under ``tensor_transfer`` (bytes; ``*_peak_bytes`` are the highest values seen)."""
+
+    bytes_in_flight: int
+    """The bound on the batch buffers (``tensor_bytes_in_flight``)."""
+    pinned: bool
+    """Whether the buffers are pinned (CUDA present): transfers from CUDA are then asynchronous."""
+    host_bytes: int = 0
+    """Batch buffers allocated now, in use or idle."""
+    host_peak_bytes: int = 0
+    """Above ``bytes_in_flight`` only while one tensor larger than it was in flight alone."""
+    device_bytes: int = 0
+    """Device copies of submitted batches not yet written (an upper bound: each is freed as soon
+    as its transfer is done)."""
+    device_peak_bytes: int = 0
+    waits: int = 0
+    """How many times capture waited for the writer to free a buffer."""
+    wait_seconds: float = 0.0
+
+    def summary(self, written: int) -> str:
+        mib = 2**20
+        return (
+            f"{written / mib:.1f} MiB of tensors written; batch buffers peaked at {self.host_peak_bytes / mib:.1f} MiB "
+            f"({'pinned' if self.pinned else 'not pinned'}) of {self.bytes_in_flight / mib:.1f} MiB allowed, device "
+            f"copies at {self.device_peak_bytes / mib:.1f} MiB; capture waited {self.waits} times "
+            f"({self.wait_seconds:.2f} s) for the disk"
+        )
+
+
+def _ceil_power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@dataclass
+class _TensorJob:
+    step: int
+    tensor_file: str | None
+    batch: TensorBatch
+
+
+@dataclass
+class _RecordJob:
+    stacks: str
+    columns: pa.RecordBatch | None

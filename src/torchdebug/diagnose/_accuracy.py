@@ -1,7 +1,7 @@
 """Is a result as accurate as eager? The RMSE-ratio rule of ``torch._dynamo.utils.same``.
 
-A result ``res`` passes when it is close to the eager result ``ref`` (``allclose`` at ``tol``), or
-when its RMSE against an fp64 reference is at most ``multiplier * rmse(ref, fp64) + tol / 10``:
+A result ``res`` passes when it is close to the eager result ``ref`` (``allclose`` at ``tolerance``), or
+when its RMSE against an fp64 reference is at most ``multiplier * rmse(ref, fp64) + tolerance / 10``:
 eager's own rounding error sets the budget, so a reordering of float sums passes and a wrong value
 does not. ``multiplier`` is 3 for fp16/bf16 results and tensors under 1000 elements, else 2 (as
 ``same``). Complex tensors are judged on the modulus of the difference. Integer and bool tensors
@@ -28,7 +28,7 @@ class Check:
     error: float
     """RMSE of the result against fp64 (mismatching elements for integer tensors)."""
     budget: float
-    """The largest ``error`` allowed: ``multiplier * eager error + tol / 10``."""
+    """The largest ``error`` allowed: ``multiplier * eager error + tolerance / 10``."""
     shape: tuple[int, ...] = ()
     note: str = ""
 
@@ -48,7 +48,7 @@ def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.sqrt(torch.mean(torch.square(a.double() - b.double()))).item()
 
 
-def check(name: str, fp64: torch.Tensor, ref: torch.Tensor, res: torch.Tensor, tol: float = DEFAULT_TOLERANCE) -> Check:
+def check(name: str, fp64: torch.Tensor, ref: torch.Tensor, res: torch.Tensor, tolerance: float = DEFAULT_TOLERANCE) -> Check:
     """Judge ``res`` against ``fp64`` with eager ``ref`` as the baseline (see the module docstring)."""
     shape = tuple(res.shape)
     if tuple(fp64.shape) != shape:
@@ -61,12 +61,12 @@ def check(name: str, fp64: torch.Tensor, ref: torch.Tensor, res: torch.Tensor, t
     res_nan, ref_nan = res.isnan().any().item(), ref.isnan().any().item()
     if res_nan and not ref_nan:
         return Check(name, False, math.nan, 0.0, shape, "NaN where eager has none")
-    if torch.allclose(ref.to(res.dtype), res, atol=tol, rtol=tol, equal_nan=True):
+    if torch.allclose(ref.to(res.dtype), res, atol=tolerance, rtol=tolerance, equal_nan=True):
         return Check(name, True, _rmse(fp64, res), math.inf, shape)
     finite = torch.isfinite(fp64) & torch.isfinite(res) & torch.isfinite(ref)
     if not torch.equal(torch.isfinite(res), torch.isfinite(ref)):
         return Check(name, False, math.inf, 0.0, shape, "Inf/NaN where eager differs")
     res_error, ref_error = _rmse(fp64[finite], res[finite]), _rmse(fp64[finite], ref[finite])
     multiplier = 3.0 if res.dtype in (torch.float16, torch.bfloat16) or res.numel() < 1000 else 2.0
-    budget = multiplier * ref_error + tol / 10.0
+    budget = multiplier * ref_error + tolerance / 10.0
     return Check(name, res_error <= budget, res_error, budget, shape)

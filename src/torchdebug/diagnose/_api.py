@@ -122,21 +122,21 @@ def _is_inductor(stage: Stage) -> bool:
 
 
 def _last_stage(
-    program: Program, stage: Stage, refs: References, tol: float, notes: list[str], shown: progress.Bar
+    program: Program, stage: Stage, refs: References, tolerance: float, notes: list[str], shown: progress.Bar
 ) -> tuple[InstrumentedInductor | None, StageResult]:
     """The user's backend. Inductor runs instrumented (its node values kept for localisation, one
     compile instead of two); a pass or an exception is confirmed by plain inductor, because
     materialising every node could hide a bug that needs fusion, or cause an error of its own."""
     if not _is_inductor(stage):
-        return None, climb(program, [stage], refs, tol, shown)[-1]
+        return None, climb(program, [stage], refs, tolerance, shown)[-1]
     instrumented = InstrumentedInductor()
     with instrumented.active():
-        result = climb(program, [Stage(stage.label, instrumented)], refs, tol, shown)[-1]
+        result = climb(program, [Stage(stage.label, instrumented)], refs, tolerance, shown)[-1]
     result.stage = stage
     if result.kind == "accuracy":
         return instrumented, result
     shown.set_postfix_str(f"confirming {stage.label} without instrumentation")
-    plain = climb(program, [stage], refs, tol)[-1]
+    plain = climb(program, [stage], refs, tolerance)[-1]
     if plain.kind == "accuracy":
         notes.append("inductor loses accuracy only with its kernels fused; localised by bisection")
     elif result.kind == "exception" and plain.kind == "ok":
@@ -149,14 +149,14 @@ def _localize(
     failed: StageResult,
     instrumented: InstrumentedInductor | None,
     graphs: list[Any],
-    tol: float,
+    tolerance: float,
     notes: list[str],
 ) -> NodeFinding | None:
     """The first bad node of the failing stage (see the module docstring for which method). When
     there is none, the last note says why; a failure of the search itself becomes a note too."""
     if instrumented is not None:
         try:
-            found = first_bad_node(instrumented.graphs, tol, notes)
+            found = first_bad_node(instrumented.graphs, tolerance, notes)
         except Exception as error:  # noqa: BLE001 - diagnose reports, it does not crash
             log.warning("node-by-node comparison failed", exc_info=True)
             notes.append(f"node by node, the comparison failed ({type(error).__name__}: {first_line(error)})")
@@ -164,7 +164,7 @@ def _localize(
         if found is not None:
             return found
         notes.append("node by node, no compiled value is further from fp64 than eager allows; bisecting the graph instead")
-    bisector = Bisector(failed.stage, program.train, tol)
+    bisector = Bisector(failed.stage, program.train, tolerance)
     try:
         found = bisector.locate(graphs)
     except Exception as error:  # noqa: BLE001
@@ -183,9 +183,9 @@ def _localize(
     return found
 
 
-def _write_repro(finding: NodeFinding, failed: StageResult, folder: Path, tol: float, notes: list[str]) -> Path | None:
+def _write_repro(finding: NodeFinding, failed: StageResult, folder: Path, tolerance: float, notes: list[str]) -> Path | None:
     try:
-        return write_repro(finding, failed.stage.backend, folder, tol)
+        return write_repro(finding, failed.stage.backend, folder, tolerance)
     except (OSError, ValueError, TypeError) as error:
         notes.append(f"no repro written: {error}")
         return None

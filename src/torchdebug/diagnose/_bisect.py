@@ -142,13 +142,13 @@ def _values(gm: torch.fx.GraphModule, inputs: list[Any]) -> dict[str, Any]:
 class Bisector:
     """Judges graph prefixes under one stage, like the ladder judges the whole program."""
 
-    def __init__(self, stage: Stage, train: bool, tol: float = DEFAULT_TOLERANCE) -> None:
-        self.stage, self.train, self.tol, self.compiles = stage, train, tol, 0
+    def __init__(self, stage: Stage, train: bool, tolerance: float = DEFAULT_TOLERANCE) -> None:
+        self.stage, self.train, self.tolerance, self.compiles = stage, train, tolerance, 0
 
     def check_graph(self, gm: torch.fx.GraphModule, inputs: list[Any], train: bool) -> StageResult:
         self.compiles += 1
         program = Program(gm, inputs, train=train)
-        return climb(program, [self.stage], references(program), self.tol)[-1]
+        return climb(program, [self.stage], references(program), self.tolerance)[-1]
 
     def locate(self, graphs: list[DynamoGraph], label: str = "dynamo graph") -> NodeFinding | None:
         """The first node, in the first graph that fails, whose prefix fails."""

@@ -120,7 +120,9 @@ def _few(names: list[str]) -> str:
     return ", ".join(unique[:4]) + (f" and {len(unique) - 4} more" if len(unique) > 4 else "")
 
 
-def first_bad_node(graphs: list[AotGraph], tol: float = DEFAULT_TOLERANCE, notes: list[str] | None = None) -> NodeFinding | None:
+def first_bad_node(
+    graphs: list[AotGraph], tolerance: float = DEFAULT_TOLERANCE, notes: list[str] | None = None
+) -> NodeFinding | None:
     """The first node, over ``graphs`` in execution order, whose compiled value fails the check.
     What could not be judged, and why, is appended to ``notes``."""
     unjudged = Unjudged()
@@ -130,7 +132,7 @@ def first_bad_node(graphs: list[AotGraph], tol: float = DEFAULT_TOLERANCE, notes
             log.warning("%s never ran, so its nodes were not checked", entry.label)
             unjudged.unread.append(entry.label)
             continue
-        found = _Replay(entry, tol, unjudged).first_bad()
+        found = _Replay(entry, tolerance, unjudged).first_bad()
         if found is not None:
             break
     if notes is not None:
@@ -144,8 +146,8 @@ _MISSING = object()
 class _Replay:
     """One AOT graph interpreted in float64 (``wide``) and in the program's dtypes (``eager``)."""
 
-    def __init__(self, entry: AotGraph, tol: float, unjudged: Unjudged) -> None:
-        self.entry, self.tol, self.unjudged = entry, tol, unjudged
+    def __init__(self, entry: AotGraph, tolerance: float, unjudged: Unjudged) -> None:
+        self.entry, self.tolerance, self.unjudged = entry, tolerance, unjudged
         self.compiled = entry.values or {}
         self.wide: dict[torch.fx.Node, Any] = {}
         self.eager: dict[torch.fx.Node, Any] = {}
@@ -234,7 +236,7 @@ class _Replay:
             return None
         if attention.op_name(node.target) in _ALLOCATIONS:
             return None
-        verdict = check(node.name, wide, eager, result, self.tol)
+        verdict = check(node.name, wide, eager, result, self.tolerance)
         return None if verdict.passed else verdict
 
     def _bookkeeping(self, node: torch.fx.Node) -> bool:

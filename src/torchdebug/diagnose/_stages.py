@@ -128,7 +128,7 @@ def references(program: Program) -> References:
     return References(fp64, run_stage(program, Stage("uncompiled", None)), list(random_ops.seen))
 
 
-def check_outcome(run: Outcome, refs: References, tol: float = DEFAULT_TOLERANCE) -> list[Check]:
+def check_outcome(run: Outcome, refs: References, tolerance: float = DEFAULT_TOLERANCE) -> list[Check]:
     """One :class:`Check` per value the fp64 reference has (missing values fail)."""
     checks = []
     for name, expected in refs.fp64.values.items():
@@ -136,12 +136,16 @@ def check_outcome(run: Outcome, refs: References, tol: float = DEFAULT_TOLERANCE
         if got is None or eager is None:
             checks.append(Check(name, False, float("inf"), 0.0, tuple(expected.shape), "missing from this stage"))
             continue
-        checks.append(check(name, expected, eager, got, tol))
+        checks.append(check(name, expected, eager, got, tolerance))
     return checks
 
 
 def climb(
-    program: Program, stages: list[Stage], refs: References, tol: float = DEFAULT_TOLERANCE, shown: progress.Bar | None = None
+    program: Program,
+    stages: list[Stage],
+    refs: References,
+    tolerance: float = DEFAULT_TOLERANCE,
+    shown: progress.Bar | None = None,
 ) -> list[StageResult]:
     """Run the stages in order and stop at the first that fails (the rest are not run); ``shown``
     names the running stage and advances one unit per stage."""
@@ -151,7 +155,7 @@ def climb(
             shown.set_postfix_str(stage.label)
         start = time.perf_counter()
         run = refs.eager if stage.backend is None else run_stage(program, stage)
-        checks = check_outcome(run, refs, tol) if run.error is None else []
+        checks = check_outcome(run, refs, tolerance) if run.error is None else []
         results.append(StageResult(stage, run, checks, time.perf_counter() - start))
         log.info("stage %s: %s in %.1f s", stage.label, results[-1].kind, results[-1].seconds)
         if shown is not None:

@@ -10,7 +10,7 @@ from torchdebug.report import render
 __all__ = ["render_diagnose"]
 
 
-class Report(Protocol):
+class Result(Protocol):
     """What the page reads of a ``torchdebug.diagnose.DiagnoseResult`` (passed down to this layer)."""
 
     stages: list[Any]
@@ -24,22 +24,22 @@ class Report(Protocol):
     user_frame: str | None
 
 
-def render_diagnose(report: Report) -> str:
-    """The complete HTML page for ``report`` (a string; the caller writes it)."""
-    failed = report.failed_stage
-    error = report.error
+def render_diagnose(result: Result) -> str:
+    """The complete HTML page for ``result`` (a string; the caller writes it)."""
+    failed = result.failed_stage
+    error = result.error
     return render(
         "diagnose.html.j2",
         title="torchdebug diagnose",
-        stage=report.stage,
+        stage=result.stage,
         error=f"{type(error).__name__}: {error}".splitlines()[0] if error is not None else None,
         traceback="".join(traceback.format_exception(error)) if error is not None else None,
-        finding=report.finding,
-        user_frame=report.user_frame,
-        repro=str(report.repro_path) if report.repro_path else None,
-        stages=[{"label": s.stage.label, "kind": s.kind, "seconds": s.seconds} for s in report.stages],
+        finding=result.finding,
+        user_frame=result.user_frame,
+        repro=str(result.repro_path) if result.repro_path else None,
+        stages=[{"label": s.stage.label, "kind": s.kind, "seconds": s.seconds} for s in result.stages],
         checks=failed.checks if failed else [],
-        compile_summary=report.compile_events.summary(),
-        events=report.compile_events.events,
-        notes=report.notes,
+        compile_summary=result.compile_events.summary(),
+        events=result.compile_events.events,
+        notes=result.notes,
     )

@@ -1,4 +1,4 @@
-from torchdebug.records import NO_MODULE, Record, call_name, make_call_name, make_name, split_call_name
+from torchdebug.records import NO_MODULE, Record, call_name, make_call_name, make_name, module_of, split_call_name
 
 
 def _record(**overrides):
@@ -27,6 +27,11 @@ def test_make_name_marks_ops_outside_modules_with_a_dash():
 
 def test_call_name_drops_the_slot_part():
     assert call_name("forward/fc1/aten.addmm.default#0/input.2") == "forward/fc1/aten.addmm.default#0"
+
+
+def test_module_of_names_the_module_of_a_slot_or_a_call():
+    assert module_of("forward/layers.1.mlp/module#0/output.0") == "layers.1.mlp"
+    assert module_of(make_call_name("forward", "", "monitor.loss", 0)) == NO_MODULE
 
 
 def test_record_round_trips_through_json_without_empty_fields():

@@ -37,6 +37,7 @@ __all__ = [
     "call_name",
     "make_call_name",
     "make_name",
+    "module_of",
     "split_call_name",
 ]
 
@@ -71,6 +72,11 @@ def split_call_name(name: str) -> tuple[str, str]:
     """A stable name cut into its call name and its slot: ``(forward/m/aten.mm.default#0, output.0)``."""
     cut = name.rfind("/")
     return (name[:cut], name[cut + 1 :]) if cut >= 0 else (name, name)
+
+
+def module_of(name: str) -> str:
+    """The module path of a stable name (``layers.1.mlp`` of ``forward/layers.1.mlp/module#0/output``)."""
+    return name.split("/", 2)[1]
 
 
 def call_name(name: str) -> str:

@@ -48,6 +48,7 @@ from torchdebug.monitor._ring import Ring
 from torchdebug.monitor._triggers import StepSummary, Trigger, Triggers
 from torchdebug.monitor._watch import Watcher
 from torchdebug.monitor._window import write_window
+from torchdebug.records import module_of
 from torchdebug.stats_table import StatsStager
 from torchdebug.store._writer import check_writable, new_run_name
 
@@ -74,7 +75,7 @@ class MonitorEvent:
 
     @property
     def module(self) -> str | None:
-        return self.slot.split("/")[1] if self.slot else None
+        return module_of(self.slot) if self.slot else None
 
     def __str__(self) -> str:
         lines = [f"torchdebug monitor, rank {self.rank}: {self.message}"]

@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from torchdebug.records import LOSS_OP, Record
+from torchdebug.records import LOSS_OP, Record, module_of
 
 MAX_ROWS = 64
 """Modules in the heat map at most."""
@@ -68,7 +68,7 @@ def timeline(records: Iterable[Record], event: dict[str, Any] | None) -> dict[st
     if not steps:
         return None
     trigger = event.get("step") if event else None
-    first_module = (event.get("slot") or "").split("/")[1] if event and event.get("slot") else None
+    first_module = module_of(event["slot"]) if event and event.get("slot") else None
     rows = []
     for module, series in outputs.items():
         finite = [v for v in series.values() if v is not None and v > 0]

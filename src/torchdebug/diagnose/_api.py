@@ -29,7 +29,7 @@ from torchdebug.diagnose._nodes import first_bad_node
 from torchdebug.diagnose._program import Program, first_line
 from torchdebug.diagnose._repro import write_repro
 from torchdebug.diagnose._result import DiagnoseResult
-from torchdebug.diagnose._stages import References, Stage, StageResult, climb, default_mode, ladder, references
+from torchdebug.diagnose._stages import References, Stage, StageResult, climb, default_compile_mode, ladder, references
 from torchdebug.errors import TorchDebugError
 from torchdebug.options import accepts
 
@@ -63,7 +63,9 @@ def diagnose(fn: Callable[..., Any], *example_inputs: Any, config: DiagnoseConfi
 
 
 def _diagnose(program: Program, config: DiagnoseConfig) -> DiagnoseResult:
-    compile_mode = config.compile_mode if config.compile_mode is not None else default_mode(program.inputs, config.backend)
+    compile_mode = (
+        config.compile_mode if config.compile_mode is not None else default_compile_mode(program.inputs, config.backend)
+    )
     stages = ladder(config.backend, compile_mode)
     with progress.bar(len(stages) + 1, "diagnose", unit="stage") as shown:  # the fp64 reference, then each stage
         shown.set_postfix_str("fp64 reference")

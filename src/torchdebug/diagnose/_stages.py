@@ -65,17 +65,17 @@ def backend_label(backend: str | Callable[..., Any]) -> str:
     return getattr(backend, "__name__", None) or type(backend).__name__
 
 
-def ladder(backend: str | Callable[..., Any] | None, mode: str | None = None) -> list[Stage]:
+def ladder(backend: str | Callable[..., Any] | None, compile_mode: str | None = None) -> list[Stage]:
     """The stages up to the user's backend (inductor by default, ``reduce-overhead`` on CUDA)."""
     stages = [Stage("uncompiled", None), *(Stage(name, name) for name in DEBUG_STAGES)]
     target = backend if backend is not None else "inductor"
-    options = {"mode": mode} if mode is not None else {}
+    options = {"mode": compile_mode} if compile_mode is not None else {}
     if isinstance(target, str) and target in DEBUG_STAGES and not options:
         return stages[: 2 + DEBUG_STAGES.index(target)]
-    return [*stages, Stage(backend_label(target) + (f" ({mode})" if mode else ""), target, options)]
+    return [*stages, Stage(backend_label(target) + (f" ({compile_mode})" if compile_mode else ""), target, options)]
 
 
-def default_mode(inputs: tuple[Any, ...], backend: Any) -> str | None:
+def default_compile_mode(inputs: tuple[Any, ...], backend: Any) -> str | None:
     """``reduce-overhead`` (CUDA graphs) when inductor runs on CUDA inputs, else inductor's default."""
     on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
     return "reduce-overhead" if backend is None and on_cuda else None

@@ -35,11 +35,14 @@ The first divergence is the earliest blamed slot in execution order (step, then 
 on a tie.
 
 **Memory and processes**: the check reads one rank at a time and keeps of it one digest per
-replicated slot (:mod:`~torchdebug.compare._replica_digests`); records are read again only from the
-reference ranks and the ranks that differ. With ``workers=N`` the ranks are digested by N spawned
-processes; under torchrun by the job's processes
-(:func:`~torchdebug.compare._distributed.compare_ranks_distributed`). A rank holding the reference
-value gets a row whose records are the reference's (one record per slot is kept, not one per rank).
+replicated slot (:mod:`~torchdebug.compare._replica_digests`, straight from the Arrow columns of a
+rank that closed cleanly); records are read again only for one rank of each value a slot holds
+(the first rank of the reference value, the first of each other one), and a value's metrics are
+computed once for all the ranks holding it. The result keeps per slot the reference's record and
+the rows of the ranks that differ (:mod:`~torchdebug.compare._rank_rows`): the rows of ranks that
+hold the reference value are made when read, so its memory does not grow with the ranks that agree.
+With ``workers=N`` the ranks are digested by N spawned processes; under torchrun by the job's
+processes (:func:`~torchdebug.compare._distributed.compare_ranks_distributed`).
 """
 
 from __future__ import annotations
@@ -47,13 +50,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+import pyarrow.compute as pc
 
 from torchdebug import progress
 from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._metrics import stats_metrics, tensor_metrics
+from torchdebug.compare._rank_rows import RankRows, SlotRows
 from torchdebug.compare._replica_digests import (
     SAME_ON_EVERY_RANK,
     RankDigest,
@@ -61,17 +66,20 @@ from torchdebug.compare._replica_digests import (
     digests_in_processes,
     fresh,
     replicated,
+    stored_table,
 )
 from torchdebug.compare._result import CompareResult, Side
-from torchdebug.compare._rows import Row
+from torchdebug.compare._rows import VERDICTS, Row
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare._tolerances import Tolerance, lower_precision, parse_tolerances
 from torchdebug.records import Record
 from torchdebug.store import _reader as reader
+from torchdebug.store._record_columns import records_from_table
 
 __all__ = ["compare_ranks", "replicated", "RanksResult", "SAME_ON_EVERY_RANK", "checked_ranks", "ranks_result"]
 
 _EXACT = Tolerance(0.0, 0.0)
+_NONE: frozenset[int] = frozenset()
 
 SlotKey = tuple[int, str]
 """``(step, name)``: a slot, the same on every rank."""
@@ -81,11 +89,14 @@ class RanksResult(CompareResult):
     """A :class:`CompareResult` whose rows compare each rank with the reference ranks, slot by slot.
 
     ``row.rank`` is the rank checked, ``row.record_b`` the reference's record, ``row.record_a`` the
-    checked rank's (the reference's too where the rank holds the reference value). The rows are
-    final once made: the per-rank lists are indexed on first use.
+    checked rank's (the reference's where the rank holds the reference value, the first rank's of
+    its value where it holds another). ``rows`` is a :class:`~torchdebug.compare._rank_rows.RankRows`:
+    the rows of ranks that hold the reference value are made when read, and the counts, phases and
+    first divergence come without making them. The rows are final once made.
     """
 
     heading = "torchdebug compare --across-ranks"
+    rows: RankRows
 
     def title(self) -> str:
         return f"compare the ranks of {self.a.path} with each other (reference: the majority of ranks, on a tie the lowest)"
@@ -94,23 +105,33 @@ class RanksResult(CompareResult):
         return [("run", self.a.path), ("reference", "per slot, the value most ranks hold (on a tie, the lowest rank's)")]
 
     def _first(self, finder: Callable[[Sequence[Row]], Row | None]) -> Row | None:
-        return finder(sorted(self.rows, key=lambda row: (row.order, row.rank)))
-
-    @cached_property
-    def _by_rank(self) -> dict[int, list[Row]]:
-        """The rows of each rank, found in one pass (a row per slot and rank: the per-rank counts of
-        the summary and reports would pass over every row once per rank)."""
-        by_rank: dict[int, list[Row]] = {}
-        for row in self.rows:
-            by_rank.setdefault(row.rank, []).append(row)
-        return by_rank
+        return finder(self.rows.differing)  # blamed rows are rows that differ
 
     @property
     def ranks(self) -> list[int]:
-        return sorted(self._by_rank)
+        return sorted(self.rows.ranks) if self.rows.slots else []
 
-    def rank_rows(self, rank: int) -> list[Row]:
-        return list(self._by_rank.get(rank, ()))
+    def rank_rows(self, rank: int) -> Sequence[Row]:  # type: ignore[override]
+        return self.rows.of_rank(rank) if rank in self.ranks else []
+
+    def counts(self, rank: int | None = None) -> dict[str, int]:
+        counter = self.rows.counts(rank)
+        return {verdict: counter.get(verdict, 0) for verdict in VERDICTS}
+
+    @property
+    def diverged(self) -> bool:
+        return any(row.verdict == "error" for row in self.rows.differing)
+
+    def phases(self) -> dict[str, dict[str, Any]]:
+        return self.rows.phases()
+
+    def coverage(self) -> dict[str, dict[str, Any]]:
+        # counted over the records the rows hold: the rows of ranks holding the reference add none
+        return CompareResult(rows=self.rows.distinct(), a=self.a, b=self.b).coverage()
+
+    def to_html(self, path: str | Path) -> Path:
+        with self.rows.made():  # the page passes over the rows many times
+            return super().to_html(path)
 
 
 @dataclass(slots=True)
@@ -145,22 +166,34 @@ def _slots(digests: Iterable[RankDigest]) -> tuple[list[tuple[SlotKey, _Slot]], 
 
 
 def _records(run: reader.Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[int, SlotKey], Record]:
-    """The records of the wanted slots, rank by rank (each rank read from a fresh handle, not kept)."""
+    """The records of the wanted slots, rank by rank (each rank read from a fresh handle, not kept).
+    From a stored table only the wanted rows become records (and those with ``json_fields``, which
+    may hold their step)."""
     found: dict[tuple[int, SlotKey], Record] = {}
     for rank in sorted(wanted):
         keys = wanted[rank]
-        for record in fresh(run.ranks[rank]).records():
+        dump = fresh(run.ranks[rank])
+        table = stored_table(dump)
+        if table is None:
+            records = dump.records()
+        else:
+            odd = pc.is_valid(table.column("json_fields")).to_numpy(zero_copy_only=False)
+            steps, names = table.column("step").to_pylist(), table.column("name").to_pylist()
+            rows = [row for row, key in enumerate(zip(steps, names)) if key in keys or odd[row]]
+            records = records_from_table(table.take(rows))
+        for record in records:
             key = (record.step, record.name)
             if key in keys:
                 found[rank, key] = record
     return found
 
 
-def _metrics(run: reader.Run, row: Row, reference: int, tensors: bool, tolerance: Tolerance) -> dict[str, float]:
+def _metrics(run: reader.Run, row: Row, holder: int, reference: int, tensors: bool, tolerance: Tolerance) -> dict[str, float]:
+    """The metrics of a row whose record is rank ``holder``'s against the reference rank's."""
     a, b = row.record_a, row.record_b
     assert a is not None and b is not None
     if tensors and has_tensor(a) and has_tensor(b):
-        tensor_a, tensor_b = run.ranks[row.rank].load_tensor(a), run.ranks[reference].load_tensor(b)
+        tensor_a, tensor_b = run.ranks[holder].load_tensor(a), run.ranks[reference].load_tensor(b)
         return tensor_metrics(tensor_a, tensor_b, low_dtype=lower_precision(a.dtype, b.dtype), atol=tolerance.atol)
     return stats_metrics(a.stats, b.stats, numel=math.prod(b.shape or []), atol=tolerance.atol)
 
@@ -192,6 +225,40 @@ def _attribute(rows: Iterable[Row], agreeing: Mapping[Row, str]) -> None:
             first[row.rank] = row
 
 
+def _judge(
+    run: reader.Run,
+    values: Sequence[tuple[list[Row], list[int]]],
+    overrides: Mapping[str, Tolerance],
+    tensors: bool,
+    threads: int | None,
+) -> None:
+    """Metrics and verdicts of the rows of ranks holding another value than the reference (each
+    value's rows, first rank first, with the reference ranks): the metrics once per value, from
+    its first rank's record, the verdicts rank by rank."""
+    tolerances = [overrides.get(lower_precision(rows[0].dtype_a, rows[0].dtype_b) or "", _EXACT) for rows, _ in values]
+    comparable = [
+        i for i, (rows, _) in enumerate(values) if rows[0].shape_a == rows[0].shape_b and rows[0].dtype_a == rows[0].dtype_b
+    ]
+
+    def metrics_of(i: int) -> dict[str, float]:
+        (first, *_), reference = values[i]
+        return _metrics(run, first, first.rank, reference[0], tensors, tolerances[i])
+
+    with metric_pool(threads) as pool:
+        for i, metrics in zip(comparable, pool.map(metrics_of, comparable)):
+            error = metrics.pop("error", None)
+            for row in values[i][0]:
+                row.error, row.metrics = error, metrics  # one dict for the value's rows (rows replace theirs, never update it)
+    agreeing: dict[Row, str] = {}
+    for (rows, reference), tolerance in zip(values, tolerances):
+        holders = f"ranks {', '.join(map(str, reference))} hold the reference value"
+        for row in rows:
+            row.tolerance = tolerance.rtol
+            _difference(row, reference[0], row.tolerance).apply(row)
+            agreeing[row] = holders
+    _attribute(agreeing, agreeing)
+
+
 def checked_ranks(run: reader.Run, ranks: Sequence[int] | None) -> list[int]:
     """The ranks to check (default: every rank of the run), validated: present, two or more."""
     selected = sorted(run.ranks) if ranks is None else sorted(set(ranks))
@@ -212,55 +279,37 @@ def ranks_result(
     tensors: bool,
     threads: int | None,
 ) -> RanksResult:
-    """The verdicts from every checked rank's digest (in rank order): the rows, with the records
-    read again from the reference ranks and the ranks that differ, and the metrics of those."""
+    """The verdicts from every checked rank's digest (in rank order): the rows, with one record per
+    slot and value read again (from the first rank holding it), and the metrics of each value that
+    is not the reference's, computed once for the ranks holding it."""
     slots, notes = _slots(progress.track(digests, "digesting ranks", total=len(selected), unit="rank"))
     wanted: dict[int, set[SlotKey]] = {}
     for key, slot in slots:
-        reference = slot.reference()
-        wanted.setdefault(reference[0], set()).add(key)
         for ranks in slot.holders.values():
-            if ranks is not reference:
-                for rank in ranks:
-                    wanted.setdefault(rank, set()).add(key)
+            wanted.setdefault(ranks[0], set()).add(key)
     records = _records(run, wanted)
-    rows: list[Row] = []
-    differing: dict[Row, int] = {}  # row -> its reference rank
-    agreeing: dict[Row, str] = {}
+    kept: list[SlotRows] = []
+    values: list[tuple[list[Row], list[int]]] = []  # the rows of the ranks holding one value, and the reference ranks
+    everyone = frozenset(selected)
     for order, (key, slot) in enumerate(slots):
         reference = slot.reference()
         reference_record = records[reference[0], key]
-        holds = {rank: ranks for ranks in slot.holders.values() for rank in ranks}
-        for rank in selected:
-            ranks = holds.get(rank)
-            if ranks is reference:
-                row = Row.from_records(rank, reference_record, reference_record, "exact", float(order))
-                row.error = 0.0
-                Judgement("pass", "", "reference" if rank == reference[0] else "").apply(row)
-            elif ranks is None:
-                row = Row.from_records(rank, None, reference_record, "only_b", float(order))
-                Judgement("unmatched", "", f"not on rank {rank}").apply(row)
-            else:
-                row = Row.from_records(rank, records[rank, key], reference_record, "exact", float(order))
-                differing[row] = reference[0]
-                agreeing[row] = f"ranks {', '.join(map(str, reference))} hold the reference value"
-            rows.append(row)
-    tolerance_of = {row: overrides.get(lower_precision(row.dtype_a, row.dtype_b) or "", _EXACT) for row in differing}
-    comparable = [row for row in differing if row.shape_a == row.shape_b and row.dtype_a == row.dtype_b]
-    with metric_pool(threads) as pool:
-        results = pool.map(lambda row: _metrics(run, row, differing[row], tensors, tolerance_of[row]), comparable)
-        for row, metrics in zip(comparable, results):
-            row.error = metrics.pop("error", None)
-            row.metrics.update(metrics)
-    for row, reference_rank in differing.items():
-        row.tolerance = tolerance_of[row].rtol
-        _difference(row, reference_rank, row.tolerance).apply(row)
-    _attribute(rows, agreeing)
+        differing: dict[int, Row] = {}
+        for ranks in slot.holders.values():
+            if ranks is not reference:
+                record = records[ranks[0], key]
+                rows = [Row.from_records(rank, record, reference_record, "exact", float(order)) for rank in ranks]
+                differing.update((row.rank, row) for row in rows)
+                values.append((rows, reference))
+        held = sum(map(len, slot.holders.values()))
+        missing = _NONE if held == len(selected) else everyone.difference(*slot.holders.values())
+        kept.append(SlotRows(reference_record, reference[0], float(order), differing, missing))
+    _judge(run, values, overrides, tensors, threads)
     if not slots:
         notes.append("no slot replicas must agree on: capture the optimizer step, parameters (level=mix) or collectives")
     options = {"across_ranks": list(selected), "tolerances": {k: [v.rtol, v.atol] for k, v in overrides.items()}}
     side = Side.of(dump, run)
-    return RanksResult(rows=rows, a=side, b=side, problems=notes, options=options)
+    return RanksResult(rows=RankRows(selected, kept), a=side, b=side, problems=notes, options=options)
 
 
 def compare_ranks(

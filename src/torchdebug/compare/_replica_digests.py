@@ -5,11 +5,14 @@
     digest = digest_rank(run.ranks[3], tensors=True, pool=pool)   # reads rank 3, keeps no record
     digest.slots[0]                                                # (step, name, seq, "9f2c...")
 
-A slot's digest is a 16-byte BLAKE2b of its dtype, shape and value: the saved tensor's bytes, or
-its statistics where no tensor was saved. Two ranks hold the same value in a slot exactly when their
-digests are equal, so the check groups ranks by digest and reads records again only where it needs
-them (the reference rank's, and those of ranks that differ). A rank is read from a fresh copy of its
-folder whose records are dropped with it: the check's memory does not grow with the number of ranks.
+A slot's digest is a 16-byte hash of its dtype, shape and value (:mod:`~torchdebug.compare._value_digests`):
+the saved tensor's bytes, or its statistics where no tensor was saved. Two ranks hold the same
+value in a slot exactly when their digests are equal, so the check groups ranks by digest and reads
+records again only where it needs them (one rank of each value). A rank is read from a fresh copy
+of its folder whose records are dropped with it: the check's memory does not grow with the number
+of ranks. A rank that closed cleanly is digested straight from its Arrow columns: the replicated
+rows are picked and their statistics hashed column by column, and only rows the columns do not hold
+whole (``json_fields``, ``extra``) or whose saved tensor is hashed become ``Record`` objects.
 Digests are plain data, sent between processes as JSON (never a pickle), and the ranks can be
 digested by worker processes on this machine (:func:`digests_in_processes`) or by the processes of
 a torchrun job (:func:`torchdebug.compare._distributed.compare_ranks_distributed`).
@@ -18,26 +21,39 @@ a torchrun job (:func:`torchdebug.compare._distributed.compare_ranks_distributed
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import multiprocessing
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from torchdebug.compare._result import Side
 from torchdebug.compare._shards import sharded
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
+from torchdebug.compare._value_digests import column_digests, value_digest
 from torchdebug.records import Record
+from torchdebug.store import _layout as layout
 from torchdebug.store import _reader as reader
+from torchdebug.store._record_columns import SCHEMA, records_from_table
 
-__all__ = ["SAME_ON_EVERY_RANK", "replicated", "RankDigest", "digest_rank", "fresh", "share_of_cores", "digests_in_processes"]
+__all__ = [
+    "SAME_ON_EVERY_RANK",
+    "replicated",
+    "RankDigest",
+    "digest_rank",
+    "fresh",
+    "stored_table",
+    "share_of_cores",
+    "digests_in_processes",
+]
 
 SAME_ON_EVERY_RANK = frozenset(
     {
@@ -52,6 +68,8 @@ SAME_ON_EVERY_RANK = frozenset(
 )
 """Collectives whose outputs hold the same values on every rank of the group."""
 
+_SAME = pa.array(sorted(SAME_ON_EVERY_RANK), pa.string())
+
 Slot = tuple[int, str, int, str]
 """``(step, name, seq, digest)`` of one replicated slot of a rank."""
 
@@ -61,6 +79,16 @@ def replicated(record: Record) -> bool:
     if record.kind != "tensor" or record.capture_error or sharded(record):
         return False
     return record.phase == "optimizer" or record.io == "parameter" or (record.io == "output" and record.op in SAME_ON_EVERY_RANK)
+
+
+def _replicated_rows(table: pa.Table) -> np.ndarray:
+    """:func:`replicated` on whole columns (a boolean per row), for rows without ``extra`` (where a
+    DTensor's placements are) or ``json_fields`` (which override the columns)."""
+    column = table.column
+    tensor = pc.and_kleene(pc.equal(column("kind"), "tensor"), pc.is_null(column("capture_error")))
+    output = pc.and_kleene(pc.equal(column("io"), "output"), pc.is_in(column("op"), value_set=_SAME))
+    where = pc.or_kleene(pc.or_kleene(pc.equal(column("phase"), "optimizer"), pc.equal(column("io"), "parameter")), output)
+    return pc.and_kleene(tensor, where).fill_null(False).to_numpy(zero_copy_only=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,26 +115,63 @@ def fresh(dump: reader.RankRecords) -> reader.RankRecords:
     return dataclasses.replace(dump)  # type: ignore[type-var]  # RankDump and MsprobeRankDump are dataclasses
 
 
-def _digest(dump: reader.RankRecords, record: Record, tensors: bool) -> str:
-    hasher = hashlib.blake2b(f"{record.dtype}|{record.shape}|".encode(), digest_size=16)
-    if tensors and has_tensor(record):
-        hasher.update(b"tensor|")
-        hasher.update(dump.load_tensor(record).detach().contiguous().reshape(-1).view(torch.uint8).numpy())
-    else:
-        hasher.update(b"stats|" + json.dumps(record.stats, sort_keys=True).encode())
-    return hasher.hexdigest()
+def stored_table(dump: reader.RankRecords) -> pa.Table | None:
+    """A rank's records as the Arrow table they are stored in, where the table stands for them: a
+    rank of ours that closed cleanly, its records in Arrow columns of this version's schema.
+    ``None`` for the others (a partial rank's records are marked where a tensor file was never
+    written; older dumps hold JSON lines, msprobe's are not ours): read their records instead."""
+    if not (isinstance(dump, reader.RankDump) and dump.complete and (dump.path / layout.RECORDS).is_file()):
+        return None
+    table = dump.to_arrow()
+    return table if table.schema.equals(SCHEMA, check_metadata=False) else None
+
+
+def _record_digests(
+    dump: reader.RankRecords, records: Iterable[tuple[int, Record]], tensors: bool, pool: Executor
+) -> list[tuple[int, Slot]]:
+    """The replicated slots among numbered records, digested as records (tensors read on ``pool``)."""
+    chosen = [(row, record) for row, record in records if replicated(record)]
+    reads = tensors and any(has_tensor(record) for _, record in chosen)
+    digests = (pool.map if reads else map)(lambda item: value_digest(dump, item[1], tensors), chosen)
+    return [(row, (record.step, record.name, record.seq, digest)) for (row, record), digest in zip(chosen, digests)]
+
+
+def _table_digests(dump: reader.RankRecords, table: pa.Table, tensors: bool, pool: Executor) -> list[tuple[int, Slot]]:
+    """The replicated slots of a rank's table, numbered by row: rows the columns hold whole are
+    chosen and digested column by column; the others, and those whose saved tensor is hashed, as records."""
+    whole = pc.and_kleene(pc.is_null(table.column("json_fields")), pc.is_null(table.column("extra")))
+    whole = whole.to_numpy(zero_copy_only=False)
+    chosen = _replicated_rows(table) & whole
+    as_records = ~whole
+    if tensors:
+        saved = pc.is_valid(table.column("tensor_file")).to_numpy(zero_copy_only=False)
+        as_records |= chosen & saved
+        chosen &= ~saved
+    rows = np.flatnonzero(chosen)
+    picked = table.take(rows).select(["step", "name", "seq", "dtype", "shape", "stats"])
+    steps, names, seqs = (picked.column(name).to_pylist() for name in ("step", "name", "seq"))
+    found = list(zip(rows.tolist(), zip(steps, names, seqs, column_digests(picked))))
+    others = np.flatnonzero(as_records)
+    if len(others):
+        records = zip(others.tolist(), records_from_table(table.take(others)))
+        found = sorted(found + _record_digests(dump, records, tensors, pool))
+    return found
 
 
 def digest_rank(dump: reader.RankRecords, tensors: bool, pool: Executor) -> RankDigest:
     """Read one rank (from a :func:`fresh` handle, so nothing stays behind) and digest its
     replicated slots; tensors are read and hashed on ``pool``'s threads."""
     dump = fresh(dump)
-    notes = Side.of(dump.path, reader.Run(dump.path.parent, {dump.rank: dump})).notes("run", dump.rank)
-    chosen = {(record.step, record.name): record for record in dump.records() if replicated(record)}
-    reads = tensors and any(has_tensor(record) for record in chosen.values())
-    digests = (pool.map if reads else map)(lambda record: _digest(dump, record, tensors), chosen.values())
-    slots = [(step, name, record.seq, digest) for ((step, name), record), digest in zip(chosen.items(), digests)]
-    return RankDigest(dump.rank, slots, notes)
+    table = stored_table(dump)
+    if table is None:
+        notes = Side.of(dump.path, reader.Run(dump.path.parent, {dump.rank: dump})).notes("run", dump.rank)
+        found = _record_digests(dump, enumerate(dump.records()), tensors, pool)
+    else:  # closed cleanly: neither partial nor cut short (its records file was closed before the marker was written)
+        notes, found = [], _table_digests(dump, table, tensors, pool)
+    slots: dict[tuple[int, str], Slot] = {}
+    for _, slot in found:
+        slots[slot[0], slot[1]] = slot  # a slot written twice: its last record, at its first place
+    return RankDigest(dump.rank, list(slots.values()), notes)
 
 
 def _digest_in_worker(path: str, rank: int, tensors: bool, threads: int) -> str:

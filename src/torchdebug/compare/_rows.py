@@ -47,6 +47,9 @@ class Row:
     shape_a: list[int] | None = None
     shape_b: list[int] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    """Rows with the same statistics on both sides share one dict of statistics metrics (a compare
+    keeps hundreds of thousands of rows): give a row more metrics by replacing its dict, not by
+    updating it in place."""
     error: float | None = None
     """Scale-relative error the verdict is based on (see :mod:`torchdebug.compare._metrics`)."""
     tolerance: float | None = None

@@ -133,12 +133,24 @@ def has_tensor(record: Record | None) -> bool:
     return record is not None and bool(record.tensor) and "file" in (record.tensor or {})
 
 
-def _fill_stats(row: Row, tolerance: Tolerance) -> None:
+_Shared = dict[tuple[int, int, int, float], tuple[float | None, dict[str, float]]]
+"""Statistics metrics by the identity of both sides' statistics, the element count and ``atol``."""
+
+
+def _fill_stats(row: Row, tolerance: Tolerance, shared: _Shared) -> None:
+    """The row's statistics metrics and error. The records of one tensor share their statistics (its
+    output row and the input rows of its consumers: about four rows per pair on the GPT bench), so
+    the rows of one pair of statistics share one metrics dict, computed once; writers replace a
+    row's dict rather than update it (:func:`apply_metrics`)."""
     stats_a, stats_b = row.record_a.stats, row.record_b.stats  # type: ignore[union-attr]
+    numel = math.prod(row.shape_b or ())
+    key = (id(stats_a), id(stats_b), numel, tolerance.atol)  # the records, so their statistics, outlive ``shared``
+    found = shared.get(key)
+    if found is None:
+        metrics = stats_metrics(stats_a, stats_b, numel=numel, atol=tolerance.atol)
+        found = shared[key] = (metrics.pop("error", None), metrics)
     row.tolerance = tolerance.rtol
-    metrics = stats_metrics(stats_a, stats_b, numel=math.prod(row.shape_b or ()), atol=tolerance.atol)
-    row.error = metrics.pop("error", None)
-    row.metrics = metrics  # the row's first metrics: its own dict, not a copy
+    row.error, row.metrics = found
 
 
 def match_rank(
@@ -153,13 +165,14 @@ def match_rank(
         pairs = align_boundaries(pairs, unpaired_calls(pairs))
     rows = [Row.from_records(rank, p.a, p.b, p.how, p.order, p.inside) for p in pairs]
     tolerances: dict[tuple[str | None, str | None], Tolerance] = {}  # per pair of dtypes: a handful
+    shared: _Shared = {}
     for row in rows:
         if row.matched and row.kind == "tensor" and row.shape_a == row.shape_b:
             dtypes = (row.dtype_a, row.dtype_b)
             tolerance = tolerances.get(dtypes)
             if tolerance is None:
                 tolerance = tolerances[dtypes] = tolerance_for(*dtypes, settings.tolerances)
-            _fill_stats(row, tolerance)
+            _fill_stats(row, tolerance, shared)
     return rows
 
 
@@ -261,9 +274,9 @@ def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float
                 row.unreadable = str(metrics[_UNREADABLE])  # compared by statistics: see finish()
             continue
         for row in group:
-            row.metrics.update(metrics)
-            row.error = metrics.get("error", row.error)
-            row.metrics.pop("error", None)
+            merged = {**row.metrics, **metrics}  # a new dict: rows share their statistics metrics
+            row.error = merged.pop("error", row.error)
+            row.metrics = merged
 
 
 def _replay_job(dump: RankRecords, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, dict[str, float]]:
@@ -312,7 +325,8 @@ def replay_rows(
     for row in outputs:
         for side, record in (("a", row.record_a), ("b", row.record_b)):
             errors = results.get((side, record.step, record.call_name), {}).get(record.arg, {})  # type: ignore[union-attr]
-            row.metrics.update({f"{name}_{side}": value for name, value in errors.items()})
+            if errors:  # a new dict: rows share their statistics metrics
+                row.metrics = {**row.metrics, **{f"{name}_{side}": value for name, value in errors.items()}}
 
 
 def attribute(

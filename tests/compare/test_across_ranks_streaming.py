@@ -1,27 +1,37 @@
-"""The cross-rank check reads one rank at a time, keeps one record per slot, and gives the same
-result over worker processes (``workers=N``) and over the processes of a gloo group (torchrun)."""
+"""The cross-rank check reads one rank at a time, keeps one record per slot and value and a row only
+for ranks that differ, and gives the same result over worker processes (``workers=N``) and over the
+processes of a gloo group (torchrun)."""
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
+from collections import defaultdict
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 
+import torchdebug
 import torchdebug.compare._across_ranks as across_ranks
 from tests import gloo
 from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 from torchdebug.cli import main
 from torchdebug.compare._across_ranks import compare_ranks
 from torchdebug.compare._distributed import compare_ranks_distributed
+from torchdebug.compare._result import CompareResult
+from torchdebug.compare._rows import Row
 from torchdebug.errors import DumpError
 from torchdebug.records import Record
+from torchdebug.store import _layout as layout
+from torchdebug.store._record_file import RecordFile
 
 
-def _live_records() -> int:
-    return sum(1 for item in gc.get_objects() if type(item) is Record)
+def _live(kind: type) -> int:
+    gc.collect()
+    return sum(1 for item in gc.get_objects() if type(item) is kind)
 
 
 def _rows(result) -> list[dict]:
@@ -29,12 +39,11 @@ def _rows(result) -> list[dict]:
 
 
 def test_each_rank_is_read_without_keeping_the_ranks_read_before(replicas, monkeypatch):
-    gc.collect()
     live = []
     digest_rank = across_ranks.digest_rank
 
     def counting(dump, tensors, pool):
-        live.append(_live_records())
+        live.append(_live(Record))
         return digest_rank(dump, tensors, pool)
 
     monkeypatch.setattr(across_ranks, "digest_rank", counting)
@@ -92,3 +101,64 @@ def test_cli_refuses_workers_under_torchrun(replicas, monkeypatch, capsys):
     monkeypatch.setenv("MASTER_ADDR", "localhost")
     assert main(["compare", "--across-ranks", str(replicas["healthy"]), "--workers", "2"]) == 2
     assert "torchrun already started the worker processes" in capsys.readouterr().err
+
+
+_RANKS = 9
+_SHORT_RANK = 8
+
+
+def _nine_ranks(dump: Path, run: Path) -> Path:
+    """Nine ranks made of the three of ``dump``, rank ``i`` a copy of rank ``i % 3`` (so ranks 1, 4
+    and 7 hold the perturbed update), rank 8 without step 1."""
+    source = torchdebug.load(dump)
+    for rank in range(_RANKS):
+        copy = run / layout.rank_dir_name(_RANKS, rank)
+        shutil.copytree(source.ranks[rank % WORLD_SIZE].path, copy, copy_function=os.link)
+        manifest = json.loads((copy / layout.MANIFEST).read_text())
+        (copy / layout.MANIFEST).unlink()  # a link to the source's: replaced, not written through
+        (copy / layout.MANIFEST).write_text(json.dumps({**manifest, "rank": rank, "world_size": _RANKS}))
+    records = run / layout.rank_dir_name(_RANKS, _SHORT_RANK) / layout.RECORDS
+    table = torchdebug.load(records.parent).ranks[_SHORT_RANK].to_arrow()
+    records.unlink()
+    file = RecordFile(records)
+    for batch in table.filter(pc.equal(table["step"], 0)).to_batches():
+        file.append(batch)
+    file.close()
+    return run
+
+
+@pytest.fixture(scope="module")
+def nine_ranks(replicas, tmp_path_factory) -> Path:
+    return _nine_ranks(replicas["perturbed_stats"], tmp_path_factory.mktemp("nine") / "run")
+
+
+def test_ranks_holding_the_reference_value_keep_no_row(nine_ranks):
+    before = _live(Row)
+    result = compare_ranks(nine_ranks)
+    kept = result.rows.differing
+    assert _live(Row) - before == len(kept) > 0  # the rows of the six agreeing ranks are made when read
+    assert {row.rank for row in kept} == {1, 4, 7}
+    assert len(result.rows) == _RANKS * len(result.rows.slots) == len(list(result.rows))
+    values = defaultdict(list)
+    for row in kept:
+        values[row.order].append(row)
+    for rows in values.values():  # each differing value: one record read, one metrics computed
+        assert [row.rank for row in rows] == [1, 4, 7]
+        assert len({id(row.record_a) for row in rows}) == len({id(row.metrics) for row in rows}) == 1
+    first = result.first_divergence
+    assert (first.rank, first.phase, first.op, first.io) == (PERTURBED_RANK, "optimizer", "aten.add_.Tensor", "output")
+    assert any(row is first for row in kept)
+
+
+def test_counts_phases_and_coverage_are_those_of_the_rows_made(nine_ranks):
+    result = compare_ranks(nine_ranks)
+    made = CompareResult(rows=list(result.rows), a=result.a, b=result.b)
+    assert result.counts() == made.counts() and result.counts(_SHORT_RANK)["unmatched"] > 0
+    assert result.phases() == made.phases() and result.coverage() == made.coverage()
+    assert result.ranks == made.ranks == list(range(_RANKS))
+    for rank in result.ranks:
+        assert result.counts(rank) == made.counts(rank)
+        assert [row.to_dict() for row in result.rank_rows(rank)] == [row.to_dict() for row in made.rank_rows(rank)]
+    assert made.first_divergence is result.first_divergence and result.diverged
+    assert [row.to_dict() for row in result.rows[-_RANKS - 1 :]] == [row.to_dict() for row in made.rows[-_RANKS - 1 :]]
+    assert result.rows[-1].to_dict() == made.rows[-1].to_dict() and result.rows[-1].message == "not on rank 8"

@@ -1,6 +1,7 @@
-"""The flight recorder under DDP on 2 gloo ranks: a NaN made on one rank reaches both through the
-gradients' all-reduce; both ranks fire, dump their window and replay together, and the event names
-the rank that saw it first."""
+"""The flight recorder on 2 gloo ranks, DDP and then the large-model recipe (FSDP2, checkpointed and
+compiled blocks) in one spawn: a NaN made on one rank reaches both through the gradients'
+all-reduce or the parameters' all-gather; both ranks fire, dump their window and replay together,
+and the event names the rank that saw it first."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _closure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
     return closure
 
 
-def _rank_main(rank: int, root: str) -> None:
+def _ddp_main(rank: int, root: str) -> None:
     torchdebug.seed_all(0)
     model = DistributedDataParallel(GPT(CONFIG))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -42,14 +43,28 @@ def _rank_main(rank: int, root: str) -> None:
                 model.module.layers[0].mlp.fc.weight[0, 0] = float("nan")
 
         monitor.step(_closure(model, optimizer, step, rank))
+    monitor.close()
     (event,) = monitor.events
     Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))
     dist.barrier()
 
 
+def _rank_main(rank: int, root: str) -> None:
+    _ddp_main(rank, str(Path(root, "ddp")))
+    _fsdp_main(rank, str(Path(root, "fsdp")))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both runs' folders (``ddp``, ``fsdp``), from one spawn."""
+    root = tmp_path_factory.mktemp("monitor_ranks")
+    gloo.spawn(_rank_main, root, str(root))
+    return root
+
+
 @pytest.mark.slow
-def test_both_ranks_fire_and_replay_and_the_rank_that_saw_it_first_is_named(tmp_path: Path) -> None:
-    gloo.spawn(_rank_main, tmp_path, str(tmp_path))
+def test_both_ranks_fire_and_replay_and_the_rank_that_saw_it_first_is_named(runs: Path) -> None:
+    tmp_path = runs / "ddp"
     events = [json.loads((tmp_path / f"event{rank}.json").read_text()) for rank in (0, 1)]
     assert [e["ranks"] for e in events] == [[1, 0], [1, 0]]  # rank 1 saw it in the forward, rank 0 in its gradients
     assert events[1]["slot"] == "forward/module.layers.0.mlp.fc/module#0/output.0"
@@ -91,10 +106,10 @@ def _fsdp_main(rank: int, root: str) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_checkpointed_compiled_blocks_are_watched_by_shard(tmp_path: Path) -> None:
+def test_fsdp2_checkpointed_compiled_blocks_are_watched_by_shard(runs: Path) -> None:
     """The large-model recipe: FSDP2 parameters and gradients are watched through each rank's shard;
     a NaN in rank 1's shard reaches both ranks' forward through the all-gather."""
-    gloo.spawn(_fsdp_main, tmp_path, str(tmp_path))
+    tmp_path = runs / "fsdp"
     events = [json.loads((tmp_path / f"event{rank}.json").read_text()) for rank in (0, 1)]
     assert all(e["step"] == 4 and e["reason"] == "nonfinite" for e in events)
     assert all(e["slot"] == "forward/layers.1/module#0/output.0" for e in events)

@@ -159,6 +159,11 @@ class TrainerMonitor:
             self.monitor.close()
 
 
-def monitor_option(dump_path: str | Path | None, monitor: Any) -> TrainerMonitor | None:
-    """The callbacks' ``monitor=``: ``None``/``False`` none, else a :class:`TrainerMonitor` (checked now)."""
-    return None if monitor is None or monitor is False else TrainerMonitor(dump_path, monitor)
+def callback_parts(
+    dump_path: str | Path | None, config: Any, monitor: Any, options: dict[str, Any]
+) -> tuple[TrainerMonitor | None, TrainerDump | None]:
+    """What a callback's arguments ask for, both checked now: the flight recorder (``monitor=``:
+    ``None``/``False`` none) and the dump (unless ``monitor=`` alone was given)."""
+    watch = None if monitor is None or monitor is False else TrainerMonitor(dump_path, monitor)
+    dumps = watch is None or config is not None or bool(options)
+    return watch, TrainerDump(dump_path, config, options) if dumps else None

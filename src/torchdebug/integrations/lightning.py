@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdebug.extras import import_extra
-from torchdebug.integrations._training import NO_STEP_WARNING, TrainerDump, monitor_option
+from torchdebug.integrations._training import NO_STEP_WARNING, callback_parts
 
 _pl = import_extra("lightning.pytorch", "lightning", "torchdebug.integrations.lightning")
 _rank_zero = import_extra("lightning.pytorch.utilities.rank_zero", "lightning", "torchdebug.integrations.lightning")
@@ -48,9 +48,7 @@ class TorchDebugCallback(_pl.Callback):
 
     def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, monitor: Any = None, **options: Any) -> None:
         super().__init__()
-        self._monitor = monitor_option(dump_path, monitor)
-        dumps = self._monitor is None or config is not None or bool(options)
-        self._dump = TrainerDump(dump_path, config, options) if dumps else None
+        self._monitor, self._dump = callback_parts(dump_path, config, monitor, options)
 
     @property
     def run_dir(self) -> Path | None:

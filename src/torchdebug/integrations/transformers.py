@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdebug.extras import import_extra
-from torchdebug.integrations._training import NO_STEP_WARNING, TrainerDump, monitor_option
+from torchdebug.integrations._training import NO_STEP_WARNING, callback_parts
 
 _hf = import_extra("transformers", "transformers", "torchdebug.integrations.transformers")
 
@@ -52,9 +52,7 @@ class TorchDebugCallback(_hf.TrainerCallback):
     """
 
     def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, monitor: Any = None, **options: Any) -> None:
-        self._monitor = monitor_option(dump_path, monitor)
-        dumps = self._monitor is None or config is not None or bool(options)
-        self._dump = TrainerDump(dump_path, config, options) if dumps else None
+        self._monitor, self._dump = callback_parts(dump_path, config, monitor, options)
         self._handles: list[Any] = []
 
     @property

@@ -261,7 +261,7 @@ def compare_ranks_distributed(
     process group: each digests its share of the dump's ranks, process 0 gathers the digests and
     judges. Call it on every process (same arguments); process 0 gets the result, the others
     ``None``. ``threads`` defaults to the cores per process on this node. Every process must see the
-    dump at the same path; process 0 reads again the reference ranks and those that differ."""
+    dump at the same path; process 0 reads again one rank of each value a slot holds."""
     _require_group("compare_ranks_distributed", "compare_ranks(..., workers=N)")
     run = open_dump(dump)
     selected = checked_ranks(run, ranks)

@@ -31,6 +31,9 @@ from torchdebug.records import Record
 
 __all__ = ["SlotRows", "RankRows"]
 
+_REFERENCE = Judgement("pass", "", "reference", error=0.0)
+_AGREES = Judgement("pass", "", "", error=0.0)
+"""The judgements of the rows of ranks holding the reference value (made once: these rows are made on every read)."""
 _NOT_JUDGED = ("incomparable", "unmatched")
 """Verdicts of rows that are counted apart from the compared ones."""
 
@@ -57,8 +60,7 @@ class SlotRows:
             Judgement("unmatched", "", f"not on rank {rank}").apply(row)
             return row
         row = Row.from_records(rank, self.reference, self.reference, "exact", self.order)
-        row.error = 0.0
-        Judgement("pass", "", "reference" if rank == self.reference_rank else "").apply(row)
+        (_REFERENCE if rank == self.reference_rank else _AGREES).apply(row)
         return row
 
 

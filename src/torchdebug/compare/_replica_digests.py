@@ -148,7 +148,7 @@ def _table_digests(dump: reader.RankRecords, table: pa.Table, tensors: bool, poo
         as_records |= chosen & saved
         chosen &= ~saved
     rows = np.flatnonzero(chosen)
-    picked = table.take(rows).select(["step", "name", "seq", "dtype", "shape", "stats"])
+    picked = table.select(["step", "name", "seq", "dtype", "shape", "stats"]).take(rows)
     steps, names, seqs = (picked.column(name).to_pylist() for name in ("step", "name", "seq"))
     found = list(zip(rows.tolist(), zip(steps, names, seqs, column_digests(picked))))
     others = np.flatnonzero(as_records)

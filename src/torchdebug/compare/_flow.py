@@ -40,7 +40,7 @@ class Flow:
     def __init__(self, rows: Sequence[Row], split: Fraction | None = None, made: Producers | None = None) -> None:
         """``made``: the producers matching found for the rows' records (else traced from the rows)."""
         self.slots: dict[str, dict[int, dict[str, Row]]] = {"a": {}, "b": {}}
-        """Per side and step, the row of each slot name."""
+        """Per side and step, the row of each output slot's name (producers are outputs)."""
         self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
         reshaped = False
         for row in rows:
@@ -49,10 +49,11 @@ class Flow:
             for side, record in (("a", row.record_a), ("b", row.record_b)):
                 if record is None:
                     continue
-                names = self.slots[side].get(record.step)
-                if names is None:
-                    names = self.slots[side][record.step] = {}
-                names[record.name] = row
+                if record.io in OUTPUT_IO:
+                    names = self.slots[side].get(record.step)
+                    if names is None:
+                        names = self.slots[side][record.step] = {}
+                    names[record.name] = row
                 if not matched:
                     self.one_sided.setdefault((side, record.step, record.call_name), []).append(row)
         if made is None:

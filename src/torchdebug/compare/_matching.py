@@ -116,7 +116,6 @@ class _Call:
     """The call name as the dump wrote it (before any mapping)."""
     records: list[Record] = field(default_factory=list)
     slots: list[str] = field(default_factory=list)
-    _signature: tuple | None = field(default=None, init=False, repr=False)
 
     @property
     def first(self) -> Record:
@@ -128,12 +127,9 @@ class _Call:
 
     def signature(self) -> tuple:
         """The shapes of the tensor slots: calls that swapped places (gradient accumulation order,
-        say) keep their names but not their shapes."""
-        if self._signature is None:
-            self._signature = tuple(
-                (slot, tuple(r.shape or ())) for slot, r in zip(self.slots, self.records) if r.kind == "tensor"
-            )
-        return self._signature
+        say) keep their names but not their shapes. Made when asked, not kept: a step's calls
+        all hold theirs while they are paired."""
+        return tuple((slot, tuple(r.shape or ())) for slot, r in zip(self.slots, self.records) if r.kind == "tensor")
 
 
 @dataclass(slots=True, eq=False)
@@ -158,8 +154,9 @@ def _rename(call: _Call, mapping: NameMapping) -> str:
     return make_call_name(record.phase, module, op, record.call)
 
 
-def _calls(records: Sequence[Record]) -> dict[tuple[int, str], _Call]:
-    """Records grouped by call, keyed by ``(step, call name)``, in first-seen order."""
+def _calls(records: Sequence[Record], slot_names: dict[str, str]) -> dict[tuple[int, str], _Call]:
+    """Records grouped by call, keyed by ``(step, call name)``, in first-seen order; ``slot_names``
+    keeps one string per slot name (``output.0``: a handful, not one per record)."""
     calls: dict[tuple[int, str], _Call] = {}
     call, step = None, None
     for record in records:
@@ -170,7 +167,7 @@ def _calls(records: Sequence[Record]) -> dict[tuple[int, str], _Call]:
             if call is None:
                 call = calls[(step, name)] = _Call(name)
         call.records.append(record)
-        call.slots.append(slot)
+        call.slots.append(slot_names.setdefault(slot, slot))
     return calls
 
 
@@ -541,7 +538,8 @@ def _pair_calls(
     records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping, compiled: bool, made: Producers | None
 ) -> list[Pair]:
     """The pairs of :func:`match_records`, in no order yet."""
-    calls_a, calls_b = _calls(records_a), _calls(records_b)
+    slot_names: dict[str, str] = {}
+    calls_a, calls_b = _calls(records_a, slot_names), _calls(records_b, slot_names)
     links = _Links(made or Producers.of(records_a, records_b))
     uneven = _uneven(calls_a, calls_b, mapping) if compiled else set()
     matches: list[_Match] = []

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -163,7 +164,9 @@ def match_rank(
     pairs = match_records(records_a, records_b, settings.mapping, compiled=compiled, made=made)
     if compiled:
         pairs = align_boundaries(pairs, unpaired_calls(pairs))
-    rows = [Row.from_records(rank, p.a, p.b, p.how, p.order, p.inside) for p in pairs]
+    rows: list[Any] = pairs  # each pair replaced by its row in place: all pairs and all rows never coexist
+    for index, p in enumerate(pairs):
+        rows[index] = Row.from_records(rank, p.a, p.b, p.how, p.order, p.inside)
     tolerances: dict[tuple[str | None, str | None], Tolerance] = {}  # per pair of dtypes: a handful
     shared: _Shared = {}
     for row in rows:

@@ -89,6 +89,9 @@ SCHEMA = pa.schema(
 _GET_PLAIN = attrgetter(*_PLAIN)
 _UNIQUE = frozenset({"name"})
 """String columns whose values rarely repeat: read as they are, not through a dictionary."""
+_SHARED_INTS = frozenset({"seq", "call"})
+"""Int columns whose values repeat beyond the ints Python keeps one of (-5 to 256): one int per
+distinct value (the slots of one call share its ``seq``)."""
 _INTEGRAL_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"})
 """dtypes whose statistics hold ints for ``min`` and ``max`` (``stats_from_sums(integral=True)``)."""
 _TENSOR_KEYS = frozenset({"file", "key"})
@@ -245,12 +248,12 @@ def _column(array: pa.ChunkedArray, name: str) -> list[Any] | None:
     if kind == _SIZES:
         return _shared_lists(array)
     if kind == _INT and not array.null_count:
-        return array.to_numpy().tolist()
+        return _shared_strings(array, int) if name in _SHARED_INTS else array.to_numpy().tolist()
     return array.to_pylist()
 
 
-def _shared_strings(array: pa.ChunkedArray, decode: Callable[[str], Any] = sys.intern) -> list[Any]:
-    """Each distinct string once, ``decode``d (interned: the same object in every rank and dump read)."""
+def _shared_strings(array: pa.ChunkedArray, decode: Callable[[Any], Any] = sys.intern) -> list[Any]:
+    """Each distinct string (or int) once, ``decode``d (interned: the same object in every rank and dump read)."""
     encoded = pc.dictionary_encode(array)  # one dictionary, shared by every chunk
     distinct = encoded.chunk(0).dictionary.to_pylist()
     values = np.empty(len(distinct) + 1, dtype=object)  # the last one, None, for empty rows

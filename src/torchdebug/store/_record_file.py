@@ -6,6 +6,10 @@ can be cut short. :func:`read_records` drops such a message and says so, and nam
 is whole but does not decode (the file was modified or damaged). The stream's schema is written
 with its first batch: a file killed before that is empty and holds no records.
 
+:func:`record_stream` reads the messages without decoding them (their bodies stay in the memory-mapped
+file): a reader that builds records decodes a group of batches at a time, so a dump's records never
+sit whole beside their decompressed columns.
+
 Any Arrow reader opens the file (``pyarrow.ipc.open_stream``, Polars' ``read_ipc_stream``,
 DuckDB's ``arrow`` extension).
 """
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,7 +28,7 @@ import pyarrow.ipc as ipc
 from torchdebug.errors import DumpError
 from torchdebug.store._record_columns import SCHEMA
 
-__all__ = ["RecordFile", "read_records"]
+__all__ = ["RecordFile", "RecordStream", "read_records", "record_stream"]
 
 logger = logging.getLogger("torchdebug.store._record_file")
 
@@ -47,15 +53,50 @@ class RecordFile:
         self._sink.close()
 
 
-def read_records(path: Path) -> tuple[pa.Table, bool]:
-    """The records of a records file as one table, and whether its last message was cut short (and dropped)."""
+@dataclass(frozen=True)
+class RecordStream:
+    """The messages of a records file, not decoded yet (each holds its compressed body), and whether
+    its last message was cut short (and dropped)."""
+
+    path: Path
+    schema: pa.Schema
+    messages: list[tuple[int, ipc.Message]]
+    """Each record batch's message and its byte offset in the file."""
+    truncated: bool
+
+    def tables(self, rows: int) -> Iterator[pa.Table]:
+        """The records as tables of whole batches, about ``rows`` records each (one batch at least), decoded
+        as they are asked for; a message that does not decode raises a :class:`DumpError` naming it."""
+        group: list[pa.RecordBatch] = []
+        count = 0
+        for index, (offset, message) in enumerate(self.messages):
+            try:
+                batch = ipc.read_record_batch(message, self.schema)
+            except (pa.ArrowInvalid, OSError) as error:
+                raise _corrupt(self.path, index, offset, error) from None
+            group.append(batch)
+            count += batch.num_rows
+            if count >= rows:
+                yield pa.Table.from_batches(group, schema=self.schema)
+                group, count = [], 0
+        if group:
+            yield pa.Table.from_batches(group, schema=self.schema)
+
+    def table(self) -> pa.Table:
+        """Every record as one table."""
+        tables = list(self.tables(1 << 62))
+        return tables[0] if tables else self.schema.empty_table()
+
+
+def record_stream(path: Path) -> RecordStream:
+    """The messages of a records file (see :class:`RecordStream`); a file that does not exist holds none."""
     if not path.exists():
-        return SCHEMA.empty_table(), False
+        return RecordStream(path, SCHEMA, [], False)
     source = pa.memory_map(str(path))
     size = source.size()
     reader = ipc.MessageReader.open_stream(source)
     schema: pa.Schema | None = None
-    batches: list[pa.RecordBatch] = []
+    messages: list[tuple[int, ipc.Message]] = []
     while True:
         start = source.tell()
         try:
@@ -65,20 +106,22 @@ def read_records(path: Path) -> tuple[pa.Table, bool]:
         except (pa.ArrowInvalid, OSError) as error:
             if _cut_short(source, start, size, error):
                 logger.warning("%s: the last batch of records is incomplete (the run stopped mid-write); skipped", path)
-                return _table(schema, batches), True
-            raise _corrupt(path, len(batches), start, error) from None
-        try:
-            if schema is None:
+                return RecordStream(path, schema or SCHEMA, messages, True)
+            raise _corrupt(path, len(messages), start, error) from None
+        if schema is None:
+            try:
                 schema = ipc.read_schema(message)
-            else:
-                batches.append(ipc.read_record_batch(message, schema))
-        except (pa.ArrowInvalid, OSError) as error:
-            raise _corrupt(path, len(batches), start, error) from None
-    return _table(schema, batches), False
+            except (pa.ArrowInvalid, OSError) as error:
+                raise _corrupt(path, 0, start, error) from None
+        else:
+            messages.append((start, message))
+    return RecordStream(path, schema or SCHEMA, messages, False)
 
 
-def _table(schema: pa.Schema | None, batches: list[pa.RecordBatch]) -> pa.Table:
-    return pa.Table.from_batches(batches, schema=schema or SCHEMA)
+def read_records(path: Path) -> tuple[pa.Table, bool]:
+    """The records of a records file as one table, and whether its last message was cut short (and dropped)."""
+    stream = record_stream(path)
+    return stream.table(), stream.truncated
 
 
 def _cut_short(source: pa.NativeFile, start: int, size: int, error: Exception) -> bool:

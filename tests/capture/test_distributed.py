@@ -2,7 +2,6 @@
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import torchdebug
 from tests import gloo
@@ -65,7 +64,7 @@ def test_a_rank_that_dies_leaves_a_readable_partial_folder(tmp_path):
     import pytest
 
     with pytest.raises(Exception, match="exit code 3"):
-        mp.spawn(_dying_worker, args=(str(tmp_path / "init"), str(tmp_path / "dump")), nprocs=2, join=True)
+        gloo.start(_dying_worker, str(tmp_path / "init"), str(tmp_path / "dump"))
     run = torchdebug.load(tmp_path / "dump")
     assert run.partial_ranks == [1]
     assert any(r.op == "aten.exp.default" for r in run.ranks[1].records())

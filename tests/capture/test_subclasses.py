@@ -124,7 +124,9 @@ class _Block(torch.nn.Module):
         return torch.relu(self.fc(x)) + x
 
 
-def _fsdp_worker(rank: int, dump_path: str, out_path: str, captured: bool) -> None:
+def _fsdp_steps(rank: int, debugger: torchdebug.Debugger | None) -> dict[str, torch.Tensor]:
+    """Two FSDP2 training steps of a fresh seeded model (under ``debugger`` if given): the last loss
+    and the full parameters."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
@@ -134,7 +136,6 @@ def _fsdp_worker(rank: int, dump_path: str, out_path: str, captured: bool) -> No
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
-    debugger = torchdebug.Debugger(dump_path, task="statistics") if captured else None
     for _ in range(2):
         if debugger:
             debugger.start(model)
@@ -146,18 +147,23 @@ def _fsdp_worker(rank: int, dump_path: str, out_path: str, captured: bool) -> No
             debugger.step()
     if debugger:
         debugger.close()
-    full = {name: param.full_tensor() for name, param in model.named_parameters()}
+    return {"loss": loss.detach(), **{name: param.full_tensor() for name, param in model.named_parameters()}}
+
+
+def _fsdp_worker(rank: int, dump_path: str, out_path: str) -> None:
+    results = {
+        captured: _fsdp_steps(rank, torchdebug.Debugger(dump_path, task="statistics") if captured else None)
+        for captured in (False, True)
+    }
     if rank == 0:
-        torch.save({"loss": loss.detach(), **full}, out_path)
+        torch.save(results, out_path)
 
 
 @pytest.mark.slow
 def test_an_fsdp2_training_step_is_captured_bit_identically_with_local_statistics(tmp_path):
-    results = {}
-    for captured in (False, True):
-        out = tmp_path / f"out-{captured}.pt"
-        gloo.spawn(_fsdp_worker, tmp_path, str(tmp_path / "dump"), str(out), captured)
-        results[captured] = torch.load(out)
+    out = tmp_path / "out.pt"
+    gloo.spawn(_fsdp_worker, tmp_path, str(tmp_path / "dump"), str(out))  # the same ranks run without and with capture
+    results = torch.load(out)
     for name, value in results[False].items():
         assert torch.equal(results[True][name], value), name
     run = torchdebug.load(tmp_path / "dump")

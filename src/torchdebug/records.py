@@ -138,6 +138,10 @@ class Record:
     capture_error: str | None = None
     """Why this slot could not be captured, when it could not (``error`` in dumps of torchdebug 0.1)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Fields of other tools or of later versions. Records read from a dump share their containers
+    (equal ``stats``, ``shape`` and ``stride``, and one empty ``extra``, as a capture shares them
+    between the records of one tensor): give a record other ones by replacing them
+    (:func:`dataclasses.replace`), never by updating them in place."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict without the fields that hold their default empty value."""

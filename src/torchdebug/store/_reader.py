@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from torchdebug.errors import DumpError
+from torchdebug.gc_paused import paused_gc
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import _layout as layout
 from torchdebug.store import _live as live
@@ -41,9 +42,11 @@ _NAMES = tuple(f.name for f in _LEADING)
 _DEFAULTS = tuple(f.default for f in _LEADING)
 _REQUIRED = frozenset(f.name for f in _LEADING if f.default is MISSING)
 _PLAIN = frozenset(_NAMES)
-_GROUP = 1 << 16
-"""Records built from one decoded table at a time: the decompressed columns of a group (about 30 MB
-on the GPT bench) are all that sits beside the records, however many a rank holds."""
+_GROUP = 32
+"""Records built from one decoded table of this many batches at a time (64k records at most, a
+batch per flush of at most 2048): the decompressed columns of two groups (about 30 MB each on the
+GPT bench, the next one decoded meanwhile) are all that sits beside the records, however many a
+rank holds."""
 
 
 def _record(row: dict[str, Any]) -> Record:
@@ -142,8 +145,9 @@ class RankDump:
         else:
             stream = record_stream(self.path / layout.RECORDS)
             records, truncated = [], stream.truncated
-            for table in stream.tables(_GROUP):
-                records += records_from_table(table)
+            with paused_gc():  # once for every group: a collection between groups walks every record made
+                for table in stream.tables(_GROUP):
+                    records += records_from_table(table)
             pa.default_memory_pool().release_unused()  # the decoded columns' pages, kept by Arrow's allocator
         if not self.complete:
             self._mark_unwritten_tensors(records)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,28 +65,33 @@ class RecordStream:
     """Each record batch's message and its byte offset in the file."""
     truncated: bool
 
-    def tables(self, rows: int) -> Iterator[pa.Table]:
-        """The records as tables of whole batches, about ``rows`` records each (one batch at least), decoded
-        as they are asked for; a message that does not decode raises a :class:`DumpError` naming it."""
-        group: list[pa.RecordBatch] = []
-        count = 0
-        for index, (offset, message) in enumerate(self.messages):
-            try:
-                batch = ipc.read_record_batch(message, self.schema)
-            except (pa.ArrowInvalid, OSError) as error:
-                raise _corrupt(self.path, index, offset, error) from None
-            group.append(batch)
-            count += batch.num_rows
-            if count >= rows:
-                yield pa.Table.from_batches(group, schema=self.schema)
-                group, count = [], 0
-        if group:
-            yield pa.Table.from_batches(group, schema=self.schema)
+    def tables(self, batches: int) -> Iterator[pa.Table]:
+        """The records as tables of ``batches`` record batches each (a batch holds at most a flush, 2048
+        records by default), decoded as they are asked for: the next table is decompressed on a
+        thread of its own while the caller works on this one (Arrow releases the GIL). A message
+        that does not decode raises a :class:`DumpError` naming it."""
+        groups = [range(start, min(start + batches, len(self.messages))) for start in range(0, len(self.messages), batches)]
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            ahead = [pool.submit(self._decode, group) for group in groups[:1]]
+            for group in groups[1:]:
+                ahead.append(pool.submit(self._decode, group))
+                yield ahead.pop(0).result()
+            if ahead:
+                yield ahead.pop().result()
 
     def table(self) -> pa.Table:
         """Every record as one table."""
-        tables = list(self.tables(1 << 62))
-        return tables[0] if tables else self.schema.empty_table()
+        return self._decode(range(len(self.messages)))
+
+    def _decode(self, indices: range) -> pa.Table:
+        batches = []
+        for index in indices:
+            offset, message = self.messages[index]
+            try:
+                batches.append(ipc.read_record_batch(message, self.schema))
+            except (pa.ArrowInvalid, OSError) as error:
+                raise _corrupt(self.path, index, offset, error) from None
+        return pa.Table.from_batches(batches, schema=self.schema)
 
 
 def record_stream(path: Path) -> RecordStream:

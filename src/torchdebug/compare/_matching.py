@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
-from torchdebug.records import PHASES, Record, make_call_name, split_call_name
+from torchdebug.records import PHASES, Record, call_name, make_call_name, split_call_name
 
 __all__ = [
     "Pair",
@@ -341,15 +341,13 @@ def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
 
 
 class _Made:
-    """The distinct producers of one value in the order they first made it."""
+    """The distinct producers of a value that more than one call made, in the order they first made it."""
 
-    __slots__ = ("order", "seen", "first")
+    __slots__ = ("order", "seen")
 
-    def __init__(self, producer: tuple[str, str]) -> None:
-        self.order = [producer]
-        self.seen = {producer}
-        self.first = (producer,)
-        """The candidates of most inputs, one tuple for all of them."""
+    def __init__(self, first: tuple[str, str], second: tuple[str, str]) -> None:
+        self.order = [first, second]
+        self.seen = {first, second}
 
     def add(self, producer: tuple[str, str]) -> None:
         if producer not in self.seen:
@@ -360,8 +358,6 @@ class _Made:
         """The first producer other than ``call`` and up to ``nearest`` latest others, first made first.
         Only ``call``'s own outputs are skipped on the way, so the cost does not grow with the group."""
         order = self.order
-        if len(order) == 1:  # most values: one maker
-            return () if order[0][0] == call else self.first
         first = next((i for i, producer in enumerate(order) if producer[0] != call), None)
         if first is None:
             return ()
@@ -382,7 +378,7 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> C
     made one value (at the first step, every zero bias's optimizer state), the first and the
     ``nearest`` latest before the input are kept: the latest is where the input's own tensor came
     from unless a later call remade the value, the first is where it was first seen."""
-    made_by: dict[tuple, _Made] = {}
+    made_by: dict[tuple, _Made | tuple[tuple[str, str]]] = {}  # a value's one maker, or its group of them
     found: Candidates = {}
     cast_sources: dict[str, tuple[str, str]] = {}
     names: dict[str, str] = {}  # one string per call name and slot name kept in ``found``
@@ -393,8 +389,11 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> C
             group = made_by.get(value) if value is not None else None
             if group is None:  # a value no earlier call made (a weight, the batch)
                 continue
-            call = split_call_name(record.name)[0]
-            made = group.candidates(call, nearest)
+            call = call_name(record.name)
+            if group.__class__ is tuple:  # one maker: its own candidates, unless it is this call
+                made = () if group[0][0] == call else group
+            else:
+                made = group.candidates(call, nearest)
             if made:
                 found[id(record)] = made
                 if record.op in _CASTS:
@@ -409,7 +408,10 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> C
                 producer = (names.setdefault(call, call), names.setdefault(slot, slot))
             group = made_by.get(value)
             if group is None:
-                made_by[value] = _Made(producer)
+                made_by[value] = (producer,)  # most values have one maker: a group only for more
+            elif group.__class__ is tuple:
+                if group[0] != producer:
+                    made_by[value] = _Made(group[0], producer)
             else:
                 group.add(producer)
     return found

@@ -102,8 +102,14 @@ def judge(
     traced again from the rows)."""
     flow = Flow(rows, split, made)
     calls: dict[tuple[int, str], list[Row]] = {}
+    current: list[Row] = []
+    step, name = None, ""
     for row in rows:
-        calls.setdefault((row.step, call_name(row.name)), []).append(row)
+        cut = row.name.rfind("/")
+        if cut != len(name) or row.step != step or not row.name.startswith(name):  # a call's rows mostly follow each other
+            step, name = row.step, call_name(row.name)
+            current = calls.setdefault((step, name), [])
+        current.append(row)
     upstream = 0.0
     for (step, _), call_rows in calls.items():
         first = call_rows[0].record_a or call_rows[0].record_b

@@ -1,0 +1,55 @@
+"""A rank's records are built a group of record batches at a time (the next group decoded meanwhile):
+the same records as from the whole table, with what equal records share still shared."""
+
+import pytest
+
+from tests.store.test_store import _STATS, _record, _writer
+from torchdebug.errors import DumpError
+from torchdebug.store import _layout as layout
+from torchdebug.store import _reader
+from torchdebug.store._reader import load
+from torchdebug.store._record_columns import records_from_table
+from torchdebug.store._record_file import read_records
+
+
+def _five_batches(tmp_path):
+    """A rank folder of five record batches (a flush each) of two records, the second with an extra field."""
+    writer = _writer(tmp_path)
+    for i in range(5):
+        writer.submit(0, [_record(2 * i, stats=dict(_STATS)), _record(2 * i + 1, stats=dict(_STATS), extra={"k": i})], None, [])
+        writer.drain()
+    writer.close()
+    return writer.rank_dir
+
+
+def test_records_read_a_group_at_a_time_equal_those_of_the_whole_table(tmp_path, monkeypatch):
+    rank_dir = _five_batches(tmp_path)
+    monkeypatch.setattr(_reader, "_GROUP", 2)  # groups of 2, 2 and 1 batches
+    records = load(tmp_path).ranks[0].records()
+    assert len(records) == 10
+    assert records == records_from_table(read_records(rank_dir / layout.RECORDS)[0])
+    assert [record.extra for record in records[1::2]] == [{"k": i} for i in range(5)]
+
+
+def test_records_of_one_group_share_equal_statistics_and_one_empty_extra(tmp_path):
+    _five_batches(tmp_path)
+    records = load(tmp_path).ranks[0].records()  # one group: five batches of at most 2048 records
+    assert len({id(record.stats) for record in records}) == 1
+    plain = records[0::2]
+    assert plain[0].extra == {} and all(record.extra is plain[0].extra for record in plain)
+
+
+def test_a_corrupt_batch_in_a_later_group_is_named_when_its_group_is_read(tmp_path, monkeypatch):
+    writer = _writer(tmp_path)
+    for i in range(2):
+        writer.submit(0, [_record(i)], None, [])
+        writer.drain()
+    path = writer.rank_dir / layout.RECORDS
+    size = path.stat().st_size
+    writer.submit(0, [_record(2)], None, [])
+    writer.close()
+    data = path.read_bytes()
+    path.write_bytes(data[:size] + b"garbage\n" + data[size:])
+    monkeypatch.setattr(_reader, "_GROUP", 1)  # the damaged batch is decoded ahead, on the reading thread
+    with pytest.raises(DumpError, match=rf"records.arrows: batch 3 of records \(byte {size}\) is corrupt"):
+        load(tmp_path).ranks[0].records()

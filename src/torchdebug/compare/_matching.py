@@ -160,12 +160,15 @@ def _calls(records: Sequence[Record], slot_names: dict[str, str]) -> dict[tuple[
     calls: dict[tuple[int, str], _Call] = {}
     call, step = None, None
     for record in records:
-        name, slot = split_call_name(record.name)
-        if call is None or name != call.name or record.step != step:  # a call's slots come one after another
+        full = record.name
+        cut = full.rfind("/")
+        if call is None or cut != len(call.name) or record.step != step or not full.startswith(call.name):
+            name = split_call_name(full)[0]  # a call's slots come one after another: a new call
             step = record.step
             call = calls.get((step, name))
             if call is None:
                 call = calls[(step, name)] = _Call(name)
+        slot = full[cut + 1 :]  # split_call_name's slot (the whole name where it has no "/")
         call.records.append(record)
         call.slots.append(slot_names.setdefault(slot, slot))
     return calls

@@ -3,7 +3,10 @@
 #   make test    ruff (lint and format check), the suite on torch $(TORCH) in .venv, then on each
 #                torch of $(MATRIX), each in its own .venv-torch<version> (what CI runs;
 #                `make test MATRIX=` skips the matrix). pytest-xdist runs one worker per core, a
-#                test file per worker, so a file's module fixtures are built once
+#                test file per worker, so a file's module fixtures are built once; the files
+#                holding a slow test are handed out first (tests/conftest.py orders them; xdist
+#                would otherwise order the files by their number of tests, which left the long
+#                files of one or two tests to the end, one worker waiting on another)
 VENV ?= .venv
 TORCH ?= 2.13.0
 MATRIX ?= 2.11.0 2.14.1
@@ -37,7 +40,7 @@ lint: $(TEST_STAMP)
 
 test-one: $(TEST_STAMP)
 	@$(PY) -c "import torch; print('torchdebug tests on torch', torch.__version__)"
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 test-matrix:
 	@for version in $(MATRIX); do \

@@ -38,6 +38,7 @@ def test_two_workers_splitting_one_rank_by_tensor_file_give_the_in_process_resul
     _assert_same(torchdebug.compare(a, b, workers=2), expected)
 
 
+@pytest.mark.slow  # torchrun and its two workers are fresh processes: about 10 s on 2 cores
 def test_torchrun_workers_write_the_in_process_result(dumps, tmp_path):
     a, b = dumps("gpt", bf16=True), dumps("gpt")
     command = [

@@ -180,7 +180,6 @@ def test_records_of_a_dynamic_shape_graph_hold_the_sizes_that_ran_and_pair_with_
     _check_pairs_with_eager(tmp_path / "compiled", eager_dump)
 
 
-@pytest.mark.slow  # inductor generates a statistics kernel per value of a dynamic-shape graph: about 15 s on 2 cores
 def test_statistics_taken_in_the_graph_count_the_elements_of_the_run(
     tmp_path: Path, eager_dump: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

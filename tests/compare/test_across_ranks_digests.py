@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import torchdebug
-from torchdebug.compare._replica_digests import digest_rank
+from torchdebug.compare._replica_digests import RankDigest, digest_rank
 from torchdebug.compare._steps import metric_pool
 from torchdebug.compare._value_digests import column_digests, value_digest
 from torchdebug.records import STAT_KEYS, Record
@@ -108,3 +109,8 @@ def test_a_complete_rank_digested_from_its_columns_gives_the_slots_of_its_record
     last_update = value_digest(None, _RECORDS[-1], tensors=False)
     assert from_columns.slots[0] == (0, "update", len("update"), last_update)
     assert from_columns.notes == [] and from_records.notes and "is partial" in from_records.notes[0]
+
+
+def test_a_digest_makes_the_trip_to_another_process_as_json(digests):
+    for digest in (digests[True], RankDigest(3, [], ["a note"])):
+        assert RankDigest.from_plain(json.loads(json.dumps(digest.to_plain()))) == digest

@@ -2,7 +2,7 @@
 
 ::
 
-    rows = RankRows(ranks=[0, 1, 2, 3], slots=[SlotRows(reference, 0, 0.0, {2: row_of_rank_2})])
+    rows = RankRows(ranks=[0, 1, 2, 3], slots=[SlotRows(reference, 0, 0.0, {2: row_of_rank_2}, frozenset())])
     len(rows)          # 4: a row per slot and rank
     rows[1]            # rank 1's row: made now, its records the reference's
     rows.counts(2)     # verdicts of rank 2's rows, without making them

@@ -31,7 +31,10 @@ from torchdebug.records import STAT_KEYS, Record
 from torchdebug.stats._schema import VALUE_KEYS
 from torchdebug.store import _reader as reader
 
-__all__ = ["value_digest", "column_digests"]
+__all__ = ["DIGEST_BYTES", "value_digest", "column_digests"]
+
+DIGEST_BYTES = 16
+"""The size of a digest (given as hex text: twice as many characters)."""
 
 _WIDTH = len(STAT_KEYS)
 _COUNTS = tuple(key not in VALUE_KEYS for key in STAT_KEYS)
@@ -43,7 +46,7 @@ _NO_STATS = struct.pack(_FORMAT, *([0] * _WIDTH), 1 << _WIDTH)
 
 
 def _hasher(dtype: str | None, shape: str | None) -> Any:
-    return hashlib.blake2b(f"{dtype}|{shape}|".encode(), digest_size=16)
+    return hashlib.blake2b(f"{dtype}|{shape}|".encode(), digest_size=DIGEST_BYTES)
 
 
 def _shape_text(shape: list[int] | None) -> str | None:

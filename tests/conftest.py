@@ -17,10 +17,14 @@ if str(ROOT) not in sys.path:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``make test``) each worker takes its share of the cores for torch's
-    intra-op threads: two workers on two cores each running two OpenMP threads would oversubscribe."""
+    intra-op threads, and so do the processes its tests start (``OMP_NUM_THREADS`` unless set: gloo
+    ranks, fresh interpreters, the demo): two workers on two cores each running two OpenMP threads
+    would oversubscribe (the demo beside a busy core took 58 s with two threads, 35 s with one)."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
-        torch.set_num_threads(max(1, torch.get_num_threads() // int(workers)))
+        share = max(1, torch.get_num_threads() // int(workers))
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,8 +6,8 @@ barrier before the group is destroyed, so no rank tears its gloo pairs down whil
 work on them (torch 2.11 aborted a rank with "terminate called without an active exception" when
 one rank left early).
 
-The ranks are forked from a forkserver that imported torch, FSDP2 and Dynamo once per test process
-(a spawned rank spent 2-4 s of a 2-core machine importing them again). The server was started by
+The ranks are forked from a forkserver that imported torch, FSDP2, Dynamo and inductor once per test
+process (a spawned rank spent 2-5 s of a 2-core machine importing them again). The server was started by
 the first call, so each process takes the caller's environment and working directory, as a spawned
 process would.
 """
@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 _RENDEZVOUS = itertools.count()
-_PRELOAD = ["torch", "torch.distributed.fsdp", "torch._dynamo", "torchdebug"]
+_PRELOAD = ["torch", "torch.distributed.fsdp", "torch._dynamo", "torchdebug", "torchdebug.compile"]  # the last: inductor
 
 
 def spawn(worker: Callable[..., None], tmp_path: Path, *args: Any, world_size: int = 2) -> None:

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from torchdebug.compare._steps import has_tensor
 from torchdebug.records import STAT_KEYS, Record
 from torchdebug.stats._schema import VALUE_KEYS
 from torchdebug.store import _reader as reader
@@ -77,7 +78,7 @@ def _stats_bytes(stats: dict[str, Any] | None) -> bytes:
 def value_digest(dump: reader.RankRecords, record: Record, tensors: bool) -> str:
     """The digest of a record's value: its saved tensor's bytes when ``tensors`` and it has one, else its statistics."""
     hasher = _hasher(record.dtype, _shape_text(record.shape))
-    if tensors and record.tensor and "file" in record.tensor:
+    if tensors and has_tensor(record):
         hasher.update(b"tensor|")
         hasher.update(dump.load_tensor(record).detach().contiguous().reshape(-1).view(torch.uint8).numpy())
     else:

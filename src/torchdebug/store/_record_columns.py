@@ -91,7 +91,8 @@ SCHEMA = pa.schema(
 
 _GET_PLAIN = attrgetter(*_PLAIN)
 _UNIQUE = frozenset({"name"})
-"""String columns whose values rarely repeat: read as they are, not through a dictionary."""
+"""String columns whose values rarely repeat within a dump: read as they are, not through a
+dictionary, and interned (two dumps of one program, the sides of a compare, hold the same names)."""
 _SHARED_INTS = frozenset({"seq", "call"})
 """Int columns whose values repeat beyond the ints Python keeps one of (-5 to 256): one int per
 distinct value (the slots of one call share its ``seq``)."""
@@ -247,7 +248,7 @@ def _column(array: pa.ChunkedArray, name: str) -> list[Any] | None:
         return None
     kind = array.type
     if kind == _STRING:
-        return array.to_pylist() if name in _UNIQUE else _shared_strings(array)
+        return list(map(sys.intern, array.to_pylist())) if name in _UNIQUE else _shared_strings(array)
     if kind == _SIZES:
         return _shared_lists(array)
     if kind == _INT and not array.null_count:

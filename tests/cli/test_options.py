@@ -1,5 +1,6 @@
 """Options declared once: ``torchdebug compare`` and ``torchdebug diagnose`` flags, and the keyword
-options of ``compare()``, ``compare_distributed()`` and ``diagnose()``, come from the config fields."""
+options of ``compare()``, ``compare_distributed()``, ``compare_ranks()``, ``compare_ranks_distributed()``
+and ``diagnose()``, come from the config fields."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from torchdebug.cli import build_parser, main
 from torchdebug.cli.arguments import options_of
-from torchdebug.compare._config import CompareConfig
+from torchdebug.compare._config import CompareConfig, RanksConfig
 from torchdebug.compare._tolerances import Tolerance
 from torchdebug.diagnose._config import DiagnoseConfig
 from torchdebug.errors import ConfigError
@@ -145,6 +146,31 @@ def test_compare_takes_a_config_or_keyword_options_checked_by_it(tmp_path):
         compare(missing, missing, config=CompareConfig(replay=True), growth=0.5)
     with pytest.raises(ConfigError, match=r"^config: got 'fast', expected a CompareConfig"):
         compare(missing, missing, config="fast")
+
+
+def test_compare_ranks_takes_a_config_or_keyword_options_it_shares_with_compare(tmp_path):
+    from torchdebug.compare import compare_ranks, compare_ranks_distributed
+
+    for function in (compare_ranks, compare_ranks_distributed):
+        parameters = inspect.signature(function).parameters
+        assert list(parameters) == ["dump", "config", "ranks", "tolerances", "tensors", "threads", "workers"]
+    shared = {f.name: f.metadata["doc"] for f in dataclasses.fields(CompareConfig)}
+    assert all(shared[f.name] == f.metadata["doc"] for f in dataclasses.fields(RanksConfig) if f.name != "ranks")
+    missing = tmp_path / "missing"  # options are checked before the dump is opened
+    with pytest.raises(ConfigError, match=r"^ranks: got 'x', expected a non-negative integer"):
+        compare_ranks(missing, ranks="x")
+    with pytest.raises(ConfigError, match=r"^growth: unknown option"):
+        compare_ranks(missing, growth=2)
+    with pytest.raises(ConfigError, match=r"^workers: got 0, expected"):
+        compare_ranks(missing, workers=0)
+    assert RanksConfig(ranks=[0, "2-3"]).ranks == {0, 2, 3}
+
+
+def test_compare_across_ranks_flags_give_the_config_the_python_keywords_give():
+    argv = ["compare", "--across-ranks", "d", "--ranks", "0,2-3", "--tolerance", "float32=0.1", "--no-tensors"]
+    config = RanksConfig(**options_of(build_parser().parse_args(argv), RanksConfig))
+    expected = RanksConfig(ranks=[0, 2, 3], tolerances={"float32": 0.1}, tensors=False)
+    assert config.to_dict() == expected.to_dict()
 
 
 def test_keyword_options_win_over_the_config_they_come_with():

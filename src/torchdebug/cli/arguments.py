@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from torchdebug.errors import ConfigError
 from torchdebug.options import Flag, Options, field_default
@@ -88,10 +88,13 @@ def number(minimum: float, *, inclusive: bool = True) -> Callable[[str], float]:
     return check
 
 
-def add_options(parser: argparse.ArgumentParser, kind: type[Options]) -> None:
-    """A flag for each option of ``kind``, generated from its field (see :class:`~torchdebug.options.Flag`):
-    the value lands in ``args.<option>``, already checked by the option's validator."""
+def add_options(parser: argparse.ArgumentParser, kind: type[Options], only: Collection[str] | None = None) -> None:
+    """A flag for each option of ``kind`` (or those named in ``only``: another kind added the rest),
+    generated from its field (see :class:`~torchdebug.options.Flag`): the value lands in
+    ``args.<option>``, already checked by the option's validator."""
     for f in dataclasses.fields(kind):  # type: ignore[arg-type]
+        if only is not None and f.name not in only:
+            continue
         flag: Flag = f.metadata["flag"]
         default = field_default(f)
         long = f"--{(flag.word or f.name).replace('_', '-')}"

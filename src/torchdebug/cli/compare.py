@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 
 from torchdebug.cli import RawDescriptionHelpFormatter
-from torchdebug.cli.arguments import add_options, indices, options_of
-from torchdebug.compare._config import CompareConfig
+from torchdebug.cli.arguments import add_options, options_of
+from torchdebug.compare._config import CompareConfig, RanksConfig
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -47,16 +47,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", nargs="?", help="dump to check: dump path (latest run), run folder, rank folder or msprobe dump")
     parser.add_argument("b", nargs="?", help="reference dump, same forms as A")
     parser.add_argument("--across-ranks", metavar="DUMP", help="compare the ranks of one run with each other instead of A with B")
-    parser.add_argument(
-        "--ranks",
-        type=indices,
-        help="with --across-ranks: the ranks of one data-parallel group, e.g. 0,2,4 or 0-3 (default: all)",
-    )
     parser.add_argument("-o", "--output", help="folder for the reports (created if missing), or a .parquet file for the rows")
     parser.add_argument(
         "--format", type=_formats, default=list(_FORMATS), help="reports to write with -o (default: csv,json,html)"
     )
     add_options(parser, CompareConfig)  # --tolerance, --mapping, --growth, --tensors, ... (one per option)
+    add_options(parser, RanksConfig, only=("ranks",))  # the others are CompareConfig's too
     parser.set_defaults(func=run)
 
 
@@ -81,11 +77,11 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
         raise ValueError("--mapping applies to A B only: the ranks of one run share their names")
     if args.replay:
         raise ValueError("--replay applies to A B only: --across-ranks checks that replicas agree bitwise")
-    options = {"ranks": args.ranks, "tolerances": args.tolerances, "tensors": args.tensors, "threads": args.threads}
+    config = RanksConfig(**options_of(args, RanksConfig))
     if not _torchrun(args):
-        return compare_ranks(args.across_ranks, workers=args.workers, **options)
+        return compare_ranks(args.across_ranks, config=config)
     with distributed.process_group_from_env():
-        return distributed.compare_ranks_distributed(args.across_ranks, **options)
+        return distributed.compare_ranks_distributed(args.across_ranks, config=config)
 
 
 def _pair(args: argparse.Namespace) -> CompareResult | None:

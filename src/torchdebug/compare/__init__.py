@@ -29,6 +29,7 @@ _EXPORTS = {
     "compare_ranks_distributed": "torchdebug.compare._distributed",
     "open_dump": "torchdebug.compare._engine",
     "CompareConfig": "torchdebug.compare._config",
+    "RanksConfig": "torchdebug.compare._config",
     "CompareResult": "torchdebug.compare._result",
     "RanksResult": "torchdebug.compare._across_ranks",
     "Row": "torchdebug.compare._rows",

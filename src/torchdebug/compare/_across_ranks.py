@@ -48,7 +48,7 @@ processes (:func:`~torchdebug.compare._distributed.compare_ranks_distributed`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from torchdebug import progress
+from torchdebug.compare._config import RanksConfig
 from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._metrics import stats_metrics, tensor_metrics
 from torchdebug.compare._rank_rows import RankRows, SlotRows
@@ -71,7 +72,8 @@ from torchdebug.compare._replica_digests import (
 from torchdebug.compare._result import CompareResult, Side
 from torchdebug.compare._rows import VERDICTS, Row
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
-from torchdebug.compare._tolerances import Tolerance, lower_precision, parse_tolerances
+from torchdebug.compare._tolerances import Tolerance, lower_precision
+from torchdebug.options import accepts
 from torchdebug.records import Record
 from torchdebug.store import _reader as reader
 from torchdebug.store._record_columns import records_from_table
@@ -259,7 +261,7 @@ def _judge(
     _attribute(agreeing, agreeing)
 
 
-def checked_ranks(run: reader.Run, ranks: Sequence[int] | None) -> list[int]:
+def checked_ranks(run: reader.Run, ranks: Collection[int] | None) -> list[int]:
     """The ranks to check (default: every rank of the run), validated: present, two or more."""
     selected = sorted(run.ranks) if ranks is None else sorted(set(ranks))
     missing = [rank for rank in selected if rank not in run.ranks]
@@ -275,9 +277,7 @@ def ranks_result(
     run: reader.Run,
     selected: Sequence[int],
     digests: Iterable[RankDigest],
-    overrides: Mapping[str, Tolerance],
-    tensors: bool,
-    threads: int | None,
+    config: RanksConfig,
 ) -> RanksResult:
     """The verdicts from every checked rank's digest (in rank order): the rows, with one record per
     slot and value read again (from the first rank holding it), and the metrics of each value that
@@ -304,47 +304,35 @@ def ranks_result(
         held = sum(map(len, slot.holders.values()))
         missing = _NONE if held == len(selected) else everyone.difference(*slot.holders.values())
         kept.append(SlotRows(reference_record, reference[0], float(order), differing, missing))
-    _judge(run, values, overrides, tensors, threads)
+    _judge(run, values, config.tolerances, config.tensors, config.threads)
     if not slots:
         notes.append("no slot replicas must agree on: capture the optimizer step, parameters (level=mix) or collectives")
-    options = {"across_ranks": list(selected), "tolerances": {k: [v.rtol, v.atol] for k, v in overrides.items()}}
+    options = {"across_ranks": list(selected), **config.options()}
     side = Side.of(dump, run)
     return RanksResult(rows=RankRows(selected, kept), a=side, b=side, problems=notes, options=options)
 
 
-def compare_ranks(
-    dump: str | Path | reader.Run,
-    *,
-    ranks: Sequence[int] | None = None,
-    tolerances: Mapping[str, Any] | None = None,
-    tensors: bool = True,
-    threads: int | None = None,
-    workers: int = 1,
-) -> RanksResult:
+@accepts(RanksConfig)
+def compare_ranks(dump: str | Path | reader.Run, *, config: RanksConfig) -> RanksResult:
     """Compare the ranks of one run with each other where data-parallel replicas must agree.
 
     Args:
         dump: a dump path (its latest run) or a run folder.
-        ranks: the ranks of one data-parallel group (default: every rank of the run).
-        tolerances: per-dtype overrides as in :func:`torchdebug.compare`; by default values must
-            be bitwise equal (replicas run the same kernels on the same values).
-        tensors: compare saved tensors when there are any (else statistics).
-        threads: threads reading and hashing tensors, per process (default: the process's share of the cores).
-        workers: processes on this machine reading the ranks (each reads ranks ``w, w+N, ...`` in
-            turn); guard a script that sets it with ``if __name__ == "__main__"``.
+        config: a :class:`~torchdebug.compare.RanksConfig`; or its options as keywords (``ranks=[0, 2]``,
+            ``tolerances={"float32": 1e-6}``, ...), listed below. By default values must be bitwise
+            equal (replicas run the same kernels on the same values). ``workers=N`` reads N ranks at
+            once in N processes (each reads ranks ``w, w+N, ...`` in turn); guard a script that sets
+            it with ``if __name__ == "__main__"``.
 
     Returns:
         A :class:`RanksResult`; ``first_divergence`` names the first rank and op that disagree.
     """
-    if workers < 1:
-        raise ValueError(f"workers: must be 1 or more, got {workers}")
     run = open_dump(dump)
-    selected = checked_ranks(run, ranks)
-    overrides = parse_tolerances(tolerances)
-    workers = min(workers, len(selected))
+    selected = checked_ranks(run, config.ranks)
+    workers = min(config.workers, len(selected))
     if workers > 1:
-        digests = digests_in_processes(getattr(dump, "path", dump), selected, tensors, workers, threads)
-        return ranks_result(dump, run, selected, digests, overrides, tensors, threads)
-    with metric_pool(threads) as pool:
-        digests = (digest_rank(run.ranks[rank], tensors, pool) for rank in selected)
-        return ranks_result(dump, run, selected, digests, overrides, tensors, threads)
+        digests = digests_in_processes(getattr(dump, "path", dump), selected, config.tensors, workers, config.threads)
+        return ranks_result(dump, run, selected, digests, config)
+    with metric_pool(config.threads) as pool:
+        digests = (digest_rank(run.ranks[rank], config.tensors, pool) for rank in selected)
+        return ranks_result(dump, run, selected, digests, config)

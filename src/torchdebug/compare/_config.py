@@ -1,4 +1,5 @@
-"""``CompareConfig``: the validated options of one comparison, declared once.
+"""``CompareConfig`` and ``RanksConfig``: the validated options of one comparison, and of the ranks of
+one run compared with each other, declared once (the options both take share one declaration).
 
 The same kind of object as every torchdebug config (:mod:`torchdebug.options`): a keyword-only
 slotted dataclass checked when built, raising one-line :class:`~torchdebug.errors.ConfigError` s
@@ -15,7 +16,18 @@ from __future__ import annotations
 from dataclasses import field
 
 from torchdebug.errors import ConfigError
-from torchdebug.options import Flag, Options, boolean, configclass, integer_text, number, number_text, option, optional
+from torchdebug.options import (
+    Flag,
+    Options,
+    boolean,
+    configclass,
+    index_set,
+    integer_text,
+    number,
+    number_text,
+    option,
+    optional,
+)
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -45,25 +57,70 @@ def _tolerance_text(text: str) -> dict[str, dict[str, float]]:
     return {dtype: dict(zip(("rtol", "atol"), numbers))}
 
 
+def _ranks_text(text: str) -> str:
+    """One ``--ranks``: ``0,2,4`` or ``0-3`` (the selection ``index_set`` reads, commas as ``|``)."""
+    return text.replace(",", "|")
+
+
 def _mapping(key: str, value: Any) -> NameMapping:
     from torchdebug.compare._matching import load_mapping
 
     return load_mapping(value)
 
 
-@configclass
-class CompareConfig(Options):
-    """Options of :func:`torchdebug.compare` and ``torchdebug compare``."""
-
-    tolerances: dict[str, Tolerance] = field(
+# The options compare() and compare_ranks() share: one declaration each, a field per class.
+def _tolerances_field() -> Any:
+    return field(
         default_factory=dict,
         metadata=option(
             "Per-dtype tolerance overrides: {'bfloat16': 0.02} (rtol) or {'float32': {'rtol': 1e-5, 'atol': 1e-6}}, "
-            "on the command line bfloat16=0.02 or float32=1e-5,1e-6 once per dtype; other dtypes keep torch.testing's.",
+            "on the command line bfloat16=0.02 or float32=1e-5,1e-6 once per dtype; other dtypes keep torch.testing's "
+            "(across ranks: they must agree bitwise).",
             _tolerances,
             flag=Flag(parse=_tolerance_text, word="tolerance", metavar="DTYPE=RTOL[,ATOL]", repeated=True),
         ),
     )
+
+
+def _tensors_field() -> Any:
+    return field(
+        default=True,
+        metadata=option(
+            "Compare saved tensors where both sides have them (off: statistics only).",
+            boolean,
+            flag=Flag(old=("--statistics-only", "--stats-only")),
+        ),
+    )
+
+
+def _threads_field() -> Any:
+    return field(
+        default=None,
+        metadata=option(
+            "Threads for tensor metrics and hashes per process (default: the process's share of the cores; torch's "
+            "intra-op threads are set to 1 meanwhile and restored after).",
+            optional(number(1, integer=True)),
+            flag=Flag(parse=integer_text, metavar="N"),
+        ),
+    )
+
+
+def _workers_field() -> Any:
+    return field(
+        default=1,
+        metadata=option(
+            "Processes to split the work over on this machine (by rank, then by tensor file; not under torchrun).",
+            number(1, integer=True),
+            flag=Flag(parse=integer_text, metavar="N"),
+        ),
+    )
+
+
+@configclass
+class CompareConfig(Options):
+    """Options of :func:`torchdebug.compare` and ``torchdebug compare``."""
+
+    tolerances: dict[str, Tolerance] = _tolerances_field()
     mapping: NameMapping | None = field(
         default=None,
         metadata=option(
@@ -80,31 +137,9 @@ class CompareConfig(Options):
             flag=Flag(parse=number_text),
         ),
     )
-    tensors: bool = field(
-        default=True,
-        metadata=option(
-            "Compare saved tensors where both sides have them (off: statistics only).",
-            boolean,
-            flag=Flag(old=("--statistics-only", "--stats-only")),
-        ),
-    )
-    threads: int | None = field(
-        default=None,
-        metadata=option(
-            "Threads for tensor metrics per process (default: the process's share of the cores; torch's "
-            "intra-op threads are set to 1 meanwhile and restored after).",
-            optional(number(1, integer=True)),
-            flag=Flag(parse=integer_text, metavar="N"),
-        ),
-    )
-    workers: int = field(
-        default=1,
-        metadata=option(
-            "Processes to split the work over on this machine (by rank, then by tensor file; not under torchrun).",
-            number(1, integer=True),
-            flag=Flag(parse=integer_text, metavar="N"),
-        ),
-    )
+    tensors: bool = _tensors_field()
+    threads: int | None = _threads_field()
+    workers: int = _workers_field()
     replay: bool = field(
         default=False,
         metadata=option(
@@ -119,3 +154,27 @@ class CompareConfig(Options):
         """What the result records of the options (JSON-ready)."""
         tolerances = {k: [v.rtol, v.atol] for k, v in self.tolerances.items()}
         return {"growth": self.growth, "tolerances": tolerances, "replay": self.replay}
+
+
+@configclass
+class RanksConfig(Options):
+    """Options of :func:`torchdebug.compare.compare_ranks` and ``torchdebug compare --across-ranks``."""
+
+    ranks: frozenset[int] | None = field(
+        default=None,
+        metadata=option(
+            "With --across-ranks: the ranks of one data-parallel group, [0, 2, 4] or '0-3', on the command line "
+            "0,2,4 or 0-3 (default: every rank of the run).",
+            index_set,
+            flag=Flag(parse=_ranks_text, metavar="RANKS"),
+            type=["array", "string", "integer", "null"],
+        ),
+    )
+    tolerances: dict[str, Tolerance] = _tolerances_field()
+    tensors: bool = _tensors_field()
+    threads: int | None = _threads_field()
+    workers: int = _workers_field()
+
+    def options(self) -> dict[str, Any]:
+        """What the result records of the options (JSON-ready)."""
+        return {"tolerances": {k: [v.rtol, v.atol] for k, v in self.tolerances.items()}}

@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from torchdebug.compare._across_ranks import RanksResult, checked_ranks, ranks_result
-from torchdebug.compare._config import CompareConfig
+from torchdebug.compare._config import CompareConfig, RanksConfig
 from torchdebug.compare._replica_digests import RankDigest, digest_rank, share_of_cores
 from torchdebug.compare._result import CompareResult
 from torchdebug.compare._rows import Row
@@ -63,9 +63,8 @@ from torchdebug.compare._steps import (
     rank_notes,
     tensor_jobs,
 )
-from torchdebug.compare._tolerances import parse_tolerances
 from torchdebug.dist import broadcast_from_rank0, gather_to_rank0
-from torchdebug.errors import TorchDebugError
+from torchdebug.errors import ConfigError, TorchDebugError
 from torchdebug.gc_paused import paused_gc
 from torchdebug.options import accepts
 
@@ -249,29 +248,25 @@ def _digests_in_group(run: Any, selected: Sequence[int], tensors: bool, threads:
         raise ValueError(failure)
 
 
-def compare_ranks_distributed(
-    dump: str | Path,
-    *,
-    ranks: Sequence[int] | None = None,
-    tolerances: Mapping[str, Any] | None = None,
-    tensors: bool = True,
-    threads: int | None = None,
-) -> RanksResult | None:
+@accepts(RanksConfig)
+def compare_ranks_distributed(dump: str | Path, *, config: RanksConfig) -> RanksResult | None:
     """:func:`~torchdebug.compare.compare_ranks` split over the processes of the initialised default
     process group: each digests its share of the dump's ranks, process 0 gathers the digests and
     judges. Call it on every process (same arguments); process 0 gets the result, the others
-    ``None``. ``threads`` defaults to the cores per process on this node. Every process must see the
-    dump at the same path; process 0 reads again one rank of each value a slot holds."""
+    ``None``. ``threads`` defaults to the cores per process on this node; ``workers`` does not apply
+    (the group's processes are the workers). Every process must see the dump at the same path;
+    process 0 reads again one rank of each value a slot holds."""
     _require_group("compare_ranks_distributed", "compare_ranks(..., workers=N)")
+    if config.workers != 1:
+        raise ConfigError(f"workers: got {config.workers}, the processes of the group do the work; leave workers out")
     run = open_dump(dump)
-    selected = checked_ranks(run, ranks)
-    overrides = parse_tolerances(tolerances)
-    digests = _digests_in_group(run, selected, tensors, threads or _node_threads())
+    selected = checked_ranks(run, config.ranks)
+    digests = _digests_in_group(run, selected, config.tensors, config.threads or _node_threads())
     if dist.get_rank() != 0:
         for _ in digests:  # nothing comes out here: the rounds run, process 0 gathers
             pass
         return None
-    return ranks_result(dump, run, selected, digests, overrides, tensors, threads)
+    return ranks_result(dump, run, selected, digests, config)
 
 
 def _spawned(index: int, world_size: int, init_method: str, a: str, b: str, settings: CompareConfig, results: Any) -> None:

@@ -9,6 +9,7 @@ import pytest
 from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 from torchdebug.cli import main
 from torchdebug.compare._across_ranks import compare_ranks, replicated
+from torchdebug.compare._rank_rows import SlotRows
 from torchdebug.records import Record
 
 
@@ -17,6 +18,23 @@ def test_healthy_replicas_agree_on_every_replicated_slot(replicas):
     assert result.ranks == list(range(WORLD_SIZE))
     assert result.counts()["pass"] == len(result.rows) > 0
     assert result.first_divergence is None and not result.diverged
+
+
+def test_the_summary_makes_no_row_of_a_rank_that_agrees(replicas, monkeypatch):
+    """Counts, the first divergence and the summary read the kept rows: a row of an agreeing rank is
+    made only when someone reads it (64 ranks of 60k slots would make millions); coverage makes the
+    reference's row of each slot, as many as there are slots whatever the ranks."""
+    result = compare_ranks(replicas["perturbed"])
+    made = []
+    original = SlotRows.row
+
+    def counted(self, rank):
+        made.append(rank)
+        return original(self, rank)
+
+    monkeypatch.setattr(SlotRows, "row", counted)
+    assert "rank 1" in result.summary() and result.counts()["error"] > 0
+    assert len(made) <= len(result.rows.slots)
 
 
 def test_the_checked_slots_are_optimizer_parameters_and_collective_outputs(replicas):

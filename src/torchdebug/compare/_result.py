@@ -349,7 +349,8 @@ class CompareResult:
             detail = row.message
             metrics = ", ".join(f"{k} {row.metrics[k]:.4g}" for k in ("cosine", "max_abs_err", "rel_l2") if k in row.metrics)
             lines.append(f"  {detail}" + (f" ({metrics})" if metrics else ""))
-        undecided = [row for row in self.rows if row.verdict == "undecided"]
+        # counted first: a cross-rank result makes the rows of agreeing ranks only when they are read
+        undecided = [row for row in self.rows if row.verdict == "undecided"] if self.counts().get("undecided") else []
         replayed = sum("own_err_a" in row.metrics or "own_err_b" in row.metrics for row in undecided)
         if len(undecided) > replayed:
             lines.append(

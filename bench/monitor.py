@@ -9,8 +9,8 @@ blocks run unhooked): ``plain``; ``monitor`` (the loop's own ``optimizer.step()`
 skipped and replayed). Each monitored block is divided by the plain block of its own round (the
 machine's slower minutes slow both), and the median of those ratios printed with their quartiles.
 Targets (issue 25): at most 1.03x a plain step on the CPU GPT S (4 layers,
-d_model 256, AdamW), at most 1.02x on CUDA at size M. Then one trigger is forced (a predicate) in
-each of two fresh runs, and the seconds of the trigger's work — the window dump, and the replay
+d_model 256, AdamW), at most 1.02x on CUDA at size M. Then triggers are forced (a predicate) in
+each of two fresh runs (the second one timed), and the seconds of the trigger's work — the window dump, and the replay
 under op-level statistics capture — are set beside the seconds of a step captured by a
 ``Debugger`` with the same options: the replay should add only the captured step's own cost. Also
 prints the seconds per step spent in the monitor's own code (its hooks and step calls, timed from
@@ -148,7 +148,10 @@ def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync
     per_step = []
     for _ in range(steps):
         spent[0] = 0.0
-        monitor.step(loss=own_step()) if mode == "monitor" else monitor.step(closure)
+        if mode == "monitor":
+            monitor.step(loss=own_step())
+        else:
+            monitor.step(closure)
         sync()
         per_step.append(spent[0])
     monitor.pause()

@@ -1,9 +1,11 @@
 """The statistics schema: every path writes its columns, in its order, and the record's statistics
 are its keys; the kernels are checked against it when they load."""
 
+import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from torchdebug.graph_dump._plan import ACCUMULATORS
 from torchdebug.graph_dump._runtime import host_stats
 from torchdebug.native import fused_stats
 from torchdebug.stats import cpu_sums, device_sums, empty_stats, stats_from_sums, tensor_stats
-from torchdebug.stats._schema import COLUMNS, COUNT_KEYS, IDENTITY, STAT_KEYS, VALUE_KEYS, WIDTH
+from torchdebug.stats._schema import COLUMNS, COUNT_KEYS, IDENTITY, STAT_KEYS, VALUE_KEYS, WIDTH, stats_array_from_sums
 from torchdebug.stats_table import _Table
 
 
@@ -60,3 +62,21 @@ def test_a_native_library_that_writes_other_columns_is_refused(monkeypatch):
 def test_the_schema_and_the_record_import_without_torch():
     code = "import sys, torchdebug.records, torchdebug.stats._schema; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_stats_array_from_sums_finishes_as_stats_from_sums_does() -> None:
+    """The flight recorder finishes a step's sums in one vectorised call: the same numbers as the
+    dict, NaN for its ``None``, and NaN everywhere in a row never written."""
+    rows = [
+        ([-2.0, 3.0, 4.0, 29.0, 0, 0, 0, 1], 4),  # plain values, one zero
+        ([-1.0, math.inf, math.inf, math.inf, 1, 1, 0, 0], 3),  # an Inf and a NaN
+        ([math.nan, math.nan, 0.0, 0.0, 5, 0, 0, 0], 5),  # every element NaN: no value
+        (list(IDENTITY), 0),  # an empty tensor
+    ]
+    sums = np.array([r for r, _ in rows] + [[math.nan] * len(IDENTITY)])
+    numel = np.array([n for _, n in rows] + [0])
+    finished = stats_array_from_sums(sums, numel)
+    for (row, count), got in zip(rows, finished):
+        want = stats_from_sums(row, count)
+        assert [math.nan if want[k] is None else want[k] for k in STAT_KEYS] == pytest.approx(list(got), nan_ok=True)
+    assert np.isnan(finished[-1]).all()

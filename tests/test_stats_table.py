@@ -21,7 +21,7 @@ import torchdebug
 from torchdebug import stats_table
 from torchdebug.checksum import fingerprint
 from torchdebug.stats import tensor_stats
-from torchdebug.stats._schema import COUNT_KEYS, empty_stats
+from torchdebug.stats._schema import COUNT_KEYS, WIDTH, empty_stats, stats_from_sums
 from torchdebug.stats_table import StatsStager
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +115,23 @@ def test_device_table_statistics_equal_the_reference_statistics(case, on_device)
     assert got == [] and len(stager) == 1  # nothing is read before the flush
     stager.flush()
     _assert_same_stats(got[0], _reference(tensor), case)
+
+
+@pytest.mark.parametrize("path", ["now", "table"])
+def test_a_stager_that_does_not_finish_delivers_the_sums_its_statistics_come_from(path, monkeypatch):
+    """``StatsStager(finish=False)`` (the flight recorder's) hands sinks the sums vector, on the CPU
+    at once and from the table at the flush: finished, they are the reference statistics."""
+    if path == "table":
+        monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+    cases = {name: t for name, t in _edge_cases().items() if t.is_floating_point() or t.is_complex()}
+    cases["empty"] = torch.empty(0, 3)
+    stager = StatsStager(finish=False)
+    got: dict[str, list[float]] = {}
+    stager.add_all([(tensor, lambda sums, name=name: got.setdefault(name, sums)) for name, tensor in cases.items()])
+    stager.flush()
+    for name, tensor in cases.items():
+        assert len(got[name]) == WIDTH, name
+        _assert_same_stats(stats_from_sums(got[name], tensor.numel()), _reference(tensor), name)
 
 
 @pytest.mark.parametrize("with_stats", [True, False], ids=["with statistics", "alone"])

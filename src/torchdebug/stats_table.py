@@ -45,9 +45,9 @@ import torch
 
 from torchdebug.checksum import cpu_fingerprint, fingerprint
 from torchdebug.native.build import DISABLE_ENV
-from torchdebug.stats._cpu import cpu_stats, cpu_stats_and_fingerprint
-from torchdebug.stats._schema import WIDTH, StatsDict, empty_stats, stats_from_sums
-from torchdebug.stats._torch_ops import device_sums
+from torchdebug.stats._cpu import cpu_stats, cpu_stats_and_fingerprint, cpu_sums
+from torchdebug.stats._schema import IDENTITY, WIDTH, StatsDict, empty_stats, stats_from_sums
+from torchdebug.stats._torch_ops import as_real, device_sums
 
 logger = logging.getLogger("torchdebug.stats_table")
 
@@ -181,7 +181,11 @@ class _Transfer:
 class StatsStager:
     """Per-device statistics tables and staged results, sent to the host once per flush (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, finish: bool = True) -> None:
+        """``finish``: sinks get a record's statistics (``schema.stats_from_sums``); else the sums
+        vector itself (``schema.COLUMNS``), for a caller that finishes many at once (the flight
+        recorder's ring)."""
+        self._finish = finish
         self._filling: dict[torch.device, _Table] = {}
         self._free: dict[torch.device, list[_Table]] = {}
         self._tables_made: dict[torch.device, int] = {}
@@ -218,7 +222,7 @@ class StatsStager:
             checksum_sink = item[2] if len(item) > 2 else None
             if tensor.numel() == 0 or tensor.is_meta:
                 if sink is not None:
-                    sink(empty_stats())
+                    sink(empty_stats() if self._finish else list(IDENTITY))
                 if checksum_sink is not None and not tensor.is_meta:
                     checksum_sink(0)  # the fingerprint of no elements
                 continue
@@ -263,9 +267,11 @@ class StatsStager:
                 for x, integral, sink, checksum_sink in group:
                     table.add_row(x.numel(), integral, sink, checksum_sink)
 
-    @staticmethod
-    def _resolve_now(tensor: torch.Tensor, sink: _Sink | None, checksum_sink: _Sink | None) -> None:
-        """Statistics and/or fingerprint of a tensor the host reads at no cost, delivered at once."""
+    def _resolve_now(self, tensor: torch.Tensor, sink: _Sink | None, checksum_sink: _Sink | None) -> None:
+        """Statistics (or sums) and/or fingerprint of a tensor the host reads at no cost, delivered at once."""
+        if sink is not None and not self._finish:
+            sink(cpu_sums(as_real(tensor.detach())))
+            sink = None
         if sink is not None and checksum_sink is not None:
             stats, value = cpu_stats_and_fingerprint(tensor)
             sink(stats)
@@ -360,7 +366,7 @@ class StatsStager:
                 self._free.setdefault(device, []).append(table)
                 for row, numel, integral, sink, checksum_sink in sinks:
                     if sink is not None:
-                        sink(stats_from_sums(rows[row], numel, integral))
+                        sink(stats_from_sums(rows[row], numel, integral) if self._finish else rows[row])
                     if checksum_sink is not None:
                         checksum_sink(prints[row] & _MASK)
             for host, sinks in transfer.staged:

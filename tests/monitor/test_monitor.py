@@ -283,3 +283,42 @@ def test_a_paused_monitor_watches_nothing_until_resumed(monitors, tmp_path: Path
     index = next(i for i, slot in enumerate(monitor.ring.slots) if slot.name == name)
     assert not np.isnan(seen[0][index]).all() and not np.isnan(seen[2][index]).all()
     assert np.isnan(seen[1]).all()  # paused: no module, gradient or parameter hook ran
+
+
+def test_the_device_table_path_fills_the_ring_as_the_cpu_kernel_does_and_catches_a_nan(
+    monitors, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPU tensors' sums are written into the ring by the native kernel; a device's come through the
+    stager's table a step later. The table path, run here on the CPU, fills the same rows (to
+    rounding: other kernels) and the same counts, and fires at the same step and slot."""
+    from torchdebug import stats_table
+
+    def run(table: bool) -> tuple[list[np.ndarray], torchdebug.monitor.MonitorEvent]:
+        if table:
+            monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+        model, optimizer = _gpt()
+        monitor = monitors(model, optimizer, dump_path=tmp_path / str(table), window=8, replay="off")
+        for step in range(6):
+            if step == 4:
+                with torch.no_grad():
+                    model.layers[1].mlp.out.weight[0, 0] = float("nan")
+            loss = _closure(model, optimizer, step)()
+            optimizer.step()
+            monitor.step(loss=loss)
+        monitor.close()
+        monkeypatch.undo()
+        return [monitor.ring.row(step).copy() for step in range(4)], monitor.events[0]
+
+    direct, direct_event = run(table=False)
+    via_table, table_event = run(table=True)
+    for a, b in zip(direct, via_table):
+        assert a.shape == b.shape and not np.isnan(a).all()
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
+    assert (
+        (direct_event.step, direct_event.slot)
+        == (table_event.step, table_event.slot)
+        == (
+            4,
+            "forward/layers.1.mlp.out/module#0/output.0",
+        )
+    )

@@ -139,8 +139,8 @@ class Monitor:
         self.run_name = broadcast_from_rank0(new_run_name()) if dist_initialized() else new_run_name()
         self.model, self.optimizer = model, optimizer
         self.ring = Ring(self.config.window)
-        self.stager = StatsStager()
-        self.watcher = Watcher(model, optimizer, self.ring, self.stager, self.ring.put)
+        self.stager = StatsStager(finish=False)
+        self.watcher = Watcher(model, optimizer, self.ring, self.stager)
         self.triggers = Triggers(self.config, self.ring, predicate)
         self.events: list[MonitorEvent] = []
         self.anomalies = 0

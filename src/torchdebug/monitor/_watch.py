@@ -11,9 +11,11 @@
   gradients of every micro-batch have accumulated: ``backward/<module>/module#0/parameter_grad.<leaf>``.
 - **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
 
-Each tensor's statistics are taken by :class:`~torchdebug.stats_table.StatsStager` in one pass (the
-C kernel on the CPU, Triton on CUDA) into its device table; the rows reach the ring when the host
-reads the table, once per step, without waiting for the device (see :class:`~torchdebug.monitor.Monitor`).
+Each tensor's statistics are taken in one pass: on the CPU by the C kernel, which writes the sums
+straight into the ring (:meth:`~torchdebug.monitor._ring.Ring.address`: no Python object per
+tensor); on a device by :class:`~torchdebug.stats_table.StatsStager` into its device table, whose
+rows reach the ring when the host reads the table, once per step, without waiting for the device
+(see :class:`~torchdebug.monitor.Monitor`).
 A wrapper subclass (a DTensor, FSDP2's sharded parameters and gradients) is watched through its
 local tensor: each rank watches its own shard.
 """
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchdebug import stats_table
 from torchdebug._torch.autograd import current_autograd_node, tensor_version
 from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
 from torchdebug._torch.nn import strip_wrappers, unwrap_compiled
@@ -36,10 +39,8 @@ from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.monitor._ring import Ring
 from torchdebug.records import LOSS_OP, MODULE_OP, NO_MODULE
 from torchdebug.slots import dtype_name, iter_slots
-from torchdebug.stats_table import StatsStager
-
-Deliver = Callable[[int, int, dict], None]
-"""``deliver(step, slot index, statistics)``."""
+from torchdebug.stats._cpu import cpu_sums_into
+from torchdebug.stats._schema import IDENTITY
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -60,10 +61,9 @@ class Watcher:
     """Module, gradient and parameter hooks writing statistics of the current step (see the module docstring)."""
 
     def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, ring: Ring, stager: StatsStager, deliver: Deliver
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, ring: Ring, stager: stats_table.StatsStager
     ) -> None:
         self.model, self.optimizer, self.ring, self.stager = model, optimizer, ring, stager
-        self._deliver = deliver
         self._tracker = ModuleTracker(unwrap_compiled(model), outside_compiled=True)
         self._tracker.recorder = self
         self._names = parameter_names(model)
@@ -163,66 +163,81 @@ class Watcher:
         """``(module path, leaf name)`` of a parameter; one the model does not hold is named by its place in the optimizer."""
         return self._names.get(id(param)) or ("-", f"param{self.parameters().index(param)}")
 
-    # -- into the stager ------------------------------------------------------------------------
+    # -- into the ring ---------------------------------------------------------------------------
     def _add(self, slots: list[tuple[str, str, str, int, str, Any]], op: str = MODULE_OP) -> None:
-        """Stage ``(phase, module, arg, call, io, value)`` slots of floating tensors into the current
-        step. A tensor seen before in the step, unchanged (a module passing on its last child's
-        output), is reduced once: its later slots get the first one's statistics."""
+        """Take the statistics of ``(phase, module, arg, call, io, value)`` slots of floating tensors
+        into the current step: CPU tensors now, into the ring; others through the stager (the
+        stager's raw sums, ``StatsStager(finish=False)``). A tensor seen before in the step,
+        unchanged (a module passing on its last child's output), is reduced once: its later slots
+        get the first one's sums."""
         if not self.active:
             return
         items = []
-        step = self.step
+        step, ring = self.step, self.ring
         for phase, module, arg, call, io, value in slots:
             if not isinstance(value, torch.Tensor) or value.is_meta:
                 continue
             tensor = plain(value)
             if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
                 continue
-            index = self.ring.slot(phase, module, op, call, io, arg)
-            slot = self.ring.slots[index]
+            index = ring.slot(phase, module, op, call, io, arg)
+            slot = ring.slots[index]
             slot.dtype, slot.shape = dtype_name(value.dtype), tuple(value.shape)
             seen = self._seen.get(id(tensor))
             if seen is not None and seen.ref() is tensor and seen.version == tensor_version(tensor):
                 seen.add(index)
                 continue
-            seen = self._seen[id(tensor)] = _Seen(tensor, step, self._deliver)
-            seen.add(index)
-            items.append((tensor, self._sink(step, seen)))
+            seen = self._seen[id(tensor)] = _Seen(tensor, ring, step, index)
+            numel = tensor.numel()
+            if numel == 0:
+                seen.arrive(IDENTITY, 0)
+            elif stats_table._resolves_now(tensor):
+                address = ring.address(step, index, numel)
+                if address is not None:
+                    cpu_sums_into(tensor, address)
+                seen.arrive()
+            else:
+                items.append((tensor, self._sink(step, seen, numel)))
         if items:
             self.pending[step] = self.pending.get(step, 0) + len(items)
             self.stager.add_all(items)
 
-    def _sink(self, step: int, seen: _Seen) -> Callable[[dict], None]:
-        def sink(stats: dict) -> None:
+    def _sink(self, step: int, seen: _Seen, numel: int) -> Callable[[list[float]], None]:
+        """Where the stager delivers a device tensor's sums."""
+
+        def sink(sums: list[float]) -> None:
             left = self.pending[step] - 1
             if left:
                 self.pending[step] = left
             else:
                 del self.pending[step]
-            seen.deliver(stats)
+            seen.arrive(sums, numel)
 
         return sink
 
 
 class _Seen:
-    """A tensor reduced in the current step, and the slots its statistics go to (those added
-    before they arrive wait for them)."""
+    """A tensor reduced in the current step: the slot its sums go to, and the other slots that hold
+    it (those added before its sums arrive wait for them)."""
 
-    __slots__ = ("ref", "version", "step", "stats", "indices", "_deliver")
+    __slots__ = ("ref", "version", "ring", "step", "first", "waiting")
 
-    def __init__(self, tensor: torch.Tensor, step: int, deliver: Deliver) -> None:
-        self.ref, self.version, self.step, self._deliver = weakref.ref(tensor), tensor_version(tensor), step, deliver
-        self.stats: dict | None = None
-        self.indices: list[int] = []
+    def __init__(self, tensor: torch.Tensor, ring: Ring, step: int, first: int) -> None:
+        self.ref, self.version = weakref.ref(tensor), tensor_version(tensor)
+        self.ring, self.step, self.first = ring, step, first
+        self.waiting: list[int] | None = []
+        """Slots waiting for the sums (``None`` once they are in the ring)."""
 
     def add(self, index: int) -> None:
-        if self.stats is None:
-            self.indices.append(index)
+        if self.waiting is None:
+            self.ring.copy(self.step, self.first, index)
         else:
-            self._deliver(self.step, index, self.stats)
+            self.waiting.append(index)
 
-    def deliver(self, stats: dict) -> None:
-        self.stats = stats
-        for index in self.indices:
-            self._deliver(self.step, index, stats)
-        self.indices = []
+    def arrive(self, sums: list[float] | tuple[float, ...] | None = None, numel: int = 0) -> None:
+        """The sums are in: ``sums`` of ``numel`` elements, or (``None``) written into the ring already."""
+        if sums is not None:
+            self.ring.put_sums(self.step, self.first, list(sums), numel)
+        for index in self.waiting or ():
+            self.ring.copy(self.step, self.first, index)
+        self.waiting = None

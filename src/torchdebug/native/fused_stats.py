@@ -36,6 +36,8 @@ _WORD_BYTES = (1, 2, 4, 8)
 
 _Sums = ctypes.c_double * WIDTH
 _Dims = [ctypes.c_int64 * n for n in range(MAX_DIMS + 1)]
+_ONE = _Dims[1](1)
+"""The strides of a contiguous tensor's one run."""
 
 
 class _Library(NamedTuple):
@@ -162,18 +164,28 @@ def fused_stats(tensor: torch.Tensor) -> list[float] | None:
     """The sums vector (``torchdebug.stats._schema.COLUMNS``) of a non-empty CPU tensor (NaNs left
     out of min, max, sum and squares; min/max NaN when all are NaN), or ``None`` when the kernel does
     not apply (another dtype or device). Layouts the kernel cannot walk are copied to a contiguous tensor first."""
+    out = _Sums()
+    return list(out) if fused_sums_into(tensor, ctypes.addressof(out)) else None
+
+
+def fused_sums_into(tensor: torch.Tensor, address: int) -> bool:
+    """:func:`fused_stats`, written as ``WIDTH`` doubles at ``address`` (a row of the caller's array:
+    the flight recorder's ring takes a step's statistics with no Python object per tensor); whether
+    the kernel applied (nothing is written when it did not)."""
     kernel = _kernel(tensor, 0)
     if kernel is None:
-        return None
-    layout = _runs(tensor)
-    if layout is None:
-        tensor = tensor.contiguous()
-        layout = [tensor.numel()], [1]
-    sizes, strides = layout
-    ndim = len(sizes)
-    out = _Sums()
-    kernel(tensor.data_ptr(), ndim, _Dims[ndim](*sizes), _Dims[ndim](*strides), out, torch.get_num_threads())
-    return list(out)
+        return False
+    if tensor.is_contiguous():
+        ndim, sizes, strides = 1, _Dims[1](tensor.numel()), _ONE
+    else:
+        layout = _runs(tensor)
+        if layout is None:
+            tensor = tensor.contiguous()
+            layout = [tensor.numel()], [1]
+        ndim = len(layout[0])
+        sizes, strides = (_Dims[ndim](*values) for values in layout)
+    kernel(tensor.data_ptr(), ndim, sizes, strides, address, torch.get_num_threads())
+    return True
 
 
 def stats_and_fingerprint(tensor: torch.Tensor) -> tuple[list[float], int] | None:

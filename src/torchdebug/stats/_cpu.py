@@ -11,13 +11,14 @@ once per flush; :func:`tensor_stats` here synchronises, for tests and one-off re
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import torch
 
 from torchdebug.checksum import cpu_fingerprint
-from torchdebug.native.fused_stats import fused_stats, stats_and_fingerprint
-from torchdebug.stats._schema import StatsDict, empty_stats, stats_from_sums
+from torchdebug.native.fused_stats import fused_stats, fused_sums_into, stats_and_fingerprint
+from torchdebug.stats._schema import WIDTH, StatsDict, empty_stats, stats_from_sums
 from torchdebug.stats._torch_ops import accumulation_dtype, as_real, counts, device_sums
 
 
@@ -41,6 +42,14 @@ def cpu_sums(tensor: torch.Tensor) -> list[float]:
     if math.isinf(squares):  # not float32, not contiguous, or the squares overflowed float32
         squares = float(torch.linalg.vector_norm(tensor, dtype=torch.float64)) ** 2
     return [float(low), float(high), total, squares, *(float(c) for c in counts(tensor, nonfinite=False))]
+
+
+def cpu_sums_into(tensor: torch.Tensor, address: int) -> None:
+    """:func:`cpu_sums` of a non-empty floating or complex CPU tensor, written as ``WIDTH`` doubles
+    at ``address``: the native kernel writes them there itself, the other paths through a list."""
+    x = as_real(tensor.detach())
+    if not fused_sums_into(x, address):
+        (ctypes.c_double * WIDTH).from_address(address)[:] = cpu_sums(x)
 
 
 def cpu_stats(tensor: torch.Tensor) -> StatsDict:

@@ -17,7 +17,8 @@ term in the two kernels (C and Triton); the torch ops and compiled graphs build 
 :attr:`Accumulator.equals`. A record written before a count existed lacks its key: it reads as
 unknown (``stats.get(key)`` is ``None``).
 
-No torch here: records and readers import this module without loading torch.
+No torch here: records and readers import this module without loading torch (numpy only for
+:func:`stats_array_from_sums`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 StatsDict = dict[str, Any]
 
@@ -90,6 +93,7 @@ IDENTITY = tuple(a.identity for a in ACCUMULATORS)
 """The sums of no elements (an empty tensor)."""
 
 _NAN = COLUMNS.index("nan")
+_SUM, _SQUARES = COLUMNS.index("sum"), COLUMNS.index("squares")
 
 if COLUMNS[:FIRST_COUNT] != ("min", "max", "sum", "squares") or any(a.reduction != "count" for a in ACCUMULATORS[FIRST_COUNT:]):
     raise ImportError("torchdebug.stats._schema: the value accumulators must be min, max, sum, squares, then the counts")
@@ -118,4 +122,18 @@ def stats_from_sums(sums: list[float] | tuple[float, ...], numel: int, integral:
             "norm": math.sqrt(squares),
         }
     out.update(zip(COUNT_KEYS, counts))
+    return out
+
+
+def stats_array_from_sums(sums: np.ndarray, numel: np.ndarray) -> np.ndarray:
+    """:func:`stats_from_sums` of many floating tensors at once: ``sums[..., WIDTH]`` (``COLUMNS``)
+    of ``numel[...]`` elements into ``[..., len(STAT_KEYS)]`` float64, NaN where the dict has
+    ``None`` (and everywhere in a row whose sums are NaN: a slot not seen). The flight recorder's
+    ring keeps sums and finishes a step in one vectorised call instead of one dict per tensor."""
+    out = np.array(sums, dtype=np.float64)
+    valid = numel - out[..., _NAN]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[..., _SUM] = out[..., _SUM] / valid  # the mean
+        out[..., _SQUARES] = np.sqrt(out[..., _SQUARES])  # the norm
+    out[..., :FIRST_COUNT][valid == 0] = math.nan
     return out

@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 
 from torchdebug import progress
-from torchdebug.compare import _distributed as distributed
 from torchdebug.compare._config import CompareConfig
 from torchdebug.compare._result import CompareResult
 from torchdebug.compare._steps import (
@@ -49,6 +48,11 @@ def compare(a: str | Path | reader.Run, b: str | Path | reader.Run, *, config: C
         A :class:`CompareResult`; ``result.first_divergence`` is the earliest blamed op.
     """
     if config.workers > 1:
+        # imported here: the spread run's modules (torch.distributed, the cross-rank digests) are
+        # not an in-process compare's, and one of them builds an Arrow array when imported, which
+        # imports pandas through pyarrow's shim (0.4 s, 50 MB; ``torchdebug.store._arrow_buffers``)
+        from torchdebug.compare import _distributed as distributed
+
         return distributed.spawn_compare(a, b, config)
     pairing = open_pair(a, b)
     rows, notes = [], []

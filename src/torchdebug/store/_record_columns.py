@@ -38,6 +38,8 @@ import pyarrow.compute as pc
 from torchdebug.gc_paused import paused_gc
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.stats._schema import STAT_KEYS, VALUE_KEYS
+from torchdebug.store._arrow_buffers import numbers, valid
+from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text
 
 __all__ = ["SCHEMA", "records_batch", "records_from_table", "records_table"]
@@ -234,7 +236,7 @@ def records_from_table(table: pa.Table) -> list[Record]:
             _to_extra(records, None, _json_column(table, "extra", names))
         if "json_fields" in names and table.column("json_fields").null_count < count:
             _apply_json_fields(records, _json_column(table, "json_fields", names))
-        _integral_min_max(records, table.column("dtype") if "dtype" in names else None, columns["stats"])
+        _integral_min_max(records, columns["dtype"], columns["stats"])
     return records
 
 
@@ -252,7 +254,7 @@ def _column(array: pa.ChunkedArray, name: str) -> list[Any] | None:
     if kind == _SIZES:
         return _shared_lists(array)
     if kind == _INT and not array.null_count:
-        return _shared_strings(array, int) if name in _SHARED_INTS else array.to_numpy().tolist()
+        return _shared_strings(array, int) if name in _SHARED_INTS else numbers(array).tolist()
     return array.to_pylist()
 
 
@@ -263,18 +265,21 @@ def _shared_strings(array: pa.ChunkedArray, decode: Callable[[Any], Any] = sys.i
     values = np.empty(len(distinct) + 1, dtype=object)  # the last one, None, for empty rows
     for i, text in enumerate(distinct):
         values[i] = decode(text)
-    indices = [chunk.indices.fill_null(len(distinct)).to_numpy() for chunk in encoded.chunks]
+    indices = [numbers(chunk.indices, fill=len(distinct)) for chunk in encoded.chunks]
     return values.take(np.concatenate(indices)).tolist()
 
 
 def _shared_lists(array: pa.ChunkedArray) -> list[list[int] | None]:
     """Each distinct list of sizes once (a record's shape and stride are shared as capture shares
     them): the lists joined into text by Arrow, each distinct text parsed once."""
-    return _shared_strings(pc.binary_join(array.cast(pa.list_(_STRING)), ","), _sizes)
+    return _shared_strings(pc.binary_join(array.cast(pa.list_(_STRING)), _COMMA), _sizes)
 
 
-def _sizes(text: str) -> list[int]:
-    return [int(size) for size in text.split(",")] if text else []
+_COMMA = arrow_text(",")
+
+
+def _sizes(joined: str) -> list[int]:
+    return [int(size) for size in joined.split(",")] if joined else []
 
 
 def _stats_column(array: pa.ChunkedArray) -> list[dict[str, Any] | None] | None:
@@ -288,11 +293,11 @@ def _stats_column(array: pa.ChunkedArray) -> list[dict[str, Any] | None] | None:
     words = np.zeros((count, width + 1), np.int64)  # the values' bits, then a mask of the empty ones
     for i in range(width):
         child = pc.struct_field(array, [i])
-        words[:, i] = child.fill_null(0).to_numpy().view(np.int64)
+        words[:, i] = numbers(child).view(np.int64)
         if child.null_count:
-            words[:, width] |= _flags(child.is_null()) << i
+            words[:, width] |= (~valid(child)).astype(np.int64) << i
     if array.null_count:
-        words[:, width] |= _flags(array.is_null()) << width
+        words[:, width] |= (~valid(array)).astype(np.int64) << width
     key_type = pa.binary(words.itemsize * (width + 1))
     encoded = pc.dictionary_encode(pa.FixedSizeBinaryArray.from_buffers(key_type, count, [None, pa.py_buffer(words)]))
     unique = np.frombuffer(encoded.dictionary.buffers()[1], np.int64, len(encoded.dictionary) * (width + 1))
@@ -302,12 +307,7 @@ def _stats_column(array: pa.ChunkedArray) -> list[dict[str, Any] | None] | None:
         None if empty >> width else _stats_dict(as_float, as_int, empty)
         for as_float, as_int, empty in zip(values.view(np.float64).tolist(), values.tolist(), unique[:, width].tolist())
     ]
-    return list(map(shared.__getitem__, encoded.indices.to_numpy().tolist()))
-
-
-def _flags(mask: pa.ChunkedArray) -> np.ndarray:
-    """A boolean column as 0 and 1 (int64)."""
-    return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in mask.chunks]).astype(np.int64)
+    return list(map(shared.__getitem__, numbers(encoded.indices).tolist()))
 
 
 def _stats_dict(as_float: list[float], as_int: list[int], empty: int) -> dict[str, Any]:
@@ -356,14 +356,13 @@ def _apply_json_fields(records: list[Record], rows: list[dict[str, Any] | None])
                 setattr(record, name, value)
 
 
-def _integral_min_max(records: list[Record], dtypes: pa.ChunkedArray | None, stats: list[Any] | None) -> None:
+def _integral_min_max(records: list[Record], dtypes: list[str | None] | None, stats: list[Any] | None) -> None:
     """Statistics of integer and bool tensors hold ints for ``min`` and ``max``; the float64 column
     gives floats back."""
     if dtypes is None or stats is None:
         return
-    integral = pc.is_in(dtypes, value_set=pa.array(sorted(_INTEGRAL_DTYPES), _STRING))
     converted: dict[int, dict[str, Any]] = {}  # by the identity of the shared dict: shared again
-    for row in np.flatnonzero(_flags(integral)).tolist():
+    for row in [row for row, dtype in enumerate(dtypes) if dtype in _INTEGRAL_DTYPES]:
         values = stats[row]
         if values is not None and records[row].stats is values and _finite(values):
             ints = converted.get(id(values))

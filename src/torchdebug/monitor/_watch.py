@@ -42,6 +42,9 @@ from torchdebug.slots import dtype_name, iter_slots
 from torchdebug.stats._cpu import cpu_sums_into
 from torchdebug.stats._schema import IDENTITY
 
+_PLAIN = (torch.Tensor, nn.Parameter)
+"""Classes that are never wrapper subclasses (most tensors: no subclass check for them)."""
+
 
 def plain(tensor: torch.Tensor) -> torch.Tensor | None:
     """The plain tensor holding ``tensor``'s elements (a subclass's local tensor), or ``None``."""
@@ -177,7 +180,7 @@ class Watcher:
         for phase, module, arg, call, io, value in slots:
             if not isinstance(value, torch.Tensor) or value.is_meta:
                 continue
-            tensor = plain(value)
+            tensor = value if value.__class__ in _PLAIN else plain(value)
             if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
                 continue
             index = ring.slot(phase, module, op, call, io, arg)

@@ -19,12 +19,15 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``make test``) each worker takes its share of the cores for torch's
     intra-op threads, and so do the processes its tests start (``OMP_NUM_THREADS`` unless set: gloo
     ranks, fresh interpreters, the demo): two workers on two cores each running two OpenMP threads
-    would oversubscribe (the demo beside a busy core took 58 s with two threads, 35 s with one)."""
+    would oversubscribe (the demo beside a busy core took 58 s with two threads, 35 s with one).
+    Inductor compiles in the worker itself, not in a pool of compile processes per worker, for the
+    same reason (two files of compiled models: 62.7 s of user CPU with the pool, 51.6 s without)."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         share = max(1, torch.get_num_threads() // int(workers))
         torch.set_num_threads(share)
         os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(share))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -47,18 +47,24 @@ def _closure(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, scal
     return closure
 
 
-def test_a_nan_at_step_40_dumps_the_window_of_steps_25_to_40_and_names_the_module(monitors, tmp_path: Path) -> None:
-    """The loop keeps its own optimizer step (no closure): the window is read from the step's tables."""
-    model, optimizer = _gpt()
-    monitor = monitors(model, optimizer, dump_path=tmp_path, window=16)
-    for step in range(60):
-        if step == 40:
+def _train_with_a_nan(monitor: torchdebug.Monitor, model: GPT, optimizer: torch.optim.Optimizer, steps: int, nan_at: int) -> None:
+    """``steps`` steps of the loop's own optimizer step and ``monitor.step(loss=...)``, with a NaN
+    planted in a weight of ``layers.1.mlp.out`` at step ``nan_at``; the monitor closed after."""
+    for step in range(steps):
+        if step == nan_at:
             with torch.no_grad():
                 model.layers[1].mlp.out.weight[0, 0] = float("nan")
         loss = _closure(model, optimizer, step)()
         optimizer.step()
         monitor.step(loss=loss)
     monitor.close()
+
+
+def test_a_nan_at_step_40_dumps_the_window_of_steps_25_to_40_and_names_the_module(monitors, tmp_path: Path) -> None:
+    """The loop keeps its own optimizer step (no closure): the window is read from the step's tables."""
+    model, optimizer = _gpt()
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=16)
+    _train_with_a_nan(monitor, model, optimizer, steps=60, nan_at=40)
     assert [(e.step, e.reason) for e in monitor.events] == [(40, "nonfinite")]
     event = monitor.events[0]
     assert event.slot == "forward/layers.1.mlp.out/module#0/output.0"
@@ -298,14 +304,7 @@ def test_the_device_table_path_fills_the_ring_as_the_cpu_kernel_does_and_catches
             monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
         model, optimizer = _gpt()
         monitor = monitors(model, optimizer, dump_path=tmp_path / str(table), window=8, replay="off")
-        for step in range(6):
-            if step == 4:
-                with torch.no_grad():
-                    model.layers[1].mlp.out.weight[0, 0] = float("nan")
-            loss = _closure(model, optimizer, step)()
-            optimizer.step()
-            monitor.step(loss=loss)
-        monitor.close()
+        _train_with_a_nan(monitor, model, optimizer, steps=6, nan_at=4)
         monkeypatch.undo()
         return [monitor.ring.row(step).copy() for step in range(4)], monitor.events[0]
 
@@ -314,11 +313,5 @@ def test_the_device_table_path_fills_the_ring_as_the_cpu_kernel_does_and_catches
     for a, b in zip(direct, via_table):
         assert a.shape == b.shape and not np.isnan(a).all()
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
-    assert (
-        (direct_event.step, direct_event.slot)
-        == (table_event.step, table_event.slot)
-        == (
-            4,
-            "forward/layers.1.mlp.out/module#0/output.0",
-        )
-    )
+    where = (4, "forward/layers.1.mlp.out/module#0/output.0")
+    assert (direct_event.step, direct_event.slot) == (table_event.step, table_event.slot) == where

@@ -31,9 +31,10 @@ def test_records_read_a_group_at_a_time_equal_those_of_the_whole_table(tmp_path,
     assert [record.extra for record in records[1::2]] == [{"k": i} for i in range(5)]
 
 
-def test_records_of_one_group_share_equal_statistics_and_one_empty_extra(tmp_path):
+def test_records_of_one_group_share_equal_statistics_and_one_empty_extra(tmp_path, monkeypatch):
     _five_batches(tmp_path)
-    records = load(tmp_path).ranks[0].records()  # one group: five batches of at most 2048 records
+    monkeypatch.setattr(_reader, "_GROUP", 5)  # one group: the five batches
+    records = load(tmp_path).ranks[0].records()
     assert len({id(record.stats) for record in records}) == 1
     plain = records[0::2]
     assert plain[0].extra == {} and all(record.extra is plain[0].extra for record in plain)

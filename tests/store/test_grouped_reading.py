@@ -1,6 +1,8 @@
 """A rank's records are built a group of record batches at a time (the next group decoded meanwhile):
 the same records as from the whole table, with what equal records share still shared."""
 
+import sys
+
 import pytest
 
 from tests.store.test_store import _STATS, _record, _writer
@@ -54,3 +56,13 @@ def test_a_corrupt_batch_in_a_later_group_is_named_when_its_group_is_read(tmp_pa
     monkeypatch.setattr(_reader, "_GROUP", 1)  # the damaged batch is decoded ahead, on the reading thread
     with pytest.raises(DumpError, match=rf"records.arrows: batch 3 of records \(byte {size}\) is corrupt"):
         load(tmp_path).ranks[0].records()
+
+
+def test_read_statistics_are_plain_dicts_that_share_their_keys(tmp_path):
+    writer = _writer(tmp_path)
+    writer.submit(0, [_record(i, stats={**_STATS, "mean": float(i)}) for i in range(3)], None, [])
+    writer.close()
+    stats = [record.stats for record in load(tmp_path).ranks[0].records()]
+    assert [s["mean"] for s in stats] == [0.0, 1.0, 2.0] and all(type(s) is dict for s in stats)
+    assert stats[0] == {**_STATS, "mean": 0.0} and list(stats[0]) == list(_STATS)
+    assert sys.getsizeof(stats[0]) < sys.getsizeof(dict(stats[0]))  # one table of keys for them all

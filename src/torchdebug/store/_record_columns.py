@@ -310,9 +310,20 @@ def _stats_column(array: pa.ChunkedArray) -> list[dict[str, Any] | None] | None:
     return list(map(shared.__getitem__, numbers(encoded.indices).tolist()))
 
 
+class _SharedKeys:
+    """An object whose attribute dict becomes one record's statistics: CPython shares one table of
+    keys among the attribute dicts of a class's instances filled in one order, so such a dict takes
+    about 160 bytes where a dict of its own takes 280 (a 256-layer compare holds 100k distinct
+    statistics; about 45 bytes per record). It is a plain ``dict`` all the same."""
+
+
 def _stats_dict(as_float: list[float], as_int: list[int], empty: int) -> dict[str, Any]:
     """One row's statistics from its bits read as floats and as ints, and the mask of its empty ones."""
-    return {key: None if empty >> i & 1 else as_int[i] if count else as_float[i] for i, (key, count) in enumerate(_STAT_COUNTS)}
+    stats = vars(_SharedKeys())
+    stats.update(
+        (key, None if empty >> i & 1 else as_int[i] if count else as_float[i]) for i, (key, count) in enumerate(_STAT_COUNTS)
+    )
+    return stats
 
 
 def _tensor_column(table: pa.Table, names: set[str]) -> list[dict[str, str] | None] | None:

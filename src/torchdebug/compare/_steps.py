@@ -52,6 +52,7 @@ from torchdebug.records import Record
 from torchdebug.store import _msprobe as msprobe
 from torchdebug.store import _reader as reader
 from torchdebug.store._reader import RankRecords
+from torchdebug.store._shared_keys import shared_keys_dict
 
 __all__ = [
     "Pairing",
@@ -138,6 +139,10 @@ _Shared = dict[tuple[int, int, int, float], tuple[float | None, dict[str, float]
 """Statistics metrics by the identity of both sides' statistics, the element count and ``atol``."""
 
 
+class _StatsMetrics:
+    """The kind of a row's statistics metrics (``torchdebug.store._shared_keys``)."""
+
+
 def _fill_stats(row: Row, tolerance: Tolerance, shared: _Shared) -> None:
     """The row's statistics metrics and error. The records of one tensor share their statistics (its
     output row and the input rows of its consumers: about four rows per pair on the GPT bench), so
@@ -149,7 +154,8 @@ def _fill_stats(row: Row, tolerance: Tolerance, shared: _Shared) -> None:
     found = shared.get(key)
     if found is None:
         metrics = stats_metrics(stats_a, stats_b, numel=numel, atol=tolerance.atol)
-        found = shared[key] = (metrics.pop("error", None), metrics)
+        error = metrics.pop("error", None)
+        found = shared[key] = (error, shared_keys_dict(_StatsMetrics, metrics.items()))
     row.tolerance = tolerance.rtol
     row.error, row.metrics = found
 

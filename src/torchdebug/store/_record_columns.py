@@ -41,6 +41,7 @@ from torchdebug.stats._schema import STAT_KEYS, VALUE_KEYS
 from torchdebug.store._arrow_buffers import numbers, valid
 from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text
+from torchdebug.store._shared_keys import shared_keys_dict
 
 __all__ = ["SCHEMA", "records_batch", "records_from_table", "records_table"]
 
@@ -310,20 +311,16 @@ def _stats_column(array: pa.ChunkedArray) -> list[dict[str, Any] | None] | None:
     return list(map(shared.__getitem__, numbers(encoded.indices).tolist()))
 
 
-class _SharedKeys:
-    """An object whose attribute dict becomes one record's statistics: CPython shares one table of
-    keys among the attribute dicts of a class's instances filled in one order, so such a dict takes
-    about 160 bytes where a dict of its own takes 280 (a 256-layer compare holds 100k distinct
-    statistics; about 45 bytes per record). It is a plain ``dict`` all the same."""
+class _Statistics:
+    """The kind of a read record's statistics (``torchdebug.store._shared_keys``)."""
 
 
 def _stats_dict(as_float: list[float], as_int: list[int], empty: int) -> dict[str, Any]:
     """One row's statistics from its bits read as floats and as ints, and the mask of its empty ones."""
-    stats = vars(_SharedKeys())
-    stats.update(
-        (key, None if empty >> i & 1 else as_int[i] if count else as_float[i]) for i, (key, count) in enumerate(_STAT_COUNTS)
+    return shared_keys_dict(
+        _Statistics,
+        ((key, None if empty >> i & 1 else as_int[i] if count else as_float[i]) for i, (key, count) in enumerate(_STAT_COUNTS)),
     )
-    return stats
 
 
 def _tensor_column(table: pa.Table, names: set[str]) -> list[dict[str, str] | None] | None:

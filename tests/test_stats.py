@@ -1,3 +1,4 @@
+import ctypes
 import math
 
 import pytest
@@ -174,3 +175,29 @@ def test_statistics_and_fingerprint_take_one_native_pass_for_the_kernels_dtypes(
     assert (taken_alone == []) == (cpu_path == "native")
     cpu_stats_and_fingerprint(torch.arange(3))  # integers: torch-op statistics, then the fingerprint
     assert len(taken_alone) == (1 if cpu_path == "native" else 3)
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.randn(5, 7),
+        torch.randn(6, 9).t(),  # not contiguous: walked in memory order
+        torch.randn(300).bfloat16(),
+        torch.randn(40, dtype=torch.float64),
+        torch.tensor([1.0, float("nan"), float("-inf"), 0.0]),
+        torch.randn(33).half(),  # no native kernel: torch ops
+        torch.randn(8, dtype=torch.complex64),  # magnitudes
+        torch.randn(4, requires_grad=True) * 2,  # part of an autograd graph
+    ],
+    ids=["float32", "transposed", "bfloat16", "float64", "nan and -inf", "float16", "complex64", "requires grad"],
+)
+def test_sums_written_into_memory_are_the_sums_cpu_sums_returns(tensor):
+    """The flight recorder's ring takes CPU sums at an address (:func:`cpu_sums_into`): the same
+    numbers as :func:`cpu_sums` of the tensor's values, by whichever path the dtype takes."""
+    from torchdebug.stats._cpu import cpu_sums, cpu_sums_into
+    from torchdebug.stats._schema import WIDTH
+    from torchdebug.stats._torch_ops import as_real
+
+    out = (ctypes.c_double * WIDTH)()
+    cpu_sums_into(tensor, ctypes.addressof(out))
+    assert list(out) == pytest.approx(cpu_sums(as_real(tensor.detach())), nan_ok=True)

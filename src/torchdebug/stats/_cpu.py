@@ -46,10 +46,10 @@ def cpu_sums(tensor: torch.Tensor) -> list[float]:
 
 def cpu_sums_into(tensor: torch.Tensor, address: int) -> None:
     """:func:`cpu_sums` of a non-empty floating or complex CPU tensor, written as ``WIDTH`` doubles
-    at ``address``: the native kernel writes them there itself, the other paths through a list."""
-    x = as_real(tensor.detach())
-    if not fused_sums_into(x, address):
-        (ctypes.c_double * WIDTH).from_address(address)[:] = cpu_sums(x)
+    at ``address``: the native kernel writes them there itself (float32, bfloat16 and float64 read
+    as they are), the other paths through a list."""
+    if not fused_sums_into(tensor, address):
+        (ctypes.c_double * WIDTH).from_address(address)[:] = cpu_sums(as_real(tensor.detach()))
 
 
 def cpu_stats(tensor: torch.Tensor) -> StatsDict:

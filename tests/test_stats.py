@@ -17,6 +17,7 @@ def cpu_path(request, monkeypatch):
     """Run every test through the native kernel and through the torch-ops fallback."""
     if request.param == "torch ops":
         monkeypatch.setattr(torchdebug.stats._cpu, "fused_stats", lambda tensor: None)
+        monkeypatch.setattr(torchdebug.stats._cpu, "fused_sums_into", lambda tensor, address: False)
         monkeypatch.setattr(torchdebug.stats._cpu, "stats_and_fingerprint", lambda tensor: None)
         monkeypatch.setattr(native, "fingerprint", lambda tensor: None)
     elif not native.available():

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.store.test_store import _STATS, _record, _writer
+from tests.store.test_store import _STATS, _garbage_before_the_last_batch, _record, _writer
 from torchdebug.errors import DumpError
 from torchdebug.store import _layout as layout
 from torchdebug.store import _reader
@@ -43,16 +43,7 @@ def test_records_of_one_group_share_equal_statistics_and_one_empty_extra(tmp_pat
 
 
 def test_a_corrupt_batch_in_a_later_group_is_named_when_its_group_is_read(tmp_path, monkeypatch):
-    writer = _writer(tmp_path)
-    for i in range(2):
-        writer.submit(0, [_record(i)], None, [])
-        writer.drain()
-    path = writer.rank_dir / layout.RECORDS
-    size = path.stat().st_size
-    writer.submit(0, [_record(2)], None, [])
-    writer.close()
-    data = path.read_bytes()
-    path.write_bytes(data[:size] + b"garbage\n" + data[size:])
+    size = _garbage_before_the_last_batch(tmp_path, batches=3)
     monkeypatch.setattr(_reader, "_GROUP", 1)  # the damaged batch is decoded ahead, on the reading thread
     with pytest.raises(DumpError, match=rf"records.arrows: batch 3 of records \(byte {size}\) is corrupt"):
         load(tmp_path).ranks[0].records()

@@ -116,16 +116,24 @@ def test_a_dump_killed_before_its_first_batch_has_no_records(tmp_path):
     writer.close()
 
 
-def test_reader_rejects_a_corrupt_batch_in_the_middle_naming_it(tmp_path):
+def _garbage_before_the_last_batch(tmp_path, batches: int) -> int:
+    """A rank of ``batches`` record batches (a flush each) with garbage written between the last two;
+    returns the byte where it starts."""
     writer = _writer(tmp_path)
-    writer.submit(0, [_record(0)], None, [])
-    writer.drain()
+    for i in range(batches - 1):
+        writer.submit(0, [_record(i)], None, [])
+        writer.drain()
     path = writer.rank_dir / layout.RECORDS
-    first = path.stat().st_size
-    writer.submit(0, [_record(1)], None, [])
+    size = path.stat().st_size
+    writer.submit(0, [_record(batches - 1)], None, [])
     writer.close()
     data = path.read_bytes()
-    path.write_bytes(data[:first] + b"garbage\n" + data[first:])
+    path.write_bytes(data[:size] + b"garbage\n" + data[size:])
+    return size
+
+
+def test_reader_rejects_a_corrupt_batch_in_the_middle_naming_it(tmp_path):
+    first = _garbage_before_the_last_batch(tmp_path, batches=2)
     with pytest.raises(DumpError, match=rf"records.arrows: batch 2 of records \(byte {first}\) is corrupt"):
         load(tmp_path).ranks[0].records()
 

@@ -20,8 +20,9 @@ def pytest_configure(config: pytest.Config) -> None:
     intra-op threads, and so do the processes its tests start (``OMP_NUM_THREADS`` unless set: gloo
     ranks, fresh interpreters, the demo): two workers on two cores each running two OpenMP threads
     would oversubscribe (the demo beside a busy core took 58 s with two threads, 35 s with one).
-    Inductor compiles in the worker itself, not in a pool of compile processes per worker, for the
-    same reason (two files of compiled models: 62.7 s of user CPU with the pool, 51.6 s without)."""
+    Inductor compiles in the worker itself, not in a pool of compile processes that each worker
+    would start beside the other (two files of compiled models, timed once on a loaded machine: 62.7 s
+    of user CPU with the pool, 51.6 s without; the whole suite's CPU time did not visibly move)."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         share = max(1, torch.get_num_threads() // int(workers))

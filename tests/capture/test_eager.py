@@ -247,6 +247,35 @@ def test_tensor_task_statistics_equal_statistics_task_and_the_saved_tensors(tmp_
     assert checked > 100
 
 
+def test_module_records_taken_through_the_device_table_are_right_and_add_no_ops(tmp_path, monkeypatch):
+    """level="mix" on an accelerator: module hooks hand tensors to the device table while the op
+    capture's dispatch mode is active. The table's own torch ops must neither be recorded as the
+    model's ops nor take rows of the table in the middle of another tensor's (they once did on CUDA:
+    rows went to the wrong records). The CPU stands in for the device here (``_resolves_now``)."""
+    from torchdebug import stats_table
+
+    config = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64)
+
+    def run(path):
+        torchdebug.seed_all(0)
+        model = GPT(config)
+        optimizer = torch.optim.AdamW(model.parameters())
+        batch = make_batch(config, batch=2)  # made before the dump: the root module's hook sees it first
+        records = _records(path, lambda: train_step(model, optimizer, batch), model, level="mix")
+        return {r.name: r.stats for r in records}
+
+    at_once = run(tmp_path / "cpu")
+    monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+    through_table = run(tmp_path / "table")
+    assert through_table.keys() == at_once.keys()
+    assert any("/module#" in name for name in at_once)
+    for name, stats in at_once.items():
+        if stats is None or stats["min"] is None:
+            assert through_table[name] == stats, name
+        else:
+            assert through_table[name] == pytest.approx(stats, rel=1e-5, abs=1e-6), name
+
+
 def test_tensor_task_keeps_every_record_when_the_tensor_batch_fills_mid_call(tmp_path):
     """A snapshot that does not fit hands the batch to the writer in the middle of a call; the
     slots recorded after it must land in the next batch, not be lost."""

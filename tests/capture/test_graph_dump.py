@@ -206,6 +206,7 @@ def test_dumps_keep_working_under_reduce_overhead_on_cuda(tmp_path: Path) -> Non
     compiled = torch.compile(net, backend=backend)
     x = torch.randn(2, 4, device="cuda")
     for _ in range(3):  # warm-up, record, replay
+        net.zero_grad(set_to_none=True)  # as a training loop does: a replay overwrites the last gradients
         compiled(x).backward()
     records = [r for r in _records(backend) if r.name == "forward/fc/aten.addmm.default#0/output.0"]
     expected = net.fc(x).detach()

@@ -222,5 +222,5 @@ def test_the_cuda_check_never_synchronises_per_op(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     debugger.close()
-    first = find_origin(torchdebug.load(tmp_path).ranks[0].records())
+    first = find_origin(torchdebug.load(tmp_path).ranks[0].records()).record
     assert first.call_name == "forward/<root>/aten.mul.Tensor#0"

@@ -60,3 +60,47 @@ def test_the_plan_dumps_what_the_scene_selects_and_still_counts_every_call() -> 
     other_graph = DumpSettings(scene=ModelScene({"model__1": frozenset()}))
     assert _plan(gm, other_graph).graph.calls == []
     assert [call.node for call in _plan(gm, other_graph, "model__1").graph.calls] == [mm, view, mul, relu]
+
+
+def test_an_attention_kernels_random_number_state_is_described_but_never_read() -> None:
+    """The efficient kernel's seed and offset live on the host while their fake values say the
+    device: statistics of them in the graph launched a device kernel on host memory (CUDA "invalid
+    argument", a Llama training step). Neither the outputs nor the backward's inputs get a row."""
+    import operator
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    aten = torch.ops.aten
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 8, 16)
+        lse = torch.empty(1, 2, 8)
+        seed = torch.empty((), dtype=torch.int64)
+    graph = torch.fx.Graph()
+
+    def node(target, args, val):  # noqa: ANN001, ANN202
+        made = graph.call_function(target, args)
+        made.meta["val"] = val
+        return made
+
+    inputs = []
+    for name in ("q", "k", "v", "grad"):
+        inputs.append(graph.placeholder(name))
+        inputs[-1].meta["val"] = q
+    q_, k_, v_, grad = inputs
+    values = (q, lse, seed, seed)
+    attention = node(aten._scaled_dot_product_efficient_attention.default, (q_, k_, v_, None, False), values)
+    out, logsumexp, philox_seed, philox_offset = (node(operator.getitem, (attention, i), v) for i, v in enumerate(values))
+    backward = node(
+        aten._scaled_dot_product_efficient_attention_backward.default,
+        (grad, q_, k_, v_, None, out, logsumexp, philox_seed, philox_offset, 0.0, [True, True, True, False]),
+        (q, q, q, None),
+    )
+    graph.output((out, node(operator.getitem, (backward, 0), q)))
+    plan = plan_graph(graph, DumpSettings(task="statistics"), ModelContext("model__0"), "forward")
+    slots = {(call.node, slot.io, slot.arg): slot for call in plan.graph.calls for slot in call.slots}
+    forward, back = attention.name, backward.name
+    assert slots[forward, "output", "0"].stat is not None and slots[forward, "output", "1"].stat is not None
+    for key in ((forward, "output", "2"), (forward, "output", "3"), (back, "input", "7"), (back, "input", "8")):
+        assert slots[key].stat is None and "random-number state" in slots[key].note, key
+    assert philox_seed not in plan.stat_rows and philox_offset not in plan.stat_rows
+    assert out in plan.stat_rows and logsumexp in plan.stat_rows

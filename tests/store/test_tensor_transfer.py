@@ -233,6 +233,9 @@ def test_a_cuda_tensor_dump_takes_no_host_sync_per_op_and_saves_the_values_at_ca
 
 @pytest.mark.gpu
 def test_pinned_buffers_for_large_tensors_are_rounded_to_the_allocators_block_size(tmp_path):
-    writer = _writer(tmp_path, 16 * MIB)
-    assert writer.tensor_batch(3 * MIB).size == 4 * MIB
+    """A tensor larger than the reusable batch gets a buffer of its own, rounded up to a power of
+    two (the pinned allocator's block) rather than to the tensor's size."""
+    writer = _writer(tmp_path, 32 * MIB)
+    assert writer.batch_bytes == 16 * MIB  # two reusable buffers fit under the bound
+    assert writer.tensor_batch(17 * MIB).size == 32 * MIB
     writer.close()

@@ -268,7 +268,9 @@ class OpCapture:
         info = self._ops.get(id(func))
         if info is None:
             info = self._ops[id(func)] = _op_info(func)
-        if info.skipped or (self._overflow is not None and (self._overflow.done or info.collective or info.waits)):
+        if info.skipped or self.session.busy:  # busy: the session's own ops, from a module or gradient hook
+            return func(*args, **kwargs)
+        if self._overflow is not None and (self._overflow.done or info.collective or info.waits):
             return func(*args, **kwargs)
         op = info.name
         fwd = None

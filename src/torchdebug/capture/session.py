@@ -156,6 +156,10 @@ class CaptureSession:
         """Records handed over by mid-step flushes whose statistics are still on their way to the host."""
         self._seen: dict[int, _Seen] = {}
         self._warned: set[str] = set()
+        self.busy = False
+        """Whether the session is running torch ops of its own (statistics, snapshots, copies): a
+        module or gradient hook calls :meth:`add_call` while the op capture's dispatch mode is active,
+        and that capture must let those ops through unrecorded (``OpCapture.on_op``)."""
         live.register(writer.rank_dir, self.flush_for_readers)
 
     # -- building records -------------------------------------------------------------------
@@ -188,6 +192,27 @@ class CaptureSession:
         ``mutated``: the call wrote into its arguments, so output tensors may be the input objects
         with new values (their version counter moves only after the op returns).
         """
+        busy, self.busy = self.busy, True
+        try:
+            self._add_slots(slots, phase, module, op, call, seq, io, save_tensors, mutated, stack, source, fwd)
+        finally:
+            self.busy = busy
+
+    def _add_slots(
+        self,
+        slots: Iterator[Slot],
+        phase: str,
+        module: str,
+        op: str,
+        call: int,
+        seq: int,
+        io: str,
+        save_tensors: bool,
+        mutated: bool,
+        stack: str | None,
+        source: str | None,
+        fwd: str | None,
+    ) -> None:
         step, rank = self.step, self.rank
         for arg, value in slots:
             record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, seq, io, arg)

@@ -138,6 +138,31 @@ def _in_row_kernels(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return found
 
 
+RNG_STATE = frozenset({"philox_seed", "philox_offset", "rng_state"})
+"""Schema names of the random-number state that attention kernels return and take back: bookkeeping,
+not numerics. The efficient and cuDNN kernels keep their seed and offset on the host while the
+graph's fake values say the device, so statistics computed in the graph would launch a device
+kernel on host memory (a CUDA "invalid argument")."""
+
+
+def _rng_state_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes holding an attention kernel's random-number state (:data:`RNG_STATE`): the ``getitem``
+    of such an output, and whatever is passed back as such an argument (a backward graph's input)."""
+    found: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        indices = {index for index, value in enumerate(schema.returns) if value.name in RNG_STATE}
+        found.update(user for user in node.users if getattr(user.target, "__name__", "") == "getitem" and user.args[1] in indices)
+        for position, argument in enumerate(schema.arguments):
+            if argument.name in RNG_STATE:
+                value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+                if isinstance(value, torch.fx.Node):
+                    found.add(value)
+    return found
+
+
 def _plain_lists(value: Any) -> Any:
     """FX's ``immutable_list``/``immutable_dict`` as plain ones, as eager calls get them: the slot
     walk (``iter_slots``) walks a plain list of tensors into one slot per tensor (``cat``'s inputs)."""
@@ -209,6 +234,7 @@ class _Planner:
         self.stat_rows: dict[torch.fx.Node, int] = {}
         self.tensor_index: dict[torch.fx.Node, int] = {}
         self.sizes = SymbolicSizes()
+        self.rng_state = _rng_state_nodes(graph)
 
     def plan(self, golden: torch.fx.GraphModule | None) -> Plan:
         selected = self.scene.selector(self.graph, self.model.name, self.settings.nodes)
@@ -359,6 +385,9 @@ class _Planner:
         slot = SlotPlan(io, arg, meta=self._meta(value))
         if holder is None or golden:
             slot.source_node = holder.name if holder is not None else None
+            return slot
+        if holder in self.rng_state:
+            slot.note = "an attention kernel's random-number state: not read"
             return slot
         if self.scene.statistics:
             slot.stat = self._stat_row(holder)

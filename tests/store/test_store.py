@@ -409,6 +409,16 @@ def test_statistics_of_integer_tensors_read_back_as_ints():
     assert back[1].stats == _STATS and back[1].stats["min"].__class__ is float
 
 
+def test_integer_statistics_beyond_a_doubles_exact_range_read_back_exactly():
+    """An attention kernel's random seed (an int64 on the host, any 64-bit value) has a min and a
+    max no float64 column holds exactly: the record keeps them whole, the batch of records beside
+    it is written as usual."""
+    seed = {**_STATS, "min": 7016455870382827520, "max": 7016455870382827520, "mean": 7.0164558703828275e18}
+    back = _columns_round_trip([_record(0, dtype="int64", stats=seed), _record(1, dtype="float32", stats=_STATS)])
+    assert back[0].stats == seed and back[0].stats["max"].__class__ is int
+    assert back[1].stats == _STATS
+
+
 def test_debugger_flush_puts_every_tensor_file_on_disk_before_close(tmp_path):
     dbg = torchdebug.Debugger(tmp_path, task="tensor")
     dbg.start()

@@ -201,12 +201,17 @@ _STAT_COUNTS = tuple((key, key not in VALUE_KEYS) for key in STAT_KEYS)
 """Each statistic's key, and whether it is a count (an int; the others are floats)."""
 
 
+_EXACT_IN_FLOAT = 2**53
+"""Ints a float64 column holds exactly (beyond, the record keeps its statistics whole)."""
+
+
 def _number(value: Any, kind: pa.DataType) -> bool:
+    """Whether a column of ``kind`` holds ``value`` exactly."""
     if value is None:
         return True
     if kind == _INT:
         return value.__class__ is int
-    return value.__class__ in (int, float)
+    return value.__class__ is float or (value.__class__ is int and -_EXACT_IN_FLOAT <= value <= _EXACT_IN_FLOAT)
 
 
 def _finite(stats: dict[str, Any]) -> bool:

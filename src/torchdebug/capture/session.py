@@ -192,49 +192,32 @@ class CaptureSession:
         ``mutated``: the call wrote into its arguments, so output tensors may be the input objects
         with new values (their version counter moves only after the op returns).
         """
-        busy, self.busy = self.busy, True
+        busy, self.busy = self.busy, True  # the ops below are the session's own (see ``busy``)
         try:
-            self._add_slots(slots, phase, module, op, call, seq, io, save_tensors, mutated, stack, source, fwd)
+            step, rank = self.step, self.rank
+            for arg, value in slots:
+                record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, seq, io, arg)
+                record.stack, record.source, record.fwd = stack, source, fwd
+                if isinstance(value, torch.Tensor):
+                    try:
+                        if value.__class__ is not torch.Tensor and is_subclass(value):
+                            self._describe_subclass(record, value, save_tensors, mutated)
+                        else:
+                            self._describe_tensor(record, value, save_tensors, mutated)
+                    except Exception as error:  # never crash the user's run for one slot
+                        record.capture_error = f"{type(error).__name__}: {error}"
+                        if op not in self._warned:
+                            self._warned.add(op)
+                            logger.warning("could not capture a tensor of %s (%s); recorded the error", op, record.capture_error)
+                else:
+                    record.kind = "value"
+                    record.value = json_value(value)
+                self._records.append(record)  # not a local: a tensor snapshot may flush and start a new list
+            self._take_due_stats()
+            if len(self._records) >= _FLUSH_RECORDS:
+                self._flush_records()
         finally:
             self.busy = busy
-
-    def _add_slots(
-        self,
-        slots: Iterator[Slot],
-        phase: str,
-        module: str,
-        op: str,
-        call: int,
-        seq: int,
-        io: str,
-        save_tensors: bool,
-        mutated: bool,
-        stack: str | None,
-        source: str | None,
-        fwd: str | None,
-    ) -> None:
-        step, rank = self.step, self.rank
-        for arg, value in slots:
-            record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, seq, io, arg)
-            record.stack, record.source, record.fwd = stack, source, fwd
-            if isinstance(value, torch.Tensor):
-                try:
-                    if value.__class__ is not torch.Tensor and is_subclass(value):
-                        self._describe_subclass(record, value, save_tensors, mutated)
-                    else:
-                        self._describe_tensor(record, value, save_tensors, mutated)
-                except Exception as error:  # never crash the user's run for one slot
-                    record.capture_error = f"{type(error).__name__}: {error}"
-                    if op not in self._warned:
-                        self._warned.add(op)
-                        logger.warning("could not capture a tensor of %s (%s); recorded the error", op, record.capture_error)
-            else:
-                record.kind = "value"
-                record.value = json_value(value)
-            self._records.append(record)  # not a local: a tensor snapshot may flush and start a new list
-        self._take_due_stats()
-        if len(self._records) >= _FLUSH_RECORDS:
-            self._flush_records()
 
     def _describe_subclass(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
         """A wrapper subclass (DTensor, FSDP2 parameters, float8 weights): described as itself (dtype,

@@ -8,6 +8,7 @@ eager dump of the same model as well as a dump of the whole model compiled does.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from examples.gpt import GPT, GPTConfig, make_batch
 from torchdebug._torch.nn import strip_wrappers
 from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.graph_dump._instances import NO_INSTANCE, CompiledInstances, in_instance
-from torchdebug.graph_dump._node_names import eager_module_path
+from torchdebug.graph_dump._node_names import eager_module_path, graph_is_rooted, module_of
 
 CONFIG = GPTConfig(n_layer=3, d_model=32, n_head=2, seq_len=8, vocab=64)
 STEPS = 2
@@ -144,6 +145,40 @@ def test_module_paths_leave_module_wrappers_out() -> None:
     assert strip_wrappers("layers.1._orig_mod.mlp.fc") == "layers.1.mlp.fc"
     assert in_instance("layers.1", "<root>") == "layers.1" and in_instance("layers.1", "attn.qkv") == "layers.1.attn.qkv"
     assert in_instance("", "attn.qkv") == "attn.qkv"
+
+
+def test_a_forward_wrapped_by_a_decorator_is_named_as_the_module_itself() -> None:
+    """Dynamo names the compiled module ``L['args'][0]`` when a ``*args`` decorator wraps its
+    ``forward`` (transformers 5.24 wraps its models' so): paths must not gain a ``0.`` in front."""
+
+    def wrapped(forward):  # noqa: ANN001, ANN202
+        @functools.wraps(forward)
+        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            return forward(*args, **kwargs)
+
+        return wrapper
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(4, 4))
+
+        @wrapped
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.body(x))
+
+    rooted, paths = [], []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> torch.fx.GraphModule:
+        rooted.append(graph_is_rooted(gm.graph))
+        paths.extend(module_of(node, False, rooted[-1]) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(Wrapped(), backend=backend)(torch.randn(2, 4))
+    torch._dynamo.reset()
+    assert rooted == [True] and paths == ["body.0", "<root>"]
+    assert eager_module_path("L['args'][0].body[0]") == "body.0" and eager_module_path("L['args'][0]") == "<root>"
 
 
 def test_compiled_instances_name_the_compiled_module_a_parameter_belongs_to() -> None:

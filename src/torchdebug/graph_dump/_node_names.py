@@ -4,11 +4,12 @@ An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.rec
 
 - ``module``: the innermost entry of ``node.meta["nn_module_stack"]`` (forward) or
   ``fwd_nn_module_stack`` (backward nodes, copied there by AOT autograd from the forward node with
-  the same ``seq_nr``), turned into the eager form: ``L['self'].layers[0].attn`` -> ``layers.0.attn``,
-  the compiled module itself -> ``<root>``, ``torch.compile``'s wrapper left out (no ``_orig_mod``).
-  Nodes with no stack are ``<root>`` when the graph comes from a module (some node's stack starts at
-  ``L['self']``), else ``-``. A graph compiled per block is traced from the block: its runs put the
-  path of the block instance that ran in front (``torchdebug.graph_dump._instances``).
+  the same ``seq_nr``), turned into the eager form: ``L['self'].layers[0].attn`` -> ``layers.0.attn``
+  (``L['args'][0]`` where a decorator wraps ``forward``), the compiled module itself -> ``<root>``,
+  ``torch.compile``'s wrapper left out (no ``_orig_mod``). Nodes with no stack are ``<root>`` when
+  the graph comes from a module (some node's stack starts at the module), else ``-``. A graph
+  compiled per block is traced from the block: its runs put the path of the block instance that ran
+  in front (``torchdebug.graph_dump._instances``).
 - ``op``: ``str(node.target)`` (``aten.addmm.default``), as the dispatcher names it in eager mode;
   for a forward node that alone replaced an eager op when the compiler decomposed it (``permute``
   for ``t`` or ``transpose``, ``reshape`` for ``view``), the op it replaced, read from
@@ -40,7 +41,12 @@ from torchdebug.records import NO_MODULE
 
 ROOT_MODULE = "<root>"
 
-_LOCAL = re.compile(r"^[LG]\['[^']*'\]")
+_ROOTS = ("L['self']", "L['args'][0]")
+"""How Dynamo names the compiled module in the frame it traces: ``self`` of its ``forward``, or the
+first positional argument when ``forward`` is wrapped by a decorator taking ``*args`` (as
+transformers 5.24 wraps its models' ``forward``)."""
+
+_LOCAL = re.compile(r"^(?:L\['args'\]\[0\]|[LG]\['[^']*'\])")
 _INDEX = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
 _MODULES_DICT = re.compile(r"\.__dict__\._modules\.")
 """A child reached through the parent's ``__dict__['_modules']`` (how Dynamo names a module that a
@@ -75,10 +81,10 @@ def is_backward_node(node: torch.fx.Node, graph_phase: str) -> bool:
 
 
 def graph_is_rooted(graph: torch.fx.Graph) -> bool:
-    """Whether the graph was traced from a module (its module stacks start at ``L['self']``)."""
+    """Whether the graph was traced from a module (its module stacks start at one of :data:`_ROOTS`)."""
     for node in graph.nodes:
         path = module_stack_path(node, "nn_module_stack") or module_stack_path(node, "fwd_nn_module_stack")
-        if path is not None and path.startswith("L['self']"):
+        if path is not None and path.startswith(_ROOTS):
             return True
     return False
 

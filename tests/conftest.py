@@ -36,9 +36,9 @@ def _scalar_inductor_cpu_kernels() -> None:
     """Inductor's C++ kernels are generated without SIMD (``TORCHINDUCTOR_VEC_ISA_OK=0``, inherited by
     the fresh interpreters the tests start): scalar code is the same on every CPU, where the vector
     ISA inductor picks (AVX2, AVX-512, NEON) changes a reduction's rounding, and it compiles faster
-    (a fully cold suite on 2 cores: 374 s with vectorised kernels, 290 s without; about 0.5 s less of
-    g++ per kernel). The tests check what torchdebug sees of a graph and its values, which the vector
-    ISA does not change; unset it to run them on vectorised kernels."""
+    (the suite on 2 cores and an empty inductor cache: 374 s with vectorised kernels, 291 s without;
+    about 0.5 s less of g++ per kernel). The tests check what torchdebug sees of a graph and its
+    values, which the vector ISA does not change; unset it to run them on vectorised kernels."""
     os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
     if "torch._inductor.config" in sys.modules:  # imported by a plugin before this hook: set it there too
         setting = {"1": True, "0": False}.get(os.environ["TORCHINDUCTOR_VEC_ISA_OK"])

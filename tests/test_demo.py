@@ -14,7 +14,7 @@ from tests.report.packed import unpack
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # three training steps of a 4-layer GPT in a fresh process: about 10 s on 2 cores
+@pytest.mark.slow  # three training steps of a 4-layer GPT in a fresh process: 5-14 s on 2 cores
 def test_demo_names_the_planted_bug(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "demo.py"), "--out", str(tmp_path)],

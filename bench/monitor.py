@@ -17,7 +17,10 @@ under op-level statistics capture — are set beside the seconds of a step captu
 ``Debugger`` with the same options: the replay should add only the captured step's own cost. Also
 prints the seconds per step spent in the monitor's own code (its hooks and step calls, timed from
 inside: the machine's noise barely moves it, where the ratios above move by several percent), the
-monitor's memory (window and device tables) and its watched slots. The spike triggers are off in
+monitor's memory (window and device tables) and its watched slots, and the bytes one step's
+statistics pass reads: the monitor's extra step time over those bytes is the pace the pass would
+need to account for all of it (on a GPU-bound step, where the host's work hides, compare it with
+``bench/stats_pass.py``'s measured pace). The spike triggers are off in
 the timed runs (the loop trains on one batch again and again: see ``quiet``).
 """
 
@@ -37,6 +40,7 @@ import torchdebug  # noqa: E402
 from bench.overhead import SIZES  # noqa: E402
 from examples.gpt import GPT, make_batch  # noqa: E402
 from torchdebug.monitor import StepSummary  # noqa: E402
+from torchdebug.monitor import _watch as watch  # noqa: E402
 
 
 def main() -> None:
@@ -97,6 +101,7 @@ def main() -> None:
         watched = monitors["monitor"]
         slots, memory = len(watched.ring.slots), watched.memory_bytes()
         own = {mode: _own_seconds(monitors[mode], mode, closure, own_step, sync) for mode in modes[1:]}
+        read = _bytes_read(watched, own_step)
         for monitor in monitors.values():
             monitor.close()
         trigger, replayed = _trigger_cost(model, closure, optimizer, Path(tmp) / "fired", sync)
@@ -118,6 +123,11 @@ def main() -> None:
             f" (least {least * 1000:.2f} ms, {least / min(times['plain']):.3f} of the fastest plain step)"
         )
     print(f"watched slots {slots}, memory {memory / 2**20:.1f} MiB (window {watched.config.window} steps and device tables)")
+    extra = statistics.median(times["monitor"]) - plain
+    pace = (
+        f"; the monitor's extra {extra * 1000:.1f} ms a step is that read at {read / extra / 1e9:.0f} GB/s" if extra > 0 else ""
+    )
+    print(f"the statistics pass reads {read / 1e6:.1f} MB a step, each watched tensor once{pace} (its pace: bench/stats_pass.py)")
     print(
         f"a trigger: window dump {trigger:.2f} s, replay {replayed:.2f} s; "
         f"a step captured by a Debugger (statistics/op) {captured:.2f} s"
@@ -161,6 +171,32 @@ def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync
         per_step.append(spent[0])
     monitor.pause()
     return statistics.median(per_step[2:]), min(per_step[2:])
+
+
+def _bytes_read(monitor: torchdebug.Monitor, own_step) -> int:  # noqa: ANN001
+    """Bytes of the tensors one monitored step reduces (each once: the statistics pass's reads),
+    counted by wrapping, on this instance, the two ways a tensor is reduced: the CPU kernel and
+    the device table."""
+    read = [0]
+    cpu_sums_into = watch.cpu_sums_into
+    add_all = monitor.stager.add_all
+
+    def counted_cpu(tensor: torch.Tensor, address: int) -> None:
+        read[0] += tensor.numel() * tensor.element_size()
+        cpu_sums_into(tensor, address)
+
+    def counted_device(items: list) -> None:  # noqa: ANN001
+        read[0] += sum(item[0].numel() * item[0].element_size() for item in items)
+        add_all(items)
+
+    watch.cpu_sums_into, monitor.stager.add_all = counted_cpu, counted_device
+    monitor.resume()
+    try:
+        monitor.step(loss=own_step())
+    finally:
+        monitor.pause()
+        watch.cpu_sums_into, monitor.stager.add_all = cpu_sums_into, add_all
+    return read[0]
 
 
 def _trigger_cost(model: torch.nn.Module, closure, optimizer, folder: Path, sync) -> tuple[float, float]:  # noqa: ANN001

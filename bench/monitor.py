@@ -1,6 +1,6 @@
 """Step overhead of the flight recorder (``torchdebug.Monitor``) on the GPT example, in one process.
 
-    python bench/monitor.py [--steps 10] [--block 3] [--warmup 2] [--device cpu|cuda] [--size S|M]
+    python bench/monitor.py [--steps 10] [--block 3] [--warmup 2] [--device cpu|cuda] [--size S|M] [--layers N] [--width D]
 
 Modes take turns in blocks of ``--block`` steps (a paused monitor removes every hook, so the plain
 blocks run unhooked): ``plain``; ``monitor`` (the loop's own ``optimizer.step()``, then
@@ -27,6 +27,7 @@ the timed runs (the loop trains on one batch again and again: see ``quiet``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -50,9 +51,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per mode")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
+    parser.add_argument("--layers", type=int, help="blocks, instead of the size's (the watched slots grow with them)")
+    parser.add_argument("--width", type=int, help="d_model, instead of the size's (narrow: many small tensors)")
     args = parser.parse_args()
     torchdebug.seed_all(1234)
-    config = SIZES[args.size]
+    config = dataclasses.replace(SIZES[args.size], **_overrides(args))
     model = GPT(config).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = make_batch(config, batch=8, device=args.device)
@@ -107,7 +110,8 @@ def main() -> None:
         trigger, replayed = _trigger_cost(model, closure, optimizer, Path(tmp) / "fired", sync)
         captured = _captured_step(model, own_step, Path(tmp) / "debugger", sync)
     where = torch.cuda.get_device_name(args.device) if cuda else f"{torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, GPT {args.size} on {args.device} ({where}), median of {args.steps} blocks of {args.block}")
+    shape = f"GPT {args.size}" + "".join(f", {key} {value}" for key, value in _overrides(args).items())
+    print(f"torch {torch.__version__}, {shape} on {args.device} ({where}), median of {args.steps} blocks of {args.block}")
     for mode, values in times.items():
         # each block against the plain block of its own round: a slower minute of the machine slows both
         ratios = sorted(v / p for v, p in zip(values, times["plain"]))
@@ -171,6 +175,18 @@ def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync
         per_step.append(spent[0])
     monitor.pause()
     return statistics.median(per_step[2:]), min(per_step[2:])
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, int]:
+    """The ``GPTConfig`` fields ``--layers`` and ``--width`` replace (heads: the size's, or fewer
+    where the width does not divide by them)."""
+    overrides = {}
+    if args.layers:
+        overrides["n_layer"] = args.layers
+    if args.width:
+        heads = SIZES[args.size].n_head
+        overrides["d_model"], overrides["n_head"] = args.width, max(h for h in range(1, heads + 1) if args.width % h == 0)
+    return overrides
 
 
 def _bytes_read(monitor: torchdebug.Monitor, own_step) -> int:  # noqa: ANN001

@@ -61,7 +61,6 @@ def main() -> None:
             f" {rate['stats']:7.1f} GB/s ({rate['stats'] / rate['sum']:.2f}x)"
             f" {rate['both']:11.1f} GB/s ({rate['both'] / rate['sum']:.2f}x)"
         )
-        del x
 
 
 def _ignore(value: object) -> None:

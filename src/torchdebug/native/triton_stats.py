@@ -57,6 +57,10 @@ ELEMENTS_PER_PROGRAM = 1 << 15
 
 _BLOCK = 1024
 
+WARPS = 4
+"""Warps a program runs (Triton's default, stated so that ``bench/triton_occupancy.py`` can show
+what it costs in registers and resident programs)."""
+
 SLOTS = 4
 """Tensors one launch reduces at most (an op's new inputs or outputs of one dtype: a linear's weight
 and bias, a foreach op's lists)."""
@@ -342,6 +346,7 @@ def launch(
         STATS=stats,
         HASH=hashed,
         BITS=8 * tensors[0].element_size(),
+        num_warps=WARPS,
     )
 
 

@@ -1,0 +1,100 @@
+"""How many statistics programs an H100 keeps in flight: the Triton kernel compiled for sm_90, no GPU needed.
+
+    python bench/triton_occupancy.py [--variants 1024:4,1024:8,2048:8] [--dtype float32]
+
+For each ``BLOCK:num_warps`` variant, the statistics kernel (:mod:`torchdebug.native.triton_stats`,
+statistics alone and with the fingerprint) is compiled for sm_90 as Triton would for an aligned
+tensor, and ``cuobjdump`` (shipped with Triton) reads the registers each thread uses. From them
+come the programs an SM holds at once (an H100: 65,536 registers, 64 warps, 32 blocks an SM,
+registers given out 256 per warp) and the bytes of one loop turn's loads in flight per SM.
+
+Why: the kernel only streams memory, and HBM3 needs many bytes in flight per SM to reach its pace
+(about 3.35 TB/s over 132 SMs at several hundred nanoseconds of latency: tens of KB an SM). Registers
+held by wide accumulators limit the resident programs, hence the bytes in flight. This is a static
+screen, not a timing: ``bench/stats_pass.py --device cuda`` measures the pace. Needs Triton
+(``pip install triton``); runs on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+REGISTERS_PER_SM = 65536
+WARPS_PER_SM = 64
+BLOCKS_PER_SM = 32
+REGISTER_UNIT = 256
+"""Registers are given to a warp in units of this many."""
+
+_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default="1024:4,1024:8,2048:8", help="BLOCK:num_warps, comma-separated")
+    parser.add_argument("--dtype", default="float32", choices=[str(t).removeprefix("torch.") for t in _TYPES])
+    args = parser.parse_args()
+    import triton
+
+    from torchdebug.native import triton_stats
+
+    dtype = getattr(torch, args.dtype)
+    print(f"Triton {triton.__version__}, sm_90, {args.dtype}; as built: BLOCK {triton_stats._BLOCK}, {triton_stats.WARPS} warps")
+    columns = ("BLOCK", "warps", "registers", "stack B", "programs/SM", "warps/SM", "KB in flight/SM")
+    print(f"{'pass':24s} " + " ".join(columns))
+    for variant in args.variants.split(","):
+        block, warps = (int(part) for part in variant.split(":"))
+        for hashed in (False, True):
+            registers, stack = _resources(triton, triton_stats, dtype, block, warps, hashed)
+            per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+            programs = min(REGISTERS_PER_SM // (per_warp * warps), WARPS_PER_SM // warps, BLOCKS_PER_SM)
+            in_flight = programs * block * dtype.itemsize / 1024  # one loop turn's loads of every resident program
+            name = "statistics + fingerprint" if hashed else "statistics"
+            cells = [f"{value:{len(column)}d}" for value, column in zip((block, warps, registers, stack, programs), columns)]
+            cells += [f"{programs * warps:{len(columns[5])}d}", f"{in_flight:{len(columns[6])}.1f}"]
+            print(f"{name:24s} " + " ".join(cells))
+
+
+def _resources(triton, triton_stats, dtype: torch.dtype, block: int, warps: int, hashed: bool) -> tuple[int, int]:  # noqa: ANN001
+    """Registers per thread and stack bytes of the kernel compiled for sm_90 with aligned tensors."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = triton_stats._stats_kernel
+    names = list(inspect.signature(kernel.fn).parameters)
+    constexprs = {
+        "WIDE": dtype == torch.float64,
+        "BLOCK": block,
+        "PROGRAMS": triton_stats.MAX_PROGRAMS,
+        "STATS": True,
+        "HASH": hashed,
+        "BITS": 8 * dtype.itemsize,
+    }
+    signature = {name: "constexpr" if name in constexprs else "i32" for name in names}
+    signature.update({f"x{slot}": f"*{_TYPES[dtype]}" for slot in range(triton_stats.SLOTS)})
+    signature.update({"table_ptr": "*fp64", "scratch_ptr": "*fp64", "counter_ptr": "*i32"})
+    signature.update({"fingerprint_ptr": "*i64", "scratch_fingerprint_ptr": "*i64"})
+    aligned = {(names.index(f"x{slot}"),): [["tt.divisibility", 16]] for slot in range(triton_stats.SLOTS)}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        command = [str(cuobjdump), "--dump-resource-usage", cubin.name]
+        usage = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    registers, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK"))
+    return registers, stack
+
+
+if __name__ == "__main__":
+    main()

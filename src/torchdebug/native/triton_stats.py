@@ -12,7 +12,10 @@ a linear's weight and bias, the lists of a foreach optimizer op), each with up t
 Each program loops over its share of the elements with BLOCK-wide float32 accumulators (float64
 for float64 tensors) and, when the float32 sum or sum of squares of its share overflowed with no
 infinity among the values, takes its share again in float64 — values beyond 1e19 are rare, so the
-common case is one read. A tensor reduced by a single program gets its row written directly; with
+common case is one read. That retake walks blocks a quarter as wide: a thread's registers are those
+of the kernel's widest path, and float64 accumulators of BLOCK would set them for every program
+(152 registers a thread instead of 107 on sm_90, three resident programs an SM instead of four:
+``bench/triton_occupancy.py``). A tensor reduced by a single program gets its row written directly; with
 several, each writes its partial row to ``scratch`` and the last one to finish (an acquire-release
 counter per table row) combines the partials in program order, so the result does not depend on
 scheduling: the same tensor gives the same bits every run.
@@ -227,8 +230,8 @@ def _stats_kernel(
     if STATS and not WIDE:
         overflowed = (total != total) | (total == float("inf")) | (total == float("-inf")) | (squares == float("inf"))
         if overflowed & (posinf + neginf == 0) & (nans < end - start):
-            low, high, total, squares, nans, posinf, neginf, zeros, _ = _share_sums(
-                x_ptr, start, end, True, BLOCK, True, False, BITS
+            low, high, total, squares, nans, posinf, neginf, zeros, _ = _share_sums(  # narrower: see the module docstring
+                x_ptr, start, end, True, BLOCK // 4, True, False, BITS
             )
     final = table_ptr + (row + slot) * _WIDTH
     if STATS:

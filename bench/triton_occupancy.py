@@ -1,12 +1,16 @@
 """How many statistics programs an H100 keeps in flight: the Triton kernel compiled for sm_90, no GPU needed.
 
-    python bench/triton_occupancy.py [--variants 1024:4,1024:8,2048:8] [--dtype float32]
+    python bench/triton_occupancy.py [--variants 1024:4,1024:8,2048:8] [--dtype float32] [--elements 6291456,100663296]
 
 For each ``BLOCK:num_warps`` variant, the statistics kernel (:mod:`torchdebug.native.triton_stats`,
 statistics alone and with the fingerprint) is compiled for sm_90 as Triton would for an aligned
 tensor, and ``cuobjdump`` (shipped with Triton) reads the registers each thread uses. From them
 come the programs an SM holds at once (an H100: 65,536 registers, 64 warps, 32 blocks an SM,
-registers given out 256 per warp) and the bytes of one loop turn's loads in flight per SM.
+registers given out 256 per warp) and the bytes of one loop turn's loads in flight per SM. A
+tensor's launch may hold fewer: it has one program per ``ELEMENTS_PER_PROGRAM`` elements, at most
+``MAX_PROGRAMS``, spread over the 132 SMs; the last columns give what a tensor of each of
+``--elements`` keeps in flight (GPT M's layer outputs are 6.3 M elements, its attention
+probabilities 100.7 M).
 
 Why: the kernel only streams memory, and HBM3 needs many bytes in flight per SM to reach its pace
 (about 3.35 TB/s over 132 SMs at several hundred nanoseconds of latency: tens of KB an SM). Registers
@@ -29,6 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+SMS = 132
+"""Streaming multiprocessors of an H100 SXM."""
+
 REGISTERS_PER_SM = 65536
 WARPS_PER_SM = 64
 BLOCKS_PER_SM = 32
@@ -42,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="1024:4,1024:8,2048:8", help="BLOCK:num_warps, comma-separated")
     parser.add_argument("--dtype", default="float32", choices=[str(t).removeprefix("torch.") for t in _TYPES])
+    parser.add_argument("--elements", default="6291456,100663296", help="tensor sizes, comma-separated")
     args = parser.parse_args()
     import triton
 
@@ -49,7 +57,9 @@ def main() -> None:
 
     dtype = getattr(torch, args.dtype)
     print(f"Triton {triton.__version__}, sm_90, {args.dtype}; as built: BLOCK {triton_stats._BLOCK}, {triton_stats.WARPS} warps")
+    sizes = [int(float(size)) for size in args.elements.split(",")]
     columns = ("BLOCK", "warps", "registers", "stack B", "programs/SM", "warps/SM", "KB in flight/SM")
+    columns += tuple(f"KB/SM at {size / 1e6:.1f} M" for size in sizes)
     print(f"{'pass':24s} " + " ".join(columns))
     for variant in args.variants.split(","):
         block, warps = (int(part) for part in variant.split(":"))
@@ -61,6 +71,9 @@ def main() -> None:
             name = "statistics + fingerprint" if hashed else "statistics"
             cells = [f"{value:{len(column)}d}" for value, column in zip((block, warps, registers, stack, programs), columns)]
             cells += [f"{programs * warps:{len(columns[5])}d}", f"{in_flight:{len(columns[6])}.1f}"]
+            for size, column in zip(sizes, columns[7:]):
+                spread = min(programs, triton_stats.programs_for(size) / SMS)  # the tensor's programs an SM holds
+                cells.append(f"{spread * block * dtype.itemsize / 1024:{len(column)}.1f}")
             print(f"{name:24s} " + " ".join(cells))
 
 

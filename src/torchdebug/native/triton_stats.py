@@ -9,16 +9,19 @@ copies the whole table once per flush (:mod:`torchdebug.stats_table`).
 One launch reduces up to :data:`SLOTS` tensors of one dtype (the new inputs or outputs of one op:
 a linear's weight and bias, the lists of a foreach optimizer op), each with up to
 :data:`MAX_PROGRAMS` programs: a launch costs the host more than a small tensor costs the GPU.
-Each program loops over its share of the elements with BLOCK-wide float32 accumulators (float64
-for float64 tensors) and, when the float32 sum or sum of squares of its share overflowed with no
-infinity among the values, takes its share again in float64 — values beyond 1e19 are rare, so the
-common case is one read. That retake walks blocks a quarter as wide: a thread's registers are those
-of the kernel's widest path, and float64 accumulators of BLOCK would set them for every program
-(152 registers a thread instead of 107 on sm_90, three resident programs an SM instead of four:
-``bench/triton_occupancy.py``). A tensor reduced by a single program gets its row written directly; with
-several, each writes its partial row to ``scratch`` and the last one to finish (an acquire-release
-counter per table row) combines the partials in program order, so the result does not depend on
-scheduling: the same tensor gives the same bits every run.
+Each program loops over its share of the elements in blocks of BLOCK, read as rows of 16 bytes,
+each row reduced as soon as it is loaded into float32 sums (float64 for float64 tensors), one per
+row: a program holds few registers, so an SM keeps many programs' loads in flight (float32
+statistics on sm_90: 48 registers a thread, against 152 with BLOCK-wide sums; see
+``bench/triton_occupancy.py``). When the float32 sum or sum of squares of its share overflowed with
+no infinity among the values, a program takes its share again in float64 — values beyond 1e19 are
+rare, so the common case is one read. That retake walks blocks a quarter as wide, because a
+thread's registers are those of the kernel's widest path, the rare one included.
+
+A tensor reduced by a single program gets its row written directly; with several, each writes its
+partial row to ``scratch`` and the last one to finish (an acquire-release counter per table row)
+combines the partials in program order, so the result does not depend on scheduling: the same
+tensor gives the same bits every run.
 
 The same pass takes the tensor's fingerprint (:mod:`torchdebug.checksum`) when asked: each element's
 bits, widened to 64 bits, plus its position times the golden-ratio constant, through splitmix64's
@@ -103,19 +106,20 @@ def _word(x, BITS: tl.constexpr):
 
 @triton.jit
 def _add_block(x, inside, low, high, total, squares, nans, posinf, neginf, zeros):
-    """The running sums of :func:`_share_sums` with one block of values added (``inside``: which
-    lanes hold one)."""
+    """The running sums of :func:`_share_sums` with one block of values added: ``x`` holds the block
+    as rows of 16 bytes (``inside``: which lanes hold a value), each row is reduced at once into
+    the sums, one per row."""
     nan = x != x
     valid = inside & (x == x)
-    low = tl.minimum(low, tl.where(valid, x, float("inf")))
-    high = tl.maximum(high, tl.where(valid, x, float("-inf")))
+    low = tl.minimum(low, tl.min(tl.where(valid, x, float("inf")), 1))
+    high = tl.maximum(high, tl.max(tl.where(valid, x, float("-inf")), 1))
     kept = tl.where(valid, x, 0.0)
-    total += kept
-    squares += kept * kept
-    nans += (inside & nan).to(tl.int32)
-    posinf += (x == float("inf")).to(tl.int32)
-    neginf += (x == float("-inf")).to(tl.int32)
-    zeros += (inside & (x == 0)).to(tl.int32)  # masked lanes load 0
+    total += tl.sum(kept, 1)
+    squares += tl.sum(kept * kept, 1)
+    nans += tl.sum((inside & nan).to(tl.int32), 1)
+    posinf += tl.sum((x == float("inf")).to(tl.int32), 1)
+    neginf += tl.sum((x == float("-inf")).to(tl.int32), 1)
+    zeros += tl.sum((inside & (x == 0)).to(tl.int32), 1)  # masked lanes load 0
     return low, high, total, squares, nans, posinf, neginf, zeros
 
 
@@ -125,19 +129,25 @@ def _share_sums(
 ):
     """Sums of elements ``[start, end)`` (``start`` a multiple of BLOCK): NaN-free min, max, sum,
     sum of squares and the counts (STATS), and the sum of the fingerprint's contributions modulo
-    2**64 (HASH; element ``i`` is at position ``i + 1``). Whole blocks are read without a mask, so
-    that loads from an aligned tensor are vectorised; the rest, if any, is one masked block."""
+    2**64 (HASH; element ``i`` is at position ``i + 1``). A block is read as BLOCK / ROW rows of
+    ROW elements, 16 bytes, one vector load each, and each row is reduced as soon as it is read:
+    the running sums are one per row, not one per element, so a program holds few registers and
+    an SM keeps many programs' loads in flight (``bench/triton_occupancy.py``). Whole blocks are
+    read without a mask, so that loads from an aligned tensor are vectorised; the rest, if any, is
+    one masked block."""
     acc: tl.constexpr = tl.float64 if WIDE else tl.float32
-    offsets = tl.arange(0, BLOCK)
-    low = tl.full([BLOCK], float("inf"), acc)
-    high = tl.full([BLOCK], float("-inf"), acc)
-    total = tl.zeros([BLOCK], acc)
-    squares = tl.zeros([BLOCK], acc)
-    nans = tl.zeros([BLOCK], tl.int32)
-    posinf = tl.zeros([BLOCK], tl.int32)
-    neginf = tl.zeros([BLOCK], tl.int32)
-    zeros = tl.zeros([BLOCK], tl.int32)
-    hashes = tl.zeros([BLOCK], tl.uint64)
+    ROW: tl.constexpr = 128 // BITS
+    ROWS: tl.constexpr = BLOCK // ROW
+    offsets = tl.arange(0, ROWS)[:, None] * ROW + tl.arange(0, ROW)[None, :]
+    low = tl.full([ROWS], float("inf"), acc)
+    high = tl.full([ROWS], float("-inf"), acc)
+    total = tl.zeros([ROWS], acc)
+    squares = tl.zeros([ROWS], acc)
+    nans = tl.zeros([ROWS], tl.int32)
+    posinf = tl.zeros([ROWS], tl.int32)
+    neginf = tl.zeros([ROWS], tl.int32)
+    zeros = tl.zeros([ROWS], tl.int32)
+    hashes = tl.zeros([ROWS], tl.uint64)
     keys = (start + offsets + 1).to(tl.uint64) * _GAMMA  # position times GAMMA, advanced per block
     advance = tl.full([], BLOCK, tl.uint64) * _GAMMA
     everywhere = offsets >= 0
@@ -151,7 +161,7 @@ def _share_sums(
                 raw.to(acc), everywhere, low, high, total, squares, nans, posinf, neginf, zeros
             )
         if HASH:
-            hashes += _mix(_word(raw, BITS) + keys)
+            hashes += tl.sum(_mix(_word(raw, BITS) + keys), 1)
             keys += advance
     for block in range(whole, tl.cdiv(length, BLOCK)):  # the rest: none or one block
         index = start + block * BLOCK + offsets
@@ -162,7 +172,7 @@ def _share_sums(
                 raw.to(acc), inside, low, high, total, squares, nans, posinf, neginf, zeros
             )
         if HASH:
-            hashes += tl.where(inside, _mix(_word(raw, BITS) + keys), tl.zeros_like(hashes))
+            hashes += tl.sum(tl.where(inside, _mix(_word(raw, BITS) + keys), tl.zeros_like(keys)), 1)
     return (
         tl.min(low, 0).to(tl.float64),
         tl.max(high, 0).to(tl.float64),
@@ -230,7 +240,7 @@ def _stats_kernel(
     if STATS and not WIDE:
         overflowed = (total != total) | (total == float("inf")) | (total == float("-inf")) | (squares == float("inf"))
         if overflowed & (posinf + neginf == 0) & (nans < end - start):
-            low, high, total, squares, nans, posinf, neginf, zeros, _ = _share_sums(  # narrower: see the module docstring
+            low, high, total, squares, nans, posinf, neginf, zeros, _ = _share_sums(  # narrower: the module docstring says why
                 x_ptr, start, end, True, BLOCK // 4, True, False, BITS
             )
     final = table_ptr + (row + slot) * _WIDTH

@@ -13,7 +13,8 @@ tensor's launch may hold fewer: it has one program per ``ELEMENTS_PER_PROGRAM`` 
 probabilities 100.7 M).
 
 Why: the kernel only streams memory, and HBM3 needs many bytes in flight per SM to reach its pace
-(about 3.35 TB/s over 132 SMs at several hundred nanoseconds of latency: tens of KB an SM). Registers
+(3.35 TB/s over 132 SMs at several hundred nanoseconds of latency: some 15–20 KB an SM, more
+while warps compute instead of loading). Registers
 held by wide accumulators limit the resident programs, hence the bytes in flight. This is a static
 screen, not a timing: ``bench/stats_pass.py --device cuda`` measures the pace. Needs Triton
 (``pip install triton``); runs on any machine.
@@ -25,13 +26,10 @@ import argparse
 import inspect
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SMS = 132
 """Streaming multiprocessors of an H100 SXM."""

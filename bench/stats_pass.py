@@ -1,12 +1,16 @@
 """Memory throughput of the one-pass statistics kernel, against a plain one-read reduction, in one process.
 
     python bench/stats_pass.py [--device cpu|cuda] [--sizes 65536,1048576,16777216,134217728] [--dtype float32] [--repeat 10]
+                               [--grid 32768:512,8192:2048]
 
 For each size, one tensor of that many elements is reduced ``--repeat`` times by the path that eager
 capture and the flight recorder use (:class:`~torchdebug.stats_table.StatsStager`: the C kernel on
 the CPU, the Triton kernel on CUDA, the rows read back once at the end), with and without the
 fingerprint in the same pass, and as many times by ``torch.sum`` (one read of the tensor, the pace
-of a well-tuned reduction). Prints the GB/s of each and their ratio to ``torch.sum``.
+of a well-tuned reduction). Prints the GB/s of each and their ratio to ``torch.sum``. ``--grid``
+also times the statistics with other launch grids of the Triton kernel (``ELEMENTS_PER_PROGRAM:
+MAX_PROGRAMS``, the latter a power of two) on CUDA: one line per grid and size, to choose them
+by measure.
 
 Why it matters: the flight recorder reads every watched tensor once a step, so its device time is
 about the bytes it watches divided by this rate (GPT M on CUDA watches about 9.5 GB a step, see
@@ -17,9 +21,10 @@ the memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -34,6 +39,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="65536,1048576,16777216,134217728", help="elements, comma-separated")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
     parser.add_argument("--repeat", type=int, default=10, help="passes timed per size and path")
+    parser.add_argument("--grid", help="ELEMENTS_PER_PROGRAM:MAX_PROGRAMS of the Triton kernel to time too, comma-separated")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -61,6 +67,31 @@ def main() -> None:
             f" {rate['stats']:7.1f} GB/s ({rate['stats'] / rate['sum']:.2f}x)"
             f" {rate['both']:11.1f} GB/s ({rate['both'] / rate['sum']:.2f}x)"
         )
+        for grid in args.grid.split(",") if args.grid else ():
+            with _grid(x, *(int(part) for part in grid.split(":"))) as programs:
+                pace = x.numel() * x.element_size() / _seconds(statistics, args.repeat, stager, sync) / 1e9
+            print(f"{'':12s} {'':8s} grid {grid}: {programs} programs, statistics {pace:7.1f} GB/s ({pace / rate['sum']:.2f}x)")
+
+
+@contextlib.contextmanager
+def _grid(x: torch.Tensor, elements: int, programs: int) -> Iterator[int]:
+    """The Triton kernel launched with ``elements`` per program and at most ``programs`` per tensor
+    while the block runs (it yields the programs ``x`` gets); the kernel's own grid after."""
+    from torchdebug import stats_table
+
+    kernel = stats_table._kernel_for(x)
+    if kernel is None or stats_table._resolves_now(x):
+        raise SystemExit(
+            f"--grid: the statistics of a tensor on {x.device} do not take the Triton kernel here (CUDA with Triton)"
+        )
+    if programs & (programs - 1):
+        raise SystemExit(f"--grid: MAX_PROGRAMS must be a power of two, not {programs}")
+    saved = kernel.ELEMENTS_PER_PROGRAM, kernel.MAX_PROGRAMS
+    kernel.ELEMENTS_PER_PROGRAM, kernel.MAX_PROGRAMS = elements, programs
+    try:
+        yield kernel.programs_for(x.numel())
+    finally:
+        kernel.ELEMENTS_PER_PROGRAM, kernel.MAX_PROGRAMS = saved
 
 
 def _ignore(value: object) -> None:

@@ -23,7 +23,6 @@ screen, not a timing: ``bench/stats_pass.py --device cuda`` measures the pace. N
 from __future__ import annotations
 
 import argparse
-import inspect
 import re
 import subprocess
 import tempfile
@@ -40,13 +39,13 @@ BLOCKS_PER_SM = 32
 REGISTER_UNIT = 256
 """Registers are given to a warp in units of this many."""
 
-_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="1024:4,1024:8,2048:8", help="BLOCK:num_warps, comma-separated")
-    parser.add_argument("--dtype", default="float32", choices=[str(t).removeprefix("torch.") for t in _TYPES])
+    parser.add_argument("--dtype", default="float32", choices=_DTYPES)
     parser.add_argument("--elements", default="6291456,100663296", help="tensor sizes, comma-separated")
     args = parser.parse_args()
     import triton
@@ -77,26 +76,7 @@ def main() -> None:
 
 def _resources(triton, triton_stats, dtype: torch.dtype, block: int, warps: int, hashed: bool) -> tuple[int, int]:  # noqa: ANN001
     """Registers per thread and stack bytes of the kernel compiled for sm_90 with aligned tensors."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = triton_stats._stats_kernel
-    names = list(inspect.signature(kernel.fn).parameters)
-    constexprs = {
-        "WIDE": dtype == torch.float64,
-        "BLOCK": block,
-        "PROGRAMS": triton_stats.MAX_PROGRAMS,
-        "STATS": True,
-        "HASH": hashed,
-        "BITS": 8 * dtype.itemsize,
-    }
-    signature = {name: "constexpr" if name in constexprs else "i32" for name in names}
-    signature.update({f"x{slot}": f"*{_TYPES[dtype]}" for slot in range(triton_stats.SLOTS)})
-    signature.update({"table_ptr": "*fp64", "scratch_ptr": "*fp64", "counter_ptr": "*i32"})
-    signature.update({"fingerprint_ptr": "*i64", "scratch_fingerprint_ptr": "*i64"})
-    aligned = {(names.index(f"x{slot}"),): [["tt.divisibility", 16]] for slot in range(triton_stats.SLOTS)}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    compiled = triton_stats.compile_for(dtype, stats=True, hashed=hashed, block=block, warps=warps)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])

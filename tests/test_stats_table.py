@@ -581,17 +581,6 @@ def test_triton_kernel_fingerprints_equal_the_torch_op_fingerprints_in_the_inter
                 _assert_same_stats(result["stats"][case], _reference(tensor), f"{case}, {arm}")
 
 
-_TRITON_TYPES = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float64: "fp64",
-    torch.int8: "i8",
-    torch.int16: "i16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-}
-
 _KERNEL_VARIANTS = [(dtype, True, False) for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)]
 _KERNEL_VARIANTS += [(torch.float32, True, True), (torch.bfloat16, True, True), (torch.float64, True, True)]
 _KERNEL_VARIANTS += [(dtype, False, True) for dtype in (torch.int8, torch.int16, torch.int32, torch.int64)]
@@ -610,31 +599,9 @@ def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_com
     L1-bypassing loads), which the interpreter cannot show."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed (torch's CPU builds do not ship it)")
-    import inspect
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from torchdebug.native import triton_stats
 
-    kernel = triton_stats._stats_kernel
-    names = list(inspect.signature(kernel.fn).parameters)
-    constexprs = {
-        "WIDE": stats and dtype == torch.float64,
-        "BLOCK": triton_stats._BLOCK,
-        "PROGRAMS": triton_stats.MAX_PROGRAMS,
-        "STATS": stats,
-        "HASH": hashed,
-        "BITS": 8 * dtype.itemsize,
-    }
-    signature = {name: "constexpr" if name in constexprs else "i32" for name in names}
-    signature.update({f"x{slot}": f"*{_TRITON_TYPES[dtype]}" for slot in range(triton_stats.SLOTS)})
-    signature.update({"table_ptr": "*fp64", "scratch_ptr": "*fp64", "counter_ptr": "*i32"})
-    signature.update({"fingerprint_ptr": "*i64", "scratch_fingerprint_ptr": "*i64"})
-    aligned = {(names.index(f"x{slot}"),): [["tt.divisibility", 16]] for slot in range(triton_stats.SLOTS)}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ptx = triton_stats.compile_for(dtype, stats=stats, hashed=hashed).asm["ptx"]
     assert any(load in ptx for load in ("ld.global.v4.b32", "ld.global.v2.b64", "ld.global.v2.b32"))  # vectorised reads
     assert "atom.global.gpu.acq_rel.add" in ptx and "bar.sync" in ptx and "ld.global.cg" in ptx
     mix = str(0xBF58476D1CE4E5B9 - 2**64)  # splitmix64's first multiplier, as PTX writes an int64

@@ -38,7 +38,9 @@ on CPU tensors too, which is how the suite checks it on machines without a GPU.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+from typing import Any
 
 import torch
 import triton
@@ -286,6 +288,45 @@ def _stats_kernel(
                 partial = scratch_fingerprint_ptr + scratch_row + first + part
                 hashes = tl.load(partial, mask=present, other=0, cache_modifier=".cg").to(tl.uint64, bitcast=True)
                 tl.store(fingerprint_ptr + row + slot, _mix(tl.sum(hashes, 0)).to(tl.int64, bitcast=True))
+
+
+_POINTER_TYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float64: "fp64",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+"""Triton's names of the element types the kernel reads (statistics of :data:`DTYPES`, fingerprints of :data:`WORDS`)."""
+
+
+def compile_for(dtype: torch.dtype, *, stats: bool, hashed: bool, arch: int = 90, block: int = _BLOCK, warps: int = WARPS) -> Any:
+    """The kernel compiled ahead of time for a CUDA GPU of compute capability ``arch`` (no GPU
+    needed), as a launch on aligned tensors of ``dtype`` compiles it: the suite checks its PTX, and
+    ``bench/triton_occupancy.py`` its registers. Returns Triton's compiled kernel (``.asm`` holds
+    ``ptx`` and ``cubin``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(_stats_kernel.fn).parameters)
+    constexprs = {
+        "WIDE": stats and dtype == torch.float64,
+        "BLOCK": block,
+        "PROGRAMS": MAX_PROGRAMS,
+        "STATS": stats,
+        "HASH": hashed,
+        "BITS": 8 * dtype.itemsize,
+    }
+    signature = {name: "constexpr" if name in constexprs else "i32" for name in names}
+    signature.update({f"x{slot}": f"*{_POINTER_TYPES[dtype]}" for slot in range(SLOTS)})
+    signature.update({"table_ptr": "*fp64", "scratch_ptr": "*fp64", "counter_ptr": "*i32"})
+    signature.update({"fingerprint_ptr": "*i64", "scratch_fingerprint_ptr": "*i64"})
+    aligned = {(names.index(f"x{slot}"),): [["tt.divisibility", 16]] for slot in range(SLOTS)}
+    source = ASTSource(fn=_stats_kernel, signature=signature, constexprs=constexprs, attrs=aligned)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
 
 
 def programs_for(numel: int) -> int:

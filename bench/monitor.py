@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
+from bench._args import positive_int  # noqa: E402
 from bench.overhead import SIZES  # noqa: E402
 from examples.gpt import GPT, make_batch  # noqa: E402
 from torchdebug.monitor import StepSummary  # noqa: E402
@@ -51,8 +52,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per mode")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
-    parser.add_argument("--layers", type=int, help="blocks, instead of the size's (the watched slots grow with them)")
-    parser.add_argument("--width", type=int, help="d_model, instead of the size's (narrow: many small tensors)")
+    parser.add_argument("--layers", type=positive_int, help="blocks, instead of the size's (the watched slots grow with them)")
+    parser.add_argument("--width", type=positive_int, help="d_model, instead of the size's (narrow: many small tensors)")
     args = parser.parse_args()
     torchdebug.seed_all(1234)
     config = dataclasses.replace(SIZES[args.size], **_overrides(args))

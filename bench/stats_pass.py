@@ -30,23 +30,33 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._args import int_pairs, is_power_of_two, positive_int, positive_ints  # noqa: E402
 from torchdebug.stats_table import StatsStager  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--sizes", default="65536,1048576,16777216,134217728", help="elements, comma-separated")
+    parser.add_argument(
+        "--sizes", type=positive_ints, default="65536,1048576,16777216,134217728", help="elements, comma-separated"
+    )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
-    parser.add_argument("--repeat", type=int, default=10, help="passes timed per size and path")
-    parser.add_argument("--grid", help="ELEMENTS_PER_PROGRAM:MAX_PROGRAMS of the Triton kernel to time too, comma-separated")
+    parser.add_argument("--repeat", type=positive_int, default=10, help="passes timed per size and path")
+    parser.add_argument(
+        "--grid",
+        type=int_pairs,
+        default=[],
+        help="ELEMENTS_PER_PROGRAM:MAX_PROGRAMS of the Triton kernel to time too, comma-separated",
+    )
     args = parser.parse_args()
+    if not all(is_power_of_two(programs) for _, programs in args.grid):
+        parser.error("--grid: MAX_PROGRAMS must be a power of two")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {args.dtype} on {args.device} ({where}), best of 3 rounds of {args.repeat} passes")
     print(f"{'elements':>12s} {'MB':>8s} {'torch.sum':>10s} {'statistics':>18s} {'statistics+fingerprint':>24s}")
-    for size in (int(float(s)) for s in args.sizes.split(",")):
+    for size in args.sizes:
         x = torch.randn(size, device=device).to(dtype)
         stager = StatsStager()
 
@@ -67,9 +77,10 @@ def main() -> None:
             f" {rate['stats']:7.1f} GB/s ({rate['stats'] / rate['sum']:.2f}x)"
             f" {rate['both']:11.1f} GB/s ({rate['both'] / rate['sum']:.2f}x)"
         )
-        for grid in args.grid.split(",") if args.grid else ():
-            with _grid(x, *(int(part) for part in grid.split(":"))) as programs:
+        for elements, most in args.grid:
+            with _grid(x, elements, most) as programs:
                 pace = x.numel() * x.element_size() / _seconds(statistics, args.repeat, stager, sync) / 1e9
+            grid = f"{elements}:{most}"
             print(f"{'':12s} {'':8s} grid {grid}: {programs} programs, statistics {pace:7.1f} GB/s ({pace / rate['sum']:.2f}x)")
 
 
@@ -84,8 +95,6 @@ def _grid(x: torch.Tensor, elements: int, programs: int) -> Iterator[int]:
         raise SystemExit(
             f"--grid: the statistics of a tensor on {x.device} do not take the Triton kernel here (CUDA with Triton)"
         )
-    if programs & (programs - 1):
-        raise SystemExit(f"--grid: MAX_PROGRAMS must be a power of two, not {programs}")
     saved = kernel.ELEMENTS_PER_PROGRAM, kernel.MAX_PROGRAMS
     kernel.ELEMENTS_PER_PROGRAM, kernel.MAX_PROGRAMS = elements, programs
     try:

@@ -23,12 +23,17 @@ screen, not a timing: ``bench/stats_pass.py --device cuda`` measures the pace. N
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._args import int_pairs, is_power_of_two, positive_ints  # noqa: E402
 
 SMS = 132
 """Streaming multiprocessors of an H100 SXM."""
@@ -44,22 +49,28 @@ _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="1024:4,1024:8,2048:8", help="BLOCK:num_warps, comma-separated")
+    parser.add_argument("--variants", type=int_pairs, default="1024:4,1024:8,2048:8", help="BLOCK:num_warps, comma-separated")
     parser.add_argument("--dtype", default="float32", choices=_DTYPES)
-    parser.add_argument("--elements", default="6291456,100663296", help="tensor sizes, comma-separated")
+    parser.add_argument("--elements", type=positive_ints, default="6291456,100663296", help="tensor sizes, comma-separated")
     args = parser.parse_args()
+    if not all(is_power_of_two(block) and is_power_of_two(warps) for block, warps in args.variants):
+        parser.error("--variants: BLOCK and num_warps must be powers of two")
+    if importlib.util.find_spec("triton") is None:
+        parser.error("needs Triton (pip install triton); it compiles for sm_90 without a GPU")
     import triton
+
+    if not _cuobjdump(triton).is_file():
+        parser.error(f"needs the cuobjdump that Triton's NVIDIA backend ships, not found at {_cuobjdump(triton)}")
 
     from torchdebug.native import triton_stats
 
     dtype = getattr(torch, args.dtype)
     print(f"Triton {triton.__version__}, sm_90, {args.dtype}; as built: BLOCK {triton_stats._BLOCK}, {triton_stats.WARPS} warps")
-    sizes = [int(float(size)) for size in args.elements.split(",")]
+    sizes = args.elements
     columns = ("BLOCK", "warps", "registers", "stack B", "programs/SM", "warps/SM", "KB in flight/SM")
     columns += tuple(f"KB/SM at {size / 1e6:.1f} M" for size in sizes)
     print(f"{'pass':24s} " + " ".join(columns))
-    for variant in args.variants.split(","):
-        block, warps = (int(part) for part in variant.split(":"))
+    for block, warps in args.variants:
         for hashed in (False, True):
             registers, stack = _resources(triton, triton_stats, dtype, block, warps, hashed)
             per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
@@ -74,14 +85,18 @@ def main() -> None:
             print(f"{name:24s} " + " ".join(cells))
 
 
+def _cuobjdump(triton) -> Path:  # noqa: ANN001
+    """The ``cuobjdump`` shipped with Triton's NVIDIA backend."""
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
 def _resources(triton, triton_stats, dtype: torch.dtype, block: int, warps: int, hashed: bool) -> tuple[int, int]:  # noqa: ANN001
     """Registers per thread and stack bytes of the kernel compiled for sm_90 with aligned tensors."""
     compiled = triton_stats.compile_for(dtype, stats=True, hashed=hashed, block=block, warps=warps)
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        command = [str(cuobjdump), "--dump-resource-usage", cubin.name]
+        command = [str(_cuobjdump(triton)), "--dump-resource-usage", cubin.name]
         usage = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     registers, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK"))
     return registers, stack

@@ -1,10 +1,12 @@
 """How many statistics programs an H100 keeps in flight: the Triton kernel compiled for sm_90, no GPU needed.
 
     python bench/triton_occupancy.py [--variants 1024:4,1024:8,2048:8] [--dtype float32] [--elements 6291456,100663296]
+                                     [--directory]
 
 For each ``BLOCK:num_warps`` variant, the statistics kernel (:mod:`torchdebug.native.triton_stats`,
-statistics alone and with the fingerprint) is compiled for sm_90 as Triton would for an aligned
-tensor, and ``cuobjdump`` (shipped with Triton) reads the registers each thread uses. From them
+statistics alone and with the fingerprint; ``--directory``: the kernel that reads many tensors'
+addresses from a directory) is compiled for sm_90 as Triton would for an aligned tensor, and
+``cuobjdump`` (shipped with Triton) reads the registers each thread uses. From them
 come the programs an SM holds at once (an H100: 65,536 registers, 64 warps, 32 blocks an SM,
 registers given out 256 per warp) and the bytes of one loop turn's loads in flight per SM. A
 tensor's launch may hold fewer: it has one program per ``ELEMENTS_PER_PROGRAM`` elements, at most
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--variants", type=int_pairs, default="1024:4,1024:8,2048:8", help="BLOCK:num_warps, comma-separated")
     parser.add_argument("--dtype", default="float32", choices=_DTYPES)
     parser.add_argument("--elements", type=positive_ints, default="6291456,100663296", help="tensor sizes, comma-separated")
+    parser.add_argument("--directory", action="store_true", help="the directory kernel (launches of many tensors)")
     args = parser.parse_args()
     if not all(is_power_of_two(block) and is_power_of_two(warps) for block, warps in args.variants):
         parser.error("--variants: BLOCK and num_warps must be powers of two")
@@ -65,14 +68,16 @@ def main() -> None:
     from torchdebug.native import triton_stats
 
     dtype = getattr(torch, args.dtype)
-    print(f"Triton {triton.__version__}, sm_90, {args.dtype}; as built: BLOCK {triton_stats._BLOCK}, {triton_stats.WARPS} warps")
+    kernel = "directory kernel" if args.directory else "kernel"
+    built = f"BLOCK {triton_stats._BLOCK}, {triton_stats.WARPS} warps"
+    print(f"Triton {triton.__version__}, sm_90, {args.dtype}, the {kernel}; as built: {built}")
     sizes = args.elements
     columns = ("BLOCK", "warps", "registers", "stack B", "programs/SM", "warps/SM", "KB in flight/SM")
     columns += tuple(f"KB/SM at {size / 1e6:.1f} M" for size in sizes)
     print(f"{'pass':24s} " + " ".join(columns))
     for block, warps in args.variants:
         for hashed in (False, True):
-            registers, stack = _resources(triton, triton_stats, dtype, block, warps, hashed)
+            registers, stack = _resources(triton, triton_stats, dtype, block, warps, hashed, args.directory)
             per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
             programs = min(REGISTERS_PER_SM // (per_warp * warps), WARPS_PER_SM // warps, BLOCKS_PER_SM)
             in_flight = programs * block * dtype.itemsize / 1024  # one loop turn's loads of every resident program
@@ -90,9 +95,11 @@ def _cuobjdump(triton) -> Path:  # noqa: ANN001
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def _resources(triton, triton_stats, dtype: torch.dtype, block: int, warps: int, hashed: bool) -> tuple[int, int]:  # noqa: ANN001
+def _resources(  # noqa: ANN001
+    triton, triton_stats, dtype: torch.dtype, block: int, warps: int, hashed: bool, directory: bool
+) -> tuple[int, int]:
     """Registers per thread and stack bytes of the kernel compiled for sm_90 with aligned tensors."""
-    compiled = triton_stats.compile_for(dtype, stats=True, hashed=hashed, block=block, warps=warps)
+    compiled = triton_stats.compile_for(dtype, stats=True, hashed=hashed, directory=directory, block=block, warps=warps)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()

@@ -232,6 +232,7 @@ class _FakeKernel:
     rows with torch ops, as the kernel would."""
 
     SLOTS = 2
+    TENSORS_PER_LAUNCH = 3
     DTYPES = frozenset({torch.float32, torch.float64})
     WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -243,14 +244,40 @@ class _FakeKernel:
         return tensor.is_contiguous()
 
     @staticmethod
+    def aligned(tensor: torch.Tensor) -> bool:
+        return tensor.data_ptr() % 16 == 0
+
+    @staticmethod
+    def programs_for(numel: int) -> int:
+        return 3
+
+    @staticmethod
     def scratch_rows(tensors: list[torch.Tensor]) -> int:
         return 3 * len(tensors)
 
+    def directory_entries(self, tensors: list[torch.Tensor]) -> int:
+        return 3 * len(tensors) if len(tensors) > self.SLOTS else 0
+
     def launch(
-        self, tensors, table, row, scratch, scratch_row, counters, fingerprints=None, scratch_fingerprints=None, *, stats=True
+        self,
+        tensors,
+        table,
+        row,
+        scratch,
+        scratch_row,
+        counters,
+        fingerprints=None,
+        scratch_fingerprints=None,
+        *,
+        stats=True,
+        directory=None,
     ):  # noqa: ANN001
         hashed = fingerprints is not None
-        self.launches.append((tensors[0].dtype, len(tensors), row, scratch_row) + ((stats, hashed) if hashed else ()))
+        if directory is not None:  # the stager's slices of its directory, on the device and on the host
+            assert [len(part) for part in directory] == [3 * len(tensors)] * 2
+        self.launches.append(
+            (tensors[0].dtype, len(tensors), row, scratch_row, directory is not None) + ((stats, hashed) if hashed else ())
+        )
         for k, tensor in enumerate(tensors):
             if stats:
                 table[row + k].copy_(stats_table.device_sums(tensor))
@@ -266,7 +293,9 @@ def _fake_kernel(monkeypatch) -> _FakeKernel:  # noqa: ANN001
     return fake
 
 
-def test_an_ops_tensors_are_reduced_slots_of_one_dtype_per_launch(on_device, monkeypatch):
+def test_an_ops_tensors_are_reduced_together_by_dtype_and_alignment(on_device, monkeypatch):
+    """Tensors of one dtype share launches (more than SLOTS through a directory, at most
+    TENSORS_PER_LAUNCH), aligned ones apart from the others, whose loads cannot be vectorised."""
     fake = _fake_kernel(monkeypatch)
     tensors = [
         torch.full((4,), 1.0),
@@ -277,19 +306,45 @@ def test_an_ops_tensors_are_reduced_slots_of_one_dtype_per_launch(on_device, mon
         torch.full((4, 2), 5.0).t(),  # not dense for this kernel: torch ops
         torch.full((1,), 6.0),
         torch.full((2,), 7.0, dtype=torch.float64),
+        torch.full((9,), 8.0)[1:],  # 4 bytes past an aligned start
+        torch.full((4,), 9.0),
     ]
     got: dict[int, dict] = {}
     stager = StatsStager()
     stager.add_all([(tensor, lambda stats, k=k: got.__setitem__(k, stats)) for k, tensor in enumerate(tensors)])
     assert got == {}
     stager.flush()
-    assert [got[k]["mean"] for k in range(len(tensors))] == [1.0, 2.0, 3.0, 2.5, 4.0, 5.0, 6.0, 7.0]
-    # rows 0-1 went to the torch-op tensors; then float32 in pairs, then float64; scratch in order
+    assert [got[k]["mean"] for k in range(len(tensors))] == [1.0, 2.0, 3.0, 2.5, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    # rows 0-1 went to the torch-op tensors; then aligned float32, three through a directory and two
+    # as arguments, float64, the unaligned float32 tensor; scratch in order
     assert fake.launches == [
-        (torch.float32, 2, 2, 0),
-        (torch.float32, 2, 4, 6),
-        (torch.float64, 2, 6, 12),
+        (torch.float32, 3, 2, 0, True),
+        (torch.float32, 2, 5, 9, False),
+        (torch.float64, 2, 7, 15, False),
+        (torch.float32, 1, 9, 21, False),
     ]
+
+
+@pytest.mark.parametrize(
+    "limit,value,groups",
+    [
+        ("TABLE_ROWS", 1 << 16, [3, 3, 1]),  # at most TENSORS_PER_LAUNCH a launch
+        ("SCRATCH_ROWS", 7, [2, 2, 2, 1]),  # programs (3 a tensor here) that fit one table's scratch
+        ("DIRECTORY_ENTRIES", 10, [3, 3, 1]),  # a table whose directory is full is sent, another filled
+    ],
+)
+def test_many_tensors_go_in_launches_that_fit_a_table(on_device, monkeypatch, limit, value, groups):
+    fake = _fake_kernel(monkeypatch)
+    monkeypatch.setattr(stats_table, limit, value)
+    got: list[float] = []
+    stager = StatsStager()
+    stager.add_all([(torch.full((4,), float(k)), lambda stats: got.append(stats["mean"])) for k in range(7)])
+    stager.flush()
+    assert got == [float(k) for k in range(7)]
+    assert [launch[1] for launch in fake.launches] == groups
+    assert [launch[4] for launch in fake.launches] == [n > fake.SLOTS for n in groups]  # directories over SLOTS
+    if limit == "DIRECTORY_ENTRIES":  # 9 entries a launch of three: each one takes a fresh table
+        assert [launch[2] for launch in fake.launches] == [0, 0, 3]
 
 
 def test_fingerprints_share_the_statistics_launch_or_go_by_word_width(on_device, monkeypatch):
@@ -312,19 +367,18 @@ def test_fingerprints_share_the_statistics_launch_or_go_by_word_width(on_device,
     assert prints == {k: _reference_fingerprint(t) for k, t in enumerate(tensors)}
     assert [stats[k]["mean"] for k in range(4)] == [1.0, 2.5, 2.5, 0.5]
     assert fake.launches == [
-        (torch.float32, 2, 2, 0, True, True),  # rows 0-1: the int32 and bool statistics (torch ops)
-        (torch.int32, 1, 4, 6, False, True),
-        (torch.int8, 1, 5, 9, False, True),
+        (torch.float32, 2, 2, 0, False, True, True),  # rows 0-1: the int32 and bool statistics (torch ops)
+        (torch.int32, 1, 4, 6, False, False, True),
+        (torch.int8, 1, 5, 9, False, False, True),
     ]
     fake.launches.clear()
     prints.clear()
     stager.add_all([(t, None, lambda v, k=k: prints.__setitem__(k, v)) for k, t in enumerate(tensors)])
     stager.flush()
     assert prints == {k: _reference_fingerprint(t) for k, t in enumerate(tensors)}
-    assert fake.launches == [  # three tensors of 4-byte words (two SLOTS), then one of bytes
-        (torch.int32, 2, 0, 0, False, True),
-        (torch.int32, 1, 2, 6, False, True),
-        (torch.int8, 1, 3, 9, False, True),
+    assert fake.launches == [  # three tensors of 4-byte words (over SLOTS: a directory), then one of bytes
+        (torch.int32, 3, 0, 0, True, False, True),
+        (torch.int8, 1, 3, 9, False, False, True),
     ]
 
 
@@ -369,25 +423,28 @@ for case, tensor in _edge_cases().items():
         runs.append(got[0])
     results[case] = {{"kernel": used, "got": runs[0], "again": runs[1], "want": _reference(tensor)}}
 
-# every case in one call: the kernel's tensors go SLOTS of one dtype per launch, tensors that take
-# several programs beside ones that take one
+# every case in one call: the kernel's tensors of one dtype and alignment go together, more than
+# SLOTS through the directory; tensors that take several programs beside ones that take one
+kernel = stats_table._triton()
 launches = []
-launch = stats_table._triton().launch
-stats_table._triton().launch = lambda tensors, *rest, **kw: (launches.append(len(tensors)), launch(tensors, *rest, **kw))
+for name in ("_launch_slots", "_launch_directory"):
+    def counted(tensors, *rest, _name=name, _launch=getattr(kernel, name)):
+        launches.append([_name, len(tensors)])
+        _launch(tensors, *rest)
+    setattr(kernel, name, counted)
 cases = {{**_edge_cases(), "large, second": torch.randn(100_000) - 2, "small, third": torch.randn(33)}}
 together = {{case: [] for case in cases}}
 stager = stats_table.StatsStager()
 stager.add_all([(tensor, together[case].append) for case, tensor in cases.items()])
 stager.flush()
 results["together"] = {{case: {{"got": together[case][0], "want": _reference(tensor)}} for case, tensor in cases.items()}}
-per_dtype = collections.Counter()
+groups = collections.Counter()
 for tensor in cases.values():
     value = tensor.abs() if tensor.is_complex() else tensor
-    if value.numel() and stats_table._kernel_for(value) is not None and stats_table._triton().is_dense(value):
-        per_dtype[value.dtype] += 1
-slots = stats_table._triton().SLOTS
-expected = [slots] * sum(n // slots for n in per_dtype.values()) + [n % slots for n in per_dtype.values() if n % slots]
-results["launches"] = {{"made": sorted(launches), "expected": sorted(expected), "float32": per_dtype[torch.float32]}}
+    if value.numel() and stats_table._kernel_for(value) is not None and kernel.is_dense(value):
+        groups[value.dtype, kernel.aligned(value)] += 1
+expected = [["_launch_directory" if n > kernel.SLOTS else "_launch_slots", n] for n in groups.values()]
+results["launches"] = {{"made": sorted(launches), "expected": sorted(expected), "float32": groups[torch.float32, True]}}
 
 # programs of 1024 elements, at most 8 per tensor: every case takes several programs, and the last
 # program of a 20,000-element tensor starts past its end (8 shares of 3,072)
@@ -433,7 +490,7 @@ def test_triton_kernel_equals_the_reference_statistics_in_the_interpreter():
         _assert_same_stats(result["got"], result["want"], f"{case}, in one add_all")
     for case, result in small.items():
         _assert_same_stats(result["got"], result["want"], f"{case}, programs of 1024 elements")
-    # one launch per SLOTS tensors of a dtype (over ten float32 ones, so some launches are full)
+    # one launch per dtype and alignment (over ten aligned float32 tensors: the directory kernel)
     assert launches["float32"] > 8 and launches["made"] == launches["expected"], launches
 
 
@@ -448,9 +505,9 @@ if sys.argv[1] == "kernel":
     stats_table._resolves_now = lambda tensor: False
     kernel = stats_table._triton()
     launch = kernel.launch
-    def counted(tensors, *rest, stats=True):
+    def counted(tensors, *rest, stats=True, **options):
         launches.append(len(tensors) if len(rest) == 5 else [len(tensors), stats])  # [n, stats]: with fingerprints
-        launch(tensors, *rest, stats=stats)
+        launch(tensors, *rest, stats=stats, **options)
     kernel.launch = counted
 task = sys.argv[2]
 options = dict(task="statistics", checksum=True) if task == "statistics+checksum" else dict(task=task)
@@ -492,7 +549,7 @@ def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
     for name, want in cpu.items():
         _assert_same_stats(kernel[name], want, name)
     launches = runs["kernel"]["launches"]
-    assert max(launches) == 4  # a foreach optimizer op's list of six, in two launches
+    assert max(launches) == 6  # a foreach optimizer op's list of six, in one launch through the directory
     assert sum(count > 1 for count in launches) >= 5  # a linear's weight and bias, and the like
 
 
@@ -518,7 +575,7 @@ def test_a_captured_steps_fingerprints_through_the_triton_kernel_equal_the_torch
     assert len(reference) > 100 and all(reference.values())
     assert kernel == reference
     launches = [launch for launch in runs["kernel"]["launches"] if isinstance(launch, list)]
-    assert launches and max(n for n, _ in launches) == 4  # several tensors' fingerprints per launch
+    assert launches and max(n for n, _ in launches) == 6  # a foreach op's list's fingerprints in one launch
     assert any(stats for _, stats in launches) == (task == "statistics+checksum")  # one pass for both
     if task == "statistics+checksum":
         for name, want in runs["reference"]["stats"].items():
@@ -536,10 +593,10 @@ stats_table._resolves_now = lambda tensor: False
 kernel = stats_table._triton()
 launched = []
 launch = kernel.launch
-def counted(tensors, *rest, stats=True):
+def counted(tensors, *rest, stats=True, **options):
     if len(rest) == 7:  # with the fingerprint columns
         launched.append(len(tensors))
-    launch(tensors, *rest, stats=stats)
+    launch(tensors, *rest, stats=stats, **options)
 kernel.launch = counted
 cases = _fingerprint_cases()
 results = {{}}
@@ -587,6 +644,10 @@ _KERNEL_VARIANTS += [(torch.float32, True, True), (torch.bfloat16, True, True), 
 _KERNEL_VARIANTS += [(dtype, False, True) for dtype in (torch.int8, torch.int16, torch.int32, torch.int64)]
 
 
+_VECTOR_LOADS = ("ld.global.v4.b32", "ld.global.v2.b64", "ld.global.v2.b32")
+
+
+@pytest.mark.parametrize("directory", [False, True], ids=["arguments", "directory"])
 @pytest.mark.parametrize(
     "dtype,stats,hashed",
     _KERNEL_VARIANTS,
@@ -594,16 +655,19 @@ _KERNEL_VARIANTS += [(dtype, False, True) for dtype in (torch.int8, torch.int16,
         f"{dtype}{' statistics' if stats else ''}{' fingerprint' if hashed else ''}" for dtype, stats, hashed in _KERNEL_VARIANTS
     ],
 )
-def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_combine(dtype, stats, hashed):
-    """Compiled for sm_90 (no GPU needed): aligned tensors are read with 128-bit loads, and the
-    combine of partial rows keeps its memory ordering (acquire-release counter, block barriers,
-    L1-bypassing loads), which the interpreter cannot show."""
+def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_combine(dtype, stats, hashed, directory):
+    """Compiled for sm_90 (no GPU needed): aligned tensors are read with 128-bit loads (also when
+    their addresses come from the directory, where only the launch's word says they are aligned),
+    and the combine of partial rows keeps its memory ordering (acquire-release counter, block
+    barriers, L1-bypassing loads), which the interpreter cannot show."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed (torch's CPU builds do not ship it)")
     from torchdebug.native import triton_stats
 
-    ptx = triton_stats.compile_for(dtype, stats=stats, hashed=hashed).asm["ptx"]
-    assert any(load in ptx for load in ("ld.global.v4.b32", "ld.global.v2.b64", "ld.global.v2.b32"))  # vectorised reads
+    ptx = triton_stats.compile_for(dtype, stats=stats, hashed=hashed, directory=directory).asm["ptx"]
+    unaligned = triton_stats.compile_for(dtype, stats=stats, hashed=hashed, directory=directory, aligned=False).asm["ptx"]
+    vector_loads = [sum(text.count(load) for load in _VECTOR_LOADS) for text in (ptx, unaligned)]
+    assert vector_loads[0] > vector_loads[1], vector_loads  # the tensors' reads are vectorised, and only where aligned
     assert "atom.global.gpu.acq_rel.add" in ptx and "bar.sync" in ptx and "ld.global.cg" in ptx
     mix = str(0xBF58476D1CE4E5B9 - 2**64)  # splitmix64's first multiplier, as PTX writes an int64
     assert ("mul.lo.s64" in ptx and mix in ptx) == hashed  # only where the fingerprint is taken

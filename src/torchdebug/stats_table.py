@@ -25,8 +25,9 @@ fingerprint in the same pass) and delivered immediately: there is no device to w
 Memory is bounded: at most two tables per device (one filling while the other is in flight), each
 :data:`TABLE_ROWS` rows (``schema.WIDTH`` float64 columns and an int64 fingerprint, 0.5 MiB a
 column, as much pinned on the host) with :data:`SCRATCH_ROWS` rows of scratch as wide, for tensors
-reduced by several programs, and a counter per row (0.25 MiB): 8.25 MiB on the device with 7
-columns, 1 MiB more for each further one. A full table is sent and a new one filled; when both
+reduced by several programs, a counter per row (0.25 MiB) and a directory of :data:`DIRECTORY_ENTRIES`
+int64 (0.5 MiB, as much pinned) for launches of many tensors: with the schema's 8 columns, 9.75 MiB
+on the device and 5 MiB pinned on the host. A full table is sent and a new one filled; when both
 are taken the older one is delivered first (a synchronisation per ``TABLE_ROWS`` captured tensors
 at worst). :meth:`StatsStager.memory_bytes` reports the total.
 """
@@ -37,7 +38,7 @@ import functools
 import importlib.util
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,10 @@ TABLE_ROWS = 1 << 16
 
 SCRATCH_ROWS = 1 << 16
 """Partial rows of one table, for tensors that several kernel programs reduce together."""
+
+DIRECTORY_ENTRIES = 1 << 16
+"""Int64 entries of one table's directory: three per tensor of a launch of more than the kernel's
+``SLOTS`` (about 21,000 such tensors a table)."""
 
 _Sink = Callable[[Any], None]
 
@@ -111,6 +116,22 @@ def _words(tensor: torch.Tensor, words: dict[int, torch.dtype]) -> torch.Tensor:
     return x.contiguous().view(words[x.element_size()])
 
 
+def _launch_groups(kernel: Any, members: list[tuple]) -> Iterator[list[tuple]]:
+    """``members`` (tensor first) cut into launches of the Triton kernel: at most its
+    ``TENSORS_PER_LAUNCH`` tensors, whose programs fit one table's scratch."""
+    group: list[tuple] = []
+    programs = 0
+    for member in members:
+        need = kernel.programs_for(member[0].numel())
+        if group and (len(group) == kernel.TENSORS_PER_LAUNCH or programs + need > SCRATCH_ROWS):
+            yield group
+            group, programs = [], 0
+        group.append(member)
+        programs += need
+    if group:
+        yield group
+
+
 class _Table:
     """One device's rows, their scratch and pinned host copy, and who waits for each row."""
 
@@ -122,26 +143,43 @@ class _Table:
         self.fingerprints = torch.empty(TABLE_ROWS, dtype=torch.int64, device=device)
         """The fingerprint of each row's tensor, where asked: 64 bits, stored as int64."""
         self.scratch_fingerprints = torch.empty(SCRATCH_ROWS, dtype=torch.int64, device=device)
+        self.directory = torch.empty(DIRECTORY_ENTRIES, dtype=torch.int64, device=device)
+        """Addresses, element counts and first programs of the tensors that launches of more than
+        the kernel's ``SLOTS`` reduce, written on the host (:attr:`host_directory`) and copied here."""
         pinned = device.type == "cuda"
         on_cpu = device.type == "cpu"
         self.host = self.values if on_cpu else torch.empty_like(self.values, device="cpu", pin_memory=pinned)
         self.host_fingerprints = (
             self.fingerprints if on_cpu else torch.empty_like(self.fingerprints, device="cpu", pin_memory=pinned)
         )
+        self.host_directory = self.directory if on_cpu else torch.empty_like(self.directory, device="cpu", pin_memory=pinned)
         self.used = 0
         self.scratch_used = 0
+        self.directory_used = 0
         self.fingerprinted = False
         """Whether a row in use holds a fingerprint (else that column is not copied)."""
         self.sinks: list[tuple[int, int, bool, _Sink | None, _Sink | None]] = []
         """``(row, numel, integral, statistics sink, fingerprint sink)`` of each row in use."""
 
-    def fits(self, rows: int, scratch_rows: int) -> bool:
-        return self.used + rows <= TABLE_ROWS and self.scratch_used + scratch_rows <= SCRATCH_ROWS
+    def fits(self, rows: int, scratch_rows: int, entries: int) -> bool:
+        return (
+            self.used + rows <= TABLE_ROWS
+            and self.scratch_used + scratch_rows <= SCRATCH_ROWS
+            and self.directory_used + entries <= DIRECTORY_ENTRIES
+        )
+
+    def take_directory(self, entries: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The next ``entries`` of the directory, on the device and on the host (``None`` for none).
+        They stay untouched until the table is read back: the copy and the launch have run by then."""
+        if not entries:
+            return None
+        start, self.directory_used = self.directory_used, self.directory_used + entries
+        return self.directory[start : self.directory_used], self.host_directory[start : self.directory_used]
 
     def reset(self) -> None:
         if self.scratch_used:
             self.counters[: self.used].zero_()  # asynchronous: ordered before the next launches
-        self.used = self.scratch_used = 0
+        self.used = self.scratch_used = self.directory_used = 0
         self.fingerprinted = False
         self.sinks = []
 
@@ -156,8 +194,8 @@ class _Table:
     @property
     def nbytes(self) -> int:
         device = self.values.nbytes + self.scratch.nbytes + self.counters.nbytes
-        device += self.fingerprints.nbytes + self.scratch_fingerprints.nbytes
-        host = 0 if self.host is self.values else self.host.nbytes + self.host_fingerprints.nbytes
+        device += self.fingerprints.nbytes + self.scratch_fingerprints.nbytes + self.directory.nbytes
+        host = 0 if self.host is self.values else self.host.nbytes + self.host_fingerprints.nbytes + self.host_directory.nbytes
         return device + host
 
 
@@ -214,9 +252,11 @@ class StatsStager:
         """:meth:`add` for each ``(tensor, sink)``, or ``(tensor, sink, checksum_sink)`` to also take
         the tensor's fingerprint (either sink may be ``None``; ``checksum_sink`` gets an unsigned
         64-bit int; a meta tensor has none). The tensors the Triton kernel reads are reduced
-        :data:`~torchdebug.native.triton_stats.SLOTS` of one device and dtype per launch (pass an
-        op's inputs, or its outputs, together), statistics and fingerprint in the same pass."""
-        launches: dict[tuple[torch.device, torch.dtype, bool, bool], list[tuple[torch.Tensor, bool, Any, Any]]] = {}
+        together, up to :data:`~torchdebug.native.triton_stats.TENSORS_PER_LAUNCH` of one device
+        and dtype per launch (pass an op's inputs, or its outputs, or a step's gradients, together),
+        statistics and fingerprint in the same pass."""
+        # (device, dtype, statistics, fingerprint, aligned) -> the tensors one launch takes together
+        launches: dict[tuple[torch.device, torch.dtype, bool, bool, bool], list[tuple[torch.Tensor, bool, Any, Any]]] = {}
         for item in items:
             tensor, sink = item[0], item[1]
             checksum_sink = item[2] if len(item) > 2 else None
@@ -234,35 +274,37 @@ class StatsStager:
             kernel = _kernel_on(x)
             if kernel is not None and sink is not None and checksum_sink is not None and x.dtype in kernel.DTYPES:
                 x = x.contiguous()  # the fingerprint's positions are the kernel's memory positions
-                launches.setdefault((x.device, x.dtype, True, True), []).append((x, integral, sink, checksum_sink))
+                key = (x.device, x.dtype, True, True, kernel.aligned(x))
+                launches.setdefault(key, []).append((x, integral, sink, checksum_sink))
                 continue
             if sink is not None:
                 values = x.abs() if x.is_complex() else x  # statistics of the magnitudes
                 if kernel is not None and values.dtype in kernel.DTYPES and kernel.is_dense(values):
-                    launches.setdefault((x.device, values.dtype, True, False), []).append((values, integral, sink, None))
+                    key = (x.device, values.dtype, True, False, kernel.aligned(values))
+                    launches.setdefault(key, []).append((values, integral, sink, None))
                     sink = None
             if checksum_sink is not None and kernel is not None:
                 words = _words(x, kernel.WORDS)
-                launches.setdefault((x.device, words.dtype, False, True), []).append((words, integral, None, checksum_sink))
+                key = (x.device, words.dtype, False, True, kernel.aligned(words))
+                launches.setdefault(key, []).append((words, integral, None, checksum_sink))
                 checksum_sink = None
             if sink is None and checksum_sink is None:
                 continue
-            table = self._table(x.device, rows=1, scratch_rows=0)
+            table = self._table(x.device, rows=1, scratch_rows=0, entries=0)
             if sink is not None:
                 table.values[table.used].copy_(device_sums(x))
             if checksum_sink is not None:
                 table.fingerprints[table.used].copy_(fingerprint(x))  # torch ops: no Triton here
             table.add_row(x.numel(), integral, sink, checksum_sink)
-        for (device, _, stats, hashed), members in launches.items():
+        for (device, _, stats, hashed, _), members in launches.items():
             kernel = _triton()
-            for start in range(0, len(members), kernel.SLOTS):
-                group = members[start : start + kernel.SLOTS]
+            for group in _launch_groups(kernel, members):
                 tensors = [x for x, _, _, _ in group]
-                scratch_rows = kernel.scratch_rows(tensors)
-                table = self._table(device, rows=len(group), scratch_rows=scratch_rows)
+                scratch_rows, entries = kernel.scratch_rows(tensors), kernel.directory_entries(tensors)
+                table = self._table(device, rows=len(group), scratch_rows=scratch_rows, entries=entries)
                 rows = (table.values, table.used, table.scratch, table.scratch_used, table.counters)
                 fingerprints = (table.fingerprints, table.scratch_fingerprints) if hashed else ()
-                kernel.launch(tensors, *rows, *fingerprints, stats=stats)
+                kernel.launch(tensors, *rows, *fingerprints, stats=stats, directory=table.take_directory(entries))
                 table.scratch_used += scratch_rows
                 for x, integral, sink, checksum_sink in group:
                     table.add_row(x.numel(), integral, sink, checksum_sink)
@@ -290,11 +332,11 @@ class StatsStager:
         else:
             self._staged.append((vector, sink))
 
-    def _table(self, device: torch.device, rows: int, scratch_rows: int) -> _Table:
-        """The table of ``device`` being filled, with room for ``rows`` more rows and
-        ``scratch_rows`` more scratch rows."""
+    def _table(self, device: torch.device, rows: int, scratch_rows: int, entries: int) -> _Table:
+        """The table of ``device`` being filled, with room for ``rows`` more rows, ``scratch_rows``
+        more scratch rows and ``entries`` more directory entries."""
         table = self._filling.get(device)
-        if table is not None and table.fits(rows, scratch_rows):
+        if table is not None and table.fits(rows, scratch_rows, entries):
             return table
         if table is not None:  # full: send it and fill another
             self.send()

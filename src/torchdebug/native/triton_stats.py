@@ -6,9 +6,11 @@ the sums vector of :mod:`torchdebug.stats._schema` (:data:`COLUMNS`; NaNs left o
 and squares, as in ``stats.c``) and stores it, as float64, in ``table[row + k]``. Nothing is read back: the host
 copies the whole table once per flush (:mod:`torchdebug.stats_table`).
 
-One launch reduces up to :data:`SLOTS` tensors of one dtype (the new inputs or outputs of one op:
-a linear's weight and bias, the lists of a foreach optimizer op), each with up to
-:data:`MAX_PROGRAMS` programs: a launch costs the host more than a small tensor costs the GPU.
+One launch reduces several tensors of one dtype, each with up to :data:`MAX_PROGRAMS` programs: a
+launch costs the host more than a small tensor costs the GPU. Up to :data:`SLOTS` tensors (the new
+inputs or outputs of one op: a linear's weight and bias) are passed as arguments; more (a step's
+gradients or parameters, the lists of a foreach optimizer op) are listed in a directory on the
+device, and each program finds its tensor there.
 Each program loops over its share of the elements in blocks of BLOCK, read as rows of 16 bytes,
 each row reduced as soon as it is loaded into float32 sums (float64 for float64 tensors), one per
 row: a program holds few registers, so an SM keeps many programs' loads in flight (float32
@@ -70,8 +72,14 @@ WARPS = 4
 what it costs in registers and resident programs)."""
 
 SLOTS = 4
-"""Tensors one launch reduces at most (an op's new inputs or outputs of one dtype: a linear's weight
-and bias, a foreach op's lists)."""
+"""Tensors one launch passes as arguments at most (an op's new inputs or outputs of one dtype: a
+linear's weight and bias)."""
+
+TENSORS_PER_LAUNCH = 1024
+"""Tensors one launch reduces at most. More than :data:`SLOTS` (a step's gradients or parameters, a
+foreach op's lists) are listed in a directory on the device, which the launch fills from pinned
+host memory: one launch, and one small copy, instead of a launch per :data:`SLOTS` tensors (on the
+H100, a launch of one tensor cost the host 45.6 µs: ``bench/RESULTS.md``)."""
 
 DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
 """Dtypes the kernel takes statistics of; others go through torch ops (``stats_table``)."""
@@ -188,21 +196,14 @@ def _share_sums(
     )
 
 
-# Triton specialises integer arguments on their value (== 1, divisible by 16) and compiles a
-# variant per combination; sizes and row numbers change with every launch, so they are not.
-@triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "first1", "first2", "first3", "row", "scratch_row"])
-def _stats_kernel(
-    x0,
-    x1,
-    x2,
-    x3,
-    n0,
-    n1,
-    n2,
-    n3,
-    first1,
-    first2,
-    first3,
+@triton.jit
+def _reduce_tensor(
+    pid,
+    x_ptr,
+    numel,
+    first,
+    after,
+    slot,
     table_ptr,
     scratch_ptr,
     counter_ptr,
@@ -217,21 +218,9 @@ def _stats_kernel(
     HASH: tl.constexpr,
     BITS: tl.constexpr,
 ):
-    # Up to four tensors of one dtype: programs [first_k, first_k+1) reduce tensor k into table row
-    # ``row + k``; a slot left unused starts at the grid's end, so no program takes it.
-    pid = tl.program_id(0)
-    x_ptr = x0
-    numel = n0.to(tl.int64)
-    first = pid.to(tl.int64) * 0
-    after = first1.to(tl.int64)
-    slot = pid * 0
-    if pid >= first1:
-        x_ptr, numel, first, after, slot = x1, n1.to(tl.int64), first1.to(tl.int64), first2.to(tl.int64), slot + 1
-    if pid >= first2:
-        x_ptr, numel, first, after, slot = x2, n2.to(tl.int64), first2.to(tl.int64), first3.to(tl.int64), slot + 1
-    if pid >= first3:
-        x_ptr, numel, first, slot = x3, n3.to(tl.int64), first3.to(tl.int64), slot + 1
-        after = tl.num_programs(0).to(tl.int64)
+    """Program ``pid``'s share of the tensor at ``x_ptr`` (``numel`` elements, reduced by programs
+    ``[first, after)``) into table row ``row + slot``: written there directly by a lone program, else
+    as a partial row in scratch, which the tensor's last program to finish combines."""
     programs = after - first
     share = tl.cdiv(tl.cdiv(numel, programs), BLOCK) * BLOCK
     start = (pid - first) * share
@@ -290,6 +279,102 @@ def _stats_kernel(
                 tl.store(fingerprint_ptr + row + slot, _mix(tl.sum(hashes, 0)).to(tl.int64, bitcast=True))
 
 
+# Triton specialises integer arguments on their value (== 1, divisible by 16) and compiles a
+# variant per combination; sizes and row numbers change with every launch, so they are not.
+@triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "first1", "first2", "first3", "row", "scratch_row"])
+def _stats_kernel(
+    x0,
+    x1,
+    x2,
+    x3,
+    n0,
+    n1,
+    n2,
+    n3,
+    first1,
+    first2,
+    first3,
+    table_ptr,
+    scratch_ptr,
+    counter_ptr,
+    fingerprint_ptr,
+    scratch_fingerprint_ptr,
+    row,
+    scratch_row,
+    WIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    STATS: tl.constexpr,
+    HASH: tl.constexpr,
+    BITS: tl.constexpr,
+):
+    # Up to four tensors of one dtype, passed as arguments: programs [first_k, first_k+1) reduce
+    # tensor k into table row ``row + k``; a slot left unused starts at the grid's end, so no program
+    # takes it.
+    pid = tl.program_id(0)
+    x_ptr = x0
+    numel = n0.to(tl.int64)
+    first = pid.to(tl.int64) * 0
+    after = first1.to(tl.int64)
+    slot = pid * 0
+    if pid >= first1:
+        x_ptr, numel, first, after, slot = x1, n1.to(tl.int64), first1.to(tl.int64), first2.to(tl.int64), slot + 1
+    if pid >= first2:
+        x_ptr, numel, first, after, slot = x2, n2.to(tl.int64), first2.to(tl.int64), first3.to(tl.int64), slot + 1
+    if pid >= first3:
+        x_ptr, numel, first, slot = x3, n3.to(tl.int64), first3.to(tl.int64), slot + 1
+        after = tl.num_programs(0).to(tl.int64)
+    _reduce_tensor(
+        pid, x_ptr, numel, first, after, slot, table_ptr, scratch_ptr, counter_ptr, fingerprint_ptr,
+        scratch_fingerprint_ptr, row, scratch_row, WIDE, BLOCK, PROGRAMS, STATS, HASH, BITS,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["count", "row", "scratch_row"])
+def _directory_kernel(
+    directory,
+    count,
+    template,
+    table_ptr,
+    scratch_ptr,
+    counter_ptr,
+    fingerprint_ptr,
+    scratch_fingerprint_ptr,
+    row,
+    scratch_row,
+    WIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+    STATS: tl.constexpr,
+    HASH: tl.constexpr,
+    BITS: tl.constexpr,
+    TENSORS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    # Up to TENSORS tensors of one dtype, listed in ``directory`` (int64 on the device: ``count``
+    # addresses, then their element counts, then the first program of each): each program finds its
+    # tensor among the first programs in one vector load, then reduces its share as _stats_kernel
+    # does. ``template``: any tensor of the dtype, whose pointer type the addresses take. ALIGNED:
+    # every address is a multiple of 16 bytes, which lets the loads be vectorised (Triton knows it
+    # of a pointer argument, not of an address read from memory).
+    pid = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, TENSORS)
+    grid = tl.num_programs(0).to(tl.int64)
+    firsts = tl.load(directory + 2 * count + k, mask=k < count, other=grid)
+    started = firsts <= pid
+    slot = tl.sum(started.to(tl.int32), 0) - 1
+    first = tl.max(tl.where(started, firsts, 0), 0)
+    after = tl.min(tl.where(started, grid, firsts), 0)
+    x_ptr = tl.load(directory + slot).to(template.dtype)
+    if ALIGNED:
+        x_ptr = tl.multiple_of(x_ptr, 16)
+    numel = tl.load(directory + count + slot)
+    _reduce_tensor(
+        pid, x_ptr, numel, first, after, slot, table_ptr, scratch_ptr, counter_ptr, fingerprint_ptr,
+        scratch_fingerprint_ptr, row, scratch_row, WIDE, BLOCK, PROGRAMS, STATS, HASH, BITS,
+    )  # fmt: skip
+
+
 _POINTER_TYPES = {
     torch.float32: "fp32",
     torch.float16: "fp16",
@@ -303,15 +388,27 @@ _POINTER_TYPES = {
 """Triton's names of the element types the kernel reads (statistics of :data:`DTYPES`, fingerprints of :data:`WORDS`)."""
 
 
-def compile_for(dtype: torch.dtype, *, stats: bool, hashed: bool, arch: int = 90, block: int = _BLOCK, warps: int = WARPS) -> Any:
+def compile_for(
+    dtype: torch.dtype,
+    *,
+    stats: bool,
+    hashed: bool,
+    directory: bool = False,
+    aligned: bool = True,
+    arch: int = 90,
+    block: int = _BLOCK,
+    warps: int = WARPS,
+) -> Any:
     """The kernel compiled ahead of time for a CUDA GPU of compute capability ``arch`` (no GPU
-    needed), as a launch on aligned tensors of ``dtype`` compiles it: the suite checks its PTX, and
+    needed), as a launch on tensors of ``dtype`` compiles it (``directory``: the kernel that reads
+    the tensors' addresses from a directory; ``aligned``: every tensor :func:`aligned`): the suite checks its PTX, and
     ``bench/triton_occupancy.py`` its registers. Returns Triton's compiled kernel (``.asm`` holds
     ``ptx`` and ``cubin``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    names = list(inspect.signature(_stats_kernel.fn).parameters)
+    kernel = _directory_kernel if directory else _stats_kernel
+    names = list(inspect.signature(kernel.fn).parameters)
     constexprs = {
         "WIDE": stats and dtype == torch.float64,
         "BLOCK": block,
@@ -319,13 +416,16 @@ def compile_for(dtype: torch.dtype, *, stats: bool, hashed: bool, arch: int = 90
         "STATS": stats,
         "HASH": hashed,
         "BITS": 8 * dtype.itemsize,
+        **({"TENSORS": TENSORS_PER_LAUNCH, "ALIGNED": aligned} if directory else {}),
     }
     signature = {name: "constexpr" if name in constexprs else "i32" for name in names}
-    signature.update({f"x{slot}": f"*{_POINTER_TYPES[dtype]}" for slot in range(SLOTS)})
-    signature.update({"table_ptr": "*fp64", "scratch_ptr": "*fp64", "counter_ptr": "*i32"})
+    pointers = ["template"] if directory else [f"x{slot}" for slot in range(SLOTS)]
+    signature.update({name: f"*{_POINTER_TYPES[dtype]}" for name in pointers})
+    signature.update({"table_ptr": "*fp64", "scratch_ptr": "*fp64", "counter_ptr": "*i32", "directory": "*i64"})
     signature.update({"fingerprint_ptr": "*i64", "scratch_fingerprint_ptr": "*i64"})
-    aligned = {(names.index(f"x{slot}"),): [["tt.divisibility", 16]] for slot in range(SLOTS)}
-    source = ASTSource(fn=_stats_kernel, signature=signature, constexprs=constexprs, attrs=aligned)
+    signature = {name: signature[name] for name in names}  # the directory's entry only where it is a parameter
+    divisible = {(names.index(name),): [["tt.divisibility", 16]] for name in pointers} if aligned else {}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=divisible)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
 
 
@@ -365,19 +465,66 @@ def launch(
     scratch_fingerprints: torch.Tensor | None = None,
     *,
     stats: bool = True,
+    directory: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Reduce up to :data:`SLOTS` non-empty tensors of one dtype into ``table[row : row +
-    len(tensors)]`` with one launch, using ``scratch[scratch_row : scratch_row +
-    scratch_rows(tensors)]`` and ``counters[row + k]`` (zero before the call) for a tensor that takes
-    several programs. Asynchronous.
+    """Reduce up to :data:`TENSORS_PER_LAUNCH` non-empty tensors of one dtype into ``table[row : row +
+    len(tensors)]``, using ``scratch[scratch_row : scratch_row + scratch_rows(tensors)]`` and
+    ``counters[row + k]`` (zero before the call) for a tensor that takes several programs.
+    Asynchronous.
 
     ``stats``: take the statistics (each tensor :func:`is_dense`, its dtype in :data:`DTYPES`).
     ``fingerprints`` (int64, with ``scratch_fingerprints`` beside ``scratch``): also store each
     tensor's fingerprint in ``fingerprints[row + k]``, in the same pass; each tensor must then be
-    contiguous, and without ``stats`` of an integer dtype of :data:`WORDS`."""
+    contiguous, and without ``stats`` of an integer dtype of :data:`WORDS`.
+
+    Up to :data:`SLOTS` tensors take one launch. More take one launch through ``directory``:
+    ``(entries, host)``, int64 vectors of :func:`directory_entries` elements on the tensors' device
+    and on the host (pinned, or the same memory), which must stay untouched until the launch has run
+    (the stager reuses them once it has read the table back); without one, they go :data:`SLOTS` a
+    launch. Its loads are vectorised where every tensor is :func:`aligned` (pass those together)."""
+    if len(tensors) > SLOTS and directory is not None:
+        _launch_directory(
+            tensors, table, row, scratch, scratch_row, counters, fingerprints, scratch_fingerprints, stats, directory
+        )
+        return
+    for start in range(0, len(tensors), SLOTS):
+        group = tensors[start : start + SLOTS]
+        _launch_slots(group, table, row + start, scratch, scratch_row, counters, fingerprints, scratch_fingerprints, stats)
+        scratch_row += scratch_rows(group)
+
+
+def aligned(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's memory starts on a 16-byte boundary, which vectorised loads need."""
+    return tensor.data_ptr() % 16 == 0
+
+
+def directory_entries(tensors: list[torch.Tensor]) -> int:
+    """Directory entries (int64) one :func:`launch` of ``tensors`` needs: an address, an element
+    count and a first program per tensor, where there are more than :data:`SLOTS`."""
+    return 3 * len(tensors) if len(tensors) > SLOTS else 0
+
+
+def _firsts(tensors: list[torch.Tensor]) -> list[int]:
+    """The first program of each tensor, and the grid (programs in all) last."""
     firsts = [0]
     for tensor in tensors:
         firsts.append(firsts[-1] + programs_for(tensor.numel()))
+    return firsts
+
+
+def _launch_slots(
+    tensors: list[torch.Tensor],
+    table: torch.Tensor,
+    row: int,
+    scratch: torch.Tensor,
+    scratch_row: int,
+    counters: torch.Tensor,
+    fingerprints: torch.Tensor | None,
+    scratch_fingerprints: torch.Tensor | None,
+    stats: bool,
+) -> None:
+    """Up to :data:`SLOTS` tensors passed as the kernel's arguments."""
+    firsts = _firsts(tensors)
     grid = firsts[-1]
     slots = tensors + [tensors[0]] * (SLOTS - len(tensors))  # unused slots: any pointer, no programs
     numels = [tensor.numel() for tensor in tensors] + [0] * (SLOTS - len(tensors))
@@ -400,6 +547,53 @@ def launch(
         STATS=stats,
         HASH=hashed,
         BITS=8 * tensors[0].element_size(),
+        num_warps=WARPS,
+    )
+
+
+def _launch_directory(
+    tensors: list[torch.Tensor],
+    table: torch.Tensor,
+    row: int,
+    scratch: torch.Tensor,
+    scratch_row: int,
+    counters: torch.Tensor,
+    fingerprints: torch.Tensor | None,
+    scratch_fingerprints: torch.Tensor | None,
+    stats: bool,
+    directory: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """Up to :data:`TENSORS_PER_LAUNCH` aligned tensors listed in a directory: written on the host,
+    copied to the device without waiting (ordered before the launch on the same stream)."""
+    entries, host = directory
+    count = len(tensors)
+    firsts = _firsts(tensors)
+    listing = host.numpy()  # no torch op: a tensor built from host data would be one per launch
+    listing[:count] = [tensor.data_ptr() for tensor in tensors]
+    listing[count : 2 * count] = [tensor.numel() for tensor in tensors]
+    listing[2 * count : 3 * count] = firsts[:-1]
+    if entries.data_ptr() != host.data_ptr():
+        entries.copy_(host, non_blocking=host.is_pinned())
+    hashed = fingerprints is not None
+    _directory_kernel[(firsts[-1],)](
+        entries,
+        count,
+        tensors[0],
+        table,
+        scratch,
+        counters,
+        fingerprints if hashed else counters,  # unused without HASH: any pointer
+        scratch_fingerprints if hashed else counters,
+        row,
+        scratch_row,
+        WIDE=stats and tensors[0].dtype == torch.float64,
+        BLOCK=_BLOCK,
+        PROGRAMS=MAX_PROGRAMS,
+        STATS=stats,
+        HASH=hashed,
+        BITS=8 * tensors[0].element_size(),
+        TENSORS=TENSORS_PER_LAUNCH,
+        ALIGNED=all(aligned(tensor) for tensor in tensors),
         num_warps=WARPS,
     )
 

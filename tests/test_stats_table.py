@@ -316,12 +316,12 @@ def test_an_ops_tensors_are_reduced_together_by_dtype_and_alignment(on_device, m
     stager.flush()
     assert [got[k]["mean"] for k in range(len(tensors))] == [1.0, 2.0, 3.0, 2.5, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
     # rows 0-1 went to the torch-op tensors; then aligned float32, three through a directory and two
-    # as arguments, float64, the unaligned float32 tensor; scratch in order
+    # as arguments, float64, the unaligned float32 tensor; one stream: each launch reuses the scratch
     assert fake.launches == [
         (torch.float32, 3, 2, 0, True),
-        (torch.float32, 2, 5, 9, False),
-        (torch.float64, 2, 7, 15, False),
-        (torch.float32, 1, 9, 21, False),
+        (torch.float32, 2, 5, 0, False),
+        (torch.float64, 2, 7, 0, False),
+        (torch.float32, 1, 9, 0, False),
     ]
 
 
@@ -329,7 +329,7 @@ def test_an_ops_tensors_are_reduced_together_by_dtype_and_alignment(on_device, m
     "limit,value,groups",
     [
         ("TABLE_ROWS", 1 << 16, [3, 3, 1]),  # at most TENSORS_PER_LAUNCH a launch
-        ("SCRATCH_ROWS", 7, [2, 2, 2, 1]),  # programs (3 a tensor here) that fit one table's scratch
+        ("SCRATCH_ROWS", 7, [2, 2, 2, 1]),  # programs (3 a tensor here) that fit the scratch
         ("DIRECTORY_ENTRIES", 10, [3, 3, 1]),  # a table whose directory is full is sent, another filled
     ],
 )
@@ -345,6 +345,35 @@ def test_many_tensors_go_in_launches_that_fit_a_table(on_device, monkeypatch, li
     assert [launch[4] for launch in fake.launches] == [n > fake.SLOTS for n in groups]  # directories over SLOTS
     if limit == "DIRECTORY_ENTRIES":  # 9 entries a launch of three: each one takes a fresh table
         assert [launch[2] for launch in fake.launches] == [0, 0, 3]
+
+
+def test_launches_on_one_stream_reuse_the_scratch_and_others_take_rows_after_it(on_device, monkeypatch):
+    """A launch starts after the one before it on its stream, so while every launch since the table
+    was read back ran on one stream each starts at scratch row 0; one on another stream may run
+    beside them, so it takes rows after every row in use, and so does every launch until the
+    read-back, when the scratch is free again. A full scratch sends the table and fills another."""
+    fake = _fake_kernel(monkeypatch)  # three scratch rows a tensor
+    monkeypatch.setattr(stats_table, "SCRATCH_ROWS", 20)
+    stream = ["A"]
+    monkeypatch.setattr(stats_table, "_current_stream", lambda device: stream[0])
+    stager = StatsStager()
+    got: list[float] = []
+
+    def launch_on(name: str, tensors: int) -> None:
+        stream[0] = name
+        stager.add_all([(torch.full((2,), 1.0), lambda stats: got.append(stats["mean"])) for _ in range(tensors)])
+
+    for name, tensors in [("A", 2), ("A", 3), ("A", 1), ("B", 2), ("A", 1), ("A", 2)]:
+        launch_on(name, tensors)
+    stager.flush()
+    launch_on("B", 2)
+    stager.flush()
+    scratch = [(launch[1], launch[3]) for launch in fake.launches]
+    # A's launches at 0 (the furthest reaching row 9); B after them; then A after B; A's last does
+    # not fit (21 > 20), so it goes to a fresh table, at 0; after the read-back, B at 0
+    assert scratch == [(2, 0), (3, 0), (1, 0), (2, 9), (1, 15), (2, 0), (2, 0)]
+    assert [launch[2] for launch in fake.launches] == [0, 2, 5, 6, 8, 0, 0]  # table rows
+    assert got == [1.0] * 13
 
 
 def test_fingerprints_share_the_statistics_launch_or_go_by_word_width(on_device, monkeypatch):
@@ -368,8 +397,8 @@ def test_fingerprints_share_the_statistics_launch_or_go_by_word_width(on_device,
     assert [stats[k]["mean"] for k in range(4)] == [1.0, 2.5, 2.5, 0.5]
     assert fake.launches == [
         (torch.float32, 2, 2, 0, False, True, True),  # rows 0-1: the int32 and bool statistics (torch ops)
-        (torch.int32, 1, 4, 6, False, False, True),
-        (torch.int8, 1, 5, 9, False, False, True),
+        (torch.int32, 1, 4, 0, False, False, True),
+        (torch.int8, 1, 5, 0, False, False, True),
     ]
     fake.launches.clear()
     prints.clear()
@@ -378,7 +407,7 @@ def test_fingerprints_share_the_statistics_launch_or_go_by_word_width(on_device,
     assert prints == {k: _reference_fingerprint(t) for k, t in enumerate(tensors)}
     assert fake.launches == [  # three tensors of 4-byte words (over SLOTS: a directory), then one of bytes
         (torch.int32, 3, 0, 0, True, False, True),
-        (torch.int8, 1, 3, 9, False, False, True),
+        (torch.int8, 1, 3, 0, False, False, True),
     ]
 
 
@@ -452,9 +481,13 @@ stats_table._triton().ELEMENTS_PER_PROGRAM, stats_table._triton().MAX_PROGRAMS =
 cases["past the end"] = torch.randn(20_000)
 small = {{case: [] for case in cases}}
 stager = stats_table.StatsStager()
-stager.add_all([(tensor, small[case].append) for case, tensor in cases.items()])
-stager.flush()
-results["small programs"] = {{case: {{"got": small[case][0], "want": _reference(tensor)}} for case, tensor in cases.items()}}
+# twice in the same table, every row one further on the second time: the kernel set the counters back to zero
+for shift in ([], [(torch.randn(7), lambda stats: None)]):
+    stager.add_all(shift + [(tensor, small[case].append) for case, tensor in cases.items()])
+    stager.flush()
+results["small programs"] = {{
+    case: {{"got": small[case][0], "again": small[case][1], "want": _reference(tensor)}} for case, tensor in cases.items()
+}}
 print(json.dumps(results))
 """
 
@@ -490,6 +523,7 @@ def test_triton_kernel_equals_the_reference_statistics_in_the_interpreter():
         _assert_same_stats(result["got"], result["want"], f"{case}, in one add_all")
     for case, result in small.items():
         _assert_same_stats(result["got"], result["want"], f"{case}, programs of 1024 elements")
+        assert json.dumps(result["got"]) == json.dumps(result["again"]), case  # the tables reused
     # one launch per dtype and alignment (over ten aligned float32 tensors: the directory kernel)
     assert launches["float32"] > 8 and launches["made"] == launches["expected"], launches
 
@@ -790,6 +824,22 @@ def test_cuda_fingerprints_equal_the_cpu_reference_the_same_bits_every_run(with_
         if with_stats and tensor.numel() < 1_000_000:
             _assert_same_stats(stats[case], _reference(tensor), case)
     assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.gpu
+def test_cuda_rows_written_on_another_stream_are_read_back_once_written():
+    """The op capture reduces an op's outputs on the op's stream (an FSDP all-gather's, say); the
+    table's copy, on the current stream, waits for that stream's work, and the host does not."""
+    x = torch.randn(1 << 24, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    stager = StatsStager()
+    got: list[dict] = []
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # tens of milliseconds of GPU time ahead of the launch
+        stager.add(x, got.append)
+    stager.flush()
+    _assert_same_stats(got[0], _reference(x.cpu()), "written on a side stream")
 
 
 @pytest.mark.gpu

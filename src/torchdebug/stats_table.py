@@ -15,7 +15,8 @@ with the device at every op. :class:`StatsStager` never reads per tensor:
 - ``stage(result, sink)`` keeps any other small device result (a compiled graph's statistics
   vector) for the same transfer;
 - ``send()`` starts the transfer: one non-blocking copy of the used rows into pinned host memory
-  per device, plus the staged results, then records an event; ``deliver()`` hands rows to their
+  per device (after the work of any other stream that wrote rows, on the device), plus the staged
+  results, then records an event; ``deliver()`` hands rows to their
   sinks once that event has completed (``block=True`` waits for it: the one synchronisation of a
   step). ``flush()`` is both.
 
@@ -25,7 +26,8 @@ fingerprint in the same pass) and delivered immediately: there is no device to w
 Memory is bounded: at most two tables per device (one filling while the other is in flight), each
 :data:`TABLE_ROWS` rows (``schema.WIDTH`` float64 columns and an int64 fingerprint, 0.5 MiB a
 column, as much pinned on the host) with :data:`SCRATCH_ROWS` rows of scratch as wide, for tensors
-reduced by several programs, a counter per row (0.25 MiB) and a directory of :data:`DIRECTORY_ENTRIES`
+reduced by several programs (bounding one launch's programs: a launch on the same stream as every
+one before it reuses the scratch from its start), a counter per row (0.25 MiB) and a directory of :data:`DIRECTORY_ENTRIES`
 int64 (0.5 MiB, as much pinned) for launches of many tensors: with the schema's 8 columns, 9.75 MiB
 on the device and 5 MiB pinned on the host. A full table is sent and a new one filled; when both
 are taken the older one is delivered first (a synchronisation per ``TABLE_ROWS`` captured tensors
@@ -56,7 +58,9 @@ TABLE_ROWS = 1 << 16
 """Rows of one table (one per captured tensor)."""
 
 SCRATCH_ROWS = 1 << 16
-"""Partial rows of one table, for tensors that several kernel programs reduce together."""
+"""Partial rows of one table, for tensors that several kernel programs reduce together: a row per
+program of a launch. A launch on the stream of every launch before it reuses them from the start
+(those launches have finished when it starts), so this bounds one launch's programs, not a step's."""
 
 DIRECTORY_ENTRIES = 1 << 16
 """Int64 entries of one table's directory: three per tensor of a launch of more than the kernel's
@@ -116,6 +120,21 @@ def _words(tensor: torch.Tensor, words: dict[int, torch.dtype]) -> torch.Tensor:
     return x.contiguous().view(words[x.element_size()])
 
 
+def _current_stream(device: torch.device) -> Any:
+    """The stream that work on ``device`` is queued on now (``None`` off CUDA: no streams there)."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
+def _after_writers(streams: list[Any], device: torch.device) -> None:
+    """Make the current stream of ``device`` wait, without the host waiting, for the work queued so
+    far on ``streams`` (those that wrote a table's rows: the op capture reduces an op's outputs on
+    the op's own stream, an FSDP all-gather's, say), so that the table's copy reads them finished."""
+    current = _current_stream(device)
+    for stream in streams:
+        if stream is not None and stream != current:
+            current.wait_stream(stream)
+
+
 def _launch_groups(kernel: Any, members: list[tuple]) -> Iterator[list[tuple]]:
     """``members`` (tensor first) cut into launches of the Triton kernel: at most its
     ``TENSORS_PER_LAUNCH`` tensors, whose programs fit one table's scratch."""
@@ -155,18 +174,40 @@ class _Table:
         self.host_directory = self.directory if on_cpu else torch.empty_like(self.directory, device="cpu", pin_memory=pinned)
         self.used = 0
         self.scratch_used = 0
+        """Scratch rows that a launch still running may be using: the end of the furthest one taken."""
         self.directory_used = 0
+        self.streams: list[Any] = []
+        """The streams that wrote rows since the table was last read back (``None`` off CUDA)."""
         self.fingerprinted = False
         """Whether a row in use holds a fingerprint (else that column is not copied)."""
         self.sinks: list[tuple[int, int, bool, _Sink | None, _Sink | None]] = []
         """``(row, numel, integral, statistics sink, fingerprint sink)`` of each row in use."""
 
-    def fits(self, rows: int, scratch_rows: int, entries: int) -> bool:
+    def fits(self, rows: int, scratch_rows: int, entries: int, stream: Any) -> bool:
         return (
             self.used + rows <= TABLE_ROWS
-            and self.scratch_used + scratch_rows <= SCRATCH_ROWS
+            and self._scratch_start(stream) + scratch_rows <= SCRATCH_ROWS
             and self.directory_used + entries <= DIRECTORY_ENTRIES
         )
+
+    def _scratch_start(self, stream: Any) -> int:
+        """Where a launch on ``stream`` may start in the scratch: at the start while every launch
+        since the read-back ran on that stream (a launch starts once the one before it on its
+        stream has finished, so their partial rows are free), else after every row that one still
+        running may use."""
+        return 0 if all(other == stream for other in self.streams) else self.scratch_used
+
+    def take_scratch(self, rows: int, stream: Any) -> int:
+        """The first of ``rows`` scratch rows for a launch on ``stream`` (see :meth:`fits`)."""
+        start = self._scratch_start(stream)
+        self.scratch_used = max(self.scratch_used, start + rows)
+        self.written_on(stream)
+        return start
+
+    def written_on(self, stream: Any) -> None:
+        """Note that work on ``stream`` writes rows of this table (the read-back waits for it)."""
+        if stream not in self.streams:
+            self.streams.append(stream)
 
     def take_directory(self, entries: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The next ``entries`` of the directory, on the device and on the host (``None`` for none).
@@ -177,9 +218,9 @@ class _Table:
         return self.directory[start : self.directory_used], self.host_directory[start : self.directory_used]
 
     def reset(self) -> None:
-        if self.scratch_used:
-            self.counters[: self.used].zero_()  # asynchronous: ordered before the next launches
+        """Empty the table once it has been read back (the kernel leaves its counters at zero)."""
         self.used = self.scratch_used = self.directory_used = 0
+        self.streams = []
         self.fingerprinted = False
         self.sinks = []
 
@@ -290,7 +331,8 @@ class StatsStager:
                 checksum_sink = None
             if sink is None and checksum_sink is None:
                 continue
-            table = self._table(x.device, rows=1, scratch_rows=0, entries=0)
+            table = self._table(x.device, rows=1, scratch_rows=0, entries=0, stream=None)
+            table.written_on(_current_stream(x.device))
             if sink is not None:
                 table.values[table.used].copy_(device_sums(x))
             if checksum_sink is not None:
@@ -301,11 +343,11 @@ class StatsStager:
             for group in _launch_groups(kernel, members):
                 tensors = [x for x, _, _, _ in group]
                 scratch_rows, entries = kernel.scratch_rows(tensors), kernel.directory_entries(tensors)
-                table = self._table(device, rows=len(group), scratch_rows=scratch_rows, entries=entries)
-                rows = (table.values, table.used, table.scratch, table.scratch_used, table.counters)
+                stream = _current_stream(device)
+                table = self._table(device, rows=len(group), scratch_rows=scratch_rows, entries=entries, stream=stream)
+                rows = (table.values, table.used, table.scratch, table.take_scratch(scratch_rows, stream), table.counters)
                 fingerprints = (table.fingerprints, table.scratch_fingerprints) if hashed else ()
                 kernel.launch(tensors, *rows, *fingerprints, stats=stats, directory=table.take_directory(entries))
-                table.scratch_used += scratch_rows
                 for x, integral, sink, checksum_sink in group:
                     table.add_row(x.numel(), integral, sink, checksum_sink)
 
@@ -332,11 +374,11 @@ class StatsStager:
         else:
             self._staged.append((vector, sink))
 
-    def _table(self, device: torch.device, rows: int, scratch_rows: int, entries: int) -> _Table:
+    def _table(self, device: torch.device, rows: int, scratch_rows: int, entries: int, stream: Any) -> _Table:
         """The table of ``device`` being filled, with room for ``rows`` more rows, ``scratch_rows``
-        more scratch rows and ``entries`` more directory entries."""
+        more scratch rows for a launch on ``stream`` and ``entries`` more directory entries."""
         table = self._filling.get(device)
-        if table is not None and table.fits(rows, scratch_rows, entries):
+        if table is not None and table.fits(rows, scratch_rows, entries, stream):
             return table
         if table is not None:  # full: send it and fill another
             self.send()
@@ -361,6 +403,7 @@ class StatsStager:
         for device, table in self._filling.items():
             if table.used:
                 if table.host is not table.values:
+                    _after_writers(table.streams, device)
                     pinned = table.host.is_pinned()
                     table.host[: table.used].copy_(table.values[: table.used], non_blocking=pinned)
                     if table.fingerprinted:

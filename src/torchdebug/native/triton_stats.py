@@ -23,7 +23,8 @@ thread's registers are those of the kernel's widest path, the rare one included.
 A tensor reduced by a single program gets its row written directly; with several, each writes its
 partial row to ``scratch`` and the last one to finish (an acquire-release counter per table row)
 combines the partials in program order, so the result does not depend on scheduling: the same
-tensor gives the same bits every run.
+tensor gives the same bits every run. That program then sets the counter back to zero, so a table
+is ready for reuse without the host zeroing it on some stream.
 
 The same pass takes the tensor's fingerprint (:mod:`torchdebug.checksum`) when asked: each element's
 bits, widened to 64 bits, plus its position times the golden-ratio constant, through splitmix64's
@@ -277,6 +278,7 @@ def _reduce_tensor(
                 partial = scratch_fingerprint_ptr + scratch_row + first + part
                 hashes = tl.load(partial, mask=present, other=0, cache_modifier=".cg").to(tl.uint64, bitcast=True)
                 tl.store(fingerprint_ptr + row + slot, _mix(tl.sum(hashes, 0)).to(tl.int64, bitcast=True))
+            tl.store(counter_ptr + row + slot, 0)  # zero again for the table's next use: no program reads it now
 
 
 # Triton specialises integer arguments on their value (== 1, divisible by 16) and compiles a
@@ -469,7 +471,8 @@ def launch(
 ) -> None:
     """Reduce up to :data:`TENSORS_PER_LAUNCH` non-empty tensors of one dtype into ``table[row : row +
     len(tensors)]``, using ``scratch[scratch_row : scratch_row + scratch_rows(tensors)]`` and
-    ``counters[row + k]`` (zero before the call) for a tensor that takes several programs.
+    ``counters[row + k]`` (zero before the call, and again after it) for a tensor that takes several
+    programs.
     Asynchronous.
 
     ``stats``: take the statistics (each tensor :func:`is_dense`, its dtype in :data:`DTYPES`).

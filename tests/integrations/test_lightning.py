@@ -1,5 +1,7 @@
 """The Lightning callback: a Lightning run dumps what an equivalent plain loop dumps."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -179,3 +181,19 @@ def test_the_monitor_catches_a_nan_and_replays_its_step(tmp_path):
     assert len([r for r in replayed if r.op == "aten.log.default" and r.io == "output"]) == 2  # both micro-batches
     assert all(torch.isfinite(p).all() for p in model.parameters())  # on_anomaly="skip": the NaN step was not taken
     assert _hooks_in_place() == before
+
+
+def test_the_monitor_counts_the_overflows_a_16_mixed_run_skips(tmp_path):
+    """Precision "16-mixed" runs a GradScaler, which skips the steps whose gradients overflow: the
+    monitor finds it and counts them instead of firing. (fp16 autocast on the CPU; a first scale
+    of 2**127 overflows float32's gradients until it has come down, as fp16's do.)"""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)
+    callback = TorchDebugCallback(monitor={"window": 4})
+    torch.manual_seed(0)
+    _trainer(tmp_path, callback, max_steps=6, plugins=[MixedPrecision("16-mixed", "cpu", scaler)]).fit(
+        LitNet(), torch.utils.data.DataLoader(_batches(6), batch_size=None)
+    )
+    assert callback.events == []
+    assert callback._monitor.monitor.overflows == round(math.log2(2.0**127 / scaler.get_scale())) >= 1  # its halvings

@@ -156,3 +156,66 @@ def test_the_monitor_catches_a_loss_spike_and_replays_its_step(tmp_path):
     replayed = torchdebug.load(event.replay.dump).ranks[0].records()
     assert {r.step for r in replayed} == {20}
     assert len([r for r in replayed if r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]) == 2
+
+
+class _InfiniteGradient(torch.autograd.Function):
+    """The identity, whose gradient is infinite."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("inf")
+
+
+class _OverflowingNet(RegressionNet):
+    """Its gradients overflow in one optimizer step (from the Trainer's state); its loss does not."""
+
+    def __init__(self, state_of: list, step: int) -> None:
+        super().__init__()
+        self.state_of, self.overflow_step = state_of, step
+
+    def forward(self, x, labels):
+        hidden = self.fc1(x)
+        if self.state_of and self.state_of[0].global_step == self.overflow_step:
+            hidden = _InfiniteGradient.apply(hidden)
+        return {"loss": F.mse_loss(self.fc2(torch.relu(hidden)), labels)}
+
+
+def _train_overflowing(tmp_path, **options):
+    """Six steps of a model whose gradients overflow at step 3; the callback."""
+    state_of: list = []
+
+    class Remember(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            state_of.append(state)
+
+    torch.manual_seed(0)
+    model = _OverflowingNet(state_of, 3)
+    callback = TorchDebugCallback(monitor={"replay": "off"})
+    transformers.Trainer(
+        model=model,
+        args=_args(tmp_path, max_steps=6, **options),
+        train_dataset=_rows(24),
+        callbacks=[Remember(), callback],
+        optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+    ).train()
+    return callback
+
+
+def test_overflowing_gradients_fire_where_no_loss_scaler_skips_them(tmp_path):
+    """fp16 on the CPU runs no GradScaler (accelerate's optimizer holds none): nothing skips the step,
+    so its infinite gradients fire."""
+    callback = _train_overflowing(tmp_path, fp16=True)
+    (event,) = callback.events
+    assert (event.step, event.reason, event.slot) == (3, "nonfinite", "backward/fc1/module#0/parameter_grad.weight")
+
+
+@pytest.mark.gpu
+def test_a_loss_scalers_overflow_is_counted_not_fired_on_cuda(tmp_path):
+    """fp16 on CUDA: accelerate's optimizer steps through a GradScaler, which skips the step whose
+    gradients overflow; the monitor counts it and does not fire."""
+    callback = _train_overflowing(tmp_path, fp16=True, use_cpu=False)
+    assert callback.events == [] and callback._monitor.monitor.overflows == 1

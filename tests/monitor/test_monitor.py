@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -315,3 +316,69 @@ def test_the_device_table_path_fills_the_ring_as_the_cpu_kernel_does_and_catches
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
     where = (4, "forward/layers.1.mlp.out/module#0/output.0")
     assert (direct_event.step, direct_event.slot) == (table_event.step, table_event.slot) == where
+
+
+# -- fp16 mixed precision: a loss scaler's overflows -------------------------------------------------------
+_FIRST_SCALE = 2.0**127
+"""A GradScaler's first scale that makes the small GPT's scaled gradients overflow float32 until it
+has come down, as fp16's do at the default scale."""
+
+
+def _scaled_training(monitors, steps: int, watch: dict | None = None, closure_mode: bool = False, loss_factor: float = 1.0):  # noqa: ANN001
+    """``steps`` steps of the small GPT under a GradScaler (``loss_factor``: the loss itself scaled),
+    watched by a monitor of the options ``watch`` (``None``: none; ``scaler=True`` hands it the
+    scaler). Returns the model, the scaler and the monitor."""
+    model, optimizer = _gpt()
+    scaler = torch.amp.GradScaler("cpu", init_scale=_FIRST_SCALE)
+    monitor = None
+    if watch is not None:
+        monitor = monitors(model, optimizer, **{**watch, "scaler": scaler if watch.get("scaler") else None})
+    for step in range(steps):
+        batch = make_batch(CONFIG, batch=2, seed=step)
+
+        def closure(batch: tuple = batch) -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = model(*batch) * loss_factor
+            scaler.scale(loss).backward()
+            return loss
+
+        if monitor is not None and closure_mode:
+            monitor.step(closure)
+            continue
+        loss = closure()
+        scaler.step(optimizer)
+        scaler.update()
+        if monitor is not None:
+            monitor.step(loss=loss)
+    if monitor is not None:
+        monitor.close()
+    return model, scaler, monitor
+
+
+@pytest.mark.parametrize("closure_mode", [False, True], ids=["the loop's scaler.step", "closure"])
+def test_a_loss_scalers_overflows_are_counted_not_fired(monitors, tmp_path: Path, closure_mode: bool) -> None:
+    """The scaler skips the steps whose gradients overflow and halves its scale each time: routine,
+    not an anomaly. With a closure the monitor unscales and steps through the scaler, and the run
+    trains exactly as the plain loop does."""
+    plain, plain_scaler, _ = _scaled_training(monitors, steps=24)
+    skipped = round(math.log2(_FIRST_SCALE / plain_scaler.get_scale()))
+    assert 1 <= skipped < 16  # some overflow, then the scale is low enough
+    if not closure_mode:  # without scaler=, the first overflow fires
+        _, _, blind = _scaled_training(monitors, steps=4, watch={"dump_path": tmp_path / "blind", "replay": "off"})
+        assert blind.events[0].step == 0 and "parameter_grad" in blind.events[0].slot
+    watch = {"scaler": True, "dump_path": tmp_path}
+    model, scaler, monitor = _scaled_training(monitors, steps=24, watch=watch, closure_mode=closure_mode)
+    assert monitor.events == [] and monitor.overflows == skipped
+    assert scaler.get_scale() == plain_scaler.get_scale()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), plain.state_dict().values()))
+
+
+def test_overflows_in_a_row_beyond_scaler_overflows_fire(monitors, tmp_path: Path) -> None:
+    """A loss so large that its gradients overflow at any scale the scaler reaches: the fourth
+    overflow in a row fires, naming the first gradient."""
+    watch = {"scaler": True, "dump_path": tmp_path, "scaler_overflows": 4, "replay": "off", "max_events": 5}
+    _, _, monitor = _scaled_training(monitors, steps=6, watch=watch, loss_factor=1e30)
+    assert [event.step for event in monitor.events] == [3, 4, 5]
+    event = monitor.events[0]
+    assert event.reason == "nonfinite" and "parameter_grad" in event.slot
+    assert "overflowed in 4 steps in a row" in event.message and monitor.overflows == 6

@@ -54,6 +54,15 @@ class MonitorConfig(Options):
             type="integer",
         ),
     )
+    scaler_overflows: int = field(
+        default=16,
+        metadata=option(
+            "With a loss scaler (fp16): steps in a row whose gradients overflow, each skipped by the scaler, before that "
+            "fires as non-finite (16 halvings take the default scale of 65536 to 1).",
+            number(1, integer=True),
+            type="integer",
+        ),
+    )
     on_anomaly: str = field(
         default="continue",
         metadata=option(

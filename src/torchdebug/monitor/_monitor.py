@@ -13,6 +13,12 @@
 
 or, keeping the loop as it is, ``monitor.step(loss=loss)`` after ``optimizer.step()`` (no replay then).
 
+**fp16 mixed precision.** Pass the ``GradScaler`` (``Monitor(..., scaler=scaler)``): gradients that
+overflow, which the scaler skips, are its routine and do not fire (``scaler_overflows`` in a row
+do). With a closure, which then calls ``scaler.scale(loss).backward()``, the monitor unscales the
+gradients before it watches them and steps through the scaler; without, the loop's own
+``scaler.step(optimizer)`` and ``scaler.update()`` come before ``monitor.step(loss=loss)``.
+
 **Cost.** Each watched tensor is reduced once, in one pass, into the step's device table
 (:class:`~torchdebug.stats_table.StatsStager`); the table reaches the host in one non-blocking copy
 per step. Without a closure the host reads it a step late (CUDA) and never waits for the device;
@@ -114,8 +120,11 @@ class Monitor:
             one, gradients are watched when :meth:`step` is called.
         dump_path: folder for the dumps a trigger writes (default ``./monitor``).
         config: a :class:`MonitorConfig` or a dict; keyword ``options`` override it (``window``,
-            ``loss_spike``, ``grad_norm_spike``, ``history``, ``on_anomaly``, ``replay``, ``max_events``).
+            ``loss_spike``, ``grad_norm_spike``, ``history``, ``scaler_overflows``, ``on_anomaly``,
+            ``replay``, ``max_events``).
         predicate: ``predicate(StepSummary) -> reason or None``, a trigger of the user's own.
+        scaler: the ``torch.amp.GradScaler`` of fp16 mixed precision (or ``True`` for a loss scaler
+            the monitor cannot reach, such as a trainer's): see the module docstring.
     """
 
     def __init__(
@@ -126,6 +135,7 @@ class Monitor:
         *,
         config: MonitorConfig | dict[str, Any] | None = None,
         predicate: Callable[[StepSummary], str | None] | None = None,
+        scaler: Any = None,
         **options: Any,
     ) -> None:
         if isinstance(config, dict):
@@ -138,10 +148,12 @@ class Monitor:
         check_writable(self.dump_root)  # fail before training, not at the first trigger
         self.run_name = broadcast_from_rank0(new_run_name()) if dist_initialized() else new_run_name()
         self.model, self.optimizer = model, optimizer
+        self.scaler = scaler if scaler is not True else None
+        """The loss scaler that :meth:`step` with a closure unscales and steps through."""
         self.ring = Ring(self.config.window)
         self.stager = StatsStager(finish=False)
         self.watcher = Watcher(model, optimizer, self.ring, self.stager)
-        self.triggers = Triggers(self.config, self.ring, predicate)
+        self.triggers = Triggers(self.config, self.ring, predicate, scaled=scaler is not None and scaler is not False)
         self.events: list[MonitorEvent] = []
         self.anomalies = 0
         """Steps that fired, including those beyond ``max_events``."""
@@ -171,10 +183,18 @@ class Monitor:
             return None
         self.begin_step()
         result = closure()
+        scaled = self.scaler is not None and self.optimizer is not None
+        if scaled:
+            self.scaler.unscale_(self.optimizer)  # the gradients are watched as they are, and stepped on
         step_loss = loss if loss is not None else (result if isinstance(result, torch.Tensor) else None)
         event = self.before_update(step_loss, replay=closure)
         if (event is None or self.config.on_anomaly != "skip") and self.optimizer is not None:
-            self.optimizer.step()
+            if scaled:
+                self.scaler.step(self.optimizer)
+            else:
+                self.optimizer.step()
+        if scaled:
+            self.scaler.update()  # also after a skipped step: unscale_ recorded what it found
         self.end_step()
         return result
 
@@ -251,6 +271,11 @@ class Monitor:
             self._closed = True
             self.watcher.stop()
             self.stager.flush()
+
+    @property
+    def overflows(self) -> int:
+        """Steps whose gradients overflowed under the loss scaler (``scaler=``), which it skipped."""
+        return self.triggers.overflows
 
     def memory_bytes(self) -> int:
         """Host memory of the window plus the device tables the statistics pass through."""

@@ -13,6 +13,11 @@ shows:
 - **gradient-norm spike**: the same for the total gradient norm (the square root of the sum of every
   watched gradient's squared norm; with sharded parameters, of this rank's shards); the slot named is
   the first gradient whose norm stands out.
+
+Under a loss scaler (fp16 mixed precision), NaN/Inf that first show in the gradients are the
+scaler's overflow: it skips that update and lowers its scale, as it is meant to. Such a step is
+counted (:attr:`Triggers.overflows`), not fired, until ``scaler_overflows`` steps in a row have
+overflowed: the scale has then fallen so far that scaling cannot be the cause.
 """
 
 from __future__ import annotations
@@ -76,8 +81,20 @@ def robust_z(value: float, history: np.ndarray) -> float:
 class Triggers:
     """Judges finished steps of a ring (see the module docstring)."""
 
-    def __init__(self, config: MonitorConfig, ring: Ring, predicate: Callable[[StepSummary], str | None] | None = None) -> None:
-        self.config, self.ring, self.predicate = config, ring, predicate
+    def __init__(
+        self,
+        config: MonitorConfig,
+        ring: Ring,
+        predicate: Callable[[StepSummary], str | None] | None = None,
+        scaled: bool = False,
+    ) -> None:
+        """``scaled``: the gradients pass through a loss scaler that skips the updates they overflow."""
+        self.config, self.ring, self.predicate, self.scaled = config, ring, predicate, scaled
+        self.overflows = 0
+        """Steps whose gradients overflowed under the loss scaler (not fired while fewer than
+        ``scaler_overflows`` in a row)."""
+        self._last_overflow = (-2, 0)
+        """The last step that overflowed, and how many in a row ended there."""
         self._loss_index: int | None = None
         self._slots_of: dict[tuple[str, int], list[int]] = {}
         """``_indices`` by io and slot count (slots only grow)."""
@@ -103,7 +120,23 @@ class Triggers:
         row = self.ring.row(step)
         if row is None:
             return None
-        return self._nonfinite(step, row) or self._loss_spike(step, row) or self._grad_spike(step) or self._predicate(step)
+        trigger = self._nonfinite(step, row)
+        if trigger is not None and self.scaled and self.ring.slots[trigger.slot].io == "parameter_grad":
+            trigger = self._overflowed(trigger)
+        return trigger or self._loss_spike(step, row) or self._grad_spike(step) or self._predicate(step)
+
+    def _overflowed(self, trigger: Trigger) -> Trigger | None:
+        """A step whose NaN/Inf first show in the gradients, under a loss scaler: its overflow, which
+        fires from the ``scaler_overflows``-th in a row (a step judged again, after its update, counts once)."""
+        last, run = self._last_overflow
+        if trigger.step != last:
+            self.overflows += 1
+            run = run + 1 if trigger.step == last + 1 else 1
+            self._last_overflow = (trigger.step, run)
+        if run < self.config.scaler_overflows:
+            return None
+        message = f"{trigger.message}; the gradients overflowed in {run} steps in a row, each skipped by the loss scaler"
+        return Trigger("nonfinite", trigger.step, trigger.slot, message)
 
     # -- the triggers --------------------------------------------------------------------------
     def _nonfinite(self, step: int, row: np.ndarray) -> Trigger | None:

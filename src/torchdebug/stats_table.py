@@ -15,10 +15,10 @@ with the device at every op. :class:`StatsStager` never reads per tensor:
 - ``stage(result, sink)`` keeps any other small device result (a compiled graph's statistics
   vector) for the same transfer;
 - ``send()`` starts the transfer: one non-blocking copy of the used rows into pinned host memory
-  per device (after the work of any other stream that wrote rows, on the device), plus the staged
-  results, then records an event; ``deliver()`` hands rows to their
-  sinks once that event has completed (``block=True`` waits for it: the one synchronisation of a
-  step). ``flush()`` is both.
+  per device (ordered, on the device, after the work of any other stream that wrote rows), plus
+  the staged results, then records an event; ``deliver()`` hands rows to their sinks once that
+  event has completed (``block=True`` waits for it: the one synchronisation of a step).
+  ``flush()`` is both.
 
 CPU tensors are reduced at once (the native kernel, :mod:`torchdebug.native.fused_stats`, the
 fingerprint in the same pass) and delivered immediately: there is no device to wait for.
@@ -27,9 +27,9 @@ Memory is bounded: at most two tables per device (one filling while the other is
 :data:`TABLE_ROWS` rows (``schema.WIDTH`` float64 columns and an int64 fingerprint, 0.5 MiB a
 column, as much pinned on the host) with :data:`SCRATCH_ROWS` rows of scratch as wide, for tensors
 reduced by several programs (bounding one launch's programs: a launch on the same stream as every
-one before it reuses the scratch from its start), a counter per row (0.25 MiB) and a directory of :data:`DIRECTORY_ENTRIES`
-int64 (0.5 MiB, as much pinned) for launches of many tensors: with the schema's 8 columns, 9.75 MiB
-on the device and 5 MiB pinned on the host. A full table is sent and a new one filled; when both
+one before it reuses the scratch from its start), a counter per row (0.25 MiB) and a directory of
+:data:`DIRECTORY_ENTRIES` int64 (0.5 MiB, as much pinned) for launches of many tensors: with the
+schema's 8 columns, 9.75 MiB on the device and 5 MiB pinned on the host. A full table is sent and a new one filled; when both
 are taken the older one is delivered first (a synchronisation per ``TABLE_ROWS`` captured tensors
 at worst). :meth:`StatsStager.memory_bytes` reports the total.
 """
@@ -331,8 +331,9 @@ class StatsStager:
                 checksum_sink = None
             if sink is None and checksum_sink is None:
                 continue
-            table = self._table(x.device, rows=1, scratch_rows=0, entries=0, stream=None)
-            table.written_on(_current_stream(x.device))
+            stream = _current_stream(x.device)
+            table = self._table(x.device, rows=1, scratch_rows=0, entries=0, stream=stream)
+            table.written_on(stream)
             if sink is not None:
                 table.values[table.used].copy_(device_sums(x))
             if checksum_sink is not None:

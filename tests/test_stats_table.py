@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchdebug
+from tests.triton_interpreter import interpreter_env, interpreter_skip
 from torchdebug import stats_table
 from torchdebug.checksum import fingerprint
 from torchdebug.stats import tensor_stats
@@ -412,24 +412,6 @@ def test_fingerprints_share_the_statistics_launch_or_go_by_word_width(on_device,
 
 
 # -- the Triton kernel, run by Triton's interpreter on the CPU ------------------------------------------
-def _triton_interpreter_skip() -> str | None:
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed (torch's CPU builds do not ship it)"
-    from importlib.metadata import version
-
-    major, minor = (int(part) for part in version("triton").split(".")[:2])
-    if (major, minor) < (3, 8):
-        return "Triton's interpreter before 3.8 cannot run loops with runtime bounds under NumPy 2"
-    return None
-
-
-def _interpreter_env(**extra: str) -> dict[str, str]:
-    """The environment of a subprocess that runs the Triton kernel in Triton's interpreter (this
-    checkout's sources first on the path, whatever else the path held)."""
-    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, **extra}
-
-
 _TRITON_SCRIPT = """
 import collections, json, sys
 import torch
@@ -493,12 +475,12 @@ print(json.dumps(results))
 
 
 def test_triton_kernel_equals_the_reference_statistics_in_the_interpreter():
-    reason = _triton_interpreter_skip()
+    reason = interpreter_skip()
     if reason:
         pytest.skip(reason)
     script = _TRITON_SCRIPT.format(tests=str(ROOT / "tests"))
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=_interpreter_env(), timeout=600
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=interpreter_env(), timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
@@ -564,7 +546,7 @@ print(json.dumps({{"stats": stats, "checksums": checksums, "launches": launches}
 def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
     """The whole path (session, table, launches of several tensors, delivery to the right records)
     in Triton's interpreter, against the native CPU statistics of the same step."""
-    reason = _triton_interpreter_skip()
+    reason = interpreter_skip()
     if reason:
         pytest.skip(reason)
     runs = {}
@@ -573,7 +555,7 @@ def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
             [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm, "statistics"],
             capture_output=True,
             text=True,
-            env=_interpreter_env(),
+            env=interpreter_env(),
             timeout=600,
         )
         assert done.returncode == 0, done.stderr[-3000:]
@@ -591,11 +573,11 @@ def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
 def test_a_captured_steps_fingerprints_through_the_triton_kernel_equal_the_torch_op_fingerprints(task):
     """Every record's checksum from the Triton kernel (interpreter) equals the torch-op fingerprint
     (TORCHDEBUG_NATIVE=0) of the same step, record by record; with statistics, in the same launches."""
-    reason = _triton_interpreter_skip()
+    reason = interpreter_skip()
     if reason:
         pytest.skip(reason)
     runs = {}
-    for arm, env in (("reference", _interpreter_env(TORCHDEBUG_NATIVE="0")), ("kernel", _interpreter_env())):
+    for arm, env in (("reference", interpreter_env(TORCHDEBUG_NATIVE="0")), ("kernel", interpreter_env())):
         done = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm, task],
             capture_output=True,
@@ -655,12 +637,12 @@ print(json.dumps(results))
 def test_triton_kernel_fingerprints_equal_the_torch_op_fingerprints_in_the_interpreter():
     """Every dtype and layout, with the statistics and alone, one program per tensor and several
     (the partial sums combined by the last program), all in the same launches."""
-    reason = _triton_interpreter_skip()
+    reason = interpreter_skip()
     if reason:
         pytest.skip(reason)
     script = _FINGERPRINT_SCRIPT.format(tests=str(ROOT / "tests"))
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=_interpreter_env(), timeout=600
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=interpreter_env(), timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)

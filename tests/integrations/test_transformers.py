@@ -131,13 +131,20 @@ class _SpikingNet(RegressionNet):
         return out
 
 
-def test_the_monitor_catches_a_loss_spike_and_replays_its_step(tmp_path):
+def _remember_state():
+    """A list that holds the Trainer's state once training begins (models read the step from it),
+    and the callback that puts it there."""
     state_of: list = []
 
     class Remember(transformers.TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             state_of.append(state)
 
+    return state_of, Remember()
+
+
+def test_the_monitor_catches_a_loss_spike_and_replays_its_step(tmp_path):
+    state_of, remember = _remember_state()
     torch.manual_seed(0)
     model = _SpikingNet(state_of, 20)
     callback = TorchDebugCallback(monitor={"history": 8})
@@ -145,7 +152,7 @@ def test_the_monitor_catches_a_loss_spike_and_replays_its_step(tmp_path):
         model=model,
         args=_args(tmp_path, max_steps=24, gradient_accumulation_steps=2, max_grad_norm=0.0),
         train_dataset=_rows(48),
-        callbacks=[Remember(), callback],
+        callbacks=[remember, callback],
         optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
     )
     trainer.train()
@@ -186,12 +193,7 @@ class _OverflowingNet(RegressionNet):
 
 def _train_overflowing(tmp_path, **options):
     """Six steps of a model whose gradients overflow at step 3; the callback."""
-    state_of: list = []
-
-    class Remember(transformers.TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            state_of.append(state)
-
+    state_of, remember = _remember_state()
     torch.manual_seed(0)
     model = _OverflowingNet(state_of, 3)
     callback = TorchDebugCallback(monitor={"replay": "off"})
@@ -199,7 +201,7 @@ def _train_overflowing(tmp_path, **options):
         model=model,
         args=_args(tmp_path, max_steps=6, **options),
         train_dataset=_rows(24),
-        callbacks=[Remember(), callback],
+        callbacks=[remember, callback],
         optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
     ).train()
     return callback

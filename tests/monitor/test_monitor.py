@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from torch import nn
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
+from tests.triton_interpreter import ROOT, interpreter_env, interpreter_skip
 from torchdebug.errors import AnomalyError, ConfigError
 
 CONFIG = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
@@ -382,3 +385,21 @@ def test_overflows_in_a_row_beyond_scaler_overflows_fire(monitors, tmp_path: Pat
     event = monitor.events[0]
     assert event.reason == "nonfinite" and "parameter_grad" in event.slot
     assert "overflowed in 4 steps in a row" in event.message and monitor.overflows == 6
+
+
+def test_the_device_table_path_through_the_triton_kernel_equals_the_cpu_kernel():
+    """The comparison above with the Triton kernel, in Triton's interpreter: a step's gradients, and
+    then its parameters, take one launch each through the kernel's directory."""
+    reason = interpreter_skip()
+    if reason:
+        pytest.skip(reason)
+    test = f"{Path(__file__).resolve()}::test_the_device_table_path_fills_the_ring_as_the_cpu_kernel_does_and_catches_a_nan"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        capture_output=True,
+        text=True,
+        env=interpreter_env(),
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]

@@ -485,14 +485,15 @@ def launch(
     and on the host (pinned, or the same memory), which must stay untouched until the launch has run
     (the stager reuses them once it has read the table back); without one, they go :data:`SLOTS` a
     launch. Its loads are vectorised where every tensor is :func:`aligned` (pass those together)."""
+    hashed = fingerprints is not None
+    unused = counters  # without HASH the fingerprint columns are not read: any pointer
+    rows = (table, scratch, counters, fingerprints if hashed else unused, scratch_fingerprints if hashed else unused)
     if len(tensors) > SLOTS and directory is not None:
-        _launch_directory(
-            tensors, table, row, scratch, scratch_row, counters, fingerprints, scratch_fingerprints, stats, directory
-        )
+        _launch_directory(tensors, directory, rows, row, scratch_row, stats, hashed)
         return
     for start in range(0, len(tensors), SLOTS):
         group = tensors[start : start + SLOTS]
-        _launch_slots(group, table, row + start, scratch, scratch_row, counters, fingerprints, scratch_fingerprints, stats)
+        _launch_slots(group, rows, row + start, scratch_row, stats, hashed)
         scratch_row += scratch_rows(group)
 
 
@@ -515,59 +516,41 @@ def _firsts(tensors: list[torch.Tensor]) -> list[int]:
     return firsts
 
 
-def _launch_slots(
-    tensors: list[torch.Tensor],
-    table: torch.Tensor,
-    row: int,
-    scratch: torch.Tensor,
-    scratch_row: int,
-    counters: torch.Tensor,
-    fingerprints: torch.Tensor | None,
-    scratch_fingerprints: torch.Tensor | None,
-    stats: bool,
-) -> None:
-    """Up to :data:`SLOTS` tensors passed as the kernel's arguments."""
+def _constants(tensors: list[torch.Tensor], stats: bool, hashed: bool) -> dict[str, Any]:
+    """The compile-time arguments both kernels take, and the warps they run."""
+    return {
+        "WIDE": stats and tensors[0].dtype == torch.float64,
+        "BLOCK": _BLOCK,
+        "PROGRAMS": MAX_PROGRAMS,
+        "STATS": stats,
+        "HASH": hashed,
+        "BITS": 8 * tensors[0].element_size(),
+        "num_warps": WARPS,
+    }
+
+
+def _launch_slots(tensors: list[torch.Tensor], rows: tuple, row: int, scratch_row: int, stats: bool, hashed: bool) -> None:
+    """Up to :data:`SLOTS` tensors passed as the kernel's arguments; ``rows``: the table, scratch,
+    counters and fingerprint columns, as :func:`launch` has them."""
     firsts = _firsts(tensors)
     grid = firsts[-1]
     slots = tensors + [tensors[0]] * (SLOTS - len(tensors))  # unused slots: any pointer, no programs
     numels = [tensor.numel() for tensor in tensors] + [0] * (SLOTS - len(tensors))
     firsts += [grid] * (SLOTS - len(tensors))
-    hashed = fingerprints is not None
-    _stats_kernel[(grid,)](
-        *slots,
-        *numels,
-        *firsts[1:SLOTS],
-        table,
-        scratch,
-        counters,
-        fingerprints if hashed else counters,  # unused without HASH: any pointer
-        scratch_fingerprints if hashed else counters,
-        row,
-        scratch_row,
-        WIDE=stats and tensors[0].dtype == torch.float64,
-        BLOCK=_BLOCK,
-        PROGRAMS=MAX_PROGRAMS,
-        STATS=stats,
-        HASH=hashed,
-        BITS=8 * tensors[0].element_size(),
-        num_warps=WARPS,
-    )
+    _stats_kernel[(grid,)](*slots, *numels, *firsts[1:SLOTS], *rows, row, scratch_row, **_constants(tensors, stats, hashed))
 
 
 def _launch_directory(
     tensors: list[torch.Tensor],
-    table: torch.Tensor,
-    row: int,
-    scratch: torch.Tensor,
-    scratch_row: int,
-    counters: torch.Tensor,
-    fingerprints: torch.Tensor | None,
-    scratch_fingerprints: torch.Tensor | None,
-    stats: bool,
     directory: tuple[torch.Tensor, torch.Tensor],
+    rows: tuple,
+    row: int,
+    scratch_row: int,
+    stats: bool,
+    hashed: bool,
 ) -> None:
-    """Up to :data:`TENSORS_PER_LAUNCH` aligned tensors listed in a directory: written on the host,
-    copied to the device without waiting (ordered before the launch on the same stream)."""
+    """Up to :data:`TENSORS_PER_LAUNCH` tensors listed in a directory: written on the host, copied
+    to the device without waiting (ordered before the launch on the same stream)."""
     entries, host = directory
     count = len(tensors)
     firsts = _firsts(tensors)
@@ -577,27 +560,17 @@ def _launch_directory(
     listing[2 * count : 3 * count] = firsts[:-1]
     if entries.data_ptr() != host.data_ptr():
         entries.copy_(host, non_blocking=host.is_pinned())
-    hashed = fingerprints is not None
+    aligned_all = all(aligned(tensor) for tensor in tensors)
     _directory_kernel[(firsts[-1],)](
         entries,
         count,
         tensors[0],
-        table,
-        scratch,
-        counters,
-        fingerprints if hashed else counters,  # unused without HASH: any pointer
-        scratch_fingerprints if hashed else counters,
+        *rows,
         row,
         scratch_row,
-        WIDE=stats and tensors[0].dtype == torch.float64,
-        BLOCK=_BLOCK,
-        PROGRAMS=MAX_PROGRAMS,
-        STATS=stats,
-        HASH=hashed,
-        BITS=8 * tensors[0].element_size(),
         TENSORS=TENSORS_PER_LAUNCH,
-        ALIGNED=all(aligned(tensor) for tensor in tensors),
-        num_warps=WARPS,
+        ALIGNED=aligned_all,
+        **_constants(tensors, stats, hashed),
     )
 
 

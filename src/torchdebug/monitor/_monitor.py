@@ -135,7 +135,7 @@ class Monitor:
         *,
         config: MonitorConfig | dict[str, Any] | None = None,
         predicate: Callable[[StepSummary], str | None] | None = None,
-        scaler: Any = None,
+        scaler: torch.amp.GradScaler | bool | None = None,
         **options: Any,
     ) -> None:
         if isinstance(config, dict):

@@ -343,7 +343,7 @@ def test_many_tensors_go_in_launches_that_fit_a_table(on_device, monkeypatch, li
     assert got == [float(k) for k in range(7)]
     assert [launch[1] for launch in fake.launches] == groups
     assert [launch[4] for launch in fake.launches] == [n > fake.SLOTS for n in groups]  # directories over SLOTS
-    if limit == "DIRECTORY_ENTRIES":  # 9 entries a launch of three: each one takes a fresh table
+    if limit == "DIRECTORY_ENTRIES":  # 9 entries a launch of three: the second takes a fresh table
         assert [launch[2] for launch in fake.launches] == [0, 0, 3]
 
 

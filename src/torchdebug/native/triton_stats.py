@@ -472,8 +472,7 @@ def launch(
     """Reduce up to :data:`TENSORS_PER_LAUNCH` non-empty tensors of one dtype into ``table[row : row +
     len(tensors)]``, using ``scratch[scratch_row : scratch_row + scratch_rows(tensors)]`` and
     ``counters[row + k]`` (zero before the call, and again after it) for a tensor that takes several
-    programs.
-    Asynchronous.
+    programs. Asynchronous.
 
     ``stats``: take the statistics (each tensor :func:`is_dense`, its dtype in :data:`DTYPES`).
     ``fingerprints`` (int64, with ``scratch_fingerprints`` beside ``scratch``): also store each

@@ -197,6 +197,10 @@ def test_bad_options_fail_at_construction(monitors, tmp_path: Path) -> None:
         monitors(model, optimizer, dump_path=tmp_path, window=1)
     with pytest.raises(ConfigError, match="on_anomaly: got 'stop'"):
         monitors(model, optimizer, dump_path=tmp_path, on_anomaly="stop")
+    with pytest.raises(ConfigError, match="scaler_overflows: got 0"):
+        monitors(model, optimizer, dump_path=tmp_path, scaler_overflows=0)
+    with pytest.raises(ConfigError, match=r"^scaler: got 'fp16', expected a torch.amp.GradScaler"):
+        monitors(model, optimizer, dump_path=tmp_path, scaler="fp16")
     blocked = tmp_path / "file"
     blocked.write_text("")
     with pytest.raises(torchdebug.DumpError, match="dump_path"):
@@ -403,3 +407,27 @@ def test_the_device_table_path_through_the_triton_kernel_equals_the_cpu_kernel()
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_a_raised_anomaly_leaves_the_scaler_ready_for_the_next_step(monitors, tmp_path: Path) -> None:
+    """on_anomaly="raise" under a scaler: the step's unscale_ is followed by the scaler's update, so a
+    loop that catches the error goes on."""
+    model, optimizer = _gpt()
+    scaler = torch.amp.GradScaler("cpu")
+    fire_at_2 = lambda summary: "asked for" if summary.step == 2 else None  # noqa: E731
+    monitor = monitors(model, optimizer, dump_path=tmp_path, scaler=scaler, predicate=fire_at_2, on_anomaly="raise", replay="off")
+    raised = []
+    for step in range(4):
+        batch = make_batch(CONFIG, batch=2, seed=step)
+
+        def closure(batch: tuple = batch) -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = model(*batch)
+            scaler.scale(loss).backward()
+            return loss
+
+        try:
+            monitor.step(closure)
+        except AnomalyError as error:
+            raised.append(error.event.step)
+    assert raised == [2] and monitor.events[0].reason == "predicate"

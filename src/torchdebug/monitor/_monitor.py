@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchdebug.dist import broadcast_from_rank0, dist_initialized, rank_and_world_size
-from torchdebug.errors import AnomalyError
+from torchdebug.errors import AnomalyError, ConfigError
 from torchdebug.monitor._config import MonitorConfig
 from torchdebug.monitor._replay import RandomState, ReplayOutcome, replay
 from torchdebug.monitor._ring import Ring
@@ -147,6 +147,10 @@ class Monitor:
         self.dump_root = Path(self.config.dump_path)
         check_writable(self.dump_root)  # fail before training, not at the first trigger
         self.run_name = broadcast_from_rank0(new_run_name()) if dist_initialized() else new_run_name()
+        if not (scaler is None or isinstance(scaler, bool) or all(hasattr(scaler, m) for m in ("unscale_", "step", "update"))):
+            raise ConfigError(
+                f"scaler: got {scaler!r}, expected a torch.amp.GradScaler, True (a loss scaler the loop runs) or None"
+            )
         self.model, self.optimizer = model, optimizer
         self.scaler = scaler if scaler is not True else None
         """The loss scaler that :meth:`step` with a closure unscales and steps through."""
@@ -187,14 +191,16 @@ class Monitor:
         if scaled:
             self.scaler.unscale_(self.optimizer)  # the gradients are watched as they are, and stepped on
         step_loss = loss if loss is not None else (result if isinstance(result, torch.Tensor) else None)
-        event = self.before_update(step_loss, replay=closure)
-        if (event is None or self.config.on_anomaly != "skip") and self.optimizer is not None:
-            if scaled:
-                self.scaler.step(self.optimizer)
-            else:
-                self.optimizer.step()
-        if scaled:
-            self.scaler.update()  # also after a skipped step: unscale_ recorded what it found
+        try:
+            event = self.before_update(step_loss, replay=closure)
+            if (event is None or self.config.on_anomaly != "skip") and self.optimizer is not None:
+                if scaled:
+                    self.scaler.step(self.optimizer)
+                else:
+                    self.optimizer.step()
+        finally:
+            if scaled:  # also after a skipped or raised step: unscale_ recorded what it found
+                self.scaler.update()
         self.end_step()
         return result
 

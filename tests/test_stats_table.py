@@ -671,14 +671,19 @@ _VECTOR_LOADS = ("ld.global.v4.b32", "ld.global.v2.b64", "ld.global.v2.b32")
         f"{dtype}{' statistics' if stats else ''}{' fingerprint' if hashed else ''}" for dtype, stats, hashed in _KERNEL_VARIANTS
     ],
 )
-def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_combine(dtype, stats, hashed, directory):
+def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_combine(
+    dtype, stats, hashed, directory, monkeypatch
+):
     """Compiled for sm_90 (no GPU needed): aligned tensors are read with 128-bit loads (also when
     their addresses come from the directory, where only the launch's word says they are aligned),
     and the combine of partial rows keeps its memory ordering (acquire-release counter, block
-    barriers, L1-bypassing loads), which the interpreter cannot show."""
+    barriers, L1-bypassing loads), which the interpreter cannot show. The sums use fused
+    multiply-adds whatever Triton's default (off from Triton 3.10, or set so here)."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed (torch's CPU builds do not ship it)")
     from torchdebug.native import triton_stats
+
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
 
     ptx = triton_stats.compile_for(dtype, stats=stats, hashed=hashed, directory=directory).asm["ptx"]
     unaligned = triton_stats.compile_for(dtype, stats=stats, hashed=hashed, directory=directory, aligned=False).asm["ptx"]
@@ -687,6 +692,7 @@ def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_com
     assert "atom.global.gpu.acq_rel.add" in ptx and "bar.sync" in ptx and "ld.global.cg" in ptx
     mix = str(0xBF58476D1CE4E5B9 - 2**64)  # splitmix64's first multiplier, as PTX writes an int64
     assert ("mul.lo.s64" in ptx and mix in ptx) == hashed  # only where the fingerprint is taken
+    assert ("fma.rn." in ptx) == stats and "mul.rn.f" not in ptx  # no multiply rounds apart from its add
 
 
 # -- no host read per op ------------------------------------------------------------------------------------

@@ -72,6 +72,11 @@ WARPS = 4
 """Warps a program runs (Triton's default, stated so that ``bench/triton_occupancy.py`` can show
 what it costs in registers and resident programs)."""
 
+FP_FUSION = True
+"""Fused multiply-adds in the sums (the sum of squares rounds once a step). Stated because Triton
+3.9 warns that its default turns to off in 3.10: the kernel's results and speed must not change
+with the Triton a user has, and every figure in ``bench/RESULTS.md`` was taken with them on."""
+
 SLOTS = 4
 """Tensors one launch passes as arguments at most (an op's new inputs or outputs of one dtype: a
 linear's weight and bias)."""
@@ -412,12 +417,8 @@ def compile_for(
     kernel = _directory_kernel if directory else _stats_kernel
     names = list(inspect.signature(kernel.fn).parameters)
     constexprs = {
-        "WIDE": stats and dtype == torch.float64,
+        **_constexprs(dtype, stats, hashed),
         "BLOCK": block,
-        "PROGRAMS": MAX_PROGRAMS,
-        "STATS": stats,
-        "HASH": hashed,
-        "BITS": 8 * dtype.itemsize,
         **({"TENSORS": TENSORS_PER_LAUNCH, "ALIGNED": aligned} if directory else {}),
     }
     signature = {name: "constexpr" if name in constexprs else "i32" for name in names}
@@ -428,7 +429,7 @@ def compile_for(
     signature = {name: signature[name] for name in names}  # the directory's entry only where it is a parameter
     divisible = {(names.index(name),): [["tt.divisibility", 16]] for name in pointers} if aligned else {}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=divisible)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={**_OPTIONS, "num_warps": warps})
 
 
 def programs_for(numel: int) -> int:
@@ -515,16 +516,19 @@ def _firsts(tensors: list[torch.Tensor]) -> list[int]:
     return firsts
 
 
-def _constants(tensors: list[torch.Tensor], stats: bool, hashed: bool) -> dict[str, Any]:
-    """The compile-time arguments both kernels take, and the warps they run."""
+_OPTIONS = {"num_warps": WARPS, "enable_fp_fusion": FP_FUSION}
+"""The options both kernels are compiled with."""
+
+
+def _constexprs(dtype: torch.dtype, stats: bool, hashed: bool) -> dict[str, Any]:
+    """The compile-time arguments both kernels take on tensors of ``dtype``."""
     return {
-        "WIDE": stats and tensors[0].dtype == torch.float64,
+        "WIDE": stats and dtype == torch.float64,
         "BLOCK": _BLOCK,
         "PROGRAMS": MAX_PROGRAMS,
         "STATS": stats,
         "HASH": hashed,
-        "BITS": 8 * tensors[0].element_size(),
-        "num_warps": WARPS,
+        "BITS": 8 * dtype.itemsize,
     }
 
 
@@ -536,7 +540,9 @@ def _launch_slots(tensors: list[torch.Tensor], rows: tuple, row: int, scratch_ro
     slots = tensors + [tensors[0]] * (SLOTS - len(tensors))  # unused slots: any pointer, no programs
     numels = [tensor.numel() for tensor in tensors] + [0] * (SLOTS - len(tensors))
     firsts += [grid] * (SLOTS - len(tensors))
-    _stats_kernel[(grid,)](*slots, *numels, *firsts[1:SLOTS], *rows, row, scratch_row, **_constants(tensors, stats, hashed))
+    _stats_kernel[(grid,)](
+        *slots, *numels, *firsts[1:SLOTS], *rows, row, scratch_row, **_constexprs(tensors[0].dtype, stats, hashed), **_OPTIONS
+    )
 
 
 def _launch_directory(
@@ -569,7 +575,8 @@ def _launch_directory(
         scratch_row,
         TENSORS=TENSORS_PER_LAUNCH,
         ALIGNED=aligned_all,
-        **_constants(tensors, stats, hashed),
+        **_constexprs(tensors[0].dtype, stats, hashed),
+        **_OPTIONS,
     )
 
 

@@ -1,7 +1,8 @@
 """Collectives under torch.distributed (gloo): outputs captured after the work completes.
 
-The three programs (plain collectives, functional collectives, DTensor tensor parallelism) run in
-one spawn of two gloo ranks, each into its own dump, which the tests of this module read.
+The programs (plain collectives, functional collectives, DTensor tensor parallelism with op and
+module records) run in one spawn of two gloo ranks, each into its own dump, which the tests of this
+module read.
 """
 
 import contextlib
@@ -46,12 +47,14 @@ def _worker(rank: int, root: str) -> None:
     _collectives_worker(rank, f"{root}/collectives")
     _functional_worker(rank, f"{root}/functional")
     _tensor_parallel_worker(rank, f"{root}/tensor_parallel", root)
+    _tensor_parallel_modules_worker(f"{root}/tensor_parallel_modules")
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder of the three dumps (``collectives``, ``functional``, ``tensor_parallel``) and the
-    tensor-parallel ranks' reduced outputs (``{rank}.json``), written by one spawn of two ranks."""
+    """The folder of the four dumps (``collectives``, ``functional``, ``tensor_parallel``,
+    ``tensor_parallel_modules``) and the tensor-parallel ranks' reduced outputs (``{rank}.json``),
+    written by one spawn of two ranks."""
     root = tmp_path_factory.mktemp("collectives")
     gloo.spawn(_worker, root, str(root))
     return root
@@ -165,3 +168,33 @@ def test_tensor_parallel_all_reduce_records_hold_the_reduced_output(dumps):
         assert (reduced.stats["min"], reduced.stats["max"]) == (expected["min"], expected["max"]), rank
         residual = forward["aten.add.Tensor#0/input.0"]  # RowwiseParallel's output, plus the block's input
         assert residual.extra.get("subclass") == "AsyncCollectiveTensor" and residual.stats == reduced.stats
+
+
+def _tensor_parallel_modules_worker(dump_path: str) -> None:
+    """The GPT example's MLPs split by tensor parallelism, op and module records (``level="mix"``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from examples.gpt import GPT, GPTConfig, make_batch
+
+    config = GPTConfig(n_layer=1, d_model=16, n_head=2, seq_len=8, vocab=32)
+    torch.manual_seed(0)
+    model = GPT(config)
+    parallelize_module(model.layers[0].mlp, init_device_mesh("cpu", (2,)), {"fc": ColwiseParallel(), "out": RowwiseParallel()})
+    with torchdebug.dump(dump_path, level="mix"):
+        model(*make_batch(config, batch=2)).backward()
+
+
+def test_a_module_output_still_being_reduced_is_recorded_once_reduced(dumps):
+    """RowwiseParallel hands the MLP's output out before its all-reduce is waited for (an
+    AsyncCollectiveTensor): the MLP's module record holds the reduced output, the same on both
+    ranks, not this rank's buffer while the collective still writes it."""
+    run = torchdebug.load(dumps / "tensor_parallel_modules")
+    outputs = []
+    for rank, dump in sorted(run.ranks.items()):
+        forward = {r.name.removeprefix("forward/layers.0.mlp/"): r for r in dump.records() if r.phase == "forward"}
+        module = forward["module#0/output.0"]
+        assert module.extra.get("subclass") == "AsyncCollectiveTensor", rank
+        assert module.stats == forward["_c10d_functional.all_reduce.default#0/output.0"].stats, rank
+        outputs.append(module.stats)
+    assert outputs[0] == outputs[1]

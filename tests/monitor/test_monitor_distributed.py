@@ -1,7 +1,7 @@
-"""The flight recorder on 2 gloo ranks, DDP and then the large-model recipe (FSDP2, checkpointed and
-compiled blocks) in one spawn: a NaN made on one rank reaches both through the gradients'
-all-reduce or the parameters' all-gather; both ranks fire, dump their window and replay together,
-and the event names the rank that saw it first."""
+"""The flight recorder on 2 gloo ranks, DDP, the large-model recipe (FSDP2, checkpointed and
+compiled blocks) and tensor parallelism in one spawn: a NaN made on one rank reaches both through
+the gradients' all-reduce, the parameters' all-gather or the activations' all-reduce; both ranks
+fire, dump their window and replay together, and the event names the rank that saw it first."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def _ddp_main(rank: int, root: str) -> None:
 def _rank_main(rank: int, root: str) -> None:
     _ddp_main(rank, str(Path(root, "ddp")))
     _fsdp_main(rank, str(Path(root, "fsdp")))
+    _tp_main(rank, str(Path(root, "tp")))
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +117,47 @@ def test_fsdp2_checkpointed_compiled_blocks_are_watched_by_shard(runs: Path) -> 
     slots = json.loads((tmp_path / "slots0.json").read_text())
     assert "backward/layers.1.mlp.fc/module#0/parameter_grad.weight" in slots
     assert "optimizer/layers.1.mlp.fc/module#0/parameter.weight" in slots
+
+
+_TP_OUTPUT = "forward/layers.0.mlp/module#0/output.0"
+
+
+def _tp_main(rank: int, root: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torchdebug.seed_all(0)
+    model = GPT(CONFIG)
+    mesh = init_device_mesh("cpu", (2,))
+    for block in model.layers:
+        parallelize_module(block.mlp, mesh, {"fc": ColwiseParallel(), "out": RowwiseParallel()})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4)
+    for step in range(6):
+        if step == 4 and rank == 1:
+            with torch.no_grad():
+                model.layers[1].mlp.fc.weight.to_local()[0, 0] = float("nan")  # this rank's shard
+
+        monitor.step(_closure(model, optimizer, step, rank=0))  # one batch for both ranks, as tensor parallelism has
+    monitor.close()
+    (event,) = monitor.events
+    index = next(i for i, slot in enumerate(monitor.ring.slots) if slot.name == _TP_OUTPUT)
+    healthy = monitor.ring.row(3)[index].tolist()
+    Path(root, f"event{rank}.json").write_text(json.dumps({"event": event.to_dict(), "healthy": healthy}))
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_tensor_parallel_outputs_are_read_once_their_all_reduce_is_in(runs: Path) -> None:
+    """RowwiseParallel hands its output's all-reduce out unwaited (an AsyncCollectiveTensor): the
+    monitor waits for it, so both ranks watch the same reduced output (not their own partial sums,
+    nor a buffer still being written), and a NaN in rank 1's shard of ``fc`` is seen in rank 0's MLP
+    output, after rank 1 saw it in its ``fc`` output: rank 1 is named first."""
+    results = [json.loads((runs / "tp" / f"event{rank}.json").read_text()) for rank in (0, 1)]
+    assert results[0]["healthy"] == results[1]["healthy"]  # the reduced output, bit for bit
+    events = [result["event"] for result in results]
+    assert all(e["step"] == 4 and e["reason"] == "nonfinite" for e in events)
+    assert events[1]["slot"] == "forward/layers.1.mlp.fc/module#0/output.0"
+    assert events[0]["slot"] == "forward/layers.1.mlp/module#0/output.0"
+    assert [e["ranks"] for e in events] == [[1, 0], [1, 0]]
+    assert all(e["replay"]["reproduced"] for e in events)

@@ -23,7 +23,7 @@ from torchdebug._torch import require
 
 require("functional collectives")
 
-__all__ = ["async_tensor_class", "inner_tensor", "pending_works", "unwaited", "wait_tensor", "waits_before"]
+__all__ = ["async_tensor_class", "inner_tensor", "pending_works", "unwaited", "wait_before_read", "wait_tensor", "waits_before"]
 
 _MODULE = "torch.distributed._functional_collectives"
 """Looked up, never imported: a process that did not import it holds no ``AsyncCollectiveTensor``."""
@@ -61,6 +61,18 @@ def waits_before(async_tensor: Any) -> None:
     """Wait for an ``AsyncCollectiveTensor`` as its own dispatch does before an op reads it (it
     then does not wait again)."""
     async_tensor.trigger_wait()
+
+
+def wait_before_read(tensor: torch.Tensor) -> None:
+    """Wait for the ``AsyncCollectiveTensor`` instances not yet waited for in ``tensor`` (itself, or
+    inside a DTensor), as their own dispatch does before an op reads them: a hook that reads a
+    module's output then reads the collective's result, not the buffer it is still writing (tensor
+    parallelism's ``RowwiseParallel`` hands its all-reduce out unwaited). On CUDA the current stream
+    waits; the host does not."""
+    async_class = async_tensor_class()
+    if async_class is not None:
+        for waiting in unwaited(tensor, async_class):
+            waits_before(waiting)
 
 
 def wait_tensor(tensor: torch.Tensor) -> None:

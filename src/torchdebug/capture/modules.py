@@ -14,7 +14,10 @@ forward, the gradients of its outputs and inputs in the backward (tensor hooks: 
 several modules gets its total gradient) and each parameter's gradient once accumulated. A
 recomputed module call records its inputs, outputs and parameters in phase ``recompute``, counted
 apart; the gradient hooks are those set in the forward (with a reentrant checkpoint, whose forward
-runs under ``no_grad``, the modules inside its regions get no gradient records).
+runs under ``no_grad``, the modules inside its regions get no gradient records). A value that a
+functional collective is still writing (tensor parallelism's ``RowwiseParallel`` hands out its
+output's all-reduce unwaited, an ``AsyncCollectiveTensor``) is waited for before it is recorded, as
+the op that reads it next would: the record holds the reduced value, not the buffer mid-write.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import nn
 
 from torchdebug._torch.autograd import current_autograd_node
 from torchdebug._torch.checkpoint import RecomputeDetector
+from torchdebug._torch.funcol import wait_before_read
 from torchdebug._torch.nn import GlobalForwardHooks, strip_wrappers
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
@@ -161,6 +165,10 @@ class ModuleRecorder:
         return call
 
     def _add(self, slots: Any, *, phase: str, name: str, call: int, seq: int, io: str) -> None:
+        slots = list(slots)
+        for _, value in slots:  # a collective's result handed out unwaited is read once it is in
+            if value.__class__ is not torch.Tensor and isinstance(value, torch.Tensor):
+                wait_before_read(value)
         save = self.session.wants_tensor(make_call_name(phase, name, MODULE_OP, call))
         self.session.add_call(slots, phase=phase, module=name, op=MODULE_OP, call=call, seq=seq, io=io, save_tensors=save)
 

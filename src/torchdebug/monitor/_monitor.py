@@ -74,7 +74,8 @@ class MonitorEvent:
     rank: int
     ranks: list[int] = field(default_factory=list)
     """Every rank that fired at this step, those that saw it earliest in the step (forward before the
-    loss, the loss before gradients, gradients before parameters) first: ``ranks[0]`` saw it first."""
+    loss, the loss before gradients, gradients before parameters; within one, the slot run first)
+    first: ``ranks[0]`` saw it first."""
     window: Path | None = None
     """The window dump (a dump path)."""
     replay: ReplayOutcome | None = None
@@ -222,8 +223,7 @@ class Monitor:
         trigger = None
         for earlier in range(self._judged + 1, step + 1):
             trigger = trigger or self._judge(earlier)
-        stage = None if trigger is None else self.ring.stage(trigger.slot)
-        ranks = _ranks_that_fired(stage, self.rank)
+        ranks = _ranks_that_fired(None if trigger is None else self.ring.place(trigger.slot), self.rank)
         if not ranks:
             return None
         if trigger is None:
@@ -352,16 +352,16 @@ class Monitor:
         return event
 
 
-def _ranks_that_fired(stage: int | None, rank: int) -> list[int]:
-    """The ranks whose step fired, those that saw it earliest in the step first: ``stage`` is where
-    this rank first saw it (:meth:`~torchdebug.monitor._ring.Ring.stage`; ``None``: it did not fire).
-    Without torch.distributed this rank alone; else one all-gather of two integers per rank (on the
-    device NCCL needs)."""
+def _ranks_that_fired(place: tuple[int, int] | None, rank: int) -> list[int]:
+    """The ranks whose step fired, those that saw it earliest in the step first: ``place`` is where
+    this rank first saw it (:meth:`~torchdebug.monitor._ring.Ring.place`: the stage, then the slot's
+    place in it; ``None``: it did not fire); the rank breaks ties. Without torch.distributed this
+    rank alone; else one all-gather of three integers per rank (on the device NCCL needs)."""
     if not dist_initialized():
-        return [rank] if stage is not None else []
+        return [rank] if place is not None else []
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    flag = torch.tensor([int(stage is not None), stage or 0], device=device)
+    flag = torch.tensor([int(place is not None), *(place or (0, 0))], device=device)
     flags = [torch.zeros_like(flag) for _ in range(dist.get_world_size())]
     dist.all_gather(flags, flag)
-    fired = [(int(where), r) for r, (did, where) in enumerate(torch.stack(flags).tolist()) if did]
-    return [r for _, r in sorted(fired)]
+    fired = [(stage, index, r) for r, (did, stage, index) in enumerate(torch.stack(flags).tolist()) if did]
+    return [r for *_, r in sorted(fired)]

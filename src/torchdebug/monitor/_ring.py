@@ -90,6 +90,12 @@ class Ring:
         slot = self.slots[index]
         return 1 if slot.op == LOSS_OP else _STAGES.get(slot.phase, 4)
 
+    def place(self, index: int | None) -> tuple[int, int]:
+        """Where in a step slot ``index`` is first seen, comparable across ranks that run the same
+        model: its :meth:`stage`, then its index (slots of a stage are numbered as a step first
+        reaches them: a module's output before its parent's)."""
+        return (self.stage(index), -1 if index is None else index)
+
     def execution_order(self) -> list[int]:
         """Slot indices in the order a step runs them (see the module docstring)."""
         if len(self._order) != len(self.slots):

@@ -17,7 +17,9 @@ tensor); on a device by :class:`~torchdebug.stats_table.StatsStager` into its de
 rows reach the ring when the host reads the table, once per step, without waiting for the device
 (see :class:`~torchdebug.monitor.Monitor`).
 A wrapper subclass (a DTensor, FSDP2's sharded parameters and gradients) is watched through its
-local tensor: each rank watches its own shard.
+local tensor: each rank watches its own shard. A collective's result handed out before it is
+waited for (an ``AsyncCollectiveTensor``: tensor parallelism's all-reduce of a ``RowwiseParallel``
+output) is waited for first, as the op that reads it next would (on CUDA a stream wait, no host one).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import nn
 from torchdebug import stats_table
 from torchdebug._torch.autograd import current_autograd_node, tensor_version
 from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
+from torchdebug._torch.funcol import wait_before_read
 from torchdebug._torch.nn import strip_wrappers, unwrap_compiled
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import ROOT_MODULE, ModuleTracker
@@ -47,8 +50,12 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The plain tensor holding ``tensor``'s elements (a subclass's local tensor), or ``None``."""
-    return describe(tensor).local if is_subclass(tensor) else tensor
+    """The plain tensor holding ``tensor``'s elements (a subclass's local tensor, once a collective
+    writing into it is waited for), or ``None``."""
+    if not is_subclass(tensor):
+        return tensor
+    wait_before_read(tensor)
+    return describe(tensor).local
 
 
 def parameter_names(model: nn.Module) -> dict[int, tuple[str, str]]:

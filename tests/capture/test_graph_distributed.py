@@ -28,3 +28,34 @@ def test_every_rank_of_a_graph_dump_writes_into_one_run_folder(tmp_path: Path) -
     for rank, dump in run.ranks.items():
         exp = [r for r in dump.records() if r.op == "aten.exp.default" and r.io == "output"]
         assert exp and exp[0].stats["max"] == pytest.approx(torch.tensor(float(rank + 1)).exp().item())
+
+
+def _tensor_parallel_main(rank: int, path: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from examples.gpt import GPT, GPTConfig, make_batch
+
+    config = GPTConfig(n_layer=1, d_model=16, n_head=2, seq_len=8, vocab=32)
+    torch.manual_seed(0)
+    model = GPT(config)
+    parallelize_module(model.layers[0].mlp, init_device_mesh("cpu", (2,)), {"fc": ColwiseParallel(), "out": RowwiseParallel()})
+    backend = dump_backend(Path(path))
+    torch.compile(model, backend=backend)(*make_batch(config, batch=2)).backward()
+    backend.data_dump.close()
+
+
+@pytest.mark.slow
+def test_a_compiled_all_reduce_is_read_once_waited_for(tmp_path: Path) -> None:
+    """Tensor parallelism under inductor: the all-reduce's output holds the reduced value (the same
+    on both ranks, that of its wait), not the buffer read before the collective completed."""
+    gloo.spawn(_tensor_parallel_main, tmp_path, str(tmp_path / "dump"))
+    run = torchdebug.load(tmp_path / "dump")
+    reduced = []
+    for rank in (0, 1):
+        records = {r.name.removeprefix("forward/layers.0.mlp.out/"): r for r in run.ranks[rank].records() if r.phase == "forward"}
+        output = records["_c10d_functional.all_reduce.default#0/output.0"]
+        assert output.stats == records["_c10d_functional.wait_tensor.default#0/output.0"].stats, rank
+        assert output.stats != records["_c10d_functional.all_reduce.default#0/input.0"].stats, rank  # this rank's summand
+        reduced.append(output.stats)
+    assert reduced[0] == reduced[1]

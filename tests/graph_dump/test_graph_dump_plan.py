@@ -104,3 +104,43 @@ def test_an_attention_kernels_random_number_state_is_described_but_never_read() 
         assert slots[key].stat is None and "random-number state" in slots[key].note, key
     assert philox_seed not in plan.stat_rows and philox_offset not in plan.stat_rows
     assert out in plan.stat_rows and logsumexp in plan.stat_rows
+
+
+def test_a_functional_collectives_output_is_read_off_its_wait() -> None:
+    """An all-reduce's output holds its result only once waited for: its row, its tensor and its
+    golden value are the wait's (read after it), its input keeps its own; an output the graph never
+    waits for keeps its own row."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    functional = torch.ops._c10d_functional
+    with FakeTensorMode():
+        x = torch.empty(4, 8)
+    graph = torch.fx.Graph()
+
+    def node(target, args, val=x):  # noqa: ANN001, ANN202
+        made = graph.call_function(target, args)
+        made.meta["val"] = val
+        return made
+
+    placeholder = graph.placeholder("x")
+    placeholder.meta["val"] = x
+    summed = node(functional.all_reduce.default, (node(torch.ops.aten.relu.default, (placeholder,)), "sum", "0"))
+    waited = node(functional.wait_tensor.default, (summed,))
+    unwaited = node(functional.all_reduce.default, (waited, "sum", "0"))
+    graph.output((node(torch.ops.aten.exp.default, (waited,)), unwaited))
+
+    for settings in (DumpSettings(task="statistics"), DumpSettings(task="tensor"), DumpSettings(dump_stage="original")):
+        golden = torch.fx.GraphModule(torch.nn.Module(), graph) if settings.dump_stage == "original" else None
+        plan = plan_graph(graph, settings, ModelContext("model__0"), "forward", golden)
+        slots = {(call.node, slot.io, slot.arg): slot for call in plan.graph.calls for slot in call.slots}
+        first, wait, second = summed.name, waited.name, unwaited.name
+        same = [slots[first, "output", "0"], slots[wait, "input", "0"], slots[wait, "output", "0"]]
+        if settings.dump_stage == "original":
+            assert {slot.source_node for slot in same} == {wait}
+            continue
+        rows = plan.stat_rows
+        assert summed not in rows and waited in rows  # the statistics are taken after the wait
+        assert {slot.stat for slot in same} == {rows[waited]}
+        assert slots[first, "input", "0"].stat != rows[waited] and slots[second, "output", "0"].stat == rows[unwaited]
+        if settings.task == "tensor":
+            assert {slot.tensor for slot in same} == {plan.tensors.index(waited)} and summed not in plan.tensors

@@ -7,8 +7,9 @@ marks); changes nothing. Every op node is named and counted as eager capture nam
 described slot by slot (``GraphPlan``, what the run time reads), and the plan names the nodes the
 instrumenter (``torchdebug.graph_dump._instrument``) works on:
 
-- for each value a dumped slot reads (views and clones share the row of their input), a statistics
-  row (when the scene takes statistics). CPU values that inductor keeps in memory anyway (graph
+- for each value a dumped slot reads (views and clones share the row of their input; a functional
+  collective's output, the row of its ``wait_tensor``, whose output it is once complete), a
+  statistics row (when the scene takes statistics). CPU values that inductor keeps in memory anyway (graph
   inputs and outputs, inputs and outputs of matrix products and convolutions), that are small
   (``SMALL``) or that inductor computes in a loop over the rows of a reduction (layer norm,
   softmax: statistics over the whole value cannot join that loop, so in the graph they would split
@@ -62,6 +63,8 @@ SMALL = 65536
 
 UNKNOWN_SIZE = 8192
 """What a data-dependent (unbacked) size counts as in compile-time choices: it has no hint."""
+
+_WAIT = "_c10d_functional.wait_tensor.default"
 
 
 @dataclass
@@ -161,6 +164,17 @@ def _rng_state_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
                 if isinstance(value, torch.fx.Node):
                     found.add(value)
     return found
+
+
+def _waited(node: torch.fx.Node) -> torch.fx.Node:
+    """The ``_c10d_functional.wait_tensor`` of ``node`` where the graph waits for it, else ``node``.
+    A functional collective's output (tensor parallelism's all-reduce) holds the collective's result
+    only once it is waited for: its statistics and tensor are read off the wait's output (the same
+    elements, as eager capture records them), so they are taken after the wait, never mid-collective."""
+    for user in node.users:
+        if user.args and user.args[0] is node and str(user.target) == _WAIT:
+            return user
+    return node
 
 
 def _plain_lists(value: Any) -> Any:
@@ -384,7 +398,7 @@ class _Planner:
             return SlotPlan(io, arg, kind="value", value=self._value(value))
         slot = SlotPlan(io, arg, meta=self._meta(value))
         if holder is None or golden:
-            slot.source_node = holder.name if holder is not None else None
+            slot.source_node = _waited(holder).name if holder is not None else None
             return slot
         if holder in self.rng_state:
             slot.note = "an attention kernel's random-number state: not read"
@@ -392,11 +406,11 @@ class _Planner:
         if self.scene.statistics:
             slot.stat = self._stat_row(holder)
         if self.settings.task == "tensor" and self.scene.tensors:
-            slot.tensor = self.tensor_index.setdefault(holder, len(self.tensor_index))
+            slot.tensor = self.tensor_index.setdefault(_waited(holder), len(self.tensor_index))
         return slot
 
     def _stat_row(self, node: torch.fx.Node) -> int:
-        return self.stat_rows.setdefault(self._source(node), len(self.stat_rows))
+        return self.stat_rows.setdefault(_waited(self._source(node)), len(self.stat_rows))
 
     @staticmethod
     def _source(node: torch.fx.Node) -> torch.fx.Node:

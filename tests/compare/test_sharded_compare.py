@@ -3,6 +3,7 @@ DTensor are merged into whole-tensor records when the sharded dump is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -198,3 +199,23 @@ def test_ranks_of_a_sharded_run_hold_different_pieces_without_errors(dumps, kind
     result = compare_ranks(dumps / kind)
     assert result.rows and result.first_divergence is None
     assert not [row for row in result.rows if row.record_a is not None and row.record_a.extra.get("placements") == ["S(0)"]]
+
+
+def test_a_shards_record_and_a_plain_record_of_its_local_shape_compare_as_the_local_tensor():
+    """An eager DTensor record (this rank's shard, under the global shape) against a compiled
+    graph's plain record of the shard (a compiled graph computes on local tensors): no shape error,
+    the statistics compared; a plain record of another shape still differs in shape."""
+    from torchdebug.compare._rows import Row
+    from torchdebug.compare._verdicts import judge
+
+    piece = torch.randn(4, 3, generator=torch.Generator().manual_seed(3))
+    eager = _record(0, "input.0", piece, "S(0)", [8, 3])
+    compiled = dataclasses.replace(eager, shape=[4, 3], extra={})
+    other = dataclasses.replace(compiled, shape=[3, 4])
+    rows = [Row.from_records(0, a, b, "exact", 0.0) for a, b in ((eager, compiled), (compiled, eager), (eager, other))]
+    for row in rows:
+        row.error, row.tolerance = 0.0, 1e-6  # equal statistics
+    judge(rows, growth=16)
+    assert [(row.shape_a, row.shape_b) for row in rows[:2]] == [([4, 3], [4, 3])] * 2
+    assert [row.verdict for row in rows[:2]] == ["pass", "pass"]
+    assert rows[2].verdict == "error" and "shape differs: [8, 3] vs [3, 4]" in rows[2].message

@@ -20,6 +20,19 @@ one side only (listed, never judged)."""
 _NAMED_BY_B = frozenset({"value", "group"})
 
 
+def _compared_shapes(a: Record, b: Record) -> tuple[list[int] | None, list[int] | None]:
+    """The shapes two records are compared under. A wrapper subclass's record (a DTensor: the
+    statistics of this rank's local shard, under the global shape) against a plain record of its
+    local shape (a compiled graph computes on the shards, and so does tensor parallelism between its
+    layers) describes the same local tensor: both compare under the local shape."""
+    local_a, local_b = a.extra.get("local_shape"), b.extra.get("local_shape")
+    if local_a is not None and local_b is None and local_a == b.shape:
+        return b.shape, b.shape
+    if local_b is not None and local_a is None and local_b == a.shape:
+        return a.shape, a.shape
+    return a.shape, b.shape
+
+
 @dataclass(slots=True, eq=False)
 class Row:
     """A compared slot: where it is, both sides' dtype and shape, metrics and the verdict."""
@@ -73,6 +86,9 @@ class Row:
         slot is inside)."""
         first = b if a is None or how in _NAMED_BY_B else a
         assert first is not None
+        shape_a, shape_b = a.shape if a else None, b.shape if b else None
+        if shape_a != shape_b and a is not None and b is not None:
+            shape_a, shape_b = _compared_shapes(a, b)
         # every field by position: keywords cost about 0.5 µs a row (a compare makes hundreds of thousands)
         return cls(
             rank,
@@ -90,8 +106,8 @@ class Row:
             first.kind,
             a.dtype if a else None,
             b.dtype if b else None,
-            a.shape if a else None,
-            b.shape if b else None,
+            shape_a,
+            shape_b,
             {},  # metrics
             None,  # error
             None,  # tolerance

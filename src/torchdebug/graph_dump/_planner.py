@@ -9,8 +9,8 @@ instrumenter (``torchdebug.graph_dump._instrument``) works on:
 
 - for each value a dumped slot reads (views and clones share the row of their input; a functional
   collective's output, the row of its ``wait_tensor``, whose output it is once complete), a
-  statistics row (when the scene takes statistics). CPU values that inductor keeps in memory anyway (graph
-  inputs and outputs, inputs and outputs of matrix products and convolutions), that are small
+  statistics row (when the scene takes statistics). CPU values that inductor keeps in memory anyway
+  (graph inputs and outputs, inputs and outputs of matrix products and convolutions), that are small
   (``SMALL``) or that inductor computes in a loop over the rows of a reduction (layer norm,
   softmax: statistics over the whole value cannot join that loop, so in the graph they would split
   the kernel in two) go to ``torchdebug::host_stats`` a few at a time (``Plan.host_groups``), as

@@ -73,9 +73,9 @@ WARPS = 4
 what it costs in registers and resident programs)."""
 
 FP_FUSION = True
-"""Fused multiply-adds in the sums (the sum of squares rounds once a step). Stated because Triton
-3.9 warns that its default turns to off in 3.10: the kernel's results and speed must not change
-with the Triton a user has, and every figure in ``bench/RESULTS.md`` was taken with them on."""
+"""Fused multiply-adds in the sums (each square rounds once with its addition). Stated because
+Triton 3.9 warns that its default turns to off in 3.10: the kernel's results and speed must not
+change with the Triton a user has, and every figure in ``bench/RESULTS.md`` was taken with them on."""
 
 SLOTS = 4
 """Tensors one launch passes as arguments at most (an op's new inputs or outputs of one dtype: a

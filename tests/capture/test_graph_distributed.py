@@ -10,6 +10,7 @@ import torch
 import torchdebug
 from tests import gloo
 from tests.backends import dump_backend
+from torchdebug.compare import compare
 
 
 def _rank_main(rank: int, path: str) -> None:
@@ -40,7 +41,10 @@ def _tensor_parallel_main(rank: int, path: str) -> None:
     torch.manual_seed(0)
     model = GPT(config)
     parallelize_module(model.layers[0].mlp, init_device_mesh("cpu", (2,)), {"fc": ColwiseParallel(), "out": RowwiseParallel()})
-    backend = dump_backend(Path(path))
+    with torchdebug.dump(Path(path, "eager"), task="statistics"):
+        model(*make_batch(config, batch=2)).backward()
+    model.zero_grad()
+    backend = dump_backend(Path(path, "compiled"))
     torch.compile(model, backend=backend)(*make_batch(config, batch=2)).backward()
     backend.data_dump.close()
 
@@ -48,9 +52,10 @@ def _tensor_parallel_main(rank: int, path: str) -> None:
 @pytest.mark.slow
 def test_a_compiled_all_reduce_is_read_once_waited_for(tmp_path: Path) -> None:
     """Tensor parallelism under inductor: the all-reduce's output holds the reduced value (the same
-    on both ranks, that of its wait), not the buffer read before the collective completed."""
+    on both ranks, that of its wait), not the buffer read before the collective completed; and the
+    eager dump of the same step compares with it without an error."""
     gloo.spawn(_tensor_parallel_main, tmp_path, str(tmp_path / "dump"))
-    run = torchdebug.load(tmp_path / "dump")
+    run = torchdebug.load(tmp_path / "dump" / "compiled")
     reduced = []
     for rank in (0, 1):
         records = {r.name.removeprefix("forward/layers.0.mlp.out/"): r for r in run.ranks[rank].records() if r.phase == "forward"}
@@ -59,3 +64,9 @@ def test_a_compiled_all_reduce_is_read_once_waited_for(tmp_path: Path) -> None:
         assert output.stats != records["_c10d_functional.all_reduce.default#0/input.0"].stats, rank  # this rank's summand
         reduced.append(output.stats)
     assert reduced[0] == reduced[1]
+
+    # eager against compiled: the DTensor records (global shapes) meet the graph's local tensors, and
+    # the bias RowwiseParallel splits (divided by the mesh size inside the op) is a `div` node there
+    result = compare(tmp_path / "dump" / "eager", tmp_path / "dump" / "compiled")
+    assert result.first_divergence is None
+    assert not [row.name for row in result.rows if row.verdict in ("error", "warning")]

@@ -153,6 +153,21 @@ def test_within_tolerance_passes_without_a_message():
     assert (row.verdict, row.attribution, row.message) == ("pass", "", "")
 
 
+def test_replicate_partitioned_a_replicated_bias_against_it_divided_by_the_mesh_size_passes():
+    """RowwiseParallel's bias: eager records the replicated DTensor, a compiled graph its share."""
+    replicated = {"extra": {"subclass": "DTensor", "placements": ["R"], "mesh": [2], "mesh_coordinate": [0]}}
+    bias = {"min": -0.5, "max": 0.25, "mean": 0.125, "norm": 1.5}
+    share = {key: value / 2 for key, value in bias.items()}
+    split = _row("input", 0.5, a={**replicated, "stats": bias}, b={"stats": share})
+    judge([split])
+    assert split.verdict == "pass" and "divided by the mesh size 2" in split.message and split.error == 0.0
+    other = _row("input", 0.5, call=1, a={**replicated, "stats": bias}, b={"stats": {k: v / 3 for k, v in bias.items()}})
+    plain = _row("input", 0.5, call=2, a={"stats": bias}, b={"stats": share})  # no DTensor: a real difference
+    for row in (other, plain):
+        judge([row])
+        assert _judged(row) == ("error", "blamed")
+
+
 # --- outputs beyond tolerance ---------------------------------------------------------------------------
 
 

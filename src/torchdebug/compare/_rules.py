@@ -24,6 +24,7 @@ from torchdebug.compare._bounds import amplification, is_singular, own_error, sp
 from torchdebug.compare._comparable import dtype_argument, dtype_constants
 from torchdebug.compare._flow import OUTPUT_IO, Flow
 from torchdebug.compare._judgement import Judgement
+from torchdebug.compare._metrics import stats_metrics
 from torchdebug.compare._rows import Row
 from torchdebug.compare._shards import one_shard
 
@@ -278,6 +279,35 @@ def within_tolerance(row: Row, call: Call) -> Judgement | None:
     """An error within the pair's tolerance (its less precise dtype's) passes."""
     error, tolerance = _beyond(row)
     return Judgement("pass", "", "", None, None, None, error) if error <= tolerance else None  # by position: most rows
+
+
+def replicate_partitioned(row: Row, call: Call) -> Judgement | None:
+    """A replicated DTensor against a plain value that is it divided by a mesh size passes.
+
+    A DTensor op with a partial output (``RowwiseParallel``'s linear) splits a replicated input
+    (its bias) so, inside the op where eager capture does not see it; a compiled graph computes on
+    local tensors and shows that division (a ``div`` node feeding the linear)."""
+    a, b = row.record_a, row.record_b
+    if a is None or b is None or not (a.extra or b.extra):
+        return None  # most rows: no DTensor on either side
+    for whole, part in ((a, b), (b, a)):
+        extra = whole.extra
+        if not extra or extra.get("subclass") != "DTensor" or part.extra.get("subclass") or not whole.stats or not part.stats:
+            continue
+        placements, mesh = extra.get("placements") or (), extra.get("mesh") or ()
+        if not placements or any(placement != "R" for placement in placements):
+            continue
+        for size in sorted({*mesh, math.prod(mesh)} - {0, 1}):
+            split = {key: whole.stats[key] / size for key in ("min", "max", "mean", "norm") if whole.stats.get(key) is not None}
+            error = stats_metrics(split, part.stats, numel=math.prod(part.shape or ()), atol=0.0).get("error")
+            if error is not None and row.tolerance is not None and error <= row.tolerance:
+                side = "B" if part is b else "A"
+                message = (
+                    f"{side} holds the replicated value divided by the mesh size {size}: a DTensor op with a partial "
+                    "output splits a replicated input so, and a compiled graph shows that division"
+                )
+                return Judgement("pass", "", message, error, None, None, error)
+    return None
 
 
 # --- outputs beyond tolerance ---------------------------------------------------------------------
@@ -547,6 +577,7 @@ RULES: tuple[Rule, ...] = (
     Rule(nonfinite_origin, _TENSORS),
     Rule(no_statistics, _TENSORS),
     Rule(within_tolerance, _TENSORS),
+    Rule(replicate_partitioned, _TENSORS),
     Rule(constant_from_arguments, _OUTPUTS),
     Rule(called_differently, _OUTPUTS),
     Rule(replay_own_error, _OUTPUTS),

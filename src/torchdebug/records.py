@@ -21,19 +21,23 @@ step, so two runs of the same program produce the same names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchdebug.stats._schema import STAT_KEYS
 
 __all__ = [
+    "ALLOCATIONS",
     "LOSS_OP",
     "MODULE_OP",
     "NO_MODULE",
     "PHASES",
     "SCHEMA_VERSION",
     "STAT_KEYS",
+    "UNINITIALISED",
     "Record",
+    "allocates",
     "call_name",
     "make_call_name",
     "make_name",
@@ -54,6 +58,23 @@ LOSS_OP = "monitor.loss"
 
 NO_MODULE = "-"
 """The module path shown in names for ops outside every tracked module."""
+
+UNINITIALISED = "uninitialised"
+"""The ``extra`` key of an allocation's output record (:data:`ALLOCATIONS`), which holds no values."""
+
+ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
+"""Ops (by name, without namespace and overload) whose output holds whatever the memory held until
+the next op writes it (FSDP2's all-gather buffers, a traced dropout's mask): no value of it was
+computed, so none is read. Read, it held garbage: NaN after a NaN step had freed that memory, so it
+was named the origin of the NaN, and two identical runs differed there."""
+
+
+@functools.cache  # one answer per op name: capture asks once per call
+def allocates(op: str) -> bool:
+    """Whether ``op`` (``aten.empty.memory_format``, or a bare name such as ``empty_like``) is one of
+    :data:`ALLOCATIONS`."""
+    namespace, _, rest = op.partition(".")
+    return (rest.partition(".")[0] if rest else namespace) in ALLOCATIONS
 
 
 def make_name(phase: str, module: str, op: str, call: int, io: str, arg: str) -> str:

@@ -340,3 +340,27 @@ def test_stacks_follow_the_caller_of_each_op(tmp_path):
     assert any("caller_b" in frame for frame in relu_b)
     resumed_in_lambda = "in <lambda>: (lambda: next(gen))()"
     assert not any(resumed_in_lambda in frame for frame in sin_1) and any(resumed_in_lambda in frame for frame in sin_2)
+
+
+def test_an_allocations_output_is_described_never_read(tmp_path):
+    """``torch.empty`` holds whatever the memory held (NaN after a NaN step freed it, FSDP2's
+    all-gather buffers): its record has dtype and shape, no statistics, and says why; what the next
+    op writes into it is read as usual. Read, two identical runs differed there, and a NaN's origin
+    was named there."""
+    from torchdebug.records import ALLOCATIONS, UNINITIALISED, allocates
+
+    x = torch.randn(4)
+
+    def body():
+        torch.empty(4).copy_(x)
+        torch.empty_like(x).fill_(2.0)
+        x.new_empty(3).zero_()
+
+    records = _records(tmp_path, body, task="statistics")
+    allocated = [r for r in records if allocates(r.op) and r.io == "output"]
+    assert [r.op for r in allocated] == ["aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default"]
+    for record in allocated:
+        assert record.stats is None and record.extra == {UNINITIALISED: True} and record.shape in ([4], [3])
+    written = [r for r in records if r.io == "output" and r.op in ("aten.copy_.default", "aten.fill_.Scalar", "aten.zero_.default")]
+    assert [r.stats["max"] for r in written] == [x.max().item(), 2.0, 0.0]
+    assert allocates("empty_strided") and not allocates("aten.empty_permuted_like.default") and "empty" in ALLOCATIONS

@@ -24,7 +24,7 @@ from torchdebug._torch.subclasses import describe as describe_subclass
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.checksum import hex_digits
-from torchdebug.records import Record, make_name
+from torchdebug.records import UNINITIALISED, Record, allocates, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
 from torchdebug.stats import stats_from_sums
 from torchdebug.stats_table import StatsStager
@@ -190,9 +190,11 @@ class CaptureSession:
         """One record per slot of one side (inputs or outputs) of a call.
 
         ``mutated``: the call wrote into its arguments, so output tensors may be the input objects
-        with new values (their version counter moves only after the op returns).
+        with new values (their version counter moves only after the op returns). The outputs of an
+        allocation (:data:`~torchdebug.records.ALLOCATIONS`) are described, not read.
         """
         busy, self.busy = self.busy, True  # the ops below are the session's own (see ``busy``)
+        uninitialised = io == "output" and allocates(op)
         try:
             step, rank = self.step, self.rank
             for arg, value in slots:
@@ -200,7 +202,10 @@ class CaptureSession:
                 record.stack, record.source, record.fwd = stack, source, fwd
                 if isinstance(value, torch.Tensor):
                     try:
-                        if value.__class__ is not torch.Tensor and is_subclass(value):
+                        if uninitialised and value.numel():  # garbage until the next op writes it: described, never read
+                            self._fill_description(record, value)
+                            record.extra = {UNINITIALISED: True}
+                        elif value.__class__ is not torch.Tensor and is_subclass(value):
                             self._describe_subclass(record, value, save_tensors, mutated)
                         else:
                             self._describe_tensor(record, value, save_tensors, mutated)

@@ -41,15 +41,13 @@ from torchdebug.diagnose._bisect import single_node
 from torchdebug.diagnose._finding import NodeFinding, node_finding
 from torchdebug.diagnose._instrument import AotGraph
 from torchdebug.diagnose._program import first_line
+from torchdebug.records import allocates
 
 log = logging.getLogger("torchdebug.diagnose._nodes")
 
 _WIDER = {torch.float32: torch.float64, torch.float16: torch.float64, torch.bfloat16: torch.float64}
 _WIDER_COMPLEX = {torch.complex64: torch.complex128, torch.complex32: torch.complex128}
 _RANDOM_PRIMS = {"inductor_random", "inductor_seeds", "inductor_seed", "inductor_lookup_seed"}
-_ALLOCATIONS = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
-"""Ops whose output holds whatever the memory held: recomputed (the op that writes it next reads the
-buffer), never judged (a traced ``F.dropout`` fills an ``empty_like`` with ``bernoulli_``)."""
 
 
 def _is_random(node: torch.fx.Node) -> bool:
@@ -234,7 +232,7 @@ class _Replay:
         result = self.compiled.get(node.name)
         if not isinstance(result, torch.Tensor) or not isinstance(wide, torch.Tensor) or self._bookkeeping(node):
             return None
-        if attention.op_name(node.target) in _ALLOCATIONS:
+        if allocates(attention.op_name(node.target)):  # recomputed (the next op reads the buffer), never judged
             return None
         verdict = check(node.name, wide, eager, result, self.tolerance)
         return None if verdict.passed else verdict

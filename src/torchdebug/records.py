@@ -35,7 +35,7 @@ __all__ = [
     "PHASES",
     "SCHEMA_VERSION",
     "STAT_KEYS",
-    "UNINITIALISED",
+    "UNREAD",
     "Record",
     "allocates",
     "call_name",
@@ -59,8 +59,11 @@ LOSS_OP = "monitor.loss"
 NO_MODULE = "-"
 """The module path shown in names for ops outside every tracked module."""
 
-UNINITIALISED = "uninitialised"
-"""The ``extra`` key of an allocation's output record (:data:`ALLOCATIONS`), which holds no values."""
+UNREAD = "unread"
+"""The ``extra`` key of a tensor record whose values were not read, and why: ``uninitialised`` (an
+allocation's output, :data:`ALLOCATIONS`), ``overwritten`` (an argument the op writes without
+reading: an ``out=`` buffer, a collective's output tensor, ``copy_``'s destination) or ``partly
+written`` (FSDP2's all-gather buffer after its copy-in, which the all-gather fills)."""
 
 ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
 """Ops (by name, without namespace and overload) whose output holds whatever the memory held until

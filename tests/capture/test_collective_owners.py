@@ -10,6 +10,7 @@ import torch
 
 import torchdebug
 from tests import gloo
+from torchdebug.records import UNREAD
 
 _GATHER, _SCATTER = "c10d._allgather_base_.default", "c10d._reduce_scatter_base_.default"
 
@@ -69,3 +70,12 @@ def test_fsdp2_collectives_are_recorded_under_the_module_and_phase_they_belong_t
             assert set(calls) == expected_calls, (rank, step, sorted(calls))
         collectives = {r.name for r in records if r.op.startswith("c10d.")}
         assert not [name for name in collectives if "/-/" in name], sorted(collectives)
+        # FSDP2's buffers are not read before they hold values: garbage from torch.empty (NaN after
+        # a NaN step freed that memory) made two identical runs differ there and named a NaN's origin
+        unread = {(r.op, r.io, r.arg.partition(".")[0]): r.extra.get(UNREAD) for r in records if r.step == 0}
+        assert unread["aten.empty.memory_format", "output", "0"] == "uninitialised"
+        assert unread["fsdp.all_gather_copy_in.default", "input", "1"] == "overwritten"
+        assert unread["fsdp.all_gather_copy_in.default", "output", "1"] == "partly written"
+        assert unread["fsdp.all_gather_copy_in.default", "output", "0"] is None  # this rank's shards, written
+        assert unread[_GATHER, "input", "0"] == "overwritten" and unread[_GATHER, "output", "0"] is None
+        assert unread["fsdp.split_with_sizes_copy.default", "input", "out"] == "overwritten"

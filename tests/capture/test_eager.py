@@ -347,7 +347,7 @@ def test_an_allocations_output_is_described_never_read(tmp_path):
     all-gather buffers): its record has dtype and shape, no statistics, and says why; what the next
     op writes into it is read as usual. Read, two identical runs differed there, and a NaN's origin
     was named there."""
-    from torchdebug.records import ALLOCATIONS, UNINITIALISED, allocates
+    from torchdebug.records import ALLOCATIONS, UNREAD, allocates
 
     x = torch.randn(4)
 
@@ -360,7 +360,9 @@ def test_an_allocations_output_is_described_never_read(tmp_path):
     allocated = [r for r in records if allocates(r.op) and r.io == "output"]
     assert [r.op for r in allocated] == ["aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default"]
     for record in allocated:
-        assert record.stats is None and record.extra == {UNINITIALISED: True} and record.shape in ([4], [3])
-    written = [r for r in records if r.io == "output" and r.op in ("aten.copy_.default", "aten.fill_.Scalar", "aten.zero_.default")]
+        assert record.stats is None and record.extra == {UNREAD: "uninitialised"} and record.shape in ([4], [3])
+    written = [
+        r for r in records if r.io == "output" and r.op in ("aten.copy_.default", "aten.fill_.Scalar", "aten.zero_.default")
+    ]
     assert [r.stats["max"] for r in written] == [x.max().item(), 2.0, 0.0]
     assert allocates("empty_strided") and not allocates("aten.empty_permuted_like.default") and "empty" in ALLOCATIONS

@@ -224,3 +224,18 @@ def test_the_cuda_check_never_synchronises_per_op(tmp_path):
     debugger.close()
     first = find_origin(torchdebug.load(tmp_path).ranks[0].records()).record
     assert first.call_name == "forward/<root>/aten.mul.Tensor#0"
+
+
+def test_an_allocation_and_a_buffer_before_it_is_written_are_never_an_overflow(tmp_path, monkeypatch):
+    """``torch.empty`` hands out whatever the memory held, NaN after a NaN step freed it (allocator
+    reuse makes that happen or not): an allocation makes no value and is not judged, and neither is
+    what ``copy_`` (or an ``out=`` op, a collective, FSDP2's copy-in) writes over. Shown with
+    ``full`` counted as an allocation, which makes its NaN every time."""
+    from torchdebug.capture import eager
+
+    def body():
+        torch.full((4,), float("nan")).copy_(torch.ones(4))
+
+    assert "aten.full.default" in {r.op for r in _records(tmp_path / "full", body)}  # a real op making a NaN
+    monkeypatch.setattr(eager, "allocates", lambda op: op == "aten.full.default")
+    assert _records(tmp_path / "allocation", body) == []  # copy_ wrote over it without reading it

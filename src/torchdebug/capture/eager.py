@@ -51,7 +51,7 @@ from torchdebug.capture.overflow_check import OverflowWatch
 from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors, Replay
 from torchdebug.capture.session import CaptureSession
 from torchdebug.capture.stacks import StackRecorder
-from torchdebug.records import NO_MODULE, make_call_name
+from torchdebug.records import NO_MODULE, allocates, make_call_name
 from torchdebug.slots import Slot, iter_slots
 
 _VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
@@ -61,6 +61,15 @@ _VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
 _STRIDED = torch.strided
 """Layouts are singletons: compared by identity on the hot path."""
 
+
+_OVERWRITTEN = {"aten.copy_.default": "self", "fsdp.all_gather_copy_in.default": "all_gather_output"}
+"""Arguments these ops write without reading (besides ``out=`` buffers and the c10d collectives'
+``output*`` tensors): ``copy_``'s destination, FSDP2's all-gather buffer (its schema does not even
+mark it written). Their values before the op are none of the run's: garbage from ``torch.empty``."""
+
+_PARTLY_WRITTEN = {"fsdp.all_gather_copy_in.default": "1"}
+"""Outputs (by index) that hold a buffer the op writes only part of: FSDP2's copy-in writes this
+rank's shards into the all-gather's buffer, and the all-gather the rest."""
 
 _SKIPPED_NAMESPACES = frozenset({"profiler"})
 """``profiler._record_function_*``: bookkeeping of ``record_function`` blocks, no tensor data."""
@@ -95,6 +104,12 @@ class _OpInfo(NamedTuple):
     """An op activation checkpointing also runs for its own bookkeeping in the forward."""
     written: frozenset[str]
     """Top-level argument keys (position ``"0"`` and name ``"self"``) the op writes into."""
+    unread_inputs: dict[str, str]
+    """Top-level argument keys of the arguments it writes without reading, and why (``overwritten``):
+    described, not read (``CaptureSession.add_call``'s ``unread``)."""
+    unread_outputs: dict[str, str]
+    """Output keys (``"*"``: all) holding values it did not make: an allocation's (``uninitialised``),
+    a buffer it writes only part of (``partly written``)."""
 
 
 def _op_info(func: Any) -> _OpInfo:
@@ -109,6 +124,17 @@ def _op_info(func: Any) -> _OpInfo:
         if argument.alias_info is not None and argument.alias_info.is_write
         for key in (str(index), argument.name)
     )
+    overwritten = {
+        key: "overwritten"
+        for index, argument in enumerate(schema.arguments)
+        if (argument.name == "out" and argument.alias_info is not None and argument.alias_info.is_write)
+        or (namespace == "c10d" and argument.name.startswith("output"))
+        or _OVERWRITTEN.get(name) == argument.name
+        for key in (str(index), argument.name)
+    }
+    made = {"*": "uninitialised"} if allocates(name) else {}
+    if name in _PARTLY_WRITTEN:
+        made[_PARTLY_WRITTEN[name]] = "partly written"
     return _OpInfo(
         func,
         name,
@@ -122,6 +148,8 @@ def _op_info(func: Any) -> _OpInfo:
         name == "aten.detach.default",
         name in BOOKKEEPING_OPS,
         written,
+        overwritten,
+        made,
     )
 
 
@@ -368,6 +396,7 @@ class OpCapture:
                 stack=stack_id,
                 source=source,
                 fwd=fwd,
+                unread=info.unread_inputs,
             )
         out = func(*args, **kwargs)
         if rebuilds:
@@ -389,6 +418,7 @@ class OpCapture:
                 stack=stack_id,
                 source=source,
                 fwd=fwd,
+                unread=info.unread_outputs,
             )
         return out
 
@@ -419,13 +449,13 @@ class OpCapture:
         if self._async_class is not None:
             self._await_collectives(info, args, kwargs)
         if self._overflow is not None:
-            return self._overflow.run(func, args, kwargs, info.written, common, inputs=self._inputs)
+            return self._overflow.run(func, args, kwargs, info, common, inputs=self._inputs)
         session = self.session
         if info.waits:
             out = func(*args, **kwargs)
             self._functional.complete(out)
         if self._inputs:
-            self._add(iter_slots(args, kwargs), common, io="input")
+            self._add(iter_slots(args, kwargs), common, io="input", unread=info.unread_inputs)
         if not info.waits:
             out = func(*args, **kwargs)
         if rebuilds:
@@ -435,7 +465,7 @@ class OpCapture:
             if info.functional:
                 self._functional.writes(outputs)
             if self._outputs:
-                capture = partial(session.add_call, io="output", mutated=True, **common)
+                capture = partial(session.add_call, io="output", mutated=True, unread=info.unread_outputs, **common)
                 if info.functional:
                     capture(self._functional.hold(iter_slots(outputs), capture))
                 else:
@@ -453,7 +483,7 @@ class OpCapture:
         if alias is not None:
             session.share_alias(out, *alias)
         if self._outputs:
-            self._add(iter_slots(outputs), common, io="output", mutated=info.mutable)
+            self._add(iter_slots(outputs), common, io="output", mutated=info.mutable, unread=info.unread_outputs)
         return out
 
     def _add(self, slots: Iterator[Slot], common: dict[str, Any], **side: Any) -> None:

@@ -157,19 +157,26 @@ class OverflowWatch:
         """``overflow_nums`` calls are recorded: stop checking."""
         return self.limit != -1 and self.found >= self.limit
 
-    def run(
-        self, func: Any, args: tuple, kwargs: dict[str, Any], written: frozenset[str], common: dict[str, Any], *, inputs: bool
-    ) -> Any:
+    def run(self, func: Any, args: tuple, kwargs: dict[str, Any], info: Any, common: dict[str, Any], *, inputs: bool) -> Any:
         """Run one op call, judge it and record it if it makes a NaN/Inf (now or at a flush).
 
-        ``written``: top-level argument keys (``"0"``, ``"out"``) the op writes into;
-        ``inputs``: whether input slots are recorded (``data_mode``).
+        ``info``: the eager capture's facts of the op: ``written``, the top-level argument keys
+        (``"0"``, ``"out"``) it writes into; ``unread_inputs`` and ``unread_outputs``, the slots
+        holding no value of the run (an allocation's garbage, a buffer before it is written), which
+        are not judged; ``inputs``: whether input slots are recorded (``data_mode``).
         """
+        if "*" in info.unread_outputs:  # an allocation makes no value: its garbage NaN is no overflow
+            return func(*args, **kwargs)
         if self.session.step != self._step:
             self._step = self.session.step
             self._flags.clear()
+        written, unread = info.written, info.unread_inputs
         slots = list(iter_slots(args, kwargs))
-        before = [self._flags_of(plain, fresh=False) for _, value in slots if _checked(plain := _plain(value))]
+        before = [
+            self._flags_of(plain, fresh=False)
+            for arg, value in slots
+            if _checked(plain := _plain(value)) and not (unread and arg.partition(".")[0] in unread)
+        ]
         self._stage_new()  # before the op: an in-place op changes its inputs
         if written:
             self._copy_before_write(slots, written)
@@ -179,7 +186,7 @@ class OverflowWatch:
             ]
         out = func(*args, **kwargs)
         outputs = list(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
-        checked = [plain for _, value in outputs if _checked(plain := _plain(value))]
+        checked = [plain for arg, value in outputs if _checked(plain := _plain(value)) and arg not in info.unread_outputs]
         if not checked:
             return out
         call = _Call(common, self._step, slots if inputs else [], outputs, bool(written))

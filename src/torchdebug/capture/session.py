@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,7 +24,7 @@ from torchdebug._torch.subclasses import describe as describe_subclass
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.checksum import hex_digits
-from torchdebug.records import UNINITIALISED, Record, allocates, make_name
+from torchdebug.records import UNREAD, Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
 from torchdebug.stats import stats_from_sums
 from torchdebug.stats_table import StatsStager
@@ -186,15 +186,16 @@ class CaptureSession:
         stack: str | None = None,
         source: str | None = None,
         fwd: str | None = None,
+        unread: Mapping[str, str] | None = None,
     ) -> None:
         """One record per slot of one side (inputs or outputs) of a call.
 
         ``mutated``: the call wrote into its arguments, so output tensors may be the input objects
-        with new values (their version counter moves only after the op returns). The outputs of an
-        allocation (:data:`~torchdebug.records.ALLOCATIONS`) are described, not read.
+        with new values (their version counter moves only after the op returns). ``unread``: the
+        top-level argument keys (``"*"``: every slot) whose tensors are described, not read, and why
+        (:data:`~torchdebug.records.UNREAD`): they hold no value of the run.
         """
         busy, self.busy = self.busy, True  # the ops below are the session's own (see ``busy``)
-        uninitialised = io == "output" and allocates(op)
         try:
             step, rank = self.step, self.rank
             for arg, value in slots:
@@ -202,9 +203,9 @@ class CaptureSession:
                 record.stack, record.source, record.fwd = stack, source, fwd
                 if isinstance(value, torch.Tensor):
                     try:
-                        if uninitialised and value.numel():  # garbage until the next op writes it: described, never read
-                            self._fill_description(record, value)
-                            record.extra = {UNINITIALISED: True}
+                        if unread and (why := unread.get(arg.partition(".")[0], unread.get("*"))) and value.numel():
+                            self._fill_description(record, value)  # values the op neither made nor read
+                            record.extra = {UNREAD: why}
                         elif value.__class__ is not torch.Tensor and is_subclass(value):
                             self._describe_subclass(record, value, save_tensors, mutated)
                         else:

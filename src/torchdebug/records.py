@@ -35,6 +35,7 @@ __all__ = [
     "PHASES",
     "SCHEMA_VERSION",
     "STAT_KEYS",
+    "UNINITIALISED",
     "UNREAD",
     "Record",
     "allocates",
@@ -58,6 +59,10 @@ LOSS_OP = "monitor.loss"
 
 NO_MODULE = "-"
 """The module path shown in names for ops outside every tracked module."""
+
+UNINITIALISED = "uninitialised"
+"""The :data:`UNREAD` reason of an allocation's output, and of the views of it taken before anything
+wrote it."""
 
 UNREAD = "unread"
 """The ``extra`` key of a tensor record whose values were not read, and why: ``uninitialised`` (an

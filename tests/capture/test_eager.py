@@ -366,3 +366,26 @@ def test_an_allocations_output_is_described_never_read(tmp_path):
     ]
     assert [r.stats["max"] for r in written] == [x.max().item(), 2.0, 0.0]
     assert allocates("empty_strided") and not allocates("aten.empty_permuted_like.default") and "empty" in ALLOCATIONS
+
+
+def test_a_view_of_an_allocation_is_not_read_until_something_writes_it(tmp_path):
+    """FSDP2 views its unsharded parameters' fresh buffers before the all-gather's copy-out fills
+    them: until a write (which moves the version counter the views share), what they hold is the
+    allocation's garbage, not read; after it, the values are."""
+    from torchdebug.records import UNREAD
+
+    x = torch.randn(8)
+
+    def body():
+        buffer = torch.empty(8)
+        buffer.view(2, 4).t()
+        buffer.copy_(x)
+        buffer.view(2, 4)
+
+    records = [r for r in _records(tmp_path, body, task="statistics") if r.kind == "tensor"]
+    before = [r for r in records if r.op in ("aten.view.default", "aten.t.default") and r.call == 0]
+    assert len(before) == 4 and all(r.stats is None and r.extra == {UNREAD: "uninitialised"} for r in before)
+    after = [r for r in records if r.op == "aten.view.default" and r.call == 1]
+    assert [r.stats["max"] for r in after] == [x.max().item()] * 2 and not any(r.extra for r in after)
+    copied = [r for r in records if r.op == "aten.copy_.default"]
+    assert [r.extra.get(UNREAD) for r in copied] == ["overwritten", None, None]  # self, src, the written output

@@ -51,7 +51,7 @@ from torchdebug.capture.overflow_check import OverflowWatch
 from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors, Replay
 from torchdebug.capture.session import CaptureSession
 from torchdebug.capture.stacks import StackRecorder
-from torchdebug.records import NO_MODULE, allocates, make_call_name
+from torchdebug.records import NO_MODULE, UNINITIALISED, allocates, make_call_name
 from torchdebug.slots import Slot, iter_slots
 
 _VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
@@ -132,7 +132,7 @@ def _op_info(func: Any) -> _OpInfo:
         or _OVERWRITTEN.get(name) == argument.name
         for key in (str(index), argument.name)
     }
-    made = {"*": "uninitialised"} if allocates(name) else {}
+    made = {"*": UNINITIALISED} if allocates(name) else {}
     if name in _PARTLY_WRITTEN:
         made[_PARTLY_WRITTEN[name]] = "partly written"
     return _OpInfo(

@@ -215,8 +215,8 @@ class CaptureSession:
                         if why and value.numel():
                             self._fill_description(record, value)  # values the op neither made nor read
                             record.extra = {UNREAD: why}
-                            if why == UNINITIALISED and io == "output":
-                                self._unwritten[_storage_key(value)] = (weakref.ref(value), tensor_version(value))
+                            if why == UNINITIALISED and io == "output":  # the allocation (its views find it there)
+                                self._unwritten.setdefault(_storage_key(value), (weakref.ref(value), tensor_version(value)))
                             elif why != UNINITIALISED and self._unwritten:  # the op writes it, maybe unannounced
                                 self._unwritten.pop(_storage_key(value), None)
                         elif value.__class__ is not torch.Tensor and is_subclass(value):

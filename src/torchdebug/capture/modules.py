@@ -36,6 +36,9 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.records import MODULE_OP, NO_MODULE, make_call_name
 from torchdebug.slots import iter_slots
 
+PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+"""Classes that are never wrapper subclasses (most tensors: no subclass check, no collective to wait for)."""
+
 ROOT_MODULE = "<root>"
 """Module path of the model itself."""
 
@@ -167,7 +170,7 @@ class ModuleRecorder:
     def _add(self, slots: Any, *, phase: str, name: str, call: int, seq: int, io: str) -> None:
         slots = list(slots)
         for _, value in slots:  # a collective's result handed out unwaited is read once it is in
-            if value.__class__ is not torch.Tensor and isinstance(value, torch.Tensor):
+            if value.__class__ not in PLAIN_TENSORS and isinstance(value, torch.Tensor):
                 wait_before_read(value)
         save = self.session.wants_tensor(make_call_name(phase, name, MODULE_OP, call))
         self.session.add_call(slots, phase=phase, module=name, op=MODULE_OP, call=call, seq=seq, io=io, save_tensors=save)

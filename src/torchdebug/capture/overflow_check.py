@@ -38,7 +38,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -134,6 +134,19 @@ class _Call:
         self.waiting -= 1
 
 
+class OpFacts(Protocol):
+    """What :meth:`OverflowWatch.run` reads of an op (the eager capture's ``_OpInfo`` has it)."""
+
+    @property
+    def written(self) -> frozenset[str]: ...
+
+    @property
+    def unread_inputs(self) -> dict[str, str]: ...
+
+    @property
+    def unread_outputs(self) -> dict[str, str]: ...
+
+
 class OverflowWatch:
     """Checks op calls for the NaN/Inf they make and records those calls into a session."""
 
@@ -157,7 +170,7 @@ class OverflowWatch:
         """``overflow_nums`` calls are recorded: stop checking."""
         return self.limit != -1 and self.found >= self.limit
 
-    def run(self, func: Any, args: tuple, kwargs: dict[str, Any], info: Any, common: dict[str, Any], *, inputs: bool) -> Any:
+    def run(self, func: Any, args: tuple, kwargs: dict[str, Any], info: OpFacts, common: dict[str, Any], *, inputs: bool) -> Any:
         """Run one op call, judge it and record it if it makes a NaN/Inf (now or at a flush).
 
         ``info``: the eager capture's facts of the op: ``written``, the top-level argument keys

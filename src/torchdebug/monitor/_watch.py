@@ -37,16 +37,13 @@ from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
 from torchdebug._torch.funcol import wait_before_read
 from torchdebug._torch.nn import strip_wrappers, unwrap_compiled
 from torchdebug._torch.subclasses import describe, is_subclass
-from torchdebug.capture.modules import ROOT_MODULE, ModuleTracker
+from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.monitor._ring import Ring
 from torchdebug.records import LOSS_OP, MODULE_OP, NO_MODULE
 from torchdebug.slots import dtype_name, iter_slots
 from torchdebug.stats._cpu import cpu_sums_into
 from torchdebug.stats._schema import IDENTITY
-
-_PLAIN = (torch.Tensor, nn.Parameter)
-"""Classes that are never wrapper subclasses (most tensors: no subclass check for them)."""
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -187,7 +184,7 @@ class Watcher:
         for phase, module, arg, call, io, value in slots:
             if not isinstance(value, torch.Tensor) or value.is_meta:
                 continue
-            tensor = value if value.__class__ in _PLAIN else plain(value)
+            tensor = value if value.__class__ in PLAIN_TENSORS else plain(value)
             if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
                 continue
             index = ring.slot(phase, module, op, call, io, arg)

@@ -185,9 +185,12 @@ class _Call:
     __slots__ = ("key", "inputs", "outputs", "inputs_known", "made", "entered")
 
     def __init__(self) -> None:
-        self.key: tuple[int, bool, int] | None = None
-        """``(step, is a module call, position of its first output record)``: a module's outputs are
-        written when it returns, so inner modules come before the modules that contain them."""
+        self.key: tuple[int, bool, int, int] | None = None
+        """``(step, is a module call, its sequence number (0 for a module call), position of its
+        first output record)``: an op call is ordered by when it was dispatched, since a
+        collective's outputs are written once its work completes, after ops that ran meanwhile (those
+        of FSDP2's copy-out that read them); a module's outputs are written when it returns, so inner
+        modules come before the modules that contain them."""
         self.inputs = self.outputs = 0
         self.inputs_known = False
         self.made: Record | None = None
@@ -223,7 +226,8 @@ def _calls(records: Iterable[Record]) -> list[_Call]:
                 call.entered = record
         elif record.io in _OUTPUT_IO and record.kind == "tensor":
             if call.key is None:
-                call.key = (record.step, record.op in _MODULE_LEVEL, position)
+                is_module = record.op in _MODULE_LEVEL
+                call.key = (record.step, is_module, 0 if is_module else record.seq, position)
             flags = tensor_flags(record.stats, record.dtype)
             call.outputs |= flags
             if flags & (NAN | INF) and call.made is None:
@@ -238,7 +242,7 @@ def find_origin(records: Iterable[Record]) -> Origin | None:
     execution order; in a step with op records, module records are not judged."""
     step, tracker, ops_in_step = None, OriginTracker(), False
     for call in _calls(records):
-        call_step, is_module, _ = call.key
+        call_step, is_module = call.key[:2]
         if call_step != step:
             step, tracker, ops_in_step = call_step, OriginTracker(), False
         if is_module and ops_in_step:

@@ -26,6 +26,7 @@ those calls are recorded (``overflow_check.py``, ``nonfinite.py``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, NamedTuple
@@ -36,6 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr
 from torchdebug._torch.checkpoint import BOOKKEEPING_OPS, RecomputeDetector, bookkeeping
 from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
+from torchdebug._torch.fsdp import unshard_buffers
 from torchdebug._torch.funcol import async_tensor_class, inner_tensor, unwaited, waits_before
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.collectives import (
@@ -62,12 +64,13 @@ _STRIDED = torch.strided
 """Layouts are singletons: compared by identity on the hot path."""
 
 
-_OVERWRITTEN = {"aten.copy_.default": "self", "fsdp.all_gather_copy_in.default": "all_gather_output"}
+_COPY_IN = "fsdp.all_gather_copy_in.default"
+_OVERWRITTEN = {"aten.copy_.default": "self", _COPY_IN: "all_gather_output"}
 """Arguments these ops write without reading (besides ``out=`` buffers and the c10d collectives'
 ``output*`` tensors): ``copy_``'s destination, FSDP2's all-gather buffer (its schema does not even
 mark it written). Their values before the op are none of the run's: garbage from ``torch.empty``."""
 
-_PARTLY_WRITTEN = {"fsdp.all_gather_copy_in.default": "1"}
+_PARTLY_WRITTEN = {_COPY_IN: "1"}
 """Outputs (by index) that hold a buffer the op writes only part of: FSDP2's copy-in writes this
 rank's shards into the all-gather's buffer, and the all-gather the rest."""
 
@@ -110,6 +113,8 @@ class _OpInfo(NamedTuple):
     unread_outputs: dict[str, str]
     """Output keys (``"*"``: all) holding values it did not make: an allocation's (``uninitialised``),
     a buffer it writes only part of (``partly written``)."""
+    unshards: bool
+    """FSDP2's copy-in: its parameter group is unsharding into buffers that hold no value yet."""
 
 
 def _op_info(func: Any) -> _OpInfo:
@@ -150,6 +155,7 @@ def _op_info(func: Any) -> _OpInfo:
         written,
         overwritten,
         made,
+        name == _COPY_IN,
     )
 
 
@@ -298,6 +304,8 @@ class OpCapture:
             info = self._ops[id(func)] = _op_info(func)
         if info.skipped or self.session.busy:  # busy: the session's own ops, from a module or gradient hook
             return func(*args, **kwargs)
+        if info.unshards:  # the buffers this unshard fills were freed at reshard and handed out again
+            self.session.unwritten.add(unshard_buffers(sys._getframe(1)))
         if self._overflow is not None and (self._overflow.done or info.collective or info.waits):
             return func(*args, **kwargs)
         op = info.name

@@ -176,20 +176,27 @@ class OverflowWatch:
         ``info``: the eager capture's facts of the op: ``written``, the top-level argument keys
         (``"0"``, ``"out"``) it writes into; ``unread_inputs`` and ``unread_outputs``, the slots
         holding no value of the run (an allocation's garbage, a buffer before it is written), which
-        are not judged; ``inputs``: whether input slots are recorded (``data_mode``).
+        are not judged, nor are views of such memory that nothing has written yet (the session's
+        ``unwritten``); ``inputs``: whether input slots are recorded (``data_mode``).
         """
+        unwritten = self.session.unwritten
         if "*" in info.unread_outputs:  # an allocation makes no value: its garbage NaN is no overflow
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            unwritten.add(value for _, value in iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
+            return out
         if self.session.step != self._step:
             self._step = self.session.step
             self._flags.clear()
         written, unread = info.written, info.unread_inputs
         slots = list(iter_slots(args, kwargs))
-        before = [
-            self._flags_of(plain, fresh=False)
-            for arg, value in slots
-            if _checked(plain := _plain(value)) and not (unread and arg.partition(".")[0] in unread)
-        ]
+        before = []
+        for arg, value in slots:
+            if not _checked(plain := _plain(value)):
+                continue
+            if unread and arg.partition(".")[0] in unread:
+                unwritten.written(plain)  # the op writes it: it holds values from now on
+            elif not (unwritten and unwritten.why(plain)):  # a view of a buffer nothing wrote yet holds none
+                before.append(self._flags_of(plain, fresh=False))
         self._stage_new()  # before the op: an in-place op changes its inputs
         if written:
             self._copy_before_write(slots, written)
@@ -199,7 +206,13 @@ class OverflowWatch:
             ]
         out = func(*args, **kwargs)
         outputs = list(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
-        checked = [plain for arg, value in outputs if _checked(plain := _plain(value)) and arg not in info.unread_outputs]
+        checked = [
+            plain
+            for arg, value in outputs
+            if _checked(plain := _plain(value))
+            and arg not in info.unread_outputs
+            and not (unwritten and not written and unwritten.why(plain))
+        ]
         if not checked:
             return out
         call = _Call(common, self._step, slots if inputs else [], outputs, bool(written))

@@ -22,8 +22,8 @@ import torch
 from torchdebug._torch.autograd import tensor_version
 from torchdebug._torch.subclasses import describe as describe_subclass
 from torchdebug._torch.subclasses import is_subclass
-from torchdebug.capture.collectives import _storage_key
 from torchdebug.capture.filters import NameMatcher
+from torchdebug.capture.unwritten import UnwrittenStorages
 from torchdebug.checksum import hex_digits
 from torchdebug.records import UNINITIALISED, UNREAD, Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
@@ -156,11 +156,9 @@ class CaptureSession:
         self._waiting: list[list[Record]] = []
         """Records handed over by mid-step flushes whose statistics are still on their way to the host."""
         self._seen: dict[int, _Seen] = {}
-        self._unwritten: dict[int, tuple[weakref.ref, int]] = {}
-        """Storages of this step's allocations that nothing has written yet: the allocated tensor
-        and its version (views share it; a declared write moves it). An argument an op writes
-        without reading (``unread`` inputs) takes its storage out: collectives and FSDP2's ops write
-        without declaring it. A slot on one that is left holds garbage."""
+        self.unwritten = UnwrittenStorages()
+        """Storages of this step that hold no value of the run yet (allocations, FSDP2's all-gather
+        buffers): a slot on one is described, not read (``unwritten.py``)."""
         self._warned: set[str] = set()
         self.busy = False
         """Whether the session is running torch ops of its own (statistics, snapshots, copies): a
@@ -210,15 +208,15 @@ class CaptureSession:
                 if isinstance(value, torch.Tensor):
                     try:
                         why = unread.get(arg.partition(".")[0], unread.get("*")) if unread else None
-                        if why is None and self._unwritten and not mutated and value.__class__ is torch.Tensor:
-                            why = self._still_unwritten(value)
+                        if why is None and self.unwritten and not mutated:
+                            why = self.unwritten.why(value)
                         if why and value.numel():
                             self._fill_description(record, value)  # values the op neither made nor read
                             record.extra = {UNREAD: why}
                             if why == UNINITIALISED and io == "output":  # the allocation (its views find it there)
-                                self._unwritten.setdefault(_storage_key(value), (weakref.ref(value), tensor_version(value)))
-                            elif why != UNINITIALISED and self._unwritten:  # the op writes it, maybe unannounced
-                                self._unwritten.pop(_storage_key(value), None)
+                                self.unwritten.add((value,))
+                            elif why != UNINITIALISED:  # the op writes it, maybe unannounced
+                                self.unwritten.written(value)
                         elif value.__class__ is not torch.Tensor and is_subclass(value):
                             self._describe_subclass(record, value, save_tensors, mutated)
                         else:
@@ -237,19 +235,6 @@ class CaptureSession:
                 self._flush_records()
         finally:
             self.busy = busy
-
-    def _still_unwritten(self, tensor: torch.Tensor) -> str | None:
-        """``uninitialised`` when ``tensor`` lies on an allocation's storage that nothing has
-        written since (a view FSDP2 takes of a fresh buffer before the all-gather fills it)."""
-        key = _storage_key(tensor)
-        entry = self._unwritten.get(key) if key is not None else None
-        if entry is None:
-            return None
-        allocated, version = entry
-        if allocated() is not None and tensor_version(tensor) == version:
-            return UNINITIALISED
-        del self._unwritten[key]  # written since, or freed
-        return None
 
     def _describe_subclass(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
         """A wrapper subclass (DTensor, FSDP2 parameters, float8 weights): described as itself (dtype,
@@ -479,4 +464,4 @@ class CaptureSession:
         self.step += 1
         self.seq = 0
         self._seen.clear()
-        self._unwritten.clear()
+        self.unwritten.clear()

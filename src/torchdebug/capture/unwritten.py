@@ -1,0 +1,76 @@
+"""Memory that holds no value of the run yet: an allocation, or a buffer FSDP2 hands out again.
+
+``torch.empty`` returns whatever the memory held before, NaN included after a NaN step freed it.
+FSDP2 frees each parameter's all-gather buffers at reshard and resizes their storage again in the
+next unshard, where it views them as ``out=`` buffers before its copy-out fills them; no captured op
+shows that resize, so the unshard's copy-in marks them (``_torch.fsdp.unshard_buffers``). Reading
+such memory records garbage: two identical runs then differ, and a NaN search names a view of a
+fresh buffer as where the NaN entered.
+
+:class:`UnwrittenStorages` follows those storages through a step: a tensor on one (the buffer or
+any view of it) holds no value until a declared write moves the version counter its views share,
+or until an op writes it without declaring it (a collective's output, an ``out=`` buffer, FSDP2's
+copy-out; the eager capture's ``unread_inputs``). Storages are keyed by their ``StorageImpl``, which
+a resize keeps, not by their address, which it changes and an allocator reuses.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+
+import torch
+
+from torchdebug._torch.autograd import tensor_version
+from torchdebug.records import UNINITIALISED
+
+__all__ = ["UnwrittenStorages"]
+
+
+def _storage_id(tensor: torch.Tensor) -> int | None:
+    """The identity of a plain tensor's ``StorageImpl`` (``None`` when it has no storage of its own)."""
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class UnwrittenStorages:
+    """Storages nothing has written since they were handed out, each with the tensor that holds
+    it (weakly: a freed storage drops out) and that tensor's version then."""
+
+    def __init__(self) -> None:
+        self._storages: dict[int, tuple[weakref.ref, int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._storages)
+
+    def add(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Mark the storages of ``tensors`` (plain tensors: an allocation's outputs, FSDP2's buffers)
+        as holding no value; a storage marked already keeps its first entry."""
+        for tensor in tensors:
+            if tensor.__class__ is torch.Tensor and (key := _storage_id(tensor)) is not None:
+                self._storages.setdefault(key, (weakref.ref(tensor), tensor_version(tensor)))
+
+    def why(self, tensor: torch.Tensor) -> str | None:
+        """``uninitialised`` when ``tensor`` lies on a marked storage that nothing has written since;
+        ``None`` otherwise (an entry found written or freed is dropped)."""
+        key = _storage_id(tensor) if tensor.__class__ is torch.Tensor else None
+        entry = self._storages.get(key) if key is not None else None
+        if entry is None:
+            return None
+        holder, version = entry
+        if holder() is not None and tensor_version(tensor) == version:
+            return UNINITIALISED
+        del self._storages[key]
+        return None
+
+    def written(self, tensor: torch.Tensor) -> None:
+        """``tensor`` is being written without a declared write (an ``out=`` buffer, a collective's
+        output): its storage holds values from now on."""
+        if self._storages and tensor.__class__ is torch.Tensor and (key := _storage_id(tensor)) is not None:
+            self._storages.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every storage (a new step: what the last one left unwritten, it never read)."""
+        self._storages.clear()

@@ -10,6 +10,7 @@ import torch
 
 import torchdebug
 from tests import gloo
+from torchdebug.nonfinite import find_origin
 from torchdebug.records import UNREAD
 
 _GATHER, _SCATTER = "c10d._allgather_base_.default", "c10d._reduce_scatter_base_.default"
@@ -36,13 +37,27 @@ def _worker(rank: int, dump: str) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
     debugger = torchdebug.Debugger(dump, task="statistics")
-    for _ in range(2):
+    for step in range(2):
+        if step == 1:
+            _poison_freed_buffers(model)
         debugger.start(model)
         model(batch).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
         debugger.step()
     debugger.close()
+
+
+def _poison_freed_buffers(model: torch.nn.Module) -> None:
+    """Give each parameter's all-gather buffers, freed at reshard, memory full of NaN, as memory a
+    NaN step freed holds: FSDP2's next unshard keeps storage of the right size and views it before
+    its copy-out writes it. (FSDP2's internals, read by the test only.)"""
+    for module in model.modules():
+        group = module._get_fsdp_state()._fsdp_param_group if hasattr(module, "_get_fsdp_state") else None
+        for buffer in (b for param in (group.fsdp_params if group else ()) for b in param.all_gather_outputs):
+            assert buffer.untyped_storage().size() == 0  # freed after the last backward
+            buffer.untyped_storage().resize_(buffer.numel() * buffer.itemsize)
+            buffer.fill_(float("nan"))
 
 
 @pytest.mark.slow
@@ -79,3 +94,9 @@ def test_fsdp2_collectives_are_recorded_under_the_module_and_phase_they_belong_t
         assert unread["fsdp.all_gather_copy_in.default", "output", "0"] is None  # this rank's shards, written
         assert unread[_GATHER, "input", "0"] == "overwritten" and unread[_GATHER, "output", "0"] is None
         assert unread["fsdp.split_with_sizes_copy.default", "input", "out"] == "overwritten"
+        # at the next step FSDP2 resizes the freed buffers (no op shows it) and views them before
+        # its copy-out writes them: those views are unread, and the NaN the memory held is not seen
+        later = [r for r in records if r.step == 1]
+        assert {r.op for r in later if r.extra.get(UNREAD) == "uninitialised"} >= {"aten.view.default"}
+        assert not [r.name for r in later if (r.stats or {}).get("nan")], rank
+        assert find_origin(later) is None

@@ -239,3 +239,10 @@ def test_an_allocation_and_a_buffer_before_it_is_written_are_never_an_overflow(t
     assert "aten.full.default" in {r.op for r in _records(tmp_path / "full", body)}  # a real op making a NaN
     monkeypatch.setattr(eager, "allocates", lambda op: op == "aten.full.default")
     assert _records(tmp_path / "allocation", body) == []  # copy_ wrote over it without reading it
+
+    def views():  # as FSDP2's copy-out: views of the fresh buffer are its out= buffers
+        buffer = torch.full((4,), float("nan"))
+        torch.mul(torch.ones(2, 2), 2.0, out=buffer.view(2, 2))
+        buffer.view(4).log()  # written since: judged (log(2) is finite)
+
+    assert _records(tmp_path / "views", views) == []

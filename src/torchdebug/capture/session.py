@@ -208,8 +208,11 @@ class CaptureSession:
                 if isinstance(value, torch.Tensor):
                     try:
                         why = unread.get(arg.partition(".")[0], unread.get("*")) if unread else None
-                        if why is None and self.unwritten and not mutated:
-                            why = self.unwritten.why(value)
+                        if why is None and self.unwritten:
+                            if mutated:  # an in-place op's written argument holds values from now on
+                                self.unwritten.written(value)
+                            else:
+                                why = self.unwritten.why(value)
                         if why and value.numel():
                             self._fill_description(record, value)  # values the op neither made nor read
                             record.extra = {UNREAD: why}

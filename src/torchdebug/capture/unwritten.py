@@ -8,8 +8,9 @@ such memory records garbage: two identical runs then differ, and a NaN search na
 fresh buffer as where the NaN entered.
 
 :class:`UnwrittenStorages` follows those storages through a step: a tensor on one (the buffer or
-any view of it) holds no value until a declared write moves the version counter its views share,
-or until an op writes it without declaring it (a collective's output, an ``out=`` buffer, FSDP2's
+any view of it) holds no value until an op writes it: an in-place op (whose written output shows
+it, and which moves the version counter the views share with the buffer), or an op that writes it
+without declaring it (a collective's output, an ``out=`` buffer, FSDP2's
 copy-out; the eager capture's ``unread_inputs``). Storages are keyed by their ``StorageImpl``, which
 a resize keeps, not by their address, which it changes and an allocator reuses.
 """
@@ -36,8 +37,8 @@ def _storage_id(tensor: torch.Tensor) -> int | None:
 
 
 class UnwrittenStorages:
-    """Storages nothing has written since they were handed out, each with the tensor that holds
-    it (weakly: a freed storage drops out) and that tensor's version then."""
+    """Storages nothing has written since they were handed out, each with the tensor that marked
+    it (held weakly: once it is gone, what is left of the storage is read again) and its version."""
 
     def __init__(self) -> None:
         self._storages: dict[int, tuple[weakref.ref, int]] = {}
@@ -59,8 +60,10 @@ class UnwrittenStorages:
         entry = self._storages.get(key) if key is not None else None
         if entry is None:
             return None
-        holder, version = entry
-        if holder() is not None and tensor_version(tensor) == version:
+        holder = entry[0]()
+        # The holder's version, not the tensor's: a view met inside the dispatch (an op's output)
+        # has no shared version counter yet; autograd gives it one once the op returns.
+        if holder is not None and tensor_version(holder) == entry[1]:
             return UNINITIALISED
         del self._storages[key]
         return None

@@ -168,6 +168,21 @@ def test_replicate_partitioned_a_replicated_bias_against_it_divided_by_the_mesh_
         assert _judged(row) == ("error", "blamed")
 
 
+def test_sharded_embedding_indices_global_against_local_indices_cannot_be_compared():
+    """A vocabulary-sharded embedding: eager records the DTensor op's global indices, a compiled
+    graph the local ones DTensor computes from them inside the op."""
+    replicated = {"extra": {"subclass": "DTensor", "placements": ["R"], "mesh": [2], "mesh_coordinate": [1]}}
+    ids = {"dtype": "int64", "shape": [2, 8]}
+    indices = _row("input", 2.0, op="aten.embedding.default", arg="1", a={**replicated, **ids}, b=ids)
+    judge([indices])
+    assert indices.verdict == "incomparable" and "local indices of a vocabulary-sharded embedding" in indices.message
+    weight = _row("input", 2.0, call=1, op="aten.embedding.default", a=replicated, b={})  # the table: compared
+    plain = _row("input", 2.0, call=2, op="aten.embedding.default", arg="1", a=ids, b=ids)  # no DTensor: compared
+    for row in (weight, plain):
+        judge([row])
+        assert _judged(row) == ("error", "blamed")
+
+
 # --- outputs beyond tolerance ---------------------------------------------------------------------------
 
 

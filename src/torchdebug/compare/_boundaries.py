@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 from torchdebug.compare._matching import Pair, identity, producers
 from torchdebug.compare._metrics import stats_metrics
+from torchdebug.compare._shards import local_indices
 from torchdebug.compare._tolerances import tolerance_for
 from torchdebug.records import NO_MODULE, Record
 
@@ -77,6 +78,8 @@ class _Aligner:
                 self._link(pair.a, pair.b)
 
     def _link(self, a: Record, b: Record) -> None:
+        if (a.extra or b.extra) and (local_indices(a, b) or local_indices(b, a)):
+            return  # one slot, not one value: what made either side's is not the other's
         value_a, value_b = _value(a), _value(b)
         if value_a is not None and value_b is not None:
             self.partner_b.setdefault(value_b, value_a)

@@ -108,6 +108,14 @@ class Pair:
     """For ``inside``: the call of B (a decomposed eager op) whose compiled group holds this slot of A."""
 
 
+def _paired_shape(record: Record) -> tuple[int, ...]:
+    """The shape calls are paired by: a DTensor record's local shape, the shape of the shard its
+    statistics describe and the shape a compiled graph's record of it has (a graph computes on the
+    shards); the global shape would pair a sharded ``mm`` with another ``mm`` that happens to have
+    it (a linear's two backward ``mm``). Merged shards (``_shards.py``) have no local shape left."""
+    return tuple(record.extra.get("local_shape") or record.shape or ())
+
+
 @dataclass(slots=True, eq=False)
 class _Call:
     """The records of one op or module call, with their slot names (``output.0``) cut once."""
@@ -129,7 +137,7 @@ class _Call:
         """The shapes of the tensor slots: calls that swapped places (gradient accumulation order,
         say) keep their names but not their shapes. Made when asked, not kept: a step's calls
         all hold theirs while they are paired."""
-        return tuple((slot, tuple(r.shape or ())) for slot, r in zip(self.slots, self.records) if r.kind == "tensor")
+        return tuple((slot, _paired_shape(r)) for slot, r in zip(self.slots, self.records) if r.kind == "tensor")
 
 
 @dataclass(slots=True, eq=False)
@@ -245,7 +253,7 @@ def _align_leftovers(
     def by_op_and_outputs(call: _Call) -> object:
         """The op, its slots' dtypes and its outputs' shapes (its inputs may be other views)."""
         slots = [(slot, r) for slot, r in zip(call.slots, call.records) if r.kind == "tensor"]
-        shape = {slot: tuple(r.shape or ()) if r.io in _OUTPUTS else () for slot, r in slots}
+        shape = {slot: _paired_shape(r) if r.io in _OUTPUTS else () for slot, r in slots}
         return by_op(call), tuple(sorted((slot, r.dtype or "", shape[slot]) for slot, r in slots))
 
     def in_order(align: Callable[[list[_Call], list[_Call]], list[tuple[int, int]]]) -> Callable[..., list[tuple[int, int]]]:

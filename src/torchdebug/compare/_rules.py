@@ -26,7 +26,7 @@ from torchdebug.compare._flow import OUTPUT_IO, Flow
 from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._metrics import stats_metrics
 from torchdebug.compare._rows import Row
-from torchdebug.compare._shards import one_shard
+from torchdebug.compare._shards import local_indices, one_shard
 
 __all__ = ["Call", "Rule", "RULES", "slot_of"]
 
@@ -310,6 +310,23 @@ def replicate_partitioned(row: Row, call: Call) -> Judgement | None:
     return None
 
 
+def sharded_embedding_indices(row: Row, call: Call) -> Judgement | None:
+    """The indices of a vocabulary-sharded DTensor embedding against plain ones cannot be compared.
+
+    ``RowwiseParallel`` on an embedding makes the DTensor op shift the global indices to each
+    rank's rows, where eager capture does not see it; a compiled graph computes on local tensors and
+    holds the local indices (:func:`~torchdebug.compare._shards.local_indices`). The embedding's
+    outputs, the same on both sides, are compared."""
+    a, b = row.record_a, row.record_b
+    if a is None or b is None or not (a.extra or b.extra):
+        return None
+    for whole, part in ((a, b), (b, a)):
+        if local_indices(whole, part):
+            side = "B" if part is b else "A"
+            return _incomparable(row, f"{side} holds the local indices of a vocabulary-sharded embedding, the other side the global ones")
+    return None
+
+
 # --- outputs beyond tolerance ---------------------------------------------------------------------
 
 
@@ -578,6 +595,7 @@ RULES: tuple[Rule, ...] = (
     Rule(no_statistics, _TENSORS),
     Rule(within_tolerance, _TENSORS),
     Rule(replicate_partitioned, _TENSORS),
+    Rule(sharded_embedding_indices, _TENSORS),
     Rule(constant_from_arguments, _OUTPUTS),
     Rule(called_differently, _OUTPUTS),
     Rule(replay_own_error, _OUTPUTS),

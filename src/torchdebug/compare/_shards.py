@@ -41,7 +41,17 @@ from torchdebug.records import Record
 from torchdebug.stats._schema import COUNT_KEYS
 from torchdebug.store import _reader as reader
 
-__all__ = ["Layout", "ShardedRank", "data_split", "layouts", "whole_tensors", "one_shard", "row_note", "sharded"]
+__all__ = [
+    "Layout",
+    "ShardedRank",
+    "data_split",
+    "layouts",
+    "local_indices",
+    "whole_tensors",
+    "one_shard",
+    "row_note",
+    "sharded",
+]
 
 _OUTPUTS = ("output", "parameter_grad")
 _COMBINED_PARTIALS = {"P(sum)": False, "P(avg)": True}
@@ -88,6 +98,24 @@ def sharded(record: Record) -> bool:
     """Whether a record holds one piece of a DTensor split over ranks (Shard or Partial)."""
     placements = record.extra.get("placements") if record.extra else None
     return bool(placements) and any(str(p).startswith(("S(", "P(")) for p in placements)
+
+
+_EMBEDDINGS = frozenset({"aten.embedding.default", "aten.embedding_bag.default", "aten._embedding_bag.default"})
+
+
+def local_indices(whole: Record, part: Record) -> bool:
+    """Whether ``part``, a plain record, may hold the local indices of the DTensor embedding whose
+    indices ``whole`` records: ``RowwiseParallel`` shards an embedding's table by rows, and inside
+    the DTensor op, where eager capture does not see it, each rank shifts the global indices to its
+    shard and zeroes those outside it (``MaskPartial``); a compiled graph holds those local ones.
+    Not one value, though one slot: never compared, nor followed as one value."""
+    return (
+        whole.op in _EMBEDDINGS
+        and whole.arg == "1"
+        and whole.extra.get("subclass") == "DTensor"
+        and not part.extra.get("subclass")
+        and (whole.dtype or "").startswith(("int", "uint"))
+    )
 
 
 def _native(record: Record) -> Layout | None:

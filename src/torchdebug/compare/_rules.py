@@ -323,7 +323,8 @@ def sharded_embedding_indices(row: Row, call: Call) -> Judgement | None:
     for whole, part in ((a, b), (b, a)):
         if local_indices(whole, part):
             side = "B" if part is b else "A"
-            return _incomparable(row, f"{side} holds the local indices of a vocabulary-sharded embedding, the other side the global ones")
+            why = f"{side} holds the local indices of a vocabulary-sharded embedding, the other side the global ones"
+            return _incomparable(row, why)
     return None
 
 

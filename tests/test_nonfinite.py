@@ -118,6 +118,22 @@ def test_find_origin_skips_given_infinities_and_looks_at_each_step():
     assert find_origin(records[:5]) is None
 
 
+def test_find_origin_orders_calls_by_dispatch_so_a_collective_precedes_the_ops_reading_its_output():
+    """A collective's outputs are recorded once its work completes, after ops that ran meanwhile:
+    FSDP2's copy-out views the all-gather's output (with the NaN another rank's shard held) before
+    the capture sees the work completed. By record order that view took the NaN in first."""
+    gather = "forward/layers.1/c10d._allgather_base_.default#0"
+    view = "forward/layers.1/aten.view.default#0"
+    records = [
+        _record(gather, "input", 5),
+        _record(view, "input", 6, nan=1),
+        _record(view, "output", 6, nan=1),
+        _record(gather, "output", 5, nan=1),  # written when the work completed
+    ]
+    origin = find_origin(records)
+    assert origin.kind == ORIGIN and origin.record.name == f"{gather}/output.0"
+
+
 # -- a small GPT with a causal mask --------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from torchdebug.stats._schema import STAT_KEYS
 
 __all__ = [
     "ALLOCATIONS",
+    "COLLECTIVES",
     "LOSS_OP",
     "MODULE_OP",
     "NO_MODULE",
@@ -69,6 +70,10 @@ UNREAD = "unread"
 allocation's output, :data:`ALLOCATIONS`), ``overwritten`` (an argument the op writes without
 reading: an ``out=`` buffer, a collective's output tensor, ``copy_``'s destination) or ``partly
 written`` (FSDP2's all-gather buffer after its copy-in, which the all-gather fills)."""
+
+COLLECTIVES = ("c10d.", "_c10d_functional.")
+"""Op name prefixes of torch.distributed's collectives (``c10d.allreduce_.default``, functional
+``_c10d_functional.all_reduce.default``): their outputs hold other ranks' values."""
 
 ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
 """Ops (by name, without namespace and overload) whose output holds whatever the memory held until

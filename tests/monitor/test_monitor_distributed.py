@@ -91,7 +91,7 @@ def _fsdp_main(rank: int, root: str) -> None:
         model.layers[index] = block
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4, replay="off")
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4)
     for step in range(6):
         if step == 4 and rank == 1:
             with torch.no_grad():
@@ -109,11 +109,20 @@ def _fsdp_main(rank: int, root: str) -> None:
 @pytest.mark.slow
 def test_fsdp2_checkpointed_compiled_blocks_are_watched_by_shard(runs: Path) -> None:
     """The large-model recipe: FSDP2 parameters and gradients are watched through each rank's shard;
-    a NaN in rank 1's shard reaches both ranks' forward through the all-gather."""
+    a NaN in rank 1's shard reaches both ranks' forward through the all-gather, and the replays name
+    rank 1 first."""
     tmp_path = runs / "fsdp"
     events = [json.loads((tmp_path / f"event{rank}.json").read_text()) for rank in (0, 1)]
     assert all(e["step"] == 4 and e["reason"] == "nonfinite" for e in events)
     assert all(e["slot"] == "forward/layers.1/module#0/output.0" for e in events)
+    # both ranks show it in the same slot; the replays tell where it began: rank 1's shard went into
+    # FSDP2's copy-in holding it, rank 0 got it from the all-gather
+    assert [e["ranks"] for e in events] == [[1, 0], [1, 0]]
+    replays = [e["replay"] for e in events]
+    assert all(r["reproduced"] for r in replays) and [r["from_another_rank"] for r in replays] == [True, False]
+    assert replays[0]["origin"].startswith("step 4: forward/layers.1/c10d._allgather_base_.default#0 ")
+    assert replays[1]["origin"].startswith("step 4: forward/layers.1/fsdp.all_gather_copy_in.default#0 ")
+    assert "NaN already in input.0." in replays[1]["origin"]
     slots = json.loads((tmp_path / "slots0.json").read_text())
     assert "backward/layers.1.mlp.fc/module#0/parameter_grad.weight" in slots
     assert "optimizer/layers.1.mlp.fc/module#0/parameter.weight" in slots

@@ -77,9 +77,10 @@ def _inside_torch_distributed(frame: FrameType | None) -> bool:
 
 
 def collective_owner(name_of: Callable[[nn.Module], str]) -> tuple[str | None, str] | None:
-    """``(phase, module path)`` of the collective being dispatched when an FSDP2 parameter group
-    issues it: an all-gather belongs to the module whose parameters it gathers, a reduce-scatter to
-    the module whose gradients it reduces, in the pass the group runs it for (``forward`` or
+    """``(phase, module path)`` of the collective (or FSDP2 copy-in or copy-out) being dispatched
+    when an FSDP2 parameter group issues it: an all-gather belongs to the module whose parameters it
+    gathers, a reduce-scatter to the module whose gradients it reduces, in the pass the group runs
+    it for (``forward`` or
     ``backward``, prefetches included; ``None`` when the group is idle: the caller's phase holds).
     ``name_of`` names a module (the module tracker's); a group of several modules
     (``fully_shard([a, b])``) is named ``a+b``. ``None`` for other collectives."""

@@ -115,6 +115,11 @@ class _OpInfo(NamedTuple):
     a buffer it writes only part of (``partly written``)."""
     unshards: bool
     """FSDP2's copy-in: its parameter group is unsharding into buffers that hold no value yet."""
+    grouped: bool
+    """A collective or one of FSDP2's own ops (namespace ``fsdp``: its copy-in and copy-out): run by
+    an FSDP2 parameter group, it belongs to the group's module and pass (``collective_owner``); the
+    group's hooks may run on a wrapper (``checkpoint_wrapper``) before the module tracker enters
+    the module it wraps."""
 
 
 def _op_info(func: Any) -> _OpInfo:
@@ -156,6 +161,7 @@ def _op_info(func: Any) -> _OpInfo:
         overwritten,
         made,
         name == _COPY_IN,
+        namespace in ("c10d", "fsdp") or functional,
     )
 
 
@@ -340,8 +346,8 @@ class OpCapture:
                 paired = self._replay.pair(node, op, module, self._log, self._forward)
             if paired is not None:
                 module, fwd = paired[0], paired[1]
-        if info.collective and (owner := collective_owner(self.tracker.name_of)) is not None:
-            phase = owner[0] or phase  # an FSDP2 group's collective: its module, in the pass it runs for
+        if info.grouped and (owner := collective_owner(self.tracker.name_of)) is not None:
+            phase = owner[0] or phase  # an FSDP2 group's collective or copy: its module, in the pass it runs for
             module, fwd, captured = owner[1], None, None
         rebuilds = phase == RECOMPUTE and info.detach and rebuilt is None
         key = (phase, module, op)

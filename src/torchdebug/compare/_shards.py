@@ -37,7 +37,7 @@ from fractions import Fraction
 from typing import Any
 
 from torchdebug.compare._matching import identity
-from torchdebug.records import Record
+from torchdebug.records import COLLECTIVES, Record
 from torchdebug.stats._schema import COUNT_KEYS
 from torchdebug.store import _reader as reader
 
@@ -128,11 +128,6 @@ def _native(record: Record) -> Layout | None:
     return Layout(tuple(extra["placements"]), tuple(extra["mesh"]), tuple(coordinate), tuple(record.shape), tuple(local))
 
 
-_COLLECTIVES = ("_c10d_functional.", "c10d.")
-"""Ops whose output is another value than their inputs' pieces (an all-reduce of ``P(sum)`` pieces
-is the whole value on every rank): it follows no input's layout."""
-
-
 def _follow(inputs: Sequence[tuple[Record, Layout | None]], shape: Sequence[int] | None) -> Layout | None:
     """The layout of a plain op's output: that of its inputs holding pieces, when they share one
     whose local shape is the output's and no plain input of that shape (another value) joins them."""
@@ -170,7 +165,8 @@ def layouts(records: Sequence[Record]) -> dict[int, Layout]:
         elif not on_subclass:
             if record.io == "input":
                 layout = made.get(identity(record))  # type: ignore[arg-type]
-            elif record.io in _OUTPUTS and not record.op.startswith(_COLLECTIVES):
+            elif record.io in _OUTPUTS and not record.op.startswith(COLLECTIVES):
+                # (a collective's output is another value: an all-reduce makes P(sum) pieces whole)
                 layout = _follow(inputs, record.shape)
         if record.io == "input":
             inputs.append((record, layout))

@@ -73,9 +73,10 @@ class MonitorEvent:
     """The record name of the first watched slot where it showed (``None``: no slot stands out)."""
     rank: int
     ranks: list[int] = field(default_factory=list)
-    """Every rank that fired at this step, those that saw it earliest in the step (forward before the
-    loss, the loss before gradients, gradients before parameters; within one, the slot run first)
-    first: ``ranks[0]`` saw it first."""
+    """Every rank that fired at this step, where it began first: after a replay, the ranks whose
+    replay found it brought by a collective (another rank's values) come last; otherwise, and within
+    each group, those that saw it earliest in the step (forward before the loss, the loss before
+    gradients, gradients before parameters; within one, the slot run first) first."""
     window: Path | None = None
     """The window dump (a dump path)."""
     replay: ReplayOutcome | None = None
@@ -329,7 +330,8 @@ class Monitor:
         write_window(self.ring, run_dir, self.rank, self.world_size, self.config.to_dict(), event.to_dict())
         outcome = None
         state = self._random_state if trigger.step == self.current_step else None
-        if closure is not None and state is not None and self.config.replay != "off":
+        replays = closure is not None and state is not None and self.config.replay != "off"
+        if replays:
             self.watcher.stop()  # the replay's module calls are not the window's
             try:
                 outcome = replay(
@@ -345,6 +347,8 @@ class Monitor:
                 )
             finally:
                 self.watcher.start()
+            if agreed:  # every rank replayed: ask where it began
+                ranks = _began_first(ranks, outcome)
         event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome)
         self.events.append(event)
         self._agreed_events += agreed
@@ -356,12 +360,30 @@ def _ranks_that_fired(place: tuple[int, int] | None, rank: int) -> list[int]:
     """The ranks whose step fired, those that saw it earliest in the step first: ``place`` is where
     this rank first saw it (:meth:`~torchdebug.monitor._ring.Ring.place`: the stage, then the slot's
     place in it; ``None``: it did not fire); the rank breaks ties. Without torch.distributed this
-    rank alone; else one all-gather of three integers per rank (on the device NCCL needs)."""
+    rank alone; else one all-gather of three integers per rank."""
     if not dist_initialized():
         return [rank] if place is not None else []
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    flag = torch.tensor([int(place is not None), *(place or (0, 0))], device=device)
-    flags = [torch.zeros_like(flag) for _ in range(dist.get_world_size())]
-    dist.all_gather(flags, flag)
-    fired = [(stage, index, r) for r, (did, stage, index) in enumerate(torch.stack(flags).tolist()) if did]
+    every = _gather([int(place is not None), *(place or (0, 0))])
+    fired = [(stage, index, r) for r, (did, stage, index) in enumerate(every) if did]
     return [r for *_, r in sorted(fired)]
+
+
+def _began_first(ranks: list[int], outcome: ReplayOutcome | None) -> list[int]:
+    """``ranks`` with those whose replay found the NaN/Inf brought by a collective (another rank's
+    values: FSDP2's all-gather of a shard, tensor parallelism's all-reduce) after those where it
+    began (an op of their own, or a parameter, batch or state of their own), each group in its
+    order. Two ranks see a NaN in one rank's parameter shard in the same slot; this tells them
+    apart. One all-gather of one integer per rank, after the replays every rank ran."""
+    if not dist_initialized():
+        return ranks
+    brought = _gather([int(outcome is not None and outcome.from_another_rank)])
+    return sorted(ranks, key=lambda r: brought[r][0])
+
+
+def _gather(values: list[int]) -> list[list[int]]:
+    """Every rank's ``values`` (as many on each), by rank: one all-gather, on the device NCCL needs."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    mine = torch.tensor(values, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return torch.stack(every).tolist()

@@ -25,7 +25,8 @@ from torch import nn
 
 from torchdebug._torch.dynamo import compiled_modules
 from torchdebug.debugger import Debugger
-from torchdebug.nonfinite import find_origin
+from torchdebug.nonfinite import ORIGIN, find_origin
+from torchdebug.records import COLLECTIVES
 from torchdebug.store._reader import load
 
 
@@ -61,6 +62,9 @@ class ReplayOutcome:
     """The op that made the first NaN/Inf, with its phase, module and source line (``None``: none made)."""
     eager_loss: float | None = None
     """With compiled modules: the loss of the captured replay, which ran them eagerly."""
+    from_another_rank: bool = False
+    """The first NaN/Inf came out of a collective: another rank's values brought it here (that
+    rank's own replay names where it began)."""
 
     @property
     def message(self) -> str:
@@ -89,6 +93,7 @@ class ReplayOutcome:
             "replay_loss": self.replay_loss,
             "origin": self.origin,
             "eager_loss": self.eager_loss,
+            "from_another_rank": self.from_another_rank,
         }
 
 
@@ -137,6 +142,7 @@ def replay(
         replay_loss=_value(replayed),
         origin=str(origin) if origin is not None else None,
         eager_loss=_value(captured) if compiled else None,
+        from_another_rank=origin is not None and origin.kind == ORIGIN and origin.record.op.startswith(COLLECTIVES),
     )
 
 

@@ -80,10 +80,9 @@ def collective_owner(name_of: Callable[[nn.Module], str]) -> tuple[str | None, s
     """``(phase, module path)`` of the collective (or FSDP2 copy-in or copy-out) being dispatched
     when an FSDP2 parameter group issues it: an all-gather belongs to the module whose parameters it
     gathers, a reduce-scatter to the module whose gradients it reduces, in the pass the group runs
-    it for (``forward`` or
-    ``backward``, prefetches included; ``None`` when the group is idle: the caller's phase holds).
-    ``name_of`` names a module (the module tracker's); a group of several modules
-    (``fully_shard([a, b])``) is named ``a+b``. ``None`` for other collectives."""
+    it for (``forward`` or ``backward``, prefetches included; ``None`` when the group is idle: the
+    caller's phase holds). ``name_of`` names a module (the module tracker's); a group of several
+    modules (``fully_shard([a, b])``) is named ``a+b``. ``None`` for other collectives."""
     found = issuing_group(sys._getframe(1))
     if found is None:
         return None

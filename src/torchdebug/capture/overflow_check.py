@@ -206,12 +206,14 @@ class OverflowWatch:
             ]
         out = func(*args, **kwargs)
         outputs = list(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
+        if written and unwritten:  # an in-place op's written argument holds values from now on
+            for _, value in outputs:
+                if isinstance(value, torch.Tensor):
+                    unwritten.written(value)
         checked = [
             plain
             for arg, value in outputs
-            if _checked(plain := _plain(value))
-            and arg not in info.unread_outputs
-            and not (unwritten and not written and unwritten.why(plain))
+            if _checked(plain := _plain(value)) and arg not in info.unread_outputs and not (unwritten and unwritten.why(plain))
         ]
         if not checked:
             return out

@@ -170,3 +170,50 @@ def test_tensor_parallel_outputs_are_read_once_their_all_reduce_is_in(runs: Path
     assert events[0]["slot"] == "forward/layers.1.mlp/module#0/output.0"
     assert [e["ranks"] for e in events] == [[1, 0], [1, 0]]
     assert all(e["replay"]["reproduced"] for e in events)
+
+
+def _fsdp_tp_main(rank: int, root: str) -> None:
+    """FSDP2 over ``dp`` and tensor parallelism over ``tp`` on a 2 × 2 mesh: ranks 1 and 3 hold the
+    same tensor-parallel half, each one half of it under FSDP2."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torchdebug.seed_all(0)
+    model = GPT(CONFIG)
+    for block in model.layers:
+        parallelize_module(block.mlp, mesh["tp"], {"fc": ColwiseParallel(), "out": RowwiseParallel()})
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4)
+    for step in range(6):
+        if step == 4 and rank == 3:
+            with torch.no_grad():
+                model.layers[1].mlp.fc.weight.to_local()[0, 0] = float("nan")  # rank 3's piece of rank 1's and 3's half
+        monitor.step(_closure(model, optimizer, step, mesh["dp"].get_local_rank()))
+    monitor.close()
+    (event,) = monitor.events
+    Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))
+    dist.barrier()
+
+
+@pytest.mark.slow
+def test_fsdp2_with_tensor_parallelism_names_where_the_nan_began_on_every_rank(tmp_path: Path) -> None:
+    """FSDP2 with tensor parallelism, 4 ranks: the NaN in rank 3's shard reaches rank 1 through
+    FSDP2's all-gather and ranks 0 and 2 through the MLP's all-reduce. Each replay names its own
+    entry (not a view of a buffer FSDP2 handed out again, full of what the NaN step left there), and
+    the ranks are named from where it began."""
+    gloo.spawn(_fsdp_tp_main, tmp_path, str(tmp_path), world_size=4)
+    events = [json.loads((tmp_path / f"event{rank}.json").read_text()) for rank in range(4)]
+    assert [e["ranks"] for e in events] == [[3, 1, 0, 2]] * 4
+    assert all(e["step"] == 4 and e["replay"]["reproduced"] for e in events)
+    origins = [e["replay"]["origin"].split(" (phase")[0] for e in events]
+    assert origins == [
+        "step 4: forward/layers.1.mlp/_c10d_functional.all_reduce.default#0",
+        "step 4: forward/layers.1/c10d._allgather_base_.default#0",
+        "step 4: forward/layers.1.mlp/_c10d_functional.all_reduce.default#0",
+        "step 4: forward/layers.1/fsdp.all_gather_copy_in.default#0",
+    ]
+    assert "NaN already in input.0." in events[3]["replay"]["origin"]

@@ -350,7 +350,12 @@ def test_fsdp2_parameter_groups_have_what_the_collective_owners_read():
     for method in ("unshard", "post_backward"):
         assert inspect.unwrap(getattr(groups.FSDPParamGroup, method)).__code__.co_filename == groups.__file__
     init = inspect.getsource(groups.FSDPParamGroup.__init__)
-    assert "self.modules" in init and "self._training_state" in init
+    assert "self.modules" in init and "self._training_state" in init and "self.fsdp_params" in init
+    # what unshard_buffers reads: each parameter's all-gather buffers, resized (not replaced) by an unshard
+    params = importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_param")
+    assert "self.all_gather_outputs" in inspect.getsource(params.FSDPParam.__init__)
+    assert "alloc_storage(tensor)" in inspect.getsource(params.FSDPParam.alloc_all_gather_outputs)
+    assert fsdp.unshard_buffers(None) == []  # no group running
 
 
 def test_async_collective_tensors_have_what_capture_reads_and_a_wait_without_work_returns():

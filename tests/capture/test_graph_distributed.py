@@ -74,7 +74,8 @@ def test_a_compiled_all_reduce_is_read_once_waited_for(tmp_path: Path) -> None:
 
 class _SequenceParallelNet(torch.nn.Module):
     """An embedding, a pre-norm MLP block and a head, laid out as torchtitan lays out a transformer:
-    a vocabulary-sharded embedding, sequence-parallel norms, the MLP split by columns then rows."""
+    a vocabulary-sharded embedding, sequence-parallel norms, the MLP split by columns (its input
+    gathered along the sequence) then rows (its output scattered along it)."""
 
     def __init__(self, vocab: int = 32, width: int = 16) -> None:
         super().__init__()
@@ -94,26 +95,19 @@ class _SequenceParallelNet(torch.nn.Module):
 def _sequence_parallel_main(rank: int, path: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     torch.manual_seed(0)
     model = _SequenceParallelNet()
     plan = {
         "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "ln": SequenceParallel(),
-        "fc": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "fc": ColwiseParallel(input_layouts=Shard(1)),  # gathers the sequence
         "out": RowwiseParallel(output_layouts=Shard(1)),
         "norm": SequenceParallel(),
         "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
     }
     parallelize_module(model, init_device_mesh("cpu", (2,)), plan)
-    parallelize_module(model.fc, model.emb.weight.device_mesh, ColwiseParallel())
     tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
     with torchdebug.dump(Path(path, "eager"), task="statistics"):
         model(tokens).backward()

@@ -108,7 +108,7 @@ class Debugger:
     def _build(self, model: nn.Module | None) -> None:
         if model is not None:
             model = unwrap_compiled(model)  # names relative to the model, not to torch.compile's wrapper
-        self._tracker = ModuleTracker(model)
+        self._tracker = ModuleTracker(model, hook_ops=True)
         if self.config.level in ("module", "mix"):
             self._modules = ModuleRecorder(self.session, self._phases, self._ios, model)
             self._tracker.recorder = self._modules

@@ -32,6 +32,7 @@ __all__ = [
     "COLLECTIVES",
     "LOSS_OP",
     "MODULE_OP",
+    "NEVER_MATERIALISED",
     "NO_MODULE",
     "PHASES",
     "SCHEMA_VERSION",
@@ -65,11 +66,16 @@ UNINITIALISED = "uninitialised"
 """The :data:`UNREAD` reason of an allocation's output, and of the views of it taken before anything
 wrote it."""
 
+NEVER_MATERIALISED = "never materialised"
+"""The :data:`UNREAD` reason of a graph dump's output slot that the graph never uses (one output
+of a multi-output op, a ``split`` chunk another rank holds): the compiled code never computes it."""
+
 UNREAD = "unread"
 """The ``extra`` key of a tensor record whose values were not read, and why: ``uninitialised`` (an
 allocation's output, :data:`ALLOCATIONS`), ``overwritten`` (an argument the op writes without
-reading: an ``out=`` buffer, a collective's output tensor, ``copy_``'s destination) or ``partly
-written`` (FSDP2's all-gather buffer after its copy-in, which the all-gather fills)."""
+reading: an ``out=`` buffer, a collective's output tensor, ``copy_``'s destination), ``partly
+written`` (FSDP2's all-gather buffer after its copy-in, which the all-gather fills) or ``never
+materialised`` (:data:`NEVER_MATERIALISED`)."""
 
 COLLECTIVES = ("c10d.", "_c10d_functional.")
 """Op name prefixes of torch.distributed's collectives (``c10d.allreduce_.default``, functional

@@ -163,10 +163,11 @@ def test_tensor_parallel_all_reduce_records_hold_the_reduced_output(dumps):
     run = torchdebug.load(dumps / "tensor_parallel")
     for rank, dump in sorted(run.ranks.items()):
         expected = json.loads((dumps / f"{rank}.json").read_text())
-        forward = {r.name.removeprefix("forward/<root>/"): r for r in dump.records() if r.phase == "forward"}
-        reduced = forward["_c10d_functional.all_reduce.default#0/output.0"]
+        forward = {r.name: r for r in dump.records() if r.phase == "forward"}
+        # issued by RowwiseParallel's hook on `down`, after `down` returned: filed under `down`
+        reduced = forward["forward/down/_c10d_functional.all_reduce.default#0/output.0"]
         assert (reduced.stats["min"], reduced.stats["max"]) == (expected["min"], expected["max"]), rank
-        residual = forward["aten.add.Tensor#0/input.0"]  # RowwiseParallel's output, plus the block's input
+        residual = forward["forward/<root>/aten.add.Tensor#0/input.0"]  # RowwiseParallel's output, plus the block's input
         assert residual.extra.get("subclass") == "AsyncCollectiveTensor" and residual.stats == reduced.stats
 
 
@@ -192,9 +193,9 @@ def test_a_module_output_still_being_reduced_is_recorded_once_reduced(dumps):
     run = torchdebug.load(dumps / "tensor_parallel_modules")
     outputs = []
     for rank, dump in sorted(run.ranks.items()):
-        forward = {r.name.removeprefix("forward/layers.0.mlp/"): r for r in dump.records() if r.phase == "forward"}
-        module = forward["module#0/output.0"]
+        forward = {r.name.removeprefix("forward/layers.0.mlp"): r for r in dump.records() if r.phase == "forward"}
+        module = forward["/module#0/output.0"]
         assert module.extra.get("subclass") == "AsyncCollectiveTensor", rank
-        assert module.stats == forward["_c10d_functional.all_reduce.default#0/output.0"].stats, rank
+        assert module.stats == forward[".out/_c10d_functional.all_reduce.default#0/output.0"].stats, rank
         outputs.append(module.stats)
     assert outputs[0] == outputs[1]

@@ -50,3 +50,28 @@ def test_shared_modules_keep_their_first_name(tmp_path):
     with torchdebug.dump(tmp_path, model=model):
         model["b"](torch.ones(1, 2))
     assert {r.module for r in torchdebug.load(tmp_path).ranks[0].records() if r.op == "aten.addmm.default"} == {"a"}
+
+
+def test_ops_of_a_modules_own_forward_hooks_are_the_modules(tmp_path):
+    """A module's own forward hooks run after the global hook that sees it return (tensor
+    parallelism redistributes a layer's output so): their ops are filed under the module, as a
+    compiled graph files them; a module called inside a hook has its own name, and after the hooks
+    the caller's ops are the caller's again."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            self.inner = nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x).exp()
+
+    model = Net()
+    model.fc.register_forward_hook(lambda module, args, out: model.inner(out.sin()).cos())
+    records = _records(tmp_path, model, lambda: model(torch.ones(1, 2)))
+    modules = {r.op: r.module for r in records if r.io == "output"}
+    assert modules["aten.addmm.default"] == "fc"
+    assert modules["aten.sin.default"] == modules["aten.cos.default"] == "fc"  # the hook's
+    assert modules["aten.relu.default"] == "inner"  # a module the hook called
+    assert modules["aten.exp.default"] == "<root>"  # after fc's call returned

@@ -211,9 +211,9 @@ def test_fsdp2_with_tensor_parallelism_names_where_the_nan_began_on_every_rank(t
     assert all(e["step"] == 4 and e["replay"]["reproduced"] for e in events)
     origins = [e["replay"]["origin"].split(" (phase")[0] for e in events]
     assert origins == [
-        "step 4: forward/layers.1.mlp/_c10d_functional.all_reduce.default#0",
+        "step 4: forward/layers.1.mlp.out/_c10d_functional.all_reduce.default#0",
         "step 4: forward/layers.1/c10d._allgather_base_.default#0",
-        "step 4: forward/layers.1.mlp/_c10d_functional.all_reduce.default#0",
+        "step 4: forward/layers.1.mlp.out/_c10d_functional.all_reduce.default#0",
         "step 4: forward/layers.1/fsdp.all_gather_copy_in.default#0",
     ]
     assert "NaN already in input.0." in events[3]["replay"]["origin"]

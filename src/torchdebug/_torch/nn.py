@@ -18,6 +18,12 @@ purpose), torch 2.11 through 2.14 call an always-called global hook without its 
 argument, ``hook(module, args, result)``: a hook declared with kwargs would fail and torch would
 warn. :class:`GlobalForwardHooks` takes that call and reports it to its ``raised`` callback.
 
+Global forward hooks run before a module's own: ``Module._call_impl`` (torch 2.11 through 2.14) runs
+``_global_forward_hooks`` and then ``self._forward_hooks`` from one frame of
+``torch/nn/modules/module.py`` (its ``inner`` function), so a module's own hooks (tensor
+parallelism's output redistribution, registered by ``parallelize_module``) run after the global
+hook saw the module return. :func:`in_call_of` tells whether that call still runs.
+
 Module wrappers (``checkpoint_wrapper``'s ``CheckpointWrapper``, FSDP1's
 ``FullyShardedDataParallel``, ``torch.compile``'s ``OptimizedModule``) hold the module they stand
 for as their only child, under the attribute names in :data:`WRAPPER_ATTRIBUTES`. The hooks skip
@@ -31,6 +37,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from torch import nn
@@ -43,6 +50,20 @@ _WRAPPER_WARNING = re.escape("Using `torch.compile(module)` when there are globa
 
 WRAPPER_ATTRIBUTES = frozenset({"_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod"})
 """Child names under which a module wrapper holds the module it stands for (torch 2.11 through 2.14)."""
+
+
+_MODULE_FILE = _module_globals.__file__
+
+
+def in_call_of(module: nn.Module, frame: FrameType | None) -> bool:
+    """Whether torch's call of ``module`` (its ``_call_impl`` frame, or the ``inner`` function that
+    runs the hooks) is ``frame`` or one of its callers: that call, hooks included, has not returned.
+    Reads the locals of torch's module-call frames only."""
+    while frame is not None:
+        if frame.f_code.co_filename == _MODULE_FILE and frame.f_locals.get("self") is module:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def is_module_wrapper(module: nn.Module) -> bool:
@@ -125,6 +146,7 @@ class GlobalForwardHooks:
 __all__ = [
     "WRAPPER_ATTRIBUTES",
     "GlobalForwardHooks",
+    "in_call_of",
     "is_compiled_wrapper",
     "is_module_wrapper",
     "strip_wrappers",

@@ -22,6 +22,8 @@ the op that reads it next would: the record holds the reduced value, not the buf
 
 from __future__ import annotations
 
+import sys
+import weakref
 from typing import Any, Protocol
 
 import torch
@@ -30,7 +32,7 @@ from torch import nn
 from torchdebug._torch.autograd import current_autograd_node
 from torchdebug._torch.checkpoint import RecomputeDetector
 from torchdebug._torch.funcol import wait_before_read
-from torchdebug._torch.nn import GlobalForwardHooks, strip_wrappers
+from torchdebug._torch.nn import GlobalForwardHooks, in_call_of, strip_wrappers
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
 from torchdebug.records import MODULE_OP, NO_MODULE, make_call_name
@@ -55,16 +57,23 @@ class CallObserver(Protocol):
 class ModuleTracker:
     """The path of the innermost running module, maintained by global forward hooks."""
 
-    def __init__(self, model: nn.Module | None = None, *, outside_compiled: bool = False) -> None:
+    def __init__(self, model: nn.Module | None = None, *, outside_compiled: bool = False, hook_ops: bool = False) -> None:
         """``outside_compiled``: module calls inside compiled code are not tracked (see
-        :class:`~torchdebug._torch.nn.GlobalForwardHooks`)."""
+        :class:`~torchdebug._torch.nn.GlobalForwardHooks`). ``hook_ops``: :meth:`current` names the
+        module whose own forward hooks are running (op capture asks it for every op)."""
         self._outside_compiled = outside_compiled
+        self._hook_ops = hook_ops
         self._names: dict[int, str] = {}
         self._params: dict[int, tuple[str, nn.Parameter]] = {}
         self._model_adopted = model is not None
         if model is not None:
             self._adopt(model, "")
         self._stack: list[str] = []
+        self._own_hooks: list[tuple[weakref.ref, str, int]] = []
+        """Modules with forward hooks of their own that returned (their own hooks run after the
+        global ones, this tracker's), innermost last: the module, its path and the stack's depth
+        then. Ops those hooks run (tensor parallelism's redistribution of a layer's output) are the
+        module's, as a compiled graph files them. No frame is held: it holds the module's output."""
         self._hooks: GlobalForwardHooks | None = None
         self._recomputing = RecomputeDetector()
         self.recorder: CallObserver | None = None
@@ -97,6 +106,12 @@ class ModuleTracker:
         return name
 
     def current(self) -> str:
+        depth = len(self._stack)
+        while self._own_hooks and self._own_hooks[-1][2] >= depth:  # an op at its depth or above
+            module, name, hooked_at = self._own_hooks[-1]
+            if hooked_at == depth and (hooked := module()) is not None and in_call_of(hooked, sys._getframe(1)):
+                return name
+            self._own_hooks.pop()  # its hooks are done
         return self._stack[-1] if self._stack else NO_MODULE
 
     def start(self) -> None:
@@ -107,6 +122,7 @@ class ModuleTracker:
             self._hooks.remove()
             self._hooks = None
         self._stack.clear()
+        self._own_hooks.clear()
         self._recomputing.reset()
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
@@ -120,6 +136,12 @@ class ModuleTracker:
     def _exit(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         if self._stack:
             name = self._stack.pop()
+            if self._hook_ops:
+                depth = len(self._stack)
+                while self._own_hooks and self._own_hooks[-1][2] > depth:  # inside this call: done
+                    self._own_hooks.pop()
+                if module._forward_hooks:
+                    self._own_hooks.append((weakref.ref(module), name, depth))
             if self.recorder is not None:
                 self.recorder.exit(module, name, kwargs, output)
 

@@ -27,6 +27,7 @@ from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._metrics import stats_metrics
 from torchdebug.compare._rows import Row
 from torchdebug.compare._shards import local_indices, one_shard
+from torchdebug.records import UNREAD
 
 __all__ = ["Call", "Rule", "RULES", "slot_of"]
 
@@ -271,7 +272,9 @@ def nonfinite_origin(row: Row, call: Call) -> Judgement | None:
 def no_statistics(row: Row, call: Call) -> Judgement | None:
     """A slot without an error to judge (no statistics on a side) passes and says so."""
     if row.error is None or row.tolerance is None:
-        return Judgement("pass", "", "no statistics to compare")
+        sides = (("A", row.record_a), ("B", row.record_b))
+        unread = "; ".join(f"{side}: {r.extra[UNREAD]}" for side, r in sides if r is not None and UNREAD in r.extra)
+        return Judgement("pass", "", "no statistics to compare" + (f" (not read on {unread})" if unread else ""))
     return None
 
 

@@ -52,7 +52,7 @@ from torchdebug.graph_dump._instances import NO_INSTANCE, CompiledInstances, Ins
 from torchdebug.graph_dump._plan import ACCUMULATORS, CallPlan, GraphPlan, Key, Rows, SlotPlan, StatTable, resolve
 from torchdebug.graph_dump._runtime import register_sink, unregister_sink
 from torchdebug.graph_dump._settings import DumpSettings
-from torchdebug.records import Record, make_call_name
+from torchdebug.records import UNREAD, Record, make_call_name
 from torchdebug.stats._schema import IDENTITY, stats_from_sums
 from torchdebug.store import _layout as layout
 from torchdebug.store._writer import RankWriter, join_run, run_manifest
@@ -257,7 +257,7 @@ class GraphCapture:
         for index in calls:
             for slot, fields in templates[index]:
                 record = Record(step=run.step, **fields)
-                if slot.kind == "tensor" and slot.note is None:
+                if slot.kind == "tensor" and slot.note is None and slot.unread is None:
                     self._fill(record, run, slot, rows, tensors, stats_of, refs)
                 records.append(record)
         self.session.add_records(records)
@@ -310,6 +310,8 @@ class GraphCapture:
         extra = {"graph": f"{run.plan.model}/{run.plan.phase}"}
         if call.target is not None:
             extra["target"] = call.target
+        if slot.unread is not None:
+            extra[UNREAD] = slot.unread
         return dict(
             name=f"{prefix}/{slot.io}.{slot.arg}",
             rank=self.rank,

@@ -108,7 +108,10 @@ class SlotPlan:
     source_node: str | None = None
     """The node whose value fills the slot (``dump_stage="original"`` reads values by node)."""
     note: str | None = None
-    """Why the slot has no value (an unused output of a multi-output op), written as ``error``."""
+    """Why the slot is not read (an attention kernel's random-number state), written as ``capture_error``."""
+    unread: str | None = None
+    """Why the slot holds no value of the run (:data:`~torchdebug.records.NEVER_MATERIALISED`: an
+    output of a multi-output op the graph never uses), written as ``extra.unread``."""
 
 
 @dataclass(slots=True)

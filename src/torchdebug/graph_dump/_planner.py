@@ -50,6 +50,7 @@ from torchdebug.graph_dump._accumulators import SAME_ELEMENTS
 from torchdebug.graph_dump._plan import CallPlan, GraphPlan, Key, SlotPlan, SymbolicSizes
 from torchdebug.graph_dump._settings import DumpSettings
 from torchdebug.native import fused_stats
+from torchdebug.records import NEVER_MATERIALISED
 from torchdebug.slots import dtype_name, iter_slots, json_value
 
 aten = torch.ops.aten
@@ -390,7 +391,7 @@ class _Planner:
             for arg, holder, value in output_nodes(node):
                 slot = self._slot("output", arg, holder, value, golden)
                 if holder is None and isinstance(value, torch.Tensor):
-                    slot.note = "output not used by the graph, so never materialised"
+                    slot.unread = NEVER_MATERIALISED
                 yield slot
 
     def _slot(self, io: str, arg: str, holder: torch.fx.Node | None, value: Any, golden: bool) -> SlotPlan:

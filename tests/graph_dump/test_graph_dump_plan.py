@@ -144,3 +144,19 @@ def test_a_functional_collectives_output_is_read_off_its_wait() -> None:
         assert slots[first, "input", "0"].stat != rows[waited] and slots[second, "output", "0"].stat == rows[unwaited]
         if settings.task == "tensor":
             assert {slot.tensor for slot in same} == {plan.tensors.index(waited)} and summed not in plan.tensors
+
+
+def test_an_output_the_graph_never_uses_is_described_as_never_materialised() -> None:
+    """A multi-output node whose graph uses one output (a ``split`` chunk another rank holds under
+    sequence parallelism): the other has no value to read; its record says so (``extra.unread``),
+    which compare passes with the reason, where a capture error made a warning."""
+    from torchdebug.records import NEVER_MATERIALISED
+
+    gm = make_fx(lambda x: x.split(2)[0].exp())(torch.randn(4))
+    gm.graph.eliminate_dead_code()  # as AOT's graphs: no node for the unused chunk
+    plan = _plan(gm, DumpSettings(task="statistics"))
+    (split,) = [call for call in plan.graph.calls if call.node.startswith("split")]
+    slots = {(slot.io, slot.arg): slot for slot in split.slots}
+    assert slots["output", "0"].stat is not None and slots["output", "0"].unread is None
+    assert slots["output", "1"].unread == NEVER_MATERIALISED and slots["output", "1"].stat is None
+    assert slots["output", "1"].note is None  # not a capture error

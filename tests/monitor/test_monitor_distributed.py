@@ -1,7 +1,8 @@
 """The flight recorder on 2 gloo ranks, DDP, the large-model recipe (FSDP2, checkpointed and
 compiled blocks) and tensor parallelism in one spawn: a NaN made on one rank reaches both through
 the gradients' all-reduce, the parameters' all-gather or the activations' all-reduce; both ranks
-fire, dump their window and replay together, and the event names the rank that saw it first."""
+fire, dump their window and replay together, and the event names the rank that saw it first.
+FSDP2 with tensor parallelism (4 ranks, a 2 × 2 mesh) has a spawn of its own."""
 
 from __future__ import annotations
 

@@ -145,6 +145,9 @@ def test_no_statistics_passes_and_says_so():
     row = _row("output", None)
     judge([row])
     assert (row.verdict, row.attribution, row.message) == ("pass", "", "no statistics to compare")
+    unused = _row("output", None, call=1, b={"extra": {"unread": "never materialised"}})  # a graph's unused output
+    judge([unused])
+    assert (unused.verdict, unused.message) == ("pass", "no statistics to compare (not read on B: never materialised)")
 
 
 def test_within_tolerance_passes_without_a_message():

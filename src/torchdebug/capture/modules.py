@@ -106,13 +106,20 @@ class ModuleTracker:
         return name
 
     def current(self) -> str:
+        if self._own_hooks and (name := self._running_hooks()) is not None:
+            return name
+        return self._stack[-1] if self._stack else NO_MODULE
+
+    def _running_hooks(self) -> str | None:
+        """The path of the module whose own forward hooks run the op being dispatched, if any
+        (entries whose hooks are done are dropped)."""
         depth = len(self._stack)
         while self._own_hooks and self._own_hooks[-1][2] >= depth:  # an op at its depth or above
             module, name, hooked_at = self._own_hooks[-1]
-            if hooked_at == depth and (hooked := module()) is not None and in_call_of(hooked, sys._getframe(1)):
+            if hooked_at == depth and (hooked := module()) is not None and in_call_of(hooked, sys._getframe(2)):
                 return name
             self._own_hooks.pop()  # its hooks are done
-        return self._stack[-1] if self._stack else NO_MODULE
+        return None
 
     def start(self) -> None:
         self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised, outside_compiled=self._outside_compiled)

@@ -36,28 +36,24 @@ def _storage_id(tensor: torch.Tensor) -> int | None:
         return None
 
 
-class UnwrittenStorages:
-    """Storages nothing has written since they were handed out, each with the tensor that marked
-    it (held weakly: once it is gone, what is left of the storage is read again) and its version."""
-
-    def __init__(self) -> None:
-        self._storages: dict[int, tuple[weakref.ref, int]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._storages)
+class UnwrittenStorages(dict[int, tuple[weakref.ref, int]]):
+    """Storages nothing has written since they were handed out (keyed by ``StorageImpl``), each
+    with the tensor that marked it (held weakly: once it is gone, what is left of the storage is
+    read again) and its version. A ``dict``, so that the check capture makes per slot (is any
+    storage marked?) is its C-level truth test, not a Python call: most steps mark none."""
 
     def add(self, tensors: Iterable[torch.Tensor]) -> None:
         """Mark the storages of ``tensors`` (plain tensors: an allocation's outputs, FSDP2's buffers)
         as holding no value; a storage marked already keeps its first entry."""
         for tensor in tensors:
             if tensor.__class__ is torch.Tensor and (key := _storage_id(tensor)) is not None:
-                self._storages.setdefault(key, (weakref.ref(tensor), tensor_version(tensor)))
+                self.setdefault(key, (weakref.ref(tensor), tensor_version(tensor)))
 
     def why(self, tensor: torch.Tensor) -> str | None:
         """``uninitialised`` when ``tensor`` lies on a marked storage that nothing has written since;
         ``None`` otherwise (an entry found written or freed is dropped)."""
         key = _storage_id(tensor) if tensor.__class__ is torch.Tensor else None
-        entry = self._storages.get(key) if key is not None else None
+        entry = self.get(key) if key is not None else None
         if entry is None:
             return None
         holder = entry[0]()
@@ -65,15 +61,11 @@ class UnwrittenStorages:
         # has no shared version counter yet; autograd gives it one once the op returns.
         if holder is not None and tensor_version(holder) == entry[1]:
             return UNINITIALISED
-        del self._storages[key]
+        del self[key]
         return None
 
     def written(self, tensor: torch.Tensor) -> None:
         """``tensor`` is being written without a declared write (an ``out=`` buffer, a collective's
         output): its storage holds values from now on."""
-        if self._storages and tensor.__class__ is torch.Tensor and (key := _storage_id(tensor)) is not None:
-            self._storages.pop(key, None)
-
-    def clear(self) -> None:
-        """Forget every storage (a new step: what the last one left unwritten, it never read)."""
-        self._storages.clear()
+        if self and tensor.__class__ is torch.Tensor and (key := _storage_id(tensor)) is not None:
+            self.pop(key, None)

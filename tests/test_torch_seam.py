@@ -90,6 +90,29 @@ def test_backward_ops_see_the_autograd_node_whose_sequence_number_their_forward_
     assert seen["forward"] == seen["backward"]
 
 
+def test_after_backward_runs_once_the_final_callbacks_queued_in_the_backward_have_run():
+    """As FSDP2 and DDP do, a final callback queued as the backward starts sets a gradient; ours,
+    queued before it, still sees the gradient set."""
+    from torch.autograd import Variable
+
+    weight = torch.ones(3, requires_grad=True)
+    seen: list = []
+
+    def late() -> None:
+        seen.append("theirs")
+        weight.grad = weight.grad * 10
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        autograd.after_backward(lambda: seen.append(weight.grad.tolist()))
+        Variable._execution_engine.queue_callback(late)
+        return grad
+
+    doubled = weight * 2
+    doubled.register_hook(hook)
+    doubled.sum().backward()
+    assert seen == ["theirs", [20.0, 20.0, 20.0]]
+
+
 def test_tensor_version_counts_in_place_writes():
     x = torch.zeros(2)
     before = autograd.tensor_version(x)

@@ -165,46 +165,63 @@ def test_the_monitor_catches_a_loss_spike_and_replays_its_step(tmp_path):
     assert len([r for r in replayed if r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]) == 2
 
 
-class _InfiniteGradient(torch.autograd.Function):
-    """The identity, whose gradient is infinite."""
+class _ScaledGradient(torch.autograd.Function):
+    """The identity, whose gradient is ``factor`` times the one it gets."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, factor):
+        ctx.factor = factor
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * float("inf")
+        return grad * ctx.factor, None
 
 
-class _OverflowingNet(RegressionNet):
-    """Its gradients overflow in one optimizer step (from the Trainer's state); its loss does not."""
+class _GradientScalingNet(RegressionNet):
+    """Its gradients (not its loss) are ``factor`` times larger in one optimizer step (from the Trainer's state)."""
 
-    def __init__(self, state_of: list, step: int) -> None:
+    def __init__(self, state_of: list, step: int, factor: float) -> None:
         super().__init__()
-        self.state_of, self.overflow_step = state_of, step
+        self.state_of, self.scaled_step, self.factor = state_of, step, factor
 
     def forward(self, x, labels):
         hidden = self.fc1(x)
-        if self.state_of and self.state_of[0].global_step == self.overflow_step:
-            hidden = _InfiniteGradient.apply(hidden)
+        if self.state_of and self.state_of[0].global_step == self.scaled_step:
+            hidden = _ScaledGradient.apply(hidden, self.factor)
         return {"loss": F.mse_loss(self.fc2(torch.relu(hidden)), labels)}
 
 
-def _train_overflowing(tmp_path, **options):
-    """Six steps of a model whose gradients overflow at step 3; the callback."""
+def _train_scaling_gradients(tmp_path, step: int, factor: float, max_steps: int, **options):
+    """A model whose gradients are ``factor`` times larger at ``step``; the callback."""
     state_of, remember = _remember_state()
     torch.manual_seed(0)
-    model = _OverflowingNet(state_of, 3)
-    callback = TorchDebugCallback(monitor={"replay": "off"})
+    model = _GradientScalingNet(state_of, step, factor)
+    callback = TorchDebugCallback(monitor={"replay": "off", "history": 8})
     transformers.Trainer(
         model=model,
-        args=_args(tmp_path, max_steps=6, **options),
-        train_dataset=_rows(24),
+        args=_args(tmp_path, max_steps=max_steps, **options),
+        train_dataset=_rows(4 * max_steps),
         callbacks=[remember, callback],
         optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
     ).train()
     return callback
+
+
+def _train_overflowing(tmp_path, **options):
+    """Six steps of a model whose gradients overflow at step 3; the callback."""
+    return _train_scaling_gradients(tmp_path, 3, float("inf"), 6, **options)
+
+
+def test_a_gradient_spike_fires_though_the_trainer_clips_the_gradients(tmp_path):
+    """The Trainer clips the gradients before its optimizer-step callback (here to a norm of 0.1,
+    below every step's): the monitor watched them as the backward left them, before."""
+    callback = _train_scaling_gradients(tmp_path, 20, 1000.0, 24, max_grad_norm=0.1)
+    (event,) = callback.events
+    assert (event.step, event.reason) == (20, "grad_norm_spike")
+    assert event.slot == "backward/fc1/module#0/parameter_grad.weight"
+    triggers = callback._monitor.monitor.triggers
+    assert triggers.grad_norm(20) > 100 * max(triggers.grad_norm(19), 0.1)
 
 
 def test_overflowing_gradients_fire_where_no_loss_scaler_skips_them(tmp_path):

@@ -17,6 +17,9 @@ import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
 from tests.triton_interpreter import ROOT, interpreter_env, interpreter_skip
 from torchdebug.errors import AnomalyError, ConfigError
+from torchdebug.monitor._ring import Ring
+from torchdebug.records import LOSS_OP, MODULE_OP
+from torchdebug.stats._schema import STAT_KEYS
 
 CONFIG = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
 
@@ -41,10 +44,15 @@ def _gpt() -> tuple[GPT, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def _closure(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, scale: float = 1.0):
+def _closure(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, scale: float = 1.0, grad_scale: float = 1.0):
+    """Forward and backward of one batch; ``scale`` multiplies the loss, ``grad_scale`` every
+    gradient the backward makes (the loss unchanged)."""
+
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
         loss = model(*make_batch(CONFIG, batch=2, seed=step, device=str(next(model.parameters()).device))) * scale
+        if grad_scale != 1.0:
+            loss.register_hook(lambda grad: grad * grad_scale)
         loss.backward()
         return loss
 
@@ -97,29 +105,110 @@ def test_a_healthy_run_with_an_infinite_causal_mask_never_fires(monitors, tmp_pa
     assert monitor.memory_bytes() >= 32 * len(slots) * 8 * 8
 
 
-def _grads_scaled(closure, model: nn.Module, factor: float = 100.0):
-    """``closure``, then every gradient multiplied by ``factor`` (the loss unchanged)."""
-
-    def scaled() -> torch.Tensor:
-        loss = closure()
-        for p in model.parameters():
-            p.grad.mul_(factor)
-        return loss
-
-    return scaled
-
-
 @pytest.mark.parametrize("spike", ["loss", "grad_norm"])
 def test_a_spike_fires_once(monitors, tmp_path: Path, spike: str) -> None:
     model, optimizer = _gpt()
     monitor = monitors(model, optimizer, dump_path=tmp_path, max_events=5, replay="off")
     for step in range(40):
-        closure = _closure(model, optimizer, step, scale=50.0 if spike == "loss" and step == 30 else 1.0)
-        monitor.step(_grads_scaled(closure, model) if spike == "grad_norm" and step == 30 else closure)
+        scale = 50.0 if spike == "loss" and step == 30 else 1.0
+        grad_scale = 100.0 if spike == "grad_norm" and step == 30 else 1.0
+        monitor.step(_closure(model, optimizer, step, scale=scale, grad_scale=grad_scale))
     assert [(e.step, e.reason) for e in monitor.events] == [(30, f"{spike}_spike")]
     slot = monitor.events[0].slot
     assert slot is not None and slot.endswith("output.0" if spike == "loss" else slot.rpartition("/")[2])
     assert ("parameter_grad" in slot) == (spike == "grad_norm")
+
+
+def test_gradients_are_ordered_as_the_backward_runs() -> None:
+    """The backward runs the forward in reverse: a gradient is placed by its module's output, or its
+    nearest watched ancestor's (a compiled block's), later modules first within one, a module's own
+    parameters as registered; a parameter of the model's own last."""
+    ring = Ring(4)
+    for module in ["blocks.0", "blocks.1", "head", "<root>"]:
+        ring.slot("forward", module, MODULE_OP, 0, "output", "0")
+    grads = [
+        ("<root>", "pos"),
+        ("blocks.0.attn.qkv", "weight"),
+        ("blocks.0.mlp.fc", "weight"),
+        ("blocks.0.mlp.fc", "bias"),
+        ("blocks.1.attn.qkv", "weight"),
+        ("head", "weight"),
+    ]
+    for module, leaf in grads:
+        ring.slot("backward", module, MODULE_OP, 0, "parameter_grad", leaf)
+    loss = ring.slot("forward", "-", LOSS_OP, 0, "output", "")
+    order = [ring.slots[i] for i in ring.execution_order()]
+    assert [(s.module, s.arg) for s in order if s.io == "parameter_grad"] == [
+        ("head", "weight"),
+        ("blocks.1.attn.qkv", "weight"),
+        ("blocks.0.mlp.fc", "weight"),
+        ("blocks.0.mlp.fc", "bias"),
+        ("blocks.0.attn.qkv", "weight"),
+        ("<root>", "pos"),
+    ]
+    assert [s.module for s in order[:4]] == ["blocks.0", "blocks.1", "head", "<root>"] and order[4] is ring.slots[loss]
+    head, pos = (ring.slots.index(next(s for s in ring.slots if s.arg == leaf)) for leaf in ("weight", "pos"))
+    assert ring.place(loss) < ring.place(head) < ring.place(pos)
+
+
+def _poison_gradient_of(module: nn.Module, state: dict[str, bool]) -> None:
+    """While ``state["on"]``, the backward puts a NaN into the gradient of ``module``'s output."""
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        grad.view(-1)[0] = float("nan")
+        return grad
+
+    def hook(_module: nn.Module, _args: tuple, output: torch.Tensor) -> None:
+        if state["on"]:
+            output.register_hook(poison)
+
+    module.register_forward_hook(hook)
+
+
+def test_gradients_are_watched_as_the_backward_leaves_them_before_the_loop_clips_them(monitors, tmp_path: Path) -> None:
+    """The loop clips its gradients (max norm 1, as the Hugging Face Trainer does by default): the
+    window holds each step's norm before clipping, so a gradient spike still fires, and a NaN the
+    backward makes is named where the backward made it (the backward runs the forward in reverse),
+    not at the first parameter, which clipping by a NaN norm fills with NaN too."""
+    model, optimizer = _gpt()
+    state = {"on": False}
+    _poison_gradient_of(model.layers[1].mlp, state)
+    monitor = monitors(model, optimizer, dump_path=tmp_path, max_events=5, replay="off")
+    norms = []
+    for step in range(36):
+        state["on"] = step == 33
+        loss = _closure(model, optimizer, step, grad_scale=100.0 if step == 30 else 1.0)()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+        optimizer.step()
+        monitor.step(loss=loss)
+    assert [(e.step, e.reason) for e in monitor.events][:2] == [(30, "grad_norm_spike"), (33, "nonfinite")]
+    assert monitor.events[1].slot == "backward/layers.1.mlp.out/module#0/parameter_grad.weight"
+    assert all(math.isnan(p.sum().item()) for p in model.parameters())  # clipping by a NaN norm spread it
+    for step in range(28, 31):  # the norm the loop's clip_grad_norm_ returned, not the clipped one
+        assert monitor.triggers.grad_norm(step) == pytest.approx(norms[step], rel=1e-4)
+    assert norms[30] > 10 * max(norms[28], norms[29], 1.0)
+
+
+_FC0_GRADIENT = "backward/layers.0.mlp.fc/module#0/parameter_grad.weight"
+
+
+def test_with_gradient_accumulation_the_window_holds_the_summed_gradients(monitors, tmp_path: Path) -> None:
+    """Each backward's end watches the gradients; the last micro-batch's watch holds their sum."""
+    model, optimizer = _gpt()
+    monitor = monitors(model, optimizer, dump_path=tmp_path)
+    weight = model.layers[0].mlp.fc.weight
+    for step in range(3):
+        optimizer.zero_grad()
+        for micro in range(3):
+            model(*make_batch(CONFIG, batch=2, seed=10 * step + micro)).backward()
+        expected = torch.linalg.vector_norm(weight.grad.double()).item()
+        weight.grad.mul_(0.5)  # a change after the backward (clipping, say) is not watched
+        optimizer.step()
+        monitor.step()
+        index = next(i for i, slot in enumerate(monitor.ring.slots) if slot.name == _FC0_GRADIENT)
+        row = monitor.ring.row(step)
+        assert row is not None and row[index, STAT_KEYS.index("norm")] == pytest.approx(expected, rel=1e-6)
 
 
 class _Poisoned(nn.Module):

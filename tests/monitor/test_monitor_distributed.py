@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
 from tests import gloo
+from torchdebug.stats._schema import STAT_KEYS
 
 CONFIG = GPTConfig(n_layer=2, d_model=16, n_head=2, seq_len=8, vocab=32)
 
@@ -79,6 +80,22 @@ def test_both_ranks_fire_and_replay_and_the_rank_that_saw_it_first_is_named(runs
     assert "layers.0.mlp.fc" in events[1]["replay"]["origin"]
 
 
+_FSDP_GRADIENT = "backward/layers.1.mlp.fc/module#0/parameter_grad.weight"
+
+
+def _clipping(closure, model: torch.nn.Module, weight: torch.Tensor, unclipped: list[float]):
+    """``closure``, then the gradients clipped far below their norm; ``unclipped`` gets the norm of
+    this rank's shard of ``weight``'s gradient before."""
+
+    def clipped() -> torch.Tensor:
+        loss = closure()
+        unclipped.append(torch.linalg.vector_norm(weight.grad.to_local().double()).item())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        return loss
+
+    return clipped
+
+
 def _fsdp_main(rank: int, root: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import fully_shard
@@ -93,17 +110,22 @@ def _fsdp_main(rank: int, root: str) -> None:
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4)
+    weight = model.layers[1].mlp.fc.weight
+    unclipped = []
     for step in range(6):
         if step == 4 and rank == 1:
             with torch.no_grad():
-                model.layers[1].mlp.fc.weight.to_local()[0, 0] = float("nan")  # this rank's shard
+                weight.to_local()[0, 0] = float("nan")  # this rank's shard
 
-        monitor.step(_closure(model, optimizer, step, rank))
+        monitor.step(_clipping(_closure(model, optimizer, step, rank), model, weight, unclipped))
     monitor.close()
     (event,) = monitor.events
     Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))
     names = {slot.name for slot in monitor.ring.slots}
     Path(root, f"slots{rank}.json").write_text(json.dumps(sorted(names)))
+    index = next(i for i, slot in enumerate(monitor.ring.slots) if slot.name == _FSDP_GRADIENT)
+    watched = monitor.ring.row(3)[index, STAT_KEYS.index("norm")]
+    Path(root, f"norms{rank}.json").write_text(json.dumps({"watched": watched, "unclipped": unclipped[3]}))
     dist.barrier()
 
 
@@ -125,8 +147,12 @@ def test_fsdp2_checkpointed_compiled_blocks_are_watched_by_shard(runs: Path) -> 
     assert replays[1]["origin"].startswith("step 4: forward/layers.1/fsdp.all_gather_copy_in.default#0 ")
     assert "NaN already in input.0." in replays[1]["origin"]
     slots = json.loads((tmp_path / "slots0.json").read_text())
-    assert "backward/layers.1.mlp.fc/module#0/parameter_grad.weight" in slots
+    assert _FSDP_GRADIENT in slots
     assert "optimizer/layers.1.mlp.fc/module#0/parameter.weight" in slots
+    # the closure clips: the gradient shards are watched as FSDP2's reduce-scatter left them, before
+    for rank in (0, 1):
+        norms = json.loads((tmp_path / f"norms{rank}.json").read_text())
+        assert norms["watched"] == pytest.approx(norms["unclipped"], rel=1e-6) and norms["unclipped"] > 1e-2
 
 
 _TP_OUTPUT = "forward/layers.0.mlp/module#0/output.0"

@@ -6,6 +6,9 @@
   a node's ``_sequence_nr()`` is the number it got when its forward op ran.
 - ``Tensor._version``: the in-place version counter; a tensor whose storage and version are
   unchanged holds the values already captured.
+- ``Variable._execution_engine.queue_callback``: run a function when the running backward ends,
+  after its final callbacks queued before it. FSDP2 and DDP finish their gradients there (the last
+  reduce-scatter waited for, the buckets copied back); :func:`after_backward` runs after them.
 
 Unchanged from torch 2.11 through 2.14. The accessors are C-level callables (``operator``), so the
 per-op path pays no Python frame for going through this module.
@@ -14,6 +17,7 @@ per-op path pays no Python frame for going through this module.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 from torchdebug._torch import require
 
@@ -28,4 +32,16 @@ node_sequence_nr = operator.methodcaller("_sequence_nr")
 tensor_version = operator.attrgetter("_version")
 """``tensor_version(tensor)``: the tensor's in-place version counter."""
 
-__all__ = ["current_autograd_node", "next_sequence_nr", "node_sequence_nr", "tensor_version"]
+
+def after_backward(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the backward now running ends (call it from a hook inside that backward),
+    after every final callback queued so far and those they queue: it queues a callback that queues
+    ``callback``, and the engine runs callbacks queued while it runs them, in order. So FSDP2's and
+    DDP's final callbacks, queued as the backward started or ran, have set the gradients by then."""
+    from torch.autograd import Variable
+
+    engine = Variable._execution_engine
+    engine.queue_callback(lambda: engine.queue_callback(callback))
+
+
+__all__ = ["after_backward", "current_autograd_node", "next_sequence_nr", "node_sequence_nr", "tensor_version"]

@@ -158,8 +158,9 @@ class Monitor:
         """The loss scaler that :meth:`step` with a closure unscales and steps through."""
         self.ring = Ring(self.config.window)
         self.stager = StatsStager(finish=False)
-        self.watcher = Watcher(model, optimizer, self.ring, self.stager)
-        self.triggers = Triggers(self.config, self.ring, predicate, scaled=scaler is not None and scaler is not False)
+        scaled = scaler is not None and scaler is not False
+        self.watcher = Watcher(model, optimizer, self.ring, self.stager, after_each_backward=not scaled)
+        self.triggers = Triggers(self.config, self.ring, predicate, scaled=scaled)
         self.events: list[MonitorEvent] = []
         self.anomalies = 0
         """Steps that fired, including those beyond ``max_events``."""

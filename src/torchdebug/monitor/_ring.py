@@ -4,7 +4,12 @@ A *slot* is one watched tensor position (a module's ``output.0``, a parameter's 
 a module-level dump names it (:func:`torchdebug.records.make_name`). Slots get an index in the order
 they are first seen and keep it for the whole run; :meth:`Ring.execution_order` sorts them as a
 step runs them: forward outputs (innermost module first), the loss, gradients, parameters after
-the update.
+the update. The backward runs the forward in reverse, so gradients come in the reverse order of
+their modules' outputs: a parameter's gradient is placed by its module's output, or by its nearest
+watched ancestor's (a compiled block's: the modules inside are not watched), the modules whose
+parameters were registered later first within one (a module's own parameters as registered); a
+parameter of the model's own, whose use no output places, last (as an embedding table, used as the
+forward starts).
 
 A step's row is written as the sums every statistics path produces (``schema.COLUMNS``) and the
 element counts: on the CPU the native kernel writes them straight into the ring's memory
@@ -19,11 +24,13 @@ count: 4.3 MiB for 32 steps of 1,000 slots), grown by doubling as slots appear;
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from torchdebug.capture.modules import ROOT_MODULE
 from torchdebug.records import LOSS_OP, MODULE_OP, make_name
 from torchdebug.stats._schema import STAT_KEYS, WIDTH, stats_array_from_sums
 
@@ -67,6 +74,8 @@ class Ring:
         self._stale = [False] * window
         """Positions written since their statistics were last finished."""
         self._order: list[int] = []
+        self._position: dict[int, int] = {}
+        """Each slot's place in :attr:`_order`."""
         self.steps = [-1] * window
         """The step each position holds (-1: none yet)."""
 
@@ -92,15 +101,40 @@ class Ring:
 
     def place(self, index: int | None) -> tuple[int, int]:
         """Where in a step slot ``index`` is first seen, comparable across ranks that run the same
-        model: its :meth:`stage`, then its index (slots of a stage are numbered as a step first
-        reaches them: a module's output before its parent's)."""
-        return (self.stage(index), -1 if index is None else index)
+        model: its :meth:`stage`, then its place in :meth:`execution_order`."""
+        if index is None:
+            return (self.stage(index), -1)
+        self.execution_order()
+        return (self.stage(index), self._position[index])
 
     def execution_order(self) -> list[int]:
         """Slot indices in the order a step runs them (see the module docstring)."""
         if len(self._order) != len(self.slots):
-            self._order = sorted(range(len(self.slots)), key=lambda i: (self.stage(i), i))
+            outputs: dict[str, int] = {}
+            gradients: dict[str, int] = {}
+            for index, slot in enumerate(self.slots):
+                if slot.phase == "forward" and slot.op == MODULE_OP:
+                    outputs.setdefault(slot.module, index)
+                elif slot.io == "parameter_grad":
+                    gradients.setdefault(slot.module, index)
+            key = functools.partial(self._within_stage, outputs=outputs, gradients=gradients)
+            self._order = sorted(range(len(self.slots)), key=lambda i: (self.stage(i), key(i)))
+            self._position = {index: place for place, index in enumerate(self._order)}
         return self._order
+
+    def _within_stage(self, index: int, outputs: dict[str, int], gradients: dict[str, int]) -> tuple[int, int, int]:
+        """A slot's order within its stage: as registered, except gradients (see the module
+        docstring); ``outputs``, ``gradients``: the first output and gradient slot of each module."""
+        slot = self.slots[index]
+        if slot.io != "parameter_grad":
+            return (0, 0, index)
+        module, placed = slot.module, 1  # no watched module places it: last
+        while module and module != ROOT_MODULE:
+            if module in outputs:
+                placed = -outputs[module]
+                break
+            module = module.rpartition(".")[0]
+        return (placed, -gradients[slot.module], index)
 
     def begin(self, step: int) -> None:
         """Make ``step`` the newest step, forgetting the oldest."""

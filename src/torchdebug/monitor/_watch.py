@@ -7,8 +7,12 @@
   Dynamo traces (no graph break, nothing inside the compiled graph), and a compiled module's output
   is watched from outside its compiled call (:func:`~torchdebug._torch.dynamo.after_compiled_calls`):
   with per-block ``torch.compile`` each block's output is watched, the modules inside it are not.
-- **Gradients**, once per step before the optimizer step (an optimizer step pre-hook), when the
-  gradients of every micro-batch have accumulated: ``backward/<module>/module#0/parameter_grad.<leaf>``.
+- **Gradients**, as each backward through the model's output ends
+  (:func:`~torchdebug._torch.autograd.after_backward`, after FSDP2's and DDP's own final callbacks
+  have set them): so before the loop clips them, as the loop's gradient norm reads them, and the
+  last micro-batch's watch holds every micro-batch's sum. A backward that never reached the
+  model's output (none in the step) leaves them to the optimizer's step pre-hook, as does a loss
+  scaler (fp16: the monitor reads them once unscaled). ``backward/<module>/module#0/parameter_grad.<leaf>``.
 - **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
 
 Each tensor's statistics are taken in one pass: on the CPU by the C kernel, which writes the sums
@@ -32,10 +36,11 @@ import torch
 from torch import nn
 
 from torchdebug import stats_table
-from torchdebug._torch.autograd import current_autograd_node, tensor_version
+from torchdebug._torch.autograd import after_backward, current_autograd_node, tensor_version
 from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
 from torchdebug._torch.funcol import wait_before_read
 from torchdebug._torch.nn import strip_wrappers, unwrap_compiled
+from torchdebug._torch.pytree import tree_leaves
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
@@ -68,9 +73,19 @@ class Watcher:
     """Module, gradient and parameter hooks writing statistics of the current step (see the module docstring)."""
 
     def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, ring: Ring, stager: stats_table.StatsStager
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        ring: Ring,
+        stager: stats_table.StatsStager,
+        after_each_backward: bool = True,
     ) -> None:
+        """``after_each_backward``: watch the gradients as each backward ends (see the module
+        docstring); ``False`` under a loss scaler, whose gradients are scaled until it unscales them."""
         self.model, self.optimizer, self.ring, self.stager = model, optimizer, ring, stager
+        self.after_each_backward = after_each_backward
+        self._backward_queued = False
+        """A watch of the gradients is queued to run when the running backward ends."""
         self._tracker = ModuleTracker(unwrap_compiled(model), outside_compiled=True)
         self._tracker.recorder = self
         self._names = parameter_names(model)
@@ -114,6 +129,7 @@ class Watcher:
         self._calls.clear()
         self._seen.clear()
         self.grads_taken = False
+        self._backward_queued = False  # a backward that raised never ran its final callbacks
 
     # -- module outputs (ModuleTracker's recorder interface) --------------------------------------
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
@@ -138,15 +154,33 @@ class Watcher:
         self._calls[name] = call + 1
         outputs = output if isinstance(output, (tuple, list)) else (output,)
         self._add([("forward", name, arg, call, "output", value) for arg, value in iter_slots(outputs)])
+        if name == ROOT_MODULE and self.after_each_backward and self.active and torch.is_grad_enabled():
+            self._watch_gradients_after_backward(output)
+
+    def _watch_gradients_after_backward(self, output: Any) -> None:
+        """Have the backward through ``output`` (the model's) watch the gradients when it ends."""
+        differentiable = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if differentiable:
+            torch.autograd.graph.register_multi_grad_hook(differentiable, self._backward_reached, mode="any")
+
+    def _backward_reached(self, grad: Any) -> None:
+        if not self._backward_queued:  # one watch per backward, however many outputs led to it
+            self._backward_queued = True
+            after_backward(self._backward_ended)
+
+    def _backward_ended(self) -> None:
+        self._backward_queued = False
+        self.watch_gradients(again=True)
 
     def drop(self) -> None:
         if self._open:
             self._open.pop()
 
     # -- gradients and parameters ---------------------------------------------------------------
-    def watch_gradients(self) -> None:
-        """The accumulated gradients of this step (once per step)."""
-        if self.grads_taken:
+    def watch_gradients(self, again: bool = False) -> None:
+        """The gradients of this step, once per step unless ``again`` (each backward's end: a later
+        micro-batch's watch replaces an earlier one's, so the step keeps the accumulated sum)."""
+        if self.grads_taken and not again:
             return
         self.grads_taken = True
         params = [p for p in self.parameters() if p.grad is not None]

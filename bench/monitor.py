@@ -159,7 +159,7 @@ def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync
         return wrapper
 
     for owner, names in (
-        (monitor.watcher, ("_add", "enter", "exit", "drop")),
+        (monitor.watcher, ("_add", "enter", "exit", "drop", "_backward_reached")),
         (monitor, ("begin_step", "before_update", "end_step")),
     ):
         for name in names:

@@ -15,7 +15,7 @@ from torch import nn
 from torch.torch_version import TorchVersion
 
 import torchdebug._torch as seam
-from torchdebug._torch import autograd, dispatch, dynamo, inductor, pytree
+from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
 from torchdebug._torch.nn import GlobalForwardHooks, is_compiled_wrapper, unwrap_compiled
 
 # -- versions -------------------------------------------------------------------------------------
@@ -111,6 +111,27 @@ def test_after_backward_runs_once_the_final_callbacks_queued_in_the_backward_hav
     doubled.register_hook(hook)
     doubled.sum().backward()
     assert seen == ["theirs", [20.0, 20.0, 20.0]]
+
+
+# -- amp ----------------------------------------------------------------------------------------------
+
+
+def test_a_grad_scalers_scale_tensor_and_unscaled_stage_are_read_without_stepping_it():
+    weight = torch.ones(3, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    read = amp.scale_reader(scaler)
+    assert read is not None and read() is None  # no loss scaled yet
+    scaler.scale((weight * 2).sum()).backward()
+    assert read().item() == 8.0 and weight.grad.tolist() == [16.0] * 3
+    assert not amp.unscaled(scaler, optimizer)
+    scaler.unscale_(optimizer)
+    assert amp.unscaled(scaler, optimizer) and weight.grad.tolist() == [2.0] * 3
+    scaler.step(optimizer)
+    scaler.update()
+    assert not amp.unscaled(scaler, optimizer)
+    assert amp.scale_reader(torch.amp.GradScaler("cpu", enabled=False))() is None
+    assert amp.scale_reader(object()) is None and not amp.unscaled(object(), optimizer)
 
 
 def test_tensor_version_counts_in_place_writes():

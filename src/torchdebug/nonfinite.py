@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from torchdebug.records import LOSS_OP, MODULE_OP, Record
+from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, Record
 
 __all__ = ["INF", "LIMIT", "NAN", "Origin", "OriginTracker", "find_origin", "tensor_flags", "value_flags"]
 
@@ -201,8 +201,9 @@ _INPUT_IO = ("input", "parameter")
 _OUTPUT_IO = ("output", "parameter_grad")
 
 
-_MODULE_LEVEL = (MODULE_OP, LOSS_OP)
-"""Ops of module-level records: a flight recorder's window holds the loss beside the module outputs."""
+_MODULE_LEVEL = (MODULE_OP, LOSS_OP, LOSS_SCALE_OP)
+"""Ops of module-level records: a flight recorder's window holds the loss (and a loss scaler's scale)
+beside the module outputs."""
 
 
 def _calls(records: Iterable[Record]) -> list[_Call]:

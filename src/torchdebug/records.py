@@ -31,6 +31,7 @@ __all__ = [
     "ALLOCATIONS",
     "COLLECTIVES",
     "LOSS_OP",
+    "LOSS_SCALE_OP",
     "MODULE_OP",
     "NEVER_MATERIALISED",
     "NO_MODULE",
@@ -58,6 +59,10 @@ MODULE_OP = "module"
 
 LOSS_OP = "monitor.loss"
 """The ``op`` of the loss the flight recorder keeps per step (``forward/-/monitor.loss#0/output``)."""
+
+LOSS_SCALE_OP = "monitor.loss_scale"
+"""The ``op`` of the loss scale the flight recorder keeps per step under a ``GradScaler``
+(``backward/-/monitor.loss_scale#0/output``): the scale the step's gradients were made with."""
 
 NO_MODULE = "-"
 """The module path shown in names for ops outside every tracked module."""

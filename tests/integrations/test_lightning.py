@@ -51,7 +51,7 @@ def _trainer(tmp_path, callback, **options):
         enable_model_summary=False,
         default_root_dir=tmp_path,
     )
-    return L.Trainer(callbacks=[callback], **{**defaults, **options})
+    return L.Trainer(**{"callbacks": [callback], **defaults, **options})
 
 
 def _fit(tmp_path, callback, **options):
@@ -197,3 +197,33 @@ def test_the_monitor_counts_the_overflows_a_16_mixed_run_skips(tmp_path):
     )
     assert callback.events == []
     assert callback._monitor.monitor.overflows == round(math.log2(2.0**127 / scaler.get_scale())) >= 1  # its halvings
+
+
+class _GradientNorms(L.Callback):
+    """The total gradient norm Lightning hands the optimizer, unscaled and not yet clipped."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        grads = [p.grad.double() for p in pl_module.parameters()]
+        self.norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
+
+
+def test_under_16_mixed_the_gradients_are_watched_scaled_and_divided_by_the_scale(tmp_path):
+    """The callback hands the monitor Lightning's GradScaler: the gradients are watched as the
+    backward leaves them, times the scale (2**16), and the window divides them by the scale staged
+    with them, so each step's gradient norm is the one the optimizer step is given."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    norms = _GradientNorms()
+    callback = TorchDebugCallback(monitor={"window": 8})
+    torch.manual_seed(0)
+    plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=2.0**16))]
+    _trainer(tmp_path, callback, max_steps=4, plugins=plugins, callbacks=[callback, norms]).fit(
+        LitNet(), torch.utils.data.DataLoader(_batches(4), batch_size=None)
+    )
+    monitor = callback._monitor.monitor
+    assert callback.events == [] and monitor.overflows == 0
+    assert any(slot.op == "monitor.loss_scale" for slot in monitor.ring.slots)
+    assert [monitor.triggers.grad_norm(step) for step in range(4)] == pytest.approx(norms.norms, rel=1e-5)

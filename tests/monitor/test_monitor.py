@@ -480,6 +480,42 @@ def test_overflows_in_a_row_beyond_scaler_overflows_fire(monitors, tmp_path: Pat
     assert "overflowed in 4 steps in a row" in event.message and monitor.overflows == 6
 
 
+def test_under_a_grad_scaler_the_gradients_are_watched_unscaled_before_the_closure_clips_them(monitors, tmp_path: Path) -> None:
+    """fp16's loop: the closure scales the loss, then unscales and clips the gradients. The monitor
+    leaves the unscaling to it (a second ``unscale_`` raises), watches the gradients as the backward
+    leaves them, scaled, and divides them by the scale staged with them: the window holds the norm
+    the clip measured though the scale doubles every 4 steps, a gradient spike fires once, and the
+    window dump holds each step's scale."""
+    model, optimizer = _gpt()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=4)
+    monitor = monitors(model, optimizer, dump_path=tmp_path, scaler=scaler, replay="off", max_events=5)
+    norms, scales = [], []
+    for step in range(32):
+        scales.append(scaler.get_scale())
+        batch = make_batch(CONFIG, batch=2, seed=step)
+
+        def closure(batch: tuple = batch, step: int = step) -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = model(*batch)
+            if step == 30:
+                loss.register_hook(lambda grad: grad * 100.0)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
+            return loss
+
+        monitor.step(closure)
+    assert [(e.step, e.reason) for e in monitor.events] == [(30, "grad_norm_spike")]
+    assert scales[30] == 2.0**17  # grown at every 4th step; the monitor never stepped the scaler twice
+    for step in range(22, 31):
+        assert monitor.triggers.grad_norm(step) == pytest.approx(norms[step], rel=1e-5)
+    records = torchdebug.load(monitor.events[0].window).ranks[0].records()
+    kept = sorted({r.step for r in records})
+    assert [r.stats["mean"] for r in records if r.name == "backward/-/monitor.loss_scale#0/output"] == [scales[s] for s in kept]
+    gradient = next(r for r in records if r.step == 30 and r.name == _FC0_GRADIENT)
+    assert gradient.stats["norm"] < norms[30]
+
+
 def test_the_device_table_path_through_the_triton_kernel_equals_the_cpu_kernel():
     """The comparison above with the Triton kernel, in Triton's interpreter: a step's gradients, and
     then its parameters, take one launch each through the kernel's directory."""

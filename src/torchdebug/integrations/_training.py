@@ -107,12 +107,13 @@ class TrainerMonitor:
         """The monitor's events (empty before training starts)."""
         return self.monitor.events if self.monitor is not None else []
 
-    def open(self, trainer_dir: str | Path, model: nn.Module, scaled: bool = False) -> None:
-        """Start watching ``model``; ``scaled``: the trainer runs a loss scaler (fp16), whose
-        overflows the monitor then counts instead of firing."""
+    def open(self, trainer_dir: str | Path, model: nn.Module, scaler: Any = None) -> None:
+        """Start watching ``model``; ``scaler``: the loss scaler (fp16) the trainer steps through,
+        if any, whose overflows the monitor then counts instead of firing, and whose scale it
+        divides the gradients by, watched as the backward leaves them (the monitor never steps it)."""
         if self.monitor is None:
             dump_path = None if self._dump_path_set else Path(trainer_dir) / "torchdebug-monitor"
-            self.monitor = Monitor(model, None, dump_path, config=self.config, scaler=scaled or None)
+            self.monitor = Monitor(model, None, dump_path, config=self.config, scaler=scaler)
 
     def micro_batch(self, step: int, replay: Callable[[], Any]) -> None:
         """A micro-batch of optimizer step ``step`` starts; ``replay`` runs its forward and backward

@@ -69,7 +69,7 @@ class TorchDebugCallback(_pl.Callback):
             if self._dump.config.step is None:
                 _rank_zero.rank_zero_warn(NO_STEP_WARNING)
         if self._monitor is not None:  # precision "16-mixed" runs a GradScaler
-            self._monitor.open(log_dir, pl_module, scaled=getattr(trainer.precision_plugin, "scaler", None) is not None)
+            self._monitor.open(log_dir, pl_module, scaler=getattr(trainer.precision_plugin, "scaler", None))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._dump is not None:

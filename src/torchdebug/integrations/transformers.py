@@ -72,8 +72,7 @@ class TorchDebugCallback(_hf.TrainerCallback):
                 logger.warning(NO_STEP_WARNING)
         if self._monitor is not None and model is not None and not self._handles:
             # fp16 on CUDA: accelerate's optimizer steps through a GradScaler (none on the CPU)
-            scaled = getattr(kwargs.get("optimizer"), "scaler", None) is not None
-            self._monitor.open(args.output_dir or ".", model, scaled=scaled)
+            self._monitor.open(args.output_dir or ".", model, scaler=getattr(kwargs.get("optimizer"), "scaler", None))
             self._handles = _watch_model_calls(model, args, state, self._monitor)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:

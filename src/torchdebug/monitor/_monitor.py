@@ -15,8 +15,10 @@ or, keeping the loop as it is, ``monitor.step(loss=loss)`` after ``optimizer.ste
 
 **fp16 mixed precision.** Pass the ``GradScaler`` (``Monitor(..., scaler=scaler)``): gradients that
 overflow, which the scaler skips, are its routine and do not fire (``scaler_overflows`` in a row
-do). With a closure, which then calls ``scaler.scale(loss).backward()``, the monitor unscales the
-gradients before it watches them and steps through the scaler; without, the loop's own
+do). The gradients are watched as the backward leaves them, scaled, and divided by the scale staged
+with them, so before the loop unscales and clips them. With a closure, which then calls
+``scaler.scale(loss).backward()`` (and may unscale and clip), the monitor unscales the gradients
+unless the closure did and steps through the scaler; without, the loop's own
 ``scaler.step(optimizer)`` and ``scaler.update()`` come before ``monitor.step(loss=loss)``.
 
 **Cost.** Each watched tensor is reduced once, in one pass, into the step's device table
@@ -46,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchdebug._torch import amp
 from torchdebug.dist import broadcast_from_rank0, dist_initialized, rank_and_world_size
 from torchdebug.errors import AnomalyError, ConfigError
 from torchdebug.monitor._config import MonitorConfig
@@ -126,7 +129,8 @@ class Monitor:
             ``replay``, ``max_events``).
         predicate: ``predicate(StepSummary) -> reason or None``, a trigger of the user's own.
         scaler: the ``torch.amp.GradScaler`` of fp16 mixed precision (or ``True`` for a loss scaler
-            the monitor cannot reach, such as a trainer's): see the module docstring.
+            whose scale the monitor cannot read, one that is not a ``GradScaler``): see the module
+            docstring.
     """
 
     def __init__(
@@ -154,12 +158,14 @@ class Monitor:
                 f"scaler: got {scaler!r}, expected a torch.amp.GradScaler, True (a loss scaler the loop runs) or None"
             )
         self.model, self.optimizer = model, optimizer
-        self.scaler = scaler if scaler is not True else None
+        self.scaler = None if isinstance(scaler, bool) else scaler
         """The loss scaler that :meth:`step` with a closure unscales and steps through."""
         self.ring = Ring(self.config.window)
         self.stager = StatsStager(finish=False)
         scaled = scaler is not None and scaler is not False
-        self.watcher = Watcher(model, optimizer, self.ring, self.stager, after_each_backward=not scaled)
+        loss_scale = amp.scale_reader(self.scaler)  # None: a scale it cannot read, so no watch of scaled gradients
+        each_backward = not scaled or loss_scale is not None
+        self.watcher = Watcher(model, optimizer, self.ring, self.stager, after_each_backward=each_backward, loss_scale=loss_scale)
         self.triggers = Triggers(self.config, self.ring, predicate, scaled=scaled)
         self.events: list[MonitorEvent] = []
         self.anomalies = 0
@@ -191,8 +197,8 @@ class Monitor:
         self.begin_step()
         result = closure()
         scaled = self.scaler is not None and self.optimizer is not None
-        if scaled:
-            self.scaler.unscale_(self.optimizer)  # the gradients are watched as they are, and stepped on
+        if scaled and not amp.unscaled(self.scaler, self.optimizer):  # a closure that clips unscaled them
+            self.scaler.unscale_(self.optimizer)  # the optimizer's pre-hook then watches them if the backward did not
         step_loss = loss if loss is not None else (result if isinstance(result, torch.Tensor) else None)
         try:
             event = self.before_update(step_loss, replay=closure)

@@ -11,6 +11,11 @@ parameters were registered later first within one (a module's own parameters as 
 parameter of the model's own, whose use no output places, last (as an embedding table, used as the
 forward starts).
 
+Under a loss scaler the gradients are watched as the backward leaves them, times the scale; the
+scale's own slot (``monitor.loss_scale``, the last of the gradients' stage) is staged with them, and
+:meth:`Ring.row` divides each gradient's statistics by it: the host learns the scale with the sums,
+so neither waits for the device.
+
 A step's row is written as the sums every statistics path produces (``schema.COLUMNS``) and the
 element counts: on the CPU the native kernel writes them straight into the ring's memory
 (:meth:`Ring.address`), with no Python object per tensor; rows from a device table arrive with
@@ -31,10 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from torchdebug.capture.modules import ROOT_MODULE
-from torchdebug.records import LOSS_OP, MODULE_OP, make_name
-from torchdebug.stats._schema import STAT_KEYS, WIDTH, stats_array_from_sums
+from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, make_name
+from torchdebug.stats._schema import FIRST_COUNT, STAT_KEYS, WIDTH, stats_array_from_sums
 
 _STAGES = {"forward": 0, "backward": 2, "optimizer": 3}
+
+_MEAN = STAT_KEYS.index("mean")
 
 _ROW_BYTES = WIDTH * 8
 """Bytes of one slot's sums (float64)."""
@@ -78,6 +85,10 @@ class Ring:
         """Each slot's place in :attr:`_order`."""
         self.steps = [-1] * window
         """The step each position holds (-1: none yet)."""
+        self._gradients: list[int] = []
+        """The gradient slots, which a loss scale divides."""
+        self._scale: int | None = None
+        """The loss scale's slot, once seen."""
 
     def slot(self, phase: str, module: str, op: str, call: int, io: str, arg: str) -> int:
         """The index of a slot, registered on first sight."""
@@ -86,6 +97,10 @@ class Ring:
         if index is None:
             index = self._index[key] = len(self.slots)
             self.slots.append(Slot(phase, module, call, io, arg, op))
+            if io == "parameter_grad":
+                self._gradients.append(index)
+            elif op == LOSS_SCALE_OP:
+                self._scale = index
             if index >= self.sums.shape[1]:
                 self.sums, self.numel, self._values = (_doubled(a) for a in (self.sums, self.numel, self._values))
                 self._base = self.sums.ctypes.data
@@ -126,6 +141,8 @@ class Ring:
         """A slot's order within its stage: as registered, except gradients (see the module
         docstring); ``outputs``, ``gradients``: the first output and gradient slot of each module."""
         slot = self.slots[index]
+        if slot.op == LOSS_SCALE_OP:
+            return (2, 0, index)
         if slot.io != "parameter_grad":
             return (0, 0, index)
         module, placed = slot.module, 1  # no watched module places it: last
@@ -177,9 +194,19 @@ class Ring:
             return None
         count = len(self.slots)
         if self._stale[position]:
-            self._values[position, :count] = stats_array_from_sums(self.sums[position, :count], self.numel[position, :count])
+            values = stats_array_from_sums(self.sums[position, :count], self.numel[position, :count])
+            self._unscale(values)
+            self._values[position, :count] = values
             self._stale[position] = False
         return self._values[position, :count]
+
+    def _unscale(self, values: np.ndarray) -> None:
+        """Divide the gradients' value statistics (min, max, mean, norm) of one step's ``values`` by
+        the loss scale staged with them, when the step has one (see the module docstring)."""
+        if self._scale is not None:
+            scale = values[self._scale, _MEAN]
+            if scale > 0:  # NaN: no scaled gradients this step
+                values[self._gradients, :FIRST_COUNT] /= scale
 
     def kept_steps(self) -> list[int]:
         """The steps in the window, oldest first."""

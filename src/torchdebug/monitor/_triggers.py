@@ -30,7 +30,7 @@ import numpy as np
 
 from torchdebug.monitor._config import MonitorConfig
 from torchdebug.monitor._ring import Ring
-from torchdebug.records import LOSS_OP
+from torchdebug.records import LOSS_OP, MODULE_OP
 from torchdebug.stats._schema import STAT_KEYS
 
 _NORM, _NAN = STAT_KEYS.index("norm"), STAT_KEYS.index("nan")
@@ -214,12 +214,14 @@ class Triggers:
         return self._loss_index
 
     def _indices(self, io: str, count: int) -> list[int]:
-        """Slots of ``io`` (the loss left out) among the first ``count``, in execution order."""
+        """Module slots of ``io`` (the loss and the loss scale left out) among the first ``count``,
+        in execution order."""
         found = self._slots_of.get((io, count))
         if found is None:
             slots = self.ring.slots
             order = self.ring.execution_order()
-            found = self._slots_of[(io, count)] = [i for i in order if i < count and slots[i].io == io and slots[i].op != LOSS_OP]
+            found = [i for i in order if i < count and slots[i].io == io and slots[i].op == MODULE_OP]
+            self._slots_of[(io, count)] = found
         return found
 
     def _history(self, index: int, column: int, step: int) -> np.ndarray | None:

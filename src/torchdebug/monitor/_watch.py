@@ -12,7 +12,10 @@
   have set them): so before the loop clips them, as the loop's gradient norm reads them, and the
   last micro-batch's watch holds every micro-batch's sum. A backward that never reached the
   model's output (none in the step) leaves them to the optimizer's step pre-hook, as does a loss
-  scaler (fp16: the monitor reads them once unscaled). ``backward/<module>/module#0/parameter_grad.<leaf>``.
+  scaler the monitor cannot reach (``scaler=True``: they are read once unscaled). Under a
+  ``GradScaler`` it is given, they are watched scaled, with the scale
+  (``backward/-/monitor.loss_scale#0/output``), which the ring divides them by.
+  ``backward/<module>/module#0/parameter_grad.<leaf>``.
 - **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
 
 Each tensor's statistics are taken in one pass: on the CPU by the C kernel, which writes the sums
@@ -45,7 +48,7 @@ from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.monitor._ring import Ring
-from torchdebug.records import LOSS_OP, MODULE_OP, NO_MODULE
+from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, NO_MODULE
 from torchdebug.slots import dtype_name, iter_slots
 from torchdebug.stats._cpu import cpu_sums_into
 from torchdebug.stats._schema import IDENTITY
@@ -79,11 +82,14 @@ class Watcher:
         ring: Ring,
         stager: stats_table.StatsStager,
         after_each_backward: bool = True,
+        loss_scale: Callable[[], torch.Tensor | None] | None = None,
     ) -> None:
         """``after_each_backward``: watch the gradients as each backward ends (see the module
-        docstring); ``False`` under a loss scaler, whose gradients are scaled until it unscales them."""
+        docstring); ``False`` under a loss scaler whose scale is unknown, as its gradients are
+        scaled until it unscales them. ``loss_scale``: the scale the backward's gradients are made
+        with, as a tensor, watched with them (see :mod:`~torchdebug.monitor._ring`)."""
         self.model, self.optimizer, self.ring, self.stager = model, optimizer, ring, stager
-        self.after_each_backward = after_each_backward
+        self.after_each_backward, self.loss_scale = after_each_backward, loss_scale
         self._backward_queued = False
         """A watch of the gradients is queued to run when the running backward ends."""
         self._tracker = ModuleTracker(unwrap_compiled(model), outside_compiled=True)
@@ -170,21 +176,25 @@ class Watcher:
 
     def _backward_ended(self) -> None:
         self._backward_queued = False
-        self.watch_gradients(again=True)
+        self.watch_gradients(again=True, scaled=True)
 
     def drop(self) -> None:
         if self._open:
             self._open.pop()
 
     # -- gradients and parameters ---------------------------------------------------------------
-    def watch_gradients(self, again: bool = False) -> None:
+    def watch_gradients(self, again: bool = False, scaled: bool = False) -> None:
         """The gradients of this step, once per step unless ``again`` (each backward's end: a later
-        micro-batch's watch replaces an earlier one's, so the step keeps the accumulated sum)."""
+        micro-batch's watch replaces an earlier one's, so the step keeps the accumulated sum);
+        ``scaled``: as the backward left them, times the loss scale, which is watched with them."""
         if self.grads_taken and not again:
             return
         self.grads_taken = True
         params = [p for p in self.parameters() if p.grad is not None]
         self._add([("backward", *self._name(p), 0, "parameter_grad", p.grad) for p in params])
+        scale = self.loss_scale() if scaled and self.loss_scale is not None else None
+        if scale is not None:
+            self._add([("backward", NO_MODULE, "", 0, "output", scale)], op=LOSS_SCALE_OP)
 
     def watch_parameters(self) -> None:
         """The parameters as the optimizer step left them."""

@@ -127,6 +127,11 @@ def test_a_grad_scalers_scale_tensor_and_unscaled_stage_are_read_without_steppin
     assert not amp.unscaled(scaler, optimizer)
     scaler.unscale_(optimizer)
     assert amp.unscaled(scaler, optimizer) and weight.grad.tolist() == [2.0] * 3
+    step_state = scaler._per_optimizer_states[id(optimizer)]
+    with amp.unscaling_again(scaler, optimizer):  # a replay of the step's closure
+        assert not amp.unscaled(scaler, optimizer)
+        scaler.unscale_(optimizer)
+    assert scaler._per_optimizer_states[id(optimizer)] is step_state
     scaler.step(optimizer)
     scaler.update()
     assert not amp.unscaled(scaler, optimizer)

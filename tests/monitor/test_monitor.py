@@ -516,6 +516,46 @@ def test_under_a_grad_scaler_the_gradients_are_watched_unscaled_before_the_closu
     assert gradient.stats["norm"] < norms[30]
 
 
+def _clipping_scaled_run(monitors, steps: int, watch: dict | None):  # noqa: ANN001
+    """``steps`` steps of the small GPT whose closure scales the loss, unscales and clips (a
+    monitor of the options ``watch`` given the scaler steps it; ``None``: the loop's own steps).
+    Returns the model, the scaler and the monitor."""
+    model, optimizer = _gpt()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    monitor = None if watch is None else monitors(model, optimizer, scaler=scaler, **watch)
+    for step in range(steps):
+        batch = make_batch(CONFIG, batch=2, seed=step)
+
+        def closure(batch: tuple = batch) -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = model(*batch)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-2)
+            return loss
+
+        if monitor is not None:
+            monitor.step(closure)
+            continue
+        closure()
+        scaler.step(optimizer)
+        scaler.update()
+    return model, scaler, monitor
+
+
+def test_the_replay_of_a_closure_that_unscales_runs_and_leaves_the_steps_scaler_state(monitors, tmp_path: Path) -> None:
+    """The replay runs the closure again, whose ``unscale_`` the scaler would refuse a second time in
+    the step: it gets a fresh state for the replay and the step's own back after, so the replay
+    reproduces the step and the run trains exactly as the plain loop does."""
+    plain, plain_scaler, _ = _clipping_scaled_run(monitors, steps=4, watch=None)
+    fire_at_2 = lambda summary: "asked for" if summary.step == 2 else None  # noqa: E731
+    model, scaler, monitor = _clipping_scaled_run(monitors, steps=4, watch={"dump_path": tmp_path, "predicate": fire_at_2})
+    assert [(e.step, e.reason) for e in monitor.events] == [(2, "predicate")]
+    assert monitor.events[0].replay is not None and monitor.events[0].replay.reproduced
+    assert scaler.get_scale() == plain_scaler.get_scale()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), plain.state_dict().values()))
+
+
 def test_the_device_table_path_through_the_triton_kernel_equals_the_cpu_kernel():
     """The comparison above with the Triton kernel, in Triton's interpreter: a step's gradients, and
     then its parameters, take one launch each through the kernel's directory."""

@@ -341,17 +341,18 @@ class Monitor:
         if replays:
             self.watcher.stop()  # the replay's module calls are not the window's
             try:
-                outcome = replay(
-                    closure,
-                    self.model,
-                    self.watcher.parameters(),
-                    state,
-                    loss,
-                    self.dump_root / f"step{trigger.step}-replay",
-                    trigger.step,
-                    self.config.replay,
-                    self.rank,
-                )
+                with amp.unscaling_again(self.scaler, self.optimizer):  # a closure that clips unscales again
+                    outcome = replay(
+                        closure,
+                        self.model,
+                        self.watcher.parameters(),
+                        state,
+                        loss,
+                        self.dump_root / f"step{trigger.step}-replay",
+                        trigger.step,
+                        self.config.replay,
+                        self.rank,
+                    )
             finally:
                 self.watcher.start()
             if agreed:  # every rank replayed: ask where it began

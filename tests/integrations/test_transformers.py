@@ -1,5 +1,6 @@
 """The Hugging Face Trainer callback: steps, module paths, and a dump that matches a plain loop."""
 
+import math
 import os
 
 import pytest
@@ -222,6 +223,45 @@ def test_a_gradient_spike_fires_though_the_trainer_clips_the_gradients(tmp_path)
     assert event.slot == "backward/fc1/module#0/parameter_grad.weight"
     triggers = callback._monitor.monitor.triggers
     assert triggers.grad_norm(20) > 100 * max(triggers.grad_norm(19), 0.1)
+
+
+class _GradScalerTrainer(transformers.Trainer):
+    """fp16 as accelerate runs it on CUDA, on the CPU (where accelerate makes no scaler): a GradScaler
+    scales the loss, unscales the gradients before the Trainer clips them, and steps the optimizer."""
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        self.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        self.accelerator.native_amp = True
+
+
+def test_under_a_grad_scaler_the_window_holds_the_gradient_norm_the_trainer_clips(tmp_path):
+    """The callback hands the monitor accelerate's GradScaler: the gradients are watched scaled, as
+    the backward leaves them, and divided by the scale, so each step's norm is the one the Trainer's
+    ``clip_grad_norm_`` measured once it had unscaled them (and clipped them to 0.1 after)."""
+    norms = {}
+
+    class GradNorms(transformers.TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if "grad_norm" in logs:  # not the summary at the end
+                norms[state.global_step - 1] = logs["grad_norm"]
+
+    torch.manual_seed(0)
+    model = RegressionNet()
+    callback = TorchDebugCallback(monitor={"replay": "off"})
+    _GradScalerTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=12, fp16=True, max_grad_norm=0.1, logging_strategy="steps", logging_steps=1),
+        train_dataset=_rows(48),
+        callbacks=[GradNorms(), callback],
+        optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+    ).train()
+    monitor = callback._monitor.monitor
+    assert isinstance(monitor.scaler, torch.amp.GradScaler) and callback.events == []
+    assert any(slot.op == "monitor.loss_scale" for slot in monitor.ring.slots)
+    finite = {step: norm for step, norm in norms.items() if math.isfinite(norm)}  # the scaler's first overflows skipped
+    assert len(finite) >= 6 and all(norm > 0.1 for norm in finite.values())
+    assert {step: monitor.triggers.grad_norm(step) for step in finite} == pytest.approx(finite, rel=1e-5)
 
 
 def test_overflowing_gradients_fire_where_no_loss_scaler_skips_them(tmp_path):

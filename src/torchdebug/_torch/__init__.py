@@ -5,7 +5,8 @@ Each module wraps one torch subsystem and is imported only by the features that 
 
 - :mod:`~torchdebug._torch.autograd`: the running autograd node and sequence numbers, version
   counters, a callback when the running backward ends.
-- :mod:`~torchdebug._torch.amp`: a ``GradScaler``'s scale tensor and whether it unscaled an optimizer.
+- :mod:`~torchdebug._torch.amp`: a ``GradScaler``'s scale tensor, whether it unscaled an optimizer,
+  and a fresh state for a replay that unscales again.
 - :mod:`~torchdebug._torch.dispatch`: ``TorchDispatchMode``, op overloads and their schemas.
 - :mod:`~torchdebug._torch.nn`: global module hooks next to ``torch.compile(module)`` and module wrappers.
 - :mod:`~torchdebug._torch.checkpoint`: activation checkpointing's recomputation and bookkeeping ops.

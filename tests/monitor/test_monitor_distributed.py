@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 import torchdebug
@@ -34,20 +35,46 @@ def _closure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
     return closure
 
 
+_FSDP_GRADIENT = "backward/layers.1.mlp.fc/module#0/parameter_grad.weight"
+
+
+def _clipping(closure, model: torch.nn.Module, weight: torch.Tensor, unclipped: list[float]):
+    """``closure``, then the gradients clipped far below their norm; ``unclipped`` gets the norm of
+    ``weight``'s gradient before (of this rank's shard, for a DTensor)."""
+
+    def clipped() -> torch.Tensor:
+        loss = closure()
+        grad = weight.grad.to_local() if isinstance(weight.grad, DTensor) else weight.grad
+        unclipped.append(torch.linalg.vector_norm(grad.double()).item())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        return loss
+
+    return clipped
+
+
+_DDP_GRADIENT = "backward/module.layers.1.mlp.fc/module#0/parameter_grad.weight"
+
+
 def _ddp_main(rank: int, root: str) -> None:
     torchdebug.seed_all(0)
     model = DistributedDataParallel(GPT(CONFIG))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4)
+    weight = model.module.layers[1].mlp.fc.weight
+    unclipped = []
     for step in range(8):
         if step == 5 and rank == 1:
             with torch.no_grad():
                 model.module.layers[0].mlp.fc.weight[0, 0] = float("nan")
 
-        monitor.step(_closure(model, optimizer, step, rank))
+        monitor.step(_clipping(_closure(model, optimizer, step, rank), model, weight, unclipped))
+        if step == 4:  # the last clean step, before it leaves the window
+            index = next(i for i, slot in enumerate(monitor.ring.slots) if slot.name == _DDP_GRADIENT)
+            watched = monitor.ring.row(4)[index, STAT_KEYS.index("norm")]
     monitor.close()
     (event,) = monitor.events
     Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))
+    Path(root, f"norms{rank}.json").write_text(json.dumps({"watched": watched, "unclipped": unclipped[4]}))
     dist.barrier()
 
 
@@ -78,22 +105,11 @@ def test_both_ranks_fire_and_replay_and_the_rank_that_saw_it_first_is_named(runs
     assert sorted({r.step for r in window.ranks[1].records()}) == [2, 3, 4, 5]
     assert all(e["replay"]["reproduced"] for e in events)
     assert "layers.0.mlp.fc" in events[1]["replay"]["origin"]
-
-
-_FSDP_GRADIENT = "backward/layers.1.mlp.fc/module#0/parameter_grad.weight"
-
-
-def _clipping(closure, model: torch.nn.Module, weight: torch.Tensor, unclipped: list[float]):
-    """``closure``, then the gradients clipped far below their norm; ``unclipped`` gets the norm of
-    this rank's shard of ``weight``'s gradient before."""
-
-    def clipped() -> torch.Tensor:
-        loss = closure()
-        unclipped.append(torch.linalg.vector_norm(weight.grad.to_local().double()).item())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
-        return loss
-
-    return clipped
+    # the closure clips: the gradients are watched once DDP's all-reduce has written them back, before
+    # clipping, the same on both ranks (each rank's own gradient differs: its own batch)
+    norms = [json.loads((tmp_path / f"norms{rank}.json").read_text()) for rank in (0, 1)]
+    assert norms[0]["unclipped"] == norms[1]["unclipped"] > 1e-2
+    assert all(n["watched"] == pytest.approx(n["unclipped"], rel=1e-6) for n in norms)
 
 
 def _fsdp_main(rank: int, root: str) -> None:

@@ -12,10 +12,10 @@
   have set them): so before the loop clips them, as the loop's gradient norm reads them, and the
   last micro-batch's watch holds every micro-batch's sum. A backward that never reached the
   model's output (none in the step) leaves them to the optimizer's step pre-hook, as does a loss
-  scaler the monitor cannot reach (``scaler=True``: they are read once unscaled). Under a
-  ``GradScaler`` it is given, they are watched scaled, with the scale
-  (``backward/-/monitor.loss_scale#0/output``), which the ring divides them by.
-  ``backward/<module>/module#0/parameter_grad.<leaf>``.
+  scaler the monitor cannot read (``scaler=True``: they are read once unscaled). Named
+  ``backward/<module>/module#0/parameter_grad.<leaf>``. Under a ``GradScaler`` they are watched
+  scaled, with the scale beside them (``backward/-/monitor.loss_scale#0/output``), which the ring
+  divides them by.
 - **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
 
 Each tensor's statistics are taken in one pass: on the CPU by the C kernel, which writes the sums

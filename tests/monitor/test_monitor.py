@@ -516,6 +516,15 @@ def test_under_a_grad_scaler_the_gradients_are_watched_unscaled_before_the_closu
     assert gradient.stats["norm"] < norms[30]
 
 
+def test_scaler_false_is_no_scaler(monitors, tmp_path: Path) -> None:
+    """``scaler=False`` (a flag a loop passes through, as ``use_amp``) steps the optimizer itself."""
+    model, optimizer = _gpt()
+    monitor = monitors(model, optimizer, dump_path=tmp_path, scaler=False)
+    before = model.layers[0].mlp.fc.weight.detach().clone()
+    monitor.step(_closure(model, optimizer, 0))
+    assert monitor.scaler is None and not torch.equal(before, model.layers[0].mlp.fc.weight)
+
+
 def _clipping_scaled_run(monitors, steps: int, watch: dict | None):  # noqa: ANN001
     """``steps`` steps of the small GPT whose closure scales the loss, unscales and clips (a
     monitor of the options ``watch`` given the scaler steps it; ``None``: the loop's own steps).

@@ -203,6 +203,33 @@ def test_global_hooks_see_each_module_call_once_and_silence_only_while_registere
     torch._dynamo.reset()
 
 
+def test_outside_compiled_a_compiled_wrappers_call_stands_for_its_modules_call_once():
+    """With ``outside_compiled`` the hooks never see the calls inside compiled code; the call of
+    ``torch.compile(module)``'s wrapper is reported as its module's (through any wrapper it holds),
+    once, also when the module's call runs eagerly under the ``force_eager`` stance."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    compiled = torch.compile(checkpoint_wrapper(model), backend="eager")
+    calls, outputs = [], []
+    hooks = GlobalForwardHooks(
+        lambda m, args: calls.append(("enter", m)),
+        lambda m, args, kwargs, out: (calls.append(("exit", m)), outputs.append(out)),
+        outside_compiled=True,
+    )
+    try:
+        output = compiled(torch.randn(3, 2))
+        assert calls == [("enter", model), ("exit", model)] and outputs == [output]
+        calls.clear()
+        with torch.compiler.set_stance("force_eager"):
+            compiled(torch.randn(3, 2))
+    finally:
+        hooks.remove()
+    assert calls == [("enter", model), ("enter", model[0]), ("exit", model[0]), ("enter", model[1]), ("exit", model[1]), ("exit", model)]
+    torch._dynamo.reset()
+
+
 # -- pytree ---------------------------------------------------------------------------------------
 
 

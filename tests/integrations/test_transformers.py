@@ -225,6 +225,42 @@ def test_a_gradient_spike_fires_though_the_trainer_clips_the_gradients(tmp_path)
     assert triggers.grad_norm(20) > 100 * max(triggers.grad_norm(19), 0.1)
 
 
+def _logged_gradient_norms() -> tuple[dict[int, float], transformers.TrainerCallback]:
+    """A dict that gets the gradient norm the Trainer logs for each step (its ``clip_grad_norm_``'s,
+    before clipping), and the callback that fills it (log every step)."""
+    norms: dict[int, float] = {}
+
+    class GradNorms(transformers.TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if "grad_norm" in logs:  # not the summary at the end
+                norms[state.global_step - 1] = logs["grad_norm"]
+
+    return norms, GradNorms()
+
+
+def test_a_model_the_trainer_compiles_is_watched_before_the_trainer_clips(tmp_path):
+    """``torch_compile=True``: accelerate compiles the model whole, the Trainer calls the compiled
+    wrapper and the callback gets the model. The window holds each step's gradient norm as the
+    Trainer measured it before clipping to 0.1."""
+    norms, logged = _logged_gradient_norms()
+    torch.manual_seed(0)
+    model = RegressionNet()
+    callback = TorchDebugCallback(monitor={"replay": "off"})
+    options = dict(torch_compile=True, torch_compile_backend="aot_eager", max_grad_norm=0.1, logging_strategy="steps", logging_steps=1)
+    trainer = transformers.Trainer(
+        model=model,
+        args=_args(tmp_path, max_steps=6, **options),
+        train_dataset=_rows(24),
+        callbacks=[logged, callback],
+        optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+    )
+    trainer.train()
+    monitor = callback._monitor.monitor
+    assert trainer.model_wrapped is not model and monitor.model is model and callback.events == []
+    assert len(norms) == 6 and all(norm > 0.1 for norm in norms.values())
+    assert {step: monitor.triggers.grad_norm(step) for step in norms} == pytest.approx(norms, rel=1e-5)
+
+
 class _GradScalerTrainer(transformers.Trainer):
     """fp16 as accelerate runs it on CUDA, on the CPU (where accelerate makes no scaler): a GradScaler
     scales the loss, unscales the gradients before the Trainer clips them, and steps the optimizer."""
@@ -239,13 +275,7 @@ def test_under_a_grad_scaler_the_window_holds_the_gradient_norm_the_trainer_clip
     """The callback hands the monitor accelerate's GradScaler: the gradients are watched scaled, as
     the backward leaves them, and divided by the scale, so each step's norm is the one the Trainer's
     ``clip_grad_norm_`` measured once it had unscaled them (and clipped them to 0.1 after)."""
-    norms = {}
-
-    class GradNorms(transformers.TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if "grad_norm" in logs:  # not the summary at the end
-                norms[state.global_step - 1] = logs["grad_norm"]
-
+    norms, logged = _logged_gradient_norms()
     torch.manual_seed(0)
     model = RegressionNet()
     callback = TorchDebugCallback(monitor={"replay": "off"})
@@ -253,7 +283,7 @@ def test_under_a_grad_scaler_the_window_holds_the_gradient_norm_the_trainer_clip
         model=model,
         args=_args(tmp_path, max_steps=12, fp16=True, max_grad_norm=0.1, logging_strategy="steps", logging_steps=1),
         train_dataset=_rows(48),
-        callbacks=[GradNorms(), callback],
+        callbacks=[logged, callback],
         optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
     ).train()
     monitor = callback._monitor.monitor

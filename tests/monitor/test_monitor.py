@@ -346,6 +346,46 @@ def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eage
     assert any(r.module == "layers.1.attn.qkv" and r.op == "aten.addmm.default" for r in replayed)
 
 
+@pytest.mark.parametrize("handed", ["model", "wrapper"])
+def test_a_model_compiled_whole_is_watched_at_its_output_before_clipping_and_replayed_eagerly(monitors, tmp_path: Path, handed: str) -> None:
+    """``torch.compile(model)``, the monitor handed the model or the wrapper (the Hugging Face
+    Trainer's callbacks get the model, the loop calls the wrapper): its output is watched once per
+    step, the gradients before the loop clips them, and the replay's dump holds the model's own ops
+    where the compiled step made a NaN."""
+    from torch._dynamo.utils import counters
+
+    model, optimizer = _gpt()
+    compiled = torch.compile(model, backend="aot_eager")
+    counters.clear()
+    monitor = monitors(model if handed == "model" else compiled, optimizer, dump_path=tmp_path, window=8)
+    norms = []
+    for step in range(6):
+        if step == 5:
+            with torch.no_grad():
+                model.layers[1].mlp.out.weight[0, 0] = float("nan")
+        batch = make_batch(CONFIG, batch=2, seed=step)
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = compiled(*batch)
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
+            return loss
+
+        monitor.step(closure)
+    assert not counters["graph_break"]
+    forward = sorted(slot.name for slot in monitor.ring.slots if slot.phase == "forward")
+    assert forward == ["forward/-/monitor.loss#0/output", "forward/<root>/module#0/output.0"]
+    watched = [monitor.triggers.grad_norm(step) for step in range(5)]
+    assert watched == pytest.approx(norms[:5], rel=1e-5) and min(watched) > 1e-2  # not the clipped 1e-3
+    (event,) = monitor.events
+    assert (event.step, event.slot) == (5, "forward/<root>/module#0/output.0")
+    assert event.replay is not None and event.replay.reproduced and event.replay.eager_loss is not None
+    assert event.replay.origin is not None and "layers.1.mlp.out" in event.replay.origin and "examples/gpt.py" in event.replay.origin
+    replayed = torchdebug.load(event.replay.dump).ranks[0].records()
+    assert any(r.module == "layers.1.attn.qkv" and r.op == "aten.addmm.default" for r in replayed)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("closure_mode", [True, False])
 def test_on_cuda_the_window_is_read_without_waiting_and_a_nan_is_caught(monitors, tmp_path: Path, closure_mode: bool) -> None:

@@ -23,8 +23,10 @@ Why these and not others:
   ``module.compile()`` stores the compiled call in ``module._compiled_call_impl``; the graph dump
   names per-block compiled graphs by the block instance that ran (``graph_dump/_instances.py``).
 - ``after_compiled_calls``: a compiled module's own hooks run inside its compiled code, so an
-  observer of its output stands outside: a forward hook on ``OptimizedModule``, a wrapper around
-  ``_compiled_call_impl`` for ``module.compile()``.
+  observer of its output stands outside. ``module.compile()`` leaves no eager call that a hook
+  sees (``Module._wrapped_call_impl`` calls ``_compiled_call_impl``, not ``_call_impl``), so that
+  is wrapped; ``torch.compile(module)``'s wrapper is called eagerly, and its call stands for its
+  module's (``torchdebug._torch.nn.GlobalForwardHooks``).
 - ``calls_with``: what a backend returns is called by Dynamo's bytecode with the graph's inputs as
   positional arguments (parameters first among them when the graph reads any).
 
@@ -132,12 +134,11 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 
 
 def after_compiled_calls(module: nn.Module, after: Callable[[Any], None]) -> Callable[[], None]:
-    """Call ``after(output)`` after every call of a compiled module, outside its compiled code (Dynamo
-    never traces it); returns what undoes it. ``torch.compile(module)``'s wrapper gets a forward hook
-    (its own call is eager); a module whose ``compile()`` ran gets its ``_compiled_call_impl``, what
-    ``Module._wrapped_call_impl`` calls in place of ``_call_impl`` and its hooks, wrapped."""
-    if isinstance(module, OptimizedModule):
-        return module.register_forward_hook(lambda _module, _args, output: after(output)).remove
+    """Call ``after(output)`` after every call of a module whose ``compile()`` ran, outside its
+    compiled code (Dynamo never traces it); returns what undoes it. Its ``_compiled_call_impl``,
+    what ``Module._wrapped_call_impl`` calls in place of ``_call_impl`` and its hooks (global ones
+    too), is wrapped. (``torch.compile(module)``'s wrapper needs none of this: its own call is eager,
+    global hooks see it.)"""
     compiled = module._compiled_call_impl
 
     def call(*args: Any, **kwargs: Any) -> Any:

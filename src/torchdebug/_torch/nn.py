@@ -79,6 +79,13 @@ def strip_wrappers(path: str) -> str:
     return ".".join(part for part in path.split(".") if part not in WRAPPER_ATTRIBUTES)
 
 
+def _wrapped(module: nn.Module) -> nn.Module:
+    """The module that ``module`` stands for: itself unless it is a wrapper, else its child's, in turn."""
+    while is_module_wrapper(module):
+        module = next(iter(module._modules.values()))
+    return module
+
+
 def is_compiled_wrapper(module: nn.Module) -> bool:
     """Whether ``module`` is the ``OptimizedModule`` that ``torch.compile(module)`` returned."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # no wrapper exists before Dynamo is loaded
@@ -107,16 +114,34 @@ class GlobalForwardHooks:
         outside_compiled: bool = False,
     ) -> None:
         """``outside_compiled``: skip module calls that Dynamo traces (the hooks return at once under
-        ``torch.compiler.is_compiling()``, so compiled code neither breaks its graph on them nor runs them)."""
+        ``torch.compiler.is_compiling()``, so compiled code neither breaks its graph on them nor runs
+        them). A call of ``torch.compile(module)``'s wrapper then stands for its module's call, which
+        runs inside the compiled code: the hooks see ``module`` enter and return with the wrapper's
+        arguments and output (and, should the module's call run eagerly all the same, as under
+        ``torch.compiler.set_stance("force_eager")``, not that call a second time)."""
+        standing_for: list[nn.Module] = []
+        """The modules whose compiled wrappers' calls are running, innermost last."""
+
+        def stands_in(module: nn.Module) -> bool:
+            return bool(standing_for) and module is standing_for[-1]
 
         def on_enter(module: nn.Module, args: tuple) -> None:
-            if outside_compiled and is_compiling():
-                return
+            if outside_compiled:
+                if is_compiling() or stands_in(module):
+                    return
+                if is_compiled_wrapper(module):
+                    module = _wrapped(module)
+                    standing_for.append(module)
             if not is_module_wrapper(module):
                 enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
-            if (outside_compiled and is_compiling()) or is_module_wrapper(module):
+            if outside_compiled:
+                if is_compiling() or stands_in(module):
+                    return
+                if is_compiled_wrapper(module):
+                    module = standing_for.pop()
+            if is_module_wrapper(module):
                 return
             if len(kwargs_and_output) == 2:
                 exit(module, args, *kwargs_and_output)

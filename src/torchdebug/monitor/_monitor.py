@@ -352,6 +352,7 @@ class Monitor:
                         trigger.step,
                         self.config.replay,
                         self.rank,
+                        self.watcher.ran_compiled(),
                     )
             finally:
                 self.watcher.start()

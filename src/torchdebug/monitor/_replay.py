@@ -8,7 +8,10 @@ the same closure on the same parameters, batch and random state under a
 :class:`~torchdebug.Debugger` (op level, the task asked for), names the op that made a NaN/Inf
 (:func:`torchdebug.nonfinite.find_origin`) and says whether the replay gave the same loss, bit for
 bit. The step's own gradients are put back afterwards, so what the loop does next sees the step as
-it was.
+it was. When the step ran compiled code of the model (compiled blocks, the model compiled whole, a
+compiled function calling it), the closure runs twice: once as it ran, which decides whether the
+step reproduces, and once with that code run eagerly (``torch.compiler.set_stance("force_eager")``)
+under capture, so the dump names the model's own ops and source lines, not a generated kernel's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdebug._torch.dynamo import compiled_modules
 from torchdebug.debugger import Debugger
 from torchdebug.nonfinite import ORIGIN, find_origin
 from torchdebug.records import COLLECTIVES
@@ -61,7 +63,7 @@ class ReplayOutcome:
     origin: str | None
     """The op that made the first NaN/Inf, with its phase, module and source line (``None``: none made)."""
     eager_loss: float | None = None
-    """With compiled modules: the loss of the captured replay, which ran them eagerly."""
+    """When the step ran compiled code of the model: the loss of the captured replay, which ran it eagerly."""
     from_another_rank: bool = False
     """The first NaN/Inf came out of a collective: another rank's values brought it here (that
     rank's own replay names where it began)."""
@@ -70,7 +72,7 @@ class ReplayOutcome:
     def message(self) -> str:
         eager = ""
         if self.eager_loss is not None:
-            eager = f" The op-level replay ran the compiled modules eagerly: loss {self.eager_loss}"
+            eager = f" The op-level replay ran the compiled code eagerly: loss {self.eager_loss}"
             if _finite(self.eager_loss) and not _finite(self.loss):
                 eager += ", finite where the compiled step's was not: compiled code made it (torchdebug diagnose finds where)."
             else:
@@ -114,10 +116,11 @@ def replay(
     step: int,
     task: str,
     rank: int,
+    compiled: bool,
 ) -> ReplayOutcome:
-    """Run ``closure`` again from ``state`` under op-level capture into ``dump_path`` (see the module docstring)."""
+    """Run ``closure`` again from ``state`` under op-level capture into ``dump_path`` (see the module
+    docstring); ``compiled``: the step ran compiled code of the model, which the capture runs eagerly."""
     grads = [p.grad for p in parameters]
-    compiled = next(compiled_modules(model), None) is not None
     try:
         replayed = _run(closure, parameters, state) if compiled else None  # the compiled code again, as it ran
         debugger = Debugger(dump_path, task=task, level="op")

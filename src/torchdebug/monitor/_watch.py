@@ -5,8 +5,12 @@
   again by activation checkpointing's recomputation is not watched twice). A model in ``eval()``
   mode (validation) is not watched. Compiled code is left alone: the hooks return at once while
   Dynamo traces (no graph break, nothing inside the compiled graph), and a compiled module's output
-  is watched from outside its compiled call (:func:`~torchdebug._torch.dynamo.after_compiled_calls`):
-  with per-block ``torch.compile`` each block's output is watched, the modules inside it are not.
+  is watched from outside its compiled call: ``torch.compile(module)``'s wrapper's call stands for
+  its module's (:class:`~torchdebug._torch.nn.GlobalForwardHooks`), ``module.compile()``'s call is
+  wrapped (:func:`~torchdebug._torch.dynamo.after_compiled_calls`). With per-block
+  ``torch.compile`` each block's output is watched, the modules inside it are not; a model compiled
+  whole is watched at its output, which is also where the gradients' watch is set up, so handing the
+  monitor the model or its wrapper is the same.
 - **Gradients**, as each backward through the model's output ends
   (:func:`~torchdebug._torch.autograd.after_backward`, after FSDP2's and DDP's own final callbacks
   have set them): so before the loop clips them, as the loop's gradient norm reads them, and the
@@ -42,7 +46,7 @@ from torchdebug import stats_table
 from torchdebug._torch.autograd import after_backward, current_autograd_node, tensor_version
 from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
 from torchdebug._torch.funcol import wait_before_read
-from torchdebug._torch.nn import strip_wrappers, unwrap_compiled
+from torchdebug._torch.nn import is_compiled_wrapper, strip_wrappers, unwrap_compiled
 from torchdebug._torch.pytree import tree_leaves
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker
@@ -107,6 +111,8 @@ class Watcher:
         """Rows added but not yet delivered, by step."""
         self.grads_taken = False
         """The gradients of :attr:`step` are watched already (:meth:`watch_gradients` ran)."""
+        self.inside_seen = False
+        """A module of the model below its root returned outside compiled code in :attr:`step`."""
         self.active = False
         """Between :meth:`start` and :meth:`stop`: also the monitor's own calls (the loss, the
         gradients) are watched only then."""
@@ -115,7 +121,7 @@ class Watcher:
     def start(self) -> None:
         self.active = True
         self._tracker.start()
-        compiled = compiled_modules(self.model)
+        compiled = [(path, module) for path, module in compiled_modules(self.model) if not is_compiled_wrapper(module)]
         self._undo = [after_compiled_calls(module, self._compiled_output(path or ROOT_MODULE)) for path, module in compiled]
         if self.optimizer is not None:
             self._undo += [
@@ -135,7 +141,14 @@ class Watcher:
         self._calls.clear()
         self._seen.clear()
         self.grads_taken = False
+        self.inside_seen = False
         self._backward_queued = False  # a backward that raised never ran its final callbacks
+
+    def ran_compiled(self) -> bool:
+        """Whether this step ran compiled code of the model: a compiled module of it, or none of its
+        modules below the root outside compiled code (the model compiled whole, or a compiled
+        function calling it). The same on every rank that runs the same code."""
+        return not self.inside_seen or next(compiled_modules(self.model), None) is not None
 
     # -- module outputs (ModuleTracker's recorder interface) --------------------------------------
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
@@ -158,6 +171,7 @@ class Watcher:
             return
         call = self._calls.get(name, 0)
         self._calls[name] = call + 1
+        self.inside_seen = self.inside_seen or name != ROOT_MODULE
         outputs = output if isinstance(output, (tuple, list)) else (output,)
         self._add([("forward", name, arg, call, "output", value) for arg, value in iter_slots(outputs)])
         if name == ROOT_MODULE and self.after_each_backward and self.active and torch.is_grad_enabled():

@@ -226,7 +226,8 @@ def test_outside_compiled_a_compiled_wrappers_call_stands_for_its_modules_call_o
             compiled(torch.randn(3, 2))
     finally:
         hooks.remove()
-    assert calls == [("enter", model), ("enter", model[0]), ("exit", model[0]), ("enter", model[1]), ("exit", model[1]), ("exit", model)]
+    linear, relu = model
+    assert calls == [("enter", model), ("enter", linear), ("exit", linear), ("enter", relu), ("exit", relu), ("exit", model)]
     torch._dynamo.reset()
 
 

@@ -246,7 +246,9 @@ def test_a_model_the_trainer_compiles_is_watched_before_the_trainer_clips(tmp_pa
     torch.manual_seed(0)
     model = RegressionNet()
     callback = TorchDebugCallback(monitor={"replay": "off"})
-    options = dict(torch_compile=True, torch_compile_backend="aot_eager", max_grad_norm=0.1, logging_strategy="steps", logging_steps=1)
+    options = dict(
+        torch_compile=True, torch_compile_backend="aot_eager", max_grad_norm=0.1, logging_steps=1, logging_strategy="steps"
+    )
     trainer = transformers.Trainer(
         model=model,
         args=_args(tmp_path, max_steps=6, **options),

@@ -347,7 +347,7 @@ def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eage
 
 
 @pytest.mark.parametrize("handed", ["model", "wrapper"])
-def test_a_model_compiled_whole_is_watched_at_its_output_before_clipping_and_replayed_eagerly(monitors, tmp_path: Path, handed: str) -> None:
+def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(monitors, tmp_path: Path, handed: str) -> None:
     """``torch.compile(model)``, the monitor handed the model or the wrapper (the Hugging Face
     Trainer's callbacks get the model, the loop calls the wrapper): its output is watched once per
     step, the gradients before the loop clips them, and the replay's dump holds the model's own ops
@@ -363,11 +363,10 @@ def test_a_model_compiled_whole_is_watched_at_its_output_before_clipping_and_rep
         if step == 5:
             with torch.no_grad():
                 model.layers[1].mlp.out.weight[0, 0] = float("nan")
-        batch = make_batch(CONFIG, batch=2, seed=step)
 
-        def closure() -> torch.Tensor:
+        def closure(step: int = step) -> torch.Tensor:
             optimizer.zero_grad()
-            loss = compiled(*batch)
+            loss = compiled(*make_batch(CONFIG, batch=2, seed=step))
             loss.backward()
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
             return loss
@@ -381,7 +380,8 @@ def test_a_model_compiled_whole_is_watched_at_its_output_before_clipping_and_rep
     (event,) = monitor.events
     assert (event.step, event.slot) == (5, "forward/<root>/module#0/output.0")
     assert event.replay is not None and event.replay.reproduced and event.replay.eager_loss is not None
-    assert event.replay.origin is not None and "layers.1.mlp.out" in event.replay.origin and "examples/gpt.py" in event.replay.origin
+    origin = event.replay.origin
+    assert origin is not None and "layers.1.mlp.out" in origin and "examples/gpt.py" in origin  # not generated code
     replayed = torchdebug.load(event.replay.dump).ranks[0].records()
     assert any(r.module == "layers.1.attn.qkv" and r.op == "aten.addmm.default" for r in replayed)
 

@@ -386,6 +386,52 @@ def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(
     assert any(r.module == "layers.1.attn.qkv" and r.op == "aten.addmm.default" for r in replayed)
 
 
+@pytest.mark.parametrize("compiled_autograd", [False, True])
+def test_a_model_run_by_a_compiled_function_is_watched_before_clipping_from_its_second_step(
+    monitors, tmp_path: Path, compiled_autograd: bool
+) -> None:
+    """``torch.compile`` of the function that runs the model and its backward: Dynamo traces the
+    model's call, so its output never shows. After the first step a hook on one parameter sets up
+    the gradients' watch as each backward ends, before the loop clips them; not under compiled
+    autograd, whose graph it would break. No graph break is added, and the replay runs the
+    function eagerly under capture."""
+    from torch._dynamo.utils import counters
+
+    model, optimizer = _gpt()
+
+    @torch.compile(backend="aot_eager")
+    def forward_backward(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = model(tokens, targets)
+        loss.backward()
+        return loss
+
+    counters.clear()
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=8)
+    norms = []
+    with torch._dynamo.config.patch(compiled_autograd=compiled_autograd):
+        for step in range(6):
+            if step == 5:
+                with torch.no_grad():
+                    model.layers[1].mlp.out.weight[0, 0] = float("nan")
+
+            def closure(step: int = step) -> torch.Tensor:
+                optimizer.zero_grad()
+                loss = forward_backward(*make_batch(CONFIG, batch=2, seed=step))
+                norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
+                return loss
+
+            monitor.step(closure)
+    assert all("Tensor.backward()" in reason for reason in counters["graph_break"])  # the function's own break only
+    assert [slot.name for slot in monitor.ring.slots if slot.phase == "forward"] == ["forward/-/monitor.loss#0/output"]
+    watched = [monitor.triggers.grad_norm(step) for step in range(5)]
+    clipped = pytest.approx(1e-3, rel=1e-4)
+    assert watched[0] == clipped  # the first step's, at the optimizer step
+    assert watched[1:] == ([clipped] * 4 if compiled_autograd else pytest.approx(norms[1:5], rel=1e-5))
+    (event,) = monitor.events
+    assert event.step == 5 and event.replay is not None and event.replay.reproduced and event.replay.eager_loss is not None
+    assert "layers.1.mlp.out" in event.replay.origin and "examples/gpt.py" in event.replay.origin
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("closure_mode", [True, False])
 def test_on_cuda_the_window_is_read_without_waiting_and_a_nan_is_caught(monitors, tmp_path: Path, closure_mode: bool) -> None:

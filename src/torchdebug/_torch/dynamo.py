@@ -27,6 +27,8 @@ Why these and not others:
   sees (``Module._wrapped_call_impl`` calls ``_compiled_call_impl``, not ``_call_impl``), so that
   is wrapped; ``torch.compile(module)``'s wrapper is called eagerly, and its call stands for its
   module's (``torchdebug._torch.nn.GlobalForwardHooks``).
+- ``compiled_autograd_enabled``: Dynamo's ``compiled_autograd`` config flag; under it a backward
+  started from compiled code traces the tensors' autograd hooks into its own graph.
 - ``calls_with``: what a backend returns is called by Dynamo's bytecode with the graph's inputs as
   positional arguments (parameters first among them when the graph reads any).
 
@@ -44,6 +46,7 @@ from torchdebug._torch import require
 require("torch.compile features (Dynamo internals)")
 
 import torch  # noqa: E402
+import torch._dynamo.config  # noqa: E402
 import torch._functorch.config  # noqa: E402
 import torch._inductor.config  # noqa: E402
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition  # noqa: E402
@@ -63,6 +66,7 @@ __all__ = [
     "caches_disabled",
     "calls_with",
     "compile_id",
+    "compiled_autograd_enabled",
     "compiled_modules",
     "detect_fake_mode",
     "emit_artifact",
@@ -153,6 +157,12 @@ def after_compiled_calls(module: nn.Module, after: Callable[[Any], None]) -> Cal
             module._compiled_call_impl = compiled
 
     return undo
+
+
+def compiled_autograd_enabled() -> bool:
+    """Whether a backward run from compiled code is compiled too (``torch._dynamo.config.compiled_autograd``),
+    which traces autograd hooks into its graph."""
+    return bool(torch._dynamo.config.compiled_autograd)
 
 
 def calls_with(compiled: Callable[..., Any], before: Callable[[tuple[Any, ...]], None]) -> Callable[..., Any]:

@@ -44,7 +44,7 @@ from torch import nn
 
 from torchdebug import stats_table
 from torchdebug._torch.autograd import after_backward, current_autograd_node, tensor_version
-from torchdebug._torch.dynamo import after_compiled_calls, compiled_modules
+from torchdebug._torch.dynamo import after_compiled_calls, compiled_autograd_enabled, compiled_modules
 from torchdebug._torch.funcol import wait_before_read
 from torchdebug._torch.nn import is_compiled_wrapper, strip_wrappers, unwrap_compiled
 from torchdebug._torch.pytree import tree_leaves
@@ -111,8 +111,12 @@ class Watcher:
         """Rows added but not yet delivered, by step."""
         self.grads_taken = False
         """The gradients of :attr:`step` are watched already (:meth:`watch_gradients` ran)."""
+        self.root_seen = False
+        """The model's call returned outside compiled code (its own, or its compiled wrapper's) in :attr:`step`."""
         self.inside_seen = False
         """A module of the model below its root returned outside compiled code in :attr:`step`."""
+        self._parameter_hooked = False
+        """A parameter's post-accumulate hook sets up the gradients' watch (see :meth:`_hook_a_parameter`)."""
         self.active = False
         """Between :meth:`start` and :meth:`stop`: also the monitor's own calls (the loss, the
         gradients) are watched only then."""
@@ -131,17 +135,20 @@ class Watcher:
 
     def stop(self) -> None:
         self.active = False
+        self._parameter_hooked = False
         self._tracker.stop()
         for undo in self._undo:
             undo()
         self._undo = []
 
     def next_step(self, step: int) -> None:
+        if self.grads_taken and not self.root_seen and self.after_each_backward:
+            self._hook_a_parameter()
         self.step = step
         self._calls.clear()
         self._seen.clear()
         self.grads_taken = False
-        self.inside_seen = False
+        self.root_seen = self.inside_seen = False
         self._backward_queued = False  # a backward that raised never ran its final callbacks
 
     def ran_compiled(self) -> bool:
@@ -171,10 +178,13 @@ class Watcher:
             return
         call = self._calls.get(name, 0)
         self._calls[name] = call + 1
-        self.inside_seen = self.inside_seen or name != ROOT_MODULE
         outputs = output if isinstance(output, (tuple, list)) else (output,)
         self._add([("forward", name, arg, call, "output", value) for arg, value in iter_slots(outputs)])
-        if name == ROOT_MODULE and self.after_each_backward and self.active and torch.is_grad_enabled():
+        if name != ROOT_MODULE:
+            self.inside_seen = True
+            return
+        self.root_seen = True
+        if self.after_each_backward and self.active and torch.is_grad_enabled():
             self._watch_gradients_after_backward(output)
 
     def _watch_gradients_after_backward(self, output: Any) -> None:
@@ -183,11 +193,26 @@ class Watcher:
         if differentiable:
             torch.autograd.graph.register_multi_grad_hook(differentiable, self._backward_reached, mode="any")
 
+    def _hook_a_parameter(self) -> None:
+        """Have each backward that reaches the first parameter watch the gradients when it ends: the
+        last step's backward did not come through the model's output, which a compiled function
+        ran (``torch.compile`` of a function that calls the model; Dynamo traces the model's call).
+        One hook, one call per backward. Not under compiled autograd, which would trace it into its
+        graph and break it there; nor on a sharded parameter, whose gradient FSDP2 sets without
+        accumulating (FSDP2's models show their output)."""
+        first = next((p for p in self.parameters() if p.requires_grad and not is_subclass(p)), None)
+        if self._parameter_hooked or first is None or compiled_autograd_enabled():
+            return
+        self._parameter_hooked = True
+        self._undo.append(first.register_post_accumulate_grad_hook(self._backward_reached).remove)
+
+    @torch.compiler.disable  # a backward run from a compiled function's frame: Dynamo must not trace the hook
     def _backward_reached(self, grad: Any) -> None:
         if not self._backward_queued:  # one watch per backward, however many outputs led to it
             self._backward_queued = True
             after_backward(self._backward_ended)
 
+    @torch.compiler.disable
     def _backward_ended(self) -> None:
         self._backward_queued = False
         self.watch_gradients(again=True, scaled=True)

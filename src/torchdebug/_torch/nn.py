@@ -126,23 +126,22 @@ class GlobalForwardHooks:
             return bool(standing_for) and module is standing_for[-1]
 
         def on_enter(module: nn.Module, args: tuple) -> None:
-            if outside_compiled:
-                if is_compiling() or stands_in(module):
+            if outside_compiled and (is_compiling() or stands_in(module)):
+                return
+            if is_module_wrapper(module):
+                if not (outside_compiled and is_compiled_wrapper(module)):
                     return
-                if is_compiled_wrapper(module):
-                    module = _wrapped(module)
-                    standing_for.append(module)
-            if not is_module_wrapper(module):
-                enter(module, args)
+                module = _wrapped(module)
+                standing_for.append(module)
+            enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
-            if outside_compiled:
-                if is_compiling() or stands_in(module):
-                    return
-                if is_compiled_wrapper(module):
-                    module = standing_for.pop()
-            if is_module_wrapper(module):
+            if outside_compiled and (is_compiling() or stands_in(module)):
                 return
+            if is_module_wrapper(module):
+                if not (outside_compiled and is_compiled_wrapper(module)):
+                    return
+                module = standing_for.pop()
             if len(kwargs_and_output) == 2:
                 exit(module, args, *kwargs_and_output)
             elif raised is not None:  # torch's call after a forward raised: (module, args, None)

@@ -316,7 +316,13 @@ def test_the_report_of_a_window_draws_the_timeline_with_the_trigger(monitors, tm
     assert page.count("<rect") >= 8 * len({slot.module for slot in monitor.ring.slots if slot.io == "output"}) - 8
 
 
-def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eagerly(monitors, tmp_path: Path) -> None:
+def _compiled_notices(caplog) -> list[str]:
+    """What the monitor's warnings that the model ran inside compiled code said it watches."""
+    said = [r.getMessage() for r in caplog.records if r.name == "torchdebug.monitor" and "inside compiled code" in r.getMessage()]
+    return [message.split("it watches only ")[1].split(". ")[0] for message in said]
+
+
+def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eagerly(monitors, tmp_path: Path, caplog) -> None:
     """Per-block torch.compile with activation checkpointing: no graph break for the monitor's hooks,
     each block's output watched once (not again in the recomputation), the replay's dump op by op."""
     from torch._dynamo.utils import counters
@@ -334,7 +340,7 @@ def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eage
             with torch.no_grad():
                 model.layers[1].mlp.out.weight[0, 0] = float("nan")
         monitor.step(_closure(model, optimizer, step))
-    assert not counters["graph_break"]
+    assert not counters["graph_break"] and _compiled_notices(caplog) == []
     forward = sorted(slot.name for slot in monitor.ring.slots if slot.phase == "forward" and slot.op == "module")
     assert "forward/layers.0/module#0/output.0" in forward and "forward/layers.0/module#1/output.0" not in forward
     assert not [name for name in forward if name.startswith("forward/layers.0.")]  # inside the compiled block
@@ -347,7 +353,9 @@ def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eage
 
 
 @pytest.mark.parametrize("handed", ["model", "wrapper"])
-def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(monitors, tmp_path: Path, handed: str) -> None:
+def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(
+    monitors, tmp_path: Path, handed: str, caplog
+) -> None:
     """``torch.compile(model)``, the monitor handed the model or the wrapper (the Hugging Face
     Trainer's callbacks get the model, the loop calls the wrapper): its output is watched once per
     step, the gradients before the loop clips them, and the replay's dump holds the model's own ops
@@ -375,6 +383,7 @@ def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(
     assert not counters["graph_break"]
     forward = sorted(slot.name for slot in monitor.ring.slots if slot.phase == "forward")
     assert forward == ["forward/-/monitor.loss#0/output", "forward/<root>/module#0/output.0"]
+    assert _compiled_notices(caplog) == ["the model's output and the loss"]  # once, though every step ran so
     watched = [monitor.triggers.grad_norm(step) for step in range(5)]
     assert watched == pytest.approx(norms[:5], rel=1e-5) and min(watched) > 1e-2  # not the clipped 1e-3
     (event,) = monitor.events
@@ -388,7 +397,7 @@ def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(
 
 @pytest.mark.parametrize("compiled_autograd", [False, True])
 def test_a_model_run_by_a_compiled_function_is_watched_before_clipping_from_its_second_step(
-    monitors, tmp_path: Path, compiled_autograd: bool
+    monitors, tmp_path: Path, compiled_autograd: bool, caplog
 ) -> None:
     """``torch.compile`` of the function that runs the model and its backward: Dynamo traces the
     model's call, so its output never shows. After the first step a hook on one parameter sets up
@@ -423,6 +432,7 @@ def test_a_model_run_by_a_compiled_function_is_watched_before_clipping_from_its_
             monitor.step(closure)
     assert all("Tensor.backward()" in reason for reason in counters["graph_break"])  # the function's own break only
     assert [slot.name for slot in monitor.ring.slots if slot.phase == "forward"] == ["forward/-/monitor.loss#0/output"]
+    assert _compiled_notices(caplog) == ["the loss"]
     watched = [monitor.triggers.grad_norm(step) for step in range(5)]
     clipped = pytest.approx(1e-3, rel=1e-4)
     assert watched[0] == clipped  # the first step's, at the optimizer step

@@ -35,6 +35,7 @@ output) is waited for first, as the op that reads it next would (on CUDA a strea
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +57,8 @@ from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, NO_MODULE
 from torchdebug.slots import dtype_name, iter_slots
 from torchdebug.stats._cpu import cpu_sums_into
 from torchdebug.stats._schema import IDENTITY
+
+logger = logging.getLogger("torchdebug.monitor")
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -117,6 +120,7 @@ class Watcher:
         """A module of the model below its root returned outside compiled code in :attr:`step`."""
         self._parameter_hooked = False
         """A parameter's post-accumulate hook sets up the gradients' watch (see :meth:`_hook_a_parameter`)."""
+        self._told_compiled = False
         self.active = False
         """Between :meth:`start` and :meth:`stop`: also the monitor's own calls (the loss, the
         gradients) are watched only then."""
@@ -142,8 +146,10 @@ class Watcher:
         self._undo = []
 
     def next_step(self, step: int) -> None:
-        if self.grads_taken and not self.root_seen and self.after_each_backward:
-            self._hook_a_parameter()
+        if self.grads_taken and not self.inside_seen:  # a training step ran the model inside compiled code
+            self._tell_compiled()
+            if not self.root_seen and self.after_each_backward:
+                self._hook_a_parameter()
         self.step = step
         self._calls.clear()
         self._seen.clear()
@@ -192,6 +198,19 @@ class Watcher:
         differentiable = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
         if differentiable:
             torch.autograd.graph.register_multi_grad_hook(differentiable, self._backward_reached, mode="any")
+
+    def _tell_compiled(self) -> None:
+        """Say once that the model's modules ran inside compiled code, which the monitor does not watch."""
+        if self._told_compiled or next(unwrap_compiled(self.model).children(), None) is None:
+            return
+        self._told_compiled = True
+        logger.warning(
+            "torchdebug monitor: the model's modules run inside compiled code (the model compiled whole, or a "
+            "compiled function calling it), which the monitor does not look into: of the forward it watches only %s. "
+            "Compile each block instead (block.compile()) to have each block's output watched; a replay runs the "
+            "step eagerly, op by op, either way.",
+            "the model's output and the loss" if self.root_seen else "the loss",
+        )
 
     def _hook_a_parameter(self) -> None:
         """Have each backward that reaches the first parameter watch the gradients when it ends: the

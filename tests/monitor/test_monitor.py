@@ -395,6 +395,34 @@ def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(
     assert any(r.module == "layers.1.attn.qkv" and r.op == "aten.addmm.default" for r in replayed)
 
 
+def test_a_model_trained_in_eval_mode_has_its_gradients_watched_and_is_not_taken_for_compiled(
+    monitors, tmp_path: Path, caplog
+) -> None:
+    """A model trained in ``eval()`` mode (dropout off; the example's is 0): its modules' outputs are
+    not watched, but its call still sets up the gradients' watch before the loop clips them, and
+    it is not mistaken for a model that ran inside compiled code (no warning, one replay run)."""
+    model, optimizer = _gpt()
+    model.eval()
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=8)
+    norms = []
+    for step in range(6):
+        if step == 5:
+            with torch.no_grad():
+                model.layers[1].mlp.out.weight[0, 0] = float("nan")
+
+        def closure(step: int = step) -> torch.Tensor:
+            loss = _closure(model, optimizer, step)()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
+            return loss
+
+        monitor.step(closure)
+    assert [slot.name for slot in monitor.ring.slots if slot.phase == "forward"] == ["forward/-/monitor.loss#0/output"]
+    assert [monitor.triggers.grad_norm(step) for step in range(5)] == pytest.approx(norms[:5], rel=1e-5)
+    assert _compiled_notices(caplog) == []
+    (event,) = monitor.events
+    assert event.step == 5 and event.replay.reproduced and event.replay.eager_loss is None
+
+
 @pytest.mark.parametrize("compiled_autograd", [False, True])
 def test_a_model_run_by_a_compiled_function_is_watched_before_clipping_from_its_second_step(
     monitors, tmp_path: Path, compiled_autograd: bool, caplog

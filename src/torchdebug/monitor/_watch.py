@@ -180,17 +180,19 @@ class Watcher:
         return watch
 
     def _watch_output(self, name: str, output: Any) -> None:
-        if not self.model.training:
-            return
-        call = self._calls.get(name, 0)
-        self._calls[name] = call + 1
-        outputs = output if isinstance(output, (tuple, list)) else (output,)
-        self._add([("forward", name, arg, call, "output", value) for arg, value in iter_slots(outputs)])
-        if name != ROOT_MODULE:
+        """A module of the model returned ``output`` outside compiled code: watched in training mode;
+        the model's own call (in any mode, under autograd) sets up the gradients' watch."""
+        root = name == ROOT_MODULE
+        if root:
+            self.root_seen = True
+        else:
             self.inside_seen = True
-            return
-        self.root_seen = True
-        if self.after_each_backward and self.active and torch.is_grad_enabled():
+        if self.model.training:
+            call = self._calls.get(name, 0)
+            self._calls[name] = call + 1
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            self._add([("forward", name, arg, call, "output", value) for arg, value in iter_slots(outputs)])
+        if root and self.after_each_backward and self.active and torch.is_grad_enabled():
             self._watch_gradients_after_backward(output)
 
     def _watch_gradients_after_backward(self, output: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Slot", "dtype_name", "iter_slots", "json_value"]
+__all__ = ["Slot", "dtype_name", "iter_slots", "json_value", "output_slots"]
 
 Slot = tuple[str, Any]
 """``(argument path, value)``: one tensor or non-tensor argument of a call."""
@@ -46,6 +46,17 @@ def iter_slots(args: tuple | list, kwargs: dict[str, Any] | None = None) -> Iter
                 yield from _walk_items(value, key)
             else:
                 yield key, value
+
+
+def output_slots(output: Any) -> Iterator[Slot]:
+    """A module's output as slots: a tuple's or list's items by position (``0``, ``1.2``), a dict's (a
+    Hugging Face ``ModelOutput``, a model's ``{"loss": ...}``) by key, as keywords are (``logits``),
+    any other value as ``0``."""
+    if isinstance(output, (tuple, list)):
+        return iter_slots(output)
+    if isinstance(output, dict):
+        return iter_slots((), output)
+    return iter_slots((output,))
 
 
 def _holds_nested(values: list | tuple) -> bool:

@@ -4,7 +4,7 @@ from collections import namedtuple
 
 import torch
 
-from torchdebug.slots import iter_slots, json_value
+from torchdebug.slots import iter_slots, json_value, output_slots
 
 Pair = namedtuple("Pair", "first second")
 
@@ -21,6 +21,15 @@ def test_size_lists_stay_whole_and_lists_holding_tensors_are_walked_into_element
 def test_a_tuple_subclass_inside_a_list_is_walked_like_a_tuple():
     t = torch.zeros(1)
     assert [arg for arg, _ in iter_slots(([Pair(t, 1), 3],))] == ["0.0.0", "0.0.1", "0.1"]
+
+
+def test_a_module_output_is_named_by_position_by_key_or_whole():
+    """A tuple's items by position, a dict's (a Hugging Face ``ModelOutput``) by key, a tensor as ``0``."""
+    t = torch.zeros(1)
+    assert [arg for arg, _ in output_slots(t)] == ["0"]
+    assert [arg for arg, _ in output_slots((t, [t, t]))] == ["0", "1.0", "1.1"]
+    named = list(output_slots({"loss": t, "logits": t, "hidden_states": (t, t)}))
+    assert [arg for arg, _ in named] == ["loss", "logits", "hidden_states.0", "hidden_states.1"] and named[0][1] is t
 
 
 def test_json_value_keeps_scalars_and_writes_dtypes_and_other_objects_as_text():

@@ -118,6 +118,24 @@ def test_a_tiny_gpt2_is_dumped_with_module_paths_in_every_phase(tmp_path):
     assert any(r.module == "transformer.h.0.attn.c_attn" for r in records if r.phase == "backward")
 
 
+def test_a_modules_model_output_is_recorded_by_key(tmp_path):
+    """Hugging Face models return ``ModelOutput`` dicts: a module-level dump records each of their
+    tensors under its key, forward and (the gradients reaching them) backward."""
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torchdebug.Debugger(tmp_path, level="module", task="statistics") as debugger:
+        debugger.start(model)
+        model(input_ids=ids, labels=ids).loss.backward()
+        debugger.stop()
+    records = torchdebug.load(debugger.run_dir).ranks[0].records()
+    forward = {(r.module, r.arg) for r in records if r.phase == "forward" and r.io == "output"}
+    assert {("<root>", "loss"), ("<root>", "logits"), ("transformer", "last_hidden_state")} <= forward
+    backward = {(r.module, r.arg) for r in records if r.phase == "backward" and r.io == "input"}
+    assert {("<root>", "loss"), ("transformer", "last_hidden_state")} <= backward
+
+
 class _SpikingNet(RegressionNet):
     """Its loss jumps a thousandfold on the calls of one optimizer step (from the Trainer's state)."""
 
@@ -240,8 +258,8 @@ def _logged_gradient_norms() -> tuple[dict[int, float], transformers.TrainerCall
 
 def test_a_model_the_trainer_compiles_is_watched_before_the_trainer_clips(tmp_path):
     """``torch_compile=True``: accelerate compiles the model whole, the Trainer calls the compiled
-    wrapper and the callback gets the model. The window holds each step's gradient norm as the
-    Trainer measured it before clipping to 0.1."""
+    wrapper and the callback gets the model. The window holds the model's output and each step's
+    gradient norm as the Trainer measured it before clipping to 0.1."""
     norms, logged = _logged_gradient_norms()
     torch.manual_seed(0)
     model = RegressionNet()
@@ -259,6 +277,7 @@ def test_a_model_the_trainer_compiles_is_watched_before_the_trainer_clips(tmp_pa
     trainer.train()
     monitor = callback._monitor.monitor
     assert trainer.model_wrapped is not model and monitor.model is model and callback.events == []
+    assert "forward/<root>/module#0/output.loss" in {slot.name for slot in monitor.ring.slots}  # the wrapper's call, by key
     assert len(norms) == 6 and all(norm > 0.1 for norm in norms.values())
     assert {step: monitor.triggers.grad_norm(step) for step in norms} == pytest.approx(norms, rel=1e-5)
 

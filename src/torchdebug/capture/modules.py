@@ -36,7 +36,7 @@ from torchdebug._torch.nn import GlobalForwardHooks, in_call_of, strip_wrappers
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
 from torchdebug.records import MODULE_OP, NO_MODULE, make_call_name
-from torchdebug.slots import iter_slots
+from torchdebug.slots import iter_slots, output_slots
 
 PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 """Classes that are never wrapper subclasses (most tensors: no subclass check, no collective to wait for)."""
@@ -224,14 +224,12 @@ class ModuleRecorder:
             if kwargs and "input" in self.ios:
                 self._add(iter_slots((), kwargs), phase=phase, name=name, call=call, seq=seq, io="input")
             if "output" in self.ios:
-                outputs = output if isinstance(output, (tuple, list)) else (output,)
-                self._add(iter_slots(outputs), phase=phase, name=name, call=call, seq=seq, io="output")
+                self._add(output_slots(output), phase=phase, name=name, call=call, seq=seq, io="output")
             params = [(n, p) for n, p in module.named_parameters(recurse=False)]
             if params:
                 self._add(iter(params), phase=phase, name=name, call=call, seq=seq, io="parameter")
         if phase == "forward" and "backward" in self.phases and torch.is_grad_enabled():
-            outputs = output if isinstance(output, (tuple, list)) else (output,)
-            for arg, value in iter_slots(outputs):
+            for arg, value in output_slots(output):
                 if isinstance(value, torch.Tensor) and value.requires_grad:
                     value.register_hook(self._tensor_grad_hook(name, call, "input", arg))
 

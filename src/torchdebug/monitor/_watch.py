@@ -54,7 +54,7 @@ from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.monitor._ring import Ring
 from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, NO_MODULE
-from torchdebug.slots import dtype_name, iter_slots
+from torchdebug.slots import dtype_name, output_slots
 from torchdebug.stats._cpu import cpu_sums_into
 from torchdebug.stats._schema import IDENTITY
 
@@ -190,8 +190,7 @@ class Watcher:
         if self.model.training:
             call = self._calls.get(name, 0)
             self._calls[name] = call + 1
-            outputs = output if isinstance(output, (tuple, list)) else (output,)
-            self._add([("forward", name, arg, call, "output", value) for arg, value in iter_slots(outputs)])
+            self._add([("forward", name, arg, call, "output", value) for arg, value in output_slots(output)])
         if root and self.after_each_backward and self.active and torch.is_grad_enabled():
             self._watch_gradients_after_backward(output)
 

@@ -316,6 +316,41 @@ def test_the_report_of_a_window_draws_the_timeline_with_the_trigger(monitors, tm
     assert page.count("<rect") >= 8 * len({slot.module for slot in monitor.ring.slots if slot.io == "output"}) - 8
 
 
+def test_the_report_of_a_gradient_spike_draws_each_modules_gradient_norm(monitors, tmp_path: Path) -> None:
+    """The gradients reaching ``layers.1.mlp``'s output jump a thousandfold in step 10: the window's
+    page draws a heat map of each module's gradient norm, the trigger's module first, with the
+    modules before that output (whose gradients pass through it) red at step 10 and those after it not."""
+    import re
+
+    from torchdebug.cli import main
+    from torchdebug.records import module_of
+
+    model, optimizer = _gpt()
+    spike = {"on": False}
+
+    def amplify(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        if spike["on"]:
+            out.register_hook(lambda grad: grad * 1000.0)
+
+    model.layers[1].mlp.register_forward_hook(amplify)
+    monitor = monitors(model, optimizer, dump_path=tmp_path / "monitor", window=12, replay="off")
+    for step in range(11):
+        spike["on"] = step == 10
+        monitor.step(_closure(model, optimizer, step))
+    (event,) = monitor.events
+    assert (event.step, event.reason) == (10, "grad_norm_spike")
+    assert main(["report", str(event.window), "-o", str(tmp_path / "window.html")]) == 0
+    page = (tmp_path / "window.html").read_text()
+    grads = page[page.index('id="timeline-grads-0"') :]
+    grads = grads[: grads.index("</svg>")]
+    labels = re.findall(r'<text class="label( first)?"[^>]*>([^<]+)</text>', grads)
+    assert labels[0] == (" first", module_of(event.slot)) and module_of(event.slot).startswith("layers.1.mlp")
+    norms = {(m, int(s)): float(v) for m, s, v in re.findall(r"<title>([^,]+), step (\d+): norm ([0-9.e+-]+)</title>", grads)}
+    assert norms[("layers.1.mlp.fc", 10)] > 100 * norms[("layers.1.mlp.fc", 9)]
+    assert norms[("layers.0.attn.qkv", 10)] > 100 * norms[("layers.0.attn.qkv", 9)]  # before the output: through it
+    assert norms[("ln_f", 10)] < 10 * norms[("ln_f", 9)]  # after it: not
+
+
 def _compiled_notices(caplog) -> list[str]:
     """What the monitor's warnings that the model ran inside compiled code said it watches."""
     said = [r.getMessage() for r in caplog.records if r.name == "torchdebug.monitor" and "inside compiled code" in r.getMessage()]

@@ -8,7 +8,10 @@ draws, for each rank:
 - a heat map with one row per module and one column per step: each cell is the module's output L2
   norm at that step against the module's median over the window (log ratio, blue below, red above,
   black for NaN/Inf). Rows are the trigger's module first, then the modules that move most; at most
-  :data:`MAX_ROWS` of them.
+  :data:`MAX_ROWS` of them;
+- the same map of each module's gradient norm (its own parameters' gradients together), where a
+  gradient-norm spike shows which module's gradients jumped, and the one per-module picture of a
+  model whose modules ran inside compiled code (only the model's output is watched there).
 
 Built from the records in one pass; the sizes follow modules × steps, never records.
 """
@@ -51,7 +54,8 @@ def timeline(records: Iterable[Record], event: dict[str, Any] | None) -> dict[st
     """What the page draws of one rank's window (see the module docstring), or ``None`` without steps."""
     outputs: dict[str, dict[int, float | None]] = {}
     losses: dict[int, float | None] = {}
-    grad_squares: dict[int, float] = {}
+    grad_squares: dict[str, dict[int, float]] = {}
+    """Per module and step: the sum of its parameters' squared gradient norms (inf: NaN/Inf in one)."""
     for r in records:
         stats = r.stats
         if not stats:
@@ -60,48 +64,67 @@ def timeline(records: Iterable[Record], event: dict[str, Any] | None) -> dict[st
         norm = None if broken else stats.get("norm")
         if r.op == LOSS_OP:
             losses[r.step] = None if broken else stats.get("mean")
-        elif r.phase == "forward" and r.io == "output" and r.arg == "0":
-            outputs.setdefault(r.module, {})[r.step] = norm
+        elif r.phase == "forward" and r.io == "output":
+            outputs.setdefault(r.module, {}).setdefault(r.step, norm)  # its first output (``0``, or a dict's first key)
         elif r.io == "parameter_grad":
-            grad_squares[r.step] = grad_squares.get(r.step, 0.0) + (math.inf if norm is None else norm * norm)
-    steps = sorted({s for series in outputs.values() for s in series} | set(losses) | set(grad_squares))
+            squares = grad_squares.setdefault(r.module, {})
+            squares[r.step] = squares.get(r.step, 0.0) + (math.inf if norm is None else norm * norm)
+    steps = sorted({s for series in (*outputs.values(), *grad_squares.values()) for s in series} | set(losses))
     if not steps:
         return None
     trigger = event.get("step") if event else None
     first_module = module_of(event["slot"]) if event and event.get("slot") else None
+    gradients = {module: {s: _root(v) for s, v in series.items()} for module, series in grad_squares.items()}
+    totals: dict[int, float] = {}
+    for series in grad_squares.values():
+        for s, v in series.items():
+            totals[s] = totals.get(s, 0.0) + v
+    return {
+        "steps": steps,
+        "trigger": trigger,
+        "trigger_x": _LABEL_W + steps.index(trigger) * _CELL_W if trigger in steps else None,
+        "outputs": _heat_map(outputs, steps, first_module),
+        "gradients": _heat_map(gradients, steps, first_module),
+        "cell_w": _CELL_W,
+        "cell_h": _CELL_H,
+        "label_w": _LABEL_W,
+        "width": _LABEL_W + len(steps) * _CELL_W,
+        "lines": _lines(steps, {"loss": losses, "gradient norm": {s: _root(v) for s, v in totals.items()}}, trigger),
+    }
+
+
+def _root(square: float) -> float | None:
+    """The norm of a sum of squared norms (``None``: NaN/Inf)."""
+    return math.sqrt(square) if math.isfinite(square) else None
+
+
+def _heat_map(norms: dict[str, dict[int, float | None]], steps: list[int], first_module: str | None) -> dict[str, Any] | None:
+    """Rows of one heat map (see the module docstring): each module's norm per step against its median."""
+    if not norms:
+        return None
     rows = []
-    for module, series in outputs.items():
+    for module, series in norms.items():
         finite = [v for v in series.values() if v is not None and v > 0]
         median = statistics.median(finite) if finite else None
         ratios = {s: (None if v is None else (v / median if median else 0.0)) for s, v in series.items()}
         spread = max((abs(math.log2(r)) if r else 0.0) if r is not None else math.inf for r in ratios.values())
         rows.append({"module": module, "ratios": ratios, "norms": series, "spread": spread, "first": module == first_module})
     rows.sort(key=lambda row: (not row["first"], -row["spread"]))
-    shown, more = rows[:MAX_ROWS], max(0, len(rows) - MAX_ROWS)
-    cells = [
-        {
-            "x": _LABEL_W + column * _CELL_W,
-            "y": index * _CELL_H,
-            "fill": _color(row["ratios"][step]) if step in row["ratios"] else "#fff",
-            "title": f"{row['module']}, step {step}: {_cell_text(row['norms'], step)}",
-        }
-        for index, row in enumerate(shown)
-        for column, step in enumerate(steps)
-    ]
-    grad_norms = {s: math.sqrt(v) if math.isfinite(v) else None for s, v in grad_squares.items()}
+    shown = rows[:MAX_ROWS]
     return {
-        "steps": steps,
-        "trigger": trigger,
-        "trigger_x": _LABEL_W + steps.index(trigger) * _CELL_W if trigger in steps else None,
         "labels": [{"y": index * _CELL_H, "module": row["module"], "first": row["first"]} for index, row in enumerate(shown)],
-        "cells": cells,
-        "cell_w": _CELL_W,
-        "cell_h": _CELL_H,
-        "label_w": _LABEL_W,
-        "width": _LABEL_W + len(steps) * _CELL_W,
+        "cells": [
+            {
+                "x": _LABEL_W + column * _CELL_W,
+                "y": index * _CELL_H,
+                "fill": _color(row["ratios"][step]) if step in row["ratios"] else "#fff",
+                "title": f"{row['module']}, step {step}: {_cell_text(row['norms'], step)}",
+            }
+            for index, row in enumerate(shown)
+            for column, step in enumerate(steps)
+        ],
         "height": len(shown) * _CELL_H,
-        "more": more,
-        "lines": _lines(steps, {"loss": losses, "gradient norm": grad_norms}, trigger),
+        "more": max(0, len(rows) - MAX_ROWS),
     }
 
 

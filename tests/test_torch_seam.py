@@ -212,15 +212,16 @@ def test_outside_compiled_a_compiled_wrappers_call_stands_for_its_modules_call_o
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     compiled = torch.compile(checkpoint_wrapper(model), backend="eager")
-    calls, outputs = [], []
+    calls, outputs, called_as = [], [], []
     hooks = GlobalForwardHooks(
-        lambda m, args: calls.append(("enter", m)),
+        lambda m, args: (calls.append(("enter", m)), called_as.append(hooks.called_as(m))),
         lambda m, args, kwargs, out: (calls.append(("exit", m)), outputs.append(out)),
         outside_compiled=True,
     )
     try:
         output = compiled(torch.randn(3, 2))
         assert calls == [("enter", model), ("exit", model)] and outputs == [output]
+        assert called_as == [compiled] and hooks.called_as(model) is model  # the wrapper, while its call runs
         calls.clear()
         with torch.compiler.set_stance("force_eager"):
             compiled(torch.randn(3, 2))

@@ -256,30 +256,60 @@ def _logged_gradient_norms() -> tuple[dict[int, float], transformers.TrainerCall
     return norms, GradNorms()
 
 
-def test_a_model_the_trainer_compiles_is_watched_before_the_trainer_clips(tmp_path):
+class _CompiledNet(RegressionNet):
+    """RegressionNet without the list of batches, whose growth would recompile it at every call."""
+
+    def forward(self, x, labels):
+        return {"loss": F.mse_loss(self.fc2(torch.relu(self.fc1(x))), labels)}
+
+
+def test_a_model_the_trainer_compiles_is_watched_before_it_clips_without_a_graph_break(tmp_path):
     """``torch_compile=True``: accelerate compiles the model whole, the Trainer calls the compiled
-    wrapper and the callback gets the model. The window holds the model's output and each step's
-    gradient norm as the Trainer measured it before clipping to 0.1."""
+    wrapper and the callback gets the model. Nothing of the callback runs inside the compiled code
+    (it broke the graph at each step's first call, to keep the random state), the window holds the
+    model's output and each step's gradient norm as the Trainer measured it before clipping to 0.1,
+    and a loss spike is replayed on the compiled wrapper, as the step ran, and reproduced."""
+    from torch._dynamo.utils import counters
+
     norms, logged = _logged_gradient_norms()
     torch.manual_seed(0)
-    model = RegressionNet()
-    callback = TorchDebugCallback(monitor={"replay": "off"})
+    model = _CompiledNet()
+
+    class Spike(transformers.TrainerCallback):  # the weights of step 7 a hundredfold, put back after
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 7:
+                with torch.no_grad():
+                    model.fc2.weight.mul_(100.0)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 8:  # the Trainer counts the step before this call
+                with torch.no_grad():
+                    model.fc2.weight.div_(100.0)
+
+    callback = TorchDebugCallback(monitor={"history": 4})
     options = dict(
         torch_compile=True, torch_compile_backend="aot_eager", max_grad_norm=0.1, logging_steps=1, logging_strategy="steps"
     )
+    counters.clear()
     trainer = transformers.Trainer(
         model=model,
-        args=_args(tmp_path, max_steps=6, **options),
-        train_dataset=_rows(24),
-        callbacks=[logged, callback],
+        args=_args(tmp_path, max_steps=8, **options),
+        train_dataset=_rows(32),
+        callbacks=[logged, Spike(), callback],
         optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
     )
     trainer.train()
     monitor = callback._monitor.monitor
-    assert trainer.model_wrapped is not model and monitor.model is model and callback.events == []
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
+    assert trainer.model_wrapped is not model and monitor.model is model
     assert "forward/<root>/module#0/output.loss" in {slot.name for slot in monitor.ring.slots}  # the wrapper's call, by key
-    assert len(norms) == 6 and all(norm > 0.1 for norm in norms.values())
-    assert {step: monitor.triggers.grad_norm(step) for step in norms} == pytest.approx(norms, rel=1e-5)
+    assert len(norms) == 8 and all(norm > 0.1 for norm in norms.values())
+    assert {step: monitor.triggers.grad_norm(step) for step in range(7)} == pytest.approx(
+        {s: norms[s] for s in range(7)}, rel=1e-5
+    )
+    (event,) = callback.events
+    assert (event.step, event.reason) == (7, "loss_spike")
+    assert event.replay.reproduced and event.replay.eager_loss is not None  # the compiled call again, then eagerly
 
 
 class _GradScalerTrainer(transformers.Trainer):

@@ -372,10 +372,12 @@ def test_compiled_checkpointed_blocks_are_watched_from_outside_and_replayed_eage
     monitor = monitors(model, optimizer, dump_path=tmp_path, window=4)
     for step in range(5):
         if step == 3:
+            graphs = counters["stats"]["unique_graphs"]
             with torch.no_grad():
                 model.layers[1].mlp.out.weight[0, 0] = float("nan")
         monitor.step(_closure(model, optimizer, step))
     assert not counters["graph_break"] and _compiled_notices(caplog) == []
+    assert counters["stats"]["unique_graphs"] == graphs  # the replay ran the compiled blocks as compiled: nothing recompiled
     forward = sorted(slot.name for slot in monitor.ring.slots if slot.phase == "forward" and slot.op == "module")
     assert "forward/layers.0/module#0/output.0" in forward and "forward/layers.0/module#1/output.0" not in forward
     assert not [name for name in forward if name.startswith("forward/layers.0.")]  # inside the compiled block

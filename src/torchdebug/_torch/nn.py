@@ -121,6 +121,8 @@ class GlobalForwardHooks:
         ``torch.compiler.set_stance("force_eager")``, not that call a second time)."""
         standing_for: list[nn.Module] = []
         """The modules whose compiled wrappers' calls are running, innermost last."""
+        self._wrappers: list[nn.Module] = []
+        """Those wrappers."""
 
         def stands_in(module: nn.Module) -> bool:
             return bool(standing_for) and module is standing_for[-1]
@@ -131,6 +133,7 @@ class GlobalForwardHooks:
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     return
+                self._wrappers.append(module)
                 module = _wrapped(module)
                 standing_for.append(module)
             enter(module, args)
@@ -142,6 +145,7 @@ class GlobalForwardHooks:
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     return
                 module = standing_for.pop()
+                self._wrappers.pop()
             if len(kwargs_and_output) == 2:
                 exit(module, args, *kwargs_and_output)
             elif raised is not None:  # torch's call after a forward raised: (module, args, None)
@@ -153,6 +157,11 @@ class GlobalForwardHooks:
             register_module_forward_pre_hook(on_enter),
             register_module_forward_hook(on_exit, with_kwargs=True, always_call=True),
         ]
+
+    def called_as(self, module: nn.Module) -> nn.Module:
+        """What the running call of ``module`` was made on: the compiled wrapper that stands for it
+        (with ``outside_compiled``), else ``module`` itself. Ask while the call runs."""
+        return self._wrappers[-1] if self._wrappers and _wrapped(self._wrappers[-1]) is module else module
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -105,6 +105,11 @@ class ModuleTracker:
             name = self._names[id(module)]
         return name
 
+    def called_as(self, module: nn.Module) -> nn.Module:
+        """What the running call of ``module`` was made on: its compiled wrapper, when one stands for
+        it (``outside_compiled``), else ``module``."""
+        return self._hooks.called_as(module) if self._hooks is not None else module
+
     def current(self) -> str:
         if self._own_hooks and (name := self._running_hooks()) is not None:
             return name

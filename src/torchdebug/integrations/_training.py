@@ -19,6 +19,7 @@ from torch import nn
 from torchdebug.debugger import Debugger, resolve_config
 from torchdebug.errors import ConfigError
 from torchdebug.monitor import Monitor, MonitorConfig
+from torchdebug.monitor._watch import ModelCallEnd
 
 NO_STEP_WARNING = "torchdebug: no step selected, so every training step is dumped; pass step=[N] or step='a-b' to dump a few"
 
@@ -115,15 +116,28 @@ class TrainerMonitor:
             dump_path = None if self._dump_path_set else Path(trainer_dir) / "torchdebug-monitor"
             self.monitor = Monitor(model, None, dump_path, config=self.config, scaler=scaler)
 
-    def micro_batch(self, step: int, replay: Callable[[], Any]) -> None:
-        """A micro-batch of optimizer step ``step`` starts; ``replay`` runs its forward and backward
-        again and returns its loss."""
+    def micro_batch_starts(self, step: int) -> None:
+        """A micro-batch of optimizer step ``step`` starts: the step's first keeps the random state
+        its replay starts from."""
         if self.monitor is None or self.replaying:
             return
         if step != self._step:
             self._step, self._replays, self._loss = step, [], None
             self.monitor.begin_step()
+
+    def micro_batch(self, step: int, replay: Callable[[], Any]) -> None:
+        """A micro-batch of optimizer step ``step`` (started, or starting now); ``replay`` runs its
+        forward and backward again and returns its loss."""
+        if self.monitor is None or self.replaying:
+            return
+        self.micro_batch_starts(step)
         self._replays.append(replay)
+
+    def observe_model_calls(self, before: Callable[[nn.Module], None], after: ModelCallEnd) -> Callable[[], None]:
+        """The model's training calls, as :meth:`~torchdebug.monitor._watch.Watcher.observe_model_calls`
+        sees them (outside compiled code); returns what stops it."""
+        assert self.monitor is not None, "open() first"
+        return self.monitor.watcher.observe_model_calls(before, after)
 
     def loss(self, loss: Any) -> None:
         """The loss of the micro-batch under way (the last one is the step's)."""

@@ -19,8 +19,10 @@ step watched, the last ``window`` kept, and on a NaN or a spike the window dumpe
 replayed under op-level capture (its dumps go under ``args.output_dir/torchdebug-monitor``;
 ``callback.events``). With ``monitor=`` alone no step is dumped by the debugger; pass ``step=`` for
 that too. The model's calls in training are kept for the step (its inputs, for the replay, and the
-``loss`` it returns, for the loss trigger); the replay calls the model on each micro-batch's inputs
-again and runs the backward of its loss divided over the accumulation steps. The step is judged in
+``loss`` it returns, for the loss trigger), seen from outside compiled code (with ``torch_compile=True``
+the call of the compiled wrapper stands for the model's, and nothing of the callback runs inside
+the compiled graph); the replay makes each micro-batch's call again, on what the Trainer called,
+and runs the backward of its loss divided over the accumulation steps. The step is judged in
 ``on_pre_optimizer_step``, which the Trainer calls since transformers 4.47; before that, steps are
 judged after the optimizer step and not replayed.
 """
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdebug.extras import import_extra
-from torchdebug.integrations._training import NO_STEP_WARNING, callback_parts
+from torchdebug.integrations._training import NO_STEP_WARNING, TrainerMonitor, callback_parts
 
 _hf = import_extra("transformers", "transformers", "torchdebug.integrations.transformers")
 
@@ -53,7 +55,7 @@ class TorchDebugCallback(_hf.TrainerCallback):
 
     def __init__(self, dump_path: str | Path | None = None, *, config: Any = None, monitor: Any = None, **options: Any) -> None:
         self._monitor, self._dump = callback_parts(dump_path, config, monitor, options)
-        self._handles: list[Any] = []
+        self._unwatch: list[Callable[[], None]] = []
 
     @property
     def run_dir(self) -> Path | None:
@@ -70,10 +72,10 @@ class TorchDebugCallback(_hf.TrainerCallback):
             self._dump.open(args.output_dir or ".")
             if self._dump.config.step is None and state.is_world_process_zero:
                 logger.warning(NO_STEP_WARNING)
-        if self._monitor is not None and model is not None and not self._handles:
+        if self._monitor is not None and model is not None and not self._unwatch:
             # fp16 on CUDA: accelerate's optimizer steps through a GradScaler (none on the CPU)
             self._monitor.open(args.output_dir or ".", model, scaler=getattr(kwargs.get("optimizer"), "scaler", None))
-            self._handles = _watch_model_calls(model, args, state, self._monitor)
+            self._unwatch = [_watch_model_calls(args, state, self._monitor)]
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self._dump is not None:
@@ -92,9 +94,9 @@ class TorchDebugCallback(_hf.TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._monitor is not None:
             self._monitor.close()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        for stop in self._unwatch:
+            stop()
+        self._unwatch = []
         summary = self._dump.finish() if self._dump is not None else None
         if summary is not None and state.is_world_process_zero:
             logger.info(summary)
@@ -107,20 +109,23 @@ def _model_loss(output: Any) -> Any:
     return output[0] if isinstance(output, (tuple, list)) and output else None
 
 
-def _watch_model_calls(model: Any, args: Any, state: Any, monitor: Any) -> list[Any]:
-    """Hooks on the model's own call: each training call's inputs become a micro-batch to replay,
-    its ``loss`` the step's loss."""
+def _watch_model_calls(args: Any, state: Any, monitor: TrainerMonitor) -> Callable[[], None]:
+    """The model's training calls, seen outside compiled code (with ``torch_compile=True`` the
+    Trainer calls the compiled wrapper, whose call stands for the model's: hooks of the model's own
+    would run inside the compiled code and break its graph): the first of a step keeps the step's
+    random state; each call's inputs become a micro-batch to replay on what was called, its
+    ``loss`` the step's loss. Returns what stops it."""
 
-    def before(module: Any, call_args: tuple, call_kwargs: dict) -> None:
-        if module.training:
-            monitor.micro_batch(state.global_step, _replay(model, call_args, call_kwargs, args.gradient_accumulation_steps))
+    def before(called: Any) -> None:
+        monitor.micro_batch_starts(state.global_step)
 
-    def after(module: Any, call_args: tuple, output: Any) -> None:
+    def after(called: Any, call_args: tuple, call_kwargs: dict, output: Any) -> None:
+        monitor.micro_batch(state.global_step, _replay(called, call_args, call_kwargs, args.gradient_accumulation_steps))
         loss = _model_loss(output)
-        if module.training and loss is not None:
+        if loss is not None:
             monitor.loss(loss)
 
-    return [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after)]
+    return monitor.observe_model_calls(before, after)
 
 
 def _replay(model: Any, call_args: tuple, call_kwargs: dict, accumulation: int) -> Callable[[], Any]:

@@ -339,23 +339,23 @@ class Monitor:
         state = self._random_state if trigger.step == self.current_step else None
         replays = closure is not None and state is not None and self.config.replay != "off"
         if replays:
-            self.watcher.stop()  # the replay's module calls are not the window's
-            try:
-                with amp.unscaling_again(self.scaler, self.optimizer):  # a closure that clips unscales again
-                    outcome = replay(
-                        closure,
-                        self.model,
-                        self.watcher.parameters(),
-                        state,
-                        loss,
-                        self.dump_root / f"step{trigger.step}-replay",
-                        trigger.step,
-                        self.config.replay,
-                        self.rank,
-                        self.watcher.ran_compiled(),
-                    )
-            finally:
-                self.watcher.start()
+            compiled = self.watcher.ran_compiled()
+            with (
+                self.watcher.suspended(),
+                amp.unscaling_again(self.scaler, self.optimizer),
+            ):  # a closure that clips unscales again
+                outcome = replay(
+                    closure,
+                    self.model,
+                    self.watcher.parameters(),
+                    state,
+                    loss,
+                    self.dump_root / f"step{trigger.step}-replay",
+                    trigger.step,
+                    self.config.replay,
+                    self.rank,
+                    compiled,
+                )
             if agreed:  # every rank replayed: ask where it began
                 ranks = _began_first(ranks, outcome)
         event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome)

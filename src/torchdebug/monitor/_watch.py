@@ -35,9 +35,10 @@ output) is waited for first, as the op that reads it next would (on CUDA a strea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -59,6 +60,10 @@ from torchdebug.stats._cpu import cpu_sums_into
 from torchdebug.stats._schema import IDENTITY
 
 logger = logging.getLogger("torchdebug.monitor")
+
+
+ModelCallEnd = Callable[[nn.Module, tuple, dict[str, Any], Any], None]
+"""``after(called, args, kwargs, output)``: a call of the model returned (see :meth:`Watcher.observe_model_calls`)."""
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -108,6 +113,12 @@ class Watcher:
         self._seen: dict[int, _Seen] = {}
         """Tensors reduced in this step, by ``id``."""
         self._open: list[str] = []
+        self._root = unwrap_compiled(model)
+        self._call_observers: list[tuple[Callable[[nn.Module], None], ModelCallEnd]] = []
+        self._root_call: tuple[nn.Module, tuple] | None = None
+        """What the model's running call was made on, and its positional arguments."""
+        self._suspended = False
+        """Inside :meth:`suspended`."""
         self._undo: list[Callable[[], None]] = []
         self.step = 0
         self.pending: dict[int, int] = {}
@@ -137,6 +148,17 @@ class Watcher:
                 self.optimizer.register_step_post_hook(lambda *_: self.watch_parameters()).remove,
             ]
 
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Watch nothing inside the block (a replay's calls are not the window's), every hook left in
+        place: removing the global module hooks would change what compiled code was guarded on
+        (their number), so the replay's run of it, as it ran, would compile it again."""
+        active, self.active, self._suspended = self.active, False, True
+        try:
+            yield
+        finally:
+            self.active, self._suspended = active, False
+
     def stop(self) -> None:
         self.active = False
         self._parameter_hooked = False
@@ -163,14 +185,37 @@ class Watcher:
         function calling it). The same on every rank that runs the same code."""
         return not self.inside_seen or next(compiled_modules(self.model), None) is not None
 
+    def observe_model_calls(self, before: Callable[[nn.Module], None], after: ModelCallEnd) -> Callable[[], None]:
+        """Have ``before(called)`` run as each training-mode call of the model starts, and
+        ``after(called, args, kwargs, output)`` as it returns, outside compiled code (no graph
+        break, whether the model, a compiled wrapper of it or neither is called): ``called`` is
+        what the call was made on, the model or the compiled wrapper standing for it, so calling
+        it again runs what ran. Returns what stops it."""
+        observer = (before, after)
+        self._call_observers.append(observer)
+        return lambda: self._call_observers.remove(observer) if observer in self._call_observers else None
+
     # -- module outputs (ModuleTracker's recorder interface) --------------------------------------
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+        if self._suspended:
+            return
         self._open.append(phase)
+        if module is self._root and self._call_observers and phase == "forward" and module.training:
+            called = self._tracker.called_as(module)
+            self._root_call = (called, args)
+            for before, _ in list(self._call_observers):
+                before(called)
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+        if self._suspended:
+            return
         phase = self._open.pop() if self._open else RECOMPUTE
         if phase == "forward" and id(module) in self._modules:
             self._watch_output(name, output)
+        if module is self._root and self._root_call is not None and phase == "forward":
+            (called, args), self._root_call = self._root_call, None
+            for _, after in list(self._call_observers):
+                after(called, args, kwargs, output)
 
     def _compiled_output(self, name: str) -> Callable[[Any], None]:
         def watch(output: Any) -> None:
@@ -182,6 +227,8 @@ class Watcher:
     def _watch_output(self, name: str, output: Any) -> None:
         """A module of the model returned ``output`` outside compiled code: watched in training mode;
         the model's own call (in any mode, under autograd) sets up the gradients' watch."""
+        if self._suspended:
+            return
         root = name == ROOT_MODULE
         if root:
             self.root_seen = True
@@ -238,7 +285,7 @@ class Watcher:
         self.watch_gradients(again=True, scaled=True)
 
     def drop(self) -> None:
-        if self._open:
+        if self._open and not self._suspended:
             self._open.pop()
 
     # -- gradients and parameters ---------------------------------------------------------------

@@ -351,6 +351,26 @@ def test_the_report_of_a_gradient_spike_draws_each_modules_gradient_norm(monitor
     assert norms[("ln_f", 10)] < 10 * norms[("ln_f", 9)]  # after it: not
 
 
+def _clipped_steps_with_a_nan_at_5(monitor, model: GPT, optimizer, forward_backward) -> list[float]:
+    """Six ``monitor.step(closure)`` steps whose closure runs ``forward_backward(step)`` (the loss,
+    after its backward) and clips the gradients to 1e-3, a NaN planted in a weight of
+    ``layers.1.mlp.out`` at step 5; the norms the clip measured, before clipping."""
+    norms = []
+    for step in range(6):
+        if step == 5:
+            with torch.no_grad():
+                model.layers[1].mlp.out.weight[0, 0] = float("nan")
+
+        def closure(step: int = step) -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = forward_backward(step)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
+            return loss
+
+        monitor.step(closure)
+    return norms
+
+
 def _compiled_notices(caplog) -> list[str]:
     """What the monitor's warnings that the model ran inside compiled code said it watches."""
     said = [r.getMessage() for r in caplog.records if r.name == "torchdebug.monitor" and "inside compiled code" in r.getMessage()]
@@ -403,20 +423,13 @@ def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(
     compiled = torch.compile(model, backend="aot_eager")
     counters.clear()
     monitor = monitors(model if handed == "model" else compiled, optimizer, dump_path=tmp_path, window=8)
-    norms = []
-    for step in range(6):
-        if step == 5:
-            with torch.no_grad():
-                model.layers[1].mlp.out.weight[0, 0] = float("nan")
 
-        def closure(step: int = step) -> torch.Tensor:
-            optimizer.zero_grad()
-            loss = compiled(*make_batch(CONFIG, batch=2, seed=step))
-            loss.backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
-            return loss
+    def forward_backward(step: int) -> torch.Tensor:
+        loss = compiled(*make_batch(CONFIG, batch=2, seed=step))
+        loss.backward()
+        return loss
 
-        monitor.step(closure)
+    norms = _clipped_steps_with_a_nan_at_5(monitor, model, optimizer, forward_backward)
     assert not counters["graph_break"]
     forward = sorted(slot.name for slot in monitor.ring.slots if slot.phase == "forward")
     assert forward == ["forward/-/monitor.loss#0/output", "forward/<root>/module#0/output.0"]
@@ -441,18 +454,7 @@ def test_a_model_trained_in_eval_mode_has_its_gradients_watched_and_is_not_taken
     model, optimizer = _gpt()
     model.eval()
     monitor = monitors(model, optimizer, dump_path=tmp_path, window=8)
-    norms = []
-    for step in range(6):
-        if step == 5:
-            with torch.no_grad():
-                model.layers[1].mlp.out.weight[0, 0] = float("nan")
-
-        def closure(step: int = step) -> torch.Tensor:
-            loss = _closure(model, optimizer, step)()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
-            return loss
-
-        monitor.step(closure)
+    norms = _clipped_steps_with_a_nan_at_5(monitor, model, optimizer, lambda step: _closure(model, optimizer, step)())
     assert [slot.name for slot in monitor.ring.slots if slot.phase == "forward"] == ["forward/-/monitor.loss#0/output"]
     assert [monitor.triggers.grad_norm(step) for step in range(5)] == pytest.approx(norms[:5], rel=1e-5)
     assert _compiled_notices(caplog) == []
@@ -481,20 +483,10 @@ def test_a_model_run_by_a_compiled_function_is_watched_before_clipping_from_its_
 
     counters.clear()
     monitor = monitors(model, optimizer, dump_path=tmp_path, window=8)
-    norms = []
     with torch._dynamo.config.patch(compiled_autograd=compiled_autograd):
-        for step in range(6):
-            if step == 5:
-                with torch.no_grad():
-                    model.layers[1].mlp.out.weight[0, 0] = float("nan")
-
-            def closure(step: int = step) -> torch.Tensor:
-                optimizer.zero_grad()
-                loss = forward_backward(*make_batch(CONFIG, batch=2, seed=step))
-                norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
-                return loss
-
-            monitor.step(closure)
+        norms = _clipped_steps_with_a_nan_at_5(
+            monitor, model, optimizer, lambda step: forward_backward(*make_batch(CONFIG, batch=2, seed=step))
+        )
     assert all("Tensor.backward()" in reason for reason in counters["graph_break"])  # the function's own break only
     assert [slot.name for slot in monitor.ring.slots if slot.phase == "forward"] == ["forward/-/monitor.loss#0/output"]
     assert _compiled_notices(caplog) == ["the loss"]

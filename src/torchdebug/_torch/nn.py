@@ -29,6 +29,9 @@ Module wrappers (``checkpoint_wrapper``'s ``CheckpointWrapper``, FSDP1's
 for as their only child, under the attribute names in :data:`WRAPPER_ATTRIBUTES`. The hooks skip
 their calls (the wrapped module's own call follows) and :func:`strip_wrappers` takes those names
 out of module and parameter paths, as ``torch.distributed.fsdp``'s ``clean_tensor_name`` does.
+Hooks that stay outside compiled code are the exception: the wrapped module's call runs inside
+``OptimizedModule``'s compiled code, where they return at once, so the wrapper's call is reported
+as the wrapped module's.
 """
 
 from __future__ import annotations
@@ -119,13 +122,11 @@ class GlobalForwardHooks:
         runs inside the compiled code: the hooks see ``module`` enter and return with the wrapper's
         arguments and output (and, should the module's call run eagerly all the same, as under
         ``torch.compiler.set_stance("force_eager")``, not that call a second time)."""
-        standing_for: list[nn.Module] = []
-        """The modules whose compiled wrappers' calls are running, innermost last."""
-        self._wrappers: list[nn.Module] = []
-        """Those wrappers."""
+        self._standing: list[tuple[nn.Module, nn.Module]] = []
+        """``(wrapper, module)`` for each compiled wrapper whose call is running, innermost last."""
 
         def stands_in(module: nn.Module) -> bool:
-            return bool(standing_for) and module is standing_for[-1]
+            return bool(self._standing) and module is self._standing[-1][1]
 
         def on_enter(module: nn.Module, args: tuple) -> None:
             if outside_compiled and (is_compiling() or stands_in(module)):
@@ -133,9 +134,8 @@ class GlobalForwardHooks:
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     return
-                self._wrappers.append(module)
-                module = _wrapped(module)
-                standing_for.append(module)
+                self._standing.append((module, _wrapped(module)))
+                module = self._standing[-1][1]
             enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
@@ -144,8 +144,7 @@ class GlobalForwardHooks:
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     return
-                module = standing_for.pop()
-                self._wrappers.pop()
+                module = self._standing.pop()[1]
             if len(kwargs_and_output) == 2:
                 exit(module, args, *kwargs_and_output)
             elif raised is not None:  # torch's call after a forward raised: (module, args, None)
@@ -161,7 +160,7 @@ class GlobalForwardHooks:
     def called_as(self, module: nn.Module) -> nn.Module:
         """What the running call of ``module`` was made on: the compiled wrapper that stands for it
         (with ``outside_compiled``), else ``module`` itself. Ask while the call runs."""
-        return self._wrappers[-1] if self._wrappers and _wrapped(self._wrappers[-1]) is module else module
+        return self._standing[-1][0] if self._standing and self._standing[-1][1] is module else module
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -341,9 +341,9 @@ class Monitor:
         if replays:
             compiled = self.watcher.ran_compiled()
             with (
-                self.watcher.suspended(),
-                amp.unscaling_again(self.scaler, self.optimizer),
-            ):  # a closure that clips unscales again
+                self.watcher.suspended(),  # the replay's calls are not the window's
+                amp.unscaling_again(self.scaler, self.optimizer),  # a closure that clips unscales again
+            ):
                 outcome = replay(
                     closure,
                     self.model,

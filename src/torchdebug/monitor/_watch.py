@@ -3,24 +3,28 @@
 - **Module outputs**, in the forward of a model in training mode, through the global module hooks of
   :class:`~torchdebug.capture.modules.ModuleTracker` (module paths, wrappers skipped; a module run
   again by activation checkpointing's recomputation is not watched twice). A model in ``eval()``
-  mode (validation) is not watched. Compiled code is left alone: the hooks return at once while
-  Dynamo traces (no graph break, nothing inside the compiled graph), and a compiled module's output
-  is watched from outside its compiled call: ``torch.compile(module)``'s wrapper's call stands for
-  its module's (:class:`~torchdebug._torch.nn.GlobalForwardHooks`), ``module.compile()``'s call is
-  wrapped (:func:`~torchdebug._torch.dynamo.after_compiled_calls`). With per-block
-  ``torch.compile`` each block's output is watched, the modules inside it are not; a model compiled
-  whole is watched at its output, which is also where the gradients' watch is set up, so handing the
-  monitor the model or its wrapper is the same.
+  mode (validation) is not watched (its call still sets up the gradients' watch). Compiled code
+  is left alone: the hooks return at once while Dynamo traces (no graph break, nothing inside the
+  compiled graph), and a compiled module's output is watched from outside its compiled call:
+  ``torch.compile(module)``'s wrapper's call stands for its module's
+  (:class:`~torchdebug._torch.nn.GlobalForwardHooks`), ``module.compile()``'s call is wrapped
+  (:func:`~torchdebug._torch.dynamo.after_compiled_calls`). With per-block ``torch.compile`` each
+  block's output is watched, the modules inside it are not; a model compiled whole is watched at
+  its output, which is also where the gradients' watch is set up, so handing the monitor the model
+  or its wrapper is the same.
 - **Gradients**, as each backward through the model's output ends
   (:func:`~torchdebug._torch.autograd.after_backward`, after FSDP2's and DDP's own final callbacks
   have set them): so before the loop clips them, as the loop's gradient norm reads them, and the
-  last micro-batch's watch holds every micro-batch's sum. A backward that never reached the
-  model's output (none in the step) leaves them to the optimizer's step pre-hook, as does a loss
-  scaler the monitor cannot read (``scaler=True``: they are read once unscaled). Named
+  last micro-batch's watch holds every micro-batch's sum. Where the model's call never showed (a
+  compiled function ran it), from the next step a post-accumulate hook on one parameter sets the
+  watch up instead. A backward that reached neither leaves them to the optimizer's step pre-hook,
+  as does a loss scaler the monitor cannot read (``scaler=True``: they are read once unscaled). Named
   ``backward/<module>/module#0/parameter_grad.<leaf>``. Under a ``GradScaler`` they are watched
   scaled, with the scale beside them (``backward/-/monitor.loss_scale#0/output``), which the ring
   divides them by.
 - **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
+- **The model's calls** (:meth:`Watcher.observe_model_calls`), for the trainer callbacks: each
+  training call's start and end, seen from outside compiled code, with what was called.
 
 Each tensor's statistics are taken in one pass: on the CPU by the C kernel, which writes the sums
 straight into the ring (:meth:`~torchdebug.monitor._ring.Ring.address`: no Python object per
@@ -249,7 +253,7 @@ class Watcher:
 
     def _tell_compiled(self) -> None:
         """Say once that the model's modules ran inside compiled code, which the monitor does not watch."""
-        if self._told_compiled or next(unwrap_compiled(self.model).children(), None) is None:
+        if self._told_compiled or next(self._root.children(), None) is None:
             return
         self._told_compiled = True
         logger.warning(

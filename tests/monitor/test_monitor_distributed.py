@@ -55,17 +55,19 @@ def _clipping(closure, model: torch.nn.Module, weight: torch.Tensor, unclipped: 
 _DDP_GRADIENT = "backward/module.layers.1.mlp.fc/module#0/parameter_grad.weight"
 
 
-def _ddp_main(rank: int, root: str) -> None:
+def _ddp_main(rank: int, root: str, compiled: bool = False) -> None:
+    """DDP over the GPT, or (``compiled``) over ``torch.compile`` of it, as nanoGPT does."""
     torchdebug.seed_all(0)
-    model = DistributedDataParallel(GPT(CONFIG))
+    inner = GPT(CONFIG)
+    model = DistributedDataParallel(torch.compile(inner, backend="aot_eager") if compiled else inner)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4)
-    weight = model.module.layers[1].mlp.fc.weight
+    weight = inner.layers[1].mlp.fc.weight
     unclipped = []
     for step in range(8):
         if step == 5 and rank == 1:
             with torch.no_grad():
-                model.module.layers[0].mlp.fc.weight[0, 0] = float("nan")
+                inner.layers[0].mlp.fc.weight[0, 0] = float("nan")
 
         monitor.step(_clipping(_closure(model, optimizer, step, rank), model, weight, unclipped))
         if step == 4:  # the last clean step, before it leaves the window
@@ -80,13 +82,14 @@ def _ddp_main(rank: int, root: str) -> None:
 
 def _rank_main(rank: int, root: str) -> None:
     _ddp_main(rank, str(Path(root, "ddp")))
+    _ddp_main(rank, str(Path(root, "ddp_compiled")), compiled=True)
     _fsdp_main(rank, str(Path(root, "fsdp")))
     _tp_main(rank, str(Path(root, "tp")))
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Both runs' folders (``ddp``, ``fsdp``), from one spawn."""
+    """The runs' folders (``ddp``, ``ddp_compiled``, ``fsdp``, ``tp``), from one spawn."""
     root = tmp_path_factory.mktemp("monitor_ranks")
     gloo.spawn(_rank_main, root, str(root))
     return root
@@ -107,6 +110,24 @@ def test_both_ranks_fire_and_replay_and_the_rank_that_saw_it_first_is_named(runs
     assert "layers.0.mlp.fc" in events[1]["replay"]["origin"]
     # the closure clips: the gradients are watched once DDP's all-reduce has written them back, before
     # clipping, the same on both ranks (each rank's own gradient differs: its own batch)
+    norms = [json.loads((tmp_path / f"norms{rank}.json").read_text()) for rank in (0, 1)]
+    assert norms[0]["unclipped"] == norms[1]["unclipped"] > 1e-2
+    assert all(n["watched"] == pytest.approx(n["unclipped"], rel=1e-6) for n in norms)
+
+
+@pytest.mark.slow
+def test_ddp_over_a_model_compiled_whole_fires_replays_and_watches_gradients_before_clipping(runs: Path) -> None:
+    """``DDP(torch.compile(model))``: the compiled model's call stands for the model (DDP's child,
+    ``module``), so rank 1 sees the NaN in its output, both ranks replay (the compiled code run
+    eagerly under capture: rank 1 names the op at its source line), and the gradients are watched
+    once DDP's all-reduce has written them back, before clipping."""
+    tmp_path = runs / "ddp_compiled"
+    events = [json.loads((tmp_path / f"event{rank}.json").read_text()) for rank in (0, 1)]
+    assert [e["ranks"] for e in events] == [[1, 0], [1, 0]] and all(e["step"] == 5 for e in events)
+    assert events[1]["slot"] == "forward/module/module#0/output.0"
+    assert all(e["replay"]["reproduced"] and e["replay"]["eager_loss"] is not None for e in events)
+    assert "module.layers.0.mlp.fc" in events[1]["replay"]["origin"] and "examples/gpt.py" in events[1]["replay"]["origin"]
+    assert events[0]["replay"]["from_another_rank"]
     norms = [json.loads((tmp_path / f"norms{rank}.json").read_text()) for rank in (0, 1)]
     assert norms[0]["unclipped"] == norms[1]["unclipped"] > 1e-2
     assert all(n["watched"] == pytest.approx(n["unclipped"], rel=1e-6) for n in norms)

@@ -423,6 +423,8 @@ def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(
     compiled = torch.compile(model, backend="aot_eager")
     counters.clear()
     monitor = monitors(model if handed == "model" else compiled, optimizer, dump_path=tmp_path, window=8)
+    calls = []  # what the trainer callbacks see of the model's calls: what was called, with how many arguments
+    monitor.watcher.observe_model_calls(calls.append, lambda called, args, kwargs, output: calls.append((called, len(args))))
 
     def forward_backward(step: int) -> torch.Tensor:
         loss = compiled(*make_batch(CONFIG, batch=2, seed=step))
@@ -431,6 +433,7 @@ def test_a_model_compiled_whole_is_watched_before_clipping_and_replayed_eagerly(
 
     norms = _clipped_steps_with_a_nan_at_5(monitor, model, optimizer, forward_backward)
     assert not counters["graph_break"]
+    assert calls == [compiled, (compiled, 2)] * 6  # the wrapper, once a step: not in the replay's two runs
     forward = sorted(slot.name for slot in monitor.ring.slots if slot.phase == "forward")
     assert forward == ["forward/-/monitor.loss#0/output", "forward/<root>/module#0/output.0"]
     assert _compiled_notices(caplog) == ["the model's output and the loss"]  # once, though every step ran so

@@ -183,6 +183,25 @@ def test_the_monitor_catches_a_nan_and_replays_its_step(tmp_path):
     assert _hooks_in_place() == before
 
 
+def test_a_second_fit_resumed_from_a_checkpoint_is_watched_and_numbered_as_the_trainer_numbers_it(tmp_path):
+    """One callback, two ``fit`` calls, the second resumed from a checkpoint of the first at step 4:
+    the monitor, closed at the end of the first fit, watches the second, and its event, window
+    and replay carry the trainer's steps (a NaN at step 6), not steps counted from 0."""
+    callback = TorchDebugCallback(monitor={"window": 8})
+    torch.manual_seed(0)
+    model = _PoisonedAt(6)
+    loader = torch.utils.data.DataLoader(_batches(16), batch_size=None)
+    first = _trainer(tmp_path, callback, max_steps=4)
+    first.fit(model, loader)
+    first.save_checkpoint(tmp_path / "step4.ckpt")
+    _trainer(tmp_path, callback, max_steps=8).fit(model, loader, ckpt_path=tmp_path / "step4.ckpt")
+    (event,) = callback.events
+    assert (event.step, event.reason) == (6, "nonfinite")
+    assert sorted({r.step for r in torchdebug.load(event.window).ranks[0].records()}) == [4, 5, 6]
+    assert {r.step for r in torchdebug.load(event.replay.dump).ranks[0].records()} == {6}
+    assert event.replay.reproduced
+
+
 def test_the_monitor_counts_the_overflows_a_16_mixed_run_skips(tmp_path):
     """Precision "16-mixed" runs a GradScaler, which skips the steps whose gradients overflow: the
     monitor finds it and counts them instead of firing. (fp16 autocast on the CPU; a first scale

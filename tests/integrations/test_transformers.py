@@ -137,16 +137,17 @@ def test_a_modules_model_output_is_recorded_by_key(tmp_path):
 
 
 class _SpikingNet(RegressionNet):
-    """Its loss jumps a thousandfold on the calls of one optimizer step (from the Trainer's state)."""
+    """Its loss jumps ``factor``-fold on the calls of one optimizer step (from the Trainer's state,
+    the last one remembered)."""
 
-    def __init__(self, state_of: list, step: int) -> None:
+    def __init__(self, state_of: list, step: int, factor: float = 1000.0) -> None:
         super().__init__()
-        self.state_of, self.spike_step = state_of, step
+        self.state_of, self.spike_step, self.factor = state_of, step, factor
 
     def forward(self, x, labels):
         out = super().forward(x, labels)
-        if self.state_of and self.state_of[0].global_step == self.spike_step:
-            out["loss"] = out["loss"] * 1000.0
+        if self.state_of and self.state_of[-1].global_step == self.spike_step:
+            out["loss"] = out["loss"] * self.factor
         return out
 
 
@@ -182,6 +183,29 @@ def test_the_monitor_catches_a_loss_spike_and_replays_its_step(tmp_path):
     replayed = torchdebug.load(event.replay.dump).ranks[0].records()
     assert {r.step for r in replayed} == {20}
     assert len([r for r in replayed if r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]) == 2
+
+
+def test_a_second_training_resumed_from_a_checkpoint_is_watched_and_numbered_as_the_trainer_numbers_it(tmp_path):
+    """One callback, two ``train()`` calls, the second resumed from the first's checkpoint at step
+    4: the monitor, closed at the end of the first, watches the second too, and its event, window and
+    replay carry the Trainer's steps (an infinite loss at step 6), not steps counted from 0."""
+    state_of, remember = _remember_state()
+    torch.manual_seed(0)
+    model = _SpikingNet(state_of, 6, float("inf"))
+    callback = TorchDebugCallback(monitor={"window": 8})
+    for max_steps, resume in ((4, None), (8, str(tmp_path / "checkpoint-4"))):
+        transformers.Trainer(
+            model=model,
+            args=_args(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=4),
+            train_dataset=_rows(32),
+            callbacks=[remember, callback],
+            optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+        ).train(resume_from_checkpoint=resume)
+    (event,) = callback.events
+    assert (event.step, event.reason) == (6, "nonfinite")
+    assert sorted({r.step for r in torchdebug.load(event.window).ranks[0].records()}) == [4, 5, 6]
+    assert {r.step for r in torchdebug.load(event.replay.dump).ranks[0].records()} == {6}
+    assert event.replay.reproduced
 
 
 class _ScaledGradient(torch.autograd.Function):

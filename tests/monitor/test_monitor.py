@@ -91,6 +91,39 @@ def test_a_nan_at_step_40_dumps_the_window_of_steps_25_to_40_and_names_the_modul
     assert event.replay is None and "Monitor.step(closure)" in str(event)
 
 
+def test_a_run_resumed_at_a_step_numbers_its_window_from_there_and_monitors_of_one_second_keep_apart(
+    monitors, tmp_path: Path, monkeypatch
+) -> None:
+    """``start_at(100)`` (a loop resumed from a checkpoint at step 100): the event, the window and
+    the replay carry the loop's steps. A second monitor built within the same second (the clock
+    held still here), firing at the same step, writes its window into a run folder of its own."""
+    monkeypatch.setattr(torchdebug.monitor._monitor, "new_run_name", lambda: "20261125-120000")
+    monkeypatch.setattr(torchdebug.monitor._monitor, "_run_names", set())
+    events, names = [], []
+    for _ in range(2):
+        model, optimizer = _gpt()
+        monitor = monitors(model, optimizer, dump_path=tmp_path, window=4)
+        monitor.start_at(100)
+        for step in range(100, 106):
+            if step == 103:
+                with torch.no_grad():
+                    model.layers[1].mlp.out.weight[0, 0] = float("nan")
+            monitor.step(_closure(model, optimizer, step))
+        with pytest.raises(RuntimeError, match="start_at"):
+            monitor.start_at(0)
+        monitor.close()
+        (event,) = monitor.events
+        events.append(event)
+        names.append(monitor.run_name)
+    first, second = events
+    assert (first.step, first.reason) == (103, "nonfinite")
+    assert first.window == second.window == tmp_path / "step103-window"
+    assert names == ["20261125-120000", "20261125-120000-1"]
+    for name in names:
+        assert sorted({r.step for r in torchdebug.load(first.window / name).ranks[0].records()}) == [100, 101, 102, 103]
+    assert {r.step for r in torchdebug.load(first.replay.dump).ranks[0].records()} == {103}
+
+
 def test_a_healthy_run_with_an_infinite_causal_mask_never_fires(monitors, tmp_path: Path) -> None:
     model, optimizer = _gpt()
     monitor = monitors(model, optimizer, dump_path=tmp_path)

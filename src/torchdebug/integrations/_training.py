@@ -97,6 +97,10 @@ class TrainerMonitor:
             self.config.dump_path = str(dump_path)
         self._dump_path_set = dump_path is not None or "dump_path" in self.config.assigned
         self.monitor: Any = None
+        self._earlier_events: list[Any] = []
+        """The events of the monitors of earlier training runs (one monitor per run)."""
+        self._numbered = False
+        """The monitor numbers its steps as the trainer does (see :meth:`micro_batch_starts`)."""
         self._step: int | None = None
         self._replays: list[Callable[[], Any]] = []
         self._loss: Any = None
@@ -105,22 +109,31 @@ class TrainerMonitor:
 
     @property
     def events(self) -> list[Any]:
-        """The monitor's events (empty before training starts)."""
-        return self.monitor.events if self.monitor is not None else []
+        """What the monitor caught, in every training run so far (empty before training starts)."""
+        return self._earlier_events + (self.monitor.events if self.monitor is not None else [])
 
     def open(self, trainer_dir: str | Path, model: nn.Module, scaler: Any = None) -> None:
-        """Start watching ``model``; ``scaler``: the loss scaler (fp16) the trainer steps through,
+        """Start watching ``model`` for a training run (a monitor of its own for each run: the last
+        run's was closed at its end); ``scaler``: the loss scaler (fp16) the trainer steps through,
         if any, whose overflows the monitor then counts instead of firing, and whose scale it
         divides the gradients by, watched as the backward leaves them (the monitor never steps it)."""
-        if self.monitor is None:
-            dump_path = None if self._dump_path_set else Path(trainer_dir) / "torchdebug-monitor"
-            self.monitor = Monitor(model, None, dump_path, config=self.config, scaler=scaler)
+        if self.monitor is not None and not self.monitor.closed:
+            return
+        if self.monitor is not None:  # a training run after the one it watched: a monitor of its own
+            self._earlier_events += self.monitor.events
+        dump_path = None if self._dump_path_set else Path(trainer_dir) / "torchdebug-monitor"
+        self.monitor = Monitor(model, None, dump_path, config=self.config, scaler=scaler)
+        self._step, self._replays, self._loss, self._numbered = None, [], None, False
 
     def micro_batch_starts(self, step: int) -> None:
         """A micro-batch of optimizer step ``step`` starts: the step's first keeps the random state
-        its replay starts from."""
+        its replay starts from. The monitor counts from the trainer's first step (a run resumed from
+        a checkpoint starts at its step), so that its events and dumps carry the steps the trainer logs."""
         if self.monitor is None or self.replaying:
             return
+        if not self._numbered:
+            self.monitor.start_at(step)
+            self._numbered = True
         if step != self._step:
             self._step, self._replays, self._loss = step, [], None
             self.monitor.begin_step()

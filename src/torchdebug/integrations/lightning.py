@@ -57,7 +57,7 @@ class TorchDebugCallback(_pl.Callback):
 
     @property
     def events(self) -> list[Any]:
-        """What the monitor caught (:class:`~torchdebug.monitor.MonitorEvent`; empty without ``monitor=``)."""
+        """What the monitor caught in each training run (:class:`~torchdebug.monitor.MonitorEvent`; none without ``monitor=``)."""
         return self._monitor.events if self._monitor is not None else []
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:

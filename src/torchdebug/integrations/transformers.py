@@ -64,7 +64,7 @@ class TorchDebugCallback(_hf.TrainerCallback):
 
     @property
     def events(self) -> list[Any]:
-        """What the monitor caught (:class:`~torchdebug.monitor.MonitorEvent`; empty without ``monitor=``)."""
+        """What the monitor caught in each training run (:class:`~torchdebug.monitor.MonitorEvent`; none without ``monitor=``)."""
         return self._monitor.events if self._monitor is not None else []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:

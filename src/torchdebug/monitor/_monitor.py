@@ -152,7 +152,7 @@ class Monitor:
         self.rank, self.world_size = rank_and_world_size()
         self.dump_root = Path(self.config.dump_path)
         check_writable(self.dump_root)  # fail before training, not at the first trigger
-        self.run_name = broadcast_from_rank0(new_run_name()) if dist_initialized() else new_run_name()
+        self.run_name = broadcast_from_rank0(_unique_run_name()) if dist_initialized() else _unique_run_name()
         if not (scaler is None or isinstance(scaler, bool) or all(hasattr(scaler, m) for m in ("unscale_", "step", "update"))):
             raise ConfigError(
                 f"scaler: got {scaler!r}, expected a torch.amp.GradScaler, True (a loss scaler the loop runs) or None"
@@ -171,6 +171,7 @@ class Monitor:
         self.anomalies = 0
         """Steps that fired, including those beyond ``max_events``."""
         self.current_step = 0
+        self._first_step = 0
         self._judged = -1
         """The last step judged with every row in (at the end of a step)."""
         self._fired: set[int] = set()
@@ -212,6 +213,18 @@ class Monitor:
                 self.scaler.update()
         self.end_step()
         return result
+
+    def start_at(self, step: int) -> None:
+        """Number the step under way ``step`` and count on from there: a run resumed from a
+        checkpoint at step N, so that events, windows and replays carry the step the loop logs.
+        Only before the first step ends; what that step has watched so far is dropped."""
+        if self.current_step != self._first_step:
+            raise RuntimeError("Monitor.start_at: a step has ended already; call it before the first step ends")
+        self.ring.forget(self.current_step)
+        self.current_step = self._first_step = step
+        self._judged = step - 1
+        self.ring.begin(step)
+        self.watcher.next_step(step)
 
     def begin_step(self) -> None:
         """A step starts: keep the random state a replay of it starts from."""
@@ -285,6 +298,11 @@ class Monitor:
             self._closed = True
             self.watcher.stop()
             self.stager.flush()
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called: nothing is watched any more."""
+        return self._closed
 
     @property
     def overflows(self) -> int:
@@ -363,6 +381,20 @@ class Monitor:
         self._agreed_events += agreed
         logger.warning("%s", event)
         return event
+
+
+_run_names: set[str] = set()
+"""The run names this process's monitors have taken."""
+
+
+def _unique_run_name() -> str:
+    """A run name no other monitor of this process has: two monitors built within one second (a
+    trainer's second training run) would otherwise write their windows of a step into one folder."""
+    name, suffix = new_run_name(), 0
+    while (candidate := f"{name}-{suffix}" if suffix else name) in _run_names:
+        suffix += 1
+    _run_names.add(candidate)
+    return candidate
 
 
 def _ranks_that_fired(place: tuple[int, int] | None, rank: int) -> list[int]:

@@ -161,6 +161,12 @@ class Ring:
         self.numel[position] = 0
         self._stale[position] = True
 
+    def forget(self, step: int) -> None:
+        """Drop ``step`` from the window (a step renumbered before it ended)."""
+        position = step % self.window
+        if self.steps[position] == step:
+            self.steps[position] = -1
+
     def address(self, step: int, index: int, numel: int) -> int | None:
         """Where the sums of slot ``index`` at ``step`` go (``WIDTH`` float64, for the native kernel
         to write), its element count ``numel`` noted; ``None`` once the step has left the window."""

@@ -18,6 +18,7 @@ from torchdebug.errors import ConfigError
 from torchdebug.options import Options, boolean, choices, configclass, index_set, number, one_of, option, patterns, text
 
 TASKS = ("statistics", "tensor", "structure", "overflow_check", "checksum")
+COMPILED_CODE = ("as_run", "eager")
 LEVELS = ("op", "module", "mix")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 
@@ -188,6 +189,19 @@ class DebuggerConfig(Options):
             number(2**20, integer=True),
             type="integer",
             minimum=2**20,
+        ),
+    )
+
+    compiled_code: str = field(
+        default="as_run",
+        metadata=option(
+            "torch.compile'd code in a captured step. as_run: it runs compiled, and the dump holds only the ops it "
+            "calls through aten (inductor's extern kernels, not what its fused kernels compute; the torchdebug "
+            "backend's data dump records those). eager: captured steps run it eagerly "
+            "(torch.compiler.set_stance('force_eager')), so every op is recorded with its module path and source line; "
+            "the other steps stay compiled.",
+            one_of(*COMPILED_CODE),
+            enum=[*COMPILED_CODE],
         ),
     )
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 import atexit
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
+from torchdebug._torch.dynamo import compiled_modules
 from torchdebug._torch.nn import unwrap_compiled
 from torchdebug.capture.eager import OpCapture
 from torchdebug.capture.filters import phase_and_io_filter
@@ -83,6 +85,10 @@ class Debugger:
         self.session = CaptureSession(self.config, writer, self.rank)
         self._phases, self._ios = phase_and_io_filter(self.config.data_mode)
         self._tracker: ModuleTracker | None = None
+        self._model: nn.Module | None = None
+        self._eager = ExitStack()
+        """Holds ``set_stance("force_eager")`` while a step is captured with ``compiled_code="eager"``."""
+        self._told_compiled = False
         self._ops: OpCapture | None = None
         self._modules: ModuleRecorder | None = None
         atexit.register(self._close_at_exit)
@@ -98,6 +104,8 @@ class Debugger:
         if self._tracker is None or (model is not None and self._modules is None and level != "op"):
             self._build(model)
         assert self._tracker is not None
+        if self.config.compiled_code == "eager":
+            self._eager.enter_context(torch.compiler.set_stance("force_eager"))
         self._tracker.start()
         if self._modules is not None:
             self._modules.start()
@@ -107,7 +115,7 @@ class Debugger:
 
     def _build(self, model: nn.Module | None) -> None:
         if model is not None:
-            model = unwrap_compiled(model)  # names relative to the model, not to torch.compile's wrapper
+            model = self._model = unwrap_compiled(model)  # names relative to the model, not to torch.compile's wrapper
         self._tracker = ModuleTracker(model, hook_ops=True)
         if self.config.level in ("module", "mix"):
             self._modules = ModuleRecorder(self.session, self._phases, self._ios, model)
@@ -133,8 +141,33 @@ class Debugger:
             self._modules.stop()
         if self._tracker is not None:
             self._tracker.stop()
+        self._eager.close()
         self._active = False
         self.session.flush(wait=True)
+        self._tell_compiled()
+
+    def _tell_compiled(self) -> None:
+        """Warn, once, that the step just captured ran the model's modules inside compiled code,
+        which this capture does not see into (``compiled_code="as_run"``): a module compiled in the
+        model, or its call seen with none of its modules below the root (the model compiled whole,
+        or a compiled function calling it)."""
+        model, tracker = self._model, self._tracker
+        if self._told_compiled or self.config.compiled_code != "as_run" or model is None or tracker is None:
+            return
+        blocks = [path or "the model" for path, _ in compiled_modules(model)]
+        if not blocks and not (tracker.entered and not tracker.inner_entered and next(model.children(), None) is not None):
+            return
+        self._told_compiled = True
+        where = f"compiled modules ({', '.join(blocks[:3])}{', ...' if len(blocks) > 3 else ''})" if blocks else "compiled code"
+        logger.warning(
+            "torchdebug: step %d ran the model's modules inside %s: this dump holds only the ops that compiled code "
+            "calls through aten (with inductor, extern kernels such as mm; not what its fused kernels compute), filed "
+            "under the module that called it. For every op of the model eagerly, with its module path and source "
+            "line, pass compiled_code='eager'; for what the compiled kernels compute, node by node, use the torchdebug "
+            "backend's data dump (docs/graph_dump.md).",
+            self.current_step,
+            where,
+        )
 
     def flush(self) -> None:
         """Wait until everything captured so far, tensor files included, is on disk (``stop``

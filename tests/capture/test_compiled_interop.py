@@ -1,6 +1,7 @@
 """A compiled function called while eager capture is on stays compiled, is not recompiled, and
 its module calls are recorded once, without torch's warning about global hooks."""
 
+import copy
 import warnings
 
 import pytest
@@ -100,3 +101,77 @@ def test_the_compiled_module_warning_comes_back_once_capture_stops(tmp_path, tin
     finally:
         handle.remove()
     torch._dynamo.reset()
+
+
+def _compiled_step(model: torch.nn.Module, how: str):
+    """A training step that runs ``model`` (a block holding two layers) compiled (aot_eager)
+    ``how``: the model whole, its block, or a compiled function calling it; and the counter of the
+    graphs compiled."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    if how == "whole":
+        run = torch.compile(model, backend=counter)
+    elif how == "block":
+        model[0].compile(backend=counter)
+        run = model
+    else:
+        run = torch.compile(lambda x: model(x), backend=counter)
+
+    def step(x):
+        model.zero_grad()
+        run(x).sum().backward()
+
+    return step, counter
+
+
+def _compiled_notices(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "torchdebug.debugger" and "compiled" in r.getMessage()]
+
+
+@pytest.mark.parametrize("how", ["whole", "block", "function"])
+def test_a_step_that_ran_the_model_compiled_is_told_once_or_captured_eagerly_with_compiled_code_eager(
+    tmp_path, tiny, how, caplog
+):
+    """``compiled_code="as_run"`` (the default): the capture does not see inside compiled code, and
+    says so once. ``"eager"``: the captured steps run it eagerly, so the dump is an eager step's,
+    op for op and bit for bit, with module paths; nothing is compiled again, before or after."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 4)
+    model = torch.nn.Sequential(tiny)
+    reference = copy.deepcopy(model)  # never compiled
+    step, counter = _compiled_step(model, how)
+    step(x)
+    compiled = counter.frame_count
+    with torchdebug.Debugger(tmp_path / "as_run", checksum=True) as debugger:
+        for _ in range(2):
+            debugger.start(model)
+            step(x)
+            debugger.step()
+    notices = _compiled_notices(caplog)
+    assert len(notices) == 1 and "step 0" in notices[0] and "compiled_code='eager'" in notices[0]
+    assert ("compiled modules (0)" in notices[0]) == (how == "block")
+    caplog.clear()
+    with torchdebug.Debugger(tmp_path / "eager", checksum=True, compiled_code="eager") as debugger:
+        debugger.start(model)
+        step(x)
+        debugger.stop()
+    step(x)
+    assert counter.frame_count == compiled  # captured eagerly, then compiled code again as it was
+    with torchdebug.Debugger(tmp_path / "reference", checksum=True) as debugger:
+        debugger.start(reference)
+        reference(x).sum().backward()
+        debugger.stop()
+    assert not _compiled_notices(caplog)
+    result = torchdebug.compare(tmp_path / "eager", tmp_path / "reference")
+    assert result.rows and all(row.matched and row.verdict == "pass" for row in result.rows)
+    assert {"0.fc1", "0.fc2"} <= {row.module for row in result.rows}
+    torch._dynamo.reset()
+
+
+def test_an_eager_step_is_not_told_it_ran_compiled(tmp_path, tiny, caplog):
+    with torchdebug.Debugger(tmp_path) as debugger:
+        debugger.start(tiny)
+        tiny(torch.randn(2, 4)).sum().backward()
+        debugger.stop()
+    assert not _compiled_notices(caplog)

@@ -336,6 +336,32 @@ def test_a_model_the_trainer_compiles_is_watched_before_it_clips_without_a_graph
     assert event.replay.reproduced and event.replay.eager_loss is not None  # the compiled call again, then eagerly
 
 
+def test_a_step_of_a_model_the_trainer_compiles_is_dumped_eagerly_with_compiled_code_eager(tmp_path, caplog):
+    """``torch_compile=True``: by default the step's dump sees only what the compiled code calls
+    through aten, which a warning says; with ``compiled_code="eager"`` the selected step runs the
+    model eagerly, every module's ops in it, and the other steps stay compiled (one graph)."""
+    from torch._dynamo.utils import counters
+
+    options = dict(torch_compile=True, torch_compile_backend="aot_eager", max_steps=3)
+    modules = {}
+    for compiled_code in ("as_run", "eager"):
+        torch._dynamo.reset()
+        counters.clear()
+        caplog.clear()
+        torch.manual_seed(0)
+        model = _CompiledNet()
+        callback = TorchDebugCallback(tmp_path / compiled_code, step=[1], compiled_code=compiled_code)
+        _train(tmp_path, model, callback, _rows(), **options)
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+        records = torchdebug.load(callback.run_dir).ranks[0].records()
+        modules[compiled_code] = {r.module for r in records if r.phase == "forward" and r.op == "aten.addmm.default"}
+        told = [r for r in caplog.records if r.name == "torchdebug.debugger" and "compiled_code='eager'" in r.getMessage()]
+        assert len(told) == (compiled_code == "as_run")
+    assert modules["eager"] == {"fc1", "fc2"}
+    assert modules["as_run"] and not modules["as_run"] & {"fc1", "fc2"}  # inside the compiled graph: its module
+    torch._dynamo.reset()
+
+
 class _GradScalerTrainer(transformers.Trainer):
     """fp16 as accelerate runs it on CUDA, on the CPU (where accelerate makes no scaler): a GradScaler
     scales the loss, unscales the gradients before the Trainer clips them, and steps the optimizer."""

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.compiler import is_compiling
 
 from torchdebug._torch.autograd import current_autograd_node
 from torchdebug._torch.checkpoint import RecomputeDetector
@@ -66,8 +67,15 @@ class ModuleTracker:
         self._names: dict[int, str] = {}
         self._params: dict[int, tuple[str, nn.Parameter]] = {}
         self._model_adopted = model is not None
+        self._inner: set[int] = set()
+        """The ids of the model's modules below its root (given or adopted)."""
         if model is not None:
             self._adopt(model, "")
+        self.entered = False
+        """Since :meth:`start`, a module's call started outside compiled code."""
+        self.inner_entered = False
+        """Since :meth:`start`, a call of one of the model's modules below its root started outside
+        compiled code (not while Dynamo traced it)."""
         self._stack: list[str] = []
         self._own_hooks: list[tuple[weakref.ref, str, int]] = []
         """Modules with forward hooks of their own that returned (their own hooks run after the
@@ -80,6 +88,8 @@ class ModuleTracker:
 
     def _adopt(self, root: nn.Module, prefix: str) -> None:
         for name, module in root.named_modules(remove_duplicate=False):
+            if name and not prefix:
+                self._inner.add(id(module))
             name = strip_wrappers(name)
             path = f"{prefix}.{name}" if prefix and name else (name or prefix or ROOT_MODULE)
             self._names.setdefault(id(module), path)
@@ -127,6 +137,7 @@ class ModuleTracker:
         return None
 
     def start(self) -> None:
+        self.entered = self.inner_entered = False
         self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised, outside_compiled=self._outside_compiled)
 
     def stop(self) -> None:
@@ -138,6 +149,9 @@ class ModuleTracker:
         self._recomputing.reset()
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
+        if not self.inner_entered and id(module) in self._inner and not is_compiling():  # Dynamo tracing it: runs compiled
+            self.inner_entered = True
+        self.entered = True
         name = self.name_of(module)
         self._stack.append(name)
         if self.recorder is not None:

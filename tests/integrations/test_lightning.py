@@ -202,6 +202,65 @@ def test_a_second_fit_resumed_from_a_checkpoint_is_watched_and_numbered_as_the_t
     assert event.replay.reproduced
 
 
+class _ManualNet(LitNet):
+    """Manual optimization with ``optimizers`` SGD optimizers, one per layer, each stepped in turn
+    (Lightning's ``global_step`` counts every one of their steps); the log of a negative number in
+    the forward of the batch that starts at ``poisoned_step``."""
+
+    def __init__(self, poisoned_step: int, optimizers: int) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.poisoned_step, self.count = poisoned_step, optimizers
+
+    def forward(self, x):
+        out = super().forward(x)
+        return torch.log(-1 - out.abs()) if self.trainer.global_step == self.poisoned_step else out
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        optimizers = self.optimizers()
+        for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
+            loss = F.mse_loss(self(x), y)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+        return loss
+
+    def configure_optimizers(self):
+        if self.count == 1:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+        return [torch.optim.SGD(self.fc1.parameters(), lr=0.1), torch.optim.SGD(self.fc2.parameters(), lr=0.1)]
+
+
+def test_under_manual_optimization_a_nan_is_caught_skipped_and_not_replayed(tmp_path):
+    """``training_step`` steps the optimizer itself: the step is judged at its ``optimizer.step()``
+    (the gradients dropped: ``skip``), and not replayed, which the event says (a replay ran
+    ``training_step`` inside itself, and its backward failed: training crashed)."""
+    callback = TorchDebugCallback(monitor={"window": 4, "on_anomaly": "skip"})
+    torch.manual_seed(0)
+    model = _ManualNet(5, optimizers=1)
+    _trainer(tmp_path, callback, max_steps=8).fit(model, torch.utils.data.DataLoader(_batches(16), batch_size=None))
+    (event,) = callback.events
+    assert (event.step, event.reason, event.slot) == (5, "nonfinite", "forward/<root>/module#0/output.0")
+    assert event.replay is None and "manual optimization" in event.no_replay and "manual optimization" in str(event)
+    assert sorted({r.step for r in torchdebug.load(event.window).ranks[0].records()}) == [2, 3, 4, 5]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_under_manual_optimization_with_two_optimizers_events_carry_the_trainers_step(tmp_path):
+    """Two optimizers stepped per batch: Lightning's ``global_step`` goes 0, 2, 4, ...; the window
+    and the event carry those numbers and keep the last ``window`` batches."""
+    callback = TorchDebugCallback(monitor={"window": 4})
+    torch.manual_seed(0)
+    model = _ManualNet(10, optimizers=2)
+    trainer = _trainer(tmp_path, callback, max_steps=14)
+    trainer.fit(model, torch.utils.data.DataLoader(_batches(16), batch_size=None))
+    assert trainer.global_step == 14
+    event = callback.events[0]
+    assert (event.step, event.reason) == (10, "nonfinite")
+    assert sorted({r.step for r in torchdebug.load(event.window).ranks[0].records()}) == [4, 6, 8, 10]
+
+
 def test_a_step_of_a_compiled_model_is_dumped_eagerly_with_compiled_code_eager(tmp_path, caplog):
     """``trainer.fit(torch.compile(model))``: by default the step's dump sees only what the compiled
     code calls through aten, which a warning says; with ``compiled_code="eager"`` the selected

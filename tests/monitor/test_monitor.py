@@ -19,7 +19,7 @@ from tests.triton_interpreter import ROOT, interpreter_env, interpreter_skip
 from torchdebug.errors import AnomalyError, ConfigError
 from torchdebug.monitor._ring import Ring
 from torchdebug.records import LOSS_OP, MODULE_OP
-from torchdebug.stats._schema import STAT_KEYS
+from torchdebug.stats._schema import STAT_KEYS, WIDTH
 
 CONFIG = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
 
@@ -109,7 +109,7 @@ def test_a_run_resumed_at_a_step_numbers_its_window_from_there_and_monitors_of_o
                 with torch.no_grad():
                     model.layers[1].mlp.out.weight[0, 0] = float("nan")
             monitor.step(_closure(model, optimizer, step))
-        with pytest.raises(RuntimeError, match="start_at"):
+        with pytest.raises(ValueError, match="below the step under way"):
             monitor.start_at(0)
         monitor.close()
         (event,) = monitor.events
@@ -150,6 +150,22 @@ def test_a_spike_fires_once(monitors, tmp_path: Path, spike: str) -> None:
     slot = monitor.events[0].slot
     assert slot is not None and slot.endswith("output.0" if spike == "loss" else slot.rpartition("/")[2])
     assert ("parameter_grad" in slot) == (spike == "grad_norm")
+
+
+def test_the_ring_keeps_the_last_steps_whatever_their_numbers() -> None:
+    """Steps that skip numbers (0, 3, 7, ...) still fill every place; a step forgotten as it ran
+    leaves its place to the next."""
+    ring = Ring(3)
+    index = ring.slot("forward", "fc", MODULE_OP, 0, "output", "0")
+    for step in (0, 3, 7, 8):
+        ring.begin(step)
+        ring.put_sums(step, index, [float(step)] * WIDTH, 1)
+    assert ring.kept_steps() == [3, 7, 8] and ring.row(0) is None and ring.address(0, index, 1) is None
+    ring.begin(9)
+    ring.forget(9)
+    ring.begin(12)
+    assert ring.kept_steps() == [7, 8, 12]
+    assert not math.isnan(ring.row(7)[index, 0]) and math.isnan(ring.row(12)[index, 0])
 
 
 def test_gradients_are_ordered_as_the_backward_runs() -> None:

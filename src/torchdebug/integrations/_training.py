@@ -99,8 +99,8 @@ class TrainerMonitor:
         self.monitor: Any = None
         self._earlier_events: list[Any] = []
         """The events of the monitors of earlier training runs (one monitor per run)."""
-        self._numbered = False
-        """The monitor numbers its steps as the trainer does (see :meth:`micro_batch_starts`)."""
+        self.no_replay: str | None = None
+        """Why the trainer's steps cannot be replayed, if so (the callback says)."""
         self._step: int | None = None
         self._replays: list[Callable[[], Any]] = []
         self._loss: Any = None
@@ -123,28 +123,29 @@ class TrainerMonitor:
             self._earlier_events += self.monitor.events
         dump_path = None if self._dump_path_set else Path(trainer_dir) / "torchdebug-monitor"
         self.monitor = Monitor(model, None, dump_path, config=self.config, scaler=scaler)
-        self._step, self._replays, self._loss, self._numbered = None, [], None, False
+        self._step, self._replays, self._loss = None, [], None
 
     def micro_batch_starts(self, step: int) -> None:
         """A micro-batch of optimizer step ``step`` starts: the step's first keeps the random state
-        its replay starts from. The monitor counts from the trainer's first step (a run resumed from
-        a checkpoint starts at its step), so that its events and dumps carry the steps the trainer logs."""
+        its replay starts from, and numbers the monitor's step as the trainer does (a run resumed
+        from a checkpoint starts at its step; under manual optimization Lightning counts every
+        optimizer's steps), so that events and dumps carry the steps the trainer logs."""
         if self.monitor is None or self.replaying:
             return
-        if not self._numbered:
-            self.monitor.start_at(step)
-            self._numbered = True
         if step != self._step:
             self._step, self._replays, self._loss = step, [], None
+            if step != self.monitor.current_step:
+                self.monitor.start_at(step)
             self.monitor.begin_step()
 
-    def micro_batch(self, step: int, replay: Callable[[], Any]) -> None:
+    def micro_batch(self, step: int, replay: Callable[[], Any] | None) -> None:
         """A micro-batch of optimizer step ``step`` (started, or starting now); ``replay`` runs its
-        forward and backward again and returns its loss."""
+        forward and backward again and returns its loss (``None``: it cannot, :attr:`no_replay` says why)."""
         if self.monitor is None or self.replaying:
             return
         self.micro_batch_starts(step)
-        self._replays.append(replay)
+        if replay is not None:
+            self._replays.append(replay)
 
     def observe_model_calls(self, before: Callable[[nn.Module], None], after: ModelCallEnd) -> Callable[[], None]:
         """The model's training calls, as :meth:`~torchdebug.monitor._watch.Watcher.observe_model_calls`
@@ -173,7 +174,7 @@ class TrainerMonitor:
             finally:
                 self.replaying = False
 
-        self.monitor.before_update(self._loss, replay=replay if replays else None)
+        self.monitor.before_update(self._loss, replay=replay if replays else None, no_replay=self.no_replay)
 
     def end_step(self, step: int | None = None) -> None:
         """The optimizer has stepped (``step``: the trainer's step count now; a step still under way,

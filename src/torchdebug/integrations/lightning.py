@@ -20,6 +20,9 @@ replayed under op-level capture (``TorchDebugCallback(monitor={"window": 16})``;
 ``trainer.log_dir/torchdebug-monitor``; ``callback.events``). With ``monitor=`` alone no step is dumped
 by the debugger; pass ``step=`` for that too. The replay runs ``training_step`` of each micro-batch
 of the step again (through the strategy, so the precision context is the same) and its backward.
+Under manual optimization (``automatic_optimization = False``) ``training_step`` steps the
+optimizers itself, so steps are judged at its first ``optimizer.step()`` and not replayed; events
+and dumps carry ``trainer.global_step``, which then counts every optimizer's steps.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ _pl = import_extra("lightning.pytorch", "lightning", "torchdebug.integrations.li
 _rank_zero = import_extra("lightning.pytorch.utilities.rank_zero", "lightning", "torchdebug.integrations.lightning")
 
 __all__ = ["TorchDebugCallback"]
+
+MANUAL_OPTIMIZATION = (
+    "manual optimization: training_step runs the optimizer step itself, so it cannot run again before that step"
+)
+"""Why a step of a LightningModule that sets ``automatic_optimization = False`` is not replayed."""
 
 
 class TorchDebugCallback(_pl.Callback):
@@ -75,7 +83,9 @@ class TorchDebugCallback(_pl.Callback):
         if self._dump is not None:
             self._dump.start(trainer.global_step, pl_module)
         if self._monitor is not None:
-            self._monitor.micro_batch(trainer.global_step, _replay(trainer, batch, batch_idx))
+            manual = not pl_module.automatic_optimization
+            self._monitor.no_replay = MANUAL_OPTIMIZATION if manual else None
+            self._monitor.micro_batch(trainer.global_step, None if manual else _replay(trainer, batch, batch_idx))
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self._monitor is not None:

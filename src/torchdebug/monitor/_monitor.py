@@ -83,6 +83,8 @@ class MonitorEvent:
     window: Path | None = None
     """The window dump (a dump path)."""
     replay: ReplayOutcome | None = None
+    no_replay: str | None = None
+    """Why the step was not replayed (``None`` when it was)."""
 
     @property
     def module(self) -> str | None:
@@ -96,11 +98,7 @@ class MonitorEvent:
             lines.append(f"  ranks that fired: {self.ranks}, rank {self.ranks[0]} first")
         if self.window is not None:
             lines.append(f"  the last steps: {self.window}")
-        lines.append(
-            f"  {self.replay.message}"
-            if self.replay
-            else "  no replay: pass the forward and backward to Monitor.step(closure) for one"
-        )
+        lines.append(f"  {self.replay.message}" if self.replay else f"  no replay: {self.no_replay}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +111,7 @@ class MonitorEvent:
             "ranks": self.ranks,
             "window": str(self.window) if self.window else None,
             "replay": self.replay.to_dict() if self.replay else None,
+            "no_replay": self.no_replay,
         }
 
 
@@ -171,7 +170,6 @@ class Monitor:
         self.anomalies = 0
         """Steps that fired, including those beyond ``max_events``."""
         self.current_step = 0
-        self._first_step = 0
         self._judged = -1
         """The last step judged with every row in (at the end of a step)."""
         self._fired: set[int] = set()
@@ -215,14 +213,17 @@ class Monitor:
         return result
 
     def start_at(self, step: int) -> None:
-        """Number the step under way ``step`` and count on from there: a run resumed from a
-        checkpoint at step N, so that events, windows and replays carry the step the loop logs.
-        Only before the first step ends; what that step has watched so far is dropped."""
-        if self.current_step != self._first_step:
-            raise RuntimeError("Monitor.start_at: a step has ended already; call it before the first step ends")
+        """Number the step under way ``step`` and count on from there, so that events, windows and
+        replays carry the steps the loop logs: a run resumed from a checkpoint at step N, or a
+        step count that jumps (Lightning's ``global_step`` counts every optimizer's steps). Call it
+        as the step starts: what it watched so far is dropped. ``step`` is not below the step
+        under way; the window keeps the last ``window`` steps whatever their numbers."""
+        if step < self.current_step:
+            raise ValueError(f"Monitor.start_at: step {step} is below the step under way, {self.current_step}")
+        if self._judged == self.current_step - 1:  # every step before is judged: none to wait for in between
+            self._judged = step - 1
         self.ring.forget(self.current_step)
-        self.current_step = self._first_step = step
-        self._judged = step - 1
+        self.current_step = step
         self.ring.begin(step)
         self.watcher.next_step(step)
 
@@ -230,10 +231,13 @@ class Monitor:
         """A step starts: keep the random state a replay of it starts from."""
         self._random_state = RandomState.capture()
 
-    def before_update(self, loss: torch.Tensor | None = None, replay: Callable[[], Any] | None = None) -> MonitorEvent | None:
+    def before_update(
+        self, loss: torch.Tensor | None = None, replay: Callable[[], Any] | None = None, *, no_replay: str | None = None
+    ) -> MonitorEvent | None:
         """The step's gradients are final and the optimizer has not stepped: read the step's table
         (one host read), judge it, agree with the other ranks, and on a trigger dump the window and
-        replay the step with ``replay`` (the forward and backward again, returning the loss). Then
+        replay the step with ``replay`` (the forward and backward again, returning the loss;
+        ``no_replay``: why there is none, for the event). Then
         ``on_anomaly``: ``skip`` drops the gradients (an optimizer skips parameters without one),
         ``raise`` raises :class:`~torchdebug.errors.AnomalyError`. Returns the event, if any."""
         self.watcher.watch_gradients()
@@ -250,7 +254,7 @@ class Monitor:
         if trigger is None:
             trigger = Trigger("other_rank", step, None, f"step {step}: rank {ranks[0]} fired")
             self._fired.add(step)
-        event = self._fire(trigger, ranks, replay, loss, agreed=True)
+        event = self._fire(trigger, ranks, replay, loss, agreed=True, no_replay=no_replay)
         if event is not None and self.config.on_anomaly == "skip":
             logger.warning("torchdebug monitor: step %d: optimizer step skipped (gradients dropped)", step)
             for p in self.watcher.parameters():
@@ -337,6 +341,7 @@ class Monitor:
         closure: Callable[[], Any] | None = None,
         loss: torch.Tensor | None = None,
         agreed: bool = False,
+        no_replay: str | None = None,
     ) -> MonitorEvent | None:
         """Count the trigger; within ``max_events``, dump the window and (with ``closure``, judged
         before the update) replay the step. ``agreed``: every rank fires this step (before the
@@ -376,7 +381,17 @@ class Monitor:
                 )
             if agreed:  # every rank replayed: ask where it began
                 ranks = _began_first(ranks, outcome)
-        event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome)
+        if outcome is None:
+            no_replay = (
+                "replay='off'"
+                if self.config.replay == "off"
+                else (no_replay or "pass the forward and backward to Monitor.step(closure) for one")
+                if closure is None
+                else "the step was judged after its optimizer step had changed the parameters it ran with"
+            )
+        event = MonitorEvent(
+            trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome, no_replay
+        )
         self.events.append(event)
         self._agreed_events += agreed
         logger.warning("%s", event)

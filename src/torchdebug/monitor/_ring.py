@@ -84,7 +84,11 @@ class Ring:
         self._position: dict[int, int] = {}
         """Each slot's place in :attr:`_order`."""
         self.steps = [-1] * window
-        """The step each position holds (-1: none yet)."""
+        """The step each position holds (-1: none)."""
+        self._held: dict[int, int] = {}
+        """The position of each step held: steps take the positions in turn, whatever their numbers."""
+        self._begun = 0
+        """Steps begun (less those forgotten as they ran): the next step's turn."""
         self._gradients: list[int] = []
         """The gradient slots, which a loss scale divides."""
         self._scale: int | None = None
@@ -154,24 +158,31 @@ class Ring:
         return (placed, -gradients[slot.module], index)
 
     def begin(self, step: int) -> None:
-        """Make ``step`` the newest step, forgetting the oldest."""
-        position = step % self.window
+        """Make ``step`` the newest step, in the place of the oldest (numbers may skip: a loop's
+        step count may jump, and the window still keeps the last ``window`` steps)."""
+        position = self._begun % self.window
+        self._begun += 1
+        self._held.pop(self.steps[position], None)
+        self._held[step] = position
         self.steps[position] = step
         self.sums[position] = math.nan
         self.numel[position] = 0
         self._stale[position] = True
 
     def forget(self, step: int) -> None:
-        """Drop ``step`` from the window (a step renumbered before it ended)."""
-        position = step % self.window
-        if self.steps[position] == step:
+        """Drop ``step`` from the window (a step renumbered as it ran: the newest, whose place the
+        next step takes)."""
+        position = self._held.pop(step, None)
+        if position is not None:
             self.steps[position] = -1
+            if position == (self._begun - 1) % self.window:
+                self._begun -= 1
 
     def address(self, step: int, index: int, numel: int) -> int | None:
         """Where the sums of slot ``index`` at ``step`` go (``WIDTH`` float64, for the native kernel
         to write), its element count ``numel`` noted; ``None`` once the step has left the window."""
-        position = step % self.window
-        if self.steps[position] != step:
+        position = self._held.get(step)
+        if position is None:
             return None
         self.numel[position, index] = numel
         self._stale[position] = True
@@ -179,24 +190,24 @@ class Ring:
 
     def put_sums(self, step: int, index: int, sums: list[float], numel: int) -> None:
         """The sums of ``numel`` elements of slot ``index`` at ``step`` (ignored once the step has left the window)."""
-        position = step % self.window
-        if self.steps[position] == step:
+        position = self._held.get(step)
+        if position is not None:
             self.sums[position, index] = sums
             self.numel[position, index] = numel
             self._stale[position] = True
 
     def copy(self, step: int, source: int, index: int) -> None:
         """Slot ``index`` at ``step`` holds what slot ``source`` holds (the same tensor)."""
-        position = step % self.window
-        if self.steps[position] == step:
+        position = self._held.get(step)
+        if position is not None:
             self.sums[position, index] = self.sums[position, source]
             self.numel[position, index] = self.numel[position, source]
             self._stale[position] = True
 
     def row(self, step: int) -> np.ndarray | None:
         """``slots × STAT_KEYS`` of ``step``, or ``None`` once it has left the window."""
-        position = step % self.window
-        if self.steps[position] != step:
+        position = self._held.get(step)
+        if position is None:
             return None
         count = len(self.slots)
         if self._stale[position]:
@@ -216,7 +227,7 @@ class Ring:
 
     def kept_steps(self) -> list[int]:
         """The steps in the window, oldest first."""
-        return sorted(step for step in self.steps if step >= 0)
+        return sorted(self._held)
 
     def memory_bytes(self) -> int:
         return self.sums.nbytes + self.numel.nbytes + self._values.nbytes

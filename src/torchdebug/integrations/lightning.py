@@ -39,9 +39,7 @@ _rank_zero = import_extra("lightning.pytorch.utilities.rank_zero", "lightning", 
 
 __all__ = ["TorchDebugCallback"]
 
-MANUAL_OPTIMIZATION = (
-    "manual optimization: training_step runs the optimizer step itself, so it cannot run again before that step"
-)
+MANUAL_OPTIMIZATION = "manual optimization: training_step runs the optimizer step itself, so it cannot run again before that step"
 """Why a step of a LightningModule that sets ``automatic_optimization = False`` is not replayed."""
 
 

@@ -232,6 +232,30 @@ def test_outside_compiled_a_compiled_wrappers_call_stands_for_its_modules_call_o
     torch._dynamo.reset()
 
 
+def test_outside_compiled_a_data_parallel_wrapper_is_what_its_modules_call_was_made_on():
+    """``DataParallel`` (on the CPU it calls its module) holds its module as ``module``: its call
+    reaches the hooks as a call of its own, and the module's call inside it was made on it, also
+    through a compiled wrapper (``DataParallel(torch.compile(model))``); not once it has returned."""
+
+    def called_as(wrapper: nn.Module) -> tuple[dict[nn.Module, nn.Module], GlobalForwardHooks]:
+        """What each module's call was made on, asked as it started, in a call of ``wrapper``."""
+        seen: dict[nn.Module, nn.Module] = {}
+        hooks = GlobalForwardHooks(lambda m, args: seen.setdefault(m, hooks.called_as(m)), lambda *a: None, outside_compiled=True)
+        try:
+            wrapper(torch.randn(3, 2))
+        finally:
+            hooks.remove()
+        return seen, hooks
+
+    torch._dynamo.reset()
+    model = nn.Linear(2, 2)
+    for inner in (model, torch.compile(model, backend="eager")):
+        wrapper = nn.DataParallel(inner)
+        seen, hooks = called_as(wrapper)
+        assert seen == {wrapper: wrapper, model: wrapper} and hooks.called_as(model) is model
+    torch._dynamo.reset()
+
+
 # -- pytree ---------------------------------------------------------------------------------------
 
 

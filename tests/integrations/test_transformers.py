@@ -1,7 +1,9 @@
 """The Hugging Face Trainer callback: steps, module paths, and a dump that matches a plain loop."""
 
+import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,6 +208,51 @@ def test_a_second_training_resumed_from_a_checkpoint_is_watched_and_numbered_as_
     assert sorted({r.step for r in torchdebug.load(event.window).ranks[0].records()}) == [4, 5, 6]
     assert {r.step for r in torchdebug.load(event.replay.dump).ranks[0].records()} == {6}
     assert event.replay.reproduced
+
+
+def _ddp_rank(rank: int, root: str) -> None:
+    """The Trainer under DDP on 2 gloo ranks (the group made by ``gloo.spawn``; accelerate reads the
+    environment and takes it): rank 1's forward makes a NaN at step 3; each rank's event as JSON."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    state_of, remember = _remember_state()
+
+    class PoisonedOnRank1(RegressionNet):
+        def forward(self, x, labels):
+            hidden = self.fc1(x)
+            if rank == 1 and state_of and state_of[-1].global_step == 3:
+                hidden = torch.log(-1 - hidden.abs())  # POISON
+            return {"loss": F.mse_loss(self.fc2(torch.relu(hidden)), labels)}
+
+    torch.manual_seed(0)
+    model = PoisonedOnRank1()
+    callback = TorchDebugCallback(monitor={"window": 4})
+    trainer = transformers.Trainer(
+        model=model,
+        args=_args(Path(root), max_steps=5, ddp_backend="gloo"),
+        train_dataset=_rows(32),
+        callbacks=[remember, callback],
+        optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+    )
+    trainer.train()
+    assert isinstance(trainer.model_wrapped, torch.nn.parallel.DistributedDataParallel)
+    (event,) = callback.events
+    Path(root, f"event{rank}.json").write_text(json.dumps(event.to_dict()))
+
+
+@pytest.mark.slow
+def test_under_ddp_the_replay_calls_ddp_so_the_rank_the_nan_reached_names_the_all_reduce(tmp_path):
+    """The Trainer calls DDP's wrapper, and so does the replay: its backward all-reduces the
+    gradients as the step's did, so rank 0, which got rank 1's NaN through that all-reduce, names
+    it (``from_another_rank``), and rank 1 names its own ``log``. (The replay called the model
+    itself: rank 0's found no NaN at all.)"""
+    from tests import gloo
+
+    gloo.spawn(_ddp_rank, tmp_path, str(tmp_path))
+    events = [json.loads((tmp_path / f"event{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(e["step"], e["ranks"]) for e in events] == [(3, [1, 0]), (3, [1, 0])]
+    assert all(e["replay"]["reproduced"] for e in events)
+    assert events[0]["replay"]["from_another_rank"] and "allreduce" in events[0]["replay"]["origin"]
+    assert not events[1]["replay"]["from_another_rank"] and "aten.log.default" in events[1]["replay"]["origin"]
 
 
 class _ScaledGradient(torch.autograd.Function):

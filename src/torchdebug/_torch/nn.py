@@ -32,6 +32,12 @@ out of module and parameter paths, as ``torch.distributed.fsdp``'s ``clean_tenso
 Hooks that stay outside compiled code are the exception: the wrapped module's call runs inside
 ``OptimizedModule``'s compiled code, where they return at once, so the wrapper's call is reported
 as the wrapped module's.
+
+Data-parallel wrappers (``DistributedDataParallel``, ``DataParallel``) hold their module as
+``module``, a name too common to skip, so their calls reach the hooks as calls of modules of their
+own. They pass their inputs through to their module's call; what their forward adds around it
+(DDP's preparation of the backward's gradient all-reduce) is what a call made again must also
+run, so :meth:`GlobalForwardHooks.called_as` names them as what a module's call was made on.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from torch import nn
 from torch.compiler import is_compiling
 from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 _WRAPPER_WARNING = re.escape("Using `torch.compile(module)` when there are global hooks on modules")
 
@@ -124,6 +131,8 @@ class GlobalForwardHooks:
         ``torch.compiler.set_stance("force_eager")``, not that call a second time)."""
         self._standing: list[tuple[nn.Module, nn.Module]] = []
         """``(wrapper, module)`` for each compiled wrapper whose call is running, innermost last."""
+        self._parallel: list[nn.Module] = []
+        """Each data-parallel wrapper whose call is running (with ``outside_compiled``), innermost last."""
 
         def stands_in(module: nn.Module) -> bool:
             return bool(self._standing) and module is self._standing[-1][1]
@@ -131,6 +140,8 @@ class GlobalForwardHooks:
         def on_enter(module: nn.Module, args: tuple) -> None:
             if outside_compiled and (is_compiling() or stands_in(module)):
                 return
+            if outside_compiled and isinstance(module, _DATA_PARALLEL):
+                self._parallel.append(module)
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     return
@@ -141,6 +152,8 @@ class GlobalForwardHooks:
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
             if outside_compiled and (is_compiling() or stands_in(module)):
                 return
+            if self._parallel and module is self._parallel[-1]:
+                self._parallel.pop()
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     return
@@ -158,9 +171,11 @@ class GlobalForwardHooks:
         ]
 
     def called_as(self, module: nn.Module) -> nn.Module:
-        """What the running call of ``module`` was made on: the compiled wrapper that stands for it
-        (with ``outside_compiled``), else ``module`` itself. Ask while the call runs."""
-        return self._standing[-1][0] if self._standing and self._standing[-1][1] is module else module
+        """What the running call of ``module`` was made on (with ``outside_compiled``): the
+        compiled wrapper that stands for it, the data-parallel wrapper whose call made that call
+        (see the module docstring), else ``module`` itself. Ask while the call runs."""
+        called = self._standing[-1][0] if self._standing and self._standing[-1][1] is module else module
+        return self._parallel[-1] if self._parallel and self._parallel[-1].module is called else called
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -173,6 +188,9 @@ class GlobalForwardHooks:
             warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
         except ValueError:
             pass
+
+
+_DATA_PARALLEL = (DistributedDataParallel, DataParallel)
 
 
 __all__ = [

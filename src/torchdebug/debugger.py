@@ -27,8 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchdebug._torch.dynamo import compiled_modules
-from torchdebug._torch.nn import unwrap_compiled
+from torchdebug._torch.nn import compiled_modules, unwrap_compiled
 from torchdebug.capture.eager import OpCapture
 from torchdebug.capture.filters import phase_and_io_filter
 from torchdebug.capture.modules import ModuleRecorder, ModuleTracker

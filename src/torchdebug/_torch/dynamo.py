@@ -22,6 +22,8 @@ Why these and not others:
   ``_orig_mod`` (so parameter and module paths through it contain ``_orig_mod``), and
   ``module.compile()`` stores the compiled call in ``module._compiled_call_impl``; the graph dump
   names per-block compiled graphs by the block instance that ran (``graph_dump/_instances.py``).
+  Finding them (``compiled_modules``) needs no Dynamo, so it lives in ``torchdebug._torch.nn``,
+  where an eager ``Debugger`` can ask without loading Dynamo.
 - ``after_compiled_calls``: a compiled module's own hooks run inside its compiled code, so an
   observer of its output stands outside. ``module.compile()`` leaves no eager call that a hook
   sees (``Module._wrapped_call_impl`` calls ``_compiled_call_impl``, not ``_call_impl``), so that
@@ -53,12 +55,9 @@ from functorch.compile import make_boxed_func, min_cut_rematerialization_partiti
 from torch import nn  # noqa: E402
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch._dynamo.debug_utils import generate_config_string  # noqa: E402
-from torch._dynamo.eval_frame import OptimizedModule  # noqa: E402
 from torch._dynamo.utils import get_debug_dir, get_metrics_context  # noqa: E402
 from torch._guards import detect_fake_mode  # noqa: E402
 from torch._logging._internal import trace_structured_artifact  # noqa: E402
-
-from torchdebug._torch.nn import strip_wrappers  # noqa: E402
 
 __all__ = [
     "after_compiled_calls",
@@ -67,7 +66,6 @@ __all__ = [
     "calls_with",
     "compile_id",
     "compiled_autograd_enabled",
-    "compiled_modules",
     "detect_fake_mode",
     "emit_artifact",
     "generate_config_string",
@@ -126,15 +124,6 @@ def recompile_reason() -> str | None:
 def emit_artifact(name: str, text: str) -> None:
     """Log ``text`` as a structured-trace artifact named ``name`` (a no-op unless TORCH_TRACE is on)."""
     trace_structured_artifact(name, "string", payload_fn=lambda: text)
-
-
-def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """``(path, module)`` for each module of ``root`` whose calls run compiled code, outer ones
-    first: ``torch.compile(module)``'s wrapper and modules whose ``compile()`` ran. Paths leave the
-    wrappers out (``layers.0``, never ``layers.0._orig_mod``); ``root`` itself is ``""``."""
-    for path, module in root.named_modules():
-        if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None) is not None:
-            yield strip_wrappers(path), module
 
 
 def after_compiled_calls(module: nn.Module, after: Callable[[Any], None]) -> Callable[[], None]:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import re
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -100,6 +100,16 @@ def is_compiled_wrapper(module: nn.Module) -> bool:
     """Whether ``module`` is the ``OptimizedModule`` that ``torch.compile(module)`` returned."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # no wrapper exists before Dynamo is loaded
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
+
+
+def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``(path, module)`` for each module of ``root`` whose calls run compiled code, outer ones
+    first: ``torch.compile(module)``'s wrapper and modules whose ``compile()`` ran (it stores the
+    compiled call in ``module._compiled_call_impl``). Paths leave the wrappers out (``layers.0``,
+    never ``layers.0._orig_mod``); ``root`` itself is ``""``. Loads no part of Dynamo."""
+    for path, module in root.named_modules():
+        if is_compiled_wrapper(module) or getattr(module, "_compiled_call_impl", None) is not None:
+            yield strip_wrappers(path), module
 
 
 def unwrap_compiled(module: nn.Module) -> nn.Module:
@@ -196,6 +206,7 @@ _DATA_PARALLEL = (DistributedDataParallel, DataParallel)
 __all__ = [
     "WRAPPER_ATTRIBUTES",
     "GlobalForwardHooks",
+    "compiled_modules",
     "in_call_of",
     "is_compiled_wrapper",
     "is_module_wrapper",

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from torchdebug._torch.dynamo import compiled_modules
+from torchdebug._torch.nn import compiled_modules
 from torchdebug.capture.modules import ROOT_MODULE
 from torchdebug.records import NO_MODULE
 

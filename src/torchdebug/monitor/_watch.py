@@ -50,9 +50,9 @@ from torch import nn
 
 from torchdebug import stats_table
 from torchdebug._torch.autograd import after_backward, current_autograd_node, tensor_version
-from torchdebug._torch.dynamo import after_compiled_calls, compiled_autograd_enabled, compiled_modules
+from torchdebug._torch.dynamo import after_compiled_calls, compiled_autograd_enabled
 from torchdebug._torch.funcol import wait_before_read
-from torchdebug._torch.nn import is_compiled_wrapper, strip_wrappers, unwrap_compiled
+from torchdebug._torch.nn import compiled_modules, is_compiled_wrapper, strip_wrappers, unwrap_compiled
 from torchdebug._torch.pytree import tree_leaves
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker

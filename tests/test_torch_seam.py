@@ -232,10 +232,13 @@ def test_outside_compiled_a_compiled_wrappers_call_stands_for_its_modules_call_o
     torch._dynamo.reset()
 
 
-def test_outside_compiled_a_data_parallel_wrapper_is_what_its_modules_call_was_made_on():
+def test_outside_compiled_the_outermost_wrapper_is_what_a_modules_call_was_made_on():
     """``DataParallel`` (on the CPU it calls its module) holds its module as ``module``: its call
     reaches the hooks as a call of its own, and the module's call inside it was made on it, also
-    through a compiled wrapper (``DataParallel(torch.compile(model))``); not once it has returned."""
+    through a compiled wrapper and a checkpoint wrapper (``DataParallel(torch.compile(
+    checkpoint_wrapper(model)))``); not once it has returned. A module wrapper alone (FSDP1's, a
+    checkpoint's: its call is skipped) is what its module's call was made on too."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     def called_as(wrapper: nn.Module) -> tuple[dict[nn.Module, nn.Module], GlobalForwardHooks]:
         """What each module's call was made on, asked as it started, in a call of ``wrapper``."""
@@ -249,10 +252,12 @@ def test_outside_compiled_a_data_parallel_wrapper_is_what_its_modules_call_was_m
 
     torch._dynamo.reset()
     model = nn.Linear(2, 2)
-    for inner in (model, torch.compile(model, backend="eager")):
+    for inner in (model, torch.compile(model, backend="eager"), torch.compile(checkpoint_wrapper(model), backend="eager")):
         wrapper = nn.DataParallel(inner)
         seen, hooks = called_as(wrapper)
         assert seen == {wrapper: wrapper, model: wrapper} and hooks.called_as(model) is model
+    checkpointed = checkpoint_wrapper(model)
+    assert called_as(checkpointed)[0] == {model: checkpointed}
     torch._dynamo.reset()
 
 

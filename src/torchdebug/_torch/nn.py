@@ -35,9 +35,10 @@ as the wrapped module's.
 
 Data-parallel wrappers (``DistributedDataParallel``, ``DataParallel``) hold their module as
 ``module``, a name too common to skip, so their calls reach the hooks as calls of modules of their
-own. They pass their inputs through to their module's call; what their forward adds around it
-(DDP's preparation of the backward's gradient all-reduce) is what a call made again must also
-run, so :meth:`GlobalForwardHooks.called_as` names them as what a module's call was made on.
+own. They, and the module wrappers, pass their inputs through to their module's call; what their
+forward adds around it (DDP's preparation of the backward's gradient all-reduce, FSDP1's unshard of
+the parameters, a checkpoint) is what a call made again must also run, so
+:meth:`GlobalForwardHooks.called_as` names the outermost of them as what a module's call was made on.
 """
 
 from __future__ import annotations
@@ -141,8 +142,10 @@ class GlobalForwardHooks:
         ``torch.compiler.set_stance("force_eager")``, not that call a second time)."""
         self._standing: list[tuple[nn.Module, nn.Module]] = []
         """``(wrapper, module)`` for each compiled wrapper whose call is running, innermost last."""
-        self._parallel: list[nn.Module] = []
-        """Each data-parallel wrapper whose call is running (with ``outside_compiled``), innermost last."""
+        self._enclosing: list[tuple[nn.Module, nn.Module]] = []
+        """``(wrapper, module)`` for each other wrapper whose call is running (with
+        ``outside_compiled``: a module wrapper's whose call the hooks skip, a data-parallel one's),
+        innermost last."""
 
         def stands_in(module: nn.Module) -> bool:
             return bool(self._standing) and module is self._standing[-1][1]
@@ -150,20 +153,22 @@ class GlobalForwardHooks:
         def on_enter(module: nn.Module, args: tuple) -> None:
             if outside_compiled and (is_compiling() or stands_in(module)):
                 return
-            if outside_compiled and isinstance(module, _DATA_PARALLEL):
-                self._parallel.append(module)
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
+                    if outside_compiled:
+                        self._enclosing.append((module, next(iter(module._modules.values()))))
                     return
                 self._standing.append((module, _wrapped(module)))
                 module = self._standing[-1][1]
+            elif outside_compiled and isinstance(module, _DATA_PARALLEL):
+                self._enclosing.append((module, module.module))
             enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
             if outside_compiled and (is_compiling() or stands_in(module)):
                 return
-            if self._parallel and module is self._parallel[-1]:
-                self._parallel.pop()
+            if self._enclosing and module is self._enclosing[-1][0]:
+                self._enclosing.pop()
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     return
@@ -182,10 +187,15 @@ class GlobalForwardHooks:
 
     def called_as(self, module: nn.Module) -> nn.Module:
         """What the running call of ``module`` was made on (with ``outside_compiled``): the
-        compiled wrapper that stands for it, the data-parallel wrapper whose call made that call
-        (see the module docstring), else ``module`` itself. Ask while the call runs."""
+        outermost of the wrappers whose calls made it, each holding the next (``DDP(torch.compile(
+        checkpoint_wrapper(model)))``: DDP), else ``module`` itself; calling that again runs what
+        ran (see the module docstring). Ask while the call runs."""
         called = self._standing[-1][0] if self._standing and self._standing[-1][1] is module else module
-        return self._parallel[-1] if self._parallel and self._parallel[-1].module is called else called
+        for wrapper, held in reversed(self._enclosing):
+            if held is not called:
+                break
+            called = wrapper
+        return called
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -148,13 +149,14 @@ class Debugger:
     def _tell_compiled(self) -> None:
         """Warn, once, that the step just captured ran the model's modules inside compiled code,
         which this capture does not see into (``compiled_code="as_run"``): a module compiled in the
-        model, or its call seen with none of its modules below the root (the model compiled whole,
-        or a compiled function calling it)."""
+        model, or ops captured while none of its modules below the root ran outside compiled code
+        (the model compiled whole, or a compiled function calling it)."""
         model, tracker = self._model, self._tracker
         if self._told_compiled or self.config.compiled_code != "as_run" or model is None or tracker is None:
             return
         blocks = [path or "the model" for path, _ in compiled_modules(model)]
-        if not blocks and not (tracker.entered and not tracker.inner_entered and next(model.children(), None) is not None):
+        captured = self.session.seq > 0 and "torch._dynamo" in sys.modules  # without Dynamo nothing was compiled
+        if not blocks and not (captured and not tracker.inner_entered and next(model.children(), None) is not None):
             return
         self._told_compiled = True
         where = f"compiled modules ({', '.join(blocks[:3])}{', ...' if len(blocks) > 3 else ''})" if blocks else "compiled code"

@@ -71,8 +71,6 @@ class ModuleTracker:
         """The ids of the model's modules below its root (given or adopted)."""
         if model is not None:
             self._adopt(model, "")
-        self.entered = False
-        """Since :meth:`start`, a module's call started outside compiled code."""
         self.inner_entered = False
         """Since :meth:`start`, a call of one of the model's modules below its root started outside
         compiled code (not while Dynamo traced it)."""
@@ -137,7 +135,7 @@ class ModuleTracker:
         return None
 
     def start(self) -> None:
-        self.entered = self.inner_entered = False
+        self.inner_entered = False
         self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised, outside_compiled=self._outside_compiled)
 
     def stop(self) -> None:
@@ -151,7 +149,6 @@ class ModuleTracker:
     def _enter(self, module: nn.Module, args: tuple) -> None:
         if not self.inner_entered and id(module) in self._inner and not is_compiling():  # Dynamo tracing it: runs compiled
             self.inner_entered = True
-        self.entered = True
         name = self.name_of(module)
         self._stack.append(name)
         if self.recorder is not None:

@@ -147,7 +147,7 @@ class ModuleTracker:
         self._recomputing.reset()
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
-        if not self.inner_entered and id(module) in self._inner and not is_compiling():  # Dynamo tracing it: runs compiled
+        if not self.inner_entered and id(module) in self._inner and not is_compiling():  # traced: it runs compiled
             self.inner_entered = True
         name = self.name_of(module)
         self._stack.append(name)

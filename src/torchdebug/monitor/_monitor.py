@@ -382,13 +382,7 @@ class Monitor:
             if agreed:  # every rank replayed: ask where it began
                 ranks = _began_first(ranks, outcome)
         if outcome is None:
-            no_replay = (
-                "replay='off'"
-                if self.config.replay == "off"
-                else (no_replay or "pass the forward and backward to Monitor.step(closure) for one")
-                if closure is None
-                else "the step was judged after its optimizer step had changed the parameters it ran with"
-            )
+            no_replay = self._why_not_replayed(closure, no_replay)
         event = MonitorEvent(
             trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome, no_replay
         )
@@ -396,6 +390,14 @@ class Monitor:
         self._agreed_events += agreed
         logger.warning("%s", event)
         return event
+
+    def _why_not_replayed(self, closure: Callable[[], Any] | None, reason: str | None) -> str:
+        """Why a step that fired was not replayed (``reason``: the caller's, who gave no closure)."""
+        if self.config.replay == "off":
+            return "replay='off'"
+        if closure is None:
+            return reason or "pass the forward and backward to Monitor.step(closure) for one"
+        return "the step was judged after its optimizer step had changed the parameters it ran with"
 
 
 _run_names: set[str] = set()

@@ -147,6 +147,7 @@ def test_a_spike_fires_once(monitors, tmp_path: Path, spike: str) -> None:
         grad_scale = 100.0 if spike == "grad_norm" and step == 30 else 1.0
         monitor.step(_closure(model, optimizer, step, scale=scale, grad_scale=grad_scale))
     assert [(e.step, e.reason) for e in monitor.events] == [(30, f"{spike}_spike")]
+    assert monitor.events[0].no_replay == "replay='off'" and "no replay: replay='off'" in str(monitor.events[0])
     slot = monitor.events[0].slot
     assert slot is not None and slot.endswith("output.0" if spike == "loss" else slot.rpartition("/")[2])
     assert ("parameter_grad" in slot) == (spike == "grad_norm")

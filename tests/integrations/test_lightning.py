@@ -10,6 +10,7 @@ from torch import nn
 import torchdebug
 
 L = pytest.importorskip("lightning.pytorch")
+from tests.integrations.compiled_step import check_a_compiled_step_dump  # noqa: E402
 from torchdebug.integrations.lightning import TorchDebugCallback  # noqa: E402 - after the skip
 
 
@@ -262,31 +263,18 @@ def test_under_manual_optimization_with_two_optimizers_events_carry_the_trainers
 
 
 def test_a_step_of_a_compiled_model_is_dumped_eagerly_with_compiled_code_eager(tmp_path, caplog):
-    """``trainer.fit(torch.compile(model))``: by default the step's dump sees only what the compiled
-    code calls through aten, which a warning says; with ``compiled_code="eager"`` the selected
-    step runs eagerly, every module's ops in it, and the other steps stay compiled (one graph,
-    nothing compiled again)."""
-    from torch._dynamo.utils import counters
+    """``trainer.fit(torch.compile(model))``, step 1 dumped (see ``check_a_compiled_step_dump``).
+    By default torch 2.11 and 2.14 compile ``training_step`` again for the dumped step: its Dynamo
+    guards on the global module hooks being none, and capture adds some."""
 
-    modules = {}
-    for compiled_code in ("as_run", "eager"):
-        torch._dynamo.reset()
-        counters.clear()
-        caplog.clear()
+    def train(compiled_code: str):
         callback = TorchDebugCallback(tmp_path / compiled_code, step=[1], compiled_code=compiled_code)
         _trainer(tmp_path, callback).fit(
             torch.compile(_model(), backend="aot_eager"), torch.utils.data.DataLoader(_batches(), batch_size=None)
         )
-        # as_run on torch 2.11 compiles training_step again for the captured step: its Dynamo guards
-        # on the global module hooks being none, and capture adds some
-        assert not counters["graph_break"] and (compiled_code == "as_run" or counters["stats"]["unique_graphs"] == 1)
-        records = torchdebug.load(callback.run_dir).ranks[0].records()
-        modules[compiled_code] = {r.module for r in records if r.phase == "forward" and r.op == "aten.addmm.default"}
-        told = [r for r in caplog.records if r.name == "torchdebug.debugger" and "compiled_code='eager'" in r.getMessage()]
-        assert len(told) == (compiled_code == "as_run")
-    assert modules["eager"] == {"fc1", "fc2"}
-    assert modules["as_run"] and not modules["as_run"] & {"fc1", "fc2"}  # inside the compiled graph: its module
-    torch._dynamo.reset()
+        return callback.run_dir
+
+    check_a_compiled_step_dump(train, caplog, recompiles_as_run=True)
 
 
 def test_the_monitor_counts_the_overflows_a_16_mixed_run_skips(tmp_path):

@@ -15,6 +15,7 @@ import torchdebug
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
+from tests.integrations.compiled_step import check_a_compiled_step_dump  # noqa: E402
 from torchdebug.integrations.transformers import TorchDebugCallback  # noqa: E402 - after the skip
 
 
@@ -384,29 +385,16 @@ def test_a_model_the_trainer_compiles_is_watched_before_it_clips_without_a_graph
 
 
 def test_a_step_of_a_model_the_trainer_compiles_is_dumped_eagerly_with_compiled_code_eager(tmp_path, caplog):
-    """``torch_compile=True``: by default the step's dump sees only what the compiled code calls
-    through aten, which a warning says; with ``compiled_code="eager"`` the selected step runs the
-    model eagerly, every module's ops in it, and the other steps stay compiled (one graph)."""
-    from torch._dynamo.utils import counters
+    """``torch_compile=True``, step 1 dumped (see ``check_a_compiled_step_dump``)."""
 
-    options = dict(torch_compile=True, torch_compile_backend="aot_eager", max_steps=3)
-    modules = {}
-    for compiled_code in ("as_run", "eager"):
-        torch._dynamo.reset()
-        counters.clear()
-        caplog.clear()
+    def train(compiled_code: str):
         torch.manual_seed(0)
-        model = _CompiledNet()
         callback = TorchDebugCallback(tmp_path / compiled_code, step=[1], compiled_code=compiled_code)
-        _train(tmp_path, model, callback, _rows(), **options)
-        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
-        records = torchdebug.load(callback.run_dir).ranks[0].records()
-        modules[compiled_code] = {r.module for r in records if r.phase == "forward" and r.op == "aten.addmm.default"}
-        told = [r for r in caplog.records if r.name == "torchdebug.debugger" and "compiled_code='eager'" in r.getMessage()]
-        assert len(told) == (compiled_code == "as_run")
-    assert modules["eager"] == {"fc1", "fc2"}
-    assert modules["as_run"] and not modules["as_run"] & {"fc1", "fc2"}  # inside the compiled graph: its module
-    torch._dynamo.reset()
+        options = dict(torch_compile=True, torch_compile_backend="aot_eager", max_steps=3)
+        _train(tmp_path, _CompiledNet(), callback, _rows(), **options)
+        return callback.run_dir
+
+    check_a_compiled_step_dump(train, caplog, recompiles_as_run=False)
 
 
 class _GradScalerTrainer(transformers.Trainer):

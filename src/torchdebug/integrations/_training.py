@@ -134,7 +134,7 @@ class TrainerMonitor:
             return
         if step != self._step:
             self._step, self._replays, self._loss = step, [], None
-            if step != self.monitor.current_step:
+            if step > self.monitor.current_step:  # never back: a trainer's odd count must not stop training
                 self.monitor.start_at(step)
             self.monitor.begin_step()
 

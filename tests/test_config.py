@@ -42,6 +42,13 @@ def test_config_rejects_bad_level_and_data_mode():
         DebuggerConfig(data_mode=["fwd"])
 
 
+def test_config_compiled_code_takes_as_run_or_eager_and_names_them_on_a_bad_value():
+    assert DebuggerConfig().compiled_code == "as_run" and DebuggerConfig(compiled_code="eager").compiled_code == "eager"
+    with pytest.raises(ConfigError, match=r"^compiled_code: got 'eagerly', expected one of 'as_run', 'eager'$"):
+        DebuggerConfig(compiled_code="eagerly")
+    assert DebuggerConfig.json_schema()["properties"]["compiled_code"]["enum"] == ["as_run", "eager"]
+
+
 def test_config_rejects_a_range_without_two_names():
     with pytest.raises(ConfigError, match=r"range: got \['a'\], expected two call names"):
         DebuggerConfig(range=["a"])

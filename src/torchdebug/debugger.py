@@ -139,27 +139,38 @@ class Debugger:
             self._ops.stop()
         if self._modules is not None:
             self._modules.stop()
+        later = self.config.step is None or any(step > self.current_step for step in self.config.step)
+        ran_compiled = self._ran_compiled() if later or not self._told_compiled else None
         if self._tracker is not None:
-            self._tracker.stop()
+            # Compiled code guards on the global hooks' registration (see GlobalForwardHooks): keep
+            # them for the steps still to capture, so that they do not compile it again each.
+            self._tracker.stop(keep_hooks=later and ran_compiled is not None)
         self._eager.close()
         self._active = False
         self.session.flush(wait=True)
-        self._tell_compiled()
+        if ran_compiled is not None and not self._told_compiled:
+            self._tell_compiled(ran_compiled)
 
-    def _tell_compiled(self) -> None:
-        """Warn, once, that the step just captured ran the model's modules inside compiled code,
-        which this capture does not see into (``compiled_code="as_run"``): a module compiled in the
-        model, or ops captured while none of its modules below the root ran outside compiled code
-        (the model compiled whole, or a compiled function calling it)."""
+    def _ran_compiled(self) -> str | None:
+        """Where the step being captured ran the model's modules inside compiled code, which this
+        capture does not see into (``compiled_code="as_run"``): in modules compiled in the model,
+        or in compiled code when ops were captured while none of its modules below the root ran
+        outside compiled code (the model compiled whole, or a compiled function calling it); else
+        ``None``."""
         model, tracker = self._model, self._tracker
-        if self._told_compiled or self.config.compiled_code != "as_run" or model is None or tracker is None:
-            return
+        if self.config.compiled_code != "as_run" or model is None or tracker is None:
+            return None
         blocks = [path or "the model" for path, _ in compiled_modules(model)]
+        if blocks:
+            return f"compiled modules ({', '.join(blocks[:3])}{', ...' if len(blocks) > 3 else ''})"
         captured = self.session.seq > 0 and "torch._dynamo" in sys.modules  # without Dynamo nothing was compiled
-        if not blocks and not (captured and not tracker.inner_entered and next(model.children(), None) is not None):
-            return
+        if captured and not tracker.inner_entered and next(model.children(), None) is not None:
+            return "compiled code"
+        return None
+
+    def _tell_compiled(self, where: str) -> None:
+        """Warn, once, that the step just captured ran the model's modules inside ``where``."""
         self._told_compiled = True
-        where = f"compiled modules ({', '.join(blocks[:3])}{', ...' if len(blocks) > 3 else ''})" if blocks else "compiled code"
         logger.warning(
             "torchdebug: step %d ran the model's modules inside %s: this dump holds only the ops that compiled code "
             "calls through aten (with inductor, extern kernels such as mm; not what its fused kernels compute), filed "
@@ -201,16 +212,23 @@ class Debugger:
         if self._closed:
             return
         self.stop()
+        self._release_hooks()
         self.session.flush()
         self.session.writer.close("complete", steps=self.current_step, **self.session.memory_info())
         self._closed = True
         atexit.unregister(self._close_at_exit)
+
+    def _release_hooks(self) -> None:
+        """Take out the global hooks that :meth:`stop` kept for steps still to capture."""
+        if self._tracker is not None:
+            self._tracker.stop()
 
     def _close_at_exit(self) -> None:
         if self._closed:
             return
         status = "interrupted" if self._active else "complete"
         self.stop()
+        self._release_hooks()
         self.session.flush()
         self.session.writer.close(status, steps=self.current_step, **self.session.memory_info())
         self._closed = True

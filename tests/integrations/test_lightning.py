@@ -248,6 +248,29 @@ def test_under_manual_optimization_a_nan_is_caught_skipped_and_not_replayed(tmp_
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_under_manual_optimization_skip_drops_the_update_of_every_optimizer_of_the_step(tmp_path):
+    """Two optimizers stepped in one ``training_step`` (the second after a forward of its own, which
+    is finite): ``skip`` leaves every parameter as the batch found it, not only the first
+    optimizer's, and the next batch trains again."""
+    snapshots = []
+
+    class Snapshots(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            snapshots.append([p.detach().clone() for p in pl_module.parameters()])
+
+        on_train_end = lambda self, trainer, pl_module: self.on_train_batch_start(trainer, pl_module, None, -1)  # noqa: E731
+
+    callback = TorchDebugCallback(monitor={"window": 4, "on_anomaly": "skip"})
+    torch.manual_seed(0)
+    model = _ManualNet(10, optimizers=2)
+    _trainer(tmp_path, callback, max_steps=14, callbacks=[callback, Snapshots()]).fit(
+        model, torch.utils.data.DataLoader(_batches(16), batch_size=None)
+    )
+    assert [(event.step, event.reason) for event in callback.events] == [(10, "nonfinite")]
+    changed = [any(not torch.equal(a, b) for a, b in zip(before, after)) for before, after in zip(snapshots, snapshots[1:])]
+    assert changed == [True] * 5 + [False] + [True]  # batch 5 (step 10) skipped by both optimizers
+
+
 def test_under_manual_optimization_with_two_optimizers_events_carry_the_trainers_step(tmp_path):
     """Two optimizers stepped per batch: Lightning's ``global_step`` goes 0, 2, 4, ...; the window
     and the event carry those numbers and keep the last ``window`` batches."""
@@ -275,6 +298,26 @@ def test_a_step_of_a_compiled_model_is_dumped_eagerly_with_compiled_code_eager(t
         return callback.run_dir
 
     check_a_compiled_step_dump(train, caplog, recompiles_as_run=True)
+
+
+def test_dumping_many_steps_of_a_compiled_model_compiles_training_step_at_most_twice_more(tmp_path):
+    """Lightning compiles ``training_step``, which traces the model's call, global hooks included;
+    torch 2.11 and 2.14 guard on the hooks' registration ids. Nine steps dumped, in a row and apart:
+    three graphs at most (no hooks, capturing, idle between dumped steps), where new hooks at each
+    step would have reached Dynamo's recompile limit and run ``training_step`` eagerly."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    dumped = [1, 2, 3, 4, 5, 7, 9, 11, 13]
+    callback = TorchDebugCallback(tmp_path / "dump", step=dumped)
+    _trainer(tmp_path, callback, max_steps=15).fit(
+        torch.compile(_model(), backend="aot_eager"), torch.utils.data.DataLoader(_batches(15), batch_size=None)
+    )
+    assert counters["stats"]["unique_graphs"] <= 3
+    assert not counters["recompile_limit"]
+    assert {r.step for r in torchdebug.load(callback.run_dir).ranks[0].records()} == set(dumped)
+    torch._dynamo.reset()
 
 
 def test_the_monitor_counts_the_overflows_a_16_mixed_run_skips(tmp_path):

@@ -515,6 +515,37 @@ def test_a_model_trained_in_eval_mode_has_its_gradients_watched_and_is_not_taken
     assert event.step == 5 and event.replay.reproduced and event.replay.eager_loss is None
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_model_without_submodules_is_taken_for_compiled_only_when_it_ran_compiled(
+    monitors, tmp_path: Path, compiled: bool, caplog
+) -> None:
+    """A model with no module below its root (one ``nn.Linear``) has no inner call that tells an
+    eager step from a compiled one: its own call tells, eager or through ``torch.compile``'s wrapper.
+    Eager: one replay run; compiled whole: the step as it ran, then eagerly. Never the warning,
+    which is about modules inside the model."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = torch.compile(model, backend="aot_eager") if compiled else model
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=4, on_anomaly="skip")
+    x = torch.randn(8, 4)
+    for step in range(6):
+
+        def closure(step: int = step) -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = run(x * float("nan") if step == 3 else x).square().mean()
+            loss.backward()
+            return loss
+
+        monitor.step(closure)
+    (event,) = monitor.events
+    assert event.step == 3 and event.replay is not None and event.replay.reproduced
+    assert (event.replay.eager_loss is not None) == compiled
+    assert _compiled_notices(caplog) == []
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("compiled_autograd", [False, True])
 def test_a_model_run_by_a_compiled_function_is_watched_before_clipping_from_its_second_step(
     monitors, tmp_path: Path, compiled_autograd: bool, caplog

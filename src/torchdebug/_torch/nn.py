@@ -33,6 +33,13 @@ Hooks that stay outside compiled code are the exception: the wrapped module's ca
 ``OptimizedModule``'s compiled code, where they return at once, so the wrapper's call is reported
 as the wrapped module's.
 
+Compiled code that Dynamo traced through a module's call (``_call_impl``, global hooks included:
+a compiled function calling a module whose ``forward`` is an instance attribute, as Lightning's
+``trainer.fit(torch.compile(model))`` and accelerate's hooks leave it) is guarded, on torch 2.11 and
+2.14, on the ids under which the global hooks were registered. Hooks registered anew for each step
+would compile it again at each step, until Dynamo's recompile limit runs it eagerly for the rest of
+the process; :meth:`GlobalForwardHooks.pause` keeps them registered, idle, between steps instead.
+
 Data-parallel wrappers (``DistributedDataParallel``, ``DataParallel``) hold their module as
 ``module``, a name too common to skip, so their calls reach the hooks as calls of modules of their
 own. They, and the module wrappers, pass their inputs through to their module's call; what their
@@ -147,11 +154,10 @@ class GlobalForwardHooks:
         ``outside_compiled``: a module wrapper's whose call the hooks skip, a data-parallel one's),
         innermost last."""
 
-        def stands_in(module: nn.Module) -> bool:
-            return bool(self._standing) and module is self._standing[-1][1]
+        self._paused = False
 
         def on_enter(module: nn.Module, args: tuple) -> None:
-            if outside_compiled and (is_compiling() or stands_in(module)):
+            if self._paused or (outside_compiled and (is_compiling() or self.stands_in(module))):
                 return
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
@@ -165,7 +171,7 @@ class GlobalForwardHooks:
             enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
-            if outside_compiled and (is_compiling() or stands_in(module)):
+            if self._paused or (outside_compiled and (is_compiling() or self.stands_in(module))):
                 return
             if self._enclosing and module is self._enclosing[-1][0]:
                 self._enclosing.pop()
@@ -185,6 +191,11 @@ class GlobalForwardHooks:
             register_module_forward_hook(on_exit, with_kwargs=True, always_call=True),
         ]
 
+    def stands_in(self, module: nn.Module) -> bool:
+        """Whether a compiled wrapper's running call stands for ``module``'s (with
+        ``outside_compiled``): ``module`` itself runs inside the compiled code."""
+        return bool(self._standing) and module is self._standing[-1][1]
+
     def called_as(self, module: nn.Module) -> nn.Module:
         """What the running call of ``module`` was made on (with ``outside_compiled``): the
         outermost of the wrappers whose calls made it, each holding the next (``DDP(torch.compile(
@@ -196,6 +207,15 @@ class GlobalForwardHooks:
                 break
             called = wrapper
         return called
+
+    def pause(self) -> None:
+        """Stop reporting calls but stay registered, so that code Dynamo compiled through the hooks
+        is not compiled again when they report again (see the module docstring); ``resume()`` goes
+        on. Pause between module calls, not inside one."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -118,6 +118,11 @@ class ModuleTracker:
         it (``outside_compiled``), else ``module``."""
         return self._hooks.called_as(module) if self._hooks is not None else module
 
+    def runs_compiled(self, module: nn.Module) -> bool:
+        """Whether the running call of ``module`` is its compiled wrapper's (``outside_compiled``):
+        ``module``'s own code runs inside the compiled code."""
+        return self._hooks is not None and self._hooks.stands_in(module)
+
     def current(self) -> str:
         if self._own_hooks and (name := self._running_hooks()) is not None:
             return name
@@ -136,10 +141,18 @@ class ModuleTracker:
 
     def start(self) -> None:
         self.inner_entered = False
-        self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised, outside_compiled=self._outside_compiled)
+        if self._hooks is None:
+            self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised, outside_compiled=self._outside_compiled)
+        else:
+            self._hooks.resume()
 
-    def stop(self) -> None:
-        if self._hooks is not None:
+    def stop(self, *, keep_hooks: bool = False) -> None:
+        """Stop tracking. ``keep_hooks``: the global hooks stay registered, idle, until the next
+        :meth:`start` or a stop without it, so that compiled code traced through them is not
+        compiled again (see :class:`~torchdebug._torch.nn.GlobalForwardHooks`)."""
+        if self._hooks is not None and keep_hooks:
+            self._hooks.pause()
+        elif self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
         self._stack.clear()

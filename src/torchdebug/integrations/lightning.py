@@ -21,8 +21,9 @@ replayed under op-level capture (``TorchDebugCallback(monitor={"window": 16})``;
 by the debugger; pass ``step=`` for that too. The replay runs ``training_step`` of each micro-batch
 of the step again (through the strategy, so the precision context is the same) and its backward.
 Under manual optimization (``automatic_optimization = False``) ``training_step`` steps the
-optimizers itself, so steps are judged at its first ``optimizer.step()`` and not replayed; events
-and dumps carry ``trainer.global_step``, which then counts every optimizer's steps.
+optimizers itself, so steps are judged at its first ``optimizer.step()`` (``skip`` skips each of the
+batch's optimizer steps) and not replayed; events and dumps carry ``trainer.global_step``, which
+then counts every optimizer's steps.
 """
 
 from __future__ import annotations

@@ -174,6 +174,8 @@ class Monitor:
         """The last step judged with every row in (at the end of a step)."""
         self._fired: set[int] = set()
         self._agreed_events = 0
+        self._skipped: int | None = None
+        """The step whose optimizer step ``skip`` dropped: so are its later optimizers' steps."""
         self._random_state: RandomState | None = None
         self._closed = False
         self.ring.begin(0)
@@ -237,9 +239,10 @@ class Monitor:
         """The step's gradients are final and the optimizer has not stepped: read the step's table
         (one host read), judge it, agree with the other ranks, and on a trigger dump the window and
         replay the step with ``replay`` (the forward and backward again, returning the loss;
-        ``no_replay``: why there is none, for the event). Then
-        ``on_anomaly``: ``skip`` drops the gradients (an optimizer skips parameters without one),
-        ``raise`` raises :class:`~torchdebug.errors.AnomalyError`. Returns the event, if any."""
+        ``no_replay``: why there is none, for the event). Then ``on_anomaly``: ``skip`` drops the
+        gradients (an optimizer skips parameters without one; again at each later call of the step,
+        where several optimizers step in turn), ``raise`` raises
+        :class:`~torchdebug.errors.AnomalyError`. Returns the event, if any."""
         self.watcher.watch_gradients()
         if loss is not None:
             self.watcher.watch_loss(loss)
@@ -250,6 +253,8 @@ class Monitor:
             trigger = trigger or self._judge(earlier)
         ranks = _ranks_that_fired(None if trigger is None else self.ring.place(trigger.slot), self.rank)
         if not ranks:
+            if self._skipped == step:  # several optimizers step in one training step: skip each
+                self._drop_gradients()
             return None
         if trigger is None:
             trigger = Trigger("other_rank", step, None, f"step {step}: rank {ranks[0]} fired")
@@ -257,11 +262,15 @@ class Monitor:
         event = self._fire(trigger, ranks, replay, loss, agreed=True, no_replay=no_replay)
         if event is not None and self.config.on_anomaly == "skip":
             logger.warning("torchdebug monitor: step %d: optimizer step skipped (gradients dropped)", step)
-            for p in self.watcher.parameters():
-                p.grad = None
+            self._skipped = step
+            self._drop_gradients()
         if event is not None and self.config.on_anomaly == "raise":
             raise AnomalyError(event)
         return event
+
+    def _drop_gradients(self) -> None:
+        for p in self.watcher.parameters():
+            p.grad = None
 
     def end_step(self, loss: torch.Tensor | None = None) -> None:
         """The step is over (after the optimizer step): send its table without waiting, judge the

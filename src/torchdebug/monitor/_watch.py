@@ -118,6 +118,7 @@ class Watcher:
         """Tensors reduced in this step, by ``id``."""
         self._open: list[str] = []
         self._root = unwrap_compiled(model)
+        self._childless = next(self._root.children(), None) is None
         self._call_observers: list[tuple[Callable[[nn.Module], None], ModelCallEnd]] = []
         self._root_call: tuple[nn.Module, tuple] | None = None
         """What the model's running call was made on, and its positional arguments."""
@@ -132,7 +133,8 @@ class Watcher:
         self.root_seen = False
         """The model's call returned outside compiled code (its own, or its compiled wrapper's) in :attr:`step`."""
         self.inside_seen = False
-        """A module of the model below its root returned outside compiled code in :attr:`step`."""
+        """A module of the model below its root (of a model without any: the model, not through a
+        compiled wrapper) returned outside compiled code in :attr:`step`."""
         self._parameter_hooked = False
         """A parameter's post-accumulate hook sets up the gradients' watch (see :meth:`_hook_a_parameter`)."""
         self._told_compiled = False
@@ -204,6 +206,8 @@ class Watcher:
         if self._suspended:
             return
         self._open.append(phase)
+        if module is self._root and self._childless and not self._tracker.runs_compiled(module):
+            self.inside_seen = True  # nothing below the root: its own code runs outside compiled code
         if module is self._root and self._call_observers and phase == "forward" and module.training:
             called = self._tracker.called_as(module)
             self._root_call = (called, args)
@@ -253,7 +257,7 @@ class Watcher:
 
     def _tell_compiled(self) -> None:
         """Say once that the model's modules ran inside compiled code, which the monitor does not watch."""
-        if self._told_compiled or next(self._root.children(), None) is None:
+        if self._told_compiled or self._childless:
             return
         self._told_compiled = True
         logger.warning(

@@ -188,6 +188,36 @@ def test_the_monitor_catches_a_loss_spike_and_replays_its_step(tmp_path):
     assert len([r for r in replayed if r.module == "fc1" and r.op == "aten.addmm.default" and r.io == "output"]) == 2
 
 
+def test_the_monitors_raise_leaves_nothing_on_once_it_leaves_the_trainer(tmp_path):
+    """``on_anomaly="raise"``: :class:`~torchdebug.errors.AnomalyError` leaves ``train()``, and the
+    Trainer has no exception hook, so the callback closes what it runs first: no global module hook
+    nor dispatch mode stays (the monitor's watch, capture of the dumped step under way), the dump
+    keeps the steps up to the raise, and the event names the step."""
+    from torch.nn.modules import module
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from torchdebug.errors import AnomalyError
+
+    state_of, remember = _remember_state()
+    torch.manual_seed(0)
+    model = _SpikingNet(state_of, 3, float("inf"))
+    callback = TorchDebugCallback(tmp_path / "dump", step="0-5", monitor={"window": 4, "on_anomaly": "raise"})
+    trainer = transformers.Trainer(
+        model=model,
+        args=_args(tmp_path, max_steps=6),
+        train_dataset=_rows(24),
+        callbacks=[remember, callback],
+        optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+    )
+    with pytest.raises(AnomalyError, match="step 3"):
+        trainer.train()
+    assert not module._global_forward_pre_hooks and not module._global_forward_hooks
+    assert _get_current_dispatch_mode() is None
+    (event,) = callback.events
+    assert (event.step, event.reason) == (3, "nonfinite")
+    assert {r.step for r in torchdebug.load(callback.run_dir).ranks[0].records()} == {0, 1, 2, 3}
+
+
 def test_a_second_training_resumed_from_a_checkpoint_is_watched_and_numbered_as_the_trainer_numbers_it(tmp_path):
     """One callback, two ``train()`` calls, the second resumed from the first's checkpoint at step
     4: the monitor, closed at the end of the first, watches the second too, and its event, window and

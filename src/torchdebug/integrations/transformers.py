@@ -29,8 +29,9 @@ judged after the optimizer step and not replayed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +84,30 @@ class TorchDebugCallback(_hf.TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._monitor is not None:
-            self._monitor.before_update()
+            with self._closed_if_raised(state):
+                self._monitor.before_update()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._dump is not None:
             self._dump.stop()
         if self._monitor is not None:
-            self._monitor.end_step()
+            with self._closed_if_raised(state):
+                self._monitor.end_step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close(state)
+
+    @contextlib.contextmanager
+    def _closed_if_raised(self, state: Any) -> Iterator[None]:
+        """Close everything before an exception of the monitor's (``on_anomaly="raise"``) leaves the
+        Trainer, which has no exception hook: capture and the monitor's hooks would stay on."""
+        try:
+            yield
+        except BaseException:
+            self._close(state)
+            raise
+
+    def _close(self, state: Any) -> None:
         if self._monitor is not None:
             self._monitor.close()
         for stop in self._unwatch:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
@@ -610,7 +611,7 @@ def test_on_cuda_the_window_is_read_without_waiting_and_a_nan_is_caught(monitors
     assert 9 in {r.step for r in torchdebug.load(event.window).ranks[0].records()}  # a later step's rows may be in too
 
 
-def test_a_paused_monitor_watches_nothing_until_resumed(monitors, tmp_path: Path) -> None:
+def test_a_paused_monitor_watches_nothing_until_resumed(monitors, tmp_path: Path, caplog) -> None:
     model, optimizer = _gpt()
     monitor = monitors(model, optimizer, dump_path=tmp_path)
     monitor.step(_closure(model, optimizer, 0))
@@ -623,6 +624,67 @@ def test_a_paused_monitor_watches_nothing_until_resumed(monitors, tmp_path: Path
     index = next(i for i, slot in enumerate(monitor.ring.slots) if slot.name == name)
     assert not np.isnan(seen[0][index]).all() and not np.isnan(seen[2][index]).all()
     assert np.isnan(seen[1]).all()  # paused: no module, gradient or parameter hook ran
+    monitor.pause()
+    assert not _global_forward_hooks()  # an eager model's paused steps are plain steps: no hook left
+    assert _compiled_notices(caplog) == []  # a paused step's unseen modules did not run compiled
+
+
+@pytest.mark.parametrize("how", ["function", "whole", "block"])
+def test_pausing_for_evaluation_never_compiles_the_model_again(monitors, tmp_path: Path, how: str) -> None:
+    """The model run compiled (a compiled function calling it, compiled whole, or its blocks), the
+    loop pausing the monitor for an evaluation after each of 12 steps: Dynamo compiled the model's
+    calls with the monitor's global hooks registered and guards on their registration ids, so
+    hooks registered anew at each resume compiled it again each time, and past the recompile limit
+    it ran eagerly. Now: one graph for training and one for evaluation (no grad) per compiled
+    frame, and every call runs compiled."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(_Block(4, 8), _Block(8, 2))  # Dynamo skips torch.nn's own classes compiled alone
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    counter = CompileCounterWithBackend("eager")
+    if how == "function":
+        run = torch.compile(lambda x: model(x), backend=counter)
+    elif how == "whole":
+        run = torch.compile(model, backend=counter)
+    else:
+        for block in model:
+            block.compile(backend=counter)
+        run = model
+    monitor = monitors(model, optimizer, dump_path=tmp_path)
+    x = torch.randn(2, 4)
+    frames = 2 if how == "block" else 1
+    for _ in range(12):
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = run(x).square().mean()
+            loss.backward()
+            return loss
+
+        monitor.step(closure)
+        monitor.pause()
+        with torch.no_grad():
+            run(x)
+        monitor.resume()
+    assert counter.frame_count == 2 * frames
+    run(x)
+    assert counter.frame_count == 2 * frames
+    torch._dynamo.reset()
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int, out: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def _global_forward_hooks() -> list:
+    from torch.nn.modules import module
+
+    return [*module._global_forward_pre_hooks.values(), *module._global_forward_hooks.values()]
 
 
 def test_the_device_table_path_fills_the_ring_as_the_cpu_kernel_does_and_catches_a_nan(

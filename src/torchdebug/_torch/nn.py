@@ -157,7 +157,7 @@ class GlobalForwardHooks:
         self._paused = False
 
         def on_enter(module: nn.Module, args: tuple) -> None:
-            if self._paused or (outside_compiled and (is_compiling() or self.stands_in(module))):
+            if (outside_compiled and (is_compiling() or self.stands_in(module))) or self._paused:
                 return
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
@@ -171,7 +171,7 @@ class GlobalForwardHooks:
             enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
-            if self._paused or (outside_compiled and (is_compiling() or self.stands_in(module))):
+            if (outside_compiled and (is_compiling() or self.stands_in(module))) or self._paused:
                 return
             if self._enclosing and module is self._enclosing[-1][0]:
                 self._enclosing.pop()
@@ -211,7 +211,8 @@ class GlobalForwardHooks:
     def pause(self) -> None:
         """Stop reporting calls but stay registered, so that code Dynamo compiled through the hooks
         is not compiled again when they report again (see the module docstring); ``resume()`` goes
-        on. Pause between module calls, not inside one."""
+        on. Pause between module calls, not inside one. (With ``outside_compiled`` the hooks return
+        under Dynamo before they look at the pause, so compiled code does not depend on it.)"""
         self._paused = True
 
     def resume(self) -> None:

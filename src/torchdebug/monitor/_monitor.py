@@ -299,8 +299,11 @@ class Monitor:
     def pause(self) -> None:
         """Stop watching (every hook removed, the loss and gradients :meth:`step` hands over left
         alone) until :meth:`resume`: an evaluation loop or a benchmark's plain steps; step numbering
-        goes on with the calls of :meth:`step`."""
-        self.watcher.stop()
+        goes on with the calls of :meth:`step`. Once the model ran compiled, the global module hooks
+        stay registered, idle: compiled code guards on them, and hooks registered anew at each
+        resume would compile it again each time
+        (:meth:`~torchdebug.monitor._watch.Watcher.ran_compiled_code`)."""
+        self.watcher.stop(keep_hooks=self.watcher.ran_compiled_code())
 
     def resume(self) -> None:
         self.watcher.start()

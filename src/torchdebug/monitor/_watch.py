@@ -137,6 +137,8 @@ class Watcher:
         compiled wrapper) returned outside compiled code in :attr:`step`."""
         self._parameter_hooked = False
         """A parameter's post-accumulate hook sets up the gradients' watch (see :meth:`_hook_a_parameter`)."""
+        self._compiled_seen = False
+        """A training step ran the model's modules inside compiled code (see :meth:`ran_compiled_code`)."""
         self._told_compiled = False
         self.active = False
         """Between :meth:`start` and :meth:`stop`: also the monitor's own calls (the loss, the
@@ -165,16 +167,19 @@ class Watcher:
         finally:
             self.active, self._suspended = active, False
 
-    def stop(self) -> None:
+    def stop(self, *, keep_hooks: bool = False) -> None:
+        """Stop watching; ``keep_hooks``: the global module hooks stay registered, idle, until
+        :meth:`start` (see :meth:`ran_compiled_code`)."""
         self.active = False
         self._parameter_hooked = False
-        self._tracker.stop()
+        self._tracker.stop(keep_hooks=keep_hooks)
         for undo in self._undo:
             undo()
         self._undo = []
 
     def next_step(self, step: int) -> None:
-        if self.grads_taken and not self.inside_seen:  # a training step ran the model inside compiled code
+        if self.active and self.grads_taken and not self.inside_seen:  # a training step ran the model inside compiled code
+            self._compiled_seen = True
             self._tell_compiled()
             if not self.root_seen and self.after_each_backward:
                 self._hook_a_parameter()
@@ -190,6 +195,14 @@ class Watcher:
         modules below the root outside compiled code (the model compiled whole, or a compiled
         function calling it). The same on every rank that runs the same code."""
         return not self.inside_seen or next(compiled_modules(self.model), None) is not None
+
+    def ran_compiled_code(self) -> bool:
+        """Whether a training step so far ran compiled code of the model (see :meth:`ran_compiled`).
+        Dynamo then compiled the model's calls with the global module hooks registered, and guards
+        on the ids they were registered under: hooks registered anew (a :meth:`start` after
+        :meth:`stop`) compile that code again, every time, until Dynamo's recompile limit runs it
+        eagerly, so a pause keeps them."""
+        return self._compiled_seen or next(compiled_modules(self.model), None) is not None
 
     def observe_model_calls(self, before: Callable[[nn.Module], None], after: ModelCallEnd) -> Callable[[], None]:
         """Have ``before(called)`` run as each training-mode call of the model starts, and

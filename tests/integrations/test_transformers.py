@@ -218,6 +218,56 @@ def test_the_monitors_raise_leaves_nothing_on_once_it_leaves_the_trainer(tmp_pat
     assert {r.step for r in torchdebug.load(callback.run_dir).ranks[0].records()} == {0, 1, 2, 3}
 
 
+class _FailingNet(_SpikingNet):
+    """Its forward raises on the first call of one optimizer step (from the Trainer's state); its
+    loss is infinite at ``spike_step`` (none at first)."""
+
+    def __init__(self, state_of: list, step: int) -> None:
+        super().__init__(state_of, None, float("inf"))
+        self.fail_step = step
+
+    def forward(self, x, labels):
+        if self.state_of and self.state_of[-1].global_step == self.fail_step:
+            self.fail_step = None
+            raise RuntimeError("the data loader's worker died")
+        return super().forward(x, labels)
+
+
+def test_a_training_after_one_that_raised_starts_clean(tmp_path):
+    """A ``train()`` that raised inside a dumped step (the Trainer has no exception hook: capture
+    stays on) and, in the same process, a second ``train()`` with the same callback: the second
+    closes what the first left open, so its dump is a run of its own, numbered from its steps, and
+    its monitor numbers the steps as the Trainer does (an infinite loss at its step 1: the event
+    says step 1); at its end nothing stays on."""
+    from torch.nn.modules import module
+
+    state_of, remember = _remember_state()
+    torch.manual_seed(0)
+    model = _FailingNet(state_of, 2)
+    callback = TorchDebugCallback(tmp_path / "dump", step="0-5", monitor={"window": 4})
+    runs = []
+    for max_steps in (4, 3):
+        trainer = transformers.Trainer(
+            model=model,
+            args=_args(tmp_path, max_steps=max_steps),
+            train_dataset=_rows(24),
+            callbacks=[remember, callback],
+            optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+        )
+        if not runs:
+            with pytest.raises(RuntimeError, match="worker died"):
+                trainer.train()
+        else:
+            model.spike_step = 1
+            trainer.train()
+        runs.append(callback.run_dir)
+    assert runs[0] != runs[1]
+    assert {r.step for r in torchdebug.load(runs[0]).ranks[0].records()} == {0, 1, 2}
+    assert {r.step for r in torchdebug.load(runs[1]).ranks[0].records()} == {0, 1, 2}
+    assert [(event.step, event.reason) for event in callback.events] == [(1, "nonfinite")]
+    assert not module._global_forward_pre_hooks and not module._global_forward_hooks
+
+
 def test_a_second_training_resumed_from_a_checkpoint_is_watched_and_numbered_as_the_trainer_numbers_it(tmp_path):
     """One callback, two ``train()`` calls, the second resumed from the first's checkpoint at step
     4: the monitor, closed at the end of the first, watches the second too, and its event, window and

@@ -69,6 +69,7 @@ class TorchDebugCallback(_hf.TrainerCallback):
         return self._monitor.events if self._monitor is not None else []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._close(state)  # what an earlier train() that raised left open: the Trainer has no exception hook
         if self._dump is not None:
             self._dump.open(args.output_dir or ".")
             if self._dump.config.step is None and state.is_world_process_zero:

@@ -207,14 +207,17 @@ class Debugger:
         if self._modules is not None:
             self._modules.next_step()
 
-    def close(self) -> None:
-        """Stop, flush and write the completion marker. Safe to call twice."""
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop, flush and write the completion marker, whose ``status`` says ``interrupted`` when
+        an exception stopped the run (every record captured before it is kept either way). Safe to
+        call twice."""
         if self._closed:
             return
         self.stop()
         self._release_hooks()
         self.session.flush()
-        self.session.writer.close("complete", steps=self.current_step, **self.session.memory_info())
+        status = "interrupted" if interrupted else "complete"
+        self.session.writer.close(status, steps=self.current_step, **self.session.memory_info())
         self._closed = True
         atexit.unregister(self._close_at_exit)
 
@@ -236,8 +239,8 @@ class Debugger:
     def __enter__(self) -> Debugger:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(interrupted=exc_type is not None)
 
 
 @contextmanager
@@ -252,5 +255,7 @@ def dump(
     debugger.start(model)
     try:
         yield debugger
-    finally:
-        debugger.close()
+    except BaseException:
+        debugger.close(interrupted=True)
+        raise
+    debugger.close()

@@ -1,5 +1,6 @@
 """The Lightning callback: a Lightning run dumps what an equivalent plain loop dumps."""
 
+import json
 import math
 
 import pytest
@@ -138,6 +139,7 @@ def test_an_exception_in_training_unhooks_and_closes_the_dump(tmp_path):
         _trainer(tmp_path, callback).fit(Failing(), torch.utils.data.DataLoader(_batches(), batch_size=None))
     assert _hooks_in_place() == before
     assert {r.step for r in torchdebug.load(callback.run_dir).ranks[0].records()} == {0, 1}
+    assert json.loads((next(callback.run_dir.iterdir()) / "complete.json").read_text())["status"] == "interrupted"
 
 
 def test_bad_options_fail_when_the_callback_is_built():

@@ -216,6 +216,12 @@ def test_the_monitors_raise_leaves_nothing_on_once_it_leaves_the_trainer(tmp_pat
     (event,) = callback.events
     assert (event.step, event.reason) == (3, "nonfinite")
     assert {r.step for r in torchdebug.load(callback.run_dir).ranks[0].records()} == {0, 1, 2, 3}
+    assert _status(callback.run_dir) == "interrupted"
+
+
+def _status(run_dir: Path) -> str:
+    """The ``status`` of a one-rank run's completion marker."""
+    return json.loads((next(run_dir.iterdir()) / "complete.json").read_text())["status"]
 
 
 class _FailingNet(_SpikingNet):
@@ -264,6 +270,7 @@ def test_a_training_after_one_that_raised_starts_clean(tmp_path):
     assert runs[0] != runs[1]
     assert {r.step for r in torchdebug.load(runs[0]).ranks[0].records()} == {0, 1, 2}
     assert {r.step for r in torchdebug.load(runs[1]).ranks[0].records()} == {0, 1, 2}
+    assert [_status(run) for run in runs] == ["interrupted", "complete"]
     assert [(event.step, event.reason) for event in callback.events] == [(1, "nonfinite")]
     assert not module._global_forward_pre_hooks and not module._global_forward_hooks
 

@@ -288,6 +288,37 @@ def test_a_process_killed_mid_step_keeps_every_flushed_record(tmp_path):
             assert record.capture_error.startswith("tensor not saved: the run stopped before")
 
 
+def test_the_completion_marker_says_whether_the_run_was_interrupted(tmp_path, tiny):
+    """``complete.json``'s ``status``: ``complete`` for a run closed as planned; ``interrupted`` when
+    an exception left ``torchdebug.dump(...)`` or a ``with Debugger(...)`` block, or the interpreter
+    exited while a step was being captured. Every record captured before is kept either way."""
+    x = torch.randn(2, 4)
+    with torchdebug.dump(tmp_path / "planned", model=tiny):
+        tiny(x)
+    with pytest.raises(ValueError, match="planted"), torchdebug.dump(tmp_path / "raised", model=tiny):
+        tiny(x)
+        raise ValueError("planted")
+    with pytest.raises(ValueError, match="planted"), torchdebug.Debugger(tmp_path / "debugger") as debugger:
+        debugger.start(tiny)
+        tiny(x)
+        raise ValueError("planted")
+    script = textwrap.dedent(
+        f"""
+        import torch, torchdebug
+        debugger = torchdebug.Debugger({str(tmp_path / "exited")!r})
+        debugger.start()
+        torch.ones(3).relu()
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    expected = {"planned": "complete", "raised": "interrupted", "debugger": "interrupted", "exited": "interrupted"}
+    for name, status in expected.items():
+        (marker,) = (tmp_path / name).glob(f"*/*/{layout.COMPLETE}")
+        assert (name, json.loads(marker.read_text())["status"]) == (name, status)
+        assert load(tmp_path / name).ranks[0].records(), name
+
+
 def test_fast_record_encoding_equals_json_for_every_field():
     import dataclasses
     import math

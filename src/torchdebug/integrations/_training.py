@@ -60,15 +60,16 @@ class TrainerDump:
         if self.debugger is not None:
             self.debugger.stop()
 
-    def close(self) -> None:
-        """Stop and close the debugger (once; writes the completion marker)."""
+    def close(self, *, interrupted: bool = False) -> None:
+        """Stop and close the debugger (once; writes the completion marker: ``interrupted``, when
+        an exception stopped training)."""
         debugger, self.debugger = self.debugger, None
         if debugger is not None:
-            debugger.close()
+            debugger.close(interrupted=interrupted)
 
-    def finish(self) -> str | None:
+    def finish(self, *, interrupted: bool = False) -> str | None:
         """Close, and the line for the trainer's log saying which steps went where (once per run)."""
-        self.close()
+        self.close(interrupted=interrupted)
         if not self._unreported:
             return None
         self._unreported = False

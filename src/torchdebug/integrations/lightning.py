@@ -104,16 +104,16 @@ class TorchDebugCallback(_pl.Callback):
         self._close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close()
+        self._close(interrupted=True)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":
             self._close()
 
-    def _close(self) -> None:
+    def _close(self, interrupted: bool = False) -> None:
         if self._monitor is not None:
             self._monitor.close()
-        summary = self._dump.finish() if self._dump is not None else None
+        summary = self._dump.finish(interrupted=interrupted) if self._dump is not None else None
         if summary is not None:
             _rank_zero.rank_zero_info(summary)
 

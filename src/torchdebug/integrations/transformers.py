@@ -69,7 +69,7 @@ class TorchDebugCallback(_hf.TrainerCallback):
         return self._monitor.events if self._monitor is not None else []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        self._close(state)  # what an earlier train() that raised left open: the Trainer has no exception hook
+        self._close(state, interrupted=True)  # what an earlier train() that raised left open (no exception hook)
         if self._dump is not None:
             self._dump.open(args.output_dir or ".")
             if self._dump.config.step is None and state.is_world_process_zero:
@@ -105,16 +105,16 @@ class TorchDebugCallback(_hf.TrainerCallback):
         try:
             yield
         except BaseException:
-            self._close(state)
+            self._close(state, interrupted=True)
             raise
 
-    def _close(self, state: Any) -> None:
+    def _close(self, state: Any, interrupted: bool = False) -> None:
         if self._monitor is not None:
             self._monitor.close()
         for stop in self._unwatch:
             stop()
         self._unwatch = []
-        summary = self._dump.finish() if self._dump is not None else None
+        summary = self._dump.finish(interrupted=interrupted) if self._dump is not None else None
         if summary is not None and state.is_world_process_zero:
             logger.info(summary)
 

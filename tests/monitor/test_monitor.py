@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
@@ -669,6 +670,38 @@ def test_pausing_for_evaluation_never_compiles_the_model_again(monitors, tmp_pat
     assert counter.frame_count == 2 * frames
     run(x)
     assert counter.frame_count == 2 * frames
+    torch._dynamo.reset()
+
+
+def test_a_compiled_optimizer_step_is_compiled_once_and_watched_through_pauses(monitors, tmp_path: Path) -> None:
+    """``torch.compile(optimizer.step)`` (PyTorch's recipe for a fused optimizer step) runs the
+    optimizer's step hooks, the monitor's among them, and guards on the ids they were registered
+    under. They stay registered, idle, through a pause, and Dynamo does not trace them: 12 steps,
+    each followed by a pause and a resume, compile the step once (9 times before, each with a
+    graph break in the monitor's hook), and every step's gradients and parameters are watched."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    counter = CompileCounterWithBackend("eager")
+    optimizer_step = torch.compile(optimizer.step, backend=counter)
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=16)
+    x = torch.randn(2, 4)
+    for _ in range(12):
+        optimizer.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer_step()
+        monitor.step(loss=loss)
+        monitor.pause()
+        monitor.resume()
+    assert counter.frame_count == 1
+    assert not any("attrgetter" in reason for reason in counters["graph_break"])
+    parameters = [i for i, slot in enumerate(monitor.ring.slots) if slot.phase == "optimizer"]
+    for step in range(11):  # the last step's rows may be on their way
+        assert math.isfinite(monitor.triggers.grad_norm(step))
+        assert not np.isnan(monitor.triggers.ring.row(step)[parameters]).any()
     torch._dynamo.reset()
 
 

@@ -312,7 +312,7 @@ class Monitor:
         """Remove every hook (safe to call twice)."""
         if not self._closed:
             self._closed = True
-            self.watcher.stop()
+            self.watcher.close()
             self.stager.flush()
 
     @property

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from torchdebug import stats_table
 from torchdebug._torch.autograd import after_backward, current_autograd_node, tensor_version
@@ -125,6 +126,7 @@ class Watcher:
         self._suspended = False
         """Inside :meth:`suspended`."""
         self._undo: list[Callable[[], None]] = []
+        self._optimizer_hooks: list[RemovableHandle] = []
         self.step = 0
         self.pending: dict[int, int] = {}
         """Rows added but not yet delivered, by step."""
@@ -150,10 +152,10 @@ class Watcher:
         self._tracker.start()
         compiled = [(path, module) for path, module in compiled_modules(self.model) if not is_compiled_wrapper(module)]
         self._undo = [after_compiled_calls(module, self._compiled_output(path or ROOT_MODULE)) for path, module in compiled]
-        if self.optimizer is not None:
-            self._undo += [
-                self.optimizer.register_step_pre_hook(lambda *_: self.watch_gradients()).remove,
-                self.optimizer.register_step_post_hook(lambda *_: self.watch_parameters()).remove,
+        if self.optimizer is not None and not self._optimizer_hooks:
+            self._optimizer_hooks = [
+                self.optimizer.register_step_pre_hook(self._before_optimizer_step),
+                self.optimizer.register_step_post_hook(self._after_optimizer_step),
             ]
 
     @contextlib.contextmanager
@@ -168,14 +170,33 @@ class Watcher:
             self.active, self._suspended = active, False
 
     def stop(self, *, keep_hooks: bool = False) -> None:
-        """Stop watching; ``keep_hooks``: the global module hooks stay registered, idle, until
-        :meth:`start` (see :meth:`ran_compiled_code`)."""
+        """Stop watching until :meth:`start`; ``keep_hooks``: the global module hooks stay
+        registered, idle (see :meth:`ran_compiled_code`). The optimizer's step hooks stay, idle,
+        until :meth:`close`: ``torch.compile(optimizer.step)`` traces them and guards on the ids
+        they were registered under, so registered anew they would compile the step again."""
         self.active = False
         self._parameter_hooked = False
         self._tracker.stop(keep_hooks=keep_hooks)
         for undo in self._undo:
             undo()
         self._undo = []
+
+    def close(self) -> None:
+        """Stop watching, every hook removed."""
+        self.stop()
+        for handle in self._optimizer_hooks:
+            handle.remove()
+        self._optimizer_hooks = []
+
+    @torch.compiler.disable  # inside torch.compile(optimizer.step): run as it is, not traced
+    def _before_optimizer_step(self, *_: Any) -> None:
+        if self.active:
+            self.watch_gradients()
+
+    @torch.compiler.disable
+    def _after_optimizer_step(self, *_: Any) -> None:
+        if self.active:
+            self.watch_parameters()
 
     def next_step(self, step: int) -> None:
         if self.active and self.grads_taken and not self.inside_seen:  # a training step ran the model inside compiled code

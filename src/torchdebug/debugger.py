@@ -142,8 +142,8 @@ class Debugger:
         later = self.config.step is None or any(step > self.current_step for step in self.config.step)
         ran_compiled = self._ran_compiled() if later or not self._told_compiled else None
         if self._tracker is not None:
-            # Compiled code guards on the global hooks' registration (see GlobalForwardHooks): keep
-            # them for the steps still to capture, so that they do not compile it again each.
+            # Compiled code guards on the global hooks' registration (see GlobalForwardHooks): kept
+            # while steps remain to capture, each captured step does not compile that code again.
             self._tracker.stop(keep_hooks=later and ran_compiled is not None)
         self._eager.close()
         self._active = False

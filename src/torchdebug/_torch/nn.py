@@ -33,12 +33,14 @@ Hooks that stay outside compiled code are the exception: the wrapped module's ca
 ``OptimizedModule``'s compiled code, where they return at once, so the wrapper's call is reported
 as the wrapped module's.
 
-Compiled code that Dynamo traced through a module's call (``_call_impl``, global hooks included:
-a compiled function calling a module whose ``forward`` is an instance attribute, as Lightning's
-``trainer.fit(torch.compile(model))`` and accelerate's hooks leave it) is guarded, on torch 2.11 and
-2.14, on the ids under which the global hooks were registered. Hooks registered anew for each step
-would compile it again at each step, until Dynamo's recompile limit runs it eagerly for the rest of
-the process; :meth:`GlobalForwardHooks.pause` keeps them registered, idle, between steps instead.
+Compiled code whose module calls Dynamo traced while global hooks were registered (a model compiled
+whole or per block, a compiled function calling it) is guarded on the ids they were registered
+under (torch 2.11 through 2.14); on torch 2.11 and 2.14 so is code compiled before they came, when
+it traced a module's ``_call_impl`` (a compiled function calling a module whose ``forward`` is an
+instance attribute, as Lightning's ``trainer.fit(torch.compile(model))`` and accelerate's hooks
+leave it). Hooks registered anew for each step would compile that code again at each step, until
+Dynamo's recompile limit runs it eagerly for the rest of the process;
+:meth:`GlobalForwardHooks.pause` keeps them registered, idle, between steps instead.
 
 Data-parallel wrappers (``DistributedDataParallel``, ``DataParallel``) hold their module as
 ``module``, a name too common to skip, so their calls reach the hooks as calls of modules of their

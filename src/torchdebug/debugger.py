@@ -144,7 +144,9 @@ class Debugger:
         if self._tracker is not None:
             # Compiled code guards on the global hooks' registration (see GlobalForwardHooks): kept
             # while steps remain to capture, each captured step does not compile that code again.
-            self._tracker.stop(keep_hooks=later and ran_compiled is not None)
+            # Without a model: when ops ran but no module call was seen outside compiled code.
+            unseen = self._model is None and self._captured_with_dynamo() and not self._tracker.entered
+            self._tracker.stop(keep_hooks=later and (ran_compiled is not None or unseen))
         self._eager.close()
         self._active = False
         self.session.flush(wait=True)
@@ -163,10 +165,13 @@ class Debugger:
         blocks = [path or "the model" for path, _ in compiled_modules(model)]
         if blocks:
             return f"compiled modules ({', '.join(blocks[:3])}{', ...' if len(blocks) > 3 else ''})"
-        captured = self.session.seq > 0 and "torch._dynamo" in sys.modules  # without Dynamo nothing was compiled
-        if captured and not tracker.inner_entered and next(model.children(), None) is not None:
+        if self._captured_with_dynamo() and not tracker.inner_entered and next(model.children(), None) is not None:
             return "compiled code"
         return None
+
+    def _captured_with_dynamo(self) -> bool:
+        """Ops were captured in the step, and Dynamo is loaded (without it nothing was compiled)."""
+        return self.session.seq > 0 and "torch._dynamo" in sys.modules
 
     def _tell_compiled(self, where: str) -> None:
         """Warn, once, that the step just captured ran the model's modules inside ``where``."""

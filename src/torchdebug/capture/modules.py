@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 from torch.compiler import is_compiling
+from torch.fx import GraphModule
 
 from torchdebug._torch.autograd import current_autograd_node
 from torchdebug._torch.checkpoint import RecomputeDetector
@@ -74,6 +75,9 @@ class ModuleTracker:
         self.inner_entered = False
         """Since :meth:`start`, a call of one of the model's modules below its root started outside
         compiled code (not while Dynamo traced it)."""
+        self.entered = False
+        """Since :meth:`start`, a call of any module but a graph module started outside compiled
+        code (a backend may run its compiled graph as a module call: that is compiled code)."""
         self._stack: list[str] = []
         self._own_hooks: list[tuple[weakref.ref, str, int]] = []
         """Modules with forward hooks of their own that returned (their own hooks run after the
@@ -140,7 +144,7 @@ class ModuleTracker:
         return None
 
     def start(self) -> None:
-        self.inner_entered = False
+        self.inner_entered = self.entered = False
         if self._hooks is None:
             self._hooks = GlobalForwardHooks(self._enter, self._exit, self._raised, outside_compiled=self._outside_compiled)
         else:
@@ -160,8 +164,9 @@ class ModuleTracker:
         self._recomputing.reset()
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
-        if not self.inner_entered and id(module) in self._inner and not is_compiling():  # traced: it runs compiled
-            self.inner_entered = True
+        if not self.inner_entered and not is_compiling():  # traced: it runs compiled
+            self.entered = self.entered or not isinstance(module, GraphModule)  # a compiled graph's own call
+            self.inner_entered = id(module) in self._inner
         name = self.name_of(module)
         self._stack.append(name)
         if self.recorder is not None:

@@ -145,7 +145,8 @@ class Debugger:
             # Compiled code guards on the global hooks' registration (see GlobalForwardHooks): kept
             # while steps remain to capture, each captured step does not compile that code again.
             # Without a model: when ops ran but no module call was seen outside compiled code.
-            unseen = self._model is None and self._captured_with_dynamo() and not self._tracker.entered
+            as_run = self.config.compiled_code == "as_run"
+            unseen = as_run and self._model is None and self._captured_with_dynamo() and not self._tracker.entered
             self._tracker.stop(keep_hooks=later and (ran_compiled is not None or unseen))
         self._eager.close()
         self._active = False

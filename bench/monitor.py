@@ -3,8 +3,9 @@
     python bench/monitor.py [--steps 10] [--block 3] [--warmup 2] [--device cpu|cuda] [--size S|M] [--layers N] [--width D]
 
 Modes take turns in blocks of ``--block`` steps (a paused monitor of this eager model removes every
-hook, so the plain blocks run unhooked): ``plain``; ``monitor`` (the loop's own ``optimizer.step()``, then
-``monitor.step(loss=loss)``: the table is read a step late, no synchronisation); ``monitor+closure``
+module hook; the optimizer's two step hooks stay, idle): ``plain``; ``monitor`` (the loop's own
+``optimizer.step()``, then ``monitor.step(loss=loss)``: the table is read a step late, no
+synchronisation); ``monitor+closure``
 (``monitor.step(closure)``: the table read once before the optimizer step, so a bad step can be
 skipped and replayed). Each monitored block is divided by the plain block of its own round (the
 machine's slower minutes slow both), and the median of those ratios printed with their quartiles,

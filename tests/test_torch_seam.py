@@ -203,6 +203,49 @@ def test_global_hooks_see_each_module_call_once_and_silence_only_while_registere
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("outside_compiled", [False, True])
+def test_paused_global_hooks_stay_registered_and_report_nothing_until_resumed_from_a_clean_slate(outside_compiled):
+    """Paused, the hooks stay in torch's global dicts (compiled code guards on them) and report no
+    call; resumed, they report again. A ``KeyboardInterrupt`` inside a compiled wrapper's call
+    skips torch's always-called hook, so the wrapper would stand for its module's later calls:
+    the resume forgets it."""
+
+    class Interrupted(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise KeyboardInterrupt
+
+    torch._dynamo.reset()
+    model, interrupted = nn.Linear(2, 2), Interrupted()
+    compiled = torch.compile(interrupted, backend="eager")
+    calls = []
+    hooks = GlobalForwardHooks(
+        lambda m, args: calls.append(("enter", m)),
+        lambda m, args, kwargs, out: calls.append(("exit", m)),
+        outside_compiled=outside_compiled,
+    )
+    try:
+        hooks.pause()
+        model(torch.randn(1, 2))
+        assert calls == [] and torch.nn.modules.module._has_any_global_hook()
+        hooks.resume()
+        model(torch.randn(1, 2))
+        assert calls == [("enter", model), ("exit", model)]
+        with torch.compiler.set_stance("force_eager"), pytest.raises(KeyboardInterrupt):
+            compiled(torch.randn(1, 2))
+        assert hooks.stands_in(interrupted) == outside_compiled  # the wrapper's call never seen to end
+        hooks.pause()
+        hooks.resume()
+        assert not hooks.stands_in(interrupted) and hooks.called_as(interrupted) is interrupted
+        calls.clear()
+        with pytest.raises(KeyboardInterrupt):
+            interrupted(torch.randn(1, 2))
+        assert calls == [("enter", interrupted)]  # its own call is reported, not taken for the wrapper's
+    finally:
+        hooks.remove()
+    assert not torch.nn.modules.module._has_any_global_hook()
+    torch._dynamo.reset()
+
+
 def test_outside_compiled_a_compiled_wrappers_call_stands_for_its_modules_call_once():
     """With ``outside_compiled`` the hooks never see the calls inside compiled code; the call of
     ``torch.compile(module)``'s wrapper is reported as its module's (through any wrapper it holds),

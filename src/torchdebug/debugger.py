@@ -76,6 +76,9 @@ class Debugger:
         self.run_dir = join_run(dump_root, self.rank, self.world_size)
         self.rank_dir = self.run_dir / layout.rank_dir_name(self.world_size, self.rank)
         self.current_step = 0
+        self.last_step = max(self.config.step) if self.config.step else None
+        """The last step selected for capture (``None``: every step), taken once: a range of steps
+        is a set of every step in it."""
         self._active = False
         self._closed = not self.enabled
         if not self.enabled:
@@ -139,7 +142,7 @@ class Debugger:
             self._ops.stop()
         if self._modules is not None:
             self._modules.stop()
-        later = self.config.step is None or any(step > self.current_step for step in self.config.step)
+        later = self.last_step is None or self.last_step > self.current_step
         ran_compiled = self._ran_compiled() if later or not self._told_compiled else None
         if self._tracker is not None:
             # Compiled code guards on the global hooks' registration (see GlobalForwardHooks): kept
@@ -219,8 +222,10 @@ class Debugger:
         call twice."""
         if self._closed:
             return
-        self.stop()
-        self._release_hooks()
+        try:
+            self.stop()
+        finally:  # a flush that raised leaves no hook registered for the rest of the process
+            self._release_hooks()
         self.session.flush()
         status = "interrupted" if interrupted else "complete"
         self.session.writer.close(status, steps=self.current_step, **self.session.memory_info())

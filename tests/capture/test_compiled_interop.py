@@ -9,6 +9,7 @@ import torch
 import torch._dynamo
 
 import torchdebug
+from tests.global_hooks import global_module_hooks
 from torchdebug.records import MODULE_OP
 
 
@@ -203,7 +204,7 @@ def test_dumping_many_steps_of_code_compiled_through_the_module_hooks_never_reac
             debugger.start(model)
             step(x).backward()
             debugger.step()
-        assert not _global_forward_hooks()  # taken out after the last dumped step
+        assert not global_module_hooks()  # taken out after the last dumped step
     assert backend.compiles <= (3 if handed else 4)
     assert backend.runs == 32
     assert {r.step for r in torchdebug.load(tmp_path / "many").ranks[0].records()} == set(dumped)
@@ -212,12 +213,59 @@ def test_dumping_many_steps_of_code_compiled_through_the_module_hooks_never_reac
             debugger.start(model)
             step(x).backward()
             debugger.step()
-        assert _global_forward_hooks()  # kept, idle, for step 50
-    assert not _global_forward_hooks()  # closing takes them out
+        assert global_module_hooks()  # kept, idle, for step 50
+    assert not global_module_hooks()  # closing takes them out
     torch._dynamo.reset()
 
 
-def _global_forward_hooks() -> list:
-    from torch.nn.modules import module
+@pytest.mark.parametrize("level", ["module", "mix"])
+def test_hooks_kept_between_dumped_steps_record_nothing_there(tmp_path, tiny, level):
+    """The hooks kept registered between the dumped steps of compiled code are idle: with
+    module-level records, which every reported module call writes, the dump holds steps 1 and 5
+    only, and the modules' calls in between are not recorded."""
+    torch._dynamo.reset()
+    tiny.forward = tiny.forward  # a compiled function traces the module's call, its hooks included
+    inner = torch.compile(lambda x: tiny(x).sum(), backend="eager")
+    outer = torch.nn.Linear(4, 4)  # an eager module beside it: its call reaches the hooks
 
-    return [*module._global_forward_pre_hooks.values(), *module._global_forward_hooks.values()]
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return inner(outer(x))
+
+    with torchdebug.Debugger(tmp_path, level=level, step=[1, 5]) as debugger:
+        for _ in range(7):
+            debugger.start(tiny)
+            step(torch.randn(2, 4)).backward()
+            debugger.step()
+            if debugger.current_step in (2, 3, 4, 5):
+                assert global_module_hooks()  # kept for step 5, idle
+    records = list(torchdebug.load(tmp_path).ranks[0].records())
+    assert {r.step for r in records} == {1, 5}
+    assert {r.module for r in records if r.op == MODULE_OP} >= {"Linear"}  # the eager module's call, named where it ran
+    torch._dynamo.reset()
+
+
+def test_a_close_whose_flush_fails_leaves_no_hook_registered(tmp_path, tiny, monkeypatch):
+    """A step of compiled code keeps the hooks for the steps still to dump; a close in the middle of
+    the dumped steps whose last flush raises (a full disk) takes them out all the same."""
+    torch._dynamo.reset()
+    tiny.forward = tiny.forward
+    step = torch.compile(lambda x: tiny(x).sum(), backend="eager")
+    debugger = torchdebug.Debugger(tmp_path, step=[0, 5, 9])
+    debugger.start(tiny)
+    step(torch.randn(2, 4)).backward()
+    debugger.step()
+    assert global_module_hooks()  # kept for steps 5 and 9
+    debugger.start_at(5)
+    debugger.start(tiny)
+    step(torch.randn(2, 4)).backward()
+    monkeypatch.setattr(debugger.session, "flush", _full_disk)
+    with pytest.raises(OSError, match="No space"):
+        debugger.close()
+    assert not global_module_hooks()
+    monkeypatch.undo()
+    debugger.close()
+    torch._dynamo.reset()
+
+
+def _full_disk(*args, **kwargs) -> None:
+    raise OSError(28, "No space left on device")

@@ -15,6 +15,7 @@ import torchdebug
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
+from tests.global_hooks import global_module_hooks  # noqa: E402
 from tests.integrations.compiled_step import check_a_compiled_step_dump  # noqa: E402
 from torchdebug.integrations.transformers import TorchDebugCallback  # noqa: E402 - after the skip
 
@@ -193,7 +194,6 @@ def test_the_monitors_raise_leaves_nothing_on_once_it_leaves_the_trainer(tmp_pat
     Trainer has no exception hook, so the callback closes what it runs first: no global module hook
     nor dispatch mode stays (the monitor's watch, capture of the dumped step under way), the dump
     keeps the steps up to the raise, and the event names the step."""
-    from torch.nn.modules import module
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     from torchdebug.errors import AnomalyError
@@ -211,7 +211,7 @@ def test_the_monitors_raise_leaves_nothing_on_once_it_leaves_the_trainer(tmp_pat
     )
     with pytest.raises(AnomalyError, match="step 3"):
         trainer.train()
-    assert not module._global_forward_pre_hooks and not module._global_forward_hooks
+    assert not global_module_hooks()
     assert _get_current_dispatch_mode() is None
     (event,) = callback.events
     assert (event.step, event.reason) == (3, "nonfinite")
@@ -245,8 +245,6 @@ def test_a_training_after_one_that_raised_starts_clean(tmp_path):
     closes what the first left open, so its dump is a run of its own, numbered from its steps, and
     its monitor numbers the steps as the Trainer does (an infinite loss at its step 1: the event
     says step 1); at its end nothing stays on."""
-    from torch.nn.modules import module
-
     state_of, remember = _remember_state()
     torch.manual_seed(0)
     model = _FailingNet(state_of, 2)
@@ -272,7 +270,7 @@ def test_a_training_after_one_that_raised_starts_clean(tmp_path):
     assert {r.step for r in torchdebug.load(runs[1]).ranks[0].records()} == {0, 1, 2}
     assert [_status(run) for run in runs] == ["interrupted", "complete"]
     assert [(event.step, event.reason) for event in callback.events] == [(1, "nonfinite")]
-    assert not module._global_forward_pre_hooks and not module._global_forward_hooks
+    assert not global_module_hooks()
 
 
 def test_a_second_training_resumed_from_a_checkpoint_is_watched_and_numbered_as_the_trainer_numbers_it(tmp_path):

@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
+from tests.global_hooks import global_module_hooks
 from tests.triton_interpreter import ROOT, interpreter_env, interpreter_skip
 from torchdebug.errors import AnomalyError, ConfigError
 from torchdebug.monitor._ring import Ring
@@ -626,7 +627,7 @@ def test_a_paused_monitor_watches_nothing_until_resumed(monitors, tmp_path: Path
     assert not np.isnan(seen[0][index]).all() and not np.isnan(seen[2][index]).all()
     assert np.isnan(seen[1]).all()  # paused: no module, gradient or parameter hook ran
     monitor.pause()
-    assert not _global_forward_hooks()  # an eager model's paused steps are plain steps: no hook left
+    assert not global_module_hooks()  # an eager model's paused steps are plain steps: no hook left
     assert _compiled_notices(caplog) == []  # a paused step's unseen modules did not run compiled
 
 
@@ -637,7 +638,7 @@ def test_pausing_for_evaluation_never_compiles_the_model_again(monitors, tmp_pat
     calls with the monitor's global hooks registered and guards on their registration ids, so
     hooks registered anew at each resume compiled it again each time, and past the recompile limit
     it ran eagerly. Now: one graph for training and one for evaluation (no grad) per compiled
-    frame, and every call runs compiled."""
+    frame, every call runs compiled, and the hooks kept through the pause report no call."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = nn.Sequential(_Block(4, 8), _Block(8, 2))  # Dynamo skips torch.nn's own classes compiled alone
@@ -654,6 +655,9 @@ def test_pausing_for_evaluation_never_compiles_the_model_again(monitors, tmp_pat
     monitor = monitors(model, optimizer, dump_path=tmp_path)
     x = torch.randn(2, 4)
     frames = 2 if how == "block" else 1
+    reported = []  # module calls reported to the watcher while paused: none (the hooks stay, idle)
+    watcher_enter = monitor.watcher.enter
+    monitor.watcher.enter = lambda module, *args: (reported.append(module), watcher_enter(module, *args))
     for _ in range(12):
 
         def closure() -> torch.Tensor:
@@ -664,8 +668,10 @@ def test_pausing_for_evaluation_never_compiles_the_model_again(monitors, tmp_pat
 
         monitor.step(closure)
         monitor.pause()
+        reported.clear()
         with torch.no_grad():
             run(x)
+        assert reported == []
         monitor.resume()
     assert counter.frame_count == 2 * frames
     run(x)
@@ -712,12 +718,6 @@ class _Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.fc(x))
-
-
-def _global_forward_hooks() -> list:
-    from torch.nn.modules import module
-
-    return [*module._global_forward_pre_hooks.values(), *module._global_forward_hooks.values()]
 
 
 def test_the_device_table_path_fills_the_ring_as_the_cpu_kernel_does_and_catches_a_nan(

@@ -159,7 +159,9 @@ class GlobalForwardHooks:
         self._paused = False
 
         def on_enter(module: nn.Module, args: tuple) -> None:
-            if (outside_compiled and (is_compiling() or self.stands_in(module))) or self._paused:
+            if outside_compiled and is_compiling():  # before the pause: compiled code never reads it
+                return
+            if self._paused or (outside_compiled and self.stands_in(module)):
                 return
             if is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
@@ -173,7 +175,9 @@ class GlobalForwardHooks:
             enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
-            if (outside_compiled and (is_compiling() or self.stands_in(module))) or self._paused:
+            if outside_compiled and is_compiling():
+                return
+            if self._paused or (outside_compiled and self.stands_in(module)):
                 return
             if self._enclosing and module is self._enclosing[-1][0]:
                 self._enclosing.pop()
@@ -218,7 +222,12 @@ class GlobalForwardHooks:
         self._paused = True
 
     def resume(self) -> None:
+        """Report calls again, from a clean slate: a wrapper's call that a ``BaseException`` (a
+        ``KeyboardInterrupt``) left unfinished, which torch's always-called hook does not see, is
+        forgotten, so it does not stand for its module's later calls."""
         self._paused = False
+        self._standing.clear()
+        self._enclosing.clear()
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -49,7 +49,7 @@ class TrainerDump:
         debugger = self.debugger
         if debugger is None:
             return
-        if self.config.step is not None and step > max(self.config.step):
+        if debugger.last_step is not None and step > debugger.last_step:
             self.close()  # every selected step is dumped: nothing stays hooked for the rest of training
             return
         while debugger.current_step < step:

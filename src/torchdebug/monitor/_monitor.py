@@ -297,12 +297,13 @@ class Monitor:
             raise AnomalyError(raised)
 
     def pause(self) -> None:
-        """Stop watching (every hook removed, the loss and gradients :meth:`step` hands over left
-        alone) until :meth:`resume`: an evaluation loop or a benchmark's plain steps; step numbering
-        goes on with the calls of :meth:`step`. Once the model ran compiled, the global module hooks
-        stay registered, idle: compiled code guards on them, and hooks registered anew at each
-        resume would compile it again each time
-        (:meth:`~torchdebug.monitor._watch.Watcher.ran_compiled_code`)."""
+        """Stop watching (the loss and gradients :meth:`step` hands over left alone) until
+        :meth:`resume`: an evaluation loop or a benchmark's plain steps; step numbering goes on with
+        the calls of :meth:`step`. The module hooks are removed, but for the global ones once the
+        model ran compiled: they stay registered, idle (compiled code guards on them, and hooks
+        registered anew at each resume would compile it again each time:
+        :meth:`~torchdebug.monitor._watch.Watcher.ran_compiled_code`); the optimizer's step hooks
+        stay, idle, until :meth:`close`."""
         self.watcher.stop(keep_hooks=self.watcher.ran_compiled_code())
 
     def resume(self) -> None:

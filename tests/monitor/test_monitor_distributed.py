@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
 from tests import gloo
+from torchdebug.monitor import StepSummary
 from torchdebug.stats._schema import STAT_KEYS
 
 CONFIG = GPTConfig(n_layer=2, d_model=16, n_head=2, seq_len=8, vocab=32)
@@ -80,8 +81,32 @@ def _ddp_main(rank: int, root: str, compiled: bool = False) -> None:
     dist.barrier()
 
 
+def _budget_main(rank: int, root: str) -> None:
+    """DDP; rank 0's predicate fires at step 2 (rank 1 fires with it, for another rank's reason),
+    then a NaN on rank 1 at step 5: each reason has its own ``max_events``, which the ranks count
+    alike."""
+    torchdebug.seed_all(0)
+    model = DistributedDataParallel(GPT(CONFIG))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def predicate(summary: StepSummary) -> str | None:
+        return "rank 0's own reason" if rank == 0 and summary.step == 2 else None
+
+    monitor = torchdebug.Monitor(model, optimizer, dump_path=root, window=4, predicate=predicate)
+    for step in range(7):
+        if step == 5 and rank == 1:
+            with torch.no_grad():
+                model.module.layers[0].mlp.fc.weight[0, 0] = float("nan")
+        monitor.step(_closure(model, optimizer, step, rank))
+    monitor.close()
+    events = [event.to_dict() for event in monitor.events]
+    Path(root, f"events{rank}.json").write_text(json.dumps(events))
+    dist.barrier()
+
+
 def _rank_main(rank: int, root: str) -> None:
     _ddp_main(rank, str(Path(root, "ddp")))
+    _budget_main(rank, str(Path(root, "budget")))
     _ddp_main(rank, str(Path(root, "ddp_compiled")), compiled=True)
     _fsdp_main(rank, str(Path(root, "fsdp")))
     _tp_main(rank, str(Path(root, "tp")))
@@ -131,6 +156,19 @@ def test_ddp_over_a_model_compiled_whole_fires_replays_and_watches_gradients_bef
     norms = [json.loads((tmp_path / f"norms{rank}.json").read_text()) for rank in (0, 1)]
     assert norms[0]["unclipped"] == norms[1]["unclipped"] > 1e-2
     assert all(n["watched"] == pytest.approx(n["unclipped"], rel=1e-6) for n in norms)
+
+
+@pytest.mark.slow
+def test_the_ranks_count_each_reasons_dumps_alike_so_a_nan_after_another_event_is_replayed_on_both(runs: Path) -> None:
+    """Rank 0's predicate at step 2 uses up that reason's one dump on both ranks (rank 1 fired with
+    it); the NaN at step 5 is another reason's, so both ranks dump and replay it together."""
+    events = [json.loads((runs / "budget" / f"events{rank}.json").read_text()) for rank in (0, 1)]
+    assert [[(e["step"], e["reason"]) for e in mine] for mine in events] == [
+        [(2, "predicate"), (5, "nonfinite")],
+        [(2, "other_rank"), (5, "nonfinite")],
+    ]
+    assert all(mine[1]["ranks"] == [1, 0] and mine[1]["replay"]["reproduced"] for mine in events)
+    assert "layers.0.mlp.fc" in events[1][1]["replay"]["origin"]
 
 
 def _fsdp_main(rank: int, root: str) -> None:

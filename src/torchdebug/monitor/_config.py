@@ -82,7 +82,8 @@ class MonitorConfig(Options):
     max_events: int = field(
         default=1,
         metadata=option(
-            "Triggers that write a window dump (and replay); later ones are logged and counted only.",
+            "Triggers of each reason (NaN/Inf, loss spike, gradient-norm spike, predicate) that write a window dump "
+            "(and replay); later ones are logged and counted only.",
             number(1, integer=True),
             type="integer",
         ),

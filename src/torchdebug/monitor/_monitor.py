@@ -54,7 +54,7 @@ from torchdebug.errors import AnomalyError, ConfigError
 from torchdebug.monitor._config import MonitorConfig
 from torchdebug.monitor._replay import RandomState, ReplayOutcome, replay
 from torchdebug.monitor._ring import Ring
-from torchdebug.monitor._triggers import StepSummary, Trigger, Triggers
+from torchdebug.monitor._triggers import REASONS, StepSummary, Trigger, Triggers
 from torchdebug.monitor._watch import Watcher
 from torchdebug.monitor._window import write_window
 from torchdebug.records import module_of
@@ -169,11 +169,15 @@ class Monitor:
         self.events: list[MonitorEvent] = []
         self.anomalies = 0
         """Steps that fired, including those beyond ``max_events``."""
+        self._dumped: dict[str, int] = {}
+        """Window dumps written, by reason (:data:`~torchdebug.monitor._triggers.REASONS`: each has
+        its own ``max_events``, so an early spike does not use up the dump of a later NaN)."""
         self.current_step = 0
         self._judged = -1
         """The last step judged with every row in (at the end of a step)."""
         self._fired: set[int] = set()
-        self._agreed_events = 0
+        self._agreed: dict[str, int] = {}
+        """Of :attr:`_dumped`, those every rank fired together, by the reason they agreed on."""
         self._skipped: int | None = None
         """The step whose optimizer step ``skip`` dropped: so are its later optimizers' steps."""
         self._random_state: RandomState | None = None
@@ -251,7 +255,8 @@ class Monitor:
         trigger = None
         for earlier in range(self._judged + 1, step + 1):
             trigger = trigger or self._judge(earlier)
-        ranks = _ranks_that_fired(None if trigger is None else self.ring.place(trigger.slot), self.rank)
+        place = None if trigger is None else self.ring.place(trigger.slot)
+        ranks, reason = _ranks_that_fired(place, None if trigger is None else trigger.reason, self.rank)
         if not ranks:
             if self._skipped == step:  # several optimizers step in one training step: skip each
                 self._drop_gradients()
@@ -259,7 +264,7 @@ class Monitor:
         if trigger is None:
             trigger = Trigger("other_rank", step, None, f"step {step}: rank {ranks[0]} fired")
             self._fired.add(step)
-        event = self._fire(trigger, ranks, replay, loss, agreed=True, no_replay=no_replay)
+        event = self._fire(trigger, ranks, replay, loss, agreed=reason, no_replay=no_replay)
         if event is not None and self.config.on_anomaly == "skip":
             logger.warning("torchdebug monitor: step %d: optimizer step skipped (gradients dropped)", step)
             self._skipped = step
@@ -353,18 +358,21 @@ class Monitor:
         ranks: list[int],
         closure: Callable[[], Any] | None = None,
         loss: torch.Tensor | None = None,
-        agreed: bool = False,
+        agreed: str | None = None,
         no_replay: str | None = None,
     ) -> MonitorEvent | None:
-        """Count the trigger; within ``max_events``, dump the window and (with ``closure``, judged
-        before the update) replay the step. ``agreed``: every rank fires this step (before the
-        update), so the cap counts such events alone, the same on every rank: a rank that also
-        fired on its own after an update must not skip a replay whose collectives the others run."""
+        """Count the trigger; within ``max_events`` of its reason, dump the window and (with
+        ``closure``, judged before the update) replay the step. ``agreed``: every rank fires this
+        step (before the update) and counts it under this reason, the first rank's: the cap then
+        counts such events alone, the same on every rank (a rank that also fired on its own after an
+        update, or for a reason of its own, must not skip a replay whose collectives the others run)."""
         self.anomalies += 1
         slot = self.ring.slots[trigger.slot].name if trigger.slot is not None else None
-        counted = self._agreed_events if agreed else len(self.events)
+        reason = agreed or trigger.reason
+        counted = (self._agreed if agreed else self._dumped).get(reason, 0)
         if counted >= self.config.max_events:
-            logger.info("torchdebug monitor: %s (not dumped: max_events=%d reached)", trigger.message, self.config.max_events)
+            limit = self.config.max_events
+            logger.info("torchdebug monitor: %s (not dumped: max_events=%d reached for %s)", trigger.message, limit, reason)
             return None
         event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks)
         window_root = self.dump_root / f"step{trigger.step}-window"
@@ -400,7 +408,9 @@ class Monitor:
             trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome, no_replay
         )
         self.events.append(event)
-        self._agreed_events += agreed
+        self._dumped[reason] = self._dumped.get(reason, 0) + 1
+        if agreed:
+            self._agreed[reason] = self._agreed.get(reason, 0) + 1
         logger.warning("%s", event)
         return event
 
@@ -427,16 +437,18 @@ def _unique_run_name() -> str:
     return candidate
 
 
-def _ranks_that_fired(place: tuple[int, int] | None, rank: int) -> list[int]:
-    """The ranks whose step fired, those that saw it earliest in the step first: ``place`` is where
-    this rank first saw it (:meth:`~torchdebug.monitor._ring.Ring.place`: the stage, then the slot's
-    place in it; ``None``: it did not fire); the rank breaks ties. Without torch.distributed this
-    rank alone; else one all-gather of three integers per rank."""
+def _ranks_that_fired(place: tuple[int, int] | None, reason: str | None, rank: int) -> tuple[list[int], str | None]:
+    """The ranks whose step fired, those that saw it earliest in the step first, and the first one's
+    reason (one of :data:`~torchdebug.monitor._triggers.REASONS`): ``place`` is where this rank first
+    saw it (:meth:`~torchdebug.monitor._ring.Ring.place`: the stage, then the slot's place in it;
+    ``None``: it did not fire) and ``reason`` why; the rank breaks ties. Without torch.distributed
+    this rank alone; else one all-gather of four integers per rank."""
     if not dist_initialized():
-        return [rank] if place is not None else []
-    every = _gather([int(place is not None), *(place or (0, 0))])
-    fired = [(stage, index, r) for r, (did, stage, index) in enumerate(every) if did]
-    return [r for *_, r in sorted(fired)]
+        return ([rank], reason) if place is not None else ([], None)
+    code = REASONS.index(reason) if place is not None and reason in REASONS else 0
+    every = _gather([int(place is not None), *(place or (0, 0)), code])
+    fired = sorted((stage, index, r, code) for r, (did, stage, index, code) in enumerate(every) if did)
+    return [r for _, _, r, _ in fired], (REASONS[fired[0][3]] if fired else None)
 
 
 def _began_first(ranks: list[int], outcome: ReplayOutcome | None) -> list[int]:

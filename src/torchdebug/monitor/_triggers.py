@@ -41,9 +41,18 @@ MAD_SCALE = 1.4826
 """Median absolute deviation to the standard deviation of normally distributed values."""
 
 RELATIVE_FLOOR = 0.1
-"""The smallest spread a z-score divides by, as a fraction of the median: after a smooth history
-(the same batch again and again, a slowly drifting gradient norm) a spike has to stand out from the
-median by ``threshold`` tenths of it (80% at the default 8), not by a few of its tiny deviations."""
+"""The smallest spread a z-score of the loss or of a module's output norm divides by, as a fraction
+of the median: after a smooth history (the same batch again and again) a spike has to stand out from
+the median by ``threshold`` tenths of it (80% at the default 8), not by a few of its tiny deviations."""
+
+GRADIENT_FLOOR = 0.5
+"""The same floor for gradient norms, which a healthy run moves by multiples: as a model leaves its
+first plateau (a small GPT learning a Markov chain: 0.4 to 1.0 within a few steps, 2 to 4 times the
+window's median at the peak) and under a learning-rate warm-up. A gradient-norm spike has to reach
+``1 + threshold / 2`` times the median (5 times at the default 8)."""
+
+REASONS = ("nonfinite", "loss_spike", "grad_norm_spike", "predicate")
+"""Why a step fires (:attr:`Trigger.reason`); ``max_events`` counts the window dumps of each apart."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +60,7 @@ class Trigger:
     """Why a step fired, and the first watched slot (its ring index) where it shows."""
 
     reason: str
-    """``nonfinite``, ``loss_spike``, ``grad_norm_spike`` or ``predicate``."""
+    """One of :data:`REASONS`, or ``other_rank`` (another rank's step fired)."""
     step: int
     slot: int | None
     message: str
@@ -68,13 +77,14 @@ class StepSummary:
     """``stats(name)``: the statistics of a watched slot by its record name, ``None`` if not seen."""
 
 
-def robust_z(value: float, history: np.ndarray) -> float:
-    """How far ``value`` lies above the median of ``history``, in scaled median absolute deviations."""
+def robust_z(value: float, history: np.ndarray, floor: float = RELATIVE_FLOOR) -> float:
+    """How far ``value`` lies above the median of ``history``, in scaled median absolute deviations,
+    the spread taken at least ``floor`` times the median."""
     history = history[np.isfinite(history)]
     if not len(history) or not math.isfinite(value):
         return math.nan
     median = float(np.median(history))
-    spread = max(MAD_SCALE * float(np.median(np.abs(history - median))), RELATIVE_FLOOR * abs(median), 1e-30)
+    spread = max(MAD_SCALE * float(np.median(np.abs(history - median))), floor * abs(median), 1e-30)
     return (value - median) / spread
 
 
@@ -181,12 +191,12 @@ class Triggers:
         history = np.array([v for v in earlier if v is not None])
         if len(history) < self.config.history:
             return None
-        z = robust_z(value, history)
+        z = robust_z(value, history, GRADIENT_FLOOR)
         if not z > threshold:
             return None
         row = self.ring.row(step)
         assert row is not None
-        culprit = self._first_standing_out(step, row, self._indices("parameter_grad", len(row)), threshold)
+        culprit = self._first_standing_out(step, row, self._indices("parameter_grad", len(row)), threshold, GRADIENT_FLOOR)
         return Trigger(
             "grad_norm_spike", step, culprit, f"step {step}: gradient norm {value:.6g}, robust z-score {z:.1f} > {threshold}"
         )
@@ -235,15 +245,17 @@ class Triggers:
         values = np.array([v for v in values if not math.isnan(v)])
         return values if len(values) >= self.config.history else None
 
-    def _first_standing_out(self, step: int, row: np.ndarray, indices: list[int], threshold: float) -> int | None:
-        """The first of ``indices`` whose norm at ``step`` stands out from its history by ``threshold``,
-        else the one standing out most."""
+    def _first_standing_out(
+        self, step: int, row: np.ndarray, indices: list[int], threshold: float, floor: float = RELATIVE_FLOOR
+    ) -> int | None:
+        """The first of ``indices`` whose norm at ``step`` stands out from its history by ``threshold``
+        (the spread at least ``floor`` times the median), else the one standing out most."""
         best, best_z = None, -math.inf
         for index in indices:
             history = self._history(index, _NORM, step)
             if history is None:
                 continue
-            z = robust_z(float(row[index, _NORM]), history)
+            z = robust_z(float(row[index, _NORM]), history, floor)
             if z > threshold:
                 return index
             if z > best_z:

@@ -70,6 +70,17 @@ def _closure(
     return closure
 
 
+def _step(monitor: torchdebug.Monitor, optimizer: torch.optim.Optimizer, closure, closure_mode: bool) -> None:  # noqa: ANN001
+    """One step as a loop runs it: through ``monitor.step(closure)``, or (``closure_mode`` false) the
+    loop's own forward, backward and optimizer step, then ``monitor.step(loss=...)``."""
+    if closure_mode:
+        monitor.step(closure)
+    else:
+        loss = closure()
+        optimizer.step()
+        monitor.step(loss=loss)
+
+
 def _train_with_a_nan(monitor: torchdebug.Monitor, model: GPT, optimizer: torch.optim.Optimizer, steps: int, nan_at: int) -> None:
     """``steps`` steps of the loop's own optimizer step and ``monitor.step(loss=...)``, with a NaN
     planted in a weight of ``layers.1.mlp.out`` at step ``nan_at``; the monitor closed after."""
@@ -194,12 +205,7 @@ def test_each_reason_has_its_own_max_events(monitors, tmp_path: Path, closure_mo
             with torch.no_grad():
                 model.layers[1].mlp.out.weight[0, 0] = float("nan")
         closure = _closure(model, optimizer, step, grad_scale=1000.0 if step == 12 else 1.0)
-        if closure_mode:
-            monitor.step(closure)
-        else:
-            loss = closure()
-            optimizer.step()
-            monitor.step(loss=loss)
+        _step(monitor, optimizer, closure, closure_mode)
     monitor.close()
     assert [(e.step, e.reason) for e in monitor.events] == [(12, "grad_norm_spike"), (20, "nonfinite")]
     assert all(event.window.is_dir() for event in monitor.events)
@@ -665,12 +671,7 @@ def test_on_cuda_the_window_is_read_without_waiting_and_a_nan_is_caught(monitors
             with torch.no_grad():
                 model.layers[1].mlp.out.weight[0, 0] = float("nan")
         closure = _closure(model, optimizer, step)
-        if closure_mode:
-            monitor.step(closure)
-        else:
-            loss = closure()
-            optimizer.step()
-            monitor.step(loss=loss)
+        _step(monitor, optimizer, closure, closure_mode)
     monitor.close()
     event = monitor.events[0]
     assert (event.step, event.slot) == (9, "forward/layers.1.mlp.out/module#0/output.0")

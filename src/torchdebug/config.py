@@ -17,6 +17,9 @@ from typing import Any
 from torchdebug.errors import ConfigError
 from torchdebug.options import Options, boolean, choices, configclass, index_set, number, one_of, option, patterns, text
 
+ON_WRITE_ERROR = ("continue", "raise")
+"""What a failed write of the dump does (``on_write_error``, of the Debugger and the Monitor)."""
+
 TASKS = ("statistics", "tensor", "structure", "overflow_check", "checksum")
 COMPILED_CODE = ("as_run", "eager")
 LEVELS = ("op", "module", "mix")
@@ -213,6 +216,16 @@ class DebuggerConfig(Options):
             type="integer",
             minimum=-1,
             **{"not": {"const": 0}},
+        ),
+    )
+    on_write_error: str = field(
+        default="continue",
+        metadata=option(
+            "When writing the dump fails (a full disk, a quota, a read-only or broken filesystem): continue: one warning, "
+            "capture stops, training goes on and the dump is marked truncated; raise: DumpError from the next "
+            "start/stop/step/flush/close.",
+            one_of(*ON_WRITE_ERROR),
+            enum=[*ON_WRITE_ERROR],
         ),
     )
     checksum: bool = field(

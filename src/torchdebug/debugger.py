@@ -37,6 +37,7 @@ from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.errors import ConfigError
 from torchdebug.store import _layout as layout
+from torchdebug.store._faults import WriteFault
 from torchdebug.store._writer import RankWriter, check_writable, join_run, run_manifest
 
 logger = logging.getLogger("torchdebug.debugger")
@@ -84,7 +85,12 @@ class Debugger:
         if not self.enabled:
             return
         manifest = run_manifest(self.run_dir.name, self.rank, self.world_size, self.config.to_dict())
-        writer = RankWriter(self.rank_dir, manifest, bytes_in_flight=self.config.tensor_bytes_in_flight)
+        writer = RankWriter(
+            self.rank_dir,
+            manifest,
+            bytes_in_flight=self.config.tensor_bytes_in_flight,
+            on_write_error=self.config.on_write_error,
+        )
         self.session = CaptureSession(self.config, writer, self.rank)
         self._phases, self._ios = phase_and_io_filter(self.config.data_mode)
         self._tracker: ModuleTracker | None = None
@@ -96,12 +102,22 @@ class Debugger:
         self._modules: ModuleRecorder | None = None
         atexit.register(self._close_at_exit)
 
+    @property
+    def write_fault(self) -> WriteFault | None:
+        """The first write of this dump that failed (capture stopped there), or ``None``."""
+        return self.session.writer.fault if self.enabled else None
+
     # -- the three calls around a training step -------------------------------------------------
     def start(self, model: nn.Module | None = None) -> None:
-        """Begin capturing the current step (no-op for steps or ranks not selected)."""
+        """Begin capturing the current step (no-op for steps or ranks not selected, and once a
+        write of the dump failed: see ``on_write_error``)."""
         if self._closed or self._active:
             return
         if self.config.step is not None and self.current_step not in self.config.step:
+            return
+        if not self.session.writer.takes_records:
+            self.session.writer.drain()  # raises with on_write_error="raise"
+            self._release_hooks()  # capture stopped for the rest of the run: nothing left to keep them for
             return
         level = self.config.level
         if self._tracker is None or (model is not None and self._modules is None and level != "op"):
@@ -223,14 +239,16 @@ class Debugger:
         if self._closed:
             return
         try:
-            self.stop()
-        finally:  # a flush that raised leaves no hook registered for the rest of the process
-            self._release_hooks()
-        self.session.flush()
-        status = "interrupted" if interrupted else "complete"
-        self.session.writer.close(status, steps=self.current_step, **self.session.memory_info())
-        self._closed = True
-        atexit.unregister(self._close_at_exit)
+            try:
+                self.stop()
+            finally:  # a flush that raised leaves no hook registered for the rest of the process
+                self._release_hooks()
+            self.session.flush()
+        finally:  # the completion marker says how the run ended, a failed write included
+            self._closed = True
+            atexit.unregister(self._close_at_exit)
+            status = "interrupted" if interrupted else "complete"
+            self.session.writer.close(status, steps=self.current_step, **self.session.memory_info())
 
     def _release_hooks(self) -> None:
         """Take out the global hooks that :meth:`stop` kept for steps still to capture."""

@@ -36,9 +36,10 @@ def _record(i: int, **extra) -> Record:
 _STATS = {"min": -1.0, "max": 2.0, "mean": 0.5, "norm": 3.0, "nan": 0, "posinf": 1, "neginf": 0, "zeros": 9}
 
 
-def _writer(tmp_path):
+def _writer(tmp_path, on_write_error="continue"):
     run = create_run_dir(tmp_path, "run")
-    return RankWriter(run / layout.rank_dir_name(1, 0), {"rank": 0, "world_size": 1, "config": {"task": "tensor"}})
+    manifest = {"rank": 0, "world_size": 1, "config": {"task": "tensor"}}
+    return RankWriter(run / layout.rank_dir_name(1, 0), manifest, on_write_error=on_write_error)
 
 
 def test_written_records_stacks_and_tensors_read_back(tmp_path):
@@ -187,9 +188,9 @@ def test_tensor_files_open_with_the_safetensors_library(tmp_path):
     assert loaded["a"].tolist() == [1, 2, 3] and loaded["b"].tolist() == [[1.5, 2.5]] and loaded["c"].shape == (0, 2)
 
 
-def _failing_tensor_write(tmp_path) -> RankWriter:
+def _failing_tensor_write(tmp_path, on_write_error="raise") -> RankWriter:
     """A writer whose submitted tensor batch cannot be written (a file where the folder goes)."""
-    writer = _writer(tmp_path)
+    writer = _writer(tmp_path, on_write_error)
     batch = writer.tensor_batch(64)
     batch.add("a", torch.ones(2))
     (writer.rank_dir / "tensors").write_text("a file where the folder should be")

@@ -25,6 +25,7 @@ from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.capture.unwritten import UnwrittenStorages
 from torchdebug.checksum import hex_digits
+from torchdebug.errors import DumpError
 from torchdebug.records import UNINITIALISED, UNREAD, Record, make_name
 from torchdebug.slots import Slot, dtype_name, json_value
 from torchdebug.stats import stats_from_sums
@@ -173,7 +174,9 @@ class CaptureSession:
         return seq
 
     def wants_tensor(self, call_name: str) -> bool:
-        return self.want_tensors and (not self.tensor_matcher or self.tensor_matcher(call_name))
+        """Whether a call's tensors are saved: ``task="tensor"``, ``tensor_list``, and a writer that
+        still takes tensors (none after a failed write)."""
+        return self.want_tensors and self.writer.takes_tensors and (not self.tensor_matcher or self.tensor_matcher(call_name))
 
     def add_call(
         self,
@@ -199,6 +202,9 @@ class CaptureSession:
         top-level argument keys (``"*"``: every slot) whose tensors are described, not read, and why
         (:data:`~torchdebug.records.UNREAD`): they hold no value of the run.
         """
+        if not self.writer.takes_records:
+            return  # a write of records failed: capture stopped (the writer said so once)
+        save_tensors = save_tensors and self.writer.takes_tensors
         busy, self.busy = self.busy, True  # the ops below are the session's own (see ``busy``)
         try:
             step, rank = self.step, self.rank
@@ -408,11 +414,18 @@ class CaptureSession:
 
     def add_records(self, records: list[Record]) -> None:
         """Queue finished records (graph capture computes their statistics in the graph)."""
-        self._records.extend(records)
+        if self.writer.takes_records:
+            self._records.extend(records)
 
-    def save(self, key: str, tensor: torch.Tensor) -> dict[str, str]:
-        """Copy ``tensor`` into the current tensor batch now; returns its tensor reference."""
-        return self._snapshot(key, tensor)[0]
+    def save(self, key: str, tensor: torch.Tensor) -> dict[str, str] | None:
+        """Copy ``tensor`` into the current tensor batch now; returns its tensor reference, or
+        ``None`` once tensors are no longer saved (a failed write of the dump)."""
+        if not self.writer.takes_tensors:
+            return None
+        try:
+            return self._snapshot(key, tensor)[0]
+        except DumpError:  # the write failed while this batch was being filled
+            return None
 
     # -- writing -----------------------------------------------------------------------------
     def add_stack(self, stack_id: str, frames: list[str]) -> None:

@@ -12,6 +12,7 @@ in warnings on stderr; they do not change the exit status, which is about NaN/In
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -24,11 +25,14 @@ def run(args: argparse.Namespace) -> int:
     # here, not at the top: these load torch, which `torchdebug check --help` must not
     from torchdebug.cli.tensor_files import damaged_files, warn_damaged
     from torchdebug.nonfinite import find_origin
-    from torchdebug.store._reader import load
+    from torchdebug.store._reader import load, write_fault_note
 
     run_ = load(args.dump)
     found = with_stats = False
     for rank, dump in sorted(run_.ranks.items()):
+        note = write_fault_note(rank, dump)
+        if note is not None:
+            print(f"warning: {note}; the steps after it were not checked", file=sys.stderr)
         records = dump.records()
         warn_damaged(rank, damaged_files(dump, records), "cannot be read (their statistics were checked)")
         # an overflow check that found nothing recorded nothing

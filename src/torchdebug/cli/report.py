@@ -61,7 +61,7 @@ def _dump_page(path: Path) -> dict[str, Any]:
     from torchdebug.nonfinite import find_origin
     from torchdebug.report.dump import overflow_rows, overview
     from torchdebug.report.timeline import timeline
-    from torchdebug.store._reader import load
+    from torchdebug.store._reader import load, write_fault_note
 
     run_ = load(path)
     ranks = []
@@ -76,6 +76,7 @@ def _dump_page(path: Path) -> dict[str, Any]:
                 "rank": rank,
                 "task": getattr(dump, "task", "?"),
                 "complete": dump.complete,
+                "write_fault": write_fault_note(rank, dump),
                 "records": len(records),
                 "first": str(first) if first is not None else None,
                 "overflows": overflows,

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from torchdebug.cli.tensor_files import damaged_files, warn_damaged
     from torchdebug.nonfinite import find_origin
     from torchdebug.report.dump import overview
-    from torchdebug.store._reader import load
+    from torchdebug.store._reader import load, write_fault_note
 
     run_ = load(args.dump)
     matcher = NameMatcher(args.name)
@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"run {run_.path}: ranks {_spec(sorted(run_.ranks))}")
     for rank in run_.partial_ranks:
         print(f"warning: rank {rank} did not finish (no completion marker); its records end where it stopped")
+    for rank, dump in sorted(run_.ranks.items()):
+        note = write_fault_note(rank, dump)
+        if note is not None:
+            print(f"warning: {note}")
     damaged = {}
     origins = []
     for rank, dump in ranks.items():  # ranks' records are read a rank at a time and not kept

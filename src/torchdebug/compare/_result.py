@@ -16,6 +16,7 @@ from torchdebug.compare._rows import VERDICTS, Row
 from torchdebug.compare._verdicts import first_divergence, first_nonfinite
 from torchdebug.records import MODULE_OP, Record
 from torchdebug.report.compare import render_compare
+from torchdebug.store._reader import write_fault_note
 from torchdebug.store._tables import pandas, write_parquet
 
 __all__ = ["CompareResult", "Side", "CSV_COLUMNS"]
@@ -74,6 +75,9 @@ class Side:
             )
         if getattr(dump, "truncated", False):
             notes.append(f"{label} rank {rank}: the records file ends in a half-written line (skipped)")
+        fault = write_fault_note(rank, dump)
+        if fault is not None:
+            notes.append(f"{label} {fault}")
         return notes
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import field
 
+from torchdebug.config import ON_WRITE_ERROR
 from torchdebug.options import Options, configclass, number, one_of, option, text
 
 ACTIONS = ("continue", "skip", "raise")
@@ -69,6 +70,15 @@ class MonitorConfig(Options):
             "After a trigger in Monitor.step(closure): continue (take the optimizer step), skip it, or raise AnomalyError.",
             one_of(*ACTIONS),
             enum=list(ACTIONS),
+        ),
+    )
+    on_write_error: str = field(
+        default="continue",
+        metadata=option(
+            "When the window dump or the replay cannot be written (a full disk, a read-only filesystem): continue: the "
+            "event is kept with the error in it and training goes on; raise: DumpError out of Monitor.step.",
+            one_of(*ON_WRITE_ERROR),
+            enum=list(ON_WRITE_ERROR),
         ),
     )
     replay: str = field(

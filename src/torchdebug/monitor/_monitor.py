@@ -38,8 +38,9 @@ whether the optimizer step is then taken, skipped, or :class:`~torchdebug.errors
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from torch import nn
 
 from torchdebug._torch import amp
 from torchdebug.dist import broadcast_from_rank0, dist_initialized, rank_and_world_size
-from torchdebug.errors import AnomalyError, ConfigError
+from torchdebug.errors import AnomalyError, ConfigError, DumpError
 from torchdebug.monitor._config import MonitorConfig
 from torchdebug.monitor._replay import RandomState, ReplayOutcome, replay
 from torchdebug.monitor._ring import Ring
@@ -59,7 +60,7 @@ from torchdebug.monitor._watch import Watcher
 from torchdebug.monitor._window import write_window
 from torchdebug.records import module_of
 from torchdebug.stats_table import StatsStager
-from torchdebug.store._writer import check_writable, new_run_name
+from torchdebug.store._writer import check_writable, new_run_name, unwritable
 
 logger = logging.getLogger("torchdebug.monitor")
 
@@ -85,6 +86,9 @@ class MonitorEvent:
     replay: ReplayOutcome | None = None
     no_replay: str | None = None
     """Why the step was not replayed (``None`` when it was)."""
+    write_error: str | None = None
+    """Why the window dump or the replay's dump is missing or truncated: the first write that
+    failed (``None``: both written); the event and ``on_anomaly`` hold either way."""
 
     @property
     def module(self) -> str | None:
@@ -99,6 +103,8 @@ class MonitorEvent:
         if self.window is not None:
             lines.append(f"  the last steps: {self.window}")
         lines.append(f"  {self.replay.message}" if self.replay else f"  no replay: {self.no_replay}")
+        if self.write_error:
+            lines.append(f"  not all written: {self.write_error}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,6 +118,7 @@ class MonitorEvent:
             "window": str(self.window) if self.window else None,
             "replay": self.replay.to_dict() if self.replay else None,
             "no_replay": self.no_replay,
+            "write_error": self.write_error,
         }
 
 
@@ -376,15 +383,19 @@ class Monitor:
             return None
         event = MonitorEvent(trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks)
         window_root = self.dump_root / f"step{trigger.step}-window"
-        run_dir = window_root / self.run_name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_window(self.ring, run_dir, self.rank, self.world_size, self.config.to_dict(), event.to_dict())
+        write_errors = []
+        with self._writing(write_errors, "window"):
+            run_dir = self._run_dir(window_root)
+            fault = write_window(self.ring, run_dir, self.rank, self.world_size, self.config.to_dict(), event.to_dict())
+            if fault is not None:
+                write_errors.append(f"window: {fault.describe()}")
         outcome = None
         state = self._random_state if trigger.step == self.current_step else None
         replays = closure is not None and state is not None and self.config.replay != "off"
         if replays:
             compiled = self.watcher.ran_compiled()
             with (
+                self._writing(write_errors, "replay"),
                 self.watcher.suspended(),  # the replay's calls are not the window's
                 amp.unscaling_again(self.scaler, self.optimizer),  # a closure that clips unscales again
             ):
@@ -399,13 +410,25 @@ class Monitor:
                     self.config.replay,
                     self.rank,
                     compiled,
+                    self.config.on_write_error,
                 )
-            if agreed:  # every rank replayed: ask where it began
+            if outcome is not None and outcome.write_error:
+                write_errors.append(f"replay: {outcome.write_error}")
+            if agreed and outcome is not None:  # every rank replayed: ask where it began
                 ranks = _began_first(ranks, outcome)
         if outcome is None:
-            no_replay = self._why_not_replayed(closure, no_replay)
+            no_replay = self._why_not_replayed(closure, no_replay) if not write_errors else "its dump could not be written"
         event = MonitorEvent(
-            trigger.step, trigger.reason, trigger.message, slot, self.rank, ranks, window_root, outcome, no_replay
+            trigger.step,
+            trigger.reason,
+            trigger.message,
+            slot,
+            self.rank,
+            ranks,
+            window_root,
+            outcome,
+            no_replay,
+            "; ".join(write_errors) or None,
         )
         self.events.append(event)
         self._dumped[reason] = self._dumped.get(reason, 0) + 1
@@ -413,6 +436,25 @@ class Monitor:
             self._agreed[reason] = self._agreed.get(reason, 0) + 1
         logger.warning("%s", event)
         return event
+
+    def _run_dir(self, root: Path) -> Path:
+        run_dir = root / self.run_name
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise unwritable(root, error) from None
+        return run_dir
+
+    @contextlib.contextmanager
+    def _writing(self, errors: list[str], what: str) -> Iterator[None]:
+        """Run a dump of an event: a folder that cannot be written is one more of the event's
+        ``errors`` (``on_write_error="raise"``: the DumpError goes on to the caller)."""
+        try:
+            yield
+        except DumpError as error:
+            if self.config.on_write_error == "raise":
+                raise
+            errors.append(f"{what}: {error}")
 
     def _why_not_replayed(self, closure: Callable[[], Any] | None, reason: str | None) -> str:
         """Why a step that fired was not replayed (``reason``: the caller's, who gave no closure)."""

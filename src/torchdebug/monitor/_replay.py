@@ -67,6 +67,8 @@ class ReplayOutcome:
     from_another_rank: bool = False
     """The first NaN/Inf came out of a collective: another rank's values brought it here (that
     rank's own replay names where it began)."""
+    write_error: str | None = None
+    """The replay's dump is truncated: its first write that failed (``None``: all written)."""
 
     @property
     def message(self) -> str:
@@ -77,6 +79,8 @@ class ReplayOutcome:
                 eager += ", finite where the compiled step's was not: compiled code made it (torchdebug diagnose finds where)."
             else:
                 eager += "."
+        if self.write_error:
+            eager += f" Its dump is truncated ({self.write_error}): ops after that are missing from it."
         if self.reproduced:
             found = f"; first NaN/Inf made by {self.origin}" if self.origin else ""
             return f"replay reproduced the step bit for bit (loss {self.loss}){found}; its op-level dump: {self.dump}.{eager}"
@@ -96,6 +100,7 @@ class ReplayOutcome:
             "origin": self.origin,
             "eager_loss": self.eager_loss,
             "from_another_rank": self.from_another_rank,
+            "write_error": self.write_error,
         }
 
 
@@ -117,13 +122,15 @@ def replay(
     task: str,
     rank: int,
     compiled: bool,
+    on_write_error: str = "continue",
 ) -> ReplayOutcome:
     """Run ``closure`` again from ``state`` under op-level capture into ``dump_path`` (see the module
-    docstring); ``compiled``: the step ran compiled code of the model, which the capture runs eagerly."""
+    docstring); ``compiled``: the step ran compiled code of the model, which the capture runs eagerly.
+    A dump folder that cannot be written raises DumpError before the closure runs again."""
     grads = [p.grad for p in parameters]
     try:
         replayed = _run(closure, parameters, state) if compiled else None  # the compiled code again, as it ran
-        debugger = Debugger(dump_path, task=task, level="op")
+        debugger = Debugger(dump_path, task=task, level="op", on_write_error=on_write_error)
         debugger.start_at(step)
         try:
             with torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext():
@@ -146,6 +153,7 @@ def replay(
         origin=str(origin) if origin is not None else None,
         eager_loss=_value(captured) if compiled else None,
         from_another_rank=origin is not None and origin.kind == ORIGIN and origin.record.op.startswith(COLLECTIVES),
+        write_error=debugger.write_fault.describe() if debugger.write_fault else None,
     )
 
 

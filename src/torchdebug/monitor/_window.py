@@ -17,6 +17,7 @@ from torchdebug.monitor._ring import Ring
 from torchdebug.records import Record
 from torchdebug.stats._schema import COUNT_KEYS, STAT_KEYS
 from torchdebug.store import _layout as layout
+from torchdebug.store._faults import WriteFault
 from torchdebug.store._writer import RankWriter, run_manifest
 
 
@@ -56,15 +57,18 @@ def window_records(ring: Ring, step: int, rank: int) -> list[Record]:
     return records
 
 
-def write_window(ring: Ring, run_dir: Path, rank: int, world_size: int, config: dict[str, Any], event: dict[str, Any]) -> Path:
-    """Write every kept step of ``ring`` as this rank's folder of the run ``run_dir``; returns the rank folder."""
+def write_window(
+    ring: Ring, run_dir: Path, rank: int, world_size: int, config: dict[str, Any], event: dict[str, Any]
+) -> WriteFault | None:
+    """Write every kept step of ``ring`` as this rank's folder of the run ``run_dir``; returns the
+    first write that failed (``config["on_write_error"] == "raise"``: raises DumpError instead)."""
     rank_dir = run_dir / layout.rank_dir_name(world_size, rank)
     config = {"task": "statistics", "level": "module", **config}  # what the records hold, as a Debugger's manifest says
     manifest = run_manifest(run_dir.name, rank, world_size, config, capture="monitor")
-    writer = RankWriter(rank_dir, manifest)
+    writer = RankWriter(rank_dir, manifest, on_write_error=config.get("on_write_error", "continue"))
     try:
         for step in ring.kept_steps():
             writer.submit(step, window_records(ring, step, rank), None, [])
     finally:
         writer.close(monitor=event)
-    return rank_dir
+    return writer.fault

@@ -268,14 +268,16 @@ def _plot(modules: list[dict[str, Any]]) -> dict[str, Any] | None:
 def render_dump(*, path: str, ranks: list[dict[str, Any]]) -> str:
     """The complete HTML page (a string; the caller writes it).
 
-    Each rank: ``rank``, ``task``, ``complete``, ``records`` (count), ``first`` (the first NaN/Inf
+    Each rank: ``rank``, ``task``, ``complete``, ``write_fault`` (one line on a dump truncated by a
+    failed write, or ``None``), ``records`` (count), ``first`` (the first NaN/Inf
     described in one line, or ``None``), ``overflows`` and ``more_overflows`` (from
     :func:`overflow_rows`), ``damaged`` (rows with ``file``, ``reason``, ``records``: tensor
     files that cannot be read) and ``overview`` (from :func:`overview`); for a flight recorder's
     window also ``monitor`` (its event) and ``timeline`` (from
     :func:`torchdebug.report.timeline.timeline`).
     """
-    shown = [{"monitor": None, "timeline": None, **rank, "plot": _plot(rank["overview"]["modules"])} for rank in ranks]
+    blank = {"monitor": None, "timeline": None, "write_fault": None}
+    shown = [{**blank, **rank, "plot": _plot(rank["overview"]["modules"])} for rank in ranks]
     return render(
         "dump.html.j2", title=f"torchdebug dump {path}", path=path, ranks=shown, colors=COLORS, phases=_SERIES, inf=math.inf
     )

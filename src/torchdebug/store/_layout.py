@@ -11,7 +11,10 @@
                                          written before; still read)
           stacks.jsonl                   deduplicated call stacks, {"id": ..., "frames": [...]}
           tensors/step0-0000.safetensors tensors of task=tensor, written to *.tmp then renamed
-          complete.json                  written by a clean close: end time, record count
+          complete.json                  written by a clean close: end time, record count, and
+                                         `truncated` when a write failed (step, slot, error)
+          .reserve                       64 KiB kept from the start, deleted at close to give
+                                         complete.json room on a full disk
         worldsize2_global_rank1/
 """
 
@@ -26,6 +29,7 @@ RECORDS_JSON = "records.jsonl"
 """The records file of dumps written before records were Arrow columns."""
 STACKS = "stacks.jsonl"
 COMPLETE = "complete.json"
+RESERVE = ".reserve"
 TENSORS = "tensors"
 
 _RANK_DIR = re.compile(r"^worldsize(\d+)_global_rank(\d+)$")

@@ -135,6 +135,13 @@ class RankDump:
     def complete(self) -> bool:
         return self.completion is not None
 
+    @property
+    def write_fault(self) -> dict[str, Any] | None:
+        """The first write of the run that failed (``complete.json``'s ``truncated``: step, slot,
+        path, error, free bytes): capture stopped there while training went on; ``None`` when every
+        write succeeded."""
+        return self.completion.get("truncated") if self.completion else None
+
     @cached_property
     def _records(self) -> tuple[list[Record], bool]:
         return self._read()
@@ -150,12 +157,15 @@ class RankDump:
                 for table in stream.tables(_GROUP):
                     records += records_from_table(table)
             pa.default_memory_pool().release_unused()  # the decoded columns' pages, kept by Arrow's allocator
-        if not self.complete:
-            self._mark_unwritten_tensors(records)
+        fault = self.write_fault
+        if fault is not None:
+            self._mark_unwritten_tensors(records, f"writing the dump failed ({fault.get('error')})")
+        elif not self.complete:
+            self._mark_unwritten_tensors(records, "the run stopped")
         return records, truncated
 
-    def _mark_unwritten_tensors(self, records: list[Record]) -> None:
-        """In a run that stopped without closing, tensor files still being written at the stop are
+    def _mark_unwritten_tensors(self, records: list[Record], why: str) -> None:
+        """In a run that stopped without closing, or whose writes failed, some tensor files are
         absent: their records keep everything else and say why the tensor is missing."""
         exists: dict[str, bool] = {}
         for record in records:
@@ -166,7 +176,7 @@ class RankDump:
                 exists[file] = (self.path / file).is_file()
             if not exists[file]:
                 record.tensor = None
-                record.capture_error = f"tensor not saved: the run stopped before {file} was written"
+                record.capture_error = f"tensor not saved: {why} before {file} was written"
 
     @property
     def _json_lines(self) -> bool:
@@ -295,6 +305,20 @@ class Run:
     def to_pandas(self) -> Any:
         """The records of every rank as one ``pandas.DataFrame`` (see :meth:`RankDump.to_pandas`)."""
         return arrow_frame(self.to_arrow())
+
+
+def write_fault_note(rank: int, dump: RankRecords) -> str | None:
+    """One line on a rank whose dump is truncated by a failed write (``None`` for any other)."""
+    fault = getattr(dump, "write_fault", None)
+    if fault is None:
+        return None
+    slot = f" ({fault['slot']})" if fault.get("slot") else ""
+    lost = fault.get("unwritten_records")
+    lost = f", {lost} records captured after it were not written" if lost else ""
+    return (
+        f"rank {rank}: the dump is truncated at step {fault.get('step')}{slot}: writing {fault.get('path')} failed "
+        f"({fault.get('error')}); capture stopped there, training went on{lost}"
+    )
 
 
 def list_runs(dump_path: Path) -> list[Path]:

@@ -49,9 +49,14 @@ class RecordFile:
         """Write one batch (pyarrow compresses and writes it with the GIL released)."""
         self._stream.write_batch(batch)
 
-    def close(self) -> None:
-        self._stream.close()
-        self._sink.close()
+    def close(self, end: bool = True) -> None:
+        """Close the file; ``end``: after the stream's end marker (not after a failed write, whose
+        message may be cut short: the file then ends as a crash leaves it)."""
+        try:
+            if end:
+                self._stream.close()
+        finally:
+            self._sink.close()
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,19 @@ slow disk slows the step rather than filling memory. Device copies made for tran
 their batch, so they are bounded by the same figure. ``close`` waits for both threads and reports
 the peaks (``tensor_transfer`` in ``complete.json``, and a log line). A run killed before a tensor
 file was written keeps the records that name it; the reader marks them (see ``reader.py``).
+
+A write that fails (a full disk, a quota, a read-only or broken filesystem, a writer thread that
+exited) never reaches the training loop unless ``on_write_error="raise"``: the writer says so in one
+warning, stops taking tensors (then records, when records cannot be written either), never waits on
+a writer that will not come back, and ``close`` marks the dump ``truncated`` with the first failing
+step, slot and error (:class:`~torchdebug.store._faults.WriteFault`). A small reserve file made at
+the start is deleted at ``close`` to give that marker room on a full disk.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import logging
 import os
@@ -41,6 +49,7 @@ from torchdebug.dist import broadcast_from_rank0, dist_initialized
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import _layout as layout
+from torchdebug.store._faults import WriteFault, charge, free_bytes
 from torchdebug.store._record_columns import records_batch
 from torchdebug.store._record_file import RecordFile
 from torchdebug.store._tensor_batch import BLOCK, TensorBatch
@@ -48,6 +57,12 @@ from torchdebug.version import __version__
 
 BATCH_BYTES = 128 * 2**20
 """Largest size of a reusable tensor batch buffer."""
+
+RESERVE_BYTES = 64 * 2**10
+"""Bytes kept on disk from the start (``layout.RESERVE``) and freed at ``close``, so that the
+completion marker of a dump that filled its disk can still be written; the free space
+:func:`check_writable` asks for too."""
+
 
 logger = logging.getLogger("torchdebug.store._writer")
 
@@ -64,14 +79,31 @@ def now_iso() -> str:
 
 
 def check_writable(path: Path) -> None:
-    """Create ``path`` if needed and prove a file can be written there, or raise DumpError."""
+    """Create ``path`` if needed and prove that :data:`RESERVE_BYTES` can be written there, or
+    raise a one-line DumpError (a missing, read-only or full filesystem fails here, before the run)."""
+    probe = path / f".torchdebug-write-test-{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".torchdebug-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        try:
+            _write_reserve(probe)
+        finally:
+            probe.unlink(missing_ok=True)
     except OSError as error:
-        raise DumpError(f"dump_path: cannot write to {path} ({error.strerror or error}); choose a writable folder") from None
+        raise unwritable(path, error) from None
+
+
+def unwritable(path: Path, error: OSError) -> DumpError:
+    """The one-line error of a dump folder that cannot be written: the OS's reason and the free space."""
+    reason = (error.strerror or str(error)).lower()
+    free = free_bytes(path)
+    room = f", {free / 2**20:.1f} MiB free" if free is not None and error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return DumpError(f"dump_path: cannot write to {path}: {reason}{room}; choose a writable folder with free space")
+
+
+def _write_reserve(path: Path) -> None:
+    charge(path, RESERVE_BYTES)
+    with open(path, "wb") as handle:
+        handle.write(bytes(RESERVE_BYTES))
 
 
 def new_run_name() -> str:
@@ -110,6 +142,8 @@ def create_run_dir(dump_path: Path, name: str) -> Path:
         except FileExistsError:
             suffix += 1
             candidate = f"{name}-{suffix}"
+        except OSError as error:
+            raise unwritable(dump_path, error) from None
 
 
 def join_run(dump_root: Path, rank: int, world_size: int) -> Path:
@@ -133,14 +167,22 @@ def join_run(dump_root: Path, rank: int, world_size: int) -> Path:
     else:
         name = f"torchrun-{elastic_id}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     run_dir = dump_root / name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise unwritable(dump_root, error) from None
     return run_dir
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2, default=str)
+    charge(tmp, len(text))
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class RankWriter:
@@ -149,32 +191,58 @@ class RankWriter:
     Records and stacks are appended in submission order by one background thread, tensor files
     written by another. :meth:`drain` waits until the records submitted so far are on disk (the
     debugger drains every step); ``drain(tensors=True)`` and :meth:`close` wait for the tensors too.
+    A failed write sets :attr:`fault`; ``on_write_error`` says whether the calls after it raise
+    (``raise``) or go on without writing what cannot be written (``continue``, see the module docstring).
     """
 
-    def __init__(self, rank_dir: Path, manifest: dict[str, Any], *, bytes_in_flight: int = TENSOR_BYTES_IN_FLIGHT) -> None:
+    def __init__(
+        self,
+        rank_dir: Path,
+        manifest: dict[str, Any],
+        *,
+        bytes_in_flight: int = TENSOR_BYTES_IN_FLIGHT,
+        on_write_error: str = "continue",
+    ) -> None:
         try:
             rank_dir.mkdir(parents=True, exist_ok=False)
         except FileExistsError:
             raise DumpError(f"{rank_dir} exists already; a dump never overwrites an earlier run") from None
+        except OSError as error:
+            raise unwritable(rank_dir.parent, error) from None
         self.rank_dir = rank_dir
+        self.on_write_error = on_write_error
         self.record_count = 0
+        """Records on disk (those submitted after a failed write are not)."""
+        self.last_step = 0
+        """The step of the last batch submitted (what a failure outside a batch is filed under)."""
+        self.unwritten_records = 0
+        """Records submitted that were not written: in the write that failed, or after it."""
+        self.fault: WriteFault | None = None
+        """The first write that failed (``None`` while every write succeeded)."""
+        self.takes_tensors = True
+        """``False`` after any failed write: capture stops taking tensors."""
+        self.takes_records = True
+        """``False`` after a failed write of records: capture stops making them."""
         self.bytes_in_flight = bytes_in_flight
         self.batch_bytes = batch_bytes_for(bytes_in_flight)
         self.transfers = TransferPeaks(bytes_in_flight, pinned=torch.cuda.is_available())
         self._stack_ids: set[str] = set()
         self._pending_stacks: list[dict[str, Any]] = []
         self._tensor_files: dict[int, int] = {}
-        self._tensor_bytes = [0, 0]  # submitted, written: what a wait for the tensor files shows
+        self._tensor_bytes = [0, 0]  # submitted, written (or given up): what a wait for the tensor files shows
         self._idle_batches: list[TensorBatch] = []
-        self._buffers = threading.Condition()  # guards the idle batches and the bytes in transfers
+        self._buffers = threading.Condition()  # guards the idle batches, the bytes in transfers and the fault
         self._record_jobs: queue.Queue[_RecordJob | None] = queue.Queue()
         self._tensor_jobs: queue.Queue[_TensorJob | None] = queue.Queue()
-        self._error: BaseException | None = None
         manifest = {"schema_version": SCHEMA_VERSION, "start_time": now_iso(), **manifest}
-        _write_json_atomic(rank_dir / layout.MANIFEST, manifest)
-        self._records = RecordFile(rank_dir / layout.RECORDS)
-        # A line-buffered text file: each write of whole lines reaches the OS at once.
-        self._stacks = open(rank_dir / layout.STACKS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        try:
+            _write_json_atomic(rank_dir / layout.MANIFEST, manifest)
+            _write_reserve(rank_dir / layout.RESERVE)
+            self._records = RecordFile(rank_dir / layout.RECORDS)
+            # A line-buffered text file: each write of whole lines reaches the OS at once.
+            self._stacks = open(rank_dir / layout.STACKS, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        except OSError as error:
+            raise unwritable(rank_dir, error) from None
         self._threads = [
             threading.Thread(target=self._run, args=(jobs, write), name=f"torchdebug-{kind}-{rank_dir.name}", daemon=True)
             for kind, jobs, write in (
@@ -200,13 +268,17 @@ class RankWriter:
         """An empty batch with room for ``nbytes``: the smallest idle buffer that fits, else a new one
         of ``batch_bytes`` (or, if larger, of ``nbytes`` and a block, a power of two when pinned)
         while all buffers stay within ``bytes_in_flight``; else wait for the writer to hand one back.
-        A tensor larger than the bound gets a buffer of its own once every other one is freed."""
+        A tensor larger than the bound gets a buffer of its own once every other one is freed.
+        Raises DumpError once tensors are no longer taken (a failed write): never waits for a
+        writer that failed or exited."""
         report = self.transfers
         needed = nbytes + BLOCK  # a batch keeps a block for the padding of direct writes
         size = max(self.batch_bytes, _ceil_power_of_two(needed) if report.pinned else needed)
         waited_since = None
         with self._buffers:
             while True:
+                if not self.takes_tensors:
+                    raise DumpError(f"tensors are no longer saved: {self.fault.describe() if self.fault else 'writer closed'}")
                 fitting = [batch for batch in self._idle_batches if batch.capacity >= nbytes]
                 if fitting:
                     batch = min(fitting, key=lambda batch: batch.size)
@@ -223,7 +295,7 @@ class RankWriter:
                     waited_since = time.perf_counter()
                     report.waits += 1
                 self._buffers.wait(1.0)
-                self._raise_error()
+                self._check_alive(self._threads[1], pending=1)  # the buffers it holds would never come back
         if waited_since is not None:
             report.wait_seconds += time.perf_counter() - waited_since
         return batch if batch is not None else TensorBatch(size, pin_memory=report.pinned)
@@ -233,45 +305,68 @@ class RankWriter:
 
         The records' columns are made here, on the calling thread: building them on the writer
         thread would hold the GIL while the training thread waits for it after every torch op (the
-        writer thread compresses and writes them with the GIL released).
+        writer thread compresses and writes them with the GIL released). After a failed write, what
+        can no longer be written is dropped here (counted in :attr:`unwritten_records`).
         """
-        self._raise_error()
+        self._raise_fault()
+        self.last_step = step
         tensor_file = None
         if batch is not None:
             batch.seal()
-        if batch is not None and batch.entries:
+        if batch is not None and batch.entries:  # named even when it cannot be written: the reader says why it is absent
             number = self._tensor_files.get(step, 0)
             self._tensor_files[step] = number + 1
             tensor_file = layout.tensor_file_name(step, number)
             for ref in refs:
                 ref["file"] = tensor_file
+        if batch is not None and not self.takes_tensors:
+            self._release(batch, submitted=False)
+            batch = None
+        if not self.takes_records:
+            self._pending_stacks = []
+            self.unwritten_records += len(records)
+            return
         stacks = "".join(json.dumps(s) + "\n" for s in self._pending_stacks)
         self._pending_stacks = []
         columns = records_batch(records) if records else None
-        self.record_count += len(records)
         if batch is not None:
             self._tensor_bytes[0] += batch.used
             with self._buffers:
                 self.transfers.device_bytes += batch.staged_bytes
                 self.transfers.device_peak_bytes = max(self.transfers.device_peak_bytes, self.transfers.device_bytes)
             self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))
-        self._record_jobs.put(_RecordJob(stacks, columns))
+        self._record_jobs.put(_RecordJob(step, records[0].name if records else None, stacks, columns))
 
     def drain(self, tensors: bool = False) -> None:
         """Wait until the records and stacks submitted so far are on disk (``tensors``: the tensor
-        files too); raise if writing failed."""
-        self._record_jobs.join()
+        files too); with ``on_write_error="raise"``, raise if writing failed."""
+        self._join(self._record_jobs, self._threads[0])
         if tensors:
             self._wait_for_tensors()
-        self._raise_error()
+        self._raise_fault()
+
+    def _join(self, jobs: queue.Queue, thread: threading.Thread) -> None:
+        """``jobs.join()`` that gives up on a writer thread that exited (recorded as a fault)."""
+        with jobs.all_tasks_done:  # queue.Queue's condition
+            while jobs.unfinished_tasks and self._check_alive(thread, jobs.unfinished_tasks):
+                jobs.all_tasks_done.wait(0.5)
+
+    def _check_alive(self, thread: threading.Thread, pending: int) -> bool:
+        """Whether ``thread`` still runs; one that exited with work ``pending`` is a fault (no wait
+        may wait for it)."""
+        if thread.is_alive():
+            return True
+        if pending:
+            self._fail(RuntimeError(f"the writer thread {thread.name} exited"), self.last_step, None, self.rank_dir, records=True)
+        return False
 
     def _wait_for_tensors(self) -> None:
         """Wait until the tensor files submitted so far are written, with a bar of the bytes left
         when that lasts (hundreds of MB on a slow disk)."""
-        jobs = self._tensor_jobs
+        jobs, thread = self._tensor_jobs, self._threads[1]
         written = self._tensor_bytes[1]
         if self._tensor_bytes[0] == written:
-            jobs.join()  # nothing left but empty batches: no bar
+            self._join(jobs, thread)  # nothing left but empty batches: no bar
             return
         with progress.bar(self._tensor_bytes[0] - written, "writing tensor files", unit="B") as shown:
             while True:
@@ -281,71 +376,126 @@ class RankWriter:
                     pending = jobs.unfinished_tasks
                 shown.update(self._tensor_bytes[1] - written)
                 written = self._tensor_bytes[1]
-                if not pending:
+                if not pending or not self._check_alive(thread, pending):
                     return
 
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise DumpError(f"writing the dump under {self.rank_dir} failed: {error}") from error
+    def _raise_fault(self) -> None:
+        if self.fault is not None and self.on_write_error == "raise":
+            raise DumpError(f"writing the dump under {self.rank_dir} failed: {self.fault.describe()}")
 
     def close(self, status: str = "complete", **info: Any) -> None:
-        """Write everything pending, then the completion marker (idempotent)."""
+        """Write everything pending, then the completion marker (idempotent). With a failed write,
+        the marker says ``truncated`` (and, with ``on_write_error="raise"``, this raises after it)."""
         if self.closed:
             return
         self.closed = True
-        error = self._error
-        self._error = None
-        self.submit(0, [], None, [])  # the stacks still pending
+        raising, self.on_write_error = self.on_write_error, "continue"  # the marker is written first
+        self.submit(self.last_step, [], None, [])  # the stacks still pending
         self._wait_for_tensors()
-        for jobs in (self._record_jobs, self._tensor_jobs):
+        self._join(self._record_jobs, self._threads[0])
+        for jobs, thread in zip((self._record_jobs, self._tensor_jobs), self._threads):
             jobs.put(None)
-        for thread in self._threads:
-            thread.join()
-        self._records.close()
-        self._stacks.close()
+            if thread.is_alive():
+                thread.join()
+        self._close_files()
+        (self.rank_dir / layout.RESERVE).unlink(missing_ok=True)  # room for the marker on a full disk
         if self.transfers.host_peak_bytes:
             info["tensor_transfer"] = asdict(self.transfers)
             logger.info("%s: %s", self.rank_dir, self.transfers.summary(self._tensor_bytes[1]))
-        _write_json_atomic(
-            self.rank_dir / layout.COMPLETE,
-            {"status": status, "end_time": now_iso(), "records": self.record_count, **info},
-        )
-        self._error = self._error or error
-        self._raise_error()
+        marker = {"status": status, "end_time": now_iso(), "records": self.record_count, **info}
+        if self.fault is not None:
+            marker["truncated"] = {**self.fault.to_dict(), "unwritten_records": self.unwritten_records}
+        try:
+            _write_json_atomic(self.rank_dir / layout.COMPLETE, marker)
+        except OSError as error:
+            self._fail(error, self.last_step, None, self.rank_dir / layout.COMPLETE, records=True)
+            logger.warning("torchdebug: %s: the completion marker could not be written (%s)", self.rank_dir, error)
+        self.on_write_error = raising
+        self._raise_fault()
 
-    # -- the writer thread -----------------------------------------------------------------------
+    def _close_files(self) -> None:
+        """Close the records and stacks files; after a failed write of records, without the stream's
+        end marker (a reader takes the stream as it is, as after a crash)."""
+        try:
+            self._stacks.close()
+        except OSError as error:
+            self._fail(error, self.last_step, None, self.rank_dir / layout.STACKS, records=True)
+        try:
+            self._records.close(end=self.takes_records)
+        except OSError as error:
+            self._fail(error, self.last_step, None, self.rank_dir / layout.RECORDS, records=True)
+
+    def _fail(self, error: BaseException, step: int, slot: str | None, path: Path, *, records: bool) -> None:
+        """Note a failed write: the first is the dump's fault, said once in a warning; tensors are no
+        longer taken, nor records when ``records`` (a write of records failed)."""
+        with self._buffers:
+            first = self.fault is None
+            if first:
+                self.fault = WriteFault.of(error, step, slot, path)
+            self.takes_tensors = False
+            self.takes_records = self.takes_records and not records
+            self._buffers.notify_all()  # a capture waiting for a buffer gives up
+        if first:
+            then = "raises" if self.on_write_error == "raise" else "stops here, the training goes on"
+            logger.warning("torchdebug: %s; capture %s and the dump is marked truncated", self.fault.describe(), then)
+
+    # -- the writer threads ------------------------------------------------------------------------
     def _run(self, jobs: queue.Queue, write: Any) -> None:
         while True:
             job = jobs.get()
             try:
                 if job is None:
                     return
-                if self._error is None:
-                    write(job)
-            except BaseException as error:  # reported to the capturing thread by drain/submit
-                self._error = error
+                write(job)
+            except BaseException as error:  # a fault of the writer itself: the dump stops, the training does not
+                self._fail(error, job.step, None, self.rank_dir, records=True)
             finally:
                 jobs.task_done()
 
     def _write_tensors(self, job: _TensorJob) -> None:
         batch = job.batch
-        if job.tensor_file is not None:
-            path = self.rank_dir / job.tensor_file
-            path.parent.mkdir(exist_ok=True)
-            batch.write(path, {"schema_version": str(SCHEMA_VERSION), "step": str(job.step)})
-        self._tensor_bytes[1] += batch.used
+        try:
+            if job.tensor_file is not None and self.takes_tensors:
+                path = self.rank_dir / job.tensor_file
+                try:
+                    path.parent.mkdir(exist_ok=True)
+                    charge(path, batch.used)
+                    batch.write(path, {"schema_version": str(SCHEMA_VERSION), "step": str(job.step)})
+                except BaseException as error:
+                    self._fail(error, job.step, batch.entries[0][0] if batch.entries else None, path, records=False)
+        finally:
+            self._tensor_bytes[1] += batch.used
+            self._release(batch)
+
+    def _release(self, batch: TensorBatch, submitted: bool = True) -> None:
+        """Hand a batch's buffer back for reuse (written, or given up; ``submitted``: its device
+        copies were counted in the transfers)."""
         with self._buffers:
-            self.transfers.device_bytes -= batch.staged_bytes
+            if submitted:
+                self.transfers.device_bytes -= batch.staged_bytes
             batch.clear()
             self._idle_batches.append(batch)
             self._buffers.notify()
 
     def _write_records(self, job: _RecordJob) -> None:
-        if job.stacks:
-            self._stacks.write(job.stacks)
-        if job.columns is not None:
-            self._records.append(job.columns)
+        count = job.columns.num_rows if job.columns is not None else 0
+        if not self.takes_records:
+            self.unwritten_records += count
+            return
+        path = self.rank_dir / layout.STACKS
+        try:
+            if job.stacks:
+                charge(path, len(job.stacks))
+                self._stacks.write(job.stacks)
+            if job.columns is not None:
+                path = self.rank_dir / layout.RECORDS
+                charge(path, job.columns.nbytes)
+                self._records.append(job.columns)
+        except BaseException as error:
+            self.unwritten_records += count
+            self._fail(error, job.step, job.first, path, records=True)
+            return
+        self.record_count += count
 
 
 @dataclass
@@ -392,5 +542,8 @@ class _TensorJob:
 
 @dataclass
 class _RecordJob:
+    step: int
+    first: str | None
+    """The name of the first record (what a failed write names)."""
     stacks: str
     columns: pa.RecordBatch | None

@@ -35,7 +35,7 @@ from torchdebug.capture.modules import ModuleRecorder, ModuleTracker
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
-from torchdebug.errors import ConfigError
+from torchdebug.errors import ConfigError, DumpError
 from torchdebug.store import _layout as layout
 from torchdebug.store._faults import WriteFault
 from torchdebug.store._writer import RankWriter, check_writable, join_run, run_manifest
@@ -256,14 +256,10 @@ class Debugger:
             self._tracker.stop()
 
     def _close_at_exit(self) -> None:
-        if self._closed:
-            return
-        status = "interrupted" if self._active else "complete"
-        self.stop()
-        self._release_hooks()
-        self.session.flush()
-        self.session.writer.close(status, steps=self.current_step, **self.session.memory_info())
-        self._closed = True
+        try:
+            self.close(interrupted=self._active)
+        except DumpError as error:  # on_write_error="raise": said, not raised, at the interpreter's exit
+            logger.warning("torchdebug: %s", error)
 
     def __enter__(self) -> Debugger:
         return self

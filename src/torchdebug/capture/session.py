@@ -478,6 +478,7 @@ class CaptureSession:
         """Flush and start the next step (call indices and reuse caches start over)."""
         self.flush(wait=True)
         self.step += 1
+        self.writer.begin_step(self.step)
         self.seq = 0
         self._seen.clear()
         self.unwritten.clear()

@@ -10,6 +10,7 @@ tests and ``bench/faults.py`` use it (a real full filesystem is tested too where
 from __future__ import annotations
 
 import errno as errno_codes
+import fnmatch
 import os
 import shutil
 import threading
@@ -65,12 +66,15 @@ def free_bytes(path: Path) -> int | None:
 
 
 class _Budget:
-    def __init__(self, after_bytes: int, code: int) -> None:
+    def __init__(self, after_bytes: int, code: int, files: str) -> None:
         self.left = after_bytes
         self.code = code
+        self.files = files
         self.lock = threading.Lock()
 
     def take(self, path: Path, nbytes: int) -> None:
+        if not fnmatch.fnmatch(path.name, self.files):
+            return
         with self.lock:
             if nbytes > self.left:
                 self.left = 0
@@ -88,12 +92,21 @@ def charge(path: Path, nbytes: int) -> None:
         _budget.take(path, nbytes)
 
 
+def freed(nbytes: int) -> None:
+    """Give ``nbytes`` back to the budget of :func:`failing_writes` (a file deleted), as a real
+    filesystem gets its space back."""
+    if _budget is not None:
+        with _budget.lock:
+            _budget.left += nbytes
+
+
 @contextmanager
-def failing_writes(after_bytes: int, code: int = errno_codes.ENOSPC) -> Iterator[None]:
-    """Inside the block, the store's writes fail with ``OSError(code)`` once ``after_bytes`` bytes
-    were written (a write that would cross the budget fails whole); for tests and benches."""
+def failing_writes(after_bytes: int, code: int = errno_codes.ENOSPC, files: str = "*") -> Iterator[None]:
+    """Inside the block, the store's writes to files whose name matches the glob ``files`` fail
+    with ``OSError(code)`` once ``after_bytes`` bytes were written to them (a write that would cross
+    the budget fails whole); for tests and benches."""
     global _budget
-    previous, _budget = _budget, _Budget(after_bytes, code)
+    previous, _budget = _budget, _Budget(after_bytes, code, files)
     try:
         yield
     finally:

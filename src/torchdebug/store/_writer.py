@@ -49,7 +49,7 @@ from torchdebug.dist import broadcast_from_rank0, dist_initialized
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import _layout as layout
-from torchdebug.store._faults import WriteFault, charge, free_bytes
+from torchdebug.store._faults import WriteFault, charge, free_bytes, freed
 from torchdebug.store._record_columns import records_batch
 from torchdebug.store._record_file import RecordFile
 from torchdebug.store._tensor_batch import BLOCK, TensorBatch
@@ -214,7 +214,7 @@ class RankWriter:
         self.record_count = 0
         """Records on disk (those submitted after a failed write are not)."""
         self.last_step = 0
-        """The step of the last batch submitted (what a failure outside a batch is filed under)."""
+        """The step of the last batch submitted or begun (what a failure outside a batch is filed under)."""
         self.unwritten_records = 0
         """Records submitted that were not written: in the write that failed, or after it."""
         self.fault: WriteFault | None = None
@@ -260,6 +260,10 @@ class RankWriter:
         if stack_id not in self._stack_ids:
             self._stack_ids.add(stack_id)
             self._pending_stacks.append({"id": stack_id, "frames": frames})
+
+    def begin_step(self, step: int) -> None:
+        """Note that what follows belongs to ``step`` (a failed write outside a batch is filed under it)."""
+        self.last_step = step
 
     def has_stack(self, stack_id: str) -> bool:
         return stack_id in self._stack_ids
@@ -398,7 +402,7 @@ class RankWriter:
             if thread.is_alive():
                 thread.join()
         self._close_files()
-        (self.rank_dir / layout.RESERVE).unlink(missing_ok=True)  # room for the marker on a full disk
+        self._free_reserve()  # room for the marker on a full disk
         if self.transfers.host_peak_bytes:
             info["tensor_transfer"] = asdict(self.transfers)
             logger.info("%s: %s", self.rank_dir, self.transfers.summary(self._tensor_bytes[1]))
@@ -412,6 +416,13 @@ class RankWriter:
             logger.warning("torchdebug: %s: the completion marker could not be written (%s)", self.rank_dir, error)
         self.on_write_error = raising
         self._raise_fault()
+
+    def _free_reserve(self) -> None:
+        try:
+            (self.rank_dir / layout.RESERVE).unlink()
+        except OSError:
+            return
+        freed(RESERVE_BYTES)
 
     def _close_files(self) -> None:
         """Close the records and stacks files; after a failed write of records, without the stream's

@@ -1,0 +1,177 @@
+"""A dump that cannot be written degrades capture, never the training (the fault seam of
+``store/_faults.py``): no hang, no exception in the loop, the loss as without capture, every record
+written before the fault readable, the dump marked truncated."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from torchdebug.cli import main as cli
+from torchdebug.errors import DumpError
+from torchdebug.store import _layout as layout
+from torchdebug.store._faults import failing_writes
+from torchdebug.store._reader import load
+
+CONFIG = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab=128)
+STEPS = 4
+FAULT_STEP = 2
+NO_HANG_SECONDS = 120
+"""Far above a step of this model; a writer that waits for a failed writer never returns."""
+
+
+def _train(
+    debugger: torchdebug.Debugger | None,
+    fault: int | None = errno.ENOSPC,
+    raises: bool = False,
+    files: str = "*",
+    at_fault: Callable[[], None] | None = None,
+) -> list[float]:
+    """``STEPS`` steps of the GPT, each captured by ``debugger``; from step ``FAULT_STEP`` every
+    write of the store to ``files`` fails with ``fault`` (and ``at_fault`` runs before it). Returns
+    the losses (run in a thread: a hang fails)."""
+    torchdebug.seed_all(0)
+    model = GPT(CONFIG)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses: list[float] = []
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            for step in range(STEPS):
+                if debugger is not None and step == FAULT_STEP:
+                    debugger.flush()  # what came before the fault is on disk
+                    if at_fault is not None:
+                        at_fault()
+                with failing_writes(0, fault, files) if step >= FAULT_STEP and fault else contextlib.nullcontext():
+                    if debugger is not None:
+                        debugger.start(model)
+                    losses.append(float(train_step(model, optimizer, make_batch(CONFIG, batch=4, seed=step))))
+                    if debugger is not None:
+                        debugger.stop()
+                        debugger.step()
+            if debugger is not None:
+                with failing_writes(0, fault, files) if fault else contextlib.nullcontext():
+                    debugger.close()
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            errors.append(error)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    thread.join(NO_HANG_SECONDS)
+    assert not thread.is_alive(), "the training loop hung on a failed write of the dump"
+    if raises:
+        assert errors, "on_write_error='raise' raised nothing"
+        raise errors[0]
+    assert not errors, f"a failed write reached the training loop: {errors[0]!r}"
+    return losses
+
+
+@pytest.fixture(scope="module")
+def plain_losses() -> list[float]:
+    return _train(None, fault=None)
+
+
+def _debugger(tmp_path, **options) -> torchdebug.Debugger:
+    return torchdebug.Debugger(tmp_path / "dump", tensor_bytes_in_flight=2**20, **options)
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor", "checksum", "overflow_check"])
+def test_a_full_disk_stops_capture_and_the_training_goes_on_unchanged(tmp_path, plain_losses, task, caplog):
+    debugger = _debugger(tmp_path, task=task)
+    assert _train(debugger) == plain_losses  # bit for bit: capture never changes the numbers
+    completion = json.loads((debugger.rank_dir / layout.COMPLETE).read_text())
+    fault = completion["truncated"]
+    # a healthy run's overflow check writes nothing before the stacks at close
+    assert fault["step"] == FAULT_STEP if task != "overflow_check" else fault["step"] >= FAULT_STEP
+    assert "No space left on device" in fault["error"]
+    assert fault["path"].startswith(str(debugger.rank_dir))
+    warnings = [r for r in caplog.records if "capture stops here" in r.getMessage()]
+    assert len(warnings) == 1 and "MiB free" in warnings[0].getMessage()  # said once, with the free space
+    dump = load(debugger.rank_dir).ranks[0]
+    steps = {record.step for record in dump.records()}
+    if task != "overflow_check":  # an overflow check of a healthy run records nothing
+        assert steps == set(range(FAULT_STEP))  # everything before the fault, nothing after
+    for record in dump.records():
+        if record.tensor is not None:  # every tensor a kept record names is readable
+            assert list(dump.load_tensor(record).shape) == record.shape
+    assert not (debugger.rank_dir / layout.RESERVE).exists()
+
+
+def test_a_tensor_dump_whose_tensor_files_fail_keeps_its_records_and_waits_for_no_buffer(tmp_path, plain_losses):
+    """The hang of issue 47: the tensor writer failed, its buffers were never handed back, and
+    capture waited for them forever (1 MiB in flight: a step needs the writer many times). Records
+    can still be written: capture keeps them, without tensors."""
+    debugger = _debugger(tmp_path, task="tensor")
+    assert _train(debugger, fault=errno.EIO, files="*.safetensors*") == plain_losses
+    dump = load(debugger.rank_dir).ranks[0]
+    assert "Input/output error" in dump.write_fault["error"] and dump.write_fault["step"] == FAULT_STEP
+    records = dump.records()
+    assert {record.step for record in records} == set(range(STEPS))
+    later = [record for record in records if record.step >= FAULT_STEP and record.kind == "tensor"]
+    assert later and all(record.tensor is None and record.stats for record in later)
+    unsaved = [record for record in later if record.capture_error]  # those of the batch that failed
+    assert unsaved and all("writing the dump failed" in record.capture_error for record in unsaved)
+    assert all(record.tensor is not None for record in records if record.step < FAULT_STEP and record.kind == "tensor")
+
+
+def test_a_tensor_folder_that_became_unwritable_never_hangs_the_step(tmp_path, plain_losses):
+    """The same hang through the filesystem alone (no seam): a file where the tensors folder goes."""
+    debugger = _debugger(tmp_path, task="tensor")
+
+    def block_the_tensor_folder() -> None:
+        (debugger.rank_dir / layout.TENSORS).rename(tmp_path / "moved")
+        (debugger.rank_dir / layout.TENSORS).write_text("a file where the folder goes")
+
+    assert _train(debugger, fault=None, at_fault=block_the_tensor_folder) == plain_losses
+    assert load(debugger.rank_dir).ranks[0].write_fault["step"] == FAULT_STEP
+
+
+def test_on_write_error_raise_raises_a_dump_error_and_does_not_hang(tmp_path):
+    debugger = _debugger(tmp_path, task="tensor", on_write_error="raise")
+    with pytest.raises(DumpError, match=r"writing the dump under .* failed: writing .* No space left on device"):
+        _train(debugger, raises=True)
+    with pytest.raises(DumpError, match="No space left on device"):
+        debugger.close()  # the completion marker is written first
+    assert "truncated" in json.loads((debugger.rank_dir / layout.COMPLETE).read_text())
+
+
+def test_a_writer_thread_that_exited_is_a_fault_not_a_wait(tmp_path):
+    debugger = _debugger(tmp_path, task="statistics")
+    debugger.session.writer._record_jobs.put(None)  # the records thread exits
+    _train(debugger, fault=None)
+    dump = load(debugger.rank_dir).ranks[0]
+    assert "exited" in dump.write_fault["error"]
+
+
+@pytest.mark.parametrize(
+    ("code", "said"), [(errno.ENOSPC, "no space left on device, .* MiB free"), (errno.EROFS, "read-only file system")]
+)
+def test_a_full_or_read_only_dump_folder_fails_when_the_debugger_is_built_in_one_line(tmp_path, code, said):
+    with failing_writes(0, code), pytest.raises(DumpError, match=rf"^dump_path: cannot write to .*: {said}; choose") as raised:
+        torchdebug.Debugger(tmp_path / "dump")
+    assert "\n" not in str(raised.value) and raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_show_check_compare_and_report_say_the_dump_is_truncated_in_one_line(tmp_path, plain_losses, capsys):
+    debugger = _debugger(tmp_path, task="statistics")
+    _train(debugger)
+    reference = _debugger(tmp_path / "b", task="statistics")
+    _train(reference, fault=None)
+    said = f"rank 0: the dump is truncated at step {FAULT_STEP}"
+    assert cli(["show", str(debugger.run_dir)]) == 0
+    assert f"warning: {said}" in capsys.readouterr().out
+    assert cli(["check", str(debugger.run_dir)]) == 0
+    assert said in capsys.readouterr().err
+    cli(["compare", str(debugger.run_dir), str(reference.run_dir)])
+    assert f"A {said}" in capsys.readouterr().out
+    assert cli(["report", str(debugger.run_dir), "-o", str(tmp_path / "report.html")]) == 0
+    assert "truncated</strong>: " + said in (tmp_path / "report.html").read_text()

@@ -92,10 +92,10 @@ def charge(path: Path, nbytes: int) -> None:
         _budget.take(path, nbytes)
 
 
-def freed(nbytes: int) -> None:
-    """Give ``nbytes`` back to the budget of :func:`failing_writes` (a file deleted), as a real
-    filesystem gets its space back."""
-    if _budget is not None:
+def freed(path: Path, nbytes: int) -> None:
+    """Give the ``nbytes`` of ``path``, deleted, back to the budget of :func:`failing_writes` when
+    the budget counts that file, as a real filesystem gets its space back."""
+    if _budget is not None and fnmatch.fnmatch(path.name, _budget.files):
         with _budget.lock:
             _budget.left += nbytes
 

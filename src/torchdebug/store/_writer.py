@@ -418,11 +418,12 @@ class RankWriter:
         self._raise_fault()
 
     def _free_reserve(self) -> None:
+        reserve = self.rank_dir / layout.RESERVE
         try:
-            (self.rank_dir / layout.RESERVE).unlink()
+            reserve.unlink()
         except OSError:
             return
-        freed(RESERVE_BYTES)
+        freed(reserve, RESERVE_BYTES)
 
     def _close_files(self) -> None:
         """Close the records and stacks files; after a failed write of records, without the stream's

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from torchdebug._torch import symbolic
+from torchdebug._torch.autograd import current_autograd_node
 from torchdebug.capture.session import CaptureSession, SessionOptions
 from torchdebug.dist import rank_and_world_size
 from torchdebug.graph_dump import _golden as golden
@@ -108,7 +109,8 @@ class GraphCapture:
         self.steps = settings.step
         self.scene = settings.scene
         self.step = 0
-        self._forward_ran: set[tuple[str, int]] = set()
+        self._first: tuple[str, int] | None = None
+        """The code and instance of the step's first forward run: when it runs again, a step begins."""
         self._counts: dict[Key, int] = {}
         self._instances = CompiledInstances(model)
         self._running: dict[str, Instance] = {}
@@ -149,12 +151,14 @@ class GraphCapture:
         if plan.phase == "backward":
             instance, forward_bases = self._forward_of(plan.model)
         else:
-            instance = self._running.get(plan.model, NO_INSTANCE)
+            instance = self._instances.running(plan.code) or self._running.get(plan.model, NO_INSTANCE)
             # a recompile of the same code ends the step as its first graph would
             code = (plan.frame or plan.model, instance.key)
-            if code in self._forward_ran:
+            if self._first is None:
+                self._first = code
+            elif code == self._first and current_autograd_node() is None:  # not a recomputation in a backward
                 self._next_step()
-            self._forward_ran.add(code)
+                self._first = code
         keys = self._keys_of(plan, instance.path)
         counts = self._counts
         bases = {key: counts.get(keys[key], 0) for key in plan.counts}
@@ -187,7 +191,6 @@ class GraphCapture:
         self.session.flush()
         self.step += 1
         self.session.step = self.step
-        self._forward_ran.clear()
         self._counts.clear()
         self._awaiting_backward.clear()
         self._seq = 0

@@ -1,28 +1,45 @@
-"""Which compiled module instance a graph run belongs to, named by its path in the user's model.
+"""Which module instance a graph run belongs to, named by its path in the user's model.
 
-Large models are compiled block by block (``for block in model.layers: block.compile()``, or
-``model.layers[i] = torch.compile(block)``). Dynamo traces each block from the block itself, so the
-module paths of its graph are relative to the block (``attention.wo``), and the blocks of one class
-run one graph (``torch.compile(block)``) or recompile the same code (``block.compile()``). What
-tells the blocks apart at run time is their parameters: Dynamo passes every parameter a graph reads
-as a graph input, so the backend's wrapper around each compiled graph hands the capture the graph's
-first parameter before the graph runs (:meth:`GraphCapture.enter`). Looked up among the compiled
-modules of the root model the user gave (``get_backend(config, model=model)``), it names the
-instance that ran (``layers.1``); ``torch.compile``'s wrapper is named where it sits in the model,
-never ``_orig_mod``. Without a root model the parameter still tells instances apart (steps, call
+Dynamo traces each frame it compiles from the frame's own module, so the module paths of its graph
+are relative to that module (``attention.wo``), and instances of one class run one graph or
+recompiles of one frame. That happens whenever a model is compiled block by block
+(``block.compile()``, ``model.layers[i] = torch.compile(block)``), and in a model compiled whole
+wherever a graph break stops Dynamo inside a submodule's ``forward``: it compiles that ``forward``
+as a frame of its own (a mixture-of-experts layer's, and each expert's called in a Python loop over
+the experts that were hit), and the code after the break as resume functions.
+
+Each graph remembers the frame it was compiled from (:func:`compiled_frame`: file, function and the
+local its module paths start at, ``self`` or ``args[0]``). When it runs, that frame is on the
+Python stack (``torchdebug._torch.frames``), and its module is the instance that ran
+(:meth:`CompiledInstances.running`); a resume function that no longer reads ``self`` takes the one
+of the ``forward`` it resumes. The instance is named by its path in the root model: the model
+handed to ``get_backend(config, model=model)``, else the module the user compiled, the outermost
+compiled module whose call is running (``torch.compile(model)``'s). ``torch.compile``'s wrapper is
+named where it sits in the model, never ``_orig_mod``.
+
+Where no frame is found (a graph without stack traces), the backend's wrapper around the compiled
+graph hands the capture the graph's first parameter input before each run (Dynamo passes every
+parameter a graph reads as an input): :meth:`CompiledInstances.of` looks it up among the compiled
+modules of the root model. Without a root model it still tells instances apart (steps, call
 indices) but names none.
 """
 
 from __future__ import annotations
 
+import re
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.fx
 from torch import nn
 
-from torchdebug._torch.nn import compiled_modules
+from torchdebug._torch import frames
+from torchdebug._torch.nn import compiled_modules, strip_wrappers
 from torchdebug.capture.modules import ROOT_MODULE
+from torchdebug.capture.stacks import TRACE_FRAME
+from torchdebug.graph_dump._node_names import module_stack_path
 from torchdebug.records import NO_MODULE
 
 
@@ -30,7 +47,7 @@ class Instance(NamedTuple):
     """The module instance a graph run belongs to."""
 
     key: int
-    """Tells instances apart (the identity of the parameter the graph was handed; 0: none)."""
+    """Tells instances apart (the identity of the module, or of the parameter the graph was handed; 0: none)."""
     path: str
     """Its path in the root model (``layers.1``); empty when unknown or when it is the root."""
 
@@ -38,55 +55,133 @@ class Instance(NamedTuple):
 NO_INSTANCE = Instance(0, "")
 
 
-class CompiledInstances:
-    """Maps the parameters of the compiled modules of a root model to the module's path.
+class CompiledFrame(NamedTuple):
+    """The frame a Dynamo graph was compiled from, as its runs find it on the stack."""
 
-    The map is built when first needed and again after a compile (:meth:`changed`), since blocks
-    are compiled after the backend exists (``block.compile(backend=backend)`` needs it), and when
-    a graph is handed a parameter the map lacks: FSDP2 registers a block's unsharded parameters
-    only while the block runs (its sharded DTensors the rest of the time), so a map built during
-    one block's forward holds the other blocks' sharded parameters, not the ones their graphs get.
-    A parameter still unknown after a rebuild is remembered, so each costs one rebuild at most.
-    """
+    file: str
+    function: str
+    """The code's name: ``forward``, or a resume function's (``torch_dynamo_resume_in_forward_at_54``)."""
+    local: str | None
+    """The local the graph's module paths start at (``self``, ``args``); ``None`` when no node
+    names a module: the frame's own ``self`` (or its caller's) is the instance."""
+    index: int | None = None
+    """``0`` for ``args[0]`` (a ``forward`` wrapped by a ``*args`` decorator)."""
+
+
+_STACK_ROOT = re.compile(r"^L\['([^']+)'\](?:\[(\d+)\])?")
+
+
+def compiled_frame(graph: torch.fx.Graph) -> CompiledFrame | None:
+    """The frame a graph comes from, read from its nodes' ``stack_trace`` (the first frame is the
+    one Dynamo compiled) and ``nn_module_stack`` (where its paths start); ``None`` when no node
+    has a stack trace."""
+    where, local, index = None, None, None
+    for node in graph.nodes:
+        if where is None and (first := TRACE_FRAME.search(node.meta.get("stack_trace") or "")):
+            where = first["file"], first["function"]
+        path = module_stack_path(node, "nn_module_stack") or module_stack_path(node, "fwd_nn_module_stack")
+        if local is None and path is not None and (root := _STACK_ROOT.match(path)):
+            local, index = root[1], int(root[2]) if root[2] is not None else None
+        if where is not None and local is not None:
+            break
+    return None if where is None else CompiledFrame(*where, local, index)
+
+
+class _Paths:
+    """Paths of a root model's modules or parameters by identity, built when first needed and
+    again when asked for one it lacks (blocks are compiled, and FSDP2 registers a block's
+    unsharded parameters, after the map is built); one still unknown after a rebuild is
+    remembered, so each costs one rebuild at most."""
+
+    def __init__(self, build: Callable[[], dict[int, tuple[weakref.ref, str]]]) -> None:
+        self._build = build
+        self._paths: dict[int, tuple[weakref.ref, str]] | None = None
+        self._unknown: dict[int, weakref.ref] = {}
+
+    def changed(self) -> None:
+        self._paths = None
+        self._unknown.clear()
+
+    def get(self, item: object) -> str | None:
+        path = self._lookup(item)
+        if path is None and not ((ref := self._unknown.get(id(item))) is not None and ref() is item):
+            self._paths = self._build()
+            path = self._lookup(item)
+            if path is None:
+                self._unknown[id(item)] = weakref.ref(item)
+        return path
+
+    def _lookup(self, item: object) -> str | None:
+        if self._paths is None:
+            self._paths = self._build()
+        found = self._paths.get(id(item))
+        return found[1] if found is not None and found[0]() is item else None
+
+
+class CompiledInstances:
+    """Names the module instance a graph run belongs to (see the module docstring)."""
 
     def __init__(self, root: nn.Module | None) -> None:
         self._root = root
-        self._paths: dict[int, tuple[weakref.ref[torch.Tensor], str]] | None = None
-        self._unknown: dict[int, weakref.ref[torch.Tensor]] = {}
-        """Parameters no rebuild found (handed by graphs of modules outside the root's compiled ones)."""
+        self._parameters = _Paths(self._build_parameters)
+        self._modules: dict[int, tuple[weakref.ref[nn.Module], _Paths]] = {}
+        """Per root (the given one, or each module found compiled): its modules' paths."""
 
     def changed(self) -> None:
-        """A graph was compiled: modules may have been compiled since the map was built."""
-        self._paths = None
-        self._unknown.clear()
+        """A graph was compiled: modules may have been compiled since the maps were built."""
+        self._parameters.changed()
+        for _, paths in self._modules.values():
+            paths.changed()
+
+    def running(self, frame: CompiledFrame | None) -> Instance | None:
+        """The instance whose frame runs a graph compiled from ``frame`` now (``None``: not found)."""
+        if frame is None:
+            return None
+        running = frames.running_frame(frame.file, frame.function)
+        if running is None:
+            return None
+        if frame.local is None:
+            module = frames.enclosing_module(running)
+        else:
+            module = frames.local_module(running, frame.local, frame.index)
+        if module is None:
+            return None
+        root = self._root if self._root is not None else frames.outermost_compiled_module(running)
+        path = self._module_paths(root).get(module) if root is not None else None
+        return Instance(id(module), path or "")
+
+    def _module_paths(self, root: nn.Module) -> _Paths:
+        kept = self._modules.get(id(root))
+        if kept is None or kept[0]() is not root:
+            if len(self._modules) >= _KEPT_ROOTS:
+                del self._modules[next(iter(self._modules))]
+            kept = self._modules[id(root)] = (weakref.ref(root), _Paths(lambda: _module_paths(root)))
+        return kept[1]
 
     def of(self, parameter: torch.Tensor | None) -> Instance:
         """The instance whose graph was handed ``parameter`` (``None``: the graph reads none)."""
         if parameter is None:
             return NO_INSTANCE
-        path = self._lookup(parameter)
-        known_unknown = (ref := self._unknown.get(id(parameter))) is not None and ref() is parameter
-        if path is None and self._root is not None and not known_unknown:
-            self._paths = self._build()
-            path = self._lookup(parameter)
-            if path is None:
-                self._unknown[id(parameter)] = weakref.ref(parameter)
+        path = self._parameters.get(parameter) if self._root is not None else None
         return Instance(id(parameter), path or "")
 
-    def _lookup(self, parameter: torch.Tensor) -> str | None:
-        if self._paths is None:
-            self._paths = self._build()
-        found = self._paths.get(id(parameter))
-        return found[1] if found is not None and found[0]() is parameter else None
-
-    def _build(self) -> dict[int, tuple[weakref.ref[torch.Tensor], str]]:
-        paths: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+    def _build_parameters(self) -> dict[int, tuple[weakref.ref, str]]:
+        paths: dict[int, tuple[weakref.ref, str]] = {}
         if self._root is None:
             return paths
         for path, module in compiled_modules(self._root):  # outer modules first: the innermost wins
             for tensor in module.parameters():
                 paths[id(tensor)] = (weakref.ref(tensor), path)
         return paths
+
+
+_KEPT_ROOTS = 64
+"""Roots whose module maps are kept (without a given root, each module found compiled is one)."""
+
+
+def _module_paths(root: nn.Module) -> dict[int, tuple[weakref.ref, str]]:
+    """Each module of ``root`` by identity, with its path (wrappers left out: ``layers.0``)."""
+    return {id(module): (weakref.ref(module), strip_wrappers(path)) for path, module in root.named_modules()}
 
 
 def in_instance(path: str, module: str) -> str:

@@ -36,6 +36,7 @@ from torchdebug._torch import guards
 from torchdebug.graph_dump import _node_names as node_names
 from torchdebug.graph_dump._accumulators import insert_stats, propagate_fake_values
 from torchdebug.graph_dump._capture import GraphCapture
+from torchdebug.graph_dump._instances import compiled_frame
 from torchdebug.graph_dump._plan import StatTable
 from torchdebug.graph_dump._planner import ModelContext, Plan, output_nodes, plan_graph
 from torchdebug.graph_dump._runtime import DUMP_GRAPH, DUMP_POINT, HOST_STATS
@@ -80,6 +81,7 @@ class DataDumpPass:
         if self.model.rooted is None:
             self.model.rooted = node_names.graph_is_rooted(graph)
             self.model.frame = guards.current_frame()
+            self.model.code = compiled_frame(graph)
         golden = self._copy(gm) if self.settings.dump_stage == "original" else None
         plan = plan_graph(graph, self.settings, self.model, aot_phase, golden)
         instrument(graph, plan, self.capture.add_graph(plan.graph))

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.fx
 
 from torchdebug.stats._schema import COLUMNS
+
+if TYPE_CHECKING:
+    from torchdebug.graph_dump._instances import CompiledFrame
 
 Key = tuple[str, str, str]
 """``(phase, module, op)``: what call indices are counted per, as in eager capture."""
@@ -183,5 +186,8 @@ class GraphPlan:
     frame: str | None = None
     """The Dynamo frame (code object) the graph was compiled from; its recompiles (another input
     size, another dtype) share it, so their runs count steps together."""
+    code: CompiledFrame | None = None
+    """Where that frame is found on the stack while the graph runs, and which of its locals is the
+    module instance that runs it (``graph_dump/_instances.py``)."""
     golden: torch.fx.GraphModule | None = None
     """``dump_stage="original"``: the graph before the backend's passes, interpreted on the real inputs."""

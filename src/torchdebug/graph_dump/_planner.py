@@ -47,6 +47,7 @@ import torch.fx
 from torchdebug._torch import symbolic
 from torchdebug.graph_dump import _node_names as node_names
 from torchdebug.graph_dump._accumulators import SAME_ELEMENTS
+from torchdebug.graph_dump._instances import CompiledFrame
 from torchdebug.graph_dump._plan import CallPlan, GraphPlan, Key, SlotPlan, SymbolicSizes
 from torchdebug.graph_dump._settings import DumpSettings
 from torchdebug.native import fused_stats
@@ -77,6 +78,8 @@ class ModelContext:
     forward_calls: dict[Any, tuple[Key, int]] = field(default_factory=dict)
     frame: str | None = None
     """The Dynamo frame the graph comes from (recompiles share it)."""
+    code: CompiledFrame | None = None
+    """That frame's code and the local holding its module (``_instances.compiled_frame``)."""
 
 
 def _numel(value: torch.Tensor) -> int:
@@ -281,8 +284,9 @@ class _Planner:
             order += 1
         if self.aot_phase != "backward":
             self.model.forward_calls.update(forward_calls)
+        model = self.model
         plan = GraphPlan(
-            self.model.name, self.aot_phase, calls, counts, order, golden=golden, sizes=self.sizes, frame=self.model.frame
+            model.name, self.aot_phase, calls, counts, order, golden=golden, sizes=self.sizes, frame=model.frame, code=model.code
         )
         plan.points = self.scene.points(self.graph, calls)
         in_graph, host_groups = self._split_rows(plan)

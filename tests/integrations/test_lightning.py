@@ -1,6 +1,9 @@
 """The Lightning callback: a Lightning run dumps what an equivalent plain loop dumps."""
 
+import contextlib
+import errno
 import json
+import logging
 import math
 
 import pytest
@@ -13,6 +16,7 @@ import torchdebug
 L = pytest.importorskip("lightning.pytorch")
 from tests.integrations.compiled_step import check_a_compiled_step_dump  # noqa: E402
 from torchdebug.integrations.lightning import TorchDebugCallback  # noqa: E402 - after the skip
+from torchdebug.store._faults import failing_writes  # noqa: E402
 
 
 class LitNet(L.LightningModule):
@@ -366,3 +370,26 @@ def test_under_16_mixed_the_gradients_are_watched_scaled_and_divided_by_the_scal
     assert callback.events == [] and monitor.overflows == 0
     assert any(slot.op == "monitor.loss_scale" for slot in monitor.ring.slots)
     assert [monitor.triggers.grad_norm(step) for step in range(4)] == pytest.approx(norms.norms, rel=1e-5)
+
+
+def test_a_full_disk_leaves_the_training_as_it_was_and_the_dump_and_event_say_why(tmp_path, caplog):
+    """Every records file fails to write: the fit runs to the end with the parameters of a fit
+    without faults, the monitor keeps its event (and skips the NaN step), the dump is truncated."""
+
+    def fit(path, faults):
+        callback = TorchDebugCallback(dump_path=path / "dump", step=[2, 3], monitor={"window": 4, "on_anomaly": "skip"})
+        torch.manual_seed(0)
+        model = _PoisonedAt(5)
+        with faults:
+            _trainer(path, callback, max_steps=8).fit(model, torch.utils.data.DataLoader(_batches(8), batch_size=None))
+        return callback, model
+
+    caplog.set_level(logging.INFO)
+    healthy, reference = fit(tmp_path / "healthy", contextlib.nullcontext())
+    callback, model = fit(tmp_path / "full", failing_writes(0, errno.ENOSPC, files="records.arrows"))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+    (event,) = callback.events
+    assert event.step == 5 and "No space left on device" in event.write_error and healthy.events[0].write_error is None
+    dump = torchdebug.load(callback.run_dir).ranks[0]
+    assert "No space left on device" in dump.write_fault["error"] and dump.records() == []
+    assert any(f"dump written to {callback.run_dir}, truncated: writing" in r.getMessage() for r in caplog.records)

@@ -1,5 +1,7 @@
 """The Hugging Face Trainer callback: steps, module paths, and a dump that matches a plain loop."""
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -18,6 +20,7 @@ pytest.importorskip("accelerate")
 from tests.global_hooks import global_module_hooks  # noqa: E402
 from tests.integrations.compiled_step import check_a_compiled_step_dump  # noqa: E402
 from torchdebug.integrations.transformers import TorchDebugCallback  # noqa: E402 - after the skip
+from torchdebug.store._faults import failing_writes  # noqa: E402
 
 
 class RegressionNet(nn.Module):
@@ -529,3 +532,33 @@ def test_a_loss_scalers_overflow_is_counted_not_fired_on_cuda(tmp_path):
     gradients overflow; the monitor counts it and does not fire."""
     callback = _train_overflowing(tmp_path, fp16=True, use_cpu=False)
     assert callback.events == [] and callback._monitor.monitor.overflows == 1
+
+
+def test_a_full_disk_leaves_the_training_as_it_was_and_the_dump_and_event_say_why(tmp_path):
+    """Every records file fails to write: training runs to the end with the parameters of a run
+    without faults, the monitor keeps its event (a NaN factor at step 4), the dump is truncated."""
+
+    def train(path, faults):
+        state_of, remember = _remember_state()
+        torch.manual_seed(0)
+        model = _SpikingNet(state_of, 4, factor=float("nan"))
+        callback = TorchDebugCallback(dump_path=path / "dump", step=[1, 2], monitor={"window": 4, "on_anomaly": "skip"})
+        trainer = transformers.Trainer(
+            model=model,
+            args=_args(path, max_steps=8, max_grad_norm=0.0),
+            train_dataset=_rows(16),
+            callbacks=[remember, callback],
+            optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
+        )
+        with faults:
+            trainer.train()
+        return callback, model
+
+    healthy, reference = train(tmp_path / "healthy", contextlib.nullcontext())
+    callback, model = train(tmp_path / "full", failing_writes(0, errno.ENOSPC, files="records.arrows"))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # on_anomaly="skip" applied
+    (event,) = callback.events
+    assert event.step == 4 and "No space left on device" in event.write_error and healthy.events[0].write_error is None
+    dump = torchdebug.load(callback.run_dir).ranks[0]
+    assert "No space left on device" in dump.write_fault["error"] and dump.records() == []

@@ -20,6 +20,7 @@ from torchdebug.debugger import Debugger, resolve_config
 from torchdebug.errors import ConfigError
 from torchdebug.monitor import Monitor, MonitorConfig
 from torchdebug.monitor._watch import ModelCallEnd
+from torchdebug.store._faults import WriteFault
 
 NO_STEP_WARNING = "torchdebug: no step selected, so every training step is dumped; pass step=[N] or step='a-b' to dump a few"
 
@@ -33,6 +34,8 @@ class TrainerDump:
         self.debugger: Debugger | None = None
         self.run_dir: Path | None = None
         """The run folder of the last dump (also after it is closed)."""
+        self.write_fault: WriteFault | None = None
+        """The first write of the last dump that failed (capture stopped there), once it is closed."""
         self._unreported = False
 
     def open(self, trainer_dir: str | Path) -> None:
@@ -42,6 +45,7 @@ class TrainerDump:
         dump_path = None if self._dump_path_set else Path(trainer_dir) / "torchdebug"
         self.debugger = Debugger(dump_path, config=self.config)
         self.run_dir = self.debugger.run_dir
+        self.write_fault = None
         self._unreported = True
 
     def start(self, step: int, model: nn.Module) -> None:
@@ -66,6 +70,7 @@ class TrainerDump:
         debugger, self.debugger = self.debugger, None
         if debugger is not None:
             debugger.close(interrupted=interrupted)
+            self.write_fault = debugger.write_fault
 
     def finish(self, *, interrupted: bool = False) -> str | None:
         """Close, and the line for the trainer's log saying which steps went where (once per run)."""
@@ -73,6 +78,8 @@ class TrainerDump:
         if not self._unreported:
             return None
         self._unreported = False
+        if self.write_fault is not None:
+            return f"torchdebug: dump written to {self.run_dir}, truncated: {self.write_fault.describe()}; capture stopped there"
         return f"torchdebug: dump written to {self.run_dir} (compare it: torchdebug compare {self.run_dir} REFERENCE)"
 
 

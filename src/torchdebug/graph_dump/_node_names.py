@@ -139,26 +139,49 @@ def replaced_ops(graph: torch.fx.Graph) -> dict[torch.fx.Node, str]:
     """Nodes that alone stand for an op the compiler's decompositions replaced, with that op's name.
 
     AOT autograd records in ``node.meta["original_aten"]`` the op each node was decomposed from,
-    and ``seq_nr`` tells the calls of that op apart. Where a call of op O became exactly one node of
-    another op (``t`` -> ``permute``, ``view`` -> ``reshape``), that node computes O's output, so
-    it is named O and lines up with the eager record. A call that became several nodes
-    (``native_layer_norm`` -> ``var_mean``, ``sub``, ``mul`` ...), or whose ``seq_nr`` other calls
-    of O share, keeps its own nodes' names: which node holds which output of O is not recorded.
-    Only view and factory stand-ins for view and factory ops (``_STAND_INS``) are renamed: after
-    inductor's passes a decomposition can leave a single node tagged (one ``div`` of a layer-norm
-    backward), and such a node may be a fragment of O, not its output.
+    and ``seq_nr`` tells the calls of that op apart. Where a call of op O became one node of
+    another op that holds O's value (``t`` -> ``permute``, ``view`` -> ``reshape``), that node
+    computes O's output, so it is named O and lines up with the eager record. Only view and factory
+    stand-ins for view and factory ops (``_STAND_INS``) are renamed: after inductor's passes a
+    decomposition can leave a single node tagged (one ``div`` of a layer-norm backward), and such a
+    node may be a fragment of O, not its output. A call whose ``seq_nr`` other calls of O share
+    keeps its own nodes' names: which stand-in is which call's is not recorded.
+
+    A stand-in holds O's value only where its dtype and shape are those of the value leaving the
+    call's nodes (what the nodes that are not O's read, or the graph's output). A float ``arange``
+    becomes an int64 ``iota``, then a ``mul``, an ``add`` and a ``convert_element_type`` to float:
+    the ``iota`` is the first of four nodes, not the ``arange``'s value, and keeps its name (compare
+    then lists it ``inside`` the eager ``arange``). Named ``arange``, it was paired with the eager
+    float ``arange`` and, through it, the eager float ``mul`` with an int64 one: a false error.
     """
     groups: dict[tuple[str, Any], list[torch.fx.Node]] = {}
     for node in graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, OpOverload):
             continue
         original = node.meta.get("original_aten")
-        if not isinstance(original, OpOverload):
-            continue
-        name = str(original)  # by name: graph copies (the FX graph cache) hold copies of the op objects
-        if name in _STAND_INS.get(str(node.target), ()):
-            groups.setdefault((name, node.meta.get("seq_nr")), []).append(node)
-    return {nodes[0]: name for (name, seq_nr), nodes in groups.items() if len(nodes) == 1 and seq_nr is not None}
+        if isinstance(original, OpOverload):  # by name: graph copies (the FX graph cache) hold copies of the op objects
+            groups.setdefault((str(original), node.meta.get("seq_nr")), []).append(node)
+    replaced = {}
+    for (name, seq_nr), nodes in groups.items():
+        stand_ins = [node for node in nodes if name in _STAND_INS.get(str(node.target), ())]
+        if len(stand_ins) == 1 and seq_nr is not None and _holds_the_value(stand_ins[0], nodes):
+            replaced[stand_ins[0]] = name
+    return replaced
+
+
+def _holds_the_value(stand_in: torch.fx.Node, nodes: list[torch.fx.Node]) -> bool:
+    """Whether ``stand_in`` has the dtype and shape of every value that leaves ``nodes`` (one call's
+    nodes): those read by other nodes or by the graph's output."""
+    members = set(nodes)
+    leaving = [node for node in nodes if node is stand_in or any(user not in members for user in node.users)]
+    return all(_dtype_and_shape(node) == _dtype_and_shape(stand_in) for node in leaving)
+
+
+def _dtype_and_shape(node: torch.fx.Node) -> tuple[Any, Any]:
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return None, None
+    return value.dtype, tuple(value.shape)
 
 
 def op_name(node: torch.fx.Node) -> str | None:

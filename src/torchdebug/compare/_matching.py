@@ -233,8 +233,11 @@ def _align_leftovers(
     then by op alone in order (shapes then differ). With ``compiled``, order pairs calls of an op
     only where both sides have as many of them left: a decomposition's extra ``mul`` nodes would
     otherwise take the place of the eager ``mul`` calls (:mod:`torchdebug.compare._boundaries` pairs
-    what is left by value); and the last step pairs only calls whose slots hold the same dtypes and
-    whose outputs have the same shapes. Returns the matches and the calls of each side left unpaired."""
+    what is left by value); every step pairs only calls whose slots hold the same dtypes (a
+    compiled node of another dtype holds another value: the int64 ``mul`` inside a decomposed float
+    ``arange`` reads what the ``arange``'s int64 ``iota`` made, not the eager float ``mul`` of its
+    result), and the last step only calls whose outputs have the same shapes. Returns the matches
+    and the calls of each side left unpaired."""
     groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
     for call in left_a:
         groups[_group(call, mapping)][0].append(call)
@@ -248,7 +251,17 @@ def _align_leftovers(
         return mapping.ops.get(call.first.op, call.first.op)
 
     def by_op_and_shapes(call: _Call) -> object:
+        if compiled:  # a node of another dtype holds another value (an int64 ``iota`` is no float ``arange``)
+            return by_op(call), call.signature(), _dtypes(call)
         return by_op(call), call.signature()
+
+    def by_producers_a(call: _Call) -> object:
+        token = links.token_a(call)
+        return (token, _dtypes(call)) if compiled and token is not None else token
+
+    def by_producers_b(call: _Call) -> object:
+        token = links.token_b(call)
+        return (token, _dtypes(call)) if compiled and token is not None else token
 
     def by_op_and_outputs(call: _Call) -> object:
         """The op, its slots' dtypes and its outputs' shapes (its inputs may be other views)."""
@@ -270,7 +283,7 @@ def _align_leftovers(
         return even
 
     strategies = (  # each runs on the calls the ones before it left unpaired
-        lambda a, b: _swapped(a, b, links.token_a, links.token_b),
+        lambda a, b: _swapped(a, b, by_producers_a, by_producers_b),
         in_order(lambda a, b: _align(a, b, by_op_and_shapes)),
         in_order(lambda a, b: _swapped(a, b, by_op_and_shapes)),
         # compiled: a node of another dtype or output shape is another value (a softmax's float ``sub``
@@ -290,6 +303,32 @@ def _align_leftovers(
         unpaired_a.extend(calls_a)
         unpaired_b.extend(calls_b)
     return matches, unpaired_a, unpaired_b
+
+
+def _dtypes(call: _Call) -> tuple:
+    """The dtypes of a call's tensor slots, by slot."""
+    return tuple(sorted((slot, r.dtype or "") for slot, r in zip(call.slots, call.records) if r.kind == "tensor"))
+
+
+def _other_values(call_a: _Call, call_b: _Call) -> bool:
+    """Whether two calls of one name hold values of different kinds in a slot (integers against
+    floating point: a compiled stand-in named after an eager op whose value it does not hold)."""
+    kinds_b = {slot: _dtype_kind(r.dtype) for slot, r in zip(call_b.slots, call_b.records) if r.kind == "tensor"}
+    for slot, record in zip(call_a.slots, call_a.records):
+        if record.kind == "tensor" and slot in kinds_b and _dtype_kind(record.dtype) != kinds_b[slot]:
+            return True
+    return False
+
+
+def _dtype_kind(dtype: str | None) -> str:
+    """``float``, ``complex``, ``bool`` or ``int`` (an unknown dtype: ``""``, as any)."""
+    if not dtype:
+        return ""
+    if dtype.startswith(("float", "bfloat")):
+        return "float"
+    if dtype.startswith("complex"):
+        return "complex"
+    return "bool" if dtype == "bool" else "int"
 
 
 def execution_order(records: Sequence[Record]) -> list[int]:
@@ -561,6 +600,8 @@ def _pair_calls(
         name = _rename(call, mapping)
         other = calls_b.get((key[0], name))
         found = links.check(call, other) if other is not None and other.signature() == call.signature() else True
+        if found is not True and compiled and _other_values(call, other):  # type: ignore[arg-type]
+            found = True  # nor are its consumers paired through it
         if found is not True and (not uneven or (key[0], _counted(other, NameMapping())) not in uneven):  # type: ignore[arg-type]
             settled = links.changes if found is False else None
             matches.append(_Match(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped", settled))

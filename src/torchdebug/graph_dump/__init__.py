@@ -8,7 +8,7 @@ How one Dynamo graph is dumped, module by module::
     _instrument.py  DataDumpPass (the backend's ``data_dump`` pass): plan, register, insert the
                     accumulators (_accumulators.py) and the custom ops (_runtime.py)
     _capture.py     GraphCapture: each run's values -> records, steps and call indices across graphs,
-                    module instances of per-block compiles (_instances.py), dump_stage="original" (_golden.py)
+                    the module instance running each graph (_instances.py), dump_stage="original" (_golden.py)
     scenes/         model, overflow, watcher: one class each behind one interface (scenes/_base.py):
                     which nodes, what the graph hands over, which records a run writes
 

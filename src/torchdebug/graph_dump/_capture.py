@@ -10,20 +10,24 @@ records eager capture writes (``capture="graph"``, ``node`` = FX node name) thro
 
     DUMP_PATH/20261122-101500/worldsize1_global_rank0/records.jsonl, tensors/step0-0000.safetensors
 
-Steps: a step ends when a forward (or inference) graph runs again for the same module instance
-after it already ran in the current step, so graphs split by graph breaks share a step and a
-training loop counts one step per iteration. A recompiled graph (another sequence length, dynamic
-shapes after a recompile) counts as the graph it replaces: graphs compiled from the same Dynamo
-frame (``GraphPlan.frame``) are one. Call indices continue across the graphs of a step, as in eager
-capture.
+Steps: a step begins when the step's first forward (or inference) graph runs again for the same
+module instance, so the graphs a step runs between graph breaks share it however many there are or
+however often one of them runs (a loop over the experts of a mixture-of-experts layer runs one
+expert's graph per expert), and a training loop counts one step per iteration. A recompiled graph
+(another sequence length, dynamic shapes after a recompile) counts as the graph it replaces: graphs
+compiled from the same Dynamo frame (``GraphPlan.frame``) are one. A forward graph run inside a
+backward (a checkpointed block recomputed) begins no step. Call indices continue across the graphs
+of a step, as in eager capture.
 
-Per-block compile (``block.compile()`` for each block, or ``torch.compile(block)``): the blocks of
-one class run one graph (or recompiles of one frame), traced from the block. Before each run the
-backend says which instance runs it (:meth:`GraphCapture.enter`, ``graph_dump/_instances.py``):
-its records are named by the instance's path in the root model (``layers.1.attention.wo``), and
-the graph running for block 1 after block 0 is the same step. A backward graph belongs to the
-latest forward run of its graph whose backward has not run yet (autograd runs the blocks'
-backward graphs in reverse order), whose instance and call indices its ``fwd`` names use.
+Instances (``graph_dump/_instances.py``): Dynamo traces each frame it compiles from the frame's
+module (a block compiled on its own, a submodule's ``forward`` compiled after a graph break), so
+its paths are relative to it, and instances of one class run one graph. Each run is named by the
+path in the root model of the module whose frame runs it, found on the stack
+(``CompiledInstances.running``), else of the module of the parameter the backend handed before
+the run (:meth:`GraphCapture.enter`): ``layers.1.attention.wo``, and the graph running for block 1
+after block 0 is the same step. A backward graph belongs to the latest forward run of its graph
+whose backward has not run yet (autograd runs the blocks' backward graphs in reverse order), whose
+instance and call indices its ``fwd`` names use.
 
 Dynamic shapes: a graph compiled with symbolic sizes hands their values over with each run
 (``dump_graph``'s ``sizes``); its plan's expressions (``GraphPlan.sizes``) are evaluated once per
@@ -94,8 +98,8 @@ class GraphCapture:
     """Receives the runs of instrumented graphs and writes their records.
 
     ``settings``: the dump (its scene says which records a run makes; ``step``: the steps written,
-    ``None``: all). ``model``: the root model, whose compiled modules name the records of graphs
-    compiled per block (``None``: their records keep the paths within the block).
+    ``None``: all). ``model``: the root model, in which the module instance running each graph is
+    named (``None``: in the outermost compiled module whose call is running).
     """
 
     def __init__(self, settings: DumpSettings, model: torch.nn.Module | None = None) -> None:

@@ -8,12 +8,13 @@ An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.rec
   (``L['args'][0]`` where a decorator wraps ``forward``), the compiled module itself -> ``<root>``,
   ``torch.compile``'s wrapper left out (no ``_orig_mod``). Nodes with no stack are ``<root>`` when
   the graph comes from a module (some node's stack starts at the module), else ``-``. A graph
-  compiled per block is traced from the block: its runs put the path of the block instance that ran
-  in front (``torchdebug.graph_dump._instances``).
+  traced from a submodule (a block compiled on its own, a submodule's ``forward`` compiled after a
+  graph break) is relative to it: its runs put the path of the instance that ran in front
+  (``torchdebug.graph_dump._instances``).
 - ``op``: ``str(node.target)`` (``aten.addmm.default``), as the dispatcher names it in eager mode;
-  for a forward node that alone replaced an eager op when the compiler decomposed it (``permute``
-  for ``t`` or ``transpose``, ``reshape`` for ``view``), the op it replaced, read from
-  ``node.meta["original_aten"]`` (see :func:`replaced_ops`; backward calls run in another order
+  for a forward node that alone replaced an eager op when the compiler decomposed it and holds its
+  value (``permute`` for ``t`` or ``transpose``, ``reshape`` for ``view``), the op it replaced,
+  read from ``node.meta["original_aten"]`` (see :func:`replaced_ops`; backward calls run in another order
   than eager's, so same-named calls there would pair wrongly).
 - ``phase``: ``backward`` for nodes AOT autograd tagged ``partitioner_tag == "is_backward"`` and for
   nodes of a backward graph that inductor created without tags; forward nodes the partitioner

@@ -43,6 +43,7 @@ __all__ = [
     "cudagraphs_patch",
     "custom_pass_patch",
     "debug_dir_patch",
+    "installed_passes",
     "observe_inductor_passes",
     "select_decomp_table",
 ]
@@ -153,3 +154,11 @@ def observe_inductor_passes(
             _callbacks.pop()
             if not _callbacks:
                 _observer_module.GraphTransformObserver = _GraphTransformObserver  # type: ignore[misc]
+
+
+def installed_passes(slot: str) -> list[Any]:
+    """The passes in inductor's custom-pass ``slot`` now, in the order it runs them (a torch 2.11/2.12
+    :class:`ChainedPasses` unpacked)."""
+    if slot not in CUSTOM_PASS_SLOTS:
+        raise ValueError(f"slot: got {slot!r}, expected one of {', '.join(map(repr, CUSTOM_PASS_SLOTS))}")
+    return _passes_in(getattr(_config, slot))

@@ -1,9 +1,12 @@
-"""Tiny programs with a relu (the planted bugs' target) and an entry for the command line."""
+"""Tiny programs with a relu (the planted bugs' target), an entry for the command line, and planted
+backward bugs as inductor passes (importable, so a repro can install them too)."""
 
 from __future__ import annotations
 
 import torch
+import torch.fx
 from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 
 class ReluNet(nn.Module):
@@ -44,3 +47,37 @@ def make_model_and_inputs() -> tuple[nn.Module, tuple[torch.Tensor]]:
     """The command line's entry: a model and its example inputs."""
     torch.manual_seed(0)
     return ReluNet(), (torch.randn(4, 8),)
+
+
+class PerturbMulOfCos(CustomGraphPass):
+    """A planted backward bug (a post-grad pass): the first ``mul`` that reads a ``cos`` becomes an
+    ``add``. Only ``sin``'s backward multiplies by a cos, and the ``mul`` alone (its inputs fed in)
+    is compiled right: the repro needs the ``cos`` with it."""
+
+    def __init__(self) -> None:
+        self.perturbed: list[str] = []
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in graph.find_nodes(op="call_function", target=torch.ops.aten.mul.Tensor):
+            if any(arg.target is torch.ops.aten.cos.default for arg in node.all_input_nodes):
+                node.target = torch.ops.aten.add.Tensor
+                self.perturbed.append(node.name)
+                return
+
+    def uuid(self) -> str:
+        return "tests.diagnose.models.PerturbMulOfCos"
+
+
+class ScatterBeforeDiv(CustomGraphPass):
+    """A planted backward bug like inductor's own on diffusers' UNet (torch 2.13): a ``div`` of an
+    ``index_put`` (the scatter-add that nearest upsampling's backward lowers to) reads the buffer
+    before the scatter: zeros. The ``div`` alone is compiled right; the repro needs the scatter."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in graph.find_nodes(op="call_function", target=torch.ops.aten.div.Tensor):
+            source = node.args[0]
+            if isinstance(source, torch.fx.Node) and "index_put" in str(source.target):
+                node.args = (source.args[0], *node.args[1:])
+
+    def uuid(self) -> str:
+        return "tests.diagnose.models.ScatterBeforeDiv"

@@ -3,20 +3,21 @@ the right stage, node and source line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import torchdebug.diagnose as td
 from tests.diagnose.llama import tiny_llama
-from tests.diagnose.models import ReluNet, TanhNet, line_of
+from tests.diagnose.models import PerturbMulOfCos, ReluNet, TanhNet, line_of
 
 MODELS = str(Path(__file__).with_name("models.py"))
-LLAMA = str(Path(__file__).resolve().parents[2] / "examples" / "llama.py")
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA = str(ROOT / "examples" / "llama.py")
 
 
 def _source_line(report: td.DiagnoseResult) -> tuple[str, int]:
@@ -35,10 +36,20 @@ def _assert_relu(report: td.DiagnoseResult, stage: str, kind: str) -> None:
     assert report.user_frame == report.source
 
 
-def _run_repro(report: td.DiagnoseResult) -> subprocess.CompletedProcess[str]:
-    assert report.repro_path is not None and report.repro_path.is_file()
+def run_repro(report: td.DiagnoseResult) -> subprocess.CompletedProcess[str]:
+    """Run the written repro.py in a fresh process, where the planted passes of ``tests.diagnose.models``
+    can be imported (as a user's own passes would be)."""
+    assert report.repro_path is not None and report.repro_path.is_file(), report.summary()
     assert (report.repro_path.parent / "repro_inputs.safetensors").is_file()
-    return subprocess.run([sys.executable, str(report.repro_path)], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(report.repro_path)], capture_output=True, text=True, timeout=300, env=env)
+
+
+def assert_repro_fails(report: td.DiagnoseResult, shows: str) -> None:
+    """The repro exits 1 and prints ``REPRO: ...`` with ``shows`` in it."""
+    result = run_repro(report)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "REPRO:" in result.stdout and shows in result.stdout, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
@@ -57,8 +68,8 @@ def test_dynamo_planted_bug_is_localised_to_the_backend_and_the_relu_line(
     assert [s.stage.label for s in report.stages[:-1]] == ["uncompiled", "eager", "aot_eager", "aot_eager_decomp_partition"]
     assert message in report.finding.detail
     assert "relu" in report.summary()
-    result = _run_repro(report)
-    assert result.returncode == 1 and "REPRO:" in result.stdout, result.stdout + result.stderr
+    assert report.finding.scope == "the node alone" and report.finding.reproduced
+    assert_repro_fails(report, "raised" if kind == "exception" else "rmse")
 
 
 @pytest.mark.slow  # an inductor compile and a repro subprocess: about 15-25 s on 2 cores
@@ -68,8 +79,8 @@ def test_inductor_accuracy_bug_inside_a_fused_cpp_kernel_is_localised_and_reprod
     _assert_relu(report, "inductor", "accuracy")
     assert report.finding.phase == "forward" and report.finding.target == "aten.relu.default"
     assert {c.name for c in report.failed_checks} >= {"output.0", "grad.fc1.weight"}
-    result = _run_repro(report)  # the repro pins the planted config itself
-    assert result.returncode == 1 and "REPRO: value 0" in result.stdout, result.stdout + result.stderr
+    assert report.finding.scope == "the node alone" and report.finding.reproduced
+    assert_repro_fails(report, f"REPRO: {report.node} of the graph compiled with 'inductor' is wrong")  # config pinned
     html = report.to_html(tmp_path / "report.html").read_text()
     assert "aten.relu.default" in html and "inductor" in html
 
@@ -87,46 +98,34 @@ def test_inductor_accuracy_bug_after_cpu_sdpa_and_complex_rope_is_localised_to_t
 
 
 @pytest.mark.parametrize("bug", ["compile_error", "runtime_error"])
-def test_inductor_exception_is_localised_to_the_relu_line(bug: str, tmp_path: Path) -> None:
+def test_inductor_exception_is_localised_to_the_relu_line_and_reproduced(bug: str, tmp_path: Path) -> None:
     with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": bug}):
-        report = td.diagnose(ReluNet(), torch.randn(4, 8), output_dir=tmp_path, repro=False)
+        report = td.diagnose(ReluNet(), torch.randn(4, 8), output_dir=tmp_path)
     _assert_relu(report, "inductor", "exception")
     assert report.error is not None
+    assert_repro_fails(report, "the graph compiled with 'inductor' raised")
 
 
-class _PerturbFirstBackwardMul(CustomGraphPass):
-    """Our planted bug: in backward graphs, the first ``mul`` becomes an ``add``."""
-
-    def __init__(self) -> None:
-        self.perturbed: list[str] = []
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        if not any(n.name.startswith("tangents") for n in graph.find_nodes(op="placeholder")):
-            return
-        node = next(n for n in graph.nodes if n.target is torch.ops.aten.mul.Tensor)
-        node.target = torch.ops.aten.add.Tensor
-        self.perturbed.append(node.name)
-
-    def uuid(self) -> None:
-        return None
-
-
-def test_a_post_grad_pass_that_breaks_one_backward_op_is_localised_to_that_node(tmp_path: Path) -> None:
-    perturb = _PerturbFirstBackwardMul()
+def test_a_post_grad_pass_that_breaks_one_backward_op_is_localised_to_that_node_and_its_repro_fails(tmp_path: Path) -> None:
+    perturb = PerturbMulOfCos()
     with torch._inductor.config.patch(post_grad_custom_post_pass=perturb):
-        report = td.diagnose(TanhNet(), torch.randn(4, 8), output_dir=tmp_path, repro=False)
+        report = td.diagnose(TanhNet(), torch.randn(4, 8), output_dir=tmp_path)
     assert report.stage == "inductor" and report.kind == "accuracy", report.summary()
     assert all(c.name.startswith("grad.") for c in report.failed_checks)  # the forward is right
     assert report.finding is not None and report.finding.phase == "backward"
-    assert report.node == perturb.perturbed[-1] and report.finding.graph == "model__0 backward"
+    assert report.node == perturb.perturbed[0] and report.finding.graph == "model__0 backward"
     assert _source_line(report) == (MODELS, line_of("SIN LINE"))
+    # the mul alone is compiled right (the pass needs the cos): the repro holds both, and installs the pass
+    assert report.finding.scope == f"a region of 2 nodes ending at {report.node}" and report.finding.reproduced
+    assert "post_grad_custom_post_pass = _load('tests.diagnose.models', 'PerturbMulOfCos')()" in report.repro_path.read_text()
+    assert_repro_fails(report, f"REPRO: {report.node} of the graph compiled with 'inductor' is wrong")
 
 
 def test_a_correct_program_passes_every_stage(tmp_path: Path) -> None:
     report = td.diagnose(ReluNet(), torch.randn(4, 8), backend="aot_eager_decomp_partition", output_dir=tmp_path)
     assert report.ok and report.stage is None and report.finding is None and report.repro_path is None
     assert [s.stage.label for s in report.stages] == ["uncompiled", "eager", "aot_eager", "aot_eager_decomp_partition"]
-    assert "every stage matches" in report.summary()
+    assert "every stage matches" in report.summary() and report.skipped == []
 
 
 def test_an_exception_in_eager_names_the_user_frame(tmp_path: Path) -> None:

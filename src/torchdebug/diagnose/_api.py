@@ -27,6 +27,7 @@ from torchdebug.diagnose._graph_breaks import compile_events
 from torchdebug.diagnose._instrument import InstrumentedInductor
 from torchdebug.diagnose._nodes import first_bad_node
 from torchdebug.diagnose._program import Program, first_line
+from torchdebug.diagnose._region import reproduce
 from torchdebug.diagnose._repro import write_repro
 from torchdebug.diagnose._result import DiagnoseResult
 from torchdebug.diagnose._stages import References, Stage, StageResult, climb, default_compile_mode, ladder, references
@@ -95,24 +96,54 @@ def _climb_and_localize(
 ) -> DiagnoseResult:
     recorder = DynamoRecorder()
     stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
-    results = climb(program, stages[:-1], refs, config.tolerance, shown)
-    instrumented = None
-    if not results[-1].failed:
-        instrumented, last = _last_stage(program, stages[-1], refs, config.tolerance, notes, shown)
-        results.append(last)
+    target = stages[-1]
+    if _is_inductor(target):
+        results, finding, skipped = _inductor_first(program, stages, refs, config.tolerance, notes, shown)
+    else:
+        results, finding, skipped = climb(program, stages[:-1], refs, config.tolerance, shown), None, []
+        if not results[-1].failed:
+            results.append(climb(program, [target], refs, config.tolerance, shown)[-1])
     if len(results) > 1:
         results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
     graphs = list(recorder.graphs)
-    report = DiagnoseResult(results, compile_events=compile_events(graphs), notes=notes)
+    report = DiagnoseResult(results, compile_events=compile_events(graphs), notes=notes, skipped=skipped)
     failed = report.failed_stage
     if failed is not None and failed.stage.backend is not None:
         shown.set_postfix_str(f"finding the first bad node of {failed.stage.label}")
-        report.finding = _localize(program, failed, instrumented, graphs, config.tolerance, notes)
+        judge = Bisector(failed.stage, train=False, tolerance=config.tolerance)
+        if finding is not None and config.repro:
+            shown.set_postfix_str(f"cutting the smallest graph around {finding.node} that fails under {failed.stage.label}")
+            reproduce(finding, lambda gm, inputs: judge.check_graph(gm, inputs, train=False), notes)
+        report.finding = finding or _bisect(program, failed, graphs, config.tolerance, notes)
         if report.finding is None:
             report.not_localised = notes[-1]
         elif config.repro:
             report.repro_path = _write_repro(report.finding, failed, Path(config.output_dir), config.tolerance, notes)
     return report
+
+
+def _inductor_first(
+    program: Program, stages: list[Stage], refs: References, tolerance: float, notes: list[str], shown: progress.Bar
+) -> tuple[list[StageResult], NodeFinding | None, list[str]]:
+    """``uncompiled`` and ``eager``, then inductor (instrumented); the stages between run only
+    when inductor fails and its own node values do not name the node. A node whose compiled value
+    is wrong for the graph inductor was given is inductor's fault, whatever the stages before it do;
+    and when inductor (which runs all of them) is right, they are not needed."""
+    between = stages[2:-1]
+    results = climb(program, stages[:2], refs, tolerance, shown)
+    if results[-1].failed:
+        return results, None, []
+    instrumented, last = _last_stage(program, stages[-1], refs, tolerance, notes, shown)
+    finding = _node_by_node(instrumented, tolerance, notes) if instrumented is not None else None
+    if last.failed and finding is None:
+        results += climb(program, between, refs, tolerance, shown)
+        if not results[-1].failed:
+            results.append(last)
+        return results, None, []
+    skipped = [stage.label for stage in between]
+    why = "its compiled values disagree with the graph it was given" if last.failed else "it matches fp64"
+    notes.append(f"stages {', '.join(skipped)} not run: {last.stage.label} runs them all, and {why}")
+    return [*results, last], finding, skipped
 
 
 def _cuda_devices(inputs: tuple[Any, ...]) -> list[int]:
@@ -126,11 +157,9 @@ def _is_inductor(stage: Stage) -> bool:
 def _last_stage(
     program: Program, stage: Stage, refs: References, tolerance: float, notes: list[str], shown: progress.Bar
 ) -> tuple[InstrumentedInductor | None, StageResult]:
-    """The user's backend. Inductor runs instrumented (its node values kept for localisation, one
-    compile instead of two); a pass or an exception is confirmed by plain inductor, because
-    materialising every node could hide a bug that needs fusion, or cause an error of its own."""
-    if not _is_inductor(stage):
-        return None, climb(program, [stage], refs, tolerance, shown)[-1]
+    """Inductor, instrumented (its node values kept for localisation, one compile instead of two);
+    a pass or an exception is confirmed by plain inductor, because materialising every node could
+    hide a bug that needs fusion, or cause an error of its own."""
     instrumented = InstrumentedInductor()
     with instrumented.active():
         result = climb(program, [Stage(stage.label, instrumented)], refs, tolerance, shown)[-1]
@@ -146,26 +175,23 @@ def _last_stage(
     return None, plain
 
 
-def _localize(
-    program: Program,
-    failed: StageResult,
-    instrumented: InstrumentedInductor | None,
-    graphs: list[Any],
-    tolerance: float,
-    notes: list[str],
-) -> NodeFinding | None:
-    """The first bad node of the failing stage (see the module docstring for which method). When
-    there is none, the last note says why; a failure of the search itself becomes a note too."""
-    if instrumented is not None:
-        try:
-            found = first_bad_node(instrumented.graphs, tolerance, notes)
-        except Exception as error:  # noqa: BLE001 - diagnose reports, it does not crash
-            log.warning("node-by-node comparison failed", exc_info=True)
-            notes.append(f"node by node, the comparison failed ({type(error).__name__}: {first_line(error)})")
-            found = None
-        if found is not None:
-            return found
+def _node_by_node(instrumented: InstrumentedInductor, tolerance: float, notes: list[str]) -> NodeFinding | None:
+    """The first node whose compiled value inductor got wrong; when there is none, a note says so
+    (and a failure of the comparison itself becomes a note too)."""
+    try:
+        found = first_bad_node(instrumented.graphs, tolerance, notes)
+    except Exception as error:  # noqa: BLE001 - diagnose reports, it does not crash
+        log.warning("node-by-node comparison failed", exc_info=True)
+        notes.append(f"node by node, the comparison failed ({type(error).__name__}: {first_line(error)})")
+        found = None
+    if found is None:
         notes.append("node by node, no compiled value is further from fp64 than eager allows; bisecting the graph instead")
+    return found
+
+
+def _bisect(program: Program, failed: StageResult, graphs: list[Any], tolerance: float, notes: list[str]) -> NodeFinding | None:
+    """The first bad node of the failing stage by bisection over the Dynamo graphs. When there is
+    none, the last note says why; a failure of the search itself becomes a note too."""
     bisector = Bisector(failed.stage, program.train, tolerance)
     try:
         found = bisector.locate(graphs)

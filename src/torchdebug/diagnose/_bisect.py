@@ -13,7 +13,6 @@ otherwise the failing prefix does.
 from __future__ import annotations
 
 import logging
-import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +23,10 @@ from torchdebug._torch import dynamo as _dynamo
 from torchdebug.diagnose._accuracy import DEFAULT_TOLERANCE
 from torchdebug.diagnose._finding import NodeFinding, node_finding
 from torchdebug.diagnose._program import Program, first_line
+from torchdebug.diagnose._region import OPS, prefix, region
 from torchdebug.diagnose._stages import Stage, StageResult, climb, references
 
 log = logging.getLogger("torchdebug.diagnose._bisect")
-
-_OPS = ("call_function", "call_method", "call_module")
 
 
 @dataclass(slots=True)
@@ -66,62 +64,8 @@ def _leaf(value: Any) -> Any:
     return value.detach().clone().requires_grad_(value.requires_grad)
 
 
-def _tensor_valued(node: torch.fx.Node) -> bool:
-    value = node.meta.get("example_value", node.meta.get("val"))
-    return isinstance(value, torch.Tensor)
-
-
-def prefix(gm: torch.fx.GraphModule, count: int) -> torch.fx.GraphModule:
-    """The placeholders and first ``count`` op nodes of ``gm``, returning every tensor they make."""
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    ops = 0
-    for node in gm.graph.nodes:
-        if node.op == "output" or (node.op in _OPS and ops == count):
-            break
-        env[node] = graph.node_copy(node, lambda n: env[n])
-        ops += node.op in _OPS
-    outputs = [env[n] for n in env if n.op in _OPS and _tensor_valued(n)]
-    graph.output(tuple(outputs))
-    return torch.fx.GraphModule(gm, graph)
-
-
 def op_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    return [n for n in gm.graph.nodes if n.op in _OPS]
-
-
-def single_node(
-    gm: torch.fx.GraphModule, node: torch.fx.Node, values: dict[str, Any]
-) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
-    """``node`` alone: one placeholder per tensor it reads (named after the producing node); each
-    tensor result an output (all of a multi-output op's)."""
-    graph = torch.fx.Graph()
-    inputs: dict[str, Any] = {}
-
-    def placeholder(arg: torch.fx.Node) -> Any:
-        value = values.get(arg.name)
-        if not isinstance(value, torch.Tensor):
-            return value
-        if arg.name not in inputs:
-            inputs[arg.name] = value
-            holder = graph.placeholder(arg.name)
-            holder.meta.update(arg.meta)
-        return next(n for n in graph.nodes if n.name == arg.name)
-
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), placeholder)
-    copied = graph.create_node(node.op, node.target, args, kwargs, name=node.name)
-    copied.meta.update(node.meta)
-    results = node.meta.get("val", node.meta.get("example_value"))
-    if isinstance(results, (tuple, list)):  # a multi-output op: each tensor result is an output
-        outputs = []
-        for index, result in enumerate(results):
-            if isinstance(result, torch.Tensor):
-                outputs.append(graph.call_function(operator.getitem, (copied, index)))
-                outputs[-1].meta["val"] = result
-        graph.output(tuple(outputs))
-    else:
-        graph.output((copied,))
-    return torch.fx.GraphModule(gm, graph), inputs
+    return [n for n in gm.graph.nodes if n.op in OPS]
 
 
 def _values(gm: torch.fx.GraphModule, inputs: list[Any]) -> dict[str, Any]:
@@ -172,12 +116,16 @@ class Bisector:
     def _finding(self, graph: DynamoGraph, node: torch.fx.Node, count: int, name: str, train: bool) -> NodeFinding:
         assert graph.inputs is not None
         values = _values(graph.gm, graph.inputs)
-        alone, inputs = single_node(graph.gm, node, values)
-        result = self.check_graph(alone, list(inputs.values()), train)
-        if not result.failed:  # the node needs its context: the repro keeps the prefix
+        cut = region(graph.gm, node, values)
+        result = self.check_graph(cut[0], list(cut[1].values()), train) if cut is not None else None
+        scope = "the node alone"
+        if cut is not None and result is not None and result.failed:
+            alone, inputs = cut
+        else:  # the node needs its context: the repro keeps the prefix
             placeholders = graph.gm.graph.find_nodes(op="placeholder")
             alone, inputs = prefix(graph.gm, count), {p.name: v for p, v in zip(placeholders, graph.inputs)}
             result = self.check_graph(alone, list(inputs.values()), train)
+            scope = f"the failing prefix of {name} (its first {count} nodes)"
         if result.run.error is not None:
             detail = f"{type(result.run.error).__name__}: {first_line(result.run.error)}"
             failed = None
@@ -185,4 +133,16 @@ class Bisector:
             failed = next((c for c in result.checks if not c.passed), None)
             detail = f"{failed.name} {failed.describe()}" if failed else "fails only inside the whole graph"
         phase = "backward" if failed is not None and failed.name.startswith("grad.") else "forward"
-        return node_finding(node, name, "forward", detail, phase, check=failed, inputs=inputs, subgraph=alone, train=train)
+        return node_finding(
+            node,
+            name,
+            "forward",
+            detail,
+            phase,
+            check=failed,
+            inputs=inputs,
+            subgraph=alone,
+            train=train,
+            scope=scope,
+            reproduced=result.failed,
+        )

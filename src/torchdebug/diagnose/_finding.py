@@ -37,6 +37,12 @@ class NodeFinding:
     """The graph the repro runs: the node alone, or the failing prefix when the node alone passes."""
     train: bool = True
     """Whether the repro needs the backward pass to show the problem."""
+    scope: str = "the node alone"
+    """What ``subgraph`` holds: ``the node alone``, ``a region of 3 nodes ending at div_33``, ..."""
+    reproduced: bool | None = None
+    """Whether ``subgraph`` alone, compiled with the failing stage, shows the problem (``None``: not tried)."""
+    context: Any = field(default=None, repr=False)
+    """Where the node sits, for cutting a larger region around it: a :class:`~torchdebug.diagnose._region.Culprit`."""
 
     def describe(self) -> str:
         where = f" at {self.source}" if self.source else ""

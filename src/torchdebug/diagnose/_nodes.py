@@ -37,10 +37,10 @@ import torch.fx
 
 from torchdebug.diagnose import _attention as attention
 from torchdebug.diagnose._accuracy import DEFAULT_TOLERANCE, Check, check
-from torchdebug.diagnose._bisect import single_node
 from torchdebug.diagnose._finding import NodeFinding, node_finding
 from torchdebug.diagnose._instrument import AotGraph
 from torchdebug.diagnose._program import first_line
+from torchdebug.diagnose._region import Culprit, region
 from torchdebug.records import allocates
 
 log = logging.getLogger("torchdebug.diagnose._nodes")
@@ -252,7 +252,7 @@ class _Replay:
             node = source
         values = {n.name: v for n, v in self.eager.items()}
         inputs = {**values, **self.compiled}  # the compiled value of each input where there is one
-        alone, alone_inputs = single_node(self.entry.original, node, inputs)
+        alone, alone_inputs = region(self.entry.original, node, inputs) or (None, {})
         return node_finding(
             node,
             self.entry.label,
@@ -262,4 +262,5 @@ class _Replay:
             inputs=alone_inputs,
             subgraph=alone,
             train=False,  # the node alone, forward: a backward node is an ordinary op of the backward graph
+            context=Culprit(self.entry.original, node, inputs),
         )

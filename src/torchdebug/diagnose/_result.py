@@ -25,6 +25,8 @@ class DiagnoseResult:
     seconds: float = 0.0
     not_localised: str | None = None
     """Why no node is named although a compiler stage fails (also the last of ``notes``)."""
+    skipped: list[str] = field(default_factory=list)
+    """Stages of the ladder that did not need to run (before the last of ``stages``; a note says why)."""
 
     @property
     def failed_stage(self) -> StageResult | None:
@@ -80,10 +82,16 @@ class DiagnoseResult:
     def summary(self) -> str:
         """A few lines for the console."""
         lines = [f"torchdebug diagnose ({self.seconds:.1f} s)"]
-        for result in self.stages:
+        for index, result in enumerate(self.stages):
+            if index == len(self.stages) - 1:
+                lines.extend(f"  {label:<28} not run" for label in self.skipped)
             lines.append(f"  {result.stage.label:<28} {result.kind:<10} {result.seconds:6.2f} s")
         if self.ok:
-            lines.append("every stage matches the fp64 eager reference")
+            lines.append(
+                f"{self.stages[-1].stage.label} matches the fp64 eager reference (the stages it includes were not run)"
+                if self.skipped
+                else "every stage matches the fp64 eager reference"
+            )
         elif self.error is not None:
             lines.append(f"stage {self.stage} raises {type(self.error).__name__}: {first_line(self.error)}")
         else:
@@ -99,8 +107,9 @@ class DiagnoseResult:
             lines.append("first bad node: not found (the last note says why)")
         if self.finding is None and self.user_frame:
             lines.append(f"user frame: {self.user_frame}")
-        if self.repro_path is not None:
-            lines.append(f"repro: python {self.repro_path}")
+        if self.repro_path is not None and self.finding is not None:
+            shows = "" if self.finding.reproduced is not False else "; it does not show the problem (see the notes)"
+            lines.append(f"repro: python {self.repro_path} ({self.finding.scope}{shows})")
         lines.append(f"compile: {self.compile_events.summary()}")
         for event in self.compile_events.events:
             lines.append(f"  {event.kind} at {event.source or 'an unknown line'}: {event.reason.splitlines()[0]}")

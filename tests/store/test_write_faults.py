@@ -9,9 +9,11 @@ import errno
 import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
@@ -175,3 +177,44 @@ def test_show_check_compare_and_report_say_the_dump_is_truncated_in_one_line(tmp
     assert f"A {said}" in capsys.readouterr().out
     assert cli(["report", str(debugger.run_dir), "-o", str(tmp_path / "report.html")]) == 0
     assert "truncated</strong>: " + said in (tmp_path / "report.html").read_text()
+
+
+def test_a_graph_dump_that_cannot_be_written_leaves_the_compiled_training_as_it_was(tmp_path):
+    """The backend's data dump inside compiled code, writes failing from step 2 on."""
+    from torchdebug.compile import CompilerConfig, get_backend
+
+    def train(dump: bool) -> tuple[list[float], Path | None]:
+        torchdebug.seed_all(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        config = CompilerConfig(mode="aot_eager")
+        if dump:
+            config.dump_config.enable_dump = True
+            config.dump_config.dump_path = str(tmp_path)
+            config.dump_config.task = "tensor"
+        backend = get_backend(config)
+        compiled = torch.compile(model, backend=backend)
+        losses = []
+        for step in range(STEPS):
+            if dump and step == FAULT_STEP:
+                backend.data_dump.flush()  # what came before the fault is on disk
+            with failing_writes(0, errno.ENOSPC) if dump and step >= FAULT_STEP else contextlib.nullcontext():
+                loss = compiled(torch.randn(4, 8, generator=torch.Generator().manual_seed(step))).square().mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                losses.append(float(loss))
+        if dump:
+            with failing_writes(0, errno.ENOSPC):
+                backend.data_dump.close()
+        torch._dynamo.reset()
+        return losses, backend.data_dump.rank_dir if dump else None
+
+    plain, _ = train(dump=False)
+    losses, rank_dir = train(dump=True)
+    assert losses == plain
+    dump = load(rank_dir).ranks[0]
+    assert "No space left on device" in dump.write_fault["error"] and dump.write_fault["step"] >= FAULT_STEP - 1
+    records = dump.records()
+    assert {record.step for record in records} == set(range(FAULT_STEP))
+    assert all(list(dump.load_tensor(r).shape) == r.shape for r in records if r.tensor is not None and r.step < FAULT_STEP - 1)

@@ -282,7 +282,7 @@ class RankWriter:
         with self._buffers:
             while True:
                 if not self.takes_tensors:
-                    raise DumpError(f"tensors are no longer saved: {self.fault.describe() if self.fault else 'writer closed'}")
+                    raise DumpError(f"tensors are no longer saved: {self.fault.describe() if self.fault else 'a write failed'}")
                 fitting = [batch for batch in self._idle_batches if batch.capacity >= nbytes]
                 if fitting:
                     batch = min(fitting, key=lambda batch: batch.size)
@@ -328,7 +328,7 @@ class RankWriter:
             batch = None
         if not self.takes_records:
             self._pending_stacks = []
-            self.unwritten_records += len(records)
+            self._count_unwritten(len(records))
             return
         stacks = "".join(json.dumps(s) + "\n" for s in self._pending_stacks)
         self._pending_stacks = []
@@ -492,7 +492,7 @@ class RankWriter:
     def _write_records(self, job: _RecordJob) -> None:
         count = job.columns.num_rows if job.columns is not None else 0
         if not self.takes_records:
-            self.unwritten_records += count
+            self._count_unwritten(count)
             return
         path = self.rank_dir / layout.STACKS
         try:
@@ -504,10 +504,14 @@ class RankWriter:
                 charge(path, job.columns.nbytes)
                 self._records.append(job.columns)
         except BaseException as error:
-            self.unwritten_records += count
+            self._count_unwritten(count)
             self._fail(error, job.step, job.first, path, records=True)
             return
         self.record_count += count
+
+    def _count_unwritten(self, count: int) -> None:
+        with self._buffers:  # counted from both threads
+            self.unwritten_records += count
 
 
 @dataclass

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +15,8 @@ import torch
 from torch import nn
 
 import torchdebug
-from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from examples.gpt import GPTConfig
+from tests.store.captured_training import train
 from torchdebug.cli import main as cli
 from torchdebug.errors import DumpError
 from torchdebug.store import _layout as layout
@@ -26,8 +26,6 @@ from torchdebug.store._reader import load
 CONFIG = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab=128)
 STEPS = 4
 FAULT_STEP = 2
-NO_HANG_SECONDS = 120
-"""Far above a step of this model; a writer that waits for a failed writer never returns."""
 
 
 def _train(
@@ -37,44 +35,11 @@ def _train(
     files: str = "*",
     at_fault: Callable[[], None] | None = None,
 ) -> list[float]:
-    """``STEPS`` steps of the GPT, each captured by ``debugger``; from step ``FAULT_STEP`` every
-    write of the store to ``files`` fails with ``fault`` (and ``at_fault`` runs before it). Returns
-    the losses (run in a thread: a hang fails)."""
-    torchdebug.seed_all(0)
-    model = GPT(CONFIG)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses: list[float] = []
-    errors: list[BaseException] = []
-
-    def loop() -> None:
-        try:
-            for step in range(STEPS):
-                if debugger is not None and step == FAULT_STEP:
-                    debugger.flush()  # what came before the fault is on disk
-                    if at_fault is not None:
-                        at_fault()
-                with failing_writes(0, fault, files) if step >= FAULT_STEP and fault else contextlib.nullcontext():
-                    if debugger is not None:
-                        debugger.start(model)
-                    losses.append(float(train_step(model, optimizer, make_batch(CONFIG, batch=4, seed=step))))
-                    if debugger is not None:
-                        debugger.stop()
-                        debugger.step()
-            if debugger is not None:
-                with failing_writes(0, fault, files) if fault else contextlib.nullcontext():
-                    debugger.close()
-        except BaseException as error:  # noqa: BLE001 - handed to the test
-            errors.append(error)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    thread.join(NO_HANG_SECONDS)
-    assert not thread.is_alive(), "the training loop hung on a failed write of the dump"
-    if raises:
-        assert errors, "on_write_error='raise' raised nothing"
-        raise errors[0]
-    assert not errors, f"a failed write reached the training loop: {errors[0]!r}"
-    return losses
+    """``STEPS`` steps of the GPT captured by ``debugger``, writes to ``files`` failing with
+    ``fault`` from ``FAULT_STEP`` (``captured_training.train``)."""
+    return train(
+        debugger, CONFIG, batch=4, steps=STEPS, fault_step=FAULT_STEP, fault=fault, files=files, at_fault=at_fault, raises=raises
+    )
 
 
 @pytest.fixture(scope="module")

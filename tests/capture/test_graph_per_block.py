@@ -17,6 +17,7 @@ import torch._dynamo
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
+from tests.graph_dump import training
 from torchdebug._torch.nn import strip_wrappers
 from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.graph_dump._instances import NO_INSTANCE, CompiledInstances, in_instance
@@ -37,46 +38,15 @@ def _train(model: torch.nn.Module, run: torch.nn.Module, step: int) -> None:
     model.zero_grad()
 
 
-def _eager_dump(path: Path) -> Path:
-    model = _model()
-    debugger = torchdebug.Debugger(path, task="statistics")
-    for step in range(STEPS):
-        debugger.start(model)
-        _train(model, model, step)
-        debugger.step()
-    debugger.close()
-    return path
-
-
 def _compiled_dump(path: Path, spelling: str, root: bool = True) -> list[torchdebug.records.Record]:
     """Statistics of every node (``aot_eager``): of each block, the blocks compiled one by one
     (``spelling`` ``method`` or ``wrapper``), or of the whole model (``whole``)."""
-    torch._dynamo.reset()
-    model = _model()
-    path.mkdir(parents=True, exist_ok=True)
-    config = CompilerConfig(mode="aot_eager")
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(path)
-    config.dump_config.task = "statistics"
-    backend = get_backend(config, model=model if root else None)
-    run: torch.nn.Module = model
-    for index, block in enumerate(model.layers):
-        if spelling == "method":
-            block.compile(backend=backend)
-        elif spelling == "wrapper":
-            model.layers[index] = torch.compile(block, backend=backend)
-    if spelling == "whole":
-        run = torch.compile(model, backend=backend)
-    for step in range(STEPS):
-        _train(model, run, step)
-    backend.data_dump.close()
-    torch._dynamo.reset()
-    return torchdebug.load(path).ranks[0].records()
+    return training.compiled_dump(path, _model(), _train, STEPS, spelling=spelling, root=root)
 
 
 @pytest.fixture(scope="module")
 def eager_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _eager_dump(tmp_path_factory.mktemp("eager"))
+    return training.eager_dump(tmp_path_factory.mktemp("eager"), _model(), _train, STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -15,24 +15,13 @@ from dataclasses import replace
 from torchdebug.compare._matching import match_records
 from torchdebug.records import Record, make_name
 
+_SLOT = Record(name="", step=0, rank=0, phase="forward", module="m", op="", call=0, seq=0, io="output", arg="0", shape=[8])
+
 
 def _slot(op: str, call: int, seq: int, io: str, arg: str, dtype: str, mean: float, capture: str = "eager") -> Record:
-    return Record(
-        name=make_name("forward", "m", op, call, io, arg),
-        step=0,
-        rank=0,
-        phase="forward",
-        module="m",
-        op=op,
-        call=call,
-        seq=seq,
-        io=io,
-        arg=arg,
-        dtype=dtype,
-        shape=[8],
-        stats={"min": 0.0, "max": 7.0, "mean": mean},
-        capture=capture,
-    )
+    stats = {"min": 0.0, "max": 7.0, "mean": mean}
+    name = make_name("forward", "m", op, call, io, arg)
+    return replace(_SLOT, name=name, op=op, call=call, seq=seq, io=io, arg=arg, dtype=dtype, stats=stats, capture=capture)
 
 
 def _node(op: str, call: int, seq: int, dtype: str, before: float | None, after: float, source: str = "int64") -> list[Record]:

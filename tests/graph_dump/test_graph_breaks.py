@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchdebug
+from tests.graph_dump import training
 from torchdebug._torch import frames
-from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.graph_dump._instances import CompiledInstances, compiled_frame
 
 STEPS = 2
@@ -109,39 +109,7 @@ def _train(model: nn.Module, run: nn.Module, step: int) -> None:
 
 @pytest.fixture(scope="module")
 def eager_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("eager")
-    model = _model()
-    debugger = torchdebug.Debugger(path, task="statistics")
-    for step in range(STEPS):
-        debugger.start(model)
-        _train(model, model, step)
-        debugger.step()
-    debugger.close()
-    return path
-
-
-def _graph_dump(path: Path, mode: str, spelling: str, root: bool) -> list[torchdebug.records.Record]:
-    """Statistics of every node of every graph: the model compiled whole (``spelling="whole"``) or
-    block by block (``"block"``), with the root model handed to the backend or not."""
-    torch._dynamo.reset()
-    model = _model()
-    path.mkdir(parents=True, exist_ok=True)
-    config = CompilerConfig(mode=mode)
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(path)
-    config.dump_config.task = "statistics"
-    backend = get_backend(config, model=model if root else None)
-    run: nn.Module = model
-    if spelling == "whole":
-        run = torch.compile(model, backend=backend)
-    else:
-        for block in model.layers:
-            block.compile(backend=backend)
-    for step in range(STEPS):
-        _train(model, run, step)
-    backend.data_dump.close()
-    torch._dynamo.reset()
-    return torchdebug.load(path).ranks[0].records()
+    return training.eager_dump(tmp_path_factory.mktemp("eager"), _model(), _train, STEPS)
 
 
 @pytest.mark.parametrize(
@@ -149,15 +117,15 @@ def _graph_dump(path: Path, mode: str, spelling: str, root: bool) -> list[torchd
     [
         ("aot_eager", "whole", True),
         ("aot_eager", "whole", False),  # the root found from the compiled module
-        ("aot_eager", "block", True),
+        ("aot_eager", "method", True),  # block by block
         ("max-autotune", "whole", True),  # inductor
-        ("max-autotune", "block", True),
+        ("max-autotune", "method", True),
     ],
 )
 def test_a_loop_over_experts_records_one_step_per_step_with_full_module_paths(
     tmp_path: Path, eager_dump: Path, mode: str, spelling: str, root: bool
 ) -> None:
-    records = _graph_dump(tmp_path / "graph", mode, spelling, root)
+    records = training.compiled_dump(tmp_path / "graph", _model(), _train, STEPS, mode=mode, spelling=spelling, root=root)
     assert {r.step for r in records} == set(range(STEPS)), "one step per training step, not per graph run"
     modules = {r.module for r in records}
     assert all(module.startswith("layers.") for module in modules), sorted(m for m in modules if not m.startswith("layers."))

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import time
-
 from tests.compare.test_matching import _how, _op
 from torchdebug.compare._matching import candidate_producers, match_records, producers
 
@@ -51,21 +48,3 @@ def test_a_value_remade_after_a_large_group_made_it_pairs_with_its_latest_maker(
     a = _fresh_state(30) + _op("aten.mul_.Tensor", 0, 60, [0.0], 0.0) + _op("aten.addcdiv_.default", 0, 61, [0.0], 2.0)
     b = _fresh_state(30) + _op("aten.mul_.Tensor", 0, 60, [0.0], 0.5) + _op("aten.addcdiv_.default", 0, 61, [0.5], 2.0)
     assert _how(match_records(a, b))["aten.addcdiv_.default#0"] == {"exact"}
-
-
-def _matching_seconds(layers: int) -> float:
-    """Process time to match two fresh states of ``layers`` layers (best of three)."""
-    a, b = _fresh_state(layers), _fresh_state(layers)
-    best = math.inf
-    for _ in range(3):
-        start = time.process_time()
-        match_records(a, b)
-        best = min(best, time.process_time() - start)
-    return best
-
-
-def test_matching_time_grows_linearly_with_a_group_of_identical_tensors():
-    # ten times the layers: ten times the time when each input keeps a bounded set of makers, a
-    # hundred times when it keeps (and the pairing checks) every earlier maker of its value
-    small, large = _matching_seconds(200), _matching_seconds(2000)
-    assert large < 30 * small, f"{large:.3f} s at 2000 layers against {small:.4f} s at 200"

@@ -1,4 +1,4 @@
-"""The compare report of 100,000 rows in headless Chromium: it opens in seconds, and the filters,
+"""The compare report of 100,000 rows in headless Chromium: it opens (in seconds: bench/scale.py), and the filters,
 the search, the module tree, sorting, paging and the links work over every row.
 
 The rows are made without a model (``synthetic.py``); skipped where no browser is installed.
@@ -41,9 +41,8 @@ def _wait_for(driver, script: str, expected) -> None:
     WebDriverWait(driver, 30).until(lambda d: d.execute_script(script) == expected)
 
 
-def test_a_page_of_100k_rows_opens_in_seconds_and_shows_one_page_of_them(page):
-    driver, result, seconds = page
-    assert seconds < 10, f"{ROWS} rows took {seconds:.1f} s to show"  # 67k rows as markup took about 100 s
+def test_a_page_of_100k_rows_opens_and_shows_one_page_of_them(page):
+    driver, result, _ = page  # how fast: bench/scale.py's report stage
     assert driver.execute_script(_SHOWN) == [f"{ROWS} of {ROWS} rows", f"rows 1–{PAGE_ROWS} of {ROWS}"]
     assert [r[0] for r in driver.execute_script(_PAGE)] == [f"row-{i}" for i in range(1, PAGE_ROWS + 1)]
     assert [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"] == []

@@ -100,21 +100,27 @@ def test_the_node_alone_is_kept_when_it_fails_alone(chain: Any) -> None:
     assert found.describe("neg") == "the node alone"
 
 
-def test_when_no_region_fails_the_whole_graph_is_tried_and_else_the_node_alone_comes_back(chain: Any) -> None:
-    gm, values = chain
-    exp = _node(gm, torch.ops.aten.exp.default)
-    tried: list[int | None] = []
+def test_when_no_region_fails_the_shortest_failing_prefix_is_found_and_else_the_node_alone_comes_back(chain: Any) -> None:
+    gm, values = chain  # mm, sin, cos, mul, add, exp, neg
+    cos = _node(gm, torch.ops.aten.cos.default)
+    tried: list[int] = []
 
-    def larger(count: int | None) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
+    def larger(count: int) -> tuple[torch.fx.GraphModule, dict[str, Any]]:
         tried.append(count)
-        return (prefix(gm, count) if count is not None else gm), {}
+        return prefix(gm, count), {}
 
-    found = smallest_failing_region(gm, exp, values, lambda g, i: _Verdict(False), larger)
+    found = smallest_failing_region(gm, cos, values, lambda g, i: _Verdict(False), larger)
     assert found is not None and not found.fails and found.depth == 1
-    assert tried == [6, None]  # the graph up to exp (mm, sin, cos, mul, add, exp), then all of it
+    assert tried == [7]  # the whole graph passes: no prefix can fail
 
-    found = smallest_failing_region(gm, exp, values, _fails_with("neg", []), larger)  # neg comes after exp
-    assert found is not None and found.fails and found.whole and "whole graph" in found.describe("exp")
+    tried.clear()
+    found = smallest_failing_region(gm, cos, values, _fails_with("exp", []), larger)  # the bug needs a later node
+    assert found is not None and found.fails and found.depth is None and not found.whole
+    assert (
+        computed_by(found)[-1] == "exp"
+        and found.describe("cos") == "the graph's first 6 nodes, cos among them (every value an output)"
+    )
+    assert tried == [7, 3, 4, 6, 5]  # whole, then 0, 1, 3 nodes after cos, then bisection
 
 
 @pytest.mark.slow  # inductor compiles the UNet's training step, then a few small graphs: about a minute on 2 cores
@@ -131,4 +137,4 @@ def test_a_backward_bug_in_a_unet_that_needs_its_neighbour_is_localised_and_its_
     # the div alone is compiled right; the repro holds the scatter that feeds it too
     assert finding.reproduced and finding.scope.startswith("a region of") and finding.scope.endswith(f"ending at {report.node}")
     assert "index_put" in report.repro_path.read_text()
-    assert_repro_fails(report, f"REPRO: {report.node} of the graph compiled with 'inductor' is wrong")
+    assert_repro_fails(report, f"REPRO: {report.node} of the graph compiled with inductor (compile_fx_inner")

@@ -20,6 +20,7 @@ import torch
 
 from torchdebug import progress
 from torchdebug._torch.inductor import config_patched
+from torchdebug.diagnose import _inductor_graph as inductor_graph
 from torchdebug.diagnose._bisect import Bisector, DynamoRecorder
 from torchdebug.diagnose._config import DiagnoseConfig
 from torchdebug.diagnose._finding import NodeFinding
@@ -110,10 +111,10 @@ def _climb_and_localize(
     failed = report.failed_stage
     if failed is not None and failed.stage.backend is not None:
         shown.set_postfix_str(f"finding the first bad node of {failed.stage.label}")
-        judge = Bisector(failed.stage, train=False, tolerance=config.tolerance)
         if finding is not None and config.repro:
             shown.set_postfix_str(f"cutting the smallest graph around {finding.node} that fails under {failed.stage.label}")
-            reproduce(finding, lambda gm, inputs: judge.check_graph(gm, inputs, train=False), notes)
+            phase, node = finding.compile_as or "forward", finding.node
+            reproduce(finding, lambda gm, inputs: inductor_graph.judge(gm, inputs, node, phase, config.tolerance), notes)
         report.finding = finding or _bisect(program, failed, graphs, config.tolerance, notes)
         if report.finding is None:
             report.not_localised = notes[-1]
@@ -140,10 +141,7 @@ def _inductor_first(
         if not results[-1].failed:
             results.append(last)
         return results, None, []
-    skipped = [stage.label for stage in between]
-    why = "its compiled values disagree with the graph it was given" if last.failed else "it matches fp64"
-    notes.append(f"stages {', '.join(skipped)} not run: {last.stage.label} runs them all, and {why}")
-    return [*results, last], finding, skipped
+    return [*results, last], finding, [stage.label for stage in between]
 
 
 def _cuda_devices(inputs: tuple[Any, ...]) -> list[int]:

@@ -41,6 +41,10 @@ class NodeFinding:
     """What ``subgraph`` holds: ``the node alone``, ``a region of 3 nodes ending at div_33``, ..."""
     reproduced: bool | None = None
     """Whether ``subgraph`` alone, compiled with the failing stage, shows the problem (``None``: not tried)."""
+    compile_as: str | None = None
+    """How the repro compiles ``subgraph``: ``None`` with ``torch.compile`` and the failing backend; a
+    phase (``forward``, ``backward``, ``inference``) with inductor's ``compile_fx_inner``, as inductor
+    compiled the AOT graph the node is in (:mod:`~torchdebug.diagnose._inductor_graph`)."""
     context: Any = field(default=None, repr=False)
     """Where the node sits, for cutting a larger region around it: a :class:`~torchdebug.diagnose._region.Culprit`."""
 

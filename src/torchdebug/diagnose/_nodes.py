@@ -55,7 +55,8 @@ def _is_random(node: torch.fx.Node) -> bool:
     return name in _RANDOM_PRIMS or attention.is_random(node.target, node.args, dict(node.kwargs))
 
 
-def _upcast(value: Any) -> Any:
+def upcast(value: Any) -> Any:
+    """A floating tensor or dtype widened to float64 (complex to complex128); anything else as it is."""
     if isinstance(value, torch.Tensor) and (value.dtype in _WIDER or value.dtype in _WIDER_COMPLEX):
         return value.detach().to(_WIDER.get(value.dtype) or _WIDER_COMPLEX[value.dtype])
     if isinstance(value, torch.dtype):
@@ -63,11 +64,11 @@ def _upcast(value: Any) -> Any:
     return value
 
 
-def _tree_map(fn: Any, value: Any) -> Any:
+def tree_map(fn: Any, value: Any) -> Any:
     if isinstance(value, (list, tuple)):
-        return type(value)(_tree_map(fn, v) for v in value)
+        return type(value)(tree_map(fn, v) for v in value)
     if isinstance(value, dict):
-        return {k: _tree_map(fn, v) for k, v in value.items()}
+        return {k: tree_map(fn, v) for k, v in value.items()}
     return fn(value)
 
 
@@ -170,7 +171,7 @@ class _Replay:
 
     def _set(self, node: torch.fx.Node, value: Any, wide: Any = _MISSING) -> None:
         self.eager[node] = value
-        self.wide[node] = _tree_map(_upcast, value) if wide is _MISSING else wide
+        self.wide[node] = tree_map(upcast, value) if wide is _MISSING else wide
 
     def _compiled_value(self, node: torch.fx.Node) -> Any:
         """The compiled value of ``node``: its own tensor, or for a multi-output node the tuple of
@@ -215,7 +216,7 @@ class _Replay:
         try:
             eager_args, eager_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.eager.__getitem__)
             wide_args, wide_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.wide.__getitem__)
-            wide_args, wide_kwargs = _tree_map(_upcast, wide_args), _tree_map(_upcast, wide_kwargs)
+            wide_args, wide_kwargs = tree_map(upcast, wide_args), tree_map(upcast, wide_kwargs)
             eager = node.target(*eager_args, **eager_kwargs)  # type: ignore[operator]
             if attention.is_attention(node.target):
                 wide, compared = attention.reference(node.target, wide_args, wide_kwargs, eager)  # type: ignore[arg-type]
@@ -262,5 +263,6 @@ class _Replay:
             inputs=alone_inputs,
             subgraph=alone,
             train=False,  # the node alone, forward: a backward node is an ordinary op of the backward graph
-            context=Culprit(self.entry.original, node, inputs),
+            context=Culprit(self.entry.original, node, inputs, self.entry.phase),
+            compile_as=self.entry.phase,
         )

@@ -10,8 +10,10 @@ A node whose compiled value is wrong inside the program may be right alone: the 
 neighbour (a kernel that fuses the node with the op before it, a buffer another kernel writes).
 :func:`smallest_failing_region` then grows the region (depth 2, 4, 8, ... up to every ancestor),
 and bisects between the last depth that passes and the first that fails, ``2 log2(depth)``
-compiles at most. When no region fails, the whole graph up to the node (every tensor it makes an
-output, as bisection's prefixes) is the last try.
+compiles at most. When no region fails, the bug needs a node that comes *after* it (a kernel that
+reuses its buffer, an in-place write): the shortest failing prefix of the graph that holds the
+node (every tensor it makes an output, as bisection's prefixes) is searched, if the whole graph
+fails at all: prefixes ending 0, 1, 3, 7, ... nodes after it, then bisection.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ class Culprit:
     gm: torch.fx.GraphModule
     node: torch.fx.Node
     values: dict[str, Any]
+    phase: str
+    """``forward``, ``backward`` or ``inference``: how inductor compiled the graph."""
 
 
 @dataclass(slots=True)
@@ -177,7 +181,7 @@ class Region:
         if self.whole:
             return f"the whole graph {node} is in ({self.nodes} nodes, every value an output)"
         if self.depth is None:
-            return f"the graph up to {node} ({self.nodes} nodes, every value an output)"
+            return f"the graph's first {self.nodes} nodes, {node} among them (every value an output)"
         return f"a region of {self.nodes} nodes ending at {node}"
 
 
@@ -186,13 +190,13 @@ def smallest_failing_region(
     node: torch.fx.Node,
     values: dict[str, Any],
     judge: Callable[[torch.fx.GraphModule, list[Any]], Any],
-    larger: Callable[[int | None], tuple[torch.fx.GraphModule, dict[str, Any]] | None] | None = None,
+    larger: Callable[[int], tuple[torch.fx.GraphModule, dict[str, Any]] | None] | None = None,
 ) -> Region | None:
     """The smallest region ending at ``node`` that ``judge`` fails (``judge(gm, inputs)`` returns a
     result with a ``failed`` property; see the module docstring for the search). When none fails,
-    ``larger(count)`` (the graph's first ``count`` op nodes, every tensor an output; ``None``: all of
-    them) is tried up to the node, then whole; when those pass too, the node alone comes back with
-    ``fails=False``. ``None`` when not even the node alone can be cut out."""
+    the shortest failing prefix of the graph that holds the node (``larger(count)``: its first
+    ``count`` op nodes, every tensor an output); when the whole graph passes too, the node alone
+    comes back with ``fails=False``. ``None`` when not even the node alone can be cut out."""
     tried: dict[int, Region] = {}
 
     def attempt(depth: int) -> Region | None:
@@ -219,15 +223,7 @@ def smallest_failing_region(
             passing = depth
             depth *= 2
     if failing is None:
-        ops = [n for n in gm.graph.nodes if n.op in OPS]
-        for count in (ops.index(node) + 1, None):
-            cut = larger(count) if larger is not None else None
-            if cut is not None:
-                result = judge(cut[0], list(cut[1].values()))
-                log.info("the first %s nodes of the graph: %s", count or "all", "fail" if result.failed else "pass")
-                if result.failed:
-                    return Region(cut[0], cut[1], None, True, result, whole=count is None)
-        return alone
+        return _smallest_failing_prefix(gm, node, judge, larger) or alone
     while failing - passing > 1:
         middle = (passing + failing) // 2
         tried_region = attempt(middle)
@@ -238,13 +234,57 @@ def smallest_failing_region(
     return tried[failing]
 
 
-def _larger(culprit: Culprit, count: int | None) -> tuple[torch.fx.GraphModule, dict[str, Any]] | None:
-    """The first ``count`` op nodes of the culprit's graph (all with ``None``), every tensor an
-    output, fed the values its placeholders had."""
+def _smallest_failing_prefix(
+    gm: torch.fx.GraphModule,
+    node: torch.fx.Node,
+    judge: Callable[[torch.fx.GraphModule, list[Any]], Any],
+    larger: Callable[[int], tuple[torch.fx.GraphModule, dict[str, Any]] | None] | None,
+) -> Region | None:
+    """The shortest prefix of the graph, at least up to ``node``, that fails: the whole graph first
+    (when it passes, none does), then prefixes ending 0, 1, 3, 7, ... nodes after ``node`` until
+    one fails, then bisection between the last that passed and it (a bug that needs a later kernel:
+    a buffer it reuses, an in-place write)."""
+    if larger is None:
+        return None
+    tried: dict[int, Region | None] = {}
+    total = sum(n.op in OPS for n in gm.graph.nodes)
+    at = [n for n in gm.graph.nodes if n.op in OPS].index(node) + 1
+
+    def attempt(count: int) -> Region | None:
+        if count not in tried:
+            cut = larger(count)
+            result = judge(cut[0], list(cut[1].values())) if cut is not None else None
+            tried[count] = None if cut is None or result is None else Region(cut[0], cut[1], None, result.failed, result)
+            log.info("the first %d of %d nodes: %s", count, total, "fail" if tried[count] and tried[count].fails else "pass")
+        found = tried[count]
+        return found if found is not None and found.fails else None
+
+    if attempt(total) is None:
+        return None
+    passing, failing, step = at - 1, total, 1
+    while at - 1 + step < total:
+        if attempt(at - 1 + step) is not None:
+            failing = at - 1 + step
+            break
+        passing, step = at - 1 + step, step * 2
+    while failing - passing > 1:
+        middle = (passing + failing) // 2
+        if attempt(middle) is not None:
+            failing = middle
+        else:
+            passing = middle
+    found = tried[failing]
+    if found is not None:
+        found.whole = failing == total
+    return found
+
+
+def _larger(culprit: Culprit, count: int) -> tuple[torch.fx.GraphModule, dict[str, Any]] | None:
+    """The first ``count`` op nodes of the culprit's graph, every tensor an output, fed the values
+    its placeholders had."""
     placeholders = culprit.gm.graph.find_nodes(op="placeholder")
     if any(not isinstance(culprit.values.get(p.name), torch.Tensor) for p in placeholders):
         return None
-    count = count if count is not None else sum(n.op in OPS for n in culprit.gm.graph.nodes)
     return prefix(culprit.gm, count), {p.name: culprit.values[p.name] for p in placeholders}
 
 

@@ -27,6 +27,7 @@ from torchdebug._torch.dynamo import generate_config_string
 from torchdebug._torch.inductor import CUSTOM_PASS_SLOTS, installed_passes
 from torchdebug.compile import graph_dump
 from torchdebug.diagnose._finding import NodeFinding
+from torchdebug.diagnose._inductor_graph import judged_outputs
 
 INPUTS_FILE = "repro_inputs.safetensors"
 
@@ -45,6 +46,8 @@ BACKEND = {backend}
 INPUT_NAMES = {names!r}
 INPUT_STRIDES = {strides!r}
 OUTPUT_NAMES = {outputs!r}
+JUDGED = {judged!r}
+COMPILE_AS = {compile_as!r}  # None: torch.compile(backend=BACKEND); else inductor's compile_fx_inner, as this phase
 TRAIN = {train!r}
 TOLERANCE = {tolerance!r}
 FOUND = {found!r}
@@ -84,31 +87,72 @@ def run(fn, inputs):
     return values
 
 
+def compile_graph(graph, inputs):
+    """The graph compiled as diagnose found it failing: with torch.compile, or (a graph cut from one
+    AOT autograd handed inductor) retraced by make_fx and compiled by inductor's compile_fx_inner,
+    as PyTorch's after-AOT minifier does."""
+    if COMPILE_AS is None:
+        return torch.compile(graph, backend=BACKEND)
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    compiled = compile_fx_inner(
+        make_fx(graph)(*inputs), list(inputs), is_backward=COMPILE_AS == "backward", is_inference=COMPILE_AS == "inference"
+    )
+    return lambda *args: compiled(list(args))
+
+
+def widened(graph, inputs):
+    """The graph run with every floating tensor and dtype argument in float64 (a graph that creates
+    float32 buffers, full(..., dtype=torch.float32), would otherwise mix dtypes)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def wide(value):
+        if isinstance(value, (list, tuple)):
+            return type(value)(wide(v) for v in value)
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.double()
+        return torch.float64 if isinstance(value, torch.dtype) and value.is_floating_point else value
+
+    class Widened(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            return target(*wide(args), **{{k: wide(v) for k, v in kwargs.items()}})
+
+    with torch.no_grad():
+        gm = make_fx(graph)(*inputs)
+        return lambda *args: Widened(gm).run(*args)
+
+
 def rmse(a, b):
     return (a.double() - b.double()).abs().pow(2).mean().sqrt().item() if a.numel() else 0.0
+
+
+COMPILER = repr(BACKEND) if COMPILE_AS is None else f"inductor (compile_fx_inner, as a {{COMPILE_AS}} graph)"
 
 
 def main():
     print(f"torchdebug diagnose found: {{FOUND}}")
     graph = functools.partial(forward, GRAPH_ATTRIBUTES)
     expected = run(graph, load_inputs())
-    fp64 = run(graph, load_inputs(float64=True))
+    fp64 = run(graph if COMPILE_AS is None else widened(graph, load_inputs()), load_inputs(float64=True))
     try:
-        got = run(torch.compile(graph, backend=BACKEND), load_inputs())
+        got = run(compile_graph(graph, load_inputs()), load_inputs())
     except Exception:
         traceback.print_exc()
-        print(f"REPRO: the graph compiled with {{BACKEND!r}} raised (traceback above)")
+        print(f"REPRO: the graph compiled with {{COMPILER}} raised (traceback above)")
         return 1
     from torch._dynamo.utils import same
 
     for name, ref in expected.items():
+        if JUDGED is not None and name not in JUDGED:
+            continue
         res, ref64 = got.get(name), fp64[name]
         if res is None:
             print(f"REPRO: the compiled graph did not return {{name}}")
             return 1
         if not same(ref, res, ref64, tol=TOLERANCE, equal_nan=True):
             print(
-                f"REPRO: {{name}} of the graph compiled with {{BACKEND!r}} is wrong: rmse {{rmse(res, ref64):.4g}} "
+                f"REPRO: {{name}} of the graph compiled with {{COMPILER}} is wrong: rmse {{rmse(res, ref64):.4g}} "
                 f"against fp64, where eager's is {{rmse(ref, ref64):.4g}}"
             )
             return 1
@@ -184,6 +228,7 @@ def write_repro(finding: NodeFinding, backend: Any, folder: Path, tolerance: flo
     tensors = {name: finding.inputs[name].detach().contiguous().clone() for name in names}
     save_file(tensors, str(folder / INPUTS_FILE))
     title = f"torchdebug diagnose: {finding.describe()}; this graph: {finding.scope}"
+    outputs = _output_names(finding.subgraph)
     script = graph_dump.graph_python(finding.subgraph, title.replace('"""', "'''"), main=False)
     main = _MAIN.format(
         config=generate_config_string(),
@@ -191,7 +236,11 @@ def write_repro(finding: NodeFinding, backend: Any, folder: Path, tolerance: flo
         backend=_backend_expression(backend),
         names=names,
         strides={name: tuple(finding.inputs[name].stride()) for name in names},
-        outputs=_output_names(finding.subgraph),
+        outputs=outputs,
+        judged=None
+        if finding.compile_as is None
+        else [_output_names(finding.subgraph)[i] for i in judged_outputs(finding.subgraph, finding.node)],
+        compile_as=finding.compile_as,
         train=finding.train,
         tolerance=tolerance,
         found=f"{finding.describe()}; this graph: {finding.scope}",

@@ -26,7 +26,8 @@ class DiagnoseResult:
     not_localised: str | None = None
     """Why no node is named although a compiler stage fails (also the last of ``notes``)."""
     skipped: list[str] = field(default_factory=list)
-    """Stages of the ladder that did not need to run (before the last of ``stages``; a note says why)."""
+    """Stages of the ladder that did not need to run (they come before the last of ``stages``): the
+    last stage runs them all, and it matched, or its own node values named the node."""
 
     @property
     def failed_stage(self) -> StageResult | None:
@@ -84,7 +85,8 @@ class DiagnoseResult:
         lines = [f"torchdebug diagnose ({self.seconds:.1f} s)"]
         for index, result in enumerate(self.stages):
             if index == len(self.stages) - 1:
-                lines.extend(f"  {label:<28} not run" for label in self.skipped)
+                why = f"{result.stage.label} includes it and " + ("matches" if self.ok else "its own values name the node")
+                lines.extend(f"  {label:<28} not run    ({why})" for label in self.skipped)
             lines.append(f"  {result.stage.label:<28} {result.kind:<10} {result.seconds:6.2f} s")
         if self.ok:
             lines.append(

@@ -107,6 +107,43 @@ def test_shape_follows_inputs_when_sizes_change_by_the_world_sizes_ratio():
     assert row.verdict == "incomparable" and "world sizes do (1:2)" in row.message
 
 
+def _topk(indices_a: float, indices_b: float, **indices: Any) -> list[Row]:
+    """A ``topk`` call whose scores agree and whose indices hold ``indices_a`` / ``indices_b``."""
+    op = "aten.topk.default"
+    scores = _row("input", 1e-4, op=op)
+    values = _row("output", 1e-4, op=op, arg="0")
+    ints = {"dtype": "int64", "a": {"stats": _stats(indices_a)}, "b": {"stats": _stats(indices_b)}}
+    return [scores, values, _row("output", 0.25, op=op, arg="1", **ints, **indices)]
+
+
+def test_decision_changed_an_integer_result_that_differs_on_inputs_that_agree_is_blamed():
+    rows = _topk(2.0, 3.0, metrics={"elements_differ": 1.0})
+    judge(rows)
+    indices = rows[2]
+    assert _judged(indices) == ("error", "blamed") and first_divergence(rows) is indices
+    assert indices.message.startswith("the routing changed here: 1 of 4 elements differ; its inputs agree")
+    assert _judged(rows[1]) == ("pass", "")  # the values agree
+
+
+def test_decision_changed_is_not_blamed_when_the_scores_already_differ():
+    rows = _topk(2.0, 3.0)
+    rows[0].error = 0.01  # beyond tolerance: the scores differ before the choice
+    judge(rows)
+    assert rows[2].attribution != "blamed" and "routing changed here" not in rows[2].message
+
+
+def test_follows_changed_decision_what_is_computed_from_changed_indices_is_inherited_whatever_its_shape():
+    rows = _topk(2.0, 3.0)
+    picked = _row(
+        "input", 0.25, call=1, op="aten.index.Tensor", dtype="int64", a={"stats": _stats(2.0)}, b={"stats": _stats(3.0)}
+    )
+    gathered = _row("output", None, call=1, op="aten.index.Tensor", a={"shape": [3]})
+    judge([*rows, picked, gathered])
+    for row in (picked, gathered):
+        assert _judged(row) == ("warning", "inherited") and f"follows the routing changed at {rows[2].name}" in row.message
+    assert gathered.message.startswith("shape [3] vs [4]") and first_divergence([*rows, picked, gathered]) is rows[2]
+
+
 def test_other_shape_is_blamed_with_an_infinite_error():
     row = _row("output", 0.0, a={"shape": [8]})
     judge([row])
@@ -304,6 +341,25 @@ def test_differs_before_any_op_an_input_no_op_made_is_blamed():
     weight = _row("input", 0.01)
     judge([weight])
     assert _judged(weight) == ("error", "blamed") and weight.message.endswith("this input differs before any op did")
+
+
+def test_gradient_of_incomparable_the_gradient_of_a_micro_batch_loss_cannot_be_compared():
+    piece = _row("input", 0.5, op="aten.mse_loss.default", a={"extra": {"one_shard": "holds one Shard(0) piece of 2"}})
+    loss = _row("output", 0.5, op="aten.mse_loss.default")
+    op = "aten.mse_loss_backward.default"
+    records = [
+        Record(
+            name=make_name("backward", "m", op, 0, "input", "0"),
+            **{"step": 0, "rank": 0, "phase": "backward", "module": "m", "op": op, "call": 0, "seq": 9, "io": "input"},
+            **{"arg": "0", "dtype": "float32", "shape": [], "fwd": "forward/m/aten.mse_loss.default#0", **side},
+        )
+        for side in ({"stats": _stats(0.25)}, {"stats": _stats(1.0)})  # (loss / 4).backward() against loss.backward()
+    ]
+    grad = Row.from_records(0, records[0], records[1], "exact", next(_ORDER))
+    grad.error, grad.tolerance = 0.75, 1e-3
+    judge([piece, loss, grad])
+    assert grad.verdict == "incomparable"
+    assert grad.message == f"not comparable: a gradient with respect to a value that cannot be compared ({loss.name})"
 
 
 def _piece(call: int, stats: dict[str, float]) -> Row:

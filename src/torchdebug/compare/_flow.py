@@ -72,6 +72,9 @@ class Flow:
         """Where shapes differ because the runs' inputs do."""
         self.carrying: dict[Row, Judgement] = {}
         """The judgements of the rows that are or carry a blame or a constant made for the dtype."""
+        self.follows: dict[Row, Row] = {}
+        """The rows that are or were computed from a selection whose result differs (the routing
+        changed), whatever their verdict, and that selection's row."""
 
     def sources(self, row: Row, side: str, depth: int = 0) -> tuple[list[Row], list[str]] | None:
         """The matched rows whose tensor input ``row`` holds on ``side`` and the ops only that side
@@ -116,6 +119,11 @@ class Flow:
         """Keep ``row``'s judgement when it is or carries a blame or a dtype constant."""
         if judgement.origin is not None or judgement.constant is not None:
             self.carrying[row] = judgement
+
+    def decision(self, sources: Sequence[Row]) -> Row | None:
+        """The changed selection that one of ``sources`` is or was computed from (:attr:`follows`)."""
+        follows = self.follows
+        return next((follows[source] for source in sources if source in follows), None) if follows else None
 
     def counts(self, row: Row) -> bool:
         """Whether ``row``'s error counts as error seen upstream: not a constant made for the dtype

@@ -24,7 +24,7 @@ import torch
 
 from torchdebug.compare._tolerances import MANTISSA_BITS, normalize_dtype
 
-__all__ = ["TENSOR_METRICS", "STATS_METRICS", "REPLAY_METRICS", "tensor_metrics", "stats_metrics"]
+__all__ = ["TENSOR_METRICS", "STATS_METRICS", "REPLAY_METRICS", "ELEMENTS_DIFFER", "tensor_metrics", "stats_metrics"]
 
 TENSOR_METRICS = (
     "cosine",
@@ -50,6 +50,10 @@ STATS_METRICS = (
     "norm_rel",
 )
 """Keys of :func:`stats_metrics`: differences ``a − b`` and ``|a − b| / |b|`` per statistic."""
+
+ELEMENTS_DIFFER = "elements_differ"
+"""The number of positions where two integer or bool tensors differ (not a CSV column: it is in the
+JSON row). Compare names how many elements a selection (``topk`` indices, a mask) changed with it."""
 
 REPLAY_METRICS = ("own_err_a", "own_err_b", "kernel_err_a", "kernel_err_b")
 """With replay: the ``error`` of an output on side A / B against its op replayed in float64 on that
@@ -181,6 +185,8 @@ def tensor_metrics(a: torch.Tensor, b: torch.Tensor, *, low_dtype: str | None, a
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
     if a.dtype == b.dtype and torch.equal(a, b) and bool(torch.isfinite(a).all()):
         return dict(_IDENTICAL)  # bitwise copies: one pass instead of twenty
+    integral = not (a.is_floating_point() or a.is_complex() or b.is_floating_point() or b.is_complex())
+    differ = int(torch.count_nonzero(a != b)) if integral else None  # indices, masks: how many changed
     if a.is_complex() or b.is_complex():
         a, b = torch.view_as_real(a.to(torch.complex128)).reshape(-1), torch.view_as_real(b.to(torch.complex128)).reshape(-1)
     buffers = _buffers
@@ -203,6 +209,8 @@ def tensor_metrics(a: torch.Tensor, b: torch.Tensor, *, low_dtype: str | None, a
             sums.add(chunk_a, chunk_b, buffers)
     out = sums.metrics(atol)
     out["nonfinite_mismatch"] = float(mismatch)
+    if differ is not None:
+        out[ELEMENTS_DIFFER] = float(differ)
     return out
 
 

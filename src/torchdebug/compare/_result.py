@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from torchdebug.compare._checksums import DTYPE_NOTE
 from torchdebug.compare._metrics import REPLAY_METRICS, STATS_METRICS, TENSOR_METRICS
 from torchdebug.compare._rows import VERDICTS, Row
+from torchdebug.compare._rules import ROUTING_CHANGED
 from torchdebug.compare._verdicts import first_divergence, first_nonfinite
 from torchdebug.records import MODULE_OP, Record
 from torchdebug.report.compare import render_compare
@@ -79,6 +80,12 @@ class Side:
         if fault is not None:
             notes.append(f"{label} {fault}")
         return notes
+
+
+def _unexplained_shape(row: Row) -> bool:
+    """A shape difference no verdict explains: not one the runs' inputs make (``incomparable``), not
+    one a changed selection makes (the routing changed: it and what follows from it)."""
+    return row.verdict != "incomparable" and row.attribution != "inherited" and not row.message.startswith(ROUTING_CHANGED)
 
 
 def _json_number(value: Any) -> Any:
@@ -281,7 +288,7 @@ class CompareResult:
                 tensors += 1
                 if row.matched:
                     matched += 1
-                    shapes += row.shape_a != row.shape_b and row.verdict != "incomparable"
+                    shapes += row.shape_a != row.shape_b and _unexplained_shape(row)
         if tensors and not matched:
             unfinished = self.unfinished()
             if unfinished:

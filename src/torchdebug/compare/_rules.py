@@ -24,12 +24,12 @@ from torchdebug.compare._bounds import amplification, is_singular, own_error, sp
 from torchdebug.compare._comparable import dtype_argument, dtype_constants
 from torchdebug.compare._flow import OUTPUT_IO, Flow
 from torchdebug.compare._judgement import Judgement
-from torchdebug.compare._metrics import stats_metrics
+from torchdebug.compare._metrics import ELEMENTS_DIFFER, stats_metrics
 from torchdebug.compare._rows import Row
 from torchdebug.compare._shards import local_indices, one_shard
 from torchdebug.records import UNREAD
 
-__all__ = ["Call", "Rule", "RULES", "slot_of"]
+__all__ = ["Call", "Rule", "RULES", "ROUTING_CHANGED", "slot_of"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _CARRIED = 2.0
@@ -37,6 +37,19 @@ _CARRIED = 2.0
 tolerance for a cast on the way): the same tensor cannot differ more unless an op changed it."""
 _LISTED = 3
 """How many ops only one side runs a message names."""
+_SELECTIONS = frozenset(
+    {
+        *("topk", "sort", "argsort", "argmax", "argmin", "max", "min", "kthvalue", "mode", "median", "nanmedian"),
+        *("nonzero", "nonzero_static", "argwhere", "searchsorted", "bucketize", "isin"),
+        *("gt", "lt", "ge", "le", "eq", "ne", "greater", "less", "greater_equal", "less_equal", "equal", "not_equal"),
+        *("unique", "_unique", "_unique2", "unique_dim", "unique_consecutive"),
+    }
+)
+"""Ops that choose: their integer or bool results (indices, masks, counts) are decisions taken on
+their inputs' values. ``max``/``min`` count with ``dim`` only, where they return indices."""
+_INTEGRAL = ("int", "uint", "bool")
+ROUTING_CHANGED = "the routing changed here"
+"""How the message of a selection whose result differs on inputs that agree starts."""
 
 
 class _Trace(NamedTuple):
@@ -69,9 +82,15 @@ class Call:
     error is left ``undecided``, for replay to decide)."""
     constant: bool = False
     """The call has no tensor input: it makes its outputs from argument values alone."""
+    forward: Sequence[Row] = ()
+    """The rows of the forward call a backward call differentiates (also among :attr:`inputs` for op
+    calls; module records of a backward have no link, so the forward call of the same module and
+    call index)."""
     _traced: Row | None = None
     _trace: _Trace | None = None
     _input_error: float | None = None
+    _selection: Row | None | bool = False
+    """The changed selection of this call (``False``: not looked for yet)."""
 
     def trace(self, row: Row) -> _Trace | None:
         """Where ``row``'s tensor came from (``None`` when no side can be traced); the input rules
@@ -101,9 +120,78 @@ class Call:
         """The first input whose two values cannot be compared."""
         return next((r for r in self.inputs if r.verdict == "incomparable"), None)
 
+    def changed_selection(self) -> Row | None:
+        """The first integer or bool output that differs of a selection (:data:`_SELECTIONS`) on
+        matched tensor inputs, a floating one among them: the op chose differently."""
+        if self._selection is False:
+            self._selection = None
+            if _selection(self.rows[0].op):
+                inputs = [r for r in self.rows if r.kind == "tensor" and r.io not in OUTPUT_IO]
+                floating = any(not _integral(r.dtype_a) and not _integral(r.dtype_b) for r in inputs)
+                if inputs and floating and all(r.matched for r in inputs):
+                    outputs = (r for r in self.rows if r.kind == "tensor" and r.io in OUTPUT_IO and r.matched)
+                    self._selection = next((r for r in outputs if _integral(r.dtype_a) and _differs(r)), None)
+        return self._selection
+
+    def changed_decision(self) -> Row | None:
+        """The :meth:`changed_selection` of a call whose tensor inputs all pass, none computed from a
+        selection that changed before: the op chose differently on inputs that agree (within
+        tolerance, or by the round-off the runs' dtypes explain). Asked once the inputs are judged."""
+        selection = self.changed_selection()
+        if selection is None or self.flow.decision(self.inputs) is not None:
+            return None
+        inputs = (r for r in self.rows if r.kind == "tensor" and r.io not in OUTPUT_IO)
+        return selection if all(r.verdict == "pass" for r in inputs) else None
+
+    def follows(self, row: Row) -> Row | None:
+        """The changed selection ``row``'s value was computed from (through the data flow, or as an
+        output of its call), if any."""
+        if row.kind != "tensor":
+            return self.flow.decision(self.inputs)
+        if row.io in OUTPUT_IO:
+            return self.changed_selection() or self.flow.decision(self.inputs)
+        trace = self.trace(row)
+        return self.flow.decision(trace.sources) if trace is not None else None
+
 
 def _fmt(value: float) -> str:
     return f"{value:.3g}"
+
+
+def _selection(op: str) -> bool:
+    """Whether ``op`` (``aten.topk.default``, ``Functional.argmax``, ``Tensor.__gt__``) chooses."""
+    parts = op.split(".")
+    return (parts[1] if len(parts) > 1 else parts[0]).strip("_") in _SELECTIONS
+
+
+def _integral(dtype: str | None) -> bool:
+    return (dtype or "").removeprefix("torch.").startswith(_INTEGRAL)
+
+
+def _differs(row: Row) -> bool:
+    """The two values differ: in shape, beyond tolerance, or in their NaN/Inf."""
+    if row.shape_a != row.shape_b or row.metrics.get("nonfinite_mismatch"):
+        return True
+    return row.error is not None and row.tolerance is not None and row.error > row.tolerance
+
+
+def _how_many_differ(row: Row) -> str:
+    """How many elements of a changed selection differ: counted with tensors, bounded with statistics."""
+    if row.shape_a != row.shape_b:
+        return f"it selects {row.shape_a} where the other side selects {row.shape_b}"
+    total = math.prod(row.shape_b or ())
+    counted = row.metrics.get(ELEMENTS_DIFFER)
+    if counted is not None:
+        return f"{int(counted)} of {total} elements differ"
+    a, b = row.record_a, row.record_b
+    mean_a, mean_b = (a.stats or {}).get("mean") if a else None, (b.stats or {}).get("mean") if b else None
+    least = 1
+    if (row.dtype_b or "").endswith("bool") and isinstance(mean_a, (int, float)) and isinstance(mean_b, (int, float)):
+        least = max(1, round(abs(mean_a - mean_b) * total))  # the number of True elements changed by that much
+    seen = (
+        f" (mean {mean_a:.4g} vs {mean_b:.4g})" if isinstance(mean_a, (int, float)) and isinstance(mean_b, (int, float)) else ""
+    )
+    return f'its statistics differ{seen}: at least {least} of {total} elements differ (a tensor dump, task="tensor", counts them)'
 
 
 def _beyond(row: Row) -> tuple[float, float]:
@@ -228,6 +316,63 @@ def shape_follows_inputs(row: Row, call: Call) -> Judgement | None:
         return None
     why = _shape_reason(row, call)
     return _incomparable(row, why) if why is not None else None
+
+
+def decision_changed(row: Row, call: Call) -> Judgement | None:
+    """A selection (topk, argmax, a mask) whose integer result differs on inputs that agree is blamed: the routing changed here.
+
+    Its inputs pass (within tolerance, or by round-off the dtypes explain), so no input is the
+    cause: the op chose differently (a near tie broken the other way in bf16); its other outputs that
+    differ (``topk``'s values) follow from the choice. A selection that changed on inputs that differ
+    is inherited from them, however small their difference. With statistics only,
+    a selection whose changed elements keep its min, max, mean and norm (two tokens that swap
+    experts) is not seen; tensors or checksums see it."""
+    decision = call.changed_decision()
+    selection = call.changed_selection() if decision is None else None
+    if row is selection and call.incomparable_input() is None and call.flow.decision(call.inputs) is None:
+        why = "a selection on inputs that differ chooses differently"  # however small the difference
+        return _inherited(row, call, call.inputs, f"{_detail(row) if row.shape_a == row.shape_b else 'shape differs'}; {why}")
+    if decision is None or not _differs(row):
+        return None
+    if row is not decision:  # topk's values, made with the changed indices
+        message = (
+            f"{_detail(row) if row.shape_a == row.shape_b else 'shape differs'}; follows the routing changed at {decision.name}"
+        )
+        return Judgement("warning", "inherited", message, origin=decision.name, upstream=math.inf)
+    inputs = "its inputs agree (within tolerance, or by the round-off the runs' dtypes explain)"
+    message = f"{ROUTING_CHANGED}: {_how_many_differ(row)}; {inputs}: this op chose differently"
+    error = math.inf if row.shape_a != row.shape_b else None
+    return Judgement("error", "blamed", message, error=error, origin=row.name, upstream=math.inf)
+
+
+def follows_changed_decision(row: Row, call: Call) -> Judgement | None:
+    """A value that differs, computed from a changed selection, is inherited from it, whatever its shape.
+
+    After the routing changed, other tokens reach other experts: shapes, values and the sizes passed
+    to views differ by construction, and none of it is a second cause. A selection that changed
+    because its inputs carry a blamed difference passes that blame on."""
+    if not call.flow.follows:
+        return None
+    if row.kind == "tensor":
+        if not _differs(row):
+            return None
+        what = f"shape {row.shape_a} vs {row.shape_b}" if row.shape_a != row.shape_b else "it differs"
+        if row.shape_a == row.shape_b and row.error is not None and row.tolerance is not None:
+            what = _detail(row)
+        selection = call.flow.decision(call.inputs) if row.io in OUTPUT_IO else call.follows(row)
+    else:
+        a, b = _values(row)
+        if _same_value(a, b):
+            return None
+        what = f"argument value differs: {a!r} vs {b!r}"
+        selection = call.follows(row)
+    if selection is None:
+        return None
+    judged = call.flow.carrying.get(selection)
+    origin = judged.origin if judged is not None and judged.origin is not None else selection.name
+    carries = f", which carries the error blamed on {origin}" if origin != selection.name else ""
+    message = f"{what}; follows the routing changed at {selection.name}{carries}"
+    return Judgement("warning", "inherited", message, origin=origin, upstream=math.inf)
 
 
 def other_shape(row: Row, call: Call) -> Judgement | None:
@@ -439,6 +584,21 @@ def made_here(row: Row, call: Call) -> Judgement | None:
 # --- inputs beyond tolerance ----------------------------------------------------------------------
 
 
+def gradient_of_incomparable(row: Row, call: Call) -> Judgement | None:
+    """A gradient a backward call reads for a forward value that cannot be compared cannot be compared.
+
+    A micro-batch's loss against the whole batch's: ``(loss / 4).backward()`` starts from 0.25
+    where the one batch starts from 1, and a gradient with respect to a value of another meaning
+    is another quantity. The gradients summed over the micro-batches, which the optimizer reads,
+    are judged again."""
+    if row.phase != "backward" or row.kind != "tensor":
+        return None
+    unlike = next((r for r in call.forward if r.io in OUTPUT_IO and r.verdict == "incomparable"), None)
+    if unlike is None:
+        return None
+    return _incomparable(row, f"a gradient with respect to a value that cannot be compared ({unlike.name})")
+
+
 def constant_no_op_made(row: Row, call: Call) -> Judgement | None:
     """An input no captured op made that holds one dtype constant on each side (finfo.min) passes (attribution dtype)."""
     if call.trace(row) is not None:
@@ -591,6 +751,8 @@ RULES: tuple[Rule, ...] = (
     Rule(unmatched, _ANY),
     Rule(not_captured, _ANY),
     Rule(one_piece, _TENSORS),
+    Rule(decision_changed, _OUTPUTS),
+    Rule(follows_changed_decision, _ANY),
     Rule(shape_follows_inputs, _TENSORS),
     Rule(other_shape, _TENSORS),
     Rule(computed_from_incomparable, _OUTPUTS),
@@ -608,6 +770,7 @@ RULES: tuple[Rule, ...] = (
     Rule(awaits_replay, _OUTPUTS),
     Rule(may_amplify, _OUTPUTS),
     Rule(made_here, _OUTPUTS),
+    Rule(gradient_of_incomparable, _INPUTS),
     Rule(constant_no_op_made, _INPUTS),
     Rule(upstream_differs, _INPUTS),
     Rule(differs_before_any_op, _INPUTS),

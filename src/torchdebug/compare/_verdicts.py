@@ -79,6 +79,10 @@ def _judge_call(call: Call) -> float:
             raise AssertionError(f"no verdict rule judged {row.name}")  # the last rule of each slot kind always answers
         judgement.apply(row)
         call.flow.record(row, judgement)
+        if call.flow.follows or call.changed_selection() is not None:  # what a changed selection makes follows it
+            selection = call.follows(row)
+            if selection is not None:
+                call.flow.follows[row] = selection
         if judgement.upstream is not None and judgement.upstream > seen:
             seen = judgement.upstream
         if judgement.stand_ins:  # different tensors on the two sides: what they were made from counts
@@ -117,7 +121,11 @@ def judge(
         tensors = [r for r in call_rows if r.io not in OUTPUT_IO and r.kind == "tensor"]
         inputs = [r for r in tensors if r.matched] + [r for r in saved if r.kind == "tensor" and r.matched]
         constant = not tensors  # made from arguments alone
-        upstream = _judge_call(Call(call_rows, inputs, upstream, flow, growth, replayed, constant))
+        forward = saved
+        if first is not None and not first.fwd and first.op == MODULE_OP and first.phase == "backward":
+            forward = calls.get((step, f"forward/{first.module}/{MODULE_OP}#{first.call}"), [])  # no link: same call index
+        call = Call(call_rows, inputs, upstream, flow, growth, replayed, constant, forward)
+        upstream = _judge_call(call)
 
 
 def first_divergence(rows: Sequence[Row]) -> Row | None:

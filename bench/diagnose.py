@@ -1,9 +1,10 @@
 """Time-to-answer of ``torchdebug.diagnose`` against PyTorch's accuracy minifier, on one planted bug.
 
-    python bench/diagnose.py [--model gpt|llama] [--minifier-timeout 900] [--skip-minifier] [--layers 2] [--cold]
+    python bench/diagnose.py [--model gpt|llama|unet] [--bug planted|inductor] [--minifier-timeout 900]
+                             [--skip-minifier] [--layers 2] [--cold]
 
-Two programs, each with inductor's planted ``cpp.inject_relu_bug_TESTING_ONLY = "accuracy"`` (every
-relu inductor generates adds 1), forward and backward, on the CPU:
+Three programs, forward and backward, on the CPU. The first two carry inductor's planted
+``cpp.inject_relu_bug_TESTING_ONLY = "accuracy"`` (every relu inductor generates adds 1):
 
 - ``gpt`` (default): the GPT example (``examples/gpt.py``; 2 layers, d_model 64, 4 heads, seq 32,
   vocab 128, batch 4, loss) with its MLP activation swapped for ``torch.relu`` (inductor's planted
@@ -14,13 +15,23 @@ relu inductor generates adds 1), forward and backward, on the CPU:
   ``view_as_complex``), ``F.scaled_dot_product_attention`` (the CPU flash kernel, a multi-output
   op) and a ReLU-GLU feed-forward. The right answer: stage inductor, node ``relu``, module
   ``layers.0.ffn``, the relu line.
+- ``unet``: the diagnose tests' diffusers-style UNet (``tests/diagnose/unet.py``: two down and two up
+  blocks, GroupNorm, SiLU, a time embedding, nearest upsampling; 8x8 images, batch 2) with a
+  backward bug that shows only with its neighbour: ``--bug planted`` (default) installs the tests'
+  ``ScatterBeforeDiv`` post-grad pass (the ``div`` after nearest upsampling's backward scatter reads
+  the zero buffer before the scatter); ``--bug inductor`` plants nothing and relies on inductor's own
+  bug on this model (torch 2.13: the same gradients come out 0). The right answer: stage inductor,
+  a backward ``aten.div.Tensor`` in ``up_blocks.0.resnets.1``, the ``OUTPUT LINE``; and ``repro.py``
+  must exit 1.
 
 What runs:
 
 - torchdebug: ``torchdebug.diagnose(model, *inputs)`` in a fresh process; we time the call (wall
   and the process's CPU time; inductor's C++ compiles run in other processes) and the whole process,
   check the answer and report inductor's FX graph cache hits and misses (on a warm cache the
-  instrumented forward and backward graphs are hits).
+  instrumented forward and backward graphs are hits), then run the ``repro.py`` it wrote and report
+  its exit status and verdict line. With ``--profile`` the call runs under cProfile and the
+  functions that took the most cumulative time are printed (where the time goes).
 - PyTorch: ``TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4`` on the same training step
   (detects the loss and writes ``minifier_launcher.py``), then ``minifier_launcher.py minify`` with a
   time limit; we time both and check whether the minified ``repro.py`` holds ``aten.relu``.
@@ -51,8 +62,8 @@ sys.path.insert(0, {root!r})
 import torch
 from examples.gpt import GPT, GPTConfig, MLP, make_batch
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"
-EXPECTED_MODULE = "layers.0.mlp"
-RELU_FILE = __file__
+EXPECTED_MODULE, EXPECTED_TARGET, MARKER = "layers.0.mlp", "aten.relu.default", "RELU LINE"
+LINE_FILE = __file__
 
 
 class ReluMLP(MLP):
@@ -76,8 +87,8 @@ import torch
 import examples.llama
 from examples.llama import Llama
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"
-EXPECTED_MODULE = "layers.0.ffn"
-RELU_FILE = examples.llama.__file__
+EXPECTED_MODULE, EXPECTED_TARGET, MARKER = "layers.0.ffn", "aten.relu.default", "RELU LINE"
+LINE_FILE = examples.llama.__file__
 
 
 def make_model_and_inputs():
@@ -86,22 +97,51 @@ def make_model_and_inputs():
     return model, (torch.randint(0, 128, (2, 32)),)
 """
 
-_PROGRAMS = {"gpt": _GPT, "llama": _LLAMA}
+_UNET = """
+import sys, time
+sys.path.insert(0, {root!r})
+import torch
+import tests.diagnose.unet
+from tests.diagnose.models import ScatterBeforeDiv
+from tests.diagnose.unet import tiny_unet
+if {planted!r}:
+    torch._inductor.config.post_grad_custom_post_pass = ScatterBeforeDiv()
+EXPECTED_MODULE, EXPECTED_TARGET, MARKER = "up_blocks.0.resnets.1", "aten.div.Tensor", "OUTPUT LINE"
+LINE_FILE = tests.diagnose.unet.__file__
+
+
+def make_model_and_inputs():
+    return tiny_unet()  # two blocks each way, one ResNet each (--layers does not apply)
+"""
+
+_PROGRAMS = {"gpt": _GPT, "llama": _LLAMA, "unet": _UNET}
 
 _OURS = """
-import json, torchdebug.diagnose as td
+import cProfile, json, os, pstats, subprocess, torchdebug.diagnose as td
 start, cpu = time.perf_counter(), time.process_time()
 model, inputs = make_model_and_inputs()
+profile = cProfile.Profile() if {profile!r} else None
+if profile:
+    profile.enable()
 report = td.diagnose(model, *inputs, output_dir={out!r})
+if profile:
+    profile.disable()
+    pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 print(report.summary(), file=sys.stderr)
-relu_line = next(i for i, l in enumerate(open(RELU_FILE), 1) if l.rstrip().endswith("# RELU LINE"))
-right = report.stage == "inductor" and report.node == "relu" and report.module == EXPECTED_MODULE \\
-    and report.source is not None and report.source.startswith(f"{{RELU_FILE}}:{{relu_line}} ")
+line = next(i for i, l in enumerate(open(LINE_FILE), 1) if l.rstrip().endswith("# " + MARKER))
+right = report.stage == "inductor" and report.finding is not None and report.finding.target == EXPECTED_TARGET \\
+    and report.module == EXPECTED_MODULE \\
+    and report.source is not None and report.source.startswith(f"{{LINE_FILE}}:{{line}} ")
+env = {{**os.environ, "PYTHONPATH": {root!r}}}  # the planted pass is imported from tests/ by the repro
+repro = report.repro_path and subprocess.run([sys.executable, str(report.repro_path)], capture_output=True, text=True, env=env)
+repro_says = [l for l in repro.stdout.splitlines() if l.startswith(("REPRO:", "no problem"))] if repro else []
 fx_cache = {{k: v for k, v in torch._dynamo.utils.counters["inductor"].items() if k.startswith("fxgraph_cache")}}
 print(json.dumps({{"tool": "torchdebug.diagnose", "seconds": seconds, "cpu_seconds": cpu, "right": right,
                   "stages": {{s.stage.label: round(s.seconds, 2) for s in report.stages}}, "fx_graph_cache": fx_cache,
-                  "answer": report.finding.describe() if report.finding else None, "notes": report.notes}}))
+                  "answer": report.finding.describe() if report.finding else None, "notes": report.notes,
+                  "repro": getattr(report.finding, "scope", None),
+                  "repro_exit": repro.returncode if repro else None, "repro_says": repro_says[-1:]}}))
 """
 
 _PLAIN = """
@@ -140,19 +180,25 @@ def _env(folder: Path, cold: bool) -> dict[str, str]:
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor_cache")} if cold else dict(os.environ)
 
 
-def ours(folder: Path, model: str, layers: int, cold: bool) -> dict[str, object]:
+def _program(model: str, layers: int, bug: str) -> str:
+    return _PROGRAMS[model].format(root=str(ROOT), layers=layers, planted=bug == "planted")
+
+
+def ours(folder: Path, model: str, layers: int, cold: bool, bug: str = "planted", profile: bool = False) -> dict[str, object]:
     script = folder / "ours.py"
-    script.write_text(_PROGRAMS[model].format(root=str(ROOT), layers=layers) + _OURS.format(out=str(folder / "out")))
-    wall, result = _run([sys.executable, str(script)], folder, 600, _env(folder, cold))
+    script.write_text(_program(model, layers, bug) + _OURS.format(out=str(folder / "out"), profile=profile, root=str(ROOT)))
+    wall, result = _run([sys.executable, str(script)], folder, 1800, _env(folder, cold))
+    if profile and result is not None:
+        print(result.stderr, file=sys.stderr)
     assert result is not None and result.returncode == 0, result.stderr if result else "timed out"
     row = json.loads(result.stdout.strip().splitlines()[-1])
     row["process_seconds"] = wall
     return row
 
 
-def plain(folder: Path, model: str, layers: int, cold: bool) -> dict[str, object]:
+def plain(folder: Path, model: str, layers: int, cold: bool, bug: str = "planted") -> dict[str, object]:
     script = folder / "plain.py"
-    script.write_text(_PROGRAMS[model].format(root=str(ROOT), layers=layers) + _PLAIN)
+    script.write_text(_program(model, layers, bug) + _PLAIN)
     wall, result = _run([sys.executable, str(script)], folder, 600, _env(folder, cold))
     assert result is not None and result.returncode == 0, result.stderr if result else "timed out"
     row = json.loads(result.stdout.strip().splitlines()[-1])
@@ -160,9 +206,9 @@ def plain(folder: Path, model: str, layers: int, cold: bool) -> dict[str, object
     return row
 
 
-def minifier(folder: Path, model: str, layers: int, limit: float, cold: bool) -> dict[str, object]:
+def minifier(folder: Path, model: str, layers: int, limit: float, cold: bool, bug: str = "planted") -> dict[str, object]:
     script = folder / "minifier_run.py"
-    script.write_text(_PROGRAMS[model].format(root=str(ROOT), layers=layers) + textwrap.dedent(_MINIFIER_RUN))
+    script.write_text(_program(model, layers, bug) + textwrap.dedent(_MINIFIER_RUN))
     env = {
         **_env(folder, cold),
         "TORCHDYNAMO_REPRO_AFTER": "aot",
@@ -201,19 +247,24 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(_PROGRAMS), default="gpt", help="the program with the planted bug")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--cold", action="store_true", help="empty inductor cache for each tool")
+    parser.add_argument(
+        "--bug", choices=("planted", "inductor"), default="planted", help="unet: the planted pass or inductor's own bug"
+    )
+    parser.add_argument("--profile", action="store_true", help="run diagnose under cProfile and print where the time goes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "ours").mkdir()
-        rows = [ours(Path(tmp) / "ours", args.model, args.layers, args.cold)]
+        rows = [ours(Path(tmp) / "ours", args.model, args.layers, args.cold, args.bug, args.profile)]
         (Path(tmp) / "plain").mkdir()
-        rows.append(plain(Path(tmp) / "plain", args.model, args.layers, args.cold))
+        rows.append(plain(Path(tmp) / "plain", args.model, args.layers, args.cold, args.bug))
         if not args.skip_minifier:
             (Path(tmp) / "minifier").mkdir()
-            rows.append(minifier(Path(tmp) / "minifier", args.model, args.layers, args.minifier_timeout, args.cold))
+            rows.append(minifier(Path(tmp) / "minifier", args.model, args.layers, args.minifier_timeout, args.cold, args.bug))
     for row in rows:
         print(json.dumps(row))
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"model: {args.model}; cache: {'cold' if args.cold else 'as found'}; load: {load}")
+    bug = f" ({args.bug} bug)" if args.model == "unet" else ""
+    print(f"model: {args.model}{bug}; cache: {'cold' if args.cold else 'as found'}; load: {load}")
 
 
 if __name__ == "__main__":

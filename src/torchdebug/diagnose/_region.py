@@ -12,8 +12,8 @@ neighbour (a kernel that fuses the node with the op before it, a buffer another 
 and bisects between the last depth that passes and the first that fails, ``2 log2(depth)``
 compiles at most. When no region fails, the bug needs a node that comes *after* it (a kernel that
 reuses its buffer, an in-place write): the shortest failing prefix of the graph that holds the
-node (every tensor it makes an output, as bisection's prefixes) is searched, if the whole graph
-fails at all: prefixes ending 0, 1, 3, 7, ... nodes after it, then bisection.
+node (every tensor it makes an output, as bisection's prefixes) is searched: prefixes ending 0, 1,
+3, 7, ... nodes after it up to the whole graph, then bisection.
 """
 
 from __future__ import annotations
@@ -240,10 +240,10 @@ def _smallest_failing_prefix(
     judge: Callable[[torch.fx.GraphModule, list[Any]], Any],
     larger: Callable[[int], tuple[torch.fx.GraphModule, dict[str, Any]] | None] | None,
 ) -> Region | None:
-    """The shortest prefix of the graph, at least up to ``node``, that fails: the whole graph first
-    (when it passes, none does), then prefixes ending 0, 1, 3, 7, ... nodes after ``node`` until
-    one fails, then bisection between the last that passed and it (a bug that needs a later kernel:
-    a buffer it reuses, an in-place write)."""
+    """The shortest prefix of the graph, at least up to ``node``, that fails: prefixes ending 0, 1,
+    3, 7, ... nodes after ``node`` up to the whole graph until one fails, then bisection between
+    the last that passed and it (a bug that needs a later kernel: a buffer it reuses, an in-place
+    write). Short prefixes first: they compile fastest, and such a kernel is usually near."""
     if larger is None:
         return None
     tried: dict[int, Region | None] = {}
@@ -259,14 +259,15 @@ def _smallest_failing_prefix(
         found = tried[count]
         return found if found is not None and found.fails else None
 
-    if attempt(total) is None:
+    passing, failing, step = at - 1, None, 1
+    while failing is None and passing < total:
+        count = min(at - 1 + step, total)
+        if attempt(count) is not None:
+            failing = count
+        else:
+            passing, step = count, step * 2
+    if failing is None:
         return None
-    passing, failing, step = at - 1, total, 1
-    while at - 1 + step < total:
-        if attempt(at - 1 + step) is not None:
-            failing = at - 1 + step
-            break
-        passing, step = at - 1 + step, step * 2
     while failing - passing > 1:
         middle = (passing + failing) // 2
         if attempt(middle) is not None:

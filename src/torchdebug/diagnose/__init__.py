@@ -4,7 +4,7 @@ Typical use::
 
     result = torchdebug.diagnose(model, x, backend="inductor")
     print(result.summary())      # stage, error or lost accuracy, first bad node, source line
-    result.repro_path            # repro.py with only that node, inputs in safetensors next to it
+    result.repro_path            # repro.py: the smallest graph around that node that fails, inputs next to it
 
 ``docs/diagnose.md`` describes the method and the command line (``torchdebug diagnose``). The
 names below load lazily: ``torchdebug diagnose --help`` imports ``_config`` without torch.

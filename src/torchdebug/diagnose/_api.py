@@ -2,10 +2,11 @@
 
 1. fp64 and eager references; 2. the stage ladder (:mod:`~torchdebug.diagnose._stages`) up to the
 first stage that raises or loses accuracy (inductor runs instrumented, so its node values come with
-the stage's run); 3. the first bad node inside it: node by node against fp64
+the stage's run, and right after ``eager``: the stages between run only when it fails and its node
+values name no node); 3. the first bad node inside it: node by node against fp64
 (:mod:`~torchdebug.diagnose._nodes`) for an inductor accuracy loss, graph-prefix bisection
-(:mod:`~torchdebug.diagnose._bisect`) otherwise; 4. ``repro.py`` with that node alone; 5. graph
-breaks and recompiles.
+(:mod:`~torchdebug.diagnose._bisect`) otherwise; 4. ``repro.py`` with the smallest graph around that
+node that still fails (:mod:`~torchdebug.diagnose._region`); 5. graph breaks and recompiles.
 """
 
 from __future__ import annotations

@@ -520,3 +520,26 @@ def test_async_collective_tensors_have_what_capture_reads_and_a_wait_without_wor
     assert wrapped.completed and funcol.unwaited(wrapped, module.AsyncCollectiveTensor) == []
     funcol.wait_tensor(plain)
     assert isinstance(funcol.pending_works(), int)
+
+
+def test_a_compiled_graphs_frame_holds_its_module_and_the_module_the_user_compiled():
+    from torchdebug._torch import frames
+
+    seen = []
+
+    @torch.compiler.disable  # a graph break inside the inner module's forward
+    def look() -> None:
+        frame = frames.running_frame(__file__, "forward")
+        seen.append((frames.local_module(frame, "self"), frames.enclosing_module(frame), frames.outermost_compiled_module(frame)))
+
+    class Inner(nn.Module):
+        def forward(self, x):
+            look()
+            return x * 2
+
+    inner = Inner()
+    outer = nn.Sequential(nn.Identity(), inner)
+    torch._dynamo.reset()
+    torch.compile(outer, backend="eager")(torch.ones(2))
+    assert seen == [(inner, inner, outer)]
+    assert frames.running_frame(__file__, "no_such_function") is None

@@ -9,6 +9,7 @@ Each module wraps one torch subsystem and is imported only by the features that 
   and a fresh state for a replay that unscales again.
 - :mod:`~torchdebug._torch.dispatch`: ``TorchDispatchMode``, op overloads and their schemas.
 - :mod:`~torchdebug._torch.nn`: global module hooks next to ``torch.compile(module)`` and module wrappers.
+- :mod:`~torchdebug._torch.forward_hooks`: a forward hook run after a module's own, placed as its call starts.
 - :mod:`~torchdebug._torch.checkpoint`: activation checkpointing's recomputation and bookkeeping ops.
 - :mod:`~torchdebug._torch.pytree`: the tensors of nested outputs.
 - :mod:`~torchdebug._torch.subclasses`: wrapper subclasses (DTensor, FSDP2 parameters, float8

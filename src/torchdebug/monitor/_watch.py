@@ -3,7 +3,12 @@
 - **Module outputs**, in the forward of a model in training mode, through the global module hooks of
   :class:`~torchdebug.capture.modules.ModuleTracker` (module paths, wrappers skipped; a module run
   again by activation checkpointing's recomputation is not watched twice). A model in ``eval()``
-  mode (validation) is not watched (its call still sets up the gradients' watch). Compiled code
+  mode (validation) is not watched (its call still sets up the gradients' watch). What is watched
+  is what the call returned: a module with forward hooks of its own (a user's, tensor
+  parallelism's redistribution, FSDP2's post-forward), which run after the global ones, has its
+  output watched once they ran, by a hook placed last among them as its call starts
+  (:class:`~torchdebug._torch.forward_hooks.LastForwardHooks`; modules without hooks of their own
+  get none), so a NaN its hook writes is that module's, not the next one's. Compiled code
   is left alone: the hooks return at once while Dynamo traces (no graph break, nothing inside the
   compiled graph), and a compiled module's output is watched from outside its compiled call:
   ``torch.compile(module)``'s wrapper's call stands for its module's
@@ -52,6 +57,7 @@ from torch.utils.hooks import RemovableHandle
 from torchdebug import stats_table
 from torchdebug._torch.autograd import after_backward, current_autograd_node, tensor_version
 from torchdebug._torch.dynamo import after_compiled_calls, compiled_autograd_enabled
+from torchdebug._torch.forward_hooks import LastForwardHooks, has_forward_hooks
 from torchdebug._torch.funcol import wait_before_read
 from torchdebug._torch.nn import compiled_modules, is_compiled_wrapper, strip_wrappers, unwrap_compiled
 from torchdebug._torch.pytree import tree_leaves
@@ -117,7 +123,12 @@ class Watcher:
         self._calls: dict[str, int] = {}
         self._seen: dict[int, _Seen] = {}
         """Tensors reduced in this step, by ``id``."""
-        self._open: list[str] = []
+        self._open: list[tuple[str, bool]] = []
+        """``(phase, after its own hooks)`` of each module call under way, innermost last: the
+        second is true where the call's output is watched after the module's own forward hooks."""
+        self._last_hooks = LastForwardHooks(self._returned_after_hooks)
+        self._returning: list[tuple[nn.Module, str]] = []
+        """Module calls whose forward returned, waiting for their own forward hooks to run, innermost last."""
         self._root = unwrap_compiled(model)
         self._childless = next(self._root.children(), None) is None
         self._call_observers: list[tuple[Callable[[nn.Module], None], ModelCallEnd]] = []
@@ -177,6 +188,9 @@ class Watcher:
         self.active = False
         self._parameter_hooked = False
         self._tracker.stop(keep_hooks=keep_hooks)
+        if not keep_hooks:
+            self._last_hooks.remove()
+        self._returning.clear()
         for undo in self._undo:
             undo()
         self._undo = []
@@ -207,6 +221,7 @@ class Watcher:
         self.step = step
         self._calls.clear()
         self._seen.clear()
+        self._returning.clear()  # a module's own hook that raised never let it return
         self.grads_taken = False
         self.root_seen = self.inside_seen = False
         self._backward_queued = False  # a backward that raised never ran its final callbacks
@@ -239,7 +254,14 @@ class Watcher:
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
         if self._suspended:
             return
-        self._open.append(phase)
+        after_hooks = (
+            has_forward_hooks(module)
+            and phase == "forward"
+            and id(module) in self._modules
+            and not self._tracker.runs_compiled(module)  # its hooks run inside the compiled call
+            and self._last_hooks.place(module)
+        )
+        self._open.append((phase, after_hooks))
         if module is self._root and self._childless and not self._tracker.runs_compiled(module):
             self.inside_seen = True  # nothing below the root: its own code runs outside compiled code
         if module is self._root and self._call_observers and phase == "forward" and module.training:
@@ -251,10 +273,26 @@ class Watcher:
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
         if self._suspended:
             return
-        phase = self._open.pop() if self._open else RECOMPUTE
-        if phase == "forward" and id(module) in self._modules:
+        phase, after_hooks = self._open.pop() if self._open else (RECOMPUTE, False)
+        if phase != "forward":
+            return
+        if after_hooks:  # the module's own forward hooks run next, and may change what it returns
+            self._returning.append((module, name))
+        else:
+            self._returned(module, name, kwargs, output)
+
+    def _returned_after_hooks(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        """``module``'s own forward hooks ran: ``output`` is what its call returns."""
+        if self._returning and self._returning[-1][0] is module:
+            name = self._returning.pop()[1]
+            if not self._suspended:
+                self._returned(module, name, kwargs, output)
+
+    def _returned(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+        """A call of ``module`` in the forward returned ``output``, outside compiled code."""
+        if id(module) in self._modules:
             self._watch_output(name, output)
-        if module is self._root and self._root_call is not None and phase == "forward":
+        if module is self._root and self._root_call is not None:
             (called, args), self._root_call = self._root_call, None
             for _, after in list(self._call_observers):
                 after(called, args, kwargs, output)

@@ -7,10 +7,11 @@ and, when there is something to dump, opens ``model__<N>`` in the dump tree
 caches off for the duration of the compile (``torchdebug._torch.dynamo.caches_disabled``, scoped),
 because a cache hit skips the passes and their dumps (pytorch/pytorch#152374).
 
-With the data dump on, each compiled graph that reads parameters tells the dump which module
-instance runs it before every run (its first parameter; ``torchdebug.graph_dump._instances``),
-so graphs compiled per block are named by the block that ran when the backend knows the root model
-(``get_backend(config, model=model)``).
+With the data dump on, each compiled graph run is named by the module instance that runs it: the
+dump finds the frame the graph was compiled from on the stack (``torchdebug.graph_dump._instances``);
+a graph without stack traces falls back to the first parameter it reads, handed to the dump before
+every run. Paths are those of the root model given to ``get_backend(config, model=model)``, else of
+the outermost compiled module.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ class TorchDebugBackend:
         return compiled
 
     def _naming_instances(self, compiled: Callable[..., Any], model: str, example_inputs: list[Any]) -> Callable[..., Any]:
-        """``compiled`` handing the data dump its first parameter input before each run, which
-        tells the module instance running it (none to hand: ``compiled`` itself)."""
+        """``compiled`` handing the data dump its first parameter input before each run: the
+        instance running it where the graph's frame cannot tell (none to hand: ``compiled`` itself)."""
         index = next((i for i, value in enumerate(example_inputs) if isinstance(value, nn.Parameter)), None)
         capture = self.data_dump
         if index is None or capture is None:

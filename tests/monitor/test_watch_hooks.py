@@ -16,7 +16,7 @@ import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch
 from tests.monitor import test_monitor
 from torchdebug._torch import forward_hooks
-from torchdebug._torch.forward_hooks import LastForwardHooks, has_forward_hooks
+from torchdebug._torch.forward_hooks import LastForwardHooks, own_forward_hooks
 
 CONFIG = GPTConfig(n_layer=3, d_model=16, n_head=2, seq_len=8, vocab=32)
 NAN_AT = 3
@@ -188,9 +188,9 @@ def test_a_forward_hook_added_while_a_call_runs_runs_in_it_after_the_modules_own
     seen: list[tuple[str, torch.Tensor]] = []
     linear = nn.Linear(2, 2)
     last = LastForwardHooks(lambda module, args, kwargs, output: seen.append(("last", output)))
-    assert not has_forward_hooks(linear) and not last.place(linear)
+    assert not own_forward_hooks(linear) and not last.place(linear)
     linear.register_forward_hook(lambda module, args, output: output * 0)
-    assert has_forward_hooks(linear) and last.place(linear)
+    assert own_forward_hooks(linear) and last.place(linear)
     output = linear(torch.ones(1, 2))
     assert len(seen) == 1 and seen[0][1] is output and not output.any()
     linear.register_forward_hook(lambda module, args, output: output + 1)  # after the placed hook: moved last

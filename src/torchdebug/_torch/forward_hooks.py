@@ -24,6 +24,7 @@ outside compiled code.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -36,9 +37,10 @@ AfterHooks = Callable[[nn.Module, tuple, dict[str, Any], Any], None]
 """``after(module, args, kwargs, output)``: ``module``'s call returned ``output``, its own forward hooks run."""
 
 
-def has_forward_hooks(module: nn.Module) -> bool:
-    """Whether ``module`` has forward hooks of its own (``register_forward_hook``'s)."""
-    return bool(module._forward_hooks)
+own_forward_hooks = operator.attrgetter("_forward_hooks")
+"""``own_forward_hooks(module)``: ``module``'s own forward hooks (``register_forward_hook``'s), by
+id, in the order they run; empty, so false, for most modules. An attribute getter, not a function:
+it is asked at every module call."""
 
 
 def hooks_read_after_forward() -> bool:
@@ -76,7 +78,7 @@ class LastForwardHooks:
         """As a call of ``module`` starts: whether ``after`` will see it return, after the module's
         own forward hooks (placed or moved last among them now). ``False`` for a module without
         hooks of its own: its global forward hook sees what it returned."""
-        hooks = module._forward_hooks
+        hooks = own_forward_hooks(module)
         if not hooks or not self.works:
             return False
         entry = self._handles.get(id(module))
@@ -99,4 +101,4 @@ class LastForwardHooks:
         self._handles.clear()
 
 
-__all__ = ["HOOKS_READ_AFTER_FORWARD", "AfterHooks", "LastForwardHooks", "has_forward_hooks", "hooks_read_after_forward"]
+__all__ = ["HOOKS_READ_AFTER_FORWARD", "AfterHooks", "LastForwardHooks", "hooks_read_after_forward", "own_forward_hooks"]

@@ -57,7 +57,7 @@ from torch.utils.hooks import RemovableHandle
 from torchdebug import stats_table
 from torchdebug._torch.autograd import after_backward, current_autograd_node, tensor_version
 from torchdebug._torch.dynamo import after_compiled_calls, compiled_autograd_enabled
-from torchdebug._torch.forward_hooks import LastForwardHooks, has_forward_hooks
+from torchdebug._torch.forward_hooks import LastForwardHooks, own_forward_hooks
 from torchdebug._torch.funcol import wait_before_read
 from torchdebug._torch.nn import compiled_modules, is_compiled_wrapper, strip_wrappers, unwrap_compiled
 from torchdebug._torch.pytree import tree_leaves
@@ -254,13 +254,10 @@ class Watcher:
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
         if self._suspended:
             return
-        after_hooks = (
-            has_forward_hooks(module)
-            and phase == "forward"
-            and id(module) in self._modules
-            and not self._tracker.runs_compiled(module)  # its hooks run inside the compiled call
-            and self._last_hooks.place(module)
-        )
+        after_hooks = False  # most modules: no forward hooks of their own
+        if own_forward_hooks(module) and phase == "forward" and id(module) in self._modules:
+            # a compiled wrapper's call stands for it: its hooks run inside the compiled call
+            after_hooks = not self._tracker.runs_compiled(module) and self._last_hooks.place(module)
         self._open.append((phase, after_hooks))
         if module is self._root and self._childless and not self._tracker.runs_compiled(module):
             self.inside_seen = True  # nothing below the root: its own code runs outside compiled code

@@ -18,11 +18,12 @@ Three programs, forward and backward, on the CPU. The first two carry inductor's
 - ``unet``: the diagnose tests' diffusers-style UNet (``tests/diagnose/unet.py``: two down and two up
   blocks, GroupNorm, SiLU, a time embedding, nearest upsampling; 8x8 images, batch 2) with a
   backward bug that shows only with its neighbour: ``--bug planted`` (default) installs the tests'
-  ``ScatterBeforeDiv`` post-grad pass (the ``div`` after nearest upsampling's backward scatter reads
-  the zero buffer before the scatter); ``--bug inductor`` plants nothing and relies on inductor's own
+  ``ScatterReadTooEarly`` post-grad pass (what reads nearest upsampling's backward scatter reads the
+  zero buffer before the scatter); ``--bug inductor`` plants nothing and relies on inductor's own
   bug on this model (torch 2.13: the same gradients come out 0). The right answer: stage inductor,
-  a backward ``aten.div.Tensor`` in ``up_blocks.0.resnets.1``, the ``OUTPUT LINE``; and ``repro.py``
-  must exit 1.
+  a backward ``aten.div.Tensor`` in ``up_blocks.0.resnets.1``, the ``OUTPUT LINE`` (with the planted
+  bug on torch 2.14, which drops a div by 1.0: the shortcut convolution's backward, the
+  ``SHORTCUT LINE``); and ``repro.py`` must exit 1.
 
 What runs:
 
@@ -102,11 +103,15 @@ import sys, time
 sys.path.insert(0, {root!r})
 import torch
 import tests.diagnose.unet
-from tests.diagnose.models import ScatterBeforeDiv
+from tests.diagnose.models import ScatterReadTooEarly
 from tests.diagnose.unet import tiny_unet
 if {planted!r}:
-    torch._inductor.config.post_grad_custom_post_pass = ScatterBeforeDiv()
+    torch._inductor.config.post_grad_custom_post_pass = ScatterReadTooEarly()
 EXPECTED_MODULE, EXPECTED_TARGET, MARKER = "up_blocks.0.resnets.1", "aten.div.Tensor", "OUTPUT LINE"
+if torch.torch_version.TorchVersion(torch.__version__) >= "2.14":  # torch 2.14 drops a div by 1.0
+    EXPECTED_MODULE, EXPECTED_TARGET, MARKER = (
+        "up_blocks.0.resnets.1.conv_shortcut", "aten.convolution_backward.default", "SHORTCUT LINE"
+    )
 LINE_FILE = tests.diagnose.unet.__file__
 
 

@@ -68,16 +68,18 @@ class PerturbMulOfCos(CustomGraphPass):
         return "tests.diagnose.models.PerturbMulOfCos"
 
 
-class ScatterBeforeDiv(CustomGraphPass):
-    """A planted backward bug like inductor's own on diffusers' UNet (torch 2.13): a ``div`` of an
-    ``index_put`` (the scatter-add that nearest upsampling's backward lowers to) reads the buffer
-    before the scatter: zeros. The ``div`` alone is compiled right; the repro needs the scatter."""
+class ScatterReadTooEarly(CustomGraphPass):
+    """A planted backward bug like inductor's own on diffusers' UNet (torch 2.13): whatever reads an
+    ``index_put`` (the scatter-add that nearest upsampling's backward lowers to) reads the zero
+    buffer before the scatter instead. The reader alone is compiled right; the repro needs the
+    scatter. (Torch 2.13 keeps the UNet's ``/ output_scale_factor`` there, a ``div`` by 1.0; torch
+    2.14 drops it, so the first reader is the shortcut convolution's backward.)"""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        for node in graph.find_nodes(op="call_function", target=torch.ops.aten.div.Tensor):
-            source = node.args[0]
-            if isinstance(source, torch.fx.Node) and "index_put" in str(source.target):
-                node.args = (source.args[0], *node.args[1:])
+        for node in graph.nodes:
+            if node.op == "call_function" and "index_put" in str(node.target):
+                for user in list(node.users):
+                    user.replace_input_with(node, node.args[0])
 
     def uuid(self) -> str:
-        return "tests.diagnose.models.ScatterBeforeDiv"
+        return "tests.diagnose.models.ScatterReadTooEarly"

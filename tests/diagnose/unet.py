@@ -37,7 +37,7 @@ class ResnetBlock(nn.Module):
         hidden = self.conv1(F.silu(self.norm1(x)))
         hidden = hidden + self.time_emb_proj(F.silu(temb))[:, :, None, None]  # TIME LINE
         hidden = self.conv2(F.silu(self.norm2(hidden)))
-        shortcut = self.conv_shortcut(x) if self.conv_shortcut is not None else x
+        shortcut = self.conv_shortcut(x) if self.conv_shortcut is not None else x  # SHORTCUT LINE
         return (shortcut + hidden) / self.output_scale_factor  # OUTPUT LINE
 
 

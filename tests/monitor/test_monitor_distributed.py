@@ -262,14 +262,15 @@ def _tp_main(rank: int, root: str) -> None:
 def test_tensor_parallel_outputs_are_read_once_their_all_reduce_is_in(runs: Path) -> None:
     """RowwiseParallel hands its output's all-reduce out unwaited (an AsyncCollectiveTensor): the
     monitor waits for it, so both ranks watch the same reduced output (not their own partial sums,
-    nor a buffer still being written), and a NaN in rank 1's shard of ``fc`` is seen in rank 0's MLP
-    output, after rank 1 saw it in its ``fc`` output: rank 1 is named first."""
+    nor a buffer still being written), and a NaN in rank 1's shard of ``fc`` is seen in rank 0's
+    ``mlp.out`` output, through its all-reduce (read after the layer's own hooks), after rank 1 saw it
+    in its ``fc`` output: rank 1 is named first."""
     results = [json.loads((runs / "tp" / f"event{rank}.json").read_text()) for rank in (0, 1)]
     assert results[0]["healthy"] == results[1]["healthy"]  # the reduced output, bit for bit
     events = [result["event"] for result in results]
     assert all(e["step"] == 4 and e["reason"] == "nonfinite" for e in events)
     assert events[1]["slot"] == "forward/layers.1.mlp.fc/module#0/output.0"
-    assert events[0]["slot"] == "forward/layers.1.mlp/module#0/output.0"
+    assert events[0]["slot"] == "forward/layers.1.mlp.out/module#0/output.0"
     assert [e["ranks"] for e in events] == [[1, 0], [1, 0]]
     assert all(e["replay"]["reproduced"] for e in events)
 

@@ -24,6 +24,8 @@ Each module wraps one torch subsystem and is imported only by the features that 
 - :mod:`~torchdebug._torch.symbolic`: symbolic sizes (``SymInt`` expressions, traced values) of
   graphs compiled with dynamic shapes, evaluated for the sizes that ran.
 - :mod:`~torchdebug._torch.guards`: the Dynamo frame of the compile in progress.
+- :mod:`~torchdebug._torch.frames`: the Python frame a compiled graph runs under, and the module
+  instance (and the outermost compiled module) it holds.
 
 Every behaviour that differs between the torch versions we support is listed in
 :data:`VERSION_DIFFERENCES`, with the version that changed it and the function that handles it;

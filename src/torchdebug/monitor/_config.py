@@ -47,6 +47,26 @@ class MonitorConfig(Options):
             type="number",
         ),
     )
+    loss_spike_floor: float = field(
+        default=0.1,
+        metadata=option(
+            "The smallest spread the loss's (and a module output norm's) z-score divides by, as a fraction of the "
+            "window's median: after a smooth history a loss spike has to exceed the median by loss_spike times it "
+            "(80% at the defaults), not by a few of its tiny deviations.",
+            number(0),
+            type="number",
+        ),
+    )
+    grad_norm_spike_floor: float = field(
+        default=0.5,
+        metadata=option(
+            "The same floor for the gradient norm, which a healthy run moves by multiples (leaving a plateau, a "
+            "learning-rate warm-up): a gradient-norm spike has to reach 1 + grad_norm_spike * this times the median "
+            "(5 times at the defaults).",
+            number(0),
+            type="number",
+        ),
+    )
     history: int = field(
         default=8,
         metadata=option(

@@ -40,17 +40,6 @@ _MEAN = STAT_KEYS.index("mean")
 MAD_SCALE = 1.4826
 """Median absolute deviation to the standard deviation of normally distributed values."""
 
-RELATIVE_FLOOR = 0.1
-"""The smallest spread a z-score of the loss or of a module's output norm divides by, as a fraction
-of the median: after a smooth history (the same batch again and again) a spike has to stand out from
-the median by ``threshold`` tenths of it (80% at the default 8), not by a few of its tiny deviations."""
-
-GRADIENT_FLOOR = 0.5
-"""The same floor for gradient norms, which a healthy run moves by multiples: as a model leaves its
-first plateau (a small GPT learning a Markov chain: 0.4 to 1.0 within a few steps, 2 to 4 times the
-window's median at the peak) and under a learning-rate warm-up. A gradient-norm spike has to reach
-``1 + threshold / 2`` times the median (5 times at the default 8)."""
-
 REASONS = ("nonfinite", "loss_spike", "grad_norm_spike", "predicate")
 """Why a step fires (:attr:`Trigger.reason`); ``max_events`` counts the window dumps of each apart."""
 
@@ -77,9 +66,9 @@ class StepSummary:
     """``stats(name)``: the statistics of a watched slot by its record name, ``None`` if not seen."""
 
 
-def robust_z(value: float, history: np.ndarray, floor: float = RELATIVE_FLOOR) -> float:
+def robust_z(value: float, history: np.ndarray, floor: float) -> float:
     """How far ``value`` lies above the median of ``history``, in scaled median absolute deviations,
-    the spread taken at least ``floor`` times the median."""
+    the spread taken at least ``floor`` times the median (``loss_spike_floor``, ``grad_norm_spike_floor``)."""
     history = history[np.isfinite(history)]
     if not len(history) or not math.isfinite(value):
         return math.nan
@@ -171,10 +160,11 @@ class Triggers:
         values = self._history(index, _MEAN, step)
         if values is None:
             return None
-        z = robust_z(float(row[index, _MEAN]), values)
+        floor = self.config.loss_spike_floor
+        z = robust_z(float(row[index, _MEAN]), values, floor)
         if not z > threshold:
             return None
-        culprit = self._first_standing_out(step, row, self._indices("output", len(row)), threshold)
+        culprit = self._first_standing_out(step, row, self._indices("output", len(row)), threshold, floor)
         return Trigger(
             "loss_spike", step, culprit, f"step {step}: loss {row[index, _MEAN]:.6g}, robust z-score {z:.1f} > {threshold}"
         )
@@ -191,12 +181,14 @@ class Triggers:
         history = np.array([v for v in earlier if v is not None])
         if len(history) < self.config.history:
             return None
-        z = robust_z(value, history, GRADIENT_FLOOR)
+        z = robust_z(value, history, self.config.grad_norm_spike_floor)
         if not z > threshold:
             return None
         row = self.ring.row(step)
         assert row is not None
-        culprit = self._first_standing_out(step, row, self._indices("parameter_grad", len(row)), threshold, GRADIENT_FLOOR)
+        culprit = self._first_standing_out(
+            step, row, self._indices("parameter_grad", len(row)), threshold, self.config.grad_norm_spike_floor
+        )
         return Trigger(
             "grad_norm_spike", step, culprit, f"step {step}: gradient norm {value:.6g}, robust z-score {z:.1f} > {threshold}"
         )
@@ -245,9 +237,7 @@ class Triggers:
         values = np.array([v for v in values if not math.isnan(v)])
         return values if len(values) >= self.config.history else None
 
-    def _first_standing_out(
-        self, step: int, row: np.ndarray, indices: list[int], threshold: float, floor: float = RELATIVE_FLOOR
-    ) -> int | None:
+    def _first_standing_out(self, step: int, row: np.ndarray, indices: list[int], threshold: float, floor: float) -> int | None:
         """The first of ``indices`` whose norm at ``step`` stands out from its history by ``threshold``
         (the spread at least ``floor`` times the median), else the one standing out most."""
         best, best_z = None, -math.inf

@@ -51,7 +51,9 @@ def test_a_window_and_replay_that_cannot_be_written_keep_the_event_and_skip_the_
     (event,) = monitor.events
     assert (event.step, event.reason) == (NAN_STEP, "nonfinite")
     assert event.write_error is not None and "no space left on device" in event.write_error.lower()
-    assert "window: " in event.write_error and "not all written" in str(event)
+    assert "window: " in event.write_error and "replay: " in event.write_error and "not all written" in str(event)
+    assert event.replay is not None and event.replay.reproduced  # replayed uncaptured: it still says whether it reproduces
+    assert event.replay.write_error is not None and "Its dump is missing or truncated" in event.replay.message
     assert torch.equal(weights[NAN_STEP], weights[NAN_STEP - 1])  # on_anomaly="skip" was applied
     assert all(torch.isfinite(w).all() for w in weights)
 
@@ -67,7 +69,7 @@ def test_a_replay_whose_dump_fails_keeps_the_event_and_says_why(tmp_path):
     (event,) = monitor.events
     assert event.replay is not None and event.replay.write_error is not None
     assert "replay: " in event.write_error and "Input/output error" in event.replay.write_error
-    assert "Its dump is truncated" in event.replay.message
+    assert "Its dump is missing or truncated" in event.replay.message
 
 
 def test_on_write_error_raise_raises_out_of_monitor_step(tmp_path):

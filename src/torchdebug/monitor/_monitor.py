@@ -395,7 +395,6 @@ class Monitor:
         if replays:
             compiled = self.watcher.ran_compiled()
             with (
-                self._writing(write_errors, "replay"),
                 self.watcher.suspended(),  # the replay's calls are not the window's
                 amp.unscaling_again(self.scaler, self.optimizer),  # a closure that clips unscales again
             ):
@@ -412,12 +411,12 @@ class Monitor:
                     compiled,
                     self.config.on_write_error,
                 )
-            if outcome is not None and outcome.write_error:
+            if outcome.write_error:
                 write_errors.append(f"replay: {outcome.write_error}")
-            if agreed and outcome is not None:  # every rank replayed: ask where it began
+            if agreed:  # every rank replayed: ask where it began
                 ranks = _began_first(ranks, outcome)
         if outcome is None:
-            no_replay = self._why_not_replayed(closure, no_replay) if not write_errors else "its dump could not be written"
+            no_replay = self._why_not_replayed(closure, no_replay)
         event = MonitorEvent(
             trigger.step,
             trigger.reason,
@@ -447,7 +446,7 @@ class Monitor:
 
     @contextlib.contextmanager
     def _writing(self, errors: list[str], what: str) -> Iterator[None]:
-        """Run a dump of an event: a folder that cannot be written is one more of the event's
+        """Write a dump of an event: a folder that cannot be written is one more of the event's
         ``errors`` (``on_write_error="raise"``: the DumpError goes on to the caller)."""
         try:
             yield

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from torchdebug.debugger import Debugger
+from torchdebug.errors import DumpError
 from torchdebug.nonfinite import ORIGIN, find_origin
 from torchdebug.records import COLLECTIVES
 from torchdebug.store._reader import load
@@ -80,7 +81,7 @@ class ReplayOutcome:
             else:
                 eager += "."
         if self.write_error:
-            eager += f" Its dump is truncated ({self.write_error}): ops after that are missing from it."
+            eager += f" Its dump is missing or truncated ({self.write_error}): the ops after that are not in it."
         if self.reproduced:
             found = f"; first NaN/Inf made by {self.origin}" if self.origin else ""
             return f"replay reproduced the step bit for bit (loss {self.loss}){found}; its op-level dump: {self.dump}.{eager}"
@@ -126,25 +127,37 @@ def replay(
 ) -> ReplayOutcome:
     """Run ``closure`` again from ``state`` under op-level capture into ``dump_path`` (see the module
     docstring); ``compiled``: the step ran compiled code of the model, which the capture runs eagerly.
-    A dump folder that cannot be written raises DumpError before the closure runs again."""
+    A dump folder that cannot be written (``on_write_error="continue"``) still runs the closure
+    again, uncaptured, for the reproduction; the outcome says why nothing was dumped."""
     grads = [p.grad for p in parameters]
+    debugger, unwritable = None, None
     try:
         replayed = _run(closure, parameters, state) if compiled else None  # the compiled code again, as it ran
-        debugger = Debugger(dump_path, task=task, level="op", on_write_error=on_write_error)
-        debugger.start_at(step)
+        try:
+            debugger = Debugger(dump_path, task=task, level="op", on_write_error=on_write_error)
+            debugger.start_at(step)
+        except DumpError as error:
+            if on_write_error == "raise":
+                raise
+            unwritable = str(error)
         try:
             with torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext():
-                debugger.start(model)
+                if debugger is not None:
+                    debugger.start(model)
                 captured = _run(closure, parameters, state)
-                debugger.stop()
+                if debugger is not None:
+                    debugger.stop()
         finally:
-            debugger.close()
+            if debugger is not None:
+                debugger.close()
     finally:
         for p, grad in zip(parameters, grads):
             p.grad = grad
     if not compiled:
         replayed = captured
-    origin = find_origin(load(debugger.run_dir).ranks[rank].records())
+    origin = find_origin(load(debugger.run_dir).ranks[rank].records()) if debugger is not None else None
+    if debugger is not None and debugger.write_fault is not None:
+        unwritable = debugger.write_fault.describe()
     return ReplayOutcome(
         dump=Path(dump_path),
         reproduced=same_bits(loss, replayed),
@@ -153,7 +166,7 @@ def replay(
         origin=str(origin) if origin is not None else None,
         eager_loss=_value(captured) if compiled else None,
         from_another_rank=origin is not None and origin.kind == ORIGIN and origin.record.op.startswith(COLLECTIVES),
-        write_error=debugger.write_fault.describe() if debugger.write_fault else None,
+        write_error=unwritable,
     )
 
 

@@ -314,7 +314,7 @@ def write_fault_note(rank: int, dump: RankRecords) -> str | None:
         return None
     slot = f" ({fault['slot']})" if fault.get("slot") else ""
     lost = fault.get("unwritten_records")
-    lost = f", {lost} records captured after it were not written" if lost else ""
+    lost = f", {lost} captured records were not written" if lost else ""
     return (
         f"rank {rank}: the dump is truncated at step {fault.get('step')}{slot}: writing {fault.get('path')} failed "
         f"({fault.get('error')}); capture stopped there, training went on{lost}"

@@ -44,7 +44,8 @@ def _import(target: str) -> Any:
         if folder not in sys.path:
             sys.path.insert(0, folder)
         spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None, f"not a Python file: {path}"
+        if spec is None or spec.loader is None:
+            raise ValueError(f"diagnose: {target} cannot be imported as a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module  # so the script's classes pickle and deepcopy by name
         spec.loader.exec_module(module)

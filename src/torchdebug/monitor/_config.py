@@ -51,8 +51,8 @@ class MonitorConfig(Options):
         default=0.1,
         metadata=option(
             "The smallest spread the loss's (and a module output norm's) z-score divides by, as a fraction of the "
-            "window's median: after a smooth history a loss spike has to exceed the median by loss_spike times it "
-            "(80% at the defaults), not by a few of its tiny deviations.",
+            "window's median: after a smooth history a loss spike has to exceed the median by loss_spike * this "
+            "fraction of it (80% at the defaults), not by a few of its tiny deviations.",
             number(0),
             type="number",
         ),

@@ -49,6 +49,13 @@ def test_config_compiled_code_takes_as_run_or_eager_and_names_them_on_a_bad_valu
     assert DebuggerConfig.json_schema()["properties"]["compiled_code"]["enum"] == ["as_run", "eager"]
 
 
+def test_config_on_write_error_takes_continue_or_raise_and_names_them_on_a_bad_value():
+    assert DebuggerConfig().on_write_error == "continue" and DebuggerConfig(on_write_error="raise").on_write_error == "raise"
+    with pytest.raises(ConfigError, match=r"^on_write_error: got 'ignore', expected one of 'continue', 'raise'$"):
+        DebuggerConfig(on_write_error="ignore")
+    assert DebuggerConfig.json_schema()["properties"]["on_write_error"]["enum"] == ["continue", "raise"]
+
+
 def test_config_rejects_a_range_without_two_names():
     with pytest.raises(ConfigError, match=r"range: got \['a'\], expected two call names"):
         DebuggerConfig(range=["a"])

@@ -176,10 +176,16 @@ class TensorBatch:
             self._copies_done.append(side.record_event())
         self._transfers.clear()
 
-    def write(self, path: Path, metadata: dict[str, str]) -> None:
-        """Write the batch to ``path`` via a temporary name (one write for all tensor data)."""
+    def settle(self) -> None:
+        """Wait until the transfers into the buffer are done (nothing to wait for on the CPU): on the
+        writer thread before the buffer is written, or before a buffer given up after a failed write
+        is handed back (once, on the thread that gives it up)."""
         for event in self._copies_done:
             event.synchronize()
+
+    def write(self, path: Path, metadata: dict[str, str]) -> None:
+        """Write the batch to ``path`` via a temporary name (one write for all tensor data)."""
+        self.settle()
         entries = self.entries
         end = self.used + (-self.used) % BLOCK
         if end > self.used:  # the data ends on a block (the buffer's last block is kept for this)

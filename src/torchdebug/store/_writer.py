@@ -482,6 +482,7 @@ class RankWriter:
     def _release(self, batch: TensorBatch, submitted: bool = True) -> None:
         """Hand a batch's buffer back for reuse (written, or given up; ``submitted``: its device
         copies were counted in the transfers)."""
+        batch.settle()  # a buffer given up unwritten may still be receiving its transfers
         with self._buffers:
             if submitted:
                 self.transfers.device_bytes -= batch.staged_bytes

@@ -371,8 +371,8 @@ class _GradientScalingNet(RegressionNet):
         return {"loss": F.mse_loss(self.fc2(torch.relu(hidden)), labels)}
 
 
-def _train_scaling_gradients(tmp_path, step: int, factor: float, max_steps: int, **options):
-    """A model whose gradients are ``factor`` times larger at ``step``; the callback."""
+def _train_scaling_gradients(tmp_path, step: int, factor: float, max_steps: int, callbacks=(), **options):
+    """A model whose gradients are ``factor`` times larger at ``step``; the callback (after ``callbacks``)."""
     state_of, remember = _remember_state()
     torch.manual_seed(0)
     model = _GradientScalingNet(state_of, step, factor)
@@ -381,7 +381,7 @@ def _train_scaling_gradients(tmp_path, step: int, factor: float, max_steps: int,
         model=model,
         args=_args(tmp_path, max_steps=max_steps, **options),
         train_dataset=_rows(4 * max_steps),
-        callbacks=[remember, callback],
+        callbacks=[remember, *callbacks, callback],
         optimizers=(torch.optim.SGD(model.parameters(), lr=0.01), None),
     ).train()
     return callback
@@ -527,11 +527,20 @@ def test_overflowing_gradients_fire_where_no_loss_scaler_skips_them(tmp_path):
 
 
 @pytest.mark.gpu
-def test_a_loss_scalers_overflow_is_counted_not_fired_on_cuda(tmp_path):
-    """fp16 on CUDA: accelerate's optimizer steps through a GradScaler, which skips the step whose
-    gradients overflow; the monitor counts it and does not fire."""
-    callback = _train_overflowing(tmp_path, fp16=True, use_cpu=False)
-    assert callback.events == [] and callback._monitor.monitor.overflows == 1
+def test_a_loss_scalers_overflows_are_counted_not_fired_on_cuda(tmp_path):
+    """fp16 on CUDA: accelerate's optimizer steps through a GradScaler, which skips each step whose
+    gradients overflow: the planted one (step 3), and any its first scale (65536) overflows on its
+    own (step 0 did on an H200). The monitor counts each skipped step once and fires for none."""
+    skipped = []
+
+    class Skipped(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+            if optimizer.step_was_skipped:
+                skipped.append(state.global_step - 1)  # the Trainer counts the step before this call
+
+    callback = _train_overflowing(tmp_path, callbacks=[Skipped()], fp16=True, use_cpu=False)
+    assert 3 in skipped and len(skipped) < 6
+    assert callback.events == [] and callback._monitor.monitor.overflows == len(skipped)
 
 
 def test_a_full_disk_leaves_the_training_as_it_was_and_the_dump_and_event_say_why(tmp_path):

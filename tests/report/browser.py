@@ -30,6 +30,9 @@ DOTS = (
 )
 """A script giving the number of dots a compare page's plot draws (each a subpath of its verdict's path)."""
 
+SHOWN_COUNT = "return document.getElementById('shown-count').textContent"
+"""A script giving a compare page's count of the rows its filters keep ("N of M rows")."""
+
 
 def _binaries() -> tuple[str | None, str | None]:
     return shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
@@ -79,3 +82,12 @@ def open_compare_page(driver: Any, uri: str, timeout: float = 120.0) -> float:
     )
     assert state == "ready", driver.find_element("id", "rows").text
     return driver.execute_script("return performance.getEntriesByName('rows-ready')[0].startTime") / 1000
+
+
+def wait_for(driver: Any, script: str, expected: Any, timeout: float = 30.0) -> None:
+    """Wait until ``script`` returns ``expected``. A click, a key or a choice reaches the page as an
+    input event, which a loaded machine may handle after the next script (seen in CI): read what it
+    changed only once it shows."""
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    WebDriverWait(driver, timeout).until(lambda d: d.execute_script(script) == expected)

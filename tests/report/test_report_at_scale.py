@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.report.browser import missing, open_compare_page
+from tests.report.browser import SHOWN_COUNT, missing, open_compare_page, wait_for
 from tests.report.synthetic import SyntheticResult, synthetic_rows
 from torchdebug.compare._rows import VERDICTS
 from torchdebug.report.compare import PAGE_ROWS, render_compare
@@ -35,12 +35,6 @@ def page(driver, large):
     return driver, result, open_compare_page(driver, uri)
 
 
-def _wait_for(driver, script: str, expected) -> None:
-    from selenium.webdriver.support.wait import WebDriverWait
-
-    WebDriverWait(driver, 30).until(lambda d: d.execute_script(script) == expected)
-
-
 def test_a_page_of_100k_rows_opens_and_shows_one_page_of_them(page):
     driver, result, _ = page  # how fast: bench/scale.py's report stage
     assert driver.execute_script(_SHOWN) == [f"{ROWS} of {ROWS} rows", f"rows 1–{PAGE_ROWS} of {ROWS}"]
@@ -54,12 +48,12 @@ def test_the_verdict_filter_and_the_search_run_over_every_row(page):
     driver, result, _ = page
     errors = [i for i, row in enumerate(result.rows) if row.verdict == "error"]
     Select(driver.find_element("id", "filter-verdict")).select_by_visible_text("error")
-    assert driver.execute_script(_SHOWN)[0] == f"{len(errors)} of {ROWS} rows"
+    wait_for(driver, SHOWN_COUNT, f"{len(errors)} of {ROWS} rows")
     assert [r[0] for r in driver.execute_script(_PAGE)] == [f"row-{i + 1}" for i in errors[:PAGE_ROWS]]
     module = "model.layers.42.mlp.fc"
     driver.find_element("id", "filter-text").send_keys(module)
     expected = sum(row.verdict == "error" and row.module == module for row in result.rows)
-    _wait_for(driver, "return document.getElementById('shown-count').textContent", f"{expected} of {ROWS} rows")
+    wait_for(driver, SHOWN_COUNT, f"{expected} of {ROWS} rows")
     assert {(r[1], r[2]) for r in driver.execute_script(_PAGE)} <= {("error", module)}
 
 
@@ -71,8 +65,9 @@ def test_a_module_of_the_tree_keeps_its_rows_and_the_pager_walks_them(page):
     button = next(b for b in driver.find_elements("css selector", "#tree-body button.module") if b.text == "42")
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
     button.click()
-    assert driver.execute_script(_SHOWN) == [f"{len(mine)} of {ROWS} rows", f"rows 1–{PAGE_ROWS} of {len(mine)}"]
+    wait_for(driver, _SHOWN, [f"{len(mine)} of {ROWS} rows", f"rows 1–{PAGE_ROWS} of {len(mine)}"])
     driver.find_element("id", "page-next").click()
+    wait_for(driver, "return document.querySelector('#rows tbody tr').id", f"row-{mine[PAGE_ROWS] + 1}")
     shown = driver.execute_script(_PAGE)
     assert [r[0] for r in shown] == [f"row-{i + 1}" for i in mine[PAGE_ROWS : 2 * PAGE_ROWS]]
     assert driver.execute_script(_SHOWN)[1].startswith(f"rows {PAGE_ROWS + 1}–")
@@ -82,10 +77,11 @@ def test_sorting_by_error_orders_every_row_and_the_numbers_read_as_python_writes
     driver, result, _ = page
     header = next(th for th in driver.find_elements("css selector", "#rows th") if th.text == "error")
     header.click()
+    wait_for(driver, "return document.querySelector('#rows th.sorted-asc')?.textContent", "error")
     header.click()  # descending
     by_error = sorted(range(ROWS), key=lambda i: -result.rows[i].error)
-    first = driver.execute_script("const r = document.querySelector('#rows tbody tr'); return [r.id, r.cells[4].textContent]")
-    assert first == [f"row-{by_error[0] + 1}", f"{result.rows[by_error[0]].error:.4g}"]
+    first = "const r = document.querySelector('#rows tbody tr'); return [r.id, r.cells[4].textContent]"
+    wait_for(driver, first, [f"row-{by_error[0] + 1}", f"{result.rows[by_error[0]].error:.4g}"])
 
 
 def test_the_first_divergence_link_opens_the_page_holding_its_row(page):
@@ -95,6 +91,7 @@ def test_the_first_divergence_link_opens_the_page_holding_its_row(page):
     link = driver.find_element("css selector", "#divergence h2 a")
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", link)
     link.click()
+    wait_for(driver, "return location.hash", f"#row-{number}")
     row = driver.find_element("id", f"row-{number}")
     assert row.is_displayed() and "target" in row.get_attribute("class")
 
@@ -104,4 +101,4 @@ def test_the_search_finds_a_slot_across_its_op_call_and_argument(page):
     driver.find_element("id", "filter-text").send_keys("GELU.default#7 output")  # any case
     expected = sum(row.op == "aten.gelu.default" and row.call == 7 and row.io == "output" for row in result.rows)
     assert expected > 0
-    _wait_for(driver, "return document.getElementById('shown-count').textContent", f"{expected} of {ROWS} rows")
+    wait_for(driver, SHOWN_COUNT, f"{expected} of {ROWS} rows")

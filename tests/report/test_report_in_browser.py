@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 
 import torchdebug
-from tests.report.browser import DOTS, missing, open_compare_page
+from tests.report.browser import DOTS, SHOWN_COUNT, missing, open_compare_page, wait_for
 from tests.report.hostile import HOSTILE, SCRIPT, dump
 from tests.report.packed import unpack
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+
+_CHOSEN_MODULE = "return document.querySelector('#filter-module code').textContent"
+"""The module the table is filtered to, as the page's chip shows it ('' for none)."""
 
 _VISIBLE_ROWS = (
     "return Array.from(document.querySelectorAll('#rows tbody tr'))"
@@ -72,7 +75,7 @@ def test_the_plot_marks_the_first_divergence_and_links_it_to_its_row(page):
     number = result.rows.index(result.first_divergence) + 1
     assert href == f"#row-{number}"
     _click(driver, "#plot a.mark-divergence text")
-    assert driver.execute_script("return location.hash") == href
+    wait_for(driver, "return location.hash", href)
     assert "target" in driver.find_element("id", f"row-{number}").get_attribute("class")
 
 
@@ -80,6 +83,7 @@ def test_clicking_a_module_in_the_tree_filters_the_table_and_the_plot(page):
     driver, result = page
     dots = driver.execute_script(DOTS)
     _click(driver, "#tree-body button.module", SCRIPT)
+    wait_for(driver, _CHOSEN_MODULE, SCRIPT)
     shown = driver.execute_script(_VISIBLE_ROWS)
     expected = [row for row in result.rows if row.module == SCRIPT or row.module.startswith(SCRIPT + ".")]
     assert len(shown) == len(expected) and 0 < len(shown) < len(result.rows)
@@ -87,6 +91,7 @@ def test_clicking_a_module_in_the_tree_filters_the_table_and_the_plot(page):
     assert 0 < driver.execute_script(DOTS) < dots
     assert driver.find_element("css selector", "#filter-module code").text == SCRIPT
     _click(driver, "#tree-body button.module", SCRIPT)  # a second click shows every module again
+    wait_for(driver, _CHOSEN_MODULE, "")
     assert len(driver.execute_script(_VISIBLE_ROWS)) == len(result.rows)
 
 
@@ -95,9 +100,11 @@ def test_the_phase_selector_keeps_one_phase_in_the_table_and_the_tree(page):
 
     driver, result = page
     Select(driver.find_element("id", "filter-phase")).select_by_visible_text("backward")
+    backward = sum(1 for row in result.rows if row.phase == "backward")
+    wait_for(driver, SHOWN_COUNT, f"{backward} of {len(result.rows)} rows")
     shown = driver.execute_script(_VISIBLE_ROWS)
     assert {phase for _, phase in shown} == {"backward"}
-    assert len(shown) == sum(1 for row in result.rows if row.phase == "backward")
+    assert len(shown) == backward
     counted = driver.execute_script(
         "return Array.from(document.querySelectorAll("
         "'#tree-body > * > .node-line .count, #tree-body > details > summary .count'),"
@@ -112,8 +119,11 @@ def test_the_first_divergence_box_shows_its_row_even_when_a_filter_hides_it(page
     driver, result = page
     number = result.rows.index(result.first_divergence) + 1
     Select(driver.find_element("id", "filter-verdict")).select_by_visible_text("pass")
+    passed = sum(1 for row in result.rows if row.verdict == "pass")
+    wait_for(driver, SHOWN_COUNT, f"{passed} of {len(result.rows)} rows")
     assert driver.find_elements("id", f"row-{number}") == []  # filtered out: not in the table
     _click(driver, "#divergence h2 a")
+    wait_for(driver, "return location.hash", f"#row-{number}")
     row = driver.find_element("id", f"row-{number}")
     assert row.get_attribute("hidden") is None and row.is_displayed()
     assert len(driver.execute_script(_VISIBLE_ROWS)) == len(result.rows)  # the filters were cleared
@@ -136,7 +146,7 @@ def test_clicking_a_dot_of_the_plot_goes_to_its_row(page):
     actions = ActionChains(driver)
     actions.w3c_actions.pointer_action.move_to_location(x, y).click()
     actions.perform()
-    assert driver.execute_script("return location.hash") == f"#row-{number}"
+    wait_for(driver, "return location.hash", f"#row-{number}")
     assert "target" in driver.find_element("id", f"row-{number}").get_attribute("class")
 
 
@@ -199,6 +209,7 @@ def test_a_header_click_sorts_the_module_table(driver, dump_page):
     driver.get(dump_page)
     records = "return Array.from(document.querySelectorAll('#modules-0 tbody tr'), r => parseInt(r.cells[2].textContent))"
     _click(driver, "#modules-0 th", "records")
-    assert driver.execute_script(records) == sorted(driver.execute_script(records))
+    ascending = sorted(driver.execute_script(records))
+    wait_for(driver, records, ascending)
     _click(driver, "#modules-0 th", "records")
-    assert driver.execute_script(records) == sorted(driver.execute_script(records), reverse=True)
+    wait_for(driver, records, ascending[::-1])

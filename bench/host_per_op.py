@@ -1,0 +1,154 @@
+"""Host time eager capture adds per aten op, on the tiny GPT, per mode (issue 48, item 6).
+
+    python bench/host_per_op.py [--rounds 8] [--block 3] [--warmup 2] [--modes ...]
+                                [--dir /dev/shm] [--profile structure/op [--top 30]]
+
+The model is the GPT example at its smallest (4 layers, width 32, 4 heads, sequence 16, batch 2,
+vocabulary 64, AdamW; one intra-op thread unless ``--threads``: on a shared 2-core machine a
+second thread's waits swamp the step), so the model's own work per op is a few microseconds and what capture adds on
+the host shows in full. Plain steps and each mode's steps take turns in one process, in blocks of
+``--block`` consecutive steps (each step started, stopped and stepped as in training, each block
+ending with ``Debugger.flush()``, so every record written is charged to its mode). Per mode it prints
+the median milliseconds per step, its ratio to the plain step, and the host microseconds added per aten
+op: ``(captured - plain) / ops``, where ``ops`` is the number of aten ops one step dispatches (counted
+once by a counting dispatch mode; the debugger's own ops are not counted). ``dispatch-mode`` is an
+empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode capture.
+Timings are printed, never asserted: the machine's load moves them (the first line gives the load
+average).
+
+``--profile MODE`` runs ``--block`` steps of that mode under cProfile after the timing and prints
+the ``--top`` functions by their own time, then by cumulative time: where the host time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torchdebug  # noqa: E402
+from bench._args import positive_int  # noqa: E402
+from bench.overhead import MODES, _EmptyMode  # noqa: E402
+from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
+
+CONFIG = GPTConfig(n_layer=4, d_model=32, n_head=4, seq_len=16, vocab=64)
+BATCH = 2
+
+DEFAULT_MODES = ("dispatch-mode", "structure/op", "statistics/op", "statistics/module", "checksum/op")
+
+
+class _CountingMode(_EmptyMode):
+    """Calls each op and counts it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_per_step(step: Callable[[], object]) -> int:
+    """The aten ops one call of ``step`` dispatches."""
+    with _CountingMode() as counter:
+        step()
+    return counter.ops
+
+
+def run_block(
+    mode: str, debugger: torchdebug.Debugger | None, model: torch.nn.Module, step: Callable[[], object], block: int
+) -> None:
+    """``block`` steps of ``mode`` (plain, the empty dispatch mode, or a debugger's capture)."""
+    for _ in range(block):
+        if debugger is not None:
+            debugger.start(model=model)
+        if mode == "dispatch-mode":
+            with _EmptyMode():
+                step()
+        else:
+            step()
+        if debugger is not None:
+            debugger.stop()
+            debugger.step()
+    if debugger is not None:
+        debugger.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=positive_int, default=8, help="timed blocks per mode (default 8)")
+    parser.add_argument("--block", type=positive_int, default=3, help="consecutive steps per block (default 3)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per mode (default 2)")
+    parser.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), choices=[m for m in MODES if m != "plain"])
+    parser.add_argument("--dir", type=Path, default=None, help="where the dumps go (default: a temporary folder)")
+    parser.add_argument(
+        "--profile", choices=[m for m in MODES if m != "plain"], help="profile this mode's steps after the timing"
+    )
+    parser.add_argument("--top", type=positive_int, default=30, help="functions listed by --profile (default 30)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch's intra-op threads (default 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torchdebug.seed_all(1234)
+    model = GPT(CONFIG)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = make_batch(CONFIG, batch=BATCH)
+
+    def step() -> None:
+        train_step(model, optimizer, batch)
+
+    step()  # the optimizer's state exists from here on: every later step runs the same ops
+    ops = ops_per_step(step)
+    modes = ["plain", *args.modes]
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        debuggers = {
+            mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_"), **MODES[mode])
+            for mode in {*modes, args.profile}
+            if mode is not None and MODES[mode] is not None
+        }
+        for round_ in range(args.warmup + args.rounds):
+            for mode in modes:
+                start = time.perf_counter()
+                run_block(mode, debuggers.get(mode), model, step, args.block)
+                if round_ >= args.warmup:
+                    times[mode].append((time.perf_counter() - start) / args.block)
+        plain = statistics.median(times["plain"])
+        print(
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}; "
+            f"tiny GPT: {ops} aten ops a step; median of {args.rounds} blocks of {args.block} steps per mode"
+        )
+        print(f"{'mode':20s} {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}")
+        for mode in modes:
+            median = statistics.median(times[mode])
+            per_op = (median - plain) / ops * 1e6
+            print(f"{mode:20s} {median * 1000:9.2f} {median / plain:7.2f}x {per_op:8.1f}")
+        if args.profile is not None:
+            profile(args.profile, debuggers.get(args.profile), model, step, args.block, args.top)
+        for debugger in debuggers.values():
+            debugger.close()
+
+
+def profile(
+    mode: str, debugger: torchdebug.Debugger | None, model: torch.nn.Module, step: Callable[[], object], block: int, top: int
+) -> None:
+    """Print where ``block`` steps of ``mode`` spend their host time, by own and by cumulative time."""
+    profiler = cProfile.Profile()
+    profiler.runcall(run_block, mode, debugger, model, step, block)
+    for order in ("tottime", "cumulative"):
+        print(f"\n{mode}: {block} steps under cProfile, top {top} by {order}")
+        pstats.Stats(profiler).sort_stats(order).print_stats(top)
+
+
+if __name__ == "__main__":
+    main()

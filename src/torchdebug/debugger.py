@@ -38,7 +38,7 @@ from torchdebug.dist import rank_and_world_size
 from torchdebug.errors import ConfigError, DumpError
 from torchdebug.store import _layout as layout
 from torchdebug.store._faults import WriteFault
-from torchdebug.store._writer import RankWriter, check_writable, join_run, run_manifest
+from torchdebug.store._writer import RankWriter, check_writable_on_every_rank, join_run, run_manifest
 
 logger = logging.getLogger("torchdebug.debugger")
 
@@ -73,7 +73,7 @@ class Debugger:
         self.rank, self.world_size = rank_and_world_size()
         self.enabled = self.config.rank is None or self.rank in self.config.rank
         dump_root = Path(self.config.dump_path)
-        check_writable(dump_root)  # on every rank, before any work: fail early on a bad path
+        check_writable_on_every_rank(dump_root)  # before any work: fail early, every rank together
         self.run_dir = join_run(dump_root, self.rank, self.world_size)
         self.rank_dir = self.run_dir / layout.rank_dir_name(self.world_size, self.rank)
         self.current_step = 0

@@ -26,16 +26,21 @@ def _device() -> torch.device:
 
 
 def broadcast_from_rank0(value: str) -> str:
-    """Rank 0's ``value`` on every rank (identity when torch.distributed is not initialised): its
-    UTF-8 bytes in a tensor, not a pickle (``broadcast_object_list``). Called once per run, so the
-    length read back to the host costs nothing."""
+    """Rank 0's ``value`` on every rank (identity when torch.distributed is not initialised)."""
+    return broadcast_from(value, 0)
+
+
+def broadcast_from(value: str, source: int) -> str:
+    """Rank ``source``'s ``value`` on every rank (identity when torch.distributed is not
+    initialised): its UTF-8 bytes in a tensor, not a pickle (``broadcast_object_list``). Called once
+    per run, so the length read back to the host costs nothing."""
     if not dist_initialized() or dist.get_world_size() == 1:
         return value
     device = _device()
     encoded = value.encode()
     size = torch.tensor([len(encoded)], dtype=torch.int64, device=device)
-    dist.broadcast(size, src=0)
-    if dist.get_rank() == 0:
+    dist.broadcast(size, src=source)
+    if dist.get_rank() == source:
         data = (
             torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(device)
             if encoded
@@ -43,8 +48,21 @@ def broadcast_from_rank0(value: str) -> str:
         )
     else:
         data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(data, src=0)
+    dist.broadcast(data, src=source)
     return data.cpu().numpy().tobytes().decode()
+
+
+def first_failure(message: str) -> tuple[int, str] | None:
+    """The lowest rank whose ``message`` is not empty, with that message, on every rank (``None``
+    when every rank's is empty). Ranks that check something before a collective agree on it through
+    this, so they fail together and none waits for a rank that raised. A single process: its own."""
+    if not dist_initialized() or dist.get_world_size() == 1:
+        return (rank_and_world_size()[0], message) if message else None
+    world = dist.get_world_size()
+    first = torch.tensor([dist.get_rank() if message else world], dtype=torch.int64, device=_device())
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    rank = int(first.item())  # once per run, like the broadcast's length
+    return None if rank == world else (rank, broadcast_from(message, rank))
 
 
 def gather_to_rank0(value: bytes) -> list[bytes] | None:

@@ -183,3 +183,52 @@ def test_a_graph_dump_that_cannot_be_written_leaves_the_compiled_training_as_it_
     records = dump.records()
     assert {record.step for record in records} == set(range(FAULT_STEP))
     assert all(list(dump.load_tensor(r).shape) == r.shape for r in records if r.tensor is not None and r.step < FAULT_STEP - 1)
+
+
+def _one_rank_cannot_write(rank: int, root: str) -> None:
+    """Rank 1's dump folder sits under a file (its node's disk, say): a Debugger on each rank."""
+    dump_path = Path(root, "blocked", "dump") if rank == 1 else Path(root, "dump")
+    try:
+        torchdebug.Debugger(dump_path)
+        outcome = "built"
+    except DumpError as error:
+        outcome = str(error)
+    Path(root, f"rank{rank}.txt").write_text(outcome)
+
+
+def test_a_rank_that_cannot_write_fails_every_rank_at_once_and_none_waits(tmp_path):
+    """Ranks check their dump folder before they meet to name the run folder: where one cannot
+    write, every rank raises the one-line error naming it, instead of the others waiting in the
+    broadcast for a rank that left (the gloo timeout, 30 minutes)."""
+    from tests.gloo import spawn
+
+    (tmp_path / "blocked").write_text("a file, not a folder")
+    spawn(_one_rank_cannot_write, tmp_path, str(tmp_path))
+    own = (tmp_path / "rank1.txt").read_text()
+    assert own.startswith("dump_path: cannot write to ") and str(tmp_path / "blocked") in own
+    assert (tmp_path / "rank0.txt").read_text() == f"rank 1: {own}"
+    assert not (tmp_path / "dump").exists() or not any((tmp_path / "dump").iterdir())  # no run folder made
+
+
+def _rank0_cannot_make_the_run(rank: int, root: str) -> None:
+    from torchdebug.store._writer import join_run
+
+    faults = failing_writes(0, errno.ENOSPC) if rank == 0 else contextlib.nullcontext()
+    try:
+        with faults:
+            join_run(Path(root, "dump"), rank, 2)
+        outcome = "joined"
+    except DumpError as error:
+        outcome = str(error)
+    Path(root, f"rank{rank}.txt").write_text(outcome)
+
+
+def test_rank0_failing_to_make_the_run_folder_fails_every_rank(tmp_path):
+    """The graph dump's backend joins the run without the Debugger's check first: rank 0 failing
+    to make the folder is every rank's one-line error, not a broadcast the others wait in."""
+    from tests.gloo import spawn
+
+    spawn(_rank0_cannot_make_the_run, tmp_path, str(tmp_path))
+    own = (tmp_path / "rank0.txt").read_text()
+    assert "no space left on device" in own
+    assert (tmp_path / "rank1.txt").read_text() == f"rank 0: {own}"

@@ -45,7 +45,7 @@ import torch
 
 from torchdebug import progress
 from torchdebug.config import TENSOR_BYTES_IN_FLIGHT
-from torchdebug.dist import broadcast_from_rank0, dist_initialized
+from torchdebug.dist import broadcast_from_rank0, dist_initialized, first_failure
 from torchdebug.errors import DumpError
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import _layout as layout
@@ -80,7 +80,8 @@ def now_iso() -> str:
 
 def check_writable(path: Path) -> None:
     """Create ``path`` if needed and prove that :data:`RESERVE_BYTES` can be written there, or
-    raise a one-line DumpError (a missing, read-only or full filesystem fails here, before the run)."""
+    raise a one-line DumpError (a missing, read-only or full filesystem fails here, before the run).
+    This process alone: :func:`check_writable_on_every_rank` where ranks meet afterwards."""
     probe = path / f".torchdebug-write-test-{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -90,6 +91,21 @@ def check_writable(path: Path) -> None:
             probe.unlink(missing_ok=True)
     except OSError as error:
         raise unwritable(path, error) from None
+
+
+def check_writable_on_every_rank(path: Path) -> None:
+    """:func:`check_writable` on every rank, agreed: where one rank's fails (its node's disk is
+    full, say), every rank raises, naming that rank, so none is left waiting in a collective that
+    follows (the run folder's broadcast). A collective itself: every rank of the group calls it."""
+    try:
+        check_writable(path)
+        problem = ""
+    except DumpError as error:
+        problem = str(error)
+    failed = first_failure(problem)
+    if failed is not None:
+        rank, message = failed
+        raise DumpError(message if message == problem else f"rank {rank}: {message}") from None
 
 
 def unwritable(path: Path, error: OSError) -> DumpError:
@@ -162,7 +178,15 @@ def join_run(dump_root: Path, rank: int, world_size: int) -> Path:
                 rank,
                 world_size,
             )
-        name = create_run_dir(dump_root, new_run_name()).name if rank == 0 else ""
+        name, problem = "", ""
+        if rank == 0:
+            try:
+                name = create_run_dir(dump_root, new_run_name()).name
+            except DumpError as error:
+                problem = str(error)
+        failed = first_failure(problem)  # rank 0 failing to make the folder fails every rank, none waits
+        if failed is not None:
+            raise DumpError(failed[1] if rank == 0 else f"rank 0: {failed[1]}") from None
         name = broadcast_from_rank0(name) or new_run_name()
     else:
         name = f"torchrun-{elastic_id}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"

@@ -85,7 +85,7 @@ def _overflow_nums(key: str, value: Any) -> int:
 
 @configclass
 class DebuggerConfig(Options):
-    """What an eager dump captures and where it writes (README "Options"; ``torchdebug config schema``)."""
+    """What an eager dump captures and where it writes (docs/capture.md, "Options"; ``torchdebug config schema``)."""
 
     dump_path: str = field(
         default="./dump",

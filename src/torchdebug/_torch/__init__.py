@@ -46,7 +46,7 @@ MINIMUM_TORCH = "2.11"
 """The oldest torch the test suite passes on (CI runs it on 2.11.0, 2.13.0 and 2.14.1)."""
 
 TESTED_TORCH = ("2.11.0", "2.13.0", "2.14.1")
-"""The torch releases CI runs the suite on (README's version table)."""
+"""The torch releases CI runs the suite on (docs/architecture.md's version table)."""
 
 TORCH_VERSION = TorchVersion(re.match(r"\d+(\.\d+)*", torch.__version__).group())  # type: ignore[union-attr]
 """The running torch's release, without local or pre-release tags: a 2.13 nightly counts as 2.13."""

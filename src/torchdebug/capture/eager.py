@@ -27,7 +27,7 @@ those calls are recorded (``overflow_check.py``, ``nonfinite.py``).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -170,6 +170,17 @@ def _wrapper(tensor: torch.Tensor) -> bool:
     return tensor.__class__ is not torch.Tensor and is_subclass(tensor)
 
 
+def _wrapped(values: Iterable[Any]) -> list[torch.Tensor]:
+    """The instances of tensor subclasses among ``values`` (an ``AsyncCollectiveTensor``, a DTensor):
+    the only ones that may hold a collective's result not yet waited for."""
+    return [value for value in values if value.__class__ is not torch.Tensor and isinstance(value, torch.Tensor)]
+
+
+_CallNames = tuple[str, str, str, int, int, bool, "str | None", "str | None", "str | None"]
+"""What every record of a selected call shares: ``(phase, module, op, call, seq, save_tensors,
+stack, source, fwd)`` (see :meth:`CaptureSession.add_call`)."""
+
+
 class _DumpMode(TorchDispatchMode):
     def __init__(self, capture: OpCapture) -> None:
         super().__init__()
@@ -303,35 +314,86 @@ class OpCapture:
             return None
         return source, out.numel() == source.numel() and out.dtype is source.dtype, True
 
-    # -- the hot path --------------------------------------------------------------------------
+    # -- the hot path: one method per step, in the order a native path takes them --------------
     def on_op(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Capture one op call, in named steps that a native path mirrors one for one.
+
+        What the op is (its :class:`_OpInfo`, made once per overload); whether it is captured at all
+        (:meth:`_passes_through`); its phase (:meth:`_phase`) and module (:meth:`_module`); its call
+        index and name (:meth:`_count`); whether the filters select it (:meth:`_selected`); its stack
+        (:meth:`_stack`); the forward call it leaves for the backward ops that differentiate it
+        (:meth:`_remember`); the collectives that completed before it (:meth:`_complete_collectives`);
+        then its run, with records (:meth:`_record`) or without (:meth:`_run_unselected`).
+        """
         info = self._ops.get(id(func))
         if info is None:
             info = self._ops[id(func)] = _op_info(func)
-        if info.skipped or self.session.busy:  # busy: the session's own ops, from a module or gradient hook
+        if self._passes_through(info):
             return func(*args, **kwargs)
-        if info.unshards:  # the buffers this unshard fills were freed at reshard and handed out again
-            self.session.unwritten.add(unshard_buffers(sys._getframe(1)))
-        if self._overflow is not None and (self._overflow.done or info.collective or info.waits):
-            return func(*args, **kwargs)
-        op = info.name
-        fwd = None
-        captured = None
-        paired = None
-        rebuilt = None
         node = current_autograd_node()
+        phase, rebuilt = self._phase(info, node, args)
+        phase, module, fwd, captured, paired = self._module(info, node, phase, rebuilt)
+        call, call_name = self._count(phase, module, info.name)
+        selected = self._selected(phase, call_name)
+        captured, stack_id, source = self._stack(phase, call_name, selected, captured)
+        self._remember(info, phase, module, call_name, captured, paired)
+        self._complete_collectives()
+        rebuilds = phase == RECOMPUTE and info.detach and rebuilt is None
+        if not selected:
+            return self._run_unselected(func, args, kwargs, info, module, rebuilds)
+        names = (
+            phase,
+            module,
+            info.name,
+            call,
+            self.session.next_seq(),
+            self.session.wants_tensor(call_name),
+            stack_id,
+            source,
+            fwd,
+        )
+        return self._record(func, args, kwargs, info, names, rebuilds)
+
+    def _passes_through(self, info: _OpInfo) -> bool:
+        """Whether the op runs uncaptured: ``record_function``'s bookkeeping, the session's own ops (from
+        a module or gradient hook: ``busy``), and in an overflow check collectives, waits and every op
+        once it found what it looks for. FSDP2's copy-in first marks the buffers its unshard fills as
+        holding no value: they were freed at reshard and handed out again."""
+        if info.skipped or self.session.busy:
+            return True
+        if info.unshards:
+            self.session.unwritten.add(unshard_buffers(sys._getframe(2)))  # the dispatch's frame, as on_op's caller
+        return self._overflow is not None and (self._overflow.done or info.collective or info.waits)
+
+    def _phase(self, info: _OpInfo, node: Any, args: tuple) -> tuple[str, str | None]:
+        """``(phase, rebuilt)``. Outside the autograd engine (``node is None``): ``optimizer`` in an
+        optimizer step, ``forward`` else, ``recompute`` for activation checkpointing's own bookkeeping
+        ops (detaching what it keeps). Inside it: ``recompute`` for a ``detach`` that unpacks a tensor
+        a checkpoint rebuilt or kept (``rebuilt``: the module that made it) and for the ops a
+        checkpoint runs again, ``backward`` else."""
         if node is None:
             if self._in_optimizer:
-                phase = "optimizer"
-                module = NO_MODULE
-            else:  # activation checkpointing's own ops (detaching what it keeps) are not the model's
-                phase = RECOMPUTE if info.bookkeeping and bookkeeping() else "forward"
-                module = self.tracker.current()
-        elif info.detach and (rebuilt := self._rebuilt.module_of(args[0] if args else None)) is not None:
-            phase = RECOMPUTE  # autograd unpacks a tensor the checkpoint rebuilt or kept
-            module = rebuilt
-        elif not self._recomputing(node, info.detach):
-            phase = "backward"
+                return "optimizer", None
+            return (RECOMPUTE if info.bookkeeping and bookkeeping() else "forward"), None
+        if info.detach and (rebuilt := self._rebuilt.module_of(args[0] if args else None)) is not None:
+            return RECOMPUTE, rebuilt
+        return ("backward" if not self._recomputing(node, info.detach) else RECOMPUTE), None
+
+    def _module(
+        self, info: _OpInfo, node: Any, phase: str, rebuilt: str | None
+    ) -> tuple[str, str, str | None, Any, ForwardCall | None]:
+        """``(phase, module, fwd, captured, paired)``: the module the call is named after, and what it
+        inherits from the forward call it differentiates or repeats (``fwd``: that call's name,
+        ``captured``: its stack, ``paired``: the forward call a recomputed op repeats).
+
+        An optimizer op has no module; a backward op takes the module of the forward op whose autograd
+        node it runs (an ``AccumulateGrad`` node's, the parameter's path); a recomputed op its own, or
+        that of the forward call it repeats when one is found; a collective or copy of an FSDP2
+        parameter group the group's module and the pass it runs for (which sets the phase)."""
+        fwd = captured = paired = None
+        if phase == "optimizer":
+            module = NO_MODULE
+        elif phase == "backward":
             forward_info = self._forward.get(node_sequence_nr(node))
             if forward_info is not None:
                 module, fwd, captured, _, _ = forward_info
@@ -339,113 +401,128 @@ class OpCapture:
                 variable = getattr(node, "variable", None)
                 path = self.tracker.parameter_path(variable) if variable is not None else None
                 module = path or NO_MODULE
-        else:
-            phase = RECOMPUTE
+        elif rebuilt is not None:
+            module = rebuilt
+        else:  # forward, or recompute: checkpointing's bookkeeping (no node) or a replayed op
             module = self.tracker.current()
-            if not info.detach:  # detaches are checkpoint's own (see RebuiltTensors)
-                paired = self._replay.pair(node, op, module, self._log, self._forward)
+            if node is not None and not info.detach:  # detaches are checkpoint's own (see RebuiltTensors)
+                paired = self._replay.pair(node, info.name, module, self._log, self._forward)
             if paired is not None:
                 module, fwd = paired[0], paired[1]
         if info.grouped and (owner := collective_owner(self.tracker.name_of)) is not None:
             phase = owner[0] or phase  # an FSDP2 group's collective or copy: its module, in the pass it runs for
             module, fwd, captured = owner[1], None, None
-        rebuilds = phase == RECOMPUTE and info.detach and rebuilt is None
+        return phase, module, fwd, captured, paired
+
+    def _count(self, phase: str, module: str, op: str) -> tuple[int, str]:
+        """``(call, call name)``: the call's index among this step's calls of ``op`` in ``module`` and
+        ``phase``, and its name."""
         key = (phase, module, op)
         call = self._calls.get(key, 0)
         self._calls[key] = call + 1
-        call_name = make_call_name(phase, module, op, call)
+        return call, make_call_name(phase, module, op, call)
 
-        selected = phase in self.phases and self.range.check(call_name) and (not self._any_names or self.names(call_name))
+    def _selected(self, phase: str, call_name: str) -> bool:
+        """Whether the call is recorded: its phase (``data_mode``), the ``range`` of calls (a gate that
+        every call of a selected phase moves, in order) and the ``list`` of name patterns."""
+        return phase in self.phases and self.range.check(call_name) and (not self._any_names or self.names(call_name))
+
+    def _stack(self, phase: str, call_name: str, selected: bool, captured: Any) -> tuple[Any, str | None, str | None]:
+        """``(captured, stack id, source line)``. A call outside the backward takes its stack when
+        stacks are wanted for it (``stack``) and it is recorded or a backward op may inherit it; a
+        backward op has its forward op's (``captured``). A recorded call's stack is handed to the
+        session once per run of calls that share it."""
         want_stack = self._stack_all or (self.stack_range is not None and self.stack_range.check(call_name))
         if phase != "backward" and want_stack and (selected or self._backward_wanted):
             captured = self.stacks.capture()
-        # The node this op creates (if any) took the sequence number just before the next one.
+        if captured is None or not want_stack:
+            return captured, None, None
+        stack_id, frames, source = captured
+        if selected and stack_id != self._stack_added:
+            self.session.add_stack(stack_id, frames)
+            self._stack_added = stack_id
+        return captured, stack_id, source
+
+    def _remember(
+        self, info: _OpInfo, phase: str, module: str, call_name: str, captured: Any, paired: ForwardCall | None
+    ) -> None:
+        """Log a forward call under the sequence number of the autograd node it made (the one just
+        before the next), for the backward ops that run that node and the recomputed ops that repeat
+        it; a recomputed call too, for a reentrant checkpoint backwards through the nodes made there."""
         if phase == "forward":
-            entry = (module, call_name, captured, op, len(self._log))
+            entry = (module, call_name, captured, info.name, len(self._log))
             self._log.append(entry)
             self._forward.setdefault(next_sequence_nr() - 1, entry)
-        elif phase == RECOMPUTE and not info.detach:  # a reentrant checkpoint backwards through the nodes made here
-            self._forward.setdefault(next_sequence_nr() - 1, paired or (module, call_name, captured, op, None))
-        stack_id = source = None
-        if captured is not None and want_stack:
-            stack_id, frames, source = captured
-            if selected and stack_id != self._stack_added:
-                self.session.add_stack(stack_id, frames)
-                self._stack_added = stack_id
+        elif phase == RECOMPUTE and not info.detach:
+            self._forward.setdefault(next_sequence_nr() - 1, paired or (module, call_name, captured, info.name, None))
 
+    def _complete_collectives(self) -> None:
+        """Record the outputs of the collectives whose work completed, and the slots that waited for
+        the storages functional collectives wrote into."""
         if self._collectives:
             self._collectives.capture_completed()
         if self._functional:
             self._functional.capture_completed()
-        if not selected:
-            out = func(*args, **kwargs)
-            if rebuilds:
-                self._rebuilt.add(out, module)
-            if info.functional:
-                self._functional.writes(split_result(op, args, out)[1])
-            elif info.waits and self._functional:
-                self._functional.complete(out)
-            return out
-        session = self.session
-        seq = session.next_seq()
-        save = session.wants_tensor(call_name)
-        if self._async_class is None:
-            self._async_class = async_tensor_class()
-        if self._overflow is not None or info.collective or self._async_class is not None:
-            common = dict(
-                phase=phase, module=module, op=op, call=call, seq=seq, save_tensors=save, stack=stack_id, source=source, fwd=fwd
-            )
-            return self._run_watched(func, args, kwargs, info, common, rebuilds)
-        # The common case (no collective ever): keywords spelt out (no dict built and unpacked per call).
-        if self._inputs:
-            session.add_call(
-                iter_slots(args, kwargs),
-                phase=phase,
-                module=module,
-                op=op,
-                call=call,
-                seq=seq,
-                io="input",
-                save_tensors=save,
-                stack=stack_id,
-                source=source,
-                fwd=fwd,
-                unread=info.unread_inputs,
-            )
+
+    def _run_unselected(self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, module: str, rebuilds: bool) -> Any:
+        """Run a call that is not recorded, keeping what later calls need: the tensors a checkpoint
+        rebuilt, the storages functional collectives write into and those a wait completed."""
         out = func(*args, **kwargs)
         if rebuilds:
             self._rebuilt.add(out, module)
-        alias = self._alias_source(info, args, out)
-        if alias is not None:
-            session.share_alias(out, *alias)
-        if self._outputs:
-            session.add_call(
-                iter_slots(out if isinstance(out, (tuple, list)) else (out,)),
-                phase=phase,
-                module=module,
-                op=op,
-                call=call,
-                seq=seq,
-                io="output",
-                save_tensors=save,
-                mutated=info.mutable,
-                stack=stack_id,
-                source=source,
-                fwd=fwd,
-                unread=info.unread_outputs,
-            )
+        if info.functional:
+            self._functional.writes(split_result(info.name, args, out)[1])
+        elif info.waits and self._functional:
+            self._functional.complete(out)
         return out
 
-    def _await_collectives(self, info: _OpInfo, args: tuple, kwargs: dict[str, Any]) -> None:
+    def _record(self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, names: _CallNames, rebuilds: bool) -> Any:
+        """Run a selected call and record its inputs (before it runs: an in-place op changes them)
+        and outputs. Inputs that a functional collective still writes into are waited for as their
+        own dispatch would; slots on storage a collective still writes into, and a collective's
+        outputs, are recorded once its work completes; a wait's argument once it returns. In an
+        overflow check, :class:`OverflowWatch` runs the call and records it only if it overflows."""
+        if self._async_class is None:
+            self._async_class = async_tensor_class()
+        inputs = list(iter_slots(args, kwargs)) if self._inputs or self._async_class is not None else []
+        if self._async_class is not None:
+            self._await_collectives(info, inputs)
+        if self._overflow is not None:
+            phase, module, op, call, seq, save, stack, source, fwd = names
+            common = dict(
+                phase=phase, module=module, op=op, call=call, seq=seq, save_tensors=save, stack=stack, source=source, fwd=fwd
+            )
+            return self._overflow.run(func, args, kwargs, info, common, inputs=self._inputs)
+        if info.waits:
+            out = func(*args, **kwargs)
+            self._functional.complete(out)
+        if self._inputs:
+            self._add(inputs, "input", False, info.unread_inputs, names)
+        if not info.waits:
+            out = func(*args, **kwargs)
+        if rebuilds:
+            self._rebuilt.add(out, names[1])
+        if info.collective:
+            self._record_collective(func, args, kwargs, info, names, out)
+            return out
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        if self._async_class is not None:  # a view of an unwaited AsyncCollectiveTensor, or a new one
+            self._functional.writes(
+                inner_tensor(waiting) for value in _wrapped(outputs) for waiting in unwaited(value, self._async_class)
+            )
+        if self.session.reuses_captures and (alias := self._alias_source(info, args, out)) is not None:
+            self.session.share_alias(out, *alias)
+        if self._outputs:
+            self._add(iter_slots(outputs), "output", info.mutable, info.unread_outputs, names)
+        return out
+
+    def _await_collectives(self, info: _OpInfo, slots: list[Slot]) -> None:
         """Before a call reads an ``AsyncCollectiveTensor`` not yet waited for (itself or inside a
         DTensor): wait for it as its own dispatch is about to, or, for a view (which it lets run
         unwaited), hold the slots on its storage back until the collective completes."""
-        found = [
-            waiting
-            for _, value in iter_slots(args, kwargs)
-            if value.__class__ is not torch.Tensor and isinstance(value, torch.Tensor)
-            for waiting in unwaited(value, self._async_class)
-        ]
+        found = [waiting for value in _wrapped(value for _, value in slots) for waiting in unwaited(value, self._async_class)]
+        if not found:
+            return
         if info.view:
             self._functional.writes(map(inner_tensor, found))
             return
@@ -454,54 +531,43 @@ class OpCapture:
             if self._functional:
                 self._functional.complete(inner_tensor(waiting))
 
-    def _run_watched(
-        self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, common: dict[str, Any], rebuilds: bool
-    ) -> Any:
-        """Run a selected call of an overflow check, of a collective (whose outputs wait for its work),
-        or any call once functional collectives are in use: slots on the storage of one in flight
-        wait for it, a wait's argument is read once it returns."""
-        if self._async_class is not None:
-            self._await_collectives(info, args, kwargs)
-        if self._overflow is not None:
-            return self._overflow.run(func, args, kwargs, info, common, inputs=self._inputs)
-        session = self.session
-        if info.waits:
-            out = func(*args, **kwargs)
-            self._functional.complete(out)
-        if self._inputs:
-            self._add(iter_slots(args, kwargs), common, io="input", unread=info.unread_inputs)
-        if not info.waits:
-            out = func(*args, **kwargs)
-        if rebuilds:
-            self._rebuilt.add(out, common["module"])
-        if info.collective:
-            works, outputs = split_result(info.name, args, out)
-            if info.functional:
-                self._functional.writes(outputs)
-            if self._outputs:
-                capture = partial(session.add_call, io="output", mutated=True, unread=info.unread_outputs, **common)
-                if info.functional:
-                    capture(self._functional.hold(iter_slots(outputs), capture))
-                else:
-                    self._collectives.add(works, waited_by_caller(func, args, kwargs), outputs, capture)
-            return out
-        outputs = out if isinstance(out, (tuple, list)) else (out,)
-        if self._async_class is not None:  # a view of an unwaited AsyncCollectiveTensor, or a new one
-            self._functional.writes(
-                inner_tensor(waiting)
-                for value in outputs
-                if isinstance(value, torch.Tensor) and value.__class__ is not torch.Tensor
-                for waiting in unwaited(value, self._async_class)
-            )
-        alias = self._alias_source(info, args, out)
-        if alias is not None:
-            session.share_alias(out, *alias)
-        if self._outputs:
-            self._add(iter_slots(outputs), common, io="output", mutated=info.mutable, unread=info.unread_outputs)
-        return out
+    def _record_collective(
+        self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, names: _CallNames, out: Any
+    ) -> None:
+        """A collective's outputs hold other ranks' values once its work completes: recorded then (a
+        functional collective's, once a wait completes the storages it writes into)."""
+        works, outputs = split_result(info.name, args, out)
+        if info.functional:
+            self._functional.writes(outputs)
+        if not self._outputs:
+            return
+        capture = partial(self._add_now, "output", True, info.unread_outputs, names)
+        if info.functional:
+            capture(self._functional.hold(iter_slots(outputs), capture))
+        else:
+            self._collectives.add(works, waited_by_caller(func, args, kwargs), outputs, capture)
 
-    def _add(self, slots: Iterator[Slot], common: dict[str, Any], **side: Any) -> None:
+    def _add(self, slots: Iterable[Slot], io: str, mutated: bool, unread: dict[str, str], names: _CallNames) -> None:
         """Record one side of a call; slots on a storage a functional collective still writes into
         are recorded once it completes."""
-        capture = partial(self.session.add_call, **side, **common)
-        capture(self._functional.hold(slots, capture) if self._functional else slots)
+        if self._functional:
+            slots = self._functional.hold(slots, partial(self._add_now, io, mutated, unread, names))
+        self._add_now(io, mutated, unread, names, slots)
+
+    def _add_now(self, io: str, mutated: bool, unread: dict[str, str], names: _CallNames, slots: Iterable[Slot]) -> None:
+        phase, module, op, call, seq, save, stack, source, fwd = names
+        self.session.add_call(
+            slots,
+            phase=phase,
+            module=module,
+            op=op,
+            call=call,
+            seq=seq,
+            io=io,
+            save_tensors=save,
+            mutated=mutated,
+            stack=stack,
+            source=source,
+            fwd=fwd,
+            unread=unread,
+        )

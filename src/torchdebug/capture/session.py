@@ -142,6 +142,9 @@ class CaptureSession:
         self.want_stats = config.task in ("statistics", "tensor")
         self.want_tensors = config.task == "tensor"
         self.want_checksum = config.task == "checksum" or config.checksum
+        self.reuses_captures = self.want_stats or self.want_tensors or self.want_checksum
+        """Whether what is captured for a tensor (statistics, fingerprint, saved tensor) is kept for the
+        later slots of that tensor and of its aliases (:meth:`share_alias`); a structure dump keeps none."""
         self.overflow_nums = config.overflow_nums if config.task == "overflow_check" else None
         """``task="overflow_check"``: op capture records only overflowing calls (``overflow_check.py``)."""
         self.tensor_matcher = NameMatcher(config.tensor_list)

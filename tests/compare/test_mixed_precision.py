@@ -4,8 +4,8 @@ A 2-layer GPT (d_model 64, seq 32, batch 2), one AdamW step. Healthy bf16/fp16 a
 fp32 have no error row, at most 2 % warning rows and no first divergence. A 3 % scaling bug planted
 in one op (attention, MLP, norm, loss; forward and backward) is named with its module and source
 line in fp32, bf16 and fp16 pairings where tensors are saved (replay decides what statistics cannot),
-and a bug entering through an op only one side runs (a forward hook) is blamed on the first matched
-op that consumes its result.
+and a bug entering through an op only one side runs (a forward hook) is blamed on that op, a structure
+difference, with the hook's source line.
 """
 
 from __future__ import annotations
@@ -129,10 +129,21 @@ def test_statistics_that_cannot_tell_say_undecided_and_that_a_tensor_dump_would_
 
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_a_bug_in_an_op_only_one_side_runs_is_blamed_on_its_first_matched_consumer(gpt_dump, task, dtype):
+def test_a_bug_in_an_op_only_one_side_runs_is_blamed_on_that_op(gpt_dump, task, dtype):
     result = torchdebug.compare(gpt_dump(task, dtype, hook=True), gpt_dump(task, "fp32"))
     first = result.first_divergence
-    assert (first.call_name, first.io, first.module) == ("forward/layers.0/aten.add.Tensor#1", "input", "layers.0")
-    assert "aten.mul.Tensor that only one side runs" in first.message
-    assert "self.mlp(self.ln2(x))" in _source_text(first)
-    assert any(row.op == "aten.mul.Tensor" and row.verdict == "unmatched" for row in result.rows)
+    assert (first.call_name, first.io, first.module, first.match) == (
+        "forward/layers.0.mlp/aten.mul.Tensor#0",
+        "output",
+        "layers.0.mlp",
+        "only_a",
+    )
+    assert "only A runs this op (a structure difference)" in first.message
+    assert "out * 1.03" in _source_text(first)
+    consumer = next(
+        row
+        for row in result.rows
+        if row.call_name == "forward/layers.0/aten.add.Tensor#1" and row.io == "input" and first.name in row.message
+    )
+    assert consumer.attribution == "inherited" and "which changed the value" in consumer.message
+    assert [block.cause for block in result.structure if block.verdict == "error"] == [first.name]

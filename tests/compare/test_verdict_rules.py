@@ -411,14 +411,46 @@ def test_carried_from_source_an_input_within_twice_its_producers_error_is_inheri
     assert _judged(used) == ("warning", "inherited") and f", as {made.name} (error 0.01)" in used.message
 
 
-def test_enters_here_an_input_differing_more_than_its_producer_made_is_blamed_naming_one_sided_ops():
+def test_changed_by_one_sided_op_blames_the_op_only_one_side_runs_that_changed_a_value_entering_equal():
     made = _row("output", 0.0, call=0, stats=_stats(1.0))
     hook_in = _row("input", call=1, only="a", stats=_stats(1.0))
     hook_out = _row("output", call=1, only="a", stats=_stats(1.03))
     used = _row("input", 0.03, call=2, op="aten.add.Tensor", a={"stats": _stats(1.03)}, b={"stats": _stats(1.0)})
-    judge([made, hook_in, hook_out, used])
-    assert _judged(used) == ("error", "blamed") and first_divergence([made, hook_in, hook_out, used]) is used
-    assert "changed on the way by aten.mul.Tensor that only one side runs: the difference enters here" in used.message
+    rows = [made, hook_in, hook_out, used]
+    judge(rows)
+    assert _judged(hook_out) == ("error", "blamed") and first_divergence(rows) is hook_out
+    assert hook_out.error is not None and math.isclose(hook_out.error, 0.03, rel_tol=1e-6)
+    assert "only A runs this op (a structure difference) and the value entering it agrees (error 0)" in hook_out.message
+    assert _judged(used) == ("warning", "inherited")
+    assert f"made by aten.mul.Tensor that only A runs ({hook_out.name}), which changed the value" in used.message
+    assert _judged(hook_in) == ("unmatched", "")
+
+
+def test_changed_by_one_sided_op_walks_back_through_the_ops_that_pass_the_change_on():
+    made = _row("output", 0.0, call=0, stats=_stats(1.0))
+    view_in = _row("input", call=1, op="aten.view.default", only="b", stats=_stats(1.0))
+    view_out = _row("output", call=1, op="aten.view.default", only="b", stats=_stats(1.0))
+    scale_in = _row("input", call=2, only="b", stats=_stats(1.0))
+    scale_out = _row("output", call=2, only="b", stats=_stats(1.05))
+    cast_in = _row("input", call=3, op="aten.clone.default", only="b", stats=_stats(1.05))
+    cast_out = _row("output", call=3, op="aten.clone.default", only="b", stats=_stats(1.05))
+    used = _row("input", 0.05, call=4, op="aten.add.Tensor", a={"stats": _stats(1.0)}, b={"stats": _stats(1.05)})
+    rows = [made, view_in, view_out, scale_in, scale_out, cast_in, cast_out, used]
+    blocks = judge(rows)
+    assert first_divergence(rows) is scale_out and "only B runs this op" in scale_out.message
+    assert [(row.verdict, row.attribution) for row in (view_out, cast_out)] == [("unmatched", "")] * 2
+    [block] = blocks
+    assert [op.op for op in block.ops] == ["aten.view.default", "aten.mul.Tensor", "aten.clone.default"]
+    assert (block.verdict, block.cause, block.entering, block.leaving) == ("error", scale_out.name, [made.name], [used.name])
+    assert view_in.block is block and used.block is None
+
+
+def test_enters_here_an_input_differing_more_than_its_producer_made_is_blamed():
+    made = _row("output", 0.0, call=0, stats=_stats(1.0))
+    used = _row("input", 0.03, call=1, op="aten.add.Tensor", stats=_stats(1.0))
+    judge([made, used])
+    assert _judged(used) == ("error", "blamed") and first_divergence([made, used]) is used
+    assert f"the tensor {made.name} made differs by only 0: the difference enters here" in used.message
 
 
 # --- argument values -------------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ from torchdebug.compare._replica_digests import (
 from torchdebug.compare._result import CompareResult, Side
 from torchdebug.compare._rows import VERDICTS, Row
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
+from torchdebug.compare._structure import StructureBlock
 from torchdebug.compare._tolerances import Tolerance, lower_precision
 from torchdebug.options import accepts
 from torchdebug.records import Record
@@ -108,6 +109,11 @@ class RanksResult(CompareResult):
 
     def _first(self, finder: Callable[[Sequence[Row]], Row | None]) -> Row | None:
         return finder(self.rows.differing)  # blamed rows are rows that differ
+
+    @property
+    def structure(self) -> list[StructureBlock]:
+        """None: the ranks of one run are compared slot by slot, no op runs on one side only."""
+        return []
 
     @property
     def ranks(self) -> list[int]:

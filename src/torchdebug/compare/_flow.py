@@ -10,13 +10,14 @@ the constant made for the dtype, whose error it carries. :class:`Flow` holds bot
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from torchdebug.compare._comparable import DataShapes, data_records
 from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._matching import Producers, execution_order
 from torchdebug.compare._rows import Row
+from torchdebug.compare._tolerances import Tolerance
 from torchdebug.records import Record
 
 __all__ = ["Flow", "OUTPUT_IO"]
@@ -37,8 +38,17 @@ def _records(rows: Sequence[Row], side: str) -> list[Record]:
 class Flow:
     """The data flow of one rank's rows and what the rows judged so far carry."""
 
-    def __init__(self, rows: Sequence[Row], split: Fraction | None = None, made: Producers | None = None) -> None:
-        """``made``: the producers matching found for the rows' records (else traced from the rows)."""
+    def __init__(
+        self,
+        rows: Sequence[Row],
+        split: Fraction | None = None,
+        made: Producers | None = None,
+        tolerances: Mapping[str, Tolerance] | None = None,
+    ) -> None:
+        """``made``: the producers matching found for the rows' records (else traced from the rows);
+        ``tolerances``: the compare's per-dtype overrides (values only one side holds are compared
+        with them, :mod:`torchdebug.compare._structure`)."""
+        self.tolerances: Mapping[str, Tolerance] = tolerances or {}
         self.slots: dict[str, dict[int, dict[str, Row]]] = {"a": {}, "b": {}}
         """Per side and step, the row of each output slot's name (producers are outputs)."""
         self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
@@ -79,26 +89,62 @@ class Flow:
     def sources(self, row: Row, side: str, depth: int = 0) -> tuple[list[Row], list[str]] | None:
         """The matched rows whose tensor input ``row`` holds on ``side`` and the ops only that side
         ran on the way; ``None`` when unknown."""
-        record = row.record_a if side == "a" else row.record_b
-        made = self.made[side].get(id(record))
-        if record is None or made is None:
+        producer = self.producer(row, side)
+        if producer is None:
             return None
-        link = made[0]
-        producer = self.slots[side].get(record.step, {}).get(f"{link[0]}/{link[1]}")
-        if producer is None or producer.order >= row.order:
-            return None  # a producer in another step, or not before this row: no reliable link
         if producer.matched:
             return [producer], []
         if depth >= _MAX_TRACE:
             return None
         found, via = [], [producer.op]
-        for other in self.one_sided.get((side, record.step, link[0]), []):
+        for other in self.calls_one_sided(producer, side):
             if other.io not in OUTPUT_IO and other.kind == "tensor":
                 traced = self.sources(other, side, depth + 1)
                 if traced is not None:
                     found += traced[0]
                     via += traced[1]
         return (found, via) if found else None
+
+    def producer(self, row: Row, side: str) -> Row | None:
+        """The output row whose tensor the input ``row`` holds on ``side`` (the first candidate
+        producer), when it ran before ``row`` in the same step; ``None`` when unknown."""
+        found = self.producers(row, side, first=True)
+        return found[0] if found else None
+
+    def producers(self, row: Row, side: str, first: bool = False) -> list[Row]:
+        """The output rows that may have made the tensor the input ``row`` holds on ``side``, before it
+        in the same step: with statistics, a value an op passes on unchanged (a ``clone``) has several
+        makers (:func:`~torchdebug.compare._matching.candidate_producers`), the first made first.
+        ``first``: the first candidate only (empty when it is not such a row)."""
+        record = row.record_a if side == "a" else row.record_b
+        made = self.made[side].get(id(record))
+        if record is None or made is None:
+            return []
+        slots = self.slots[side].get(record.step, {})
+        found = []
+        for link in made[:1] if first else made:
+            producer = slots.get(f"{link[0]}/{link[1]}")
+            if producer is not None and producer.order < row.order:  # else another step, or not before: no reliable link
+                found.append(producer)
+        return found
+
+    def calls_one_sided(self, row: Row, side: str) -> list[Row]:
+        """The unmatched rows of the call of ``row``'s record on ``side`` (its other slots)."""
+        record = row.record_a if side == "a" else row.record_b
+        return self.one_sided.get((side, record.step, record.call_name), []) if record is not None else []
+
+    def forward_origin(self, row: Row, side: str) -> str | None:
+        """The blame that the forward call differentiated by ``row``'s backward call carries, when
+        only ``side`` runs that forward call (the backward of a hook's op scales the gradient as the
+        op scaled the value: the same difference, not a second one)."""
+        record = row.record_a if side == "a" else row.record_b
+        if record is None or not record.fwd:
+            return None
+        for other in self.one_sided.get((side, record.step, record.fwd), []):
+            judged = self.carrying.get(other)
+            if judged is not None and judged.origin is not None:
+                return judged.origin
+        return None
 
     def carried(self, sources: Sequence[Row]) -> tuple[str | None, str | None]:
         """What a row computed from ``sources`` carries: ``(origin, None)`` with the first blamed

@@ -32,6 +32,9 @@ class Judgement(NamedTuple):
     stand_ins: tuple[Row, ...] = ()
     """Rows that take this input's place when its call's outputs are judged (each side made it from
     other rows)."""
+    blames: tuple[tuple[Row, Judgement], ...] = ()
+    """Earlier rows judged again with this row: the op only one side runs that made this input's
+    difference (:mod:`torchdebug.compare._structure`), blamed when the input that reads it is judged."""
 
     def apply(self, row: Row) -> None:
         """Set the verdict, attribution and message (and ``error``, when given) on ``row``."""

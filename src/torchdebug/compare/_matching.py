@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -263,6 +264,11 @@ def _align_leftovers(
         token = links.token_b(call)
         return (token, _dtypes(call)) if compiled and token is not None else token
 
+    def by_op_shapes_and_values(call: _Call) -> object:
+        """The op, its slots' shapes and its outputs' values to three digits (``None`` without them)."""
+        values = _output_values(call)
+        return (by_op(call), call.signature(), values) if values else None
+
     def by_op_and_outputs(call: _Call) -> object:
         """The op, its slots' dtypes and its outputs' shapes (its inputs may be other views)."""
         slots = [(slot, r) for slot, r in zip(call.slots, call.records) if r.kind == "tensor"]
@@ -282,18 +288,42 @@ def _align_leftovers(
 
         return even
 
+    def vetoed(call_a: _Call, call_b: _Call) -> bool:
+        """Inputs from producers paired with other calls; eager against eager, also different values
+        made by different ops each side alone runs (:meth:`_Links.unrelated`)."""
+        return links.conflict(call_a, call_b) or not compiled and links.unrelated(call_a, call_b, mapping)
+
+    def supported(align: Callable[[list[_Call], list[_Call]], list[tuple[int, int]]]) -> Callable[..., list[tuple[int, int]]]:
+        """``align`` less the pairs of calls whose shapes differ and whose inputs no data flow
+        pairs (:meth:`_Links.unsupported`): op alone says nothing of such calls (the ``detach`` of
+        sdpa's output is not the ``detach`` of a hand-written attention's softmax)."""
+
+        def checked(calls_a: list[_Call], calls_b: list[_Call]) -> list[tuple[int, int]]:
+            found = align(calls_a, calls_b)
+            return [
+                (i, j)
+                for i, j in found
+                if calls_a[i].signature() == calls_b[j].signature() or not links.unsupported(calls_a[i], calls_b[j], mapping)
+            ]
+
+        return checked
+
     strategies = (  # each runs on the calls the ones before it left unpaired
         lambda a, b: _swapped(a, b, by_producers_a, by_producers_b),
+        # eager against eager, calls whose values agree are the same value whatever their order: a
+        # module written with other ops (a hand-written attention's backward against sdpa's) runs
+        # the transposes of the same gradients in another order than the names' indices say
+        (lambda a, b: []) if compiled else lambda a, b: _swapped(a, b, by_op_shapes_and_values),
         in_order(lambda a, b: _align(a, b, by_op_and_shapes)),
         in_order(lambda a, b: _swapped(a, b, by_op_and_shapes)),
         # compiled: a node of another dtype or output shape is another value (a softmax's float ``sub``
         # is not the eager integer ``sub`` of relative positions); eager against eager, an autocast
         # run's dtypes and another batch's shapes differ
-        in_order(lambda a, b: _align(a, b, by_op_and_outputs if compiled else by_op)),
+        in_order(lambda a, b: _align(a, b, by_op_and_outputs)) if compiled else supported(lambda a, b: _align(a, b, by_op)),
     )
     for calls_a, calls_b in groups.values():
         for strategy in strategies:
-            matched = [(i, j) for i, j in strategy(calls_a, calls_b) if not links.conflict(calls_a[i], calls_b[j])]
+            matched = [(i, j) for i, j in strategy(calls_a, calls_b) if not vetoed(calls_a[i], calls_b[j])]
             for i, j in matched:
                 matches.append(_Match(calls_a[i], calls_b[j], "aligned"))
                 links.pair(calls_a[i], calls_b[j])
@@ -303,6 +333,50 @@ def _align_leftovers(
         unpaired_a.extend(calls_a)
         unpaired_b.extend(calls_b)
     return matches, unpaired_a, unpaired_b
+
+
+_VALUE_DIGITS = 3
+"""Significant digits of the statistics that :func:`_output_values` keeps: round-off of another
+order of operations stays below them, different values do not."""
+
+
+def _output_values(call: _Call) -> tuple:
+    """The min, max and norm of a call's floating output tensors to :data:`_VALUE_DIGITS` significant
+    digits (empty when an output has none): two calls that made the same value share them."""
+    found = []
+    for slot, record in zip(call.slots, call.records):
+        if record.io not in _OUTPUTS or record.kind != "tensor":
+            continue
+        stats = record.stats or {}
+        values = tuple(stats.get(key) for key in ("min", "max", "norm"))
+        if _dtype_kind(record.dtype) != "float" or not all(isinstance(value, float) for value in values):
+            return ()
+        found.append((slot, *(float(f"{value:.{_VALUE_DIGITS}g}") for value in values)))
+    return tuple(found)
+
+
+_FAR = 0.1
+"""How far apart, relative to their scale, the statistics of two outputs are when they hold different
+values: round-off amplified by a sum of near-zero gradients stays well below it, another tensor does not."""
+
+
+def _far_apart(call_a: _Call, call_b: _Call) -> bool:
+    """Whether an output tensor slot of the two calls has min, max or norm apart by more than
+    :data:`_FAR` of its scale (B's largest magnitude; the norm: B's norm)."""
+    by_slot = call_b.by_slot()
+    for slot, record in zip(call_a.slots, call_a.records):
+        other = by_slot.get(slot)
+        if record.io not in _OUTPUTS or record.kind != "tensor" or other is None:
+            continue
+        a, b = record.stats or {}, other.stats or {}
+        values = [(a.get(key), b.get(key)) for key in ("min", "max", "norm")]
+        if not all(isinstance(x, float) and isinstance(y, float) and math.isfinite(x) and math.isfinite(y) for x, y in values):
+            continue
+        (min_a, min_b), (max_a, max_b), (norm_a, norm_b) = values
+        scale = max(abs(min_b), abs(max_b))
+        if max(abs(min_a - min_b), abs(max_a - max_b)) > _FAR * scale or abs(norm_a - norm_b) > _FAR * norm_b:
+            return True
+    return False
 
 
 def _dtypes(call: _Call) -> tuple:
@@ -545,6 +619,53 @@ class _Links:
                 return True
         return False if settled else None
 
+    def unrelated(self, call_a: _Call, call_b: _Call, mapping: NameMapping) -> bool:
+        """Whether the two calls hold different values (:func:`_far_apart`) made from inputs that
+        each side made with an op only it runs, another op on each side: the ``detach`` of sdpa's
+        output and the ``detach`` of a hand-written softmax share a name and, when the sequence is
+        as long as a head is wide, a shape. Where the values agree (the output of either attention
+        transposed) they stay paired: the values of two implementations meet there."""
+        return self._unpaired_producers(call_a, call_b, mapping, differ_only=True) and _far_apart(call_a, call_b)
+
+    def _unpaired_producers(self, call_a: _Call, call_b: _Call, mapping: NameMapping, differ_only: bool) -> bool:
+        """Whether some tensor input of the two calls comes from producers the pairs so far do not
+        relate. Every candidate producer counts (a transpose's output has its input's statistics, so
+        either may have made the value): a slot is related when a candidate of each side are paired
+        with each other, or are the same op and not both paired already (they may pair later). With
+        ``differ_only``, only the first makers count, and only where neither is paired."""
+        by_slot = None
+        partner, paired_b = self.partner, self.paired_b
+        for slot, record in zip(call_a.slots, call_a.records):
+            made_a = self.made_a.get(id(record))
+            if made_a is None:
+                continue
+            if by_slot is None:
+                by_slot = call_b.by_slot()
+            other = by_slot.get(slot)
+            made_b = self.made_b.get(id(other)) if other is not None else None
+            if made_b is None:
+                continue
+            if differ_only:  # the first makers only: a value passed on (a detach) has its maker's twin
+                made_a, made_b = made_a[:1], made_b[:1]
+                if made_a[0][0] in partner or made_b[0][0] in paired_b:
+                    continue
+            related = False
+            for a, _ in made_a:
+                op_a = mapping.ops.get(_op_of(a), _op_of(a))
+                for b, _ in made_b:
+                    if partner.get(a) == b or op_a == _op_of(b) and not (a in partner and b in paired_b):
+                        related = True
+            if not related:
+                return True
+        return False
+
+    def unsupported(self, call_a: _Call, call_b: _Call, mapping: NameMapping) -> bool:
+        """Whether some tensor input of the two calls comes from producers the pairs so far do not
+        relate: paired on one side only, or on neither side and of different ops (a value each side
+        made with ops the other does not run). Stricter than :meth:`conflict`, for calls nothing
+        else relates (their shapes differ)."""
+        return self._unpaired_producers(call_a, call_b, mapping, differ_only=False)
+
     def token_a(self, call: _Call) -> object:
         """The op and the B-side producers its inputs should have (``None``: nothing known)."""
         producers = tuple(self._partner(self.made_a.get(id(r), (None,))[0]) for r in call.records)
@@ -553,6 +674,11 @@ class _Links:
     def token_b(self, call: _Call) -> object:
         producers = tuple(self.made_b.get(id(r), (None,))[0] for r in call.records)
         return (call.first.op, producers) if any(producers) else None
+
+
+def _op_of(name: str) -> str:
+    """The op of a call name (``forward/layers.0/aten.mm.default#2``: ``aten.mm.default``)."""
+    return name[name.rfind("/") + 1 : name.rfind("#")]
 
 
 def _counted(call: _Call, mapping: NameMapping) -> tuple[str, str, str]:
@@ -634,7 +760,16 @@ def _repair(
     freed and aligned again with the calls still unpaired in their ``(step, phase, module)``;
     ``left_a`` and ``left_b`` are updated in place."""
     for _ in range(_REPAIR_ROUNDS):
-        wrong = [match for match in matches if match.settled != links.changes and links.conflict(match.call_a, match.call_b)]
+        wrong = [
+            match
+            for match in matches
+            if match.settled != links.changes
+            and (
+                links.conflict(match.call_a, match.call_b)
+                or not compiled
+                and links.unrelated(match.call_a, match.call_b, mapping)
+            )
+        ]
         if not wrong:
             break
         for match in wrong:

@@ -14,6 +14,7 @@ from torchdebug.compare._checksums import DTYPE_NOTE
 from torchdebug.compare._metrics import REPLAY_METRICS, STATS_METRICS, TENSOR_METRICS
 from torchdebug.compare._rows import VERDICTS, Row
 from torchdebug.compare._rules import ROUTING_CHANGED
+from torchdebug.compare._structure import StructureBlock
 from torchdebug.compare._verdicts import first_divergence, first_nonfinite
 from torchdebug.records import MODULE_OP, Record
 from torchdebug.report.compare import render_compare
@@ -51,6 +52,16 @@ CSV_COLUMNS = (
 """Columns of :meth:`CompareResult.to_csv`, one row per tensor slot or argument (with replay, the
 :data:`~torchdebug.compare._metrics.REPLAY_METRICS` are appended)."""
 
+_STRUCTURE_OUTCOMES = {
+    "error": "change a value",
+    "undecided": "cannot be decided from statistics",
+    "warning": "carry a difference made before them",
+    "pass": "leave the values equal",
+    "unjudged": "make values no aligned op reads or that cannot be compared",
+}
+"""How the summary counts structure differences, by verdict."""
+_NAMED_BLOCKS = 3
+"""How many structure differences that change a value the summary names."""
 _MIN_MATCHED = 0.5  # below this share of matched rows, the dumps probably come from different programs
 
 
@@ -144,6 +155,32 @@ class CompareResult:
     def first_nonfinite(self) -> Row | None:
         """The earliest row with a NaN/Inf that its inputs and the other side do not have."""
         return self._first(first_nonfinite)
+
+    @property
+    def structure(self) -> list[StructureBlock]:
+        """The structure differences: runs of ops only one side executes between aligned values,
+        each listed once with its ops, modules and source lines and what it does to the values (see
+        :mod:`torchdebug.compare._structure`), in execution order (lowest rank first)."""
+        blocks: dict[int, StructureBlock] = {}
+        for row in self.rows:
+            if row.block is not None:
+                blocks.setdefault(id(row.block), row.block)
+        return list(blocks.values())
+
+    def structure_lines(self) -> list[str]:
+        """The summary's lines on structure differences: how many, what they do to the values, and
+        the blocks that change a value (or carry a difference) named; none when the runs' ops agree."""
+        blocks = self.structure
+        if not blocks:
+            return []
+        counts = Counter(block.verdict for block in blocks)
+        outcomes = ", ".join(f"{counts[verdict]} {what}" for verdict, what in _STRUCTURE_OUTCOMES.items() if counts[verdict])
+        lines = [f"structure differences (ops only one side runs, between aligned values): {len(blocks)} ({outcomes})"]
+        named = [block for block in blocks if block.verdict in ("error", "undecided", "warning")]
+        lines.extend(f"  {block.describe()}" for block in named[:_NAMED_BLOCKS])
+        if len(named) > _NAMED_BLOCKS:
+            lines.append(f"  and {len(named) - _NAMED_BLOCKS} more (result.structure lists them all)")
+        return lines
 
     @property
     def diverged(self) -> bool:
@@ -360,6 +397,7 @@ class CompareResult:
             detail = row.message
             metrics = ", ".join(f"{k} {row.metrics[k]:.4g}" for k in ("cosine", "max_abs_err", "rel_l2") if k in row.metrics)
             lines.append(f"  {detail}" + (f" ({metrics})" if metrics else ""))
+        lines.extend(self.structure_lines())
         # counted first: a cross-rank result makes the rows of agreeing ranks only when they are read
         undecided = [row for row in self.rows if row.verdict == "undecided"] if self.counts().get("undecided") else []
         replayed = sum("own_err_a" in row.metrics or "own_err_b" in row.metrics for row in undecided)
@@ -422,6 +460,7 @@ class CompareResult:
             "ranks": {str(rank): self.counts(rank) for rank in self.ranks},
             "first_divergence": self.describe(first) if first else None,
             "first_nonfinite": self.describe(nonfinite) if nonfinite else None,
+            "structure": [block.to_dict() for block in self.structure],
             "problems": self.problems,
             "options": self.options,
             "rows": [{k: _json_number(v) for k, v in row.to_dict().items()} for row in self.rows],

@@ -77,6 +77,9 @@ class Row:
     record_b: Record | None = field(default=None, repr=False)
     unreadable: str | None = field(default=None, repr=False)
     """Why its saved tensors could not be read (a damaged tensor file): compared by statistics instead."""
+    block: Any = field(default=None, repr=False)
+    """For a slot only one side holds: the structure difference it belongs to (a
+    :class:`~torchdebug.compare._structure.StructureBlock`, shared by the block's rows)."""
 
     @classmethod
     def from_records(

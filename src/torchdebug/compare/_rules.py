@@ -27,6 +27,7 @@ from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._metrics import ELEMENTS_DIFFER, stats_metrics
 from torchdebug.compare._rows import Row
 from torchdebug.compare._shards import local_indices, one_shard
+from torchdebug.compare._structure import cause_in_block
 from torchdebug.records import UNREAD
 
 __all__ = ["Call", "Rule", "RULES", "ROUTING_CHANGED", "slot_of"]
@@ -688,6 +689,47 @@ def carried_from_source(row: Row, call: Call) -> Judgement | None:
     return _inherited(row, call, trace.sources, f"{_detail(row)}, as {trace.sources[0].name} (error {_fmt(carried)})")
 
 
+def changed_by_one_sided_op(row: Row, call: Call) -> Judgement | None:
+    """An input made through ops only one side runs from values that agree, beyond tolerance, blames the op that changed it.
+
+    The ops only one side runs between two aligned values are a structure difference (a hook that
+    scales an output, an extra add): the value entering them agrees, the value leaving them does
+    not, so one of them made the difference. The earliest of them whose output already differs from
+    this input's partner (:func:`~torchdebug.compare._structure.cause_in_block`) is blamed, with its
+    module and source line; this input inherits from it."""
+    trace = call.trace(row)
+    if trace is None or not trace.one_sided:
+        return None
+    cause = cause_in_block(row, call.flow)
+    if cause is None:
+        return None
+    made, side = cause.row, "A" if cause.row.record_a is not None else "B"
+    detail = f"error {_fmt(cause.error)} > tolerance {_fmt(cause.tolerance)} against {cause.partner}"
+    detail += f", the other side's value of {row.name}"
+    forward = call.flow.forward_origin(made, side.lower())
+    if forward is not None:  # the backward of a blamed one-sided op: the same difference
+        why = f"{detail}; the backward of an op only {side} runs, which carries the error blamed on {forward}"
+        judged = Judgement("warning", "inherited", why, cause.error, forward, None, cause.error)
+    else:
+        carried = max((source.error or 0.0 for source in trace.sources), default=0.0)
+        error, tolerance = _beyond(row)
+        factor = amplification(row, trace.sources)
+        if carried > 0 and error <= factor * carried + tolerance:  # a sum of near-zero gradients in another order
+            ops = ", ".join(trace.one_sided)
+            return _undecided(
+                row,
+                call,
+                f"{_detail(row)}; made through {ops} that only one side runs from values that differ by {_fmt(carried)}, "
+                f"which they may amplify up to {_fmt(factor)}x: statistics cannot tell whether they made the difference",
+            )
+        why = f"{detail}; only {side} runs this op (a structure difference) and the value entering it agrees"
+        why += f" (error {_fmt(carried)})"
+        judged = _blamed(made, f"{why}: this op makes the difference")._replace(error=cause.error, upstream=cause.error)
+    message = f"{_detail(row)}; made by {made.op} that only {side} runs ({made.name}), which changed the value"
+    origin = forward or made.name
+    return Judgement("warning", "inherited", message, origin=origin, upstream=row.error, blames=((made, judged),))
+
+
 def enters_here(row: Row, call: Call) -> Judgement | None:
     """Any other input beyond tolerance is blamed: the difference enters here (on the way from its source)."""
     trace = call.trace(row)
@@ -778,6 +820,7 @@ RULES: tuple[Rule, ...] = (
     Rule(one_sided_from_incomparable, _INPUTS),
     Rule(made_differently, _INPUTS),
     Rule(carried_from_source, _INPUTS),
+    Rule(changed_by_one_sided_op, _INPUTS),
     Rule(enters_here, _INPUTS),
     Rule(same_value, _VALUES),
     Rule(dtype_argument_value, _VALUES),

@@ -352,11 +352,11 @@ def attribute(
     split = data_split(dump_a, dump_b)
     if settings.replay:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
-    judge(rows, growth=settings.growth, replayed=settings.replay, split=split, made=made)
+    judge(rows, growth=settings.growth, replayed=settings.replay, split=split, made=made, tolerances=settings.tolerances)
     undecided = [row for row in rows if row.verdict == "undecided" and "cosine" in row.metrics]
     if undecided:
         replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
-        judge(rows, growth=settings.growth, replayed=True, split=split, made=made)
+        judge(rows, growth=settings.growth, replayed=True, split=split, made=made, tolerances=settings.tolerances)
     judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
     for row in rows:
         note = row_note(row)

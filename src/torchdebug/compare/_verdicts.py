@@ -51,13 +51,15 @@ row whose NaN/Inf its inputs did not have.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from torchdebug.compare._flow import OUTPUT_IO, Flow
 from torchdebug.compare._matching import Producers
 from torchdebug.compare._rows import Row
 from torchdebug.compare._rules import RULES, Call, slot_of
+from torchdebug.compare._structure import StructureBlock, structure_blocks
+from torchdebug.compare._tolerances import Tolerance
 from torchdebug.records import MODULE_OP, call_name
 
 __all__ = ["judge", "first_divergence", "first_nonfinite"]
@@ -79,6 +81,9 @@ def _judge_call(call: Call) -> float:
             raise AssertionError(f"no verdict rule judged {row.name}")  # the last rule of each slot kind always answers
         judgement.apply(row)
         call.flow.record(row, judgement)
+        for other, judged in judgement.blames:
+            judged.apply(other)
+            call.flow.record(other, judged)
         if call.flow.follows or call.changed_selection() is not None:  # what a changed selection makes follows it
             selection = call.follows(row)
             if selection is not None:
@@ -97,14 +102,16 @@ def judge(
     replayed: bool = False,
     split: Fraction | None = None,
     made: Producers | None = None,
-) -> None:
+    tolerances: Mapping[str, Tolerance] | None = None,
+) -> list[StructureBlock]:
     """Set verdict, attribution and message of one rank's rows (sorted in execution order); judging
     again starts afresh. ``replayed``: the calls that replay could decide were replayed, so a row
     with saved tensors and no own error is judged by statistics alone (else it is ``undecided``,
     for replay to decide). ``split``: A's world size over B's, when they differ (each rank holds
     its share of the data). ``made``: the producers matching found for the rows' records (else
-    traced again from the rows)."""
-    flow = Flow(rows, split, made)
+    traced again from the rows); ``tolerances``: the compare's per-dtype overrides. Returns the
+    structure differences (:mod:`torchdebug.compare._structure`), each linked from its rows."""
+    flow = Flow(rows, split, made, tolerances)
     calls: dict[tuple[int, str], list[Row]] = {}
     current: list[Row] = []
     step, name = None, ""
@@ -126,6 +133,7 @@ def judge(
             forward = calls.get((step, f"forward/{first.module}/{MODULE_OP}#{first.call}"), [])  # no link: same call index
         call = Call(call_rows, inputs, upstream, flow, growth, replayed, constant, forward)
         upstream = _judge_call(call)
+    return structure_blocks(rows, flow)
 
 
 def first_divergence(rows: Sequence[Row]) -> Row | None:

@@ -4,17 +4,19 @@
                                 [--dir /dev/shm] [--profile structure/op [--top 30]]
 
 The model is the GPT example at its smallest (4 layers, width 32, 4 heads, sequence 16, batch 2,
-vocabulary 64, AdamW; one intra-op thread unless ``--threads``: on a shared 2-core machine a
-second thread's waits swamp the step), so the model's own work per op is a few microseconds and what capture adds on
-the host shows in full. Plain steps and each mode's steps take turns in one process, in blocks of
-``--block`` consecutive steps (each step started, stopped and stepped as in training, each block
-ending with ``Debugger.flush()``, so every record written is charged to its mode). Per mode it prints
-the median milliseconds per step, its ratio to the plain step, and the host microseconds added per aten
-op: ``(captured - plain) / ops``, where ``ops`` is the number of aten ops one step dispatches (counted
-once by a counting dispatch mode; the debugger's own ops are not counted). ``dispatch-mode`` is an
-empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode capture.
-Timings are printed, never asserted: the machine's load moves them (the first line gives the load
-average).
+vocabulary 64, AdamW; one intra-op thread unless ``--threads``: on a shared 2-core machine a second
+thread's waits swamp the step), so the model's own work per op is a few microseconds and what
+capture adds on the host shows in full. Plain steps and each mode's steps take turns in one process,
+in blocks of ``--block`` consecutive steps (each step started, stopped and stepped as in training,
+each block ending with ``Debugger.flush()``, so every record written is charged to its mode). Per
+mode it prints the median milliseconds per step, its ratio to the plain step, and the host
+microseconds added per aten op, ``(captured - plain) / ops``, where ``ops`` is the number of aten ops
+one step dispatches (counted once by a counting dispatch mode; the debugger's own ops are not
+counted); once by the wall clock, once by the process's CPU time (all its threads, the writer's
+included), which moves less with the load of other jobs on a shared machine. ``dispatch-mode`` is
+an empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode
+capture. Timings are printed, never asserted: the machine's load moves them (the first line gives
+the load average).
 
 ``--profile MODE`` runs ``--block`` steps of that mode under cProfile after the timing and prints
 the ``--top`` functions by their own time, then by cumulative time: where the host time goes.
@@ -111,6 +113,7 @@ def main() -> None:
     ops = ops_per_step(step)
     modes = ["plain", *args.modes]
     times: dict[str, list[float]] = {mode: [] for mode in modes}
+    cpu_times: dict[str, list[float]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         debuggers = {
             mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_"), **MODES[mode])
@@ -119,24 +122,30 @@ def main() -> None:
         }
         for round_ in range(args.warmup + args.rounds):
             for mode in modes:
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 run_block(mode, debuggers.get(mode), model, step, args.block)
                 if round_ >= args.warmup:
                     times[mode].append((time.perf_counter() - start) / args.block)
-        plain = statistics.median(times["plain"])
+                    cpu_times[mode].append((time.process_time() - cpu_start) / args.block)
         print(
             f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}; "
             f"tiny GPT: {ops} aten ops a step; median of {args.rounds} blocks of {args.block} steps per mode"
         )
-        print(f"{'mode':20s} {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}")
+        print(f"{'':20s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}")
+        print(f"{'mode':20s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2)
+        plain, cpu_plain = statistics.median(times["plain"]), statistics.median(cpu_times["plain"])
         for mode in modes:
-            median = statistics.median(times[mode])
-            per_op = (median - plain) / ops * 1e6
-            print(f"{mode:20s} {median * 1000:9.2f} {median / plain:7.2f}x {per_op:8.1f}")
+            print(f"{mode:20s}" + _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops))
         if args.profile is not None:
             profile(args.profile, debuggers.get(args.profile), model, step, args.block, args.top)
         for debugger in debuggers.values():
             debugger.close()
+
+
+def _columns(seconds: list[float], plain: float, ops: int) -> str:
+    """Milliseconds per step, the ratio to the plain step and microseconds added per op (medians)."""
+    median = statistics.median(seconds)
+    return f" {median * 1000:9.2f} {median / plain:7.2f}x {(median - plain) / ops * 1e6:8.1f}  "
 
 
 def profile(

@@ -95,11 +95,13 @@ def json_value(value: Any) -> Any:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
+DTYPE_NAMES: dict[torch.dtype, str] = {}
+"""The names :func:`dtype_name` made so far (a hot path may look one up before calling it)."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
+    """``float32`` for ``torch.float32``."""
+    name = DTYPE_NAMES.get(dtype)
     if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        name = DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name

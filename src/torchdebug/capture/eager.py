@@ -26,6 +26,7 @@ those calls are recorded (``overflow_check.py``, ``nonfinite.py``).
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -51,7 +52,7 @@ from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.overflow_check import OverflowWatch
 from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors, Replay
-from torchdebug.capture.session import CaptureSession
+from torchdebug.capture.session import PLAIN_TENSORS, CaptureSession
 from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE, UNINITIALISED, allocates, make_call_name
 from torchdebug.slots import Slot, iter_slots
@@ -173,8 +174,11 @@ def _wrapper(tensor: torch.Tensor) -> bool:
 def _wrapped(values: Iterable[Any]) -> list[torch.Tensor]:
     """The instances of tensor subclasses among ``values`` (an ``AsyncCollectiveTensor``, a DTensor):
     the only ones that may hold a collective's result not yet waited for."""
-    return [value for value in values if value.__class__ is not torch.Tensor and isinstance(value, torch.Tensor)]
+    return [value for value in values if value.__class__ not in PLAIN_TENSORS and isinstance(value, torch.Tensor)]
 
+
+_VALUE = operator.itemgetter(1)
+"""A slot's value."""
 
 _CallNames = tuple[str, str, str, int, int, bool, "str | None", "str | None", "str | None"]
 """What every record of a selected call shares: ``(phase, module, op, call, seq, save_tensors,
@@ -347,7 +351,7 @@ class OpCapture:
             info.name,
             call,
             self.session.next_seq(),
-            self.session.wants_tensor(call_name),
+            self.session.want_tensors and self.session.wants_tensor(call_name),
             stack_id,
             source,
             fwd,
@@ -520,7 +524,7 @@ class OpCapture:
         """Before a call reads an ``AsyncCollectiveTensor`` not yet waited for (itself or inside a
         DTensor): wait for it as its own dispatch is about to, or, for a view (which it lets run
         unwaited), hold the slots on its storage back until the collective completes."""
-        found = [waiting for value in _wrapped(value for _, value in slots) for waiting in unwaited(value, self._async_class)]
+        found = [waiting for value in _wrapped(map(_VALUE, slots)) for waiting in unwaited(value, self._async_class)]
         if not found:
             return
         if info.view:

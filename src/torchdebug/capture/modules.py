@@ -36,12 +36,9 @@ from torchdebug._torch.checkpoint import RecomputeDetector
 from torchdebug._torch.funcol import wait_before_read
 from torchdebug._torch.nn import GlobalForwardHooks, in_call_of, strip_wrappers
 from torchdebug.capture.recompute import RECOMPUTE
-from torchdebug.capture.session import CaptureSession
+from torchdebug.capture.session import PLAIN_TENSORS, CaptureSession
 from torchdebug.records import MODULE_OP, NO_MODULE, make_call_name
 from torchdebug.slots import iter_slots, output_slots
-
-PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
-"""Classes that are never wrapper subclasses (most tensors: no subclass check, no collective to wait for)."""
 
 ROOT_MODULE = "<root>"
 """Module path of the model itself."""

@@ -27,7 +27,7 @@ from torchdebug.capture.unwritten import UnwrittenStorages
 from torchdebug.checksum import hex_digits
 from torchdebug.errors import DumpError
 from torchdebug.records import UNINITIALISED, UNREAD, Record, make_name
-from torchdebug.slots import Slot, dtype_name, json_value
+from torchdebug.slots import DTYPE_NAMES, Slot, dtype_name, json_value
 from torchdebug.stats import stats_from_sums
 from torchdebug.stats_table import StatsStager
 from torchdebug.store import _live as live
@@ -41,7 +41,13 @@ SAMPLE_EDGE = 256
 
 _FLUSH_RECORDS = 2048
 
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+"""Classes that are never wrapper subclasses (most tensors: no subclass check, no collective to wait for)."""
+
 _DEVICE_NAMES: dict[torch.device, str] = {}
+
+_STRIDED = torch.strided
+"""Layouts are singletons: compared by identity on the hot path."""
 
 
 def _device_name(device: torch.device) -> str:
@@ -229,7 +235,7 @@ class CaptureSession:
                                 self.unwritten.add((value,))
                             elif why != UNINITIALISED:  # the op writes it, maybe unannounced
                                 self.unwritten.written(value)
-                        elif value.__class__ is not torch.Tensor and is_subclass(value):
+                        elif value.__class__ not in PLAIN_TENSORS and is_subclass(value):
                             self._describe_subclass(record, value, save_tensors, mutated)
                         else:
                             self._describe_tensor(record, value, save_tensors, mutated)
@@ -242,7 +248,8 @@ class CaptureSession:
                     record.kind = "value"
                     record.value = json_value(value)
                 self._records.append(record)  # not a local: a tensor snapshot may flush and start a new list
-            self._take_due_stats()
+            if self._stats_due:
+                self._take_due_stats()
             if len(self._records) >= _FLUSH_RECORDS:
                 self._flush_records()
         finally:
@@ -346,10 +353,11 @@ class CaptureSession:
     def _fill_description(record: Record, tensor: torch.Tensor) -> bool:
         """Set dtype, shape, device and stride; ``False`` (with the reason in ``record.capture_error``) for
         layouts that are not captured."""
-        record.dtype = dtype_name(tensor.dtype)
+        dtype, device = tensor.dtype, tensor.device
+        record.dtype = DTYPE_NAMES.get(dtype) or dtype_name(dtype)  # the lookup inlined: once per slot
         record.shape = list(tensor.shape)
-        record.device = _device_name(tensor.device)
-        if tensor.layout != torch.strided:
+        record.device = _DEVICE_NAMES.get(device) or _device_name(device)
+        if tensor.layout is not _STRIDED:
             record.capture_error = f"layout {tensor.layout} is not captured"
             return False
         record.stride = list(tensor.stride())

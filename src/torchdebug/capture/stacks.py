@@ -55,11 +55,13 @@ class StackRecorder:
     def __init__(self) -> None:
         self._is_user: dict[str, bool] = {}
         self._stacks: dict[tuple, tuple[str, list[str], str]] = {}
-        self._last: tuple[FrameType, int, tuple[str, list[str], str]] | None = None
-        """The innermost user frame of the last capture, its line and what was captured. While that
-        frame runs on at that line, its callers wait at theirs, so the stack is the same (ops of one
-        line, and every op of an optimizer step inside torch). Holding the frame keeps its identity
-        from being reused; :meth:`clear` lets it go."""
+        self._last: tuple[FrameType, int, tuple[str, list[str], str], tuple] | None = None
+        """The innermost user frame of the last capture, its line, what was captured and its key.
+        While that frame runs, its callers wait at their lines: at the same line the stack is the
+        same (ops of one line, and every op of an optimizer step inside torch), at another line only
+        the innermost frame's entry of the key changes (the next lines of one ``forward``), so the
+        callers are not walked again. Holding the frame keeps its identity from being reused;
+        :meth:`clear` lets it go."""
 
     def _user(self, filename: str) -> bool:
         user = self._is_user[filename] = not filename.startswith(SKIP_DIRS)
@@ -95,9 +97,12 @@ class StackRecorder:
             return None
         line = frame.f_lineno
         last = self._last
-        if last is not None and last[0] is frame and last[1] == line:
-            return last[2]
-        key = self._user_frames(frame)
+        if last is not None and last[0] is frame:
+            if last[1] == line:
+                return last[2]
+            key = ((last[3][0][0], last[3][0][1], line), *last[3][1:])
+        else:
+            key = self._user_frames(frame)
         found = self._stacks.get(key)
         if found is None:
             frames = [format_frame(filename, line, function) for filename, function, line in reversed(key)]
@@ -105,7 +110,7 @@ class StackRecorder:
             source = f"{inner_file}:{inner_line} in {inner_function}"
             found = self._stacks[key] = (stack_id(frames), frames, source)
         if not frame.f_code.co_flags & _RESUMABLE:
-            self._last = (frame, line, found)
+            self._last = (frame, line, found, key)
         return found
 
     def clear(self) -> None:

@@ -4,7 +4,9 @@ Each pair dumps one training step (forward, backward, SGD) of a 2-layer model tw
 the two runs compute the same math with other ops (healthy: no error row and no first divergence is
 right) or carry a bug planted on side A (right when the first divergence lands in the planted
 module). Prints the localisation table: pair, truth, error rows, first divergence, where it was
-planted, right or wrong. Results are what compare says today, wrong ones included::
+planted, right or wrong, and the structure differences compare lists (runs of ops only one side
+executes, by verdict: ``pass`` leaves the values equal, ``error`` changed a value). Results are what
+compare says today, wrong ones included::
 
     python bench/structure.py            # every pair, statistics dumps
     python bench/structure.py --task tensor
@@ -16,6 +18,7 @@ import argparse
 import math
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,8 +213,11 @@ def main() -> None:
             first = result.first_divergence
             where = f"{first.module} {first.op} {first.io}.{first.arg}" if first is not None else "none"
             right = "right" if _right(pair, result) else "WRONG"
-            rows.append((pair.name, pair.truth, str(result.counts()["error"]), where, " ".join(pair.planted or "-"), right))
-    header = ("pair", "truth", "error rows", "first divergence", "planted in", "localised")
+            verdicts = Counter(block.verdict for block in result.structure)
+            blocks = ", ".join(f"{n} {verdict}" for verdict, n in sorted(verdicts.items())) or "none"
+            planted = " ".join(pair.planted or "-")
+            rows.append((pair.name, pair.truth, str(result.counts()["error"]), where, planted, right, blocks))
+    header = ("pair", "truth", "error rows", "first divergence", "planted in", "localised", "structure differences")
     print(f"torch {torch.__version__}, task={args.task}, CPU")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

@@ -81,6 +81,10 @@ def test_a_hook_only_one_side_runs_that_scales_an_output_is_the_first_divergence
     assert "1 change a value" in result.summary() and block.describe() in result.summary()
     exported = json.loads(result.to_json(tmp_path / "compare.json").read_text())["structure"]
     assert [entry["cause"] for entry in exported if entry["verdict"] == "error"] == [first.name]
+    page = result.to_html(tmp_path / "compare.html").read_text()
+    listed = page.split('id="structure-table"', 1)[1].split("</table>", 1)[0]
+    assert '<td class="verdict-error">error</td>' in listed and f"<code>{first.name}</code>" in listed
+    assert "<code>aten.mul.Tensor</code> in <code>out</code>" in listed and f"<code>{first.source}</code>" in listed
 
 
 def test_a_hook_only_one_side_runs_that_leaves_the_value_equal_is_listed_and_passes(dumps):

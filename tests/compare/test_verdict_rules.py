@@ -411,6 +411,23 @@ def test_carried_from_source_an_input_within_twice_its_producers_error_is_inheri
     assert _judged(used) == ("warning", "inherited") and f", as {made.name} (error 0.01)" in used.message
 
 
+def test_split_differently_an_input_each_side_made_alone_passes_where_the_calls_outputs_agree():
+    made = _row("output", 0.0, call=0, stats=_stats(1.0))
+    half_in = _row("input", call=1, only="a", stats=_stats(1.0))
+    half_out = _row("output", call=1, only="a", stats=_stats(2.0))
+    third_in = _row("input", call=2, op="aten.div.Tensor", only="b", stats=_stats(1.0))
+    third_out = _row("output", call=2, op="aten.div.Tensor", only="b", stats=_stats(3.0))
+    part = _row("input", 0.5, call=3, op="aten.add.Tensor", a={"stats": _stats(2.0)}, b={"stats": _stats(3.0)})
+    total = _row("output", 0.0, call=3, op="aten.add.Tensor", stats=_stats(4.0))
+    rows = [made, half_in, half_out, third_in, third_out, part, total]
+    judge(rows)
+    assert (part.verdict, part.attribution) == ("pass", "") and first_divergence(rows) is None
+    assert "each side made this input through ops only it runs (aten.div.Tensor, aten.mul.Tensor)" in part.message
+    total.error = 0.5  # the sums differ too: one side's ops changed the value
+    judge(rows)
+    assert part.verdict != "pass" and first_divergence(rows) is not None
+
+
 def test_changed_by_one_sided_op_blames_the_op_only_one_side_runs_that_changed_a_value_entering_equal():
     made = _row("output", 0.0, call=0, stats=_stats(1.0))
     hook_in = _row("input", call=1, only="a", stats=_stats(1.0))

@@ -15,7 +15,7 @@ from fractions import Fraction
 
 from torchdebug.compare._comparable import DataShapes, data_records
 from torchdebug.compare._judgement import Judgement
-from torchdebug.compare._matching import Producers, execution_order
+from torchdebug.compare._matching import Producers, execution_order, run_position
 from torchdebug.compare._rows import Row
 from torchdebug.compare._tolerances import Tolerance
 from torchdebug.records import Record
@@ -124,7 +124,12 @@ class Flow:
         found = []
         for link in made[:1] if first else made:
             producer = slots.get(f"{link[0]}/{link[1]}")
-            if producer is not None and producer.order < row.order:  # else another step, or not before: no reliable link
+            if producer is None:
+                continue  # another step: no reliable link
+            # else it must have run before: by the rows' order, or for a call only this side runs
+            # (placed after its predecessor's partner), by this side's own order
+            made_here = producer.record_a if side == "a" else producer.record_b
+            if producer.order < row.order or not producer.matched and run_position(made_here) < run_position(record):
                 found.append(producer)
         return found
 

@@ -45,6 +45,7 @@ __all__ = [
     "load_mapping",
     "match_records",
     "execution_order",
+    "run_position",
     "identity",
     "producers",
     "candidate_producers",
@@ -405,10 +406,14 @@ def _dtype_kind(dtype: str | None) -> str:
     return "bool" if dtype == "bool" else "int"
 
 
+def run_position(record: Record) -> tuple[int, int, int]:
+    """Where a record's call ran on its side: step, phase and call order."""
+    return record.step, _PHASE_ORDER.get(record.phase, len(PHASES)), record.seq
+
+
 def execution_order(records: Sequence[Record]) -> list[int]:
     """Indices of ``records`` sorted by step, phase and call order (stable)."""
-    last = len(PHASES)
-    keys = [(r.step, _PHASE_ORDER.get(r.phase, last), r.seq) for r in records]
+    keys = [run_position(r) for r in records]
     return sorted(range(len(records)), key=keys.__getitem__)
 
 
@@ -619,13 +624,18 @@ class _Links:
                 return True
         return False if settled else None
 
+    def unrelated_makers(self, call_a: _Call, call_b: _Call, mapping: NameMapping) -> bool:
+        """Whether a tensor input of the two calls was first made, on each side, by another op that
+        side alone runs so far."""
+        return self._unpaired_producers(call_a, call_b, mapping, differ_only=True)
+
     def unrelated(self, call_a: _Call, call_b: _Call, mapping: NameMapping) -> bool:
         """Whether the two calls hold different values (:func:`_far_apart`) made from inputs that
         each side made with an op only it runs, another op on each side: the ``detach`` of sdpa's
         output and the ``detach`` of a hand-written softmax share a name and, when the sequence is
         as long as a head is wide, a shape. Where the values agree (the output of either attention
         transposed) they stay paired: the values of two implementations meet there."""
-        return self._unpaired_producers(call_a, call_b, mapping, differ_only=True) and _far_apart(call_a, call_b)
+        return self.unrelated_makers(call_a, call_b, mapping) and _far_apart(call_a, call_b)
 
     def _unpaired_producers(self, call_a: _Call, call_b: _Call, mapping: NameMapping, differ_only: bool) -> bool:
         """Whether some tensor input of the two calls comes from producers the pairs so far do not
@@ -735,7 +745,10 @@ def _pair_calls(
         else:
             left_a.append(call)
     aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
-    matches = _repair(matches + aligned, left_a, left_b, mapping, links, compiled)
+    matches = matches + aligned
+    if not compiled:
+        _repair_by_values(matches, left_a, left_b, mapping, links)
+    matches = _repair(matches, left_a, left_b, mapping, links, compiled)
     pairs = [pair for match in matches for pair in _pair_slots(match.call_a, match.call_b, match.how)]
     pairs.extend(Pair(r, None, "only_a") for call in left_a for r in call.records)
     pairs.extend(Pair(None, r, "only_b") for call in left_b for r in call.records)
@@ -785,6 +798,62 @@ def _repair(
         left_a[:] = [c for c in left_a if id(c) not in retried_a] + still_a
         left_b[:] = [c for c in left_b if id(c) not in retried_b] + still_b
     return matches
+
+
+def _repair_by_values(
+    matches: list[_Match], left_a: list[_Call], left_b: list[_Call], mapping: NameMapping, links: _Links
+) -> None:
+    """Eager against eager: a pair whose values differ and whose inputs come from ops each side alone
+    runs (:meth:`_Links.unrelated_makers`) is paired again with a call left over on the other
+    side in its ``(step, phase, module)`` that holds the same value (op, shapes and
+    :func:`_output_values`), when there is one. Autograd adds a hand-written layer norm's partial
+    gradients one by one, ``add#0`` to ``add#3``, where ``native_layer_norm_backward`` makes the
+    whole one: the ``add#0`` that sums it with the residual's gradient has B's ``add#3`` as its value.
+    ``matches``, ``left_a`` and ``left_b`` are updated in place; one pass, linear in the calls."""
+
+    def token(call: _Call, renamed: NameMapping) -> tuple | None:
+        values = _output_values(call)
+        if not values:
+            return None
+        op = call.first.op
+        return (*_group(call, renamed), renamed.ops.get(op, op), call.signature(), values)
+
+    def index(calls: list[_Call], renamed: NameMapping) -> dict[tuple, list[_Call]]:
+        found: dict[tuple, list[_Call]] = defaultdict(list)
+        for call in calls:
+            key = token(call, renamed)
+            if key is not None:
+                found[key].append(call)
+        return found
+
+    free_a, free_b = index(left_a, mapping), index(left_b, NameMapping())
+    if not free_a and not free_b:
+        return
+    taken: set[int] = set()
+    for position, match in enumerate(matches):
+        if match.how == "mapped" or not links.unrelated_makers(match.call_a, match.call_b, mapping):
+            continue
+        value_a, value_b = token(match.call_a, mapping), token(match.call_b, NameMapping())
+        if value_a is None or value_b is None or value_a[3:] == value_b[3:]:
+            continue
+        other_b, other_a = free_b.get(value_a), free_a.get(value_b)
+        if other_b:  # A's value is held by a call of B left over: they pair, B's old call is left over
+            call_b = other_b.pop(0)
+            links.unpair(match.call_a, match.call_b)
+            left_b.append(match.call_b)
+            taken.add(id(call_b))
+            matches[position] = _Match(match.call_a, call_b, "aligned")
+            links.pair(match.call_a, call_b)
+        elif other_a:
+            call_a = other_a.pop(0)
+            links.unpair(match.call_a, match.call_b)
+            left_a.append(match.call_a)
+            taken.add(id(call_a))
+            matches[position] = _Match(call_a, match.call_b, "aligned")
+            links.pair(call_a, match.call_b)
+    if taken:
+        left_a[:] = [call for call in left_a if id(call) not in taken]
+        left_b[:] = [call for call in left_b if id(call) not in taken]
 
 
 def _group(call: _Call, mapping: NameMapping) -> tuple[int, str, str]:

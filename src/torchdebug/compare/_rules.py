@@ -64,6 +64,13 @@ class _Trace(NamedTuple):
     """The ops only one side runs on the way, sorted."""
     unlike: list[Row]
     """The sources whose two values cannot be compared."""
+    sided: int
+    """On how many sides the way from the sources runs through ops only that side runs."""
+
+    def listed(self) -> str:
+        """The first :data:`_LISTED` ops only one side runs on the way, and how many more."""
+        more = len(self.one_sided) - _LISTED
+        return ", ".join(self.one_sided[:_LISTED]) + (f" and {more} more" if more > 0 else "")
 
 
 @dataclass(slots=True)
@@ -103,7 +110,8 @@ class Call:
             if traced:
                 one_sided = sorted({op for _, via in traced for op in via})
                 unlike = [source for source in sources if source.verdict == "incomparable"]
-                self._trace = _Trace([made for made, _ in traced], sources, one_sided, unlike)
+                sided = sum(1 for _, via in traced if via)
+                self._trace = _Trace([made for made, _ in traced], sources, one_sided, unlike, sided)
         return self._trace
 
     def input_error(self) -> float:
@@ -641,10 +649,7 @@ def one_sided_from_incomparable(row: Row, call: Call) -> Judgement | None:
     if trace is None or not trace.unlike:
         return None
     error, tolerance = _beyond(row)
-    ops = ", ".join(trace.one_sided[:_LISTED])
-    if len(trace.one_sided) > _LISTED:
-        ops += f" and {len(trace.one_sided) - _LISTED} more"
-    made = f"made through {ops} that only one side runs from values that cannot be compared ({trace.unlike[0].name})"
+    made = f"made through {trace.listed()} that only one side runs from values that cannot be compared ({trace.unlike[0].name})"
     if error <= call.growth * tolerance:
         return _inherited(row, call, (), f"{_detail(row)}; {made}: within what summing in another order makes")
     if error <= call.growth * call.upstream:
@@ -687,6 +692,27 @@ def carried_from_source(row: Row, call: Call) -> Judgement | None:
     if error > _CARRIED * carried + tolerance:
         return None
     return _inherited(row, call, trace.sources, f"{_detail(row)}, as {trace.sources[0].name} (error {_fmt(carried)})")
+
+
+def split_differently(row: Row, call: Call) -> Judgement | None:
+    """An input each side made through ops only it runs, in a call whose outputs agree, passes: one sum split otherwise.
+
+    ``native_layer_norm_backward`` makes a layer norm's whole input gradient, which autograd adds to
+    the residual's; a layer norm written by hand has autograd add its partial gradients one by one,
+    the residual's among the first. The last ``add`` of each side makes the same value from two
+    other pairs of tensors: their difference says nothing of either run, the outputs are judged."""
+    trace = call.trace(row)
+    if trace is None or trace.sided < 2:
+        return None
+    outputs = [r for r in call.rows if r.kind == "tensor" and r.io in OUTPUT_IO and r.matched]
+    if not outputs or any(_differs(r) for r in outputs):
+        return None
+    error, _ = _beyond(row)
+    message = (
+        f"error {_fmt(error)} between different tensors: each side made this input through ops only it runs ({trace.listed()}) "
+        "and the call's outputs agree: the two runs split the same result differently"
+    )
+    return Judgement("pass", "", message)
 
 
 def changed_by_one_sided_op(row: Row, call: Call) -> Judgement | None:
@@ -820,6 +846,7 @@ RULES: tuple[Rule, ...] = (
     Rule(one_sided_from_incomparable, _INPUTS),
     Rule(made_differently, _INPUTS),
     Rule(carried_from_source, _INPUTS),
+    Rule(split_differently, _INPUTS),
     Rule(changed_by_one_sided_op, _INPUTS),
     Rule(enters_here, _INPUTS),
     Rule(same_value, _VALUES),

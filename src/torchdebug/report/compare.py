@@ -59,6 +59,8 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 26, 44  # margins: room for the axes' lab
 _LOG_FLOOR = -12.0  # errors below 1e-12 (and exact zeros) sit on the bottom line
 _MAX_POINTS = 20000  # beyond this, passing rows are thinned out (every non-passing row stays)
 _MAX_BANDS = 24  # more phase changes than this (many steps): no shading
+STRUCTURE_ROWS = 500
+"""Structure differences the page lists (the JSON output holds them all)."""
 PAGE_ROWS = 100
 """Rows the table shows at once (a page; every row is a few clicks away through filters and links)."""
 COLORS = {
@@ -210,6 +212,7 @@ def render_compare(result: Result, verdicts: Sequence[str]) -> str:
     """The complete HTML page for ``result`` (a string; the caller writes it); ``verdicts`` in the
     order the page lists them."""
     first, nonfinite = result.first_divergence, result.first_nonfinite
+    structure = getattr(result, "structure", [])  # its structure differences (``StructureBlock``), if it has any
     index = {id(row): i for i, row in enumerate(result.rows)}
     marks = {"divergence": index[id(first)] if first else None, "nonfinite": index[id(nonfinite)] if nonfinite else None}
     plot = _plot(result.rows, marks)
@@ -224,6 +227,8 @@ def render_compare(result: Result, verdicts: Sequence[str]) -> str:
         first={**result.describe(first), "index": index[id(first)] + 1} if first else None,
         nonfinite={**result.describe(nonfinite), "index": index[id(nonfinite)] + 1} if nonfinite else None,
         problems=result.problems,
+        structure=[block.to_dict() for block in structure[:STRUCTURE_ROWS]],
+        structure_total=len(structure),
         rows=len(result.rows),
         page_rows=PAGE_ROWS,
         phases=list(dict.fromkeys(row.phase for row in result.rows)),

@@ -243,6 +243,8 @@ class CaptureSession:
                                 self.unwritten.written(value)
                         elif value.__class__ not in PLAIN_TENSORS and is_subclass(value):
                             self._describe_subclass(record, value, save_tensors, mutated)
+                        elif not (self.reuses_captures or save_tensors):  # the description is all there is
+                            self._fill_description(record, value)
                         else:
                             self._describe_tensor(record, value, save_tensors, mutated)
                     except Exception as error:  # never crash the user's run for one slot

@@ -183,12 +183,13 @@ class _Blocks:
         self.parent: dict[tuple, tuple] = {}
 
     def find(self, key: tuple) -> tuple:
-        parent = self.parent.setdefault(key, key)
-        while parent != key:
-            grand = self.parent[parent]
-            self.parent[key] = grand  # halve the path
-            key, parent = parent, self.parent[grand]
-        return key
+        parent = self.parent
+        root = parent.setdefault(key, key)
+        while parent[root] != root:
+            root = parent[root]
+        while key != root:  # every call on the way points at the root from now on
+            parent[key], key = root, parent[key]
+        return root
 
     def union(self, one: tuple, other: tuple) -> None:
         root, other_root = self.find(one), self.find(other)
@@ -201,17 +202,18 @@ def structure_blocks(rows: Sequence[Row], flow: Flow) -> list[StructureBlock]:
     gets its block (``Row.block``). Linear in the rows."""
     calls = _Blocks()
     key_of: dict[int, tuple] = {}
-    last: dict[str, tuple[tuple, str] | None] = {"a": None, "b": None}
-    """Per side, the one-sided call seen last and its module, until an aligned call runs."""
+    last: dict[str, tuple[tuple, tuple] | None] = {"a": None, "b": None}
+    """Per side, the one-sided call seen last and its step, phase and module, until an aligned call runs."""
     for row in rows:
         if row.match in _ONE_SIDED:
             side = "a" if row.record_a is not None else "b"
             key = key_of[id(row)] = (side, row.step, _record(row, side).call_name)
             calls.find(key)
+            where = (row.step, row.phase, row.module)
             before = last[side]
-            if before is not None and before[0][1] == row.step and before[1] == row.module and before[0][2] != key[2]:
+            if before is not None and before[1] == where and before[0] != key:
                 calls.union(before[0], key)  # one run of calls in a module (a clone a view then reads)
-            last[side] = (key, row.module)
+            last[side] = (key, where)
         elif row.matched:
             last = {"a": None, "b": None}
     if not key_of:

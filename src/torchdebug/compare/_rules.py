@@ -730,8 +730,8 @@ def changed_by_one_sided_op(row: Row, call: Call) -> Judgement | None:
     if cause is None:
         return None
     made, side = cause.row, "A" if cause.row.record_a is not None else "B"
-    detail = f"error {_fmt(cause.error)} > tolerance {_fmt(cause.tolerance)} against {cause.partner}"
-    detail += f", the other side's value of {row.name}"
+    other = "B" if side == "A" else "A"
+    detail = f"error {_fmt(cause.error)} > tolerance {_fmt(cause.tolerance)} against {other}'s value at {cause.partner}"
     forward = call.flow.forward_origin(made, side.lower())
     if forward is not None:  # the backward of a blamed one-sided op: the same difference
         why = f"{detail}; the backward of an op only {side} runs, which carries the error blamed on {forward}"

@@ -559,6 +559,7 @@ class OpCapture:
         self._add_now(io, mutated, unread, names, slots)
 
     def _add_now(self, io: str, mutated: bool, unread: dict[str, str], names: _CallNames, slots: Iterable[Slot]) -> None:
+        """Hand one side of a call to the session (its slots last: what a held capture is called with)."""
         phase, module, op, call, seq, save, stack, source, fwd = names
         self.session.add_call(
             slots,

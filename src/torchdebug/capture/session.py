@@ -169,9 +169,9 @@ class CaptureSession:
         self._sizes: dict[tuple[int, ...], list[int]] = {}
         """One list per distinct shape or stride this step, shared by the records that have it (as
         records read from a dump share them, never changed in place): a step makes a few hundred
-        lists, not two per tensor slot. Each is a container the garbage collector walks; promoted by
-        the thousand, they brought the process's full collections, a fifth of a structure dump's host
-        time on the tiny GPT of ``bench/host_per_op.py``."""
+        lists, not two per tensor slot. Each is a container the garbage collector walks and, kept until
+        the flush, promotes; promoted objects bring on the process's full collections (about a fifth
+        of a structure dump's host time on the tiny GPT of ``bench/host_per_op.py`` before this)."""
         self.unwritten = UnwrittenStorages()
         """Storages of this step that hold no value of the run yet (allocations, FSDP2's all-gather
         buffers): a slot on one is described, not read (``unwritten.py``)."""

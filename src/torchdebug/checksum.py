@@ -26,12 +26,13 @@ statistics table and read with it once per flush, no host synchronisation; a non
 is copied to a contiguous one first). A checksum-only capture runs the same pass without the
 statistics, over the tensor's bits as integers of its width, so it takes every dtype. The hash is
 arithmetic, two 64-bit products an element: 0.55-0.58 ns an element on one AVX2 core of the bench
-machine (bench/history/2026-11.md, issue 22), seven times the statistics' 0.08 ns. :func:`fingerprint` below, the reference, computes
-the same value with about a dozen elementwise integer torch kernels and one sum per chunk of
-``_CHUNK`` elements (temporaries below ``_CHUNK`` 64-bit words whatever the tensor's size; a
-non-contiguous tensor copied once at its own width), returning a 0-d int64 tensor on the tensor's
-device without synchronising; capture uses it where the kernels do not apply (other devices, no
-Triton, no C compiler, ``TORCHDEBUG_NATIVE=0``). Tests check that every path gives its bits.
+machine (bench/history/2026-11.md, issue 22), seven times the statistics' 0.08 ns.
+:func:`fingerprint` below, the reference, computes the same value with about a dozen elementwise
+integer torch kernels and one sum per chunk of ``_CHUNK`` elements (temporaries below ``_CHUNK``
+64-bit words whatever the tensor's size; a non-contiguous tensor copied once at its own width),
+returning a 0-d int64 tensor on the tensor's device without synchronising; capture uses it where
+the kernels do not apply (other devices, no Triton, no C compiler, ``TORCHDEBUG_NATIVE=0``).
+Tests check that every path gives its bits.
 """
 
 from __future__ import annotations

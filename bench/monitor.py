@@ -17,7 +17,9 @@ each of two fresh runs (the second one timed), and the seconds of the trigger's 
 under op-level statistics capture — are set beside the seconds of a step captured by a
 ``Debugger`` with the same options: the replay should add only the captured step's own cost. Also
 prints the seconds per step spent in the monitor's own code (its hooks and step calls, timed from
-inside: the machine's noise barely moves it, where the ratios above move by several percent), the
+inside: the machine's noise barely moves it, where the ratios above move by several percent), that
+per watched tensor (issue 48's target: at most 3 µs of host per watched tensor; ``--layers 256
+--width 32`` makes a model of many small tensors, where this cost is most of the monitor's), the
 monitor's memory (window and device tables) and its watched slots, and the bytes one step's
 statistics pass reads: the monitor's extra step time over those bytes is the pace the pass would
 need to account for all of it (on a GPU-bound step, where the host's work hides, compare it with
@@ -123,10 +125,15 @@ def main() -> None:
             f"  (rounds' quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}; best blocks {min(values) / min(times['plain']):.3f}x)"
         )
     plain = statistics.median(times["plain"])
-    for mode, (seconds, least) in own.items():
+    for mode, (seconds, least, passes) in own.items():
         print(
             f"{mode:16s} its own code {seconds * 1000:6.2f} ms/step, {seconds / plain:.3f} of a plain step"
             f" (least {least * 1000:.2f} ms, {least / min(times['plain']):.3f} of the fastest plain step)"
+        )
+        print(
+            f"{mode:16s} host per watched tensor {seconds / slots * 1e6:.2f} us (least {least / slots * 1e6:.2f} us):"
+            f" {passes / slots * 1e6:.2f} us the CPU kernel's pass over its memory, {(seconds - passes) / slots * 1e6:.2f} us"
+            " the rest (issue 48: at most 3 us in all)"
         )
     print(f"watched slots {slots}, memory {memory / 2**20:.1f} MiB (window {watched.config.window} steps and device tables)")
     extra = statistics.median(times["monitor"]) - plain
@@ -140,43 +147,52 @@ def main() -> None:
     )
 
 
-def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync, steps: int = 12) -> tuple[float, float]:  # noqa: ANN001
-    """Median and least seconds per step spent in the monitor's own code (its hooks and step calls,
-    timed by wrapping them on this instance): figures that the machine's slower minutes barely move."""
-    spent = [0.0]
-    inside = [False]
+def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync, steps: int = 12) -> tuple[float, float, float]:  # noqa: ANN001
+    """Median and least seconds per step spent in the monitor's own code (its hooks, watches and
+    step calls, timed by wrapping them on this instance; figures that the machine's slower minutes
+    barely move), and the median seconds of it spent in the CPU kernel's passes over the watched
+    tensors' memory (what the tensors' sizes cost, not their number)."""
+    spent = [0.0, 0.0]
+    inside = [False, False]
 
-    def timed(method):  # noqa: ANN001, ANN202
+    def timed(method, slot: int = 0):  # noqa: ANN001, ANN202
         def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            if inside[0]:
+            if inside[slot]:
                 return method(*args, **kwargs)
-            inside[0], start = True, time.perf_counter()
+            inside[slot], start = True, time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
-                spent[0] += time.perf_counter() - start
-                inside[0] = False
+                spent[slot] += time.perf_counter() - start
+                inside[slot] = False
 
         return wrapper
 
     for owner, names in (
-        (monitor.watcher, ("_add", "enter", "exit", "drop", "_backward_reached")),
+        (monitor.watcher, ("_add", "watch_gradients", "watch_parameters", "watch_loss", "enter", "exit", "drop")),
+        (monitor.watcher, ("_backward_reached",)),
         (monitor, ("begin_step", "before_update", "end_step")),
     ):
         for name in names:
             setattr(owner, name, timed(getattr(owner, name)))
+    kernel = watch.cpu_sums_many_into
+    watch.cpu_sums_many_into = timed(kernel, slot=1)
     monitor.resume()
-    per_step = []
-    for _ in range(steps):
-        spent[0] = 0.0
-        if mode == "monitor":
-            monitor.step(loss=own_step())
-        else:
-            monitor.step(closure)
-        sync()
-        per_step.append(spent[0])
-    monitor.pause()
-    return statistics.median(per_step[2:]), min(per_step[2:])
+    per_step, pass_per_step = [], []
+    try:
+        for _ in range(steps):
+            spent[0] = spent[1] = 0.0
+            if mode == "monitor":
+                monitor.step(loss=own_step())
+            else:
+                monitor.step(closure)
+            sync()
+            per_step.append(spent[0])
+            pass_per_step.append(spent[1])
+    finally:
+        watch.cpu_sums_many_into = kernel
+        monitor.pause()
+    return statistics.median(per_step[2:]), min(per_step[2:]), statistics.median(pass_per_step[2:])
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, int]:
@@ -196,24 +212,24 @@ def _bytes_read(monitor: torchdebug.Monitor, own_step) -> int:  # noqa: ANN001
     counted by wrapping, on this instance, the two ways a tensor is reduced: the CPU kernel and
     the device table."""
     read = [0]
-    cpu_sums_into = watch.cpu_sums_into
+    cpu_sums_many_into = watch.cpu_sums_many_into
     add_all = monitor.stager.add_all
 
-    def counted_cpu(tensor: torch.Tensor, address: int) -> None:
-        read[0] += tensor.numel() * tensor.element_size()
-        cpu_sums_into(tensor, address)
+    def counted_cpu(tensors: list[torch.Tensor], addresses: list[int]) -> None:
+        read[0] += sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+        cpu_sums_many_into(tensors, addresses)
 
     def counted_device(items: list) -> None:  # noqa: ANN001
         read[0] += sum(item[0].numel() * item[0].element_size() for item in items)
         add_all(items)
 
-    watch.cpu_sums_into, monitor.stager.add_all = counted_cpu, counted_device
+    watch.cpu_sums_many_into, monitor.stager.add_all = counted_cpu, counted_device
     monitor.resume()
     try:
         monitor.step(loss=own_step())
     finally:
         monitor.pause()
-        watch.cpu_sums_into, monitor.stager.add_all = cpu_sums_into, add_all
+        watch.cpu_sums_many_into, monitor.stager.add_all = cpu_sums_many_into, add_all
     return read[0]
 
 

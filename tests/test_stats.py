@@ -8,7 +8,7 @@ import torchdebug.stats._cpu
 from torchdebug.checksum import fingerprint
 from torchdebug.native import fused_stats as native
 from torchdebug.stats import cpu_stats, cpu_stats_and_fingerprint, device_sums, stats_from_sums, tensor_stats
-from torchdebug.stats._schema import COUNT_KEYS
+from torchdebug.stats._schema import COUNT_KEYS, WIDTH
 from torchdebug.stats_table import StatsStager
 
 
@@ -18,6 +18,7 @@ def cpu_path(request, monkeypatch):
     if request.param == "torch ops":
         monkeypatch.setattr(torchdebug.stats._cpu, "fused_stats", lambda tensor: None)
         monkeypatch.setattr(torchdebug.stats._cpu, "fused_sums_into", lambda tensor, address: False)
+        monkeypatch.setattr(torchdebug.stats._cpu, "fused_sums_many_into", lambda tensors, addresses: range(len(tensors)))
         monkeypatch.setattr(torchdebug.stats._cpu, "stats_and_fingerprint", lambda tensor: None)
         monkeypatch.setattr(native, "fingerprint", lambda tensor: None)
     elif not native.available():
@@ -202,3 +203,32 @@ def test_sums_written_into_memory_are_the_sums_cpu_sums_returns(tensor):
     out = (ctypes.c_double * WIDTH)()
     cpu_sums_into(tensor, ctypes.addressof(out))
     assert list(out) == pytest.approx(cpu_sums(as_real(tensor.detach())), nan_ok=True)
+
+
+def test_sums_of_many_tensors_written_in_one_call_are_each_tensors_own_bit_for_bit(cpu_path):
+    """The flight recorder reduces a step's parameters in one native call: each row holds, bit for
+    bit, what a call of its own writes, whatever the dtype, layout, size (threads share a big one)
+    or values (NaN and Inf take the careful loop); the kernel leaves the layouts and dtypes it does
+    not read to the call of their own."""
+    tensors = [
+        torch.randn(7),
+        torch.randn(3, 5).t(),
+        torch.randn(70_000),
+        torch.tensor([1.0, float("nan"), float("inf"), -2.0]),
+        torch.randn(6, dtype=torch.bfloat16),
+        torch.randn(5, dtype=torch.float64),
+        torch.randn(4, dtype=torch.float16),
+        torch.randn(3, dtype=torch.complex64),
+        torch.randn(9),
+    ]
+    together = (ctypes.c_double * (WIDTH * len(tensors)))(*[math.nan] * (WIDTH * len(tensors)))
+    alone = (ctypes.c_double * (WIDTH * len(tensors)))(*[math.nan] * (WIDTH * len(tensors)))
+    rows = [ctypes.addressof(together) + 8 * WIDTH * i for i in range(len(tensors))]
+    torchdebug.stats._cpu.cpu_sums_many_into(tensors, rows)
+    for i, tensor in enumerate(tensors):
+        torchdebug.stats._cpu.cpu_sums_into(tensor, ctypes.addressof(alone) + 8 * WIDTH * i)
+    assert bytes(together) == bytes(alone)
+    assert not any(math.isnan(together[WIDTH * i + 2]) for i in range(len(tensors)))  # every sum written
+    if cpu_path == "native":
+        left = native.fused_sums_many_into(tensors, rows)
+        assert left == [1, 6, 7]  # the transposed view, float16, complex64

@@ -249,7 +249,7 @@ def test_the_ring_keeps_the_last_steps_whatever_their_numbers() -> None:
     for step in (0, 3, 7, 8):
         ring.begin(step)
         ring.put_sums(step, index, [float(step)] * WIDTH, 1)
-    assert ring.kept_steps() == [3, 7, 8] and ring.row(0) is None and ring.address(0, index, 1) is None
+    assert ring.kept_steps() == [3, 7, 8] and ring.row(0) is None and ring.addresses(0, [index], [1]) is None
     ring.begin(9)
     ring.forget(9)
     ring.begin(12)
@@ -828,6 +828,57 @@ def test_the_device_table_path_fills_the_ring_as_the_cpu_kernel_does_and_catches
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
     where = (4, "forward/layers.1.mlp.out/module#0/output.0")
     assert (direct_event.step, direct_event.slot) == (table_event.step, table_event.slot) == where
+
+
+def test_a_steps_parameters_and_gradients_in_one_native_call_fill_the_ring_as_one_call_each(
+    monitors, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU a step's gradients, and its parameters after the update, are reduced in one native
+    call each, their slots found through a cache: the ring holds the same slots, in the same order,
+    with the same dtypes, shapes and bits, and fires at the same step and slot, as when each goes
+    through the path of module outputs, one native call a tensor (an empty parameter included)."""
+    from torchdebug.monitor import _watch
+    from torchdebug.stats._cpu import cpu_sums_into
+
+    batches: list[int] = []
+    many = _watch.cpu_sums_many_into
+
+    def spy(tensors: list[torch.Tensor], addresses: list[int]) -> None:
+        batches.append(len(tensors))
+        many(tensors, addresses)
+
+    def one_by_one(tensors: list[torch.Tensor], addresses: list[int]) -> None:
+        for tensor, address in zip(tensors, addresses):
+            cpu_sums_into(tensor, address)
+
+    def as_module_outputs(self: _watch.Watcher, phase: str, io: str, params: list, values: list) -> None:
+        self._add([(phase, *self._name(p), 0, io, value) for p, value in zip(params, values)])
+
+    def run(batched: bool) -> tuple[list, list[np.ndarray], torchdebug.monitor.MonitorEvent]:
+        if batched:
+            monkeypatch.setattr(_watch, "cpu_sums_many_into", spy)
+        else:
+            monkeypatch.setattr(_watch, "cpu_sums_many_into", one_by_one)
+            monkeypatch.setattr(_watch.Watcher, "_add_parameters", as_module_outputs)
+        torchdebug.seed_all(0)
+        model = GPT(CONFIG)
+        model.register_parameter("unused", nn.Parameter(torch.empty(0)))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        monitor = monitors(model, optimizer, dump_path=tmp_path / str(batched), window=8, replay="off")
+        _train_with_a_nan(monitor, model, optimizer, steps=6, nan_at=4)
+        monkeypatch.undo()
+        slots = [(slot.name, slot.dtype, slot.shape) for slot in monitor.ring.slots]
+        return slots, [monitor.ring.row(step).copy() for step in range(6)], monitor.events[0]
+
+    slots, rows, event = run(batched=True)
+    nonempty = len(list(GPT(CONFIG).parameters()))
+    assert batches.count(nonempty) == 12  # each step's gradients, and its parameters after the update: one call each
+    one_slots, one_rows, one_event = run(batched=False)
+    assert slots == one_slots
+    assert ("optimizer/<root>/module#0/parameter.unused", "float32", (0,)) in slots
+    for batched_row, one_row in zip(rows, one_rows):  # the first step's slots grow (move) the ring as they come
+        assert np.array_equal(batched_row, one_row, equal_nan=True)
+    assert (event.step, event.slot) == (one_event.step, one_event.slot) == (4, "forward/layers.1.mlp.out/module#0/output.0")
 
 
 # -- fp16 mixed precision: a loss scaler's overflows -------------------------------------------------------

@@ -18,7 +18,7 @@ so neither waits for the device.
 
 A step's row is written as the sums every statistics path produces (``schema.COLUMNS``) and the
 element counts: on the CPU the native kernel writes them straight into the ring's memory
-(:meth:`Ring.address`), with no Python object per tensor; rows from a device table arrive with
+(:meth:`Ring.addresses`), with no Python object per tensor; rows from a device table arrive with
 :meth:`Ring.put_sums`. :meth:`Ring.row` finishes a step into statistics (``schema.STAT_KEYS``) in one
 vectorised call when it was written since it was last read.
 
@@ -178,15 +178,25 @@ class Ring:
             if position == (self._begun - 1) % self.window:
                 self._begun -= 1
 
-    def address(self, step: int, index: int, numel: int) -> int | None:
-        """Where the sums of slot ``index`` at ``step`` go (``WIDTH`` float64, for the native kernel
-        to write), its element count ``numel`` noted; ``None`` once the step has left the window."""
+    def addresses(self, step: int, indices: list[int], numels: list[int]) -> list[int] | None:
+        """Where the sums of each slot of ``indices`` at ``step`` go (``WIDTH`` float64 each, for the
+        native kernel to write), the element counts ``numels`` noted in one call; ``None`` once the
+        step has left the window. A slot added later may move them (:meth:`slot` grows the ring)."""
+        held = self._written(step)
+        if held is None:
+            return None
+        position, start = held
+        self.numel[position, indices] = numels
+        return [start + index * _ROW_BYTES for index in indices]
+
+    def _written(self, step: int) -> tuple[int, int] | None:
+        """The position of ``step``, whose rows are about to be written, and the address of its slot
+        0's sums (``None`` once the step has left the window)."""
         position = self._held.get(step)
         if position is None:
             return None
-        self.numel[position, index] = numel
         self._stale[position] = True
-        return self._base + (position * self.sums.shape[1] + index) * _ROW_BYTES
+        return position, self._base + position * self.sums.shape[1] * _ROW_BYTES
 
     def put_sums(self, step: int, index: int, sums: list[float], numel: int) -> None:
         """The sums of ``numel`` elements of slot ``index`` at ``step`` (ignored once the step has left the window)."""

@@ -32,7 +32,7 @@
   training call's start and end, seen from outside compiled code, with what was called.
 
 Each tensor's statistics are taken in one pass: on the CPU by the C kernel, which writes the sums
-straight into the ring (:meth:`~torchdebug.monitor._ring.Ring.address`: no Python object per
+straight into the ring (:meth:`~torchdebug.monitor._ring.Ring.addresses`: no Python object per
 tensor); on a device by :class:`~torchdebug.stats_table.StatsStager` into its device table, whose
 rows reach the ring when the host reads the table, once per step, without waiting for the device
 (see :class:`~torchdebug.monitor.Monitor`).
@@ -64,10 +64,10 @@ from torchdebug._torch.pytree import tree_leaves
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
-from torchdebug.monitor._ring import Ring
+from torchdebug.monitor._ring import Ring, Slot
 from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, NO_MODULE
 from torchdebug.slots import dtype_name, output_slots
-from torchdebug.stats._cpu import cpu_sums_into
+from torchdebug.stats._cpu import cpu_sums_many_into
 from torchdebug.stats._schema import IDENTITY
 
 logger = logging.getLogger("torchdebug.monitor")
@@ -123,6 +123,9 @@ class Watcher:
         self._calls: dict[str, int] = {}
         self._seen: dict[int, _Seen] = {}
         """Tensors reduced in this step, by ``id``."""
+        self._parameter_slots: dict[tuple[str, str], dict[int, tuple[torch.Tensor, Slot, int]]] = {}
+        """``(phase, io) -> id(parameter) -> (parameter, slot, index)``: the slots
+        :meth:`_add_parameters` last wrote, kept for the parameters it was last given."""
         self._open: list[tuple[str, bool]] = []
         """``(phase, after its own hooks)`` of each module call under way, innermost last: the
         second is true where the call's output is watched after the module's own forward hooks."""
@@ -374,14 +377,15 @@ class Watcher:
             return
         self.grads_taken = True
         params = [p for p in self.parameters() if p.grad is not None]
-        self._add([("backward", *self._name(p), 0, "parameter_grad", p.grad) for p in params])
+        self._add_parameters("backward", "parameter_grad", params, [p.grad for p in params])
         scale = self.loss_scale() if scaled and self.loss_scale is not None else None
         if scale is not None:
             self._add([("backward", NO_MODULE, "", 0, "output", scale)], op=LOSS_SCALE_OP)
 
     def watch_parameters(self) -> None:
         """The parameters as the optimizer step left them."""
-        self._add([("optimizer", *self._name(p), 0, "parameter", p) for p in self.parameters()])
+        params = self.parameters()
+        self._add_parameters("optimizer", "parameter", params, params)
 
     def watch_loss(self, loss: torch.Tensor) -> None:
         """The loss the loop passes in."""
@@ -400,13 +404,14 @@ class Watcher:
     # -- into the ring ---------------------------------------------------------------------------
     def _add(self, slots: list[tuple[str, str, str, int, str, Any]], op: str = MODULE_OP) -> None:
         """Take the statistics of ``(phase, module, arg, call, io, value)`` slots of floating tensors
-        into the current step: CPU tensors now, into the ring; others through the stager (the
-        stager's raw sums, ``StatsStager(finish=False)``). A tensor seen before in the step,
-        unchanged (a module passing on its last child's output), is reduced once: its later slots
-        get the first one's sums."""
+        into the current step: CPU tensors now, into the ring (in one native call); others through
+        the stager (the stager's raw sums, ``StatsStager(finish=False)``). A tensor seen before in
+        the step, unchanged (a module passing on its last child's output), is reduced once: its
+        later slots get the first one's sums."""
         if not self.active:
             return
         items = []
+        tensors, indices, numels, arrivals = [], [], [], []
         step, ring = self.step, self.ring
         for phase, module, arg, call, io, value in slots:
             if not isinstance(value, torch.Tensor) or value.is_meta:
@@ -415,8 +420,7 @@ class Watcher:
             if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
                 continue
             index = ring.slot(phase, module, op, call, io, arg)
-            slot = ring.slots[index]
-            slot.dtype, slot.shape = dtype_name(value.dtype), tuple(value.shape)
+            _describe(ring.slots[index], value)
             seen = self._seen.get(id(tensor))
             if seen is not None and seen.ref() is tensor and seen.version == tensor_version(tensor):
                 seen.add(index)
@@ -426,15 +430,61 @@ class Watcher:
             if numel == 0:
                 seen.arrive(IDENTITY, 0)
             elif stats_table._resolves_now(tensor):
-                address = ring.address(step, index, numel)
-                if address is not None:
-                    cpu_sums_into(tensor, address)
-                seen.arrive()
+                tensors.append(tensor)
+                indices.append(index)
+                numels.append(numel)
+                arrivals.append(seen)  # its sums are written below: its other slots wait for them
             else:
                 items.append((tensor, self._sink(step, seen, numel)))
+        # the addresses once every slot is in: a new slot may grow (move) the ring
+        addresses = ring.addresses(step, indices, numels) if tensors else None
+        if addresses is not None:
+            cpu_sums_many_into(tensors, addresses)
+        for seen in arrivals:
+            seen.arrive()
         if items:
             self.pending[step] = self.pending.get(step, 0) + len(items)
             self.stager.add_all(items)
+
+    def _add_parameters(self, phase: str, io: str, params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """:meth:`_add` of ``values``, the tensors of ``params`` (the parameters themselves or their
+        gradients) in the slots ``(phase, <module>, <leaf>, 0, io)``: when every one is a plain
+        floating CPU tensor (a model trained on the CPU), their sums are written into the ring by one
+        native call, the slots found through a cache by parameter, and without the check for a
+        tensor seen before in the step (it would give the same sums: the one reduction it saves is
+        of a parameter a module returned, unchanged since). Else through :meth:`_add`."""
+        if not self.active:
+            return
+        cache = self._parameter_slots.get((phase, io), {})
+        fresh: dict[int, tuple[torch.Tensor, Slot, int]] = {}
+        ring, indices, tensors, numels, empty = self.ring, [], [], [], []
+        for param, value in zip(params, values):
+            if value.__class__ not in PLAIN_TENSORS or not stats_table._resolves_now(value) or not value.is_floating_point():
+                break
+            entry = cache.get(id(param))
+            if entry is None or entry[0] is not param:
+                module, leaf = self._name(param)
+                index = ring.slot(phase, module, MODULE_OP, 0, io, leaf)
+                entry = (param, ring.slots[index], index)
+            if id(param) in self._names:  # else named by its place in the optimizer, which may change
+                fresh[id(param)] = entry
+            _describe(entry[1], value)
+            numel = value.numel()
+            if numel:
+                indices.append(entry[2])
+                tensors.append(value)
+                numels.append(numel)
+            else:
+                empty.append(entry[2])
+        else:
+            self._parameter_slots[(phase, io)] = fresh
+            addresses = ring.addresses(self.step, indices, numels)
+            if addresses is not None:
+                cpu_sums_many_into(tensors, addresses)
+            for index in empty:
+                ring.put_sums(self.step, index, list(IDENTITY), 0)
+            return
+        self._add([(phase, *self._name(p), 0, io, value) for p, value in zip(params, values)])
 
     def _sink(self, step: int, seen: _Seen, numel: int) -> Callable[[list[float]], None]:
         """Where the stager delivers a device tensor's sums."""
@@ -448,6 +498,15 @@ class Watcher:
             seen.arrive(sums, numel)
 
         return sink
+
+
+def _describe(slot: Slot, value: torch.Tensor) -> None:
+    """Note the dtype and shape of the tensor ``slot`` holds now (rewritten only when they changed)."""
+    dtype, shape = dtype_name(value.dtype), value.shape
+    if slot.dtype is not dtype:
+        slot.dtype = dtype
+    if slot.shape != shape:
+        slot.shape = tuple(shape)
 
 
 class _Seen:

@@ -14,9 +14,10 @@ threads of torch's OpenMP pool (see ``stats.c``), on whichever thread the call c
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -30,6 +31,9 @@ MAX_DIMS = 16
 """Dimensions the kernel walks at most (after dropping size-1 dims and merging contiguous ones)."""
 
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float64: "f64"}
+
+_MANY_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float64: 2}
+"""The dtype codes of ``td_stats_many``'s entries."""
 
 _WORD_BYTES = (1, 2, 4, 8)
 """Element sizes the fingerprint-only kernels read (16-byte complex numbers as two 8-byte words)."""
@@ -48,6 +52,9 @@ class _Library(NamedTuple):
     pick_hashers: Kernel
     """``pick_hashers(portable)``: the fingerprint's inner loops for this CPU (AVX2 where it has it)
     or, with 1, the portable ones; the library picks with 0 when it loads (tests run both)."""
+    many: Kernel
+    """``many(count, entries, threads)``: the stats kernel of ``count`` contiguous tensors in one call
+    (see :func:`fused_sums_many_into`)."""
 
 
 @functools.cache
@@ -82,7 +89,10 @@ def _kernels() -> _Library | None:
     pick_hashers = library.td_pick_hashers
     pick_hashers.argtypes = (ctypes.c_int,)
     pick_hashers.restype = None
-    return _Library(stats_kernels, fingerprints, pick_hashers)
+    many = library.td_stats_many
+    many.argtypes = (ctypes.c_int64, pointer, ctypes.c_int)
+    many.restype = ctypes.c_int64
+    return _Library(stats_kernels, fingerprints, pick_hashers, many)
 
 
 def _kernel(tensor: torch.Tensor, which: int) -> Kernel | None:
@@ -186,6 +196,30 @@ def fused_sums_into(tensor: torch.Tensor, address: int) -> bool:
         sizes, strides = (_Dims[ndim](*values) for values in layout)
     kernel(tensor.data_ptr(), ndim, sizes, strides, address, torch.get_num_threads())
     return True
+
+
+def fused_sums_many_into(tensors: Sequence[torch.Tensor], addresses: Sequence[int]) -> list[int]:
+    """:func:`fused_sums_into` of each non-empty CPU tensor of ``tensors``, into the address of the
+    same place in ``addresses``, the contiguous ones of the kernel's dtypes in one native call (one
+    call through ctypes costs more than a small tensor's pass: a step's parameters and gradients
+    are reduced this way); the same sums, bit for bit, as one call each. Returns the places of the
+    tensors it left alone (another dtype or layout: nothing written for them)."""
+    kernels = _kernels()
+    if kernels is None:
+        return list(range(len(tensors)))
+    entries: list[int] = []
+    left = []
+    codes = _MANY_CODES
+    for place, (tensor, address) in enumerate(zip(tensors, addresses)):
+        code = codes.get(tensor.dtype)
+        if code is None or not tensor.is_contiguous() or tensor.is_neg() or not tensor.is_cpu:
+            left.append(place)
+        else:
+            entries += (tensor.data_ptr(), code, tensor.numel(), address)
+    if entries:
+        packed = array.array("q", entries)
+        kernels.many(len(entries) // 4, packed.buffer_info()[0], torch.get_num_threads())
+    return left
 
 
 def stats_and_fingerprint(tensor: torch.Tensor) -> tuple[list[float], int] | None:

@@ -539,3 +539,27 @@ HASH(td_hash_w8, walk_u64)
 COPY_STATS(td_copy_stats_f32, copy_f32, careful_f32, float)
 COPY_STATS(td_copy_stats_bf16, copy_bf16, careful_bf16, uint16_t)
 COPY_STATS(td_copy_stats_f64, copy_f64, careful_f64, double)
+
+/* td_stats_many(count, entries, threads): td_stats_<dtype> of count non-empty contiguous tensors in
+ * one call (a call through ctypes costs the host more than a small tensor's pass: the flight
+ * recorder reduces a step's parameters and gradients this way). entries: 4 int64 per tensor, its
+ * data address, its dtype (0 float32, 1 bfloat16, 2 float64), its element count and the address of
+ * its out[]; each out[] is what td_stats_<dtype> writes for that tensor alone. Returns how many
+ * tensors took the careful loop. */
+int64_t td_stats_many(int64_t count, const int64_t *entries, int threads) {
+    static const int64_t one[1] = {1};
+    int64_t careful = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t *entry = entries + 4 * i;
+        const void *data = (const void *)(intptr_t)entry[0];
+        const int64_t sizes[1] = {entry[2]};
+        double *out = (double *)(intptr_t)entry[3];
+        switch (entry[1]) {
+        case 0: careful += walk_f32(data, 1, sizes, one, NULL, out, NULL, threads); break;
+        case 1: careful += walk_bf16(data, 1, sizes, one, NULL, out, NULL, threads); break;
+        case 2: careful += walk_f64(data, 1, sizes, one, NULL, out, NULL, threads); break;
+        default: break;
+        }
+    }
+    return careful;
+}

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 
 import torch
 
 from torchdebug.checksum import cpu_fingerprint
-from torchdebug.native.fused_stats import fused_stats, fused_sums_into, stats_and_fingerprint
+from torchdebug.native.fused_stats import fused_stats, fused_sums_into, fused_sums_many_into, stats_and_fingerprint
 from torchdebug.stats._schema import WIDTH, StatsDict, empty_stats, stats_from_sums
 from torchdebug.stats._torch_ops import accumulation_dtype, as_real, counts, device_sums
 
@@ -50,6 +51,18 @@ def cpu_sums_into(tensor: torch.Tensor, address: int) -> None:
     as they are), the other paths through a list."""
     if not fused_sums_into(tensor, address):
         (ctypes.c_double * WIDTH).from_address(address)[:] = cpu_sums(as_real(tensor.detach()))
+
+
+def cpu_sums_many_into(tensors: Sequence[torch.Tensor], addresses: Sequence[int]) -> None:
+    """:func:`cpu_sums_into` of each tensor into the address of the same place: the contiguous
+    float32, bfloat16 and float64 ones in one native call
+    (:func:`~torchdebug.native.fused_stats.fused_sums_many_into`), the others one by one (and a
+    tensor alone: one call of its own costs less than the list of entries)."""
+    if len(tensors) == 1:
+        cpu_sums_into(tensors[0], addresses[0])
+        return
+    for place in fused_sums_many_into(tensors, addresses):
+        cpu_sums_into(tensors[place], addresses[place])
 
 
 def cpu_stats(tensor: torch.Tensor) -> StatsDict:

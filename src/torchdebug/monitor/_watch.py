@@ -457,17 +457,19 @@ class Watcher:
             return
         cache = self._parameter_slots.get((phase, io), {})
         fresh: dict[int, tuple[torch.Tensor, Slot, int]] = {}
-        ring, indices, tensors, numels, empty = self.ring, [], [], [], []
+        ring, names, resolves_now = self.ring, self._names, stats_table._resolves_now
+        indices, tensors, numels, empty = [], [], [], []
         for param, value in zip(params, values):
-            if value.__class__ not in PLAIN_TENSORS or not stats_table._resolves_now(value) or not value.is_floating_point():
+            if value.__class__ not in PLAIN_TENSORS or not resolves_now(value) or not value.is_floating_point():
                 break
-            entry = cache.get(id(param))
+            key = id(param)
+            entry = cache.get(key)
             if entry is None or entry[0] is not param:
                 module, leaf = self._name(param)
                 index = ring.slot(phase, module, MODULE_OP, 0, io, leaf)
                 entry = (param, ring.slots[index], index)
-            if id(param) in self._names:  # else named by its place in the optimizer, which may change
-                fresh[id(param)] = entry
+            if key in names:  # else named by its place in the optimizer, which may change
+                fresh[key] = entry
             _describe(entry[1], value)
             numel = value.numel()
             if numel:

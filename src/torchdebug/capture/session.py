@@ -300,11 +300,15 @@ class CaptureSession:
             return
         seen.desc = (record.dtype, record.shape, record.stride, record.device)
         if save and seen.tensor is None:
-            seen.tensor, sums = self._snapshot(record.name, tensor, with_stats=seen.stats is None)
-            if sums is not None:  # taken during the copy
-                seen.stats = stats_from_sums(sums, tensor.numel())
-            if tensor.is_contiguous() and not self._sampling_for(tensor):
-                seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
+            try:
+                seen.tensor, sums = self._snapshot(record.name, tensor, with_stats=seen.stats is None)
+            except DumpError:  # a write failed since the call began: its statistics alone, as the calls after it
+                save = False
+            else:
+                if sums is not None:  # taken during the copy
+                    seen.stats = stats_from_sums(sums, tensor.numel())
+                if tensor.is_contiguous() and not self._sampling_for(tensor):
+                    seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
         stats_sink = checksum_sink = None
         if want_stats and seen.stats is None:
             seen.stats = {}

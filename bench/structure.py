@@ -6,10 +6,13 @@ right) or carry a bug planted on side A (right when the first divergence lands i
 module). Prints the localisation table: pair, truth, error rows, first divergence, where it was
 planted, right or wrong, and the structure differences compare lists (runs of ops only one side
 executes, by verdict: ``pass`` leaves the values equal, ``error`` changed a value). Results are what
-compare says today, wrong ones included::
+compare says today, wrong ones included. ``--noise`` prints the table again, judged with tolerances
+from the run itself (issue 46, item 4): B's step dumped once more with its inputs rounded through
+bf16 and back is the noise dump (``compare(a, b, noise=c)``); the MoE pair has none and keeps its
+dtype tolerances::
 
     python bench/structure.py            # every pair, statistics dumps
-    python bench/structure.py --task tensor
+    python bench/structure.py --task tensor --noise
 """
 
 from __future__ import annotations
@@ -123,19 +126,24 @@ def _dump_steps(path: Path, model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     return debugger.run_dir
 
 
-def _dump_block(path: Path, variant: Variant, task: str) -> Path:
+def _rounded(x: torch.Tensor, rounded: bool) -> torch.Tensor:
+    """``x`` rounded through bf16 and back when ``rounded`` (the noise dump's perturbation)."""
+    return x.to(torch.bfloat16).float() if rounded else x
+
+
+def _dump_block(path: Path, variant: Variant, task: str, rounded: bool = False) -> Path:
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(_BATCH, _SEQ, _DIM, generator=generator), torch.randn(_BATCH, _SEQ, 4, generator=generator)
-    return _dump_steps(path, _Net(variant), x, y, F.mse_loss, 1, task)
+    return _dump_steps(path, _Net(variant), _rounded(x, rounded), y, F.mse_loss, 1, task)
 
 
-def _dump_accumulated(path: Path, micro: int, task: str) -> Path:
+def _dump_accumulated(path: Path, micro: int, task: str, rounded: bool = False) -> Path:
     """A 2-layer MLP, the batch of 16 in ``micro`` micro-batches."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(16, 8, generator=generator), torch.randint(0, 4, (16,), generator=generator)
-    return _dump_steps(path, model, x, y, F.cross_entropy, micro, task)
+    return _dump_steps(path, model, _rounded(x, rounded), y, F.cross_entropy, micro, task)
 
 
 def _dump_moe(path: Path, side: int, task: str) -> Path:
@@ -154,21 +162,31 @@ class Pair:
     planted: tuple[str, str] | None = None
     """The module and op the first divergence should name (``None``: healthy, none should be named)."""
     options: dict = field(default_factory=dict)
+    noise: Callable[[Path, str], Path] | None = None
+    """B's step again with its inputs rounded through bf16 (``None``: no noise dump)."""
 
 
-def _blocks(a: Variant, b: Variant) -> Callable[[Path, str], tuple[Path, Path]]:
-    return lambda root, task: (_dump_block(root / "a", a, task), _dump_block(root / "b", b, task))
+def _blocks(a: Variant, b: Variant, planted: tuple[str, str] | None = None) -> dict:
+    """The ``make``, ``noise`` and ``planted`` of a pair of 2-layer blocks."""
+    return {
+        "make": lambda root, task: (_dump_block(root / "a", a, task), _dump_block(root / "b", b, task)),
+        "noise": lambda root, task: _dump_block(root / "c", b, task, rounded=True),
+        "planted": planted,
+    }
 
+
+_ONE_SIDED = ("blocks.0.attn", "aten.add.Tensor")
 
 PAIRS = [
-    Pair("sdpa vs hand-written attention", "healthy", _blocks(Variant(), Variant(attention="hand"))),
-    Pair("F.layer_norm vs mean/var/rsqrt", "healthy", _blocks(Variant(), Variant(norm="hand"))),
-    Pair("a reshape added by a refactor", "healthy", _blocks(Variant(reshape=True), Variant())),
-    Pair("independent ops reordered", "healthy", _blocks(Variant(reorder=True), Variant())),
+    Pair("sdpa vs hand-written attention", "healthy", **_blocks(Variant(), Variant(attention="hand"))),
+    Pair("F.layer_norm vs mean/var/rsqrt", "healthy", **_blocks(Variant(), Variant(norm="hand"))),
+    Pair("a reshape added by a refactor", "healthy", **_blocks(Variant(reshape=True), Variant())),
+    Pair("independent ops reordered", "healthy", **_blocks(Variant(reorder=True), Variant())),
     Pair(
         "4 micro-batches vs one batch 4x",
         "healthy",
         lambda root, task: (_dump_accumulated(root / "a", 4, task), _dump_accumulated(root / "b", 1, task)),
+        noise=lambda root, task: _dump_accumulated(root / "c", 1, task, rounded=True),
     ),
     Pair(
         "MoE: one token's routing flips",
@@ -177,18 +195,8 @@ PAIRS = [
         planted=("layer1", "aten.topk.default"),
         options={"tolerances": {"float32": 1e-2}},  # the inputs differ by a nudge of 1e-3, like bf16 round-off
     ),
-    Pair(
-        "planted: a one-sided op (+0.01)",
-        "bug",
-        _blocks(Variant(one_sided=True), Variant()),
-        planted=("blocks.0.attn", "aten.add.Tensor"),
-    ),
-    Pair(
-        "planted: 1.05x scale in one module",
-        "bug",
-        _blocks(Variant(scale=1.05), Variant()),
-        planted=("blocks.1", "aten.mul.Tensor"),
-    ),
+    Pair("planted: a one-sided op (+0.01)", "bug", **_blocks(Variant(one_sided=True), Variant(), _ONE_SIDED)),
+    Pair("planted: 1.05x scale in one module", "bug", **_blocks(Variant(scale=1.05), Variant(), ("blocks.1", "aten.mul.Tensor"))),
 ]
 
 
@@ -202,27 +210,39 @@ def _right(pair: Pair, result: torchdebug.compare.CompareResult) -> bool:  # typ
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="statistics", choices=["statistics", "tensor"])
+    parser.add_argument("--noise", action="store_true", help="also judge with tolerances measured from a noise dump")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = []
+    tables: dict[str, list[tuple[str, ...]]] = {"dtype tolerances": []}
+    if args.noise:
+        tables["tolerances from a noise dump (B's inputs rounded through bf16)"] = []
     with tempfile.TemporaryDirectory() as tmp:
         for number, pair in enumerate(PAIRS):
             root = Path(tmp) / str(number)
             a, b = pair.make(root, args.task)
-            result = torchdebug.compare(a, b, **pair.options)
-            first = result.first_divergence
-            where = f"{first.module} {first.op} {first.io}.{first.arg}" if first is not None else "none"
-            right = "right" if _right(pair, result) else "WRONG"
-            verdicts = Counter(block.verdict for block in result.structure)
-            blocks = ", ".join(f"{n} {verdict}" for verdict, n in sorted(verdicts.items())) or "none"
-            planted = " ".join(pair.planted or "-")
-            rows.append((pair.name, pair.truth, str(result.counts()["error"]), where, planted, right, blocks))
-    header = ("pair", "truth", "error rows", "first divergence", "planted in", "localised", "structure differences")
-    print(f"torch {torch.__version__}, task={args.task}, CPU")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+            noise = pair.noise(root, args.task) if args.noise and pair.noise is not None else None
+            for title, c in zip(tables, (None, noise)):
+                tables[title].append(_line(pair, torchdebug.compare(a, b, noise=c, **pair.options)))
+    header = ("pair", "truth", "error rows", "beyond tolerance", "first divergence", "planted in", "localised")
+    for title, rows in tables.items():
+        print(f"torch {torch.__version__}, task={args.task}, CPU, {title}")
+        print("| " + " | ".join((*header, "structure differences")) + " |")
+        print("|" + "---|" * (len(header) + 1))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+
+
+def _line(pair: Pair, result: torchdebug.compare.CompareResult) -> tuple[str, ...]:  # type: ignore[name-defined]
+    """One line of the table: the pair, its truth and what compare says (rows beyond their tolerance:
+    every judged row that is not a plain pass)."""
+    first = result.first_divergence
+    where = f"{first.module} {first.op} {first.io}.{first.arg}" if first is not None else "none"
+    right = "right" if _right(pair, result) else "WRONG"
+    beyond = sum(1 for row in result.rows if row.error is not None and row.tolerance is not None and row.error > row.tolerance)
+    verdicts = Counter(block.verdict for block in result.structure)
+    blocks = ", ".join(f"{n} {verdict}" for verdict, n in sorted(verdicts.items())) or "none"
+    planted = " ".join(pair.planted or "-")
+    return (pair.name, pair.truth, str(result.counts()["error"]), str(beyond), where, planted, right, blocks)
 
 
 if __name__ == "__main__":

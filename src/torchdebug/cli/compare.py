@@ -77,6 +77,8 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
         raise ValueError("--mapping applies to A B only: the ranks of one run share their names")
     if args.replay:
         raise ValueError("--replay applies to A B only: --across-ranks checks that replicas agree bitwise")
+    if args.noise is not None:
+        raise ValueError("--noise applies to A B only: --across-ranks checks that replicas agree bitwise")
     config = RanksConfig(**options_of(args, RanksConfig))
     if not _torchrun(args):
         return compare_ranks(args.across_ranks, config=config)

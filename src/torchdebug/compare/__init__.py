@@ -9,11 +9,12 @@
     torchdebug.compare.compare_ranks("dump")                 # the ranks of one run with each other
 
 Modules: ``_config`` (``CompareConfig``, the options), ``_matching`` (pairing records), ``_metrics``
-(float64 errors), ``_tolerances`` (per dtype), ``_replay`` (an op call re-run in float64 from its
-records), ``_verdicts`` (pass/warning/error, blamed/inherited), ``_comparable`` (what cannot be
-compared: shapes of other inputs, constants made for the dtype), ``_checksums`` (bit-exact verdicts),
-``_shards`` (a sharded run's DTensor pieces read as whole tensors), ``_structure`` (ops only one
-side runs: structure differences, listed as blocks and blamed when they change a value), ``_steps`` (one comparison's
+(float64 errors), ``_tolerances`` (per dtype), ``_calibration`` (per slot, from a noise dump of the
+reference), ``_replay`` (an op call re-run in float64 from its records), ``_verdicts``
+(pass/warning/error, blamed/inherited), ``_comparable`` (what cannot be compared: shapes of other
+inputs, constants made for the dtype), ``_checksums`` (bit-exact verdicts), ``_shards`` (a sharded
+run's DTensor pieces read as whole tensors), ``_structure`` (ops only one side runs: structure
+differences, listed as blocks and blamed when they change a value), ``_steps`` (one comparison's
 steps), ``_engine`` (the in-process run), ``_distributed`` (worker processes), ``_across_ranks``
 (cross-rank check), ``_result``. The names below load lazily: ``torchdebug compare --help`` imports
 ``_config`` without torch.

@@ -62,6 +62,22 @@ def _ranks_text(text: str) -> str:
     return text.replace(",", "|")
 
 
+def _noise(key: str, value: Any) -> str | None:
+    """A dump folder that exists (checked here, before a comparison that may take minutes)."""
+    import os  # here: the help path imports this module
+
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    expected = "the path of a dump of B's step run again with a tiny perturbation"
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
+    if not os.path.isdir(value):
+        raise ConfigError(f"{key}: got {value!r}, which is not a folder; expected {expected}")
+    return value
+
+
 def _mapping(key: str, value: Any) -> NameMapping:
     from torchdebug.compare._matching import load_mapping
 
@@ -137,6 +153,17 @@ class CompareConfig(Options):
             flag=Flag(parse=number_text),
         ),
     )
+    noise: str | None = field(
+        default=None,
+        metadata=option(
+            "A dump of B's step run again with a tiny perturbation (inputs or weights rounded through a lower "
+            "precision and back, another reduction order): each slot B and it share is judged against a tolerance "
+            "measured from their difference instead of its dtype's (see docs/compare.md, 'Tolerances from the run').",
+            _noise,
+            flag=Flag(metavar="DUMP"),
+            type=["string", "null"],
+        ),
+    )
     tensors: bool = _tensors_field()
     threads: int | None = _threads_field()
     workers: int = _workers_field()
@@ -153,7 +180,7 @@ class CompareConfig(Options):
     def options(self) -> dict[str, Any]:
         """What the result records of the options (JSON-ready)."""
         tolerances = {k: [v.rtol, v.atol] for k, v in self.tolerances.items()}
-        return {"growth": self.growth, "tolerances": tolerances, "replay": self.replay}
+        return {"growth": self.growth, "tolerances": tolerances, "replay": self.replay, "noise": self.noise}
 
 
 @configclass

@@ -165,7 +165,8 @@ def _merge(pieces: list[_Piece], pairing: Pairing, settings: CompareConfig) -> t
                 metrics = {key: value for piece in by_rank[rank] for key, value in piece.metrics.items()}
                 groups = main.groups or {}
                 apply_metrics([[main.rows[i] for i in groups[key]] for key in groups], [metrics[key] for key in groups])
-                attribute(main.rows, pairing.a.run.ranks[rank], pairing.b.run.ranks[rank], settings, pool)
+                dump_a, dump_b = pairing.a.run.ranks[rank], pairing.b.run.ranks[rank]
+                attribute(main.rows, dump_a, dump_b, settings, pool, noise=pairing.noise_rank(rank))
             rows.extend(main.rows)
             notes.extend(main.notes)
     return rows, notes
@@ -178,7 +179,7 @@ def _compare_in_group(a: str | Path, b: str | Path, settings: CompareConfig) -> 
     outcome: list[_Piece] | Exception
     pairing = None
     try:
-        pairing = open_pair(a, b)
+        pairing = open_pair(a, b, settings.noise)
         outcome = _work(plan(pairing.ranks, world_size)[rank], pairing, settings)
     except _EXPECTED as error:
         outcome = error
@@ -301,7 +302,7 @@ def _wait(results: Any, processes: mp.ProcessContext) -> Any:
 def spawn_compare(a: Any, b: Any, settings: CompareConfig) -> CompareResult:
     """Spawn ``settings.workers`` processes on this machine to compare ``a`` and ``b``; the result comes back here."""
     workers = settings.workers
-    pairing = open_pair(a, b)  # bad paths fail here, before any process starts
+    pairing = open_pair(a, b, settings.noise)  # bad paths fail here, before any process starts
     if settings.threads is None:
         settings = dataclasses.replace(settings, threads=share_of_cores(workers))
     results = mp.get_context("spawn").Queue()

@@ -54,7 +54,7 @@ def compare(a: str | Path | reader.Run, b: str | Path | reader.Run, *, config: C
         from torchdebug.compare import _distributed as distributed
 
         return distributed.spawn_compare(a, b, config)
-    pairing = open_pair(a, b)
+    pairing = open_pair(a, b, config.noise)
     rows, notes = [], []
     with paused_gc():
         with metric_pool(config.threads) as pool:

@@ -12,15 +12,18 @@
    (truncated, corrupt) tensor file leaves its slots to their statistics, named once by
    :func:`finish` (a missing one is a dump error);
 5. :func:`apply_metrics` writes the results into the rows;
-6. :func:`attribute`: with ``replay``, :func:`replay_rows` replays each call with an output beyond
-   tolerance on each side in float64 (its own error, one call and side per job, so a job holds one
-   side's tensors of one call); then ``judge``, and ``judge_checksums`` for slots whose records
-   carry checksums on both sides (bit-exact); rows that cannot be compared lose their ``error``;
-   then :func:`finish` (notes: checksums of other dtypes first, damaged tensor files, overlap).
+6. :func:`attribute`: with a noise dump (``noise=``), each row's tolerance measured from B against
+   it (:mod:`torchdebug.compare._calibration`); with ``replay``, :func:`replay_rows` replays each
+   call with an output beyond tolerance on each side in float64 (its own error, one call and side
+   per job, so a job holds one side's tensors of one call); then ``judge``, and ``judge_checksums``
+   for slots whose records carry checksums on both sides (bit-exact); rows that cannot be compared
+   lose their ``error``; then :func:`finish` (notes: checksums of other dtypes first, damaged tensor
+   files, overlap).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -37,6 +40,7 @@ from safetensors import SafetensorError
 
 from torchdebug import progress
 from torchdebug.compare._boundaries import align_boundaries, unpaired_calls
+from torchdebug.compare._calibration import NoiseKey, calibrate, measured_noise
 from torchdebug.compare._checksums import dtype_note, judge_checksums
 from torchdebug.compare._config import CompareConfig
 from torchdebug.compare._matching import Producers, match_records
@@ -94,10 +98,17 @@ class Pairing:
     b: Side
     ranks: list[int]
     problems: list[str]
+    noise: reader.Run | None = None
+    """The dump of B's step run again with a tiny perturbation (``noise=``), when given."""
+
+    def noise_rank(self, rank: int) -> RankRecords | None:
+        """The noise dump's records of ``rank`` (``None``: no noise dump, or none of that rank)."""
+        return self.noise.ranks.get(rank) if self.noise is not None else None
 
 
-def open_pair(a: str | Path | reader.Run, b: str | Path | reader.Run) -> Pairing:
-    """Open both dumps; fail when they have no rank in common, note the ranks one side lacks."""
+def open_pair(a: str | Path | reader.Run, b: str | Path | reader.Run, noise: str | Path | None = None) -> Pairing:
+    """Open both dumps (and the ``noise`` dump, against B); fail when they have no rank in common,
+    note the ranks one side lacks."""
     run_a, run_b = open_dump(a), open_dump(b)
     run_a, run_b = whole_tensors(run_a, run_b), whole_tensors(run_b, run_a)  # a sharded run against another world size
     side_a, side_b = Side.of(a, run_a), Side.of(b, run_b)
@@ -111,7 +122,13 @@ def open_pair(a: str | Path | reader.Run, b: str | Path | reader.Run) -> Pairing
     common = sorted(set(run_a.ranks) & set(run_b.ranks))
     if not common:
         raise ValueError(f"A has ranks {sorted(run_a.ranks)} and B has ranks {sorted(run_b.ranks)}: no rank to compare")
-    return Pairing(side_a, side_b, common, problems)
+    run_noise = None
+    if noise is not None:
+        run_noise = whole_tensors(open_dump(noise), run_b)
+        lacking = sorted(set(common) - set(run_noise.ranks))
+        if lacking:
+            problems.append(f"noise: ranks without a noise dump (judged at their dtypes' tolerances): {lacking}")
+    return Pairing(side_a, side_b, common, problems, run_noise)
 
 
 @contextmanager
@@ -338,6 +355,17 @@ def replay_rows(
                 row.metrics = {**row.metrics, **{f"{name}_{side}": value for name, value in errors.items()}}
 
 
+def _noise(dump_b: RankRecords, noise: RankRecords, settings: CompareConfig, pool: ThreadPoolExecutor) -> dict[NoiseKey, float]:
+    """Each slot of B's error against the noise dump (:mod:`torchdebug.compare._calibration`):
+    matched and measured as A against B is, without A's renames, not judged."""
+    plain = dataclasses.replace(settings, mapping=None, noise=None, replay=False)
+    rows = match_rank(dump_b.rank, dump_b, noise, plain)
+    if settings.tensors:
+        groups = list(tensor_jobs(rows, dump_b, noise).values())
+        apply_metrics(groups, compute_jobs(groups, dump_b, noise, settings.tolerances, pool))
+    return measured_noise(rows)
+
+
 def attribute(
     rows: Sequence[Row],
     dump_a: RankRecords,
@@ -345,10 +373,16 @@ def attribute(
     settings: CompareConfig,
     pool: ThreadPoolExecutor,
     made: Producers | None = None,
+    noise: RankRecords | None = None,
 ) -> None:
     """Verdicts and attribution of one rank's rows, with replay first when asked; without it, the
     rows left ``undecided`` that have tensor metrics (both sides saved them) are replayed, and all
-    rows judged again. ``made``: the producers matching found (else traced again from the rows)."""
+    rows judged again. ``made``: the producers matching found (else traced again from the rows);
+    ``noise``: the noise dump's records of this rank, whose differences from B set the rows'
+    tolerances first (:mod:`torchdebug.compare._calibration`)."""
+    if noise is not None:
+        calibrated = calibrate(rows, _noise(dump_b, noise, settings, pool))
+        logger.info("rank %d: %d rows judged at tolerances measured against the noise dump", dump_b.rank, calibrated)
     split = data_split(dump_a, dump_b)
     if settings.replay:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
@@ -385,7 +419,7 @@ def compare_rank(rank: int, pairing: Pairing, settings: CompareConfig, pool: Thr
         if groups:
             logger.info("rank %d: tensor metrics of %d saved tensor pairs", rank, len(groups))
         apply_metrics(groups, compute_jobs(groups, dump_a, dump_b, settings.tolerances, pool))
-    attribute(rows, dump_a, dump_b, settings, pool, made)
+    attribute(rows, dump_a, dump_b, settings, pool, made, pairing.noise_rank(rank))
     return rows
 
 

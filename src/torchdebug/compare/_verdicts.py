@@ -3,7 +3,8 @@
 Per row, in execution order:
 
 * ``pass`` when the scale-relative ``error`` is within the pair's dtype tolerance (the less
-  precise side's), so a bf16 run is allowed bf16 rounding;
+  precise side's), so a bf16 run is allowed bf16 rounding (with a noise dump, the row's tolerance
+  measured from the reference run instead: :mod:`torchdebug.compare._calibration`);
 * otherwise the row is **blamed** (``error``) only when its op made the difference: an output whose
   error exceeds ``growth × (largest error among the call's tensor inputs) + tolerance`` (and, for
   ops singular near zero such as ``sqrt``, ``log`` or a division, which blow up the error of

@@ -239,7 +239,7 @@ def _line(pair: Pair, result: torchdebug.compare.CompareResult) -> tuple[str, ..
     where = f"{first.module} {first.op} {first.io}.{first.arg}" if first is not None else "none"
     right = "right" if _right(pair, result) else "WRONG"
     beyond = sum(1 for row in result.rows if row.error is not None and row.tolerance is not None and row.error > row.tolerance)
-    verdicts = Counter(block.verdict for block in result.structure)
+    verdicts = Counter(block.verdict for block in result.structure_differences)
     blocks = ", ".join(f"{n} {verdict}" for verdict, n in sorted(verdicts.items())) or "none"
     planted = " ".join(pair.planted or "-")
     return (pair.name, pair.truth, str(result.counts()["error"]), str(beyond), where, planted, right, blocks)

@@ -146,4 +146,4 @@ def test_a_bug_in_an_op_only_one_side_runs_is_blamed_on_that_op(gpt_dump, task, 
         if row.call_name == "forward/layers.0/aten.add.Tensor#1" and row.io == "input" and first.name in row.message
     )
     assert consumer.attribution == "inherited" and "which changed the value" in consumer.message
-    assert [block.cause for block in result.structure if block.verdict == "error"] == [first.name]
+    assert [block.cause for block in result.structure_differences if block.verdict == "error"] == [first.name]

@@ -75,11 +75,11 @@ def test_a_hook_only_one_side_runs_that_scales_an_output_is_the_first_divergence
     assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]
     reader = next(row for row in result.rows if row.matched and first.name in row.message and row.io == "input")
     assert reader.attribution == "inherited" and "which changed the value" in reader.message
-    [block] = [block for block in result.structure if block.verdict == "error"]
+    [block] = [block for block in result.structure_differences if block.verdict == "error"]
     assert block.cause == first.name and [(op.side, op.op) for op in block.ops] == [("A", "aten.mul.Tensor")]
     assert block.leaving == [reader.name] and block.entering
     assert "1 change a value" in result.summary() and block.describe() in result.summary()
-    exported = json.loads(result.to_json(tmp_path / "compare.json").read_text())["structure"]
+    exported = json.loads(result.to_json(tmp_path / "compare.json").read_text())["structure_differences"]
     assert [entry["cause"] for entry in exported if entry["verdict"] == "error"] == [first.name]
     page = result.to_html(tmp_path / "compare.html").read_text()
     listed = page.split('id="structure-table"', 1)[1].split("</table>", 1)[0]
@@ -90,7 +90,7 @@ def test_a_hook_only_one_side_runs_that_scales_an_output_is_the_first_divergence
 def test_a_hook_only_one_side_runs_that_leaves_the_value_equal_is_listed_and_passes(dumps):
     result = torchdebug.compare(dumps["copied"], dumps["plain"])
     assert result.first_divergence is None and result.counts()["error"] == 0
-    [block] = [block for block in result.structure if block.leaving]
+    [block] = [block for block in result.structure_differences if block.leaving]
     assert block.verdict == "pass" and [op.op for op in block.ops] == ["aten.clone.default"]
     clone = [row for row in result.rows if row.op == "aten.clone.default"]
     assert clone and all(row.verdict == "unmatched" and row.block is block for row in clone)
@@ -100,7 +100,7 @@ def test_sdpa_against_a_hand_written_attention_has_no_error_and_its_blocks_pass(
     result = torchdebug.compare(dumps["plain"], dumps["by_hand"])
     assert result.first_divergence is None
     assert result.counts()["error"] == 0, [row.name for row in result.rows if row.verdict == "error"]
-    judged = [block for block in result.structure if block.verdict != "unjudged"]
+    judged = [block for block in result.structure_differences if block.verdict != "unjudged"]
     # the key bias's gradient is zero but for round-off (softmax ignores a shift): summed in another
     # order, statistics cannot tell its difference from a made one
     assert [block.verdict for block in judged].count("pass") >= len(judged) - 1

@@ -111,7 +111,7 @@ class RanksResult(CompareResult):
         return finder(self.rows.differing)  # blamed rows are rows that differ
 
     @property
-    def structure(self) -> list[StructureBlock]:
+    def structure_differences(self) -> list[StructureBlock]:
         """None: the ranks of one run are compared slot by slot, no op runs on one side only."""
         return []
 

@@ -157,7 +157,7 @@ class CompareResult:
         return self._first(first_nonfinite)
 
     @property
-    def structure(self) -> list[StructureBlock]:
+    def structure_differences(self) -> list[StructureBlock]:
         """The structure differences: runs of ops only one side executes between aligned values,
         each listed once with its ops, modules and source lines and what it does to the values (see
         :mod:`torchdebug.compare._structure`), in execution order (lowest rank first)."""
@@ -170,7 +170,7 @@ class CompareResult:
     def structure_lines(self) -> list[str]:
         """The summary's lines on structure differences: how many, what they do to the values, and
         the blocks that change a value (or carry a difference) named; none when the runs' ops agree."""
-        blocks = self.structure
+        blocks = self.structure_differences
         if not blocks:
             return []
         counts = Counter(block.verdict for block in blocks)
@@ -179,7 +179,7 @@ class CompareResult:
         named = [block for block in blocks if block.verdict in ("error", "undecided", "warning")]
         lines.extend(f"  {block.describe()}" for block in named[:_NAMED_BLOCKS])
         if len(named) > _NAMED_BLOCKS:
-            lines.append(f"  and {len(named) - _NAMED_BLOCKS} more (result.structure lists them all)")
+            lines.append(f"  and {len(named) - _NAMED_BLOCKS} more (result.structure_differences lists them all)")
         return lines
 
     @property
@@ -460,7 +460,7 @@ class CompareResult:
             "ranks": {str(rank): self.counts(rank) for rank in self.ranks},
             "first_divergence": self.describe(first) if first else None,
             "first_nonfinite": self.describe(nonfinite) if nonfinite else None,
-            "structure": [block.to_dict() for block in self.structure],
+            "structure_differences": [block.to_dict() for block in self.structure_differences],
             "problems": self.problems,
             "options": self.options,
             "rows": [{k: _json_number(v) for k, v in row.to_dict().items()} for row in self.rows],

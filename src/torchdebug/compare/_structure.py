@@ -13,7 +13,7 @@ rows). Blocks of both sides whose values the same aligned call reads are one str
   verdict rules blame (``changed_by_one_sided_op`` in :mod:`torchdebug.compare._rules`).
 
 :func:`structure_blocks` lists the blocks of one rank's judged rows and links each one-sided row to
-its block (``Row.block``), so the result lists them (``CompareResult.structure``).
+its block (``Row.block``), so the result lists them (``CompareResult.structure_differences``).
 """
 
 from __future__ import annotations

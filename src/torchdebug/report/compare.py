@@ -212,7 +212,7 @@ def render_compare(result: Result, verdicts: Sequence[str]) -> str:
     """The complete HTML page for ``result`` (a string; the caller writes it); ``verdicts`` in the
     order the page lists them."""
     first, nonfinite = result.first_divergence, result.first_nonfinite
-    structure = getattr(result, "structure", [])  # its structure differences (``StructureBlock``), if it has any
+    structure = getattr(result, "structure_differences", [])  # its structure differences (``StructureBlock``), if it has any
     index = {id(row): i for i, row in enumerate(result.rows)}
     marks = {"divergence": index[id(first)] if first else None, "nonfinite": index[id(nonfinite)] if nonfinite else None}
     plot = _plot(result.rows, marks)

@@ -1,9 +1,11 @@
-"""Structure-change benchmark (issue 46, item 5, the pairs cheap to build on CPU without gloo).
+"""Structure-change benchmark (issue 46, item 5): pairs with the same math and other ops, on CPU.
 
 Each pair dumps one training step (forward, backward, SGD) of a 2-layer model twice, A and B, where
 the two runs compute the same math with other ops (healthy: no error row and no first divergence is
 right) or carry a bug planted on side A (right when the first divergence lands in the planted
-module). Prints the localisation table: pair, truth, error rows, first divergence, where it was
+module, at the planted op). The sharded pairs run A on 2 gloo processes (one spawn for all of them:
+tensor parallelism with ``parallelize_module``, with and without sequence parallelism; FSDP2 with
+half the batch on each rank) against one process on the whole batch, and compare rank 0. Prints the localisation table: pair, truth, error rows, first divergence, where it was
 planted, right or wrong, and the structure differences compare lists (runs of ops only one side
 executes, by verdict: ``pass`` leaves the values equal, ``error`` changed a value). Results are what
 compare says today, wrong ones included. ``--noise`` prints the table again, judged with tolerances
@@ -18,6 +20,7 @@ dtype tolerances::
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import tempfile
@@ -25,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +52,7 @@ class Variant:
     reorder: bool = False  # v, k, q projections in another order (independent ops)
     scale: float = 1.0  # the MLP's output times this, in layer 1 (a 1.05 scale bug)
     one_sided: bool = False  # an extra op on this side only: the attention output + 0.01 in layer 0
+    attention_scale: float = 1.0  # the attention's heads times this, in layer 1 (a 1.05 scale bug)
 
 
 class _Norm(nn.Module):
@@ -74,12 +79,15 @@ class _Attention(nn.Module):
             v, k, q = self.v(x), self.k(x), self.q(x)
         else:
             q, k, v = self.q(x), self.k(x), self.v(x)
-        q, k, v = (t.view(_BATCH, -1, _HEADS, _DIM // _HEADS).transpose(1, 2) for t in (q, k, v))
+        batch, seq = x.shape[:2]  # local heads under tensor parallelism: q, k and v hold this rank's columns
+        q, k, v = (t.view(batch, seq, -1, _DIM // _HEADS).transpose(1, 2) for t in (q, k, v))
         if self.variant.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v)
         else:
             y = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(_DIM // _HEADS), dim=-1) @ v
-        y = y.transpose(1, 2).reshape(_BATCH, -1, _DIM)
+        if self.layer == 1:
+            y = y * self.variant.attention_scale  # planted when attention_scale != 1 (on each rank's local heads)
+        y = y.transpose(1, 2).reshape(batch, seq, -1)
         if self.variant.one_sided and self.layer == 0:
             y = y + 0.01  # planted: an op only this side runs
         return self.out(y)
@@ -96,7 +104,7 @@ class _Block(nn.Module):
         x = x + self.attn(self.norm1(x))
         h = self.norm2(x)
         if self.variant.reshape:
-            h = h.reshape(-1, _DIM).reshape(_BATCH, -1, _DIM)
+            h = h.reshape(-1, _DIM).reshape(h.shape)
         h = self.mlp(h)
         if self.layer == 1:
             h = h * self.variant.scale  # planted when scale != 1
@@ -154,13 +162,184 @@ def _dump_moe(path: Path, side: int, task: str) -> Path:
     return debugger.run_dir
 
 
+_VOCAB = 16
+
+
+class _TokenNet(_Net):
+    """The 2-layer blocks behind a token embedding: the model the sharded pairs split over ranks."""
+
+    def __init__(self, variant: Variant) -> None:
+        super().__init__(variant)
+        self.embed = nn.Embedding(_VOCAB, _DIM)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.embed(ids))
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """An all-reduce whose backward passes the (replicated) gradient on: Megatron's reduce."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        torch.distributed.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _VocabShard(nn.Module):
+    """A vocabulary-parallel embedding on plain local tensors (Megatron's layout, not DTensor): each
+    rank holds a block of the table's rows, looks up the ids in it, zeroes the others and the ranks'
+    pieces are summed. ``offset`` moves the first id a rank looks up (a wrong shard offset)."""
+
+    def __init__(self, weight: torch.Tensor, rank: int, world: int, offset: int = 0) -> None:
+        super().__init__()
+        rows = weight.shape[0] // world
+        self.weight = nn.Parameter(weight.detach()[rank * rows : (rank + 1) * rows].clone())
+        self.start = rank * rows + offset
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        pieces = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0.0)
+        return _SumOverRanks.apply(pieces)
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """How the 2 gloo ranks run the token model, and the bug planted there."""
+
+    parallel: str  # "tp" (ColwiseParallel/RowwiseParallel, a vocabulary-parallel embedding on local
+    # tensors), "tp+sp" (sequence parallel: torchtitan's plan) or "fsdp" (fully_shard, half the batch each)
+    variant: Variant = Variant()
+    vocab_offset: int = 0  # added to each rank's first id (a wrong shard offset)
+    partial_mlp: bool = False  # layer 1's MLP output left as the ranks' partial sums (a missing all-reduce)
+    divide_grad: bool = False  # blocks.1.mlp.0.weight's gradient divided by the world size again
+    decay_all: bool = False  # weight decay on the norms, biases and embedding too, not on the weights alone
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(0, _VOCAB, (_BATCH, _SEQ), generator=generator), torch.randn(_BATCH, _SEQ, 4, generator=generator)
+
+
+def _sgd(model: nn.Module, decay_all: bool = False) -> torch.optim.Optimizer:
+    """SGD with weight decay on the weights of the linear layers (``decay_all``: on every parameter)."""
+    weights = [p for name, p in model.named_parameters() if name.endswith("weight") and p.dim() == 2 and "embed" not in name]
+    rest = [p for p in model.parameters() if all(p is not w for w in weights)]
+    decay = (0.1, 0.1 if decay_all else 0.0)
+    return torch.optim.SGD([{"params": weights, "weight_decay": decay[0]}, {"params": rest, "weight_decay": decay[1]}], lr=0.1)
+
+
+def _dump_token_step(path: Path, model: nn.Module, ids: torch.Tensor, y: torch.Tensor, task: str, plan: Sharded) -> None:
+    optimizer = _sgd(model, plan.decay_all)
+    with torchdebug.dump(path, model=model, task=task):
+        F.mse_loss(model(ids), y).backward()
+        if plan.divide_grad:
+            model.blocks[1].mlp[0].weight.grad.div_(torch.distributed.get_world_size())  # planted
+        optimizer.step()
+
+
+def _tensor_parallel(model: _TokenNet, plan: Sharded) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    sequence = plan.parallel == "tp+sp"
+    between = Shard(1) if sequence else Replicate()  # what the residual stream holds between the blocks
+    for layer, block in enumerate(model.blocks):
+        styles = {f"attn.{name}": ColwiseParallel() for name in ("q", "k", "v")}
+        styles["attn.out"] = RowwiseParallel(output_layouts=between)
+        styles["mlp.0"] = ColwiseParallel()
+        styles["mlp.2"] = RowwiseParallel(output_layouts=Partial() if plan.partial_mlp and layer == 1 else between)
+        if sequence:
+            gathered = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
+            styles.update(
+                norm1=SequenceParallel(),
+                norm2=SequenceParallel(),
+                attn=PrepareModuleInput(**gathered),
+                mlp=PrepareModuleInput(**gathered),
+            )
+        parallelize_module(block, mesh, styles)
+    if sequence:
+        parallelize_module(
+            model,
+            mesh,
+            {
+                "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+                "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+            },
+        )
+    else:
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        model.embed = _VocabShard(model.embed.weight, rank, world, plan.vocab_offset)
+
+
+def _sharded_rank(rank: int, root: str, task: str, plans: list[Sharded]) -> None:
+    """Dump each plan's step on this gloo rank (``root/<index>``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    ids, y = _batch()
+    for index, plan in enumerate(plans):
+        model = _TokenNet(plan.variant)
+        if plan.parallel == "fsdp":
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+            ids_rank, y_rank = ids.chunk(2)[rank], y.chunk(2)[rank]
+        else:
+            _tensor_parallel(model, plan)
+            ids_rank, y_rank = ids, y
+        _dump_token_step(Path(root) / str(index), model, ids_rank, y_rank, task, plan)
+
+
+@functools.cache
+def _sharded_dumps(root: Path, task: str) -> Path:
+    """Every sharded plan dumped on 2 gloo ranks (one spawn), and one process on the global batch (``single``)."""
+    from tests import gloo
+
+    root.mkdir(parents=True, exist_ok=True)
+    gloo.spawn(_sharded_rank, root, str(root), task, SHARDED)
+    ids, y = _batch()
+    _dump_token_step(root / "single", _TokenNet(Variant()), ids, y, task, Sharded("single"))
+    return root
+
+
+def _sharded(plan: Sharded, planted: tuple[str, str | None] | None = None) -> dict:
+    """The ``make`` and ``planted`` of a pair: ``plan`` on 2 gloo ranks against one process."""
+    SHARDED.append(plan)
+    index = len(SHARDED) - 1
+
+    def make(root: Path, task: str) -> tuple[Path, Path]:
+        dumps = _sharded_dumps(root.parent / "sharded", task)
+        return dumps / str(index), dumps / "single"
+
+    return {"make": make, "planted": planted}
+
+
+SHARDED: list[Sharded] = []
+"""The plans the sharded pairs dump, in one spawn of the gloo ranks."""
+
+
 @dataclass
 class Pair:
     name: str
     truth: str
     make: Callable[[Path, str], tuple[Path, Path]]
-    planted: tuple[str, str] | None = None
-    """The module and op the first divergence should name (``None``: healthy, none should be named)."""
+    planted: tuple[str, str | None] | None = None
+    """The module and op the first divergence should name (``None``: healthy, none should be named;
+    an op ``None``: any op of that module, where the bug is an op missing)."""
     options: dict = field(default_factory=dict)
     noise: Callable[[Path, str], Path] | None = None
     """B's step again with its inputs rounded through bf16 (``None``: no noise dump)."""
@@ -197,6 +376,24 @@ PAIRS = [
     ),
     Pair("planted: a one-sided op (+0.01)", "bug", **_blocks(Variant(one_sided=True), Variant(), _ONE_SIDED)),
     Pair("planted: 1.05x scale in one module", "bug", **_blocks(Variant(scale=1.05), Variant(), ("blocks.1", "aten.mul.Tensor"))),
+    Pair("tensor parallel (2 ranks) vs one process", "healthy", **_sharded(Sharded("tp"))),
+    Pair("tensor + sequence parallel vs one process", "healthy", **_sharded(Sharded("tp+sp"))),
+    Pair("FSDP2 (2 ranks, half batch each) vs one process", "healthy", **_sharded(Sharded("fsdp"))),
+    Pair("planted TP: a wrong vocabulary shard offset", "bug", **_sharded(Sharded("tp", vocab_offset=1), ("embed", None))),
+    Pair("planted TP: a missing all-reduce", "bug", **_sharded(Sharded("tp", partial_mlp=True), ("blocks.1.mlp.2", None))),
+    Pair(
+        "planted TP+SP: 1.05x on the local heads",
+        "bug",
+        **_sharded(Sharded("tp+sp", Variant(attention_scale=1.05)), ("blocks.1.attn", "aten.mul.Tensor")),
+    ),
+    Pair(
+        "planted FSDP2: a gradient divided twice", "bug", **_sharded(Sharded("fsdp", divide_grad=True), ("-", "aten.div_.Tensor"))
+    ),
+    Pair(
+        "planted FSDP2: weight decay on the wrong parameters",
+        "bug",
+        **_sharded(Sharded("fsdp", decay_all=True), ("-", "aten.add.Tensor")),
+    ),
 ]
 
 
@@ -204,7 +401,8 @@ def _right(pair: Pair, result: torchdebug.compare.CompareResult) -> bool:  # typ
     first = result.first_divergence
     if pair.planted is None:
         return first is None and result.counts()["error"] == 0
-    return first is not None and (first.module, first.op) == pair.planted
+    module, op = pair.planted
+    return first is not None and first.module == module and op in (None, first.op)
 
 
 def main() -> None:
@@ -241,7 +439,7 @@ def _line(pair: Pair, result: torchdebug.compare.CompareResult) -> tuple[str, ..
     beyond = sum(1 for row in result.rows if row.error is not None and row.tolerance is not None and row.error > row.tolerance)
     verdicts = Counter(block.verdict for block in result.structure_differences)
     blocks = ", ".join(f"{n} {verdict}" for verdict, n in sorted(verdicts.items())) or "none"
-    planted = " ".join(pair.planted or "-")
+    planted = " ".join(part or "(any op)" for part in pair.planted) if pair.planted else "-"
     return (pair.name, pair.truth, str(result.counts()["error"]), str(beyond), where, planted, right, blocks)
 
 

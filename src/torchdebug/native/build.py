@@ -10,6 +10,9 @@ Where torch runs its CPU threads on GNU OpenMP, the library is built with ``-fop
 ``libgomp.so.1`` is then the copy torch already loaded, so its parallel regions run on torch's own
 thread pool (a second pool would fight torch's for the cores). Elsewhere, or if that build fails,
 it is built without and runs on one thread.
+
+A C++ source that uses torch's C++ API (:func:`load_torch_library`) is built the same way with the
+C++ compiler, against the installed torch's headers and libraries, and cached per torch version too.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
 
 OPENMP_FLAGS = ("-fopenmp",)
 
+CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++20")
+"""torch's headers need C++17 (2.11) or C++20 (2.13 on): C++20 serves all."""
+
 DISABLE_ENV = "TORCHDEBUG_NATIVE"
 """Set to ``0`` to never build or load native kernels (torch ops are used instead)."""
 
@@ -57,6 +63,27 @@ def _compiler() -> list[str] | None:
         if shutil.which(name):
             return [name]
     return None
+
+
+def _cxx_compiler() -> list[str] | None:
+    configured = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
+    command = shlex.split(configured)
+    if command and shutil.which(command[0]):
+        return command
+    for name in ("c++", "g++", "clang++"):
+        if shutil.which(name):
+            return [name]
+    return None
+
+
+def _torch_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(compile flags, link flags)`` that build against the installed torch: its headers, the C++
+    ABI its libraries were built with, and ``libc10``/``libtorch_cpu`` found where torch keeps them."""
+    root = Path(torch.__file__).parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    compile_flags = (f"-I{root / 'include'}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}")
+    lib = root / "lib"
+    return compile_flags, (f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu")
 
 
 def _compiler_version(compiler: list[str]) -> str:
@@ -105,9 +132,33 @@ def load_library(source_name: str) -> ctypes.CDLL | None:
     return None
 
 
-def _built(compiler: list[str], flags: tuple[str, ...], source: Path) -> Path:
-    """The library built from ``source`` with ``flags``, from the cache or built now."""
+@functools.cache
+def load_torch_library(source_name: str) -> ctypes.CDLL | None:
+    """The shared library built from ``torchdebug/native/<source_name>.cpp`` against the installed
+    torch (cached per torch version), or ``None`` when it cannot be built here (no C++ compiler, a
+    build error) or native kernels are disabled. It is loaded with :class:`ctypes.CDLL`.
+    """
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    source = Path(__file__).with_name(f"{source_name}.cpp")
+    compiler = _cxx_compiler()
+    if compiler is None:
+        logger.info("no C++ compiler found; torchdebug uses Python for %s", source_name)
+        return None
+    compile_flags, link_flags = _torch_flags()
+    try:
+        return ctypes.CDLL(str(_built(compiler, (*CXX_FLAGS, *compile_flags), source, link_flags, torch.__version__)))
+    except (OSError, subprocess.SubprocessError) as failure:
+        logger.warning("could not build %s (%s); torchdebug uses Python instead", source.name, failure)
+        return None
+
+
+def _built(compiler: list[str], flags: tuple[str, ...], source: Path, link: tuple[str, ...] = (), version: str = "") -> Path:
+    """The library built from ``source`` with ``flags`` (and ``link``: libraries after the source),
+    from the cache or built now; ``version`` (torch's, for a C++ source) is part of the cache key."""
     key = hashlib.sha256()
+    if link or version:
+        key.update(" ".join([*link, version]).encode())
     for part in (
         source.read_bytes(),
         " ".join([*compiler, *flags]).encode(),
@@ -118,17 +169,17 @@ def _built(compiler: list[str], flags: tuple[str, ...], source: Path) -> Path:
         key.update(part)
     target = cache_dir() / key.hexdigest()[:16] / f"{source.stem}.so"
     if not target.exists():
-        _build(compiler, flags, source, target)
+        _build(compiler, flags, source, target, link)
     return target
 
 
-def _build(compiler: list[str], flags: tuple[str, ...], source: Path, target: Path) -> None:
+def _build(compiler: list[str], flags: tuple[str, ...], source: Path, target: Path, link: tuple[str, ...] = ()) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
         result = subprocess.run(
-            [*compiler, *flags, "-o", temporary, str(source), "-lm"], capture_output=True, text=True, timeout=120
+            [*compiler, *flags, "-o", temporary, str(source), *link, "-lm"], capture_output=True, text=True, timeout=120
         )
         if result.returncode != 0:
             raise OSError(f"{compiler[0]} exited with {result.returncode}: {result.stderr.strip()[-500:]}")

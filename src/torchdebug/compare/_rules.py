@@ -27,8 +27,9 @@ from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._metrics import ELEMENTS_DIFFER, stats_metrics
 from torchdebug.compare._rows import Row
 from torchdebug.compare._shards import local_indices, one_shard
-from torchdebug.compare._structure import cause_in_block
-from torchdebug.records import UNREAD
+from torchdebug.compare._structure import _against, cause_in_block
+from torchdebug.compare._tolerances import tolerance_for
+from torchdebug.records import UNREAD, Record
 
 __all__ = ["Call", "Rule", "RULES", "ROUTING_CHANGED", "slot_of"]
 
@@ -38,6 +39,8 @@ _CARRIED = 2.0
 tolerance for a cast on the way): the same tensor cannot differ more unless an op changed it."""
 _LISTED = 3
 """How many ops only one side runs a message names."""
+_WALK = 8
+"""How many ops only one side runs are walked back to find the one that changed a merged value."""
 _SELECTIONS = frozenset(
     {
         *("topk", "sort", "argsort", "argmax", "argmin", "max", "min", "kthvalue", "mode", "median", "nanmedian"),
@@ -631,11 +634,66 @@ def differs_before_any_op(row: Row, call: Call) -> Judgement | None:
     return _blamed(row, f"{_detail(row)}; this input differs before any op did")
 
 
+def _merged_side(row: Row, call: Call) -> str | None:
+    """The side whose record of ``row`` is a sharded value merged from every rank's pieces (not a
+    partial sum) and whose own way back reaches no value that cannot be compared: the ranks made it
+    whole between them (a gradient reduce-scattered over the batch's shares)."""
+    for side, record in (("a", row.record_a), ("b", row.record_b)):
+        extra = record.extra if record is not None else None
+        if extra and extra.get("merged_ranks") and not extra.get("partial"):
+            traced = call.flow.sources(row, side)
+            if traced is None or not any(source.verdict == "incomparable" for source in traced[0]):
+                return side
+    return None
+
+
+def _scale(record: Record | None) -> float:
+    """The largest magnitude a record's statistics show (0 without them)."""
+    stats = (record.stats if record is not None else None) or {}
+    return max(abs(stats.get("min") or 0.0), abs(stats.get("max") or 0.0))
+
+
+def _cancelled(a: Record | None, b: Record | None, error: float, call: Call) -> bool:
+    """Both values lie below their dtype's ``atol`` and within it of each other (``error``, measured on
+    a scale of at least ``atol``, at most 1): a sum that cancels (a key bias's gradient, zero but for
+    rounding) carries its summands' rounding, which another order of summing (over the ranks, then
+    the batch) changes; ``torch.testing`` calls them close."""
+    floor = tolerance_for(a.dtype if a else None, b.dtype if b else None, call.flow.tolerances).atol
+    return max(_scale(a), _scale(b)) < floor and error <= 1.0
+
+
+def _changed_by(row: Row, side: str, partner: Record, call: Call) -> tuple[Row, float, float] | None:
+    """The op only ``side`` runs that changed the value ``row`` holds, with its output's error and
+    tolerance against ``partner``: walking back from the op that made it through ops only that side
+    runs, the first whose output differs from ``partner`` while a tensor input holds its value
+    (within ``growth`` tolerances: the ranks summed it in another order)."""
+    made = call.flow.producer(row, side)
+    for _ in range(_WALK):
+        if made is None or made.matched:
+            return None
+        leaving = _against(made, side, partner, call.flow)
+        if leaving is None or leaving[0] <= leaving[1]:
+            return None
+        inputs = [r for r in call.flow.calls_one_sided(made, side) if r.io not in OUTPUT_IO and r.kind == "tensor"]
+        for r in inputs:
+            entering = _against(r, side, partner, call.flow)
+            if entering is None:
+                continue
+            record, (error, tolerance) = (r.record_a if side == "a" else r.record_b), entering
+            if error <= call.growth * tolerance or _cancelled(record, partner, error, call):
+                return made, *leaving
+        earlier = [producer for r in inputs if (producer := call.flow.producer(r, side)) is not None and not producer.matched]
+        if len(earlier) != 1:
+            return None
+        made = earlier[0]
+    return None
+
+
 def holds_incomparable(row: Row, call: Call) -> Judgement | None:
     """An input both sides made from values that cannot be compared, through ops both run, cannot be compared."""
     trace = call.trace(row)
-    if trace is None or not trace.unlike or trace.one_sided:
-        return None
+    if trace is None or not trace.unlike or trace.one_sided or _merged_side(row, call) is not None:
+        return None  # (a value merged from the ranks' pieces was made by their collectives, which only that side runs)
     return _incomparable(row, f"holds a value that cannot be compared ({trace.unlike[0].name})")
 
 
@@ -643,18 +701,46 @@ def one_sided_from_incomparable(row: Row, call: Call) -> Judgement | None:
     """An input one side made from incomparable values through ops only it runs is inherited within growth tolerances.
 
     Micro-batch gradients summed by accumulation against one batch's are a quantity both runs should
-    agree on: within ``growth`` tolerances (summing in another order) or ``growth`` times the error
-    seen upstream it is inherited, beyond it blamed."""
+    agree on, and so are a sharded run's gradients merged from every rank's pieces (FSDP2's, reduced
+    over the ranks' shares of the batch by collectives only that side runs) against one process's:
+    within ``growth`` tolerances (summing in another order), both below the dtype's ``atol`` (a sum
+    that cancels), or ``growth`` times the error seen upstream it is inherited. Beyond, it is blamed;
+    a merged value, on the op only its side runs that changed a value entering it in agreement (a
+    gradient divided twice, weight decay on a parameter that takes none) when there is one."""
     trace = call.trace(row)
     if trace is None or not trace.unlike:
         return None
     error, tolerance = _beyond(row)
-    made = f"made through {trace.listed()} that only one side runs from values that cannot be compared ({trace.unlike[0].name})"
+    merged = _merged_side(row, call)
+    unlike = f"values that cannot be compared ({trace.unlike[0].name})"
+    if merged is not None and not trace.one_sided:
+        made = f"merged from every rank's pieces against a value made from {unlike}"
+    else:
+        made = f"made through {trace.listed()} that only one side runs from {unlike}"
     if error <= call.growth * tolerance:
         return _inherited(row, call, (), f"{_detail(row)}; {made}: within what summing in another order makes")
+    if _cancelled(row.record_a, row.record_b, error, call):
+        return _inherited(row, call, (), f"{_detail(row)}; {made}: both below the dtype's atol, a sum that cancels")
     if error <= call.growth * call.upstream:
         return _inherited(row, call, (), f"{_detail(row)}; {made}; upstream ops already differ")
+    partner = row.record_b if merged == "a" else row.record_a
+    cause = _changed_by(row, merged, partner, call) if merged is not None and partner is not None else None
+    if cause is not None:
+        return _blame_one_sided(row, merged, partner, cause, made)  # type: ignore[arg-type]
     return _blamed(row, f"{_detail(row)}; {made}, it differs where both runs should agree: the difference enters here")
+
+
+def _blame_one_sided(row: Row, side: str, partner: Record, cause: tuple[Row, float, float], made: str) -> Judgement:
+    """``row`` inherits from ``cause``, an op only ``side`` runs that changed the value it read, blamed with it."""
+    op, error, tolerance = cause
+    who, other = side.upper(), "B" if side == "a" else "A"
+    why = (
+        f"error {_fmt(error)} > tolerance {_fmt(tolerance)} against {other}'s value at {partner.name}; "
+        f"only {who} runs this op and the value entering it agrees: this op makes the difference"
+    )
+    judged = _blamed(op, why)._replace(error=error, upstream=error)
+    message = f"{_detail(row)}; {made}; made by {op.op} that only {who} runs ({op.name}), which changed the value"
+    return Judgement("warning", "inherited", message, origin=op.name, upstream=row.error, blames=((op, judged),))
 
 
 def made_differently(row: Row, call: Call) -> Judgement | None:

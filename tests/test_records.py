@@ -92,3 +92,19 @@ def test_a_call_name_and_its_slot_make_the_slot_name_and_cut_back_into_them():
         assert name == f"{call}/{slot}"
         assert split_call_name(name) == (call, slot)
     assert make_call_name("forward", "", "module", 0) == f"forward/{NO_MODULE}/module#0"
+
+
+def test_value_ids_round_trip_through_arrow_and_json_lines_and_are_none_where_a_dump_has_none():
+    import json
+
+    from torchdebug.store._record_columns import records_from_table, records_table
+    from torchdebug.store._record_json import encode_record
+
+    view = _record(dtype="float32", shape=[2], value_id=4097, version=3, view_of=4000)
+    plain = _record(name="forward/fc1/aten.addmm.default#0/output.1", arg="1", value_id=5, version=0)
+    scalar = _record(name="forward/fc1/aten.addmm.default#0/input.3", io="input", arg="3", kind="value", value=1.0)
+    table = records_table([view, plain, scalar])
+    assert records_from_table(table) == [view, plain, scalar]
+    assert Record.from_json(json.loads(encode_record(view))) == view
+    older = table.drop_columns(["value_id", "version", "view_of"])  # a dump written before value ids
+    assert [(r.value_id, r.version, r.view_of) for r in records_from_table(older)] == [(None, None, None)] * 3

@@ -182,6 +182,17 @@ class Record:
     """Who wrote the record: ``eager`` (dispatch mode) or ``graph`` (compiled-graph capture)."""
     capture_error: str | None = None
     """Why this slot could not be captured, when it could not (``error`` in dumps of torchdebug 0.1)."""
+    value_id: int | None = None
+    """Which tensor the slot holds: the same id in every slot holding the same tensor object, unique
+    within the rank's run (eager capture, ``torchdebug.capture.value_ids``; ``None`` in graph dumps,
+    msprobe dumps and dumps written before). An op's output gets a new id, an in-place op's output
+    keeps the id of the tensor it wrote, a view gets its own (``view_of`` names its memory)."""
+    version: int | None = None
+    """The tensor's in-place version when captured (an in-place op's output: the version it leaves).
+    ``(value_id, version)`` is one value: the op that made it is the first output slot holding it."""
+    view_of: int | None = None
+    """For a view, the ``value_id`` of the tensor whose memory it shares (the first one, for views of
+    views); ``None`` for a tensor that is no view. A write through any view moves all their versions."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields of other tools or of later versions. Records read from a dump share their containers
     (equal ``stats``, ``shape`` and ``stride``, and one empty ``extra``, as a capture shares them

@@ -6,6 +6,8 @@
   a node's ``_sequence_nr()`` is the number it got when its forward op ran.
 - ``Tensor._version``: the in-place version counter; a tensor whose storage and version are
   unchanged holds the values already captured.
+- ``Tensor._base``: the tensor a view was made from (the first one, for views of views), ``None``
+  for a tensor that is no view; capture's value ids name a view's memory by it.
 - ``Variable._execution_engine.queue_callback``: run a function when the running backward ends,
   after its final callbacks queued before it. FSDP2 and DDP finish their gradients there (the last
   reduce-scatter waited for, the buckets copied back); :func:`after_backward` runs after them.
@@ -32,6 +34,9 @@ node_sequence_nr = operator.methodcaller("_sequence_nr")
 tensor_version = operator.attrgetter("_version")
 """``tensor_version(tensor)``: the tensor's in-place version counter."""
 
+view_base = operator.attrgetter("_base")
+"""``view_base(tensor)``: the tensor whose memory a view shares, ``None`` for a tensor that is no view."""
+
 
 def after_backward(callback: Callable[[], None]) -> None:
     """Run ``callback`` once the backward now running ends (call it from a hook inside that backward),
@@ -44,4 +49,4 @@ def after_backward(callback: Callable[[], None]) -> None:
     engine.queue_callback(lambda: engine.queue_callback(callback))
 
 
-__all__ = ["after_backward", "current_autograd_node", "next_sequence_nr", "node_sequence_nr", "tensor_version"]
+__all__ = ["after_backward", "current_autograd_node", "next_sequence_nr", "node_sequence_nr", "tensor_version", "view_base"]

@@ -101,6 +101,9 @@ class _OpInfo(NamedTuple):
     """``_c10d_functional.wait_tensor``: its argument is final once it returns."""
     view: bool
     """The first argument is aliased, not written (what ``AsyncCollectiveTensor`` lets run unwaited)."""
+    makes_views: bool
+    """Its outputs are views of its first argument (an alias, not a write, in its returns' schema):
+    they share its version counter once the op returns (``value_ids.py``)."""
     value_preserving: bool
     detach: bool
     """``aten.detach``: autograd makes one when it unpacks a saved tensor."""
@@ -155,6 +158,7 @@ def _op_info(func: Any) -> _OpInfo:
         functional,
         name == _WAIT,
         first is not None and not first.is_write,
+        any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns),
         name in _VALUE_PRESERVING,
         name == "aten.detach.default",
         name in BOOKKEEPING_OPS,
@@ -502,6 +506,8 @@ class OpCapture:
             self._functional.complete(out)
         if self._inputs:
             self._add(inputs, "input", False, info.unread_inputs, names)
+        elif info.mutable and self._outputs:  # its outputs that existed before are the tensors it wrote
+            self.session.values.see(map(_VALUE, iter_slots(args, kwargs)))
         if not info.waits:
             out = func(*args, **kwargs)
         if rebuilds:
@@ -517,6 +523,8 @@ class OpCapture:
         if self.session.reuses_captures and (alias := self._alias_source(info, args, out)) is not None:
             self.session.share_alias(out, *alias)
         if self._outputs:
+            if info.makes_views and args and isinstance(args[0], torch.Tensor):
+                self.session.values.views(outputs, args[0])
             self._add(iter_slots(outputs), "output", info.mutable, info.unread_outputs, names)
         return out
 
@@ -545,7 +553,7 @@ class OpCapture:
             self._functional.writes(outputs)
         if not self._outputs:
             return
-        capture = partial(self._add_now, "output", True, info.unread_outputs, names)
+        capture = partial(self._add_now, "output", True, info.unread_outputs, names, bumps=False)
         if info.functional:
             capture(self._functional.hold(iter_slots(outputs), capture))
         else:
@@ -558,8 +566,11 @@ class OpCapture:
             slots = self._functional.hold(slots, partial(self._add_now, io, mutated, unread, names))
         self._add_now(io, mutated, unread, names, slots)
 
-    def _add_now(self, io: str, mutated: bool, unread: dict[str, str], names: _CallNames, slots: Iterable[Slot]) -> None:
-        """Hand one side of a call to the session (its slots last: what a held capture is called with)."""
+    def _add_now(
+        self, io: str, mutated: bool, unread: dict[str, str], names: _CallNames, slots: Iterable[Slot], bumps: bool | None = None
+    ) -> None:
+        """Hand one side of a call to the session (its slots last: what a held capture is called with;
+        ``bumps``: see :meth:`CaptureSession.add_call`)."""
         phase, module, op, call, seq, save, stack, source, fwd = names
         self.session.add_call(
             slots,
@@ -575,4 +586,5 @@ class OpCapture:
             source=source,
             fwd=fwd,
             unread=unread,
+            bumps=bumps,
         )

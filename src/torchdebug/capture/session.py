@@ -6,7 +6,8 @@ in place later), fingerprints (``task="checksum"`` or ``checksum=True``; in the 
 see :class:`~torchdebug.stats_table.StatsStager`) and snapshots tensors for ``task="tensor"``;
 ``flush`` resolves the staged statistics and fingerprints, writes the tensor batch
 and appends the records. A tensor seen again unchanged (an op's output fed to the next op) reuses
-the statistics, fingerprint and saved tensor of its first slot.
+the statistics, fingerprint and saved tensor of its first slot. Every tensor slot carries the id of
+the tensor it holds and its version (``value_ids.py``): a dump's data flow, exact.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torchdebug._torch.subclasses import describe as describe_subclass
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher
 from torchdebug.capture.unwritten import UnwrittenStorages
+from torchdebug.capture.value_ids import ValueIds
 from torchdebug.checksum import hex_digits
 from torchdebug.errors import DumpError
 from torchdebug.records import UNINITIALISED, UNREAD, Record, make_name
@@ -175,6 +177,8 @@ class CaptureSession:
         self.unwritten = UnwrittenStorages()
         """Storages of this step that hold no value of the run yet (allocations, FSDP2's all-gather
         buffers): a slot on one is described, not read (``unwritten.py``)."""
+        self.values = ValueIds()
+        """The id of each tensor recorded, for every tensor slot (``value_ids.py``)."""
         self._warned: set[str] = set()
         self.busy = False
         """Whether the session is running torch ops of its own (statistics, snapshots, copies): a
@@ -209,25 +213,30 @@ class CaptureSession:
         source: str | None = None,
         fwd: str | None = None,
         unread: Mapping[str, str] | None = None,
+        bumps: bool | None = None,
     ) -> None:
         """One record per slot of one side (inputs or outputs) of a call.
 
         ``mutated``: the call wrote into its arguments, so output tensors may be the input objects
-        with new values (their version counter moves only after the op returns). ``unread``: the
+        with new values. ``bumps`` (default: ``mutated``): torch moves the version counter of the
+        arguments it wrote as the op returns, after these records (a mutable schema; not a c10d
+        collective, recorded once complete, whose schema declares no write). ``unread``: the
         top-level argument keys (``"*"``: every slot) whose tensors are described, not read, and why
         (:data:`~torchdebug.records.UNREAD`): they hold no value of the run.
         """
         if not self.writer.takes_records:
             return  # a write of records failed: capture stopped (the writer said so once)
         save_tensors = save_tensors and self.writer.takes_tensors
+        bumps = mutated if bumps is None else bumps
         busy, self.busy = self.busy, True  # the ops below are the session's own (see ``busy``)
         try:
-            step, rank = self.step, self.rank
+            step, rank, mark = self.step, self.rank, self.values.mark
             for arg, value in slots:
                 record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, seq, io, arg)
                 record.stack, record.source, record.fwd = stack, source, fwd
                 if isinstance(value, torch.Tensor):
                     try:
+                        mark(record, value, bumps)
                         why = unread.get(arg.partition(".")[0], unread.get("*")) if unread else None
                         if why is None and self.unwritten:
                             if mutated:  # an in-place op's written argument holds values from now on
@@ -507,3 +516,4 @@ class CaptureSession:
         self._seen.clear()
         self._sizes.clear()
         self.unwritten.clear()
+        self.values.prune()

@@ -73,6 +73,9 @@ _PLAIN = {
     "node": _STRING,
     "capture": _STRING,
     "capture_error": _STRING,
+    "value_id": _INT,
+    "version": _INT,
+    "view_of": _INT,
 }
 """Record fields stored as they are, with their column type."""
 
@@ -96,9 +99,9 @@ _GET_PLAIN = attrgetter(*_PLAIN)
 _UNIQUE = frozenset({"name"})
 """String columns whose values rarely repeat within a dump: read as they are, not through a
 dictionary, and interned (two dumps of one program, the sides of a compare, hold the same names)."""
-_SHARED_INTS = frozenset({"seq", "call"})
+_SHARED_INTS = frozenset({"seq", "call", "value_id", "version", "view_of"})
 """Int columns whose values repeat beyond the ints Python keeps one of (-5 to 256): one int per
-distinct value (the slots of one call share its ``seq``)."""
+distinct value (the slots of one call share its ``seq``, the slots of one tensor its ``value_id``)."""
 _INTEGRAL_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"})
 """dtypes whose statistics hold ints for ``min`` and ``max`` (``stats_from_sums(integral=True)``)."""
 _TENSOR_KEYS = frozenset({"file", "key"})
@@ -259,8 +262,10 @@ def _column(array: pa.ChunkedArray, name: str) -> list[Any] | None:
         return list(map(sys.intern, array.to_pylist())) if name in _UNIQUE else _shared_strings(array)
     if kind == _SIZES:
         return _shared_lists(array)
+    if kind == _INT and name in _SHARED_INTS:  # empty rows (the value slots' ids) read as None
+        return _shared_strings(array, int)
     if kind == _INT and not array.null_count:
-        return _shared_strings(array, int) if name in _SHARED_INTS else numbers(array).tolist()
+        return numbers(array).tolist()
     return array.to_pylist()
 
 

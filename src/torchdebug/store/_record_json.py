@@ -82,6 +82,9 @@ ENCODED_FIELDS = (
     "node",
     "capture",
     "capture_error",
+    "value_id",
+    "version",
+    "view_of",
     "extra",
 )
 """Every Record field, in the order written (a test checks this matches ``Record``)."""
@@ -196,6 +199,9 @@ def encode_record(r: Record, memo: dict[int, str] | None = None) -> str:
     parts += (',"capture":', _quote(r.capture))
     if r.capture_error is not None:
         parts += (',"capture_error":', _quote(r.capture_error))
+    for key, number in (("value_id", r.value_id), ("version", r.version), ("view_of", r.view_of)):
+        if number is not None:
+            parts += (',"', key, '":', _number(number))
     if r.extra:
         parts += (',"extra":', _FALLBACK.encode(r.extra))
     parts.append("}")

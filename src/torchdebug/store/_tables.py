@@ -41,6 +41,9 @@ _TRAILING = (
     "node",
     "capture",
     "capture_error",
+    "value_id",
+    "version",
+    "view_of",
     "extra",
 )
 RECORD_COLUMNS = (*_LEADING, *STAT_KEYS, *_TRAILING)

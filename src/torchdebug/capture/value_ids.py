@@ -1,0 +1,128 @@
+"""Which tensor each slot holds: the ids that make a dump's data flow exact.
+
+Every tensor slot a session records carries three numbers (``Record.value_id``, ``version``,
+``view_of``), so that compare finds the op that made an input by a dict lookup instead of guessing it
+from dtype, shape and statistics (two zero biases look alike; a cast changes all three):
+
+- ``value_id``: one per tensor object, unique within the rank's run, given the first time the
+  session sees it (an op's output, a parameter, a step input) and kept by every later slot that
+  holds it. An in-place op's output is the tensor it wrote: it keeps the id.
+- ``version``: the tensor's in-place version (``Tensor._version``) at capture; for an in-place op's
+  output the version it leaves (torch moves the counter as the op returns, after capture saw it),
+  for a view op's output its base's (the view shares that counter once the op returns).
+  ``(value_id, version)`` names one value: the op that made it is the first output slot holding it.
+- ``view_of``: for a view (``view``, ``transpose``, ``split``, ``detach``, ...), the ``value_id`` of
+  the tensor that owns the memory (views of views name the first one), ``None`` otherwise. A write
+  through any view of that memory moves the version of all of them, so ``(view_of or value_id,
+  version)`` names what the memory holds, whichever view wrote it.
+
+A view gets an id of its own (not its base's): the three chunks of a ``split`` share their base and
+its version, and each is read by other ops. A tensor subclass (a DTensor) is one tensor here: the
+wrapper's id and version (torch moves the wrapper's version on an in-place op, not its local
+shard's). Inference tensors have no version counter: ``version`` is ``None``.
+
+Tensors are keyed by ``id()`` with a weak reference that must still point at the same object (an id
+is reused once a tensor is freed; torch's storage and ``TensorImpl`` addresses are reused too); the
+entries of freed tensors are dropped at each step. Two dict lookups and one version read per slot.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from torchdebug._torch.autograd import tensor_version, view_base
+from torchdebug.records import Record
+
+__all__ = ["ValueIds"]
+
+_Entry = tuple[int, "int | None", int]
+"""``(value id, view_of, version floor)``; the floor is a view op's output's version until the op
+returns and torch shares its base's counter with it. Ints only: the garbage collector does not walk
+it (the weak reference, kept apart, is the one object it walks per tensor, and a capture of statistics
+made it already)."""
+
+
+class ValueIds:
+    """The value ids of one rank's tensors (see the module docstring)."""
+
+    __slots__ = ("_known", "_refs", "_next")
+
+    def __init__(self) -> None:
+        self._known: dict[int, _Entry] = {}
+        self._refs: dict[int, weakref.ref] = {}
+        """By ``id(tensor)``: the tensor an entry is for (an id is reused once a tensor is freed)."""
+        self._next = 0
+
+    def mark(self, record: Record, tensor: torch.Tensor, bumps: bool) -> None:
+        """Set ``record``'s ``value_id``, ``version`` and ``view_of`` for ``tensor``. ``bumps``: the
+        slot is an output of an op that writes its arguments and whose written arguments' versions
+        torch moves as it returns (a mutable schema): a tensor that existed before the call is one it
+        wrote (a new one is an output it made)."""
+        key = id(tensor)
+        ref = self._refs.get(key)
+        if ref is None or ref() is not tensor:
+            value_id, view_of, floor = self._add(tensor)
+            bumps = False
+        else:
+            value_id, view_of, floor = self._known[key]
+        try:
+            version = tensor_version(tensor)
+        except RuntimeError:  # an inference tensor: no version counter
+            version = None
+        else:
+            if bumps:
+                version += 1
+            if version < floor:
+                version = floor
+        record.value_id, record.version, record.view_of = value_id, version, view_of
+
+    def see(self, tensors: Iterable[Any]) -> None:
+        """Give ids to the tensors among ``tensors`` not seen yet (an in-place op's arguments when
+        inputs are not recorded: its outputs are then known as the tensors it wrote)."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor):
+                self._entry(tensor)
+
+    def views(self, outputs: Iterable[Any], source: torch.Tensor) -> None:
+        """Register the tensors among ``outputs`` (a view op's, made from ``source``) as views of
+        ``source``'s memory, at ``source``'s version."""
+        value_id, view_of, _ = self._entry(source)
+        root = value_id if view_of is None else view_of
+        try:
+            floor = tensor_version(source)
+        except RuntimeError:
+            floor = 0
+        for tensor in outputs:
+            if isinstance(tensor, torch.Tensor):
+                self._refs[id(tensor)] = weakref.ref(tensor)
+                self._known[id(tensor)] = (self._take(), root, floor)
+
+    def prune(self) -> None:
+        """Drop the entries of freed tensors (at each step: ids stay unique for the run)."""
+        self._refs = {key: ref for key, ref in self._refs.items() if ref() is not None}
+        self._known = {key: self._known[key] for key in self._refs}
+
+    def _entry(self, tensor: torch.Tensor) -> _Entry:
+        ref = self._refs.get(id(tensor))
+        return self._known[id(tensor)] if ref is not None and ref() is tensor else self._add(tensor)
+
+    def _add(self, tensor: torch.Tensor) -> _Entry:
+        """An entry for a tensor first seen: a view made outside capture names its base's memory (an
+        op's output has no base yet: torch sets it as the op returns)."""
+        base = view_base(tensor)
+        root = None
+        if base is not None:
+            value_id, view_of, _ = self._entry(base)
+            root = value_id if view_of is None else view_of
+        self._refs[id(tensor)] = weakref.ref(tensor)
+        entry = self._known[id(tensor)] = (self._take(), root, 0)
+        return entry
+
+    def _take(self) -> int:
+        value_id = self._next
+        self._next = value_id + 1
+        return value_id

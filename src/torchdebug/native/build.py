@@ -78,10 +78,11 @@ def _cxx_compiler() -> list[str] | None:
 
 def _torch_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(compile flags, link flags)`` that build against the installed torch: its headers, the C++
-    ABI its libraries were built with, and ``libc10``/``libtorch_cpu`` found where torch keeps them."""
+    ABI its libraries were built with, ``NDEBUG`` as they were (some classes have debug-only fields:
+    ``RecordFunction``'s), and ``libc10``/``libtorch_cpu`` found where torch keeps them."""
     root = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    compile_flags = (f"-I{root / 'include'}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}")
+    compile_flags = (f"-I{root / 'include'}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DNDEBUG")
     lib = root / "lib"
     return compile_flags, (f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu")
 

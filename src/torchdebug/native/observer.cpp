@@ -1,0 +1,462 @@
+// Native op observer: one row per aten op that a TorchDispatchMode would see, recorded in C++ from
+// an at::RecordFunction callback, with no Python per op (issue 48, item 1).
+//
+// RecordFunction fires at every Dispatcher::call/callBoxed: above autograd, for composite ops
+// (aten::linear) and for the ops called inside other ops' kernels. A dispatch mode sits below
+// autograd and sees each op once it has crossed autograd, never the ops inside its kernel. The
+// callback keeps exactly those with a per-thread stack of the RecordFunction scopes it is in:
+//   - an op nested in an op already recorded is hidden (it runs inside that op's kernel);
+//   - a CompositeImplicitAutograd op without an autograd kernel, called with a tensor that carries
+//     an autograd key not excluded on this thread, is transparent: it decomposes above autograd,
+//     so the mode sees the ops it calls, not it (under inference mode it reaches the mode itself);
+//   - a BACKWARD_FUNCTION scope (an autograd node's apply) is transparent and marks the ops in it
+//     as backward ops, with the node's sequence number;
+//   - every other op is recorded: inputs at its start, outputs at its end.
+// A forward op's sequence number is the one the autograd node it makes gets (the dispatcher reads
+// at::sequence_number::peek() when grad mode is on and an autograd key is in the key set), so a
+// backward row links to its forward row by equal sequence numbers.
+//
+// Callbacks are thread-local RecordFunction callbacks: the autograd engine and at::launch carry
+// them (ThreadLocalState) to the threads that run a graph task. On such a thread an op is recorded
+// only inside a backward scope; on the thread that started the observer, always. Tensor subclasses
+// (a Python key in the key set) and nested tensors are flagged, never read: their sizes may call
+// into Python.
+//
+// The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h) is
+// the same in torch 2.11.0, 2.13.0 and 2.14.1; a version difference would live in the block below.
+//
+// Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
+// this file is a few seconds; one including torch/extension.h takes 35-50 s on two cores).
+
+#include <ATen/record_function.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// ---- torch API touch points (identical in 2.11.0, 2.13.0, 2.14.1) ------------------------------
+
+enum Kind : int8_t { kOp, kComposite, kMaybeComposite, kNotOp };
+// kComposite: a CompositeImplicitAutograd kernel and no autograd kernel: it decomposes above
+// autograd. kMaybeComposite: both (aten::linear, matmul, narrow, chunk, max_pool2d: their autograd
+// kernel may decompose or redispatch), decided by what runs inside it. kNotOp: a RecordFunction
+// named by a string (the engine's "autograd::engine::evaluate_function: ...", optimizer steps).
+
+Kind kind_of(const c10::OperatorName& name) {
+  auto handle = c10::Dispatcher::singleton().findOp(name);
+  if (!handle.has_value() || !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return kOp;
+  return handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd) ? kMaybeComposite : kComposite;
+}
+
+// Whether a call with these arguments dispatches to an autograd kernel on this thread: a tensor
+// argument carries an autograd key that the thread does not exclude (inside an autograd kernel's
+// redispatch, and under inference mode, autograd keys are excluded).
+bool autograd_key_live(c10::ArrayRef<const c10::IValue> values) {
+  c10::DispatchKeySet keys;
+  for (const auto& value : values) {
+    if (value.isTensor()) {
+      keys = keys | value.unsafeToTensorImpl()->key_set();
+    } else if (value.isList()) {
+      for (const auto& item : value.toListRef()) {
+        if (item.isTensor()) keys = keys | item.unsafeToTensorImpl()->key_set();
+      }
+    }
+  }
+  auto excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
+  return (keys - excluded).has_any(c10::autograd_dispatch_keyset);
+}
+
+// ---- what is recorded ---------------------------------------------------------------------------
+
+enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2 };
+// kEmpty: callbacks that return at once (the cost of RecordFunction itself); kEmptyWithValues: the
+// same, asking the dispatcher for inputs and outputs (its boxing); kRecord: the observer.
+
+enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2 };
+
+struct OpInfo {
+  int32_t id;  // -1 for kNotOp
+  Kind kind;
+};
+
+struct Slots {
+  std::vector<int64_t> row;
+  std::vector<int8_t> io;  // 0 input, 1 output
+  std::vector<int16_t> arg;
+  std::vector<int16_t> element;  // index in a list argument, -1 outside lists
+  std::vector<int8_t> dtype;     // c10::ScalarType
+  std::vector<int8_t> flag;
+  std::vector<int8_t> ndim;
+  std::vector<int64_t> value;  // the TensorImpl's address: Tensor._cdata in Python
+  std::vector<int64_t> version;
+  std::vector<int64_t> shape;  // the slots' sizes, concatenated
+
+  // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python:
+  // no slot.
+  void add(int64_t at_row, int8_t side, int16_t position, int16_t index, c10::TensorImpl* impl) {
+    if (impl == c10::UndefinedTensorImpl::singleton()) return;
+    row.push_back(at_row);
+    io.push_back(side);
+    arg.push_back(position);
+    element.push_back(index);
+    value.push_back(reinterpret_cast<int64_t>(impl));
+    dtype.push_back(static_cast<int8_t>(impl->dtype().toScalarType()));
+    version.push_back(impl->is_inference() ? -1 : impl->version_counter().current_version());
+    int8_t kind = impl->key_set().has(c10::DispatchKey::Python) ? kSubclass : impl->is_nested() ? kNested : kPlain;
+    flag.push_back(kind);
+    if (kind != kPlain) {
+      ndim.push_back(0);
+      return;
+    }
+    auto sizes = impl->sizes();
+    ndim.push_back(static_cast<int8_t>(sizes.size()));
+    shape.insert(shape.end(), sizes.begin(), sizes.end());
+  }
+
+  void add_all(int64_t at_row, int8_t side, c10::ArrayRef<const c10::IValue> values) {
+    for (size_t position = 0; position < values.size(); ++position) {
+      const auto& value = values[position];
+      if (value.isTensor()) {
+        add(at_row, side, static_cast<int16_t>(position), -1, value.unsafeToTensorImpl());
+      } else if (value.isList()) {
+        auto items = value.toListRef();
+        for (size_t index = 0; index < items.size(); ++index) {
+          if (items[index].isTensor()) {
+            add(at_row, side, static_cast<int16_t>(position), static_cast<int16_t>(index), items[index].unsafeToTensorImpl());
+          }
+        }
+      }
+    }
+  }
+
+  void append(const Slots& other, int64_t at_row) {
+    row.insert(row.end(), other.row.size(), at_row);
+    io.insert(io.end(), other.io.begin(), other.io.end());
+    arg.insert(arg.end(), other.arg.begin(), other.arg.end());
+    element.insert(element.end(), other.element.begin(), other.element.end());
+    dtype.insert(dtype.end(), other.dtype.begin(), other.dtype.end());
+    flag.insert(flag.end(), other.flag.begin(), other.flag.end());
+    ndim.insert(ndim.end(), other.ndim.begin(), other.ndim.end());
+    value.insert(value.end(), other.value.begin(), other.value.end());
+    version.insert(version.end(), other.version.begin(), other.version.end());
+    shape.insert(shape.end(), other.shape.begin(), other.shape.end());
+  }
+
+  void clear() {
+    for (auto* column : {&row, &value, &version, &shape}) column->clear();
+    for (auto* column : {&io, &dtype, &flag, &ndim}) column->clear();
+    arg.clear();
+    element.clear();
+  }
+};
+
+struct Row {
+  int32_t op;
+  int64_t seq;  // forward: the sequence number of the node the op makes; backward: of the node run
+  int8_t backward;
+  int64_t module;
+};
+
+struct Recorder {
+  std::mutex mutex;
+  std::unordered_map<const char*, OpInfo> ops;  // keyed by the schema's name pointer: one per overload
+  std::vector<std::string> names;                // "aten.mm.default", by op id
+  int64_t first_row = 0;  // op rows drained so far: slot rows hold absolute row numbers
+  std::vector<int32_t> op;
+  std::vector<int64_t> seq;
+  std::vector<int8_t> backward;
+  std::vector<int64_t> module;
+  Slots slots;
+
+  int64_t add_row(const Row& row) {  // mutex held
+    op.push_back(row.op);
+    seq.push_back(row.seq);
+    backward.push_back(row.backward);
+    module.push_back(row.module);
+    return first_row + static_cast<int64_t>(op.size()) - 1;
+  }
+};
+
+Recorder recorder;
+std::atomic<int64_t> module_context{-1};
+at::CallbackHandle handle = 0;
+std::thread::id owner;
+std::atomic<int> level{kRecord};
+
+constexpr char kEvaluateFunction[] = "autograd::engine::evaluate_function: ";
+// The engine's scope around a node's evaluation: the node's apply (a BACKWARD_FUNCTION scope), then
+// the reduction of each gradient to its input's shape (validate_outputs: sum_to) and its
+// accumulation into the next nodes' input buffers. Ops in it are that node's backward ops.
+
+enum FrameKind : int8_t { kHidden, kRecorded, kPending, kTransparent, kBackward };
+// kRecorded: a row; what it calls below autograd is hidden. kPending: a kMaybeComposite op whose
+// row waits in ThreadState::pending until what runs inside it tells whether it decomposed.
+
+struct Frame {
+  FrameKind kind;
+  bool live;    // called with an autograd key live
+  int64_t row;  // kRecorded: its row
+};
+
+struct ThreadState {
+  std::vector<Frame> frames;
+  std::vector<int64_t> node_seq;  // sequence numbers of the backward scopes
+  Row pending_row{};
+  Slots pending;  // the inputs of the innermost kPending frame (kMaybeComposite ops do not nest
+                  // pending: one decides at its first inner op)
+};
+thread_local ThreadState state;
+
+std::string overload_name(const c10::OperatorName& name) {
+  std::string out = name.name;
+  auto colon = out.find("::");
+  if (colon != std::string::npos) out.replace(colon, 2, ".");
+  out += ".";
+  out += name.overload_name.empty() ? "default" : name.overload_name;
+  return out;
+}
+
+// An operator's name() points into its FunctionSchema, which lives as long as the operator is
+// registered: a key per overload. A RecordFunction named by a string has its own copy of the name,
+// so its pointer never equals a live schema's; it is not cached.
+OpInfo op_info(const at::RecordFunction& fn) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  auto found = recorder.ops.find(fn.name());
+  if (found != recorder.ops.end()) return found->second;
+  auto name = fn.operator_name();
+  if (!name.has_value()) return OpInfo{-1, kNotOp};
+  OpInfo info{static_cast<int32_t>(recorder.names.size()), kind_of(*name)};
+  recorder.names.push_back(overload_name(*name));
+  recorder.ops.emplace(fn.name(), info);
+  return info;
+}
+
+Frame* enclosing_op(ThreadState& thread) {
+  for (auto frame = thread.frames.rbegin(); frame != thread.frames.rend(); ++frame) {
+    if (frame->kind != kTransparent && frame->kind != kBackward) return &*frame;
+  }
+  return nullptr;
+}
+
+// The pending op reached below autograd: its row is recorded now, before anything it runs.
+void settle(ThreadState& thread, Frame& frame) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  frame.row = recorder.add_row(thread.pending_row);
+  recorder.slots.append(thread.pending, frame.row);
+  frame.kind = kRecorded;
+  thread.pending.clear();
+}
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
+  auto& thread = state;
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {  // a node's apply, inside its evaluation
+    if (!thread.frames.empty() && thread.frames.back().kind == kBackward) thread.node_seq.back() = fn.seqNr();
+    thread.frames.push_back({kBackward, false, -1});
+    thread.node_seq.push_back(fn.seqNr());
+    return nullptr;
+  }
+  if (std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0) {
+    thread.frames.push_back({kBackward, false, -1});  // its number comes with the node's apply
+    thread.node_seq.push_back(-1);
+    return nullptr;
+  }
+  auto inputs = fn.inputs();
+  bool live = autograd_key_live(inputs);
+  Frame* parent = enclosing_op(thread);
+  if (parent != nullptr && parent->kind == kPending) {
+    if (live) {
+      parent->kind = kTransparent;  // it decomposed above autograd: this op is one of its parts
+      thread.pending.clear();
+    } else {
+      settle(thread, *parent);
+    }
+  }
+  bool inside = parent != nullptr && (parent->kind == kHidden || (parent->kind == kRecorded && !(live && parent->live)));
+  bool foreign = thread.node_seq.empty() && std::this_thread::get_id() != owner;  // an intra-op worker
+  if (inside || foreign) {
+    thread.frames.push_back({kHidden, false, -1});
+    return nullptr;
+  }
+  auto info = op_info(fn);
+  if (info.kind == kNotOp || (info.kind == kComposite && live)) {
+    thread.frames.push_back({kTransparent, live, -1});
+    return nullptr;
+  }
+  bool in_backward = !thread.node_seq.empty();
+  Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward),
+          module_context.load(std::memory_order_relaxed)};
+  if (info.kind == kMaybeComposite && live) {
+    thread.pending_row = row;
+    thread.pending.clear();
+    thread.pending.add_all(-1, 0, inputs);
+    thread.frames.push_back({kPending, live, -1});
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  auto at_row = recorder.add_row(row);
+  recorder.slots.add_all(at_row, 0, inputs);
+  thread.frames.push_back({kRecorded, live, at_row});
+  return nullptr;
+}
+
+void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (level.load(std::memory_order_relaxed) != kRecord) return;
+  auto& thread = state;
+  if (thread.frames.empty()) return;  // entered before the observer started
+  if (thread.frames.back().kind == kPending) settle(thread, thread.frames.back());  // ran nothing
+  auto frame = thread.frames.back();
+  thread.frames.pop_back();
+  if (frame.kind == kBackward) {
+    thread.node_seq.pop_back();
+  } else if (frame.kind == kRecorded) {
+    const auto& outputs = fn.outputs();
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    recorder.slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()));
+  }
+}
+
+// ---- the alternative observation point, measured by bench/observation_point.py -----------------
+// A boxed fallback on DispatchKey::Fake, a functionality key below autograd that torch reserves for
+// a C++ FakeTensor mode and that has no kernel and no fallback in 2.11-2.14 (it may get one). Put in
+// the thread's included keys, every op reaching below autograd passes through it, as through the
+// Python key of a dispatch mode; the ops it runs inside are not seen again (Fake excluded meanwhile).
+// It records op and slot rows (no sequence numbers, no backward scopes): enough to weigh its cost.
+
+std::optional<c10::RegistrationHandleRAII> fallback_registration;
+bool fallback_records = false;
+
+void fallback_observe(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  int64_t at_row = -1;
+  auto arguments = op.schema().arguments().size();
+  if (fallback_records) {
+    auto name = op.schema().name().c_str();
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    auto found = recorder.ops.find(name);
+    if (found == recorder.ops.end()) {
+      found = recorder.ops.emplace(name, OpInfo{static_cast<int32_t>(recorder.names.size()), kOp}).first;
+      recorder.names.push_back(overload_name(op.operator_name()));
+    }
+    at_row = recorder.add_row(Row{found->second.id, -1, 0, module_context.load(std::memory_order_relaxed)});
+    recorder.slots.add_all(at_row, 0, c10::ArrayRef<const c10::IValue>(stack->data() + stack->size() - arguments, arguments));
+  }
+  {
+    c10::impl::ExcludeDispatchKeyGuard inside(c10::DispatchKey::Fake);
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
+  }
+  if (fallback_records) {
+    auto returns = op.schema().returns().size();
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    recorder.slots.add_all(at_row, 1, c10::ArrayRef<const c10::IValue>(stack->data() + stack->size() - returns, returns));
+  }
+}
+
+template <typename T>
+void take(std::vector<T>& column, size_t count, void* into) {
+  std::memcpy(into, column.data(), count * sizeof(T));
+  column.erase(column.begin(), column.begin() + static_cast<std::ptrdiff_t>(count));
+}
+
+}  // namespace
+
+extern "C" {
+
+// Start observing on this thread (and the threads its autograd graph tasks run on): level 2
+// records; levels 0 and 1 register callbacks that do nothing (measurements). Returns 0 when already
+// started.
+int td_observer_start(int requested_level) {
+  if (handle != 0) return 0;
+  level.store(requested_level);
+  owner = std::this_thread::get_id();
+  state = ThreadState{};
+  bool values = requested_level != kEmpty;
+  handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
+                                          .needsInputs(values)
+                                          .needsOutputs(values)
+                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  return 1;
+}
+
+void td_observer_stop() {
+  if (handle == 0) return;
+  at::removeCallback(handle);
+  handle = 0;
+  state = ThreadState{};
+}
+
+// The fallback alternative: 0 passes ops through, 1 records them too. Returns 0 when the Fake key
+// already has a fallback (torch registered one) or this one is registered.
+int td_fallback_start(int records) {
+  if (fallback_registration.has_value() || c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(c10::DispatchKey::Fake)) {
+    return 0;
+  }
+  fallback_records = records != 0;
+  fallback_registration.emplace(c10::Dispatcher::singleton().registerFallback(
+      c10::DispatchKey::Fake, c10::KernelFunction::makeFromBoxedFunction<&fallback_observe>(), "torchdebug observer"));
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, true);
+  return 1;
+}
+
+void td_fallback_stop() {
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, false);
+  fallback_registration.reset();
+}
+
+void td_observer_set_module(int64_t context) { module_context.store(context, std::memory_order_relaxed); }
+
+int td_observer_op_names() {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  return static_cast<int>(recorder.names.size());
+}
+
+const char* td_observer_op_name(int id) { return recorder.names.at(static_cast<size_t>(id)).c_str(); }
+
+// counts[0..3]: op rows, slot rows, shape entries buffered now, and the absolute number of the
+// first op row buffered (slot rows refer to op rows by absolute number).
+void td_observer_counts(int64_t* counts) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  counts[0] = static_cast<int64_t>(recorder.op.size());
+  counts[1] = static_cast<int64_t>(recorder.slots.row.size());
+  counts[2] = static_cast<int64_t>(recorder.slots.shape.size());
+  counts[3] = recorder.first_row;
+}
+
+// Move the first counts[0] op rows, counts[1] slot rows and counts[2] shape entries (as
+// td_observer_counts gave them) into the 14 columns: Recorder's op columns, then its Slots'; rows added
+// since stay. Called between ops: an op still running when its row is drained records its outputs
+// with the next drain.
+void td_observer_drain(const int64_t* counts, void** columns) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  auto ops = static_cast<size_t>(counts[0]), slots = static_cast<size_t>(counts[1]);
+  take(recorder.op, ops, columns[0]);
+  take(recorder.seq, ops, columns[1]);
+  take(recorder.backward, ops, columns[2]);
+  take(recorder.module, ops, columns[3]);
+  take(recorder.slots.row, slots, columns[4]);
+  take(recorder.slots.io, slots, columns[5]);
+  take(recorder.slots.arg, slots, columns[6]);
+  take(recorder.slots.element, slots, columns[7]);
+  take(recorder.slots.dtype, slots, columns[8]);
+  take(recorder.slots.flag, slots, columns[9]);
+  take(recorder.slots.ndim, slots, columns[10]);
+  take(recorder.slots.value, slots, columns[11]);
+  take(recorder.slots.version, slots, columns[12]);
+  take(recorder.slots.shape, static_cast<size_t>(counts[2]), columns[13]);
+  recorder.first_row += static_cast<int64_t>(ops);
+}
+
+// The c10::ScalarType of the tensor whose TensorImpl is at `impl` (Tensor._cdata).
+int td_observer_scalar_type(void* impl) {
+  return static_cast<int>(static_cast<c10::TensorImpl*>(impl)->dtype().toScalarType());
+}
+
+}  // extern "C"

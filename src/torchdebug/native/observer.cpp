@@ -100,10 +100,10 @@ struct Slots {
   std::vector<int64_t> version;
   std::vector<int64_t> shape;  // the slots' sizes, concatenated
 
-  // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python:
-  // no slot.
+  // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
+  // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
   void add(int64_t at_row, int8_t side, int16_t position, int16_t index, c10::TensorImpl* impl) {
-    if (impl == c10::UndefinedTensorImpl::singleton()) return;
+    if (impl == c10::UndefinedTensorImpl::singleton() || impl->is_wrapped_number()) return;
     row.push_back(at_row);
     io.push_back(side);
     arg.push_back(position);

@@ -1,0 +1,198 @@
+"""The native op observer records the ops a dispatch mode sees, op for op, with their tensors."""
+
+from __future__ import annotations
+
+import difflib
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from torchdebug.native import build
+from torchdebug.native.observer import SUBCLASS, NativeObserver, ObservedOps, load_observer
+from torchdebug.slots import iter_slots
+
+pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
+
+
+@pytest.fixture(scope="module")
+def observer() -> NativeObserver:
+    loaded = load_observer()
+    assert loaded is not None, "a C++ compiler is here: the observer must build"
+    return loaded
+
+
+class _Seen(TorchDispatchMode):
+    """What a dispatch mode sees of each op: name, backward, the node's sequence number (backward ops)
+    or that of the node the op made (forward ops), the module context, and its tensors."""
+
+    def __init__(self, context: list[int]) -> None:
+        super().__init__()
+        self.context = context
+        self.rows: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        node = torch._C._current_autograd_node()
+        inputs = _tensors(iter_slots(args, kwargs))
+        out = func(*args, **kwargs)
+        seq = node._sequence_nr() if node is not None else torch._C._autograd._get_sequence_nr() - 1
+        outputs = _tensors(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
+        if func.namespace != "profiler":  # record_function's bookkeeping: capture skips it too
+            self.rows.append((str(func), node is not None, seq, self.context[-1], inputs, outputs))
+        return out
+
+
+def _tensors(slots) -> list[tuple[tuple[int, ...], torch.dtype]]:  # noqa: ANN001
+    return [(tuple(value.shape), value.dtype) for _, value in slots if isinstance(value, torch.Tensor)]
+
+
+def _rows(observer: NativeObserver, ops: ObservedOps) -> list[tuple]:
+    """The observer's rows in the form of :class:`_Seen`'s (the sequence number left out)."""
+    shapes = ops.slot_shapes()
+    rows = [[name, bool(ops.backward[i]), ops.module[i], [], []] for i, name in enumerate(ops.op_names())]
+    for slot, row in enumerate(ops.slot_row):
+        rows[row - ops.first_row][3 + ops.slot_io[slot]].append((shapes[slot], observer.dtypes[ops.slot_dtype[slot]]))
+    return [tuple(row) for row in rows]
+
+
+class _Small(nn.Module):
+    """Linear, GELU, in-place ops on an activation, Linear: a model whose backward a dispatch mode
+    does not change (no saved outputs, no gradient summed from two uses)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(8, 16)
+        self.second = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.gelu(self.first(x))
+        h.mul_(2.0).add_(1.0)
+        return self.second(h).sum()
+
+
+def _with_context(model: nn.Module, set_context) -> list:  # noqa: ANN001
+    """Hooks that set each submodule's index as the context while it runs, -1 outside."""
+    handles = []
+    for index, module in enumerate(model.children()):
+        handles.append(module.register_forward_pre_hook(lambda *_, index=index: set_context(index)))
+        handles.append(module.register_forward_hook(lambda *_: set_context(-1)))
+    return handles
+
+
+def _small_step(model: nn.Module) -> None:
+    model(torch.ones(3, 8)).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def test_the_observer_records_the_ops_a_dispatch_mode_sees_forward_backward_and_in_place(observer: NativeObserver) -> None:
+    torch.manual_seed(0)
+    model = _Small()
+    context = [-1]
+    handles = _with_context(model, lambda index: context.append(index))
+    with _Seen(context) as seen:
+        _small_step(model)
+    for handle in handles:
+        handle.remove()
+    _with_context(model, observer.set_module)
+    observer.set_module(-1)
+    observer.start()
+    _small_step(model)
+    observer.stop()
+    got = _rows(observer, observer.drain())
+    want = [(name, backward, module, inputs, outputs) for name, backward, _, module, inputs, outputs in seen.rows]
+    assert [row[0] for row in got] == [row[0] for row in want]
+    assert {"aten.addmm.default", "aten.mul_.Tensor", "aten.add_.Tensor", "aten.gelu_backward.default"} <= {r[0] for r in got}
+    forward = [row for row in got if not row[1]]
+    assert got == want
+    assert {row[2] for row in forward} == {-1, 0, 1}
+
+
+_NO_NODE = 2**63 - 1
+"""Python's view of an ``AccumulateGrad`` node's sequence number (``UINT64_MAX``); native rows say -1."""
+
+
+def test_a_backward_op_links_to_the_forward_op_that_made_its_node(observer: NativeObserver) -> None:
+    torch.manual_seed(0)
+    model = _Small()
+    with _Seen([-1]) as seen:
+        _small_step(model)
+    observer.start()
+    _small_step(model)
+    observer.stop()
+    ops = observer.drain()
+    names, backward, seq = ops.op_names(), ops.backward, ops.seq
+    made = {seq[row]: names[row] for row in range(len(names)) if not backward[row]}  # the last op with a number made it
+    expected = {}
+    for name, in_backward, number, *_ in seen.rows:
+        if not in_backward:
+            expected.setdefault(number, name)  # the op that ran first once the node existed
+    links = [(names[row], made.get(seq[row])) for row in range(len(names)) if backward[row] and seq[row] >= 0]
+    want = [(name, expected.get(number)) for name, in_backward, number, *_ in seen.rows if in_backward and number < _NO_NODE]
+    assert links == want
+    assert ("aten.gelu_backward.default", "aten.gelu.default") in links
+    assert ("aten.mm.default", "aten.addmm.default") in links
+
+
+_MODE_ONLY = {
+    ("delete", ("aten.detach.default",), ()),
+    ("replace", ("aten.view.default",), ("aten._reshape_alias.default",)),
+    ("replace", ("aten.add.Tensor",), ("aten.add_.Tensor",)),
+}
+"""What a dispatch mode changes in what torch runs: autograd saves an op's output (softmax) through
+``detach`` and unpacks it through another; ``reshape``'s backward takes ``view`` where it takes
+``_reshape_alias`` without a mode; gradients summed in the engine's input buffer are added out of
+place (``isTensorSubclassLike`` is true for every tensor while a mode is on)."""
+
+
+def test_on_a_training_step_the_ops_differ_from_a_dispatch_modes_only_where_the_mode_changes_them(
+    observer: NativeObserver,
+) -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = make_batch(config, batch=2)
+    train_step(model, optimizer, batch)
+    with _Seen([-1]) as seen:
+        train_step(model, optimizer, batch)
+    observer.start()
+    train_step(model, optimizer, batch)
+    observer.stop()
+    got = [name for name, *_ in _rows(observer, observer.drain())]
+    want = [name for name, *_ in seen.rows]
+    differences = set()
+    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, want, got, autojunk=False).get_opcodes():
+        if tag == "delete":
+            differences |= {(tag, (name,), ()) for name in want[a0:a1]}
+        elif tag == "replace" and a1 - a0 == b1 - b0:
+            differences |= {(tag, (old,), (new,)) for old, new in zip(want[a0:a1], got[b0:b1])}
+        elif tag != "equal":
+            differences.add((tag, tuple(want[a0:a1]), tuple(got[b0:b1])))
+    assert differences <= _MODE_ONLY
+    assert len(got) > 500 and "aten.addcdiv_.default" in got  # the optimizer's ops are there
+
+
+def test_value_ids_are_the_tensors_impl_and_a_subclass_is_flagged_not_read(observer: NativeObserver) -> None:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    weight = torch.randn(4, 4)
+    pair = TwoTensor(torch.ones(2), torch.ones(2))
+    observer.start()
+    weight.t()
+    pair.sin()
+    observer.stop()
+    ops = observer.drain()
+    assert ops.op_names() == ["aten.t.default", "aten.sin.default"]  # TwoTensor's own ops run inside: hidden
+    first_input = [slot for slot, row in enumerate(ops.slot_row) if row == ops.first_row and ops.slot_io[slot] == 0]
+    assert [ops.slot_value[slot] for slot in first_input] == [weight._cdata]
+    subclass_slots = [slot for slot, row in enumerate(ops.slot_row) if row == ops.first_row + 1]
+    assert [ops.slot_flag[slot] for slot in subclass_slots] == [SUBCLASS, SUBCLASS]
+    assert [ops.slot_ndim[slot] for slot in subclass_slots] == [0, 0]
+
+
+def test_native_code_disabled_gives_no_observer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(build.DISABLE_ENV, "0")
+    assert build.load_torch_library.__wrapped__("observer") is None

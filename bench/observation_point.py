@@ -1,7 +1,7 @@
 """Where a native capture path should observe ops: host time per aten op of each observation point,
 on the tiny GPT of ``bench/host_per_op.py`` (issue 48, item 1).
 
-    python bench/observation_point.py [--rounds 8] [--block 3] [--warmup 2] [--threads 1]
+    python bench/observation_point.py [--rounds 8] [--block 3] [--warmup 2] [--threads 1] [--device cpu]
 
 Points, each against a plain step in the same process (blocks of ``--block`` steps take turns):
 
@@ -19,7 +19,7 @@ Per point: median milliseconds per step, the ratio to the plain step, and host m
 per aten op, ``(point - plain) / ops``, where ``ops`` is what a counting dispatch mode counts in one
 step (the denominator of ``host_per_op.py``); by the wall clock and by the process's CPU time. Also
 the rows the observer records per step. Timings are printed, never asserted: the first line gives
-the load average.
+the load average. On ``--device cuda`` the step is not synchronised: host time is what is measured.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--block", type=positive_int, default=3, help="consecutive steps per block (default 3)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per point (default 2)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch's intra-op threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="where the model runs (default cpu)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -80,9 +81,9 @@ def main() -> None:
         raise SystemExit("the native observer cannot be built here (see the warning above)")
     print(f"observer loaded in {time.perf_counter() - start:.1f} s (a cold build compiles it)")
     seed_all(1234)
-    model = GPT(CONFIG)
+    model = GPT(CONFIG).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = make_batch(CONFIG, batch=BATCH)
+    batch = make_batch(CONFIG, batch=BATCH, device=args.device)
 
     def step() -> None:
         train_step(model, optimizer, batch)
@@ -101,7 +102,8 @@ def main() -> None:
                 cpu_times[point].append((time.process_time() - cpu) / args.block)
                 rows[point] = recorded // args.block
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}; "
+        f"torch {torch.__version__} on {args.device}, {torch.get_num_threads()} threads, "
+        f"load average {os.getloadavg()[0]:.2f}; "
         f"tiny GPT: {ops} aten ops a step (a counting dispatch mode); median of {args.rounds} blocks of {args.block} steps"
     )
     print(f"{'':16s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}")

@@ -83,13 +83,20 @@ def _with_context(model: nn.Module, set_context) -> list:  # noqa: ANN001
 
 
 def _small_step(model: nn.Module) -> None:
-    model(torch.ones(3, 8)).backward()
+    model(torch.ones(3, 8, device=model.first.weight.device)).backward()
     model.zero_grad(set_to_none=True)
 
 
-def test_the_observer_records_the_ops_a_dispatch_mode_sees_forward_backward_and_in_place(observer: NativeObserver) -> None:
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+"""On CUDA the backward runs on the engine's device thread: the observer follows it there."""
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_the_observer_records_the_ops_a_dispatch_mode_sees_forward_backward_and_in_place(
+    observer: NativeObserver, device: str
+) -> None:
     torch.manual_seed(0)
-    model = _Small()
+    model = _Small().to(device)
     context = [-1]
     handles = _with_context(model, lambda index: context.append(index))
     with _Seen(context) as seen:
@@ -108,6 +115,7 @@ def test_the_observer_records_the_ops_a_dispatch_mode_sees_forward_backward_and_
     forward = [row for row in got if not row[1]]
     assert got == want
     assert {row[2] for row in forward} == {-1, 0, 1}
+    assert any(row[1] for row in got)
 
 
 _NO_NODE = 2**63 - 1

@@ -37,7 +37,7 @@ from fractions import Fraction
 from typing import Any
 
 from torchdebug.compare._matching import identity
-from torchdebug.records import COLLECTIVES, Record
+from torchdebug.records import COLLECTIVES, Record, make_name
 from torchdebug.stats._schema import COUNT_KEYS
 from torchdebug.store import _reader as reader
 
@@ -142,6 +142,94 @@ def _follow(inputs: Sequence[tuple[Record, Layout | None]], shape: Sequence[int]
     return layout
 
 
+_RESHAPES = frozenset(
+    {
+        *("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.flatten.using_ints"),
+        *("aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default"),
+    }
+)
+"""Ops that give the same elements, in the same order, another shape."""
+_TRANSPOSES = frozenset({"aten.transpose.int", "aten.t.default", "aten.permute.default"})
+
+
+def _sharded_dim(layout: Layout) -> tuple[int, int] | None:
+    """The mesh dimension and the tensor dimension of a layout that shards one dimension over one
+    mesh dimension and replicates along the others (``None`` otherwise)."""
+    if len(layout.split) != 1 or layout.partial:
+        return None
+    mesh_dim = layout.split[0]
+    dim = int(layout.placements[mesh_dim][2:-1])
+    return mesh_dim, dim % len(layout.local_shape) if layout.local_shape else dim
+
+
+def _moved(layout: Layout, dim: int, local_shape: Sequence[int]) -> Layout:
+    """``layout`` with its sharded dimension at ``dim`` of a tensor of local shape ``local_shape``."""
+    mesh_dim, _ = _sharded_dim(layout)  # type: ignore[misc]
+    placements = list(layout.placements)
+    placements[mesh_dim] = f"S({dim})"
+    shape = list(local_shape)
+    shape[dim] *= layout.mesh[mesh_dim]
+    return Layout(tuple(placements), layout.mesh, layout.coordinate, tuple(shape), tuple(local_shape))
+
+
+def _reshaped(layout: Layout, shape: Sequence[int]) -> Layout | None:
+    """The layout of a view of a piece as ``shape``: a piece holds a contiguous block of the whole
+    tensor along its sharded dimension, so the view's dimension that starts where that one does (the
+    outermost of those it splits into, or the one it merges into with the dimensions after it) holds
+    the ranks' blocks in turn. ``None`` when the sharded dimension merges into one before it (its
+    blocks no longer contiguous) or the layout splits otherwise (Partial: see :func:`_viewed`)."""
+    found = _sharded_dim(layout)
+    if found is None or math.prod(shape) != math.prod(layout.local_shape):
+        return None
+    before = math.prod(layout.local_shape[: found[1]])
+    for dim in range(len(shape)):
+        if math.prod(shape[:dim]) == before:
+            return _moved(layout, dim, shape) if dim < len(shape) else None
+    return None
+
+
+def _transposed(layout: Layout, op: str, args: dict[str, Any], shape: Sequence[int]) -> Layout | None:
+    """The layout of a transpose or permutation of a piece: its sharded dimension moved with it."""
+    found = _sharded_dim(layout)
+    rank = len(layout.local_shape)
+    if found is None or rank != len(shape):
+        return None
+    order = list(range(rank))
+    if op == "aten.permute.default":
+        order = [int(d) % rank for d in args.get("1") or ()]
+    else:
+        first, second = (0, 1) if op == "aten.t.default" else (args.get("1"), args.get("2"))
+        if not isinstance(first, int) or not isinstance(second, int) or rank == 0:
+            return None
+        first, second = first % rank, second % rank
+        order[first], order[second] = order[second], order[first]
+    if sorted(order) != list(range(rank)):
+        return None
+    return _moved(layout, order.index(found[1]), shape)
+
+
+def _viewed(layout: Layout, op: str, args: dict[str, Any], shape: Sequence[int] | None) -> Layout | None:
+    """The layout of a view (:data:`_RESHAPES`, :data:`_TRANSPOSES`) of a piece as ``shape``: a
+    sharded dimension follows the view (a projection's local columns seen as its local heads); a
+    Partial summand stays one, of the view's shape."""
+    if shape is None:
+        return None
+    if layout.partial and not any(p.startswith("S(") for p in layout.placements):
+        return dataclasses.replace(layout, shape=tuple(shape), local_shape=tuple(shape))
+    if op in _TRANSPOSES:
+        return _transposed(layout, op, args, shape)
+    return _reshaped(layout, shape)
+
+
+def _arguments(records: Sequence[Record]) -> dict[tuple[int, str], dict[str, Any]]:
+    """``(step, call name)`` → the argument values of the views among ``records`` (by argument)."""
+    found: dict[tuple[int, str], dict[str, Any]] = {}
+    for record in records:
+        if record.kind != "tensor" and record.io == "input" and record.op in _TRANSPOSES:
+            found.setdefault((record.step, record.call_name), {})[record.arg] = record.value
+    return found
+
+
 def layouts(records: Sequence[Record]) -> dict[int, Layout]:
     """``id(record)`` → layout, for one rank's records (in execution order) holding a piece of a
     split value: DTensor records, and the plain slots that follow them (module docstring)."""
@@ -150,6 +238,7 @@ def layouts(records: Sequence[Record]) -> dict[int, Layout]:
     step = call = None
     inputs: list[tuple[Record, Layout | None]] = []
     on_subclass = False
+    arguments = _arguments(records)
     for record in records:
         if record.kind != "tensor":
             continue
@@ -165,6 +254,10 @@ def layouts(records: Sequence[Record]) -> dict[int, Layout]:
         elif not on_subclass:
             if record.io == "input":
                 layout = made.get(identity(record))  # type: ignore[arg-type]
+            elif record.io in _OUTPUTS and (record.op in _RESHAPES or record.op in _TRANSPOSES):
+                pieces = [held for _, held in inputs if held is not None]
+                if len(inputs) == 1 and pieces:
+                    layout = _viewed(pieces[0], record.op, arguments.get((record.step, name), {}), record.shape)
             elif record.io in _OUTPUTS and not record.op.startswith(COLLECTIVES):
                 # (a collective's output is another value: an all-reduce makes P(sum) pieces whole)
                 layout = _follow(inputs, record.shape)
@@ -258,6 +351,81 @@ def _gather(pending: dict[tuple[int, str], _Pieces], rank: int, run: reader.Run)
             missing -= len(entry.parts) == entry.layout.pieces
 
 
+def _masked_lookups(record: Record) -> bool:
+    """Whether a record holds a vocabulary-sharded DTensor embedding's output (``MaskPartial``): each
+    rank's lookups of ids it does not hold read row 0 of its shard, zeroed only when the value is
+    reduced, so the local tensor is no summand of the whole value."""
+    placements = record.extra.get("placements") if record.extra else None
+    return bool(placements) and any(str(p).startswith("MaskP(") for p in placements)
+
+
+def _masked(record: Record) -> Record:
+    """A ``MaskPartial`` record marked as a piece that cannot be merged (:func:`one_shard` says why)."""
+    why = (
+        "holds this rank's lookups of a vocabulary-sharded embedding (MaskPartial), ids outside its rows "
+        "not yet zeroed: no summand of the whole value, which the next collective makes"
+    )
+    return dataclasses.replace(record, extra={**record.extra, "one_shard": why})
+
+
+FROM_LOCAL = "DTensor.from_local"
+"""The op a sharded run's ``DTensor.from_local`` view is read as against another world size."""
+
+
+_REDISTRIBUTION = 3
+"""How many plain calls may pass a ``from_local`` view's value on to the DTensor op that reads it
+(a replicated gradient split to this rank's shard: ``split``, ``clone``)."""
+
+
+def _calls(records: Sequence[Record]) -> list[list[Record]]:
+    """``records`` (in execution order) grouped by call."""
+    calls: list[list[Record]] = []
+    for record in records:
+        if calls and calls[-1][0].step == record.step and calls[-1][0].call_name == record.call_name:
+            calls[-1].append(record)
+        else:
+            calls.append([record])
+    return calls
+
+
+def _wrapped(value: tuple | None, following: Sequence[list[Record]]) -> bool:
+    """Whether a DTensor op among ``following`` reads ``value`` as its local tensor, directly or
+    through the plain calls before it (:data:`_REDISTRIBUTION` at most) that read it."""
+    held = {value}
+    for call in following[: _REDISTRIBUTION + 1]:
+        inputs = [r for r in call if r.kind == "tensor" and r.io == "input"]
+        if call[0].extra.get("subclass"):
+            return any(identity(r, r.extra.get("local_shape")) in held for r in inputs)
+        if not any(identity(r) in held for r in inputs):
+            return False
+        held.update(identity(r) for r in call if r.kind == "tensor" and r.io in _OUTPUTS)
+    return False
+
+
+def from_local_views(records: Sequence[Record]) -> list[Record]:
+    """The records of the plain ``view`` calls that ``DTensor.from_local`` makes of a local tensor
+    (its shape kept), whose value a DTensor op then reads as its local tensor: bookkeeping of the
+    sharded run, like its collectives, which a single process has none of (named as the layer's
+    own ``view``, they would be paired with the single process's reshaping one)."""
+    calls = _calls(records)
+    found: list[Record] = []
+    for index, call in enumerate(calls):
+        if call[0].op != "aten.view.default" or call[0].extra.get("subclass"):
+            continue
+        tensors = [r for r in call if r.kind == "tensor"]
+        output = next((r for r in tensors if r.io == "output"), None)
+        kept = output is not None and all(r.shape == output.shape for r in tensors)
+        if kept and _wrapped(identity(output), calls[index + 1 :]):  # type: ignore[union-attr]
+            found.extend(call)
+    return found
+
+
+def _from_local(record: Record) -> Record:
+    """``record`` of a ``DTensor.from_local`` view, named as that op (:data:`FROM_LOCAL`)."""
+    name = make_name(record.phase, record.module, FROM_LOCAL, record.call, record.io, record.arg)
+    return dataclasses.replace(record, name=name, op=FROM_LOCAL)
+
+
 def _merged(entry: _Pieces) -> Record:
     """The whole-tensor record of one slot, or its own record marked when its pieces are not all there."""
     record, layout = entry.record, entry.layout
@@ -304,12 +472,11 @@ class ShardedRank:
         if self._records is None:
             own = self._dump.records()
             pending = _pieces_of(own)
-            if not pending:
-                self._records = own
-                return own
             _gather(pending, self._rank, self._run)
             merged = {id(entry.record): _merged(entry) for entry in pending.values()}
-            self._records = [merged.get(id(record), record) for record in own]
+            merged.update((id(record), _masked(record)) for record in own if _masked_lookups(record))
+            merged.update((id(record), _from_local(merged.get(id(record), record))) for record in from_local_views(own))
+            self._records = [merged.get(id(record), record) for record in own] if merged else own
         return self._records
 
     def __iter__(self) -> Iterator[Record]:

@@ -12,6 +12,8 @@ Points, each against a plain step in the same process (blocks of ``--block`` ste
 - ``rf-record``: the native observer (``torchdebug.native.observer``): the ops a dispatch mode sees,
   with sequence numbers, backward marks, module context and each tensor's dtype, shape, version and
   id in columns, drained once per block;
+- ``rf-record+stats``: the observer taking the sums of each CPU float tensor with ``stats.c``'s
+  kernel in the callback (what ``statistics`` capture needs of a CPU tensor; none on CUDA);
 - ``fallback-empty`` / ``fallback-record``: a boxed dispatcher fallback on ``DispatchKey::Fake``
   (below autograd) that passes every op on / also records its op and slot rows.
 
@@ -42,7 +44,16 @@ from examples.gpt import GPT, make_batch, train_step  # noqa: E402
 from torchdebug import seed_all  # noqa: E402
 from torchdebug.native.observer import EMPTY, EMPTY_WITH_VALUES, RECORD, NativeObserver, load_observer  # noqa: E402
 
-POINTS = ("plain", "dispatch-mode", "rf-empty", "rf-empty+values", "rf-record", "fallback-empty", "fallback-record")
+POINTS = (
+    "plain",
+    "dispatch-mode",
+    "rf-empty",
+    "rf-empty+values",
+    "rf-record",
+    "rf-record+stats",
+    "fallback-empty",
+    "fallback-record",
+)
 
 
 def run_block(point: str, observer: NativeObserver, step: Callable[[], object], block: int) -> int:
@@ -54,7 +65,8 @@ def run_block(point: str, observer: NativeObserver, step: Callable[[], object], 
             with _EmptyMode():
                 step()
         elif point.startswith("rf-"):
-            level = {"rf-empty": EMPTY, "rf-empty+values": EMPTY_WITH_VALUES, "rf-record": RECORD}[point]
+            level = {"rf-empty": EMPTY, "rf-empty+values": EMPTY_WITH_VALUES}.get(point, RECORD)
+            observer.use_stats(point == "rf-record+stats")
             observer.start(level)
             step()
             observer.stop()

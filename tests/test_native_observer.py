@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import struct
 
 import pytest
 import torch
@@ -11,8 +12,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from torchdebug.native import build
+from torchdebug.native.fused_stats import fused_stats
 from torchdebug.native.observer import SUBCLASS, NativeObserver, ObservedOps, load_observer
 from torchdebug.slots import iter_slots
+from torchdebug.stats._schema import WIDTH
 
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
 
@@ -204,3 +207,53 @@ def test_value_ids_are_the_tensors_impl_and_a_subclass_is_flagged_not_read(obser
 def test_native_code_disabled_gives_no_observer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(build.DISABLE_ENV, "0")
     assert build.load_torch_library.__wrapped__("observer") is None
+
+
+class _SeenSums(TorchDispatchMode):
+    """The sums ``fused_stats`` gives each tensor a dispatch mode sees (inputs before the op runs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sums: list[list[float] | None] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        self.sums += [fused_stats(value) for _, value in iter_slots(args, kwargs) if isinstance(value, torch.Tensor)]
+        out = func(*args, **kwargs)
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        self.sums += [fused_stats(value) for _, value in iter_slots(outputs) if isinstance(value, torch.Tensor)]
+        return out
+
+
+def test_the_statistics_of_cpu_float_tensors_are_fused_stats_bit_for_bit(observer: NativeObserver) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)
+    row = torch.randn(5, dtype=torch.float64)
+    half = torch.randn(3, 4, dtype=torch.bfloat16)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.5])
+    big = torch.randn(300_000)  # split over torch's threads where it has several
+
+    def ops(big: torch.Tensor) -> None:
+        x.t().sin()  # a transposed input
+        row.expand(4, 5).cos()  # a broadcast one
+        x[:, 1:].exp()  # a slice
+        half.mul(3)
+        special.abs()
+        big.add_(1.0)  # in place: its input is taken before the op
+        torch.arange(4).add(1)  # integers: no sums
+
+    copy = big.clone()
+    with _SeenSums() as seen:
+        ops(big)
+    assert observer.use_stats()
+    observer.start()
+    ops(copy)
+    observer.stop()
+    ops_ = observer.drain()
+    got = [
+        ops_.stats[slot * WIDTH : (slot + 1) * WIDTH].tobytes() if ops_.slot_has_stats[slot] else None
+        for slot in range(len(ops_.slot_row))
+    ]
+    want = [struct.pack(f"{WIDTH}d", *sums) if sums is not None else None for sums in seen.sums]
+    assert got == want
+    assert sum(value is not None for value in got) == 18  # two a float op, the view ops included

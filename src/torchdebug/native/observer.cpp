@@ -28,11 +28,14 @@
 // Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
 // this file is a few seconds; one including torch/extension.h takes 35-50 s on two cores).
 
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -83,6 +86,79 @@ enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2 };
 
 enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2 };
 
+// ---- statistics: stats.c's kernels, called on CPU float tensors ----------------------------------
+// Python hands over the entry points of the stats library it loaded (td_observer_use_stats), so the
+// sums are those of torchdebug.native.fused_stats.fused_sums_into bit for bit: the same code, the
+// same walk of the tensor's memory (runs() below is fused_stats._runs), the same thread count.
+
+using StatsKernel = int (*)(const void*, int, const int64_t*, const int64_t*, double*, int);
+constexpr int kStatsWidth = 8;  // min, max, sum, squares, nan, posinf, neginf, zeros
+constexpr int kMaxDims = 16;
+std::atomic<StatsKernel> stats_f32{nullptr}, stats_bf16{nullptr}, stats_f64{nullptr};
+
+StatsKernel stats_kernel(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float:
+      return stats_f32.load(std::memory_order_relaxed);
+    case c10::ScalarType::BFloat16:
+      return stats_bf16.load(std::memory_order_relaxed);
+    case c10::ScalarType::Double:
+      return stats_f64.load(std::memory_order_relaxed);
+    default:
+      return nullptr;
+  }
+}
+
+// Sizes and strides, outer to inner, that visit every element once with an innermost stride of 1
+// (dims of size 1 dropped, dims that continue each other merged, broadcast dims outermost); the
+// number of dims, 0 when no such walk exists (fused_stats copies such a tensor: not done here).
+int runs(const c10::TensorImpl* impl, int64_t* sizes, int64_t* strides) {
+  if (impl->is_contiguous()) {
+    sizes[0] = impl->numel();
+    strides[0] = 1;
+    return 1;
+  }
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  auto shape = impl->sizes();
+  auto steps = impl->strides();
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] != 1) dims.emplace_back(steps[d], shape[d]);
+  }
+  std::stable_sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) {
+    return std::make_pair(a.first != 0, -a.first) < std::make_pair(b.first != 0, -b.first);
+  });
+  int ndim = 0;
+  for (auto dim = dims.rbegin(); dim != dims.rend(); ++dim) {  // inner to outer
+    if (ndim > 0 && dim->first == strides[ndim - 1] * sizes[ndim - 1]) {
+      sizes[ndim - 1] *= dim->second;
+    } else {
+      if (ndim == kMaxDims) return 0;
+      sizes[ndim] = dim->second;
+      strides[ndim] = dim->first;
+      ++ndim;
+    }
+  }
+  if (ndim == 0 || strides[0] != 1) return 0;
+  std::reverse(sizes, sizes + ndim);
+  std::reverse(strides, strides + ndim);
+  return ndim;
+}
+
+// The sums of a plain (not a subclass, not nested) tensor into out, when the kernel applies: a
+// non-empty strided CPU tensor of float32, bfloat16 or float64 without the negative bit, with data.
+bool take_stats(const c10::TensorImpl* impl, double* out) {
+  auto kernel = stats_kernel(impl->dtype().toScalarType());
+  if (kernel == nullptr || !impl->is_cpu() || impl->layout() != c10::kStrided || impl->is_neg() || impl->numel() == 0 ||
+      !impl->has_storage() || !impl->storage_initialized()) {
+    return false;
+  }
+  int64_t sizes[kMaxDims], strides[kMaxDims];
+  int ndim = runs(impl, sizes, strides);
+  if (ndim == 0) return false;
+  kernel(impl->data(), ndim, sizes, strides, out, at::get_num_threads());
+  return true;
+}
+
 struct OpInfo {
   int32_t id;  // -1 for kNotOp
   Kind kind;
@@ -99,6 +175,8 @@ struct Slots {
   std::vector<int64_t> value;  // the TensorImpl's address: Tensor._cdata in Python
   std::vector<int64_t> version;
   std::vector<int64_t> shape;  // the slots' sizes, concatenated
+  std::vector<int8_t> has_stats;
+  std::vector<double> stats;  // kStatsWidth sums a slot (NaN where not taken)
 
   // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
@@ -113,13 +191,17 @@ struct Slots {
     version.push_back(impl->is_inference() ? -1 : impl->version_counter().current_version());
     int8_t kind = impl->key_set().has(c10::DispatchKey::Python) ? kSubclass : impl->is_nested() ? kNested : kPlain;
     flag.push_back(kind);
+    auto at = stats.size();
+    stats.resize(at + kStatsWidth, std::nan(""));
     if (kind != kPlain) {
       ndim.push_back(0);
+      has_stats.push_back(0);
       return;
     }
     auto sizes = impl->sizes();
     ndim.push_back(static_cast<int8_t>(sizes.size()));
     shape.insert(shape.end(), sizes.begin(), sizes.end());
+    has_stats.push_back(take_stats(impl, stats.data() + at) ? 1 : 0);
   }
 
   void add_all(int64_t at_row, int8_t side, c10::ArrayRef<const c10::IValue> values) {
@@ -149,11 +231,14 @@ struct Slots {
     value.insert(value.end(), other.value.begin(), other.value.end());
     version.insert(version.end(), other.version.begin(), other.version.end());
     shape.insert(shape.end(), other.shape.begin(), other.shape.end());
+    has_stats.insert(has_stats.end(), other.has_stats.begin(), other.has_stats.end());
+    stats.insert(stats.end(), other.stats.begin(), other.stats.end());
   }
 
   void clear() {
     for (auto* column : {&row, &value, &version, &shape}) column->clear();
-    for (auto* column : {&io, &dtype, &flag, &ndim}) column->clear();
+    for (auto* column : {&io, &dtype, &flag, &ndim, &has_stats}) column->clear();
+    stats.clear();
     arg.clear();
     element.clear();
   }
@@ -270,9 +355,13 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     thread.node_seq.push_back(-1);
     return nullptr;
   }
+  Frame* parent = enclosing_op(thread);
+  if (parent != nullptr && (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live))) {
+    thread.frames.push_back({kHidden, false, -1});  // inside a kernel below autograd
+    return nullptr;
+  }
   auto inputs = fn.inputs();
   bool live = autograd_key_live(inputs);
-  Frame* parent = enclosing_op(thread);
   if (parent != nullptr && parent->kind == kPending) {
     if (live) {
       parent->kind = kTransparent;  // it decomposed above autograd: this op is one of its parts
@@ -281,7 +370,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       settle(thread, *parent);
     }
   }
-  bool inside = parent != nullptr && (parent->kind == kHidden || (parent->kind == kRecorded && !(live && parent->live)));
+  bool inside = parent != nullptr && parent->kind == kRecorded && !live;
   bool foreign = thread.node_seq.empty() && std::this_thread::get_id() != owner;  // an intra-op worker
   if (inside || foreign) {
     thread.frames.push_back({kHidden, false, -1});
@@ -431,7 +520,7 @@ void td_observer_counts(int64_t* counts) {
 }
 
 // Move the first counts[0] op rows, counts[1] slot rows and counts[2] shape entries (as
-// td_observer_counts gave them) into the 14 columns: Recorder's op columns, then its Slots'; rows added
+// td_observer_counts gave them) into the 16 columns: Recorder's op columns, then its Slots'; rows added
 // since stay. Called between ops: an op still running when its row is drained records its outputs
 // with the next drain.
 void td_observer_drain(const int64_t* counts, void** columns) {
@@ -451,7 +540,18 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(recorder.slots.value, slots, columns[11]);
   take(recorder.slots.version, slots, columns[12]);
   take(recorder.slots.shape, static_cast<size_t>(counts[2]), columns[13]);
+  take(recorder.slots.has_stats, slots, columns[14]);
+  take(recorder.slots.stats, slots * kStatsWidth, columns[15]);
   recorder.first_row += static_cast<int64_t>(ops);
+}
+
+// Take the statistics of CPU float tensors with stats.c's entry points td_stats_f32, td_stats_bf16
+// and td_stats_f64 (null: not taken) from the rows recorded from now on. Returns the sums' width.
+int td_observer_use_stats(void* f32, void* bf16, void* f64) {
+  stats_f32.store(reinterpret_cast<StatsKernel>(f32));
+  stats_bf16.store(reinterpret_cast<StatsKernel>(bf16));
+  stats_f64.store(reinterpret_cast<StatsKernel>(f64));
+  return kStatsWidth;
 }
 
 // The c10::ScalarType of the tensor whose TensorImpl is at `impl` (Tensor._cdata).

@@ -16,7 +16,8 @@ schema position of the argument, or of the result), ``slot_element`` (index in a
 outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code: :attr:`NativeObserver.dtypes` maps them),
 ``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes not read), ``slot_ndim``
 with the sizes concatenated in ``shape``, ``slot_value`` (the ``TensorImpl``'s address, which is
-``Tensor._cdata``) and ``slot_version`` (its version counter, -1 for inference tensors).
+``Tensor._cdata``) and ``slot_version`` (its version counter, -1 for inference tensors); after
+:meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float tensor (``slot_has_stats``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from itertools import accumulate
 
 import torch
 
-from torchdebug.native.build import load_torch_library
+from torchdebug.native.build import load_library, load_torch_library
+from torchdebug.stats._schema import COLUMNS, WIDTH
 
 EMPTY, EMPTY_WITH_VALUES, RECORD = 0, 1, 2
 """Observer levels: callbacks that return at once, the same asking the dispatcher for inputs and
@@ -54,6 +56,8 @@ _COLUMNS = (
     ("slot_value", "q"),
     ("slot_version", "q"),
     ("shape", "q"),
+    ("slot_has_stats", "b"),
+    ("stats", "d"),
 )
 """The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
 
@@ -82,6 +86,9 @@ class ObservedOps:
     slot_value: array
     slot_version: array
     shape: array
+    slot_has_stats: array
+    stats: array
+    """``WIDTH`` sums a slot (``torchdebug.stats._schema.COLUMNS``; NaN where ``slot_has_stats`` is 0)."""
 
     def op_names(self) -> list[str]:
         """The op name of each row."""
@@ -107,11 +114,28 @@ class NativeObserver:
         library.td_observer_drain.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_scalar_type.argtypes = [ctypes.c_void_p]
         library.td_fallback_start.argtypes = [ctypes.c_int]
+        library.td_observer_use_stats.argtypes = [ctypes.c_void_p] * 3
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
         """``c10::ScalarType`` code → ``torch.dtype``."""
         self._names: list[str] = []
+
+    def use_stats(self, enabled: bool = True) -> bool:
+        """Take the sums of CPU float32, bfloat16 and float64 tensors (``torchdebug.native.stats.c``'s
+        kernels, as :func:`~torchdebug.native.fused_stats.fused_sums_into` calls them) in the rows
+        recorded from now on, or no longer; ``False`` where the stats library cannot be built."""
+        stats = load_library("stats")
+        if stats is None or not enabled:
+            self._lib.td_observer_use_stats(None, None, None)
+            return stats is not None
+        stats.td_stats_columns.restype = ctypes.c_char_p
+        if tuple(stats.td_stats_columns().decode().split(",")) != COLUMNS:
+            raise RuntimeError(f"native/stats.c writes the columns {stats.td_stats_columns().decode()}, not {COLUMNS}")
+        entries = (ctypes.cast(getattr(stats, f"td_stats_{suffix}"), ctypes.c_void_p) for suffix in ("f32", "bf16", "f64"))
+        if self._lib.td_observer_use_stats(*entries) != WIDTH:
+            raise RuntimeError(f"native/observer.cpp keeps sums of another width than {WIDTH}")
+        return True
 
     def start(self, level: int = RECORD) -> bool:
         """Observe the ops of this thread and of the autograd graph tasks it runs; ``False`` when it
@@ -135,7 +159,7 @@ class NativeObserver:
         """Move the rows buffered so far into Python arrays (one native call)."""
         counts = (ctypes.c_int64 * 4)()
         self._lib.td_observer_counts(counts)
-        sizes = [counts[0]] * _OP_COLUMNS + [counts[1]] * _SLOT_COLUMNS + [counts[2]]
+        sizes = [counts[0]] * _OP_COLUMNS + [counts[1]] * _SLOT_COLUMNS + [counts[2], counts[1], counts[1] * WIDTH]
         columns = {name: array(code, bytes(array(code).itemsize * size)) for (name, code), size in zip(_COLUMNS, sizes)}
         pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
         self._lib.td_observer_drain(counts, pointers)

@@ -257,3 +257,30 @@ def test_the_statistics_of_cpu_float_tensors_are_fused_stats_bit_for_bit(observe
     want = [struct.pack(f"{WIDTH}d", *sums) if sums is not None else None for sums in seen.sums]
     assert got == want
     assert sum(value is not None for value in got) == 18  # two a float op, the view ops included
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_composite_ops_are_seen_as_a_dispatch_mode_sees_them_without_grad_and_in_inference_mode(
+    observer: NativeObserver, context: type
+) -> None:
+    """Under inference mode autograd's keys are excluded: composite ops (linear, layer_norm, reshape,
+    narrow, matmul, chunk) reach the mode whole; under no_grad they still decompose above autograd."""
+    model = _Small()
+
+    def run() -> None:
+        with context():
+            x = torch.ones(3, 8)
+            model(x)
+            nn.functional.layer_norm(x, (8,))
+            x.reshape(24).narrow(0, 2, 5).contiguous()
+            torch.matmul(x, x.t())
+            x.chunk(2, 1)
+
+    with _Seen([-1]) as seen:
+        run()
+    observer.start()
+    run()
+    observer.stop()
+    got = observer.drain().op_names()
+    assert got == [name for name, *_ in seen.rows]
+    assert ("aten.linear.default" in got) == (context is torch.inference_mode)

@@ -90,5 +90,5 @@ def test_a_merged_gradient_that_cancels_below_atol_passes_and_one_beyond_growth_
     verdict, attribution, message = _merged_gradient(1e-9, 0.03)  # a key bias's gradient: zero but for rounding
     assert (verdict, attribution) == ("pass", "inherited") and "a sum that cancels" in message
     verdict, attribution, message = _merged_gradient(1.0, 0.03)  # 0.03 > 16 tolerances of 1e-3
-    assert (verdict, attribution) == ("error", "blamed") and message.endswith("the difference enters here")
+    assert (verdict, attribution) == ("error", "blamed") and "the difference enters here" in message
     assert "merged from every rank's pieces" in message

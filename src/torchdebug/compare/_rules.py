@@ -29,7 +29,7 @@ from torchdebug.compare._rows import Row
 from torchdebug.compare._shards import local_indices, one_shard
 from torchdebug.compare._structure import _against, cause_in_block
 from torchdebug.compare._tolerances import tolerance_for
-from torchdebug.records import UNREAD, Record
+from torchdebug.records import COLLECTIVES, UNREAD, Record
 
 __all__ = ["Call", "Rule", "RULES", "ROUTING_CHANGED", "slot_of"]
 
@@ -726,17 +726,41 @@ def one_sided_from_incomparable(row: Row, call: Call) -> Judgement | None:
     partner = row.record_b if merged == "a" else row.record_a
     cause = _changed_by(row, merged, partner, call) if merged is not None and partner is not None else None
     if cause is not None:
-        return _blame_one_sided(row, merged, partner, cause, made)  # type: ignore[arg-type]
-    return _blamed(row, f"{_detail(row)}; {made}, it differs where both runs should agree: the difference enters here")
+        return _blame_one_sided(row, merged, partner, cause, made, "the value entering it agrees")  # type: ignore[arg-type]
+    for side in ("a", "b"):
+        partner = row.record_b if side == "a" else row.record_a
+        gathered = _gathered_by(row, side, partner, call) if partner is not None else None
+        if gathered is not None:
+            whole = "it made the value whole from pieces that could not be judged one by one (the region before it)"
+            return _blame_one_sided(row, side, partner, gathered, made, whole)
+    return _blamed(
+        row,
+        f"{_detail(row)}; {made}, it differs where both runs should agree: the difference enters here "
+        "(or in the region before it, which could not be judged)",
+    )
 
 
-def _blame_one_sided(row: Row, side: str, partner: Record, cause: tuple[Row, float, float], made: str) -> Judgement:
-    """``row`` inherits from ``cause``, an op only ``side`` runs that changed the value it read, blamed with it."""
+def _gathered_by(row: Row, side: str, partner: Record, call: Call) -> tuple[Row, float, float] | None:
+    """The collective only ``side`` runs that made the value ``row`` holds (its output's error and
+    tolerance against ``partner``): the first place that side holds the whole value (a vocabulary-
+    parallel embedding's all-reduce of the ranks' lookups), where a difference of the pieces shows."""
+    made = call.flow.producer(row, side)
+    if made is None or made.matched or not made.op.startswith(COLLECTIVES):
+        return None
+    found = _against(made, side, partner, call.flow)
+    return (made, *found) if found is not None and found[0] > found[1] else None
+
+
+def _blame_one_sided(
+    row: Row, side: str | None, partner: Record, cause: tuple[Row, float, float], made: str, why: str
+) -> Judgement:
+    """``row`` inherits from ``cause``, an op only ``side`` runs that made the difference of the value it read
+    (``why``), blamed with it."""
     op, error, tolerance = cause
-    who, other = side.upper(), "B" if side == "a" else "A"
+    who, other = ("A", "B") if side == "a" else ("B", "A")
     why = (
         f"error {_fmt(error)} > tolerance {_fmt(tolerance)} against {other}'s value at {partner.name}; "
-        f"only {who} runs this op and the value entering it agrees: this op makes the difference"
+        f"only {who} runs this op and {why}: this op makes the difference"
     )
     judged = _blamed(op, why)._replace(error=error, upstream=error)
     message = f"{_detail(row)}; {made}; made by {op.op} that only {who} runs ({op.name}), which changed the value"

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from torchdebug.compare._comparable import parameter_values
 from torchdebug.compare._matching import identity
 from torchdebug.records import COLLECTIVES, Record, make_name
 from torchdebug.stats._schema import COUNT_KEYS
@@ -49,6 +50,7 @@ __all__ = [
     "local_indices",
     "whole_tensors",
     "one_shard",
+    "plain_shards",
     "row_note",
     "sharded",
 ]
@@ -230,9 +232,11 @@ def _arguments(records: Sequence[Record]) -> dict[tuple[int, str], dict[str, Any
     return found
 
 
-def layouts(records: Sequence[Record]) -> dict[int, Layout]:
+def layouts(records: Sequence[Record], shards: Mapping[str, tuple[int, ...]] | None = None, world: int = 0) -> dict[int, Layout]:
     """``id(record)`` → layout, for one rank's records (in execution order) holding a piece of a
-    split value: DTensor records, and the plain slots that follow them (module docstring)."""
+    split value: DTensor records, the plain slots named in ``shards`` (a parameter's slots, with the
+    whole value's shape: see :func:`plain_shards`, over ``world`` ranks), and the plain slots that
+    follow them (module docstring)."""
     found: dict[int, Layout] = {}
     made: dict[tuple, Layout] = {}  # local identity of the pieces made in this step
     step = call = None
@@ -249,8 +253,11 @@ def layouts(records: Sequence[Record]) -> dict[int, Layout]:
         if name != call:
             call, inputs, on_subclass = name, [], False
         layout = _native(record)
+        whole = shards.get(record.name) if shards else None
         if record.extra.get("subclass"):
             on_subclass = True  # a DTensor op: its records name their own layouts
+        elif whole is not None:
+            layout = _plain_shard(record, whole, world)
         elif not on_subclass:
             if record.io == "input":
                 layout = made.get(identity(record))  # type: ignore[arg-type]
@@ -312,9 +319,43 @@ def _whole_stats(parts: Sequence[tuple[dict[str, Any] | None, int]], layout: Lay
     }
 
 
-def _pieces_of(records: Sequence[Record]) -> dict[tuple[int, str], _Pieces]:
-    """The split slots of the compared rank, keyed by ``(step, name)``, each with its own piece."""
-    found = layouts(records)
+def _split_dim(local: Sequence[int], whole: Sequence[int], world: int) -> int | None:
+    """The one dimension ``whole`` has ``world`` times as large as ``local`` (the others equal)."""
+    if len(local) != len(whole) or world < 2:
+        return None
+    differ = [d for d, (size, total) in enumerate(zip(local, whole)) if size != total]
+    return differ[0] if len(differ) == 1 and whole[differ[0]] == local[differ[0]] * world else None
+
+
+def _plain_shard(record: Record, whole: tuple[int, ...], world: int) -> Layout | None:
+    """The layout of a plain slot holding this rank's block of a value of shape ``whole``."""
+    local = tuple(record.shape or ())
+    dim = _split_dim(local, whole, world)
+    return None if dim is None else Layout((f"S({dim})",), (world,), (record.rank,), whole, local)
+
+
+def plain_shards(records: Sequence[Record], twins: Iterable[Record], world: int) -> dict[str, tuple[int, ...]]:
+    """Slot name → the whole value's shape, for the plain slots of a rank holding a parameter, its
+    gradient or optimizer state (Megatron-style tensor parallelism on local tensors: a vocabulary or
+    a projection split by rows) whose twin slot in the other run (``twins``: its records) is
+    ``world`` times as large along one dimension: the sharded run's ranks each hold one block."""
+    parameters = parameter_values(records)
+    local = {
+        r.name: r.shape
+        for r in records
+        if r.kind == "tensor" and r.shape and not r.extra.get("subclass") and identity(r) in parameters
+    }
+    found: dict[str, tuple[int, ...]] = {}
+    for twin in twins:
+        shape = local.get(twin.name)
+        if shape is not None and twin.shape and _split_dim(shape, twin.shape, world) is not None:
+            found[twin.name] = tuple(twin.shape)
+    return found
+
+
+def _pieces_of(records: Sequence[Record], found: Mapping[int, Layout]) -> dict[tuple[int, str], _Pieces]:
+    """The split slots of the compared rank (``found``: their :func:`layouts`), keyed by ``(step, name)``,
+    each with its own piece."""
     pending = {}
     for record in records:
         layout = found.get(id(record))
@@ -323,7 +364,9 @@ def _pieces_of(records: Sequence[Record]) -> dict[tuple[int, str], _Pieces]:
     return pending
 
 
-def _gather(pending: dict[tuple[int, str], _Pieces], rank: int, run: reader.Run) -> None:
+def _gather(
+    pending: dict[tuple[int, str], _Pieces], rank: int, run: reader.Run, shards: Mapping[str, tuple[int, ...]] | None = None
+) -> None:
     """Add the other ranks' pieces to ``pending``, one rank at a time (only the pieces are kept).
     Stops once every slot is complete when each mesh spans the world (a coordinate names one rank);
     with a sub-mesh, reads every rank to notice pieces that several ranks offer."""
@@ -337,7 +380,7 @@ def _gather(pending: dict[tuple[int, str], _Pieces], rank: int, run: reader.Run)
             continue
         dump = run.ranks[other]
         records = dump.passing_records() if hasattr(dump, "passing_records") else dump.records()
-        found = layouts(records)
+        found = layouts(records, shards, world)
         for record in records:
             layout = found.get(id(record))
             entry = pending.get((record.step, record.name)) if layout is not None else None
@@ -351,20 +394,47 @@ def _gather(pending: dict[tuple[int, str], _Pieces], rank: int, run: reader.Run)
             missing -= len(entry.parts) == entry.layout.pieces
 
 
-def _masked_lookups(record: Record) -> bool:
-    """Whether a record holds a vocabulary-sharded DTensor embedding's output (``MaskPartial``): each
-    rank's lookups of ids it does not hold read row 0 of its shard, zeroed only when the value is
-    reduced, so the local tensor is no summand of the whole value."""
-    placements = record.extra.get("placements") if record.extra else None
-    return bool(placements) and any(str(p).startswith("MaskP(") for p in placements)
+_LOOKUPS = (
+    "holds this rank's lookups in its vocabulary shard, ids outside its rows not yet zeroed: "
+    "no summand of the whole value, which the next collective makes"
+)
+_LOCAL_IDS = (
+    "holds the ids of this rank's vocabulary shard (shifted to its rows, the others masked), the other side the global ones"
+)
+_LOCAL_GRADIENT = "holds the gradient of this rank's lookups alone (ids outside its vocabulary shard masked)"
 
 
-def _masked(record: Record) -> Record:
-    """A ``MaskPartial`` record marked as a piece that cannot be merged (:func:`one_shard` says why)."""
-    why = (
-        "holds this rank's lookups of a vocabulary-sharded embedding (MaskPartial), ids outside its rows "
-        "not yet zeroed: no summand of the whole value, which the next collective makes"
-    )
+def _vocabulary_slots(records: Sequence[Record], found: Mapping[int, Layout]) -> dict[int, str]:
+    """``id(record)`` → why it cannot be compared, for the slots of a vocabulary-sharded embedding
+    that hold this rank's part of another value: a DTensor embedding's output (``MaskPartial``: ids
+    outside the shard read row 0, zeroed only when the value is reduced), and, on plain local shards
+    (Megatron's layout: the table's rows split, :func:`plain_shards`), the local ids and lookups of
+    the forward and the masked gradient and local ids its backward reads."""
+    why: dict[int, str] = {}
+    for call in _calls(records):
+        first = call[0]
+        if first.extra.get("subclass"):
+            for record in call:
+                placements = record.extra.get("placements") or ()
+                if any(str(p).startswith("MaskP(") for p in placements):
+                    why[id(record)] = _LOOKUPS
+            continue
+        slots = {(r.io, r.arg): r for r in call if r.kind == "tensor"}
+        if first.op in _EMBEDDINGS:
+            table = found.get(id(slots.get(("input", "0"))))
+            marks = {("input", "1"): _LOCAL_IDS, ("output", "0"): _LOOKUPS}
+        elif first.op == "aten.embedding_dense_backward.default":
+            table = found.get(id(slots.get(("output", "0"))))
+            marks = {("input", "0"): _LOCAL_GRADIENT, ("input", "1"): _LOCAL_IDS}
+        else:
+            continue
+        if table is not None and table.placements == ("S(0)",):
+            why.update((id(slots[slot]), text) for slot, text in marks.items() if slot in slots)
+    return why
+
+
+def _unmerged(record: Record, why: str) -> Record:
+    """``record`` marked as a piece that cannot be merged (:func:`one_shard` says why)."""
     return dataclasses.replace(record, extra={**record.extra, "one_shard": why})
 
 
@@ -455,8 +525,9 @@ class ShardedRank:
     """One rank of a sharded run whose split slots read as whole tensors (see the module docstring);
     everything else is the rank's own (:class:`~torchdebug.store._reader.RankRecords`)."""
 
-    def __init__(self, run: reader.Run, rank: int) -> None:
-        self._run, self._rank = run, rank
+    def __init__(self, run: reader.Run, rank: int, other: reader.Run | None = None) -> None:
+        """``other``: the run compared with, whose slots' shapes tell a plain parameter's blocks (:func:`plain_shards`)."""
+        self._run, self._rank, self._other = run, rank, other
         self._dump = run.ranks[rank]
         self._records: list[Record] | None = None
 
@@ -471,13 +542,24 @@ class ShardedRank:
         """The rank's records, split slots merged with their pieces on the other ranks."""
         if self._records is None:
             own = self._dump.records()
-            pending = _pieces_of(own)
-            _gather(pending, self._rank, self._run)
+            world = _world_size(self._run)
+            shards = plain_shards(own, self._twins(), world)
+            found = layouts(own, shards, world)
+            pending = _pieces_of(own, found)
+            _gather(pending, self._rank, self._run, shards)
             merged = {id(entry.record): _merged(entry) for entry in pending.values()}
-            merged.update((id(record), _masked(record)) for record in own if _masked_lookups(record))
+            vocabulary = _vocabulary_slots(own, found)
+            merged.update((id(record), _unmerged(record, vocabulary[id(record)])) for record in own if id(record) in vocabulary)
             merged.update((id(record), _from_local(merged.get(id(record), record))) for record in from_local_views(own))
             self._records = [merged.get(id(record), record) for record in own] if merged else own
         return self._records
+
+    def _twins(self) -> list[Record]:
+        """The records of the other run's rank of this number (else its first), read as written."""
+        if self._other is None or not self._other.ranks:
+            return []
+        dump = self._other.ranks.get(self._rank) or self._other.ranks[min(self._other.ranks)]
+        return (dump._dump if isinstance(dump, ShardedRank) else dump).records()
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records())
@@ -502,7 +584,7 @@ def whole_tensors(run: reader.Run, other: reader.Run) -> reader.Run:
     size (a single process against a sharded run); as it is otherwise (shards pair with shards)."""
     if _world_size(run) == _world_size(other):
         return run
-    return reader.Run(path=run.path, ranks={rank: ShardedRank(run, rank) for rank in run.ranks})  # type: ignore[misc]
+    return reader.Run(path=run.path, ranks={rank: ShardedRank(run, rank, other) for rank in run.ranks})  # type: ignore[misc]
 
 
 def one_shard(row: Any) -> str | None:

@@ -284,3 +284,27 @@ def test_composite_ops_are_seen_as_a_dispatch_mode_sees_them_without_grad_and_in
     got = observer.drain().op_names()
     assert got == [name for name, *_ in seen.rows]
     assert ("aten.linear.default" in got) == (context is torch.inference_mode)
+
+
+def test_an_op_an_autograd_kernel_runs_before_its_redispatch_comes_first_as_a_dispatch_mode_sees_it(
+    observer: NativeObserver,
+) -> None:
+    """An in-place op whose backward needs the value it overwrites saves ``self.clone()`` in its
+    autograd kernel, before it goes below autograd: the clone's row comes before the op's."""
+    weight = torch.randn(3, requires_grad=True)
+    x = torch.randn(3, requires_grad=True)
+
+    def run() -> None:
+        product = x * 1
+        product.mul_(weight)
+        quotient = x * 2
+        quotient.div_(weight)
+
+    with _Seen([-1]) as seen:
+        run()
+    observer.start()
+    run()
+    observer.stop()
+    got = observer.drain().op_names()
+    assert got == [name for name, *_ in seen.rows]
+    assert got[1:3] == ["aten.clone.default", "aten.mul_.Tensor"]

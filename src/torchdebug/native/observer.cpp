@@ -3,14 +3,20 @@
 //
 // RecordFunction fires at every Dispatcher::call/callBoxed: above autograd, for composite ops
 // (aten::linear) and for the ops called inside other ops' kernels. A dispatch mode sits below
-// autograd and sees each op once it has crossed autograd, never the ops inside its kernel. The
-// callback keeps exactly those with a per-thread stack of the RecordFunction scopes it is in:
-//   - an op nested in an op already recorded is hidden (it runs inside that op's kernel);
-//   - a CompositeImplicitAutograd op without an autograd kernel, called with a tensor that carries
-//     an autograd key not excluded on this thread, is transparent: it decomposes above autograd,
-//     so the mode sees the ops it calls, not it (under inference mode it reaches the mode itself);
-//   - a BACKWARD_FUNCTION scope (an autograd node's apply) is transparent and marks the ops in it
-//     as backward ops, with the node's sequence number;
+// autograd and sees each op once it crosses autograd, never the ops inside its kernel. The callback
+// keeps exactly those with a per-thread stack of the RecordFunction scopes it is in. An op is "live"
+// when a tensor argument carries an autograd key this thread does not exclude: it is dispatched to
+// an autograd kernel, whose redispatch excludes those keys below it.
+//   - an op called by a recorded op's kernel below autograd (not live) is hidden, and so is all it
+//     calls; a live one is an op that recorded op's autograd kernel calls: recorded, before that op
+//     if it had not gone below autograd yet (kDeferred), else after it;
+//   - a CompositeImplicitAutograd op without an autograd kernel, called live, is transparent: it
+//     decomposes above autograd, so the mode sees the ops it calls (not live: under inference mode
+//     it reaches the mode itself); one with an autograd kernel too (linear, matmul, narrow, chunk)
+//     waits (kPending) for the first op it calls: live, it decomposed; not live, it is recorded;
+//   - the engine's scope around a node's evaluation and the node's apply (BACKWARD_FUNCTION) are
+//     transparent and mark the ops in them as backward ops, with the node's sequence number;
+//   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
 //   - every other op is recorded: inputs at its start, outputs at its end.
 // A forward op's sequence number is the one the autograd node it makes gets (the dispatcher reads
 // at::sequence_number::peek() when grad mode is on and an autograd key is in the key set), so a
@@ -20,13 +26,13 @@
 // them (ThreadLocalState) to the threads that run a graph task. On such a thread an op is recorded
 // only inside a backward scope; on the thread that started the observer, always. Tensor subclasses
 // (a Python key in the key set) and nested tensors are flagged, never read: their sizes may call
-// into Python.
+// into Python. Undefined tensors and wrapped numbers are no slots (None and numbers in Python).
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h) is
 // the same in torch 2.11.0, 2.13.0 and 2.14.1; a version difference would live in the block below.
 //
 // Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
-// this file is a few seconds; one including torch/extension.h takes 35-50 s on two cores).
+// this file takes seconds; one including torch/extension.h takes 35-50 s on two cores).
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -235,6 +241,31 @@ struct Slots {
     stats.insert(stats.end(), other.stats.begin(), other.stats.end());
   }
 
+  // Move the slots of row at_row, the last ones, into other.
+  void move_tail(int64_t at_row, Slots& other) {
+    size_t first = row.size();
+    while (first > 0 && row[first - 1] == at_row) --first;
+    size_t dims = 0;
+    for (size_t slot = first; slot < row.size(); ++slot) dims += static_cast<size_t>(ndim[slot]);
+    auto move = [first](auto& from, auto& to, size_t width) {
+      to.insert(to.end(), from.begin() + static_cast<std::ptrdiff_t>(first * width), from.end());
+      from.resize(first * width);
+    };
+    move(row, other.row, 1);
+    move(io, other.io, 1);
+    move(arg, other.arg, 1);
+    move(element, other.element, 1);
+    move(dtype, other.dtype, 1);
+    move(flag, other.flag, 1);
+    move(ndim, other.ndim, 1);
+    move(value, other.value, 1);
+    move(version, other.version, 1);
+    move(has_stats, other.has_stats, 1);
+    move(stats, other.stats, kStatsWidth);
+    other.shape.insert(other.shape.end(), shape.end() - static_cast<std::ptrdiff_t>(dims), shape.end());
+    shape.resize(shape.size() - dims);
+  }
+
   void clear() {
     for (auto* column : {&row, &value, &version, &shape}) column->clear();
     for (auto* column : {&io, &dtype, &flag, &ndim, &has_stats}) column->clear();
@@ -282,24 +313,39 @@ constexpr char kEvaluateFunction[] = "autograd::engine::evaluate_function: ";
 // the reduction of each gradient to its input's shape (validate_outputs: sum_to) and its
 // accumulation into the next nodes' input buffers. Ops in it are that node's backward ops.
 
-enum FrameKind : int8_t { kHidden, kRecorded, kPending, kTransparent, kBackward };
-// kRecorded: a row; what it calls below autograd is hidden. kPending: a kMaybeComposite op whose
-// row waits in ThreadState::pending until what runs inside it tells whether it decomposed.
+enum FrameKind : int8_t { kHidden, kRecorded, kPending, kDeferred, kTransparent, kBackward };
+// kRecorded: a row; what it calls below autograd is hidden. kPending: a kMaybeComposite op whose row
+// waits in a stash until what runs inside it tells whether it decomposed. kDeferred: a recorded op
+// whose autograd kernel called an op before its redispatch (an in-place op saving self.clone() for
+// its backward): a dispatch mode sees that op first, so the row moves to a stash and is recorded
+// again once the op goes below autograd (its first op called there) or ends.
 
 struct Frame {
   FrameKind kind;
-  bool live;    // called with an autograd key live
-  int64_t row;  // kRecorded: its row
+  bool live;     // called with an autograd key live
+  bool below;    // kRecorded: it called an op below autograd (its kernel runs)
+  int64_t row;   // kRecorded: its row
+};
+
+struct Stash {
+  Row row;
+  Slots slots;  // row numbers left as they were: set again when appended
 };
 
 struct ThreadState {
   std::vector<Frame> frames;
   std::vector<int64_t> node_seq;  // sequence numbers of the backward scopes
-  Row pending_row{};
-  Slots pending;  // the inputs of the innermost kPending frame (kMaybeComposite ops do not nest
-                  // pending: one decides at its first inner op)
+  std::vector<Stash> stashes;     // of the kPending and kDeferred frames, innermost last
+  size_t stashed = 0;             // stashes in use (the vector keeps its buffers)
 };
 thread_local ThreadState state;
+
+Stash& push_stash(ThreadState& thread) {
+  if (thread.stashed == thread.stashes.size()) thread.stashes.emplace_back();
+  auto& stash = thread.stashes[thread.stashed++];
+  stash.slots.clear();
+  return stash;
+}
 
 std::string overload_name(const c10::OperatorName& name) {
   std::string out = name.name;
@@ -332,13 +378,30 @@ Frame* enclosing_op(ThreadState& thread) {
   return nullptr;
 }
 
-// The pending op reached below autograd: its row is recorded now, before anything it runs.
-void settle(ThreadState& thread, Frame& frame) {
+// The stashed op is recorded now: a pending one reached below autograd, a deferred one goes there.
+void settle(ThreadState& thread, Frame& frame, bool below) {
+  auto& stash = thread.stashes[--thread.stashed];
   std::lock_guard<std::mutex> lock(recorder.mutex);
-  frame.row = recorder.add_row(thread.pending_row);
-  recorder.slots.append(thread.pending, frame.row);
+  frame.row = recorder.add_row(stash.row);
+  recorder.slots.append(stash.slots, frame.row);
   frame.kind = kRecorded;
-  thread.pending.clear();
+  frame.below = below;
+}
+
+// Move a recorded op's row (the last one, with its inputs) into a stash; false when another thread
+// recorded rows since (it then stays where it is).
+bool defer(ThreadState& thread, Frame& frame) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  if (frame.row != recorder.first_row + static_cast<int64_t>(recorder.op.size()) - 1) return false;
+  auto& stash = push_stash(thread);
+  stash.row = Row{recorder.op.back(), recorder.seq.back(), recorder.backward.back(), recorder.module.back()};
+  recorder.op.pop_back();
+  recorder.seq.pop_back();
+  recorder.backward.pop_back();
+  recorder.module.pop_back();
+  recorder.slots.move_tail(frame.row, stash.slots);
+  frame.kind = kDeferred;
+  return true;
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
@@ -346,55 +409,57 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   auto& thread = state;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {  // a node's apply, inside its evaluation
     if (!thread.frames.empty() && thread.frames.back().kind == kBackward) thread.node_seq.back() = fn.seqNr();
-    thread.frames.push_back({kBackward, false, -1});
+    thread.frames.push_back({kBackward, false, false, -1});
     thread.node_seq.push_back(fn.seqNr());
     return nullptr;
   }
   if (std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0) {
-    thread.frames.push_back({kBackward, false, -1});  // its number comes with the node's apply
+    thread.frames.push_back({kBackward, false, false, -1});  // its number comes with the node's apply
     thread.node_seq.push_back(-1);
     return nullptr;
   }
   Frame* parent = enclosing_op(thread);
   if (parent != nullptr && (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live))) {
-    thread.frames.push_back({kHidden, false, -1});  // inside a kernel below autograd
+    thread.frames.push_back({kHidden, false, false, -1});  // inside a kernel below autograd
     return nullptr;
   }
   auto inputs = fn.inputs();
   bool live = autograd_key_live(inputs);
-  if (parent != nullptr && parent->kind == kPending) {
-    if (live) {
-      parent->kind = kTransparent;  // it decomposed above autograd: this op is one of its parts
-      thread.pending.clear();
-    } else {
-      settle(thread, *parent);
-    }
+  if (parent != nullptr && !live) {  // the parent's kernel below autograd runs this op: hidden
+    if (parent->kind == kPending || parent->kind == kDeferred) settle(thread, *parent, true);
+    parent->below = true;
+    thread.frames.push_back({kHidden, false, false, -1});
+    return nullptr;
   }
-  bool inside = parent != nullptr && parent->kind == kRecorded && !live;
-  bool foreign = thread.node_seq.empty() && std::this_thread::get_id() != owner;  // an intra-op worker
-  if (inside || foreign) {
-    thread.frames.push_back({kHidden, false, -1});
+  if (parent != nullptr && parent->kind == kPending) {  // it decomposed above autograd: a part of it
+    parent->kind = kTransparent;
+    --thread.stashed;
+  } else if (parent != nullptr && parent->kind == kRecorded && !parent->below) {
+    defer(thread, *parent);  // its autograd kernel runs this op before the parent goes below
+  }
+  if (thread.node_seq.empty() && std::this_thread::get_id() != owner) {  // an intra-op worker thread
+    thread.frames.push_back({kHidden, false, false, -1});
     return nullptr;
   }
   auto info = op_info(fn);
   if (info.kind == kNotOp || (info.kind == kComposite && live)) {
-    thread.frames.push_back({kTransparent, live, -1});
+    thread.frames.push_back({kTransparent, live, false, -1});
     return nullptr;
   }
   bool in_backward = !thread.node_seq.empty();
   Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward),
           module_context.load(std::memory_order_relaxed)};
   if (info.kind == kMaybeComposite && live) {
-    thread.pending_row = row;
-    thread.pending.clear();
-    thread.pending.add_all(-1, 0, inputs);
-    thread.frames.push_back({kPending, live, -1});
+    auto& stash = push_stash(thread);
+    stash.row = row;
+    stash.slots.add_all(-1, 0, inputs);
+    thread.frames.push_back({kPending, live, false, -1});
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(recorder.mutex);
   auto at_row = recorder.add_row(row);
   recorder.slots.add_all(at_row, 0, inputs);
-  thread.frames.push_back({kRecorded, live, at_row});
+  thread.frames.push_back({kRecorded, live, false, at_row});
   return nullptr;
 }
 
@@ -402,8 +467,9 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (level.load(std::memory_order_relaxed) != kRecord) return;
   auto& thread = state;
   if (thread.frames.empty()) return;  // entered before the observer started
-  if (thread.frames.back().kind == kPending) settle(thread, thread.frames.back());  // ran nothing
-  auto frame = thread.frames.back();
+  auto& last = thread.frames.back();
+  if (last.kind == kPending || last.kind == kDeferred) settle(thread, last, false);  // ran nothing more
+  auto frame = last;
   thread.frames.pop_back();
   if (frame.kind == kBackward) {
     thread.node_seq.pop_back();

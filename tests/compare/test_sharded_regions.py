@@ -16,7 +16,7 @@ from torch import nn
 import torchdebug
 from tests import gloo
 from torchdebug.compare import compare
-from torchdebug.compare._shards import ShardedRank, from_local_views, layouts
+from torchdebug.compare._shards import ShardedRank, from_local_views, layouts, unreduced_summands
 from torchdebug.records import Record, make_name
 from torchdebug.store import _reader as reader
 
@@ -133,7 +133,7 @@ def _step(model: nn.Module, x: torch.Tensor, path: str) -> None:
 
 def _worker(rank: int, root: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -156,6 +156,10 @@ def _worker(rank: int, root: str) -> None:
         )
         parallelize_module(model, mesh, plan)
         _step(model, _X.chunk(2, dim=1)[rank], f"{root}/{name}")  # sequence parallel: this rank's positions
+    model = _Block(1.0)
+    plan = {f"attn.{p}": ColwiseParallel() for p in ("q", "k", "v")}
+    parallelize_module(model, mesh, {**plan, "attn.out": RowwiseParallel(output_layouts=Partial())})  # no all-reduce
+    _step(model, _X, f"{root}/unreduced")
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +181,22 @@ def test_a_scale_on_the_local_heads_is_found_where_it_is(dumps):
     first = compare(dumps / "heads_scaled", dumps / "single").first_divergence
     assert first is not None and (first.module, first.op, first.io) == ("attn", "aten.mul.Tensor", "output")
     assert math.isclose(first.error, 0.05, rel_tol=0.1)
+
+
+def test_a_summand_left_unreduced_is_found_in_the_layer_that_returns_it(dumps):
+    first = compare(dumps / "unreduced", dumps / "single").first_divergence
+    assert first is not None and first.module == "attn.out" and "a missing all-reduce" in first.message
+
+
+def test_a_summand_is_reduced_when_a_collective_reads_it_and_unreduced_when_combined_first():
+    summand = {**_DTENSOR, "placements": ["P(sum)"], "local_shape": [4, 8]}
+    made = _slot(0, "aten.mm.default", "output", "0", [4, 8], _STATS, extra=summand)
+    split = [
+        _slot(1, "aten.split.Tensor", "input", "0", [4, 8], _STATS),
+        _slot(1, "aten.split.Tensor", "output", "0", [2, 8], _STATS),
+    ]
+    reduced = _slot(2, "_c10d_functional.reduce_scatter_tensor.default", "input", "0", [2, 8], _STATS)
+    assert unreduced_summands([made, *split, reduced]) == {}
+    other = {**_STATS, "mean": 0.5}
+    added = [_slot(2, "aten.add.Tensor", "input", "0", [4, 8], other), _slot(2, "aten.add.Tensor", "input", "1", [4, 8], _STATS)]
+    assert unreduced_summands([made, *added]) == {id(made): added[0].call_name}

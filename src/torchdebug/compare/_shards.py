@@ -52,6 +52,7 @@ __all__ = [
     "one_shard",
     "plain_shards",
     "row_note",
+    "unreduced_summands",
     "sharded",
 ]
 
@@ -211,13 +212,10 @@ def _transposed(layout: Layout, op: str, args: dict[str, Any], shape: Sequence[i
 
 
 def _viewed(layout: Layout, op: str, args: dict[str, Any], shape: Sequence[int] | None) -> Layout | None:
-    """The layout of a view (:data:`_RESHAPES`, :data:`_TRANSPOSES`) of a piece as ``shape``: a
-    sharded dimension follows the view (a projection's local columns seen as its local heads); a
-    Partial summand stays one, of the view's shape."""
+    """The layout of a view (:data:`_RESHAPES`, :data:`_TRANSPOSES`) of a piece as ``shape``: its
+    sharded dimension follows the view (a projection's local columns seen as its local heads)."""
     if shape is None:
         return None
-    if layout.partial and not any(p.startswith("S(") for p in layout.placements):
-        return dataclasses.replace(layout, shape=tuple(shape), local_shape=tuple(shape))
     if op in _TRANSPOSES:
         return _transposed(layout, op, args, shape)
     return _reshaped(layout, shape)
@@ -272,7 +270,8 @@ def layouts(records: Sequence[Record], shards: Mapping[str, tuple[int, ...]] | N
             inputs.append((record, layout))
         if layout is not None:
             found[id(record)] = layout
-            if record.io in _OUTPUTS:
+            if record.io in _OUTPUTS and not layout.partial:
+                # (a summand read by a plain op is what that op computes on: only a collective makes it whole)
                 made[identity(record, layout.local_shape)] = layout  # type: ignore[index]
     return found
 
@@ -433,6 +432,44 @@ def _vocabulary_slots(records: Sequence[Record], found: Mapping[int, Layout]) ->
     return why
 
 
+def unreduced_summands(records: Sequence[Record]) -> dict[int, str]:
+    """``id(record)`` → the call that reads it, for the DTensor records holding a summand (Partial)
+    whose local tensor plain code combines with another value before any collective sums the
+    ranks' summands (a ``RowwiseParallel`` output left ``Partial()``, a ``to_local()`` before the
+    reduction): each rank then computes on its own summand."""
+    calls = _calls(records)
+    found: dict[int, str] = {}
+    for index, call in enumerate(calls):
+        for record in call:
+            layout = _native(record) if record.io in _OUTPUTS else None
+            if layout is None or not layout.partial:
+                continue
+            reader_name = _combined_unreduced(identity(record, layout.local_shape), calls[index + 1 :])
+            if reader_name is not None:
+                found[id(record)] = reader_name
+    return found
+
+
+def _combined_unreduced(value: tuple | None, following: Sequence[list[Record]]) -> str | None:
+    """The first plain call that combines ``value`` (a summand's local tensor), or what plain calls
+    made of it alone (views, splits, copies, scalings), with another tensor before a collective
+    reads it (``None``: reduced, or never combined)."""
+    held, step = {value}, following[0][0].step if following else None
+    for call in following:
+        first = call[0]
+        if first.step != step:
+            return None
+        inputs = [r for r in call if r.io == "input" and r.kind == "tensor"]
+        if first.extra.get("subclass") or not any(identity(r) in held for r in inputs):
+            continue
+        if first.op.startswith(COLLECTIVES):
+            return None
+        if any(identity(r) not in held and math.prod(r.shape or ()) > 1 for r in inputs):
+            return first.call_name
+        held.update(identity(r) for r in call if r.kind == "tensor" and r.io in _OUTPUTS)
+    return None
+
+
 def _unmerged(record: Record, why: str) -> Record:
     """``record`` marked as a piece that cannot be merged (:func:`one_shard` says why)."""
     return dataclasses.replace(record, extra={**record.extra, "one_shard": why})
@@ -547,7 +584,9 @@ class ShardedRank:
             found = layouts(own, shards, world)
             pending = _pieces_of(own, found)
             _gather(pending, self._rank, self._run, shards)
-            merged = {id(entry.record): _merged(entry) for entry in pending.values()}
+            unreduced = unreduced_summands(own)
+            merged = {id(entry.record): _merged(entry) for entry in pending.values() if id(entry.record) not in unreduced}
+            merged.update((id(record), _summand(record, unreduced[id(record)])) for record in own if id(record) in unreduced)
             vocabulary = _vocabulary_slots(own, found)
             merged.update((id(record), _unmerged(record, vocabulary[id(record)])) for record in own if id(record) in vocabulary)
             merged.update((id(record), _from_local(merged.get(id(record), record))) for record in from_local_views(own))
@@ -597,11 +636,24 @@ def one_shard(row: Any) -> str | None:
     return None
 
 
+def _summand(record: Record, reader_name: str) -> Record:
+    """A summand's record kept as this rank's local value (:func:`unreduced_summands`), noted."""
+    local = record.extra.get("local_shape", record.shape)
+    extra = {**record.extra, "unreduced": reader_name}
+    return dataclasses.replace(record, shape=list(local), extra=extra)
+
+
 def row_note(row: Any) -> str | None:
     """What a row's words must say of a merged Partial value: its summands' sums combine into the
     whole value's mean, their min, max and norm do not."""
     for side, record in (("A", row.record_a), ("B", row.record_b)):
         extra = record.extra if record is not None else None
+        if extra and extra.get("unreduced"):
+            placements = "/".join(extra.get("placements", ()))
+            return (
+                f"{side} holds this rank's summand ({placements}), which {extra['unreduced']} combines with another value "
+                "before any collective sums the ranks' summands: a missing all-reduce"
+            )
         if extra and extra.get("merged_ranks") and extra.get("partial"):
             placements = "/".join(extra.get("placements", ()))
             return (

@@ -3,7 +3,9 @@ on the tiny GPT of ``bench/host_per_op.py`` (issue 48, item 1).
 
     python bench/observation_point.py [--rounds 8] [--block 3] [--warmup 2] [--threads 1] [--device cpu]
 
-Points, each against a plain step in the same process (blocks of ``--block`` steps take turns):
+Points, each against a plain step in the same process (blocks of ``--block`` steps take turns, in
+an order that rotates each round: on a loaded two-core machine the block after another point's
+paid up to 1 µs/op more, whichever point it was):
 
 - ``dispatch-mode``: an empty Python ``TorchDispatchMode`` (the floor of today's capture);
 - ``rf-empty``: ``at::RecordFunction`` thread-local callbacks that return at once;
@@ -106,7 +108,8 @@ def main() -> None:
     cpu_times: dict[str, list[float]] = {point: [] for point in POINTS}
     rows: dict[str, int] = {}
     for round_ in range(args.warmup + args.rounds):
-        for point in POINTS:
+        shift = round_ % len(POINTS)
+        for point in POINTS[shift:] + POINTS[:shift]:  # each point takes each place in turn
             wall, cpu = time.perf_counter(), time.process_time()
             recorded = run_block(point, observer, step, args.block)
             if round_ >= args.warmup:

@@ -44,6 +44,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -285,7 +286,7 @@ struct Row {
 struct Recorder {
   std::mutex mutex;
   std::unordered_map<const char*, OpInfo> ops;  // keyed by the schema's name pointer: one per overload
-  std::vector<std::string> names;                // "aten.mm.default", by op id
+  std::deque<std::string> names;                 // "aten.mm.default", by op id (they never move)
   int64_t first_row = 0;  // op rows drained so far: slot rows hold absolute row numbers
   std::vector<int32_t> op;
   std::vector<int64_t> seq;
@@ -573,7 +574,10 @@ int td_observer_op_names() {
   return static_cast<int>(recorder.names.size());
 }
 
-const char* td_observer_op_name(int id) { return recorder.names.at(static_cast<size_t>(id)).c_str(); }
+const char* td_observer_op_name(int id) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  return recorder.names.at(static_cast<size_t>(id)).c_str();
+}
 
 // counts[0..3]: op rows, slot rows, shape entries buffered now, and the absolute number of the
 // first op row buffered (slot rows refer to op rows by absolute number).

@@ -16,7 +16,8 @@ from torch import nn
 import torchdebug
 from tests import gloo
 from torchdebug.compare import compare
-from torchdebug.compare._shards import ShardedRank, from_local_views, layouts, unreduced_summands
+from torchdebug.compare._shard_slots import from_local_views, unreduced_summands
+from torchdebug.compare._shards import ShardedRank, layouts
 from torchdebug.records import Record, make_name
 from torchdebug.store import _reader as reader
 
@@ -196,7 +197,7 @@ def test_a_summand_is_reduced_when_a_collective_reads_it_and_unreduced_when_comb
         _slot(1, "aten.split.Tensor", "output", "0", [2, 8], _STATS),
     ]
     reduced = _slot(2, "_c10d_functional.reduce_scatter_tensor.default", "input", "0", [2, 8], _STATS)
-    assert unreduced_summands([made, *split, reduced]) == {}
+    assert unreduced_summands([made, *split, reduced], layouts([made])) == {}
     other = {**_STATS, "mean": 0.5}
     added = [_slot(2, "aten.add.Tensor", "input", "0", [4, 8], other), _slot(2, "aten.add.Tensor", "input", "1", [4, 8], _STATS)]
-    assert unreduced_summands([made, *added]) == {id(made): added[0].call_name}
+    assert unreduced_summands([made, *added], layouts([made])) == {id(made): added[0].call_name}

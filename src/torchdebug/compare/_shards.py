@@ -17,9 +17,21 @@ collective of its own):
 
 Tensor parallelism hands plain tensors between its layers (``ColwiseParallel`` returns the local
 shard). A plain input slot holding the local tensor a sharded slot of the same step made (same dtype,
-local shape and statistics), and a plain op's output made from such slots of one layout with their
-shape (an activation, its gradient), are read as pieces of that layout too; a collective's output
-is not (an all-reduce makes ``P(sum)`` pieces whole).
+local shape and statistics), a plain op's output made from such slots of one layout with their
+shape (an activation, its gradient), and a view or transpose of one (a projection's local columns
+seen as its local heads: the sharded dimension follows the view) are read as pieces of that
+layout too; a collective's output is not (an all-reduce makes ``P(sum)`` pieces whole), nor is a
+summand a plain op reads (it computes on the summand: one that plain code combines with another
+value before any collective sums it is kept as this rank's value and says so, a missing all-reduce:
+:func:`unreduced_summands`). Without DTensor (Megatron's layout on local tensors), a parameter's
+slots (the table of a vocabulary-parallel embedding, its gradient, the optimizer's reads) whose
+twin in the other run is world-size times as large along one dimension are the ranks' blocks of it
+(:func:`plain_shards`).
+
+Some slots hold no piece of a whole value (:mod:`torchdebug.compare._shard_slots`): a
+vocabulary-sharded embedding's local ids and unmasked lookups cannot be compared
+(:func:`one_shard` says why), and the plain ``view`` that ``DTensor.from_local`` makes is read as
+that op.
 
 Each pass is linear: one over the compared rank's records, then one over each other rank's, read
 one at a time and not kept. A slot whose pieces are not all in the dump (a rank folder alone, a rank
@@ -38,7 +50,16 @@ from typing import Any
 
 from torchdebug.compare._comparable import parameter_values
 from torchdebug.compare._matching import identity
-from torchdebug.records import COLLECTIVES, Record, make_name
+from torchdebug.compare._shard_slots import (
+    EMBEDDINGS,
+    from_local,
+    from_local_views,
+    summand,
+    unmerged,
+    unreduced_summands,
+    vocabulary_slots,
+)
+from torchdebug.records import COLLECTIVES, Record
 from torchdebug.stats._schema import COUNT_KEYS
 from torchdebug.store import _reader as reader
 
@@ -52,7 +73,6 @@ __all__ = [
     "one_shard",
     "plain_shards",
     "row_note",
-    "unreduced_summands",
     "sharded",
 ]
 
@@ -103,9 +123,6 @@ def sharded(record: Record) -> bool:
     return bool(placements) and any(str(p).startswith(("S(", "P(")) for p in placements)
 
 
-_EMBEDDINGS = frozenset({"aten.embedding.default", "aten.embedding_bag.default", "aten._embedding_bag.default"})
-
-
 def local_indices(whole: Record, part: Record) -> bool:
     """Whether ``part``, a plain record, may hold the local indices of the DTensor embedding whose
     indices ``whole`` records: ``RowwiseParallel`` shards an embedding's table by rows, and inside
@@ -113,7 +130,7 @@ def local_indices(whole: Record, part: Record) -> bool:
     shard and zeroes those outside it (``MaskPartial``); a compiled graph holds those local ones.
     Not one value, though one slot: never compared, nor followed as one value."""
     return (
-        whole.op in _EMBEDDINGS
+        whole.op in EMBEDDINGS
         and whole.arg == "1"
         and whole.extra.get("subclass") == "DTensor"
         and not part.extra.get("subclass")
@@ -393,146 +410,6 @@ def _gather(
             missing -= len(entry.parts) == entry.layout.pieces
 
 
-_LOOKUPS = (
-    "holds this rank's lookups in its vocabulary shard, ids outside its rows not yet zeroed: "
-    "no summand of the whole value, which the next collective makes"
-)
-_LOCAL_IDS = (
-    "holds the ids of this rank's vocabulary shard (shifted to its rows, the others masked), the other side the global ones"
-)
-_LOCAL_GRADIENT = "holds the gradient of this rank's lookups alone (ids outside its vocabulary shard masked)"
-
-
-def _vocabulary_slots(records: Sequence[Record], found: Mapping[int, Layout]) -> dict[int, str]:
-    """``id(record)`` → why it cannot be compared, for the slots of a vocabulary-sharded embedding
-    that hold this rank's part of another value: a DTensor embedding's output (``MaskPartial``: ids
-    outside the shard read row 0, zeroed only when the value is reduced), and, on plain local shards
-    (Megatron's layout: the table's rows split, :func:`plain_shards`), the local ids and lookups of
-    the forward and the masked gradient and local ids its backward reads."""
-    why: dict[int, str] = {}
-    for call in _calls(records):
-        first = call[0]
-        if first.extra.get("subclass"):
-            for record in call:
-                placements = record.extra.get("placements") or ()
-                if any(str(p).startswith("MaskP(") for p in placements):
-                    why[id(record)] = _LOOKUPS
-            continue
-        slots = {(r.io, r.arg): r for r in call if r.kind == "tensor"}
-        if first.op in _EMBEDDINGS:
-            table = found.get(id(slots.get(("input", "0"))))
-            marks = {("input", "1"): _LOCAL_IDS, ("output", "0"): _LOOKUPS}
-        elif first.op == "aten.embedding_dense_backward.default":
-            table = found.get(id(slots.get(("output", "0"))))
-            marks = {("input", "0"): _LOCAL_GRADIENT, ("input", "1"): _LOCAL_IDS}
-        else:
-            continue
-        if table is not None and table.placements == ("S(0)",):
-            why.update((id(slots[slot]), text) for slot, text in marks.items() if slot in slots)
-    return why
-
-
-def unreduced_summands(records: Sequence[Record]) -> dict[int, str]:
-    """``id(record)`` → the call that reads it, for the DTensor records holding a summand (Partial)
-    whose local tensor plain code combines with another value before any collective sums the
-    ranks' summands (a ``RowwiseParallel`` output left ``Partial()``, a ``to_local()`` before the
-    reduction): each rank then computes on its own summand."""
-    calls = _calls(records)
-    found: dict[int, str] = {}
-    for index, call in enumerate(calls):
-        for record in call:
-            layout = _native(record) if record.io in _OUTPUTS else None
-            if layout is None or not layout.partial:
-                continue
-            reader_name = _combined_unreduced(identity(record, layout.local_shape), calls[index + 1 :])
-            if reader_name is not None:
-                found[id(record)] = reader_name
-    return found
-
-
-def _combined_unreduced(value: tuple | None, following: Sequence[list[Record]]) -> str | None:
-    """The first plain call that combines ``value`` (a summand's local tensor), or what plain calls
-    made of it alone (views, splits, copies, scalings), with another tensor before a collective
-    reads it (``None``: reduced, or never combined)."""
-    held, step = {value}, following[0][0].step if following else None
-    for call in following:
-        first = call[0]
-        if first.step != step:
-            return None
-        inputs = [r for r in call if r.io == "input" and r.kind == "tensor"]
-        if first.extra.get("subclass") or not any(identity(r) in held for r in inputs):
-            continue
-        if first.op.startswith(COLLECTIVES):
-            return None
-        if any(identity(r) not in held and math.prod(r.shape or ()) > 1 for r in inputs):
-            return first.call_name
-        held.update(identity(r) for r in call if r.kind == "tensor" and r.io in _OUTPUTS)
-    return None
-
-
-def _unmerged(record: Record, why: str) -> Record:
-    """``record`` marked as a piece that cannot be merged (:func:`one_shard` says why)."""
-    return dataclasses.replace(record, extra={**record.extra, "one_shard": why})
-
-
-FROM_LOCAL = "DTensor.from_local"
-"""The op a sharded run's ``DTensor.from_local`` view is read as against another world size."""
-
-
-_REDISTRIBUTION = 3
-"""How many plain calls may pass a ``from_local`` view's value on to the DTensor op that reads it
-(a replicated gradient split to this rank's shard: ``split``, ``clone``)."""
-
-
-def _calls(records: Sequence[Record]) -> list[list[Record]]:
-    """``records`` (in execution order) grouped by call."""
-    calls: list[list[Record]] = []
-    for record in records:
-        if calls and calls[-1][0].step == record.step and calls[-1][0].call_name == record.call_name:
-            calls[-1].append(record)
-        else:
-            calls.append([record])
-    return calls
-
-
-def _wrapped(value: tuple | None, following: Sequence[list[Record]]) -> bool:
-    """Whether a DTensor op among ``following`` reads ``value`` as its local tensor, directly or
-    through the plain calls before it (:data:`_REDISTRIBUTION` at most) that read it."""
-    held = {value}
-    for call in following[: _REDISTRIBUTION + 1]:
-        inputs = [r for r in call if r.kind == "tensor" and r.io == "input"]
-        if call[0].extra.get("subclass"):
-            return any(identity(r, r.extra.get("local_shape")) in held for r in inputs)
-        if not any(identity(r) in held for r in inputs):
-            return False
-        held.update(identity(r) for r in call if r.kind == "tensor" and r.io in _OUTPUTS)
-    return False
-
-
-def from_local_views(records: Sequence[Record]) -> list[Record]:
-    """The records of the plain ``view`` calls that ``DTensor.from_local`` makes of a local tensor
-    (its shape kept), whose value a DTensor op then reads as its local tensor: bookkeeping of the
-    sharded run, like its collectives, which a single process has none of (named as the layer's
-    own ``view``, they would be paired with the single process's reshaping one)."""
-    calls = _calls(records)
-    found: list[Record] = []
-    for index, call in enumerate(calls):
-        if call[0].op != "aten.view.default" or call[0].extra.get("subclass"):
-            continue
-        tensors = [r for r in call if r.kind == "tensor"]
-        output = next((r for r in tensors if r.io == "output"), None)
-        kept = output is not None and all(r.shape == output.shape for r in tensors)
-        if kept and _wrapped(identity(output), calls[index + 1 :]):  # type: ignore[union-attr]
-            found.extend(call)
-    return found
-
-
-def _from_local(record: Record) -> Record:
-    """``record`` of a ``DTensor.from_local`` view, named as that op (:data:`FROM_LOCAL`)."""
-    name = make_name(record.phase, record.module, FROM_LOCAL, record.call, record.io, record.arg)
-    return dataclasses.replace(record, name=name, op=FROM_LOCAL)
-
-
 def _merged(entry: _Pieces) -> Record:
     """The whole-tensor record of one slot, or its own record marked when its pieces are not all there."""
     record, layout = entry.record, entry.layout
@@ -584,12 +461,12 @@ class ShardedRank:
             found = layouts(own, shards, world)
             pending = _pieces_of(own, found)
             _gather(pending, self._rank, self._run, shards)
-            unreduced = unreduced_summands(own)
+            unreduced = unreduced_summands(own, found)
             merged = {id(entry.record): _merged(entry) for entry in pending.values() if id(entry.record) not in unreduced}
-            merged.update((id(record), _summand(record, unreduced[id(record)])) for record in own if id(record) in unreduced)
-            vocabulary = _vocabulary_slots(own, found)
-            merged.update((id(record), _unmerged(record, vocabulary[id(record)])) for record in own if id(record) in vocabulary)
-            merged.update((id(record), _from_local(merged.get(id(record), record))) for record in from_local_views(own))
+            merged.update((id(record), summand(record, unreduced[id(record)])) for record in own if id(record) in unreduced)
+            vocabulary = vocabulary_slots(own, found)
+            merged.update((id(record), unmerged(record, vocabulary[id(record)])) for record in own if id(record) in vocabulary)
+            merged.update((id(record), from_local(merged.get(id(record), record))) for record in from_local_views(own))
             self._records = [merged.get(id(record), record) for record in own] if merged else own
         return self._records
 
@@ -634,13 +511,6 @@ def one_shard(row: Any) -> str | None:
         if why:
             return f"{side} {why}"
     return None
-
-
-def _summand(record: Record, reader_name: str) -> Record:
-    """A summand's record kept as this rank's local value (:func:`unreduced_summands`), noted."""
-    local = record.extra.get("local_shape", record.shape)
-    extra = {**record.extra, "unreduced": reader_name}
-    return dataclasses.replace(record, shape=list(local), extra=extra)
 
 
 def row_note(row: Any) -> str | None:

@@ -3,15 +3,17 @@
 Each pair dumps one training step (forward, backward, SGD) of a 2-layer model twice, A and B, where
 the two runs compute the same math with other ops (healthy: no error row and no first divergence is
 right) or carry a bug planted on side A (right when the first divergence lands in the planted
-module, at the planted op). The sharded pairs run A on 2 gloo processes (one spawn for all of them:
-tensor parallelism with ``parallelize_module``, with and without sequence parallelism; FSDP2 with
-half the batch on each rank) against one process on the whole batch, and compare rank 0. Prints the localisation table: pair, truth, error rows, first divergence, where it was
-planted, right or wrong, and the structure differences compare lists (runs of ops only one side
-executes, by verdict: ``pass`` leaves the values equal, ``error`` changed a value). Results are what
-compare says today, wrong ones included. ``--noise`` prints the table again, judged with tolerances
-from the run itself (issue 46, item 4): B's step dumped once more with its inputs rounded through
-bf16 and back is the noise dump (``compare(a, b, noise=c)``); the MoE pair has none and keeps its
-dtype tolerances::
+module, at the planted op). The sharded pairs run A on 2 gloo processes (one spawn for all of
+them) against one process on the whole batch and compare rank 0: tensor parallelism with
+``parallelize_module`` (a vocabulary-parallel embedding on plain local tensors, Megatron's layout),
+tensor and sequence parallelism (torchtitan's plan, a DTensor vocabulary-parallel embedding), FSDP2
+with half the batch on each rank. Prints the localisation table: pair, truth, error rows, first
+divergence, where it was planted, right or wrong, and the structure differences compare lists (runs
+of ops only one side executes, by verdict: ``pass`` leaves the values equal, ``error`` changed a
+value). Results are what compare says today, wrong ones included. ``--noise`` prints the table
+again, judged with tolerances from the run itself (issue 46, item 4): B's step dumped once more
+with its inputs rounded through bf16 and back is the noise dump (``compare(a, b, noise=c)``); the
+MoE and sharded pairs have none and keep their dtype tolerances::
 
     python bench/structure.py            # every pair, statistics dumps
     python bench/structure.py --task tensor --noise

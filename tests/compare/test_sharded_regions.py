@@ -65,6 +65,29 @@ def test_local_columns_viewed_as_local_heads_and_transposed_stay_pieces_of_the_w
     assert id(back[1]) not in found  # heads merged with the positions before them: no block of the whole
 
 
+def test_views_of_one_saved_tensor_keep_each_its_own_layout():
+    """A tensor dump saves a piece and its views as one tensor (one key): each slot takes the layout
+    of its own shape."""
+    saved = {"tensor": {"file": "t.safetensors", "key": "k"}}
+    made = _slot(
+        0,
+        "aten.view.default",
+        "output",
+        "0",
+        [8, 6, 16],
+        _STATS,
+        extra={**_DTENSOR, "placements": ["S(2)"], "local_shape": [8, 6, 8]},
+        **saved,
+    )
+    heads = [
+        _slot(1, "aten.view.default", "input", "0", [8, 6, 8], _STATS, **saved),
+        _slot(1, "aten.view.default", "output", "0", [8, 6, 1, 8], _STATS, **saved),
+    ]
+    columns = _slot(2, "aten.relu.default", "input", "0", [8, 6, 8], _STATS, **saved)
+    found = layouts([made, *heads, columns])
+    assert found[id(heads[1])].shape == (8, 6, 2, 8) and found[id(columns)].shape == (8, 6, 16)
+
+
 def test_dtensor_from_local_views_are_named_as_that_op_and_a_users_own_view_is_not():
     local = [_slot(0, "aten.view.default", io, "0", [4, 8], _STATS) for io in ("input", "output")]
     wrapped = _slot(

@@ -253,7 +253,7 @@ def layouts(records: Sequence[Record], shards: Mapping[str, tuple[int, ...]] | N
     whole value's shape: see :func:`plain_shards`, over ``world`` ranks), and the plain slots that
     follow them (module docstring)."""
     found: dict[int, Layout] = {}
-    made: dict[tuple, Layout] = {}  # local identity of the pieces made in this step
+    made: dict[tuple, Layout] = {}  # local identity and shape of the pieces made in this step
     step = call = None
     inputs: list[tuple[Record, Layout | None]] = []
     on_subclass = False
@@ -275,7 +275,7 @@ def layouts(records: Sequence[Record], shards: Mapping[str, tuple[int, ...]] | N
             layout = _plain_shard(record, whole, world)
         elif not on_subclass:
             if record.io == "input":
-                layout = made.get(identity(record))  # type: ignore[arg-type]
+                layout = made.get((identity(record), tuple(record.shape or ())))
             elif record.io in _OUTPUTS and (record.op in _RESHAPES or record.op in _TRANSPOSES):
                 pieces = [held for _, held in inputs if held is not None]
                 if len(inputs) == 1 and pieces:
@@ -289,7 +289,8 @@ def layouts(records: Sequence[Record], shards: Mapping[str, tuple[int, ...]] | N
             found[id(record)] = layout
             if record.io in _OUTPUTS and not layout.partial:
                 # (a summand read by a plain op is what that op computes on: only a collective makes it whole)
-                made[identity(record, layout.local_shape)] = layout  # type: ignore[index]
+                # (keyed with the local shape too: views of one saved tensor share its key)
+                made[(identity(record, layout.local_shape), layout.local_shape)] = layout
     return found
 
 

@@ -181,6 +181,8 @@ struct Slots {
   std::vector<int8_t> ndim;
   std::vector<int64_t> value;  // the TensorImpl's address: Tensor._cdata in Python
   std::vector<int64_t> version;
+  std::vector<int64_t> storage;  // the StorageImpl's address (0: none, or not read)
+  std::vector<int64_t> offset;   // the storage offset
   std::vector<int64_t> shape;  // the slots' sizes, concatenated
   std::vector<int8_t> has_stats;
   std::vector<double> stats;  // kStatsWidth sums a slot (NaN where not taken)
@@ -200,6 +202,8 @@ struct Slots {
     flag.push_back(kind);
     auto at = stats.size();
     stats.resize(at + kStatsWidth, std::nan(""));
+    storage.push_back(kind == kPlain ? reinterpret_cast<int64_t>(impl->unsafe_storage().unsafeGetStorageImpl()) : 0);
+    offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
     if (kind != kPlain) {
       ndim.push_back(0);
       has_stats.push_back(0);
@@ -237,6 +241,8 @@ struct Slots {
     ndim.insert(ndim.end(), other.ndim.begin(), other.ndim.end());
     value.insert(value.end(), other.value.begin(), other.value.end());
     version.insert(version.end(), other.version.begin(), other.version.end());
+    storage.insert(storage.end(), other.storage.begin(), other.storage.end());
+    offset.insert(offset.end(), other.offset.begin(), other.offset.end());
     shape.insert(shape.end(), other.shape.begin(), other.shape.end());
     has_stats.insert(has_stats.end(), other.has_stats.begin(), other.has_stats.end());
     stats.insert(stats.end(), other.stats.begin(), other.stats.end());
@@ -261,6 +267,8 @@ struct Slots {
     move(ndim, other.ndim, 1);
     move(value, other.value, 1);
     move(version, other.version, 1);
+    move(storage, other.storage, 1);
+    move(offset, other.offset, 1);
     move(has_stats, other.has_stats, 1);
     move(stats, other.stats, kStatsWidth);
     other.shape.insert(other.shape.end(), shape.end() - static_cast<std::ptrdiff_t>(dims), shape.end());
@@ -268,7 +276,7 @@ struct Slots {
   }
 
   void clear() {
-    for (auto* column : {&row, &value, &version, &shape}) column->clear();
+    for (auto* column : {&row, &value, &version, &storage, &offset, &shape}) column->clear();
     for (auto* column : {&io, &dtype, &flag, &ndim, &has_stats}) column->clear();
     stats.clear();
     arg.clear();
@@ -590,7 +598,7 @@ void td_observer_counts(int64_t* counts) {
 }
 
 // Move the first counts[0] op rows, counts[1] slot rows and counts[2] shape entries (as
-// td_observer_counts gave them) into the 16 columns: Recorder's op columns, then its Slots'; rows added
+// td_observer_counts gave them) into the 18 columns: Recorder's op columns, then its Slots'; rows added
 // since stay. Called between ops: an op still running when its row is drained records its outputs
 // with the next drain.
 void td_observer_drain(const int64_t* counts, void** columns) {
@@ -609,9 +617,11 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(recorder.slots.ndim, slots, columns[10]);
   take(recorder.slots.value, slots, columns[11]);
   take(recorder.slots.version, slots, columns[12]);
-  take(recorder.slots.shape, static_cast<size_t>(counts[2]), columns[13]);
-  take(recorder.slots.has_stats, slots, columns[14]);
-  take(recorder.slots.stats, slots * kStatsWidth, columns[15]);
+  take(recorder.slots.storage, slots, columns[13]);
+  take(recorder.slots.offset, slots, columns[14]);
+  take(recorder.slots.shape, static_cast<size_t>(counts[2]), columns[15]);
+  take(recorder.slots.has_stats, slots, columns[16]);
+  take(recorder.slots.stats, slots * kStatsWidth, columns[17]);
   recorder.first_row += static_cast<int64_t>(ops);
 }
 

@@ -16,8 +16,10 @@ schema position of the argument, or of the result), ``slot_element`` (index in a
 outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code: :attr:`NativeObserver.dtypes` maps them),
 ``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes not read), ``slot_ndim``
 with the sizes concatenated in ``shape``, ``slot_value`` (the ``TensorImpl``'s address, which is
-``Tensor._cdata``) and ``slot_version`` (its version counter, -1 for inference tensors); after
-:meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float tensor (``slot_has_stats``).
+``Tensor._cdata``), ``slot_version`` (its version counter, -1 for inference tensors), ``slot_storage``
+(its ``StorageImpl``'s address, 0 for a flagged slot or one without storage) and ``slot_offset`` (its
+storage offset); after :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float
+tensor (``slot_has_stats``).
 """
 
 from __future__ import annotations
@@ -55,13 +57,15 @@ _COLUMNS = (
     ("slot_ndim", "b"),
     ("slot_value", "q"),
     ("slot_version", "q"),
+    ("slot_storage", "q"),
+    ("slot_offset", "q"),
     ("shape", "q"),
     ("slot_has_stats", "b"),
     ("stats", "d"),
 )
 """The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
 
-_OP_COLUMNS, _SLOT_COLUMNS = 4, 9
+_OP_COLUMNS, _SLOT_COLUMNS = 4, 11
 
 
 @dataclass
@@ -85,6 +89,8 @@ class ObservedOps:
     slot_ndim: array
     slot_value: array
     slot_version: array
+    slot_storage: array
+    slot_offset: array
     shape: array
     slot_has_stats: array
     stats: array

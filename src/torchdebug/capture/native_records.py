@@ -107,6 +107,8 @@ class NativeStepCapture:
         self._before_optimizer = _OUTSIDE
         self._in_optimizer = 0
         self._handles: list[Any] = []
+        self._dtype_names = {code: dtype_name(dtype) for code, dtype in observer.dtypes.items()}
+        """By ``c10::ScalarType`` code: ``float32``."""
         self._slot_names: dict[int, OpSlotNames] = {}
         """By op name id (``ObservedOps.names``)."""
 
@@ -238,7 +240,7 @@ class NativeStepCapture:
     def _slot_records(self, ops: ObservedOps, heads: list) -> list[Record]:
         records = []
         shapes = ops.slot_shapes()
-        dtypes = self.observer.dtypes
+        dtypes = self._dtype_names
         values = _ValueIds()
         step, rank, first_row = self.step, self.rank, ops.first_row
         columns = zip(ops.slot_row, ops.slot_io, ops.slot_arg, ops.slot_element, ops.slot_dtype, ops.slot_flag)
@@ -250,7 +252,7 @@ class NativeStepCapture:
             value_id = values.of(row, io_code, slot_names.mutable, ops.slot_value[slot], memory)
             io, arg = _IO[io_code], slot_names.slot(io_code, arg_index, element)
             record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, row, io, arg)
-            record.dtype = dtype_name(dtypes[dtype])
+            record.dtype = dtypes[dtype]
             record.shape = list(shape) if flag == PLAIN else None
             record.fwd = fwd
             version = ops.slot_version[slot]

@@ -17,6 +17,7 @@ MoE and sharded pairs have none and keep their dtype tolerances::
 
     python bench/structure.py            # every pair, statistics dumps
     python bench/structure.py --task tensor --noise
+    python bench/structure.py --other-python .venv-torch2.11.0/bin/python   # + the pair across torch releases
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -399,6 +401,29 @@ PAIRS = [
 ]
 
 
+def _other_release(python: Path, path: Path, task: str) -> Path:
+    """The healthy blocks' step dumped by ``python`` (another torch release) into ``path``."""
+    command = [str(python), __file__, "--dump-block", str(path), "--task", task]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"--other-python {python}: the dump failed:\n{done.stderr.strip()}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def _across_releases(python: Path) -> Pair:
+    """The pair 'the same model on two torch releases': A here, B by ``python``."""
+    command = [str(python), "-c", "import torch; print(torch.__version__)"]
+    version = subprocess.run(command, capture_output=True, text=True, check=False)
+    if version.returncode != 0:
+        raise SystemExit(f"--other-python {python}: cannot import torch there")
+    return Pair(
+        f"the same model on torch {torch.__version__} vs {version.stdout.strip()}",
+        "healthy",
+        lambda root, task: (_dump_block(root / "a", Variant(), task), _other_release(python, root / "b", task)),
+        noise=lambda root, task: _dump_block(root / "c", Variant(), task, rounded=True),
+    )
+
+
 def _right(pair: Pair, result: torchdebug.compare.CompareResult) -> bool:  # type: ignore[name-defined]
     first = result.first_divergence
     if pair.planted is None:
@@ -411,13 +436,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="statistics", choices=["statistics", "tensor"])
     parser.add_argument("--noise", action="store_true", help="also judge with tolerances measured from a noise dump")
+    parser.add_argument(
+        "--other-python", type=Path, help="a Python with another torch release: adds the pair of the same model on both"
+    )
+    parser.add_argument("--dump-block", type=Path, help=argparse.SUPPRESS)  # --other-python's side B, in that Python
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.dump_block is not None:
+        print(_dump_block(args.dump_block, Variant(), args.task))
+        return
+    pairs = PAIRS + ([_across_releases(args.other_python)] if args.other_python else [])
     tables: dict[str, list[tuple[str, ...]]] = {"dtype tolerances": []}
     if args.noise:
         tables["tolerances from a noise dump (B's inputs rounded through bf16)"] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for number, pair in enumerate(PAIRS):
+        for number, pair in enumerate(pairs):
             root = Path(tmp) / str(number)
             a, b = pair.make(root, args.task)
             noise = pair.noise(root, args.task) if args.noise and pair.noise is not None else None

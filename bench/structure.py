@@ -40,6 +40,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
+from tests.capture.test_subclasses import ScaledInt8  # noqa: E402
 from tests.compare.moe import MoENet, moe_batch  # noqa: E402
 from tests.compare.moe import train_step as moe_step  # noqa: E402
 
@@ -57,6 +58,8 @@ class Variant:
     scale: float = 1.0  # the MLP's output times this, in layer 1 (a 1.05 scale bug)
     one_sided: bool = False  # an extra op on this side only: the attention output + 0.01 in layer 0
     attention_scale: float = 1.0  # the attention's heads times this, in layer 1 (a 1.05 scale bug)
+    weights: str = "trained"  # or the blocks' linear weights frozen, int8 times a scale: "subclass" (ScaledInt8, converted
+    # on every use) or "plain" (the same values converted once): bit for bit the same step
 
 
 class _Norm(nn.Module):
@@ -115,12 +118,24 @@ class _Block(nn.Module):
         return x + h
 
 
+def _quantize(linear: nn.Linear, subclass: bool) -> None:
+    """``linear``'s weight frozen as int8 times a scale: a ScaledInt8 (converted on use) or its plain value."""
+    weight = linear.weight.detach()
+    scale = weight.abs().max() / 127
+    data = (weight / scale).round().to(torch.int8)
+    del linear.weight
+    linear.register_buffer("weight", ScaledInt8(data, scale) if subclass else data.float() * scale)
+
+
 class _Net(nn.Module):
     def __init__(self, variant: Variant) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.blocks = nn.ModuleList(_Block(variant, layer) for layer in range(2))
         self.head = nn.Linear(_DIM, 4)
+        if variant.weights != "trained":
+            for linear in (m for m in self.blocks.modules() if isinstance(m, nn.Linear)):
+                _quantize(linear, variant.weights == "subclass")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -365,6 +380,9 @@ PAIRS = [
     Pair("F.layer_norm vs mean/var/rsqrt", "healthy", **_blocks(Variant(), Variant(norm="hand"))),
     Pair("a reshape added by a refactor", "healthy", **_blocks(Variant(reshape=True), Variant())),
     Pair("independent ops reordered", "healthy", **_blocks(Variant(reorder=True), Variant())),
+    Pair(
+        "int8 weights: a subclass vs its plain twin", "healthy", **_blocks(Variant(weights="subclass"), Variant(weights="plain"))
+    ),
     Pair(
         "4 micro-batches vs one batch 4x",
         "healthy",

@@ -186,3 +186,11 @@ def test_a_collective_and_a_dtensor_in_place_op_leave_the_version_later_ops_read
     summed = _slot(records, "forward/-/aten.sum.default#0/input.0")
     assert (summed.value_id, summed.version) == (written.value_id, written.version)
     assert written.version == _slot(records, "forward/-/aten.mul_.Tensor#1/input.0").version + 1
+
+
+def test_an_op_that_returns_its_argument_as_a_view_keeps_its_id(tmp_path):
+    x = torch.ones(3)
+    records = _records(tmp_path, lambda: torch.ops.aten.lift_fresh(x))
+    read = _slot(records, "forward/-/aten.lift_fresh.default#0/input.0")
+    returned = _slot(records, "forward/-/aten.lift_fresh.default#0/output.0")
+    assert (returned.value_id, returned.version, returned.view_of) == (read.value_id, read.version, None)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from torchdebug._torch.autograd import tensor_version, view_base
-from torchdebug.records import Record
+from torchdebug.records import MODULE_OP, Record
 
 __all__ = ["ValueIds"]
 
@@ -65,7 +65,7 @@ class ValueIds:
         key = id(tensor)
         ref = self._refs.get(key)
         if ref is None or ref() is not tensor:
-            value_id, view_of, floor = self._add(tensor)
+            value_id, view_of, floor = self._add(tensor, record.io != "output" or record.op == MODULE_OP)
             bumps = False
         else:
             value_id, view_of, floor = self._known[key]
@@ -88,7 +88,7 @@ class ValueIds:
                 self._entry(tensor)
 
     def views(self, outputs: Iterable[Any], source: torch.Tensor) -> None:
-        """Register the tensors among ``outputs`` (a view op's, made from ``source``) as views of
+        """Register the new tensors among ``outputs`` (a view op's, made from ``source``) as views of
         ``source``'s memory, at ``source``'s version."""
         value_id, view_of, _ = self._entry(source)
         root = value_id if view_of is None else view_of
@@ -96,9 +96,10 @@ class ValueIds:
             floor = tensor_version(source)
         except RuntimeError:
             floor = 0
+        refs = self._refs
         for tensor in outputs:
-            if isinstance(tensor, torch.Tensor):
-                self._refs[id(tensor)] = weakref.ref(tensor)
+            if isinstance(tensor, torch.Tensor) and ((ref := refs.get(id(tensor))) is None or ref() is not tensor):
+                refs[id(tensor)] = weakref.ref(tensor)  # (``lift_fresh`` returns its argument: known, kept)
                 self._known[id(tensor)] = (self._take(), root, floor)
 
     def prune(self) -> None:
@@ -110,16 +111,19 @@ class ValueIds:
         ref = self._refs.get(id(tensor))
         return self._known[id(tensor)] if ref is not None and ref() is tensor else self._add(tensor)
 
-    def _add(self, tensor: torch.Tensor) -> _Entry:
-        """An entry for a tensor first seen: a view made outside capture names its base's memory (an
-        op's output has no base yet: torch sets it as the op returns)."""
-        base = view_base(tensor)
+    def _add(self, tensor: torch.Tensor, may_be_view: bool = True) -> _Entry:
+        """An entry for a tensor first seen: a view made outside capture names its base's memory.
+        ``may_be_view`` false: an op's output (not a module's), which has no base yet (torch sets it as
+        the op returns; a view op's outputs are registered by :meth:`views`)."""
         root = None
+        base = view_base(tensor) if may_be_view else None
         if base is not None:
             value_id, view_of, _ = self._entry(base)
             root = value_id if view_of is None else view_of
+        value_id = self._next
+        self._next = value_id + 1
         self._refs[id(tensor)] = weakref.ref(tensor)
-        entry = self._known[id(tensor)] = (self._take(), root, 0)
+        entry = self._known[id(tensor)] = (value_id, root, 0)
         return entry
 
     def _take(self) -> int:

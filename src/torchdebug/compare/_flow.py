@@ -1,8 +1,9 @@
 """Where each judged row's value came from, and what blame or dtype constant it carries.
 
 The rules (:mod:`torchdebug.compare._rules`) judge an input against the tensor its producer made
-(:func:`torchdebug.compare._matching.producers`; those matching found, when it hands them on: the
-same saved tensor, or the same dtype, shape and statistics, looking through casts), traced through
+(:func:`torchdebug.compare._matching.producers`; those matching found, when it hands them on: by
+the value ids capture recorded, else the same saved tensor or the same dtype, shape and statistics;
+looking through casts), traced through
 the calls only one side runs back to matched rows; and an inherited row names the blamed row, or
 the constant made for the dtype, whose error it carries. :class:`Flow` holds both for one judging of one rank's rows.
 """
@@ -113,8 +114,9 @@ class Flow:
 
     def producers(self, row: Row, side: str, first: bool = False) -> list[Row]:
         """The output rows that may have made the tensor the input ``row`` holds on ``side``, before it
-        in the same step: with statistics, a value an op passes on unchanged (a ``clone``) has several
-        makers (:func:`~torchdebug.compare._matching.candidate_producers`), the first made first.
+        in the same step: one by value ids; with statistics alone, a value an op passes on unchanged (a
+        ``clone``) has several makers (:func:`~torchdebug.compare._matching.candidate_producers`), the
+        first made first.
         ``first``: the first candidate only (empty when it is not such a row)."""
         record = row.record_a if side == "a" else row.record_b
         made = self.made[side].get(id(record))

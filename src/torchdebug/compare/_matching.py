@@ -18,6 +18,11 @@ When a side was captured in compiled graphs (``compiled=True``), steps 2 and 3 p
 or order only where both sides have as many calls of the op in that step, phase and module;
 :mod:`torchdebug.compare._boundaries` then pairs the slots of the ops the compiler decomposed.
 
+Producers (which call made the tensor an input holds) guide and veto the pairings above. Where the
+dumps record value ids (eager capture, ``torchdebug.capture.value_ids``) they are exact: a dict lookup
+per input; elsewhere (older dumps, graph and msprobe dumps) they are inferred from dtype, shape and
+statistics (:func:`identity`), which cannot tell identical tensors apart (two zero biases).
+
 Pairs come back in execution order (side A's, with B-only calls placed after the call that precedes
 them on side B).
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import heapq
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,7 +42,7 @@ from typing import NamedTuple
 
 from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
-from torchdebug.records import PHASES, Record, call_name, make_call_name, split_call_name
+from torchdebug.records import MODULE_OP, PHASES, Record, call_name, make_call_name, split_call_name
 
 __all__ = [
     "Pair",
@@ -436,9 +442,9 @@ def _assign_order(pairs: list[Pair], records_b: Sequence[Record]) -> None:
 
 
 def identity(record: Record, shape: Sequence[int] | None = None) -> tuple | None:
-    """What makes two slots of one dump the same tensor: the saved tensor's key, else dtype, shape
-    (``shape`` instead of the record's: a DTensor's local shape, which its statistics describe) and
-    statistics."""
+    """What makes two slots of one dump the same tensor, where the dump records no value ids: the
+    saved tensor's key, else dtype, shape (``shape`` instead of the record's: a DTensor's local shape,
+    which its statistics describe) and statistics."""
     if record.kind != "tensor":
         return None
     if record.tensor and record.tensor.get("key"):
@@ -464,8 +470,9 @@ Candidates = dict[int, tuple[tuple[str, str], ...]]
 
 def producers(records: Sequence[Record]) -> dict[int, tuple[str, str]]:
     """For input slots (by ``id``) of ``records`` in execution order: ``(call name, output slot)`` that
-    produced the same tensor earlier, looking through casts. Compare's matching and its verdicts (which
-    trace an input through ops only one side runs) follow tensors with it."""
+    produced the same tensor earlier, looking through casts (exact where the dump records value ids,
+    :func:`candidate_producers`). Compare's matching and its verdicts (which trace an input through ops
+    only one side runs) follow tensors with it."""
     return {key: found[0] for key, found in candidate_producers(records, nearest=0).items()}
 
 
@@ -501,12 +508,18 @@ class _Made:
 
 def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> Candidates:
     """Earlier ``(call name, output slot)`` that made the tensor an input slot (by ``id``) holds,
-    first made first (:func:`producers` takes that one). With statistics, identity is ambiguous: in a
+    first made first (:func:`producers` takes that one).
+
+    A dump whose slots carry value ids (eager capture since they exist) gives one producer each, by
+    a dict lookup (:func:`_recorded_producers`). Others (older dumps, graph and msprobe dumps) are
+    inferred from :func:`identity`, and with statistics identity is ambiguous: in a
     bf16 run AdamW's weight decay (``mul_`` by ``1 - lr * wd``) rounds back to the very weight the
     forward pass transposed, so both calls made the value the update reads. Of a group of calls that
     made one value (at the first step, every zero bias's optimizer state), the first and the
     ``nearest`` latest before the input are kept: the latest is where the input's own tensor came
     from unless a later call remade the value, the first is where it was first seen."""
+    if any(record.value_id is not None for record in records):
+        return _recorded_producers(records)
     made_by: dict[tuple, _Made | tuple[tuple[str, str]]] = {}  # a value's one maker, or its group of them
     found: Candidates = {}
     cast_sources: dict[str, tuple[str, str]] = {}
@@ -544,6 +557,105 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> C
             else:
                 group.add(producer)
     return found
+
+
+def _recorded_producers(records: Sequence[Record]) -> Candidates:
+    """:func:`candidate_producers` by the value ids capture recorded (``torchdebug.capture.value_ids``).
+
+    An input's producer is the first output slot that held its ``(value_id, version)``, or one that
+    rewrote it in place without a new version (a c10d collective reads and writes its tensor), else
+    for a tensor no recorded op made (a view taken outside capture, activation checkpointing's cached
+    tensors) the first view of its memory at that version with its shape and statistics, or the first
+    that held its memory at that version (``(view_of or value_id, version)``: an in-place op that wrote
+    it through another view). As with statistics, the first candidate is the op that made
+    the value: where the producer only passed on the value of its first tensor input (a ``detach``, a
+    ``clone``: the same dtype, shape and statistics, or fingerprint), the candidates are that value's
+    maker, then the producer. Casts are looked through. A slot without an id (a non-tensor argument) has no
+    producer. A module's output is recorded with the module call's place in the order, before the
+    ops inside it: the op that made the value takes its place. An op activation checkpointing runs
+    again in the backward makes its values as the forward call it repeats (``fwd``): a checkpointed
+    run's backward reads them where a plain run's reads the forward's."""
+    records = _recomputed_in_place(records)
+    made: dict[tuple[int, int | None], tuple[str, str]] = {}
+    by_module: set[tuple[int, int | None]] = set()  # values whose first holder so far is a module's output
+    memory: dict[tuple[int, int | None], tuple[str, str]] = {}
+    views: dict[tuple, tuple[tuple[str, str], Record]] = {}  # by memory and shape: the first view made there
+    origin: dict[tuple[str, str], tuple[str, str]] = {}  # a producer that passed a value on: the value's maker
+    found: Candidates = {}
+    cast_sources: dict[str, tuple[str, str]] = {}
+    names: dict[str, str] = {}  # one string per call name and slot name kept in ``found``
+    reading, step, read, first_read = None, None, set(), None  # the call whose inputs were seen last, and:
+    for record in records:
+        value_id = record.value_id
+        if value_id is None:
+            continue
+        io = record.io
+        if io != "input" and io not in _OUTPUTS:
+            continue
+        version = record.version
+        key = (value_id, version)
+        where = (value_id if record.view_of is None else record.view_of, version)
+        if io == "input":
+            call = call_name(record.name)
+            if call != reading or record.step != step:  # its step, what its inputs held, its first input
+                reading, step, read, first_read = call, record.step, set(), record
+            read.add(key)
+            producer = made.get(key)
+            if producer is None:  # a tensor no recorded op made: the view of its memory that holds its value, or the writer
+                view = views.get((where, tuple(record.shape or ())))
+                producer = view[0] if view is not None and _passed_on(view[1], record) else memory.get(where)
+            if producer is not None and producer[0] != call:
+                first = origin.get(producer)
+                found[id(record)] = (producer,) if first is None else (first, producer)
+                if record.op in _CASTS:
+                    cast_sources[call] = producer
+            continue
+        call, slot = split_call_name(record.name)
+        producer = cast_sources.get(call) if record.op in _CASTS else None
+        if producer is None:
+            twin = record.fwd if record.phase == "recompute" else None  # the forward call it repeats
+            producer = (names.setdefault(twin or call, twin or call), names.setdefault(slot, slot))
+            same_call = call == reading and record.step == step
+            source = first_read if same_call and record.op != MODULE_OP else None  # what a view or copy reads
+            if source is not None and id(source) in found and _passed_on(source, record):
+                origin[producer] = found[id(source)][0]
+            else:  # the call of this name in another step may have passed its value on
+                origin.pop(producer, None)
+        if record.op == MODULE_OP:  # a module passes on what its ops made: it makes nothing itself
+            if key not in made:
+                made[key] = producer
+                by_module.add(key)
+            continue
+        rewrote = call == reading and record.step == step and key in read
+        if rewrote or key not in made or key in by_module:
+            made[key] = producer
+            by_module.discard(key)
+        if rewrote or where not in memory:
+            memory[where] = producer
+        if record.view_of is not None:
+            views.setdefault((where, tuple(record.shape or ())), (producer, record))
+    return found
+
+
+def _recomputed_in_place(records: Sequence[Record]) -> Iterable[Record]:
+    """``records`` (in execution order, where the ops activation checkpointing runs again come after
+    the step's backward) with those ops moved where they ran, among the backward's (by ``seq``): the
+    backward reads what they made."""
+    recomputed = [record for record in records if record.phase == "recompute"]
+    if not recomputed:
+        return records
+    others = (record for record in records if record.phase != "recompute")
+    return heapq.merge(others, recomputed, key=attrgetter("step", "seq"))
+
+
+def _passed_on(read: Record, made: Record) -> bool:
+    """Whether an output holds the value of an input of its call: the same dtype and shape, and the
+    same statistics or fingerprint (the records of one tensor share their statistics' dict)."""
+    if read.dtype != made.dtype or read.shape != made.shape:
+        return False
+    if read.stats is not None and (read.stats is made.stats or read.stats == made.stats):
+        return True
+    return read.checksum is not None and read.checksum == made.checksum
 
 
 class Producers(NamedTuple):

@@ -1,21 +1,25 @@
 """Memory throughput of the one-pass statistics kernel, against a plain one-read reduction, in one process.
 
     python bench/stats_pass.py [--device cpu|cuda] [--sizes 65536,1048576,16777216,134217728] [--dtype float32] [--repeat 10]
-                               [--grid 32768:512,8192:2048]
+                               [--grid 32768:512,8192:2048] [--stages 2,3] [--threads N]
 
 For each size, one tensor of that many elements is reduced ``--repeat`` times by the path that eager
 capture and the flight recorder use (:class:`~torchdebug.stats_table.StatsStager`: the C kernel on
 the CPU, the Triton kernel on CUDA, the rows read back once at the end), with and without the
 fingerprint in the same pass, and as many times by ``torch.sum`` (one read of the tensor, the pace
 of a well-tuned reduction). Prints the GB/s of each and their ratio to ``torch.sum``. ``--grid``
-also times the statistics with other launch grids of the Triton kernel (``ELEMENTS_PER_PROGRAM:
-MAX_PROGRAMS``, the latter a power of two) on CUDA: one line per grid and size, to choose them
-by measure.
+also times the statistics, alone and with the fingerprint, with other launch grids of the Triton
+kernel (``ELEMENTS_PER_PROGRAM:MAX_PROGRAMS``, the latter a power of two) on CUDA: one line per grid
+and size, to choose them by measure; ``--stages`` likewise with other stages of Triton's software
+pipeline over a program's blocks (``triton_stats.STAGES``, 1 by default: the plain loop).
 
 Why it matters: the flight recorder reads every watched tensor once a step, so its device time is
 about the bytes it watches divided by this rate (GPT M on CUDA watches about 9.5 GB a step, see
 ``docs/monitor.md``). Small sizes show the host's cost per tensor (a launch, a native call); big ones
-the memory.
+the memory. Each line also gives the nanoseconds an element of the statistics and of statistics with
+the fingerprint. ``--threads N`` runs torch (and the C kernel, which uses torch's thread pool) on N
+threads: on a CPU that other jobs share, ``--threads 1`` times the kernel on one core without the
+waits of a thread pool whose other threads are descheduled.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
     parser.add_argument("--repeat", type=positive_int, default=10, help="passes timed per size and path")
     parser.add_argument(
+        "--stages", type=positive_ints, default=[], help="triton_stats.STAGES values to time too, comma-separated (CUDA)"
+    )
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch's CPU threads (default: torch's own)")
+    parser.add_argument(
         "--grid",
         type=int_pairs,
         default=[],
@@ -51,11 +59,21 @@ def main() -> None:
     args = parser.parse_args()
     if not all(is_power_of_two(programs) for _, programs in args.grid):
         parser.error("--grid: MAX_PROGRAMS must be a power of two")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    if device.type == "cpu":
+        from torchdebug.native import fused_stats
+
+        library = fused_stats._kernels()
+        where += f", fingerprint loops: {library.hashers().decode() if library else 'torch ops'}"
     print(f"torch {torch.__version__}, {args.dtype} on {args.device} ({where}), best of 3 rounds of {args.repeat} passes")
-    print(f"{'elements':>12s} {'MB':>8s} {'torch.sum':>10s} {'statistics':>18s} {'statistics+fingerprint':>24s}")
+    print(
+        f"{'elements':>12s} {'MB':>8s} {'torch.sum':>10s} {'statistics':>18s} {'statistics+fingerprint':>24s}"
+        f" {'ns/element: statistics, +fingerprint':>38s}"
+    )
     for size in args.sizes:
         x = torch.randn(size, device=device).to(dtype)
         stager = StatsStager()
@@ -76,12 +94,44 @@ def main() -> None:
             f"{size:12d} {x.numel() * x.element_size() / 1e6:8.1f} {rate['sum']:7.1f} GB/s"
             f" {rate['stats']:7.1f} GB/s ({rate['stats'] / rate['sum']:.2f}x)"
             f" {rate['both']:11.1f} GB/s ({rate['both'] / rate['sum']:.2f}x)"
+            f" {seconds['stats'] / size * 1e9:16.3f} {seconds['both'] / size * 1e9:7.3f}"
+            f" ({seconds['both'] / seconds['stats']:.2f}x)"
         )
+        for stages in args.stages:
+            with _stages(x, stages):
+                pace = x.numel() * x.element_size() / _seconds(statistics, args.repeat, stager, sync) / 1e9
+                pace_both = x.numel() * x.element_size() / _seconds(both, args.repeat, stager, sync) / 1e9
+            print(
+                f"{'':12s} {'':8s} stages {stages}: statistics {pace:7.1f} GB/s ({pace / rate['sum']:.2f}x),"
+                f" +fingerprint {pace_both:7.1f} GB/s ({pace_both / rate['sum']:.2f}x,"
+                f" {pace / pace_both:.2f}x the statistics' time)"
+            )
         for elements, most in args.grid:
             with _grid(x, elements, most) as programs:
                 pace = x.numel() * x.element_size() / _seconds(statistics, args.repeat, stager, sync) / 1e9
+                pace_both = x.numel() * x.element_size() / _seconds(both, args.repeat, stager, sync) / 1e9
             grid = f"{elements}:{most}"
-            print(f"{'':12s} {'':8s} grid {grid}: {programs} programs, statistics {pace:7.1f} GB/s ({pace / rate['sum']:.2f}x)")
+            print(
+                f"{'':12s} {'':8s} grid {grid}: {programs} programs, statistics {pace:7.1f} GB/s ({pace / rate['sum']:.2f}x),"
+                f" +fingerprint {pace_both:7.1f} GB/s ({pace_both / rate['sum']:.2f}x,"
+                f" {pace / pace_both:.2f}x the statistics' time)"
+            )
+
+
+@contextlib.contextmanager
+def _stages(x: torch.Tensor, stages: int) -> Iterator[None]:
+    """The Triton kernel compiled with ``stages`` pipeline stages while the block runs."""
+    from torchdebug import stats_table
+
+    kernel = stats_table._kernel_for(x)
+    if kernel is None or stats_table._resolves_now(x):
+        raise SystemExit(f"--stages: the statistics of a tensor on {x.device} do not take the Triton kernel here")
+    saved = kernel.STAGES
+    kernel.STAGES = stages
+    try:
+        yield
+    finally:
+        kernel.STAGES = saved
 
 
 @contextlib.contextmanager

@@ -230,6 +230,15 @@ def _fingerprint_cases() -> list[tuple[str, torch.Tensor]]:
         ("sliced 4-d permute", randn(3, 4, 5, 6)[:, 1:3].permute(3, 1, 0, 2)),
         ("bfloat16 transpose", randn(33, 65).bfloat16().t()),
         ("int32 transpose", torch.arange(600, dtype=torch.int32).reshape(20, 30).t()),
+        ("float64 transpose (two words an element, strided keys)", randn(41, 37, dtype=torch.float64).t()),
+        ("float64 big transpose, rows split over threads", randn(400, 300, dtype=torch.float64).t()),
+        ("int64 permute", torch.randint(-(2**62), 2**62, (3, 70, 9), generator=generator).permute(2, 0, 1)),
+        ("complex64 transpose", randn(13, 11, dtype=torch.complex64).t()),
+        ("float16 transpose", randn(70, 33).half().t()),
+        ("int16 column slice", torch.arange(-4000, 4000, dtype=torch.int16).reshape(80, 100)[:, 3:77]),
+        ("bool transpose", (randn(31, 29) > 0).t()),
+        ("uint8, parallel", torch.randint(0, 256, (200_003,), generator=generator, dtype=torch.uint8)),
+        ("int8 broadcast", torch.arange(-6, 6, dtype=torch.int8).reshape(12, 1).expand(12, 5)),
     ]
     for name in ("float8_e4m3fn", "float8_e5m2"):
         if hasattr(torch, name):  # newer dtypes, absent from older torch releases
@@ -240,15 +249,19 @@ def _fingerprint_cases() -> list[tuple[str, torch.Tensor]]:
 _FINGERPRINT_CASES = _fingerprint_cases()
 
 
-@pytest.fixture(params=["picked", "portable"])
+_HASHERS = {"picked": 0, "portable": 1, "avx2 at most": 2}
+
+
+@pytest.fixture(params=list(_HASHERS))
 def hashers(request):
-    """The fingerprint's inner loops the library picked for this CPU, then the portable ones (the
-    same where the CPU has no AVX2): both must give the reference's bits."""
+    """The fingerprint's inner loops the library picked for this CPU (AVX-512 where it has it), the
+    portable ones, and AVX2 at most (the same as another where the CPU lacks AVX-512 or AVX2): each
+    must give the reference's bits."""
     library = fused_stats._kernels()
     if library is None:
         pytest.skip("no C compiler: the native kernel is not built here")
-    library.pick_hashers(int(request.param == "portable"))
-    yield request.param
+    library.pick_hashers(_HASHERS[request.param])
+    yield library.hashers().decode()
     library.pick_hashers(0)
 
 
@@ -267,6 +280,18 @@ def test_kernel_fingerprint_equals_the_torch_op_fingerprint(label, tensor, hashe
         assert sums[2:4] == pytest.approx(alone[2:4], rel=1e-5, abs=1e-3 * math.sqrt(tensor.numel()), nan_ok=True), label
     else:
         assert both is None, label  # statistics of other dtypes are torch ops: the fingerprint alone
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32, torch.float64, torch.complex128])
+def test_kernel_fingerprint_of_every_length_and_offset_equals_the_reference(dtype, hashers):
+    """Lengths 1 to 70 (the vector loops' whole iterations and every tail) from every offset into a
+    block of 16 elements (unaligned starts): the vector loops and their tails give the reference's bits."""
+    base = (torch.randn(90, generator=torch.Generator().manual_seed(6)) * 40).to(dtype)
+    for start in range(16):
+        for length in range(1, 71):
+            piece = base[start : start + length]
+            assert fused_stats.fingerprint(piece) == _reference_fingerprint(piece), (start, length)
 
 
 @needs_compiler

@@ -692,6 +692,10 @@ def test_triton_kernel_compiles_for_an_h100_with_vector_loads_and_an_ordered_com
     assert "atom.global.gpu.acq_rel.add" in ptx and "bar.sync" in ptx and "ld.global.cg" in ptx
     mix = str(0xBF58476D1CE4E5B9 - 2**64)  # splitmix64's first multiplier, as PTX writes an int64
     assert ("mul.lo.s64" in ptx and mix in ptx) == hashed  # only where the fingerprint is taken
+    # each word's product from 32-bit multiplies (mul.lo and mul.hi), not an emulated 64-bit one: a
+    # thread's words of a block in the loop, and again in the masked rest
+    words = triton_stats._BLOCK // (32 * triton_stats.WARPS) * (2 if dtype.itemsize == 8 else 1)
+    assert ptx.count("mul.hi.u32") == (2 * words if hashed else 0), ptx.count("mul.hi.u32")
     assert ("fma.rn." in ptx) == stats and "mul.rn.f" not in ptx  # no multiply rounds apart from its add
 
 

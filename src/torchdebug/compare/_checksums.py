@@ -23,6 +23,12 @@ both records have statistics, and is ``incomparable`` otherwise; such difference
 Identical runs therefore give no verdict but ``pass``, and the first divergence
 (:func:`~torchdebug.compare._verdicts.first_divergence`) is the first op whose output bits differ
 with agreeing inputs, or the first op that reads a value that differs from outside the step.
+
+Checksums follow a definition (:mod:`torchdebug.checksum`; each rank's manifest names it, a dump
+from before the entry holds fingerprint 1). Two dumps of different fingerprints hold different
+numbers for the same bits, so they are never set side by side: no slot is judged by its checksums,
+each keeps its statistics verdict where both records have statistics and is ``incomparable`` (with
+the reason) otherwise, and :func:`dtype_note` opens the summary with a line that says so.
 """
 
 from __future__ import annotations
@@ -30,15 +36,42 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from torchdebug.checksum import FINGERPRINT_VERSION, dump_fingerprint_version
 from torchdebug.compare._flow import OUTPUT_IO
 from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._rows import Row
 from torchdebug.records import call_name
 
-__all__ = ["judge_checksums", "dtype_note", "DTYPE_NOTE"]
+__all__ = ["judge_checksums", "dtype_note", "fingerprint_versions", "DTYPE_NOTE", "DEFINITIONS_NOTE"]
 
 DTYPE_NOTE = "checksums compare bits"
 """How :func:`dtype_note`'s line starts (the summary puts it first)."""
+
+DEFINITIONS_NOTE = f"{DTYPE_NOTE} only under one definition"
+"""How the line starts that :func:`dtype_note` gives when the two dumps' fingerprints differ in
+definition (it starts as :data:`DTYPE_NOTE` does, so the summary puts it first too)."""
+
+
+def fingerprint_versions(dump_a: object, dump_b: object) -> tuple[int, int]:
+    """The fingerprint each side's checksums follow, from its rank's manifest (a dump read another way,
+    an msprobe dump, has no checksums: it counts as today's)."""
+    versions = []
+    for dump in (dump_a, dump_b):
+        manifest = getattr(dump, "manifest", None)
+        versions.append(dump_fingerprint_version(manifest) if isinstance(manifest, dict) else FINGERPRINT_VERSION)
+    return versions[0], versions[1]
+
+
+_DEFINITIONS_MARK = "A's checksums are fingerprint "
+"""The start of :func:`_definitions`' text, by which :func:`dtype_note` finds the rows it marked."""
+
+
+def _definitions(versions: tuple[int, int]) -> str:
+    a, b = versions
+    return (
+        f"A's checksums are fingerprint {a}, B's fingerprint {b}: two definitions give different numbers for the "
+        "same bits (dump both with one torchdebug version to compare them bit for bit)"
+    )
 
 
 def _exact(row: Row) -> bool:
@@ -114,8 +147,13 @@ def _output(row: Row, differing_inputs: bool, dtype_inputs: bool) -> Judgement |
     return _bits(row, "error", "blamed", "output bits differ while all its inputs' bits agree: this op makes the difference")
 
 
-def judge_checksums(rows: Sequence[Row]) -> None:
-    """Judge bit for bit the rows (of one rank, in execution order) with checksums on both sides."""
+def judge_checksums(rows: Sequence[Row], versions: tuple[int, int] = (FINGERPRINT_VERSION, FINGERPRINT_VERSION)) -> None:
+    """Judge bit for bit the rows (of one rank, in execution order) with checksums on both sides, when
+    both sides' checksums follow the same definition (``versions``: :func:`fingerprint_versions`);
+    else leave each its statistics verdict, or make it ``incomparable`` where a side has no statistics."""
+    if versions[0] != versions[1]:
+        _other_definitions(rows, versions)
+        return
     calls: dict[tuple[int, str], list[Row]] = {}
     for row in rows:
         if _exact(row):
@@ -153,13 +191,42 @@ def judge_checksums(rows: Sequence[Row]) -> None:
                 judgement.apply(row)
 
 
+def _other_definitions(rows: Sequence[Row], versions: tuple[int, int]) -> None:
+    """Rows whose checksums follow two definitions: none is judged by them."""
+    why = _definitions(versions)
+    for row in rows:
+        if not _exact(row):
+            continue
+        if _with_statistics(row):  # the statistics verdict stands; the message says why the bits were not
+            note = f"checksums not compared: {why}"
+            row.message = f"{row.message}; {note}" if row.message else note
+        else:
+            Judgement("incomparable", "", f"not comparable: {why}").apply(row)
+
+
 def _of_the_dtypes(judgement: Judgement | None) -> bool:
     """A judgement of bits that cannot agree because of the dtypes (:func:`_other_dtype`)."""
     return judgement is None or judgement.verdict == "incomparable"
 
 
 def dtype_note(rows: Sequence[Row]) -> str | None:
-    """One line when the rows compared bit for bit hold other dtypes on the two sides (``None`` otherwise)."""
+    """One line when the rows compared bit for bit hold other dtypes on the two sides, or when the two
+    dumps' checksums follow different definitions (``None`` otherwise): the summary opens with it."""
+    definitions = next((row for row in rows if _exact(row) and _DEFINITIONS_MARK in (row.message or "")), None)
+    if definitions is not None:
+        count = sum(1 for row in rows if _exact(row))
+        statistics = sum(1 for row in rows if _exact(row) and _with_statistics(row))
+        reason = definitions.message[definitions.message.index(_DEFINITIONS_MARK) :]
+        if statistics == count:
+            instead = f"all {count} slots with checksums keep their statistics verdicts"
+        elif statistics == 0:
+            instead = (
+                f"all {count} slots with checksums are 'incomparable' (dump statistics too, checksum=True with "
+                'task="statistics", to compare them within tolerance)'
+            )
+        else:
+            instead = f"{statistics} of {count} slots with checksums keep their statistics verdicts, the others are incomparable"
+        return f"{DEFINITIONS_NOTE}, and {reason}; so no slot is judged by its checksum: {instead}"
     pairs: dict[tuple[str | None, str | None], int] = {}
     for row in rows:
         if _exact(row) and row.dtype_a != row.dtype_b:

@@ -41,7 +41,7 @@ from safetensors import SafetensorError
 from torchdebug import progress
 from torchdebug.compare._boundaries import align_boundaries, unpaired_calls
 from torchdebug.compare._calibration import NoiseKey, calibrate, measured_noise
-from torchdebug.compare._checksums import dtype_note, judge_checksums
+from torchdebug.compare._checksums import dtype_note, fingerprint_versions, judge_checksums
 from torchdebug.compare._config import CompareConfig
 from torchdebug.compare._matching import Producers, match_records
 from torchdebug.compare._metrics import stats_metrics, tensor_metrics
@@ -391,7 +391,7 @@ def attribute(
     if undecided:
         replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
         judge(rows, growth=settings.growth, replayed=True, split=split, made=made, tolerances=settings.tolerances)
-    judge_checksums(rows)  # slots with checksums on both sides: bit for bit instead
+    judge_checksums(rows, fingerprint_versions(dump_a, dump_b))  # checksums on both sides: bit for bit instead
     for row in rows:
         note = row_note(row)
         if note is not None:

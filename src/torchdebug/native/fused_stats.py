@@ -36,7 +36,7 @@ _MANY_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float64: 2}
 """The dtype codes of ``td_stats_many``'s entries."""
 
 _WORD_BYTES = (1, 2, 4, 8)
-"""Element sizes the fingerprint-only kernels read (16-byte complex numbers as two 8-byte words)."""
+"""Element sizes the fingerprint-only kernels read (16-byte complex numbers as two 8-byte halves)."""
 
 _Sums = ctypes.c_double * WIDTH
 _Dims = [ctypes.c_int64 * n for n in range(MAX_DIMS + 1)]
@@ -50,8 +50,11 @@ class _Library(NamedTuple):
     fingerprint: dict[int, Kernel]
     """``element size in bytes -> fingerprint kernel``."""
     pick_hashers: Kernel
-    """``pick_hashers(portable)``: the fingerprint's inner loops for this CPU (AVX2 where it has it)
-    or, with 1, the portable ones; the library picks with 0 when it loads (tests run both)."""
+    """``pick_hashers(most)``: the fingerprint's inner loops, the fastest this CPU runs (AVX-512, else
+    AVX2, else portable C) with 0, the portable ones with 1, AVX2 at most with 2; the library picks
+    with 0 when it loads (tests run each: they give the same bits)."""
+    hashers: Callable[[], bytes]
+    """``hashers()``: the name of the inner loops picked (``b"avx512"``, ``b"avx2"`` or ``b"portable"``)."""
     many: Kernel
     """``many(count, entries, threads)``: the stats kernel of ``count`` contiguous tensors in one call
     (see :func:`fused_sums_many_into`)."""
@@ -67,6 +70,12 @@ def _kernels() -> _Library | None:
     columns.restype = ctypes.c_char_p
     if tuple(columns().decode().split(",")) != COLUMNS:  # the kernel must write the schema's columns
         raise RuntimeError(f"native/stats.c writes the columns {columns().decode()}, the schema has {','.join(COLUMNS)}")
+    from torchdebug.checksum import FINGERPRINT_VERSION  # here: checksum imports this module
+
+    version = library.td_fingerprint_version
+    version.restype = ctypes.c_int
+    if version() != FINGERPRINT_VERSION:  # the kernel must compute the definition checksum.py states
+        raise RuntimeError(f"native/stats.c computes fingerprint {version()}, checksum.py defines {FINGERPRINT_VERSION}")
     pointer, dims, count = ctypes.c_void_p, ctypes.c_int, ctypes.c_int
     stats_kernels = {}
     for dtype, suffix in _SUFFIXES.items():
@@ -89,10 +98,12 @@ def _kernels() -> _Library | None:
     pick_hashers = library.td_pick_hashers
     pick_hashers.argtypes = (ctypes.c_int,)
     pick_hashers.restype = None
+    hashers = library.td_hashers
+    hashers.restype = ctypes.c_char_p
     many = library.td_stats_many
     many.argtypes = (ctypes.c_int64, pointer, ctypes.c_int)
     many.restype = ctypes.c_int64
-    return _Library(stats_kernels, fingerprints, pick_hashers, many)
+    return _Library(stats_kernels, fingerprints, pick_hashers, hashers, many)
 
 
 def _kernel(tensor: torch.Tensor, which: int) -> Kernel | None:
@@ -248,7 +259,7 @@ def fingerprint(tensor: torch.Tensor) -> int | None:
         x = x.resolve_conj().resolve_neg()  # the values, as the reference reads them
     if x.numel() == 0:
         return 0
-    if x.element_size() == 16:  # complex128: two 64-bit words per element, real first
+    if x.element_size() == 16:  # complex128: two 8-byte halves an element, real first (four words)
         x = torch.view_as_real(x)
     kernel = kernels.fingerprint.get(x.element_size())
     if kernel is None:

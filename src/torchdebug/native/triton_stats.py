@@ -26,11 +26,13 @@ combines the partials in program order, so the result does not depend on schedul
 tensor gives the same bits every run. That program then sets the counter back to zero, so a table
 is ready for reuse without the host zeroing it on some stream.
 
-The same pass takes the tensor's fingerprint (:mod:`torchdebug.checksum`) when asked: each element's
-bits, widened to 64 bits, plus its position times the golden-ratio constant, through splitmix64's
-finaliser, summed modulo 2**64 per program (a sum that no order of addition changes), the partial
-sums combined by the same last program; ``mix`` of the total is stored, exactly, in an int64 column
-beside the table (``fingerprints[row + k]``). Positions are memory positions, so a tensor
+The same pass takes the tensor's fingerprint (:mod:`torchdebug.checksum`, fingerprint 2) when asked:
+each 32-bit word of the elements (a narrower element widened, a 64-bit one cut in two) times a
+32-bit multiplier from its position's key, after an XOR with the key (two 32-bit multiplies, the
+product's halves: one ``mul.lo.u32`` and one ``mul.hi.u32``), summed modulo 2**64 per program (a sum
+that no order of addition changes), the partial sums combined by the same last program; splitmix64's
+finaliser of the total and the word count is stored, exactly, in an int64 column beside the table
+(``fingerprints[row + k]``). Positions are memory positions, so a tensor
 fingerprinted here must be contiguous (the stager copies other layouts first). ``stats=False``
 takes the fingerprint alone, of tensors of any dtype viewed as integers of their width.
 
@@ -77,6 +79,13 @@ FP_FUSION = True
 Triton 3.9 warns that its default turns to off in 3.10: the kernel's results and speed must not
 change with the Triton a user has, and every figure in ``bench/RESULTS.md`` was taken with them on."""
 
+STAGES = 1
+"""Stages of Triton's software pipeline over a program's whole blocks (``tl.range(num_stages=)``:
+above 1, the loads of later blocks are issued, as asynchronous copies into shared memory, while
+earlier ones are reduced). 1, the plain loop, is what every figure so far was measured with;
+``bench/stats_pass.py --stages`` times others on CUDA (a big tensor's programs keep few bytes in
+flight per SM, and the fingerprint's instructions between the loads show in its pace)."""
+
 SLOTS = 4
 """Tensors one launch passes as arguments at most (an op's new inputs or outputs of one dtype: a
 linear's weight and bias)."""
@@ -107,17 +116,42 @@ def _mix(z):
 
 
 @triton.jit
-def _word(x, BITS: tl.constexpr):
-    """The bits of ``x`` (values of BITS bits) as unsigned 64-bit integers."""
+def _contribution(w, key):
+    """The fingerprint's contribution of 32-bit words ``w`` (uint32) keyed by ``key`` (uint64: the
+    word position plus one, times GAMMA): ``(w ^ h) * ((low ^ h) | 1)`` with ``h`` the key's high
+    half, a 32 x 32 -> 64-bit product (one ``mul.wide.u32``)."""
+    high = (key >> 32).to(tl.uint32)
+    multiplier = (key.to(tl.uint32) ^ high) | 1
+    word = w ^ high
+    # the product's halves from two 32-bit multiplies: written as one 64-bit product of zero-extended
+    # words, LLVM folds the extensions into the XOR and emits an emulated 64 x 64-bit multiply instead
+    low = word * multiplier  # modulo 2**32
+    return (tl.umulhi(word, multiplier).to(tl.uint64) << 32) | low.to(tl.uint64)
+
+
+@triton.jit
+def _element_sums(x, key, BITS: tl.constexpr):
+    """The contributions of elements ``x`` of BITS bits whose first words are keyed ``key``: one
+    word each, zero-extended, for 8, 16 and 32 bits; two for 64 (the low half first, the high one
+    keyed GAMMA after it)."""
     if BITS == 8:
-        w = x.to(tl.uint8, bitcast=True)
+        return _contribution(x.to(tl.uint8, bitcast=True).to(tl.uint32), key)
     elif BITS == 16:
-        w = x.to(tl.uint16, bitcast=True)
+        return _contribution(x.to(tl.uint16, bitcast=True).to(tl.uint32), key)
     elif BITS == 32:
-        w = x.to(tl.uint32, bitcast=True)
+        return _contribution(x.to(tl.uint32, bitcast=True), key)
     else:
         w = x.to(tl.uint64, bitcast=True)
-    return w.to(tl.uint64)
+        return _contribution(w.to(tl.uint32), key) + _contribution((w >> 32).to(tl.uint32), key + _GAMMA)
+
+
+@triton.jit
+def _fingerprint(total, numel, BITS: tl.constexpr):
+    """The fingerprint of a tensor of ``numel`` elements of BITS bits from the sum of its
+    contributions (modulo 2**64): ``mix(total + words * GAMMA)``, as an int64."""
+    WORDS: tl.constexpr = 2 if BITS == 64 else 1
+    words = numel.to(tl.uint64) * WORDS
+    return _mix(total + words * _GAMMA).to(tl.int64, bitcast=True)
 
 
 @triton.jit
@@ -141,7 +175,15 @@ def _add_block(x, inside, low, high, total, squares, nans, posinf, neginf, zeros
 
 @triton.jit
 def _share_sums(
-    x_ptr, start, end, WIDE: tl.constexpr, BLOCK: tl.constexpr, STATS: tl.constexpr, HASH: tl.constexpr, BITS: tl.constexpr
+    x_ptr,
+    start,
+    end,
+    WIDE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STATS: tl.constexpr,
+    HASH: tl.constexpr,
+    BITS: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Sums of elements ``[start, end)`` (``start`` a multiple of BLOCK): NaN-free min, max, sum,
     sum of squares and the counts (STATS), and the sum of the fingerprint's contributions modulo
@@ -164,12 +206,13 @@ def _share_sums(
     neginf = tl.zeros([ROWS], tl.int32)
     zeros = tl.zeros([ROWS], tl.int32)
     hashes = tl.zeros([ROWS], tl.uint64)
-    keys = (start + offsets + 1).to(tl.uint64) * _GAMMA  # position times GAMMA, advanced per block
-    advance = tl.full([], BLOCK, tl.uint64) * _GAMMA
+    WORDS: tl.constexpr = 2 if BITS == 64 else 1  # 32-bit words an element
+    keys = ((start + offsets) * WORDS + 1).to(tl.uint64) * _GAMMA  # each first word's key, advanced per block
+    advance = tl.full([], BLOCK * WORDS, tl.uint64) * _GAMMA
     everywhere = offsets >= 0
     length = tl.maximum(end - start, 0)  # a program past the end of a small tensor reads nothing
     whole = length // BLOCK
-    for block in range(0, whole):
+    for block in tl.range(0, whole, num_stages=STAGES):  # STAGES > 1: Triton's software pipeline
         index = tl.multiple_of(start + block * BLOCK, BLOCK) + offsets
         raw = tl.load(x_ptr + index)
         if STATS:
@@ -177,7 +220,7 @@ def _share_sums(
                 raw.to(acc), everywhere, low, high, total, squares, nans, posinf, neginf, zeros
             )
         if HASH:
-            hashes += tl.sum(_mix(_word(raw, BITS) + keys), 1)
+            hashes += tl.sum(_element_sums(raw, keys, BITS), 1)
             keys += advance
     for block in range(whole, tl.cdiv(length, BLOCK)):  # the rest: none or one block
         index = start + block * BLOCK + offsets
@@ -188,7 +231,7 @@ def _share_sums(
                 raw.to(acc), inside, low, high, total, squares, nans, posinf, neginf, zeros
             )
         if HASH:
-            hashes += tl.sum(tl.where(inside, _mix(_word(raw, BITS) + keys), tl.zeros_like(keys)), 1)
+            hashes += tl.sum(tl.where(inside, _element_sums(raw, keys, BITS), tl.zeros_like(keys)), 1)
     return (
         tl.min(low, 0).to(tl.float64),
         tl.max(high, 0).to(tl.float64),
@@ -223,6 +266,7 @@ def _reduce_tensor(
     STATS: tl.constexpr,
     HASH: tl.constexpr,
     BITS: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Program ``pid``'s share of the tensor at ``x_ptr`` (``numel`` elements, reduced by programs
     ``[first, after)``) into table row ``row + slot``: written there directly by a lone program, else
@@ -232,13 +276,13 @@ def _reduce_tensor(
     start = (pid - first) * share
     end = tl.minimum(start + share, numel)
     low, high, total, squares, nans, posinf, neginf, zeros, hashed = _share_sums(
-        x_ptr, start, end, WIDE, BLOCK, STATS, HASH, BITS
+        x_ptr, start, end, WIDE, BLOCK, STATS, HASH, BITS, STAGES
     )
     if STATS and not WIDE:
         overflowed = (total != total) | (total == float("inf")) | (total == float("-inf")) | (squares == float("inf"))
         if overflowed & (posinf + neginf == 0) & (nans < end - start):
             low, high, total, squares, nans, posinf, neginf, zeros, _ = _share_sums(  # narrower: the module docstring says why
-                x_ptr, start, end, True, BLOCK // 4, True, False, BITS
+                x_ptr, start, end, True, BLOCK // 4, True, False, BITS, 1
             )
     final = table_ptr + (row + slot) * _WIDTH
     if STATS:
@@ -256,7 +300,7 @@ def _reduce_tensor(
         tl.store(out + 7, zeros.to(tl.float64))
     if HASH:
         if programs == 1:
-            tl.store(fingerprint_ptr + row + slot, _mix(hashed).to(tl.int64, bitcast=True))
+            tl.store(fingerprint_ptr + row + slot, _fingerprint(hashed, numel, BITS))
         else:
             tl.store(scratch_fingerprint_ptr + scratch_row + pid, hashed.to(tl.int64, bitcast=True))
     if programs > 1:
@@ -282,7 +326,7 @@ def _reduce_tensor(
             if HASH:
                 partial = scratch_fingerprint_ptr + scratch_row + first + part
                 hashes = tl.load(partial, mask=present, other=0, cache_modifier=".cg").to(tl.uint64, bitcast=True)
-                tl.store(fingerprint_ptr + row + slot, _mix(tl.sum(hashes, 0)).to(tl.int64, bitcast=True))
+                tl.store(fingerprint_ptr + row + slot, _fingerprint(tl.sum(hashes, 0), numel, BITS))
             tl.store(counter_ptr + row + slot, 0)  # zero again for the table's next use: no program reads it now
 
 
@@ -314,6 +358,7 @@ def _stats_kernel(
     STATS: tl.constexpr,
     HASH: tl.constexpr,
     BITS: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     # Up to four tensors of one dtype, passed as arguments: programs [first_k, first_k+1) reduce
     # tensor k into table row ``row + k``; a slot left unused starts at the grid's end, so no program
@@ -333,7 +378,7 @@ def _stats_kernel(
         after = tl.num_programs(0).to(tl.int64)
     _reduce_tensor(
         pid, x_ptr, numel, first, after, slot, table_ptr, scratch_ptr, counter_ptr, fingerprint_ptr,
-        scratch_fingerprint_ptr, row, scratch_row, WIDE, BLOCK, PROGRAMS, STATS, HASH, BITS,
+        scratch_fingerprint_ptr, row, scratch_row, WIDE, BLOCK, PROGRAMS, STATS, HASH, BITS, STAGES,
     )  # fmt: skip
 
 
@@ -355,6 +400,7 @@ def _directory_kernel(
     STATS: tl.constexpr,
     HASH: tl.constexpr,
     BITS: tl.constexpr,
+    STAGES: tl.constexpr,
     TENSORS: tl.constexpr,
     ALIGNED: tl.constexpr,
 ):
@@ -378,7 +424,7 @@ def _directory_kernel(
     numel = tl.load(directory + count + slot)
     _reduce_tensor(
         pid, x_ptr, numel, first, after, slot, table_ptr, scratch_ptr, counter_ptr, fingerprint_ptr,
-        scratch_fingerprint_ptr, row, scratch_row, WIDE, BLOCK, PROGRAMS, STATS, HASH, BITS,
+        scratch_fingerprint_ptr, row, scratch_row, WIDE, BLOCK, PROGRAMS, STATS, HASH, BITS, STAGES,
     )  # fmt: skip
 
 
@@ -529,6 +575,7 @@ def _constexprs(dtype: torch.dtype, stats: bool, hashed: bool) -> dict[str, Any]
         "STATS": stats,
         "HASH": hashed,
         "BITS": 8 * dtype.itemsize,
+        "STAGES": STAGES,
     }
 
 

@@ -129,7 +129,11 @@ def new_run_name() -> str:
 
 def run_manifest(run_id: str, rank: int, world_size: int, config: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """The ``manifest.json`` of one rank's folder: tool, torch, Python, host and process, the
-    rank and the config that made the dump (``extra`` adds fields, e.g. ``capture="graph"``)."""
+    rank, the definition its checksums follow (``fingerprint``: :data:`torchdebug.checksum.FINGERPRINT_VERSION`;
+    a manifest without it is from before fingerprint 2) and the config that made the dump (``extra``
+    adds fields, e.g. ``capture="graph"``)."""
+    from torchdebug.checksum import FINGERPRINT_VERSION
+
     return {
         "tool": "torchdebug",
         "tool_version": __version__,
@@ -141,6 +145,7 @@ def run_manifest(run_id: str, rank: int, world_size: int, config: dict[str, Any]
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "cuda": torch.cuda.is_available(),
+        "fingerprint": FINGERPRINT_VERSION,
         **extra,
         "config": config,
     }

@@ -182,3 +182,12 @@ def test_a_backward_read_of_a_recomputed_value_is_made_by_the_forward_call_it_re
     )
     records = [forward, reader, recomputed]  # execution order puts the recomputation after the backward
     assert producers(records)[id(reader)] == ("forward/m/aten._softmax.default#0", "output.0")
+
+
+def test_a_parameter_no_op_wrote_has_no_producer_though_its_transpose_holds_its_values():
+    records = [
+        _slot("aten.t.default", 0, 0, "input", "0", (1, 0, None), mean=0.5),  # a square weight
+        _slot("aten.t.default", 0, 0, "output", "0", (2, 0, 1), mean=0.5),
+        _slot("aten.mul_.Tensor", 0, 1, "input", "0", (1, 0, None), mean=0.5),  # its weight decay
+    ]
+    assert id(records[-1]) not in candidate_producers(records)

@@ -563,18 +563,21 @@ def _recorded_producers(records: Sequence[Record]) -> Candidates:
     """:func:`candidate_producers` by the value ids capture recorded (``torchdebug.capture.value_ids``).
 
     An input's producer is the first output slot that held its ``(value_id, version)``, or one that
-    rewrote it in place without a new version (a c10d collective reads and writes its tensor), else
-    for a tensor no recorded op made (a view taken outside capture, activation checkpointing's cached
-    tensors) the first view of its memory at that version with its shape and statistics, or the first
-    that held its memory at that version (``(view_of or value_id, version)``: an in-place op that wrote
-    it through another view). As with statistics, the first candidate is the op that made
-    the value: where the producer only passed on the value of its first tensor input (a ``detach``, a
-    ``clone``: the same dtype, shape and statistics, or fingerprint), the candidates are that value's
-    maker, then the producer. Casts are looked through. A slot without an id (a non-tensor argument) has no
-    producer. A module's output is recorded with the module call's place in the order, before the
-    ops inside it: the op that made the value takes its place. An op activation checkpointing runs
-    again in the backward makes its values as the forward call it repeats (``fwd``): a checkpointed
-    run's backward reads them where a plain run's reads the forward's."""
+    rewrote it in place without a new version (a c10d collective reads and writes its tensor). A
+    tensor no recorded op made takes the first view of its memory at that version with its shape and
+    statistics, when it is a view itself (taken outside capture: activation checkpointing's cached
+    tensors), else the op that wrote its memory at that version (``(view_of or value_id, version)``:
+    the op that made it, or an in-place op that wrote it through another view; views made of it
+    write nothing).
+
+    As with statistics, the first candidate is the op that made the value: where the producer only
+    passed on the value of its first tensor input (a ``detach``, a ``clone``: the same dtype, shape
+    and statistics, or fingerprint), the candidates are that value's maker, then the producer. Casts
+    are looked through. A slot without an id (a non-tensor argument) has no producer. A module's
+    output is recorded with the module call's place in the order, before the ops inside it: the op
+    that made the value takes its place. An op activation checkpointing runs again in the backward
+    makes its values as the forward call it repeats (``fwd``): a checkpointed run's backward reads
+    them where a plain run's reads the forward's."""
     records = _recomputed_in_place(records)
     made: dict[tuple[int, int | None], tuple[str, str]] = {}
     by_module: set[tuple[int, int | None]] = set()  # values whose first holder so far is a module's output
@@ -584,7 +587,7 @@ def _recorded_producers(records: Sequence[Record]) -> Candidates:
     found: Candidates = {}
     cast_sources: dict[str, tuple[str, str]] = {}
     names: dict[str, str] = {}  # one string per call name and slot name kept in ``found``
-    reading, step, read, first_read = None, None, set(), None  # the call whose inputs were seen last, and:
+    reading, step, read, first_read = None, None, {}, None  # the call whose inputs were seen last, and:
     for record in records:
         value_id = record.value_id
         if value_id is None:
@@ -598,11 +601,11 @@ def _recorded_producers(records: Sequence[Record]) -> Candidates:
         if io == "input":
             call = call_name(record.name)
             if call != reading or record.step != step:  # its step, what its inputs held, its first input
-                reading, step, read, first_read = call, record.step, set(), record
-            read.add(key)
+                reading, step, read, first_read = call, record.step, {}, record
+            read[value_id] = version
             producer = made.get(key)
-            if producer is None:  # a tensor no recorded op made: the view of its memory that holds its value, or the writer
-                view = views.get((where, tuple(record.shape or ())))
+            if producer is None:  # a tensor no recorded op made: a view of its memory that holds its value, or the writer
+                view = views.get((where, tuple(record.shape or ()))) if record.view_of is not None else None
                 producer = view[0] if view is not None and _passed_on(view[1], record) else memory.get(where)
             if producer is not None and producer[0] != call:
                 first = origin.get(producer)
@@ -626,11 +629,12 @@ def _recorded_producers(records: Sequence[Record]) -> Candidates:
                 made[key] = producer
                 by_module.add(key)
             continue
-        rewrote = call == reading and record.step == step and key in read
+        wrote = call == reading and record.step == step and value_id in read  # in place (a view op's output is new)
+        rewrote = wrote and read[value_id] == version
         if rewrote or key not in made or key in by_module:
             made[key] = producer
             by_module.discard(key)
-        if rewrote or where not in memory:
+        if (wrote or record.view_of is None) and (rewrote or where not in memory):
             memory[where] = producer
         if record.view_of is not None:
             views.setdefault((where, tuple(record.shape or ())), (producer, record))

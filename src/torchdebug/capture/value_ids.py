@@ -23,7 +23,7 @@ shard's). Inference tensors have no version counter: ``version`` is ``None``.
 
 Tensors are keyed by ``id()`` with a weak reference that must still point at the same object (an id
 is reused once a tensor is freed; torch's storage and ``TensorImpl`` addresses are reused too); the
-entries of freed tensors are dropped at each step. Two dict lookups and one version read per slot.
+entries of freed tensors are dropped at each step. Three dict lookups and one version read per slot.
 """
 
 from __future__ import annotations
@@ -39,22 +39,21 @@ from torchdebug.records import MODULE_OP, Record
 
 __all__ = ["ValueIds"]
 
-_Entry = tuple[int, "int | None", int]
-"""``(value id, view_of, version floor)``; the floor is a view op's output's version until the op
-returns and torch shares its base's counter with it. Ints only: the garbage collector does not walk
-it (the weak reference, kept apart, is the one object it walks per tensor, and a capture of statistics
-made it already)."""
-
 
 class ValueIds:
-    """The value ids of one rank's tensors (see the module docstring)."""
+    """The value ids of one rank's tensors (see the module docstring).
 
-    __slots__ = ("_known", "_refs", "_next")
+    Three dicts keyed by ``id(tensor)``: the weak reference that says the entry is still that tensor's
+    (the one object per tensor the garbage collector walks, which a capture of statistics made
+    already), its value id, and for views only ``(view_of, version floor)``: the floor is a view op's
+    output's version until the op returns and torch shares its base's counter with it."""
+
+    __slots__ = ("_refs", "_ids", "_views", "_next")
 
     def __init__(self) -> None:
-        self._known: dict[int, _Entry] = {}
         self._refs: dict[int, weakref.ref] = {}
-        """By ``id(tensor)``: the tensor an entry is for (an id is reused once a tensor is freed)."""
+        self._ids: dict[int, int] = {}
+        self._views: dict[int, tuple[int, int]] = {}
         self._next = 0
 
     def mark(self, record: Record, tensor: torch.Tensor, bumps: bool) -> None:
@@ -64,11 +63,19 @@ class ValueIds:
         wrote (a new one is an output it made)."""
         key = id(tensor)
         ref = self._refs.get(key)
-        if ref is None or ref() is not tensor:
-            value_id, view_of, floor = self._add(tensor, record.io != "output" or record.op == MODULE_OP)
+        if ref is not None and ref() is tensor:
+            value_id = self._ids[key]
+        elif record.io == "output" and record.op != MODULE_OP:  # an op's new output: no base yet
+            value_id = self._next
+            self._next = value_id + 1
+            self._refs[key] = weakref.ref(tensor)
+            self._ids[key] = value_id
+            self._views.pop(key, None)
             bumps = False
         else:
-            value_id, view_of, floor = self._known[key]
+            value_id = self._add(tensor)
+            bumps = False
+        view = self._views.get(key) if self._views else None
         try:
             version = tensor_version(tensor)
         except RuntimeError:  # an inference tensor: no version counter
@@ -76,22 +83,21 @@ class ValueIds:
         else:
             if bumps:
                 version += 1
-            if version < floor:
-                version = floor
-        record.value_id, record.version, record.view_of = value_id, version, view_of
+            if view is not None and version < view[1]:
+                version = view[1]
+        record.value_id, record.version, record.view_of = value_id, version, None if view is None else view[0]
 
     def see(self, tensors: Iterable[Any]) -> None:
         """Give ids to the tensors among ``tensors`` not seen yet (an in-place op's arguments when
         inputs are not recorded: its outputs are then known as the tensors it wrote)."""
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor):
-                self._entry(tensor)
+                self._id(tensor)
 
     def views(self, outputs: Iterable[Any], source: torch.Tensor) -> None:
         """Register the new tensors among ``outputs`` (a view op's, made from ``source``) as views of
         ``source``'s memory, at ``source``'s version."""
-        value_id, view_of, _ = self._entry(source)
-        root = value_id if view_of is None else view_of
+        root = self._root(source)
         try:
             floor = tensor_version(source)
         except RuntimeError:
@@ -100,33 +106,36 @@ class ValueIds:
         for tensor in outputs:
             if isinstance(tensor, torch.Tensor) and ((ref := refs.get(id(tensor))) is None or ref() is not tensor):
                 refs[id(tensor)] = weakref.ref(tensor)  # (``lift_fresh`` returns its argument: known, kept)
-                self._known[id(tensor)] = (self._take(), root, floor)
+                self._ids[id(tensor)] = self._next
+                self._next += 1
+                self._views[id(tensor)] = (root, floor)
 
     def prune(self) -> None:
         """Drop the entries of freed tensors (at each step: ids stay unique for the run)."""
         self._refs = {key: ref for key, ref in self._refs.items() if ref() is not None}
-        self._known = {key: self._known[key] for key in self._refs}
+        self._ids = {key: self._ids[key] for key in self._refs}
+        self._views = {key: view for key, view in self._views.items() if key in self._refs}
 
-    def _entry(self, tensor: torch.Tensor) -> _Entry:
+    def _id(self, tensor: torch.Tensor) -> int:
         ref = self._refs.get(id(tensor))
-        return self._known[id(tensor)] if ref is not None and ref() is tensor else self._add(tensor)
+        return self._ids[id(tensor)] if ref is not None and ref() is tensor else self._add(tensor)
 
-    def _add(self, tensor: torch.Tensor, may_be_view: bool = True) -> _Entry:
-        """An entry for a tensor first seen: a view made outside capture names its base's memory.
-        ``may_be_view`` false: an op's output (not a module's), which has no base yet (torch sets it as
-        the op returns; a view op's outputs are registered by :meth:`views`)."""
-        root = None
-        base = view_base(tensor) if may_be_view else None
+    def _root(self, tensor: torch.Tensor) -> int:
+        """The value id of the tensor that owns ``tensor``'s memory."""
+        value_id = self._id(tensor)
+        view = self._views.get(id(tensor))
+        return value_id if view is None else view[0]
+
+    def _add(self, tensor: torch.Tensor) -> int:
+        """The value id of a tensor first seen (not as an op's output): a view made outside capture
+        names its base's memory."""
+        base = view_base(tensor)
+        key = id(tensor)
+        self._views.pop(key, None)
         if base is not None:
-            value_id, view_of, _ = self._entry(base)
-            root = value_id if view_of is None else view_of
+            self._views[key] = (self._root(base), 0)
         value_id = self._next
         self._next = value_id + 1
-        self._refs[id(tensor)] = weakref.ref(tensor)
-        entry = self._known[id(tensor)] = (value_id, root, 0)
-        return entry
-
-    def _take(self) -> int:
-        value_id = self._next
-        self._next = value_id + 1
+        self._refs[key] = weakref.ref(tensor)
+        self._ids[key] = value_id
         return value_id

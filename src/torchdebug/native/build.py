@@ -81,7 +81,7 @@ def _torch_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
     ABI its libraries were built with, ``NDEBUG`` as they were (some classes have debug-only fields:
     ``RecordFunction``'s), and ``libc10``/``libtorch_cpu`` found where torch keeps them."""
     root = Path(torch.__file__).parent
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    abi = int(torch.compiled_with_cxx11_abi())
     compile_flags = (f"-I{root / 'include'}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-DNDEBUG")
     lib = root / "lib"
     return compile_flags, (f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu")

@@ -54,26 +54,25 @@ def cache_dir() -> Path:
     return Path(base) / "torchdebug"
 
 
-def _compiler() -> list[str] | None:
-    configured = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+def _find_compiler(variable: str, names: tuple[str, ...]) -> list[str] | None:
+    """The compiler ``$variable`` (or Python's build configuration) names, else the first of
+    ``names`` on the PATH; ``None`` when there is none."""
+    configured = os.environ.get(variable) or sysconfig.get_config_var(variable) or names[0]
     command = shlex.split(configured)
     if command and shutil.which(command[0]):
         return command
-    for name in ("cc", "gcc", "clang"):
+    for name in names:
         if shutil.which(name):
             return [name]
     return None
+
+
+def _compiler() -> list[str] | None:
+    return _find_compiler("CC", ("cc", "gcc", "clang"))
 
 
 def _cxx_compiler() -> list[str] | None:
-    configured = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
-    command = shlex.split(configured)
-    if command and shutil.which(command[0]):
-        return command
-    for name in ("c++", "g++", "clang++"):
-        if shutil.which(name):
-            return [name]
-    return None
+    return _find_compiler("CXX", ("c++", "g++", "clang++"))
 
 
 def _torch_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:

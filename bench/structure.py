@@ -32,7 +32,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +42,7 @@ import torchdebug  # noqa: E402
 from tests.capture.test_subclasses import ScaledInt8  # noqa: E402
 from tests.compare.moe import MoENet, moe_batch  # noqa: E402
 from tests.compare.moe import train_step as moe_step  # noqa: E402
+from tests.compare.vocab_shards import VocabShard  # noqa: E402
 
 _DIM, _HEADS, _SEQ, _BATCH = 16, 2, 6, 8
 
@@ -195,38 +195,6 @@ class _TokenNet(_Net):
         return super().forward(self.embed(ids))
 
 
-class _SumOverRanks(torch.autograd.Function):
-    """An all-reduce whose backward passes the (replicated) gradient on: Megatron's reduce."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        x = x.clone()
-        torch.distributed.all_reduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad
-
-
-class _VocabShard(nn.Module):
-    """A vocabulary-parallel embedding on plain local tensors (Megatron's layout, not DTensor): each
-    rank holds a block of the table's rows, looks up the ids in it, zeroes the others and the ranks'
-    pieces are summed. ``offset`` moves the first id a rank looks up (a wrong shard offset)."""
-
-    def __init__(self, weight: torch.Tensor, rank: int, world: int, offset: int = 0) -> None:
-        super().__init__()
-        rows = weight.shape[0] // world
-        self.weight = nn.Parameter(weight.detach()[rank * rows : (rank + 1) * rows].clone())
-        self.start = rank * rows + offset
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        local = ids - self.start
-        outside = (local < 0) | (local >= self.weight.shape[0])
-        pieces = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0.0)
-        return _SumOverRanks.apply(pieces)
-
-
 @dataclass(frozen=True)
 class Sharded:
     """How the 2 gloo ranks run the token model, and the bug planted there."""
@@ -301,7 +269,7 @@ def _tensor_parallel(model: _TokenNet, plan: Sharded) -> None:
         )
     else:
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        model.embed = _VocabShard(model.embed.weight, rank, world, plan.vocab_offset)
+        model.embed = VocabShard(model.embed.weight, rank, world, plan.vocab_offset)
 
 
 def _sharded_rank(rank: int, root: str, task: str, plans: list[Sharded]) -> None:

@@ -7,15 +7,14 @@ that makes the lookups whole, in the embedding."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import torchdebug
 from tests import gloo
+from tests.compare.vocab_shards import VocabShard
 from torchdebug.compare import compare
 from torchdebug.compare._shards import plain_shards
 from torchdebug.records import Record, make_name
@@ -33,37 +32,6 @@ class _Tokens(nn.Module):
         return self.head(self.embed(ids))
 
 
-class _SumOverRanks(torch.autograd.Function):
-    """An all-reduce whose backward passes the replicated gradient on (Megatron's reduce)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        x = x.clone()
-        torch.distributed.all_reduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad
-
-
-class _VocabShard(nn.Module):
-    """This rank's block of the table's rows; ids outside it are looked up as row 0 and zeroed, and the
-    ranks' lookups summed. ``offset`` moves the first id this rank holds (a wrong shard offset)."""
-
-    def __init__(self, weight: torch.Tensor, rank: int, offset: int) -> None:
-        super().__init__()
-        rows = weight.shape[0] // 2
-        self.weight = nn.Parameter(weight.detach()[rank * rows : (rank + 1) * rows].clone())
-        self.start = rank * rows + offset
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        local = ids - self.start
-        outside = (local < 0) | (local >= self.weight.shape[0])
-        lookups = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[..., None], 0.0)
-        return _SumOverRanks.apply(lookups)
-
-
 def _step(model: nn.Module, path: str) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with torchdebug.dump(path, model=model, task="statistics"):
@@ -74,7 +42,7 @@ def _step(model: nn.Module, path: str) -> None:
 def _worker(rank: int, root: str) -> None:
     for name, offset in (("healthy", 0), ("offset", 1)):
         model = _Tokens()
-        model.embed = _VocabShard(model.embed.weight, rank, offset)
+        model.embed = VocabShard(model.embed.weight, rank, 2, offset)
         _step(model, f"{root}/{name}")
 
 

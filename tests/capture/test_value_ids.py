@@ -194,3 +194,22 @@ def test_an_op_that_returns_its_argument_as_a_view_keeps_its_id(tmp_path):
     read = _slot(records, "forward/-/aten.lift_fresh.default#0/input.0")
     returned = _slot(records, "forward/-/aten.lift_fresh.default#0/output.0")
     assert (returned.value_id, returned.version, returned.view_of) == (read.value_id, read.version, None)
+
+
+def test_entries_of_freed_tensors_are_dropped_within_a_step_and_live_ones_keep_their_ids():
+    """Memory stays within about twice the live tensors' entries however many tensors a step makes;
+    ids stay unique and a live tensor keeps its own through the drops."""
+    from torchdebug.capture.value_ids import ValueIds
+
+    values = ValueIds()
+    kept = [torch.zeros(1) for _ in range(10)]
+    values.see(kept)
+    ids = [values._id(tensor) for tensor in kept]
+    seen = set(ids)
+    for _ in range(5 * ValueIds._FLOOR):
+        temporary = torch.zeros(1)
+        values.see([temporary])
+        seen.add(values._id(temporary))
+        assert len(values._refs) <= 2 * ValueIds._FLOOR + 1
+    assert [values._id(tensor) for tensor in kept] == ids
+    assert len(seen) == 10 + 5 * ValueIds._FLOOR  # never an id twice

@@ -23,7 +23,9 @@ shard's). Inference tensors have no version counter: ``version`` is ``None``.
 
 Tensors are keyed by ``id()`` with a weak reference that must still point at the same object (an id
 is reused once a tensor is freed; torch's storage and ``TensorImpl`` addresses are reused too); the
-entries of freed tensors are dropped at each step. Three dict lookups and one version read per slot.
+entries of freed tensors are dropped at each step, and within a step whenever the entries have
+doubled since the last drop (so memory stays within twice the live tensors', at an amortised
+constant cost per tensor). Three dict lookups and one version read per slot.
 """
 
 from __future__ import annotations
@@ -48,13 +50,17 @@ class ValueIds:
     already), its value id, and for views only ``(view_of, version floor)``: the floor is a view op's
     output's version until the op returns and torch shares its base's counter with it."""
 
-    __slots__ = ("_refs", "_ids", "_views", "_next")
+    __slots__ = ("_refs", "_ids", "_views", "_next", "_limit")
+
+    _FLOOR = 4096
+    """Entries below which no drop happens within a step."""
 
     def __init__(self) -> None:
         self._refs: dict[int, weakref.ref] = {}
         self._ids: dict[int, int] = {}
         self._views: dict[int, tuple[int, int]] = {}
         self._next = 0
+        self._limit = self._FLOOR
 
     def mark(self, record: Record, tensor: torch.Tensor, bumps: bool) -> None:
         """Set ``record``'s ``value_id``, ``version`` and ``view_of`` for ``tensor``. ``bumps``: the
@@ -72,6 +78,8 @@ class ValueIds:
             self._ids[key] = value_id
             self._views.pop(key, None)
             bumps = False
+            if len(self._refs) > self._limit:
+                self.prune()
         else:
             value_id = self._add(tensor)
             bumps = False
@@ -109,12 +117,15 @@ class ValueIds:
                 self._ids[id(tensor)] = self._next
                 self._next += 1
                 self._views[id(tensor)] = (root, floor)
+        if len(refs) > self._limit:
+            self.prune()
 
     def prune(self) -> None:
-        """Drop the entries of freed tensors (at each step: ids stay unique for the run)."""
+        """Drop the entries of freed tensors (ids stay unique for the run: they are never reused)."""
         self._refs = {key: ref for key, ref in self._refs.items() if ref() is not None}
         self._ids = {key: self._ids[key] for key in self._refs}
         self._views = {key: view for key, view in self._views.items() if key in self._refs}
+        self._limit = max(self._FLOOR, 2 * len(self._refs))
 
     def _id(self, tensor: torch.Tensor) -> int:
         ref = self._refs.get(id(tensor))
@@ -138,4 +149,6 @@ class ValueIds:
         self._next = value_id + 1
         self._refs[key] = weakref.ref(tensor)
         self._ids[key] = value_id
+        if len(self._refs) > self._limit:
+            self.prune()
         return value_id

@@ -391,16 +391,19 @@ def _other_release(python: Path, path: Path, task: str) -> Path:
     """The healthy blocks' step dumped by ``python`` (another torch release) into ``path``."""
     command = [str(python), __file__, "--dump-block", str(path), "--task", task]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"--other-python {python}: the dump failed:\n{done.stderr.strip()}")
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SystemExit(f"--other-python {python}: the dump failed: {done.stderr.strip()[-500:]}")
     return Path(done.stdout.strip().splitlines()[-1])
 
 
 def _across_releases(python: Path) -> Pair:
     """The pair 'the same model on two torch releases': A here, B by ``python``."""
     command = [str(python), "-c", "import torch; print(torch.__version__)"]
-    version = subprocess.run(command, capture_output=True, text=True, check=False)
-    if version.returncode != 0:
+    try:
+        version = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as error:
+        raise SystemExit(f"--other-python {python}: cannot run it ({error.strerror})") from None
+    if version.returncode != 0 or not version.stdout.strip():
         raise SystemExit(f"--other-python {python}: cannot import torch there")
     return Pair(
         f"the same model on torch {torch.__version__} vs {version.stdout.strip()}",

@@ -42,7 +42,6 @@ import atexit
 import functools
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from torchdebug.dist import rank_and_world_size
 from torchdebug.graph_dump import _golden as golden
 from torchdebug.graph_dump._instances import NO_INSTANCE, CompiledInstances, Instance, in_instance
 from torchdebug.graph_dump._plan import ACCUMULATORS, CallPlan, GraphPlan, Key, Rows, SlotPlan, StatTable, resolve
+from torchdebug.graph_dump._run import GraphRun
 from torchdebug.graph_dump._runtime import register_sink, unregister_sink
 from torchdebug.graph_dump._settings import DumpSettings
 from torchdebug.records import UNREAD, Record, make_call_name
@@ -68,30 +68,6 @@ _KEPT_SIZES = 8
 """Sets of symbolic-size values per graph whose evaluated sizes and built record fields are kept."""
 
 _Templates = list[list[tuple[SlotPlan, dict[str, Any]]]]
-
-
-@dataclass
-class GraphRun:
-    """One execution of one graph: where its call indices and seq numbers start (what a scene is
-    handed at run time, with the capture that builds its records)."""
-
-    plan: GraphPlan
-    step: int
-    dumped: bool
-    bases: dict[Key, int]
-    """Per key of the plan: the call index its first call takes in this run."""
-    seq: int
-    instance: Instance
-    keys: dict[Key, Key]
-    """Per key of the plan: the key of the same calls named in the instance (``layers.1.attn``)."""
-    forward_bases: dict[Key, int]
-    """For a backward run: ``bases`` of the forward run it belongs to (its ``fwd`` names)."""
-    values: dict[str, Any] = field(default_factory=dict)
-    """``dump_stage="original"``: node name -> value computed by the interpreter."""
-    sizes: tuple[int, ...] = ()
-    """The values of the plan's symbols in this run (``plan.sizes.symbols``; none for static shapes)."""
-    evaluated: list[Any] = field(default_factory=list)
-    """``plan.sizes.expressions`` evaluated with ``sizes``."""
 
 
 class GraphCapture:

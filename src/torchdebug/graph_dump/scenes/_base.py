@@ -3,15 +3,15 @@
 A scene decides, at compile time, which nodes of a graph are dumped and what the instrumenter
 inserts for them (statistics rows, tensors handed to ``dump_graph``, watcher points), and, at run
 time, which records it writes from the values a graph run hands over. The planner, the
-instrumenter and :class:`~torchdebug.graph_dump._capture.GraphCapture` ask the scene; none of them
-tests which scene it is.
+instrumenter and the capture (:class:`GraphWriter`) ask the scene; none of them tests which scene
+it is.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from torchdebug.errors import ConfigError
 
@@ -19,8 +19,25 @@ if TYPE_CHECKING:
     import torch
     import torch.fx
 
-    from torchdebug.graph_dump._capture import GraphCapture, GraphRun
-    from torchdebug.graph_dump._plan import CallPlan, PointPlan
+    from torchdebug.capture.session import CaptureSession
+    from torchdebug.graph_dump._plan import CallPlan, PointPlan, Rows, SlotPlan
+    from torchdebug.graph_dump._run import GraphRun
+    from torchdebug.records import Record
+
+
+class GraphWriter(Protocol):
+    """What a scene asks of the capture that runs it (``graph_dump._capture.GraphCapture``)."""
+
+    session: CaptureSession
+    save_tensors: bool
+
+    def stage_rows(self, run: GraphRun, stats: list[torch.Tensor], done: Callable[[Rows], None] | None) -> Rows: ...
+
+    def write(self, run: GraphRun, calls: Iterable[int], rows: Rows, tensors: list[torch.Tensor]) -> None: ...
+
+    def call_name(self, run: GraphRun, call: CallPlan) -> str: ...
+
+    def slot_record(self, run: GraphRun, call: CallPlan, slot: SlotPlan) -> Record: ...
 
 
 class Scene(ABC):
@@ -50,10 +67,10 @@ class Scene(ABC):
         return []
 
     @abstractmethod
-    def on_graph(self, capture: GraphCapture, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+    def on_graph(self, capture: GraphWriter, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         """A run of a dumped step ended with these ``dump_graph`` values: write its records through ``capture``."""
 
-    def on_point(self, capture: GraphCapture, run: GraphRun, point: int, tensors: list[torch.Tensor]) -> None:
+    def on_point(self, capture: GraphWriter, run: GraphRun, point: int, tensors: list[torch.Tensor]) -> None:
         """Point ``point`` of :meth:`points` handed over ``tensors`` in a dumped step."""
         raise NotImplementedError(f"the {self.name} scene plans no points, so it is handed none")
 

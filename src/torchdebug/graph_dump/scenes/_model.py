@@ -12,14 +12,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from torchdebug.graph_dump.scenes._base import Scene, name_list
+from torchdebug.graph_dump.scenes._base import GraphWriter, Scene, name_list
 from torchdebug.scope import SCOPE_KEY
 
 if TYPE_CHECKING:
     import torch
     import torch.fx
 
-    from torchdebug.graph_dump._capture import GraphCapture, GraphRun
+    from torchdebug.graph_dump._run import GraphRun
 
 
 def safe_model_name(name: str) -> str:
@@ -64,7 +64,7 @@ class ModelScene(Scene):
             return lambda node: True
         return lambda node: node.name in layers or _marked(node)
 
-    def on_graph(self, capture: GraphCapture, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+    def on_graph(self, capture: GraphWriter, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         """Every planned call, at once; the statistics fill in when they reach the host."""
         capture.write(run, range(len(run.plan.calls)), capture.stage_rows(run, stats, None), tensors)
 

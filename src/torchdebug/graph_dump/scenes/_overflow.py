@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torchdebug.graph_dump._plan import GraphPlan, Rows
-from torchdebug.graph_dump.scenes._base import Scene
+from torchdebug.graph_dump.scenes._base import GraphWriter, Scene
 from torchdebug.nonfinite import ENTRY, ORIGIN, OriginTracker, tensor_flags, value_flags
 
 if TYPE_CHECKING:
     import torch
     import torch.fx
 
-    from torchdebug.graph_dump._capture import GraphCapture, GraphRun
+    from torchdebug.graph_dump._run import GraphRun
 
 log = logging.getLogger("torchdebug.graph_dump.scenes._overflow")
 
@@ -111,13 +111,13 @@ class OverflowScene(Scene):
     def selector(self, graph: torch.fx.Graph, model: str, nodes: frozenset[str]) -> Callable[[torch.fx.Node], bool]:
         return lambda node: True
 
-    def on_graph(self, capture: GraphCapture, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+    def on_graph(self, capture: GraphWriter, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         if run.plan.golden is not None:  # the interpreter's values are not judged: every call is written
             capture.write(run, range(len(run.plan.calls)), capture.stage_rows(run, stats, None), tensors)
             return
         capture.stage_rows(run, stats, lambda rows: self._record(capture, run, rows))
 
-    def _record(self, capture: GraphCapture, run: GraphRun, rows: Rows) -> None:
+    def _record(self, capture: GraphWriter, run: GraphRun, rows: Rows) -> None:
         """Once a run's statistics arrived (in run order): record the calls that make a NaN/Inf."""
         if self._origin_step != run.step:
             self._origins, self._origin_step = OriginTracker(), run.step
@@ -126,7 +126,7 @@ class OverflowScene(Scene):
             self._note(capture, run, calls[0], rows)
         capture.write(run, calls, rows, [])
 
-    def _note(self, capture: GraphCapture, run: GraphRun, index: int, rows: Rows) -> None:
+    def _note(self, capture: GraphWriter, run: GraphRun, index: int, rows: Rows) -> None:
         call = run.plan.calls[index]
         nan, inf = nonfinite_counts(run.plan, index, rows)
         found = Overflow(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchdebug.graph_dump import _node_names as node_names
 from torchdebug.graph_dump._plan import CallPlan, PointPlan
-from torchdebug.graph_dump.scenes._base import Scene, name_list
+from torchdebug.graph_dump.scenes._base import GraphWriter, Scene, name_list
 from torchdebug.records import Record
 from torchdebug.stats._schema import STAT_KEYS
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
     import torch.fx
 
-    from torchdebug.graph_dump._capture import GraphCapture, GraphRun
+    from torchdebug.graph_dump._run import GraphRun
 
 
 class WatcherScene(Scene):
@@ -71,10 +71,10 @@ class WatcherScene(Scene):
                 points.append(PointPlan(node.name, [(index, "0") for index in seen]))
         return points
 
-    def on_graph(self, capture: GraphCapture, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+    def on_graph(self, capture: GraphWriter, run: GraphRun, stats: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         """Nothing: the watcher's records come from its points."""
 
-    def on_point(self, capture: GraphCapture, run: GraphRun, point: int, tensors: list[torch.Tensor]) -> None:
+    def on_point(self, capture: GraphWriter, run: GraphRun, point: int, tensors: list[torch.Tensor]) -> None:
         """One record per watched output, with the shape, stride and statistics it has now."""
         session, spec = capture.session, run.plan.points[point]
         records = []

@@ -16,7 +16,8 @@ from torch.torch_version import TorchVersion
 
 import torchdebug._torch as seam
 from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
-from torchdebug._torch.nn import GlobalForwardHooks, is_compiled_wrapper, unwrap_compiled
+from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised
+from torchdebug._torch.nn import is_compiled_wrapper, unwrap_compiled
 
 # -- versions -------------------------------------------------------------------------------------
 
@@ -201,6 +202,31 @@ def test_global_hooks_see_each_module_call_once_and_silence_only_while_registere
     assert len([w for w in caught if "global hooks" in str(w.message)]) == 0
     assert not torch.nn.modules.module._has_any_global_hook(), "a hook id was left in torch's global dicts"
     torch._dynamo.reset()
+
+
+def test_a_forward_that_raises_reaches_the_raised_callback_not_the_exit_one_and_torch_does_not_warn():
+    """torch 2.11 through 2.14 call an always-called global hook without its kwargs when the forward
+    raised (``forward_raised``): the hooks hand that call to ``raised``, and torch sees no failing hook."""
+
+    class Failing(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("on purpose")
+
+    failing, seen = Failing(), []
+    hooks = GlobalForwardHooks(
+        lambda m, args: seen.append(("enter", m)),
+        lambda m, args, kwargs, out: seen.append(("exit", m)),
+        lambda m: seen.append(("raised", m)),
+    )
+    try:
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError, match="on purpose"):
+            warnings.simplefilter("always")
+            failing(torch.randn(1, 2))
+    finally:
+        hooks.remove()
+    assert seen == [("enter", failing), ("raised", failing)]
+    assert [str(w.message) for w in caught] == []
+    assert forward_raised((None,)) and not forward_raised(({}, None))
 
 
 @pytest.mark.parametrize("outside_compiled", [False, True])

@@ -8,7 +8,8 @@ Each module wraps one torch subsystem and is imported only by the features that 
 - :mod:`~torchdebug._torch.amp`: a ``GradScaler``'s scale tensor, whether it unscaled an optimizer,
   and a fresh state for a replay that unscales again.
 - :mod:`~torchdebug._torch.dispatch`: ``TorchDispatchMode``, op overloads and their schemas.
-- :mod:`~torchdebug._torch.nn`: global module hooks next to ``torch.compile(module)`` and module wrappers.
+- :mod:`~torchdebug._torch.global_hooks`: global module hooks next to ``torch.compile(module)``, one
+  function per torch behaviour they work around; :mod:`~torchdebug._torch.nn`: module wrappers.
 - :mod:`~torchdebug._torch.forward_hooks`: a forward hook run after a module's own, placed as its call starts.
 - :mod:`~torchdebug._torch.checkpoint`: activation checkpointing's recomputation and bookkeeping ops.
 - :mod:`~torchdebug._torch.pytree`: the tensors of nested outputs.

@@ -28,7 +28,7 @@ Why these and not others:
   observer of its output stands outside. ``module.compile()`` leaves no eager call that a hook
   sees (``Module._wrapped_call_impl`` calls ``_compiled_call_impl``, not ``_call_impl``), so that
   is wrapped; ``torch.compile(module)``'s wrapper is called eagerly, and its call stands for its
-  module's (``torchdebug._torch.nn.GlobalForwardHooks``).
+  module's (``torchdebug._torch.global_hooks.GlobalForwardHooks``).
 - ``compiled_autograd_enabled``: Dynamo's ``compiled_autograd`` config flag; under it a backward
   started from compiled code traces the tensors' autograd hooks into its own graph.
 - ``calls_with``: what a backend returns is called by Dynamo's bytecode with the graph's inputs as

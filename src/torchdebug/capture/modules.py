@@ -34,7 +34,8 @@ from torch.fx import GraphModule
 from torchdebug._torch.autograd import current_autograd_node
 from torchdebug._torch.checkpoint import RecomputeDetector
 from torchdebug._torch.funcol import wait_before_read
-from torchdebug._torch.nn import GlobalForwardHooks, in_call_of, strip_wrappers
+from torchdebug._torch.global_hooks import GlobalForwardHooks, in_call_of
+from torchdebug._torch.nn import strip_wrappers
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import PLAIN_TENSORS, CaptureSession
 from torchdebug.records import MODULE_OP, NO_MODULE, make_call_name
@@ -58,7 +59,7 @@ class ModuleTracker:
 
     def __init__(self, model: nn.Module | None = None, *, outside_compiled: bool = False, hook_ops: bool = False) -> None:
         """``outside_compiled``: module calls inside compiled code are not tracked (see
-        :class:`~torchdebug._torch.nn.GlobalForwardHooks`). ``hook_ops``: :meth:`current` names the
+        :class:`~torchdebug._torch.global_hooks.GlobalForwardHooks`). ``hook_ops``: :meth:`current` names the
         module whose own forward hooks are running (op capture asks it for every op)."""
         self._outside_compiled = outside_compiled
         self._hook_ops = hook_ops
@@ -150,7 +151,7 @@ class ModuleTracker:
     def stop(self, *, keep_hooks: bool = False) -> None:
         """Stop tracking. ``keep_hooks``: the global hooks stay registered, idle, until the next
         :meth:`start` or a stop without it, so that compiled code traced through them is not
-        compiled again (see :class:`~torchdebug._torch.nn.GlobalForwardHooks`)."""
+        compiled again (see :class:`~torchdebug._torch.global_hooks.GlobalForwardHooks`)."""
         if self._hooks is not None and keep_hooks:
             self._hooks.pause()
         elif self._hooks is not None:

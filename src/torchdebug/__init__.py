@@ -13,8 +13,7 @@ PyTorch may import it while ``import torch`` runs (``TORCH_LOGS="+torchdebug"``)
 
 from __future__ import annotations
 
-import importlib
-
+from torchdebug.callable_package import lazy_exports
 from torchdebug.version import __version__
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `torchdebug --help` starts here
@@ -43,27 +42,10 @@ _EXPORTS: dict[str, str] = {
     "AnomalyError": "torchdebug.errors",
 }
 _SUBMODULES = {"scope"}
-_RENAMED = {"DiagnoseReport": "DiagnoseResult"}
-"""Old public names -> new ones: still given, with a FutureWarning."""
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
-
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    if name in _RENAMED:
-        import warnings
-
-        warnings.warn(f"torchdebug.{name} is deprecated; use torchdebug.{_RENAMED[name]}", FutureWarning, stacklevel=2)
-        return __getattr__(_RENAMED[name])
-    if name in _SUBMODULES:
-        module = importlib.import_module(f"torchdebug.{name}")
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'torchdebug' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 
 
 def __dir__() -> list[str]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -33,18 +32,18 @@ def make_callable(package: str, function: str) -> None:
     sys.modules[package].__class__ = CallablePackage
 
 
-def lazy_exports(package: str, exports: Mapping[str, str], renamed: Mapping[str, str] | None = None) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``package``: each name in ``exports`` (name -> defining module)
-    is imported at its first use and kept; an old name in ``renamed`` (old -> new) gives the new
-    name's value with a ``FutureWarning``."""
+def lazy_exports(package: str, exports: Mapping[str, str], submodules: Collection[str] = ()) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``package``: each name in ``exports`` (name -> the module that
+    defines it) and each submodule named in ``submodules`` is imported at its first use and kept.
+    Every package of torchdebug that exports lazily uses it, so importing one loads no torch."""
 
     def __getattr__(name: str) -> Any:
-        if renamed and name in renamed:
-            warnings.warn(f"{package}.{name} is deprecated; use {renamed[name]}", FutureWarning, stacklevel=2)
-            return __getattr__(renamed[name])
-        if name not in exports:
+        if name in submodules:
+            value = importlib.import_module(f"{package}.{name}")
+        elif name in exports:
+            value = getattr(importlib.import_module(exports[name]), name)
+        else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(exports[name]), name)
         setattr(sys.modules[package], name, value)
         return value
 

@@ -82,31 +82,39 @@ def test_diagnose_flags_give_the_config_the_python_keywords_give():
     [
         (["compare", "a", "b", "--statistics-only"], "tensors", False, "--no-tensors"),
         (["compare", "a", "b", "--stats-only"], "tensors", False, "--no-tensors"),
-        (["diagnose", "s.py:f", "--forward-only"], "train", False, "--no-train"),
-        (["diagnose", "s.py:f", "--output", "out"], "output_dir", "out", "--output-dir"),
-        (["diagnose", "s.py:f", "--mode", "default"], "compile_mode", "default", "--compile-mode"),
     ],
 )
 def test_an_old_flag_still_works_and_warns_naming_the_new_one(argv, dest, value, new):
-    old = argv[-2] if dest in ("output_dir", "compile_mode") else argv[-1]
+    old = argv[-1]
     with pytest.warns(FutureWarning, match=f"^{old} is deprecated; use {new}$"):
         assert getattr(build_parser().parse_args(argv), dest) == value
 
 
 def test_an_old_flag_is_hidden_from_the_help(capsys):
     with pytest.raises(SystemExit):
-        main(["diagnose", "--help"])
+        main(["compare", "--help"])
     out = capsys.readouterr().out
-    assert "--no-train" in out and "--output-dir" in out
-    assert "--forward-only" not in out and "--output " not in out
+    assert "--no-tensors" in out
+    assert "--statistics-only" not in out and "--stats-only" not in out
 
 
 def test_an_old_flag_on_the_command_line_warns_in_one_line(capsys):
-    assert main(["diagnose", "not-an-entry", "--forward-only"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        "torchdebug: warning: --forward-only is deprecated; use --no-train",
-        "torchdebug diagnose: error: ENTRY 'not-an-entry' must look like path/to/script.py:function or package.module:function",
-    ]
+    assert main(["compare", "no-such-dump-a", "no-such-dump-b", "--stats-only"]) == 2
+    assert capsys.readouterr().err.splitlines()[0] == "torchdebug: warning: --stats-only is deprecated; use --no-tensors"
+
+
+def test_the_flags_and_names_of_0_1_0_development_are_gone():
+    import torchdebug
+    import torchdebug.diagnose
+
+    for old in ("--forward-only", "--mode"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["diagnose", "s.py:f", old, "x"])
+    with pytest.raises(ConfigError, match="mode"):
+        DiagnoseConfig(mode="reduce-overhead")
+    for package in (torchdebug, torchdebug.diagnose):
+        with pytest.raises(AttributeError, match="DiagnoseReport"):
+            package.DiagnoseReport  # noqa: B018
 
 
 @pytest.mark.parametrize(
@@ -194,19 +202,3 @@ def test_the_option_classes_the_command_line_imports_load_no_torch():
     code = "import sys, torchdebug.compare._config, torchdebug.diagnose._config; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
-
-
-def test_diagnose_configs_mode_keyword_is_read_as_compile_mode_with_a_warning():
-    with pytest.warns(FutureWarning, match="mode"):
-        config = DiagnoseConfig(mode="reduce-overhead")
-    assert config.compile_mode == "reduce-overhead"
-
-
-def test_the_old_name_of_diagnoses_result_still_imports_with_a_warning():
-    import torchdebug
-    import torchdebug.diagnose
-
-    with pytest.warns(FutureWarning, match="DiagnoseReport is deprecated; use .*DiagnoseResult"):
-        assert torchdebug.DiagnoseReport is torchdebug.DiagnoseResult
-    with pytest.warns(FutureWarning, match="DiagnoseReport is deprecated"):
-        assert torchdebug.diagnose.DiagnoseReport is torchdebug.DiagnoseResult

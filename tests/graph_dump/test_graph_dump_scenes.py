@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -80,9 +79,3 @@ def test_a_scene_file_names_its_scene_and_each_scene_reads_its_own_entries() -> 
     assert isinstance(scene_from_file({"dump_debug": "on"}), OverflowScene)
     watcher = scene_from_file({"dump_scene": "watcher", "dump_list": [{"layer": ["a"], "watcher_nodes": ["b", "b"]}]})
     assert isinstance(watcher, WatcherScene) and watcher.to_dict() == {"watched_after": ["a"], "watcher_nodes": ["b"]}
-
-
-def test_the_old_watcher_module_still_gives_find_overwrites_with_a_warning() -> None:
-    with pytest.warns(FutureWarning, match="torchdebug.graph_dump.find_overwrites"):
-        from torchdebug.capture.watcher import find_overwrites as old
-    assert old is find_overwrites

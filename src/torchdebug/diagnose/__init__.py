@@ -20,6 +20,6 @@ _EXPORTS = {
     "DiagnoseResult": "torchdebug.diagnose._result",
 }
 __all__ = list(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS, renamed={"DiagnoseReport": "DiagnoseResult"})
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 make_callable(__name__, "diagnose")

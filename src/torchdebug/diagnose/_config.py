@@ -34,8 +34,6 @@ def _backend(key: str, value: Any) -> Any:
 class DiagnoseConfig(Options):
     """Options of :func:`torchdebug.diagnose` and ``torchdebug diagnose``."""
 
-    _ALIASES = {"mode": "compile_mode"}  # "mode" is CompilerConfig's pipeline; torch.compile's mode is compile_mode
-
     backend: Any = field(
         default=None,
         metadata=option(
@@ -50,15 +48,14 @@ class DiagnoseConfig(Options):
         metadata=option(
             "Also run backward and check the gradients of parameters and floating inputs.",
             boolean,
-            flag=Flag(old=("--forward-only",)),
         ),
     )
     compile_mode: str | None = field(
         default=None,
         metadata=option(
-            "torch.compile mode for the last stage (was mode).",
+            "torch.compile mode for the last stage.",
             optional(one_of(*COMPILE_MODES)),
-            flag=Flag(metavar="MODE", old=("--mode",)),
+            flag=Flag(metavar="MODE"),
             enum=[*COMPILE_MODES, None],
         ),
     )
@@ -75,7 +72,7 @@ class DiagnoseConfig(Options):
         metadata=option(
             "Where repro.py and its inputs go (and, from the command line, report.html).",
             text("a folder path"),
-            flag=Flag(short="-o", metavar="DIR", old=("--output",)),
+            flag=Flag(short="-o", metavar="DIR"),
         ),
     )
     repro: bool = field(default=True, metadata=option("Write the repro.", boolean))

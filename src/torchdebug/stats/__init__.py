@@ -17,18 +17,19 @@ importing the schema does not import torch.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from torchdebug.callable_package import lazy_exports
+
 _EXPORTS = {
-    "StatsDict": "schema",
-    "empty_stats": "schema",
-    "stats_from_sums": "schema",
-    "device_sums": "torch_ops",
-    "cpu_sums": "cpu",
-    "cpu_stats": "cpu",
-    "cpu_stats_and_fingerprint": "cpu",
-    "tensor_stats": "cpu",
+    "StatsDict": "torchdebug.stats._schema",
+    "empty_stats": "torchdebug.stats._schema",
+    "stats_from_sums": "torchdebug.stats._schema",
+    "device_sums": "torchdebug.stats._torch_ops",
+    "cpu_sums": "torchdebug.stats._cpu",
+    "cpu_stats": "torchdebug.stats._cpu",
+    "cpu_stats_and_fingerprint": "torchdebug.stats._cpu",
+    "tensor_stats": "torchdebug.stats._cpu",
 }
 
 __all__ = [
@@ -43,12 +44,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"torchdebug.stats._{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'torchdebug.stats' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

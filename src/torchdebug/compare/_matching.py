@@ -40,6 +40,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
+from torchdebug.compare._flow_alignment import OUTPUTS, align_by_flow, dtype_kind, output_values
 from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
 from torchdebug.records import MODULE_OP, PHASES, Record, call_name, make_call_name, split_call_name
@@ -58,7 +59,6 @@ __all__ = [
 ]
 
 _PHASE_ORDER = {phase: index for index, phase in enumerate(PHASES)}
-_OUTPUTS = ("output", "parameter_grad")
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,13 +273,13 @@ def _align_leftovers(
 
     def by_op_shapes_and_values(call: _Call) -> object:
         """The op, its slots' shapes and its outputs' values to three digits (``None`` without them)."""
-        values = _output_values(call)
+        values = output_values(call)
         return (by_op(call), call.signature(), values) if values else None
 
     def by_op_and_outputs(call: _Call) -> object:
         """The op, its slots' dtypes and its outputs' shapes (its inputs may be other views)."""
         slots = [(slot, r) for slot, r in zip(call.slots, call.records) if r.kind == "tensor"]
-        shape = {slot: _paired_shape(r) if r.io in _OUTPUTS else () for slot, r in slots}
+        shape = {slot: _paired_shape(r) if r.io in OUTPUTS else () for slot, r in slots}
         return by_op(call), tuple(sorted((slot, r.dtype or "", shape[slot]) for slot, r in slots))
 
     def in_order(align: Callable[[list[_Call], list[_Call]], list[tuple[int, int]]]) -> Callable[..., list[tuple[int, int]]]:
@@ -342,26 +342,6 @@ def _align_leftovers(
     return matches, unpaired_a, unpaired_b
 
 
-_VALUE_DIGITS = 3
-"""Significant digits of the statistics that :func:`_output_values` keeps: round-off of another
-order of operations stays below them, different values do not."""
-
-
-def _output_values(call: _Call) -> tuple:
-    """The min, max and norm of a call's floating output tensors to :data:`_VALUE_DIGITS` significant
-    digits (empty when an output has none): two calls that made the same value share them."""
-    found = []
-    for slot, record in zip(call.slots, call.records):
-        if record.io not in _OUTPUTS or record.kind != "tensor":
-            continue
-        stats = record.stats or {}
-        values = tuple(stats.get(key) for key in ("min", "max", "norm"))
-        if _dtype_kind(record.dtype) != "float" or not all(isinstance(value, float) for value in values):
-            return ()
-        found.append((slot, *(float(f"{value:.{_VALUE_DIGITS}g}") for value in values)))
-    return tuple(found)
-
-
 _FAR = 0.1
 """How far apart, relative to their scale, the statistics of two outputs are when they hold different
 values: round-off amplified by a sum of near-zero gradients stays well below it, another tensor does not."""
@@ -373,7 +353,7 @@ def _far_apart(call_a: _Call, call_b: _Call) -> bool:
     by_slot = call_b.by_slot()
     for slot, record in zip(call_a.slots, call_a.records):
         other = by_slot.get(slot)
-        if record.io not in _OUTPUTS or record.kind != "tensor" or other is None:
+        if record.io not in OUTPUTS or record.kind != "tensor" or other is None:
             continue
         a, b = record.stats or {}, other.stats or {}
         values = [(a.get(key), b.get(key)) for key in ("min", "max", "norm")]
@@ -394,22 +374,11 @@ def _dtypes(call: _Call) -> tuple:
 def _other_values(call_a: _Call, call_b: _Call) -> bool:
     """Whether two calls of one name hold values of different kinds in a slot (integers against
     floating point: a compiled stand-in named after an eager op whose value it does not hold)."""
-    kinds_b = {slot: _dtype_kind(r.dtype) for slot, r in zip(call_b.slots, call_b.records) if r.kind == "tensor"}
+    kinds_b = {slot: dtype_kind(r.dtype) for slot, r in zip(call_b.slots, call_b.records) if r.kind == "tensor"}
     for slot, record in zip(call_a.slots, call_a.records):
-        if record.kind == "tensor" and slot in kinds_b and _dtype_kind(record.dtype) != kinds_b[slot]:
+        if record.kind == "tensor" and slot in kinds_b and dtype_kind(record.dtype) != kinds_b[slot]:
             return True
     return False
-
-
-def _dtype_kind(dtype: str | None) -> str:
-    """``float``, ``complex``, ``bool`` or ``int`` (an unknown dtype: ``""``, as any)."""
-    if not dtype:
-        return ""
-    if dtype.startswith(("float", "bfloat")):
-        return "float"
-    if dtype.startswith("complex"):
-        return "complex"
-    return "bool" if dtype == "bool" else "int"
 
 
 def run_position(record: Record) -> tuple[int, int, int]:
@@ -540,7 +509,7 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> C
                 found[id(record)] = made
                 if record.op in _CASTS:
                     cast_sources[call] = made[0]
-        elif io in _OUTPUTS:
+        elif io in OUTPUTS:
             value = identity(record)
             if value is None:
                 continue
@@ -593,7 +562,7 @@ def _recorded_producers(records: Sequence[Record]) -> Candidates:
         if value_id is None:
             continue
         io = record.io
-        if io != "input" and io not in _OUTPUTS:
+        if io != "input" and io not in OUTPUTS:
             continue
         version = record.version
         key = (value_id, version)
@@ -845,6 +814,44 @@ def _pair_calls(
     slot_names: dict[str, str] = {}
     calls_a, calls_b = _calls(records_a, slot_names), _calls(records_b, slot_names)
     links = _Links(made or Producers.of(records_a, records_b))
+
+    def rename(call: _Call) -> str:
+        return _rename(call, mapping)
+
+    def op_a(call: _Call) -> str:
+        return mapping.ops.get(call.first.op, call.first.op)
+
+    if not compiled and _carry_value_ids(records_a) and _carry_value_ids(records_b):
+        flowing, left_a = align_by_flow(_in_order(list(calls_a.values())), calls_b, links, rename, op_a)
+        matches = [_Match(a, b, how, links.changes if links.check(a, b) is False else None) for a, b, how in flowing]
+    else:
+        matches, left_a = _pair_by_name(calls_a, calls_b, mapping, links, compiled)
+    aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
+    matches = matches + aligned
+    if not compiled:
+        _repair_by_values(matches, left_a, left_b, mapping, links)
+    matches = _repair(matches, left_a, left_b, mapping, links, compiled)
+    pairs = [pair for match in matches for pair in _pair_slots(match.call_a, match.call_b, match.how)]
+    pairs.extend(Pair(r, None, "only_a") for call in left_a for r in call.records)
+    pairs.extend(Pair(None, r, "only_b") for call in left_b for r in call.records)
+    return pairs
+
+
+def _carry_value_ids(records: Sequence[Record]) -> bool:
+    """Whether a dump's slots carry value ids (eager capture since they exist)."""
+    return any(record.value_id is not None for record in records)
+
+
+def _pair_by_name(
+    calls_a: dict[tuple[int, str], _Call],
+    calls_b: dict[tuple[int, str], _Call],
+    mapping: NameMapping,
+    links: _Links,
+    compiled: bool,
+) -> tuple[list[_Match], list[_Call]]:
+    """Calls of the same ``(step, call name)`` and shapes, unless their inputs come from producers
+    paired with other calls (dumps without value ids, and compiled ones); paired calls of B leave
+    ``calls_b``. Returns the matches and A's calls left over."""
     uneven = _uneven(calls_a, calls_b, mapping) if compiled else set()
     matches: list[_Match] = []
     left_a: list[_Call] = []
@@ -860,15 +867,7 @@ def _pair_calls(
             links.pair(call, other)  # type: ignore[arg-type]
         else:
             left_a.append(call)
-    aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
-    matches = matches + aligned
-    if not compiled:
-        _repair_by_values(matches, left_a, left_b, mapping, links)
-    matches = _repair(matches, left_a, left_b, mapping, links, compiled)
-    pairs = [pair for match in matches for pair in _pair_slots(match.call_a, match.call_b, match.how)]
-    pairs.extend(Pair(r, None, "only_a") for call in left_a for r in call.records)
-    pairs.extend(Pair(None, r, "only_b") for call in left_b for r in call.records)
-    return pairs
+    return matches, left_a
 
 
 _REPAIR_ROUNDS = 3
@@ -922,13 +921,13 @@ def _repair_by_values(
     """Eager against eager: a pair whose values differ and whose inputs come from ops each side alone
     runs (:meth:`_Links.unrelated_makers`) is paired again with a call left over on the other
     side in its ``(step, phase, module)`` that holds the same value (op, shapes and
-    :func:`_output_values`), when there is one. Autograd adds a hand-written layer norm's partial
+    :func:`output_values`), when there is one. Autograd adds a hand-written layer norm's partial
     gradients one by one, ``add#0`` to ``add#3``, where ``native_layer_norm_backward`` makes the
     whole one: the ``add#0`` that sums it with the residual's gradient has B's ``add#3`` as its value.
     ``matches``, ``left_a`` and ``left_b`` are updated in place; one pass, linear in the calls."""
 
     def token(call: _Call, renamed: NameMapping) -> tuple | None:
-        values = _output_values(call)
+        values = output_values(call)
         if not values:
             return None
         op = call.first.op

@@ -1,0 +1,160 @@
+"""Pair the calls of two dumps that carry value ids by their data flow, in one walk of side A.
+
+Each dump is a graph of values: an input slot holds the value one output slot made (its producer,
+``torchdebug.compare._matching.candidate_producers``: exact by value id). A's calls are visited in
+execution order; by then the producers of a call's inputs have been visited, so they are paired or
+known to be one-sided. A call whose inputs all come from paired producers is paired with B's
+unpaired call of the same op, step and phase whose inputs come from the partners of those
+producers, slot by slot (one dict lookup): ops inserted on one side, independent ops that swapped
+places and two tensors of equal values (two zero biases) do not move the pairs, whatever the names'
+call indices say. Of several such calls of B, the namesake, then one of the same shapes, then one
+holding the same values is taken.
+
+The anchors, where the flow says nothing yet, are paired by name (``{phase}/{module}/{op}#{call}``
+and the same shapes), as before value ids: module calls (their inputs and outputs), calls whose
+inputs no op made (they read parameters or the step's inputs) and calls reading a value only one
+side made (the flow resumes at their outputs) — unless their inputs come from producers paired with
+other calls. What neither pairs is left to the alignment inside each module (``_matching``'s
+leftovers) and then listed as one-sided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import TYPE_CHECKING, Protocol
+
+from torchdebug.records import MODULE_OP, Record
+
+if TYPE_CHECKING:
+    from torchdebug.compare._matching import _Links
+
+__all__ = ["OUTPUTS", "align_by_flow", "dtype_kind", "output_values"]
+
+OUTPUTS = ("output", "parameter_grad")
+"""The slots a call makes values in."""
+
+_VALUE_DIGITS = 3
+"""Significant digits of the statistics that :func:`output_values` keeps: round-off of another
+order of operations stays below them, different values do not."""
+
+
+class _FlowCall(Protocol):
+    """What the walk reads of a call: its name, its records with their slot names, its shapes."""
+
+    name: str
+    records: list[Record]
+    slots: list[str]
+
+    @property
+    def first(self) -> Record: ...
+
+    def signature(self) -> tuple: ...
+
+
+def dtype_kind(dtype: str | None) -> str:
+    """``float``, ``complex``, ``bool`` or ``int`` (an unknown dtype: ``""``, as any)."""
+    if not dtype:
+        return ""
+    if dtype.startswith(("float", "bfloat")):
+        return "float"
+    if dtype.startswith("complex"):
+        return "complex"
+    return "bool" if dtype == "bool" else "int"
+
+
+def output_values(call: _FlowCall) -> tuple:
+    """The min, max and norm of a call's floating output tensors to :data:`_VALUE_DIGITS` significant
+    digits (empty when an output has none): two calls that made the same value share them."""
+    found = []
+    for slot, record in zip(call.slots, call.records):
+        if record.io not in OUTPUTS or record.kind != "tensor":
+            continue
+        stats = record.stats or {}
+        values = tuple(stats.get(key) for key in ("min", "max", "norm"))
+        if dtype_kind(record.dtype) != "float" or not all(isinstance(value, float) for value in values):
+            return ()
+        found.append((slot, *(float(f"{value:.{_VALUE_DIGITS}g}") for value in values)))
+    return tuple(found)
+
+
+def _inputs(call: _FlowCall, made: MutableMapping[int, tuple]) -> list[tuple[str, tuple[str, str]]]:
+    """A call's input slots that an earlier op made, with the op's ``(call name, output slot)``: the
+    value's maker where an op passed it on (a ``detach``), so such an op on one side is looked through."""
+    found = []
+    for slot, record in zip(call.slots, call.records):
+        if record.io == "input":
+            producers = made.get(id(record))
+            if producers:
+                found.append((slot, producers[0]))
+    return found
+
+
+def _flow_key(call: _FlowCall, op: str, inputs: Iterable[tuple[str, tuple[str, str]]]) -> tuple:
+    first = call.first
+    return first.step, first.phase, op, tuple(inputs)
+
+
+def _chosen(call: _FlowCall, name: str, candidates: list[_FlowCall], taken: set[int]) -> _FlowCall | None:
+    """Of B's calls with the data flow of ``call``, the namesake, else the first of its shapes, else the
+    first holding its values (``None``: none of them agrees on more than the flow)."""
+    free = [other for other in candidates if id(other) not in taken]
+    if not free:
+        return None
+    step = call.first.step
+    for other in free:
+        if other.name == name and other.first.step == step:
+            return other
+    signature = call.signature()
+    for other in free:
+        if other.signature() == signature:
+            return other
+    values = output_values(call)
+    if values:
+        for other in free:
+            if output_values(other) == values:
+                return other
+    return None
+
+
+def align_by_flow(
+    calls_a: Iterable[_FlowCall],
+    calls_b: MutableMapping[tuple[int, str], _FlowCall],
+    links: _Links,
+    rename: Callable[[_FlowCall], str],
+    op_a: Callable[[_FlowCall], str],
+) -> tuple[list[tuple[_FlowCall, _FlowCall, str]], list[_FlowCall]]:
+    """Pair ``calls_a`` (in execution order) with ``calls_b`` (by ``(step, call name)``) by data flow,
+    else by name at the anchors (module docstring); ``links`` learns each pairing as it is made.
+    Returns the pairs with how they were paired (``exact`` or ``mapped`` where the names agree after
+    ``rename``, else ``aligned``) and A's calls left unpaired; paired calls leave ``calls_b``.
+    ``op_a``: A's op after the mapping's renames. One dict lookup per call: linear in the records."""
+    by_flow: dict[tuple, list[_FlowCall]] = {}
+    for call in calls_b.values():
+        inputs = _inputs(call, links.made_b)
+        if inputs and call.first.op != MODULE_OP:
+            by_flow.setdefault(_flow_key(call, call.first.op, inputs), []).append(call)
+    taken: set[int] = set()
+    pairs: list[tuple[_FlowCall, _FlowCall, str]] = []
+    left_a: list[_FlowCall] = []
+    partner = links.partner
+    for call in calls_a:
+        name = rename(call)
+        step = call.first.step
+        other = None
+        inputs = _inputs(call, links.made_a)
+        if inputs and call.first.op != MODULE_OP and all(producer[0] in partner for _, producer in inputs):
+            key = _flow_key(call, op_a(call), ((slot, (partner[p[0]], p[1])) for slot, p in inputs))
+            other = _chosen(call, name, by_flow.get(key, []), taken)
+        if other is None:  # an anchor: by name, unless the flow says otherwise
+            namesake = calls_b.get((step, name))
+            if namesake is not None and namesake.signature() == call.signature() and links.check(call, namesake) is not True:
+                other = namesake
+        if other is None:
+            left_a.append(call)
+            continue
+        taken.add(id(other))
+        del calls_b[(other.first.step, other.name)]
+        links.pair(call, other)  # type: ignore[arg-type]
+        how = "aligned" if other.name != name or other.first.step != step else "exact" if name == call.name else "mapped"
+        pairs.append((call, other, how))
+    return pairs, left_a

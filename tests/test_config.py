@@ -152,7 +152,7 @@ def test_every_config_is_checked_when_built_with_one_error_shape():
         (lambda: DiagnoseConfig(tolerance=0), r"^tolerance: got 0, expected a finite number > 0$"),
         (lambda: DiagnoseConfig(compile_mode="fast"), r"^compile_mode: got 'fast', expected one of 'default', 'reduce-overhead'"),
         (lambda: DiagnoseConfig(backend=3), r"^backend: got 3, expected None \(inductor\), a backend name or a callable"),
-        (lambda: CompilerConfig(mode="jit"), r"^mode: got 'jit', expected one of 'max-autotune'"),
+        (lambda: CompilerConfig(backend="jit"), r"^backend: got 'jit', expected one of 'inductor'"),
         (lambda: DebuggerConfig(step="x"), r"^step: got 'x', expected a non-negative integer"),
         (lambda: MonitorConfig(window=1), r"^window: got 1, expected an integer >= 2$"),
         (lambda: MonitorConfig(on_anomaly="stop"), r"^on_anomaly: got 'stop', expected one of 'continue', 'skip', 'raise'$"),

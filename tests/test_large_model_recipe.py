@@ -70,7 +70,7 @@ def _backend(dump: Path | None) -> Callable[[GPT], Any]:
     """A backend factory: ``aot_eager``, with a statistics graph dump into ``dump`` when given."""
 
     def make(model: GPT) -> Any:
-        config = CompilerConfig(mode="aot_eager")
+        config = CompilerConfig(backend="aot_eager")
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
             config.dump_config.enable_dump = True

@@ -234,7 +234,7 @@ def test_overflow_check_records_the_overflow_behind_the_mask_first(tmp_path, fil
 def _overflow_scene_backend(tmp_path: Path):
     scene = tmp_path / "overflow.json"
     scene.write_text(json.dumps({"dump": {"dump_path": str(tmp_path), "dump_debug": "on"}}))
-    config = CompilerConfig(mode="aot_eager")
+    config = CompilerConfig(backend="aot_eager")
     config.dump_config.enable_dump = True
     config.dump_config.dump_config_path = str(scene)
     return get_backend(config)

@@ -490,10 +490,12 @@ def test_custom_pass_patch_rejects_a_slot_inductor_does_not_have():
 
 
 def test_config_keys_exist_in_inductor():
-    with inductor.config_patched({**inductor.cudagraphs_patch(), **inductor.debug_dir_patch("elsewhere")}):
+    with inductor.config_patched({**inductor.mode_patches("max-autotune"), **inductor.debug_dir_patch("elsewhere")}):
         from torch._inductor import config
 
-        assert config.triton.cudagraphs is True and config.trace.debug_dir == "elsewhere"
+        assert config.triton.cudagraphs is True and config.max_autotune is True and config.trace.debug_dir == "elsewhere"
+    assert inductor.mode_patches("reduce-overhead") == {inductor.CUDAGRAPHS: True}
+    assert inductor.mode_patches("default") == inductor.mode_patches(None) == {}
 
 
 def test_observer_reports_inductor_passes_and_is_restored_after():

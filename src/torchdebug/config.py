@@ -25,6 +25,9 @@ COMPILED_CODE = ("as_run", "eager")
 LEVELS = ("op", "module", "mix")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""The modes ``torch.compile`` takes (``compile_mode``, of the compile backend and of diagnose)."""
+
 TENSOR_BYTES_IN_FLIGHT = 256 * 2**20
 """Default of ``tensor_bytes_in_flight`` (256 MiB); the tensor writer's default too."""
 

@@ -100,8 +100,7 @@ def configclass(cls: type[T]) -> type[T]:
     def __init__(self: Options, **options: Any) -> None:
         for key in list(options):
             if key in cls._ALIASES:  # type: ignore[attr-defined]
-                new, value = cls._translate_static(key, options.pop(key), "")  # type: ignore[attr-defined]
-                options[new] = value
+                options.update(cls._translate_static(key, options.pop(key), ""))  # type: ignore[attr-defined]
             elif key not in names:
                 raise ConfigError(f"{key}: unknown option, expected one of {', '.join(map(repr, names))}")
         generated(self, **options)
@@ -119,7 +118,8 @@ class Options:
     _ALIASES: ClassVar[Mapping[str, str]] = {}
     """Deprecated option name -> its new name."""
     _ALIAS_VALUES: ClassVar[Mapping[str, Mapping[Any, Any]]] = {}
-    """Deprecated option name -> old values it took -> the new values."""
+    """Deprecated option name -> old values it took -> the new value, or a mapping of the new
+    options and values it sets where it now takes several."""
 
     # -- construction and assignment -------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -141,7 +141,9 @@ class Options:
             object.__setattr__(self, name, value)
             return
         if name in self._ALIASES:
-            name, value = self._translate(name, value)
+            for new, translated in self._translate(name, value).items():
+                setattr(self, new, translated)
+            return
         known = self._field_map()
         if name not in known:
             raise ConfigError(f"{self._key(name)}: unknown option, expected one of {', '.join(map(repr, known))}")
@@ -196,11 +198,11 @@ class Options:
         known = cls._field_map()
         values: dict[str, Any] = {}
         for key, value in data.items():
-            if key in cls._ALIASES:
-                key, value = cls._translate_static(key, value, "")
-            if key not in known:
-                raise ConfigError(f"{key}: unknown config key, expected one of {', '.join(known)}")
-            values[key] = value
+            translated = cls._translate_static(key, value, "") if key in cls._ALIASES else {key: value}
+            for new, new_value in translated.items():
+                if new not in known:
+                    raise ConfigError(f"{new}: unknown config key, expected one of {', '.join(known)}")
+                values[new] = new_value
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -261,19 +263,23 @@ class Options:
             if isinstance(value, Options):
                 value._set_prefix(f"{prefix}{f.name}.")
 
-    def _translate(self, name: str, value: Any) -> tuple[str, Any]:
+    def _translate(self, name: str, value: Any) -> dict[str, Any]:
         return self._translate_static(name, value, getattr(self, "_prefix", ""))
 
     @classmethod
-    def _translate_static(cls, name: str, value: Any, prefix: str) -> tuple[str, Any]:
+    def _translate_static(cls, name: str, value: Any, prefix: str) -> dict[str, Any]:
+        """The new options a deprecated one's value sets (one, or several where an old value now
+        takes several options: ``_ALIAS_VALUES`` maps it to a mapping), after a warning naming them."""
         new = cls._ALIASES[name]
         mapped = cls._ALIAS_VALUES.get(name, {})
-        note = ""
-        if isinstance(value, str) and value in mapped:
-            note = f" ({value!r} is now {mapped[value]!r})"
-            value = mapped[value]
+        target = mapped.get(value) if isinstance(value, str) else None
+        if isinstance(target, Mapping):
+            spelled = ", ".join(f"{prefix}{key}={each!r}" for key, each in target.items())
+            warnings.warn(f"{prefix}{name}={value!r} is deprecated; use {spelled}", FutureWarning, stacklevel=4)
+            return dict(target)
+        note = "" if target is None else f" ({value!r} is now {target!r})"
         warnings.warn(f"{prefix}{name} is deprecated; use {prefix}{new}{note}", FutureWarning, stacklevel=4)
-        return new, value
+        return {new: value if target is None else target}
 
 
 def field_default(f: dataclasses.Field) -> Any:

@@ -33,8 +33,8 @@ class Net(nn.Module):
         return torch.relu(self.fc(x)).sum()
 
 
-def _backend(tmp_path: Path, mode: str = "max-autotune", **options: object):
-    config = CompilerConfig(mode=mode)
+def _backend(tmp_path: Path, backend: str = "inductor", compile_mode: str | None = None, **options: object):
+    config = CompilerConfig(backend=backend, compile_mode=compile_mode)
     config.dump_config.enable_dump = True
     config.dump_config.dump_path = str(tmp_path)
     for key, value in options.items():
@@ -180,7 +180,7 @@ def test_watcher_catches_a_buffer_overwritten_after_it_was_produced(tmp_path: Pa
             }
         )
     )
-    config = CompilerConfig(mode="aot_eager")
+    config = CompilerConfig(backend="aot_eager")
     config.dump_config.enable_dump = True
     config.dump_config.dump_config_path = str(scene)
     backend = get_backend(config)
@@ -200,7 +200,7 @@ def test_original_stage_interprets_the_graph_before_the_passes(tmp_path: Path) -
 
 @pytest.mark.gpu
 def test_dumps_keep_working_under_reduce_overhead_on_cuda(tmp_path: Path) -> None:
-    backend = _backend(tmp_path, "reduce-overhead", task="statistics")
+    backend = _backend(tmp_path, compile_mode="reduce-overhead", task="statistics")
     torch.manual_seed(0)
     net = Net().cuda()
     compiled = torch.compile(net, backend=backend)

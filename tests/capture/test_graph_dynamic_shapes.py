@@ -80,20 +80,20 @@ def _eager_dump(path: Path) -> None:
     debugger.close()
 
 
-def _backend(path: Path, mode: str) -> torchdebug.compile._backend.TorchDebugBackend:
+def _backend(path: Path, backend_name: str) -> torchdebug.compile._backend.TorchDebugBackend:
     """A statistics dump of every node into ``path``."""
     path.mkdir(parents=True, exist_ok=True)
-    config = CompilerConfig(mode=mode)
+    config = CompilerConfig(backend=backend_name)
     config.dump_config.enable_dump = True
     config.dump_config.dump_path = str(path)
     config.dump_config.task = "statistics"
     return get_backend(config)
 
 
-def _compiled_dump(path: Path, dynamic: bool | None = None, mark: bool = False, mode: str = "aot_eager") -> Path:
+def _compiled_dump(path: Path, dynamic: bool | None = None, mark: bool = False, backend_name: str = "aot_eager") -> Path:
     torch.manual_seed(0)
     model = TinyLlama()
-    backend = _backend(path, mode)
+    backend = _backend(path, backend_name)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     for length in LENGTHS:
         tokens = _tokens(length)
@@ -195,7 +195,7 @@ def test_inductor_hands_the_symbolic_sizes_over_from_its_generated_code(tmp_path
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.relu(x @ w).sum(-1)
 
-    backend = _backend(tmp_path, "max-autotune")
+    backend = _backend(tmp_path, "inductor")
     compiled = torch.compile(fn, backend=backend, dynamic=True)
     w = torch.randn(8, 4)
     for rows in (5, 3, 7):
@@ -222,7 +222,7 @@ def test_the_original_stage_interprets_a_graph_whose_inputs_include_symbolic_int
 
     path = tmp_path / "original"
     path.mkdir()
-    config = CompilerConfig(mode="aot_eager")
+    config = CompilerConfig(backend="aot_eager")
     config.dump_config.enable_dump = True
     config.dump_config.dump_path = str(path)
     config.dump_config.task = "tensor"

@@ -64,7 +64,7 @@ CASES = {
     "compare DUMP DUMP -o ROOT/file.txt": "-o ROOT/file.txt: exists and is not a folder",
     "compare DUMP DUMP --mapping ROOT/missing.yaml": "argument --mapping: cannot read ROOT/missing.yaml (No such file",
     "compare DUMP DUMP --tolerance bfloat16=-1": "got rtol=-1.0, atol=1e-05; both must be >= 0",
-    "diagnose ROOT/entry.py:make --mode fast": "argument --mode: got 'fast', expected one of 'default', 'reduce-overhead'",
+    "diagnose ROOT/entry.py:make --compile-mode fast": "argument --compile-mode: got 'fast', expected one of 'default', 'reduce-overhead'",
     "report ROOT/missing": "torchdebug report: error: ROOT/missing: no such folder",
     "report DUMP -o ROOT": "-o ROOT: is a folder",
     "diagnose model": "ENTRY 'model' must look like path/to/script.py:function or package.module:function",

@@ -96,7 +96,7 @@ def test_backend_reads_torch_compile_debug_when_it_compiles(tmp_path: Path, monk
     root = tmp_path / "debug"
     monkeypatch.delenv("TORCH_COMPILE_DEBUG", raising=False)
     with torch._dynamo.config.patch(debug_dir_root=str(root)):
-        backend = get_backend(CompilerConfig(mode="aot_eager"))
+        backend = get_backend(CompilerConfig(backend="aot_eager"))
         torch.compile(lambda x: x + 1, backend=backend)(torch.randn(3))
         assert not root.exists()
         monkeypatch.setenv("TORCH_COMPILE_DEBUG", "1")
@@ -131,7 +131,7 @@ def test_extra_pass_runs_after_inductor_post_grad_passes_and_changes_the_compile
 
 def test_aot_eager_runs_user_passes_in_order_and_dumps_them(debug_root: Path) -> None:
     calls: list[str] = []
-    config = CompilerConfig(mode="aot_eager")
+    config = CompilerConfig(backend="aot_eager")
     config.post_grad_custom_pre_pass = lambda graph: calls.append("pre")
     config.post_grad_custom_post_pass = lambda graph: calls.append("post")
     x = torch.randn(4, requires_grad=True)
@@ -160,7 +160,7 @@ def test_run_eagerly_traces_inductor_graphs_but_generates_no_code(debug_root: Pa
 
 
 def test_reduce_overhead_on_cpu_warns_once_and_runs_without_cuda_graphs(caplog: pytest.LogCaptureFixture) -> None:
-    backend = get_backend(CompilerConfig(mode="reduce-overhead"))
+    backend = get_backend(CompilerConfig(compile_mode="reduce-overhead"))
     with caplog.at_level(logging.WARNING, logger="torchdebug"):
         torch.compile(lambda x: x + 1, backend=backend)(torch.zeros(2))
         torch.compile(lambda x: x + 2, backend=backend)(torch.zeros(2))
@@ -174,7 +174,7 @@ def test_graph_breaks_are_recorded_with_the_user_source_line(debug_root: Path) -
         torch._dynamo.graph_break()
         return x.cos()
 
-    torch.compile(broken, backend=get_backend(CompilerConfig(mode="aot_eager")))(torch.randn(3))
+    torch.compile(broken, backend=get_backend(CompilerConfig(backend="aot_eager")))(torch.randn(3))
     folder = torchdebug_folder(debug_root)
     (record,) = json.loads((folder / "graph_breaks.json").read_text())
     assert record["model"] == "model__0"
@@ -184,7 +184,7 @@ def test_graph_breaks_are_recorded_with_the_user_source_line(debug_root: Path) -
 
 
 def test_recompiles_are_recorded_with_the_guard_that_failed(debug_root: Path) -> None:
-    compiled = torch.compile(lambda x, scale: x * scale, backend=get_backend(CompilerConfig(mode="aot_eager")))
+    compiled = torch.compile(lambda x, scale: x * scale, backend=get_backend(CompilerConfig(backend="aot_eager")))
     compiled(torch.ones(2), 2.0)
     compiled(torch.ones(2), 3.0)
     (record,) = json.loads((torchdebug_folder(debug_root) / "recompiles.json").read_text())
@@ -196,7 +196,7 @@ def test_graph_dump_type_without_debug_writes_first_and_last_graphs_to_its_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("TORCH_COMPILE_DEBUG", raising=False)
-    config = CompilerConfig(mode="aot_eager")
+    config = CompilerConfig(backend="aot_eager")
     config.debug.graph_dump.type = "json"
     config.debug.graph_dump.path = str(tmp_path / "graphs")
     config.post_grad_custom_post_pass = lambda graph: None
@@ -208,14 +208,14 @@ def test_graph_dump_type_without_debug_writes_first_and_last_graphs_to_its_path(
     ]
 
 
-def test_eager_mode_returns_the_dynamo_graph_and_dumps_it(debug_root: Path) -> None:
-    out = torch.compile(lambda x: x - 1, backend=get_backend(CompilerConfig(mode="eager")))(torch.ones(2))
+def test_the_eager_backend_returns_the_dynamo_graph_and_dumps_it(debug_root: Path) -> None:
+    out = torch.compile(lambda x: x - 1, backend=get_backend(CompilerConfig(backend="eager")))(torch.ones(2))
     torch.testing.assert_close(out, torch.zeros(2))
     assert files_under(torchdebug_folder(debug_root) / "model__0") == ["dynamo_out_graph.txt", "model.json"]
 
 
 def test_debug_log_detaches_after_the_compile(debug_root: Path) -> None:
-    torch.compile(lambda x: x + 1, backend=get_backend(CompilerConfig(mode="aot_eager")))(torch.ones(2))
+    torch.compile(lambda x: x + 1, backend=get_backend(CompilerConfig(backend="aot_eager")))(torch.ones(2))
     logger = logging.getLogger("torchdebug")
     assert not [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
     assert "model__0/inference" in (torchdebug_folder(debug_root) / "debug.log").read_text()

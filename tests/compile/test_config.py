@@ -10,15 +10,48 @@ from torchdebug.errors import ConfigError
 
 def test_compiler_config_defaults_to_inductor_without_extra_dumps() -> None:
     config = CompilerConfig()
-    assert config.mode == "max-autotune"
+    assert config.backend == "inductor" and config.compile_mode is None
     assert config.debug.graph_dump.type is None
     assert config.debug.run_eagerly is False
     assert config.post_grad_custom_pre_pass is None
 
 
-def test_compiler_config_rejects_unknown_mode() -> None:
-    with pytest.raises(ConfigError, match=r"^mode: got 'fast', expected one of 'max-autotune', 'reduce-overhead'"):
-        CompilerConfig().mode = "fast"
+def test_compiler_config_rejects_unknown_backend_and_compile_mode() -> None:
+    with pytest.raises(ConfigError, match=r"^backend: got 'fast', expected one of 'inductor', 'aot_eager', 'eager'$"):
+        CompilerConfig().backend = "fast"
+    with pytest.raises(ConfigError, match=r"^compile_mode: got 'fast', expected one of 'default', 'reduce-overhead'"):
+        CompilerConfig().compile_mode = "fast"
+
+
+def test_torch_compile_modes_are_inductors_only() -> None:
+    with pytest.raises(ConfigError, match=r"^compile_mode: got 'max-autotune' with backend='aot_eager', expected None"):
+        CompilerConfig(backend="aot_eager", compile_mode="max-autotune")
+
+
+@pytest.mark.parametrize(
+    ("mode", "backend", "compile_mode", "message"),
+    [
+        ("max-autotune", "inductor", None, r"^mode is deprecated; use backend \('max-autotune' is now 'inductor'\)$"),
+        (
+            "reduce-overhead",
+            "inductor",
+            "reduce-overhead",
+            r"^mode='reduce-overhead' is deprecated; use backend='inductor', compile_mode='reduce-overhead'$",
+        ),
+        ("aot_eager", "aot_eager", None, r"^mode is deprecated; use backend$"),
+    ],
+)
+def test_the_old_mode_still_works_and_warns_naming_what_it_now_is(mode, backend, compile_mode, message) -> None:
+    """``mode="max-autotune"`` was plain inductor, so it becomes ``backend="inductor"``, not torch's
+    autotuning ``compile_mode``; ``reduce-overhead`` takes two options now."""
+    for build in (lambda: CompilerConfig(mode=mode), lambda: CompilerConfig.from_dict({"mode": mode})):
+        with pytest.warns(FutureWarning, match=message):
+            config = build()
+        assert (config.backend, config.compile_mode) == (backend, compile_mode)
+    config = CompilerConfig(backend="eager")
+    with pytest.warns(FutureWarning, match=message):
+        config.mode = mode
+    assert (config.backend, config.compile_mode) == (backend, compile_mode)
 
 
 def test_compiler_config_rejects_unknown_graph_dump_type_listing_the_valid_ones() -> None:
@@ -58,15 +91,15 @@ def test_compiler_config_rejects_empty_graph_dump_path() -> None:
 
 
 def test_compiler_config_accepts_top_level_options_as_keywords() -> None:
-    config = CompilerConfig(mode="aot_eager")
-    assert config.mode == "aot_eager"
+    config = CompilerConfig(backend="aot_eager")
+    assert config.backend == "aot_eager"
     with pytest.raises(ConfigError, match=r"^moed: unknown option"):
         CompilerConfig(moed="eager")
 
 
 def test_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
-        CompilerConfig().mode = "jit"
+        CompilerConfig().backend = "jit"
 
 
 def test_compiler_config_to_dict_names_user_passes() -> None:

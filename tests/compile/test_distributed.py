@@ -16,7 +16,7 @@ def _rank_main(rank: int, root: str) -> None:
     import torchdebug
 
     with torch._dynamo.config.patch(debug_dir_root=root):
-        backend = torchdebug.get_backend(torchdebug.CompilerConfig(mode="aot_eager"))
+        backend = torchdebug.get_backend(torchdebug.CompilerConfig(backend="aot_eager"))
         torch.compile(lambda x: x * (rank + 1), backend=backend)(torch.ones(2))
 
 

@@ -28,7 +28,7 @@ def capture_aot_forward(model: torch.nn.Module, *inputs: torch.Tensor, dynamic: 
     """The AOT forward graph of ``model`` as torchdebug's pipeline sees it (aot_eager, no codegen)."""
     seen: list[torch.fx.GraphModule] = []
     keep = GraphPass("keep", lambda gm: seen.append(gm), phases=frozenset({"forward", "inference"}))
-    compiled = torch.compile(model, backend=get_backend(CompilerConfig(mode="aot_eager"), passes=[keep]), dynamic=dynamic)
+    compiled = torch.compile(model, backend=get_backend(CompilerConfig(backend="aot_eager"), passes=[keep]), dynamic=dynamic)
     compiled(*inputs)
     return seen[0]
 

@@ -19,7 +19,7 @@ def test_report_command_writes_a_self_contained_page_that_escapes_names(
         with gm.graph.inserting_before(output):
             gm.graph.call_function(torch.ops.aten.clone.default, (next(iter(gm.graph.nodes)),))
 
-    backend = get_backend(CompilerConfig(mode="aot_eager"), passes=[GraphPass("<script>alert(1)</script>", add_one_node)])
+    backend = get_backend(CompilerConfig(backend="aot_eager"), passes=[GraphPass("<script>alert(1)</script>", add_one_node)])
 
     def broken(x: torch.Tensor) -> torch.Tensor:
         y = x + 1

@@ -113,26 +113,26 @@ def eager_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("mode", "spelling", "root"),
+    ("backend", "spelling", "root"),
     [
         ("aot_eager", "whole", True),
         ("aot_eager", "whole", False),  # the root found from the compiled module
         ("aot_eager", "method", True),  # block by block
-        ("max-autotune", "whole", True),  # inductor
-        ("max-autotune", "method", True),
+        ("inductor", "whole", True),
+        ("inductor", "method", True),
     ],
 )
 def test_a_loop_over_experts_records_one_step_per_step_with_full_module_paths(
-    tmp_path: Path, eager_dump: Path, mode: str, spelling: str, root: bool
+    tmp_path: Path, eager_dump: Path, backend: str, spelling: str, root: bool
 ) -> None:
-    records = training.compiled_dump(tmp_path / "graph", _model(), _train, STEPS, mode=mode, spelling=spelling, root=root)
+    records = training.compiled_dump(tmp_path / "graph", _model(), _train, STEPS, backend=backend, spelling=spelling, root=root)
     assert {r.step for r in records} == set(range(STEPS)), "one step per training step, not per graph run"
     modules = {r.module for r in records}
     assert all(module.startswith("layers.") for module in modules), sorted(m for m in modules if not m.startswith("layers."))
     names = {r.name for r in records if r.step == 1}
     for layer in range(2):
         assert f"forward/layers.{layer}.moe.gate/aten.mm.default#0/output.0" in names
-        assert f"forward/layers.{layer}.norm/aten.var_mean.correction#0/output.0" in names or mode == "aot_eager"
+        assert f"forward/layers.{layer}.norm/aten.var_mean.correction#0/output.0" in names or backend == "aot_eager"
         experts = {m for m in modules if m.startswith(f"layers.{layer}.moe.experts.") and m.endswith(".w1")}
         assert len(experts) > 1, "each expert's graph run is named by the expert that ran it"
 
@@ -140,7 +140,7 @@ def test_a_loop_over_experts_records_one_step_per_step_with_full_module_paths(
     assert not [row.name for row in result.rows if row.verdict == "error"], result.summary()
     compiled = result.coverage()["a"]
     # inductor's decompositions leave nodes inside eager ops (a layer norm's var_mean), judged with them
-    counted = compiled["matched"] + (compiled["inside"] if mode != "aot_eager" else 0)
+    counted = compiled["matched"] + (compiled["inside"] if backend != "aot_eager" else 0)
     assert counted >= 0.9 * compiled["rows"], result.summary()
     assert not compiled["other_modules"], "every compiled module has eager records"
 

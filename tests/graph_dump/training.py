@@ -31,7 +31,14 @@ def eager_dump(path: Path, model: nn.Module, train: Train, steps: int) -> Path:
 
 
 def compiled_dump(
-    path: Path, model: nn.Module, train: Train, steps: int, *, mode: str = "aot_eager", spelling: str = "whole", root: bool = True
+    path: Path,
+    model: nn.Module,
+    train: Train,
+    steps: int,
+    *,
+    backend: str = "aot_eager",
+    spelling: str = "whole",
+    root: bool = True,
 ) -> list[torchdebug.records.Record]:
     """Statistics of every node of ``steps`` steps of ``model`` (its blocks are ``model.layers``)
     compiled whole (``spelling="whole"``) or block by block (``"method"``: ``block.compile()``,
@@ -39,7 +46,7 @@ def compiled_dump(
     backend (``root``) or not; the records."""
     torch._dynamo.reset()
     path.mkdir(parents=True, exist_ok=True)
-    config = CompilerConfig(mode=mode)
+    config = CompilerConfig(backend=backend)
     config.dump_config.enable_dump = True
     config.dump_config.dump_path = str(path)
     config.dump_config.task = "statistics"

@@ -15,7 +15,7 @@ from torchdebug.store import _live as live
 
 def _backend(**dump_options: object):
     """A torchdebug backend on ``aot_eager`` (no inductor compile: fast) with a data dump."""
-    config = CompilerConfig(mode="aot_eager")
+    config = CompilerConfig(backend="aot_eager")
     config.dump_config.enable_dump = True
     for key, value in dump_options.items():
         setattr(config.dump_config, key, value)

@@ -152,7 +152,7 @@ def test_a_graph_dump_that_cannot_be_written_leaves_the_compiled_training_as_it_
         torchdebug.seed_all(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        config = CompilerConfig(mode="aot_eager")
+        config = CompilerConfig(backend="aot_eager")
         if dump:
             config.dump_config.enable_dump = True
             config.dump_config.dump_path = str(tmp_path)

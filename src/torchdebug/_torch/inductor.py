@@ -35,15 +35,16 @@ from torch._inductor.custom_graph_pass import CustomGraphPass  # noqa: E402
 from torch._inductor.decomposition import select_decomp_table  # noqa: E402
 
 __all__ = [
+    "CUDAGRAPHS",
     "CUSTOM_PASS_SLOTS",
     "CustomGraphPass",
     "compile_fx",
     "compile_fx_inner",
     "config_patched",
-    "cudagraphs_patch",
     "custom_pass_patch",
     "debug_dir_patch",
     "installed_passes",
+    "mode_patches",
     "observe_inductor_passes",
     "select_decomp_table",
 ]
@@ -98,9 +99,16 @@ def custom_pass_patch(slot: str, ours: CustomGraphPass, *, first: bool) -> dict[
     return {slot: passes[0] if len(passes) == 1 else ChainedPasses(passes)}
 
 
-def cudagraphs_patch() -> dict[str, Any]:
-    """``config_patches`` that make inductor record CUDA graphs (``mode="reduce-overhead"``)."""
-    return {"triton.cudagraphs": True}
+CUDAGRAPHS = "triton.cudagraphs"
+"""The inductor config key that records CUDA graphs."""
+
+
+def mode_patches(mode: str | None) -> dict[str, Any]:
+    """``config_patches`` that make inductor compile as ``torch.compile(mode=mode)`` does (torch 2.11
+    through 2.14: ``torch._inductor.list_mode_options``, which ``torch.compile`` applies itself)."""
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode)) if mode else {}
 
 
 def debug_dir_patch(folder: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The torch.compile backend: AOT autograd and inductor with torchdebug's pass pipeline and dumps.
 
 ``get_backend(config)`` returns a callable for ``torch.compile(model, backend=...)``. Each call
-(one per Dynamo graph) picks the mode, builds the :class:`~torchdebug.compile._pipeline.Pipeline`,
+(one per Dynamo graph) picks the backend, builds the :class:`~torchdebug.compile._pipeline.Pipeline`,
 and, when there is something to dump, opens ``model__<N>`` in the dump tree
 (:mod:`torchdebug.compile._debug_dir` documents the files). While dumping it turns PyTorch's compile
 caches off for the duration of the compile (``torchdebug._torch.dynamo.caches_disabled``, scoped),
@@ -30,13 +30,14 @@ from torch import nn
 
 from torchdebug._torch import dynamo as _dynamo
 from torchdebug._torch.inductor import (
+    CUDAGRAPHS,
     CustomGraphPass,
     compile_fx,
     compile_fx_inner,
     config_patched,
-    cudagraphs_patch,
     custom_pass_patch,
     debug_dir_patch,
+    mode_patches,
     select_decomp_table,
 )
 from torchdebug.compile._config import CompilerConfig
@@ -48,8 +49,6 @@ from torchdebug.graph_dump._instrument import DataDumpPass
 from torchdebug.graph_dump._planner import ModelContext
 
 log = logging.getLogger("torchdebug.compile._backend")
-
-INDUCTOR_MODES = ("max-autotune", "reduce-overhead")
 
 
 class _PhaseMarker(CustomGraphPass):
@@ -166,8 +165,13 @@ class TorchDebugBackend:
 
     def _record_dynamo_graph(self, gm: torch.fx.GraphModule, model: ModelDump) -> None:
         compile_id = _dynamo.compile_id(gm)
+        config = self.config
         model.summary.update(
-            {"model": model.name, "compile_id": compile_id, "mode": self.config.mode, "config": self.config.to_dict()}
+            model=model.name,
+            compile_id=compile_id,
+            backend=config.backend,
+            compile_mode=config.compile_mode,
+            config=config.to_dict(),
         )
         model.write_graph("dynamo_out_graph", gm, model.graph_kinds())
         if not model.tree.debug:
@@ -188,25 +192,25 @@ class TorchDebugBackend:
     def _compile(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], pipeline: Pipeline, model: ModelDump | None
     ) -> Callable[..., Any]:
-        mode = self.config.mode
-        if mode == "eager":
+        backend = self.config.backend
+        if backend == "eager":
             return gm.forward
-        if mode == "aot_eager" or self.config.debug.run_eagerly:
-            return self._compile_aot_eager(gm, example_inputs, pipeline, model, inductor_graph=mode in INDUCTOR_MODES)
+        if backend == "aot_eager" or self.config.debug.run_eagerly:
+            return self._compile_aot_eager(gm, example_inputs, pipeline, model, inductor_graph=backend == "inductor")
         return self._compile_inductor(gm, example_inputs, pipeline, model)
 
     def _compile_inductor(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], pipeline: Pipeline, model: ModelDump | None
     ) -> Callable[..., Any]:
-        patches: dict[str, Any] = {}
-        if self.config.mode == "reduce-overhead":
-            if any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
-                patches.update(cudagraphs_patch())
-            elif not self._warned_no_cudagraphs:
+        patches = mode_patches(self.config.compile_mode)
+        if patches.get(CUDAGRAPHS) and not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+            del patches[CUDAGRAPHS]
+            if not self._warned_no_cudagraphs:
                 self._warned_no_cudagraphs = True
                 log.warning(
-                    "mode 'reduce-overhead': this graph has no CUDA tensors, so it runs without CUDA graphs "
-                    "(inductor code only); CUDA graphs need the model and inputs on a CUDA device"
+                    "compile_mode %r: this graph has no CUDA tensors, so it runs without CUDA graphs "
+                    "(inductor code only); CUDA graphs need the model and inputs on a CUDA device",
+                    self.config.compile_mode,
                 )
         if pipeline.pre:
             patches.update(custom_pass_patch("post_grad_custom_pre_pass", PassStage(pipeline.pre), first=True))
@@ -249,7 +253,7 @@ class TorchDebugBackend:
     ) -> Callable[..., Any]:
         """AOT autograd, the pipeline on each graph, then eager execution of the result.
 
-        With ``inductor_graph`` (``debug.run_eagerly`` in an inductor mode) the graphs are traced
+        With ``inductor_graph`` (``debug.run_eagerly`` with ``backend="inductor"``) the graphs are traced
         with inductor's decompositions, so they are the graphs inductor would have compiled.
         """
         passes = (*pipeline.pre, *pipeline.post)

@@ -16,11 +16,12 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from torchdebug.config import COMPILE_MODES
 from torchdebug.errors import ConfigError
 from torchdebug.graph_dump import _settings as dump_settings
 from torchdebug.options import Options, boolean, choices, configclass, group, index_set, one_of, option, optional, text
 
-MODES = ("max-autotune", "reduce-overhead", "aot_eager", "eager")
+BACKENDS = ("inductor", "aot_eager", "eager")
 GRAPH_DUMP_TYPES = ("txt", "py", "json", "dot")
 
 
@@ -177,18 +178,32 @@ class CompilerConfig(Options):
 
     Example::
 
-        config = CompilerConfig()                  # or CompilerConfig(mode="aot_eager")
+        config = CompilerConfig()                  # or CompilerConfig(backend="aot_eager")
         config.debug.graph_dump.type = "py"
         model = torch.compile(model, backend=torchdebug.get_backend(config))
     """
 
-    mode: str = field(
-        default="max-autotune",
+    _ALIASES = {"mode": "backend"}
+    _ALIAS_VALUES = {
+        "mode": {"max-autotune": "inductor", "reduce-overhead": {"backend": "inductor", "compile_mode": "reduce-overhead"}}
+    }  # mode="max-autotune" was plain inductor: compile_mode="max-autotune" is torch's, which searches kernels
+
+    backend: str = field(
+        default="inductor",
         metadata=option(
-            "max-autotune: inductor compiles the whole graph; reduce-overhead: inductor with CUDA graphs (graphs "
-            "without CUDA tensors run without them, and a warning says so once); aot_eager: AOT autograd, then "
-            "the ATen graphs run eagerly; eager: the Dynamo graph runs as is.",
-            one_of(*MODES),
+            "The torch.compile backend the graphs go to after our passes: inductor compiles them; aot_eager: AOT "
+            "autograd, then the ATen graphs run eagerly; eager: the Dynamo graph runs as is.",
+            one_of(*BACKENDS),
+        ),
+    )
+    compile_mode: str | None = field(
+        default=None,
+        metadata=option(
+            "torch.compile's mode, for inductor (None: inductor's defaults): reduce-overhead records CUDA graphs "
+            "(a graph without CUDA tensors runs without them, and a warning says so once); max-autotune searches "
+            "kernels and records CUDA graphs; max-autotune-no-cudagraphs searches kernels only.",
+            optional(one_of(*COMPILE_MODES)),
+            enum=[*COMPILE_MODES, None],
         ),
     )
     debug: DebugConfig = field(default_factory=DebugConfig, metadata=option("What to dump and how to run.", group(DebugConfig)))
@@ -203,3 +218,10 @@ class CompilerConfig(Options):
         default=None,
         metadata=option("A user FX pass on each AOT graph after the pipeline's own passes; dumped like ours.", _graph_pass),
     )
+
+    def check(self) -> None:
+        if self.compile_mode is not None and self.backend != "inductor":
+            raise ConfigError(
+                f"{self._key('compile_mode')}: got {self.compile_mode!r} with {self._key('backend')}={self.backend!r}, "
+                "expected None: torch.compile's modes are inductor's"
+            )

@@ -12,14 +12,14 @@ With ``TORCH_COMPILE_DEBUG=1`` (read each time the backend compiles, so setting 
         model__<N>/                          # N-th graph Dynamo handed to this backend in this run
           model.json                         # mode, compile id, seconds in the backend, phases
           dynamo_out_graph.txt               # the Dynamo graph, before AOT autograd
-          joint/                             # training only, inductor modes: the joint graph passes
+          joint/                             # training only, backend inductor: the joint graph passes
             000_aot_joint_graph.txt
             001_aot_joint_graph_after_<pass>.txt ...
             passes.json
           forward/ | backward/               # inference graphs are written under forward/ too
             000_aot_<phase>_graph.txt        # the AOT graph on entry to the phase
             NNN_aot_<phase>_graph_after_<pass>.txt   # after each FX pass, in the order they ran
-            output_code.py                   # inductor's generated code (inductor modes)
+            output_code.py                   # inductor's generated code (backend inductor)
             passes.json                      # per pass: time, node counts, nodes added and removed
 
 ``NNN`` counts the dumps of one phase folder from 000; ``<pass>`` is the pass name with anything

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from dataclasses import field
 
+from torchdebug.config import COMPILE_MODES
 from torchdebug.errors import ConfigError
 from torchdebug.options import Flag, Options, boolean, configclass, number, number_text, one_of, option, optional, text
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
     from typing import Any
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-"""The modes ``torch.compile`` takes."""
 
 DEFAULT_TOLERANCE = 1e-3
 """The tolerance PyTorch's accuracy minifier uses (``torch._dynamo.config.repro_tolerance``)."""

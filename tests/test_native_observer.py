@@ -153,7 +153,7 @@ _MODE_ONLY = {
     ("replace", ("aten.add.Tensor",), ("aten.add_.Tensor",)),
 }
 """What a dispatch mode changes in what torch runs: autograd saves an op's output (softmax) through
-``detach`` and unpacks it through another; ``reshape``'s backward takes ``view`` where it takes
+``detach`` and unpacks it through another; ``reshape`` (forward and backward) takes ``view`` where it takes
 ``_reshape_alias`` without a mode; gradients summed in the engine's input buffer are added out of
 place (``isTensorSubclassLike`` is true for every tensor while a mode is on)."""
 
@@ -308,3 +308,50 @@ def test_an_op_an_autograd_kernel_runs_before_its_redispatch_comes_first_as_a_di
     got = observer.drain().op_names()
     assert got == [name for name, *_ in seen.rows]
     assert got[1:3] == ["aten.clone.default", "aten.mul_.Tensor"]
+
+
+def test_ops_no_dispatch_mode_sees_are_not_recorded_a_tensor_from_data_and_a_live_detach_(observer: NativeObserver) -> None:
+    """``torch.tensor(data)`` builds its tensor with the Python key excluded (``empty``, ``to``,
+    ``detach_``: only ``lift_fresh`` reaches a mode); a live ``detach_`` never leaves its autograd
+    kernel (under inference mode it reaches its kernel, and a mode sees it)."""
+
+    def run() -> None:
+        torch.tensor([1.0, 2.0])
+        torch.ones(2, requires_grad=True).mul(2).detach_()
+        with torch.inference_mode():
+            torch.ones(2).detach_()
+
+    with _Seen([-1]) as seen:
+        run()
+    observer.start()
+    run()
+    observer.stop()
+    got = [row[0] for row in _rows(observer, observer.drain())]
+    assert got == [row[0] for row in seen.rows]
+    assert got.count("aten.detach_.default") == 1 and "aten.lift_fresh.default" in got
+
+
+def test_tensors_without_sums_are_kept_and_a_factorys_result_keeps_its_impl(observer: NativeObserver) -> None:
+    """Kept for Python: an int tensor (an input at once, an output from the next op on, weakly until
+    then: a factory's binding wraps its result itself only while nothing else holds it); an output
+    freed before the next op is not kept (slot -1)."""
+    observer.use_stats(True)
+    observer.keep_unsummed(True)
+    try:
+        embedding = nn.Embedding(16, 4)
+        observer.start()
+        positions = torch.arange(16)
+        embedding(positions)
+        torch.arange(3)  # freed at once
+        positions.add(1)
+        observer.stop()
+    finally:
+        observer.keep_unsummed(False)
+        observer.use_stats(False)
+    ops = observer.drain()
+    assert ops.slot_value[0] == positions._cdata  # arange's output is the tensor Python holds
+    kept = [slot for slot in ops.kept_slot if slot >= 0]
+    assert -1 in ops.kept_slot
+    assert [ops.slot_value[slot] for slot in kept[:2]] == [positions._cdata, positions._cdata]
+    assert all(tensor.dtype == torch.int64 for tensor in ops.kept) and len(ops.kept) == len(kept)
+    assert not any(ops.slot_has_stats[slot] for slot in kept)

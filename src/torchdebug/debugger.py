@@ -32,10 +32,12 @@ from torchdebug._torch.nn import compiled_modules, unwrap_compiled
 from torchdebug.capture.eager import OpCapture
 from torchdebug.capture.filters import phase_and_io_filter
 from torchdebug.capture.modules import ModuleRecorder, ModuleTracker
+from torchdebug.capture.native_capture import NativeOpCapture, why_not_native
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.errors import ConfigError, DumpError
+from torchdebug.native.observer import load_observer
 from torchdebug.store import _layout as layout
 from torchdebug.store._faults import WriteFault
 from torchdebug.store._writer import RankWriter, check_writable_on_every_rank, join_run, run_manifest
@@ -98,7 +100,7 @@ class Debugger:
         self._eager = ExitStack()
         """Holds ``set_stance("force_eager")`` while a step is captured with ``compiled_code="eager"``."""
         self._told_compiled = False
-        self._ops: OpCapture | None = None
+        self._ops: OpCapture | NativeOpCapture | None = None
         self._modules: ModuleRecorder | None = None
         atexit.register(self._close_at_exit)
 
@@ -140,6 +142,8 @@ class Debugger:
             self._modules = ModuleRecorder(self.session, self._phases, self._ios, model)
             self._tracker.recorder = self._modules
         if self.config.level in ("op", "mix"):
+            self._ops = self._native_ops(model)
+        if self.config.level in ("op", "mix") and self._ops is None:
             self._ops = OpCapture(
                 self.session,
                 self._tracker,
@@ -149,6 +153,29 @@ class Debugger:
                 call_range=self.config.range,
                 stack=self.config.stack,
             )
+
+    def _native_ops(self, model: nn.Module | None) -> NativeOpCapture | None:
+        """The op capture on the native path where it applies (``capture/native_capture.py``), else
+        ``None``; one log line says which path records the ops, and why."""
+        why = why_not_native(self.config, model)
+        observer = load_observer() if why is None else None
+        if why is None and observer is None:
+            why = "the native observer could not be built"
+        if why is not None:
+            logger.info("torchdebug: op capture through the dispatch mode: %s", why)
+            return None
+        logger.info("torchdebug: op capture on the native path")
+        assert self._tracker is not None
+        return NativeOpCapture(
+            self.session,
+            self._tracker,
+            observer,
+            model,
+            phases=self._phases,
+            ios=self._ios,
+            names=self.config.list,
+            call_range=self.config.range,
+        )
 
     def stop(self) -> None:
         """Stop capturing and flush every record of the step so far to disk."""

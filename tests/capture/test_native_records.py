@@ -3,9 +3,7 @@ for the same step, but for what a dispatch mode itself changes in what torch run
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
-from itertools import groupby
 
 import pytest
 import torch
@@ -13,10 +11,11 @@ from torch import nn
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
-from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames
+from tests.capture.native_mode_ops import without_mode
+from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
 from torchdebug.native import build
 from torchdebug.native.observer import NativeObserver, load_observer
-from torchdebug.records import Record, make_name
+from torchdebug.records import Record
 
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
 
@@ -26,60 +25,6 @@ def observer() -> NativeObserver:
     loaded = load_observer()
     assert loaded is not None, "a C++ compiler is here: the observer must build"
     return loaded
-
-
-_DETACH, _VIEW, _RESHAPE_ALIAS = "aten.detach.default", "aten.view.default", "aten._reshape_alias.default"
-_ADD, _ADD_ = "aten.add.Tensor", "aten.add_.Tensor"
-_MODE_ONLY_CALLS = {_DETACH}
-"""Calls only a dispatch mode makes: the ``detach`` autograd saves an output through, the one it
-unpacks it through, and ``AccumulateGrad``'s of a gradient summed out of place (``docs/architecture.md``,
-the native observer)."""
-_MODE_RENAMES = {_VIEW: _RESHAPE_ALIAS, _ADD: _ADD_}
-"""Ops a dispatch mode runs in place of others, in the backward: ``reshape``'s backward takes ``view`` for
-``_reshape_alias``; gradients summed in the engine's input buffer are added out of place."""
-
-
-def _calls(records: list[Record]) -> list[list[Record]]:
-    return [list(call) for _, call in groupby(records, key=lambda record: record.call_name)]
-
-
-def _without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple[Record, str, str]], dict[int, int]]:
-    """Eager capture's tensor records with the mode's own calls undone by the rule above, as
-    ``(record, name, fwd)``: the name and ``fwd`` it would have had without them (calls renumbered);
-    and the value ids that name, without the mode, another tensor: a mode-only ``detach``'s output is
-    its input, an out-of-place gradient sum's output the buffer summed into in place. Fails on any
-    other difference in the calls' order."""
-    calls = _calls(python)
-    want_ops, got_ops = [call[0].op for call in calls], [call[0].op for call in _calls(native)]
-    kept: list[tuple[list[Record], str]] = []
-    aliases: dict[int, int] = {}
-    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, want_ops, got_ops, autojunk=False).get_opcodes():
-        if tag == "equal":
-            kept += [(call, call[0].op) for call in calls[a0:a1]]
-            continue
-        real = [call for call in calls[a0:a1] if call[0].op not in _MODE_ONLY_CALLS]
-        ops = [_MODE_RENAMES.get(call[0].op) if call[0].phase == "backward" else None for call in real]
-        if ops != got_ops[b0:b1]:
-            raise AssertionError(f"{tag}: eager {want_ops[a0:a1]} against native {got_ops[b0:b1]}")
-        kept += zip(real, ops)
-        for call in calls[a0:a1]:
-            if call[0].op in _MODE_ONLY_CALLS or call[0].op == _ADD:
-                source = next(r.value_id for r in call if r.io == "input" and r.arg == "0")
-                aliases |= {r.value_id: aliases.get(source, source) for r in call if r.io == "output"}
-    counts: dict[tuple[str, str, str], int] = {}
-    renamed: dict[str, tuple[str, int]] = {}
-    """By call name: the op and call index without the mode."""
-    for call, op in kept:
-        key = (call[0].phase, call[0].module, op)
-        renamed[call[0].call_name] = (op, counts.get(key, 0))
-        counts[key] = renamed[call[0].call_name][1] + 1
-    new_names = {name: f"{name.rpartition('/')[0]}/{op}#{index}" for name, (op, index) in renamed.items()}
-    expected = [
-        (r, make_name(r.phase, r.module, *renamed[r.call_name], r.io, r.arg), new_names.get(r.fwd))
-        for call, _ in kept
-        for r in call
-    ]
-    return expected, aliases
 
 
 def _compare(tmp_path, training: Callable[[], tuple[nn.Module, Callable[[], None]]], observer: NativeObserver) -> list[Record]:
@@ -100,7 +45,7 @@ def _compare(tmp_path, training: Callable[[], tuple[nn.Module, Callable[[], None
     step()
     capture.stop()
     native = capture.records()
-    expected, aliases = _without_mode(python, native)
+    expected, aliases = without_mode(python, native)
     assert [(r.name, r.dtype, r.shape, r.fwd) for r in native] == [(name, r.dtype, r.shape, fwd) for r, name, fwd in expected]
     pairs = {(aliases.get(want.value_id, want.value_id), got.value_id) for (want, _, _), got in zip(expected, native)}
     assert len({want for want, _ in pairs}) == len({got for _, got in pairs}) == len(pairs)
@@ -189,11 +134,11 @@ def test_the_example_gpts_training_step_is_named_as_eager_capture_names_it(tmp_p
 
 
 def test_slots_are_named_from_the_schema_as_a_dispatch_mode_names_them() -> None:
-    split = OpSlotNames.of("aten.split.Tensor")
+    split = OpSlotNames.of(op_overload("aten.split.Tensor"))
     assert (split.slot(0, 0, -1), split.slot(1, 0, 2)) == ("0", "2")  # one list result: its elements
-    cat = OpSlotNames.of("aten.cat.default")
+    cat = OpSlotNames.of(op_overload("aten.cat.default"))
     assert cat.slot(0, 0, 1) == "0.1"
-    add_out = OpSlotNames.of("aten.add.out")
+    add_out = OpSlotNames.of(op_overload("aten.add.out"))
     assert (add_out.slot(0, 3, -1), add_out.mutable) == ("out", True)  # keyword-only: its name
-    layer_norm = OpSlotNames.of("aten.native_layer_norm.default")
+    layer_norm = OpSlotNames.of(op_overload("aten.native_layer_norm.default"))
     assert layer_norm.slot(1, 2, -1) == "2"

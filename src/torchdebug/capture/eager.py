@@ -83,7 +83,7 @@ _NOT_FUNCTIONAL_COLLECTIVES = frozenset({_WAIT, "_c10d_functional._wrap_tensor_a
 """``_c10d_functional`` ops that start no collective: the wait, and the ``AsyncCollectiveTensor`` wrapping."""
 
 
-class _OpInfo(NamedTuple):
+class OpInfo(NamedTuple):
     """What the hot path needs to know of an op overload, looked up once per overload."""
 
     overload: Any
@@ -126,7 +126,7 @@ class _OpInfo(NamedTuple):
     the module it wraps."""
 
 
-def _op_info(func: Any) -> _OpInfo:
+def op_info(func: Any) -> OpInfo:
     name = str(func)
     namespace = func.namespace
     schema = op_schema(func)
@@ -149,7 +149,7 @@ def _op_info(func: Any) -> _OpInfo:
     made = {"*": UNINITIALISED} if allocates(name) else {}
     if name in _PARTLY_WRITTEN:
         made[_PARTLY_WRITTEN[name]] = "partly written"
-    return _OpInfo(
+    return OpInfo(
         func,
         name,
         namespace in _SKIPPED_NAMESPACES,
@@ -233,7 +233,7 @@ class OpCapture:
         self._stack_added: str | None = None
         """The id of the stack last handed to the session: ops of one line share it, and the session
         keeps each id once anyway."""
-        self._ops: dict[int, _OpInfo] = {}
+        self._ops: dict[int, OpInfo] = {}
         """Keyed by ``id(overload)``: an overload's ``__hash__`` is a Python call."""
         self._calls: dict[tuple[str, str, str], int] = {}
         self._log: list[ForwardCall] = []
@@ -308,7 +308,7 @@ class OpCapture:
         self._in_optimizer = max(0, self._in_optimizer - 1)
 
     @staticmethod
-    def _alias_source(info: _OpInfo, args: tuple, out: Any) -> tuple[torch.Tensor, bool, bool] | None:
+    def _alias_source(info: OpInfo, args: tuple, out: Any) -> tuple[torch.Tensor, bool, bool] | None:
         """``(input, same_elements, shares_memory)`` when ``out`` shares the memory of the first
         input (a view) or holds exactly its elements (a clone); ``None`` otherwise."""
         if info.mutable or not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
@@ -326,7 +326,7 @@ class OpCapture:
     def on_op(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         """Capture one op call, in named steps that a native path mirrors one for one.
 
-        What the op is (its :class:`_OpInfo`, made once per overload); whether it is captured at all
+        What the op is (its :class:`OpInfo`, made once per overload); whether it is captured at all
         (:meth:`_passes_through`); its phase (:meth:`_phase`) and module (:meth:`_module`); its call
         index and name (:meth:`_count`); whether the filters select it (:meth:`_selected`); its stack
         (:meth:`_stack`); the forward call it leaves for the backward ops that differentiate it
@@ -335,7 +335,7 @@ class OpCapture:
         """
         info = self._ops.get(id(func))
         if info is None:
-            info = self._ops[id(func)] = _op_info(func)
+            info = self._ops[id(func)] = op_info(func)
         if self._passes_through(info):
             return func(*args, **kwargs)
         node = current_autograd_node()
@@ -362,7 +362,7 @@ class OpCapture:
         )
         return self._record(func, args, kwargs, info, names, rebuilds)
 
-    def _passes_through(self, info: _OpInfo) -> bool:
+    def _passes_through(self, info: OpInfo) -> bool:
         """Whether the op runs uncaptured: ``record_function``'s bookkeeping, the session's own ops (from
         a module or gradient hook: ``busy``), and in an overflow check collectives, waits and every op
         once it found what it looks for. FSDP2's copy-in first marks the buffers its unshard fills as
@@ -373,7 +373,7 @@ class OpCapture:
             self.session.unwritten.add(unshard_buffers(sys._getframe(2)))  # the dispatch's frame, as on_op's caller
         return self._overflow is not None and (self._overflow.done or info.collective or info.waits)
 
-    def _phase(self, info: _OpInfo, node: Any, args: tuple) -> tuple[str, str | None]:
+    def _phase(self, info: OpInfo, node: Any, args: tuple) -> tuple[str, str | None]:
         """``(phase, rebuilt)``. Outside the autograd engine (``node is None``): ``optimizer`` in an
         optimizer step, ``forward`` else, ``recompute`` for activation checkpointing's own bookkeeping
         ops (detaching what it keeps). Inside it: ``recompute`` for a ``detach`` that unpacks a tensor
@@ -388,7 +388,7 @@ class OpCapture:
         return ("backward" if not self._recomputing(node, info.detach) else RECOMPUTE), None
 
     def _module(
-        self, info: _OpInfo, node: Any, phase: str, rebuilt: str | None
+        self, info: OpInfo, node: Any, phase: str, rebuilt: str | None
     ) -> tuple[str, str, str | None, Any, ForwardCall | None]:
         """``(phase, module, fwd, captured, paired)``: the module the call is named after, and what it
         inherits from the forward call it differentiates or repeats (``fwd``: that call's name,
@@ -451,9 +451,7 @@ class OpCapture:
             self._stack_added = stack_id
         return captured, stack_id, source
 
-    def _remember(
-        self, info: _OpInfo, phase: str, module: str, call_name: str, captured: Any, paired: ForwardCall | None
-    ) -> None:
+    def _remember(self, info: OpInfo, phase: str, module: str, call_name: str, captured: Any, paired: ForwardCall | None) -> None:
         """Log a forward call under the sequence number of the autograd node it made (the one just
         before the next), for the backward ops that run that node and the recomputed ops that repeat
         it; a recomputed call too, for a reentrant checkpoint backwards through the nodes made there."""
@@ -472,7 +470,7 @@ class OpCapture:
         if self._functional:
             self._functional.capture_completed()
 
-    def _run_unselected(self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, module: str, rebuilds: bool) -> Any:
+    def _run_unselected(self, func: Any, args: tuple, kwargs: dict[str, Any], info: OpInfo, module: str, rebuilds: bool) -> Any:
         """Run a call that is not recorded, keeping what later calls need: the tensors a checkpoint
         rebuilt, the storages functional collectives write into and those a wait completed."""
         out = func(*args, **kwargs)
@@ -484,7 +482,7 @@ class OpCapture:
             self._functional.complete(out)
         return out
 
-    def _record(self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, names: _CallNames, rebuilds: bool) -> Any:
+    def _record(self, func: Any, args: tuple, kwargs: dict[str, Any], info: OpInfo, names: _CallNames, rebuilds: bool) -> Any:
         """Run a selected call and record its inputs (before it runs: an in-place op changes them)
         and outputs. Inputs that a functional collective still writes into are waited for as their
         own dispatch would; slots on storage a collective still writes into, and a collective's
@@ -528,7 +526,7 @@ class OpCapture:
             self._add(iter_slots(outputs), "output", info.mutable, info.unread_outputs, names)
         return out
 
-    def _await_collectives(self, info: _OpInfo, slots: list[Slot]) -> None:
+    def _await_collectives(self, info: OpInfo, slots: list[Slot]) -> None:
         """Before a call reads an ``AsyncCollectiveTensor`` not yet waited for (itself or inside a
         DTensor): wait for it as its own dispatch is about to, or, for a view (which it lets run
         unwaited), hold the slots on its storage back until the collective completes."""
@@ -544,7 +542,7 @@ class OpCapture:
                 self._functional.complete(inner_tensor(waiting))
 
     def _record_collective(
-        self, func: Any, args: tuple, kwargs: dict[str, Any], info: _OpInfo, names: _CallNames, out: Any
+        self, func: Any, args: tuple, kwargs: dict[str, Any], info: OpInfo, names: _CallNames, out: Any
     ) -> None:
         """A collective's outputs hold other ranks' values once its work completes: recorded then (a
         functional collective's, once a wait completes the storages it writes into)."""

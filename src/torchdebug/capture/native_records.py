@@ -19,15 +19,19 @@ slots named from the op's schema as ``iter_slots`` names a dispatch mode's argum
 ``input.1.2`` for a list element, ``input.out`` for a keyword-only argument, ``output.0``).
 
 Each tensor slot gets ``value_id`` and ``version``. Ids come from ``TensorImpl`` addresses and the
-memory they show (:class:`_ValueIds`): as in eager capture, an op's output is a new value unless the
-op writes its arguments and returns one of them; a saved output autograd unpacks is the output it
-saved, as it is once the mode's own ``detach`` is taken away.
+memory they show (:class:`_ValueIds`): as in eager capture, an op's output is a new value unless it
+is one of the op's arguments; a saved output autograd unpacks is the output it saved, as it is once
+the mode's own ``detach`` is taken away. With statistics (:meth:`NativeStepCapture.slot_records`),
+each slot has those eager capture gives it: the callback's sums for CPU float tensors, torch ops at
+the flush for the tensors the callback kept, and the first statistics of a tensor, or of a view or
+copy's source, for the slots that show it again at the same version. Slots on memory that holds no
+value of the run are described, not read (:class:`_Unwritten`).
 
-Not mirrored yet: statistics, stacks and source lines, filters, ``view_of``, ``recompute``
-(activation checkpointing), ops a module's own forward hooks run (eager capture names them after
-that module), FSDP2's collectives, non-tensor arguments (eager capture records them as
-``kind="value"``), and the ops a dispatch mode itself changes (``docs/architecture.md``: the native
-observer).
+Not mirrored (``capture/native_capture.py`` sends such configs to the dispatch mode): stacks and
+source lines, ``view_of``, ``recompute`` (activation checkpointing), ops a module's own forward hooks
+run (eager capture names them after that module), FSDP2's collectives, fingerprints, non-tensor
+arguments (eager capture records them as ``kind="value"``), and the ops a dispatch mode itself
+changes (``docs/architecture.md``: the native path).
 """
 
 from __future__ import annotations
@@ -35,24 +39,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
-from typing import Any
+from math import prod
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from torchdebug._torch.autograd import tensor_version
 from torchdebug._torch.dispatch import op_schema
+from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
-from torchdebug.native.observer import PLAIN, NativeObserver, ObservedOps
-from torchdebug.records import NO_MODULE, Record, make_call_name, make_name
+from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, NativeObserver, ObservedOps
+from torchdebug.records import NO_MODULE, UNINITIALISED, UNREAD, Record, make_call_name, make_name
 from torchdebug.slots import dtype_name
+from torchdebug.stats._schema import WIDTH, empty_stats, stats_from_sums
 
-__all__ = ["NativeStepCapture", "OpSlotNames"]
+__all__ = ["NativeStepCapture", "OpSlotNames", "RowName", "op_overload"]
 
 _OUTSIDE, _OPTIMIZER = -1, -2
 """Module contexts that name no path: outside every module, inside an optimizer step."""
 
 _IO = ("input", "output")
+
+_FLAGGED = {SUBCLASS: "a tensor subclass: not read by the native path", NESTED: "a nested tensor: not read by the native path"}
+_CHANGED = "changed in place before the native path's flush could read it (TORCHDEBUG_NATIVE=0 reads it at the op)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +78,9 @@ class OpSlotNames:
     """The op writes into one of its arguments (in-place or ``out=``)."""
 
     @classmethod
-    def of(cls, op_name: str) -> OpSlotNames:
-        """The slot names of ``aten.mm.default`` (any namespace ``torch.ops`` knows)."""
-        namespace, _, rest = op_name.partition(".")
-        name, _, overload = rest.rpartition(".")
-        schema = op_schema(getattr(getattr(getattr(torch.ops, namespace), name), overload))
+    def of(cls, overload: torch._ops.OpOverload) -> OpSlotNames:
+        """The slot names of an op overload (``op_overload("aten.mm.default")``)."""
+        schema = op_schema(overload)
         inputs = tuple(argument.name if argument.kwarg_only else str(index) for index, argument in enumerate(schema.arguments))
         returns = schema.returns
         list_result = len(returns) == 1 and isinstance(returns[0].type, torch.ListType)
@@ -88,15 +97,32 @@ class OpSlotNames:
         return top if element < 0 else f"{top}.{element}"
 
 
+def op_overload(op_name: str) -> torch._ops.OpOverload:
+    """The overload named ``aten.mm.default`` (any namespace ``torch.ops`` knows)."""
+    namespace, _, rest = op_name.partition(".")
+    name, _, overload = rest.rpartition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+
 class NativeStepCapture:
     """One step's ops, seen by the native observer and named as eager capture names them."""
 
-    def __init__(self, observer: NativeObserver, model: nn.Module, *, step: int = 0, rank: int = 0) -> None:
+    def __init__(
+        self,
+        observer: NativeObserver,
+        model: nn.Module | None,
+        *,
+        tracker: ModuleTracker | None = None,
+        step: int = 0,
+        rank: int = 0,
+    ) -> None:
+        """``tracker``: a module tracker its owner starts and stops (default: one of its own)."""
         self.observer = observer
         self.model = model
         self.step = step
         self.rank = rank
-        self.tracker = ModuleTracker(model)
+        self._own_tracker = tracker is None
+        self.tracker = ModuleTracker(model) if tracker is None else tracker
         self.tracker.recorder = self
         self._paths: list[str] = []
         self._context_of: dict[str, int] = {}
@@ -109,8 +135,18 @@ class NativeStepCapture:
         self._handles: list[Any] = []
         self._dtype_names = {code: dtype_name(dtype) for code, dtype in observer.dtypes.items()}
         """By ``c10::ScalarType`` code: ``float32``."""
-        self._slot_names: dict[int, OpSlotNames] = {}
+        self._facts: dict[int, _OpFacts] = {}
         """By op name id (``ObservedOps.names``)."""
+        self._calls: dict[tuple[str, str, str], int] = {}
+        self._made_by: dict[int, tuple[str, str]] = {}
+        """This step's forward rows by the sequence number of the node they made: (module, call name)."""
+        self._values = _ValueIds()
+        self._unwritten = _Unwritten()
+        self._sizes: dict[tuple[int, ...], list[int]] = {}
+        """One list per distinct shape or stride, shared by the records that have it (``CaptureSession._sizes``)."""
+        self._devices: dict[tuple[int, int], str] = {}
+        self._seen: dict[int, tuple[int, tuple, dict]] = {}
+        """This step's statistics by ``TensorImpl`` address: ``(version, memory, stats)``."""
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -119,20 +155,22 @@ class NativeStepCapture:
             register_optimizer_step_pre_hook(self._optimizer_enter),
             register_optimizer_step_post_hook(self._optimizer_exit),
         ]
-        for parameter in self.model.parameters():
+        for parameter in self.model.parameters() if self.model is not None else ():
             path = self.tracker.parameter_path(parameter)
             if parameter.requires_grad and path is not None:
                 context = self._intern(path)
                 self._parameter_contexts.add(context)
                 self._handles.append(parameter.register_hook(self._accumulation_starts(context)))
                 self._handles.append(parameter.register_post_accumulate_grad_hook(self._accumulation_ends))
-        self.tracker.start()
+        if self._own_tracker:
+            self.tracker.start()
         self._set_context(_OUTSIDE)
         self.observer.start()
 
     def stop(self) -> None:
         self.observer.stop()
-        self.tracker.stop()
+        if self._own_tracker:
+            self.tracker.stop()
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -201,19 +239,37 @@ class NativeStepCapture:
             self._set_context(self._before_optimizer)
 
     # -- conversion ----------------------------------------------------------------------------
+    def next_step(self) -> None:
+        """Count calls and link backward rows afresh (value ids stay: they are the run's)."""
+        self.step += 1
+        self._calls.clear()
+        self._made_by.clear()
+        self._values.next_step()
+        self._sizes.clear()
+        self._seen.clear()
+
     def records(self) -> list[Record]:
         """Drain the observer and name its rows (see the module docstring)."""
         return self.convert(self.observer.drain())
 
     def convert(self, ops: ObservedOps) -> list[Record]:
         """The tensor records of drained rows, in row order (inputs, then outputs, of each op)."""
+        return self.slot_records(ops, self.name_rows(ops))
+
+    def name_rows(self, ops: ObservedOps) -> list[RowName | None]:
+        """Each drained row's name (``None``: an op capture skips, ``record_function``'s bookkeeping);
+        calls are counted on from the rows drained before in this step."""
         names, paths, parameter_contexts = ops.names, self._paths, self._parameter_contexts
-        calls: dict[tuple[str, str, str], int] = {}
-        made_by: dict[int, tuple[str, str]] = {}
-        """Forward rows by the sequence number of the node they made: (module, call name)."""
-        heads: list[tuple[str, str, str, int, str | None, OpSlotNames]] = []
+        calls, made_by = self._calls, self._made_by
+        heads: list[RowName | None] = []
         for op_id, seq, backward, context in zip(ops.op, ops.seq, ops.backward, ops.module):
-            op = names[op_id]
+            facts = self._facts.get(op_id)
+            if facts is None:
+                facts = self._facts[op_id] = _OpFacts.of(names[op_id])
+            if facts.info.skipped:
+                heads.append(None)
+                continue
+            op = facts.info.name
             fwd = None
             if backward:
                 phase = "backward"
@@ -229,44 +285,214 @@ class NativeStepCapture:
             key = (phase, module, op)
             call = calls.get(key, 0)
             calls[key] = call + 1
+            call_name = make_call_name(phase, module, op, call)
             if phase == "forward" and seq >= 0:
-                made_by[seq] = (module, make_call_name(phase, module, op, call))
-            slot_names = self._slot_names.get(op_id)
-            if slot_names is None:
-                slot_names = self._slot_names[op_id] = OpSlotNames.of(op)
-            heads.append((phase, module, op, call, fwd, slot_names))
-        return self._slot_records(ops, heads)
+                made_by[seq] = (module, call_name)
+            heads.append(RowName(phase, module, op, call, call_name, fwd, facts))
+        return heads
 
-    def _slot_records(self, ops: ObservedOps, heads: list) -> list[Record]:
+    def slot_records(
+        self,
+        ops: ObservedOps,
+        heads: list[RowName | None],
+        *,
+        ios: frozenset[str] = frozenset(_IO),
+        seqs: list[int] | None = None,
+        statistics: bool = False,
+        stage: Callable[[list[tuple[torch.Tensor, Callable[[dict], None]]]], None] | None = None,
+    ) -> list[Record]:
+        """The records of the slots of the rows named in ``heads`` (``None``: not recorded), of the
+        sides in ``ios``; ``seqs`` numbers the recorded calls by row (default: the row).
+
+        With ``statistics``, as eager capture takes them (``CaptureSession``): the callback's sums,
+        finished; ``stage`` gets the kept tensors still at the version recorded
+        (``CaptureSession.stage_stats``); a tensor seen before at the same version, and the output
+        of a view or copy with its input's elements (``OpCapture._alias_source``), has the
+        statistics taken first. A slot whose memory holds no value of the run (an allocation's, an
+        argument the op overwrites) is described, not read (``CaptureSession.add_call``'s ``unread``)."""
         records = []
-        shapes = ops.slot_shapes()
-        dtypes = self._dtype_names
-        values = _ValueIds()
-        step, rank, first_row = self.step, self.rank, ops.first_row
-        columns = zip(ops.slot_row, ops.slot_io, ops.slot_arg, ops.slot_element, ops.slot_dtype, ops.slot_flag)
-        for slot, (row, io_code, arg_index, element, dtype, flag) in enumerate(columns):
-            row -= first_row
-            phase, module, op, call, fwd, slot_names = heads[row]
+        shapes, strides, sizes = ops.slot_shapes(), ops.slot_strides(), self._sizes
+        dtypes, devices, seen = self._dtype_names, self._devices, self._seen
+        values, unwritten = self._values, self._unwritten
+        kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
+        due: list[tuple[torch.Tensor, Callable[[dict], None]]] = []
+        step, rank, first_row, sums = self.step, self.rank, ops.first_row, ops.stats
+        columns = zip(
+            ops.slot_row, ops.slot_io, ops.slot_arg, ops.slot_element, ops.slot_dtype, ops.slot_flag, ops.slot_device_type,
+            ops.slot_device_index, ops.slot_value, ops.slot_version, ops.slot_storage,
+        )  # fmt: skip
+        last_row = call_seq = -1
+        arguments: set[int] = set()
+        """The addresses of an unrecorded row's tensor arguments (an in-place op returns one)."""
+        source: tuple | None = None
+        """The row's first argument, when a plain tensor: ``(address, version, memory, numel, device)``."""
+        for slot, (
+            row,
+            io_code,
+            arg_index,
+            element,
+            dtype,
+            flag,
+            device_type,
+            device_index,
+            address,
+            version,
+            storage,
+        ) in enumerate(columns):
+            if row != last_row:
+                last_row, call_seq, source = row, row if seqs is None else seqs[row - first_row], None
+                arguments.clear()
+            head = heads[row - first_row]
+            if head is None:
+                if io_code == 0:
+                    arguments.add(address)
+                elif address not in arguments:  # a tensor made unrecorded: the one seen at its address is gone
+                    seen.pop(address, None)
+                    values.forget(address, (storage, ops.slot_offset[slot], shapes[slot], dtype))
+                continue
+            phase, module, op, call, _, fwd, facts = head
+            info = facts.info
             shape = shapes[slot]
-            memory = (ops.slot_storage[slot], ops.slot_offset[slot], shape, dtype)
-            value_id = values.of(row, io_code, slot_names.mutable, ops.slot_value[slot], memory)
-            io, arg = _IO[io_code], slot_names.slot(io_code, arg_index, element)
-            record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, row, io, arg)
+            memory = (storage, ops.slot_offset[slot], shape, dtype)
+            numel = prod(shape)
+            device = (device_type, device_index)
+            first = arg_index == 0 and element < 0 and flag == PLAIN
+            if io_code == 0 and first:
+                source = (address, version, memory, numel, device)
+            reused = None
+            if io_code and first and source is not None and facts.one_tensor and not info.mutable:
+                reused = _alias_stats(seen, info, source, memory, numel, device)
+                if reused is not None:
+                    seen[address] = (version, memory, reused)
+            recorded = _IO[io_code] in ios
+            if not recorded:
+                if io_code == 0 and info.mutable:  # the tensors it writes keep their ids (``ValueIds.see``)
+                    values.of(row, io_code, address, memory)
+                elif io_code and reused is None:
+                    seen.pop(address, None)
+                    values.forget(address, memory)
+                continue
+            io, arg = _IO[io_code], facts.names.slot(io_code, arg_index, element)
+            record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, call_seq, io, arg)
             record.dtype = dtypes[dtype]
-            record.shape = list(shape) if flag == PLAIN else None
             record.fwd = fwd
-            version = ops.slot_version[slot]
-            record.value_id, record.version = value_id, version if version >= 0 else None
+            record.value_id = values.of(row, io_code, address, memory, phase == "backward")
+            record.version = version if version >= 0 else None
             records.append(record)
+            if flag != PLAIN:
+                record.capture_error = _FLAGGED[flag]
+                continue
+            record.shape = sizes.get(shape) or sizes.setdefault(shape, list(shape))
+            stride = strides[slot]
+            record.stride = sizes.get(stride) or sizes.setdefault(stride, list(stride))
+            record.device = devices.get(device) or devices.setdefault(device, self.observer.device_name(*device))
+            why = unwritten.why(io_code, info, arg, storage, numel)
+            if why is not None:
+                record.extra = {UNREAD: why}
+                continue
+            if not statistics:
+                continue
+            if reused is not None:
+                record.stats = reused
+                continue
+            known = seen.get(address) if io_code == 0 else None  # an output is a new tensor, or written
+            if known is not None and known[0] == version and known[1] == memory:
+                record.stats = known[2]
+                continue
+            if ops.slot_has_stats[slot]:
+                record.stats = stats_from_sums(sums[slot * WIDTH : (slot + 1) * WIDTH], numel)
+            elif numel == 0:
+                record.stats = empty_stats()
+            elif (tensor := kept.get(slot)) is not None and (version < 0 or tensor_version(tensor) == version):
+                record.stats = {}
+                due.append((tensor, record.stats.update))
+            else:
+                record.capture_error = _CHANGED
+                continue
+            seen[address] = (version, memory, record.stats)
+        if due and stage is not None:
+            stage(due)
         return records
+
+
+def _alias_stats(seen: dict[int, tuple], info: OpInfo, source: tuple, memory: tuple, numel: int, device: tuple) -> dict | None:
+    """The statistics an op's only output shares with its first argument, as eager capture shares
+    them (``OpCapture._alias_source``, ``CaptureSession.share_alias``): a copy (``clone``,
+    ``contiguous``) or a view with its elements, of an argument whose statistics were taken at its
+    version; else ``None``."""
+    address, version, source_memory, source_numel, source_device = source
+    if numel != source_numel or memory[3] != source_memory[3]:
+        return None
+    if not info.value_preserving and (device != source_device or memory[0] != source_memory[0]):
+        return None
+    known = seen.get(address)
+    if known is None or known[0] != version or known[1] != source_memory:
+        return None
+    return known[2]
+
+
+class RowName(NamedTuple):
+    """What every slot record of a drained row shares."""
+
+    phase: str
+    module: str
+    op: str
+    call: int
+    call_name: str
+    fwd: str | None
+    facts: _OpFacts
+
+
+@dataclass(frozen=True, slots=True)
+class _OpFacts:
+    """What the conversion needs of an op overload: its slot names, and eager capture's facts of it."""
+
+    names: OpSlotNames
+    info: OpInfo
+    one_tensor: bool
+    """It returns one tensor (not a tuple or list): a dispatch mode sees ``out`` as a tensor."""
+
+    @classmethod
+    def of(cls, op_name: str) -> _OpFacts:
+        overload = op_overload(op_name)
+        returns = op_schema(overload).returns
+        one_tensor = len(returns) == 1 and isinstance(returns[0].type, torch.TensorType)
+        return cls(OpSlotNames.of(overload), op_info(overload), one_tensor)
+
+
+class _Unwritten(dict[int, bool]):
+    """Storages (``StorageImpl`` addresses) of allocations that nothing has written since, as
+    :class:`~torchdebug.capture.unwritten.UnwrittenStorages` follows them for eager capture: a slot
+    on one holds no value of the run (``uninitialised``); an argument an op overwrites without
+    reading it is ``overwritten``."""
+
+    def why(self, io: int, info: OpInfo, arg: str, storage: int, numel: int) -> str | None:
+        """Why a slot is described and not read, or ``None``; and what it tells of its storage."""
+        unread = info.unread_outputs if io else info.unread_inputs
+        why = unread.get(arg.partition(".")[0], unread.get("*")) if unread else None
+        if why is None and self:
+            if io and info.mutable:  # an in-place op's written argument holds values from now on
+                self.pop(storage, None)
+            elif storage in self:
+                why = UNINITIALISED
+        if not (why and numel):
+            if io and not info.mutable and not info.makes_views:  # fresh memory: an address reused
+                self.pop(storage, None)
+            return None
+        if why == UNINITIALISED and io:
+            self[storage] = True
+        elif why != UNINITIALISED:  # the op writes it
+            self.pop(storage, None)
+        return why
 
 
 class _ValueIds:
     """Value ids from ``TensorImpl`` addresses, which are reused once a tensor is freed: a tensor is
     the one last seen at its address while its memory (storage, offset, shape, dtype) is the same.
-    An input first seen over the memory a value was made in is that value (autograd unpacks a saved
-    output as a new ``TensorImpl``: a dispatch mode sees it through a ``detach``); an output is a new
-    value, unless the op writes its arguments and returns one."""
+    A backward op's input first seen over the memory a value was made in is that value (autograd
+    unpacks a saved output as a new ``TensorImpl``: a dispatch mode sees it through a ``detach``);
+    another input first seen is a new value (made by an op no dispatch mode sees); an output is a new
+    value, unless it is one of the op's arguments (an in-place op's, ``lift_fresh``'s)."""
 
     def __init__(self) -> None:
         self._at: dict[int, tuple[int, tuple]] = {}
@@ -278,8 +504,19 @@ class _ValueIds:
         self._inputs: dict[int, int] = {}
         self._input_storages: set[int] = set()
 
-    def of(self, row: int, io: int, mutable: bool, address: int, memory: tuple) -> int:
-        """The value id of a slot of ``row`` (slots in row order, each row's inputs first)."""
+    def next_step(self) -> None:
+        """Forget the memory values were made in: another step's tensors fill it."""
+        self._made_in.clear()
+        self._row = -1
+
+    def forget(self, address: int, memory: tuple) -> None:
+        """A tensor not recorded was made at ``address`` in ``memory``: what was seen at either is gone."""
+        self._at.pop(address, None)
+        self._made_in.pop(memory, None)
+
+    def of(self, row: int, io: int, address: int, memory: tuple, backward: bool = False) -> int:
+        """The value id of a slot of ``row`` (absolute: rows of every drain; slots in row order, each
+        row's inputs first); ``backward``: a backward op's, which may read a saved tensor unpacked."""
         if row != self._row:
             self._row, self._inputs, self._input_storages = row, {}, set()
         known = self._at.get(address)
@@ -287,12 +524,12 @@ class _ValueIds:
             if known is not None and known[1] == memory:
                 value_id = known[0]
             else:
-                value_id = self._made_in.get(memory)
+                value_id = self._made_in.get(memory) if backward else None
                 if value_id is None:
                     value_id = self._made_in[memory] = next(self._fresh)
             self._inputs[address] = value_id
             self._input_storages.add(memory[0])
-        elif mutable and address in self._inputs:  # the argument the op wrote
+        elif address in self._inputs:  # an argument the op returns (it wrote it, or lift_fresh)
             value_id = self._inputs[address]
         else:
             value_id = next(self._fresh)

@@ -17,6 +17,9 @@
 //   - the engine's scope around a node's evaluation and the node's apply (BACKWARD_FUNCTION) are
 //     transparent and mark the ops in them as backward ops, with the node's sequence number;
 //   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
+//   - an op whose autograd kernel never redispatches (detach_), called live, is hidden;
+//   - an op called while the thread excludes the Python key is hidden, with all it calls: no
+//     dispatch mode sees it (torch.tensor(data) builds its tensor so: empty, to, detach_);
 //   - every other op is recorded: inputs at its start, outputs at its end.
 // A forward op's sequence number is the one the autograd node it makes gets (the dispatcher reads
 // at::sequence_number::peek() when grad mode is on and an autograd key is in the key set), so a
@@ -32,12 +35,15 @@
 // the same in torch 2.11.0, 2.13.0 and 2.14.1; a version difference would live in the block below.
 //
 // Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
-// this file takes seconds; one including torch/extension.h takes 35-50 s on two cores).
+// this file takes seconds; one including torch/extension.h takes 35-50 s on two cores). The one
+// thing Python cannot take through ctypes, tensors, it takes from an operator this library
+// registers: torch.ops.torchdebug.observer_kept() (see Slots::kept).
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -55,13 +61,16 @@ namespace {
 
 // ---- torch API touch points (identical in 2.11.0, 2.13.0, 2.14.1) ------------------------------
 
-enum Kind : int8_t { kOp, kComposite, kMaybeComposite, kNotOp };
+enum Kind : int8_t { kOp, kComposite, kMaybeComposite, kAutogradOnly, kNotOp };
 // kComposite: a CompositeImplicitAutograd kernel and no autograd kernel: it decomposes above
 // autograd. kMaybeComposite: both (aten::linear, matmul, narrow, chunk, max_pool2d: their autograd
 // kernel may decompose or redispatch), decided by what runs inside it. kNotOp: a RecordFunction
 // named by a string (the engine's "autograd::engine::evaluate_function: ...", optimizer steps).
+// kAutogradOnly: an op whose autograd kernel does all it does, never reaching below autograd
+// (detach_, in torch/csrc/autograd/VariableTypeManual.cpp): called live, no dispatch mode sees it.
 
 Kind kind_of(const c10::OperatorName& name) {
+  if (name.name == "aten::detach_" && name.overload_name.empty()) return kAutogradOnly;
   auto handle = c10::Dispatcher::singleton().findOp(name);
   if (!handle.has_value() || !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return kOp;
   return handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd) ? kMaybeComposite : kComposite;
@@ -93,6 +102,8 @@ enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2 };
 
 enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2 };
 
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
 // ---- statistics: stats.c's kernels, called on CPU float tensors ----------------------------------
 // Python hands over the entry points of the stats library it loaded (td_observer_use_stats), so the
 // sums are those of torchdebug.native.fused_stats.fused_sums_into bit for bit: the same code, the
@@ -102,6 +113,8 @@ using StatsKernel = int (*)(const void*, int, const int64_t*, const int64_t*, do
 constexpr int kStatsWidth = 8;  // min, max, sum, squares, nan, posinf, neginf, zeros
 constexpr int kMaxDims = 16;
 std::atomic<StatsKernel> stats_f32{nullptr}, stats_bf16{nullptr}, stats_f64{nullptr};
+std::atomic<bool> keep_unsummed{false};
+std::atomic<bool> outputs_waiting{false};  // Slots::waiting holds outputs (the recorder's)
 
 StatsKernel stats_kernel(c10::ScalarType dtype) {
   switch (dtype) {
@@ -184,8 +197,19 @@ struct Slots {
   std::vector<int64_t> storage;  // the StorageImpl's address (0: none, or not read)
   std::vector<int64_t> offset;   // the storage offset
   std::vector<int64_t> shape;  // the slots' sizes, concatenated
+  std::vector<int64_t> stride;  // the slots' strides, concatenated (ndim each, as shape)
+  std::vector<int8_t> device_type;  // c10::DeviceType
+  std::vector<int8_t> device_index;  // -1: none (the CPU)
   std::vector<int8_t> has_stats;
   std::vector<double> stats;  // kStatsWidth sums a slot (NaN where not taken)
+  // With keep_unsummed: a reference to each plain non-empty tensor whose sums were not taken here
+  // (another dtype or device), and its slot (an index into these columns), for Python to reduce at
+  // its flush while the tensor is at the version recorded. An output is held weakly until the next
+  // op starts (waiting: its index in kept): a factory's Python binding makes its result a variable
+  // in place only while nothing else holds it (make_variable), else it wraps a copy of the TensorImpl.
+  std::vector<at::Tensor> kept;
+  std::vector<int64_t> kept_slot;
+  std::vector<std::pair<size_t, WeakImpl>> waiting;
 
   // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
@@ -206,13 +230,35 @@ struct Slots {
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
     if (kind != kPlain) {
       ndim.push_back(0);
+      device_type.push_back(-1);
+      device_index.push_back(-1);
       has_stats.push_back(0);
       return;
     }
     auto sizes = impl->sizes();
     ndim.push_back(static_cast<int8_t>(sizes.size()));
     shape.insert(shape.end(), sizes.begin(), sizes.end());
-    has_stats.push_back(take_stats(impl, stats.data() + at) ? 1 : 0);
+    if (impl->layout() == c10::kStrided) {
+      auto steps = impl->strides();
+      stride.insert(stride.end(), steps.begin(), steps.end());
+    } else {
+      stride.insert(stride.end(), sizes.size(), 0);
+    }
+    auto device = impl->device();
+    device_type.push_back(static_cast<int8_t>(device.type()));
+    device_index.push_back(static_cast<int8_t>(device.index()));
+    bool summed = take_stats(impl, stats.data() + at);
+    has_stats.push_back(summed ? 1 : 0);
+    if (!summed && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) {
+      auto strong = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl);
+      if (side == 1) {
+        waiting.emplace_back(kept.size(), WeakImpl(strong));
+        kept.emplace_back();
+      } else {
+        kept.emplace_back(std::move(strong));
+      }
+      kept_slot.push_back(static_cast<int64_t>(row.size()) - 1);
+    }
   }
 
   void add_all(int64_t at_row, int8_t side, c10::ArrayRef<const c10::IValue> values) {
@@ -232,6 +278,10 @@ struct Slots {
   }
 
   void append(const Slots& other, int64_t at_row) {
+    for (size_t entry = 0; entry < other.kept.size(); ++entry) {
+      kept.push_back(other.kept[entry]);
+      kept_slot.push_back(static_cast<int64_t>(row.size()) + other.kept_slot[entry]);
+    }
     row.insert(row.end(), other.row.size(), at_row);
     io.insert(io.end(), other.io.begin(), other.io.end());
     arg.insert(arg.end(), other.arg.begin(), other.arg.end());
@@ -244,6 +294,9 @@ struct Slots {
     storage.insert(storage.end(), other.storage.begin(), other.storage.end());
     offset.insert(offset.end(), other.offset.begin(), other.offset.end());
     shape.insert(shape.end(), other.shape.begin(), other.shape.end());
+    stride.insert(stride.end(), other.stride.begin(), other.stride.end());
+    device_type.insert(device_type.end(), other.device_type.begin(), other.device_type.end());
+    device_index.insert(device_index.end(), other.device_index.begin(), other.device_index.end());
     has_stats.insert(has_stats.end(), other.has_stats.begin(), other.has_stats.end());
     stats.insert(stats.end(), other.stats.begin(), other.stats.end());
   }
@@ -269,15 +322,38 @@ struct Slots {
     move(version, other.version, 1);
     move(storage, other.storage, 1);
     move(offset, other.offset, 1);
+    move(device_type, other.device_type, 1);
+    move(device_index, other.device_index, 1);
     move(has_stats, other.has_stats, 1);
     move(stats, other.stats, kStatsWidth);
     other.shape.insert(other.shape.end(), shape.end() - static_cast<std::ptrdiff_t>(dims), shape.end());
     shape.resize(shape.size() - dims);
+    other.stride.insert(other.stride.end(), stride.end() - static_cast<std::ptrdiff_t>(dims), stride.end());
+    stride.resize(stride.size() - dims);
+    size_t keep = kept.size();
+    while (keep > 0 && kept_slot[keep - 1] >= static_cast<int64_t>(first)) --keep;
+    for (size_t entry = keep; entry < kept.size(); ++entry) {
+      other.kept.push_back(std::move(kept[entry]));
+      other.kept_slot.push_back(kept_slot[entry] - static_cast<int64_t>(first));
+    }
+    kept.resize(keep);
+    kept_slot.resize(keep);
+  }
+
+  // Hold the outputs waiting strongly (one freed already stays undefined: not read).
+  void hold_waiting() {
+    for (auto& [index, weak] : waiting) {
+      auto strong = weak.lock();
+      if (strong) kept[index] = at::Tensor(std::move(strong));
+    }
+    waiting.clear();
   }
 
   void clear() {
-    for (auto* column : {&row, &value, &version, &storage, &offset, &shape}) column->clear();
-    for (auto* column : {&io, &dtype, &flag, &ndim, &has_stats}) column->clear();
+    waiting.clear();
+    for (auto* column : {&row, &value, &version, &storage, &offset, &shape, &stride, &kept_slot}) column->clear();
+    for (auto* column : {&io, &dtype, &flag, &ndim, &device_type, &device_index, &has_stats}) column->clear();
+    kept.clear();
     stats.clear();
     arg.clear();
     element.clear();
@@ -312,6 +388,7 @@ struct Recorder {
 };
 
 Recorder recorder;
+std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
 std::atomic<int64_t> module_context{-1};
 at::CallbackHandle handle = 0;
 std::thread::id owner;
@@ -373,7 +450,7 @@ OpInfo op_info(const at::RecordFunction& fn) {
   auto found = recorder.ops.find(fn.name());
   if (found != recorder.ops.end()) return found->second;
   auto name = fn.operator_name();
-  if (!name.has_value()) return OpInfo{-1, kNotOp};
+  if (!name.has_value() || (name->name == "torchdebug::observer_kept")) return OpInfo{-1, kNotOp};
   OpInfo info{static_cast<int32_t>(recorder.names.size()), kind_of(*name)};
   recorder.names.push_back(overload_name(*name));
   recorder.ops.emplace(fn.name(), info);
@@ -415,6 +492,11 @@ bool defer(ThreadState& thread, Frame& frame) {
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
+  if (outputs_waiting.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    recorder.slots.hold_waiting();
+    outputs_waiting.store(false, std::memory_order_relaxed);
+  }
   auto& thread = state;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {  // a node's apply, inside its evaluation
     if (!thread.frames.empty() && thread.frames.back().kind == kBackward) thread.node_seq.back() = fn.seqNr();
@@ -425,6 +507,10 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0) {
     thread.frames.push_back({kBackward, false, false, -1});  // its number comes with the node's apply
     thread.node_seq.push_back(-1);
+    return nullptr;
+  }
+  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {  // out of a dispatch mode's sight
+    thread.frames.push_back({kHidden, false, false, -1});
     return nullptr;
   }
   Frame* parent = enclosing_op(thread);
@@ -451,6 +537,10 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   auto info = op_info(fn);
+  if (info.kind == kAutogradOnly && live) {
+    thread.frames.push_back({kHidden, false, false, -1});
+    return nullptr;
+  }
   if (info.kind == kNotOp || (info.kind == kComposite && live)) {
     thread.frames.push_back({kTransparent, live, false, -1});
     return nullptr;
@@ -486,6 +576,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     const auto& outputs = fn.outputs();
     std::lock_guard<std::mutex> lock(recorder.mutex);
     recorder.slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()));
+    if (!recorder.slots.waiting.empty()) outputs_waiting.store(true, std::memory_order_relaxed);
   }
 }
 
@@ -587,42 +678,71 @@ const char* td_observer_op_name(int id) {
   return recorder.names.at(static_cast<size_t>(id)).c_str();
 }
 
-// counts[0..3]: op rows, slot rows, shape entries buffered now, and the absolute number of the
-// first op row buffered (slot rows refer to op rows by absolute number).
+// counts[0..4]: op rows, slot rows, shape entries (and as many stride entries) buffered now, the
+// absolute number of the first op row buffered (slot rows refer to op rows by absolute number), and
+// the tensors kept for those slots.
 void td_observer_counts(int64_t* counts) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   counts[0] = static_cast<int64_t>(recorder.op.size());
   counts[1] = static_cast<int64_t>(recorder.slots.row.size());
   counts[2] = static_cast<int64_t>(recorder.slots.shape.size());
   counts[3] = recorder.first_row;
+  counts[4] = static_cast<int64_t>(recorder.slots.kept.size());
 }
 
-// Move the first counts[0] op rows, counts[1] slot rows and counts[2] shape entries (as
-// td_observer_counts gave them) into the 18 columns: Recorder's op columns, then its Slots'; rows added
-// since stay. Called between ops: an op still running when its row is drained records its outputs
-// with the next drain.
+// Move the first counts[0] op rows, counts[1] slot rows, counts[2] shape and stride entries and
+// counts[4] kept tensors (as td_observer_counts gave them) into the 22 columns: Recorder's op
+// columns, then its Slots' (the kept tensors' slots last; the tensors go to observer_kept()); rows
+// added since stay. Called between ops: an op still running when its row is drained records its
+// outputs with the next drain.
 void td_observer_drain(const int64_t* counts, void** columns) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   auto ops = static_cast<size_t>(counts[0]), slots = static_cast<size_t>(counts[1]);
+  auto dims = static_cast<size_t>(counts[2]), kept = static_cast<size_t>(counts[4]);
+  auto& from = recorder.slots;
+  from.hold_waiting();
   take(recorder.op, ops, columns[0]);
   take(recorder.seq, ops, columns[1]);
   take(recorder.backward, ops, columns[2]);
   take(recorder.module, ops, columns[3]);
-  take(recorder.slots.row, slots, columns[4]);
-  take(recorder.slots.io, slots, columns[5]);
-  take(recorder.slots.arg, slots, columns[6]);
-  take(recorder.slots.element, slots, columns[7]);
-  take(recorder.slots.dtype, slots, columns[8]);
-  take(recorder.slots.flag, slots, columns[9]);
-  take(recorder.slots.ndim, slots, columns[10]);
-  take(recorder.slots.value, slots, columns[11]);
-  take(recorder.slots.version, slots, columns[12]);
-  take(recorder.slots.storage, slots, columns[13]);
-  take(recorder.slots.offset, slots, columns[14]);
-  take(recorder.slots.shape, static_cast<size_t>(counts[2]), columns[15]);
-  take(recorder.slots.has_stats, slots, columns[16]);
-  take(recorder.slots.stats, slots * kStatsWidth, columns[17]);
+  take(from.row, slots, columns[4]);
+  take(from.io, slots, columns[5]);
+  take(from.arg, slots, columns[6]);
+  take(from.element, slots, columns[7]);
+  take(from.dtype, slots, columns[8]);
+  take(from.flag, slots, columns[9]);
+  take(from.ndim, slots, columns[10]);
+  take(from.value, slots, columns[11]);
+  take(from.version, slots, columns[12]);
+  take(from.storage, slots, columns[13]);
+  take(from.offset, slots, columns[14]);
+  take(from.shape, dims, columns[15]);
+  take(from.stride, dims, columns[16]);
+  take(from.device_type, slots, columns[17]);
+  take(from.device_index, slots, columns[18]);
+  take(from.has_stats, slots, columns[19]);
+  take(from.stats, slots * kStatsWidth, columns[20]);
+  handed.clear();
+  for (size_t entry = 0; entry < kept; ++entry) {  // an output freed before it was held: slot -1
+    if (!from.kept[entry].defined()) from.kept_slot[entry] = -1;
+    if (from.kept[entry].defined()) handed.push_back(std::move(from.kept[entry]));
+  }
+  take(from.kept_slot, kept, columns[21]);
+  for (auto& slot : from.kept_slot) slot -= static_cast<int64_t>(slots);
+  from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));
   recorder.first_row += static_cast<int64_t>(ops);
+}
+
+// Keep a reference to each plain tensor whose sums the callback does not take (keep != 0), from
+// the rows recorded from now on, or no longer.
+void td_observer_keep_unsummed(int keep) { keep_unsummed.store(keep != 0); }
+
+// The name of a c10::DeviceType code, lower case ("cpu", "cuda").
+const char* td_observer_device_type_name(int type) {
+  static std::deque<std::string> names;  // the returned pointers stay valid
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  names.push_back(c10::DeviceTypeName(static_cast<c10::DeviceType>(type), true));
+  return names.back().c_str();
 }
 
 // Take the statistics of CPU float tensors with stats.c's entry points td_stats_f32, td_stats_bf16
@@ -640,3 +760,18 @@ int td_observer_scalar_type(void* impl) {
 }
 
 }  // extern "C"
+
+namespace {
+
+// The tensors td_observer_drain kept for the slots it drained last, in their kept_slot order (the
+// slots -1 left out); each is handed once.
+std::vector<at::Tensor> observer_kept() {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  std::vector<at::Tensor> out;
+  out.swap(handed);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchdebug, library) { library.def("observer_kept() -> Tensor[]", &observer_kept); }

@@ -15,11 +15,14 @@ argument or result: ``slot_row`` (its op row), ``slot_io`` (0 input, 1 output), 
 schema position of the argument, or of the result), ``slot_element`` (index in a list argument, -1
 outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code: :attr:`NativeObserver.dtypes` maps them),
 ``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes not read), ``slot_ndim``
-with the sizes concatenated in ``shape``, ``slot_value`` (the ``TensorImpl``'s address, which is
+with the sizes concatenated in ``shape`` and the strides in ``stride``, ``slot_device_type`` and
+``slot_device_index`` (:meth:`NativeObserver.device_name`), ``slot_value`` (the ``TensorImpl``'s address, which is
 ``Tensor._cdata``), ``slot_version`` (its version counter, -1 for inference tensors), ``slot_storage``
 (its ``StorageImpl``'s address, 0 for a flagged slot or one without storage) and ``slot_offset`` (its
 storage offset); after :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float
-tensor (``slot_has_stats``).
+tensor (``slot_has_stats``); after :meth:`NativeObserver.keep_unsummed`, ``kept``: the other plain
+non-empty tensors, handed over by the operator the library registers (``torch.ops.torchdebug.observer_kept``),
+and their slots (``kept_slot``).
 """
 
 from __future__ import annotations
@@ -60,8 +63,12 @@ _COLUMNS = (
     ("slot_storage", "q"),
     ("slot_offset", "q"),
     ("shape", "q"),
+    ("stride", "q"),
+    ("slot_device_type", "b"),
+    ("slot_device_index", "b"),
     ("slot_has_stats", "b"),
     ("stats", "d"),
+    ("kept_slot", "q"),
 )
 """The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
 
@@ -92,9 +99,17 @@ class ObservedOps:
     slot_storage: array
     slot_offset: array
     shape: array
+    stride: array
+    slot_device_type: array
+    slot_device_index: array
     slot_has_stats: array
     stats: array
     """``WIDTH`` sums a slot (``torchdebug.stats._schema.COLUMNS``; NaN where ``slot_has_stats`` is 0)."""
+    kept_slot: array
+    """The slots of :attr:`kept`, and -1 for each output freed before the next op started (not kept)."""
+    kept: list[torch.Tensor]
+    """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
+    callback did not take, as recorded (their values may have changed since: compare versions)."""
 
     def op_names(self) -> list[str]:
         """The op name of each row."""
@@ -102,7 +117,15 @@ class ObservedOps:
 
     def slot_shapes(self) -> list[tuple[int, ...]]:
         """The sizes of each slot (``()`` for a flagged one)."""
-        return [tuple(self.shape[end - n : end]) for n, end in zip(self.slot_ndim, accumulate(self.slot_ndim))]
+        return _split(self.shape, self.slot_ndim)
+
+    def slot_strides(self) -> list[tuple[int, ...]]:
+        """The strides of each slot (``()`` for a flagged one, zeros for a layout without strides)."""
+        return _split(self.stride, self.slot_ndim)
+
+
+def _split(values: array, lengths: array) -> list[tuple[int, ...]]:
+    return [tuple(values[end - n : end]) for n, end in zip(lengths, accumulate(lengths))]
 
 
 class NativeObserver:
@@ -121,11 +144,28 @@ class NativeObserver:
         library.td_observer_scalar_type.argtypes = [ctypes.c_void_p]
         library.td_fallback_start.argtypes = [ctypes.c_int]
         library.td_observer_use_stats.argtypes = [ctypes.c_void_p] * 3
+        library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
+        library.td_observer_device_type_name.argtypes = [ctypes.c_int]
+        library.td_observer_device_type_name.restype = ctypes.c_char_p
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
         """``c10::ScalarType`` code → ``torch.dtype``."""
         self._names: list[str] = []
+        self._device_types: dict[int, str] = {}
+
+    def device_name(self, device_type: int, index: int) -> str:
+        """``str(tensor.device)`` of a slot's ``slot_device_type`` and ``slot_device_index``."""
+        name = self._device_types.get(device_type)
+        if name is None:
+            name = self._device_types[device_type] = self._lib.td_observer_device_type_name(device_type).decode()
+        return name if index < 0 else f"{name}:{index}"
+
+    def keep_unsummed(self, enabled: bool = True) -> None:
+        """Keep a reference to each plain non-empty tensor whose sums the callback does not take
+        (other dtypes, other devices, memory it cannot walk) in the rows recorded from now on, or no
+        longer: :attr:`ObservedOps.kept` hands them to Python at the drain."""
+        self._lib.td_observer_keep_unsummed(int(enabled))
 
     def use_stats(self, enabled: bool = True) -> bool:
         """Take the sums of CPU float32, bfloat16 and float64 tensors (``torchdebug.native.stats.c``'s
@@ -163,15 +203,17 @@ class NativeObserver:
 
     def drain(self) -> ObservedOps:
         """Move the rows buffered so far into Python arrays (one native call)."""
-        counts = (ctypes.c_int64 * 4)()
+        counts = (ctypes.c_int64 * 5)()
         self._lib.td_observer_counts(counts)
-        sizes = [counts[0]] * _OP_COLUMNS + [counts[1]] * _SLOT_COLUMNS + [counts[2], counts[1], counts[1] * WIDTH]
+        ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
+        sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept]
         columns = {name: array(code, bytes(array(code).itemsize * size)) for (name, code), size in zip(_COLUMNS, sizes)}
         pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
         self._lib.td_observer_drain(counts, pointers)
         for op_id in range(len(self._names), self._lib.td_observer_op_names()):
             self._names.append(self._lib.td_observer_op_name(op_id).decode())
-        return ObservedOps(list(self._names), counts[3], **columns)
+        tensors = torch.ops.torchdebug.observer_kept() if kept else []
+        return ObservedOps(list(self._names), counts[3], **columns, kept=tensors)
 
 
 def _scalar_types(library: ctypes.CDLL) -> dict[int, torch.dtype]:

@@ -1,0 +1,139 @@
+"""The Debugger's eager op capture on the native observer, and when it is used instead of the
+dispatch mode (``eager.py``).
+
+The native path records ops in C++ (``torchdebug.native.observer``) and names them in Python once
+per :meth:`NativeOpCapture.stop` (``native_records.py``): no Python per op. It writes the records the
+dispatch mode writes, through the same session and store, for the configs :func:`why_not_native`
+accepts; for any other, the Debugger uses the dispatch mode, and says why in one log line.
+
+``TORCHDEBUG_NATIVE`` picks: ``1`` the native path where it applies, ``0`` no native code at all
+(the dispatch mode, torch ops for statistics); unset, the dispatch mode (the native path is opt-in
+while it differs from it: ``docs/capture.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import nn
+
+from torchdebug._torch.nn import compiled_modules
+from torchdebug._torch.subclasses import is_subclass
+from torchdebug.capture.filters import NameMatcher, RangeGate
+from torchdebug.capture.modules import ModuleTracker
+from torchdebug.capture.native_records import NativeStepCapture
+from torchdebug.capture.session import CaptureSession
+from torchdebug.config import DebuggerConfig
+from torchdebug.native.build import DISABLE_ENV
+from torchdebug.native.observer import NativeObserver
+
+__all__ = ["NativeOpCapture", "why_not_native"]
+
+logger = logging.getLogger("torchdebug.capture.native_capture")
+
+_TASKS = ("structure", "statistics")
+
+
+def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | None:
+    """Why a Debugger with ``config`` capturing ``model`` records ops through the dispatch mode,
+    or ``None`` when the native path applies (decided before the run, from the config and the model)."""
+    setting = os.environ.get(DISABLE_ENV, "")
+    if setting != "1":
+        return f"{DISABLE_ENV}={setting}" if setting else f"the native path is opt-in ({DISABLE_ENV}=1)"
+    if config.level != "op":
+        return f"level={config.level!r} (the native path records op calls only)"
+    if config.task not in _TASKS:
+        return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
+    if config.checksum:
+        return "checksum=True (no fingerprints on the native path)"
+    if config.stack != "none":
+        return "stacks (the native path records no source lines yet: stack='none' lets it run)"
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        return "a distributed run (collectives are not named on the native path)"
+    if model is not None:
+        return _why_not_for_model(model, config.task)
+    if config.task == "statistics" and torch.accelerator.is_available():
+        return "statistics with an accelerator present and no model given (the native path reads CPU tensors only)"
+    return None
+
+
+def _why_not_for_model(model: nn.Module, task: str) -> str | None:
+    if next(iter(compiled_modules(model)), None) is not None:
+        return "compiled modules in the model"
+    for name, module in model.named_modules():
+        if module._forward_hooks or module._forward_pre_hooks:
+            return f"forward hooks on {name or 'the model'} (their ops are named after it only by the dispatch mode)"
+        if type(module).__name__ == "CheckpointWrapper":
+            return "activation checkpointing (recomputed ops are named only by the dispatch mode)"
+    for parameter in model.parameters():
+        if is_subclass(parameter):
+            return "tensor subclass parameters (DTensor, FSDP2)"
+        if task == "statistics" and parameter.device.type != "cpu":
+            return f"statistics of {parameter.device.type} tensors (the native path reads CPU tensors only)"
+    return None
+
+
+class NativeOpCapture:
+    """Records the aten ops of one step into a :class:`CaptureSession` through the native observer;
+    the Debugger's other op capture, with :class:`~torchdebug.capture.eager.OpCapture`'s lifetime."""
+
+    def __init__(
+        self,
+        session: CaptureSession,
+        tracker: ModuleTracker,
+        observer: NativeObserver,
+        model: nn.Module | None,
+        *,
+        phases: frozenset[str],
+        ios: frozenset[str],
+        names: list[str],
+        call_range: list[str],
+    ) -> None:
+        self.session = session
+        self.observer = observer
+        self.rows = NativeStepCapture(observer, model, tracker=tracker, step=session.step, rank=session.rank)
+        self.phases = phases
+        self.ios = ios
+        self.names = NameMatcher(names)
+        self.range = RangeGate(call_range)
+        self._statistics = session.want_stats
+        self._failed = False
+
+    def start(self) -> None:
+        self.observer.use_stats(self._statistics)
+        self.observer.keep_unsummed(self._statistics)
+        self.rows.start()
+
+    def stop(self) -> None:
+        """Stop observing and hand the step's records so far to the session."""
+        self.rows.stop()
+        ops = self.observer.drain()
+        try:
+            self._add_records(ops)
+        except Exception as error:  # never crash the user's run: its records are lost, said once
+            if not self._failed:
+                self._failed = True
+                logger.warning("torchdebug: the native op capture lost a step's ops (%s: %s)", type(error).__name__, error)
+
+    def next_step(self) -> None:
+        self.rows.next_step()
+        self.range.reset()
+
+    def _add_records(self, ops: object) -> None:
+        session, phases, range_gate, names = self.session, self.phases, self.range, self.names
+        heads = self.rows.name_rows(ops)
+        seqs = [-1] * len(heads)
+        for row, head in enumerate(heads):
+            if head is None:
+                continue
+            if head.phase in phases and range_gate.check(head.call_name) and (not names or names(head.call_name)):
+                seqs[row] = session.next_seq()
+            else:
+                heads[row] = None
+        self.rows.step = session.step
+        records = self.rows.slot_records(
+            ops, heads, ios=self.ios, seqs=seqs, statistics=self._statistics, stage=session.stage_stats
+        )
+        session.add_records(records)

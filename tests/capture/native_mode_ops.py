@@ -1,0 +1,68 @@
+"""What a dispatch mode changes in what torch runs, undone on its records, so that they compare with
+the native path's (``docs/architecture.md``, the native path; ``tests/test_native_observer.py`` pins
+the list)."""
+
+from __future__ import annotations
+
+import difflib
+from itertools import groupby
+
+from torchdebug.records import Record, make_name
+
+_DETACH, _VIEW, _RESHAPE_ALIAS = "aten.detach.default", "aten.view.default", "aten._reshape_alias.default"
+_ADD, _ADD_ = "aten.add.Tensor", "aten.add_.Tensor"
+_MODE_ONLY_CALLS = {_DETACH}
+"""Calls only a dispatch mode makes: the ``detach`` autograd saves an output through, the one it
+unpacks it through, and ``AccumulateGrad``'s of a gradient summed out of place (``docs/architecture.md``,
+the native observer)."""
+_MODE_RENAMES = {_VIEW: _RESHAPE_ALIAS, _ADD: _ADD_}
+"""Ops a dispatch mode runs in place of others: ``reshape`` takes ``view`` for ``_reshape_alias`` while a
+mode is active (``at::isTensorSubclassLike``), forward and backward; gradients summed in the engine's
+input buffer are added out of place (backward)."""
+
+
+def call_groups(records: list[Record]) -> list[list[Record]]:
+    return [list(call) for _, call in groupby(records, key=lambda record: record.call_name)]
+
+
+def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple[Record, str, str]], dict[int, int]]:
+    """Eager capture's tensor records with the mode's own calls undone by the rule above, as
+    ``(record, name, fwd)``: the name and ``fwd`` it would have had without them (calls renumbered);
+    and the value ids that name, without the mode, another tensor: a mode-only ``detach``'s output is
+    its input, an out-of-place gradient sum's output the buffer summed into in place. Fails on any
+    other difference in the calls' order."""
+    calls = call_groups(python)
+    want_ops, got_ops = [call[0].op for call in calls], [call[0].op for call in call_groups(native)]
+    kept: list[tuple[list[Record], str]] = []
+    aliases: dict[int, int] = {}
+    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, want_ops, got_ops, autojunk=False).get_opcodes():
+        if tag == "equal":
+            kept += [(call, call[0].op) for call in calls[a0:a1]]
+            continue
+        real = [call for call in calls[a0:a1] if call[0].op not in _MODE_ONLY_CALLS]
+        ops = [_MODE_RENAMES.get(call[0].op) if call[0].phase == "backward" or call[0].op == _VIEW else None for call in real]
+        if ops != got_ops[b0:b1]:
+            raise AssertionError(f"{tag}: eager {want_ops[a0:a1]} against native {got_ops[b0:b1]}")
+        kept += zip(real, ops)
+        for call in calls[a0:a1]:
+            if call[0].op in _MODE_ONLY_CALLS or call[0].op == _ADD:
+                source = next(r.value_id for r in call if r.io == "input" and r.arg == "0")
+                aliases |= {r.value_id: aliases.get(source, source) for r in call if r.io == "output"}
+    changed = {(call[0].phase, call[0].module, name) for call, op in kept if op != call[0].op for name in (op, call[0].op)}
+    changed |= {(call[0].phase, call[0].module, call[0].op) for call in calls if call[0].op in _MODE_ONLY_CALLS}
+    """Keys (phase, module, op) whose calls the mode's own calls renumber; the others keep their indices
+    (with filters, calls outside the records count too)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    renamed: dict[str, tuple[str, int]] = {}
+    """By call name: the op and call index without the mode."""
+    for call, op in kept:
+        key = (call[0].phase, call[0].module, op)
+        renamed[call[0].call_name] = (op, counts.get(key, 0) if key in changed else call[0].call)
+        counts[key] = renamed[call[0].call_name][1] + 1
+    new_names = {name: f"{name.rpartition('/')[0]}/{op}#{index}" for name, (op, index) in renamed.items()}
+    expected = [
+        (r, make_name(r.phase, r.module, *renamed[r.call_name], r.io, r.arg), new_names.get(r.fwd, r.fwd))
+        for call, _ in kept
+        for r in call
+    ]
+    return expected, aliases

@@ -1,0 +1,152 @@
+"""The Debugger records ops on the native path where it applies (``TORCHDEBUG_NATIVE=1``), and the
+dumps of the two paths are the same record by record, but for what a dispatch mode itself changes in
+what torch runs (``native_mode_ops.py``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from tests.capture.native_mode_ops import without_mode
+from torchdebug.capture.native_capture import why_not_native
+from torchdebug.config import DebuggerConfig
+from torchdebug.native import build
+from torchdebug.records import Record
+
+pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
+
+Training = Callable[[], tuple[nn.Module, Callable[[], None]]]
+
+
+def _gpt_training() -> tuple[nn.Module, Callable[[], None]]:
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = make_batch(config, batch=2)
+    return model, lambda: train_step(model, optimizer, batch)
+
+
+def _hf_training() -> tuple[nn.Module, Callable[[], None]]:
+    pytest.importorskip("transformers")
+    from tests.hf_models import tiny_model
+
+    model = tiny_model("gpt2", 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps: int = 2, **options) -> list[Record]:  # noqa: ANN001
+    """The tensor records of ``steps`` steps of ``training`` dumped by a Debugger on one path."""
+    if native:
+        monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    else:
+        monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)
+    model, step = training()
+    folder = tmp_path / ("native" if native else "python")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="torchdebug.debugger"):
+        with torchdebug.Debugger(folder, **{"stack": "none", **options}) as debugger:
+            for _ in range(steps):
+                debugger.start(model)
+                step()
+                debugger.step()
+    said = [record.getMessage() for record in caplog.records if "op capture" in record.getMessage()]
+    assert said == (["torchdebug: op capture on the native path"] if native else said[:1]) and len(said) == 1
+    return [record for record in torchdebug.load(folder).ranks[0].records() if record.kind == "tensor"]
+
+
+def _assert_same_dumps(python: list[Record], native: list[Record], filtered: bool = False) -> None:
+    """Step by step: names, dtypes, shapes, strides, devices, ``fwd``, unread marks and statistics
+    equal (bit for bit), value ids one to one, once the mode's own calls are undone. ``filtered``: a
+    value id of eager capture is one of the native path's, which may join two of them (the saved
+    tensors a mode unpacks through a ``detach`` its filter leaves out)."""
+    pairs = set()
+    for step in sorted({record.step for record in python} | {record.step for record in native}):
+        got = [record for record in native if record.step == step]
+        expected, aliases = without_mode([record for record in python if record.step == step], got)
+        assert [(r.name, r.dtype, r.shape, r.stride, r.device, r.fwd, r.extra) for r in got] == [
+            (name, r.dtype, r.shape, r.stride, r.device, fwd, r.extra) for r, name, fwd in expected
+        ]
+        assert [r.stats for r in got] == [r.stats for r, _, _ in expected]
+        pairs |= {(aliases.get(want.value_id, want.value_id), got.value_id) for (want, _, _), got in zip(expected, got)}
+    assert len({want for want, _ in pairs}) == len(pairs)
+    assert filtered or len({got for _, got in pairs}) == len(pairs)
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_the_example_gpt_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, task: str) -> None:
+    python = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=True, task=task)
+    _assert_same_dumps(python, native)
+    assert {record.phase for record in native} == {"forward", "backward", "optimizer"}
+    if task == "statistics":
+        assert all(record.stats is not None for record in native)
+        assert {record.dtype for record in native} >= {"float32", "int64"}  # the C kernel's and torch ops'
+
+
+def test_a_hugging_face_model_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    python = _dump(tmp_path, monkeypatch, caplog, _hf_training, native=False)
+    native = _dump(tmp_path, monkeypatch, caplog, _hf_training, native=True)
+    _assert_same_dumps(python, native)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"list": ["re:/ln1/", "aten.mm"]},
+        {"range": ["forward/layers.0.attn.qkv/aten.addmm.default#0", "forward/layers.1.mlp/aten.gelu.default#0"]},
+        {"data_mode": ["backward", "input"]},
+        {"data_mode": ["forward"]},
+    ],
+    ids=["list", "range", "backward-inputs", "forward"],
+)
+def test_filters_select_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options: dict) -> None:
+    python = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=True, **options)
+    assert native
+    _assert_same_dumps(python, native, filtered=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"stack": "all"}, "stacks"),
+        ({"level": "mix"}, "level='mix'"),
+        ({"task": "tensor"}, "task='tensor'"),
+        ({"checksum": True}, "checksum=True"),
+    ],
+)
+def test_configs_the_native_path_does_not_take_go_to_the_dispatch_mode(monkeypatch, options: dict, why: str) -> None:
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    assert why in why_not_native(DebuggerConfig.from_dict({"stack": "none", **options}), None)
+
+
+def test_the_native_path_is_opt_in_and_torchdebug_native_0_turns_it_off(monkeypatch) -> None:
+    config = DebuggerConfig.from_dict({"stack": "none"})
+    monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)
+    assert "opt-in" in why_not_native(config, None)
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
+    assert why_not_native(config, None) == "TORCHDEBUG_NATIVE=0"
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    assert why_not_native(config, nn.Linear(2, 2)) is None
+
+
+def test_a_model_with_forward_hooks_of_its_own_goes_to_the_dispatch_mode(monkeypatch) -> None:
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    model[1].register_forward_hook(lambda module, args, output: None)
+    assert "forward hooks on 1" in why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchdebug.compile import CompilerConfig, GraphPass, get_backend, graph_dump
+from torchdebug.compile import CompilerConfig, GraphPass, get_backend, graph_render
 
 
 class TwoLayer(torch.nn.Module):
@@ -35,7 +35,7 @@ def capture_aot_forward(model: torch.nn.Module, *inputs: torch.Tensor, dynamic: 
 
 def test_python_dump_runs_standalone_and_reproduces_the_graph_outputs(tmp_path: Path) -> None:
     gm = capture_aot_forward(TwoLayer(), torch.randn(3, 6))
-    (path,) = graph_dump.write_graph(gm, tmp_path / "forward", "py", "forward")
+    (path,) = graph_render.write_graph(gm, tmp_path / "forward", "py", "forward")
     run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "tensor(" in run.stdout
@@ -50,7 +50,7 @@ def test_python_dump_runs_standalone_and_reproduces_the_graph_outputs(tmp_path: 
 
 def test_python_dump_comments_every_node_with_its_source_line() -> None:
     gm = capture_aot_forward(TwoLayer(), torch.randn(3, 6))
-    source = graph_dump.graph_python(gm, "forward")
+    source = graph_render.graph_python(gm, "forward")
     this_file = Path(__file__).name
     for node in [n for n in gm.graph.nodes if n.op == "call_function"]:
         if node.meta.get("stack_trace"):
@@ -66,7 +66,7 @@ def test_python_dump_recreates_input_strides() -> None:
 
     gm = capture_aot_forward(transpose_add, torch.randn(4, 3).t())
     script: dict = {}
-    exec(compile(graph_dump.graph_python(gm, "g"), "g.py", "exec"), script)  # noqa: S102 - our own output
+    exec(compile(graph_render.graph_python(gm, "g"), "g.py", "exec"), script)  # noqa: S102 - our own output
     (x,) = script["make_inputs"]()
     assert x.shape == (3, 4) and x.stride() == (1, 3) and x.dtype == torch.float32
 
@@ -74,7 +74,7 @@ def test_python_dump_recreates_input_strides() -> None:
 def test_python_dump_of_a_dynamic_graph_uses_the_traced_sizes() -> None:
     gm = capture_aot_forward(TwoLayer(), torch.randn(5, 6), dynamic=True)
     script: dict = {}
-    exec(compile(graph_dump.graph_python(gm, "g"), "g.py", "exec"), script)  # noqa: S102 - our own output
+    exec(compile(graph_render.graph_python(gm, "g"), "g.py", "exec"), script)  # noqa: S102 - our own output
     inputs = script["make_inputs"]()
     assert 5 in [i for i in inputs if isinstance(i, int)]
     script["forward"](script["GRAPH_ATTRIBUTES"], *inputs)
@@ -82,7 +82,7 @@ def test_python_dump_of_a_dynamic_graph_uses_the_traced_sizes() -> None:
 
 def test_json_dump_lists_nodes_with_shapes_module_paths_sources_and_users() -> None:
     gm = capture_aot_forward(TwoLayer(), torch.randn(3, 6))
-    document = json.loads(graph_dump.graph_json(gm, "forward"))
+    document = json.loads(graph_render.graph_json(gm, "forward"))
     nodes = {node["name"]: node for node in document["nodes"]}
     addmm = next(node for node in nodes.values() if node["target"] == "aten.addmm.default")
     assert addmm["tensor"] == {"shape": [3, 4], "stride": [4, 1], "dtype": "float32", "device": "cpu"}
@@ -94,8 +94,8 @@ def test_json_dump_lists_nodes_with_shapes_module_paths_sources_and_users() -> N
 
 def test_dot_dump_without_graphviz_writes_only_the_dot_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gm = capture_aot_forward(TwoLayer(), torch.randn(3, 6))
-    monkeypatch.setattr(graph_dump.shutil, "which", lambda name: None)
-    written = graph_dump.write_graph(gm, tmp_path / "g", "dot", 'graph "quoted"')
+    monkeypatch.setattr(graph_render.shutil, "which", lambda name: None)
+    written = graph_render.write_graph(gm, tmp_path / "g", "dot", 'graph "quoted"')
     assert written == [tmp_path / "g.dot"]
     text = written[0].read_text()
     assert text.startswith('digraph "graph \\"quoted\\"" {') and "->" in text
@@ -104,4 +104,10 @@ def test_dot_dump_without_graphviz_writes_only_the_dot_file(tmp_path: Path, monk
 def test_render_rejects_unknown_format() -> None:
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
     with pytest.raises(ValueError, match="graph dump type: got 'svg'"):
-        graph_dump.render(gm, "svg", "g")
+        graph_render.render(gm, "svg", "g")
+
+
+def test_the_old_module_path_still_gives_its_names_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match=r"^torchdebug\.compile\.graph_dump\.render moved to .*graph_render\.render"):
+        from torchdebug.compile.graph_dump import render
+    assert render is graph_render.render

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from torchdebug._torch import dynamo as _dynamo
-from torchdebug.compile.graph_dump import graph_text, write_graph
+from torchdebug.compile.graph_render import graph_text, write_graph
 
 log = logging.getLogger("torchdebug.compile._debug_dir")
 

@@ -27,7 +27,7 @@ from torchdebug._torch.dispatch import OpOverload, OpOverloadPacket
 from torchdebug.capture.stacks import TRACE_FRAME
 from torchdebug.graph_dump._node_names import module_stack_path
 
-log = logging.getLogger("torchdebug.compile.graph_dump")
+log = logging.getLogger("torchdebug.compile.graph_render")
 
 FORMATS = ("txt", "py", "json", "dot")
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchdebug.compile import graph_dump
+from torchdebug.compile import graph_render
 from torchdebug.diagnose._accuracy import Check
 from torchdebug.graph_dump import _node_names as node_names
 
@@ -60,11 +60,11 @@ def node_finding(
     the node's own (a Dynamo-graph node whose gradient is wrong)."""
     backward = node_names.is_backward_node(node, graph_phase)
     rooted = node_names.graph_is_rooted(node.graph)
-    where = graph_dump.source_location(node)
+    where = graph_render.source_location(node)
     return NodeFinding(
         graph=graph,
         node=node.name,
-        target=graph_dump.target_name(node),
+        target=graph_render.target_name(node),
         phase=phase or ("backward" if backward else "forward"),
         module=node_names.module_of(node, backward, rooted),
         source=f"{where['file']}:{where['line']} in {where['function']}" if where else None,

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from torchdebug._torch.dynamo import generate_config_string
 from torchdebug._torch.inductor import CUSTOM_PASS_SLOTS, installed_passes
-from torchdebug.compile import graph_dump
+from torchdebug.compile import graph_render
 from torchdebug.diagnose._finding import NodeFinding
 from torchdebug.diagnose._inductor_graph import judged_outputs
 
@@ -229,7 +229,7 @@ def write_repro(finding: NodeFinding, backend: Any, folder: Path, tolerance: flo
     save_file(tensors, str(folder / INPUTS_FILE))
     title = f"torchdebug diagnose: {finding.describe()}; this graph: {finding.scope}"
     outputs = _output_names(finding.subgraph)
-    script = graph_dump.graph_python(finding.subgraph, title.replace('"""', "'''"), main=False)
+    script = graph_render.graph_python(finding.subgraph, title.replace('"""', "'''"), main=False)
     main = _MAIN.format(
         config=generate_config_string(),
         passes=_passes_lines(),

@@ -1,4 +1,4 @@
-"""Host time eager capture adds per aten op, on the tiny GPT, per mode (issue 48, item 6).
+"""Host time eager capture adds per aten op, on the tiny GPT, per mode and path (issue 48, items 6 and 2b).
 
     python bench/host_per_op.py [--rounds 8] [--block 3] [--warmup 2] [--modes ...]
                                 [--dir /dev/shm] [--profile structure/op [--top 30]]
@@ -15,7 +15,10 @@ one step dispatches (counted once by a counting dispatch mode; the debugger's ow
 counted); once by the wall clock, once by the process's CPU time (all its threads, the writer's
 included), which moves less with the load of other jobs on a shared machine. ``dispatch-mode`` is
 an empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode
-capture. Timings are printed, never asserted: the machine's load moves them (the first line gives
+capture. ``structure/op python`` and ``structure/op native`` (and ``statistics/op ...``) are the same
+config (stacks off: the native path records none yet) on the dispatch mode and on the native observer
+(``TORCHDEBUG_NATIVE`` unset or ``1`` when the debugger is built; a native arm that fell back to the
+dispatch mode is marked so). Timings are printed, never asserted: the machine's load moves them (the first line gives
 the load average).
 
 ``--profile MODE`` runs ``--block`` steps of that mode under cProfile after the timing and prints
@@ -32,7 +35,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -42,11 +46,22 @@ import torchdebug  # noqa: E402
 from bench._args import positive_int  # noqa: E402
 from bench.overhead import MODES, _EmptyMode  # noqa: E402
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
+from torchdebug.capture.native_capture import NativeOpCapture  # noqa: E402
+from torchdebug.native.build import DISABLE_ENV  # noqa: E402
 
 CONFIG = GPTConfig(n_layer=4, d_model=32, n_head=4, seq_len=16, vocab=64)
 BATCH = 2
 
-DEFAULT_MODES = ("dispatch-mode", "structure/op", "statistics/op", "statistics/module", "checksum/op")
+PATH_MODES = {
+    f"{task}/op {path}": dict(task=task, level="op", stack="none")
+    for task in ("structure", "statistics")
+    for path in ("python", "native")
+}
+"""Each of the native path's tasks on both paths, stacks off (the native path records none yet)."""
+
+ALL_MODES = {**MODES, **PATH_MODES}
+
+DEFAULT_MODES = ("dispatch-mode", *PATH_MODES, "structure/op", "statistics/op", "statistics/module", "checksum/op")
 
 
 class _CountingMode(_EmptyMode):
@@ -68,10 +83,31 @@ def ops_per_step(step: Callable[[], object]) -> int:
     return counter.ops
 
 
+@contextmanager
+def native_path(mode: str) -> Iterator[None]:
+    """``TORCHDEBUG_NATIVE=1`` for a native arm, unset for the others (read when a debugger is built)."""
+    before = os.environ.pop(DISABLE_ENV, None)
+    if mode.endswith(" native"):
+        os.environ[DISABLE_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(DISABLE_ENV, None)
+        if before is not None:
+            os.environ[DISABLE_ENV] = before
+
+
 def run_block(
     mode: str, debugger: torchdebug.Debugger | None, model: torch.nn.Module, step: Callable[[], object], block: int
 ) -> None:
     """``block`` steps of ``mode`` (plain, the empty dispatch mode, or a debugger's capture)."""
+    with native_path(mode):
+        _run_steps(mode, debugger, model, step, block)
+
+
+def _run_steps(
+    mode: str, debugger: torchdebug.Debugger | None, model: torch.nn.Module, step: Callable[[], object], block: int
+) -> None:
     for _ in range(block):
         if debugger is not None:
             debugger.start(model=model)
@@ -92,10 +128,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=positive_int, default=8, help="timed blocks per mode (default 8)")
     parser.add_argument("--block", type=positive_int, default=3, help="consecutive steps per block (default 3)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed blocks per mode (default 2)")
-    parser.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), choices=[m for m in MODES if m != "plain"])
+    parser.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), choices=[m for m in ALL_MODES if m != "plain"])
     parser.add_argument("--dir", type=Path, default=None, help="where the dumps go (default: a temporary folder)")
     parser.add_argument(
-        "--profile", choices=[m for m in MODES if m != "plain"], help="profile this mode's steps after the timing"
+        "--profile", choices=[m for m in ALL_MODES if m != "plain"], help="profile this mode's steps after the timing"
     )
     parser.add_argument("--top", type=positive_int, default=30, help="functions listed by --profile (default 30)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch's intra-op threads (default 1)")
@@ -116,9 +152,9 @@ def main() -> None:
     cpu_times: dict[str, list[float]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         debuggers = {
-            mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_"), **MODES[mode])
+            mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_").replace(" ", "_"), **ALL_MODES[mode])
             for mode in {*modes, args.profile}
-            if mode is not None and MODES[mode] is not None
+            if mode is not None and ALL_MODES[mode] is not None
         }
         for round_ in range(args.warmup + args.rounds):
             for mode in modes:
@@ -135,7 +171,9 @@ def main() -> None:
         print(f"{'mode':20s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2)
         plain, cpu_plain = statistics.median(times["plain"]), statistics.median(cpu_times["plain"])
         for mode in modes:
-            print(f"{mode:20s}" + _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops))
+            fell_back = mode.endswith(" native") and not isinstance(debuggers[mode]._ops, NativeOpCapture)  # noqa: SLF001
+            label = f"{mode} (fell back)" if fell_back else mode
+            print(f"{label:20s}" + _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops))
         if args.profile is not None:
             profile(args.profile, debuggers.get(args.profile), model, step, args.block, args.top)
         for debugger in debuggers.values():

@@ -77,7 +77,7 @@ def test_graph_records_are_named_like_eager_records(tmp_path: Path) -> None:
 
 
 def test_dumped_values_equal_an_eager_recomputation_forward_and_backward(tmp_path: Path) -> None:
-    backend = _backend(tmp_path)
+    backend = _backend(tmp_path, task="tensor")
     net = _train(backend)
     run = _run(backend)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
@@ -190,7 +190,7 @@ def test_watcher_catches_a_buffer_overwritten_after_it_was_produced(tmp_path: Pa
 
 
 def test_original_stage_interprets_the_graph_before_the_passes(tmp_path: Path) -> None:
-    backend = _backend(tmp_path, dump_stage="original")
+    backend = _backend(tmp_path, task="tensor", dump_stage="original")
     net = _train(backend)
     run = _run(backend)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))

@@ -19,15 +19,23 @@ def _scene(tmp_path: Path, dump: dict) -> str:
     return str(path)
 
 
-def test_dump_config_defaults_dump_every_node_as_tensors() -> None:
+def test_dump_config_defaults_dump_statistics_of_every_node_as_eager_capture_does() -> None:
     settings = CompilerConfig().dump_config.settings()
     assert (settings.scene.name, settings.data_mode, settings.task, settings.dump_stage, settings.step) == (
         "model",
         "all",
-        "tensor",
+        "statistics",
         "optimized",
         None,
     )
+
+
+def test_a_scene_file_without_dump_data_dumps_tensors_as_torchair_does(tmp_path: Path) -> None:
+    config = CompilerConfig()
+    config.dump_config.dump_config_path = _scene(tmp_path, {"dump_mode": "output"})
+    assert config.dump_config.settings().task == "tensor"
+    config.dump_config.task = "statistics"  # set on the config, it wins over the file
+    assert config.dump_config.settings().task == "statistics"
 
 
 def test_dump_path_must_exist(tmp_path: Path) -> None:
@@ -90,7 +98,7 @@ def test_dump_path_is_checked_when_dumps_are_enabled(tmp_path: Path, monkeypatch
     ("key", "value", "message"),
     [
         ("data_mode", "both", r"^dump_config\.data_mode: got 'both', expected one of 'all', 'input', 'output'$"),
-        ("task", "stats", r"^dump_config\.task: got 'stats', expected one of 'tensor', 'statistics'$"),
+        ("task", "stats", r"^dump_config\.task: got 'stats', expected one of 'statistics', 'tensor'$"),
         ("dump_stage", "golden", r"^dump_config\.dump_stage: got 'golden', expected one of 'optimized', 'original'$"),
         ("enable_dump", "yes", r"^dump_config\.enable_dump: got 'yes', expected True or False$"),
         ("nodes", 3, r"^dump_config\.nodes: got 3, expected node names separated by spaces"),

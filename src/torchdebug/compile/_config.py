@@ -74,10 +74,10 @@ class DumpConfig(Options):
 
     enable_dump: bool = field(default=False, metadata=option("Turn graph data dumps on.", boolean))
     task: str = field(
-        default="tensor",
+        default="statistics",
         metadata=option(
-            "tensor: tensors and statistics of the selected nodes; statistics: statistics only, computed "
-            "inside the compiled graph (was dump_data 'stats').",
+            "statistics: statistics only, computed inside the compiled graph (was dump_data 'stats'); tensor: "
+            "tensors and statistics of the selected nodes (a scene file without dump_data: tensor, TorchAir's default).",
             one_of(*dump_settings.TASKS),
         ),
     )

@@ -33,9 +33,11 @@ from torchdebug.graph_dump.scenes import ModelScene, Scene, scene_from_file
 from torchdebug.options import index_set
 
 DATA_MODES = ("all", "input", "output")
-TASKS = ("tensor", "statistics")
+TASKS = ("statistics", "tensor")
 _FILE_TASKS = {"tensor": "tensor", "stats": "statistics"}
 """TorchAir's ``dump_data`` values in scene files, and the task each means."""
+_FILE_DEFAULT_TASK = "tensor"
+"""The task of a scene file without ``dump_data``: TorchAir's default (``DumpConfig.task``'s is statistics)."""
 DUMP_STAGES = ("optimized", "original")
 
 _FILE_KEYS = ("dump_list", "dump_path", "dump_mode", "dump_data", "dump_step", "dump_op_switch", "dump_debug", "dump_scene")
@@ -48,8 +50,8 @@ class DumpSettings:
     docstring); ``scene`` holds what the scene file selects."""
 
     scene: Scene = field(default_factory=ModelScene)
-    task: str = "tensor"
-    """``tensor`` or ``statistics``."""
+    task: str = "statistics"
+    """``statistics`` or ``tensor``."""
     data_mode: str = "all"
     """``all``, ``input`` or ``output`` slots of the dumped nodes (one of them, resolved)."""
     dump_path: str = "."
@@ -167,6 +169,8 @@ def resolve(file: dict[str, Any] | None, values: Mapping[str, Any], assigned: fr
         if task not in _FILE_TASKS:
             raise ConfigError(f"dump.dump_data: got {task!r}, expected one of {', '.join(map(repr, _FILE_TASKS))}")
         task = _FILE_TASKS[task]
+    elif file and "task" not in assigned:
+        task = _FILE_DEFAULT_TASK
     mode, from_file = pick("data_mode", "dump_mode")
     if from_file and mode not in DATA_MODES:
         raise ConfigError(f"dump.dump_mode: got {mode!r}, expected one of {', '.join(map(repr, DATA_MODES))}")

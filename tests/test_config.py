@@ -149,7 +149,7 @@ def test_every_config_is_checked_when_built_with_one_error_shape():
         (lambda: CompareConfig(threads=0), r"^threads: got 0, expected an integer >= 1$"),
         (lambda: CompareConfig(tolerances={"bfloat16": "loose"}), r"^tolerances\.bfloat16: got 'loose', expected a number"),
         (lambda: CompareConfig(tensor=False), r"^tensor: unknown option, expected one of 'tolerances', 'mapping'"),
-        (lambda: DiagnoseConfig(tolerance=0), r"^tolerance: got 0, expected a finite number > 0$"),
+        (lambda: DiagnoseConfig(accuracy_tolerance=0), r"^accuracy_tolerance: got 0, expected a finite number > 0$"),
         (lambda: DiagnoseConfig(compile_mode="fast"), r"^compile_mode: got 'fast', expected one of 'default', 'reduce-overhead'"),
         (lambda: DiagnoseConfig(backend=3), r"^backend: got 3, expected None \(inductor\), a backend name or a callable"),
         (lambda: CompilerConfig(backend="jit"), r"^backend: got 'jit', expected one of 'inductor'"),
@@ -178,8 +178,8 @@ def test_diagnose_rejects_a_bad_option_before_running_anything():
     import torchdebug
 
     calls = []
-    with pytest.raises(ConfigError, match=r"^tolerance: got -1"):
-        torchdebug.diagnose(lambda x: calls.append(x), 1.0, tolerance=-1)
+    with pytest.raises(ConfigError, match=r"^accuracy_tolerance: got -1"):
+        torchdebug.diagnose(lambda x: calls.append(x), 1.0, accuracy_tolerance=-1)
     assert calls == []
 
 

@@ -64,13 +64,15 @@ CASES = {
     "compare DUMP DUMP -o ROOT/file.txt": "-o ROOT/file.txt: exists and is not a folder",
     "compare DUMP DUMP --mapping ROOT/missing.yaml": "argument --mapping: cannot read ROOT/missing.yaml (No such file",
     "compare DUMP DUMP --tolerance bfloat16=-1": "got rtol=-1.0, atol=1e-05; both must be >= 0",
-    "diagnose ROOT/entry.py:make --compile-mode fast": "argument --compile-mode: got 'fast', expected one of 'default', 'reduce-overhead'",
+    "diagnose ROOT/entry.py:make --compile-mode fast": (
+        "argument --compile-mode: got 'fast', expected one of 'default', 'reduce-overhead'"
+    ),
     "report ROOT/missing": "torchdebug report: error: ROOT/missing: no such folder",
     "report DUMP -o ROOT": "-o ROOT: is a folder",
     "diagnose model": "ENTRY 'model' must look like path/to/script.py:function or package.module:function",
     "diagnose ROOT/missing.py:make": "no script at ROOT/missing.py",
     "diagnose no_such_package_xyz.models:make": "no module named 'no_such_package_xyz'",
-    "diagnose ROOT/entry.py:make --tolerance 0": "argument --tolerance: got '0', expected a finite number > 0",
+    "diagnose ROOT/entry.py:make --accuracy-tolerance 0": "argument --accuracy-tolerance: got '0', expected a finite number > 0",
     "bogus": "torchdebug: error: argument COMMAND: invalid choice: 'bogus'",
     "-q -v show DUMP": "--quiet and --verbose: give one of them",
 }

@@ -69,10 +69,10 @@ def test_compare_flags_give_the_config_the_python_keywords_give():
 
 def test_diagnose_flags_give_the_config_the_python_keywords_give():
     argv = ["diagnose", "s.py:f", "--backend", "aot_eager", "--no-train", "--compile-mode", "max-autotune"]
-    argv += ["--tolerance", "0.01", "-o", "out", "--no-repro"]
+    argv += ["--accuracy-tolerance", "0.01", "-o", "out", "--no-repro"]
     config = DiagnoseConfig(**options_of(build_parser().parse_args(argv), DiagnoseConfig))
     expected = DiagnoseConfig(
-        backend="aot_eager", train=False, compile_mode="max-autotune", tolerance=0.01, output_dir="out", repro=False
+        backend="aot_eager", train=False, compile_mode="max-autotune", accuracy_tolerance=0.01, output_dir="out", repro=False
     )
     assert config.to_dict() == expected.to_dict()
 
@@ -128,7 +128,10 @@ def test_the_flags_and_names_of_0_1_0_development_are_gone():
             ["diagnose", "s.py:f", "--compile-mode", "fast"],
             "argument --compile-mode: got 'fast', expected one of 'default', 'reduce-overhead'",
         ),
-        (["diagnose", "s.py:f", "--tolerance", "0"], "argument --tolerance: got '0', expected a finite number > 0"),
+        (
+            ["diagnose", "s.py:f", "--accuracy-tolerance", "0"],
+            "argument --accuracy-tolerance: got '0', expected a finite number > 0",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_flag_and_what_it_takes(argv, line, capsys):
@@ -202,3 +205,11 @@ def test_the_option_classes_the_command_line_imports_load_no_torch():
     code = "import sys, torchdebug.compare._config, torchdebug.diagnose._config; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_diagnoses_tolerance_is_now_accuracy_tolerance_with_a_warning():
+    """compare's --tolerance is per dtype (DTYPE=RTOL); diagnose's is the one tol of PyTorch's accuracy check."""
+    with pytest.warns(FutureWarning, match=r"^--tolerance is deprecated; use --accuracy-tolerance$"):
+        assert build_parser().parse_args(["diagnose", "s.py:f", "--tolerance", "0.01"]).accuracy_tolerance == 0.01
+    with pytest.warns(FutureWarning, match=r"^tolerance is deprecated; use accuracy_tolerance$"):
+        assert DiagnoseConfig(tolerance=0.01).accuracy_tolerance == 0.01

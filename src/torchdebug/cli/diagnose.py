@@ -35,7 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "returns (model_or_fn, example_inputs)."
     )
     parser.add_argument("entry", metavar="ENTRY", help="script.py:make_model_and_inputs")
-    add_options(parser, DiagnoseConfig)  # --backend, --compile-mode, --train, --tolerance, -o/--output-dir, ... (one per option)
+    add_options(parser, DiagnoseConfig)  # --backend, --train, -o/--output-dir, ... (one per option)
     parser.add_argument("--no-html", action="store_true", help="do not write report.html")
     parser.set_defaults(func=run)
 

@@ -100,11 +100,11 @@ def _climb_and_localize(
     stages[1] = Stage("eager", recorder)  # Dynamo's eager backend, keeping the graphs for later
     target = stages[-1]
     if _is_inductor(target):
-        results, finding, skipped = _inductor_first(program, stages, refs, config.tolerance, notes, shown)
+        results, finding, skipped = _inductor_first(program, stages, refs, config.accuracy_tolerance, notes, shown)
     else:
-        results, finding, skipped = climb(program, stages[:-1], refs, config.tolerance, shown), None, []
+        results, finding, skipped = climb(program, stages[:-1], refs, config.accuracy_tolerance, shown), None, []
         if not results[-1].failed:
-            results.append(climb(program, [target], refs, config.tolerance, shown)[-1])
+            results.append(climb(program, [target], refs, config.accuracy_tolerance, shown)[-1])
     if len(results) > 1:
         results[1].stage = Stage("eager", "eager")  # bisection and the repro use the plain backend
     graphs = list(recorder.graphs)
@@ -115,12 +115,12 @@ def _climb_and_localize(
         if finding is not None and config.repro:
             shown.set_postfix_str(f"cutting the smallest graph around {finding.node} that fails under {failed.stage.label}")
             phase, node = finding.compile_as or "forward", finding.node
-            reproduce(finding, lambda gm, inputs: inductor_graph.judge(gm, inputs, node, phase, config.tolerance), notes)
-        report.finding = finding or _bisect(program, failed, graphs, config.tolerance, notes)
+            reproduce(finding, lambda gm, inputs: inductor_graph.judge(gm, inputs, node, phase, config.accuracy_tolerance), notes)
+        report.finding = finding or _bisect(program, failed, graphs, config.accuracy_tolerance, notes)
         if report.finding is None:
             report.not_localised = notes[-1]
         elif config.repro:
-            report.repro_path = _write_repro(report.finding, failed, Path(config.output_dir), config.tolerance, notes)
+            report.repro_path = _write_repro(report.finding, failed, Path(config.output_dir), config.accuracy_tolerance, notes)
     return report
 
 

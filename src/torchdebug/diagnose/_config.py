@@ -32,11 +32,13 @@ def _backend(key: str, value: Any) -> Any:
 class DiagnoseConfig(Options):
     """Options of :func:`torchdebug.diagnose` and ``torchdebug diagnose``."""
 
+    _ALIASES = {"tolerance": "accuracy_tolerance"}  # compare's tolerances are per dtype
+
     backend: Any = field(
         default=None,
         metadata=option(
             "The torch.compile backend under test: a name (or, from Python, a callable); default: inductor "
-            "(with mode='reduce-overhead' when the inputs are on CUDA).",
+            "(with compile_mode='reduce-overhead' when the inputs are on CUDA).",
             _backend,
             flag=Flag(metavar="NAME"),
         ),
@@ -57,12 +59,13 @@ class DiagnoseConfig(Options):
             enum=[*COMPILE_MODES, None],
         ),
     )
-    tolerance: float = field(
+    accuracy_tolerance: float = field(
         default=DEFAULT_TOLERANCE,
         metadata=option(
-            "The tol of the RMSE-ratio accuracy rule of torch._dynamo.utils.same (PyTorch's minifier uses 1e-3).",
+            "The tol of PyTorch's accuracy check, torch._dynamo.utils.same: allclose at it, or an RMSE against "
+            "fp64 within the eager result's plus a tenth of it (PyTorch's minifier uses 1e-3) (was tolerance).",
             number(0, inclusive=False),
-            flag=Flag(parse=number_text, metavar="TOL"),
+            flag=Flag(parse=number_text, metavar="TOL", old=("--tolerance",)),
         ),
     )
     output_dir: str = field(

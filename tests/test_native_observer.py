@@ -355,3 +355,29 @@ def test_tensors_without_sums_are_kept_and_a_factorys_result_keeps_its_impl(obse
     assert [ops.slot_value[slot] for slot in kept[:2]] == [positions._cdata, positions._cdata]
     assert all(tensor.dtype == torch.int64 for tensor in ops.kept) and len(ops.kept) == len(kept)
     assert not any(ops.slot_has_stats[slot] for slot in kept)
+
+
+def _called_here(observer: NativeObserver) -> None:
+    torch.ones(2).add(1)
+
+
+def test_a_forward_ops_stack_is_its_python_frames_innermost_first_and_a_backward_op_has_none(
+    observer: NativeObserver,
+) -> None:
+    observer.want_stacks(True)
+    try:
+        observer.start()
+        _called_here(observer)
+        torch.ones(2, requires_grad=True).sum().backward()
+        observer.stop()
+    finally:
+        observer.want_stacks(False)
+    ops = observer.drain()
+    stack_of, stacks = observer.stacks(ops)
+    names = ops.op_names()
+    add = stacks[stack_of[ops.stack[names.index("aten.add.Tensor")]]]
+    line = _called_here.__code__.co_firstlineno + 1
+    assert add[0] == (__file__, line, "_called_here")
+    assert add[1][0] == __file__ and add[1][2].startswith("test_a_forward_ops_stack")
+    assert all(ops.stack[row] < 0 for row in range(len(names)) if ops.backward[row])
+    assert all(ops.stack[row] >= 0 for row in range(len(names)) if not ops.backward[row])

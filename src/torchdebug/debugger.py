@@ -175,6 +175,7 @@ class Debugger:
             ios=self._ios,
             names=self.config.list,
             call_range=self.config.range,
+            stacks=self.config.stack == "all",
         )
 
     def stop(self) -> None:

@@ -50,7 +50,8 @@ def _hf_training() -> tuple[nn.Module, Callable[[], None]]:
 
 
 def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps: int = 2, **options) -> list[Record]:  # noqa: ANN001
-    """The tensor records of ``steps`` steps of ``training`` dumped by a Debugger on one path."""
+    """The tensor records of ``steps`` steps of ``training`` dumped by a Debugger on one path, each
+    ``stack`` its frames from the training step's line in this file inwards."""
     if native:
         monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     else:
@@ -59,14 +60,21 @@ def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps
     folder = tmp_path / ("native" if native else "python")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="torchdebug.debugger"):
-        with torchdebug.Debugger(folder, **{"stack": "none", **options}) as debugger:
+        with torchdebug.Debugger(folder, **options) as debugger:
             for _ in range(steps):
                 debugger.start(model)
                 step()
                 debugger.step()
     said = [record.getMessage() for record in caplog.records if "op capture" in record.getMessage()]
     assert said == (["torchdebug: op capture on the native path"] if native else said[:1]) and len(said) == 1
-    return [record for record in torchdebug.load(folder).ranks[0].records() if record.kind == "tensor"]
+    rank = torchdebug.load(folder).ranks[0]
+    records = [record for record in rank.records() if record.kind == "tensor"]
+    for record in records:  # the frames from this file's training step inwards: the same on both runs
+        if record.stack is not None:
+            frames = rank.stack(record)
+            here = max(index for index, frame in enumerate(frames) if __file__ in frame)
+            record.stack = "\n".join(frames[here:])
+    return records
 
 
 def _assert_same_dumps(python: list[Record], native: list[Record], filtered: bool = False) -> None:
@@ -78,8 +86,8 @@ def _assert_same_dumps(python: list[Record], native: list[Record], filtered: boo
     for step in sorted({record.step for record in python} | {record.step for record in native}):
         got = [record for record in native if record.step == step]
         expected, aliases = without_mode([record for record in python if record.step == step], got)
-        assert [(r.name, r.dtype, r.shape, r.stride, r.device, r.fwd, r.extra) for r in got] == [
-            (name, r.dtype, r.shape, r.stride, r.device, fwd, r.extra) for r, name, fwd in expected
+        assert [(r.name, r.dtype, r.shape, r.stride, r.device, r.fwd, r.extra, r.stack, r.source) for r in got] == [
+            (name, r.dtype, r.shape, r.stride, r.device, fwd, r.extra, r.stack, r.source) for r, name, fwd in expected
         ]
         assert [r.stats for r in got] == [r.stats for r, _, _ in expected]
         pairs |= {(aliases.get(want.value_id, want.value_id), got.value_id) for (want, _, _), got in zip(expected, got)}
@@ -93,6 +101,7 @@ def test_the_example_gpt_dumps_the_same_records_on_both_paths(tmp_path, monkeypa
     native = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=True, task=task)
     _assert_same_dumps(python, native)
     assert {record.phase for record in native} == {"forward", "backward", "optimizer"}
+    assert all(record.source is not None for record in native if record.phase == "forward")  # stacks, by default
     if task == "statistics":
         assert all(record.stats is not None for record in native)
         assert {record.dtype for record in native} >= {"float32", "int64"}  # the C kernel's and torch ops'
@@ -124,7 +133,7 @@ def test_filters_select_the_same_records_on_both_paths(tmp_path, monkeypatch, ca
 @pytest.mark.parametrize(
     ("options", "why"),
     [
-        ({"stack": "all"}, "stacks"),
+        ({"stack": ["forward/a/aten.mm.default#0", "forward/b/aten.mm.default#0"]}, "stacks for a range"),
         ({"level": "mix"}, "level='mix'"),
         ({"task": "tensor"}, "task='tensor'"),
         ({"checksum": True}, "checksum=True"),

@@ -48,8 +48,8 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
     if config.checksum:
         return "checksum=True (no fingerprints on the native path)"
-    if config.stack != "none":
-        return "stacks (the native path records no source lines yet: stack='none' lets it run)"
+    if isinstance(config.stack, list):
+        return "stacks for a range of calls (the native path takes stack='all' or 'none')"
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         return "a distributed run (collectives are not named on the native path)"
     if model is not None:
@@ -90,10 +90,12 @@ class NativeOpCapture:
         ios: frozenset[str],
         names: list[str],
         call_range: list[str],
+        stacks: bool,
     ) -> None:
+        """``stacks``: record each op's stack (``stack='all'``)."""
         self.session = session
         self.observer = observer
-        self.rows = NativeStepCapture(observer, model, tracker=tracker, step=session.step, rank=session.rank)
+        self.rows = NativeStepCapture(observer, model, tracker=tracker, step=session.step, rank=session.rank, stacks=stacks)
         self.phases = phases
         self.ios = ios
         self.names = NameMatcher(names)
@@ -125,11 +127,15 @@ class NativeOpCapture:
         session, phases, range_gate, names = self.session, self.phases, self.range, self.names
         heads = self.rows.name_rows(ops)
         seqs = [-1] * len(heads)
+        stacks_added: set[str] = set()
         for row, head in enumerate(heads):
             if head is None:
                 continue
             if head.phase in phases and range_gate.check(head.call_name) and (not names or names(head.call_name)):
                 seqs[row] = session.next_seq()
+                if head.stack is not None and head.stack[0] not in stacks_added:
+                    stacks_added.add(head.stack[0])
+                    session.add_stack(head.stack[0], head.stack[1])
             else:
                 heads[row] = None
         self.rows.step = session.step

@@ -27,8 +27,12 @@ the flush for the tensors the callback kept, and the first statistics of a tenso
 copy's source, for the slots that show it again at the same version. Slots on memory that holds no
 value of the run are described, not read (:class:`_Unwritten`).
 
-Not mirrored (``capture/native_capture.py`` sends such configs to the dispatch mode): stacks and
-source lines, ``view_of``, ``recompute`` (activation checkpointing), ops a module's own forward hooks
+With ``stacks``, a forward row's stack is that of the Python frames its op was called from, taken in
+the callback and symbolized once per drain (``NativeObserver.stacks``), described as eager capture's
+``StackRecorder`` describes them; a backward row has its forward row's.
+
+Not mirrored (``capture/native_capture.py`` sends such configs to the dispatch mode): stacks for a
+range of calls, ``view_of``, ``recompute`` (activation checkpointing), ops a module's own forward hooks
 run (eager capture names them after that module), FSDP2's collectives, fingerprints, non-tensor
 arguments (eager capture records them as ``kind="value"``), and the ops a dispatch mode itself
 changes (``docs/architecture.md``: the native path).
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import count
+from itertools import count, repeat
 from math import prod
 from typing import Any, NamedTuple
 
@@ -50,6 +54,7 @@ from torchdebug._torch.autograd import tensor_version
 from torchdebug._torch.dispatch import op_schema
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
+from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, UNINITIALISED, UNREAD, Record, make_call_name, make_name
 from torchdebug.slots import dtype_name
@@ -115,9 +120,12 @@ class NativeStepCapture:
         tracker: ModuleTracker | None = None,
         step: int = 0,
         rank: int = 0,
+        stacks: bool = False,
     ) -> None:
-        """``tracker``: a module tracker its owner starts and stops (default: one of its own)."""
+        """``tracker``: a module tracker its owner starts and stops (default: one of its own).
+        ``stacks``: each forward op's user frames, and each backward op its forward op's."""
         self.observer = observer
+        self.stacks = stacks
         self.model = model
         self.step = step
         self.rank = rank
@@ -138,8 +146,8 @@ class NativeStepCapture:
         self._facts: dict[int, _OpFacts] = {}
         """By op name id (``ObservedOps.names``)."""
         self._calls: dict[tuple[str, str, str], int] = {}
-        self._made_by: dict[int, tuple[str, str]] = {}
-        """This step's forward rows by the sequence number of the node they made: (module, call name)."""
+        self._made_by: dict[int, tuple[str, str, tuple | None]] = {}
+        """This step's forward rows by the sequence number of the node they made: (module, call name, stack)."""
         self._values = _ValueIds()
         self._unwritten = _Unwritten()
         self._sizes: dict[tuple[int, ...], list[int]] = {}
@@ -165,6 +173,7 @@ class NativeStepCapture:
         if self._own_tracker:
             self.tracker.start()
         self._set_context(_OUTSIDE)
+        self.observer.want_stacks(self.stacks)
         self.observer.start()
 
     def stop(self) -> None:
@@ -261,8 +270,9 @@ class NativeStepCapture:
         calls are counted on from the rows drained before in this step."""
         names, paths, parameter_contexts = ops.names, self._paths, self._parameter_contexts
         calls, made_by = self._calls, self._made_by
+        stacks = self._row_stacks(ops) if self.stacks else repeat(None)
         heads: list[RowName | None] = []
-        for op_id, seq, backward, context in zip(ops.op, ops.seq, ops.backward, ops.module):
+        for op_id, seq, backward, context, stack in zip(ops.op, ops.seq, ops.backward, ops.module, stacks):
             facts = self._facts.get(op_id)
             if facts is None:
                 facts = self._facts[op_id] = _OpFacts.of(names[op_id])
@@ -275,7 +285,7 @@ class NativeStepCapture:
                 phase = "backward"
                 found = made_by.get(seq) if seq >= 0 else None
                 if found is not None:
-                    module, fwd = found
+                    module, fwd, stack = found
                 else:  # a gradient accumulation is named after the parameter
                     module = paths[context] if context in parameter_contexts else NO_MODULE
             elif context == _OPTIMIZER:
@@ -287,9 +297,21 @@ class NativeStepCapture:
             calls[key] = call + 1
             call_name = make_call_name(phase, module, op, call)
             if phase == "forward" and seq >= 0:
-                made_by[seq] = (module, call_name)
-            heads.append(RowName(phase, module, op, call, call_name, fwd, facts))
+                made_by[seq] = (module, call_name, stack)
+            heads.append(RowName(phase, module, op, call, call_name, fwd, facts, stack))
         return heads
+
+    def _row_stacks(self, ops: ObservedOps) -> list[tuple[str, list[str], str] | None]:
+        """Each row's stack as eager capture's ``StackRecorder`` describes it (user frames only), or
+        ``None``: a backward row's, one with no user frame."""
+        stack_of, stacks = self.observer.stacks(ops)
+        described = [
+            describe_stack(key)
+            if (key := tuple((f, function, line) for f, line, function in frames if is_user_file(f)))
+            else None
+            for frames in stacks
+        ]
+        return [described[stack_of[index]] if index >= 0 else None for index in ops.stack]
 
     def slot_records(
         self,
@@ -350,7 +372,7 @@ class NativeStepCapture:
                     seen.pop(address, None)
                     values.forget(address, (storage, ops.slot_offset[slot], shapes[slot], dtype))
                 continue
-            phase, module, op, call, _, fwd, facts = head
+            phase, module, op, call, _, fwd, facts, stack = head
             info = facts.info
             shape = shapes[slot]
             memory = (storage, ops.slot_offset[slot], shape, dtype)
@@ -376,6 +398,8 @@ class NativeStepCapture:
             record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, call_seq, io, arg)
             record.dtype = dtypes[dtype]
             record.fwd = fwd
+            if stack is not None:
+                record.stack, record.source = stack[0], stack[2]
             record.value_id = values.of(row, io_code, address, memory, phase == "backward")
             record.version = version if version >= 0 else None
             records.append(record)
@@ -441,6 +465,8 @@ class RowName(NamedTuple):
     call_name: str
     fwd: str | None
     facts: _OpFacts
+    stack: tuple[str, list[str], str] | None
+    """``(stack id, frames, source)``: a forward op's user frames, a backward op's forward op's."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,19 @@ def stack_id(frames: Sequence[str]) -> str:
     return hashlib.sha1("\n".join(frames).encode()).hexdigest()[:12]
 
 
+def is_user_file(filename: str) -> bool:
+    """Whether frames in ``filename`` are the user's (not torch's, not torchdebug's)."""
+    return not filename.startswith(SKIP_DIRS)
+
+
+def describe_stack(key: tuple[tuple[str, str, int], ...]) -> tuple[str, list[str], str]:
+    """``(stack_id, frames outermost first, innermost source)`` of user frames given innermost first
+    as ``(file, function, line)``: what a record's ``stack`` and ``source`` hold."""
+    frames = [format_frame(filename, line, function) for filename, function, line in reversed(key)]
+    inner_file, inner_function, inner_line = key[0]
+    return stack_id(frames), frames, f"{inner_file}:{inner_line} in {inner_function}"
+
+
 def format_frame(filename: str, lineno: int, function: str) -> str:
     """``File "f.py", line 3, in fn: source`` (the form the report and ``show`` print)."""
     line = linecache.getline(filename, lineno).strip()
@@ -64,7 +77,7 @@ class StackRecorder:
         :meth:`clear` lets it go."""
 
     def _user(self, filename: str) -> bool:
-        user = self._is_user[filename] = not filename.startswith(SKIP_DIRS)
+        user = self._is_user[filename] = is_user_file(filename)
         return user
 
     def _user_frames(self, frame: FrameType | None) -> tuple:
@@ -105,10 +118,7 @@ class StackRecorder:
             key = self._user_frames(frame)
         found = self._stacks.get(key)
         if found is None:
-            frames = [format_frame(filename, line, function) for filename, function, line in reversed(key)]
-            inner_file, inner_function, inner_line = key[0]
-            source = f"{inner_file}:{inner_line} in {inner_function}"
-            found = self._stacks[key] = (stack_id(frames), frames, source)
+            found = self._stacks[key] = describe_stack(key)
         if not frame.f_code.co_flags & _RESUMABLE:
             self._last = (frame, line, found, key)
         return found

@@ -31,8 +31,10 @@
 // (a Python key in the key set) and nested tensors are flagged, never read: their sizes may call
 // into Python. Undefined tensors and wrapped numbers are no slots (None and numbers in Python).
 //
-// The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h) is
-// the same in torch 2.11.0, 2.13.0 and 2.14.1; a version difference would live in the block below.
+// The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
+// torch/library.h, and profiler/combined_traceback.h: CapturedTraceback::gather and symbolize, what
+// torch.cuda.memory._record_memory_history uses, with the Python unwinder torch installs at import)
+// is the same in torch 2.11.0, 2.13.0 and 2.14.1; a version difference would live in the block below.
 //
 // Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
 // this file takes seconds; one including torch/extension.h takes 35-50 s on two cores). The one
@@ -43,6 +45,7 @@
 #include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -51,6 +54,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -360,11 +364,14 @@ struct Slots {
   }
 };
 
+using Traceback = std::shared_ptr<torch::CapturedTraceback>;
+
 struct Row {
   int32_t op;
   int64_t seq;  // forward: the sequence number of the node the op makes; backward: of the node run
   int8_t backward;
   int64_t module;
+  Traceback traceback;  // with stacks: the Python frames a forward op was called from
 };
 
 struct Recorder {
@@ -376,16 +383,45 @@ struct Recorder {
   std::vector<int64_t> seq;
   std::vector<int8_t> backward;
   std::vector<int64_t> module;
+  std::vector<int64_t> stack;  // an index into tracebacks, -1 for none
+  std::vector<Traceback> tracebacks;
   Slots slots;
 
-  int64_t add_row(const Row& row) {  // mutex held
+  int64_t add_row(Row&& row) {  // mutex held
     op.push_back(row.op);
     seq.push_back(row.seq);
     backward.push_back(row.backward);
     module.push_back(row.module);
+    stack.push_back(row.traceback ? static_cast<int64_t>(tracebacks.size()) : -1);
+    if (row.traceback) tracebacks.push_back(std::move(row.traceback));
     return first_row + static_cast<int64_t>(op.size()) - 1;
   }
+
+  Row pop_row() {  // mutex held: the last row, taken out
+    Row row{op.back(), seq.back(), backward.back(), module.back(), nullptr};
+    if (stack.back() >= 0) {
+      row.traceback = std::move(tracebacks.back());
+      tracebacks.pop_back();
+    }
+    op.pop_back();
+    seq.pop_back();
+    backward.pop_back();
+    module.pop_back();
+    stack.pop_back();
+    return row;
+  }
 };
+
+std::atomic<bool> want_stacks{false};
+std::vector<Traceback> drained_tracebacks;  // those drained last, until td_observer_stacks reads them
+
+// The Python frames the op being recorded was called from (torch's CapturedTraceback, as the CUDA
+// memory snapshot takes them: code objects and instruction offsets, symbolized at the flush). It
+// takes the GIL: never called with the recorder's mutex held.
+Traceback python_frames(bool backward) {
+  if (backward || !want_stacks.load(std::memory_order_relaxed)) return nullptr;
+  return torch::CapturedTraceback::gather(true, false, false);
+}
 
 Recorder recorder;
 std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
@@ -467,8 +503,9 @@ Frame* enclosing_op(ThreadState& thread) {
 // The stashed op is recorded now: a pending one reached below autograd, a deferred one goes there.
 void settle(ThreadState& thread, Frame& frame, bool below) {
   auto& stash = thread.stashes[--thread.stashed];
+  if (!stash.row.traceback) stash.row.traceback = python_frames(stash.row.backward);
   std::lock_guard<std::mutex> lock(recorder.mutex);
-  frame.row = recorder.add_row(stash.row);
+  frame.row = recorder.add_row(std::move(stash.row));
   recorder.slots.append(stash.slots, frame.row);
   frame.kind = kRecorded;
   frame.below = below;
@@ -480,11 +517,7 @@ bool defer(ThreadState& thread, Frame& frame) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   if (frame.row != recorder.first_row + static_cast<int64_t>(recorder.op.size()) - 1) return false;
   auto& stash = push_stash(thread);
-  stash.row = Row{recorder.op.back(), recorder.seq.back(), recorder.backward.back(), recorder.module.back()};
-  recorder.op.pop_back();
-  recorder.seq.pop_back();
-  recorder.backward.pop_back();
-  recorder.module.pop_back();
+  stash.row = recorder.pop_row();
   recorder.slots.move_tail(frame.row, stash.slots);
   frame.kind = kDeferred;
   return true;
@@ -547,16 +580,17 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   bool in_backward = !thread.node_seq.empty();
   Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward),
-          module_context.load(std::memory_order_relaxed)};
-  if (info.kind == kMaybeComposite && live) {
+          module_context.load(std::memory_order_relaxed), nullptr};
+  if (info.kind == kMaybeComposite && live) {  // its frames are taken if it is recorded (settle)
     auto& stash = push_stash(thread);
-    stash.row = row;
+    stash.row = std::move(row);
     stash.slots.add_all(-1, 0, inputs);
     thread.frames.push_back({kPending, live, false, -1});
     return nullptr;
   }
+  row.traceback = python_frames(in_backward);
   std::lock_guard<std::mutex> lock(recorder.mutex);
-  auto at_row = recorder.add_row(row);
+  auto at_row = recorder.add_row(std::move(row));
   recorder.slots.add_all(at_row, 0, inputs);
   thread.frames.push_back({kRecorded, live, false, at_row});
   return nullptr;
@@ -601,7 +635,7 @@ void fallback_observe(const c10::OperatorHandle& op, c10::DispatchKeySet keys, t
       found = recorder.ops.emplace(name, OpInfo{static_cast<int32_t>(recorder.names.size()), kOp}).first;
       recorder.names.push_back(overload_name(op.operator_name()));
     }
-    at_row = recorder.add_row(Row{found->second.id, -1, 0, module_context.load(std::memory_order_relaxed)});
+    at_row = recorder.add_row(Row{found->second.id, -1, 0, module_context.load(std::memory_order_relaxed), nullptr});
     recorder.slots.add_all(at_row, 0, c10::ArrayRef<const c10::IValue>(stack->data() + stack->size() - arguments, arguments));
   }
   {
@@ -691,9 +725,9 @@ void td_observer_counts(int64_t* counts) {
 }
 
 // Move the first counts[0] op rows, counts[1] slot rows, counts[2] shape and stride entries and
-// counts[4] kept tensors (as td_observer_counts gave them) into the 22 columns: Recorder's op
-// columns, then its Slots' (the kept tensors' slots last; the tensors go to observer_kept()); rows
-// added since stay. Called between ops: an op still running when its row is drained records its
+// counts[4] kept tensors (as td_observer_counts gave them) into the 23 columns: Recorder's op
+// columns, then its Slots' (the kept tensors' slots; the tensors go to observer_kept()), then the
+// rows' stacks (indices into the tracebacks td_observer_stacks symbolizes); rows added since stay. Called between ops: an op still running when its row is drained records its
 // outputs with the next drain.
 void td_observer_drain(const int64_t* counts, void** columns) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -705,6 +739,13 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(recorder.seq, ops, columns[1]);
   take(recorder.backward, ops, columns[2]);
   take(recorder.module, ops, columns[3]);
+  size_t tracebacks = 0;  // those of the rows drained: the first ones
+  for (size_t row = 0; row < ops; ++row) tracebacks += recorder.stack[row] >= 0 ? 1 : 0;
+  take(recorder.stack, ops, columns[22]);
+  for (auto& index : recorder.stack) index -= index >= 0 ? static_cast<int64_t>(tracebacks) : 0;
+  drained_tracebacks.assign(std::make_move_iterator(recorder.tracebacks.begin()),
+                            std::make_move_iterator(recorder.tracebacks.begin() + static_cast<std::ptrdiff_t>(tracebacks)));
+  recorder.tracebacks.erase(recorder.tracebacks.begin(), recorder.tracebacks.begin() + static_cast<std::ptrdiff_t>(tracebacks));
   take(from.row, slots, columns[4]);
   take(from.io, slots, columns[5]);
   take(from.arg, slots, columns[6]);
@@ -731,6 +772,34 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   for (auto& slot : from.kept_slot) slot -= static_cast<int64_t>(slots);
   from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));
   recorder.first_row += static_cast<int64_t>(ops);
+}
+
+// Take the Python frames of each forward op from the rows recorded from now on (want != 0), or no longer.
+void td_observer_want_stacks(int want) { want_stacks.store(want != 0); }
+
+// Symbolize the tracebacks of the rows drained last: each traceback's stack (an index into the
+// distinct stacks, into stack_of[i]), and the distinct stacks as text, one frame a line
+// ("file\tline\tfunction", innermost first), stacks separated by "\x1e". Takes the GIL itself.
+const char* td_observer_stacks(int64_t* stack_of) {
+  static std::string text;
+  std::vector<torch::CapturedTraceback*> pointers;
+  for (auto& traceback : drained_tracebacks) pointers.push_back(traceback.get());
+  auto symbolized = torch::symbolize(pointers);
+  std::map<std::vector<uint64_t>, int64_t> distinct;
+  text.clear();
+  for (size_t index = 0; index < symbolized.tracebacks.size(); ++index) {
+    const auto& frames = symbolized.tracebacks[index];
+    auto [found, added] = distinct.emplace(frames, static_cast<int64_t>(distinct.size()));
+    stack_of[index] = found->second;
+    if (!added) continue;
+    if (found->second > 0) text += '\x1e';
+    for (auto frame : frames) {
+      const auto& where = symbolized.all_frames[frame];
+      text += where.filename + '\t' + std::to_string(where.lineno) + '\t' + where.funcname + '\n';
+    }
+  }
+  drained_tracebacks.clear();
+  return text.c_str();
 }
 
 // Keep a reference to each plain tensor whose sums the callback does not take (keep != 0), from

@@ -19,7 +19,8 @@ with the sizes concatenated in ``shape`` and the strides in ``stride``, ``slot_d
 ``slot_device_index`` (:meth:`NativeObserver.device_name`), ``slot_value`` (the ``TensorImpl``'s address, which is
 ``Tensor._cdata``), ``slot_version`` (its version counter, -1 for inference tensors), ``slot_storage``
 (its ``StorageImpl``'s address, 0 for a flagged slot or one without storage) and ``slot_offset`` (its
-storage offset); after :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float
+storage offset); by op row, ``stack`` after :meth:`NativeObserver.want_stacks` (:meth:`NativeObserver.stacks`
+symbolizes them); after :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float
 tensor (``slot_has_stats``); after :meth:`NativeObserver.keep_unsummed`, ``kept``: the other plain
 non-empty tensors, handed over by the operator the library registers (``torch.ops.torchdebug.observer_kept``),
 and their slots (``kept_slot``).
@@ -69,6 +70,7 @@ _COLUMNS = (
     ("slot_has_stats", "b"),
     ("stats", "d"),
     ("kept_slot", "q"),
+    ("stack", "q"),
 )
 """The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
 
@@ -107,6 +109,8 @@ class ObservedOps:
     """``WIDTH`` sums a slot (``torchdebug.stats._schema.COLUMNS``; NaN where ``slot_has_stats`` is 0)."""
     kept_slot: array
     """The slots of :attr:`kept`, and -1 for each output freed before the next op started (not kept)."""
+    stack: array
+    """By op row: an index into :meth:`NativeObserver.stacks`' tracebacks (-1: none taken)."""
     kept: list[torch.Tensor]
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
     callback did not take, as recorded (their values may have changed since: compare versions)."""
@@ -145,6 +149,9 @@ class NativeObserver:
         library.td_fallback_start.argtypes = [ctypes.c_int]
         library.td_observer_use_stats.argtypes = [ctypes.c_void_p] * 3
         library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
+        library.td_observer_want_stacks.argtypes = [ctypes.c_int]
+        library.td_observer_stacks.argtypes = [ctypes.c_void_p]
+        library.td_observer_stacks.restype = ctypes.c_char_p
         library.td_observer_device_type_name.argtypes = [ctypes.c_int]
         library.td_observer_device_type_name.restype = ctypes.c_char_p
         self.set_module = library.td_observer_set_module
@@ -160,6 +167,28 @@ class NativeObserver:
         if name is None:
             name = self._device_types[device_type] = self._lib.td_observer_device_type_name(device_type).decode()
         return name if index < 0 else f"{name}:{index}"
+
+    def want_stacks(self, enabled: bool = True) -> None:
+        """Take the Python frames each forward op is called from (``torch::CapturedTraceback``, as
+        the CUDA memory snapshot takes them), in the rows recorded from now on, or no longer."""
+        self._lib.td_observer_want_stacks(int(enabled))
+
+    def stacks(self, ops: ObservedOps) -> tuple[list[int], list[list[tuple[str, int, str]]]]:
+        """The stacks of the rows drained last (``ops``): for each traceback (``ops.stack`` indexes
+        them) an index into the distinct stacks, and those as ``(file, line, function)`` frames,
+        innermost first. Symbolized once per drain (the GIL taken for it)."""
+        count = sum(1 for index in ops.stack if index >= 0)
+        stack_of = (ctypes.c_int64 * max(count, 1))()
+        text = self._lib.td_observer_stacks(stack_of).decode()
+        stacks = (
+            [
+                [(file, int(line), function) for file, line, function in (frame.split("\t") for frame in stack.splitlines())]
+                for stack in text.split("\x1e")
+            ]
+            if count
+            else []
+        )
+        return list(stack_of[:count]), stacks
 
     def keep_unsummed(self, enabled: bool = True) -> None:
         """Keep a reference to each plain non-empty tensor whose sums the callback does not take
@@ -206,7 +235,7 @@ class NativeObserver:
         counts = (ctypes.c_int64 * 5)()
         self._lib.td_observer_counts(counts)
         ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
-        sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept]
+        sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops]
         columns = {name: array(code, bytes(array(code).itemsize * size)) for (name, code), size in zip(_COLUMNS, sizes)}
         pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
         self._lib.td_observer_drain(counts, pointers)

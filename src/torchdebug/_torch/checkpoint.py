@@ -1,37 +1,12 @@
 """Activation checkpointing's recomputation, as eager capture sees it from inside the backward.
 
-``torch.utils.checkpoint`` (and ``checkpoint_wrapper`` and selective checkpointing, built on it)
-runs a region's forward again during the backward, to rebuild the tensors it did not keep. Those
-ops run while the autograd engine executes a node, like backward ops, and :func:`recomputing` tells
-them apart:
-
-- reentrant (``use_reentrant=True``): ``CheckpointFunction.backward`` detaches the saved inputs,
-  re-runs the region under ``enable_grad`` and backwards through the rebuilt graph (a nested
-  backward, whose ops run in the rebuilt graph's nodes). Every op that the checkpoint's own
-  autograd node (``CheckpointFunctionBackward``) runs is recomputation or its set-up.
-- non-reentrant (``use_reentrant=False``, the default of ``checkpoint_wrapper``): the first
-  unpack of a saved tensor of the region calls its ``recompute_fn`` from a saved-tensors hook,
-  under ``enable_grad``, while the engine runs the node that unpacks it; with early stop (the
-  default) ``recompute_fn`` is left by an exception once the last needed tensor is rebuilt. A
-  backward op runs with grad mode off unless the backward builds a graph (``create_graph=True``),
-  so only ops with grad mode on pay for the walk up the Python stack that looks for
-  ``recompute_fn``'s frame, with ``detach`` calls (the rebuilt tensors' saved-tensors hook
-  detaches them with grad mode off) and the ops with grad mode off that the same node runs next
-  (a ``no_grad`` block inside the region), until one is outside it.
-
-Checkpointing also runs ops for its own bookkeeping in the forward: selective checkpointing detaches
-each output it keeps (``_maybe_detach`` on 2.11, ``_detach_helper`` from 2.13), and on torch 2.11
-the non-reentrant checkpoint makes two empty tensors per region (a ``dummy`` and the output of
-``_NoopSaveInputs``, which holds the inputs; 2.13 saves them without it). :func:`bookkeeping`
-tells those from the user's ops by the functions on the stack, for ``detach`` and ``empty`` calls
-only. Autograd detaches every rebuilt tensor it unpacks in the backward (eager capture knows those
-by identity).
-
-Checked on torch 2.11.0, 2.13.0 and 2.14.1: ``CheckpointFunction`` and its backward class are
-unchanged; ``recompute_fn`` is a nested function of ``_checkpoint_without_reentrant_generator``
-(2.11, 2.13) or of ``_checkpoint_without_reentrant_generator_impl`` (2.14); functions are found
-here by name in the module's code, so such moves do not matter.
-``tests/capture/test_checkpointing.py`` runs every flavour.
+``torch.utils.checkpoint`` (and ``checkpoint_wrapper`` and selective checkpointing, built on it) runs
+a region's forward again during the backward, to rebuild the tensors it did not keep. Those ops run
+while the autograd engine executes a node, like backward ops: :class:`RecomputeDetector` tells them
+apart, :func:`bookkeeping` tells checkpoint's own forward ops from the user's. Each says how, and
+which torch release differs. Phases and pairing: docs/capture.md, "Large-model training";
+docs/architecture.md, "The torch seam". ``tests/capture/test_checkpointing.py`` runs every flavour on
+torch 2.11.0, 2.13.0 and 2.14.1.
 """
 
 from __future__ import annotations
@@ -62,7 +37,10 @@ def _nested_code(code: types.CodeType) -> Iterator[types.CodeType]:
 
 def _codes_named(*names: str) -> tuple[types.CodeType, ...]:
     """The code of the functions, methods and nested functions of ``torch.utils.checkpoint`` named
-    one of ``names``."""
+    one of ``names``. Found by name in the module's code, so moves between releases do not matter:
+    ``recompute_fn`` is a nested function of ``_checkpoint_without_reentrant_generator`` on torch 2.11
+    and 2.13, of ``_checkpoint_without_reentrant_generator_impl`` on 2.14 (``CheckpointFunction`` and
+    its backward class are unchanged from 2.11 through 2.14.1)."""
     found = []
     for value in vars(_checkpoint).values():
         for function in vars(value).values() if isinstance(value, type) else (value,):
@@ -105,13 +83,35 @@ def _in_frame_of(codes: tuple[types.CodeType, ...]) -> bool:
 def bookkeeping() -> bool:
     """Whether the forward op under way (one of :data:`BOOKKEEPING_OPS`) is checkpoint's own: run by
     one of its functions, not by the user's function that checkpoint runs (a generator suspended at
-    its ``yield`` while the region runs is not on the stack)."""
+    its ``yield`` while the region runs is not on the stack).
+
+    Selective checkpointing detaches each output it keeps (``_maybe_detach`` on torch 2.11,
+    ``_detach_helper`` from 2.13), and on torch 2.11 the non-reentrant checkpoint makes two empty
+    tensors per region (a ``dummy`` and the output of ``_NoopSaveInputs``, which holds the inputs; 2.13
+    saves them without it): those are told from the user's ops by the functions on the stack, for
+    ``detach`` and ``empty`` calls only. Autograd detaches every rebuilt tensor it unpacks in the
+    backward (eager capture knows those by identity)."""
     return _in_frame_of(BOOKKEEPING_CODES)
 
 
 class RecomputeDetector:
     """Tells a checkpoint's recomputation (and its set-up) from backward ops, per op, from the
-    autograd node the engine is running (see the module docstring)."""
+    autograd node the engine is running.
+
+    - reentrant (``use_reentrant=True``): ``CheckpointFunction.backward`` detaches the saved inputs,
+      re-runs the region under ``enable_grad`` and backwards through the rebuilt graph (a nested
+      backward, whose ops run in the rebuilt graph's nodes). Every op that the checkpoint's own
+      autograd node (``CheckpointFunctionBackward``) runs is recomputation or its set-up.
+    - non-reentrant (``use_reentrant=False``, the default of ``checkpoint_wrapper``): the first unpack
+      of a saved tensor of the region calls its ``recompute_fn`` from a saved-tensors hook, under
+      ``enable_grad``, while the engine runs the node that unpacks it; with early stop (the default)
+      ``recompute_fn`` is left by an exception once the last needed tensor is rebuilt. A backward op
+      runs with grad mode off unless the backward builds a graph (``create_graph=True``), so only ops
+      with grad mode on pay for the walk up the Python stack that looks for ``recompute_fn``'s frame,
+      with ``detach`` calls (the rebuilt tensors' saved-tensors hook detaches them with grad mode off)
+      and the ops with grad mode off that the same node runs next (a ``no_grad`` block inside the
+      region), until one is outside it.
+    """
 
     def __init__(self) -> None:
         self._node: Any = None

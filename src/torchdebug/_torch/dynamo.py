@@ -1,40 +1,9 @@
 """Dynamo, AOT autograd and compile-cache internals the compile backend and diagnose read.
 
-Why these and not others:
-
-- graph-break reasons: Dynamo sets ``gm.compile_subgraph_reason`` (a ``GraphCompileReason`` with
-  the reason and the user stack) on every graph it hands a backend; ``torch._dynamo.explain`` reads
-  the same attribute. No logging handler or re-tracing needed, and it costs nothing.
-- recompile reasons: Dynamo computes them before tracing a recompiled frame and stores them in the
-  compile's metrics context (``recompile_reason``), the same value that lands in
-  ``torch._dynamo.utils.get_compilation_metrics()`` after the compile; reading it during the backend call lets us
-  write it with the graph it caused.
-- ``get_debug_dir()``: PyTorch's ``run_<time>-pid_<pid>`` folder for ``TORCH_COMPILE_DEBUG``.
-- ``trace_structured_artifact``: puts our files into the TORCH_TRACE log, so tlparse shows them.
-- ``detect_fake_mode``: the fake mode of a graph's example values, to give nodes our passes insert
-  a ``meta["val"]`` as AOT autograd would have.
-- ``generate_config_string``: the non-default Dynamo/inductor/functorch config as Python, the text
-  PyTorch's own minifier repros start with, so diagnose's repro reproduces a planted or tuned config.
-- ``caches_disabled()``: a cache hit skips our passes and their dumps (pytorch/pytorch#152374); the
-  config names ``fx_graph_cache``, ``fx_graph_remote_cache``, ``enable_autograd_cache`` and
-  ``enable_remote_autograd_cache``.
-- compiled modules: ``torch.compile(module)`` returns an ``OptimizedModule`` holding the module as
-  ``_orig_mod`` (so parameter and module paths through it contain ``_orig_mod``), and
-  ``module.compile()`` stores the compiled call in ``module._compiled_call_impl``; the graph dump
-  names per-block compiled graphs by the block instance that ran (``graph_dump/_instances.py``).
-  Finding them (``compiled_modules``) needs no Dynamo, so it lives in ``torchdebug._torch.nn``,
-  where an eager ``Debugger`` can ask without loading Dynamo.
-- ``after_compiled_calls``: a compiled module's own hooks run inside its compiled code, so an
-  observer of its output stands outside. ``module.compile()`` leaves no eager call that a hook
-  sees (``Module._wrapped_call_impl`` calls ``_compiled_call_impl``, not ``_call_impl``), so that
-  is wrapped; ``torch.compile(module)``'s wrapper is called eagerly, and its call stands for its
-  module's (``torchdebug._torch.global_hooks.GlobalForwardHooks``).
-- ``compiled_autograd_enabled``: Dynamo's ``compiled_autograd`` config flag; under it a backward
-  started from compiled code traces the tensors' autograd hooks into its own graph.
-- ``calls_with``: what a backend returns is called by Dynamo's bytecode with the graph's inputs as
-  positional arguments (parameters first among them when the graph reads any).
-
-Unchanged from torch 2.11 through 2.14.
+One function per thing read, each saying why it reads it there (graph-break and recompile reasons,
+the debug folder, the structured trace, the caches that skip our passes, compiled modules' calls).
+What the backend does with them: docs/compile.md; the seam's rules: docs/architecture.md, "The torch
+seam". Unchanged from torch 2.11 through 2.14.
 """
 
 from __future__ import annotations
@@ -58,6 +27,12 @@ from torch._dynamo.debug_utils import generate_config_string  # noqa: E402
 from torch._dynamo.utils import get_debug_dir, get_metrics_context  # noqa: E402
 from torch._guards import detect_fake_mode  # noqa: E402
 from torch._logging._internal import trace_structured_artifact  # noqa: E402
+
+# Re-exported as torch has them: get_debug_dir, PyTorch's run_<time>-pid_<pid> folder for
+# TORCH_COMPILE_DEBUG (ours goes inside it); detect_fake_mode, the fake mode of a graph's example values,
+# to give nodes our passes insert a meta["val"] as AOT autograd would have; generate_config_string, the
+# non-default Dynamo/inductor/functorch config as Python, the text PyTorch's own minifier repros start
+# with, so diagnose's repro reproduces a planted or tuned config.
 
 __all__ = [
     "after_compiled_calls",
@@ -83,7 +58,8 @@ def caches_disabled() -> Iterator[None]:
     """The caches that hand back a compiled graph without running the passes, off inside the block:
     inductor's FX graph cache and AOT autograd's, local and remote. Inductor's kernel cache stays on:
     it keys a compiled kernel by its source, so a statistics kernel built once is not built again
-    (``force_disable_caches`` gives every compile a fresh kernel folder: every C++ kernel rebuilt)."""
+    (``force_disable_caches`` gives every compile a fresh kernel folder: every C++ kernel rebuilt).
+    A cache hit would skip our passes and their dumps (pytorch/pytorch#152374)."""
     graphs = torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False)
     autograd = torch._functorch.config.patch(enable_autograd_cache=False, enable_remote_autograd_cache=False)
     with graphs, autograd:
@@ -106,7 +82,11 @@ def user_frames(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
 
 
 def graph_break_reason(gm: torch.fx.GraphModule) -> tuple[str, list[dict[str, Any]]] | None:
-    """``(reason, user frames)`` when Dynamo ended this graph at a graph break, else ``None``."""
+    """``(reason, user frames)`` when Dynamo ended this graph at a graph break, else ``None``.
+
+    Dynamo sets ``gm.compile_subgraph_reason`` (a ``GraphCompileReason`` with the reason and the user
+    stack) on every graph it hands a backend, and ``torch._dynamo.explain`` reads the same attribute: no
+    logging handler or re-tracing needed, and it costs nothing."""
     reason = getattr(gm, "compile_subgraph_reason", None)
     if reason is None or not getattr(reason, "graph_break", False):
         return None
@@ -114,7 +94,12 @@ def graph_break_reason(gm: torch.fx.GraphModule) -> tuple[str, list[dict[str, An
 
 
 def recompile_reason() -> str | None:
-    """Why Dynamo is recompiling the frame being compiled now (``None`` on a first compile)."""
+    """Why Dynamo is recompiling the frame being compiled now (``None`` on a first compile).
+
+    Dynamo computes the reasons before tracing a recompiled frame and keeps them in the compile's
+    metrics context (``recompile_reason``), the value that lands in
+    ``torch._dynamo.utils.get_compilation_metrics()`` after the compile; read during the backend call,
+    it is written with the graph it caused."""
     context = get_metrics_context()
     if not context.in_progress():
         return None
@@ -122,7 +107,8 @@ def recompile_reason() -> str | None:
 
 
 def emit_artifact(name: str, text: str) -> None:
-    """Log ``text`` as a structured-trace artifact named ``name`` (a no-op unless TORCH_TRACE is on)."""
+    """Log ``text`` as a structured-trace artifact named ``name`` (a no-op unless TORCH_TRACE is on),
+    so tlparse shows our files beside PyTorch's."""
     trace_structured_artifact(name, "string", payload_fn=lambda: text)
 
 
@@ -130,8 +116,11 @@ def after_compiled_calls(module: nn.Module, after: Callable[[Any], None]) -> Cal
     """Call ``after(output)`` after every call of a module whose ``compile()`` ran, outside its
     compiled code (Dynamo never traces it); returns what undoes it. Its ``_compiled_call_impl``,
     what ``Module._wrapped_call_impl`` calls in place of ``_call_impl`` and its hooks (global ones
-    too), is wrapped. (``torch.compile(module)``'s wrapper needs none of this: its own call is eager,
-    global hooks see it.)"""
+    too), is wrapped: a compiled module's own hooks run inside its compiled code, so an observer of its
+    output stands outside. (``torch.compile(module)``'s wrapper needs none of this: its own call is
+    eager, global hooks see it and its call stands for its module's,
+    :class:`torchdebug._torch.global_hooks.GlobalForwardHooks`; finding compiled modules needs no
+    Dynamo, so :func:`torchdebug._torch.nn.compiled_modules` does it.)"""
     compiled = module._compiled_call_impl
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -155,7 +144,9 @@ def compiled_autograd_enabled() -> bool:
 
 
 def calls_with(compiled: Callable[..., Any], before: Callable[[tuple[Any, ...]], None]) -> Callable[..., Any]:
-    """``compiled`` (what a backend returns to Dynamo) calling ``before(args)`` first at every run."""
+    """``compiled`` (what a backend returns to Dynamo) calling ``before(args)`` first at every run.
+    Dynamo's bytecode calls it with the graph's inputs as positional arguments (parameters first among
+    them when the graph reads any)."""
 
     def run(*args: Any) -> Any:
         before(args)

@@ -1,70 +1,10 @@
-"""A 64-bit fingerprint of a tensor's bytes: its definition (fingerprint 2), and the torch-op reference that computes it.
+"""A 64-bit fingerprint of a tensor's bits (fingerprint 2): its definition and the torch-op reference.
 
-Definition. The tensor's bits are read as 32-bit words, in the memory order of the logical elements
-(row-major over the shape, whatever the strides: a transposed view and its contiguous copy agree, a
-view and a transpose of it do not): an element of 1 or 2 bytes is one word, its bits zero-extended;
-one of 4 bytes is one word; one of 8 bytes two and one of 16 bytes (complex128) four, low half
-first (the little-endian order of its bytes). The word at position ``p`` (counted from 0) has the key
-``k = (p + 1) * GAMMA`` modulo 2**64 (``GAMMA = 0x9E3779B97F4A7C15``); with ``h`` the key's high 32
-bits and ``b = (its low 32 bits XOR h) | 1``, the word ``w`` contributes the 64-bit product
-``(w XOR h) * b`` of two 32-bit numbers. The fingerprint is ``mix(S + n * GAMMA)``, where ``S`` is the
-sum of all contributions modulo 2**64, ``n`` the number of words and ``mix`` splitmix64's finaliser
-(a bijection of 64-bit words). An empty tensor's fingerprint is 0. Every step is integer arithmetic
-modulo 2**64, and a sum modulo 2**64 does not depend on the order a reduction adds in, so equal
-bits give an equal fingerprint on the CPU and on CUDA, on any number of threads or programs.
-
-Why this one. A word costs one 32 x 32 -> 64-bit multiply, which vector units and GPUs have natively
-(``vpmuludq`` on AVX2, four words an instruction; ``mul.wide.u32`` on GPUs), an XOR or two and an add;
-the keys step by one 64-bit addition an element, also along a strided walk. Fingerprint 1 (dumps
-written before :data:`FINGERPRINT_VERSION` existed) put every element through splitmix64's
-finaliser, two 64-bit multiplies an element, which AVX2 lacks and GPUs emulate: seven times the
-statistics' time on a CPU core. A CRC32C would be as cheap on x86, but GPUs have no instruction for
-it and its partial results do not simply add up across threads.
-
-What it guarantees, and what it does not:
-
-* **Any change confined to one word changes the fingerprint** — a changed element of 1, 2 or 4 bytes,
-  a flipped bit anywhere, a changed half of a float64. The word's contribution moves by ``b * d``,
-  where ``d`` (the change of ``w XOR h``) is not zero and above ``-2**32``, ``b`` is odd and below
-  ``2**32``: a product that is neither 0 nor a multiple of 2**64. ``S`` changes, ``mix`` is a bijection.
-* **Anything else** (several words changed, two elements swapped) moves ``S`` by ``sum(b_p * d_p)``
-  over the changed words, and goes unnoticed when that sum is a multiple of 2**64. The multipliers
-  ``b`` are pseudo-random 32-bit numbers (the XOR of the key's two halves: a plain Weyl sequence
-  such as the key's high half alone is nearly linear in the position, and changes such as +1, +1,
-  -1, -1 in four neighbouring words then cancel out about once in 20 tries). Each term is below
-  2**64 in size, so for changes of a few units in the last place the sum stays within a few times
-  ``2**32`` of zero and must hit zero exactly: it does with a probability of about ``2**-32`` for
-  changes spread at random, more often for some structured ones (a +1/-1 pair of neighbouring words
-  and a -1/+1 pair 8 words further: 2 collisions in 4 * 10**7 random placements and values; +1, -2,
-  +1 in three neighbours: 1 in 4 * 10**7; +1, +1, -1, -1 and sign flips: none), about ``2**-24``.
-  Large changes (two swapped elements that differ much) spread the sum over all of 2**64 and
-  collide far less often; two swapped elements that differ in one bit only collide when their two
-  multipliers happen to be equal, about ``2**-31``. That is the bound that remains (fingerprint 1:
-  about ``2**-64`` for any change). Tests check the single-word guarantee on millions of words,
-  positions and changes, and a thousand swaps at many positions.
-* It is a checksum, not a cryptographic hash: a collision can be built on purpose. The dtype and
-  shape are recorded beside it and compared separately.
-
-Where it is taken. Capture takes the fingerprint in the native single pass that takes the
-statistics, reading each element once for both: on the CPU the C kernel
-(:mod:`torchdebug.native.fused_stats`; any layout walked in memory order without a copy, each run
-knowing its elements' logical positions; each block hashed while it is in L1, by a hand-written
-AVX2 loop where the CPU has one, else portable C that gives the same bits; big tensors split over
-torch's OpenMP threads, whose partial sums add up modulo 2**64 in any order), on CUDA the Triton
-kernel (:mod:`torchdebug.native.triton_stats`; several programs per tensor whose partial sums the
-last one adds up, the 64 bits stored in an int64 column of the statistics table and read with it
-once per flush, no host synchronisation; a non-contiguous tensor is copied to a contiguous one
-first). A checksum-only capture runs the same pass without the statistics, over the tensor's bits as
-integers of its width, so it takes every dtype. :func:`fingerprint` below, the reference, computes
-the same value with a few elementwise integer torch kernels and one sum per chunk of ``_CHUNK``
-words (temporaries of ``_CHUNK`` 64-bit words whatever the tensor's size; a non-contiguous tensor
-copied once at its own width), returning a 0-d int64 tensor on the tensor's device without
-synchronising; capture uses it where the kernels do not apply (other devices, no Triton, no C
-compiler, ``TORCHDEBUG_NATIVE=0``). Tests check that every path gives its bits.
-
-Versions. Each rank's ``manifest.json`` says which definition its checksums follow (``"fingerprint":
-2``; a dump without the entry holds fingerprint 1). Compare sets checksums side by side only when
-both dumps hold the same one (:mod:`torchdebug.compare._checksums`).
+Capture takes the fingerprint in the native pass that takes the statistics (:mod:`torchdebug.native.fused_stats`
+on the CPU, :mod:`torchdebug.native.triton_stats` on CUDA); :func:`fingerprint` gives the same bits with torch ops
+where those do not apply (other devices, no Triton, no C compiler, ``TORCHDEBUG_NATIVE=0``). The definition and
+its collision bound: :func:`fingerprint`. What users get and how compare uses it: docs/capture.md, "Checksums";
+why this hash and how the kernels take it: docs/architecture.md, "Decisions and their reasons".
 """
 
 from __future__ import annotations
@@ -76,7 +16,7 @@ from torchdebug.native import fused_stats
 __all__ = ["FINGERPRINT_VERSION", "cpu_fingerprint", "dump_fingerprint_version", "fingerprint", "hex_digits"]
 
 FINGERPRINT_VERSION = 2
-"""The definition above. Fingerprint 1, the one before it (splitmix64 of each element's word plus its
+"""The definition in :func:`fingerprint`. Fingerprint 1, the one before it (splitmix64 of each element's word plus its
 position times GAMMA), is what a dump without a ``"fingerprint"`` entry in its manifest holds."""
 
 
@@ -128,7 +68,49 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
-    """The fingerprint of ``tensor`` (see the module docstring) as a 0-d int64 tensor on its device."""
+    """The fingerprint of ``tensor`` as a 0-d int64 tensor on its device, without synchronising.
+
+    Definition. The tensor's bits are read as 32-bit words, in the memory order of the logical elements
+    (row-major over the shape, whatever the strides: a transposed view and its contiguous copy agree, a
+    view and a transpose of it do not): an element of 1 or 2 bytes is one word, its bits zero-extended;
+    one of 4 bytes is one word; one of 8 bytes two and one of 16 bytes (complex128) four, low half
+    first (the little-endian order of its bytes). The word at position ``p`` (counted from 0) has the key
+    ``k = (p + 1) * GAMMA`` modulo 2**64 (``GAMMA = 0x9E3779B97F4A7C15``); with ``h`` the key's high 32
+    bits and ``b = (its low 32 bits XOR h) | 1``, the word ``w`` contributes the 64-bit product
+    ``(w XOR h) * b`` of two 32-bit numbers. The fingerprint is ``mix(S + n * GAMMA)``, where ``S`` is the
+    sum of all contributions modulo 2**64, ``n`` the number of words and ``mix`` splitmix64's finaliser
+    (a bijection of 64-bit words). An empty tensor's fingerprint is 0. Every step is integer arithmetic
+    modulo 2**64, and a sum modulo 2**64 does not depend on the order a reduction adds in, so equal
+    bits give an equal fingerprint on the CPU and on CUDA, on any number of threads or programs.
+
+    What it guarantees, and what it does not:
+
+    * **Any change confined to one word changes the fingerprint** — a changed element of 1, 2 or 4 bytes,
+      a flipped bit anywhere, a changed half of a float64. The word's contribution moves by ``b * d``,
+      where ``d`` (the change of ``w XOR h``) is not zero and above ``-2**32``, ``b`` is odd and below
+      ``2**32``: a product that is neither 0 nor a multiple of 2**64. ``S`` changes, ``mix`` is a bijection.
+    * **Anything else** (several words changed, two elements swapped) moves ``S`` by ``sum(b_p * d_p)``
+      over the changed words, and goes unnoticed when that sum is a multiple of 2**64. The multipliers
+      ``b`` are pseudo-random 32-bit numbers (the XOR of the key's two halves: a plain Weyl sequence
+      such as the key's high half alone is nearly linear in the position, and changes such as +1, +1,
+      -1, -1 in four neighbouring words then cancel out about once in 20 tries). Each term is below
+      2**64 in size, so for changes of a few units in the last place the sum stays within a few times
+      ``2**32`` of zero and must hit zero exactly: it does with a probability of about ``2**-32`` for
+      changes spread at random, more often for some structured ones (a +1/-1 pair of neighbouring words
+      and a -1/+1 pair 8 words further: 2 collisions in 4 * 10**7 random placements and values; +1, -2,
+      +1 in three neighbours: 1 in 4 * 10**7; +1, +1, -1, -1 and sign flips: none), about ``2**-24``.
+      Large changes (two swapped elements that differ much) spread the sum over all of 2**64 and
+      collide far less often; two swapped elements that differ in one bit only collide when their two
+      multipliers happen to be equal, about ``2**-31``. That is the bound that remains (fingerprint 1:
+      about ``2**-64`` for any change). Tests check the single-word guarantee on millions of words,
+      positions and changes, and a thousand swaps at many positions.
+    * It is a checksum, not a cryptographic hash: a collision can be built on purpose. The dtype and
+      shape are recorded beside it and compared separately.
+
+    This reference takes a few elementwise integer kernels and one sum per chunk of ``_CHUNK`` words
+    (temporaries of ``_CHUNK`` 64-bit words whatever the tensor's size; a non-contiguous tensor is
+    copied once at its own width). Tests check that every native path gives its bits.
+    """
     words = _words(tensor)
     mask = (1 << (8 * min(words.element_size(), 4))) - 1
     total = torch.zeros((), dtype=torch.int64, device=words.device)

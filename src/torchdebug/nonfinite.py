@@ -1,29 +1,11 @@
 """Where a NaN or an Inf comes from: the op call that *made* it, not every op that holds one.
 
-Models hold infinities on purpose: a causal mask is ``masked_fill(mask, float("-inf"))`` (or
-``torch.finfo(dtype).min``, which rounds to ``-inf`` in a narrower dtype), and softmax turns it into
-zeros. So a NaN/Inf is judged by where it came from. Each op call (or module call, in module-level
-dumps) is described by what its inputs and outputs hold — flags :data:`NAN`, :data:`INF` and
-:data:`LIMIT` (a value at the largest finite magnitude of its dtype, ``finfo(dtype).max``) — and:
-
-- an **origin** makes a non-finite value from inputs that did not hold it: a NaN in an output
-  while no input (tensor or scalar argument) holds a NaN, or an Inf while no input holds a NaN,
-  an Inf or a dtype-limit value. ``exp`` overflowing, ``0/0`` and ``-inf - -inf = NaN`` (the NaN is
-  new) are origins;
-- an **entry** is the first call whose outputs hold a NaN that no earlier checked call of the step
-  made: the NaN was already in a parameter, the batch or a state (or made by an op left out of the
-  capture);
-- every other call holding a NaN/Inf is **given** it: ops that write an infinity they were given
-  (``masked_fill``, ``fill_``, ``full``, ``where``, ``index_put_``, ``scalar_tensor`` with an
-  infinite or dtype-limit value), cast a dtype-limit value to ``-inf``, copy or view it, or pass on
-  non-finite inputs. A scalar argument counts as a given infinity when it is ±Inf or equals the
-  ``finfo(dtype).max`` of a floating dtype in magnitude (``torch.finfo(torch.float32).min``); a
-  scalar that merely makes the result overflow (``x * 1e5`` in float16) does not: that op is an origin.
-
-Origins and entries are what the eager ``overflow_check`` task records and counts toward
-``overflow_nums``, what the compiled overflow scene reports, and what ``check``, ``show`` and
-``report`` name first. :class:`OriginTracker` holds the one piece of state the rule needs per step
-(whether a checked call already made a NaN); :func:`find_origin` applies it to a dump's records.
+Models hold infinities on purpose (a causal mask's ``masked_fill(mask, float("-inf"))``, which softmax
+turns into zeros), so each call is judged by what its inputs and outputs hold (flags :data:`NAN`,
+:data:`INF`, :data:`LIMIT`): an **origin** makes a non-finite value from inputs that did not hold it,
+an **entry** is the first call whose outputs hold a NaN no earlier checked call made, every other call
+is **given** it. One rule for eager ``overflow_check``, the compiled overflow scene, ``check``, ``show``
+and ``report``; the rule in full, with examples: docs/numerics.md, "Where does the first NaN/Inf come from?".
 """
 
 from __future__ import annotations
@@ -92,7 +74,10 @@ def tensor_flags(stats: Mapping[str, Any] | None, dtype: str | torch.dtype | Non
 
 def value_flags(value: Any) -> int:
     """The flags of a scalar argument (torch refuses to write a scalar that does not fit a tensor's
-    dtype, so a written limit is always one of the ``finfo.max`` values)."""
+    dtype, so a written limit is always one of the ``finfo.max`` values). A scalar counts as a given
+    infinity when it is ±Inf or equals the ``finfo(dtype).max`` of a floating dtype in magnitude
+    (``torch.finfo(torch.float32).min``); one that merely makes the result overflow (``x * 1e5`` in
+    float16) does not: that op is an origin."""
     if value.__class__ not in (float, int):  # bools, lists (sizes), strings, dtypes: no values written
         return 0
     if value != value:
@@ -239,7 +224,7 @@ def _calls(records: Iterable[Record]) -> list[_Call]:
 
 
 def find_origin(records: Iterable[Record]) -> Origin | None:
-    """The first origin or entry of a rank's records (see the module docstring), by step then
+    """The first origin or entry of a rank's records (docs/numerics.md), by step then
     execution order; in a step with op records, module records are not judged."""
     step, tracker, ops_in_step = None, OriginTracker(), False
     for call in _calls(records):

@@ -1,37 +1,10 @@
 """The device-side table: statistics and other small results of a step, read by the host in one copy.
 
-Reading a value computed on an accelerator (``.item()``, ``.tolist()``, ``.cpu()``) waits for the
-device to finish everything queued before it; doing that per captured tensor serialises the host
-with the device at every op. :class:`StatsStager` never reads per tensor:
-
-- ``add(tensor, sink)`` reduces the tensor *now* (it may change in place later) into one row of a
-  per-device table of float64 sums, one column per accumulator of :mod:`torchdebug.stats._schema`: on
-  CUDA with a Triton kernel (:mod:`torchdebug.native.triton_stats`, one read of the tensor),
-  elsewhere with torch ops (:func:`torchdebug.stats._torch_ops.device_sums`); ``add_all`` takes an op's
-  tensors together, so that one launch reduces several. An item of ``add_all`` may also ask for the
-  tensor's fingerprint (:mod:`torchdebug.checksum`): the same pass takes it, into an int64 column
-  beside the row (the torch-op :func:`~torchdebug.checksum.fingerprint` where the kernel does not
-  apply), and its sink gets it as an unsigned 64-bit int;
-- ``stage(result, sink)`` keeps any other small device result (a compiled graph's statistics
-  vector) for the same transfer;
-- ``send()`` starts the transfer: one non-blocking copy of the used rows into pinned host memory
-  per device (ordered, on the device, after the work of any other stream that wrote rows), plus
-  the staged results, then records an event; ``deliver()`` hands rows to their sinks once that
-  event has completed (``block=True`` waits for it: the one synchronisation of a step).
-  ``flush()`` is both.
-
-CPU tensors are reduced at once (the native kernel, :mod:`torchdebug.native.fused_stats`, the
-fingerprint in the same pass) and delivered immediately: there is no device to wait for.
-
-Memory is bounded: at most two tables per device (one filling while the other is in flight), each
-:data:`TABLE_ROWS` rows (``schema.WIDTH`` float64 columns and an int64 fingerprint, 0.5 MiB a
-column, as much pinned on the host) with :data:`SCRATCH_ROWS` rows of scratch as wide, for tensors
-reduced by several programs (bounding one launch's programs: a launch on the same stream as every
-one before it reuses the scratch from its start), a counter per row (0.25 MiB) and a directory of
-:data:`DIRECTORY_ENTRIES` int64 (0.5 MiB, as much pinned) for launches of many tensors: with the
-schema's 8 columns, 9.75 MiB on the device and 5 MiB pinned on the host. A full table is sent and a new one filled; when both
-are taken the older one is delivered first (a synchronisation per ``TABLE_ROWS`` captured tensors
-at worst). :meth:`StatsStager.memory_bytes` reports the total.
+Reading a value computed on an accelerator (``.item()``, ``.tolist()``, ``.cpu()``) waits for the device
+to finish everything queued before it; doing that per captured tensor serialises the host with the device
+at every op. :class:`StatsStager` reduces each tensor at once into a row of a per-device table and copies
+the table to the host once per flush. Why and how (the Triton kernel, scratch rows, the directory):
+docs/architecture.md, "A Triton kernel for CUDA statistics, a table for the host".
 """
 
 from __future__ import annotations
@@ -258,7 +231,34 @@ class _Transfer:
 
 
 class StatsStager:
-    """Per-device statistics tables and staged results, sent to the host once per flush (see the module docstring)."""
+    """Per-device statistics tables and staged results, sent to the host once per flush; it never reads per tensor.
+
+    - ``add(tensor, sink)`` reduces the tensor *now* (it may change in place later) into one row of a
+      per-device table of float64 sums, one column per accumulator of :mod:`torchdebug.stats._schema`: on
+      CUDA with a Triton kernel (:mod:`torchdebug.native.triton_stats`, one read of the tensor), elsewhere
+      with torch ops (:func:`torchdebug.stats._torch_ops.device_sums`); ``add_all`` takes an op's tensors
+      together, so that one launch reduces several. An item of ``add_all`` may also ask for the tensor's
+      fingerprint (:mod:`torchdebug.checksum`): the same pass takes it, into an int64 column beside the row
+      (the torch-op :func:`~torchdebug.checksum.fingerprint` where the kernel does not apply), and its sink
+      gets it as an unsigned 64-bit int;
+    - ``stage(result, sink)`` keeps any other small device result (a compiled graph's statistics vector)
+      for the same transfer;
+    - ``send()`` starts the transfer: one non-blocking copy of the used rows into pinned host memory per
+      device (ordered, on the device, after the work of any other stream that wrote rows), plus the staged
+      results, then records an event; ``deliver()`` hands rows to their sinks once that event has
+      completed (``block=True`` waits for it: the one synchronisation of a step). ``flush()`` is both.
+
+    CPU tensors are reduced at once (the native kernel, :mod:`torchdebug.native.fused_stats`, the
+    fingerprint in the same pass) and delivered immediately: there is no device to wait for.
+
+    Memory is bounded: at most two tables per device (one filling while the other is in flight), each
+    :data:`TABLE_ROWS` rows (``schema.WIDTH`` float64 columns and an int64 fingerprint, 0.5 MiB a column,
+    as much pinned on the host) with :data:`SCRATCH_ROWS` rows of scratch as wide, a counter per row
+    (0.25 MiB) and a directory of :data:`DIRECTORY_ENTRIES` int64 (0.5 MiB, as much pinned): with the
+    schema's 8 columns, 9.75 MiB on the device and 5 MiB pinned on the host. A full table is sent and a
+    new one filled; when both are taken the older one is delivered first (a synchronisation per
+    ``TABLE_ROWS`` captured tensors at worst). :meth:`memory_bytes` reports the total.
+    """
 
     def __init__(self, finish: bool = True) -> None:
         """``finish``: sinks get a record's statistics (``schema.stats_from_sums``); else the sums

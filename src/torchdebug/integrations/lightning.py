@@ -5,25 +5,10 @@
     from torchdebug.integrations.lightning import TorchDebugCallback
     trainer = L.Trainer(callbacks=[TorchDebugCallback(step=[10], task="statistics")])
 
-Takes the options of :class:`~torchdebug.Debugger` (or ``config=`` a file, dict or
-``DebuggerConfig``). Each selected step holds what a plain loop's step holds: the forward and the
-backward (also inside the closure that ``optimizer.step()`` runs under automatic optimisation),
-gradient clipping and the optimizer step, with module paths relative to the ``LightningModule``.
-Steps are ``trainer.global_step``; every rank writes its own folder of one run (``rank=`` selects
-ranks) under ``dump_path``, by default ``trainer.log_dir/torchdebug``. Validation and data loading
-are not captured. Global rank 0 logs where the dump went; ``callback.run_dir`` holds it too.
-Needs ``pip install 'torchdebug[lightning]'`` (the ``lightning`` package).
-
-``monitor=True`` (or a dict of :class:`~torchdebug.Monitor` options) adds the flight recorder: every
-step watched, the last ``window`` kept, and on a NaN or a spike the window dumped and the step
-replayed under op-level capture (``TorchDebugCallback(monitor={"window": 16})``; its dumps go under
-``trainer.log_dir/torchdebug-monitor``; ``callback.events``). With ``monitor=`` alone no step is dumped
-by the debugger; pass ``step=`` for that too. The replay runs ``training_step`` of each micro-batch
-of the step again (through the strategy, so the precision context is the same) and its backward.
-Under manual optimization (``automatic_optimization = False``) ``training_step`` steps the
-optimizers itself, so steps are judged at its first ``optimizer.step()`` (``skip`` skips each of the
-batch's optimizer steps) and not replayed; events and dumps carry ``trainer.global_step``, which
-then counts every optimizer's steps.
+Takes the options of :class:`~torchdebug.Debugger` (or ``config=``); ``monitor=`` adds the flight
+recorder. What a step holds (the closure ``optimizer.step()`` runs included), where dumps go, manual
+optimization and the monitor's replay: docs/integrations.md, "The callbacks" and "The flight recorder
+in a trainer". Needs ``pip install 'torchdebug[lightning]'`` (the ``lightning`` package).
 """
 
 from __future__ import annotations
@@ -45,7 +30,7 @@ MANUAL_OPTIMIZATION = "manual optimization: training_step runs the optimizer ste
 
 
 class TorchDebugCallback(_pl.Callback):
-    """Dumps the selected training steps of ``Trainer.fit`` (see the module docstring).
+    """Dumps the selected training steps of ``Trainer.fit`` (docs/integrations.md, "The callbacks").
 
     Args:
         dump_path: folder of the dump (default: ``trainer.log_dir/torchdebug``).

@@ -5,26 +5,10 @@
     from torchdebug.integrations.transformers import TorchDebugCallback
     trainer = Trainer(model, args, train_dataset=data, callbacks=[TorchDebugCallback(step=[10])])
 
-Takes the options of :class:`~torchdebug.Debugger` (or ``config=`` a file, dict or
-``DebuggerConfig``). A step runs from ``on_step_begin`` to ``on_step_end``: the forward and backward
-of each micro-batch it accumulates, gradient clipping and the optimizer step, with module paths
-relative to the model given to the ``Trainer``. Steps are ``state.global_step``; every process
-writes its own rank folder of one run (``rank=`` selects ranks) under ``dump_path``, by default
-``args.output_dir/torchdebug``. Evaluation and data loading are not captured. The world's process 0
-logs where the dump went (logger ``torchdebug.integrations.transformers``); ``callback.run_dir``
-holds it too. Needs ``pip install 'torchdebug[transformers]'``.
-
-``monitor=True`` (or a dict of :class:`~torchdebug.Monitor` options) adds the flight recorder: every
-step watched, the last ``window`` kept, and on a NaN or a spike the window dumped and the step
-replayed under op-level capture (its dumps go under ``args.output_dir/torchdebug-monitor``;
-``callback.events``). With ``monitor=`` alone no step is dumped by the debugger; pass ``step=`` for
-that too. The model's calls in training are kept for the step (its inputs, for the replay, and the
-``loss`` it returns, for the loss trigger), seen from outside compiled code (with ``torch_compile=True``
-the call of the compiled wrapper stands for the model's, and nothing of the callback runs inside
-the compiled graph); the replay makes each micro-batch's call again, on what the Trainer called,
-and runs the backward of its loss divided over the accumulation steps. The step is judged in
-``on_pre_optimizer_step``, which the Trainer calls since transformers 4.47; before that, steps are
-judged after the optimizer step and not replayed.
+Takes the options of :class:`~torchdebug.Debugger` (or ``config=``); ``monitor=`` adds the flight
+recorder. What a step holds, where dumps go, compiled models and the monitor's replay:
+docs/integrations.md, "The callbacks" and "The flight recorder in a trainer". Needs
+``pip install 'torchdebug[transformers]'``.
 """
 
 from __future__ import annotations
@@ -46,7 +30,7 @@ logger = logging.getLogger("torchdebug.integrations.transformers")
 
 
 class TorchDebugCallback(_hf.TrainerCallback):
-    """Dumps the selected training steps of ``Trainer.train`` (see the module docstring).
+    """Dumps the selected training steps of ``Trainer.train`` (docs/integrations.md, "The callbacks").
 
     Args:
         dump_path: folder of the dump (default: ``args.output_dir/torchdebug``).

@@ -128,3 +128,18 @@ def test_two_independent_chains_run_in_another_order_are_paired_link_by_link(tmp
     for op in ("exp", "neg", "sin", "cos", "tanh", "abs", "sigmoid"):  # each A#0 is B#1, however deep
         assert found[f"forward/-/aten.{op}.default#0"] == (f"forward/-/aten.{op}.default#1", "aligned"), op
         assert found[f"forward/-/aten.{op}.default#1"] == (f"forward/-/aten.{op}.default#0", "aligned"), op
+
+
+def test_two_equal_parameters_updated_in_another_order_are_told_apart_by_their_first_readers(tmp_path):
+    def program(path: Path, swapped: bool) -> list[Record]:
+        first, second = torch.ones(4), torch.ones(4)  # parameters made before the dump: no op made them
+        with torchdebug.dump(path, task="statistics"):
+            torch.linspace(-1, 1, 4).mul(first).add(second)  # read in one order on both sides
+            for parameter in (second, first) if swapped else (first, second):  # updated in another order
+                parameter.mul_(0.9)
+        records = torchdebug.load(path).ranks[0].records()
+        return [records[i] for i in execution_order(records)]
+
+    found = _partners(program(tmp_path / "a", True), program(tmp_path / "b", False))
+    assert found["forward/-/aten.mul_.Tensor#0"] == ("forward/-/aten.mul_.Tensor#1", "aligned")
+    assert found["forward/-/aten.mul_.Tensor#1"] == ("forward/-/aten.mul_.Tensor#0", "aligned")

@@ -1,26 +1,26 @@
 """Pair the calls of two dumps that carry value ids by their data flow, in one walk of side A.
 
 Each dump is a graph of values: an input slot holds the value one output slot made (its producer,
-``torchdebug.compare._matching.candidate_producers``: exact by value id). A's calls are visited in
-execution order; by then the producers of a call's inputs have been visited, so they are paired or
-known to be one-sided. A call whose inputs all come from paired producers is paired with B's
-unpaired call of the same op, step and phase whose inputs come from the partners of those
-producers, slot by slot (one dict lookup): ops inserted on one side, independent ops that swapped
-places and two tensors of equal values (two zero biases) do not move the pairs, whatever the names'
-call indices say. Of several such calls of B, the namesake, then one of the same shapes, then one
-holding the same values is taken.
+``torchdebug.compare._matching.candidate_producers``: exact by value id) or a value no op made (a
+parameter, the step's input). A's calls are visited in execution order; by then the producers of a
+call's inputs have been visited, so they are paired or left for later. A call whose inputs all come
+from paired producers and known values is paired with B's unpaired call of the same op, step and
+phase whose inputs come from their partners, slot by slot (one dict lookup): ops inserted on one
+side, independent ops that swapped places and two tensors of equal values (two zero biases) do not
+move the pairs, whatever the names' call indices say. Of several such calls of B, the namesake, then
+one of the same shapes, then one holding the same values is taken.
 
 The anchors, where the flow says nothing yet, are paired by name (``{phase}/{module}/{op}#{call}``
-and the same shapes), as before value ids: module calls (their inputs and outputs), calls whose
-inputs no op made (they read parameters or the step's inputs) and calls reading a value only one
-side made (the flow resumes at their outputs) — unless their inputs come from producers paired with
-other calls. What neither pairs is left to the alignment inside each module (``_matching``'s
-leftovers) and then listed as one-sided.
+and the same shapes), as before value ids: module calls (their inputs and outputs), the first calls
+to read a parameter or the step's input (the value each reads is then known to be its partner's) and
+calls reading a value only one side made (the flow resumes at their outputs) — unless their inputs
+come from producers paired with other calls. What neither pairs is left to the alignment inside each
+module (``_matching``'s leftovers) and then listed as one-sided.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Protocol
 
 from torchdebug.records import MODULE_OP, Record
@@ -77,15 +77,19 @@ def output_values(call: _FlowCall) -> tuple:
     return tuple(found)
 
 
-def _inputs(call: _FlowCall, made: MutableMapping[int, tuple]) -> list[tuple[str, tuple[str, str]]]:
-    """A call's input slots that an earlier op made, with the op's ``(call name, output slot)``: the
-    value's maker where an op passed it on (a ``detach``), so such an op on one side is looked through."""
+def _inputs(call: _FlowCall, made: Mapping[int, tuple]) -> list[tuple[str, tuple]]:
+    """A call's tensor input slots with where their values came from: the earlier op's ``(call name,
+    output slot)`` (the value's maker where an op passed it on, a ``detach``: such an op on one side is
+    looked through), or, for a value no op made (a parameter, the step's input), ``(None, (value_id,
+    version))``."""
     found = []
     for slot, record in zip(call.slots, call.records):
         if record.io == "input":
             producers = made.get(id(record))
             if producers:
                 found.append((slot, producers[0]))
+            elif record.value_id is not None:
+                found.append((slot, (None, (record.value_id, record.version))))
     return found
 
 
@@ -137,14 +141,16 @@ def align_by_flow(
     pairs: list[tuple[_FlowCall, _FlowCall, str]] = []
     left_a: list[_FlowCall] = []
     partner = links.partner
+    leaves: dict[tuple, tuple] = {}  # A's values no op made: B's twin, learnt where a pair reads both
     for call in calls_a:
         name = rename(call)
         step = call.first.step
         other = None
         inputs = _inputs(call, links.made_a)
-        if inputs and call.first.op != MODULE_OP and all(producer[0] in partner for _, producer in inputs):
-            key = _flow_key(call, op_a(call), ((slot, (partner[p[0]], p[1])) for slot, p in inputs))
-            other = _chosen(call, name, by_flow.get(key, []), taken)
+        if inputs and call.first.op != MODULE_OP:
+            expected = [(slot, _partner(producer, partner, leaves)) for slot, producer in inputs]
+            if all(found is not None for _, found in expected):
+                other = _chosen(call, name, by_flow.get(_flow_key(call, op_a(call), expected), []), taken)
         if other is None:  # an anchor: by name, unless the flow says otherwise
             namesake = calls_b.get((step, name))
             if namesake is not None and namesake.signature() == call.signature() and links.check(call, namesake) is not True:
@@ -155,6 +161,26 @@ def align_by_flow(
         taken.add(id(other))
         del calls_b[(other.first.step, other.name)]
         links.pair(call, other)  # type: ignore[arg-type]
+        _learn_leaves(inputs, _inputs(other, links.made_b), leaves)
         how = "aligned" if other.name != name or other.first.step != step else "exact" if name == call.name else "mapped"
         pairs.append((call, other, how))
     return pairs, left_a
+
+
+def _partner(producer: tuple, partner: Mapping[str, str], leaves: Mapping[tuple, tuple]) -> tuple | None:
+    """B's twin of where an input of A came from (``None``: not known yet)."""
+    call, slot = producer
+    if call is None:
+        return leaves.get(slot)
+    found = partner.get(call)
+    return None if found is None else (found, slot)
+
+
+def _learn_leaves(inputs_a: list[tuple[str, tuple]], inputs_b: list[tuple[str, tuple]], leaves: dict[tuple, tuple]) -> None:
+    """Pair the values no op made that two paired calls read in one slot (the first pair to read one
+    decides): later calls reading them are paired by flow."""
+    from_b = dict(inputs_b)
+    for slot, (call, value) in inputs_a:
+        other = from_b.get(slot)
+        if call is None and other is not None and other[0] is None:
+            leaves.setdefault(value, other)

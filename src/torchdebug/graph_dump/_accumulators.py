@@ -1,27 +1,10 @@
 """Statistics as FX nodes, inserted after each dumped value so inductor fuses them into one loop.
 
-For a floating value ``x`` the graph computes only the accumulators
-(``torchdebug.graph_dump._plan.ACCUMULATORS``), each a 0-d tensor that inductor reads ``x`` once
-for, all vectorised in the loop that computes ``x``:
-
-- ``nan = x != x``: the NaN mask (``isnan`` is computed element by element in inductor's C++ code,
-  which made it the most expensive part of the statistics);
-- the schema's counts (``torchdebug.stats._schema.COUNTS``: NaN from the mask, the others
-  ``x == constant``): ``int32`` sums (``int64`` above 2**31 elements);
-- ``min`` / ``max`` of ``x`` with NaN replaced by ``+inf`` / ``-inf``, in ``x``'s dtype;
-- ``sum`` of ``x`` with NaN replaced by 0, accumulated in float32 (float64 for float64 values);
-- the sum of squares in float64 (the squares may overflow float32);
-- only when asked (a symbolic size the host cannot evaluate), the count of non-NaN values
-  (``int64``); otherwise the host knows the element count of the run (the graph hands over its
-  symbolic sizes).
-
-Mean, norm and "no value" are worked out on the host (``torchdebug.stats._schema.stats_from_sums``)
-when the accumulators arrive: done in the graph, those few scalar operations per value were as much
-generated code as the loops themselves, and about half the compile time of an every-node dump.
-Integer and bool values are taken in float64 (min, max, sum, sum of squares, and the counts a finite
-value can have: ``Accumulator.nonfinite`` False); complex values by their magnitudes. After
-insertion the new nodes get ``meta["val"]`` from the graph's own fake mode
-(:func:`propagate_fake_values`): later inductor passes and lowering read it.
+For each dumped value the graph computes only the accumulators of the statistics schema
+(``torchdebug.graph_dump._plan.ACCUMULATORS``), each a 0-d tensor that inductor reads the value once
+for, in the loop that computes it; mean, norm and "no value" are worked out on the host
+(``stats_from_sums``). Which values and why: docs/graph_dump.md, "How values leave the compiled
+graph"; each accumulator's form: :func:`_floating`.
 """
 
 from __future__ import annotations
@@ -91,7 +74,10 @@ def insert_stats(
 ) -> list[tuple[int, torch.fx.Node]]:
     """Insert the accumulators of ``value`` before ``before``: ``(index into ACCUMULATORS, 0-d
     node)`` pairs; none for an empty value. ``count_valid``: also count the non-NaN values (the
-    host cannot work out the element count)."""
+    host cannot work out the element count: a symbolic size it cannot evaluate; otherwise the graph
+    hands over its symbolic sizes). Integer and bool values are taken in float64 (min, max, sum, sum
+    of squares, and the counts a finite value can have: ``Accumulator.nonfinite`` False); complex
+    values by their magnitudes."""
     fake = value.meta["val"]
     numel = fake.numel()
     static = isinstance(numel, int)
@@ -115,7 +101,20 @@ def insert_stats(
 
 def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None, count_valid: bool) -> dict[str, torch.fx.Node]:
     """The accumulators of a floating value (``double``: float64 or complex128); ``numel`` is
-    ``None`` when symbolic (its counts are then ``int64``: the size may grow)."""
+    ``None`` when symbolic (its counts are then ``int64``: the size may grow).
+
+    - ``nan = x != x``: the NaN mask (``isnan`` is computed element by element in inductor's C++ code,
+      which made it the most expensive part of the statistics);
+    - the schema's counts (``torchdebug.stats._schema.COUNTS``: NaN from the mask, the others
+      ``x == constant``): ``int32`` sums (``int64`` above 2**31 elements);
+    - ``min`` / ``max`` of ``x`` with NaN replaced by ``+inf`` / ``-inf``, in ``x``'s dtype;
+    - ``sum`` of ``x`` with NaN replaced by 0, accumulated in float32 (float64 for float64 values);
+    - the sum of squares in float64 (the squares may overflow float32);
+    - only with ``count_valid``, the count of non-NaN values (``int64``).
+
+    Mean, norm and "no value" are left to the host: done in the graph, those few scalar operations
+    per value were as much generated code as the loops themselves, and about half the compile time
+    of an every-node dump."""
     count_dtype = _count_dtype(numel)
     nan = b(aten.ne.Tensor, x, x)
     zeroed = b(aten.where.self, nan, b.constant(0.0), x)
@@ -133,7 +132,8 @@ def _floating(b: _Builder, x: torch.fx.Node, double: bool, numel: int | None, co
 
 
 def propagate_fake_values(graph: torch.fx.Graph, nodes: list[torch.fx.Node]) -> None:
-    """Set ``meta["val"]`` of ``nodes`` (new, in graph order) by running them on fake values."""
+    """Set ``meta["val"]`` of ``nodes`` (new, in graph order) by running them on the graph's own fake
+    values: later inductor passes and lowering read it."""
     placeholders = [n.meta.get("val") for n in graph.find_nodes(op="placeholder")]
     fake_mode = detect_fake_mode(placeholders)
     if fake_mode is None:

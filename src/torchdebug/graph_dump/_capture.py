@@ -1,39 +1,11 @@
 """Records from compiled graphs: one :class:`GraphCapture` per backend with ``enable_dump``.
 
-Instrumented graphs call back (``torchdebug.graph_dump._runtime``) once per run with their
-statistics (0-d accumulators and host results, joined here into one vector per device and dtype and
-staged with the session: read at once on the CPU, with the session's one host read per flush on an
-accelerator, never per graph run) and dumped tensors; the dump's scene
-(``torchdebug.graph_dump.scenes``) picks what becomes a record, and this module builds the same
-records eager capture writes (``capture="graph"``, ``node`` = FX node name) through a
-:class:`CaptureSession` and its :class:`RankWriter`, in one run folder per backend::
-
-    DUMP_PATH/20261122-101500/worldsize1_global_rank0/records.jsonl, tensors/step0-0000.safetensors
-
-Steps: a step begins when the step's first forward (or inference) graph runs again for the same
-module instance, so the graphs a step runs between graph breaks share it however many there are or
-however often one of them runs (a loop over the experts of a mixture-of-experts layer runs one
-expert's graph per expert), and a training loop counts one step per iteration. A recompiled graph
-(another sequence length, dynamic shapes after a recompile) counts as the graph it replaces: graphs
-compiled from the same Dynamo frame (``GraphPlan.frame``) are one. A forward graph run inside a
-backward (a checkpointed block recomputed) begins no step. Call indices continue across the graphs
-of a step, as in eager capture.
-
-Instances (``graph_dump/_instances.py``): Dynamo traces each frame it compiles from the frame's
-module (a block compiled on its own, a submodule's ``forward`` compiled after a graph break), so
-its paths are relative to it, and instances of one class run one graph. Each run is named by the
-path in the root model of the module whose frame runs it, found on the stack
-(``CompiledInstances.running``), else of the module of the parameter the backend handed before
-the run (:meth:`GraphCapture.enter`): ``layers.1.attention.wo``, and the graph running for block 1
-after block 0 is the same step. A backward graph belongs to the latest forward run of its graph
-whose backward has not run yet (autograd runs the blocks' backward graphs in reverse order), whose
-instance and call indices its ``fwd`` names use.
-
-Dynamic shapes: a graph compiled with symbolic sizes hands their values over with each run
-(``dump_graph``'s ``sizes``); its plan's expressions (``GraphPlan.sizes``) are evaluated once per
-distinct set of values and the records hold the sizes, strides, element counts and arguments that
-ran. Records of a few recent sets of values are kept built, so runs that alternate lengths do not
-rebuild them.
+Instrumented graphs call back (:mod:`torchdebug.graph_dump._runtime`) once per run with their statistics
+and tensors; the dump's scene picks what becomes a record, and this module counts steps and call
+indices across the graphs of a step, names the block instance that ran (``_instances.py``) and builds
+the records eager capture writes (``capture="graph"``, ``node`` = FX node name) through a
+:class:`CaptureSession`, in one run folder per backend. When a step begins, per-block compile, dynamic
+shapes and the layout: docs/graph_dump.md ("Records and names", "Per-block compile", "Dynamic shapes").
 """
 
 from __future__ import annotations

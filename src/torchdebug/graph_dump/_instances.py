@@ -1,27 +1,12 @@
 """Which module instance a graph run belongs to, named by its path in the user's model.
 
-Dynamo traces each frame it compiles from the frame's own module, so the module paths of its graph
-are relative to that module (``attention.wo``), and instances of one class run one graph or
-recompiles of one frame. That happens whenever a model is compiled block by block
-(``block.compile()``, ``model.layers[i] = torch.compile(block)``), and in a model compiled whole
-wherever a graph break stops Dynamo inside a submodule's ``forward``: it compiles that ``forward``
-as a frame of its own (a mixture-of-experts layer's, and each expert's called in a Python loop over
-the experts that were hit), and the code after the break as resume functions.
-
-Each graph remembers the frame it was compiled from (:func:`compiled_frame`: file, function and the
-local its module paths start at, ``self`` or ``args[0]``). When it runs, that frame is on the
-Python stack (``torchdebug._torch.frames``), and its module is the instance that ran
-(:meth:`CompiledInstances.running`); a resume function that no longer reads ``self`` takes the one
-of the ``forward`` it resumes. The instance is named by its path in the root model: the model
-handed to ``get_backend(config, model=model)``, else the module the user compiled, the outermost
-compiled module whose call is running (``torch.compile(model)``'s). ``torch.compile``'s wrapper is
-named where it sits in the model, never ``_orig_mod``.
-
-Where no frame is found (a graph without stack traces), the backend's wrapper around the compiled
-graph hands the capture the graph's first parameter input before each run (Dynamo passes every
-parameter a graph reads as an input): :meth:`CompiledInstances.of` looks it up among the compiled
-modules of the root model. Without a root model it still tells instances apart (steps, call
-indices) but names none.
+Dynamo traces each frame it compiles from the frame's own module, so a graph's module paths are
+relative to that module and instances of one class run one graph: in a model compiled block by block,
+and wherever a graph break makes Dynamo compile a submodule's ``forward`` as a frame of its own. Each
+graph remembers its frame (:func:`compiled_frame`), found on the stack when the graph runs
+(:meth:`CompiledInstances.running`), else the run's first parameter names it
+(:meth:`CompiledInstances.of`). How runs are named, with and without ``model=``: docs/graph_dump.md,
+"Per-block compile".
 """
 
 from __future__ import annotations
@@ -73,8 +58,8 @@ _STACK_ROOT = re.compile(r"^L\['([^']+)'\](?:\[(\d+)\])?")
 
 def compiled_frame(graph: torch.fx.Graph) -> CompiledFrame | None:
     """The frame a graph comes from, read from its nodes' ``stack_trace`` (the first frame is the
-    one Dynamo compiled) and ``nn_module_stack`` (where its paths start); ``None`` when no node
-    has a stack trace."""
+    one Dynamo compiled) and ``nn_module_stack`` (where its paths start: the local ``self`` or
+    ``args[0]``); ``None`` when no node has a stack trace."""
     where, local, index = None, None, None
     for node in graph.nodes:
         if where is None and (first := TRACE_FRAME.search(node.meta.get("stack_trace") or "")):
@@ -119,7 +104,12 @@ class _Paths:
 
 
 class CompiledInstances:
-    """Names the module instance a graph run belongs to (see the module docstring)."""
+    """Names the module instance a graph run belongs to by its path in the root model: the model handed
+    to ``get_backend(config, model=model)``, else the module the user compiled, the outermost compiled
+    module whose call is running (``torch.compile(model)``'s); ``torch.compile``'s wrapper is named
+    where it sits in the model, never ``_orig_mod``. A resume function that no longer reads ``self``
+    takes the instance of the ``forward`` it resumes. Without a root model it still tells instances
+    apart (steps, call indices) but names none."""
 
     def __init__(self, root: nn.Module | None) -> None:
         self._root = root
@@ -159,7 +149,10 @@ class CompiledInstances:
         return kept[1]
 
     def of(self, parameter: torch.Tensor | None) -> Instance:
-        """The instance whose graph was handed ``parameter`` (``None``: the graph reads none)."""
+        """The instance whose graph was handed ``parameter`` (``None``: the graph reads none): where
+        no frame is found (a graph without stack traces), the backend's wrapper hands the capture the
+        graph's first parameter input before each run (Dynamo passes every parameter a graph reads as
+        an input), looked up here among the compiled modules of the root model."""
         if parameter is None:
             return NO_INSTANCE
         path = self._parameters.get(parameter) if self._root is not None else None

@@ -1,27 +1,10 @@
 """The ``data_dump`` pass: make a compiled graph report the inputs and outputs of selected nodes.
 
-:class:`DataDumpPass` runs on each AOT graph of one Dynamo graph: the planner
-(``torchdebug.graph_dump._planner``) decides what is dumped and returns a :class:`Plan`; the capture
-registers the plan's run-time half and hands back the sink key; :func:`instrument` inserts the
-nodes. Nothing existing in the graph is changed. After the pass the graph holds, for ``dump_stage``
-``optimized``:
-
-- accumulator nodes (``torchdebug.graph_dump._accumulators``) after each value whose statistics the
-  graph computes, and ``torchdebug::host_stats`` calls, a few values at a time, after the values
-  the host takes (the planner says which: see its module docstring);
-- before the output, ``torchdebug::dump_graph([statistics], [dumped tensors], sink)``: the 0-d
-  accumulators and the ``host_stats`` results, ordered in runs of one device and dtype
-  (``GraphPlan.tables``; nothing in the graph combines two devices, so CUDA graphs holding CPU
-  scalars compile), and the tensors of a tensor dump (passing them to an extern call is what makes
-  inductor materialise them; nodes not passed keep their fusion); in a graph with symbolic sizes,
-  the symbols' values as its ``sizes`` (``aten.sym_size.int`` / ``aten.sym_stride.int`` reads
-  where no placeholder holds one);
-- ``torchdebug::dump_point([...], sink, i)`` at each point the scene asks for (the watcher: after
-  each watched node and each ``layer`` node).
-
-For ``dump_stage="original"`` the graph only hands its inputs to ``dump_point(..., -1)`` when it
-starts and calls ``dump_graph`` when it ends; the values come from an interpreter over a copy of the
-graph as it was before this pass (``torchdebug.graph_dump._golden``).
+:class:`DataDumpPass` runs on each AOT graph of one Dynamo graph: the planner (``_planner.py``) decides
+what is dumped and returns a :class:`Plan`, the capture registers the plan's run-time half and hands
+back the sink key, and :func:`instrument` inserts the nodes (its docstring says what the graph holds
+after). Nothing existing in the graph is changed. Where the pass runs and what the graph hands over:
+docs/graph_dump.md, "How values leave the compiled graph".
 """
 
 from __future__ import annotations
@@ -95,7 +78,27 @@ class DataDumpPass:
 
 def instrument(graph: torch.fx.Graph, plan: Plan, sink: int) -> None:
     """Insert into ``graph`` what ``plan`` asks for, reporting to ``sink``; fill in how
-    ``dump_graph``'s lists are laid out (``plan.graph.tables``, ``golden_inputs``)."""
+    ``dump_graph``'s lists are laid out (``plan.graph.tables``, ``golden_inputs``).
+
+    Afterwards the graph holds, for ``dump_stage="optimized"``:
+
+    - accumulator nodes (``torchdebug.graph_dump._accumulators``) after each value whose statistics
+      the graph computes, and ``torchdebug::host_stats`` calls, a few values at a time, after the
+      values the host takes (the planner says which);
+    - before the output, ``torchdebug::dump_graph([statistics], [dumped tensors], sink)``: the 0-d
+      accumulators and the ``host_stats`` results, ordered in runs of one device and dtype
+      (``GraphPlan.tables``; nothing in the graph combines two devices, so CUDA graphs holding CPU
+      scalars compile), and the tensors of a tensor dump (passing them to an extern call is what makes
+      inductor materialise them; nodes not passed keep their fusion); in a graph with symbolic sizes,
+      the symbols' values as its ``sizes`` (``aten.sym_size.int`` / ``aten.sym_stride.int`` reads
+      where no placeholder holds one);
+    - ``torchdebug::dump_point([...], sink, i)`` at each point the scene asks for (the watcher: after
+      each watched node and each ``layer`` node).
+
+    For ``dump_stage="original"`` the graph only hands its inputs to ``dump_point(..., -1)`` when it
+    starts and calls ``dump_graph`` when it ends; the values come from an interpreter over a copy of
+    the graph as it was before this pass (``torchdebug.graph_dump._golden``).
+    """
     _Instrumenter(graph, plan, sink).run()
 
 

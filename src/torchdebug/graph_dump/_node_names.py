@@ -1,29 +1,11 @@
 """Name FX nodes the way eager capture names op calls, so compiled and eager records line up.
 
-An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.records``). For a node:
-
-- ``module``: the innermost entry of ``node.meta["nn_module_stack"]`` (forward) or
-  ``fwd_nn_module_stack`` (backward nodes, copied there by AOT autograd from the forward node with
-  the same ``seq_nr``), turned into the eager form: ``L['self'].layers[0].attn`` -> ``layers.0.attn``
-  (``L['args'][0]`` where a decorator wraps ``forward``), the compiled module itself -> ``<root>``,
-  ``torch.compile``'s wrapper left out (no ``_orig_mod``). Nodes with no stack are ``<root>`` when
-  the graph comes from a module (some node's stack starts at the module), else ``-``. A graph
-  traced from a submodule (a block compiled on its own, a submodule's ``forward`` compiled after a
-  graph break) is relative to it: its runs put the path of the instance that ran in front
-  (``torchdebug.graph_dump._instances``).
-- ``op``: ``str(node.target)`` (``aten.addmm.default``), as the dispatcher names it in eager mode;
-  for a forward node that alone replaced an eager op when the compiler decomposed it and holds its
-  value (``permute`` for ``t`` or ``transpose``, ``reshape`` for ``view``), the op it replaced,
-  read from ``node.meta["original_aten"]`` (see :func:`replaced_ops`; backward calls run in another order
-  than eager's, so same-named calls there would pair wrongly).
-- ``phase``: ``backward`` for nodes AOT autograd tagged ``partitioner_tag == "is_backward"`` and for
-  nodes of a backward graph that inductor created without tags; forward nodes the partitioner
-  recomputes in the backward graph keep ``forward`` and are marked ``recomputed``.
-- ``fwd``: for backward nodes, the first forward node with the same ``seq_nr`` (AOT autograd's rule).
-- ``source``: the innermost frame of ``node.meta["stack_trace"]`` outside torch, ``file:line in function``.
-
-Call indices are counted by :class:`torchdebug.graph_dump._capture.GraphCapture` at run time, so graphs
-split by graph breaks keep counting where the previous graph stopped, as eager capture does.
+An eager record is ``{phase}/{module}/{op}#{call}/{io}.{arg}`` (``torchdebug.records``); this module
+gives a node its module (:func:`module_of`), op (:func:`op_name`, :func:`replaced_ops`), phase
+(:func:`is_backward_node`) and source (:func:`source_of`). Call indices are counted at run time by
+:class:`~torchdebug.graph_dump._capture.GraphCapture`, so graphs split by graph breaks keep counting
+where the previous one stopped. The rules, and where names differ from eager: docs/graph_dump.md,
+"Records and names".
 """
 
 from __future__ import annotations
@@ -55,7 +37,8 @@ wrapper's ``forward`` takes from its attributes)."""
 
 
 def eager_module_path(path: str) -> str:
-    """``L['self'].layers[0].attn`` -> ``layers.0.attn``; the compiled module itself -> ``<root>``;
+    """``L['self'].layers[0].attn`` (``L['args'][0]`` where a decorator wraps ``forward``) ->
+    ``layers.0.attn``; the compiled module itself -> ``<root>``;
     module wrappers left out (``layers.0._orig_mod.attn``, checkpoint_wrapper's
     ``layers.0.__dict__['_modules']['_checkpoint_wrapped_module'].attn`` -> ``layers.0.attn``)."""
     rest = _LOCAL.sub("", path, count=1)
@@ -74,7 +57,9 @@ def module_stack_path(node: torch.fx.Node, key: str) -> str | None:
 
 
 def is_backward_node(node: torch.fx.Node, graph_phase: str) -> bool:
-    """True for gradient computations; forward nodes recomputed in a backward graph are not."""
+    """True for gradient computations: nodes AOT autograd tagged ``partitioner_tag == "is_backward"``
+    and nodes of a backward graph that inductor created without tags; forward nodes the partitioner
+    recomputes in a backward graph are not."""
     tag = node.meta.get("partitioner_tag")
     if tag is not None:
         return tag in ("is_backward", "must_be_in_backward")
@@ -91,7 +76,12 @@ def graph_is_rooted(graph: torch.fx.Graph) -> bool:
 
 
 def module_of(node: torch.fx.Node, backward: bool, rooted: bool) -> str:
-    """The eager module path of a node (see the module docstring)."""
+    """The eager module path of a node: the innermost entry of ``node.meta["nn_module_stack"]``
+    (forward) or ``fwd_nn_module_stack`` (backward nodes, copied there by AOT autograd from the forward
+    node with the same ``seq_nr``), in the eager form (:func:`eager_module_path`). Nodes with no stack
+    are ``<root>`` when the graph comes from a module (``rooted``: some node's stack starts at it),
+    else ``-``. A graph traced from a submodule is relative to it: its runs put the path of the
+    instance that ran in front (``torchdebug.graph_dump._instances``)."""
     path = module_stack_path(node, "fwd_nn_module_stack" if backward else "nn_module_stack")
     if path is None and backward:
         path = module_stack_path(node, "nn_module_stack")

@@ -2,36 +2,11 @@
 
 Reads ``node.meta``: ``val`` (dtype, shape, device), ``nn_module_stack`` / ``fwd_nn_module_stack``,
 ``seq_nr``, ``partitioner_tag``, ``stack_trace`` and ``custom`` (``torchdebug.scope.data_dump()``
-marks); changes nothing. Every op node is named and counted as eager capture names its call
-(``node_names``); the nodes the dump's scene selects (``torchdebug.graph_dump.scenes``) are
-described slot by slot (``GraphPlan``, what the run time reads), and the plan names the nodes the
-instrumenter (``torchdebug.graph_dump._instrument``) works on:
-
-- for each value a dumped slot reads (views and clones share the row of their input; a functional
-  collective's output, the row of its ``wait_tensor``, whose output it is once complete), a
-  statistics row (when the scene takes statistics). CPU values that inductor keeps in memory anyway
-  (graph inputs and outputs, inputs and outputs of matrix products and convolutions), that are small
-  (``SMALL``) or that inductor computes in a loop over the rows of a reduction (layer norm,
-  softmax: statistics over the whole value cannot join that loop, so in the graph they would split
-  the kernel in two) go to ``torchdebug::host_stats`` a few at a time (``Plan.host_groups``), as
-  soon as they exist, and the host takes them in one native pass each (``torchdebug.native``, about
-  twice as fast per element as inductor's fused reductions here, and nothing to compile). The other
-  values get accumulator nodes inside the graph (``Plan.in_graph``), fused by inductor into the
-  loops that compute them: storing them for the host would cost more than it saves;
-- the tensors a tensor dump hands over (``Plan.tensors``), when the scene hands tensors over;
-- the points the scene asks for (``GraphPlan.points``).
-
-Dynamic shapes: sizes, strides, element counts and arguments that are expressions of the graph's
-symbols (``SymInt``: ``2*s27``) are planned as such (``plan.SymbolicSize``), and the plan says
-where the graph holds each symbol's value (``Plan.size_sources``): its placeholder where the graph
-has one (Dynamo and AOT autograd pass the symbols a graph uses as inputs), else the size or stride
-of the first node whose size or stride is that symbol. Compiled code hands them over as the host
-ints it sizes its loops with; the host evaluates the expressions once per distinct set of values.
-Compile-time choices that depend on sizes (``SMALL``, the row loops) use the sizes the graph was
-traced with (the hints).
-
-Forward nodes that the partitioner recomputes in a backward graph are neither dumped nor counted:
-their values are those the forward graph dumped.
+marks); changes nothing. It names and counts every op node as eager capture names its call, and says
+which values get statistics in the graph and which on the host, which tensors and symbolic sizes are
+handed over, and the points the scene asks for; the instrumenter (``_instrument.py``) inserts them.
+Where each value's statistics are taken, and why: docs/graph_dump.md, "How values leave the compiled
+graph" and "Dynamic shapes".
 """
 
 from __future__ import annotations
@@ -61,7 +36,9 @@ HOST_GROUP = 8
 """CPU values handed to one ``host_stats`` call (fewer calls; values stay in memory a little longer)."""
 
 SMALL = 65536
-"""Values with fewer elements go to the host on the CPU even when inductor would fuse them."""
+"""Values with fewer elements go to the host on the CPU even when inductor would fuse them: storing
+them costs next to nothing, and the host's native pass is about twice as fast per element as
+inductor's fused reductions here, with nothing to compile."""
 
 UNKNOWN_SIZE = 8192
 """What a data-dependent (unbacked) size counts as in compile-time choices: it has no hint."""
@@ -97,7 +74,8 @@ _STORED_AROUND = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.co
 
 
 def _host_stats(value: torch.Tensor) -> bool:
-    """Whether the host can take this value's statistics (see the module docstring)."""
+    """Whether the host can take this value's statistics: a CPU value, with the native kernel built
+    (which values it takes: docs/graph_dump.md, "How values leave the compiled graph")."""
     return value.device.type == "cpu" and fused_stats.available()
 
 
@@ -267,7 +245,7 @@ class _Planner:
                 continue
             backward = node_names.is_backward_node(node, self.aot_phase)
             if self.aot_phase == "backward" and not backward:
-                continue  # recomputed forward node (see the module docstring)
+                continue  # recomputed forward node: neither dumped nor counted, the forward graph dumped its value
             # Backward calls run in another order than eager's: renamed ones would pair wrongly.
             op = target if backward else replaced.get(node, target)
             key = ("backward" if backward else "forward", node_names.module_of(node, backward, bool(self.model.rooted)), op)
@@ -320,8 +298,10 @@ class _Planner:
         return json_value(value)
 
     def _find_symbols(self, plan: GraphPlan) -> list[SizeSource]:
-        """Which node gives each symbol the plan's expressions use (see the module docstring);
-        rows whose element count needs a symbol no node gives are counted in the graph instead."""
+        """Which node gives each symbol the plan's expressions use: its placeholder where the graph has
+        one (Dynamo and AOT autograd pass the symbols a graph uses as inputs), else the size or stride of
+        the first node whose size or stride is that symbol; rows whose element count needs a symbol no
+        node gives are counted in the graph instead."""
         wanted = self.sizes.free_symbols()
         if not wanted:
             return []

@@ -1,34 +1,11 @@
 """The custom ops that carry values out of a compiled graph to the dump.
 
-- ``torchdebug::dump_graph(Tensor[] stats, Tensor[] tensors, SymInt sink, str labels="",
-  SymInt[]? sizes=None) -> ()``:
-  once per graph run, the statistics: the accumulators computed inside the graph (0-d tensors,
-  fused by inductor into the loops that compute the values) and the ``host_stats`` results, as
-  they are, on their own devices, so a graph that mixes devices needs no copy or concatenation in
-  the graph (``torchdebug.graph_dump._capture`` joins them per device and dtype); for tensor dumps also
-  the dumped tensors themselves; ``labels`` optionally names the tensors (comma-separated), so
-  compiled code says what it hands over; ``sizes``, in a graph compiled with dynamic shapes, the
-  values of its symbolic sizes (``s27``): compiled code passes them as the host ints it computes
-  its loops' bounds with (from the inputs' sizes, never a device read), and the sink evaluates each
-  slot's shape and stride from them. It ends the run.
-- ``torchdebug::host_stats(Tensor[] tensors) -> Tensor``: the accumulators of each tensor, taken on
-  the host when the graph reaches the call (CPU values: one native pass each, see
-  ``torchdebug.native``), as float64 values in ``plan.ACCUMULATORS`` order, one tensor after
-  the other: the layout of the accumulators the graph computes itself. A plain function of its
-  inputs: the graph feeds its result into ``dump_graph``'s ``stats``.
-- ``torchdebug::dump_point(Tensor[] tensors, SymInt sink, SymInt point, SymInt[]? sizes=None) -> ()``:
-  tensors at one point of the graph (the watcher: after a node ran; ``point=-1``: the graph's
-  inputs, with its symbolic-int inputs in ``sizes``, for ``dump_stage="original"``).
-
-An extern call needs its inputs in memory, so inductor materialises the nodes whose tensors are
-passed even where it would have fused them; nodes not passed keep their fusion. ``dump_graph`` and
-``dump_point`` return nothing and are registered as side-effectful (``torch.fx.node.has_side_effect``), so neither FX
-dead-code elimination nor inductor's scheduler drops them. ``sink`` is the key of a callback
-registered with :func:`register_sink`; compiled code holds only that integer (and the labels), so
-code that inductor's FX graph cache hands to another process reports to the sink that process
-registered under the same key (see :func:`register_sink`). All are tagged
-``cudagraph_unsafe``: inductor keeps the graph parts holding them out of CUDA graphs, so the
-values are read from regular buffers, never from static ones a later replay overwrites.
+``torchdebug::dump_graph`` (once per graph run: the statistics and the dumped tensors),
+``torchdebug::host_stats`` (statistics of CPU values, taken on the host as the graph reaches them) and
+``torchdebug::dump_point`` (tensors at one point of the graph). Compiled code holds only the integer
+key of a sink registered here (:func:`register_sink`), so code from inductor's FX graph cache reports
+to the sink this process registered. What the graph hands over, and why the ops are side-effectful
+and ``cudagraph_unsafe``: docs/graph_dump.md, "How values leave the compiled graph".
 """
 
 from __future__ import annotations
@@ -64,6 +41,8 @@ _SINKS: dict[int, Sink] = {}
 _ISSUED: dict[str, int] = {}
 """Per identity: how many keys this process derived from it (keys are never handed out twice)."""
 _USED: set[int] = set()
+# cudagraph_unsafe: inductor keeps the graph parts holding the ops out of CUDA graphs, so the values are
+# read from regular buffers, never from static ones a later replay overwrites.
 _TAGS: tuple[Any, ...] = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
 
 
@@ -102,7 +81,17 @@ def unregister_sink(key: int) -> None:
 @torch.library.custom_op("torchdebug::dump_graph", mutates_args=(), tags=_TAGS)
 def dump_graph(stats: list[Tensor], tensors: list[Tensor], sink: int, labels: str = "", sizes: _Sizes = None) -> None:
     """Deliver one graph run's statistics and tensors (and symbolic sizes) to sink ``sink`` (a
-    no-op once it is gone)."""
+    no-op once it is gone); it ends the run.
+
+    ``stats``: the accumulators computed inside the graph (0-d tensors, fused by inductor into the
+    loops that compute the values) and the ``host_stats`` results, as they are, on their own devices,
+    so a graph that mixes devices needs no copy or concatenation in the graph (the capture joins them
+    per device and dtype). ``tensors``: for tensor dumps, the dumped tensors; ``labels`` optionally
+    names them (comma-separated), so compiled code says what it hands over. ``sizes``: in a graph
+    compiled with dynamic shapes, the values of its symbolic sizes (``s27``), which compiled code
+    passes as the host ints it computes its loops' bounds with (from the inputs' sizes, never a
+    device read); the sink evaluates each slot's shape and stride from them. Registered as
+    side-effectful, so neither FX dead-code elimination nor inductor's scheduler drops it."""
     target = _SINKS.get(sink)
     if target is None:
         return
@@ -120,7 +109,10 @@ def _dump_graph_fake(stats: list[Tensor], tensors: list[Tensor], sink: int, labe
 
 @torch.library.custom_op("torchdebug::host_stats", mutates_args=(), tags=_TAGS)
 def host_stats(tensors: list[Tensor]) -> Tensor:
-    """The ``ACCUMULATORS`` of each tensor, one after the other (CPU tensors in one native pass each)."""
+    """The ``ACCUMULATORS`` of each tensor, one after the other (CPU tensors in one native pass each),
+    taken on the host when the graph reaches the call, as float64 values: the layout of the
+    accumulators the graph computes itself. A plain function of its inputs: the graph feeds its
+    result into ``dump_graph``'s ``stats``, so it always runs before it."""
     values: list[float] = []
     for tensor in tensors:
         if tensor.numel() == 0:
@@ -138,7 +130,9 @@ def _host_stats_fake(tensors: list[Tensor]) -> Tensor:
 
 @torch.library.custom_op("torchdebug::dump_point", mutates_args=(), tags=_TAGS)
 def dump_point(tensors: list[Tensor], sink: int, point: int, sizes: _Sizes = None) -> None:
-    """Deliver the tensors (and symbolic sizes) of dump point ``point`` to sink ``sink``."""
+    """Deliver the tensors (and symbolic sizes) of dump point ``point`` to sink ``sink``: the
+    watcher's, after a node ran; ``point=-1``, the graph's inputs, with its symbolic-int inputs in
+    ``sizes``, for ``dump_stage="original"``. Side-effectful, as ``dump_graph`` is."""
     target = _SINKS.get(sink)
     if target is None:
         return

@@ -1,23 +1,11 @@
 """What a graph-mode data dump captures: ``config.dump_config`` plus the JSON scene file, resolved
 into one :class:`DumpSettings` with ``DumpConfig``'s names and the scene object the file asks for.
 
-The JSON file (``dump_config.dump_config_path``) follows TorchAir's ``dump`` object and holds one of
-three scenes::
-
-    {"dump": {"dump_list": [{"model_name": "model__0", "layer": ["addmm", "mul_3"]}],
-              "dump_path": "out", "dump_mode": "output", "dump_data": "stats", "dump_step": "0|2"}}
-    {"dump": {"dump_path": "out", "dump_debug": "on"}}                                   # overflow
-    {"dump": {"dump_list": [{"layer": ["A"], "watcher_nodes": ["C"]}],
-              "dump_path": "out", "dump_mode": "output", "dump_scene": "watcher"}}        # watcher
-
-The file keeps TorchAir's keys (``dump_data`` ``"tensor"``/``"stats"``, ``dump_mode``,
-``dump_step``); on ``config.dump_config`` they are ``task`` (``"tensor"``/``"statistics"``),
-``data_mode`` and ``step``, as in eager dumps. Options set on the config win over the file; the
-file wins over defaults. Scenes that cannot be combined (overflow with a model or op dump, watcher
-with either) are refused with one line naming the keys, as TorchAir does. ``model_name`` is a graph
-name as the backend numbers them (``model__0`` is the first graph it compiled), with ``.``, ``/``,
-``\\`` and spaces read as ``_``. Each scene reads its own entries of the file
-(``torchdebug.graph_dump.scenes``).
+The scene file (``dump_config.dump_config_path``) follows TorchAir's ``dump`` object and keeps its keys
+(``dump_data``, ``dump_mode``, ``dump_step``); options set on the config win over the file, the file
+over defaults, and scenes that cannot be combined are refused with one line naming the keys, as
+TorchAir does. Each scene reads its own entries (``torchdebug.graph_dump.scenes``). The options and
+the three scenes: docs/graph_dump.md, "Options" and "Scene file".
 """
 
 from __future__ import annotations

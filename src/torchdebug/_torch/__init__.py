@@ -1,36 +1,11 @@
 """The one place torchdebug touches torch's private or version-dependent API.
 
-Each module wraps one torch subsystem and is imported only by the features that need it, so
-``import torchdebug.capture`` never loads inductor:
-
-- :mod:`~torchdebug._torch.autograd`: the running autograd node and sequence numbers, version
-  counters, a callback when the running backward ends.
-- :mod:`~torchdebug._torch.amp`: a ``GradScaler``'s scale tensor, whether it unscaled an optimizer,
-  and a fresh state for a replay that unscales again.
-- :mod:`~torchdebug._torch.dispatch`: ``TorchDispatchMode``, op overloads and their schemas.
-- :mod:`~torchdebug._torch.global_hooks`: global module hooks next to ``torch.compile(module)``, one
-  function per torch behaviour they work around; :mod:`~torchdebug._torch.nn`: module wrappers.
-- :mod:`~torchdebug._torch.forward_hooks`: a forward hook run after a module's own, placed as its call starts.
-- :mod:`~torchdebug._torch.checkpoint`: activation checkpointing's recomputation and bookkeeping ops.
-- :mod:`~torchdebug._torch.pytree`: the tensors of nested outputs.
-- :mod:`~torchdebug._torch.subclasses`: wrapper subclasses (DTensor, FSDP2 parameters, float8
-  weights) read through their plain inner tensors.
-- :mod:`~torchdebug._torch.fsdp`: the FSDP2 parameter group issuing a collective, and the pass it
-  runs it for.
-- :mod:`~torchdebug._torch.funcol`: functional collectives (DTensor's): ``AsyncCollectiveTensor``,
-  waiting for a result, the count of works not yet waited for.
-- :mod:`~torchdebug._torch.dynamo`: Dynamo, AOT autograd, compile caches, debug folder, structured trace.
-- :mod:`~torchdebug._torch.inductor`: inductor's entry points, config keys, custom-pass slots and
-  the per-pass observer.
-- :mod:`~torchdebug._torch.symbolic`: symbolic sizes (``SymInt`` expressions, traced values) of
-  graphs compiled with dynamic shapes, evaluated for the sizes that ran.
-- :mod:`~torchdebug._torch.guards`: the Dynamo frame of the compile in progress.
-- :mod:`~torchdebug._torch.frames`: the Python frame a compiled graph runs under, and the module
-  instance (and the outermost compiled module) it holds.
-
+Each module wraps one torch subsystem (autograd, amp, dispatch, module hooks, checkpointing, pytree,
+subclasses, FSDP2, functional collectives, Dynamo, inductor, symbolic sizes, guards, frames) and is
+imported only by the features that need it, so ``import torchdebug.capture`` never loads inductor.
 Every behaviour that differs between the torch versions we support is listed in
-:data:`VERSION_DIFFERENCES`, with the version that changed it and the function that handles it;
-code elsewhere never compares torch versions. ``tests/test_torch_seam.py`` runs each seam.
+:data:`VERSION_DIFFERENCES`; code elsewhere never compares torch versions. The rules and the modules:
+docs/architecture.md, "The torch seam"; ``tests/test_torch_seam.py`` runs each seam.
 """
 
 from __future__ import annotations

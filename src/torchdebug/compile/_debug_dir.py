@@ -1,35 +1,11 @@
 """The folders and files the compile backend writes, and which graph is being compiled now.
 
-With ``TORCH_COMPILE_DEBUG=1`` (read each time the backend compiles, so setting it after
-``import torchdebug`` works) everything goes under PyTorch's own run folder::
-
-    torch_compile_debug/run_<time>-pid_<pid>[-rank_<r>]/   # -rank_<r> when torch.distributed is initialised
-      torchinductor/ ...                     # PyTorch's own per-graph folders (unchanged)
-      torchdebug/
-        debug.log                            # torchdebug's loggers at DEBUG level during compiles
-        graph_breaks.json                    # [{model, compile_id, reason, user_stack: [{file, line, function, code}]}]
-        recompiles.json                      # [{model, compile_id, reason, user_stack}]
-        model__<N>/                          # N-th graph Dynamo handed to this backend in this run
-          model.json                         # mode, compile id, seconds in the backend, phases
-          dynamo_out_graph.txt               # the Dynamo graph, before AOT autograd
-          joint/                             # training only, backend inductor: the joint graph passes
-            000_aot_joint_graph.txt
-            001_aot_joint_graph_after_<pass>.txt ...
-            passes.json
-          forward/ | backward/               # inference graphs are written under forward/ too
-            000_aot_<phase>_graph.txt        # the AOT graph on entry to the phase
-            NNN_aot_<phase>_graph_after_<pass>.txt   # after each FX pass, in the order they ran
-            output_code.py                   # inductor's generated code (backend inductor)
-            passes.json                      # per pass: time, node counts, nodes added and removed
-
-``NNN`` counts the dumps of one phase folder from 000; ``<pass>`` is the pass name with anything
-but letters, digits and ``_`` replaced by ``_``. ``N`` counts the graphs compiled in one run folder.
-No name carries a uuid, an object id or a timestamp, so two runs of one program give the same tree.
-
-``debug.graph_dump.type`` adds, for the first and the last graph of each phase and for the Dynamo
-graph, a file of that type with the same stem (``000_aot_forward_graph.py``). Without
-``TORCH_COMPILE_DEBUG`` only those files are written, under ``debug.graph_dump.path`` in the same
-``model__<N>/<phase>/`` layout.
+With ``TORCH_COMPILE_DEBUG=1`` (read at each compile) everything goes under PyTorch's own run folder,
+in ``torchdebug/model__<N>/{joint,forward,backward}/NNN_aot_<phase>_graph[_after_<pass>].txt`` and
+a few JSON files beside them; without it only ``debug.graph_dump.type`` files are written, under
+``debug.graph_dump.path`` in the same layout. No name carries a uuid, an object id or a timestamp, so
+two runs of one program give the same tree. The whole tree, file by file: docs/compile.md, "The debug
+folder".
 """
 
 from __future__ import annotations

@@ -1,43 +1,12 @@
 """Statistics of CUDA tensors in one pass each, by a Triton kernel that writes rows of a device table.
 
-``launch(tensors, table, row, scratch, scratch_row, counters)`` reduces each floating tensor whose
-elements fill one dense span of memory (contiguous, or any permutation of a contiguous layout) to
-the sums vector of :mod:`torchdebug.stats._schema` (:data:`COLUMNS`; NaNs left out of min, max, sum
-and squares, as in ``stats.c``) and stores it, as float64, in ``table[row + k]``. Nothing is read back: the host
-copies the whole table once per flush (:mod:`torchdebug.stats_table`).
-
-One launch reduces several tensors of one dtype, each with up to :data:`MAX_PROGRAMS` programs: a
-launch costs the host more than a small tensor costs the GPU. Up to :data:`SLOTS` tensors (the new
-inputs or outputs of one op: a linear's weight and bias) are passed as arguments; more (a step's
-gradients or parameters, the lists of a foreach optimizer op) are listed in a directory on the
-device, and each program finds its tensor there.
-Each program loops over its share of the elements in blocks of BLOCK, read as rows of 16 bytes,
-each row reduced as soon as it is loaded into float32 sums (float64 for float64 tensors), one per
-row: a program holds few registers, so an SM keeps many programs' loads in flight (float32
-statistics on sm_90: 48 registers a thread, against 152 with BLOCK-wide sums; see
-``bench/triton_occupancy.py``). When the float32 sum or sum of squares of its share overflowed with
-no infinity among the values, a program takes its share again in float64 — values beyond 1e19 are
-rare, so the common case is one read. That retake walks blocks a quarter as wide, because a
-thread's registers are those of the kernel's widest path, the rare one included.
-
-A tensor reduced by a single program gets its row written directly; with several, each writes its
-partial row to ``scratch`` and the last one to finish (an acquire-release counter per table row)
-combines the partials in program order, so the result does not depend on scheduling: the same
-tensor gives the same bits every run. That program then sets the counter back to zero, so a table
-is ready for reuse without the host zeroing it on some stream.
-
-The same pass takes the tensor's fingerprint (:mod:`torchdebug.checksum`, fingerprint 2) when asked:
-each 32-bit word of the elements (a narrower element widened, a 64-bit one cut in two) times a
-32-bit multiplier from its position's key, after an XOR with the key (two 32-bit multiplies, the
-product's halves: one ``mul.lo.u32`` and one ``mul.hi.u32``), summed modulo 2**64 per program (a sum
-that no order of addition changes), the partial sums combined by the same last program; splitmix64's
-finaliser of the total and the word count is stored, exactly, in an int64 column beside the table
-(``fingerprints[row + k]``). Positions are memory positions, so a tensor
-fingerprinted here must be contiguous (the stager copies other layouts first). ``stats=False``
-takes the fingerprint alone, of tensors of any dtype viewed as integers of their width.
-
-Triton is imported when the first CUDA tensor arrives. Under ``TRITON_INTERPRET=1`` the kernel runs
-on CPU tensors too, which is how the suite checks it on machines without a GPU.
+:func:`launch` reduces tensors of one dtype to the sums vector of :mod:`torchdebug.stats._schema`
+(:data:`COLUMNS`) and, when asked, their fingerprint (:mod:`torchdebug.checksum`), into rows of a
+device table the host copies once per flush (:mod:`torchdebug.stats_table`); nothing is read back.
+Why a kernel, and how it reads, combines programs' partial rows and takes many tensors a launch:
+docs/architecture.md, "A Triton kernel for CUDA statistics, a table for the host". Triton is imported
+when the first CUDA tensor arrives; under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors too,
+which is how the suite checks it on machines without a GPU.
 """
 
 from __future__ import annotations
@@ -190,7 +159,9 @@ def _share_sums(
     2**64 (HASH; element ``i`` is at position ``i + 1``). A block is read as BLOCK / ROW rows of
     ROW elements, 16 bytes, one vector load each, and each row is reduced as soon as it is read:
     the running sums are one per row, not one per element, so a program holds few registers and
-    an SM keeps many programs' loads in flight (``bench/triton_occupancy.py``). Whole blocks are
+    an SM keeps many programs' loads in flight (float32 statistics on sm_90: 48 registers a thread,
+    against 152 with BLOCK-wide sums; ``bench/triton_occupancy.py``). NaNs are left out of min, max,
+    sum and squares, as in ``stats.c``. Whole blocks are
     read without a mask, so that loads from an aligned tensor are vectorised; the rest, if any, is
     one masked block."""
     acc: tl.constexpr = tl.float64 if WIDE else tl.float32
@@ -270,7 +241,12 @@ def _reduce_tensor(
 ):
     """Program ``pid``'s share of the tensor at ``x_ptr`` (``numel`` elements, reduced by programs
     ``[first, after)``) into table row ``row + slot``: written there directly by a lone program, else
-    as a partial row in scratch, which the tensor's last program to finish combines."""
+    as a partial row in scratch, which the tensor's last program to finish combines.
+
+    When the float32 sum or sum of squares of its share overflowed with no infinity among the values,
+    a program takes its share again in float64: values beyond 1e19 are rare, so the common case is one
+    read. That retake walks blocks a quarter as wide, because a thread's registers are those of the
+    kernel's widest path, the rare one included."""
     programs = after - first
     share = tl.cdiv(tl.cdiv(numel, programs), BLOCK) * BLOCK
     start = (pid - first) * share
@@ -281,7 +257,7 @@ def _reduce_tensor(
     if STATS and not WIDE:
         overflowed = (total != total) | (total == float("inf")) | (total == float("-inf")) | (squares == float("inf"))
         if overflowed & (posinf + neginf == 0) & (nans < end - start):
-            low, high, total, squares, nans, posinf, neginf, zeros, _ = _share_sums(  # narrower: the module docstring says why
+            low, high, total, squares, nans, posinf, neginf, zeros, _ = _share_sums(  # narrower: the docstring says why
                 x_ptr, start, end, True, BLOCK // 4, True, False, BITS, 1
             )
     final = table_ptr + (row + slot) * _WIDTH

@@ -57,7 +57,8 @@ from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE, UNINITIALISED, allocates, make_call_name
 from torchdebug.slots import Slot, iter_slots
 
-_VALUE_PRESERVING = frozenset({"aten.clone.default", "aten.contiguous.default"})
+_CLONE = "aten.clone.default"
+_VALUE_PRESERVING = frozenset({_CLONE, "aten.contiguous.default"})
 """Ops whose output is a copy of their first input (statistics reused; the copy is saved anew)."""
 
 
@@ -454,11 +455,16 @@ class OpCapture:
     def _remember(self, info: OpInfo, phase: str, module: str, call_name: str, captured: Any, paired: ForwardCall | None) -> None:
         """Log a forward call under the sequence number of the autograd node it made (the one just
         before the next), for the backward ops that run that node and the recomputed ops that repeat
-        it; a recomputed call too, for a reentrant checkpoint backwards through the nodes made there."""
+        it; a recomputed call too, for a reentrant checkpoint backwards through the nodes made there.
+        An in-place op whose autograd kernel saved ``self.clone()`` made its node before the clone
+        made one, and the clone came first: the op's node is the one before the clone's."""
         if phase == "forward":
             entry = (module, call_name, captured, info.name, len(self._log))
             self._log.append(entry)
-            self._forward.setdefault(next_sequence_nr() - 1, entry)
+            number = next_sequence_nr() - 1
+            held = self._forward.setdefault(number, entry)
+            if held is not entry and info.mutable and held[3] == _CLONE and held is self._log[-2]:
+                self._forward.setdefault(number - 1, entry)
         elif phase == RECOMPUTE and not info.detach:
             self._forward.setdefault(next_sequence_nr() - 1, paired or (module, call_name, captured, info.name, None))
 

@@ -142,17 +142,20 @@ class Debugger:
             self._modules = ModuleRecorder(self.session, self._phases, self._ios, model)
             self._tracker.recorder = self._modules
         if self.config.level in ("op", "mix"):
-            self._ops = self._native_ops(model)
-        if self.config.level in ("op", "mix") and self._ops is None:
-            self._ops = OpCapture(
-                self.session,
-                self._tracker,
-                phases=self._phases,
-                ios=self._ios,
-                names=self.config.list,
-                call_range=self.config.range,
-                stack=self.config.stack,
-            )
+            self._ops = self._native_ops(model) or self._python_ops()
+
+    def _python_ops(self) -> OpCapture:
+        """The op capture through the dispatch mode."""
+        assert self._tracker is not None
+        return OpCapture(
+            self.session,
+            self._tracker,
+            phases=self._phases,
+            ios=self._ios,
+            names=self.config.list,
+            call_range=self.config.range,
+            stack=self.config.stack,
+        )
 
     def _native_ops(self, model: nn.Module | None) -> NativeOpCapture | None:
         """The op capture on the native path where it applies (``capture/native_capture.py``), else

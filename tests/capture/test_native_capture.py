@@ -159,3 +159,28 @@ def test_a_model_with_forward_hooks_of_its_own_goes_to_the_dispatch_mode(monkeyp
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     model[1].register_forward_hook(lambda module, args, output: None)
     assert "forward hooks on 1" in why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model)
+
+
+def test_checkpointing_the_model_does_not_show_says_so_once(tmp_path, monkeypatch, caplog) -> None:
+    """A checkpoint called in ``forward`` is seen only when the backward recomputes: one warning."""
+    from tests.capture.test_checkpointing import TinyGPT
+
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    torch.manual_seed(0)
+    model = TinyGPT("non_reentrant")
+    tokens = torch.randint(0, 32, (2, 8))
+    with caplog.at_level(logging.WARNING, logger="torchdebug.capture.native_capture"):
+        with torchdebug.Debugger(tmp_path, task="structure") as debugger:
+            for _ in range(2):
+                debugger.start(model)
+                model(tokens).sum().backward()
+                debugger.step()
+    said = [record.getMessage() for record in caplog.records if "recomputed" in record.getMessage()]
+    assert len(said) == 1 and "step 0" in said[0] and "TORCHDEBUG_NATIVE=0" in said[0]
+
+
+def test_a_checkpoint_wrapper_in_the_model_goes_to_the_dispatch_mode(monkeypatch) -> None:
+    from tests.capture.test_checkpointing import TinyGPT
+
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    assert "activation checkpointing" in why_not_native(DebuggerConfig.from_dict({}), TinyGPT("wrapper"))

@@ -102,6 +102,7 @@ class NativeOpCapture:
         self.range = RangeGate(call_range)
         self._statistics = session.want_stats
         self._failed = False
+        self._told_recompute = False
 
     def start(self) -> None:
         self.observer.use_stats(self._statistics)
@@ -112,6 +113,14 @@ class NativeOpCapture:
         """Stop observing and hand the step's records so far to the session."""
         self.rows.stop()
         ops = self.observer.drain()
+        if self.rows.recomputed and not self._told_recompute:  # not seen from the model before the run
+            self._told_recompute = True
+            logger.warning(
+                "torchdebug: activation checkpointing recomputed modules in the backward of step %d: the native path "
+                "names their ops as backward ops (no phase 'recompute'); TORCHDEBUG_NATIVE=0 captures them through "
+                "the dispatch mode, named as recomputed",
+                self.session.step,
+            )
         try:
             self._add_records(ops)
         except Exception as error:  # never crash the user's run: its records are lost, said once

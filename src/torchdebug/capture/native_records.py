@@ -153,6 +153,8 @@ class NativeStepCapture:
         self._sizes: dict[tuple[int, ...], list[int]] = {}
         """One list per distinct shape or stride, shared by the records that have it (``CaptureSession._sizes``)."""
         self._devices: dict[tuple[int, int], str] = {}
+        self.recomputed = False
+        """Activation checkpointing ran a module again in a backward: its ops are named as backward ops."""
         self._seen: dict[int, tuple[int, tuple, dict]] = {}
         """This step's statistics by ``TensorImpl`` address: ``(version, memory, stats)``."""
 
@@ -198,7 +200,8 @@ class NativeStepCapture:
         self.observer.set_module(context)
 
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
-        """The tracker entered ``module`` (its path ``name``)."""
+        """The tracker entered ``module`` (its path ``name``), maybe to recompute it (``recomputed``)."""
+        self.recomputed = self.recomputed or phase == "recompute"
         self._set_context(self._intern(name))
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:

@@ -1,25 +1,10 @@
 """Read msprobe (MindStudio Probe) dumps as torchdebug records, so either side of a compare can be one.
 
 msprobe's ``PrecisionDebugger`` writes ``dump_path/step{N}/rank{R}/`` (``proc{pid}`` without
-torch.distributed) holding ``dump.json`` (statistics per call), ``stack.json``, ``construct.json``
-and, with ``task=tensor``, ``dump_tensor_data/*.pt``. :func:`load` accepts the dump path, a step
-folder or a rank folder and returns a :class:`~torchdebug.store._reader.Run`.
-
-Name mapping (msprobe key → torchdebug stable name ``{phase}/{module}/{op}#{call}/{io}.{arg}``):
-
-==========================================  ============================================================
-``Functional.linear.0.forward`` input_args[i]  ``forward/{module}/Functional.linear#0/input.{i}`` (kwargs: ``input.{key}``)
-``… .forward`` output[i]                       ``forward/{module}/Functional.linear#0/output.{i}``
-``Functional.linear.0.backward`` input/output  ``backward/{module}/Functional.linear#0/input.{i}`` / ``output.{i}``
-``Module.fc1.Linear.forward.0`` parameters     ``forward/fc1/module#0/parameter.weight``
-``Module.fc1.Linear.parameters_grad.0``        ``backward/fc1/module#0/parameter_grad.weight``
-==========================================  ============================================================
-
-``{module}`` is the API's enclosing module from ``construct.json`` (``-`` when there is none, e.g.
-at level L1). Nested argument lists add ``.{j}``. Statistics ``Max/Min/Mean/Norm`` become
-``max/min/mean/norm``; NaN/Inf counts are unknown (inferred from min and max). Tensor files are read
-with ``torch.load(weights_only=True)``; the absolute paths inside dump.json are ignored in favour of
-the folder that holds it.
+torch.distributed) holding ``dump.json``, ``stack.json``, ``construct.json`` and, with ``task=tensor``,
+``dump_tensor_data/*.pt``. :func:`load` accepts the dump path, a step folder or a rank folder and
+returns a :class:`~torchdebug.store._reader.Run`. How msprobe keys map to torchdebug names and
+statistics: docs/compare.md, "Reading msprobe dumps".
 """
 
 from __future__ import annotations
@@ -252,7 +237,8 @@ def _record(entry: dict[str, Any], io: str, arg: str, context: dict[str, Any], f
 
 
 def load(path: str | Path) -> Run:
-    """Open an msprobe dump path, step folder or rank folder as a run of ranks."""
+    """Open an msprobe dump path, step folder or rank folder as a run of ranks. Tensor files are read
+    from the folder that holds each ``dump.json``, never from the absolute paths written inside it."""
     path = Path(path)
     if not path.is_dir():
         raise DumpError(f"{path}: no such msprobe dump folder")

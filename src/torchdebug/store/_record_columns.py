@@ -1,24 +1,10 @@
 """Records as Arrow columns, and Arrow columns back as records.
 
-A dump stores its records as an Arrow IPC stream (``records.arrows``): one record batch per flush,
-its buffers zstd-compressed, in the columns of :data:`SCHEMA`, one per record field except that
-``stats`` is a struct of the statistics (:data:`~torchdebug.stats._schema.STAT_KEYS`), ``tensor``
-is ``tensor_file`` and ``tensor_key``, and ``value`` and ``extra`` are JSON text. On the narrow GPT
-of ``bench/scale.py`` that is about 45 bytes a record (JSON lines took 460).
-
-Whatever a typed column cannot hold exactly (a symbolic size in a shape, a float where an int
-goes, statistics with other keys than the schema's, a tensor reference with a view) goes into the
-row's ``json_fields`` as JSON (``record_json``'s rules: numpy scalars as numbers, anything else as
-its string), and those fields override the columns when read: a batch always encodes.
-
-:func:`records_batch` runs on the capturing thread (the column lists are built under the GIL; the
-writer thread compresses and writes with the GIL released). :func:`records_from_table` builds
-``Record`` objects column by column, not row by row: repeated strings (phases, modules, ops,
-dtypes) become one shared string each, equal shapes and strides one shared list, equal statistics
-one shared dict, as a capture shares them between the records of one tensor, and the records
-without extra fields share one empty ``extra`` (a dict per record took 64 bytes of about 550). A
-record's containers are shared: replace them (``record.extra = {**record.extra, ...}``, as
-:func:`dataclasses.replace` does), never update them in place.
+A dump stores its records as an Arrow IPC stream (``records.arrows``): one zstd-compressed record
+batch per flush, in the columns of :data:`SCHEMA`; whatever a typed column cannot hold exactly goes
+into the row's ``json_fields`` as JSON, so a batch always encodes. The columns: docs/format.md; why
+Arrow, and how reading shares strings, shapes and statistics between records: docs/architecture.md,
+"Decisions and their reasons" ("Records as Arrow columns").
 """
 
 from __future__ import annotations
@@ -110,7 +96,11 @@ _INT_OR_NONE = frozenset({int, type(None)})
 
 # -- records to a batch ------------------------------------------------------------------------
 def records_batch(records: Sequence[Record]) -> pa.RecordBatch:
-    """``records`` as one record batch of :data:`SCHEMA` (see the module docstring)."""
+    """``records`` as one record batch of :data:`SCHEMA`; fields the typed columns cannot hold exactly
+    (a symbolic size in a shape, a float where an int goes, statistics with other keys than the
+    schema's, a tensor reference with a view) go into the row's ``json_fields`` (``record_json``'s
+    rules). Runs on the capturing thread: the column lists are built under the GIL, the writer thread
+    compresses and writes with the GIL released."""
     count = len(records)
     odd: dict[int, dict[str, Any]] = {}  # row -> the fields the columns cannot hold
     columns: dict[str, pa.Array] = {}
@@ -226,7 +216,14 @@ def _finite(stats: dict[str, Any]) -> bool:
 def records_from_table(table: pa.Table) -> list[Record]:
     """The records of a table of :data:`SCHEMA` (columns it lacks read as empty, columns it has
     beyond the schema go to each record's ``extra``), in row order. The columns are read chunk
-    by chunk (a batch per flush), never concatenated."""
+    by chunk (a batch per flush), never concatenated.
+
+    Records are built column by column, not row by row: repeated strings (phases, modules, ops,
+    dtypes) become one shared string each, equal shapes and strides one shared list, equal statistics
+    one shared dict, and the records without extra fields share one empty ``extra`` (a dict per record
+    took 64 bytes of about 550). A record's containers are shared: replace them
+    (``record.extra = {**record.extra, ...}``, as :func:`dataclasses.replace` does), never update them
+    in place."""
     count = table.num_rows
     if not count:
         return []

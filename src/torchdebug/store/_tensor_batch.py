@@ -1,26 +1,10 @@
 """Tensor snapshots packed back to back in one reusable byte buffer, written as a safetensors file.
 
-Copying each snapshot into fresh memory costs a page fault per 4 KiB and makes the copy ten times
-slower than the memory bandwidth allows; a buffer that is reused from batch to batch is faulted in
-once. The buffer is written with a single ``write`` in the safetensors layout (8-byte header size,
-JSON header, data), so any safetensors reader opens the files. Entries are 8-byte aligned; the gaps
-are indexed as ``__pad_N`` uint8 tensors because the format forbids unindexed bytes.
-
-Where the OS and file system allow it, files are written with ``O_DIRECT``: the disk reads the
-buffer itself (DMA) instead of the kernel copying it into the page cache, a copy that costs as much
-CPU as the snapshot and, on a busy host, halves the write speed. Direct writes need block-aligned
-memory, file offsets and lengths, so the buffer starts on a block, the JSON header is padded with
-spaces to end on one, and the data with a last ``__pad_N`` entry; elsewhere (``EINVAL``) the same
-bytes are written through the page cache.
-
-CUDA tensors reach the (pinned) buffer without stopping the host or the training stream: each is
-first copied on the device, on the stream that made it (contiguous, at device-memory speed, a
-small fraction of the transfer's time), and that private copy is sent to the host on a side stream,
-one per device, that waits for it. The snapshot is thus taken in stream order, so an in-place op
-queued right after it cannot change what is saved, and the transfer runs beside the next ops. The
-device copy is released to the caching allocator for reuse once the side stream is past it
-(``record_stream``); :meth:`TensorBatch.write`, on the writer thread, waits for the batch's
-transfers through one CUDA event per side stream used.
+The buffer is written with one ``write`` in the safetensors layout, so any safetensors reader opens
+the files (gaps and block padding are ``__pad_N`` uint8 entries: the format forbids unindexed bytes),
+with ``O_DIRECT`` where the OS and file system take it. CUDA tensors reach the pinned buffer without
+stopping the host or the training stream. Why each: docs/architecture.md, "Eager capture, step by
+step" (items 5 and 6) and "Decisions and their reasons"; the files: docs/format.md.
 """
 
 from __future__ import annotations
@@ -86,7 +70,10 @@ def storable(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class TensorBatch:
-    """A byte buffer that snapshots are copied into until it is written out and reused."""
+    """A byte buffer that snapshots are copied into until it is written out and reused.
+
+    Reused because copying each snapshot into fresh memory costs a page fault per 4 KiB and makes the
+    copy ten times slower than the memory bandwidth allows; a reused buffer is faulted in once."""
 
     def __init__(self, size: int, pin_memory: bool = False) -> None:
         self.size = size
@@ -151,7 +138,9 @@ class TensorBatch:
 
     def _transfer(self, target: torch.Tensor, tensor: torch.Tensor) -> None:
         """Snapshot a CUDA tensor on its stream and send the snapshot to ``target`` (pinned) on the
-        side stream, without a host synchronisation (see the module docstring)."""
+        side stream, without a host synchronisation: the device copy, made in stream order, cannot see
+        an in-place op queued after it, and the transfer runs beside the next ops. :meth:`write`, on
+        the writer thread, waits for the batch's transfers through one CUDA event per side stream."""
         side = _side_stream(tensor.device)
         staged = tensor.clone(memory_format=torch.contiguous_format)
         side.wait_stream(torch.cuda.current_stream(tensor.device))
@@ -184,7 +173,10 @@ class TensorBatch:
             event.synchronize()
 
     def write(self, path: Path, metadata: dict[str, str]) -> None:
-        """Write the batch to ``path`` via a temporary name (one write for all tensor data)."""
+        """Write the batch to ``path`` via a temporary name (one write for all tensor data). Direct
+        writes need block-aligned memory, file offsets and lengths: the buffer starts on a block, the
+        JSON header is padded with spaces to end on one, and the data with a last ``__pad_N`` entry;
+        where the OS or file system refuses (``EINVAL``) the same bytes go through the page cache."""
         self.settle()
         entries = self.entries
         end = self.used + (-self.used) % BLOCK

@@ -1,27 +1,11 @@
-"""Crash-safe writing of one rank's records, stacks and tensors.
+"""Crash-safe writing of one rank's records, stacks and tensors, on two background threads.
 
-Records are appended as one Arrow record batch per flush (``record_file.py``), stacks as JSON
-lines, both handed to the OS with every batch, so a process killed mid-step (even by SIGKILL) keeps
-every batch written before the kill; only a last batch or line may be cut short, and the reader
-accepts that. Tensor files are written under a temporary name and
-renamed into place, so a file is complete or absent, never partial.
-
-Two background threads write: one appends records and stacks, one writes tensor files. The
-debugger waits for the records at every step; tensor files are written while the next step runs.
-The batch buffers (pinned when CUDA is present) together hold at most ``bytes_in_flight`` bytes
-(``tensor_bytes_in_flight``), usually two buffers of half that (one filled while the other is
-written); once they are all taken, capture waits for the writer instead of allocating more, so a
-slow disk slows the step rather than filling memory. Device copies made for transfers lie inside
-their batch, so they are bounded by the same figure. ``close`` waits for both threads and reports
-the peaks (``tensor_transfer`` in ``complete.json``, and a log line). A run killed before a tensor
-file was written keeps the records that name it; the reader marks them (see ``reader.py``).
-
-A write that fails (a full disk, a quota, a read-only or broken filesystem, a writer thread that
-exited) never reaches the training loop unless ``on_write_error="raise"``: the writer says so in one
-warning, stops taking tensors (then records, when records cannot be written either), never waits on
-a writer that will not come back, and ``close`` marks the dump ``truncated`` with the first failing
-step, slot and error (:class:`~torchdebug.store._faults.WriteFault`). A small reserve file made at
-the start is deleted at ``close`` to give that marker room on a full disk.
+Records are appended as one Arrow record batch per flush and stacks as JSON lines, so a process killed
+mid-step keeps every batch written before the kill; tensor files are written under a temporary name
+and renamed, so a file is complete or absent. Tensor files are written while the next step runs,
+within ``tensor_bytes_in_flight`` of batch buffers. A failed write stops capture, never training
+(unless ``on_write_error="raise"``). Why, and how a fault is handled: docs/architecture.md, "Eager
+capture, step by step" and "Decisions and their reasons"; what a partial dump holds: docs/format.md.
 """
 
 from __future__ import annotations
@@ -221,7 +205,18 @@ class RankWriter:
     written by another. :meth:`drain` waits until the records submitted so far are on disk (the
     debugger drains every step); ``drain(tensors=True)`` and :meth:`close` wait for the tensors too.
     A failed write sets :attr:`fault`; ``on_write_error`` says whether the calls after it raise
-    (``raise``) or go on without writing what cannot be written (``continue``, see the module docstring).
+    (``raise``) or go on without writing what cannot be written (``continue``).
+
+    A write that fails (a full disk, a quota, a read-only or broken filesystem, a writer thread that
+    exited) is said in one warning; the writer then stops taking tensors (then records, when records
+    cannot be written either), never waits on a writer that will not come back, and :meth:`close`
+    marks the dump ``truncated`` with the first failing step, slot and error
+    (:class:`~torchdebug.store._faults.WriteFault`). A small reserve file made at the start is deleted
+    at ``close`` to give that marker room on a full disk. The batch buffers (pinned when CUDA is
+    present) hold at most ``bytes_in_flight`` bytes together, usually two of half that (one filled
+    while the other is written); once all are taken, capture waits for the writer instead of
+    allocating more, so a slow disk slows the step rather than filling memory. ``close`` reports the
+    peaks (``tensor_transfer`` in ``complete.json``, and a log line).
     """
 
     def __init__(

@@ -1,25 +1,12 @@
 """A forward hook that runs after a module's own forward hooks, for global hooks that must see what
 the module returned.
 
-Global forward hooks run before a module's own: ``Module._call_impl`` (torch 2.11 through 2.14) runs
-``_global_forward_hooks`` and then ``self._forward_hooks``, each free to return a new output, so a
-global hook sees the output as ``forward`` returned it, not what the call returned once the module's
-own hooks changed it (a user's hook, tensor parallelism's redistribution of a layer's output that
-``parallelize_module`` registers, FSDP2's post-forward).
-
-``_call_impl`` reads ``self._forward_hooks`` only once ``forward`` has returned (torch 2.11 through
-2.14), so a hook added as the call starts (from a global forward pre-hook) runs in that very call.
-:class:`LastForwardHooks` adds one hook, as a call starts, to each module that has forward hooks of
-its own, placed last among them (moved there again should the user add one after it); modules
-without hooks of their own get none, so their calls cost one dict's truth test.
-:func:`hooks_read_after_forward` checks that behaviour on the running torch; where it fails, nothing
-is placed and the caller keeps reading the output from its global hook.
-
-The hook returns at once while Dynamo traces (``torch.compiler.is_compiling()``: no graph break,
-nothing inside the compiled graph). Module hooks are not guarded on by Dynamo
-(``torch._dynamo.config.skip_nnmodule_hook_guards``, true by default in torch 2.11 through 2.14), so
-adding or removing one compiles nothing again; in any case hooks are placed only on modules that run
-outside compiled code.
+Global forward hooks run before a module's own, which may change the output (a user's hook, tensor
+parallelism's redistribution of a layer's output, FSDP2's post-forward). :class:`LastForwardHooks`
+places one hook, last, on each module with hooks of its own as its call starts; where the running
+torch does not allow that (:func:`hooks_read_after_forward`), nothing is placed and the caller keeps
+reading the output from its global hook. Why the monitor needs it: docs/monitor.md, "What a module
+returned".
 """
 
 from __future__ import annotations
@@ -45,8 +32,11 @@ it is asked at every module call."""
 
 def hooks_read_after_forward() -> bool:
     """Whether a forward hook added to a module while its call runs, before its ``forward`` returns,
-    runs in that call after the hooks added before it (see the module docstring). Runs a module
-    call: :data:`HOOKS_READ_AFTER_FORWARD` holds the answer, taken on import."""
+    runs in that call after the hooks added before it. ``Module._call_impl`` reads
+    ``self._forward_hooks`` only once ``forward`` has returned (torch 2.11 through 2.14), so a hook
+    added as the call starts (from a global forward pre-hook) runs in that very call; this checks it on
+    the running torch. Runs a module call: :data:`HOOKS_READ_AFTER_FORWARD` holds the answer, taken on
+    import."""
     order: list[str] = []
 
     class Probe(nn.Module):
@@ -66,7 +56,21 @@ the probe's call)."""
 
 class LastForwardHooks:
     """``after`` called as a module's call returns, after the module's own forward hooks, on the
-    modules :meth:`place` was called for as their call started (see the module docstring)."""
+    modules :meth:`place` was called for as their call started.
+
+    ``Module._call_impl`` (torch 2.11 through 2.14) runs ``_global_forward_hooks`` and then
+    ``self._forward_hooks``, each free to return a new output, so a global hook sees the output as
+    ``forward`` returned it, not what the call returned once the module's own hooks changed it. One
+    hook is placed on each module that has forward hooks of its own, last among them (moved there
+    again should the user add one after it); modules without hooks of their own get none, so their
+    calls cost one dict's truth test.
+
+    The hook returns at once while Dynamo traces (``torch.compiler.is_compiling()``: no graph break,
+    nothing inside the compiled graph). Module hooks are not guarded on by Dynamo
+    (``torch._dynamo.config.skip_nnmodule_hook_guards``, true by default in torch 2.11 through 2.14), so
+    adding or removing one compiles nothing again; in any case hooks are placed only on modules that
+    run outside compiled code.
+    """
 
     def __init__(self, after: AfterHooks) -> None:
         self._after = after

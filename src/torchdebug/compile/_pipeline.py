@@ -1,26 +1,11 @@
 """The pass pipeline: named FX passes run in order on every AOT graph, each one dumped.
 
-A :class:`GraphPass` is a name and a function that edits a ``GraphModule`` in place. The pipeline of
-one compile is::
-
-    post_grad_custom_pre_pass (user)  ->  [inductor's post-grad passes]  ->
-    default_passes(config) + extra passes given to get_backend(...)  ->  post_grad_custom_post_pass (user)
-
-Under inductor the two ends are handed to inductor's ``post_grad_custom_pre_pass`` /
-``post_grad_custom_post_pass`` slots as :class:`PassStage` objects (a ``CustomGraphPass`` whose
-``uuid()`` names every pass, so the FX graph cache cannot serve a graph they did not see); the
-passes then see the graph inductor lowers, after its pattern rewrites. With ``aot_eager`` or
-``debug.run_eagerly`` there is no inductor and they run back to back on the AOT graph.
-
-Adding passes (how graph-mode data dumps plug in)::
-
-    def insert_dump_nodes(gm: torch.fx.GraphModule) -> None: ...   # edit gm.graph in place
-
-    backend = get_backend(config, passes=[GraphPass("insert_dump_nodes", insert_dump_nodes)])
-
-or, for passes torchdebug adds from its own config, return them from :func:`default_passes` (the
-graph-mode data dump, ``torchdebug.graph_dump._planner``, is added there).
-Each pass is dumped as ``NNN_aot_<phase>_graph_after_<name>.txt`` and timed in ``passes.json``.
+A :class:`GraphPass` is a name and a function that edits a ``GraphModule`` in place. Under inductor
+the passes run in its post-grad custom-pass slots as :class:`PassStage` objects (a ``CustomGraphPass``
+whose ``uuid()`` names every pass, so the FX graph cache cannot serve a graph they did not see); with
+``aot_eager`` or ``debug.run_eagerly`` right after AOT autograd. Each pass is dumped as
+``NNN_aot_<phase>_graph_after_<name>.txt`` and timed in ``passes.json``. The order, and how to add a
+pass: docs/compile.md, "Adding passes to the pipeline".
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Node by node: the compiled value of every node against an fp64 recomputation of the same node.
 
-For each AOT graph in execution order (forward graphs, then backward graphs), the graph inductor
-received is interpreted twice from the compiled values of its inputs: once in float64 (floating
-tensors and dtype arguments widened, complex ones to complex128) and once in the program's dtypes,
-as eager would run it. Each node the compiled code materialised is judged with
-:func:`torchdebug.diagnose._accuracy.check` (compiled against fp64, eager's error as the budget);
-the first node that fails is the culprit. A multi-output op (SDPA, ``native_dropout``, ``unbind``)
-is judged through the ``getitem`` nodes that read it, and named itself when one fails.
-
-Some nodes cannot be recomputed; they take their compiled value on both sides, unjudged, so the
-nodes after them are still judged, and the report says which:
-
-- random ops (dropout with ``p > 0``, ``rand``): a recomputation would draw other numbers. SDPA
-  kernels with ``dropout_p == 0`` are not random (:mod:`~torchdebug.diagnose._attention`);
-- ops that raise when recomputed (one that has no float64 kernel), and nodes that read a value
-  the compiled code did not keep (a symbolic size, an input a pass renamed).
-
-Uninitialised allocations (``empty_like``, ...) are recomputed but never judged: their values are
-whatever the memory held until the next op writes them.
-A node that can be neither recomputed nor read from the compiled values is unknown, and so is
-every node computed from it.
-
-Because the reference is the graph *before* inductor's post-grad passes, a wrong rewrite by a pass
-is caught at the first node whose value it changed, as is a wrong kernel.
+For each AOT graph in execution order, the graph inductor received (before its post-grad passes, so a
+wrong rewrite is caught as a wrong kernel is) is interpreted from the compiled values of its inputs in
+float64 and in the program's dtypes; each node the compiled code materialised is judged with
+:func:`torchdebug.diagnose._accuracy.check`, and the first that fails is the culprit. Nodes that
+cannot be recomputed (random ops, ops that raise, values not kept) take their compiled value on both
+sides, unjudged. The method and its limits: docs/diagnose.md, "How it works".
 """
 
 from __future__ import annotations
@@ -233,7 +216,9 @@ class _Replay:
         result = self.compiled.get(node.name)
         if not isinstance(result, torch.Tensor) or not isinstance(wide, torch.Tensor) or self._bookkeeping(node):
             return None
-        if allocates(attention.op_name(node.target)):  # recomputed (the next op reads the buffer), never judged
+        if allocates(attention.op_name(node.target)):
+            # An uninitialised allocation (empty_like, ...): recomputed, since the next op reads the
+            # buffer, but never judged: its values are whatever the memory held.
             return None
         verdict = check(node.name, wide, eager, result, self.tolerance)
         return None if verdict.passed else verdict

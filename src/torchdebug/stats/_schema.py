@@ -1,24 +1,11 @@
 """The one declaration of what a tensor's statistics are: the accumulators every path computes and
 how the host finishes them into a record's ``stats``.
 
-Every path reduces a tensor to the same vector of sums, one column per :data:`ACCUMULATORS` entry
-in this order: the C kernel (``native/stats.c``, checked against :data:`COLUMNS` when it loads),
-the Triton kernel (``native/triton_stats.py``, checked on import), the torch ops
-(:func:`torchdebug.stats._torch_ops.device_sums`), compiled graphs (``graph_dump/_accumulators.py``, one
-0-d node per column) and the device table (:data:`WIDTH` float64 columns, ``stats_table.py``).
-The host turns a vector into the record's statistics with :func:`stats_from_sums`; their keys,
-:data:`STAT_KEYS`, are what the record columns (``store/_record_columns.py``) and JSON lines, tables,
-``show``, the watcher and the shard merge of compare iterate over.
-
-Two kinds of accumulator: the four *value* accumulators (min, max, sum and sum of squares of the
-non-NaN values, finished into ``min``, ``max``, ``mean`` and ``norm``), and *counts* of elements
-equal to a constant (NaN for the NaN count), kept as they are. A new count is one line here plus its
-term in the two kernels (C and Triton); the torch ops and compiled graphs build theirs from
-:attr:`Accumulator.equals`. A record written before a count existed lacks its key: it reads as
-unknown (``stats.get(key)`` is ``None``).
-
-No torch here: records and readers import this module without loading torch (numpy only for
-:func:`stats_array_from_sums`).
+Every path (C and Triton kernels, torch ops, compiled graphs, the device table) reduces a tensor to
+the same vector of sums, one column per :data:`ACCUMULATORS` entry in this order, and
+:func:`stats_from_sums` finishes it; readers iterate over :data:`STAT_KEYS`. Who checks what, and
+how to add a count: docs/architecture.md, "One schema for statistics" and "Where a change goes".
+No torch here: records and readers import this module without loading torch.
 """
 
 from __future__ import annotations

@@ -15,11 +15,10 @@ one step dispatches (counted once by a counting dispatch mode; the debugger's ow
 counted); once by the wall clock, once by the process's CPU time (all its threads, the writer's
 included), which moves less with the load of other jobs on a shared machine. ``dispatch-mode`` is
 an empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode
-capture. ``structure/op python`` and ``structure/op native`` (and ``statistics/op ...``) are the same
-config (stacks off: the native path records none yet) on the dispatch mode and on the native observer
-(``TORCHDEBUG_NATIVE`` unset or ``1`` when the debugger is built; a native arm that fell back to the
-dispatch mode is marked so). Timings are printed, never asserted: the machine's load moves them (the first line gives
-the load average).
+capture. ``structure/op native`` and ``statistics/op native`` are ``structure/op`` and
+``statistics/op`` on the native observer (``TORCHDEBUG_NATIVE=1`` when the debugger is built, unset
+for the other arms; a native arm that fell back to the dispatch mode is marked so). Timings are
+printed, never asserted: the machine's load moves them (the first line gives the load average).
 
 ``--profile MODE`` runs ``--block`` steps of that mode under cProfile after the timing and prints
 the ``--top`` functions by their own time, then by cumulative time: where the host time goes.
@@ -52,16 +51,20 @@ from torchdebug.native.build import DISABLE_ENV  # noqa: E402
 CONFIG = GPTConfig(n_layer=4, d_model=32, n_head=4, seq_len=16, vocab=64)
 BATCH = 2
 
-PATH_MODES = {
-    f"{task}/op {path}": dict(task=task, level="op", stack="none")
-    for task in ("structure", "statistics")
-    for path in ("python", "native")
-}
-"""Each of the native path's tasks on both paths, stacks off (the native path records none yet)."""
+PATH_MODES = {f"{mode} native": MODES[mode] for mode in ("structure/op", "statistics/op")}
+"""The native path's tasks with their dispatch-mode configs (stacks on), built with ``TORCHDEBUG_NATIVE=1``."""
 
 ALL_MODES = {**MODES, **PATH_MODES}
 
-DEFAULT_MODES = ("dispatch-mode", *PATH_MODES, "structure/op", "statistics/op", "statistics/module", "checksum/op")
+DEFAULT_MODES = (
+    "dispatch-mode",
+    "structure/op",
+    "structure/op native",
+    "statistics/op",
+    "statistics/op native",
+    "statistics/module",
+    "checksum/op",
+)
 
 
 class _CountingMode(_EmptyMode):

@@ -1,13 +1,29 @@
-"""What a dispatch mode changes in what torch runs, undone on its records, so that they compare with
-the native path's (``docs/architecture.md``, the native path; ``tests/test_native_observer.py`` pins
-the list)."""
+"""What the comparisons of the two capture paths share: what a dispatch mode changes in what torch
+runs, undone on its records so that they compare with the native path's (``docs/architecture.md``,
+the native path; ``tests/test_native_observer.py`` pins the list), and the example GPT's training."""
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from itertools import groupby
 
+import torch
+from torch import nn
+
+from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from torchdebug.records import Record, make_name
+
+
+def gpt_training() -> tuple[nn.Module, Callable[[], None]]:
+    """The example GPT (2 layers, width 32), AdamW and a batch, seeded: the model and its step."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = make_batch(config, batch=2)
+    return model, lambda: train_step(model, optimizer, batch)
+
 
 _DETACH, _VIEW, _RESHAPE_ALIAS = "aten.detach.default", "aten.view.default", "aten._reshape_alias.default"
 _ADD, _ADD_ = "aten.add.Tensor", "aten.add_.Tensor"

@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 import torchdebug
-from examples.gpt import GPT, GPTConfig, make_batch, train_step
-from tests.capture.native_mode_ops import without_mode
+from tests.capture.native_compare import gpt_training, without_mode
 from torchdebug.capture.native_capture import why_not_native
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import build
@@ -22,15 +21,6 @@ from torchdebug.records import Record
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
 
 Training = Callable[[], tuple[nn.Module, Callable[[], None]]]
-
-
-def _gpt_training() -> tuple[nn.Module, Callable[[], None]]:
-    torch.manual_seed(0)
-    config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
-    model = GPT(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = make_batch(config, batch=2)
-    return model, lambda: train_step(model, optimizer, batch)
 
 
 def _hf_training() -> tuple[nn.Module, Callable[[], None]]:
@@ -97,8 +87,8 @@ def _assert_same_dumps(python: list[Record], native: list[Record], filtered: boo
 
 @pytest.mark.parametrize("task", ["structure", "statistics"])
 def test_the_example_gpt_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, task: str) -> None:
-    python = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=False, task=task)
-    native = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=True, task=task)
+    python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, task=task)
     _assert_same_dumps(python, native)
     assert {record.phase for record in native} == {"forward", "backward", "optimizer"}
     assert all(record.source is not None for record in native if record.phase == "forward")  # stacks, by default
@@ -124,8 +114,8 @@ def test_a_hugging_face_model_dumps_the_same_records_on_both_paths(tmp_path, mon
     ids=["list", "range", "backward-inputs", "forward"],
 )
 def test_filters_select_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options: dict) -> None:
-    python = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=False, **options)
-    native = _dump(tmp_path, monkeypatch, caplog, _gpt_training, native=True, **options)
+    python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, **options)
     assert native
     _assert_same_dumps(python, native, filtered=True)
 

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 import torchdebug
-from examples.gpt import GPT, GPTConfig, make_batch, train_step
-from tests.capture.native_mode_ops import without_mode
+from tests.capture.native_compare import gpt_training, without_mode
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
 from torchdebug.native import build
 from torchdebug.native.observer import NativeObserver, load_observer
@@ -118,17 +117,8 @@ def test_a_closure_given_to_the_optimizer_step_runs_forward_and_backward_ops(tmp
     assert {record.op for record in native if record.phase == "optimizer"} == {"aten.add_.Tensor"}
 
 
-def _gpt_training() -> tuple[nn.Module, Callable[[], None]]:
-    torch.manual_seed(0)
-    config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
-    model = GPT(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = make_batch(config, batch=2)
-    return model, lambda: train_step(model, optimizer, batch)
-
-
 def test_the_example_gpts_training_step_is_named_as_eager_capture_names_it(tmp_path, observer: NativeObserver) -> None:
-    native = _compare(tmp_path, _gpt_training, observer)
+    native = _compare(tmp_path, gpt_training, observer)
     assert {record.phase for record in native} == {"forward", "backward", "optimizer"}
     assert len({record.module for record in native}) > 10
 

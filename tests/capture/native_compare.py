@@ -15,13 +15,13 @@ from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from torchdebug.records import Record, make_name
 
 
-def gpt_training() -> tuple[nn.Module, Callable[[], None]]:
-    """The example GPT (2 layers, width 32), AdamW and a batch, seeded: the model and its step."""
+def gpt_training(device: str = "cpu") -> tuple[nn.Module, Callable[[], None]]:
+    """The example GPT (2 layers, width 32), AdamW and a batch, seeded, on ``device``: the model and its step."""
     torch.manual_seed(0)
     config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
-    model = GPT(config)
+    model = GPT(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = make_batch(config, batch=2)
+    batch = make_batch(config, batch=2, device=device)
     return model, lambda: train_step(model, optimizer, batch)
 
 

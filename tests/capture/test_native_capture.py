@@ -97,6 +97,23 @@ def test_the_example_gpt_dumps_the_same_records_on_both_paths(tmp_path, monkeypa
         assert {record.dtype for record in native} >= {"float32", "int64"}  # the C kernel's and torch ops'
 
 
+@pytest.mark.gpu
+def test_a_cuda_models_structure_dump_is_the_same_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """On CUDA the native path takes structure dumps (the backward runs on the engine's device
+    thread); it declines statistics there (``why_not_native``)."""
+    python = _dump(tmp_path, monkeypatch, caplog, lambda: gpt_training("cuda"), native=False, task="structure")
+    native = _dump(tmp_path, monkeypatch, caplog, lambda: gpt_training("cuda"), native=True, task="structure")
+    _assert_same_dumps(python, native)
+    assert {record.device for record in native} >= {"cuda:0"}
+
+
+def test_statistics_of_a_cuda_model_go_to_the_dispatch_mode(monkeypatch) -> None:
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    model = nn.Linear(2, 2).to("meta")  # a device other than the CPU, without one
+    assert "statistics of meta tensors" in why_not_native(DebuggerConfig.from_dict({}), model)
+    assert why_not_native(DebuggerConfig.from_dict({"task": "structure"}), model) is None
+
+
 def test_a_hugging_face_model_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
     python = _dump(tmp_path, monkeypatch, caplog, _hf_training, native=False)
     native = _dump(tmp_path, monkeypatch, caplog, _hf_training, native=True)

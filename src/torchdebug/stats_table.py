@@ -4,7 +4,8 @@ Reading a value computed on an accelerator (``.item()``, ``.tolist()``, ``.cpu()
 to finish everything queued before it; doing that per captured tensor serialises the host with the device
 at every op. :class:`StatsStager` reduces each tensor at once into a row of a per-device table and copies
 the table to the host once per flush. Why and how (the Triton kernel, scratch rows, the directory):
-docs/architecture.md, "A Triton kernel for CUDA statistics, a table for the host".
+docs/architecture.md, "Decisions and their reasons" ("A Triton kernel for CUDA statistics, a table
+for the host").
 """
 
 from __future__ import annotations

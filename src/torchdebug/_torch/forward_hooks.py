@@ -5,8 +5,8 @@ Global forward hooks run before a module's own, which may change the output (a u
 parallelism's redistribution of a layer's output, FSDP2's post-forward). :class:`LastForwardHooks`
 places one hook, last, on each module with hooks of its own as its call starts; where the running
 torch does not allow that (:func:`hooks_read_after_forward`), nothing is placed and the caller keeps
-reading the output from its global hook. Why the monitor needs it: docs/monitor.md, "What a module
-returned".
+reading the output from its global hook. Why the monitor needs it: docs/monitor.md, "What is
+watched" ("What a module returned").
 """
 
 from __future__ import annotations

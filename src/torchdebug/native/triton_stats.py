@@ -4,9 +4,9 @@
 (:data:`COLUMNS`) and, when asked, their fingerprint (:mod:`torchdebug.checksum`), into rows of a
 device table the host copies once per flush (:mod:`torchdebug.stats_table`); nothing is read back.
 Why a kernel, and how it reads, combines programs' partial rows and takes many tensors a launch:
-docs/architecture.md, "A Triton kernel for CUDA statistics, a table for the host". Triton is imported
-when the first CUDA tensor arrives; under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors too,
-which is how the suite checks it on machines without a GPU.
+docs/architecture.md, "Decisions and their reasons" ("A Triton kernel for CUDA statistics"). Triton
+is imported when the first CUDA tensor arrives; under ``TRITON_INTERPRET=1`` the kernel runs on CPU
+tensors too, which is how the suite checks it on machines without a GPU.
 """
 
 from __future__ import annotations

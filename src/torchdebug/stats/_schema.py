@@ -4,7 +4,8 @@ how the host finishes them into a record's ``stats``.
 Every path (C and Triton kernels, torch ops, compiled graphs, the device table) reduces a tensor to
 the same vector of sums, one column per :data:`ACCUMULATORS` entry in this order, and
 :func:`stats_from_sums` finishes it; readers iterate over :data:`STAT_KEYS`. Who checks what, and
-how to add a count: docs/architecture.md, "One schema for statistics" and "Where a change goes".
+how to add a count: docs/architecture.md, "Decisions and their reasons" ("One schema for
+statistics") and "Where a change goes".
 No torch here: records and readers import this module without loading torch.
 """
 

@@ -191,3 +191,21 @@ def test_a_checkpoint_wrapper_in_the_model_goes_to_the_dispatch_mode(monkeypatch
 
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     assert "activation checkpointing" in why_not_native(DebuggerConfig.from_dict({}), TinyGPT("wrapper"))
+
+
+def test_a_second_debugger_on_the_native_path_records_nothing_while_the_first_observes(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    model = nn.Linear(2, 2)
+    with caplog.at_level(logging.WARNING, logger="torchdebug.capture.native_capture"):
+        with (
+            torchdebug.Debugger(tmp_path / "first", stack="none") as first,
+            torchdebug.Debugger(tmp_path / "second", stack="none") as second,
+        ):
+            first.start(model)
+            second.start(model)
+            model(torch.ones(1, 2))
+            second.stop()
+            first.stop()
+    assert "aten.addmm.default" in {record.op for record in torchdebug.load(tmp_path / "first").ranks[0].records()}
+    assert not list(torchdebug.load(tmp_path / "second").ranks[0].records())
+    assert sum("another debugger" in record.getMessage() for record in caplog.records) == 1

@@ -103,14 +103,26 @@ class NativeOpCapture:
         self._statistics = session.want_stats
         self._failed = False
         self._told_recompute = False
+        self._told_busy = False
+        self._idle = False
 
     def start(self) -> None:
+        """Observe, unless another capture in this process observes (then this one records nothing
+        until it stops, and says so once)."""
+        self._idle = self.observer.running
+        if self._idle:
+            if not self._told_busy:
+                self._told_busy = True
+                logger.warning("torchdebug: another debugger records ops on the native path: this one records none meanwhile")
+            return
         self.observer.use_stats(self._statistics)
         self.observer.keep_unsummed(self._statistics)
         self.rows.start()
 
     def stop(self) -> None:
         """Stop observing and hand the step's records so far to the session."""
+        if self._idle:
+            return
         self.rows.stop()
         ops = self.observer.drain()
         if self.rows.recomputed and not self._told_recompute:  # not seen from the model before the run

@@ -160,6 +160,8 @@ class NativeObserver:
         """``c10::ScalarType`` code → ``torch.dtype``."""
         self._names: list[str] = []
         self._device_types: dict[int, str] = {}
+        self.running = False
+        """Between :meth:`start` and :meth:`stop`: the process has one observer, one user at a time."""
 
     def device_name(self, device_type: int, index: int) -> str:
         """``str(tensor.device)`` of a slot's ``slot_device_type`` and ``slot_device_index``."""
@@ -215,10 +217,13 @@ class NativeObserver:
     def start(self, level: int = RECORD) -> bool:
         """Observe the ops of this thread and of the autograd graph tasks it runs; ``False`` when it
         already observes."""
-        return bool(self._lib.td_observer_start(level))
+        started = bool(self._lib.td_observer_start(level))
+        self.running = self.running or started
+        return started
 
     def stop(self) -> None:
         self._lib.td_observer_stop()
+        self.running = False
 
     def start_fallback(self, records: bool) -> bool:
         """The alternative observation point, for measurements (``bench/observation_point.py``): a

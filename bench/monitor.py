@@ -175,8 +175,9 @@ def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync
     ):
         for name in names:
             setattr(owner, name, timed(getattr(owner, name)))
-    kernel = watch.cpu_sums_many_into
-    watch.cpu_sums_many_into = timed(kernel, slot=1)
+    kernels = {name: getattr(watch, name) for name in _CPU_KERNEL_CALLS}
+    for name, kernel in kernels.items():
+        setattr(watch, name, timed(kernel, slot=1))
     monitor.resume()
     per_step, pass_per_step = [], []
     try:
@@ -190,9 +191,14 @@ def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync
             per_step.append(spent[0])
             pass_per_step.append(spent[1])
     finally:
-        watch.cpu_sums_many_into = kernel
+        for name, kernel in kernels.items():
+            setattr(watch, name, kernel)
         monitor.pause()
     return statistics.median(per_step[2:]), min(per_step[2:]), statistics.median(pass_per_step[2:])
+
+
+_CPU_KERNEL_CALLS = ("cpu_sums_many_into", "cpu_sums_one_into")
+"""The monitor's calls of the CPU statistics kernel (a list of tensors; a module's one output)."""
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, int]:
@@ -212,24 +218,32 @@ def _bytes_read(monitor: torchdebug.Monitor, own_step) -> int:  # noqa: ANN001
     counted by wrapping, on this instance, the two ways a tensor is reduced: the CPU kernel and
     the device table."""
     read = [0]
-    cpu_sums_many_into = watch.cpu_sums_many_into
+    kernels = {name: getattr(watch, name) for name in _CPU_KERNEL_CALLS}
     add_all = monitor.stager.add_all
 
-    def counted_cpu(tensors: list[torch.Tensor], addresses: list[int]) -> None:
-        read[0] += sum(tensor.numel() * tensor.element_size() for tensor in tensors)
-        cpu_sums_many_into(tensors, addresses)
+    def counted_cpu(kernel):  # noqa: ANN001, ANN202
+        def counted(tensors, addresses) -> None:  # noqa: ANN001
+            for tensor in tensors if isinstance(tensors, list) else [tensors]:
+                read[0] += tensor.numel() * tensor.element_size()
+            kernel(tensors, addresses)
+
+        return counted
 
     def counted_device(items: list) -> None:  # noqa: ANN001
         read[0] += sum(item[0].numel() * item[0].element_size() for item in items)
         add_all(items)
 
-    watch.cpu_sums_many_into, monitor.stager.add_all = counted_cpu, counted_device
+    for name, kernel in kernels.items():
+        setattr(watch, name, counted_cpu(kernel))
+    monitor.stager.add_all = counted_device
     monitor.resume()
     try:
         monitor.step(loss=own_step())
     finally:
         monitor.pause()
-        watch.cpu_sums_many_into, monitor.stager.add_all = cpu_sums_many_into, add_all
+        for name, kernel in kernels.items():
+            setattr(watch, name, kernel)
+        monitor.stager.add_all = add_all
     return read[0]
 
 

@@ -78,6 +78,8 @@ class Ring:
         """The finished statistics of each position, as of its last :meth:`row`."""
         self._base = self.sums.ctypes.data
         """The address of :attr:`sums` (numpy's ``ctypes`` attribute builds an object at each read)."""
+        self._numel_items = memoryview(self.numel).cast("B").cast("d")
+        """:attr:`numel` flat, ``position × capacity + slot``: a store costs a third of numpy's."""
         self._stale = [False] * window
         """Positions written since their statistics were last finished."""
         self._order: list[int] = []
@@ -108,6 +110,7 @@ class Ring:
             if index >= self.sums.shape[1]:
                 self.sums, self.numel, self._values = (_doubled(a) for a in (self.sums, self.numel, self._values))
                 self._base = self.sums.ctypes.data
+                self._numel_items = memoryview(self.numel).cast("B").cast("d")
         return index
 
     def stage(self, index: int | None) -> int:
@@ -186,11 +189,21 @@ class Ring:
         if held is None:
             return None
         position, start = held
-        if len(indices) == 1:  # a module's one output: numpy's scalar store, not its fancy indexing (20x the time)
+        if len(indices) == 1:  # numpy's scalar store, not its fancy indexing (20x the time)
             self.numel[position, indices[0]] = numels[0]
         else:
             self.numel[position, indices] = numels
         return [start + index * _ROW_BYTES for index in indices]
+
+    def address(self, step: int, index: int, numel: int) -> int | None:
+        """:meth:`addresses` of one slot (a module's one output), with no list."""
+        position = self._held.get(step)
+        if position is None:
+            return None
+        self._stale[position] = True
+        capacity = len(self._numel_items) // self.window
+        self._numel_items[position * capacity + index] = numel
+        return self._base + (position * capacity + index) * _ROW_BYTES
 
     def _written(self, step: int) -> tuple[int, int] | None:
         """The position of ``step``, whose rows are about to be written, and the address of its slot

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -64,6 +65,7 @@ from torchdebug._torch.pytree import tree_leaves
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
+from torchdebug.monitor._one_tensor import cpu_sums_one_into
 from torchdebug.monitor._ring import Ring, Slot
 from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, NO_MODULE
 from torchdebug.slots import dtype_name, output_slots
@@ -121,11 +123,15 @@ class Watcher:
         self._modules = {id(module) for module in model.modules()}
         """The model's own modules (not the graph modules a compiled backend runs, nor a loss module of the loop's)."""
         self._calls: dict[str, int] = {}
-        self._seen: dict[int, _Seen] = {}
-        """Tensors reduced in this step, by ``id``."""
-        self._parameter_slots: dict[tuple[str, str], dict[int, tuple[torch.Tensor, Slot, int]]] = {}
-        """``(phase, io) -> id(parameter) -> (parameter, slot, index)``: the slots
-        :meth:`_add_parameters` last wrote, kept for the parameters it was last given."""
+        self._seen: dict[int, tuple[weakref.ref, int, int, _Seen | None]] = {}
+        """Tensors reduced in this step, by ``id``: the tensor (weakly), its version then, the slot its
+        sums go to and, while they are on their way, the slots waiting for them (``None``: in the ring)."""
+        self._output_slots: dict[tuple[str, int], tuple[Slot, int]] = {}
+        """``(module, call) -> (slot, index)`` of a module's output ``0``: a module's one tensor, found
+        without the slot's full key (see :meth:`_add_output`)."""
+        self._parameter_slots: dict[tuple[str, str], _ParameterSlots] = {}
+        """``(phase, io) ->`` the slots :meth:`_add_parameters` last wrote, kept for the parameters it
+        was last given."""
         self._open: list[tuple[str, bool]] = []
         """``(phase, after its own hooks)`` of each module call under way, innermost last: the
         second is true where the call's output is watched after the module's own forward hooks."""
@@ -317,7 +323,8 @@ class Watcher:
         if self.model.training:
             call = self._calls.get(name, 0)
             self._calls[name] = call + 1
-            self._add([("forward", name, arg, call, "output", value) for arg, value in output_slots(output)])
+            if output.__class__ not in PLAIN_TENSORS or not self._add_output(name, call, output):
+                self._add([("forward", name, arg, call, "output", value) for arg, value in output_slots(output)])
         if root and self.after_each_backward and self.active and torch.is_grad_enabled():
             self._watch_gradients_after_backward(output)
 
@@ -376,8 +383,13 @@ class Watcher:
         if self.grads_taken and not again:
             return
         self.grads_taken = True
-        params = [p for p in self.parameters() if p.grad is not None]
-        self._add_parameters("backward", "parameter_grad", params, [p.grad for p in params])
+        params, grads = [], []
+        for param in self.parameters():
+            grad = param.grad
+            if grad is not None:
+                params.append(param)
+                grads.append(grad)
+        self._add_parameters("backward", "parameter_grad", params, grads)
         scale = self.loss_scale() if scaled and self.loss_scale is not None else None
         if scale is not None:
             self._add([("backward", NO_MODULE, "", 0, "output", scale)], op=LOSS_SCALE_OP)
@@ -421,11 +433,10 @@ class Watcher:
                 continue
             index = ring.slot(phase, module, op, call, io, arg)
             _describe(ring.slots[index], value)
-            seen = self._seen.get(id(tensor))
-            if seen is not None and seen.ref() is tensor and seen.version == tensor_version(tensor):
-                seen.add(index)
+            if self._seen_before(tensor, index):
                 continue
-            seen = self._seen[id(tensor)] = _Seen(tensor, ring, step, index)
+            seen = _Seen(ring, step, index)
+            self._seen[id(tensor)] = (weakref.ref(tensor), tensor_version(tensor), index, seen)
             numel = tensor.numel()
             if numel == 0:
                 seen.arrive(IDENTITY, 0)
@@ -446,6 +457,47 @@ class Watcher:
             self.pending[step] = self.pending.get(step, 0) + len(items)
             self.stager.add_all(items)
 
+    def _seen_before(self, tensor: torch.Tensor, index: int) -> bool:
+        """Whether ``tensor`` was reduced before in this step, unchanged since: slot ``index`` then gets
+        (or waits for) the sums of the first slot that held it."""
+        seen = self._seen.get(id(tensor))
+        if seen is None or seen[0]() is not tensor or seen[1] != tensor_version(tensor):
+            return False
+        if seen[3] is None:  # its sums are in the ring
+            self.ring.copy(self.step, seen[2], index)
+        else:
+            seen[3].add(index)
+        return True
+
+    def _add_output(self, name: str, call: int, tensor: torch.Tensor) -> bool:
+        """:meth:`_add` of a module's one output, a plain tensor, where the CPU kernel takes it now (a
+        floating CPU tensor, not empty), with less host work a tensor: its slot found by module and
+        call, no list of slots, its sums written into the ring by one native call of its own (the
+        code after the module's call may change it in place: it is read now). Returns whether it
+        did; else :meth:`_add` takes it."""
+        if not self.active:
+            return True
+        if not stats_table._resolves_now(tensor) or not tensor.is_floating_point():
+            return False
+        numel = tensor.numel()
+        if not numel:
+            return False
+        ring = self.ring
+        found = self._output_slots.get((name, call))
+        if found is None:
+            index = ring.slot("forward", name, MODULE_OP, call, "output", "0")
+            found = self._output_slots[(name, call)] = (ring.slots[index], index)
+        slot, index = found
+        _describe(slot, tensor)
+        key = id(tensor)
+        if key in self._seen and self._seen_before(tensor, index):
+            return True
+        self._seen[key] = (weakref.ref(tensor), tensor_version(tensor), index, None)
+        address = ring.address(self.step, index, numel)
+        if address is not None:
+            cpu_sums_one_into(tensor, address)
+        return True
+
     def _add_parameters(self, phase: str, io: str, params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         """:meth:`_add` of ``values``, the tensors of ``params`` (the parameters themselves or their
         gradients) in the slots ``(phase, <module>, <leaf>, 0, io)``: when every one is a plain
@@ -455,31 +507,23 @@ class Watcher:
         of a parameter a module returned, unchanged since). Else through :meth:`_add`."""
         if not self.active:
             return
-        cache = self._parameter_slots.get((phase, io), {})
-        fresh: dict[int, tuple[torch.Tensor, Slot, int]] = {}
-        ring, names, resolves_now = self.ring, self._names, stats_table._resolves_now
+        known = self._parameter_slots.get((phase, io))
+        if known is None or not known.holds(params):
+            known = self._parameter_slots[(phase, io)] = _ParameterSlots(self, phase, io, params)
+        ring, resolves_now = self.ring, stats_table._resolves_now
         indices, tensors, numels, empty = [], [], [], []
-        for param, value in zip(params, values):
+        for value, slot, index in zip(values, known.slots, known.indices):
             if value.__class__ not in PLAIN_TENSORS or not resolves_now(value) or not value.is_floating_point():
                 break
-            key = id(param)
-            entry = cache.get(key)
-            if entry is None or entry[0] is not param:
-                module, leaf = self._name(param)
-                index = ring.slot(phase, module, MODULE_OP, 0, io, leaf)
-                entry = (param, ring.slots[index], index)
-            if key in names:  # else named by its place in the optimizer, which may change
-                fresh[key] = entry
-            _describe(entry[1], value)
+            _describe(slot, value)
             numel = value.numel()
             if numel:
-                indices.append(entry[2])
+                indices.append(index)
                 tensors.append(value)
                 numels.append(numel)
             else:
-                empty.append(entry[2])
+                empty.append(index)
         else:
-            self._parameter_slots[(phase, io)] = fresh
             addresses = ring.addresses(self.step, indices, numels)
             if addresses is not None:
                 cpu_sums_many_into(tensors, addresses)
@@ -502,6 +546,28 @@ class Watcher:
         return sink
 
 
+class _ParameterSlots:
+    """The slots of a list of parameters (or of their gradients), in its order, for
+    :meth:`Watcher._add_parameters` to reuse while it is given the same parameters in the same order.
+    A parameter the model does not hold is named by its place in the optimizer, which may change:
+    a list with one is never reused."""
+
+    __slots__ = ("params", "slots", "indices", "named")
+
+    def __init__(self, watcher: Watcher, phase: str, io: str, params: list[torch.Tensor]) -> None:
+        self.params = params
+        self.indices = []
+        for param in params:
+            module, leaf = watcher._name(param)
+            self.indices.append(watcher.ring.slot(phase, module, MODULE_OP, 0, io, leaf))
+        self.slots = [watcher.ring.slots[index] for index in self.indices]
+        self.named = all(id(param) in watcher._names for param in params)
+
+    def holds(self, params: list[torch.Tensor]) -> bool:
+        """Whether ``params`` are the parameters these slots were found for, in the same order."""
+        return self.named and len(params) == len(self.params) and all(map(operator.is_, params, self.params))
+
+
 def _describe(slot: Slot, value: torch.Tensor) -> None:
     """Note the dtype and shape of the tensor ``slot`` holds now (rewritten only when they changed)."""
     dtype, shape = dtype_name(value.dtype), value.shape
@@ -512,13 +578,13 @@ def _describe(slot: Slot, value: torch.Tensor) -> None:
 
 
 class _Seen:
-    """A tensor reduced in the current step: the slot its sums go to, and the other slots that hold
-    it (those added before its sums arrive wait for them)."""
+    """A tensor reduced in the current step whose sums are on their way (from the device's table, or
+    the native call that ends :meth:`Watcher._add`): the slot they go to, and the other slots that
+    hold it, which wait for them."""
 
-    __slots__ = ("ref", "version", "ring", "step", "first", "waiting")
+    __slots__ = ("ring", "step", "first", "waiting")
 
-    def __init__(self, tensor: torch.Tensor, ring: Ring, step: int, first: int) -> None:
-        self.ref, self.version = weakref.ref(tensor), tensor_version(tensor)
+    def __init__(self, ring: Ring, step: int, first: int) -> None:
         self.ring, self.step, self.first = ring, step, first
         self.waiting: list[int] | None = []
         """Slots waiting for the sums (``None`` once they are in the ring)."""

@@ -41,7 +41,7 @@ changes (``docs/architecture.md``: the native path).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count, repeat
 from math import prod
 from typing import Any, NamedTuple
@@ -347,6 +347,9 @@ class NativeStepCapture:
             ops.slot_device_index, ops.slot_value, ops.slot_version, ops.slot_storage,
         )  # fmt: skip
         last_row = call_seq = -1
+        head: RowName | None = None
+        names: tuple[str, ...] = ()
+        """The row's slot names up to the argument: ``forward/fc1/aten.addmm.default#0/input.``."""
         arguments: set[int] = set()
         """The addresses of an unrecorded row's tensor arguments (an in-place op returns one)."""
         source: tuple | None = None
@@ -367,7 +370,11 @@ class NativeStepCapture:
             if row != last_row:
                 last_row, call_seq, source = row, row if seqs is None else seqs[row - first_row], None
                 arguments.clear()
-            head = heads[row - first_row]
+                head = heads[row - first_row]
+                if head is not None:
+                    phase, module, op, call, _, fwd, facts, stack = head
+                    info, slot_name, backward = facts.info, facts.slot_name, phase == "backward"
+                    names = tuple(make_name(phase, module, op, call, io, "") + "." for io in _IO)
             if head is None:
                 if io_code == 0:
                     arguments.add(address)
@@ -375,8 +382,6 @@ class NativeStepCapture:
                     seen.pop(address, None)
                     values.forget(address, (storage, ops.slot_offset[slot], shapes[slot], dtype))
                 continue
-            phase, module, op, call, _, fwd, facts, stack = head
-            info = facts.info
             shape = shapes[slot]
             memory = (storage, ops.slot_offset[slot], shape, dtype)
             numel = prod(shape)
@@ -397,13 +402,13 @@ class NativeStepCapture:
                     seen.pop(address, None)
                     values.forget(address, memory)
                 continue
-            io, arg = _IO[io_code], facts.names.slot(io_code, arg_index, element)
-            record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, call_seq, io, arg)
+            arg = slot_name(io_code, arg_index, element)
+            record = Record(names[io_code] + arg, step, rank, phase, module, op, call, call_seq, _IO[io_code], arg)
             record.dtype = dtypes[dtype]
             record.fwd = fwd
             if stack is not None:
                 record.stack, record.source = stack[0], stack[2]
-            record.value_id = values.of(row, io_code, address, memory, phase == "backward")
+            record.value_id = values.of(row, io_code, address, memory, backward)
             record.version = version if version >= 0 else None
             records.append(record)
             if flag != PLAIN:
@@ -480,6 +485,15 @@ class _OpFacts:
     info: OpInfo
     one_tensor: bool
     """It returns one tensor (not a tuple or list): a dispatch mode sees ``out`` as a tensor."""
+    _slots: dict[tuple[int, int, int], str] = field(default_factory=dict)
+
+    def slot_name(self, io: int, arg: int, element: int) -> str:
+        """:meth:`OpSlotNames.slot`, once per slot position."""
+        key = (io, arg, element)
+        name = self._slots.get(key)
+        if name is None:
+            name = self._slots[key] = self.names.slot(io, arg, element)
+        return name
 
     @classmethod
     def of(cls, op_name: str) -> _OpFacts:

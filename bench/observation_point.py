@@ -16,6 +16,10 @@ paid up to 1 µs/op more, whichever point it was):
   id in columns, drained once per block;
 - ``rf-record+stats``: the observer taking the sums of each CPU float tensor with ``stats.c``'s
   kernel in the callback (what ``statistics`` capture needs of a CPU tensor; none on CUDA);
+- ``rf-record+stats+kept``: the same keeping the other tensors for the flush (what the native
+  path's ``statistics`` runs: ``NativeObserver.keep_unsummed``, handed over at the drain);
+- ``rf-record+stacks``: the observer taking each forward op's Python frames
+  (``torch::CapturedTraceback::gather``), symbolized at the drain (what ``stack="all"`` runs);
 - ``fallback-empty`` / ``fallback-record``: a boxed dispatcher fallback on ``DispatchKey::Fake``
   (below autograd) that passes every op on / also records its op and slot rows.
 
@@ -53,6 +57,8 @@ POINTS = (
     "rf-empty+values",
     "rf-record",
     "rf-record+stats",
+    "rf-record+stats+kept",
+    "rf-record+stacks",
     "fallback-empty",
     "fallback-record",
 )
@@ -68,7 +74,9 @@ def run_block(point: str, observer: NativeObserver, step: Callable[[], object], 
                 step()
         elif point.startswith("rf-"):
             level = {"rf-empty": EMPTY, "rf-empty+values": EMPTY_WITH_VALUES}.get(point, RECORD)
-            observer.use_stats(point == "rf-record+stats")
+            observer.use_stats(point.startswith("rf-record+stats"))
+            observer.keep_unsummed(point == "rf-record+stats+kept")
+            observer.want_stacks(point == "rf-record+stacks")
             observer.start(level)
             step()
             observer.stop()
@@ -77,7 +85,9 @@ def run_block(point: str, observer: NativeObserver, step: Callable[[], object], 
                 raise SystemExit("DispatchKey::Fake already has a fallback in this torch: no fallback measurement")
             step()
             observer.stop_fallback()
-    return len(observer.drain().op)
+    ops = observer.drain()
+    observer.stacks(ops)  # symbolized (and let go) as a flush does
+    return len(ops.op)
 
 
 def main() -> None:
@@ -121,12 +131,12 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.2f}; "
         f"tiny GPT: {ops} aten ops a step (a counting dispatch mode); median of {args.rounds} blocks of {args.block} steps"
     )
-    print(f"{'':16s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}")
-    print(f"{'point':16s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'rows/step':>9s}")
+    print(f"{'':22s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}")
+    print(f"{'point':22s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'rows/step':>9s}")
     plain, cpu_plain = statistics.median(times["plain"]), statistics.median(cpu_times["plain"])
     for point in POINTS:
         columns = _columns(times[point], plain, ops) + _columns(cpu_times[point], cpu_plain, ops)
-        print(f"{point:16s}{columns} {rows[point]:9d}")
+        print(f"{point:22s}{columns} {rows[point]:9d}")
 
 
 def _columns(seconds: list[float], plain: float, ops: int) -> str:

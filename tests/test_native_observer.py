@@ -381,3 +381,26 @@ def test_a_forward_ops_stack_is_its_python_frames_innermost_first_and_a_backward
     assert add[1][0] == __file__ and add[1][2].startswith("test_a_forward_ops_stack")
     assert all(ops.stack[row] < 0 for row in range(len(names)) if ops.backward[row])
     assert all(ops.stack[row] >= 0 for row in range(len(names)) if not ops.backward[row])
+
+
+def test_ops_under_another_dispatch_mode_are_not_recorded_dynamos_compilation_included(observer: NativeObserver) -> None:
+    """Dynamo traces with FakeTensorMode (a capture mode that ignores compile internals lets it
+    through): the first call of a compiled function records what later calls record."""
+
+    @torch.compile(backend="eager")
+    def compiled(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sin().sum()
+
+    x = torch.randn(4, requires_grad=True)
+    names = []
+    for _ in range(2):
+        x.grad = None
+        observer.start()
+        compiled(x).backward()
+        with _Seen([-1]):
+            torch.ones(1).add(1)
+        observer.stop()
+        ops = observer.drain()
+        assert not any(ops.slot_flag)
+        names.append(ops.op_names())
+    assert names[0] == names[1] and "aten.sin.default" in names[0] and "aten.add.Tensor" not in names[0]

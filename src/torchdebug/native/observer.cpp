@@ -19,7 +19,9 @@
 //   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
 //   - an op whose autograd kernel never redispatches (detach_), called live, is hidden;
 //   - an op called while the thread excludes the Python key is hidden, with all it calls: no
-//     dispatch mode sees it (torch.tensor(data) builds its tensor so: empty, to, detach_);
+//     dispatch mode sees it (torch.tensor(data) builds its tensor so: empty, to, detach_); so is one
+//     called while a Python dispatch mode is active: FakeTensorMode while Dynamo compiles (which a
+//     capture mode ignoring compile internals lets through), or a mode of the user's;
 //   - every other op is recorded: inputs at its start, outputs at its end.
 // A forward op's sequence number is the one the autograd node it makes gets (the dispatcher reads
 // at::sequence_number::peek() when grad mode is on and an autograd key is in the key set), so a
@@ -45,6 +47,7 @@
 #include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/library.h>
 
@@ -542,8 +545,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     thread.node_seq.push_back(-1);
     return nullptr;
   }
-  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {  // out of a dispatch mode's sight
-    thread.frames.push_back({kHidden, false, false, -1});
+  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python) || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+    thread.frames.push_back({kHidden, false, false, -1});  // out of a dispatch mode's sight, or inside another's
     return nullptr;
   }
   Frame* parent = enclosing_op(thread);

@@ -69,10 +69,13 @@ def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps
 
 def _assert_same_dumps(python: list[Record], native: list[Record], filtered: bool = False) -> None:
     """Step by step: names, dtypes, shapes, strides, devices, ``fwd``, unread marks and statistics
-    equal (bit for bit), value ids one to one, once the mode's own calls are undone. ``filtered``: a
-    value id of eager capture is one of the native path's, which may join two of them (the saved
-    tensors a mode unpacks through a ``detach`` its filter leaves out)."""
+    equal (bit for bit), value ids one to one and ``view_of`` naming the same values, once the mode's
+    own calls are undone. ``filtered``: a value id of eager capture is one of the native path's, which
+    may join two of them (the saved tensors a mode unpacks through a ``detach`` its filter leaves out),
+    and ``view_of`` is not compared."""
     pairs = set()
+    views: list[tuple[int | None, int | None]] = []
+    """``view_of`` of each record but those the mode's own ``detach``es hold (views only there)."""
     for step in sorted({record.step for record in python} | {record.step for record in native}):
         got = [record for record in native if record.step == step]
         expected, aliases = without_mode([record for record in python if record.step == step], got)
@@ -81,8 +84,19 @@ def _assert_same_dumps(python: list[Record], native: list[Record], filtered: boo
         ]
         assert [r.stats for r in got] == [r.stats for r, _, _ in expected]
         pairs |= {(aliases.get(want.value_id, want.value_id), got.value_id) for (want, _, _), got in zip(expected, got)}
+        views += [
+            (aliases.get(want.view_of, want.view_of), got.view_of)
+            for (want, _, _), got in zip(expected, got)
+            if want.value_id not in aliases
+        ]
     assert len({want for want, _ in pairs}) == len(pairs)
     assert filtered or len({got for _, got in pairs}) == len(pairs)
+    if filtered:  # a tensor first seen as a backward op's input is the value made in its memory, not a view
+        return
+    native_id = dict(pairs)  # and the ids only views name (a base made outside capture): one to one
+    native_id |= {want: got for want, got in views if want not in native_id}
+    assert [native_id.get(want) for want, _ in views] == [got for _, got in views]
+    assert len(set(native_id.values())) == len(native_id)
 
 
 @pytest.mark.parametrize("task", ["structure", "statistics"])

@@ -31,8 +31,11 @@ With ``stacks``, a forward row's stack is that of the Python frames its op was c
 the callback and symbolized once per drain (``NativeObserver.stacks``), described as eager capture's
 ``StackRecorder`` describes them; a backward row has its forward row's.
 
+``view_of`` as ``ValueIds`` sets it: a view op's new outputs name their first argument's memory
+owner, and an input first seen that autograd knows as a view (``slot_base``) its base's.
+
 Not mirrored (``capture/native_capture.py`` sends such configs to the dispatch mode): stacks for a
-range of calls, ``view_of``, ``recompute`` (activation checkpointing), ops a module's own forward hooks
+range of calls, ``recompute`` (activation checkpointing), ops a module's own forward hooks
 run (eager capture names them after that module), FSDP2's collectives, fingerprints, non-tensor
 arguments (eager capture records them as ``kind="value"``), and the ops a dispatch mode itself
 changes (``docs/architecture.md``: the native path).
@@ -344,7 +347,7 @@ class NativeStepCapture:
         step, rank, first_row, sums = self.step, self.rank, ops.first_row, ops.stats
         columns = zip(
             ops.slot_row, ops.slot_io, ops.slot_arg, ops.slot_element, ops.slot_dtype, ops.slot_flag, ops.slot_device_type,
-            ops.slot_device_index, ops.slot_value, ops.slot_version, ops.slot_storage,
+            ops.slot_device_index, ops.slot_value, ops.slot_version, ops.slot_storage, ops.slot_base,
         )  # fmt: skip
         last_row = call_seq = -1
         head: RowName | None = None
@@ -366,9 +369,11 @@ class NativeStepCapture:
             address,
             version,
             storage,
+            base,
         ) in enumerate(columns):
             if row != last_row:
                 last_row, call_seq, source = row, row if seqs is None else seqs[row - first_row], None
+                source_id = None
                 arguments.clear()
                 head = heads[row - first_row]
                 if head is not None:
@@ -396,8 +401,9 @@ class NativeStepCapture:
                     seen[address] = (version, memory, reused)
             recorded = _IO[io_code] in ios
             if not recorded:
-                if io_code == 0 and info.mutable:  # the tensors it writes keep their ids (``ValueIds.see``)
-                    values.of(row, io_code, address, memory)
+                if io_code == 0 and (info.mutable or (first and info.makes_views)):  # ``ValueIds.see``, ``views``
+                    value_id = values.of(row, io_code, address, memory, backward, base)
+                    source_id = value_id if first else source_id
                 elif io_code and reused is None:
                     seen.pop(address, None)
                     values.forget(address, memory)
@@ -408,7 +414,12 @@ class NativeStepCapture:
             record.fwd = fwd
             if stack is not None:
                 record.stack, record.source = stack[0], stack[2]
-            record.value_id = values.of(row, io_code, address, memory, backward)
+            record.value_id = value_id = values.of(row, io_code, address, memory, backward, base)
+            if io_code == 0 and first:
+                source_id = value_id
+            elif io_code and info.makes_views and source_id is not None and value_id != source_id:
+                values.made_view(value_id, source_id)
+            record.view_of = values.view_of.get(value_id)
             record.version = version if version >= 0 else None
             records.append(record)
             if flag != PLAIN:
@@ -543,6 +554,8 @@ class _ValueIds:
         self._made_in: dict[tuple, int] = {}
         """By memory: the value first made in it (views and in-place outputs make none)."""
         self._fresh = count()
+        self.view_of: dict[int, int] = {}
+        """By value id, for a view: the value id of the tensor whose memory it shares (the first one)."""
         self._row = -1
         self._inputs: dict[int, int] = {}
         self._input_storages: set[int] = set()
@@ -557,19 +570,36 @@ class _ValueIds:
         self._at.pop(address, None)
         self._made_in.pop(memory, None)
 
-    def of(self, row: int, io: int, address: int, memory: tuple, backward: bool = False) -> int:
+    def made_view(self, value_id: int, source: int) -> None:
+        """``value_id`` is a view op's output made from the value ``source`` (``ValueIds.views``)."""
+        self.view_of[value_id] = self.view_of.get(source, source)
+
+    def _base_id(self, base: int, storage: int) -> int:
+        """The value id of the tensor at ``base`` whose memory a view first seen shares: the one seen
+        there on that storage, or a new one (a tensor made outside capture, as ``ValueIds._add`` names it)."""
+        known = self._at.get(base)
+        if known is not None and known[1][0] == storage:
+            return self.view_of.get(known[0], known[0])
+        value_id = next(self._fresh)
+        self._at[base] = (value_id, (storage, None, None, None))  # its offset, shape and dtype unseen
+        return value_id
+
+    def of(self, row: int, io: int, address: int, memory: tuple, backward: bool = False, base: int = 0) -> int:
         """The value id of a slot of ``row`` (absolute: rows of every drain; slots in row order, each
-        row's inputs first); ``backward``: a backward op's, which may read a saved tensor unpacked."""
+        row's inputs first); ``backward``: a backward op's, which may read a saved tensor unpacked;
+        ``base``: the slot's view base (an input first seen that is a view names its memory's owner)."""
         if row != self._row:
             self._row, self._inputs, self._input_storages = row, {}, set()
         known = self._at.get(address)
         if io == 0:
-            if known is not None and known[1] == memory:
+            if known is not None and (known[1] == memory or (known[1][1] is None and known[1][0] == memory[0])):
                 value_id = known[0]
             else:
                 value_id = self._made_in.get(memory) if backward else None
                 if value_id is None:
                     value_id = self._made_in[memory] = next(self._fresh)
+                    if base:
+                        self.view_of[value_id] = self._base_id(base, memory[0])
             self._inputs[address] = value_id
             self._input_storages.add(memory[0])
         elif address in self._inputs:  # an argument the op returns (it wrote it, or lift_fresh)

@@ -171,6 +171,15 @@ int runs(const c10::TensorImpl* impl, int64_t* sizes, int64_t* strides) {
   return ndim;
 }
 
+// The TensorImpl address of the tensor a view's memory belongs to (autograd's _base: the first one,
+// for views of views), or 0 for a tensor that is no view. The temporary reference is dropped before
+// the op returns (a factory's binding checks that it holds its result alone).
+int64_t view_base(c10::TensorImpl* impl) {
+  if (impl->autograd_meta() == nullptr) return 0;  // no autograd metadata: no view
+  at::TensorBase tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+  return tensor.is_view() ? reinterpret_cast<int64_t>(tensor._base().unsafeGetTensorImpl()) : 0;
+}
+
 // The sums of a plain (not a subclass, not nested) tensor into out, when the kernel applies: a
 // non-empty strided CPU tensor of float32, bfloat16 or float64 without the negative bit, with data.
 bool take_stats(const c10::TensorImpl* impl, double* out) {
@@ -203,6 +212,7 @@ struct Slots {
   std::vector<int64_t> version;
   std::vector<int64_t> storage;  // the StorageImpl's address (0: none, or not read)
   std::vector<int64_t> offset;   // the storage offset
+  std::vector<int64_t> base;     // a view's: the TensorImpl address of the tensor whose memory it shares (0: none)
   std::vector<int64_t> shape;  // the slots' sizes, concatenated
   std::vector<int64_t> stride;  // the slots' strides, concatenated (ndim each, as shape)
   std::vector<int8_t> device_type;  // c10::DeviceType
@@ -235,6 +245,7 @@ struct Slots {
     stats.resize(at + kStatsWidth, std::nan(""));
     storage.push_back(kind == kPlain ? reinterpret_cast<int64_t>(impl->unsafe_storage().unsafeGetStorageImpl()) : 0);
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
+    base.push_back(kind == kPlain ? view_base(impl) : 0);
     if (kind != kPlain) {
       ndim.push_back(0);
       device_type.push_back(-1);
@@ -300,6 +311,7 @@ struct Slots {
     version.insert(version.end(), other.version.begin(), other.version.end());
     storage.insert(storage.end(), other.storage.begin(), other.storage.end());
     offset.insert(offset.end(), other.offset.begin(), other.offset.end());
+    base.insert(base.end(), other.base.begin(), other.base.end());
     shape.insert(shape.end(), other.shape.begin(), other.shape.end());
     stride.insert(stride.end(), other.stride.begin(), other.stride.end());
     device_type.insert(device_type.end(), other.device_type.begin(), other.device_type.end());
@@ -329,6 +341,7 @@ struct Slots {
     move(version, other.version, 1);
     move(storage, other.storage, 1);
     move(offset, other.offset, 1);
+    move(base, other.base, 1);
     move(device_type, other.device_type, 1);
     move(device_index, other.device_index, 1);
     move(has_stats, other.has_stats, 1);
@@ -358,7 +371,7 @@ struct Slots {
 
   void clear() {
     waiting.clear();
-    for (auto* column : {&row, &value, &version, &storage, &offset, &shape, &stride, &kept_slot}) column->clear();
+    for (auto* column : {&row, &value, &version, &storage, &offset, &base, &shape, &stride, &kept_slot}) column->clear();
     for (auto* column : {&io, &dtype, &flag, &ndim, &device_type, &device_index, &has_stats}) column->clear();
     kept.clear();
     stats.clear();
@@ -728,9 +741,10 @@ void td_observer_counts(int64_t* counts) {
 }
 
 // Move the first counts[0] op rows, counts[1] slot rows, counts[2] shape and stride entries and
-// counts[4] kept tensors (as td_observer_counts gave them) into the 23 columns: Recorder's op
+// counts[4] kept tensors (as td_observer_counts gave them) into the 24 columns: Recorder's op
 // columns, then its Slots' (the kept tensors' slots; the tensors go to observer_kept()), then the
-// rows' stacks (indices into the tracebacks td_observer_stacks symbolizes); rows added since stay. Called between ops: an op still running when its row is drained records its
+// rows' stacks (indices into the tracebacks td_observer_stacks symbolizes), then the slots' view
+// bases; rows added since stay. Called between ops: an op still running when its row is drained records its
 // outputs with the next drain.
 void td_observer_drain(const int64_t* counts, void** columns) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -745,6 +759,7 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   size_t tracebacks = 0;  // those of the rows drained: the first ones
   for (size_t row = 0; row < ops; ++row) tracebacks += recorder.stack[row] >= 0 ? 1 : 0;
   take(recorder.stack, ops, columns[22]);
+  take(from.base, slots, columns[23]);
   for (auto& index : recorder.stack) index -= index >= 0 ? static_cast<int64_t>(tracebacks) : 0;
   drained_tracebacks.assign(std::make_move_iterator(recorder.tracebacks.begin()),
                             std::make_move_iterator(recorder.tracebacks.begin() + static_cast<std::ptrdiff_t>(tracebacks)));

@@ -10,20 +10,21 @@ in C++ by an ``at::RecordFunction`` callback with no Python per op, drained into
 
 A row per op: its name (``op``, an id into ``names``), ``seq`` (for a forward op the sequence number
 of the autograd node it makes, for a backward op that of the node it runs: equal numbers link the
-two), ``backward``, ``module`` (what :meth:`NativeObserver.set_module` last set). A slot per tensor
-argument or result: ``slot_row`` (its op row), ``slot_io`` (0 input, 1 output), ``slot_arg`` (the
-schema position of the argument, or of the result), ``slot_element`` (index in a list argument, -1
-outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code: :attr:`NativeObserver.dtypes` maps them),
-``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes not read), ``slot_ndim``
-with the sizes concatenated in ``shape`` and the strides in ``stride``, ``slot_device_type`` and
-``slot_device_index`` (:meth:`NativeObserver.device_name`), ``slot_value`` (the ``TensorImpl``'s address, which is
-``Tensor._cdata``), ``slot_version`` (its version counter, -1 for inference tensors), ``slot_storage``
-(its ``StorageImpl``'s address, 0 for a flagged slot or one without storage) and ``slot_offset`` (its
-storage offset); by op row, ``stack`` after :meth:`NativeObserver.want_stacks` (:meth:`NativeObserver.stacks`
-symbolizes them); after :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float
-tensor (``slot_has_stats``); after :meth:`NativeObserver.keep_unsummed`, ``kept``: the other plain
-non-empty tensors, handed over by the operator the library registers (``torch.ops.torchdebug.observer_kept``),
-and their slots (``kept_slot``).
+two), ``backward``, ``module`` (what :meth:`NativeObserver.set_module` last set), and after
+:meth:`NativeObserver.want_stacks` ``stack`` (:meth:`NativeObserver.stacks` symbolizes them). A slot
+per tensor argument or result: ``slot_row`` (its op row), ``slot_io`` (0 input, 1 output),
+``slot_arg`` (the schema position of the argument, or of the result), ``slot_element`` (index in a
+list argument, -1 outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code:
+:attr:`NativeObserver.dtypes` maps them), ``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes not
+read), ``slot_ndim`` with the sizes concatenated in ``shape`` and the strides in ``stride``,
+``slot_device_type`` and ``slot_device_index`` (:meth:`NativeObserver.device_name`), ``slot_value``
+(the ``TensorImpl``'s address, which is ``Tensor._cdata``), ``slot_version`` (its version counter, -1
+for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address, 0 for a flagged slot or one
+without storage), ``slot_offset`` (its storage offset) and ``slot_base`` (a view's base
+``TensorImpl``, 0 for none); after :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU
+float tensor (``slot_has_stats``); after :meth:`NativeObserver.keep_unsummed`, ``kept``: the other
+plain non-empty tensors, handed over by the operator the library registers
+(``torch.ops.torchdebug.observer_kept``), and their slots (``kept_slot``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ _COLUMNS = (
     ("stats", "d"),
     ("kept_slot", "q"),
     ("stack", "q"),
+    ("slot_base", "q"),
 )
 """The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
 
@@ -111,6 +113,9 @@ class ObservedOps:
     """The slots of :attr:`kept`, and -1 for each output freed before the next op started (not kept)."""
     stack: array
     """By op row: an index into :meth:`NativeObserver.stacks`' tracebacks (-1: none taken)."""
+    slot_base: array
+    """A view's: the ``TensorImpl`` address of the tensor whose memory it shares (autograd's ``_base``,
+    the first one for views of views); 0 for a tensor that is no view, or a flagged one."""
     kept: list[torch.Tensor]
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
     callback did not take, as recorded (their values may have changed since: compare versions)."""
@@ -240,7 +245,7 @@ class NativeObserver:
         counts = (ctypes.c_int64 * 5)()
         self._lib.td_observer_counts(counts)
         ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
-        sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops]
+        sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops, slots]
         columns = {name: array(code, bytes(array(code).itemsize * size)) for (name, code), size in zip(_COLUMNS, sizes)}
         pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
         self._lib.td_observer_drain(counts, pointers)

@@ -54,7 +54,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torchdebug._torch.autograd import tensor_version
-from torchdebug._torch.dispatch import op_schema
+from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.stacks import describe_stack, is_user_file
@@ -86,7 +86,7 @@ class OpSlotNames:
     """The op writes into one of its arguments (in-place or ``out=``)."""
 
     @classmethod
-    def of(cls, overload: torch._ops.OpOverload) -> OpSlotNames:
+    def of(cls, overload: OpOverload) -> OpSlotNames:
         """The slot names of an op overload (``op_overload("aten.mm.default")``)."""
         schema = op_schema(overload)
         inputs = tuple(argument.name if argument.kwarg_only else str(index) for index, argument in enumerate(schema.arguments))
@@ -105,7 +105,7 @@ class OpSlotNames:
         return top if element < 0 else f"{top}.{element}"
 
 
-def op_overload(op_name: str) -> torch._ops.OpOverload:
+def op_overload(op_name: str) -> OpOverload:
     """The overload named ``aten.mm.default`` (any namespace ``torch.ops`` knows)."""
     namespace, _, rest = op_name.partition(".")
     name, _, overload = rest.rpartition(".")

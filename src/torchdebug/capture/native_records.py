@@ -72,7 +72,10 @@ _OUTSIDE, _OPTIMIZER = -1, -2
 _IO = ("input", "output")
 
 _FLAGGED = {SUBCLASS: "a tensor subclass: not read by the native path", NESTED: "a nested tensor: not read by the native path"}
-_CHANGED = "changed in place before the native path's flush could read it (TORCHDEBUG_NATIVE=0 reads it at the op)"
+_CHANGED = (
+    "not read by the native path: freed before the next op, or changed in place before the flush (TORCHDEBUG_NATIVE=0 "
+    "reads it at the op)"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,7 +135,7 @@ class _Call:
 
 
 class OpFacts(Protocol):
-    """What :meth:`OverflowWatch.run` reads of an op (the eager capture's ``_OpInfo`` has it)."""
+    """What :meth:`OverflowWatch.run` reads of an op (the eager capture's ``OpInfo`` has it)."""
 
     @property
     def written(self) -> frozenset[str]: ...

@@ -160,7 +160,9 @@ class NativeOpCapture:
             else:
                 heads[row] = None
         self.rows.step = session.step
-        records = self.rows.slot_records(
+        columns = self.rows.slot_columns(
             ops, heads, ios=self.ios, seqs=seqs, statistics=self._statistics, stage=session.stage_stats
         )
-        session.add_records(records)
+        if columns.num_rows:
+            session.flush()  # what the session holds goes first: the dump keeps the order of capture
+            session.writer.submit_columns(session.step, columns)

@@ -22,7 +22,7 @@ Each tensor slot gets ``value_id``, ``version`` and ``view_of``. Ids come from `
 addresses and the memory they show (``native_values.py``): as in eager capture, an op's output is a
 new value unless it is one of the op's arguments; a saved output autograd unpacks is the output it
 saved, as it is once the mode's own ``detach`` is taken away. With statistics
-(:meth:`NativeStepCapture.slot_records`), each slot has those eager capture gives it: the callback's
+(:meth:`NativeStepCapture.slot_columns`), each slot has those eager capture gives it: the callback's
 sums for CPU float tensors, torch ops at the flush for the tensors the callback kept, and the first
 statistics of a tensor, or of a view or copy's source, for the slots that show it again at the same
 version. Slots on memory that holds no value of the run are described, not read.
@@ -49,6 +49,9 @@ from itertools import repeat
 from math import prod
 from typing import Any, NamedTuple
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -63,6 +66,8 @@ from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, NativeObserver, 
 from torchdebug.records import NO_MODULE, UNREAD, Record, make_call_name, make_name
 from torchdebug.slots import dtype_name
 from torchdebug.stats._schema import WIDTH, empty_stats, stats_from_sums
+from torchdebug.store._record_columns import columns_batch, records_from_table
+from torchdebug.store._record_json import json_text
 
 __all__ = ["NativeStepCapture", "OpSlotNames", "RowName", "op_overload"]
 
@@ -157,8 +162,6 @@ class NativeStepCapture:
         """This step's forward rows by the sequence number of the node they made: (module, call name, stack)."""
         self._values = NativeValueIds()
         self._unwritten = NativeUnwritten()
-        self._sizes: dict[tuple[int, ...], list[int]] = {}
-        """One list per distinct shape or stride, shared by the records that have it (``CaptureSession._sizes``)."""
         self._devices: dict[tuple[int, int], str] = {}
         self.recomputed = False
         """Activation checkpointing ran a module again in a backward: its ops are named as backward ops."""
@@ -264,16 +267,16 @@ class NativeStepCapture:
         self._calls.clear()
         self._made_by.clear()
         self._values.next_step()
-        self._sizes.clear()
         self._seen.clear()
 
     def records(self) -> list[Record]:
-        """Drain the observer and name its rows (see the module docstring)."""
+        """Drain the observer and name its rows (see the module docstring), as records read back."""
         return self.convert(self.observer.drain())
 
     def convert(self, ops: ObservedOps) -> list[Record]:
-        """The tensor records of drained rows, in row order (inputs, then outputs, of each op)."""
-        return self.slot_records(ops, self.name_rows(ops))
+        """The tensor records of drained rows, in row order (inputs, then outputs, of each op): the
+        columns of :meth:`slot_columns` read as a dump's reader reads them."""
+        return records_from_table(pa.Table.from_batches([self.slot_columns(ops, self.name_rows(ops))]))
 
     def name_rows(self, ops: ObservedOps) -> list[RowName | None]:
         """Each drained row's name (``None``: an op capture skips, ``record_function``'s bookkeeping);
@@ -323,7 +326,7 @@ class NativeStepCapture:
         ]
         return [described[stack_of[index]] if index >= 0 else None for index in ops.stack]
 
-    def slot_records(
+    def slot_columns(
         self,
         ops: ObservedOps,
         heads: list[RowName | None],
@@ -332,31 +335,34 @@ class NativeStepCapture:
         seqs: list[int] | None = None,
         statistics: bool = False,
         stage: Callable[[list[tuple[torch.Tensor, Callable[[dict], None]]]], None] | None = None,
-    ) -> list[Record]:
+    ) -> pa.RecordBatch:
         """The records of the slots of the rows named in ``heads`` (``None``: not recorded), of the
-        sides in ``ios``; ``seqs`` numbers the recorded calls by row (default: the row).
+        sides in ``ios``, as one record batch of the store's schema (``records_batch``'s); ``seqs``
+        numbers the recorded calls by row (default: the row).
 
         With ``statistics``, as eager capture takes them (``CaptureSession``): the callback's sums,
         finished; ``stage`` gets the kept tensors still at the version recorded
-        (``CaptureSession.stage_stats``); a tensor seen before at the same version, and the output
-        of a view or copy with its input's elements (``OpCapture._alias_source``), has the
-        statistics taken first. A slot whose memory holds no value of the run (an allocation's, an
-        argument the op overwrites) is described, not read (``CaptureSession.add_call``'s ``unread``)."""
-        records = []
-        shapes, strides, sizes = ops.slot_shapes(), ops.slot_strides(), self._sizes
-        dtypes, devices, seen = self._dtype_names, self._devices, self._seen
-        values, unwritten = self._values, self._unwritten
+        (``CaptureSession.stage_stats``, which fills them at once: CPU tensors); a tensor seen before
+        at the same version, and the output of a view or copy with its input's elements
+        (``OpCapture._alias_source``), has the statistics taken first. A slot whose memory holds no
+        value of the run (an allocation's, an argument the op overwrites) is described, not read
+        (``CaptureSession.add_call``'s ``unread``).
+
+        Value ids and statistics follow the slots in order (a Python step per slot); names, dtypes,
+        shapes, strides, devices, versions and the call's fields are columns taken from the drained
+        arrays and the rows' names (``_SlotColumns``)."""
+        shapes = ops.slot_shapes()
+        seen, values, unwritten = self._seen, self._values, self._unwritten
         kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
         due: list[tuple[torch.Tensor, Callable[[dict], None]]] = []
-        step, rank, first_row, sums = self.step, self.rank, ops.first_row, ops.stats
+        first_row, sums = ops.first_row, ops.stats
+        out = _SlotColumns()
         columns = zip(
             ops.slot_row, ops.slot_io, ops.slot_arg, ops.slot_element, ops.slot_dtype, ops.slot_flag, ops.slot_device_type,
             ops.slot_device_index, ops.slot_value, ops.slot_version, ops.slot_storage, ops.slot_base,
         )  # fmt: skip
-        last_row = call_seq = -1
+        last_row = -1
         head: RowName | None = None
-        names: tuple[str, ...] = ()
-        """The row's slot names up to the argument: ``forward/fc1/aten.addmm.default#0/input.``."""
         arguments: set[int] = set()
         """The addresses of an unrecorded row's tensor arguments (an in-place op returns one)."""
         source: tuple | None = None
@@ -376,14 +382,14 @@ class NativeStepCapture:
             base,
         ) in enumerate(columns):
             if row != last_row:
-                last_row, call_seq, source = row, row if seqs is None else seqs[row - first_row], None
+                last_row, source = row, None
                 source_id = None
                 arguments.clear()
                 head = heads[row - first_row]
                 if head is not None:
-                    phase, module, op, call, _, fwd, facts, stack = head
-                    info, slot_name, backward = facts.info, facts.slot_name, phase == "backward"
-                    names = tuple(make_name(phase, module, op, call, io, "") + "." for io in _IO)
+                    info, slot_name, backward = head.facts.info, head.facts.slot_name, head.phase == "backward"
+                    one_tensor = head.facts.one_tensor
+                    name_at = out.add_row(head, row if seqs is None else seqs[row - first_row])
             if head is None:
                 if io_code == 0:
                     arguments.add(address)
@@ -399,12 +405,11 @@ class NativeStepCapture:
             if io_code == 0 and first:
                 source = (address, version, memory, numel, device)
             reused = None
-            if io_code and first and source is not None and facts.one_tensor and not info.mutable:
+            if io_code and first and source is not None and one_tensor and not info.mutable:
                 reused = _alias_stats(seen, info, source, memory, numel, device)
                 if reused is not None:
                     seen[address] = (version, memory, reused)
-            recorded = _IO[io_code] in ios
-            if not recorded:
+            if _IO[io_code] not in ios:
                 if io_code == 0 and (info.mutable or (first and info.makes_views)):  # ``ValueIds.see``, ``views``
                     value_id = values.of(row, io_code, address, memory, backward, base)
                     source_id = value_id if first else source_id
@@ -413,53 +418,161 @@ class NativeStepCapture:
                     values.forget(address, memory)
                 continue
             arg = slot_name(io_code, arg_index, element)
-            record = Record(names[io_code] + arg, step, rank, phase, module, op, call, call_seq, _IO[io_code], arg)
-            record.dtype = dtypes[dtype]
-            record.fwd = fwd
-            if stack is not None:
-                record.stack, record.source = stack[0], stack[2]
-            record.value_id = value_id = values.of(row, io_code, address, memory, backward, base)
+            value_id = values.of(row, io_code, address, memory, backward, base)
             if io_code == 0 and first:
                 source_id = value_id
             elif io_code and info.makes_views and source_id is not None and value_id != source_id:
                 values.made_view(value_id, source_id)
-            record.view_of = values.view_of.get(value_id)
-            record.version = version if version >= 0 else None
-            records.append(record)
+            stats = why = None
             if flag != PLAIN:
-                record.capture_error = _FLAGGED[flag]
+                why = _FLAGGED[flag]
+            elif (unread := unwritten.why(io_code, info, arg, storage, numel)) is not None:
+                out.add(slot, name_at + io_code, arg, value_id, values.view_of.get(value_id), None, None, unread)
                 continue
-            record.shape = sizes.get(shape) or sizes.setdefault(shape, list(shape))
-            stride = strides[slot]
-            record.stride = sizes.get(stride) or sizes.setdefault(stride, list(stride))
-            record.device = devices.get(device) or devices.setdefault(device, self.observer.device_name(*device))
-            why = unwritten.why(io_code, info, arg, storage, numel)
-            if why is not None:
-                record.extra = {UNREAD: why}
-                continue
-            if not statistics:
-                continue
-            if reused is not None:
-                record.stats = reused
-                continue
-            known = seen.get(address) if io_code == 0 else None  # an output is a new tensor, or written
-            if known is not None and known[0] == version and known[1] == memory:
-                record.stats = known[2]
-                continue
-            if ops.slot_has_stats[slot]:
-                record.stats = stats_from_sums(sums[slot * WIDTH : (slot + 1) * WIDTH], numel)
-            elif numel == 0:
-                record.stats = empty_stats()
-            elif (tensor := kept.get(slot)) is not None and (version < 0 or tensor_version(tensor) == version):
-                record.stats = {}
-                due.append((tensor, record.stats.update))
+            elif not statistics:
+                pass
+            elif reused is not None:
+                stats = reused
+            elif io_code == 0 and (known := seen.get(address)) is not None and known[0] == version and known[1] == memory:
+                stats = known[2]  # an output is a new tensor, or written: only an input is known
             else:
-                record.capture_error = _CHANGED
-                continue
-            seen[address] = (version, memory, record.stats)
+                if ops.slot_has_stats[slot]:
+                    stats = stats_from_sums(sums[slot * WIDTH : (slot + 1) * WIDTH], numel)
+                elif numel == 0:
+                    stats = empty_stats()
+                elif (tensor := kept.get(slot)) is not None and (version < 0 or tensor_version(tensor) == version):
+                    stats = {}
+                    due.append((tensor, stats.update))
+                else:
+                    why = _CHANGED
+                if why is None:
+                    seen[address] = (version, memory, stats)
+            out.add(slot, name_at + io_code, arg, value_id, values.view_of.get(value_id), stats, why, None)
         if due and stage is not None:
             stage(due)
-        return records
+        return out.batch(ops, self.step, self.rank, self._dtype_names, self._device_name)
+
+    def _device_name(self, device_type: int, device_index: int) -> str:
+        device = (device_type, device_index)
+        return self._devices.get(device) or self._devices.setdefault(device, self.observer.device_name(*device))
+
+
+class _SlotColumns:
+    """The recorded slots of one drain, gathered for :meth:`NativeStepCapture.slot_columns`: per
+    recorded row its call's fields, per recorded slot what only the walk over the slots knows (its
+    value id, statistics and why it was not read); the rest is taken from the drained arrays."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+        """Per recorded row: phase, module, op, call, seq, fwd, stack id, source."""
+        self.prefixes: list[str] = []
+        """Per recorded row, two: its slots' names up to the argument, ``forward/fc1/aten.addmm.default#0/input.``."""
+        self.slots: list[int] = []
+        self.names: list[int] = []
+        """Per recorded slot: its index in :attr:`prefixes` (``2 * row + io``)."""
+        self.args: list[str] = []
+        self.value_ids: list[int] = []
+        self.view_of: list[int | None] = []
+        self.stats: list[dict | None] = []
+        self.errors: list[str | None] = []
+        self.unread: list[str | None] = []
+
+    def add_row(self, head: RowName, seq: int) -> int:
+        """Note a recorded row; the index of its inputs' name prefix (its outputs' is the next)."""
+        phase, module, op, call, _, fwd, _, stack = head
+        self.rows.append((phase, module, op, call, seq, fwd, *((stack[0], stack[2]) if stack is not None else (None, None))))
+        self.prefixes.extend(make_name(phase, module, op, call, io, "") + "." for io in _IO)
+        return len(self.prefixes) - 2
+
+    def add(
+        self,
+        slot: int,
+        name: int,
+        arg: str,
+        value_id: int,
+        view_of: int | None,
+        stats: dict | None,
+        error: str | None,
+        unread: str | None,
+    ) -> None:  # noqa: E501
+        self.slots.append(slot)
+        self.names.append(name)
+        self.args.append(arg)
+        self.value_ids.append(value_id)
+        self.view_of.append(view_of)
+        self.stats.append(stats)
+        self.errors.append(error)
+        self.unread.append(unread)
+
+    def batch(
+        self, ops: ObservedOps, step: int, rank: int, dtype_names: dict[int, str], device_name: Callable[[int, int], str]
+    ) -> pa.RecordBatch:
+        """The slots' records as one record batch (``columns_batch``): the per-slot facts the
+        callback drained taken at the recorded slots, the call's fields by row."""
+        count = len(self.slots)
+        slots = np.asarray(self.slots, np.int64)
+        names = np.asarray(self.names, np.int64)
+        rows = pa.array(names // 2)
+        flagged = np.asarray(ops.slot_flag)[slots] != PLAIN
+        row_fields = list(zip(*self.rows)) if self.rows else [()] * 8
+        by_row = {
+            name: pa.array(list(values), kind).take(rows) for name, kind, values in zip(_ROW_FIELDS, _ROW_TYPES, row_fields)
+        }
+        args = pa.array(self.args, pa.string())
+        versions = np.asarray(ops.slot_version)[slots]
+        columns = {
+            "name": pc.binary_join_element_wise(pa.array(self.prefixes, pa.string()).take(pa.array(names)), args, ""),
+            "step": pa.repeat(pa.scalar(step, pa.int64()), count),
+            "rank": pa.repeat(pa.scalar(rank, pa.int64()), count),
+            **by_row,
+            "io": pa.array(_IO, pa.string()).take(pa.array(names % 2)),
+            "arg": args,
+            "kind": pa.repeat(pa.scalar("tensor"), count),
+            "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.__getitem__),
+            "shape": _sizes(ops.shape, ops.slot_ndim, slots, flagged),
+            "stride": _sizes(ops.stride, ops.slot_ndim, slots, flagged),
+            "device": _named(
+                np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES
+                + np.asarray(ops.slot_device_index, np.int64)[slots]
+                + 1,
+                lambda key: device_name(key // _INDICES, key % _INDICES - 1),
+                flagged,
+            ),
+            "capture": pa.repeat(pa.scalar("eager"), count),
+            "capture_error": pa.array(self.errors, pa.string()),
+            "value_id": pa.array(self.value_ids, pa.int64()),
+            "version": pa.array(versions, pa.int64(), mask=versions < 0),
+            "view_of": pa.array(self.view_of, pa.int64()),
+            "extra": _named_or_none(self.unread),
+        }
+        return columns_batch(count, columns, self.stats)
+
+
+_ROW_FIELDS = ("phase", "module", "op", "call", "seq", "fwd", "stack", "source")
+_ROW_TYPES = (pa.string(), pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string(), pa.string(), pa.string())
+_INDICES = 1 << 16
+"""Device indices (and -1, none) a device code holds: ``type * _INDICES + index + 1``."""
+
+
+def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:
+    """A string column from per-slot codes: each distinct code named once (``empty``: rows left empty)."""
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    dictionary = pa.array([name(code) for code in distinct.tolist()], pa.string())
+    return dictionary.take(pa.array(inverse.reshape(-1), pa.int64(), mask=empty))
+
+
+def _named_or_none(reasons: list[str | None]) -> pa.Array:
+    """The ``extra`` column: ``{"unread": why}`` as JSON where a slot was not read."""
+    texts = {why: json_text({UNREAD: why}) for why in set(reasons) if why is not None}
+    return pa.array([texts.get(why) if why is not None else None for why in reasons], pa.string())
+
+
+def _sizes(values: Any, ndim: Any, slots: np.ndarray, empty: np.ndarray) -> pa.Array:
+    """The shapes (or strides) of the recorded slots as a list column, from the drained flat sizes."""
+    offsets = np.zeros(len(ndim) + 1, np.int32)
+    np.cumsum(np.asarray(ndim), out=offsets[1:])
+    every = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.asarray(values), pa.int64()))
+    return every.take(pa.array(slots, mask=empty))
 
 
 def _alias_stats(seen: dict[int, tuple], info: OpInfo, source: tuple, memory: tuple, numel: int, device: tuple) -> dict | None:

@@ -29,7 +29,7 @@ from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text
 from torchdebug.store._shared_keys import shared_keys_dict
 
-__all__ = ["SCHEMA", "records_batch", "records_from_table", "records_table"]
+__all__ = ["SCHEMA", "columns_batch", "records_batch", "records_from_table", "records_table"]
 
 _STRING, _INT, _SIZES = pa.string(), pa.int64(), pa.list_(pa.int64())
 _STATS = pa.struct([(key, pa.float64() if key in VALUE_KEYS else _INT) for key in STAT_KEYS])
@@ -116,11 +116,27 @@ def records_batch(records: Sequence[Record]) -> pa.RecordBatch:
     columns["tensor_key"] = pa.array([t.get("key") if t else None for t in tensors], _STRING)
     columns["value"] = pa.array([None if r.value is None else json_text(r.value) for r in records], _STRING)
     columns["extra"] = pa.array([json_text(r.extra) if r.extra else None for r in records], _STRING)
+    columns["json_fields"] = _json_fields(count, odd)
+    return pa.RecordBatch.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA)
+
+
+def columns_batch(count: int, columns: dict[str, pa.Array], stats: list[dict[str, Any] | None]) -> pa.RecordBatch:
+    """A record batch of :data:`SCHEMA` from columns built elsewhere (the native path builds them
+    from its drained arrays, with no record object per slot): ``columns`` by name, each of its
+    schema type, the absent ones empty; ``stats`` stored as :func:`records_batch` stores them
+    (statistics the struct column cannot hold exactly go whole into ``json_fields``)."""
+    odd: dict[int, dict[str, Any]] = {}
+    columns = {**columns, "stats": _stats_array(stats, odd), "json_fields": _json_fields(count, odd)}
+    arrays = [columns[name] if name in columns else pa.nulls(count, kind) for name, kind in zip(SCHEMA.names, SCHEMA.types)]
+    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
+def _json_fields(count: int, odd: dict[int, dict[str, Any]]) -> pa.Array:
+    """The ``json_fields`` column: each row's fields the typed columns cannot hold, as JSON."""
     json_fields = [None] * count
     for row, fields in odd.items():
         json_fields[row] = json_text(fields)
-    columns["json_fields"] = pa.array(json_fields, _STRING)
-    return pa.RecordBatch.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA)
+    return pa.array(json_fields, _STRING)
 
 
 def records_table(records: Sequence[Record]) -> pa.Table:

@@ -350,12 +350,9 @@ class RankWriter:
         if batch is not None and not self.takes_tensors:
             self._release(batch, submitted=False)
             batch = None
-        if not self.takes_records:
-            self._pending_stacks = []
-            self._count_unwritten(len(records))
+        stacks = self._stack_lines(len(records))
+        if stacks is None:
             return
-        stacks = "".join(json.dumps(s) + "\n" for s in self._pending_stacks)
-        self._pending_stacks = []
         columns = records_batch(records) if records else None
         if batch is not None:
             self._tensor_bytes[0] += batch.used
@@ -364,6 +361,26 @@ class RankWriter:
                 self.transfers.device_peak_bytes = max(self.transfers.device_peak_bytes, self.transfers.device_bytes)
             self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))
         self._record_jobs.put(_RecordJob(step, records[0].name if records else None, stacks, columns))
+
+    def submit_columns(self, step: int, columns: pa.RecordBatch) -> None:
+        """Hand records already in columns to the writer thread, with the stacks pending, as
+        :meth:`submit` hands records: ``columns`` has the schema :func:`records_batch` gives (the
+        native path builds it from its drained arrays, no record object per slot)."""
+        self._raise_fault()
+        self.last_step = step
+        stacks = self._stack_lines(columns.num_rows)
+        if stacks is not None:
+            first = columns.column("name")[0].as_py() if columns.num_rows else None
+            self._record_jobs.put(_RecordJob(step, first, stacks, columns if columns.num_rows else None))
+
+    def _stack_lines(self, records: int) -> str | None:
+        """The pending stacks as JSON lines, taken from the queue; ``None`` once records are no
+        longer taken (a failed write: the stacks are dropped and the ``records`` counted unwritten)."""
+        lines = "".join(json.dumps(s) + "\n" for s in self._pending_stacks) if self.takes_records else None
+        self._pending_stacks = []
+        if lines is None:
+            self._count_unwritten(records)
+        return lines
 
     def drain(self, tensors: bool = False) -> None:
         """Wait until the records and stacks submitted so far are on disk (``tensors``: the tensor

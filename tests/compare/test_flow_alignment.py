@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchdebug
-from torchdebug.compare._matching import execution_order, match_records
+from torchdebug.compare._matching import match_records
+from torchdebug.compare._value_graph import execution_order
 from torchdebug.records import Record
 
 

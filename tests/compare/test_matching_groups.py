@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tests.compare.test_matching import _how, _op
-from torchdebug.compare._matching import candidate_producers, match_records, producers
+from torchdebug.compare._matching import match_records
+from torchdebug.compare._value_graph import candidate_producers, producers
 
 
 def _fresh_state(layers: int) -> list:

@@ -10,7 +10,8 @@ import torch
 
 import torchdebug
 from tests.compare.test_matching import _how, _op
-from torchdebug.compare._matching import candidate_producers, execution_order, match_records, producers
+from torchdebug.compare._matching import match_records
+from torchdebug.compare._value_graph import candidate_producers, execution_order, producers
 from torchdebug.records import MODULE_OP, Record, make_name
 from torchdebug.store._record_json import encode_records
 

@@ -34,10 +34,11 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from torchdebug.compare._matching import Pair, identity, producers
+from torchdebug.compare._matching import Pair
 from torchdebug.compare._metrics import stats_metrics
 from torchdebug.compare._shards import local_indices
 from torchdebug.compare._tolerances import tolerance_for
+from torchdebug.compare._value_graph import identity, producers
 from torchdebug.records import NO_MODULE, Record
 
 __all__ = ["align_boundaries", "unpaired_calls"]

@@ -30,7 +30,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from fractions import Fraction
 
-from torchdebug.compare._matching import identity
+from torchdebug.compare._value_graph import identity
 from torchdebug.records import Record
 
 __all__ = ["DataShapes", "data_records", "dtype_constants", "dtype_argument", "parameter_values"]

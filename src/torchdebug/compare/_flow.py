@@ -16,9 +16,9 @@ from fractions import Fraction
 
 from torchdebug.compare._comparable import DataShapes, data_records
 from torchdebug.compare._judgement import Judgement
-from torchdebug.compare._matching import Producers, execution_order, run_position
 from torchdebug.compare._rows import Row
 from torchdebug.compare._tolerances import Tolerance
+from torchdebug.compare._value_graph import Producers, execution_order, run_position
 from torchdebug.records import Record
 
 __all__ = ["Flow", "OUTPUT_IO"]

@@ -1,7 +1,7 @@
 """Pair the calls of two dumps that carry value ids by their data flow, in one walk of side A.
 
 Each dump is a graph of values: an input slot holds the value one output slot made (its producer,
-``torchdebug.compare._matching.candidate_producers``: exact by value id) or a value no op made (a
+``torchdebug.compare._value_graph``: exact by value id) or a value no op made (a
 parameter, the step's input). A's calls are visited in execution order; by then the producers of a
 call's inputs have been visited, so they are paired or left for later. A call whose inputs all come
 from paired producers and known values is paired with B's unpaired call of the same op, step and
@@ -23,15 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Protocol
 
+from torchdebug.compare._value_graph import OUTPUTS
 from torchdebug.records import MODULE_OP, Record
 
 if TYPE_CHECKING:
     from torchdebug.compare._matching import _Links
 
-__all__ = ["OUTPUTS", "align_by_flow", "dtype_kind", "output_values"]
-
-OUTPUTS = ("output", "parameter_grad")
-"""The slots a call makes values in."""
+__all__ = ["align_by_flow", "dtype_kind", "output_values"]
 
 _VALUE_DIGITS = 3
 """Significant digits of the statistics that :func:`output_values` keeps: round-off of another
@@ -101,7 +99,7 @@ def _flow_key(call: _FlowCall, op: str, inputs: Iterable[tuple[str, tuple[str, s
 def _chosen(call: _FlowCall, name: str, candidates: list[_FlowCall], taken: set[int]) -> _FlowCall | None:
     """Of B's calls with the data flow of ``call``, the namesake, else the first of its shapes, else the
     first holding its values (``None``: none of them agrees on more than the flow)."""
-    free = [other for other in candidates if id(other) not in taken]
+    free = candidates[:] = [other for other in candidates if id(other) not in taken]  # each taken call skipped once
     if not free:
         return None
     step = call.first.step

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from torchdebug.compare._matching import identity
+from torchdebug.compare._value_graph import identity
 from torchdebug.records import COLLECTIVES, Record, make_name
 
 if TYPE_CHECKING:

@@ -49,7 +49,6 @@ from fractions import Fraction
 from typing import Any
 
 from torchdebug.compare._comparable import parameter_values
-from torchdebug.compare._matching import identity
 from torchdebug.compare._shard_slots import (
     EMBEDDINGS,
     from_local,
@@ -59,6 +58,7 @@ from torchdebug.compare._shard_slots import (
     unreduced_summands,
     vocabulary_slots,
 )
+from torchdebug.compare._value_graph import identity
 from torchdebug.records import COLLECTIVES, Record
 from torchdebug.stats._schema import COUNT_KEYS
 from torchdebug.store import _reader as reader

@@ -43,13 +43,14 @@ from torchdebug.compare._boundaries import align_boundaries, unpaired_calls
 from torchdebug.compare._calibration import NoiseKey, calibrate, measured_noise
 from torchdebug.compare._checksums import dtype_note, fingerprint_versions, judge_checksums
 from torchdebug.compare._config import CompareConfig
-from torchdebug.compare._matching import Producers, match_records
+from torchdebug.compare._matching import match_records
 from torchdebug.compare._metrics import stats_metrics, tensor_metrics
 from torchdebug.compare._replay import NotReplayable, own_errors
 from torchdebug.compare._result import CompareResult, Side
 from torchdebug.compare._rows import Row
 from torchdebug.compare._shards import data_split, row_note, whole_tensors
 from torchdebug.compare._tolerances import Tolerance, lower_precision, tolerance_for
+from torchdebug.compare._value_graph import Producers
 from torchdebug.compare._verdicts import judge
 from torchdebug.errors import DumpError
 from torchdebug.records import Record

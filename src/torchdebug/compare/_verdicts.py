@@ -56,11 +56,11 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from torchdebug.compare._flow import OUTPUT_IO, Flow
-from torchdebug.compare._matching import Producers
 from torchdebug.compare._rows import Row
 from torchdebug.compare._rules import RULES, Call, slot_of
 from torchdebug.compare._structure import StructureBlock, structure_blocks
 from torchdebug.compare._tolerances import Tolerance
+from torchdebug.compare._value_graph import Producers
 from torchdebug.records import MODULE_OP, call_name
 
 __all__ = ["judge", "first_divergence", "first_nonfinite"]

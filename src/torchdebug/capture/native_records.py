@@ -49,9 +49,7 @@ from itertools import repeat
 from math import prod
 from typing import Any, NamedTuple
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -63,11 +61,11 @@ from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_values import NativeUnwritten, NativeValueIds
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, NativeObserver, ObservedOps
-from torchdebug.records import NO_MODULE, UNREAD, Record, make_call_name, make_name
+from torchdebug.records import NO_MODULE, Record, make_call_name
 from torchdebug.slots import dtype_name
-from torchdebug.stats._schema import WIDTH, empty_stats, stats_from_sums
-from torchdebug.store._record_columns import columns_batch, records_from_table
-from torchdebug.store._record_json import json_text
+from torchdebug.stats._schema import empty_stats
+from torchdebug.store._record_columns import records_from_table
+from torchdebug.store._slot_columns import NO_STATS, SlotColumns
 
 __all__ = ["NativeStepCapture", "OpSlotNames", "RowName", "op_overload"]
 
@@ -348,15 +346,21 @@ class NativeStepCapture:
         value of the run (an allocation's, an argument the op overwrites) is described, not read
         (``CaptureSession.add_call``'s ``unread``).
 
-        Value ids and statistics follow the slots in order (a Python step per slot); names, dtypes,
-        shapes, strides, devices, versions and the call's fields are columns taken from the drained
-        arrays and the rows' names (``_SlotColumns``)."""
+        The walk over the slots gives what their order tells (value ids, which statistics a slot
+        shares, memory not written yet); the columns are made from the drained arrays
+        (``store/_slot_columns.py``)."""
         shapes = ops.slot_shapes()
         seen, values, unwritten = self._seen, self._values, self._unwritten
         kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
         due: list[tuple[torch.Tensor, Callable[[dict], None]]] = []
-        first_row, sums = ops.first_row, ops.stats
-        out = _SlotColumns()
+        first_row, has_stats = ops.first_row, ops.slot_has_stats
+        out = SlotColumns()
+        add_slot, add_arg, add_id, add_view, add_stats = (
+            out.slots.append, out.args.append, out.value_ids.append, out.view_of.append, out.stats_refs.append
+        )  # fmt: skip
+        view_of = values.view_of
+        empty = None
+        """The reference of the statistics of no elements, once made."""
         columns = zip(
             ops.slot_row, ops.slot_io, ops.slot_arg, ops.slot_element, ops.slot_dtype, ops.slot_flag, ops.slot_device_type,
             ops.slot_device_index, ops.slot_value, ops.slot_version, ops.slot_storage, ops.slot_base,
@@ -389,7 +393,6 @@ class NativeStepCapture:
                 if head is not None:
                     info, slot_name, backward = head.facts.info, head.facts.slot_name, head.phase == "backward"
                     one_tensor = head.facts.one_tensor
-                    name_at = out.add_row(head, row if seqs is None else seqs[row - first_row])
             if head is None:
                 if io_code == 0:
                     arguments.add(address)
@@ -423,12 +426,11 @@ class NativeStepCapture:
                 source_id = value_id
             elif io_code and info.makes_views and source_id is not None and value_id != source_id:
                 values.made_view(value_id, source_id)
-            stats = why = None
+            stats = NO_STATS
             if flag != PLAIN:
-                why = _FLAGGED[flag]
-            elif (unread := unwritten.why(io_code, info, arg, storage, numel)) is not None:
-                out.add(slot, name_at + io_code, arg, value_id, values.view_of.get(value_id), None, None, unread)
-                continue
+                out.errors[len(out.slots)] = _FLAGGED[flag]
+            elif (why := unwritten.why(io_code, info, arg, storage, numel)) is not None:
+                out.unread[len(out.slots)] = why
             elif not statistics:
                 pass
             elif reused is not None:
@@ -436,146 +438,42 @@ class NativeStepCapture:
             elif io_code == 0 and (known := seen.get(address)) is not None and known[0] == version and known[1] == memory:
                 stats = known[2]  # an output is a new tensor, or written: only an input is known
             else:
-                if ops.slot_has_stats[slot]:
-                    stats = stats_from_sums(sums[slot * WIDTH : (slot + 1) * WIDTH], numel)
+                if has_stats[slot]:
+                    stats = slot
                 elif numel == 0:
-                    stats = empty_stats()
+                    stats = empty = out.add_stats(empty_stats()) if empty is None else empty
                 elif (tensor := kept.get(slot)) is not None and (version < 0 or tensor_version(tensor) == version):
-                    stats = {}
-                    due.append((tensor, stats.update))
+                    taken: dict = {}
+                    due.append((tensor, taken.update))
+                    stats = out.add_stats(taken)
                 else:
-                    why = _CHANGED
-                if why is None:
+                    out.errors[len(out.slots)] = _CHANGED
+                if stats != NO_STATS:
                     seen[address] = (version, memory, stats)
-            out.add(slot, name_at + io_code, arg, value_id, values.view_of.get(value_id), stats, why, None)
+            add_slot(slot)
+            add_arg(arg)
+            add_id(value_id)
+            add_view(view_of.get(value_id))
+            add_stats(stats)
         if due and stage is not None:
             stage(due)
-        return out.batch(ops, self.step, self.rank, self._dtype_names, self._device_name)
+        return out.batch(
+            ops,
+            heads,
+            list(range(first_row, first_row + len(heads))) if seqs is None else seqs,
+            step=self.step,
+            rank=self.rank,
+            dtype_names=self._dtype_names,
+            device_name=self._device_name,
+            flagged=PLAIN,
+        )
 
     def _device_name(self, device_type: int, device_index: int) -> str:
         device = (device_type, device_index)
         return self._devices.get(device) or self._devices.setdefault(device, self.observer.device_name(*device))
 
 
-class _SlotColumns:
-    """The recorded slots of one drain, gathered for :meth:`NativeStepCapture.slot_columns`: per
-    recorded row its call's fields, per recorded slot what only the walk over the slots knows (its
-    value id, statistics and why it was not read); the rest is taken from the drained arrays."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple] = []
-        """Per recorded row: phase, module, op, call, seq, fwd, stack id, source."""
-        self.prefixes: list[str] = []
-        """Per recorded row, two: its slots' names up to the argument, ``forward/fc1/aten.addmm.default#0/input.``."""
-        self.slots: list[int] = []
-        self.names: list[int] = []
-        """Per recorded slot: its index in :attr:`prefixes` (``2 * row + io``)."""
-        self.args: list[str] = []
-        self.value_ids: list[int] = []
-        self.view_of: list[int | None] = []
-        self.stats: list[dict | None] = []
-        self.errors: list[str | None] = []
-        self.unread: list[str | None] = []
-
-    def add_row(self, head: RowName, seq: int) -> int:
-        """Note a recorded row; the index of its inputs' name prefix (its outputs' is the next)."""
-        phase, module, op, call, _, fwd, _, stack = head
-        self.rows.append((phase, module, op, call, seq, fwd, *((stack[0], stack[2]) if stack is not None else (None, None))))
-        self.prefixes.extend(make_name(phase, module, op, call, io, "") + "." for io in _IO)
-        return len(self.prefixes) - 2
-
-    def add(
-        self,
-        slot: int,
-        name: int,
-        arg: str,
-        value_id: int,
-        view_of: int | None,
-        stats: dict | None,
-        error: str | None,
-        unread: str | None,
-    ) -> None:  # noqa: E501
-        self.slots.append(slot)
-        self.names.append(name)
-        self.args.append(arg)
-        self.value_ids.append(value_id)
-        self.view_of.append(view_of)
-        self.stats.append(stats)
-        self.errors.append(error)
-        self.unread.append(unread)
-
-    def batch(
-        self, ops: ObservedOps, step: int, rank: int, dtype_names: dict[int, str], device_name: Callable[[int, int], str]
-    ) -> pa.RecordBatch:
-        """The slots' records as one record batch (``columns_batch``): the per-slot facts the
-        callback drained taken at the recorded slots, the call's fields by row."""
-        count = len(self.slots)
-        slots = np.asarray(self.slots, np.int64)
-        names = np.asarray(self.names, np.int64)
-        rows = pa.array(names // 2)
-        flagged = np.asarray(ops.slot_flag)[slots] != PLAIN
-        row_fields = list(zip(*self.rows)) if self.rows else [()] * 8
-        by_row = {
-            name: pa.array(list(values), kind).take(rows) for name, kind, values in zip(_ROW_FIELDS, _ROW_TYPES, row_fields)
-        }
-        args = pa.array(self.args, pa.string())
-        versions = np.asarray(ops.slot_version)[slots]
-        columns = {
-            "name": pc.binary_join_element_wise(pa.array(self.prefixes, pa.string()).take(pa.array(names)), args, ""),
-            "step": pa.repeat(pa.scalar(step, pa.int64()), count),
-            "rank": pa.repeat(pa.scalar(rank, pa.int64()), count),
-            **by_row,
-            "io": pa.array(_IO, pa.string()).take(pa.array(names % 2)),
-            "arg": args,
-            "kind": pa.repeat(pa.scalar("tensor"), count),
-            "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.__getitem__),
-            "shape": _sizes(ops.shape, ops.slot_ndim, slots, flagged),
-            "stride": _sizes(ops.stride, ops.slot_ndim, slots, flagged),
-            "device": _named(
-                np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES
-                + np.asarray(ops.slot_device_index, np.int64)[slots]
-                + 1,
-                lambda key: device_name(key // _INDICES, key % _INDICES - 1),
-                flagged,
-            ),
-            "capture": pa.repeat(pa.scalar("eager"), count),
-            "capture_error": pa.array(self.errors, pa.string()),
-            "value_id": pa.array(self.value_ids, pa.int64()),
-            "version": pa.array(versions, pa.int64(), mask=versions < 0),
-            "view_of": pa.array(self.view_of, pa.int64()),
-            "extra": _named_or_none(self.unread),
-        }
-        return columns_batch(count, columns, self.stats)
-
-
-_ROW_FIELDS = ("phase", "module", "op", "call", "seq", "fwd", "stack", "source")
-_ROW_TYPES = (pa.string(), pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string(), pa.string(), pa.string())
-_INDICES = 1 << 16
-"""Device indices (and -1, none) a device code holds: ``type * _INDICES + index + 1``."""
-
-
-def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:
-    """A string column from per-slot codes: each distinct code named once (``empty``: rows left empty)."""
-    distinct, inverse = np.unique(codes, return_inverse=True)
-    dictionary = pa.array([name(code) for code in distinct.tolist()], pa.string())
-    return dictionary.take(pa.array(inverse.reshape(-1), pa.int64(), mask=empty))
-
-
-def _named_or_none(reasons: list[str | None]) -> pa.Array:
-    """The ``extra`` column: ``{"unread": why}`` as JSON where a slot was not read."""
-    texts = {why: json_text({UNREAD: why}) for why in set(reasons) if why is not None}
-    return pa.array([texts.get(why) if why is not None else None for why in reasons], pa.string())
-
-
-def _sizes(values: Any, ndim: Any, slots: np.ndarray, empty: np.ndarray) -> pa.Array:
-    """The shapes (or strides) of the recorded slots as a list column, from the drained flat sizes."""
-    offsets = np.zeros(len(ndim) + 1, np.int32)
-    np.cumsum(np.asarray(ndim), out=offsets[1:])
-    every = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.asarray(values), pa.int64()))
-    return every.take(pa.array(slots, mask=empty))
-
-
-def _alias_stats(seen: dict[int, tuple], info: OpInfo, source: tuple, memory: tuple, numel: int, device: tuple) -> dict | None:
+def _alias_stats(seen: dict[int, tuple], info: OpInfo, source: tuple, memory: tuple, numel: int, device: tuple) -> int | None:
     """The statistics an op's only output shares with its first argument, as eager capture shares
     them (``OpCapture._alias_source``, ``CaptureSession.share_alias``): a copy (``clone``,
     ``contiguous``) or a view with its elements, of an argument whose statistics were taken at its

@@ -29,10 +29,11 @@ from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text
 from torchdebug.store._shared_keys import shared_keys_dict
 
-__all__ = ["SCHEMA", "columns_batch", "records_batch", "records_from_table", "records_table"]
+__all__ = ["SCHEMA", "STATS_TYPE", "columns_batch", "records_batch", "records_from_table", "records_table", "stats_array"]
 
 _STRING, _INT, _SIZES = pa.string(), pa.int64(), pa.list_(pa.int64())
-_STATS = pa.struct([(key, pa.float64() if key in VALUE_KEYS else _INT) for key in STAT_KEYS])
+STATS_TYPE = pa.struct([(key, pa.float64() if key in VALUE_KEYS else _INT) for key in STAT_KEYS])
+"""The type of the ``stats`` column."""
 
 _PLAIN = {
     "name": _STRING,
@@ -68,7 +69,7 @@ _PLAIN = {
 SCHEMA = pa.schema(
     [
         *((name, kind) for name, kind in _PLAIN.items() if name not in ("checksum", "sampled")),
-        ("stats", _STATS),
+        ("stats", STATS_TYPE),
         ("checksum", _STRING),
         ("tensor_file", _STRING),
         ("tensor_key", _STRING),
@@ -107,7 +108,7 @@ def records_batch(records: Sequence[Record]) -> pa.RecordBatch:
     plain = zip(*map(_GET_PLAIN, records)) if count else ([] for _ in _PLAIN)
     for (name, kind), values in zip(_PLAIN.items(), plain):
         columns[name] = _array(name, values, kind, odd)
-    columns["stats"] = _stats_array([r.stats for r in records], odd)
+    columns["stats"] = stats_array([r.stats for r in records], odd)
     tensors = [r.tensor for r in records]
     for row, tensor in enumerate(tensors):
         if tensor is not None and not (tensor.keys() <= _TENSOR_KEYS and all(v.__class__ is str for v in tensor.values())):
@@ -120,13 +121,14 @@ def records_batch(records: Sequence[Record]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA)
 
 
-def columns_batch(count: int, columns: dict[str, pa.Array], stats: list[dict[str, Any] | None]) -> pa.RecordBatch:
-    """A record batch of :data:`SCHEMA` from columns built elsewhere (the native path builds them
-    from its drained arrays, with no record object per slot): ``columns`` by name, each of its
-    schema type, the absent ones empty; ``stats`` stored as :func:`records_batch` stores them
-    (statistics the struct column cannot hold exactly go whole into ``json_fields``)."""
-    odd: dict[int, dict[str, Any]] = {}
-    columns = {**columns, "stats": _stats_array(stats, odd), "json_fields": _json_fields(count, odd)}
+def columns_batch(
+    count: int, columns: dict[str, pa.Array], stats: pa.StructArray, odd: dict[int, dict[str, Any]]
+) -> pa.RecordBatch:
+    """A record batch of :data:`SCHEMA` from columns built elsewhere (the native path's, from its
+    drained arrays: ``_slot_columns.py``): ``columns`` by name, each of its schema type, the absent
+    ones empty; ``stats`` the statistics column, ``odd`` the fields of rows the columns cannot hold
+    (``json_fields``, as :func:`records_batch` keeps them; :func:`stats_array` gives both)."""
+    columns = {**columns, "stats": stats, "json_fields": _json_fields(count, odd)}
     arrays = [columns[name] if name in columns else pa.nulls(count, kind) for name, kind in zip(SCHEMA.names, SCHEMA.types)]
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 
@@ -176,7 +178,7 @@ def _exact(value: Any, kind: pa.DataType) -> bool:
     return value.__class__ is bool
 
 
-def _stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, Any]]) -> pa.StructArray:
+def stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, Any]]) -> pa.StructArray:
     """The statistics as a struct column, empty where a record has none. Statistics with other keys
     (written before a count existed, or by another tool) or values the columns cannot hold are kept
     whole in ``odd``; the columns get what they can of them."""
@@ -186,14 +188,14 @@ def _stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, An
         if not usual:
             raise KeyError
         children = []
-        for key, kind in zip(STAT_KEYS, _STATS):
+        for key, kind in zip(STAT_KEYS, STATS_TYPE):
             column = [s[key] if s is not None else None for s in stats]
             if kind.type == _INT and not set(map(type, column)) <= _INT_OR_NONE:
                 raise TypeError  # a count that is not an int: kept exactly below
             children.append(pa.array(column, kind.type))
     except (KeyError, pa.ArrowException, TypeError, ValueError, OverflowError):
         children = []
-        for key, kind in zip(STAT_KEYS, _STATS):
+        for key, kind in zip(STAT_KEYS, STATS_TYPE):
             column = []
             for row, s in enumerate(stats):
                 value = s.get(key) if s is not None else None
@@ -202,7 +204,7 @@ def _stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, An
                 column.append(value if _number(value, kind.type) else None)
             children.append(pa.array(column, kind.type))
     mask = pa.array([s is None for s in stats], pa.bool_())
-    return pa.StructArray.from_arrays(children, fields=list(_STATS), mask=mask)
+    return pa.StructArray.from_arrays(children, fields=list(STATS_TYPE), mask=mask)
 
 
 _STAT_KEY_SET = frozenset(STAT_KEYS)

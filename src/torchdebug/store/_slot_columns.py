@@ -1,0 +1,198 @@
+"""The native path's records as one Arrow record batch, built from the observer's drained arrays.
+
+The native path (``capture/native_records.py``) walks the drained slots once for what only their
+order tells (value ids, shared statistics, memory not written yet) and notes, per recorded slot, its
+drained index, value id, ``view_of`` and where its statistics come from. Everything else is taken
+column by column from the drained arrays and the rows' names: dtypes, shapes, strides, devices and
+versions at the recorded slots, a call's fields per row, the statistics finished from the callback's
+sums in one vectorised pass. No Python object is made per slot. The batch has the schema
+``records_batch`` gives (``_record_columns.py``), read back the same way: docs/architecture.md, "The
+native path".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from torchdebug.records import UNREAD
+from torchdebug.stats._schema import COLUMNS, FIRST_COUNT, WIDTH
+from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
+from torchdebug.store._record_json import json_text
+
+__all__ = ["NO_STATS", "SlotColumns"]
+
+NO_STATS = -1
+"""A slot's statistics reference when it has none."""
+
+_IO = pa.array(["input", "output"], pa.string())
+_ROW_FIELDS = ("phase", "module", "op", "call", "fwd")
+_STRING, _INT = pa.string(), pa.int64()
+_NAN, _SUM, _SQUARES = COLUMNS.index("nan"), COLUMNS.index("sum"), COLUMNS.index("squares")
+_INDICES = 1 << 16
+"""Device indices (and -1, none) a device code holds: ``type * _INDICES + index + 1``."""
+
+
+class SlotColumns:
+    """The recorded slots of one drain, as the walk over the slots notes them; :meth:`batch` makes
+    their records' columns.
+
+    A slot's statistics are a reference: ``>= 0`` the drained slot whose callback sums give them
+    (a slot that shows a tensor again names the slot that first showed it), ``<= -2`` a dict in
+    :attr:`stats` (``-2 - index``: statistics torch ops take at the flush, filled before
+    :meth:`batch`), :data:`NO_STATS` none."""
+
+    def __init__(self) -> None:
+        self.slots: list[int] = []
+        """The drained index of each recorded slot, in row order."""
+        self.args: list[str] = []
+        """Each recorded slot's ``arg`` (``0``, ``1.2``, ``out``)."""
+        self.value_ids: list[int] = []
+        self.view_of: list[int | None] = []
+        self.stats_refs: list[int] = []
+        self.stats: list[dict[str, Any]] = []
+        """The statistics taken as dicts (see the class docstring)."""
+        self.errors: dict[int, str] = {}
+        """``capture_error`` by recorded slot (its position in :attr:`slots`), where there is one."""
+        self.unread: dict[int, str] = {}
+        """Why a recorded slot was described and not read, by position, where it was not."""
+
+    def add_stats(self, stats: dict[str, Any]) -> int:
+        """The reference of statistics held as a dict (filled now or by :meth:`batch`)."""
+        self.stats.append(stats)
+        return -1 - len(self.stats)
+
+    def batch(
+        self,
+        ops: Any,
+        calls: list[Any],
+        seqs: list[int],
+        *,
+        step: int,
+        rank: int,
+        dtype_names: dict[int, str],
+        device_name: Callable[[int, int], str],
+        flagged: int,
+    ) -> pa.RecordBatch:
+        """The recorded slots' records. ``ops``: the drained ``ObservedOps``; ``calls``: per drained
+        row its ``RowName`` (``None``: not recorded), ``seqs`` its ``seq``; ``flagged``: the slots
+        whose ``slot_flag`` is not it (subclasses, nested tensors) have no shape, stride or device."""
+        count = len(self.slots)
+        slots = np.asarray(self.slots, np.int64)
+        rows = pa.array(np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row)
+        io = np.asarray(ops.slot_io, np.int64)[slots]
+        undescribed = np.asarray(ops.slot_flag)[slots] != flagged
+        args = pa.array(self.args, _STRING)
+        io_args = pc.binary_join_element_wise(_IO.take(pa.array(io)), args, ".")
+        versions = np.asarray(ops.slot_version, np.int64)[slots]
+        devices = np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES + np.asarray(ops.slot_device_index)[slots] + 1
+        columns = {
+            "name": pc.binary_join_element_wise(_by_row(calls, "call_name", _STRING, rows), io_args, "/"),
+            "step": pa.repeat(pa.scalar(step, _INT), count),
+            "rank": pa.repeat(pa.scalar(rank, _INT), count),
+            **{name: _by_row(calls, name, _INT if name == "call" else _STRING, rows) for name in _ROW_FIELDS},
+            "seq": pa.array(seqs, _INT).take(rows),
+            "io": _IO.take(pa.array(io)),
+            "arg": args,
+            "kind": pa.repeat(pa.scalar("tensor"), count),
+            "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.__getitem__),
+            "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
+            "stride": _sizes(ops.stride, ops.slot_ndim, slots, undescribed),
+            "device": _named(devices, lambda key: device_name(key // _INDICES, key % _INDICES - 1), undescribed),
+            "capture": pa.repeat(pa.scalar("eager"), count),
+            "capture_error": _sparse(count, self.errors),
+            "value_id": pa.array(self.value_ids, _INT),
+            "version": pa.array(versions, _INT, mask=versions < 0),
+            "view_of": pa.array(self.view_of, _INT),
+            "extra": _sparse(count, {row: _unread_text(why) for row, why in self.unread.items()}),
+        }
+        stack_ids = [None if call is None or call.stack is None else call.stack[0] for call in calls]
+        columns["stack"] = pa.array(stack_ids, _STRING).take(rows)
+        columns["source"] = pa.array([None if c is None or c.stack is None else c.stack[2] for c in calls], _STRING).take(rows)
+        stats, odd = self._stats_column(ops)
+        return columns_batch(count, columns, stats, odd)
+
+    def _stats_column(self, ops: Any) -> tuple[pa.StructArray, dict[int, dict[str, Any]]]:
+        """The statistics column by reference (the class docstring), and the rows whose statistics
+        the column cannot hold exactly (kept whole in ``json_fields``, as ``records_batch`` keeps them)."""
+        refs = np.asarray(self.stats_refs, np.int64)
+        sums = np.asarray(ops.stats, np.float64).reshape(-1, WIDTH)
+        odd_dicts: dict[int, dict[str, Any]] = {}
+        whole = pa.concat_arrays(
+            [_from_sums(sums, _numel(ops.shape, ops.slot_ndim)), stats_array(self.stats, odd_dicts), pa.nulls(1, STATS_TYPE)]
+        )
+        drained, taken = len(sums), len(self.stats)
+        index = np.where(refs >= 0, refs, np.where(refs == NO_STATS, drained + taken, drained - 2 - refs))
+        odd = {row: odd_dicts[-2 - ref] for row, ref in enumerate(refs.tolist()) if ref <= -2 and -2 - ref in odd_dicts}
+        return whole.take(pa.array(index)), odd
+
+
+def _by_row(calls: list[Any], field: str, kind: pa.DataType, rows: pa.Array) -> pa.Array:
+    """A call's field (``RowName``'s) for each recorded slot: once per row, taken at the slots' rows."""
+    return pa.array([None if call is None else getattr(call, field) for call in calls], kind).take(rows)
+
+
+def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:
+    """A string column from per-slot codes: each distinct code named once (``empty``: rows left empty)."""
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    dictionary = pa.array([name(code) for code in distinct.tolist()], _STRING)
+    return dictionary.take(pa.array(inverse.reshape(-1), _INT, mask=empty))
+
+
+def _sparse(count: int, texts: dict[int, str]) -> pa.Array:
+    """A string column empty but at the rows of ``texts``."""
+    column: list[str | None] = [None] * count
+    for row, text in texts.items():
+        column[row] = text
+    return pa.array(column, _STRING)
+
+
+_UNREAD_TEXTS: dict[str, str] = {}
+
+
+def _unread_text(why: str) -> str:
+    """The ``extra`` of a slot described and not read: ``{"unread": why}`` as JSON."""
+    text = _UNREAD_TEXTS.get(why)
+    if text is None:
+        text = _UNREAD_TEXTS[why] = json_text({UNREAD: why})
+    return text
+
+
+def _offsets(ndim: Any) -> np.ndarray:
+    offsets = np.zeros(len(ndim) + 1, np.int32)
+    np.cumsum(np.asarray(ndim), out=offsets[1:])
+    return offsets
+
+
+def _sizes(values: Any, ndim: Any, slots: np.ndarray, empty: np.ndarray) -> pa.Array:
+    """The shapes (or strides) of the recorded slots as a list column, from the drained flat sizes."""
+    every = pa.ListArray.from_arrays(pa.array(_offsets(ndim)), pa.array(np.asarray(values), _INT))
+    return every.take(pa.array(slots, mask=empty))
+
+
+def _numel(shape: Any, ndim: Any) -> np.ndarray:
+    """The elements of each drained slot (1 for no sizes: a 0-d tensor)."""
+    ndim = np.asarray(ndim, np.int64)
+    sizes = np.append(np.asarray(shape, np.int64), 1)  # reduceat takes one index past the last size
+    return np.where(ndim > 0, np.multiply.reduceat(sizes, _offsets(ndim)[:-1]) if len(ndim) else 0, 1)
+
+
+def _from_sums(sums: np.ndarray, numel: np.ndarray) -> pa.StructArray:
+    """``stats_from_sums`` of every drained slot's sums (``sums[slot]``, ``numel[slot]`` elements),
+    as the statistics column holds it: mean and norm of the non-NaN values, the four value
+    statistics empty when there is none (and the mean when it is NaN), the counts as ints. Rows
+    of slots the callback did not sum hold garbage: no reference names them."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        counts = sums[:, FIRST_COUNT:].astype(np.int64)
+        valid = numel - counts[:, _NAN - FIRST_COUNT]
+        mean = sums[:, _SUM] / valid
+        norm = np.sqrt(sums[:, _SQUARES])
+    none = valid == 0
+    values = (sums[:, 0], sums[:, 1], mean, norm)
+    children = [pa.array(value, pa.float64(), mask=none | np.isnan(mean) if i == 2 else none) for i, value in enumerate(values)]
+    children += [pa.array(counts[:, i], _INT) for i in range(counts.shape[1])]
+    return pa.StructArray.from_arrays(children, fields=list(STATS_TYPE))

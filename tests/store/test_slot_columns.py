@@ -1,0 +1,41 @@
+"""The native path's statistics column, finished from the callback's sums in one vectorised pass
+(``store/_slot_columns.py``), holds what ``stats_from_sums`` gives one slot at a time, bit for bit,
+and the element counts it divides by are the slots' sizes' products."""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+from torchdebug.stats._schema import IDENTITY, stats_from_sums
+from torchdebug.store._slot_columns import _from_sums, _numel
+
+SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
+    ((-1.5, 2.25, 0.1 + 0.2, 7.0, 0.0, 0.0, 0.0, 1.0), 6),
+    ((-1.5, 2.25, 1.0, 3.0, 2.0, 0.0, 0.0, 0.0), 3),  # NaN elements: the mean of the others
+    ((math.inf, -math.inf, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0), 4),  # every element NaN: no value statistics
+    ((-math.inf, math.inf, math.nan, math.inf, 0.0, 1.0, 1.0, 0.0), 2),  # inf - inf: the mean is NaN, so empty
+    (IDENTITY, 0),  # no elements
+    ((1e-300, 3e300, 1e308, math.inf, 0.0, 0.0, 0.0, 0.0), 3),
+]
+
+
+def test_statistics_from_sums_in_one_pass_equal_stats_from_sums_bit_for_bit():
+    sums = np.array([row for row, _ in SUMS], np.float64)
+    numel = np.array([count for _, count in SUMS], np.int64)
+    column = _from_sums(sums, numel).to_pylist()
+    for (row, count), got in zip(SUMS, column):
+        expected = stats_from_sums(row, count)
+        assert got.keys() == expected.keys()
+        for key, value in expected.items():
+            assert type(got[key]) is type(value) and (value is None or repr(got[key]) == repr(value)), (key, got, expected)
+
+
+def test_the_elements_of_each_drained_slot_are_its_sizes_product_and_one_for_no_sizes():
+    shapes = [(2, 3), (), (4,), (0, 5), (), (7, 1, 2), ()]
+    flat = array("q", [size for shape in shapes for size in shape])
+    ndim = array("b", [len(shape) for shape in shapes])
+    assert _numel(flat, ndim).tolist() == [math.prod(shape) for shape in shapes]
+    assert _numel(array("q"), array("b", [0, 0])).tolist() == [1, 1]

@@ -30,8 +30,12 @@ NO_STATS = -1
 """A slot's statistics reference when it has none."""
 
 _IO = pa.array(["input", "output"], pa.string())
-_ROW_FIELDS = ("phase", "module", "op", "call", "fwd")
 _STRING, _INT = pa.string(), pa.int64()
+_ROW_TYPES = {"call": _INT, "seq": _INT} | dict.fromkeys(
+    ("call_name", "phase", "module", "op", "fwd", "stack", "source"), pa.string()
+)
+_NO_CALL = (None,) * 8
+"""The fields of a row not recorded (no slot takes them)."""
 _NAN, _SUM, _SQUARES = COLUMNS.index("nan"), COLUMNS.index("sum"), COLUMNS.index("squares")
 _INDICES = 1 << 16
 """Device indices (and -1, none) a device code holds: ``type * _INDICES + index + 1``."""
@@ -84,19 +88,19 @@ class SlotColumns:
         count = len(self.slots)
         slots = np.asarray(self.slots, np.int64)
         rows = pa.array(np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row)
-        io = np.asarray(ops.slot_io, np.int64)[slots]
+        io = _IO.take(pa.array(np.asarray(ops.slot_io, np.int64)[slots]))
         undescribed = np.asarray(ops.slot_flag)[slots] != flagged
         args = pa.array(self.args, _STRING)
-        io_args = pc.binary_join_element_wise(_IO.take(pa.array(io)), args, ".")
+        io_args = pc.binary_join_element_wise(io, args, ".")
         versions = np.asarray(ops.slot_version, np.int64)[slots]
         devices = np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES + np.asarray(ops.slot_device_index)[slots] + 1
+        by_row = _call_columns(calls, seqs, rows)
         columns = {
-            "name": pc.binary_join_element_wise(_by_row(calls, "call_name", _STRING, rows), io_args, "/"),
+            "name": pc.binary_join_element_wise(by_row.pop("call_name"), io_args, "/"),
             "step": pa.repeat(pa.scalar(step, _INT), count),
             "rank": pa.repeat(pa.scalar(rank, _INT), count),
-            **{name: _by_row(calls, name, _INT if name == "call" else _STRING, rows) for name in _ROW_FIELDS},
-            "seq": pa.array(seqs, _INT).take(rows),
-            "io": _IO.take(pa.array(io)),
+            **by_row,
+            "io": io,
             "arg": args,
             "kind": pa.repeat(pa.scalar("tensor"), count),
             "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.__getitem__),
@@ -110,9 +114,6 @@ class SlotColumns:
             "view_of": pa.array(self.view_of, _INT),
             "extra": _sparse(count, {row: _unread_text(why) for row, why in self.unread.items()}),
         }
-        stack_ids = [None if call is None or call.stack is None else call.stack[0] for call in calls]
-        columns["stack"] = pa.array(stack_ids, _STRING).take(rows)
-        columns["source"] = pa.array([None if c is None or c.stack is None else c.stack[2] for c in calls], _STRING).take(rows)
         stats, odd = self._stats_column(ops)
         return columns_batch(count, columns, stats, odd)
 
@@ -127,13 +128,29 @@ class SlotColumns:
         )
         drained, taken = len(sums), len(self.stats)
         index = np.where(refs >= 0, refs, np.where(refs == NO_STATS, drained + taken, drained - 2 - refs))
-        odd = {row: odd_dicts[-2 - ref] for row, ref in enumerate(refs.tolist()) if ref <= -2 and -2 - ref in odd_dicts}
+        odd = {}
+        if odd_dicts:  # rare: statistics of huge ints (beyond a float's exact ints)
+            odd = {row: odd_dicts[-2 - ref] for row, ref in enumerate(refs.tolist()) if ref <= -2 and -2 - ref in odd_dicts}
         return whole.take(pa.array(index)), odd
 
 
-def _by_row(calls: list[Any], field: str, kind: pa.DataType, rows: pa.Array) -> pa.Array:
-    """A call's field (``RowName``'s) for each recorded slot: once per row, taken at the slots' rows."""
-    return pa.array([None if call is None else getattr(call, field) for call in calls], kind).take(rows)
+def _call_columns(calls: list[Any], seqs: list[int], rows: pa.Array) -> dict[str, pa.Array]:
+    """The call's fields (``RowName``'s, and ``seq``) of each recorded slot: made once per row,
+    taken at the slots' rows."""
+    phase, module, op, call, call_name, fwd, _, stack = list(zip(*(_NO_CALL if c is None else c for c in calls))) or [()] * 8
+    per_row = {
+        "call_name": call_name,
+        "phase": phase,
+        "module": module,
+        "op": op,
+        "call": call,
+        "seq": seqs,
+        "fwd": fwd,
+        "stack": [s and s[0] for s in stack],
+        "source": [s and s[2] for s in stack],
+    }
+    table = pa.RecordBatch.from_arrays([pa.array(values, _ROW_TYPES[name]) for name, values in per_row.items()], list(per_row))
+    return dict(zip(per_row, table.take(rows).columns))
 
 
 def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:

@@ -146,6 +146,8 @@ class NativeOpCapture:
 
     def _add_records(self, ops: object) -> None:
         session, phases, range_gate, names = self.session, self.phases, self.range, self.names
+        if not session.writer.takes_records:
+            return  # a write of records failed: capture stopped, as ``CaptureSession.add_call`` stops
         heads = self.rows.name_rows(ops)
         seqs = [-1] * len(heads)
         stacks_added: set[str] = set()

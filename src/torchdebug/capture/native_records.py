@@ -1,5 +1,7 @@
-"""The native observer's rows (``torchdebug.native.observer``) as :class:`~torchdebug.records.Record`\\ s
-named as eager capture (``eager.py``) names them.
+"""The native observer's rows (``torchdebug.native.observer``) as the store's record columns, named as
+eager capture (``eager.py``) names them: one Arrow record batch per drain, no record or statistics dict per slot
+(:meth:`NativeStepCapture.slot_columns`, ``store/_slot_columns.py``); :meth:`~NativeStepCapture.records`
+reads them back as :class:`~torchdebug.records.Record`\\ s.
 
     capture = NativeStepCapture(observer, model)
     capture.start()

@@ -2,10 +2,10 @@
 
 The native path (``capture/native_records.py``) walks the drained slots once for what only their
 order tells (value ids, shared statistics, memory not written yet) and notes, per recorded slot, its
-drained index, value id, ``view_of`` and where its statistics come from. Everything else is taken
+drained index, ``arg``, value id, ``view_of`` and where its statistics come from. The rest is taken
 column by column from the drained arrays and the rows' names: dtypes, shapes, strides, devices and
 versions at the recorded slots, a call's fields per row, the statistics finished from the callback's
-sums in one vectorised pass. No Python object is made per slot. The batch has the schema
+sums in one vectorised pass: no record, name or statistics dict is made per slot. The batch has the schema
 ``records_batch`` gives (``_record_columns.py``), read back the same way: docs/architecture.md, "The
 native path".
 """

@@ -502,7 +502,7 @@ class Watcher:
         """:meth:`_add` of ``values``, the tensors of ``params`` (the parameters themselves or their
         gradients) in the slots ``(phase, <module>, <leaf>, 0, io)``: when every one is a plain
         floating CPU tensor (a model trained on the CPU), their sums are written into the ring by one
-        native call, the slots found through a cache by parameter, and without the check for a
+        native call, the slots those of the last call given the same parameters, and without the check for a
         tensor seen before in the step (it would give the same sums: the one reduction it saves is
         of a parameter a module returned, unchanged since). Else through :meth:`_add`."""
         if not self.active:

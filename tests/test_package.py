@@ -100,6 +100,59 @@ def test_lower_layers_never_import_higher_ones():
             assert _layer(imported) <= _layer(part), f"{path.relative_to(PACKAGE)}:{line} imports torchdebug.{imported}"
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The torchdebug modules ``path`` imports outside function bodies (at module level and under
+    ``TYPE_CHECKING``): a name imported from a package counts as its module when it is one."""
+    name, found = _module_name(path), set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue  # a deferred import inside a function is how a module breaks a load-time circle
+            if isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    base = ".".join([*up, *([child.module] if child.module else [])])
+                for alias in child.names:
+                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+            elif isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return (found & modules) - {name}
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle among the package's modules (type-only imports count: a circle is a design
+    knot whichever import closes it)."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {name: _imported_modules(path, set(paths)) for name, path in paths.items()}
+    state: dict[str, int] = {}  # 1: on the walk's path, 2: done
+    circles = []
+
+    def walk(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for imported in sorted(graph[name]):
+            if state.get(imported) == 1:
+                circles.append(" -> ".join([*trail[trail.index(imported) :], imported]))
+            elif imported not in state:
+                walk(imported, [*trail, imported])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert circles == []
+
+
 # Modules users import by path (documented helpers not re-exported by their package).
 _PUBLIC_MODULES_IN_EXPORTING_PACKAGES = {"compile/graph_render.py", "compile/graph_dump.py"}  # the old path, one release
 

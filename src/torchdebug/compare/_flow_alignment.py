@@ -21,19 +21,29 @@ module (``_matching``'s leftovers) and then listed as one-sided.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from torchdebug.compare._value_graph import OUTPUTS
 from torchdebug.records import MODULE_OP, Record
-
-if TYPE_CHECKING:
-    from torchdebug.compare._matching import _Links
 
 __all__ = ["align_by_flow", "dtype_kind", "output_values"]
 
 _VALUE_DIGITS = 3
 """Significant digits of the statistics that :func:`output_values` keeps: round-off of another
 order of operations stays below them, different values do not."""
+
+
+class _Links(Protocol):
+    """What the walk asks of matching's producer links (``_matching._Links``): where each side's
+    values came from, the pairs so far, the veto, and a new pair to learn."""
+
+    made_a: Mapping[int, tuple]
+    made_b: Mapping[int, tuple]
+    partner: Mapping[str, str]
+
+    def check(self, call_a: _FlowCall, call_b: _FlowCall) -> bool | None: ...
+
+    def pair(self, call_a: _FlowCall, call_b: _FlowCall) -> None: ...
 
 
 class _FlowCall(Protocol):

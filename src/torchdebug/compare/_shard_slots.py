@@ -19,15 +19,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from torchdebug.compare._value_graph import identity
 from torchdebug.records import COLLECTIVES, Record, make_name
 
-if TYPE_CHECKING:
-    from torchdebug.compare._shards import Layout
-
 __all__ = [
+    "Layout",
     "EMBEDDINGS",
     "FROM_LOCAL",
     "from_local",
@@ -37,6 +35,43 @@ __all__ = [
     "unreduced_summands",
     "vocabulary_slots",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How one record's tensor is laid out over a device mesh."""
+
+    placements: tuple[str, ...]
+    mesh: tuple[int, ...]
+    coordinate: tuple[int, ...]
+    shape: tuple[int, ...]
+    """The whole tensor's shape."""
+    local_shape: tuple[int, ...]
+
+    @property
+    def split(self) -> tuple[int, ...]:
+        """Mesh dimensions whose placement splits the value (Shard or Partial)."""
+        return tuple(i for i, p in enumerate(self.placements) if p.startswith(("S(", "P(")))
+
+    @property
+    def group(self) -> tuple:
+        """What the records of one value's pieces share: placements, mesh, the coordinate elsewhere."""
+        split = self.split
+        return self.placements, self.mesh, tuple(-1 if i in split else c for i, c in enumerate(self.coordinate))
+
+    @property
+    def piece(self) -> tuple[int, ...]:
+        """Which piece this is: the coordinate along the splitting mesh dimensions."""
+        return tuple(self.coordinate[i] for i in self.split)
+
+    @property
+    def pieces(self) -> int:
+        return math.prod(self.mesh[i] for i in self.split)
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        return tuple(p for p in self.placements if p.startswith("P("))
+
 
 _OUTPUTS = ("output", "parameter_grad")
 EMBEDDINGS = frozenset({"aten.embedding.default", "aten.embedding_bag.default", "aten._embedding_bag.default"})

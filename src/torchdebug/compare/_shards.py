@@ -51,6 +51,7 @@ from typing import Any
 from torchdebug.compare._comparable import parameter_values
 from torchdebug.compare._shard_slots import (
     EMBEDDINGS,
+    Layout,
     from_local,
     from_local_views,
     summand,
@@ -64,7 +65,6 @@ from torchdebug.stats._schema import COUNT_KEYS
 from torchdebug.store import _reader as reader
 
 __all__ = [
-    "Layout",
     "ShardedRank",
     "data_split",
     "layouts",
@@ -79,42 +79,6 @@ __all__ = [
 _OUTPUTS = ("output", "parameter_grad")
 _COMBINED_PARTIALS = {"P(sum)": False, "P(avg)": True}
 """Partial placements whose whole value's mean combines from the summands' (``True``: divided by their number)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """How one record's tensor is laid out over a device mesh."""
-
-    placements: tuple[str, ...]
-    mesh: tuple[int, ...]
-    coordinate: tuple[int, ...]
-    shape: tuple[int, ...]
-    """The whole tensor's shape."""
-    local_shape: tuple[int, ...]
-
-    @property
-    def split(self) -> tuple[int, ...]:
-        """Mesh dimensions whose placement splits the value (Shard or Partial)."""
-        return tuple(i for i, p in enumerate(self.placements) if p.startswith(("S(", "P(")))
-
-    @property
-    def group(self) -> tuple:
-        """What the records of one value's pieces share: placements, mesh, the coordinate elsewhere."""
-        split = self.split
-        return self.placements, self.mesh, tuple(-1 if i in split else c for i, c in enumerate(self.coordinate))
-
-    @property
-    def piece(self) -> tuple[int, ...]:
-        """Which piece this is: the coordinate along the splitting mesh dimensions."""
-        return tuple(self.coordinate[i] for i in self.split)
-
-    @property
-    def pieces(self) -> int:
-        return math.prod(self.mesh[i] for i in self.split)
-
-    @property
-    def partial(self) -> tuple[str, ...]:
-        return tuple(p for p in self.placements if p.startswith("P("))
 
 
 def sharded(record: Record) -> bool:

@@ -12,6 +12,7 @@ native path".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,10 +27,16 @@ from torchdebug.store._record_json import json_text
 
 __all__ = ["NO_STATS", "SlotColumns"]
 
+
+@functools.cache
+def _io_names() -> pa.Array:
+    """``slot_io``'s names; made at first use (pyarrow imports pandas, if installed, at its first ``pa.array``)."""
+    return pa.array(["input", "output"], pa.string())
+
+
 NO_STATS = -1
 """A slot's statistics reference when it has none."""
 
-_IO = pa.array(["input", "output"], pa.string())
 _STRING, _INT = pa.string(), pa.int64()
 _ROW_TYPES = {"call": _INT, "seq": _INT} | dict.fromkeys(
     ("call_name", "phase", "module", "op", "fwd", "stack", "source"), pa.string()
@@ -88,7 +95,7 @@ class SlotColumns:
         count = len(self.slots)
         slots = np.asarray(self.slots, np.int64)
         rows = pa.array(np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row)
-        io = _IO.take(pa.array(np.asarray(ops.slot_io, np.int64)[slots]))
+        io = _io_names().take(pa.array(np.asarray(ops.slot_io, np.int64)[slots]))
         undescribed = np.asarray(ops.slot_flag)[slots] != flagged
         args = pa.array(self.args, _STRING)
         io_args = pc.binary_join_element_wise(io, args, ".")

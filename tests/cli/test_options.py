@@ -53,7 +53,7 @@ def test_the_flags_defaults_build_the_default_config(command):
 
 def test_compare_flags_give_the_config_the_python_keywords_give():
     argv = ["compare", "a", "b", "--tolerance", "bfloat16=0.02", "--tolerance", "float32=1e-5,1e-6", "--growth", "4"]
-    argv += ["--no-tensors", "--threads", "2", "--workers", "3", "--replay"]
+    argv += ["--no-tensors", "--threads", "2", "--workers", "3", "--rerun"]
     config = CompareConfig(**options_of(build_parser().parse_args(argv), CompareConfig))
     expected = CompareConfig(
         tolerances={"bfloat16": 0.02, "float32": {"rtol": 1e-5, "atol": 1e-6}},
@@ -61,7 +61,7 @@ def test_compare_flags_give_the_config_the_python_keywords_give():
         tensors=False,
         threads=2,
         workers=3,
-        replay=True,
+        rerun=True,
     )
     assert config.to_dict() == expected.to_dict()
     assert config.tolerances == {"bfloat16": Tolerance(0.02, 1e-5), "float32": Tolerance(1e-5, 1e-6)}
@@ -154,7 +154,7 @@ def test_compare_takes_a_config_or_keyword_options_checked_by_it(tmp_path):
     with pytest.raises(ConfigError, match=r"^growht: unknown option, expected one of 'tolerances'"):
         compare(missing, missing, growht=2)
     with pytest.raises(ConfigError, match=r"^growth: got 0\.5, expected a finite number >= 1$"):
-        compare(missing, missing, config=CompareConfig(replay=True), growth=0.5)
+        compare(missing, missing, config=CompareConfig(rerun=True), growth=0.5)
     with pytest.raises(ConfigError, match=r"^config: got 'fast', expected a CompareConfig"):
         compare(missing, missing, config="fast")
 
@@ -185,9 +185,9 @@ def test_compare_across_ranks_flags_give_the_config_the_python_keywords_give():
 
 
 def test_keyword_options_win_over_the_config_they_come_with():
-    config = CompareConfig(replay=True, growth=8)
+    config = CompareConfig(rerun=True, growth=8)
     merged = CompareConfig.build(config, growth=2)
-    assert (merged.growth, merged.replay, config.growth) == (2, True, 8)
+    assert (merged.growth, merged.rerun, config.growth) == (2, True, 8)
     assert CompareConfig.build(config) is config and CompareConfig.build(growth=3).growth == 3
 
 
@@ -213,3 +213,13 @@ def test_diagnoses_tolerance_is_now_accuracy_tolerance_with_a_warning():
         assert build_parser().parse_args(["diagnose", "s.py:f", "--tolerance", "0.01"]).accuracy_tolerance == 0.01
     with pytest.warns(FutureWarning, match=r"^tolerance is deprecated; use accuracy_tolerance$"):
         assert DiagnoseConfig(tolerance=0.01).accuracy_tolerance == 0.01
+
+
+def test_compares_replay_is_now_rerun_with_a_warning():
+    """The monitor's replay runs a whole step again; compare's runs single op calls: ``rerun``."""
+    with pytest.warns(FutureWarning, match=r"^--replay is deprecated; use --rerun$"):
+        assert build_parser().parse_args(["compare", "a", "b", "--replay"]).rerun is True
+    with pytest.warns(FutureWarning, match=r"^--no-replay is deprecated; use --no-rerun$"):
+        assert build_parser().parse_args(["compare", "a", "b", "--no-replay"]).rerun is False
+    with pytest.warns(FutureWarning, match=r"^replay is deprecated; use rerun$"):
+        assert CompareConfig(replay=True).rerun is True

@@ -37,10 +37,10 @@ def test_quiet_draws_no_bar_before_or_after_the_subcommand(dumps, monkeypatch, c
 
 
 def test_verbose_tells_what_compare_is_doing(dumps, capsys):
-    assert main(["compare", *dumps, "--replay", "-v"]) == 1
+    assert main(["compare", *dumps, "--rerun", "-v"]) == 1
     err = capsys.readouterr().err
     assert "torchdebug.compare: rank 0: reading and pairing records" in err
-    assert "tensor metrics of" in err and "replaying" in err
+    assert "tensor metrics of" in err and "op calls again in float64" in err
 
 
 def test_quiet_and_verbose_together_are_a_usage_error(dumps, capsys):

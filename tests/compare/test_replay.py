@@ -40,35 +40,35 @@ def _gelu_line() -> str:
 def test_a_2_percent_kernel_bug_in_a_bf16_run_is_found_by_replay(dumps, wrong, phase, module, op):
     buggy, reference = dumps("gpt", bf16=True, wrong=wrong), dumps("gpt")
     plain = torchdebug.compare(buggy, reference)  # tensors saved: the calls statistics cannot decide are replayed
-    assert plain.first_divergence.name == torchdebug.compare(buggy, reference, replay=True).first_divergence.name
+    assert plain.first_divergence.name == torchdebug.compare(buggy, reference, rerun=True).first_divergence.name
 
-    replayed = torchdebug.compare(buggy, reference, replay=True)
+    replayed = torchdebug.compare(buggy, reference, rerun=True)
     first = replayed.first_divergence
     assert (first.phase, first.module, first.op, first.io) == (phase, module, op, "output")
     assert first.source.endswith(f"{_gelu_line()} in forward")
-    assert first.message.startswith("own error") and "vs fp64 replay on side A, the CPU's bfloat16 kernel" in first.message
+    assert first.message.startswith("own error") and "vs fp64 rerun on side A, the CPU's bfloat16 kernel" in first.message
     assert "(bfloat16 tolerance 7.8e-03): this op makes the difference" in first.message
     assert replayed.counts()["error"] == 1
-    assert "--replay" not in replayed.summary()
+    assert "--rerun" not in replayed.summary()
 
 
 def test_two_workers_splitting_one_rank_replay_as_one_process_does(dumps):
     buggy, reference = dumps("gpt", bf16=True, wrong=GPT_MLP_FC), dumps("gpt")
-    expected = torchdebug.compare(buggy, reference, replay=True)
-    _assert_same(torchdebug.compare(buggy, reference, replay=True, workers=2), expected)
+    expected = torchdebug.compare(buggy, reference, rerun=True)
+    _assert_same(torchdebug.compare(buggy, reference, rerun=True, workers=2), expected)
 
 
 @pytest.mark.parametrize("kind", ["gpt", "mlp"])
 def test_a_healthy_bf16_run_against_fp32_has_no_error_rows_with_replay(dumps, kind):
-    result = torchdebug.compare(dumps(kind, bf16=True), dumps(kind), replay=True)
+    result = torchdebug.compare(dumps(kind, bf16=True), dumps(kind), rerun=True)
     assert result.counts()["error"] == 0
     replayed = [row for row in result.rows if "own_err_a" in row.metrics and "own_err_b" in row.metrics]
     assert replayed  # the diverging calls were replayed on both sides, and agree
-    assert result.options["replay"] is True
+    assert result.options["rerun"] is True
 
 
 def test_a_dump_compared_with_itself_needs_no_replay(dumps):
-    result = torchdebug.compare(dumps("gpt"), dumps("gpt"), replay=True)
+    result = torchdebug.compare(dumps("gpt"), dumps("gpt"), rerun=True)
     assert result.counts()["pass"] == len(result.rows)
     assert not any("own_err_a" in row.metrics for row in result.rows)
 
@@ -204,7 +204,7 @@ def test_a_dtype_that_is_not_a_dtype_name_is_not_replayable():
 
 def test_dropout_gets_no_replay_verdict_and_replay_blames_nothing_new(dumps):
     a, b = dumps("gpt", bf16=True, dropout=0.1), dumps("gpt", dropout=0.1)
-    plain, replayed = torchdebug.compare(a, b), torchdebug.compare(a, b, replay=True)
+    plain, replayed = torchdebug.compare(a, b), torchdebug.compare(a, b, rerun=True)
     random = [row for row in replayed.rows if row.op == "aten.bernoulli_.float"]
     assert random and not any("own_err_a" in row.metrics or "own_err_b" in row.metrics for row in random)
     assert [r.name for r in replayed.rows if r.verdict == "error"] == [r.name for r in plain.rows if r.verdict == "error"]
@@ -213,17 +213,17 @@ def test_dropout_gets_no_replay_verdict_and_replay_blames_nothing_new(dumps):
 def test_a_call_whose_tensors_were_not_saved_gets_no_replay_verdict(dumps):
     # the planted bug is in fc2, whose tensors the tensor_list filter did not save
     buggy = dumps("mlp", bf16=True, wrong=("aten.addmm.default", 1, 1.02), tensor_list=("fc1",))
-    result = torchdebug.compare(buggy, dumps("mlp", tensor_list=("fc1",)), replay=True)
+    result = torchdebug.compare(buggy, dumps("mlp", tensor_list=("fc1",)), rerun=True)
     fc2 = [row for row in result.rows if row.module == "fc2"]
     assert fc2 and not any("own_err_a" in row.metrics for row in fc2)
     assert not any(row.message.startswith("own error") for row in result.rows)
 
 
 def test_replay_on_statistics_dumps_says_nothing_could_be_replayed(dumps):
-    result = torchdebug.compare(dumps("mlp", task="statistics", bf16=True), dumps("mlp", task="statistics"), replay=True)
+    result = torchdebug.compare(dumps("mlp", task="statistics", bf16=True), dumps("mlp", task="statistics"), rerun=True)
     assert any(p.startswith("replay: no slot has saved tensors") for p in result.problems)
     assert "note: replay: no slot has saved tensors" in result.summary()
-    tensors = torchdebug.compare(dumps("mlp", bf16=True), dumps("mlp"), replay=True)
+    tensors = torchdebug.compare(dumps("mlp", bf16=True), dumps("mlp"), rerun=True)
     assert not any(p.startswith("replay:") for p in tensors.problems)
 
 
@@ -232,7 +232,7 @@ def test_replay_blames_an_output_whose_inputs_explain_its_error_by_the_growth_ru
     rows[1].metrics.update(own_err_a=2e-5, own_err_b=1e-7)  # twice float32's rounding tolerance is 1.5e-5
     judge(rows, growth=16)
     assert (rows[1].verdict, rows[1].attribution) == ("error", "blamed")
-    assert rows[1].message.startswith("own error 2.0e-05 vs fp64 replay on side A (float32 tolerance 7.7e-06)")
+    assert rows[1].message.startswith("own error 2.0e-05 vs fp64 rerun on side A (float32 tolerance 7.7e-06)")
     assert first_divergence(rows) is rows[1]
 
 
@@ -264,15 +264,15 @@ def test_an_output_whose_replay_agrees_keeps_the_growth_rule_verdict():
 
 def test_cli_replay_names_the_bug_and_writes_the_own_errors(dumps, tmp_path, capsys):
     buggy, reference = dumps("gpt", bf16=True, wrong=GPT_MLP_FC), dumps("gpt")
-    assert main(["compare", str(buggy), str(reference), "--replay", "-o", str(tmp_path), "--format", "csv"]) == 1
+    assert main(["compare", str(buggy), str(reference), "--rerun", "-o", str(tmp_path), "--format", "csv"]) == 1
     assert "own error" in capsys.readouterr().out
     header = (tmp_path / "compare.csv").read_text().splitlines()[0].split(",")
     assert header[-4:] == ["own_err_a", "own_err_b", "kernel_err_a", "kernel_err_b"]
 
 
 def test_cli_replay_is_refused_with_across_ranks(dumps, capsys):
-    assert main(["compare", "--across-ranks", str(dumps("mlp")), "--replay"]) == 2
-    assert "--replay applies to A B only" in capsys.readouterr().err
+    assert main(["compare", "--across-ranks", str(dumps("mlp")), "--rerun"]) == 2
+    assert "--rerun applies to A B only" in capsys.readouterr().err
 
 
 def test_without_replay_the_csv_has_no_own_error_columns(dumps, tmp_path):

@@ -261,7 +261,7 @@ def test_replay_own_error_blames_decides_not_or_clears_an_output_by_its_own_erro
         out = _replayed(own, 0.2)  # side A decides (and is named)
         judge([tensor, out], replayed=True)
         verdicts[case] = _judged(out)
-        assert "vs fp64 replay on side A" in out.message
+        assert "vs fp64 rerun on side A" in out.message
     assert verdicts == {
         "beyond twice": ("error", "blamed"),
         "between one and two": ("undecided", "undecided"),

@@ -104,9 +104,10 @@ def add_options(parser: argparse.ArgumentParser, kind: type[Options], only: Coll
             off = f"--no-{long[2:]}"
             shown = long if default else off
             parser.add_argument(*names, off, action=_Switch, dest=f.name, default=default, help=f"{doc} (default: {shown})")
-            for old in flag.old:  # a former switch did what the new one does against the default
-                new = off if default else long
-                parser.add_argument(old, action=_Renamed, new=new, const=not default, dest=f.name, help=argparse.SUPPRESS)
+            for old in flag.old:  # a former switch did what the new one does: --no-OLD sets the default
+                back = old.startswith("--no-")
+                new, value = (off, False) if back != default else (long, True)
+                parser.add_argument(old, action=_Renamed, new=new, const=value, dest=f.name, help=argparse.SUPPRESS)
             continue
         choices = [choice for choice in f.metadata["schema"].get("enum", ()) if choice is not None] or None
         notes = [f"one of: {', '.join(choices)}"] if choices else []

@@ -75,8 +75,8 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
         raise ValueError("--across-ranks takes one dump: give it as --across-ranks DUMP, without A B")
     if args.mapping is not None:
         raise ValueError("--mapping applies to A B only: the ranks of one run share their names")
-    if args.replay:
-        raise ValueError("--replay applies to A B only: --across-ranks checks that replicas agree bitwise")
+    if args.rerun:
+        raise ValueError("--rerun applies to A B only: --across-ranks checks that replicas agree bitwise")
     if args.noise is not None:
         raise ValueError("--noise applies to A B only: --across-ranks checks that replicas agree bitwise")
     config = RanksConfig(**options_of(args, RanksConfig))

@@ -75,7 +75,7 @@ def own_error(row: Row) -> tuple[str, str] | None:
             continue
         own, kernel = row.metrics[own_key], row.metrics.get(kernel_key)
         excess = own - (kernel or 0.0)
-        why = f"own error {own:.1e} vs fp64 replay on side {side}"
+        why = f"own error {own:.1e} vs fp64 rerun on side {side}"
         why += f", the CPU's {dtype} kernel {kernel:.1e}" if kernel is not None else ""
         why += f" ({dtype} tolerance {tolerance:.1e})"
         if own > _REPLAY_MARGIN * tolerance and excess > tolerance:

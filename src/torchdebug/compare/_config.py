@@ -136,6 +136,8 @@ def _workers_field() -> Any:
 class CompareConfig(Options):
     """Options of :func:`torchdebug.compare` and ``torchdebug compare``."""
 
+    _ALIASES = {"replay": "rerun"}  # the monitor's replay runs a whole step again
+
     tolerances: dict[str, Tolerance] = _tolerances_field()
     mapping: NameMapping | None = field(
         default=None,
@@ -167,20 +169,21 @@ class CompareConfig(Options):
     tensors: bool = _tensors_field()
     threads: int | None = _threads_field()
     workers: int = _workers_field()
-    replay: bool = field(
+    rerun: bool = field(
         default=False,
         metadata=option(
-            "Re-run every op call with an output beyond tolerance in float64 on each side's own saved inputs, and "
-            "blame a call far from its replay even when its inputs carry inherited error (task='tensor' dumps; "
-            "about one more pass over those calls).",
+            "Run every op call with an output beyond tolerance again in float64 on each side's own saved inputs, "
+            "and blame a call far from its rerun even when its inputs carry inherited error (task='tensor' dumps; "
+            "about one more pass over those calls) (was replay).",
             boolean,
+            flag=Flag(old=("--replay", "--no-replay")),
         ),
     )
 
     def options(self) -> dict[str, Any]:
         """What the result records of the options (JSON-ready)."""
         tolerances = {k: [v.rtol, v.atol] for k, v in self.tolerances.items()}
-        return {"growth": self.growth, "tolerances": tolerances, "replay": self.replay, "noise": self.noise}
+        return {"growth": self.growth, "tolerances": tolerances, "rerun": self.rerun, "noise": self.noise}
 
 
 @configclass

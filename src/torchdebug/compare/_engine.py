@@ -40,7 +40,7 @@ def compare(a: str | Path | reader.Run, b: str | Path | reader.Run, *, config: C
             folder (``dump.json`` inside, or ``step*/rank*`` / ``proc*`` above it). ``b`` is the
             reference: relative errors are relative to it.
         config: a :class:`~torchdebug.compare._config.CompareConfig`; or give its options as keywords
-            (``tolerances={"bfloat16": 0.02}``, ``replay=True``, ...), listed below. ``workers=N``
+            (``tolerances={"bfloat16": 0.02}``, ``rerun=True``, ...), listed below. ``workers=N``
             (N > 1) spawns N processes (torch.distributed, gloo, file rendezvous); under torchrun use
             :func:`torchdebug.compare._distributed.compare_distributed` instead.
 

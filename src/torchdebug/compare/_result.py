@@ -190,7 +190,7 @@ class CompareResult:
     def replay_hint(self) -> str | None:
         """A suggestion to replay, for a compare of two dumps with tensors run without replay whose
         first op beyond tolerance is not blamed (nothing is, or something later is)."""
-        if self.options.get("replay") is not False:
+        if self.options.get("rerun") is not False:
             return None  # replayed already, or not a compare of two dumps
         over = next(
             (r for r in self.rows if r.attribution not in ("", "dtype") and r.op != MODULE_OP and "cosine" in r.metrics), None
@@ -199,7 +199,7 @@ class CompareResult:
             return None
         return (
             f"{over.name} is the first op beyond tolerance and is not blamed: an op's own error can hide in the "
-            "error its inputs inherit; --replay (replay=True) re-runs the diverging ops in float64 to measure it"
+            "error its inputs inherit; --rerun (rerun=True) runs the diverging ops again in float64 to measure it"
         )
 
     def coverage(self) -> dict[str, dict[str, Any]]:
@@ -425,7 +425,7 @@ class CompareResult:
     def columns(self) -> tuple[str, ...]:
         """The columns of the CSV, pandas and Parquet exports (:data:`CSV_COLUMNS`, plus
         :data:`~torchdebug.compare._metrics.REPLAY_METRICS` with replay)."""
-        return CSV_COLUMNS + REPLAY_METRICS if self.options.get("replay") else CSV_COLUMNS
+        return CSV_COLUMNS + REPLAY_METRICS if self.options.get("rerun") else CSV_COLUMNS
 
     def to_pandas(self) -> Any:
         """The rows as a ``pandas.DataFrame``, columns :attr:`columns` (a metric a row lacks is NaN;

@@ -346,9 +346,9 @@ def replay_rows(
             key = (record.step, record.call_name)  # type: ignore[union-attr]
             jobs.setdefault((side, *key), calls[key])
     dumps = {"a": dump_a, "b": dump_b}
-    logger.info("replaying %d op calls (of %d diverging output slots) in float64", len(jobs), len(diverging))
+    logger.info("running %d op calls again in float64 (of %d diverging output slots)", len(jobs), len(diverging))
     replayed = pool.map(lambda key: _replay_job(dumps[key[0]], jobs[key], overrides), jobs)
-    results = dict(zip(jobs, progress.track(replayed, "replay", total=len(jobs), unit="call")))
+    results = dict(zip(jobs, progress.track(replayed, "rerun", total=len(jobs), unit="call")))
     for row in outputs:
         for side, record in (("a", row.record_a), ("b", row.record_b)):
             errors = results.get((side, record.step, record.call_name), {}).get(record.arg, {})  # type: ignore[union-attr]
@@ -359,7 +359,7 @@ def replay_rows(
 def _noise(dump_b: RankRecords, noise: RankRecords, settings: CompareConfig, pool: ThreadPoolExecutor) -> dict[NoiseKey, float]:
     """Each slot of B's error against the noise dump (:mod:`torchdebug.compare._calibration`):
     matched and measured as A against B is, without A's renames, not judged."""
-    plain = dataclasses.replace(settings, mapping=None, noise=None, replay=False)
+    plain = dataclasses.replace(settings, mapping=None, noise=None, rerun=False)
     rows = match_rank(dump_b.rank, dump_b, noise, plain)
     if settings.tensors:
         groups = list(tensor_jobs(rows, dump_b, noise).values())
@@ -385,9 +385,9 @@ def attribute(
         calibrated = calibrate(rows, _noise(dump_b, noise, settings, pool))
         logger.info("rank %d: %d rows judged at tolerances measured against the noise dump", dump_b.rank, calibrated)
     split = data_split(dump_a, dump_b)
-    if settings.replay:
+    if settings.rerun:
         replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
-    judge(rows, growth=settings.growth, replayed=settings.replay, split=split, made=made, tolerances=settings.tolerances)
+    judge(rows, growth=settings.growth, replayed=settings.rerun, split=split, made=made, tolerances=settings.tolerances)
     undecided = [row for row in rows if row.verdict == "undecided" and "cosine" in row.metrics]
     if undecided:
         replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
@@ -448,7 +448,7 @@ def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: Compar
     if damaged is not None:
         logger.warning("%s", damaged)
         problems.append(damaged)
-    if settings.replay and not any(has_tensor(row.record_a) and has_tensor(row.record_b) for row in rows):
+    if settings.rerun and not any(has_tensor(row.record_a) and has_tensor(row.record_b) for row in rows):
         problems.append('replay: no slot has saved tensors on both sides (dump with task="tensor"), so nothing was replayed')
     result = CompareResult(rows=rows, a=pairing.a, b=pairing.b, problems=problems, options=settings.options())
     result.check_overlap()

@@ -161,6 +161,8 @@ class NativeStepCapture:
         self._made_by: dict[int, tuple[str, str, tuple | None]] = {}
         """This step's forward rows by the sequence number of the node they made: (module, call name, stack)."""
         self._values = NativeValueIds()
+        self._observed = False
+        """Whether this capture started the observer before (its first start drops older weak references)."""
         self._unwritten = NativeUnwritten()
         self._devices: dict[tuple[int, int], str] = {}
         self.recomputed = False
@@ -186,6 +188,9 @@ class NativeStepCapture:
             self.tracker.start()
         self._set_context(_OUTSIDE)
         self.observer.want_stacks(self.stacks)
+        if not self._observed:  # a new run's value ids: the addresses an earlier capture drained are not its
+            self._observed = True
+            self.observer.forget_seen()
         self.observer.start()
 
     def stop(self) -> None:
@@ -459,6 +464,9 @@ class NativeStepCapture:
             add_stats(stats)
         if due and stage is not None:
             stage(due)
+        values.freed(ops.freed)  # after these slots: from now on another tensor may take those addresses
+        for address in ops.freed:
+            seen.pop(address, None)
         return out.batch(
             ops,
             heads,

@@ -7,6 +7,7 @@ once a tensor is freed)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import count
 
 from torchdebug.capture.eager import OpInfo
@@ -65,6 +66,12 @@ class NativeValueIds:
         """Forget the memory values were made in: another step's tensors fill it."""
         self._made_in.clear()
         self._row = -1
+
+    def freed(self, addresses: Iterable[int]) -> None:
+        """The tensors last seen at ``addresses`` were freed (``ObservedOps.freed``): a tensor seen
+        there from now on is another one."""
+        for address in addresses:
+            self._at.pop(address, None)
 
     def forget(self, address: int, memory: tuple) -> None:
         """A tensor not recorded was made at ``address`` in ``memory``: what was seen at either is gone."""

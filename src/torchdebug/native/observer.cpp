@@ -227,6 +227,10 @@ struct Slots {
   std::vector<at::Tensor> kept;
   std::vector<int64_t> kept_slot;
   std::vector<std::pair<size_t, WeakImpl>> waiting;
+  // A weak reference to each slot's TensorImpl, held until the drain hands it to Recorder::seen: the
+  // allocator cannot put another tensor at an address while a weak reference holds it, so from a
+  // tensor's first slot until the drain that reports it freed, its address names it alone.
+  std::vector<WeakImpl> alive;
 
   // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
@@ -237,6 +241,7 @@ struct Slots {
     arg.push_back(position);
     element.push_back(index);
     value.push_back(reinterpret_cast<int64_t>(impl));
+    alive.push_back(WeakImpl::reclaim_copy(impl));
     dtype.push_back(static_cast<int8_t>(impl->dtype().toScalarType()));
     version.push_back(impl->is_inference() ? -1 : impl->version_counter().current_version());
     int8_t kind = impl->key_set().has(c10::DispatchKey::Python) ? kSubclass : impl->is_nested() ? kNested : kPlain;
@@ -308,6 +313,7 @@ struct Slots {
     flag.insert(flag.end(), other.flag.begin(), other.flag.end());
     ndim.insert(ndim.end(), other.ndim.begin(), other.ndim.end());
     value.insert(value.end(), other.value.begin(), other.value.end());
+    alive.insert(alive.end(), other.alive.begin(), other.alive.end());
     version.insert(version.end(), other.version.begin(), other.version.end());
     storage.insert(storage.end(), other.storage.begin(), other.storage.end());
     offset.insert(offset.end(), other.offset.begin(), other.offset.end());
@@ -327,8 +333,9 @@ struct Slots {
     size_t dims = 0;
     for (size_t slot = first; slot < row.size(); ++slot) dims += static_cast<size_t>(ndim[slot]);
     auto move = [first](auto& from, auto& to, size_t width) {
-      to.insert(to.end(), from.begin() + static_cast<std::ptrdiff_t>(first * width), from.end());
-      from.resize(first * width);
+      auto start = from.begin() + static_cast<std::ptrdiff_t>(first * width);
+      to.insert(to.end(), start, from.end());
+      from.erase(start, from.end());
     };
     move(row, other.row, 1);
     move(io, other.io, 1);
@@ -338,6 +345,7 @@ struct Slots {
     move(flag, other.flag, 1);
     move(ndim, other.ndim, 1);
     move(value, other.value, 1);
+    move(alive, other.alive, 1);
     move(version, other.version, 1);
     move(storage, other.storage, 1);
     move(offset, other.offset, 1);
@@ -377,6 +385,7 @@ struct Slots {
     stats.clear();
     arg.clear();
     element.clear();
+    alive.clear();
   }
 };
 
@@ -402,6 +411,10 @@ struct Recorder {
   std::vector<int64_t> stack;  // an index into tracebacks, -1 for none
   std::vector<Traceback> tracebacks;
   Slots slots;
+  // The TensorImpls of the slots drained, by address, held weakly until they are freed; those freed
+  // are reported by the next drain (freed), after which their addresses may be reused.
+  std::unordered_map<int64_t, WeakImpl> seen;
+  std::vector<int64_t> freed;
 
   int64_t add_row(Row&& row) {  // mutex held
     op.push_back(row.op);
@@ -771,6 +784,17 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(from.dtype, slots, columns[8]);
   take(from.flag, slots, columns[9]);
   take(from.ndim, slots, columns[10]);
+  recorder.freed.clear();
+  for (auto it = recorder.seen.begin(); it != recorder.seen.end();) {  // freed since the last drain
+    if (it->second.expired()) {
+      recorder.freed.push_back(it->first);
+      it = recorder.seen.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (size_t slot = 0; slot < slots; ++slot) recorder.seen.try_emplace(from.value[slot], std::move(from.alive[slot]));
+  from.alive.erase(from.alive.begin(), from.alive.begin() + static_cast<std::ptrdiff_t>(slots));
   take(from.value, slots, columns[11]);
   take(from.version, slots, columns[12]);
   take(from.storage, slots, columns[13]);
@@ -790,6 +814,25 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   for (auto& slot : from.kept_slot) slot -= static_cast<int64_t>(slots);
   from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));
   recorder.first_row += static_cast<int64_t>(ops);
+}
+
+// The addresses of the TensorImpls drained before and freed since: their number, then into out.
+int64_t td_observer_freed_count() {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  return static_cast<int64_t>(recorder.freed.size());
+}
+
+void td_observer_take_freed(int64_t* out) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  std::copy(recorder.freed.begin(), recorder.freed.end(), out);
+  recorder.freed.clear();
+}
+
+// Drop every weak reference the drains took (a new capture names values afresh).
+void td_observer_forget_seen() {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  recorder.seen.clear();
+  recorder.freed.clear();
 }
 
 // Take the Python frames of each forward op from the rows recorded from now on (want != 0), or no longer.

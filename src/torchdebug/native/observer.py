@@ -33,7 +33,7 @@ import ctypes
 import functools
 import warnings
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
@@ -119,6 +119,9 @@ class ObservedOps:
     kept: list[torch.Tensor]
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
     callback did not take, as recorded (their values may have changed since: compare versions)."""
+    freed: array = field(default_factory=lambda: array("q"))
+    """``TensorImpl`` addresses of slots drained before, whose tensors were freed since: from now on
+    another tensor may take the address (until then the observer holds it, weakly)."""
 
     def op_names(self) -> list[str]:
         """The op name of each row."""
@@ -159,6 +162,8 @@ class NativeObserver:
         library.td_observer_stacks.restype = ctypes.c_char_p
         library.td_observer_device_type_name.argtypes = [ctypes.c_int]
         library.td_observer_device_type_name.restype = ctypes.c_char_p
+        library.td_observer_freed_count.restype = ctypes.c_int64
+        library.td_observer_take_freed.argtypes = [ctypes.c_void_p]
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
@@ -252,7 +257,14 @@ class NativeObserver:
         for op_id in range(len(self._names), self._lib.td_observer_op_names()):
             self._names.append(self._lib.td_observer_op_name(op_id).decode())
         tensors = torch.ops.torchdebug.observer_kept() if kept else []
-        return ObservedOps(list(self._names), counts[3], **columns, kept=tensors)
+        freed = array("q", bytes(8 * self._lib.td_observer_freed_count()))
+        if freed:
+            self._lib.td_observer_take_freed(freed.buffer_info()[0])
+        return ObservedOps(list(self._names), counts[3], **columns, kept=tensors, freed=freed)
+
+    def forget_seen(self) -> None:
+        """Drop the weak references the drains hold (a new capture's value ids start afresh)."""
+        self._lib.td_observer_forget_seen()
 
 
 def _scalar_types(library: ctypes.CDLL) -> dict[int, torch.dtype]:

@@ -3,7 +3,7 @@
 A 2-layer GPT (d_model 64, seq 32, batch 2), one AdamW step. Healthy bf16/fp16 autocast runs against
 fp32 have no error row, at most 2 % warning rows and no first divergence. A 3 % scaling bug planted
 in one op (attention, MLP, norm, loss; forward and backward) is named with its module and source
-line in fp32, bf16 and fp16 pairings where tensors are saved (replay decides what statistics cannot),
+line in fp32, bf16 and fp16 pairings where tensors are saved (rerun decides what statistics cannot),
 and a bug entering through an op only one side runs (a forward hook) is blamed on that op, a structure
 difference, with the hook's source line.
 """

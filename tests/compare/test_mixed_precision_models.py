@@ -6,7 +6,7 @@
 * Planted bugs of 1 % and 2 % (attention and MLP, forward and backward) with tensor dumps: named in
   fp32 and fp16 pairs; in bf16 pairs a 2 % bug is named, and a 1 % bug, below bf16's tolerance of
   1.6 %, is found once the tolerance is lowered to 0.8 %, as ``undecided`` (its own error against
-  the float64 replay is about 1 %, the CPU kernel's 0.2–0.4 %: too close to bf16 rounding to blame).
+  the float64 rerun is about 1 %, the CPU kernel's 0.2–0.4 %: too close to bf16 rounding to blame).
 * Tiny Hugging Face GPT-2, Llama and BERT built from configs (no download), bf16 autocast and bf16
   models against fp32 with statistics: no error row, at most 2 % warning rows, no first divergence
   (a bf16 Llama's RMSNorm backward sums its gradients in another order than the fp32 twin).
@@ -24,7 +24,7 @@ import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from tests.compare.test_mixed_precision import BUGS, DTYPES, _Scale
 from tests.hf_models import tiny_model
-from torchdebug.compare._replay import own_errors
+from torchdebug.compare._rerun import own_errors
 from torchdebug.compare._tolerances import rounding_tolerance
 from torchdebug.records import Record
 
@@ -70,7 +70,7 @@ def test_a_bf16_model_against_its_fp32_twin_has_no_error_few_warnings_and_no_div
 def test_a_bf16_layer_norm_backward_is_measured_against_its_cpu_kernel_rerun(gpt):
     # its weight and bias gradients are reduced in bf16, in partial sums whose number and order depend
     # on the CPU's kernel (its instruction set) and thread count: from under one to about three units
-    # from the float64 replay, which a fixed bound would blame. Whatever this CPU makes, the CPU kernel
+    # from the float64 rerun, which a fixed bound would blame. Whatever this CPU makes, the CPU kernel
     # re-run on the same inputs makes the same error, and it is measured whenever an own error is
     # beyond one unit: the healthy dump, then one output of each call planted 10 % off (beyond what any
     # CPU's kernel makes), whose re-run keeps the healthy error.
@@ -128,7 +128,7 @@ def test_a_1_percent_bug_in_a_bf16_pair_is_undecided_never_blamed(gpt, bug):
     assert [(row.call_name, row.io) for row in undecided] == [(BUGS[bug][2], "output")]
     assert "too close to bfloat16 rounding to tell a bug from a kernel that rounds differently" in undecided[0].message
     summary = result.summary()
-    assert "undecided: 1 replayed rows whose own error is within two rounding units" in summary
+    assert "undecided: 1 rerun rows whose own error is within two rounding units" in summary
     assert "would decide them" not in summary  # a tensor dump is what it already is
 
 

@@ -237,29 +237,29 @@ def test_constant_from_arguments_differing_with_the_dtype_passes():
     assert _judged(within) == ("pass", "")  # within tolerance first
 
 
-def _replayed(own_a: float, own_b: float, **fields: Any) -> Row:
-    """A bf16 output replayed on both sides, whose own errors are given in rounding tolerances."""
+def _rerun(own_a: float, own_b: float, **fields: Any) -> Row:
+    """A bf16 output rerun on both sides, whose own errors are given in rounding tolerances."""
     tolerance = rounding_tolerance("bfloat16")
     assert tolerance is not None
     metrics = {"own_err_a": own_a * tolerance, "own_err_b": own_b * tolerance, "cosine": 1.0}
     return _row("output", 0.05, dtype="bfloat16", metrics=metrics, **fields)
 
 
-def test_called_differently_blames_a_healthy_replay_whose_argument_values_differ():
+def test_called_differently_blames_a_healthy_rerun_whose_argument_values_differ():
     tensor = _row("input", 0.0, dtype="bfloat16")
     alpha = _row("input", kind="value", arg="alpha", a={"value": 1.0}, b={"value": 2.0})
-    out = _replayed(0.3, 0.2)
-    judge([tensor, alpha, out], replayed=True)
+    out = _rerun(0.3, 0.2)
+    judge([tensor, alpha, out], rerun=True)
     assert _judged(out) == ("error", "blamed")
     assert out.message.endswith("but its argument value differs: 1.0 vs 2.0: the op was called differently")
 
 
-def test_replay_own_error_blames_decides_not_or_clears_an_output_by_its_own_error():
+def test_rerun_own_error_blames_decides_not_or_clears_an_output_by_its_own_error():
     verdicts = {}
     for own, case in ((3.0, "beyond twice"), (1.5, "between one and two"), (0.3, "rounding")):
         tensor = _row("input", 0.01, dtype="bfloat16")  # blamed, and would explain the output by statistics
-        out = _replayed(own, 0.2)  # side A decides (and is named)
-        judge([tensor, out], replayed=True)
+        out = _rerun(own, 0.2)  # side A decides (and is named)
+        judge([tensor, out], rerun=True)
         verdicts[case] = _judged(out)
         assert "vs fp64 rerun on side A" in out.message
     assert verdicts == {
@@ -289,12 +289,12 @@ def test_singular_near_zero_ops_inherit_an_error_within_their_inputs_relative_sp
     assert _judged(output_of("aten.mul.Tensor")) == ("error", "blamed")
 
 
-def test_awaits_replay_an_output_with_saved_tensors_is_undecided_until_replayed():
+def test_awaits_rerun_an_output_with_saved_tensors_is_undecided_until_rerun():
     given = _row("input", 0.0)
     out = _row("output", 0.05, metrics={"cosine": 0.99})
     judge([given, out])
-    assert _judged(out) == ("undecided", "undecided") and out.message.endswith("it could not be replayed")
-    judge([given, out], replayed=True)  # replay found nothing to say: statistics decide
+    assert _judged(out) == ("undecided", "undecided") and out.message.endswith("it could not be rerun")
+    judge([given, out], rerun=True)  # rerun found nothing to say: statistics decide
     assert _judged(out) == ("error", "blamed")
 
 

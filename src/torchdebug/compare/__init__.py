@@ -10,7 +10,7 @@
 
 Modules: ``_config`` (``CompareConfig``, the options), ``_matching`` (pairing records), ``_metrics``
 (float64 errors), ``_tolerances`` (per dtype), ``_calibration`` (per slot, from a noise dump of the
-reference), ``_replay`` (an op call re-run in float64 from its records), ``_verdicts``
+reference), ``_rerun`` (an op call re-run in float64 from its records), ``_verdicts``
 (pass/warning/error, blamed/inherited), ``_comparable`` (what cannot be compared: shapes of other
 inputs, constants made for the dtype), ``_checksums`` (bit-exact verdicts), ``_shards`` (a sharded
 run's DTensor pieces read as whole tensors), ``_structure`` (ops only one side runs: structure

@@ -1,6 +1,6 @@
 """How much error an op may make or pass on, from the records: what the verdict rules measure against.
 
-* :func:`own_error`: what replay says of an output (its own error against the op re-run in float64
+* :func:`own_error`: what rerun says of an output (its own error against the op re-run in float64
   on that side's inputs, against what the CPU kernel makes of them);
 * :func:`amplification`: how much an op may amplify its inputs' scale-relative error, estimated
   from the reference side's statistics;
@@ -35,7 +35,7 @@ def spread(row: Row) -> float:
     return max((row.metrics.get(k, 0.0) for k in ("min_rel", "max_rel", "mean_rel", "norm_rel")), default=0.0)
 
 
-_REPLAY_MARGIN = 2.0
+_RERUN_MARGIN = 2.0
 """How many rounding tolerances an op's own error must exceed to be blamed (a healthy op that rounds
 once: ≤ 0.5), and how many it must exceed what the CPU kernel makes by."""
 _OWN = {"A": ("own_err_a", "kernel_err_a"), "B": ("own_err_b", "kernel_err_b")}
@@ -54,22 +54,22 @@ def _scale(record: Record | None) -> float | None:
 
 
 def own_error(row: Row) -> tuple[str, str] | None:
-    """What replay says of an output row, per side from its own error ``own`` against the float64
-    replay, the error ``kernel`` of the CPU kernel re-run on the same inputs (0 when it could not
+    """What rerun says of an output row, per side from its own error ``own`` against the float64
+    rerun, the error ``kernel`` of the CPU kernel re-run on the same inputs (0 when it could not
     run) and the rounding tolerance ``t`` of the pair's less precise dtype:
 
     * ``("blamed", why)`` when ``own`` exceeds both twice ``t`` and ``kernel + t`` on a side: more
       than any healthy kernel of that dtype makes;
     * ``("undecided", why)`` when, short of that, it exceeds both ``t`` and ``kernel + t / 2``: a
       bug this small (bf16: about 1 %) cannot be told from a kernel that rounds more than the CPU's;
-    * ``("inherited", why)`` when both sides were replayed within that: the op is healthy;
-    * ``None`` when replay says nothing (not replayed, or on one side only and within bounds)."""
+    * ``("inherited", why)`` when both sides were rerun within that: the op is healthy;
+    * ``None`` when rerun says nothing (not rerun, or on one side only and within bounds)."""
     dtype = lower_precision(row.dtype_a, row.dtype_b)
     verdicts = []
     for side, record in (("A", row.record_a), ("B", row.record_b)):
         own_key, kernel_key = _OWN[side]
         if own_key not in row.metrics:
-            continue  # not replayed on this side (every row of a statistics compare)
+            continue  # not rerun on this side (every row of a statistics compare)
         tolerance = rounding_tolerance(dtype, _scale(record))
         if tolerance is None:
             continue
@@ -78,9 +78,9 @@ def own_error(row: Row) -> tuple[str, str] | None:
         why = f"own error {own:.1e} vs fp64 rerun on side {side}"
         why += f", the CPU's {dtype} kernel {kernel:.1e}" if kernel is not None else ""
         why += f" ({dtype} tolerance {tolerance:.1e})"
-        if own > _REPLAY_MARGIN * tolerance and excess > tolerance:
+        if own > _RERUN_MARGIN * tolerance and excess > tolerance:
             verdicts.append((2, own / tolerance, f"{why}: this op makes the difference"))
-        elif own > tolerance and excess > tolerance / _REPLAY_MARGIN:
+        elif own > tolerance and excess > tolerance / _RERUN_MARGIN:
             verdicts.append(
                 (1, own / tolerance, f"{why}: too close to {dtype} rounding to tell a bug from a kernel that rounds differently")
             )

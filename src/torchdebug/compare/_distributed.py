@@ -151,7 +151,7 @@ def _work(shares: list[Share], pairing: Pairing, settings: CompareConfig) -> lis
 
 def _merge(pieces: list[_Piece], pairing: Pairing, settings: CompareConfig) -> tuple[list[Row], list[str]]:
     """Rows and notes of every rank, in rank order, with split ranks' metrics applied and judged
-    (replayed here, when asked: which calls diverge is known once every part's metrics are in)."""
+    (rerun here, when asked: which calls diverge is known once every part's metrics are in)."""
     by_rank: dict[int, list[_Piece]] = defaultdict(list)
     for piece in pieces:
         by_rank[piece.rank].append(piece)

@@ -24,7 +24,7 @@ import torch
 
 from torchdebug.compare._tolerances import MANTISSA_BITS, normalize_dtype
 
-__all__ = ["TENSOR_METRICS", "STATS_METRICS", "REPLAY_METRICS", "ELEMENTS_DIFFER", "tensor_metrics", "stats_metrics"]
+__all__ = ["TENSOR_METRICS", "STATS_METRICS", "RERUN_METRICS", "ELEMENTS_DIFFER", "tensor_metrics", "stats_metrics"]
 
 TENSOR_METRICS = (
     "cosine",
@@ -55,10 +55,10 @@ ELEMENTS_DIFFER = "elements_differ"
 """The number of positions where two integer or bool tensors differ (not a CSV column: it is in the
 JSON row). Compare names how many elements a selection (``topk`` indices, a mask) changed with it."""
 
-REPLAY_METRICS = ("own_err_a", "own_err_b", "kernel_err_a", "kernel_err_b")
-"""With replay: the ``error`` of an output on side A / B against its op replayed in float64 on that
+RERUN_METRICS = ("own_err_a", "own_err_b", "kernel_err_a", "kernel_err_b")
+"""With rerun: the ``error`` of an output on side A / B against its op rerun in float64 on that
 side's own inputs, and that of the op re-run on the CPU in the recorded dtypes against the same
-replay: how much a healthy kernel rounds on those inputs (see :mod:`torchdebug.compare._replay`)."""
+rerun: how much a healthy kernel rounds on those inputs (see :mod:`torchdebug.compare._rerun`)."""
 
 _CHUNK = 1 << 18  # elements per float64 chunk: 2 MiB buffers, reused (fresh pages cost more than math)
 _REL_EPS = 1e-12  # keeps |a-b|/|b| finite where b == 0; the verdict does not use this metric

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from torchdebug.compare._checksums import DTYPE_NOTE
-from torchdebug.compare._metrics import REPLAY_METRICS, STATS_METRICS, TENSOR_METRICS
+from torchdebug.compare._metrics import RERUN_METRICS, STATS_METRICS, TENSOR_METRICS
 from torchdebug.compare._rows import VERDICTS, Row
 from torchdebug.compare._rules import ROUTING_CHANGED
 from torchdebug.compare._structure import StructureBlock
@@ -49,8 +49,8 @@ CSV_COLUMNS = (
     "message",
     "source",
 )
-"""Columns of :meth:`CompareResult.to_csv`, one row per tensor slot or argument (with replay, the
-:data:`~torchdebug.compare._metrics.REPLAY_METRICS` are appended)."""
+"""Columns of :meth:`CompareResult.to_csv`, one row per tensor slot or argument (with rerun, the
+:data:`~torchdebug.compare._metrics.RERUN_METRICS` are appended)."""
 
 _STRUCTURE_OUTCOMES = {
     "error": "change a value",
@@ -187,11 +187,11 @@ class CompareResult:
         return any(row.verdict == "error" for row in self.rows)
 
     @property
-    def replay_hint(self) -> str | None:
-        """A suggestion to replay, for a compare of two dumps with tensors run without replay whose
+    def rerun_hint(self) -> str | None:
+        """A suggestion to rerun, for a compare of two dumps with tensors run without rerun whose
         first op beyond tolerance is not blamed (nothing is, or something later is)."""
         if self.options.get("rerun") is not False:
-            return None  # replayed already, or not a compare of two dumps
+            return None  # rerun already, or not a compare of two dumps
         over = next(
             (r for r in self.rows if r.attribution not in ("", "dtype") and r.op != MODULE_OP and "cosine" in r.metrics), None
         )
@@ -400,18 +400,18 @@ class CompareResult:
         lines.extend(self.structure_lines())
         # counted first: a cross-rank result makes the rows of agreeing ranks only when they are read
         undecided = [row for row in self.rows if row.verdict == "undecided"] if self.counts().get("undecided") else []
-        replayed = sum("own_err_a" in row.metrics or "own_err_b" in row.metrics for row in undecided)
-        if len(undecided) > replayed:
+        rerun = sum("own_err_a" in row.metrics or "own_err_b" in row.metrics for row in undecided)
+        if len(undecided) > rerun:
             lines.append(
-                f"undecided: {len(undecided) - replayed} rows beyond tolerance where statistics cannot tell whether the op "
+                f"undecided: {len(undecided) - rerun} rows beyond tolerance where statistics cannot tell whether the op "
                 'or its inputs made the difference; a tensor dump (task="tensor") would decide them'
             )
-        if replayed:
+        if rerun:
             lines.append(
-                f"undecided: {replayed} replayed rows whose own error is within two rounding units of what the CPU kernel "
+                f"undecided: {rerun} rerun rows whose own error is within two rounding units of what the CPU kernel "
                 "makes of the same inputs: below what the dtype can tell apart (a lower --tolerance does not help)"
             )
-        hint = self.replay_hint
+        hint = self.rerun_hint
         if hint:
             lines.append(f"hint: {hint}")
         lines.extend(f"note: {problem}" for problem in self.problems if problem not in leading)
@@ -424,8 +424,8 @@ class CompareResult:
     @property
     def columns(self) -> tuple[str, ...]:
         """The columns of the CSV, pandas and Parquet exports (:data:`CSV_COLUMNS`, plus
-        :data:`~torchdebug.compare._metrics.REPLAY_METRICS` with replay)."""
-        return CSV_COLUMNS + REPLAY_METRICS if self.options.get("rerun") else CSV_COLUMNS
+        :data:`~torchdebug.compare._metrics.RERUN_METRICS` with rerun)."""
+        return CSV_COLUMNS + RERUN_METRICS if self.options.get("rerun") else CSV_COLUMNS
 
     def to_pandas(self) -> Any:
         """The rows as a ``pandas.DataFrame``, columns :attr:`columns` (a metric a row lacks is NaN;

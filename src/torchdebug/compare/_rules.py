@@ -88,9 +88,9 @@ class Call:
     """The largest error seen before this call."""
     flow: Flow
     growth: float
-    replayed: bool
-    """The calls that replay could decide were replayed (else a row with saved tensors and no own
-    error is left ``undecided``, for replay to decide)."""
+    rerun: bool
+    """The calls that rerun could decide were rerun (else a row with saved tensors and no own
+    error is left ``undecided``, for rerun to decide)."""
     constant: bool = False
     """The call has no tensor input: it makes its outputs from argument values alone."""
     forward: Sequence[Row] = ()
@@ -516,7 +516,7 @@ def _dtype_arguments(rows: Sequence[Row]) -> str | None:
 
 
 def called_differently(row: Row, call: Call) -> Judgement | None:
-    """A replayed output its inputs do not explain, in a call whose argument values differ, is blamed."""
+    """A rerun output its inputs do not explain, in a call whose argument values differ, is blamed."""
     error, tolerance = _beyond(row)
     if error <= call.growth * call.input_error() + tolerance:
         return None
@@ -527,8 +527,8 @@ def called_differently(row: Row, call: Call) -> Judgement | None:
     return _blamed(row, f"{own[1]}, but its {changed[0].message}: the op was called differently")
 
 
-def replay_own_error(row: Row, call: Call) -> Judgement | None:
-    """A replayed output is judged by its own error against float64: blamed, undecided or inherited."""
+def rerun_own_error(row: Row, call: Call) -> Judgement | None:
+    """A rerun output is judged by its own error against float64: blamed, undecided or inherited."""
     own = own_error(row)
     if own is None:
         return None
@@ -540,9 +540,9 @@ def replay_own_error(row: Row, call: Call) -> Judgement | None:
     return _inherited(row, call, call.inputs, f"{_detail(row)}; {why}")
 
 
-def _awaits_replay(row: Row, call: Call) -> bool:
-    """Both sides saved the tensors (replay can measure the op's own error) and it was not replayed."""
-    return "cosine" in row.metrics and not call.replayed
+def _awaits_rerun(row: Row, call: Call) -> bool:
+    """Both sides saved the tensors (rerun can measure the op's own error) and it was not rerun."""
+    return "cosine" in row.metrics and not call.rerun
 
 
 def _explained(row: Row, call: Call) -> Judgement:
@@ -552,21 +552,21 @@ def _explained(row: Row, call: Call) -> Judgement:
 def explained_by_inputs(row: Row, call: Call) -> Judgement | None:
     """An output within growth times its inputs' error plus the tolerance is inherited."""
     error, tolerance = _beyond(row)
-    if _awaits_replay(row, call) or error > call.growth * call.input_error() + tolerance:
+    if _awaits_rerun(row, call) or error > call.growth * call.input_error() + tolerance:
         return None
     return _explained(row, call)
 
 
 def singular_near_zero(row: Row, call: Call) -> Judgement | None:
     """An op singular near zero (sqrt, log, a division) within its inputs' summed relative spread is inherited."""
-    if _awaits_replay(row, call) or not is_singular(row.op):
+    if _awaits_rerun(row, call) or not is_singular(row.op):
         return None
     error, _ = _beyond(row)
     return _explained(row, call) if error <= sum(spread(r) for r in call.inputs) else None
 
 
 def _amplified(row: Row, call: Call, factor: float) -> Judgement:
-    how = "it could not be replayed" if "cosine" in row.metrics else 'a tensor dump (task="tensor") would decide it'
+    how = "it could not be rerun" if "cosine" in row.metrics else 'a tensor dump (task="tensor") would decide it'
     return _undecided(
         row,
         call,
@@ -575,9 +575,9 @@ def _amplified(row: Row, call: Call, factor: float) -> Judgement:
     )
 
 
-def awaits_replay(row: Row, call: Call) -> Judgement | None:
-    """An output with saved tensors that replay has not decided yet is undecided."""
-    return _amplified(row, call, amplification(row, call.inputs)) if _awaits_replay(row, call) else None
+def awaits_rerun(row: Row, call: Call) -> Judgement | None:
+    """An output with saved tensors that rerun has not decided yet is undecided."""
+    return _amplified(row, call, amplification(row, call.inputs)) if _awaits_rerun(row, call) else None
 
 
 def may_amplify(row: Row, call: Call) -> Judgement | None:
@@ -942,10 +942,10 @@ RULES: tuple[Rule, ...] = (
     Rule(sharded_embedding_indices, _TENSORS),
     Rule(constant_from_arguments, _OUTPUTS),
     Rule(called_differently, _OUTPUTS),
-    Rule(replay_own_error, _OUTPUTS),
+    Rule(rerun_own_error, _OUTPUTS),
     Rule(explained_by_inputs, _OUTPUTS),
     Rule(singular_near_zero, _OUTPUTS),
-    Rule(awaits_replay, _OUTPUTS),
+    Rule(awaits_rerun, _OUTPUTS),
     Rule(may_amplify, _OUTPUTS),
     Rule(made_here, _OUTPUTS),
     Rule(gradient_of_incomparable, _INPUTS),

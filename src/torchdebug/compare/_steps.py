@@ -13,7 +13,7 @@
    :func:`finish` (a missing one is a dump error);
 5. :func:`apply_metrics` writes the results into the rows;
 6. :func:`attribute`: with a noise dump (``noise=``), each row's tolerance measured from B against
-   it (:mod:`torchdebug.compare._calibration`); with ``replay``, :func:`replay_rows` replays each
+   it (:mod:`torchdebug.compare._calibration`); with ``rerun``, :func:`rerun_rows` reruns each
    call with an output beyond tolerance on each side in float64 (its own error, one call and side
    per job, so a job holds one side's tensors of one call); then ``judge``, and ``judge_checksums``
    for slots whose records carry checksums on both sides (bit-exact); rows that cannot be compared
@@ -45,7 +45,7 @@ from torchdebug.compare._checksums import dtype_note, fingerprint_versions, judg
 from torchdebug.compare._config import CompareConfig
 from torchdebug.compare._matching import match_records
 from torchdebug.compare._metrics import stats_metrics, tensor_metrics
-from torchdebug.compare._replay import NotReplayable, own_errors
+from torchdebug.compare._rerun import NotRerunnable, own_errors
 from torchdebug.compare._result import CompareResult, Side
 from torchdebug.compare._rows import Row
 from torchdebug.compare._shards import data_split, row_note, whole_tensors
@@ -69,7 +69,7 @@ __all__ = [
     "tensor_jobs",
     "compute_jobs",
     "apply_metrics",
-    "replay_rows",
+    "rerun_rows",
     "attribute",
     "rank_notes",
     "compare_rank",
@@ -306,18 +306,18 @@ def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float
             row.metrics = merged
 
 
-def _replay_job(dump: RankRecords, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, dict[str, float]]:
+def _rerun_job(dump: RankRecords, records: Sequence[Record], overrides: Mapping[str, Tolerance]) -> dict[str, dict[str, float]]:
     """The own and kernel errors of each floating output slot of one call on one side (none if not
-    replayable)."""
+    rerunnable)."""
     try:
         return own_errors(records, dump.load_tensor, lambda dtype: tolerance_for(dtype, dtype, overrides).atol)
-    except NotReplayable as reason:
-        logger.debug("not replayed: %s", reason)
+    except NotRerunnable as reason:
+        logger.debug("not rerun: %s", reason)
         return {}
     except _DAMAGED as error:  # a damaged tensor file (named by the tensor metrics' warning)
         if any(_missing(dump, record) for record in records if has_tensor(record)):
             raise
-        logger.debug("not replayed: %s", error)
+        logger.debug("not rerun: %s", error)
         return {}
 
 
@@ -329,11 +329,11 @@ def _calls(dump: RankRecords) -> dict[tuple[int, str], list[Record]]:
     return calls
 
 
-def replay_rows(
+def rerun_rows(
     rows: Sequence[Row], dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance], pool: ThreadPoolExecutor
 ) -> None:
-    """Replay, on each side, every call with an output row beyond tolerance, and write the own
-    and kernel errors of its output rows into their metrics (:data:`~torchdebug.compare._metrics.REPLAY_METRICS`)."""
+    """Rerun, on each side, every call with an output row beyond tolerance, and write the own
+    and kernel errors of its output rows into their metrics (:data:`~torchdebug.compare._metrics.RERUN_METRICS`)."""
     outputs = [row for row in rows if row.io == "output" and row.kind == "tensor" and row.matched]
     diverging = [row for row in outputs if row.error is not None and row.tolerance is not None and row.error > row.tolerance]
     if not diverging:
@@ -347,8 +347,8 @@ def replay_rows(
             jobs.setdefault((side, *key), calls[key])
     dumps = {"a": dump_a, "b": dump_b}
     logger.info("running %d op calls again in float64 (of %d diverging output slots)", len(jobs), len(diverging))
-    replayed = pool.map(lambda key: _replay_job(dumps[key[0]], jobs[key], overrides), jobs)
-    results = dict(zip(jobs, progress.track(replayed, "rerun", total=len(jobs), unit="call")))
+    rerun = pool.map(lambda key: _rerun_job(dumps[key[0]], jobs[key], overrides), jobs)
+    results = dict(zip(jobs, progress.track(rerun, "rerun", total=len(jobs), unit="call")))
     for row in outputs:
         for side, record in (("a", row.record_a), ("b", row.record_b)):
             errors = results.get((side, record.step, record.call_name), {}).get(record.arg, {})  # type: ignore[union-attr]
@@ -376,8 +376,8 @@ def attribute(
     made: Producers | None = None,
     noise: RankRecords | None = None,
 ) -> None:
-    """Verdicts and attribution of one rank's rows, with replay first when asked; without it, the
-    rows left ``undecided`` that have tensor metrics (both sides saved them) are replayed, and all
+    """Verdicts and attribution of one rank's rows, with rerun first when asked; without it, the
+    rows left ``undecided`` that have tensor metrics (both sides saved them) are rerun, and all
     rows judged again. ``made``: the producers matching found (else traced again from the rows);
     ``noise``: the noise dump's records of this rank, whose differences from B set the rows'
     tolerances first (:mod:`torchdebug.compare._calibration`)."""
@@ -386,12 +386,12 @@ def attribute(
         logger.info("rank %d: %d rows judged at tolerances measured against the noise dump", dump_b.rank, calibrated)
     split = data_split(dump_a, dump_b)
     if settings.rerun:
-        replay_rows(rows, dump_a, dump_b, settings.tolerances, pool)
-    judge(rows, growth=settings.growth, replayed=settings.rerun, split=split, made=made, tolerances=settings.tolerances)
+        rerun_rows(rows, dump_a, dump_b, settings.tolerances, pool)
+    judge(rows, growth=settings.growth, rerun=settings.rerun, split=split, made=made, tolerances=settings.tolerances)
     undecided = [row for row in rows if row.verdict == "undecided" and "cosine" in row.metrics]
     if undecided:
-        replay_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
-        judge(rows, growth=settings.growth, replayed=True, split=split, made=made, tolerances=settings.tolerances)
+        rerun_rows(undecided, dump_a, dump_b, settings.tolerances, pool)
+        judge(rows, growth=settings.growth, rerun=True, split=split, made=made, tolerances=settings.tolerances)
     judge_checksums(rows, fingerprint_versions(dump_a, dump_b))  # checksums on both sides: bit for bit instead
     for row in rows:
         note = row_note(row)
@@ -449,7 +449,7 @@ def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: Compar
         logger.warning("%s", damaged)
         problems.append(damaged)
     if settings.rerun and not any(has_tensor(row.record_a) and has_tensor(row.record_b) for row in rows):
-        problems.append('replay: no slot has saved tensors on both sides (dump with task="tensor"), so nothing was replayed')
+        problems.append('rerun: no slot has saved tensors on both sides (dump with task="tensor"), so nothing was rerun')
     result = CompareResult(rows=rows, a=pairing.a, b=pairing.b, problems=problems, options=settings.options())
     result.check_overlap()
     return result

@@ -7,7 +7,7 @@ run is allowed bf16 rounding, not fp32 rounding. The defaults are ``torch.testin
 floor of the scale: tensors whose values are all below ``atol`` are compared in absolute terms.
 
 :func:`rounding_tolerance` is a different bound: how far one healthy op's output may be from its
-exact (float64) value, which replay (:mod:`torchdebug.compare._replay`) measures.
+exact (float64) value, which rerun (:mod:`torchdebug.compare._rerun`) measures.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def parse_tolerances(spec: Mapping[str, object] | None, key: str = "tolerances")
 
 
 def rounding_tolerance(dtype: str | None, scale: float | None = None) -> float | None:
-    """Scale-relative error a healthy op may make in ``dtype``, against its float64 replay: one unit
+    """Scale-relative error a healthy op may make in ``dtype``, against its float64 rerun: one unit
     in the last place (twice the output's rounding) plus :data:`ACCUMULATION_UNITS` units of its
     accumulation dtype (float32 or more precise); with the output's ``scale`` (its largest magnitude),
     plus the spacing of the dtype's subnormals relative to it, which dominates for outputs near the

@@ -33,8 +33,8 @@ Per row, in execution order:
 * other shapes that differ are errors (with an infinite ``error``: no number measures them); argument
   values that differ, and slots that could not be captured on a side (``record.capture_error``), are
   warnings (argument values of a constant that differ with the dtype pass);
-* with replay (``own_err_a``/``own_err_b`` in an output row's metrics: its error against the op
-  replayed in float64 on that side's own inputs; ``kernel_err_a``/``kernel_err_b``: that of the CPU
+* with rerun (``own_err_a``/``own_err_b`` in an output row's metrics: its error against the op
+  rerun in float64 on that side's own inputs; ``kernel_err_a``/``kernel_err_b``: that of the CPU
   kernel re-run on the same inputs in their dtypes), an output beyond tolerance whose own error on
   either side exceeds twice the rounding tolerance of the pair's less precise dtype and the kernel's
   error by one is blamed, whatever its inputs carry; one beyond one tolerance and the kernel's by
@@ -100,15 +100,15 @@ def judge(
     rows: Sequence[Row],
     *,
     growth: float = 16.0,
-    replayed: bool = False,
+    rerun: bool = False,
     split: Fraction | None = None,
     made: Producers | None = None,
     tolerances: Mapping[str, Tolerance] | None = None,
 ) -> list[StructureBlock]:
     """Set verdict, attribution and message of one rank's rows (sorted in execution order); judging
-    again starts afresh. ``replayed``: the calls that replay could decide were replayed, so a row
+    again starts afresh. ``rerun``: the calls that rerun could decide were rerun, so a row
     with saved tensors and no own error is judged by statistics alone (else it is ``undecided``,
-    for replay to decide). ``split``: A's world size over B's, when they differ (each rank holds
+    for rerun to decide). ``split``: A's world size over B's, when they differ (each rank holds
     its share of the data). ``made``: the producers matching found for the rows' records (else
     traced again from the rows); ``tolerances``: the compare's per-dtype overrides. Returns the
     structure differences (:mod:`torchdebug.compare._structure`), each linked from its rows."""
@@ -132,7 +132,7 @@ def judge(
         forward = saved
         if first is not None and not first.fwd and first.op == MODULE_OP and first.phase == "backward":
             forward = calls.get((step, f"forward/{first.module}/{MODULE_OP}#{first.call}"), [])  # no link: same call index
-        call = Call(call_rows, inputs, upstream, flow, growth, replayed, constant, forward)
+        call = Call(call_rows, inputs, upstream, flow, growth, rerun, constant, forward)
         upstream = _judge_call(call)
     return structure_blocks(rows, flow)
 

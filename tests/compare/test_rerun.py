@@ -1,4 +1,4 @@
-"""Replay attribution: each op's own error, against the op re-run in float64 on each side's inputs."""
+"""Rerun attribution: each op's own error, against the op re-run in float64 on each side's inputs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from examples.gpt import MLP
 from tests.compare.test_distributed import _assert_same
 from tests.compare.test_verdicts import _row
 from torchdebug.cli import main
-from torchdebug.compare._replay import NotReplayable, output_at, replay, resolve
+from torchdebug.compare._rerun import NotRerunnable, output_at, resolve, run_op
 from torchdebug.compare._verdicts import first_divergence, judge
 from torchdebug.records import Record, call_name
 from torchdebug.store import _reader as reader
@@ -37,37 +37,37 @@ def _gelu_line() -> str:
         (GPT_GELU_BACKWARD, "backward", "layers.0.mlp", "aten.gelu_backward.default"),
     ],
 )
-def test_a_2_percent_kernel_bug_in_a_bf16_run_is_found_by_replay(dumps, wrong, phase, module, op):
+def test_a_2_percent_kernel_bug_in_a_bf16_run_is_found_by_rerun(dumps, wrong, phase, module, op):
     buggy, reference = dumps("gpt", bf16=True, wrong=wrong), dumps("gpt")
-    plain = torchdebug.compare(buggy, reference)  # tensors saved: the calls statistics cannot decide are replayed
+    plain = torchdebug.compare(buggy, reference)  # tensors saved: the calls statistics cannot decide are rerun
     assert plain.first_divergence.name == torchdebug.compare(buggy, reference, rerun=True).first_divergence.name
 
-    replayed = torchdebug.compare(buggy, reference, rerun=True)
-    first = replayed.first_divergence
+    rerun = torchdebug.compare(buggy, reference, rerun=True)
+    first = rerun.first_divergence
     assert (first.phase, first.module, first.op, first.io) == (phase, module, op, "output")
     assert first.source.endswith(f"{_gelu_line()} in forward")
     assert first.message.startswith("own error") and "vs fp64 rerun on side A, the CPU's bfloat16 kernel" in first.message
     assert "(bfloat16 tolerance 7.8e-03): this op makes the difference" in first.message
-    assert replayed.counts()["error"] == 1
-    assert "--rerun" not in replayed.summary()
+    assert rerun.counts()["error"] == 1
+    assert "--rerun" not in rerun.summary()
 
 
-def test_two_workers_splitting_one_rank_replay_as_one_process_does(dumps):
+def test_two_workers_splitting_one_rank_rerun_as_one_process_does(dumps):
     buggy, reference = dumps("gpt", bf16=True, wrong=GPT_MLP_FC), dumps("gpt")
     expected = torchdebug.compare(buggy, reference, rerun=True)
     _assert_same(torchdebug.compare(buggy, reference, rerun=True, workers=2), expected)
 
 
 @pytest.mark.parametrize("kind", ["gpt", "mlp"])
-def test_a_healthy_bf16_run_against_fp32_has_no_error_rows_with_replay(dumps, kind):
+def test_a_healthy_bf16_run_against_fp32_has_no_error_rows_with_rerun(dumps, kind):
     result = torchdebug.compare(dumps(kind, bf16=True), dumps(kind), rerun=True)
     assert result.counts()["error"] == 0
-    replayed = [row for row in result.rows if "own_err_a" in row.metrics and "own_err_b" in row.metrics]
-    assert replayed  # the diverging calls were replayed on both sides, and agree
+    rerun = [row for row in result.rows if "own_err_a" in row.metrics and "own_err_b" in row.metrics]
+    assert rerun  # the diverging calls were rerun on both sides, and agree
     assert result.options["rerun"] is True
 
 
-def test_a_dump_compared_with_itself_needs_no_replay(dumps):
+def test_a_dump_compared_with_itself_needs_no_rerun(dumps):
     result = torchdebug.compare(dumps("gpt"), dumps("gpt"), rerun=True)
     assert result.counts()["pass"] == len(result.rows)
     assert not any("own_err_a" in row.metrics for row in result.rows)
@@ -117,37 +117,37 @@ def _calls(dump: reader.RankDump) -> dict[str, list[Record]]:
         "aten.where.self#0",  # a bool tensor input
     ],
 )
-def test_a_call_replayed_from_its_records_gives_its_recorded_outputs(program_dump, call):
+def test_a_call_rerun_from_its_records_gives_its_recorded_outputs(program_dump, call):
     records = _calls(program_dump)[f"forward/-/{call}"]
     inputs = [r for r in records if r.io == "input"]
-    result = replay(records[0].op, inputs, program_dump.load_tensor)
+    result = run_op(records[0].op, inputs, program_dump.load_tensor)
     outputs = [r for r in records if r.io == "output"]
     assert outputs
     for record in outputs:
         recorded = program_dump.load_tensor(record)
-        replayed = output_at(result, record.arg)
-        assert replayed.dtype == (torch.bfloat16 if "_to_copy" in call else torch.float64)  # a cast keeps its target
-        torch.testing.assert_close(replayed.to(recorded.dtype), recorded)
+        rerun = output_at(result, record.arg)
+        assert rerun.dtype == (torch.bfloat16 if "_to_copy" in call else torch.float64)  # a cast keeps its target
+        torch.testing.assert_close(rerun.to(recorded.dtype), recorded)
 
 
-def test_dropout_replays_after_its_random_mask(program_dump):
-    """The mask is drawn by bernoulli_ (not replayed); the ops applying it replay on the recorded mask."""
+def test_dropout_reruns_after_its_random_mask(program_dump):
+    """The mask is drawn by bernoulli_ (not rerun); the ops applying it rerun on the recorded mask."""
     calls = _calls(program_dump)
-    for name, replayable in [("bernoulli_.float#0", False), ("empty_like.default#0", False), ("mul.Tensor#0", True)]:
+    for name, rerunnable in [("bernoulli_.float#0", False), ("empty_like.default#0", False), ("mul.Tensor#0", True)]:
         records = calls[f"forward/-/aten.{name}"]
         inputs = [r for r in records if r.io == "input"]
-        if replayable:
-            replay(records[0].op, inputs, program_dump.load_tensor)
+        if rerunnable:
+            run_op(records[0].op, inputs, program_dump.load_tensor)
         else:
-            with pytest.raises(NotReplayable):
-                replay(records[0].op, inputs, program_dump.load_tensor)
+            with pytest.raises(NotRerunnable):
+                run_op(records[0].op, inputs, program_dump.load_tensor)
 
 
-def test_replay_leaves_the_saved_inputs_of_an_in_place_op_unchanged(program_dump):
+def test_rerun_leaves_the_saved_inputs_of_an_in_place_op_unchanged(program_dump):
     records = _calls(program_dump)["forward/-/aten.add_.Tensor#0"]
     inputs = [r for r in records if r.io == "input"]
     before = program_dump.load_tensor(inputs[0]).clone()
-    replay(records[0].op, inputs, program_dump.load_tensor)
+    run_op(records[0].op, inputs, program_dump.load_tensor)
     assert torch.equal(program_dump.load_tensor(inputs[0]), before)
 
 
@@ -164,8 +164,8 @@ def test_replay_leaves_the_saved_inputs_of_an_in_place_op_unchanged(program_dump
         ("aten.no_such_op.default", "no such aten op"),
     ],
 )
-def test_ops_that_cannot_be_replayed_say_why(op, reason):
-    with pytest.raises(NotReplayable, match=reason):
+def test_ops_that_cannot_be_rerun_say_why(op, reason):
+    with pytest.raises(NotRerunnable, match=reason):
         resolve(op)
 
 
@@ -192,25 +192,25 @@ def _ones(record: Record) -> torch.Tensor:
     ],
 )
 def test_calls_that_cannot_be_rebuilt_say_why(inputs, reason):
-    with pytest.raises(NotReplayable, match=reason):
-        replay(inputs[0].op, inputs, _ones)
+    with pytest.raises(NotRerunnable, match=reason):
+        run_op(inputs[0].op, inputs, _ones)
 
 
-def test_a_dtype_that_is_not_a_dtype_name_is_not_replayable():
+def test_a_dtype_that_is_not_a_dtype_name_is_not_rerunnable():
     inputs = [_input("0", op="aten._to_copy.default"), _input("dtype", value="float99", op="aten._to_copy.default")]
-    with pytest.raises(NotReplayable, match="cannot rebuild ScalarType from 'float99'"):
-        replay("aten._to_copy.default", inputs, _ones)
+    with pytest.raises(NotRerunnable, match="cannot rebuild ScalarType from 'float99'"):
+        run_op("aten._to_copy.default", inputs, _ones)
 
 
-def test_dropout_gets_no_replay_verdict_and_replay_blames_nothing_new(dumps):
+def test_dropout_gets_no_rerun_verdict_and_rerun_blames_nothing_new(dumps):
     a, b = dumps("gpt", bf16=True, dropout=0.1), dumps("gpt", dropout=0.1)
-    plain, replayed = torchdebug.compare(a, b), torchdebug.compare(a, b, rerun=True)
-    random = [row for row in replayed.rows if row.op == "aten.bernoulli_.float"]
+    plain, rerun = torchdebug.compare(a, b), torchdebug.compare(a, b, rerun=True)
+    random = [row for row in rerun.rows if row.op == "aten.bernoulli_.float"]
     assert random and not any("own_err_a" in row.metrics or "own_err_b" in row.metrics for row in random)
-    assert [r.name for r in replayed.rows if r.verdict == "error"] == [r.name for r in plain.rows if r.verdict == "error"]
+    assert [r.name for r in rerun.rows if r.verdict == "error"] == [r.name for r in plain.rows if r.verdict == "error"]
 
 
-def test_a_call_whose_tensors_were_not_saved_gets_no_replay_verdict(dumps):
+def test_a_call_whose_tensors_were_not_saved_gets_no_rerun_verdict(dumps):
     # the planted bug is in fc2, whose tensors the tensor_list filter did not save
     buggy = dumps("mlp", bf16=True, wrong=("aten.addmm.default", 1, 1.02), tensor_list=("fc1",))
     result = torchdebug.compare(buggy, dumps("mlp", tensor_list=("fc1",)), rerun=True)
@@ -219,15 +219,15 @@ def test_a_call_whose_tensors_were_not_saved_gets_no_replay_verdict(dumps):
     assert not any(row.message.startswith("own error") for row in result.rows)
 
 
-def test_replay_on_statistics_dumps_says_nothing_could_be_replayed(dumps):
+def test_rerun_on_statistics_dumps_says_nothing_could_be_rerun(dumps):
     result = torchdebug.compare(dumps("mlp", task="statistics", bf16=True), dumps("mlp", task="statistics"), rerun=True)
-    assert any(p.startswith("replay: no slot has saved tensors") for p in result.problems)
-    assert "note: replay: no slot has saved tensors" in result.summary()
+    assert any(p.startswith("rerun: no slot has saved tensors") for p in result.problems)
+    assert "note: rerun: no slot has saved tensors" in result.summary()
     tensors = torchdebug.compare(dumps("mlp", bf16=True), dumps("mlp"), rerun=True)
-    assert not any(p.startswith("replay:") for p in tensors.problems)
+    assert not any(p.startswith("rerun:") for p in tensors.problems)
 
 
-def test_replay_blames_an_output_whose_inputs_explain_its_error_by_the_growth_rule():
+def test_rerun_blames_an_output_whose_inputs_explain_its_error_by_the_growth_rule():
     rows = [_row("input", 5e-4), _row("output", 0.005)]
     rows[1].metrics.update(own_err_a=2e-5, own_err_b=1e-7)  # twice float32's rounding tolerance is 1.5e-5
     judge(rows, growth=16)
@@ -245,7 +245,7 @@ def test_replay_blames_an_output_whose_inputs_explain_its_error_by_the_growth_ru
         (5e-6, None, "inherited"),  # within 1 tolerance
     ],
 )
-def test_replay_blames_only_beyond_what_the_cpu_kernel_makes(own, kernel, verdict):
+def test_rerun_blames_only_beyond_what_the_cpu_kernel_makes(own, kernel, verdict):
     rows = [_row("input", 5e-4), _row("output", 0.005)]
     rows[1].metrics.update(own_err_a=own, own_err_b=1e-7)
     if kernel is not None:
@@ -255,14 +255,14 @@ def test_replay_blames_only_beyond_what_the_cpu_kernel_makes(own, kernel, verdic
     assert (first_divergence(rows) is rows[1]) == (verdict == "blamed")
 
 
-def test_an_output_whose_replay_agrees_keeps_the_growth_rule_verdict():
+def test_an_output_whose_rerun_agrees_keeps_the_growth_rule_verdict():
     rows = [_row("input", 0.01), _row("output", 0.05)]
     rows[1].metrics.update(own_err_a=1e-6, own_err_b=1e-7)
     judge(rows, growth=16)
     assert (rows[1].verdict, rows[1].attribution) == ("warning", "inherited")
 
 
-def test_cli_replay_names_the_bug_and_writes_the_own_errors(dumps, tmp_path, capsys):
+def test_cli_rerun_names_the_bug_and_writes_the_own_errors(dumps, tmp_path, capsys):
     buggy, reference = dumps("gpt", bf16=True, wrong=GPT_MLP_FC), dumps("gpt")
     assert main(["compare", str(buggy), str(reference), "--rerun", "-o", str(tmp_path), "--format", "csv"]) == 1
     assert "own error" in capsys.readouterr().out
@@ -270,11 +270,11 @@ def test_cli_replay_names_the_bug_and_writes_the_own_errors(dumps, tmp_path, cap
     assert header[-4:] == ["own_err_a", "own_err_b", "kernel_err_a", "kernel_err_b"]
 
 
-def test_cli_replay_is_refused_with_across_ranks(dumps, capsys):
+def test_cli_rerun_is_refused_with_across_ranks(dumps, capsys):
     assert main(["compare", "--across-ranks", str(dumps("mlp")), "--rerun"]) == 2
     assert "--rerun applies to A B only" in capsys.readouterr().err
 
 
-def test_without_replay_the_csv_has_no_own_error_columns(dumps, tmp_path):
+def test_without_rerun_the_csv_has_no_own_error_columns(dumps, tmp_path):
     path = torchdebug.compare(dumps("mlp"), dumps("mlp")).to_csv(tmp_path / "c.csv")
     assert "own_err_a" not in path.read_text().splitlines()[0]

@@ -1,7 +1,7 @@
-"""Replay one recorded op call in float64 on the CPU, from the records of its inputs.
+"""Rerun one recorded op call in float64 on the CPU, from the records of its inputs.
 
 With ``task="tensor"`` the input records of a call hold every argument: tensors (saved) and
-non-tensor values (JSON). :func:`replay` rebuilds the arguments from their slot paths (``0``,
+non-tensor values (JSON). :func:`run_op` rebuilds the arguments from their slot paths (``0``,
 ``1.2`` for the third element of a list in the second argument, ``alpha`` for a keyword), turns
 JSON values back into torch types by the op's schema (dtype names, layouts, memory formats; every
 device becomes the CPU), upcasts floating tensors to float64 (complex to complex128; integer and
@@ -11,13 +11,13 @@ slot out of what the op returned. With ``exact=False`` the call is re-run as rec
 CPU copies in the recorded dtypes, what a healthy CPU kernel of those dtypes makes of the same
 inputs.
 
-:func:`own_errors` measures one call: each floating output's error against the float64 replay
+:func:`own_errors` measures one call: each floating output's error against the float64 rerun
 (``own_err``: what the op made of its own inputs) and the error of the CPU kernel's re-run against
-the same replay (``kernel_err``: how much a healthy kernel of that dtype rounds on these inputs, so a
+the same rerun (``kernel_err``: how much a healthy kernel of that dtype rounds on these inputs, so a
 kernel that legitimately rounds more than once — a bf16 LayerNorm backward reducing its weight
 gradient in bf16 — is not taken for a bug).
 
-A call that cannot be replayed raises :class:`NotReplayable` with the reason: module records, ops
+A call that cannot be rerun raises :class:`NotRerunnable` with the reason: module records, ops
 outside ``aten``, ops with random or undefined results (schema tag ``nondeterministic_seeded``,
 ``dropout``, ``rand*``, ``bernoulli``, ``normal``, ``empty*``), ops whose result depends on the
 memory layout of their inputs (``as_strided``), an input that was not captured, not saved or saved
@@ -38,7 +38,7 @@ from torchdebug.compare._metrics import tensor_metrics
 from torchdebug.compare._tolerances import rounding_tolerance
 from torchdebug.records import MODULE_OP, Record
 
-__all__ = ["NotReplayable", "resolve", "rebuild", "replay", "output_at", "own_errors"]
+__all__ = ["NotRerunnable", "output_at", "own_errors", "rebuild", "resolve", "run_op"]
 
 _RANDOM = re.compile(r"dropout|rand|bernoulli|normal|uniform|exponential|multinomial|poisson|cauchy|geometric")
 """Ops whose result is drawn from a random generator (some lack the ``nondeterministic_seeded`` tag)."""
@@ -53,23 +53,23 @@ _ENUMS = {"ScalarType": torch.dtype, "Layout": torch.layout, "MemoryFormat": tor
 """Argument types recorded as text naming a torch attribute: ``float32``, ``torch.strided``."""
 
 
-class NotReplayable(Exception):
-    """A call that cannot be replayed; the message says why."""
+class NotRerunnable(Exception):
+    """A call that cannot be rerun; the message says why."""
 
 
 def resolve(op: str) -> Any:
     """The aten op overload named ``aten.<name>.<overload>``, if its result can be reproduced."""
     parts = op.split(".")
     if op == MODULE_OP or len(parts) != 3 or parts[0] != "aten":
-        raise NotReplayable(f"{op}: not an aten op")
+        raise NotRerunnable(f"{op}: not an aten op")
     name, overload = parts[1], parts[2]
     found = getattr(getattr(torch.ops.aten, name, None), overload, None)
     if getattr(found, "_schema", None) is None:
-        raise NotReplayable(f"{op}: no such aten op in this torch")
+        raise NotRerunnable(f"{op}: no such aten op in this torch")
     if torch.Tag.nondeterministic_seeded in found.tags or _RANDOM.search(name):
-        raise NotReplayable(f"{op}: random results")
+        raise NotRerunnable(f"{op}: random results")
     if _UNDEFINED.search(name):
-        raise NotReplayable(f"{op}: result depends on memory, not on values")
+        raise NotRerunnable(f"{op}: result depends on memory, not on values")
     return found
 
 
@@ -88,7 +88,7 @@ def _from_json(value: Any, kind: str, where: str) -> Any:
     if not isinstance(value, str):
         return value
     if value.endswith("..."):
-        raise NotReplayable(f"{where}: value cut short by capture")
+        raise NotRerunnable(f"{where}: value cut short by capture")
     if kind == "str":
         return value
     if kind == "Device":
@@ -96,7 +96,7 @@ def _from_json(value: Any, kind: str, where: str) -> Any:
     enum = _ENUMS.get(kind)
     converted = getattr(torch, value.removeprefix("torch."), None) if enum is not None else None
     if converted is None or not isinstance(converted, enum):  # type: ignore[arg-type]
-        raise NotReplayable(f"{where}: cannot rebuild {kind} from {value!r}")
+        raise NotRerunnable(f"{where}: cannot rebuild {kind} from {value!r}")
     return converted
 
 
@@ -118,13 +118,13 @@ def _as_recorded(tensor: torch.Tensor) -> torch.Tensor:
 
 def _tensor(record: Record, load: Callable[[Record], torch.Tensor], exact: bool) -> torch.Tensor:
     """A saved input tensor, upcast (see :func:`_upcast`) when ``exact``, else as recorded (on the
-    CPU); not replayable unless saved whole."""
+    CPU); not rerunnable unless saved whole."""
     if record.capture_error:
-        raise NotReplayable(f"{record.name}: not captured ({record.capture_error})")
+        raise NotRerunnable(f"{record.name}: not captured ({record.capture_error})")
     if not record.tensor or "file" not in record.tensor:
-        raise NotReplayable(f"{record.name}: tensor not saved")
+        raise NotRerunnable(f"{record.name}: tensor not saved")
     if record.sampled:
-        raise NotReplayable(f"{record.name}: only a sample was saved")
+        raise NotRerunnable(f"{record.name}: only a sample was saved")
     return (_upcast if exact else _as_recorded)(load(record))
 
 
@@ -140,7 +140,7 @@ def _lists(node: Any, where: str) -> Any:
     if not isinstance(node, dict):
         return node
     if set(node) != {str(i) for i in range(len(node))}:
-        raise NotReplayable(f"{where}: list elements missing from the records")
+        raise NotRerunnable(f"{where}: list elements missing from the records")
     return [_lists(node[str(i)], f"{where}.{i}") for i in range(len(node))]
 
 
@@ -157,7 +157,7 @@ def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Te
         top = path[0]
         schema_arg = positional[int(top)] if top.isdigit() and int(top) < len(positional) else keywords.get(top)
         if schema_arg is None:
-            raise NotReplayable(f"{record.name}: no argument {top!r} in {schema.name}")
+            raise NotRerunnable(f"{record.name}: no argument {top!r} in {schema.name}")
         if record.kind == "tensor":
             value = _tensor(record, load, exact)
         else:
@@ -167,24 +167,24 @@ def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Te
     needed = positional[count:] + list(keywords.values())
     missing = [arg.name for arg in needed if arg.name not in tops and not arg.has_default_value()]
     if missing or any(str(index) not in tops for index in range(count)):
-        raise NotReplayable(f"{schema.name}: inputs missing from the records ({', '.join(missing) or 'a gap'})")
+        raise NotRerunnable(f"{schema.name}: inputs missing from the records ({', '.join(missing) or 'a gap'})")
     args = [_lists(tops[str(index)], str(index)) for index in range(count)]
     kwargs = {key: _lists(value, key) for key, value in tops.items() if not key.isdigit()}
     return args, kwargs
 
 
-def replay(op: str, inputs: Sequence[Record], load: Callable[[Record], torch.Tensor], exact: bool = True) -> Any:
+def run_op(op: str, inputs: Sequence[Record], load: Callable[[Record], torch.Tensor], exact: bool = True) -> Any:
     """Run the call of ``op`` recorded in ``inputs`` in float64 on the CPU (``exact=False``: in the
     recorded dtypes, as a CPU kernel of those dtypes would); ``load`` reads a record's saved tensor.
     Returns what the op returns."""
     overload = resolve(op)
     if not inputs:
-        raise NotReplayable(f"{op}: no input records")
+        raise NotRerunnable(f"{op}: no input records")
     args, kwargs = rebuild(overload, inputs, load, exact)
     try:
         return overload(*args, **kwargs)
-    except Exception as error:  # any kernel refusal (dtype, device, shape) means: not replayable
-        raise NotReplayable(f"{op}: raised {type(error).__name__} on the rebuilt arguments") from None
+    except Exception as error:  # any kernel refusal (dtype, device, shape) means: not rerunnable
+        raise NotRerunnable(f"{op}: raised {type(error).__name__} on the rebuilt arguments") from None
 
 
 def output_at(result: Any, arg: str) -> Any:
@@ -203,37 +203,41 @@ def own_errors(
     """``{output slot: {"own_err": …, "kernel_err": …}}`` for the floating outputs, saved whole, of one
     recorded call (its input and output records): each output's scale-relative ``error`` (see
     :mod:`torchdebug.compare._metrics`, ``atol(dtype)`` the floor of the scale) against the call
-    replayed in float64, and that of the call re-run as recorded on the CPU against the same replay
+    rerun in float64, and that of the call re-run as recorded on the CPU against the same rerun
     (absent when that kernel refuses the inputs, say a dtype the CPU lacks, and not run when every
     own error is within one rounding unit: healthy whatever the kernel does). Raises
-    :class:`NotReplayable` when the call cannot be replayed."""
+    :class:`NotRerunnable` when the call cannot be rerun."""
 
-    def error(value: torch.Tensor, replayed: torch.Tensor, record: Record) -> float:
-        return tensor_metrics(value, replayed, low_dtype=record.dtype, atol=atol(record.dtype or ""))["error"]
+    def error(value: torch.Tensor, exact_value: torch.Tensor, record: Record) -> float:
+        return tensor_metrics(value, exact_value, low_dtype=record.dtype, atol=atol(record.dtype or ""))["error"]
 
     inputs = [record for record in records if record.io == "input"]
-    exact = replay(records[0].op, inputs, load)
+    exact = run_op(records[0].op, inputs, load)
     outputs: dict[str, tuple[Record, torch.Tensor]] = {}
     errors: dict[str, dict[str, float]] = {}
     for record in records:
         saved = bool(record.tensor) and "file" in record.tensor and not record.sampled  # type: ignore[operator]
-        replayed = output_at(exact, record.arg) if record.io == "output" and saved else None
+        exact_value = output_at(exact, record.arg) if record.io == "output" and saved else None
         if (
             rounding_tolerance(record.dtype) is None
-            or not isinstance(replayed, torch.Tensor)
-            or list(replayed.shape) != record.shape
+            or not isinstance(exact_value, torch.Tensor)
+            or list(exact_value.shape) != record.shape
         ):
             continue
-        outputs[record.arg] = record, replayed
-        errors[record.arg] = {"own_err": error(load(record), replayed, record)}
+        outputs[record.arg] = record, exact_value
+        errors[record.arg] = {"own_err": error(load(record), exact_value, record)}
     if not any(errors[arg]["own_err"] > rounding_tolerance(record.dtype) for arg, (record, _) in outputs.items()):  # type: ignore[operator]
         return errors
     try:
-        kernel = replay(records[0].op, inputs, load, exact=False)
-    except NotReplayable:
+        kernel = run_op(records[0].op, inputs, load, exact=False)
+    except NotRerunnable:
         return errors
-    for arg, (record, replayed) in outputs.items():
-        rerun = output_at(kernel, arg)
-        if isinstance(rerun, torch.Tensor) and list(rerun.shape) == record.shape and str(rerun.dtype) == f"torch.{record.dtype}":
-            errors[arg]["kernel_err"] = error(rerun, replayed, record)
+    for arg, (record, exact_value) in outputs.items():
+        kernel_value = output_at(kernel, arg)
+        if (
+            isinstance(kernel_value, torch.Tensor)
+            and list(kernel_value.shape) == record.shape
+            and str(kernel_value.dtype) == f"torch.{record.dtype}"
+        ):
+            errors[arg]["kernel_err"] = error(kernel_value, exact_value, record)
     return errors

@@ -777,13 +777,6 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   drained_tracebacks.assign(std::make_move_iterator(recorder.tracebacks.begin()),
                             std::make_move_iterator(recorder.tracebacks.begin() + static_cast<std::ptrdiff_t>(tracebacks)));
   recorder.tracebacks.erase(recorder.tracebacks.begin(), recorder.tracebacks.begin() + static_cast<std::ptrdiff_t>(tracebacks));
-  take(from.row, slots, columns[4]);
-  take(from.io, slots, columns[5]);
-  take(from.arg, slots, columns[6]);
-  take(from.element, slots, columns[7]);
-  take(from.dtype, slots, columns[8]);
-  take(from.flag, slots, columns[9]);
-  take(from.ndim, slots, columns[10]);
   recorder.freed.clear();
   for (auto it = recorder.seen.begin(); it != recorder.seen.end();) {  // freed since the last drain
     if (it->second.expired()) {
@@ -795,6 +788,13 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   }
   for (size_t slot = 0; slot < slots; ++slot) recorder.seen.try_emplace(from.value[slot], std::move(from.alive[slot]));
   from.alive.erase(from.alive.begin(), from.alive.begin() + static_cast<std::ptrdiff_t>(slots));
+  take(from.row, slots, columns[4]);
+  take(from.io, slots, columns[5]);
+  take(from.arg, slots, columns[6]);
+  take(from.element, slots, columns[7]);
+  take(from.dtype, slots, columns[8]);
+  take(from.flag, slots, columns[9]);
+  take(from.ndim, slots, columns[10]);
   take(from.value, slots, columns[11]);
   take(from.version, slots, columns[12]);
   take(from.storage, slots, columns[13]);

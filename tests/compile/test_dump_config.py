@@ -207,3 +207,33 @@ def test_scene_file_without_dump_path_needs_it_on_the_config(tmp_path: Path) -> 
     config.dump_config.dump_path = str(tmp_path)
     config.dump_config.dump_config_path = str(path)
     assert config.dump_config.settings().dump_path == str(tmp_path)
+
+
+def test_a_dump_left_at_the_default_task_says_once_that_it_is_now_statistics(tmp_path: Path) -> None:
+    import warnings
+
+    import torch
+
+    from torchdebug.compile import get_backend
+
+    def dumped(task: str | None) -> list[str]:
+        config = CompilerConfig(backend="aot_eager")
+        config.dump_config.enable_dump = True
+        config.dump_config.dump_path = str(tmp_path)
+        if task is not None:
+            config.dump_config.task = task
+        backend = get_backend(config)
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled = torch.compile(lambda x: (x + 1).sin() * 2, backend=backend)
+            compiled(torch.ones(3))
+            compiled(torch.ones(3, 2))  # a second graph: no second warning
+        backend.data_dump.close()
+        torch._dynamo.reset()
+        return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+    assert dumped(None) == [
+        "dump_config.task now defaults to 'statistics' (it was 'tensor'); set dump_config.task = 'tensor' to dump the tensors"
+    ]
+    assert dumped("statistics") == []

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -137,6 +138,13 @@ class TorchDebugBackend:
             return None
         settings = dump_config.settings()
         if self.data_dump is None:
+            if "task" not in dump_config.assigned and not dump_config.dump_config_path:
+                warnings.warn(
+                    "dump_config.task now defaults to 'statistics' (it was 'tensor'); set dump_config.task = 'tensor' "
+                    "to dump the tensors",
+                    FutureWarning,
+                    stacklevel=2,
+                )
             self.data_dump = GraphCapture(settings, self.model)
         model = ModelContext(f"model__{self._dumped_graphs}")
         self._dumped_graphs += 1

@@ -41,6 +41,8 @@ def _used() -> dict[str, set[str]]:
     """``word -> places`` from the code: each config class's keys, each command's long flags."""
     used: dict[str, set[str]] = defaultdict(set)
     for config in _subclasses(Options):
+        if not config.__module__.startswith("torchdebug."):  # a test's own config class
+            continue
         for key in dataclasses.fields(config):
             used[key.name].add(config.__name__)
     parser = build_parser()

@@ -460,7 +460,9 @@ def _line(pair: Pair, result: torchdebug.compare.CompareResult) -> tuple[str, ..
     first = result.first_divergence
     where = f"{first.module} {first.op} {first.io}.{first.arg}" if first is not None else "none"
     right = "right" if _right(pair, result) else "WRONG"
-    beyond = sum(1 for row in result.rows if row.error is not None and row.tolerance is not None and row.error > row.tolerance)
+    beyond = sum(
+        1 for row in result.rows if row.difference is not None and row.tolerance is not None and row.difference > row.tolerance
+    )
     verdicts = Counter(block.verdict for block in result.structure_differences)
     blocks = ", ".join(f"{n} {verdict}" for verdict, n in sorted(verdicts.items())) or "none"
     planted = " ".join(part or "(any op)" for part in pair.planted) if pair.planted else "-"

@@ -47,8 +47,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _beyond(result: torchdebug.compare.CompareResult) -> int:  # type: ignore[name-defined]
-    """Rows whose error exceeds their tolerance (inherited, warned, undecided or blamed)."""
-    return sum(1 for row in result.rows if row.error is not None and row.tolerance is not None and row.error > row.tolerance)
+    """Rows whose difference exceeds their tolerance (inherited, warned, undecided or blamed)."""
+    rows = result.rows
+    return sum(1 for row in rows if row.difference is not None and row.tolerance is not None and row.difference > row.tolerance)
 
 
 def test_a_healthy_bf16_run_has_fewer_rows_beyond_tolerance_with_a_noise_dump(runs):
@@ -63,7 +64,7 @@ def test_a_healthy_bf16_run_has_fewer_rows_beyond_tolerance_with_a_noise_dump(ru
 
 
 def test_each_calibrated_tolerance_is_the_noise_multiple_or_the_dtype_rounding_floor(runs):
-    noise = {row.name: row.error for row in torchdebug.compare(runs["reference"], runs["noise"]).rows}
+    noise = {row.name: row.difference for row in torchdebug.compare(runs["reference"], runs["noise"]).rows}
     calibrated = torchdebug.compare(runs["bf16"], runs["reference"], noise=runs["noise"])
     checked = 0
     for row in calibrated.rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 
@@ -25,6 +26,16 @@ def test_cli_exits_1_on_a_divergence_and_writes_the_reports(dumps, tmp_path, cap
     assert report["first_divergence"]["stack"]
     header = (tmp_path / "out" / "compare.csv").read_text().splitlines()[0]
     assert header.startswith("rank,step,phase,module,op") and "cosine" in header
+
+
+def test_the_csv_and_json_write_the_difference_under_its_former_name_too_for_one_release(dumps, tmp_path):
+    main(["compare", str(dumps("mlp", gain=1.001)), str(dumps("mlp")), "-o", str(tmp_path), "--format", "csv,json"])
+    with (tmp_path / "compare.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows and all(row["error"] == row["difference"] for row in rows)
+    assert any(row["difference"] not in ("", "0.0") for row in rows)
+    written = json.loads((tmp_path / "compare.json").read_text())["rows"]
+    assert [row["error"] for row in written] == [row["difference"] for row in written]
 
 
 def test_cli_tolerance_option_relaxes_a_dtype(dumps):

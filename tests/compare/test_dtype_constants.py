@@ -59,7 +59,7 @@ def _constant_row(result: torchdebug.compare.CompareResult) -> torchdebug.compar
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_a_constant_made_for_the_dtype_passes_and_says_why(compared, dtype):
     row = _constant_row(compared[dtype])
-    assert row.error > row.tolerance  # it does differ: bf16's and fp16's min are not float32's
+    assert row.difference > row.tolerance  # it does differ: bf16's and fp16's min are not float32's
     assert (row.verdict, row.attribution) == ("pass", "dtype")
     assert f"{DTYPES[dtype][1]} vs torch.finfo(torch.float32).min" in row.message
     assert "differs because the runs' dtypes differ" in row.message

@@ -74,7 +74,7 @@ def test_shapes_that_differ_because_the_inputs_do_are_incomparable_not_errors(ru
     result = torchdebug.compare(run(4, split_inside=split_inside), run(1, split_inside=split_inside))
     reshaped = [row for row in result.rows if row.matched and row.kind == "tensor" and row.shape_a != row.shape_b]
     assert reshaped and all(row.verdict == "incomparable" for row in reshaped)
-    assert all(row.message.startswith("not comparable") and row.error is None for row in reshaped)
+    assert all(row.message.startswith("not comparable") and row.difference is None for row in reshaped)
     where = "made from the runs' data alone, cut to other shapes" if split_inside else "the runs' data inputs differ in shape"
     assert any(where in row.message for row in reshaped)  # where the difference starts
     keep = next(row for row in result.rows if row.op == "aten.ones.default" and row.io == "output")
@@ -126,7 +126,7 @@ def test_a_layer_of_another_width_is_an_error_even_when_the_inputs_differ_too(ru
     result = torchdebug.compare(run(4, hidden=hidden), run(1))
     weight = next(row for row in result.rows if row.module == "fc1" and row.op == "aten.t.default" and row.io == "input")
     assert (weight.verdict, weight.attribution) == ("error", "blamed")
-    assert weight.message == f"shape differs: [{hidden}, 4] vs [8, 4]" and weight.error == float("inf")
+    assert weight.message == f"shape differs: [{hidden}, 4] vs [8, 4]" and weight.difference == float("inf")
     assert result.first_divergence.message.startswith("shape differs")
 
 
@@ -134,5 +134,5 @@ def test_shapes_that_differ_with_the_same_inputs_are_errors(run):
     result = torchdebug.compare(run(1, hidden=16), run(1))
     assert result.counts()["incomparable"] == 0
     errors = [row for row in result.rows if row.verdict == "error"]
-    assert errors and all(row.error is not None and row.message for row in errors)
+    assert errors and all(row.difference is not None and row.message for row in errors)
     assert result.first_divergence.message.startswith("shape differs")

@@ -214,7 +214,7 @@ def test_a_shards_record_and_a_plain_record_of_its_local_shape_compare_as_the_lo
     other = dataclasses.replace(compiled, shape=[3, 4])
     rows = [Row.from_records(0, a, b, "exact", 0.0) for a, b in ((eager, compiled), (compiled, eager), (eager, other))]
     for row in rows:
-        row.error, row.tolerance = 0.0, 1e-6  # equal statistics
+        row.difference, row.tolerance = 0.0, 1e-6  # equal statistics
     judge(rows, growth=16)
     assert [(row.shape_a, row.shape_b) for row in rows[:2]] == [([4, 3], [4, 3])] * 2
     assert [row.verdict for row in rows[:2]] == ["pass", "pass"]

@@ -204,7 +204,7 @@ def test_a_sequence_parallel_attention_on_local_heads_compares_without_errors(du
 def test_a_scale_on_the_local_heads_is_found_where_it_is(dumps):
     first = compare(dumps / "heads_scaled", dumps / "single").first_divergence
     assert first is not None and (first.module, first.op, first.io) == ("attn", "aten.mul.Tensor", "output")
-    assert math.isclose(first.error, 0.05, rel_tol=0.1)
+    assert math.isclose(first.difference, 0.05, rel_tol=0.1)
 
 
 def test_a_summand_left_unreduced_is_found_in_the_layer_that_returns_it(dumps):

@@ -37,10 +37,10 @@ def test_rows_of_one_pair_of_statistics_share_their_metrics_and_written_metrics_
     rows = match_rank(0, _Dump(_side(1.0)), _Dump(_side(1.01)), CompareConfig())
     made_out, read_in = rows[1], rows[2]
     assert made_out.name.endswith("mul.Tensor#0/output.0") and read_in.name.endswith("add.Tensor#0/input.0")
-    assert made_out.metrics is read_in.metrics and made_out.error == read_in.error > 0.0
+    assert made_out.metrics is read_in.metrics and made_out.difference == read_in.difference > 0.0
     assert rows[0].metrics is not made_out.metrics  # other statistics: other metrics
 
     apply_metrics([[read_in]], [{"cosine": 0.5, "error": 0.25}])
-    assert read_in.metrics["cosine"] == 0.5 and read_in.error == 0.25 and "error" not in read_in.metrics
-    assert "cosine" not in made_out.metrics and made_out.error != 0.25
+    assert read_in.metrics["cosine"] == 0.5 and read_in.difference == 0.25 and "error" not in read_in.metrics
+    assert "cosine" not in made_out.metrics and made_out.difference != 0.25
     assert read_in.metrics["mean_diff"] == made_out.metrics["mean_diff"]  # the statistics metrics kept

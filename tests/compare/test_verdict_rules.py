@@ -61,7 +61,7 @@ def _row(
     record_a = _record(io, call, op, arg, {**both, **(a or {})}) if only != "b" else None
     record_b = _record(io, call, op, arg, {**both, **(b or {})}) if only != "a" else None
     row = Row.from_records(0, record_a, record_b, "exact" if only is None else f"only_{only}", next(_ORDER))
-    row.error, row.tolerance = error, (1e-3 if error is not None else None)
+    row.difference, row.tolerance = error, (1e-3 if error is not None else None)
     row.metrics.update(metrics or {})
     return row
 
@@ -127,7 +127,7 @@ def test_decision_changed_an_integer_result_that_differs_on_inputs_that_agree_is
 
 def test_decision_changed_is_not_blamed_when_the_scores_already_differ():
     rows = _topk(2.0, 3.0)
-    rows[0].error = 0.01  # beyond tolerance: the scores differ before the choice
+    rows[0].difference = 0.01  # beyond tolerance: the scores differ before the choice
     judge(rows)
     assert rows[2].attribution != "blamed" and "routing changed here" not in rows[2].message
 
@@ -147,7 +147,7 @@ def test_follows_changed_decision_what_is_computed_from_changed_indices_is_inher
 def test_other_shape_is_blamed_with_an_infinite_error():
     row = _row("output", 0.0, a={"shape": [8]})
     judge([row])
-    assert _judged(row) == ("error", "blamed") and row.error == math.inf
+    assert _judged(row) == ("error", "blamed") and row.difference == math.inf
     assert row.message == "shape differs: [8] vs [4]"
 
 
@@ -173,7 +173,7 @@ def test_nonfinite_origin_is_blamed_where_no_input_had_it_and_counts_as_infinite
     nan = _row("output", None, metrics={"nonfinite_mismatch": 1.0})
     later = _row("input", 0.5, call=1)  # no producer: compared with the error seen upstream
     judge([healthy, nan, later])
-    assert _judged(nan) == ("error", "blamed") and nan.error == math.inf
+    assert _judged(nan) == ("error", "blamed") and nan.difference == math.inf
     assert first_divergence([healthy, nan, later]) is nan
     assert _judged(later) == ("pass", "inherited") and "upstream ops already differ" in later.message
 
@@ -200,7 +200,7 @@ def test_replicate_partitioned_a_replicated_bias_against_it_divided_by_the_mesh_
     share = {key: value / 2 for key, value in bias.items()}
     split = _row("input", 0.5, a={**replicated, "stats": bias}, b={"stats": share})
     judge([split])
-    assert split.verdict == "pass" and "divided by the mesh size 2" in split.message and split.error == 0.0
+    assert split.verdict == "pass" and "divided by the mesh size 2" in split.message and split.difference == 0.0
     other = _row("input", 0.5, call=1, a={**replicated, "stats": bias}, b={"stats": {k: v / 3 for k, v in bias.items()}})
     plain = _row("input", 0.5, call=2, a={"stats": bias}, b={"stats": share})  # no DTensor: a real difference
     for row in (other, plain):
@@ -275,7 +275,8 @@ def test_explained_by_inputs_an_output_carries_the_blame_of_its_input():
     judge([given, out], growth=16)
     assert _judged(given) == ("error", "blamed")
     assert _judged(out) == ("warning", "inherited")
-    assert "explained by its inputs (error 0.01)" in out.message and f"carries the error blamed on {given.name}" in out.message
+    assert "explained by its inputs (difference 0.01)" in out.message
+    assert f"carries the difference blamed on {given.name}" in out.message
 
 
 def test_singular_near_zero_ops_inherit_an_error_within_their_inputs_relative_spread():
@@ -311,7 +312,7 @@ def test_made_here_an_output_its_inputs_do_not_explain_is_blamed():
     out = _row("output", 0.05)
     judge([given, out])
     assert _judged(out) == ("error", "blamed") and first_divergence([given, out]) is out
-    assert out.message == "error 0.05 > tolerance 0.001; its inputs differ by only 0: this op makes the difference"
+    assert out.message == "difference 0.05 > tolerance 0.001; its inputs differ by only 0: this op makes the difference"
 
 
 # --- inputs beyond tolerance -----------------------------------------------------------------------------
@@ -356,7 +357,7 @@ def test_gradient_of_incomparable_the_gradient_of_a_micro_batch_loss_cannot_be_c
         for side in ({"stats": _stats(0.25)}, {"stats": _stats(1.0)})  # (loss / 4).backward() against loss.backward()
     ]
     grad = Row.from_records(0, records[0], records[1], "exact", next(_ORDER))
-    grad.error, grad.tolerance = 0.75, 1e-3
+    grad.difference, grad.tolerance = 0.75, 1e-3
     judge([piece, loss, grad])
     assert grad.verdict == "incomparable"
     assert grad.message == f"not comparable: a gradient with respect to a value that cannot be compared ({loss.name})"
@@ -400,7 +401,7 @@ def test_made_differently_an_input_each_side_made_from_other_rows_passes_and_the
     judge([first, second, cast_in, cast_out, partial, out], growth=16)
     assert (partial.verdict, partial.attribution) == ("pass", "")
     assert f"A made this input from {first.name}, B from {second.name}" in partial.message
-    assert _judged(out) == ("warning", "inherited") and "explained by its inputs (error 0.003)" in out.message
+    assert _judged(out) == ("warning", "inherited") and "explained by its inputs (difference 0.003)" in out.message
 
 
 def test_carried_from_source_an_input_within_twice_its_producers_error_is_inherited():
@@ -408,7 +409,7 @@ def test_carried_from_source_an_input_within_twice_its_producers_error_is_inheri
     used = _row("input", 0.015, call=1, op="aten.add.Tensor", stats=_stats(1.0))
     judge([made, used])
     assert _judged(made) == ("error", "blamed")
-    assert _judged(used) == ("warning", "inherited") and f", as {made.name} (error 0.01)" in used.message
+    assert _judged(used) == ("warning", "inherited") and f", as {made.name} (difference 0.01)" in used.message
 
 
 def test_split_differently_an_input_each_side_made_alone_passes_where_the_calls_outputs_agree():
@@ -423,7 +424,7 @@ def test_split_differently_an_input_each_side_made_alone_passes_where_the_calls_
     judge(rows)
     assert (part.verdict, part.attribution) == ("pass", "") and first_divergence(rows) is None
     assert "each side made this input through ops only it runs (aten.div.Tensor, aten.mul.Tensor)" in part.message
-    total.error = 0.5  # the sums differ too: one side's ops changed the value
+    total.difference = 0.5  # the sums differ too: one side's ops changed the value
     judge(rows)
     assert part.verdict != "pass" and first_divergence(rows) is not None
 
@@ -436,8 +437,8 @@ def test_changed_by_one_sided_op_blames_the_op_only_one_side_runs_that_changed_a
     rows = [made, hook_in, hook_out, used]
     judge(rows)
     assert _judged(hook_out) == ("error", "blamed") and first_divergence(rows) is hook_out
-    assert hook_out.error is not None and math.isclose(hook_out.error, 0.03, rel_tol=1e-6)
-    assert "only A runs this op (a structure difference) and the value entering it agrees (error 0)" in hook_out.message
+    assert hook_out.difference is not None and math.isclose(hook_out.difference, 0.03, rel_tol=1e-6)
+    assert "only A runs this op (a structure difference) and the value entering it agrees (difference 0)" in hook_out.message
     assert _judged(used) == ("warning", "inherited")
     assert f"made by aten.mul.Tensor that only A runs ({hook_out.name}), which changed the value" in used.message
     assert _judged(hook_in) == ("unmatched", "")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import pytest
+
 from torchdebug.compare._rows import Row
 from torchdebug.compare._verdicts import first_divergence, judge
 from torchdebug.records import Record, make_name
@@ -41,7 +43,7 @@ def _row(
         )
 
     row = Row.from_records(0, record(value, None), record(value_b if value_b is not None else value, failed), "exact", seq)
-    row.error, row.tolerance = error, (1e-3 if error is not None else None)
+    row.difference, row.tolerance = error, (1e-3 if error is not None else None)
     if error is not None:
         row.metrics["max_rel_err"] = error
     return row
@@ -112,7 +114,7 @@ def test_every_error_row_has_an_error_and_says_what_differs():
     rows = [reshaped, nan]
     judge(rows)
     assert [row.verdict for row in rows] == ["error", "error"]
-    assert all(row.error == float("inf") for row in rows)
+    assert all(row.difference == float("inf") for row in rows)
     assert reshaped.message == "shape differs: [8] vs [4]"
     assert nan.message == "NaN/Inf where the other side is finite"
 
@@ -132,3 +134,12 @@ def test_sizes_that_change_as_the_world_sizes_do_are_incomparable_not_errors():
     again = reshaped(0, 8)
     judge([again])
     assert again.verdict == "error"
+
+
+def test_row_error_is_the_former_name_of_row_difference_and_warns_naming_it():
+    row = _row("output", 0.05)
+    with pytest.warns(FutureWarning, match="Row.error is deprecated; read Row.difference"):
+        assert row.error == 0.05
+    with pytest.warns(FutureWarning, match="set Row.difference"):
+        row.error = 0.5
+    assert row.difference == 0.5

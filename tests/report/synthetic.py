@@ -78,9 +78,10 @@ def synthetic_rows(count: int, seed: int = 0) -> list[Row]:
         verdict = "error" if i % 997 == 996 else "warning" if i % 50 == 49 else "pass"
         message = ""
         if verdict == "error":
-            message = f"error {error:.3g} > tolerance {tolerance:.2g}: this op makes the difference"
+            message = f"difference {error:.3g} > tolerance {tolerance:.2g}: this op makes the difference"
         elif i % 5 == 0:
-            message = f"error {error:.3g} > tolerance {tolerance:.2g}, explained by its inputs (error {error * 0.97:.3g})"
+            explained = f"explained by its inputs (difference {error * 0.97:.3g})"
+            message = f"difference {error:.3g} > tolerance {tolerance:.2g}, {explained}"
         rows.append(
             Row(
                 0, 0, phase, module, op, call, io, arg, make_name(phase, module, op, call, io, arg), None, "exact", i,
@@ -91,7 +92,7 @@ def synthetic_rows(count: int, seed: int = 0) -> list[Row]:
                     "rel_l2": float(error * 0.3),
                     "max_ulp": float(ulps[i]),
                 },
-                error=error, tolerance=tolerance, verdict=verdict, message=message,
+                difference=error, tolerance=tolerance, verdict=verdict, message=message,
                 source=f"model.py:{40 + slot} in forward", record_a=_RECORD, record_b=_RECORD,
             )
         )  # fmt: skip

@@ -57,15 +57,15 @@ def test_the_packed_rows_hold_every_row_of_the_table(compared):
     assert rows["module"] == [row.module for row in result.rows]
     assert rows["call"] == [row.call for row in result.rows]
     assert rows["message"] == [row.message for row in result.rows]
-    errors = [row.error for row in result.rows]
-    absent = [bool(bits & 1) for bits in rows["absent"]]  # bit 0: error
-    assert absent == [error is None for error in errors]
-    assert rows["error"] == pytest.approx([math.nan if e is None else e for e in errors], rel=1e-9, nan_ok=True)
+    differences = [row.difference for row in result.rows]
+    absent = [bool(bits & 1) for bits in rows["absent"]]  # bit 0: difference
+    assert absent == [difference is None for difference in differences]
+    assert rows["difference"] == pytest.approx([math.nan if d is None else d for d in differences], rel=1e-9, nan_ok=True)
 
 
 def test_the_plot_has_labelled_axes_and_marks_the_first_divergence_with_a_link_to_its_row(compared):
     result, report = compared
-    assert "execution order (row of its rank)" in report and "error (scale-relative, log scale)" in report
+    assert "execution order (row of its rank)" in report and "difference (scale-relative, log scale)" in report
     mark = re.search(r'<a class="mark mark-divergence" href="#row-(\d+)">', report)
     assert mark is not None
     assert int(mark.group(1)) == result.rows.index(result.first_divergence) + 1
@@ -86,7 +86,7 @@ def test_a_report_without_divergence_says_so(tmp_path):
 
 def test_a_plot_past_its_point_cap_thins_passing_rows_and_keeps_every_other_one(tmp_path, monkeypatch):
     result = torchdebug.compare(dump(tmp_path / "a", 1.01), dump(tmp_path / "b", 1.0))
-    loud = sum(1 for row in result.rows if row.matched and row.error is not None and row.verdict != "pass")
+    loud = sum(1 for row in result.rows if row.matched and row.difference is not None and row.verdict != "pass")
     monkeypatch.setattr(report_compare, "_MAX_POINTS", loud + 2)
     html = result.to_html(tmp_path / "report.html").read_text()
     verdicts = [result.rows[i].verdict for i in unpack(html)["dots"]["row"]]

@@ -73,15 +73,15 @@ def test_a_module_of_the_tree_keeps_its_rows_and_the_pager_walks_them(page):
     assert driver.execute_script(_SHOWN)[1].startswith(f"rows {PAGE_ROWS + 1}–")
 
 
-def test_sorting_by_error_orders_every_row_and_the_numbers_read_as_python_writes_them(page):
+def test_sorting_by_difference_orders_every_row_and_the_numbers_read_as_python_writes_them(page):
     driver, result, _ = page
-    header = next(th for th in driver.find_elements("css selector", "#rows th") if th.text == "error")
+    header = next(th for th in driver.find_elements("css selector", "#rows th") if th.text == "difference")
     header.click()
-    wait_for(driver, "return document.querySelector('#rows th.sorted-asc')?.textContent", "error")
+    wait_for(driver, "return document.querySelector('#rows th.sorted-asc')?.textContent", "difference")
     header.click()  # descending
-    by_error = sorted(range(ROWS), key=lambda i: -result.rows[i].error)
+    by_difference = sorted(range(ROWS), key=lambda i: -result.rows[i].difference)
     first = "const r = document.querySelector('#rows tbody tr'); return [r.id, r.cells[4].textContent]"
-    wait_for(driver, first, [f"row-{by_error[0] + 1}", f"{result.rows[by_error[0]].error:.4g}"])
+    wait_for(driver, first, [f"row-{by_difference[0] + 1}", f"{result.rows[by_difference[0]].difference:.4g}"])
 
 
 def test_the_first_divergence_link_opens_the_page_holding_its_row(page):

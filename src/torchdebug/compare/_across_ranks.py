@@ -211,11 +211,12 @@ def _difference(row: Row, reference: int, tolerance: float) -> Judgement:
     if row.shape_a != row.shape_b or row.dtype_a != row.dtype_b:
         # no number measures it: the message says what differs
         return Judgement(
-            "error", "", f"{row.dtype_a} {row.shape_a} vs {row.dtype_b} {row.shape_b} on rank {reference}", error=math.inf
+            "error", "", f"{row.dtype_a} {row.shape_a} vs {row.dtype_b} {row.shape_b} on rank {reference}", difference=math.inf
         )
-    if row.metrics.get("nonfinite_mismatch") or (row.error or 0.0) > tolerance:
-        error = math.inf if row.error is None else row.error  # NaN/Inf statistics: no finite number to compare
-        return Judgement("error", "", f"differs from rank {reference} by {error:.3g} (tolerance {tolerance:.3g})", error=error)
+    if row.metrics.get("nonfinite_mismatch") or (row.difference or 0.0) > tolerance:
+        difference = math.inf if row.difference is None else row.difference  # NaN/Inf statistics: no finite number to compare
+        message = f"differs from rank {reference} by {difference:.3g} (tolerance {tolerance:.3g})"
+        return Judgement("error", "", message, difference=difference)
     return Judgement("pass", "", f"within tolerance of rank {reference}")
 
 
@@ -254,9 +255,9 @@ def _judge(
 
     with metric_pool(threads) as pool:
         for i, metrics in zip(comparable, pool.map(metrics_of, comparable)):
-            error = metrics.pop("error", None)
-            for row in values[i][0]:
-                row.error, row.metrics = error, metrics  # one dict for the value's rows (rows replace theirs, never update it)
+            difference = metrics.pop("error", None)
+            for row in values[i][0]:  # one dict for the value's rows (rows replace theirs, never update it)
+                row.difference, row.metrics = difference, metrics
     agreeing: dict[Row, str] = {}
     for (rows, reference), tolerance in zip(values, tolerances):
         holders = f"ranks {', '.join(map(str, reference))} hold the reference value"

@@ -40,15 +40,15 @@ def _key(record: Record) -> NoiseKey:
 
 
 def measured_noise(rows: Iterable[Row]) -> dict[NoiseKey, float]:
-    """Per slot of B, its error against C: ``rows`` are B (side A of that comparison) against C,
-    with metrics filled in. Slots with no finite error measure nothing and are left out."""
+    """Per slot of B, its difference from C: ``rows`` are B (side A of that comparison) against C,
+    with metrics filled in. Slots with no finite difference measure nothing and are left out."""
     noise: dict[NoiseKey, float] = {}
     for row in rows:
-        error = row.error
+        difference = row.difference
         if row.record_a is None or row.record_b is None or row.kind != "tensor" or row.tolerance is None:
             continue
-        if error is not None and math.isfinite(error):
-            noise[_key(row.record_a)] = error
+        if difference is not None and math.isfinite(difference):
+            noise[_key(row.record_a)] = difference
     return noise
 
 

@@ -116,7 +116,8 @@ def _other_dtype(row: Row, why: str) -> Judgement | None:
 def _bits(row: Row, verdict: str, attribution: str = "", message: str = "") -> Judgement:
     """A bit-for-bit judgement; an error without a number gets an infinite one (bits differ by an
     amount checksums cannot measure; the message says what differs)."""
-    return Judgement(verdict, attribution, message, error=math.inf if verdict == "error" and row.error is None else None)
+    unmeasured = verdict == "error" and row.difference is None
+    return Judgement(verdict, attribution, message, difference=math.inf if unmeasured else None)
 
 
 def _input(row: Row, known: set[tuple[str, str]], from_other_dtype: Callable[[tuple[str, str]], bool]) -> Judgement | None:

@@ -21,14 +21,14 @@ class Judgement(NamedTuple):
     verdict: str
     attribution: str = ""
     message: str = ""
-    error: float | None = None
-    """Replaces the row's ``error`` when set: infinite where no number measures what differs."""
+    difference: float | None = None
+    """Replaces the row's ``difference`` when set: infinite where no number measures what differs."""
     origin: str | None = None
-    """The blamed row whose error this row is (blamed) or carries (inherited, undecided)."""
+    """The blamed row whose difference this row is (blamed) or carries (inherited, undecided)."""
     constant: str | None = None
     """The constant made for the dtype that this row is or carries."""
     upstream: float | None = None
-    """The error this row adds to what later calls count as seen upstream (``None``: none)."""
+    """The difference this row adds to what later calls count as seen upstream (``None``: none)."""
     stand_ins: tuple[Row, ...] = ()
     """Rows that take this input's place when its call's outputs are judged (each side made it from
     other rows)."""
@@ -37,7 +37,7 @@ class Judgement(NamedTuple):
     difference (:mod:`torchdebug.compare._structure`), blamed when the input that reads it is judged."""
 
     def apply(self, row: Row) -> None:
-        """Set the verdict, attribution and message (and ``error``, when given) on ``row``."""
+        """Set the verdict, attribution and message (and ``difference``, when given) on ``row``."""
         row.verdict, row.attribution, row.message = self.verdict, self.attribution, self.message
-        if self.error is not None:
-            row.error = self.error
+        if self.difference is not None:
+            row.difference = self.difference

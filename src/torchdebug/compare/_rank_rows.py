@@ -31,8 +31,8 @@ from torchdebug.records import Record
 
 __all__ = ["SlotRows", "RankRows"]
 
-_REFERENCE = Judgement("pass", "", "reference", error=0.0)
-_AGREES = Judgement("pass", "", "", error=0.0)
+_REFERENCE = Judgement("pass", "", "reference", difference=0.0)
+_AGREES = Judgement("pass", "", "", difference=0.0)
 """The judgements of the rows of ranks holding the reference value (made once: these rows are made on every read)."""
 _NOT_JUDGED = ("incomparable", "unmatched")
 """Verdicts of rows that are counted apart from the compared ones."""

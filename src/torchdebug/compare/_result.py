@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from torchdebug.compare._checksums import DTYPE_NOTE
 from torchdebug.compare._metrics import RERUN_METRICS, STATS_METRICS, TENSOR_METRICS
-from torchdebug.compare._rows import VERDICTS, Row
+from torchdebug.compare._rows import OLD_COLUMNS, VERDICTS, Row
 from torchdebug.compare._rules import ROUTING_CHANGED
 from torchdebug.compare._structure import StructureBlock
 from torchdebug.compare._verdicts import first_divergence, first_nonfinite
@@ -42,15 +42,17 @@ CSV_COLUMNS = (
     "shape_b",
     "verdict",
     "attribution",
-    "error",
+    "difference",
     "tolerance",
     *TENSOR_METRICS,
     *STATS_METRICS,
     "message",
     "source",
+    *OLD_COLUMNS,
 )
 """Columns of :meth:`CompareResult.to_csv`, one row per tensor slot or argument (with rerun, the
-:data:`~torchdebug.compare._metrics.RERUN_METRICS` are appended)."""
+:data:`~torchdebug.compare._metrics.RERUN_METRICS` are appended); the last are
+:data:`~torchdebug.compare._rows.OLD_COLUMNS`, a renamed column under its former name for one release."""
 
 _STRUCTURE_OUTCOMES = {
     "error": "change a value",

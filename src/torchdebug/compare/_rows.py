@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchdebug.records import Record, call_name
 
-__all__ = ["Row", "VERDICTS"]
+__all__ = ["OLD_COLUMNS", "Row", "VERDICTS"]
 
 VERDICTS = ("pass", "warning", "undecided", "error", "incomparable", "unmatched")
 """``undecided``: beyond tolerance, and statistics cannot tell whether the op or its inputs made it
@@ -16,6 +17,10 @@ shapes differ because the runs' inputs do, or they were computed from such value
 their dtypes differ — so the row is neither a pass nor an error; ``unmatched``: the slot exists on
 one side only (listed, never judged)."""
 
+
+OLD_COLUMNS = {"error": "difference"}
+"""Columns written under their former name too, for one release (old name -> new name): readers of
+the CSV and JSON written before the rename keep working."""
 
 _NAMED_BY_B = frozenset({"value", "group"})
 
@@ -63,8 +68,8 @@ class Row:
     """Rows with the same statistics on both sides share one dict of statistics metrics (a compare
     keeps hundreds of thousands of rows): give a row more metrics by replacing its dict, not by
     updating it in place."""
-    error: float | None = None
-    """Scale-relative error the verdict is based on (see :mod:`torchdebug.compare._metrics`)."""
+    difference: float | None = None
+    """The scale-relative difference the verdict is based on (see :mod:`torchdebug.compare._metrics`)."""
     tolerance: float | None = None
     verdict: str = "pass"
     attribution: str = ""
@@ -112,7 +117,7 @@ class Row:
             shape_a,
             shape_b,
             {},  # metrics
-            None,  # error
+            None,  # difference
             None,  # tolerance
             "pass",
             "",  # attribution
@@ -121,6 +126,17 @@ class Row:
             a,
             b,
         )
+
+    @property
+    def error(self) -> float | None:
+        """Former name of :attr:`difference` (one release, with a ``FutureWarning``)."""
+        warnings.warn("Row.error is deprecated; read Row.difference", FutureWarning, stacklevel=2)
+        return self.difference
+
+    @error.setter
+    def error(self, value: float | None) -> None:
+        warnings.warn("Row.error is deprecated; set Row.difference", FutureWarning, stacklevel=2)
+        self.difference = value
 
     @property
     def call_name(self) -> str:
@@ -132,7 +148,8 @@ class Row:
         return self.record_a is not None and self.record_b is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """A flat, JSON-ready dict (metrics inlined), without the record references."""
+        """A flat, JSON-ready dict (metrics inlined, :data:`OLD_COLUMNS` under their former names too),
+        without the record references."""
         out: dict[str, Any] = {
             "rank": self.rank,
             "step": self.step,
@@ -150,7 +167,7 @@ class Row:
             "dtype_b": self.dtype_b,
             "shape_a": self.shape_a,
             "shape_b": self.shape_b,
-            "error": self.error,
+            "difference": self.difference,
             "tolerance": self.tolerance,
             "verdict": self.verdict,
             "attribution": self.attribution,
@@ -158,4 +175,5 @@ class Row:
             "source": self.source,
         }
         out.update(self.metrics)
+        out.update({old: out[new] for old, new in OLD_COLUMNS.items()})
         return out

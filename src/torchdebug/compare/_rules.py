@@ -120,7 +120,7 @@ class Call:
     def input_error(self) -> float:
         """The largest error among the call's tensor inputs."""
         if self._input_error is None:
-            self._input_error = max((r.error or 0.0 for r in self.inputs), default=0.0)
+            self._input_error = max((r.difference or 0.0 for r in self.inputs), default=0.0)
         return self._input_error
 
     def stand_in(self, row: Row, stand_ins: Sequence[Row]) -> None:
@@ -184,7 +184,7 @@ def _differs(row: Row) -> bool:
     """The two values differ: in shape, beyond tolerance, or in their NaN/Inf."""
     if row.shape_a != row.shape_b or row.metrics.get("nonfinite_mismatch"):
         return True
-    return row.error is not None and row.tolerance is not None and row.error > row.tolerance
+    return row.difference is not None and row.tolerance is not None and row.difference > row.tolerance
 
 
 def _how_many_differ(row: Row) -> str:
@@ -208,24 +208,24 @@ def _how_many_differ(row: Row) -> str:
 
 def _beyond(row: Row) -> tuple[float, float]:
     """A row judged beyond tolerance: its error and tolerance, both known by then."""
-    assert row.error is not None and row.tolerance is not None
-    return row.error, row.tolerance
+    assert row.difference is not None and row.tolerance is not None
+    return row.difference, row.tolerance
 
 
 def _detail(row: Row) -> str:
     error, tolerance = _beyond(row)
-    return f"error {_fmt(error)} > tolerance {_fmt(tolerance)}"
+    return f"difference {_fmt(error)} > tolerance {_fmt(tolerance)}"
 
 
 def _blamed(row: Row, message: str) -> Judgement:
     """The row makes the difference: its error counts upstream."""
-    return Judgement("error", "blamed", message, origin=row.name, upstream=row.error)
+    return Judgement("error", "blamed", message, origin=row.name, upstream=row.difference)
 
 
 def _blamed_unmeasured(row: Row, message: str, error: float | None) -> Judgement:
     """The row makes a difference no finite error measures (a shape, a NaN), so every later error is
     upstream of it; ``error`` replaces the row's when given."""
-    return Judgement("error", "blamed", message, error=error, origin=row.name, upstream=math.inf)
+    return Judgement("error", "blamed", message, difference=error, origin=row.name, upstream=math.inf)
 
 
 def _inherited(row: Row, call: Call, sources: Sequence[Row], detail: str) -> Judgement:
@@ -233,11 +233,11 @@ def _inherited(row: Row, call: Call, sources: Sequence[Row], detail: str) -> Jud
     they carry the error of a blamed op (named in the message)."""
     origin, constant = call.flow.carried(sources)
     if origin:
-        detail += f"; carries the error blamed on {origin}"
+        detail += f"; carries the difference blamed on {origin}"
     elif constant:
         detail += f"; carries the constant made for the dtype at {constant}"
     verdict = "warning" if origin else "pass"
-    upstream = row.error if constant is None else None
+    upstream = row.difference if constant is None else None
     return Judgement(verdict, "inherited", detail, None, origin, constant, upstream)  # by position: many rows
 
 
@@ -245,7 +245,7 @@ def _undecided(row: Row, call: Call, message: str) -> Judgement:
     """Beyond tolerance, and what the records hold cannot tell whether the op made the difference:
     never blamed, and what follows inherits only what its inputs carry."""
     origin, constant = call.flow.carried(call.inputs)
-    upstream = row.error if constant is None else None
+    upstream = row.difference if constant is None else None
     return Judgement("undecided", "undecided", message, origin=origin, constant=constant, upstream=upstream)
 
 
@@ -354,7 +354,7 @@ def decision_changed(row: Row, call: Call) -> Judgement | None:
     inputs = "its inputs agree (within tolerance, or by the round-off the runs' dtypes explain)"
     message = f"{ROUTING_CHANGED}: {_how_many_differ(row)}; {inputs}: this op chose differently"
     error = math.inf if row.shape_a != row.shape_b else None
-    return Judgement("error", "blamed", message, error=error, origin=row.name, upstream=math.inf)
+    return Judgement("error", "blamed", message, difference=error, origin=row.name, upstream=math.inf)
 
 
 def follows_changed_decision(row: Row, call: Call) -> Judgement | None:
@@ -369,7 +369,7 @@ def follows_changed_decision(row: Row, call: Call) -> Judgement | None:
         if not _differs(row):
             return None
         what = f"shape {row.shape_a} vs {row.shape_b}" if row.shape_a != row.shape_b else "it differs"
-        if row.shape_a == row.shape_b and row.error is not None and row.tolerance is not None:
+        if row.shape_a == row.shape_b and row.difference is not None and row.tolerance is not None:
             what = _detail(row)
         selection = call.flow.decision(call.inputs) if row.io in OUTPUT_IO else call.follows(row)
     else:
@@ -382,7 +382,7 @@ def follows_changed_decision(row: Row, call: Call) -> Judgement | None:
         return None
     judged = call.flow.carrying.get(selection)
     origin = judged.origin if judged is not None and judged.origin is not None else selection.name
-    carries = f", which carries the error blamed on {origin}" if origin != selection.name else ""
+    carries = f", which carries the difference blamed on {origin}" if origin != selection.name else ""
     message = f"{what}; follows the routing changed at {selection.name}{carries}"
     return Judgement("warning", "inherited", message, origin=origin, upstream=math.inf)
 
@@ -396,7 +396,7 @@ def other_shape(row: Row, call: Call) -> Judgement | None:
 
 def computed_from_incomparable(row: Row, call: Call) -> Judgement | None:
     """An output that differs, computed from inputs that cannot be compared, cannot be compared."""
-    beyond = row.error is not None and row.tolerance is not None and row.error > row.tolerance
+    beyond = row.difference is not None and row.tolerance is not None and row.difference > row.tolerance
     if not (beyond or row.metrics.get("nonfinite_mismatch")):
         return None
     unlike = call.incomparable_input()
@@ -422,13 +422,13 @@ def nonfinite_origin(row: Row, call: Call) -> Judgement | None:
     """A NaN/Inf where the other side is finite that no input had is blamed where it first appears."""
     if not row.metrics.get("nonfinite_mismatch"):
         return None
-    no_number = math.inf if row.error is None else None  # statistics without a finite number to compare
+    no_number = math.inf if row.difference is None else None  # statistics without a finite number to compare
     return _blamed_unmeasured(row, "NaN/Inf where the other side is finite", no_number)
 
 
 def no_statistics(row: Row, call: Call) -> Judgement | None:
     """A slot without an error to judge (no statistics on a side) passes and says so."""
-    if row.error is None or row.tolerance is None:
+    if row.difference is None or row.tolerance is None:
         sides = (("A", row.record_a), ("B", row.record_b))
         unread = "; ".join(f"{side}: {r.extra[UNREAD]}" for side, r in sides if r is not None and UNREAD in r.extra)
         return Judgement("pass", "", "no statistics to compare" + (f" (not read on {unread})" if unread else ""))
@@ -546,7 +546,7 @@ def _awaits_rerun(row: Row, call: Call) -> bool:
 
 
 def _explained(row: Row, call: Call) -> Judgement:
-    return _inherited(row, call, call.inputs, f"{_detail(row)}, explained by its inputs (error {_fmt(call.input_error())})")
+    return _inherited(row, call, call.inputs, f"{_detail(row)}, explained by its inputs (difference {_fmt(call.input_error())})")
 
 
 def explained_by_inputs(row: Row, call: Call) -> Judgement | None:
@@ -759,12 +759,12 @@ def _blame_one_sided(
     op, error, tolerance = cause
     who, other = ("A", "B") if side == "a" else ("B", "A")
     why = (
-        f"error {_fmt(error)} > tolerance {_fmt(tolerance)} against {other}'s value at {partner.name}; "
+        f"difference {_fmt(error)} > tolerance {_fmt(tolerance)} against {other}'s value at {partner.name}; "
         f"only {who} runs this op and {why}: this op makes the difference"
     )
-    judged = _blamed(op, why)._replace(error=error, upstream=error)
+    judged = _blamed(op, why)._replace(difference=error, upstream=error)
     message = f"{_detail(row)}; {made}; made by {op.op} that only {who} runs ({op.name}), which changed the value"
-    return Judgement("warning", "inherited", message, origin=op.name, upstream=row.error, blames=((op, judged),))
+    return Judgement("warning", "inherited", message, origin=op.name, upstream=row.difference, blames=((op, judged),))
 
 
 def made_differently(row: Row, call: Call) -> Judgement | None:
@@ -784,11 +784,11 @@ def made_differently(row: Row, call: Call) -> Judgement | None:
     error, _ = _beyond(row)
     names = [", ".join(sorted({r.name for r in made})) for made in (made_a, made_b)]
     message = (
-        f"error {_fmt(error)} between different tensors: A made this input from {names[0]}, B from "
+        f"difference {_fmt(error)} between different tensors: A made this input from {names[0]}, B from "
         f"{names[1]} (through {', '.join(trace.one_sided)} that only one side runs); the call's outputs are judged against them"
     )
     stand_ins = tuple({id(r): r for r in (*made_a, *made_b)}.values())
-    upstream = max((r.error or 0.0 for r in stand_ins if call.flow.counts(r)), default=None)
+    upstream = max((r.difference or 0.0 for r in stand_ins if call.flow.counts(r)), default=None)
     return Judgement("pass", "", message, upstream=upstream, stand_ins=stand_ins)
 
 
@@ -798,10 +798,10 @@ def carried_from_source(row: Row, call: Call) -> Judgement | None:
     if trace is None:
         return None
     error, tolerance = _beyond(row)
-    carried = max((source.error or 0.0 for source in trace.sources), default=0.0)
+    carried = max((source.difference or 0.0 for source in trace.sources), default=0.0)
     if error > _CARRIED * carried + tolerance:
         return None
-    return _inherited(row, call, trace.sources, f"{_detail(row)}, as {trace.sources[0].name} (error {_fmt(carried)})")
+    return _inherited(row, call, trace.sources, f"{_detail(row)}, as {trace.sources[0].name} (difference {_fmt(carried)})")
 
 
 def split_differently(row: Row, call: Call) -> Judgement | None:
@@ -819,8 +819,8 @@ def split_differently(row: Row, call: Call) -> Judgement | None:
         return None
     error, _ = _beyond(row)
     message = (
-        f"error {_fmt(error)} between different tensors: each side made this input through ops only it runs ({trace.listed()}) "
-        "and the call's outputs agree: the two runs split the same result differently"
+        f"difference {_fmt(error)} between different tensors: each side made this input through ops only it runs "
+        f"({trace.listed()}) and the call's outputs agree: the two runs split the same result differently"
     )
     return Judgement("pass", "", message)
 
@@ -841,13 +841,13 @@ def changed_by_one_sided_op(row: Row, call: Call) -> Judgement | None:
         return None
     made, side = cause.row, "A" if cause.row.record_a is not None else "B"
     other = "B" if side == "A" else "A"
-    detail = f"error {_fmt(cause.error)} > tolerance {_fmt(cause.tolerance)} against {other}'s value at {cause.partner}"
+    detail = f"difference {_fmt(cause.error)} > tolerance {_fmt(cause.tolerance)} against {other}'s value at {cause.partner}"
     forward = call.flow.forward_origin(made, side.lower())
     if forward is not None:  # the backward of a blamed one-sided op: the same difference
-        why = f"{detail}; the backward of an op only {side} runs, which carries the error blamed on {forward}"
+        why = f"{detail}; the backward of an op only {side} runs, which carries the difference blamed on {forward}"
         judged = Judgement("warning", "inherited", why, cause.error, forward, None, cause.error)
     else:
-        carried = max((source.error or 0.0 for source in trace.sources), default=0.0)
+        carried = max((source.difference or 0.0 for source in trace.sources), default=0.0)
         error, tolerance = _beyond(row)
         factor = amplification(row, trace.sources)
         if carried > 0 and error <= factor * carried + tolerance:  # a sum of near-zero gradients in another order
@@ -859,18 +859,18 @@ def changed_by_one_sided_op(row: Row, call: Call) -> Judgement | None:
                 f"which they may amplify up to {_fmt(factor)}x: statistics cannot tell whether they made the difference",
             )
         why = f"{detail}; only {side} runs this op (a structure difference) and the value entering it agrees"
-        why += f" (error {_fmt(carried)})"
-        judged = _blamed(made, f"{why}: this op makes the difference")._replace(error=cause.error, upstream=cause.error)
+        why += f" (difference {_fmt(carried)})"
+        judged = _blamed(made, f"{why}: this op makes the difference")._replace(difference=cause.error, upstream=cause.error)
     message = f"{_detail(row)}; made by {made.op} that only {side} runs ({made.name}), which changed the value"
     origin = forward or made.name
-    return Judgement("warning", "inherited", message, origin=origin, upstream=row.error, blames=((made, judged),))
+    return Judgement("warning", "inherited", message, origin=origin, upstream=row.difference, blames=((made, judged),))
 
 
 def enters_here(row: Row, call: Call) -> Judgement | None:
     """Any other input beyond tolerance is blamed: the difference enters here (on the way from its source)."""
     trace = call.trace(row)
     assert trace is not None  # the rules above judged every input without one
-    carried = max((source.error or 0.0 for source in trace.sources), default=0.0)
+    carried = max((source.difference or 0.0 for source in trace.sources), default=0.0)
     how = f", changed on the way by {', '.join(trace.one_sided)} that only one side runs" if trace.one_sided else ""
     made = f"the tensor {trace.sources[0].name} made differs by only {_fmt(carried)}{how}"
     return _blamed(row, f"{_detail(row)}; {made}: the difference enters here")

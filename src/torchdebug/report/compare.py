@@ -56,7 +56,7 @@ class Result(Protocol):
 
 _WIDTH, _HEIGHT = 1000, 300
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 26, 44  # margins: room for the axes' labels
-_LOG_FLOOR = -12.0  # errors below 1e-12 (and exact zeros) sit on the bottom line
+_LOG_FLOOR = -12.0  # differences below 1e-12 (and exact zeros) sit on the bottom line
 _MAX_POINTS = 20000  # beyond this, passing rows are thinned out (every non-passing row stays)
 _MAX_BANDS = 24  # more phase changes than this (many steps): no shading
 STRUCTURE_ROWS = 500
@@ -92,9 +92,9 @@ def _positions(rows: Sequence[Row]) -> list[int]:
 
 
 def _plotted(rows: Sequence[Row]) -> list[int]:
-    """Indexes of the rows drawn: matched, with an error that is not NaN (an infinite one sits on
+    """Indexes of the rows drawn: matched, with a difference that is not NaN (an infinite one sits on
     the top line); passing rows thinned out past :data:`_MAX_POINTS`."""
-    drawn = [i for i, row in enumerate(rows) if row.matched and row.error is not None and not math.isnan(row.error)]
+    drawn = [i for i, row in enumerate(rows) if row.matched and row.difference is not None and not math.isnan(row.difference)]
     if len(drawn) <= _MAX_POINTS:
         return drawn
     loud = [i for i in drawn if rows[i].verdict != "pass"]
@@ -128,9 +128,9 @@ def _bands(rows: Sequence[Row], positions: list[int], x: Any) -> list[dict[str, 
     ]
 
 
-def _log_error(error: float) -> float:
-    """log10 of an error, from :data:`_LOG_FLOOR` (exact zeros) up to 12 (an infinite error)."""
-    return max(_LOG_FLOOR, min(math.log10(error), 12.0)) if error > 0 else _LOG_FLOOR
+def _log_difference(difference: float) -> float:
+    """log10 of a difference, from :data:`_LOG_FLOOR` (exact zeros) up to 12 (an infinite one)."""
+    return max(_LOG_FLOOR, min(math.log10(difference), 12.0)) if difference > 0 else _LOG_FLOOR
 
 
 _MARKS = {"divergence": "first divergence", "nonfinite": "first non-finite"}
@@ -142,7 +142,7 @@ def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
     positions = _positions(rows)
     last = max(positions, default=1)
     plotted = _plotted(rows)
-    logs = {i: _log_error(rows[i].error) for i in plotted}  # type: ignore[arg-type]
+    logs = {i: _log_difference(rows[i].difference) for i in plotted}  # type: ignore[arg-type]
     top = float(math.ceil(max([0.0, *logs.values()])))
     span = top - _LOG_FLOOR
 
@@ -175,11 +175,11 @@ def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
         "x_ticks": [{"x": x(p), "label": str(p)} for p in dict.fromkeys([1, *range(step, last + 1, step)])],
         "bands": _bands(rows, positions, x),
         "marks": marked,
-        "thinned": len(plotted) < sum(1 for row in rows if row.matched and row.error is not None),
+        "thinned": len(plotted) < sum(1 for row in rows if row.matched and row.difference is not None),
     }
 
 
-_FLOATS = ("error", "tolerance")
+_FLOATS = ("difference", "tolerance")
 _METRICS = ("cosine", "max_abs_err", "rel_l2", "max_ulp")
 """The float columns of the table (metrics from ``row.metrics``), in the order of ``absent``'s bits."""
 

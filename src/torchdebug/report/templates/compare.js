@@ -91,7 +91,7 @@
       ["verdict-" + verdict, verdict, how],
       ["", text("phase", i), "step " + columns.step[i] + (manyRanks ? ", rank " + columns.rank[i] : "")],
       ["slot", text("module", i), slot(i)],
-      ["num", num(number("error", i), 4), ""],
+      ["num", num(number("difference", i), 4), ""],
       ["num", num(number("tolerance", i), 4), ""],
       ["num", num(number("cosine", i), 8), ""],
       ["num", num(number("max_abs_err", i), 4), ""],
@@ -171,15 +171,15 @@
     const [phase, rank] = scope();
     const width = VERDICTS.length;
     const tally = new Int32Array(moduleNames.length * width);  // rows per module and verdict
-    const worst = new Float64Array(moduleNames.length).fill(NaN);  // NaN: no error yet
+    const worst = new Float64Array(moduleNames.length).fill(NaN);  // NaN: no difference yet
     const seen = new Uint8Array(moduleNames.length);
     const inOrder = [];  // the modules in scope, in row order
     for (let i = 0; i < n; i++) {
       if (!inScope(i, phase, rank)) continue;
-      const m = moduleSlot[columns.module[i]], error = columns.error[i];  // NaN: none (or a NaN one)
+      const m = moduleSlot[columns.module[i]], difference = columns.difference[i];  // NaN: none (or a NaN one)
       if (!seen[m]) { seen[m] = 1; inOrder.push(m); }
       tally[m * width + verdictOf[columns.verdict[i]]]++;
-      if (error === error && !(error <= worst[m])) worst[m] = error;
+      if (difference === difference && !(difference <= worst[m])) worst[m] = difference;
     }
     const root = { children: new Map() };
     for (const m of inOrder) {
@@ -218,7 +218,7 @@
     });
     const worst = document.createElement("span");
     worst.className = "worst v-" + worstVerdict;
-    worst.title = "largest error in this module";
+    worst.title = "largest difference in this module";
     worst.textContent = isNaN(node.worst) ? "" : node.worst > 0 && node.worst < 1e-3 ? node.worst.toExponential(2) : node.worst.toPrecision(3);
     line.append(worst);
     return line;
@@ -281,7 +281,7 @@
     const i = nearestDot(event);
     if (i < 0) return;
     event.target.closest("path").firstChild.textContent = "#" + (i + 1) + " " + text("phase", i) + " " +
-      text("module", i) + " " + slot(i) + ": error " + num(number("error", i), 3) + " (" + text("verdict", i) + ")";
+      text("module", i) + " " + slot(i) + ": difference " + num(number("difference", i), 3) + " (" + text("verdict", i) + ")";
   });
   dotGroup.addEventListener("click", function (event) {
     const i = nearestDot(event);

@@ -1,39 +1,9 @@
 """The flight recorder: watch every step nearly for free, keep the last K, dump and replay the bad one.
 
-::
-
-    monitor = torchdebug.Monitor(model, optimizer, dump_path="monitor", window=32)
-    for batch in loader:
-        def closure():
-            optimizer.zero_grad()
-            loss = model(*batch)
-            loss.backward()
-            return loss
-        loss = monitor.step(closure)          # forward+backward watched, judged, then optimizer.step()
-
-or, keeping the loop as it is, ``monitor.step(loss=loss)`` after ``optimizer.step()`` (no replay then).
-
-**fp16 mixed precision.** Pass the ``GradScaler`` (``Monitor(..., scaler=scaler)``): gradients that
-overflow, which the scaler skips, are its routine and do not fire (``scaler_overflows`` in a row
-do). The gradients are watched as the backward leaves them, scaled, and divided by the scale staged
-with them, so before the loop unscales and clips them. With a closure, which then calls
-``scaler.scale(loss).backward()`` (and may unscale and clip), the monitor unscales the gradients
-unless the closure did and steps through the scaler; without, the loop's own
-``scaler.step(optimizer)`` and ``scaler.update()`` come before ``monitor.step(loss=loss)``.
-
-**Cost.** Each watched tensor is reduced once, in one pass, into the step's device table
-(:class:`~torchdebug.stats_table.StatsStager`); the table reaches the host in one non-blocking copy
-per step. Without a closure the host reads it a step late (CUDA) and never waits for the device;
-with a closure it reads it once before the optimizer step, so that a bad step can be skipped and
-replayed on the parameters it ran with. Under torch.distributed the ranks then agree on whether
-any fired with one small all-gather per step, so that all of them replay together (a replay runs the
-step's collectives).
-
-**On a trigger** (:mod:`~torchdebug.monitor._triggers`) the window of the last ``window`` steps is
-written as a dump (:mod:`~torchdebug.monitor._window`) under ``dump_path/step{N}-window``; with a
-closure the step is replayed under op-level capture into ``dump_path/step{N}-replay``
-(:mod:`~torchdebug.monitor._replay`). :attr:`Monitor.events` lists what fired; ``on_anomaly`` says
-whether the optimizer step is then taken, skipped, or :class:`~torchdebug.errors.AnomalyError` raised.
+:class:`Monitor` runs the step (``monitor.step(closure)``) or follows it (``monitor.step(loss=loss)``),
+judges each step's statistics (:mod:`~torchdebug.monitor._triggers`), agrees with the other ranks,
+and on a trigger writes the window (:mod:`~torchdebug.monitor._window`) and replays the step
+(:mod:`~torchdebug.monitor._replay`). Guide and options: docs/monitor.md; cost: bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -123,7 +93,7 @@ class MonitorEvent:
 
 
 class Monitor:
-    """Watches a model's training steps and records the last ``window`` of them (see the module docstring).
+    """Watches a model's training steps and records the last ``window`` of them (guide: docs/monitor.md).
 
     Args:
         model: the model trained (wrappers such as FSDP2, DDP, ``checkpoint_wrapper`` are fine).

@@ -1,30 +1,8 @@
 """The last K steps of watched statistics, on the host: one row of statistics per watched slot per step.
 
 A *slot* is one watched tensor position (a module's ``output.0``, a parameter's gradient), named as
-a module-level dump names it (:func:`torchdebug.records.make_name`). Slots get an index in the order
-they are first seen and keep it for the whole run; :meth:`Ring.execution_order` sorts them as a
-step runs them: forward outputs (innermost module first), the loss, gradients, parameters after
-the update. The backward runs the forward in reverse, so gradients come in the reverse order of
-their modules' outputs: a parameter's gradient is placed by its module's output, or by its nearest
-watched ancestor's (a compiled block's: the modules inside are not watched), the modules whose
-parameters were registered later first within one (a module's own parameters as registered); a
-parameter of the model's own, whose use no output places, last (as an embedding table, used as the
-forward starts).
-
-Under a loss scaler the gradients are watched as the backward leaves them, times the scale; the
-scale's own slot (``monitor.loss_scale``, the last of the gradients' stage) is staged with them, and
-:meth:`Ring.row` divides each gradient's statistics by it: the host learns the scale with the sums,
-so neither waits for the device.
-
-A step's row is written as the sums every statistics path produces (``schema.COLUMNS``) and the
-element counts: on the CPU the native kernel writes them straight into the ring's memory
-(:meth:`Ring.addresses`), with no Python object per tensor; rows from a device table arrive with
-:meth:`Ring.put_sums`. :meth:`Ring.row` finishes a step into statistics (``schema.STAT_KEYS``) in one
-vectorised call when it was written since it was last read.
-
-Memory: ``window × slots × (2 × 8 + 1)`` float64 (the sums, the finished statistics, the element
-count: 4.3 MiB for 32 steps of 1,000 slots), grown by doubling as slots appear;
-:meth:`Ring.memory_bytes` reports it.
+a module-level dump names it (:func:`torchdebug.records.make_name`), indexed in the order first seen
+for the whole run.
 """
 
 from __future__ import annotations
@@ -66,7 +44,14 @@ class Slot:
 
 
 class Ring:
-    """Statistics of the last ``window`` steps per slot (NaN where a slot was not seen that step)."""
+    """Statistics of the last ``window`` steps per slot (NaN where a slot was not seen that step).
+
+    A step's row is written as the sums every statistics path produces (``schema.COLUMNS``) and the
+    element counts: on the CPU the native kernel writes them straight into the ring's memory
+    (:meth:`addresses`), with no Python object per tensor; rows from a device table arrive with
+    :meth:`put_sums`. :meth:`row` finishes a step into statistics (``schema.STAT_KEYS``) in one
+    vectorised call when it was written since it was last read.
+    """
 
     def __init__(self, window: int) -> None:
         self.window = window
@@ -130,7 +115,12 @@ class Ring:
         return (self.stage(index), self._position[index])
 
     def execution_order(self) -> list[int]:
-        """Slot indices in the order a step runs them (see the module docstring)."""
+        """Slot indices in the order a step runs them: forward outputs (innermost module first), the
+        loss, gradients, parameters after the update. The backward runs the forward in reverse, so a
+        parameter's gradient is placed by its module's output, or by its nearest watched ancestor's
+        (a compiled block's: the modules inside are not watched), the modules whose parameters were
+        registered later first within one (a module's own parameters as registered); a parameter of
+        the model's own, whose use no output places, last (as an embedding table, used first)."""
         if len(self._order) != len(self.slots):
             outputs: dict[str, int] = {}
             gradients: dict[str, int] = {}
@@ -245,7 +235,9 @@ class Ring:
 
     def _unscale(self, values: np.ndarray) -> None:
         """Divide the gradients' value statistics (min, max, mean, norm) of one step's ``values`` by
-        the loss scale staged with them, when the step has one (see the module docstring)."""
+        the loss scale staged with them, when the step has one: under a loss scaler the gradients
+        are watched as the backward leaves them, and the scale's own slot (``monitor.loss_scale``,
+        the last of the gradients' stage) is staged with them, so neither host nor device waits."""
         if self._scale is not None:
             scale = values[self._scale, _MEAN]
             if scale > 0:  # NaN: no scaled gradients this step
@@ -256,6 +248,8 @@ class Ring:
         return sorted(self._held)
 
     def memory_bytes(self) -> int:
+        """``window × slots × (2 × 8 + 1)`` float64 (the sums, the finished statistics, the element
+        count: 4.3 MiB for 32 steps of 1,000 slots), grown by doubling as slots appear."""
         return self.sums.nbytes + self.numel.nbytes + self._values.nbytes
 
 

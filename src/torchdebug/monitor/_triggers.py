@@ -2,22 +2,8 @@
 
 Each trigger reads one finished step of the ring (:class:`~torchdebug.monitor._ring.Ring`) and the
 steps before it in the window, and names the first slot, in execution order, where the anomaly
-shows:
-
-- **non-finite**: a NaN in any watched tensor, or an Inf in a gradient, a parameter or the loss.
-  An Inf in a module's output alone does not fire: models write ``-inf`` on purpose (a causal
-  mask), and an Inf that matters reaches the loss, the gradients or a NaN;
-- **loss spike**: the loss's robust z-score against the window's earlier steps (see
-  :mod:`~torchdebug.monitor._config`) above ``loss_spike``; the slot named is the first module output
-  whose norm stands out as much from its own history;
-- **gradient-norm spike**: the same for the total gradient norm (the square root of the sum of every
-  watched gradient's squared norm; with sharded parameters, of this rank's shards); the slot named is
-  the first gradient whose norm stands out.
-
-Under a loss scaler (fp16 mixed precision), NaN/Inf that first show in the gradients are the
-scaler's overflow: it skips that update and lowers its scale, as it is meant to. Such a step is
-counted (:attr:`Triggers.overflows`), not fired, until ``scaler_overflows`` steps in a row have
-overflowed: the scale has then fallen so far that scaling cannot be the cause.
+shows. The rules (which Inf fires, the robust z-score, a loss scaler's overflows counted, not
+fired): docs/monitor.md, "Triggers" and "fp16 mixed precision".
 """
 
 from __future__ import annotations
@@ -78,7 +64,7 @@ def robust_z(value: float, history: np.ndarray, floor: float) -> float:
 
 
 class Triggers:
-    """Judges finished steps of a ring (see the module docstring)."""
+    """Judges finished steps of a ring (the rules: docs/monitor.md, "Triggers")."""
 
     def __init__(
         self,

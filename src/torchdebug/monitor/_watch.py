@@ -1,45 +1,9 @@
 """The hooks that feed the flight recorder's ring: what is watched, when, and under which name.
 
-- **Module outputs**, in the forward of a model in training mode, through the global module hooks of
-  :class:`~torchdebug.capture.modules.ModuleTracker` (module paths, wrappers skipped; a module run
-  again by activation checkpointing's recomputation is not watched twice). A model in ``eval()``
-  mode (validation) is not watched (its call still sets up the gradients' watch). What is watched
-  is what the call returned: a module with forward hooks of its own (a user's, tensor
-  parallelism's redistribution, FSDP2's post-forward), which run after the global ones, has its
-  output watched once they ran, by a hook placed last among them as its call starts
-  (:class:`~torchdebug._torch.forward_hooks.LastForwardHooks`; modules without hooks of their own
-  get none), so a NaN its hook writes is that module's, not the next one's. Compiled code
-  is left alone: the hooks return at once while Dynamo traces (no graph break, nothing inside the
-  compiled graph), and a compiled module's output is watched from outside its compiled call:
-  ``torch.compile(module)``'s wrapper's call stands for its module's
-  (:class:`~torchdebug._torch.nn.GlobalForwardHooks`), ``module.compile()``'s call is wrapped
-  (:func:`~torchdebug._torch.dynamo.after_compiled_calls`). With per-block ``torch.compile`` each
-  block's output is watched, the modules inside it are not; a model compiled whole is watched at
-  its output, which is also where the gradients' watch is set up, so handing the monitor the model
-  or its wrapper is the same.
-- **Gradients**, as each backward through the model's output ends
-  (:func:`~torchdebug._torch.autograd.after_backward`, after FSDP2's and DDP's own final callbacks
-  have set them): so before the loop clips them, as the loop's gradient norm reads them, and the
-  last micro-batch's watch holds every micro-batch's sum. Where the model's call never showed (a
-  compiled function ran it), from the next step a post-accumulate hook on one parameter sets the
-  watch up instead. A backward that reached neither leaves them to the optimizer's step pre-hook,
-  as does a loss scaler the monitor cannot read (``scaler=True``: they are read once unscaled). Named
-  ``backward/<module>/module#0/parameter_grad.<leaf>``. Under a ``GradScaler`` they are watched
-  scaled, with the scale beside them (``backward/-/monitor.loss_scale#0/output``), which the ring
-  divides them by.
-- **Parameters after the update** (an optimizer step post-hook): ``optimizer/<module>/module#0/parameter.<leaf>``.
-- **The model's calls** (:meth:`Watcher.observe_model_calls`), for the trainer callbacks: each
-  training call's start and end, seen from outside compiled code, with what was called.
-
-Each tensor's statistics are taken in one pass: on the CPU by the C kernel, which writes the sums
-straight into the ring (:meth:`~torchdebug.monitor._ring.Ring.addresses`: no Python object per
-tensor); on a device by :class:`~torchdebug.stats_table.StatsStager` into its device table, whose
-rows reach the ring when the host reads the table, once per step, without waiting for the device
-(see :class:`~torchdebug.monitor.Monitor`).
-A wrapper subclass (a DTensor, FSDP2's sharded parameters and gradients) is watched through its
-local tensor: each rank watches its own shard. A collective's result handed out before it is
-waited for (an ``AsyncCollectiveTensor``: tensor parallelism's all-reduce of a ``RowwiseParallel``
-output) is waited for first, as the op that reads it next would (on CUDA a stream wait, no host one).
+Module outputs (forward, training mode, outside compiled code), the gradients as each backward
+through the model ends, the parameters after the optimizer step, and the model's calls for the
+trainer callbacks. What is and is not watched, with compiled, sharded and loss-scaled models:
+docs/monitor.md, "What is watched"; the methods below say how.
 """
 
 from __future__ import annotations
@@ -98,7 +62,7 @@ def parameter_names(model: nn.Module) -> dict[int, tuple[str, str]]:
 
 
 class Watcher:
-    """Module, gradient and parameter hooks writing statistics of the current step (see the module docstring)."""
+    """Module, gradient and parameter hooks writing statistics of the current step (what: docs/monitor.md, "What is watched")."""
 
     def __init__(
         self,
@@ -261,6 +225,10 @@ class Watcher:
 
     # -- module outputs (ModuleTracker's recorder interface) --------------------------------------
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+        """A module call starts (the tracker's global hook). A module with forward hooks of its own
+        (a user's, tensor parallelism's redistribution, FSDP2's post-forward), which run after the
+        global ones, gets a hook placed last among them (:class:`LastForwardHooks`), so its output is
+        watched once they ran: a NaN its hook writes is that module's, not the next one's."""
         if self._suspended:
             return
         after_hooks = False  # most modules: no forward hooks of their own
@@ -304,6 +272,9 @@ class Watcher:
                 after(called, args, kwargs, output)
 
     def _compiled_output(self, name: str) -> Callable[[Any], None]:
+        """What watches a compiled module's output from outside its compiled call (``module.compile()``'s
+        call, wrapped by :func:`after_compiled_calls`): the hooks inside return while Dynamo traces."""
+
         def watch(output: Any) -> None:
             if current_autograd_node() is None:  # not activation checkpointing's recomputation
                 self._watch_output(name, output)
@@ -329,7 +300,9 @@ class Watcher:
             self._watch_gradients_after_backward(output)
 
     def _watch_gradients_after_backward(self, output: Any) -> None:
-        """Have the backward through ``output`` (the model's) watch the gradients when it ends."""
+        """Have the backward through ``output`` (the model's) watch the gradients when it ends
+        (:func:`after_backward`: after FSDP2's and DDP's own final callbacks have set them, before
+        the loop clips them); the last micro-batch's watch holds every micro-batch's sum."""
         differentiable = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
         if differentiable:
             torch.autograd.graph.register_multi_grad_hook(differentiable, self._backward_reached, mode="any")

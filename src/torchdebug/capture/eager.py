@@ -51,7 +51,7 @@ from torchdebug.capture.collectives import (
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.overflow_check import OverflowWatch
-from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors, Replay
+from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors, RecomputePairing
 from torchdebug.capture.session import PLAIN_TENSORS, CaptureSession
 from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE, UNINITIALISED, allocates, make_call_name
@@ -242,7 +242,7 @@ class OpCapture:
         self._forward: dict[int, ForwardCall] = {}
         """Forward calls keyed by the autograd sequence number of the node they made."""
         self._recomputing = RecomputeDetector()
-        self._replay = Replay()
+        self._recompute_pairing = RecomputePairing()
         self._rebuilt = RebuiltTensors()
         self._in_optimizer = 0
         self._collectives = PendingCollectives()
@@ -279,7 +279,7 @@ class OpCapture:
         self._calls.clear()
         self._log.clear()
         self._forward.clear()
-        self._replay.reset()
+        self._recompute_pairing.reset()
         self._rebuilt.clear()
         self.range.reset()
         if self.stack_range is not None:
@@ -415,7 +415,7 @@ class OpCapture:
         else:  # forward, or recompute: checkpointing's bookkeeping (no node) or a replayed op
             module = self.tracker.current()
             if node is not None and not info.detach:  # detaches are checkpoint's own (see RebuiltTensors)
-                paired = self._replay.pair(node, info.name, module, self._log, self._forward)
+                paired = self._recompute_pairing.pair(node, info.name, module, self._log, self._forward)
             if paired is not None:
                 module, fwd = paired[0], paired[1]
         if info.grouped and (owner := collective_owner(self.tracker.name_of)) is not None:

@@ -1,34 +1,9 @@
 """Eager overflow check (``task="overflow_check"``): record only the op calls that make a NaN or an Inf.
 
-Every selected op call (forward, backward and optimizer) has the statistics of its floating inputs
-and outputs taken on their own device (the session's device table,
-:class:`torchdebug.stats_table.StatsStager`, as for ``task="statistics"``; a tensor already judged at
-its current version, an earlier op's output fed to this one, is not read again). A call is judged
-by :mod:`torchdebug.nonfinite`: an *origin* makes a NaN/Inf from inputs that did not hold it, an
-*entry* passes on a NaN no checked op of the step made; ops that write an infinity they were given
-(a ``-inf`` attention mask) or pass one on are neither. As in ptdbg, only origins and entries are
-recorded, with statistics and their input and output tensors saved, and recording stops after
-``overflow_nums`` of them in the run (then ops run unchecked). Inputs are the values the call saw:
-an in-place op's written inputs are copied before it runs. Collectives (``c10d`` ops) are not
-checked: their outputs are complete only once their work is waited for.
-
-**On the CPU** the statistics are read at once: a call is judged right after it runs, and nothing
-is held.
-
-**On an accelerator** reading them would synchronise with the device at every op, so the judgement
-waits for the session's next flush, and calls are judged in execution order then. Until then a
-checked call is *pending*: it holds references to its input and output tensors. Before an in-place
-op writes into memory a pending call holds (same storage), the held tensor is copied (copy on
-write), so what is recorded is what the call saw. Pending calls are bounded: when more than
-:data:`WINDOW_CALLS` calls or :data:`WINDOW_BYTES` bytes of held tensors are pending, the session
-flushes, one synchronisation per window rather than per op; ``stop`` and ``step`` flush the rest.
-The trade-off: held tensors stay alive until their window resolves (up to about
-:data:`WINDOW_BYTES` of extra device memory, plus the copies made on write), and origins beyond
-``overflow_nums`` in the last window were checked though not recorded.
-
-The first origin of a run is logged with its call name, phase, module and source line (for a
-backward op: the forward line that created it, see ``capture/eager.py``). From a dump,
-:func:`torchdebug.nonfinite.find_origin` finds it again (``torchdebug show``, ``check`` and ``report``).
+As in ptdbg, only the calls that make a NaN/Inf (*origins*) or pass on one no checked op made
+(*entries*, judged by :mod:`torchdebug.nonfinite`) are recorded, with their tensors, up to
+``overflow_nums`` a run. Guide: docs/capture.md; how calls are judged without a host
+synchronisation per op: :class:`OverflowWatch`.
 """
 
 from __future__ import annotations
@@ -148,7 +123,26 @@ class OpFacts(Protocol):
 
 
 class OverflowWatch:
-    """Checks op calls for the NaN/Inf they make and records those calls into a session."""
+    """Checks op calls for the NaN/Inf they make and records those calls into a session.
+
+    Every selected op call (forward, backward and optimizer) has the statistics of its floating
+    inputs and outputs taken on their own device (the session's device table, as for
+    ``task="statistics"``; a tensor already judged at its current version is not read again).
+    Inputs are the values the call saw: an in-place op's written inputs are copied before it runs.
+    Collectives (``c10d`` ops) are not checked: their outputs are complete only once waited for.
+    Ops that write an infinity they were given (a ``-inf`` attention mask) or pass one on are neither
+    origins nor entries. After ``overflow_nums`` recorded calls, ops run unchecked.
+
+    On the CPU the statistics are read at once: a call is judged right after it runs, nothing held.
+    On an accelerator reading them would synchronise at every op, so judgement waits for the
+    session's next flush, in execution order. Until then a checked call is *pending* and holds its
+    tensors; before an in-place op writes into memory a pending call holds (same storage), the held
+    tensor is copied (copy on write). Pending calls are bounded: beyond :data:`WINDOW_CALLS` calls or
+    :data:`WINDOW_BYTES` bytes held, the session flushes (one synchronisation per window, not per
+    op); ``stop`` and ``step`` flush the rest. The cost: held tensors live until their window
+    resolves, and origins beyond ``overflow_nums`` in the last window were checked though not
+    recorded. The run's first origin is logged with its call name, phase, module and source line.
+    """
 
     def __init__(self, session: CaptureSession, limit: int) -> None:
         self.session = session

@@ -3,30 +3,8 @@ forward calls they repeat.
 
 A checkpointed region's forward runs again inside the backward (``torchdebug._torch.checkpoint``
 says how each flavour is recognised). Its ops, and the module calls around them, are recorded in
-phase ``recompute``: named after their own module as in the forward, with their own source line,
-and counted on their own (``recompute/h.0.attn.qkv/aten.addmm.default#0``), so the backward's call
-numbers are those of a run without checkpointing, and compare leaves them out when the other run
-has no recomputation (a phase only one side holds is not paired).
-
-:class:`Replay` pairs each recomputed op, where it can, with the forward call of the step it
-repeats; that call's name is the record's ``fwd``. A recomputation replays its region's forward
-from the first op (selective checkpointing skips the ops whose outputs it kept, early stop cuts the
-tail), so the pairing walks the step's forward calls in order from the region's first one:
-
-- a reentrant checkpoint's region starts at the forward call its node's sequence number names (the
-  region ran under ``no_grad``, so each of its ops saw that node as the last one made);
-- a non-reentrant region's start is found from its first recomputed op inside a module: the last
-  forward call of that op and module before the call that made the node being run.
-
-Checkpointing's own ``detach`` calls are phase ``recompute`` too, so that neither phase holds more
-calls than a run without checkpointing: selective checkpointing detaches each output it keeps in
-the forward, and autograd detaches each rebuilt tensor it unpacks in the backward
-(:class:`RebuiltTensors` knows those).
-
-An op inside a module is paired with the next forward call of that op and module within
-:data:`LOOKAHEAD` calls; an op outside every module only with the very next forward call of its op
-(``detach`` calls of checkpoint's own set-up match nothing). An op without a pair keeps the
-module the tracker gives and no ``fwd``.
+phase ``recompute``, named and counted on their own (``recompute/h.0.attn.qkv/aten.addmm.default#0``),
+so the backward's call numbers are those of a run without checkpointing (docs/capture.md).
 """
 
 from __future__ import annotations
@@ -55,8 +33,22 @@ LOOKBACK = 4096
 """How far before the node being run a non-reentrant region's first op is looked for."""
 
 
-class Replay:
-    """Pairs the ops of the recomputation under way with the forward calls they repeat."""
+class RecomputePairing:
+    """Pairs the ops of the recomputation under way with the forward calls they repeat; the
+    forward call's name becomes the record's ``fwd``.
+
+    A recomputation replays its region's forward from the first op (selective checkpointing skips
+    the ops whose outputs it kept, early stop cuts the tail), so pairing walks the step's forward
+    calls in order from the region's first one: a reentrant checkpoint's region starts at the forward
+    call its node's sequence number names (the region ran under ``no_grad``, so each of its ops saw
+    that node as the last one made); a non-reentrant region's start is found from its first
+    recomputed op inside a module: the last forward call of that op and module before the call that
+    made the node being run. Checkpointing's own ``detach`` calls are phase ``recompute`` too
+    (:class:`RebuiltTensors`), so neither phase holds more calls than a run without checkpointing.
+    An op inside a module is paired with the next forward call of that op and module within
+    :data:`LOOKAHEAD` calls; an op outside every module only with the very next forward call of its
+    op. An op without a pair keeps the module the tracker gives and no ``fwd``.
+    """
 
     def __init__(self) -> None:
         self._node: int | None = None

@@ -114,7 +114,7 @@ def first_bad_node(
             log.warning("%s never ran, so its nodes were not checked", entry.label)
             unjudged.unread.append(entry.label)
             continue
-        found = _Replay(entry, tolerance, unjudged).first_bad()
+        found = _GraphCheck(entry, tolerance, unjudged).first_bad()
         if found is not None:
             break
     if notes is not None:
@@ -125,7 +125,7 @@ def first_bad_node(
 _MISSING = object()
 
 
-class _Replay:
+class _GraphCheck:
     """One AOT graph interpreted in float64 (``wide``) and in the program's dtypes (``eager``)."""
 
     def __init__(self, entry: AotGraph, tolerance: float, unjudged: Unjudged) -> None:

@@ -1,31 +1,11 @@
 """Which tensor each slot holds: the ids that make a dump's data flow exact.
 
-Every tensor slot a session records carries three numbers (``Record.value_id``, ``version``,
-``view_of``), so that compare finds the op that made an input by a dict lookup instead of guessing it
-from dtype, shape and statistics (two zero biases look alike; a cast changes all three):
-
-- ``value_id``: one per tensor object, unique within the rank's run, given the first time the
-  session sees it (an op's output, a parameter, a step input) and kept by every later slot that
-  holds it. An in-place op's output is the tensor it wrote: it keeps the id.
-- ``version``: the tensor's in-place version (``Tensor._version``) at capture; for an in-place op's
-  output the version it leaves (torch moves the counter as the op returns, after capture saw it),
-  for a view op's output its base's (the view shares that counter once the op returns).
-  ``(value_id, version)`` names one value: the op that made it is the first output slot holding it.
-- ``view_of``: for a view (``view``, ``transpose``, ``split``, ``detach``, ...), the ``value_id`` of
-  the tensor that owns the memory (views of views name the first one), ``None`` otherwise. A write
-  through any view of that memory moves the version of all of them, so ``(view_of or value_id,
-  version)`` names what the memory holds, whichever view wrote it.
-
-A view gets an id of its own (not its base's): the three chunks of a ``split`` share their base and
-its version, and each is read by other ops. A tensor subclass (a DTensor) is one tensor here: the
-wrapper's id and version (torch moves the wrapper's version on an in-place op, not its local
-shard's). Inference tensors have no version counter: ``version`` is ``None``.
-
-Tensors are keyed by ``id()`` with a weak reference that must still point at the same object (an id
-is reused once a tensor is freed; torch's storage and ``TensorImpl`` addresses are reused too); the
-entries of freed tensors are dropped at each step, and within a step whenever the entries have
-doubled since the last drop (so memory stays within twice the live tensors', at an amortised
-constant cost per tensor). Three dict lookups and one version read per slot.
+Every tensor slot a session records carries ``value_id``, ``version`` and ``view_of`` (defined in
+docs/format.md), so that compare finds the op that made an input by a dict lookup instead of guessing
+it from dtype, shape and statistics (two zero biases look alike; a cast changes all three). A view
+gets an id of its own (the three chunks of a ``split`` share their base and its version, and each is
+read by other ops); a tensor subclass is one tensor here (torch moves the wrapper's version on an
+in-place op, not its local shard's).
 """
 
 from __future__ import annotations
@@ -43,12 +23,16 @@ __all__ = ["ValueIds"]
 
 
 class ValueIds:
-    """The value ids of one rank's tensors (see the module docstring).
+    """The value ids of one rank's tensors: three dict lookups and one version read per slot.
 
     Three dicts keyed by ``id(tensor)``: the weak reference that says the entry is still that tensor's
     (the one object per tensor the garbage collector walks, which a capture of statistics made
     already), its value id, and for views only ``(view_of, version floor)``: the floor is a view op's
-    output's version until the op returns and torch shares its base's counter with it."""
+    output's version until the op returns and torch shares its base's counter with it. Keys are
+    reused once a tensor is freed (so are torch's storage and ``TensorImpl`` addresses), hence the
+    weak reference; freed tensors' entries are dropped at each step, and within a step whenever the
+    entries have doubled since the last drop (memory within twice the live tensors', amortised
+    constant cost per tensor)."""
 
     __slots__ = ("_refs", "_ids", "_views", "_next", "_limit")
 

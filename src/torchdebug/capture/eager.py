@@ -1,27 +1,11 @@
 """Eager op capture: a ``TorchDispatchMode`` that records every aten op call.
 
 Capturing at the dispatcher sees every op, however it was called (``torch.relu``, ``x.relu()``,
-``from torch import relu``, ``F.linear``), with no list of functions to patch. The mode sets
-``ignore_compile_internals``: compiled functions called while it is active stay compiled and are
-not recompiled.
-
-Phases: an op runs in ``backward`` when the autograd engine is executing a node
-(see ``torchdebug._torch.autograd``), in ``optimizer`` between an optimizer's step pre- and
-post-hooks, else in ``forward``. A closure given to ``optimizer.step(closure)`` (LBFGS; Lightning's
-automatic optimisation runs every training step that way) computes the loss and its gradients: the
-pre-hook wraps it so that its ops are forward and backward ops, named as in a loop that runs them
-before the step. A backward op is attributed to the module, source line and call of the forward op
-that created its autograd node, found through the node's sequence number. Ops of ``AccumulateGrad``
-nodes take the parameter's path (``layers.0.fc.weight``) as module, so their names do not depend on
-the order in which gradients arrive. Ops that activation checkpointing runs again inside the
-backward are phase ``recompute``, named after their own module and source line and counted apart,
-so the backward's call numbers are those of a run without checkpointing (``recompute.py``).
-Collectives (``c10d`` and ``_c10d_functional`` ops) record their outputs once their work completes,
-and no slot reads a tensor a functional collective is still writing into (an ``AsyncCollectiveTensor``
-included) before it completes (``collectives.py``); FSDP2's collectives are named after the module
-whose parameters they gather or whose gradients they reduce.
-With ``task="overflow_check"`` every selected call is checked for the NaN/Inf it makes and only
-those calls are recorded (``overflow_check.py``, ``nonfinite.py``).
+``F.linear``), with no list of functions to patch; ``ignore_compile_internals`` leaves compiled
+functions compiled. :class:`OpCapture` gives each call its phase, module and source line (a backward
+op its forward's, by autograd sequence number) and hands it to the session; recomputation,
+collectives and the overflow check are rooms of their own (``recompute.py``, ``collectives.py``,
+``overflow_check.py``). Step by step: docs/architecture.md, "Eager capture, step by step".
 """
 
 from __future__ import annotations
@@ -286,6 +270,10 @@ class OpCapture:
             self.stack_range.reset()
 
     def _optimizer_enter(self, optimizer: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        """An optimizer step starts: phase ``optimizer`` until it ends. A closure given to
+        ``optimizer.step(closure)`` (LBFGS; Lightning's automatic optimisation runs every training
+        step that way) computes the loss and its gradients, so it is wrapped to run outside the
+        phase: its ops are named as in a loop that runs them before the step."""
         self._in_optimizer += 1
         if callable(kwargs.get("closure")):
             return args, {**kwargs, "closure": self._outside_optimizer(kwargs["closure"])}

@@ -1,25 +1,9 @@
 """Collectives (``c10d`` ops) complete after they are dispatched: capture their outputs then.
 
-``dist.all_reduce(x)`` dispatches ``c10d.allreduce_`` which only *starts* the work; the reduced
-values exist once the returned ``Work`` completes (the wrapper waits for it, or the user does with
-``async_op=True``). So the inputs of a collective are captured when it is dispatched, its outputs
-the first time torchdebug looks after the work has completed: before the next op is captured, or when
-capture stops (which waits for collectives still in flight). Outputs are the tensors the op returns,
-or its first argument for ``recv``.
-
-Functional collectives (``_c10d_functional.all_reduce``, ..., what DTensor and tensor parallelism
-issue) return no ``Work``: their outputs are final once ``_c10d_functional.wait_tensor`` ran on a
-tensor of the same storage (an ``AsyncCollectiveTensor`` runs it before the first op that is not a
-view reads it). :class:`PendingFunctional` keeps the storages still being written and holds back
-every slot that would read one (the collective's outputs, views of them and the ``AsyncCollectiveTensor``
-wrapping them) until the wait: the ``wait_tensor`` call, a wait torchdebug makes for an op that is
-about to wait anyway, the moment no functional collective's work is left uncollected, or capture
-stopping (which waits for the rest).
-
-A collective that an FSDP2 parameter group issues belongs to that group's module, not to the module
-running when it is dispatched (:func:`collective_owner`): a prefetching all-gather runs in another
-module's hook, and the last reduce-scatters in the root's final backward callback, outside every
-autograd node.
+A collective's inputs are captured when it is dispatched, its outputs once its work has completed
+(:class:`PendingCollectives`); a functional collective's outputs, and every slot reading them, once
+they are waited for (:class:`PendingFunctional`); an FSDP2 group's collectives belong to the group's
+module (:func:`collective_owner`).
 """
 
 from __future__ import annotations
@@ -102,7 +86,14 @@ def waited_by_caller(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
 
 
 class PendingCollectives:
-    """Collectives whose outputs wait for their work to complete."""
+    """Collectives whose outputs wait for their work to complete.
+
+    ``dist.all_reduce(x)`` dispatches ``c10d.allreduce_``, which only *starts* the work; the reduced
+    values exist once the returned ``Work`` completes (the wrapper waits for it, or the user does
+    with ``async_op=True``). So outputs are captured the first time torchdebug looks after the work
+    has completed: before the next op is captured, or when capture stops (which waits for
+    collectives still in flight). Outputs are the tensors the op returns, or its first argument for
+    ``recv``."""
 
     def __init__(self) -> None:
         self._pending: list[tuple[list[Any], bool, list[Any], Callable[[Iterator[Slot]], None]]] = []
@@ -161,7 +152,14 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
 
 class PendingFunctional:
     """Storages that functional collectives are still writing into, and the slots held back until
-    they are final (keyed by storage: a view or a wrapper of a collective's output waits with it)."""
+    they are final (keyed by storage: a view or a wrapper of a collective's output waits with it).
+
+    Functional collectives (``_c10d_functional.all_reduce``, ..., what DTensor and tensor parallelism
+    issue) return no ``Work``: their outputs are final once ``_c10d_functional.wait_tensor`` ran on a
+    tensor of the same storage (an ``AsyncCollectiveTensor`` runs it before the first op that is not
+    a view reads it). Held slots are released at the ``wait_tensor`` call, a wait torchdebug makes for
+    an op about to wait anyway, the moment no functional collective's work is left uncollected, or
+    capture stopping (which waits for the rest)."""
 
     def __init__(self) -> None:
         self._written: dict[int, torch.Tensor] = {}

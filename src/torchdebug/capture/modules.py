@@ -1,23 +1,8 @@
 """Module attribution and module-level records, through global nn.Module hooks.
 
-:class:`ModuleTracker` keeps the stack of modules whose forward is running, so each op gets the
-path of the innermost one. Paths are relative to the model given to the debugger (its own path is
-``<root>``). Without a model, the first top-level module called is taken as the model; other
-top-level modules (a loss module, say) are named by their class. Module wrappers
-(``checkpoint_wrapper``, FSDP1, ``torch.compile``) are not modules of their own here: their calls
-are skipped and their attribute names (``_checkpoint_wrapped_module``, ...) never appear in paths.
-Module calls that activation checkpointing runs again inside the backward are phase ``recompute``.
-
-:class:`ModuleRecorder` (``level="module"`` or ``"mix"``) records each module call's inputs
-(positional ones when the call starts, keyword ones when it ends), outputs and own parameters in the
-forward, the gradients of its outputs and inputs in the backward (tensor hooks: an input shared by
-several modules gets its total gradient) and each parameter's gradient once accumulated. A
-recomputed module call records its inputs, outputs and parameters in phase ``recompute``, counted
-apart; the gradient hooks are those set in the forward (with a reentrant checkpoint, whose forward
-runs under ``no_grad``, the modules inside its regions get no gradient records). A value that a
-functional collective is still writing (tensor parallelism's ``RowwiseParallel`` hands out its
-output's all-reduce unwaited, an ``AsyncCollectiveTensor``) is waited for before it is recorded, as
-the op that reads it next would: the record holds the reduced value, not the buffer mid-write.
+:class:`ModuleTracker` keeps the stack of running modules, so each op gets the path of the innermost
+one; :class:`ModuleRecorder` writes module-level records (``level="module"`` or ``"mix"``). Levels:
+docs/capture.md.
 """
 
 from __future__ import annotations
@@ -55,7 +40,14 @@ class CallObserver(Protocol):
 
 
 class ModuleTracker:
-    """The path of the innermost running module, maintained by global forward hooks."""
+    """The path of the innermost running module, maintained by global forward hooks.
+
+    Paths are relative to the model given to the debugger (its own path is ``<root>``). Without a
+    model, the first top-level module called is taken as the model; other top-level modules (a loss
+    module, say) are named by their class. Module wrappers (``checkpoint_wrapper``, FSDP1,
+    ``torch.compile``) are not modules of their own: their calls are skipped and their attribute
+    names never appear in paths. Calls that activation checkpointing runs again are phase
+    ``recompute``."""
 
     def __init__(self, model: nn.Module | None = None, *, outside_compiled: bool = False, hook_ops: bool = False) -> None:
         """``outside_compiled``: module calls inside compiled code are not tracked (see
@@ -193,7 +185,15 @@ class ModuleTracker:
 
 
 class ModuleRecorder:
-    """Module-level records (see the module docstring)."""
+    """Module-level records: each module call's inputs (positional ones when the call starts,
+    keyword ones when it ends), outputs and own parameters in the forward, the gradients of its
+    outputs and inputs in the backward (tensor hooks: an input shared by several modules gets its
+    total gradient) and each parameter's gradient once accumulated. A recomputed call records in
+    phase ``recompute``, counted apart; the gradient hooks are those set in the forward (with a
+    reentrant checkpoint, whose forward runs under ``no_grad``, the modules inside its regions get no
+    gradient records). A value a functional collective is still writing (an
+    ``AsyncCollectiveTensor``) is waited for before it is recorded, as the op that reads it next
+    would."""
 
     def __init__(self, session: CaptureSession, phases: frozenset[str], ios: frozenset[str], model: nn.Module | None) -> None:
         self.session = session

@@ -1,21 +1,7 @@
 """Where a dump puts its files. One function per path, so writer and reader cannot disagree.
 
-::
-
-    DUMP_PATH/
-      20261122-101500/                   one run (a new folder every time; never overwritten)
-        worldsize2_global_rank0/         one folder per rank
-          manifest.json                  versions, config, world size, start time, run id
-          records.arrows                 records as an Arrow IPC stream, one batch per flush
-                                         (records.jsonl, one JSON record per line, in dumps
-                                         written before; still read)
-          stacks.jsonl                   deduplicated call stacks, {"id": ..., "frames": [...]}
-          tensors/step0-0000.safetensors tensors of task=tensor, written to *.tmp then renamed
-          complete.json                  written by a clean close: end time, record count, and
-                                         `truncated` when a write failed (step, slot, error)
-          .reserve                       64 KiB kept from the start, deleted at close to give
-                                         complete.json room on a full disk
-        worldsize2_global_rank1/
+The tree (``DUMP_PATH/<run>/worldsize{N}_global_rank{R}/``, its files and what each holds):
+docs/format.md.
 """
 
 from __future__ import annotations

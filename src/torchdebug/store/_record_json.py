@@ -1,22 +1,9 @@
 """Records as JSON lines: ``torchdebug convert DUMP out.jsonl``, for people who grep, and the JSON
 text of the fields a dump's Arrow columns hold as JSON (``value``, ``extra``, ``json_fields``).
 
-About twice as fast as ``json.dumps(record.to_json())``: the fields are written directly by type:
-strings through the C string escaper, ints, lists of ints, finite floats by ``repr``; ``value``
-and ``extra`` go through ``json``. Non-finite floats are
-written as ``NaN``/``Infinity``/``-Infinity``, which Python's ``json`` reads back. The output equals
-``json.dumps(record.to_json())`` up to whitespace (``tests/store`` checks it for every field).
-
-Every line is valid JSON whatever a numeric field holds (:func:`_number`): other integer types
-(numpy's) are written as the int they are, other real types as floats, ``bool`` as ``true``/
-``false``, and anything else (a string, a symbolic size such as ``s27``, an object) as a JSON
-string, never as bare text: a shape of ``[2, "s27"]`` still parses, and says what went wrong.
-Dumps written before torchdebug stored records as Arrow columns hold these lines
-(``records.jsonl``, read by ``torchdebug.store._reader``).
-
-:func:`encode_records` encodes a batch and writes the description and statistics of a tensor once:
-records of the same tensor (an op's output, then the next op's input) share those objects, so they
-are looked up by identity (all records of the batch are alive, so identities are unique).
+About twice as fast as ``json.dumps(record.to_json())``, whose output it equals up to whitespace
+(``tests/store`` checks it for every field): the fields are written directly by type. Dumps written
+before torchdebug stored records as Arrow columns hold these lines (``records.jsonl``).
 """
 
 from __future__ import annotations
@@ -99,7 +86,8 @@ def _float(value: float) -> str:
 def _number(value: Any) -> str:
     """A numeric field as JSON: ``null``, an int, a float (non-finite as ``NaN``/``Infinity``),
     ``true``/``false``; another integer or real type (numpy's) as the int or float it is; anything
-    else as a JSON string (see the module docstring)."""
+    else as a JSON string, never as bare text: a shape of ``[2, "s27"]`` (a symbolic size) still
+    parses, and says what went wrong. Non-finite floats as Python's ``json`` reads them back."""
     cls = value.__class__
     if cls is int:
         return str(value)
@@ -138,7 +126,9 @@ def _flat_dict(data: dict[str, Any]) -> str:
 
 
 def encode_records(records: list[Record]) -> str:
-    """The records as JSON lines, one ``\\n``-terminated line each."""
+    """The records as JSON lines, one ``\\n``-terminated line each. The description and statistics
+    of a tensor are encoded once: records of the same tensor (an op's output, then the next op's
+    input) share those objects, looked up by identity (all records of the batch are alive)."""
     memo: dict[int, str] = {}
     return "".join([encode_record(r, memo) + "\n" for r in records])
 

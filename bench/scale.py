@@ -17,7 +17,7 @@ interpreter, torch and the stage's inputs excluded). Stages:
   per record;
 * ``load``: ``torchdebug.load(dump)`` and its records;
 * ``compare``: the in-process ``torchdebug.compare(bf16, fp32)``;
-* ``ranks``: the cross-rank check (``compare_ranks``) over ``--ranks`` copies of the bf16 dump's rank
+* ``ranks``: the cross-rank check (``torchdebug.compare(run)``) over ``--ranks`` copies of the bf16 dump's rank
   folder (every rank agrees; records counted over all ranks);
 * ``report``: that compare's HTML report written, its bytes per row, and the seconds headless
   Chromium takes from navigation to the table's first page (the page's ``rows-ready`` mark; the
@@ -134,13 +134,11 @@ def compare(folder: Path, repeat: int) -> dict[str, Any]:
 
 def ranks(folder: Path, repeat: int, count: int) -> dict[str, Any]:
     """The cross-rank check over ``count`` copies of the bf16 dump's rank (every rank agrees)."""
-    from torchdebug.compare._across_ranks import compare_ranks
-
     dump = torchdebug.load(folder / "bf16")
     (rank_folder,) = dump.path.iterdir()
     run = replicate(rank_folder, folder / "ranks" / "run", count)
     per_rank = len(dump.ranks[0].records())
-    seconds, memory, _ = timed(lambda: compare_ranks(run), repeat)
+    seconds, memory, _ = timed(lambda: torchdebug.compare(run), repeat)
     shutil.rmtree(folder / "ranks")
     return {"seconds": seconds, "memory_mb": memory, "records": count * per_rank}
 

@@ -8,13 +8,14 @@ import pytest
 
 from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 from torchdebug.cli import main
-from torchdebug.compare._across_ranks import compare_ranks, replicated
+from torchdebug.compare import RanksConfig, compare, compare_ranks
+from torchdebug.compare._across_ranks import ranks_in_process, replicated
 from torchdebug.compare._rank_rows import SlotRows
 from torchdebug.records import Record
 
 
 def test_healthy_replicas_agree_on_every_replicated_slot(replicas):
-    result = compare_ranks(replicas["healthy"])
+    result = compare(replicas["healthy"])
     assert result.ranks == list(range(WORLD_SIZE))
     assert result.counts()["pass"] == len(result.rows) > 0
     assert result.first_divergence is None and not result.diverged
@@ -24,7 +25,7 @@ def test_the_summary_makes_no_row_of_a_rank_that_agrees(replicas, monkeypatch):
     """Counts, the first divergence and the summary read the kept rows: a row of an agreeing rank is
     made only when someone reads it (64 ranks of 60k slots would make millions); coverage makes the
     reference's row of each slot, as many as there are slots whatever the ranks."""
-    result = compare_ranks(replicas["perturbed"])
+    result = compare(replicas["perturbed"])
     made = []
     original = SlotRows.row
 
@@ -38,7 +39,7 @@ def test_the_summary_makes_no_row_of_a_rank_that_agrees(replicas, monkeypatch):
 
 
 def test_the_checked_slots_are_optimizer_parameters_and_collective_outputs(replicas):
-    result = compare_ranks(replicas["healthy"])
+    result = compare(replicas["healthy"])
     kinds = {(row.phase, row.io, row.op.split(".")[0]) for row in result.rows}
     assert ("optimizer", "output", "aten") in kinds and ("optimizer", "input", "aten") in kinds
     assert ("forward", "parameter", "module") in kinds
@@ -48,7 +49,7 @@ def test_the_checked_slots_are_optimizer_parameters_and_collective_outputs(repli
 
 
 def test_a_perturbed_update_names_the_rank_and_the_optimizer_op(replicas):
-    result = compare_ranks(replicas["perturbed"])
+    result = compare(replicas["perturbed"])
     first = result.first_divergence
     assert (first.rank, first.step, first.phase, first.op, first.io) == (
         PERTURBED_RANK,
@@ -62,7 +63,7 @@ def test_a_perturbed_update_names_the_rank_and_the_optimizer_op(replicas):
 
 
 def test_only_the_perturbed_rank_has_errors_and_its_later_slots_are_inherited(replicas):
-    result = compare_ranks(replicas["perturbed"])
+    result = compare(replicas["perturbed"])
     assert result.counts(0)["error"] == result.counts(2)["error"] == 0
     assert result.counts(PERTURBED_RANK)["error"] == 1
     inherited = [row for row in result.rank_rows(PERTURBED_RANK) if row.attribution == "inherited"]
@@ -71,26 +72,40 @@ def test_only_the_perturbed_rank_has_errors_and_its_later_slots_are_inherited(re
 
 
 def test_statistics_only_dumps_find_the_same_divergence(replicas):
-    first = compare_ranks(replicas["perturbed_stats"]).first_divergence
+    first = compare(replicas["perturbed_stats"]).first_divergence
     assert (first.rank, first.phase, first.op, first.io) == (PERTURBED_RANK, "optimizer", "aten.add_.Tensor", "output")
     assert "norm_rel" in first.metrics
 
 
 def test_with_two_ranks_the_lower_rank_is_the_reference(replicas):
-    result = compare_ranks(replicas["perturbed"], ranks=[0, PERTURBED_RANK])
+    result = ranks_in_process(replicas["perturbed"], RanksConfig(ranks=[0, PERTURBED_RANK]))
     assert result.first_divergence.rank == PERTURBED_RANK
-    assert not compare_ranks(replicas["perturbed"], ranks=[0, 2]).diverged
+    assert not ranks_in_process(replicas["perturbed"], RanksConfig(ranks=[0, 2])).diverged
 
 
 def test_a_tolerance_wider_than_the_perturbation_lets_the_ranks_agree(replicas):
-    assert not compare_ranks(replicas["perturbed"], tolerances={"float32": 0.1}).diverged
+    assert not compare(replicas["perturbed"], tolerances={"float32": 0.1}).diverged
+
+
+def test_compare_ranks_is_the_former_spelling_of_compare_with_one_dump_and_warns_naming_it(replicas):
+    with pytest.warns(FutureWarning, match=r"compare_ranks\(dump\) is deprecated; use torchdebug.compare\(dump\)$"):
+        old = compare_ranks(replicas["perturbed"], ranks=[0, PERTURBED_RANK])
+    assert [row.to_dict() for row in old.rows] == [
+        row.to_dict() for row in ranks_in_process(replicas["perturbed"], RanksConfig(ranks=[0, PERTURBED_RANK])).rows
+    ]
+
+
+@pytest.mark.parametrize("option", [{"mapping": {"modules": {"a": "b"}}}, {"rerun": True}, {"growth": 2.0}])
+def test_options_that_need_a_reference_dump_are_refused_with_one_dump(replicas, option):
+    with pytest.raises(ValueError, match=f"^{next(iter(option))}: applies to a comparison with a reference dump B"):
+        compare(replicas["healthy"], **option)
 
 
 def test_one_rank_is_refused(replicas):
     with pytest.raises(ValueError, match=r"ranks \[0\] only; comparing across ranks needs two or more"):
-        compare_ranks(replicas["healthy"], ranks=[0])
+        ranks_in_process(replicas["healthy"], RanksConfig(ranks=[0]))
     with pytest.raises(ValueError, match=r"ranks: \[7\] not in"):
-        compare_ranks(replicas["healthy"], ranks=[0, 7])
+        ranks_in_process(replicas["healthy"], RanksConfig(ranks=[0, 7]))
 
 
 def test_reduce_scatter_outputs_and_parameter_grads_are_not_replicated():

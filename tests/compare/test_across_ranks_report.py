@@ -6,12 +6,12 @@ import pytest
 
 from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 from tests.report.browser import DOTS, browser, missing, open_compare_page
-from torchdebug.compare import compare_ranks
+from torchdebug.compare import compare
 
 
 @pytest.fixture(scope="module")
 def report(replicas, tmp_path_factory):
-    result = compare_ranks(replicas["perturbed"])
+    result = compare(replicas["perturbed"])
     return result, result.to_html(tmp_path_factory.mktemp("ranks") / "report.html")
 
 

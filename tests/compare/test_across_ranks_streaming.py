@@ -19,8 +19,7 @@ import torchdebug.compare._across_ranks as across_ranks
 from tests import gloo
 from tests.compare.replicas import PERTURBED_RANK, WORLD_SIZE
 from torchdebug.cli import main
-from torchdebug.compare._across_ranks import compare_ranks
-from torchdebug.compare._distributed import compare_ranks_distributed
+from torchdebug.compare import compare, compare_ranks_distributed
 from torchdebug.compare._result import CompareResult
 from torchdebug.compare._rows import Row
 from torchdebug.errors import DumpError
@@ -47,7 +46,7 @@ def test_each_rank_is_read_without_keeping_the_ranks_read_before(replicas, monke
         return digest_rank(dump, tensors, pool)
 
     monkeypatch.setattr(across_ranks, "digest_rank", counting)
-    result = compare_ranks(replicas["healthy"])
+    result = compare(replicas["healthy"])
     assert len(live) == WORLD_SIZE
     assert live == [live[0]] * WORLD_SIZE  # nothing left behind by the ranks read before
     kept = {id(record) for row in result.rows for record in (row.record_a, row.record_b)}
@@ -56,7 +55,7 @@ def test_each_rank_is_read_without_keeping_the_ranks_read_before(replicas, monke
 
 
 def test_workers_give_the_in_process_result(replicas, tmp_path):
-    alone = compare_ranks(replicas["perturbed"])
+    alone = compare(replicas["perturbed"])
     assert (
         main(["compare", "--across-ranks", str(replicas["perturbed"]), "--workers", "2", "-o", str(tmp_path), "--format", "json"])
         == 1
@@ -76,23 +75,27 @@ def _without_tensors_of_rank_2(dump: Path, copy: Path) -> Path:
 def test_a_worker_error_reaches_the_caller(replicas, tmp_path):
     broken = _without_tensors_of_rank_2(replicas["perturbed"], tmp_path / "broken")
     with pytest.raises(DumpError, match="is missing"):
-        compare_ranks(broken, workers=2)
+        compare(broken, workers=2)
 
 
 def _in_group(rank: int, dump: str, broken: str, out: str) -> None:
-    result = compare_ranks_distributed(dump)
+    result = compare(dump, workers=2)  # the group's two processes are the workers
     assert (result is None) == (rank != 0)
     if result is not None:
         Path(out).write_text(json.dumps(_rows(result)))
     with pytest.raises(ValueError, match="rank 2: .* is missing"):  # rank 2 is process 0's: process 1 hears of it
-        compare_ranks_distributed(broken)
+        compare(broken, workers=2)
+    with pytest.warns(
+        FutureWarning, match=r"compare_ranks_distributed\(dump\) is deprecated; use torchdebug.compare\(dump, workers=N\)"
+    ):
+        assert (compare_ranks_distributed(dump) is None) == (rank != 0)
 
 
 def test_the_processes_of_a_gloo_group_give_the_in_process_result(replicas, tmp_path):
     out = tmp_path / "rows.json"
     broken = _without_tensors_of_rank_2(replicas["perturbed"], tmp_path / "broken")
     gloo.spawn(_in_group, tmp_path, str(replicas["perturbed_stats"]), str(broken), str(out))  # 2 processes, 3 dump ranks
-    assert json.loads(out.read_text()) == _rows(compare_ranks(replicas["perturbed_stats"]))
+    assert json.loads(out.read_text()) == _rows(compare(replicas["perturbed_stats"]))
 
 
 def test_cli_refuses_workers_under_torchrun(replicas, monkeypatch, capsys):
@@ -134,7 +137,7 @@ def nine_ranks(replicas, tmp_path_factory) -> Path:
 
 def test_ranks_holding_the_reference_value_keep_no_row(nine_ranks):
     before = _live(Row)
-    result = compare_ranks(nine_ranks)
+    result = compare(nine_ranks)
     kept = result.rows.differing
     assert _live(Row) - before == len(kept) > 0  # the rows of the six agreeing ranks are made when read
     assert {row.rank for row in kept} == {1, 4, 7}
@@ -151,7 +154,7 @@ def test_ranks_holding_the_reference_value_keep_no_row(nine_ranks):
 
 
 def test_counts_phases_and_coverage_are_those_of_the_rows_made(nine_ranks):
-    result = compare_ranks(nine_ranks)
+    result = compare(nine_ranks)
     made = CompareResult(rows=list(result.rows), a=result.a, b=result.b)
     assert result.counts() == made.counts() and result.counts(_SHORT_RANK)["unmatched"] > 0
     assert result.phases() == made.phases() and result.coverage() == made.coverage()

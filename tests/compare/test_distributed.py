@@ -10,8 +10,10 @@ import sys
 import pytest
 
 import torchdebug
+from tests import gloo
 from torchdebug.cli import main
-from torchdebug.compare._distributed import Share, compare_distributed, plan
+from torchdebug.compare import compare_distributed
+from torchdebug.compare._distributed import Share, plan
 from torchdebug.errors import DumpError
 
 
@@ -88,8 +90,26 @@ def test_the_plan_gives_whole_ranks_when_there_are_enough_and_parts_of_ranks_oth
 def test_workers_below_one_and_a_missing_process_group_are_refused(dumps):
     with pytest.raises(ValueError, match=r"^workers: got 0, expected an integer >= 1$"):
         torchdebug.compare(dumps("mlp"), dumps("mlp"), workers=0)
-    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+    with pytest.raises(ValueError, match="torch.distributed is not initialised"), pytest.warns(FutureWarning):
         compare_distributed(dumps("mlp"), dumps("mlp"))
+
+
+def _in_group(rank: int, a: str, b: str, out: str) -> None:
+    result = torchdebug.compare(a, b, workers=2)  # the group's two processes are the workers
+    assert (result is None) == (rank != 0)
+    if result is not None:
+        result.to_json(out)
+    with pytest.warns(
+        FutureWarning, match=r"compare_distributed\(a, b\) is deprecated; use torchdebug.compare\(a, b, workers=N\)"
+    ):
+        assert (compare_distributed(a, b) is None) == (rank != 0)
+
+
+def test_compare_with_as_many_workers_as_its_process_group_shares_the_work_with_the_group(dumps, tmp_path):
+    a, b = dumps("mlp", gain=1.001), dumps("mlp")
+    gloo.spawn(_in_group, tmp_path, str(a), str(b), str(tmp_path / "group.json"))
+    expected = torchdebug.compare(a, b).to_json(tmp_path / "expected.json")
+    assert json.loads((tmp_path / "group.json").read_text()) == json.loads(expected.read_text())
 
 
 def test_cli_refuses_workers_under_torchrun(dumps, monkeypatch, capsys):

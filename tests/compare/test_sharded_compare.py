@@ -13,7 +13,7 @@ import torch
 import torchdebug
 from tests import gloo
 from tests.blocks import MLPBlock
-from torchdebug.compare import compare, compare_ranks
+from torchdebug.compare import compare
 from torchdebug.compare._shards import ShardedRank, layouts
 from torchdebug.records import Record
 from torchdebug.store import _reader as reader
@@ -196,7 +196,7 @@ def test_a_tensor_parallel_run_compares_with_a_single_process_run(dumps):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fsdp", "tp"])
 def test_ranks_of_a_sharded_run_hold_different_pieces_without_errors(dumps, kind):
-    result = compare_ranks(dumps / kind)
+    result = compare(dumps / kind)
     assert result.rows and result.first_divergence is None
     assert not [row for row in result.rows if row.record_a is not None and row.record_a.extra.get("placements") == ["S(0)"]]
 

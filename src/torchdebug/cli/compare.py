@@ -58,9 +58,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _torchrun(args: argparse.Namespace) -> bool:
     """Whether torchrun started this process as one of the workers (then ``--workers`` is refused)."""
-    from torchdebug.compare import _distributed as distributed
+    from torchdebug.compare import launched_by_torchrun
 
-    if not distributed.launched_by_torchrun():
+    if not launched_by_torchrun():
         return False
     if args.workers != 1:
         raise ValueError("--workers: torchrun already started the worker processes; leave --workers out")
@@ -68,8 +68,9 @@ def _torchrun(args: argparse.Namespace) -> bool:
 
 
 def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
-    from torchdebug.compare import _distributed as distributed
-    from torchdebug.compare import compare_ranks
+    from torchdebug.compare import process_group_from_env
+    from torchdebug.compare._across_ranks import ranks_in_process  # until CompareConfig has ranks (see tests/test_package.py)
+    from torchdebug.compare._distributed import ranks_in_group
 
     if args.a is not None:
         raise ValueError("--across-ranks takes one dump: give it as --across-ranks DUMP, without A B")
@@ -81,14 +82,16 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
         raise ValueError("--noise applies to A B only: --across-ranks checks that replicas agree bitwise")
     config = RanksConfig(**options_of(args, RanksConfig))
     if not _torchrun(args):
-        return compare_ranks(args.across_ranks, config=config)
-    with distributed.process_group_from_env():
-        return distributed.compare_ranks_distributed(args.across_ranks, config=config)
+        return ranks_in_process(args.across_ranks, config)
+    with process_group_from_env():
+        return ranks_in_group(args.across_ranks, config)
 
 
 def _pair(args: argparse.Namespace) -> CompareResult | None:
-    from torchdebug.compare import _distributed as distributed
-    from torchdebug.compare import compare
+    from dataclasses import replace
+
+    from torchdebug.compare import compare, process_group_from_env
+    from torchdebug.dist import rank_and_world_size
 
     if args.a is None or args.b is None:
         raise ValueError("give two dumps A B, or one with --across-ranks DUMP")
@@ -97,8 +100,8 @@ def _pair(args: argparse.Namespace) -> CompareResult | None:
     config = CompareConfig(**options_of(args, CompareConfig))
     if not _torchrun(args):
         return compare(args.a, args.b, config=config)
-    with distributed.process_group_from_env():
-        return distributed.compare_distributed(args.a, args.b, config=config)
+    with process_group_from_env():  # its processes are the workers
+        return compare(args.a, args.b, config=replace(config, workers=rank_and_world_size()[1]))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 ::
 
-    result = torchdebug.compare.compare_ranks("dump")       # the latest run, every rank
+    result = torchdebug.compare("dump")                      # the latest run, every rank
     result.first_divergence                                  # first rank and op that disagree
 
 Replicas of a data-parallel run (DDP, or gradients all-reduced by hand) hold the same parameters,
@@ -41,13 +41,15 @@ rank that closed cleanly); records are read again only for one rank of each valu
 computed once for all the ranks holding it. The result keeps per slot the reference's record and
 the rows of the ranks that differ (:mod:`~torchdebug.compare._rank_rows`): the rows of ranks that
 hold the reference value are made when read, so its memory does not grow with the ranks that agree.
-With ``workers=N`` the ranks are digested by N spawned processes; under torchrun by the job's
-processes (:func:`~torchdebug.compare._distributed.compare_ranks_distributed`).
+With ``workers=N`` the ranks are digested by N spawned processes, or by the N processes of the
+default process group (torchrun; :func:`~torchdebug.compare._distributed.ranks_in_group`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +58,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from torchdebug import progress
-from torchdebug.compare._config import RanksConfig
+from torchdebug.compare._config import CompareConfig, RanksConfig
 from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._metrics import stats_metrics, tensor_metrics
 from torchdebug.compare._rank_rows import RankRows, SlotRows
@@ -74,12 +76,22 @@ from torchdebug.compare._rows import VERDICTS, Row
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare._structure import StructureBlock
 from torchdebug.compare._tolerances import Tolerance, lower_precision
+from torchdebug.errors import ConfigError
 from torchdebug.options import accepts
 from torchdebug.records import Record
 from torchdebug.store import _reader as reader
 from torchdebug.store._record_columns import records_from_table
 
-__all__ = ["compare_ranks", "replicated", "RanksResult", "SAME_ON_EVERY_RANK", "checked_ranks", "ranks_result"]
+__all__ = [
+    "compare_ranks",
+    "ranks_config",
+    "ranks_in_process",
+    "replicated",
+    "RanksResult",
+    "SAME_ON_EVERY_RANK",
+    "checked_ranks",
+    "ranks_result",
+]
 
 _EXACT = Tolerance(0.0, 0.0)
 _NONE: frozenset[int] = frozenset()
@@ -319,21 +331,19 @@ def ranks_result(
     return RanksResult(rows=RankRows(selected, kept), a=side, b=side, problems=notes, options=options)
 
 
-@accepts(RanksConfig)
-def compare_ranks(dump: str | Path | reader.Run, *, config: RanksConfig) -> RanksResult:
-    """Compare the ranks of one run with each other where data-parallel replicas must agree.
+def ranks_config(config: CompareConfig) -> RanksConfig:
+    """The options of comparing one dump's ranks from :func:`torchdebug.compare`'s: those both take.
+    An option only a comparison with a reference dump reads, set away from its default, is refused."""
+    shared, default = {f.name for f in dataclasses.fields(RanksConfig)}, CompareConfig()
+    for f in dataclasses.fields(CompareConfig):
+        if f.name not in shared and getattr(config, f.name) != getattr(default, f.name):
+            raise ConfigError(f"{f.name}: applies to a comparison with a reference dump B; one dump's ranks are compared bitwise")
+    return RanksConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(CompareConfig) if f.name in shared})
 
-    Args:
-        dump: a dump path (its latest run) or a run folder.
-        config: a :class:`~torchdebug.compare.RanksConfig`; or its options as keywords (``ranks=[0, 2]``,
-            ``tolerances={"float32": 1e-6}``, ...), listed below. By default values must be bitwise
-            equal (replicas run the same kernels on the same values). ``workers=N`` reads N ranks at
-            once in N processes (each reads ranks ``w, w+N, ...`` in turn); guard a script that sets
-            it with ``if __name__ == "__main__"``.
 
-    Returns:
-        A :class:`RanksResult`; ``first_divergence`` names the first rank and op that disagree.
-    """
+def ranks_in_process(dump: str | Path | reader.Run, config: RanksConfig) -> RanksResult:
+    """The ranks of one run compared with each other from this process: ``config.workers`` spawned
+    processes read that many ranks at once (each reads ranks ``w, w+N, ...`` in turn)."""
     run = open_dump(dump)
     selected = checked_ranks(run, config.ranks)
     workers = min(config.workers, len(selected))
@@ -343,3 +353,12 @@ def compare_ranks(dump: str | Path | reader.Run, *, config: RanksConfig) -> Rank
     with metric_pool(config.threads) as pool:
         digests = (digest_rank(run.ranks[rank], config.tensors, pool) for rank in selected)
         return ranks_result(dump, run, selected, digests, config)
+
+
+@accepts(RanksConfig)
+def compare_ranks(dump: str | Path | reader.Run, *, config: RanksConfig) -> RanksResult:
+    """Former spelling of ``torchdebug.compare(dump)`` (one release, with a ``FutureWarning``)."""
+    warnings.warn(
+        "torchdebug.compare.compare_ranks(dump) is deprecated; use torchdebug.compare(dump)", FutureWarning, stacklevel=3
+    )
+    return ranks_in_process(dump, config)

@@ -6,7 +6,8 @@ Three ways in, one code path:
   machine (gloo, file rendezvous in a temporary folder) and returns the result in the caller;
 * ``torchrun --nproc-per-node N -m torchdebug compare A B``: every process torchrun starts is a
   worker (gloo, ``env://`` rendezvous; several nodes work the same way);
-* :func:`compare_distributed` on every process of an initialised process group.
+* ``compare(a, b, workers=N)`` on every process of an initialised process group of N processes
+  (:func:`compare_in_group`).
 
 Every worker opens both dumps (manifests only) and computes the same plan. With R ranks in
 common and W workers: if R >= W, worker ``w`` takes ranks ``w, w+W, ...`` whole (matches,
@@ -19,7 +20,7 @@ unpickled from disk. Each worker's metrics are computed exactly as in one proces
 pair per thread, float64, torch's intra-op threads off), so the gathered result is the same.
 
 The cross-rank check (``torchrun ... -m torchdebug compare --across-ranks DUMP``,
-:func:`compare_ranks_distributed`) goes round by round: in round ``k`` worker ``w`` digests dump
+:func:`ranks_in_group`) goes round by round: in round ``k`` worker ``w`` digests dump
 rank ``ranks[w + k*W]`` (:mod:`~torchdebug.compare._replica_digests`) and process 0 gathers the
 round's digests as JSON bytes in tensors (:func:`torchdebug.dist.gather_to_rank0`, no pickle) and
 folds them in; so it holds a round's digests at a time, then judges alone.
@@ -33,6 +34,7 @@ import math
 import os
 import queue
 import tempfile
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -71,6 +73,8 @@ from torchdebug.options import accepts
 __all__ = [
     "Share",
     "plan",
+    "compare_in_group",
+    "ranks_in_group",
     "compare_distributed",
     "compare_ranks_distributed",
     "spawn_compare",
@@ -201,18 +205,27 @@ def _compare_in_group(a: str | Path, b: str | Path, settings: CompareConfig) -> 
     return result
 
 
-@accepts(CompareConfig)
-def compare_distributed(a: str | Path, b: str | Path, *, config: CompareConfig) -> CompareResult | None:
-    """:func:`torchdebug.compare` split over the processes of the initialised default process group.
-
-    Call it on every process (same arguments); process 0 gets the result, the others ``None``.
-    ``config`` and the keyword options are :func:`torchdebug.compare`'s (``workers`` aside: the
-    group's processes are the workers); ``threads`` defaults to the cores per process on this node.
-    """
-    _require_group("compare_distributed", "compare(..., workers=N)")
+def compare_in_group(a: str | Path, b: str | Path, config: CompareConfig) -> CompareResult | None:
+    """Two dumps compared by the processes of the initialised default process group, each called
+    with the same arguments; process 0 gets the result, the others ``None``. ``threads`` defaults to
+    the cores per process on this node."""
     if config.threads is None:
         config = dataclasses.replace(config, threads=_node_threads())
     return _compare_in_group(a, b, config)
+
+
+@accepts(CompareConfig)
+def compare_distributed(a: str | Path, b: str | Path, *, config: CompareConfig) -> CompareResult | None:
+    """Former spelling of ``torchdebug.compare(a, b, workers=N)`` on every process of a group of N
+    (one release, with a ``FutureWarning``)."""
+    _deprecated("compare_distributed(a, b)", "torchdebug.compare(a, b, workers=N)")
+    _require_group("compare_distributed", "compare(..., workers=N)")
+    return compare_in_group(a, b, config)
+
+
+def _deprecated(old: str, new: str) -> None:
+    message = f"torchdebug.compare.{old} is deprecated; use {new} on every process of the group of N processes"
+    warnings.warn(message, FutureWarning, stacklevel=4)  # the caller's line: past the accepts wrapper
 
 
 def _require_group(function: str, instead: str) -> None:
@@ -249,17 +262,12 @@ def _digests_in_group(run: Any, selected: Sequence[int], tensors: bool, threads:
         raise ValueError(failure)
 
 
-@accepts(RanksConfig)
-def compare_ranks_distributed(dump: str | Path, *, config: RanksConfig) -> RanksResult | None:
-    """:func:`~torchdebug.compare.compare_ranks` split over the processes of the initialised default
-    process group: each digests its share of the dump's ranks, process 0 gathers the digests and
-    judges. Call it on every process (same arguments); process 0 gets the result, the others
-    ``None``. ``threads`` defaults to the cores per process on this node; ``workers`` does not apply
-    (the group's processes are the workers). Every process must see the dump at the same path;
-    process 0 reads again one rank of each value a slot holds."""
-    _require_group("compare_ranks_distributed", "compare_ranks(..., workers=N)")
-    if config.workers != 1:
-        raise ConfigError(f"workers: got {config.workers}, the processes of the group do the work; leave workers out")
+def ranks_in_group(dump: str | Path, config: RanksConfig) -> RanksResult | None:
+    """The ranks of one dump compared by the processes of the initialised default process group:
+    each digests its share of the dump's ranks, process 0 gathers the digests and judges. Each is
+    called with the same arguments; process 0 gets the result, the others ``None``. ``threads``
+    defaults to the cores per process on this node. Every process must see the dump at the same
+    path; process 0 reads again one rank of each value a slot holds."""
     run = open_dump(dump)
     selected = checked_ranks(run, config.ranks)
     digests = _digests_in_group(run, selected, config.tensors, config.threads or _node_threads())
@@ -268,6 +276,17 @@ def compare_ranks_distributed(dump: str | Path, *, config: RanksConfig) -> Ranks
             pass
         return None
     return ranks_result(dump, run, selected, digests, config)
+
+
+@accepts(RanksConfig)
+def compare_ranks_distributed(dump: str | Path, *, config: RanksConfig) -> RanksResult | None:
+    """Former spelling of ``torchdebug.compare(dump, workers=N)`` on every process of a group of N
+    (one release, with a ``FutureWarning``)."""
+    _deprecated("compare_ranks_distributed(dump)", "torchdebug.compare(dump, workers=N)")
+    _require_group("compare_ranks_distributed", "compare(dump, workers=N)")
+    if config.workers != 1:
+        raise ConfigError(f"workers: got {config.workers}, the processes of the group do the work; leave workers out")
+    return ranks_in_group(dump, config)
 
 
 def _spawned(index: int, world_size: int, init_method: str, a: str, b: str, settings: CompareConfig, results: Any) -> None:

@@ -1,34 +1,10 @@
 """Bit-exact verdicts for slots whose records carry a checksum on both sides.
 
 Dumps taken with ``task="checksum"`` (or ``checksum=True``) hold a 64-bit fingerprint of every
-tensor's bits (:mod:`torchdebug.checksum`). Two such dumps are compared bit for bit: tolerances do
-not apply, a slot passes only when its dtype and fingerprint agree. :func:`judge_checksums` runs
-after the tolerance verdicts (:func:`torchdebug.compare._verdicts.judge`) and replaces them for those
-slots, per op call in execution order:
-
-* an output whose bits differ while every input's bits agree is **blamed**: this op makes the
-  difference (nondeterministic kernel, another algorithm, another library version);
-* an input whose bits differ although no earlier output (or input) had that pair of fingerprints is
-  **blamed** too: the value comes from outside the captured ops (a parameter, a batch or a state that
-  already differs, or an op the dump's filters left out), so the op reading it is named with a
-  message that its inputs already differ;
-* other differing slots are **inherited** (``warning``): an earlier difference flows into them.
-
-Runs in different dtypes (a bf16 autocast run against an fp32 one) cannot agree bit for bit: a slot
-whose dtype differs, and a slot of one dtype whose value one side computed from another dtype (from
-a cast only that side runs, or from a slot whose dtype differs), keeps its statistics verdict when
-both records have statistics, and is ``incomparable`` otherwise; such differences are never blamed.
-:func:`dtype_note` is the line the summary opens with.
-
-Identical runs therefore give no verdict but ``pass``, and the first divergence
-(:func:`~torchdebug.compare._verdicts.first_divergence`) is the first op whose output bits differ
-with agreeing inputs, or the first op that reads a value that differs from outside the step.
-
-Checksums follow a definition (:mod:`torchdebug.checksum`; each rank's manifest names it, a dump
-from before the entry holds fingerprint 1). Two dumps of different fingerprints hold different
-numbers for the same bits, so they are never set side by side: no slot is judged by its checksums,
-each keeps its statistics verdict where both records have statistics and is ``incomparable`` (with
-the reason) otherwise, and :func:`dtype_note` opens the summary with a line that says so.
+tensor's bits (:mod:`torchdebug.checksum`); such slots pass only when dtype and fingerprint agree,
+tolerances do not apply. :func:`judge_checksums` runs after the tolerance verdicts and replaces them
+for those slots. Dumps of other dtypes or of two fingerprint definitions: docs/compare.md,
+"Checksum dumps of different dtypes".
 """
 
 from __future__ import annotations
@@ -151,7 +127,15 @@ def _output(row: Row, differing_inputs: bool, dtype_inputs: bool) -> Judgement |
 def judge_checksums(rows: Sequence[Row], versions: tuple[int, int] = (FINGERPRINT_VERSION, FINGERPRINT_VERSION)) -> None:
     """Judge bit for bit the rows (of one rank, in execution order) with checksums on both sides, when
     both sides' checksums follow the same definition (``versions``: :func:`fingerprint_versions`);
-    else leave each its statistics verdict, or make it ``incomparable`` where a side has no statistics."""
+    else leave each its statistics verdict, or make it ``incomparable`` where a side has no statistics.
+
+    Per op call: an output whose bits differ while every input's agree is **blamed** (this op makes
+    the difference: a nondeterministic kernel, another algorithm or library version); an input whose
+    bits differ although no earlier slot had that pair of fingerprints is **blamed** too (the value
+    comes from outside the captured ops, and the message says so); other differing slots are
+    **inherited**. A slot whose dtype differs, or that one side computed from another dtype, keeps
+    its statistics verdict where both records have statistics and is ``incomparable`` otherwise:
+    such differences are never blamed (:func:`dtype_note` opens the summary with them)."""
     if versions[0] != versions[1]:
         _other_definitions(rows, versions)
         return

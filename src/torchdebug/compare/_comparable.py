@@ -1,26 +1,9 @@
 """Which differences say nothing about either run: the data differs, or a constant follows the dtype.
 
-Two cases make a matched pair of slots differ by design, and compare must not call them errors:
-
-* **The runs' inputs differ.** Gradient accumulation over 4 micro-batches against one batch 4× the
-  size, or another sequence length: the activations of the two sides have other shapes, and every
-  value computed from them (the loss, a micro-batch's weight gradient) is another quantity. A
-  shape difference is put down to the inputs (:class:`DataShapes`) when it starts at the data:
-  a **data input** (a forward input slot no captured op made, that is not a parameter: not read by
-  the optimizer step, not a module's ``parameter`` record, not ``requires_grad``) whose shape
-  differs, or a value computed from data inputs alone (no parameter on the way) cut to other
-  shapes (a micro-batch's ``split``, ``slice`` or ``chunk``). The sizes that change there
-  (2 → 8 in the batch dimension, ratio 4) also explain a shape elsewhere that differs by the same
-  ratios only (``ones(batch, seq)`` for a default attention mask, a class token expanded to the
-  batch), unless it holds a parameter: a different hidden size or vocabulary changes a parameter,
-  and stays an error. Without any parameter evidence in the dump (no optimizer step, no module
-  records), only integer and bool inputs (token ids, masks, labels) count as data.
-  A run on another world size splits the data between its ranks: sizes that change by the ratio of
-  the world sizes follow the data too (:class:`DataShapes`' ``split``), data inputs in the dump or not.
-* **A constant made for the dtype.** ``torch.finfo(dtype).min`` as an attention bias, ``eps``:
-  a bf16 run and an fp32 run make other values on purpose. :func:`dtype_constants` names the
-  values that are one ``finfo`` attribute of two different floating dtypes, from an argument of the
-  call or from the statistics of a slot holding one value (``min == max``).
+Two cases make a matched pair of slots differ by design, and compare must not call them errors: the
+runs' inputs differ (micro-batches against one batch, another sequence length, another world size:
+:class:`DataShapes`), or a constant was made for the dtype (``torch.finfo(dtype).min`` as an
+attention bias: :func:`dtype_constants`). The rules: docs/compare.md, "Runs whose inputs differ".
 """
 
 from __future__ import annotations
@@ -105,7 +88,18 @@ def _ratios(shape_a: Sequence[int], shape_b: Sequence[int]) -> list[Fraction] | 
 
 
 class DataShapes:
-    """Where one rank's shapes differ because the runs' inputs do (see the module docstring)."""
+    """Where one rank's shapes differ because the runs' inputs do.
+
+    A shape difference is put down to the inputs when it starts at the data: a **data input** (a
+    forward input slot no captured op made that is not a parameter: not read by the optimizer step,
+    not a module's ``parameter`` record, not ``requires_grad``) whose shape differs, or a value
+    computed from data inputs alone cut to other shapes (a micro-batch's ``split``, ``slice``,
+    ``chunk``). The sizes that change there (2 → 8, ratio 4) also explain a shape elsewhere that
+    differs by the same ratios only (``ones(batch, seq)``, a class token expanded to the batch),
+    unless it holds a parameter. Without parameter evidence in the dump (no optimizer step, no
+    module records) only integer and bool inputs count as data. Another world size splits the data
+    between ranks: sizes that change by the ratio of the world sizes follow the data too
+    (``split``)."""
 
     def __init__(
         self,

@@ -1,28 +1,9 @@
 """Rerun one recorded op call in float64 on the CPU, from the records of its inputs.
 
-With ``task="tensor"`` the input records of a call hold every argument: tensors (saved) and
-non-tensor values (JSON). :func:`run_op` rebuilds the arguments from their slot paths (``0``,
-``1.2`` for the third element of a list in the second argument, ``alpha`` for a keyword), turns
-JSON values back into torch types by the op's schema (dtype names, layouts, memory formats; every
-device becomes the CPU), upcasts floating tensors to float64 (complex to complex128; integer and
-bool tensors keep their dtype) and runs the op on contiguous copies, so an in-place op changes
-nothing it was given (its inputs were recorded before it ran). :func:`output_at` picks an output
-slot out of what the op returned. With ``exact=False`` the call is re-run as recorded instead: on
-CPU copies in the recorded dtypes, what a healthy CPU kernel of those dtypes makes of the same
-inputs.
-
-:func:`own_errors` measures one call: each floating output's error against the float64 rerun
-(``own_err``: what the op made of its own inputs) and the error of the CPU kernel's re-run against
-the same rerun (``kernel_err``: how much a healthy kernel of that dtype rounds on these inputs, so a
-kernel that legitimately rounds more than once — a bf16 LayerNorm backward reducing its weight
-gradient in bf16 — is not taken for a bug).
-
-A call that cannot be rerun raises :class:`NotRerunnable` with the reason: module records, ops
-outside ``aten``, ops with random or undefined results (schema tag ``nondeterministic_seeded``,
-``dropout``, ``rand*``, ``bernoulli``, ``normal``, ``empty*``), ops whose result depends on the
-memory layout of their inputs (``as_strided``), an input that was not captured, not saved or saved
-as a sample, a value cut short by capture (text ending in ``...``) or not rebuildable from its text,
-and ops that raise on the rebuilt arguments.
+With ``task="tensor"`` the input records of a call hold every argument; :func:`run_op` rebuilds and
+runs it, :func:`own_errors` measures what the op made of its own inputs (``own_err``) against how
+much a healthy CPU kernel of its dtype rounds on them (``kernel_err``), and a call that cannot be
+rerun raises :class:`NotRerunnable` with the reason. What users see: docs/compare.md, "Rerun".
 """
 
 from __future__ import annotations
@@ -54,7 +35,12 @@ _ENUMS = {"ScalarType": torch.dtype, "Layout": torch.layout, "MemoryFormat": tor
 
 
 class NotRerunnable(Exception):
-    """A call that cannot be rerun; the message says why."""
+    """A call that cannot be rerun; the message says why: module records, ops outside ``aten``, ops
+    with random or undefined results (schema tag ``nondeterministic_seeded``, ``dropout``, ``rand*``,
+    ``bernoulli``, ``normal``, ``empty*``), ops whose result depends on their inputs' memory layout
+    (``as_strided``), an input not captured, not saved or saved as a sample, a value cut short by
+    capture (text ending in ``...``) or not rebuildable from its text, and ops that raise on the
+    rebuilt arguments."""
 
 
 def resolve(op: str) -> Any:
@@ -176,7 +162,10 @@ def rebuild(op: Any, inputs: Sequence[Record], load: Callable[[Record], torch.Te
 def run_op(op: str, inputs: Sequence[Record], load: Callable[[Record], torch.Tensor], exact: bool = True) -> Any:
     """Run the call of ``op`` recorded in ``inputs`` in float64 on the CPU (``exact=False``: in the
     recorded dtypes, as a CPU kernel of those dtypes would); ``load`` reads a record's saved tensor.
-    Returns what the op returns."""
+    Returns what the op returns. Arguments come from their slot paths (``0``, ``1.2`` for the third
+    element of a list in the second argument, ``alpha`` for a keyword); JSON values become torch
+    types by the op's schema (every device the CPU); floating tensors are upcast (integer and bool
+    keep their dtype) and run as contiguous copies, so an in-place op changes nothing it was given."""
     overload = resolve(op)
     if not inputs:
         raise NotRerunnable(f"{op}: no input records")

@@ -1,53 +1,12 @@
 """Verdicts and attribution: which rows differ, and which op each difference starts at.
 
-Per row, in execution order:
-
-* ``pass`` when the scale-relative ``error`` is within the pair's dtype tolerance (the less
-  precise side's), so a bf16 run is allowed bf16 rounding (with a noise dump, the row's tolerance
-  measured from the reference run instead: :mod:`torchdebug.compare._calibration`);
-* otherwise the row is **blamed** (``error``) only when its op made the difference: an output whose
-  error exceeds ``growth × (largest error among the call's tensor inputs) + tolerance`` (and, for
-  ops singular near zero such as ``sqrt``, ``log`` or a division, which blow up the error of
-  near-zero elements, the sum of the inputs' largest element-wise relative errors: that error is
-  inherited, not made), or an input whose error is more
-  than ``growth`` times anything seen upstream (a weight or batch that is already different). The
-  inputs of a backward call include the rows of the forward call it differentiates (``fwd``): its
-  saved tensors. Rows whose inputs explain their error are **inherited** (``warning``);
-* an input slot each side made from different matched rows through ops only one side runs (partial
-  sums of gradients added in another order) holds different tensors: it passes, and those rows
-  stand for it when the call's outputs are judged;
-* a NaN/Inf where the other side has a finite value is blamed where it first appears (no input of
-  the call has one) and inherited after;
-* rows whose two values cannot be compared are ``incomparable``, never errors
-  (:mod:`torchdebug.compare._comparable`): a shape that differs because the runs' inputs do (a data
-  input of another shape, data cut to other shapes, sizes that change as the data's do), and a value
-  computed from such rows (a micro-batch's loss or weight gradient) that differs. A value that one
-  side makes from incomparable rows through ops only it runs (micro-batch gradients summed by
-  accumulation) can be compared again: it is judged, and blamed when it differs by more than
-  ``growth`` tolerances (summing in another order); and a slot holding one piece of a split DTensor
-  whose other pieces are not in the dump (:func:`~torchdebug.compare._shards.one_shard`);
-* a value made from constants alone (a call without tensor inputs: ``scalar_tensor``, ``full``) or
-  a constant no captured op made that differs only because the runs' dtypes do
-  (``torch.finfo(dtype).min`` as an attention bias) passes with attribution ``dtype``; what is
-  computed from it inherits that, and never counts as error seen upstream;
-* other shapes that differ are errors (with an infinite ``error``: no number measures them); argument
-  values that differ, and slots that could not be captured on a side (``record.capture_error``), are
-  warnings (argument values of a constant that differ with the dtype pass);
-* with rerun (``own_err_a``/``own_err_b`` in an output row's metrics: its error against the op
-  rerun in float64 on that side's own inputs; ``kernel_err_a``/``kernel_err_b``: that of the CPU
-  kernel re-run on the same inputs in their dtypes), an output beyond tolerance whose own error on
-  either side exceeds twice the rounding tolerance of the pair's less precise dtype and the kernel's
-  error by one is blamed, whatever its inputs carry; one beyond one tolerance and the kernel's by
-  half of one is ``undecided`` (bf16: a 1 % bug looks like a kernel rounding twice);
-* an output of a division (``div``, Adam's ``addcdiv``) may amplify its inputs' error by the spread
-  of its divisor's magnitudes (``max / min`` from its statistics), so a zero gradient's ``eps`` makes
-  Adam's update ``undecided`` with statistics, never blamed.
-
-Each of these is one rule of :data:`torchdebug.compare._rules.RULES`, tried in order; :func:`judge`
-walks the calls in execution order, asks each row's rules for a
-:class:`~torchdebug.compare._judgement.Judgement` and applies it. The first divergence is the
-earliest blamed op row (op records before module records); the first non-finite op is the earliest
-row whose NaN/Inf its inputs did not have.
+:func:`judge` walks the calls in execution order and gives each row the
+:class:`~torchdebug.compare._judgement.Judgement` of the first rule of
+:data:`torchdebug.compare._rules.RULES` that applies: ``pass`` within the pair's tolerance, blamed
+(``error``) where the op made the difference, inherited (``warning``) where its inputs explain it,
+``incomparable`` where the values cannot be compared. The rules, in order: docs/compare.md,
+"Verdict rules, in order". The first divergence is the earliest blamed op row (op records before
+module records); the first non-finite op is the earliest row whose NaN/Inf its inputs did not have.
 """
 
 from __future__ import annotations

@@ -423,3 +423,37 @@ def test_ops_under_another_dispatch_mode_are_not_recorded_dynamos_compilation_in
         assert not any(ops.slot_flag)
         names.append(ops.op_names())
     assert names[0] == names[1] and "aten.sin.default" in names[0] and "aten.add.Tensor" not in names[0]
+
+
+def test_a_kept_tensor_changed_in_place_before_the_drain_is_not_handed_over(observer: NativeObserver) -> None:
+    """Its values are not those recorded: slot -1, as for an output freed before it was held."""
+    observer.use_stats(True)
+    observer.keep_unsummed(True)
+    try:
+        counts = torch.arange(4)
+        observer.start()
+        negated = counts.neg()
+        observer.stop()
+        counts.add_(1)  # between the op and the drain: the kept input's version moved
+        ops = observer.drain()
+    finally:
+        observer.keep_unsummed(False)
+        observer.use_stats(False)
+    assert ops.slot_value[0] == counts._cdata and list(ops.kept_slot) == [-1, 1] and len(ops.kept) == 1
+    assert ops.kept[0]._cdata == negated._cdata
+
+
+def test_a_views_base_seen_only_through_it_is_held_and_reported_freed(observer: NativeObserver) -> None:
+    """The base's address names it (``slot_base``) until the drain after its free, like a slot's."""
+    observer.forget_seen()
+    base = torch.randn(4, 4, requires_grad=True).clone()
+    view = base[1:]
+    observer.start()
+    view.neg()
+    observer.stop()
+    address = base._cdata
+    ops = observer.drain()
+    assert ops.slot_base[0] == address and address not in set(ops.slot_value)
+    del base, view
+    assert address in set(observer.drain().freed)
+    observer.forget_seen()

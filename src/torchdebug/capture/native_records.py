@@ -21,9 +21,9 @@ slots named from the op's schema as ``iter_slots`` names a dispatch mode's argum
 ``input.1.2`` for a list element, ``input.out`` for a keyword-only argument, ``output.0``).
 
 Each tensor slot gets ``value_id``, ``version`` and ``view_of``. Ids come from ``TensorImpl``
-addresses and the memory they show (``native_values.py``): as in eager capture, an op's output is a
-new value unless it is one of the op's arguments; a saved output autograd unpacks is the output it
-saved, as it is once the mode's own ``detach`` is taken away. With statistics
+addresses and the memory they show (a C++ walk over the drained slots, ``native_values.py``): as in
+eager capture, an op's output is a new value unless it is one of the op's arguments; a saved output
+autograd unpacks is the output it saved, as it is once the mode's own ``detach`` is taken away. With statistics
 (:meth:`NativeStepCapture.slot_columns`), each slot has those eager capture gives it: the callback's
 sums for CPU float tensors, torch ops at the flush for the tensors the callback kept, and the first
 statistics of a tensor, or of a view or copy's source, for the slots that show it again at the same
@@ -46,28 +46,27 @@ changes (``docs/architecture.md``: the native path).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import repeat
-from math import prod
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from torchdebug._torch.autograd import tensor_version
 from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
-from torchdebug.capture.native_values import NativeUnwritten, NativeValueIds
+from torchdebug.capture.native_values import CHANGED, SlotWalk, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, Record, make_call_name
 from torchdebug.slots import dtype_name
 from torchdebug.stats._schema import empty_stats
 from torchdebug.store._record_columns import records_from_table
-from torchdebug.store._slot_columns import NO_STATS, SlotColumns
+from torchdebug.store._slot_columns import SlotColumns, unread_text
 
 __all__ = ["NativeStepCapture", "OpSlotNames", "RowName", "op_overload"]
 
@@ -76,11 +75,14 @@ _OUTSIDE, _OPTIMIZER = -1, -2
 
 _IO = ("input", "output")
 
-_FLAGGED = {SUBCLASS: "a tensor subclass: not read by the native path", NESTED: "a nested tensor: not read by the native path"}
-_CHANGED = (
-    "not read by the native path: freed before the next op, or changed in place before the flush (TORCHDEBUG_NATIVE=0 "
-    "reads it at the op)"
-)
+_ERRORS = {
+    SUBCLASS: "a tensor subclass: not read by the native path",
+    NESTED: "a nested tensor: not read by the native path",
+    CHANGED: "not read by the native path: freed before the next op, or changed in place before the flush "
+    "(TORCHDEBUG_NATIVE=0 reads it at the op)",
+}
+_ERROR_TEXTS = pa.array([_ERRORS.get(code) for code in range(max(_ERRORS) + 1)], pa.string())
+"""``capture_error`` by the walk's code (``WalkedSlots.errors``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,15 +162,14 @@ class NativeStepCapture:
         self._calls: dict[tuple[str, str, str], int] = {}
         self._made_by: dict[int, tuple[str, str, tuple | None]] = {}
         """This step's forward rows by the sequence number of the node they made: (module, call name, stack)."""
-        self._values = NativeValueIds()
+        self._slot_walk: SlotWalk | None = None
+        """Value ids, shared statistics and unwritten memory, walked in C++ (made at the first drain)."""
+        self._text_columns: dict[str, pa.Array] = {}
         self._observed = False
         """Whether this capture started the observer before (its first start drops older weak references)."""
-        self._unwritten = NativeUnwritten()
         self._devices: dict[tuple[int, int], str] = {}
         self.recomputed = False
         """Activation checkpointing ran a module again in a backward: its ops are named as backward ops."""
-        self._seen: dict[int, tuple[int, tuple, dict]] = {}
-        """This step's statistics by ``TensorImpl`` address: ``(version, memory, stats)``."""
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -271,8 +272,8 @@ class NativeStepCapture:
         self.step += 1
         self._calls.clear()
         self._made_by.clear()
-        self._values.next_step()
-        self._seen.clear()
+        if self._slot_walk is not None:
+            self._slot_walk.next_step()
 
     def records(self) -> list[Record]:
         """Drain the observer and name its rows (see the module docstring), as records read back."""
@@ -346,131 +347,46 @@ class NativeStepCapture:
         numbers the recorded calls by row (default: the row).
 
         With ``statistics``, as eager capture takes them (``CaptureSession``): the callback's sums,
-        finished; ``stage`` gets the kept tensors still at the version recorded
-        (``CaptureSession.stage_stats``, which fills them at once: CPU tensors); a tensor seen before
-        at the same version, and the output of a view or copy with its input's elements
-        (``OpCapture._alias_source``), has the statistics taken first. A slot whose memory holds no
-        value of the run (an allocation's, an argument the op overwrites) is described, not read
-        (``CaptureSession.add_call``'s ``unread``).
+        finished; ``stage`` gets the kept tensors (``CaptureSession.stage_stats``, which fills them
+        at once: CPU tensors); a tensor seen before at the same version, and the output of a view or
+        copy with its input's elements (``OpCapture._alias_source``), has the statistics taken
+        first. A slot whose memory holds no value of the run (an allocation's, an argument the op
+        overwrites) is described, not read (``CaptureSession.add_call``'s ``unread``).
 
-        The walk over the slots gives what their order tells (value ids, which statistics a slot
-        shares, memory not written yet); the columns are made from the drained arrays
-        (``store/_slot_columns.py``)."""
-        shapes = ops.slot_shapes()
-        seen, values, unwritten = self._seen, self._values, self._unwritten
+        What the slots' order tells (value ids, which statistics a slot shares, memory not written
+        yet) comes from the C++ walk (``native_values.py``); the columns are made from the drained
+        arrays (``store/_slot_columns.py``)."""
+        recorded = np.fromiter((head is not None for head in heads), np.int8, len(heads))
+        walk = self._walk()
+        walked = walk.walk(ops, recorded, inputs="input" in ios, outputs="output" in ios, statistics=statistics)
         kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
+        taken: list[dict] = []
         due: list[tuple[torch.Tensor, Callable[[dict], None]]] = []
-        first_row, has_stats = ops.first_row, ops.slot_has_stats
-        out = SlotColumns()
-        add_slot, add_arg, add_id, add_view, add_stats = (
-            out.slots.append, out.args.append, out.value_ids.append, out.view_of.append, out.stats_refs.append
-        )  # fmt: skip
-        view_of = values.view_of
-        empty = None
-        """The reference of the statistics of no elements, once made."""
-        columns = zip(
-            ops.slot_row, ops.slot_io, ops.slot_arg, ops.slot_element, ops.slot_dtype, ops.slot_flag, ops.slot_device_type,
-            ops.slot_device_index, ops.slot_value, ops.slot_version, ops.slot_storage, ops.slot_base,
-        )  # fmt: skip
-        last_row = -1
-        head: RowName | None = None
-        arguments: set[int] = set()
-        """The addresses of an unrecorded row's tensor arguments (an in-place op returns one)."""
-        source: tuple | None = None
-        """The row's first argument, when a plain tensor: ``(address, version, memory, numel, device)``."""
-        for slot, (
-            row,
-            io_code,
-            arg_index,
-            element,
-            dtype,
-            flag,
-            device_type,
-            device_index,
-            address,
-            version,
-            storage,
-            base,
-        ) in enumerate(columns):
-            if row != last_row:
-                last_row, source = row, None
-                source_id = None
-                arguments.clear()
-                head = heads[row - first_row]
-                if head is not None:
-                    info, slot_name, backward = head.facts.info, head.facts.slot_name, head.phase == "backward"
-                    one_tensor = head.facts.one_tensor
-            if head is None:
-                if io_code == 0:
-                    arguments.add(address)
-                elif address not in arguments:  # a tensor made unrecorded: the one seen at its address is gone
-                    seen.pop(address, None)
-                    values.forget(address, (storage, ops.slot_offset[slot], shapes[slot], dtype))
-                continue
-            shape = shapes[slot]
-            memory = (storage, ops.slot_offset[slot], shape, dtype)
-            numel = prod(shape)
-            device = (device_type, device_index)
-            first = arg_index == 0 and element < 0 and flag == PLAIN
-            if io_code == 0 and first:
-                source = (address, version, memory, numel, device)
-            reused = None
-            if io_code and first and source is not None and one_tensor and not info.mutable:
-                reused = _alias_stats(seen, info, source, memory, numel, device)
-                if reused is not None:
-                    seen[address] = (version, memory, reused)
-            if _IO[io_code] not in ios:
-                if io_code == 0 and (info.mutable or (first and info.makes_views)):  # ``ValueIds.see``, ``views``
-                    value_id = values.of(row, io_code, address, memory, backward, base)
-                    source_id = value_id if first else source_id
-                elif io_code and reused is None:
-                    seen.pop(address, None)
-                    values.forget(address, memory)
-                continue
-            arg = slot_name(io_code, arg_index, element)
-            value_id = values.of(row, io_code, address, memory, backward, base)
-            if io_code == 0 and first:
-                source_id = value_id
-            elif io_code and info.makes_views and source_id is not None and value_id != source_id:
-                values.made_view(value_id, source_id)
-            stats = NO_STATS
-            if flag != PLAIN:
-                out.errors[len(out.slots)] = _FLAGGED[flag]
-            elif (why := unwritten.why(io_code, info, arg, storage, numel)) is not None:
-                out.unread[len(out.slots)] = why
-            elif not statistics:
-                pass
-            elif reused is not None:
-                stats = reused
-            elif io_code == 0 and (known := seen.get(address)) is not None and known[0] == version and known[1] == memory:
-                stats = known[2]  # an output is a new tensor, or written: only an input is known
-            else:
-                if has_stats[slot]:
-                    stats = slot
-                elif numel == 0:
-                    stats = empty = out.add_stats(empty_stats()) if empty is None else empty
-                elif (tensor := kept.get(slot)) is not None and (version < 0 or tensor_version(tensor) == version):
-                    taken: dict = {}
-                    due.append((tensor, taken.update))
-                    stats = out.add_stats(taken)
-                else:
-                    out.errors[len(out.slots)] = _CHANGED
-                if stats != NO_STATS:
-                    seen[address] = (version, memory, stats)
-            add_slot(slot)
-            add_arg(arg)
-            add_id(value_id)
-            add_view(view_of.get(value_id))
-            add_stats(stats)
+        for slot in walked.taken.tolist():
+            stats = empty_stats() if slot < 0 else {}
+            if slot >= 0:
+                due.append((kept[slot], stats.update))
+            taken.append(stats)
         if due and stage is not None:
             stage(due)
-        values.freed(ops.freed)  # after these slots: from now on another tensor may take those addresses
-        for address in ops.freed:
-            seen.pop(address, None)
-        return out.batch(
+        columns = SlotColumns(
+            walked.slots,
+            walked.args,
+            self._texts(walk.args, "args"),
+            self._texts(walk.io_args, "io_args"),
+            walked.value_ids,
+            walked.view_of,
+            walked.stats,
+            taken,
+            walked.errors,
+            _ERROR_TEXTS,
+            walked.unread,
+            self._texts([None if why is None else unread_text(why) for why in walk.whys], "whys"),
+        )
+        return columns.batch(
             ops,
             heads,
-            list(range(first_row, first_row + len(heads))) if seqs is None else seqs,
+            list(range(ops.first_row, ops.first_row + len(heads))) if seqs is None else seqs,
             step=self.step,
             rank=self.rank,
             dtype_names=self._dtype_names,
@@ -478,25 +394,36 @@ class NativeStepCapture:
             flagged=PLAIN,
         )
 
+    def _walk(self) -> SlotWalk:
+        """The C++ walk of this capture, made at its first drain."""
+        if self._slot_walk is None:
+            library = load_slot_walk()
+            if library is None:
+                raise RuntimeError("native/slot_walk.cpp cannot be built here")
+            self._slot_walk = SlotWalk(library)
+        walk = self._slot_walk
+        for op_id, facts in self._facts.items():
+            if not walk.knows(op_id):
+                walk.add_op(
+                    op_id,
+                    facts.info,
+                    facts.names.inputs,
+                    facts.results,
+                    list_result=facts.names.list_result,
+                    one_tensor=facts.one_tensor,
+                )
+        return walk
+
+    def _texts(self, texts: list[str | None], key: str) -> pa.Array:
+        """``texts`` as a string column, made again only when the list grew."""
+        cached = self._text_columns.get(key)
+        if cached is None or len(cached) != len(texts):
+            cached = self._text_columns[key] = pa.array(texts, pa.string())
+        return cached
+
     def _device_name(self, device_type: int, device_index: int) -> str:
         device = (device_type, device_index)
         return self._devices.get(device) or self._devices.setdefault(device, self.observer.device_name(*device))
-
-
-def _alias_stats(seen: dict[int, tuple], info: OpInfo, source: tuple, memory: tuple, numel: int, device: tuple) -> int | None:
-    """The statistics an op's only output shares with its first argument, as eager capture shares
-    them (``OpCapture._alias_source``, ``CaptureSession.share_alias``): a copy (``clone``,
-    ``contiguous``) or a view with its elements, of an argument whose statistics were taken at its
-    version; else ``None``."""
-    address, version, source_memory, source_numel, source_device = source
-    if numel != source_numel or memory[3] != source_memory[3]:
-        return None
-    if not info.value_preserving and (device != source_device or memory[0] != source_memory[0]):
-        return None
-    known = seen.get(address)
-    if known is None or known[0] != version or known[1] != source_memory:
-        return None
-    return known[2]
 
 
 class RowName(NamedTuple):
@@ -521,19 +448,12 @@ class _OpFacts:
     info: OpInfo
     one_tensor: bool
     """It returns one tensor (not a tuple or list): a dispatch mode sees ``out`` as a tensor."""
-    _slots: dict[tuple[int, int, int], str] = field(default_factory=dict)
-
-    def slot_name(self, io: int, arg: int, element: int) -> str:
-        """:meth:`OpSlotNames.slot`, once per slot position."""
-        key = (io, arg, element)
-        name = self._slots.get(key)
-        if name is None:
-            name = self._slots[key] = self.names.slot(io, arg, element)
-        return name
+    results: int
+    """The number of its results."""
 
     @classmethod
     def of(cls, op_name: str) -> _OpFacts:
         overload = op_overload(op_name)
         returns = op_schema(overload).returns
         one_tensor = len(returns) == 1 and isinstance(returns[0].type, torch.TensorType)
-        return cls(OpSlotNames.of(overload), op_info(overload), one_tensor)
+        return cls(OpSlotNames.of(overload), op_info(overload), one_tensor, len(returns))

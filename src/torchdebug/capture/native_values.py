@@ -1,122 +1,163 @@
-"""What the native path's slots hold, from the addresses the observer records: value ids
-(:class:`NativeValueIds`, as ``value_ids.py``'s ``ValueIds`` gives them to eager capture's slots) and
-memory that holds no value of the run yet (:class:`NativeUnwritten`, as ``unwritten.py``'s
-``UnwrittenStorages`` follows it). Eager capture keys tensors by object; here a ``TensorImpl`` or
-``StorageImpl`` address stands for one, checked against the memory it shows (addresses are reused
-once a tensor is freed)."""
+"""What the native path's slots hold that only their order tells, walked in C++ once per drain
+(``native/slot_walk.cpp``, loaded here): value ids (as ``value_ids.py``'s ``ValueIds`` gives them to
+eager capture's slots, from ``TensorImpl`` addresses), the statistics a slot shares with an earlier
+one (``CaptureSession``'s sharing), and memory that holds no value of the run yet (as
+``unwritten.py``'s ``UnwrittenStorages`` follows it). :class:`SlotWalk` keeps that state for one
+capture; :meth:`SlotWalk.walk` gives it per recorded slot as arrays (:class:`WalkedSlots`), which
+``store/_slot_columns.py`` turns into the record batch. The rules are in the C++ file's header.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import count
+import ctypes
+import functools
+import weakref
+from typing import NamedTuple
+
+import numpy as np
 
 from torchdebug.capture.eager import OpInfo
+from torchdebug.native.build import load_torch_library
+from torchdebug.native.observer import ObservedOps
 from torchdebug.records import UNINITIALISED
 
-__all__ = ["NativeUnwritten", "NativeValueIds"]
+__all__ = ["CHANGED", "SlotWalk", "WalkedSlots", "load_slot_walk"]
+
+CHANGED = 3
+"""A ``WalkedSlots.errors`` code: a kept tensor changed or freed before the flush (after ``observer.py``'s flags)."""
+
+_MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT = 1, 2, 4, 8, 16
+"""``td_walk_op``'s flags (``OpFlag`` in the C++ file)."""
+
+_INPUT_COLUMNS = (
+    "op", "backward", None, "slot_row", "slot_io", "slot_arg", "slot_element", "slot_dtype", "slot_flag", "slot_ndim",
+    "slot_value", "slot_version", "slot_storage", "slot_offset", "shape", "slot_device_type", "slot_device_index",
+    "slot_has_stats", "slot_base", "kept_slot", "freed",
+)  # fmt: skip
+"""The ``ObservedOps`` columns ``td_walk`` reads, in its order (``None``: which rows are recorded)."""
+
+_OUTPUT_TYPES = (np.int64, np.int64, np.int64, np.int64, np.int8, np.int8, np.int32)
+"""``td_walk``'s per-slot outputs: :class:`WalkedSlots`' first seven fields."""
 
 
-class NativeUnwritten(dict[int, bool]):
-    """Storages (``StorageImpl`` addresses) of allocations that nothing has written since, as
-    :class:`~torchdebug.capture.unwritten.UnwrittenStorages` follows them for eager capture: a slot
-    on one holds no value of the run (``uninitialised``); an argument an op overwrites without
-    reading it is ``overwritten``."""
+class WalkedSlots(NamedTuple):
+    """The recorded slots of one drain, in row order, as the walk gives them."""
 
-    def why(self, io: int, info: OpInfo, arg: str, storage: int, numel: int) -> str | None:
-        """Why a slot is described and not read, or ``None``; and what it tells of its storage."""
-        unread = info.unread_outputs if io else info.unread_inputs
-        why = unread.get(arg.partition(".")[0], unread.get("*")) if unread else None
-        if why is None and self:
-            if io and info.mutable:  # an in-place op's written argument holds values from now on
-                self.pop(storage, None)
-            elif storage in self:
-                why = UNINITIALISED
-        if not (why and numel):
-            if io and not info.mutable and not info.makes_views:  # fresh memory: an address reused
-                self.pop(storage, None)
-            return None
-        if why == UNINITIALISED and io:
-            self[storage] = True
-        elif why != UNINITIALISED:  # the op writes it
-            self.pop(storage, None)
-        return why
+    slots: np.ndarray
+    """Each recorded slot's index in the drained columns."""
+    value_ids: np.ndarray
+    view_of: np.ndarray
+    """The ``value_id`` of the memory's owner, for a view; -1 for none."""
+    stats: np.ndarray
+    """Where the statistics come from: ``>= 0`` the callback's sums of that drained slot, ``-1`` none,
+    ``<= -2`` the entry ``-2 - ref`` of :attr:`taken`."""
+    errors: np.ndarray
+    """``capture_error`` codes: 0 none, then ``SUBCLASS``, ``NESTED`` (``observer.py``), 3 changed
+    before the flush (a kept tensor written or freed: not read)."""
+    unread: np.ndarray
+    """Why the slot is described and not read: an index into :attr:`SlotWalk.whys` (0: it is read)."""
+    args: np.ndarray
+    """Each slot's ``arg``: an index into :attr:`SlotWalk.args`."""
+    taken: np.ndarray
+    """The drained slots whose kept tensor is reduced at the flush; -1: the statistics of no elements."""
 
 
-class NativeValueIds:
-    """Value ids from ``TensorImpl`` addresses, which are reused once a tensor is freed: a tensor is
-    the one last seen at its address while its memory (storage, offset, shape, dtype) is the same.
-    A backward op's input first seen over the memory a value was made in is that value (autograd
-    unpacks a saved output as a new ``TensorImpl``: a dispatch mode sees it through a ``detach``);
-    another input first seen is a new value (made by an op no dispatch mode sees); an output is a new
-    value, unless it is one of the op's arguments (an in-place op's, ``lift_fresh``'s)."""
+class SlotWalk:
+    """The walk's state for one capture (value ids of the run, this step's statistics, unwritten
+    storages), and the ops it was told of."""
 
-    def __init__(self) -> None:
-        self._at: dict[int, tuple[int, tuple]] = {}
-        """By address: the value id and memory of the tensor last seen there."""
-        self._made_in: dict[tuple, int] = {}
-        """By memory: the value first made in it (views and in-place outputs make none)."""
-        self._fresh = count()
-        self.view_of: dict[int, int] = {}
-        """By value id, for a view: the value id of the tensor whose memory it shares (the first one)."""
-        self._row = -1
-        self._inputs: dict[int, int] = {}
-        self._input_storages: set[int] = set()
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._lib = library
+        self._handle = ctypes.c_void_p(library.td_walk_new())
+        if not self._handle:
+            raise MemoryError("native/slot_walk.cpp: no memory for a walk")
+        weakref.finalize(self, library.td_walk_free, self._handle)
+        self.whys: list[str | None] = [None, UNINITIALISED]
+        """Why a slot is not read, by the code the walk gives (``UNINITIALISED`` is 1, as in the C++ file)."""
+        self.args: list[str] = []
+        """Each ``arg`` the walk named (``0``, ``1.2``, ``out``), by code."""
+        self.io_args: list[str] = []
+        """The same with its side: ``input.0``, ``output.1``."""
+        self._ops: set[int] = set()
 
     def next_step(self) -> None:
-        """Forget the memory values were made in: another step's tensors fill it."""
-        self._made_in.clear()
-        self._row = -1
+        """Forget the memory values were made in and the statistics taken: another step's tensors fill it."""
+        self._lib.td_walk_next_step(self._handle)
 
-    def freed(self, addresses: Iterable[int]) -> None:
-        """The tensors last seen at ``addresses`` were freed (``ObservedOps.freed``): a tensor seen
-        there from now on is another one."""
-        for address in addresses:
-            self._at.pop(address, None)
+    def knows(self, op_id: int) -> bool:
+        """Whether :meth:`add_op` told the walk of op ``op_id``."""
+        return op_id in self._ops
 
-    def forget(self, address: int, memory: tuple) -> None:
-        """A tensor not recorded was made at ``address`` in ``memory``: what was seen at either is gone."""
-        self._at.pop(address, None)
-        self._made_in.pop(memory, None)
+    def add_op(
+        self, op_id: int, info: OpInfo, inputs: tuple[str, ...], results: int, *, list_result: bool, one_tensor: bool
+    ) -> None:
+        """Tell the walk of observer op ``op_id``: eager capture's facts of it (``info``), its
+        inputs' names by schema position (``OpSlotNames.inputs``), its number of results, whether it
+        returns one list (its elements are the results) or one tensor."""
+        flags = (
+            _MUTABLE * info.mutable
+            | _MAKES_VIEWS * info.makes_views
+            | _VALUE_PRESERVING * info.value_preserving
+            | _ONE_TENSOR * one_tensor
+            | _LIST_RESULT * list_result
+        )
+        unread_in, unread_out = info.unread_inputs, info.unread_outputs
+        in_codes = bytes(self._code(unread_in.get(name, unread_in.get("*"))) if unread_in else 0 for name in inputs)
+        keyed = [int(key) for key in unread_out if key.isdigit()]
+        width = max(keyed, default=-1) + 1 if list_result else results
+        star = unread_out.get("*")
+        out_codes = bytes(self._code(unread_out.get(str(index), star)) for index in range(width))
+        names = "".join(f"{name}\n" for name in inputs).encode()
+        if self._lib.td_walk_op(self._handle, op_id, flags, names, len(inputs), in_codes, width, out_codes, self._code(star)):
+            raise MemoryError("native/slot_walk.cpp: no memory for an op's facts")
+        self._ops.add(op_id)
 
-    def made_view(self, value_id: int, source: int) -> None:
-        """``value_id`` is a view op's output made from the value ``source`` (``ValueIds.views``)."""
-        self.view_of[value_id] = self.view_of.get(source, source)
+    def _code(self, why: str | None) -> int:
+        if why not in self.whys:
+            self.whys.append(why)
+        return self.whys.index(why)
 
-    def _base_id(self, base: int, storage: int) -> int:
-        """The value id of the tensor at ``base`` whose memory a view first seen shares: the one seen
-        there on that storage, or a new one (a tensor made outside capture, as ``ValueIds._add`` names it)."""
-        known = self._at.get(base)
-        if known is not None and known[1][0] == storage:
-            return self.view_of.get(known[0], known[0])
-        value_id = next(self._fresh)
-        self._at[base] = (value_id, (storage, None, None, None))  # its offset, shape and dtype unseen
-        return value_id
+    def walk(self, ops: ObservedOps, recorded: np.ndarray, *, inputs: bool, outputs: bool, statistics: bool) -> WalkedSlots:
+        """Walk the slots of ``ops`` (the observer's last drain) whose rows ``recorded`` marks (an
+        ``int8`` per row; every op told with :meth:`add_op`), recording the ``inputs`` and ``outputs``
+        sides; ``statistics``: say where each slot's come from. Then forget the addresses
+        ``ops.freed`` names."""
+        slots = len(ops.slot_row)
+        outputs_ = [np.empty(slots, kind) for kind in _OUTPUT_TYPES]
+        taken = np.empty(slots, np.int64)
+        pointers = [recorded.ctypes.data if name is None else getattr(ops, name).buffer_info()[0] for name in _INPUT_COLUMNS]
+        pointers += [column.ctypes.data for column in (*outputs_, taken)]
+        counts = (ctypes.c_int64 * 5)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row)
+        options = (ctypes.c_int * 2)(inputs | outputs << 1, statistics)
+        taken_count = ctypes.c_int64()
+        count = self._lib.td_walk(
+            self._handle, counts, options, (ctypes.c_void_p * len(pointers))(*pointers), ctypes.byref(taken_count)
+        )
+        if count < 0:
+            raise RuntimeError("native/slot_walk.cpp failed on a drain (an op it was not told of, or no memory)")
+        for code in range(len(self.args), self._lib.td_walk_args(self._handle)):
+            io = ctypes.c_int()
+            arg = self._lib.td_walk_arg(self._handle, code, ctypes.byref(io)).decode()
+            self.args.append(arg)
+            self.io_args.append(f"{('input', 'output')[io.value]}.{arg}")
+        return WalkedSlots(*(column[:count] for column in outputs_), taken[: taken_count.value])
 
-    def of(self, row: int, io: int, address: int, memory: tuple, backward: bool = False, base: int = 0) -> int:
-        """The value id of a slot of ``row`` (absolute: rows of every drain; slots in row order, each
-        row's inputs first); ``backward``: a backward op's, which may read a saved tensor unpacked;
-        ``base``: the slot's view base (an input first seen that is a view names its memory's owner)."""
-        if row != self._row:
-            self._row, self._inputs, self._input_storages = row, {}, set()
-        known = self._at.get(address)
-        if io == 0:
-            if known is not None and (known[1] == memory or (known[1][1] is None and known[1][0] == memory[0])):
-                value_id = known[0]
-            else:
-                value_id = self._made_in.get(memory) if backward else None
-                if value_id is None:
-                    value_id = self._made_in[memory] = next(self._fresh)
-                    if base:
-                        self.view_of[value_id] = self._base_id(base, memory[0])
-            self._inputs[address] = value_id
-            self._input_storages.add(memory[0])
-        elif address in self._inputs:  # an argument the op returns (it wrote it, or lift_fresh)
-            value_id = self._inputs[address]
-        else:
-            value_id = next(self._fresh)
-            if memory[0] not in self._input_storages:  # fresh memory, not a view of an input
-                self._made_in[memory] = value_id
-            else:
-                self._made_in.setdefault(memory, value_id)
-        self._at[address] = (value_id, memory)
-        return value_id
+
+@functools.cache
+def load_slot_walk() -> ctypes.CDLL | None:
+    """The walk's library, built on first use (no torch headers: seconds); ``None`` where it cannot
+    be built (a warning says why, once) or native code is disabled."""
+    library = load_torch_library("slot_walk")
+    if library is None:
+        return None
+    library.td_walk_new.restype = ctypes.c_void_p
+    library.td_walk_free.argtypes = [ctypes.c_void_p]
+    library.td_walk_next_step.argtypes = [ctypes.c_void_p]
+    library.td_walk_op.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    library.td_walk_op.argtypes += [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    library.td_walk_args.argtypes = [ctypes.c_void_p]
+    library.td_walk_arg.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    library.td_walk_arg.restype = ctypes.c_char_p
+    library.td_walk.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    library.td_walk.restype = ctypes.c_int64
+    return library

@@ -172,12 +172,15 @@ int runs(const c10::TensorImpl* impl, int64_t* sizes, int64_t* strides) {
 }
 
 // The TensorImpl address of the tensor a view's memory belongs to (autograd's _base: the first one,
-// for views of views), or 0 for a tensor that is no view. The temporary reference is dropped before
-// the op returns (a factory's binding checks that it holds its result alone).
-int64_t view_base(c10::TensorImpl* impl) {
+// for views of views), or 0 for a tensor that is no view; `held` gets a weak reference to it. The
+// temporary reference is dropped before the op returns (a factory's binding checks that it holds
+// its result alone).
+int64_t view_base(c10::TensorImpl* impl, WeakImpl& held) {
   if (impl->autograd_meta() == nullptr) return 0;  // no autograd metadata: no view
   at::TensorBase tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
-  return tensor.is_view() ? reinterpret_cast<int64_t>(tensor._base().unsafeGetTensorImpl()) : 0;
+  if (!tensor.is_view()) return 0;
+  held = WeakImpl(tensor._base().getIntrusivePtr());
+  return reinterpret_cast<int64_t>(tensor._base().unsafeGetTensorImpl());
 }
 
 // The sums of a plain (not a subclass, not nested) tensor into out, when the kernel applies: a
@@ -227,10 +230,12 @@ struct Slots {
   std::vector<at::Tensor> kept;
   std::vector<int64_t> kept_slot;
   std::vector<std::pair<size_t, WeakImpl>> waiting;
-  // A weak reference to each slot's TensorImpl, held until the drain hands it to Recorder::seen: the
-  // allocator cannot put another tensor at an address while a weak reference holds it, so from a
-  // tensor's first slot until the drain that reports it freed, its address names it alone.
+  // A weak reference to each slot's TensorImpl (and base_alive: to a view's base), held until the
+  // drain hands it to Recorder::seen: the allocator cannot put another tensor at an address while a
+  // weak reference holds it, so from a tensor's first slot until the drain that reports it freed,
+  // its address names it alone.
   std::vector<WeakImpl> alive;
+  std::vector<WeakImpl> base_alive;  // the same for each view's base (the undefined tensor for none)
 
   // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
@@ -250,7 +255,8 @@ struct Slots {
     stats.resize(at + kStatsWidth, std::nan(""));
     storage.push_back(kind == kPlain ? reinterpret_cast<int64_t>(impl->unsafe_storage().unsafeGetStorageImpl()) : 0);
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
-    base.push_back(kind == kPlain ? view_base(impl) : 0);
+    base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+    base.push_back(kind == kPlain ? view_base(impl, base_alive.back()) : 0);
     if (kind != kPlain) {
       ndim.push_back(0);
       device_type.push_back(-1);
@@ -314,6 +320,7 @@ struct Slots {
     ndim.insert(ndim.end(), other.ndim.begin(), other.ndim.end());
     value.insert(value.end(), other.value.begin(), other.value.end());
     alive.insert(alive.end(), other.alive.begin(), other.alive.end());
+    base_alive.insert(base_alive.end(), other.base_alive.begin(), other.base_alive.end());
     version.insert(version.end(), other.version.begin(), other.version.end());
     storage.insert(storage.end(), other.storage.begin(), other.storage.end());
     offset.insert(offset.end(), other.offset.begin(), other.offset.end());
@@ -346,6 +353,7 @@ struct Slots {
     move(ndim, other.ndim, 1);
     move(value, other.value, 1);
     move(alive, other.alive, 1);
+    move(base_alive, other.base_alive, 1);
     move(version, other.version, 1);
     move(storage, other.storage, 1);
     move(offset, other.offset, 1);
@@ -386,6 +394,7 @@ struct Slots {
     arg.clear();
     element.clear();
     alive.clear();
+    base_alive.clear();
   }
 };
 
@@ -411,8 +420,9 @@ struct Recorder {
   std::vector<int64_t> stack;  // an index into tracebacks, -1 for none
   std::vector<Traceback> tracebacks;
   Slots slots;
-  // The TensorImpls of the slots drained, by address, held weakly until they are freed; those freed
-  // are reported by the next drain (freed), after which their addresses may be reused.
+  // The TensorImpls of the slots drained (and of their views' bases), by address, held weakly until
+  // they are freed; those freed are reported by the next drain (freed), after which their addresses
+  // may be reused.
   std::unordered_map<int64_t, WeakImpl> seen;
   std::vector<int64_t> freed;
 
@@ -755,7 +765,8 @@ void td_observer_counts(int64_t* counts) {
 
 // Move the first counts[0] op rows, counts[1] slot rows, counts[2] shape and stride entries and
 // counts[4] kept tensors (as td_observer_counts gave them) into the 24 columns: Recorder's op
-// columns, then its Slots' (the kept tensors' slots; the tensors go to observer_kept()), then the
+// columns, then its Slots' (the kept tensors' slots, -1 for one freed or changed in place since it
+// was recorded; the others go to observer_kept()), then the
 // rows' stacks (indices into the tracebacks td_observer_stacks symbolizes), then the slots' view
 // bases; rows added since stay. Called between ops: an op still running when its row is drained records its
 // outputs with the next drain.
@@ -772,7 +783,6 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   size_t tracebacks = 0;  // those of the rows drained: the first ones
   for (size_t row = 0; row < ops; ++row) tracebacks += recorder.stack[row] >= 0 ? 1 : 0;
   take(recorder.stack, ops, columns[22]);
-  take(from.base, slots, columns[23]);
   for (auto& index : recorder.stack) index -= index >= 0 ? static_cast<int64_t>(tracebacks) : 0;
   drained_tracebacks.assign(std::make_move_iterator(recorder.tracebacks.begin()),
                             std::make_move_iterator(recorder.tracebacks.begin() + static_cast<std::ptrdiff_t>(tracebacks)));
@@ -786,8 +796,23 @@ void td_observer_drain(const int64_t* counts, void** columns) {
       ++it;
     }
   }
-  for (size_t slot = 0; slot < slots; ++slot) recorder.seen.try_emplace(from.value[slot], std::move(from.alive[slot]));
+  for (size_t slot = 0; slot < slots; ++slot) {
+    recorder.seen.try_emplace(from.value[slot], std::move(from.alive[slot]));
+    if (from.base[slot] != 0) recorder.seen.try_emplace(from.base[slot], std::move(from.base_alive[slot]));
+  }
   from.alive.erase(from.alive.begin(), from.alive.begin() + static_cast<std::ptrdiff_t>(slots));
+  from.base_alive.erase(from.base_alive.begin(), from.base_alive.begin() + static_cast<std::ptrdiff_t>(slots));
+  take(from.base, slots, columns[23]);
+  handed.clear();
+  for (size_t entry = 0; entry < kept; ++entry) {  // freed before it was held, or changed since: slot -1
+    auto& tensor = from.kept[entry];
+    auto recorded = from.version[static_cast<size_t>(from.kept_slot[entry])];
+    if (tensor.defined() && (recorded < 0 || tensor.unsafeGetTensorImpl()->version_counter().current_version() == recorded)) {
+      handed.push_back(std::move(tensor));
+    } else {
+      from.kept_slot[entry] = -1;
+    }
+  }
   take(from.row, slots, columns[4]);
   take(from.io, slots, columns[5]);
   take(from.arg, slots, columns[6]);
@@ -805,11 +830,6 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(from.device_index, slots, columns[18]);
   take(from.has_stats, slots, columns[19]);
   take(from.stats, slots * kStatsWidth, columns[20]);
-  handed.clear();
-  for (size_t entry = 0; entry < kept; ++entry) {  // an output freed before it was held: slot -1
-    if (!from.kept[entry].defined()) from.kept_slot[entry] = -1;
-    if (from.kept[entry].defined()) handed.push_back(std::move(from.kept[entry]));
-  }
   take(from.kept_slot, kept, columns[21]);
   for (auto& slot : from.kept_slot) slot -= static_cast<int64_t>(slots);
   from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));

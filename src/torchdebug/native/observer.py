@@ -110,7 +110,8 @@ class ObservedOps:
     stats: array
     """``WIDTH`` sums a slot (``torchdebug.stats._schema.COLUMNS``; NaN where ``slot_has_stats`` is 0)."""
     kept_slot: array
-    """The slots of :attr:`kept`, and -1 for each output freed before the next op started (not kept)."""
+    """The slots of :attr:`kept`, and -1 for each tensor not handed over: an output freed before the next
+    op started, or a tensor changed in place since it was recorded (its version moved)."""
     stack: array
     """By op row: an index into :meth:`NativeObserver.stacks`' tracebacks (-1: none taken)."""
     slot_base: array
@@ -118,10 +119,10 @@ class ObservedOps:
     the first one for views of views); 0 for a tensor that is no view, or a flagged one."""
     kept: list[torch.Tensor]
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
-    callback did not take, as recorded (their values may have changed since: compare versions)."""
+    callback did not take, still at the version recorded when drained."""
     freed: array = field(default_factory=lambda: array("q"))
-    """``TensorImpl`` addresses of slots drained before, whose tensors were freed since: from now on
-    another tensor may take the address (until then the observer holds it, weakly)."""
+    """``TensorImpl`` addresses of slots (and of views' bases) drained before, whose tensors were freed
+    since: from now on another tensor may take the address (until then the observer holds it, weakly)."""
 
     def op_names(self) -> list[str]:
         """The op name of each row."""

@@ -1,19 +1,19 @@
 """The native path's records as one Arrow record batch, built from the observer's drained arrays.
 
-The native path (``capture/native_records.py``) walks the drained slots once for what only their
-order tells (value ids, shared statistics, memory not written yet) and notes, per recorded slot, its
-drained index, ``arg``, value id, ``view_of`` and where its statistics come from. The rest is taken
-column by column from the drained arrays and the rows' names: dtypes, shapes, strides, devices and
-versions at the recorded slots, a call's fields per row, the statistics finished from the callback's
-sums in one vectorised pass: no record, name or statistics dict is made per slot. The batch has the schema
-``records_batch`` gives (``_record_columns.py``), read back the same way: docs/architecture.md, "The
-native path".
+The native path's C++ walk (``capture/native_values.py``) gives, per recorded slot, its drained
+index, ``arg`` (a code), value id, ``view_of``, where its statistics come from and why it is not read
+or has no statistics, as arrays. The rest is taken column by column from the drained arrays and the
+rows' names: dtypes, shapes, strides, devices and versions at the recorded slots, a call's fields
+per row, texts by code, the statistics finished from the callback's sums in one vectorised pass: no
+record, name or statistics dict is made per slot. The batch has the schema ``records_batch`` gives
+(``_record_columns.py``), read back the same way: docs/architecture.md, "The native path".
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from torchdebug.stats._schema import COLUMNS, FIRST_COUNT, WIDTH
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
 from torchdebug.store._record_json import json_text
 
-__all__ = ["NO_STATS", "SlotColumns"]
+__all__ = ["SlotColumns", "unread_text"]
 
 
 @functools.cache
@@ -33,9 +33,6 @@ def _io_names() -> pa.Array:
     """``slot_io``'s names; made at first use (pyarrow imports pandas, if installed, at its first ``pa.array``)."""
     return pa.array(["input", "output"], pa.string())
 
-
-NO_STATS = -1
-"""A slot's statistics reference when it has none."""
 
 _STRING, _INT = pa.string(), pa.int64()
 _ROW_TYPES = {"call": _INT, "seq": _INT} | dict.fromkeys(
@@ -48,34 +45,34 @@ _INDICES = 1 << 16
 """Device indices (and -1, none) a device code holds: ``type * _INDICES + index + 1``."""
 
 
+@dataclass(frozen=True, slots=True)
 class SlotColumns:
-    """The recorded slots of one drain, as the walk over the slots notes them; :meth:`batch` makes
-    their records' columns.
+    """The recorded slots of one drain, as the native path's walk gives them (per slot, in row
+    order: numpy arrays; texts by code: string columns); :meth:`batch` makes their records' columns.
 
     A slot's statistics are a reference: ``>= 0`` the drained slot whose callback sums give them
-    (a slot that shows a tensor again names the slot that first showed it), ``<= -2`` a dict in
-    :attr:`stats` (``-2 - index``: statistics torch ops take at the flush, filled before
-    :meth:`batch`), :data:`NO_STATS` none."""
+    (a slot that shows a tensor again names the slot that first showed it), ``-1`` none, ``<= -2``
+    the dict ``stats[-2 - ref]`` (statistics torch ops take at the flush, filled before
+    :meth:`batch`)."""
 
-    def __init__(self) -> None:
-        self.slots: list[int] = []
-        """The drained index of each recorded slot, in row order."""
-        self.args: list[str] = []
-        """Each recorded slot's ``arg`` (``0``, ``1.2``, ``out``)."""
-        self.value_ids: list[int] = []
-        self.view_of: list[int | None] = []
-        self.stats_refs: list[int] = []
-        self.stats: list[dict[str, Any]] = []
-        """The statistics taken as dicts (see the class docstring)."""
-        self.errors: dict[int, str] = {}
-        """``capture_error`` by recorded slot (its position in :attr:`slots`), where there is one."""
-        self.unread: dict[int, str] = {}
-        """Why a recorded slot was described and not read, by position, where it was not."""
-
-    def add_stats(self, stats: dict[str, Any]) -> int:
-        """The reference of statistics held as a dict (filled now or by :meth:`batch`)."""
-        self.stats.append(stats)
-        return -1 - len(self.stats)
+    slots: np.ndarray
+    """The drained index of each recorded slot."""
+    arg_codes: np.ndarray
+    args: pa.Array
+    """``arg`` (``0``, ``1.2``, ``out``) by code."""
+    io_args: pa.Array
+    """``io.arg`` (``input.0``) by code."""
+    value_ids: np.ndarray
+    view_of: np.ndarray
+    """-1: none."""
+    stats_refs: np.ndarray
+    stats: list[dict[str, Any]]
+    error_codes: np.ndarray
+    errors: pa.Array
+    """``capture_error`` by code (0: none)."""
+    unread_codes: np.ndarray
+    unread: pa.Array
+    """``extra`` by code: why a slot was described and not read (:func:`unread_text`; 0: read)."""
 
     def batch(
         self,
@@ -93,33 +90,32 @@ class SlotColumns:
         row its ``RowName`` (``None``: not recorded), ``seqs`` its ``seq``; ``flagged``: the slots
         whose ``slot_flag`` is not it (subclasses, nested tensors) have no shape, stride or device."""
         count = len(self.slots)
-        slots = np.asarray(self.slots, np.int64)
+        slots = self.slots
         rows = pa.array(np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row)
         io = _io_names().take(pa.array(np.asarray(ops.slot_io, np.int64)[slots]))
         undescribed = np.asarray(ops.slot_flag)[slots] != flagged
-        args = pa.array(self.args, _STRING)
-        io_args = pc.binary_join_element_wise(io, args, ".")
+        codes = pa.array(self.arg_codes)
         versions = np.asarray(ops.slot_version, np.int64)[slots]
         devices = np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES + np.asarray(ops.slot_device_index)[slots] + 1
         by_row = _call_columns(calls, seqs, rows)
         columns = {
-            "name": pc.binary_join_element_wise(by_row.pop("call_name"), io_args, "/"),
+            "name": pc.binary_join_element_wise(by_row.pop("call_name"), self.io_args.take(codes), "/"),
             "step": pa.repeat(pa.scalar(step, _INT), count),
             "rank": pa.repeat(pa.scalar(rank, _INT), count),
             **by_row,
             "io": io,
-            "arg": args,
+            "arg": self.args.take(codes),
             "kind": pa.repeat(pa.scalar("tensor"), count),
             "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.__getitem__),
             "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
             "stride": _sizes(ops.stride, ops.slot_ndim, slots, undescribed),
             "device": _named(devices, lambda key: device_name(key // _INDICES, key % _INDICES - 1), undescribed),
             "capture": pa.repeat(pa.scalar("eager"), count),
-            "capture_error": _sparse(count, self.errors),
-            "value_id": pa.array(self.value_ids, _INT),
+            "capture_error": self.errors.take(pa.array(self.error_codes)),
+            "value_id": pa.array(self.value_ids),
             "version": pa.array(versions, _INT, mask=versions < 0),
-            "view_of": pa.array(self.view_of, _INT),
-            "extra": _sparse(count, {row: _unread_text(why) for row, why in self.unread.items()}),
+            "view_of": pa.array(self.view_of, _INT, mask=self.view_of < 0),
+            "extra": self.unread.take(pa.array(self.unread_codes)),
         }
         stats, odd = self._stats_column(ops)
         return columns_batch(count, columns, stats, odd)
@@ -127,14 +123,14 @@ class SlotColumns:
     def _stats_column(self, ops: Any) -> tuple[pa.StructArray, dict[int, dict[str, Any]]]:
         """The statistics column by reference (the class docstring), and the rows whose statistics
         the column cannot hold exactly (kept whole in ``json_fields``, as ``records_batch`` keeps them)."""
-        refs = np.asarray(self.stats_refs, np.int64)
+        refs = self.stats_refs
         sums = np.asarray(ops.stats, np.float64).reshape(-1, WIDTH)
         odd_dicts: dict[int, dict[str, Any]] = {}
         whole = pa.concat_arrays(
             [_from_sums(sums, _numel(ops.shape, ops.slot_ndim)), stats_array(self.stats, odd_dicts), pa.nulls(1, STATS_TYPE)]
         )
         drained, taken = len(sums), len(self.stats)
-        index = np.where(refs >= 0, refs, np.where(refs == NO_STATS, drained + taken, drained - 2 - refs))
+        index = np.where(refs >= 0, refs, np.where(refs == -1, drained + taken, drained - 2 - refs))
         odd = {}
         if odd_dicts:  # rare: statistics of huge ints (beyond a float's exact ints)
             odd = {row: odd_dicts[-2 - ref] for row, ref in enumerate(refs.tolist()) if ref <= -2 and -2 - ref in odd_dicts}
@@ -167,18 +163,10 @@ def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | No
     return dictionary.take(pa.array(inverse.reshape(-1), _INT, mask=empty))
 
 
-def _sparse(count: int, texts: dict[int, str]) -> pa.Array:
-    """A string column empty but at the rows of ``texts``."""
-    column: list[str | None] = [None] * count
-    for row, text in texts.items():
-        column[row] = text
-    return pa.array(column, _STRING)
-
-
 _UNREAD_TEXTS: dict[str, str] = {}
 
 
-def _unread_text(why: str) -> str:
+def unread_text(why: str) -> str:
     """The ``extra`` of a slot described and not read: ``{"unread": why}`` as JSON."""
     text = _UNREAD_TEXTS.get(why)
     if text is None:

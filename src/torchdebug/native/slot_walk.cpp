@@ -1,0 +1,478 @@
+// The slot walk: what only the order of the native observer's drained slots tells (issue 48), in
+// one pass per drain with no Python per slot. capture/native_values.py loads it and hands it the
+// drained arrays and which rows are recorded; it gives back, per recorded slot, its value id and
+// view_of, where its statistics come from, and why it is not read, as arrays.
+//
+// - Value ids as value_ids.py gives them to eager capture's slots, from TensorImpl addresses: a
+//   tensor is the one last seen at its address while its memory (storage, offset, shape, dtype) is
+//   the same. An op's output is a new value unless it is one of the op's arguments (an in-place
+//   op's, lift_fresh's); a backward op's input first seen over the memory a value was made in this
+//   step is that value (autograd unpacks a saved output as a new TensorImpl); another input first
+//   seen is a new value, and, when autograd knows it as a view, names its base's (the value seen at
+//   the base's address on that storage, or a new one). A view op's new outputs name their first
+//   argument's memory owner. The observer holds each address weakly until it reports it freed
+//   (freed, after that drain's slots): an address names one tensor meanwhile.
+// - Shared statistics as CaptureSession shares them: a tensor seen again at the same version and
+//   memory, and the only output of a copy or a view with its argument's elements (alias_stats), has
+//   the statistics taken first; else the callback's sums, a kept tensor's (taken at the flush), or
+//   none (it changed before the flush).
+// - Memory that holds no value of the run yet, as unwritten.py follows it: a slot on it is
+//   "uninitialised"; an argument an op overwrites without reading it is described, not read.
+//
+// Plain C++, no torch headers: extern "C" entry points loaded with ctypes. State lives in a Walk
+// per capture (td_walk_new), never in globals: two debuggers share nothing.
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+constexpr int8_t kPlain = 0;  // observer.py's PLAIN: a slot whose sizes were read
+constexpr int8_t kChanged = 3;  // error code: a kept tensor changed or freed before the flush
+constexpr int8_t kUninitialised = 1;  // unread code of "uninitialised" (native_values.py's table)
+constexpr int64_t kNone = -1;
+
+enum OpFlag : int { kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16 };
+
+struct Memory {
+  int64_t storage = 0;
+  int64_t offset = 0;
+  int8_t dtype = 0;
+  bool partial = false;  // only the storage is known: a base seen through a view of it
+  std::vector<int64_t> shape;
+  bool operator==(const Memory&) const = default;
+};
+
+struct MemoryHash {
+  size_t operator()(const Memory& memory) const {
+    uint64_t hash = static_cast<uint64_t>(memory.storage) * 0x9E3779B97F4A7C15ULL;
+    auto mix = [&hash](uint64_t value) { hash = (hash ^ value) * 0x100000001B3ULL + (hash >> 29); };
+    mix(static_cast<uint64_t>(memory.offset));
+    mix(static_cast<uint64_t>(memory.dtype) | (memory.partial ? 256 : 0));
+    for (auto size : memory.shape) mix(static_cast<uint64_t>(size));
+    return static_cast<size_t>(hash);
+  }
+};
+
+struct Value {
+  int64_t id;
+  int64_t view_of;  // kNone: no view
+};
+
+struct Known {  // the tensor last seen at an address
+  Value value;
+  Memory memory;
+};
+
+struct Seen {  // a tensor's first statistics this step
+  int64_t version;
+  Memory memory;
+  int64_t stats;  // the reference the walk gave it
+  int64_t drain;  // references name the slots of one drain
+};
+
+struct OpFacts {
+  int flags = 0;
+  std::vector<std::string> inputs;  // by schema position: "0", "1", a keyword-only argument's name
+  std::vector<int8_t> unread_inputs;  // by schema position: an unread code, 0 none
+  std::vector<int8_t> unread_outputs;  // by result position (a list result: by element)
+  int8_t unread_other_outputs = 0;  // the results beyond unread_outputs ("*")
+  std::unordered_map<int64_t, int32_t> arg_codes;  // (io, arg, element) → the interned arg
+};
+
+struct Source {  // the row's first argument, a plain tensor
+  int64_t address = 0, version = 0, numel = 0, device = 0;
+  Memory memory;
+};
+
+struct Walk {
+  std::unordered_map<int32_t, OpFacts> ops;
+  std::unordered_map<int64_t, Known> at;
+  std::unordered_map<Memory, Value, MemoryHash> made_in;  // this step: the value first made in a memory
+  std::unordered_map<int64_t, Seen> seen;  // this step, by address
+  std::unordered_set<int64_t> unwritten;  // storages of allocations nothing has written since
+  int64_t fresh = 0;
+  int64_t drains = 0;
+  int64_t row = -1;  // the row whose inputs follow
+  std::unordered_map<int64_t, Value> inputs;
+  std::unordered_set<int64_t> input_storages;
+  std::vector<std::string> args;  // interned: "0", "1.2", "out"
+  std::vector<int8_t> arg_io;
+  std::unordered_map<std::string, int32_t> arg_index[2];
+
+  int32_t intern(int8_t io, const std::string& arg) {
+    auto [found, added] = arg_index[io].emplace(arg, static_cast<int32_t>(args.size()));
+    if (added) {
+      args.push_back(arg);
+      arg_io.push_back(io);
+    }
+    return found->second;
+  }
+
+  // The arg of a slot, as a dispatch mode's iter_slots names it (OpSlotNames.slot).
+  int32_t arg_code(OpFacts& op, int8_t io, int16_t arg, int16_t element) {
+    int64_t key = (static_cast<int64_t>(io) << 40) | (static_cast<int64_t>(static_cast<uint16_t>(arg)) << 20) |
+                  static_cast<int64_t>(static_cast<uint16_t>(element));
+    auto found = op.arg_codes.find(key);
+    if (found != op.arg_codes.end()) return found->second;
+    std::string name;
+    if (io == 0) {
+      name = static_cast<size_t>(arg) < op.inputs.size() ? op.inputs[arg] : std::to_string(arg);
+    } else if (op.flags & kListResult) {
+      name = std::to_string(element);
+    } else {
+      name = std::to_string(arg);
+    }
+    if (element >= 0 && !(io == 1 && (op.flags & kListResult))) name += "." + std::to_string(element);
+    return op.arg_codes[key] = intern(io, name);
+  }
+
+  int64_t base_id(int64_t base, int64_t storage) {
+    auto known = at.find(base);
+    if (known != at.end() && known->second.memory.storage == storage) {
+      const auto& value = known->second.value;
+      return value.view_of != kNone ? value.view_of : value.id;
+    }
+    int64_t id = fresh++;
+    Memory partial;
+    partial.storage = storage;
+    partial.partial = true;
+    at[base] = Known{{id, kNone}, std::move(partial)};
+    return id;
+  }
+
+  // NativeValueIds.of: the value of a slot of `at_row` (slots in row order, each row's inputs first).
+  Value of(int64_t at_row, int8_t io, int64_t address, const Memory& memory, bool backward, int64_t base) {
+    if (at_row != row) {
+      row = at_row;
+      inputs.clear();
+      input_storages.clear();
+    }
+    Value value{kNone, kNone};
+    auto known = at.find(address);
+    if (io == 0) {
+      if (known != at.end() && (known->second.memory == memory ||
+                                (known->second.memory.partial && known->second.memory.storage == memory.storage))) {
+        value = known->second.value;
+      } else {
+        auto made = backward ? made_in.find(memory) : made_in.end();
+        if (made != made_in.end()) {
+          value = made->second;
+        } else {
+          value.id = fresh++;
+          if (base != 0) value.view_of = base_id(base, memory.storage);
+          made_in[memory] = value;
+        }
+      }
+      inputs[address] = value;
+      input_storages.insert(memory.storage);
+    } else if (auto argument = inputs.find(address); argument != inputs.end()) {
+      value = argument->second;  // an argument the op returns (it wrote it, or lift_fresh)
+    } else {
+      value.id = fresh++;
+      if (!input_storages.contains(memory.storage)) {  // fresh memory, not a view of an input
+        made_in[memory] = value;
+      } else {
+        made_in.try_emplace(memory, value);
+      }
+    }
+    at[address] = Known{value, memory};
+    return value;
+  }
+
+  // A view op's output `value` at `address` in `memory`, made from `source`: it names the source's owner.
+  void made_view(Value& value, int64_t address, const Memory& memory, Value source) {
+    value.view_of = source.view_of != kNone ? source.view_of : source.id;
+    at[address].value.view_of = value.view_of;
+    auto made = made_in.find(memory);
+    if (made != made_in.end() && made->second.id == value.id) made->second.view_of = value.view_of;
+  }
+
+  void forget(int64_t address, const Memory& memory) {
+    at.erase(address);
+    made_in.erase(memory);
+  }
+
+  // NativeUnwritten.why: why a plain recorded slot is described and not read (0: it is read), and
+  // what that tells of its storage.
+  int8_t unread(const OpFacts& op, int8_t io, int16_t arg, int16_t element, int64_t storage, int64_t numel) {
+    int8_t why;
+    if (io == 0) {
+      why = static_cast<size_t>(arg) < op.unread_inputs.size() ? op.unread_inputs[arg] : 0;
+    } else {
+      auto index = static_cast<size_t>((op.flags & kListResult) ? element : arg);
+      why = index < op.unread_outputs.size() ? op.unread_outputs[index] : op.unread_other_outputs;
+    }
+    bool is_mutable = op.flags & kMutable;
+    if (why == 0 && !unwritten.empty()) {
+      if (io && is_mutable) {  // an in-place op's written argument holds values from now on
+        unwritten.erase(storage);
+      } else if (unwritten.contains(storage)) {
+        why = kUninitialised;
+      }
+    }
+    if (why == 0 || numel == 0) {
+      if (io && !is_mutable && !(op.flags & kMakesViews)) unwritten.erase(storage);  // fresh memory: an address reused
+      return 0;
+    }
+    if (why == kUninitialised && io) {
+      unwritten.insert(storage);
+    } else if (why != kUninitialised) {  // the op writes it
+      unwritten.erase(storage);
+    }
+    return why;
+  }
+
+  // _alias_stats: the statistics an op's only output shares with its first argument (a copy or a
+  // view with its elements, of an argument whose statistics were taken at its version), or kNone.
+  int64_t alias_stats(const OpFacts& op, const Source& source, const Memory& memory, int64_t numel, int64_t device) {
+    if (numel != source.numel || memory.dtype != source.memory.dtype) return kNone;
+    if (!(op.flags & kValuePreserving) && (device != source.device || memory.storage != source.memory.storage)) return kNone;
+    auto known = seen.find(source.address);
+    if (known == seen.end() || known->second.drain != drains || known->second.version != source.version ||
+        !(known->second.memory == source.memory)) {
+      return kNone;
+    }
+    return known->second.stats;
+  }
+};
+
+template <typename T>
+const T* column(void* const* columns, int index) {
+  return static_cast<const T*>(columns[index]);
+}
+
+}  // namespace
+
+extern "C" {
+
+void* td_walk_new() { return new (std::nothrow) Walk(); }
+
+void td_walk_free(void* walk) { delete static_cast<Walk*>(walk); }
+
+// A new step: the memory values were made in, and the statistics taken, are another step's.
+void td_walk_next_step(void* walk) {
+  auto& state = *static_cast<Walk*>(walk);
+  state.made_in.clear();
+  state.seen.clear();
+  state.row = -1;
+}
+
+// What the walk needs of op `op` (an observer op id): OpFlag bits; its inputs' names by schema
+// position, each ended by '\n'; the unread codes of its inputs (n_inputs), of its results
+// (n_outputs, by element for a list result) and of the results beyond them. Returns 0, -1 on failure.
+int td_walk_op(void* walk, int op, int flags, const char* input_names, int n_inputs, const int8_t* unread_inputs,
+               int n_outputs, const int8_t* unread_outputs, int unread_other_outputs) {
+  try {
+    OpFacts facts;
+    facts.flags = flags;
+    for (const char* name = input_names; *name != '\0';) {
+      const char* end = std::strchr(name, '\n');
+      facts.inputs.emplace_back(name, end);
+      name = end + 1;
+    }
+    facts.unread_inputs.assign(unread_inputs, unread_inputs + n_inputs);
+    facts.unread_outputs.assign(unread_outputs, unread_outputs + n_outputs);
+    facts.unread_other_outputs = static_cast<int8_t>(unread_other_outputs);
+    static_cast<Walk*>(walk)->ops[op] = std::move(facts);
+    return 0;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// The args interned so far: their number; td_walk_arg(i) the i-th, and on which side (0 input).
+int td_walk_args(void* walk) { return static_cast<int>(static_cast<Walk*>(walk)->args.size()); }
+
+const char* td_walk_arg(void* walk, int index, int* io) {
+  auto& state = *static_cast<Walk*>(walk);
+  *io = state.arg_io.at(static_cast<size_t>(index));
+  return state.args.at(static_cast<size_t>(index)).c_str();
+}
+
+// Walk the drained slots (counts: rows, slots, kept tensors, freed addresses, the first row's
+// absolute number; options: the sides recorded, bit 0 inputs and bit 1 outputs, then 1 with
+// statistics). columns, in native_values.py's order: the rows' op ids, backward marks and whether
+// each is recorded (its slots are records); the slots' rows, io, arg, element, dtype, flag, ndim,
+// address, version, storage, offset, the flat shapes, device type and index, whether the callback
+// summed it, view base; the kept tensors' slots (-1: not handed over); the freed addresses; then
+// the outputs, one entry per recorded slot: drained index, value id, view_of (-1: none), statistics
+// reference (>= 0 the drained slot whose sums give them, -1 none, <= -2 the entry -2 - ref of
+// taken), error code (1 subclass, 2 nested, 3 changed), unread code, arg code; and taken: the
+// drained slots whose kept tensor is reduced at the flush (-1: the statistics of no elements).
+// Returns the recorded slots (and the taken entries into *taken_count), or -1 on failure.
+int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* const* columns, int64_t* taken_count) {
+  try {
+    auto& state = *static_cast<Walk*>(walk);
+    auto slots = counts[1], kept_count = counts[2], freed_count = counts[3], first_row = counts[4];
+    bool want_inputs = options[0] & 1, want_outputs = options[0] & 2, statistics = options[1] != 0;
+    auto row_op = column<int32_t>(columns, 0);
+    auto row_backward = column<int8_t>(columns, 1);
+    auto row_recorded = column<int8_t>(columns, 2);
+    auto slot_row = column<int64_t>(columns, 3);
+    auto slot_io = column<int8_t>(columns, 4);
+    auto slot_arg = column<int16_t>(columns, 5);
+    auto slot_element = column<int16_t>(columns, 6);
+    auto slot_dtype = column<int8_t>(columns, 7);
+    auto slot_flag = column<int8_t>(columns, 8);
+    auto slot_ndim = column<int8_t>(columns, 9);
+    auto slot_value = column<int64_t>(columns, 10);
+    auto slot_version = column<int64_t>(columns, 11);
+    auto slot_storage = column<int64_t>(columns, 12);
+    auto slot_offset = column<int64_t>(columns, 13);
+    auto shape = column<int64_t>(columns, 14);
+    auto device_type = column<int8_t>(columns, 15);
+    auto device_index = column<int8_t>(columns, 16);
+    auto has_stats = column<int8_t>(columns, 17);
+    auto slot_base = column<int64_t>(columns, 18);
+    auto kept_slot = column<int64_t>(columns, 19);
+    auto freed = column<int64_t>(columns, 20);
+    auto out_slot = static_cast<int64_t*>(columns[21]);
+    auto out_value = static_cast<int64_t*>(columns[22]);
+    auto out_view_of = static_cast<int64_t*>(columns[23]);
+    auto out_stats = static_cast<int64_t*>(columns[24]);
+    auto out_error = static_cast<int8_t*>(columns[25]);
+    auto out_unread = static_cast<int8_t*>(columns[26]);
+    auto out_arg = static_cast<int32_t*>(columns[27]);
+    auto taken = static_cast<int64_t*>(columns[28]);
+
+    ++state.drains;
+    std::vector<int8_t> kept(static_cast<size_t>(slots), 0);
+    for (int64_t entry = 0; entry < kept_count; ++entry) {
+      if (kept_slot[entry] >= 0) kept[static_cast<size_t>(kept_slot[entry])] = 1;
+    }
+    int64_t recorded = 0, taken_entries = 0, empty = kNone;
+    int64_t last_row = -1, dims = 0;
+    OpFacts* op = nullptr;
+    bool backward = false;
+    std::unordered_set<int64_t> arguments;  // an unrecorded row's tensor arguments (an in-place op returns one)
+    bool has_source = false;
+    Source source{};
+    bool has_source_value = false;
+    Value source_value{kNone, kNone};
+    Memory memory;
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      int64_t row = slot_row[slot];
+      int8_t io = slot_io[slot], flag = slot_flag[slot];
+      int64_t address = slot_value[slot], version = slot_version[slot], storage = slot_storage[slot];
+      int ndim = slot_ndim[slot];
+      memory.storage = storage;
+      memory.offset = slot_offset[slot];
+      memory.dtype = slot_dtype[slot];
+      memory.shape.assign(shape + dims, shape + dims + ndim);
+      dims += ndim;
+      if (row != last_row) {
+        last_row = row;
+        has_source = has_source_value = false;
+        arguments.clear();
+        auto index = row - first_row;
+        op = nullptr;
+        if (row_recorded[index]) {
+          auto found = state.ops.find(row_op[index]);
+          if (found == state.ops.end()) return -1;  // facts not given: the caller's error
+          op = &found->second;
+          backward = row_backward[index] != 0;
+        }
+      }
+      if (op == nullptr) {
+        if (io == 0) {
+          arguments.insert(address);
+        } else if (!arguments.contains(address)) {  // a tensor made unrecorded: the one seen at its address is gone
+          state.seen.erase(address);
+          state.forget(address, memory);
+        }
+        continue;
+      }
+      int64_t numel = 1;
+      for (auto size : memory.shape) numel *= size;
+      int64_t device = static_cast<int64_t>(device_type[slot]) * 256 + device_index[slot];
+      bool first = slot_arg[slot] == 0 && slot_element[slot] < 0 && flag == kPlain;
+      if (io == 0 && first) {
+        has_source = true;
+        source.address = address;
+        source.version = version;
+        source.numel = numel;
+        source.device = device;
+        source.memory = memory;
+      }
+      int64_t reused = kNone;
+      bool is_mutable = op->flags & kMutable;
+      if (io && first && has_source && (op->flags & kOneTensor) && !is_mutable) {
+        reused = state.alias_stats(*op, source, memory, numel, device);
+        if (reused != kNone) state.seen[address] = Seen{version, memory, reused, state.drains};
+      }
+      if (!(io ? want_outputs : want_inputs)) {
+        if (io == 0 && (is_mutable || (first && (op->flags & kMakesViews)))) {  // ValueIds.see, ValueIds.views
+          auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
+          if (first) {
+            has_source_value = true;
+            source_value = value;
+          }
+        } else if (io && reused == kNone) {
+          state.seen.erase(address);
+          state.forget(address, memory);
+        }
+        continue;
+      }
+      auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
+      if (io == 0 && first) {
+        has_source_value = true;
+        source_value = value;
+      } else if (io && (op->flags & kMakesViews) && has_source_value && value.id != source_value.id) {
+        state.made_view(value, address, memory, source_value);
+      }
+      int64_t stats = kNone;
+      int8_t error = 0, why = 0;
+      if (flag != kPlain) {
+        error = flag;
+      } else if ((why = state.unread(*op, io, slot_arg[slot], slot_element[slot], storage, numel)) != 0) {
+      } else if (!statistics) {
+      } else if (reused != kNone) {
+        stats = reused;
+      } else if (auto known = io == 0 ? state.seen.find(address) : state.seen.end();
+                 known != state.seen.end() && known->second.drain == state.drains && known->second.version == version &&
+                 known->second.memory == memory) {
+        stats = known->second.stats;  // an output is a new tensor, or written: only an input is known
+      } else {
+        if (has_stats[slot]) {
+          stats = slot;
+        } else if (numel == 0) {
+          if (empty == kNone) {
+            taken[taken_entries] = kNone;
+            empty = -2 - taken_entries++;
+          }
+          stats = empty;
+        } else if (kept[static_cast<size_t>(slot)]) {
+          taken[taken_entries] = slot;
+          stats = -2 - taken_entries++;
+        } else {
+          error = kChanged;
+        }
+        if (stats != kNone) state.seen[address] = Seen{version, memory, stats, state.drains};
+      }
+      out_slot[recorded] = slot;
+      out_value[recorded] = value.id;
+      out_view_of[recorded] = value.view_of;
+      out_stats[recorded] = stats;
+      out_error[recorded] = error;
+      out_unread[recorded] = why;
+      out_arg[recorded] = state.arg_code(*op, io, slot_arg[slot], slot_element[slot]);
+      ++recorded;
+    }
+    for (int64_t index = 0; index < freed_count; ++index) {  // after these slots: another tensor may take them now
+      state.at.erase(freed[index]);
+      state.seen.erase(freed[index]);
+    }
+    *taken_count = taken_entries;
+    return recorded;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,185 @@
+"""The C++ slot walk (``native/slot_walk.cpp`` through ``native_values.py``) gives value ids from
+addresses: the tensor at an address is the one last seen there while its memory is the same; an
+op's output is new unless it is one of its arguments; a backward op's input over the memory a value
+was made in is that value; views name their memory's owner; a freed tensor's address names another
+tensor. Some cases on hand-made slots, some on the observer's slots of real tensors."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pytest
+import torch
+
+from torchdebug.capture.eager import op_info
+from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
+from torchdebug.capture.native_values import SlotWalk, WalkedSlots, load_slot_walk
+from torchdebug.native import build
+from torchdebug.native.observer import NativeObserver, ObservedOps, load_observer
+from torchdebug.records import Record
+
+pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the walk")
+
+_A, _B, _C = 0x100, 0x200, 0x300
+"""``TensorImpl`` addresses."""
+_OPS = ("aten.neg.default", "aten.view.default", "aten.add_.Tensor")
+"""Hand-made rows' ops, by id: a new output, a view, an in-place write."""
+_NEG, _VIEW, _ADD_ = range(len(_OPS))
+
+
+def _walk() -> SlotWalk:
+    library = load_slot_walk()
+    assert library is not None, "a C++ compiler is here: the walk must build"
+    walk = SlotWalk(library)
+    for op_id, name in enumerate(_OPS):
+        overload = op_overload(name)
+        names = OpSlotNames.of(overload)
+        walk.add_op(op_id, op_info(overload), names.inputs, 1, list_result=False, one_tensor=True)
+    return walk
+
+
+def _drained(rows: list[tuple[int, bool]], slots: list[tuple], first_row: int = 0, freed: tuple[int, ...] = ()) -> ObservedOps:
+    """Rows ``(op id, backward)`` and their slots ``(row, io, address, storage, shape[, base])``
+    (float32 CPU tensors at offset 0 and version 0), as the observer drains them."""
+    shapes = [slot[4] for slot in slots]
+    count = len(slots)
+    return ObservedOps(
+        names=list(_OPS),
+        first_row=first_row,
+        op=array("i", [op for op, _ in rows]),
+        seq=array("q", [-1] * len(rows)),
+        backward=array("b", [backward for _, backward in rows]),
+        module=array("q", [-1] * len(rows)),
+        slot_row=array("q", [slot[0] for slot in slots]),
+        slot_io=array("b", [slot[1] for slot in slots]),
+        slot_arg=array("h", [0] * count),
+        slot_element=array("h", [-1] * count),
+        slot_dtype=array("b", [6] * count),
+        slot_flag=array("b", [0] * count),
+        slot_ndim=array("b", [len(shape) for shape in shapes]),
+        slot_value=array("q", [slot[2] for slot in slots]),
+        slot_version=array("q", [0] * count),
+        slot_storage=array("q", [slot[3] for slot in slots]),
+        slot_offset=array("q", [0] * count),
+        shape=array("q", [size for shape in shapes for size in shape]),
+        stride=array("q", [1 for shape in shapes for _ in shape]),
+        slot_device_type=array("b", [0] * count),
+        slot_device_index=array("b", [-1] * count),
+        slot_has_stats=array("b", [0] * count),
+        stats=array("d", [0.0] * (8 * count)),
+        kept_slot=array("q"),
+        stack=array("q", [-1] * len(rows)),
+        slot_base=array("q", [slot[5] if len(slot) > 5 else 0 for slot in slots]),
+        kept=[],
+        freed=array("q", freed),
+    )
+
+
+def _ids(walk: SlotWalk, ops: ObservedOps) -> WalkedSlots:
+    return walk.walk(ops, np.ones(len(ops.op), np.int8), inputs=True, outputs=True, statistics=False)
+
+
+def test_an_address_reused_over_other_memory_is_another_tensor() -> None:
+    ids = _ids(_walk(), _drained([(_NEG, False)] * 3, [(0, 1, _A, 1, (4,)), (1, 0, _A, 1, (4,)), (2, 0, _A, 2, (4,))]))
+    made, again, other = ids.value_ids.tolist()
+    assert again == made and other != made
+
+
+def test_an_in_place_ops_output_is_the_argument_it_wrote_and_a_new_output_is_new() -> None:
+    slots = [(0, 0, _A, 1, (4,)), (0, 1, _A, 1, (4,)), (1, 0, _A, 1, (4,)), (1, 1, _B, 2, (4,))]
+    written, returned, read, new = _ids(_walk(), _drained([(_ADD_, False), (_NEG, False)], slots)).value_ids.tolist()
+    assert returned == written == read and new != written
+
+
+def test_a_saved_output_unpacked_in_the_backward_is_the_value_made_in_its_memory() -> None:
+    slots = [(0, 1, _A, 1, (4,)), (1, 0, _B, 1, (4,)), (2, 0, _C, 1, (4,))]
+    made, unpacked, elsewhere = _ids(_walk(), _drained([(_NEG, False), (_NEG, True), (_NEG, False)], slots)).value_ids.tolist()
+    assert unpacked == made  # a new TensorImpl over the same memory, in the backward
+    assert elsewhere != made  # outside the backward: another tensor
+
+
+def test_a_view_names_the_first_owner_of_its_memory_and_a_view_first_seen_its_base() -> None:
+    rows = [(_NEG, False), (_VIEW, False), (_VIEW, False), (_NEG, False), (_NEG, False)]
+    slots = [
+        (0, 1, _A, 1, (4,)),
+        (1, 0, _A, 1, (4,)),
+        (1, 1, _B, 1, (2, 2)),
+        (2, 0, _B, 1, (2, 2)),
+        (2, 1, _C, 1, (4, 1)),
+        (3, 0, 0x400, 9, (2,), 0x500),  # a slice of a batch made before capture
+        (4, 0, 0x500, 9, (4,)),
+    ]
+    walked = _ids(_walk(), _drained(rows, slots))
+    ids, view_of = walked.value_ids.tolist(), walked.view_of.tolist()
+    owner = ids[0]
+    assert view_of[2] == view_of[4] == owner  # a view, and a view of it, name the owner
+    assert view_of[0] == view_of[1] == -1
+    assert view_of[5] not in (owner, ids[5], -1)
+    assert ids[6] == view_of[5]  # the base, seen later, is that value
+
+
+def test_a_freed_tensors_address_names_another_tensor_after_the_drain_that_reports_it() -> None:
+    walk = _walk()
+    (made,) = _ids(walk, _drained([(_NEG, False)], [(0, 1, _A, 1, (4,))])).value_ids.tolist()
+    (held,) = _ids(walk, _drained([(_NEG, False)], [(1, 0, _A, 1, (4,))], first_row=1, freed=(_A,))).value_ids.tolist()
+    assert held == made  # its slots in the drain that reports it freed are still it
+    (reused,) = _ids(walk, _drained([(_NEG, False)], [(2, 0, _A, 1, (4,))], first_row=2)).value_ids.tolist()
+    assert reused != made  # the same address over the same memory: the allocator gave both to a new tensor
+
+
+def test_the_walk_fails_on_an_op_it_was_not_told_of() -> None:
+    walk = SlotWalk(load_slot_walk())
+    with pytest.raises(RuntimeError, match="not told of"):
+        _ids(walk, _drained([(_NEG, False)], [(0, 1, _A, 1, (4,))]))
+
+
+@pytest.fixture(scope="module")
+def observer() -> NativeObserver:
+    loaded = load_observer()
+    assert loaded is not None, "a C++ compiler is here: the observer must build"
+    return loaded
+
+
+def _records(observer: NativeObserver, run) -> list[Record]:  # noqa: ANN001
+    capture = NativeStepCapture(observer, None)
+    capture.start()
+    run()
+    capture.stop()
+    return capture.records()
+
+
+def test_views_and_in_place_writes_of_real_tensors_keep_their_values(observer: NativeObserver) -> None:
+    x = torch.randn(4, 4)
+
+    def run() -> None:
+        y = x.view(16)
+        y.mul_(2.0)
+        x.transpose(0, 1).contiguous().neg()
+
+    records = {record.name: record for record in _records(observer, run)}
+    source = records["forward/-/aten.view.default#0/input.0"]
+    view = records["forward/-/aten.view.default#0/output.0"]
+    assert view.view_of == source.value_id != view.value_id and source.view_of is None
+    written = records["forward/-/aten.mul_.Tensor#0/input.0"]
+    after = records["forward/-/aten.mul_.Tensor#0/output.0"]
+    assert written.value_id == after.value_id == view.value_id and after.version == written.version + 1
+    transposed = records["forward/-/aten.transpose.int#0/output.0"]
+    assert transposed.view_of == source.value_id  # a view of the same memory names its owner
+    copied = records["forward/-/aten.clone.default#0/output.0"]
+    assert copied.view_of is None and records["forward/-/aten.neg.default#0/input.0"].value_id == copied.value_id
+
+
+def test_a_tensor_freed_and_its_address_taken_again_gets_a_new_value_id(observer: NativeObserver) -> None:
+    """Over two captures' drains of one walk: tensors freed between them, their memory reused."""
+    capture = NativeStepCapture(observer, None)
+    ids = []
+    for _ in range(3):
+        capture.start()
+        made = torch.ones(8).add(1.0)
+        made.neg()
+        capture.stop()
+        records = capture.records()
+        ids.append({record.value_id for record in records if record.op == "aten.neg.default" and record.io == "input"})
+        del made
+    assert len(ids[0] | ids[1] | ids[2]) == 3

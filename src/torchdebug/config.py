@@ -10,22 +10,16 @@ config object and its validators). The compile backend's options live beside the
 from __future__ import annotations
 
 import json
-from dataclasses import field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from torchdebug.errors import ConfigError
-from torchdebug.options import Options, boolean, choices, configclass, index_set, number, one_of, option, patterns, text
+from torchdebug.options import AtLeast, Check, Folder, Indices, Options, Patterns, configclass, one_of, option, patterns
 
-ON_WRITE_ERROR = ("continue", "raise")
+OnWriteError = Literal["continue", "raise"]
 """What a failed write of the dump does (``on_write_error``, of the Debugger and the Monitor)."""
-
-TASKS = ("statistics", "tensor", "structure", "overflow_check", "checksum")
-COMPILED_CODE = ("as_run", "eager")
-LEVELS = ("op", "module", "mix")
-DATA_MODES = ("all", "forward", "backward", "input", "output")
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 """The modes ``torch.compile`` takes (``compile_mode``, of the compile backend and of diagnose)."""
 
 TENSOR_BYTES_IN_FLIGHT = 256 * 2**20
@@ -61,14 +55,11 @@ def read_mapping_file(path: str | Path, key: str) -> dict[str, Any]:
     return data
 
 
-def _pair(what: str) -> Any:
-    def check(key: str, value: Any) -> list[str]:
-        names = patterns(key, value)
-        if names and len(names) != 2:
-            raise ConfigError(f"{key}: got {value!r}, expected {what}")
-        return names
-
-    return check
+def _call_range(key: str, value: Any) -> list[str]:
+    names = patterns(key, value)
+    if names and len(names) != 2:
+        raise ConfigError(f"{key}: got {value!r}, expected two call names [FROM, TO]")
+    return names
 
 
 def _stack(key: str, value: Any) -> str | list[str]:
@@ -86,159 +77,78 @@ def _overflow_nums(key: str, value: Any) -> int:
     return value
 
 
+_NAMES = {"type": "array", "items": {"type": "string"}}
+
+
 @configclass
 class DebuggerConfig(Options):
     """What an eager dump captures and where it writes (docs/capture.md, "Options"; ``torchdebug config schema``)."""
 
-    dump_path: str = field(
-        default="./dump",
-        metadata=option("Folder of the dump; each run gets a new subfolder.", text("a folder path"), type="string"),
-    )
-    task: str = field(
+    dump_path: Folder = option("Folder of the dump; each run gets a new subfolder.", default="./dump")
+    task: Literal["statistics", "tensor", "structure", "overflow_check", "checksum"] = option(
+        "statistics: dtype, shape and statistics per slot; tensor: also the tensors (safetensors); "
+        "structure: names, shapes and stacks only; overflow_check: check every op's outputs for NaN/Inf and "
+        "record only the overflowing ops, with their tensors; checksum: a 64-bit fingerprint of every tensor's bits.",
         default="statistics",
-        metadata=option(
-            "statistics: dtype, shape and statistics per slot; tensor: also the tensors (safetensors); "
-            "structure: names, shapes and stacks only; overflow_check: check every op's outputs for NaN/Inf and "
-            "record only the overflowing ops, with their tensors; checksum: a 64-bit fingerprint of every tensor's bits.",
-            one_of(*TASKS),
-            enum=list(TASKS),
-        ),
     )
-    level: str = field(
+    level: Literal["op", "module", "mix"] = option(
+        "op: every aten op; module: nn.Module inputs, outputs, parameters and parameter grads (needs a model); mix: both.",
         default="op",
-        metadata=option(
-            "op: every aten op; module: nn.Module inputs, outputs, parameters and parameter grads (needs a model); mix: both.",
-            one_of(*LEVELS),
-            enum=list(LEVELS),
-        ),
     )
-    data_mode: list[str] = field(
-        default_factory=lambda: ["all"],
-        metadata=option(
-            "Which slots to keep: any of all, forward, backward, input, output "
-            "(forward/backward select phases, input/output select slots; optimizer ops count as forward).",
-            choices(DATA_MODES),
-            type="array",
-            items={"enum": list(DATA_MODES)},
-        ),
+    data_mode: Sequence[Literal["all", "forward", "backward", "input", "output"]] = option(
+        "Which slots to keep: any of all, forward, backward, input, output "
+        "(forward/backward select phases, input/output select slots; optimizer ops count as forward).",
+        default=["all"],
     )
-    step: frozenset[int] | None = field(
-        default=None,
-        metadata=option(
-            "Steps to dump, e.g. [0, '3-5'] or '0|3-5|10'; empty means every step.",
-            index_set,
-            type=["array", "string", "integer", "null"],
-        ),
+    step: Indices = option("Steps to dump, e.g. [0, '3-5'] or '0|3-5|10'; empty means every step.", default=None)
+    rank: Indices = option("Ranks that dump, same syntax as step; empty means every rank.", default=None)
+    list: Patterns = option(
+        "Dump only op calls whose name matches one entry: an exact call name, a substring, or 're:REGEX'.", default=[]
     )
-    rank: frozenset[int] | None = field(
-        default=None,
-        metadata=option(
-            "Ranks that dump, same syntax as step; empty means every rank.",
-            index_set,
-            type=["array", "string", "integer", "null"],
-        ),
+    range: Annotated[Sequence[str], Check(_call_range, schema={**_NAMES, "minItems": 2, "maxItems": 2})] = option(
+        "[FROM, TO]: dump the op calls from the first call matching FROM to the first later call matching TO, inclusive.",
+        default=[],
     )
-    list: list[str] = field(
-        default_factory=lambda: [],
-        metadata=option(
-            "Dump only op calls whose name matches one entry: an exact call name, a substring, or 're:REGEX'.",
-            patterns,
-            type="array",
-            items={"type": "string"},
-        ),
+    tensor_list: Patterns = option(
+        "With task=tensor: save tensors only for calls matching these patterns; statistics for everything else.", default=[]
     )
-    range: list[str] = field(
-        default_factory=lambda: [],
-        metadata=option(
-            "[FROM, TO]: dump the op calls from the first call matching FROM to the first later call matching TO, inclusive.",
-            _pair("two call names [FROM, TO]"),
-            type="array",
-            items={"type": "string"},
-            minItems=2,
-            maxItems=2,
-        ),
+    stack: Annotated[str | Sequence[str], Check(_stack, schema={"type": ["string", "array"]})] = option(
+        "Call stacks to record: 'all', 'none', or [FROM, TO] to record stacks only for that range of calls.", default="all"
     )
-    tensor_list: list[str] = field(
-        default_factory=lambda: [],
-        metadata=option(
-            "With task=tensor: save tensors only for calls matching these patterns; statistics for everything else.",
-            patterns,
-            type="array",
-            items={"type": "string"},
-        ),
-    )
-    stack: str | list[str] = field(
-        default="all",
-        metadata=option(
-            "Call stacks to record: 'all', 'none', or [FROM, TO] to record stacks only for that range of calls.",
-            _stack,
-            type=["string", "array"],
-        ),
-    )
-    sample_stride: int = field(
+    sample_stride: Annotated[int, AtLeast(0)] = option(
+        "With task=tensor: save big tensors sampled as the first 256, every k-th and the last 256 elements "
+        "(k = sample_stride); 0 or 1 saves whole tensors.",
         default=0,
-        metadata=option(
-            "With task=tensor: save big tensors sampled as the first 256, every k-th and the last 256 elements "
-            "(k = sample_stride); 0 or 1 saves whole tensors.",
-            number(0, integer=True),
-            type="integer",
-            minimum=0,
-        ),
     )
-    tensor_bytes_in_flight: int = field(
+    tensor_bytes_in_flight: Annotated[int, AtLeast(2**20)] = option(
+        "With task=tensor or overflow_check: bytes of host buffers (pinned when CUDA is present) that hold tensor "
+        "snapshots until they are written (device copies made for transfers from CUDA stay within the same figure); "
+        "once they are full, capture waits for the disk instead of taking more memory. At least 1 MiB (1048576); "
+        "default 256 MiB (268435456).",
         default=TENSOR_BYTES_IN_FLIGHT,
-        metadata=option(
-            "With task=tensor or overflow_check: bytes of host buffers (pinned when CUDA is present) that hold tensor "
-            "snapshots until they are written (device copies made for transfers from CUDA stay within the same figure); "
-            "once they are full, capture waits for the disk instead of taking more memory. At least 1 MiB (1048576); "
-            "default 256 MiB (268435456).",
-            number(2**20, integer=True),
-            type="integer",
-            minimum=2**20,
-        ),
     )
-
-    compiled_code: str = field(
+    compiled_code: Literal["as_run", "eager"] = option(
+        "torch.compile'd code in a captured step. as_run: it runs compiled, and the dump holds only the ops it "
+        "calls through aten (inductor's extern kernels, not what its fused kernels compute; the torchdebug "
+        "backend's data dump records those). eager: captured steps run it eagerly "
+        "(torch.compiler.set_stance('force_eager')), so every op is recorded with its module path and source line; "
+        "the other steps stay compiled.",
         default="as_run",
-        metadata=option(
-            "torch.compile'd code in a captured step. as_run: it runs compiled, and the dump holds only the ops it "
-            "calls through aten (inductor's extern kernels, not what its fused kernels compute; the torchdebug "
-            "backend's data dump records those). eager: captured steps run it eagerly "
-            "(torch.compiler.set_stance('force_eager')), so every op is recorded with its module path and source line; "
-            "the other steps stay compiled.",
-            one_of(*COMPILED_CODE),
-            enum=[*COMPILED_CODE],
-        ),
     )
-
-    overflow_nums: int = field(
+    overflow_nums: Annotated[int, Check(_overflow_nums, schema={"type": "integer", "minimum": -1, "not": {"const": 0}})] = option(
+        "With task=overflow_check: stop recording after this many overflowing op calls in the run; -1 records them all.",
         default=1,
-        metadata=option(
-            "With task=overflow_check: stop recording after this many overflowing op calls in the run; -1 records them all.",
-            _overflow_nums,
-            type="integer",
-            minimum=-1,
-            **{"not": {"const": 0}},
-        ),
     )
-    on_write_error: str = field(
+    on_write_error: OnWriteError = option(
+        "When writing the dump fails (a full disk, a quota, a read-only or broken filesystem): continue: one warning, "
+        "capture stops, training goes on and the dump is marked truncated; raise: DumpError from the next "
+        "start/stop/step/flush/close.",
         default="continue",
-        metadata=option(
-            "When writing the dump fails (a full disk, a quota, a read-only or broken filesystem): continue: one warning, "
-            "capture stops, training goes on and the dump is marked truncated; raise: DumpError from the next "
-            "start/stop/step/flush/close.",
-            one_of(*ON_WRITE_ERROR),
-            enum=[*ON_WRITE_ERROR],
-        ),
     )
-    checksum: bool = field(
+    checksum: bool = option(
+        "Also store a 64-bit fingerprint of each tensor's bits (task=statistics, tensor or overflow_check), "
+        "so that two dumps can be compared bit for bit; task=checksum stores only that.",
         default=False,
-        metadata=option(
-            "Also store a 64-bit fingerprint of each tensor's bits (task=statistics, tensor or overflow_check), "
-            "so that two dumps can be compared bit for bit; task=checksum stores only that.",
-            boolean,
-            type="boolean",
-        ),
     )
 
     def check(self) -> None:
@@ -260,4 +170,4 @@ class DebuggerConfig(Options):
         data = read_mapping_file(path, "config")
         if data.get("level") in PTDBG_LEVELS:
             data["level"] = PTDBG_LEVELS[data["level"]]
-        return cls.from_dict({**data, **overrides})  # type: ignore[return-value]
+        return cls.from_dict({**data, **overrides})

@@ -18,7 +18,7 @@ from torchdebug.compare._config import CompareConfig, RanksConfig
 from torchdebug.compare._tolerances import Tolerance
 from torchdebug.diagnose._config import DiagnoseConfig
 from torchdebug.errors import ConfigError
-from torchdebug.options import field_default
+from torchdebug.options import specs
 
 CONFIGS = {"compare": CompareConfig, "diagnose": DiagnoseConfig}
 POSITIONALS = {"compare": ["a", "b"], "diagnose": ["script.py:make"]}
@@ -33,16 +33,16 @@ def _actions(command: str) -> dict[str, object]:
 @pytest.mark.parametrize("command", list(CONFIGS))
 def test_each_option_is_a_flag_with_the_fields_word_help_choices_and_default(command):
     actions = _actions(command)
-    for f in dataclasses.fields(CONFIGS[command]):
-        action = actions[f.name]
-        word = "--" + (f.metadata["flag"].word or f.name).replace("_", "-")
-        assert word in action.option_strings, f.name
-        assert action.help.startswith(f.metadata["doc"].replace("%", "%%")), f.name
-        assert action.default == field_default(f), f.name
-        enum = f.metadata["schema"].get("enum")
-        assert action.choices == (None if enum is None else [value for value in enum if value is not None]), f.name
-        if isinstance(field_default(f), bool):
-            assert action.option_strings[-1] == f"--no-{word[2:]}", f.name
+    for spec in specs(CONFIGS[command]):
+        action = actions[spec.name]
+        word = "--" + (spec.flag.word or spec.name).replace("_", "-")
+        assert word in action.option_strings, spec.name
+        assert action.help.startswith(spec.doc.replace("%", "%%")), spec.name
+        assert action.default == spec.default, spec.name
+        enum = spec.schema.get("enum")
+        assert action.choices == (None if enum is None else [value for value in enum if value is not None]), spec.name
+        if isinstance(spec.default, bool):
+            assert action.option_strings[-1] == f"--no-{word[2:]}", spec.name
 
 
 @pytest.mark.parametrize("command", list(CONFIGS))

@@ -2,9 +2,9 @@
 one-line usage error (exit 2) naming the option, never a traceback from deep inside a command.
 
 A config's options (``CompareConfig``, ``DiagnoseConfig``) become flags with :func:`add_options`,
-generated from the fields that declare them (``torchdebug.options``): the option's word, help,
-choices and default, its validator checking each value as it is read, and its former spellings
-hidden, with a warning. The other argument types follow the config's rules: a ``--name`` pattern is
+generated from the annotated fields that declare them (``torchdebug.options``): the option's word,
+help, ``Literal`` choices and default, its check run on each value as it is read, and its former
+spellings hidden, with a warning. The other argument types follow the config's rules: a ``--name`` pattern is
 a substring or ``re:REGEX``, as in ``Debugger(list=...)``; ``--step`` and ``--rank`` take
 ``0|3-5|10`` as the config's ``step`` and ``rank`` do, and commas as well (``0,2,4``).
 """
@@ -12,13 +12,12 @@ a substring or ``re:REGEX``, as in ``Debugger(list=...)``; ``--step`` and ``--ra
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Collection
 
 from torchdebug.errors import ConfigError
-from torchdebug.options import Flag, Options, field_default
+from torchdebug.options import Options, OptionSpec, specs
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -90,52 +89,62 @@ def number(minimum: float, *, inclusive: bool = True) -> Callable[[str], float]:
 
 def add_options(parser: argparse.ArgumentParser, kind: type[Options], only: Collection[str] | None = None) -> None:
     """A flag for each option of ``kind`` (or those named in ``only``: another kind added the rest),
-    generated from its field (see :class:`~torchdebug.options.Flag`): the value lands in
-    ``args.<option>``, already checked by the option's validator."""
-    for f in dataclasses.fields(kind):  # type: ignore[arg-type]
-        if only is not None and f.name not in only:
+    generated from its declaration (see :class:`~torchdebug.options.Flag`): the value lands in
+    ``args.<option>``, already checked as the config checks it."""
+    for spec in specs(kind):
+        if only is not None and spec.name not in only:
             continue
-        flag: Flag = f.metadata["flag"]
-        default = field_default(f)
-        long = f"--{(flag.word or f.name).replace('_', '-')}"
+        flag, default = spec.flag, spec.default
+        long = f"--{(flag.word or spec.name).replace('_', '-')}"
         names = [*([flag.short] if flag.short else []), long]
-        doc = f.metadata["doc"].replace("%", "%%")  # argparse formats help with %
-        if isinstance(default, bool):
+        doc = spec.doc.replace("%", "%%")  # argparse formats help with %
+        if spec.kind is bool:
             off = f"--no-{long[2:]}"
             shown = long if default else off
-            parser.add_argument(*names, off, action=_Switch, dest=f.name, default=default, help=f"{doc} (default: {shown})")
+            parser.add_argument(*names, off, action=_Switch, dest=spec.name, default=default, help=f"{doc} (default: {shown})")
             for old in flag.old:  # a former switch did what the new one does: --no-OLD sets the default
                 back = old.startswith("--no-")
                 new, value = (off, False) if back != default else (long, True)
-                parser.add_argument(old, action=_Renamed, new=new, const=value, dest=f.name, help=argparse.SUPPRESS)
+                parser.add_argument(old, action=_Renamed, new=new, const=value, dest=spec.name, help=argparse.SUPPRESS)
             continue
-        choices = [choice for choice in f.metadata["schema"].get("enum", ()) if choice is not None] or None
+        choices = [choice for choice in spec.choices or () if choice is not None] or None
         notes = [f"one of: {', '.join(choices)}"] if choices else []
         if default not in (None, {}, []):
             notes.append(f"default: {default}")
         shown = f" ({'; '.join(notes)})" if notes else ""
-        common = {"type": _reader(f.name, f.metadata["check"], flag), "dest": f.name, "metavar": flag.metavar or f.name.upper()}
+        read, metavar = _reader(spec), flag.metavar or spec.name.upper()
         action = _Merge if flag.repeated else "store"
-        parser.add_argument(*names, action=action, default=default, choices=choices, help=f"{doc}{shown}", **common)
+        parser.add_argument(
+            *names,
+            action=action,
+            type=read,
+            dest=spec.name,
+            metavar=metavar,
+            default=default,
+            choices=choices,
+            help=f"{doc}{shown}",
+        )
         for old in flag.old:
-            parser.add_argument(old, action=_Renamed, new=long, help=argparse.SUPPRESS, **common)
+            parser.add_argument(
+                old, action=_Renamed, new=long, type=read, dest=spec.name, metavar=metavar, help=argparse.SUPPRESS
+            )
 
 
 def options_of(args: argparse.Namespace, kind: type[Options]) -> dict[str, Any]:
     """The options :func:`add_options` read into ``args``, by name."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+    return {spec.name: getattr(args, spec.name) for spec in specs(kind)}
 
 
-def _reader(name: str, check: Callable[[str, Any], Any], flag: Flag) -> Callable[[str], Any]:
-    """``text -> value``: the flag's parse, then the option's validator; its error without the key
+def _reader(spec: OptionSpec) -> Callable[[str], Any]:
+    """``text -> value``: the flag's parse, then the option's check; its error without the key
     (argparse names the flag) and quoting the text as typed (``got '0'``, not ``got 0.0``)."""
 
     def read(text: str) -> Any:
         try:
-            value = flag.parse(text)
-            return check(name, value)
+            value = spec.parse(text)
+            return spec.check(spec.name, value)
         except ConfigError as error:
-            message = _message(error, name)
+            message = _message(error, spec.name)
             got = f"got {value!r},"
             raise argparse.ArgumentTypeError(
                 f"got {text!r},{message[len(got) :]}" if message.startswith(got) else message
@@ -143,7 +152,7 @@ def _reader(name: str, check: Callable[[str, Any], Any], flag: Flag) -> Callable
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
 
-    read.__name__ = name  # argparse's "invalid NAME value" when it wraps an error itself
+    read.__name__ = spec.name  # argparse's "invalid NAME value" when it wraps an error itself
     return read
 
 

@@ -13,26 +13,13 @@ that loads torch; the validators import what they need when they run.
 
 from __future__ import annotations
 
-from dataclasses import field
+from typing import Annotated, Any
 
 from torchdebug.errors import ConfigError
-from torchdebug.options import (
-    Flag,
-    Options,
-    boolean,
-    configclass,
-    index_set,
-    integer_text,
-    number,
-    number_text,
-    option,
-    optional,
-)
+from torchdebug.options import AtLeast, Check, Flag, Indices, Options, configclass, option
 
-TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
+TYPE_CHECKING = False  # typing's: these modules load torch, which the command line's help must not
 if TYPE_CHECKING:
-    from typing import Any
-
     from torchdebug.compare._matching import NameMapping
     from torchdebug.compare._tolerances import Tolerance
 
@@ -84,52 +71,27 @@ def _mapping(key: str, value: Any) -> NameMapping:
     return load_mapping(value)
 
 
-# The options compare() and compare_ranks() share: one declaration each, a field per class.
-def _tolerances_field() -> Any:
-    return field(
-        default_factory=dict,
-        metadata=option(
-            "Per-dtype tolerance overrides: {'bfloat16': 0.02} (rtol) or {'float32': {'rtol': 1e-5, 'atol': 1e-6}}, "
-            "on the command line bfloat16=0.02 or float32=1e-5,1e-6 once per dtype; other dtypes keep torch.testing's "
-            "(across ranks: they must agree bitwise).",
-            _tolerances,
-            flag=Flag(parse=_tolerance_text, word="tolerance", metavar="DTYPE=RTOL[,ATOL]", repeated=True),
-        ),
-    )
+Tolerances = Annotated[
+    "dict[str, Tolerance]",
+    Check(_tolerances, schema={"type": "object", "additionalProperties": {"type": ["number", "object"]}}),
+]
+Threads = Annotated[int, AtLeast(1)] | None
+Workers = Annotated[int, AtLeast(1)]
 
-
-def _tensors_field() -> Any:
-    return field(
-        default=True,
-        metadata=option(
-            "Compare saved tensors where both sides have them (off: statistics only).",
-            boolean,
-            flag=Flag(old=("--statistics-only", "--stats-only")),
-        ),
-    )
-
-
-def _threads_field() -> Any:
-    return field(
-        default=None,
-        metadata=option(
-            "Threads for tensor metrics and hashes per process (default: the process's share of the cores; torch's "
-            "intra-op threads are set to 1 meanwhile and restored after).",
-            optional(number(1, integer=True)),
-            flag=Flag(parse=integer_text, metavar="N"),
-        ),
-    )
-
-
-def _workers_field() -> Any:
-    return field(
-        default=1,
-        metadata=option(
-            "Processes to split the work over on this machine (by rank, then by tensor file; not under torchrun).",
-            number(1, integer=True),
-            flag=Flag(parse=integer_text, metavar="N"),
-        ),
-    )
+# The options compare() and compare_ranks() share: one declaration each, used by both classes.
+_TOLERANCES_DOC = (
+    "Per-dtype tolerance overrides: {'bfloat16': 0.02} (rtol) or {'float32': {'rtol': 1e-5, 'atol': 1e-6}}, "
+    "on the command line bfloat16=0.02 or float32=1e-5,1e-6 once per dtype; other dtypes keep torch.testing's "
+    "(across ranks: they must agree bitwise)."
+)
+_TOLERANCES_FLAG = Flag(parse=_tolerance_text, word="tolerance", metavar="DTYPE=RTOL[,ATOL]", repeated=True)
+_TENSORS_DOC = "Compare saved tensors where both sides have them (off: statistics only)."
+_TENSORS_FLAG = Flag(old=("--statistics-only", "--stats-only"))
+_THREADS_DOC = (
+    "Threads for tensor metrics and hashes per process (default: the process's share of the cores; torch's "
+    "intra-op threads are set to 1 meanwhile and restored after)."
+)
+_WORKERS_DOC = "Processes to split the work over on this machine (by rank, then by tensor file; not under torchrun)."
 
 
 @configclass
@@ -138,46 +100,31 @@ class CompareConfig(Options):
 
     _ALIASES = {"replay": "rerun"}  # the monitor's replay runs a whole step again
 
-    tolerances: dict[str, Tolerance] = _tolerances_field()
-    mapping: NameMapping | None = field(
+    tolerances: Tolerances = option(_TOLERANCES_DOC, default={}, flag=_TOLERANCES_FLAG)
+    mapping: Annotated[NameMapping | None, Check(_mapping, schema={"type": ["object", "string", "null"]})] = option(
+        "Module and op renames applied to A: {'modules': {old: new}, 'ops': {old: new}}, or a JSON/YAML file of it.",
         default=None,
-        metadata=option(
-            "Module and op renames applied to A: {'modules': {old: new}, 'ops': {old: new}}, or a JSON/YAML file of it.",
-            _mapping,
-            flag=Flag(metavar="FILE"),
-        ),
+        flag=Flag(metavar="FILE"),
     )
-    growth: float = field(
-        default=16.0,
-        metadata=option(
-            "How much an op may amplify the error of its inputs before it is blamed.",
-            number(1),
-            flag=Flag(parse=number_text),
-        ),
+    growth: Annotated[float, AtLeast(1)] = option(
+        "How much an op may amplify the error of its inputs before it is blamed.", default=16.0
     )
-    noise: str | None = field(
+    noise: Annotated[str | None, Check(_noise, schema={"type": ["string", "null"]})] = option(
+        "A dump of B's step run again with a tiny perturbation (inputs or weights rounded through a lower "
+        "precision and back, another reduction order): each slot B and it share is judged against a tolerance "
+        "measured from their difference instead of its dtype's (see docs/compare.md, 'Tolerances from the run').",
         default=None,
-        metadata=option(
-            "A dump of B's step run again with a tiny perturbation (inputs or weights rounded through a lower "
-            "precision and back, another reduction order): each slot B and it share is judged against a tolerance "
-            "measured from their difference instead of its dtype's (see docs/compare.md, 'Tolerances from the run').",
-            _noise,
-            flag=Flag(metavar="DUMP"),
-            type=["string", "null"],
-        ),
+        flag=Flag(metavar="DUMP"),
     )
-    tensors: bool = _tensors_field()
-    threads: int | None = _threads_field()
-    workers: int = _workers_field()
-    rerun: bool = field(
+    tensors: bool = option(_TENSORS_DOC, default=True, flag=_TENSORS_FLAG)
+    threads: Threads = option(_THREADS_DOC, default=None, flag=Flag(metavar="N"))
+    workers: Workers = option(_WORKERS_DOC, default=1, flag=Flag(metavar="N"))
+    rerun: bool = option(
+        "Run every op call with an output beyond tolerance again in float64 on each side's own saved inputs, "
+        "and blame a call far from its rerun even when its inputs carry inherited error (task='tensor' dumps; "
+        "about one more pass over those calls) (was replay).",
         default=False,
-        metadata=option(
-            "Run every op call with an output beyond tolerance again in float64 on each side's own saved inputs, "
-            "and blame a call far from its rerun even when its inputs carry inherited error (task='tensor' dumps; "
-            "about one more pass over those calls) (was replay).",
-            boolean,
-            flag=Flag(old=("--replay", "--no-replay")),
-        ),
+        flag=Flag(old=("--replay", "--no-replay")),
     )
 
     def options(self) -> dict[str, Any]:
@@ -190,20 +137,16 @@ class CompareConfig(Options):
 class RanksConfig(Options):
     """Options of :func:`torchdebug.compare.compare_ranks` and ``torchdebug compare --across-ranks``."""
 
-    ranks: frozenset[int] | None = field(
+    ranks: Indices = option(
+        "With --across-ranks: the ranks of one data-parallel group, [0, 2, 4] or '0-3', on the command line "
+        "0,2,4 or 0-3 (default: every rank of the run).",
         default=None,
-        metadata=option(
-            "With --across-ranks: the ranks of one data-parallel group, [0, 2, 4] or '0-3', on the command line "
-            "0,2,4 or 0-3 (default: every rank of the run).",
-            index_set,
-            flag=Flag(parse=_ranks_text, metavar="RANKS"),
-            type=["array", "string", "integer", "null"],
-        ),
+        flag=Flag(parse=_ranks_text, metavar="RANKS"),
     )
-    tolerances: dict[str, Tolerance] = _tolerances_field()
-    tensors: bool = _tensors_field()
-    threads: int | None = _threads_field()
-    workers: int = _workers_field()
+    tolerances: Tolerances = option(_TOLERANCES_DOC, default={}, flag=_TOLERANCES_FLAG)
+    tensors: bool = option(_TENSORS_DOC, default=True, flag=_TENSORS_FLAG)
+    threads: Threads = option(_THREADS_DOC, default=None, flag=Flag(metavar="N"))
+    workers: Workers = option(_WORKERS_DOC, default=1, flag=Flag(metavar="N"))
 
     def options(self) -> dict[str, Any]:
         """What the result records of the options (JSON-ready)."""

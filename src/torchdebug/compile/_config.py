@@ -12,17 +12,18 @@ TorchAir's ``dump_data``, ``dump_step``, ``dump_mode`` and ``dump_layer`` still 
 from __future__ import annotations
 
 import os
-from dataclasses import field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from torchdebug.config import COMPILE_MODES
+from torchdebug.config import CompileMode
 from torchdebug.errors import ConfigError
 from torchdebug.graph_dump import _settings as dump_settings
-from torchdebug.options import Options, boolean, choices, configclass, group, index_set, one_of, option, optional, text
+from torchdebug.graph_dump._settings import DataMode, DumpStage, Task
+from torchdebug.options import Check, Folder, Indices, Options, Text, configclass, option
 
-BACKENDS = ("inductor", "aot_eager", "eager")
-GRAPH_DUMP_TYPES = ("txt", "py", "json", "dot")
+GraphPass = Callable[..., Any]
+"""A user FX pass: a callable taking a ``torch.fx.Graph``."""
 
 
 def _graph_pass(key: str, value: Any) -> Any:
@@ -72,53 +73,32 @@ class DumpConfig(Options):
     _ALIASES = {"dump_data": "task", "dump_step": "step", "dump_mode": "data_mode", "dump_layer": "nodes"}
     _ALIAS_VALUES = {"dump_data": {"stats": "statistics"}}
 
-    enable_dump: bool = field(default=False, metadata=option("Turn graph data dumps on.", boolean))
-    task: str = field(
+    enable_dump: bool = option("Turn graph data dumps on.", default=False)
+    task: Task = option(
+        "statistics: statistics only, computed inside the compiled graph (was dump_data 'stats'); tensor: "
+        "tensors and statistics of the selected nodes (a scene file without dump_data: tensor, TorchAir's default).",
         default="statistics",
-        metadata=option(
-            "statistics: statistics only, computed inside the compiled graph (was dump_data 'stats'); tensor: "
-            "tensors and statistics of the selected nodes (a scene file without dump_data: tensor, TorchAir's default).",
-            one_of(*dump_settings.TASKS),
-        ),
     )
-    data_mode: list[str] = field(
-        default_factory=lambda: ["all"],
-        metadata=option(
-            "Slots of the selected nodes: any of all, input, output (was dump_mode).", choices(dump_settings.DATA_MODES)
-        ),
+    data_mode: Sequence[DataMode] = option(
+        "Slots of the selected nodes: any of all, input, output (was dump_mode).", default=["all"]
     )
-    dump_path: str = field(
+    dump_path: Annotated[str, Text("an existing writable folder path")] = option(
+        "An existing writable folder (checked once set, or once dumps are enabled); each run goes in a new subfolder.",
         default=".",
-        metadata=option(
-            "An existing writable folder (checked once set, or once dumps are enabled); each run goes in a new subfolder.",
-            text("an existing writable folder path"),
-        ),
     )
-    step: frozenset[int] | None = field(
+    step: Indices = option("Steps to dump, e.g. '0|3-5|10' or [0, '3-5']; None: every step (was dump_step).", default=None)
+    nodes: Annotated[str | None, Check(_node_names, schema={"type": ["string", "array", "null"]})] = option(
+        "Node names as printed in the graph dumps, separated by spaces (was dump_layer); with "
+        "torchdebug.scope.data_dump() blocks the selection is the union; neither: every node.",
         default=None,
-        metadata=option("Steps to dump, e.g. '0|3-5|10' or [0, '3-5']; None: every step (was dump_step).", index_set),
     )
-    nodes: str | None = field(
-        default=None,
-        metadata=option(
-            "Node names as printed in the graph dumps, separated by spaces (was dump_layer); with "
-            "torchdebug.scope.data_dump() blocks the selection is the union; neither: every node.",
-            _node_names,
-        ),
-    )
-    dump_stage: str = field(
+    dump_stage: DumpStage = option(
+        "optimized: values of the compiled kernels; original: an FX interpreter over the graph before "
+        "the backend's passes (the golden side).",
         default="optimized",
-        metadata=option(
-            "optimized: values of the compiled kernels; original: an FX interpreter over the graph before "
-            "the backend's passes (the golden side).",
-            one_of(*dump_settings.DUMP_STAGES),
-        ),
     )
-    dump_config_path: str | None = field(
-        default=None,
-        metadata=option(
-            "A TorchAir-style JSON scene file (torchdebug.graph_dump._settings); options set here win over it.", _scene_file
-        ),
+    dump_config_path: Annotated[str | None, Check(_scene_file, schema={"type": ["string", "null"]})] = option(
+        "A TorchAir-style JSON scene file (torchdebug.graph_dump._settings); options set here win over it.", default=None
     )
 
     def check(self) -> None:
@@ -137,21 +117,15 @@ class DumpConfig(Options):
 class GraphDumpConfig(Options):
     """``debug.graph_dump``: extra graph dumps in one format."""
 
-    type: str | None = field(
+    type: Literal["txt", "py", "json", "dot"] | None = option(
+        "None (off), txt, py (runnable repro), json or dot (plus .svg when Graphviz is installed); written "
+        "for the first and last graph of every phase, with the stem of the matching .txt dump.",
         default=None,
-        metadata=option(
-            "None (off), txt, py (runnable repro), json or dot (plus .svg when Graphviz is installed); written "
-            "for the first and last graph of every phase, with the stem of the matching .txt dump.",
-            optional(one_of(*GRAPH_DUMP_TYPES)),
-        ),
     )
-    path: str | None = field(
+    path: Folder | None = option(
+        "Folder for these dumps when TORCH_COMPILE_DEBUG is off (default ./torchdebug_graphs); with it on, "
+        "they go into the debug folder next to the .txt dumps.",
         default=None,
-        metadata=option(
-            "Folder for these dumps when TORCH_COMPILE_DEBUG is off (default ./torchdebug_graphs); with it on, "
-            "they go into the debug folder next to the .txt dumps.",
-            optional(text("a folder path (str) or None")),
-        ),
     )
 
 
@@ -159,16 +133,11 @@ class GraphDumpConfig(Options):
 class DebugConfig(Options):
     """``debug``: what to dump and how to run."""
 
-    graph_dump: GraphDumpConfig = field(
-        default_factory=GraphDumpConfig, metadata=option("Extra graph dumps.", group(GraphDumpConfig))
-    )
-    run_eagerly: bool = field(
+    graph_dump: GraphDumpConfig = option("Extra graph dumps.", default_factory=GraphDumpConfig)
+    run_eagerly: bool = option(
+        "Run each AOT graph after the pass pipeline eagerly instead of generating code (separates a pass "
+        "bug from a code-generation bug).",
         default=False,
-        metadata=option(
-            "Run each AOT graph after the pass pipeline eagerly instead of generating code (separates a pass "
-            "bug from a code-generation bug).",
-            boolean,
-        ),
     )
 
 
@@ -188,35 +157,24 @@ class CompilerConfig(Options):
         "mode": {"max-autotune": "inductor", "reduce-overhead": {"backend": "inductor", "compile_mode": "reduce-overhead"}}
     }  # mode="max-autotune" was plain inductor: compile_mode="max-autotune" is torch's, which searches kernels
 
-    backend: str = field(
+    backend: Literal["inductor", "aot_eager", "eager"] = option(
+        "The torch.compile backend the graphs go to after our passes: inductor compiles them; aot_eager: AOT "
+        "autograd, then the ATen graphs run eagerly; eager: the Dynamo graph runs as is.",
         default="inductor",
-        metadata=option(
-            "The torch.compile backend the graphs go to after our passes: inductor compiles them; aot_eager: AOT "
-            "autograd, then the ATen graphs run eagerly; eager: the Dynamo graph runs as is.",
-            one_of(*BACKENDS),
-        ),
     )
-    compile_mode: str | None = field(
+    compile_mode: CompileMode | None = option(
+        "torch.compile's mode, for inductor (None: inductor's defaults): reduce-overhead records CUDA graphs "
+        "(a graph without CUDA tensors runs without them, and a warning says so once); max-autotune searches "
+        "kernels and records CUDA graphs; max-autotune-no-cudagraphs searches kernels only.",
         default=None,
-        metadata=option(
-            "torch.compile's mode, for inductor (None: inductor's defaults): reduce-overhead records CUDA graphs "
-            "(a graph without CUDA tensors runs without them, and a warning says so once); max-autotune searches "
-            "kernels and records CUDA graphs; max-autotune-no-cudagraphs searches kernels only.",
-            optional(one_of(*COMPILE_MODES)),
-            enum=[*COMPILE_MODES, None],
-        ),
     )
-    debug: DebugConfig = field(default_factory=DebugConfig, metadata=option("What to dump and how to run.", group(DebugConfig)))
-    dump_config: DumpConfig = field(
-        default_factory=DumpConfig, metadata=option("Op data dumps inside compiled graphs.", group(DumpConfig))
+    debug: DebugConfig = option("What to dump and how to run.", default_factory=DebugConfig)
+    dump_config: DumpConfig = option("Op data dumps inside compiled graphs.", default_factory=DumpConfig)
+    post_grad_custom_pre_pass: Annotated[GraphPass | None, Check(_graph_pass)] = option(
+        "A user FX pass on each AOT graph before the pipeline's own passes; dumped like ours.", default=None
     )
-    post_grad_custom_pre_pass: Any = field(
-        default=None,
-        metadata=option("A user FX pass on each AOT graph before the pipeline's own passes; dumped like ours.", _graph_pass),
-    )
-    post_grad_custom_post_pass: Any = field(
-        default=None,
-        metadata=option("A user FX pass on each AOT graph after the pipeline's own passes; dumped like ours.", _graph_pass),
+    post_grad_custom_post_pass: Annotated[GraphPass | None, Check(_graph_pass)] = option(
+        "A user FX pass on each AOT graph after the pipeline's own passes; dumped like ours.", default=None
     )
 
     def check(self) -> None:

@@ -8,15 +8,11 @@ them), so this module imports nothing that loads torch (the command line's help 
 
 from __future__ import annotations
 
-from dataclasses import field
+from typing import Annotated, Any
 
-from torchdebug.config import COMPILE_MODES
+from torchdebug.config import CompileMode
 from torchdebug.errors import ConfigError
-from torchdebug.options import Flag, Options, boolean, configclass, number, number_text, one_of, option, optional, text
-
-TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
-if TYPE_CHECKING:
-    from typing import Any
+from torchdebug.options import Above, Check, Flag, Folder, Options, configclass, option
 
 DEFAULT_TOLERANCE = 1e-3
 """The tolerance PyTorch's accuracy minifier uses (``torch._dynamo.config.repro_tolerance``)."""
@@ -34,46 +30,23 @@ class DiagnoseConfig(Options):
 
     _ALIASES = {"tolerance": "accuracy_tolerance"}  # compare's tolerances are per dtype
 
-    backend: Any = field(
+    backend: Annotated[Any, Check(_backend, schema={"type": ["string", "null"]})] = option(
+        "The torch.compile backend under test: a name (or, from Python, a callable); default: inductor "
+        "(with compile_mode='reduce-overhead' when the inputs are on CUDA).",
         default=None,
-        metadata=option(
-            "The torch.compile backend under test: a name (or, from Python, a callable); default: inductor "
-            "(with compile_mode='reduce-overhead' when the inputs are on CUDA).",
-            _backend,
-            flag=Flag(metavar="NAME"),
-        ),
+        flag=Flag(metavar="NAME"),
     )
-    train: bool = field(
-        default=True,
-        metadata=option(
-            "Also run backward and check the gradients of parameters and floating inputs.",
-            boolean,
-        ),
-    )
-    compile_mode: str | None = field(
-        default=None,
-        metadata=option(
-            "torch.compile mode for the last stage.",
-            optional(one_of(*COMPILE_MODES)),
-            flag=Flag(metavar="MODE"),
-            enum=[*COMPILE_MODES, None],
-        ),
-    )
-    accuracy_tolerance: float = field(
+    train: bool = option("Also run backward and check the gradients of parameters and floating inputs.", default=True)
+    compile_mode: CompileMode | None = option("torch.compile mode for the last stage.", default=None, flag=Flag(metavar="MODE"))
+    accuracy_tolerance: Annotated[float, Above(0)] = option(
+        "The tol of PyTorch's accuracy check, torch._dynamo.utils.same: allclose at it, or an RMSE against "
+        "fp64 within the eager result's plus a tenth of it (PyTorch's minifier uses 1e-3) (was tolerance).",
         default=DEFAULT_TOLERANCE,
-        metadata=option(
-            "The tol of PyTorch's accuracy check, torch._dynamo.utils.same: allclose at it, or an RMSE against "
-            "fp64 within the eager result's plus a tenth of it (PyTorch's minifier uses 1e-3) (was tolerance).",
-            number(0, inclusive=False),
-            flag=Flag(parse=number_text, metavar="TOL", old=("--tolerance",)),
-        ),
+        flag=Flag(metavar="TOL", old=("--tolerance",)),
     )
-    output_dir: str = field(
+    output_dir: Folder = option(
+        "Where repro.py and its inputs go (and, from the command line, report.html).",
         default="torchdebug_diagnose",
-        metadata=option(
-            "Where repro.py and its inputs go (and, from the command line, report.html).",
-            text("a folder path"),
-            flag=Flag(short="-o", metavar="DIR"),
-        ),
+        flag=Flag(short="-o", metavar="DIR"),
     )
-    repro: bool = field(default=True, metadata=option("Write the repro.", boolean))
+    repro: bool = option("Write the repro.", default=True)

@@ -14,19 +14,21 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from torchdebug.errors import ConfigError
 from torchdebug.graph_dump.scenes import ModelScene, Scene, scene_from_file
 from torchdebug.options import index_set
 
-DATA_MODES = ("all", "input", "output")
-TASKS = ("statistics", "tensor")
+DataMode = Literal["all", "input", "output"]
+Task = Literal["statistics", "tensor"]
+DumpStage = Literal["optimized", "original"]
+"""The values of ``DumpConfig``'s options of these names (``torchdebug.compile._config``)."""
+DATA_MODES: tuple[DataMode, ...] = get_args(DataMode)
 _FILE_TASKS = {"tensor": "tensor", "stats": "statistics"}
 """TorchAir's ``dump_data`` values in scene files, and the task each means."""
 _FILE_DEFAULT_TASK = "tensor"
 """The task of a scene file without ``dump_data``: TorchAir's default (``DumpConfig.task``'s is statistics)."""
-DUMP_STAGES = ("optimized", "original")
 
 _FILE_KEYS = ("dump_list", "dump_path", "dump_mode", "dump_data", "dump_step", "dump_op_switch", "dump_debug", "dump_scene")
 _ENTRY_KEYS = ("model_name", "layer", "watcher_nodes")

@@ -38,6 +38,8 @@ ATTRIBUTE = re.compile(r"(?<![\w.])([A-Z][A-Za-z0-9]+)\.([a-z_]\w*)")
 FILE = re.compile(r"(?<![\w./:-])((?:src/)?(?:torchdebug|tests|bench|examples|docs|native)/[\w./-]*\w)")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9](?![\w-])")
 URL = re.compile(r"https?://\S+")
+# a section named after its file, as in "docs/<file>.md, \"Title\"" or "docs/<file>.md's *Title*"
+SECTION = re.compile(r"((?:docs|bench)/[A-Za-z_]+\.md)`?(?:,|'s)? \(?[\"*]([^\"*]{3,80})[\"*]")
 
 
 def _quoted(path: Path) -> list[str]:
@@ -166,9 +168,27 @@ def test_the_former_flags_the_docs_quote_are_gone(flag):
     assert flag not in _cli_flags()
 
 
+def _headings(path: Path) -> list[str]:
+    return [line.lstrip("#").strip() for line in path.read_text().splitlines() if re.match(r"#+ ", line)]
+
+
+def test_every_section_the_docs_and_the_code_point_to_exists():
+    """A section the docs, the code and the tests point to (``docs/<file>.md, "Title"``) is a heading of
+    that file, or the start of one (``"Rerun"`` for *Rerun: an op's own error*)."""
+    sources = [*DOCS, ROOT / "bench" / "RESULTS.md", *PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    missing = set()
+    for source in sources:
+        text = " ".join(source.read_text().split())  # a reference may break across lines
+        for path, title in SECTION.findall(text):
+            if not any(heading.startswith(title) for heading in _headings(ROOT / path)):
+                missing.add((source.name, path, title))
+    assert missing == set()
+
+
 def test_the_checks_see_the_names_the_docs_are_made_of():
     """The patterns find what the docs quote most: a check that finds nothing would pass forever."""
     assert {"torchdebug.compare", "torchdebug.scope.data_dump"} <= set(_found(DOTTED))
     assert {"--across-ranks", "--workers", "--rerun"} <= set(_found(FLAG))
     assert "docs/format.md" in _found(FILE, group=1)
     assert any(quoted.startswith("CompareConfig.") for quoted in _found(ATTRIBUTE))
+    assert ("docs/compare.md", "Sharded runs") in SECTION.findall((ROOT / "docs" / "capture.md").read_text())

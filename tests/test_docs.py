@@ -185,6 +185,14 @@ def test_every_section_the_docs_and_the_code_point_to_exists():
     assert missing == set()
 
 
+def test_ci_runs_exactly_the_test_command_the_readme_gives():
+    """``.ci/run`` runs the README's ``make test`` and no other make target."""
+    readme_commands = re.findall(r"^(make test)\b", (ROOT / "README.md").read_text(), flags=re.MULTILINE)
+    ci_commands = re.findall(r"^\s*(make\b.*)$", (ROOT / ".ci" / "run").read_text(), flags=re.MULTILINE)
+    assert readme_commands == ["make test"]
+    assert ci_commands == ["make test"]
+
+
 def test_the_checks_see_the_names_the_docs_are_made_of():
     """The patterns find what the docs quote most: a check that finds nothing would pass forever."""
     assert {"torchdebug.compare", "torchdebug.scope.data_dump"} <= set(_found(DOTTED))

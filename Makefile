@@ -1,6 +1,7 @@
 # One command each for the demo and the tests; both create .venv and install into it first.
 #   make demo    the demo on torch $(TORCH)
-#   make test    ruff (lint and format check), the suite on torch $(TORCH) in .venv, then on each
+#   make stubs   rewrite src/torchdebug/__init__.pyi, the public API for type checkers (tools/api_stub.py)
+#   make test    ruff (lint and format check), mypy (pyproject.toml's [tool.mypy]), the suite on torch $(TORCH) in .venv, then on each
 #                torch of $(MATRIX), each in its own .venv-torch<version> (what CI runs;
 #                `make test MATRIX=` skips the matrix). pytest-xdist runs one worker per core, a
 #                test file per worker, so a file's module fixtures are built once; the files
@@ -14,7 +15,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchdebug-installed
 TEST_STAMP := $(VENV)/.torchdebug-test-installed
 
-.PHONY: demo test lint test-one test-matrix bench clean
+.PHONY: demo test lint stubs test-one test-matrix bench clean
 
 # torch is pinned before torchdebug is installed, so pip never picks a torch on its own
 $(STAMP): pyproject.toml
@@ -37,6 +38,10 @@ test: lint test-one test-matrix
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+stubs: $(STAMP)
+	$(PY) tools/api_stub.py
 
 test-one: $(TEST_STAMP)
 	@$(PY) -c "import torch; print('torchdebug tests on torch', torch.__version__)"

@@ -10,7 +10,6 @@ config object and its validators). The compile backend's options live beside the
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -64,7 +63,8 @@ def _call_range(key: str, value: Any) -> list[str]:
 
 def _stack(key: str, value: Any) -> str | list[str]:
     if isinstance(value, str):
-        return one_of("all", "none")(key, value)
+        one_of("all", "none")(key, value)
+        return value
     names = patterns(key, value)
     if len(names) != 2:
         raise ConfigError(f"{key}: got {value!r}, expected 'all', 'none' or two call names [FROM, TO]")
@@ -78,6 +78,8 @@ def _overflow_nums(key: str, value: Any) -> int:
 
 
 _NAMES = {"type": "array", "items": {"type": "string"}}
+CallRange = Annotated[list[str], Check(_call_range, schema={**_NAMES, "minItems": 2, "maxItems": 2})]
+Stack = Annotated[str | list[str], Check(_stack, schema={"type": ["string", "array"]})]
 
 
 @configclass
@@ -95,7 +97,7 @@ class DebuggerConfig(Options):
         "op: every aten op; module: nn.Module inputs, outputs, parameters and parameter grads (needs a model); mix: both.",
         default="op",
     )
-    data_mode: Sequence[Literal["all", "forward", "backward", "input", "output"]] = option(
+    data_mode: list[Literal["all", "forward", "backward", "input", "output"]] = option(
         "Which slots to keep: any of all, forward, backward, input, output "
         "(forward/backward select phases, input/output select slots; optimizer ops count as forward).",
         default=["all"],
@@ -105,14 +107,14 @@ class DebuggerConfig(Options):
     list: Patterns = option(
         "Dump only op calls whose name matches one entry: an exact call name, a substring, or 're:REGEX'.", default=[]
     )
-    range: Annotated[Sequence[str], Check(_call_range, schema={**_NAMES, "minItems": 2, "maxItems": 2})] = option(
+    range: CallRange = option(
         "[FROM, TO]: dump the op calls from the first call matching FROM to the first later call matching TO, inclusive.",
         default=[],
     )
     tensor_list: Patterns = option(
         "With task=tensor: save tensors only for calls matching these patterns; statistics for everything else.", default=[]
     )
-    stack: Annotated[str | Sequence[str], Check(_stack, schema={"type": ["string", "array"]})] = option(
+    stack: Stack = option(
         "Call stacks to record: 'all', 'none', or [FROM, TO] to record stacks only for that range of calls.", default="all"
     )
     sample_stride: Annotated[int, AtLeast(0)] = option(

@@ -34,11 +34,11 @@ _LIMITS: dict[str, float] = {}
 def dtype_limit(dtype: str | torch.dtype | None) -> float:
     """``torch.finfo(dtype).max`` of a floating dtype (by name as records hold it, or as a dtype); inf otherwise."""
     name = dtype if isinstance(dtype, str) or dtype is None else str(dtype).removeprefix("torch.")
-    limit = _LIMITS.get(name)  # type: ignore[arg-type]
+    limit = math.inf if name is None else _LIMITS.get(name)
     if limit is None:
         value = getattr(torch, name, None) if name else None
         limit = torch.finfo(value).max if isinstance(value, torch.dtype) and value.is_floating_point else math.inf
-        _LIMITS[name] = limit  # type: ignore[index]
+        _LIMITS[str(name)] = limit
     return limit
 
 
@@ -220,7 +220,7 @@ def _calls(records: Iterable[Record]) -> list[_Call]:
                 call.made = record
     for ident, value in values:
         calls[ident].inputs |= value_flags(value)
-    return sorted((call for call in calls.values() if call.key is not None), key=lambda call: call.key)  # type: ignore[arg-type,return-value]
+    return sorted((call for call in calls.values() if call.key is not None), key=lambda call: call.key or ())
 
 
 def find_origin(records: Iterable[Record]) -> Origin | None:
@@ -238,5 +238,5 @@ def find_origin(records: Iterable[Record]) -> Origin | None:
         if kind == ORIGIN and call.made is not None:
             return Origin(call.made, ORIGIN, call.inputs_known)
         if kind == ENTRY:
-            return Origin(call.entered or call.made, ENTRY)  # type: ignore[arg-type]
+            return Origin(call.entered or call.made, ENTRY)  # type: ignore[arg-type]  # None where the NaN came in as a value
     return None

@@ -33,7 +33,7 @@ import re
 import sys
 import types
 import warnings
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, cast, get_args, get_origin, overload
 
 from torchdebug.errors import ConfigError
@@ -209,6 +209,9 @@ class Options:
     __slots__ = ("_assigned", "_prefix", "_ready")
     _assigned: set[str]
     _prefix: str
+
+    if TYPE_CHECKING:  # what makes a class a dataclass to type checkers; configclass sets it
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     _specs: ClassVar[dict[str, OptionSpec]] = {}
     """Option name -> its :class:`OptionSpec` (set by :func:`configclass`)."""
@@ -402,6 +405,7 @@ def accepts(kind: type[Options]) -> Callable[[F], F]:
                 inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default, annotation=spec.field.type)
             )
         setattr(wrapper, "__signature__", inspect.signature(function).replace(parameters=parameters))  # noqa: B010
+        setattr(wrapper, "__options__", kind)  # noqa: B010 - for tools/api_stub.py
         wrapper.__doc__ = _with_options_doc(function.__doc__ or "", kind)
         return cast(F, wrapper)
 
@@ -451,10 +455,13 @@ class _Names(dict[str, Any]):
             raise TypeError(f"{where}: cannot read the annotation {annotation!r} ({error})") from None
 
 
+_PARSE: dict[type, Callable[[str], Any]] = {int: integer_text, float: number_text}
+
+
 def _spec(f: dataclasses.Field[Any], annotation: Any) -> OptionSpec:
     check, schema, choices, kind = _derive(annotation, f.name)
     flag: Flag = f.metadata["flag"]
-    parse = flag.parse or {int: integer_text, float: number_text}.get(kind, str)
+    parse = flag.parse or _PARSE.get(kind, str)
     return OptionSpec(f.name, f.metadata["doc"], check, schema, choices, kind, flag, parse, f)
 
 
@@ -483,7 +490,7 @@ def _derive(tp: Any, where: str) -> tuple[Validator, dict[str, Any], tuple[Any, 
             raise TypeError(f"{where}: no check for {tp!r}; one type or None, or a Check")
         inner, schema, values, kind = _derive(rest[0], where)
         return optional(inner), _or_null(schema), values, kind
-    if origin in (list, Sequence) and get_origin(args[0]) is Literal:
+    if origin is list and get_origin(args[0]) is Literal:
         allowed = get_args(args[0])
         return choices(allowed), {"type": "array", "items": {"enum": list(allowed)}}, None, list
     if tp is bool:
@@ -652,5 +659,5 @@ Folder = Annotated[str, Text("a folder path")]
 Indices = Annotated[Collection[int] | None, Check(index_set, schema={"type": ["array", "string", "integer", "null"]})]
 """Steps or ranks (``None``: all): ``[0, 3, 4, 5]``; in files and keyword options also ``[0, '3-5']``
 or ``'0|3-5'``; held as a ``frozenset``."""
-Patterns = Annotated[Sequence[str], Check(patterns, schema={"type": "array", "items": {"type": "string"}})]
+Patterns = Annotated[list[str], Check(patterns, schema={"type": "array", "items": {"type": "string"}})]
 """Name patterns: exact names, substrings or ``re:REGEX`` (a single string is a list of one); held as a list."""

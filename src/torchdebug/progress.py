@@ -86,7 +86,7 @@ def track(items: Iterable[_T], desc: str, total: int | None = None, unit: str = 
     """``items``, one by one, with a bar advancing as each is consumed (``total`` defaults to
     ``len(items)`` when it has one)."""
     if total is None and hasattr(items, "__len__"):
-        total = len(items)  # type: ignore[arg-type]
+        total = len(items)  # type: ignore[arg-type]  # it has __len__ (checked above)
     with bar(total, desc, unit) as shown:
         for item in items:
             yield item

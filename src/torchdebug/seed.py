@@ -50,5 +50,5 @@ def _disable_dropout() -> None:
         def no_dropout(input, p=0.5, training=True, inplace=False, _original=original):  # noqa: A002
             return _original(input, 0.0, training, inplace)
 
-        no_dropout._torchdebug_no_dropout = True  # type: ignore[attr-defined]
+        no_dropout._torchdebug_no_dropout = True  # type: ignore[attr-defined]  # our mark on the replacement
         setattr(F, name, no_dropout)

@@ -24,7 +24,7 @@ MINIMUM_TORCH = "2.11"
 TESTED_TORCH = ("2.11.0", "2.13.0", "2.14.1")
 """The torch releases CI runs the suite on (docs/architecture.md's version table)."""
 
-TORCH_VERSION = TorchVersion(re.match(r"\d+(\.\d+)*", torch.__version__).group())  # type: ignore[union-attr]
+TORCH_VERSION = TorchVersion(re.match(r"\d+(\.\d+)*", torch.__version__).group())  # type: ignore[union-attr]  # a torch version starts with digits
 """The running torch's release, without local or pre-release tags: a 2.13 nightly counts as 2.13."""
 
 

@@ -24,7 +24,7 @@ from torchdebug._torch import require
 
 require("activation checkpointing (checkpoint internals)")
 
-REENTRANT_NODE = _checkpoint.CheckpointFunction._backward_cls  # type: ignore[attr-defined]
+REENTRANT_NODE = _checkpoint.CheckpointFunction._backward_cls
 """The class of the autograd node a reentrant checkpoint region leaves in the graph."""
 
 

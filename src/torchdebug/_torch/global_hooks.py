@@ -41,7 +41,7 @@ def ignore_compiled_wrapper_warning() -> tuple:
     registered; :class:`GlobalForwardHooks` skips that extra call). Returns the filter for
     :func:`stop_ignoring`."""
     ignored = ("ignore", re.compile(_WRAPPER_WARNING, re.I), UserWarning, None, 0)
-    warnings.filters.insert(0, ignored)  # type: ignore[attr-defined]
+    warnings.filters.insert(0, ignored)  # type: ignore[attr-defined]  # a list; typeshed says Sequence
     return ignored
 
 
@@ -50,7 +50,7 @@ def stop_ignoring(ignored: tuple) -> None:
     nothing in warning registries, so this needs no invalidation; the filter may be gone already if
     the list was swapped (``warnings.catch_warnings``)."""
     try:
-        warnings.filters.remove(ignored)  # type: ignore[attr-defined]
+        warnings.filters.remove(ignored)  # type: ignore[attr-defined]  # as above
     except ValueError:
         pass
 

@@ -154,14 +154,14 @@ def observe_inductor_passes(
     """
     with _lock:
         _callbacks.append((on_enter, on_exit))
-        _observer_module.GraphTransformObserver = _ObservedGraphTransformObserver  # type: ignore[misc]
+        _observer_module.GraphTransformObserver = _ObservedGraphTransformObserver  # type: ignore[misc]  # swapped, restored below
     try:
         yield
     finally:
         with _lock:
             _callbacks.pop()
             if not _callbacks:
-                _observer_module.GraphTransformObserver = _GraphTransformObserver  # type: ignore[misc]
+                _observer_module.GraphTransformObserver = _GraphTransformObserver  # type: ignore[misc]  # restored
 
 
 def installed_passes(slot: str) -> list[Any]:

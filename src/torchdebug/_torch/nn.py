@@ -71,7 +71,7 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 
 def unwrap_compiled(module: nn.Module) -> nn.Module:
     """The module that ``torch.compile`` wrapped, or ``module`` itself."""
-    return module._orig_mod if is_compiled_wrapper(module) else module  # type: ignore[return-value]
+    return module._orig_mod if is_compiled_wrapper(module) else module  # type: ignore[return-value]  # a Module, not a Tensor
 
 
 __all__ = [

@@ -51,7 +51,7 @@ class SubclassView:
 
 
 def _flatten(tensor: torch.Tensor, prefix: str, out: list[tuple[str, torch.Tensor]]) -> None:
-    names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+    names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]  # a wrapper subclass's; not on Tensor's stub
     for name in names:
         inner = getattr(tensor, name)
         path = f"{prefix}{name}"

@@ -12,7 +12,7 @@ TorchAir's ``dump_data``, ``dump_step``, ``dump_mode`` and ``dump_layer`` still 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -79,9 +79,7 @@ class DumpConfig(Options):
         "tensors and statistics of the selected nodes (a scene file without dump_data: tensor, TorchAir's default).",
         default="statistics",
     )
-    data_mode: Sequence[DataMode] = option(
-        "Slots of the selected nodes: any of all, input, output (was dump_mode).", default=["all"]
-    )
+    data_mode: list[DataMode] = option("Slots of the selected nodes: any of all, input, output (was dump_mode).", default=["all"])
     dump_path: Annotated[str, Text("an existing writable folder path")] = option(
         "An existing writable folder (checked once set, or once dumps are enabled); each run goes in a new subfolder.",
         default=".",

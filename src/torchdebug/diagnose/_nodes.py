@@ -200,12 +200,12 @@ class _GraphCheck:
             eager_args, eager_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.eager.__getitem__)
             wide_args, wide_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.wide.__getitem__)
             wide_args, wide_kwargs = tree_map(upcast, wide_args), tree_map(upcast, wide_kwargs)
-            eager = node.target(*eager_args, **eager_kwargs)  # type: ignore[operator]
+            eager = node.target(*eager_args, **eager_kwargs)  # type: ignore[operator]  # a call_function node's op
             if attention.is_attention(node.target):
-                wide, compared = attention.reference(node.target, wide_args, wide_kwargs, eager)  # type: ignore[arg-type]
+                wide, compared = attention.reference(node.target, wide_args, wide_kwargs, eager)  # type: ignore[arg-type]  # its op
                 self.unchecked[node] = set(range(len(wide))) - compared
             else:
-                wide = node.target(*wide_args, **wide_kwargs)  # type: ignore[operator]
+                wide = node.target(*wide_args, **wide_kwargs)  # type: ignore[operator]  # its op
         except Exception as error:  # noqa: BLE001 - an op that cannot be recomputed is reported, not raised
             self._take(node, "failed", f"{type(error).__name__}: {first_line(error)}")
             return None

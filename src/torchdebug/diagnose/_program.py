@@ -155,7 +155,7 @@ class Program:
         differentiable = [(i, t) for i, t in enumerate(leaves) if t.requires_grad]
         if differentiable:
             loss = sum(_weighted_sum(t, _grad_weight(t, i)) for i, t in differentiable)
-            loss.backward()  # type: ignore[union-attr]
+            loss.backward()  # type: ignore[union-attr]  # a tensor: differentiable is not empty
         if params is not None:
             values.update({f"grad.{name}": p.grad for name, p in params.named_parameters() if p.grad is not None})
         for i, x in enumerate(inputs):

@@ -202,7 +202,7 @@ def _passes_lines() -> str:
         if any(e is None for e in expressions):
             lines.append(f"# torchdebug: inductor's {slot} holds a pass this script cannot import; set it here")
             continue
-        value = expressions[0] if len(expressions) == 1 else f"[{', '.join(expressions)}]  # a list: torch 2.13 and newer"  # type: ignore[arg-type]
+        value = expressions[0] if len(expressions) == 1 else f"[{', '.join(expressions)}]  # a list: torch 2.13 and newer"  # type: ignore[arg-type]  # no None (checked above)
         lines.append(f"torch._inductor.config.{slot} = {value}")
     return "\n".join(lines)
 

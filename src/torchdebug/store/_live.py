@@ -29,7 +29,7 @@ def register(rank_dir: Path, flush: Callable[[], bool]) -> None:
     """Let readers of ``rank_dir`` flush it first: ``flush`` (a bound method, held weakly) writes
     everything captured so far and returns ``False`` once the dump is closed (then it is forgotten)."""
     with _lock:
-        _live.append((rank_dir.resolve(), threading.get_ident(), weakref.WeakMethod(flush)))  # type: ignore[arg-type]
+        _live.append((rank_dir.resolve(), threading.get_ident(), weakref.WeakMethod(flush)))
 
 
 def flush_under(path: Path) -> None:

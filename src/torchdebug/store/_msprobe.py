@@ -260,4 +260,4 @@ def load(path: str | Path) -> Run:
         seen[(rank, step)] = folder
         by_rank.setdefault(rank, []).append(_Folder(folder, step))
     ranks = {rank: MsprobeRankDump(rank=rank, folders=sorted(fs, key=lambda f: f.step)) for rank, fs in by_rank.items()}
-    return Run(path=path, ranks=ranks)  # type: ignore[arg-type]
+    return Run(path=path, ranks=ranks)  # type: ignore[arg-type]  # dict is invariant; MsprobeRankDump is a RankRecords

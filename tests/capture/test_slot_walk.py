@@ -39,18 +39,18 @@ def _walk() -> SlotWalk:
     return walk
 
 
-def _drained(rows: list[tuple[int, bool]], slots: list[tuple], first_row: int = 0, freed: tuple[int, ...] = ()) -> ObservedOps:
-    """Rows ``(op id, backward)`` and their slots ``(row, io, address, storage, shape[, base])``
-    (float32 CPU tensors at offset 0 and version 0), as the observer drains them."""
+def _drained(rows: list[tuple], slots: list[tuple], first_row: int = 0, freed: tuple[int, ...] = ()) -> ObservedOps:
+    """Rows ``(op id, backward[, seq, module context])`` and their slots ``(row, io, address,
+    storage, shape[, base])`` (float32 CPU tensors at offset 0 and version 0), as the observer drains them."""
     shapes = [slot[4] for slot in slots]
     count = len(slots)
     return ObservedOps(
         names=list(_OPS),
         first_row=first_row,
-        op=array("i", [op for op, _ in rows]),
-        seq=array("q", [-1] * len(rows)),
-        backward=array("b", [backward for _, backward in rows]),
-        module=array("q", [-1] * len(rows)),
+        op=array("i", [row[0] for row in rows]),
+        seq=array("q", [row[2] if len(row) > 2 else -1 for row in rows]),
+        backward=array("b", [row[1] for row in rows]),
+        module=array("q", [row[3] if len(row) > 3 else -1 for row in rows]),
         slot_row=array("q", [slot[0] for slot in slots]),
         slot_io=array("b", [slot[1] for slot in slots]),
         slot_arg=array("h", [0] * count),
@@ -126,6 +126,25 @@ def test_a_freed_tensors_address_names_another_tensor_after_the_drain_that_repor
     assert held == made  # its slots in the drain that reports it freed are still it
     (reused,) = _ids(walk, _drained([(_NEG, False)], [(2, 0, _A, 1, (4,))], first_row=2)).value_ids.tolist()
     assert reused != made  # the same address over the same memory: the allocator gave both to a new tensor
+
+
+def _calls(walk: SlotWalk, ops: ObservedOps, parameters: tuple[int, ...] = ()) -> list[tuple]:
+    calls = walk.name_rows(ops, np.full(len(ops.op), -1, np.int64), np.array(parameters, np.int64))
+    return list(zip(calls.phase.tolist(), calls.module.tolist(), calls.call.tolist(), calls.fwd_call.tolist()))
+
+
+def test_rows_are_counted_on_across_a_steps_drains_and_a_backward_row_names_its_forward_row() -> None:
+    walk = _walk()
+    assert _calls(walk, _drained([(_NEG, False, 5, 0)], [])) == [(0, 0, 0, -1)]
+    later = _drained([(_NEG, False, 6, 0), (_NEG, True, 5, 7), (_NEG, True, -1, 3), (_NEG, False, -1, -2)], [], first_row=1)
+    assert _calls(walk, later, parameters=(3,)) == [
+        (0, 0, 1, -1),  # forward, module 0, its second call
+        (1, 0, 0, 0),  # backward of seq 5: the forward row's module, its call 0 as fwd
+        (1, 3, 0, -1),  # a gradient accumulation: named after the parameter (context 3), counted apart
+        (2, -1, 0, -1),  # an optimizer step: no module
+    ]
+    walk.next_step()
+    assert _calls(walk, _drained([(_NEG, True, 5, 7), (_NEG, False, 5, 0)], [], first_row=5)) == [(1, -1, 0, -1), (0, 0, 0, -1)]
 
 
 def test_the_walk_fails_on_an_op_it_was_not_told_of() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -24,10 +25,11 @@ from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_records import NativeStepCapture
+from torchdebug.capture.native_values import PHASES
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.native.build import DISABLE_ENV
-from torchdebug.native.observer import NativeObserver
+from torchdebug.native.observer import NativeObserver, ObservedOps
 
 __all__ = ["NativeOpCapture", "why_not_native"]
 
@@ -100,6 +102,8 @@ class NativeOpCapture:
         self.ios = ios
         self.names = NameMatcher(names)
         self.range = RangeGate(call_range)
+        self._by_name = bool(names) or bool(call_range)
+        self._phase_codes = [PHASES.index(phase) for phase in phases if phase in PHASES]
         self._statistics = session.want_stats
         self._failed = False
         self._told_recompute = False
@@ -144,26 +148,30 @@ class NativeOpCapture:
         self.rows.next_step()
         self.range.reset()
 
-    def _add_records(self, ops: object) -> None:
-        session, phases, range_gate, names = self.session, self.phases, self.range, self.names
+    def _add_records(self, ops: ObservedOps) -> None:
+        session = self.session
         if not session.writer.takes_records:
             return  # a write of records failed: capture stopped, as ``CaptureSession.add_call`` stops
-        heads = self.rows.name_rows(ops)
-        seqs = [-1] * len(heads)
-        stacks_added: set[str] = set()
-        for row, head in enumerate(heads):
-            if head is None:
-                continue
-            if head.phase in phases and range_gate.check(head.call_name) and (not names or names(head.call_name)):
-                seqs[row] = session.next_seq()
-                if head.stack is not None and head.stack[0] not in stacks_added:
-                    stacks_added.add(head.stack[0])
-                    session.add_stack(head.stack[0], head.stack[1])
-            else:
-                heads[row] = None
+        rows = self.rows.name_rows(ops)
+        recorded = np.isin(rows.phase, self._phase_codes)
+        if self._by_name:  # a range or name patterns: each candidate call's name, in row order
+            names, range_gate = self.names, self.range
+            call_names = rows.columns["call_name"].to_pylist()
+            for row in np.flatnonzero(recorded).tolist():
+                name = call_names[row]
+                recorded[row] = range_gate.check(name) and (not names or names(name))
+        chosen = np.flatnonzero(recorded)
+        seqs = np.full(len(recorded), -1, np.int64)
+        seqs[chosen] = session.seq + np.arange(len(chosen))
+        session.seq += len(chosen)
+        stacks = rows.stack[chosen]
+        stacks, first = np.unique(stacks[stacks >= 0], return_index=True)
+        for stack in stacks[np.argsort(first)].tolist():  # in the order of their first call
+            stack_id, frames, _ = self.rows.stack_table[stack]
+            session.add_stack(stack_id, frames)
         self.rows.step = session.step
         columns = self.rows.slot_columns(
-            ops, heads, ios=self.ios, seqs=seqs, statistics=self._statistics, stage=session.stage_stats
+            ops, rows, recorded.astype(np.int8), ios=self.ios, seqs=seqs, statistics=self._statistics, stage=session.stage_stats
         )
         if columns.num_rows:
             session.flush()  # what the session holds goes first: the dump keeps the order of capture

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -59,16 +59,16 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
-from torchdebug.capture.native_values import CHANGED, SlotWalk, load_slot_walk
+from torchdebug.capture.native_values import CHANGED, PHASES, SlotWalk, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, NativeObserver, ObservedOps
-from torchdebug.records import NO_MODULE, Record, make_call_name
+from torchdebug.records import NO_MODULE, Record
 from torchdebug.slots import dtype_name
 from torchdebug.stats._schema import empty_stats
 from torchdebug.store._record_columns import records_from_table
 from torchdebug.store._slot_columns import SlotColumns, unread_text
 
-__all__ = ["NativeStepCapture", "OpSlotNames", "RowName", "op_overload"]
+__all__ = ["NativeStepCapture", "OpSlotNames", "RowNames", "op_overload"]
 
 _OUTSIDE, _OPTIMIZER = -1, -2
 """Module contexts that name no path: outside every module, inside an optimizer step."""
@@ -157,14 +157,13 @@ class NativeStepCapture:
         self._handles: list[Any] = []
         self._dtype_names = {code: dtype_name(dtype) for code, dtype in observer.dtypes.items()}
         """By ``c10::ScalarType`` code: ``float32``."""
-        self._facts: dict[int, _OpFacts] = {}
-        """By op name id (``ObservedOps.names``)."""
-        self._calls: dict[tuple[str, str, str], int] = {}
-        self._made_by: dict[int, tuple[str, str, tuple | None]] = {}
-        """This step's forward rows by the sequence number of the node they made: (module, call name, stack)."""
+        self._op_names: list[str] = []
+        """By op name id (``ObservedOps.names``), of the ops the walk was told of: ``aten.mm.default``."""
+        self._stacks: list[tuple[str, list[str], str]] = []
+        self._stack_of_key: dict[tuple, int] = {}
         self._slot_walk: SlotWalk | None = None
-        """Value ids, shared statistics and unwritten memory, walked in C++ (made at the first drain)."""
-        self._text_columns: dict[str, pa.Array] = {}
+        """Row names, value ids, shared statistics and unwritten memory, walked in C++ (made at the first drain)."""
+        self._text_columns: dict[str, tuple[list[str | None], pa.Array]] = {}
         self._observed = False
         """Whether this capture started the observer before (its first start drops older weak references)."""
         self._devices: dict[tuple[int, int], str] = {}
@@ -270,8 +269,6 @@ class NativeStepCapture:
     def next_step(self) -> None:
         """Count calls and link backward rows afresh (value ids stay: they are the run's)."""
         self.step += 1
-        self._calls.clear()
-        self._made_by.clear()
         if self._slot_walk is not None:
             self._slot_walk.next_step()
 
@@ -284,67 +281,79 @@ class NativeStepCapture:
         columns of :meth:`slot_columns` read as a dump's reader reads them."""
         return records_from_table(pa.Table.from_batches([self.slot_columns(ops, self.name_rows(ops))]))
 
-    def name_rows(self, ops: ObservedOps) -> list[RowName | None]:
-        """Each drained row's name (``None``: an op capture skips, ``record_function``'s bookkeeping);
-        calls are counted on from the rows drained before in this step."""
-        names, paths, parameter_contexts = ops.names, self._paths, self._parameter_contexts
-        calls, made_by = self._calls, self._made_by
-        stacks = self._row_stacks(ops) if self.stacks else repeat(None)
-        heads: list[RowName | None] = []
-        for op_id, seq, backward, context, stack in zip(ops.op, ops.seq, ops.backward, ops.module, stacks):
-            facts = self._facts.get(op_id)
-            if facts is None:
-                facts = self._facts[op_id] = _OpFacts.of(names[op_id])
-            if facts.info.skipped:
-                heads.append(None)
-                continue
-            op = facts.info.name
-            fwd = None
-            if backward:
-                phase = "backward"
-                found = made_by.get(seq) if seq >= 0 else None
-                if found is not None:
-                    module, fwd, stack = found
-                else:  # a gradient accumulation is named after the parameter
-                    module = paths[context] if context in parameter_contexts else NO_MODULE
-            elif context == _OPTIMIZER:
-                phase, module = "optimizer", NO_MODULE
-            else:
-                phase, module = "forward", paths[context] if context >= 0 else NO_MODULE
-            key = (phase, module, op)
-            call = calls.get(key, 0)
-            calls[key] = call + 1
-            call_name = make_call_name(phase, module, op, call)
-            if phase == "forward" and seq >= 0:
-                made_by[seq] = (module, call_name, stack)
-            heads.append(RowName(phase, module, op, call, call_name, fwd, facts, stack))
-        return heads
+    def name_rows(self, ops: ObservedOps) -> RowNames:
+        """Each drained row's call (see the module docstring), named in C++ (``SlotWalk.name_rows``)
+        and spelled as columns; calls are counted on from the rows drained before in this step."""
+        walk = self._walk(ops)
+        stacks = self._row_stacks(ops) if self.stacks else np.full(len(ops.op), -1, np.int64)
+        calls = walk.name_rows(ops, stacks, np.fromiter(self._parameter_contexts, np.int64, len(self._parameter_contexts)))
+        modules = self._texts([NO_MODULE, *self._paths], "modules")
+        op_names = self._texts(self._op_names, "ops")
+        ops_column = op_names.take(pa.array(ops.op))
+        module = modules.take(pa.array(calls.module + 1))
+        call = pa.array(calls.call)
+        fwd = pc.binary_join_element_wise(
+            "forward",
+            modules.take(pa.array(calls.fwd_module + 1)),
+            pc.binary_join_element_wise(
+                op_names.take(pa.array(calls.fwd_op, mask=calls.fwd_op < 0)), call_text(calls.fwd_call), "#"
+            ),
+            "/",
+        )
+        phase = self._texts(list(PHASES), "phases").take(pa.array(calls.phase, mask=calls.phase < 0))
+        stack = pa.array(calls.stack, mask=calls.stack < 0)
+        columns = {
+            "call_name": pc.binary_join_element_wise(
+                phase, module, pc.binary_join_element_wise(ops_column, call_text(calls.call), "#"), "/"
+            ),
+            "phase": phase,
+            "module": module,
+            "op": ops_column,
+            "call": call,
+            "fwd": fwd,
+            "stack": self._texts([described[0] for described in self._stacks], "stack ids").take(stack),
+            "source": self._texts([described[2] for described in self._stacks], "sources").take(stack),
+        }
+        return RowNames(calls.phase, calls.stack, columns)
 
-    def _row_stacks(self, ops: ObservedOps) -> list[tuple[str, list[str], str] | None]:
-        """Each row's stack as eager capture's ``StackRecorder`` describes it (user frames only), or
-        ``None``: a backward row's, one with no user frame."""
+    def _row_stacks(self, ops: ObservedOps) -> np.ndarray:
+        """Each row's stack as eager capture's ``StackRecorder`` describes it (user frames only): an
+        index into :attr:`stack_table`, or -1: a backward row's, one with no user frame."""
         stack_of, stacks = self.observer.stacks(ops)
-        described = [
-            describe_stack(key)
-            if (key := tuple((f, function, line) for f, line, function in frames if is_user_file(f)))
-            else None
-            for frames in stacks
-        ]
-        return [described[stack_of[index]] if index >= 0 else None for index in ops.stack]
+        indices = np.array([self._stack_index(frames) for frames in stacks] or [-1], np.int64)
+        by_traceback = indices[np.asarray(stack_of, np.int64)] if stack_of else np.empty(0, np.int64)
+        tracebacks = np.asarray(ops.stack, np.int64)
+        return np.where(tracebacks >= 0, by_traceback[np.maximum(tracebacks, 0)] if stack_of else -1, -1)
+
+    def _stack_index(self, frames: list[tuple[str, int, str]]) -> int:
+        key = tuple((f, function, line) for f, line, function in frames if is_user_file(f))
+        if not key:
+            return -1
+        index = self._stack_of_key.get(key)
+        if index is None:
+            index = self._stack_of_key[key] = len(self._stacks)
+            self._stacks.append(describe_stack(key))
+        return index
+
+    @property
+    def stack_table(self) -> list[tuple[str, list[str], str]]:
+        """The stacks rows name (``RowNames.stack``): ``(stack id, frames, source)``, as ``describe_stack`` gives them."""
+        return self._stacks
 
     def slot_columns(
         self,
         ops: ObservedOps,
-        heads: list[RowName | None],
+        rows: RowNames,
+        recorded: np.ndarray | None = None,
         *,
         ios: frozenset[str] = frozenset(_IO),
-        seqs: list[int] | None = None,
+        seqs: np.ndarray | None = None,
         statistics: bool = False,
         stage: Callable[[list[tuple[torch.Tensor, Callable[[dict], None]]]], None] | None = None,
     ) -> pa.RecordBatch:
-        """The records of the slots of the rows named in ``heads`` (``None``: not recorded), of the
-        sides in ``ios``, as one record batch of the store's schema (``records_batch``'s); ``seqs``
-        numbers the recorded calls by row (default: the row).
+        """The records of the slots of the rows ``recorded`` marks (``int8`` per row; default: every
+        row with a call in ``rows``), of the sides in ``ios``, as one record batch of the store's
+        schema (``records_batch``'s); ``seqs`` numbers the recorded calls by row (default: the row).
 
         With ``statistics``, as eager capture takes them (``CaptureSession``): the callback's sums,
         finished; ``stage`` gets the kept tensors (``CaptureSession.stage_stats``, which fills them
@@ -356,8 +365,9 @@ class NativeStepCapture:
         What the slots' order tells (value ids, which statistics a slot shares, memory not written
         yet) comes from the C++ walk (``native_values.py``); the columns are made from the drained
         arrays (``store/_slot_columns.py``)."""
-        recorded = np.fromiter((head is not None for head in heads), np.int8, len(heads))
-        walk = self._walk()
+        if recorded is None:
+            recorded = (rows.phase >= 0).astype(np.int8)
+        walk = self._walk(ops)
         walked = walk.walk(ops, recorded, inputs="input" in ios, outputs="output" in ios, statistics=statistics)
         kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
         taken: list[dict] = []
@@ -385,8 +395,8 @@ class NativeStepCapture:
         )
         return columns.batch(
             ops,
-            heads,
-            list(range(ops.first_row, ops.first_row + len(heads))) if seqs is None else seqs,
+            rows.columns,
+            np.arange(ops.first_row, ops.first_row + len(ops.op)) if seqs is None else seqs,
             step=self.step,
             rank=self.rank,
             dtype_names=self._dtype_names,
@@ -394,16 +404,19 @@ class NativeStepCapture:
             flagged=PLAIN,
         )
 
-    def _walk(self) -> SlotWalk:
-        """The C++ walk of this capture, made at its first drain."""
+    def _walk(self, ops: ObservedOps) -> SlotWalk:
+        """The C++ walk of this capture (made at its first drain), told of the ops of ``ops``."""
         if self._slot_walk is None:
             library = load_slot_walk()
             if library is None:
                 raise RuntimeError("native/slot_walk.cpp cannot be built here")
             self._slot_walk = SlotWalk(library)
         walk = self._slot_walk
-        for op_id, facts in self._facts.items():
+        for op_id in np.unique(np.asarray(ops.op)).tolist():
             if not walk.knows(op_id):
+                facts = _OpFacts.of(ops.names[op_id])
+                self._op_names += [""] * (op_id + 1 - len(self._op_names))
+                self._op_names[op_id] = facts.info.name
                 walk.add_op(
                     op_id,
                     facts.info,
@@ -415,29 +428,32 @@ class NativeStepCapture:
         return walk
 
     def _texts(self, texts: list[str | None], key: str) -> pa.Array:
-        """``texts`` as a string column, made again only when the list grew."""
+        """``texts`` as a string column, made again only when they changed since the last call with ``key``."""
         cached = self._text_columns.get(key)
-        if cached is None or len(cached) != len(texts):
-            cached = self._text_columns[key] = pa.array(texts, pa.string())
-        return cached
+        if cached is None or cached[0] != texts:
+            cached = self._text_columns[key] = (list(texts), pa.array(texts, pa.string()))
+        return cached[1]
 
     def _device_name(self, device_type: int, device_index: int) -> str:
         device = (device_type, device_index)
         return self._devices.get(device) or self._devices.setdefault(device, self.observer.device_name(*device))
 
 
-class RowName(NamedTuple):
-    """What every slot record of a drained row shares."""
+class RowNames(NamedTuple):
+    """Each drained row's call: what every slot record of the row shares."""
 
-    phase: str
-    module: str
-    op: str
-    call: int
-    call_name: str
-    fwd: str | None
-    facts: _OpFacts
-    stack: tuple[str, list[str], str] | None
-    """``(stack id, frames, source)``: a forward op's user frames, a backward op's forward op's."""
+    phase: np.ndarray
+    """An index into ``PHASES`` (``native_values.py``); -1 for a row capture skips."""
+    stack: np.ndarray
+    """An index into :attr:`NativeStepCapture.stack_table`, -1 for none."""
+    columns: dict[str, pa.Array]
+    """By record field, a row each: ``call_name``, ``phase``, ``module``, ``op``, ``call``, ``fwd``,
+    ``stack``, ``source`` (empty for a row without a call)."""
+
+
+def call_text(calls: np.ndarray) -> pa.Array:
+    """Call indices as text (``make_call_name``'s ``#1``)."""
+    return pc.cast(pa.array(calls), pa.string())
 
 
 @dataclass(frozen=True, slots=True)

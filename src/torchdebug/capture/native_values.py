@@ -21,12 +21,12 @@ from torchdebug.native.build import load_torch_library
 from torchdebug.native.observer import ObservedOps
 from torchdebug.records import UNINITIALISED
 
-__all__ = ["CHANGED", "SlotWalk", "WalkedSlots", "load_slot_walk"]
+__all__ = ["CHANGED", "PHASES", "RowCalls", "SlotWalk", "WalkedSlots", "load_slot_walk"]
 
 CHANGED = 3
 """A ``WalkedSlots.errors`` code: a kept tensor changed or freed before the flush (after ``observer.py``'s flags)."""
 
-_MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT = 1, 2, 4, 8, 16
+_MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT, _SKIPPED = 1, 2, 4, 8, 16, 32
 """``td_walk_op``'s flags (``OpFlag`` in the C++ file)."""
 
 _INPUT_COLUMNS = (
@@ -60,6 +60,27 @@ class WalkedSlots(NamedTuple):
     """Each slot's ``arg``: an index into :attr:`SlotWalk.args`."""
     taken: np.ndarray
     """The drained slots whose kept tensor is reduced at the flush; -1: the statistics of no elements."""
+
+
+PHASES = ("forward", "backward", "optimizer")
+"""``RowCalls.phase`` codes' names (-1: a row capture skips)."""
+
+
+class RowCalls(NamedTuple):
+    """Each drained row's call, as :meth:`SlotWalk.name_rows` gives it."""
+
+    phase: np.ndarray
+    """An index into :data:`PHASES`; -1 for an op capture skips (``record_function``'s bookkeeping)."""
+    module: np.ndarray
+    """A module context (a path's index), -1 for none."""
+    call: np.ndarray
+    """The call index per (phase, module, op), in row order, counted on through the step."""
+    fwd_module: np.ndarray
+    fwd_op: np.ndarray
+    """For a backward row, the forward row that made its autograd node: its module, op id (-1: none) and call."""
+    fwd_call: np.ndarray
+    stack: np.ndarray
+    """The row's stack as given, or for a backward row its forward row's (-1: none)."""
 
 
 class SlotWalk:
@@ -100,6 +121,7 @@ class SlotWalk:
             | _VALUE_PRESERVING * info.value_preserving
             | _ONE_TENSOR * one_tensor
             | _LIST_RESULT * list_result
+            | _SKIPPED * info.skipped
         )
         unread_in, unread_out = info.unread_inputs, info.unread_outputs
         in_codes = bytes(self._code(unread_in.get(name, unread_in.get("*"))) if unread_in else 0 for name in inputs)
@@ -116,6 +138,22 @@ class SlotWalk:
         if why not in self.whys:
             self.whys.append(why)
         return self.whys.index(why)
+
+    def name_rows(self, ops: ObservedOps, stacks: np.ndarray, parameter_contexts: np.ndarray) -> RowCalls:
+        """The calls of the rows of ``ops`` (every op told with :meth:`add_op`): phases from the
+        backward marks and module contexts (``-2``: an optimizer step), a backward row's module that
+        of the forward row with its sequence number, else, for a context in ``parameter_contexts``
+        (a gradient accumulation), that parameter's; ``stacks``: each row's (``int64``, -1 none)."""
+        rows = len(ops.op)
+        calls = RowCalls(
+            *(np.empty(rows, kind) for kind in (np.int8, np.int64, np.int64, np.int64, np.int32, np.int64, np.int64))
+        )
+        pointers = [getattr(ops, name).buffer_info()[0] for name in ("op", "seq", "backward", "module")]
+        pointers += [column.ctypes.data for column in (stacks, parameter_contexts, *calls)]
+        counts = (ctypes.c_int64 * 2)(rows, len(parameter_contexts))
+        if self._lib.td_walk_rows(self._handle, counts, (ctypes.c_void_p * len(pointers))(*pointers)) < 0:
+            raise RuntimeError("native/slot_walk.cpp failed to name a drain's rows (an op it was not told of, or no memory)")
+        return calls
 
     def walk(self, ops: ObservedOps, recorded: np.ndarray, *, inputs: bool, outputs: bool, statistics: bool) -> WalkedSlots:
         """Walk the slots of ``ops`` (the observer's last drain) whose rows ``recorded`` marks (an
@@ -160,4 +198,5 @@ def load_slot_walk() -> ctypes.CDLL | None:
     library.td_walk_arg.restype = ctypes.c_char_p
     library.td_walk.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     library.td_walk.restype = ctypes.c_int64
+    library.td_walk_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     return library

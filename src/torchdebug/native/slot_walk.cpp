@@ -1,8 +1,13 @@
-// The slot walk: what only the order of the native observer's drained slots tells (issue 48), in
-// one pass per drain with no Python per slot. capture/native_values.py loads it and hands it the
-// drained arrays and which rows are recorded; it gives back, per recorded slot, its value id and
-// view_of, where its statistics come from, and why it is not read, as arrays.
+// The slot walk: what only the order of the native observer's drained rows and slots tells (issue
+// 48), in one pass per drain with no Python per row or slot. capture/native_values.py loads it and
+// hands it the drained arrays: td_walk_rows gives each row its call (phase, module, call index, the
+// forward call a backward row belongs to); td_walk, told which rows are recorded, gives per recorded
+// slot its value id and view_of, where its statistics come from, and why it is not read, as arrays.
 //
+// - Calls as NativeStepCapture names rows: phase backward for rows the engine ran, optimizer or
+//   forward by module context; a backward row the module (and stack) of the forward row that made
+//   its autograd node (equal sequence numbers), a gradient accumulation its parameter's path; the
+//   call index per (phase, module, op) in row order, counted through the step.
 // - Value ids as value_ids.py gives them to eager capture's slots, from TensorImpl addresses: a
 //   tensor is the one last seen at its address while its memory (storage, offset, shape, dtype) is
 //   the same. An op's output is a new value unless it is one of the op's arguments (an in-place
@@ -37,7 +42,9 @@ constexpr int8_t kChanged = 3;  // error code: a kept tensor changed or freed be
 constexpr int8_t kUninitialised = 1;  // unread code of "uninitialised" (native_values.py's table)
 constexpr int64_t kNone = -1;
 
-enum OpFlag : int { kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16 };
+enum OpFlag : int { kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32 };
+enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kNoPhase = -1 };
+constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
 
 struct Memory {
   int64_t storage = 0;
@@ -90,8 +97,17 @@ struct Source {  // the row's first argument, a plain tensor
   Memory memory;
 };
 
+struct Call {  // a forward row, by the sequence number of the autograd node it made
+  int64_t module;
+  int32_t op;
+  int64_t call;
+  int64_t stack;
+};
+
 struct Walk {
   std::unordered_map<int32_t, OpFacts> ops;
+  std::unordered_map<uint64_t, int64_t> calls;  // this step: calls so far by (phase, module, op)
+  std::unordered_map<int64_t, Call> made_by;    // this step's forward rows
   std::unordered_map<int64_t, Known> at;
   std::unordered_map<Memory, Value, MemoryHash> made_in;  // this step: the value first made in a memory
   std::unordered_map<int64_t, Seen> seen;  // this step, by address
@@ -260,6 +276,8 @@ void td_walk_next_step(void* walk) {
   auto& state = *static_cast<Walk*>(walk);
   state.made_in.clear();
   state.seen.clear();
+  state.calls.clear();
+  state.made_by.clear();
   state.row = -1;
 }
 
@@ -280,6 +298,79 @@ int td_walk_op(void* walk, int op, int flags, const char* input_names, int n_inp
     facts.unread_outputs.assign(unread_outputs, unread_outputs + n_outputs);
     facts.unread_other_outputs = static_cast<int8_t>(unread_other_outputs);
     static_cast<Walk*>(walk)->ops[op] = std::move(facts);
+    return 0;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// Name the drained rows as NativeStepCapture.name_rows describes (counts: rows, parameter contexts):
+// per row its phase (kNoPhase: an op capture skips), module (a context, -1 for none), call index
+// per (phase, module, op) in row order from the rows named before in this step, and for a backward
+// row the forward row that made its node (module, op, call; op -1: none) and that row's stack (a
+// stack id, -1 none; a forward row keeps its own). columns: the rows' op ids, sequence numbers,
+// backward marks, module contexts and stacks; the contexts that are a parameter's path (a gradient
+// accumulation's); then the outputs: phase, module, call, fwd module, fwd op, fwd call, stack.
+// Returns 0, -1 on failure.
+int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
+  try {
+    auto& state = *static_cast<Walk*>(walk);
+    auto rows = counts[0], parameters = counts[1];
+    auto row_op = column<int32_t>(columns, 0);
+    auto row_seq = column<int64_t>(columns, 1);
+    auto row_backward = column<int8_t>(columns, 2);
+    auto row_module = column<int64_t>(columns, 3);
+    auto row_stack = column<int64_t>(columns, 4);
+    auto parameter_contexts = column<int64_t>(columns, 5);
+    auto out_phase = static_cast<int8_t*>(columns[6]);
+    auto out_module = static_cast<int64_t*>(columns[7]);
+    auto out_call = static_cast<int64_t*>(columns[8]);
+    auto out_fwd_module = static_cast<int64_t*>(columns[9]);
+    auto out_fwd_op = static_cast<int32_t*>(columns[10]);
+    auto out_fwd_call = static_cast<int64_t*>(columns[11]);
+    auto out_stack = static_cast<int64_t*>(columns[12]);
+    std::unordered_set<int64_t> accumulations(parameter_contexts, parameter_contexts + parameters);
+    for (int64_t row = 0; row < rows; ++row) {
+      auto found = state.ops.find(row_op[row]);
+      if (found == state.ops.end()) return -1;  // facts not given: the caller's error
+      out_fwd_op[row] = -1;
+      out_fwd_module[row] = out_fwd_call[row] = kNone;
+      out_stack[row] = row_stack[row];
+      if (found->second.flags & kSkipped) {
+        out_phase[row] = kNoPhase;
+        out_module[row] = kOutside;
+        out_call[row] = 0;
+        continue;
+      }
+      int64_t seq = row_seq[row], context = row_module[row], module;
+      Phase phase;
+      if (row_backward[row]) {
+        phase = kBackward;
+        auto made = seq >= 0 ? state.made_by.find(seq) : state.made_by.end();
+        if (made != state.made_by.end()) {
+          module = made->second.module;
+          out_fwd_module[row] = made->second.module;
+          out_fwd_op[row] = made->second.op;
+          out_fwd_call[row] = made->second.call;
+          out_stack[row] = made->second.stack;
+        } else {  // a gradient accumulation is named after the parameter
+          module = accumulations.contains(context) ? context : kOutside;
+        }
+      } else if (context == kInOptimizer) {
+        phase = kOptimizer;
+        module = kOutside;
+      } else {
+        phase = kForward;
+        module = context >= 0 ? context : kOutside;
+      }
+      uint64_t key = (static_cast<uint64_t>(module + 1) << 32) ^ (static_cast<uint64_t>(row_op[row]) << 2) ^
+                     static_cast<uint64_t>(phase);
+      int64_t call = state.calls[key]++;
+      out_phase[row] = phase;
+      out_module[row] = module;
+      out_call[row] = call;
+      if (phase == kForward && seq >= 0) state.made_by[seq] = Call{module, row_op[row], call, out_stack[row]};
+    }
     return 0;
   } catch (const std::exception&) {
     return -1;

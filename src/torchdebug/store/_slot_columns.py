@@ -35,11 +35,6 @@ def _io_names() -> pa.Array:
 
 
 _STRING, _INT = pa.string(), pa.int64()
-_ROW_TYPES = {"call": _INT, "seq": _INT} | dict.fromkeys(
-    ("call_name", "phase", "module", "op", "fwd", "stack", "source"), pa.string()
-)
-_NO_CALL = (None,) * 8
-"""The fields of a row not recorded (no slot takes them)."""
 _NAN, _SUM, _SQUARES = COLUMNS.index("nan"), COLUMNS.index("sum"), COLUMNS.index("squares")
 _INDICES = 1 << 16
 """Device indices (and -1, none) a device code holds: ``type * _INDICES + index + 1``."""
@@ -77,8 +72,8 @@ class SlotColumns:
     def batch(
         self,
         ops: Any,
-        calls: list[Any],
-        seqs: list[int],
+        calls: dict[str, pa.Array],
+        seqs: np.ndarray,
         *,
         step: int,
         rank: int,
@@ -86,8 +81,8 @@ class SlotColumns:
         device_name: Callable[[int, int], str],
         flagged: int,
     ) -> pa.RecordBatch:
-        """The recorded slots' records. ``ops``: the drained ``ObservedOps``; ``calls``: per drained
-        row its ``RowName`` (``None``: not recorded), ``seqs`` its ``seq``; ``flagged``: the slots
+        """The recorded slots' records. ``ops``: the drained ``ObservedOps``; ``calls``: the call's
+        fields by name (``RowNames.columns``), a drained row each, ``seqs`` its ``seq``; ``flagged``: the slots
         whose ``slot_flag`` is not it (subclasses, nested tensors) have no shape, stride or device."""
         count = len(self.slots)
         slots = self.slots
@@ -137,23 +132,9 @@ class SlotColumns:
         return whole.take(pa.array(index)), odd
 
 
-def _call_columns(calls: list[Any], seqs: list[int], rows: pa.Array) -> dict[str, pa.Array]:
-    """The call's fields (``RowName``'s, and ``seq``) of each recorded slot: made once per row,
-    taken at the slots' rows."""
-    phase, module, op, call, call_name, fwd, _, stack = list(zip(*(_NO_CALL if c is None else c for c in calls))) or [()] * 8
-    per_row = {
-        "call_name": call_name,
-        "phase": phase,
-        "module": module,
-        "op": op,
-        "call": call,
-        "seq": seqs,
-        "fwd": fwd,
-        "stack": [s and s[0] for s in stack],
-        "source": [s and s[2] for s in stack],
-    }
-    table = pa.RecordBatch.from_arrays([pa.array(values, _ROW_TYPES[name]) for name, values in per_row.items()], list(per_row))
-    return dict(zip(per_row, table.take(rows).columns))
+def _call_columns(calls: dict[str, pa.Array], seqs: np.ndarray, rows: pa.Array) -> dict[str, pa.Array]:
+    """The call's fields (``call_name``, ``phase``, ... and ``seq``) of each recorded slot, taken at the slots' rows."""
+    return {name: column.take(rows) for name, column in {**calls, "seq": pa.array(seqs, _INT)}.items()}
 
 
 def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:

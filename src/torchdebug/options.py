@@ -58,36 +58,45 @@ Validator = Callable[[str, Any], Any]
 # -- what an annotation may carry besides its type -----------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
+# Plain classes, not dataclasses: the command line's help makes them, and each dataclass costs it 2 ms.
 class AtLeast:
     """``Annotated[int, AtLeast(1)]``: a number no smaller than ``minimum``."""
 
-    minimum: float
+    __slots__ = ("minimum",)
+
+    def __init__(self, minimum: float) -> None:
+        self.minimum = minimum
 
 
-@dataclasses.dataclass(frozen=True)
 class Above:
     """``Annotated[float, Above(0)]``: a number larger than ``minimum``."""
 
-    minimum: float
+    __slots__ = ("minimum",)
+
+    def __init__(self, minimum: float) -> None:
+        self.minimum = minimum
 
 
-@dataclasses.dataclass(frozen=True)
 class Text:
     """``Annotated[str, Text("a folder path")]``: a non-empty string (or path); ``what`` names it in
     messages."""
 
-    what: str
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
 
 
-@dataclasses.dataclass(frozen=True)
 class Check:
     """``Annotated[T, Check(read)]``: what only code can say of a value (``'0|3-5'`` is steps 0, 3, 4
     and 5; a mapping file is read; a folder must exist): ``read(dotted_key, value)`` returns the
     value as ``T``. ``schema`` is its JSON-schema entry, for what files may hold."""
 
-    read: Validator
-    schema: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    __slots__ = ("read", "schema")
+
+    def __init__(self, read: Validator, schema: Mapping[str, Any] | None = None) -> None:
+        self.read = read
+        self.schema = schema or {}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,24 +121,32 @@ class Flag:
     default (``--no-replay`` is ``--no-rerun``); another's takes the same value."""
 
 
-@dataclasses.dataclass(frozen=True)
 class OptionSpec:
-    """One option as the annotation and :func:`option` declare it, resolved when its class is made."""
+    """One option as its annotation and :func:`option` declare it, resolved when its class is made."""
 
-    name: str
-    doc: str
-    check: Validator
-    """Runs on every value given (:data:`Validator`)."""
-    schema: Mapping[str, Any]
-    """Its JSON-schema entry without description and default (a group's is its class's schema)."""
-    choices: tuple[Any, ...] | None
-    """The values a ``Literal`` allows (the command line's choices), ``None`` where any value of the type goes."""
-    kind: type
-    """``bool``, ``int``, ``float``, ``str``, an :class:`Options` class (a group) or ``object``."""
-    flag: Flag
-    parse: Callable[[str], Any]
-    """How the command line reads one value: the flag's ``parse``, else derived from ``kind``."""
-    field: dataclasses.Field[Any]
+    __slots__ = ("check", "choices", "doc", "field", "flag", "kind", "name", "parse", "schema")
+
+    def __init__(
+        self,
+        field: dataclasses.Field[Any],
+        check: Validator,
+        schema: Mapping[str, Any],
+        choices: tuple[Any, ...] | None,
+        kind: type,
+        parse: Callable[[str], Any],
+    ) -> None:
+        self.field, self.name, self.doc = field, field.name, field.metadata["doc"]
+        self.flag: Flag = field.metadata["flag"]
+        self.check = check
+        """Runs on every value given (:data:`Validator`)."""
+        self.schema = schema
+        """Its JSON-schema entry without description and default (a group's is its class's schema)."""
+        self.choices = choices
+        """The values a ``Literal`` allows (the command line's choices); ``None`` where any value of the type goes."""
+        self.kind = kind
+        """``bool``, ``int``, ``float``, ``str``, an :class:`Options` class (a group) or ``object``."""
+        self.parse = parse
+        """How the command line reads one value: the flag's ``parse``, else derived from ``kind``."""
 
     @property
     def default(self) -> Any:
@@ -460,9 +477,7 @@ _PARSE: dict[type, Callable[[str], Any]] = {int: integer_text, float: number_tex
 
 def _spec(f: dataclasses.Field[Any], annotation: Any) -> OptionSpec:
     check, schema, choices, kind = _derive(annotation, f.name)
-    flag: Flag = f.metadata["flag"]
-    parse = flag.parse or _PARSE.get(kind, str)
-    return OptionSpec(f.name, f.metadata["doc"], check, schema, choices, kind, flag, parse, f)
+    return OptionSpec(f, check, schema, choices, kind, f.metadata["flag"].parse or _PARSE.get(kind, str))
 
 
 def _derive(tp: Any, where: str) -> tuple[Validator, dict[str, Any], tuple[Any, ...] | None, type]:

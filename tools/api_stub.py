@@ -5,7 +5,7 @@ keywords (``@accepts(CompareConfig)``, or ``**options`` handed to a config, :dat
 hides them from a type checker. The stub re-exports each public name from the module that defines
 it and writes each such function out: its own parameters, ``config``, then one keyword per option
 with the option's annotation (``Annotated`` metadata dropped). Everything in it is read from the
-code, so it is never edited by hand; ``tests/test_api_stub.py`` fails when it is stale.
+code, so it is never edited by hand; ``tests/test_options_generated.py`` fails when it is stale.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from torchdebug.options import Indices
 from torchdebug.options import Patterns
 from torchdebug.records import Record as Record
 from torchdebug.seed import seed_all as seed_all
-from torchdebug.store import _reader as reader
+from torchdebug.store import Run
 from torchdebug.store._reader import load as load
 from torchdebug.version import __version__ as __version__
 from typing import Any
@@ -43,8 +43,8 @@ from typing import Literal
 __all__ = ["AnomalyError", "CompareConfig", "CompareResult", "CompilerConfig", "ConfigError", "Debugger", "DebuggerConfig", "DiagnoseConfig", "DiagnoseResult", "DumpError", "Monitor", "MonitorConfig", "Record", "TorchDebugError", "__version__", "compare", "diagnose", "dump", "get_backend", "load", "scope", "seed_all"]
 
 def compare(
-    a: str | Path | reader.Run,
-    b: str | Path | reader.Run,
+    a: str | Path | Run,
+    b: str | Path | Run | None = ...,
     *,
     config: CompareConfig | None = None,
     tolerances: Tolerances = ...,
@@ -55,7 +55,7 @@ def compare(
     threads: Threads = ...,
     workers: Workers = ...,
     rerun: bool = ...,
-) -> CompareResult: ...
+) -> CompareResult | None: ...
 def diagnose(
     fn: Callable[..., Any],
     *example_inputs: Any,

@@ -68,7 +68,7 @@ class DumpSettings:
 def _on_off(key: str, value: Any) -> bool:
     if value not in ("on", "off"):
         raise ConfigError(f"{key}: got {value!r}, expected one of 'on', 'off'")
-    return value == "on"
+    return bool(value == "on")
 
 
 def read_scene_file(path: str) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def read_scene_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: not valid JSON ({error.msg} at line {error.lineno})") from None
     if not isinstance(document, dict) or not isinstance(document.get("dump"), dict):
         raise ConfigError(f'{where}: expected an object {{"dump": {{...}}}} as in TorchAir\'s dump config')
-    dump = document["dump"]
+    dump: dict[str, Any] = document["dump"]
     for key in dump:
         if key not in _FILE_KEYS:
             raise ConfigError(f"dump.{key}: unknown key in {path}, expected one of {', '.join(_FILE_KEYS)}")

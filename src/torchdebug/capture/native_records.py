@@ -161,9 +161,12 @@ class NativeStepCapture:
         """By op name id (``ObservedOps.names``), of the ops the walk was told of: ``aten.mm.default``."""
         self._stacks: list[tuple[str, list[str], str]] = []
         self._stack_of_key: dict[tuple, int] = {}
+        self._stack_indices: list[int] = []
+        """By the observer's stack id: an index into :attr:`stack_table`, -1 for no user frame."""
         self._slot_walk: SlotWalk | None = None
         """Row names, value ids, shared statistics and unwritten memory, walked in C++ (made at the first drain)."""
         self._text_columns: dict[str, tuple[list[str | None], pa.Array]] = {}
+        self._arg_columns: pa.RecordBatch | None = None
         self._observed = False
         """Whether this capture started the observer before (its first start drops older weak references)."""
         self._devices: dict[tuple[int, int], str] = {}
@@ -320,8 +323,9 @@ class NativeStepCapture:
         """Each row's stack as eager capture's ``StackRecorder`` describes it (user frames only): an
         index into :attr:`stack_table`, or -1: a backward row's, one with no user frame."""
         stack_of, stacks = self.observer.stacks(ops)
-        indices = np.array([self._stack_index(frames) for frames in stacks] or [-1], np.int64)
-        by_traceback = indices[np.asarray(stack_of, np.int64)] if stack_of else np.empty(0, np.int64)
+        indices = self._stack_indices
+        indices += [self._stack_index(frames) for frames in stacks[len(indices) :]]
+        by_traceback = np.array(indices, np.int64)[np.asarray(stack_of, np.int64)] if stack_of else np.empty(0, np.int64)
         tracebacks = np.asarray(ops.stack, np.int64)
         return np.where(tracebacks >= 0, by_traceback[np.maximum(tracebacks, 0)] if stack_of else -1, -1)
 
@@ -382,8 +386,7 @@ class NativeStepCapture:
         columns = SlotColumns(
             walked.slots,
             walked.args,
-            self._texts(walk.args, "args"),
-            self._texts(walk.io_args, "io_args"),
+            self._args(walk),
             walked.value_ids,
             walked.view_of,
             walked.stats,
@@ -426,6 +429,14 @@ class NativeStepCapture:
                     one_tensor=facts.one_tensor,
                 )
         return walk
+
+    def _args(self, walk: SlotWalk) -> pa.RecordBatch:
+        """The args the walk named, by code: ``arg``, ``io`` and ``io_arg`` (made again when it named more)."""
+        if self._arg_columns is None or self._arg_columns.num_rows != len(walk.args):
+            self._arg_columns = pa.RecordBatch.from_pydict(
+                {"arg": walk.args, "io": [io_arg.partition(".")[0] for io_arg in walk.io_args], "io_arg": walk.io_args}
+            )
+        return self._arg_columns
 
     def _texts(self, texts: list[str | None], key: str) -> pa.Array:
         """``texts`` as a string column, made again only when they changed since the last call with ``key``."""

@@ -454,6 +454,14 @@ struct Recorder {
 std::atomic<bool> want_stacks{false};
 std::vector<Traceback> drained_tracebacks;  // those drained last, until td_observer_stacks reads them
 
+// The distinct stacks symbolized so far, by their text (each a few hundred bytes; as many as the
+// program has distinct call sites of ops): ids that stay, so a flush reads only new stacks' text.
+struct Stacks {
+  std::unordered_map<std::string, int64_t> ids;
+  std::deque<std::string> texts;  // by id (they never move)
+};
+Stacks stacks;
+
 // The Python frames the op being recorded was called from (torch's CapturedTraceback, as the CUDA
 // memory snapshot takes them: code objects and instruction offsets, symbolized at the flush). It
 // takes the GIL: never called with the recorder's mutex held.
@@ -858,30 +866,36 @@ void td_observer_forget_seen() {
 // Take the Python frames of each forward op from the rows recorded from now on (want != 0), or no longer.
 void td_observer_want_stacks(int want) { want_stacks.store(want != 0); }
 
-// Symbolize the tracebacks of the rows drained last: each traceback's stack (an index into the
-// distinct stacks, into stack_of[i]), and the distinct stacks as text, one frame a line
-// ("file\tline\tfunction", innermost first), stacks separated by "\x1e". Takes the GIL itself.
-const char* td_observer_stacks(int64_t* stack_of) {
-  static std::string text;
+// Symbolize the tracebacks of the rows drained last: each traceback's stack into stack_of[i], an id
+// of the distinct stacks this process has symbolized (td_observer_stack_text gives each id's text);
+// returns how many ids there are. Takes the GIL itself.
+int64_t td_observer_stacks(int64_t* stack_of) {
   std::vector<torch::CapturedTraceback*> pointers;
   for (auto& traceback : drained_tracebacks) pointers.push_back(traceback.get());
   auto symbolized = torch::symbolize(pointers);
-  std::map<std::vector<uint64_t>, int64_t> distinct;
-  text.clear();
+  std::map<std::vector<uint64_t>, int64_t> distinct;  // this drain's, by symbolize's frame indices
+  std::string text;
   for (size_t index = 0; index < symbolized.tracebacks.size(); ++index) {
     const auto& frames = symbolized.tracebacks[index];
-    auto [found, added] = distinct.emplace(frames, static_cast<int64_t>(distinct.size()));
-    stack_of[index] = found->second;
-    if (!added) continue;
-    if (found->second > 0) text += '\x1e';
-    for (auto frame : frames) {
-      const auto& where = symbolized.all_frames[frame];
-      text += where.filename + '\t' + std::to_string(where.lineno) + '\t' + where.funcname + '\n';
+    auto [found, added] = distinct.emplace(frames, 0);
+    if (added) {
+      text.clear();
+      for (auto frame : frames) {
+        const auto& where = symbolized.all_frames[frame];
+        text += where.filename + '\t' + std::to_string(where.lineno) + '\t' + where.funcname + '\n';
+      }
+      auto [known, is_new] = stacks.ids.emplace(text, static_cast<int64_t>(stacks.texts.size()));
+      if (is_new) stacks.texts.push_back(text);
+      found->second = known->second;
     }
+    stack_of[index] = found->second;
   }
   drained_tracebacks.clear();
-  return text.c_str();
+  return static_cast<int64_t>(stacks.texts.size());
 }
+
+// The frames of stack `id` (td_observer_stacks), one a line, innermost first: "file\tline\tfunction".
+const char* td_observer_stack_text(int64_t id) { return stacks.texts.at(static_cast<size_t>(id)).c_str(); }
 
 // Keep a reference to each plain tensor whose sums the callback does not take (keep != 0), from
 // the rows recorded from now on, or no longer.

@@ -160,7 +160,9 @@ class NativeObserver:
         library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_stacks.argtypes = [ctypes.c_void_p]
-        library.td_observer_stacks.restype = ctypes.c_char_p
+        library.td_observer_stacks.restype = ctypes.c_int64
+        library.td_observer_stack_text.argtypes = [ctypes.c_int64]
+        library.td_observer_stack_text.restype = ctypes.c_char_p
         library.td_observer_device_type_name.argtypes = [ctypes.c_int]
         library.td_observer_device_type_name.restype = ctypes.c_char_p
         library.td_observer_freed_count.restype = ctypes.c_int64
@@ -170,6 +172,7 @@ class NativeObserver:
         self.dtypes = _scalar_types(library)
         """``c10::ScalarType`` code → ``torch.dtype``."""
         self._names: list[str] = []
+        self._stacks: list[list[tuple[str, int, str]]] = []
         self._device_types: dict[int, str] = {}
         self.running = False
         """Between :meth:`start` and :meth:`stop`: the process has one observer, one user at a time."""
@@ -188,20 +191,18 @@ class NativeObserver:
 
     def stacks(self, ops: ObservedOps) -> tuple[list[int], list[list[tuple[str, int, str]]]]:
         """The stacks of the rows drained last (``ops``): for each traceback (``ops.stack`` indexes
-        them) an index into the distinct stacks, and those as ``(file, line, function)`` frames,
-        innermost first. Symbolized once per drain (the GIL taken for it)."""
+        them) a stack id, and the stacks by id as ``(file, line, function)`` frames, innermost first:
+        every distinct stack this process has symbolized (ids stay; only new ones are read). Symbolized
+        once per drain (the GIL taken for it)."""
         count = sum(1 for index in ops.stack if index >= 0)
         stack_of = (ctypes.c_int64 * max(count, 1))()
-        text = self._lib.td_observer_stacks(stack_of).decode()
-        stacks = (
-            [
-                [(file, int(line), function) for file, line, function in (frame.split("\t") for frame in stack.splitlines())]
-                for stack in text.split("\x1e")
-            ]
-            if count
-            else []
-        )
-        return list(stack_of[:count]), stacks
+        known = self._lib.td_observer_stacks(stack_of)
+        for stack_id in range(len(self._stacks), known):
+            text = self._lib.td_observer_stack_text(stack_id).decode()
+            self._stacks.append(
+                [(file, int(line), function) for file, line, function in (f.split("\t") for f in text.splitlines())]
+            )
+        return list(stack_of[:count]), self._stacks
 
     def keep_unsummed(self, enabled: bool = True) -> None:
         """Keep a reference to each plain non-empty tensor whose sums the callback does not take

@@ -29,8 +29,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -49,21 +51,36 @@ constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that nam
 struct Memory {
   int64_t storage = 0;
   int64_t offset = 0;
+  int32_t shape = 0;  // an interned shape (Shapes)
   int8_t dtype = 0;
   bool partial = false;  // only the storage is known: a base seen through a view of it
-  std::vector<int64_t> shape;
   bool operator==(const Memory&) const = default;
 };
 
 struct MemoryHash {
   size_t operator()(const Memory& memory) const {
     uint64_t hash = static_cast<uint64_t>(memory.storage) * 0x9E3779B97F4A7C15ULL;
-    auto mix = [&hash](uint64_t value) { hash = (hash ^ value) * 0x100000001B3ULL + (hash >> 29); };
-    mix(static_cast<uint64_t>(memory.offset));
-    mix(static_cast<uint64_t>(memory.dtype) | (memory.partial ? 256 : 0));
-    for (auto size : memory.shape) mix(static_cast<uint64_t>(size));
-    return static_cast<size_t>(hash);
+    hash = (hash ^ static_cast<uint64_t>(memory.offset)) * 0x100000001B3ULL + (hash >> 29);
+    uint64_t rest = static_cast<uint64_t>(static_cast<uint32_t>(memory.shape)) << 16 |
+                    static_cast<uint64_t>(static_cast<uint8_t>(memory.dtype)) << 1 | (memory.partial ? 1 : 0);
+    return static_cast<size_t>((hash ^ rest) * 0x9E3779B97F4A7C15ULL);
   }
+};
+
+// Shapes by id, so that a memory is a few integers: as many as the run has distinct shapes.
+class Shapes {
+ public:
+  int32_t id(const int64_t* sizes, int ndim) {
+    std::string_view key(reinterpret_cast<const char*>(sizes), static_cast<size_t>(ndim) * sizeof(int64_t));
+    auto found = ids_.find(key);
+    if (found != ids_.end()) return found->second;
+    auto& stored = stored_.emplace_back(key);  // a deque: the views into it stay valid
+    return ids_.emplace(std::string_view(stored), static_cast<int32_t>(ids_.size())).first->second;
+  }
+
+ private:
+  std::deque<std::string> stored_;
+  std::unordered_map<std::string_view, int32_t> ids_;
 };
 
 struct Value {
@@ -106,6 +123,7 @@ struct Call {  // a forward row, by the sequence number of the autograd node it 
 
 struct Walk {
   std::unordered_map<int32_t, OpFacts> ops;
+  Shapes shapes;
   std::unordered_map<uint64_t, int64_t> calls;  // this step: calls so far by (phase, module, op)
   std::unordered_map<int64_t, Call> made_by;    // this step's forward rows
   std::unordered_map<int64_t, Known> at;
@@ -455,7 +473,8 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       memory.storage = storage;
       memory.offset = slot_offset[slot];
       memory.dtype = slot_dtype[slot];
-      memory.shape.assign(shape + dims, shape + dims + ndim);
+      memory.shape = state.shapes.id(shape + dims, ndim);
+      const int64_t* sizes = shape + dims;
       dims += ndim;
       if (row != last_row) {
         last_row = row;
@@ -480,7 +499,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         continue;
       }
       int64_t numel = 1;
-      for (auto size : memory.shape) numel *= size;
+      for (int dim = 0; dim < ndim; ++dim) numel *= sizes[dim];
       int64_t device = static_cast<int64_t>(device_type[slot]) * 256 + device_index[slot];
       bool first = slot_arg[slot] == 0 && slot_element[slot] < 0 && flag == kPlain;
       if (io == 0 && first) {

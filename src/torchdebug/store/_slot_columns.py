@@ -11,7 +11,6 @@ record, name or statistics dict is made per slot. The batch has the schema ``rec
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +25,6 @@ from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_ar
 from torchdebug.store._record_json import json_text
 
 __all__ = ["SlotColumns", "unread_text"]
-
-
-@functools.cache
-def _io_names() -> pa.Array:
-    """``slot_io``'s names; made at first use (pyarrow imports pandas, if installed, at its first ``pa.array``)."""
-    return pa.array(["input", "output"], pa.string())
 
 
 _STRING, _INT = pa.string(), pa.int64()
@@ -53,10 +46,8 @@ class SlotColumns:
     slots: np.ndarray
     """The drained index of each recorded slot."""
     arg_codes: np.ndarray
-    args: pa.Array
-    """``arg`` (``0``, ``1.2``, ``out``) by code."""
-    io_args: pa.Array
-    """``io.arg`` (``input.0``) by code."""
+    args: pa.RecordBatch
+    """By code: ``arg`` (``0``, ``1.2``, ``out``), ``io`` (``input``) and ``io_arg`` (``input.0``)."""
     value_ids: np.ndarray
     view_of: np.ndarray
     """-1: none."""
@@ -87,32 +78,31 @@ class SlotColumns:
         count = len(self.slots)
         slots = self.slots
         rows = pa.array(np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row)
-        io = _io_names().take(pa.array(np.asarray(ops.slot_io, np.int64)[slots]))
         undescribed = np.asarray(ops.slot_flag)[slots] != flagged
-        codes = pa.array(self.arg_codes)
+        args = self.args.take(pa.array(self.arg_codes))
         versions = np.asarray(ops.slot_version, np.int64)[slots]
         devices = np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES + np.asarray(ops.slot_device_index)[slots] + 1
-        by_row = _call_columns(calls, seqs, rows)
+        by_row = pa.RecordBatch.from_pydict({**calls, "seq": pa.array(seqs, _INT)}).take(rows)
         columns = {
-            "name": pc.binary_join_element_wise(by_row.pop("call_name"), self.io_args.take(codes), "/"),
+            "name": pc.binary_join_element_wise(by_row.column("call_name"), args.column("io_arg"), "/"),
             "step": pa.repeat(pa.scalar(step, _INT), count),
             "rank": pa.repeat(pa.scalar(rank, _INT), count),
-            **by_row,
-            "io": io,
-            "arg": self.args.take(codes),
+            **{name: by_row.column(name) for name in by_row.schema.names if name != "call_name"},
+            "io": args.column("io"),
+            "arg": args.column("arg"),
             "kind": pa.repeat(pa.scalar("tensor"), count),
             "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.__getitem__),
             "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
             "stride": _sizes(ops.stride, ops.slot_ndim, slots, undescribed),
             "device": _named(devices, lambda key: device_name(key // _INDICES, key % _INDICES - 1), undescribed),
             "capture": pa.repeat(pa.scalar("eager"), count),
-            "capture_error": self.errors.take(pa.array(self.error_codes)),
+            "capture_error": _by_code(self.errors, self.error_codes),
             "value_id": pa.array(self.value_ids),
             "version": pa.array(versions, _INT, mask=versions < 0),
             "view_of": pa.array(self.view_of, _INT, mask=self.view_of < 0),
-            "extra": self.unread.take(pa.array(self.unread_codes)),
+            "extra": _by_code(self.unread, self.unread_codes),
         }
-        stats, odd = self._stats_column(ops)
+        stats, odd = self._stats_column(ops) if (self.stats_refs != -1).any() else (pa.nulls(count, STATS_TYPE), {})
         return columns_batch(count, columns, stats, odd)
 
     def _stats_column(self, ops: Any) -> tuple[pa.StructArray, dict[int, dict[str, Any]]]:
@@ -132,9 +122,9 @@ class SlotColumns:
         return whole.take(pa.array(index)), odd
 
 
-def _call_columns(calls: dict[str, pa.Array], seqs: np.ndarray, rows: pa.Array) -> dict[str, pa.Array]:
-    """The call's fields (``call_name``, ``phase``, ... and ``seq``) of each recorded slot, taken at the slots' rows."""
-    return {name: column.take(rows) for name, column in {**calls, "seq": pa.array(seqs, _INT)}.items()}
+def _by_code(texts: pa.Array, codes: np.ndarray) -> pa.Array:
+    """``texts[code]`` of each slot; code 0 (and ``texts[0]``) is none: mostly all of them."""
+    return texts.take(pa.array(codes)) if codes.any() else pa.nulls(len(codes), _STRING)
 
 
 def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:

@@ -60,4 +60,4 @@ bench: $(STAMP)
 	$(PY) bench/diagnose.py --skip-minifier
 
 clean:
-	rm -rf $(VENV) .venv-torch* demo_out .pytest_cache
+	rm -rf $(VENV) .venv-torch* demo_out .pytest_cache .mypy_cache

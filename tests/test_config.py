@@ -1,10 +1,11 @@
 import json
+from typing import Annotated, Any, Literal
 
 import pytest
 
 from torchdebug.config import DebuggerConfig
 from torchdebug.errors import ConfigError
-from torchdebug.options import index_set
+from torchdebug.options import AtLeast, Options, configclass, index_set, option
 
 
 def test_index_set_accepts_the_seed_string_form():
@@ -210,3 +211,25 @@ def test_config_checksum_is_a_boolean_and_needs_a_task_that_reads_values():
         DebuggerConfig(checksum="yes")
     with pytest.raises(ConfigError, match=r"^checksum: needs task='statistics', 'tensor', 'overflow_check' or 'checksum'"):
         DebuggerConfig(task="structure", checksum=True)
+
+
+def test_an_option_reads_its_rule_from_its_annotation():
+    @configclass
+    class Knobs(Options):
+        size: Annotated[int, AtLeast(2)] = option("A size.", default=2)
+        mode: Literal["a", "b"] | None = option("A mode.", default=None)
+
+    with pytest.raises(ConfigError, match=r"^size: got 1, expected an integer >= 2$"):
+        Knobs(size=1)
+    with pytest.raises(ConfigError, match=r"^mode: got 'c', expected one of 'a', 'b'$"):
+        Knobs(mode="c")
+    schema = Knobs.json_schema()["properties"]
+    assert schema["size"]["minimum"] == 2 and schema["mode"]["enum"] == ["a", "b", None]
+
+
+def test_an_option_whose_annotation_names_no_rule_is_refused_when_its_class_is_made():
+    with pytest.raises(TypeError, match=r"^Loose\.anything: no check for"):
+
+        @configclass
+        class Loose(Options):
+            anything: Any = option("Anything at all.", default=None)

@@ -198,7 +198,7 @@ def configclass(cls: type[C]) -> type[C]:
     :class:`ConfigError` and accepts deprecated ones."""
     cls = dataclasses.dataclass(kw_only=True, slots=True, repr=False)(cls)
     names = _Names(vars(sys.modules[cls.__module__]))
-    cls._specs = {f.name: _spec(f, names.evaluate(f.type, f"{cls.__name__}.{f.name}")) for f in dataclasses.fields(cls)}
+    cls._specs = {f.name: _spec(f, names.evaluate(f.type, f"{cls.__name__}.{f.name}"), cls) for f in dataclasses.fields(cls)}
     generated = cls.__init__
 
     @functools.wraps(generated)
@@ -475,8 +475,8 @@ class _Names(dict[str, Any]):
 _PARSE: dict[type, Callable[[str], Any]] = {int: integer_text, float: number_text}
 
 
-def _spec(f: dataclasses.Field[Any], annotation: Any) -> OptionSpec:
-    check, schema, choices, kind = _derive(annotation, f.name)
+def _spec(f: dataclasses.Field[Any], annotation: Any, owner: type) -> OptionSpec:
+    check, schema, choices, kind = _derive(annotation, f"{owner.__name__}.{f.name}")
     return OptionSpec(f, check, schema, choices, kind, f.metadata["flag"].parse or _PARSE.get(kind, str))
 
 

@@ -12,7 +12,7 @@ from torch import nn
 import torchdebug
 from torchdebug.compare._matching import match_records
 from torchdebug.compare._value_graph import execution_order
-from torchdebug.records import Record
+from torchdebug.records import MODULE_OP, Record
 
 
 def _records(path: Path, program) -> list[Record]:
@@ -144,3 +144,98 @@ def test_two_equal_parameters_updated_in_another_order_are_told_apart_by_their_f
     found = _partners(program(tmp_path / "a", True), program(tmp_path / "b", False))
     assert found["forward/-/aten.mul_.Tensor#0"] == ("forward/-/aten.mul_.Tensor#1", "aligned")
     assert found["forward/-/aten.mul_.Tensor#1"] == ("forward/-/aten.mul_.Tensor#0", "aligned")
+
+
+def test_a_value_one_side_passes_on_unchanged_is_paired_through_the_op_both_run(tmp_path):
+    def program(divisor: float, extra: bool) -> None:
+        x = torch.linspace(-1, 1, 4)
+        g = x.exp() / divisor  # B divides by one: its div passes the exp's value on, A's makes a new one
+        if extra:
+            x.neg()  # A's neg#0: the consumer below is A's neg#1 and B's neg#0
+        g.neg()
+
+    a = _records(tmp_path / "a", lambda: program(4.0, True))
+    b = _records(tmp_path / "b", lambda: program(1.0, False))
+    assert _partners(a, b)["forward/-/aten.neg.default#1"] == ("forward/-/aten.neg.default#0", "aligned")
+
+
+def _linear_of_batch(path: Path, batch: int) -> list[Record]:
+    """One linear (a module call) then a relu, on a batch of ``batch`` rows."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 3)), torch.randn(batch, 4)
+    with torchdebug.dump(path, model=model, task="statistics", level="mix"):  # ops and module calls
+        model(x).relu()
+    records = torchdebug.load(path).ranks[0].records()
+    return [records[i] for i in execution_order(records)]
+
+
+def test_a_module_call_of_another_batch_is_paired_with_its_namesake(tmp_path):
+    pairs = match_records(_linear_of_batch(tmp_path / "a", 2), _linear_of_batch(tmp_path / "b", 6))
+    module = [pair for pair in pairs if pair.a is not None and pair.a.op == MODULE_OP]
+    assert module and all(pair.b is not None and pair.b.name == pair.a.name for pair in module)
+
+
+def test_an_op_of_another_batch_reading_the_step_input_and_parameters_is_paired_with_its_namesake(tmp_path):
+    found = _partners(_linear_of_batch(tmp_path / "a", 2), _linear_of_batch(tmp_path / "b", 6))
+    assert found["forward/0/aten.addmm.default#0"] == ("forward/0/aten.addmm.default#0", "exact")
+    assert found["forward/-/aten.relu.default#0"] == ("forward/-/aten.relu.default#0", "exact")
+
+
+class _Projections(nn.Module):
+    def __init__(self, reordered: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = (nn.Linear(4, 4) for _ in range(3))
+        self.reordered = reordered
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        order = (self.v, self.k, self.q) if self.reordered else (self.q, self.k, self.v)
+        outputs = {id(linear): linear(x) for linear in order}
+        return outputs[id(self.q)] * outputs[id(self.k)] + outputs[id(self.v)]
+
+
+def test_gradients_summed_in_another_order_are_one_sided_not_paired_by_name(tmp_path):
+    for side, reordered in (("a", True), ("b", False)):
+        model, x = _Projections(reordered), torch.randn(2, 4, requires_grad=True)
+        torch.manual_seed(1)
+        x = torch.randn(2, 4, requires_grad=True)
+        with torchdebug.dump(tmp_path / side, model=model, task="statistics"):
+            model(x).sum().backward()
+    records = [torchdebug.load(tmp_path / side).ranks[0].records() for side in "ab"]
+    sums = [pair for pair in match_records(*records) if pair.a is not None and pair.a.op == "aten.add.Tensor"]
+    k_sum = [pair for pair in sums if pair.a.phase == "backward" and pair.a.module == "k"]
+    # A's k sums q's and k's gradients of x, B's k sums v's and k's: no call of B adds what A's does
+    assert k_sum and all(pair.how == "only_a" for pair in k_sum)
+
+
+class _NormBlock(nn.Module):
+    """A residual around a layer norm, the norm written out or ``F.layer_norm``."""
+
+    def __init__(self, by_hand: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.proj, self.by_hand = nn.Linear(8, 8), nn.Linear(8, 8), by_hand
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        if self.by_hand:
+            mean = h.mean(-1, keepdim=True)
+            normed = (h - mean) * torch.rsqrt((h - mean).pow(2).mean(-1, keepdim=True) + 1e-5)
+        else:
+            normed = F.layer_norm(h, (8,), eps=1e-5)
+        return 8 * h + self.proj(normed)  # the residual's gradient outweighs the norm's parts
+
+
+def test_a_hand_written_layer_norm_s_whole_gradient_is_paired_with_the_kernel_s_not_its_first_part(tmp_path):
+    # autograd adds the hand-written norm's partial gradients of h to the residual's one by one;
+    # F.layer_norm's backward makes the whole one, summed with the residual's by add#0
+    for side, by_hand in (("a", True), ("b", False)):
+        model, x = _NormBlock(by_hand), torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+        with torchdebug.dump(tmp_path / side, model=model, task="statistics"):
+            model(x).square().mean().backward()
+    records = [torchdebug.load(tmp_path / side).ranks[0].records() for side in "ab"]
+    first_sum = "backward/<root>/aten.add.Tensor#0/output.0"
+    kernel_sum = next(pair for pair in match_records(*records) if pair.b is not None and pair.b.name == first_sum)
+    assert kernel_sum.a is not None and kernel_sum.a.name != first_sum
+    result = torchdebug.compare(tmp_path / "a", tmp_path / "b")
+    assert result.first_divergence is None and result.counts()["error"] == 0

@@ -1,21 +1,17 @@
-"""Pair the calls of two dumps that carry value ids by their data flow, in one walk of side A.
+"""Pair the calls of two dumps that carry value ids by their data flow: one walk of side A is the
+whole alignment.
 
 Each dump is a graph of values: an input slot holds the value one output slot made (its producer,
-``torchdebug.compare._value_graph``: exact by value id) or a value no op made (a
-parameter, the step's input). A's calls are visited in execution order; by then the producers of a
-call's inputs have been visited, so they are paired or left for later. A call whose inputs all come
-from paired producers and known values is paired with B's unpaired call of the same op, step and
-phase whose inputs come from their partners, slot by slot (one dict lookup): ops inserted on one
-side, independent ops that swapped places and two tensors of equal values (two zero biases) do not
-move the pairs, whatever the names' call indices say. Of several such calls of B, the namesake, then
-one of the same shapes, then one holding the same values is taken.
-
-The anchors, where the flow says nothing yet, are paired by name (``{phase}/{module}/{op}#{call}``
-and the same shapes), as before value ids: module calls (their inputs and outputs), the first calls
-to read a parameter or the step's input (the value each reads is then known to be its partner's) and
-calls reading a value only one side made (the flow resumes at their outputs) — unless their inputs
-come from producers paired with other calls. What neither pairs is left to the alignment inside each
-module (``_matching``'s leftovers) and then listed as one-sided.
+``torchdebug.compare._value_graph``: exact by value id) or a value no op made (a parameter, the
+step's input). A's calls are visited in execution order; by then the producers of a call's inputs
+have been visited, so they are paired or one-sided. Each call tries :data:`RULES` in order, and
+the first that names a call of B pairs it: by data flow (B's call reading the partners of A's
+inputs), a module call by name, an anchor by name (the first reader of a parameter or the step's
+input, a reader of a value only one side made), a namesake of other shapes whose inputs come from
+the same sources (another batch or width), and B's call holding the same values in the module
+(where two implementations meet after one-sided ops). What no rule pairs is one-sided. A few
+dict lookups per call: linear in the records. Dumps without value ids (older dumps, graph and
+msprobe dumps) are aligned by ``_matching``'s names and heuristics instead.
 """
 
 from __future__ import annotations
@@ -42,6 +38,10 @@ class _Links(Protocol):
     partner: Mapping[str, str]
 
     def check(self, call_a: _FlowCall, call_b: _FlowCall) -> bool | None: ...
+
+    def unrelated_makers(self, call_a: _FlowCall, call_b: _FlowCall) -> bool: ...
+
+    def unrelated(self, call_a: _FlowCall, call_b: _FlowCall) -> bool: ...
 
     def pair(self, call_a: _FlowCall, call_b: _FlowCall) -> None: ...
 
@@ -85,17 +85,17 @@ def output_values(call: _FlowCall) -> tuple:
     return tuple(found)
 
 
-def _inputs(call: _FlowCall, made: Mapping[int, tuple]) -> list[tuple[str, tuple]]:
+def _inputs(call: _FlowCall, made: Mapping[int, tuple], direct: bool = False) -> list[tuple[str, tuple]]:
     """A call's tensor input slots with where their values came from: the earlier op's ``(call name,
     output slot)`` (the value's maker where an op passed it on, a ``detach``: such an op on one side is
-    looked through), or, for a value no op made (a parameter, the step's input), ``(None, (value_id,
-    version))``."""
+    looked through; with ``direct``, the op that passed it on), or, for a value no op made (a
+    parameter, the step's input), ``(None, (value_id, version))``."""
     found = []
     for slot, record in zip(call.slots, call.records):
         if record.io == "input":
             producers = made.get(id(record))
             if producers:
-                found.append((slot, producers[0]))
+                found.append((slot, producers[-1] if direct else producers[0]))
             elif record.value_id is not None:
                 found.append((slot, (None, (record.value_id, record.version))))
     return found
@@ -104,6 +104,182 @@ def _inputs(call: _FlowCall, made: Mapping[int, tuple]) -> list[tuple[str, tuple
 def _flow_key(call: _FlowCall, op: str, inputs: Iterable[tuple[str, tuple[str, str]]]) -> tuple:
     first = call.first
     return first.step, first.phase, op, tuple(inputs)
+
+
+def _group(name: str, step: int) -> tuple[int, str]:
+    """The step, phase and module of a call name (``forward/layers.0/aten.mm.default#2``)."""
+    return step, name[: name.rfind("/")]
+
+
+class _Walk:
+    """The state of one walk: B's calls not yet paired (by name, by data flow, by value), the pairs
+    so far and the values no op made whose twins pairs revealed. Each rule below reads it."""
+
+    def __init__(
+        self,
+        calls_b: MutableMapping[tuple[int, str], _FlowCall],
+        links: _Links,
+        op_a: Callable[[_FlowCall], str],
+    ) -> None:
+        self.calls_b, self.links, self.op_a = calls_b, links, op_a
+        self.by_flow: dict[tuple, list[_FlowCall]] = {}
+        for call in calls_b.values():
+            if call.first.op == MODULE_OP:
+                continue
+            keys = {_flow_key(call, call.first.op, inputs) for inputs in _both_inputs(call, links.made_b) if inputs}
+            for key in keys:
+                self.by_flow.setdefault(key, []).append(call)
+        self.by_value: dict[tuple, list[_FlowCall]] | None = None  # made when a rule first asks
+        self.taken: set[int] = set()
+        self.leaves: dict[tuple, tuple] = {}  # A's values no op made: B's twin, learnt where a pair reads both
+        self.named_a: list[tuple[_FlowCall, str]] = []  # A's calls in order, with their renamed names
+        self.pending_a: set[tuple[int, str]] = set()  # A's calls not visited yet, by step and renamed name
+        self.by_value_a: dict[tuple, list[tuple[int, str]]] | None = None
+
+    def namesake(self, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+        """B's unpaired call of A's (renamed) name in its step, unless its inputs come from producers
+        paired with other calls or it reads a value A makes later (:meth:`reads_later`)."""
+        other = self.calls_b.get((call.first.step, name))
+        if other is None or self.links.check(call, other) is True or self.reads_later(other, inputs):
+            return None
+        return other
+
+    def reads_later(self, other: _FlowCall, inputs: list[tuple[str, tuple]]) -> bool:
+        """Whether B's call reads, where A's call reads a value of known twin, a value whose maker's
+        namesake A has not run yet: A's call ran before that value existed, so it is not B's call (the
+        gradients of three projections summed in another order: A's ``add`` of q's and k's is not B's
+        ``add`` of v's and k's)."""
+        expected = dict(inputs)
+        for slot, producer in _inputs(other, self.links.made_b):
+            mine = expected.get(slot)
+            if mine is None or mine[0] is None or producer[0] is None:
+                continue
+            if _partner(mine, self.links.partner, self.leaves) != producer and (other.first.step, producer[0]) in self.pending_a:
+                return True
+        return False
+
+    def holding_values(self, call: _FlowCall, name: str) -> _FlowCall | None:
+        """B's first unpaired call in A's ``(step, phase, module)`` with A's op, shapes and
+        :func:`output_values` (``None``: A's call has no such values, or B no such call)."""
+        values = output_values(call)
+        if not values:
+            return None
+        if self.by_value is None:  # once, over B's calls unpaired so far: linear in them
+            self.by_value = {}
+            for other in self.calls_b.values():
+                key = _value_key(other, other.name, other.first.op)
+                if key is not None:
+                    self.by_value.setdefault(key, []).append(other)
+        candidates = self.by_value.get((*_group(name, call.first.step), self.op_a(call), call.signature(), values), [])
+        while candidates and id(candidates[0]) in self.taken:
+            candidates.pop(0)
+        return candidates[0] if candidates else None
+
+    def held_later(self, other: _FlowCall) -> bool:
+        """Whether a call of A not visited yet holds the values of B's call (its op, shapes and
+        :func:`output_values` in its module): B's call is left for it."""
+        if self.by_value_a is None:  # once, over A's calls: linear in them
+            self.by_value_a = {}
+            for call, name in self.named_a:
+                key = _value_key(call, name, self.op_a(call))
+                if key is not None:
+                    self.by_value_a.setdefault(key, []).append((call.first.step, name))
+        key = _value_key(other, other.name, other.first.op)
+        return key is not None and any(found in self.pending_a for found in self.by_value_a.get(key, ()))
+
+
+def _value_key(call: _FlowCall, name: str, op: str) -> tuple | None:
+    """A call's step, phase, module, op, shapes and :func:`output_values` (``None``: no values)."""
+    values = output_values(call)
+    return (*_group(name, call.first.step), op, call.signature(), values) if values else None
+
+
+def by_data_flow(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+    """Every case where the producers of a call's inputs are paired already: B's call of the same op,
+    step and phase reading their partners slot by slot (a dict lookup), whatever its name, index or
+    shapes (an inserted op, independent ops reordered, two zero biases, another batch); the makers of
+    values passed on first, then the ops that passed them on (:func:`_both_inputs`)."""
+    if not inputs or call.first.op == MODULE_OP:
+        return None
+    for read in _both_inputs(call, walk.links.made_a, inputs):
+        expected = [(slot, _partner(producer, walk.links.partner, walk.leaves)) for slot, producer in read]
+        if all(found is not None for _, found in expected):
+            found = _chosen(call, name, walk.by_flow.get(_flow_key(call, walk.op_a(call), expected), []), walk.taken)
+            if found is not None:
+                return found
+    return None
+
+
+def _both_inputs(call: _FlowCall, made: Mapping[int, tuple], inputs: list | None = None) -> list[list[tuple[str, tuple]]]:
+    """A call's inputs by the makers of their values, and, where an op passed a value on, by that op
+    too: a value passed on by one side only (B divides its loss's gradient by one micro-batch, A by
+    four) is read from the op both run."""
+    first = _inputs(call, made) if inputs is None else inputs
+    direct = _inputs(call, made, direct=True)
+    return [first] if direct == first else [first, direct]
+
+
+def module_by_name(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+    """A module call, an anchor where identity is certain: its namesake whatever its shapes (another
+    batch, micro-batches, another width), so its inputs and outputs are judged or called incomparable
+    as values, never left one-sided."""
+    return walk.namesake(call, name, inputs) if call.first.op == MODULE_OP else None
+
+
+def by_name_at_an_anchor(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+    """An op whose inputs' producers are not paired (the first reader of a parameter or the step's
+    input, a reader of a value only one side made): its namesake with the same shapes, unless the two
+    read different values that each side made with ops only it runs. There values decide: B's call
+    holding A's value in the module is taken, and B's call is left for a later call of A that holds
+    its value (autograd adds a hand-written layer norm's partial gradients one by one, ``add#0`` to
+    ``add#3``, where ``native_layer_norm_backward`` makes the whole one: B's ``add#0``, summing it with
+    the residual's gradient, holds the value of the hand-written ``add#3``, not of its ``add#0``);
+    else names pair them unless their values are far apart (the ``detach`` of sdpa's output is not
+    the ``detach`` of a hand-written softmax)."""
+    other = walk.namesake(call, name, inputs)
+    if other is None or other.signature() != call.signature():
+        return None
+    if not walk.links.unrelated_makers(call, other):
+        return other
+    if output_values(other) != output_values(call):
+        holder = walk.holding_values(call, name)
+        if holder is not None or walk.held_later(other):
+            return holder
+    return None if walk.links.unrelated(call, other) else other
+
+
+def by_provenance(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+    """An op of other shapes (another batch, micro-batches, a layer of another width): its namesake
+    when each of its inputs comes from the same kind of source on both sides: from partners, or from
+    values no op made (the step's input, a parameter) whose twin is that value or not known yet. Its
+    values are then judged (or called incomparable) as values, not left one-sided."""
+    other = walk.namesake(call, name, inputs)
+    if other is None or call.first.op == MODULE_OP:
+        return None
+    theirs = dict(_inputs(other, walk.links.made_b))
+    if len(theirs) != len(inputs):
+        return None
+    for slot, producer in inputs:
+        found = theirs.get(slot)
+        if found is None or (producer[0] is None) != (found[0] is None):
+            return None
+        expected = _partner(producer, walk.links.partner, walk.leaves)
+        if expected != found and (producer[0] is not None or expected is not None):
+            return None
+    return other
+
+
+def by_values(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+    """Where two implementations meet after ops only one side runs (sdpa against a hand-written
+    attention: the heads transposed back), nothing relates the calls but their values: B's call in
+    A's module with A's op, shapes and output values. The flow resumes at its outputs."""
+    if call.first.op == MODULE_OP:
+        return None
+    return walk.holding_values(call, name)
+
+
+RULES = (by_data_flow, module_by_name, by_name_at_an_anchor, by_provenance, by_values)
+"""The walk's rules, in the order each call of A tries them; the first that names a call of B pairs it."""
 
 
 def _chosen(call: _FlowCall, name: str, candidates: list[_FlowCall], taken: set[int]) -> _FlowCall | None:
@@ -135,41 +311,33 @@ def align_by_flow(
     rename: Callable[[_FlowCall], str],
     op_a: Callable[[_FlowCall], str],
 ) -> tuple[list[tuple[_FlowCall, _FlowCall, str]], list[_FlowCall]]:
-    """Pair ``calls_a`` (in execution order) with ``calls_b`` (by ``(step, call name)``) by data flow,
-    else by name at the anchors (module docstring); ``links`` learns each pairing as it is made.
+    """Pair ``calls_a`` (in execution order) with ``calls_b`` (by ``(step, call name)``) by the first of
+    :data:`RULES` that names a partner (module docstring); ``links`` learns each pairing as it is made.
     Returns the pairs with how they were paired (``exact`` or ``mapped`` where the names agree after
-    ``rename``, else ``aligned``) and A's calls left unpaired; paired calls leave ``calls_b``.
-    ``op_a``: A's op after the mapping's renames. One dict lookup per call: linear in the records."""
-    by_flow: dict[tuple, list[_FlowCall]] = {}
-    for call in calls_b.values():
-        inputs = _inputs(call, links.made_b)
-        if inputs and call.first.op != MODULE_OP:
-            by_flow.setdefault(_flow_key(call, call.first.op, inputs), []).append(call)
-    taken: set[int] = set()
+    ``rename``, else ``aligned``) and A's calls left unpaired (one-sided); paired calls leave
+    ``calls_b``. ``op_a``: A's op after the mapping's renames. A few dict lookups per call: linear in
+    the records."""
+    walk = _Walk(calls_b, links, op_a)
+    named = walk.named_a = [(call, rename(call)) for call in calls_a]
+    walk.pending_a.update((call.first.step, name) for call, name in named)
     pairs: list[tuple[_FlowCall, _FlowCall, str]] = []
     left_a: list[_FlowCall] = []
-    partner = links.partner
-    leaves: dict[tuple, tuple] = {}  # A's values no op made: B's twin, learnt where a pair reads both
-    for call in calls_a:
-        name = rename(call)
-        step = call.first.step
-        other = None
+    for call, name in named:
+        walk.pending_a.discard((call.first.step, name))
         inputs = _inputs(call, links.made_a)
-        if inputs and call.first.op != MODULE_OP:
-            expected = [(slot, _partner(producer, partner, leaves)) for slot, producer in inputs]
-            if all(found is not None for _, found in expected):
-                other = _chosen(call, name, by_flow.get(_flow_key(call, op_a(call), expected), []), taken)
-        if other is None:  # an anchor: by name, unless the flow says otherwise
-            namesake = calls_b.get((step, name))
-            if namesake is not None and namesake.signature() == call.signature() and links.check(call, namesake) is not True:
-                other = namesake
+        other = None
+        for rule in RULES:
+            other = rule(walk, call, name, inputs)
+            if other is not None:
+                break
         if other is None:
             left_a.append(call)
             continue
-        taken.add(id(other))
+        walk.taken.add(id(other))
         del calls_b[(other.first.step, other.name)]
         links.pair(call, other)  # type: ignore[arg-type]
-        _learn_leaves(inputs, _inputs(other, links.made_b), leaves)
+        _learn_leaves(inputs, _inputs(other, links.made_b), walk.leaves)
+        step = call.first.step
         how = "aligned" if other.name != name or other.first.step != step else "exact" if name == call.name else "mapped"
         pairs.append((call, other, how))
     return pairs, left_a

@@ -3,22 +3,24 @@ order-preserving alignment of what is left.
 
 1. Optionally rename side A with a mapping (module prefixes, op names) so renamed code still lines up.
 2. Where both dumps carry value ids (eager capture) and neither was captured in compiled graphs,
-   :mod:`torchdebug.compare._flow_alignment` pairs the calls by their data flow, with names only at
-   its anchors. Elsewhere, calls whose ``(step, call name)`` and tensor shapes are the same on both
-   sides are paired (``exact``/``mapped``), unless their inputs come from producers paired with
-   other calls.
-3. The calls left over are aligned inside each ``(step, phase, module)`` in execution order
+   :mod:`torchdebug.compare._flow_alignment`'s walk is the whole alignment (its rules pair by data
+   flow, names at anchors, provenance and values); steps 3 to 5 are for the other dumps (older
+   dumps, graph and msprobe dumps, compiled captures), whose producers are inferred from statistics.
+3. Calls whose ``(step, call name)`` and tensor shapes are the same on both sides are paired
+   (``exact``/``mapped``), unless their inputs come from producers paired with other calls.
+4. The calls left over are aligned inside each ``(step, phase, module)`` in execution order
    (``difflib``'s longest matching blocks), first by op and shapes, then by op alone, so ops inserted
    or removed on one side (the extra casts of an autocast run) or calls that swapped places (the
    order of gradient accumulation) do not shift everything after them. No strategy pairs calls
    whose inputs come from producers paired with other calls (partial sums of gradients added in
    another order). Slots of aligned calls are paired by ``io.arg`` (``aligned``).
-4. Once every call has its partner, pairs are checked again: a call paired by name before the
-   producers of its inputs were paired (they were aligned later) is freed when its inputs come from
-   producers paired with other calls, and aligned again by data flow (:func:`_repair`).
-5. Everything else is kept as ``only_a`` / ``only_b``: nothing is dropped silently.
+5. Once every call has its partner, pairs are checked again by values (:func:`_repair_by_values`)
+   and by producers: a call paired by name before the producers of its inputs were paired (they were
+   aligned later) is freed when its inputs come from producers paired with other calls, and aligned
+   again by data flow (:func:`_repair`).
+6. Everything else is kept as ``only_a`` / ``only_b``: nothing is dropped silently.
 
-When a side was captured in compiled graphs (``compiled=True``), steps 2 and 3 pair calls by index
+When a side was captured in compiled graphs (``compiled=True``), steps 3 and 4 pair calls by index
 or order only where both sides have as many calls of the op in that step, phase and module;
 :mod:`torchdebug.compare._boundaries` then pairs the slots of the ops the compiler decomposed.
 
@@ -284,7 +286,7 @@ def _align_leftovers(
     def vetoed(call_a: _Call, call_b: _Call) -> bool:
         """Inputs from producers paired with other calls; eager against eager, also different values
         made by different ops each side alone runs (:meth:`_Links.unrelated`)."""
-        return links.conflict(call_a, call_b) or not compiled and links.unrelated(call_a, call_b, mapping)
+        return links.conflict(call_a, call_b) or not compiled and links.unrelated(call_a, call_b)
 
     def supported(align: Callable[[list[_Call], list[_Call]], list[tuple[int, int]]]) -> Callable[..., list[tuple[int, int]]]:
         """``align`` less the pairs of calls whose shapes differ and whose inputs no data flow
@@ -296,7 +298,7 @@ def _align_leftovers(
             return [
                 (i, j)
                 for i, j in found
-                if calls_a[i].signature() == calls_b[j].signature() or not links.unsupported(calls_a[i], calls_b[j], mapping)
+                if calls_a[i].signature() == calls_b[j].signature() or not links.unsupported(calls_a[i], calls_b[j])
             ]
 
         return checked
@@ -392,8 +394,9 @@ class _Links:
     each parameter, say) can swap between runs; their inputs still come from paired producers.
     """
 
-    def __init__(self, made: Producers) -> None:
+    def __init__(self, made: Producers, mapping: NameMapping) -> None:
         self.made_a, self.made_b = made
+        self.mapping = mapping
         self.partner: dict[str, str] = {}
         self.paired_b: set[str] = set()
         self.changes = 0
@@ -450,27 +453,27 @@ class _Links:
                 return True
         return False if settled else None
 
-    def unrelated_makers(self, call_a: _Call, call_b: _Call, mapping: NameMapping) -> bool:
+    def unrelated_makers(self, call_a: _Call, call_b: _Call) -> bool:
         """Whether a tensor input of the two calls was first made, on each side, by another op that
         side alone runs so far."""
-        return self._unpaired_producers(call_a, call_b, mapping, differ_only=True)
+        return self._unpaired_producers(call_a, call_b, differ_only=True)
 
-    def unrelated(self, call_a: _Call, call_b: _Call, mapping: NameMapping) -> bool:
+    def unrelated(self, call_a: _Call, call_b: _Call) -> bool:
         """Whether the two calls hold different values (:func:`_far_apart`) made from inputs that
         each side made with an op only it runs, another op on each side: the ``detach`` of sdpa's
         output and the ``detach`` of a hand-written softmax share a name and, when the sequence is
         as long as a head is wide, a shape. Where the values agree (the output of either attention
         transposed) they stay paired: the values of two implementations meet there."""
-        return self.unrelated_makers(call_a, call_b, mapping) and _far_apart(call_a, call_b)
+        return self.unrelated_makers(call_a, call_b) and _far_apart(call_a, call_b)
 
-    def _unpaired_producers(self, call_a: _Call, call_b: _Call, mapping: NameMapping, differ_only: bool) -> bool:
+    def _unpaired_producers(self, call_a: _Call, call_b: _Call, differ_only: bool) -> bool:
         """Whether some tensor input of the two calls comes from producers the pairs so far do not
         relate. Every candidate producer counts (a transpose's output has its input's statistics, so
         either may have made the value): a slot is related when a candidate of each side are paired
         with each other, or are the same op and not both paired already (they may pair later). With
         ``differ_only``, only the first makers count, and only where neither is paired."""
         by_slot = None
-        partner, paired_b = self.partner, self.paired_b
+        partner, paired_b, mapping = self.partner, self.paired_b, self.mapping
         for slot, record in zip(call_a.slots, call_a.records):
             made_a = self.made_a.get(id(record))
             if made_a is None:
@@ -495,12 +498,12 @@ class _Links:
                 return True
         return False
 
-    def unsupported(self, call_a: _Call, call_b: _Call, mapping: NameMapping) -> bool:
+    def unsupported(self, call_a: _Call, call_b: _Call) -> bool:
         """Whether some tensor input of the two calls comes from producers the pairs so far do not
         relate: paired on one side only, or on neither side and of different ops (a value each side
         made with ops the other does not run). Stricter than :meth:`conflict`, for calls nothing
         else relates (their shapes differ)."""
-        return self._unpaired_producers(call_a, call_b, mapping, differ_only=False)
+        return self._unpaired_producers(call_a, call_b, differ_only=False)
 
     def token_a(self, call: _Call) -> object:
         """The op and the B-side producers its inputs should have (``None``: nothing known)."""
@@ -554,7 +557,7 @@ def _pair_calls(
     """The pairs of :func:`match_records`, in no order yet."""
     slot_names: dict[str, str] = {}
     calls_a, calls_b = _calls(records_a, slot_names), _calls(records_b, slot_names)
-    links = _Links(made or Producers.of(records_a, records_b))
+    links = _Links(made or Producers.of(records_a, records_b), mapping)
 
     def rename(call: _Call) -> str:
         return _rename(call, mapping)
@@ -564,14 +567,15 @@ def _pair_calls(
 
     if not compiled and _carry_value_ids(records_a) and _carry_value_ids(records_b):
         flowing, left_a = align_by_flow(_in_order(list(calls_a.values())), calls_b, links, rename, op_a)
-        matches = [_Match(a, b, how, links.changes if links.check(a, b) is False else None) for a, b, how in flowing]
+        matches = [_Match(a, b, how) for a, b, how in flowing]
+        left_b = list(calls_b.values())
     else:
         matches, left_a = _pair_by_name(calls_a, calls_b, mapping, links, compiled)
-    aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
-    matches = matches + aligned
-    if not compiled:
-        _repair_by_values(matches, left_a, left_b, mapping, links)
-    matches = _repair(matches, left_a, left_b, mapping, links, compiled)
+        aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
+        matches = matches + aligned
+        if not compiled:
+            _repair_by_values(matches, left_a, left_b, mapping, links)
+        matches = _repair(matches, left_a, left_b, mapping, links, compiled)
     pairs = [pair for match in matches for pair in _pair_slots(match.call_a, match.call_b, match.how)]
     pairs.extend(Pair(r, None, "only_a") for call in left_a for r in call.records)
     pairs.extend(Pair(None, r, "only_b") for call in left_b for r in call.records)
@@ -633,11 +637,7 @@ def _repair(
             match
             for match in matches
             if match.settled != links.changes
-            and (
-                links.conflict(match.call_a, match.call_b)
-                or not compiled
-                and links.unrelated(match.call_a, match.call_b, mapping)
-            )
+            and (links.conflict(match.call_a, match.call_b) or not compiled and links.unrelated(match.call_a, match.call_b))
         ]
         if not wrong:
             break
@@ -687,7 +687,7 @@ def _repair_by_values(
         return
     taken: set[int] = set()
     for position, match in enumerate(matches):
-        if match.how == "mapped" or not links.unrelated_makers(match.call_a, match.call_b, mapping):
+        if match.how == "mapped" or not links.unrelated_makers(match.call_a, match.call_b):
             continue
         value_a, value_b = token(match.call_a, mapping), token(match.call_b, NameMapping())
         if value_a is None or value_b is None or value_a[3:] == value_b[3:]:

@@ -153,31 +153,139 @@ def test_no_module_imports_itself_through_others():
     assert circles == []
 
 
-# Modules users import by path (documented helpers not re-exported by their package).
-_PUBLIC_MODULES_IN_EXPORTING_PACKAGES = {"compile/graph_render.py", "compile/graph_dump.py"}  # the old path, one release
+API = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+_PACKAGES = {_module_name(init) for init in PACKAGE.rglob("__init__.py")}
 
 
-def _imports_from_inside(init: Path, package: str) -> bool:
-    """Whether a package's ``__init__`` imports from its own modules or subpackages (absolute or relative)."""
-    for node in ast.walk(ast.parse(init.read_text())):
-        if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith(f"{package}.")):
-            return True
-    return False
+def _private_to(dotted: str) -> str | None:
+    """The package a dotted name is private to: the one holding its first part with a leading
+    underscore (``torchdebug.store._reader.load``: ``torchdebug.store``); ``None`` when it is public."""
+    parts = dotted.split(".")
+    for index, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            holder = parts[:index]
+            while ".".join(holder) not in _PACKAGES:  # a private name in a module: the module's package
+                holder.pop()
+            return ".".join(holder)
+    return None
 
 
-def test_packages_that_re_export_their_names_keep_their_modules_private():
-    """A package whose ``__init__`` re-exports the public names (``__all__``) is the only public door:
-    its modules start with ``_``, so what users may import is what the package lists."""
-    public = []
-    for init in PACKAGE.rglob("__init__.py"):
-        package = ".".join(("torchdebug", *init.parent.relative_to(PACKAGE).parts))
-        if init.parent == PACKAGE or not _imports_from_inside(init, package):  # re-exports nothing
+def _public_packages() -> list[str]:
+    return sorted(package for package in _PACKAGES if _private_to(package) is None)
+
+
+def _public_names(package: str) -> set[str]:
+    """What a package offers: its ``__all__`` and its modules and subpackages without a leading underscore."""
+    import importlib
+
+    folder = PACKAGE.parent.joinpath(*package.split("."))
+    modules = {path.stem for path in folder.glob("*.py")} | {path.parent.name for path in folder.glob("*/__init__.py")}
+    declared = getattr(importlib.import_module(package), "__all__", None)
+    assert declared is not None, f"{package} declares no __all__ (its public names)"
+    return (set(declared) - {"__version__"}) | {name for name in modules if not name.startswith("_")}
+
+
+def _documented() -> dict[str, set[str]]:
+    """``package -> names`` from docs/api.md: a ``## `torchdebug.x``` heading per package, then one
+    ``- `name` — what it is for`` line per public name."""
+    documented: dict[str, set[str]] = {}
+    names: set[str] | None = None
+    for line in API.read_text().splitlines():
+        if heading := re.match(r"^## `(torchdebug[\w.]*)`", line):
+            names = documented.setdefault(heading.group(1), set())
+        elif (item := re.match(r"^- `(\w+)` — \S", line)) and names is not None:
+            assert item.group(1) not in names, f"{item.group(1)} is listed twice under one package in docs/api.md"
+            names.add(item.group(1))
+    return documented
+
+
+def test_docs_api_lists_exactly_the_public_names_of_every_package():
+    documented = _documented()
+    assert sorted(documented) == _public_packages(), "docs/api.md has one section per public package"
+    differing = {
+        package: {"undocumented": sorted(public - listed), "not public": sorted(listed - public)}
+        for package in _public_packages()
+        if (public := _public_names(package)) != (listed := documented[package])
+    }
+    assert differing == {}
+
+
+def _reaches(path: Path) -> list[tuple[str, str]]:
+    """``(imported name, why)`` for each import of ``path`` that reaches into another package: a
+    private module or name (a leading underscore) held by a package ``path`` is not inside, or a
+    name a package does not offer (:func:`_public_names`)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - (node.level - 1)], *filter(None, [node.module])])
+            imported = [f"{base}.{alias.name}" for alias in node.names] if base.startswith("torchdebug") else []
+        elif isinstance(node, ast.Import):
+            imported = [alias.name for alias in node.names if alias.name.startswith("torchdebug")]
+        else:
             continue
-        for module in init.parent.glob("*.py"):
-            relative = str(module.relative_to(PACKAGE))
-            if not module.name.startswith("_") and relative not in _PUBLIC_MODULES_IN_EXPORTING_PACKAGES:
-                public.append(relative)
-    assert not public, f"modules of re-exporting packages without a leading underscore: {sorted(public)}"
+        for dotted in imported:
+            holder = _private_to(dotted)
+            if holder is not None and not (package == holder or package.startswith(f"{holder}.")):
+                found.append((dotted, f"private to {holder}"))
+                continue
+            owner, _, offered = dotted.rpartition(".")
+            inside = package == owner or package.startswith(f"{owner}.")
+            if owner in _PACKAGES and _private_to(owner) is None and not inside and offered not in _public_names(owner):
+                found.append((dotted, f"not among {owner}'s public names"))
+    return found
+
+
+# Imports in files other agents are editing now (issue 50): each waits for its replacement (the line
+# on the right), then leaves this list; an entry whose import is gone fails the test below.
+_WAITING = {
+    ("capture/native_records.py", "torchdebug.stats._schema.empty_stats"): "from torchdebug.stats import empty_stats",
+    ("capture/native_records.py", "torchdebug.store._record_columns.records_from_table"): (
+        "from torchdebug.store import SlotColumns, records_from_table, unread_text"
+    ),
+    ("capture/native_records.py", "torchdebug.store._slot_columns.SlotColumns"): "(the line above)",
+    ("capture/native_records.py", "torchdebug.store._slot_columns.unread_text"): "(the line above)",
+    ("native/fused_stats.py", "torchdebug.stats._schema.COLUMNS"): "from torchdebug.stats import COLUMNS, WIDTH",
+    ("native/fused_stats.py", "torchdebug.stats._schema.WIDTH"): "(the line above)",
+    ("native/observer.py", "torchdebug.stats._schema.COLUMNS"): "from torchdebug.stats import COLUMNS, WIDTH",
+    ("native/observer.py", "torchdebug.stats._schema.WIDTH"): "(the line above)",
+    ("native/triton_stats.py", "torchdebug.stats._schema"): "from torchdebug import stats as schema",
+    ("store/_slot_columns.py", "torchdebug.stats._schema.COLUMNS"): "from torchdebug.stats import COLUMNS, FIRST_COUNT, WIDTH",
+    ("store/_slot_columns.py", "torchdebug.stats._schema.FIRST_COUNT"): "(the line above)",
+    ("store/_slot_columns.py", "torchdebug.stats._schema.WIDTH"): "(the line above)",
+    ("compare/_shards.py", "torchdebug.stats._schema.COUNT_KEYS"): "from torchdebug.stats import COUNT_KEYS",
+    ("compare/_shards.py", "torchdebug.store._reader"): "from torchdebug.store import RankRecords, Run (reader.X -> X)",
+    ("compare/_steps.py", "torchdebug.store._msprobe"): (
+        "from torchdebug.store import RankRecords, Run, is_msprobe_dump, load, load_msprobe, shared_keys_dict "
+        "(msprobe.is_msprobe_dump -> is_msprobe_dump, msprobe.load -> load_msprobe, reader.X -> X)"
+    ),
+    ("compare/_steps.py", "torchdebug.store._reader"): "(the line above)",
+    ("compare/_steps.py", "torchdebug.store._reader.RankRecords"): "(the line above)",
+    ("compare/_steps.py", "torchdebug.store._shared_keys.shared_keys_dict"): "(the line above)",
+    ("compile/_config.py", "torchdebug.graph_dump._settings"): (
+        "from torchdebug.graph_dump import DataMode, DumpSettings, DumpStage, Task, read_scene_file, resolve "
+        "(dump_settings.X -> X)"
+    ),
+    ("compile/_config.py", "torchdebug.graph_dump._settings.DataMode"): "(the line above)",
+    ("compile/_config.py", "torchdebug.graph_dump._settings.DumpStage"): "(the line above)",
+    ("compile/_config.py", "torchdebug.graph_dump._settings.Task"): "(the line above)",
+    # --ranks: compare() takes it once CompareConfig has a ranks field (see docs/api.md)
+    ("cli/compare.py", "torchdebug.compare._across_ranks.ranks_in_process"): "compare(DUMP, config=CompareConfig(...))",
+    ("cli/compare.py", "torchdebug.compare._distributed.ranks_in_group"): "(the line above)",
+}
+
+
+def test_no_import_reaches_into_another_package():
+    """A module or name with a leading underscore is private to its package (and the packages inside
+    it); another package imports only what the owner offers, its ``__all__`` and public modules."""
+    reaching = {
+        (str(path.relative_to(PACKAGE)), dotted): why for path in PACKAGE.rglob("*.py") for dotted, why in _reaches(path)
+    }
+    assert {key: why for key, why in reaching.items() if key not in _WAITING} == {}
+    assert sorted(set(_WAITING) - set(reaching)) == [], "replaced: remove these entries from _WAITING"
 
 
 _PRIVATE_TORCH_MODULE = re.compile(r"^(torch\._|torch\.utils\._|torch\.nn\.modules\.module$|functorch)")

@@ -24,19 +24,19 @@ _EXPORTS: dict[str, str] = {
     "DebuggerConfig": "torchdebug.config",
     "dump": "torchdebug.debugger",
     "seed_all": "torchdebug.seed",
-    "load": "torchdebug.store._reader",
+    "load": "torchdebug.store",
     "Record": "torchdebug.records",
     "TorchDebugError": "torchdebug.errors",
     "ConfigError": "torchdebug.errors",
     "DumpError": "torchdebug.errors",
     "compare": "torchdebug.compare",
     "CompareResult": "torchdebug.compare",
-    "CompareConfig": "torchdebug.compare._config",
+    "CompareConfig": "torchdebug.compare",
     "CompilerConfig": "torchdebug.compile",
     "get_backend": "torchdebug.compile",
     "diagnose": "torchdebug.diagnose",
     "DiagnoseResult": "torchdebug.diagnose",
-    "DiagnoseConfig": "torchdebug.diagnose._config",
+    "DiagnoseConfig": "torchdebug.diagnose",
     "Monitor": "torchdebug.monitor",
     "MonitorConfig": "torchdebug.monitor",
     "AnomalyError": "torchdebug.errors",
@@ -53,15 +53,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from torchdebug.compare import CompareResult, compare
-    from torchdebug.compare._config import CompareConfig
+    from torchdebug.compare import CompareConfig, CompareResult, compare
     from torchdebug.compile import CompilerConfig, get_backend
     from torchdebug.config import DebuggerConfig
     from torchdebug.debugger import Debugger, dump
-    from torchdebug.diagnose import DiagnoseResult, diagnose
-    from torchdebug.diagnose._config import DiagnoseConfig
+    from torchdebug.diagnose import DiagnoseConfig, DiagnoseResult, diagnose
     from torchdebug.errors import AnomalyError, ConfigError, DumpError, TorchDebugError
     from torchdebug.monitor import Monitor, MonitorConfig
     from torchdebug.records import Record
     from torchdebug.seed import seed_all
-    from torchdebug.store._reader import load
+    from torchdebug.store import load

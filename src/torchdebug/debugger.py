@@ -38,9 +38,7 @@ from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
 from torchdebug.errors import ConfigError, DumpError
 from torchdebug.native.observer import load_observer
-from torchdebug.store import _layout as layout
-from torchdebug.store._faults import WriteFault
-from torchdebug.store._writer import RankWriter, check_writable_on_every_rank, join_run, run_manifest
+from torchdebug.store import RankWriter, WriteFault, check_writable_on_every_rank, join_run, rank_dir_name, run_manifest
 
 logger = logging.getLogger("torchdebug.debugger")
 
@@ -77,7 +75,7 @@ class Debugger:
         dump_root = Path(self.config.dump_path)
         check_writable_on_every_rank(dump_root)  # before any work: fail early, every rank together
         self.run_dir = join_run(dump_root, self.rank, self.world_size)
-        self.rank_dir = self.run_dir / layout.rank_dir_name(self.world_size, self.rank)
+        self.rank_dir = self.run_dir / rank_dir_name(self.world_size, self.rank)
         self.current_step = 0
         self.last_step = max(self.config.step) if self.config.step else None
         """The last step selected for capture (``None``: every step), taken once: a range of steps

@@ -25,7 +25,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdebug.stats._schema import STAT_KEYS
+from torchdebug.stats import STAT_KEYS
 
 __all__ = [
     "ALLOCATIONS",

@@ -22,9 +22,18 @@ import torch
 
 from torchdebug.checksum import cpu_fingerprint, fingerprint
 from torchdebug.native.build import DISABLE_ENV
-from torchdebug.stats._cpu import cpu_stats, cpu_stats_and_fingerprint, cpu_sums
-from torchdebug.stats._schema import IDENTITY, WIDTH, StatsDict, empty_stats, stats_from_sums
-from torchdebug.stats._torch_ops import as_real, device_sums
+from torchdebug.stats import (
+    IDENTITY,
+    WIDTH,
+    StatsDict,
+    as_real,
+    cpu_stats,
+    cpu_stats_and_fingerprint,
+    cpu_sums,
+    device_sums,
+    empty_stats,
+    stats_from_sums,
+)
 
 logger = logging.getLogger("torchdebug.stats_table")
 

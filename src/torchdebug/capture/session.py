@@ -32,9 +32,7 @@ from torchdebug.records import UNINITIALISED, UNREAD, Record, make_name
 from torchdebug.slots import DTYPE_NAMES, Slot, dtype_name, json_value
 from torchdebug.stats import stats_from_sums
 from torchdebug.stats_table import StatsStager
-from torchdebug.store import _live as live
-from torchdebug.store._tensor_batch import TensorBatch, storable
-from torchdebug.store._writer import RankWriter
+from torchdebug.store import RankWriter, TensorBatch, register_live, storable
 
 logger = logging.getLogger("torchdebug.capture.session")
 
@@ -184,7 +182,7 @@ class CaptureSession:
         """Whether the session is running torch ops of its own (statistics, snapshots, copies): a
         module or gradient hook calls :meth:`add_call` while the op capture's dispatch mode is active,
         and that capture must let those ops through unrecorded (``OpCapture.on_op``)."""
-        live.register(writer.rank_dir, self.flush_for_readers)
+        register_live(writer.rank_dir, self.flush_for_readers)
 
     # -- building records -------------------------------------------------------------------
     def next_seq(self) -> int:

@@ -29,6 +29,8 @@ from contextlib import contextmanager
 
 from torchdebug.errors import TorchDebugError
 
+__all__ = ["COMMANDS", "build_parser", "main"]
+
 TYPE_CHECKING = False  # typing's (type checkers read the name as True), without importing typing
 if TYPE_CHECKING:
     from typing import NoReturn

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     # here, not at the top: these load torch, which `torchdebug check --help` must not
     from torchdebug.cli.tensor_files import damaged_files, warn_damaged
     from torchdebug.nonfinite import find_origin
-    from torchdebug.store._reader import load, write_fault_note
+    from torchdebug.store import load, write_fault_note
 
     run_ = load(args.dump)
     found = with_stats = False

@@ -24,7 +24,7 @@ import argparse
 
 from torchdebug.cli import RawDescriptionHelpFormatter
 from torchdebug.cli.arguments import add_options, options_of
-from torchdebug.compare._config import CompareConfig, RanksConfig
+from torchdebug.compare import CompareConfig, RanksConfig
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if not table and args.output is not None and args.output.exists() and not args.output.is_dir():
         raise ValueError(f"-o {args.output}: exists and is not a folder; give a folder for the reports, or a .parquet file")
     if table:
-        from torchdebug.store._tables import require_parquet
+        from torchdebug.store import require_parquet
 
         require_parquet()  # before the comparison, which may take minutes
     result = _across_ranks(args) if args.across_ranks is not None else _pair(args)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from torchdebug.capture.filters import NameMatcher
-    from torchdebug.store._reader import Run
+    from torchdebug.store import Run
 
 _NUMPY_UNSUPPORTED = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 """dtypes NumPy has no type for: widened to float32 in ``.npy`` files."""
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from torchdebug.capture.filters import NameMatcher
-    from torchdebug.store._reader import load
+    from torchdebug.store import load
 
     out = Path(args.out)
     if out.suffix in _RECORD_FILES and args.to is None:
@@ -126,8 +126,7 @@ def _tensor_files(run_: Run, out: Path, to: str, matcher: NameMatcher) -> int:
 
 def _records_file(run_: Run, out: Path, matcher: NameMatcher) -> int:
     """Write the records (those ``--name`` selects) of every rank as one Parquet table or JSON-lines file."""
-    from torchdebug.store._record_json import encode_records
-    from torchdebug.store._tables import records_frame, write_parquet
+    from torchdebug.store import encode_records, records_frame, write_parquet
 
     records = [record for record in run_.records() if not matcher or matcher(record.name)]
     if not records:

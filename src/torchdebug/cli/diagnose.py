@@ -10,7 +10,7 @@ import importlib.util
 import os
 
 from torchdebug.cli.arguments import add_options, options_of
-from torchdebug.diagnose._config import DiagnoseConfig
+from torchdebug.diagnose import DiagnoseConfig
 
 
 def _check_entry(text: str) -> None:
@@ -43,8 +43,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_entry(args.entry)
     # here, not at the top: diagnose loads Dynamo and inductor (2 s), which `torchdebug --help` must not
-    from torchdebug.diagnose import diagnose
-    from torchdebug.diagnose._entry import load_entry
+    from torchdebug.diagnose import diagnose, load_entry
 
     config = DiagnoseConfig(**options_of(args, DiagnoseConfig))  # each option was checked as it was read
     try:

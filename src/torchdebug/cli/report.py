@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     # here, not at the top: the reader loads torch, and `torchdebug report --help` imports none of it
     from pathlib import Path
 
-    from torchdebug.store._reader import is_dump
+    from torchdebug.store import is_dump
 
     output = Path(args.output)
     path = Path(args.run_dir)
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {output} ({path})")
         return 0
     # imported here: torchdebug.compile pulls in inductor, too slow for every `torchdebug --help`
-    from torchdebug.compile._debug_report import find_torchdebug_folder, render_report
+    from torchdebug.compile import find_torchdebug_folder, render_report
 
     folder = find_torchdebug_folder(path)
     page = render_report(folder)
@@ -61,7 +61,7 @@ def _dump_page(path: Path) -> dict[str, Any]:
     from torchdebug.nonfinite import find_origin
     from torchdebug.report.dump import overflow_rows, overview
     from torchdebug.report.timeline import timeline
-    from torchdebug.store._reader import load, write_fault_note
+    from torchdebug.store import load, write_fault_note
 
     run_ = load(path)
     ranks = []

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from torchdebug.records import Record
-    from torchdebug.store._reader import RankRecords
+    from torchdebug.store import RankRecords
 
 
 ROWS = 10
@@ -67,7 +67,7 @@ def format_record(
     else:
         lines.append(f"  {record.dtype} {record.shape} on {record.device}")
     if record.stats:
-        from torchdebug.stats._schema import COUNTS, VALUE_KEYS  # here: the help path imports no dataclasses
+        from torchdebug.stats import COUNTS, VALUE_KEYS  # here: the help path imports no dataclasses
 
         stats = record.stats
         numbers = "  ".join(f"{k} {_format_number(stats.get(k))}" for k in VALUE_KEYS)
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from torchdebug.cli.tensor_files import damaged_files, warn_damaged
     from torchdebug.nonfinite import find_origin
     from torchdebug.report.dump import overview
-    from torchdebug.store._reader import load, write_fault_note
+    from torchdebug.store import load, write_fault_note
 
     run_ = load(args.dump)
     matcher = NameMatcher(args.name)

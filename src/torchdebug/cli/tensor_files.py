@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torchdebug.records import Record
-    from torchdebug.store._reader import RankRecords
+    from torchdebug.store import RankRecords
 
 logger = logging.getLogger("torchdebug.cli")
 

@@ -79,8 +79,7 @@ from torchdebug.compare._tolerances import Tolerance, lower_precision
 from torchdebug.errors import ConfigError
 from torchdebug.options import accepts
 from torchdebug.records import Record
-from torchdebug.store import _reader as reader
-from torchdebug.store._record_columns import records_from_table
+from torchdebug.store import Run, records_from_table
 
 __all__ = [
     "compare_ranks",
@@ -185,7 +184,7 @@ def _slots(digests: Iterable[RankDigest]) -> tuple[list[tuple[SlotKey, _Slot]], 
     return ordered, notes
 
 
-def _records(run: reader.Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[int, SlotKey], Record]:
+def _records(run: Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[int, SlotKey], Record]:
     """The records of the wanted slots, rank by rank (each rank read from a fresh handle, not kept).
     From a stored table only the wanted rows become records (and those with ``json_fields``, which
     may hold their step)."""
@@ -208,7 +207,7 @@ def _records(run: reader.Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[
     return found
 
 
-def _metrics(run: reader.Run, row: Row, holder: int, reference: int, tensors: bool, tolerance: Tolerance) -> dict[str, float]:
+def _metrics(run: Run, row: Row, holder: int, reference: int, tensors: bool, tolerance: Tolerance) -> dict[str, float]:
     """The metrics of a row whose record is rank ``holder``'s against the reference rank's."""
     a, b = row.record_a, row.record_b
     assert a is not None and b is not None
@@ -247,7 +246,7 @@ def _attribute(rows: Iterable[Row], agreeing: Mapping[Row, str]) -> None:
 
 
 def _judge(
-    run: reader.Run,
+    run: Run,
     values: Sequence[tuple[list[Row], list[int]]],
     overrides: Mapping[str, Tolerance],
     tensors: bool,
@@ -280,7 +279,7 @@ def _judge(
     _attribute(agreeing, agreeing)
 
 
-def checked_ranks(run: reader.Run, ranks: Collection[int] | None) -> list[int]:
+def checked_ranks(run: Run, ranks: Collection[int] | None) -> list[int]:
     """The ranks to check (default: every rank of the run), validated: present, two or more."""
     selected = sorted(run.ranks) if ranks is None else sorted(set(ranks))
     missing = [rank for rank in selected if rank not in run.ranks]
@@ -292,8 +291,8 @@ def checked_ranks(run: reader.Run, ranks: Collection[int] | None) -> list[int]:
 
 
 def ranks_result(
-    dump: str | Path | reader.Run,
-    run: reader.Run,
+    dump: str | Path | Run,
+    run: Run,
     selected: Sequence[int],
     digests: Iterable[RankDigest],
     config: RanksConfig,
@@ -341,7 +340,7 @@ def ranks_config(config: CompareConfig) -> RanksConfig:
     return RanksConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(CompareConfig) if f.name in shared})
 
 
-def ranks_in_process(dump: str | Path | reader.Run, config: RanksConfig) -> RanksResult:
+def ranks_in_process(dump: str | Path | Run, config: RanksConfig) -> RanksResult:
     """The ranks of one run compared with each other from this process: ``config.workers`` spawned
     processes read that many ranks at once (each reads ranks ``w, w+N, ...`` in turn)."""
     run = open_dump(dump)
@@ -356,7 +355,7 @@ def ranks_in_process(dump: str | Path | reader.Run, config: RanksConfig) -> Rank
 
 
 @accepts(RanksConfig)
-def compare_ranks(dump: str | Path | reader.Run, *, config: RanksConfig) -> RanksResult:
+def compare_ranks(dump: str | Path | Run, *, config: RanksConfig) -> RanksResult:
     """Former spelling of ``torchdebug.compare(dump)`` (one release, with a ``FutureWarning``)."""
     warnings.warn(
         "torchdebug.compare.compare_ranks(dump) is deprecated; use torchdebug.compare(dump)", FutureWarning, stacklevel=3

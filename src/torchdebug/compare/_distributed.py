@@ -69,6 +69,7 @@ from torchdebug.dist import broadcast_from_rank0, gather_to_rank0
 from torchdebug.errors import ConfigError, TorchDebugError
 from torchdebug.gc_paused import paused_gc
 from torchdebug.options import accepts
+from torchdebug.store import Run
 
 __all__ = [
     "Share",
@@ -176,7 +177,7 @@ def _merge(pieces: list[_Piece], pairing: Pairing, settings: CompareConfig) -> t
     return rows, notes
 
 
-def _compare_in_group(a: str | Path, b: str | Path, settings: CompareConfig) -> CompareResult | None:
+def _compare_in_group(a: str | Path | Run, b: str | Path | Run, settings: CompareConfig) -> CompareResult | None:
     """Run on every process of the default group; the result on process 0, ``None`` elsewhere.
     An expected error on any worker is raised on every worker (none is left waiting)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -205,7 +206,7 @@ def _compare_in_group(a: str | Path, b: str | Path, settings: CompareConfig) -> 
     return result
 
 
-def compare_in_group(a: str | Path, b: str | Path, config: CompareConfig) -> CompareResult | None:
+def compare_in_group(a: str | Path | Run, b: str | Path | Run, config: CompareConfig) -> CompareResult | None:
     """Two dumps compared by the processes of the initialised default process group, each called
     with the same arguments; process 0 gets the result, the others ``None``. ``threads`` defaults to
     the cores per process on this node."""
@@ -262,7 +263,7 @@ def _digests_in_group(run: Any, selected: Sequence[int], tensors: bool, threads:
         raise ValueError(failure)
 
 
-def ranks_in_group(dump: str | Path, config: RanksConfig) -> RanksResult | None:
+def ranks_in_group(dump: str | Path | Run, config: RanksConfig) -> RanksResult | None:
     """The ranks of one dump compared by the processes of the initialised default process group:
     each digests its share of the dump's ranks, process 0 gathers the digests and judges. Each is
     called with the same arguments; process 0 gets the result, the others ``None``. ``threads``

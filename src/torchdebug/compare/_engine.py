@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchdebug import progress
-from torchdebug.compare._across_ranks import RanksResult, ranks_config, ranks_in_process
 from torchdebug.compare._config import CompareConfig
 from torchdebug.compare._result import CompareResult
 from torchdebug.compare._steps import (
@@ -29,6 +29,9 @@ from torchdebug.dist import dist_initialized, rank_and_world_size
 from torchdebug.gc_paused import paused_gc
 from torchdebug.options import accepts
 from torchdebug.store import Run
+
+if TYPE_CHECKING:
+    from torchdebug.compare._across_ranks import RanksResult
 
 __all__ = ["compare", "open_dump"]
 
@@ -66,17 +69,13 @@ def compare(a: str | Path | Run, b: str | Path | Run | None = None, *, config: C
     group = _in_group(config.workers)
     if b is None:
         return _ranks(a, config, group)
-    if group:
-        from torchdebug.compare import _distributed as distributed  # see below
-
-        return distributed.compare_in_group(a, b, config)
-    if config.workers > 1:
+    if group or config.workers > 1:
         # imported here: the spread run's modules (torch.distributed, the cross-rank digests) are
         # not an in-process compare's, and one of them builds an Arrow array when imported, which
         # imports pandas through pyarrow's shim (0.4 s, 50 MB; ``torchdebug.store._arrow_buffers``)
         from torchdebug.compare import _distributed as distributed
 
-        return distributed.spawn_compare(a, b, config)
+        return distributed.compare_in_group(a, b, config) if group else distributed.spawn_compare(a, b, config)
     pairing = open_pair(a, b, config.noise)
     rows, notes = [], []
     with paused_gc():
@@ -90,9 +89,13 @@ def compare(a: str | Path | Run, b: str | Path | Run | None = None, *, config: C
 def _ranks(dump: str | Path | Run, config: CompareConfig, group: bool) -> RanksResult | None:
     """The ranks of one dump compared with each other: in this process (its ``workers`` spawned
     to digest the ranks) or on the processes of the default group."""
+    # imported here, as the spread run's modules: the cross-rank digests build an Arrow array when
+    # imported, which imports pandas (a comparison of two dumps never needs them)
+    from torchdebug.compare._across_ranks import ranks_config, ranks_in_process
+
     options = ranks_config(config)
     if not group:
         return ranks_in_process(dump, options)
-    from torchdebug.compare import _distributed as distributed  # as in compare()
+    from torchdebug.compare import _distributed as distributed
 
     return distributed.ranks_in_group(dump, options)

@@ -40,9 +40,7 @@ from torchdebug.compare._shards import sharded
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare._value_digests import DIGEST_BYTES, column_digests, value_digest
 from torchdebug.records import Record
-from torchdebug.store import _layout as layout
-from torchdebug.store import _reader as reader
-from torchdebug.store._record_columns import SCHEMA, records_from_table
+from torchdebug.store import RECORDS, SCHEMA, RankDump, RankRecords, Run, records_from_table
 
 __all__ = [
     "SAME_ON_EVERY_RANK",
@@ -113,25 +111,25 @@ class RankDigest:
         return cls(data["rank"], list(zip(data["steps"], data["names"], data["seqs"], digests)), data["notes"])
 
 
-def fresh(dump: reader.RankRecords) -> reader.RankRecords:
+def fresh(dump: RankRecords) -> RankRecords:
     """A new handle on the same rank folder: the records it reads are freed with it (the handles of
     ``run.ranks`` keep theirs once read)."""
     return dataclasses.replace(dump)  # type: ignore[type-var]  # RankDump and MsprobeRankDump are dataclasses
 
 
-def stored_table(dump: reader.RankRecords) -> pa.Table | None:
+def stored_table(dump: RankRecords) -> pa.Table | None:
     """A rank's records as the Arrow table they are stored in, where the table stands for them: a
     rank of ours that closed cleanly, its records in Arrow columns of this version's schema.
     ``None`` for the others (a partial rank's records are marked where a tensor file was never
     written; older dumps hold JSON lines, msprobe's are not ours): read their records instead."""
-    if not (isinstance(dump, reader.RankDump) and dump.complete and (dump.path / layout.RECORDS).is_file()):
+    if not (isinstance(dump, RankDump) and dump.complete and (dump.path / RECORDS).is_file()):
         return None
     table = dump.to_arrow()
     return table if table.schema.equals(SCHEMA, check_metadata=False) else None
 
 
 def _record_digests(
-    dump: reader.RankRecords, records: Iterable[tuple[int, Record]], tensors: bool, pool: Executor
+    dump: RankRecords, records: Iterable[tuple[int, Record]], tensors: bool, pool: Executor
 ) -> list[tuple[int, Slot]]:
     """The replicated slots among numbered records, digested as records (tensors read on ``pool``)."""
     chosen = [(row, record) for row, record in records if replicated(record)]
@@ -140,7 +138,7 @@ def _record_digests(
     return [(row, (record.step, record.name, record.seq, digest)) for (row, record), digest in zip(chosen, digests)]
 
 
-def _table_digests(dump: reader.RankRecords, table: pa.Table, tensors: bool, pool: Executor) -> list[tuple[int, Slot]]:
+def _table_digests(dump: RankRecords, table: pa.Table, tensors: bool, pool: Executor) -> list[tuple[int, Slot]]:
     """The replicated slots of a rank's table, numbered by row: rows the columns hold whole are
     chosen and digested column by column; the others, and those whose saved tensor is hashed, as records."""
     whole = pc.and_kleene(pc.is_null(table.column("json_fields")), pc.is_null(table.column("extra")))
@@ -162,13 +160,13 @@ def _table_digests(dump: reader.RankRecords, table: pa.Table, tensors: bool, poo
     return found
 
 
-def digest_rank(dump: reader.RankRecords, tensors: bool, pool: Executor) -> RankDigest:
+def digest_rank(dump: RankRecords, tensors: bool, pool: Executor) -> RankDigest:
     """Read one rank (from a :func:`fresh` handle, so nothing stays behind) and digest its
     replicated slots; tensors are read and hashed on ``pool``'s threads."""
     dump = fresh(dump)
     table = stored_table(dump)
     if table is None:
-        notes = Side.of(dump.path, reader.Run(dump.path.parent, {dump.rank: dump})).notes("run", dump.rank)
+        notes = Side.of(dump.path, Run(dump.path.parent, {dump.rank: dump})).notes("run", dump.rank)
         found = _record_digests(dump, enumerate(dump.records()), tensors, pool)
     else:  # closed cleanly: neither partial nor cut short (its records file was closed before the marker was written)
         notes, found = [], _table_digests(dump, table, tensors, pool)

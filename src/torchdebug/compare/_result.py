@@ -18,8 +18,7 @@ from torchdebug.compare._structure import StructureBlock
 from torchdebug.compare._verdicts import first_divergence, first_nonfinite
 from torchdebug.records import MODULE_OP, Record
 from torchdebug.report.compare import render_compare
-from torchdebug.store._reader import write_fault_note
-from torchdebug.store._tables import pandas, write_parquet
+from torchdebug.store import pandas, write_fault_note, write_parquet
 
 __all__ = ["CompareResult", "Side", "CSV_COLUMNS"]
 

@@ -29,8 +29,8 @@ import torch
 
 from torchdebug.compare._steps import has_tensor
 from torchdebug.records import STAT_KEYS, Record
-from torchdebug.stats._schema import VALUE_KEYS
-from torchdebug.store import _reader as reader
+from torchdebug.stats import VALUE_KEYS
+from torchdebug.store import RankRecords
 
 __all__ = ["DIGEST_BYTES", "value_digest", "column_digests"]
 
@@ -75,7 +75,7 @@ def _stats_bytes(stats: dict[str, Any] | None) -> bytes:
     return struct.pack(_FORMAT, *values, empty)
 
 
-def value_digest(dump: reader.RankRecords, record: Record, tensors: bool) -> str:
+def value_digest(dump: RankRecords, record: Record, tensors: bool) -> str:
     """The digest of a record's value: its saved tensor's bytes when ``tensors`` and it has one, else its statistics."""
     hasher = _hasher(record.dtype, _shape_text(record.shape))
     if tensors and has_tensor(record):

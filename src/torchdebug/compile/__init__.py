@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from torchdebug.compile._backend import TorchDebugBackend, get_backend, torchdebug_backend
 from torchdebug.compile._config import CompilerConfig
+from torchdebug.compile._debug_report import find_torchdebug_folder, render_report
 from torchdebug.compile._pipeline import GraphPass, default_passes, user_pass
 
 __all__ = [
@@ -21,7 +22,9 @@ __all__ = [
     "GraphPass",
     "TorchDebugBackend",
     "default_passes",
+    "find_torchdebug_folder",
     "get_backend",
+    "render_report",
     "torchdebug_backend",
     "user_pass",
 ]

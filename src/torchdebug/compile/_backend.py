@@ -45,9 +45,7 @@ from torchdebug.compile._config import CompilerConfig
 from torchdebug.compile._debug_dir import DumpTree, ModelDump, PhaseDump, current_phase, dump_tree, run_folder
 from torchdebug.compile._pipeline import GraphPass, PassStage, Pipeline, observing_inductor_passes, run_passes
 from torchdebug.errors import ConfigError
-from torchdebug.graph_dump._capture import GraphCapture
-from torchdebug.graph_dump._instrument import DataDumpPass
-from torchdebug.graph_dump._planner import ModelContext
+from torchdebug.graph_dump import DataDumpPass, GraphCapture, ModelContext
 
 log = logging.getLogger("torchdebug.compile._backend")
 

@@ -25,7 +25,7 @@ import torch.fx
 
 from torchdebug._torch.dispatch import OpOverload, OpOverloadPacket
 from torchdebug.capture.stacks import TRACE_FRAME
-from torchdebug.graph_dump._node_names import module_stack_path
+from torchdebug.graph_dump import module_stack_path
 
 log = logging.getLogger("torchdebug.compile.graph_render")
 

@@ -18,6 +18,7 @@ _EXPORTS = {
     "diagnose": "torchdebug.diagnose._api",
     "DiagnoseConfig": "torchdebug.diagnose._config",
     "DiagnoseResult": "torchdebug.diagnose._result",
+    "load_entry": "torchdebug.diagnose._entry",
 }
 __all__ = list(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

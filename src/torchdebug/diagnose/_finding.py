@@ -10,7 +10,7 @@ import torch.fx
 
 from torchdebug.compile import graph_render
 from torchdebug.diagnose._accuracy import Check
-from torchdebug.graph_dump import _node_names as node_names
+from torchdebug.graph_dump import graph_is_rooted, is_backward_node, module_of
 
 
 @dataclass(slots=True)
@@ -58,15 +58,15 @@ def node_finding(
 ) -> NodeFinding:
     """Describe ``node`` with its module path and source line from ``node.meta``; ``phase`` overrides
     the node's own (a Dynamo-graph node whose gradient is wrong)."""
-    backward = node_names.is_backward_node(node, graph_phase)
-    rooted = node_names.graph_is_rooted(node.graph)
+    backward = is_backward_node(node, graph_phase)
+    rooted = graph_is_rooted(node.graph)
     where = graph_render.source_location(node)
     return NodeFinding(
         graph=graph,
         node=node.name,
         target=graph_render.target_name(node),
         phase=phase or ("backward" if backward else "forward"),
-        module=node_names.module_of(node, backward, rooted),
+        module=module_of(node, backward, rooted),
         source=f"{where['file']}:{where['line']} in {where['function']}" if where else None,
         code=where["code"] if where else None,
         detail=detail,

@@ -10,7 +10,7 @@ C++/Triton kernel, and the value is what that kernel computed. The first run's v
 
 Caching: the pass sits in inductor's config for the whole compile and run (``active()``). Inside
 ``inner_compile`` its ``uuid()`` is the sink key of the graph being compiled, which
-:func:`~torchdebug.graph_dump._runtime.register_sink` derives from the graph's code, its phase and
+:func:`~torchdebug.graph_dump.register_sink` derives from the graph's code, its phase and
 how many identical graphs this process instrumented before. So inductor's FX graph cache can serve
 the instrumented code to a later process: a hit is only possible for the same key, and the cached
 code reports to the sink registered under that key now, with the node names it carries as the
@@ -32,9 +32,7 @@ import torch
 import torch.fx
 
 from torchdebug._torch.inductor import CustomGraphPass, compile_fx, compile_fx_inner, config_patched, custom_pass_patch
-from torchdebug.graph_dump import _runtime as runtime
-from torchdebug.graph_dump._accumulators import propagate_fake_values
-from torchdebug.graph_dump._runtime import DUMP_GRAPH, register_sink, unregister_sink
+from torchdebug.graph_dump import DUMP_GRAPH, propagate_fake_values, register_sink, unregister_sink
 
 
 @dataclass(slots=True)
@@ -93,7 +91,9 @@ class _Materialize(CustomGraphPass):
         return None if sink is None else ("torchdebug.diagnose.materialize", _CODE_ID, sink)
 
 
-_CODE_ID = hashlib.sha256((inspect.getsource(_Materialize) + inspect.getsource(runtime)).encode()).hexdigest()[:16]
+_CODE_ID = hashlib.sha256(
+    (inspect.getsource(_Materialize) + inspect.getsource(inspect.getmodule(register_sink))).encode()
+).hexdigest()[:16]
 """Changes with this pass and with the dump ops, so a cache never serves code they no longer match."""
 
 

@@ -17,7 +17,7 @@ import torch.fx
 
 from torchdebug._torch.dynamo import detect_fake_mode
 from torchdebug.graph_dump._plan import ACCUMULATORS
-from torchdebug.stats._schema import COUNTS
+from torchdebug.stats import COUNTS
 
 aten = torch.ops.aten
 

@@ -30,9 +30,8 @@ from torchdebug.graph_dump._run import GraphRun
 from torchdebug.graph_dump._runtime import register_sink, unregister_sink
 from torchdebug.graph_dump._settings import DumpSettings
 from torchdebug.records import UNREAD, Record, make_call_name
-from torchdebug.stats._schema import IDENTITY, stats_from_sums
-from torchdebug.store import _layout as layout
-from torchdebug.store._writer import RankWriter, join_run, run_manifest
+from torchdebug.stats import IDENTITY, stats_from_sums
+from torchdebug.store import RankWriter, join_run, rank_dir_name, run_manifest
 
 log = logging.getLogger("torchdebug.graph_dump._capture")
 
@@ -55,7 +54,7 @@ class GraphCapture:
         self.run_dir = join_run(Path(settings.dump_path), self.rank, self.world_size)  # one run folder for every rank
         config = {"task": settings.task, "dump_config": settings.to_dict()}
         manifest = run_manifest(self.run_dir.name, self.rank, self.world_size, config, capture="graph")
-        writer = RankWriter(self.run_dir / layout.rank_dir_name(self.world_size, self.rank), manifest)
+        writer = RankWriter(self.run_dir / rank_dir_name(self.world_size, self.rank), manifest)
         self.session = CaptureSession(SessionOptions(task=settings.task), writer, self.rank)
         self.save_tensors = settings.task == "tensor"
         self.steps = settings.step

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.fx
 
-from torchdebug.stats._schema import COLUMNS
+from torchdebug.stats import COLUMNS
 
 if TYPE_CHECKING:
     from torchdebug.graph_dump._instances import CompiledFrame

@@ -19,9 +19,7 @@ import torch.fx
 from torch import Tensor
 
 from torchdebug.graph_dump._plan import ACCUMULATORS
-from torchdebug.stats._cpu import cpu_sums
-from torchdebug.stats._schema import COLUMNS, IDENTITY
-from torchdebug.stats._torch_ops import as_real
+from torchdebug.stats import COLUMNS, IDENTITY, as_real, cpu_sums
 
 _NAN = COLUMNS.index("nan")
 

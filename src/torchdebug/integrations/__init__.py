@@ -7,3 +7,5 @@
 
 Import the submodule you need; this package imports neither library.
 """
+
+__all__: list[str] = []  # import the submodule you need

@@ -18,9 +18,8 @@ from torch import nn
 
 from torchdebug.debugger import Debugger, resolve_config
 from torchdebug.errors import ConfigError
-from torchdebug.monitor import Monitor, MonitorConfig
-from torchdebug.monitor._watch import ModelCallEnd
-from torchdebug.store._faults import WriteFault
+from torchdebug.monitor import ModelCallEnd, Monitor, MonitorConfig
+from torchdebug.store import WriteFault
 
 NO_STEP_WARNING = "torchdebug: no step selected, so every training step is dumped; pass step=[N] or step='a-b' to dump a few"
 

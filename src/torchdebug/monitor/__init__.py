@@ -5,5 +5,6 @@ from torchdebug.monitor._config import MonitorConfig
 from torchdebug.monitor._monitor import Monitor, MonitorEvent
 from torchdebug.monitor._replay import ReplayOutcome
 from torchdebug.monitor._triggers import StepSummary
+from torchdebug.monitor._watch import ModelCallEnd
 
-__all__ = ["Monitor", "MonitorConfig", "MonitorEvent", "ReplayOutcome", "StepSummary"]
+__all__ = ["ModelCallEnd", "Monitor", "MonitorConfig", "MonitorEvent", "ReplayOutcome", "StepSummary"]

@@ -30,7 +30,7 @@ from torchdebug.monitor._watch import Watcher
 from torchdebug.monitor._window import write_window
 from torchdebug.records import module_of
 from torchdebug.stats_table import StatsStager
-from torchdebug.store._writer import check_writable, new_run_name, unwritable
+from torchdebug.store import check_writable, new_run_name, unwritable
 
 logger = logging.getLogger("torchdebug.monitor")
 

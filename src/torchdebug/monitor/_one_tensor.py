@@ -15,7 +15,7 @@ import array
 import torch
 
 from torchdebug.native import fused_stats
-from torchdebug.stats._cpu import cpu_sums_into
+from torchdebug.stats import cpu_sums_into
 
 
 def cpu_sums_one_into(tensor: torch.Tensor, address: int) -> None:

@@ -30,7 +30,7 @@ from torchdebug.debugger import Debugger
 from torchdebug.errors import DumpError
 from torchdebug.nonfinite import ORIGIN, find_origin
 from torchdebug.records import COLLECTIVES
-from torchdebug.store._reader import load
+from torchdebug.store import load
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from torchdebug.capture.modules import ROOT_MODULE
 from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, make_name
-from torchdebug.stats._schema import FIRST_COUNT, STAT_KEYS, WIDTH, stats_array_from_sums
+from torchdebug.stats import FIRST_COUNT, STAT_KEYS, WIDTH, stats_array_from_sums
 
 _STAGES = {"forward": 0, "backward": 2, "optimizer": 3}
 

@@ -17,7 +17,7 @@ import numpy as np
 from torchdebug.monitor._config import MonitorConfig
 from torchdebug.monitor._ring import Ring
 from torchdebug.records import LOSS_OP, MODULE_OP
-from torchdebug.stats._schema import STAT_KEYS
+from torchdebug.stats import STAT_KEYS
 
 _NORM, _NAN = STAT_KEYS.index("norm"), STAT_KEYS.index("nan")
 _INF = [STAT_KEYS.index("posinf"), STAT_KEYS.index("neginf")]

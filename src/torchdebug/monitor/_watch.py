@@ -33,8 +33,7 @@ from torchdebug.monitor._one_tensor import cpu_sums_one_into
 from torchdebug.monitor._ring import Ring, Slot
 from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, NO_MODULE
 from torchdebug.slots import dtype_name, output_slots
-from torchdebug.stats._cpu import cpu_sums_many_into
-from torchdebug.stats._schema import IDENTITY
+from torchdebug.stats import IDENTITY, cpu_sums_many_into
 
 logger = logging.getLogger("torchdebug.monitor")
 

@@ -15,10 +15,8 @@ from typing import Any
 
 from torchdebug.monitor._ring import Ring
 from torchdebug.records import Record
-from torchdebug.stats._schema import COUNT_KEYS, STAT_KEYS
-from torchdebug.store import _layout as layout
-from torchdebug.store._faults import WriteFault
-from torchdebug.store._writer import RankWriter, run_manifest
+from torchdebug.stats import COUNT_KEYS, STAT_KEYS
+from torchdebug.store import RankWriter, WriteFault, rank_dir_name, run_manifest
 
 
 def window_records(ring: Ring, step: int, rank: int) -> list[Record]:
@@ -62,7 +60,7 @@ def write_window(
 ) -> WriteFault | None:
     """Write every kept step of ``ring`` as this rank's folder of the run ``run_dir``; returns the
     first write that failed (``config["on_write_error"] == "raise"``: raises DumpError instead)."""
-    rank_dir = run_dir / layout.rank_dir_name(world_size, rank)
+    rank_dir = run_dir / rank_dir_name(world_size, rank)
     config = {"task": "statistics", "level": "module", **config}  # what the records hold, as a Debugger's manifest says
     manifest = run_manifest(run_dir.name, rank, world_size, config, capture="monitor")
     writer = RankWriter(rank_dir, manifest, on_write_error=config.get("on_write_error", "continue"))

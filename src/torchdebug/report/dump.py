@@ -22,7 +22,7 @@ from typing import Any
 
 from torchdebug.records import PHASES, Record
 from torchdebug.report import render
-from torchdebug.stats._schema import COUNTS, NONFINITE_KEYS, VALUE_KEYS
+from torchdebug.stats import COUNTS, NONFINITE_KEYS, VALUE_KEYS
 
 __all__ = ["MAX_OVERFLOW_ROWS", "overflow_rows", "overview", "render_dump"]
 

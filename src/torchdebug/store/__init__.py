@@ -6,9 +6,63 @@ Typical use::
     for rank, rank_dump in run.ranks.items():
         for record in rank_dump.records():
             print(record.name, record.stats)
+
+Users meet ``load`` (also ``torchdebug.load``), ``Run`` and ``RankDump``; the other names are the
+doors the capture, compare, monitor and command line go through (docs/api.md lists them all).
 """
 
-from torchdebug.store._reader import RankDump, Run, load
-from torchdebug.store._writer import RankWriter
+from torchdebug.store._faults import WriteFault
+from torchdebug.store._layout import RECORDS, rank_dir_name
+from torchdebug.store._live import register as register_live
+from torchdebug.store._msprobe import is_msprobe_dump
+from torchdebug.store._msprobe import load as load_msprobe
+from torchdebug.store._reader import RankDump, RankRecords, Run, is_dump, load, write_fault_note
+from torchdebug.store._record_columns import SCHEMA, records_from_table
+from torchdebug.store._record_json import encode_records
+from torchdebug.store._shared_keys import shared_keys_dict
+from torchdebug.store._slot_columns import SlotColumns, unread_text
+from torchdebug.store._tables import pandas, records_frame, require_parquet, write_parquet
+from torchdebug.store._tensor_batch import TensorBatch, storable
+from torchdebug.store._writer import (
+    RankWriter,
+    check_writable,
+    check_writable_on_every_rank,
+    join_run,
+    new_run_name,
+    run_manifest,
+    unwritable,
+)
 
-__all__ = ["RankDump", "RankWriter", "Run", "load"]
+__all__ = [
+    "RECORDS",
+    "SCHEMA",
+    "RankDump",
+    "RankRecords",
+    "RankWriter",
+    "Run",
+    "SlotColumns",
+    "TensorBatch",
+    "WriteFault",
+    "check_writable",
+    "check_writable_on_every_rank",
+    "encode_records",
+    "is_dump",
+    "is_msprobe_dump",
+    "join_run",
+    "load",
+    "load_msprobe",
+    "new_run_name",
+    "pandas",
+    "rank_dir_name",
+    "records_frame",
+    "records_from_table",
+    "register_live",
+    "require_parquet",
+    "run_manifest",
+    "shared_keys_dict",
+    "storable",
+    "unread_text",
+    "unwritable",
+    "write_fault_note",
+    "write_parquet",
+]

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from torchdebug.gc_paused import paused_gc
 from torchdebug.records import SCHEMA_VERSION, Record
-from torchdebug.stats._schema import STAT_KEYS, VALUE_KEYS
+from torchdebug.stats import STAT_KEYS, VALUE_KEYS
 from torchdebug.store._arrow_buffers import numbers, valid
 from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from torchdebug.extras import import_extra
 from torchdebug.records import Record
-from torchdebug.stats._schema import STAT_KEYS
+from torchdebug.stats import STAT_KEYS
 from torchdebug.store._record_columns import records_table
 
 __all__ = ["RECORD_COLUMNS", "arrow_frame", "pandas", "records_frame", "require_parquet", "write_parquet"]

@@ -18,7 +18,7 @@ from torchdebug.graph_dump import _node_names as node_names
 from torchdebug.graph_dump._plan import CallPlan, PointPlan
 from torchdebug.graph_dump.scenes._base import GraphWriter, Scene, name_list
 from torchdebug.records import Record
-from torchdebug.stats._schema import STAT_KEYS
+from torchdebug.stats import STAT_KEYS
 
 if TYPE_CHECKING:
     import torch

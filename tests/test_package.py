@@ -281,9 +281,7 @@ _WAITING = {
 def test_no_import_reaches_into_another_package():
     """A module or name with a leading underscore is private to its package (and the packages inside
     it); another package imports only what the owner offers, its ``__all__`` and public modules."""
-    reaching = {
-        (str(path.relative_to(PACKAGE)), dotted): why for path in PACKAGE.rglob("*.py") for dotted, why in _reaches(path)
-    }
+    reaching = {(str(path.relative_to(PACKAGE)), dotted): why for path in PACKAGE.rglob("*.py") for dotted, why in _reaches(path)}
     assert {key: why for key, why in reaching.items() if key not in _WAITING} == {}
     assert sorted(set(_WAITING) - set(reaching)) == [], "replaced: remove these entries from _WAITING"
 

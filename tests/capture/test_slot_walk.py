@@ -14,18 +14,18 @@ import torch
 
 from torchdebug.capture.eager import op_info
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
-from torchdebug.capture.native_values import SlotWalk, WalkedSlots, load_slot_walk
+from torchdebug.capture.native_values import CHANGED, SlotWalk, WalkedSlots, load_slot_walk
 from torchdebug.native import build
 from torchdebug.native.observer import NativeObserver, ObservedOps, load_observer
-from torchdebug.records import Record
+from torchdebug.records import UNINITIALISED, Record
 
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the walk")
 
 _A, _B, _C = 0x100, 0x200, 0x300
 """``TensorImpl`` addresses."""
-_OPS = ("aten.neg.default", "aten.view.default", "aten.add_.Tensor")
-"""Hand-made rows' ops, by id: a new output, a view, an in-place write."""
-_NEG, _VIEW, _ADD_ = range(len(_OPS))
+_OPS = ("aten.neg.default", "aten.view.default", "aten.add_.Tensor", "aten.empty.memory_format")
+"""Hand-made rows' ops, by id: a new output, a view, an in-place write, an allocation."""
+_NEG, _VIEW, _ADD_, _EMPTY = range(len(_OPS))
 
 
 def _walk() -> SlotWalk:
@@ -39,9 +39,12 @@ def _walk() -> SlotWalk:
     return walk
 
 
-def _drained(rows: list[tuple], slots: list[tuple], first_row: int = 0, freed: tuple[int, ...] = ()) -> ObservedOps:
+def _drained(
+    rows: list[tuple], slots: list[tuple], first_row: int = 0, freed: tuple[int, ...] = (), kept: tuple[int, ...] = ()
+) -> ObservedOps:
     """Rows ``(op id, backward[, seq, module context])`` and their slots ``(row, io, address,
-    storage, shape[, base])`` (float32 CPU tensors at offset 0 and version 0), as the observer drains them."""
+    storage, shape[, base[, version, summed]])`` (float32 CPU tensors at offset 0, version 0 and not
+    summed unless given), as the observer drains them; ``kept``: the slots whose tensor it kept."""
     shapes = [slot[4] for slot in slots]
     count = len(slots)
     return ObservedOps(
@@ -59,16 +62,16 @@ def _drained(rows: list[tuple], slots: list[tuple], first_row: int = 0, freed: t
         slot_flag=array("b", [0] * count),
         slot_ndim=array("b", [len(shape) for shape in shapes]),
         slot_value=array("q", [slot[2] for slot in slots]),
-        slot_version=array("q", [0] * count),
+        slot_version=array("q", [slot[6] if len(slot) > 6 else 0 for slot in slots]),
         slot_storage=array("q", [slot[3] for slot in slots]),
         slot_offset=array("q", [0] * count),
         shape=array("q", [size for shape in shapes for size in shape]),
         stride=array("q", [1 for shape in shapes for _ in shape]),
         slot_device_type=array("b", [0] * count),
         slot_device_index=array("b", [-1] * count),
-        slot_has_stats=array("b", [0] * count),
+        slot_has_stats=array("b", [slot[7] if len(slot) > 7 else 0 for slot in slots]),
         stats=array("d", [0.0] * (8 * count)),
-        kept_slot=array("q"),
+        kept_slot=array("q", kept),
         stack=array("q", [-1] * len(rows)),
         slot_base=array("q", [slot[5] if len(slot) > 5 else 0 for slot in slots]),
         kept=[],
@@ -126,6 +129,35 @@ def test_a_freed_tensors_address_names_another_tensor_after_the_drain_that_repor
     assert held == made  # its slots in the drain that reports it freed are still it
     (reused,) = _ids(walk, _drained([(_NEG, False)], [(2, 0, _A, 1, (4,))], first_row=2)).value_ids.tolist()
     assert reused != made  # the same address over the same memory: the allocator gave both to a new tensor
+
+
+def test_a_tensor_seen_again_at_its_version_and_a_view_with_its_elements_share_the_statistics_taken_first() -> None:
+    rows = [(_NEG, False)] * 3 + [(_VIEW, False)] + [(_NEG, False)] * 2
+    slots = [
+        (0, 0, _A, 1, (4,), 0, 0, 1),  # the callback's sums
+        (0, 1, _B, 2, (4,), 0, 0, 1),
+        (1, 0, _A, 1, (4,), 0, 0, 1),  # again at version 0: the first slot's
+        (1, 1, _C, 3, (4,), 0, 0, 1),
+        (2, 0, _A, 1, (4,), 0, 1, 0),  # version 1, kept: reduced at the flush
+        (2, 1, 0x400, 4, (4,), 0, 0, 1),
+        (3, 0, _A, 1, (4,), 0, 1, 0),  # version 1 again: that
+        (3, 1, 0x500, 1, (2, 2), 0, 1, 0),  # a view with its elements: its argument's
+        (4, 0, 0x600, 5, (0,)),  # no elements
+        (5, 0, 0x700, 6, (4,)),  # neither summed nor kept: changed before the flush
+    ]
+    walked = _walk().walk(_drained(rows, slots, kept=(4,)), np.ones(6, np.int8), inputs=True, outputs=True, statistics=True)
+    assert walked.stats.tolist() == [0, 1, 0, 3, -2, 5, -2, -2, -3, -1]
+    assert walked.taken.tolist() == [4, -1]  # the kept tensor's slot, then the statistics of no elements
+    assert walked.errors.tolist() == [0] * 9 + [CHANGED]
+
+
+def test_an_allocation_holds_no_value_until_an_op_writes_it() -> None:
+    walk = _walk()
+    rows = [(_EMPTY, False), (_NEG, False), (_ADD_, False), (_NEG, False)]
+    slots = [(0, 1, _A, 1, (4,)), (1, 0, _A, 1, (4,)), (1, 1, _B, 2, (4,)), (2, 0, _A, 1, (4,)), (2, 1, _A, 1, (4,))]
+    slots.append((3, 0, _A, 1, (4,)))
+    walked = walk.walk(_drained(rows, slots), np.ones(4, np.int8), inputs=True, outputs=True, statistics=False)
+    assert [walk.whys[code] for code in walked.unread.tolist()] == [UNINITIALISED] * 2 + [None, UNINITIALISED, None, None]
 
 
 def _calls(walk: SlotWalk, ops: ObservedOps, parameters: tuple[int, ...] = ()) -> list[tuple]:

@@ -2,17 +2,19 @@
 code; do not edit. ``torchdebug/__init__.py`` loads the same names lazily."""
 
 from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Iterator
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from torch import nn
 from torchdebug import scope as scope
 from torchdebug.compare._config import CompareConfig as CompareConfig
 from torchdebug.compare._config import Threads
-from torchdebug.compare._config import Tolerances
 from torchdebug.compare._config import Workers
 from torchdebug.compare._matching import NameMapping
 from torchdebug.compare._result import CompareResult as CompareResult
+from torchdebug.compare._tolerances import Tolerance
 from torchdebug.compile._backend import get_backend as get_backend
 from torchdebug.compile._config import CompilerConfig as CompilerConfig
 from torchdebug.config import CallRange
@@ -30,8 +32,6 @@ from torchdebug.errors import TorchDebugError as TorchDebugError
 from torchdebug.monitor._config import MonitorConfig as MonitorConfig
 from torchdebug.monitor._monitor import Monitor as Monitor
 from torchdebug.options import Folder
-from torchdebug.options import Indices
-from torchdebug.options import Patterns
 from torchdebug.records import Record as Record
 from torchdebug.seed import seed_all as seed_all
 from torchdebug.store import Run
@@ -47,10 +47,10 @@ def compare(
     b: str | Path | Run | None = ...,
     *,
     config: CompareConfig | None = None,
-    tolerances: Tolerances = ...,
-    mapping: NameMapping | None = ...,
+    tolerances: Mapping[str, float | Mapping[str, float] | Tolerance] | None = ...,
+    mapping: NameMapping | Mapping[str, object] | str | Path | None = ...,
     growth: float = ...,
-    noise: str | None = ...,
+    noise: str | Path | None = ...,
     tensors: bool = ...,
     threads: Threads = ...,
     workers: Workers = ...,
@@ -76,11 +76,11 @@ def dump(
     task: Literal['statistics', 'tensor', 'structure', 'overflow_check', 'checksum'] = ...,
     level: Literal['op', 'module', 'mix'] = ...,
     data_mode: list[Literal['all', 'forward', 'backward', 'input', 'output']] = ...,
-    step: Indices = ...,
-    rank: Indices = ...,
-    list: Patterns = ...,
+    step: Collection[int | str] | str | int | None = ...,
+    rank: Collection[int | str] | str | int | None = ...,
+    list: str | Collection[str] | None = ...,
     range: CallRange = ...,
-    tensor_list: Patterns = ...,
+    tensor_list: str | Collection[str] | None = ...,
     stack: Stack = ...,
     sample_stride: int = ...,
     tensor_bytes_in_flight: int = ...,

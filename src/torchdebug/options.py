@@ -90,13 +90,17 @@ class Text:
 class Check:
     """``Annotated[T, Check(read)]``: what only code can say of a value (``'0|3-5'`` is steps 0, 3, 4
     and 5; a mapping file is read; a folder must exist): ``read(dotted_key, value)`` returns the
-    value as ``T``. ``schema`` is its JSON-schema entry, for what files may hold."""
+    value as ``T``. ``schema`` is its JSON-schema entry, for what files may hold. ``accepts``: the
+    type a public function's keyword takes where it is wider than ``T`` (``'0|3-5'`` for steps), as
+    annotation text whose names ``read``'s module binds (or ``collections.abc``'s, ``Path``); the API
+    stub writes it (tools/api_stub.py)."""
 
-    __slots__ = ("read", "schema")
+    __slots__ = ("accepts", "read", "schema")
 
-    def __init__(self, read: Validator, schema: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, read: Validator, schema: Mapping[str, Any] | None = None, accepts: str | None = None) -> None:
         self.read = read
         self.schema = schema or {}
+        self.accepts = accepts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,7 +128,7 @@ class Flag:
 class OptionSpec:
     """One option as its annotation and :func:`option` declare it, resolved when its class is made."""
 
-    __slots__ = ("check", "choices", "doc", "field", "flag", "kind", "name", "parse", "schema")
+    __slots__ = ("accepts", "check", "choices", "doc", "field", "flag", "kind", "name", "parse", "schema")
 
     def __init__(
         self,
@@ -147,6 +151,9 @@ class OptionSpec:
         """``bool``, ``int``, ``float``, ``str``, an :class:`Options` class (a group) or ``object``."""
         self.parse = parse
         """How the command line reads one value: the flag's ``parse``, else derived from ``kind``."""
+        self.accepts: tuple[str, str] | None = None
+        """``(annotation text, module binding its names)`` of what a keyword takes where it is
+        wider than the field's type (:attr:`Check.accepts`)."""
 
     @property
     def default(self) -> Any:
@@ -477,7 +484,13 @@ _PARSE: dict[type, Callable[[str], Any]] = {int: integer_text, float: number_tex
 
 def _spec(f: dataclasses.Field[Any], annotation: Any, owner: type) -> OptionSpec:
     check, schema, choices, kind = _derive(annotation, f"{owner.__name__}.{f.name}")
-    return OptionSpec(f, check, schema, choices, kind, f.metadata["flag"].parse or _PARSE.get(kind, str))
+    spec = OptionSpec(f, check, schema, choices, kind, f.metadata["flag"].parse or _PARSE.get(kind, str))
+    read = (
+        next((m for m in get_args(annotation)[1:] if isinstance(m, Check)), None) if get_origin(annotation) is Annotated else None
+    )
+    if read is not None and read.accepts is not None:
+        spec.accepts = (read.accepts, read.read.__module__)
+    return spec
 
 
 def _derive(tp: Any, where: str) -> tuple[Validator, dict[str, Any], tuple[Any, ...] | None, type]:
@@ -671,8 +684,13 @@ def group(kind: type[Options]) -> Validator:
 
 Folder = Annotated[str, Text("a folder path")]
 """A folder's path (a ``Path`` is read as its text)."""
-Indices = Annotated[Collection[int] | None, Check(index_set, schema={"type": ["array", "string", "integer", "null"]})]
+Indices = Annotated[
+    Collection[int] | None,
+    Check(index_set, schema={"type": ["array", "string", "integer", "null"]}, accepts="Collection[int | str] | str | int | None"),
+]
 """Steps or ranks (``None``: all): ``[0, 3, 4, 5]``; in files and keyword options also ``[0, '3-5']``
 or ``'0|3-5'``; held as a ``frozenset``."""
-Patterns = Annotated[list[str], Check(patterns, schema={"type": "array", "items": {"type": "string"}})]
+Patterns = Annotated[
+    list[str], Check(patterns, schema={"type": "array", "items": {"type": "string"}}, accepts="str | Collection[str] | None")
+]
 """Name patterns: exact names, substrings or ``re:REGEX`` (a single string is a list of one); held as a list."""

@@ -73,7 +73,11 @@ def _mapping(key: str, value: Any) -> NameMapping:
 
 Tolerances = Annotated[
     "dict[str, Tolerance]",
-    Check(_tolerances, schema={"type": "object", "additionalProperties": {"type": ["number", "object"]}}),
+    Check(
+        _tolerances,
+        schema={"type": "object", "additionalProperties": {"type": ["number", "object"]}},
+        accepts="Mapping[str, float | Mapping[str, float] | Tolerance] | None",
+    ),
 ]
 Threads = Annotated[int, AtLeast(1)] | None
 Workers = Annotated[int, AtLeast(1)]
@@ -101,7 +105,14 @@ class CompareConfig(Options):
     _ALIASES = {"replay": "rerun"}  # the monitor's replay runs a whole step again
 
     tolerances: Tolerances = option(_TOLERANCES_DOC, default={}, flag=_TOLERANCES_FLAG)
-    mapping: Annotated[NameMapping | None, Check(_mapping, schema={"type": ["object", "string", "null"]})] = option(
+    mapping: Annotated[
+        NameMapping | None,
+        Check(
+            _mapping,
+            schema={"type": ["object", "string", "null"]},
+            accepts="NameMapping | Mapping[str, object] | str | Path | None",
+        ),
+    ] = option(
         "Module and op renames applied to A: {'modules': {old: new}, 'ops': {old: new}}, or a JSON/YAML file of it.",
         default=None,
         flag=Flag(metavar="FILE"),
@@ -109,7 +120,7 @@ class CompareConfig(Options):
     growth: Annotated[float, AtLeast(1)] = option(
         "How much an op may amplify the error of its inputs before it is blamed.", default=16.0
     )
-    noise: Annotated[str | None, Check(_noise, schema={"type": ["string", "null"]})] = option(
+    noise: Annotated[str | None, Check(_noise, schema={"type": ["string", "null"]}, accepts="str | Path | None")] = option(
         "A dump of B's step run again with a tiny perturbation (inputs or weights rounded through a lower "
         "precision and back, another reduction order): each slot B and it share is judged against a tolerance "
         "measured from their difference instead of its dtype's (see docs/compare.md, 'Tolerances from the run').",

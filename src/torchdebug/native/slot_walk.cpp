@@ -418,7 +418,7 @@ const char* td_walk_arg(void* walk, int index, int* io) {
 int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* const* columns, int64_t* taken_count) {
   try {
     auto& state = *static_cast<Walk*>(walk);
-    auto slots = counts[1], kept_count = counts[2], freed_count = counts[3], first_row = counts[4];
+    auto rows = counts[0], slots = counts[1], kept_count = counts[2], freed_count = counts[3], first_row = counts[4];
     bool want_inputs = options[0] & 1, want_outputs = options[0] & 2, statistics = options[1] != 0;
     auto row_op = column<int32_t>(columns, 0);
     auto row_backward = column<int8_t>(columns, 1);
@@ -453,7 +453,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     ++state.drains;
     std::vector<int8_t> kept(static_cast<size_t>(slots), 0);
     for (int64_t entry = 0; entry < kept_count; ++entry) {
-      if (kept_slot[entry] >= 0) kept[static_cast<size_t>(kept_slot[entry])] = 1;
+      if (kept_slot[entry] >= 0 && kept_slot[entry] < slots) kept[static_cast<size_t>(kept_slot[entry])] = 1;
     }
     int64_t recorded = 0, taken_entries = 0, empty = kNone;
     int64_t last_row = -1, dims = 0;
@@ -482,7 +482,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         arguments.clear();
         auto index = row - first_row;
         op = nullptr;
-        if (row_recorded[index]) {
+        if (index >= 0 && index < rows && row_recorded[index]) {  // (outputs of a row drained before: not recorded)
           auto found = state.ops.find(row_op[index]);
           if (found == state.ops.end()) return -1;  // facts not given: the caller's error
           op = &found->second;

@@ -234,3 +234,22 @@ def test_a_tensor_freed_and_its_address_taken_again_gets_a_new_value_id(observer
         ids.append({record.value_id for record in records if record.op == "aten.neg.default" and record.io == "input"})
         del made
     assert len(ids[0] | ids[1] | ids[2]) == 3
+
+
+def test_the_walks_memory_stays_that_of_the_live_tensors_step_after_step(observer: NativeObserver) -> None:
+    """A training loop holds as many addresses and unwritten storages at its ninth step as at its
+    third (freed tensors are forgotten), and a step's memories no more than its records."""
+    from tests.capture.native_compare import gpt_training
+
+    model, step = gpt_training()
+    capture = NativeStepCapture(observer, model)
+    held, records = [], []
+    for _ in range(9):
+        capture.start()
+        step()
+        capture.stop()
+        records.append(len(capture.records()))
+        held.append(capture._slot_walk.entries())  # noqa: SLF001
+        capture.next_step()
+    assert (held[2]["addresses"], held[2]["unwritten"]) == (held[8]["addresses"], held[8]["unwritten"])
+    assert all(0 < entries["made_in"] < count for entries, count in zip(held, records))

@@ -139,6 +139,13 @@ class SlotWalk:
             self.whys.append(why)
         return self.whys.index(why)
 
+    def entries(self) -> dict[str, int]:
+        """What the walk holds: the addresses it knows (live tensors, and those freed since the last
+        drain), the memories values were made in and the statistics seen this step, the unwritten storages."""
+        counts = (ctypes.c_int64 * 4)()
+        self._lib.td_walk_entries(self._handle, counts)
+        return dict(zip(("addresses", "made_in", "seen", "unwritten"), counts))
+
     def name_rows(self, ops: ObservedOps, stacks: np.ndarray, parameter_contexts: np.ndarray) -> RowCalls:
         """The calls of the rows of ``ops`` (every op told with :meth:`add_op`): phases from the
         backward marks and module contexts (``-2``: an optimizer step), a backward row's module that
@@ -199,4 +206,5 @@ def load_slot_walk() -> ctypes.CDLL | None:
     library.td_walk.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     library.td_walk.restype = ctypes.c_int64
     library.td_walk_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    library.td_walk_entries.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return library

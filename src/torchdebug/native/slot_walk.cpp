@@ -395,6 +395,16 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
   }
 }
 
+// What the walk holds now (its memory): counts[0..3] the addresses it knows, the memories values
+// were made in this step, the statistics seen this step, the unwritten storages.
+void td_walk_entries(void* walk, int64_t* counts) {
+  auto& state = *static_cast<Walk*>(walk);
+  counts[0] = static_cast<int64_t>(state.at.size());
+  counts[1] = static_cast<int64_t>(state.made_in.size());
+  counts[2] = static_cast<int64_t>(state.seen.size());
+  counts[3] = static_cast<int64_t>(state.unwritten.size());
+}
+
 // The args interned so far: their number; td_walk_arg(i) the i-th, and on which side (0 input).
 int td_walk_args(void* walk) { return static_cast<int>(static_cast<Walk*>(walk)->args.size()); }
 

@@ -22,7 +22,7 @@ DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 
 # names the docs quote as former spellings, removed: each must stay gone (or leave this list)
 FORMER_NAMES = {"torchdebug.DiagnoseReport", "torchdebug.capture.watcher"}
-FORMER_FLAGS = {"--forward-only", "--mode"}
+FORMER_FLAGS = {"--forward-only", "--mode", "--statistics-only", "--stats-only"}
 # flags of other programs the docs show beside ours, with the program
 OTHER_PROGRAMS_FLAGS = {
     "--nproc-per-node": "torchrun",

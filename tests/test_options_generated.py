@@ -6,6 +6,7 @@ options tables (``tools/options_reference.py``) have a row for every option of e
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import torchdebug
@@ -63,3 +64,19 @@ def test_an_options_table_row_shows_the_choices_and_bounds_the_annotation_declar
     assert "| int ≥ 1048576 | `268435456` |" in rows["tensor_bytes_in_flight"]
     assert "| list of `all`, `forward`, `backward`, `input`, `output` |" in rows["data_mode"]
     assert "0\\|3-5\\|10" in rows["step"]  # a | in a doc does not split the row
+
+
+_TABLE = re.compile(r"<!-- options: (\w+) -->\n((?:\|.*\n?)+)")
+
+
+def test_the_options_tables_in_the_docs_are_what_the_declarations_say():
+    tool = _tool("options_reference")
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    placed = {}
+    for doc in sorted(docs.glob("*.md")):
+        for name, text in _TABLE.findall(doc.read_text()):
+            placed[name] = doc.name
+            assert text.strip() == tool.table(tool.CONFIGS[name]).strip(), (
+                f"{doc.name}: the options table of {name} is stale: paste `python tools/options_reference.py {name}`"
+            )
+    assert placed.get("DebuggerConfig") == "capture.md", placed

@@ -121,7 +121,7 @@ class Flag:
     """Given once per item; each item parses to a mapping, merged into the option's value."""
     old: tuple[str, ...] = ()
     """Former spellings, still read with a ``FutureWarning``: a switch's sets what the new flag sets
-    against the default (``--statistics-only`` is ``--no-tensors``) or, spelled ``--no-...``, the
+    against the default (``--replay`` is ``--rerun``) or, spelled ``--no-...``, the
     default (``--no-replay`` is ``--no-rerun``); another's takes the same value."""
 
 

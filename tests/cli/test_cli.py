@@ -86,12 +86,9 @@ def test_bad_arguments_exit_2():
     assert exit_info.value.code == 2
 
 
-def test_the_old_statistics_only_flags_still_work_and_name_their_new_spelling():
+def test_no_tensors_compares_statistics():
     from torchdebug.cli import build_parser
 
     parser = build_parser()
     assert not parser.parse_args(["compare", "a", "b", "--no-tensors"]).tensors
-    for old in ("--statistics-only", "--stats-only"):
-        with pytest.warns(FutureWarning, match=f"^{old} is deprecated; use --no-tensors$"):
-            assert not parser.parse_args(["compare", "a", "b", old]).tensors
     assert parser.parse_args(["compare", "a", "b"]).tensors

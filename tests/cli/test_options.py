@@ -80,8 +80,8 @@ def test_diagnose_flags_give_the_config_the_python_keywords_give():
 @pytest.mark.parametrize(
     ("argv", "dest", "value", "new"),
     [
-        (["compare", "a", "b", "--statistics-only"], "tensors", False, "--no-tensors"),
-        (["compare", "a", "b", "--stats-only"], "tensors", False, "--no-tensors"),
+        (["compare", "a", "b", "--replay"], "rerun", True, "--rerun"),
+        (["compare", "a", "b", "--no-replay"], "rerun", False, "--no-rerun"),
     ],
 )
 def test_an_old_flag_still_works_and_warns_naming_the_new_one(argv, dest, value, new):
@@ -94,13 +94,13 @@ def test_an_old_flag_is_hidden_from_the_help(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--help"])
     out = capsys.readouterr().out
-    assert "--no-tensors" in out
-    assert "--statistics-only" not in out and "--stats-only" not in out
+    assert "--rerun" in out
+    assert "--replay" not in out and "--no-replay" not in out
 
 
 def test_an_old_flag_on_the_command_line_warns_in_one_line(capsys):
-    assert main(["compare", "no-such-dump-a", "no-such-dump-b", "--stats-only"]) == 2
-    assert capsys.readouterr().err.splitlines()[0] == "torchdebug: warning: --stats-only is deprecated; use --no-tensors"
+    assert main(["compare", "no-such-dump-a", "no-such-dump-b", "--replay"]) == 2
+    assert capsys.readouterr().err.splitlines()[0] == "torchdebug: warning: --replay is deprecated; use --rerun"
 
 
 def test_the_flags_and_names_of_0_1_0_development_are_gone():
@@ -110,6 +110,9 @@ def test_the_flags_and_names_of_0_1_0_development_are_gone():
     for old in ("--forward-only", "--mode"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["diagnose", "s.py:f", old, "x"])
+    for old in ("--statistics-only", "--stats-only"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["compare", "a", "b", old])
     with pytest.raises(ConfigError, match="mode"):
         DiagnoseConfig(mode="reduce-overhead")
     for package in (torchdebug, torchdebug.diagnose):

@@ -90,7 +90,6 @@ _TOLERANCES_DOC = (
 )
 _TOLERANCES_FLAG = Flag(parse=_tolerance_text, word="tolerance", metavar="DTYPE=RTOL[,ATOL]", repeated=True)
 _TENSORS_DOC = "Compare saved tensors where both sides have them (off: statistics only)."
-_TENSORS_FLAG = Flag(old=("--statistics-only", "--stats-only"))
 _THREADS_DOC = (
     "Threads for tensor metrics and hashes per process (default: the process's share of the cores; torch's "
     "intra-op threads are set to 1 meanwhile and restored after)."
@@ -127,7 +126,7 @@ class CompareConfig(Options):
         default=None,
         flag=Flag(metavar="DUMP"),
     )
-    tensors: bool = option(_TENSORS_DOC, default=True, flag=_TENSORS_FLAG)
+    tensors: bool = option(_TENSORS_DOC, default=True)
     threads: Threads = option(_THREADS_DOC, default=None, flag=Flag(metavar="N"))
     workers: Workers = option(_WORKERS_DOC, default=1, flag=Flag(metavar="N"))
     rerun: bool = option(
@@ -155,7 +154,7 @@ class RanksConfig(Options):
         flag=Flag(parse=_ranks_text, metavar="RANKS"),
     )
     tolerances: Tolerances = option(_TOLERANCES_DOC, default={}, flag=_TOLERANCES_FLAG)
-    tensors: bool = option(_TENSORS_DOC, default=True, flag=_TENSORS_FLAG)
+    tensors: bool = option(_TENSORS_DOC, default=True)
     threads: Threads = option(_THREADS_DOC, default=None, flag=Flag(metavar="N"))
     workers: Workers = option(_WORKERS_DOC, default=1, flag=Flag(metavar="N"))
 

@@ -14,9 +14,10 @@ path of the innermost running module (kept by :class:`~torchdebug.capture.module
 global hooks), ``optimizer`` between an optimizer's step pre- and post-hooks (a closure given to the
 step runs outside it), and a parameter's path while its ``AccumulateGrad`` node runs (a tensor hook
 before it, a post-accumulate-grad hook after it). At conversion, rows take the names eager capture
-gives: phase ``backward`` for rows the engine ran, ``optimizer`` or ``forward`` by context; a
-backward row the module of the forward row that made its autograd node (equal sequence numbers),
-a gradient accumulation the parameter's path; the call index per (phase, module, op) in row order;
+gives (walked in C++, ``native_values.py``, spelled as Arrow columns once per drain): phase
+``backward`` for rows the engine ran, ``optimizer`` or ``forward`` by context; a backward row the
+module of the forward row that made its autograd node (equal sequence numbers), a gradient
+accumulation the parameter's path; the call index per (phase, module, op) in row order;
 slots named from the op's schema as ``iter_slots`` names a dispatch mode's arguments (``input.0``,
 ``input.1.2`` for a list element, ``input.out`` for a keyword-only argument, ``output.0``).
 

@@ -336,7 +336,7 @@ def ranks_config(config: CompareConfig) -> RanksConfig:
     shared, default = {f.name for f in dataclasses.fields(RanksConfig)}, CompareConfig()
     for f in dataclasses.fields(CompareConfig):
         if f.name not in shared and getattr(config, f.name) != getattr(default, f.name):
-            raise ConfigError(f"{f.name}: applies to a comparison with a reference dump B; one dump's ranks are compared bitwise")
+            raise ConfigError(f"{f.name}: applies to a comparison with a reference dump B; leave it out with one dump")
     return RanksConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(CompareConfig) if f.name in shared})
 
 

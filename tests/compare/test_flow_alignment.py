@@ -239,3 +239,16 @@ def test_a_hand_written_layer_norm_s_whole_gradient_is_paired_with_the_kernel_s_
     assert kernel_sum.a is not None and kernel_sum.a.name != first_sum
     result = torchdebug.compare(tmp_path / "a", tmp_path / "b")
     assert result.first_divergence is None and result.counts()["error"] == 0
+
+
+def test_a_view_that_only_passes_a_value_on_is_one_sided_and_its_reader_pairs_with_the_reshaping_view(tmp_path):
+    def program(wrapped: bool) -> None:
+        h = torch.linspace(-1, 1, 4).exp()
+        if wrapped:  # DTensor.from_local's view of a local tensor: the shape kept, named like the view after it
+            h = h.view(4)
+        h.view(2, 2).neg()
+
+    found = _partners(_records(tmp_path / "a", lambda: program(True)), _records(tmp_path / "b", lambda: program(False)))
+    assert found["forward/-/aten.view.default#0"] == (None, "only_a")
+    assert found["forward/-/aten.view.default#1"] == ("forward/-/aten.view.default#0", "aligned")
+    assert found["forward/-/aten.neg.default#0"] == ("forward/-/aten.neg.default#0", "exact")

@@ -1,7 +1,7 @@
 """Inside a tensor-parallel region, against one process: the local tensors between DTensor ops are
 read as pieces of the whole through views and transposes (a projection's columns seen as local
-heads), so a bug there is found where it is; ``DTensor.from_local``'s own view and a
-vocabulary-sharded embedding's unmasked lookups are not taken for values of the single process."""
+heads), so a bug there is found where it is; a vocabulary-sharded embedding's unmasked lookups are
+not taken for values of the single process (``DTensor.from_local``'s own view: test_flow_alignment)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch import nn
 import torchdebug
 from tests import gloo
 from torchdebug.compare import compare
-from torchdebug.compare._shard_slots import from_local_views, unreduced_summands
+from torchdebug.compare._shard_slots import unreduced_summands
 from torchdebug.compare._shards import ShardedRank, layouts
 from torchdebug.records import Record, make_name
 from torchdebug.store import _reader as reader
@@ -86,17 +86,6 @@ def test_views_of_one_saved_tensor_keep_each_its_own_layout():
     columns = _slot(2, "aten.relu.default", "input", "0", [8, 6, 8], _STATS, **saved)
     found = layouts([made, *heads, columns])
     assert found[id(heads[1])].shape == (8, 6, 2, 8) and found[id(columns)].shape == (8, 6, 16)
-
-
-def test_dtensor_from_local_views_are_named_as_that_op_and_a_users_own_view_is_not():
-    local = [_slot(0, "aten.view.default", io, "0", [4, 8], _STATS) for io in ("input", "output")]
-    wrapped = _slot(
-        1, "aten.mm.default", "input", "0", [4, 16], _STATS, extra={**_DTENSOR, "placements": ["S(1)"], "local_shape": [4, 8]}
-    )
-    users = [_slot(2, "aten.view.default", io, "0", [4, 8], {**_STATS, "mean": 0.5}) for io in ("input", "output")]
-    after = _slot(3, "aten.relu.default", "input", "0", [4, 8], {**_STATS, "mean": 0.5})
-    records = [*local, wrapped, *users, after]
-    assert from_local_views(records) == local
 
 
 def test_a_vocabulary_sharded_embeddings_unmasked_lookups_cannot_be_compared():

@@ -140,9 +140,9 @@ class _Walk:
         """B's unpaired call of A's (renamed) name in its step, unless its inputs come from producers
         paired with other calls or it reads a value A makes later (:meth:`reads_later`)."""
         other = self.calls_b.get((call.first.step, name))
-        if other is None or self.links.check(call, other) is True or self.reads_later(other, inputs):
+        if other is None or one_is_a_no_op(call, other) or self.links.check(call, other) is True:
             return None
-        return other
+        return None if self.reads_later(other, inputs) else other
 
     def reads_later(self, other: _FlowCall, inputs: list[tuple[str, tuple]]) -> bool:
         """Whether B's call reads, where A's call reads a value of known twin, a value whose maker's
@@ -282,10 +282,38 @@ RULES = (by_data_flow, module_by_name, by_name_at_an_anchor, by_provenance, by_v
 """The walk's rules, in the order each call of A tries them; the first that names a call of B pairs it."""
 
 
+def _global_shapes(call: _FlowCall) -> tuple:
+    """The shapes of a call's tensor slots as the whole tensors have them (a DTensor's global shape)."""
+    return tuple(tuple(record.shape or ()) for record in call.records if record.kind == "tensor")
+
+
+_NO_OP_VIEWS = frozenset(("aten.view.default", "aten._unsafe_view.default", "aten.alias.default", "aten.detach.default"))
+"""Ops that make a view or alias of their input: with the input's shape, they hold its value as it is."""
+
+
+def _no_op(call: _FlowCall) -> bool:
+    """Whether a call is a view of its input with the input's shape (:data:`_NO_OP_VIEWS`)."""
+    if call.first.op not in _NO_OP_VIEWS:
+        return False
+    shapes = {tuple(record.shape or ()) for record in call.records if record.kind == "tensor"}
+    return len(shapes) == 1
+
+
+def one_is_a_no_op(call_a: _FlowCall, call_b: _FlowCall) -> bool:
+    """The rule for a view that only one side takes of a value, with its shape (``DTensor.from_local``'s
+    ``view`` of a local tensor, named like the layer's own reshaping ``view`` that one process runs
+    alone): two calls of other global shapes of which one is such a no-op (:func:`_no_op`) and the
+    other is not are never paired. The no-op is one-sided and its readers are paired through it (the
+    value graph names the value's maker as their producer)."""
+    return _no_op(call_a) != _no_op(call_b) and _global_shapes(call_a) != _global_shapes(call_b)
+
+
 def _chosen(call: _FlowCall, name: str, candidates: list[_FlowCall], taken: set[int]) -> _FlowCall | None:
     """Of B's calls with the data flow of ``call``, the namesake, else the first of its shapes, else the
-    first holding its values (``None``: none of them agrees on more than the flow)."""
-    free = candidates[:] = [other for other in candidates if id(other) not in taken]  # each taken call skipped once
+    first holding its values (``None``: none of them agrees on more than the flow); never one that
+    :func:`one_is_a_no_op` tells apart."""
+    candidates[:] = [other for other in candidates if id(other) not in taken]  # each taken call skipped once
+    free = [other for other in candidates if not one_is_a_no_op(call, other)]
     if not free:
         return None
     step = call.first.step

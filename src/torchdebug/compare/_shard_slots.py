@@ -3,9 +3,6 @@
 :class:`~torchdebug.compare._shards.ShardedRank` merges the pieces of split values; these slots
 are read otherwise, each saying why:
 
-* the plain ``view`` that ``DTensor.from_local`` makes of a local tensor is read as that op
-  (:data:`FROM_LOCAL`): bookkeeping of the sharded run, like its collectives, which a single
-  process has none of (:func:`from_local_views`);
 * a vocabulary-sharded embedding's local ids, its lookups before the ids outside the shard are
   zeroed (a DTensor's ``MaskPartial`` output) and the masked gradient its backward reads hold this
   rank's part of another value: ``incomparable`` (:func:`vocabulary_slots`);
@@ -22,14 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from torchdebug.compare._value_graph import identity
-from torchdebug.records import COLLECTIVES, Record, make_name
+from torchdebug.records import COLLECTIVES, Record
 
 __all__ = [
     "Layout",
     "EMBEDDINGS",
-    "FROM_LOCAL",
-    "from_local",
-    "from_local_views",
     "summand",
     "unmerged",
     "unreduced_summands",
@@ -166,53 +160,6 @@ def _combined_unreduced(value: tuple | None, following: Sequence[list[Record]]) 
 def unmerged(record: Record, why: str) -> Record:
     """``record`` marked as a piece that cannot be merged (:func:`~torchdebug.compare._shards.one_shard` says why)."""
     return dataclasses.replace(record, extra={**record.extra, "one_shard": why})
-
-
-FROM_LOCAL = "DTensor.from_local"
-"""The op a sharded run's ``DTensor.from_local`` view is read as against another world size."""
-
-
-_REDISTRIBUTION = 3
-"""How many plain calls may pass a ``from_local`` view's value on to the DTensor op that reads it
-(a replicated gradient split to this rank's shard: ``split``, ``clone``)."""
-
-
-def _wrapped(value: tuple | None, following: Sequence[list[Record]]) -> bool:
-    """Whether a DTensor op among ``following`` reads ``value`` as its local tensor, directly or
-    through the plain calls before it (:data:`_REDISTRIBUTION` at most) that read it."""
-    held = {value}
-    for call in following[: _REDISTRIBUTION + 1]:
-        inputs = [r for r in call if r.kind == "tensor" and r.io == "input"]
-        if call[0].extra.get("subclass"):
-            return any(identity(r, r.extra.get("local_shape")) in held for r in inputs)
-        if not any(identity(r) in held for r in inputs):
-            return False
-        held.update(identity(r) for r in call if r.kind == "tensor" and r.io in _OUTPUTS)
-    return False
-
-
-def from_local_views(records: Sequence[Record]) -> list[Record]:
-    """The records of the plain ``view`` calls that ``DTensor.from_local`` makes of a local tensor
-    (its shape kept), whose value a DTensor op then reads as its local tensor: bookkeeping of the
-    sharded run, like its collectives, which a single process has none of (named as the layer's
-    own ``view``, they would be paired with the single process's reshaping one)."""
-    calls = _calls(records)
-    found: list[Record] = []
-    for index, call in enumerate(calls):
-        if call[0].op != "aten.view.default" or call[0].extra.get("subclass"):
-            continue
-        tensors = [r for r in call if r.kind == "tensor"]
-        output = next((r for r in tensors if r.io == "output"), None)
-        kept = output is not None and all(r.shape == output.shape for r in tensors)
-        if kept and _wrapped(identity(output), calls[index + 1 :]):  # type: ignore[union-attr]
-            found.extend(call)
-    return found
-
-
-def from_local(record: Record) -> Record:
-    """``record`` of a ``DTensor.from_local`` view, named as that op (:data:`FROM_LOCAL`)."""
-    name = make_name(record.phase, record.module, FROM_LOCAL, record.call, record.io, record.arg)
-    return dataclasses.replace(record, name=name, op=FROM_LOCAL)
 
 
 def summand(record: Record, reader_name: str) -> Record:

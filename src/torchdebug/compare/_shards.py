@@ -30,8 +30,8 @@ twin in the other run is world-size times as large along one dimension are the r
 
 Some slots hold no piece of a whole value (:mod:`torchdebug.compare._shard_slots`): a
 vocabulary-sharded embedding's local ids and unmasked lookups cannot be compared
-(:func:`one_shard` says why), and the plain ``view`` that ``DTensor.from_local`` makes is read as
-that op.
+(:func:`one_shard` says why). The plain ``view`` that ``DTensor.from_local`` makes passes its value
+on: the alignment leaves it one-sided (``_flow_alignment.one_is_a_no_op``).
 
 Each pass is linear: one over the compared rank's records, then one over each other rank's, read
 one at a time and not kept. A slot whose pieces are not all in the dump (a rank folder alone, a rank
@@ -52,8 +52,6 @@ from torchdebug.compare._comparable import parameter_values
 from torchdebug.compare._shard_slots import (
     EMBEDDINGS,
     Layout,
-    from_local,
-    from_local_views,
     summand,
     unmerged,
     unreduced_summands,
@@ -431,7 +429,6 @@ class ShardedRank:
             merged.update((id(record), summand(record, unreduced[id(record)])) for record in own if id(record) in unreduced)
             vocabulary = vocabulary_slots(own, found)
             merged.update((id(record), unmerged(record, vocabulary[id(record)])) for record in own if id(record) in vocabulary)
-            merged.update((id(record), from_local(merged.get(id(record), record))) for record in from_local_views(own))
             self._records = [merged.get(id(record), record) for record in own] if merged else own
         return self._records
 

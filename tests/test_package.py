@@ -273,8 +273,6 @@ _WAITING = {
     ("compile/_config.py", "torchdebug.graph_dump._settings.DumpStage"): "(the line above)",
     ("compile/_config.py", "torchdebug.graph_dump._settings.Task"): "(the line above)",
     # --ranks: compare() takes it once CompareConfig has a ranks field (see docs/api.md)
-    ("cli/compare.py", "torchdebug.compare._across_ranks.ranks_in_process"): "compare(DUMP, config=CompareConfig(...))",
-    ("cli/compare.py", "torchdebug.compare._distributed.ranks_in_group"): "(the line above)",
 }
 
 

@@ -54,6 +54,7 @@ def compare(
     tensors: bool = ...,
     threads: Threads = ...,
     workers: Workers = ...,
+    ranks: Collection[int | str] | str | int | None = ...,
     rerun: bool = ...,
 ) -> CompareResult | None: ...
 def diagnose(

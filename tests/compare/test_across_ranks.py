@@ -78,9 +78,20 @@ def test_statistics_only_dumps_find_the_same_divergence(replicas):
 
 
 def test_with_two_ranks_the_lower_rank_is_the_reference(replicas):
-    result = ranks_in_process(replicas["perturbed"], RanksConfig(ranks=[0, PERTURBED_RANK]))
+    result = compare(replicas["perturbed"], ranks=[0, PERTURBED_RANK])
     assert result.first_divergence.rank == PERTURBED_RANK
-    assert not ranks_in_process(replicas["perturbed"], RanksConfig(ranks=[0, 2])).diverged
+    assert not compare(replicas["perturbed"], ranks="0|2").diverged
+
+
+def test_ranks_are_refused_with_two_dumps(replicas):
+    with pytest.raises(ValueError, match=r"^ranks: chooses the ranks of one dump"):
+        compare(replicas["healthy"], replicas["perturbed"], ranks=[0, 1])
+
+
+def test_cli_ranks_choose_the_ranks_compared(replicas, capsys):
+    assert main(["compare", "--across-ranks", str(replicas["perturbed"]), "--ranks", "0,2"]) == 0
+    assert main(["compare", "--across-ranks", str(replicas["perturbed"]), "--ranks", f"0,{PERTURBED_RANK}"]) == 1
+    capsys.readouterr()
 
 
 def test_a_tolerance_wider_than_the_perturbation_lets_the_ranks_agree(replicas):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 from torchdebug.errors import ConfigError
 from torchdebug.options import Options, OptionSpec, specs
@@ -87,13 +87,11 @@ def number(minimum: float, *, inclusive: bool = True) -> Callable[[str], float]:
     return check
 
 
-def add_options(parser: argparse.ArgumentParser, kind: type[Options], only: Collection[str] | None = None) -> None:
-    """A flag for each option of ``kind`` (or those named in ``only``: another kind added the rest),
-    generated from its declaration (see :class:`~torchdebug.options.Flag`): the value lands in
-    ``args.<option>``, already checked as the config checks it."""
+def add_options(parser: argparse.ArgumentParser, kind: type[Options]) -> None:
+    """A flag for each option of ``kind``, generated from its declaration (see
+    :class:`~torchdebug.options.Flag`): the value lands in ``args.<option>``, already checked as the
+    config checks it."""
     for spec in specs(kind):
-        if only is not None and spec.name not in only:
-            continue
         flag, default = spec.flag, spec.default
         long = f"--{(flag.word or spec.name).replace('_', '-')}"
         names = [*([flag.short] if flag.short else []), long]

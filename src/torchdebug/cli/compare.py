@@ -24,7 +24,7 @@ import argparse
 
 from torchdebug.cli import RawDescriptionHelpFormatter
 from torchdebug.cli.arguments import add_options, options_of
-from torchdebug.compare import CompareConfig, RanksConfig
+from torchdebug.compare import CompareConfig
 
 TYPE_CHECKING = False  # typing's, without importing typing on the help path (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format", type=_formats, default=list(_FORMATS), help="reports to write with -o (default: csv,json,html)"
     )
-    add_options(parser, CompareConfig)  # --tolerance, --mapping, --growth, --tensors, ... (one per option)
-    add_options(parser, RanksConfig, only=("ranks",))  # the others are CompareConfig's too
+    add_options(parser, CompareConfig)  # --tolerance, --mapping, --growth, --tensors, --ranks, ... (one per option)
     parser.set_defaults(func=run)
 
 
@@ -68,9 +67,10 @@ def _torchrun(args: argparse.Namespace) -> bool:
 
 
 def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
-    from torchdebug.compare import process_group_from_env
-    from torchdebug.compare._across_ranks import ranks_in_process  # until CompareConfig has ranks (see tests/test_package.py)
-    from torchdebug.compare._distributed import ranks_in_group
+    from dataclasses import replace
+
+    from torchdebug.compare import compare, process_group_from_env
+    from torchdebug.dist import rank_and_world_size
 
     if args.a is not None:
         raise ValueError("--across-ranks takes one dump: give it as --across-ranks DUMP, without A B")
@@ -80,11 +80,11 @@ def _across_ranks(args: argparse.Namespace) -> CompareResult | None:
         raise ValueError("--rerun applies to A B only: --across-ranks checks that replicas agree bitwise")
     if args.noise is not None:
         raise ValueError("--noise applies to A B only: --across-ranks checks that replicas agree bitwise")
-    config = RanksConfig(**options_of(args, RanksConfig))
+    config = CompareConfig(**options_of(args, CompareConfig))
     if not _torchrun(args):
-        return ranks_in_process(args.across_ranks, config)
-    with process_group_from_env():
-        return ranks_in_group(args.across_ranks, config)
+        return compare(args.across_ranks, config=config)
+    with process_group_from_env():  # its processes are the workers
+        return compare(args.across_ranks, config=replace(config, workers=rank_and_world_size()[1]))
 
 
 def _pair(args: argparse.Namespace) -> CompareResult | None:

@@ -97,6 +97,13 @@ _THREADS_DOC = (
 _WORKERS_DOC = "Processes to split the work over on this machine (by rank, then by tensor file; not under torchrun)."
 
 
+_RANKS_DOC = (
+    "With one dump (compare(dump), --across-ranks): the ranks of one data-parallel group, [0, 2, 4] or '0-3', "
+    "on the command line 0,2,4 or 0-3 (default: every rank of the run)."
+)
+_RANKS_FLAG = Flag(parse=_ranks_text, metavar="RANKS")
+
+
 @configclass
 class CompareConfig(Options):
     """Options of :func:`torchdebug.compare` and ``torchdebug compare``."""
@@ -129,6 +136,7 @@ class CompareConfig(Options):
     tensors: bool = option(_TENSORS_DOC, default=True)
     threads: Threads = option(_THREADS_DOC, default=None, flag=Flag(metavar="N"))
     workers: Workers = option(_WORKERS_DOC, default=1, flag=Flag(metavar="N"))
+    ranks: Indices = option(_RANKS_DOC, default=None, flag=_RANKS_FLAG)
     rerun: bool = option(
         "Run every op call with an output beyond tolerance again in float64 on each side's own saved inputs, "
         "and blame a call far from its rerun even when its inputs carry inherited error (task='tensor' dumps; "
@@ -145,14 +153,10 @@ class CompareConfig(Options):
 
 @configclass
 class RanksConfig(Options):
-    """Options of :func:`torchdebug.compare.compare_ranks` and ``torchdebug compare --across-ranks``."""
+    """Options of one dump's ranks compared with each other, as ``compare(dump)`` reads them from a
+    :class:`CompareConfig` (and the deprecated ``compare_ranks`` takes them, for one release)."""
 
-    ranks: Indices = option(
-        "With --across-ranks: the ranks of one data-parallel group, [0, 2, 4] or '0-3', on the command line "
-        "0,2,4 or 0-3 (default: every rank of the run).",
-        default=None,
-        flag=Flag(parse=_ranks_text, metavar="RANKS"),
-    )
+    ranks: Indices = option(_RANKS_DOC, default=None, flag=_RANKS_FLAG)
     tolerances: Tolerances = option(_TOLERANCES_DOC, default={}, flag=_TOLERANCES_FLAG)
     tensors: bool = option(_TENSORS_DOC, default=True)
     threads: Threads = option(_THREADS_DOC, default=None, flag=Flag(metavar="N"))

@@ -26,6 +26,7 @@ from torchdebug.compare._steps import (
     rank_notes,
 )
 from torchdebug.dist import dist_initialized, rank_and_world_size
+from torchdebug.errors import ConfigError
 from torchdebug.gc_paused import paused_gc
 from torchdebug.options import accepts
 from torchdebug.store import Run
@@ -69,6 +70,10 @@ def compare(a: str | Path | Run, b: str | Path | Run | None = None, *, config: C
     group = _in_group(config.workers)
     if b is None:
         return _ranks(a, config, group)
+    if config.ranks is not None:
+        raise ConfigError(
+            "ranks: chooses the ranks of one dump compared with each other (compare(dump)); leave it out with two dumps"
+        )
     if group or config.workers > 1:
         # imported here: the spread run's modules (torch.distributed, the cross-rank digests) are
         # not an in-process compare's, and one of them builds an Arrow array when imported, which

@@ -3,8 +3,8 @@
 For each dumped value the graph computes only the accumulators of the statistics schema
 (``torchdebug.graph_dump._plan.ACCUMULATORS``), each a 0-d tensor that inductor reads the value once
 for, in the loop that computes it; mean, norm and "no value" are worked out on the host
-(``stats_from_sums``). Which values and why: docs/graph_dump.md, "How values leave the compiled
-graph"; each accumulator's form: :func:`_floating`.
+(``stats_from_sums``). Which values and why: docs/architecture.md, "The graph dump"; each
+accumulator's form: :func:`_floating`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 what is dumped and returns a :class:`Plan`, the capture registers the plan's run-time half and hands
 back the sink key, and :func:`instrument` inserts the nodes (its docstring says what the graph holds
 after). Nothing existing in the graph is changed. Where the pass runs and what the graph hands over:
-docs/graph_dump.md, "How values leave the compiled graph".
+docs/architecture.md, "The graph dump".
 """
 
 from __future__ import annotations

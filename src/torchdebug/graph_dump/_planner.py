@@ -5,8 +5,8 @@ Reads ``node.meta``: ``val`` (dtype, shape, device), ``nn_module_stack`` / ``fwd
 marks); changes nothing. It names and counts every op node as eager capture names its call, and says
 which values get statistics in the graph and which on the host, which tensors and symbolic sizes are
 handed over, and the points the scene asks for; the instrumenter (``_instrument.py``) inserts them.
-Where each value's statistics are taken, and why: docs/graph_dump.md, "How values leave the compiled
-graph" and "Dynamic shapes".
+Where each value's statistics are taken, and why: docs/architecture.md, "The graph dump"; what a
+user sees: docs/graph_dump.md, "How values leave the compiled graph" and "Dynamic shapes".
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ _STORED_AROUND = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.co
 
 def _host_stats(value: torch.Tensor) -> bool:
     """Whether the host can take this value's statistics: a CPU value, with the native kernel built
-    (which values it takes: docs/graph_dump.md, "How values leave the compiled graph")."""
+    (which values it takes: docs/architecture.md, "The graph dump")."""
     return value.device.type == "cpu" and fused_stats.available()
 
 

@@ -5,7 +5,7 @@
 ``torchdebug::dump_point`` (tensors at one point of the graph). Compiled code holds only the integer
 key of a sink registered here (:func:`register_sink`), so code from inductor's FX graph cache reports
 to the sink this process registered. What the graph hands over, and why the ops are side-effectful
-and ``cudagraph_unsafe``: docs/graph_dump.md, "How values leave the compiled graph".
+and ``cudagraph_unsafe``: docs/architecture.md, "The graph dump".
 """
 
 from __future__ import annotations

@@ -105,9 +105,23 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _lazy_exports(init: Path) -> dict[str, str]:
+    """``name -> module`` of a package that loads its names lazily (its ``_EXPORTS`` literal)."""
+    for node in ast.parse(init.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in targets) and isinstance(node.value, ast.Dict):
+            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values) if isinstance(k, ast.Constant)}
+    return {}
+
+
+_LAZY = {_module_name(init): _lazy_exports(init) for init in PACKAGE.rglob("__init__.py")}
+"""What each lazily exporting package's names load: importing one loads its module, not the package's others."""
+
+
 def _imported_modules(path: Path, modules: set[str]) -> set[str]:
     """The torchdebug modules ``path`` imports outside function bodies (at module level and under
-    ``TYPE_CHECKING``): a name imported from a package counts as its module when it is one."""
+    ``TYPE_CHECKING``): a name imported from a package counts as its module when it is one, and as
+    the module it loads when the package exports it lazily."""
     name, found = _module_name(path), set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
@@ -121,7 +135,8 @@ def _imported_modules(path: Path, modules: set[str]) -> set[str]:
                     up = package.split(".")[: len(package.split(".")) - (child.level - 1)]
                     base = ".".join([*up, *([child.module] if child.module else [])])
                 for alias in child.names:
-                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+                    dotted = f"{base}.{alias.name}"
+                    found.add(dotted if dotted in modules else _LAZY.get(base, {}).get(alias.name, base))
             elif isinstance(child, ast.Import):
                 found.update(alias.name for alias in child.names)
             visit(child)
@@ -242,20 +257,6 @@ def _reaches(path: Path) -> list[tuple[str, str]]:
 # Imports in files other agents are editing now (issue 50): each waits for its replacement (the line
 # on the right), then leaves this list; an entry whose import is gone fails the test below.
 _WAITING = {
-    ("capture/native_records.py", "torchdebug.stats._schema.empty_stats"): "from torchdebug.stats import empty_stats",
-    ("capture/native_records.py", "torchdebug.store._record_columns.records_from_table"): (
-        "from torchdebug.store import SlotColumns, records_from_table, unread_text"
-    ),
-    ("capture/native_records.py", "torchdebug.store._slot_columns.SlotColumns"): "(the line above)",
-    ("capture/native_records.py", "torchdebug.store._slot_columns.unread_text"): "(the line above)",
-    ("native/fused_stats.py", "torchdebug.stats._schema.COLUMNS"): "from torchdebug.stats import COLUMNS, WIDTH",
-    ("native/fused_stats.py", "torchdebug.stats._schema.WIDTH"): "(the line above)",
-    ("native/observer.py", "torchdebug.stats._schema.COLUMNS"): "from torchdebug.stats import COLUMNS, WIDTH",
-    ("native/observer.py", "torchdebug.stats._schema.WIDTH"): "(the line above)",
-    ("native/triton_stats.py", "torchdebug.stats._schema"): "from torchdebug import stats as schema",
-    ("store/_slot_columns.py", "torchdebug.stats._schema.COLUMNS"): "from torchdebug.stats import COLUMNS, FIRST_COUNT, WIDTH",
-    ("store/_slot_columns.py", "torchdebug.stats._schema.FIRST_COUNT"): "(the line above)",
-    ("store/_slot_columns.py", "torchdebug.stats._schema.WIDTH"): "(the line above)",
     ("compare/_shards.py", "torchdebug.stats._schema.COUNT_KEYS"): "from torchdebug.stats import COUNT_KEYS",
     ("compare/_shards.py", "torchdebug.store._reader"): "from torchdebug.store import RankRecords, Run (reader.X -> X)",
     ("compare/_steps.py", "torchdebug.store._msprobe"): (
@@ -265,14 +266,6 @@ _WAITING = {
     ("compare/_steps.py", "torchdebug.store._reader"): "(the line above)",
     ("compare/_steps.py", "torchdebug.store._reader.RankRecords"): "(the line above)",
     ("compare/_steps.py", "torchdebug.store._shared_keys.shared_keys_dict"): "(the line above)",
-    ("compile/_config.py", "torchdebug.graph_dump._settings"): (
-        "from torchdebug.graph_dump import DataMode, DumpSettings, DumpStage, Task, read_scene_file, resolve "
-        "(dump_settings.X -> X)"
-    ),
-    ("compile/_config.py", "torchdebug.graph_dump._settings.DataMode"): "(the line above)",
-    ("compile/_config.py", "torchdebug.graph_dump._settings.DumpStage"): "(the line above)",
-    ("compile/_config.py", "torchdebug.graph_dump._settings.Task"): "(the line above)",
-    # --ranks: compare() takes it once CompareConfig has a ranks field (see docs/api.md)
 }
 
 

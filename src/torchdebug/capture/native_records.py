@@ -46,6 +46,7 @@ changes (``docs/architecture.md``: the native path).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -65,9 +66,8 @@ from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, Record
 from torchdebug.slots import dtype_name
-from torchdebug.stats._schema import empty_stats
-from torchdebug.store._record_columns import records_from_table
-from torchdebug.store._slot_columns import SlotColumns, unread_text
+from torchdebug.stats import empty_stats
+from torchdebug.store import SlotColumns, records_from_table, unread_text
 
 __all__ = ["NativeStepCapture", "OpSlotNames", "RowNames", "op_overload"]
 
@@ -82,8 +82,13 @@ _ERRORS = {
     CHANGED: "not read by the native path: freed before the next op, or changed in place before the flush "
     "(TORCHDEBUG_NATIVE=0 reads it at the op)",
 }
-_ERROR_TEXTS = pa.array([_ERRORS.get(code) for code in range(max(_ERRORS) + 1)], pa.string())
-"""``capture_error`` by the walk's code (``WalkedSlots.errors``)."""
+
+
+@functools.cache
+def _error_texts() -> pa.Array:
+    """``capture_error`` by the walk's code (``WalkedSlots.errors``); made on first use, as an Arrow
+    array made at import would load pandas into ``import torchdebug.monitor`` (pyarrow's shim)."""
+    return pa.array([_ERRORS.get(code) for code in range(max(_ERRORS) + 1)], pa.string())
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +398,7 @@ class NativeStepCapture:
             walked.stats,
             taken,
             walked.errors,
-            _ERROR_TEXTS,
+            _error_texts(),
             walked.unread,
             self._texts([None if why is None else unread_text(why) for why in walk.whys], "whys"),
         )

@@ -18,8 +18,7 @@ from typing import Annotated, Any, Literal
 
 from torchdebug.config import CompileMode
 from torchdebug.errors import ConfigError
-from torchdebug.graph_dump import _settings as dump_settings
-from torchdebug.graph_dump._settings import DataMode, DumpStage, Task
+from torchdebug.graph_dump import DataMode, DumpSettings, DumpStage, Task, read_scene_file, resolve
 from torchdebug.options import Check, Folder, Indices, Options, Text, configclass, option
 
 GraphPass = Callable[..., Any]
@@ -62,7 +61,7 @@ def _scene_file(key: str, value: Any) -> str | None:
         return None
     if not isinstance(value, (str, Path)) or not str(value):
         raise ConfigError(f"{key}: got {value!r}, expected the path of a JSON dump config file or None")
-    dump_settings.read_scene_file(str(value))
+    read_scene_file(str(value))
     return str(value)
 
 
@@ -104,11 +103,11 @@ class DumpConfig(Options):
             _writable_folder(self._key("dump_path"), self.dump_path)
         self.settings()  # the scene file and the options must make one dump
 
-    def settings(self) -> dump_settings.DumpSettings:
+    def settings(self) -> DumpSettings:
         """The resolved dump: the scene file merged under the options set on this object."""
-        file = dump_settings.read_scene_file(self.dump_config_path) if self.dump_config_path else None
+        file = read_scene_file(self.dump_config_path) if self.dump_config_path else None
         values = {name: getattr(self, name) for name in ("task", "data_mode", "dump_path", "step", "nodes", "dump_stage")}
-        return dump_settings.resolve(file, values, self.assigned, prefix=self._key(""))
+        return resolve(file, values, self.assigned, prefix=self._key(""))
 
 
 @configclass

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from torchdebug.native.build import load_library
-from torchdebug.stats._schema import COLUMNS, WIDTH
+from torchdebug.stats import COLUMNS, WIDTH
 
 Kernel = Callable[..., int]
 

@@ -39,7 +39,7 @@ from itertools import accumulate
 import torch
 
 from torchdebug.native.build import load_library, load_torch_library
-from torchdebug.stats._schema import COLUMNS, WIDTH
+from torchdebug.stats import COLUMNS, WIDTH
 
 EMPTY, EMPTY_WITH_VALUES, RECORD = 0, 1, 2
 """Observer levels: callbacks that return at once, the same asking the dispatcher for inputs and

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchdebug.stats import _schema as schema
+from torchdebug import stats as schema
 
 COLUMNS = ("min", "max", "sum", "squares", "nan", "posinf", "neginf", "zeros")
 """The columns the kernel writes, in order: :func:`_share_sums` returns them (and the fingerprint's

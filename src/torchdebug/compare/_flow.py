@@ -164,7 +164,7 @@ class Flow:
                 origin = source.name
             if origin is not None:
                 return origin, None
-        largest = max(sources, key=lambda source: source.error or 0.0, default=None)
+        largest = max(sources, key=lambda source: source.difference or 0.0, default=None)
         judged = self.carrying.get(largest) if largest is not None else None
         return None, judged.constant if judged is not None else None
 

@@ -175,7 +175,7 @@ def _fill_stats(row: Row, tolerance: Tolerance, shared: _Shared) -> None:
         error = metrics.pop("error", None)
         found = shared[key] = (error, shared_keys_dict(_StatsMetrics, metrics.items()))
     row.tolerance = tolerance.rtol
-    row.error, row.metrics = found
+    row.difference, row.metrics = found
 
 
 def match_rank(
@@ -302,7 +302,7 @@ def apply_metrics(groups: Iterable[list[Row]], results: Iterable[dict[str, float
             continue
         for row in group:
             merged = {**row.metrics, **metrics}  # a new dict: rows share their statistics metrics
-            row.error = merged.pop("error", row.error)
+            row.difference = merged.pop("error", row.difference)
             row.metrics = merged
 
 
@@ -335,7 +335,9 @@ def rerun_rows(
     """Rerun, on each side, every call with an output row beyond tolerance, and write the own
     and kernel errors of its output rows into their metrics (:data:`~torchdebug.compare._metrics.RERUN_METRICS`)."""
     outputs = [row for row in rows if row.io == "output" and row.kind == "tensor" and row.matched]
-    diverging = [row for row in outputs if row.error is not None and row.tolerance is not None and row.error > row.tolerance]
+    diverging = [
+        row for row in outputs if row.difference is not None and row.tolerance is not None and row.difference > row.tolerance
+    ]
     if not diverging:
         return
     jobs: dict[tuple[str, int, str], list[Record]] = {}
@@ -400,7 +402,7 @@ def attribute(
         if row.match == "inside":
             row.message = f"inside {row.name_b}: a node of its compiled form, compared where values enter and leave it"
         elif row.verdict == "incomparable":
-            row.error = None  # two values that cannot be compared have no error (their metrics stay)
+            row.difference = None  # two values that cannot be compared have no difference (their metrics stay)
 
 
 def rank_notes(rank: int, pairing: Pairing) -> list[str]:

@@ -154,8 +154,8 @@ def cause_in_block(row: Row, flow: Flow) -> Cause | None:
         partner = row.record_b if side == "a" else row.record_a
         found = _against(made, side, partner, flow)
         if found is None:
-            assert row.error is not None and row.tolerance is not None
-            found = (row.error, row.tolerance)  # the same tensor as ``row``'s: its error
+            assert row.difference is not None and row.tolerance is not None
+            found = (row.difference, row.tolerance)  # the same tensor as ``row``'s: its difference
         cause = Cause(made, found[0], found[1], partner.name)
         for _ in range(_MAX_WALK):
             inner = [

@@ -1,48 +1,9 @@
 """Cross-rank check: do the data-parallel replicas of one run agree where they must?
 
-::
-
-    result = torchdebug.compare("dump")                      # the latest run, every rank
-    result.first_divergence                                  # first rank and op that disagree
-
-Replicas of a data-parallel run (DDP, or gradients all-reduced by hand) hold the same parameters,
-see the same reduced gradients and run the same optimizer step. The records where that must hold:
-
-* every tensor slot of the ``optimizer`` phase: its inputs are the parameters, the reduced
-  gradients and the optimizer state, its outputs the updated values (in-place updates such as
-  ``add_``, ``lerp_``, ``addcdiv_``, ``_foreach_*``);
-* module-level ``parameter`` records (``level="module"`` or ``"mix"``): the parameters each
-  forward starts from, i.e. after the previous step's optimizer step;
-* outputs of the collectives whose result is the same on every rank (``all_reduce``,
-  ``all_gather`` and its variants, ``broadcast``). With gradients all-reduced by hand these are the
-  gradients after all-reduce. DDP reduces gradients in C++ inside the autograd engine, which a
-  dispatch mode does not see: there the reduced gradients appear as inputs of the optimizer.
-
-Not compared: pieces of a split DTensor (``Shard`` or ``Partial`` placements: FSDP2's sharded
-parameters, gradients and optimizer state, tensor-parallel weights; each rank holds another piece,
-while ``Replicate`` ones are compared), activations and local gradients (each rank has its own
-batch), ``reduce_scatter``, ``send``/``recv`` outputs (they differ by design), ``parameter_grad``
-records (taken before the all-reduce), argument values. Sharded optimizers on plain tensors (ZeRO,
-FSDP1) give ranks different state: pass the ``ranks`` that hold the same shard (one data-parallel
-group).
-
-**Reference**: for each slot the ranks are grouped by value (bitwise; by statistics where no tensor
-was saved). The largest group is the reference, on a tie the group holding the lowest rank: with
-three or more ranks one bad rank is named; with two, rank 1 is named against rank 0 and either may
-be the culprit. A rank's first slot that differs from the reference by more than the tolerance
-(exact unless given) is ``error``/``blamed``; its later differing slots are ``warning``/``inherited``.
-The first divergence is the earliest blamed slot in execution order (step, then call), lowest rank
-on a tie.
-
-**Memory and processes**: the check reads one rank at a time and keeps of it one digest per
-replicated slot (:mod:`~torchdebug.compare._replica_digests`, straight from the Arrow columns of a
-rank that closed cleanly); records are read again only for one rank of each value a slot holds
-(the first rank of the reference value, the first of each other one), and a value's metrics are
-computed once for all the ranks holding it. The result keeps per slot the reference's record and
-the rows of the ranks that differ (:mod:`~torchdebug.compare._rank_rows`): the rows of ranks that
-hold the reference value are made when read, so its memory does not grow with the ranks that agree.
-With ``workers=N`` the ranks are digested by N spawned processes, or by the N processes of the
-default process group (torchrun; :func:`~torchdebug.compare._distributed.ranks_in_group`).
+``torchdebug.compare("dump")``: the slots replicas must agree on (optimizer-phase slots, module
+``parameter`` records, outputs of collectives whose result is the same on every rank), each rank
+against the value most ranks hold. Which slots, the reference and the verdicts: docs/compare.md,
+"Cross-rank check"; the digests and workers: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -299,7 +260,9 @@ def ranks_result(
 ) -> RanksResult:
     """The verdicts from every checked rank's digest (in rank order): the rows, with one record per
     slot and value read again (from the first rank holding it), and the metrics of each value that
-    is not the reference's, computed once for the ranks holding it."""
+    is not the reference's, computed once for the ranks holding it. One rank is read at a time and
+    kept as one digest per replicated slot; the rows of ranks holding the reference value are made
+    when read, so memory does not grow with the ranks that agree."""
     slots, notes = _slots(progress.track(digests, "digesting ranks", total=len(selected), unit="rank"))
     wanted: dict[int, set[SlotKey]] = {}
     for key, slot in slots:

@@ -1,29 +1,9 @@
 """Compare over several processes with torch.distributed; process 0 gathers the one result.
 
-Three ways in, one code path:
-
-* ``compare(a, b, workers=N)`` / ``torchdebug compare A B --workers N``: spawns N processes on this
-  machine (gloo, file rendezvous in a temporary folder) and returns the result in the caller;
-* ``torchrun --nproc-per-node N -m torchdebug compare A B``: every process torchrun starts is a
-  worker (gloo, ``env://`` rendezvous; several nodes work the same way);
-* ``compare(a, b, workers=N)`` on every process of an initialised process group of N processes
-  (:func:`compare_in_group`).
-
-Every worker opens both dumps (manifests only) and computes the same plan. With R ranks in
-common and W workers: if R >= W, worker ``w`` takes ranks ``w, w+W, ...`` whole (matches,
-computes, judges them); if R < W, the workers ``w ≡ i (mod R)`` share rank ``i``: each matches it
-(cheap next to tensor metrics) and computes the tensor jobs of its contiguous range of tensor files,
-balanced by element count; part 0 also sends the rows, and process 0 applies every part's metrics
-and judges. Rows (with their records) and metrics travel with ``gather_object``, pickled in memory
-between workers; dump data is only read through the dump reader (JSON, safetensors), never
-unpickled from disk. Each worker's metrics are computed exactly as in one process (one tensor
-pair per thread, float64, torch's intra-op threads off), so the gathered result is the same.
-
-The cross-rank check (``torchrun ... -m torchdebug compare --across-ranks DUMP``,
-:func:`ranks_in_group`) goes round by round: in round ``k`` worker ``w`` digests dump
-rank ``ranks[w + k*W]`` (:mod:`~torchdebug.compare._replica_digests`) and process 0 gathers the
-round's digests as JSON bytes in tensors (:func:`torchdebug.dist.gather_to_rank0`, no pickle) and
-folds them in; so it holds a round's digests at a time, then judges alone.
+``compare(a, b, workers=N)`` spawns N processes on this machine (:func:`spawn_compare`), or, called
+on every process of an initialised group of N (torchrun), shares the work with them
+(:func:`compare_in_group`); the cross-rank check does the same by rounds (:func:`ranks_in_group`).
+Each worker's metrics are computed exactly as in one process, so the gathered result is the same.
 """
 
 from __future__ import annotations
@@ -97,7 +77,12 @@ class Share:
 
 
 def plan(ranks: Sequence[int], world_size: int) -> list[list[Share]]:
-    """The shares of each worker (the same on every worker; see the module docstring)."""
+    """The shares of each worker, the same on every worker (each opens both dumps, manifests only,
+    and computes this plan). With R ranks and W workers: if R >= W, worker ``w`` takes ranks ``w,
+    w+W, ...`` whole (matches, computes, judges them); if R < W, the workers ``w ≡ i (mod R)`` share
+    rank ``i``: each matches it (cheap next to tensor metrics) and computes the tensor jobs of its
+    contiguous range of tensor files, balanced by element count; part 0 also sends the rows, and
+    process 0 applies every part's metrics and judges."""
     if len(ranks) >= world_size:
         return [[Share(rank) for rank in ranks[worker::world_size]] for worker in range(world_size)]
     count = len(ranks)
@@ -179,7 +164,9 @@ def _merge(pieces: list[_Piece], pairing: Pairing, settings: CompareConfig) -> t
 
 def _compare_in_group(a: str | Path | Run, b: str | Path | Run, settings: CompareConfig) -> CompareResult | None:
     """Run on every process of the default group; the result on process 0, ``None`` elsewhere.
-    An expected error on any worker is raised on every worker (none is left waiting)."""
+    An expected error on any worker is raised on every worker (none is left waiting). Rows (with
+    their records) and metrics travel with ``gather_object``, pickled in memory between workers;
+    dump data is only read through the dump reader, never unpickled from disk."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     outcome: list[_Piece] | Exception
     pairing = None
@@ -268,7 +255,10 @@ def ranks_in_group(dump: str | Path | Run, config: RanksConfig) -> RanksResult |
     each digests its share of the dump's ranks, process 0 gathers the digests and judges. Each is
     called with the same arguments; process 0 gets the result, the others ``None``. ``threads``
     defaults to the cores per process on this node. Every process must see the dump at the same
-    path; process 0 reads again one rank of each value a slot holds."""
+    path; process 0 reads again one rank of each value a slot holds. Round by round: in round ``k``
+    worker ``w`` digests dump rank ``ranks[w + k*W]`` and process 0 gathers the round's digests as
+    JSON bytes in tensors (:func:`torchdebug.dist.gather_to_rank0`, no pickle) and folds them in, so
+    it holds one round's digests at a time."""
     run = open_dump(dump)
     selected = checked_ranks(run, config.ranks)
     digests = _digests_in_group(run, selected, config.tensors, config.threads or _node_threads())

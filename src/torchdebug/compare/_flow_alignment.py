@@ -117,11 +117,12 @@ class _Walk:
 
     def __init__(
         self,
+        named_a: list[tuple[_FlowCall, str]],
         calls_b: MutableMapping[tuple[int, str], _FlowCall],
         links: _Links,
         op_a: Callable[[_FlowCall], str],
     ) -> None:
-        self.calls_b, self.links, self.op_a = calls_b, links, op_a
+        self.named_a, self.calls_b, self.links, self.op_a = named_a, calls_b, links, op_a  # A's calls with renamed names
         self.by_flow: dict[tuple, list[_FlowCall]] = {}
         for call in calls_b.values():
             if call.first.op == MODULE_OP:
@@ -132,8 +133,7 @@ class _Walk:
         self.by_value: dict[tuple, list[_FlowCall]] | None = None  # made when a rule first asks
         self.taken: set[int] = set()
         self.leaves: dict[tuple, tuple] = {}  # A's values no op made: B's twin, learnt where a pair reads both
-        self.named_a: list[tuple[_FlowCall, str]] = []  # A's calls in order, with their renamed names
-        self.pending_a: set[tuple[int, str]] = set()  # A's calls not visited yet, by step and renamed name
+        self.pending_a = {(call.first.step, name) for call, name in named_a}  # A's calls not visited yet
         self.by_value_a: dict[tuple, list[tuple[int, str]]] | None = None
 
     def namesake(self, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
@@ -345,12 +345,10 @@ def align_by_flow(
     ``rename``, else ``aligned``) and A's calls left unpaired (one-sided); paired calls leave
     ``calls_b``. ``op_a``: A's op after the mapping's renames. A few dict lookups per call: linear in
     the records."""
-    walk = _Walk(calls_b, links, op_a)
-    named = walk.named_a = [(call, rename(call)) for call in calls_a]
-    walk.pending_a.update((call.first.step, name) for call, name in named)
+    walk = _Walk([(call, rename(call)) for call in calls_a], calls_b, links, op_a)
     pairs: list[tuple[_FlowCall, _FlowCall, str]] = []
     left_a: list[_FlowCall] = []
-    for call, name in named:
+    for call, name in walk.named_a:
         walk.pending_a.discard((call.first.step, name))
         inputs = _inputs(call, links.made_a)
         other = None

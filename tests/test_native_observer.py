@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import struct
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -11,8 +12,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from torchdebug.checksum import cpu_fingerprint
 from torchdebug.native import build
-from torchdebug.native.fused_stats import fused_stats
+from torchdebug.native.fused_stats import fused_stats, stats_and_fingerprint
 from torchdebug.native.observer import SUBCLASS, NativeObserver, ObservedOps, load_observer
 from torchdebug.slots import iter_slots
 from torchdebug.stats._schema import WIDTH
@@ -276,6 +278,70 @@ def test_the_statistics_of_cpu_float_tensors_are_fused_stats_bit_for_bit(observe
     want = [struct.pack(f"{WIDTH}d", *sums) if sums is not None else None for sums in seen.sums]
     assert got == want
     assert sum(value is not None for value in got) == 18  # two a float op, the view ops included
+
+
+class _SeenValues(TorchDispatchMode):
+    """What ``read`` gives of each tensor a dispatch mode sees (inputs before the op runs)."""
+
+    def __init__(self, read: Callable[[torch.Tensor], object]) -> None:
+        super().__init__()
+        self.read = read
+        self.values: list[object] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        self.values += [self.read(value) for _, value in iter_slots(args, kwargs) if isinstance(value, torch.Tensor)]
+        out = func(*args, **kwargs)
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        self.values += [self.read(value) for _, value in iter_slots(outputs) if isinstance(value, torch.Tensor)]
+        return out
+
+
+def _fingerprinted_ops(big: torch.Tensor) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)
+    x.t().sin()  # a transposed input: the fingerprint follows the logical order, the walk the memory's
+    x.t().reshape(5, 6, 1).permute(2, 1, 0).cos()  # dims that continue in memory but not in that order
+    torch.randn(5, dtype=torch.float64).expand(4, 5).exp()  # a broadcast one
+    torch.randn(3, 4, dtype=torch.bfloat16)[:, 1:].mul(3)  # a slice
+    big.add_(1.0)  # in place: its input is taken before the op
+    torch.arange(12).view(3, 4).t().add(1)  # integers
+    torch.ones(3, dtype=torch.bool).logical_not()
+    torch.randn(4, dtype=torch.complex64).mul(2)
+
+
+@pytest.mark.parametrize("statistics", [True, False], ids=["with statistics", "alone"])
+def test_the_fingerprints_of_cpu_tensors_are_those_of_the_statistics_pass_or_the_hash_alone(
+    observer: NativeObserver, statistics: bool
+) -> None:
+    """With statistics, float32, bfloat16 and float64 tensors get their sums and fingerprint in one
+    pass, bit for bit as ``stats_and_fingerprint`` (the dispatch mode's ``checksum=True``) takes them,
+    and the others none (kept for the drain); alone, every dtype of up to 8 bytes gets one."""
+    read = stats_and_fingerprint if statistics else (lambda t: (None, cpu_fingerprint(t)))
+    big = torch.randn(300_000)  # split over torch's threads where it has several
+    copy = big.clone()
+    with _SeenValues(read) as seen:
+        _fingerprinted_ops(big)
+    assert observer.use_stats(statistics) and observer.use_fingerprints()
+    try:
+        observer.start()
+        _fingerprinted_ops(copy)
+        observer.stop()
+    finally:
+        observer.use_fingerprints(False)
+        observer.use_stats(False)
+    ops = observer.drain()
+    got = [
+        (
+            list(ops.stats[slot * WIDTH : (slot + 1) * WIDTH]) if ops.slot_has_stats[slot] else None,
+            ops.slot_fingerprint[slot] & 0xFFFFFFFFFFFFFFFF if ops.slot_has_fingerprint[slot] else None,
+        )
+        for slot in range(len(ops.slot_row))
+    ]
+    want = [tuple(value) if value is not None else (None, None) for value in seen.values]
+    assert [repr(value) for value in got] == [repr(value) for value in want]
+    dtypes = {observer.dtypes[code] for code, has in zip(ops.slot_dtype, ops.slot_has_fingerprint) if has}
+    assert dtypes >= ({torch.float32} if statistics else {torch.float32, torch.int64, torch.bool, torch.complex64})
 
 
 @pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])

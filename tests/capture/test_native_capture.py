@@ -83,6 +83,7 @@ def _assert_same_dumps(python: list[Record], native: list[Record], filtered: boo
             (name, r.dtype, r.shape, r.stride, r.device, fwd, r.extra, r.stack, r.source) for r, name, fwd in expected
         ]
         assert [r.stats for r in got] == [r.stats for r, _, _ in expected]
+        assert [r.checksum for r in got] == [r.checksum for r, _, _ in expected]
         pairs |= {(aliases.get(want.value_id, want.value_id), got.value_id) for (want, _, _), got in zip(expected, got)}
         views += [
             (aliases.get(want.view_of, want.view_of), got.view_of)
@@ -99,16 +100,58 @@ def _assert_same_dumps(python: list[Record], native: list[Record], filtered: boo
     assert len(set(native_id.values())) == len(native_id)
 
 
-@pytest.mark.parametrize("task", ["structure", "statistics"])
-def test_the_example_gpt_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, task: str) -> None:
-    python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, task=task)
-    native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, task=task)
+@pytest.mark.parametrize(
+    "options",
+    [{"task": "structure"}, {"task": "statistics"}, {"task": "statistics", "checksum": True}, {"task": "checksum"}],
+    ids=["structure", "statistics", "statistics+checksum", "checksum"],
+)
+def test_the_example_gpt_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options: dict) -> None:
+    python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, **options)
     _assert_same_dumps(python, native)
     assert {record.phase for record in native} == {"forward", "backward", "optimizer"}
     assert all(record.source is not None for record in native if record.phase == "forward")  # stacks, by default
-    if task == "statistics":
+    if options["task"] == "statistics":
         assert all(record.stats is not None for record in native)
         assert {record.dtype for record in native} >= {"float32", "int64"}  # the C kernel's and torch ops'
+    fingerprinted = [record for record in native if record.checksum is not None]
+    if options["task"] == "checksum" or options.get("checksum"):  # the callback's (float32) and the drain's (int64)
+        assert len(fingerprinted) == len(native) and {record.dtype for record in native} >= {"float32", "int64"}
+        assert all(record.stats is None for record in native) == (options["task"] == "checksum")
+    else:
+        assert not fingerprinted
+
+
+class _WrittenBetweenReads(nn.Module):
+    """A tensor read, written in place, read again: its two reads have two fingerprints."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight
+        y.add_(1.0)
+        return (y * 3.0).t().sum()
+
+
+def _written_between_reads() -> tuple[nn.Module, Callable[[], None]]:
+    model = _WrittenBetweenReads()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    return model, lambda: model(x).backward()
+
+
+@pytest.mark.parametrize("options", [{"task": "checksum"}, {"task": "statistics", "checksum": True}], ids=["checksum", "both"])
+def test_a_tensor_written_between_two_reads_has_the_fingerprint_of_each_read(tmp_path, monkeypatch, caplog, options) -> None:
+    python = _dump(tmp_path, monkeypatch, caplog, _written_between_reads, native=False, steps=1, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _written_between_reads, native=True, steps=1, **options)
+    _assert_same_dumps(python, native)
+    checksum = {record.name.removeprefix("forward/<root>/"): record.checksum for record in native}
+    made, before_add = checksum["aten.mm.default#0/output.0"], checksum["aten.add_.Tensor#0/input.0"]
+    after_add, read_again = checksum["aten.add_.Tensor#0/output.0"], checksum["aten.mul.Tensor#0/input.0"]
+    assert made == before_add and after_add == read_again and made != after_add  # each read's own bits
+    product = checksum["aten.mul.Tensor#0/output.0"]
+    assert checksum["aten.t.default#0/input.0"] == product != checksum["aten.t.default#0/output.0"]
 
 
 @pytest.mark.gpu
@@ -124,7 +167,7 @@ def test_a_cuda_models_structure_dump_is_the_same_on_both_paths(tmp_path, monkey
 def test_statistics_of_a_cuda_model_go_to_the_dispatch_mode(monkeypatch) -> None:
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     model = nn.Linear(2, 2).to("meta")  # a device other than the CPU, without one
-    assert "statistics of meta tensors" in why_not_native(DebuggerConfig.from_dict({}), model)
+    assert "statistics or fingerprints of meta tensors" in why_not_native(DebuggerConfig.from_dict({}), model)
     assert why_not_native(DebuggerConfig.from_dict({"task": "structure"}), model) is None
 
 
@@ -157,7 +200,6 @@ def test_filters_select_the_same_records_on_both_paths(tmp_path, monkeypatch, ca
         ({"stack": ["forward/a/aten.mm.default#0", "forward/b/aten.mm.default#0"]}, "stacks for a range"),
         ({"level": "mix"}, "level='mix'"),
         ({"task": "tensor"}, "task='tensor'"),
-        ({"checksum": True}, "checksum=True"),
     ],
 )
 def test_configs_the_native_path_does_not_take_go_to_the_dispatch_mode(monkeypatch, options: dict, why: str) -> None:

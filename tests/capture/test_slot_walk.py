@@ -23,9 +23,9 @@ pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ co
 
 _A, _B, _C = 0x100, 0x200, 0x300
 """``TensorImpl`` addresses."""
-_OPS = ("aten.neg.default", "aten.view.default", "aten.add_.Tensor", "aten.empty.memory_format")
-"""Hand-made rows' ops, by id: a new output, a view, an in-place write, an allocation."""
-_NEG, _VIEW, _ADD_, _EMPTY = range(len(_OPS))
+_OPS = ("aten.neg.default", "aten.view.default", "aten.add_.Tensor", "aten.empty.memory_format", "aten.t.default")
+"""Hand-made rows' ops, by id: a new output, a view, an in-place write, an allocation, a transpose."""
+_NEG, _VIEW, _ADD_, _EMPTY, _T = range(len(_OPS))
 
 
 def _walk() -> SlotWalk:
@@ -40,12 +40,20 @@ def _walk() -> SlotWalk:
 
 
 def _drained(
-    rows: list[tuple], slots: list[tuple], first_row: int = 0, freed: tuple[int, ...] = (), kept: tuple[int, ...] = ()
+    rows: list[tuple],
+    slots: list[tuple],
+    first_row: int = 0,
+    freed: tuple[int, ...] = (),
+    kept: tuple[int, ...] = (),
+    strides: dict[int, tuple[int, ...]] | None = None,
 ) -> ObservedOps:
     """Rows ``(op id, backward[, seq, module context])`` and their slots ``(row, io, address,
-    storage, shape[, base[, version, summed]])`` (float32 CPU tensors at offset 0, version 0 and not
-    summed unless given), as the observer drains them; ``kept``: the slots whose tensor it kept."""
+    storage, shape[, base[, version, summed]])`` (contiguous float32 CPU tensors at offset 0, version
+    0 and not summed unless given; summed: its fingerprint taken too), as the observer drains them;
+    ``kept``: the slots whose tensor it kept; ``strides``: by slot, those of a slot not contiguous."""
     shapes = [slot[4] for slot in slots]
+    layouts = [(strides or {}).get(index) or _contiguous(shape) for index, shape in enumerate(shapes)]
+    summed = [slot[7] if len(slot) > 7 else 0 for slot in slots]
     count = len(slots)
     return ObservedOps(
         names=list(_OPS),
@@ -66,14 +74,16 @@ def _drained(
         slot_storage=array("q", [slot[3] for slot in slots]),
         slot_offset=array("q", [0] * count),
         shape=array("q", [size for shape in shapes for size in shape]),
-        stride=array("q", [1 for shape in shapes for _ in shape]),
+        stride=array("q", [step for layout in layouts for step in layout]),
         slot_device_type=array("b", [0] * count),
         slot_device_index=array("b", [-1] * count),
-        slot_has_stats=array("b", [slot[7] if len(slot) > 7 else 0 for slot in slots]),
+        slot_has_stats=array("b", summed),
         stats=array("d", [0.0] * (8 * count)),
         kept_slot=array("q", kept),
         stack=array("q", [-1] * len(rows)),
         slot_base=array("q", [slot[5] if len(slot) > 5 else 0 for slot in slots]),
+        slot_has_fingerprint=array("b", summed),
+        slot_fingerprint=array("q", [0] * count),
         kept=[],
         freed=array("q", freed),
     )
@@ -149,6 +159,42 @@ def test_a_tensor_seen_again_at_its_version_and_a_view_with_its_elements_share_t
     assert walked.stats.tolist() == [0, 1, 0, 3, -2, 5, -2, -2, -3, -1]
     assert walked.taken.tolist() == [4, -1]  # the kept tensor's slot, then the statistics of no elements
     assert walked.errors.tolist() == [0] * 9 + [CHANGED]
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    steps, step = [], 1
+    for size in reversed(shape):
+        steps.append(step)
+        step *= size
+    return tuple(reversed(steps))
+
+
+def test_a_view_reading_its_arguments_memory_in_order_shares_its_fingerprint_and_a_transpose_takes_its_own() -> None:
+    rows = [(_NEG, False), (_VIEW, False), (_T, False), (_NEG, False)]
+    slots = [
+        (0, 0, _A, 1, (2, 2), 0, 0, 1),  # the callback's sums and fingerprint
+        (0, 1, _B, 2, (2, 2), 0, 0, 1),
+        (1, 0, _B, 2, (2, 2), 0, 0, 1),  # again at version 0: the output's
+        (1, 1, _C, 2, (4,), _B, 0, 1),  # a view in the same order: its argument's statistics and fingerprint
+        (2, 0, _B, 2, (2, 2), 0, 0, 1),
+        (2, 1, 0x400, 2, (2, 2), _B, 0, 1),  # a transpose: its argument's statistics, its own fingerprint
+        (3, 0, 0x400, 2, (2, 2), _B, 1, 1),  # its base written since: a dispatch mode reads it again
+    ]
+    ops = _drained(rows, slots, strides={5: (1, 2), 6: (1, 2)})
+    walked = _walk().walk(ops, np.ones(4, np.int8), inputs=True, outputs=True, statistics=True, fingerprints=True)
+    assert walked.stats.tolist() == [0, 1, 1, 1, 1, 1, 6]
+    assert walked.fingerprints.tolist() == [0, 1, 1, 1, 1, 5, 6]
+    alone = _walk().walk(ops, np.ones(4, np.int8), inputs=True, outputs=True, statistics=False, fingerprints=True)
+    assert alone.stats.tolist() == [-1] * 7 and alone.fingerprints.tolist() == walked.fingerprints.tolist()
+
+
+def test_a_kept_tensor_whose_statistics_a_transpose_shares_is_reduced_again_for_its_fingerprint() -> None:
+    rows = [(_NEG, False), (_T, False)]
+    slots = [(0, 0, _A, 1, (2, 2)), (0, 1, _B, 2, (2, 2)), (1, 0, _B, 2, (2, 2)), (1, 1, _C, 2, (2, 2), _B)]
+    ops = _drained(rows, slots, kept=(0, 1, 2, 3), strides={3: (1, 2)})
+    walked = _walk().walk(ops, np.ones(2, np.int8), inputs=True, outputs=True, statistics=True, fingerprints=True)
+    assert walked.taken.tolist() == [0, 1, 3]  # one entry a kept tensor, for both
+    assert walked.stats.tolist() == [-2, -3, -3, -3] and walked.fingerprints.tolist() == [-2, -3, -3, -4]
 
 
 def test_an_allocation_holds_no_value_until_an_op_writes_it() -> None:

@@ -1,16 +1,20 @@
 """The native path's statistics column, finished from the callback's sums in one vectorised pass
 (``store/_slot_columns.py``), holds what ``stats_from_sums`` gives one slot at a time, bit for bit,
-and the element counts it divides by are the slots' sizes' products."""
+and the element counts it divides by are the slots' sizes' products; its ``checksum`` column spells
+each fingerprint as ``hex_digits`` does, by reference."""
 
 from __future__ import annotations
 
 import math
 from array import array
+from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 
+from torchdebug.checksum import hex_digits
 from torchdebug.stats._schema import IDENTITY, stats_from_sums
-from torchdebug.store._slot_columns import _from_sums, _numel
+from torchdebug.store._slot_columns import SlotColumns, _from_sums, _numel
 
 SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
     ((-1.5, 2.25, 0.1 + 0.2, 7.0, 0.0, 0.0, 0.0, 1.0), 6),
@@ -39,3 +43,28 @@ def test_the_elements_of_each_drained_slot_are_its_sizes_product_and_one_for_no_
     ndim = array("b", [len(shape) for shape in shapes])
     assert _numel(flat, ndim).tolist() == [math.prod(shape) for shape in shapes]
     assert _numel(array("q"), array("b", [0, 0])).tolist() == [1, 1]
+
+
+def test_the_checksum_column_holds_each_slots_fingerprint_by_reference_as_hex_digits():
+    drained = [0, 1, -1, 0x0123456789ABCDEF, -(1 << 63)]  # int64, as the observer drains them
+    refs = np.array([3, 0, -1, 2, 4, -2, -3, 1], np.int64)
+    unused, no_text = np.zeros(len(refs), np.int64), pa.array([None], pa.string())
+    columns = SlotColumns(
+        slots=unused,
+        arg_codes=unused,
+        args=pa.RecordBatch.from_pydict({}),
+        value_ids=unused,
+        view_of=unused,
+        stats_refs=unused,
+        stats=[],
+        fingerprint_refs=refs,
+        fingerprints=[0xFEDCBA9876543210, None],
+        error_codes=unused,
+        errors=no_text,
+        unread_codes=unused,
+        unread=no_text,
+    )
+    got = columns._checksum_column(SimpleNamespace(slot_fingerprint=array("q", drained))).to_pylist()
+    unsigned = [value & 0xFFFFFFFFFFFFFFFF for value in drained]
+    expected = [hex_digits(unsigned[3]), hex_digits(0), None, hex_digits(unsigned[2]), hex_digits(unsigned[4])]
+    assert got == [*expected, "fedcba9876543210", None, "0000000000000001"]  # an entry not delivered: none

@@ -36,7 +36,9 @@ __all__ = ["NativeOpCapture", "why_not_native"]
 
 logger = logging.getLogger("torchdebug.capture.native_capture")
 
-_TASKS = ("structure", "statistics")
+_TASKS = ("structure", "statistics", "checksum")
+_READS_VALUES = ("statistics", "checksum")
+"""Tasks whose values the native path reads on the CPU only (statistics, fingerprints)."""
 
 
 def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | None:
@@ -49,20 +51,20 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return f"level={config.level!r} (the native path records op calls only)"
     if config.task not in _TASKS:
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
-    if config.checksum:
-        return "checksum=True (no fingerprints on the native path)"
     if isinstance(config.stack, list):
         return "stacks for a range of calls (the native path takes stack='all' or 'none')"
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         return "a distributed run (collectives are not named on the native path)"
+    reads = config.task in _READS_VALUES or config.checksum
     if model is not None:
-        return _why_not_for_model(model, config.task)
-    if config.task == "statistics" and torch.accelerator.is_available():
-        return "statistics with an accelerator present and no model given (the native path reads CPU tensors only)"
+        return _why_not_for_model(model, reads)
+    if reads and torch.accelerator.is_available():
+        return "statistics or fingerprints with an accelerator present and no model (the native path reads CPU tensors only)"
     return None
 
 
-def _why_not_for_model(model: nn.Module, task: str) -> str | None:
+def _why_not_for_model(model: nn.Module, reads: bool) -> str | None:
+    """Why the native path does not apply to ``model`` (``reads``: the config reads tensors' values)."""
     if next(iter(compiled_modules(model)), None) is not None:
         return "compiled modules in the model"
     for name, module in model.named_modules():
@@ -73,8 +75,8 @@ def _why_not_for_model(model: nn.Module, task: str) -> str | None:
     for parameter in model.parameters():
         if is_subclass(parameter):
             return "tensor subclass parameters (DTensor, FSDP2)"
-        if task == "statistics" and parameter.device.type != "cpu":
-            return f"statistics of {parameter.device.type} tensors (the native path reads CPU tensors only)"
+        if reads and parameter.device.type != "cpu":
+            return f"statistics or fingerprints of {parameter.device.type} tensors (the native path reads CPU tensors only)"
     return None
 
 
@@ -106,6 +108,7 @@ class NativeOpCapture:
         self._by_name = bool(names) or bool(call_range)
         self._phase_codes = [PHASES.index(phase) for phase in phases if phase in PHASES]
         self._statistics = session.want_stats
+        self._fingerprints = session.want_checksum
         self._failed = False
         self._told_recompute = False
         self._told_busy = False
@@ -121,7 +124,8 @@ class NativeOpCapture:
                 logger.warning("torchdebug: another debugger records ops on the native path: this one records none meanwhile")
             return
         self.observer.use_stats(self._statistics)
-        self.observer.keep_unsummed(self._statistics)
+        self.observer.use_fingerprints(self._fingerprints)
+        self.observer.keep_unsummed(self._statistics or self._fingerprints)
         self.rows.start()
 
     def stop(self) -> None:
@@ -172,7 +176,14 @@ class NativeOpCapture:
             session.add_stack(stack_id, frames)
         self.rows.step = session.step
         columns = self.rows.slot_columns(
-            ops, rows, recorded.astype(np.int8), ios=self.ios, seqs=seqs, statistics=self._statistics, stage=session.stage_stats
+            ops,
+            rows,
+            recorded.astype(np.int8),
+            ios=self.ios,
+            seqs=seqs,
+            statistics=self._statistics,
+            fingerprints=self._fingerprints,
+            stage=session.stage_stats,
         )
         if columns.num_rows:
             session.flush()  # what the session holds goes first: the dump keeps the order of capture

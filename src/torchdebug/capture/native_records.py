@@ -28,7 +28,9 @@ autograd unpacks is the output it saved, as it is once the mode's own ``detach``
 (:meth:`NativeStepCapture.slot_columns`), each slot has those eager capture gives it: the callback's
 sums for CPU float tensors, torch ops at the flush for the tensors the callback kept, and the first
 statistics of a tensor, or of a view or copy's source, for the slots that show it again at the same
-version. Slots on memory that holds no value of the run are described, not read.
+version. With fingerprints (``checksum``), each slot has the one eager capture gives it: taken in
+the callback's pass, or at the flush for a kept tensor, and shared as ``CaptureSession.share_alias``
+shares it. Slots on memory that holds no value of the run are described, not read.
 
 With ``stacks``, a forward row's stack is that of the Python frames its op was called from, taken in
 the callback and symbolized once per drain (``NativeObserver.stacks``), described as eager capture's
@@ -39,7 +41,7 @@ owner, and an input first seen that autograd knows as a view (``slot_base``) its
 
 Not mirrored (``capture/native_capture.py`` sends such configs to the dispatch mode): stacks for a
 range of calls, ``recompute`` (activation checkpointing), ops a module's own forward hooks
-run (eager capture names them after that module), FSDP2's collectives, fingerprints, non-tensor
+run (eager capture names them after that module), FSDP2's collectives, non-tensor
 arguments (eager capture records them as ``kind="value"``), and the ops a dispatch mode itself
 changes (``docs/architecture.md``: the native path).
 """
@@ -359,7 +361,8 @@ class NativeStepCapture:
         ios: frozenset[str] = frozenset(_IO),
         seqs: np.ndarray | None = None,
         statistics: bool = False,
-        stage: Callable[[list[tuple[torch.Tensor, Callable[[dict], None]]]], None] | None = None,
+        fingerprints: bool = False,
+        stage: Callable[[list[tuple]], None] | None = None,
     ) -> pa.RecordBatch:
         """The records of the slots of the rows ``recorded`` marks (``int8`` per row; default: every
         row with a call in ``rows``), of the sides in ``ios``, as one record batch of the store's
@@ -369,8 +372,12 @@ class NativeStepCapture:
         finished; ``stage`` gets the kept tensors (``CaptureSession.stage_stats``, which fills them
         at once: CPU tensors); a tensor seen before at the same version, and the output of a view or
         copy with its input's elements (``OpCapture._alias_source``), has the statistics taken
-        first. A slot whose memory holds no value of the run (an allocation's, an argument the op
-        overwrites) is described, not read (``CaptureSession.add_call``'s ``unread``).
+        first. With ``fingerprints``, each slot's fingerprint (``checksum``) as eager capture takes
+        it: the callback's, or the kept tensor's (``stage`` gets ``(tensor, statistics sink,
+        fingerprint sink)``), shared where ``CaptureSession.share_alias`` shares it (a view reading
+        its argument's memory in order, a copy). A slot whose memory holds no value of the run (an
+        allocation's, an argument the op overwrites) is described, not read
+        (``CaptureSession.add_call``'s ``unread``).
 
         What the slots' order tells (value ids, which statistics a slot shares, memory not written
         yet) comes from the C++ walk (``native_values.py``); the columns are made from the drained
@@ -378,14 +385,19 @@ class NativeStepCapture:
         if recorded is None:
             recorded = (rows.phase >= 0).astype(np.int8)
         walk = self._walk(ops)
-        walked = walk.walk(ops, recorded, inputs="input" in ios, outputs="output" in ios, statistics=statistics)
+        walked = walk.walk(
+            ops, recorded, inputs="input" in ios, outputs="output" in ios, statistics=statistics, fingerprints=fingerprints
+        )
         kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
         taken: list[dict] = []
-        due: list[tuple[torch.Tensor, Callable[[dict], None]]] = []
-        for slot in walked.taken.tolist():
+        taken_fingerprints: list[int | None] = []
+        due: list[tuple] = []
+        for entry, slot in enumerate(walked.taken.tolist()):
             stats = empty_stats() if slot < 0 else {}
+            taken_fingerprints.append(0 if slot < 0 else None)  # the fingerprint of no elements is 0
             if slot >= 0:
-                due.append((kept[slot], stats.update))
+                fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if fingerprints else None
+                due.append((kept[slot], stats.update if statistics else None, fingerprint_sink))
             taken.append(stats)
         if due and stage is not None:
             stage(due)
@@ -397,6 +409,8 @@ class NativeStepCapture:
             walked.view_of,
             walked.stats,
             taken,
+            walked.fingerprints,
+            taken_fingerprints,
             walked.errors,
             _error_texts(),
             walked.unread,

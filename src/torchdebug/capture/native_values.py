@@ -26,18 +26,20 @@ __all__ = ["CHANGED", "PHASES", "RowCalls", "SlotWalk", "WalkedSlots", "load_slo
 CHANGED = 3
 """A ``WalkedSlots.errors`` code: a kept tensor changed or freed before the flush (after ``observer.py``'s flags)."""
 
-_MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT, _SKIPPED = 1, 2, 4, 8, 16, 32
+_MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT, _SKIPPED, _ACCUMULATES = 1, 2, 4, 8, 16, 32, 64
 """``td_walk_op``'s flags (``OpFlag`` in the C++ file)."""
+_ENGINE_SUM = "aten.add_.Tensor"
+"""The op autograd's engine sums gradients with in place, which a dispatch mode runs out of place."""
 
 _INPUT_COLUMNS = (
     "op", "backward", None, "slot_row", "slot_io", "slot_arg", "slot_element", "slot_dtype", "slot_flag", "slot_ndim",
     "slot_value", "slot_version", "slot_storage", "slot_offset", "shape", "slot_device_type", "slot_device_index",
-    "slot_has_stats", "slot_base", "kept_slot", "freed",
+    "slot_has_stats", "slot_base", "kept_slot", "freed", "slot_has_fingerprint", "stride",
 )  # fmt: skip
 """The ``ObservedOps`` columns ``td_walk`` reads, in its order (``None``: which rows are recorded)."""
 
-_OUTPUT_TYPES = (np.int64, np.int64, np.int64, np.int64, np.int8, np.int8, np.int32)
-"""``td_walk``'s per-slot outputs: :class:`WalkedSlots`' first seven fields."""
+_OUTPUT_TYPES = (np.int64, np.int64, np.int64, np.int64, np.int8, np.int8, np.int32, np.int64)
+"""``td_walk``'s per-slot outputs: :class:`WalkedSlots`' first eight fields."""
 
 
 class WalkedSlots(NamedTuple):
@@ -58,8 +60,12 @@ class WalkedSlots(NamedTuple):
     """Why the slot is described and not read: an index into :attr:`SlotWalk.whys` (0: it is read)."""
     args: np.ndarray
     """Each slot's ``arg``: an index into :attr:`SlotWalk.args`."""
+    fingerprints: np.ndarray
+    """Where the fingerprint comes from, as :attr:`stats`: the callback's of a drained slot, none, or
+    an entry of :attr:`taken` (shared where ``CaptureSession.share_alias`` shares it)."""
     taken: np.ndarray
-    """The drained slots whose kept tensor is reduced at the flush; -1: the statistics of no elements."""
+    """The drained slots whose kept tensor is reduced at the flush; -1: the statistics (and
+    fingerprint) of no elements."""
 
 
 PHASES = ("forward", "backward", "optimizer")
@@ -122,6 +128,7 @@ class SlotWalk:
             | _ONE_TENSOR * one_tensor
             | _LIST_RESULT * list_result
             | _SKIPPED * info.skipped
+            | _ACCUMULATES * (info.name == _ENGINE_SUM)
         )
         unread_in, unread_out = info.unread_inputs, info.unread_outputs
         in_codes = bytes(self._code(unread_in.get(name, unread_in.get("*"))) if unread_in else 0 for name in inputs)
@@ -162,18 +169,20 @@ class SlotWalk:
             raise RuntimeError("native/slot_walk.cpp failed to name a drain's rows (an op it was not told of, or no memory)")
         return calls
 
-    def walk(self, ops: ObservedOps, recorded: np.ndarray, *, inputs: bool, outputs: bool, statistics: bool) -> WalkedSlots:
+    def walk(
+        self, ops: ObservedOps, recorded: np.ndarray, *, inputs: bool, outputs: bool, statistics: bool, fingerprints: bool = False
+    ) -> WalkedSlots:
         """Walk the slots of ``ops`` (the observer's last drain) whose rows ``recorded`` marks (an
         ``int8`` per row; every op told with :meth:`add_op`), recording the ``inputs`` and ``outputs``
-        sides; ``statistics``: say where each slot's come from. Then forget the addresses
-        ``ops.freed`` names."""
+        sides; ``statistics``, ``fingerprints``: say where each slot's come from. Then forget the
+        addresses ``ops.freed`` names."""
         slots = len(ops.slot_row)
         outputs_ = [np.empty(slots, kind) for kind in _OUTPUT_TYPES]
         taken = np.empty(slots, np.int64)
         pointers = [recorded.ctypes.data if name is None else getattr(ops, name).buffer_info()[0] for name in _INPUT_COLUMNS]
         pointers += [column.ctypes.data for column in (*outputs_, taken)]
         counts = (ctypes.c_int64 * 5)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row)
-        options = (ctypes.c_int * 2)(inputs | outputs << 1, statistics)
+        options = (ctypes.c_int * 2)(inputs | outputs << 1, statistics | fingerprints << 1)
         taken_count = ctypes.c_int64()
         count = self._lib.td_walk(
             self._handle, counts, options, (ctypes.c_void_p * len(pointers))(*pointers), ctypes.byref(taken_count)

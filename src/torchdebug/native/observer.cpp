@@ -52,6 +52,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -61,6 +62,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -111,15 +113,21 @@ enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2 };
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
-// ---- statistics: stats.c's kernels, called on CPU float tensors ----------------------------------
-// Python hands over the entry points of the stats library it loaded (td_observer_use_stats), so the
-// sums are those of torchdebug.native.fused_stats.fused_sums_into bit for bit: the same code, the
-// same walk of the tensor's memory (runs() below is fused_stats._runs), the same thread count.
+// ---- statistics and fingerprints: stats.c's kernels, called on CPU tensors -----------------------
+// Python hands over the entry points of the stats library it loaded (td_observer_use_stats,
+// td_observer_use_fingerprints), so the sums are those of torchdebug.native.fused_stats bit for bit:
+// the same code, the same walk of the tensor's memory (runs() below is fused_stats._runs, and
+// ordered_runs() its _ordered_runs, the walk of stats_and_fingerprint), the same thread count.
 
 using StatsKernel = int (*)(const void*, int, const int64_t*, const int64_t*, double*, int);
+using StatsHashKernel = int (*)(const void*, int, const int64_t*, const int64_t*, const int64_t*, double*, uint64_t*, int);
+using HashKernel = uint64_t (*)(const void*, int, const int64_t*, const int64_t*, const int64_t*, int);
 constexpr int kStatsWidth = 8;  // min, max, sum, squares, nan, posinf, neginf, zeros
 constexpr int kMaxDims = 16;
+constexpr int kMaxWidth = 8;  // bytes an element, for the fingerprint alone (td_hash_w1 .. td_hash_w8)
 std::atomic<StatsKernel> stats_f32{nullptr}, stats_bf16{nullptr}, stats_f64{nullptr};
+std::atomic<StatsHashKernel> stats_hash_f32{nullptr}, stats_hash_bf16{nullptr}, stats_hash_f64{nullptr};
+std::array<std::atomic<HashKernel>, kMaxWidth + 1> hash_kernels{};  // by element size; all null: no fingerprints
 std::atomic<bool> keep_unsummed{false};
 std::atomic<bool> outputs_waiting{false};  // Slots::waiting holds outputs (the recorder's)
 
@@ -135,6 +143,21 @@ StatsKernel stats_kernel(c10::ScalarType dtype) {
       return nullptr;
   }
 }
+
+StatsHashKernel stats_hash_kernel(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float:
+      return stats_hash_f32.load(std::memory_order_relaxed);
+    case c10::ScalarType::BFloat16:
+      return stats_hash_bf16.load(std::memory_order_relaxed);
+    case c10::ScalarType::Double:
+      return stats_hash_f64.load(std::memory_order_relaxed);
+    default:
+      return nullptr;
+  }
+}
+
+bool want_fingerprints() { return hash_kernels[1].load(std::memory_order_relaxed) != nullptr; }
 
 // Sizes and strides, outer to inner, that visit every element once with an innermost stride of 1
 // (dims of size 1 dropped, dims that continue each other merged, broadcast dims outermost); the
@@ -171,6 +194,50 @@ int runs(const c10::TensorImpl* impl, int64_t* sizes, int64_t* strides) {
   return ndim;
 }
 
+// runs(), where each dim also says how far one step along it moves in the row-major order of the
+// elements (positions, the fingerprint's): dims merge only where they continue each other in memory
+// and in that order (fused_stats._ordered_runs: ties of stride broken by the larger step first).
+int ordered_runs(const c10::TensorImpl* impl, int64_t* sizes, int64_t* strides, int64_t* positions) {
+  if (impl->is_contiguous()) {
+    sizes[0] = impl->numel();
+    strides[0] = 1;
+    positions[0] = 1;
+    return 1;
+  }
+  struct Dim {
+    int64_t stride, size, position;
+  };
+  std::vector<Dim> dims;
+  auto shape = impl->sizes();
+  auto steps = impl->strides();
+  int64_t logical = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] != 1) dims.push_back({steps[d], shape[d], logical});
+    logical *= shape[d];
+  }
+  std::reverse(dims.begin(), dims.end());
+  std::stable_sort(dims.begin(), dims.end(), [](const Dim& a, const Dim& b) {
+    return std::make_tuple(a.stride != 0, -a.stride, -a.position) < std::make_tuple(b.stride != 0, -b.stride, -b.position);
+  });
+  int ndim = 0;
+  for (auto dim = dims.rbegin(); dim != dims.rend(); ++dim) {  // inner to outer
+    if (ndim > 0 && dim->stride == strides[ndim - 1] * sizes[ndim - 1] && dim->position == positions[ndim - 1] * sizes[ndim - 1]) {
+      sizes[ndim - 1] *= dim->size;
+    } else {
+      if (ndim == kMaxDims) return 0;
+      sizes[ndim] = dim->size;
+      strides[ndim] = dim->stride;
+      positions[ndim] = dim->position;
+      ++ndim;
+    }
+  }
+  if (ndim == 0 || strides[0] != 1) return 0;
+  std::reverse(sizes, sizes + ndim);
+  std::reverse(strides, strides + ndim);
+  std::reverse(positions, positions + ndim);
+  return ndim;
+}
+
 // The TensorImpl address of the tensor a view's memory belongs to (autograd's _base: the first one,
 // for views of views), or 0 for a tensor that is no view; `held` gets a weak reference to it. The
 // temporary reference is dropped before the op returns (a factory's binding checks that it holds
@@ -183,19 +250,49 @@ int64_t view_base(c10::TensorImpl* impl, WeakImpl& held) {
   return reinterpret_cast<int64_t>(tensor._base().unsafeGetTensorImpl());
 }
 
-// The sums of a plain (not a subclass, not nested) tensor into out, when the kernel applies: a
-// non-empty strided CPU tensor of float32, bfloat16 or float64 without the negative bit, with data.
-bool take_stats(const c10::TensorImpl* impl, double* out) {
-  auto kernel = stats_kernel(impl->dtype().toScalarType());
-  if (kernel == nullptr || !impl->is_cpu() || impl->layout() != c10::kStrided || impl->is_neg() || impl->numel() == 0 ||
-      !impl->has_storage() || !impl->storage_initialized()) {
-    return false;
+enum Taken : int { kSummed = 1, kHashed = 2 };
+
+// What the callback reads of a plain (not a subclass, not nested) non-empty strided CPU tensor with
+// data and without the negative bit: with statistics (use_stats), the sums of a float32, bfloat16 or
+// float64 one into out, and with fingerprints its fingerprint too, in the same pass (the walk
+// stats_and_fingerprint takes, so the sums are the dispatch mode's with checksum=True); with
+// fingerprints alone, the fingerprint of one of any dtype of 1, 2, 4 or 8 bytes an element (the
+// fingerprint reads bits; not conjugated). A tensor of another dtype, or memory no walk visits,
+// gets neither: it is kept for the drain (with statistics, one not summed gets both there, as the
+// dispatch mode takes them). Returns the Taken bits.
+int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
+  if (!impl->is_cpu() || impl->layout() != c10::kStrided || impl->is_neg() || impl->numel() == 0 || !impl->has_storage() ||
+      !impl->storage_initialized()) {
+    return 0;
   }
-  int64_t sizes[kMaxDims], strides[kMaxDims];
-  int ndim = runs(impl, sizes, strides);
-  if (ndim == 0) return false;
-  kernel(impl->data(), ndim, sizes, strides, out, at::get_num_threads());
-  return true;
+  auto dtype = impl->dtype().toScalarType();
+  bool prints = want_fingerprints();
+  bool sums = stats_f32.load(std::memory_order_relaxed) != nullptr;
+  int64_t sizes[kMaxDims], strides[kMaxDims], positions[kMaxDims];
+  if (sums) {
+    auto kernel = stats_kernel(dtype);
+    if (kernel == nullptr) return 0;
+    if (!prints) {
+      int ndim = runs(impl, sizes, strides);
+      if (ndim == 0) return 0;
+      kernel(impl->data(), ndim, sizes, strides, out, at::get_num_threads());
+      return kSummed;
+    }
+    auto both = stats_hash_kernel(dtype);
+    int ndim = both == nullptr ? 0 : ordered_runs(impl, sizes, strides, positions);
+    if (ndim == 0) return 0;
+    uint64_t value = 0;
+    both(impl->data(), ndim, sizes, strides, positions, out, &value, at::get_num_threads());
+    *fingerprint = static_cast<int64_t>(value);
+    return kSummed | kHashed;
+  }
+  auto width = impl->itemsize();
+  if (!prints || impl->is_conj() || c10::isQIntType(dtype) || width > kMaxWidth) return 0;
+  auto hash = hash_kernels[width].load(std::memory_order_relaxed);
+  int ndim = hash == nullptr ? 0 : ordered_runs(impl, sizes, strides, positions);
+  if (ndim == 0) return 0;
+  *fingerprint = static_cast<int64_t>(hash(impl->data(), ndim, sizes, strides, positions, at::get_num_threads()));
+  return kHashed;
 }
 
 struct OpInfo {
@@ -222,8 +319,10 @@ struct Slots {
   std::vector<int8_t> device_index;  // -1: none (the CPU)
   std::vector<int8_t> has_stats;
   std::vector<double> stats;  // kStatsWidth sums a slot (NaN where not taken)
-  // With keep_unsummed: a reference to each plain non-empty tensor whose sums were not taken here
-  // (another dtype or device), and its slot (an index into these columns), for Python to reduce at
+  std::vector<int8_t> has_fingerprint;
+  std::vector<int64_t> fingerprint;  // the fingerprint's 64 bits (0 where not taken)
+  // With keep_unsummed: a reference to each plain non-empty tensor whose sums (or fingerprint) were
+  // not taken here (another dtype or device), and its slot (an index into these columns), for Python to reduce at
   // its flush while the tensor is at the version recorded. An output is held weakly until the next
   // op starts (waiting: its index in kept): a factory's Python binding makes its result a variable
   // in place only while nothing else holds it (make_variable), else it wraps a copy of the TensorImpl.
@@ -262,6 +361,8 @@ struct Slots {
       device_type.push_back(-1);
       device_index.push_back(-1);
       has_stats.push_back(0);
+      has_fingerprint.push_back(0);
+      fingerprint.push_back(0);
       return;
     }
     auto sizes = impl->sizes();
@@ -276,9 +377,14 @@ struct Slots {
     auto device = impl->device();
     device_type.push_back(static_cast<int8_t>(device.type()));
     device_index.push_back(static_cast<int8_t>(device.index()));
-    bool summed = take_stats(impl, stats.data() + at);
-    has_stats.push_back(summed ? 1 : 0);
-    if (!summed && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) {
+    int64_t value = 0;
+    int taken = take_values(impl, stats.data() + at, &value);
+    has_stats.push_back(taken & kSummed ? 1 : 0);
+    has_fingerprint.push_back(taken & kHashed ? 1 : 0);
+    fingerprint.push_back(value);
+    bool missing = (stats_f32.load(std::memory_order_relaxed) != nullptr && !(taken & kSummed)) ||
+                   (want_fingerprints() && !(taken & kHashed));
+    if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) {
       auto strong = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl);
       if (side == 1) {
         waiting.emplace_back(kept.size(), WeakImpl(strong));
@@ -331,6 +437,8 @@ struct Slots {
     device_index.insert(device_index.end(), other.device_index.begin(), other.device_index.end());
     has_stats.insert(has_stats.end(), other.has_stats.begin(), other.has_stats.end());
     stats.insert(stats.end(), other.stats.begin(), other.stats.end());
+    has_fingerprint.insert(has_fingerprint.end(), other.has_fingerprint.begin(), other.has_fingerprint.end());
+    fingerprint.insert(fingerprint.end(), other.fingerprint.begin(), other.fingerprint.end());
   }
 
   // Move the slots of row at_row, the last ones, into other.
@@ -362,6 +470,8 @@ struct Slots {
     move(device_index, other.device_index, 1);
     move(has_stats, other.has_stats, 1);
     move(stats, other.stats, kStatsWidth);
+    move(has_fingerprint, other.has_fingerprint, 1);
+    move(fingerprint, other.fingerprint, 1);
     other.shape.insert(other.shape.end(), shape.end() - static_cast<std::ptrdiff_t>(dims), shape.end());
     shape.resize(shape.size() - dims);
     other.stride.insert(other.stride.end(), stride.end() - static_cast<std::ptrdiff_t>(dims), stride.end());
@@ -387,8 +497,12 @@ struct Slots {
 
   void clear() {
     waiting.clear();
-    for (auto* column : {&row, &value, &version, &storage, &offset, &base, &shape, &stride, &kept_slot}) column->clear();
-    for (auto* column : {&io, &dtype, &flag, &ndim, &device_type, &device_index, &has_stats}) column->clear();
+    for (auto* column : {&row, &value, &version, &storage, &offset, &base, &shape, &stride, &kept_slot, &fingerprint}) {
+      column->clear();
+    }
+    for (auto* column : {&io, &dtype, &flag, &ndim, &device_type, &device_index, &has_stats, &has_fingerprint}) {
+      column->clear();
+    }
     kept.clear();
     stats.clear();
     arg.clear();
@@ -772,11 +886,11 @@ void td_observer_counts(int64_t* counts) {
 }
 
 // Move the first counts[0] op rows, counts[1] slot rows, counts[2] shape and stride entries and
-// counts[4] kept tensors (as td_observer_counts gave them) into the 24 columns: Recorder's op
+// counts[4] kept tensors (as td_observer_counts gave them) into the 26 columns: Recorder's op
 // columns, then its Slots' (the kept tensors' slots, -1 for one freed or changed in place since it
 // was recorded; the others go to observer_kept()), then the
 // rows' stacks (indices into the tracebacks td_observer_stacks symbolizes), then the slots' view
-// bases; rows added since stay. Called between ops: an op still running when its row is drained records its
+// bases, whether each has a fingerprint and the fingerprints; rows added since stay. Called between ops: an op still running when its row is drained records its
 // outputs with the next drain.
 void td_observer_drain(const int64_t* counts, void** columns) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -838,6 +952,8 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(from.device_index, slots, columns[18]);
   take(from.has_stats, slots, columns[19]);
   take(from.stats, slots * kStatsWidth, columns[20]);
+  take(from.has_fingerprint, slots, columns[24]);
+  take(from.fingerprint, slots, columns[25]);
   take(from.kept_slot, kept, columns[21]);
   for (auto& slot : from.kept_slot) slot -= static_cast<int64_t>(slots);
   from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));
@@ -897,8 +1013,8 @@ int64_t td_observer_stacks(int64_t* stack_of) {
 // The frames of stack `id` (td_observer_stacks), one a line, innermost first: "file\tline\tfunction".
 const char* td_observer_stack_text(int64_t id) { return stacks.texts.at(static_cast<size_t>(id)).c_str(); }
 
-// Keep a reference to each plain tensor whose sums the callback does not take (keep != 0), from
-// the rows recorded from now on, or no longer.
+// Keep a reference to each plain tensor whose sums or fingerprint (those asked for) the callback
+// does not take (keep != 0), from the rows recorded from now on, or no longer.
 void td_observer_keep_unsummed(int keep) { keep_unsummed.store(keep != 0); }
 
 // The name of a c10::DeviceType code, lower case ("cpu", "cuda").
@@ -916,6 +1032,19 @@ int td_observer_use_stats(void* f32, void* bf16, void* f64) {
   stats_bf16.store(reinterpret_cast<StatsKernel>(bf16));
   stats_f64.store(reinterpret_cast<StatsKernel>(f64));
   return kStatsWidth;
+}
+
+// Take the fingerprint of CPU tensors (torchdebug/checksum.py) from the rows recorded from now on:
+// with statistics, in their pass (td_stats_hash_f32, _bf16, _f64), else alone (td_hash_w1, w2, w4,
+// w8: by element size); all null: none taken.
+void td_observer_use_fingerprints(void* f32, void* bf16, void* f64, void* w1, void* w2, void* w4, void* w8) {
+  stats_hash_f32.store(reinterpret_cast<StatsHashKernel>(f32));
+  stats_hash_bf16.store(reinterpret_cast<StatsHashKernel>(bf16));
+  stats_hash_f64.store(reinterpret_cast<StatsHashKernel>(f64));
+  hash_kernels[2].store(reinterpret_cast<HashKernel>(w2));
+  hash_kernels[4].store(reinterpret_cast<HashKernel>(w4));
+  hash_kernels[8].store(reinterpret_cast<HashKernel>(w8));
+  hash_kernels[1].store(reinterpret_cast<HashKernel>(w1));  // last: it says whether fingerprints are taken
 }
 
 // The c10::ScalarType of the tensor whose TensorImpl is at `impl` (Tensor._cdata).

@@ -22,8 +22,10 @@ read), ``slot_ndim`` with the sizes concatenated in ``shape`` and the strides in
 for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address, 0 for a flagged slot or one
 without storage), ``slot_offset`` (its storage offset) and ``slot_base`` (a view's base
 ``TensorImpl``, 0 for none); after :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU
-float tensor (``slot_has_stats``); after :meth:`NativeObserver.keep_unsummed`, ``kept``: the other
-plain non-empty tensors, handed over by the operator the library registers
+float tensor (``slot_has_stats``); after :meth:`NativeObserver.use_fingerprints`,
+``slot_fingerprint``: the fingerprint (``torchdebug.checksum``) of each CPU tensor the callback read
+(``slot_has_fingerprint``), in the statistics' pass; after :meth:`NativeObserver.keep_unsummed`,
+``kept``: the other plain non-empty tensors, handed over by the operator the library registers
 (``torch.ops.torchdebug.observer_kept``), and their slots (``kept_slot``).
 """
 
@@ -73,6 +75,8 @@ _COLUMNS = (
     ("kept_slot", "q"),
     ("stack", "q"),
     ("slot_base", "q"),
+    ("slot_has_fingerprint", "b"),
+    ("slot_fingerprint", "q"),
 )
 """The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
 
@@ -117,6 +121,9 @@ class ObservedOps:
     slot_base: array
     """A view's: the ``TensorImpl`` address of the tensor whose memory it shares (autograd's ``_base``,
     the first one for views of views); 0 for a tensor that is no view, or a flagged one."""
+    slot_has_fingerprint: array
+    slot_fingerprint: array
+    """The fingerprint's 64 bits as int64 (0 where ``slot_has_fingerprint`` is 0)."""
     kept: list[torch.Tensor]
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
     callback did not take, still at the version recorded when drained."""
@@ -157,6 +164,7 @@ class NativeObserver:
         library.td_observer_scalar_type.argtypes = [ctypes.c_void_p]
         library.td_fallback_start.argtypes = [ctypes.c_int]
         library.td_observer_use_stats.argtypes = [ctypes.c_void_p] * 3
+        library.td_observer_use_fingerprints.argtypes = [ctypes.c_void_p] * 7
         library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_stacks.argtypes = [ctypes.c_void_p]
@@ -205,9 +213,9 @@ class NativeObserver:
         return list(stack_of[:count]), self._stacks
 
     def keep_unsummed(self, enabled: bool = True) -> None:
-        """Keep a reference to each plain non-empty tensor whose sums the callback does not take
-        (other dtypes, other devices, memory it cannot walk) in the rows recorded from now on, or no
-        longer: :attr:`ObservedOps.kept` hands them to Python at the drain."""
+        """Keep a reference to each plain non-empty tensor whose sums or fingerprint (those asked
+        for) the callback does not take (other dtypes, other devices, memory it cannot walk) in the
+        rows recorded from now on, or no longer: :attr:`ObservedOps.kept` hands them to Python at the drain."""
         self._lib.td_observer_keep_unsummed(int(enabled))
 
     def use_stats(self, enabled: bool = True) -> bool:
@@ -224,6 +232,20 @@ class NativeObserver:
         entries = (ctypes.cast(getattr(stats, f"td_stats_{suffix}"), ctypes.c_void_p) for suffix in ("f32", "bf16", "f64"))
         if self._lib.td_observer_use_stats(*entries) != WIDTH:
             raise RuntimeError(f"native/observer.cpp keeps sums of another width than {WIDTH}")
+        return True
+
+    def use_fingerprints(self, enabled: bool = True) -> bool:
+        """Take the fingerprint (:mod:`torchdebug.checksum`) of CPU tensors in the rows recorded from
+        now on, or no longer: with :meth:`use_stats`, of the float32, bfloat16 and float64 ones in the
+        statistics' pass (``td_stats_hash_*``, as ``fused_stats.stats_and_fingerprint`` takes both), else
+        of those of any dtype of 1, 2, 4 or 8 bytes (``td_hash_w*``); ``False`` where the stats library
+        cannot be built."""
+        stats = load_library("stats")
+        if stats is None or not enabled:
+            self._lib.td_observer_use_fingerprints(*[None] * 7)
+            return stats is not None
+        names = [f"td_stats_hash_{suffix}" for suffix in ("f32", "bf16", "f64")] + [f"td_hash_w{width}" for width in (1, 2, 4, 8)]
+        self._lib.td_observer_use_fingerprints(*(ctypes.cast(getattr(stats, name), ctypes.c_void_p) for name in names))
         return True
 
     def start(self, level: int = RECORD) -> bool:
@@ -252,7 +274,8 @@ class NativeObserver:
         counts = (ctypes.c_int64 * 5)()
         self._lib.td_observer_counts(counts)
         ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
-        sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops, slots]
+        sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops]
+        sizes += [slots] * 3  # slot_base, slot_has_fingerprint, slot_fingerprint
         columns = {name: array(code, bytes(array(code).itemsize * size)) for (name, code), size in zip(_COLUMNS, sizes)}
         pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
         self._lib.td_observer_drain(counts, pointers)

@@ -18,9 +18,11 @@
 //   argument's memory owner. The observer holds each address weakly until it reports it freed
 //   (freed, after that drain's slots): an address names one tensor meanwhile.
 // - Shared statistics as CaptureSession shares them: a tensor seen again at the same version and
-//   memory, and the only output of a copy or a view with its argument's elements (alias_stats), has
+//   memory, and the only output of a copy or a view with its argument's elements (alias_of), has
 //   the statistics taken first; else the callback's sums, a kept tensor's (taken at the flush), or
-//   none (it changed before the flush).
+//   none (it changed before the flush). Fingerprints the same way, as CaptureSession.share_alias
+//   shares them: a view shares its argument's only where it reads the same memory in the same order
+//   (both contiguous from the same offset), a copy always; else the callback's, or a kept tensor's.
 // - Memory that holds no value of the run yet, as unwritten.py follows it: a slot on it is
 //   "uninitialised"; an argument an op overwrites without reading it is described, not read.
 //
@@ -44,7 +46,9 @@ constexpr int8_t kChanged = 3;  // error code: a kept tensor changed or freed be
 constexpr int8_t kUninitialised = 1;  // unread code of "uninitialised" (native_values.py's table)
 constexpr int64_t kNone = -1;
 
-enum OpFlag : int { kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32 };
+enum OpFlag : int { kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32, kAccumulates = 64 };
+// kAccumulates: the op the engine sums gradients in place with (aten.add_.Tensor in a backward row),
+// which a dispatch mode runs out of place (a new tensor, at version 0).
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kNoPhase = -1 };
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
 
@@ -93,11 +97,13 @@ struct Known {  // the tensor last seen at an address
   Memory memory;
 };
 
-struct Seen {  // a tensor's first statistics this step
+struct Seen {  // a tensor's first statistics and fingerprint this step
   int64_t version;
   Memory memory;
-  int64_t stats;  // the reference the walk gave it
+  int64_t stats;        // the references the walk gave it (kNone: not taken)
+  int64_t fingerprint;
   int64_t drain;  // references name the slots of one drain
+  bool view = false;  // a view op's output: version is the one a dispatch mode reads (Walk::mode_version)
 };
 
 struct OpFacts {
@@ -111,8 +117,21 @@ struct OpFacts {
 
 struct Source {  // the row's first argument, a plain tensor
   int64_t address = 0, version = 0, numel = 0, device = 0;
+  bool contiguous = false;
   Memory memory;
 };
+
+// Whether sizes and strides are those of a contiguous tensor (torch's is_contiguous: dims of size 1
+// take any stride, and a tensor without elements is contiguous).
+bool contiguous(const int64_t* sizes, const int64_t* strides, int ndim) {
+  int64_t expected = 1;
+  for (int dim = ndim - 1; dim >= 0; --dim) {
+    if (sizes[dim] == 0) return true;
+    if (sizes[dim] != 1 && strides[dim] != expected) return false;
+    expected *= sizes[dim];
+  }
+  return true;
+}
 
 struct Call {  // a forward row, by the sequence number of the autograd node it made
   int64_t module;
@@ -130,6 +149,20 @@ struct Walk {
   std::unordered_map<Memory, Value, MemoryHash> made_in;  // this step: the value first made in a memory
   std::unordered_map<int64_t, Seen> seen;  // this step, by address
   std::unordered_set<int64_t> unwritten;  // storages of allocations nothing has written since
+  std::unordered_map<int64_t, int64_t> summed_in;  // this step: storage → its version after the engine's in-place sum
+
+  // The version a dispatch mode reads of a tensor on `storage` at `version`: less the writes of the
+  // engine's in-place gradient sums, which the mode runs out of place (its sum a new tensor at 0).
+  int64_t mode_version(int64_t storage, int64_t version) const {
+    auto found = summed_in.find(storage);
+    return found == summed_in.end() ? version : version - found->second;
+  }
+
+  // Whether what `known` took this drain holds for a tensor over `memory` at `version`.
+  bool still(const Seen& known, const Memory& memory, int64_t version) const {
+    return known.drain == drains && known.memory == memory &&
+           known.version == (known.view ? mode_version(memory.storage, version) : version);
+  }
   int64_t fresh = 0;
   int64_t drains = 0;
   int64_t row = -1;  // the row whose inputs follow
@@ -262,17 +295,14 @@ struct Walk {
     return why;
   }
 
-  // _alias_stats: the statistics an op's only output shares with its first argument (a copy or a
-  // view with its elements, of an argument whose statistics were taken at its version), or kNone.
-  int64_t alias_stats(const OpFacts& op, const Source& source, const Memory& memory, int64_t numel, int64_t device) {
-    if (numel != source.numel || memory.dtype != source.memory.dtype) return kNone;
-    if (!(op.flags & kValuePreserving) && (device != source.device || memory.storage != source.memory.storage)) return kNone;
+  // _alias_source: what an op's only output shares with its first argument (a copy or a view with
+  // its elements, of an argument whose statistics or fingerprint were taken at its version), or null.
+  const Seen* alias_of(const OpFacts& op, const Source& source, const Memory& memory, int64_t numel, int64_t device) {
+    if (numel != source.numel || memory.dtype != source.memory.dtype) return nullptr;
+    if (!(op.flags & kValuePreserving) && (device != source.device || memory.storage != source.memory.storage)) return nullptr;
     auto known = seen.find(source.address);
-    if (known == seen.end() || known->second.drain != drains || known->second.version != source.version ||
-        !(known->second.memory == source.memory)) {
-      return kNone;
-    }
-    return known->second.stats;
+    if (known == seen.end() || !still(known->second, source.memory, source.version)) return nullptr;
+    return &known->second;
   }
 };
 
@@ -293,6 +323,7 @@ void td_walk_free(void* walk) { delete static_cast<Walk*>(walk); }
 void td_walk_next_step(void* walk) {
   auto& state = *static_cast<Walk*>(walk);
   state.made_in.clear();
+  state.summed_in.clear();
   state.seen.clear();
   state.calls.clear();
   state.made_by.clear();
@@ -415,21 +446,24 @@ const char* td_walk_arg(void* walk, int index, int* io) {
 }
 
 // Walk the drained slots (counts: rows, slots, kept tensors, freed addresses, the first row's
-// absolute number; options: the sides recorded, bit 0 inputs and bit 1 outputs, then 1 with
-// statistics). columns, in native_values.py's order: the rows' op ids, backward marks and whether
-// each is recorded (its slots are records); the slots' rows, io, arg, element, dtype, flag, ndim,
-// address, version, storage, offset, the flat shapes, device type and index, whether the callback
-// summed it, view base; the kept tensors' slots (-1: not handed over); the freed addresses; then
+// absolute number; options: the sides recorded, bit 0 inputs and bit 1 outputs, then bit 0 with
+// statistics and bit 1 with fingerprints). columns, in native_values.py's order: the rows' op ids,
+// backward marks and whether each is recorded (its slots are records); the slots' rows, io, arg,
+// element, dtype, flag, ndim, address, version, storage, offset, the flat shapes, device type and
+// index, whether the callback summed it, view base; the kept tensors' slots (-1: not handed over);
+// the freed addresses; whether the callback took each slot's fingerprint, the flat strides; then
 // the outputs, one entry per recorded slot: drained index, value id, view_of (-1: none), statistics
 // reference (>= 0 the drained slot whose sums give them, -1 none, <= -2 the entry -2 - ref of
-// taken), error code (1 subclass, 2 nested, 3 changed), unread code, arg code; and taken: the
-// drained slots whose kept tensor is reduced at the flush (-1: the statistics of no elements).
+// taken), error code (1 subclass, 2 nested, 3 changed), unread code, arg code, fingerprint
+// reference (as the statistics'); and taken: the drained slots whose kept tensor is reduced at the
+// flush (-1: the statistics and fingerprint of no elements).
 // Returns the recorded slots (and the taken entries into *taken_count), or -1 on failure.
 int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* const* columns, int64_t* taken_count) {
   try {
     auto& state = *static_cast<Walk*>(walk);
     auto rows = counts[0], slots = counts[1], kept_count = counts[2], freed_count = counts[3], first_row = counts[4];
-    bool want_inputs = options[0] & 1, want_outputs = options[0] & 2, statistics = options[1] != 0;
+    bool want_inputs = options[0] & 1, want_outputs = options[0] & 2;
+    bool statistics = options[1] & 1, fingerprints = options[1] & 2;
     auto row_op = column<int32_t>(columns, 0);
     auto row_backward = column<int8_t>(columns, 1);
     auto row_recorded = column<int8_t>(columns, 2);
@@ -451,14 +485,17 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     auto slot_base = column<int64_t>(columns, 18);
     auto kept_slot = column<int64_t>(columns, 19);
     auto freed = column<int64_t>(columns, 20);
-    auto out_slot = static_cast<int64_t*>(columns[21]);
-    auto out_value = static_cast<int64_t*>(columns[22]);
-    auto out_view_of = static_cast<int64_t*>(columns[23]);
-    auto out_stats = static_cast<int64_t*>(columns[24]);
-    auto out_error = static_cast<int8_t*>(columns[25]);
-    auto out_unread = static_cast<int8_t*>(columns[26]);
-    auto out_arg = static_cast<int32_t*>(columns[27]);
-    auto taken = static_cast<int64_t*>(columns[28]);
+    auto has_fingerprint = column<int8_t>(columns, 21);
+    auto stride = column<int64_t>(columns, 22);
+    auto out_slot = static_cast<int64_t*>(columns[23]);
+    auto out_value = static_cast<int64_t*>(columns[24]);
+    auto out_view_of = static_cast<int64_t*>(columns[25]);
+    auto out_stats = static_cast<int64_t*>(columns[26]);
+    auto out_error = static_cast<int8_t*>(columns[27]);
+    auto out_unread = static_cast<int8_t*>(columns[28]);
+    auto out_arg = static_cast<int32_t*>(columns[29]);
+    auto out_fingerprint = static_cast<int64_t*>(columns[30]);
+    auto taken = static_cast<int64_t*>(columns[31]);
 
     ++state.drains;
     std::vector<int8_t> kept(static_cast<size_t>(slots), 0);
@@ -485,6 +522,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       memory.dtype = slot_dtype[slot];
       memory.shape = state.shapes.id(shape + dims, ndim);
       const int64_t* sizes = shape + dims;
+      bool is_contiguous = contiguous(sizes, stride + dims, ndim);
       dims += ndim;
       if (row != last_row) {
         last_row = row;
@@ -518,14 +556,28 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         source.version = version;
         source.numel = numel;
         source.device = device;
+        source.contiguous = is_contiguous;
         source.memory = memory;
       }
-      int64_t reused = kNone;
+      const Seen* alias = nullptr;
+      int64_t reused = kNone, reused_fingerprint = kNone, seen_at = version;
+      bool is_view = false;
       bool is_mutable = op->flags & kMutable;
       if (io && first && has_source && (op->flags & kOneTensor) && !is_mutable) {
-        reused = state.alias_stats(*op, source, memory, numel, device);
-        if (reused != kNone) state.seen[address] = Seen{version, memory, reused, state.drains};
+        alias = state.alias_of(*op, source, memory, numel, device);
+        if (alias != nullptr) {  // a copy, or a view reading the memory in the same order, has the same bits in order
+          bool in_order = (op->flags & kValuePreserving) ||
+                          (memory.offset == source.memory.offset && is_contiguous && source.contiguous);
+          reused = alias->stats;
+          reused_fingerprint = in_order ? alias->fingerprint : kNone;
+          // A dispatch mode sees a view op's output before autograd makes it a view (its own version
+          // counter, at 0), so a later read shares what this one took only while its base is at 0.
+          is_view = !(op->flags & kValuePreserving);
+          if (is_view) seen_at = 0;
+          state.seen[address] = Seen{seen_at, memory, reused, reused_fingerprint, state.drains, is_view};
+        }
       }
+      if (io && backward && (op->flags & kAccumulates)) state.summed_in[storage] = version;
       if (!(io ? want_outputs : want_inputs)) {
         if (io == 0 && (is_mutable || (first && (op->flags & kMakesViews)))) {  // ValueIds.see, ValueIds.views
           auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
@@ -533,7 +585,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
             has_source_value = true;
             source_value = value;
           }
-        } else if (io && reused == kNone) {
+        } else if (io && alias == nullptr) {
           state.seen.erase(address);
           state.forget(address, memory);
         }
@@ -546,34 +598,52 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       } else if (io && (op->flags & kMakesViews) && has_source_value && value.id != source_value.id) {
         state.made_view(value, address, memory, source_value);
       }
-      int64_t stats = kNone;
+      int64_t stats = kNone, fingerprint = kNone;
       int8_t error = 0, why = 0;
       if (flag != kPlain) {
         error = flag;
       } else if ((why = state.unread(*op, io, slot_arg[slot], slot_element[slot], storage, numel)) != 0) {
-      } else if (!statistics) {
-      } else if (reused != kNone) {
-        stats = reused;
-      } else if (auto known = io == 0 ? state.seen.find(address) : state.seen.end();
-                 known != state.seen.end() && known->second.drain == state.drains && known->second.version == version &&
-                 known->second.memory == memory) {
-        stats = known->second.stats;  // an output is a new tensor, or written: only an input is known
-      } else {
-        if (has_stats[slot]) {
-          stats = slot;
-        } else if (numel == 0) {
-          if (empty == kNone) {
-            taken[taken_entries] = kNone;
-            empty = -2 - taken_entries++;
-          }
-          stats = empty;
-        } else if (kept[static_cast<size_t>(slot)]) {
-          taken[taken_entries] = slot;
-          stats = -2 - taken_entries++;
-        } else {
-          error = kChanged;
+      } else if (statistics || fingerprints) {
+        if (alias != nullptr) {
+          stats = reused;
+          fingerprint = reused_fingerprint;
+        } else if (auto known = io == 0 ? state.seen.find(address) : state.seen.end();
+                   known != state.seen.end() && state.still(known->second, memory, version)) {
+          stats = known->second.stats;  // an output is a new tensor, or written: only an input is known
+          fingerprint = known->second.fingerprint;
         }
-        if (stats != kNone) state.seen[address] = Seen{version, memory, stats, state.drains};
+        int64_t own_taken = kNone;  // this slot's own entry of taken, shared by both
+        auto own = [&](const int8_t* has) -> int64_t {
+          if (has[slot]) return slot;
+          if (numel == 0) {
+            if (empty == kNone) {
+              taken[taken_entries] = kNone;
+              empty = -2 - taken_entries++;
+            }
+            return empty;
+          }
+          if (!kept[static_cast<size_t>(slot)]) {
+            error = kChanged;
+            return kNone;
+          }
+          if (own_taken == kNone) {
+            taken[taken_entries] = slot;
+            own_taken = -2 - taken_entries++;
+          }
+          return own_taken;
+        };
+        bool owned = false;
+        if (statistics && stats == kNone) {
+          stats = own(has_stats);
+          owned = true;
+        }
+        if (fingerprints && fingerprint == kNone) {
+          fingerprint = own(has_fingerprint);
+          owned = true;
+        }
+        if (owned && (stats != kNone || fingerprint != kNone)) {
+          state.seen[address] = Seen{seen_at, memory, stats, fingerprint, state.drains, is_view};
+        }
       }
       out_slot[recorded] = slot;
       out_value[recorded] = value.id;
@@ -582,6 +652,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       out_error[recorded] = error;
       out_unread[recorded] = why;
       out_arg[recorded] = state.arg_code(*op, io, slot_arg[slot], slot_element[slot]);
+      out_fingerprint[recorded] = fingerprint;
       ++recorded;
     }
     for (int64_t index = 0; index < freed_count; ++index) {  // after these slots: another tensor may take them now

@@ -4,8 +4,9 @@ The native path's C++ walk (``capture/native_values.py``) gives, per recorded sl
 index, ``arg`` (a code), value id, ``view_of``, where its statistics come from and why it is not read
 or has no statistics, as arrays. The rest is taken column by column from the drained arrays and the
 rows' names: dtypes, shapes, strides, devices and versions at the recorded slots, a call's fields
-per row, texts by code, the statistics finished from the callback's sums in one vectorised pass: no
-record, name or statistics dict is made per slot. The batch has the schema ``records_batch`` gives
+per row, texts by code, the statistics finished from the callback's sums in one vectorised pass,
+fingerprints spelled as 16 hex digits (``checksum.hex_digits``) in another: no record, name or
+statistics dict is made per slot. The batch has the schema ``records_batch`` gives
 (``_record_columns.py``), read back the same way: docs/architecture.md, "The native path".
 """
 
@@ -41,7 +42,8 @@ class SlotColumns:
     A slot's statistics are a reference: ``>= 0`` the drained slot whose callback sums give them
     (a slot that shows a tensor again names the slot that first showed it), ``-1`` none, ``<= -2``
     the dict ``stats[-2 - ref]`` (statistics torch ops take at the flush, filled before
-    :meth:`batch`)."""
+    :meth:`batch`). A slot's fingerprint is a reference of the same kind: the callback's of a
+    drained slot, none, or ``fingerprints[-2 - ref]`` (``None`` where it was not delivered)."""
 
     slots: np.ndarray
     """The drained index of each recorded slot."""
@@ -53,6 +55,8 @@ class SlotColumns:
     """-1: none."""
     stats_refs: np.ndarray
     stats: list[dict[str, Any]]
+    fingerprint_refs: np.ndarray
+    fingerprints: list[int | None]
     error_codes: np.ndarray
     errors: pa.Array
     """``capture_error`` by code (0: none)."""
@@ -102,6 +106,8 @@ class SlotColumns:
             "view_of": pa.array(self.view_of, _INT, mask=self.view_of < 0),
             "extra": _by_code(self.unread, self.unread_codes),
         }
+        if (self.fingerprint_refs != -1).any():
+            columns["checksum"] = self._checksum_column(ops)
         stats, odd = self._stats_column(ops) if (self.stats_refs != -1).any() else (pa.nulls(count, STATS_TYPE), {})
         return columns_batch(count, columns, stats, odd)
 
@@ -120,6 +126,30 @@ class SlotColumns:
         if odd_dicts:  # rare: statistics of huge ints (beyond a float's exact ints)
             odd = {row: odd_dicts[-2 - ref] for row, ref in enumerate(refs.tolist()) if ref <= -2 and -2 - ref in odd_dicts}
         return whole.take(pa.array(index)), odd
+
+    def _checksum_column(self, ops: Any) -> pa.Array:
+        """The ``checksum`` column by reference (the class docstring): 16 lowercase hex digits."""
+        refs = self.fingerprint_refs
+        drained = np.asarray(ops.slot_fingerprint, np.int64).view(np.uint64)
+        delivered = np.array([value is not None for value in self.fingerprints], bool)
+        taken = np.array([value or 0 for value in self.fingerprints], np.uint64)
+        index = np.where(refs >= 0, refs, len(drained) - 2 - refs)
+        missing = refs == -1
+        missing[refs <= -2] |= ~delivered[-2 - refs[refs <= -2]]
+        whole = _hex_digits(np.concatenate([drained, taken]))
+        return whole.take(pa.array(np.where(missing, 0, index), _INT, mask=missing))
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+_NIBBLES = np.arange(60, -4, -4, dtype=np.uint64)
+"""The shifts of a 64-bit word's nibbles, most significant first."""
+
+
+def _hex_digits(values: np.ndarray) -> pa.Array:
+    """``checksum.hex_digits`` of each unsigned 64-bit value, as one string column (no Python per value)."""
+    digits = _HEX[((values[:, None] >> _NIBBLES) & np.uint64(15)).astype(np.intp)]
+    offsets = np.arange(0, 16 * (len(values) + 1), 16, dtype=np.int32)
+    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(digits).tobytes()))
 
 
 def _by_code(texts: pa.Array, codes: np.ndarray) -> pa.Array:

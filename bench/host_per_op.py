@@ -15,10 +15,13 @@ one step dispatches (counted once by a counting dispatch mode; the debugger's ow
 counted); once by the wall clock, once by the process's CPU time (all its threads, the writer's
 included), which moves less with the load of other jobs on a shared machine. ``dispatch-mode`` is
 an empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode
-capture. ``structure/op native`` and ``statistics/op native`` are ``structure/op`` and
-``statistics/op`` on the native observer (``TORCHDEBUG_NATIVE=1`` when the debugger is built, unset
-for the other arms; a native arm that fell back to the dispatch mode is marked so). Timings are
-printed, never asserted: the machine's load moves them (the first line gives the load average).
+capture. ``structure/op native``, ``statistics/op native``, ``statistics+checksum/op native`` and
+``checksum/op native`` are those modes on the native observer (``TORCHDEBUG_NATIVE=1`` when the
+debugger is built, unset for the other arms; a native arm that fell back to the dispatch mode is
+marked so). Below the table, the step time of each checksum mode over the mode without the checksum
+on the same path (``statistics+checksum/op`` over ``statistics/op``: issue 48's target is 1.10x).
+Timings are printed, never asserted: the machine's load moves them (the first line gives the load
+average).
 
 ``--profile MODE`` runs ``--block`` steps of that mode under cProfile after the timing and prints
 the ``--top`` functions by their own time, then by cumulative time: where the host time goes.
@@ -51,7 +54,9 @@ from torchdebug.native.build import DISABLE_ENV  # noqa: E402
 CONFIG = GPTConfig(n_layer=4, d_model=32, n_head=4, seq_len=16, vocab=64)
 BATCH = 2
 
-PATH_MODES = {f"{mode} native": MODES[mode] for mode in ("structure/op", "statistics/op")}
+PATH_MODES = {
+    f"{mode} native": MODES[mode] for mode in ("structure/op", "statistics/op", "statistics+checksum/op", "checksum/op")
+}
 """The native path's tasks with their dispatch-mode configs (stacks on), built with ``TORCHDEBUG_NATIVE=1``."""
 
 ALL_MODES = {**MODES, **PATH_MODES}
@@ -62,9 +67,14 @@ DEFAULT_MODES = (
     "structure/op native",
     "statistics/op",
     "statistics/op native",
+    "statistics+checksum/op",
+    "statistics+checksum/op native",
     "statistics/module",
     "checksum/op",
 )
+
+CHECKSUM_OVER = {f"statistics+checksum/op{path}": f"statistics/op{path}" for path in ("", " native")}
+"""Each checksum mode and the mode it adds the fingerprint to: their step times' ratio is printed."""
 
 
 class _CountingMode(_EmptyMode):
@@ -177,6 +187,11 @@ def main() -> None:
             fell_back = mode.endswith(" native") and not isinstance(debuggers[mode]._ops, NativeOpCapture)  # noqa: SLF001
             label = f"{mode} (fell back)" if fell_back else mode
             print(f"{label:20s}" + _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops))
+        for mode, base in CHECKSUM_OVER.items():
+            if mode in times and base in times:
+                wall = statistics.median(times[mode]) / statistics.median(times[base])
+                cpu = statistics.median(cpu_times[mode]) / statistics.median(cpu_times[base])
+                print(f"{mode} over {base}: {wall:.3f}x wall, {cpu:.3f}x cpu (issue 48's target: 1.10x)")
         if args.profile is not None:
             profile(args.profile, debuggers.get(args.profile), model, step, args.block, args.top)
         for debugger in debuggers.values():

@@ -315,9 +315,13 @@ def test_the_fingerprints_of_cpu_tensors_are_those_of_the_statistics_pass_or_the
     observer: NativeObserver, statistics: bool
 ) -> None:
     """With statistics, float32, bfloat16 and float64 tensors get their sums and fingerprint in one
-    pass, bit for bit as ``stats_and_fingerprint`` (the dispatch mode's ``checksum=True``) takes them,
-    and the others none (kept for the drain); alone, every dtype of up to 8 bytes gets one."""
-    read = stats_and_fingerprint if statistics else (lambda t: (None, cpu_fingerprint(t)))
+    pass, bit for bit as ``stats_and_fingerprint`` (the dispatch mode's ``checksum=True``) takes them;
+    every other dtype of up to 8 bytes gets its fingerprint alone (its statistics are taken at the drain)."""
+
+    def read(tensor: torch.Tensor) -> tuple:
+        both = stats_and_fingerprint(tensor) if statistics else None
+        return both or (None, cpu_fingerprint(tensor))
+
     big = torch.randn(300_000)  # split over torch's threads where it has several
     copy = big.clone()
     with _SeenValues(read) as seen:
@@ -341,7 +345,7 @@ def test_the_fingerprints_of_cpu_tensors_are_those_of_the_statistics_pass_or_the
     want = [tuple(value) if value is not None else (None, None) for value in seen.values]
     assert [repr(value) for value in got] == [repr(value) for value in want]
     dtypes = {observer.dtypes[code] for code, has in zip(ops.slot_dtype, ops.slot_has_fingerprint) if has}
-    assert dtypes >= ({torch.float32} if statistics else {torch.float32, torch.int64, torch.bool, torch.complex64})
+    assert dtypes >= {torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool, torch.complex64}
 
 
 @pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])

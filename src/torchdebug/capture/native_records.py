@@ -392,11 +392,13 @@ class NativeStepCapture:
         taken: list[dict] = []
         taken_fingerprints: list[int | None] = []
         due: list[tuple] = []
+        refs = walked.fingerprints
+        hashed = set((-2 - refs[refs <= -2]).tolist())  # the entries whose fingerprint a slot takes (not the callback's)
         for entry, slot in enumerate(walked.taken.tolist()):
             stats = empty_stats() if slot < 0 else {}
             taken_fingerprints.append(0 if slot < 0 else None)  # the fingerprint of no elements is 0
             if slot >= 0:
-                fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if fingerprints else None
+                fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if entry in hashed else None
                 due.append((kept[slot], stats.update if statistics else None, fingerprint_sink))
             taken.append(stats)
         if due and stage is not None:

@@ -255,11 +255,10 @@ enum Taken : int { kSummed = 1, kHashed = 2 };
 // What the callback reads of a plain (not a subclass, not nested) non-empty strided CPU tensor with
 // data and without the negative bit: with statistics (use_stats), the sums of a float32, bfloat16 or
 // float64 one into out, and with fingerprints its fingerprint too, in the same pass (the walk
-// stats_and_fingerprint takes, so the sums are the dispatch mode's with checksum=True); with
-// fingerprints alone, the fingerprint of one of any dtype of 1, 2, 4 or 8 bytes an element (the
-// fingerprint reads bits; not conjugated). A tensor of another dtype, or memory no walk visits,
-// gets neither: it is kept for the drain (with statistics, one not summed gets both there, as the
-// dispatch mode takes them). Returns the Taken bits.
+// stats_and_fingerprint takes, so the sums are the dispatch mode's with checksum=True); the
+// fingerprint alone of one of another dtype of 1, 2, 4 or 8 bytes an element (the fingerprint reads
+// bits; not conjugated), whose statistics torch ops take at the drain. What it does not take (memory
+// no walk visits, other dtypes) the tensor is kept for. Returns the Taken bits.
 int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   if (!impl->is_cpu() || impl->layout() != c10::kStrided || impl->is_neg() || impl->numel() == 0 || !impl->has_storage() ||
       !impl->storage_initialized()) {
@@ -269,9 +268,8 @@ int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) 
   bool prints = want_fingerprints();
   bool sums = stats_f32.load(std::memory_order_relaxed) != nullptr;
   int64_t sizes[kMaxDims], strides[kMaxDims], positions[kMaxDims];
-  if (sums) {
+  if (sums && stats_kernel(dtype) != nullptr) {
     auto kernel = stats_kernel(dtype);
-    if (kernel == nullptr) return 0;
     if (!prints) {
       int ndim = runs(impl, sizes, strides);
       if (ndim == 0) return 0;

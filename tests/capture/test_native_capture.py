@@ -14,6 +14,7 @@ from torch import nn
 import torchdebug
 from tests.capture.native_compare import gpt_training, without_mode
 from torchdebug.capture.native_capture import why_not_native
+from torchdebug.checksum import FINGERPRINT_VERSION
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import build
 from torchdebug.records import Record
@@ -58,6 +59,7 @@ def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps
     said = [record.getMessage() for record in caplog.records if "op capture" in record.getMessage()]
     assert said == (["torchdebug: op capture on the native path"] if native else said[:1]) and len(said) == 1
     rank = torchdebug.load(folder).ranks[0]
+    assert rank.manifest["fingerprint"] == FINGERPRINT_VERSION  # what its checksums follow, on either path
     records = [record for record in rank.records() if record.kind == "tensor"]
     for record in records:  # the frames from this file's training step inwards: the same on both runs
         if record.stack is not None:

@@ -567,8 +567,10 @@ def _pair_calls(
 
     if not compiled and _carry_value_ids(records_a) and _carry_value_ids(records_b):
         flowing, left_a = align_by_flow(_in_order(list(calls_a.values())), calls_b, links, rename, op_a)
-        matches = [_Match(a, b, how) for a, b, how in flowing]
-        left_b = list(calls_b.values())
+        # what the walk leaves (calls whose inputs come from one-sided ops, of other names and shapes:
+        # a sharded rank's backward against one process's) is aligned inside each module, in order
+        aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
+        matches = [_Match(a, b, how) for a, b, how in flowing] + aligned
     else:
         matches, left_a = _pair_by_name(calls_a, calls_b, mapping, links, compiled)
         aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)

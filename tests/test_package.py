@@ -254,27 +254,11 @@ def _reaches(path: Path) -> list[tuple[str, str]]:
     return found
 
 
-# Imports in files other agents are editing now (issue 50): each waits for its replacement (the line
-# on the right), then leaves this list; an entry whose import is gone fails the test below.
-_WAITING = {
-    ("compare/_shards.py", "torchdebug.stats._schema.COUNT_KEYS"): "from torchdebug.stats import COUNT_KEYS",
-    ("compare/_shards.py", "torchdebug.store._reader"): "from torchdebug.store import RankRecords, Run (reader.X -> X)",
-    ("compare/_steps.py", "torchdebug.store._msprobe"): (
-        "from torchdebug.store import RankRecords, Run, is_msprobe_dump, load, load_msprobe, shared_keys_dict "
-        "(msprobe.is_msprobe_dump -> is_msprobe_dump, msprobe.load -> load_msprobe, reader.X -> X)"
-    ),
-    ("compare/_steps.py", "torchdebug.store._reader"): "(the line above)",
-    ("compare/_steps.py", "torchdebug.store._reader.RankRecords"): "(the line above)",
-    ("compare/_steps.py", "torchdebug.store._shared_keys.shared_keys_dict"): "(the line above)",
-}
-
-
 def test_no_import_reaches_into_another_package():
     """A module or name with a leading underscore is private to its package (and the packages inside
     it); another package imports only what the owner offers, its ``__all__`` and public modules."""
     reaching = {(str(path.relative_to(PACKAGE)), dotted): why for path in PACKAGE.rglob("*.py") for dotted, why in _reaches(path)}
-    assert {key: why for key, why in reaching.items() if key not in _WAITING} == {}
-    assert sorted(set(_WAITING) - set(reaching)) == [], "replaced: remove these entries from _WAITING"
+    assert reaching == {}
 
 
 _PRIVATE_TORCH_MODULE = re.compile(r"^(torch\._|torch\.utils\._|torch\.nn\.modules\.module$|functorch)")

@@ -59,8 +59,8 @@ from torchdebug.compare._shard_slots import (
 )
 from torchdebug.compare._value_graph import identity
 from torchdebug.records import COLLECTIVES, Record
-from torchdebug.stats._schema import COUNT_KEYS
-from torchdebug.store import _reader as reader
+from torchdebug.stats import COUNT_KEYS
+from torchdebug.store import Run
 
 __all__ = [
     "ShardedRank",
@@ -344,7 +344,7 @@ def _pieces_of(records: Sequence[Record], found: Mapping[int, Layout]) -> dict[t
 
 
 def _gather(
-    pending: dict[tuple[int, str], _Pieces], rank: int, run: reader.Run, shards: Mapping[str, tuple[int, ...]] | None = None
+    pending: dict[tuple[int, str], _Pieces], rank: int, run: Run, shards: Mapping[str, tuple[int, ...]] | None = None
 ) -> None:
     """Add the other ranks' pieces to ``pending``, one rank at a time (only the pieces are kept).
     Stops once every slot is complete when each mesh spans the world (a coordinate names one rank);
@@ -400,9 +400,9 @@ def _merged(entry: _Pieces) -> Record:
 
 class ShardedRank:
     """One rank of a sharded run whose split slots read as whole tensors (see the module docstring);
-    everything else is the rank's own (:class:`~torchdebug.store._reader.RankRecords`)."""
+    everything else is the rank's own (:class:`~torchdebug.store.RankRecords`)."""
 
-    def __init__(self, run: reader.Run, rank: int, other: reader.Run | None = None) -> None:
+    def __init__(self, run: Run, rank: int, other: Run | None = None) -> None:
         """``other``: the run compared with, whose slots' shapes tell a plain parameter's blocks (:func:`plain_shards`)."""
         self._run, self._rank, self._other = run, rank, other
         self._dump = run.ranks[rank]
@@ -443,7 +443,7 @@ class ShardedRank:
         return iter(self.records())
 
 
-def _world_size(run: reader.Run) -> int:
+def _world_size(run: Run) -> int:
     """The run's world size: its manifests' (a run read from one rank folder has the others too)."""
     return max([len(run.ranks), *(getattr(dump, "world_size", 0) for dump in run.ranks.values())])
 
@@ -457,12 +457,12 @@ def data_split(dump_a: Any, dump_b: Any) -> Fraction | None:
     return Fraction(size_a, size_b)
 
 
-def whole_tensors(run: reader.Run, other: reader.Run) -> reader.Run:
+def whole_tensors(run: Run, other: Run) -> Run:
     """``run`` with its ranks read through :class:`ShardedRank` when ``other`` has another world
     size (a single process against a sharded run); as it is otherwise (shards pair with shards)."""
     if _world_size(run) == _world_size(other):
         return run
-    return reader.Run(path=run.path, ranks={rank: ShardedRank(run, rank, other) for rank in run.ranks})  # type: ignore[misc]
+    return Run(path=run.path, ranks={rank: ShardedRank(run, rank, other) for rank in run.ranks})  # type: ignore[misc]
 
 
 def one_shard(row: Any) -> str | None:

@@ -54,10 +54,7 @@ from torchdebug.compare._value_graph import Producers
 from torchdebug.compare._verdicts import judge
 from torchdebug.errors import DumpError
 from torchdebug.records import Record
-from torchdebug.store import _msprobe as msprobe
-from torchdebug.store import _reader as reader
-from torchdebug.store._reader import RankRecords
-from torchdebug.store._shared_keys import shared_keys_dict
+from torchdebug.store import RankRecords, Run, is_msprobe_dump, load, load_msprobe, shared_keys_dict
 
 __all__ = [
     "Pairing",
@@ -82,13 +79,13 @@ JobKey = tuple
 """Identifies the values of a pair of saved tensors (see :func:`tensor_jobs`)."""
 
 
-def open_dump(path: str | Path | reader.Run) -> reader.Run:
+def open_dump(path: str | Path | Run) -> Run:
     """A torchdebug dump (dump path, run or rank folder) or an msprobe dump folder."""
-    if isinstance(path, reader.Run):
+    if isinstance(path, Run):
         return path
-    if msprobe.is_msprobe_dump(Path(path)):
-        return msprobe.load(path)
-    return reader.load(path)
+    if is_msprobe_dump(Path(path)):
+        return load_msprobe(path)
+    return load(path)
 
 
 @dataclass
@@ -99,7 +96,7 @@ class Pairing:
     b: Side
     ranks: list[int]
     problems: list[str]
-    noise: reader.Run | None = None
+    noise: Run | None = None
     """The dump of B's step run again with a tiny perturbation (``noise=``), when given."""
 
     def noise_rank(self, rank: int) -> RankRecords | None:
@@ -107,7 +104,7 @@ class Pairing:
         return self.noise.ranks.get(rank) if self.noise is not None else None
 
 
-def open_pair(a: str | Path | reader.Run, b: str | Path | reader.Run, noise: str | Path | None = None) -> Pairing:
+def open_pair(a: str | Path | Run, b: str | Path | Run, noise: str | Path | None = None) -> Pairing:
     """Open both dumps (and the ``noise`` dump, against B); fail when they have no rank in common,
     note the ranks one side lacks."""
     run_a, run_b = open_dump(a), open_dump(b)

@@ -1,25 +1,19 @@
 """The one kind of configuration object torchdebug has: an option is declared once, as an annotated field.
 
-Every config (:class:`~torchdebug.config.DebuggerConfig`, :class:`~torchdebug.compile.CompilerConfig`
-and its groups, compare's, diagnose's and the monitor's options) is a keyword-only, slotted
-dataclass deriving from :class:`Options`, declared with :func:`configclass`. A field's annotation is
-its type and its rule; :func:`option` adds what it means (``doc``), its default and how the command
-line spells it (:class:`Flag`)::
+Every config is a keyword-only, slotted dataclass deriving from :class:`Options`, declared with
+:func:`configclass`. A field's annotation is its type and its rule; :func:`option` adds what it means
+(``doc``), its default and how the command line spells it (:class:`Flag`)::
 
     task: Literal["statistics", "tensor"] = option("What to capture.", default="statistics")
     window: Annotated[int, AtLeast(2)] = option("Steps kept.", default=32)
 
-From the annotation come the check run when the object is built and whenever the field is assigned
-(``Literal`` choices, ``bool``, ``int``/``float`` with :class:`AtLeast`/:class:`Above` bounds, ``X |
-None``, a list of choices, a nested group; :class:`Check` where only code can say what a value
-means, such as ``'0|3-5'``), the JSON schema (:meth:`Options.json_schema`), the command-line flag
+From the annotation come the check run when the object is built and whenever the field is assigned,
+the JSON schema (:meth:`Options.json_schema`), the command-line flag
 (``torchdebug.cli.arguments.add_options``), the *Options* part of a public function's docstring
-(:func:`accepts`) and, for type checkers, the constructor's signature (``dataclass_transform``). The
-cross-field rules (:meth:`Options.check`) run after the fields' checks. Every error is a
-:class:`~torchdebug.errors.ConfigError` of one shape: ``dotted.key: got VALUE, expected WHAT``.
-
-Old spellings of renamed options stay readable and writable as aliases (``_ALIASES``) with a
-``FutureWarning`` that names the new one, and so do renamed flags (:attr:`Flag.old`).
+(:func:`accepts`) and the constructor's signature for type checkers (``dataclass_transform``). Every
+error is a :class:`~torchdebug.errors.ConfigError` shaped ``dotted.key: got VALUE, expected WHAT``;
+old spellings stay readable with a ``FutureWarning`` (``_ALIASES``, :attr:`Flag.old`). The rest:
+docs/architecture.md, "Configuration".
 """
 
 from __future__ import annotations

@@ -9,41 +9,9 @@ reads them back as :class:`~torchdebug.records.Record`\\ s.
     capture.stop()
     records = capture.records()       # forward/fc1/aten.addmm.default#0/output.0, ...
 
-While it runs, the observer's module context holds what eager capture asks Python for per op: the
-path of the innermost running module (kept by :class:`~torchdebug.capture.modules.ModuleTracker`'s
-global hooks), ``optimizer`` between an optimizer's step pre- and post-hooks (a closure given to the
-step runs outside it), and a parameter's path while its ``AccumulateGrad`` node runs (a tensor hook
-before it, a post-accumulate-grad hook after it). At conversion, rows take the names eager capture
-gives (walked in C++, ``native_values.py``, spelled as Arrow columns once per drain): phase
-``backward`` for rows the engine ran, ``optimizer`` or ``forward`` by context; a backward row the
-module of the forward row that made its autograd node (equal sequence numbers), a gradient
-accumulation the parameter's path; the call index per (phase, module, op) in row order;
-slots named from the op's schema as ``iter_slots`` names a dispatch mode's arguments (``input.0``,
-``input.1.2`` for a list element, ``input.out`` for a keyword-only argument, ``output.0``).
-
-Each tensor slot gets ``value_id``, ``version`` and ``view_of``. Ids come from ``TensorImpl``
-addresses and the memory they show (a C++ walk over the drained slots, ``native_values.py``): as in
-eager capture, an op's output is a new value unless it is one of the op's arguments; a saved output
-autograd unpacks is the output it saved, as it is once the mode's own ``detach`` is taken away. With statistics
-(:meth:`NativeStepCapture.slot_columns`), each slot has those eager capture gives it: the callback's
-sums for CPU float tensors, torch ops at the flush for the tensors the callback kept, and the first
-statistics of a tensor, or of a view or copy's source, for the slots that show it again at the same
-version. With fingerprints (``checksum``), each slot has the one eager capture gives it: taken in
-the callback's pass, or at the flush for a kept tensor, and shared as ``CaptureSession.share_alias``
-shares it. Slots on memory that holds no value of the run are described, not read.
-
-With ``stacks``, a forward row's stack is that of the Python frames its op was called from, taken in
-the callback and symbolized once per drain (``NativeObserver.stacks``), described as eager capture's
-``StackRecorder`` describes them; a backward row has its forward row's.
-
-``view_of`` as ``ValueIds`` sets it: a view op's new outputs name their first argument's memory
-owner, and an input first seen that autograd knows as a view (``slot_base``) its base's.
-
-Not mirrored (``capture/native_capture.py`` sends such configs to the dispatch mode): stacks for a
-range of calls, ``recompute`` (activation checkpointing), ops a module's own forward hooks
-run (eager capture names them after that module), FSDP2's collectives, non-tensor
-arguments (eager capture records them as ``kind="value"``), and the ops a dispatch mode itself
-changes (``docs/architecture.md``: the native path).
+How rows are named, ids, statistics, fingerprints and stacks given, and what is not mirrored (sent
+to the dispatch mode by ``capture/native_capture.py``):
+docs/architecture.md, "The native path (issue 48)".
 """
 
 from __future__ import annotations
@@ -132,7 +100,15 @@ def op_overload(op_name: str) -> OpOverload:
 
 
 class NativeStepCapture:
-    """One step's ops, seen by the native observer and named as eager capture names them."""
+    """One step's ops, seen by the native observer and named as eager capture names them.
+
+    While it runs, the observer's module context holds what eager capture asks Python for per op:
+    the path of the innermost running module (kept by
+    :class:`~torchdebug.capture.modules.ModuleTracker`'s global hooks), ``optimizer`` between an
+    optimizer's step pre- and post-hooks (a closure given to the step runs outside it), and a
+    parameter's path while its ``AccumulateGrad`` node runs (a tensor hook before it, a
+    post-accumulate-grad hook after it).
+    """
 
     def __init__(
         self,

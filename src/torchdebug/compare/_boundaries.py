@@ -1,27 +1,10 @@
 """Align what one side decomposed: eager ops against the groups of compiled nodes that stand for them.
 
 A compiled graph holds the decomposed form of many eager ops (``native_layer_norm`` becomes
-``var_mean``, ``sub``, ``rsqrt``, ``mul``, ``add``; ``gelu``'s backward a handful of ``mul``; a
-``detach`` or ``view`` disappears), so call-level matching leaves both the eager op and its nodes
-unpaired. What the two sides share is the group's **boundary**: the values that enter it and leave
-it. After call-level matching (:func:`torchdebug.compare._matching.match_records`), slots left over
-are paired by value, in two ways, and each runs again on what the other found:
-
-1. **Data flow.** A paired slot says that a value of A is a value of B; every other slot of B
-   holding that value (the same saved tensor, or the same dtype, shape and statistics: the output
-   of the op that made it, a ``detach`` of it) is paired with a slot of A holding the partner value,
-   an unpaired one first. This pairs the outputs of a decomposed op with the node whose value the
-   next matched op reads, its inputs with the values the group's nodes read, and the slots of ops
-   the compiler erased (``detach``, ``alias``, ``clone``) with the value they pass on.
-2. **Group boundary.** A slot of B still unpaired (the mean and ``rstd`` a LayerNorm saves for its
-   backward, the weight gradient of a decomposed backward) is paired with the unpaired slot of A in
-   the same step, phase and module, with the same direction, dtype and shape whose statistics are
-   closest, when they agree within the pair's tolerance. Nothing ties the two values but their
-   place and their agreement, so such a row says that the value exists on both sides, and passes:
-   a value the compiled graph holds differently, or never materialises (GELU's backward holds several
-   tensors of one shape, 5e-3 apart at the closest), stays unmatched instead of being paired with
-   another value (a false error). Differences show where the data flow pairs values (1.).
-
+``var_mean``, ``sub``, ``rsqrt``, ``mul``, ``add``; a ``detach`` or ``view`` disappears), so
+call-level matching leaves both the eager op and its nodes unpaired. What the two sides share is the
+group's **boundary**: the values that enter it and leave it. After call-level matching, slots left
+over are paired by value, by data flow and at the group's boundary (:func:`align_boundaries`).
 These rows carry B's names (the eager op's call), so a decomposed op is judged as one call: its
 outputs against its inputs. Slots of A left over in a module where a decomposed eager op was aligned
 are the group's inner values (``how="inside"``, with the eager call in ``Pair.inside``): listed, not
@@ -217,8 +200,27 @@ def _agree(a: Record, b: Record) -> bool:
 
 def align_boundaries(pairs: list[Pair], decomposed: set[str]) -> list[Pair]:
     """``pairs`` with left-over slots paired by value (``how="value"``), at group boundaries
-    (``"group"``) and marked ``"inside"`` (see the module docstring). ``decomposed``: the call names
-    of B that call-level matching left unpaired."""
+    (``"group"``) and marked ``"inside"`` (the module docstring). ``decomposed``: the call names
+    of B that call-level matching left unpaired. Two ways, each run again on what the other found:
+
+    1. **Data flow.** A paired slot says that a value of A is a value of B; every other slot of B
+       holding that value (the same saved tensor, or the same dtype, shape and statistics: the
+       output of the op that made it, a ``detach`` of it) is paired with a slot of A holding the
+       partner value, an unpaired one first. This pairs the outputs of a decomposed op with the node
+       whose value the next matched op reads, its inputs with the values the group's nodes read, and
+       the slots of ops the compiler erased (``detach``, ``alias``, ``clone``) with the value they
+       pass on.
+
+    2. **Group boundary.** A slot of B still unpaired (the mean and ``rstd`` a LayerNorm saves for
+       its backward, the weight gradient of a decomposed backward) is paired with the unpaired slot
+       of A in the same step, phase and module, with the same direction, dtype and shape whose
+       statistics are closest, when they agree within the pair's tolerance. Nothing ties the two
+       values but their place and their agreement, so such a row says that the value exists on both
+       sides, and passes: a value the compiled graph holds differently, or never materialises
+       (GELU's backward holds several tensors of one shape, 5e-3 apart at the closest), stays
+       unmatched instead of being paired with another value (a false error). Differences show where
+       the data flow pairs values (1.).
+    """
     aligner = _Aligner(pairs)
     while aligner.by_value() + aligner.by_boundary():
         pass

@@ -1,32 +1,12 @@
-"""Pair the records of two dumps: by data flow where both carry value ids, else by names, then an
-order-preserving alignment of what is left.
-
-1. Optionally rename side A with a mapping (module prefixes, op names) so renamed code still lines up.
-2. Where both dumps carry value ids (eager capture) and neither was captured in compiled graphs,
-   :mod:`torchdebug.compare._flow_alignment`'s walk is the whole alignment (its rules pair by data
-   flow, names at anchors, provenance and values); steps 3 to 5 are for the other dumps (older
-   dumps, graph and msprobe dumps, compiled captures), whose producers are inferred from statistics.
-3. Calls whose ``(step, call name)`` and tensor shapes are the same on both sides are paired
-   (``exact``/``mapped``), unless their inputs come from producers paired with other calls.
-4. The calls left over are aligned inside each ``(step, phase, module)`` in execution order
-   (``difflib``'s longest matching blocks), first by op and shapes, then by op alone, so ops inserted
-   or removed on one side (the extra casts of an autocast run) or calls that swapped places (the
-   order of gradient accumulation) do not shift everything after them. No strategy pairs calls
-   whose inputs come from producers paired with other calls (partial sums of gradients added in
-   another order). Slots of aligned calls are paired by ``io.arg`` (``aligned``).
-5. Once every call has its partner, pairs are checked again by values (:func:`_repair_by_values`)
-   and by producers: a call paired by name before the producers of its inputs were paired (they were
-   aligned later) is freed when its inputs come from producers paired with other calls, and aligned
-   again by data flow (:func:`_repair`).
-6. Everything else is kept as ``only_a`` / ``only_b``: nothing is dropped silently.
-
-When a side was captured in compiled graphs (``compiled=True``), steps 3 and 4 pair calls by index
-or order only where both sides have as many calls of the op in that step, phase and module;
-:mod:`torchdebug.compare._boundaries` then pairs the slots of the ops the compiler decomposed.
-
-Producers (which call made the tensor an input holds: :mod:`torchdebug.compare._value_graph`) guide
-and veto the pairings above. Pairs come back in execution order (side A's, with B-only calls placed
-after the call that precedes them on side B).
+"""Pair the records of two dumps, call by call: by data flow where both carry value ids
+(:mod:`~torchdebug.compare._flow_alignment`'s walk), else by names; what is left is aligned inside
+each ``(step, phase, module)`` in execution order (:func:`_align_leftovers`); pairs of dumps without
+ids are checked again by values and producers (:func:`_repair_by_values`, :func:`_repair`);
+everything else is kept as ``only_a`` / ``only_b``, nothing dropped. A mapping renames side A first;
+a side captured in compiled graphs pairs by index or order, and leaves the ops the compiler
+decomposed to :mod:`~torchdebug.compare._boundaries`. The rules, in order: docs/compare.md,
+"Matching". Pairs come back in execution order (side A's, with B-only calls placed after the call
+that precedes them on side B).
 """
 
 from __future__ import annotations

@@ -4,39 +4,11 @@ A DTensor's record holds the statistics of its *local* tensor under the tensor's
 (``extra``: ``placements``, ``mesh``, ``mesh_coordinate``, ``local_shape``). Against a run of another
 world size (a single process), compare reads each rank of a sharded run through
 :class:`ShardedRank`, which puts the pieces back together from the records alone (capture adds no
-collective of its own):
-
-* **Shard** (``S(d)``): the records of the same slot on the ranks holding the other pieces (same
-  mesh and placements, the same coordinate along every other mesh dimension) merge into one
-  whole-tensor record: min and max of the pieces', sums (mean × elements) and sums of squares
-  (norm²) added, NaN/Inf and element counts added, so mean and norm follow exactly;
-* **Replicate** (``R``): the local tensor is the whole one: kept as it is;
-* **Partial** (``P(sum)``, ``P(avg)``): each rank holds a summand. The whole value's sum, so its
-  mean, combines; its min, max and norm do not: the merged record keeps the mean alone, and its
-  row says so (:func:`row_note`).
-
-Tensor parallelism hands plain tensors between its layers (``ColwiseParallel`` returns the local
-shard). A plain input slot holding the local tensor a sharded slot of the same step made (same dtype,
-local shape and statistics), a plain op's output made from such slots of one layout with their
-shape (an activation, its gradient), and a view or transpose of one (a projection's local columns
-seen as its local heads: the sharded dimension follows the view) are read as pieces of that
-layout too; a collective's output is not (an all-reduce makes ``P(sum)`` pieces whole), nor is a
-summand a plain op reads (it computes on the summand: one that plain code combines with another
-value before any collective sums it is kept as this rank's value and says so, a missing all-reduce:
-:func:`unreduced_summands`). Without DTensor (Megatron's layout on local tensors), a parameter's
-slots (the table of a vocabulary-parallel embedding, its gradient, the optimizer's reads) whose
-twin in the other run is world-size times as large along one dimension are the ranks' blocks of it
-(:func:`plain_shards`).
-
-Some slots hold no piece of a whole value (:mod:`torchdebug.compare._shard_slots`): a
-vocabulary-sharded embedding's local ids and unmasked lookups cannot be compared
-(:func:`one_shard` says why). The plain ``view`` that ``DTensor.from_local`` makes passes its value
-on: the alignment leaves it one-sided (``_flow_alignment.one_is_a_no_op``).
-
-Each pass is linear: one over the compared rank's records, then one over each other rank's, read
-one at a time and not kept. A slot whose pieces are not all in the dump (a rank folder alone, a rank
-missing), or whose pieces several ranks offer (a sub-mesh: its coordinates do not name the ranks of
-the group), keeps its local statistics and is ``incomparable`` (:func:`one_shard`).
+collective of its own): ``Shard`` pieces merge (min, max, sums, counts), ``Replicate`` is kept,
+``Partial`` keeps the mean alone (:func:`row_note`); plain tensors tensor parallelism hands between
+its layers are read as pieces of their layout, a summand combined before any collective is this
+rank's value (:func:`unreduced_summands`), Megatron-style blocks of a parameter are merged
+(:func:`plain_shards`). The rules: docs/compare.md, "Sharded runs: FSDP2 and tensor parallelism".
 """
 
 from __future__ import annotations
@@ -399,8 +371,14 @@ def _merged(entry: _Pieces) -> Record:
 
 
 class ShardedRank:
-    """One rank of a sharded run whose split slots read as whole tensors (see the module docstring);
-    everything else is the rank's own (:class:`~torchdebug.store.RankRecords`)."""
+    """One rank of a sharded run whose split slots read as whole tensors (the module docstring);
+    everything else is the rank's own (:class:`~torchdebug.store.RankRecords`).
+
+    Each pass is linear: one over the compared rank's records, then one over each other rank's, read
+    one at a time and not kept. A slot whose pieces are not all in the dump (a rank folder alone, a
+    rank missing), or whose pieces several ranks offer (a sub-mesh: its coordinates do not name the
+    ranks of the group), keeps its local statistics and is ``incomparable`` (:func:`one_shard`).
+    """
 
     def __init__(self, run: Run, rank: int, other: Run | None = None) -> None:
         """``other``: the run compared with, whose slots' shapes tell a plain parameter's blocks (:func:`plain_shards`)."""

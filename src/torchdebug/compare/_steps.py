@@ -1,24 +1,16 @@
 """The steps of one comparison, shared by the in-process run and the distributed one.
 
 1. :func:`open_pair` opens both dumps and lists the ranks they have in common;
-2. :func:`match_rank` pairs one rank's records (and, when a side was captured in compiled graphs,
-   the slots of eager ops the compiler decomposed, at their group's boundary:
-   :mod:`torchdebug.compare._boundaries`) and fills the statistics metrics;
-3. :func:`tensor_jobs` groups the rows needing tensor metrics by their unique pair of saved tensor
-   values (a slot that reuses another slot's saved tensor is computed once);
-4. :func:`compute_jobs` runs them in a thread pool (torch kernels release the GIL, so threads use
-   every core); each job loads its two tensors through the dump's ``load_tensor`` (memory-mapped),
-   computes and drops them, so no more than ``threads`` pairs are in memory at once; a damaged
-   (truncated, corrupt) tensor file leaves its slots to their statistics, named once by
-   :func:`finish` (a missing one is a dump error);
+2. :func:`match_rank` pairs one rank's records (and, for compiled captures, the slots of eager ops
+   the compiler decomposed: :mod:`torchdebug.compare._boundaries`) and fills the statistics metrics;
+3. :func:`tensor_jobs` groups the rows needing tensor metrics by their unique pair of saved tensors;
+4. :func:`compute_jobs` runs them in a thread pool (torch kernels release the GIL); each job loads
+   its two tensors memory-mapped, computes and drops them, so no more than ``threads`` pairs are in
+   memory at once; a damaged tensor file leaves its slots to their statistics;
 5. :func:`apply_metrics` writes the results into the rows;
-6. :func:`attribute`: with a noise dump (``noise=``), each row's tolerance measured from B against
-   it (:mod:`torchdebug.compare._calibration`); with ``rerun``, :func:`rerun_rows` reruns each
-   call with an output beyond tolerance on each side in float64 (its own error, one call and side
-   per job, so a job holds one side's tensors of one call); then ``judge``, and ``judge_checksums``
-   for slots whose records carry checksums on both sides (bit-exact); rows that cannot be compared
-   lose their ``error``; then :func:`finish` (notes: checksums of other dtypes first, damaged tensor
-   files, overlap).
+6. :func:`attribute`: tolerances measured from a noise dump (``noise=``), the rerun of calls beyond
+   tolerance (``rerun``), then ``judge`` and ``judge_checksums``; rows that cannot be compared lose
+   their ``difference``; then :func:`finish` (the notes).
 """
 
 from __future__ import annotations

@@ -8,25 +8,8 @@ in C++ by an ``at::RecordFunction`` callback with no Python per op, drained into
     observer.stop()
     ops = observer.drain()              # ops.names[ops.op[i]] == "aten.mm.default", ...
 
-A row per op: its name (``op``, an id into ``names``), ``seq`` (for a forward op the sequence number
-of the autograd node it makes, for a backward op that of the node it runs: equal numbers link the
-two), ``backward``, ``module`` (what :meth:`NativeObserver.set_module` last set), and after
-:meth:`NativeObserver.want_stacks` ``stack`` (:meth:`NativeObserver.stacks` symbolizes them). A slot
-per tensor argument or result: ``slot_row`` (its op row), ``slot_io`` (0 input, 1 output),
-``slot_arg`` (the schema position of the argument, or of the result), ``slot_element`` (index in a
-list argument, -1 outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code:
-:attr:`NativeObserver.dtypes` maps them), ``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes not
-read), ``slot_ndim`` with the sizes concatenated in ``shape`` and the strides in ``stride``,
-``slot_device_type`` and ``slot_device_index`` (:meth:`NativeObserver.device_name`), ``slot_value``
-(the ``TensorImpl``'s address, which is ``Tensor._cdata``), ``slot_version`` (its version counter, -1
-for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address, 0 for a flagged slot or one
-without storage), ``slot_offset`` (its storage offset) and ``slot_base`` (a view's base
-``TensorImpl``, 0 for none); after :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU
-float tensor (``slot_has_stats``); after :meth:`NativeObserver.use_fingerprints`,
-``slot_fingerprint``: the fingerprint (``torchdebug.checksum``) of each CPU tensor the callback read
-(``slot_has_fingerprint``), in the statistics' pass; after :meth:`NativeObserver.keep_unsummed`,
-``kept``: the other plain non-empty tensors, handed over by the operator the library registers
-(``torch.ops.torchdebug.observer_kept``), and their slots (``kept_slot``).
+The drained columns: :class:`ObservedOps`; the design and its figures:
+docs/architecture.md, "The native path (issue 48)".
 """
 
 from __future__ import annotations
@@ -85,7 +68,29 @@ _OP_COLUMNS, _SLOT_COLUMNS = 4, 11
 
 @dataclass
 class ObservedOps:
-    """Rows drained from the observer (the module docstring describes the columns)."""
+    """Rows drained from the observer.
+
+    A row per op: its name (``op``, an id into ``names``), ``seq`` (for a forward op the sequence
+    number of the autograd node it makes, for a backward op that of the node it runs: equal numbers
+    link the two), ``backward``, ``module`` (what :meth:`NativeObserver.set_module` last set), and
+    after :meth:`NativeObserver.want_stacks` ``stack`` (:meth:`NativeObserver.stacks` symbolizes
+    them). A slot per tensor argument or result: ``slot_row`` (its op row), ``slot_io`` (0 input, 1
+    output), ``slot_arg`` (the schema position of the argument, or of the result), ``slot_element``
+    (index in a list argument, -1 outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code:
+    :attr:`NativeObserver.dtypes` maps them), ``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes
+    not read), ``slot_ndim`` with the sizes concatenated in ``shape`` and the strides in ``stride``,
+    ``slot_device_type`` and ``slot_device_index`` (:meth:`NativeObserver.device_name`),
+    ``slot_value`` (the ``TensorImpl``'s address, which is ``Tensor._cdata``), ``slot_version`` (its
+    version counter, -1 for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address, 0
+    for a flagged slot or one without storage), ``slot_offset`` (its storage offset) and
+    ``slot_base`` (a view's base ``TensorImpl``, 0 for none); after
+    :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float tensor
+    (``slot_has_stats``); after :meth:`NativeObserver.use_fingerprints`, ``slot_fingerprint``: the
+    fingerprint (``torchdebug.checksum``) of each CPU tensor the callback read
+    (``slot_has_fingerprint``), in the statistics' pass; after :meth:`NativeObserver.keep_unsummed`,
+    ``kept``: the other plain non-empty tensors, handed over by the operator the library registers
+    (``torch.ops.torchdebug.observer_kept``), and their slots (``kept_slot``).
+    """
 
     names: list[str]
     """Op names by id: ``aten.mm.default``."""

@@ -51,6 +51,11 @@ def _direction(record: Record) -> bool:
     return record.io in _OUTPUTS
 
 
+def _place(record: Record) -> tuple:
+    """What a slot is paired at a group boundary by: region, direction, dtype and shape."""
+    return (*_region(record), _direction(record), record.dtype, tuple(record.shape or ()))
+
+
 class _Aligner:
     """The pairs of one rank, with the slots each side still has unpaired, indexed by value."""
 
@@ -73,22 +78,24 @@ class _Aligner:
         how = "only_a" if side == "a" else "only_b"
         return [(p, record) for p in self.pairs if p.how == how and (record := getattr(p, side)).kind == "tensor"]
 
-    def _join(self, holder: Pair, left_b: Pair, how: str) -> None:
-        """Give the B-only pair the slot of A that ``holder`` has (dropping ``holder`` when it was A-only:
-        a slot paired already stays in its pair too, holding a value an erased eager op passed on)."""
-        left_b.a, left_b.how = holder.a, how
+    def _join(self, holder: Pair, a: Record, left_b: Pair, b: Record, how: str) -> None:
+        """Give the B-only pair (holding ``b``) the slot ``a`` that ``holder`` has (dropping ``holder``
+        when it was A-only: a slot paired already stays in its pair too, holding a value an erased
+        eager op passed on)."""
+        left_b.a, left_b.how = a, how
         if holder.how == "only_a":
             holder.how = ""  # dropped by align_boundaries()
-        self._link(left_b.a, left_b.b)  # type: ignore[arg-type]
+        self._link(a, b)
 
     def by_value(self) -> int:
         """Pair left-over slots holding partner values (1. in the module docstring; where, see
         :func:`_nearness`)."""
         holders: dict[tuple, list[tuple[Pair, Record]]] = defaultdict(list)
         for pair in self.pairs:
-            value = _value(pair.a) if pair.a is not None and pair.how else None
-            if value is not None:
-                holders[value].append((pair, pair.a))  # type: ignore[arg-type]
+            a = pair.a
+            value = None if a is None or not pair.how else _value(a)
+            if a is not None and value is not None:
+                holders[value].append((pair, a))
         joined = 0
         for left_b, b in self._left("b"):
             value_b = _value(b)
@@ -97,9 +104,10 @@ class _Aligner:
             for holder, a in holders.get(value_a, ()) if value_a is not None else ():
                 nearness = _nearness(a, b)
                 if holder.how and nearness is not None:
-                    ranked.append(((nearness, holder.how != "only_a", _direction(a) != _direction(b)), holder))
+                    ranked.append(((nearness, holder.how != "only_a", _direction(a) != _direction(b)), holder, a))
             if ranked:
-                self._join(min(ranked, key=lambda found: found[0])[1], left_b, "value")
+                _, nearest, a = min(ranked, key=lambda found: found[0])
+                self._join(nearest, a, left_b, b, "value")
                 joined += 1
         return joined
 
@@ -107,18 +115,14 @@ class _Aligner:
         """Pair left-over slots of B with A's of the same region, direction, dtype and shape (2.)."""
         candidates: dict[tuple, list[tuple[Pair, Record]]] = defaultdict(list)
         for pair, a in self._left("a"):
-            candidates[(*_region(a), _direction(a), a.dtype, tuple(a.shape or ()))].append((pair, a))
+            candidates[_place(a)].append((pair, a))
         joined = 0
         for left_b, b in self._left("b"):
-            free = [
-                (_distance(a, b), pair, a)
-                for pair, a in candidates.get((*_region(b), _direction(b), b.dtype, tuple(b.shape or ())), ())
-                if pair.how == "only_a"
-            ]
+            free = [(_distance(a, b), pair, a) for pair, a in candidates.get(_place(b), ()) if pair.how == "only_a"]
             if free:
                 _, best, a = min(free, key=lambda found: found[0])
                 if _agree(a, b):
-                    self._join(best, left_b, "group")
+                    self._join(best, a, left_b, b, "group")
                     joined += 1
         return joined
 
@@ -137,30 +141,29 @@ class _Aligner:
         owner: dict[tuple[int, str], str] = {}  # A's (step, call) -> the decomposed eager call it computes
         boundaries: dict[tuple, list[tuple[int, str]]] = defaultdict(list)
         for pair in self.pairs:
-            a, b = pair.a, pair.b
-            if pair.how in ("value", "group") and b.call_name in decomposed:  # type: ignore[union-attr]
-                boundaries[_region(b)].append((a.seq, b.call_name))  # type: ignore[arg-type, union-attr]
-                if _direction(b) and _direction(a):  # type: ignore[arg-type]
-                    owner.setdefault((a.step, a.call_name), b.call_name)  # type: ignore[union-attr]
-        left = [p for p in self.pairs if p.how == "only_a"]
-        for pair in sorted(left, key=lambda p: -p.a.seq):  # type: ignore[union-attr]  # consumers first
-            key = (pair.a.step, pair.a.call_name)  # type: ignore[union-attr]
+            a, b = pair.a, pair.b  # both set in a "value" or "group" pair
+            if pair.how in ("value", "group") and a is not None and b is not None and b.call_name in decomposed:
+                boundaries[_region(b)].append((a.seq, b.call_name))
+                if _direction(b) and _direction(a):
+                    owner.setdefault((a.step, a.call_name), b.call_name)
+        left = [(p, a) for p in self.pairs if p.how == "only_a" and (a := p.a) is not None]
+        for _, a in sorted(left, key=lambda found: -found[1].seq):  # consumers first
+            key = (a.step, a.call_name)
             if key not in owner:
-                found = [owner[(key[0], c)] for c in sorted(consumers.get(key, ())) if (key[0], c) in owner]
-                if found:
-                    owner[key] = found[0]
+                owners = [owner[(key[0], c)] for c in sorted(consumers.get(key, ())) if (key[0], c) in owner]
+                if owners:
+                    owner[key] = owners[0]
         for found in boundaries.values():
             found.sort()
-        for pair in left:
-            a = pair.a
-            found = boundaries.get(_region(a))  # type: ignore[arg-type]
-            if found:
+        for pair, a in left:
+            aligned = boundaries.get(_region(a))
+            if aligned:
                 pair.how = "inside"
-                flows_into = owner.get((a.step, a.call_name))  # type: ignore[union-attr]
-                if any(name == flows_into for _, name in found):
+                flows_into = owner.get((a.step, a.call_name))
+                if any(name == flows_into for _, name in aligned):
                     pair.inside = flows_into
                 else:
-                    pair.inside = next((name for seq, name in found if seq >= a.seq), found[-1][1])  # type: ignore[union-attr]
+                    pair.inside = next((name for seq, name in aligned if seq >= a.seq), aligned[-1][1])
 
 
 def _nearness(a: Record, b: Record) -> int | None:

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -150,12 +150,20 @@ class _StatsMetrics:
     """The kind of a row's statistics metrics (``torchdebug.store._shared_keys``)."""
 
 
+def _paired(row: Row) -> tuple[Record, Record]:
+    """The two records of a row the caller knows to be matched."""
+    a, b = row.record_a, row.record_b
+    assert a is not None and b is not None, f"{row.name}: a {row.match} row compared as matched"
+    return a, b
+
+
 def _fill_stats(row: Row, tolerance: Tolerance, shared: _Shared) -> None:
     """The row's statistics metrics and error. The records of one tensor share their statistics (its
     output row and the input rows of its consumers: about four rows per pair on the GPT bench), so
     the rows of one pair of statistics share one metrics dict, computed once; writers replace a
     row's dict rather than update it (:func:`apply_metrics`)."""
-    stats_a, stats_b = row.record_a.stats, row.record_b.stats  # type: ignore[union-attr]
+    record_a, record_b = _paired(row)
+    stats_a, stats_b = record_a.stats, record_b.stats
     numel = math.prod(row.shape_b or ())
     key = (id(stats_a), id(stats_b), numel, tolerance.atol)  # the records, so their statistics, outlive ``shared``
     found = shared.get(key)
@@ -197,7 +205,7 @@ def _tensor_ref(record: Record, shapes: Mapping[str, list[int] | None]) -> tuple
     slot's tensor, the view. A view that permutes all of its base (a transpose, a reshape) holds
     the same elements, so it shares the base's metrics (they ignore element order)."""
     ref = record.tensor or {}
-    view = ref.get("view")
+    view = cast("dict[str, Any] | None", ref.get("view"))  # a view's entry is a dict; ``Record.tensor`` says str
     if view is not None:
         base = shapes.get(ref.get("key", ""))
         covers_base = (
@@ -224,7 +232,8 @@ def tensor_jobs(rows: Iterable[Row], dump_a: RankRecords, dump_b: RankRecords) -
     shapes_b = {r.name: r.shape for r in dump_b.records()}
     jobs: dict[JobKey, list[Row]] = {}
     for row in saved:
-        key = (_tensor_ref(row.record_a, shapes_a), _tensor_ref(row.record_b, shapes_b))  # type: ignore[arg-type]
+        record_a, record_b = _paired(row)
+        key = (_tensor_ref(record_a, shapes_a), _tensor_ref(record_b, shapes_b))
         jobs.setdefault(key, []).append(row)
     return jobs
 
@@ -255,11 +264,12 @@ def _load(dump: RankRecords, record: Record, label: str) -> torch.Tensor | str:
 
 
 def _run_job(row: Row, dump_a: RankRecords, dump_b: RankRecords, overrides: Mapping[str, Tolerance]) -> dict[str, float]:
-    tensor_a = _load(dump_a, row.record_a, "A")  # type: ignore[arg-type]
-    tensor_b = _load(dump_b, row.record_b, "B")  # type: ignore[arg-type]
+    record_a, record_b = _paired(row)
+    tensor_a = _load(dump_a, record_a, "A")
+    tensor_b = _load(dump_b, record_b, "B")
     damaged = [found for found in (tensor_a, tensor_b) if isinstance(found, str)]
     if damaged:
-        return {_UNREADABLE: ", ".join(damaged)}  # type: ignore[dict-item]
+        return {_UNREADABLE: ", ".join(damaged)}  # type: ignore[dict-item]  # the one str value, read by apply_metrics
     assert isinstance(tensor_a, torch.Tensor) and isinstance(tensor_b, torch.Tensor)
     if tensor_a.shape != tensor_b.shape:
         return {"_shape_mismatch": 1.0}
@@ -333,16 +343,16 @@ def rerun_rows(
     for side, dump in (("a", dump_a), ("b", dump_b)):
         calls = _calls(dump)
         for row in diverging:
-            record = row.record_a if side == "a" else row.record_b
-            key = (record.step, record.call_name)  # type: ignore[union-attr]
+            record = _paired(row)[0 if side == "a" else 1]
+            key = (record.step, record.call_name)
             jobs.setdefault((side, *key), calls[key])
     dumps = {"a": dump_a, "b": dump_b}
     logger.info("running %d op calls again in float64 (of %d diverging output slots)", len(jobs), len(diverging))
     rerun = pool.map(lambda key: _rerun_job(dumps[key[0]], jobs[key], overrides), jobs)
     results = dict(zip(jobs, progress.track(rerun, "rerun", total=len(jobs), unit="call")))
     for row in outputs:
-        for side, record in (("a", row.record_a), ("b", row.record_b)):
-            errors = results.get((side, record.step, record.call_name), {}).get(record.arg, {})  # type: ignore[union-attr]
+        for side, record in zip("ab", _paired(row)):
+            errors = results.get((side, record.step, record.call_name), {}).get(record.arg, {})
             if errors:  # a new dict: rows share their statistics metrics
                 row.metrics = {**row.metrics, **{f"{name}_{side}": value for name, value in errors.items()}}
 
@@ -420,7 +430,7 @@ def _damaged_note(rows: Sequence[Row]) -> str | None:
     damaged = [row for row in rows if row.unreadable]
     if not damaged:
         return None
-    files = sorted({file for row in damaged for file in row.unreadable.split(", ")})  # type: ignore[union-attr]
+    files = sorted({file for row in damaged if row.unreadable for file in row.unreadable.split(", ")})
     names = [row.name for row in damaged]
     listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return (

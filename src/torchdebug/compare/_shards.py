@@ -54,7 +54,7 @@ _COMBINED_PARTIALS = {"P(sum)": False, "P(avg)": True}
 def sharded(record: Record) -> bool:
     """Whether a record holds one piece of a DTensor split over ranks (Shard or Partial)."""
     placements = record.extra.get("placements") if record.extra else None
-    return bool(placements) and any(str(p).startswith(("S(", "P(")) for p in placements)
+    return any(str(p).startswith(("S(", "P(")) for p in placements or ())
 
 
 def local_indices(whole: Record, part: Record) -> bool:
@@ -116,9 +116,9 @@ def _sharded_dim(layout: Layout) -> tuple[int, int] | None:
     return mesh_dim, dim % len(layout.local_shape) if layout.local_shape else dim
 
 
-def _moved(layout: Layout, dim: int, local_shape: Sequence[int]) -> Layout:
-    """``layout`` with its sharded dimension at ``dim`` of a tensor of local shape ``local_shape``."""
-    mesh_dim, _ = _sharded_dim(layout)  # type: ignore[misc]
+def _moved(layout: Layout, mesh_dim: int, dim: int, local_shape: Sequence[int]) -> Layout:
+    """``layout`` (sharded over ``mesh_dim``) with its sharded dimension at ``dim`` of a tensor of local
+    shape ``local_shape``."""
     placements = list(layout.placements)
     placements[mesh_dim] = f"S({dim})"
     shape = list(local_shape)
@@ -138,7 +138,7 @@ def _reshaped(layout: Layout, shape: Sequence[int]) -> Layout | None:
     before = math.prod(layout.local_shape[: found[1]])
     for dim in range(len(shape)):
         if math.prod(shape[:dim]) == before:
-            return _moved(layout, dim, shape) if dim < len(shape) else None
+            return _moved(layout, found[0], dim, shape) if dim < len(shape) else None
     return None
 
 
@@ -159,7 +159,7 @@ def _transposed(layout: Layout, op: str, args: dict[str, Any], shape: Sequence[i
         order[first], order[second] = order[second], order[first]
     if sorted(order) != list(range(rank)):
         return None
-    return _moved(layout, order.index(found[1]), shape)
+    return _moved(layout, found[0], order.index(found[1]), shape)
 
 
 def _viewed(layout: Layout, op: str, args: dict[str, Any], shape: Sequence[int] | None) -> Layout | None:
@@ -239,20 +239,26 @@ class _Pieces:
     ambiguous: bool = False
 
 
-def _count(parts: Sequence[tuple[dict[str, Any] | None, int]], key: str) -> int | None:
+def _count(parts: Sequence[tuple[dict[str, Any], int]], key: str) -> int | None:
     """A count of the whole value: the sum of its pieces' (``None`` when a piece's record predates the count)."""
-    values = [stats.get(key) for stats, _ in parts]  # type: ignore[union-attr]
-    return None if None in values else sum(values)
+    total = 0
+    for stats, _ in parts:
+        value = stats.get(key)
+        if value is None:
+            return None
+        total += value
+    return total
 
 
 def _whole_stats(parts: Sequence[tuple[dict[str, Any] | None, int]], layout: Layout) -> dict[str, Any] | None:
     """Min, max, mean, norm and counts of the whole value from its pieces' statistics and
     element counts; with Partial placements, the mean alone (``None`` without statistics)."""
-    if any(not stats or stats.get("mean") is None and numel for stats, numel in parts):
+    known = [(stats, numel) for stats, numel in parts if stats and (stats.get("mean") is not None or not numel)]
+    if len(known) < len(parts):
         return None
-    numel = sum(n for _, n in parts)
-    total = sum(stats["mean"] * n for stats, n in parts if n)  # type: ignore[index]
-    counts = {key: _count(parts, key) for key in COUNT_KEYS}
+    numel = sum(n for _, n in known)
+    total = sum(stats["mean"] * n for stats, n in known if n)
+    counts = {key: _count(known, key) for key in COUNT_KEYS}
     if layout.partial:
         summands = math.prod(layout.mesh[i] for i, p in enumerate(layout.placements) if p.startswith("P("))
         averaged = any(_COMBINED_PARTIALS.get(p) for p in layout.partial)
@@ -260,12 +266,12 @@ def _whole_stats(parts: Sequence[tuple[dict[str, Any] | None, int]], layout: Lay
             return {"min": None, "max": None, "mean": None, "norm": None, **counts}
         mean = total / (numel / summands) / (summands if averaged else 1)
         return {"min": None, "max": None, "mean": mean, "norm": None, **counts}
-    present = [stats for stats, n in parts if n]
+    present = [stats for stats, n in known if n]
     return {
-        "min": min(stats["min"] for stats in present),  # type: ignore[index]
-        "max": max(stats["max"] for stats in present),  # type: ignore[index]
+        "min": min(stats["min"] for stats in present),
+        "max": max(stats["max"] for stats in present),
         "mean": total / numel if numel else None,
-        "norm": math.sqrt(sum((stats.get("norm") or 0.0) ** 2 for stats in present)),  # type: ignore[union-attr]
+        "norm": math.sqrt(sum((stats.get("norm") or 0.0) ** 2 for stats in present)),
         **counts,
     }
 
@@ -335,13 +341,13 @@ def _gather(
         for record in records:
             layout = found.get(id(record))
             entry = pending.get((record.step, record.name)) if layout is not None else None
-            if entry is None or layout.group != entry.layout.group:  # type: ignore[union-attr]
+            if layout is None or entry is None or layout.group != entry.layout.group:
                 continue
-            held = entry.parts.get(layout.piece)  # type: ignore[union-attr]
+            held = entry.parts.get(layout.piece)
             if held is not None:
                 entry.ambiguous = entry.ambiguous or held[0] != other
                 continue
-            entry.parts[layout.piece] = (other, record, layout)  # type: ignore[union-attr]
+            entry.parts[layout.piece] = (other, record, layout)
             missing -= len(entry.parts) == entry.layout.pieces
 
 
@@ -440,7 +446,7 @@ def whole_tensors(run: Run, other: Run) -> Run:
     size (a single process against a sharded run); as it is otherwise (shards pair with shards)."""
     if _world_size(run) == _world_size(other):
         return run
-    return Run(path=run.path, ranks={rank: ShardedRank(run, rank, other) for rank in run.ranks})  # type: ignore[misc]
+    return Run(path=run.path, ranks={rank: ShardedRank(run, rank, other) for rank in run.ranks})
 
 
 def one_shard(row: Any) -> str | None:

@@ -50,7 +50,7 @@ def resolve(op: str) -> Any:
         raise NotRerunnable(f"{op}: not an aten op")
     name, overload = parts[1], parts[2]
     found = getattr(getattr(torch.ops.aten, name, None), overload, None)
-    if getattr(found, "_schema", None) is None:
+    if found is None or getattr(found, "_schema", None) is None:
         raise NotRerunnable(f"{op}: no such aten op in this torch")
     if torch.Tag.nondeterministic_seeded in found.tags or _RANDOM.search(name):
         raise NotRerunnable(f"{op}: random results")
@@ -81,7 +81,7 @@ def _from_json(value: Any, kind: str, where: str) -> Any:
         return torch.device("cpu")
     enum = _ENUMS.get(kind)
     converted = getattr(torch, value.removeprefix("torch."), None) if enum is not None else None
-    if converted is None or not isinstance(converted, enum):  # type: ignore[arg-type]
+    if enum is None or converted is None or not isinstance(converted, enum):
         raise NotRerunnable(f"{where}: cannot rebuild {kind} from {value!r}")
     return converted
 
@@ -204,18 +204,17 @@ def own_errors(
     exact = run_op(records[0].op, inputs, load)
     outputs: dict[str, tuple[Record, torch.Tensor]] = {}
     errors: dict[str, dict[str, float]] = {}
+    roundings: dict[str, float] = {}
     for record in records:
-        saved = bool(record.tensor) and "file" in record.tensor and not record.sampled  # type: ignore[operator]
+        saved = "file" in (record.tensor or {}) and not record.sampled
         exact_value = output_at(exact, record.arg) if record.io == "output" and saved else None
-        if (
-            rounding_tolerance(record.dtype) is None
-            or not isinstance(exact_value, torch.Tensor)
-            or list(exact_value.shape) != record.shape
-        ):
+        rounding = rounding_tolerance(record.dtype)
+        if rounding is None or not isinstance(exact_value, torch.Tensor) or list(exact_value.shape) != record.shape:
             continue
         outputs[record.arg] = record, exact_value
         errors[record.arg] = {"own_err": error(load(record), exact_value, record)}
-    if not any(errors[arg]["own_err"] > rounding_tolerance(record.dtype) for arg, (record, _) in outputs.items()):  # type: ignore[operator]
+        roundings[record.arg] = rounding
+    if not any(errors[arg]["own_err"] > roundings[arg] for arg in outputs):
         return errors
     try:
         kernel = run_op(records[0].op, inputs, load, exact=False)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from fractions import Fraction
 
+from torchdebug.compare._rows import Row
 from torchdebug.compare._value_graph import identity
 from torchdebug.records import Record
 
@@ -141,11 +142,11 @@ class DataShapes:
         """Why ``row``'s shape differs, when a data difference starts there."""
         return self.origins.get(id(row))
 
-    def follows_data(self, row: object) -> str | None:
+    def follows_data(self, row: Row) -> str | None:
         """Why ``row``'s shape differs when every size that differs changes as the data's do."""
-        if not self.ratios or id(row.record_a) in self.parameters or id(row.record_b) in self.parameters:  # type: ignore[attr-defined]
+        if not self.ratios or id(row.record_a) in self.parameters or id(row.record_b) in self.parameters:
             return None
-        changes = _ratios(row.shape_a or (), row.shape_b or ())  # type: ignore[attr-defined]
+        changes = _ratios(row.shape_a or (), row.shape_b or ())
         if not changes or any(change not in self.ratios for change in changes):
             return None
         if self.split is not None and all(change == self.split for change in changes):
@@ -208,7 +209,7 @@ def _single_value(record: Record | None) -> float | None:
     return None
 
 
-def dtype_constants(row: object) -> str | None:
+def dtype_constants(row: Row) -> str | None:
     """What differs, when both sides of a tensor row hold one value each and the two are one
     ``finfo`` constant of two dtypes (``torch.finfo(torch.bfloat16).min vs ...``)."""
-    return _constant_pair(_single_value(row.record_a), _single_value(row.record_b))  # type: ignore[attr-defined]
+    return _constant_pair(_single_value(row.record_a), _single_value(row.record_b))

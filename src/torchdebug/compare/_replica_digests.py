@@ -41,6 +41,7 @@ from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare._value_digests import DIGEST_BYTES, column_digests, value_digest
 from torchdebug.records import Record
 from torchdebug.store import RECORDS, SCHEMA, RankDump, RankRecords, Run, records_from_table
+from torchdebug.store._msprobe import MsprobeRankDump
 
 __all__ = [
     "SAME_ON_EVERY_RANK",
@@ -114,7 +115,8 @@ class RankDigest:
 def fresh(dump: RankRecords) -> RankRecords:
     """A new handle on the same rank folder: the records it reads are freed with it (the handles of
     ``run.ranks`` keep theirs once read)."""
-    return dataclasses.replace(dump)  # type: ignore[type-var]  # RankDump and MsprobeRankDump are dataclasses
+    assert isinstance(dump, (RankDump, MsprobeRankDump)), f"{type(dump).__name__}: not a reader's handle on a rank folder"
+    return dataclasses.replace(dump)
 
 
 def stored_table(dump: RankRecords) -> pa.Table | None:

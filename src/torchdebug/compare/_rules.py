@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from torchdebug.compare._bounds import amplification, is_singular, own_error, spread
 from torchdebug.compare._comparable import dtype_argument, dtype_constants
@@ -100,7 +100,7 @@ class Call:
     _traced: Row | None = None
     _trace: _Trace | None = None
     _input_error: float | None = None
-    _selection: Row | None | bool = False
+    _selection: Row | None | Literal[False] = False
     """The changed selection of this call (``False``: not looked for yet)."""
 
     def trace(self, row: Row) -> _Trace | None:
@@ -135,15 +135,17 @@ class Call:
     def changed_selection(self) -> Row | None:
         """The first integer or bool output that differs of a selection (:data:`_SELECTIONS`) on
         matched tensor inputs, a floating one among them: the op chose differently."""
-        if self._selection is False:
-            self._selection = None
-            if _selection(self.rows[0].op):
-                inputs = [r for r in self.rows if r.kind == "tensor" and r.io not in OUTPUT_IO]
-                floating = any(not _integral(r.dtype_a) and not _integral(r.dtype_b) for r in inputs)
-                if inputs and floating and all(r.matched for r in inputs):
-                    outputs = (r for r in self.rows if r.kind == "tensor" and r.io in OUTPUT_IO and r.matched)
-                    self._selection = next((r for r in outputs if _integral(r.dtype_a) and _differs(r)), None)
-        return self._selection
+        if self._selection is not False:
+            return self._selection
+        selection = None
+        if _selection(self.rows[0].op):
+            inputs = [r for r in self.rows if r.kind == "tensor" and r.io not in OUTPUT_IO]
+            floating = any(not _integral(r.dtype_a) and not _integral(r.dtype_b) for r in inputs)
+            if inputs and floating and all(r.matched for r in inputs):
+                outputs = (r for r in self.rows if r.kind == "tensor" and r.io in OUTPUT_IO and r.matched)
+                selection = next((r for r in outputs if _integral(r.dtype_a) and _differs(r)), None)
+        self._selection = selection
+        return selection
 
     def changed_decision(self) -> Row | None:
         """The :meth:`changed_selection` of a call whose tensor inputs all pass, none computed from a
@@ -725,12 +727,12 @@ def one_sided_from_incomparable(row: Row, call: Call) -> Judgement | None:
         return _inherited(row, call, (), f"{_detail(row)}; {made}; upstream ops already differ")
     partner = row.record_b if merged == "a" else row.record_a
     cause = _changed_by(row, merged, partner, call) if merged is not None and partner is not None else None
-    if cause is not None:
-        return _blame_one_sided(row, merged, partner, cause, made, "the value entering it agrees")  # type: ignore[arg-type]
+    if cause is not None and partner is not None:  # found only with a partner
+        return _blame_one_sided(row, merged, partner, cause, made, "the value entering it agrees")
     for side in ("a", "b"):
         partner = row.record_b if side == "a" else row.record_a
         gathered = _gathered_by(row, side, partner, call) if partner is not None else None
-        if gathered is not None:
+        if gathered is not None and partner is not None:  # found only with a partner
             whole = "it made the value whole from pieces that could not be judged one by one (the region before it)"
             return _blame_one_sided(row, side, partner, gathered, made, whole)
     return _blamed(

@@ -91,7 +91,7 @@ class RanksResult(CompareResult):
     def ranks(self) -> list[int]:
         return sorted(self.rows.ranks) if self.rows.slots else []
 
-    def rank_rows(self, rank: int) -> Sequence[Row]:  # type: ignore[override]
+    def rank_rows(self, rank: int) -> Sequence[Row]:  # type: ignore[override]  # CompareResult's says list[Row]
         return self.rows.of_rank(rank) if rank in self.ranks else []
 
     def counts(self, rank: int | None = None) -> dict[str, int]:
@@ -310,7 +310,8 @@ def ranks_in_process(dump: str | Path | Run, config: RanksConfig) -> RanksResult
     selected = checked_ranks(run, config.ranks)
     workers = min(config.workers, len(selected))
     if workers > 1:
-        digests = digests_in_processes(getattr(dump, "path", dump), selected, config.tensors, workers, config.threads)
+        folder = dump.path if isinstance(dump, Run) else dump
+        digests = digests_in_processes(folder, selected, config.tensors, workers, config.threads)
         return ranks_result(dump, run, selected, digests, config)
     with metric_pool(config.threads) as pool:
         digests = (digest_rank(run.ranks[rank], config.tensors, pool) for rank in selected)

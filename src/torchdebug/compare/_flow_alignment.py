@@ -17,7 +17,7 @@ msprobe dumps) are aligned by ``_matching``'s names and heuristics instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from torchdebug.compare._value_graph import OUTPUTS
 from torchdebug.records import MODULE_OP, Record
@@ -27,23 +27,6 @@ __all__ = ["align_by_flow", "dtype_kind", "output_values"]
 _VALUE_DIGITS = 3
 """Significant digits of the statistics that :func:`output_values` keeps: round-off of another
 order of operations stays below them, different values do not."""
-
-
-class _Links(Protocol):
-    """What the walk asks of matching's producer links (``_matching._Links``): where each side's
-    values came from, the pairs so far, the veto, and a new pair to learn."""
-
-    made_a: Mapping[int, tuple]
-    made_b: Mapping[int, tuple]
-    partner: Mapping[str, str]
-
-    def check(self, call_a: _FlowCall, call_b: _FlowCall) -> bool | None: ...
-
-    def unrelated_makers(self, call_a: _FlowCall, call_b: _FlowCall) -> bool: ...
-
-    def unrelated(self, call_a: _FlowCall, call_b: _FlowCall) -> bool: ...
-
-    def pair(self, call_a: _FlowCall, call_b: _FlowCall) -> None: ...
 
 
 class _FlowCall(Protocol):
@@ -57,6 +40,33 @@ class _FlowCall(Protocol):
     def first(self) -> Record: ...
 
     def signature(self) -> tuple: ...
+
+
+_C = TypeVar("_C", bound=_FlowCall)
+"""The caller's call type (``_matching._Call``): the walk hands back the calls it was given."""
+_C_contra = TypeVar("_C_contra", bound=_FlowCall, contravariant=True)
+
+
+class _Links(Protocol[_C_contra]):
+    """What the walk asks of matching's producer links (``_matching._Links``): where each side's
+    values came from, the pairs so far, the veto, and a new pair to learn."""
+
+    @property
+    def made_a(self) -> Mapping[int, tuple]: ...
+
+    @property
+    def made_b(self) -> Mapping[int, tuple]: ...
+
+    @property
+    def partner(self) -> Mapping[str, str]: ...
+
+    def check(self, call_a: _C_contra, call_b: _C_contra) -> bool | None: ...
+
+    def unrelated_makers(self, call_a: _C_contra, call_b: _C_contra) -> bool: ...
+
+    def unrelated(self, call_a: _C_contra, call_b: _C_contra) -> bool: ...
+
+    def pair(self, call_a: _C_contra, call_b: _C_contra) -> None: ...
 
 
 def dtype_kind(dtype: str | None) -> str:
@@ -101,7 +111,7 @@ def _inputs(call: _FlowCall, made: Mapping[int, tuple], direct: bool = False) ->
     return found
 
 
-def _flow_key(call: _FlowCall, op: str, inputs: Iterable[tuple[str, tuple[str, str]]]) -> tuple:
+def _flow_key(call: _FlowCall, op: str, inputs: Iterable[tuple[str, tuple | None]]) -> tuple:
     first = call.first
     return first.step, first.phase, op, tuple(inputs)
 
@@ -111,32 +121,32 @@ def _group(name: str, step: int) -> tuple[int, str]:
     return step, name[: name.rfind("/")]
 
 
-class _Walk:
+class _Walk(Generic[_C]):
     """The state of one walk: B's calls not yet paired (by name, by data flow, by value), the pairs
     so far and the values no op made whose twins pairs revealed. Each rule below reads it."""
 
     def __init__(
         self,
-        named_a: list[tuple[_FlowCall, str]],
-        calls_b: MutableMapping[tuple[int, str], _FlowCall],
-        links: _Links,
-        op_a: Callable[[_FlowCall], str],
+        named_a: list[tuple[_C, str]],
+        calls_b: MutableMapping[tuple[int, str], _C],
+        links: _Links[_C],
+        op_a: Callable[[_C], str],
     ) -> None:
         self.named_a, self.calls_b, self.links, self.op_a = named_a, calls_b, links, op_a  # A's calls with renamed names
-        self.by_flow: dict[tuple, list[_FlowCall]] = {}
+        self.by_flow: dict[tuple, list[_C]] = {}
         for call in calls_b.values():
             if call.first.op == MODULE_OP:
                 continue
             keys = {_flow_key(call, call.first.op, inputs) for inputs in _both_inputs(call, links.made_b) if inputs}
             for key in keys:
                 self.by_flow.setdefault(key, []).append(call)
-        self.by_value: dict[tuple, list[_FlowCall]] | None = None  # made when a rule first asks
+        self.by_value: dict[tuple, list[_C]] | None = None  # made when a rule first asks
         self.taken: set[int] = set()
         self.leaves: dict[tuple, tuple] = {}  # A's values no op made: B's twin, learnt where a pair reads both
         self.pending_a = {(call.first.step, name) for call, name in named_a}  # A's calls not visited yet
         self.by_value_a: dict[tuple, list[tuple[int, str]]] | None = None
 
-    def namesake(self, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+    def namesake(self, call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
         """B's unpaired call of A's (renamed) name in its step, unless its inputs come from producers
         paired with other calls or it reads a value A makes later (:meth:`reads_later`)."""
         other = self.calls_b.get((call.first.step, name))
@@ -144,7 +154,7 @@ class _Walk:
             return None
         return None if self.reads_later(other, inputs) else other
 
-    def reads_later(self, other: _FlowCall, inputs: list[tuple[str, tuple]]) -> bool:
+    def reads_later(self, other: _C, inputs: list[tuple[str, tuple]]) -> bool:
         """Whether B's call reads, where A's call reads a value of known twin, a value whose maker's
         namesake A has not run yet: A's call ran before that value existed, so it is not B's call (the
         gradients of three projections summed in another order: A's ``add`` of q's and k's is not B's
@@ -158,7 +168,7 @@ class _Walk:
                 return True
         return False
 
-    def holding_values(self, call: _FlowCall, name: str) -> _FlowCall | None:
+    def holding_values(self, call: _C, name: str) -> _C | None:
         """B's first unpaired call in A's ``(step, phase, module)`` with A's op, shapes and
         :func:`output_values` (``None``: A's call has no such values, or B no such call)."""
         values = output_values(call)
@@ -175,7 +185,7 @@ class _Walk:
             candidates.pop(0)
         return candidates[0] if candidates else None
 
-    def held_later(self, other: _FlowCall) -> bool:
+    def held_later(self, other: _C) -> bool:
         """Whether a call of A not visited yet holds the values of B's call (its op, shapes and
         :func:`output_values` in its module): B's call is left for it."""
         if self.by_value_a is None:  # once, over A's calls: linear in them
@@ -194,7 +204,7 @@ def _value_key(call: _FlowCall, name: str, op: str) -> tuple | None:
     return (*_group(name, call.first.step), op, call.signature(), values) if values else None
 
 
-def by_data_flow(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+def by_data_flow(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
     """Every case where the producers of a call's inputs are paired already: B's call of the same op,
     step and phase reading their partners slot by slot (a dict lookup), whatever its name, index or
     shapes (an inserted op, independent ops reordered, two zero biases, another batch); the makers of
@@ -219,14 +229,14 @@ def _both_inputs(call: _FlowCall, made: Mapping[int, tuple], inputs: list | None
     return [first] if direct == first else [first, direct]
 
 
-def module_by_name(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+def module_by_name(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
     """A module call, an anchor where identity is certain: its namesake whatever its shapes (another
     batch, micro-batches, another width), so its inputs and outputs are judged or called incomparable
     as values, never left one-sided."""
     return walk.namesake(call, name, inputs) if call.first.op == MODULE_OP else None
 
 
-def by_name_at_an_anchor(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+def by_name_at_an_anchor(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
     """An op whose inputs' producers are not paired (the first reader of a parameter or the step's
     input, a reader of a value only one side made): its namesake with the same shapes, unless the two
     read different values that each side made with ops only it runs. There values decide: B's call
@@ -248,7 +258,7 @@ def by_name_at_an_anchor(walk: _Walk, call: _FlowCall, name: str, inputs: list[t
     return None if walk.links.unrelated(call, other) else other
 
 
-def by_provenance(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+def by_provenance(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
     """An op of other shapes (another batch, micro-batches, a layer of another width): its namesake
     when each of its inputs comes from the same kind of source on both sides: from partners, or from
     values no op made (the step's input, a parameter) whose twin is that value or not known yet. Its
@@ -269,7 +279,7 @@ def by_provenance(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[st
     return other
 
 
-def by_values(walk: _Walk, call: _FlowCall, name: str, inputs: list[tuple[str, tuple]]) -> _FlowCall | None:
+def by_values(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
     """Where two implementations meet after ops only one side runs (sdpa against a hand-written
     attention: the heads transposed back), nothing relates the calls but their values: B's call in
     A's module with A's op, shapes and output values. The flow resumes at its outputs."""
@@ -308,7 +318,7 @@ def one_is_a_no_op(call_a: _FlowCall, call_b: _FlowCall) -> bool:
     return _no_op(call_a) != _no_op(call_b) and _global_shapes(call_a) != _global_shapes(call_b)
 
 
-def _chosen(call: _FlowCall, name: str, candidates: list[_FlowCall], taken: set[int]) -> _FlowCall | None:
+def _chosen(call: _C, name: str, candidates: list[_C], taken: set[int]) -> _C | None:
     """Of B's calls with the data flow of ``call``, the namesake, else the first of its shapes, else the
     first holding its values (``None``: none of them agrees on more than the flow); never one that
     :func:`one_is_a_no_op` tells apart."""
@@ -333,12 +343,12 @@ def _chosen(call: _FlowCall, name: str, candidates: list[_FlowCall], taken: set[
 
 
 def align_by_flow(
-    calls_a: Iterable[_FlowCall],
-    calls_b: MutableMapping[tuple[int, str], _FlowCall],
-    links: _Links,
-    rename: Callable[[_FlowCall], str],
-    op_a: Callable[[_FlowCall], str],
-) -> tuple[list[tuple[_FlowCall, _FlowCall, str]], list[_FlowCall]]:
+    calls_a: Iterable[_C],
+    calls_b: MutableMapping[tuple[int, str], _C],
+    links: _Links[_C],
+    rename: Callable[[_C], str],
+    op_a: Callable[[_C], str],
+) -> tuple[list[tuple[_C, _C, str]], list[_C]]:
     """Pair ``calls_a`` (in execution order) with ``calls_b`` (by ``(step, call name)``) by the first of
     :data:`RULES` that names a partner (module docstring); ``links`` learns each pairing as it is made.
     Returns the pairs with how they were paired (``exact`` or ``mapped`` where the names agree after
@@ -346,8 +356,8 @@ def align_by_flow(
     ``calls_b``. ``op_a``: A's op after the mapping's renames. A few dict lookups per call: linear in
     the records."""
     walk = _Walk([(call, rename(call)) for call in calls_a], calls_b, links, op_a)
-    pairs: list[tuple[_FlowCall, _FlowCall, str]] = []
-    left_a: list[_FlowCall] = []
+    pairs: list[tuple[_C, _C, str]] = []
+    left_a: list[_C] = []
     for call, name in walk.named_a:
         walk.pending_a.discard((call.first.step, name))
         inputs = _inputs(call, links.made_a)
@@ -361,7 +371,7 @@ def align_by_flow(
             continue
         walk.taken.add(id(other))
         del calls_b[(other.first.step, other.name)]
-        links.pair(call, other)  # type: ignore[arg-type]
+        links.pair(call, other)
         _learn_leaves(inputs, _inputs(other, links.made_b), walk.leaves)
         step = call.first.step
         how = "aligned" if other.name != name or other.first.step != step else "exact" if name == call.name else "mapped"

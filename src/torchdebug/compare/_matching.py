@@ -62,11 +62,13 @@ def load_mapping(source: str | Path | Mapping[str, object] | None) -> NameMappin
     if not isinstance(data, dict) or set(data) - {"modules", "ops"}:
         got = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
         raise ConfigError(f"{where}: expected keys 'modules' and/or 'ops', got {got}")
+    sections: dict[str, dict[str, str]] = {}
     for key in ("modules", "ops"):
         section = data.get(key) or {}
         if not isinstance(section, dict) or not all(isinstance(v, str) for v in section.values()):
             raise ConfigError(f"{where}: '{key}' must map names to names, got {section!r}")
-    return NameMapping(modules=dict(data.get("modules") or {}), ops=dict(data.get("ops") or {}))
+        sections[key] = dict(section)
+    return NameMapping(modules=sections["modules"], ops=sections["ops"])
 
 
 @dataclass(slots=True)
@@ -325,9 +327,12 @@ def _far_apart(call_a: _Call, call_b: _Call) -> bool:
             continue
         a, b = record.stats or {}, other.stats or {}
         values = [(a.get(key), b.get(key)) for key in ("min", "max", "norm")]
-        if not all(isinstance(x, float) and isinstance(y, float) and math.isfinite(x) and math.isfinite(y) for x, y in values):
+        finite = [
+            (x, y) for x, y in values if isinstance(x, float) and isinstance(y, float) and math.isfinite(x) and math.isfinite(y)
+        ]
+        if len(finite) < len(values):
             continue
-        (min_a, min_b), (max_a, max_b), (norm_a, norm_b) = values
+        (min_a, min_b), (max_a, max_b), (norm_a, norm_b) = finite
         scale = max(abs(min_b), abs(max_b))
         if max(abs(min_a - min_b), abs(max_a - max_b)) > _FAR * scale or abs(norm_a - norm_b) > _FAR * norm_b:
             return True
@@ -352,8 +357,8 @@ def _other_values(call_a: _Call, call_b: _Call) -> bool:
 def _assign_order(pairs: list[Pair], records_b: Sequence[Record]) -> None:
     """Order pairs by side A's execution order; B-only rows follow their predecessor on side B."""
     position_b = {id(records_b[i]): position for position, i in enumerate(execution_order(records_b))}
-    anchored = [p for p in pairs if p.a is not None]
-    anchored = [anchored[i] for i in execution_order([p.a for p in anchored])]  # type: ignore[arg-type]
+    held = [(p, p.a) for p in pairs if p.a is not None]
+    anchored = [held[i][0] for i in execution_order([a for _, a in held])]
     for index, pair in enumerate(anchored):
         pair.order = float(index)
     # map B positions of paired rows to their order, then slot B-only rows in between
@@ -586,12 +591,12 @@ def _pair_by_name(
         name = _rename(call, mapping)
         other = calls_b.get((key[0], name))
         found = links.check(call, other) if other is not None and other.signature() == call.signature() else True
-        if found is not True and compiled and _other_values(call, other):  # type: ignore[arg-type]
-            found = True  # nor are its consumers paired through it
-        if found is not True and (not uneven or (key[0], _counted(other, NameMapping())) not in uneven):  # type: ignore[arg-type]
+        if other is None or found is True or compiled and _other_values(call, other):
+            left_a.append(call)  # nor are its consumers paired through it
+        elif not uneven or (key[0], _counted(other, NameMapping())) not in uneven:
             settled = links.changes if found is False else None
             matches.append(_Match(call, calls_b.pop((key[0], name)), "exact" if name == key[1] else "mapped", settled))
-            links.pair(call, other)  # type: ignore[arg-type]
+            links.pair(call, other)
         else:
             left_a.append(call)
     return matches, left_a

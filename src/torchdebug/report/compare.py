@@ -34,7 +34,7 @@ class Row(Protocol):
     phase: str
     name: str
     matched: bool
-    error: float | None
+    difference: float | None
     verdict: str
 
 
@@ -142,7 +142,7 @@ def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
     positions = _positions(rows)
     last = max(positions, default=1)
     plotted = _plotted(rows)
-    logs = {i: _log_difference(rows[i].difference) for i in plotted}  # type: ignore[arg-type]
+    logs = {i: _log_difference(difference) for i in plotted if (difference := rows[i].difference) is not None}
     top = float(math.ceil(max([0.0, *logs.values()])))
     span = top - _LOG_FLOOR
 
@@ -155,9 +155,9 @@ def _plot(rows: Sequence[Row], marks: dict[str, int | None]) -> dict[str, Any]:
     decades = 1 if span <= 8 else 2
     step = _nice_step(last, 8)
     marked = [
-        {"kind": kind, "label": label, "row": marks[kind] + 1, "x": x(positions[marks[kind]])}  # type: ignore[operator,index]
+        {"kind": kind, "label": label, "row": index + 1, "x": x(positions[index])}
         for kind, label in _MARKS.items()
-        if marks.get(kind) is not None
+        if (index := marks.get(kind)) is not None
     ]
     return {
         "width": _WIDTH,

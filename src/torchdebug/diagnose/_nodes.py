@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
 
+from torchdebug._torch.dispatch import OpOverload
 from torchdebug.diagnose import _attention as attention
 from torchdebug.diagnose._accuracy import DEFAULT_TOLERANCE, Check, check
 from torchdebug.diagnose._finding import NodeFinding, node_finding
@@ -196,16 +198,17 @@ class _GraphCheck:
         if _is_random(node):
             self._take(node, "random")
             return None
+        op = cast("Callable[..., Any]", node.target)  # a call_function node's target: its op
         try:
             eager_args, eager_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.eager.__getitem__)
             wide_args, wide_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.wide.__getitem__)
             wide_args, wide_kwargs = tree_map(upcast, wide_args), tree_map(upcast, wide_kwargs)
-            eager = node.target(*eager_args, **eager_kwargs)  # type: ignore[operator]  # a call_function node's op
-            if attention.is_attention(node.target):
-                wide, compared = attention.reference(node.target, wide_args, wide_kwargs, eager)  # type: ignore[arg-type]  # its op
+            eager = op(*eager_args, **eager_kwargs)
+            if isinstance(op, OpOverload) and attention.is_attention(op):  # is_attention holds of OpOverloads only
+                wide, compared = attention.reference(op, wide_args, wide_kwargs, eager)
                 self.unchecked[node] = set(range(len(wide))) - compared
             else:
-                wide = node.target(*wide_args, **wide_kwargs)  # type: ignore[operator]  # its op
+                wide = op(*wide_args, **wide_kwargs)
         except Exception as error:  # noqa: BLE001 - an op that cannot be recomputed is reported, not raised
             self._take(node, "failed", f"{type(error).__name__}: {first_line(error)}")
             return None

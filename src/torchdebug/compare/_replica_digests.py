@@ -40,8 +40,7 @@ from torchdebug.compare._shards import sharded
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare._value_digests import DIGEST_BYTES, column_digests, value_digest
 from torchdebug.records import Record
-from torchdebug.store import RECORDS, SCHEMA, RankDump, RankRecords, Run, records_from_table
-from torchdebug.store._msprobe import MsprobeRankDump
+from torchdebug.store import RECORDS, SCHEMA, MsprobeRankDump, RankDump, RankRecords, Run, records_from_table
 
 __all__ = [
     "SAME_ON_EVERY_RANK",

@@ -14,7 +14,7 @@ doors the capture, compare, monitor and command line go through (docs/api.md lis
 from torchdebug.store._faults import WriteFault
 from torchdebug.store._layout import RECORDS, rank_dir_name
 from torchdebug.store._live import register as register_live
-from torchdebug.store._msprobe import is_msprobe_dump
+from torchdebug.store._msprobe import MsprobeRankDump, is_msprobe_dump
 from torchdebug.store._msprobe import load as load_msprobe
 from torchdebug.store._reader import RankDump, RankRecords, Run, is_dump, load, write_fault_note
 from torchdebug.store._record_columns import SCHEMA, records_from_table
@@ -36,6 +36,7 @@ from torchdebug.store._writer import (
 __all__ = [
     "RECORDS",
     "SCHEMA",
+    "MsprobeRankDump",
     "RankDump",
     "RankRecords",
     "RankWriter",

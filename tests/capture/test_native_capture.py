@@ -40,9 +40,10 @@ def _hf_training() -> tuple[nn.Module, Callable[[], None]]:
     return model, step
 
 
-def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps: int = 2, **options) -> list[Record]:  # noqa: ANN001
-    """The tensor records of ``steps`` steps of ``training`` dumped by a Debugger on one path, each
-    ``stack`` its frames from the training step's line in this file inwards."""
+def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps: int = 2, kind: str = "tensor", **options) -> list[Record]:  # noqa: ANN001
+    """The records of ``kind`` (``tensor``, ``value``; ``any``: all) of ``steps`` steps of
+    ``training`` dumped by a Debugger on one path, each ``stack`` its frames from the training
+    step's line in this file inwards."""
     if native:
         monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     else:
@@ -60,7 +61,7 @@ def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps
     assert said == (["torchdebug: op capture on the native path"] if native else said[:1]) and len(said) == 1
     rank = torchdebug.load(folder).ranks[0]
     assert rank.manifest["fingerprint"] == FINGERPRINT_VERSION  # what its checksums follow, on either path
-    records = [record for record in rank.records() if record.kind == "tensor"]
+    records = [record for record in rank.records() if kind in ("any", record.kind)]
     for record in records:  # the frames from this file's training step inwards: the same on both runs
         if record.stack is not None:
             frames = rank.stack(record)
@@ -154,6 +155,58 @@ def test_a_tensor_written_between_two_reads_has_the_fingerprint_of_each_read(tmp
     assert made == before_add and after_add == read_again and made != after_add  # each read's own bits
     product = checksum["aten.mul.Tensor#0/output.0"]
     assert checksum["aten.t.default#0/input.0"] == product != checksum["aten.t.default#0/output.0"]
+
+
+class _ValueArguments(nn.Module):
+    """Ops with non-tensor arguments and results of every kind a dispatch mode is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 3, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = (x @ self.weight).sum(dim=1, keepdim=True)  # a list of ints, a bool
+        y = nn.functional.gelu(y, approximate="tanh").to(torch.float64).float()  # a keyword-only string; a dtype
+        z = torch.add(y, y, alpha=2).mul(0.1).mul(2)  # a keyword-only number; numbers wrapped as tensors
+        z = z.clamp(min=None, max=1.0) + torch.full((1,), 1.5)  # None before a passed argument; a factory's device
+        scale = z.mean().item()  # a number as the result
+        rotated = torch.ones(2, dtype=torch.complex64).mul(1j)  # a complex number
+        return (z * scale).sum() + torch.view_as_real(rotated).sum() + torch.cat([z, z], dim=-1).sum()
+
+
+def _value_arguments() -> tuple[nn.Module, Callable[[], None]]:
+    model = _ValueArguments()
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    return model, lambda: model(x).backward()
+
+
+@pytest.mark.parametrize("training", [_value_arguments, gpt_training], ids=["values", "gpt"])
+def test_non_tensor_arguments_and_results_are_the_same_values_on_both_paths(tmp_path, monkeypatch, caplog, training) -> None:
+    """Value records: the arguments a dispatch mode is handed (none left at its default), dtypes,
+    devices, None, wrapped numbers, complex numbers and a number as a result, named and written as
+    eager capture writes them; but for the calls a mode runs as other ops (``view`` for
+    ``_reshape_alias``: other arguments)."""
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, kind="any")
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, kind="any")
+    for step in (0, 1):
+        got = [record for record in native if record.step == step]
+        expected, _ = without_mode([record for record in python if record.step == step], got)
+        renamed = {name.rpartition("/")[0] for r, name, _ in expected if f"/{r.op}#" not in name}
+        want = [(name, r.value) for r, name, _ in expected if r.kind == "value" and name.rpartition("/")[0] not in renamed]
+        assert want and [(r.name, r.value) for r in got if r.kind == "value" and r.call_name not in renamed] == want
+        assert all(r.dtype is None and r.shape is None and r.value_id is None for r in got if r.kind == "value")
+    values: dict[tuple[str, str], list] = {}
+    for r in native:
+        if r.kind == "value" and r.step == 0 and r.phase == "forward":
+            values.setdefault((r.op, r.arg), []).append(r.value)
+    if training is _value_arguments:
+        assert values[("aten.sum.dim_IntList", "1")] == [[1]] and values[("aten.sum.dim_IntList", "2")] == [True]
+        assert values[("aten._to_copy.default", "dtype")] == ["float64", "float32"]
+        assert ("aten._to_copy.default", "non_blocking") not in values  # left at its default: not handed
+        assert values[("aten.gelu.default", "approximate")] == ["tanh"] and values[("aten.add.Tensor", "alpha")] == [2]
+        assert values[("aten.clamp.default", "1")] == [None] and values[("aten.full.default", "device")] == ["cpu"]
+        assert {0.1, 2, "1j"} <= set(values[("aten.mul.Tensor", "1")])
+        assert [type(number) for number in values[("aten._local_scalar_dense.default", "0")]] == [float]  # .item()
 
 
 @pytest.mark.gpu

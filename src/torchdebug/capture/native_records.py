@@ -33,7 +33,7 @@ from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_values import CHANGED, PHASES, SlotWalk, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
-from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, NativeObserver, ObservedOps
+from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, Record
 from torchdebug.slots import dtype_name
 from torchdebug.stats import empty_stats
@@ -175,6 +175,7 @@ class NativeStepCapture:
             self.tracker.start()
         self._set_context(_OUTSIDE)
         self.observer.want_stacks(self.stacks)
+        self.observer.want_values(True)
         if not self._observed:  # a new run's value ids: the addresses an earlier capture drained are not its
             self._observed = True
             self.observer.forget_seen()
@@ -182,6 +183,7 @@ class NativeStepCapture:
 
     def stop(self) -> None:
         self.observer.stop()
+        self.observer.want_values(False)
         if self._own_tracker:
             self.tracker.stop()
         for handle in self._handles:
@@ -403,6 +405,7 @@ class NativeStepCapture:
             dtype_names=self._dtype_names,
             device_name=self._device_name,
             flagged=PLAIN,
+            valued=VALUE,
         )
 
     def _walk(self, ops: ObservedOps) -> SlotWalk:

@@ -56,11 +56,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -109,7 +112,190 @@ enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2 };
 // kEmpty: callbacks that return at once (the cost of RecordFunction itself); kEmptyWithValues: the
 // same, asking the dispatcher for inputs and outputs (its boxing); kRecord: the observer.
 
-enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2 };
+enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2, kValue = 4 };
+// kValue: a non-tensor argument or result (a number, a list of sizes, a dtype, None), as JSON text.
+
+// ---- non-tensor values, as a dispatch mode is handed them -----------------------------------------
+// A dispatch mode gets an op's arguments from torch's parseIValuesToPyArgsKwargs: the positional
+// arguments up to the last one that differs from its default, and the keyword-only ones that differ
+// from theirs; a dtype, layout or memory format as its Python object, an undefined tensor as None,
+// a wrapped number (the 2.0 of x.mul(2.0)) as the number. ArgFacts holds what that needs of the schema.
+
+enum ValueType : int8_t { kOther, kDtype, kLayout, kMemoryFormat };
+
+struct ArgFacts {
+  bool kwarg_only = false;
+  ValueType type = kOther;
+  std::optional<c10::IValue> default_value;
+};
+
+struct OpArgs {
+  std::vector<ArgFacts> inputs;
+  std::vector<ValueType> outputs;
+};
+
+ValueType value_type(const c10::TypePtr& type) {
+  auto kind = type->kind();
+  if (kind == c10::TypeKind::OptionalType) kind = type->castRaw<c10::OptionalType>()->getElementType()->kind();
+  if (kind == c10::TypeKind::ScalarTypeType) return kDtype;
+  if (kind == c10::TypeKind::LayoutType) return kLayout;
+  if (kind == c10::TypeKind::MemoryFormatType) return kMemoryFormat;
+  return kOther;
+}
+
+OpArgs op_args(const c10::FunctionSchema& schema) {
+  OpArgs args;
+  for (const auto& argument : schema.arguments()) {
+    args.inputs.push_back({argument.kwarg_only(), value_type(argument.real_type()), argument.default_value()});
+  }
+  for (const auto& result : schema.returns()) args.outputs.push_back(value_type(result.real_type()));
+  return args;
+}
+
+void json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(c));
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+// A double as JSON that Python reads back as the same float (never as an int).
+void json_double(std::string& out, double value) {
+  if (std::isnan(value)) {
+    out += "NaN";
+  } else if (std::isinf(value)) {
+    out += value > 0 ? "Infinity" : "-Infinity";
+  } else {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.17g", value);
+    out += text;
+    if (std::strpbrk(text, ".e") == nullptr) out += ".0";
+  }
+}
+
+const char* layout_name(int64_t code) {
+  switch (static_cast<c10::Layout>(code)) {
+    case c10::kStrided: return "torch.strided";
+    case c10::kSparse: return "torch.sparse_coo";
+    case c10::kSparseCsr: return "torch.sparse_csr";
+    case c10::kSparseCsc: return "torch.sparse_csc";
+    case c10::kSparseBsr: return "torch.sparse_bsr";
+    case c10::kSparseBsc: return "torch.sparse_bsc";
+    case c10::kMkldnn: return "torch._mkldnn";
+    case c10::kJagged: return "torch.jagged";
+    default: return "torch.layout";
+  }
+}
+
+const char* memory_format_name(int64_t code) {
+  switch (static_cast<c10::MemoryFormat>(code)) {
+    case c10::MemoryFormat::Contiguous: return "torch.contiguous_format";
+    case c10::MemoryFormat::Preserve: return "torch.preserve_format";
+    case c10::MemoryFormat::ChannelsLast: return "torch.channels_last";
+    case c10::MemoryFormat::ChannelsLast3d: return "torch.channels_last_3d";
+    default: return "torch.memory_format";
+  }
+}
+
+// A wrapped number's value (a 0-dim CPU tensor made from a Python number): read, not dispatched.
+void json_wrapped_number(std::string& out, const c10::TensorImpl* impl) {
+  switch (impl->dtype().toScalarType()) {
+    case c10::ScalarType::Double: json_double(out, *static_cast<const double*>(impl->data())); break;
+    case c10::ScalarType::Long: out += std::to_string(*static_cast<const int64_t*>(impl->data())); break;
+    case c10::ScalarType::Bool: out += *static_cast<const bool*>(impl->data()) ? "true" : "false"; break;
+    case c10::ScalarType::ComplexDouble: {
+      auto number = *static_cast<const c10::complex<double>*>(impl->data());
+      out += "{\"complex\":[";
+      json_double(out, number.real());
+      out += ',';
+      json_double(out, number.imag());
+      out += "]}";
+      break;
+    }
+    default: json_string(out, "<wrapped number>");
+  }
+}
+
+// A tensor Python sees as one: not undefined (None), not a wrapped number (a Python number).
+bool is_tensor(const c10::IValue& value) {
+  if (!value.isTensor()) return false;
+  auto* impl = value.unsafeToTensorImpl();
+  return impl != c10::UndefinedTensorImpl::singleton() && !impl->is_wrapped_number();
+}
+
+// A non-tensor IValue as JSON text; complex numbers as {"complex": [real, imag]} (Python makes them
+// complex again), objects with no JSON form as their type's name.
+void json_value(std::string& out, const c10::IValue& value, ValueType type) {
+  if (value.isNone()) {
+    out += "null";
+  } else if (value.isTensor()) {
+    auto* impl = value.unsafeToTensorImpl();
+    if (impl == c10::UndefinedTensorImpl::singleton()) {
+      out += "null";
+    } else {
+      json_wrapped_number(out, impl);
+    }
+  } else if (value.isBool()) {
+    out += value.toBool() ? "true" : "false";
+  } else if (value.isInt()) {
+    auto code = value.toInt();
+    if (type == kDtype) {
+      json_string(out, std::string(c10::getDtypeNames(static_cast<c10::ScalarType>(code)).first));
+    } else if (type == kLayout) {
+      json_string(out, layout_name(code));
+    } else if (type == kMemoryFormat) {
+      json_string(out, memory_format_name(code));
+    } else {
+      out += std::to_string(code);
+    }
+  } else if (value.isDouble()) {
+    json_double(out, value.toDouble());
+  } else if (value.isSymInt()) {
+    auto known = value.toSymInt().maybe_as_int();
+    if (known.has_value()) {
+      out += std::to_string(*known);
+    } else {
+      json_string(out, "<symbolic int>");
+    }
+  } else if (value.isComplexDouble()) {
+    auto number = value.toComplexDouble();
+    out += "{\"complex\":[";
+    json_double(out, number.real());
+    out += ',';
+    json_double(out, number.imag());
+    out += "]}";
+  } else if (value.isString()) {
+    json_string(out, value.toStringRef());
+  } else if (value.isDevice()) {
+    json_string(out, value.toDevice().str());
+  } else if (value.isList() || value.isTuple()) {
+    out += '[';
+    bool first = true;
+    auto add = [&](const c10::IValue& item) {
+      if (!first) out += ',';
+      first = false;
+      json_value(out, item, type);
+    };
+    if (value.isList()) {
+      for (const auto& item : value.toListRef()) add(item);
+    } else {
+      for (const auto& item : value.toTupleRef().elements()) add(item);
+    }
+    out += ']';
+  } else {
+    json_string(out, "<" + value.tagKind() + ">");
+  }
+}
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
@@ -348,9 +534,12 @@ int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   return taken;
 }
 
+std::atomic<bool> want_values{false};  // td_observer_want_values: record value slots
+
 struct OpInfo {
   int32_t id;  // -1 for kNotOp
   Kind kind;
+  const OpArgs* args = nullptr;  // its schema's facts (Recorder::args)
 };
 
 struct Slots {
@@ -374,6 +563,7 @@ struct Slots {
   std::vector<double> stats;  // kStatsWidth sums a slot (NaN where not taken)
   std::vector<int8_t> has_fingerprint;
   std::vector<int64_t> fingerprint;  // the fingerprint's 64 bits (0 where not taken)
+  std::vector<std::string> text;     // a kValue slot's JSON text (empty for a tensor's)
   // With keep_unsummed: a reference to each plain non-empty tensor whose sums (or fingerprint) were
   // not taken here (another dtype or device), and its slot (an index into these columns), for Python to reduce at
   // its flush while the tensor is at the version recorded. An output is held weakly until the next
@@ -393,6 +583,7 @@ struct Slots {
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
   void add(int64_t at_row, int8_t side, int16_t position, int16_t index, c10::TensorImpl* impl) {
     if (impl == c10::UndefinedTensorImpl::singleton() || impl->is_wrapped_number()) return;
+    text.emplace_back();
     row.push_back(at_row);
     io.push_back(side);
     arg.push_back(position);
@@ -449,19 +640,92 @@ struct Slots {
     }
   }
 
-  void add_all(int64_t at_row, int8_t side, c10::ArrayRef<const c10::IValue> values) {
-    for (size_t position = 0; position < values.size(); ++position) {
-      const auto& value = values[position];
-      if (value.isTensor()) {
-        add(at_row, side, static_cast<int16_t>(position), -1, value.unsafeToTensorImpl());
-      } else if (value.isList()) {
-        auto items = value.toListRef();
+  // A non-tensor argument or result: a slot with no tensor (kValue), its JSON text in text.
+  void add_value(int64_t at_row, int8_t side, int16_t position, int16_t index, const c10::IValue& item, ValueType type) {
+    text.emplace_back();
+    json_value(text.back(), item, type);
+    row.push_back(at_row);
+    io.push_back(side);
+    arg.push_back(position);
+    element.push_back(index);
+    value.push_back(0);
+    alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+    base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+    dtype.push_back(-1);
+    version.push_back(-1);
+    flag.push_back(kValue);
+    stats.resize(stats.size() + kStatsWidth, std::nan(""));
+    storage.push_back(0);
+    offset.push_back(0);
+    base.push_back(0);
+    ndim.push_back(0);
+    device_type.push_back(-1);
+    device_index.push_back(-1);
+    has_stats.push_back(0);
+    has_fingerprint.push_back(0);
+    fingerprint.push_back(0);
+  }
+
+  // One argument or result at position: a tensor, a list holding tensors (item by item), or a value.
+  void add_one(int64_t at_row, int8_t side, int16_t position, const c10::IValue& value, ValueType type) {
+    if (is_tensor(value)) {
+      add(at_row, side, position, -1, value.unsafeToTensorImpl());
+      return;
+    }
+    if (value.isList()) {
+      auto items = value.toListRef();
+      if (std::any_of(items.begin(), items.end(), is_tensor)) {
         for (size_t index = 0; index < items.size(); ++index) {
-          if (items[index].isTensor()) {
-            add(at_row, side, static_cast<int16_t>(position), static_cast<int16_t>(index), items[index].unsafeToTensorImpl());
+          if (is_tensor(items[index])) {
+            add(at_row, side, position, static_cast<int16_t>(index), items[index].unsafeToTensorImpl());
+          } else {
+            add_value(at_row, side, position, static_cast<int16_t>(index), items[index], type);
+          }
+        }
+        return;
+      }
+    }
+    add_value(at_row, side, position, -1, value, type);
+  }
+
+  // An op's arguments (side 0) or results (side 1). Without args (the fallback's measurements),
+  // tensors only; with them, the values too, of the arguments a dispatch mode is handed (above).
+  void add_all(int64_t at_row, int8_t side, c10::ArrayRef<const c10::IValue> values, const OpArgs* args = nullptr) {
+    if (args == nullptr) {
+      for (size_t position = 0; position < values.size(); ++position) {
+        const auto& value = values[position];
+        if (value.isTensor()) {
+          add(at_row, side, static_cast<int16_t>(position), -1, value.unsafeToTensorImpl());
+        } else if (value.isList()) {
+          auto items = value.toListRef();
+          for (size_t index = 0; index < items.size(); ++index) {
+            if (items[index].isTensor()) {
+              add(at_row, side, static_cast<int16_t>(position), static_cast<int16_t>(index), items[index].unsafeToTensorImpl());
+            }
           }
         }
       }
+      return;
+    }
+    if (side == 1) {
+      for (size_t position = 0; position < values.size(); ++position) {
+        add_one(at_row, side, static_cast<int16_t>(position), values[position], position < args->outputs.size() ? args->outputs[position] : kOther);
+      }
+      return;
+    }
+    const auto& facts = args->inputs;
+    auto count = std::min(values.size(), facts.size());
+    auto is_default = [&](size_t position) {
+      const auto& known = facts[position].default_value;
+      return known.has_value() && *known == values[position];
+    };
+    size_t keywords = 0;  // the first keyword-only argument
+    while (keywords < count && !facts[keywords].kwarg_only) ++keywords;
+    size_t positional = keywords;  // the positional arguments handed over: up to the last non-default one
+    while (positional > 0 && is_default(positional - 1)) --positional;
+    for (size_t position = 0; position < count; ++position) {
+      if (position >= positional && (position < keywords || is_default(position))) continue;
+      add_one(at_row, side, static_cast<int16_t>(position), values[position], facts[position].type);
     }
   }
 
@@ -492,6 +756,7 @@ struct Slots {
     stats.insert(stats.end(), other.stats.begin(), other.stats.end());
     has_fingerprint.insert(has_fingerprint.end(), other.has_fingerprint.begin(), other.has_fingerprint.end());
     fingerprint.insert(fingerprint.end(), other.fingerprint.begin(), other.fingerprint.end());
+    text.insert(text.end(), other.text.begin(), other.text.end());
   }
 
   // Move the slots of row at_row, the last ones, into other.
@@ -525,6 +790,7 @@ struct Slots {
     move(stats, other.stats, kStatsWidth);
     move(has_fingerprint, other.has_fingerprint, 1);
     move(fingerprint, other.fingerprint, 1);
+    move(text, other.text, 1);
     other.shape.insert(other.shape.end(), shape.end() - static_cast<std::ptrdiff_t>(dims), shape.end());
     shape.resize(shape.size() - dims);
     other.stride.insert(other.stride.end(), stride.end() - static_cast<std::ptrdiff_t>(dims), stride.end());
@@ -562,6 +828,7 @@ struct Slots {
     element.clear();
     alive.clear();
     base_alive.clear();
+    text.clear();
   }
 };
 
@@ -579,6 +846,7 @@ struct Recorder {
   std::mutex mutex;
   std::unordered_map<const char*, OpInfo> ops;  // keyed by the schema's name pointer: one per overload
   std::deque<std::string> names;                 // "aten.mm.default", by op id (they never move)
+  std::deque<OpArgs> args;                       // by op id (they never move)
   int64_t first_row = 0;  // op rows drained so far: slot rows hold absolute row numbers
   std::vector<int32_t> op;
   std::vector<int64_t> seq;
@@ -638,6 +906,7 @@ Traceback python_frames(bool backward) {
 }
 
 Recorder recorder;
+std::string drained_texts;  // the JSON texts of the value slots drained last, each ended by a NUL
 std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
 std::atomic<int64_t> module_context{-1};
 at::CallbackHandle handle = 0;
@@ -661,6 +930,7 @@ struct Frame {
   bool live;     // called with an autograd key live
   bool below;    // kRecorded: it called an op below autograd (its kernel runs)
   int64_t row;   // kRecorded: its row
+  const OpArgs* args = nullptr;  // kRecorded with value slots wanted: its schema's facts
 };
 
 struct Stash {
@@ -703,6 +973,9 @@ OpInfo op_info(const at::RecordFunction& fn) {
   if (!name.has_value() || (name->name == "torchdebug::observer_kept")) return OpInfo{-1, kNotOp};
   OpInfo info{static_cast<int32_t>(recorder.names.size()), kind_of(*name)};
   recorder.names.push_back(overload_name(*name));
+  auto handle = c10::Dispatcher::singleton().findSchema(*name);
+  recorder.args.push_back(handle.has_value() ? op_args(handle->schema()) : OpArgs{});
+  info.args = &recorder.args.back();
   recorder.ops.emplace(fn.name(), info);
   return info;
 }
@@ -798,15 +1071,17 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (info.kind == kMaybeComposite && live) {  // its frames are taken if it is recorded (settle)
     auto& stash = push_stash(thread);
     stash.row = std::move(row);
-    stash.slots.add_all(-1, 0, inputs);
-    thread.frames.push_back({kPending, live, false, -1});
+    auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
+    stash.slots.add_all(-1, 0, inputs, args);
+    thread.frames.push_back({kPending, live, false, -1, args});
     return nullptr;
   }
   row.traceback = python_frames(in_backward);
   std::lock_guard<std::mutex> lock(recorder.mutex);
   auto at_row = recorder.add_row(std::move(row));
-  recorder.slots.add_all(at_row, 0, inputs);
-  thread.frames.push_back({kRecorded, live, false, at_row});
+  auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
+  recorder.slots.add_all(at_row, 0, inputs, args);
+  thread.frames.push_back({kRecorded, live, false, at_row, args});
   return nullptr;
 }
 
@@ -823,7 +1098,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   } else if (frame.kind == kRecorded) {
     const auto& outputs = fn.outputs();
     std::lock_guard<std::mutex> lock(recorder.mutex);
-    recorder.slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()));
+    recorder.slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.args);
     if (!recorder.slots.waiting.empty()) outputs_waiting.store(true, std::memory_order_relaxed);
   }
 }
@@ -973,10 +1248,19 @@ void td_observer_drain(const int64_t* counts, void** columns) {
       ++it;
     }
   }
+  drained_texts.clear();
+  int64_t texts = 0;
   for (size_t slot = 0; slot < slots; ++slot) {
+    if (from.flag[slot] == kValue) {  // its value column: the index of its text among the drained ones
+      from.value[slot] = texts++;
+      drained_texts += from.text[slot];
+      drained_texts += '\0';
+      continue;
+    }
     recorder.seen.try_emplace(from.value[slot], std::move(from.alive[slot]));
     if (from.base[slot] != 0) recorder.seen.try_emplace(from.base[slot], std::move(from.base_alive[slot]));
   }
+  from.text.erase(from.text.begin(), from.text.begin() + static_cast<std::ptrdiff_t>(slots));
   from.alive.erase(from.alive.begin(), from.alive.begin() + static_cast<std::ptrdiff_t>(slots));
   from.base_alive.erase(from.base_alive.begin(), from.base_alive.begin() + static_cast<std::ptrdiff_t>(slots));
   take(from.base, slots, columns[23]);
@@ -1015,6 +1299,14 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   recorder.first_row += static_cast<int64_t>(ops);
 }
 
+// The JSON texts of the value slots drained last (a value slot's slot_value indexes them), each
+// ended by a NUL; *size: their bytes.
+const char* td_observer_value_texts(int64_t* size) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  *size = static_cast<int64_t>(drained_texts.size());
+  return drained_texts.data();
+}
+
 // The addresses of the TensorImpls drained before and freed since: their number, then into out.
 int64_t td_observer_freed_count() {
   std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -1036,6 +1328,9 @@ void td_observer_forget_seen() {
 
 // Take the Python frames of each forward op from the rows recorded from now on (want != 0), or no longer.
 void td_observer_want_stacks(int want) { want_stacks.store(want != 0); }
+
+// Record non-tensor arguments and results (value slots) in the rows recorded from now on, or no longer.
+void td_observer_want_values(int want) { want_values.store(want != 0); }
 
 // Symbolize the tracebacks of the rows drained last: each traceback's stack into stack_of[i], an id
 // of the distinct stacks this process has symbolized (td_observer_stack_text gives each id's text);

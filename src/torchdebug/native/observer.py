@@ -30,8 +30,10 @@ EMPTY, EMPTY_WITH_VALUES, RECORD = 0, 1, 2
 """Observer levels: callbacks that return at once, the same asking the dispatcher for inputs and
 outputs (measurements of what ``RecordFunction`` costs), and the recorder."""
 
-PLAIN, SUBCLASS, NESTED = 0, 1, 2
-"""``slot_flag`` values: a tensor subclass or a nested tensor is flagged, not read."""
+PLAIN, SUBCLASS, NESTED, VALUE = 0, 1, 2, 4
+"""``slot_flag`` values: a tensor subclass or a nested tensor is flagged, not read; a non-tensor
+argument or result (a number, sizes, a dtype, ``None``) is a value slot, its JSON text in
+:attr:`ObservedOps.value_texts`."""
 
 _COLUMNS = (
     ("op", "i"),
@@ -78,7 +80,8 @@ class ObservedOps:
     output), ``slot_arg`` (the schema position of the argument, or of the result), ``slot_element``
     (index in a list argument, -1 outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code:
     :attr:`NativeObserver.dtypes` maps them), ``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes
-    not read), ``slot_ndim`` with the sizes concatenated in ``shape`` and the strides in ``stride``,
+    not read; :data:`VALUE`: a non-tensor argument or result, those a dispatch mode is handed, its
+    ``slot_value`` an index into :attr:`value_texts`), ``slot_ndim`` with the sizes concatenated in ``shape`` and the strides in ``stride``,
     ``slot_device_type`` and ``slot_device_index`` (:meth:`NativeObserver.device_name`),
     ``slot_value`` (the ``TensorImpl``'s address, which is ``Tensor._cdata``), ``slot_version`` (its
     version counter, -1 for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address, 0
@@ -132,6 +135,8 @@ class ObservedOps:
     kept: list[torch.Tensor]
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
     callback did not take, still at the version recorded when drained."""
+    value_texts: list[str] = field(default_factory=list)
+    """The JSON text of each value slot (``slot_flag`` :data:`VALUE`), by its ``slot_value``."""
     freed: array = field(default_factory=lambda: array("q"))
     """``TensorImpl`` addresses of slots (and of views' bases) drained before, whose tensors were freed
     since: from now on another tensor may take the address (until then the observer holds it, weakly)."""
@@ -172,6 +177,7 @@ class NativeObserver:
         library.td_observer_use_fingerprints.argtypes = [ctypes.c_void_p] * 7
         library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
+        library.td_observer_want_values.argtypes = [ctypes.c_int]
         library.td_observer_stacks.argtypes = [ctypes.c_void_p]
         library.td_observer_stacks.restype = ctypes.c_int64
         library.td_observer_stack_text.argtypes = [ctypes.c_int64]
@@ -180,6 +186,8 @@ class NativeObserver:
         library.td_observer_device_type_name.restype = ctypes.c_char_p
         library.td_observer_freed_count.restype = ctypes.c_int64
         library.td_observer_take_freed.argtypes = [ctypes.c_void_p]
+        library.td_observer_value_texts.argtypes = [ctypes.c_void_p]
+        library.td_observer_value_texts.restype = ctypes.c_void_p
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
@@ -201,6 +209,11 @@ class NativeObserver:
         """Take the Python frames each forward op is called from (``torch::CapturedTraceback``, as
         the CUDA memory snapshot takes them), in the rows recorded from now on, or no longer."""
         self._lib.td_observer_want_stacks(int(enabled))
+
+    def want_values(self, enabled: bool = True) -> None:
+        """Record each op's non-tensor arguments (those a dispatch mode is handed: not left at their
+        defaults) and results as value slots (:data:`VALUE`), in the rows recorded from now on, or no longer."""
+        self._lib.td_observer_want_values(int(enabled))
 
     def stacks(self, ops: ObservedOps) -> tuple[list[int], list[list[tuple[str, int, str]]]]:
         """The stacks of the rows drained last (``ops``): for each traceback (``ops.stack`` indexes
@@ -290,7 +303,10 @@ class NativeObserver:
         freed = array("q", bytes(8 * self._lib.td_observer_freed_count()))
         if freed:
             self._lib.td_observer_take_freed(freed.buffer_info()[0])
-        return ObservedOps(list(self._names), counts[3], **columns, kept=tensors, freed=freed)
+        size = ctypes.c_int64()
+        texts = self._lib.td_observer_value_texts(ctypes.byref(size))
+        value_texts = ctypes.string_at(texts, size.value).decode().split("\0")[:-1] if size.value else []
+        return ObservedOps(list(self._names), counts[3], **columns, kept=tensors, value_texts=value_texts, freed=freed)
 
     def forget_seen(self) -> None:
         """Drop the weak references the drains hold (a new capture's value ids start afresh)."""

@@ -42,6 +42,7 @@
 namespace {
 
 constexpr int8_t kPlain = 0;  // observer.py's PLAIN: a slot whose sizes were read
+constexpr int8_t kValue = 4;  // observer.py's VALUE: a non-tensor argument or result (no tensor, no value id)
 constexpr int8_t kChanged = 3;  // error code: a kept tensor changed or freed before the flush
 constexpr int8_t kUninitialised = 1;  // unread code of "uninitialised" (native_values.py's table)
 constexpr int64_t kNone = -1;
@@ -536,6 +537,20 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
           op = &found->second;
           backward = row_backward[index] != 0;
         }
+      }
+      if (flag == kValue) {  // recorded as it is, where its row and side are
+        if (op != nullptr && (io ? want_outputs : want_inputs)) {
+          out_slot[recorded] = slot;
+          out_value[recorded] = kNone;
+          out_view_of[recorded] = kNone;
+          out_stats[recorded] = kNone;
+          out_error[recorded] = 0;
+          out_unread[recorded] = 0;
+          out_arg[recorded] = state.arg_code(*op, io, slot_arg[slot], slot_element[slot]);
+          out_fingerprint[recorded] = kNone;
+          ++recorded;
+        }
+        continue;
       }
       if (op == nullptr) {
         if (io == 0) {

@@ -12,6 +12,8 @@ statistics dict is made per slot. The batch has the schema ``records_batch`` giv
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from torchdebug.records import UNREAD
+from torchdebug.slots import json_value
 from torchdebug.stats import COLUMNS, FIRST_COUNT, WIDTH
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
 from torchdebug.store._record_json import json_text
@@ -75,14 +78,18 @@ class SlotColumns:
         dtype_names: dict[int, str],
         device_name: Callable[[int, int], str],
         flagged: int,
+        valued: int,
     ) -> pa.RecordBatch:
         """The recorded slots' records. ``ops``: the drained ``ObservedOps``; ``calls``: the call's
         fields by name (``RowNames.columns``), a drained row each, ``seqs`` its ``seq``; ``flagged``: the slots
-        whose ``slot_flag`` is not it (subclasses, nested tensors) have no shape, stride or device."""
+        whose ``slot_flag`` is not it (subclasses, nested tensors, values) have no shape, stride or
+        device; ``valued``: the ``slot_flag`` of a value slot (a non-tensor argument or result: a
+        record of kind ``value``, its ``value`` the JSON text ``CaptureSession`` writes)."""
         count = len(self.slots)
         slots = self.slots
         rows = pa.array(np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row)
-        undescribed = np.asarray(ops.slot_flag)[slots] != flagged
+        flags = np.asarray(ops.slot_flag)[slots]
+        undescribed, values = flags != flagged, flags == valued
         args = self.args.take(pa.array(self.arg_codes))
         versions = np.asarray(ops.slot_version, np.int64)[slots]
         devices = np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES + np.asarray(ops.slot_device_index)[slots] + 1
@@ -94,18 +101,20 @@ class SlotColumns:
             **{name: by_row.column(name) for name in by_row.schema.names if name != "call_name"},
             "io": args.column("io"),
             "arg": args.column("arg"),
-            "kind": pa.repeat(pa.scalar("tensor"), count),
-            "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.__getitem__),
+            "kind": _KINDS.take(pa.array(values.astype(np.int64))),
+            "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.get),
             "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
             "stride": _sizes(ops.stride, ops.slot_ndim, slots, undescribed),
             "device": _named(devices, lambda key: device_name(key // _INDICES, key % _INDICES - 1), undescribed),
             "capture": pa.repeat(pa.scalar("eager"), count),
             "capture_error": _by_code(self.errors, self.error_codes),
-            "value_id": pa.array(self.value_ids),
+            "value_id": pa.array(self.value_ids, _INT, mask=values),
             "version": pa.array(versions, _INT, mask=versions < 0),
             "view_of": pa.array(self.view_of, _INT, mask=self.view_of < 0),
             "extra": _by_code(self.unread, self.unread_codes),
         }
+        if values.any():
+            columns["value"] = _values(ops, slots, values)
         if (self.fingerprint_refs != -1).any():
             columns["checksum"] = self._checksum_column(ops)
         stats, odd = self._stats_column(ops) if (self.stats_refs != -1).any() else (pa.nulls(count, STATS_TYPE), {})
@@ -140,6 +149,30 @@ class SlotColumns:
         return whole.take(pa.array(np.where(missing, 0, index), _INT, mask=missing))
 
 
+_KINDS = pa.array(["tensor", "value"], _STRING)
+
+
+def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
+    """The ``value`` column: each value slot's JSON text as eager capture writes it, none elsewhere."""
+    column: list[str | None] = [None] * len(slots)
+    texts = ops.value_texts
+    drained = np.asarray(ops.slot_value, np.int64)[slots]
+    for row in np.flatnonzero(values).tolist():
+        column[row] = _value_text(texts[drained[row]])
+    return pa.array(column, _STRING)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _value_text(text: str) -> str:
+    """The observer's JSON text of a value (``observer.cpp``: floats with 17 digits, complex numbers
+    as ``{"complex": [real, imag]}``) as ``CaptureSession`` writes the Python value: ``json_value``, then ``json_text``."""
+    return json_text(json_value(json.loads(text, object_hook=_complex)))
+
+
+def _complex(pair: dict[str, Any]) -> Any:
+    return complex(*pair["complex"]) if pair.keys() == {"complex"} else pair
+
+
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 _NIBBLES = np.arange(60, -4, -4, dtype=np.uint64)
 """The shifts of a 64-bit word's nibbles, most significant first."""
@@ -158,7 +191,12 @@ def _by_code(texts: pa.Array, codes: np.ndarray) -> pa.Array:
 
 
 def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:
-    """A string column from per-slot codes: each distinct code named once (``empty``: rows left empty)."""
+    """A string column from per-slot codes: each distinct code named once (``empty``: rows left
+    empty, their codes never named)."""
+    if empty is not None and empty.any():
+        if empty.all():
+            return pa.nulls(len(codes), _STRING)
+        codes = np.where(empty, codes[~empty][0], codes)
     distinct, inverse = np.unique(codes, return_inverse=True)
     dictionary = pa.array([name(code) for code in distinct.tolist()], _STRING)
     return dictionary.take(pa.array(inverse.reshape(-1), _INT, mask=empty))

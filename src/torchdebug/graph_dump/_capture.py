@@ -29,6 +29,7 @@ from torchdebug.graph_dump._plan import ACCUMULATORS, CallPlan, GraphPlan, Key, 
 from torchdebug.graph_dump._run import GraphRun
 from torchdebug.graph_dump._runtime import register_sink, unregister_sink
 from torchdebug.graph_dump._settings import DumpSettings
+from torchdebug.graph_dump._value_ids import Local
 from torchdebug.records import UNREAD, Record, make_call_name
 from torchdebug.stats import IDENTITY, stats_from_sums
 from torchdebug.store import RankWriter, join_run, rank_dir_name, run_manifest
@@ -39,6 +40,10 @@ _KEPT_SIZES = 8
 """Sets of symbolic-size values per graph whose evaluated sizes and built record fields are kept."""
 
 _Templates = list[list[tuple[SlotPlan, dict[str, Any]]]]
+
+_ForwardRun = tuple[Instance, dict[Key, int], int | None]
+"""A forward run a backward run may belong to: its instance, call index bases and value base
+(``None`` where no forward run is known)."""
 
 
 class GraphCapture:
@@ -66,9 +71,11 @@ class GraphCapture:
         self._instances = CompiledInstances(model)
         self._running: dict[str, Instance] = {}
         """Per Dynamo graph (``plan.model``): the instance its next runs belong to."""
-        self._awaiting_backward: dict[str, list[tuple[Instance, dict[Key, int]]]] = {}
-        """Per Dynamo graph: its forward runs whose backward has not run yet (instance, bases)."""
-        self._last_backward: dict[str, tuple[Instance, dict[Key, int]]] = {}
+        self._awaiting_backward: dict[str, list[_ForwardRun]] = {}
+        """Per Dynamo graph: its forward runs whose backward has not run yet."""
+        self._last_backward: dict[str, _ForwardRun] = {}
+        self._next_value = 0
+        """The value id the next graph run's first local value takes (ids are never reused)."""
         self._keys: dict[tuple[int, str], dict[Key, Key]] = {}
         self._seq = 0
         self._run: GraphRun | None = None
@@ -99,8 +106,9 @@ class GraphCapture:
         if run is not None and run.plan is plan:
             return run
         forward_bases: dict[Key, int] = {}
+        forward_values: int | None = None
         if plan.phase == "backward":
-            instance, forward_bases = self._forward_of(plan.model)
+            instance, forward_bases, forward_values = self._forward_of(plan.model)
         else:
             instance = self._instances.running(plan.code) or self._running.get(plan.model, NO_INSTANCE)
             # a recompile of the same code ends the step as its first graph would
@@ -115,21 +123,23 @@ class GraphCapture:
         bases = {key: counts.get(keys[key], 0) for key in plan.counts}
         for key, n in plan.counts.items():
             counts[keys[key]] = bases[key] + n
+        values = self._next_value
+        self._next_value += plan.values
         if plan.phase == "forward":
-            self._awaiting_backward.setdefault(plan.model, []).append((instance, bases))
+            self._awaiting_backward.setdefault(plan.model, []).append((instance, bases, values))
         dumped = self.steps is None or self.step in self.steps
-        self._run = GraphRun(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases)
+        self._run = GraphRun(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases, values, forward_values)
         self._seq += plan.n_ops
         return self._run
 
-    def _forward_of(self, model: str) -> tuple[Instance, dict[Key, int]]:
+    def _forward_of(self, model: str) -> _ForwardRun:
         """The forward run a backward run of Dynamo graph ``model`` belongs to: the latest one whose
         backward has not run (the same as the last backward's when none is left: a second
         backward through a retained graph)."""
         waiting = self._awaiting_backward.get(model)
         if waiting:
             self._last_backward[model] = waiting.pop()
-        return self._last_backward.get(model, (self._running.get(model, NO_INSTANCE), {}))
+        return self._last_backward.get(model, (self._running.get(model, NO_INSTANCE), {}, None))
 
     def _keys_of(self, plan: GraphPlan, path: str) -> dict[Key, Key]:
         """The plan's keys named in the instance at ``path`` (see :attr:`GraphRun.keys`)."""
@@ -182,7 +192,9 @@ class GraphCapture:
     # -- building records (what scenes call) -------------------------------------------------------
     def slot_record(self, run: GraphRun, call: CallPlan, slot: SlotPlan) -> Record:
         """A record of one slot of one call, with no statistics or tensor yet."""
-        return Record(step=run.step, **self._fields(run, call, slot, self.call_name(run, call), None))
+        record = Record(step=run.step, **self._fields(run, call, slot, self.call_name(run, call), None))
+        _identify(record, run, slot)
+        return record
 
     def stage_rows(self, run: GraphRun, stats: list[torch.Tensor], done: Callable[[Rows], None] | None) -> Rows:
         """Hand the run's statistics to the session, one vector per table (``plan.tables``: one
@@ -211,6 +223,8 @@ class GraphCapture:
         for index in calls:
             for slot, fields in templates[index]:
                 record = Record(step=run.step, **fields)
+                if slot.held is not None:
+                    _identify(record, run, slot)
                 if slot.kind == "tensor" and slot.note is None and slot.unread is None:
                     self._fill(record, run, slot, rows, tensors, stats_of, refs)
                 records.append(record)
@@ -381,6 +395,27 @@ class _PendingRows:
             stats.update(stats_from_sums(sums[:_VALID], numel, plan.integral[row]))
         if self.done is not None:
             self.done(self.rows)
+
+
+def _identify(record: Record, run: GraphRun, slot: SlotPlan) -> None:
+    """Set the record's ``value_id``, ``version`` and ``view_of`` from the slot's local ids and the
+    run's bases (a backward input the forward saved: the forward run's; none where no forward run
+    is known)."""
+    held = slot.held
+    if held is None:
+        return
+    value_id, view_of = _absolute(held.value_id, run), _absolute(held.view_of, run)
+    if value_id is not None:
+        record.value_id, record.version, record.view_of = value_id, held.version, view_of
+
+
+def _absolute(local: Local | None, run: GraphRun) -> int | None:
+    """A local id (``_value_ids.Local``) as the dump's id in ``run``."""
+    if local is None:
+        return None
+    index, saved = local
+    base = run.forward_value_base if saved else run.value_base
+    return None if base is None else index + base
 
 
 def _in(key: Key, path: str) -> Key:

@@ -22,6 +22,7 @@ from torchdebug.stats import COLUMNS
 
 if TYPE_CHECKING:
     from torchdebug.graph_dump._instances import CompiledFrame
+    from torchdebug.graph_dump._value_ids import SlotValue
 
 Key = tuple[str, str, str]
 """``(phase, module, op)``: what call indices are counted per, as in eager capture."""
@@ -115,6 +116,9 @@ class SlotPlan:
     unread: str | None = None
     """Why the slot holds no value of the run (:data:`~torchdebug.records.NEVER_MATERIALISED`: an
     output of a multi-output op the graph never uses), written as ``extra.unread``."""
+    held: SlotValue | None = None
+    """Which value the slot holds, by ids local to the graph (``graph_dump._value_ids``): each run
+    adds its base to make the record's ``value_id``, ``version`` and ``view_of``."""
 
 
 @dataclass(slots=True)
@@ -170,6 +174,8 @@ class GraphPlan:
     counts: dict[Key, int]
     """Op calls per key in the whole graph (dumped or not), to keep call indices in step with eager."""
     n_ops: int
+    values: int = 0
+    """Value ids local to the graph (a run's base moves by as many)."""
     points: list[PointPlan] = field(default_factory=list)
     integral: list[bool] = field(default_factory=list)
     """Per statistics row: the value has an integer or bool dtype (min and max are ints)."""

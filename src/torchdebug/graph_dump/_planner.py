@@ -25,6 +25,7 @@ from torchdebug.graph_dump._accumulators import SAME_ELEMENTS
 from torchdebug.graph_dump._instances import CompiledFrame
 from torchdebug.graph_dump._plan import CallPlan, GraphPlan, Key, SlotPlan, SymbolicSizes
 from torchdebug.graph_dump._settings import DumpSettings
+from torchdebug.graph_dump._value_ids import GraphValues, Saved
 from torchdebug.native import fused_stats
 from torchdebug.records import NEVER_MATERIALISED
 from torchdebug.slots import dtype_name, iter_slots, json_value
@@ -57,6 +58,9 @@ class ModelContext:
     """The Dynamo frame the graph comes from (recompiles share it)."""
     code: CompiledFrame | None = None
     """That frame's code and the local holding its module (``_instances.compiled_frame``)."""
+    saved: Saved = field(default_factory=dict)
+    """The forward graph's values as they leave it, by node name: its backward graph's inputs of
+    those names hold them."""
 
 
 def _numel(value: torch.Tensor) -> int:
@@ -231,6 +235,7 @@ class _Planner:
         self.tensor_index: dict[torch.fx.Node, int] = {}
         self.sizes = SymbolicSizes()
         self.rng_state = _rng_state_nodes(graph)
+        self.values = GraphValues(graph, model.saved if aot_phase == "backward" else None)
 
     def plan(self, golden: torch.fx.GraphModule | None) -> Plan:
         selected = self.scene.selector(self.graph, self.model.name, self.settings.nodes)
@@ -262,9 +267,21 @@ class _Planner:
             order += 1
         if self.aot_phase != "backward":
             self.model.forward_calls.update(forward_calls)
+            leaving: list[torch.fx.Node] = []
+            torch.fx.node.map_arg(self.graph.find_nodes(op="output")[0].args, leaving.append)
+            self.model.saved = self.values.leaving(leaving)
         model = self.model
         plan = GraphPlan(
-            model.name, self.aot_phase, calls, counts, order, golden=golden, sizes=self.sizes, frame=model.frame, code=model.code
+            model.name,
+            self.aot_phase,
+            calls,
+            counts,
+            order,
+            values=self.values.count,
+            golden=golden,
+            sizes=self.sizes,
+            frame=model.frame,
+            code=model.code,
         )
         plan.points = self.scene.points(self.graph, calls)
         in_graph, host_groups = self._split_rows(plan)
@@ -368,14 +385,19 @@ class _Planner:
             args, kwargs = _plain_lists(torch.fx.node.map_arg((node.args, node.kwargs), fake))
             for arg, value in iter_slots(args, kwargs):
                 if isinstance(value, torch.Tensor):
-                    yield self._slot("input", arg, holders.get(id(value)), value, golden)
+                    holder = holders.get(id(value))
+                    slot = self._slot("input", arg, holder, value, golden)
+                    slot.held = self.values.read(node, holder)
+                    yield slot
                 elif values:
                     yield self._slot("input", arg, None, value, golden)
         if mode in ("all", "output"):
             for arg, holder, value in output_nodes(node):
                 slot = self._slot("output", arg, holder, value, golden)
-                if holder is None and isinstance(value, torch.Tensor):
-                    slot.unread = NEVER_MATERIALISED
+                if isinstance(value, torch.Tensor):
+                    slot.held = self.values.made(node, int(arg))
+                    if holder is None:
+                        slot.unread = NEVER_MATERIALISED
                 yield slot
 
     def _slot(self, io: str, arg: str, holder: torch.fx.Node | None, value: Any, golden: bool) -> SlotPlan:

@@ -26,6 +26,11 @@ class GraphRun:
     """Per key of the plan: the key of the same calls named in the instance (``layers.1.attn``)."""
     forward_bases: dict[Key, int]
     """For a backward run: ``bases`` of the forward run it belongs to (its ``fwd`` names)."""
+    value_base: int = 0
+    """The value id of the plan's first local value in this run (``graph_dump._value_ids``)."""
+    forward_value_base: int | None = None
+    """For a backward run: ``value_base`` of the forward run it belongs to (the values it saved;
+    ``None`` where none is known)."""
     values: dict[str, Any] = field(default_factory=dict)
     """``dump_stage="original"``: node name -> value computed by the interpreter."""
     sizes: tuple[int, ...] = ()

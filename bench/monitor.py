@@ -1,6 +1,7 @@
 """Step overhead of the flight recorder (``torchdebug.Monitor``) on the GPT example, in one process.
 
     python bench/monitor.py [--steps 10] [--block 3] [--warmup 2] [--device cpu|cuda] [--size S|M] [--layers N] [--width D]
+    python bench/monitor.py --per-call
 
 Modes take turns in blocks of ``--block`` steps (a paused monitor of this eager model removes every
 module hook; the optimizer's two step hooks stay, idle): ``plain``; ``monitor`` (the loop's own
@@ -57,8 +58,12 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
     parser.add_argument("--layers", type=positive_int, help="blocks, instead of the size's (the watched slots grow with them)")
     parser.add_argument("--width", type=positive_int, help="d_model, instead of the size's (narrow: many small tensors)")
+    parser.add_argument("--per-call", action="store_true", help="only the monitor's host cost a call on tiny tensors")
     args = parser.parse_args()
     torchdebug.seed_all(1234)
+    if args.per_call:
+        _per_call()
+        return
     config = dataclasses.replace(SIZES[args.size], **_overrides(args))
     model = GPT(config).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -178,6 +183,9 @@ def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync
     kernels = {name: getattr(watch, name) for name in _CPU_KERNEL_CALLS}
     for name, kernel in kernels.items():
         setattr(watch, name, timed(kernel, slot=1))
+    native = monitor.watcher._native
+    if native is not None:  # the native module's calls: the pass, and its few checks a tensor
+        monitor.watcher._native = _Timed(native, timed)
     monitor.resume()
     per_step, pass_per_step = [], []
     try:
@@ -193,12 +201,79 @@ def _own_seconds(monitor: torchdebug.Monitor, mode: str, closure, own_step, sync
     finally:
         for name, kernel in kernels.items():
             setattr(watch, name, kernel)
+        monitor.watcher._native = native
         monitor.pause()
     return statistics.median(per_step[2:]), min(per_step[2:]), statistics.median(pass_per_step[2:])
 
 
+class _Timed:
+    """The watcher's native module (``native/ring_sums.cpp``), each call timed with the kernel's."""
+
+    def __init__(self, native, timed) -> None:  # noqa: ANN001
+        self.output_sums = timed(native.output_sums, slot=1)
+        self.group_sums = timed(native.group_sums, slot=1)
+
+
 _CPU_KERNEL_CALLS = ("cpu_sums_many_into", "cpu_sums_one_into")
 """The monitor's calls of the CPU statistics kernel (a list of tensors; a module's one output)."""
+
+
+def _per_call(modules: int = 256, repeats: int = 200) -> None:
+    """Host µs the monitor adds per module output, and per parameter and gradient, on a chain of
+    ``modules`` tiny ``Linear(4, 4)`` (2 x 4 inputs: the statistics pass costs nothing): the chain's
+    forward watched (as in a step: each run its own) against the same forward unwatched, the best of
+    ``repeats`` each (the least disturbed); then the watcher's own part of it, timed from inside."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(modules)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.randn(2, 4)
+
+    def least(work) -> float:  # noqa: ANN001
+        return min(_seconds(work, lambda: None) for _ in range(repeats))
+
+    plain = least(lambda: model(x))
+    with tempfile.TemporaryDirectory() as tmp:
+        monitor = torchdebug.Monitor(model, optimizer, tmp, loss_spike=0, grad_norm_spike=0)
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+            monitor.step(loss=loss)
+        watcher = monitor.watcher
+
+        def watched_forward() -> None:
+            watcher.next_step(watcher.step)  # each forward a step's: its calls number from 0 again
+            model(x)
+
+        watched = least(watched_forward)
+        params = len(watcher.parameters())
+        parameters = least(watcher.watch_parameters)
+        gradients = least(lambda: watcher.watch_gradients(again=True))
+        own = [0.0]
+        for name in ("enter", "exit"):
+            method = getattr(watcher, name)
+
+            def timed(*args, method=method):  # noqa: ANN001, ANN002, ANN202
+                start = time.perf_counter()
+                try:
+                    return method(*args)
+                finally:
+                    own[0] += time.perf_counter() - start
+
+            setattr(watcher, name, timed)
+        inside = []
+        for _ in range(repeats):
+            own[0] = 0.0
+            watched_forward()
+            inside.append(own[0])
+        monitor.close()
+    calls = modules + 1
+    native = "native module" if watcher._native is not None else "Python path (no native module)"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {native}; {modules} Linear(4, 4), best of {repeats}")
+    added = (watched - plain) / calls * 1e6
+    print(f"module output: {added:.2f} us a call added (torch's global hooks, the module tracker, the watcher)")
+    print(f"  of it the watcher's enter and exit: {min(inside) / calls * 1e6:.2f} us a call")
+    print(f"watch_parameters {parameters / params * 1e6:.2f} us a tensor, watch_gradients {gradients / params * 1e6:.2f}")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, int]:
@@ -233,9 +308,22 @@ def _bytes_read(monitor: torchdebug.Monitor, own_step) -> int:  # noqa: ANN001
         read[0] += sum(item[0].numel() * item[0].element_size() for item in items)
         add_all(items)
 
+    native = monitor.watcher._native
+
+    def counted_native(call):  # noqa: ANN001, ANN202
+        def counted(tensors, *where) -> bool:  # noqa: ANN001, ANN002
+            taken = call(tensors, *where)
+            if taken:
+                read[0] += sum(t.numel() * t.element_size() for t in (tensors if isinstance(tensors, list) else [tensors]))
+            return taken
+
+        return counted
+
     for name, kernel in kernels.items():
         setattr(watch, name, counted_cpu(kernel))
     monitor.stager.add_all = counted_device
+    if native is not None:
+        monitor.watcher._native = _Timed(native, lambda call, slot: counted_native(call))
     monitor.resume()
     try:
         monitor.step(loss=own_step())
@@ -244,6 +332,7 @@ def _bytes_read(monitor: torchdebug.Monitor, own_step) -> int:  # noqa: ANN001
         for name, kernel in kernels.items():
             setattr(watch, name, kernel)
         monitor.stager.add_all = add_all
+        monitor.watcher._native = native
     return read[0]
 
 

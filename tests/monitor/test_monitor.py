@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -834,13 +835,26 @@ def test_a_steps_parameters_and_gradients_in_one_native_call_fill_the_ring_as_on
     monitors, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On the CPU a step's gradients, and its parameters after the update, are reduced in one native
-    call each, their slots found through a cache: the ring holds the same slots, in the same order,
-    with the same dtypes, shapes and bits, and fires at the same step and slot, as when each goes
-    through the path of module outputs, one native call a tensor (an empty parameter included)."""
+    call each, their slots found through a cache (in Python, and through the native module that also
+    checks and describes them): the ring holds the same slots, in the same order, with the same dtypes,
+    shapes and bits, and fires at the same step and slot, as when each goes through the path of
+    module outputs, one native call a tensor (an empty parameter included)."""
     from torchdebug.monitor import _watch
+    from torchdebug.monitor._native import ring_sums
     from torchdebug.stats._cpu import cpu_sums_into
 
     batches: list[int] = []
+    native_lists: list[int] = []
+
+    class CountedNative:  # the native module, noting the length of each list it takes
+        def __init__(self, native: Any) -> None:
+            self.native, self.output_sums = native, native.output_sums
+
+        def group_sums(self, tensors: list, *where: Any) -> bool:
+            taken = self.native.group_sums(tensors, *where)
+            native_lists.append(len(tensors) if taken else -1)
+            return taken
+
     many = _watch.cpu_sums_many_into
 
     def spy(tensors: list[torch.Tensor], addresses: list[int]) -> None:
@@ -854,7 +868,8 @@ def test_a_steps_parameters_and_gradients_in_one_native_call_fill_the_ring_as_on
     def as_module_outputs(self: _watch.Watcher, phase: str, io: str, params: list, values: list) -> None:
         self._add([(phase, *self._name(p), 0, io, value) for p, value in zip(params, values)])
 
-    def run(batched: bool) -> tuple[list, list[np.ndarray], torchdebug.monitor.MonitorEvent]:
+    def run(batched: bool, native: bool = False) -> tuple[list, list[np.ndarray], torchdebug.monitor.MonitorEvent]:
+        monkeypatch.setattr(_watch, "ring_sums", (lambda: CountedNative(ring_sums())) if native else (lambda: None))
         if batched:
             monkeypatch.setattr(_watch, "cpu_sums_many_into", spy)
         else:
@@ -879,6 +894,13 @@ def test_a_steps_parameters_and_gradients_in_one_native_call_fill_the_ring_as_on
     for batched_row, one_row in zip(rows, one_rows):  # the first step's slots grow (move) the ring as they come
         assert np.array_equal(batched_row, one_row, equal_nan=True)
     assert (event.step, event.slot) == (one_event.step, one_event.slot) == (4, "forward/layers.1.mlp.out/module#0/output.0")
+    if ring_sums() is None:
+        return
+    native_slots, native_rows, native_event = run(batched=True, native=True)
+    assert native_lists == [nonempty, nonempty + 1] * 6  # each step's gradients, its parameters (the empty one too)
+    assert native_slots == one_slots and (native_event.step, native_event.slot) == (one_event.step, one_event.slot)
+    for native_row, one_row in zip(native_rows, one_rows):
+        assert np.array_equal(native_row, one_row, equal_nan=True)
 
 
 # -- fp16 mixed precision: a loss scaler's overflows -------------------------------------------------------

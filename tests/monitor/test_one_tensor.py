@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,9 +13,11 @@ from torch import nn
 
 import torchdebug
 from torchdebug.monitor import _watch
+from torchdebug.monitor._native import ring_sums
 from torchdebug.monitor._one_tensor import cpu_sums_one_into
+from torchdebug.monitor._ring import Ring
 from torchdebug.stats._cpu import cpu_sums_into
-from torchdebug.stats._schema import STAT_KEYS, WIDTH
+from torchdebug.stats._schema import IDENTITY, STAT_KEYS, WIDTH
 
 
 def _sums(write, tensor: torch.Tensor) -> list[float]:  # noqa: ANN001
@@ -72,7 +75,29 @@ class _Outputs(nn.Module):
         return low.float().sum() + x.sum()
 
 
-def _train(tmp_path: Path, general: bool, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
+class _CountedNative:
+    """The native module (:mod:`~torchdebug.monitor._native`), noting the shape of each output it
+    takes and whether it took each list."""
+
+    def __init__(self, native: Any, calls: list) -> None:
+        self.native, self.calls = native, calls
+        self.lists: list[bool] = []
+
+    def output_sums(self, tensor: torch.Tensor, *where: Any) -> bool:
+        taken = self.native.output_sums(tensor, *where)
+        if taken:
+            self.calls.append(tensor.shape)
+        return taken
+
+    def group_sums(self, *arguments: Any) -> bool:
+        self.lists.append(self.native.group_sums(*arguments))
+        return self.lists[-1]
+
+
+def _train(tmp_path: Path, general: bool, monkeypatch: pytest.MonkeyPatch, native: Any = None):  # noqa: ANN202
+    """``general``: every output through the general path; ``native``: the native module the watcher
+    uses (``None``: none, the Python path)."""
+    monkeypatch.setattr(_watch, "ring_sums", lambda: native)
     if general:
         monkeypatch.setattr(_watch.Watcher, "_add_output", lambda self, name, call, tensor: False)
     torchdebug.seed_all(0)
@@ -109,7 +134,7 @@ def test_module_outputs_in_a_native_call_each_fill_the_ring_as_the_general_path_
     # a step: inner.0, fc, act (fc's output changed in place since), proj, transposed and the model's output;
     # not inner (inner.0's output again), nor pair's tuple
     assert len(calls) == 3 * 6
-    _, general_slots, general_rows = _train(tmp_path, general=True, monkeypatch=monkeypatch)
+    _, general_slots, general_rows = _train(tmp_path / "general", general=True, monkeypatch=monkeypatch)
     assert slots == general_slots
     for row, general_row in zip(rows, general_rows):
         assert np.array_equal(row, general_row, equal_nan=True)
@@ -122,3 +147,51 @@ def test_module_outputs_in_a_native_call_each_fill_the_ring_as_the_general_path_
     inner = rows[0][index["forward/inner/module#0/output.0"]]
     assert np.array_equal(inner, rows[0][index["forward/inner.0/module#0/output.0"]], equal_nan=True)
     assert ("forward/pair/module#0/output.1", "float32", (0,)) in slots
+
+
+def test_the_native_path_fills_the_ring_as_the_python_path_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Module outputs, gradients and parameters through one native call each (an output) or a list
+    (``ring_sums.cpp``): the same slots, dtypes, shapes and bits as the Python path, each output read as
+    its module returned it; the outputs it leaves alone (transposed, a tuple, one passed on) go the
+    Python way."""
+    native = ring_sums()
+    if native is None:
+        pytest.skip("the native module cannot be built here")
+    taken: list = []
+    counted = _CountedNative(native, taken)
+    _, slots, rows = _train(tmp_path, general=False, monkeypatch=monkeypatch, native=counted)
+    assert len(counted.lists) >= 2 * 3 and all(counted.lists)  # each step's gradients and parameters
+    # a step: inner.0, fc, act (fc's output changed in place since), proj and the model's output; not
+    # transposed (not contiguous), inner (inner.0's output again), nor pair's tuple; from the second
+    # step on (the first finds the slots)
+    assert taken == ([torch.Size([4, 8])] * 4 + [torch.Size([])]) * 2
+    _, python_slots, python_rows = _train(tmp_path / "python", general=False, monkeypatch=monkeypatch)
+    assert slots == python_slots
+    for row, python_row in zip(rows, python_rows):
+        assert np.array_equal(row, python_row, equal_nan=True)
+
+
+def test_the_native_path_leaves_a_list_with_a_tensor_it_does_not_take_to_python() -> None:
+    """A list of tensors is taken whole or not at all: one it does not take (float16, transposed, a
+    subclass) leaves every slot unwritten and undescribed, for the Python path."""
+    native = ring_sums()
+    if native is None:
+        pytest.skip("the native module cannot be built here")
+    ring = Ring(2)
+    ring.begin(0)
+    indices = [ring.slot("optimizer", "m", "module", 0, "parameter", str(i)) for i in range(3)]
+    slots = [ring.slots[i] for i in indices]
+    plain = [torch.randn(3, 2), torch.randn(4, dtype=torch.float64), torch.empty(0)]
+    for odd in (torch.randn(2).half(), torch.randn(2, 3).t(), nn.Parameter(torch.randn(2)).as_subclass(_Marked)):
+        assert not native.group_sums([*plain[:2], odd], slots, indices, *ring.rows(0))
+        assert [slot.shape for slot in slots] == [(), (), ()] and np.isnan(ring.sums[0, :3]).all()
+    assert native.group_sums(plain, slots, indices, *ring.rows(0))
+    assert [(slot.dtype, slot.shape) for slot in slots] == [("float32", (3, 2)), ("float64", (4,)), ("float32", (0,))]
+    out = (ctypes.c_double * WIDTH)()
+    cpu_sums_into(plain[1], ctypes.addressof(out))
+    assert np.array_equal(ring.sums[0, 1], list(out)) and list(ring.numel[0, :3]) == [6, 4, 0]
+    assert tuple(ring.sums[0, 2]) == IDENTITY
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass: never handed to native code."""

@@ -63,6 +63,8 @@ class Ring:
         """The finished statistics of each position, as of its last :meth:`row`."""
         self._base = self.sums.ctypes.data
         """The address of :attr:`sums` (numpy's ``ctypes`` attribute builds an object at each read)."""
+        self._numel_base = self.numel.ctypes.data
+        """The address of :attr:`numel`."""
         self._numel_items = memoryview(self.numel).cast("B").cast("d")
         """:attr:`numel` flat, ``position × capacity + slot``: a store costs a third of numpy's."""
         self._stale = [False] * window
@@ -94,7 +96,7 @@ class Ring:
                 self._scale = index
             if index >= self.sums.shape[1]:
                 self.sums, self.numel, self._values = (_doubled(a) for a in (self.sums, self.numel, self._values))
-                self._base = self.sums.ctypes.data
+                self._base, self._numel_base = self.sums.ctypes.data, self.numel.ctypes.data
                 self._numel_items = memoryview(self.numel).cast("B").cast("d")
         return index
 
@@ -194,6 +196,16 @@ class Ring:
         capacity = len(self._numel_items) // self.window
         self._numel_items[position * capacity + index] = numel
         return self._base + (position * capacity + index) * _ROW_BYTES
+
+    def rows(self, step: int) -> tuple[int, int] | None:
+        """The addresses of slot 0's sums (``WIDTH`` float64) and element count (one float64) at
+        ``step``, slot ``i``'s ``i`` rows on, for native code that writes both (``None`` once the
+        step has left the window); valid until a slot is added (:meth:`slot` may move them)."""
+        held = self._written(step)
+        if held is None:
+            return None
+        position, start = held
+        return start, self._numel_base + position * self.numel.shape[1] * 8
 
     def _written(self, step: int) -> tuple[int, int] | None:
         """The position of ``step``, whose rows are about to be written, and the address of its slot

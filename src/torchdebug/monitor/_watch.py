@@ -29,6 +29,7 @@ from torchdebug._torch.pytree import tree_leaves
 from torchdebug._torch.subclasses import describe, is_subclass
 from torchdebug.capture.modules import PLAIN_TENSORS, ROOT_MODULE, ModuleTracker
 from torchdebug.capture.recompute import RECOMPUTE
+from torchdebug.monitor._native import ring_sums
 from torchdebug.monitor._one_tensor import cpu_sums_one_into
 from torchdebug.monitor._ring import Ring, Slot
 from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, NO_MODULE
@@ -36,6 +37,10 @@ from torchdebug.slots import dtype_name, output_slots
 from torchdebug.stats import IDENTITY, cpu_sums_many_into
 
 logger = logging.getLogger("torchdebug.monitor")
+
+_RESOLVES_ON_THE_HOST = stats_table._resolves_now
+"""What takes a CPU tensor's statistics now; where it is replaced (tests send CPU tensors the
+device's way) the native path, which looks at the device itself, stands aside."""
 
 
 ModelCallEnd = Callable[[nn.Module, tuple, dict[str, Any], Any], None]
@@ -110,6 +115,9 @@ class Watcher:
         """Inside :meth:`suspended`."""
         self._undo: list[Callable[[], None]] = []
         self._optimizer_hooks: list[RemovableHandle] = []
+        self._native = ring_sums()
+        """The native module that takes a module's output or a list of parameters in one call
+        (:mod:`~torchdebug.monitor._native`), or ``None``."""
         self.step = 0
         self.pending: dict[int, int] = {}
         """Rows added but not yet delivered, by step."""
@@ -449,13 +457,15 @@ class Watcher:
         did; else :meth:`_add` takes it."""
         if not self.active:
             return True
+        found = self._output_slots.get((name, call))
+        if found is not None and self._native_output(tensor, *found):
+            return True
         if not stats_table._resolves_now(tensor) or not tensor.is_floating_point():
             return False
         numel = tensor.numel()
         if not numel:
             return False
         ring = self.ring
-        found = self._output_slots.get((name, call))
         if found is None:
             index = ring.slot("forward", name, MODULE_OP, call, "output", "0")
             found = self._output_slots[(name, call)] = (ring.slots[index], index)
@@ -468,6 +478,23 @@ class Watcher:
         address = ring.address(self.step, index, numel)
         if address is not None:
             cpu_sums_one_into(tensor, address)
+        return True
+
+    def _native_output(self, tensor: torch.Tensor, slot: Slot, index: int) -> bool:
+        """:meth:`_add_output` of a tensor not seen before in the step (one seen is the Python path's:
+        its sums are copied), by one native call, where it takes it (see ``native/ring_sums.cpp``);
+        whether it did."""
+        native = self._native
+        if native is None or stats_table._resolves_now is not _RESOLVES_ON_THE_HOST:
+            return False
+        key = id(tensor)
+        seen = self._seen.get(key)
+        if seen is not None and seen[0]() is tensor and seen[1] == tensor_version(tensor):
+            return False
+        rows = self.ring.rows(self.step)
+        if rows is None or not native.output_sums(tensor, slot, index, *rows):
+            return False
+        self._seen[key] = (weakref.ref(tensor), tensor_version(tensor), index, None)
         return True
 
     def _add_parameters(self, phase: str, io: str, params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
@@ -483,6 +510,10 @@ class Watcher:
         if known is None or not known.holds(params):
             known = self._parameter_slots[(phase, io)] = _ParameterSlots(self, phase, io, params)
         ring, resolves_now = self.ring, stats_table._resolves_now
+        if self._native is not None and resolves_now is _RESOLVES_ON_THE_HOST and isinstance(values, list):
+            rows = ring.rows(self.step)
+            if rows is not None and self._native.group_sums(values, known.slots, known.indices, *rows):
+                return
         indices, tensors, numels, empty = [], [], [], []
         for value, slot, index in zip(values, known.slots, known.indices):
             if value.__class__ not in PLAIN_TENSORS or not resolves_now(value) or not value.is_floating_point():

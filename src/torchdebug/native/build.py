@@ -12,7 +12,9 @@ thread pool (a second pool would fight torch's for the cores). Elsewhere, or if 
 it is built without and runs on one thread.
 
 A C++ source that uses torch's C++ API (:func:`load_torch_library`) is built the same way with the
-C++ compiler, against the installed torch's headers and libraries, and cached per torch version too.
+C++ compiler, against the installed torch's headers and libraries, and cached per torch version too;
+one that is a CPython extension module (:func:`load_torch_extension`) also against Python's headers
+and torch's Python bindings, and imported.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -29,6 +32,7 @@ import subprocess
 import sysconfig
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -149,6 +153,35 @@ def load_torch_library(source_name: str) -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(str(_built(compiler, (*CXX_FLAGS, *compile_flags), source, link_flags, torch.__version__)))
     except (OSError, subprocess.SubprocessError) as failure:
+        logger.warning("could not build %s (%s); torchdebug uses Python instead", source.name, failure)
+        return None
+
+
+@functools.cache
+def load_torch_extension(source_name: str) -> ModuleType | None:
+    """The CPython extension module built from ``torchdebug/native/<source_name>.cpp`` (its
+    ``PyInit_<source_name>``) against the installed torch and this Python (cached per torch version
+    and Python ABI), imported; ``None`` when it cannot be built or imported here, or native kernels
+    are disabled. Its functions take Python tensors directly: no ctypes between them and the caller.
+    """
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    source = Path(__file__).with_name(f"{source_name}.cpp")
+    compiler = _cxx_compiler()
+    if compiler is None:
+        logger.info("no C++ compiler found; torchdebug uses Python for %s", source_name)
+        return None
+    compile_flags, link_flags = _torch_flags()
+    flags = (*CXX_FLAGS, *compile_flags, f"-I{sysconfig.get_paths()['include']}")
+    try:
+        built = _built(compiler, flags, source, (*link_flags, "-ltorch_python"), torch.__version__)
+        spec = importlib.util.spec_from_file_location(source_name, built)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {built}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except (OSError, ImportError, subprocess.SubprocessError) as failure:
         logger.warning("could not build %s (%s); torchdebug uses Python instead", source.name, failure)
         return None
 

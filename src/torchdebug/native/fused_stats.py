@@ -233,6 +233,13 @@ def fused_sums_many_into(tensors: Sequence[torch.Tensor], addresses: Sequence[in
     return left
 
 
+def many_kernel_address() -> int | None:
+    """The address of the library's ``td_stats_many`` (see :func:`fused_sums_many_into`), for native
+    code that reduces tensors with the same kernel, or ``None`` without the library."""
+    kernels = _kernels()
+    return None if kernels is None else ctypes.cast(kernels.many, ctypes.c_void_p).value
+
+
 def stats_and_fingerprint(tensor: torch.Tensor) -> tuple[list[float], int] | None:
     """:func:`fused_stats` of a non-empty CPU tensor and its fingerprint (as
     :func:`torchdebug.checksum.fingerprint` defines it, an unsigned 64-bit int), in one pass; ``None``

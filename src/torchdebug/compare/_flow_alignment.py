@@ -10,8 +10,8 @@ inputs), a module call by name, an anchor by name (the first reader of a paramet
 input, a reader of a value only one side made), a namesake of other shapes whose inputs come from
 the same sources (another batch or width), and B's call holding the same values in the module
 (where two implementations meet after one-sided ops). What no rule pairs is one-sided. A few
-dict lookups per call: linear in the records. Dumps without value ids (older dumps, graph and
-msprobe dumps) are aligned by ``_matching``'s names and heuristics instead.
+dict lookups per call: linear in the records. Eager and graph dumps carry value ids; dumps without
+them (older dumps, msprobe dumps) are aligned by ``_matching``'s names and heuristics instead.
 """
 
 from __future__ import annotations
@@ -131,8 +131,12 @@ class _Walk(Generic[_C]):
         calls_b: MutableMapping[tuple[int, str], _C],
         links: _Links[_C],
         op_a: Callable[[_C], str],
+        named: Callable[[_C, _C], bool] | None = None,
     ) -> None:
         self.named_a, self.calls_b, self.links, self.op_a = named_a, calls_b, links, op_a  # A's calls with renamed names
+        self.named = named
+        """Whether two namesakes may be paired by name (``None``: always; against a compiled side,
+        not where a decomposition shifted the call indices)."""
         self.by_flow: dict[tuple, list[_C]] = {}
         for call in calls_b.values():
             if call.first.op == MODULE_OP:
@@ -151,6 +155,8 @@ class _Walk(Generic[_C]):
         paired with other calls or it reads a value A makes later (:meth:`reads_later`)."""
         other = self.calls_b.get((call.first.step, name))
         if other is None or one_is_a_no_op(call, other) or self.links.check(call, other) is True:
+            return None
+        if self.named is not None and not self.named(call, other):
             return None
         return None if self.reads_later(other, inputs) else other
 
@@ -282,10 +288,14 @@ def by_provenance(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, 
 def by_values(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
     """Where two implementations meet after ops only one side runs (sdpa against a hand-written
     attention: the heads transposed back), nothing relates the calls but their values: B's call in
-    A's module with A's op, shapes and output values. The flow resumes at its outputs."""
+    A's module with A's op, shapes and output values, unless their inputs come from producers paired
+    with other calls (gradients summed in another order: A's ``add`` of q's and k's sum with v's has
+    the value of B's ``add`` of v's and k's sum with q's, not its inputs). The flow resumes at its
+    outputs."""
     if call.first.op == MODULE_OP:
         return None
-    return walk.holding_values(call, name)
+    other = walk.holding_values(call, name)
+    return None if other is None or walk.links.check(call, other) is True else other
 
 
 RULES = (by_data_flow, module_by_name, by_name_at_an_anchor, by_provenance, by_values)
@@ -348,14 +358,15 @@ def align_by_flow(
     links: _Links[_C],
     rename: Callable[[_C], str],
     op_a: Callable[[_C], str],
+    named: Callable[[_C, _C], bool] | None = None,
 ) -> tuple[list[tuple[_C, _C, str]], list[_C]]:
     """Pair ``calls_a`` (in execution order) with ``calls_b`` (by ``(step, call name)``) by the first of
     :data:`RULES` that names a partner (module docstring); ``links`` learns each pairing as it is made.
     Returns the pairs with how they were paired (``exact`` or ``mapped`` where the names agree after
     ``rename``, else ``aligned``) and A's calls left unpaired (one-sided); paired calls leave
-    ``calls_b``. ``op_a``: A's op after the mapping's renames. A few dict lookups per call: linear in
-    the records."""
-    walk = _Walk([(call, rename(call)) for call in calls_a], calls_b, links, op_a)
+    ``calls_b``. ``op_a``: A's op after the mapping's renames; ``named``: whether two namesakes may be
+    paired by name (against a compiled side). A few dict lookups per call: linear in the records."""
+    walk = _Walk([(call, rename(call)) for call in calls_a], calls_b, links, op_a, named)
     pairs: list[tuple[_C, _C, str]] = []
     left_a: list[_C] = []
     for call, name in walk.named_a:

@@ -1,5 +1,5 @@
-"""Pair the records of two dumps, call by call: by data flow where both carry value ids
-(:mod:`~torchdebug.compare._flow_alignment`'s walk), else by names; what is left is aligned inside
+"""Pair the records of two dumps, call by call: by data flow where both carry value ids, eager or
+compiled (:mod:`~torchdebug.compare._flow_alignment`'s walk), else by names; what is left is aligned inside
 each ``(step, phase, module)`` in execution order (:func:`_align_leftovers`); pairs of dumps without
 ids are checked again by values and producers (:func:`_repair_by_values`, :func:`_repair`);
 everything else is kept as ``only_a`` / ``only_b``, nothing dropped. A mapping renames side A first;
@@ -550,8 +550,9 @@ def _pair_calls(
     def op_a(call: _Call) -> str:
         return mapping.ops.get(call.first.op, call.first.op)
 
-    if not compiled and _carry_value_ids(records_a) and _carry_value_ids(records_b):
-        flowing, left_a = align_by_flow(_in_order(list(calls_a.values())), calls_b, links, rename, op_a)
+    if _carry_value_ids(records_a) and _carry_value_ids(records_b):
+        named = _names_say_something(calls_a, calls_b, mapping) if compiled else None
+        flowing, left_a = align_by_flow(_in_order(list(calls_a.values())), calls_b, links, rename, op_a, named)
         # what the walk leaves (calls whose inputs come from one-sided ops, of other names and shapes:
         # a sharded rank's backward against one process's) is aligned inside each module, in order
         aligned, left_a, left_b = _align_leftovers(left_a, calls_b.values(), mapping, links, compiled)
@@ -570,8 +571,23 @@ def _pair_calls(
 
 
 def _carry_value_ids(records: Sequence[Record]) -> bool:
-    """Whether a dump's slots carry value ids (eager capture since they exist)."""
+    """Whether a dump's slots carry value ids (eager capture and graph dumps since they exist)."""
     return any(record.value_id is not None for record in records)
+
+
+def _names_say_something(
+    calls_a: dict[tuple[int, str], _Call], calls_b: dict[tuple[int, str], _Call], mapping: NameMapping
+) -> Callable[[_Call, _Call], bool]:
+    """Against a compiled side, whether two namesakes may be paired by their name: only where both
+    sides have as many calls of their op in that step, phase and module (a decomposition's extra
+    ``mul`` nodes shift the indices after them) and where their slots hold values of the same kind
+    (a compiled stand-in named after an eager op whose value it does not hold)."""
+    uneven = _uneven(calls_a, calls_b, mapping)
+
+    def named(call_a: _Call, call_b: _Call) -> bool:
+        return (call_b.first.step, _counted(call_b, NameMapping())) not in uneven and not _other_values(call_a, call_b)
+
+    return named
 
 
 def _pair_by_name(

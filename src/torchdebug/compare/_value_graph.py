@@ -1,8 +1,9 @@
 """The value graph of one dump: which earlier output made the value each input slot holds.
 
-Exact where the dump records value ids (eager capture, ``torchdebug.capture.value_ids``: a dict
-lookup per input); elsewhere (older dumps, graph and msprobe dumps) inferred from dtype, shape and
-statistics (:func:`identity`), which cannot tell identical tensors apart (two zero biases). Matching
+Exact where the dump records value ids (eager capture, ``torchdebug.capture.value_ids``, and graph
+dumps, ``torchdebug.graph_dump._value_ids``: a dict lookup per input); elsewhere (older dumps,
+msprobe dumps) inferred from dtype, shape and statistics (:func:`identity`), which cannot tell
+identical tensors apart (two zero biases). Matching
 aligns the two dumps' graphs (:mod:`torchdebug.compare._flow_alignment`, :mod:`torchdebug.compare._matching`);
 the verdicts trace an input through ops only one side runs with it.
 """
@@ -113,8 +114,8 @@ def candidate_producers(records: Sequence[Record], nearest: int = _NEAREST) -> C
     """Earlier ``(call name, output slot)`` that made the tensor an input slot (by ``id``) holds,
     first made first (:func:`producers` takes that one).
 
-    A dump whose slots carry value ids (eager capture since they exist) gives one producer each, by
-    a dict lookup (:func:`_recorded_producers`). Others (older dumps, graph and msprobe dumps) are
+    A dump whose slots carry value ids (eager capture and graph dumps since they exist) gives one
+    producer each, by a dict lookup (:func:`_recorded_producers`). Others (older dumps, msprobe dumps) are
     inferred from :func:`identity`, and with statistics identity is ambiguous: in a
     bf16 run AdamW's weight decay (``mul_`` by ``1 - lr * wd``) rounds back to the very weight the
     forward pass transposed, so both calls made the value the update reads. Of a group of calls that

@@ -21,7 +21,7 @@ from torchdebug.graph_dump._accumulators import insert_stats, propagate_fake_val
 from torchdebug.graph_dump._capture import GraphCapture
 from torchdebug.graph_dump._instances import compiled_frame
 from torchdebug.graph_dump._plan import StatTable
-from torchdebug.graph_dump._planner import ModelContext, Plan, output_nodes, plan_graph
+from torchdebug.graph_dump._planner import ModelContext, Plan, plan_graph
 from torchdebug.graph_dump._runtime import DUMP_GRAPH, DUMP_POINT, HOST_STATS
 from torchdebug.graph_dump._settings import DumpSettings
 
@@ -201,12 +201,12 @@ class _Instrumenter:
         positions = {n: i for i, n in enumerate(self.graph.nodes)}
 
         def first_output(name: str) -> torch.fx.Node:
-            return next(holder for _, holder, _ in output_nodes(nodes[name]) if holder is not None)
+            return next(holder for _, holder, _ in node_names.output_nodes(nodes[name]) if holder is not None)
 
         for index, point in enumerate(self.graph_plan.points):
             watched = [first_output(self.graph_plan.calls[i].node) for i, _ in point.watched]
             node = nodes[point.after]
-            outputs = [h for _, h, v in output_nodes(node) if h is not None and isinstance(v, torch.Tensor)]
+            outputs = [h for _, h, v in node_names.output_nodes(node) if h is not None and isinstance(v, torch.Tensor)]
             own = [] if node.name == self.graph_plan.calls[point.watched[0][0]].node else outputs[:1]
             last = max([node, *outputs], key=positions.__getitem__)
             with self.graph.inserting_after(last):

@@ -11,6 +11,7 @@ where the previous one stopped. The rules, and where names differ from eager: do
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,3 +182,18 @@ def op_name(node: torch.fx.Node) -> str | None:
     if node.op != "call_function" or not isinstance(node.target, OpOverload):
         return None
     return str(node.target)
+
+
+def output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | None, Any]]:
+    """``(arg, node holding the value, fake value)`` for each output of ``node``."""
+    value = node.meta.get("val")
+    if not isinstance(value, (tuple, list)):
+        yield "0", node, value
+        return
+    getitems = {
+        user.args[1]: user
+        for user in node.users
+        if user.op == "call_function" and getattr(user.target, "__name__", "") == "getitem"
+    }
+    for index, item in enumerate(value):
+        yield str(index), getitems.get(index), item

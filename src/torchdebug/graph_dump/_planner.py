@@ -175,21 +175,6 @@ def _plain_lists(value: Any) -> Any:
     return value
 
 
-def output_nodes(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Node | None, Any]]:
-    """``(arg, node holding the value, fake value)`` for each output of ``node``."""
-    value = node.meta.get("val")
-    if not isinstance(value, (tuple, list)):
-        yield "0", node, value
-        return
-    getitems = {
-        user.args[1]: user
-        for user in node.users
-        if user.op == "call_function" and getattr(user.target, "__name__", "") == "getitem"
-    }
-    for index, item in enumerate(value):
-        yield str(index), getitems.get(index), item
-
-
 SizeSource = tuple[torch.fx.Node, str | None, int]
 """Where the graph holds a symbol's value: ``(node, None, 0)``, the node is the symbolic int;
 ``(node, "size" or "stride", dim)``, that of the node's dimension ``dim``."""
@@ -392,7 +377,7 @@ class _Planner:
                 elif values:
                     yield self._slot("input", arg, None, value, golden)
         if mode in ("all", "output"):
-            for arg, holder, value in output_nodes(node):
+            for arg, holder, value in node_names.output_nodes(node):
                 slot = self._slot("output", arg, holder, value, golden)
                 if isinstance(value, torch.Tensor):
                     slot.held = self.values.made(node, int(arg))

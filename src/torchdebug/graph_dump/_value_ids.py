@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchdebug.graph_dump._node_names import output_nodes
+
 Local = tuple[int, bool]
 """An id local to a graph: its index, and whether it indexes the forward graph's values (a backward
 input the forward saved) rather than this graph's."""
@@ -85,7 +87,7 @@ class GraphValues:
             if arg in self._held:
                 self._reads[(node, arg)] = self._now(arg)
         schema = getattr(node.target, "_schema", None)
-        for index, holder, value in _outputs(node):
+        for index, (_, holder, value) in enumerate(output_nodes(node)):
             if not isinstance(value, torch.Tensor):
                 continue
             written, viewed = _aliased_argument(node, schema, index)
@@ -118,20 +120,6 @@ class GraphValues:
 def _memory(value: SlotValue) -> Local:
     """The id of the value whose memory ``value`` holds (its own, or the one it is a view of)."""
     return value.value_id if value.view_of is None else value.view_of
-
-
-def _outputs(node: torch.fx.Node) -> list[tuple[int, torch.fx.Node | None, Any]]:
-    """``(index, node holding it, fake value)`` per output of ``node`` (``getitem`` users hold the
-    outputs of a multi-output op)."""
-    value = node.meta.get("val")
-    if not isinstance(value, (tuple, list)):
-        return [(0, node, value)]
-    getitems = {
-        user.args[1]: user
-        for user in node.users
-        if user.op == "call_function" and getattr(user.target, "__name__", "") == "getitem"
-    }
-    return [(index, getitems.get(index), item) for index, item in enumerate(value)]
 
 
 def _aliased_argument(node: torch.fx.Node, schema: Any, index: int) -> tuple[torch.fx.Node | None, torch.fx.Node | None]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from torchdebug.compare._rows import Row
-from torchdebug.compare._rules import RULES
+from torchdebug.compare._rules import PLAIN_PASS_SKIPS, RULES
 from torchdebug.compare._tolerances import rounding_tolerance
 from torchdebug.compare._verdicts import first_divergence, judge
 from torchdebug.records import Record, make_name
@@ -191,6 +191,25 @@ def test_within_tolerance_passes_without_a_message():
     row = _row("output", 5e-4)
     judge([row])
     assert (row.verdict, row.attribution, row.message) == ("pass", "", "")
+
+
+def test_within_tolerance_waits_for_the_rules_before_it_even_for_a_small_difference():
+    """judge passes most rows without trying the rules before within_tolerance: never one of these."""
+    cases = [
+        (_row("output", 5e-4, b={"capture_error": "out of memory"}), "warning"),
+        (_row("output", 5e-4, a={"extra": {"one_shard": "holds one Shard(0) piece of 2"}}), "incomparable"),
+        (_row("output", 5e-4, a={"shape": [8]}), "error"),
+        (_row("output", 5e-4, metrics={"nonfinite_mismatch": 1.0}), "error"),
+    ]
+    for row, _ in cases:
+        judge([row])
+    assert [row.verdict for row, _ in cases] == [verdict for _, verdict in cases]
+
+
+def test_within_tolerance_skips_on_plain_rows_exactly_the_tensor_rules_before_it():
+    """A rule put before within_tolerance must be added to what plainly_within_tolerance checks."""
+    before = itertools.takewhile(lambda rule: rule.name != "within_tolerance", RULES)
+    assert tuple(rule.name for rule in before if rule.slots & {"input", "output"}) == PLAIN_PASS_SKIPS
 
 
 def test_replicate_partitioned_a_replicated_bias_against_it_divided_by_the_mesh_size_passes():

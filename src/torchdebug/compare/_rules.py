@@ -31,7 +31,16 @@ from torchdebug.compare._structure import _against, cause_in_block
 from torchdebug.compare._tolerances import tolerance_for
 from torchdebug.records import COLLECTIVES, UNREAD, Record
 
-__all__ = ["Call", "Rule", "RULES", "ROUTING_CHANGED", "slot_of"]
+__all__ = [
+    "Call",
+    "Rule",
+    "RULES",
+    "ROUTING_CHANGED",
+    "PLAIN_PASS_SKIPS",
+    "plainly_within_tolerance",
+    "slot_of",
+    "within_tolerance",
+]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _CARRIED = 2.0
@@ -441,6 +450,32 @@ def within_tolerance(row: Row, call: Call) -> Judgement | None:
     """An error within the pair's tolerance (its less precise dtype's) passes."""
     error, tolerance = _beyond(row)
     return Judgement("pass", "", "", None, None, None, error) if error <= tolerance else None  # by position: most rows
+
+
+PLAIN_PASS_SKIPS = (
+    *("unmatched", "not_captured", "one_piece", "decision_changed", "follows_changed_decision", "shape_follows_inputs"),
+    *("other_shape", "computed_from_incomparable", "nonfinite_inherited", "nonfinite_origin", "no_statistics"),
+)
+"""The rules before :func:`within_tolerance` that :func:`plainly_within_tolerance` shows cannot answer
+(``tests/compare/test_verdict_rules.py`` checks that they are all the tensor rules before it)."""
+
+
+def plainly_within_tolerance(row: Row) -> bool:
+    """Whether a tensor slot is judged by :func:`within_tolerance` without trying the rules before
+    it (:data:`PLAIN_PASS_SKIPS`): both sides captured, neither a DTensor piece (nothing in
+    ``extra``), equal shapes, no NaN/Inf on one side only, a difference within its tolerance. Most
+    rows are such; judging them takes two calls instead of twelve."""
+    a, b, difference, tolerance = row.record_a, row.record_b, row.difference, row.tolerance
+    return (
+        a is not None
+        and b is not None
+        and difference is not None
+        and tolerance is not None
+        and difference <= tolerance
+        and not (a.capture_error or b.capture_error or a.extra or b.extra)
+        and row.shape_a == row.shape_b
+        and not row.metrics.get("nonfinite_mismatch")
+    )
 
 
 def replicate_partitioned(row: Row, call: Call) -> Judgement | None:

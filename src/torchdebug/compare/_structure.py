@@ -220,11 +220,14 @@ def structure_blocks(rows: Sequence[Row], flow: Flow) -> list[StructureBlock]:
         return []
     entering: dict[tuple, list[Row]] = {}
     leaving: dict[tuple, list[Row]] = {}
+    one_sided_calls = set(key_of.values())
     for row in rows:
         if row.kind != "tensor" or row.io in OUTPUT_IO or row.match == "inside":
             continue
         key = key_of.get(id(row))
         for side in ("a", "b") if key is None else (key[0],):
+            if key is None and not _reads_one_sided(row, side, flow, one_sided_calls):
+                continue  # most rows: an aligned call reading what aligned calls made
             for index, made in enumerate(flow.producers(row, side)):
                 if made.phase != row.phase:
                     continue  # a backward reading what the forward saved: each phase's ops are their own blocks
@@ -268,6 +271,15 @@ def structure_blocks(rows: Sequence[Row], flow: Flow) -> list[StructureBlock]:
         block.ops.sort(key=lambda op: op.side)  # stable: execution order on each side
         _judge_block(block, read, flow)
     return list(blocks.values())
+
+
+def _reads_one_sided(row: Row, side: str, flow: Flow, one_sided_calls: set[tuple]) -> bool:
+    """Whether one of the candidate producers of ``row``'s input on ``side`` is a call only that
+    side runs (``one_sided_calls``: ``(side, step, call name)``): asked before the producers' rows
+    are looked up, which most inputs need not be."""
+    record = row.record_a if side == "a" else row.record_b
+    links = flow.made[side].get(id(record)) if record is not None else None
+    return links is not None and any((side, record.step, link[0]) in one_sided_calls for link in links)
 
 
 _BLOCK_VERDICTS = {"pass": "pass", "undecided": "undecided", "incomparable": "unjudged"}

@@ -16,7 +16,7 @@ from fractions import Fraction
 
 from torchdebug.compare._flow import OUTPUT_IO, Flow
 from torchdebug.compare._rows import Row
-from torchdebug.compare._rules import RULES, Call, slot_of
+from torchdebug.compare._rules import RULES, Call, plainly_within_tolerance, slot_of, within_tolerance
 from torchdebug.compare._structure import StructureBlock, structure_blocks
 from torchdebug.compare._tolerances import Tolerance
 from torchdebug.compare._value_graph import Producers
@@ -33,12 +33,14 @@ def _judge_call(call: Call) -> float:
     outputs read the inputs' verdicts). Returns the largest error seen up to and including this call."""
     seen = call.upstream
     for row in sorted(call.rows, key=lambda r: (r.io in OUTPUT_IO, r.kind != "tensor")):
-        for rule in _BY_SLOT[slot_of(row)]:
-            judgement = rule(row, call)
-            if judgement is not None:
-                break
-        else:
-            raise AssertionError(f"no verdict rule judged {row.name}")  # the last rule of each slot kind always answers
+        judgement = within_tolerance(row, call) if row.kind == "tensor" and plainly_within_tolerance(row) else None
+        if judgement is None:
+            for rule in _BY_SLOT[slot_of(row)]:
+                judgement = rule(row, call)
+                if judgement is not None:
+                    break
+            else:
+                raise AssertionError(f"no verdict rule judged {row.name}")  # the last rule of each slot kind always answers
         judgement.apply(row)
         call.flow.record(row, judgement)
         for other, judged in judgement.blames:

@@ -453,13 +453,17 @@ class Watcher:
         """:meth:`_add` of a module's one output, a plain tensor, where the CPU kernel takes it now (a
         floating CPU tensor, not empty), with less host work a tensor: its slot found by module and
         call, no list of slots, its sums written into the ring by one native call of its own (the
-        code after the module's call may change it in place: it is read now). Returns whether it
-        did; else :meth:`_add` takes it."""
+        code after the module's call may change it in place: it is read now); from the step after
+        its slot was found, one call of the native module does all of it (``ring_sums.cpp``) where
+        it takes the tensor. Returns whether it did; else :meth:`_add` takes it."""
         if not self.active:
             return True
         found = self._output_slots.get((name, call))
-        if found is not None and self._native_output(tensor, *found):
-            return True
+        native = self._native
+        if found is not None and native is not None and stats_table._resolves_now is _RESOLVES_ON_THE_HOST:
+            rows = self.ring.rows(self.step)  # one call does the rest (ring_sums.cpp), or nothing
+            if rows is not None and native.output_sums(tensor, *found, *rows, self._seen):
+                return True
         if not stats_table._resolves_now(tensor) or not tensor.is_floating_point():
             return False
         numel = tensor.numel()
@@ -478,23 +482,6 @@ class Watcher:
         address = ring.address(self.step, index, numel)
         if address is not None:
             cpu_sums_one_into(tensor, address)
-        return True
-
-    def _native_output(self, tensor: torch.Tensor, slot: Slot, index: int) -> bool:
-        """:meth:`_add_output` of a tensor not seen before in the step (one seen is the Python path's:
-        its sums are copied), by one native call, where it takes it (see ``native/ring_sums.cpp``);
-        whether it did."""
-        native = self._native
-        if native is None or stats_table._resolves_now is not _RESOLVES_ON_THE_HOST:
-            return False
-        key = id(tensor)
-        seen = self._seen.get(key)
-        if seen is not None and seen[0]() is tensor and seen[1] == tensor_version(tensor):
-            return False
-        rows = self.ring.rows(self.step)
-        if rows is None or not native.output_sums(tensor, slot, index, *rows):
-            return False
-        self._seen[key] = (weakref.ref(tensor), tensor_version(tensor), index, None)
         return True
 
     def _add_parameters(self, phase: str, io: str, params: list[torch.Tensor], values: list[torch.Tensor]) -> None:

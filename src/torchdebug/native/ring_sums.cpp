@@ -16,9 +16,11 @@
  * monitor/_watch.py's _describe does.
  *
  *   bind(kernel_address, plain_classes, dtype_names, identity, width)
- *   output_sums(tensor, slot, index, sums_row, numel_row) -> bool
- *       a module's one output: taken (described, reduced, written) or not (nothing done); an empty
- *       tensor is not taken (the Python path notes it).
+ *   output_sums(tensor, slot, index, sums_row, numel_row, seen) -> bool
+ *       a module's one output: taken (described, reduced, written, and noted in seen, the watcher's
+ *       id(tensor) -> (weakref, version, index, None) of the tensors reduced in the step) or not
+ *       (nothing done): an empty tensor, or one seen reduced before in the step and unchanged since,
+ *       is the Python path's (it notes the one, copies the other's sums).
  *   group_sums(tensors, slots, indices, sums_row, numel_row) -> bool
  *       every tensor of a list, or none: each described and reduced, in one kernel call; an empty
  *       one gets the sums of no elements (identity) and a count of 0.
@@ -157,16 +159,44 @@ PyObject *bind(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* Whether seen[key] records `object` at `version` (reduced before in the step, unchanged since). */
+bool seen_unchanged(PyObject *record, PyObject *object, int64_t version) {
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 2 || !PyWeakref_Check(PyTuple_GET_ITEM(record, 0))) return false;
+    if (PyWeakref_GetObject(PyTuple_GET_ITEM(record, 0)) != object) return false;
+    PyObject *seen_version = PyTuple_GET_ITEM(record, 1);
+    return PyLong_Check(seen_version) && PyLong_AsLongLong(seen_version) == version;
+}
+
 PyObject *output_sums(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "output_sums(tensor, slot, index, sums_row, numel_row)");
+    if (nargs != 6 || !PyDict_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "output_sums(tensor, slot, index, sums_row, numel_row, seen: dict)");
         return nullptr;
     }
     int64_t entry[3], where[3];
     if (!int64_arguments(args, 2, 3, where)) return nullptr;
     if (!taken(args[0], entry) || entry[2] == 0) Py_RETURN_FALSE;
-    if (describe(args[1], args[0], (int)entry[1]) < 0) return nullptr;
+    const int64_t version = (int64_t)THPVariable_Unpack(args[0])._version();
+    PyObject *key = PyLong_FromVoidPtr(args[0]);  // id(tensor)
+    if (key == nullptr) return nullptr;
+    PyObject *record = PyDict_GetItemWithError(args[5], key);
+    if (record == nullptr && PyErr_Occurred()) {
+        Py_DECREF(key);
+        return nullptr;
+    }
+    if (record != nullptr && seen_unchanged(record, args[0], version)) {
+        Py_DECREF(key);
+        Py_RETURN_FALSE;
+    }
     const int64_t index = where[0];
+    PyObject *reference = PyWeakref_NewRef(args[0], nullptr);
+    record = reference == nullptr ? nullptr : Py_BuildValue("(NLLO)", reference, (long long)version, (long long)index, Py_None);
+    if (record == nullptr || describe(args[1], args[0], (int)entry[1]) < 0 || PyDict_SetItem(args[5], key, record) < 0) {
+        Py_DECREF(key);
+        Py_XDECREF(record);
+        return nullptr;
+    }
+    Py_DECREF(key);
+    Py_DECREF(record);
     double *sums = (double *)(intptr_t)where[1] + index * (int64_t)identity.size();
     ((double *)(intptr_t)where[2])[index] = (double)entry[2];
     run_kernel({entry[0], entry[1], entry[2], (int64_t)(intptr_t)sums});

@@ -7,7 +7,10 @@ module, at the planted op). The sharded pairs run A on 2 gloo processes (one spa
 them) against one process on the whole batch and compare rank 0: tensor parallelism with
 ``parallelize_module`` (a vocabulary-parallel embedding on plain local tensors, Megatron's layout),
 tensor and sequence parallelism (torchtitan's plan, a DTensor vocabulary-parallel embedding), FSDP2
-with half the batch on each rank. Prints the localisation table: pair, truth, error rows, first
+with half the batch on each rank. The compiled pairs dump B, and A where their name says so, as a
+graph dump of aot_eager's graphs (forward and backward; the SGD step runs outside them), so eager
+against compiled and compiled against compiled pairs are aligned by the graph dump's value ids.
+Prints the localisation table: pair, truth, error rows, first
 divergence, where it was planted, right or wrong, and the structure differences compare lists (runs
 of ops only one side executes, by verdict: ``pass`` leaves the values equal, ``error`` changed a
 value). Results are what compare says today, wrong ones included. ``--noise`` prints the table
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
@@ -43,6 +47,7 @@ from tests.capture.test_subclasses import ScaledInt8  # noqa: E402
 from tests.compare.moe import MoENet, moe_batch  # noqa: E402
 from tests.compare.moe import train_step as moe_step  # noqa: E402
 from tests.compare.vocab_shards import VocabShard  # noqa: E402
+from torchdebug.compile import CompilerConfig, get_backend  # noqa: E402
 
 _DIM, _HEADS, _SEQ, _BATCH = 16, 2, 6, 8
 
@@ -162,6 +167,27 @@ def _dump_block(path: Path, variant: Variant, task: str, rounded: bool = False) 
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(_BATCH, _SEQ, _DIM, generator=generator), torch.randn(_BATCH, _SEQ, 4, generator=generator)
     return _dump_steps(path, _Net(variant), _rounded(x, rounded), y, F.mse_loss, 1, task)
+
+
+def _dump_compiled_block(path: Path, variant: Variant, task: str, rounded: bool = False) -> Path:
+    """The blocks' step with the model compiled: a graph dump of every node of aot_eager's graphs
+    (forward and backward; the SGD step runs outside them)."""
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(_BATCH, _SEQ, _DIM, generator=generator), torch.randn(_BATCH, _SEQ, 4, generator=generator)
+    model = _Net(variant)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch._dynamo.reset()
+    path.mkdir(parents=True)
+    config = CompilerConfig(backend="aot_eager")
+    config.dump_config.enable_dump = True
+    config.dump_config.dump_path = str(path)
+    config.dump_config.task = task
+    backend = get_backend(config, model=model)
+    F.mse_loss(torch.compile(model, backend=backend)(_rounded(x, rounded)), y).backward()
+    optimizer.step()
+    backend.data_dump.close()
+    torch._dynamo.reset()
+    return path
 
 
 def _dump_accumulated(path: Path, micro: int, task: str, rounded: bool = False) -> Path:
@@ -341,6 +367,16 @@ def _blocks(a: Variant, b: Variant, planted: tuple[str, str] | None = None) -> d
     }
 
 
+def _compiled_blocks(a: Variant, b: Variant, a_compiled: bool, planted: tuple[str, str] | None = None) -> dict:
+    """:func:`_blocks` with B compiled, and A too where ``a_compiled`` (else A eager)."""
+    dump_a = _dump_compiled_block if a_compiled else _dump_block
+    return {
+        "make": lambda root, task: (dump_a(root / "a", a, task), _dump_compiled_block(root / "b", b, task)),
+        "noise": lambda root, task: _dump_compiled_block(root / "c", b, task, rounded=True),
+        "planted": planted,
+    }
+
+
 _ONE_SIDED = ("blocks.0.attn", "aten.add.Tensor")
 
 PAIRS = [
@@ -366,6 +402,18 @@ PAIRS = [
     ),
     Pair("planted: a one-sided op (+0.01)", "bug", **_blocks(Variant(one_sided=True), Variant(), _ONE_SIDED)),
     Pair("planted: 1.05x scale in one module", "bug", **_blocks(Variant(scale=1.05), Variant(), ("blocks.1", "aten.mul.Tensor"))),
+    Pair("eager vs compiled (aot_eager graphs)", "healthy", **_compiled_blocks(Variant(), Variant(), False)),
+    Pair("compiled: independent ops reordered", "healthy", **_compiled_blocks(Variant(reorder=True), Variant(), True)),
+    Pair(
+        "planted, compiled: 1.05x scale in one module",
+        "bug",
+        **_compiled_blocks(Variant(scale=1.05), Variant(), True, ("blocks.1", "aten.mul.Tensor")),
+    ),
+    Pair(
+        "planted, eager vs compiled: a one-sided op (+0.01)",
+        "bug",
+        **_compiled_blocks(Variant(one_sided=True), Variant(), False, _ONE_SIDED),
+    ),
     Pair("tensor parallel (2 ranks) vs one process", "healthy", **_sharded(Sharded("tp"))),
     Pair("tensor + sequence parallel vs one process", "healthy", **_sharded(Sharded("tp+sp"))),
     Pair("FSDP2 (2 ranks, half batch each) vs one process", "healthy", **_sharded(Sharded("fsdp"))),

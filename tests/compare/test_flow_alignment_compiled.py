@@ -20,18 +20,25 @@ from torchdebug.records import Record
 _CHAIN = (torch.exp, torch.neg, torch.sin, torch.cos, torch.tanh, torch.abs, torch.sigmoid)
 
 
-class _Chains(nn.Module):
-    """Two independent chains of seven ops on the two halves of a linear layer's output, run one
-    after the other (``swapped``: the second half's chain first)."""
+class _Halves(nn.Module):
+    """The two halves of a linear layer's output, used in one order or the other (``swapped``)."""
 
     def __init__(self, swapped: bool) -> None:
         super().__init__()
         self.swapped = swapped
         self.fc = nn.Linear(4, 8)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.fc(x)
-        first, second = h[:, :4], h[:, 4:]
+        return h[:, :4], h[:, 4:]
+
+
+class _Chains(_Halves):
+    """Two independent chains of seven ops on the halves, run one after the other (``swapped``: the
+    second half's chain first)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        first, second = self.halves(x)
         ends = {}
         for index, start in ((1, second), (0, first)) if self.swapped else ((0, first), (1, second)):
             for op in _CHAIN:
@@ -40,18 +47,12 @@ class _Chains(nn.Module):
         return ends[0], ends[1]
 
 
-class _Zeros(nn.Module):
-    """Two halves of a linear layer's output, each plus a zero tensor made alike (the same dtype,
-    shape and statistics), in another order (``swapped``): A's ``add#0`` is B's ``add#1``."""
-
-    def __init__(self, swapped: bool) -> None:
-        super().__init__()
-        self.swapped = swapped
-        self.fc = nn.Linear(4, 8)
+class _Zeros(_Halves):
+    """Each half plus a zero tensor made alike (the same dtype, shape and statistics), in another
+    order (``swapped``): A's ``add#0`` is B's ``add#1``."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.fc(x)
-        first, second = h[:, :4], h[:, 4:]
+        first, second = self.halves(x)
         zero_first, zero_second = x * 0.0, x * 0.0
         if self.swapped:
             sine = second.add(zero_second).sin()

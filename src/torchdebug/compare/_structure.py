@@ -34,6 +34,7 @@ __all__ = ["BlockOp", "StructureBlock", "Cause", "cause_in_block", "structure_bl
 _MAX_WALK = 64
 """How many ops of a block are walked back from its leaving value to find the one that changed it."""
 _ONE_SIDED = ("only_a", "only_b")
+_NOT_ALIGNED = (*_ONE_SIDED, "inside")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,42 +203,40 @@ def structure_blocks(rows: Sequence[Row], flow: Flow) -> list[StructureBlock]:
     gets its block (``Row.block``). Linear in the rows."""
     calls = _Blocks()
     key_of: dict[int, tuple] = {}
+    one_sided: list[Row] = []
     last: dict[str, tuple[tuple, tuple] | None] = {"a": None, "b": None}
     """Per side, the one-sided call seen last and its step, phase and module, until an aligned call runs."""
+    seen_since = False  # a one-sided call since an aligned one ran: ``last`` to clear
     for row in rows:
-        if row.match in _ONE_SIDED:
+        if row.match not in _ONE_SIDED:
+            if seen_since and row.record_a is not None and row.record_b is not None:
+                last, seen_since = {"a": None, "b": None}, False
+        else:
             side = "a" if row.record_a is not None else "b"
             key = key_of[id(row)] = (side, row.step, _record(row, side).call_name)
+            one_sided.append(row)
             calls.find(key)
             where = (row.step, row.phase, row.module)
             before = last[side]
             if before is not None and before[1] == where and before[0] != key:
                 calls.union(before[0], key)  # one run of calls in a module (a clone a view then reads)
-            last[side] = (key, where)
-        elif row.matched:
-            last = {"a": None, "b": None}
+            last[side], seen_since = (key, where), True
     if not key_of:
         return []
     entering: dict[tuple, list[Row]] = {}
-    leaving: dict[tuple, list[Row]] = {}
-    one_sided_calls = set(key_of.values())
-    for row in rows:
-        if row.kind != "tensor" or row.io in OUTPUT_IO or row.match == "inside":
+    for row in one_sided:
+        if row.kind != "tensor" or row.io in OUTPUT_IO:
             continue
-        key = key_of.get(id(row))
-        for side in ("a", "b") if key is None else (key[0],):
-            if key is None and not _reads_one_sided(row, side, flow, one_sided_calls):
-                continue  # most rows: an aligned call reading what aligned calls made
-            for index, made in enumerate(flow.producers(row, side)):
-                if made.phase != row.phase:
-                    continue  # a backward reading what the forward saved: each phase's ops are their own blocks
-                made_key = key_of.get(id(made))
-                if key is not None and made_key is not None:
-                    calls.union(key, made_key)  # two one-sided calls: one reads what the other made
-                elif key is not None and index == 0:
-                    entering.setdefault(key, []).append(made)
-                elif made_key is not None:  # a later maker too: an op that passes a value on (a clone)
-                    leaving.setdefault(made_key, []).append(row)
+        key = key_of[id(row)]
+        for index, made in enumerate(flow.producers(row, key[0])):
+            if made.phase != row.phase:
+                continue  # a backward reading what the forward saved: each phase's ops are their own blocks
+            made_key = key_of.get(id(made))
+            if made_key is not None:
+                calls.union(key, made_key)  # two one-sided calls: one reads what the other made
+            elif index == 0:
+                entering.setdefault(key, []).append(made)
+    leaving = _leaving(rows, flow, key_of)
     first_leaving: dict[int, tuple] = {}
     for key, read in leaving.items():  # both sides' blocks whose values one aligned call reads are one
         for row in read:
@@ -246,10 +245,8 @@ def structure_blocks(rows: Sequence[Row], flow: Flow) -> list[StructureBlock]:
                 calls.union(other, key)
     blocks: dict[tuple, StructureBlock] = {}
     seen_calls: set[tuple] = set()
-    for row in rows:
-        key = key_of.get(id(row))
-        if key is None:
-            continue
+    for row in one_sided:
+        key = key_of[id(row)]
         root = calls.find(key)
         block = blocks.get(root)
         if block is None:
@@ -273,13 +270,24 @@ def structure_blocks(rows: Sequence[Row], flow: Flow) -> list[StructureBlock]:
     return list(blocks.values())
 
 
-def _reads_one_sided(row: Row, side: str, flow: Flow, one_sided_calls: set[tuple]) -> bool:
-    """Whether one of the candidate producers of ``row``'s input on ``side`` is a call only that
-    side runs (``one_sided_calls``: ``(side, step, call name)``): asked before the producers' rows
-    are looked up, which most inputs need not be."""
-    record = row.record_a if side == "a" else row.record_b
-    links = flow.made[side].get(id(record)) if record is not None else None
-    return links is not None and any((side, record.step, link[0]) in one_sided_calls for link in links)
+def _leaving(rows: Sequence[Row], flow: Flow, key_of: dict[int, tuple]) -> dict[tuple, list[Row]]:
+    """The aligned input rows that read a value a one-sided call made (its key in ``key_of``), by
+    that call, in row order. An input's producers are looked up only when one of its candidate
+    producers' calls has the name of a one-sided call of its side: most inputs need not be."""
+    aligned = [row for row in rows if row.kind == "tensor" and row.io not in OUTPUT_IO and row.match not in _NOT_ALIGNED]
+    leaving: dict[tuple, list[Row]] = {}
+    for side in ("a", "b"):  # a call's key names its side: each list gets rows of one side, in row order
+        names = {call for key_side, _, call in key_of.values() if key_side == side}
+        links_of = flow.made[side]
+        for row in aligned if names else ():
+            links = links_of.get(id(row.record_a if side == "a" else row.record_b))
+            if links is None or not any(link[0] in names for link in links):
+                continue
+            for made in flow.producers(row, side):
+                made_key = key_of.get(id(made)) if made.phase == row.phase else None  # phases: blocks of their own
+                if made_key is not None:  # a later maker too: an op that passes a value on (a clone)
+                    leaving.setdefault(made_key, []).append(row)
+    return leaving
 
 
 _BLOCK_VERDICTS = {"pass": "pass", "undecided": "undecided", "incomparable": "unjudged"}

@@ -81,6 +81,8 @@ class Debugger:
         """The last step selected for capture (``None``: every step), taken once: a range of steps
         is a set of every step in it."""
         self._active = False
+        self._written = 0
+        """The writer's ``mark()`` at the last ``stop``: the records the next ``stop`` waits for."""
         self._closed = not self.enabled
         if not self.enabled:
             return
@@ -180,7 +182,9 @@ class Debugger:
         )
 
     def stop(self) -> None:
-        """Stop capturing and flush every record of the step so far to disk."""
+        """Stop capturing and hand the records captured so far to the writer thread, which
+        compresses and writes them while the next step runs; those of the stop before are on disk
+        when this returns (``flush()`` and ``close()`` wait for all)."""
         if not self._active:
             return
         if self._ops is not None:
@@ -198,7 +202,8 @@ class Debugger:
             self._tracker.stop(keep_hooks=later and (ran_compiled is not None or unseen))
         self._eager.close()
         self._active = False
-        self.session.flush(wait=True)
+        self.session.flush(wait=True, until=self._written)
+        self._written = self.session.writer.mark()
         if ran_compiled is not None and not self._told_compiled:
             self._tell_compiled(ran_compiled)
 
@@ -236,8 +241,8 @@ class Debugger:
         )
 
     def flush(self) -> None:
-        """Wait until everything captured so far, tensor files included, is on disk (``stop``
-        waits for the records only; tensor files are written while the next step runs)."""
+        """Wait until everything captured so far, records and tensor files, is on disk (``stop``
+        waits for the records of the stop before only: the rest is written while the next step runs)."""
         self.session.flush(wait=True, tensors=True)
 
     def start_at(self, step: int) -> None:
@@ -250,7 +255,7 @@ class Debugger:
             self.session.step = step
 
     def step(self) -> None:
-        """Mark the end of a training step: flush, and number what follows as the next step."""
+        """Mark the end of a training step: stop (``stop()``), and number what follows as the next step."""
         self.stop()
         self.current_step += 1
         if self._closed:

@@ -79,6 +79,37 @@ def test_records_are_on_disk_at_drain_while_tensor_files_are_still_being_written
     assert record.capture_error is None and load(tmp_path).ranks[0].load_tensor(record).tolist() == [1.0] * 4
 
 
+def test_a_steps_records_are_written_while_the_next_step_runs(tmp_path, monkeypatch):
+    """``Debugger.stop`` (and ``step``) hands the step's records to the writer and returns; the next
+    ``stop`` returns once they are on disk, ``flush`` and ``close`` once every record is."""
+    from torchdebug.store._record_file import RecordFile
+
+    release, written, returned = threading.Event(), [], []
+    original = RecordFile.append
+
+    def append(self, columns):  # noqa: ANN001
+        if not written:
+            release.wait(30)  # the first step's records: held until its step() returned
+        written.append(bool(returned))
+        return original(self, columns)
+
+    monkeypatch.setattr(RecordFile, "append", append)
+    x = torch.ones(3)
+    with torchdebug.Debugger(tmp_path, task="statistics") as debugger:
+        debugger.start()
+        x.mul(2)
+        debugger.step()
+        returned.append(True)
+        release.set()
+        debugger.start()
+        x.add(1)
+        debugger.step()
+        assert written[:1] == [True]  # the first step's records: on disk once the second step returned
+        debugger.flush()
+        assert written == [True, True]
+    assert {record.step for record in load(tmp_path).ranks[0].records()} == {0, 1}
+
+
 def test_a_tensor_file_missing_from_a_complete_run_is_an_error(tmp_path):
     writer = _writer(tmp_path)
     batch = writer.tensor_batch(64)

@@ -463,11 +463,12 @@ class CaptureSession:
         if not self.writer.has_stack(stack_id):
             self.writer.add_stack(stack_id, frames)
 
-    def flush(self, wait: bool = False, tensors: bool = False) -> None:
+    def flush(self, wait: bool = False, tensors: bool = False, until: int | None = None) -> None:
         """Resolve staged statistics (one host read) and hand pending records and tensors to the writer.
 
-        ``wait``: return only once the records are on disk (the debugger waits at every ``stop``);
-        ``tensors``: once the tensor files are too.
+        ``wait``: return only once the records are on disk (those submitted before ``until``, a
+        writer's ``mark()``: the debugger's ``step`` waits for the step before's); ``tensors``: once
+        the tensor files are too.
         """
         self._take_due_stats()
         self._stager.flush()
@@ -477,7 +478,7 @@ class CaptureSession:
             self.writer.submit(self.step, records, self._batch, self._tensor_refs)
             self._batch, self._tensor_refs = None, []
         if wait or tensors:
-            self.writer.drain(tensors=tensors)
+            self.writer.drain(tensors=tensors, until=until)
 
     def flush_for_readers(self) -> bool:
         """Write everything captured so far, tensor files included, for a reader in this process
@@ -506,8 +507,9 @@ class CaptureSession:
         self._waiting = []
 
     def next_step(self) -> None:
-        """Flush and start the next step (call indices and reuse caches start over)."""
-        self.flush(wait=True)
+        """Flush (the caller waits for the writer as it needs) and start the next step (call
+        indices and reuse caches start over)."""
+        self.flush()
         self.step += 1
         self.writer.begin_step(self.step)
         self.seq = 0

@@ -257,6 +257,8 @@ class RankWriter:
         self._idle_batches: list[TensorBatch] = []
         self._buffers = threading.Condition()  # guards the idle batches, the bytes in transfers and the fault
         self._record_jobs: queue.Queue[_RecordJob | None] = queue.Queue()
+        self._records_submitted = 0
+        """Record jobs put on ``_record_jobs`` so far (:meth:`mark`)."""
         self._tensor_jobs: queue.Queue[_TensorJob | None] = queue.Queue()
         manifest = {"schema_version": SCHEMA_VERSION, "start_time": now_iso(), **manifest}
         try:
@@ -360,7 +362,7 @@ class RankWriter:
                 self.transfers.device_bytes += batch.staged_bytes
                 self.transfers.device_peak_bytes = max(self.transfers.device_peak_bytes, self.transfers.device_bytes)
             self._tensor_jobs.put(_TensorJob(step, tensor_file, batch))
-        self._record_jobs.put(_RecordJob(step, records[0].name if records else None, stacks, columns))
+        self._put_records(_RecordJob(step, records[0].name if records else None, stacks, columns))
 
     def submit_columns(self, step: int, columns: pa.RecordBatch) -> None:
         """Hand records already in columns to the writer thread, with the stacks pending, as
@@ -371,7 +373,15 @@ class RankWriter:
         stacks = self._stack_lines(columns.num_rows)
         if stacks is not None:
             first = columns.column("name")[0].as_py() if columns.num_rows else None
-            self._record_jobs.put(_RecordJob(step, first, stacks, columns if columns.num_rows else None))
+            self._put_records(_RecordJob(step, first, stacks, columns if columns.num_rows else None))
+
+    def _put_records(self, job: _RecordJob) -> None:
+        self._record_jobs.put(job)
+        self._records_submitted += 1
+
+    def mark(self) -> int:
+        """Where the records submitted so far end: :meth:`drain` ``(until=mark)`` waits for those only."""
+        return self._records_submitted
 
     def _stack_lines(self, records: int) -> str | None:
         """The pending stacks as JSON lines, taken from the queue; ``None`` once records are no
@@ -382,18 +392,20 @@ class RankWriter:
             self._count_unwritten(records)
         return lines
 
-    def drain(self, tensors: bool = False) -> None:
-        """Wait until the records and stacks submitted so far are on disk (``tensors``: the tensor
-        files too); with ``on_write_error="raise"``, raise if writing failed."""
-        self._join(self._record_jobs, self._threads[0])
+    def drain(self, tensors: bool = False, until: int | None = None) -> None:
+        """Wait until the records and stacks submitted so far (those before ``until``, a :meth:`mark`)
+        are on disk (``tensors``: the tensor files too); with ``on_write_error="raise"``, raise if
+        writing failed."""
+        self._join(self._record_jobs, self._threads[0], 0 if until is None else self._records_submitted - until)
         if tensors:
             self._wait_for_tensors()
         self._raise_fault()
 
-    def _join(self, jobs: queue.Queue, thread: threading.Thread) -> None:
-        """``jobs.join()`` that gives up on a writer thread that exited (recorded as a fault)."""
+    def _join(self, jobs: queue.Queue, thread: threading.Thread, left: int = 0) -> None:
+        """``jobs.join()`` that gives up on a writer thread that exited (recorded as a fault); with
+        ``left``, until no more than the last ``left`` jobs put are unfinished (one thread takes them in order)."""
         with jobs.all_tasks_done:  # queue.Queue's condition
-            while jobs.unfinished_tasks and self._check_alive(thread, jobs.unfinished_tasks):
+            while jobs.unfinished_tasks > left and self._check_alive(thread, jobs.unfinished_tasks):
                 jobs.all_tasks_done.wait(0.5)
 
     def _check_alive(self, thread: threading.Thread, pending: int) -> bool:

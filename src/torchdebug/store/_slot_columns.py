@@ -101,7 +101,7 @@ class SlotColumns:
             **{name: by_row.column(name) for name in by_row.schema.names if name != "call_name"},
             "io": args.column("io"),
             "arg": args.column("arg"),
-            "kind": _KINDS.take(pa.array(values.astype(np.int64))),
+            "kind": _kinds().take(pa.array(values.astype(np.int64))),
             "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.get),
             "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
             "stride": _sizes(ops.stride, ops.slot_ndim, slots, undescribed),
@@ -149,7 +149,11 @@ class SlotColumns:
         return whole.take(pa.array(np.where(missing, 0, index), _INT, mask=missing))
 
 
-_KINDS = pa.array(["tensor", "value"], _STRING)
+@functools.cache
+def _kinds() -> pa.Array:
+    """``kind`` by whether a slot holds a value; made on first use (an Arrow array made at import
+    loads pandas, through pyarrow's shim)."""
+    return pa.array(["tensor", "value"], _STRING)
 
 
 def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:

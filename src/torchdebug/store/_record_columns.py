@@ -328,24 +328,21 @@ def _stats_column(array: pa.ChunkedArray) -> list[dict[str, Any] | None] | None:
     encoded = pc.dictionary_encode(pa.FixedSizeBinaryArray.from_buffers(key_type, count, [None, pa.py_buffer(words)]))
     unique = np.frombuffer(encoded.dictionary.buffers()[1], np.int64, len(encoded.dictionary) * (width + 1))
     unique = unique.reshape(-1, width + 1)
-    values = unique[:, :width].copy()
+    empty = unique[:, width]
+    columns = []  # each statistic of the distinct rows: ints or floats from their bits, None where empty
+    for i, (_, count_key) in enumerate(_STAT_COUNTS):
+        column = (unique[:, i] if count_key else unique[:, i].view(np.float64)).astype(object)
+        column[(empty >> i & 1).astype(bool)] = None
+        columns.append(column.tolist())
     shared = [
-        None if empty >> width else _stats_dict(as_float, as_int, empty)
-        for as_float, as_int, empty in zip(values.view(np.float64).tolist(), values.tolist(), unique[:, width].tolist())
+        None if all_empty else shared_keys_dict(_Statistics, zip(STAT_KEYS, values))
+        for values, all_empty in zip(zip(*columns), (empty >> width).tolist())
     ]
     return list(map(shared.__getitem__, numbers(encoded.indices).tolist()))
 
 
 class _Statistics:
     """The kind of a read record's statistics (``torchdebug.store._shared_keys``)."""
-
-
-def _stats_dict(as_float: list[float], as_int: list[int], empty: int) -> dict[str, Any]:
-    """One row's statistics from its bits read as floats and as ints, and the mask of its empty ones."""
-    return shared_keys_dict(
-        _Statistics,
-        ((key, None if empty >> i & 1 else as_int[i] if count else as_float[i]) for i, (key, count) in enumerate(_STAT_COUNTS)),
-    )
 
 
 def _tensor_column(table: pa.Table, names: set[str]) -> list[dict[str, str] | None] | None:

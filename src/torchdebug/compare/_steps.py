@@ -157,22 +157,36 @@ def _paired(row: Row) -> tuple[Record, Record]:
     return a, b
 
 
-def _fill_stats(row: Row, tolerance: Tolerance, shared: _Shared) -> None:
-    """The row's statistics metrics and error. The records of one tensor share their statistics (its
-    output row and the input rows of its consumers: about four rows per pair on the GPT bench), so
-    the rows of one pair of statistics share one metrics dict, computed once; writers replace a
-    row's dict rather than update it (:func:`apply_metrics`)."""
-    record_a, record_b = _paired(row)
-    stats_a, stats_b = record_a.stats, record_b.stats
-    numel = math.prod(row.shape_b or ())
-    key = (id(stats_a), id(stats_b), numel, tolerance.atol)  # the records, so their statistics, outlive ``shared``
-    found = shared.get(key)
-    if found is None:
-        metrics = stats_metrics(stats_a, stats_b, numel=numel, atol=tolerance.atol)
-        error = metrics.pop("error", None)
-        found = shared[key] = (error, shared_keys_dict(_StatsMetrics, metrics.items()))
-    row.tolerance = tolerance.rtol
-    row.difference, row.metrics = found
+def _fill_stats(rows: Sequence[Row], overrides: Mapping[str, Tolerance]) -> None:
+    """The statistics metrics, difference and tolerance of each matched tensor row of equal shapes.
+    The records of one tensor share their statistics (its output row and the input rows of its
+    consumers: about four rows per pair on the GPT bench), so the rows of one pair of statistics
+    share one metrics dict, computed once; writers replace a row's dict rather than update it
+    (:func:`apply_metrics`). One loop with what it looks up kept per pair of dtypes and per shape:
+    it runs for most rows of a compare."""
+    tolerances: dict[tuple[str | None, str | None], Tolerance] = {}  # per pair of dtypes: a handful
+    numels: dict[int, int] = {}  # per shape list (records share them: a few hundred)
+    shared: _Shared = {}
+    for row in rows:
+        record_a, record_b, shape = row.record_a, row.record_b, row.shape_b
+        if record_a is None or record_b is None or row.kind != "tensor" or row.shape_a != shape:
+            continue
+        dtypes = (row.dtype_a, row.dtype_b)
+        tolerance = tolerances.get(dtypes)
+        if tolerance is None:
+            tolerance = tolerances[dtypes] = tolerance_for(*dtypes, overrides)
+        numel = numels.get(id(shape))
+        if numel is None:
+            numel = numels[id(shape)] = math.prod(shape or ())
+        stats_a, stats_b = record_a.stats, record_b.stats
+        key = (id(stats_a), id(stats_b), numel, tolerance.atol)  # the records, so their statistics, outlive ``shared``
+        found = shared.get(key)
+        if found is None:
+            metrics = stats_metrics(stats_a, stats_b, numel=numel, atol=tolerance.atol)
+            error = metrics.pop("error", None)
+            found = shared[key] = (error, shared_keys_dict(_StatsMetrics, metrics.items()))
+        row.tolerance = tolerance.rtol
+        row.difference, row.metrics = found
 
 
 def match_rank(
@@ -188,15 +202,7 @@ def match_rank(
     rows: list[Any] = pairs  # each pair replaced by its row in place: all pairs and all rows never coexist
     for index, p in enumerate(pairs):
         rows[index] = Row.from_records(rank, p.a, p.b, p.how, p.order, p.inside)
-    tolerances: dict[tuple[str | None, str | None], Tolerance] = {}  # per pair of dtypes: a handful
-    shared: _Shared = {}
-    for row in rows:
-        if row.matched and row.kind == "tensor" and row.shape_a == row.shape_b:
-            dtypes = (row.dtype_a, row.dtype_b)
-            tolerance = tolerances.get(dtypes)
-            if tolerance is None:
-                tolerance = tolerances[dtypes] = tolerance_for(*dtypes, settings.tolerances)
-            _fill_stats(row, tolerance, shared)
+    _fill_stats(rows, settings.tolerances)
     return rows
 
 

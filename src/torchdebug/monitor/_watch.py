@@ -497,7 +497,7 @@ class Watcher:
         if known is None or not known.holds(params):
             known = self._parameter_slots[(phase, io)] = _ParameterSlots(self, phase, io, params)
         ring, resolves_now = self.ring, stats_table._resolves_now
-        if self._native is not None and resolves_now is _RESOLVES_ON_THE_HOST and isinstance(values, list):
+        if self._native is not None and known.plain and resolves_now is _RESOLVES_ON_THE_HOST and isinstance(values, list):
             rows = ring.rows(self.step)
             if rows is not None and self._native.group_sums(values, known.slots, known.indices, *rows):
                 return
@@ -542,7 +542,7 @@ class _ParameterSlots:
     A parameter the model does not hold is named by its place in the optimizer, which may change:
     a list with one is never reused."""
 
-    __slots__ = ("params", "slots", "indices", "named")
+    __slots__ = ("params", "slots", "indices", "named", "plain")
 
     def __init__(self, watcher: Watcher, phase: str, io: str, params: list[torch.Tensor]) -> None:
         self.params = params
@@ -552,6 +552,8 @@ class _ParameterSlots:
             self.indices.append(watcher.ring.slot(phase, module, MODULE_OP, 0, io, leaf))
         self.slots = [watcher.ring.slots[index] for index in self.indices]
         self.named = all(id(param) in watcher._names for param in params)
+        self.plain = all(param.__class__ in PLAIN_TENSORS for param in params)
+        """No parameter is a subclass (FSDP2's are DTensors): the native module may be given the list."""
 
     def holds(self, params: list[torch.Tensor]) -> bool:
         """Whether ``params`` are the parameters these slots were found for, in the same order."""

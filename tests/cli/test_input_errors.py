@@ -75,6 +75,7 @@ CASES = {
     "diagnose ROOT/entry.py:make --accuracy-tolerance 0": "argument --accuracy-tolerance: got '0', expected a finite number > 0",
     "bogus": "torchdebug: error: argument COMMAND: invalid choice: 'bogus'",
     "-q -v show DUMP": "--quiet and --verbose: give one of them",
+    "diagnose ROOT/entry.py:make --output ROOT": "unrecognized arguments: --output",  # no prefix of --output-dir
 }
 
 

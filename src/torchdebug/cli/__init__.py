@@ -33,7 +33,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 TYPE_CHECKING = False  # typing's (type checkers read the name as True), without importing typing
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 COMMANDS = {
     "show": "print records of a dump",
@@ -49,7 +49,11 @@ COMMANDS = {
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser with one-line errors: the message and where to find the usage, no usage
-    block (subparsers are made of the same class)."""
+    block (subparsers are made of the same class); a flag only by its whole name (argparse takes
+    any unambiguous prefix: ``--output`` for ``--output-dir``, which a new flag would silently change)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -40,7 +40,9 @@ def _hf_training() -> tuple[nn.Module, Callable[[], None]]:
     return model, step
 
 
-def _dump(tmp_path, monkeypatch, caplog, training: Training, native: bool, steps: int = 2, kind: str = "tensor", **options) -> list[Record]:  # noqa: ANN001
+def _dump(  # noqa: ANN001
+    tmp_path, monkeypatch, caplog, training: Training, native: bool, steps: int = 2, kind: str = "tensor", **options
+) -> list[Record]:
     """The records of ``kind`` (``tensor``, ``value``; ``any``: all) of ``steps`` steps of
     ``training`` dumped by a Debugger on one path, each ``stack`` its frames from the training
     step's line in this file inwards."""

@@ -51,7 +51,7 @@ def test_a_full_disk_stops_native_capture_and_the_training_goes_on_unchanged(tmp
     assert fault["unwritten_records"] > 0  # the batch that failed and those after it
     records = load(debugger.rank_dir).ranks[0].records()
     assert {record.step for record in records} == set(range(FAULT_STEP))  # everything before the fault
-    read = [record for record in records if record.kind == "tensor" and record.capture_error is None and "unread" not in record.extra]
+    read = [r for r in records if r.kind == "tensor" and r.capture_error is None and "unread" not in r.extra]
     assert read and all(record.stats for record in read)
 
 

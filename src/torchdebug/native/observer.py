@@ -81,7 +81,8 @@ class ObservedOps:
     (index in a list argument, -1 outside lists), ``slot_dtype`` (a ``c10::ScalarType`` code:
     :attr:`NativeObserver.dtypes` maps them), ``slot_flag`` (:data:`SUBCLASS`, :data:`NESTED`: sizes
     not read; :data:`VALUE`: a non-tensor argument or result, those a dispatch mode is handed, its
-    ``slot_value`` an index into :attr:`value_texts`), ``slot_ndim`` with the sizes concatenated in ``shape`` and the strides in ``stride``,
+    ``slot_value`` an index into :attr:`value_texts`), ``slot_ndim`` with the sizes concatenated in
+    ``shape`` and the strides in ``stride``,
     ``slot_device_type`` and ``slot_device_index`` (:meth:`NativeObserver.device_name`),
     ``slot_value`` (the ``TensorImpl``'s address, which is ``Tensor._cdata``), ``slot_version`` (its
     version counter, -1 for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address, 0

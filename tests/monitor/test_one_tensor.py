@@ -152,8 +152,8 @@ def test_module_outputs_in_a_native_call_each_fill_the_ring_as_the_general_path_
 def test_the_native_path_fills_the_ring_as_the_python_path_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Module outputs, gradients and parameters through one native call each (an output) or a list
     (``ring_sums.cpp``): the same slots, dtypes, shapes and bits as the Python path, each output read as
-    its module returned it; the outputs it leaves alone (transposed, a tuple, one passed on) go the
-    Python way."""
+    its module returned it, one passed on unchanged read once; the outputs it leaves alone
+    (transposed, a tuple) go the Python way."""
     native = ring_sums()
     if native is None:
         pytest.skip("the native module cannot be built here")
@@ -161,10 +161,10 @@ def test_the_native_path_fills_the_ring_as_the_python_path_does(tmp_path: Path, 
     counted = _CountedNative(native, taken)
     _, slots, rows = _train(tmp_path, general=False, monkeypatch=monkeypatch, native=counted)
     assert len(counted.lists) >= 2 * 3 and all(counted.lists)  # each step's gradients and parameters
-    # a step: inner.0, fc, act (fc's output changed in place since), proj and the model's output; not
-    # transposed (not contiguous), inner (inner.0's output again), nor pair's tuple; from the second
-    # step on (the first finds the slots)
-    assert taken == ([torch.Size([4, 8])] * 4 + [torch.Size([])]) * 2
+    # a step: inner.0, inner (inner.0's output again: a copy of its sums), fc, act (fc's output changed
+    # in place since), proj and the model's output; not transposed (not contiguous), nor pair's tuple;
+    # from the second step on (the first finds the slots)
+    assert taken == ([torch.Size([4, 8])] * 5 + [torch.Size([])]) * 2
     _, python_slots, python_rows = _train(tmp_path / "python", general=False, monkeypatch=monkeypatch)
     assert slots == python_slots
     for row, python_row in zip(rows, python_rows):

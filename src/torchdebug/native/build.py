@@ -142,18 +142,11 @@ def load_torch_library(source_name: str) -> ctypes.CDLL | None:
     torch (cached per torch version), or ``None`` when it cannot be built here (no C++ compiler, a
     build error) or native kernels are disabled. It is loaded with :class:`ctypes.CDLL`.
     """
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
-    source = Path(__file__).with_name(f"{source_name}.cpp")
-    compiler = _cxx_compiler()
-    if compiler is None:
-        logger.info("no C++ compiler found; torchdebug uses Python for %s", source_name)
-        return None
-    compile_flags, link_flags = _torch_flags()
+    built = _built_against_torch(source_name)
     try:
-        return ctypes.CDLL(str(_built(compiler, (*CXX_FLAGS, *compile_flags), source, link_flags, torch.__version__)))
-    except (OSError, subprocess.SubprocessError) as failure:
-        logger.warning("could not build %s (%s); torchdebug uses Python instead", source.name, failure)
+        return None if built is None else ctypes.CDLL(str(built))
+    except OSError as failure:
+        logger.warning("could not load %s (%s); torchdebug uses Python instead", built, failure)
         return None
 
 
@@ -164,6 +157,25 @@ def load_torch_extension(source_name: str) -> ModuleType | None:
     and Python ABI), imported; ``None`` when it cannot be built or imported here, or native kernels
     are disabled. Its functions take Python tensors directly: no ctypes between them and the caller.
     """
+    built = _built_against_torch(source_name, (f"-I{sysconfig.get_paths()['include']}",), ("-ltorch_python",))
+    if built is None:
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(source_name, built)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {built}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ImportError as failure:
+        logger.warning("could not import %s (%s); torchdebug uses Python instead", built, failure)
+        return None
+
+
+def _built_against_torch(source_name: str, flags: tuple[str, ...] = (), link: tuple[str, ...] = ()) -> Path | None:
+    """The library built from ``torchdebug/native/<source_name>.cpp`` against the installed torch
+    (with ``flags`` and ``link`` besides torch's), from the cache or built now; ``None`` (said once)
+    when it cannot be built here or native kernels are disabled."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None
     source = Path(__file__).with_name(f"{source_name}.cpp")
@@ -172,16 +184,9 @@ def load_torch_extension(source_name: str) -> ModuleType | None:
         logger.info("no C++ compiler found; torchdebug uses Python for %s", source_name)
         return None
     compile_flags, link_flags = _torch_flags()
-    flags = (*CXX_FLAGS, *compile_flags, f"-I{sysconfig.get_paths()['include']}")
     try:
-        built = _built(compiler, flags, source, (*link_flags, "-ltorch_python"), torch.__version__)
-        spec = importlib.util.spec_from_file_location(source_name, built)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {built}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    except (OSError, ImportError, subprocess.SubprocessError) as failure:
+        return _built(compiler, (*CXX_FLAGS, *compile_flags, *flags), source, (*link_flags, *link), torch.__version__)
+    except (OSError, subprocess.SubprocessError) as failure:
         logger.warning("could not build %s (%s); torchdebug uses Python instead", source.name, failure)
         return None
 

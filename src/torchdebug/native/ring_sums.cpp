@@ -18,9 +18,10 @@
  *   bind(kernel_address, plain_classes, dtype_names, identity, width)
  *   output_sums(tensor, slot, index, sums_row, numel_row, seen) -> bool
  *       a module's one output: taken (described, reduced, written, and noted in seen, the watcher's
- *       id(tensor) -> (weakref, version, index, None) of the tensors reduced in the step) or not
- *       (nothing done): an empty tensor, or one seen reduced before in the step and unchanged since,
- *       is the Python path's (it notes the one, copies the other's sums).
+ *       id(tensor) -> (weakref, version, index, waiting) of the tensors reduced in the step; one
+ *       noted there with its sums in the ring, unchanged since, is described and gets a copy of
+ *       them) or not (nothing done): an empty tensor, or one seen whose sums are on their way
+ *       (waiting is not None), is the Python path's.
  *   group_sums(tensors, slots, indices, sums_row, numel_row) -> bool
  *       every tensor of a list, or none: each described and reduced, in one kernel call; an empty
  *       one gets the sums of no elements (identity) and a count of 0.
@@ -31,6 +32,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -183,11 +185,19 @@ PyObject *output_sums(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         Py_DECREF(key);
         return nullptr;
     }
-    if (record != nullptr && seen_unchanged(record, args[0], version)) {
-        Py_DECREF(key);
-        Py_RETURN_FALSE;
-    }
     const int64_t index = where[0];
+    const int64_t width = (int64_t)identity.size();
+    if (record != nullptr && seen_unchanged(record, args[0], version)) {  // reduced before: a copy of its sums
+        Py_DECREF(key);
+        PyObject *first = PyTuple_GET_SIZE(record) == 4 ? PyTuple_GET_ITEM(record, 2) : nullptr;
+        if (first == nullptr || !PyLong_Check(first) || PyTuple_GET_ITEM(record, 3) != Py_None) Py_RETURN_FALSE;
+        const int64_t source = PyLong_AsLongLong(first);
+        if (describe(args[1], args[0], (int)entry[1]) < 0) return nullptr;
+        const double *sums = (const double *)(intptr_t)where[1];
+        std::copy(sums + source * width, sums + (source + 1) * width, (double *)(intptr_t)where[1] + index * width);
+        ((double *)(intptr_t)where[2])[index] = ((const double *)(intptr_t)where[2])[source];
+        Py_RETURN_TRUE;
+    }
     PyObject *reference = PyWeakref_NewRef(args[0], nullptr);
     record = reference == nullptr ? nullptr : Py_BuildValue("(NLLO)", reference, (long long)version, (long long)index, Py_None);
     if (record == nullptr || describe(args[1], args[0], (int)entry[1]) < 0 || PyDict_SetItem(args[5], key, record) < 0) {
@@ -197,7 +207,7 @@ PyObject *output_sums(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     }
     Py_DECREF(key);
     Py_DECREF(record);
-    double *sums = (double *)(intptr_t)where[1] + index * (int64_t)identity.size();
+    double *sums = (double *)(intptr_t)where[1] + index * width;
     ((double *)(intptr_t)where[2])[index] = (double)entry[2];
     run_kernel({entry[0], entry[1], entry[2], (int64_t)(intptr_t)sums});
     Py_RETURN_TRUE;

@@ -308,12 +308,13 @@ def _bytes_read(monitor: torchdebug.Monitor, own_step) -> int:  # noqa: ANN001
         read[0] += sum(item[0].numel() * item[0].element_size() for item in items)
         add_all(items)
 
-    native = monitor.watcher._native
+    native, seen = monitor.watcher._native, monitor.watcher._seen
 
     def counted_native(call):  # noqa: ANN001, ANN202
         def counted(tensors, *where) -> bool:  # noqa: ANN001, ANN002
+            record = None if isinstance(tensors, list) else seen.get(id(tensors))
             taken = call(tensors, *where)
-            if taken:
+            if taken and (isinstance(tensors, list) or seen.get(id(tensors)) is not record):  # not a copy of sums
                 read[0] += sum(t.numel() * t.element_size() for t in (tensors if isinstance(tensors, list) else [tensors]))
             return taken
 

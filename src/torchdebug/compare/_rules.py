@@ -275,7 +275,7 @@ def _dtype_constant(row: Row, what: str, why: str) -> Judgement:
 def _same_value(a: object, b: object) -> bool:
     """Equal argument values, ignoring memory addresses in object reprs."""
     if isinstance(a, str) and isinstance(b, str):
-        return _ADDRESS.sub("", a) == _ADDRESS.sub("", b)
+        return a == b or _ADDRESS.sub("", a) == _ADDRESS.sub("", b)  # most are equal: no pattern to search
     return a == b
 
 

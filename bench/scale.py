@@ -49,8 +49,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
-import torchdebug.compare  # noqa: E402,F401  (imported before the timed compare)
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
+from torchdebug.compare import open_dump  # noqa: E402,F401  (compare's modules, lazy: not in the timed compare)
 from torchdebug.store import _layout as layout  # noqa: E402
 
 STAGES = ("capture", "load", "compare", "ranks", "report")

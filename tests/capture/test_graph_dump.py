@@ -76,6 +76,22 @@ def test_graph_records_are_named_like_eager_records(tmp_path: Path) -> None:
     assert manifest["capture"] == "graph" and manifest["config"]["task"] == "statistics"
 
 
+@pytest.mark.parametrize("backend_name", ["inductor", "aot_eager"])
+def test_an_inference_graphs_write_back_into_its_input_is_a_forward_op(tmp_path: Path, backend_name: str) -> None:
+    """Functionalization's ``copy_`` of an in-place op's result back into a graph input: AOT autograd
+    tags it ``must_be_in_backward``, which makes it a backward op only in a backward graph."""
+    backend = _backend(tmp_path, backend_name, task="statistics")
+
+    def accumulate(x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        total.add_(x)
+        return total.sum()
+
+    with torch.no_grad():
+        torch.compile(accumulate, backend=backend)(torch.ones(4), torch.zeros(4))
+    calls = {r.call_name for r in _records(backend)}
+    assert "forward/-/aten.copy_.default#0" in calls and not any(call.startswith("backward/") for call in calls)
+
+
 def test_dumped_values_equal_an_eager_recomputation_forward_and_backward(tmp_path: Path) -> None:
     backend = _backend(tmp_path, task="tensor")
     net = _train(backend)

@@ -58,12 +58,14 @@ def module_stack_path(node: torch.fx.Node, key: str) -> str | None:
 
 
 def is_backward_node(node: torch.fx.Node, graph_phase: str) -> bool:
-    """True for gradient computations: nodes AOT autograd tagged ``partitioner_tag == "is_backward"``
-    and nodes of a backward graph that inductor created without tags; forward nodes the partitioner
-    recomputes in a backward graph are not."""
+    """True for gradient computations: nodes AOT autograd tagged ``partitioner_tag == "is_backward"``,
+    in a backward graph those tagged ``"must_be_in_backward"`` (elsewhere that tag marks
+    functionalization's ``copy_`` back into a graph input, a forward op), and nodes of a backward
+    graph that inductor created without tags; forward nodes the partitioner recomputes in a
+    backward graph are not."""
     tag = node.meta.get("partitioner_tag")
     if tag is not None:
-        return tag in ("is_backward", "must_be_in_backward")
+        return tag == "is_backward" or (tag == "must_be_in_backward" and graph_phase == "backward")
     return graph_phase == "backward" and "nn_module_stack" not in node.meta
 
 

@@ -40,8 +40,10 @@ def run_position(record: Record) -> tuple[int, int, int]:
 
 
 def execution_order(records: Sequence[Record]) -> list[int]:
-    """Indices of ``records`` sorted by step, phase and call order (stable)."""
-    keys = [run_position(r) for r in records]
+    """Indices of ``records`` sorted by step, phase and call order (stable): :func:`run_position`'s
+    keys, built inline (a call per record would cost five times the sort)."""
+    phase_index, later = _PHASE_ORDER, len(PHASES)
+    keys = [(r.step, phase_index.get(r.phase, later), r.seq) for r in records]
     return sorted(range(len(records)), key=keys.__getitem__)
 
 

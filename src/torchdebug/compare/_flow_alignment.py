@@ -95,20 +95,28 @@ def output_values(call: _FlowCall) -> tuple:
     return tuple(found)
 
 
-def _inputs(call: _FlowCall, made: Mapping[int, tuple], direct: bool = False) -> list[tuple[str, tuple]]:
+def _both_inputs(call: _FlowCall, made: Mapping[int, tuple]) -> list[list[tuple[str, tuple]]]:
     """A call's tensor input slots with where their values came from: the earlier op's ``(call name,
-    output slot)`` (the value's maker where an op passed it on, a ``detach``: such an op on one side is
-    looked through; with ``direct``, the op that passed it on), or, for a value no op made (a
-    parameter, the step's input), ``(None, (value_id, version))``."""
-    found = []
+    output slot)``, the value's maker where an op passed it on (a ``detach``: such an op on one side
+    is looked through), or, for a value no op made (a parameter, the step's input), ``(None,
+    (value_id, version))``; where an op passed a value on, a second list names that op instead: a
+    value passed on by one side only (B divides its loss's gradient by one micro-batch, A by four)
+    is read from the op both run. One pass over the call's slots, once per call."""
+    first: list[tuple[str, tuple]] = []
+    direct: list[tuple[str, tuple]] = []
+    passed_on = False
     for slot, record in zip(call.slots, call.records):
         if record.io == "input":
             producers = made.get(id(record))
             if producers:
-                found.append((slot, producers[-1] if direct else producers[0]))
+                first.append((slot, producers[0]))
+                direct.append((slot, producers[-1]))
+                passed_on = passed_on or producers[0] != producers[-1]
             elif record.value_id is not None:
-                found.append((slot, (None, (record.value_id, record.version))))
-    return found
+                leaf = (slot, (None, (record.value_id, record.version)))
+                first.append(leaf)
+                direct.append(leaf)
+    return [first, direct] if passed_on else [first]
 
 
 def _flow_key(call: _FlowCall, op: str, inputs: Iterable[tuple[str, tuple | None]]) -> tuple:
@@ -138,10 +146,15 @@ class _Walk(Generic[_C]):
         """Whether two namesakes may be paired by name (``None``: always; against a compiled side,
         not where a decomposition shifted the call indices)."""
         self.by_flow: dict[tuple, list[_C]] = {}
+        self.inputs_b: dict[int, list[tuple[str, tuple]]] = {}
+        """B's calls' inputs by the makers of their values (by ``id``), read by the rules and the pairs."""
         for call in calls_b.values():
-            if call.first.op == MODULE_OP:
+            reads = _both_inputs(call, links.made_b)
+            self.inputs_b[id(call)] = reads[0]
+            op = call.first.op
+            if op == MODULE_OP:
                 continue
-            keys = {_flow_key(call, call.first.op, inputs) for inputs in _both_inputs(call, links.made_b) if inputs}
+            keys = {_flow_key(call, op, inputs) for inputs in reads if inputs}
             for key in keys:
                 self.by_flow.setdefault(key, []).append(call)
         self.by_value: dict[tuple, list[_C]] | None = None  # made when a rule first asks
@@ -166,7 +179,7 @@ class _Walk(Generic[_C]):
         gradients of three projections summed in another order: A's ``add`` of q's and k's is not B's
         ``add`` of v's and k's)."""
         expected = dict(inputs)
-        for slot, producer in _inputs(other, self.links.made_b):
+        for slot, producer in self.inputs_b[id(other)]:
             mine = expected.get(slot)
             if mine is None or mine[0] is None or producer[0] is None:
                 continue
@@ -210,14 +223,14 @@ def _value_key(call: _FlowCall, name: str, op: str) -> tuple | None:
     return (*_group(name, call.first.step), op, call.signature(), values) if values else None
 
 
-def by_data_flow(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
+def by_data_flow(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, tuple]]]) -> _C | None:
     """Every case where the producers of a call's inputs are paired already: B's call of the same op,
     step and phase reading their partners slot by slot (a dict lookup), whatever its name, index or
     shapes (an inserted op, independent ops reordered, two zero biases, another batch); the makers of
     values passed on first, then the ops that passed them on (:func:`_both_inputs`)."""
-    if not inputs or call.first.op == MODULE_OP:
+    if not reads[0] or call.first.op == MODULE_OP:
         return None
-    for read in _both_inputs(call, walk.links.made_a, inputs):
+    for read in reads:
         expected = [(slot, _partner(producer, walk.links.partner, walk.leaves)) for slot, producer in read]
         if all(found is not None for _, found in expected):
             found = _chosen(call, name, walk.by_flow.get(_flow_key(call, walk.op_a(call), expected), []), walk.taken)
@@ -226,23 +239,14 @@ def by_data_flow(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, t
     return None
 
 
-def _both_inputs(call: _FlowCall, made: Mapping[int, tuple], inputs: list | None = None) -> list[list[tuple[str, tuple]]]:
-    """A call's inputs by the makers of their values, and, where an op passed a value on, by that op
-    too: a value passed on by one side only (B divides its loss's gradient by one micro-batch, A by
-    four) is read from the op both run."""
-    first = _inputs(call, made) if inputs is None else inputs
-    direct = _inputs(call, made, direct=True)
-    return [first] if direct == first else [first, direct]
-
-
-def module_by_name(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
+def module_by_name(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, tuple]]]) -> _C | None:
     """A module call, an anchor where identity is certain: its namesake whatever its shapes (another
     batch, micro-batches, another width), so its inputs and outputs are judged or called incomparable
     as values, never left one-sided."""
-    return walk.namesake(call, name, inputs) if call.first.op == MODULE_OP else None
+    return walk.namesake(call, name, reads[0]) if call.first.op == MODULE_OP else None
 
 
-def by_name_at_an_anchor(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
+def by_name_at_an_anchor(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, tuple]]]) -> _C | None:
     """An op whose inputs' producers are not paired (the first reader of a parameter or the step's
     input, a reader of a value only one side made): its namesake with the same shapes, unless the two
     read different values that each side made with ops only it runs. There values decide: B's call
@@ -252,7 +256,7 @@ def by_name_at_an_anchor(walk: _Walk[_C], call: _C, name: str, inputs: list[tupl
     the residual's gradient, holds the value of the hand-written ``add#3``, not of its ``add#0``);
     else names pair them unless their values are far apart (the ``detach`` of sdpa's output is not
     the ``detach`` of a hand-written softmax)."""
-    other = walk.namesake(call, name, inputs)
+    other = walk.namesake(call, name, reads[0])
     if other is None or other.signature() != call.signature():
         return None
     if not walk.links.unrelated_makers(call, other):
@@ -264,15 +268,16 @@ def by_name_at_an_anchor(walk: _Walk[_C], call: _C, name: str, inputs: list[tupl
     return None if walk.links.unrelated(call, other) else other
 
 
-def by_provenance(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
+def by_provenance(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, tuple]]]) -> _C | None:
     """An op of other shapes (another batch, micro-batches, a layer of another width): its namesake
     when each of its inputs comes from the same kind of source on both sides: from partners, or from
     values no op made (the step's input, a parameter) whose twin is that value or not known yet. Its
     values are then judged (or called incomparable) as values, not left one-sided."""
+    inputs = reads[0]
     other = walk.namesake(call, name, inputs)
     if other is None or call.first.op == MODULE_OP:
         return None
-    theirs = dict(_inputs(other, walk.links.made_b))
+    theirs = dict(walk.inputs_b[id(other)])
     if len(theirs) != len(inputs):
         return None
     for slot, producer in inputs:
@@ -285,7 +290,7 @@ def by_provenance(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, 
     return other
 
 
-def by_values(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
+def by_values(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, tuple]]]) -> _C | None:
     """Where two implementations meet after ops only one side runs (sdpa against a hand-written
     attention: the heads transposed back), nothing relates the calls but their values: B's call in
     A's module with A's op, shapes and output values, unless their inputs come from producers paired
@@ -299,7 +304,8 @@ def by_values(walk: _Walk[_C], call: _C, name: str, inputs: list[tuple[str, tupl
 
 
 RULES = (by_data_flow, module_by_name, by_name_at_an_anchor, by_provenance, by_values)
-"""The walk's rules, in the order each call of A tries them; the first that names a call of B pairs it."""
+"""The walk's rules, in the order each call of A tries them; the first that names a call of B pairs it.
+Each reads the call's inputs as :func:`_both_inputs` lists them, made once per call."""
 
 
 def _global_shapes(call: _FlowCall) -> tuple:
@@ -371,10 +377,10 @@ def align_by_flow(
     left_a: list[_C] = []
     for call, name in walk.named_a:
         walk.pending_a.discard((call.first.step, name))
-        inputs = _inputs(call, links.made_a)
+        reads = _both_inputs(call, links.made_a)
         other = None
         for rule in RULES:
-            other = rule(walk, call, name, inputs)
+            other = rule(walk, call, name, reads)
             if other is not None:
                 break
         if other is None:
@@ -383,7 +389,7 @@ def align_by_flow(
         walk.taken.add(id(other))
         del calls_b[(other.first.step, other.name)]
         links.pair(call, other)
-        _learn_leaves(inputs, _inputs(other, links.made_b), walk.leaves)
+        _learn_leaves(reads[0], walk.inputs_b[id(other)], walk.leaves)
         step = call.first.step
         how = "aligned" if other.name != name or other.first.step != step else "exact" if name == call.name else "mapped"
         pairs.append((call, other, how))

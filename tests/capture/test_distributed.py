@@ -52,6 +52,7 @@ def _dying_worker(rank: int, init_file: str, dump_path: str) -> None:
     torch.ones(3).exp()
     debugger.stop()
     debugger.step()
+    debugger.flush()  # on disk before the kill (a step's records are written while the next one runs)
     if rank == 0:
         debugger.close()
     dist.barrier()  # rank 0 has closed before rank 1 dies (spawn then terminates the others)

@@ -157,11 +157,11 @@ class _Walk(Generic[_C]):
             keys = {_flow_key(call, op, inputs) for inputs in reads if inputs}
             for key in keys:
                 self.by_flow.setdefault(key, []).append(call)
-        self.by_value: dict[tuple, list[_C]] | None = None  # made when a rule first asks
+        self.by_value: _ByValue[_C] | None = None  # made when a rule first asks
         self.taken: set[int] = set()
         self.leaves: dict[tuple, tuple] = {}  # A's values no op made: B's twin, learnt where a pair reads both
         self.pending_a = {(call.first.step, name) for call, name in named_a}  # A's calls not visited yet
-        self.by_value_a: dict[tuple, list[tuple[int, str]]] | None = None
+        self.by_value_a: _ByValue[tuple[int, str]] | None = None
 
     def namesake(self, call: _C, name: str, inputs: list[tuple[str, tuple]]) -> _C | None:
         """B's unpaired call of A's (renamed) name in its step, unless its inputs come from producers
@@ -194,12 +194,8 @@ class _Walk(Generic[_C]):
         if not values:
             return None
         if self.by_value is None:  # once, over B's calls unpaired so far: linear in them
-            self.by_value = {}
-            for other in self.calls_b.values():
-                key = _value_key(other, other.name, other.first.op)
-                if key is not None:
-                    self.by_value.setdefault(key, []).append(other)
-        candidates = self.by_value.get((*_group(name, call.first.step), self.op_a(call), call.signature(), values), [])
+            self.by_value = _ByValue((_place(other, other.name, other.first.op), other, other) for other in self.calls_b.values())
+        candidates = self.by_value.get(_place(call, name, self.op_a(call)), call.signature(), values)
         while candidates and id(candidates[0]) in self.taken:
             candidates.pop(0)
         return candidates[0] if candidates else None
@@ -207,20 +203,47 @@ class _Walk(Generic[_C]):
     def held_later(self, other: _C) -> bool:
         """Whether a call of A not visited yet holds the values of B's call (its op, shapes and
         :func:`output_values` in its module): B's call is left for it."""
+        values = output_values(other)
+        if not values:
+            return False
         if self.by_value_a is None:  # once, over A's calls: linear in them
-            self.by_value_a = {}
-            for call, name in self.named_a:
-                key = _value_key(call, name, self.op_a(call))
-                if key is not None:
-                    self.by_value_a.setdefault(key, []).append((call.first.step, name))
-        key = _value_key(other, other.name, other.first.op)
-        return key is not None and any(found in self.pending_a for found in self.by_value_a.get(key, ()))
+            self.by_value_a = _ByValue(
+                (_place(call, name, self.op_a(call)), call, (call.first.step, name)) for call, name in self.named_a
+            )
+        held = self.by_value_a.get(_place(other, other.name, other.first.op), other.signature(), values)
+        return any(found in self.pending_a for found in held)
 
 
-def _value_key(call: _FlowCall, name: str, op: str) -> tuple | None:
-    """A call's step, phase, module, op, shapes and :func:`output_values` (``None``: no values)."""
-    values = output_values(call)
-    return (*_group(name, call.first.step), op, call.signature(), values) if values else None
+def _place(call: _FlowCall, name: str, op: str) -> tuple:
+    """A call's step, phase, module and op: where :class:`_ByValue` looks for calls holding its values."""
+    return (*_group(name, call.first.step), op)
+
+
+_T = TypeVar("_T")
+
+
+class _ByValue(Generic[_T]):
+    """Calls by :func:`_place`, then by shapes and :func:`output_values`: the values (statistics
+    rounded to significant digits, the costly part) of the calls of one op in one module are made
+    when a call there is first looked up, not for every call."""
+
+    def __init__(self, entries: Iterable[tuple[tuple, _FlowCall, _T]]) -> None:
+        self.by_place: dict[tuple, list[tuple[_FlowCall, _T]]] = {}
+        for place, call, item in entries:
+            self.by_place.setdefault(place, []).append((call, item))
+        self.by_value: dict[tuple, dict[tuple, list[_T]]] = {}
+
+    def get(self, place: tuple, signature: tuple, values: tuple) -> list[_T]:
+        """The items of the calls at ``place`` with these shapes and values, in the order given (the
+        list itself: a caller may drop those it has used)."""
+        held = self.by_value.get(place)
+        if held is None:
+            held = self.by_value[place] = {}
+            for call, item in self.by_place.pop(place, ()):
+                found = output_values(call)
+                if found:
+                    held.setdefault((call.signature(), found), []).append(item)
+        return held.get((signature, values), [])
 
 
 def by_data_flow(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, tuple]]]) -> _C | None:

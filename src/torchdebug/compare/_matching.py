@@ -100,12 +100,10 @@ class _Call:
 
     name: str
     """The call name as the dump wrote it (before any mapping)."""
+    first: Record
+    """Its first record (step, phase, module, op and place in the order: read for every rule)."""
     records: list[Record] = field(default_factory=list)
     slots: list[str] = field(default_factory=list)
-
-    @property
-    def first(self) -> Record:
-        return self.records[0]
 
     def by_slot(self) -> dict[str, Record]:
         """Records by slot name (a repeated slot keeps its last record)."""
@@ -153,7 +151,7 @@ def _calls(records: Sequence[Record], slot_names: dict[str, str]) -> dict[tuple[
             step = record.step
             call = calls.get((step, name))
             if call is None:
-                call = calls[(step, name)] = _Call(name)
+                call = calls[(step, name)] = _Call(name, record)
         slot = full[cut + 1 :]  # split_call_name's slot (the whole name where it has no "/")
         call.records.append(record)
         call.slots.append(slot_names.setdefault(slot, slot))

@@ -201,17 +201,18 @@ def _recorded_producers(records: Sequence[Record]) -> Candidates:
         io = record.io
         if io != "input" and io not in OUTPUTS:
             continue
-        version = record.version
+        version, view_of, name = record.version, record.view_of, record.name
         key = (value_id, version)
-        where = (value_id if record.view_of is None else record.view_of, version)
+        where = (value_id if view_of is None else view_of, version)
+        cut = name.rfind("/")  # call_name and split_call_name, inline: once per record
+        call = name[:cut] if cut >= 0 else name
         if io == "input":
-            call = call_name(record.name)
             if call != reading or record.step != step:  # its step, what its inputs held, its first input
                 reading, step, read, first_read = call, record.step, {}, record
             read[value_id] = version
             producer = made.get(key)
             if producer is None:  # a tensor no recorded op made: a view of its memory that holds its value, or the writer
-                view = views.get((where, tuple(record.shape or ()))) if record.view_of is not None else None
+                view = views.get((where, tuple(record.shape or ()))) if view_of is not None else None
                 producer = view[0] if view is not None and _passed_on(view[1], record) else memory.get(where)
             if producer is not None and producer[0] != call:
                 first = origin.get(producer)
@@ -219,30 +220,31 @@ def _recorded_producers(records: Sequence[Record]) -> Candidates:
                 if record.op in _CASTS:
                     cast_sources[call] = producer
             continue
-        call, slot = split_call_name(record.name)
-        producer = cast_sources.get(call) if record.op in _CASTS else None
+        slot = name[cut + 1 :] if cut >= 0 else name
+        op = record.op
+        producer = cast_sources.get(call) if op in _CASTS else None
+        same_call = call == reading and record.step == step
         if producer is None:
             twin = record.fwd if record.phase == "recompute" else None  # the forward call it repeats
             producer = (names.setdefault(twin or call, twin or call), names.setdefault(slot, slot))
-            same_call = call == reading and record.step == step
-            source = first_read if same_call and record.op != MODULE_OP else None  # what a view or copy reads
+            source = first_read if same_call and op != MODULE_OP else None  # what a view or copy reads
             if source is not None and id(source) in found and _passed_on(source, record):
                 origin[producer] = found[id(source)][0]
             else:  # the call of this name in another step may have passed its value on
                 origin.pop(producer, None)
-        if record.op == MODULE_OP:  # a module passes on what its ops made: it makes nothing itself
+        if op == MODULE_OP:  # a module passes on what its ops made: it makes nothing itself
             if key not in made:
                 made[key] = producer
                 by_module.add(key)
             continue
-        wrote = call == reading and record.step == step and value_id in read  # in place (a view op's output is new)
+        wrote = same_call and value_id in read  # in place (a view op's output is new)
         rewrote = wrote and read[value_id] == version
         if rewrote or key not in made or key in by_module:
             made[key] = producer
             by_module.discard(key)
-        if (wrote or record.view_of is None) and (rewrote or where not in memory):
+        if (wrote or view_of is None) and (rewrote or where not in memory):
             memory[where] = producer
-        if record.view_of is not None:
+        if view_of is not None:
             views.setdefault((where, tuple(record.shape or ())), (producer, record))
     return found
 

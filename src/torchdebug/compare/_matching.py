@@ -142,19 +142,23 @@ def _calls(records: Sequence[Record], slot_names: dict[str, str]) -> dict[tuple[
     """Records grouped by call, keyed by ``(step, call name)``, in first-seen order; ``slot_names``
     keeps one string per slot name (``output.0``: a handful, not one per record)."""
     calls: dict[tuple[int, str], _Call] = {}
-    call, step = None, None
+    name: str | None = None  # the call being read: its name, step, records and slot names
+    step: int | None = None
+    held: list[Record] = []
+    slots: list[str] = []
     for record in records:
         full = record.name
         cut = full.rfind("/")
-        if call is None or cut != len(call.name) or record.step != step or not full.startswith(call.name):
+        if name is None or cut != len(name) or record.step != step or not full.startswith(name):
             name = split_call_name(full)[0]  # a call's slots come one after another: a new call
             step = record.step
             call = calls.get((step, name))
             if call is None:
                 call = calls[(step, name)] = _Call(name, record)
+            held, slots = call.records, call.slots
         slot = full[cut + 1 :]  # split_call_name's slot (the whole name where it has no "/")
-        call.records.append(record)
-        call.slots.append(slot_names.setdefault(slot, slot))
+        held.append(record)
+        slots.append(slot_names.setdefault(slot, slot))
     return calls
 
 

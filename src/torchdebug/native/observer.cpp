@@ -601,12 +601,7 @@ struct Slots {
     base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
     base.push_back(kind == kPlain ? view_base(impl, base_alive.back()) : 0);
     if (kind != kPlain) {
-      ndim.push_back(0);
-      device_type.push_back(-1);
-      device_index.push_back(-1);
-      has_stats.push_back(0);
-      has_fingerprint.push_back(0);
-      fingerprint.push_back(0);
+      add_unread();
       return;
     }
     auto sizes = impl->sizes();
@@ -658,6 +653,12 @@ struct Slots {
     storage.push_back(0);
     offset.push_back(0);
     base.push_back(0);
+    add_unread();
+  }
+
+  // The columns of a slot whose tensor is not read (a subclass, a nested tensor, a value): no sizes,
+  // no device, no sums, no fingerprint.
+  void add_unread() {
     ndim.push_back(0);
     device_type.push_back(-1);
     device_index.push_back(-1);

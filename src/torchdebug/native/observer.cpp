@@ -31,7 +31,8 @@
 // them (ThreadLocalState) to the threads that run a graph task. On such a thread an op is recorded
 // only inside a backward scope; on the thread that started the observer, always. Tensor subclasses
 // (a Python key in the key set) and nested tensors are flagged, never read: their sizes may call
-// into Python. Undefined tensors and wrapped numbers are no slots (None and numbers in Python).
+// into Python. Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
+// Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
 // torch/library.h, and profiler/combined_traceback.h: CapturedTraceback::gather and symbolize, what

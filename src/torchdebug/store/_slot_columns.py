@@ -157,13 +157,15 @@ def _kinds() -> pa.Array:
 
 
 def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
-    """The ``value`` column: each value slot's JSON text as eager capture writes it, none elsewhere."""
-    column: list[str | None] = [None] * len(slots)
-    texts = ops.value_texts
-    drained = np.asarray(ops.slot_value, np.int64)[slots]
-    for row in np.flatnonzero(values).tolist():
-        column[row] = _value_text(texts[drained[row]])
-    return pa.array(column, _STRING)
+    """The ``value`` column: each value slot's JSON text as eager capture writes it, none elsewhere
+    (each distinct text converted once)."""
+    rows = np.flatnonzero(values)
+    texts = pa.array(ops.value_texts, _STRING).take(pa.array(np.asarray(ops.slot_value, np.int64)[slots[rows]]))
+    encoded = texts.dictionary_encode()
+    written = pa.array([_value_text(text) for text in encoded.dictionary.to_pylist()], _STRING).take(encoded.indices)
+    at = np.full(len(slots), -1, np.int64)
+    at[rows] = np.arange(len(rows))
+    return written.take(pa.array(at, mask=at < 0))
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -467,7 +467,7 @@ class CaptureSession:
         """Resolve staged statistics (one host read) and hand pending records and tensors to the writer.
 
         ``wait``: return only once the records are on disk (those submitted before ``until``, a
-        writer's ``mark()``: the debugger's ``step`` waits for the step before's); ``tensors``: once
+        writer's ``mark()``: the debugger's ``stop`` waits for the stop before's); ``tensors``: once
         the tensor files are too.
         """
         self._take_due_stats()

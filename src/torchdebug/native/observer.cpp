@@ -184,6 +184,15 @@ void json_double(std::string& out, double value) {
   }
 }
 
+// A complex number as {"complex": [real, imag]}: Python makes it complex again.
+void json_complex(std::string& out, c10::complex<double> number) {
+  out += "{\"complex\":[";
+  json_double(out, number.real());
+  out += ',';
+  json_double(out, number.imag());
+  out += "]}";
+}
+
 const char* layout_name(int64_t code) {
   switch (static_cast<c10::Layout>(code)) {
     case c10::kStrided: return "torch.strided";
@@ -214,15 +223,7 @@ void json_wrapped_number(std::string& out, const c10::TensorImpl* impl) {
     case c10::ScalarType::Double: json_double(out, *static_cast<const double*>(impl->data())); break;
     case c10::ScalarType::Long: out += std::to_string(*static_cast<const int64_t*>(impl->data())); break;
     case c10::ScalarType::Bool: out += *static_cast<const bool*>(impl->data()) ? "true" : "false"; break;
-    case c10::ScalarType::ComplexDouble: {
-      auto number = *static_cast<const c10::complex<double>*>(impl->data());
-      out += "{\"complex\":[";
-      json_double(out, number.real());
-      out += ',';
-      json_double(out, number.imag());
-      out += "]}";
-      break;
-    }
+    case c10::ScalarType::ComplexDouble: json_complex(out, *static_cast<const c10::complex<double>*>(impl->data())); break;
     default: json_string(out, "<wrapped number>");
   }
 }
@@ -269,12 +270,7 @@ void json_value(std::string& out, const c10::IValue& value, ValueType type) {
       json_string(out, "<symbolic int>");
     }
   } else if (value.isComplexDouble()) {
-    auto number = value.toComplexDouble();
-    out += "{\"complex\":[";
-    json_double(out, number.real());
-    out += ',';
-    json_double(out, number.imag());
-    out += "]}";
+    json_complex(out, value.toComplexDouble());
   } else if (value.isString()) {
     json_string(out, value.toStringRef());
   } else if (value.isDevice()) {

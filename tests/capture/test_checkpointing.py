@@ -13,7 +13,15 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 import torchdebug
-from torchdebug._torch.checkpoint import BOOKKEEPING_CODES, BOOKKEEPING_OPS, RECOMPUTE_CODES, REENTRANT_NODE
+from torchdebug._torch.checkpoint import (
+    BOOKKEEPING_CODES,
+    BOOKKEEPING_OPS,
+    RECOMPUTE_CODES,
+    REENTRANT_NODE,
+    in_bookkeeping,
+    in_recomputation,
+    selective,
+)
 from torchdebug._torch.nn import WRAPPER_ATTRIBUTES, strip_wrappers
 
 FLAVOURS = ("non_reentrant", "reentrant", "wrapper", "selective")
@@ -254,3 +262,15 @@ def test_the_checkpoint_internals_eager_capture_relies_on_exist():
     assert REENTRANT_NODE.__name__ == "CheckpointFunctionBackward"
     names = {code.co_name for code in BOOKKEEPING_CODES}
     assert names & {"_maybe_detach", "_detach_helper"} and "_checkpoint_without_reentrant_generator" in names
+
+
+def test_symbolized_frames_tell_checkpoint_functions_by_file_name_and_line():
+    """The native path judges the frames the observer took: a line of ``recompute_fn``'s body is in
+    it, the same name on a line outside it or in another file is not."""
+    code = RECOMPUTE_CODES[0]
+    body = [line for _, _, line in code.co_lines() if line is not None]
+    inside = (code.co_filename, max(body), "recompute_fn")
+    assert in_recomputation([("user.py", 3, "forward"), inside])
+    assert not in_recomputation([(code.co_filename, max(body) + 200, "recompute_fn"), ("other.py", max(body), "recompute_fn")])
+    assert not in_bookkeeping([inside])
+    assert selective(TinyGPT("selective").blocks[0]) and not selective(TinyGPT("wrapper").blocks[0])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -140,6 +140,40 @@ class RecomputeDetector:
         self._node = None
 
 
+Frame = tuple[str, int, str]
+"""A symbolized Python frame: ``(file, line, function)``, as ``torch::symbolize`` gives it."""
+
+
+def _frames_running(codes: tuple[types.CodeType, ...]) -> Callable[[Iterable[Frame]], bool]:
+    """Whether symbolized frames hold one running any of ``codes``: its file, its name and a line of
+    its body (functions of one name in one file are told apart by their lines)."""
+    spans: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for code in codes:
+        lines = [line for _, _, line in code.co_lines() if line is not None] or [code.co_firstlineno]
+        spans.setdefault((code.co_filename, code.co_name), []).append((min(lines), max(lines)))
+
+    def running(frames: Iterable[Frame]) -> bool:
+        return any(first <= line <= last for file, line, function in frames for first, last in spans.get((file, function), ()))
+
+    return running
+
+
+in_recomputation = _frames_running(RECOMPUTE_CODES)
+"""Whether frames taken at an op hold ``recompute_fn``'s: the native path's :class:`RecomputeDetector`
+(the observer takes the frames where this class walks the stack)."""
+
+in_bookkeeping = _frames_running(BOOKKEEPING_CODES)
+"""Whether frames taken at an op hold one of checkpoint's own functions: the native path's :func:`bookkeeping`."""
+
+
+def selective(module: Any) -> bool:
+    """Whether ``module`` is a ``checkpoint_wrapper`` given a ``context_fn`` (selective checkpointing,
+    whose region runs under a dispatch mode of its own): its ``checkpoint_fn`` is a
+    ``functools.partial`` of ``checkpoint`` holding the keyword (torch 2.11.0 through 2.14.1)."""
+    keywords = getattr(getattr(module, "checkpoint_fn", None), "keywords", {})
+    return type(module).__name__ == "CheckpointWrapper" and "context_fn" in keywords
+
+
 def reentrant(node: Any) -> bool:
     """Whether ``node`` is a reentrant checkpoint's own node: the ops it runs directly re-run its
     region from the first op, and the node's sequence number is the one its region's forward ops
@@ -152,7 +186,11 @@ __all__ = [
     "BOOKKEEPING_OPS",
     "RECOMPUTE_CODES",
     "REENTRANT_NODE",
+    "Frame",
     "RecomputeDetector",
     "bookkeeping",
+    "in_bookkeeping",
+    "in_recomputation",
     "reentrant",
+    "selective",
 ]

@@ -21,12 +21,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchdebug._torch.checkpoint import selective
 from torchdebug._torch.nn import compiled_modules
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_records import NativeStepCapture
 from torchdebug.capture.native_values import PHASES
+from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.native.build import DISABLE_ENV
@@ -70,8 +72,8 @@ def _why_not_for_model(model: nn.Module, reads: bool) -> str | None:
     for name, module in model.named_modules():
         if module._forward_hooks or module._forward_pre_hooks:
             return f"forward hooks on {name or 'the model'} (their ops are named after it only by the dispatch mode)"
-        if type(module).__name__ == "CheckpointWrapper":
-            return "activation checkpointing (recomputed ops are named only by the dispatch mode)"
+        if selective(module):
+            return f"selective activation checkpointing on {name} (its region runs under a dispatch mode of its own)"
     for parameter in model.parameters():
         if is_subclass(parameter):
             return "tensor subclass parameters (DTensor, FSDP2)"
@@ -106,11 +108,11 @@ class NativeOpCapture:
         self.names = NameMatcher(names)
         self.range = RangeGate(call_range)
         self._by_name = bool(names) or bool(call_range)
-        self._phase_codes = [PHASES.index(phase) for phase in phases if phase in PHASES]
+        recorded = phases | {RECOMPUTE} if "forward" in phases else phases  # recomputed ops are forward ops (eager.py)
+        self._phase_codes = [PHASES.index(phase) for phase in recorded if phase in PHASES]
         self._statistics = session.want_stats
         self._fingerprints = session.want_checksum
         self._failed = False
-        self._told_recompute = False
         self._told_busy = False
         self._idle = False
 
@@ -134,14 +136,6 @@ class NativeOpCapture:
             return
         self.rows.stop()
         ops = self.observer.drain()
-        if self.rows.recomputed and not self._told_recompute:  # not seen from the model before the run
-            self._told_recompute = True
-            logger.warning(
-                "torchdebug: activation checkpointing recomputed modules in the backward of step %d: the native path "
-                "names their ops as backward ops (no phase 'recompute'); TORCHDEBUG_NATIVE=0 captures them through "
-                "the dispatch mode, named as recomputed",
-                self.session.step,
-            )
         try:
             self._add_records(ops)
         except Exception as error:  # never crash the user's run: its records are lost, said once

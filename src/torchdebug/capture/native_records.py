@@ -31,6 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
+from torchdebug.capture.native_recompute import RecomputeMarks
 from torchdebug.capture.native_values import CHANGED, PHASES, SlotWalk, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
@@ -154,8 +155,7 @@ class NativeStepCapture:
         self._observed = False
         """Whether this capture started the observer before (its first start drops older weak references)."""
         self._devices: dict[tuple[int, int], str] = {}
-        self.recomputed = False
-        """Activation checkpointing ran a module again in a backward: its ops are named as backward ops."""
+        self._recompute = RecomputeMarks(observer)
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -184,6 +184,7 @@ class NativeStepCapture:
     def stop(self) -> None:
         self.observer.stop()
         self.observer.want_values(False)
+        self._recompute.reset()
         if self._own_tracker:
             self.tracker.stop()
         for handle in self._handles:
@@ -204,8 +205,7 @@ class NativeStepCapture:
         self.observer.set_module(context)
 
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
-        """The tracker entered ``module`` (its path ``name``), maybe to recompute it (``recomputed``)."""
-        self.recomputed = self.recomputed or phase == "recompute"
+        """The tracker entered ``module`` (its path ``name``), in ``phase`` ``forward`` or ``recompute``."""
         self._set_context(self._intern(name))
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
@@ -274,22 +274,30 @@ class NativeStepCapture:
         """Each drained row's call (see the module docstring), named in C++ (``SlotWalk.name_rows``)
         and spelled as columns; calls are counted on from the rows drained before in this step."""
         walk = self._walk(ops)
-        stacks = self._row_stacks(ops) if self.stacks else np.full(len(ops.op), -1, np.int64)
-        calls = walk.name_rows(ops, stacks, np.fromiter(self._parameter_contexts, np.int64, len(self._parameter_contexts)))
+        stack_ids, frames = self._stack_ids(ops)
+        stacks = self._user_stacks(stack_ids, frames) if self.stacks else np.full(len(ops.op), -1, np.int64)
+        calls = walk.name_rows(
+            ops,
+            stacks,
+            np.fromiter(self._parameter_contexts, np.int64, len(self._parameter_contexts)),
+            self._recompute.marks(ops, stack_ids, frames),
+            _ends(ops),
+        )
         modules = self._texts([NO_MODULE, *self._paths], "modules")
         op_names = self._texts(self._op_names, "ops")
         ops_column = op_names.take(pa.array(ops.op))
         module = modules.take(pa.array(calls.module + 1))
         call = pa.array(calls.call)
+        phases = self._texts(list(PHASES), "phases")
         fwd = pc.binary_join_element_wise(
-            "forward",
+            phases.take(pa.array(calls.fwd_phase)),
             modules.take(pa.array(calls.fwd_module + 1)),
             pc.binary_join_element_wise(
                 op_names.take(pa.array(calls.fwd_op, mask=calls.fwd_op < 0)), call_text(calls.fwd_call), "#"
             ),
             "/",
         )
-        phase = self._texts(list(PHASES), "phases").take(pa.array(calls.phase, mask=calls.phase < 0))
+        phase = phases.take(pa.array(calls.phase, mask=calls.phase < 0))
         stack = pa.array(calls.stack, mask=calls.stack < 0)
         columns = {
             "call_name": pc.binary_join_element_wise(
@@ -305,15 +313,21 @@ class NativeStepCapture:
         }
         return RowNames(calls.phase, calls.stack, columns)
 
-    def _row_stacks(self, ops: ObservedOps) -> np.ndarray:
-        """Each row's stack as eager capture's ``StackRecorder`` describes it (user frames only): an
-        index into :attr:`stack_table`, or -1: a backward row's, one with no user frame."""
+    def _stack_ids(self, ops: ObservedOps) -> tuple[np.ndarray, list[list[tuple[str, int, str]]]]:
+        """Each row's frames: the observer's stack id (-1: none taken), and the frames by id."""
+        tracebacks = np.frombuffer(ops.stack, np.int64)
+        if not (tracebacks >= 0).any():
+            return np.full(len(tracebacks), -1, np.int64), []
         stack_of, stacks = self.observer.stacks(ops)
+        by_traceback = np.asarray(stack_of, np.int64)
+        return np.where(tracebacks >= 0, by_traceback[np.maximum(tracebacks, 0)], -1), stacks
+
+    def _user_stacks(self, stack_ids: np.ndarray, frames: list[list[tuple[str, int, str]]]) -> np.ndarray:
+        """Each row's stack as eager capture's ``StackRecorder`` describes it (user frames only): an
+        index into :attr:`stack_table`, or -1: none taken, one with no user frame."""
         indices = self._stack_indices
-        indices += [self._stack_index(frames) for frames in stacks[len(indices) :]]
-        by_traceback = np.array(indices, np.int64)[np.asarray(stack_of, np.int64)] if stack_of else np.empty(0, np.int64)
-        tracebacks = np.asarray(ops.stack, np.int64)
-        return np.where(tracebacks >= 0, by_traceback[np.maximum(tracebacks, 0)] if stack_of else -1, -1)
+        indices += [self._stack_index(stack) for stack in frames[len(indices) :]]
+        return np.array(indices + [-1], np.int64)[stack_ids]
 
     def _stack_index(self, frames: list[tuple[str, int, str]]) -> int:
         key = tuple((f, function, line) for f, line, function in frames if is_user_file(f))
@@ -461,6 +475,19 @@ class RowNames(NamedTuple):
     columns: dict[str, pa.Array]
     """By record field, a row each: ``call_name``, ``phase``, ``module``, ``op``, ``call``, ``fwd``,
     ``stack``, ``source`` (empty for a row without a call)."""
+
+
+def _ends(ops: ObservedOps) -> np.ndarray:
+    """The ``TensorImpl`` address of each row's first input and first output (a plain argument, not
+    in a list), 0 for none: what ``recompute.py``'s ``RebuiltTensors`` knows a rebuilt tensor by."""
+    ends = np.zeros((len(ops.op), 2), np.int64)
+    rows = np.frombuffer(ops.slot_row, np.int64) - ops.first_row
+    first = (np.frombuffer(ops.slot_arg, np.int16) == 0) & (np.frombuffer(ops.slot_element, np.int16) < 0)
+    first &= np.frombuffer(ops.slot_flag, np.int8) != VALUE
+    first &= (rows >= 0) & (rows < len(ops.op))
+    io = np.frombuffer(ops.slot_io, np.int8)
+    ends[rows[first], io[first]] = np.frombuffer(ops.slot_value, np.int64)[first]
+    return ends
 
 
 def call_text(calls: np.ndarray) -> pa.Array:

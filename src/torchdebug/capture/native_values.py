@@ -17,16 +17,18 @@ from typing import NamedTuple
 import numpy as np
 
 from torchdebug.capture.eager import OpInfo
+from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.native.build import load_torch_library
 from torchdebug.native.observer import ObservedOps
 from torchdebug.records import UNINITIALISED
 
-__all__ = ["CHANGED", "PHASES", "RowCalls", "SlotWalk", "WalkedSlots", "load_slot_walk"]
+__all__ = ["CHANGED", "GRAD_MODE", "PHASES", "RECOMPUTED", "REENTRANT", "RowCalls", "SlotWalk", "WalkedSlots", "load_slot_walk"]
 
 CHANGED = 3
 """A ``WalkedSlots.errors`` code: a kept tensor changed or freed before the flush (after ``observer.py``'s flags)."""
 
-_MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT, _SKIPPED, _ACCUMULATES = 1, 2, 4, 8, 16, 32, 64
+_MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT, _SKIPPED = 1, 2, 4, 8, 16, 32
+_ACCUMULATES, _DETACH = 64, 128
 """``td_walk_op``'s flags (``OpFlag`` in the C++ file)."""
 _ENGINE_SUM = "aten.add_.Tensor"
 """The op autograd's engine sums gradients with in place, which a dispatch mode runs out of place."""
@@ -68,7 +70,7 @@ class WalkedSlots(NamedTuple):
     fingerprint) of no elements."""
 
 
-PHASES = ("forward", "backward", "optimizer")
+PHASES = ("forward", "backward", "optimizer", RECOMPUTE)
 """``RowCalls.phase`` codes' names (-1: a row capture skips)."""
 
 
@@ -83,10 +85,19 @@ class RowCalls(NamedTuple):
     """The call index per (phase, module, op), in row order, counted on through the step."""
     fwd_module: np.ndarray
     fwd_op: np.ndarray
-    """For a backward row, the forward row that made its autograd node: its module, op id (-1: none) and call."""
+    """For a backward row, the forward row that made its autograd node, for a recomputed row the
+    forward row it repeats: its module, op id (-1: none), call and phase (a recomputed call's own,
+    for a backward row of a node a recomputation made)."""
     fwd_call: np.ndarray
     stack: np.ndarray
     """The row's stack as given, or for a backward row its forward row's (-1: none)."""
+    fwd_phase: np.ndarray
+
+
+RECOMPUTED, REENTRANT, GRAD_MODE = 1, 2, 4
+"""Row marks :meth:`SlotWalk.name_rows` takes: a recomputation's op or checkpoint's own bookkeeping
+(phase ``recompute``); an op a reentrant checkpoint's node runs (its region's forward replayed from
+the first call); grad mode was on at the op."""
 
 
 class SlotWalk:
@@ -129,6 +140,7 @@ class SlotWalk:
             | _LIST_RESULT * list_result
             | _SKIPPED * info.skipped
             | _ACCUMULATES * (info.name == _ENGINE_SUM)
+            | _DETACH * info.detach
         )
         unread_in, unread_out = info.unread_inputs, info.unread_outputs
         in_codes = bytes(self._code(unread_in.get(name, unread_in.get("*"))) if unread_in else 0 for name in inputs)
@@ -153,17 +165,25 @@ class SlotWalk:
         self._lib.td_walk_entries(self._handle, counts)
         return dict(zip(("addresses", "made_in", "seen", "unwritten"), counts))
 
-    def name_rows(self, ops: ObservedOps, stacks: np.ndarray, parameter_contexts: np.ndarray) -> RowCalls:
+    def name_rows(
+        self, ops: ObservedOps, stacks: np.ndarray, parameter_contexts: np.ndarray, marks: np.ndarray, ends: np.ndarray
+    ) -> RowCalls:
         """The calls of the rows of ``ops`` (every op told with :meth:`add_op`): phases from the
         backward marks and module contexts (``-2``: an optimizer step), a backward row's module that
         of the forward row with its sequence number, else, for a context in ``parameter_contexts``
-        (a gradient accumulation), that parameter's; ``stacks``: each row's (``int64``, -1 none)."""
+        (a gradient accumulation), that parameter's; recomputation as ``recompute.py`` names it,
+        from ``marks`` (:data:`RECOMPUTED`, :data:`REENTRANT` per row, ``int8``) and ``ends`` (the
+        ``TensorImpl`` address of each row's first input and first output, ``int64`` of shape
+        ``(rows, 2)``, 0 for none); ``stacks``: each row's (``int64``, -1 none)."""
         rows = len(ops.op)
         calls = RowCalls(
-            *(np.empty(rows, kind) for kind in (np.int8, np.int64, np.int64, np.int64, np.int32, np.int64, np.int64))
+            *(np.empty(rows, kind) for kind in (np.int8, np.int64, np.int64, np.int64, np.int32, np.int64, np.int64, np.int8))
         )
+        inputs, outputs = np.ascontiguousarray(ends[:, 0]), np.ascontiguousarray(ends[:, 1])
         pointers = [getattr(ops, name).buffer_info()[0] for name in ("op", "seq", "backward", "module")]
-        pointers += [column.ctypes.data for column in (stacks, parameter_contexts, *calls)]
+        pointers += [column.ctypes.data for column in (stacks, parameter_contexts, *calls[:7])]
+        pointers += [marks.ctypes.data, ops.made.buffer_info()[0], inputs.ctypes.data, outputs.ctypes.data]
+        pointers.append(calls.fwd_phase.ctypes.data)
         counts = (ctypes.c_int64 * 2)(rows, len(parameter_contexts))
         if self._lib.td_walk_rows(self._handle, counts, (ctypes.c_void_p * len(pointers))(*pointers)) < 0:
             raise RuntimeError("native/slot_walk.cpp failed to name a drain's rows (an op it was not told of, or no memory)")

@@ -45,6 +45,8 @@
 // registers: torch.ops.torchdebug.observer_kept() (see Slots::kept).
 
 #include <ATen/Parallel.h>
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -537,6 +539,7 @@ struct OpInfo {
   int32_t id;  // -1 for kNotOp
   Kind kind;
   const OpArgs* args = nullptr;  // its schema's facts (Recorder::args)
+  bool frame_op = false;  // one of the ops whose frames tell checkpointing's own calls (td_observer_checkpoint)
 };
 
 struct Slots {
@@ -727,12 +730,17 @@ struct Slots {
     }
   }
 
+  // Append other's slots, as slots of row at_row (-1: the rows they hold).
   void append(const Slots& other, int64_t at_row) {
     for (size_t entry = 0; entry < other.kept.size(); ++entry) {
       kept.push_back(other.kept[entry]);
       kept_slot.push_back(static_cast<int64_t>(row.size()) + other.kept_slot[entry]);
     }
-    row.insert(row.end(), other.row.size(), at_row);
+    if (at_row < 0) {
+      row.insert(row.end(), other.row.begin(), other.row.end());
+    } else {
+      row.insert(row.end(), other.row.size(), at_row);
+    }
     io.insert(io.end(), other.io.begin(), other.io.end());
     arg.insert(arg.end(), other.arg.begin(), other.arg.end());
     element.insert(element.end(), other.element.begin(), other.element.end());
@@ -761,6 +769,11 @@ struct Slots {
   void move_tail(int64_t at_row, Slots& other) {
     size_t first = row.size();
     while (first > 0 && row[first - 1] == at_row) --first;
+    move_from(first, other);
+  }
+
+  // Move the slots from index first on into other (no output waiting: hold_waiting first).
+  void move_from(size_t first, Slots& other) {
     size_t dims = 0;
     for (size_t slot = first; slot < row.size(); ++slot) dims += static_cast<size_t>(ndim[slot]);
     auto move = [first](auto& from, auto& to, size_t width) {
@@ -832,12 +845,18 @@ struct Slots {
 
 using Traceback = std::shared_ptr<torch::CapturedTraceback>;
 
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2 };
+// kGradOn: grad mode was on at the op; kCheckpointNode: the node the engine runs is a reentrant
+// checkpoint's (td_observer_checkpoint), whose ops re-run its region.
+
 struct Row {
   int32_t op;
   int64_t seq;  // forward: the sequence number of the node the op makes; backward: of the node run
   int8_t backward;
   int64_t module;
-  Traceback traceback;  // with stacks: the Python frames a forward op was called from
+  Traceback traceback;  // with stacks: the Python frames a forward op was called from; see frames_wanted
+  int8_t mark = 0;      // RowMark bits
+  int64_t made = -1;    // the sequence number of the last autograd node made before the op
 };
 
 struct Recorder {
@@ -850,6 +869,8 @@ struct Recorder {
   std::vector<int64_t> seq;
   std::vector<int8_t> backward;
   std::vector<int64_t> module;
+  std::vector<int8_t> mark;
+  std::vector<int64_t> made;
   std::vector<int64_t> stack;  // an index into tracebacks, -1 for none
   std::vector<Traceback> tracebacks;
   Slots slots;
@@ -864,13 +885,15 @@ struct Recorder {
     seq.push_back(row.seq);
     backward.push_back(row.backward);
     module.push_back(row.module);
+    mark.push_back(row.mark);
+    made.push_back(row.made);
     stack.push_back(row.traceback ? static_cast<int64_t>(tracebacks.size()) : -1);
     if (row.traceback) tracebacks.push_back(std::move(row.traceback));
     return first_row + static_cast<int64_t>(op.size()) - 1;
   }
 
   Row pop_row() {  // mutex held: the last row, taken out
-    Row row{op.back(), seq.back(), backward.back(), module.back(), nullptr};
+    Row row{op.back(), seq.back(), backward.back(), module.back(), nullptr, mark.back(), made.back()};
     if (stack.back() >= 0) {
       row.traceback = std::move(tracebacks.back());
       tracebacks.pop_back();
@@ -879,6 +902,8 @@ struct Recorder {
     seq.pop_back();
     backward.pop_back();
     module.pop_back();
+    mark.pop_back();
+    made.pop_back();
     stack.pop_back();
     return row;
   }
@@ -895,11 +920,16 @@ struct Stacks {
 };
 Stacks stacks;
 
+// Activation checkpointing, as td_observer_checkpoint describes it: the node class of a reentrant
+// region, and the ops (detach, empty) whose frames tell checkpoint's own calls from the user's.
+std::string reentrant_node;
+std::vector<std::string> frame_ops;
+
 // The Python frames the op being recorded was called from (torch's CapturedTraceback, as the CUDA
-// memory snapshot takes them: code objects and instruction offsets, symbolized at the flush). It
-// takes the GIL: never called with the recorder's mutex held.
-Traceback python_frames(bool backward) {
-  if (backward || !want_stacks.load(std::memory_order_relaxed)) return nullptr;
+// memory snapshot takes them: code objects and instruction offsets, symbolized at the flush), when
+// wanted (frames_wanted). It takes the GIL: never called with the recorder's mutex held.
+Traceback python_frames(bool wanted) {
+  if (!wanted) return nullptr;
   return torch::CapturedTraceback::gather(true, false, false);
 }
 
@@ -929,6 +959,8 @@ struct Frame {
   bool below;    // kRecorded: it called an op below autograd (its kernel runs)
   int64_t row;   // kRecorded: its row
   const OpArgs* args = nullptr;  // kRecorded with value slots wanted: its schema's facts
+  bool frame_op = false;         // kPending: its op is a frame op (frames_wanted)
+  bool returns = false;          // kPending, kDeferred: its schema has results
 };
 
 struct Stash {
@@ -939,6 +971,8 @@ struct Stash {
 struct ThreadState {
   std::vector<Frame> frames;
   std::vector<int64_t> node_seq;  // sequence numbers of the backward scopes
+  std::vector<int8_t> node_checkpoint;  // for each: kCheckpointNode, or 0
+  int64_t frames_node = INT64_MIN;  // the node of the last backward row with grad mode on or a frame op
   std::vector<Stash> stashes;     // of the kPending and kDeferred frames, innermost last
   size_t stashed = 0;             // stashes in use (the vector keeps its buffers)
 };
@@ -971,11 +1005,26 @@ OpInfo op_info(const at::RecordFunction& fn) {
   if (!name.has_value() || (name->name == "torchdebug::observer_kept")) return OpInfo{-1, kNotOp};
   OpInfo info{static_cast<int32_t>(recorder.names.size()), kind_of(*name)};
   recorder.names.push_back(overload_name(*name));
+  info.frame_op = std::find(frame_ops.begin(), frame_ops.end(), recorder.names.back()) != frame_ops.end();
   auto handle = c10::Dispatcher::singleton().findSchema(*name);
   recorder.args.push_back(handle.has_value() ? op_args(handle->schema()) : OpArgs{});
   info.args = &recorder.args.back();
   recorder.ops.emplace(fn.name(), info);
   return info;
+}
+
+// Whether a row takes its Python frames: a forward row when stacks are wanted, or when it is one of
+// the frame ops (checkpoint's own detach and empty tell themselves by the functions on the stack); a
+// backward row that may be a recomputation's (capture/native_records.py tells by its frames, as
+// _torch/checkpoint.RecomputeDetector does): grad mode on, a frame op, or an op of the node such a
+// row ran in last (a no_grad block inside a recomputed region).
+bool frames_wanted(ThreadState& thread, const Row& row, bool frame_op) {
+  if (!row.backward) return frame_op || want_stacks.load(std::memory_order_relaxed);
+  if ((row.mark & kGradOn) || frame_op) {
+    thread.frames_node = row.seq;
+    return true;
+  }
+  return row.seq == thread.frames_node;
 }
 
 Frame* enclosing_op(ThreadState& thread) {
@@ -988,12 +1037,34 @@ Frame* enclosing_op(ThreadState& thread) {
 // The stashed op is recorded now: a pending one reached below autograd, a deferred one goes there.
 void settle(ThreadState& thread, Frame& frame, bool below) {
   auto& stash = thread.stashes[--thread.stashed];
-  if (!stash.row.traceback) stash.row.traceback = python_frames(stash.row.backward);
+  if (!stash.row.traceback) stash.row.traceback = python_frames(frames_wanted(thread, stash.row, frame.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
   frame.row = recorder.add_row(std::move(stash.row));
   recorder.slots.append(stash.slots, frame.row);
   frame.kind = kRecorded;
   frame.below = below;
+}
+
+// Whether a live op called inside a recorded op's autograd kernel reads one of that op's inputs:
+// called before the redispatch (an in-place op's self.clone(), a saved-tensors hook packing an
+// input), which a dispatch mode sees before the op; one reading something else (a pack hook's detach
+// of a saved output) runs after it, which the mode sees after the op too.
+bool reads_inputs_of(const Frame& parent, c10::ArrayRef<const c10::IValue> values) {
+  const c10::IValue* first = nullptr;
+  for (const auto& value : values) {
+    if (is_tensor(value)) {
+      first = &value;
+      break;
+    }
+  }
+  if (first == nullptr) return true;
+  auto address = reinterpret_cast<int64_t>(first->unsafeToTensorImpl());
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  const auto& slots = recorder.slots;
+  for (auto slot = slots.row.size(); slot-- > 0 && slots.row[slot] == parent.row;) {
+    if (slots.io[slot] == 0 && slots.value[slot] == address) return true;
+  }
+  return false;
 }
 
 // Move a recorded op's row (the last one, with its inputs) into a stash; false when another thread
@@ -1017,14 +1088,20 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   auto& thread = state;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {  // a node's apply, inside its evaluation
-    if (!thread.frames.empty() && thread.frames.back().kind == kBackward) thread.node_seq.back() = fn.seqNr();
+    int8_t checkpoint = !reentrant_node.empty() && reentrant_node == fn.name() ? kCheckpointNode : 0;
+    if (!thread.frames.empty() && thread.frames.back().kind == kBackward) {
+      thread.node_seq.back() = fn.seqNr();
+      thread.node_checkpoint.back() = checkpoint;
+    }
     thread.frames.push_back({kBackward, false, false, -1});
     thread.node_seq.push_back(fn.seqNr());
+    thread.node_checkpoint.push_back(checkpoint);
     return nullptr;
   }
   if (std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0) {
     thread.frames.push_back({kBackward, false, false, -1});  // its number comes with the node's apply
     thread.node_seq.push_back(-1);
+    thread.node_checkpoint.push_back(0);
     return nullptr;
   }
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python) || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
@@ -1047,7 +1124,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (parent != nullptr && parent->kind == kPending) {  // it decomposed above autograd: a part of it
     parent->kind = kTransparent;
     --thread.stashed;
-  } else if (parent != nullptr && parent->kind == kRecorded && !parent->below) {
+  } else if (parent != nullptr && parent->kind == kRecorded && !parent->below && reads_inputs_of(*parent, inputs)) {
     defer(thread, *parent);  // its autograd kernel runs this op before the parent goes below
   }
   if (thread.node_seq.empty() && std::this_thread::get_id() != owner) {  // an intra-op worker thread
@@ -1066,20 +1143,22 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   bool in_backward = !thread.node_seq.empty();
   Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward),
           module_context.load(std::memory_order_relaxed), nullptr};
+  row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0));
+  row.made = static_cast<int64_t>(at::sequence_number::peek()) - 1;
   if (info.kind == kMaybeComposite && live) {  // its frames are taken if it is recorded (settle)
     auto& stash = push_stash(thread);
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
     stash.slots.add_all(-1, 0, inputs, args);
-    thread.frames.push_back({kPending, live, false, -1, args});
+    thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
     return nullptr;
   }
-  row.traceback = python_frames(in_backward);
+  row.traceback = python_frames(frames_wanted(thread, row, info.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   recorder.slots.add_all(at_row, 0, inputs, args);
-  thread.frames.push_back({kRecorded, live, false, at_row, args});
+  thread.frames.push_back({kRecorded, live, false, at_row, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
   return nullptr;
 }
 
@@ -1088,16 +1167,34 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   auto& thread = state;
   if (thread.frames.empty()) return;  // entered before the observer started
   auto& last = thread.frames.back();
-  if (last.kind == kPending || last.kind == kDeferred) settle(thread, last, false);  // ran nothing more
+  if ((last.kind == kPending || last.kind == kDeferred) && last.returns && fn.outputs().empty()) {
+    --thread.stashed;  // it raised before reaching below autograd (a saved-tensors hook's): no dispatch mode saw it
+    last.kind = kHidden;
+  } else if (last.kind == kPending || last.kind == kDeferred) {
+    settle(thread, last, false);  // ran nothing more
+  }
   auto frame = last;
   thread.frames.pop_back();
   if (frame.kind == kBackward) {
     thread.node_seq.pop_back();
+    thread.node_checkpoint.pop_back();
   } else if (frame.kind == kRecorded) {
     const auto& outputs = fn.outputs();
     std::lock_guard<std::mutex> lock(recorder.mutex);
-    recorder.slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.args);
-    if (!recorder.slots.waiting.empty()) outputs_waiting.store(true, std::memory_order_relaxed);
+    auto& slots = recorder.slots;
+    auto after = slots.row.size();  // the slots of rows recorded inside this op (after its redispatch)
+    while (after > 0 && slots.row[after - 1] > frame.row) --after;
+    if (after == slots.row.size()) {
+      slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.args);
+    } else {  // a dispatch mode saw this op's outputs before them (a saved-tensors hook's detach of an output)
+      slots.hold_waiting();
+      Slots inside;
+      slots.move_from(after, inside);
+      slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.args);
+      slots.hold_waiting();
+      slots.append(inside, -1);
+    }
+    if (!slots.waiting.empty()) outputs_waiting.store(true, std::memory_order_relaxed);
   }
 }
 
@@ -1213,11 +1310,12 @@ void td_observer_counts(int64_t* counts) {
 }
 
 // Move the first counts[0] op rows, counts[1] slot rows, counts[2] shape and stride entries and
-// counts[4] kept tensors (as td_observer_counts gave them) into the 26 columns: Recorder's op
+// counts[4] kept tensors (as td_observer_counts gave them) into the 28 columns: Recorder's op
 // columns, then its Slots' (the kept tensors' slots, -1 for one freed or changed in place since it
 // was recorded; the others go to observer_kept()), then the
 // rows' stacks (indices into the tracebacks td_observer_stacks symbolizes), then the slots' view
-// bases, whether each has a fingerprint and the fingerprints; rows added since stay. Called between ops: an op still running when its row is drained records its
+// bases, whether each has a fingerprint and the fingerprints, then the rows' marks and the last
+// node made before each; rows added since stay. Called between ops: an op still running when its row is drained records its
 // outputs with the next drain.
 void td_observer_drain(const int64_t* counts, void** columns) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -1230,6 +1328,8 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(recorder.seq, ops, columns[1]);
   take(recorder.backward, ops, columns[2]);
   take(recorder.module, ops, columns[3]);
+  take(recorder.mark, ops, columns[26]);
+  take(recorder.made, ops, columns[27]);
   size_t tracebacks = 0;  // those of the rows drained: the first ones
   for (size_t row = 0; row < ops; ++row) tracebacks += recorder.stack[row] >= 0 ? 1 : 0;
   take(recorder.stack, ops, columns[22]);
@@ -1322,6 +1422,24 @@ void td_observer_forget_seen() {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   recorder.seen.clear();
   recorder.freed.clear();
+}
+
+// Activation checkpointing: `node`, the name of a reentrant region's autograd node (its ops are
+// marked kCheckpointNode), and `ops`, the overloads ("aten.detach.default"), one a line, whose rows
+// take their frames to tell checkpoint's own calls (frames_wanted). Called before the first start.
+void td_observer_checkpoint(const char* node, const char* ops) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  reentrant_node = node;
+  frame_ops.clear();
+  std::string_view rest(ops);
+  while (!rest.empty()) {
+    auto end = rest.find('\n');
+    frame_ops.emplace_back(rest.substr(0, end));
+    rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
+  }
+  for (auto& [key, info] : recorder.ops) {
+    info.frame_op = std::find(frame_ops.begin(), frame_ops.end(), recorder.names[static_cast<size_t>(info.id)]) != frame_ops.end();
+  }
 }
 
 // Take the Python frames of each forward op from the rows recorded from now on (want != 0), or no longer.

@@ -35,6 +35,9 @@ PLAIN, SUBCLASS, NESTED, VALUE = 0, 1, 2, 4
 argument or result (a number, sizes, a dtype, ``None``) is a value slot, its JSON text in
 :attr:`ObservedOps.value_texts`."""
 
+GRAD_ON, CHECKPOINT_NODE = 1, 2
+""":attr:`ObservedOps.mark` bits."""
+
 _COLUMNS = (
     ("op", "i"),
     ("seq", "q"),
@@ -62,6 +65,8 @@ _COLUMNS = (
     ("slot_base", "q"),
     ("slot_has_fingerprint", "b"),
     ("slot_fingerprint", "q"),
+    ("mark", "b"),
+    ("made", "q"),
 )
 """The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
 
@@ -133,6 +138,11 @@ class ObservedOps:
     slot_has_fingerprint: array
     slot_fingerprint: array
     """The fingerprint's 64 bits as int64 (0 where ``slot_has_fingerprint`` is 0)."""
+    mark: array
+    """By op row: :data:`GRAD_ON` (grad mode was on at the op), :data:`CHECKPOINT_NODE` (the engine ran
+    a reentrant checkpoint's node, see :meth:`NativeObserver.watch_checkpoint`), or-ed."""
+    made: array
+    """By op row: the sequence number of the last autograd node made before the op started."""
     kept: list[torch.Tensor]
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
     callback did not take, still at the version recorded when drained."""
@@ -189,6 +199,8 @@ class NativeObserver:
         library.td_observer_take_freed.argtypes = [ctypes.c_void_p]
         library.td_observer_value_texts.argtypes = [ctypes.c_void_p]
         library.td_observer_value_texts.restype = ctypes.c_void_p
+        library.td_observer_checkpoint.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        library.td_observer_checkpoint.restype = None
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
@@ -210,6 +222,13 @@ class NativeObserver:
         """Take the Python frames each forward op is called from (``torch::CapturedTraceback``, as
         the CUDA memory snapshot takes them), in the rows recorded from now on, or no longer."""
         self._lib.td_observer_want_stacks(int(enabled))
+
+    def watch_checkpoint(self, node: str, ops: list[str]) -> None:
+        """Mark the rows the engine runs in autograd nodes named ``node`` (a reentrant checkpoint's,
+        :data:`CHECKPOINT_NODE`), and take the Python frames of every row of ``ops``
+        (``aten.detach.default``) and of the backward rows that may be a recomputation's (grad mode
+        on, and the ops after one in its node): their frames tell checkpointing's own calls."""
+        self._lib.td_observer_checkpoint(node.encode(), "".join(f"{op}\n" for op in ops).encode())
 
     def want_values(self, enabled: bool = True) -> None:
         """Record each op's non-tensor arguments (those a dispatch mode is handed: not left at their
@@ -294,7 +313,7 @@ class NativeObserver:
         self._lib.td_observer_counts(counts)
         ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
         sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops]
-        sizes += [slots] * 3  # slot_base, slot_has_fingerprint, slot_fingerprint
+        sizes += [slots] * 3 + [ops] * 2  # slot_base, slot_has_fingerprint, slot_fingerprint; mark, made
         columns = {name: array(code, bytes(array(code).itemsize * size)) for (name, code), size in zip(_COLUMNS, sizes)}
         pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
         self._lib.td_observer_drain(counts, pointers)

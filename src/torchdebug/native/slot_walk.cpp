@@ -5,9 +5,10 @@
 // slot its value id and view_of, where its statistics come from, and why it is not read, as arrays.
 //
 // - Calls as NativeStepCapture names rows: phase backward for rows the engine ran, optimizer or
-//   forward by module context; a backward row the module (and stack) of the forward row that made
-//   its autograd node (equal sequence numbers), a gradient accumulation its parameter's path; the
-//   call index per (phase, module, op) in row order, counted through the step.
+//   forward by module context, recompute for activation checkpointing's (recompute.py's rules); a
+//   backward row the module (and stack) of the forward row that made its autograd node (equal
+//   sequence numbers), a gradient accumulation its parameter's path; the call index per (phase,
+//   module, op) in row order, counted through the step.
 // - Value ids as value_ids.py gives them to eager capture's slots, from TensorImpl addresses: a
 //   tensor is the one last seen at its address while its memory (storage, offset, shape, dtype) is
 //   the same. An op's output is a new value unless it is one of the op's arguments (an in-place
@@ -47,10 +48,18 @@ constexpr int8_t kChanged = 3;  // error code: a kept tensor changed or freed be
 constexpr int8_t kUninitialised = 1;  // unread code of "uninitialised" (native_values.py's table)
 constexpr int64_t kNone = -1;
 
-enum OpFlag : int { kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32, kAccumulates = 64 };
+enum OpFlag : int {
+  kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32, kAccumulates = 64, kDetach = 128
+};
 // kAccumulates: the op the engine sums gradients in place with (aten.add_.Tensor in a backward row),
-// which a dispatch mode runs out of place (a new tensor, at version 0).
-enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kNoPhase = -1 };
+// which a dispatch mode runs out of place (a new tensor, at version 0). kDetach: aten.detach.default.
+enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
+enum RowMark : int8_t { kRecomputed = 1, kReentrant = 2, kGradOn = 4 };
+// Given by native_records.py per row: kRecomputed, a recomputation's op or checkpoint's own
+// bookkeeping (phase recompute); kReentrant, run by a reentrant checkpoint's node; kGradOn, grad
+// mode was on (the op's node, if it makes one, is the one after the last made before it).
+constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
+constexpr int64_t kLookback = 4096;  // recompute.py's LOOKBACK
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
 
 struct Memory {
@@ -134,11 +143,54 @@ bool contiguous(const int64_t* sizes, const int64_t* strides, int ndim) {
   return true;
 }
 
-struct Call {  // a forward row, by the sequence number of the autograd node it made
+struct Call {  // a forward (or recomputed) row, by the sequence number of the autograd node it made
   int64_t module;
   int32_t op;
   int64_t call;
   int64_t stack;
+  int64_t index = kNone;  // its place in the step's forward calls (Walk::log), kNone for a recomputed one
+  int8_t phase = kForward;
+};
+
+// recompute.py's RecomputePairing: the forward call each op of the recomputation under way repeats.
+struct Pairing {
+  int64_t node = INT64_MIN;  // the node whose backward runs the recomputation
+  int64_t next = kNone;      // where the next pair is looked for; kNone until the region's start is known
+  int64_t before = kNone;    // the forward call that made that node
+
+  const Call* pair(const std::vector<Call>& log, const std::unordered_map<int64_t, Call>& made_by, int64_t key, int32_t op,
+                   int64_t module, bool reentrant) {
+    if (key != node) {
+      auto made = made_by.find(key);
+      node = key;
+      before = made != made_by.end() ? made->second.index : kNone;
+      next = reentrant ? before : kNone;
+    }
+    auto size = static_cast<int64_t>(log.size());
+    int64_t found = kNone;
+    if (next == kNone) {
+      if (module != kOutside && before != kNone) {
+        for (auto at = std::min(before, size - 1); at > std::max(before - kLookback, kNone); --at) {
+          if (log[at].op == op && log[at].module == module) {
+            found = at;
+            break;
+          }
+        }
+      }
+    } else if (module == kOutside) {
+      found = next < size && log[next].op == op ? next : kNone;
+    } else {
+      for (auto at = next; at < std::min(next + kLookahead, size); ++at) {
+        if (log[at].op == op && log[at].module == module) {
+          found = at;
+          break;
+        }
+      }
+    }
+    if (found == kNone) return nullptr;
+    next = found + 1;
+    return &log[found];
+  }
 };
 
 struct Walk {
@@ -146,6 +198,10 @@ struct Walk {
   Shapes shapes;
   std::unordered_map<uint64_t, int64_t> calls;  // this step: calls so far by (phase, module, op)
   std::unordered_map<int64_t, Call> made_by;    // this step's forward rows
+  std::vector<Call> log;                        // this step's forward calls, in order
+  Pairing pairing;
+  std::unordered_map<int64_t, int64_t> rebuilt;  // recompute.py's RebuiltTensors: address → the module that made it
+  std::unordered_set<int64_t> rebuilds;  // the last drain's rows (by index) whose output is a tensor a checkpoint rebuilt
   std::unordered_map<int64_t, Known> at;
   std::unordered_map<Memory, Value, MemoryHash> made_in;  // this step: the value first made in a memory
   std::unordered_map<int64_t, Seen> seen;  // this step, by address
@@ -328,6 +384,9 @@ void td_walk_next_step(void* walk) {
   state.seen.clear();
   state.calls.clear();
   state.made_by.clear();
+  state.log.clear();
+  state.pairing = Pairing{};
+  state.rebuilt.clear();
   state.row = -1;
 }
 
@@ -356,12 +415,16 @@ int td_walk_op(void* walk, int op, int flags, const char* input_names, int n_inp
 
 // Name the drained rows as NativeStepCapture.name_rows describes (counts: rows, parameter contexts):
 // per row its phase (kNoPhase: an op capture skips), module (a context, -1 for none), call index
-// per (phase, module, op) in row order from the rows named before in this step, and for a backward
-// row the forward row that made its node (module, op, call; op -1: none) and that row's stack (a
-// stack id, -1 none; a forward row keeps its own). columns: the rows' op ids, sequence numbers,
-// backward marks, module contexts and stacks; the contexts that are a parameter's path (a gradient
-// accumulation's); then the outputs: phase, module, call, fwd module, fwd op, fwd call, stack.
-// Returns 0, -1 on failure.
+// per (phase, module, op) in row order from the rows named before in this step, and the forward call
+// a backward row differentiates or a recomputed row repeats (module, op, call, phase; op -1: none)
+// and a backward row's stack, that call's (a stack id, -1 none; other rows keep their own).
+// Recomputation as eager.py names it: a row native_records.py marks kRecomputed is phase recompute,
+// paired with the forward call it repeats (Pairing), and so is a backward detach of a tensor a
+// checkpoint rebuilt (its module the rebuilding call's). columns: the rows' op ids, sequence
+// numbers, backward marks, module contexts and stacks; the contexts that are a parameter's path (a
+// gradient accumulation's); the outputs phase, module, call, fwd module, fwd op, fwd call, stack;
+// then the rows' RowMarks, the last node made before each, the TensorImpl address of each row's
+// first input and first output (0: none), and the output fwd phase. Returns 0, -1 on failure.
 int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
   try {
     auto& state = *static_cast<Walk*>(walk);
@@ -379,12 +442,19 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
     auto out_fwd_op = static_cast<int32_t*>(columns[10]);
     auto out_fwd_call = static_cast<int64_t*>(columns[11]);
     auto out_stack = static_cast<int64_t*>(columns[12]);
+    auto row_mark = column<int8_t>(columns, 13);
+    auto row_made = column<int64_t>(columns, 14);
+    auto row_input = column<int64_t>(columns, 15);
+    auto row_output = column<int64_t>(columns, 16);
+    auto out_fwd_phase = static_cast<int8_t*>(columns[17]);
     std::unordered_set<int64_t> accumulations(parameter_contexts, parameter_contexts + parameters);
+    state.rebuilds.clear();
     for (int64_t row = 0; row < rows; ++row) {
       auto found = state.ops.find(row_op[row]);
       if (found == state.ops.end()) return -1;  // facts not given: the caller's error
       out_fwd_op[row] = -1;
       out_fwd_module[row] = out_fwd_call[row] = kNone;
+      out_fwd_phase[row] = kForward;
       out_stack[row] = row_stack[row];
       if (found->second.flags & kSkipped) {
         out_phase[row] = kNoPhase;
@@ -392,17 +462,26 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
         out_call[row] = 0;
         continue;
       }
-      int64_t seq = row_seq[row], context = row_module[row], module;
+      int64_t seq = row_seq[row], context = row_module[row], module = context >= 0 ? context : kOutside;
+      bool detach = found->second.flags & kDetach;
+      auto rebuilt = detach && row_input[row] != 0 ? state.rebuilt.find(row_input[row]) : state.rebuilt.end();
+      const Call* from = nullptr;  // the forward call a backward row differentiates, or a recomputed one repeats
       Phase phase;
-      if (row_backward[row]) {
+      if (row_backward[row] && rebuilt != state.rebuilt.end()) {  // autograd unpacks a tensor a checkpoint rebuilt
+        phase = kRecompute;
+        module = rebuilt->second;
+      } else if (row_backward[row] && (row_mark[row] & kRecomputed)) {
+        phase = kRecompute;
+        if (!detach) from = state.pairing.pair(state.log, state.made_by, seq, row_op[row], module, row_mark[row] & kReentrant);
+        if (from != nullptr) module = from->module;
+      } else if (row_backward[row]) {
         phase = kBackward;
         auto made = seq >= 0 ? state.made_by.find(seq) : state.made_by.end();
+        out_stack[row] = kNone;
         if (made != state.made_by.end()) {
-          module = made->second.module;
-          out_fwd_module[row] = made->second.module;
-          out_fwd_op[row] = made->second.op;
-          out_fwd_call[row] = made->second.call;
-          out_stack[row] = made->second.stack;
+          from = &made->second;
+          module = from->module;
+          out_stack[row] = from->stack;
         } else {  // a gradient accumulation is named after the parameter
           module = accumulations.contains(context) ? context : kOutside;
         }
@@ -410,8 +489,13 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
         phase = kOptimizer;
         module = kOutside;
       } else {
-        phase = kForward;
-        module = context >= 0 ? context : kOutside;
+        phase = row_mark[row] & kRecomputed ? kRecompute : kForward;  // checkpoint's own bookkeeping: recompute
+      }
+      if (from != nullptr) {
+        out_fwd_module[row] = from->module;
+        out_fwd_op[row] = from->op;
+        out_fwd_call[row] = from->call;
+        out_fwd_phase[row] = from->phase;
       }
       uint64_t key = (static_cast<uint64_t>(module + 1) << 32) ^ (static_cast<uint64_t>(row_op[row]) << 2) ^
                      static_cast<uint64_t>(phase);
@@ -419,7 +503,29 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
       out_phase[row] = phase;
       out_module[row] = module;
       out_call[row] = call;
-      if (phase == kForward && seq >= 0) state.made_by[seq] = Call{module, row_op[row], call, out_stack[row]};
+      // What later rows take from this one (eager.py's OpCapture._remember): a forward call, by the
+      // node it made (or, made none, the last node made before it: a reentrant region's first op
+      // names its checkpoint's node); a recomputed call, for the backward through the nodes it made.
+      Call own{module, row_op[row], call, out_stack[row], kNone, phase};
+      if (phase == kForward) {
+        own.index = static_cast<int64_t>(state.log.size());
+        state.log.push_back(own);
+        if (seq >= 0) {
+          state.made_by[seq] = own;
+        } else if (row_made[row] >= 0) {
+          state.made_by.try_emplace(row_made[row], own);
+        }
+      } else if (phase == kRecompute && !detach) {  // a backward row's seq is the node run: its own comes after the last made
+        const Call& made = from != nullptr ? *from : own;
+        if (row_mark[row] & kGradOn) {
+          state.made_by[row_made[row] + 1] = made;
+        } else if (row_made[row] >= 0) {
+          state.made_by.try_emplace(row_made[row], made);
+        }
+      } else if (phase == kRecompute && rebuilt == state.rebuilt.end() && row_output[row] != 0) {
+        state.rebuilt[row_output[row]] = module;  // a checkpoint detaches each tensor it rebuilds or keeps
+        state.rebuilds.insert(row);
+      }
     }
     return 0;
   } catch (const std::exception&) {
@@ -506,7 +612,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     int64_t recorded = 0, taken_entries = 0, empty = kNone;
     int64_t last_row = -1, dims = 0;
     OpFacts* op = nullptr;
-    bool backward = false;
+    bool backward = false, rebuilds = false;
     std::unordered_set<int64_t> arguments;  // an unrecorded row's tensor arguments (an in-place op returns one)
     bool has_source = false;
     Source source{};
@@ -531,6 +637,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         arguments.clear();
         auto index = row - first_row;
         op = nullptr;
+        rebuilds = state.rebuilds.contains(index);
         if (index >= 0 && index < rows && row_recorded[index]) {  // (outputs of a row drained before: not recorded)
           auto found = state.ops.find(row_op[index]);
           if (found == state.ops.end()) return -1;  // facts not given: the caller's error
@@ -613,6 +720,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       } else if (io && (op->flags & kMakesViews) && has_source_value && value.id != source_value.id) {
         state.made_view(value, address, memory, source_value);
       }
+      if (io && rebuilds) state.made_in[memory] = value;  // what autograd unpacks in the backward: this tensor
       int64_t stats = kNone, fingerprint = kNone;
       int8_t error = 0, why = 0;
       if (flag != kPlain) {
@@ -673,6 +781,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     for (int64_t index = 0; index < freed_count; ++index) {  // after these slots: another tensor may take them now
       state.at.erase(freed[index]);
       state.seen.erase(freed[index]);
+      state.rebuilt.erase(freed[index]);
     }
     *taken_count = taken_entries;
     return recorded;

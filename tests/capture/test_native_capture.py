@@ -303,17 +303,22 @@ def _checkpointed_training(flavour: str) -> Training:
 
 
 @pytest.mark.parametrize(
-    ("flavour", "task"),
-    [("non_reentrant", "structure"), ("wrapper", "structure"), ("reentrant", "structure"), ("reentrant", "statistics")],
+    ("flavour", "options"),
+    [
+        ("non_reentrant", {"task": "structure"}),
+        ("non_reentrant", {"task": "statistics", "checksum": True}),
+        ("reentrant", {"task": "statistics"}),
+        ("wrapper", {"task": "statistics"}),
+    ],
+    ids=["non_reentrant-structure", "non_reentrant-statistics+checksum", "reentrant-statistics", "wrapper-statistics"],
 )
-def test_a_checkpointed_model_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, flavour, task) -> None:
-    """Recomputed ops are phase ``recompute``, paired with the forward calls they repeat, and the
-    backward's calls are numbered as without checkpointing, on the native path as in the dispatch mode.
-    (Statistics of a non-reentrant region's rebuilt tensors, as the backward unpacks them, differ in
-    their last bits: docs/architecture.md, the native path.)"""
+def test_a_checkpointed_model_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, flavour, options) -> None:
+    """Recomputed ops are phase ``recompute``, paired with the forward calls they repeat, the
+    backward's calls are numbered as without checkpointing, and the tensors autograd unpacks from
+    rebuilt ones share their statistics, on the native path as in the dispatch mode."""
     training = _checkpointed_training(flavour)
-    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
-    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, **options)
     _assert_same_dumps(python, native)
     recomputed = [record for record in native if record.phase == "recompute"]
     assert {record.step for record in recomputed} == {0, 1}

@@ -202,6 +202,7 @@ struct Walk {
   Pairing pairing;
   std::unordered_map<int64_t, int64_t> rebuilt;  // recompute.py's RebuiltTensors: address → the module that made it
   std::unordered_set<int64_t> rebuilds;  // the last drain's rows (by index) whose output is a tensor a checkpoint rebuilt
+  std::unordered_map<Memory, int64_t, MemoryHash> unpacks;  // this step: the memory of each such tensor → its address
   std::unordered_map<int64_t, Known> at;
   std::unordered_map<Memory, Value, MemoryHash> made_in;  // this step: the value first made in a memory
   std::unordered_map<int64_t, Seen> seen;  // this step, by address
@@ -387,6 +388,7 @@ void td_walk_next_step(void* walk) {
   state.log.clear();
   state.pairing = Pairing{};
   state.rebuilt.clear();
+  state.unpacks.clear();
   state.row = -1;
 }
 
@@ -713,6 +715,10 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         }
         continue;
       }
+      // A backward op's input first seen over a rebuilt tensor's memory: what autograd unpacked from it,
+      // which a dispatch mode sees through its own detach of the rebuilt tensor, sharing its statistics.
+      auto unpacked = io == 0 && backward && !state.unpacks.empty() && !state.at.contains(address) ? state.unpacks.find(memory)
+                                                                                                    : state.unpacks.end();
       auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
       if (io == 0 && first) {
         has_source_value = true;
@@ -720,7 +726,10 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       } else if (io && (op->flags & kMakesViews) && has_source_value && value.id != source_value.id) {
         state.made_view(value, address, memory, source_value);
       }
-      if (io && rebuilds) state.made_in[memory] = value;  // what autograd unpacks in the backward: this tensor
+      if (io && rebuilds) {  // what autograd unpacks in the backward: this tensor
+        state.made_in[memory] = value;
+        state.unpacks[memory] = address;
+      }
       int64_t stats = kNone, fingerprint = kNone;
       int8_t error = 0, why = 0;
       if (flag != kPlain) {
@@ -734,6 +743,11 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
                    known != state.seen.end() && state.still(known->second, memory, version)) {
           stats = known->second.stats;  // an output is a new tensor, or written: only an input is known
           fingerprint = known->second.fingerprint;
+        } else if (auto rebuilt = unpacked != state.unpacks.end() ? state.seen.find(unpacked->second) : state.seen.end();
+                   rebuilt != state.seen.end() && state.still(rebuilt->second, memory, version)) {
+          stats = rebuilt->second.stats;
+          fingerprint = rebuilt->second.fingerprint;
+          state.seen[address] = rebuilt->second;  // read again, or viewed, it shares them too
         }
         int64_t own_taken = kNone;  // this slot's own entry of taken, shared by both
         auto own = [&](const int8_t* has) -> int64_t {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch._dynamo
 from torch import nn
@@ -88,3 +89,43 @@ def test_an_op_writing_an_input_keeps_its_id_with_the_next_version() -> None:
     assert after.value_id == before.value_id and (before.version, after.version) == (0, 1)
     viewed = values.made(view, 0)
     assert viewed is not None and viewed.view_of == before.value_id and viewed.version == 1
+
+
+class _Gated(nn.Module):
+    """Activations the partitioner recomputes in the backward graph rather than save."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.out(torch.nn.functional.gelu(h) * torch.sigmoid(h)).sum()
+
+
+@pytest.mark.parametrize(
+    ("decomposed", "recomputed"),
+    [(False, "aten.gelu.default"), (True, "aten.sigmoid.default"), (True, "aten.add.Tensor")],
+)
+def test_a_forward_node_the_backward_graph_recomputes_holds_the_forward_value(
+    tmp_path: Path, decomposed: bool, recomputed: str
+) -> None:
+    """aot_eager's graphs recompute ``gelu``; inductor's (decomposed, run eagerly) recompute
+    ``sigmoid`` and the ``add`` of gelu's decomposition (torch 2.11 through 2.14.1)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = CompilerConfig(backend="inductor" if decomposed else "aot_eager")
+    config.debug.run_eagerly = decomposed
+    config.dump_config.enable_dump = True
+    config.dump_config.dump_path = str(tmp_path)
+    config.dump_config.task = "statistics"
+    backend = get_backend(config)
+    torch.compile(_Gated(), backend=backend)(torch.randn(3, 4)).backward()
+    backend.data_dump.close()
+    torch._dynamo.reset()
+    records = [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.kind == "tensor"]
+    made = _slot(records, f"forward/<root>/{recomputed}#0/output.0")
+    assert not any(r.phase == "backward" and r.io == "output" and r.value_id == made.value_id for r in records)
+    readers = {r.name for r in records if r.phase == "backward" and r.io == "input" and r.value_id == made.value_id}
+    assert readers, f"no backward call reads the forward {recomputed}'s value"

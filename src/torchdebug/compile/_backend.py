@@ -110,7 +110,7 @@ class TorchDebugBackend:
                 if model is not None:
                     self._record_dynamo_graph(gm, model)
                 pipeline = Pipeline.build(self.config, self.passes, data_dump)
-                compiled = self._compile(gm, example_inputs, pipeline, model)
+                compiled = self._compile(gm, example_inputs, pipeline, model, data_dump)
             finally:
                 current_phase.reset(token)
             if model is not None:
@@ -196,17 +196,29 @@ class TorchDebugBackend:
             log.info("%s is a recompile (%s): %s", model.name, compile_id, recompile)
 
     def _compile(
-        self, gm: torch.fx.GraphModule, example_inputs: list[Any], pipeline: Pipeline, model: ModelDump | None
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        pipeline: Pipeline,
+        model: ModelDump | None,
+        data_dump: DataDumpPass | None,
     ) -> Callable[..., Any]:
+        """``data_dump``: the data-dump pass in ``pipeline``, handed each compiled AOT graph to tell
+        the dump what its runs receive and return."""
         backend = self.config.backend
         if backend == "eager":
             return gm.forward
         if backend == "aot_eager" or self.config.debug.run_eagerly:
-            return self._compile_aot_eager(gm, example_inputs, pipeline, model, inductor_graph=backend == "inductor")
-        return self._compile_inductor(gm, example_inputs, pipeline, model)
+            return self._compile_aot_eager(gm, example_inputs, pipeline, model, data_dump, inductor_graph=backend == "inductor")
+        return self._compile_inductor(gm, example_inputs, pipeline, model, data_dump)
 
     def _compile_inductor(
-        self, gm: torch.fx.GraphModule, example_inputs: list[Any], pipeline: Pipeline, model: ModelDump | None
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        pipeline: Pipeline,
+        model: ModelDump | None,
+        data_dump: DataDumpPass | None,
     ) -> Callable[..., Any]:
         patches = mode_patches(self.config.compile_mode)
         if patches.get(CUDAGRAPHS) and not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
@@ -227,11 +239,17 @@ class TorchDebugBackend:
             patches.update(custom_pass_patch("joint_custom_post_pass", _PhaseMarker(model, False), first=False))
         inner_compile: Callable[..., Any] = compile_fx_inner
         if model is not None or pipeline:
-            inner_compile = functools.partial(self._inner_compile, model=model)
+            inner_compile = functools.partial(self._inner_compile, model=model, data_dump=data_dump)
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches or None)
 
     def _inner_compile(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, model: ModelDump | None, **kwargs: Any
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        model: ModelDump | None,
+        data_dump: DataDumpPass | None,
+        **kwargs: Any,
     ) -> Any:
         """Inductor's ``inner_compile`` seam: one AOT graph in, its compiled code out, dumped on the way."""
         aot_phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
@@ -246,7 +264,7 @@ class TorchDebugBackend:
             finally:
                 current_phase.reset(token)
             phase.finish(getattr(compiled, "source_code", None))
-        return compiled
+        return compiled if data_dump is None else data_dump.following(compiled)
 
     def _compile_aot_eager(
         self,
@@ -254,6 +272,7 @@ class TorchDebugBackend:
         example_inputs: list[Any],
         pipeline: Pipeline,
         model: ModelDump | None,
+        data_dump: DataDumpPass | None,
         *,
         inductor_graph: bool,
     ) -> Callable[..., Any]:
@@ -271,7 +290,8 @@ class TorchDebugBackend:
                     phase.dump_entry(graph)
                     run_passes(graph, passes, phase)
                     phase.finish()
-                return _dynamo.make_boxed_func(graph.forward)
+                compiled = _dynamo.make_boxed_func(graph.forward)
+                return compiled if data_dump is None else data_dump.following(compiled)
 
             return compiler
 

@@ -24,12 +24,12 @@ from torchdebug._torch.autograd import current_autograd_node
 from torchdebug.capture.session import CaptureSession, SessionOptions
 from torchdebug.dist import rank_and_world_size
 from torchdebug.graph_dump import _golden as golden
+from torchdebug.graph_dump._handover import Arrived, Handover, RunValues
 from torchdebug.graph_dump._instances import NO_INSTANCE, CompiledInstances, Instance, in_instance
 from torchdebug.graph_dump._plan import ACCUMULATORS, CallPlan, GraphPlan, Key, Rows, SlotPlan, StatTable, resolve
 from torchdebug.graph_dump._run import GraphRun
 from torchdebug.graph_dump._runtime import register_sink, unregister_sink
 from torchdebug.graph_dump._settings import DumpSettings
-from torchdebug.graph_dump._value_ids import Local
 from torchdebug.records import UNREAD, Record, make_call_name
 from torchdebug.stats import IDENTITY, stats_from_sums
 from torchdebug.store import RankWriter, join_run, rank_dir_name, run_manifest
@@ -41,8 +41,8 @@ _KEPT_SIZES = 8
 
 _Templates = list[list[tuple[SlotPlan, dict[str, Any]]]]
 
-_ForwardRun = tuple[Instance, dict[Key, int], int | None]
-"""A forward run a backward run may belong to: its instance, call index bases and value base
+_ForwardRun = tuple[Instance, dict[Key, int], RunValues | None]
+"""A forward run a backward run may belong to: its instance, call index bases and values
 (``None`` where no forward run is known)."""
 
 
@@ -76,6 +76,12 @@ class GraphCapture:
         self._last_backward: dict[str, _ForwardRun] = {}
         self._next_value = 0
         """The value id the next graph run's first local value takes (ids are never reused)."""
+        self._handover = Handover()
+        self._arrived: dict[int, tuple[int, Arrived]] = {}
+        """Per plan (``id``): what arrived at the inputs of the run about to start, and the step it
+        was looked up in."""
+        self._ended: dict[int, tuple[RunValues, Arrived]] = {}
+        """Per plan (``id``): its run that just ended, until what it read and returned is held."""
         self._keys: dict[tuple[int, str], dict[Key, Key]] = {}
         self._seq = 0
         self._run: GraphRun | None = None
@@ -101,12 +107,29 @@ class GraphCapture:
         self._running[model] = self._instances.of(parameter)
 
     # -- run time --------------------------------------------------------------------------------
+    def before_run(self, plan: GraphPlan, args: list[Any]) -> None:
+        """A run of ``plan``'s graph is about to get ``args`` (what the backend's wrapper calls)."""
+        if plan.inputs:
+            self._arrived[id(plan)] = (self.step, self._handover.received(plan.inputs, args))
+
+    def after_run(self, plan: GraphPlan, outputs: Any) -> None:
+        """A run of ``plan``'s graph returned ``outputs``: later graphs of the step reading one of
+        them, or one of the tensors it read, hold its value (what the backend's wrapper calls)."""
+        ended = self._ended.pop(id(plan), None)
+        if ended is None:
+            return
+        values, (_, read) = ended
+        returned = outputs if isinstance(outputs, (list, tuple)) else ()
+        tensors = [(returned[position], local) for position, local in plan.outputs if position < len(returned)]
+        tensors += [(ref(), value) for local, ref, value in read if local not in values.received]
+        self._handover.hold(tensors, values)
+
     def _begin(self, plan: GraphPlan) -> GraphRun:
         run = self._run
         if run is not None and run.plan is plan:
             return run
         forward_bases: dict[Key, int] = {}
-        forward_values: int | None = None
+        forward_values: RunValues | None = None
         if plan.phase == "backward":
             instance, forward_bases, forward_values = self._forward_of(plan.model)
         else:
@@ -123,12 +146,14 @@ class GraphCapture:
         bases = {key: counts.get(keys[key], 0) for key in plan.counts}
         for key, n in plan.counts.items():
             counts[keys[key]] = bases[key] + n
-        values = self._next_value
+        step, arrived = self._arrived.pop(id(plan), (self.step, _NOTHING_ARRIVED))
+        received = arrived[0] if step == self.step else {}  # else the last step's values: this run began a step
+        values = RunValues(self._next_value, received, forward_values)
         self._next_value += plan.values
         if plan.phase == "forward":
             self._awaiting_backward.setdefault(plan.model, []).append((instance, bases, values))
         dumped = self.steps is None or self.step in self.steps
-        self._run = GraphRun(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases, values, forward_values)
+        self._run = GraphRun(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases, values, arrived)
         self._seq += plan.n_ops
         return self._run
 
@@ -154,6 +179,7 @@ class GraphCapture:
         self.session.step = self.step
         self._counts.clear()
         self._awaiting_backward.clear()
+        self._handover.clear()
         self._seq = 0
 
     def on_graph(self, plan: GraphPlan, stats: list[torch.Tensor], tensors: list[torch.Tensor], sizes: list[int]) -> None:
@@ -163,6 +189,7 @@ class GraphCapture:
         self._run = None
         if not run.dumped:
             return
+        self._ended[id(plan)] = (run.values, run.arrived)
         if plan.sizes.expressions:
             run.sizes = tuple(sizes)
             run.evaluated = self._evaluate(plan, run.sizes)
@@ -184,7 +211,7 @@ class GraphCapture:
         run = self._begin(plan)
         if point < 0:  # the graph's inputs, for the interpreter of dump_stage="original"
             if run.dumped:
-                run.values = golden.interpret(plan, tensors, sizes)
+                run.computed = golden.interpret(plan, tensors, sizes)
             return
         if run.dumped:
             self.scene.on_point(self, run, point, tensors)
@@ -317,7 +344,7 @@ class GraphCapture:
     ) -> None:
         """Statistics (shared by the slots of one value) and the saved tensor of one slot."""
         if run.plan.golden is not None:
-            value = run.values.get(slot.source_node or "")
+            value = run.computed.get(slot.source_node or "")
             if not isinstance(value, torch.Tensor):
                 record.capture_error = "the interpreter produced no tensor for this slot"
                 return
@@ -399,23 +426,14 @@ class _PendingRows:
 
 def _identify(record: Record, run: GraphRun, slot: SlotPlan) -> None:
     """Set the record's ``value_id``, ``version`` and ``view_of`` from the slot's local ids and the
-    run's bases (a backward input the forward saved: the forward run's; none where no forward run
+    run's values (a backward input the forward saved: the forward run's; none where no forward run
     is known)."""
     held = slot.held
     if held is None:
         return
-    value_id, view_of = _absolute(held.value_id, run), _absolute(held.view_of, run)
-    if value_id is not None:
-        record.value_id, record.version, record.view_of = value_id, held.version, view_of
-
-
-def _absolute(local: Local | None, run: GraphRun) -> int | None:
-    """A local id (``_value_ids.Local``) as the dump's id in ``run``."""
-    if local is None:
-        return None
-    index, saved = local
-    base = run.forward_value_base if saved else run.value_base
-    return None if base is None else index + base
+    value = run.values.absolute(held)
+    if value is not None:
+        record.value_id, record.version, record.view_of = value
 
 
 def _in(key: Key, path: str) -> Key:
@@ -423,6 +441,8 @@ def _in(key: Key, path: str) -> Key:
     phase, module, op = key
     return (phase, in_instance(path, module), op) if path else key
 
+
+_NOTHING_ARRIVED: Arrived = ({}, [])
 
 _NO_SUMS = (*IDENTITY, 0)
 """Accumulators before any arrived (an empty value gets none: no values, every count 0)."""

@@ -16,11 +16,12 @@ import torch
 import torch.fx
 
 from torchdebug._torch import guards
+from torchdebug._torch.compiled_graphs import calls_around
 from torchdebug.graph_dump import _node_names as node_names
 from torchdebug.graph_dump._accumulators import insert_stats, propagate_fake_values
 from torchdebug.graph_dump._capture import GraphCapture
 from torchdebug.graph_dump._instances import compiled_frame
-from torchdebug.graph_dump._plan import StatTable
+from torchdebug.graph_dump._plan import GraphPlan, StatTable
 from torchdebug.graph_dump._planner import ModelContext, Plan, plan_graph
 from torchdebug.graph_dump._runtime import DUMP_GRAPH, DUMP_POINT, HOST_STATS
 from torchdebug.graph_dump._settings import DumpSettings
@@ -53,6 +54,8 @@ class DataDumpPass:
         self.aot_phase = aot_phase
         """The AOT graph kind of the compile phase open now (``None`` where none is open: the
         graph's inputs tell)."""
+        self._planned: GraphPlan | None = None
+        """The plan of the AOT graph instrumented last, until :meth:`following` takes it."""
 
     def uuid(self) -> None:
         """No cache id: a cached graph would call sinks this process never registered."""
@@ -68,6 +71,18 @@ class DataDumpPass:
         golden = self._copy(gm) if self.settings.dump_stage == "original" else None
         plan = plan_graph(graph, self.settings, self.model, aot_phase, golden)
         instrument(graph, plan, self.capture.add_graph(plan.graph))
+        self._planned = plan.graph
+
+    def following(self, compiled: Any) -> Any:
+        """``compiled``, the AOT graph this pass instrumented last as the compiler returned it,
+        telling the capture what each run receives and returns (``graph_dump/_handover.py``)."""
+        plan, self._planned = self._planned, None
+        if plan is None or not (plan.inputs or plan.outputs):
+            return compiled
+        capture = self.capture
+        return calls_around(
+            compiled, lambda args: capture.before_run(plan, args), lambda outputs: capture.after_run(plan, outputs)
+        )
 
     @staticmethod
     def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -176,6 +176,13 @@ class GraphPlan:
     n_ops: int
     values: int = 0
     """Value ids local to the graph (a run's base moves by as many)."""
+    inputs: tuple[tuple[int, int, SlotValue], ...] = ()
+    """``(position among the graph's inputs, local index, local value as it leaves)`` of each
+    tensor input holding a value of its own: one another graph of the step handed over holds that
+    graph's id instead, and a later graph reading it again holds this one's."""
+    outputs: tuple[tuple[int, SlotValue], ...] = ()
+    """``(position among the graph's outputs, local value as it leaves)`` of each tensor output:
+    what a later graph reading it holds."""
     points: list[PointPlan] = field(default_factory=list)
     integral: list[bool] = field(default_factory=list)
     """Per statistics row: the value has an integer or bool dtype (min and max are ints)."""

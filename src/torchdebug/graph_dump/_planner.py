@@ -25,7 +25,7 @@ from torchdebug.graph_dump._accumulators import SAME_ELEMENTS
 from torchdebug.graph_dump._instances import CompiledFrame
 from torchdebug.graph_dump._plan import CallPlan, GraphPlan, Key, SlotPlan, SymbolicSizes
 from torchdebug.graph_dump._settings import DumpSettings
-from torchdebug.graph_dump._value_ids import GraphValues, Saved
+from torchdebug.graph_dump._value_ids import ForwardValues, GraphValues
 from torchdebug.native import fused_stats
 from torchdebug.records import NEVER_MATERIALISED
 from torchdebug.slots import dtype_name, iter_slots, json_value
@@ -58,9 +58,9 @@ class ModelContext:
     """The Dynamo frame the graph comes from (recompiles share it)."""
     code: CompiledFrame | None = None
     """That frame's code and the local holding its module (``_instances.compiled_frame``)."""
-    saved: Saved = field(default_factory=dict)
-    """The forward graph's values as they leave it, by node name: its backward graph's inputs of
-    those names hold them."""
+    forward: ForwardValues | None = None
+    """The forward graph's values, by node name: its backward graph's inputs of those names hold
+    them, and the nodes it recomputes make them again."""
 
 
 def _numel(value: torch.Tensor) -> int:
@@ -220,7 +220,7 @@ class _Planner:
         self.tensor_index: dict[torch.fx.Node, int] = {}
         self.sizes = SymbolicSizes()
         self.rng_state = _rng_state_nodes(graph)
-        self.values = GraphValues(graph, model.saved if aot_phase == "backward" else None)
+        self.values = GraphValues(graph, model.forward if aot_phase == "backward" else None)
 
     def plan(self, golden: torch.fx.GraphModule | None) -> Plan:
         selected = self.scene.selector(self.graph, self.model.name, self.settings.nodes)
@@ -252,9 +252,7 @@ class _Planner:
             order += 1
         if self.aot_phase != "backward":
             self.model.forward_calls.update(forward_calls)
-            leaving: list[torch.fx.Node] = []
-            torch.fx.node.map_arg(self.graph.find_nodes(op="output")[0].args, leaving.append)
-            self.model.saved = self.values.leaving(leaving)
+            self.model.forward = self.values.forward_values(self.graph)
         model = self.model
         plan = GraphPlan(
             model.name,
@@ -263,6 +261,8 @@ class _Planner:
             counts,
             order,
             values=self.values.count,
+            inputs=tuple(self.values.inputs()),
+            outputs=tuple(self.values.outputs(self.graph)),
             golden=golden,
             sizes=self.sizes,
             frame=model.frame,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torchdebug.graph_dump._handover import Arrived, RunValues
     from torchdebug.graph_dump._instances import Instance
     from torchdebug.graph_dump._plan import GraphPlan, Key
 
@@ -26,12 +27,11 @@ class GraphRun:
     """Per key of the plan: the key of the same calls named in the instance (``layers.1.attn``)."""
     forward_bases: dict[Key, int]
     """For a backward run: ``bases`` of the forward run it belongs to (its ``fwd`` names)."""
-    value_base: int = 0
-    """The value id of the plan's first local value in this run (``graph_dump._value_ids``)."""
-    forward_value_base: int | None = None
-    """For a backward run: ``value_base`` of the forward run it belongs to (the values it saved;
-    ``None`` where none is known)."""
-    values: dict[str, Any] = field(default_factory=dict)
+    values: RunValues
+    """How the plan's local value ids become the dump's in this run (``graph_dump._handover``)."""
+    arrived: Arrived
+    """What arrived at the run's inputs (``Handover.received``)."""
+    computed: dict[str, Any] = field(default_factory=dict)
     """``dump_stage="original"``: node name -> value computed by the interpreter."""
     sizes: tuple[int, ...] = ()
     """The values of the plan's symbols in this run (``plan.sizes.symbols``; none for static shapes)."""

@@ -91,12 +91,14 @@ def _built(make: Callable[[bool], nn.Module], changed: bool) -> nn.Module:
 
 
 def _partners(a: list[Record], b: list[Record]) -> dict[str, tuple[str | None, str]]:
-    """Each call of A: the call of B its output slot was paired with (``None``: one-sided), and how."""
-    return {
-        pair.a.call_name: (pair.b.call_name if pair.b is not None else None, pair.how)
-        for pair in match_records(a, b, compiled=True)
-        if pair.a is not None and pair.a.io == "output"
-    }
+    """Each call of A: the call of B its output slot was paired with (``None``: one-sided), and how;
+    a pair of calls first, else the slot's pair at a decomposed op's boundary (``value``, ``group``)."""
+    outputs = [pair for pair in match_records(a, b, compiled=True) if pair.a is not None and pair.a.io == "output"]
+    found: dict[str, tuple[str | None, str]] = {}
+    for pair in sorted(outputs, key=lambda pair: pair.how in ("value", "group")):
+        assert pair.a is not None
+        found.setdefault(pair.a.call_name, (pair.b.call_name if pair.b is not None else None, pair.how))
+    return found
 
 
 def _graph_ids_dropped(records: list[Record]) -> list[Record]:

@@ -3,11 +3,13 @@
 A compiled graph holds the decomposed form of many eager ops (``native_layer_norm`` becomes
 ``var_mean``, ``sub``, ``rsqrt``, ``mul``, ``add``; a ``detach`` or ``view`` disappears), so
 call-level matching leaves both the eager op and its nodes unpaired. What the two sides share is the
-group's **boundary**: the values that enter it and leave it. After call-level matching, slots left
-over are paired by value, by data flow and at the group's boundary (:func:`align_boundaries`).
+group's **boundary**: the values that enter it and leave it. The alignment's last rule
+(:func:`align_boundaries`, applied by ``_matching.match_records`` against a compiled side) pairs
+the slots the calls' pairing left over by value, by data flow and at the group's boundary; a slot's
+value is told by dtype, shape and statistics (:func:`~torchdebug.compare._value_graph.identity`).
 These rows carry B's names (the eager op's call), so a decomposed op is judged as one call: its
 outputs against its inputs. Slots of A left over in a module where a decomposed eager op was aligned
-are the group's inner values (``how="inside"``, with the eager call in ``Pair.inside``): listed, not
+are the group's inner values (``how="inside"``, with the eager call in ``inside``): listed, not
 compared.
 """
 
@@ -15,19 +17,31 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar
 
-from torchdebug.compare._matching import Pair
 from torchdebug.compare._metrics import stats_metrics
 from torchdebug.compare._shards import local_indices
 from torchdebug.compare._tolerances import tolerance_for
-from torchdebug.compare._value_graph import identity, producers
+from torchdebug.compare._value_graph import identity
 from torchdebug.records import NO_MODULE, Record
 
-__all__ = ["align_boundaries", "unpaired_calls"]
+__all__ = ["align_boundaries"]
 
 _OUTPUTS = ("output", "parameter_grad")
 _ROOT = "<root>"  # the module path of the model itself in both captures' names
+
+
+class _SlotPair(Protocol):
+    """What the rule reads and rewrites of matching's slot pairs (``_matching.Pair``)."""
+
+    a: Record | None
+    b: Record | None
+    how: str
+    inside: str | None
+
+
+_P = TypeVar("_P", bound=_SlotPair)
 
 
 def _module(record: Record) -> str:
@@ -59,7 +73,7 @@ def _place(record: Record) -> tuple:
 class _Aligner:
     """The pairs of one rank, with the slots each side still has unpaired, indexed by value."""
 
-    def __init__(self, pairs: list[Pair]) -> None:
+    def __init__(self, pairs: list[_SlotPair]) -> None:
         self.pairs = pairs
         self.partner_b: dict[tuple, tuple] = {}  # B's value -> A's value
         for pair in pairs:
@@ -73,12 +87,12 @@ class _Aligner:
         if value_a is not None and value_b is not None:
             self.partner_b.setdefault(value_b, value_a)
 
-    def _left(self, side: str) -> list[tuple[Pair, Record]]:
+    def _left(self, side: str) -> list[tuple[_SlotPair, Record]]:
         """The pairs holding a tensor slot of ``side`` only, with that slot."""
         how = "only_a" if side == "a" else "only_b"
         return [(p, record) for p in self.pairs if p.how == how and (record := getattr(p, side)).kind == "tensor"]
 
-    def _join(self, holder: Pair, a: Record, left_b: Pair, b: Record, how: str) -> None:
+    def _join(self, holder: _SlotPair, a: Record, left_b: _SlotPair, b: Record, how: str) -> None:
         """Give the B-only pair (holding ``b``) the slot ``a`` that ``holder`` has (dropping ``holder``
         when it was A-only: a slot paired already stays in its pair too, holding a value an erased
         eager op passed on)."""
@@ -90,7 +104,7 @@ class _Aligner:
     def by_value(self) -> int:
         """Pair left-over slots holding partner values (1. in the module docstring; where, see
         :func:`_nearness`)."""
-        holders: dict[tuple, list[tuple[Pair, Record]]] = defaultdict(list)
+        holders: dict[tuple, list[tuple[_SlotPair, Record]]] = defaultdict(list)
         for pair in self.pairs:
             a = pair.a
             value = None if a is None or not pair.how else _value(a)
@@ -113,7 +127,7 @@ class _Aligner:
 
     def by_boundary(self) -> int:
         """Pair left-over slots of B with A's of the same region, direction, dtype and shape (2.)."""
-        candidates: dict[tuple, list[tuple[Pair, Record]]] = defaultdict(list)
+        candidates: dict[tuple, list[tuple[_SlotPair, Record]]] = defaultdict(list)
         for pair, a in self._left("a"):
             candidates[_place(a)].append((pair, a))
         joined = 0
@@ -126,18 +140,15 @@ class _Aligner:
                     joined += 1
         return joined
 
-    def mark_inside(self, decomposed: set[str]) -> None:
+    def mark_inside(self, decomposed: set[str], made_a: Mapping[int, tuple]) -> None:
         """A-only slots in a module where a decomposed eager call was aligned: inside the one of its
         decomposed calls whose aligned outputs their values flow into through A-only calls, else the
-        first aligned at or after them in A's order (else the last one)."""
-        records = {id(p.a): p.a for p in self.pairs if p.a is not None}
-        ordered = [records[i] for i in sorted(records, key=lambda i: (records[i].step, records[i].seq))]
+        first aligned at or after them in A's order (else the last one). ``made_a``: the producers
+        of A's input slots (``_value_graph.Producers``)."""
         consumers: dict[tuple[int, str], set[str]] = defaultdict(set)  # A's (step, call) -> calls reading it
-        made_by = producers(ordered)
-        for record in ordered:
-            producer = made_by.get(id(record))
-            if producer is not None:
-                consumers[(record.step, producer[0])].add(record.call_name)
+        read = {id(p.a): p.a for p in self.pairs if p.a is not None and id(p.a) in made_a}
+        for slot, record in read.items():
+            consumers[(record.step, made_a[slot][0][0])].add(record.call_name)
         owner: dict[tuple[int, str], str] = {}  # A's (step, call) -> the decomposed eager call it computes
         boundaries: dict[tuple, list[tuple[int, str]]] = defaultdict(list)
         for pair in self.pairs:
@@ -201,10 +212,11 @@ def _agree(a: Record, b: Record) -> bool:
     return _distance(a, b, tolerance.atol) <= tolerance.rtol
 
 
-def align_boundaries(pairs: list[Pair], decomposed: set[str]) -> list[Pair]:
+def align_boundaries(pairs: list[_P], made_a: Mapping[int, tuple]) -> list[_P]:
     """``pairs`` with left-over slots paired by value (``how="value"``), at group boundaries
-    (``"group"``) and marked ``"inside"`` (the module docstring). ``decomposed``: the call names
-    of B that call-level matching left unpaired. Two ways, each run again on what the other found:
+    (``"group"``) and marked ``"inside"`` (the module docstring), inside the eager calls that
+    call-level matching left unpaired (:func:`_unpaired_calls`). ``made_a``: the producers of A's
+    input slots (``_value_graph.Producers``). Two ways, each run again on what the other found:
 
     1. **Data flow.** A paired slot says that a value of A is a value of B; every other slot of B
        holding that value (the same saved tensor, or the same dtype, shape and statistics: the
@@ -224,14 +236,15 @@ def align_boundaries(pairs: list[Pair], decomposed: set[str]) -> list[Pair]:
        unmatched instead of being paired with another value (a false error). Differences show where
        the data flow pairs values (1.).
     """
-    aligner = _Aligner(pairs)
+    decomposed = _unpaired_calls(pairs)
+    aligner = _Aligner(list(pairs))
     while aligner.by_value() + aligner.by_boundary():
         pass
-    aligner.mark_inside(decomposed)
-    return [p for p in aligner.pairs if p.how]
+    aligner.mark_inside(decomposed, made_a)
+    return [p for p in pairs if p.how]
 
 
-def unpaired_calls(pairs: Sequence[Pair]) -> set[str]:
+def _unpaired_calls(pairs: Sequence[_SlotPair]) -> set[str]:
     """Call names of B with no slot paired."""
     paired = {p.b.call_name for p in pairs if p.b is not None and p.a is not None}
     return {p.b.call_name for p in pairs if p.b is not None and p.a is None} - paired

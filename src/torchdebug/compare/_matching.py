@@ -3,10 +3,10 @@ compiled (:mod:`~torchdebug.compare._flow_alignment`'s walk), else by names; wha
 each ``(step, phase, module)`` in execution order (:func:`_align_leftovers`); pairs of dumps without
 ids are checked again by values and producers (:func:`_repair_by_values`, :func:`_repair`);
 everything else is kept as ``only_a`` / ``only_b``, nothing dropped. A mapping renames side A first;
-a side captured in compiled graphs pairs by index or order, and leaves the ops the compiler
-decomposed to :mod:`~torchdebug.compare._boundaries`. The rules, in order: docs/compare.md,
-"Matching". Pairs come back in execution order (side A's, with B-only calls placed after the call
-that precedes them on side B).
+a side captured in compiled graphs pairs by index or order, and the slots of the ops the compiler
+decomposed are paired last, at their groups' boundaries (:mod:`~torchdebug.compare._boundaries`).
+The rules, in order: docs/compare.md, "Matching". Pairs come back in execution order (side A's,
+with B-only calls placed after the call that precedes them on side B).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 
+from torchdebug.compare._boundaries import align_boundaries
 from torchdebug.compare._flow_alignment import align_by_flow, dtype_kind, output_values
 from torchdebug.compare._value_graph import OUTPUTS, Producers, execution_order, run_position
 from torchdebug.config import read_mapping_file
@@ -78,8 +79,8 @@ class Pair:
     a: Record | None
     b: Record | None
     how: str
-    """``exact``, ``mapped``, ``aligned``, ``only_a`` or ``only_b``; after
-    :func:`torchdebug.compare._boundaries.align_boundaries` also ``value``, ``group`` or ``inside``."""
+    """``exact``, ``mapped``, ``aligned``, ``only_a`` or ``only_b``; against a compiled side also
+    ``value``, ``group`` or ``inside`` (:func:`torchdebug.compare._boundaries.align_boundaries`)."""
     order: float = 0.0
     """Position in execution order (used to sort rows and find the *first* divergence)."""
     inside: str | None = None
@@ -532,19 +533,20 @@ def match_records(
     """Pair two record lists (one rank each); see the module docstring for the rules. ``compiled``: a
     side was captured in compiled graphs, whose decompositions add calls (see :func:`_align_leftovers`).
     ``made``: the two sides' :class:`Producers`, when the caller keeps them for verdicts."""
+    made = made or Producers.of(records_a, records_b)
     pairs = _pair_calls(records_a, records_b, mapping or NameMapping(), compiled, made)
     _assign_order(pairs, records_b)  # the calls are gone by now, so they and the order's index never coexist
     pairs.sort(key=attrgetter("order"))
-    return pairs
+    return align_boundaries(pairs, made.a) if compiled else pairs
 
 
 def _pair_calls(
-    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping, compiled: bool, made: Producers | None
+    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping, compiled: bool, made: Producers
 ) -> list[Pair]:
     """The pairs of :func:`match_records`, in no order yet."""
     slot_names: dict[str, str] = {}
     calls_a, calls_b = _calls(records_a, slot_names), _calls(records_b, slot_names)
-    links = _Links(made or Producers.of(records_a, records_b), mapping)
+    links = _Links(made, mapping)
 
     def rename(call: _Call) -> str:
         return _rename(call, mapping)

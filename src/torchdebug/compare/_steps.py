@@ -1,8 +1,8 @@
 """The steps of one comparison, shared by the in-process run and the distributed one.
 
 1. :func:`open_pair` opens both dumps and lists the ranks they have in common;
-2. :func:`match_rank` pairs one rank's records (and, for compiled captures, the slots of eager ops
-   the compiler decomposed: :mod:`torchdebug.compare._boundaries`) and fills the statistics metrics;
+2. :func:`match_rank` pairs one rank's records (:mod:`torchdebug.compare._matching`) and fills the
+   statistics metrics;
 3. :func:`tensor_jobs` groups the rows needing tensor metrics by their unique pair of saved tensors;
 4. :func:`compute_jobs` runs them in a thread pool (torch kernels release the GIL); each job loads
    its two tensors memory-mapped, computes and drops them, so no more than ``threads`` pairs are in
@@ -31,7 +31,6 @@ import torch
 from safetensors import SafetensorError
 
 from torchdebug import progress
-from torchdebug.compare._boundaries import align_boundaries, unpaired_calls
 from torchdebug.compare._calibration import NoiseKey, calibrate, measured_noise
 from torchdebug.compare._checksums import dtype_note, fingerprint_versions, judge_checksums
 from torchdebug.compare._config import CompareConfig
@@ -197,8 +196,6 @@ def match_rank(
     records_a, records_b = dump_a.records(), dump_b.records()
     compiled = any(r.capture == "graph" for r in (*records_a[:1], *records_b[:1]))
     pairs = match_records(records_a, records_b, settings.mapping, compiled=compiled, made=made)
-    if compiled:
-        pairs = align_boundaries(pairs, unpaired_calls(pairs))
     rows: list[Any] = pairs  # each pair replaced by its row in place: all pairs and all rows never coexist
     for index, p in enumerate(pairs):
         rows[index] = Row.from_records(rank, p.a, p.b, p.how, p.order, p.inside)

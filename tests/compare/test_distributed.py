@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import shutil
 import subprocess
 import sys
+import time
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 import torchdebug
 from tests import gloo
 from torchdebug.cli import main
-from torchdebug.compare import compare_distributed
+from torchdebug.compare import _distributed, compare_distributed
 from torchdebug.compare._distributed import Share, plan
-from torchdebug.errors import DumpError
+from torchdebug.errors import ConfigError, DumpError
 
 
 def _assert_same(result, expected):
@@ -110,6 +115,32 @@ def test_compare_with_as_many_workers_as_its_process_group_shares_the_work_with_
     gloo.spawn(_in_group, tmp_path, str(a), str(b), str(tmp_path / "group.json"))
     expected = torchdebug.compare(a, b).to_json(tmp_path / "expected.json")
     assert json.loads((tmp_path / "group.json").read_text()) == json.loads(expected.read_text())
+
+
+def _alone(rank: int, init_file: str, a: str, b: str, failed: str) -> None:
+    """Process 0 calls compare(a, b, workers=2) alone; process 1 waits until it has failed. A hang
+    ends the process after a minute (the test fails instead of waiting forever). The barrier's
+    timeout closes the group's pairs, so the processes leave without the harness's last barrier."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        if rank == 1:
+            while not Path(failed).exists():
+                time.sleep(0.05)
+            return
+        _distributed._JOIN_TIMEOUT = timedelta(seconds=2)
+        faulthandler.dump_traceback_later(60, exit=True)
+        try:
+            with pytest.raises(ConfigError, match=r"not all of them called it within 2 s \(.*Ranks 1 failed.*\); call it"):
+                torchdebug.compare(a, b, workers=2)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            Path(failed).touch()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_compare_called_on_one_process_of_the_group_alone_raises_instead_of_waiting(dumps, tmp_path):
+    gloo.start(_alone, str(tmp_path / "gloo-init"), str(dumps("mlp")), str(dumps("mlp")), str(tmp_path / "failed"))
 
 
 def test_cli_refuses_workers_under_torchrun(dumps, monkeypatch, capsys):

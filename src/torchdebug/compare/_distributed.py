@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,30 @@ __all__ = [
 
 _EXPECTED = (TorchDebugError, ValueError, OSError)
 """Errors a worker reports to the others instead of leaving them waiting in a collective."""
+
+_JOIN_TIMEOUT = timedelta(minutes=5)
+"""How long a process of the group waits for the others to call ``compare`` too (:func:`_joined`):
+the processes of one launch arrive within seconds; a process calling it alone gets an error."""
+
+
+def _joined(call: str) -> None:
+    """Raise a :class:`ConfigError` where a process of the default group calls ``compare`` with
+    ``workers`` set to the group's size and not every process does (``call`` names the call): the
+    work is shared, so a lone caller would wait for the others forever. A gloo group is checked
+    with a barrier that names the processes missing after :data:`_JOIN_TIMEOUT`; other backends
+    have no such barrier and are not checked."""
+    if dist.get_backend() != "gloo":
+        return
+    try:
+        dist.monitored_barrier(timeout=_JOIN_TIMEOUT, wait_all_ranks=True)
+    except RuntimeError as error:  # the barrier's own error names the processes that did not arrive
+        size = dist.get_world_size()
+        raise ConfigError(
+            f"workers: {call} with workers={size} on process {dist.get_rank()} of an initialised process group of "
+            f"{size} shares the work with every process of the group, and not all of them called it within "
+            f"{_JOIN_TIMEOUT.total_seconds():g} s ({error}); call it on every process (process 0 gets the result), "
+            "or leave workers out to compare in this process alone"
+        ) from error
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +192,7 @@ def _compare_in_group(a: str | Path | Run, b: str | Path | Run, settings: Compar
     An expected error on any worker is raised on every worker (none is left waiting). Rows (with
     their records) and metrics travel with ``gather_object``, pickled in memory between workers;
     dump data is only read through the dump reader, never unpickled from disk."""
+    _joined("compare(a, b)")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     outcome: list[_Piece] | Exception
     pairing = None
@@ -259,6 +285,7 @@ def ranks_in_group(dump: str | Path | Run, config: RanksConfig) -> RanksResult |
     worker ``w`` digests dump rank ``ranks[w + k*W]`` and process 0 gathers the round's digests as
     JSON bytes in tensors (:func:`torchdebug.dist.gather_to_rank0`, no pickle) and folds them in, so
     it holds one round's digests at a time."""
+    _joined("compare(dump)")
     run = open_dump(dump)
     selected = checked_ranks(run, config.ranks)
     digests = _digests_in_group(run, selected, config.tensors, config.threads or _node_threads())

@@ -59,7 +59,9 @@ def compare(a: str | Path | Run, b: str | Path | Run | None = None, *, config: C
             (``tolerances={"bfloat16": 0.02}``, ``rerun=True``, ...), listed below. ``workers=N``
             (N > 1): N processes share the work. In a process of an initialised default process
             group of N processes (torchrun), those processes do: call ``compare`` on every one of
-            them, process 0 gets the result and the others ``None``. Otherwise it spawns N processes
+            them, process 0 gets the result and the others ``None`` (in a gloo group, a process that
+            calls it alone gets a ``ConfigError`` after 5 minutes rather than waiting for the
+            others). Otherwise it spawns N processes
             on this machine (gloo, file rendezvous); guard a script that does with
             ``if __name__ == "__main__"``.
 

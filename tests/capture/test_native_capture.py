@@ -336,6 +336,34 @@ def test_selective_checkpointing_goes_to_the_dispatch_mode(monkeypatch) -> None:
     assert why_not_native(config, TinyGPT("wrapper")) is None
 
 
+def test_ops_under_a_dispatch_mode_of_another_tool_are_said_once(tmp_path, monkeypatch, caplog) -> None:
+    """Ops run under a user's dispatch mode reach a capture mode below it, never the observer: the
+    native path says how many, once, and names the way out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    model = nn.Linear(4, 4)
+    with caplog.at_level(logging.WARNING, logger="torchdebug.capture.native_capture"):
+        with torchdebug.Debugger(tmp_path, task="structure") as debugger:
+            for _ in range(2):
+                debugger.start(model)
+                model(torch.ones(2, 4)).sum().backward()
+                with Passing():
+                    model(torch.ones(2, 4)).relu()
+                debugger.step()
+    said = [record.getMessage() for record in caplog.records if "dispatch mode of another tool" in record.getMessage()]
+    assert len(said) == 1 and said[0].startswith("torchdebug: 3 op calls of step 0") and "TORCHDEBUG_NATIVE=0" in said[0]
+    forward = {r.call_name for r in torchdebug.load(tmp_path).ranks[0].records() if r.phase == "forward" and r.step == 0}
+    assert (
+        "forward/<root>/aten.addmm.default#0" in forward
+        and not {"forward/<root>/aten.addmm.default#1", "forward/-/aten.relu.default#0"} & forward
+    )
+
+
 def test_a_second_debugger_on_the_native_path_records_nothing_while_the_first_observes(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     model = nn.Linear(2, 2)

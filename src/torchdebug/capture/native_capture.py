@@ -113,6 +113,7 @@ class NativeOpCapture:
         self._statistics = session.want_stats
         self._fingerprints = session.want_checksum
         self._failed = False
+        self._told_hidden = False
         self._told_busy = False
         self._idle = False
 
@@ -136,6 +137,16 @@ class NativeOpCapture:
             return
         self.rows.stop()
         ops = self.observer.drain()
+        hidden = self.observer.hidden_by_modes()
+        if hidden and not self._told_hidden:  # not seen from the model before the run
+            self._told_hidden = True
+            logger.warning(
+                "torchdebug: %d op calls of step %d ran under a dispatch mode of another tool (selective activation "
+                "checkpointing, a mode of yours): the native path does not see them; TORCHDEBUG_NATIVE=0 captures "
+                "them through the dispatch mode",
+                hidden,
+                self.session.step,
+            )
         try:
             self._add_records(ops)
         except Exception as error:  # never crash the user's run: its records are lost, said once

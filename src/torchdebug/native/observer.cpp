@@ -1027,6 +1027,20 @@ bool frames_wanted(ThreadState& thread, const Row& row, bool frame_op) {
   return row.seq == thread.frames_node;
 }
 
+// Ops a capture mode under the modes active would see, hidden here: called while a dispatch mode other
+// than torch's infra modes (FakeTensorMode, proxy, functional: compile internals, which capture
+// ignores) is active, such as selective checkpointing's or a user's. Python warns of them.
+std::atomic<int64_t> hidden_by_modes{0};
+
+int64_t user_modes() {
+  auto modes = c10::impl::TorchDispatchModeTLS::stack_len();
+  for (auto key : {c10::impl::TorchDispatchModeKey::FAKE, c10::impl::TorchDispatchModeKey::PROXY,
+                   c10::impl::TorchDispatchModeKey::FUNCTIONAL}) {
+    if (c10::impl::TorchDispatchModeTLS::get_mode(key).has_value()) --modes;
+  }
+  return modes;
+}
+
 Frame* enclosing_op(ThreadState& thread) {
   for (auto frame = thread.frames.rbegin(); frame != thread.frames.rend(); ++frame) {
     if (frame->kind != kTransparent && frame->kind != kBackward) return &*frame;
@@ -1104,11 +1118,15 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     thread.node_checkpoint.push_back(0);
     return nullptr;
   }
+  Frame* parent = enclosing_op(thread);
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python) || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+    if (!c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python) && (parent == nullptr || parent->kind != kHidden) &&
+        user_modes() > 0) {
+      hidden_by_modes.fetch_add(1, std::memory_order_relaxed);
+    }
     thread.frames.push_back({kHidden, false, false, -1});  // out of a dispatch mode's sight, or inside another's
     return nullptr;
   }
-  Frame* parent = enclosing_op(thread);
   if (parent != nullptr && (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live))) {
     thread.frames.push_back({kHidden, false, false, -1});  // inside a kernel below autograd
     return nullptr;
@@ -1251,6 +1269,7 @@ int td_observer_start(int requested_level) {
   level.store(requested_level);
   owner = std::this_thread::get_id();
   state = ThreadState{};
+  hidden_by_modes.store(0);
   forget_reads();
   bool values = requested_level != kEmpty;
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
@@ -1441,6 +1460,9 @@ void td_observer_checkpoint(const char* node, const char* ops) {
     info.frame_op = std::find(frame_ops.begin(), frame_ops.end(), recorder.names[static_cast<size_t>(info.id)]) != frame_ops.end();
   }
 }
+
+// The op calls hidden by another dispatch mode since the last call (hidden_by_modes).
+int64_t td_observer_hidden_by_modes() { return hidden_by_modes.exchange(0); }
 
 // Take the Python frames of each forward op from the rows recorded from now on (want != 0), or no longer.
 void td_observer_want_stacks(int want) { want_stacks.store(want != 0); }

@@ -201,6 +201,7 @@ class NativeObserver:
         library.td_observer_value_texts.restype = ctypes.c_void_p
         library.td_observer_checkpoint.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         library.td_observer_checkpoint.restype = None
+        library.td_observer_hidden_by_modes.restype = ctypes.c_int64
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
@@ -229,6 +230,12 @@ class NativeObserver:
         (``aten.detach.default``) and of the backward rows that may be a recomputation's (grad mode
         on, and the ops after one in its node): their frames tell checkpointing's own calls."""
         self._lib.td_observer_checkpoint(node.encode(), "".join(f"{op}\n" for op in ops).encode())
+
+    def hidden_by_modes(self) -> int:
+        """The op calls since the last call that ran under a dispatch mode of another tool (selective
+        checkpointing's, a user's; not torch's fake, proxy or functional modes): a capture mode below
+        it would see them, the observer does not."""
+        return int(self._lib.td_observer_hidden_by_modes())
 
     def want_values(self, enabled: bool = True) -> None:
         """Record each op's non-tensor arguments (those a dispatch mode is handed: not left at their

@@ -336,6 +336,18 @@ def test_selective_checkpointing_goes_to_the_dispatch_mode(monkeypatch) -> None:
     assert why_not_native(config, TinyGPT("wrapper")) is None
 
 
+def test_an_inference_tensor_has_no_version_on_the_native_path(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    with torch.inference_mode():
+        made = torch.ones(3)
+    with torchdebug.Debugger(tmp_path, task="structure") as debugger:
+        debugger.start(None)
+        made.mul(2)
+        debugger.step()
+    read = {r.name: r for r in torchdebug.load(tmp_path).ranks[0].records()}["forward/-/aten.mul.Tensor#0/input.0"]
+    assert read.value_id is not None and read.version is None
+
+
 def test_ops_under_a_dispatch_mode_of_another_tool_are_said_once(tmp_path, monkeypatch, caplog) -> None:
     """Ops run under a user's dispatch mode reach a capture mode below it, never the observer: the
     native path says how many, once, and names the way out."""

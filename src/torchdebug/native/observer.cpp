@@ -591,7 +591,7 @@ struct Slots {
     value.push_back(reinterpret_cast<int64_t>(impl));
     alive.push_back(WeakImpl::reclaim_copy(impl));
     dtype.push_back(static_cast<int8_t>(impl->dtype().toScalarType()));
-    version.push_back(impl->is_inference() ? -1 : impl->version_counter().current_version());
+    version.push_back(impl->is_inference() ? int64_t{-1} : static_cast<int64_t>(impl->version_counter().current_version()));
     int8_t kind = impl->key_set().has(c10::DispatchKey::Python) ? kSubclass : impl->is_nested() ? kNested : kPlain;
     flag.push_back(kind);
     auto at = stats.size();

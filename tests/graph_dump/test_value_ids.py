@@ -26,15 +26,17 @@ class _Block(nn.Module):
         return (self.norm(self.fc(x)).relu().t() * 2).sum()
 
 
-def _records(tmp_path: Path, steps: int = 1) -> list[Record]:
+def _records(tmp_path: Path, steps: int = 1, model: type[nn.Module] = _Block, decomposed: bool = False) -> list[Record]:
+    """Statistics of every node of ``steps`` training steps (``decomposed``: inductor's graphs, run eagerly)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    config = CompilerConfig(backend="aot_eager")
+    config = CompilerConfig(backend="inductor" if decomposed else "aot_eager")
+    config.debug.run_eagerly = decomposed
     config.dump_config.enable_dump = True
     config.dump_config.dump_path = str(tmp_path)
     config.dump_config.task = "statistics"
     backend = get_backend(config)
-    compiled = torch.compile(_Block(), backend=backend)
+    compiled = torch.compile(model(), backend=backend)
     for _ in range(steps):
         compiled(torch.randn(3, 4)).backward()
     backend.data_dump.close()
@@ -113,18 +115,7 @@ def test_a_forward_node_the_backward_graph_recomputes_holds_the_forward_value(
 ) -> None:
     """aot_eager's graphs recompute ``gelu``; inductor's (decomposed, run eagerly) recompute
     ``sigmoid`` and the ``add`` of gelu's decomposition (torch 2.11 through 2.14.1)."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    config = CompilerConfig(backend="inductor" if decomposed else "aot_eager")
-    config.debug.run_eagerly = decomposed
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(tmp_path)
-    config.dump_config.task = "statistics"
-    backend = get_backend(config)
-    torch.compile(_Gated(), backend=backend)(torch.randn(3, 4)).backward()
-    backend.data_dump.close()
-    torch._dynamo.reset()
-    records = [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.kind == "tensor"]
+    records = _records(tmp_path, model=_Gated, decomposed=decomposed)
     made = _slot(records, f"forward/<root>/{recomputed}#0/output.0")
     assert not any(r.phase == "backward" and r.io == "output" and r.value_id == made.value_id for r in records)
     readers = {r.name for r in records if r.phase == "backward" and r.io == "input" and r.value_id == made.value_id}

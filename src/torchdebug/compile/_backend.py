@@ -110,7 +110,7 @@ class TorchDebugBackend:
                 if model is not None:
                     self._record_dynamo_graph(gm, model)
                 pipeline = Pipeline.build(self.config, self.passes, data_dump)
-                compiled = self._compile(gm, example_inputs, pipeline, model, data_dump)
+                compiled = self._compile(gm, example_inputs, pipeline, model)
             finally:
                 current_phase.reset(token)
             if model is not None:
@@ -196,29 +196,17 @@ class TorchDebugBackend:
             log.info("%s is a recompile (%s): %s", model.name, compile_id, recompile)
 
     def _compile(
-        self,
-        gm: torch.fx.GraphModule,
-        example_inputs: list[Any],
-        pipeline: Pipeline,
-        model: ModelDump | None,
-        data_dump: DataDumpPass | None,
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], pipeline: Pipeline, model: ModelDump | None
     ) -> Callable[..., Any]:
-        """``data_dump``: the data-dump pass in ``pipeline``, handed each compiled AOT graph to tell
-        the dump what its runs receive and return."""
         backend = self.config.backend
         if backend == "eager":
             return gm.forward
         if backend == "aot_eager" or self.config.debug.run_eagerly:
-            return self._compile_aot_eager(gm, example_inputs, pipeline, model, data_dump, inductor_graph=backend == "inductor")
-        return self._compile_inductor(gm, example_inputs, pipeline, model, data_dump)
+            return self._compile_aot_eager(gm, example_inputs, pipeline, model, inductor_graph=backend == "inductor")
+        return self._compile_inductor(gm, example_inputs, pipeline, model)
 
     def _compile_inductor(
-        self,
-        gm: torch.fx.GraphModule,
-        example_inputs: list[Any],
-        pipeline: Pipeline,
-        model: ModelDump | None,
-        data_dump: DataDumpPass | None,
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], pipeline: Pipeline, model: ModelDump | None
     ) -> Callable[..., Any]:
         patches = mode_patches(self.config.compile_mode)
         if patches.get(CUDAGRAPHS) and not any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
@@ -239,7 +227,7 @@ class TorchDebugBackend:
             patches.update(custom_pass_patch("joint_custom_post_pass", _PhaseMarker(model, False), first=False))
         inner_compile: Callable[..., Any] = compile_fx_inner
         if model is not None or pipeline:
-            inner_compile = functools.partial(self._inner_compile, model=model, data_dump=data_dump)
+            inner_compile = functools.partial(self._inner_compile, model=model, pipeline=pipeline)
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches or None)
 
     def _inner_compile(
@@ -248,7 +236,7 @@ class TorchDebugBackend:
         example_inputs: Sequence[Any],
         *,
         model: ModelDump | None,
-        data_dump: DataDumpPass | None,
+        pipeline: Pipeline,
         **kwargs: Any,
     ) -> Any:
         """Inductor's ``inner_compile`` seam: one AOT graph in, its compiled code out, dumped on the way."""
@@ -264,7 +252,7 @@ class TorchDebugBackend:
             finally:
                 current_phase.reset(token)
             phase.finish(getattr(compiled, "source_code", None))
-        return compiled if data_dump is None else data_dump.following(compiled)
+        return pipeline.compiled(compiled)
 
     def _compile_aot_eager(
         self,
@@ -272,7 +260,6 @@ class TorchDebugBackend:
         example_inputs: list[Any],
         pipeline: Pipeline,
         model: ModelDump | None,
-        data_dump: DataDumpPass | None,
         *,
         inductor_graph: bool,
     ) -> Callable[..., Any]:
@@ -291,7 +278,7 @@ class TorchDebugBackend:
                     run_passes(graph, passes, phase)
                     phase.finish()
                 compiled = _dynamo.make_boxed_func(graph.forward)
-                return compiled if data_dump is None else data_dump.following(compiled)
+                return pipeline.compiled(compiled)
 
             return compiler
 

@@ -90,6 +90,8 @@ class Pipeline:
 
     pre: tuple[GraphPass, ...]
     post: tuple[GraphPass, ...]
+    data_dump: Any = None
+    """The data-dump pass among ``post`` (a :class:`~torchdebug.graph_dump.DataDumpPass`), if any."""
 
     @classmethod
     def build(
@@ -107,10 +109,15 @@ class Pipeline:
         post = [*default_passes(config, data_dump), *extra]
         if config.post_grad_custom_post_pass is not None:
             post.append(user_pass("post_grad_custom_post_pass", config.post_grad_custom_post_pass))
-        return cls(tuple(pre), tuple(post))
+        return cls(tuple(pre), tuple(post), data_dump if config.dump_config.enable_dump else None)
 
     def __bool__(self) -> bool:
         return bool(self.pre or self.post)
+
+    def compiled(self, graph: Any) -> Any:
+        """``graph``, one AOT graph as the compiler returned it, as the backend hands it back: telling
+        the data dump what each run receives and returns (``graph_dump/_handover.py``)."""
+        return graph if self.data_dump is None else self.data_dump.following(graph)
 
 
 def run_passes(gm: torch.fx.GraphModule, passes: Sequence[GraphPass], phase: PhaseDump) -> None:

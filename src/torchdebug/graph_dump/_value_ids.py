@@ -15,6 +15,7 @@ input that another graph of the step handed over that graph's id (``graph_dump/_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,13 +131,7 @@ class GraphValues:
         """``node``'s arguments with each node holding a value replaced by the value ``node`` read
         (other nodes by their names)."""
         reads = self._reads
-
-        def read(arg: torch.fx.Node) -> Any:
-            return reads.get((node, arg), arg.name)
-
-        return _frozen(
-            torch.fx.node.map_aggregate((node.args, node.kwargs), lambda a: read(a) if isinstance(a, torch.fx.Node) else a)
-        )
+        return _frozen((node.args, node.kwargs), lambda a: reads.get((node, a), a.name) if isinstance(a, torch.fx.Node) else a)
 
     def _recomputed(self, node: torch.fx.Node, schema: Any) -> ForwardCall | None:
         """The forward node ``node`` repeats: the same name, op and arguments, the same values read,
@@ -186,25 +181,22 @@ class GraphValues:
         return held if version == held.version else SlotValue(held.value_id, version, held.view_of)
 
 
-def _frozen(value: Any) -> Any:
-    """FX's argument lists and dicts as tuples and dicts, to compare arguments of two graphs."""
+def _frozen(value: Any, leaf: Callable[[Any], Any] = lambda item: item) -> Any:
+    """FX's argument lists as tuples (to compare the arguments of two graphs), ``leaf`` applied to
+    everything else."""
     if isinstance(value, (list, tuple)):
-        return tuple(_frozen(item) for item in value)
+        return tuple(_frozen(item, leaf) for item in value)
     if isinstance(value, dict):
-        return {key: _frozen(item) for key, item in value.items()}
-    return value
+        return {key: _frozen(item, leaf) for key, item in value.items()}
+    return leaf(value)
 
 
 def _as_saved(value: Any) -> Any:
-    """``value`` (a :class:`SlotValue`, or arguments holding some) with its ids as ``saved`` ones."""
+    """``value`` (a :class:`SlotValue`, or frozen arguments holding some) with its ids as ``saved`` ones."""
     if isinstance(value, SlotValue):
         view_of = None if value.view_of is None else (value.view_of[0], True)
         return SlotValue((value.value_id[0], True), value.version, view_of)
-    if isinstance(value, (list, tuple)):
-        return tuple(_as_saved(item) for item in value)
-    if isinstance(value, dict):
-        return {key: _as_saved(item) for key, item in value.items()}
-    return value
+    return _frozen(value, _as_saved) if isinstance(value, (list, tuple, dict)) else value
 
 
 def _memory(value: SlotValue) -> Local:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchdebug
 from tests.capture.native_compare import gpt_training, without_mode
@@ -348,10 +349,28 @@ def test_an_inference_tensor_has_no_version_on_the_native_path(tmp_path, monkeyp
     assert read.value_id is not None and read.version is None
 
 
+class _Scaling(TorchDispatchMode):
+    """A user's dispatch mode: each ``addmm`` returns its output times 1.5."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        return out * 1.5 if func is torch.ops.aten.addmm.default else out
+
+
+def test_a_dispatch_mode_entered_before_capture_is_seen_through_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """A capture mode entered inside a user's mode sees each op and the output the user's handler
+    returns, not the handler's own calls: so does the observer. (Stacks are left out: the observer
+    takes a ``detach`` that autograd runs to save an output with the handler's frame on the stack.)"""
+    with _Scaling():
+        python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, task="statistics", stack="none")
+        native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, task="statistics", stack="none")
+    _assert_same_dumps(python, native)
+    assert "aten.addmm.default" in {record.op for record in native}
+
+
 def test_ops_under_a_dispatch_mode_of_another_tool_are_said_once(tmp_path, monkeypatch, caplog) -> None:
-    """Ops run under a user's dispatch mode reach a capture mode below it, never the observer: the
-    native path says how many, once, and names the way out."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    """Ops run under a dispatch mode entered after capture started reach a capture mode below it,
+    never the observer: the native path says how many, once, and names the way out."""
 
     class Passing(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204

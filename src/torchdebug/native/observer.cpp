@@ -1027,19 +1027,28 @@ bool frames_wanted(ThreadState& thread, const Row& row, bool frame_op) {
   return row.seq == thread.frames_node;
 }
 
-// Ops a capture mode under the modes active would see, hidden here: called while a dispatch mode other
-// than torch's infra modes (FakeTensorMode, proxy, functional: compile internals, which capture
-// ignores) is active, such as selective checkpointing's or a user's. Python warns of them.
+// Dispatch modes. A capture mode entered at start sits above the modes active then (a user's, outer
+// to the capture): it sees each op and the outputs their handlers return, as the observer does. It
+// sits below a mode entered later (selective checkpointing's, a user's inside the step), whose
+// handler's own calls only it sees: the observer hides the ops called under such a mode, counts them
+// (Python warns of them), and hides every op under torch's infra modes (FakeTensorMode, proxy,
+// functional: compile internals, which capture ignores).
 std::atomic<int64_t> hidden_by_modes{0};
+int64_t outer_modes = 0;  // the user modes active when the observer started
 
-int64_t user_modes() {
-  auto modes = c10::impl::TorchDispatchModeTLS::stack_len();
+int64_t infra_modes() {
+  int64_t modes = 0;
   for (auto key : {c10::impl::TorchDispatchModeKey::FAKE, c10::impl::TorchDispatchModeKey::PROXY,
                    c10::impl::TorchDispatchModeKey::FUNCTIONAL}) {
-    if (c10::impl::TorchDispatchModeTLS::get_mode(key).has_value()) --modes;
+    if (c10::impl::TorchDispatchModeTLS::get_mode(key).has_value()) ++modes;
   }
   return modes;
 }
+
+int64_t user_modes() { return c10::impl::TorchDispatchModeTLS::stack_len() - infra_modes(); }
+
+// Whether the modes active now hide an op from a capture mode entered at start.
+bool hides_ops() { return infra_modes() > 0 || user_modes() > outer_modes; }
 
 Frame* enclosing_op(ThreadState& thread) {
   for (auto frame = thread.frames.rbegin(); frame != thread.frames.rend(); ++frame) {
@@ -1119,9 +1128,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   Frame* parent = enclosing_op(thread);
-  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python) || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
-    if (!c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python) && (parent == nullptr || parent->kind != kHidden) &&
-        user_modes() > 0) {
+  bool excluded = c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python);
+  if (excluded || (c10::impl::TorchDispatchModeTLS::stack_len() > 0 && hides_ops())) {
+    if (!excluded && (parent == nullptr || parent->kind != kHidden) && user_modes() > outer_modes) {
       hidden_by_modes.fetch_add(1, std::memory_order_relaxed);
     }
     thread.frames.push_back({kHidden, false, false, -1});  // out of a dispatch mode's sight, or inside another's
@@ -1270,6 +1279,7 @@ int td_observer_start(int requested_level) {
   owner = std::this_thread::get_id();
   state = ThreadState{};
   hidden_by_modes.store(0);
+  outer_modes = user_modes();
   forget_reads();
   bool values = requested_level != kEmpty;
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)

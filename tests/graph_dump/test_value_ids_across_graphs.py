@@ -29,6 +29,20 @@ class _Broken(nn.Module):
         return self.fc2(h).sum()
 
 
+class _BrokenView(nn.Module):
+    """A view of an intermediate crosses the graph break (AOT autograd makes it again outside the
+    graph: another tensor over the same elements)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = self.fc(x)[:, :4]
+        torch._dynamo.graph_break()
+        return (first * 2).sum()
+
+
 class _Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -100,6 +114,18 @@ def test_a_value_crossing_a_graph_break_keeps_its_id_forward_and_backward(tmp_pa
         assert {_graph(r) for r in readers} == {"model__0/backward"}, step
     steps = [{r.value_id for r in records if r.step == step} for step in (0, 1)]
     assert not steps[0] & steps[1]  # a value flows within its step
+
+
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+def test_a_view_crossing_a_graph_break_keeps_its_id_and_its_memory(tmp_path: Path, backend_name: str) -> None:
+    torch.manual_seed(0)
+    records = _records(tmp_path, _BrokenView(), backend_name)
+    for step in (0, 1):
+        made = _slot(records, "forward/<root>/aten.slice.Tensor#0/output.0", step)
+        read = [r for r in records if r.step == step and r.name.endswith("aten.mul.Tensor#0/input.0") and r.phase == "forward"]
+        assert len(read) == 1 and _graph(read[0]) != _graph(made)
+        assert (read[0].value_id, read[0].version, read[0].view_of) == (made.value_id, made.version, made.view_of), step
+        assert made.view_of is not None
 
 
 def test_per_block_graphs_hand_each_block_the_value_the_block_before_made(tmp_path: Path) -> None:

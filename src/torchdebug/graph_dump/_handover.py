@@ -5,8 +5,9 @@ and between per-block graphs (docs/graph_dump.md, "Records and names").
 The backend wraps each compiled AOT graph (``torchdebug._torch.compiled_graphs``). Before a run the
 capture looks up the tensors at the graph's inputs by identity (no reference kept: inductor frees
 its inputs as the graph goes); once the run ended it holds the tensors the graph returned and the
-inputs it read that no graph had handed over, weakly, with the ids their values have in the dump.
-No device read, no pass over memory. The held tensors are let go when a step begins: a value flows
+inputs it read that no graph had handed over, weakly, with the ids their values have in the dump
+(a view also by where its elements are, for the tensor AOT autograd makes again over them). No
+device read, no pass over memory. The held tensors are let go when a step begins: a value flows
 within its step.
 """
 
@@ -77,6 +78,10 @@ class Handover:
 
     def __init__(self) -> None:
         self._held: dict[int, tuple[weakref.ref[torch.Tensor], int, Absolute]] = {}
+        self._views: dict[_Place, tuple[weakref.ref[Any], int, Absolute]] = {}
+        """The views among them by where their elements are, held by their memory (its storage):
+        AOT autograd hands a graph's view of an intermediate on as another tensor object, made
+        again over the same elements outside the graph."""
 
     def received(self, inputs: tuple[tuple[int, int, SlotValue], ...], args: Sequence[Any]) -> Arrived:
         """What arrives at a run's ``inputs`` (``GraphPlan.inputs``) among its ``args``, looked up
@@ -92,11 +97,20 @@ class Handover:
             if not isinstance(tensor, torch.Tensor):
                 continue
             entry = held.get(id(tensor))
-            if entry is not None and entry[0]() is tensor:
+            if entry is None or entry[0]() is not tensor:
+                entry = self._view_at(tensor) if self._views else None
+            if entry is not None:
                 value_id, version, view_of = entry[2]
                 found[local] = (value_id, version + tensor_version(tensor) - entry[1], view_of)
             tensors.append((local, weakref.ref(tensor), leaving))
         return found, tensors
+
+    def _view_at(self, tensor: torch.Tensor) -> tuple[weakref.ref[Any], int, Absolute] | None:
+        """The held view whose elements ``tensor`` holds: the same memory, still alive, at the same
+        place (offset, sizes, strides, dtype)."""
+        place = _place(tensor)
+        entry = None if place is None else self._views.get(place)
+        return entry if entry is not None and entry[0]() is tensor.untyped_storage() else None
 
     def hold(self, tensors: Iterable[tuple[Any, SlotValue]], values: RunValues) -> None:
         """Hold each tensor a run read or returned with its value (local to the run, ``values``)."""
@@ -104,14 +118,30 @@ class Handover:
         for tensor, local in tensors:
             value = values.absolute(local)
             if isinstance(tensor, torch.Tensor) and value is not None:
-                identity = id(tensor)
-                held[identity] = (weakref.ref(tensor, functools.partial(_let_go, held, identity)), tensor_version(tensor), value)
+                identity, version = id(tensor), tensor_version(tensor)
+                held[identity] = (weakref.ref(tensor, functools.partial(_let_go, held, identity)), version, value)
+                place = _place(tensor) if local.view_of is not None else None
+                if place is not None:
+                    memory = weakref.ref(tensor.untyped_storage(), functools.partial(_let_go, self._views, place))
+                    self._views[place] = (memory, version, value)
 
     def clear(self) -> None:
         """A step began: values of the last step flow no further."""
         self._held.clear()
+        self._views.clear()
 
 
-def _let_go(held: dict[int, Any], identity: int, _: Any) -> None:
-    """A held tensor died: its address may hold another tensor next."""
-    held.pop(identity, None)
+_Place = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype]
+"""Where a tensor's elements are: its storage (``id``), offset, sizes, strides and dtype."""
+
+
+def _place(tensor: torch.Tensor) -> _Place | None:
+    """Where ``tensor``'s elements are (``None``: a tensor without a storage of its own to name)."""
+    if tensor.layout != torch.strided or type(tensor) is not torch.Tensor:
+        return None
+    return id(tensor.untyped_storage()), int(tensor.storage_offset()), tuple(tensor.shape), tensor.stride(), tensor.dtype
+
+
+def _let_go(held: dict[Any, Any], key: Any, _: Any) -> None:
+    """A held tensor (or memory) died: its address may hold another one next."""
+    held.pop(key, None)

@@ -14,7 +14,7 @@ import torch
 
 from torchdebug.capture.eager import op_info
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
-from torchdebug.capture.native_values import CHANGED, SlotWalk, WalkedSlots, load_slot_walk
+from torchdebug.capture.native_values import CHANGED, GRAD_MODE, RECOMPUTED, SlotWalk, WalkedSlots, load_slot_walk
 from torchdebug.native import build
 from torchdebug.native.observer import NativeObserver, ObservedOps, load_observer
 from torchdebug.records import UNINITIALISED, Record
@@ -46,8 +46,10 @@ def _drained(
     freed: tuple[int, ...] = (),
     kept: tuple[int, ...] = (),
     strides: dict[int, tuple[int, ...]] | None = None,
+    made: tuple[int, ...] | None = None,
 ) -> ObservedOps:
-    """Rows ``(op id, backward[, seq, module context])`` and their slots ``(row, io, address,
+    """Rows ``(op id, backward[, seq, module context])`` (``made``: the last node made before each,
+    default -1) and their slots ``(row, io, address,
     storage, shape[, base[, version, summed]])`` (contiguous float32 CPU tensors at offset 0, version
     0 and not summed unless given; summed: its fingerprint taken too), as the observer drains them;
     ``kept``: the slots whose tensor it kept; ``strides``: by slot, those of a slot not contiguous."""
@@ -84,6 +86,8 @@ def _drained(
         slot_base=array("q", [slot[5] if len(slot) > 5 else 0 for slot in slots]),
         slot_has_fingerprint=array("b", summed),
         slot_fingerprint=array("q", [0] * count),
+        mark=array("b", [0] * len(rows)),
+        made=array("q", made or [-1] * len(rows)),
         kept=[],
         freed=array("q", freed),
     )
@@ -206,9 +210,31 @@ def test_an_allocation_holds_no_value_until_an_op_writes_it() -> None:
     assert [walk.whys[code] for code in walked.unread.tolist()] == [UNINITIALISED] * 2 + [None, UNINITIALISED, None, None]
 
 
-def _calls(walk: SlotWalk, ops: ObservedOps, parameters: tuple[int, ...] = ()) -> list[tuple]:
-    calls = walk.name_rows(ops, np.full(len(ops.op), -1, np.int64), np.array(parameters, np.int64))
+def _calls(walk: SlotWalk, ops: ObservedOps, parameters: tuple[int, ...] = (), marks: tuple[int, ...] = ()) -> list[tuple]:
+    rows = len(ops.op)
+    calls = walk.name_rows(
+        ops,
+        np.full(rows, -1, np.int64),
+        np.array(parameters, np.int64),
+        np.array(marks or [0] * rows, np.int8),
+        np.zeros((rows, 2), np.int64),
+    )
     return list(zip(calls.phase.tolist(), calls.module.tolist(), calls.call.tolist(), calls.fwd_call.tolist()))
+
+
+def test_a_recomputed_row_repeats_the_forward_call_before_the_node_it_rebuilds_for() -> None:
+    """recompute.py's pairing: a non-reentrant recomputation, run while node 11 unpacks, starts at the
+    last forward call of its op and module before the call that made node 11; the node it makes (21)
+    is differentiated as that forward call."""
+    walk = _walk()
+    rows = [(_NEG, False, 10, 0), (_ADD_, False, 11, 0), (_NEG, True, 11, 0), (_T, True, 21, 0)]
+    marks = (0, 0, RECOMPUTED | GRAD_MODE, 0)
+    assert _calls(walk, _drained(rows, [], made=(9, 10, 20, 21)), marks=marks) == [
+        (0, 0, 0, -1),
+        (0, 0, 0, -1),
+        (3, 0, 0, 0),  # recompute, module 0, paired with forward neg#0
+        (1, 0, 0, 0),  # the backward of the node the recomputation made: forward neg#0's
+    ]
 
 
 def test_rows_are_counted_on_across_a_steps_drains_and_a_backward_row_names_its_forward_row() -> None:

@@ -31,10 +31,11 @@ _MODE_ONLY_CALLS = {_DETACH}
 """Calls only a dispatch mode makes: the ``detach`` autograd saves an output through, the one it
 unpacks it through, and ``AccumulateGrad``'s of a gradient summed out of place (``docs/architecture.md``,
 the native observer)."""
-_MODE_RENAMES = {_VIEW: _RESHAPE_ALIAS, _ADD: _ADD_}
+_MODE_RENAMES = {_VIEW: _RESHAPE_ALIAS, _ADD: _ADD_, "aten.index_put.default": "aten._index_put_impl_.default"}
 """Ops a dispatch mode runs in place of others: ``reshape`` takes ``view`` for ``_reshape_alias`` while a
 mode is active (``at::isTensorSubclassLike``), forward and backward; gradients summed in the engine's
-input buffer are added out of place (backward)."""
+input buffer are added out of place (backward); indexing's backward puts the gradient into zeros
+out of place (``index_backward``: ``index_put`` for ``_index_put_impl_``)."""
 
 
 def call_groups(records: list[Record]) -> list[list[Record]]:

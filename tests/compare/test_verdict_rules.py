@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from torchdebug.compare import _verdicts
 from torchdebug.compare._rows import Row
-from torchdebug.compare._rules import PLAIN_PASS_SKIPS, RULES
+from torchdebug.compare._rules import PLAIN_BEYOND_SKIPS, PLAIN_PASS_SKIPS, RULES
 from torchdebug.compare._tolerances import rounding_tolerance
 from torchdebug.compare._verdicts import first_divergence, judge
 from torchdebug.records import Record, make_name
@@ -207,9 +208,38 @@ def test_within_tolerance_waits_for_the_rules_before_it_even_for_a_small_differe
 
 
 def test_within_tolerance_skips_on_plain_rows_exactly_the_tensor_rules_before_it():
-    """A rule put before within_tolerance must be added to what plainly_within_tolerance checks."""
+    """A rule put before within_tolerance must be added to what plainly_comparable checks."""
     before = itertools.takewhile(lambda rule: rule.name != "within_tolerance", RULES)
     assert tuple(rule.name for rule in before if rule.slots & {"input", "output"}) == PLAIN_PASS_SKIPS
+
+
+def test_rules_skipped_on_plain_rows_beyond_tolerance_answer_nothing_there(monkeypatch):
+    """judge leaves PLAIN_BEYOND_SKIPS out for a plainly comparable slot beyond its tolerance: tried
+    anyway, on such an input and output, each of them answers nothing."""
+    answers: dict[str, list[object]] = {}
+
+    def asked(rule):
+        def judge_row(row, call):
+            answer = rule.judge(row, call)
+            answers.setdefault(rule.name, []).append(answer)
+            return answer
+
+        return judge_row
+
+    every = {
+        is_output: tuple(asked(rule) for rule in RULES if slot in rule.slots)
+        for is_output, slot in ((False, "input"), (True, "output"))
+    }
+    monkeypatch.setattr(_verdicts, "_PLAINLY_BEYOND", every)
+    made = _row("output", 0.5, call=0, a={"stats": _stats(1.0)}, b={"stats": _stats(1.1)})
+    read = _row("input", 0.5, call=1, a={"stats": _stats(1.0)}, b={"stats": _stats(1.1)})
+    out = _row("output", 0.5, call=1, a={"stats": _stats(2.0)}, b={"stats": _stats(2.5)})
+    judge([made, read, out])
+    assert {name: len(found) for name, found in answers.items() if name in PLAIN_BEYOND_SKIPS} == dict.fromkeys(
+        PLAIN_BEYOND_SKIPS, 3
+    )
+    assert all(answer is None for name in PLAIN_BEYOND_SKIPS for answer in answers[name])
+    assert [row.verdict for row in (made, read, out)] != ["pass"] * 3  # beyond tolerance: the other rules judged them
 
 
 def test_replicate_partitioned_a_replicated_bias_against_it_divided_by_the_mesh_size_passes():

@@ -36,8 +36,9 @@ __all__ = [
     "Rule",
     "RULES",
     "ROUTING_CHANGED",
+    "PLAIN_BEYOND_SKIPS",
     "PLAIN_PASS_SKIPS",
-    "plainly_within_tolerance",
+    "plainly_comparable",
     "slot_of",
     "within_tolerance",
 ]
@@ -456,22 +457,32 @@ PLAIN_PASS_SKIPS = (
     *("unmatched", "not_captured", "one_piece", "decision_changed", "follows_changed_decision", "shape_follows_inputs"),
     *("other_shape", "computed_from_incomparable", "nonfinite_inherited", "nonfinite_origin", "no_statistics"),
 )
-"""The rules before :func:`within_tolerance` that :func:`plainly_within_tolerance` shows cannot answer
-(``tests/compare/test_verdict_rules.py`` checks that they are all the tensor rules before it)."""
+"""The rules before :func:`within_tolerance` that cannot answer for a :func:`plainly_comparable` slot
+within its tolerance (``tests/compare/test_verdict_rules.py`` checks that they are all the tensor
+rules before it)."""
+
+PLAIN_BEYOND_SKIPS = (
+    *("unmatched", "not_captured", "one_piece", "shape_follows_inputs", "other_shape", "nonfinite_inherited"),
+    *("nonfinite_origin", "no_statistics", "within_tolerance", "replicate_partitioned", "sharded_embedding_indices"),
+)
+"""The tensor rules that cannot answer for a :func:`plainly_comparable` slot beyond its tolerance: each
+first asks for what that rules out (a side missing or not captured, something in ``extra``, other
+shapes, NaN/Inf on one side only, no difference) or for a difference within tolerance. The other
+rules are tried in order (a test checks on such slots that these answer nothing)."""
 
 
-def plainly_within_tolerance(row: Row) -> bool:
-    """Whether a tensor slot is judged by :func:`within_tolerance` without trying the rules before
-    it (:data:`PLAIN_PASS_SKIPS`): both sides captured, neither a DTensor piece (nothing in
-    ``extra``), equal shapes, no NaN/Inf on one side only, a difference within its tolerance. Most
-    rows are such; judging them takes two calls instead of twelve."""
-    a, b, difference, tolerance = row.record_a, row.record_b, row.difference, row.tolerance
+def plainly_comparable(row: Row) -> bool:
+    """Whether a tensor slot is judged without most rules: both sides captured, neither a DTensor
+    piece (nothing in ``extra``), equal shapes, no NaN/Inf on one side only, a difference and a
+    tolerance. Within its tolerance :func:`within_tolerance` judges it without the rules before it
+    (:data:`PLAIN_PASS_SKIPS`); beyond it, the rules of :data:`PLAIN_BEYOND_SKIPS` are not tried.
+    Most rows are such: judging one takes two calls instead of twelve."""
+    a, b = row.record_a, row.record_b
     return (
         a is not None
         and b is not None
-        and difference is not None
-        and tolerance is not None
-        and difference <= tolerance
+        and row.difference is not None
+        and row.tolerance is not None
         and not (a.capture_error or b.capture_error or a.extra or b.extra)
         and row.shape_a == row.shape_b
         and not row.metrics.get("nonfinite_mismatch")

@@ -16,7 +16,7 @@ from fractions import Fraction
 
 from torchdebug.compare._flow import OUTPUT_IO, Flow
 from torchdebug.compare._rows import Row
-from torchdebug.compare._rules import RULES, Call, plainly_within_tolerance, slot_of, within_tolerance
+from torchdebug.compare._rules import PLAIN_BEYOND_SKIPS, RULES, Call, plainly_comparable, slot_of, within_tolerance
 from torchdebug.compare._structure import StructureBlock, structure_blocks
 from torchdebug.compare._tolerances import Tolerance
 from torchdebug.compare._value_graph import Producers
@@ -26,6 +26,11 @@ __all__ = ["judge", "first_divergence", "first_nonfinite"]
 
 _BY_SLOT = {slot: tuple(rule.judge for rule in RULES if slot in rule.slots) for slot in ("input", "output", "value")}
 """The rules that apply to each kind of slot, in :data:`~torchdebug.compare._rules.RULES`' order."""
+_PLAINLY_BEYOND = {
+    is_output: tuple(rule.judge for rule in RULES if slot in rule.slots and rule.name not in PLAIN_BEYOND_SKIPS)
+    for is_output, slot in ((False, "input"), (True, "output"))
+}
+"""The rules a plainly comparable tensor slot beyond its tolerance tries, by whether it is an output."""
 
 
 def _judge_call(call: Call) -> float:
@@ -33,9 +38,13 @@ def _judge_call(call: Call) -> float:
     outputs read the inputs' verdicts). Returns the largest error seen up to and including this call."""
     seen = call.upstream
     for row in sorted(call.rows, key=lambda r: (r.io in OUTPUT_IO, r.kind != "tensor")):
-        judgement = within_tolerance(row, call) if row.kind == "tensor" and plainly_within_tolerance(row) else None
+        if row.kind == "tensor" and plainly_comparable(row):
+            judgement = within_tolerance(row, call)  # beyond it, the rules that can answer such a slot
+            rules = _PLAINLY_BEYOND[row.io in OUTPUT_IO]
+        else:
+            judgement, rules = None, _BY_SLOT[slot_of(row)]
         if judgement is None:
-            for rule in _BY_SLOT[slot_of(row)]:
+            for rule in rules:
                 judgement = rule(row, call)
                 if judgement is not None:
                     break

@@ -211,16 +211,18 @@ class CompareResult:
         and the slots of modules the other side has no record of and none of whose slots matched
         (the embedding and loss of a model whose blocks alone were compiled), per module."""
         slots: dict[str, dict[int, tuple[Record, bool, bool]]] = {"a": {}, "b": {}}
+        held_a, held_b = slots["a"], slots["b"]
         for row in self.rows:
             if row.kind != "tensor":
                 continue
-            matched, inside = row.matched, row.match == "inside"
-            for found, record in ((slots["a"], row.record_a), (slots["b"], row.record_b)):
-                if record is not None:
-                    seen = found.get(id(record))  # a slot of A may hold two rows
-                    found[id(record)] = (
-                        (record, matched, inside) if seen is None else (record, seen[1] or matched, seen[2] or inside)
-                    )
+            a, b = row.record_a, row.record_b
+            matched, inside = a is not None and b is not None, row.match == "inside"
+            if a is not None:
+                seen = held_a.get(id(a))  # a slot of A may hold two rows
+                held_a[id(a)] = (a, matched, inside) if seen is None else (a, seen[1] or matched, seen[2] or inside)
+            if b is not None:
+                seen = held_b.get(id(b))
+                held_b[id(b)] = (b, matched, inside) if seen is None else (b, seen[1] or matched, seen[2] or inside)
         # (phase, module, matched, inside) -> slots, in the order the slots first appear
         held = {side: Counter((r.phase, r.module, m, i) for r, m, i in found.values()) for side, found in slots.items()}
         phases = {side: {phase for phase, _, _, _ in counts} for side, counts in held.items()}

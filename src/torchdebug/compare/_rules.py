@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Literal, NamedTuple
 
 from torchdebug.compare._bounds import amplification, is_singular, own_error, spread
@@ -182,6 +183,7 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+@cache  # asked once per call judged, of a few dozen ops
 def _selection(op: str) -> bool:
     """Whether ``op`` (``aten.topk.default``, ``Functional.argmax``, ``Tensor.__gt__``) chooses."""
     parts = op.split(".")

@@ -398,7 +398,8 @@ def attribute(
         judge(rows, growth=settings.growth, rerun=True, split=split, made=made, tolerances=settings.tolerances)
     judge_checksums(rows, fingerprint_versions(dump_a, dump_b))  # checksums on both sides: bit for bit instead
     for row in rows:
-        note = row_note(row)
+        a, b = row.record_a, row.record_b
+        note = row_note(row) if a is not None and a.extra or b is not None and b.extra else None  # notes read extra
         if note is not None:
             row.message = f"{row.message}; {note}" if row.message else note
         if row.match == "inside":

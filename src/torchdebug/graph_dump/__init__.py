@@ -7,9 +7,8 @@ How one Dynamo graph is dumped, module by module::
                     statistics rows split between graph and host, tensors, symbolic sizes, points
     _instrument.py  DataDumpPass (the backend's ``data_dump`` pass): plan, register, insert the
                     accumulators (_accumulators.py) and the custom ops (_runtime.py)
-    _capture.py     GraphCapture: each run (a GraphRun, _run.py) -> records, across graphs and module
-                    instances (_instances.py); value ids (_value_ids.py) handed from graph to graph
-                    (_handover.py); dump_stage="original" (_golden.py)
+    _capture.py     GraphCapture: each run (a GraphRun, _run.py) -> records, across graphs, module instances
+                    (_instances.py) and value ids (_value_ids.py, _handover.py); dump_stage="original" (_golden.py)
     scenes/         model, overflow, watcher: one class each behind one interface (scenes/_base.py):
                     which nodes, what the graph hands over, which records a run writes (through the
                     GraphWriter the capture is to them: scenes never import the capture)

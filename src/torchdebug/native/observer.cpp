@@ -1455,17 +1455,21 @@ void td_observer_forget_seen() {
 
 // Activation checkpointing: `node`, the name of a reentrant region's autograd node (its ops are
 // marked kCheckpointNode), and `ops`, the overloads ("aten.detach.default"), one a line, whose rows
-// take their frames to tell checkpoint's own calls (frames_wanted). Called before the first start.
+// take their frames to tell checkpoint's own calls (frames_wanted); ops seen before take them too.
+// A capture says so before it starts; the same description again changes nothing (another capture
+// may be observing: the callback reads both without the lock).
 void td_observer_checkpoint(const char* node, const char* ops) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
-  reentrant_node = node;
-  frame_ops.clear();
+  std::vector<std::string> listed;
   std::string_view rest(ops);
   while (!rest.empty()) {
     auto end = rest.find('\n');
-    frame_ops.emplace_back(rest.substr(0, end));
+    listed.emplace_back(rest.substr(0, end));
     rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
   }
+  if (reentrant_node == node && frame_ops == listed) return;
+  reentrant_node = node;
+  frame_ops = std::move(listed);
   for (auto& [key, info] : recorder.ops) {
     info.frame_op = std::find(frame_ops.begin(), frame_ops.end(), recorder.names[static_cast<size_t>(info.id)]) != frame_ops.end();
   }

@@ -3,6 +3,7 @@ graphs, forward and backward (graph_dump/_handover.py, issue 46, item 1)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from torch import nn
 
 import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
+from torchdebug.graph_dump._handover import Handover
 from torchdebug.records import Record
 
 
@@ -67,8 +69,11 @@ class _Blocks(nn.Module):
         return x.sum()
 
 
-def _records(tmp_path: Path, model: nn.Module, backend_name: str, per_block: bool = False, steps: int = 2) -> list[Record]:
-    """Statistics of every node, ``steps`` training steps."""
+def _records(
+    tmp_path: Path, model: nn.Module, backend_name: str, per_block: bool = False, steps: int = 2, inference: bool = False
+) -> list[Record]:
+    """Statistics of every node, ``steps`` training steps (``inference``: forward runs under
+    ``torch.inference_mode``)."""
     torch._dynamo.reset()
     config = CompilerConfig(backend=backend_name)
     config.dump_config.enable_dump = True
@@ -83,7 +88,11 @@ def _records(tmp_path: Path, model: nn.Module, backend_name: str, per_block: boo
         run = torch.compile(model, backend=backend)
     for step in range(steps):
         torch.manual_seed(step)
-        run(torch.randn(3, 4)).backward()
+        if inference:
+            with torch.inference_mode():
+                run(torch.randn(3, 4))
+        else:
+            run(torch.randn(3, 4)).backward()
     backend.data_dump.close()
     torch._dynamo.reset()
     return [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.kind == "tensor"]
@@ -150,3 +159,29 @@ def test_a_tensor_that_several_graphs_read_holds_one_id_in_each_step(tmp_path: P
     assert _slot(records, "forward/layers.0/aten.mul.Tensor#0/input.1", 0).value_id not in {
         r.value_id for r in records if r.step == 1
     }
+
+
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+def test_inference_tensors_cross_a_graph_break_with_their_id(tmp_path: Path, backend_name: str) -> None:
+    """Under ``torch.inference_mode`` the tensors keep no version: the hand-over still follows them."""
+    records = _records(tmp_path, _Broken(), backend_name, inference=True)
+    for step in (0, 1):
+        made = _slot(records, "forward/<root>/aten.relu.default#0/output.0", step)
+        read = _slot(records, "forward/fc2/aten.addmm.default#0/input.1", step)
+        assert _graph(made) != _graph(read) and read.value_id == made.value_id, step
+
+
+def test_a_fault_in_the_hand_over_is_said_once_and_leaves_the_run_and_its_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(Handover, "hold", broken)
+    with caplog.at_level(logging.WARNING, logger="torchdebug.graph_dump._capture"):
+        records = _records(tmp_path, _Broken(), "aot_eager")
+    said = [r.getMessage() for r in caplog.records if "graph to graph" in r.getMessage()]
+    assert len(said) == 1 and "planted" in said[0]
+    assert {r.step for r in records} == {0, 1} and _slot(
+        records, "forward/fc2/aten.addmm.default#0/input.1", 1
+    ).value_id is not None

@@ -82,6 +82,8 @@ class GraphCapture:
         was looked up in."""
         self._ended: dict[int, tuple[RunValues, Arrived]] = {}
         """Per plan (``id``): its run that just ended, until what it read and returned is held."""
+        self._handover_failed = False
+        """A fault stopped the hand-over (``_handover_lost``)."""
         self._keys: dict[tuple[int, str], dict[Key, Key]] = {}
         self._seq = 0
         self._run: GraphRun | None = None
@@ -109,20 +111,33 @@ class GraphCapture:
     # -- run time --------------------------------------------------------------------------------
     def before_run(self, plan: GraphPlan, args: list[Any]) -> None:
         """A run of ``plan``'s graph is about to get ``args`` (what the backend's wrapper calls)."""
-        if plan.inputs:
-            self._arrived[id(plan)] = (self.step, self._handover.received(plan.inputs, args))
+        if plan.inputs and not self._handover_failed:
+            try:
+                self._arrived[id(plan)] = (self.step, self._handover.received(plan.inputs, args))
+            except Exception as error:  # never into the user's run: its inputs are new values then
+                self._handover_lost(error)
 
     def after_run(self, plan: GraphPlan, outputs: Any) -> None:
         """A run of ``plan``'s graph returned ``outputs``: later graphs of the step reading one of
         them, or one of the tensors it read, hold its value (what the backend's wrapper calls)."""
         ended = self._ended.pop(id(plan), None)
-        if ended is None:
+        if ended is None or self._handover_failed:
             return
         values, (_, read) = ended
         returned = outputs if isinstance(outputs, (list, tuple)) else ()
         tensors = [(returned[position], local) for position, local in plan.outputs if position < len(returned)]
         tensors += [(ref(), value) for local, ref, value in read if local not in values.received]
-        self._handover.hold(tensors, values)
+        try:
+            self._handover.hold(tensors, values)
+        except Exception as error:  # never into the user's run
+            self._handover_lost(error)
+
+    def _handover_lost(self, error: Exception) -> None:
+        """A fault in following values from graph to graph: said once; from then on each graph
+        input is a new value, as in a dump written before the hand-over."""
+        self._handover_failed = True
+        self._handover.clear()
+        log.warning("torchdebug: graph dump stopped following values from graph to graph (%s: %s)", type(error).__name__, error)
 
     def _begin(self, plan: GraphPlan) -> GraphRun:
         run = self._run

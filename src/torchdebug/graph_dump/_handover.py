@@ -101,7 +101,7 @@ class Handover:
                 entry = self._view_at(tensor) if self._views else None
             if entry is not None:
                 value_id, version, view_of = entry[2]
-                found[local] = (value_id, version + tensor_version(tensor) - entry[1], view_of)
+                found[local] = (value_id, version + _version(tensor) - entry[1], view_of)
             tensors.append((local, weakref.ref(tensor), leaving))
         return found, tensors
 
@@ -118,7 +118,7 @@ class Handover:
         for tensor, local in tensors:
             value = values.absolute(local)
             if isinstance(tensor, torch.Tensor) and value is not None:
-                identity, version = id(tensor), tensor_version(tensor)
+                identity, version = id(tensor), _version(tensor)
                 held[identity] = (weakref.ref(tensor, functools.partial(_let_go, held, identity)), version, value)
                 place = _place(tensor) if local.view_of is not None else None
                 if place is not None:
@@ -140,6 +140,12 @@ def _place(tensor: torch.Tensor) -> _Place | None:
     if tensor.layout != torch.strided or type(tensor) is not torch.Tensor:
         return None
     return id(tensor.untyped_storage()), int(tensor.storage_offset()), tuple(tensor.shape), tensor.stride(), tensor.dtype
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """``tensor``'s in-place version; 0 for an inference tensor, which keeps none (a compiled model
+    run under ``torch.inference_mode``)."""
+    return 0 if tensor.is_inference() else tensor_version(tensor)
 
 
 def _let_go(held: dict[Any, Any], key: Any, _: Any) -> None:

@@ -14,9 +14,9 @@ import torch
 
 from torchdebug.capture.eager import op_info
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
-from torchdebug.capture.native_values import CHANGED, GRAD_MODE, RECOMPUTED, SlotWalk, WalkedSlots, load_slot_walk
+from torchdebug.capture.native_values import CHANGED, RECOMPUTED, SlotWalk, WalkedSlots, load_slot_walk
 from torchdebug.native import build
-from torchdebug.native.observer import NativeObserver, ObservedOps, load_observer
+from torchdebug.native.observer import GRAD_ON, NativeObserver, ObservedOps, load_observer
 from torchdebug.records import UNINITIALISED, Record
 
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the walk")
@@ -228,7 +228,7 @@ def test_a_recomputed_row_repeats_the_forward_call_before_the_node_it_rebuilds_f
     is differentiated as that forward call."""
     walk = _walk()
     rows = [(_NEG, False, 10, 0), (_ADD_, False, 11, 0), (_NEG, True, 11, 0), (_T, True, 21, 0)]
-    marks = (0, 0, RECOMPUTED | GRAD_MODE, 0)
+    marks = (GRAD_ON, GRAD_ON, RECOMPUTED | GRAD_ON, GRAD_ON)
     assert _calls(walk, _drained(rows, [], made=(9, 10, 20, 21)), marks=marks) == [
         (0, 0, 0, -1),
         (0, 0, 0, -1),

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from torchdebug._torch.checkpoint import BOOKKEEPING_OPS, REENTRANT_NODE, Frame, in_bookkeeping, in_recomputation
-from torchdebug.capture.native_values import GRAD_MODE, RECOMPUTED, REENTRANT
+from torchdebug.capture.native_values import RECOMPUTED
 from torchdebug.native.observer import CHECKPOINT_NODE, GRAD_ON, NativeObserver, ObservedOps
 
 __all__ = ["RecomputeMarks"]
@@ -29,7 +29,7 @@ _DETACH = "aten.detach.default"
 
 
 class RecomputeMarks:
-    """The walk's row marks (``native_values.RECOMPUTED``, ``REENTRANT``) of a capture's drains."""
+    """The walk's row marks of a capture's drains: the observer's, and ``native_values.RECOMPUTED``."""
 
     def __init__(self, observer: NativeObserver) -> None:
         observer.watch_checkpoint(REENTRANT_NODE.__name__, sorted(BOOKKEEPING_OPS))
@@ -56,12 +56,12 @@ class RecomputeMarks:
         if not rows:
             return np.zeros(0, np.int8)
         mark = np.frombuffer(ops.mark, np.int8)
-        marks = np.where(mark & GRAD_ON != 0, GRAD_MODE, 0).astype(np.int8)
+        marks = mark.copy()
         backward = np.frombuffer(ops.backward, np.int8).astype(bool)
         in_frames = np.where(stack_ids >= 0, np.array(self._stacks + [0], np.int8)[stack_ids], 0)
         kinds = np.array(self._op_kinds, np.int8)[np.frombuffer(ops.op, np.int32)]
         reentrant = backward & (mark & CHECKPOINT_NODE != 0)
-        marks[reentrant] |= RECOMPUTED | REENTRANT
+        marks[reentrant] |= RECOMPUTED
         marks[~backward & (kinds & 2 != 0) & (in_frames & _IN_BOOKKEEPING != 0)] |= RECOMPUTED
         seqs = np.frombuffer(ops.seq, np.int64)
         for row in np.flatnonzero(backward & ~reentrant & (stack_ids >= 0)).tolist():  # RecomputeDetector, row by row

@@ -22,7 +22,7 @@ from torchdebug.native.build import load_torch_library
 from torchdebug.native.observer import ObservedOps
 from torchdebug.records import UNINITIALISED
 
-__all__ = ["CHANGED", "GRAD_MODE", "PHASES", "RECOMPUTED", "REENTRANT", "RowCalls", "SlotWalk", "WalkedSlots", "load_slot_walk"]
+__all__ = ["CHANGED", "PHASES", "RECOMPUTED", "RowCalls", "SlotWalk", "WalkedSlots", "load_slot_walk"]
 
 CHANGED = 3
 """A ``WalkedSlots.errors`` code: a kept tensor changed or freed before the flush (after ``observer.py``'s flags)."""
@@ -94,10 +94,10 @@ class RowCalls(NamedTuple):
     fwd_phase: np.ndarray
 
 
-RECOMPUTED, REENTRANT, GRAD_MODE = 1, 2, 4
-"""Row marks :meth:`SlotWalk.name_rows` takes: a recomputation's op or checkpoint's own bookkeeping
-(phase ``recompute``); an op a reentrant checkpoint's node runs (its region's forward replayed from
-the first call); grad mode was on at the op."""
+RECOMPUTED = 4
+"""The row mark :meth:`SlotWalk.name_rows` takes beside the observer's (``ObservedOps.mark``:
+``GRAD_ON``, ``CHECKPOINT_NODE``): a recomputation's op or checkpoint's own bookkeeping (phase
+``recompute``)."""
 
 
 class SlotWalk:
@@ -172,7 +172,7 @@ class SlotWalk:
         backward marks and module contexts (``-2``: an optimizer step), a backward row's module that
         of the forward row with its sequence number, else, for a context in ``parameter_contexts``
         (a gradient accumulation), that parameter's; recomputation as ``recompute.py`` names it,
-        from ``marks`` (:data:`RECOMPUTED`, :data:`REENTRANT` per row, ``int8``) and ``ends`` (the
+        from ``marks`` (the observer's marks and :data:`RECOMPUTED` per row, ``int8``) and ``ends`` (the
         ``TensorImpl`` address of each row's first input and first output, ``int64`` of shape
         ``(rows, 2)``, 0 for none); ``stacks``: each row's (``int64``, -1 none)."""
         rows = len(ops.op)

@@ -54,10 +54,11 @@ enum OpFlag : int {
 // kAccumulates: the op the engine sums gradients in place with (aten.add_.Tensor in a backward row),
 // which a dispatch mode runs out of place (a new tensor, at version 0). kDetach: aten.detach.default.
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
-enum RowMark : int8_t { kRecomputed = 1, kReentrant = 2, kGradOn = 4 };
-// Given by native_records.py per row: kRecomputed, a recomputation's op or checkpoint's own
-// bookkeeping (phase recompute); kReentrant, run by a reentrant checkpoint's node; kGradOn, grad
-// mode was on (the op's node, if it makes one, is the one after the last made before it).
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4 };
+// Per row: the observer's marks (observer.cpp's RowMark: kGradOn, grad mode was on, so the op's
+// node, if it makes one, is the one after the last made before it; kCheckpointNode, run by a
+// reentrant checkpoint's node), and kRecomputed, which native_recompute.py adds: a recomputation's
+// op or checkpoint's own bookkeeping (phase recompute).
 constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
 constexpr int64_t kLookback = 4096;  // recompute.py's LOOKBACK
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
@@ -474,7 +475,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
         module = rebuilt->second;
       } else if (row_backward[row] && (row_mark[row] & kRecomputed)) {
         phase = kRecompute;
-        if (!detach) from = state.pairing.pair(state.log, state.made_by, seq, row_op[row], module, row_mark[row] & kReentrant);
+        if (!detach) from = state.pairing.pair(state.log, state.made_by, seq, row_op[row], module, row_mark[row] & kCheckpointNode);
         if (from != nullptr) module = from->module;
       } else if (row_backward[row]) {
         phase = kBackward;

@@ -1,6 +1,8 @@
 """How capture, storage, load, compare and the report scale with the record count: a narrow GPT at many layers.
 
     python bench/scale.py [--layers 4,64,256] [--warmup N] [--repeat 1] [--stages capture,load,compare,report]
+    python bench/scale.py --layers 256 --stage capture --folder DUMPS   # the two dumps, kept in DUMPS
+    python bench/scale.py --layers 256 --stage compare --folder DUMPS [--profile OUT]
 
 For each layer count L: a GPT of width 32, sequence 16, vocabulary 64 (the example's -inf causal
 mask), batch 2, whose records grow like a deep model's while its compute stays small. One AdamW
@@ -26,11 +28,19 @@ interpreter, torch and the stage's inputs excluded). Stages:
 
 Last, each stage's growth exponent: the slope of log(seconds) against log(records) over the layer
 counts (1.0 is linear). Dumps live in a temporary folder.
+
+``--stage S --folder DUMPS`` runs one stage in this process and prints its figures as JSON: the
+``capture`` stage writes the two dumps into ``DUMPS`` (one layer count), the others read them, so a
+stage can be run again and again on the same dumps. The compare stage also gives its CPU seconds
+(``cpu_seconds``: the process's, all threads). ``--profile OUT`` runs that stage's last run under
+cProfile with the cyclic collector paused (as compare pauses it) and writes ``OUT/<stage>-<layers>.prof``
+(read it with ``python -m pstats``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -41,6 +51,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -67,16 +78,42 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed(work: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
-    """Best seconds of ``repeat`` runs of ``work``, the peak MB beyond the resident size before, its last result."""
+class Profiled(AbstractContextManager[None]):
+    """cProfile around a stage's last run, with the cyclic collector paused (as compare pauses it);
+    the profile is written to ``path`` on exit."""
+
+    def __init__(self, path: Path) -> None:
+        import cProfile
+
+        self.path, self.profile = path, cProfile.Profile()
+
+    def __enter__(self) -> None:
+        gc.disable()
+        self.profile.enable()
+
+    def __exit__(self, *exc: object) -> None:
+        self.profile.disable()
+        gc.enable()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.profile.dump_stats(str(self.path))
+
+
+def timed(
+    work: Callable[[], Any], repeat: int, around_last: AbstractContextManager[Any] | None = None
+) -> tuple[float, float, Any, float]:
+    """Best seconds of ``repeat`` runs of ``work``, the peak MB beyond the resident size before, its
+    last result, and the best CPU seconds of the process (all threads); ``around_last`` is entered
+    around the last run (a profile)."""
     before = resident_mb()
-    times, result = [], None
-    for _ in range(repeat):
+    times, cpu, result = [], [], None
+    for run in range(repeat):
         result = None  # the last run's result freed first, so that it is not counted in this run's peak
-        start = time.perf_counter()
-        result = work()
-        times.append(time.perf_counter() - start)
-    return min(times), max(peak_mb() - before, 0.0), result
+        with around_last if around_last is not None and run == repeat - 1 else nullcontext():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            result = work()
+            times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+    return min(times), max(peak_mb() - before, 0.0), result, min(cpu)
 
 
 def capture(folder: Path, layers: int, warmup: int) -> dict[str, Any]:
@@ -95,8 +132,8 @@ def capture(folder: Path, layers: int, warmup: int) -> dict[str, Any]:
             with torchdebug.dump(folder / name, model=model, task="statistics"):  # noqa: B023 (called at once)
                 train_step(model, optimizer, batch, autocast=autocast)  # noqa: B023
 
-        seconds, memory, _ = timed(step, 1)
-        plain, _, _ = timed(lambda: train_step(model, optimizer, batch, autocast=autocast), 1)  # noqa: B023
+        seconds, memory, *_ = timed(step, 1)
+        plain, *_ = timed(lambda: train_step(model, optimizer, batch, autocast=autocast), 1)  # noqa: B023
     run = torchdebug.load(folder / "bf16")
     records = sum(len(rank.records()) for rank in run.ranks.values())
     on_disk = sum(file.stat().st_size for file in run.path.rglob("*") if file.is_file())
@@ -122,14 +159,15 @@ def replicate(rank_folder: Path, run: Path, ranks: int) -> Path:
 
 def load(folder: Path, repeat: int) -> dict[str, Any]:
     """Read the bf16 dump's records."""
-    seconds, memory, records = timed(lambda: torchdebug.load(folder / "bf16").ranks[0].records(), repeat)
+    seconds, memory, records, _ = timed(lambda: torchdebug.load(folder / "bf16").ranks[0].records(), repeat)
     return {"seconds": seconds, "memory_mb": memory, "records": len(records)}
 
 
-def compare(folder: Path, repeat: int) -> dict[str, Any]:
+def compare(folder: Path, repeat: int, profile: AbstractContextManager[Any] | None = None) -> dict[str, Any]:
     """Compare the bf16 dump with the fp32 one in-process."""
-    seconds, memory, result = timed(lambda: torchdebug.compare(folder / "bf16", folder / "fp32"), repeat)
-    return {"seconds": seconds, "memory_mb": memory, "records": len(result.rows), "counts": result.counts()}
+    seconds, memory, result, cpu = timed(lambda: torchdebug.compare(folder / "bf16", folder / "fp32"), repeat, profile)
+    rows = len(result.rows)
+    return {"seconds": seconds, "cpu_seconds": cpu, "memory_mb": memory, "records": rows, "counts": result.counts()}
 
 
 def ranks(folder: Path, repeat: int, count: int) -> dict[str, Any]:
@@ -138,7 +176,7 @@ def ranks(folder: Path, repeat: int, count: int) -> dict[str, Any]:
     (rank_folder,) = dump.path.iterdir()
     run = replicate(rank_folder, folder / "ranks" / "run", count)
     per_rank = len(dump.ranks[0].records())
-    seconds, memory, _ = timed(lambda: torchdebug.compare(run), repeat)
+    seconds, memory, *_ = timed(lambda: torchdebug.compare(run), repeat)
     shutil.rmtree(folder / "ranks")
     return {"seconds": seconds, "memory_mb": memory, "records": count * per_rank}
 
@@ -149,7 +187,7 @@ def report(folder: Path, repeat: int) -> dict[str, Any]:
 
     result = torchdebug.compare(folder / "bf16", folder / "fp32")
     page = folder / "compare.html"
-    seconds, memory, _ = timed(lambda: result.to_html(page), repeat)
+    seconds, memory, *_ = timed(lambda: result.to_html(page), repeat)
     opened = float("nan")
     if missing() is None:
         with browser() as driver:
@@ -189,7 +227,7 @@ def describe(stage: str, layers: int, row: dict[str, Any]) -> str:
     if stage == "capture":
         line += f"  plain step {row['plain_seconds']:.3f} s  on disk {row['bytes_per_record']:.0f} B/record"
     if stage == "compare":
-        line += f"  verdicts {row['counts']}"
+        line += f"  CPU {row['cpu_seconds'] / records * 1e6:.1f} µs/row  verdicts {row['counts']}"
     if stage == "report":
         line += f"  page {row['bytes_per_row']:.1f} B/row, opens in {row['open_seconds']:.2f} s"
     return line
@@ -204,15 +242,17 @@ def main() -> None:
         "--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)} (capture always runs)"
     )
     parser.add_argument("--ranks", type=int, default=8, help="ranks of the cross-rank stage (default 8)")
-    parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # a child: one stage, JSON out
-    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--stage", choices=STAGES, help="run one stage here on the dumps in --folder; figures as JSON")
+    parser.add_argument("--folder", type=Path, help="the dumps' folder for --stage (capture writes them; the first layer count)")
+    parser.add_argument("--profile", type=Path, help="with --stage compare: its last run's cProfile, PROFILE/compare-L.prof")
     args = parser.parse_args()
     counts = [int(part) for part in args.layers.split(",")]
     if args.stage:
+        profile = Profiled(args.profile / f"{args.stage}-{counts[0]}.prof") if args.profile else None
         work = {
             "capture": lambda: capture(args.folder, counts[0], args.warmup),
             "load": lambda: load(args.folder, args.repeat),
-            "compare": lambda: compare(args.folder, args.repeat),
+            "compare": lambda: compare(args.folder, args.repeat, profile),
             "ranks": lambda: ranks(args.folder, args.repeat, args.ranks),
             "report": lambda: report(args.folder, args.repeat),
         }[args.stage]

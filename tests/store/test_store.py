@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -450,6 +451,14 @@ def test_every_field_reads_back_from_the_arrow_columns_as_written():
     assert back == cases
     assert back[0].shape is back[1].shape and back[0].stats is back[1].stats  # shared, as capture shares them
     assert "zeros" not in back[12].stats and back[12].stats["max"].__class__ is int  # written as they were read
+
+
+def test_steps_and_ranks_read_back_per_record_whether_one_or_several():
+    one_step = _columns_round_trip([_record(i) for i in range(3)])
+    assert [r.step for r in one_step] == [0, 0, 0] and [r.rank for r in one_step] == [0, 0, 0]
+    several = [dataclasses.replace(_record(i), step=i % 2, rank=2**40 + i) for i in range(3)]
+    back = _columns_round_trip(several)
+    assert [r.step for r in back] == [0, 1, 0] and [r.rank for r in back] == [2**40, 2**40 + 1, 2**40 + 2]
 
 
 def test_records_share_statistics_only_when_every_bit_is_equal():

@@ -280,7 +280,10 @@ def _column(array: pa.ChunkedArray, name: str) -> list[Any] | None:
     if kind == _INT and name in _SHARED_INTS:  # empty rows (the value slots' ids) read as None
         return _shared_strings(array, int)
     if kind == _INT and not array.null_count:
-        return numbers(array).tolist()
+        values = numbers(array)
+        if values.min() == values.max():  # one step, one rank: one int for every row
+            return [int(values[0])] * len(values)
+        return values.tolist()
     return array.to_pylist()
 
 

@@ -51,12 +51,15 @@ def _definitions(versions: tuple[int, int]) -> str:
 
 
 def _exact(row: Row) -> bool:
+    """Whether a row is compared bit for bit: a tensor slot of one shape with a checksum on both sides
+    (asked first: a statistics dump has none)."""
+    a, b = row.record_a, row.record_b
     return (
-        row.kind == "tensor"
-        and row.record_a is not None
-        and row.record_b is not None
-        and row.record_a.checksum is not None
-        and row.record_b.checksum is not None
+        a is not None
+        and a.checksum is not None
+        and b is not None
+        and b.checksum is not None
+        and row.kind == "tensor"
         and row.shape_a == row.shape_b
     )
 
@@ -197,10 +200,11 @@ def _of_the_dtypes(judgement: Judgement | None) -> bool:
 def dtype_note(rows: Sequence[Row]) -> str | None:
     """One line when the rows compared bit for bit hold other dtypes on the two sides, or when the two
     dumps' checksums follow different definitions (``None`` otherwise): the summary opens with it."""
-    definitions = next((row for row in rows if _exact(row) and _DEFINITIONS_MARK in (row.message or "")), None)
+    exact = [row for row in rows if _exact(row)]  # one pass over every row; none in a statistics compare
+    definitions = next((row for row in exact if _DEFINITIONS_MARK in (row.message or "")), None)
     if definitions is not None:
-        count = sum(1 for row in rows if _exact(row))
-        statistics = sum(1 for row in rows if _exact(row) and _with_statistics(row))
+        count = len(exact)
+        statistics = sum(1 for row in exact if _with_statistics(row))
         reason = definitions.message[definitions.message.index(_DEFINITIONS_MARK) :]
         if statistics == count:
             instead = f"all {count} slots with checksums keep their statistics verdicts"
@@ -213,13 +217,13 @@ def dtype_note(rows: Sequence[Row]) -> str | None:
             instead = f"{statistics} of {count} slots with checksums keep their statistics verdicts, the others are incomparable"
         return f"{DEFINITIONS_NOTE}, and {reason}; so no slot is judged by its checksum: {instead}"
     pairs: dict[tuple[str | None, str | None], int] = {}
-    for row in rows:
-        if _exact(row) and row.dtype_a != row.dtype_b:
+    for row in exact:
+        if row.dtype_a != row.dtype_b:
             pairs[(row.dtype_a, row.dtype_b)] = pairs.get((row.dtype_a, row.dtype_b), 0) + 1
     if not pairs:
         return None
     (dtype_a, dtype_b), _ = max(pairs.items(), key=lambda item: item[1])
-    statistics = any(_with_statistics(row) for row in rows if _exact(row))
+    statistics = any(_with_statistics(row) for row in exact)
     instead = (
         "those slots and the values computed from them keep their statistics verdicts"
         if statistics

@@ -22,10 +22,14 @@ from torchdebug.stats._schema import WIDTH
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def observer() -> NativeObserver:
+    """The process's observer, with what a Debugger run before (another test file) may have left set
+    turned off: fingerprints change how the callback sums a tensor (in memory order)."""
     loaded = load_observer()
     assert loaded is not None, "a C++ compiler is here: the observer must build"
+    loaded.use_fingerprints(False)
+    loaded.keep_unsummed(False)
     return loaded
 
 

@@ -411,3 +411,45 @@ def test_a_second_debugger_on_the_native_path_records_nothing_while_the_first_ob
     assert "aten.addmm.default" in {record.op for record in torchdebug.load(tmp_path / "first").ranks[0].records()}
     assert not list(torchdebug.load(tmp_path / "second").ranks[0].records())
     assert sum("another debugger" in record.getMessage() for record in caplog.records) == 1
+
+
+def _subclass_training() -> tuple[nn.Module, Callable[[], None]]:
+    """A linear layer whose frozen weight is quantized (a subclass computed from int8 data and a
+    scale, held as a buffer), a trained adapter beside it, and a thin wrapper added after."""
+    from tests.capture.test_subclasses import ScaledInt8, Wrapped
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    data = torch.randint(-8, 8, (2, 4), dtype=torch.int8)
+    del model.weight
+    model.register_buffer("weight", ScaledInt8(data, torch.tensor(0.25)))
+    adapter = nn.Linear(4, 2, bias=False)
+    model.register_module("adapter", adapter)
+    optimizer = torch.optim.SGD(adapter.parameters(), lr=0.1)
+    x, thin = torch.randn(3, 4), Wrapped(torch.randn(3, 2))
+
+    def step() -> None:
+        (model(x) + adapter(x) + thin).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"task": "structure"}, {"task": "statistics", "checksum": True}, {"task": "checksum"}],
+    ids=["structure", "statistics+checksum", "checksum"],
+)
+def test_tensor_subclasses_are_read_through_their_inner_tensors_on_both_paths(tmp_path, monkeypatch, caplog, options) -> None:
+    """A wrapper subclass flowing through a run is described as itself and read through the plain
+    tensor holding its elements; one computed from several inner tensors says so: on both paths."""
+    python = _dump(tmp_path, monkeypatch, caplog, _subclass_training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _subclass_training, native=True, **options)
+    _assert_same_dumps(python, native)
+    assert [r.capture_error for r in native] == [r.capture_error for r in python]
+    wrapped = [r for r in native if r.extra.get("subclass") == "Wrapped"]
+    assert wrapped and all(r.shape == [3, 2] and r.capture_error is None for r in wrapped)
+    if options["task"] != "structure":
+        assert all(r.checksum is not None for r in wrapped)
+    assert any("computed from several inner tensors" in (r.capture_error or "") for r in native)

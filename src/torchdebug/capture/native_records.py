@@ -32,6 +32,7 @@ from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_recompute import RecomputeMarks
+from torchdebug.capture.native_subclasses import read_subclasses
 from torchdebug.capture.native_values import CHANGED, PHASES, SlotWalk, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
@@ -393,6 +394,9 @@ class NativeStepCapture:
                 fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if entry in hashed else None
                 due.append((kept[slot], stats.update if statistics else None, fingerprint_sink))
             taken.append(stats)
+        described = read_subclasses(
+            walked, kept, taken, taken_fingerprints, due, statistics=statistics, fingerprints=fingerprints
+        )
         if due and stage is not None:
             stage(due)
         columns = SlotColumns(
@@ -409,6 +413,7 @@ class NativeStepCapture:
             _error_texts(),
             walked.unread,
             self._texts([None if why is None else unread_text(why) for why in walk.whys], "whys"),
+            described,
         )
         return columns.batch(
             ops,

@@ -30,8 +30,9 @@
 // Callbacks are thread-local RecordFunction callbacks: the autograd engine and at::launch carry
 // them (ThreadLocalState) to the threads that run a graph task. On such a thread an op is recorded
 // only inside a backward scope; on the thread that started the observer, always. Tensor subclasses
-// (a Python key in the key set) and nested tensors are flagged, never read: their sizes may call
-// into Python. Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
+// (a Python key in the key set) and nested tensors are flagged, never read here: their sizes may call
+// into Python. A subclass instance is kept for the flush, where Python reads it through its inner
+// tensors as a dispatch mode does. Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
 // Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
@@ -566,7 +567,8 @@ struct Slots {
   std::vector<std::string> text;     // a kValue slot's JSON text (empty for a tensor's)
   // With keep_unsummed: a reference to each plain non-empty tensor whose sums (or fingerprint) were
   // not taken here (another dtype or device), and its slot (an index into these columns), for Python to reduce at
-  // its flush while the tensor is at the version recorded. An output is held weakly until the next
+  // its flush while the tensor is at the version recorded; and always, to each subclass instance, which
+  // Python describes and reads through its inner tensors at the flush. An output is held weakly until the next
   // op starts (waiting: its index in kept): a factory's Python binding makes its result a variable
   // in place only while nothing else holds it (make_variable), else it wraps a copy of the TensorImpl.
   std::vector<at::Tensor> kept;
@@ -596,12 +598,14 @@ struct Slots {
     flag.push_back(kind);
     auto at = stats.size();
     stats.resize(at + kStatsWidth, std::nan(""));
-    storage.push_back(kind == kPlain ? reinterpret_cast<int64_t>(impl->unsafe_storage().unsafeGetStorageImpl()) : 0);
+    // A subclass's or nested tensor's own memory is not its value: the TensorImpl stands for it.
+    storage.push_back(kind == kPlain ? reinterpret_cast<int64_t>(impl->unsafe_storage().unsafeGetStorageImpl()) : reinterpret_cast<int64_t>(impl));
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
     base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
     base.push_back(kind == kPlain ? view_base(impl, base_alive.back()) : 0);
     if (kind != kPlain) {
       add_unread();
+      if (kind == kSubclass) keep(impl, false);  // Python reads it through its inner tensors at the flush
       return;
     }
     auto sizes = impl->sizes();
@@ -623,16 +627,20 @@ struct Slots {
     fingerprint.push_back(value);
     bool missing = (stats_f32.load(std::memory_order_relaxed) != nullptr && !(taken & kSummed)) ||
                    (want_fingerprints() && !(taken & kHashed));
-    if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) {
-      auto strong = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl);
-      if (side == 1) {
-        waiting.emplace_back(kept.size(), WeakImpl(strong));
-        kept.emplace_back();
-      } else {
-        kept.emplace_back(std::move(strong));
-      }
-      kept_slot.push_back(static_cast<int64_t>(row.size()) - 1);
+    if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) keep(impl, side == 1);
+  }
+
+  // Keep the tensor of the slot just added for Python's flush (kept, kept_slot); a plain output waits
+  // (above). A subclass instance is a Python object already: held at once.
+  void keep(c10::TensorImpl* impl, bool wait) {
+    auto strong = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl);
+    if (wait) {
+      waiting.emplace_back(kept.size(), WeakImpl(strong));
+      kept.emplace_back();
+    } else {
+      kept.emplace_back(std::move(strong));
     }
+    kept_slot.push_back(static_cast<int64_t>(row.size()) - 1);
   }
 
   // A non-tensor argument or result: a slot with no tensor (kValue), its JSON text in text.

@@ -90,8 +90,9 @@ class ObservedOps:
     ``shape`` and the strides in ``stride``,
     ``slot_device_type`` and ``slot_device_index`` (:meth:`NativeObserver.device_name`),
     ``slot_value`` (the ``TensorImpl``'s address, which is ``Tensor._cdata``), ``slot_version`` (its
-    version counter, -1 for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address, 0
-    for a flagged slot or one without storage), ``slot_offset`` (its storage offset) and
+    version counter, -1 for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address; a
+    subclass's or nested tensor's own ``TensorImpl`` address, its memory not being its value; 0 for a
+    value slot), ``slot_offset`` (its storage offset) and
     ``slot_base`` (a view's base ``TensorImpl``, 0 for none); after
     :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float tensor
     (``slot_has_stats``); after :meth:`NativeObserver.use_fingerprints`, ``slot_fingerprint``: the

@@ -674,7 +674,8 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       int64_t numel = 1;
       for (int dim = 0; dim < ndim; ++dim) numel *= sizes[dim];
       int64_t device = static_cast<int64_t>(device_type[slot]) * 256 + device_index[slot];
-      bool first = slot_arg[slot] == 0 && slot_element[slot] < 0 && flag == kPlain;
+      bool first_arg = slot_arg[slot] == 0 && slot_element[slot] < 0;  // a view op's source (ValueIds.views)
+      bool first = first_arg && flag == kPlain;  // and one whose memory the walk can follow
       if (io == 0 && first) {
         has_source = true;
         source.address = address;
@@ -706,7 +707,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       if (!(io ? want_outputs : want_inputs)) {
         if (io == 0 && (is_mutable || (first && (op->flags & kMakesViews)))) {  // ValueIds.see, ValueIds.views
           auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
-          if (first) {
+          if (first_arg) {
             has_source_value = true;
             source_value = value;
           }
@@ -721,7 +722,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       auto unpacked = io == 0 && backward && !state.unpacks.empty() && !state.at.contains(address) ? state.unpacks.find(memory)
                                                                                                     : state.unpacks.end();
       auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
-      if (io == 0 && first) {
+      if (io == 0 && first_arg) {
         has_source_value = true;
         source_value = value;
       } else if (io && (op->flags & kMakesViews) && has_source_value && value.id != source_value.id) {

@@ -28,13 +28,42 @@ from torchdebug.stats import COLUMNS, FIRST_COUNT, WIDTH
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
 from torchdebug.store._record_json import json_text
 
-__all__ = ["SlotColumns", "unread_text"]
+__all__ = ["DescribedSlots", "SlotColumns", "unread_text"]
 
 
 _STRING, _INT = pa.string(), pa.int64()
 _NAN, _SUM, _SQUARES = COLUMNS.index("nan"), COLUMNS.index("sum"), COLUMNS.index("squares")
 _INDICES = 1 << 16
 """Device indices (and -1, none) a device code holds: ``type * _INDICES + index + 1``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedSlots:
+    """Slots described in Python rather than from the drained arrays (the native path's subclass
+    instances, read through their inner tensors at the flush): by position among the recorded
+    slots, the fields their records hold."""
+
+    positions: list[int]
+    dtypes: list[str | None]
+    shapes: list[list[int] | None]
+    strides: list[list[int] | None]
+    devices: list[str | None]
+    errors: list[str | None]
+    """``capture_error``."""
+    extras: list[str | None]
+    """``extra`` as JSON text."""
+
+    def patch(self, columns: dict[str, pa.Array]) -> None:
+        """Put these slots' fields into the batch's ``columns`` (one take a column)."""
+        count = len(columns["dtype"])
+        index = np.arange(count)
+        index[self.positions] = count + np.arange(len(self.positions))
+        at = pa.array(index)
+        fields = {"dtype": self.dtypes, "shape": self.shapes, "stride": self.strides, "device": self.devices}
+        fields |= {"capture_error": self.errors, "extra": self.extras}
+        for name, values in fields.items():
+            column = columns[name]
+            columns[name] = pa.concat_arrays([column, pa.array(values, column.type)]).take(at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +95,9 @@ class SlotColumns:
     unread_codes: np.ndarray
     unread: pa.Array
     """``extra`` by code: why a slot was described and not read (:func:`unread_text`; 0: read)."""
+    described: DescribedSlots | None = None
+    """Slots whose fields Python gave (their flags say no drained description): they replace the
+    drained ones."""
 
     def batch(
         self,
@@ -113,6 +145,8 @@ class SlotColumns:
             "view_of": pa.array(self.view_of, _INT, mask=self.view_of < 0),
             "extra": _by_code(self.unread, self.unread_codes),
         }
+        if self.described is not None:
+            self.described.patch(columns)
         if values.any():
             columns["value"] = _values(ops, slots, values)
         if (self.fingerprint_refs != -1).any():

@@ -1,0 +1,82 @@
+"""The native path's tensor-subclass slots, read at the flush through their inner tensors as the
+dispatch mode reads them at the op (``CaptureSession._describe_subclass``).
+
+The observer flags a wrapper subclass (a DTensor, a float8 or NF4 weight, a thin wrapper) and keeps
+it: its sizes may call into Python and its storage is not its value. Here each is described as
+itself (dtype, global shape, stride, device; the plain tensor holding its elements gives dtype and
+device), its facts go to ``extra``, and its statistics and fingerprint are taken from that plain
+tensor with the step's other kept tensors; one whose value is computed from several inner tensors
+gets the mode's ``capture_error``. One that was not kept (freed before the observer could hold it)
+keeps the observer's flag.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchdebug._torch.subclasses import describe
+from torchdebug.capture.native_values import WalkedSlots
+from torchdebug.native.observer import SUBCLASS
+from torchdebug.slots import dtype_name
+from torchdebug.store import DescribedSlots
+from torchdebug.store._record_json import json_text
+
+__all__ = ["read_subclasses"]
+
+Due = tuple[torch.Tensor, Callable[[dict], None] | None, Callable[[int], None] | None]
+"""A kept tensor to reduce at the flush, with its statistics and fingerprint sinks (``stage``'s item)."""
+
+
+def read_subclasses(
+    walked: WalkedSlots,
+    kept: dict[int, torch.Tensor],
+    taken: list[dict[str, Any]],
+    taken_fingerprints: list[int | None],
+    due: list[Due],
+    *,
+    statistics: bool,
+    fingerprints: bool,
+) -> DescribedSlots | None:
+    """Describe the subclass slots of ``walked`` that the observer kept (``kept``: by drained slot),
+    or ``None`` when there is none. Each read one gets an entry of ``taken`` (and of
+    ``taken_fingerprints``) that ``walked.stats`` / ``walked.fingerprints`` now name, its plain
+    tensor queued in ``due``; its flag in ``walked.errors`` is cleared (its error, if any, is the
+    description's)."""
+    flagged = np.flatnonzero(walked.errors == SUBCLASS).tolist()
+    positions = [position for position in flagged if int(walked.slots[position]) in kept]
+    if not positions:
+        return None
+    described = DescribedSlots(positions, [], [], [], [], [], [])
+    for position in positions:
+        tensor = kept[int(walked.slots[position])]
+        view = describe(tensor)
+        local = tensor if view.local is None else view.local
+        described.dtypes.append(dtype_name(local.dtype))
+        described.shapes.append(list(tensor.shape))
+        described.devices.append(str(local.device))
+        described.extras.append(json_text(view.info) if view.info else None)
+        walked.errors[position] = 0
+        strided = local.layout is torch.strided
+        described.strides.append(list(tensor.stride()) if strided or view.local is not None else None)
+        if view.local is None or not strided:
+            described.errors.append(view.why_unread() if view.local is None else f"layout {local.layout} is not captured")
+            continue
+        described.errors.append(None)
+        if not (statistics or fingerprints):
+            continue
+        entry = len(taken)
+        stats: dict[str, Any] = {}
+        taken.append(stats)
+        taken_fingerprints.append(None)
+        if statistics:
+            walked.stats[position] = -2 - entry
+        if fingerprints:
+            walked.fingerprints[position] = -2 - entry
+        fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if fingerprints else None
+        due.append((view.local, stats.update if statistics else None, fingerprint_sink))
+    return described

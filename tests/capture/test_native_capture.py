@@ -453,3 +453,28 @@ def test_tensor_subclasses_are_read_through_their_inner_tensors_on_both_paths(tm
     if options["task"] != "structure":
         assert all(r.checksum is not None for r in wrapped)
     assert any("computed from several inner tensors" in (r.capture_error or "") for r in native)
+
+
+def test_a_tensor_subclass_written_in_place_before_the_flush_is_described_and_said_unread(tmp_path, monkeypatch) -> None:
+    """The native path reads a subclass at the step's end: one written in place since an op read it
+    is described (shape, extra) and says it was not read, where the dispatch mode read it at the op."""
+    from tests.capture.test_subclasses import Wrapped
+
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    thin = Wrapped(torch.ones(3))
+    with torchdebug.Debugger(tmp_path, task="statistics") as debugger:
+        debugger.start(None)
+        thin.mul(2.0)
+        thin.add_(1.0)
+        thin.mul(3.0)
+        debugger.step()
+    reads = [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.extra.get("subclass") == "Wrapped"]
+    assert [(r.name, r.shape, r.version) for r in reads] == [
+        ("forward/-/aten.mul.Tensor#0/input.0", [3], 0),
+        ("forward/-/aten.add_.Tensor#0/input.0", [3], 0),
+        ("forward/-/aten.add_.Tensor#0/output.0", [3], 1),  # the op returns its argument (a mode sees the handler's result)
+        ("forward/-/aten.mul.Tensor#1/input.0", [3], 1),
+    ]
+    assert [r.stats for r in reads[:2]] == [None, None] and [r.stats["max"] for r in reads[2:]] == [2.0, 2.0]
+    assert all("changed in place before the flush" in r.capture_error for r in reads[:2])
+    assert [r.capture_error for r in reads[2:]] == [None, None]

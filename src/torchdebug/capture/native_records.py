@@ -33,7 +33,7 @@ from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_recompute import RecomputeMarks
 from torchdebug.capture.native_subclasses import read_subclasses
-from torchdebug.capture.native_values import CHANGED, PHASES, SlotWalk, load_slot_walk
+from torchdebug.capture.native_values import CHANGED, CHANGED_TEXT, PHASES, SlotWalk, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, Record
@@ -51,8 +51,7 @@ _IO = ("input", "output")
 _ERRORS = {
     SUBCLASS: "a tensor subclass: not read by the native path",
     NESTED: "a nested tensor: not read by the native path",
-    CHANGED: "not read by the native path: freed before the next op, or changed in place before the flush "
-    "(TORCHDEBUG_NATIVE=0 reads it at the op)",
+    CHANGED: CHANGED_TEXT,
 }
 
 
@@ -395,7 +394,7 @@ class NativeStepCapture:
                 due.append((kept[slot], stats.update if statistics else None, fingerprint_sink))
             taken.append(stats)
         described = read_subclasses(
-            walked, kept, taken, taken_fingerprints, due, statistics=statistics, fingerprints=fingerprints
+            walked, kept, ops.slot_version, taken, taken_fingerprints, due, statistics=statistics, fingerprints=fingerprints
         )
         if due and stage is not None:
             stage(due)

@@ -6,21 +6,22 @@ it: its sizes may call into Python and its storage is not its value. Here each i
 itself (dtype, global shape, stride, device; the plain tensor holding its elements gives dtype and
 device), its facts go to ``extra``, and its statistics and fingerprint are taken from that plain
 tensor with the step's other kept tensors; one whose value is computed from several inner tensors
-gets the mode's ``capture_error``. One that was not kept (freed before the observer could hold it)
-keeps the observer's flag.
+gets the mode's ``capture_error``. Read at the flush, one written in place since its op says so,
+as a plain kept tensor does.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from torchdebug._torch.autograd import tensor_version
 from torchdebug._torch.subclasses import describe
-from torchdebug.capture.native_values import WalkedSlots
+from torchdebug.capture.native_values import CHANGED_TEXT, WalkedSlots
 from torchdebug.native.observer import SUBCLASS
 from torchdebug.slots import dtype_name
 from torchdebug.store import DescribedSlots
@@ -35,6 +36,7 @@ Due = tuple[torch.Tensor, Callable[[dict], None] | None, Callable[[int], None] |
 def read_subclasses(
     walked: WalkedSlots,
     kept: dict[int, torch.Tensor],
+    versions: Sequence[int],
     taken: list[dict[str, Any]],
     taken_fingerprints: list[int | None],
     due: list[Due],
@@ -42,8 +44,9 @@ def read_subclasses(
     statistics: bool,
     fingerprints: bool,
 ) -> DescribedSlots | None:
-    """Describe the subclass slots of ``walked`` that the observer kept (``kept``: by drained slot),
-    or ``None`` when there is none. Each read one gets an entry of ``taken`` (and of
+    """Describe the subclass slots of ``walked`` that the observer kept (``kept``: by drained slot,
+    ``versions``: each drained slot's version at its op), or ``None`` when there is none. One written
+    in place since its op is not read (``CHANGED_TEXT``). Each read one gets an entry of ``taken`` (and of
     ``taken_fingerprints``) that ``walked.stats`` / ``walked.fingerprints`` now name, its plain
     tensor queued in ``due``; its flag in ``walked.errors`` is cleared (its error, if any, is the
     description's)."""
@@ -53,7 +56,8 @@ def read_subclasses(
         return None
     described = DescribedSlots(positions, [], [], [], [], [], [])
     for position in positions:
-        tensor = kept[int(walked.slots[position])]
+        slot = int(walked.slots[position])
+        tensor = kept[slot]
         view = describe(tensor)
         local = tensor if view.local is None else view.local
         described.dtypes.append(dtype_name(local.dtype))
@@ -65,6 +69,9 @@ def read_subclasses(
         described.strides.append(list(tensor.stride()) if strided or view.local is not None else None)
         if view.local is None or not strided:
             described.errors.append(view.why_unread() if view.local is None else f"layout {local.layout} is not captured")
+            continue
+        if versions[slot] >= 0 and tensor_version(tensor) != versions[slot]:
+            described.errors.append(CHANGED_TEXT)
             continue
         described.errors.append(None)
         if not (statistics or fingerprints):

@@ -22,10 +22,15 @@ from torchdebug.native.build import load_torch_library
 from torchdebug.native.observer import ObservedOps
 from torchdebug.records import UNINITIALISED
 
-__all__ = ["CHANGED", "PHASES", "RECOMPUTED", "RowCalls", "SlotWalk", "WalkedSlots", "load_slot_walk"]
+__all__ = ["CHANGED", "CHANGED_TEXT", "PHASES", "RECOMPUTED", "RowCalls", "SlotWalk", "WalkedSlots", "load_slot_walk"]
 
 CHANGED = 3
 """A ``WalkedSlots.errors`` code: a kept tensor changed or freed before the flush (after ``observer.py``'s flags)."""
+CHANGED_TEXT = (
+    "not read by the native path: freed before the next op, or changed in place before the flush "
+    "(TORCHDEBUG_NATIVE=0 reads it at the op)"
+)
+"""The ``capture_error`` of such a slot."""
 
 _MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT, _SKIPPED = 1, 2, 4, 8, 16, 32
 _ACCUMULATES, _DETACH = 64, 128

@@ -1349,7 +1349,7 @@ void td_observer_counts(int64_t* counts) {
 // Move the first counts[0] op rows, counts[1] slot rows, counts[2] shape and stride entries and
 // counts[4] kept tensors (as td_observer_counts gave them) into the 28 columns: Recorder's op
 // columns, then its Slots' (the kept tensors' slots, -1 for one freed or changed in place since it
-// was recorded; the others go to observer_kept()), then the
+// was recorded, but for a subclass, whose version Python checks; the others go to observer_kept()), then the
 // rows' stacks (indices into the tracebacks td_observer_stacks symbolizes), then the slots' view
 // bases, whether each has a fingerprint and the fingerprints, then the rows' marks and the last
 // node made before each; rows added since stay. Called between ops: an op still running when its row is drained records its
@@ -1402,8 +1402,10 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   handed.clear();
   for (size_t entry = 0; entry < kept; ++entry) {  // freed before it was held, or changed since: slot -1
     auto& tensor = from.kept[entry];
-    auto recorded = from.version[static_cast<size_t>(from.kept_slot[entry])];
-    if (tensor.defined() && (recorded < 0 || tensor.unsafeGetTensorImpl()->version_counter().current_version() == recorded)) {
+    auto at = static_cast<size_t>(from.kept_slot[entry]);
+    auto recorded = from.version[at];
+    bool described = from.flag[at] == kSubclass;  // Python describes it changed or not, and checks its version
+    if (tensor.defined() && (described || recorded < 0 || tensor.unsafeGetTensorImpl()->version_counter().current_version() == recorded)) {
       handed.push_back(std::move(tensor));
     } else {
       from.kept_slot[entry] = -1;

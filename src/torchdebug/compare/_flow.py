@@ -54,19 +54,23 @@ class Flow:
         """Per side and step, the row of each output slot's name (producers are outputs)."""
         self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
         reshaped = False
-        for row in rows:
-            matched = row.record_a is not None and row.record_b is not None
-            reshaped = reshaped or matched and row.shape_a != row.shape_b and row.kind == "tensor"
-            for side, record in (("a", row.record_a), ("b", row.record_b)):
-                if record is None:
-                    continue
-                if record.io in OUTPUT_IO:
-                    names = self.slots[side].get(record.step)
-                    if names is None:
-                        names = self.slots[side][record.step] = {}
-                    names[record.name] = row
-                if not matched:
-                    self.one_sided.setdefault((side, record.step, record.call_name), []).append(row)
+        slots_a, slots_b = self.slots["a"], self.slots["b"]
+        for row in rows:  # one pass, most rows matched: each side written out rather than looped over
+            a, b = row.record_a, row.record_b
+            if a is not None and b is not None:
+                if not reshaped and row.shape_a != row.shape_b and row.kind == "tensor":
+                    reshaped = True
+                if a.io in OUTPUT_IO:
+                    slots_a.setdefault(a.step, {})[a.name] = row
+                if b.io in OUTPUT_IO:
+                    slots_b.setdefault(b.step, {})[b.name] = row
+                continue
+            side, record = ("a", a) if a is not None else ("b", b)
+            if record is None:
+                continue
+            if record.io in OUTPUT_IO:
+                self.slots[side].setdefault(record.step, {})[record.name] = row
+            self.one_sided.setdefault((side, record.step, record.call_name), []).append(row)
         if made is None:
             made = Producers.of(_records(rows, "a"), _records(rows, "b"))
         self.made = {"a": made.a, "b": made.b}

@@ -227,7 +227,12 @@ def tensor_jobs(rows: Iterable[Row], dump_a: RankRecords, dump_b: RankRecords) -
     saved = [
         row
         for row in rows
-        if row.kind == "tensor" and row.shape_a == row.shape_b and has_tensor(row.record_a) and has_tensor(row.record_b)
+        if (a := row.record_a) is not None  # asked first: a statistics compare has no saved tensor
+        and a.tensor
+        and row.kind == "tensor"
+        and row.shape_a == row.shape_b
+        and has_tensor(a)
+        and has_tensor(row.record_b)
     ]
     if not saved:
         return {}  # statistics dumps: no need to index the records' shapes

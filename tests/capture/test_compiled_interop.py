@@ -30,7 +30,11 @@ class _CountingBackend:
         return run
 
 
-def test_compiled_module_stays_compiled_under_capture(tmp_path, tiny):
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
+def test_compiled_module_stays_compiled_under_capture(tmp_path, tiny, monkeypatch, native):
+    """The module hooks capture sets are traced by Dynamo in the compiled module's call: on either
+    path they add no op to a graph (the native path's module context is set outside compiled code)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
     torch._dynamo.reset()
     backend = _CountingBackend()
     compiled = torch.compile(tiny, backend=backend)

@@ -160,7 +160,7 @@ class ModuleTracker:
         name = self.name_of(module)
         self._stack.append(name)
         if self.recorder is not None:
-            node = current_autograd_node()
+            node = None if is_compiling() else current_autograd_node()  # traced: no op of a graph
             recomputed = node is not None and self._recomputing(node, False)
             self.recorder.enter(module, name, args, RECOMPUTE if recomputed else "forward")
 

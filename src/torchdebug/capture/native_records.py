@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch import nn
+from torch.compiler import is_compiling
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torchdebug._torch.dispatch import OpOverload, op_schema
@@ -201,6 +202,8 @@ class NativeStepCapture:
         return context
 
     def _set_context(self, context: int) -> None:
+        if is_compiling():  # a module hook Dynamo traces: compiled code runs in the context of its call
+            return
         self._context = context
         self.observer.set_module(context)
 

@@ -275,11 +275,26 @@ def test_the_native_path_is_opt_in_and_torchdebug_native_0_turns_it_off(monkeypa
     assert why_not_native(config, nn.Linear(2, 2)) is None
 
 
-def test_a_model_with_forward_hooks_of_its_own_goes_to_the_dispatch_mode(monkeypatch) -> None:
-    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
-    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    model[1].register_forward_hook(lambda module, args, output: None)
-    assert "forward hooks on 1" in why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model)
+def _hooked_training() -> tuple[nn.Module, Callable[[], None]]:
+    """The example GPT with forward hooks of its own: one scales the attention's input projection's
+    output (the attention's own ops follow, with no module call between), one on a block runs another module (the next block's layer norm) on its output, and a pre-hook
+    scales an input."""
+    model, step = gpt_training()
+    model.layers[0].attn.qkv.register_forward_hook(lambda module, args, output: output * 1.03)
+    model.layers[0].register_forward_hook(lambda module, args, output: output + model.layers[1].ln1(output) * 0.01)
+    model.layers[1].mlp.register_forward_pre_hook(lambda module, args: (args[0] * 0.5,))
+    return model, step
+
+
+@pytest.mark.parametrize("options", [{"task": "statistics"}, {"task": "structure", "stack": "all"}], ids=["statistics", "stacks"])
+def test_a_model_with_forward_hooks_of_its_own_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options) -> None:
+    """The ops a module's own forward hooks run are named after that module (a module a hook runs,
+    after its own path), on both paths."""
+    python = _dump(tmp_path, monkeypatch, caplog, _hooked_training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _hooked_training, native=True, **options)
+    _assert_same_dumps(python, native)
+    hooked = {r.module for r in native if r.op == "aten.mul.Tensor" and r.phase == "forward"}
+    assert {"layers.0.attn.qkv", "layers.0", "layers.1.mlp"} <= hooked
 
 
 def _checkpointed_training(flavour: str) -> Training:

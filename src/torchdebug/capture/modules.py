@@ -133,6 +133,12 @@ class ModuleTracker:
             self._own_hooks.pop()  # its hooks are done
         return None
 
+    def hooks_done(self, module: nn.Module) -> None:
+        """``module``'s own forward hooks have run (a hook registered after them says so): ops are
+        the enclosing module's again, with no frame to check (the native path's module context)."""
+        if self._own_hooks and self._own_hooks[-1][0]() is module:
+            self._own_hooks.pop()
+
     def start(self) -> None:
         self.inner_entered = self.entered = False
         if self._hooks is None:

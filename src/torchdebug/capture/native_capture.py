@@ -70,8 +70,6 @@ def _why_not_for_model(model: nn.Module, reads: bool) -> str | None:
     if next(iter(compiled_modules(model)), None) is not None:
         return "compiled modules in the model"
     for name, module in model.named_modules():
-        if module._forward_hooks or module._forward_pre_hooks:
-            return f"forward hooks on {name or 'the model'} (their ops are named after it only by the dispatch mode)"
         if selective(module):
             return f"selective activation checkpointing on {name} (its region runs under a dispatch mode of its own)"
     for parameter in model.parameters():

@@ -172,6 +172,9 @@ class NativeStepCapture:
                 self._parameter_contexts.add(context)
                 self._handles.append(parameter.register_hook(self._accumulation_starts(context)))
                 self._handles.append(parameter.register_post_accumulate_grad_hook(self._accumulation_ends))
+        for module in self.model.modules() if self.model is not None else ():
+            if module._forward_hooks:  # the ops its own hooks run are its (ModuleTracker.current), until they are done
+                self._handles.append(module.register_forward_hook(self._own_hooks_done, always_call=True))
         if self._own_tracker:
             self.tracker.start()
         self._set_context(_OUTSIDE)
@@ -213,6 +216,10 @@ class NativeStepCapture:
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
         """The tracker left ``module``: the context is the enclosing module's."""
+        self.drop()
+
+    def _own_hooks_done(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self.tracker.hooks_done(module)
         self.drop()
 
     def drop(self) -> None:

@@ -277,8 +277,8 @@ def test_the_native_path_is_opt_in_and_torchdebug_native_0_turns_it_off(monkeypa
 
 def _hooked_training() -> tuple[nn.Module, Callable[[], None]]:
     """The example GPT with forward hooks of its own: one scales the attention's input projection's
-    output (the attention's own ops follow, with no module call between), one on a block runs another module (the next block's layer norm) on its output, and a pre-hook
-    scales an input."""
+    output (the attention's own ops follow, with no module call between), one on a block runs
+    another module (the next block's layer norm) on its output, and a pre-hook scales an input."""
     model, step = gpt_training()
     model.layers[0].attn.qkv.register_forward_hook(lambda module, args, output: output * 1.03)
     model.layers[0].register_forward_hook(lambda module, args, output: output + model.layers[1].ln1(output) * 0.01)
@@ -287,7 +287,7 @@ def _hooked_training() -> tuple[nn.Module, Callable[[], None]]:
 
 
 @pytest.mark.parametrize("options", [{"task": "statistics"}, {"task": "structure", "stack": "all"}], ids=["statistics", "stacks"])
-def test_a_model_with_forward_hooks_of_its_own_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options) -> None:
+def test_a_model_with_forward_hooks_of_its_own_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options):
     """The ops a module's own forward hooks run are named after that module (a module a hook runs,
     after its own path), on both paths."""
     python = _dump(tmp_path, monkeypatch, caplog, _hooked_training, native=False, **options)

@@ -242,8 +242,10 @@ def main() -> None:
         "--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)} (capture always runs)"
     )
     parser.add_argument("--ranks", type=int, default=8, help="ranks of the cross-rank stage (default 8)")
-    parser.add_argument("--stage", choices=STAGES, help="run one stage here on the dumps in --folder; figures as JSON")
-    parser.add_argument("--folder", type=Path, help="the dumps' folder for --stage (capture writes them; the first layer count)")
+    parser.add_argument(
+        "--stage", choices=STAGES, help="one stage in this process, figures as JSON: capture writes the dumps into --folder"
+    )
+    parser.add_argument("--folder", type=Path, help="the dumps' folder for --stage (at the first of --layers)")
     parser.add_argument("--profile", type=Path, help="with --stage compare: its last run's cProfile, PROFILE/compare-L.prof")
     args = parser.parse_args()
     counts = [int(part) for part in args.layers.split(",")]

@@ -95,6 +95,7 @@ def test_a_captured_training_step_has_the_torch_op_fingerprints_record_by_record
     native = _records(tmp_path / "native", _training_step(), **_TASKS[task])
     with monkeypatch.context() as torch_ops:
         torch_ops.setattr(fused_stats, "_kernels", lambda: None)  # the kernel is not there: torch ops
+        torch_ops.setenv("TORCHDEBUG_NATIVE", "0")  # nor the native path
         reference = _records(tmp_path / "reference", _training_step(), **_TASKS[task])
     got = {r.name: r.checksum for r in native if r.kind == "tensor"}
     want = {r.name: r.checksum for r in reference if r.kind == "tensor"}
@@ -131,6 +132,8 @@ def test_tensor_dump_checksums_are_the_fingerprints_of_the_saved_tensors(tmp_pat
 
 
 def test_a_view_in_the_same_order_shares_its_sources_fingerprint_without_another_pass(tmp_path, monkeypatch):
+    """On the dispatch mode (the native path takes fingerprints in its callback: test_native_capture)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
     calls = []
     for name in ("cpu_fingerprint", "cpu_stats_and_fingerprint"):
         original = getattr(stats_table, name)

@@ -390,3 +390,19 @@ def test_a_view_of_an_allocation_is_not_read_until_something_writes_it(tmp_path)
     assert [r.stats["max"] for r in after] == [x.max().item()] * 2 and not any(r.extra for r in after)
     copied = [r for r in records if r.op == "aten.copy_.default"]
     assert [r.extra.get(UNREAD) for r in copied] == ["overwritten", None, None]  # self, src, the written output
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
+def test_a_tensor_a_foreach_op_writes_is_read_again_with_its_new_value_and_version(tmp_path, monkeypatch, native):
+    """Under a dispatch mode torch moves no version for a ``_foreach_*_`` op's writes (an optimizer's
+    steps and moments): the next read still has its new statistics and a later version."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
+    steps = [torch.zeros(2), torch.zeros(3)]
+    with torchdebug.dump(tmp_path, task="statistics", checksum=True):
+        steps[0].mul(1.0)
+        torch._foreach_add_(steps, 1.0)
+        steps[0].mul(1.0)
+    reads = [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.op == "aten.mul.Tensor" and r.name.endswith("input.0")]
+    assert [r.stats["max"] for r in reads] == [0.0, 1.0]
+    assert reads[0].checksum != reads[1].checksum
+    assert reads[0].value_id == reads[1].value_id and reads[1].version == reads[0].version + 1

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr
+from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr, tensor_version
 from torchdebug._torch.checkpoint import BOOKKEEPING_OPS, RecomputeDetector, bookkeeping
 from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
 from torchdebug._torch.fsdp import unshard_buffers
@@ -167,6 +167,27 @@ def _wrapped(values: Iterable[Any]) -> list[torch.Tensor]:
 
 
 _VALUE = operator.itemgetter(1)
+
+_FOREACH = "aten._foreach_"
+"""Torch moves no version for the writes of these ops' in-place forms under a dispatch mode (2.11
+through 2.14), as it does without one (``CaptureSession.wrote``)."""
+
+
+def _written(info: OpInfo, args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors a call of a mutable op writes: its written arguments, each tensor of a list."""
+    found: dict[int, torch.Tensor] = {}
+    for key in info.written:
+        value = (args[int(key)] if int(key) < len(args) else None) if key.isdigit() else kwargs.get(key)
+        for tensor in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(tensor, torch.Tensor):
+                found[id(tensor)] = tensor
+    return list(found.values())
+
+
+def _versions(tensors: list[torch.Tensor]) -> list[int | None]:
+    return [None if tensor.is_inference() else tensor_version(tensor) for tensor in tensors]
+
+
 """A slot's value."""
 
 _CallNames = tuple[str, str, str, int, int, bool, "str | None", "str | None", "str | None"]
@@ -467,7 +488,11 @@ class OpCapture:
     def _run_unselected(self, func: Any, args: tuple, kwargs: dict[str, Any], info: OpInfo, module: str, rebuilds: bool) -> Any:
         """Run a call that is not recorded, keeping what later calls need: the tensors a checkpoint
         rebuilt, the storages functional collectives write into and those a wait completed."""
+        written = _written(info, args, kwargs) if info.mutable else None
+        versions = _versions(written) if written else None
         out = func(*args, **kwargs)
+        if written:
+            self.session.wrote(written, versions, info.name.startswith(_FOREACH))
         if rebuilds:
             self._rebuilt.add(out, module)
         if info.functional:
@@ -500,8 +525,12 @@ class OpCapture:
             self._add(inputs, "input", False, info.unread_inputs, names)
         elif info.mutable and self._outputs:  # its outputs that existed before are the tensors it wrote
             self.session.values.see(map(_VALUE, iter_slots(args, kwargs)))
+        written = _written(info, args, kwargs) if info.mutable else None
+        versions = _versions(written) if written else None
         if not info.waits:
             out = func(*args, **kwargs)
+        if written:
+            self.session.wrote(written, versions, info.name.startswith(_FOREACH))
         if rebuilds:
             self._rebuilt.add(out, names[1])
         if info.collective:

@@ -383,6 +383,19 @@ class CaptureSession:
         record.stride = sizes.get(stride) or sizes.setdefault(stride, list(stride))
         return True
 
+    def wrote(self, tensors: list[torch.Tensor], versions: list[int | None], unmoved: bool) -> None:
+        """A call wrote ``tensors`` in place, whose versions were ``versions`` before it. Torch moves
+        a written tensor's version once the call returns to autograd, or never: a fused optimizer's
+        writes, and under a dispatch mode a ``_foreach_*_`` op's (``unmoved``; without a mode torch
+        moves them, torch 2.11 through 2.14). What was taken of each before is forgotten, so a read
+        at the same version takes its new values; with ``unmoved``, its value id's version counts the
+        write, as it would without the mode."""
+        for tensor, version in zip(tensors, versions):
+            if version is not None and tensor_version(tensor) == version:
+                self._seen.pop(id(tensor), None)
+                if unmoved:
+                    self.values.wrote(tensor)
+
     def share_alias(self, alias: torch.Tensor, source: torch.Tensor, same_elements: bool, shares_memory: bool) -> None:
         """Let ``alias`` (an op output sharing ``source``'s memory) reuse what was captured for it.
 

@@ -34,7 +34,7 @@ class ValueIds:
     entries have doubled since the last drop (memory within twice the live tensors', amortised
     constant cost per tensor)."""
 
-    __slots__ = ("_refs", "_ids", "_views", "_next", "_limit")
+    __slots__ = ("_refs", "_ids", "_views", "_unmoved", "_next", "_limit")
 
     _FLOOR = 4096
     """Entries below which no drop happens within a step."""
@@ -43,6 +43,8 @@ class ValueIds:
         self._refs: dict[int, weakref.ref] = {}
         self._ids: dict[int, int] = {}
         self._views: dict[int, tuple[int, int]] = {}
+        self._unmoved: dict[int, int] = {}
+        """Writes torch did not count in a tensor's version (``wrote``), added to it."""
         self._next = 0
         self._limit = self._FLOOR
 
@@ -61,6 +63,7 @@ class ValueIds:
             self._refs[key] = weakref.ref(tensor)
             self._ids[key] = value_id
             self._views.pop(key, None)
+            self._unmoved.pop(key, None)
             bumps = False
             if len(self._refs) > self._limit:
                 self.prune()
@@ -75,6 +78,8 @@ class ValueIds:
         else:
             if bumps:
                 version += 1
+            if self._unmoved:
+                version += self._unmoved.get(key, 0)
             if view is not None and version < view[1]:
                 version = view[1]
         record.value_id, record.version, record.view_of = value_id, version, None if view is None else view[0]
@@ -85,6 +90,12 @@ class ValueIds:
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor):
                 self._id(tensor)
+
+    def wrote(self, tensor: torch.Tensor) -> None:
+        """``tensor`` was written in place and torch did not move its version (``CaptureSession.wrote``):
+        its records' versions count the write."""
+        self._id(tensor)
+        self._unmoved[id(tensor)] = self._unmoved.get(id(tensor), 0) + 1
 
     def views(self, outputs: Iterable[Any], source: torch.Tensor) -> None:
         """Register the new tensors among ``outputs`` (a view op's, made from ``source``) as views of
@@ -101,6 +112,7 @@ class ValueIds:
                 self._ids[id(tensor)] = self._next
                 self._next += 1
                 self._views[id(tensor)] = (root, floor)
+                self._unmoved.pop(id(tensor), None)
         if len(refs) > self._limit:
             self.prune()
 
@@ -109,6 +121,7 @@ class ValueIds:
         self._refs = {key: ref for key, ref in self._refs.items() if ref() is not None}
         self._ids = {key: self._ids[key] for key in self._refs}
         self._views = {key: view for key, view in self._views.items() if key in self._refs}
+        self._unmoved = {key: count for key, count in self._unmoved.items() if key in self._refs}
         self._limit = max(self._FLOOR, 2 * len(self._refs))
 
     def _id(self, tensor: torch.Tensor) -> int:
@@ -127,6 +140,7 @@ class ValueIds:
         base = view_base(tensor)
         key = id(tensor)
         self._views.pop(key, None)
+        self._unmoved.pop(key, None)
         if base is not None:
             self._views[key] = (self._root(base), 0)
         value_id = self._next

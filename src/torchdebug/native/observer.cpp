@@ -568,12 +568,16 @@ struct Slots {
   // With keep_unsummed: a reference to each plain non-empty tensor whose sums (or fingerprint) were
   // not taken here (another dtype or device), and its slot (an index into these columns), for Python to reduce at
   // its flush while the tensor is at the version recorded; and always, to each subclass instance, which
-  // Python describes and reads through its inner tensors at the flush. An output is held weakly until the next
-  // op starts (waiting: its index in kept): a factory's Python binding makes its result a variable
-  // in place only while nothing else holds it (make_variable), else it wraps a copy of the TensorImpl.
+  // Python describes and reads through its inner tensors at the flush. A factory's output is held
+  // weakly until the next op starts (waiting: its index in kept): its Python binding makes its result
+  // a variable in place only while nothing else holds it (make_variable), else it wraps a copy of the
+  // TensorImpl.
   std::vector<at::Tensor> kept;
   std::vector<int64_t> kept_slot;
   std::vector<std::pair<size_t, WeakImpl>> waiting;
+  // Whether the outputs added now wait (a factory's: no tensor argument); another op's result is a
+  // variable already and is held at once, so a temporary Python drops before the next op is read.
+  bool outputs_wait = true;
   // A weak reference to each slot's TensorImpl (and base_alive: to a view's base), held until the
   // drain hands it to Recorder::seen: the allocator cannot put another tensor at an address while a
   // weak reference holds it, so from a tensor's first slot until the drain that reports it freed,
@@ -627,7 +631,7 @@ struct Slots {
     fingerprint.push_back(value);
     bool missing = (stats_f32.load(std::memory_order_relaxed) != nullptr && !(taken & kSummed)) ||
                    (want_fingerprints() && !(taken & kHashed));
-    if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) keep(impl, side == 1);
+    if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) keep(impl, side == 1 && outputs_wait);
   }
 
   // Keep the tensor of the slot just added for Python's flush (kept, kept_slot); a plain output waits
@@ -969,7 +973,18 @@ struct Frame {
   const OpArgs* args = nullptr;  // kRecorded with value slots wanted: its schema's facts
   bool frame_op = false;         // kPending: its op is a frame op (frames_wanted)
   bool returns = false;          // kPending, kDeferred: its schema has results
+  bool factory = false;          // kPending, kRecorded: no tensor argument (its outputs wait: Slots::outputs_wait)
 };
+
+// Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
+bool no_tensor_argument(c10::ArrayRef<const c10::IValue> inputs) {
+  return std::none_of(inputs.begin(), inputs.end(), [](const c10::IValue& value) {
+    if (is_tensor(value)) return true;
+    if (!value.isList()) return false;
+    auto items = value.toListRef();
+    return std::any_of(items.begin(), items.end(), is_tensor);
+  });
+}
 
 struct Stash {
   Row row;
@@ -1186,6 +1201,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
     stash.slots.add_all(-1, 0, inputs, args);
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
+    thread.frames.back().factory = no_tensor_argument(inputs);
     return nullptr;
   }
   row.traceback = python_frames(frames_wanted(thread, row, info.frame_op));
@@ -1194,6 +1210,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   recorder.slots.add_all(at_row, 0, inputs, args);
   thread.frames.push_back({kRecorded, live, false, at_row, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
+  thread.frames.back().factory = no_tensor_argument(inputs);
   return nullptr;
 }
 
@@ -1217,6 +1234,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     const auto& outputs = fn.outputs();
     std::lock_guard<std::mutex> lock(recorder.mutex);
     auto& slots = recorder.slots;
+    slots.outputs_wait = frame.factory;
     auto after = slots.row.size();  // the slots of rows recorded inside this op (after its redispatch)
     while (after > 0 && slots.row[after - 1] > frame.row) --after;
     if (after == slots.row.size()) {

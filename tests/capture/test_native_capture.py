@@ -493,3 +493,21 @@ def test_a_tensor_subclass_written_in_place_before_the_flush_is_described_and_sa
     assert [r.stats for r in reads[:2]] == [None, None] and [r.stats["max"] for r in reads[2:]] == [2.0, 2.0]
     assert all("changed in place before the flush" in r.capture_error for r in reads[:2])
     assert [r.capture_error for r in reads[2:]] == [None, None]
+
+
+def _dropped_results() -> tuple[None, Callable[[], None]]:
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        x.mul(3).to(torch.int32)  # an integer result Python drops at once: its statistics are taken at the drain
+        torch.arange(5).add(1)  # a factory's result, then one made from it
+        x.sum()
+
+    return None, step
+
+
+def test_a_result_python_drops_before_the_next_op_is_read_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    python = _dump(tmp_path, monkeypatch, caplog, _dropped_results, native=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, _dropped_results, native=True, task="statistics")
+    _assert_same_dumps(python, native)
+    assert all(r.stats is not None and r.capture_error is None for r in native)

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from torchdebug.compare._flow import OUTPUT_IO, Flow
-from torchdebug.compare._judgement import Judgement
 from torchdebug.compare._rows import Row
 from torchdebug.compare._rules import PLAIN_BEYOND_SKIPS, RULES, Call, plainly_comparable, slot_of, within_tolerance
 from torchdebug.compare._structure import StructureBlock, structure_blocks
@@ -38,13 +37,17 @@ def _judge_call(call: Call) -> float:
     """Judge the rows of one op call in order: tensor inputs, argument values, outputs (arguments and
     outputs read the inputs' verdicts). Returns the largest error seen up to and including this call."""
     seen = call.upstream
+    selects = call.changed_selection() is not None  # from dtypes and differences: the same before and after judging
     for row in sorted(call.rows, key=lambda r: (r.io in OUTPUT_IO, r.kind != "tensor")):
         if row.kind == "tensor" and plainly_comparable(row):
             judgement = within_tolerance(row, call)  # beyond it, the rules that can answer such a slot
             if judgement is not None:  # most rows: a pass that carries, blames and stands in for nothing
                 judgement.apply(row)
-                _follow_selection(row, call)
-                seen = _seen(seen, judgement)
+                if selects or call.flow.follows:
+                    _follow_selection(row, call)
+                upstream = judgement.upstream
+                if upstream is not None and upstream > seen:
+                    seen = upstream
                 continue
             rules = _PLAINLY_BEYOND[row.io in OUTPUT_IO]
         else:
@@ -61,25 +64,22 @@ def _judge_call(call: Call) -> float:
         for other, judged in judgement.blames:
             judged.apply(other)
             call.flow.record(other, judged)
-        _follow_selection(row, call)
-        seen = _seen(seen, judgement)
+        if selects or call.flow.follows:
+            _follow_selection(row, call)
+        upstream = judgement.upstream
+        if upstream is not None and upstream > seen:
+            seen = upstream
         if judgement.stand_ins:  # different tensors on the two sides: what they were made from counts
             call.stand_in(row, judgement.stand_ins)
     return seen
 
 
 def _follow_selection(row: Row, call: Call) -> None:
-    """Note the changed selection ``row`` was computed from, if any: what it makes follows it."""
-    if call.flow.follows or call.changed_selection() is not None:
-        selection = call.follows(row)
-        if selection is not None:
-            call.flow.follows[row] = selection
-
-
-def _seen(seen: float, judgement: Judgement) -> float:
-    """The largest error seen upstream, with what ``judgement`` adds to it."""
-    upstream = judgement.upstream
-    return upstream if upstream is not None and upstream > seen else seen
+    """Note the changed selection ``row`` was computed from, if any (what it makes follows it); asked
+    where the call changed a selection or one changed before."""
+    selection = call.follows(row)
+    if selection is not None:
+        call.flow.follows[row] = selection
 
 
 def judge(

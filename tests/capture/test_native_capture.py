@@ -265,6 +265,14 @@ def test_configs_the_native_path_does_not_take_go_to_the_dispatch_mode(monkeypat
     assert why in why_not_native(DebuggerConfig.from_dict({"stack": "none", **options}), None)
 
 
+def test_a_model_with_compiled_blocks_takes_the_native_path_when_captured_eagerly(monkeypatch) -> None:
+    """``compiled_code="eager"`` runs compiled code eagerly while capturing: its ops reach the observer."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    model = nn.Sequential(torch.compile(nn.Linear(2, 2), backend="eager"), nn.ReLU())
+    assert "compiled modules" in why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model)
+    assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "compiled_code": "eager"}), model) is None
+
+
 def test_the_native_path_is_opt_in_and_torchdebug_native_0_turns_it_off(monkeypatch) -> None:
     config = DebuggerConfig.from_dict({"stack": "none"})
     monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)

@@ -59,15 +59,16 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return "a distributed run (collectives are not named on the native path)"
     reads = config.task in _READS_VALUES or config.checksum
     if model is not None:
-        return _why_not_for_model(model, reads)
+        return _why_not_for_model(model, reads, config.compiled_code == "eager")
     if reads and torch.accelerator.is_available():
         return "statistics or fingerprints with an accelerator present and no model (the native path reads CPU tensors only)"
     return None
 
 
-def _why_not_for_model(model: nn.Module, reads: bool) -> str | None:
-    """Why the native path does not apply to ``model`` (``reads``: the config reads tensors' values)."""
-    if next(iter(compiled_modules(model)), None) is not None:
+def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str | None:
+    """Why the native path does not apply to ``model`` (``reads``: the config reads tensors' values;
+    ``runs_eagerly``: compiled code runs eagerly while capturing, ``compiled_code="eager"``)."""
+    if not runs_eagerly and next(iter(compiled_modules(model)), None) is not None:
         return "compiled modules in the model"
     for name, module in model.named_modules():
         if selective(module):

@@ -31,11 +31,24 @@ _MODE_ONLY_CALLS = {_DETACH}
 """Calls only a dispatch mode makes: the ``detach`` autograd saves an output through, the one it
 unpacks it through, and ``AccumulateGrad``'s of a gradient summed out of place (``docs/architecture.md``,
 the native observer)."""
-_MODE_RENAMES = {_VIEW: _RESHAPE_ALIAS, _ADD: _ADD_, "aten.index_put.default": "aten._index_put_impl_.default"}
+_SCATTER = "aten.scatter.src"
+_MODE_RENAMES = {
+    _VIEW: _RESHAPE_ALIAS,
+    _ADD: _ADD_,
+    "aten.index_put.default": "aten._index_put_impl_.default",
+    "aten.new_zeros.default": "aten.zeros.default",
+    _SCATTER: "aten.scatter_.src",
+}
 """Ops a dispatch mode runs in place of others: ``reshape`` takes ``view`` for ``_reshape_alias`` while a
 mode is active (``at::isTensorSubclassLike``), forward and backward; gradients summed in the engine's
 input buffer are added out of place (backward); indexing's backward puts the gradient into zeros
-out of place (``index_backward``: ``index_put`` for ``_index_put_impl_``)."""
+out of place (``index_backward``: ``index_put`` for ``_index_put_impl_``); a selection's backward
+(``value_selecting_reduction_backward``: topk, max, sort) makes its zeros with ``new_zeros`` and
+scatters into them out of place."""
+_FACTORIES = {"aten.zeros.default"}
+"""Of those, the ones that take no tensor without the mode."""
+_OUT_OF_PLACE = {_ADD, _SCATTER}
+"""Of those, the ones whose output is, without the mode, their first argument written in place."""
 
 
 def call_groups(records: list[Record]) -> list[list[Record]]:
@@ -62,7 +75,7 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
             raise AssertionError(f"{tag}: eager {want_ops[a0:a1]} against native {got_ops[b0:b1]}")
         kept += zip(real, ops)
         for call in calls[a0:a1]:
-            if call[0].op in _MODE_ONLY_CALLS or call[0].op == _ADD:
+            if call[0].op in _MODE_ONLY_CALLS or call[0].op in _OUT_OF_PLACE:
                 source = next(r.value_id for r in call if r.io == "input" and r.arg == "0")
                 aliases |= {r.value_id: aliases.get(source, source) for r in call if r.io == "output"}
     changed = {(call[0].phase, call[0].module, name) for call, op in kept if op != call[0].op for name in (op, call[0].op)}
@@ -79,7 +92,8 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
     new_names = {name: f"{name.rpartition('/')[0]}/{op}#{index}" for name, (op, index) in renamed.items()}
     expected = [
         (r, make_name(r.phase, r.module, *renamed[r.call_name], r.io, r.arg), new_names.get(r.fwd, r.fwd))
-        for call, _ in kept
+        for call, op in kept
         for r in call
+        if not (op in _FACTORIES and r.io == "input")  # the tensor new_zeros takes its options from
     ]
     return expected, aliases

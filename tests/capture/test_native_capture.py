@@ -519,3 +519,32 @@ def test_a_result_python_drops_before_the_next_op_is_read_on_both_paths(tmp_path
     native = _dump(tmp_path, monkeypatch, caplog, _dropped_results, native=True, task="statistics")
     _assert_same_dumps(python, native)
     assert all(r.stats is not None and r.capture_error is None for r in native)
+
+
+class _Router(nn.Module):
+    """A mixture-of-experts router's selection: top-k of a softmax, its backward a scatter into zeros."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, _ = torch.topk(self.gate(x).softmax(-1), 2, dim=-1)
+        return weights.sum()
+
+
+def _routed_training() -> tuple[nn.Module, Callable[[], None]]:
+    torch.manual_seed(0)
+    model = _Router()
+    x = torch.randn(6, 8)
+    return model, lambda: model(x).backward()
+
+
+def test_a_selections_backward_is_its_decomposition_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """``value_selecting_reduction_backward`` decomposes above autograd; the first op it calls makes
+    its zeros (no tensor argument), which tells the observer so: its ops are recorded, not the op."""
+    python = _dump(tmp_path, monkeypatch, caplog, _routed_training, native=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, _routed_training, native=True, task="statistics")
+    _assert_same_dumps(python, native)
+    backward = {r.op for r in native if r.phase == "backward"}
+    assert "aten.scatter_.src" in backward and "aten.value_selecting_reduction_backward.default" not in backward

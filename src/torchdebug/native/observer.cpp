@@ -13,7 +13,8 @@
 //   - a CompositeImplicitAutograd op without an autograd kernel, called live, is transparent: it
 //     decomposes above autograd, so the mode sees the ops it calls (not live: under inference mode
 //     it reaches the mode itself); one with an autograd kernel too (linear, matmul, narrow, chunk)
-//     waits (kPending) for the first op it calls: live, it decomposed; not live, it is recorded;
+//     waits (kPending) for the first op it calls: live, it decomposed; not live, it is recorded (a
+//     factory, with no tensor to tell, is live where the thread excludes no autograd key);
 //   - the engine's scope around a node's evaluation and the node's apply (BACKWARD_FUNCTION) are
 //     transparent and mark the ops in them as backward ops, with the node's sequence number;
 //   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
@@ -1165,7 +1166,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   auto inputs = fn.inputs();
   bool live = autograd_key_live(inputs);
-  if (parent != nullptr && !live) {  // the parent's kernel below autograd runs this op: hidden
+  // A factory (no tensor argument) that a pending composite calls where the thread excludes no
+  // autograd key runs in its decomposition above autograd (value_selecting_reduction_backward's zeros).
+  bool above = live || (parent != nullptr && parent->kind == kPending && no_tensor_argument(inputs) &&
+                        !c10::impl::tls_local_dispatch_key_set().excluded_.has_any(c10::autograd_dispatch_keyset));
+  if (parent != nullptr && !above) {  // the parent's kernel below autograd runs this op: hidden
     if (parent->kind == kPending || parent->kind == kDeferred) settle(thread, *parent, true);
     parent->below = true;
     thread.frames.push_back({kHidden, false, false, -1});

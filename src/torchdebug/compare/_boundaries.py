@@ -6,7 +6,8 @@ call-level matching leaves both the eager op and its nodes unpaired. What the tw
 group's **boundary**: the values that enter it and leave it. The alignment's last rule
 (:func:`align_boundaries`, applied by ``_matching.match_records`` against a compiled side) pairs
 the slots the calls' pairing left over by value, by data flow and at the group's boundary; a slot's
-value is told by dtype, shape and statistics (:func:`~torchdebug.compare._value_graph.identity`).
+value is told by the value ids both dumps record (:func:`_values_by_id`), else by dtype, shape and
+statistics (:func:`~torchdebug.compare._value_graph.identity`: older and msprobe dumps).
 These rows carry B's names (the eager op's call), so a decomposed op is judged as one call: its
 outputs against its inputs. Slots of A left over in a module where a decomposed eager op was aligned
 are the group's inner values (``how="inside"``, with the eager call in ``inside``): listed, not
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from torchdebug.compare._metrics import stats_metrics
 from torchdebug.compare._shards import local_indices
 from torchdebug.compare._tolerances import tolerance_for
-from torchdebug.compare._value_graph import identity
+from torchdebug.compare._value_graph import execution_order, held_values, identity
 from torchdebug.records import NO_MODULE, Record
 
 __all__ = ["align_boundaries"]
@@ -55,10 +56,27 @@ def _region(record: Record) -> tuple[int, str, str]:
     return record.step, record.phase, _module(record)
 
 
-def _value(record: Record) -> tuple | None:
-    """The value a slot holds within its step (values of other steps are other values)."""
+def _values_by_statistics(record: Record) -> tuple[tuple, ...]:
+    """The value a slot holds within its step (values of other steps are other values), told by
+    dtype, shape and statistics: for dumps without value ids."""
     value = identity(record)
-    return None if value is None else (record.step, value)
+    return () if value is None else ((record.step, value),)
+
+
+def _values_by_id(pairs: Sequence[_SlotPair]) -> Callable[[Record], tuple[tuple, ...]]:
+    """What a slot holds, told by the value ids both dumps record: the tensor (its ``(value_id,
+    version)``), then the value (the one a view or a copy passed on,
+    :func:`~torchdebug.compare._value_graph.held_values`; each side's slots in execution order)."""
+    values: dict[int, tuple] = {}
+    for side in ("a", "b"):
+        records = [record for p in pairs if (record := getattr(p, side)) is not None]
+        values.update(held_values([records[i] for i in execution_order(records)]))
+
+    def held(record: Record) -> tuple[tuple, ...]:
+        value = values.get(id(record))
+        return () if value is None else ((record.step, "tensor", record.value_id, record.version), (*value, "value"))
+
+    return held
 
 
 def _direction(record: Record) -> bool:
@@ -73,9 +91,10 @@ def _place(record: Record) -> tuple:
 class _Aligner:
     """The pairs of one rank, with the slots each side still has unpaired, indexed by value."""
 
-    def __init__(self, pairs: list[_SlotPair]) -> None:
-        self.pairs = pairs
-        self.partner_b: dict[tuple, tuple] = {}  # B's value -> A's value
+    def __init__(self, pairs: list[_SlotPair], by_id: bool) -> None:
+        self.pairs, self.by_id = pairs, by_id
+        self.values = _values_by_id(pairs) if by_id else _values_by_statistics
+        self.partner_b: dict[tuple, tuple] = {}  # B's tensor or value -> A's
         for pair in pairs:
             if pair.a is not None and pair.b is not None:
                 self._link(pair.a, pair.b)
@@ -83,8 +102,7 @@ class _Aligner:
     def _link(self, a: Record, b: Record) -> None:
         if (a.extra or b.extra) and (local_indices(a, b) or local_indices(b, a)):
             return  # one slot, not one value: what made either side's is not the other's
-        value_a, value_b = _value(a), _value(b)
-        if value_a is not None and value_b is not None:
+        for value_a, value_b in zip(self.values(a), self.values(b)):
             self.partner_b.setdefault(value_b, value_a)
 
     def _left(self, side: str) -> list[tuple[_SlotPair, Record]]:
@@ -106,39 +124,55 @@ class _Aligner:
         :func:`_nearness`)."""
         holders: dict[tuple, list[tuple[_SlotPair, Record]]] = defaultdict(list)
         for pair in self.pairs:
-            a = pair.a
-            value = None if a is None or not pair.how else _value(a)
-            if a is not None and value is not None:
-                holders[value].append((pair, a))
-        joined = 0
+            if (a := pair.a) is not None and pair.how:
+                for value in self.values(a):
+                    holders[value].append((pair, a))
+        joined, free = 0, None
         for left_b, b in self._left("b"):
-            value_b = _value(b)
-            value_a = self.partner_b.get(value_b) if value_b is not None else None
-            ranked = []  # the nearest, an unpaired slot of A first, then one in the same direction
-            for holder, a in holders.get(value_a, ()) if value_a is not None else ():
-                nearness = _nearness(a, b)
-                if holder.how and nearness is not None:
-                    ranked.append(((nearness, holder.how != "only_a", _direction(a) != _direction(b)), holder, a))
-            if ranked:
-                _, nearest, a = min(ranked, key=lambda found: found[0])
-                self._join(nearest, a, left_b, b, "value")
-                joined += 1
+            ranked = []  # the nearest; the tensor's partner before the value's; unpaired; in the same direction
+            for level, value_b in enumerate(self.values(b)):
+                for holder, a in holders.get(self.partner_b.get(value_b, ()), ()):
+                    nearness = _nearness(a, b)
+                    if holder.how and nearness is not None:
+                        ranked.append(((nearness, level, holder.how != "only_a", _direction(a) != _direction(b)), holder, a))
+            if not ranked:
+                continue
+            (nearness, *_), nearest, a = min(ranked, key=lambda found: found[0])
+            if nearness == _ACROSS_MODULES and self.by_id:
+                free = self._free() if free is None else free
+                if self._at_boundary(b, free) is not None:
+                    continue  # its own group's slot, at the boundary (2.): by id, an op one side runs
+                    # between the group and the next paired op (an add of zeros) makes that slot another value
+            self._join(nearest, a, left_b, b, "value")
+            joined += 1
         return joined
 
     def by_boundary(self) -> int:
         """Pair left-over slots of B with A's of the same region, direction, dtype and shape (2.)."""
-        candidates: dict[tuple, list[tuple[_SlotPair, Record]]] = defaultdict(list)
-        for pair, a in self._left("a"):
-            candidates[_place(a)].append((pair, a))
+        free = self._free()
         joined = 0
         for left_b, b in self._left("b"):
-            free = [(_distance(a, b), pair, a) for pair, a in candidates.get(_place(b), ()) if pair.how == "only_a"]
-            if free:
-                _, best, a = min(free, key=lambda found: found[0])
-                if _agree(a, b):
-                    self._join(best, a, left_b, b, "group")
-                    joined += 1
+            found = self._at_boundary(b, free)
+            if found is not None:
+                self._join(found[0], found[1], left_b, b, "group")
+                joined += 1
         return joined
+
+    def _free(self) -> dict[tuple, list[tuple[_SlotPair, Record]]]:
+        """A's unpaired tensor slots by place (:func:`_place`)."""
+        free: dict[tuple, list[tuple[_SlotPair, Record]]] = defaultdict(list)
+        for pair, a in self._left("a"):
+            free[_place(a)].append((pair, a))
+        return free
+
+    @staticmethod
+    def _at_boundary(b: Record, free: Mapping[tuple, list[tuple[_SlotPair, Record]]]) -> tuple[_SlotPair, Record] | None:
+        """The unpaired slot of A at ``b``'s place whose statistics are closest, when they agree."""
+        candidates = [(_distance(a, b), pair, a) for pair, a in free.get(_place(b), ()) if pair.how == "only_a"]
+        if not candidates:
+            return None
+        _, pair, a = min(candidates, key=lambda found: found[0])
+        return (pair, a) if _agree(a, b) else None
 
     def mark_inside(self, decomposed: set[str], made_a: Mapping[int, tuple]) -> None:
         """A-only slots in a module where a decomposed eager call was aligned: inside the one of its
@@ -177,6 +211,10 @@ class _Aligner:
                     pair.inside = next((name for seq, name in aligned if seq >= a.seq), aligned[-1][1])
 
 
+_ACROSS_MODULES = 2
+"""The nearness (:func:`_nearness`) of a slot of A in another module than B's."""
+
+
 def _nearness(a: Record, b: Record) -> int | None:
     """How near a slot of A holding the partner value of B's slot is to it: 0 in the same phase and
     module, 1 in the same module (a backward op reading what its forward saved, which the compiled
@@ -185,7 +223,7 @@ def _nearness(a: Record, b: Record) -> int | None:
     same_phase, same_module = a.phase == b.phase, _module(a) == _module(b)
     if same_module and (same_phase or (b.phase, a.phase) == ("backward", "forward")):
         return 0 if same_phase else 1
-    return 2 if same_phase and not _constant(b) else None
+    return _ACROSS_MODULES if same_phase and not _constant(b) else None
 
 
 def _constant(record: Record) -> bool:
@@ -212,16 +250,18 @@ def _agree(a: Record, b: Record) -> bool:
     return _distance(a, b, tolerance.atol) <= tolerance.rtol
 
 
-def align_boundaries(pairs: list[_P], made_a: Mapping[int, tuple]) -> list[_P]:
+def align_boundaries(pairs: list[_P], made_a: Mapping[int, tuple], by_id: bool) -> list[_P]:
     """``pairs`` with left-over slots paired by value (``how="value"``), at group boundaries
     (``"group"``) and marked ``"inside"`` (the module docstring), inside the eager calls that
     call-level matching left unpaired (:func:`_unpaired_calls`). ``made_a``: the producers of A's
     input slots (``_value_graph.Producers``). Two ways, each run again on what the other found:
 
     1. **Data flow.** A paired slot says that a value of A is a value of B; every other slot of B
-       holding that value (the same saved tensor, or the same dtype, shape and statistics: the
-       output of the op that made it, a ``detach`` of it) is paired with a slot of A holding the
-       partner value, an unpaired one first. This pairs the outputs of a decomposed op with the node
+       holding that value (by value ids the same tensor, else the value a view or copy passed on;
+       without ids the same saved tensor, or the same dtype, shape and statistics: the output of
+       the op that made it, a ``detach`` of it) is paired with a slot of A holding the partner
+       value: the nearest, the same tensor's partner before the value's, an unpaired one first. This
+       pairs the outputs of a decomposed op with the node
        whose value the next matched op reads, its inputs with the values the group's nodes read, and
        the slots of ops the compiler erased (``detach``, ``alias``, ``clone``) with the value they
        pass on.
@@ -237,7 +277,7 @@ def align_boundaries(pairs: list[_P], made_a: Mapping[int, tuple]) -> list[_P]:
        the data flow pairs values (1.).
     """
     decomposed = _unpaired_calls(pairs)
-    aligner = _Aligner(list(pairs))
+    aligner = _Aligner(list(pairs), by_id)
     while aligner.by_value() + aligner.by_boundary():
         pass
     aligner.mark_inside(decomposed, made_a)

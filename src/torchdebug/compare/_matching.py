@@ -541,14 +541,15 @@ def match_records(
     side was captured in compiled graphs, whose decompositions add calls (see :func:`_align_leftovers`).
     ``made``: the two sides' :class:`Producers`, when the caller keeps them for verdicts."""
     made = made or Producers.of(records_a, records_b)
-    pairs = _pair_calls(records_a, records_b, mapping or NameMapping(), compiled, made)
+    by_id = _carry_value_ids(records_a) and _carry_value_ids(records_b)
+    pairs = _pair_calls(records_a, records_b, mapping or NameMapping(), compiled, made, by_id)
     _assign_order(pairs, records_b)  # the calls are gone by now, so they and the order's index never coexist
     pairs.sort(key=attrgetter("order"))
-    return align_boundaries(pairs, made.a) if compiled else pairs
+    return align_boundaries(pairs, made.a, by_id) if compiled else pairs
 
 
 def _pair_calls(
-    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping, compiled: bool, made: Producers
+    records_a: Sequence[Record], records_b: Sequence[Record], mapping: NameMapping, compiled: bool, made: Producers, by_id: bool
 ) -> list[Pair]:
     """The pairs of :func:`match_records`, in no order yet."""
     slot_names: dict[str, str] = {}
@@ -561,7 +562,7 @@ def _pair_calls(
     def op_a(call: _Call) -> str:
         return mapping.ops.get(call.first.op, call.first.op)
 
-    if _carry_value_ids(records_a) and _carry_value_ids(records_b):
+    if by_id:
         named = _names_say_something(calls_a, calls_b, mapping) if compiled else None
         flowing, left_a = align_by_flow(_in_order(list(calls_a.values())), calls_b, links, rename, op_a, named)
         # what the walk leaves (calls whose inputs come from one-sided ops, of other names and shapes:

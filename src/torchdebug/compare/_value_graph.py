@@ -5,7 +5,8 @@ dumps, ``torchdebug.graph_dump._value_ids``: a dict lookup per input); elsewhere
 msprobe dumps) inferred from dtype, shape and statistics (:func:`identity`), which cannot tell
 identical tensors apart (two zero biases). Matching
 aligns the two dumps' graphs (:mod:`torchdebug.compare._flow_alignment`, :mod:`torchdebug.compare._matching`);
-the verdicts trace an input through ops only one side runs with it.
+the verdicts trace an input through ops only one side runs with it. :func:`held_values` says which
+value each slot holds, looking through views and copies (the decomposed-group rule's values).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "Producers",
     "candidate_producers",
     "execution_order",
+    "held_values",
     "identity",
     "producers",
     "run_position",
@@ -258,6 +260,70 @@ def _recomputed_in_place(records: Sequence[Record]) -> Iterable[Record]:
         return records
     others = (record for record in records if record.phase != "recompute")
     return heapq.merge(others, recomputed, key=attrgetter("step", "seq"))
+
+
+_COPIES = {"aten.clone.default", "aten.lift_fresh_copy.default", "aten._to_copy.default", "aten.contiguous.default"}
+"""Ops whose output is a new tensor holding their input's value when dtype, shape and statistics stay."""
+
+
+def held_values(records: Sequence[Record]) -> dict[int, tuple[int, int, int | None]]:
+    """The value each tensor slot (by ``id``) of ``records`` (in execution order) holds, by the value
+    ids the dump records: ``(step, value_id, version)``, or the value a view or a copy passed on (a
+    ``detach`` or an ``alias`` of a whole tensor, a ``clone``: the same dtype, shape and statistics as
+    its call's input, or a view as its base; a transpose of a square matrix counts as holding its
+    elements, which compare's metrics take in any order). An op the compiler erased passes on the
+    value its input held, so both hold one value. A tensor no recorded op made and no view holds the
+    value of the step's latest view with its dtype, shape, strides and statistics: FSDP's unsharded
+    parameter, a tensor over the memory its all-gather's ``as_strided`` view names (a view no op made,
+    the latest view of its memory: autograd unpacking a recomputed tensor). An op activation
+    checkpointing runs again makes the values of the forward call it repeats (``fwd``). Slots without
+    an id are left out."""
+    passed: dict[tuple[int, int, int | None], tuple[int, int, int | None]] = {}  # a slot's value -> the value it holds
+    first: dict[tuple[int, int, int | None], Record] = {}  # the first slot holding each (step, value_id, version)
+    read: dict[tuple[int, str], Record] = {}  # (step, call) -> its first tensor input
+    views: dict[tuple, Record] = {}  # the step's latest view made, by dtype, shape, strides and statistics
+    outputs: dict[tuple[int, str], Record] = {}  # (step, name) -> the output slot of that name, not recomputed
+    for record in _recomputed_in_place(records):  # among the backward's, which reads what they made
+        value_id = record.value_id
+        if value_id is None or record.kind != "tensor":
+            continue
+        step, view_of = record.step, record.view_of
+        key = (step, value_id, record.version)
+        if record.io == "input":
+            read.setdefault((step, call_name(record.name)), record)
+        else:
+            if view_of is not None and record.stats:
+                views[_layout(record)] = record
+            if record.phase != "recompute":
+                outputs.setdefault((step, record.name), record)
+        if key in first:
+            continue
+        first[key] = record
+        base = first.get((step, view_of, record.version)) if view_of is not None else None
+        if record.io in OUTPUTS:  # the forward's slot a recomputation repeats, what a view or copy read, its base
+            made = view_of is not None or record.op in _COPIES
+            repeated = outputs.get((step, f"{record.fwd}/{record.name.rsplit('/', 1)[1]}")) if record.fwd else None
+            found = (repeated, read.get((step, call_name(record.name))) if made else None, base)
+        else:  # no recorded op made it: its base, else the latest view of its memory and layout (autograd
+            # unpacking a recomputed tensor; FSDP's unsharded parameter, over its all-gather's view)
+            view = views.get(_layout(record)) if record.stats else None
+            found = (base, view if view is not None and view.view_of == view_of else None) if view_of is not None else (view,)
+        for held in found:
+            if held is not None and held.value_id is not None and _passed_on(held, record):
+                value = (step, held.value_id, held.version)
+                passed[key] = passed.get(value, value)
+                break
+    values: dict[int, tuple[int, int, int | None]] = {}
+    for record in records:
+        if record.value_id is not None and record.kind == "tensor":
+            key = (record.step, record.value_id, record.version)
+            values[id(record)] = passed.get(key, key)
+    return values
+
+
+def _layout(record: Record) -> tuple:
+    """A tensor's dtype, shape, strides and statistics."""
+    return record.step, record.dtype, tuple(record.shape or ()), tuple(record.stride or ()), tuple((record.stats or {}).values())
 
 
 def _passed_on(read: Record, made: Record) -> bool:

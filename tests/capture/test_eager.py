@@ -406,3 +406,24 @@ def test_a_tensor_a_foreach_op_writes_is_read_again_with_its_new_value_and_versi
     assert [r.stats["max"] for r in reads] == [0.0, 1.0]
     assert reads[0].checksum != reads[1].checksum
     assert reads[0].value_id == reads[1].value_id and reads[1].version == reads[0].version + 1
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
+def test_a_tensor_a_fused_optimizer_wrote_is_read_again_with_its_new_value(tmp_path, monkeypatch, native):
+    """A fused optimizer writes parameters and moments without moving their versions: a read after
+    it in the same step takes the new values, not those read before at the same version."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5, fused=True)
+    x = torch.randn(3, 4)
+    with torchdebug.Debugger(tmp_path, task="statistics") as debugger:
+        debugger.start(model)
+        model(x).sum().backward()
+        optimizer.step()
+        model.bias.mul(1.0)
+        debugger.step()
+    records = {r.name: r for r in torchdebug.load(tmp_path).ranks[0].records()}
+    before, after = records["forward/<root>/aten.addmm.default#0/input.0"], records["forward/-/aten.mul.Tensor#0/input.0"]
+    assert before.value_id == after.value_id and before.version == after.version  # torch moved no version
+    assert after.stats["max"] == model.bias.max().item() != before.stats["max"]

@@ -24,8 +24,7 @@ from torchdebug._torch.subclasses import describe
 from torchdebug.capture.native_values import CHANGED_TEXT, WalkedSlots
 from torchdebug.native.observer import SUBCLASS
 from torchdebug.slots import dtype_name
-from torchdebug.store import DescribedSlots
-from torchdebug.store._record_json import json_text
+from torchdebug.store import DescribedSlots, extra_text
 
 __all__ = ["read_subclasses"]
 
@@ -63,7 +62,7 @@ def read_subclasses(
         described.dtypes.append(dtype_name(local.dtype))
         described.shapes.append(list(tensor.shape))
         described.devices.append(str(local.device))
-        described.extras.append(json_text(view.info) if view.info else None)
+        described.extras.append(extra_text(view.info) if view.info else None)
         walked.errors[position] = 0
         strided = local.layout is torch.strided
         described.strides.append(list(tensor.stride()) if strided or view.local is not None else None)

@@ -542,7 +542,23 @@ struct OpInfo {
   Kind kind;
   const OpArgs* args = nullptr;  // its schema's facts (Recorder::args)
   bool frame_op = false;  // one of the ops whose frames tell checkpointing's own calls (td_observer_checkpoint)
+  bool mutable_op = false;  // its schema writes an argument
 };
+
+// Forget what was read of the tensors among `values` (an op that may write them is about to): a fused
+// optimizer writes its tensors without moving their versions, so the next read takes them again.
+void forget_reads_of(c10::ArrayRef<const c10::IValue> values) {
+  std::lock_guard<std::mutex> lock(reads_mutex);
+  for (const auto& value : values) {
+    if (value.isTensor()) {
+      reads.erase(value.unsafeToTensorImpl());
+    } else if (value.isList()) {
+      for (const auto& item : value.toListRef()) {
+        if (item.isTensor()) reads.erase(item.unsafeToTensorImpl());
+      }
+    }
+  }
+}
 
 struct Slots {
   std::vector<int64_t> row;
@@ -1031,6 +1047,7 @@ OpInfo op_info(const at::RecordFunction& fn) {
   recorder.names.push_back(overload_name(*name));
   info.frame_op = std::find(frame_ops.begin(), frame_ops.end(), recorder.names.back()) != frame_ops.end();
   auto handle = c10::Dispatcher::singleton().findSchema(*name);
+  info.mutable_op = handle.has_value() && handle->schema().is_mutable();
   recorder.args.push_back(handle.has_value() ? op_args(handle->schema()) : OpArgs{});
   info.args = &recorder.args.back();
   recorder.ops.emplace(fn.name(), info);
@@ -1205,6 +1222,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
     stash.slots.add_all(-1, 0, inputs, args);
+    if (info.mutable_op) forget_reads_of(inputs);
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
     thread.frames.back().factory = no_tensor_argument(inputs);
     return nullptr;
@@ -1214,6 +1232,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   recorder.slots.add_all(at_row, 0, inputs, args);
+  if (info.mutable_op) forget_reads_of(inputs);
   thread.frames.push_back({kRecorded, live, false, at_row, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
   thread.frames.back().factory = no_tensor_argument(inputs);
   return nullptr;

@@ -783,6 +783,9 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         if (owned && (stats != kNone || fingerprint != kNone)) {
           state.seen[address] = Seen{seen_at, memory, stats, fingerprint, state.drains, is_view};
         }
+        // An argument an op may write is read again next time: a fused optimizer writes its tensors
+        // without moving their versions (CaptureSession.wrote).
+        if (io == 0 && is_mutable) state.seen.erase(address);
       }
       out_slot[recorded] = slot;
       out_value[recorded] = value.id;

@@ -28,7 +28,7 @@ from torchdebug.stats import COLUMNS, FIRST_COUNT, WIDTH
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
 from torchdebug.store._record_json import json_text
 
-__all__ = ["DescribedSlots", "SlotColumns", "unread_text"]
+__all__ = ["DescribedSlots", "SlotColumns", "extra_text", "unread_text"]
 
 
 _STRING, _INT = pa.string(), pa.int64()
@@ -240,6 +240,11 @@ def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | No
     distinct, inverse = np.unique(codes, return_inverse=True)
     dictionary = pa.array([name(code) for code in distinct.tolist()], _STRING)
     return dictionary.take(pa.array(inverse.reshape(-1), _INT, mask=empty))
+
+
+def extra_text(extra: dict[str, Any]) -> str:
+    """A record's ``extra`` as the JSON text the store writes (for a slot described outside the drain's arrays)."""
+    return json_text(extra)
 
 
 _UNREAD_TEXTS: dict[str, str] = {}

@@ -67,16 +67,15 @@ def _values_by_id(pairs: Sequence[_SlotPair]) -> Callable[[Record], tuple[tuple,
     """What a slot holds, told by the value ids both dumps record: the tensor (its ``(value_id,
     version)``), then the value (the one a view or a copy passed on,
     :func:`~torchdebug.compare._value_graph.held_values`; each side's slots in execution order)."""
-    values: dict[int, tuple] = {}
+    keys: dict[int, tuple[tuple, ...]] = {}  # by the record's id, made once: the rule asks again each round
     for side in ("a", "b"):
         records = [record for p in pairs if (record := getattr(p, side)) is not None]
-        values.update(held_values([records[i] for i in execution_order(records)]))
-
-    def held(record: Record) -> tuple[tuple, ...]:
-        value = values.get(id(record))
-        return () if value is None else ((record.step, "tensor", record.value_id, record.version), (*value, "value"))
-
-    return held
+        values = held_values([records[i] for i in execution_order(records)])
+        for record in records:
+            value = values.get(id(record))
+            if value is not None:
+                keys[id(record)] = ((record.step, "tensor", record.value_id, record.version), (*value, "value"))
+    return lambda record: keys.get(id(record), ())
 
 
 def _direction(record: Record) -> bool:

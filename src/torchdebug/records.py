@@ -184,8 +184,9 @@ class Record:
     """Why this slot could not be captured, when it could not (``error`` in dumps of torchdebug 0.1)."""
     value_id: int | None = None
     """Which tensor the slot holds: the same id in every slot holding the same tensor object, unique
-    within the rank's run (eager capture, ``torchdebug.capture.value_ids``; ``None`` in graph dumps,
-    msprobe dumps and dumps written before). An op's output gets a new id, an in-place op's output
+    within the rank's run (eager capture, ``torchdebug.capture.value_ids`` or the native path's walk;
+    graph dumps, from the compiled graph's nodes and across graphs; ``None`` in msprobe dumps and
+    dumps written before). An op's output gets a new id, an in-place op's output
     keeps the id of the tensor it wrote, a view gets its own (``view_of`` names its memory)."""
     version: int | None = None
     """The tensor's in-place version when captured (an in-place op's output: the version it leaves).

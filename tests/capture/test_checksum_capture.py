@@ -90,12 +90,14 @@ _TASKS = {
 @pytest.mark.parametrize("deferred", [False, True], ids=["at once", "at flush"])
 @pytest.mark.parametrize("task", list(_TASKS))
 def test_a_captured_training_step_has_the_torch_op_fingerprints_record_by_record(tmp_path, monkeypatch, task, deferred):
+    """On the dispatch mode, the C kernel's fingerprints against torch ops' (the native path's are the
+    mode's record by record: test_native_capture)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
     if deferred:  # as on an accelerator without Triton: a table row per tensor, read at the flush
         monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
     native = _records(tmp_path / "native", _training_step(), **_TASKS[task])
     with monkeypatch.context() as torch_ops:
         torch_ops.setattr(fused_stats, "_kernels", lambda: None)  # the kernel is not there: torch ops
-        torch_ops.setenv("TORCHDEBUG_NATIVE", "0")  # nor the native path
         reference = _records(tmp_path / "reference", _training_step(), **_TASKS[task])
     got = {r.name: r.checksum for r in native if r.kind == "tensor"}
     want = {r.name: r.checksum for r in reference if r.kind == "tensor"}

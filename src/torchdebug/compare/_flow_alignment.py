@@ -16,13 +16,14 @@ them (older dumps, msprobe dumps) are aligned by ``_matching``'s names and heuri
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Generic, Protocol, TypeVar
 
 from torchdebug.compare._value_graph import OUTPUTS
 from torchdebug.records import MODULE_OP, Record
 
-__all__ = ["align_by_flow", "dtype_kind", "output_values"]
+__all__ = ["align_by_flow", "dtype_kind", "output_values", "twin_op"]
 
 _VALUE_DIGITS = 3
 """Significant digits of the statistics that :func:`output_values` keeps: round-off of another
@@ -119,9 +120,31 @@ def _both_inputs(call: _FlowCall, made: Mapping[int, tuple]) -> list[list[tuple[
     return [first, direct] if passed_on else [first]
 
 
+_TWINS = {
+    "aten._reshape_alias.default": "aten.view.default",
+    "aten._index_put_impl_.default": "aten.index_put.default",
+}
+"""Ops torch runs for others where the two runs differ in how they call them (a dispatch mode makes
+``reshape`` take ``view`` and indexing's backward ``index_put``; docs/compare.md, "Matching")."""
+
+
+@functools.cache
+def twin_op(op: str) -> str:
+    """The op two calls are aligned as: an in-place op as its out-of-place form (``add_`` as ``add``:
+    the engine sums gradients in place, or out of place under a dispatch mode; a refactor writes
+    ``x = x + y`` for ``x += y``), and :data:`_TWINS`. Their data flow tells whether they compute the same."""
+    if op in _TWINS:
+        return _TWINS[op]
+    namespace, _, rest = op.partition(".")
+    name, dot, overload = rest.partition(".")
+    if name.endswith("_") and not name.endswith("__") and not name.startswith("_"):
+        return f"{namespace}.{name[:-1]}{dot}{overload}"
+    return op
+
+
 def _flow_key(call: _FlowCall, op: str, inputs: Iterable[tuple[str, tuple | None]]) -> tuple:
     first = call.first
-    return first.step, first.phase, op, tuple(inputs)
+    return first.step, first.phase, twin_op(op), tuple(inputs)
 
 
 def _group(name: str, step: int) -> tuple[int, str]:
@@ -215,8 +238,8 @@ class _Walk(Generic[_C]):
 
 
 def _place(call: _FlowCall, name: str, op: str) -> tuple:
-    """A call's step, phase, module and op: where :class:`_ByValue` looks for calls holding its values."""
-    return (*_group(name, call.first.step), op)
+    """A call's step, phase, module and op (:func:`twin_op`): where :class:`_ByValue` looks for calls holding its values."""
+    return (*_group(name, call.first.step), twin_op(op))
 
 
 _T = TypeVar("_T")

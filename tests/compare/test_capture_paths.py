@@ -1,0 +1,39 @@
+"""A dump of the native path and one of the dispatch mode compare clean: the ops a dispatch mode
+makes torch run in place of others (an out-of-place gradient sum for an in-place one, ``view`` for
+``_reshape_alias``) are aligned as twins by their data flow; only the ``detach``es a mode makes
+stay one-sided."""
+
+from __future__ import annotations
+
+import pytest
+
+import torchdebug
+from tests.capture.native_compare import gpt_training
+from torchdebug.compare._flow_alignment import twin_op
+from torchdebug.native import build
+
+
+def test_an_in_place_op_and_the_ops_a_mode_runs_instead_are_aligned_as_their_twins():
+    assert twin_op("aten.add_.Tensor") == twin_op("aten.add.Tensor") == "aten.add.Tensor"
+    assert twin_op("aten._foreach_add_.Scalar") == "aten._foreach_add_.Scalar"  # a private op keeps its name
+    assert twin_op("aten._reshape_alias.default") == "aten.view.default"
+    assert twin_op("aten._index_put_impl_.default") == "aten.index_put.default"
+    assert twin_op("aten.__iand__.Tensor") == "aten.__iand__.Tensor"
+    assert twin_op("aten.mm.default") == "aten.mm.default"
+
+
+@pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
+def test_a_dump_of_each_capture_path_compares_clean(tmp_path, monkeypatch):
+    for path, setting in (("mode", "0"), ("native", "1")):
+        monkeypatch.setenv("TORCHDEBUG_NATIVE", setting)
+        model, step = gpt_training()
+        with torchdebug.Debugger(tmp_path / path, task="statistics") as debugger:
+            for _ in range(2):
+                debugger.start(model)
+                step()
+                debugger.step()
+    result = torchdebug.compare(tmp_path / "mode", tmp_path / "native")
+    assert result.first_divergence is None and result.counts()["error"] == 0
+    tensors = [row for row in result.rows if row.verdict == "unmatched" and row.kind == "tensor"]
+    assert tensors and {row.op for row in tensors} == {"aten.detach.default"}
+    assert all(row.record_b is None and row.record_a is not None for row in tensors)  # the mode's side only

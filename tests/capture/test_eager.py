@@ -221,8 +221,10 @@ def test_clones_are_saved_as_their_own_values(tmp_path):
     assert torch.equal(torchdebug.load(tmp_path).ranks[0].load_tensor(out), x.exp().t().clone())
 
 
-def test_tensor_task_statistics_equal_statistics_task_and_the_saved_tensors(tmp_path):
-    """Tensor dumps take statistics during the snapshot copy; they must be those of the tensor."""
+def test_tensor_task_statistics_equal_statistics_task_and_the_saved_tensors(tmp_path, monkeypatch):
+    """Tensor dumps take statistics during the snapshot copy; they must be those of the tensor (both
+    dumps on the dispatch mode, which the tensor task takes: a mode makes torch run other ops)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
     config = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64)
 
     def run(path, task):
@@ -276,9 +278,10 @@ def test_module_records_taken_through_the_device_table_are_right_and_add_no_ops(
             assert through_table[name] == pytest.approx(stats, rel=1e-5, abs=1e-6), name
 
 
-def test_tensor_task_keeps_every_record_when_the_tensor_batch_fills_mid_call(tmp_path):
+def test_tensor_task_keeps_every_record_when_the_tensor_batch_fills_mid_call(tmp_path, monkeypatch):
     """A snapshot that does not fit hands the batch to the writer in the middle of a call; the
-    slots recorded after it must land in the next batch, not be lost."""
+    slots recorded after it must land in the next batch, not be lost (both dumps on the dispatch mode)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
     config = GPTConfig(n_layer=1, d_model=32, n_head=2, seq_len=16, vocab=64)
 
     def run(path, task, batch_bytes=None):

@@ -273,6 +273,16 @@ def test_a_model_with_compiled_blocks_takes_the_native_path_when_captured_eagerl
     assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "compiled_code": "eager"}), model) is None
 
 
+def test_statistics_go_to_the_dispatch_mode_where_the_c_kernel_cannot_be_built(monkeypatch) -> None:
+    """The observer takes sums with stats.c's kernels: without them it would take none."""
+    from torchdebug.native import fused_stats
+
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    monkeypatch.setattr(fused_stats, "available", lambda: False)
+    assert "without the C kernel" in why_not_native(DebuggerConfig.from_dict({"stack": "none", "task": "statistics"}), None)
+    assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "task": "structure"}), None) is None
+
+
 def test_the_native_path_is_opt_in_and_torchdebug_native_0_turns_it_off(monkeypatch) -> None:
     config = DebuggerConfig.from_dict({"stack": "none"})
     monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)

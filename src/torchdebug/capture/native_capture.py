@@ -31,6 +31,7 @@ from torchdebug.capture.native_values import PHASES
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
+from torchdebug.native import fused_stats
 from torchdebug.native.build import DISABLE_ENV
 from torchdebug.native.observer import NativeObserver, ObservedOps
 
@@ -58,6 +59,8 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         return "a distributed run (collectives are not named on the native path)"
     reads = config.task in _READS_VALUES or config.checksum
+    if reads and not fused_stats.available():
+        return "statistics or fingerprints without the C kernel (native/stats.c cannot be built here)"
     if model is not None:
         return _why_not_for_model(model, reads, config.compiled_code == "eager")
     if reads and torch.accelerator.is_available():

@@ -167,6 +167,7 @@ def _wrapped(values: Iterable[Any]) -> list[torch.Tensor]:
 
 
 _VALUE = operator.itemgetter(1)
+"""A slot's value."""
 
 _FOREACH = "aten._foreach_"
 """Torch moves no version for the writes of these ops' in-place forms under a dispatch mode (2.11
@@ -187,8 +188,6 @@ def _written(info: OpInfo, args: tuple, kwargs: dict[str, Any]) -> list[torch.Te
 def _versions(tensors: list[torch.Tensor]) -> list[int | None]:
     return [None if tensor.is_inference() else tensor_version(tensor) for tensor in tensors]
 
-
-"""A slot's value."""
 
 _CallNames = tuple[str, str, str, int, int, bool, "str | None", "str | None", "str | None"]
 """What every record of a selected call shares: ``(phase, module, op, call, seq, save_tensors,

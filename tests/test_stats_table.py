@@ -565,7 +565,9 @@ def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
     for name, want in cpu.items():
         _assert_same_stats(kernel[name], want, name)
     launches = runs["kernel"]["launches"]
-    assert max(launches) == 6  # a foreach optimizer op's list of six, in one launch through the directory
+    # a foreach optimizer op's three lists of six in one launch through the directory: AdamW's addcdiv_
+    # reads the parameters, the moments and the denominators, each written in place since it was read
+    assert max(launches) == 18
     assert sum(count > 1 for count in launches) >= 5  # a linear's weight and bias, and the like
 
 
@@ -591,7 +593,7 @@ def test_a_captured_steps_fingerprints_through_the_triton_kernel_equal_the_torch
     assert len(reference) > 100 and all(reference.values())
     assert kernel == reference
     launches = [launch for launch in runs["kernel"]["launches"] if isinstance(launch, list)]
-    assert launches and max(n for n, _ in launches) == 6  # a foreach op's list's fingerprints in one launch
+    assert launches and max(n for n, _ in launches) == 18  # a foreach op's lists' fingerprints in one launch (above)
     assert any(stats for _, stats in launches) == (task == "statistics+checksum")  # one pass for both
     if task == "statistics+checksum":
         for name, want in runs["reference"]["stats"].items():

@@ -23,7 +23,7 @@ from torchdebug._torch.checkpoint import (
     selective,
 )
 from torchdebug._torch.nn import WRAPPER_ATTRIBUTES, strip_wrappers
-from torchdebug.compare._flow_alignment import twin_op
+from torchdebug.compare._flow_alignment import aligned_op
 
 FLAVOURS = ("non_reentrant", "reentrant", "wrapper", "selective")
 DETACH = "aten.detach.default"
@@ -113,7 +113,7 @@ def _train_step(flavour: str, path=None, **options):
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     """A captured step of the plain model and of each checkpointed flavour, and the warnings seen;
-    and the plain model's on the dispatch mode, which selective checkpointing takes (the twin each
+    and the plain model's on the dispatch mode, which selective checkpointing takes (the dump each
     flavour is compared with: ``_plain``)."""
     root = tmp_path_factory.mktemp("checkpointing")
     out = {}
@@ -185,9 +185,9 @@ def test_backward_calls_are_numbered_as_without_checkpointing(dumps, flavour):
     def backward(records):
         # autograd detaches a saved output when it unpacks it; a checkpoint's saved tensors are all
         # rebuilt, and those detaches are phase recompute; a reentrant region's nested backward sums
-        # gradients out of place where the engine sums them in place (the op's twin)
+        # gradients out of place where the engine sums them in place (aligned as the same op)
         named = (r for r in records if r.phase == "backward" and r.op != DETACH)
-        return {r.name.replace(r.op, twin_op(r.op)): r.fwd for r in named}
+        return {r.name.replace(r.op, aligned_op(r.op)): r.fwd for r in named}
 
     assert backward(_records(dumps[flavour])) == backward(_records(_plain(dumps, flavour)))
 

@@ -1,6 +1,6 @@
 """A dump of the native path and one of the dispatch mode compare clean: the ops a dispatch mode
 makes torch run in place of others (an out-of-place gradient sum for an in-place one, ``view`` for
-``_reshape_alias``) are aligned as twins by their data flow; only the ``detach``es a mode makes
+``_reshape_alias``) are aligned as the ops they stand for, by their data flow; only the ``detach``es a mode makes
 stay one-sided."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import pytest
 
 import torchdebug
 from tests.capture.native_compare import gpt_training
-from torchdebug.compare._flow_alignment import twin_op
+from torchdebug.compare._flow_alignment import aligned_op
 from torchdebug.native import build
 
 
-def test_an_in_place_op_and_the_ops_a_mode_runs_instead_are_aligned_as_their_twins():
-    assert twin_op("aten.add_.Tensor") == twin_op("aten.add.Tensor") == "aten.add.Tensor"
-    assert twin_op("aten._foreach_add_.Scalar") == "aten._foreach_add_.Scalar"  # a private op keeps its name
-    assert twin_op("aten._reshape_alias.default") == "aten.view.default"
-    assert twin_op("aten._index_put_impl_.default") == "aten.index_put.default"
-    assert twin_op("aten.__iand__.Tensor") == "aten.__iand__.Tensor"
-    assert twin_op("aten.mm.default") == "aten.mm.default"
+def test_an_in_place_op_and_the_ops_a_mode_runs_instead_are_aligned_as_the_ops_they_stand_for():
+    assert aligned_op("aten.add_.Tensor") == aligned_op("aten.add.Tensor") == "aten.add.Tensor"
+    assert aligned_op("aten._foreach_add_.Scalar") == "aten._foreach_add_.Scalar"  # a private op keeps its name
+    assert aligned_op("aten._reshape_alias.default") == "aten.view.default"
+    assert aligned_op("aten._index_put_impl_.default") == "aten.index_put.default"
+    assert aligned_op("aten.__iand__.Tensor") == "aten.__iand__.Tensor"
+    assert aligned_op("aten.mm.default") == "aten.mm.default"
 
 
 @pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")

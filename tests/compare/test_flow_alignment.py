@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchdebug
-from torchdebug.compare._flow_alignment import twin_op
+from torchdebug.compare._flow_alignment import aligned_op
 from torchdebug.compare._matching import match_records
 from torchdebug.compare._value_graph import execution_order
 from torchdebug.records import MODULE_OP, Record
@@ -203,7 +203,7 @@ def test_gradients_summed_in_another_order_are_one_sided_not_paired_by_name(tmp_
         with torchdebug.dump(tmp_path / side, model=model, task="statistics"):
             model(x).sum().backward()
     records = [torchdebug.load(tmp_path / side).ranks[0].records() for side in "ab"]
-    sums = [pair for pair in match_records(*records) if pair.a is not None and twin_op(pair.a.op) == "aten.add.Tensor"]
+    sums = [pair for pair in match_records(*records) if pair.a is not None and aligned_op(pair.a.op) == "aten.add.Tensor"]
     k_sum = [pair for pair in sums if pair.a.phase == "backward" and pair.a.module == "k"]
     # A's k sums q's and k's gradients of x, B's k sums v's and k's: no call of B adds what A's does
     assert k_sum and all(pair.how == "only_a" for pair in k_sum)
@@ -235,7 +235,7 @@ def test_a_hand_written_layer_norm_s_whole_gradient_is_paired_with_the_kernel_s_
         with torchdebug.dump(tmp_path / side, model=model, task="statistics"):
             model(x).square().mean().backward()
     records = [torchdebug.load(tmp_path / side).ranks[0].records() for side in "ab"]
-    sums_b = [r for r in records[1] if r.phase == "backward" and r.module == "<root>" and twin_op(r.op) == "aten.add.Tensor"]
+    sums_b = [r for r in records[1] if r.phase == "backward" and r.module == "<root>" and aligned_op(r.op) == "aten.add.Tensor"]
     first_sum = next(r.name for r in sums_b if r.io == "output")  # add#0, or add_#0 (summed in place: no dispatch mode)
     kernel_sum = next(pair for pair in match_records(*records) if pair.b is not None and pair.b.name == first_sum)
     assert kernel_sum.a is not None and kernel_sum.a.name != first_sum

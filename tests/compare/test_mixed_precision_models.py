@@ -24,7 +24,7 @@ import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from tests.compare.test_mixed_precision import BUGS, DTYPES, _Scale
 from tests.hf_models import tiny_model
-from torchdebug.compare._flow_alignment import twin_op
+from torchdebug.compare._flow_alignment import aligned_op
 from torchdebug.compare._rerun import own_errors
 from torchdebug.compare._tolerances import rounding_tolerance
 from torchdebug.records import Record
@@ -193,7 +193,7 @@ def test_a_healthy_bf16_hugging_face_model_has_no_error_few_warnings_and_no_dive
         # sum back and adds the residual's, where the twin adds the residual's first. The partial sums
         # are not paired with each other; the final sums are, and their inputs are told apart.
         backward = [row for row in result.rows if row.phase == "backward" and "layernorm" in row.module]
-        sums = [row for row in backward if twin_op(row.op) == "aten.add.Tensor"]  # add_ where summed in place
+        sums = [row for row in backward if aligned_op(row.op) == "aten.add.Tensor"]  # add_ where summed in place
         assert {row.verdict for row in sums if row.call == 0} == {"unmatched"}
         apart = [row for row in sums if "between different tensors" in row.message]
         assert apart and all(row.verdict == "pass" and row.io == "input" and row.call == 1 for row in apart)

@@ -403,7 +403,7 @@ class NativeStepCapture:
                 fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if entry in hashed else None
                 due.append((kept[slot], stats.update if statistics else None, fingerprint_sink))
             taken.append(stats)
-        described = read_subclasses(
+        overrides = read_subclasses(
             walked, kept, ops.slot_version, taken, taken_fingerprints, due, statistics=statistics, fingerprints=fingerprints
         )
         if due and stage is not None:
@@ -422,7 +422,7 @@ class NativeStepCapture:
             _error_texts(),
             walked.unread,
             self._texts([None if why is None else unread_text(why) for why in walk.whys], "whys"),
-            described,
+            overrides,
         )
         return columns.batch(
             ops,

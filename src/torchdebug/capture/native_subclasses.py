@@ -24,7 +24,7 @@ from torchdebug._torch.subclasses import describe
 from torchdebug.capture.native_values import CHANGED_TEXT, WalkedSlots
 from torchdebug.native.observer import SUBCLASS
 from torchdebug.slots import dtype_name
-from torchdebug.store import DescribedSlots, extra_text
+from torchdebug.store import SlotOverrides, extra_text
 
 __all__ = ["read_subclasses"]
 
@@ -42,7 +42,7 @@ def read_subclasses(
     *,
     statistics: bool,
     fingerprints: bool,
-) -> DescribedSlots | None:
+) -> SlotOverrides | None:
     """Describe the subclass slots of ``walked`` that the observer kept (``kept``: by drained slot,
     ``versions``: each drained slot's version at its op), or ``None`` when there is none. One written
     in place since its op is not read (``CHANGED_TEXT``). Each read one gets an entry of ``taken`` (and of
@@ -53,26 +53,26 @@ def read_subclasses(
     positions = [position for position in flagged if int(walked.slots[position]) in kept]
     if not positions:
         return None
-    described = DescribedSlots(positions, [], [], [], [], [], [])
+    overrides = SlotOverrides(positions, [], [], [], [], [], [])
     for position in positions:
         slot = int(walked.slots[position])
         tensor = kept[slot]
         view = describe(tensor)
         local = tensor if view.local is None else view.local
-        described.dtypes.append(dtype_name(local.dtype))
-        described.shapes.append(list(tensor.shape))
-        described.devices.append(str(local.device))
-        described.extras.append(extra_text(view.info) if view.info else None)
+        overrides.dtypes.append(dtype_name(local.dtype))
+        overrides.shapes.append(list(tensor.shape))
+        overrides.devices.append(str(local.device))
+        overrides.extras.append(extra_text(view.info) if view.info else None)
         walked.errors[position] = 0
         strided = local.layout is torch.strided
-        described.strides.append(list(tensor.stride()) if strided or view.local is not None else None)
+        overrides.strides.append(list(tensor.stride()) if strided or view.local is not None else None)
         if view.local is None or not strided:
-            described.errors.append(view.why_unread() if view.local is None else f"layout {local.layout} is not captured")
+            overrides.errors.append(view.why_unread() if view.local is None else f"layout {local.layout} is not captured")
             continue
         if versions[slot] >= 0 and tensor_version(tensor) != versions[slot]:
-            described.errors.append(CHANGED_TEXT)
+            overrides.errors.append(CHANGED_TEXT)
             continue
-        described.errors.append(None)
+        overrides.errors.append(None)
         if not (statistics or fingerprints):
             continue
         entry = len(taken)
@@ -85,4 +85,4 @@ def read_subclasses(
             walked.fingerprints[position] = -2 - entry
         fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if fingerprints else None
         due.append((view.local, stats.update if statistics else None, fingerprint_sink))
-    return described
+    return overrides

@@ -23,7 +23,7 @@ from typing import Generic, Protocol, TypeVar
 from torchdebug.compare._value_graph import OUTPUTS
 from torchdebug.records import MODULE_OP, Record
 
-__all__ = ["align_by_flow", "dtype_kind", "output_values", "twin_op"]
+__all__ = ["align_by_flow", "dtype_kind", "output_values", "aligned_op"]
 
 _VALUE_DIGITS = 3
 """Significant digits of the statistics that :func:`output_values` keeps: round-off of another
@@ -120,7 +120,7 @@ def _both_inputs(call: _FlowCall, made: Mapping[int, tuple]) -> list[list[tuple[
     return [first, direct] if passed_on else [first]
 
 
-_TWINS = {
+_ALIGNED_AS = {
     "aten._reshape_alias.default": "aten.view.default",
     "aten._index_put_impl_.default": "aten.index_put.default",
 }
@@ -129,12 +129,11 @@ _TWINS = {
 
 
 @functools.cache
-def twin_op(op: str) -> str:
-    """The op two calls are aligned as: an in-place op as its out-of-place form (``add_`` as ``add``:
-    the engine sums gradients in place, or out of place under a dispatch mode; a refactor writes
-    ``x = x + y`` for ``x += y``), and :data:`_TWINS`. Their data flow tells whether they compute the same."""
-    if op in _TWINS:
-        return _TWINS[op]
+def aligned_op(op: str) -> str:
+    """The op a call is aligned as (docs/compare.md, "Matching"): an in-place op as its out-of-place
+    form (``add_`` as ``add``), and :data:`_ALIGNED_AS`."""
+    if op in _ALIGNED_AS:
+        return _ALIGNED_AS[op]
     namespace, _, rest = op.partition(".")
     name, dot, overload = rest.partition(".")
     if name.endswith("_") and not name.endswith("__") and not name.startswith("_"):
@@ -144,7 +143,7 @@ def twin_op(op: str) -> str:
 
 def _flow_key(call: _FlowCall, op: str, inputs: Iterable[tuple[str, tuple | None]]) -> tuple:
     first = call.first
-    return first.step, first.phase, twin_op(op), tuple(inputs)
+    return first.step, first.phase, aligned_op(op), tuple(inputs)
 
 
 def _group(name: str, step: int) -> tuple[int, str]:
@@ -238,8 +237,8 @@ class _Walk(Generic[_C]):
 
 
 def _place(call: _FlowCall, name: str, op: str) -> tuple:
-    """A call's step, phase, module and op (:func:`twin_op`): where :class:`_ByValue` looks for calls holding its values."""
-    return (*_group(name, call.first.step), twin_op(op))
+    """A call's step, phase, module and op (:func:`aligned_op`): where :class:`_ByValue` looks for calls holding its values."""
+    return (*_group(name, call.first.step), aligned_op(op))
 
 
 _T = TypeVar("_T")

@@ -28,7 +28,7 @@ from torchdebug.stats import COLUMNS, FIRST_COUNT, WIDTH
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
 from torchdebug.store._record_json import json_text
 
-__all__ = ["DescribedSlots", "SlotColumns", "extra_text", "unread_text"]
+__all__ = ["SlotOverrides", "SlotColumns", "extra_text", "unread_text"]
 
 
 _STRING, _INT = pa.string(), pa.int64()
@@ -38,8 +38,8 @@ _INDICES = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
-class DescribedSlots:
-    """Slots described in Python rather than from the drained arrays (the native path's subclass
+class SlotOverrides:
+    """Slots whose fields Python gives rather than the drained arrays (the native path's subclass
     instances, read through their inner tensors at the flush): by position among the recorded
     slots, the fields their records hold."""
 
@@ -95,7 +95,7 @@ class SlotColumns:
     unread_codes: np.ndarray
     unread: pa.Array
     """``extra`` by code: why a slot was described and not read (:func:`unread_text`; 0: read)."""
-    described: DescribedSlots | None = None
+    overrides: SlotOverrides | None = None
     """Slots whose fields Python gave (their flags say no drained description): they replace the
     drained ones."""
 
@@ -145,8 +145,8 @@ class SlotColumns:
             "view_of": pa.array(self.view_of, _INT, mask=self.view_of < 0),
             "extra": _by_code(self.unread, self.unread_codes),
         }
-        if self.described is not None:
-            self.described.patch(columns)
+        if self.overrides is not None:
+            self.overrides.patch(columns)
         if values.any():
             columns["value"] = _values(ops, slots, values)
         if (self.fingerprint_refs != -1).any():

@@ -32,6 +32,22 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(share))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _native_code_loaded() -> None:
+    """The native libraries, loaded before any test runs. Each loads once per process
+    (``functools.cache``) and reads ``TORCHDEBUG_NATIVE`` then: a test that sets it to ``0`` (to take
+    the dispatch mode) before the first load would leave native code off for every later test of its
+    worker. ``why_not_native`` reads the variable at each capture, so such a test still gets the
+    mode; tests of the loaders themselves clear their caches (``tests/test_native.py``)."""
+    from torchdebug.capture.native_values import load_slot_walk
+    from torchdebug.native import fused_stats
+    from torchdebug.native.observer import load_observer
+
+    fused_stats.available()
+    load_observer()
+    load_slot_walk()
+
+
 def _scalar_inductor_cpu_kernels() -> None:
     """Inductor's C++ kernels are generated without SIMD (``TORCHINDUCTOR_VEC_ISA_OK=0``, inherited by
     the fresh interpreters the tests start): scalar code is the same on every CPU, where the vector

@@ -14,6 +14,9 @@ MATRIX ?= 2.11.0 2.14.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.torchdebug-installed
 TEST_STAMP := $(VENV)/.torchdebug-test-installed
+# pip keeps no copy of what it downloads: the matrix's torches come from PyPI as CUDA builds (5-6 GB
+# a venv with their nvidia libraries), and a cached copy of each would sit on CI's disk beside them
+export PIP_NO_CACHE_DIR := 1
 
 .PHONY: demo test lint stubs test-one test-matrix bench clean
 

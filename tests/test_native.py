@@ -345,3 +345,46 @@ def test_fingerprint_walk_follows_memory_and_knows_logical_positions():
     assert fused_stats._ordered_runs(torch.randn(5, 1).expand(5, 7)) == ([7, 5], [0, 1], [1, 7])
     assert fused_stats._ordered_runs(torch.randn(2, 3, 4).permute(1, 0, 2)) == ([2, 3, 4], [12, 4, 1], [4, 8, 1])
     assert fused_stats._ordered_runs(torch.randn(100)[::3]) is None  # no stride-1 dim: copied first
+
+
+def test_processes_building_one_library_at_once_build_it_once(fresh_build, monkeypatch):
+    """The second builder waits for the first one's lock and loads what it built (two threads: each
+    opens the lock file, so each holds a lock of its own, as processes do)."""
+    import fcntl
+    import threading
+
+    building, release, waiting = threading.Event(), threading.Event(), threading.Event()
+    builds = []
+    real_flock = fcntl.flock
+
+    def build_slowly(compiler, flags, source, target, link=()):
+        builds.append(threading.current_thread().name)
+        building.set()
+        release.wait(60)
+        target.write_bytes(b"built")
+
+    def flock(lock, operation):
+        if threading.current_thread().name == "second":
+            waiting.set()  # about to wait for the first builder's lock
+        real_flock(lock, operation)
+
+    monkeypatch.setattr(build, "_build", build_slowly)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    source = fresh_build / "library.c"
+    source.write_text("int answer(void) { return 42; }\n")
+    found = {}
+
+    def builder(name):
+        found[name] = build._built(["cc"], ("-shared",), source)
+
+    first = threading.Thread(target=builder, args=("first",), name="first")
+    first.start()
+    assert building.wait(60)
+    second = threading.Thread(target=builder, args=("second",), name="second")
+    second.start()
+    while not (waiting.is_set() or len(builds) > 1):  # the second waits for the lock, or (unlocked) builds too
+        waiting.wait(0.01)
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert builds == ["first"] and found["first"] == found["second"] and found["first"].read_bytes() == b"built"

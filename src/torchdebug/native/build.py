@@ -2,9 +2,11 @@
 
 The library is cached under ``$TORCHDEBUG_CACHE_DIR`` (default ``$XDG_CACHE_HOME/torchdebug`` or
 ``~/.cache/torchdebug``) in a folder named after a hash of the source, the compiler, the flags and
-the machine, so an edited source or a new compiler builds anew. It is compiled to a temporary
-name and renamed into place, so processes building at once (the ranks of one job) never load a
-half-written file. Any failure is logged once and gives ``None``: callers then use torch ops.
+the machine, so an edited source or a new compiler builds anew. Processes that need it at once (the
+ranks of one job, the workers of a test run) build it once: the first holds the folder's lock while
+it compiles, the others wait and load what it built. It is compiled to a temporary name and renamed
+into place, so no process ever loads a half-written file. Any failure is logged once and gives
+``None``: callers then use torch ops.
 
 Where torch runs its CPU threads on GNU OpenMP, the library is built with ``-fopenmp``: its
 ``libgomp.so.1`` is then the copy torch already loaded, so its parallel regions run on torch's own
@@ -19,6 +21,7 @@ and torch's Python bindings, and imported.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -31,6 +34,7 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -207,12 +211,28 @@ def _built(compiler: list[str], flags: tuple[str, ...], source: Path, link: tupl
         key.update(part)
     target = cache_dir() / key.hexdigest()[:16] / f"{source.stem}.so"
     if not target.exists():
-        _build(compiler, flags, source, target, link)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(target.parent / "build.lock"):
+            if not target.exists():  # else another process built it while this one waited
+                _build(compiler, flags, source, target, link)
     return target
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (released when the holder ends, however it ends); where
+    there are no advisory locks (Windows), none: each process builds, and the rename keeps that safe."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _build(compiler: list[str], flags: tuple[str, ...], source: Path, target: Path, link: tuple[str, ...] = ()) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:

@@ -6,9 +6,11 @@ stay one-sided."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import torchdebug
 from tests.capture.native_compare import gpt_training
+from tests.compare.test_matching_value_ids import _strip_ids
 from torchdebug.compare._flow_alignment import aligned_op
 from torchdebug.native import build
 
@@ -20,6 +22,29 @@ def test_an_in_place_op_and_the_ops_a_mode_runs_instead_are_aligned_as_the_ops_t
     assert aligned_op("aten._index_put_impl_.default") == "aten.index_put.default"
     assert aligned_op("aten.__iand__.Tensor") == "aten.__iand__.Tensor"
     assert aligned_op("aten.mm.default") == "aten.mm.default"
+
+
+def _sum(in_place: bool, rows: int) -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 8)[:rows], torch.randn(4, 8)[:rows]
+    made = x.mul(2).sin()
+    (made.add_(y) if in_place else made.add(y)).neg()
+
+
+def test_an_in_place_op_is_aligned_with_its_out_of_place_form_where_the_data_flow_cannot_pair_them(tmp_path):
+    """Half a batch summed out of place (an FSDP rank on the dispatch mode) against the whole batch
+    summed in place (one process on the native path): the sums pair among the calls of their module
+    that the walk leaves, with and without value ids."""
+    for side, in_place, rows in (("a", False, 2), ("b", True, 4)):
+        with torchdebug.dump(tmp_path / side, task="statistics"):
+            _sum(in_place, rows)
+    for strip in (False, True):
+        if strip:
+            for side in ("a", "b"):
+                _strip_ids(tmp_path / side)
+        sums = [row for row in torchdebug.compare(tmp_path / "a", tmp_path / "b").rows if row.op == "aten.add.Tensor"]
+        partners = {(row.match, row.name_b.rsplit("/", 2)[1]) for row in sums}
+        assert len(sums) == 3 and partners == {("aligned", "aten.add_.Tensor#0")}
 
 
 @pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")

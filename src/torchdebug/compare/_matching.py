@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from torchdebug.compare._boundaries import align_boundaries
-from torchdebug.compare._flow_alignment import align_by_flow, dtype_kind, output_values
+from torchdebug.compare._flow_alignment import align_by_flow, aligned_op, dtype_kind, output_values
 from torchdebug.compare._value_graph import OUTPUTS, Producers, execution_order, run_position
 from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
@@ -230,7 +230,7 @@ def _align_leftovers(
     unpaired_b: list[_Call] = []
 
     def by_op(call: _Call) -> object:
-        return mapping.ops.get(call.first.op, call.first.op)
+        return aligned_op(mapping.ops.get(call.first.op, call.first.op))
 
     def by_op_and_shapes(call: _Call) -> object:
         if compiled:  # a node of another dtype holds another value (an int64 ``iota`` is no float ``arange``)
@@ -503,11 +503,11 @@ class _Links:
     def token_a(self, call: _Call) -> object:
         """The op and the B-side producers its inputs should have (``None``: nothing known)."""
         producers = tuple(self._partner(self.made_a.get(id(r), (None,))[0]) for r in call.records)
-        return (call.first.op, producers) if any(producers) else None
+        return (aligned_op(call.first.op), producers) if any(producers) else None
 
     def token_b(self, call: _Call) -> object:
         producers = tuple(self.made_b.get(id(r), (None,))[0] for r in call.records)
-        return (call.first.op, producers) if any(producers) else None
+        return (aligned_op(call.first.op), producers) if any(producers) else None
 
 
 def _op_of(name: str) -> str:

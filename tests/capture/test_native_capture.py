@@ -283,10 +283,11 @@ def test_statistics_go_to_the_dispatch_mode_where_the_c_kernel_cannot_be_built(m
     assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "task": "structure"}), None) is None
 
 
-def test_the_native_path_is_opt_in_and_torchdebug_native_0_turns_it_off(monkeypatch) -> None:
+def test_the_native_path_is_the_default_and_torchdebug_native_0_turns_it_off(monkeypatch) -> None:
     config = DebuggerConfig.from_dict({"stack": "none"})
     monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)
-    assert "opt-in" in why_not_native(config, None)
+    assert why_not_native(config, None) is None
+    assert why_not_native(config, nn.Linear(2, 2)) is None
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
     assert why_not_native(config, None) == "TORCHDEBUG_NATIVE=0"
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")

@@ -7,9 +7,8 @@ no Python per op. It writes the records the
 dispatch mode writes, through the same session and store, for the configs :func:`why_not_native`
 accepts; for any other, the Debugger uses the dispatch mode, and says why in one log line.
 
-``TORCHDEBUG_NATIVE`` picks: ``1`` the native path where it applies, ``0`` no native code at all
-(the dispatch mode, torch ops for statistics); unset, the dispatch mode (the native path is opt-in
-while it differs from it: ``docs/capture.md``).
+``TORCHDEBUG_NATIVE=0`` turns all native code off (the dispatch mode, torch ops for statistics);
+otherwise the native path is taken wherever it applies (``docs/capture.md``).
 """
 
 from __future__ import annotations
@@ -47,9 +46,8 @@ _READS_VALUES = ("statistics", "checksum")
 def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | None:
     """Why a Debugger with ``config`` capturing ``model`` records ops through the dispatch mode,
     or ``None`` when the native path applies (decided before the run, from the config and the model)."""
-    setting = os.environ.get(DISABLE_ENV, "")
-    if setting != "1":
-        return f"{DISABLE_ENV}={setting}" if setting else f"the native path is opt-in ({DISABLE_ENV}=1)"
+    if os.environ.get(DISABLE_ENV) == "0":
+        return f"{DISABLE_ENV}=0"
     if config.level != "op":
         return f"level={config.level!r} (the native path records op calls only)"
     if config.task not in _TASKS:

@@ -3,7 +3,8 @@
     python bench/overhead.py [--steps 10] [--block 3] [--warmup 2] [--dir /dev/shm --delete-tensors]
                              [--device cpu|cuda] [--size S|M]
 
-Prints seconds per step and the ratio to the plain step, measured in this process. Two reference
+Prints seconds per step and the ratio to the plain step, measured in this process, and which path
+each op-level mode's capture took (the native one wherever it applies, else the dispatch mode). Two reference
 rows show what any dispatch-mode capture pays before it records anything: ``dispatch-mode`` (an
 empty ``TorchDispatchMode`` that only calls each op) and ``structure/op`` (names, shapes and stacks,
 no statistics). ``checksum/op``
@@ -45,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
+from torchdebug.capture.native_capture import NativeOpCapture  # noqa: E402
 
 
 class _EmptyMode(TorchDispatchMode):
@@ -171,6 +173,11 @@ def main() -> None:
                 if debugger is not None and args.delete_tensors:
                     for folder in Path(tmp).glob(f"{mode.replace('/', '_')}/*/*/tensors"):
                         shutil.rmtree(folder)
+        paths = {  # which path each op-level capture took (the native one wherever it applies)
+            mode: "native" if isinstance(debugger._ops, NativeOpCapture) else "dispatch mode"  # noqa: SLF001
+            for mode, debugger in debuggers.items()
+            if isinstance(debugger, torchdebug.Debugger) and debugger.config.level == "op"
+        }
         for debugger in debuggers.values():
             if isinstance(debugger, torchdebug.Debugger):
                 with contextlib.suppress(Exception):
@@ -186,7 +193,8 @@ def main() -> None:
         ratio = f"{median / plain:.2f}x" if plain else "-"
         peak = f"  peak {peaks[mode] / 2**30:.2f} GiB" if mode in peaks else ""
         cpu = statistics.median(cpu_times[mode])
-        print(f"{mode:24s} {median * 1000:8.1f} ms/step  {ratio}  cpu {cpu * 1000:8.1f} ms/step{peak}")
+        path = f"  ({paths[mode]})" if mode in paths else ""
+        print(f"{mode:24s} {median * 1000:8.1f} ms/step  {ratio}  cpu {cpu * 1000:8.1f} ms/step{peak}{path}")
     if "statistics/op" in times:
         for label, measured in (("wall", times), ("cpu", cpu_times)):
             base = statistics.median(measured["statistics/op"])

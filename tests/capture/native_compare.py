@@ -1,6 +1,7 @@
 """What the comparisons of the two capture paths share: what a dispatch mode changes in what torch
 runs, undone on its records so that they compare with the native path's (``docs/architecture.md``,
-the native path; ``tests/test_native_observer.py`` pins the list), and the example GPT's training."""
+the native path; ``tests/test_native_observer.py`` pins the list), the example GPT's training, and
+how a test holds capture on the dispatch mode."""
 
 from __future__ import annotations
 
@@ -8,11 +9,22 @@ import difflib
 from collections.abc import Callable
 from itertools import groupby
 
+import pytest
 import torch
 from torch import nn
 
+import torchdebug.debugger
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from torchdebug.records import Record, make_name
+
+
+def on_the_dispatch_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hold the Debuggers built from now on (``torchdebug.dump`` included) on the dispatch mode, the
+    native kernels still on: the native path is the default, and ``TORCHDEBUG_NATIVE=0`` would take
+    statistics with torch ops, which round otherwise than stats.c, so the two paths' statistics would
+    no longer be bit-equal."""
+    monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)
+    monkeypatch.setattr(torchdebug.debugger, "why_not_native", lambda config, model: "the test holds it on the dispatch mode")
 
 
 def gpt_training(device: str = "cpu") -> tuple[nn.Module, Callable[[], None]]:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchdebug
-from tests.capture.native_compare import gpt_training, without_mode
+from tests.capture.native_compare import gpt_training, on_the_dispatch_mode, without_mode
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
 from torchdebug.native import build
 from torchdebug.native.observer import NativeObserver, load_observer
@@ -34,8 +34,10 @@ def _compare(tmp_path, training: Callable[[], tuple[nn.Module, Callable[[], None
     views (in place, without it, their versions move)."""
     model, step = training()
     step()
-    with torchdebug.dump(tmp_path, model=model, task="structure"):
-        step()
+    with pytest.MonkeyPatch.context() as patch:
+        on_the_dispatch_mode(patch)
+        with torchdebug.dump(tmp_path, model=model, task="structure"):
+            step()
     python = [record for record in torchdebug.load(tmp_path).ranks[0].records() if record.kind == "tensor"]
     model, step = training()
     step()

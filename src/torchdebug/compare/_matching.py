@@ -210,7 +210,8 @@ def _swapped(
 def _align_leftovers(
     left_a: Iterable[_Call], left_b: Iterable[_Call], mapping: NameMapping, links: _Links, compiled: bool
 ) -> tuple[list[_Match], list[_Call], list[_Call]]:
-    """Pair leftover calls per ``(step, phase, module)``: by op and paired producers of their
+    """Pair leftover calls per ``(step, phase, module)``, an op taken as the op it stands for
+    (``aligned_op``: ``add_`` as ``add``, as the flow walk takes it): by op and paired producers of their
     inputs, by op and shapes in order, by op and shapes in any order (calls that swapped places),
     then by op alone in order (shapes then differ). With ``compiled``, order pairs calls of an op
     only where both sides have as many of them left: a decomposition's extra ``mul`` nodes would

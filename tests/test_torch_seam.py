@@ -17,7 +17,7 @@ from torch.torch_version import TorchVersion
 import torchdebug._torch as seam
 from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised
-from torchdebug._torch.nn import is_compiled_wrapper, unwrap_compiled
+from torchdebug._torch.nn import compiled_methods, is_compiled_wrapper, unwrap_compiled
 
 # -- versions -------------------------------------------------------------------------------------
 
@@ -183,6 +183,16 @@ def test_a_dispatch_mode_that_ignores_compile_internals_leaves_compiled_code_com
 
 
 # -- nn -------------------------------------------------------------------------------------------
+
+
+def test_a_method_replaced_by_a_compiled_function_is_found_as_lightning_compiles_one():
+    """``lightning.pytorch.utilities.compile.from_compiled`` sets ``forward`` and ``training_step``
+    to ``model.dynamo_ctx(method)``, the function ``torch.compile`` returns for a method."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))
+    model[1][0].forward = model[1][0].forward  # an instance attribute, not compiled (accelerate's hooks)
+    assert list(compiled_methods(model)) == []
+    model[1].forward = torch.compile(model[1].forward, backend="eager")
+    assert list(compiled_methods(model)) == ["1"]
 
 
 def test_global_hooks_see_each_module_call_once_and_silence_only_while_registered():

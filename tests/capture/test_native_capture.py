@@ -275,6 +275,16 @@ def test_a_model_with_compiled_blocks_takes_the_native_path_when_captured_eagerl
     assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "compiled_code": "eager"}), model) is None
 
 
+def test_a_model_whose_forward_was_compiled_goes_to_the_dispatch_mode_unless_captured_eagerly(monkeypatch) -> None:
+    """Lightning's ``trainer.fit(torch.compile(model))`` compiles the model's ``forward`` and
+    ``training_step`` in place: on torch 2.11 and 2.14 the observer does not see the ops of the
+    compiled code (the mode does, named after the graph module that runs them)."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    model.forward = torch.compile(model.forward, backend="eager")
+    assert "compiled methods" in why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model)
+    assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "compiled_code": "eager"}), model) is None
+
+
 def test_statistics_go_to_the_dispatch_mode_where_the_c_kernel_cannot_be_built(monkeypatch) -> None:
     """The observer takes sums with stats.c's kernels: without them it would take none."""
     from torchdebug.native import fused_stats

@@ -69,6 +69,17 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield strip_wrappers(path), module
 
 
+def compiled_methods(root: nn.Module) -> Iterator[str]:
+    """Paths of the modules of ``root`` with a method replaced by a compiled function: their calls run
+    compiled code although no module is compiled (Lightning's ``from_compiled`` compiles ``forward``
+    and ``training_step`` so, for ``trainer.fit(torch.compile(model))``). Read off the
+    ``_torchdynamo_orig_callable`` that Dynamo sets on each function it returns (torch 2.11 through
+    2.14). Loads no part of Dynamo."""
+    for path, module in root.named_modules():
+        if any(callable(value) and hasattr(value, "_torchdynamo_orig_callable") for value in vars(module).values()):
+            yield strip_wrappers(path)
+
+
 def unwrap_compiled(module: nn.Module) -> nn.Module:
     """The module that ``torch.compile`` wrapped, or ``module`` itself."""
     return module._orig_mod if is_compiled_wrapper(module) else module  # type: ignore[return-value]  # a Module, not a Tensor
@@ -77,6 +88,7 @@ def unwrap_compiled(module: nn.Module) -> nn.Module:
 __all__ = [
     "DATA_PARALLEL",
     "WRAPPER_ATTRIBUTES",
+    "compiled_methods",
     "compiled_modules",
     "is_compiled_wrapper",
     "is_module_wrapper",

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from torchdebug._torch.checkpoint import selective
-from torchdebug._torch.nn import compiled_modules
+from torchdebug._torch.nn import compiled_methods, compiled_modules
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
@@ -71,6 +71,8 @@ def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str
     ``runs_eagerly``: compiled code runs eagerly while capturing, ``compiled_code="eager"``)."""
     if not runs_eagerly and next(iter(compiled_modules(model)), None) is not None:
         return "compiled modules in the model"
+    if not runs_eagerly and next(iter(compiled_methods(model)), None) is not None:
+        return "compiled methods in the model (a compiled forward or training_step)"
     for name, module in model.named_modules():
         if selective(module):
             return f"selective activation checkpointing on {name} (its region runs under a dispatch mode of its own)"

@@ -211,8 +211,11 @@ class NativeStepCapture:
         self.observer.set_module(context)
 
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
-        """The tracker entered ``module`` (its path ``name``), in ``phase`` ``forward`` or ``recompute``."""
-        self._set_context(self._intern(name))
+        """The tracker entered ``module`` (its path ``name``), in ``phase`` ``forward`` or ``recompute``;
+        traced by Dynamo (torch 2.11 and 2.14 trace global hooks), nothing: a path interned there would
+        be a guard on the paths known, and each new one a recompile."""
+        if not is_compiling():
+            self._set_context(self._intern(name))
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
         """The tracker left ``module``: the context is the enclosing module's."""
@@ -223,6 +226,8 @@ class NativeStepCapture:
         self.drop()
 
     def drop(self) -> None:
+        if is_compiling():  # as enter
+            return
         current = self.tracker.current()
         self._set_context(_OUTSIDE if current == NO_MODULE else self._intern(current))
 

@@ -382,7 +382,7 @@ def test_processes_building_one_library_at_once_build_it_once(fresh_build, monke
     assert building.wait(60)
     second = threading.Thread(target=builder, args=("second",), name="second")
     second.start()
-    while not (waiting.is_set() or len(builds) > 1):  # the second waits for the lock, or (unlocked) builds too
+    while second.is_alive() and not (waiting.is_set() or len(builds) > 1):  # it waits for the lock, or (unlocked) builds
         waiting.wait(0.01)
     release.set()
     first.join(60)

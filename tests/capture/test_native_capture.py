@@ -279,6 +279,7 @@ def test_a_model_whose_forward_was_compiled_goes_to_the_dispatch_mode_unless_cap
     """Lightning's ``trainer.fit(torch.compile(model))`` compiles the model's ``forward`` and
     ``training_step`` in place: on torch 2.11 and 2.14 the observer does not see the ops of the
     compiled code (the mode does, named after the graph module that runs them)."""
+    monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     model.forward = torch.compile(model.forward, backend="eager")
     assert "compiled methods" in why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model)

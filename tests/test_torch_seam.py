@@ -158,6 +158,19 @@ def test_op_overloads_and_their_schemas():
     assert [a.name for a in dispatch.op_schema(torch.ops.aten.mm.default).arguments] == ["self", "mat2"]
 
 
+def test_ops_whose_writes_move_no_version_are_told_by_their_kernels() -> None:
+    """``moves_versions``: in-place and ``out=`` ops move the versions of what they write; BatchNorm's
+    kernel (running statistics), a fused optimizer and ``_foreach_*_`` under a dispatch mode do not."""
+    for op in (torch.ops.aten.add_.Tensor, torch.ops.aten.copy_.default, torch.ops.aten.mm.out):
+        assert dispatch.moves_versions(op)
+    for op in (torch.ops.aten.native_batch_norm.default, torch.ops.aten._fused_adam_.default, torch.ops.aten._foreach_add_.List):
+        assert not dispatch.moves_versions(op)
+    statistics = torch.zeros(3)
+    before = statistics._version
+    torch.ops.aten.native_batch_norm.default(torch.randn(4, 3), None, None, statistics, torch.ones(3), True, 0.1, 1e-5)
+    assert statistics._version == before and statistics.any()  # written, no version moved
+
+
 def test_a_dispatch_mode_that_ignores_compile_internals_leaves_compiled_code_compiled():
     torch._dynamo.reset()
     compiles = []

@@ -74,7 +74,9 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
     its input, an out-of-place gradient sum's output the buffer summed into in place. Fails on any
     other difference in the calls' order."""
     calls = call_groups(python)
-    want_ops, got_ops = [call[0].op for call in calls], [call[0].op for call in call_groups(native)]
+    # calls told by op and module: a mode-only detach among the AccumulateGrad detaches of parameters
+    want_ops = [(call[0].op, call[0].module) for call in calls]
+    got_ops = [(call[0].op, call[0].module) for call in call_groups(native)]
     kept: list[tuple[list[Record], str]] = []
     aliases: dict[int, int] = {}
     for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, want_ops, got_ops, autojunk=False).get_opcodes():
@@ -83,7 +85,7 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
             continue
         real = [call for call in calls[a0:a1] if call[0].op not in _MODE_ONLY_CALLS]
         ops = [_MODE_RENAMES.get(call[0].op) if call[0].phase == "backward" or call[0].op == _VIEW else None for call in real]
-        if ops != got_ops[b0:b1]:
+        if [(op, call[0].module) for op, call in zip(ops, real)] != got_ops[b0:b1]:
             raise AssertionError(f"{tag}: eager {want_ops[a0:a1]} against native {got_ops[b0:b1]}")
         kept += zip(real, ops)
         for call in calls[a0:a1]:

@@ -572,3 +572,59 @@ def test_a_selections_backward_is_its_decomposition_on_both_paths(tmp_path, monk
     _assert_same_dumps(python, native)
     backward = {r.op for r in native if r.phase == "backward"}
     assert "aten.scatter_.src" in backward and "aten.value_selecting_reduction_backward.default" not in backward
+
+
+class _BatchNormed(nn.Module):
+    """A BatchNorm in training, whose kernel writes the running statistics in place though its schema
+    does not say so (and torch moves no version), and one in eval, which writes nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.frozen = nn.BatchNorm1d(8).eval()
+        self.second = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.frozen(torch.relu(self.norm(self.first(x))))).square().mean()
+
+
+def _batch_norm_training(fused: bool) -> Training:
+    def training() -> tuple[nn.Module, Callable[[], None]]:
+        torch.manual_seed(0)
+        model = _BatchNormed()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)  # fused: its writes move no version
+        x = torch.randn(5, 6)
+
+        def step() -> None:
+            model(x).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return model, step
+
+    return training
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["adamw", "fused-adamw"])
+@pytest.mark.parametrize("options", [{"task": "structure"}, {"task": "statistics"}], ids=["structure", "statistics"])
+def test_writes_torch_does_not_count_in_a_version_make_new_values_on_both_paths(
+    tmp_path, monkeypatch, caplog, options: dict, fused: bool
+) -> None:
+    """BatchNorm's running statistics: the backward reads the values the forward wrote, a later
+    version of the tensor than the forward read, with their own statistics; nothing of the eval one
+    changes. The same on both paths, and for a fused optimizer's writes."""
+    training = _batch_norm_training(fused)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, **options)
+    _assert_same_dumps(python, native)
+    by_name = {record.name: record for record in native if record.step == 1}
+    for module, moved in (("norm", 1), ("frozen", 0)):
+        read = by_name[f"forward/{module}/aten.native_batch_norm.default#0/input.3"]
+        read_again = by_name[f"backward/{module}/aten.native_batch_norm_backward.default#0/input.3"]
+        assert read_again.value_id == read.value_id and read_again.version == read.version + moved
+        if options["task"] == "statistics":
+            assert (read_again.stats != read.stats) == bool(moved)
+    if fused:  # each step's update is a write: the weight the next step reads is a later version
+        weights = {r.step: r.version for r in native if r.phase == "forward" and r.module == "first" and r.shape == [8, 6]}
+        assert weights[1] > weights[0]

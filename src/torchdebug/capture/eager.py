@@ -21,7 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr, tensor_version
 from torchdebug._torch.checkpoint import BOOKKEEPING_OPS, RecomputeDetector, bookkeeping
-from torchdebug._torch.dispatch import TorchDispatchMode, op_schema
+from torchdebug._torch.dispatch import TorchDispatchMode, moves_versions, op_schema
 from torchdebug._torch.fsdp import unshard_buffers
 from torchdebug._torch.funcol import async_tensor_class, inner_tensor, unwaited, waits_before
 from torchdebug._torch.subclasses import is_subclass
@@ -60,6 +60,15 @@ _PARTLY_WRITTEN = {_COPY_IN: "1"}
 """Outputs (by index) that hold a buffer the op writes only part of: FSDP2's copy-in writes this
 rank's shards into the all-gather's buffer, and the all-gather the rest."""
 
+_UNDECLARED_WRITES = {
+    f"aten.{name}.default": ((3, "running_mean"), (4, "running_var"))
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+}
+"""Arguments ops write that their schema does not mark written: BatchNorm's kernels update the
+running statistics in place when ``training`` (argument 5) is true, and torch moves no version for
+it. ``native/observer.cpp`` holds the same list (``undeclared_writes``)."""
+_TRAINING = (5, "training")
+
 _SKIPPED_NAMESPACES = frozenset({"profiler"})
 """``profiler._record_function_*``: bookkeeping of ``record_function`` blocks, no tensor data."""
 
@@ -95,7 +104,14 @@ class OpInfo(NamedTuple):
     bookkeeping: bool
     """An op activation checkpointing also runs for its own bookkeeping in the forward."""
     written: frozenset[str]
-    """Top-level argument keys (position ``"0"`` and name ``"self"``) the op writes into."""
+    """Top-level argument keys (position ``"0"`` and name ``"self"``) the op writes into (its schema's
+    and ``_UNDECLARED_WRITES``)."""
+    written_if: tuple[int, str] | None
+    """The bool argument (position, name) without which the op writes nothing (BatchNorm's ``training``)."""
+    unmoved: bool
+    """Torch moves no version for what the op writes (it has no ``ADInplaceOrView`` kernel: BatchNorm's
+    running statistics, a fused optimizer's tensors, and under a dispatch mode the in-place
+    ``_foreach_*_`` ops, whose versions move without one; 2.11 through 2.14): ``CaptureSession.wrote``."""
     unread_inputs: dict[str, str]
     """Top-level argument keys of the arguments it writes without reading, and why (``overwritten``):
     described, not read (``CaptureSession.add_call``'s ``unread``)."""
@@ -122,7 +138,7 @@ def op_info(func: Any) -> OpInfo:
         for index, argument in enumerate(schema.arguments)
         if argument.alias_info is not None and argument.alias_info.is_write
         for key in (str(index), argument.name)
-    )
+    ) | {key for index, argument in _UNDECLARED_WRITES.get(name, ()) for key in (str(index), argument)}
     overwritten = {
         key: "overwritten"
         for index, argument in enumerate(schema.arguments)
@@ -148,6 +164,8 @@ def op_info(func: Any) -> OpInfo:
         name == "aten.detach.default",
         name in BOOKKEEPING_OPS,
         written,
+        _TRAINING if name in _UNDECLARED_WRITES else None,
+        bool(written) and not moves_versions(func),
         overwritten,
         made,
         name == _COPY_IN,
@@ -169,16 +187,22 @@ def _wrapped(values: Iterable[Any]) -> list[torch.Tensor]:
 _VALUE = operator.itemgetter(1)
 """A slot's value."""
 
-_FOREACH = "aten._foreach_"
-"""Torch moves no version for the writes of these ops' in-place forms under a dispatch mode (2.11
-through 2.14), as it does without one (``CaptureSession.wrote``)."""
+
+def _argument(key: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The argument at ``key``: a position (``"0"``) or a name."""
+    return (args[int(key)] if int(key) < len(args) else None) if key.isdigit() else kwargs.get(key)
 
 
 def _written(info: OpInfo, args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """The tensors a call of a mutable op writes: its written arguments, each tensor of a list."""
+    """The tensors a call writes: its written arguments, each tensor of a list (none where the
+    flag it writes under is off: BatchNorm in eval)."""
+    if info.written_if is not None:
+        index, name = info.written_if
+        if not (kwargs[name] if name in kwargs else _argument(str(index), args, kwargs)):
+            return []
     found: dict[int, torch.Tensor] = {}
     for key in info.written:
-        value = (args[int(key)] if int(key) < len(args) else None) if key.isdigit() else kwargs.get(key)
+        value = _argument(key, args, kwargs)
         for tensor in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(tensor, torch.Tensor):
                 found[id(tensor)] = tensor
@@ -487,11 +511,11 @@ class OpCapture:
     def _run_unselected(self, func: Any, args: tuple, kwargs: dict[str, Any], info: OpInfo, module: str, rebuilds: bool) -> Any:
         """Run a call that is not recorded, keeping what later calls need: the tensors a checkpoint
         rebuilt, the storages functional collectives write into and those a wait completed."""
-        written = _written(info, args, kwargs) if info.mutable else None
+        written = _written(info, args, kwargs) if info.written else None
         versions = _versions(written) if written else None
         out = func(*args, **kwargs)
         if written:
-            self.session.wrote(written, versions, info.name.startswith(_FOREACH))
+            self.session.wrote(written, versions, info.unmoved)
         if rebuilds:
             self._rebuilt.add(out, module)
         if info.functional:
@@ -524,12 +548,12 @@ class OpCapture:
             self._add(inputs, "input", False, info.unread_inputs, names)
         elif info.mutable and self._outputs:  # its outputs that existed before are the tensors it wrote
             self.session.values.see(map(_VALUE, iter_slots(args, kwargs)))
-        written = _written(info, args, kwargs) if info.mutable else None
+        written = _written(info, args, kwargs) if info.written else None
         versions = _versions(written) if written else None
         if not info.waits:
             out = func(*args, **kwargs)
         if written:
-            self.session.wrote(written, versions, info.name.startswith(_FOREACH))
+            self.session.wrote(written, versions, info.unmoved)
         if rebuilds:
             self._rebuilt.add(out, names[1])
         if info.collective:

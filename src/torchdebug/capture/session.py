@@ -385,11 +385,11 @@ class CaptureSession:
 
     def wrote(self, tensors: list[torch.Tensor], versions: list[int | None], unmoved: bool) -> None:
         """A call wrote ``tensors`` in place, whose versions were ``versions`` before it. Torch moves
-        a written tensor's version once the call returns to autograd, or never: a fused optimizer's
-        writes, and under a dispatch mode a ``_foreach_*_`` op's (``unmoved``; without a mode torch
-        moves them, torch 2.11 through 2.14). What was taken of each before is forgotten, so a read
-        at the same version takes its new values; with ``unmoved``, its value id's version counts the
-        write, as it would without the mode."""
+        a written tensor's version once the call returns to autograd, or never (``unmoved``,
+        ``OpInfo.unmoved``: BatchNorm's running statistics, a fused optimizer's writes, and under a
+        dispatch mode a ``_foreach_*_`` op's, whose versions move without one). What was taken of each
+        before is forgotten, so a read at the same version takes its new values; with ``unmoved``,
+        its value id's version counts the write, as the native path's does (``observer.cpp``)."""
         for tensor, version in zip(tensors, versions):
             if version is not None and tensor_version(tensor) == version:
                 self._seen.pop(id(tensor), None)

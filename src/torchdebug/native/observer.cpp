@@ -48,6 +48,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -535,6 +536,39 @@ int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   return taken;
 }
 
+// Writes torch does not count in a tensor's version (BatchNorm's running statistics, a fused
+// optimizer's tensors: ops with no ADInplaceOrView kernel), by TensorImpl: a slot's version adds
+// them, as a dispatch mode's capture counts them (CaptureSession.wrote, ValueIds.wrote), so that a
+// tensor read before such a write and after it holds two values. The weak reference keeps the
+// address the tensor's alone; entries of freed tensors go at the drain, all at a new capture.
+struct Unmoved {
+  WeakImpl impl;
+  int64_t writes;
+};
+std::mutex unmoved_mutex;
+std::unordered_map<const c10::TensorImpl*, Unmoved> unmoved;
+std::atomic<bool> any_unmoved{false};
+
+int64_t unmoved_writes(const c10::TensorImpl* impl) {
+  if (!any_unmoved.load(std::memory_order_relaxed)) return 0;
+  std::lock_guard<std::mutex> lock(unmoved_mutex);
+  auto found = unmoved.find(impl);
+  return found == unmoved.end() ? 0 : found->second.writes;
+}
+
+// The version a slot of `impl` records: torch's, plus the writes it did not count.
+int64_t slot_version(const c10::TensorImpl* impl) {
+  return static_cast<int64_t>(impl->version_counter().current_version()) + unmoved_writes(impl);
+}
+
+void forget_unmoved(bool all) {
+  std::lock_guard<std::mutex> lock(unmoved_mutex);
+  for (auto entry = unmoved.begin(); entry != unmoved.end();) {
+    entry = all || entry->second.impl.expired() ? unmoved.erase(entry) : std::next(entry);
+  }
+  any_unmoved.store(!unmoved.empty(), std::memory_order_relaxed);
+}
+
 std::atomic<bool> want_values{false};  // td_observer_want_values: record value slots
 
 struct OpInfo {
@@ -542,8 +576,18 @@ struct OpInfo {
   Kind kind;
   const OpArgs* args = nullptr;  // its schema's facts (Recorder::args)
   bool frame_op = false;  // one of the ops whose frames tell checkpointing's own calls (td_observer_checkpoint)
-  bool mutable_op = false;  // its schema writes an argument
+  bool mutable_op = false;  // its schema writes an argument, or it writes one undeclared
+  const std::vector<int16_t>* written = nullptr;  // the positions of the arguments it writes (Recorder::written)
+  int16_t written_if = -1;  // the bool argument without which it writes nothing (BatchNorm's training)
 };
+
+// Ops that write arguments their schema does not mark written: BatchNorm's kernels update the
+// running statistics (3, 4) in place when training (5) is true. capture/eager.py's
+// _UNDECLARED_WRITES holds the same list.
+bool undeclared_writes(const c10::OperatorName& name) {
+  return name.overload_name.empty() && (name.name == "aten::native_batch_norm" || name.name == "aten::cudnn_batch_norm" ||
+                                         name.name == "aten::miopen_batch_norm");
+}
 
 // Forget what was read of the tensors among `values` (an op that may write them is about to): a fused
 // optimizer writes its tensors without moving their versions, so the next read takes them again.
@@ -614,7 +658,7 @@ struct Slots {
     value.push_back(reinterpret_cast<int64_t>(impl));
     alive.push_back(WeakImpl::reclaim_copy(impl));
     dtype.push_back(static_cast<int8_t>(impl->dtype().toScalarType()));
-    version.push_back(impl->is_inference() ? int64_t{-1} : static_cast<int64_t>(impl->version_counter().current_version()));
+    version.push_back(impl->is_inference() ? int64_t{-1} : slot_version(impl));
     int8_t kind = impl->key_set().has(c10::DispatchKey::Python) ? kSubclass : impl->is_nested() ? kNested : kPlain;
     flag.push_back(kind);
     auto at = stats.size();
@@ -893,6 +937,7 @@ struct Recorder {
   std::unordered_map<const char*, OpInfo> ops;  // keyed by the schema's name pointer: one per overload
   std::deque<std::string> names;                 // "aten.mm.default", by op id (they never move)
   std::deque<OpArgs> args;                       // by op id (they never move)
+  std::deque<std::vector<int16_t>> written;      // by op id: the positions of the arguments it writes
   int64_t first_row = 0;  // op rows drained so far: slot rows hold absolute row numbers
   std::vector<int32_t> op;
   std::vector<int64_t> seq;
@@ -991,6 +1036,7 @@ struct Frame {
   bool frame_op = false;         // kPending: its op is a frame op (frames_wanted)
   bool returns = false;          // kPending, kDeferred: its schema has results
   bool factory = false;          // kPending, kRecorded: no tensor argument (its outputs wait: Slots::outputs_wait)
+  int32_t writes = -1;           // kPending, kRecorded: where its written tensors start in ThreadState::writes
 };
 
 // Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
@@ -1015,6 +1061,7 @@ struct ThreadState {
   int64_t frames_node = INT64_MIN;  // the node of the last backward row with grad mode on or a frame op
   std::vector<Stash> stashes;     // of the kPending and kDeferred frames, innermost last
   size_t stashed = 0;             // stashes in use (the vector keeps its buffers)
+  std::vector<std::pair<c10::TensorImpl*, int64_t>> writes;  // the tensors open ops write, with their versions then
 };
 thread_local ThreadState state;
 
@@ -1047,9 +1094,23 @@ OpInfo op_info(const at::RecordFunction& fn) {
   recorder.names.push_back(overload_name(*name));
   info.frame_op = std::find(frame_ops.begin(), frame_ops.end(), recorder.names.back()) != frame_ops.end();
   auto handle = c10::Dispatcher::singleton().findSchema(*name);
-  info.mutable_op = handle.has_value() && handle->schema().is_mutable();
   recorder.args.push_back(handle.has_value() ? op_args(handle->schema()) : OpArgs{});
   info.args = &recorder.args.back();
+  recorder.written.emplace_back();
+  auto& written = recorder.written.back();
+  if (handle.has_value()) {
+    const auto& arguments = handle->schema().arguments();
+    for (size_t position = 0; position < arguments.size(); ++position) {
+      const auto* alias = arguments[position].alias_info();
+      if (alias != nullptr && alias->isWrite()) written.push_back(static_cast<int16_t>(position));
+    }
+  }
+  if (undeclared_writes(*name)) {
+    written = {3, 4};
+    info.written_if = 5;
+  }
+  info.mutable_op = !written.empty();
+  info.written = &written;
   recorder.ops.emplace(fn.name(), info);
   return info;
 }
@@ -1143,6 +1204,85 @@ bool defer(ThreadState& thread, Frame& frame) {
   return true;
 }
 
+// Note the tensors a call of `info` writes, with their versions now (ThreadState::writes): where they
+// start, or -1 for none.
+int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
+  if (!info.mutable_op) return -1;
+  if (info.written_if >= 0) {
+    auto at = static_cast<size_t>(info.written_if);
+    if (at >= inputs.size() || !inputs[at].isBool() || !inputs[at].toBool()) return -1;
+  }
+  auto from = static_cast<int32_t>(thread.writes.size());
+  auto note = [&](const c10::IValue& value) {
+    if (!is_tensor(value)) return;
+    auto* impl = value.unsafeToTensorImpl();
+    if (!impl->is_inference()) thread.writes.emplace_back(impl, static_cast<int64_t>(impl->version_counter().current_version()));
+  };
+  for (auto position : *info.written) {
+    if (static_cast<size_t>(position) >= inputs.size()) continue;
+    const auto& value = inputs[static_cast<size_t>(position)];
+    if (value.isList()) {
+      for (const auto& item : value.toListRef()) note(item);
+    } else {
+      note(value);
+    }
+  }
+  return from;
+}
+
+// Copy each input a call writes whose sums were left to Python's flush (kept from `first_kept` on:
+// an int64 counter's add_, a float16 tensor's in-place op), which by then holds what the op wrote,
+// where a dispatch mode reads it before the op. The copy is taken with no observer and below
+// autograd (no row, no graph), and takes the slot's version, so the drain hands it over as read.
+void snapshot_written(Slots& slots, size_t first_kept, const ThreadState& thread, int32_t writes_from) {
+  if (writes_from < 0) return;
+  for (auto entry = first_kept; entry < slots.kept.size(); ++entry) {
+    auto& tensor = slots.kept[entry];
+    if (!tensor.defined()) continue;
+    auto* impl = tensor.unsafeGetTensorImpl();
+    auto version = slots.version[static_cast<size_t>(slots.kept_slot[entry])];
+    auto written = std::any_of(thread.writes.begin() + writes_from, thread.writes.end(), [impl](const auto& noted) { return noted.first == impl; });
+    if (!written || version < 0 || slots.flag[static_cast<size_t>(slots.kept_slot[entry])] != kPlain) continue;
+    at::Tensor copy;
+    {
+      at::DisableRecordFunctionGuard no_observer;
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      copy = tensor.clone();
+    }
+    copy.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(static_cast<uint32_t>(version)));
+    tensor = std::move(copy);
+  }
+}
+
+// The call that noted writes from `from` on returned: each written tensor whose version torch did not
+// move (each tensor once) counts a write in the versions its later slots record, and what was read
+// of it is read again.
+void count_unmoved(ThreadState& thread, int32_t from) {
+  thread_local std::vector<c10::TensorImpl*> still;  // kept between calls: no allocation per in-place op
+  still.clear();
+  for (auto at = static_cast<size_t>(from); at < thread.writes.size(); ++at) {
+    auto [impl, before] = thread.writes[at];
+    if (static_cast<int64_t>(impl->version_counter().current_version()) == before) still.push_back(impl);
+  }
+  if (still.empty()) return;  // the common case: torch moved them all
+  std::sort(still.begin(), still.end());
+  still.erase(std::unique(still.begin(), still.end()), still.end());
+  {
+    std::lock_guard<std::mutex> lock(unmoved_mutex);
+    for (auto* impl : still) {
+      auto found = unmoved.find(impl);
+      if (found == unmoved.end()) {
+        unmoved.emplace(impl, Unmoved{WeakImpl::reclaim_copy(impl), 1});
+      } else {
+        ++found->second.writes;
+      }
+    }
+    any_unmoved.store(true, std::memory_order_relaxed);
+  }
+  std::lock_guard<std::mutex> lock(reads_mutex);
+  for (auto* impl : still) reads.erase(impl);
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
   if (outputs_waiting.load(std::memory_order_relaxed)) {
@@ -1221,20 +1361,26 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     auto& stash = push_stash(thread);
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
+    auto first_kept = stash.slots.kept.size();
     stash.slots.add_all(-1, 0, inputs, args);
     if (info.mutable_op) forget_reads_of(inputs);
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
     thread.frames.back().factory = no_tensor_argument(inputs);
+    thread.frames.back().writes = note_writes(thread, info, inputs);
+    snapshot_written(stash.slots, first_kept, thread, thread.frames.back().writes);
     return nullptr;
   }
   row.traceback = python_frames(frames_wanted(thread, row, info.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
+  auto first_kept = recorder.slots.kept.size();
   recorder.slots.add_all(at_row, 0, inputs, args);
   if (info.mutable_op) forget_reads_of(inputs);
   thread.frames.push_back({kRecorded, live, false, at_row, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
   thread.frames.back().factory = no_tensor_argument(inputs);
+  thread.frames.back().writes = note_writes(thread, info, inputs);
+  snapshot_written(recorder.slots, first_kept, thread, thread.frames.back().writes);
   return nullptr;
 }
 
@@ -1251,6 +1397,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   auto frame = last;
   thread.frames.pop_back();
+  if (frame.writes >= 0) {  // before its outputs: a written argument it returns holds the written value
+    if (frame.kind == kRecorded) count_unmoved(thread, frame.writes);
+    thread.writes.resize(static_cast<size_t>(frame.writes));
+  }
   if (frame.kind == kBackward) {
     thread.node_seq.pop_back();
     thread.node_checkpoint.pop_back();
@@ -1403,6 +1553,7 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   auto& from = recorder.slots;
   from.hold_waiting();
   forget_reads();
+  forget_unmoved(false);
   take(recorder.op, ops, columns[0]);
   take(recorder.seq, ops, columns[1]);
   take(recorder.backward, ops, columns[2]);
@@ -1447,7 +1598,7 @@ void td_observer_drain(const int64_t* counts, void** columns) {
     auto at = static_cast<size_t>(from.kept_slot[entry]);
     auto recorded = from.version[at];
     bool described = from.flag[at] == kSubclass;  // Python describes it changed or not, and checks its version
-    if (tensor.defined() && (described || recorded < 0 || tensor.unsafeGetTensorImpl()->version_counter().current_version() == recorded)) {
+    if (tensor.defined() && (described || recorded < 0 || slot_version(tensor.unsafeGetTensorImpl()) == recorded)) {
       handed.push_back(std::move(tensor));
     } else {
       from.kept_slot[entry] = -1;
@@ -1503,6 +1654,7 @@ void td_observer_forget_seen() {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   recorder.seen.clear();
   recorder.freed.clear();
+  forget_unmoved(true);
 }
 
 // Activation checkpointing: `node`, the name of a reentrant region's autograd node (its ops are

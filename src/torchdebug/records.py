@@ -68,8 +68,8 @@ NO_MODULE = "-"
 """The module path shown in names for ops outside every tracked module."""
 
 UNINITIALISED = "uninitialised"
-"""The :data:`UNREAD` reason of an allocation's output, and of the views of it taken before anything
-wrote it."""
+"""The :data:`UNREAD` reason of an allocation's output, of a kernel's workspace for its backward (an
+RNN's reserve: partly never written), and of the views and reads of either before anything wrote it."""
 
 NEVER_MATERIALISED = "never materialised"
 """The :data:`UNREAD` reason of a graph dump's output slot that the graph never uses (one output

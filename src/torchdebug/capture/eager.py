@@ -69,6 +69,16 @@ running statistics in place when ``training`` (argument 5) is true, and torch mo
 it. ``native/observer.cpp`` holds the same list (``undeclared_writes``)."""
 _TRAINING = (5, "training")
 
+_WORKSPACES = {
+    "aten.mkldnn_rnn_layer.default": "3",
+    "aten._cudnn_rnn.default": "3",
+    "aten.miopen_rnn.default": "3",
+    "aten.cudnn_batch_norm.default": "3",
+}
+"""Outputs (by index) that are a kernel's workspace for its backward (an RNN's reserve, cuDNN
+BatchNorm's): scratch laid out by the library, partly never written, so two identical runs hold
+other bytes there. Uninitialised, as an allocation's output: not read, nor where the backward reads it."""
+
 _SKIPPED_NAMESPACES = frozenset({"profiler"})
 """``profiler._record_function_*``: bookkeeping of ``record_function`` blocks, no tensor data."""
 
@@ -150,6 +160,8 @@ def op_info(func: Any) -> OpInfo:
     made = {"*": UNINITIALISED} if allocates(name) else {}
     if name in _PARTLY_WRITTEN:
         made[_PARTLY_WRITTEN[name]] = "partly written"
+    if name in _WORKSPACES:
+        made[_WORKSPACES[name]] = UNINITIALISED
     return OpInfo(
         func,
         name,

@@ -57,6 +57,10 @@ input buffer are added out of place (backward); indexing's backward puts the gra
 out of place (``index_backward``: ``index_put`` for ``_index_put_impl_``); a selection's backward
 (``value_selecting_reduction_backward``: topk, max, sort) makes its zeros with ``new_zeros`` and
 scatters into them out of place."""
+_ANY_PHASE = {_VIEW, _ADD}
+"""Of those, the ones the mode changes in the forward too: ``reshape``'s ``view``, and ``linear``'s bias
+added out of place to the product of a 3-D input that is not contiguous (``nn.MultiheadAttention``'s
+projections, a GRU's cells)."""
 _FACTORIES = {"aten.zeros.default"}
 """Of those, the ones that take no tensor without the mode."""
 _OUT_OF_PLACE = {_ADD, _SCATTER}
@@ -84,7 +88,9 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
             kept += [(call, call[0].op) for call in calls[a0:a1]]
             continue
         real = [call for call in calls[a0:a1] if call[0].op not in _MODE_ONLY_CALLS]
-        ops = [_MODE_RENAMES.get(call[0].op) if call[0].phase == "backward" or call[0].op == _VIEW else None for call in real]
+        ops = [
+            _MODE_RENAMES.get(call[0].op) if call[0].phase == "backward" or call[0].op in _ANY_PHASE else None for call in real
+        ]
         if [(op, call[0].module) for op, call in zip(ops, real)] != got_ops[b0:b1]:
             raise AssertionError(f"{tag}: eager {want_ops[a0:a1]} against native {got_ops[b0:b1]}")
         kept += zip(real, ops)

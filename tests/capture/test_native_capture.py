@@ -628,3 +628,37 @@ def test_writes_torch_does_not_count_in_a_version_make_new_values_on_both_paths(
     if fused:  # each step's update is a write: the weight the next step reads is a later version
         weights = {r.step: r.version for r in native if r.phase == "forward" and r.module == "first" and r.shape == [8, 6]}
         assert weights[1] > weights[0]
+
+
+class _FilledThroughAView(nn.Module):
+    """Tensors whose statistics wait for the flush (int64, complex) written after an op read them:
+    zeros a counter fills through a slice, and the complex zeros ``rfft``'s backward fills through one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        counts = torch.zeros(4, dtype=torch.int64)
+        counts[1:3].add_(2)
+        return torch.fft.rfft(self.linear(x)).abs().sum() + counts.sum()
+
+
+def _filled_through_a_view() -> tuple[nn.Module, Callable[[], None]]:
+    torch.manual_seed(0)
+    model = _FilledThroughAView()
+    x = torch.randn(3, 6)
+    return model, lambda: model(x).backward()
+
+
+def test_a_tensor_read_at_the_flush_and_written_since_holds_what_its_op_read_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """The native path reads an int64 or complex tensor at the flush; one a later op writes (through
+    a view) is copied before that write, so its records hold what each op read, as the mode's do."""
+    python = _dump(tmp_path, monkeypatch, caplog, _filled_through_a_view, native=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, _filled_through_a_view, native=True, task="statistics")
+    _assert_same_dumps(python, native)
+    unread = [r.name for r in native if r.stats is None and "unread" not in r.extra]  # copy_'s destination is unread
+    assert not unread, unread
+    assert {record.dtype for record in native} >= {"int64", "complex64"}
+    zeros = next(r for r in native if r.op == "aten.zeros.default" and r.step == 1)
+    assert zeros.stats["max"] == 0  # as made, before the add_ through its slice

@@ -1230,26 +1230,32 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
   return from;
 }
 
-// Copy each input a call writes whose sums were left to Python's flush (kept from `first_kept` on:
-// an int64 counter's add_, a float16 tensor's in-place op), which by then holds what the op wrote,
-// where a dispatch mode reads it before the op. The copy is taken with no observer and below
-// autograd (no row, no graph), and takes the slot's version, so the drain hands it over as read.
-void snapshot_written(Slots& slots, size_t first_kept, const ThreadState& thread, int32_t writes_from) {
-  if (writes_from < 0) return;
-  for (auto entry = first_kept; entry < slots.kept.size(); ++entry) {
+// Copy each kept tensor (its sums left to Python's flush: an int64 counter, a complex or float16
+// tensor) on the memory a call is about to write, which by the flush would hold what the call and
+// later ones wrote, where a dispatch mode reads it at its op: the call's own inputs (an int64
+// counter's add_), and what earlier ops returned or read (zeros a backward fills through a slice).
+// The copy is taken with no observer and below autograd (no row, no graph), and takes its slot's
+// version, so the drain hands it over as read. Called with the slots' lock held.
+void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_from) {
+  if (writes_from < 0 || slots.kept.empty()) return;
+  auto written = thread.writes.begin() + writes_from;
+  for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
     auto& tensor = slots.kept[entry];
-    if (!tensor.defined()) continue;
-    auto* impl = tensor.unsafeGetTensorImpl();
-    auto version = slots.version[static_cast<size_t>(slots.kept_slot[entry])];
-    auto written = std::any_of(thread.writes.begin() + writes_from, thread.writes.end(), [impl](const auto& noted) { return noted.first == impl; });
-    if (!written || version < 0 || slots.flag[static_cast<size_t>(slots.kept_slot[entry])] != kPlain) continue;
+    auto at = static_cast<size_t>(slots.kept_slot[entry]);
+    if (!tensor.defined() || slots.flag[at] != kPlain || slots.version[at] < 0 || !tensor.has_storage()) continue;
+    const auto* storage = tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (std::none_of(written, thread.writes.end(), [storage](const auto& noted) {
+          return noted.first->has_storage() && noted.first->unsafe_storage().unsafeGetStorageImpl() == storage;
+        })) {
+      continue;
+    }
     at::Tensor copy;
     {
       at::DisableRecordFunctionGuard no_observer;
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       copy = tensor.clone();
     }
-    copy.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(static_cast<uint32_t>(version)));
+    copy.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(static_cast<uint32_t>(slots.version[at])));
     tensor = std::move(copy);
   }
 }
@@ -1361,26 +1367,28 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     auto& stash = push_stash(thread);
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
-    auto first_kept = stash.slots.kept.size();
     stash.slots.add_all(-1, 0, inputs, args);
     if (info.mutable_op) forget_reads_of(inputs);
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
     thread.frames.back().factory = no_tensor_argument(inputs);
     thread.frames.back().writes = note_writes(thread, info, inputs);
-    snapshot_written(stash.slots, first_kept, thread, thread.frames.back().writes);
+    snapshot_written(stash.slots, thread, thread.frames.back().writes);
+    if (thread.frames.back().writes >= 0) {
+      std::lock_guard<std::mutex> lock(recorder.mutex);
+      snapshot_written(recorder.slots, thread, thread.frames.back().writes);
+    }
     return nullptr;
   }
   row.traceback = python_frames(frames_wanted(thread, row, info.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
-  auto first_kept = recorder.slots.kept.size();
   recorder.slots.add_all(at_row, 0, inputs, args);
   if (info.mutable_op) forget_reads_of(inputs);
   thread.frames.push_back({kRecorded, live, false, at_row, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
   thread.frames.back().factory = no_tensor_argument(inputs);
   thread.frames.back().writes = note_writes(thread, info, inputs);
-  snapshot_written(recorder.slots, first_kept, thread, thread.frames.back().writes);
+  snapshot_written(recorder.slots, thread, thread.frames.back().writes);
   return nullptr;
 }
 

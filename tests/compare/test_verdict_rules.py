@@ -393,6 +393,25 @@ def test_differs_before_any_op_an_input_no_op_made_is_blamed():
     assert _judged(weight) == ("error", "blamed") and weight.message.endswith("this input differs before any op did")
 
 
+def test_differs_before_any_op_a_parameter_the_optimizer_reads_says_an_earlier_step_made_it():
+    """Two runs whose weights parted before the dumped step: the optimizer's read of the weight tells
+    a parameter from the batch."""
+    weight = _row("input", 0.01, value_id=7)
+    batch = _row("input", 0.01, value_id=8)
+
+    def read(io: str = "input") -> Record:  # the optimizer's read of the weight
+        name = make_name("optimizer", "-", "aten.add_.Tensor", 0, io, "0")
+        fields = dict(dtype="float32", shape=[4], value_id=7)
+        return Record(name, 0, 0, "optimizer", "-", "aten.add_.Tensor", 0, 2, io, "0", **fields)  # type: ignore[arg-type]
+
+    stepped = Row.from_records(0, read(), read(), "exact", next(_ORDER))
+    judge([weight, stepped])
+    judge([batch, stepped])
+    assert _judged(weight) == ("error", "blamed")
+    assert weight.message.endswith("an earlier step, the initialisation or a loaded checkpoint made the difference")
+    assert batch.message.endswith("this input differs before any op did")
+
+
 def test_gradient_of_incomparable_the_gradient_of_a_micro_batch_loss_cannot_be_compared():
     piece = _row("input", 0.5, op="aten.mse_loss.default", a={"extra": {"one_shard": "holds one Shard(0) piece of 2"}})
     loss = _row("output", 0.5, op="aten.mse_loss.default")

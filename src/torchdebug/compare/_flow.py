@@ -50,6 +50,8 @@ class Flow:
         ``tolerances``: the compare's per-dtype overrides (values only one side holds are compared
         with them, :mod:`torchdebug.compare._structure`)."""
         self.tolerances: Mapping[str, Tolerance] = tolerances or {}
+        self._rows = rows
+        self._stepped: set[tuple[str, int, int]] | None = None
         self.slots: dict[str, dict[int, dict[str, Row]]] = {"a": {}, "b": {}}
         """Per side and step, the row of each output slot's name (producers are outputs)."""
         self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
@@ -90,6 +92,25 @@ class Flow:
         self.follows: dict[Row, Row] = {}
         """The rows that are or were computed from a selection whose result differs (the routing
         changed), whatever their verdict, and that selection's row."""
+
+    def stepped_by_optimizer(self, row: Row) -> bool:
+        """Whether the tensor ``row`` holds, on either side, is one its step's optimizer reads (a
+        parameter, or its state): found once, when first asked (a rule asks for an input no captured
+        op made)."""
+        if self._stepped is None:
+            self._stepped = {
+                (side, record.step, record.value_id)
+                for each in self._rows
+                for side, record in (("a", each.record_a), ("b", each.record_b))
+                if record is not None
+                and record.phase == "optimizer"
+                and record.value_id is not None
+                and record.io not in OUTPUT_IO
+            }
+        return any(
+            record is not None and (side, record.step, record.value_id) in self._stepped
+            for side, record in (("a", row.record_a), ("b", row.record_b))
+        )
 
     def sources(self, row: Row, side: str, depth: int = 0) -> tuple[list[Row], list[str]] | None:
         """The matched rows whose tensor input ``row`` holds on ``side`` and the ops only that side

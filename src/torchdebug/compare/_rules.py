@@ -678,10 +678,18 @@ def upstream_differs(row: Row, call: Call) -> Judgement | None:
 
 
 def differs_before_any_op(row: Row, call: Call) -> Judgement | None:
-    """Any other input no captured op made (a weight, the batch) is blamed: it differs before any op did."""
+    """Any other input no captured op made (a weight, the batch) is blamed: it differs before any op did.
+
+    One the step's optimizer reads (a parameter, its state) says that the runs began the step apart."""
     if call.trace(row) is not None:
         return None
-    return _blamed(row, f"{_detail(row)}; this input differs before any op did")
+    message = f"{_detail(row)}; this input differs before any op did"
+    if call.flow.stepped_by_optimizer(row):
+        message += (
+            f": a parameter or optimizer state (the step's optimizer reads it), so the runs began step {row.step} with other"
+            " values: an earlier step, the initialisation or a loaded checkpoint made the difference"
+        )
+    return _blamed(row, message)
 
 
 def _merged_side(row: Row, call: Call) -> str | None:

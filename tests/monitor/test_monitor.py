@@ -398,6 +398,42 @@ def test_the_replay_names_the_op_that_made_the_nan_and_reproduces_the_step(monit
     assert {r.step for r in replayed} == {12} and any(r.op == "aten.log.default" for r in replayed)
 
 
+def test_the_replay_leaves_the_buffers_as_the_step_left_them(monitors, tmp_path: Path) -> None:
+    """BatchNorm's running statistics and batch count move at each run of the forward: after a replay
+    (two runs more, the step having run compiled code or not) they hold what the step itself made,
+    as in a twin run without a monitor."""
+
+    def run(monitored: bool) -> nn.Module:
+        torchdebug.seed_all(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        monitor = monitors(
+            model, optimizer, dump_path=tmp_path / "monitor", predicate=lambda s: "asked for" if s.step == 3 else None
+        )
+        x = torch.randn(4, 8)
+        for _ in range(6):
+
+            def closure() -> torch.Tensor:
+                optimizer.zero_grad()
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                return loss
+
+            if monitored:
+                monitor.step(closure)
+            else:
+                closure()
+                optimizer.step()
+        if monitored:
+            assert len(monitor.events) == 1 and monitor.events[0].replay.reproduced
+        return model
+
+    twin, watched = run(monitored=False), run(monitored=True)
+    assert int(watched[1].num_batches_tracked) == 6
+    assert torch.equal(watched[1].running_mean, twin[1].running_mean)
+    assert torch.equal(watched[1].running_var, twin[1].running_var)
+
+
 def test_a_nondeterministic_step_is_not_reproduced(monitors, tmp_path: Path) -> None:
     model, optimizer = _gpt()
     monitor = monitors(model, optimizer, dump_path=tmp_path, predicate=lambda summary: "asked for" if summary.step == 5 else None)

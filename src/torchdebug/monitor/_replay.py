@@ -7,8 +7,9 @@ before the optimizer step, the parameters are still those the step ran with, so 
 the same closure on the same parameters, batch and random state under a
 :class:`~torchdebug.Debugger` (op level, the task asked for), names the op that made a NaN/Inf
 (:func:`torchdebug.nonfinite.find_origin`) and says whether the replay gave the same loss, bit for
-bit. The step's own gradients are put back afterwards, so what the loop does next sees the step as
-it was. When the step ran compiled code of the model (compiled blocks, the model compiled whole, a
+bit. The step's own gradients, and the model's buffers as the step left them (BatchNorm's running
+statistics, which each run of the forward moves again), are put back afterwards, so what the loop
+does next sees the step as it was. When the step ran compiled code of the model (compiled blocks, the model compiled whole, a
 compiled function calling it), the closure runs twice: once as it ran, which decides whether the
 step reproduces, and once with that code run eagerly (``torch.compiler.set_stance("force_eager")``)
 under capture, so the dump names the model's own ops and source lines, not a generated kernel's.
@@ -130,6 +131,7 @@ def replay(
     A dump folder that cannot be written (``on_write_error="continue"``) still runs the closure
     again, uncaptured, for the reproduction; the outcome says why nothing was dumped."""
     grads = [p.grad for p in parameters]
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers() if buffer.__class__ is torch.Tensor]
     debugger, unwritable = None, None
     try:
         replayed = _run(closure, parameters, state) if compiled else None  # the compiled code again, as it ran
@@ -153,6 +155,9 @@ def replay(
     finally:
         for p, grad in zip(parameters, grads):
             p.grad = grad
+        with torch.no_grad():
+            for buffer, kept in buffers:
+                buffer.copy_(kept)
     if not compiled:
         replayed = captured
     origin = find_origin(load(debugger.run_dir).ranks[rank].records()) if debugger is not None else None

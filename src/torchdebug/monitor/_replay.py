@@ -9,10 +9,11 @@ the same closure on the same parameters, batch and random state under a
 (:func:`torchdebug.nonfinite.find_origin`) and says whether the replay gave the same loss, bit for
 bit. The step's own gradients, and the model's buffers as the step left them (BatchNorm's running
 statistics, which each run of the forward moves again), are put back afterwards, so what the loop
-does next sees the step as it was. When the step ran compiled code of the model (compiled blocks, the model compiled whole, a
-compiled function calling it), the closure runs twice: once as it ran, which decides whether the
-step reproduces, and once with that code run eagerly (``torch.compiler.set_stance("force_eager")``)
-under capture, so the dump names the model's own ops and source lines, not a generated kernel's.
+does next sees the step as it was. When the step ran compiled code of the model (compiled blocks,
+the model compiled whole, a compiled function calling it), the closure runs twice: once as it ran,
+which decides whether the step reproduces, and once with that code run eagerly
+(``torch.compiler.set_stance("force_eager")``) under capture, so the dump names the model's own ops
+and source lines, not a generated kernel's.
 """
 
 from __future__ import annotations

@@ -406,6 +406,8 @@ def test_the_replay_leaves_the_buffers_as_the_step_left_them(monitors, tmp_path:
     def run(monitored: bool) -> nn.Module:
         torchdebug.seed_all(0)
         model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+        with torch.inference_mode():  # a buffer no one may write outside inference mode: left alone
+            model.register_buffer("table", torch.arange(4.0))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         monitor = monitors(
             model, optimizer, dump_path=tmp_path / "monitor", predicate=lambda s: "asked for" if s.step == 3 else None

@@ -119,9 +119,8 @@ class OpInfo(NamedTuple):
     written_if: tuple[int, str] | None
     """The bool argument (position, name) without which the op writes nothing (BatchNorm's ``training``)."""
     unmoved: bool
-    """Torch moves no version for what the op writes (it has no ``ADInplaceOrView`` kernel: BatchNorm's
-    running statistics, a fused optimizer's tensors, and under a dispatch mode the in-place
-    ``_foreach_*_`` ops, whose versions move without one; 2.11 through 2.14): ``CaptureSession.wrote``."""
+    """Torch moves no version for what the op writes (``_torch.dispatch.moves_versions``), so
+    ``CaptureSession.wrote`` counts the write."""
     unread_inputs: dict[str, str]
     """Top-level argument keys of the arguments it writes without reading, and why (``overwritten``):
     described, not read (``CaptureSession.add_call``'s ``unread``)."""

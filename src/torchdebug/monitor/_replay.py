@@ -132,7 +132,11 @@ def replay(
     A dump folder that cannot be written (``on_write_error="continue"``) still runs the closure
     again, uncaptured, for the reproduction; the outcome says why nothing was dumped."""
     grads = [p.grad for p in parameters]
-    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers() if buffer.__class__ is torch.Tensor]
+    buffers = [  # an inference tensor cannot be written outside inference mode: the step left it as it was
+        (buffer, buffer.detach().clone())
+        for buffer in model.buffers()
+        if buffer.__class__ is torch.Tensor and not buffer.is_inference()
+    ]
     debugger, unwritable = None, None
     try:
         replayed = _run(closure, parameters, state) if compiled else None  # the compiled code again, as it ran

@@ -145,6 +145,9 @@ def test_tensor_version_counts_in_place_writes():
     before = autograd.tensor_version(x)
     x.add_(1)
     assert autograd.tensor_version(x) == before + 1
+    with torch.inference_mode():
+        made = torch.zeros(2)
+    assert autograd.tensor_version(made) is None  # an inference tensor keeps none (its _version raises)
 
 
 # -- dispatch -------------------------------------------------------------------------------------

@@ -527,6 +527,46 @@ def test_a_tensor_subclass_written_in_place_before_the_flush_is_described_and_sa
     assert [r.capture_error for r in reads[2:]] == [None, None]
 
 
+def _evaluation() -> tuple[nn.Module, Callable[[], None]]:
+    """A model in eval mode run under ``no_grad`` and ``inference_mode``, where the tensors made keep no
+    version: a float and an int64 inference tensor are each written in place between two reads."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.LayerNorm(4)).eval()
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        with torch.no_grad():
+            model(x)
+        with torch.inference_mode():
+            y = model(x * 2)
+            y.add_(1.0)
+            y.mul(3.0)
+            positions = torch.arange(4)  # read at the flush on the native path: copied before its add_
+            positions.add_(1)
+            positions.sum()
+
+    return model, step
+
+
+@pytest.mark.parametrize(
+    "options", [{"task": "statistics"}, {"task": "statistics", "checksum": True}], ids=["statistics", "statistics+checksum"]
+)
+def test_inference_tensors_are_read_at_each_op_on_both_paths(tmp_path, monkeypatch, caplog, options) -> None:
+    """An inference tensor keeps no version counter (reading it raises): each read takes its values as
+    they are then, on both paths, and nothing is recorded as an error (the dispatch mode recorded
+    "Inference tensors do not track version counter" for every one)."""
+    python = _dump(tmp_path, monkeypatch, caplog, _evaluation, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _evaluation, native=True, **options)
+    _assert_same_dumps(python, native)
+    for records in (python, native):
+        assert not [r.name for r in records if r.capture_error]
+        maxima = {r.name: r.stats["max"] for r in records if r.step == 0}
+        assert maxima["forward/-/aten.arange.default#0/output.0"] == 3
+        assert maxima["forward/-/aten.add_.Tensor#1/input.0"] == 3 and maxima["forward/-/aten.sum.default#0/input.0"] == 4
+        written = maxima["forward/-/aten.add_.Tensor#0/input.0"]
+        assert maxima["forward/-/aten.add_.Tensor#0/output.0"] == maxima["forward/-/aten.mul.Tensor#1/input.0"] == written + 1
+
+
 def _dropped_results() -> tuple[None, Callable[[], None]]:
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 

@@ -246,3 +246,19 @@ def test_an_allocation_and_a_buffer_before_it_is_written_are_never_an_overflow(t
         buffer.view(4).log()  # written since: judged (log(2) is finite)
 
     assert _records(tmp_path / "views", views) == []
+
+
+def test_inference_tensors_are_judged_at_each_op(tmp_path, resolution):
+    """Under ``torch.inference_mode`` tensors keep no version counter (reading it raised into the
+    loop): a tensor judged finite, then written in place, is judged again at its next op."""
+
+    def evaluate():
+        with torch.inference_mode():
+            x = torch.ones(3)
+            x.sum()
+            x.mul_(torch.tensor([1.0, 3e38, 1.0]))
+            x.mul_(10.0)  # the first overflow
+            x.sum()
+
+    records = _records(tmp_path, evaluate)
+    assert find_origin(records).record.call_name == "forward/-/aten.mul_.Tensor#1"

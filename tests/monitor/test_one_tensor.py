@@ -195,3 +195,29 @@ def test_the_native_path_leaves_a_list_with_a_tensor_it_does_not_take_to_python(
 
 class _Marked(torch.Tensor):
     """A tensor subclass: never handed to native code."""
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_outputs_made_under_inference_mode_are_read_as_their_module_returned_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A model left in train mode run under ``torch.inference_mode`` (a quick evaluation): its outputs
+    keep no version counter, so none is taken for a read before; each is read as its module returned
+    it (the linear's before the in-place ReLU wrote it), on the native call and the Python path. The
+    native call read the version and aborted the process; the Python path raised into the loop."""
+    if path == "python":
+        monkeypatch.setattr(_watch, "ring_sums", lambda: None)
+    elif ring_sums() is None:
+        pytest.skip("the native module cannot be built here")
+    torchdebug.seed_all(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchdebug.Monitor(model, optimizer, dump_path=tmp_path, window=4, replay="off") as monitor:
+        for step in range(3):
+            with torch.inference_mode():
+                loss = model(torch.randn(4, 8, generator=torch.Generator().manual_seed(step))).sum()
+            monitor.step(loss=loss)
+    index = {slot.name: i for i, slot in enumerate(monitor.ring.slots)}
+    for step in range(3):
+        minimum = monitor.ring.row(step)[:, STAT_KEYS.index("min")]
+        assert minimum[index["forward/0/module#0/output.0"]] < 0 and minimum[index["forward/1/module#0/output.0"]] == 0

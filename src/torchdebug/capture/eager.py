@@ -221,7 +221,7 @@ def _written(info: OpInfo, args: tuple, kwargs: dict[str, Any]) -> list[torch.Te
 
 
 def _versions(tensors: list[torch.Tensor]) -> list[int | None]:
-    return [None if tensor.is_inference() else tensor_version(tensor) for tensor in tensors]
+    return [tensor_version(tensor) for tensor in tensors]
 
 
 _CallNames = tuple[str, str, str, int, int, bool, "str | None", "str | None", "str | None"]

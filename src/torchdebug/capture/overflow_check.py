@@ -75,7 +75,7 @@ class _Flags:
 
     __slots__ = ("ref", "version", "dtype", "flags", "waiting")
 
-    def __init__(self, tensor: torch.Tensor, version: int) -> None:
+    def __init__(self, tensor: torch.Tensor, version: int | None) -> None:
         self.ref = weakref.ref(tensor)
         self.version = version
         self.dtype = tensor.dtype
@@ -237,11 +237,14 @@ class OverflowWatch:
         """The flags of ``tensor`` as it is now: reused when it was judged at this version (not for
         ``fresh`` outputs), else staged with the next :meth:`_stage_new`."""
         # After an in-place op returns, autograd bumps the version once more (as in the session).
-        version = tensor_version(tensor) + (1 if mutated else 0)
-        known = None if fresh else self._flags.get(id(tensor))
+        version = tensor_version(tensor)
+        version = None if version is None else version + (1 if mutated else 0)
+        known = None if fresh or version is None else self._flags.get(id(tensor))
         if known is not None and known.ref() is tensor and known.version == version:
             return known
-        flags = self._flags[id(tensor)] = _Flags(tensor, version)
+        flags = _Flags(tensor, version)
+        if version is not None:  # an inference tensor is judged at each op: its writes leave no trace
+            self._flags[id(tensor)] = flags
         self._new.append((tensor, partial(self._deliver, flags)))
         return flags
 

@@ -65,7 +65,7 @@ class _Seen:
     __slots__ = ("ref", "version", "stats", "tensor", "base", "desc", "checksum")
 
     def __init__(
-        self, ref: weakref.ref, version: int, stats: dict | None, tensor: dict | None, base: tuple | None = None
+        self, ref: weakref.ref, version: int | None, stats: dict | None, tensor: dict | None, base: tuple | None = None
     ) -> None:
         self.ref, self.version, self.stats, self.tensor = ref, version, stats, tensor
         self.base = base
@@ -289,10 +289,13 @@ class CaptureSession:
             self._fill_description(record, tensor)
             return
         # After an in-place op returns, autograd bumps the version once more.
-        version = tensor_version(tensor) + (1 if mutated else 0)
-        seen = None if mutated else self._seen.get(id(tensor))
+        version = tensor_version(tensor)
+        version = None if version is None else version + (1 if mutated else 0)
+        seen = None if mutated or version is None else self._seen.get(id(tensor))
         if seen is None or seen.ref() is not tensor or seen.version != version:
-            seen = self._seen[id(tensor)] = _Seen(weakref.ref(tensor), version, None, None)
+            seen = _Seen(weakref.ref(tensor), version, None, None)
+            if version is not None:  # an inference tensor is read at each op: its writes leave no trace
+                self._seen[id(tensor)] = seen
         elif (
             seen.desc is not None
             and (seen.stats is not None or not want_stats)

@@ -46,8 +46,11 @@ class UnwrittenStorages(dict[int, tuple[weakref.ref, int]]):
         """Mark the storages of ``tensors`` (plain tensors: an allocation's outputs, FSDP2's buffers)
         as holding no value; a storage marked already keeps its first entry."""
         for tensor in tensors:
-            if tensor.__class__ is torch.Tensor and (key := _storage_id(tensor)) is not None:
-                self.setdefault(key, (weakref.ref(tensor), tensor_version(tensor)))
+            if tensor.__class__ is not torch.Tensor or (key := _storage_id(tensor)) is None:
+                continue
+            version = tensor_version(tensor)
+            if version is not None:  # not an inference tensor's: its writes leave no trace
+                self.setdefault(key, (weakref.ref(tensor), version))
 
     def why(self, tensor: torch.Tensor) -> str | None:
         """``uninitialised`` when ``tensor`` lies on a marked storage that nothing has written since;

@@ -71,11 +71,8 @@ class ValueIds:
             value_id = self._add(tensor)
             bumps = False
         view = self._views.get(key) if self._views else None
-        try:
-            version = tensor_version(tensor)
-        except RuntimeError:  # an inference tensor: no version counter
-            version = None
-        else:
+        version = tensor_version(tensor)  # None: an inference tensor, which keeps no version
+        if version is not None:
             if bumps:
                 version += 1
             if self._unmoved:
@@ -101,10 +98,7 @@ class ValueIds:
         """Register the new tensors among ``outputs`` (a view op's, made from ``source``) as views of
         ``source``'s memory, at ``source``'s version."""
         root = self._root(source)
-        try:
-            floor = tensor_version(source)
-        except RuntimeError:
-            floor = 0
+        floor = tensor_version(source) or 0
         refs = self._refs
         for tensor in outputs:
             if isinstance(tensor, torch.Tensor) and ((ref := refs.get(id(tensor))) is None or ref() is not tensor):

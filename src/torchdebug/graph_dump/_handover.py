@@ -145,7 +145,8 @@ def _place(tensor: torch.Tensor) -> _Place | None:
 def _version(tensor: torch.Tensor) -> int:
     """``tensor``'s in-place version; 0 for an inference tensor, which keeps none (a compiled model
     run under ``torch.inference_mode``)."""
-    return 0 if tensor.is_inference() else tensor_version(tensor)
+    version = tensor_version(tensor)
+    return 0 if version is None else version
 
 
 def _let_go(held: dict[Any, Any], key: Any, _: Any) -> None:

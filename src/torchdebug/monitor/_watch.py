@@ -91,9 +91,10 @@ class Watcher:
         self._modules = {id(module) for module in model.modules()}
         """The model's own modules (not the graph modules a compiled backend runs, nor a loss module of the loop's)."""
         self._calls: dict[str, int] = {}
-        self._seen: dict[int, tuple[weakref.ref, int, int, _Seen | None]] = {}
-        """Tensors reduced in this step, by ``id``: the tensor (weakly), its version then, the slot its
-        sums go to and, while they are on their way, the slots waiting for them (``None``: in the ring)."""
+        self._seen: dict[int, tuple[weakref.ref, int | None, int, _Seen | None]] = {}
+        """Tensors reduced in this step, by ``id``: the tensor (weakly), its version then (``None``: an
+        inference tensor, read again at each slot), the slot its sums go to and, while they are on their
+        way, the slots waiting for them (``None``: in the ring)."""
         self._output_slots: dict[tuple[str, int], tuple[Slot, int]] = {}
         """``(module, call) -> (slot, index)`` of a module's output ``0``: a module's one tensor, found
         without the slot's full key (see :meth:`_add_output`)."""
@@ -441,8 +442,8 @@ class Watcher:
         """Whether ``tensor`` was reduced before in this step, unchanged since: slot ``index`` then gets
         (or waits for) the sums of the first slot that held it."""
         seen = self._seen.get(id(tensor))
-        if seen is None or seen[0]() is not tensor or seen[1] != tensor_version(tensor):
-            return False
+        if seen is None or seen[0]() is not tensor or seen[1] is None or seen[1] != tensor_version(tensor):
+            return False  # not seen, or an inference tensor: its writes leave no trace
         if seen[3] is None:  # its sums are in the ring
             self.ring.copy(self.step, seen[2], index)
         else:

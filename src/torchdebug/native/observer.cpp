@@ -1204,8 +1204,8 @@ bool defer(ThreadState& thread, Frame& frame) {
   return true;
 }
 
-// Note the tensors a call of `info` writes, with their versions now (ThreadState::writes): where they
-// start, or -1 for none.
+// Note the tensors a call of `info` writes, with their versions now (ThreadState::writes; -1 for an
+// inference tensor, which keeps none): where they start, or -1 for none.
 int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
   if (!info.mutable_op) return -1;
   if (info.written_if >= 0) {
@@ -1216,7 +1216,7 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
   auto note = [&](const c10::IValue& value) {
     if (!is_tensor(value)) return;
     auto* impl = value.unsafeToTensorImpl();
-    if (!impl->is_inference()) thread.writes.emplace_back(impl, static_cast<int64_t>(impl->version_counter().current_version()));
+    thread.writes.emplace_back(impl, impl->is_inference() ? int64_t{-1} : static_cast<int64_t>(impl->version_counter().current_version()));
   };
   for (auto position : *info.written) {
     if (static_cast<size_t>(position) >= inputs.size()) continue;
@@ -1235,14 +1235,15 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
 // later ones wrote, where a dispatch mode reads it at its op: the call's own inputs (an int64
 // counter's add_), and what earlier ops returned or read (zeros a backward fills through a slice).
 // The copy is taken with no observer and below autograd (no row, no graph), and takes its slot's
-// version, so the drain hands it over as read. Called with the slots' lock held.
+// version, so the drain hands it over as read (an inference tensor's copy, at no version, is handed
+// over as any inference tensor). Called with the slots' lock held.
 void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_from) {
   if (writes_from < 0 || slots.kept.empty()) return;
   auto written = thread.writes.begin() + writes_from;
   for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
     auto& tensor = slots.kept[entry];
     auto at = static_cast<size_t>(slots.kept_slot[entry]);
-    if (!tensor.defined() || slots.flag[at] != kPlain || slots.version[at] < 0 || !tensor.has_storage()) continue;
+    if (!tensor.defined() || slots.flag[at] != kPlain || !tensor.has_storage()) continue;
     const auto* storage = tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
     if (std::none_of(written, thread.writes.end(), [storage](const auto& noted) {
           return noted.first->has_storage() && noted.first->unsafe_storage().unsafeGetStorageImpl() == storage;
@@ -1255,7 +1256,7 @@ void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_fr
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       copy = tensor.clone();
     }
-    copy.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(static_cast<uint32_t>(slots.version[at])));
+    if (slots.version[at] >= 0) copy.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(static_cast<uint32_t>(slots.version[at])));
     tensor = std::move(copy);
   }
 }
@@ -1268,7 +1269,7 @@ void count_unmoved(ThreadState& thread, int32_t from) {
   still.clear();
   for (auto at = static_cast<size_t>(from); at < thread.writes.size(); ++at) {
     auto [impl, before] = thread.writes[at];
-    if (static_cast<int64_t>(impl->version_counter().current_version()) == before) still.push_back(impl);
+    if (before >= 0 && static_cast<int64_t>(impl->version_counter().current_version()) == before) still.push_back(impl);
   }
   if (still.empty()) return;  // the common case: torch moved them all
   std::sort(still.begin(), still.end());

@@ -72,7 +72,8 @@ bool taken(PyObject *object, int64_t entry[3]) {
     if (kernel == nullptr || !is_plain(object)) return false;
     const at::Tensor &tensor = THPVariable_Unpack(object);
     try {
-        if (!tensor.defined() || tensor.layout() != c10::kStrided || !tensor.is_cpu() || tensor.is_neg()) return false;
+        // an inference tensor keeps no version to tell a later read by: Python's path takes it
+        if (!tensor.defined() || tensor.layout() != c10::kStrided || !tensor.is_cpu() || tensor.is_neg() || tensor.is_inference()) return false;
         int code = dtype_code(tensor.scalar_type());
         if (code < 0 || !tensor.is_contiguous() || !tensor.has_storage()) return false;
         entry[0] = (int64_t)(intptr_t)tensor.const_data_ptr();

@@ -567,6 +567,53 @@ def test_inference_tensors_are_read_at_each_op_on_both_paths(tmp_path, monkeypat
         assert maxima["forward/-/aten.add_.Tensor#0/output.0"] == maxima["forward/-/aten.mul.Tensor#1/input.0"] == written + 1
 
 
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+def _hooked_training() -> tuple[nn.Module, Callable[[], None]]:
+    """A user's gradient hook on a parameter (registered before capture's own), a custom autograd
+    function, and two micro-batches accumulated per step."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    model.weight.register_hook(lambda grad: grad * 0.5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        for _ in range(2):
+            _Square.apply(model(x)).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_a_gradient_hook_on_a_parameter_runs_in_the_parameters_name_on_both_paths(tmp_path, monkeypatch, caplog, task) -> None:
+    """The ops of a user's hook on a parameter's gradient are the parameter's, as its accumulation is
+    (the mode names them from the node they run in; the native path's parameter hook, which sets that
+    name, ran after the user's, so they were named outside any module)."""
+    python = _dump(tmp_path, monkeypatch, caplog, _hooked_training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _hooked_training, native=True, task=task)
+    _assert_same_dumps(python, native)
+    hooked = [
+        r.call_name for r in native if r.step == 0 and r.phase == "backward" and r.op == "aten.mul.Tensor" and r.io == "output"
+    ]
+    assert [name for name in hooked if "/weight/" in name or name.startswith("backward/weight/")] == [
+        "backward/weight/aten.mul.Tensor#0",
+        "backward/weight/aten.mul.Tensor#1",
+    ]
+
+
 def _dropped_results() -> tuple[None, Callable[[], None]]:
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 

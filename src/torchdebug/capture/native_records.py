@@ -29,6 +29,7 @@ from torch import nn
 from torch.compiler import is_compiling
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from torchdebug._torch.autograd import hook_first
 from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
@@ -171,6 +172,7 @@ class NativeStepCapture:
                 context = self._intern(path)
                 self._parameter_contexts.add(context)
                 self._handles.append(parameter.register_hook(self._accumulation_starts(context)))
+                hook_first(parameter, self._handles[-1])  # before a gradient hook of the user's: its ops are the parameter's
                 self._handles.append(parameter.register_post_accumulate_grad_hook(self._accumulation_ends))
         for module in self.model.modules() if self.model is not None else ():
             if module._forward_hooks:  # the ops its own hooks run are its (ModuleTracker.current), until they are done

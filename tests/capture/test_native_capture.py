@@ -614,6 +614,51 @@ def test_a_gradient_hook_on_a_parameter_runs_in_the_parameters_name_on_both_path
     ]
 
 
+class _Hooked(nn.Module):
+    """Hooks of every kind: a gradient hook and ``retain_grad`` on an activation, a forward hook that
+    replaces a module's output, full backward hooks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 2)
+        self.a.register_forward_hook(lambda module, args, output: output * 1.5)
+        self.b.register_full_backward_hook(lambda module, grad_input, grad_output: (grad_input[0] * 0.5,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        h.register_hook(lambda grad: grad * 2)
+        h.retain_grad()
+        return self.b(h).square().mean()
+
+
+def _hooked_activations() -> tuple[nn.Module, Callable[[], None]]:
+    torch.manual_seed(0)
+    model = _Hooked()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        model(x).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_a_gradient_hook_on_an_activation_runs_in_its_forward_ops_name_on_both_paths(tmp_path, monkeypatch, caplog, task) -> None:
+    """The ops of a hook on an activation's gradient run in the evaluation of the node that made the
+    activation, before the node's apply gives its sequence number: they take it then, and with it
+    the forward op's module (they were named outside any module on the native path)."""
+    python = _dump(tmp_path, monkeypatch, caplog, _hooked_activations, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _hooked_activations, native=True, task=task)
+    _assert_same_dumps(python, native)
+    first = [r for r in native if r.step == 0 and r.phase == "backward" and r.io == "output"]
+    tanh = next(index for index, r in enumerate(first) if r.op == "aten.tanh_backward.default")
+    assert first[tanh - 1].call_name == "backward/<root>/aten.mul.Tensor#1"  # the hook's, just before
+    assert first[tanh - 1].fwd == "forward/<root>/aten.tanh.default#0"
+
+
 def _dropped_results() -> tuple[None, Callable[[], None]]:
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 

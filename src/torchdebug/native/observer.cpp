@@ -16,7 +16,8 @@
 //     waits (kPending) for the first op it calls: live, it decomposed; not live, it is recorded (a
 //     factory, with no tensor to tell, is live where the thread excludes no autograd key);
 //   - the engine's scope around a node's evaluation and the node's apply (BACKWARD_FUNCTION) are
-//     transparent and mark the ops in them as backward ops, with the node's sequence number;
+//     transparent and mark the ops in them as backward ops, with the node's sequence number (the ops
+//     of the gradient hooks the evaluation runs before the apply get it when the apply begins);
 //   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
 //   - an op whose autograd kernel never redispatches (detach_), called live, is hidden;
 //   - an op called while the thread excludes the Python key is hidden, with all it calls: no
@@ -1062,8 +1063,27 @@ struct ThreadState {
   std::vector<Stash> stashes;     // of the kPending and kDeferred frames, innermost last
   size_t stashed = 0;             // stashes in use (the vector keeps its buffers)
   std::vector<std::pair<c10::TensorImpl*, int64_t>> writes;  // the tensors open ops write, with their versions then
+  std::vector<int64_t> unnumbered;  // rows of a node's evaluation before its apply (tensor hooks): numbered there
 };
 thread_local ThreadState state;
+
+// A backward row recorded in a node's evaluation before the node's apply gives its sequence number
+// (the ops of a gradient hook on the tensor the node made): numbered by number_hooks_rows. Mutex held.
+void note_unnumbered(ThreadState& thread, const Row& row, int64_t at_row) {
+  if (row.backward && !thread.node_seq.empty() && thread.node_seq.back() == -1) thread.unnumbered.push_back(at_row);
+}
+
+// The node's apply began: its sequence number goes to the rows its hooks recorded (a dispatch mode
+// names them from the node running, whose forward op is theirs: module, forward call and line).
+void number_hooks_rows(ThreadState& thread, int64_t seq) {
+  if (thread.unnumbered.empty()) return;
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  for (auto at_row : thread.unnumbered) {
+    auto at = at_row - recorder.first_row;  // a row drained since stays as it was
+    if (at >= 0 && at < static_cast<int64_t>(recorder.seq.size())) recorder.seq[static_cast<size_t>(at)] = seq;
+  }
+  thread.unnumbered.clear();
+}
 
 Stash& push_stash(ThreadState& thread) {
   if (thread.stashed == thread.stashes.size()) thread.stashes.emplace_back();
@@ -1164,6 +1184,7 @@ void settle(ThreadState& thread, Frame& frame, bool below) {
   auto& stash = thread.stashes[--thread.stashed];
   if (!stash.row.traceback) stash.row.traceback = python_frames(frames_wanted(thread, stash.row, frame.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
+  note_unnumbered(thread, stash.row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   frame.row = recorder.add_row(std::move(stash.row));
   recorder.slots.append(stash.slots, frame.row);
   frame.kind = kRecorded;
@@ -1303,6 +1324,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     if (!thread.frames.empty() && thread.frames.back().kind == kBackward) {
       thread.node_seq.back() = fn.seqNr();
       thread.node_checkpoint.back() = checkpoint;
+      number_hooks_rows(thread, fn.seqNr());
     }
     thread.frames.push_back({kBackward, false, false, -1});
     thread.node_seq.push_back(fn.seqNr());
@@ -1311,6 +1333,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   if (std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0) {
     thread.frames.push_back({kBackward, false, false, -1});  // its number comes with the node's apply
+    thread.unnumbered.clear();
     thread.node_seq.push_back(-1);
     thread.node_checkpoint.push_back(0);
     return nullptr;
@@ -1382,6 +1405,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   row.traceback = python_frames(frames_wanted(thread, row, info.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
+  note_unnumbered(thread, row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   recorder.slots.add_all(at_row, 0, inputs, args);

@@ -579,7 +579,7 @@ class _Square(torch.autograd.Function):
         return 2 * x * grad
 
 
-def _hooked_training() -> tuple[nn.Module, Callable[[], None]]:
+def _parameter_hook_training() -> tuple[nn.Module, Callable[[], None]]:
     """A user's gradient hook on a parameter (registered before capture's own), a custom autograd
     function, and two micro-batches accumulated per step."""
     torch.manual_seed(0)
@@ -602,8 +602,8 @@ def test_a_gradient_hook_on_a_parameter_runs_in_the_parameters_name_on_both_path
     """The ops of a user's hook on a parameter's gradient are the parameter's, as its accumulation is
     (the mode names them from the node they run in; the native path's parameter hook, which sets that
     name, ran after the user's, so they were named outside any module)."""
-    python = _dump(tmp_path, monkeypatch, caplog, _hooked_training, native=False, task=task)
-    native = _dump(tmp_path, monkeypatch, caplog, _hooked_training, native=True, task=task)
+    python = _dump(tmp_path, monkeypatch, caplog, _parameter_hook_training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _parameter_hook_training, native=True, task=task)
     _assert_same_dumps(python, native)
     hooked = [
         r.call_name for r in native if r.step == 0 and r.phase == "backward" and r.op == "aten.mul.Tensor" and r.io == "output"
@@ -657,6 +657,49 @@ def test_a_gradient_hook_on_an_activation_runs_in_its_forward_ops_name_on_both_p
     tanh = next(index for index, r in enumerate(first) if r.op == "aten.tanh_backward.default")
     assert first[tanh - 1].call_name == "backward/<root>/aten.mul.Tensor#1"  # the hook's, just before
     assert first[tanh - 1].fwd == "forward/<root>/aten.tanh.default#0"
+
+
+class _DroppedOut(nn.Module):
+    """A non-reentrant checkpointed block whose last op that saves a tensor is dropout's ``mul`` by its
+    mask (an input that needs no gradient): checkpoint's early stop raises from the mask's
+    saved-tensors hook, inside the recomputed ``mul``'s autograd kernel, before its kernel runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.drop, self.b = nn.Linear(4, 8), nn.Dropout(0.3), nn.Linear(8, 1)
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.relu(self.a(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return self.b(checkpoint(self.block, x, use_reentrant=False)).square().mean()
+
+
+def _early_stopped() -> tuple[nn.Module, Callable[[], None]]:
+    torch.manual_seed(0)
+    model = _DroppedOut()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        model(x).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_an_op_checkpoints_early_stop_interrupts_is_not_recorded_on_both_paths(tmp_path, monkeypatch, caplog, task) -> None:
+    """The recomputed op whose input's saved-tensors hook raises checkpoint's early stop never reaches
+    its kernel, and no dispatch mode sees it: the native path recorded it, with inputs and no outputs."""
+    python = _dump(tmp_path, monkeypatch, caplog, _early_stopped, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _early_stopped, native=True, task=task)
+    _assert_same_dumps(python, native)
+    recomputed = [r.call_name for r in native if r.step == 0 and r.phase == "recompute"]
+    assert "recompute/drop/aten.div_.Scalar#0" in recomputed and "recompute/drop/aten.mul.Tensor#0" not in recomputed
 
 
 def _dropped_results() -> tuple[None, Callable[[], None]]:

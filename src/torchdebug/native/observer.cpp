@@ -1441,6 +1441,19 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     const auto& outputs = fn.outputs();
     std::lock_guard<std::mutex> lock(recorder.mutex);
     auto& slots = recorder.slots;
+    if (frame.returns && outputs.empty() && frame.live && !frame.below && !thread.node_seq.empty() && at::GradMode::is_enabled() &&
+        frame.row == recorder.first_row + static_cast<int64_t>(recorder.op.size()) - 1) {
+      // It raised with nothing run inside it, in a recomputation (grad mode on in a backward): in
+      // its autograd kernel before the redispatch, where checkpoint's early stop raises from the
+      // saved-tensors hook of an input, so no dispatch mode saw it. (Raised from an output's hook,
+      // after its kernel, the hook's detach of the output ran inside it: the mode saw it, inputs only.)
+      thread_local Slots dropped;
+      recorder.pop_row();
+      slots.move_tail(frame.row, dropped);
+      dropped.clear();
+      if (!thread.unnumbered.empty() && thread.unnumbered.back() == frame.row) thread.unnumbered.pop_back();
+      return;
+    }
     slots.outputs_wait = frame.factory;
     auto after = slots.row.size();  // the slots of rows recorded inside this op (after its redispatch)
     while (after > 0 && slots.row[after - 1] > frame.row) --after;

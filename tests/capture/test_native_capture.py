@@ -702,6 +702,39 @@ def test_an_op_checkpoints_early_stop_interrupts_is_not_recorded_on_both_paths(t
     assert "recompute/drop/aten.div_.Scalar#0" in recomputed and "recompute/drop/aten.mul.Tensor#0" not in recomputed
 
 
+def _written_through_views() -> tuple[nn.Module, Callable[[], None]]:
+    """In-place ops on views of an activation: their backward runs in ``CopySlices`` nodes, which
+    apply the in-place op's node inside their own."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 6)
+
+    def step() -> None:
+        h = model(x).clone()
+        h[:, 0] += 1.0
+        h[1:].mul_(2.0)
+        h.square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_the_backward_of_an_in_place_op_on_a_view_is_named_after_the_node_run_on_both_paths(
+    tmp_path, monkeypatch, caplog, task
+) -> None:
+    """A node applied inside another's apply (``CopySlices`` runs the in-place op's node) adds no
+    sequence number of its own: its ops are the running node's, as a dispatch mode names them from
+    the node the engine runs (the native path named them after the in-place op's forward call)."""
+    python = _dump(tmp_path, monkeypatch, caplog, _written_through_views, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _written_through_views, native=True, task=task)
+    _assert_same_dumps(python, native)
+    copy_slices = [r for r in native if r.step == 0 and r.phase == "backward" and r.op == "aten.copy_.default"]
+    assert copy_slices and {(r.module, r.fwd) for r in copy_slices} == {("-", None)}
+
+
 def _dropped_results() -> tuple[None, Callable[[], None]]:
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 

@@ -17,7 +17,9 @@
 //     factory, with no tensor to tell, is live where the thread excludes no autograd key);
 //   - the engine's scope around a node's evaluation and the node's apply (BACKWARD_FUNCTION) are
 //     transparent and mark the ops in them as backward ops, with the node's sequence number (the ops
-//     of the gradient hooks the evaluation runs before the apply get it when the apply begins);
+//     of the gradient hooks the evaluation runs before the apply get it when the apply begins; a node
+//     applied inside another's apply, as CopySlices applies an in-place op's node, keeps the outer
+//     node's number: a dispatch mode names ops after the node the engine runs);
 //   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
 //   - an op whose autograd kernel never redispatches (detach_), called live, is hidden;
 //   - an op called while the thread excludes the Python key is hidden, with all it calls: no
@@ -1038,6 +1040,7 @@ struct Frame {
   bool returns = false;          // kPending, kDeferred: its schema has results
   bool factory = false;          // kPending, kRecorded: no tensor argument (its outputs wait: Slots::outputs_wait)
   int32_t writes = -1;           // kPending, kRecorded: where its written tensors start in ThreadState::writes
+  bool node_apply = false;       // kBackward: a node's apply (BACKWARD_FUNCTION), not the engine's evaluation
 };
 
 // Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
@@ -1321,13 +1324,19 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   auto& thread = state;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {  // a node's apply, inside its evaluation
     int8_t checkpoint = !reentrant_node.empty() && reentrant_node == fn.name() ? kCheckpointNode : 0;
-    if (!thread.frames.empty() && thread.frames.back().kind == kBackward) {
-      thread.node_seq.back() = fn.seqNr();
+    int64_t seq = fn.seqNr();
+    bool in_backward_frame = !thread.frames.empty() && thread.frames.back().kind == kBackward;
+    if (in_backward_frame && thread.frames.back().node_apply) {  // a node applied inside another's apply
+      seq = thread.node_seq.back();  // (CopySlices runs the in-place op's node): the mode names its ops after the node run
+      checkpoint = thread.node_checkpoint.back();
+    } else if (in_backward_frame) {
+      thread.node_seq.back() = seq;
       thread.node_checkpoint.back() = checkpoint;
-      number_hooks_rows(thread, fn.seqNr());
+      number_hooks_rows(thread, seq);
     }
     thread.frames.push_back({kBackward, false, false, -1});
-    thread.node_seq.push_back(fn.seqNr());
+    thread.frames.back().node_apply = true;
+    thread.node_seq.push_back(seq);
     thread.node_checkpoint.push_back(checkpoint);
     return nullptr;
   }

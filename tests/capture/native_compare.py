@@ -37,6 +37,25 @@ def gpt_training(device: str = "cpu") -> tuple[nn.Module, Callable[[], None]]:
     return model, lambda: train_step(model, optimizer, batch)
 
 
+def loss_training(
+    build: Callable[[], nn.Module], *, width: int = 4, micro_batches: int = 1
+) -> tuple[nn.Module, Callable[[], None]]:
+    """``build()``'s model, seeded, whose forward returns a loss of a batch of three rows of ``width``,
+    trained by SGD with ``micro_batches`` backward passes a step: the model and its step."""
+    torch.manual_seed(0)
+    model = build()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, width)
+
+    def step() -> None:
+        for _ in range(micro_batches):
+            model(x).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
 _DETACH, _VIEW, _RESHAPE_ALIAS = "aten.detach.default", "aten.view.default", "aten._reshape_alias.default"
 _ADD, _ADD_ = "aten.add.Tensor", "aten.add_.Tensor"
 _MODE_ONLY_CALLS = {_DETACH}

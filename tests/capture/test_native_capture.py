@@ -4,6 +4,7 @@ what torch runs (``native_mode_ops.py``)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -13,7 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchdebug
-from tests.capture.native_compare import gpt_training, on_the_dispatch_mode, without_mode
+from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
 from torchdebug.capture.native_capture import why_not_native
 from torchdebug.checksum import FINGERPRINT_VERSION
 from torchdebug.config import DebuggerConfig
@@ -579,22 +580,17 @@ class _Square(torch.autograd.Function):
         return 2 * x * grad
 
 
-def _parameter_hook_training() -> tuple[nn.Module, Callable[[], None]]:
-    """A user's gradient hook on a parameter (registered before capture's own), a custom autograd
-    function, and two micro-batches accumulated per step."""
-    torch.manual_seed(0)
-    model = nn.Linear(4, 4)
-    model.weight.register_hook(lambda grad: grad * 0.5)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    x = torch.randn(3, 4)
+class _HookedWeight(nn.Module):
+    """A user's gradient hook on a parameter (registered before capture's own) and a custom autograd
+    function."""
 
-    def step() -> None:
-        for _ in range(2):
-            _Square.apply(model(x)).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.linear.weight.register_hook(lambda grad: grad * 0.5)
 
-    return model, step
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Square.apply(self.linear(x)).mean()
 
 
 @pytest.mark.parametrize("task", ["structure", "statistics"])
@@ -602,15 +598,16 @@ def test_a_gradient_hook_on_a_parameter_runs_in_the_parameters_name_on_both_path
     """The ops of a user's hook on a parameter's gradient are the parameter's, as its accumulation is
     (the mode names them from the node they run in; the native path's parameter hook, which sets that
     name, ran after the user's, so they were named outside any module)."""
-    python = _dump(tmp_path, monkeypatch, caplog, _parameter_hook_training, native=False, task=task)
-    native = _dump(tmp_path, monkeypatch, caplog, _parameter_hook_training, native=True, task=task)
+    training = functools.partial(loss_training, _HookedWeight, micro_batches=2)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
     _assert_same_dumps(python, native)
     hooked = [
         r.call_name for r in native if r.step == 0 and r.phase == "backward" and r.op == "aten.mul.Tensor" and r.io == "output"
     ]
-    assert [name for name in hooked if "/weight/" in name or name.startswith("backward/weight/")] == [
-        "backward/weight/aten.mul.Tensor#0",
-        "backward/weight/aten.mul.Tensor#1",
+    assert [name for name in hooked if name.startswith("backward/linear.weight/")] == [
+        "backward/linear.weight/aten.mul.Tensor#0",  # a micro-batch each
+        "backward/linear.weight/aten.mul.Tensor#1",
     ]
 
 
@@ -631,27 +628,14 @@ class _Hooked(nn.Module):
         return self.b(h).square().mean()
 
 
-def _hooked_activations() -> tuple[nn.Module, Callable[[], None]]:
-    torch.manual_seed(0)
-    model = _Hooked()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(3, 4)
-
-    def step() -> None:
-        model(x).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return model, step
-
-
 @pytest.mark.parametrize("task", ["structure", "statistics"])
 def test_a_gradient_hook_on_an_activation_runs_in_its_forward_ops_name_on_both_paths(tmp_path, monkeypatch, caplog, task) -> None:
     """The ops of a hook on an activation's gradient run in the evaluation of the node that made the
     activation, before the node's apply gives its sequence number: they take it then, and with it
     the forward op's module (they were named outside any module on the native path)."""
-    python = _dump(tmp_path, monkeypatch, caplog, _hooked_activations, native=False, task=task)
-    native = _dump(tmp_path, monkeypatch, caplog, _hooked_activations, native=True, task=task)
+    training = functools.partial(loss_training, _Hooked)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
     _assert_same_dumps(python, native)
     first = [r for r in native if r.step == 0 and r.phase == "backward" and r.io == "output"]
     tanh = next(index for index, r in enumerate(first) if r.op == "aten.tanh_backward.default")
@@ -677,26 +661,13 @@ class _DroppedOut(nn.Module):
         return self.b(checkpoint(self.block, x, use_reentrant=False)).square().mean()
 
 
-def _early_stopped() -> tuple[nn.Module, Callable[[], None]]:
-    torch.manual_seed(0)
-    model = _DroppedOut()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    x = torch.randn(3, 4)
-
-    def step() -> None:
-        model(x).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return model, step
-
-
 @pytest.mark.parametrize("task", ["structure", "statistics"])
 def test_an_op_checkpoints_early_stop_interrupts_is_not_recorded_on_both_paths(tmp_path, monkeypatch, caplog, task) -> None:
     """The recomputed op whose input's saved-tensors hook raises checkpoint's early stop never reaches
     its kernel, and no dispatch mode sees it: the native path recorded it, with inputs and no outputs."""
-    python = _dump(tmp_path, monkeypatch, caplog, _early_stopped, native=False, task=task)
-    native = _dump(tmp_path, monkeypatch, caplog, _early_stopped, native=True, task=task)
+    training = functools.partial(loss_training, _DroppedOut)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
     _assert_same_dumps(python, native)
     recomputed = [r.call_name for r in native if r.step == 0 and r.phase == "recompute"]
     assert "recompute/drop/aten.div_.Scalar#0" in recomputed and "recompute/drop/aten.mul.Tensor#0" not in recomputed

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchdebug
-from tests.capture.native_compare import gpt_training, on_the_dispatch_mode, without_mode
+from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
 from torchdebug.native import build
 from torchdebug.native.observer import NativeObserver, load_observer
@@ -69,26 +69,11 @@ class _Small(nn.Module):
         return self.second(self.norm(h)).sum()
 
 
-def _small_training(micro_batches: int) -> tuple[nn.Module, Callable[[], None]]:
-    torch.manual_seed(0)
-    model = _Small()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(3, 8)
-
-    def step() -> None:
-        for _ in range(micro_batches):
-            model(x).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return model, step
-
-
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_a_small_models_training_step_is_named_as_eager_capture_names_it(
     tmp_path, observer: NativeObserver, micro_batches: int
 ) -> None:
-    native = _compare(tmp_path, lambda: _small_training(micro_batches), observer)
+    native = _compare(tmp_path, lambda: loss_training(_Small, width=8, micro_batches=micro_batches), observer)
     names = {record.name for record in native}
     assert "forward/norm/aten.native_layer_norm.default#0/output.2" in names
     assert "backward/<root>/aten.gelu_backward.default#0/input.0" in names

@@ -706,6 +706,38 @@ def test_the_backward_of_an_in_place_op_on_a_view_is_named_after_the_node_run_on
     assert copy_slices and {(r.module, r.fwd) for r in copy_slices} == {("-", None)}
 
 
+class _Offloaded(nn.Module):
+    """Saved-tensors hooks that run ops: torch's ``save_on_cpu``, and a pack and an unpack hook of
+    the model's own (under no_grad, inside the autograd kernel of the op that saves, before the op
+    below it runs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autograd.graph.save_on_cpu():
+            h = torch.tanh(self.a(x))
+        with torch.autograd.graph.saved_tensors_hooks(lambda saved: saved * 1.0, lambda saved: saved + 0.0):
+            out = self.b(h).sigmoid()
+        return out.square().mean()
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_the_ops_of_saved_tensors_hooks_leave_the_backward_named_after_the_op_that_saved_on_both_paths(
+    tmp_path, monkeypatch, caplog, task
+) -> None:
+    """A pack hook's op runs before the op that saves is seen below autograd: on the dispatch mode it
+    took that op's node, so the node's backward ops (the unpack hook's among them) were named after the
+    hook's ``mul``, not the ``addmm`` that made the node."""
+    training = functools.partial(loss_training, _Offloaded)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
+    _assert_same_dumps(python, native)
+    unpacked = [r for r in python if r.step == 0 and r.phase == "backward" and r.module == "b" and r.op == "aten.add.Tensor"]
+    assert unpacked and {r.fwd for r in unpacked} == {"forward/b/aten.addmm.default#0"}
+
+
 def _dropped_results() -> tuple[None, Callable[[], None]]:
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 

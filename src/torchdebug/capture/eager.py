@@ -220,6 +220,15 @@ def _written(info: OpInfo, args: tuple, kwargs: dict[str, Any]) -> list[torch.Te
     return list(found.values())
 
 
+def _makes_node(args: tuple) -> bool:
+    """Whether a call with ``args`` made an autograd node: grad mode is on and a tensor argument (or one
+    in a list of them) needs a gradient."""
+    if not torch.is_grad_enabled():
+        return False
+    tensors = (item for arg in args for item in (arg if isinstance(arg, (list, tuple)) else (arg,)))
+    return any(isinstance(tensor, torch.Tensor) and tensor.requires_grad for tensor in tensors)
+
+
 def _versions(tensors: list[torch.Tensor]) -> list[int | None]:
     return [tensor_version(tensor) for tensor in tensors]
 
@@ -280,6 +289,10 @@ class OpCapture:
         """The step's forward calls, in order (recomputed ops are paired with them)."""
         self._forward: dict[int, ForwardCall] = {}
         """Forward calls keyed by the autograd sequence number of the node they made."""
+        self._made_none: set[int] = set()
+        """Numbers in ``_forward`` held by a call under no_grad, which made no node: the last node made
+        before it (a reentrant checkpoint's region's first op names its node so), until the call that
+        made it claims it (a saved-tensors pack hook's op runs, under no_grad, before its op is seen)."""
         self._recomputing = RecomputeDetector()
         self._recompute_pairing = RecomputePairing()
         self._rebuilt = RebuiltTensors()
@@ -318,6 +331,7 @@ class OpCapture:
         self._calls.clear()
         self._log.clear()
         self._forward.clear()
+        self._made_none.clear()
         self._recompute_pairing.reset()
         self._rebuilt.clear()
         self.range.reset()
@@ -388,7 +402,7 @@ class OpCapture:
         call, call_name = self._count(phase, module, info.name)
         selected = self._selected(phase, call_name)
         captured, stack_id, source = self._stack(phase, call_name, selected, captured)
-        self._remember(info, phase, module, call_name, captured, paired)
+        self._remember(info, phase, module, call_name, captured, paired, args)
         self._complete_collectives()
         rebuilds = phase == RECOMPUTE and info.detach and rebuilt is None
         if not selected:
@@ -495,18 +509,26 @@ class OpCapture:
             self._stack_added = stack_id
         return captured, stack_id, source
 
-    def _remember(self, info: OpInfo, phase: str, module: str, call_name: str, captured: Any, paired: ForwardCall | None) -> None:
+    def _remember(
+        self, info: OpInfo, phase: str, module: str, call_name: str, captured: Any, paired: ForwardCall | None, args: tuple
+    ) -> None:
         """Log a forward call under the sequence number of the autograd node it made (the one just
         before the next), for the backward ops that run that node and the recomputed ops that repeat
         it; a recomputed call too, for a reentrant checkpoint backwards through the nodes made there.
         An in-place op whose autograd kernel saved ``self.clone()`` made its node before the clone
-        made one, and the clone came first: the op's node is the one before the clone's."""
+        made one, and the clone came first: the op's node is the one before the clone's. A call under
+        no_grad holds the last node's number only until that node's own call comes (``_made_none``)."""
         if phase == "forward":
             entry = (module, call_name, captured, info.name, len(self._log))
             self._log.append(entry)
             number = next_sequence_nr() - 1
+            if number in self._made_none and _makes_node(args):  # the node's own op: it takes its number
+                self._made_none.discard(number)
+                del self._forward[number]
             held = self._forward.setdefault(number, entry)
-            if held is not entry and info.mutable and held[3] == _CLONE and held is self._log[-2]:
+            if held is entry and not torch.is_grad_enabled():
+                self._made_none.add(number)
+            elif held is not entry and info.mutable and held[3] == _CLONE and held is self._log[-2]:
                 self._forward.setdefault(number - 1, entry)
         elif phase == RECOMPUTE and not info.detach:
             self._forward.setdefault(next_sequence_nr() - 1, paired or (module, call_name, captured, info.name, None))

@@ -8,16 +8,13 @@
   unchanged holds the values already captured. An inference tensor keeps none (reading it raises).
 - ``Tensor._base``: the tensor a view was made from (the first one, for views of views), ``None``
   for a tensor that is no view; capture's value ids name a view's memory by it.
-- ``Tensor._backward_hooks``: the ordered dict ``Tensor.register_hook`` adds a gradient hook to; the
-  engine runs them in the order they were put in (the dict's, not ``move_to_end``'s): :func:`hook_first`
-  puts one back first.
+- ``Tensor._backward_hooks``: the dict ``Tensor.register_hook`` adds to, run in insertion order.
 - ``Variable._execution_engine.queue_callback``: run a function when the running backward ends,
   after its final callbacks queued before it. FSDP2 and DDP finish their gradients there (the last
   reduce-scatter waited for, the buckets copied back); :func:`after_backward` runs after them.
 
-Unchanged from torch 2.11 through 2.14. The accessors but ``tensor_version`` (which tells an inference
-tensor, whose ``_version`` raises) are C-level callables (``operator``), so the per-op path pays no
-Python frame for going through this module.
+Unchanged from torch 2.11 through 2.14. The accessors but ``tensor_version`` are C-level callables
+(``operator``): the per-op path pays no Python frame for going through this module.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchdebug
@@ -736,6 +737,38 @@ def test_the_ops_of_saved_tensors_hooks_leave_the_backward_named_after_the_op_th
     _assert_same_dumps(python, native)
     unpacked = [r for r in python if r.step == 0 and r.phase == "backward" and r.module == "b" and r.op == "aten.add.Tensor"]
     assert unpacked and {r.fwd for r in unpacked} == {"forward/b/aten.addmm.default#0"}
+
+
+class _Bucketed(nn.Module):
+    """A gradient copied into a bucket by a post hook of its accumulator (an autograd node of the
+    model's, held by it), as DDP's reducer copies each gradient, scaled, into its bucket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.bucket = torch.zeros(2)
+        self.accumulator = get_gradient_edge(self.linear.bias).node
+        self.accumulator.register_hook(self._copy)
+
+    def _copy(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        torch.mul(self.linear.bias.grad, 0.5, out=self.bucket)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).square().mean()
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_the_ops_of_a_gradient_accumulators_post_hook_are_the_parameters_on_both_paths(
+    tmp_path, monkeypatch, caplog, task
+) -> None:
+    """The ops of a post hook of a parameter's gradient accumulator run after the accumulation, in its
+    node (the dispatch mode names them after the parameter; the native path restored the context
+    before them, so they were named outside any module: DDP's copies into its buckets)."""
+    training = functools.partial(loss_training, _Bucketed)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
+    _assert_same_dumps(python, native)
+    assert {r.call_name for r in native if r.op == "aten.mul.out"} == {"backward/linear.bias/aten.mul.out#0"}
 
 
 def _dropped_results() -> tuple[None, Callable[[], None]]:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.compiler import is_compiling
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -142,6 +143,8 @@ class NativeStepCapture:
         self._before_optimizer = _OUTSIDE
         self._in_optimizer = 0
         self._handles: list[Any] = []
+        self._accumulators: list[Any] = []
+        """The parameters' gradient accumulators (autograd nodes) while capture hooks them."""
         self._dtype_names = {code: dtype_name(dtype) for code, dtype in observer.dtypes.items()}
         """By ``c10::ScalarType`` code: ``float32``."""
         self._op_names: list[str] = []
@@ -173,7 +176,11 @@ class NativeStepCapture:
                 self._parameter_contexts.add(context)
                 self._handles.append(parameter.register_hook(self._accumulation_starts(context)))
                 hook_first(parameter, self._handles[-1])  # before a gradient hook of the user's: its ops are the parameter's
-                self._handles.append(parameter.register_post_accumulate_grad_hook(self._accumulation_ends))
+                # after the node's post hooks too (DDP's copy of the gradient into its bucket): the node's
+                # own hook, on the accumulator held until stop (a parameter's is made again when freed)
+                accumulator = get_gradient_edge(parameter).node
+                self._accumulators.append(accumulator)
+                self._handles.append(accumulator.register_hook(self._accumulation_ends))
         for module in self.model.modules() if self.model is not None else ():
             if module._forward_hooks:  # the ops its own hooks run are its (ModuleTracker.current), until they are done
                 self._handles.append(module.register_forward_hook(self._own_hooks_done, always_call=True))
@@ -196,6 +203,7 @@ class NativeStepCapture:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._accumulators = []
         self._in_optimizer = 0
 
     # -- module context ------------------------------------------------------------------------
@@ -240,7 +248,7 @@ class NativeStepCapture:
 
         return hook
 
-    def _accumulation_ends(self, parameter: torch.Tensor) -> None:
+    def _accumulation_ends(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
         self._set_context(self._before_accumulation)
 
     def _optimizer_enter(self, optimizer: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:

@@ -771,6 +771,38 @@ def test_the_ops_of_a_gradient_accumulators_post_hook_are_the_parameters_on_both
     assert {r.call_name for r in native if r.op == "aten.mul.out"} == {"backward/linear.bias/aten.mul.out#0"}
 
 
+def _optimizer_in_backward() -> tuple[nn.Module, Callable[[], None]]:
+    """An optimizer per parameter, stepped from the parameter's post-accumulate hook as its gradient
+    is ready (the optimizer in the backward: torchtune's, to free each gradient at once)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizers = {parameter: torch.optim.AdamW([parameter], lr=1e-2) for parameter in model.parameters()}
+
+    def step_one(parameter: torch.Tensor) -> None:
+        optimizers[parameter].step()
+        optimizers[parameter].zero_grad()
+
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(step_one)
+    x = torch.randn(3, 4)
+    return model, lambda: model(x).sum().backward()
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_an_optimizer_stepped_in_the_backward_runs_the_parameters_backward_ops_on_both_paths(
+    tmp_path, monkeypatch, caplog, task
+) -> None:
+    """The ops of an optimizer step run from a post-accumulate hook are backward ops of the parameter
+    (the dispatch mode names them from the node running; the native path's optimizer hooks had
+    named them outside any module)."""
+    python = _dump(tmp_path, monkeypatch, caplog, _optimizer_in_backward, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _optimizer_in_backward, native=True, task=task)
+    _assert_same_dumps(python, native)
+    stepped = {r.module for r in native if r.step == 1 and r.op == "aten.addcdiv_.default"}
+    assert stepped == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert {r.phase for r in native} == {"forward", "backward"}
+
+
 def _dropped_results() -> tuple[None, Callable[[], None]]:
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 

@@ -140,6 +140,10 @@ class NativeStepCapture:
         self._context = _OUTSIDE
         self._before_accumulation = _OUTSIDE
         """The context a gradient accumulation's hooks restore."""
+        self._accumulating = False
+        """Between a gradient accumulation's hooks: an optimizer step there (the optimizer in the
+        backward, stepped from a post-accumulate hook) runs backward ops of the parameter's, as the
+        dispatch mode names them from the node running."""
         self._before_optimizer = _OUTSIDE
         self._in_optimizer = 0
         self._handles: list[Any] = []
@@ -204,6 +208,7 @@ class NativeStepCapture:
             handle.remove()
         self._handles = []
         self._accumulators = []
+        self._accumulating = False
         self._in_optimizer = 0
 
     # -- module context ------------------------------------------------------------------------
@@ -244,14 +249,18 @@ class NativeStepCapture:
     def _accumulation_starts(self, context: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             self._before_accumulation = self._context
+            self._accumulating = True
             self._set_context(context)
 
         return hook
 
     def _accumulation_ends(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        self._accumulating = False
         self._set_context(self._before_accumulation)
 
     def _optimizer_enter(self, optimizer: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        if self._accumulating:  # a step in a gradient's accumulation (the optimizer in the backward): the parameter's ops
+            return None
         if not self._in_optimizer:
             self._before_optimizer = self._context
         self._in_optimizer += 1
@@ -275,6 +284,8 @@ class NativeStepCapture:
         return run
 
     def _optimizer_exit(self, *_: Any) -> None:
+        if self._accumulating:
+            return
         self._in_optimizer = max(0, self._in_optimizer - 1)
         if not self._in_optimizer:
             self._set_context(self._before_optimizer)

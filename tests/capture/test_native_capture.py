@@ -803,6 +803,41 @@ def test_an_optimizer_stepped_in_the_backward_runs_the_parameters_backward_ops_o
     assert {r.phase for r in native} == {"forward", "backward"}
 
 
+def _clipped_through_data() -> tuple[nn.Module, Callable[[], None]]:
+    """Weights clipped through ``.data`` after the optimizer step (a WGAN critic's), then read again in
+    the same step: ``.data`` is an alias with a version counter of its own, so the write leaves each
+    parameter's version where it was."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        for parameter in model.parameters():
+            parameter.data.clamp_(-0.05, 0.05)
+        model(x)  # the clipped critic's output, logged
+
+    return model, step
+
+
+def test_a_parameter_written_through_its_data_alias_is_read_again_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """What was taken of a tensor is taken again once an op wrote its storage, though its version did
+    not move: both paths gave the clipped weight the statistics it had before the clipping."""
+    python = _dump(tmp_path, monkeypatch, caplog, _clipped_through_data, native=False, task="statistics", checksum=True)
+    native = _dump(tmp_path, monkeypatch, caplog, _clipped_through_data, native=True, task="statistics", checksum=True)
+    for step in (0, 1):  # value ids aside: on both paths the write names no new value (the alias's own op is the mode's)
+        got = [record for record in native if record.step == step]
+        expected, _ = without_mode([record for record in python if record.step == step], got)
+        assert [(r.name, r.stats, r.checksum) for r in got] == [(name, r.stats, r.checksum) for r, name, _ in expected]
+    for records in (python, native):
+        reads = {r.name: r for r in records if r.step == 0 and r.op == "aten.t.default" and r.io == "input"}
+        before, after = reads["forward/<root>/aten.t.default#0/input.0"], reads["forward/<root>/aten.t.default#1/input.0"]
+        assert before.stats["max"] > 0.05 and after.stats["max"] == pytest.approx(0.05)
+
+
 def _dropped_results() -> tuple[None, Callable[[], None]]:
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 

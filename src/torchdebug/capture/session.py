@@ -24,7 +24,7 @@ from torchdebug._torch.autograd import tensor_version
 from torchdebug._torch.subclasses import describe as describe_subclass
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.filters import NameMatcher
-from torchdebug.capture.unwritten import UnwrittenStorages
+from torchdebug.capture.unwritten import UnwrittenStorages, storage_id
 from torchdebug.capture.value_ids import ValueIds
 from torchdebug.checksum import hex_digits
 from torchdebug.errors import DumpError
@@ -62,12 +62,21 @@ class _Seen:
     description, statistics dict, fingerprint and tensor reference, shared by every record of that
     tensor."""
 
-    __slots__ = ("ref", "version", "stats", "tensor", "base", "desc", "checksum")
+    __slots__ = ("ref", "version", "stats", "tensor", "base", "desc", "checksum", "storage", "writes")
 
     def __init__(
-        self, ref: weakref.ref, version: int | None, stats: dict | None, tensor: dict | None, base: tuple | None = None
+        self,
+        ref: weakref.ref,
+        version: int | None,
+        stats: dict | None,
+        tensor: dict | None,
+        base: tuple | None = None,
+        storage: tuple[int | None, int] = (None, 0),
     ) -> None:
         self.ref, self.version, self.stats, self.tensor = ref, version, stats, tensor
+        self.storage, self.writes = storage
+        """The tensor's storage (``unwritten.storage_id``) and the writes into it counted then
+        (``CaptureSession._storage_writes``)."""
         self.base = base
         """``(tensor ref, storage offset, numel)`` of a contiguous saved tensor whose memory this
         tensor's memory lies in (views of it are saved as strided views)."""
@@ -166,6 +175,10 @@ class CaptureSession:
         self._waiting: list[list[Record]] = []
         """Records handed over by mid-step flushes whose statistics are still on their way to the host."""
         self._seen: dict[int, _Seen] = {}
+        self._storage_writes: dict[int | None, int] = {}
+        """In-place writes into each storage this step: what was taken of a tensor on a storage written
+        since is taken again, though its own version did not move (``p.data.mul_()`` writes through an
+        alias with a version counter of its own)."""
         self._sizes: dict[tuple[int, ...], list[int]] = {}
         """One list per distinct shape or stride this step, shared by the records that have it (as
         records read from a dump share them, never changed in place): a step makes a few hundred
@@ -292,8 +305,8 @@ class CaptureSession:
         version = tensor_version(tensor)
         version = None if version is None else version + (1 if mutated else 0)
         seen = None if mutated or version is None else self._seen.get(id(tensor))
-        if seen is None or seen.ref() is not tensor or seen.version != version:
-            seen = _Seen(weakref.ref(tensor), version, None, None)
+        if seen is None or seen.ref() is not tensor or seen.version != version or self._written_since(seen):
+            seen = _Seen(weakref.ref(tensor), version, None, None, storage=self._storage_of(tensor))
             if version is not None:  # an inference tensor is read at each op: its writes leave no trace
                 self._seen[id(tensor)] = seen
         elif (
@@ -394,6 +407,9 @@ class CaptureSession:
         before is forgotten, so a read at the same version takes its new values; with ``unmoved``,
         its value id's version counts the write, as the native path's does (``observer.cpp``)."""
         for tensor, version in zip(tensors, versions):
+            key = storage_id(tensor) if tensor.__class__ in PLAIN_TENSORS else None
+            if key is not None:
+                self._storage_writes[key] = self._storage_writes.get(key, 0) + 1
             if version is not None and tensor_version(tensor) == version:
                 self._seen.pop(id(tensor), None)
                 if unmoved:
@@ -408,7 +424,7 @@ class CaptureSession:
         (``{"view": {"shape", "stride", "offset"}}`` in its tensor reference) instead of a copy.
         """
         seen = self._seen.get(id(source))
-        if seen is None or seen.ref() is not source or seen.version != tensor_version(source):
+        if seen is None or seen.ref() is not source or seen.version != tensor_version(source) or self._written_since(seen):
             return
         view_ref = None
         if shares_memory and seen.base is not None:
@@ -424,7 +440,9 @@ class CaptureSession:
                     self._tensor_refs.append(view_ref)
         stats = seen.stats if same_elements else None
         base = seen.base if view_ref is not None else None
-        alias_seen = self._seen[id(alias)] = _Seen(weakref.ref(alias), tensor_version(alias), stats, view_ref, base)
+        alias_seen = self._seen[id(alias)] = _Seen(
+            weakref.ref(alias), tensor_version(alias), stats, view_ref, base, storage=self._storage_of(alias)
+        )
         same_order = same_elements and not shares_memory  # a copy
         if not same_order and shares_memory:
             same_order = _same_memory_in_order(alias, source)
@@ -432,6 +450,15 @@ class CaptureSession:
             alias_seen.checksum = seen.checksum
             if isinstance(seen.checksum, _PendingChecksum):
                 seen.checksum.seens.append(alias_seen)
+
+    def _storage_of(self, tensor: torch.Tensor) -> tuple[int | None, int]:
+        """``tensor``'s storage and the writes into it so far (``_Seen.storage``, ``_Seen.writes``)."""
+        key = storage_id(tensor) if tensor.__class__ in PLAIN_TENSORS else None
+        return key, self._storage_writes.get(key, 0)
+
+    def _written_since(self, seen: _Seen) -> bool:
+        """Whether an op wrote ``seen``'s storage since it was taken."""
+        return bool(self._storage_writes) and self._storage_writes.get(seen.storage, 0) != seen.writes
 
     def _sampling_for(self, tensor: torch.Tensor) -> int | None:
         if self.sample_stride and tensor.numel() > 2 * SAMPLE_EDGE:
@@ -530,6 +557,7 @@ class CaptureSession:
         self.writer.begin_step(self.step)
         self.seq = 0
         self._seen.clear()
+        self._storage_writes.clear()
         self._sizes.clear()
         self.unwritten.clear()
         self.values.prune()

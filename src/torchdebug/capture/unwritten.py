@@ -25,10 +25,10 @@ import torch
 from torchdebug._torch.autograd import tensor_version
 from torchdebug.records import UNINITIALISED
 
-__all__ = ["UnwrittenStorages"]
+__all__ = ["UnwrittenStorages", "storage_id"]
 
 
-def _storage_id(tensor: torch.Tensor) -> int | None:
+def storage_id(tensor: torch.Tensor) -> int | None:
     """The identity of a plain tensor's ``StorageImpl`` (``None`` when it has no storage of its own)."""
     try:
         return tensor.untyped_storage()._cdata
@@ -46,7 +46,7 @@ class UnwrittenStorages(dict[int, tuple[weakref.ref, int]]):
         """Mark the storages of ``tensors`` (plain tensors: an allocation's outputs, FSDP2's buffers)
         as holding no value; a storage marked already keeps its first entry."""
         for tensor in tensors:
-            if tensor.__class__ is not torch.Tensor or (key := _storage_id(tensor)) is None:
+            if tensor.__class__ is not torch.Tensor or (key := storage_id(tensor)) is None:
                 continue
             version = tensor_version(tensor)
             if version is not None:  # not an inference tensor's: its writes leave no trace
@@ -55,7 +55,7 @@ class UnwrittenStorages(dict[int, tuple[weakref.ref, int]]):
     def why(self, tensor: torch.Tensor) -> str | None:
         """``uninitialised`` when ``tensor`` lies on a marked storage that nothing has written since;
         ``None`` otherwise (an entry found written or freed is dropped)."""
-        key = _storage_id(tensor) if tensor.__class__ is torch.Tensor else None
+        key = storage_id(tensor) if tensor.__class__ is torch.Tensor else None
         entry = self.get(key) if key is not None else None
         if entry is None:
             return None
@@ -70,5 +70,5 @@ class UnwrittenStorages(dict[int, tuple[weakref.ref, int]]):
     def written(self, tensor: torch.Tensor) -> None:
         """``tensor`` is being written without a declared write (an ``out=`` buffer, a collective's
         output): its storage holds values from now on."""
-        if self and tensor.__class__ is torch.Tensor and (key := _storage_id(tensor)) is not None:
+        if self and tensor.__class__ is torch.Tensor and (key := storage_id(tensor)) is not None:
             self.pop(key, None)

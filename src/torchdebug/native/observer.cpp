@@ -489,9 +489,22 @@ int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) 
 // and as the next op's input (the dispatch mode shares those by version too). An entry holds its
 // TensorImpl weakly, so that its address names that tensor alone while it is cached; one freed since
 // is read again. Inference tensors (no version) are read each time.
+// Writes into each storage since the last drain, by the ops whose schemas write (note_writes): a
+// read holds only while its storage saw no write since, for a tensor on it whose version counter is
+// not the writer's (`p.data.mul_()`: `.data` is an alias with a version counter of its own, and a
+// write through it leaves the parameter's version where it was). Held with reads_mutex.
+std::unordered_map<const c10::StorageImpl*, uint64_t> storage_writes;
+
+uint64_t writes_into(const c10::TensorImpl* impl) {
+  if (storage_writes.empty() || !impl->has_storage()) return 0;
+  auto found = storage_writes.find(impl->unsafe_storage().unsafeGetStorageImpl());
+  return found == storage_writes.end() ? 0 : found->second;
+}
+
 struct Read {
   WeakImpl impl;
   int64_t version;
+  uint64_t writes;  // writes_into its storage when read
   const void* data;
   int ndim;
   std::array<int64_t, kMaxDims> sizes, strides;
@@ -503,6 +516,7 @@ struct Read {
     auto shape = tensor->sizes();
     auto steps = tensor->strides();
     return version == at_version && data == tensor->data() && static_cast<size_t>(ndim) == shape.size() && !impl.expired() &&
+           writes == writes_into(tensor) &&
            std::equal(shape.begin(), shape.end(), sizes.begin()) && std::equal(steps.begin(), steps.end(), strides.begin());
   }
 };
@@ -512,6 +526,7 @@ std::unordered_map<const c10::TensorImpl*, Read> reads;
 void forget_reads() {
   std::lock_guard<std::mutex> lock(reads_mutex);
   reads.clear();
+  storage_writes.clear();
 }
 
 // take_values, or what it gave for this tensor at this version since the last drain.
@@ -520,6 +535,7 @@ int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
                    impl->has_storage() && impl->storage_initialized() && impl->dim() <= kMaxDims;
   if (!cacheable) return take_values(impl, out, fingerprint);
   auto version = impl->version_counter().current_version();
+  uint64_t writes = 0;
   {
     std::lock_guard<std::mutex> lock(reads_mutex);
     auto found = reads.find(impl);
@@ -528,9 +544,10 @@ int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
       *fingerprint = found->second.fingerprint;
       return found->second.taken;
     }
+    writes = writes_into(impl);
   }
   int taken = take_values(impl, out, fingerprint);
-  Read read{WeakImpl::reclaim_copy(impl), version, impl->data(), static_cast<int>(impl->dim()), {}, {}, taken, *fingerprint, {}};
+  Read read{WeakImpl::reclaim_copy(impl), version, writes, impl->data(), static_cast<int>(impl->dim()), {}, {}, taken, *fingerprint, {}};
   std::copy(impl->sizes().begin(), impl->sizes().end(), read.sizes.begin());
   std::copy(impl->strides().begin(), impl->strides().end(), read.strides.begin());
   std::copy(out, out + kStatsWidth, read.sums.begin());
@@ -1237,10 +1254,12 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
     if (at >= inputs.size() || !inputs[at].isBool() || !inputs[at].toBool()) return -1;
   }
   auto from = static_cast<int32_t>(thread.writes.size());
+  std::lock_guard<std::mutex> lock(reads_mutex);
   auto note = [&](const c10::IValue& value) {
     if (!is_tensor(value)) return;
     auto* impl = value.unsafeToTensorImpl();
     thread.writes.emplace_back(impl, impl->is_inference() ? int64_t{-1} : static_cast<int64_t>(impl->version_counter().current_version()));
+    if (impl->has_storage()) ++storage_writes[impl->unsafe_storage().unsafeGetStorageImpl()];
   };
   for (auto position : *info.written) {
     if (static_cast<size_t>(position) >= inputs.size()) continue;

@@ -115,6 +115,7 @@ struct Seen {  // a tensor's first statistics and fingerprint this step
   int64_t fingerprint;
   int64_t drain;  // references name the slots of one drain
   bool view = false;  // a view op's output: version is the one a dispatch mode reads (Walk::mode_version)
+  int64_t writes = 0;  // Walk::writes_into its storage then
 };
 
 struct OpFacts {
@@ -220,7 +221,16 @@ struct Walk {
   // Whether what `known` took this drain holds for a tensor over `memory` at `version`.
   bool still(const Seen& known, const Memory& memory, int64_t version) const {
     return known.drain == drains && known.memory == memory &&
-           known.version == (known.view ? mode_version(memory.storage, version) : version);
+           known.version == (known.view ? mode_version(memory.storage, version) : version) &&
+           known.writes == writes_of(memory.storage);
+  }
+  // Ops that may write each storage, this step (their mutable arguments): a tensor seen on it before
+  // one is read again, though its own version did not move (`p.data.mul_()` writes through an alias
+  // with a version counter of its own).
+  std::unordered_map<int64_t, int64_t> writes_into;
+  int64_t writes_of(int64_t storage) const {
+    auto found = writes_into.find(storage);
+    return found == writes_into.end() ? 0 : found->second;
   }
   int64_t fresh = 0;
   int64_t drains = 0;
@@ -384,6 +394,7 @@ void td_walk_next_step(void* walk) {
   state.made_in.clear();
   state.summed_in.clear();
   state.seen.clear();
+  state.writes_into.clear();
   state.calls.clear();
   state.made_by.clear();
   state.log.clear();
@@ -622,6 +633,12 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     bool has_source_value = false;
     Value source_value{kNone, kNone};
     Memory memory;
+    bool row_writes = false;  // the row's op has a mutable schema: its tensor arguments' storages may be written
+    std::vector<int64_t> written;  // their storages, counted as written once its inputs are walked
+    auto count_written = [&]() {
+      for (auto at : written) ++state.writes_into[at];
+      written.clear();
+    };
     for (int64_t slot = 0; slot < slots; ++slot) {
       int64_t row = slot_row[slot];
       int8_t io = slot_io[slot], flag = slot_flag[slot];
@@ -635,18 +652,28 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       bool is_contiguous = contiguous(sizes, stride + dims, ndim);
       dims += ndim;
       if (row != last_row) {
+        count_written();
         last_row = row;
         has_source = has_source_value = false;
         arguments.clear();
         auto index = row - first_row;
         op = nullptr;
         rebuilds = state.rebuilds.contains(index);
-        if (index >= 0 && index < rows && row_recorded[index]) {  // (outputs of a row drained before: not recorded)
+        row_writes = false;
+        if (index >= 0 && index < rows) {
           auto found = state.ops.find(row_op[index]);
           if (found == state.ops.end()) return -1;  // facts not given: the caller's error
-          op = &found->second;
-          backward = row_backward[index] != 0;
+          row_writes = found->second.flags & kMutable;
+          if (row_recorded[index]) {  // (outputs of a row drained before: not recorded)
+            op = &found->second;
+            backward = row_backward[index] != 0;
+          }
         }
+      }
+      if (io == 0 && row_writes && flag == kPlain) {
+        written.push_back(storage);
+      } else if (io) {
+        count_written();  // before its outputs: they hold what it wrote
       }
       if (flag == kValue) {  // recorded as it is, where its row and side are
         if (op != nullptr && (io ? want_outputs : want_inputs)) {
@@ -700,7 +727,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
           // counter, at 0), so a later read shares what this one took only while its base is at 0.
           is_view = !(op->flags & kValuePreserving);
           if (is_view) seen_at = 0;
-          state.seen[address] = Seen{seen_at, memory, reused, reused_fingerprint, state.drains, is_view};
+          state.seen[address] = Seen{seen_at, memory, reused, reused_fingerprint, state.drains, is_view, state.writes_of(storage)};
         }
       }
       if (io && backward && (op->flags & kAccumulates)) state.summed_in[storage] = version;
@@ -781,7 +808,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
           owned = true;
         }
         if (owned && (stats != kNone || fingerprint != kNone)) {
-          state.seen[address] = Seen{seen_at, memory, stats, fingerprint, state.drains, is_view};
+          state.seen[address] = Seen{seen_at, memory, stats, fingerprint, state.drains, is_view, state.writes_of(storage)};
         }
         // An argument an op may write is read again next time: a fused optimizer writes its tensors
         // without moving their versions (CaptureSession.wrote).
@@ -797,6 +824,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       out_fingerprint[recorded] = fingerprint;
       ++recorded;
     }
+    count_written();
     for (int64_t index = 0; index < freed_count; ++index) {  // after these slots: another tensor may take them now
       state.at.erase(freed[index]);
       state.seen.erase(freed[index]);

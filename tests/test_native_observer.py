@@ -514,7 +514,8 @@ def test_a_kept_tensor_changed_in_place_before_the_drain_is_not_handed_over(obse
         observer.keep_unsummed(False)
         observer.use_stats(False)
     assert ops.slot_value[0] == counts._cdata and list(ops.kept_slot) == [-1, 1] and len(ops.kept) == 1
-    assert ops.kept[0]._cdata == negated._cdata
+    kept = ops.kept[0]  # an alias of the output (its memory, a TensorImpl and version counter of its own)
+    assert kept._cdata != negated._cdata and kept.data_ptr() == negated.data_ptr() and torch.equal(kept, negated)
 
 
 def test_a_views_base_seen_only_through_it_is_held_and_reported_freed(observer: NativeObserver) -> None:

@@ -838,6 +838,35 @@ def test_a_parameter_written_through_its_data_alias_is_read_again_on_both_paths(
         assert before.stats["max"] > 0.05 and after.stats["max"] == pytest.approx(0.05)
 
 
+def _half_precision() -> tuple[nn.Module, Callable[[], None]]:
+    """A float16 model trained with a foreach AdamW: its tensors' statistics are taken at the flush
+    (stats.c takes float32, bfloat16 and float64 in the callback), so the observer keeps them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 1)).half()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    x = torch.randn(3, 4, dtype=torch.float16)
+
+    def step() -> None:
+        model(x).float().square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return model, step
+
+
+def test_tensors_kept_for_the_flush_leave_torch_deciding_as_without_capture(tmp_path, monkeypatch, caplog) -> None:
+    """What the observer keeps for the flush counts neither in a tensor's use_count nor in its version
+    counter's: AccumulateGrad steals a float16 gradient (``detach``) instead of copying it
+    (``new_empty_strided``, ``copy_``), and ``zeros_like``'s optimizer state keeps the TensorImpl its
+    slot recorded (Python wraps a result in place only while nothing else holds it), as on the mode."""
+    python = _dump(tmp_path, monkeypatch, caplog, _half_precision, native=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, _half_precision, native=True, task="statistics")
+    _assert_same_dumps(python, native)
+    accumulated = {r.op for r in native if r.step == 0 and r.phase == "backward" and r.module == "3.bias"}
+    assert accumulated == {"aten.detach.default"}
+    assert all(r.stats is not None and r.dtype == "float16" for r in native if r.op == "aten.zeros_like.default")
+
+
 def _dropped_results() -> tuple[None, Callable[[], None]]:
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 

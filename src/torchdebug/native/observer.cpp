@@ -653,8 +653,17 @@ struct Slots {
   // weakly until the next op starts (waiting: its index in kept): its Python binding makes its result
   // a variable in place only while nothing else holds it (make_variable), else it wraps a copy of the
   // TensorImpl.
+  // A plain tensor is kept as an alias (its storage and sizes in a TensorImpl of capture's own, with a
+  // version counter of its own) and held weakly itself: a strong hold would count in its use_count,
+  // and a shared counter in its version counter's, which torch reads to decide (AccumulateGrad steals
+  // a gradient nothing else holds, else clones it; make_variable wraps a factory's or a *_like
+  // op's result in place only while nothing else holds it or its counter). kept_version: the
+  // tensor's version then; the drain hands the alias over only while the tensor, if alive, is there
+  // (a write an op is about to make replaced the alias by a copy, held without the tensor).
   std::vector<at::Tensor> kept;
   std::vector<int64_t> kept_slot;
+  std::vector<int64_t> kept_version;
+  std::vector<WeakImpl> kept_original;
   std::vector<std::pair<size_t, WeakImpl>> waiting;
   // Whether the outputs added now wait (a factory's: no tensor argument); another op's result is a
   // variable already and is held at once, so a temporary Python drops before the next op is read.
@@ -719,13 +728,26 @@ struct Slots {
   // (above). A subclass instance is a Python object already: held at once.
   void keep(c10::TensorImpl* impl, bool wait) {
     auto strong = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl);
+    kept_version.push_back(current_version(impl));
+    kept_original.emplace_back(strong);
     if (wait) {
       waiting.emplace_back(kept.size(), WeakImpl(strong));
       kept.emplace_back();
     } else {
-      kept.emplace_back(std::move(strong));
+      kept.emplace_back(held(std::move(strong)));
     }
     kept_slot.push_back(static_cast<int64_t>(row.size()) - 1);
+  }
+
+  static int64_t current_version(c10::TensorImpl* impl) {
+    return impl->is_inference() ? -1 : static_cast<int64_t>(impl->version_counter().current_version());
+  }
+
+  // What is kept of a tensor: a subclass instance itself (Python reads it as one), else an alias.
+  static at::Tensor held(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> strong) {
+    if (strong->key_set().has(c10::DispatchKey::Python)) return at::Tensor(std::move(strong));
+    auto counter = strong->is_inference() ? c10::VariableVersion(c10::VariableVersion::DISABLED) : c10::VariableVersion(0);
+    return at::Tensor(strong->shallow_copy_and_detach(std::move(counter), /*allow_tensor_metadata_change=*/false));
   }
 
   // A non-tensor argument or result: a slot with no tensor (kValue), its JSON text in text.
@@ -828,6 +850,8 @@ struct Slots {
     for (size_t entry = 0; entry < other.kept.size(); ++entry) {
       kept.push_back(other.kept[entry]);
       kept_slot.push_back(static_cast<int64_t>(row.size()) + other.kept_slot[entry]);
+      kept_version.push_back(other.kept_version[entry]);
+      kept_original.push_back(other.kept_original[entry]);
     }
     if (at_row < 0) {
       row.insert(row.end(), other.row.begin(), other.row.end());
@@ -904,29 +928,34 @@ struct Slots {
     for (size_t entry = keep; entry < kept.size(); ++entry) {
       other.kept.push_back(std::move(kept[entry]));
       other.kept_slot.push_back(kept_slot[entry] - static_cast<int64_t>(first));
+      other.kept_version.push_back(kept_version[entry]);
+      other.kept_original.push_back(std::move(kept_original[entry]));
     }
     kept.resize(keep);
     kept_slot.resize(keep);
+    kept_version.resize(keep);
+    kept_original.erase(kept_original.begin() + static_cast<std::ptrdiff_t>(keep), kept_original.end());
   }
 
   // Hold the outputs waiting strongly (one freed already stays undefined: not read).
   void hold_waiting() {
     for (auto& [index, weak] : waiting) {
       auto strong = weak.lock();
-      if (strong) kept[index] = at::Tensor(std::move(strong));
+      if (strong) kept[index] = held(std::move(strong));
     }
     waiting.clear();
   }
 
   void clear() {
     waiting.clear();
-    for (auto* column : {&row, &value, &version, &storage, &offset, &base, &shape, &stride, &kept_slot, &fingerprint}) {
+    for (auto* column : {&row, &value, &version, &storage, &offset, &base, &shape, &stride, &kept_slot, &kept_version, &fingerprint}) {
       column->clear();
     }
     for (auto* column : {&io, &dtype, &flag, &ndim, &device_type, &device_index, &has_stats, &has_fingerprint}) {
       column->clear();
     }
     kept.clear();
+    kept_original.clear();
     stats.clear();
     arg.clear();
     element.clear();
@@ -1300,6 +1329,7 @@ void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_fr
       copy = tensor.clone();
     }
     if (slots.version[at] >= 0) copy.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(static_cast<uint32_t>(slots.version[at])));
+    slots.kept_original[entry] = WeakImpl(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());  // the copy holds what the slot read, whatever the tensor becomes
     tensor = std::move(copy);
   }
 }
@@ -1672,7 +1702,9 @@ void td_observer_drain(const int64_t* counts, void** columns) {
     auto at = static_cast<size_t>(from.kept_slot[entry]);
     auto recorded = from.version[at];
     bool described = from.flag[at] == kSubclass;  // Python describes it changed or not, and checks its version
-    if (tensor.defined() && (described || recorded < 0 || slot_version(tensor.unsafeGetTensorImpl()) == recorded)) {
+    auto original = from.kept_original[entry].lock();
+    if (tensor.defined() &&
+        (described || recorded < 0 || !original || Slots::current_version(original.get()) == from.kept_version[entry])) {
       handed.push_back(std::move(tensor));
     } else {
       from.kept_slot[entry] = -1;
@@ -1699,6 +1731,8 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(from.fingerprint, slots, columns[25]);
   take(from.kept_slot, kept, columns[21]);
   for (auto& slot : from.kept_slot) slot -= static_cast<int64_t>(slots);
+  from.kept_version.erase(from.kept_version.begin(), from.kept_version.begin() + static_cast<std::ptrdiff_t>(kept));
+  from.kept_original.erase(from.kept_original.begin(), from.kept_original.begin() + static_cast<std::ptrdiff_t>(kept));
   from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));
   recorder.first_row += static_cast<int64_t>(ops);
 }

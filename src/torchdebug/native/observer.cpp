@@ -747,6 +747,9 @@ struct Slots {
   static at::Tensor held(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> strong) {
     if (strong->key_set().has(c10::DispatchKey::Python)) return at::Tensor(std::move(strong));
     auto counter = strong->is_inference() ? c10::VariableVersion(c10::VariableVersion::DISABLED) : c10::VariableVersion(0);
+    // With the Python key excluded: under a dispatch mode the copy would call the mode's detach, an
+    // op whose callback takes the recorder's lock this thread holds.
+    c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKey::Python);
     return at::Tensor(strong->shallow_copy_and_detach(std::move(counter), /*allow_tensor_metadata_change=*/false));
   }
 

@@ -64,6 +64,13 @@ def _cases() -> list[tuple[str, torch.Tensor]]:
     cases.append(("nan and inf in every thread's chunk", big))
     cases.append(("bfloat16, parallel", (torch.randn(200_000, generator=generator) * 7).to(torch.bfloat16)))
     cases.append(("float64, parallel", torch.randn(150_000, generator=generator, dtype=torch.float64)))
+    for dtype, low, high in ((torch.int64, -(10**12), 10**12), (torch.int32, -(2**31), 2**31 - 1), (torch.int16, -500, 500)):
+        cases.append((f"{dtype}", torch.randint(low, high, (4_097,), generator=generator, dtype=dtype)))
+    cases.append(("int8, every value", torch.arange(-128, 128, dtype=torch.int8).repeat(20)))
+    cases.append(("uint8, zeros in blocks and tail", torch.randint(0, 3, (5_003,), generator=generator, dtype=torch.uint8)))
+    cases.append(("bool", torch.rand(1_000, generator=generator) > 0.3))
+    cases.append(("token ids, parallel", torch.randint(0, 50_000, (300_001,), generator=generator)))
+    cases.append(("int64 transpose", torch.randint(-9, 9, (30, 40), generator=generator).t()))
     return cases
 
 
@@ -89,7 +96,9 @@ def test_kernel_agrees_with_torch_ops(label, tensor):
 
 
 @needs_compiler
-@pytest.mark.parametrize("tensor", [torch.arange(10), torch.randn(6, dtype=torch.float16)], ids=["integer", "float16"])
+@pytest.mark.parametrize(
+    "tensor", [torch.arange(10).to(torch.uint16), torch.randn(6, dtype=torch.float16)], ids=["uint16", "float16"]
+)
 def test_kernel_declines_what_it_does_not_handle(tensor):
     assert fused_stats.fused_stats(tensor) is None
 
@@ -271,7 +280,7 @@ def test_kernel_fingerprint_equals_the_torch_op_fingerprint(label, tensor, hashe
     want = _reference_fingerprint(tensor)
     assert fused_stats.fingerprint(tensor) == want, label
     both = fused_stats.stats_and_fingerprint(tensor)
-    if tensor.dtype in (torch.float32, torch.bfloat16, torch.float64) and not tensor.is_neg():
+    if _summed(tensor):
         sums, value = both
         assert value == want, label
         alone = fused_stats.fused_stats(tensor)  # the statistics of the same pass: as the kernel takes them alone
@@ -280,6 +289,13 @@ def test_kernel_fingerprint_equals_the_torch_op_fingerprint(label, tensor, hashe
         assert sums[2:4] == pytest.approx(alone[2:4], rel=1e-5, abs=1e-3 * math.sqrt(tensor.numel()), nan_ok=True), label
     else:
         assert both is None, label  # statistics of other dtypes are torch ops: the fingerprint alone
+
+
+def _summed(tensor: torch.Tensor) -> bool:
+    """Whether the kernel takes the statistics of ``tensor`` (its dtype, not a negative view)."""
+    floating = (torch.float32, torch.bfloat16, torch.float64)
+    integral = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+    return tensor.dtype in floating + integral and not tensor.is_neg()
 
 
 @needs_compiler
@@ -334,7 +350,7 @@ def test_kernel_fingerprint_tracks_single_bits_and_positions():
 def test_kernel_fingerprint_declines_what_it_cannot_read():
     assert fused_stats.fingerprint(torch.empty(4, device="meta")) is None
     assert fused_stats.fingerprint(torch.eye(3).to_sparse()) is None
-    assert fused_stats.stats_and_fingerprint(torch.arange(5)) is None
+    assert fused_stats.stats_and_fingerprint(torch.arange(5).to(torch.uint16)) is None
 
 
 def test_fingerprint_walk_follows_memory_and_knows_logical_positions():

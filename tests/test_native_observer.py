@@ -250,7 +250,7 @@ class _SeenSums(TorchDispatchMode):
         return out
 
 
-def test_the_statistics_of_cpu_float_tensors_are_fused_stats_bit_for_bit(observer: NativeObserver) -> None:
+def test_the_statistics_of_cpu_tensors_are_fused_stats_bit_for_bit(observer: NativeObserver) -> None:
     torch.manual_seed(0)
     x = torch.randn(6, 5)
     row = torch.randn(5, dtype=torch.float64)
@@ -265,7 +265,9 @@ def test_the_statistics_of_cpu_float_tensors_are_fused_stats_bit_for_bit(observe
         half.mul(3)
         special.abs()
         big.add_(1.0)  # in place: its input is taken before the op
-        torch.arange(4).add(1)  # integers: no sums
+        torch.arange(4).add(1)  # integers: summed too
+        (row > 0).logical_not()  # bool
+        torch.ones(3, dtype=torch.float16).neg()  # float16: no sums
 
     copy = big.clone()
     with _SeenSums() as seen:
@@ -281,7 +283,7 @@ def test_the_statistics_of_cpu_float_tensors_are_fused_stats_bit_for_bit(observe
     ]
     want = [struct.pack(f"{WIDTH}d", *sums) if sums is not None else None for sums in seen.sums]
     assert got == want
-    assert sum(value is not None for value in got) == 18  # two a float op, the view ops included
+    assert sum(value is not None for value in got) == 25  # all but float16, the view ops included
 
 
 class _SeenValues(TorchDispatchMode):
@@ -425,17 +427,17 @@ def test_ops_no_dispatch_mode_sees_are_not_recorded_a_tensor_from_data_and_a_liv
 
 
 def test_tensors_without_sums_are_kept_and_a_factorys_result_keeps_its_impl(observer: NativeObserver) -> None:
-    """Kept for Python: an int tensor (an input at once, an output from the next op on, weakly until
+    """Kept for Python: a float16 tensor (an input at once, an output from the next op on, weakly until
     then: a factory's binding wraps its result itself only while nothing else holds it); an output
     freed before the next op is not kept (slot -1)."""
     observer.use_stats(True)
     observer.keep_unsummed(True)
     try:
-        embedding = nn.Embedding(16, 4)
+        linear = nn.Linear(16, 4, dtype=torch.float16)
         observer.start()
-        positions = torch.arange(16)
-        embedding(positions)
-        torch.arange(3)  # freed at once
+        positions = torch.ones(16, dtype=torch.float16)
+        linear(positions)
+        torch.ones(3, dtype=torch.float16)  # freed at once
         positions.add(1)
         observer.stop()
     finally:
@@ -446,7 +448,7 @@ def test_tensors_without_sums_are_kept_and_a_factorys_result_keeps_its_impl(obse
     kept = [slot for slot in ops.kept_slot if slot >= 0]
     assert -1 in ops.kept_slot
     assert [ops.slot_value[slot] for slot in kept[:2]] == [positions._cdata, positions._cdata]
-    assert all(tensor.dtype == torch.int64 for tensor in ops.kept) and len(ops.kept) == len(kept)
+    assert all(tensor.dtype == torch.float16 for tensor in ops.kept) and len(ops.kept) == len(kept)
     assert not any(ops.slot_has_stats[slot] for slot in kept)
 
 
@@ -504,7 +506,7 @@ def test_a_kept_tensor_changed_in_place_before_the_drain_is_not_handed_over(obse
     observer.use_stats(True)
     observer.keep_unsummed(True)
     try:
-        counts = torch.arange(4)
+        counts = torch.arange(4, dtype=torch.float16)
         observer.start()
         negated = counts.neg()
         observer.stop()

@@ -175,8 +175,10 @@ def test_statistics_and_fingerprint_take_one_native_pass_for_the_kernels_dtypes(
     cpu_stats_and_fingerprint(torch.randn(10))
     cpu_stats_and_fingerprint(torch.randn(10).bfloat16())
     assert (taken_alone == []) == (cpu_path == "native")
-    cpu_stats_and_fingerprint(torch.arange(3))  # integers: torch-op statistics, then the fingerprint
-    assert len(taken_alone) == (1 if cpu_path == "native" else 3)
+    cpu_stats_and_fingerprint(torch.arange(3))  # integers too
+    assert (taken_alone == []) == (cpu_path == "native")
+    cpu_stats_and_fingerprint(torch.arange(3).half())  # float16: torch-op statistics, then the fingerprint
+    assert len(taken_alone) == (1 if cpu_path == "native" else 4)
 
 
 @pytest.mark.parametrize(

@@ -329,7 +329,7 @@ class CaptureSession:
                 save = False
             else:
                 if sums is not None:  # taken during the copy
-                    seen.stats = stats_from_sums(sums, tensor.numel())
+                    seen.stats = stats_from_sums(sums, tensor.numel(), integral=not tensor.is_floating_point())
                 if tensor.is_contiguous() and not self._sampling_for(tensor):
                     seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
         stats_sink = checksum_sink = None

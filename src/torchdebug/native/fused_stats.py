@@ -1,15 +1,16 @@
 """Ctypes binding of ``stats.c``: the statistics and the fingerprint of a CPU tensor in one pass over its memory.
 
-Handles float32, bfloat16 and float64 CPU tensors of any layout: the kernel walks runs of contiguous
-elements in whatever order memory holds them (statistics do not depend on element order), so
-transposes, permutes, slices and broadcasts need no copy. Other dtypes and devices give ``None``
-and the caller uses torch ops. :func:`copy_with_stats` snapshots a tensor and takes its statistics in
-the same pass. :func:`stats_and_fingerprint` adds the fingerprint of :mod:`torchdebug.checksum` to the
-statistics' pass, and :func:`fingerprint` takes it alone, of a CPU tensor of any dtype (it reads
-bits): the walk is still in memory order, each run carrying the logical position of its first
-element and the step between its elements, since the fingerprint depends on logical order. ctypes
-releases the GIL during the calls. Big contiguous tensors are split over ``torch.get_num_threads()``
-threads of torch's OpenMP pool (see ``stats.c``), on whichever thread the call comes from.
+Handles float32, bfloat16, float64, integer (int64 to int8, uint8) and bool CPU tensors of any
+layout: the kernel walks runs of contiguous elements in whatever order memory holds them (statistics
+do not depend on element order), so transposes, permutes, slices and broadcasts need no copy. Other
+dtypes and devices give ``None`` and the caller uses torch ops. :func:`copy_with_stats` snapshots a
+tensor and takes its statistics in the same pass. :func:`stats_and_fingerprint` adds the fingerprint
+of :mod:`torchdebug.checksum` to the statistics' pass, and :func:`fingerprint` takes it alone, of a
+CPU tensor of any dtype (it reads bits): the walk is still in memory order, each run carrying the
+logical position of its first element and the step between its elements, since the fingerprint
+depends on logical order. ctypes releases the GIL during the calls. Big contiguous tensors are split
+over ``torch.get_num_threads()`` threads of torch's OpenMP pool (see ``stats.c``), on whichever
+thread the call comes from.
 """
 
 from __future__ import annotations
@@ -30,7 +31,18 @@ Kernel = Callable[..., int]
 MAX_DIMS = 16
 """Dimensions the kernel walks at most (after dropping size-1 dims and merging contiguous ones)."""
 
-_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float64: "f64"}
+_SUFFIXES = {
+    torch.float32: "f32",
+    torch.bfloat16: "bf16",
+    torch.float64: "f64",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "u8",  # one byte, 0 or 1
+}
+"""The kernels' suffix of each dtype they take (``stats.c``)."""
 
 _MANY_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float64: 2}
 """The dtype codes of ``td_stats_many``'s entries."""

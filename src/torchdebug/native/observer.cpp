@@ -316,36 +316,34 @@ using HashKernel = uint64_t (*)(const void*, int, const int64_t*, const int64_t*
 constexpr int kStatsWidth = 8;  // min, max, sum, squares, nan, posinf, neginf, zeros
 constexpr int kMaxDims = 16;
 constexpr int kMaxWidth = 8;  // bytes an element, for the fingerprint alone (td_hash_w1 .. td_hash_w8)
-std::atomic<StatsKernel> stats_f32{nullptr}, stats_bf16{nullptr}, stats_f64{nullptr};
-std::atomic<StatsHashKernel> stats_hash_f32{nullptr}, stats_hash_bf16{nullptr}, stats_hash_f64{nullptr};
+// The dtypes stats.c sums, in the order td_observer_use_stats and td_observer_use_fingerprints take
+// their entry points (bool is read as uint8: one byte, 0 or 1).
+constexpr std::array<c10::ScalarType, 8> kSummedTypes = {
+    c10::ScalarType::Float, c10::ScalarType::BFloat16, c10::ScalarType::Double, c10::ScalarType::Long,
+    c10::ScalarType::Int,   c10::ScalarType::Short,    c10::ScalarType::Char,   c10::ScalarType::Byte};
+std::array<std::atomic<StatsKernel>, kSummedTypes.size()> stats_kernels{};  // all null: no statistics
+std::array<std::atomic<StatsHashKernel>, kSummedTypes.size()> stats_hash_kernels{};
 std::array<std::atomic<HashKernel>, kMaxWidth + 1> hash_kernels{};  // by element size; all null: no fingerprints
 std::atomic<bool> keep_unsummed{false};
 std::atomic<bool> outputs_waiting{false};  // Slots::waiting holds outputs (the recorder's)
 
+// The index of dtype in kSummedTypes, -1 for one stats.c does not sum.
+int summed_index(c10::ScalarType dtype) {
+  if (dtype == c10::ScalarType::Bool) dtype = c10::ScalarType::Byte;
+  auto found = std::find(kSummedTypes.begin(), kSummedTypes.end(), dtype);
+  return found == kSummedTypes.end() ? -1 : static_cast<int>(found - kSummedTypes.begin());
+}
+
+bool want_sums() { return stats_kernels[0].load(std::memory_order_relaxed) != nullptr; }
+
 StatsKernel stats_kernel(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::ScalarType::Float:
-      return stats_f32.load(std::memory_order_relaxed);
-    case c10::ScalarType::BFloat16:
-      return stats_bf16.load(std::memory_order_relaxed);
-    case c10::ScalarType::Double:
-      return stats_f64.load(std::memory_order_relaxed);
-    default:
-      return nullptr;
-  }
+  int index = summed_index(dtype);
+  return index < 0 ? nullptr : stats_kernels[index].load(std::memory_order_relaxed);
 }
 
 StatsHashKernel stats_hash_kernel(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::ScalarType::Float:
-      return stats_hash_f32.load(std::memory_order_relaxed);
-    case c10::ScalarType::BFloat16:
-      return stats_hash_bf16.load(std::memory_order_relaxed);
-    case c10::ScalarType::Double:
-      return stats_hash_f64.load(std::memory_order_relaxed);
-    default:
-      return nullptr;
-  }
+  int index = summed_index(dtype);
+  return index < 0 ? nullptr : stats_hash_kernels[index].load(std::memory_order_relaxed);
 }
 
 bool want_fingerprints() { return hash_kernels[1].load(std::memory_order_relaxed) != nullptr; }
@@ -444,8 +442,8 @@ int64_t view_base(c10::TensorImpl* impl, WeakImpl& held) {
 enum Taken : int { kSummed = 1, kHashed = 2 };
 
 // What the callback reads of a plain (not a subclass, not nested) non-empty strided CPU tensor with
-// data and without the negative bit: with statistics (use_stats), the sums of a float32, bfloat16 or
-// float64 one into out, and with fingerprints its fingerprint too, in the same pass (the walk
+// data and without the negative bit: with statistics (use_stats), the sums of one of kSummedTypes
+// (or bool) into out, and with fingerprints its fingerprint too, in the same pass (the walk
 // stats_and_fingerprint takes, so the sums are the dispatch mode's with checksum=True); the
 // fingerprint alone of one of another dtype of 1, 2, 4 or 8 bytes an element (the fingerprint reads
 // bits; not conjugated), whose statistics torch ops take at the drain. What it does not take (memory
@@ -457,7 +455,7 @@ int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) 
   }
   auto dtype = impl->dtype().toScalarType();
   bool prints = want_fingerprints();
-  bool sums = stats_f32.load(std::memory_order_relaxed) != nullptr;
+  bool sums = want_sums();
   int64_t sizes[kMaxDims], strides[kMaxDims], positions[kMaxDims];
   if (sums && stats_kernel(dtype) != nullptr) {
     auto kernel = stats_kernel(dtype);
@@ -719,7 +717,7 @@ struct Slots {
     has_stats.push_back(taken & kSummed ? 1 : 0);
     has_fingerprint.push_back(taken & kHashed ? 1 : 0);
     fingerprint.push_back(value);
-    bool missing = (stats_f32.load(std::memory_order_relaxed) != nullptr && !(taken & kSummed)) ||
+    bool missing = (want_sums() && !(taken & kSummed)) ||
                    (want_fingerprints() && !(taken & kHashed));
     if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) keep(impl, side == 1 && outputs_wait);
   }
@@ -1842,24 +1840,25 @@ const char* td_observer_device_type_name(int type) {
   return names.back().c_str();
 }
 
-// Take the statistics of CPU float tensors with stats.c's entry points td_stats_f32, td_stats_bf16
-// and td_stats_f64 (null: not taken) from the rows recorded from now on. Returns the sums' width.
-int td_observer_use_stats(void* f32, void* bf16, void* f64) {
+// Take the statistics of CPU tensors with stats.c's entry points td_stats_<suffix> (f32, bf16, f64,
+// i64, i32, i16, i8, u8: kSummedTypes' order; all null: not taken) from the rows recorded from now
+// on. Returns the sums' width.
+int td_observer_use_stats(void* const* entries) {
   forget_reads();
-  stats_f32.store(reinterpret_cast<StatsKernel>(f32));
-  stats_bf16.store(reinterpret_cast<StatsKernel>(bf16));
-  stats_f64.store(reinterpret_cast<StatsKernel>(f64));
+  for (size_t index = 0; index < kSummedTypes.size(); ++index) {
+    stats_kernels[index].store(entries == nullptr ? nullptr : reinterpret_cast<StatsKernel>(entries[index]));
+  }
   return kStatsWidth;
 }
 
 // Take the fingerprint of CPU tensors (torchdebug/checksum.py) from the rows recorded from now on:
-// with statistics, in their pass (td_stats_hash_f32, _bf16, _f64), else alone (td_hash_w1, w2, w4,
-// w8: by element size); all null: none taken.
-void td_observer_use_fingerprints(void* f32, void* bf16, void* f64, void* w1, void* w2, void* w4, void* w8) {
+// with statistics, in their pass (td_stats_hash_<suffix>, in kSummedTypes' order), else alone
+// (td_hash_w1, w2, w4, w8: by element size); null: none taken.
+void td_observer_use_fingerprints(void* const* both, void* w1, void* w2, void* w4, void* w8) {
   forget_reads();
-  stats_hash_f32.store(reinterpret_cast<StatsHashKernel>(f32));
-  stats_hash_bf16.store(reinterpret_cast<StatsHashKernel>(bf16));
-  stats_hash_f64.store(reinterpret_cast<StatsHashKernel>(f64));
+  for (size_t index = 0; index < kSummedTypes.size(); ++index) {
+    stats_hash_kernels[index].store(both == nullptr ? nullptr : reinterpret_cast<StatsHashKernel>(both[index]));
+  }
   hash_kernels[2].store(reinterpret_cast<HashKernel>(w2));
   hash_kernels[4].store(reinterpret_cast<HashKernel>(w4));
   hash_kernels[8].store(reinterpret_cast<HashKernel>(w8));

@@ -94,7 +94,7 @@ class ObservedOps:
     subclass's or nested tensor's own ``TensorImpl`` address, its memory not being its value; 0 for a
     value slot), ``slot_offset`` (its storage offset) and
     ``slot_base`` (a view's base ``TensorImpl``, 0 for none); after
-    :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU float tensor
+    :meth:`NativeObserver.use_stats`, ``stats``: the sums of each CPU tensor ``stats.c`` sums
     (``slot_has_stats``); after :meth:`NativeObserver.use_fingerprints`, ``slot_fingerprint``: the
     fingerprint (``torchdebug.checksum``) of each CPU tensor the callback read
     (``slot_has_fingerprint``), in the statistics' pass; after :meth:`NativeObserver.keep_unsummed`,
@@ -170,6 +170,16 @@ def _split(values: array, lengths: array) -> list[tuple[int, ...]]:
     return [tuple(values[end - n : end]) for n, end in zip(lengths, accumulate(lengths))]
 
 
+_SUMMED = ("f32", "bf16", "f64", "i64", "i32", "i16", "i8", "u8")
+"""The suffixes of the ``stats.c`` entry points the observer takes, in ``kSummedTypes``' order (``observer.cpp``)."""
+
+
+def _entries(stats: ctypes.CDLL, prefix: str) -> ctypes.Array:
+    """The addresses of ``stats.c``'s ``<prefix><suffix>`` entry points, in :data:`_SUMMED` order."""
+    entries = (ctypes.cast(getattr(stats, prefix + suffix), ctypes.c_void_p) for suffix in _SUMMED)
+    return (ctypes.c_void_p * len(_SUMMED))(*entries)
+
+
 class NativeObserver:
     """The loaded observer library: start, stop, module context, drain."""
 
@@ -185,8 +195,8 @@ class NativeObserver:
         library.td_observer_drain.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_scalar_type.argtypes = [ctypes.c_void_p]
         library.td_fallback_start.argtypes = [ctypes.c_int]
-        library.td_observer_use_stats.argtypes = [ctypes.c_void_p] * 3
-        library.td_observer_use_fingerprints.argtypes = [ctypes.c_void_p] * 7
+        library.td_observer_use_stats.argtypes = [ctypes.c_void_p]
+        library.td_observer_use_fingerprints.argtypes = [ctypes.c_void_p] * 5
         library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_want_values.argtypes = [ctypes.c_int]
@@ -265,33 +275,32 @@ class NativeObserver:
         self._lib.td_observer_keep_unsummed(int(enabled))
 
     def use_stats(self, enabled: bool = True) -> bool:
-        """Take the sums of CPU float32, bfloat16 and float64 tensors (``torchdebug.native.stats.c``'s
-        kernels, as :func:`~torchdebug.native.fused_stats.fused_sums_into` calls them) in the rows
-        recorded from now on, or no longer; ``False`` where the stats library cannot be built."""
+        """Take the sums of CPU float32, bfloat16, float64, integer and bool tensors
+        (``torchdebug.native.stats.c``'s kernels, as :func:`~torchdebug.native.fused_stats.fused_sums_into`
+        calls them) in the rows recorded from now on, or no longer; ``False`` where the stats library
+        cannot be built."""
         stats = load_library("stats")
         if stats is None or not enabled:
-            self._lib.td_observer_use_stats(None, None, None)
+            self._lib.td_observer_use_stats(None)
             return stats is not None
         stats.td_stats_columns.restype = ctypes.c_char_p
         if tuple(stats.td_stats_columns().decode().split(",")) != COLUMNS:
             raise RuntimeError(f"native/stats.c writes the columns {stats.td_stats_columns().decode()}, not {COLUMNS}")
-        entries = (ctypes.cast(getattr(stats, f"td_stats_{suffix}"), ctypes.c_void_p) for suffix in ("f32", "bf16", "f64"))
-        if self._lib.td_observer_use_stats(*entries) != WIDTH:
+        if self._lib.td_observer_use_stats(_entries(stats, "td_stats_")) != WIDTH:
             raise RuntimeError(f"native/observer.cpp keeps sums of another width than {WIDTH}")
         return True
 
     def use_fingerprints(self, enabled: bool = True) -> bool:
         """Take the fingerprint (:mod:`torchdebug.checksum`) of CPU tensors in the rows recorded from
-        now on, or no longer: with :meth:`use_stats`, of the float32, bfloat16 and float64 ones in the
-        statistics' pass (``td_stats_hash_*``, as ``fused_stats.stats_and_fingerprint`` takes both), else
-        of those of any dtype of 1, 2, 4 or 8 bytes (``td_hash_w*``); ``False`` where the stats library
-        cannot be built."""
+        now on, or no longer: with :meth:`use_stats`, of the tensors it sums in the statistics' pass
+        (``td_stats_hash_*``, as ``fused_stats.stats_and_fingerprint`` takes both), else of those of
+        any dtype of 1, 2, 4 or 8 bytes (``td_hash_w*``); ``False`` where the stats library cannot be built."""
         stats = load_library("stats")
         if stats is None or not enabled:
-            self._lib.td_observer_use_fingerprints(*[None] * 7)
+            self._lib.td_observer_use_fingerprints(*[None] * 5)
             return stats is not None
-        names = [f"td_stats_hash_{suffix}" for suffix in ("f32", "bf16", "f64")] + [f"td_hash_w{width}" for width in (1, 2, 4, 8)]
-        self._lib.td_observer_use_fingerprints(*(ctypes.cast(getattr(stats, name), ctypes.c_void_p) for name in names))
+        alone = (ctypes.cast(getattr(stats, f"td_hash_w{width}"), ctypes.c_void_p) for width in (1, 2, 4, 8))
+        self._lib.td_observer_use_fingerprints(_entries(stats, "td_stats_hash_"), *alone)
         return True
 
     def start(self, level: int = RECORD) -> bool:

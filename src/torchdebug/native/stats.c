@@ -298,6 +298,13 @@ static inline float load_bf16(const void *p, int64_t i) {
 
 static inline double load_f64(const void *p, int64_t i) { return ((const double *)p)[i]; }
 
+/* Integers (and bool, as uint8) are read as doubles: exact below 2**53, as torch ops take them. */
+static inline double load_i64(const void *p, int64_t i) { return (double)((const int64_t *)p)[i]; }
+static inline double load_i32(const void *p, int64_t i) { return (double)((const int32_t *)p)[i]; }
+static inline double load_i16(const void *p, int64_t i) { return (double)((const int16_t *)p)[i]; }
+static inline double load_i8(const void *p, int64_t i) { return (double)((const int8_t *)p)[i]; }
+static inline double load_u8(const void *p, int64_t i) { return (double)((const uint8_t *)p)[i]; }
+
 /* Integer lanes as wide as the ACC lanes (the zero count's compare and add stay in the same vectors). */
 #define LANE_COUNT(ACC) LANE_COUNT_##ACC
 #define LANE_COUNT_float int32_t
@@ -619,6 +626,24 @@ HASH(td_hash_w8, walk_u64)
 COPY_STATS(td_copy_stats_f32, copy_f32, careful_f32, float)
 COPY_STATS(td_copy_stats_bf16, copy_bf16, careful_bf16, uint16_t)
 COPY_STATS(td_copy_stats_f64, copy_f64, careful_f64, double)
+
+/* The same entry points for integer dtypes (suffixes i64, i32, i16, i8, u8): one pass in double,
+ * which never needs the careful one (no NaN or Inf; squares of nonzero integers do not underflow). */
+#define INTEGER_KERNELS(SUFFIX, TYPE)                                                                \
+    FAST_RUN(fast_##SUFFIX, load_##SUFFIX, double, TYPE, 0, 0)                                      \
+    FAST_RUN(fast_hash_##SUFFIX, load_##SUFFIX, double, TYPE, 0, 1)                                 \
+    FAST_RUN(copy_##SUFFIX, load_##SUFFIX, double, TYPE, 1, 0)                                      \
+    WALK_STATS(walk_stats_##SUFFIX, fast_##SUFFIX, fast_##SUFFIX, TYPE)                             \
+    WALK_STATS(walk_stats_hash_##SUFFIX, fast_hash_##SUFFIX, fast_##SUFFIX, TYPE)                   \
+    STATS(td_stats_##SUFFIX, walk_stats_##SUFFIX)                                                   \
+    STATS_HASH(td_stats_hash_##SUFFIX, walk_stats_hash_##SUFFIX)                                    \
+    COPY_STATS(td_copy_stats_##SUFFIX, copy_##SUFFIX, fast_##SUFFIX, TYPE)
+
+INTEGER_KERNELS(i64, int64_t)
+INTEGER_KERNELS(i32, int32_t)
+INTEGER_KERNELS(i16, int16_t)
+INTEGER_KERNELS(i8, int8_t)
+INTEGER_KERNELS(u8, uint8_t)
 
 /* td_stats_many(count, entries, threads): td_stats_<dtype> of count non-empty contiguous tensors in
  * one call (a call through ctypes costs the host more than a small tensor's pass: the flight

@@ -1,6 +1,6 @@
 """A tensor's statistics taken now, on the host: the CPU paths, and the synchronising reference.
 
-On the CPU, float32, bfloat16 and float64 tensors take one pass of a small C kernel
+On the CPU, float32, bfloat16, float64, integer and bool tensors take one pass of a small C kernel
 (:mod:`torchdebug.native.fused_stats`); other dtypes, or a machine without a C compiler, use torch
 ops: a sum that comes out finite proves there is no NaN or Inf, so the common case costs three
 reductions (min/max, sum, and a BLAS dot product for the squares of float32), the counts that a
@@ -25,7 +25,7 @@ from torchdebug.stats._torch_ops import accumulation_dtype, as_real, counts, dev
 
 def cpu_sums(tensor: torch.Tensor) -> list[float]:
     """The sums vector (``schema.COLUMNS``) of a non-empty CPU tensor (its real values, see
-    :func:`~torchdebug.stats._torch_ops.as_real`): one native pass (float32, bfloat16, float64), else
+    :func:`~torchdebug.stats._torch_ops.as_real`): one native pass (float32, bfloat16, float64, integers), else
     torch ops, with a NaN mask only when the sum is not finite."""
     sums = fused_stats(tensor)
     if sums is not None:
@@ -74,12 +74,12 @@ def cpu_stats(tensor: torch.Tensor) -> StatsDict:
 def cpu_stats_and_fingerprint(tensor: torch.Tensor) -> tuple[StatsDict, int]:
     """:func:`cpu_stats` and the fingerprint (:func:`torchdebug.checksum.cpu_fingerprint`) of a
     non-empty CPU tensor: one native pass for both where the kernel takes the dtype (float32,
-    bfloat16, float64), else one pass each."""
+    bfloat16, float64, integers, bool), else one pass each."""
     x = tensor.detach()
     both = stats_and_fingerprint(x)
     if both is not None:
         sums, value = both
-        return stats_from_sums(sums, x.numel()), value
+        return stats_from_sums(sums, x.numel(), integral=not (x.is_floating_point() or x.is_complex())), value
     return cpu_stats(x), cpu_fingerprint(x)
 
 

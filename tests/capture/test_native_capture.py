@@ -444,6 +444,27 @@ def test_ops_under_a_dispatch_mode_of_another_tool_are_said_once(tmp_path, monke
     )
 
 
+def test_ops_inside_a_torch_func_transform_are_said_and_not_recorded_in_its_place(tmp_path, monkeypatch, caplog) -> None:
+    """Under vmap a dispatch mode sees the plain ops the batching rules run (a matmul's unsqueeze, mm
+    and squeeze_), which the observer cannot tell from a kernel's own calls: the native path records
+    none of the transform's ops, says how many once, and records the backward outside it (named
+    without the forward calls it would take its module from)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    model = nn.Linear(4, 4)
+    with caplog.at_level(logging.WARNING, logger="torchdebug.capture.native_capture"):
+        with torchdebug.Debugger(tmp_path, task="structure") as debugger:
+            debugger.start(model)
+            torch.vmap(lambda row: model(row).tanh())(torch.ones(3, 4)).sum().backward()
+            torch.func.grad(lambda x: model(x).sum())(torch.ones(4))
+            debugger.step()
+    said = [record.getMessage() for record in caplog.records if "torch.func transform" in record.getMessage()]
+    assert len(said) == 1 and "TORCHDEBUG_NATIVE=0" in said[0]
+    records = torchdebug.load(tmp_path).ranks[0].records()
+    forward = {r.op for r in records if r.phase == "forward"}
+    assert "aten.sum.default" in forward and not {"aten.matmul.default", "aten.mm.default", "aten.tanh.default"} & forward
+    assert {"aten.tanh_backward.default", "aten.mm.default"} <= {r.op for r in records if r.phase == "backward"}
+
+
 def test_a_second_debugger_on_the_native_path_records_nothing_while_the_first_observes(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     model = nn.Linear(2, 2)

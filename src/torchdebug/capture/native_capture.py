@@ -144,8 +144,8 @@ class NativeOpCapture:
             self._told_hidden = True
             logger.warning(
                 "torchdebug: %d op calls of step %d ran under a dispatch mode of another tool (selective activation "
-                "checkpointing, a mode of yours): the native path does not see them; TORCHDEBUG_NATIVE=0 captures "
-                "them through the dispatch mode",
+                "checkpointing, a mode of yours) or a torch.func transform (vmap, grad): the native path does not "
+                "see them; TORCHDEBUG_NATIVE=0 captures them through the dispatch mode",
                 hidden,
                 self.session.step,
             )

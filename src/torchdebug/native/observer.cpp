@@ -25,7 +25,9 @@
 //   - an op called while the thread excludes the Python key is hidden, with all it calls: no
 //     dispatch mode sees it (torch.tensor(data) builds its tensor so: empty, to, detach_); so is one
 //     called while a Python dispatch mode is active: FakeTensorMode while Dynamo compiles (which a
-//     capture mode ignoring compile internals lets through), or a mode of the user's;
+//     capture mode ignoring compile internals lets through), or a mode of the user's; and one called
+//     inside a torch.func transform (vmap, grad), whose batched ops a mode sees as the plain ops
+//     beneath (in_transform);
 //   - every other op is recorded: inputs at its start, outputs at its end.
 // A forward op's sequence number is the one the autograd node it makes gets (the dispatcher reads
 // at::sequence_number::peek() when grad mode is on and an autograd key is in the key set), so a
@@ -1222,6 +1224,14 @@ int64_t user_modes() { return c10::impl::TorchDispatchModeTLS::stack_len() - inf
 // Whether the modes active now hide an op from a capture mode entered at start.
 bool hides_ops() { return infra_modes() > 0 || user_modes() > outer_modes; }
 
+// Whether the op runs inside a torch.func transform (vmap, grad, jacrev: functorch's dynamic layer
+// includes its front key meanwhile). A capture mode sees the ops the transform's batching rules and
+// decompositions run on the plain tensors beneath it, which the observer cannot tell from the
+// kernels' own calls: such ops are hidden and counted with those other modes hide (Python warns).
+bool in_transform() {
+  return c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+}
+
 Frame* enclosing_op(ThreadState& thread) {
   for (auto frame = thread.frames.rbegin(); frame != thread.frames.rend(); ++frame) {
     if (frame->kind != kTransparent && frame->kind != kBackward) return &*frame;
@@ -1399,8 +1409,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   Frame* parent = enclosing_op(thread);
   bool excluded = c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python);
-  if (excluded || (c10::impl::TorchDispatchModeTLS::stack_len() > 0 && hides_ops())) {
-    if (!excluded && (parent == nullptr || parent->kind != kHidden) && user_modes() > outer_modes) {
+  bool transform = !excluded && in_transform();
+  if (excluded || transform || (c10::impl::TorchDispatchModeTLS::stack_len() > 0 && hides_ops())) {
+    if (!excluded && (parent == nullptr || parent->kind != kHidden) && (transform || user_modes() > outer_modes)) {
       hidden_by_modes.fetch_add(1, std::memory_order_relaxed);
     }
     thread.frames.push_back({kHidden, false, false, -1});  // out of a dispatch mode's sight, or inside another's

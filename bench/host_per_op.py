@@ -13,8 +13,10 @@ mode it prints the median milliseconds per step, its ratio to the plain step, an
 microseconds added per aten op, ``(captured - plain) / ops``, where ``ops`` is the number of aten ops
 one step dispatches (counted once by a counting dispatch mode; the debugger's own ops are not
 counted); once by the wall clock, once by the process's CPU time (all its threads, the writer's
-included), which moves less with the load of other jobs on a shared machine. ``dispatch-mode`` is
-an empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode
+included), which moves less with the load of other jobs on a shared machine; and once from the
+least CPU time of any block of the mode against the least of the plain blocks, which a busy
+neighbour on a shared machine can only raise (the figure to compare two commits by).
+``dispatch-mode`` is an empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode
 capture. ``structure/op native``, ``statistics/op native``, ``statistics+checksum/op native`` and
 ``checksum/op native`` are those modes on the native observer (the default path; a native arm that
 fell back to the dispatch mode is marked so); the other arms are held on the dispatch mode with the
@@ -184,13 +186,15 @@ def main() -> None:
             f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}; "
             f"tiny GPT: {ops} aten ops a step; median of {args.rounds} blocks of {args.block} steps per mode"
         )
-        print(f"{'':20s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}")
-        print(f"{'mode':20s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2)
+        print(f"{'':20s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}   {'least cpu':>9s}")
+        print(f"{'mode':20s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'µs/op':>9s}")
         plain, cpu_plain = statistics.median(times["plain"]), statistics.median(cpu_times["plain"])
         for mode in modes:
             fell_back = mode.endswith(" native") and not isinstance(debuggers[mode]._ops, NativeOpCapture)  # noqa: SLF001
             label = f"{mode} (fell back)" if fell_back else mode
-            print(f"{label:20s}" + _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops))
+            least = (min(cpu_times[mode]) - min(cpu_times["plain"])) / ops * 1e6
+            columns = _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops)
+            print(f"{label:20s}{columns} {least:9.1f}")
         for mode, base in CHECKSUM_OVER.items():
             if mode in times and base in times:
                 wall = statistics.median(times[mode]) / statistics.median(times[base])

@@ -14,6 +14,8 @@ paid up to 1 µs/op more, whichever point it was):
 - ``rf-record``: the native observer (``torchdebug.native.observer``): the ops a dispatch mode sees,
   with sequence numbers, backward marks, module context and each tensor's dtype, shape, version and
   id in columns, drained once per block;
+- ``rf-record+values``: the same recording each op's non-tensor arguments and results as JSON text
+  (value slots: what capture records);
 - ``rf-record+stats``: the observer taking the sums of each CPU float tensor with ``stats.c``'s
   kernel in the callback (what ``statistics`` capture needs of a CPU tensor; none on CUDA);
 - ``rf-record+stats+kept``: the same keeping the other tensors for the flush (what the native
@@ -25,8 +27,9 @@ paid up to 1 µs/op more, whichever point it was):
 
 Per point: median milliseconds per step, the ratio to the plain step, and host microseconds added
 per aten op, ``(point - plain) / ops``, where ``ops`` is what a counting dispatch mode counts in one
-step (the denominator of ``host_per_op.py``); by the wall clock and by the process's CPU time. Also
-the rows the observer records per step. Timings are printed, never asserted: the first line gives
+step (the denominator of ``host_per_op.py``); by the wall clock, by the process's CPU time, and from
+the least CPU time of any block against the least plain block (what a busy neighbour moves least).
+Also the rows the observer records per step. Timings are printed, never asserted: the first line gives
 the load average. On ``--device cuda`` the step is not synchronised: host time is what is measured.
 """
 
@@ -56,6 +59,7 @@ POINTS = (
     "rf-empty",
     "rf-empty+values",
     "rf-record",
+    "rf-record+values",
     "rf-record+stats",
     "rf-record+stats+kept",
     "rf-record+stacks",
@@ -77,6 +81,7 @@ def run_block(point: str, observer: NativeObserver, step: Callable[[], object], 
             observer.use_stats(point.startswith("rf-record+stats"))
             observer.keep_unsummed(point == "rf-record+stats+kept")
             observer.want_stacks(point == "rf-record+stacks")
+            observer.want_values(point == "rf-record+values")
             observer.start(level)
             step()
             observer.stop()
@@ -131,12 +136,13 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.2f}; "
         f"tiny GPT: {ops} aten ops a step (a counting dispatch mode); median of {args.rounds} blocks of {args.block} steps"
     )
-    print(f"{'':22s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}")
-    print(f"{'point':22s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'rows/step':>9s}")
+    print(f"{'':22s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}   {'least cpu':>9s}")
+    print(f"{'point':22s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'µs/op':>9s} {'rows/step':>9s}")
     plain, cpu_plain = statistics.median(times["plain"]), statistics.median(cpu_times["plain"])
     for point in POINTS:
         columns = _columns(times[point], plain, ops) + _columns(cpu_times[point], cpu_plain, ops)
-        print(f"{point:22s}{columns} {rows[point]:9d}")
+        least = (min(cpu_times[point]) - min(cpu_times["plain"])) / ops * 1e6
+        print(f"{point:22s}{columns} {least:9.1f} {rows[point]:9d}")
 
 
 def _columns(seconds: list[float], plain: float, ops: int) -> str:

@@ -211,21 +211,23 @@ def test_value_ids_are_the_tensors_impl_and_a_subclass_is_flagged_not_read(obser
 
 
 def test_a_recorded_tensors_address_is_no_other_tensors_until_a_drain_reports_it_freed(observer: NativeObserver) -> None:
-    """A freed tensor's ``TensorImpl`` address is the next one of its size (the allocator reuses it);
-    the observer holds every recorded one weakly, so an address names one tensor from its first slot
-    until the drain after its free, which lists it in ``freed`` (value ids by address rely on it)."""
+    """A freed tensor's ``TensorImpl`` address is the next one of its size (the allocator reuses it),
+    and its ``StorageImpl``'s too; the observer holds every recorded one weakly, so an address names
+    one tensor (one storage) from its first slot until the drain after its free, which lists it in
+    ``freed`` (value ids and unwritten storages by address rely on it)."""
     observer.forget_seen()
     x = torch.randn(4)
     observer.start()
     x.neg()
     observer.stop()
-    address = x._cdata
+    address, storage = x._cdata, x.untyped_storage()._cdata
     assert address in set(observer.drain().slot_value) and address not in observer.drain().freed  # held, alive
     del x
-    others = [torch.randn(4) for _ in range(8)]  # without the hold the first of them takes x's address
+    others = [torch.randn(4) for _ in range(8)]  # without the hold the first of them takes x's addresses
     assert address not in {other._cdata for other in others}
-    assert list(observer.drain().freed) == [address]
-    assert list(observer.drain().freed) == []  # reported once; the address is free to take again
+    assert storage not in {other.untyped_storage()._cdata for other in others}
+    assert sorted(observer.drain().freed) == sorted([address, storage])
+    assert list(observer.drain().freed) == []  # reported once; the addresses are free to take again
     observer.forget_seen()
 
 

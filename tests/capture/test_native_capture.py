@@ -465,6 +465,29 @@ def test_ops_inside_a_torch_func_transform_are_said_and_not_recorded_in_its_plac
     assert {"aten.tanh_backward.default", "aten.mm.default"} <= {r.op for r in records if r.phase == "backward"}
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["dispatch mode", "native"])
+def test_an_allocation_freed_unwritten_leaves_no_mark_on_the_storage_that_takes_its_place(
+    tmp_path, monkeypatch, caplog, native: bool
+) -> None:
+    """An allocation is described, not read (``uninitialised``); once it is freed unwritten, the
+    allocator may hand its storage's address to the next op's output, whose values are read. The
+    native path held no storage, so that output passed for the allocation and lost its statistics."""
+    x = torch.arange(4.0)
+
+    def training() -> tuple[nn.Module, Callable[[], None]]:
+        def step() -> None:
+            for _ in range(4):
+                torch.empty(4)  # freed at once, never written
+                x.add(1)
+
+        return nn.Identity(), step
+
+    records = _dump(tmp_path, monkeypatch, caplog, training, native=native, steps=1, task="statistics")
+    outputs = [r for r in records if r.op == "aten.add.Tensor" and r.io == "output"]
+    assert len(outputs) == 4 and all(r.extra == {} and r.stats["max"] == 4.0 for r in outputs)
+    assert all(r.extra == {"unread": "uninitialised"} for r in records if r.op == "aten.empty.memory_format" and r.io == "output")
+
+
 def test_a_second_debugger_on_the_native_path_records_nothing_while_the_first_observes(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     model = nn.Linear(2, 2)

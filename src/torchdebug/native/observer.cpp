@@ -305,6 +305,7 @@ void json_value(std::string& out, const c10::IValue& value, ValueType type) {
 }
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 
 // ---- statistics and fingerprints: stats.c's kernels, called on CPU tensors -----------------------
 // Python hands over the entry points of the stats library it loaded (td_observer_use_stats,
@@ -674,6 +675,9 @@ struct Slots {
   // its address names it alone.
   std::vector<WeakImpl> alive;
   std::vector<WeakImpl> base_alive;  // the same for each view's base (the undefined tensor for none)
+  // And to each plain slot's StorageImpl (empty for the others): a storage freed mid-step whose
+  // address another took would pass for it (slot_walk.cpp's unwritten storages, storage_writes).
+  std::vector<WeakStorage> storage_alive;
 
   // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
@@ -697,6 +701,8 @@ struct Slots {
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
     base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
     base.push_back(kind == kPlain ? view_base(impl, base_alive.back()) : 0);
+    auto* storage_impl = kind == kPlain && impl->has_storage() ? impl->unsafe_storage().unsafeGetStorageImpl() : nullptr;
+    storage_alive.push_back(storage_impl != nullptr ? WeakStorage::reclaim_copy(storage_impl) : WeakStorage(c10::intrusive_ptr<c10::StorageImpl>()));
     if (kind != kPlain) {
       add_unread();
       if (kind == kSubclass) keep(impl, false);  // Python reads it through its inner tensors at the flush
@@ -764,6 +770,7 @@ struct Slots {
     value.push_back(0);
     alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
     base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+    storage_alive.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
     dtype.push_back(-1);
     version.push_back(-1);
     flag.push_back(kValue);
@@ -870,6 +877,7 @@ struct Slots {
     value.insert(value.end(), other.value.begin(), other.value.end());
     alive.insert(alive.end(), other.alive.begin(), other.alive.end());
     base_alive.insert(base_alive.end(), other.base_alive.begin(), other.base_alive.end());
+    storage_alive.insert(storage_alive.end(), other.storage_alive.begin(), other.storage_alive.end());
     version.insert(version.end(), other.version.begin(), other.version.end());
     storage.insert(storage.end(), other.storage.begin(), other.storage.end());
     offset.insert(offset.end(), other.offset.begin(), other.offset.end());
@@ -911,6 +919,7 @@ struct Slots {
     move(value, other.value, 1);
     move(alive, other.alive, 1);
     move(base_alive, other.base_alive, 1);
+    move(storage_alive, other.storage_alive, 1);
     move(version, other.version, 1);
     move(storage, other.storage, 1);
     move(offset, other.offset, 1);
@@ -964,6 +973,7 @@ struct Slots {
     element.clear();
     alive.clear();
     base_alive.clear();
+    storage_alive.clear();
     text.clear();
   }
 };
@@ -1004,7 +1014,8 @@ struct Recorder {
   // they are freed; those freed are reported by the next drain (freed), after which their addresses
   // may be reused.
   std::unordered_map<int64_t, WeakImpl> seen;
-  std::vector<int64_t> freed;
+  std::unordered_map<int64_t, WeakStorage> seen_storages;  // the same for the slots' StorageImpls
+  std::vector<int64_t> freed;  // TensorImpl and StorageImpl addresses (never equal while both are held)
 
   int64_t add_row(Row&& row) {  // mutex held
     op.push_back(row.op);
@@ -1692,6 +1703,14 @@ void td_observer_drain(const int64_t* counts, void** columns) {
       ++it;
     }
   }
+  for (auto it = recorder.seen_storages.begin(); it != recorder.seen_storages.end();) {
+    if (it->second.expired()) {
+      recorder.freed.push_back(it->first);
+      it = recorder.seen_storages.erase(it);
+    } else {
+      ++it;
+    }
+  }
   drained_texts.clear();
   int64_t texts = 0;
   for (size_t slot = 0; slot < slots; ++slot) {
@@ -1703,10 +1722,14 @@ void td_observer_drain(const int64_t* counts, void** columns) {
     }
     recorder.seen.try_emplace(from.value[slot], std::move(from.alive[slot]));
     if (from.base[slot] != 0) recorder.seen.try_emplace(from.base[slot], std::move(from.base_alive[slot]));
+    if (from.flag[slot] == kPlain && from.storage[slot] != 0) {
+      recorder.seen_storages.try_emplace(from.storage[slot], std::move(from.storage_alive[slot]));
+    }
   }
   from.text.erase(from.text.begin(), from.text.begin() + static_cast<std::ptrdiff_t>(slots));
   from.alive.erase(from.alive.begin(), from.alive.begin() + static_cast<std::ptrdiff_t>(slots));
   from.base_alive.erase(from.base_alive.begin(), from.base_alive.begin() + static_cast<std::ptrdiff_t>(slots));
+  from.storage_alive.erase(from.storage_alive.begin(), from.storage_alive.begin() + static_cast<std::ptrdiff_t>(slots));
   take(from.base, slots, columns[23]);
   handed.clear();
   for (size_t entry = 0; entry < kept; ++entry) {  // freed before it was held, or changed since: slot -1
@@ -1757,7 +1780,8 @@ const char* td_observer_value_texts(int64_t* size) {
   return drained_texts.data();
 }
 
-// The addresses of the TensorImpls drained before and freed since: their number, then into out.
+// The addresses of the TensorImpls and StorageImpls drained before and freed since: their number,
+// then into out.
 int64_t td_observer_freed_count() {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   return static_cast<int64_t>(recorder.freed.size());
@@ -1773,6 +1797,7 @@ void td_observer_take_freed(int64_t* out) {
 void td_observer_forget_seen() {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   recorder.seen.clear();
+  recorder.seen_storages.clear();
   recorder.freed.clear();
   forget_unmoved(true);
 }

@@ -151,7 +151,8 @@ class ObservedOps:
     """The JSON text of each value slot (``slot_flag`` :data:`VALUE`), by its ``slot_value``."""
     freed: array = field(default_factory=lambda: array("q"))
     """``TensorImpl`` addresses of slots (and of views' bases) drained before, whose tensors were freed
-    since: from now on another tensor may take the address (until then the observer holds it, weakly)."""
+    since, and ``StorageImpl`` addresses of plain slots' storages freed since: from now on another
+    tensor or storage may take the address (until then the observer holds it, weakly)."""
 
     def op_names(self) -> list[str]:
         """The op name of each row."""

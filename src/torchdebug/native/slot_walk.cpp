@@ -17,7 +17,8 @@
 //   seen is a new value, and, when autograd knows it as a view, names its base's (the value seen at
 //   the base's address on that storage, or a new one). A view op's new outputs name their first
 //   argument's memory owner. The observer holds each address weakly until it reports it freed
-//   (freed, after that drain's slots): an address names one tensor meanwhile.
+//   (freed, after that drain's slots): an address names one tensor meanwhile, and a storage's one
+//   storage.
 // - Shared statistics as CaptureSession shares them: a tensor seen again at the same version and
 //   memory, and the only output of a copy or a view with its argument's elements (alias_of), has
 //   the statistics taken first; else the callback's sums, a kept tensor's (taken at the flush), or
@@ -829,6 +830,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       state.at.erase(freed[index]);
       state.seen.erase(freed[index]);
       state.rebuilt.erase(freed[index]);
+      state.unwritten.erase(freed[index]);  // a storage's address: the observer holds it until reported freed
     }
     *taken_count = taken_entries;
     return recorded;

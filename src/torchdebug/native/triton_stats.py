@@ -31,10 +31,12 @@ if COLUMNS != schema.COLUMNS:
 
 _WIDTH: tl.constexpr = tl.constexpr(schema.WIDTH)
 
-MAX_PROGRAMS = 512
-"""Programs per tensor at most (enough to keep every SM of an H100 streaming)."""
+MAX_PROGRAMS = 1024
+"""Programs per tensor at most: with :data:`ELEMENTS_PER_PROGRAM`, the grid that read 100 M float32
+elements fastest on an H200 (0.89x torch.sum's pace against 0.74x with 512 programs of 32,768;
+``bench/stats_pass.py --grid``, ``bench/RESULTS.md``); more programs lose to the combine's rows."""
 
-ELEMENTS_PER_PROGRAM = 1 << 15
+ELEMENTS_PER_PROGRAM = 1 << 14
 """Elements a program takes at least before a second program is started."""
 
 _BLOCK = 1024

@@ -24,6 +24,8 @@ import torchdebug
 from torchdebug._torch import symbolic
 from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.graph_dump import _planner as planner
+from torchdebug.graph_dump._capture import GraphCapture
+from torchdebug.graph_dump._run import GraphRun
 from torchdebug.store._reader import RankDump
 
 LENGTHS = (32, 16, 24)
@@ -189,6 +191,27 @@ def test_statistics_taken_in_the_graph_count_the_elements_of_the_run(
     rank_dir = _compiled_dump(tmp_path / "compiled", dynamic=True)
     _check_sizes_ran(_lines(rank_dir))
     _check_pairs_with_eager(tmp_path / "compiled", eager_dump)
+
+
+def test_a_runs_records_queued_as_columns_equal_its_records_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records of a run are queued as columns made once per template (the sizes that ran, the
+    call indices and seq numbers), filled with each run's statistics and value ids: they equal the
+    records written one record object a slot, over steps whose sizes change the template."""
+    by_columns = _compiled_dump(tmp_path / "columns", dynamic=True)
+    runs = []
+
+    def one_by_one(capture: GraphCapture, run: GraphRun, template: object, rows: list[dict]) -> None:
+        runs.append(run)
+        capture._write_records(run, template, range(len(run.plan.calls)), rows, [])
+
+    monkeypatch.setattr(GraphCapture, "_write_columns", one_by_one)
+    by_records = _compiled_dump(tmp_path / "records", dynamic=True)
+    assert len(runs) >= 6  # forward and backward of three steps: every run took the column path above
+    columns, records = _lines(by_columns), _lines(by_records)
+    for record in columns + records:  # the graph's name counts the compiles of the process
+        record["extra"]["graph"] = record["extra"]["graph"].split("__")[-1].split("/")[-1]
+    assert columns == records and {r["step"] for r in columns} == {0, 1, 2}
+    assert sum(r.get("value_id") is not None for r in columns) > len(columns) // 2
 
 
 def test_inductor_hands_the_symbolic_sizes_over_from_its_generated_code(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import pyarrow as pa
 import torch
 
 from torchdebug._torch.autograd import tensor_version
@@ -165,6 +166,9 @@ class CaptureSession:
         self.tensor_matcher = NameMatcher(config.tensor_list)
         self.sample_stride = config.sample_stride if config.sample_stride >= 2 else 0
         self._records: list[Record] = []
+        self._columns: list[tuple[int, Callable[[], pa.RecordBatch]]] = []
+        """Records queued as columns (:meth:`add_columns`): each builder with how many of ``_records``
+        were queued before it."""
         self._batch: TensorBatch | None = None
         self._tensor_refs: list[dict[str, str]] = []
         self._stager = StatsStager()
@@ -491,6 +495,14 @@ class CaptureSession:
         if self.writer.takes_records:
             self._records.extend(records)
 
+    def add_columns(self, build: Callable[[], pa.RecordBatch]) -> None:
+        """Queue records that ``build`` makes as columns (``records_batch``'s schema) at the flush,
+        once the statistics staged before have arrived: a graph run's records, whose fields but
+        statistics and value ids repeat from step to step (``graph_dump/_columns.py``). They keep
+        their place among the queued records."""
+        if self.writer.takes_records:
+            self._columns.append((len(self._records), build))
+
     def save(self, key: str, tensor: torch.Tensor) -> dict[str, str] | None:
         """Copy ``tensor`` into the current tensor batch now; returns its tensor reference, or
         ``None`` once tensors are no longer saved (a failed write of the dump)."""
@@ -516,10 +528,8 @@ class CaptureSession:
         self._take_due_stats()
         self._stager.flush()
         self._submit_waiting()
-        if self._records or self._batch is not None:
-            records, self._records = self._records, []
-            self.writer.submit(self.step, records, self._batch, self._tensor_refs)
-            self._batch, self._tensor_refs = None, []
+        if self._records or self._columns or self._batch is not None:
+            self._submit_queued()
         if wait or tensors:
             self.writer.drain(tensors=tensors, until=until)
 
@@ -531,11 +541,27 @@ class CaptureSession:
         self.flush(wait=True, tensors=True)
         return True
 
+    def _submit_queued(self) -> None:
+        """Hand the queued records, those queued as columns built now, in their order, and the tensor
+        batch (with the first of them) to the writer."""
+        records, self._records = self._records, []
+        columns, self._columns = self._columns, []
+        batch, refs = self._batch, self._tensor_refs
+        self._batch, self._tensor_refs = None, []
+        start = 0
+        for before, build in columns:
+            if before > start or batch is not None:
+                self.writer.submit(self.step, records[start:before], batch, refs)
+                start, batch, refs = before, None, []
+            self.writer.submit_columns(self.step, build())
+        if start < len(records) or batch is not None:
+            self.writer.submit(self.step, records[start:], batch, refs)
+
     def _flush_records(self) -> None:
         """The flush of a full list of records in mid-step: start the transfer of their statistics and
-        keep the records until it lands, without waiting for the device (a pending tensor batch is
-        flushed in full: its buffer is one of the writer's two)."""
-        if self._batch is not None:
+        keep the records until it lands, without waiting for the device (a pending tensor batch, or
+        records queued as columns, are flushed in full: the batch's buffer is one of the writer's two)."""
+        if self._batch is not None or self._columns:
             self.flush()
             return
         self._stager.send()

@@ -14,6 +14,8 @@ import atexit
 import functools
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +32,27 @@ from torchdebug.graph_dump._plan import ACCUMULATORS, CallPlan, GraphPlan, Key, 
 from torchdebug.graph_dump._run import GraphRun
 from torchdebug.graph_dump._runtime import register_sink, unregister_sink
 from torchdebug.graph_dump._settings import DumpSettings
+from torchdebug.graph_dump._value_ids import SlotValue
 from torchdebug.records import UNREAD, Record, make_call_name
 from torchdebug.stats import IDENTITY, stats_from_sums
-from torchdebug.store import RankWriter, join_run, rank_dir_name, run_manifest
+from torchdebug.store import RankWriter, TemplateColumns, join_run, rank_dir_name, run_manifest
 
 log = logging.getLogger("torchdebug.graph_dump._capture")
 
 _KEPT_SIZES = 8
 """Sets of symbolic-size values per graph whose evaluated sizes and built record fields are kept."""
 
-_Templates = list[list[tuple[SlotPlan, dict[str, Any]]]]
+
+@dataclass
+class _Template:
+    """Per call of a plan, per slot: the record fields that do not change from step to step (see
+    :meth:`GraphCapture._template_of`); and, once a run wrote every call, their records as columns
+    with the slots whose value ids each run gives, in record order."""
+
+    fields: list[list[tuple[SlotPlan, dict[str, Any]]]]
+    columns: TemplateColumns | None = None
+    held: list[SlotValue] = dc_field(default_factory=list)
+
 
 _ForwardRun = tuple[Instance, dict[Key, int], RunValues | None]
 """A forward run a backward run may belong to: its instance, call index bases and values
@@ -87,8 +100,8 @@ class GraphCapture:
         self._keys: dict[tuple[int, str], dict[Key, Key]] = {}
         self._seq = 0
         self._run: GraphRun | None = None
-        self._templates: dict[int, dict[tuple[Any, ...], _Templates]] = {}
-        """Per plan: the record fields of its last few runs' signatures (see :meth:`_templates_of`)."""
+        self._templates: dict[int, dict[tuple[Any, ...], _Template]] = {}
+        """Per plan: the record fields of its last few runs' signatures (see :meth:`_template_of`)."""
         self._evaluations: dict[int, dict[tuple[int, ...], list[Any]]] = {}
         """Per plan: its symbolic expressions evaluated, per set of symbol values."""
         self._sinks: list[int] = []
@@ -257,13 +270,24 @@ class GraphCapture:
 
     def write(self, run: GraphRun, calls: Iterable[int], rows: Rows, tensors: list[torch.Tensor]) -> None:
         """Queue the records of ``calls`` (indices into the plan's calls) of one run: statistics from
-        ``rows`` (:meth:`stage_rows`), tensors from those the graph handed over."""
+        ``rows`` (:meth:`stage_rows`), tensors from those the graph handed over. The records of
+        every call of a run that saves no tensor are queued as columns, those of its template made
+        once (``store/_template_columns.py``)."""
+        template = self._template_of(run)
+        if calls == range(len(run.plan.calls)) and not self.save_tensors and run.plan.golden is None:
+            self._write_columns(run, template, rows)
+        else:
+            self._write_records(run, template, calls, rows, tensors)
+
+    def _write_records(
+        self, run: GraphRun, template: _Template, calls: Iterable[int], rows: Rows, tensors: list[torch.Tensor]
+    ) -> None:
+        """Queue the records of ``calls`` of ``run``, one record object a slot."""
         refs: dict[int, dict[str, str]] = {}
         stats_of: dict[int, dict[str, Any]] = {}
         records = []
-        templates = self._templates_of(run)
         for index in calls:
-            for slot, fields in templates[index]:
+            for slot, fields in template.fields[index]:
                 record = Record(step=run.step, **fields)
                 if slot.held is not None:
                     _identify(record, run, slot)
@@ -271,6 +295,25 @@ class GraphCapture:
                     self._fill(record, run, slot, rows, tensors, stats_of, refs)
                 records.append(record)
         self.session.add_records(records)
+
+    def _write_columns(self, run: GraphRun, template: _Template, rows: Rows) -> None:
+        """Queue the records of every call of ``run`` as columns: the template's made at its first
+        run, the statistics and value ids of this one."""
+        columns = template.columns
+        if columns is None:
+            records, stat_rows, held = [], [], []
+            for call_fields in template.fields:
+                for slot, fields in call_fields:
+                    if slot.held is not None:
+                        held.append(len(records))
+                        template.held.append(slot.held)
+                    read = slot.kind == "tensor" and slot.note is None and slot.unread is None and slot.stat is not None
+                    stat_rows.append(slot.stat if read else -1)
+                    records.append(Record(step=run.step, **fields))
+            columns = template.columns = TemplateColumns(records, stat_rows, held)
+        absolute = run.values.absolute
+        ids = [absolute(held) for held in template.held]
+        self.session.add_columns(functools.partial(columns.batch, run.step, rows, ids))
 
     def call_name(self, run: GraphRun, call: CallPlan) -> str:
         """The call's name in this run (``phase/module/op#call``)."""
@@ -285,7 +328,7 @@ class GraphCapture:
         phase, module, op = _in(key, run.instance.path)
         return make_call_name(phase, module, op, run.forward_bases.get(key, 0) + local)
 
-    def _templates_of(self, run: GraphRun) -> _Templates:
+    def _template_of(self, run: GraphRun) -> _Template:
         """Per call of the plan, per slot: the record fields that do not change from step to step.
 
         They depend on where the run's call indices and seq numbers start (and, for backward
@@ -295,17 +338,17 @@ class GraphCapture:
         plan = run.plan
         signature = (tuple(run.bases.values()), run.seq, tuple(run.forward_bases.values()), run.sizes, run.instance.path)
         kept = self._templates.setdefault(id(plan), {})
-        templates = kept.get(signature)
-        if templates is not None:
-            return templates
-        templates = []
+        template = kept.get(signature)
+        if template is not None:
+            return template
+        fields = []
         for call in plan.calls:
             prefix, fwd = self.call_name(run, call), self._fwd_name(run, call)
-            templates.append([(slot, self._fields(run, call, slot, prefix, fwd)) for slot in call.slots])
+            fields.append([(slot, self._fields(run, call, slot, prefix, fwd)) for slot in call.slots])
         if len(kept) >= _KEPT_SIZES:
             del kept[next(iter(kept))]
-        kept[signature] = templates
-        return templates
+        template = kept[signature] = _Template(fields)
+        return template
 
     def _fields(self, run: GraphRun, call: CallPlan, slot: SlotPlan, prefix: str, fwd: str | None) -> dict[str, Any]:
         """A slot's record fields but ``step``, statistics and tensor."""

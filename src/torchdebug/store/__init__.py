@@ -22,6 +22,7 @@ from torchdebug.store._record_json import encode_records
 from torchdebug.store._shared_keys import shared_keys_dict
 from torchdebug.store._slot_columns import SlotColumns, SlotOverrides, extra_text, unread_text
 from torchdebug.store._tables import pandas, records_frame, require_parquet, write_parquet
+from torchdebug.store._template_columns import TemplateColumns, ValueId
 from torchdebug.store._tensor_batch import TensorBatch, storable
 from torchdebug.store._writer import (
     RankWriter,
@@ -43,7 +44,9 @@ __all__ = [
     "Run",
     "SlotOverrides",
     "SlotColumns",
+    "TemplateColumns",
     "TensorBatch",
+    "ValueId",
     "WriteFault",
     "check_writable",
     "check_writable_on_every_rank",

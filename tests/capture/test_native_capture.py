@@ -15,12 +15,14 @@ from torch.autograd.graph import get_gradient_edge
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchdebug
+from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
 from torchdebug.capture.native_capture import why_not_native
 from torchdebug.checksum import FINGERPRINT_VERSION
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import build
 from torchdebug.records import Record
+from torchdebug.store import FixedColumns
 
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
 
@@ -130,6 +132,31 @@ def test_the_example_gpt_dumps_the_same_records_on_both_paths(tmp_path, monkeypa
         assert all(record.stats is None for record in native) == (options["task"] == "checksum")
     else:
         assert not fingerprinted
+
+
+def _batches_that_change_size() -> tuple[nn.Module, Callable[[], None]]:
+    """The example GPT stepped on batches of 2, 2, 2, 3 and 3 sequences: its first step makes the
+    optimizer's state (other ops), the second and third are alike, the fourth's shapes are others."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = iter([make_batch(config, batch=size, seed=index) for index, size in enumerate((2, 2, 2, 3, 3))])
+    return model, lambda: train_step(model, optimizer, next(batches))
+
+
+def test_a_steady_steps_columns_are_kept_and_made_again_when_its_structure_changes(tmp_path, monkeypatch, caplog) -> None:
+    """A drain of the same structure as the last reuses the columns that structure sets (names,
+    shapes, dtypes: ``FixedColumns``) and fills its own values; a batch of another size makes them again."""
+    kept = []
+    get = FixedColumns.get
+    monkeypatch.setattr(FixedColumns, "get", lambda self, *args: kept.append(get(self, *args) is not None) or get(self, *args))
+    python = _dump(tmp_path, monkeypatch, caplog, _batches_that_change_size, native=False, steps=5, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, _batches_that_change_size, native=True, steps=5, task="statistics")
+    _assert_same_dumps(python, native)
+    assert kept == [False, False, True, False, True]
+    tokens = [r for r in native if r.name == "forward/tok/aten.embedding.default#0/input.1"]
+    assert [r.shape for r in tokens] == [[2, 16]] * 3 + [[3, 16]] * 2
 
 
 class _WrittenBetweenReads(nn.Module):

@@ -42,7 +42,7 @@ from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, VALUE, NativeObs
 from torchdebug.records import NO_MODULE, Record
 from torchdebug.slots import dtype_name
 from torchdebug.stats import empty_stats
-from torchdebug.store import SlotColumns, records_from_table, unread_text
+from torchdebug.store import FixedColumns, SlotColumns, records_from_table, unread_text
 
 __all__ = ["NativeStepCapture", "OpSlotNames", "RowNames", "op_overload"]
 
@@ -160,6 +160,10 @@ class NativeStepCapture:
         self._slot_walk: SlotWalk | None = None
         """Row names, value ids, shared statistics and unwritten memory, walked in C++ (made at the first drain)."""
         self._text_columns: dict[str, tuple[list[str | None], pa.Array]] = {}
+        self._named: tuple[list[np.ndarray], dict[str, pa.Array]] = ([], {})
+        """The ops and calls of the last drain named, and their columns: the same object again for
+        a drain of the same calls, which lets :class:`FixedColumns` keep the columns made of them."""
+        self._fixed = FixedColumns()
         self._arg_columns: pa.RecordBatch | None = None
         self._observed = False
         """Whether this capture started the observer before (its first start drops older weak references)."""
@@ -319,6 +323,9 @@ class NativeStepCapture:
             self._recompute.marks(ops, stack_ids, frames),
             _ends(ops),
         )
+        structure = [np.asarray(ops.op), *calls]
+        if len(structure) == len(self._named[0]) and all(np.array_equal(a, b) for a, b in zip(structure, self._named[0])):
+            return RowNames(calls.phase, calls.stack, self._named[1])  # as the last drain's: a steady step
         modules = self._texts([NO_MODULE, *self._paths], "modules")
         op_names = self._texts(self._op_names, "ops")
         ops_column = op_names.take(pa.array(ops.op))
@@ -347,6 +354,7 @@ class NativeStepCapture:
             "stack": self._texts([described[0] for described in self._stacks], "stack ids").take(stack),
             "source": self._texts([described[2] for described in self._stacks], "sources").take(stack),
         }
+        self._named = (structure, columns)
         return RowNames(calls.phase, calls.stack, columns)
 
     def _stack_ids(self, ops: ObservedOps) -> tuple[np.ndarray, list[list[tuple[str, int, str]]]]:
@@ -460,6 +468,7 @@ class NativeStepCapture:
             device_name=self._device_name,
             flagged=PLAIN,
             valued=VALUE,
+            fixed=self._fixed,
         )
 
     def _walk(self, ops: ObservedOps) -> SlotWalk:

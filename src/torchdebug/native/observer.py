@@ -259,7 +259,7 @@ class NativeObserver:
         them) a stack id, and the stacks by id as ``(file, line, function)`` frames, innermost first:
         every distinct stack this process has symbolized (ids stay; only new ones are read). Symbolized
         once per drain (the GIL taken for it)."""
-        count = sum(1 for index in ops.stack if index >= 0)
+        count = len(ops.stack) - ops.stack.count(-1)  # rows without a traceback hold -1
         stack_of = (ctypes.c_int64 * max(count, 1))()
         known = self._lib.td_observer_stacks(stack_of)
         for stack_id in range(len(self._stacks), known):

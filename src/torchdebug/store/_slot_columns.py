@@ -28,7 +28,7 @@ from torchdebug.stats import COLUMNS, FIRST_COUNT, WIDTH
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
 from torchdebug.store._record_json import json_text
 
-__all__ = ["SlotOverrides", "SlotColumns", "extra_text", "unread_text"]
+__all__ = ["FixedColumns", "SlotOverrides", "SlotColumns", "extra_text", "unread_text"]
 
 
 _STRING, _INT = pa.string(), pa.int64()
@@ -64,6 +64,26 @@ class SlotOverrides:
         for name, values in fields.items():
             column = columns[name]
             columns[name] = pa.concat_arrays([column, pa.array(values, column.type)]).take(at)
+
+
+class FixedColumns:
+    """The columns of a drain's records that its structure alone sets (names, the call's fields, io
+    and arg, kind, dtype, shape, stride, device), kept with that structure: a steady training loop
+    drains the same structure every step, and makes them once (:meth:`SlotColumns.batch`)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, pa.Array] | None = None
+        self._key: list[np.ndarray] = []
+        self._columns: dict[str, pa.Array] = {}
+
+    def get(self, calls: dict[str, pa.Array], key: list[np.ndarray]) -> dict[str, pa.Array] | None:
+        """The columns made last, if made from these call columns (the same object) and structure."""
+        if calls is not self._calls or len(key) != len(self._key):
+            return None
+        return self._columns if all(np.array_equal(a, b) for a, b in zip(key, self._key)) else None
+
+    def put(self, calls: dict[str, pa.Array], key: list[np.ndarray], columns: dict[str, pa.Array]) -> None:
+        self._calls, self._key, self._columns = calls, key, columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,34 +131,48 @@ class SlotColumns:
         device_name: Callable[[int, int], str],
         flagged: int,
         valued: int,
+        fixed: FixedColumns | None = None,
     ) -> pa.RecordBatch:
         """The recorded slots' records. ``ops``: the drained ``ObservedOps``; ``calls``: the call's
         fields by name (``RowNames.columns``), a drained row each, ``seqs`` its ``seq``; ``flagged``: the slots
         whose ``slot_flag`` is not it (subclasses, nested tensors, values) have no shape, stride or
         device; ``valued``: the ``slot_flag`` of a value slot (a non-tensor argument or result: a
-        record of kind ``value``, its ``value`` the JSON text ``CaptureSession`` writes)."""
+        record of kind ``value``, its ``value`` the JSON text ``CaptureSession`` writes); ``fixed``:
+        the columns the structure sets, kept from the last drain of the same structure (and kept
+        for the next)."""
         count = len(self.slots)
         slots = self.slots
-        rows = pa.array(np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row)
+        rows = np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row
         flags = np.asarray(ops.slot_flag)[slots]
         undescribed, values = flags != flagged, flags == valued
-        args = self.args.take(pa.array(self.arg_codes))
         versions = np.asarray(ops.slot_version, np.int64)[slots]
         devices = np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES + np.asarray(ops.slot_device_index)[slots] + 1
-        by_row = pa.RecordBatch.from_pydict({**calls, "seq": pa.array(seqs, _INT)}).take(rows)
+        drained = (ops.slot_dtype, ops.slot_ndim, ops.shape, ops.stride)
+        structure = [slots, rows, flags, devices, self.arg_codes, *map(np.asarray, drained)]
+        keeps = fixed is not None and self.overrides is None  # patched slots: made each drain
+        shared = fixed.get(calls, structure) if keeps else None
+        if shared is None:
+            args = self.args.take(pa.array(self.arg_codes))
+            by_row = pa.RecordBatch.from_pydict(calls).take(pa.array(rows))
+            shared = {
+                "name": pc.binary_join_element_wise(by_row.column("call_name"), args.column("io_arg"), "/"),
+                "rank": pa.repeat(pa.scalar(rank, _INT), count),
+                **{name: by_row.column(name) for name in by_row.schema.names if name != "call_name"},
+                "io": args.column("io"),
+                "arg": args.column("arg"),
+                "kind": _kinds().take(pa.array(values.astype(np.int64))),
+                "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.get),
+                "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
+                "stride": _sizes(ops.stride, ops.slot_ndim, slots, undescribed),
+                "device": _named(devices, lambda key: device_name(key // _INDICES, key % _INDICES - 1), undescribed),
+                "capture": pa.repeat(pa.scalar("eager"), count),
+            }
+            if keeps:
+                fixed.put(calls, structure, shared)
         columns = {
-            "name": pc.binary_join_element_wise(by_row.column("call_name"), args.column("io_arg"), "/"),
+            **shared,
             "step": pa.repeat(pa.scalar(step, _INT), count),
-            "rank": pa.repeat(pa.scalar(rank, _INT), count),
-            **{name: by_row.column(name) for name in by_row.schema.names if name != "call_name"},
-            "io": args.column("io"),
-            "arg": args.column("arg"),
-            "kind": _kinds().take(pa.array(values.astype(np.int64))),
-            "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.get),
-            "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
-            "stride": _sizes(ops.stride, ops.slot_ndim, slots, undescribed),
-            "device": _named(devices, lambda key: device_name(key // _INDICES, key % _INDICES - 1), undescribed),
-            "capture": pa.repeat(pa.scalar("eager"), count),
+            "seq": pa.array(np.asarray(seqs, np.int64)[rows], _INT),
             "capture_error": _by_code(self.errors, self.error_codes),
             "value_id": pa.array(self.value_ids, _INT, mask=values),
             "version": pa.array(versions, _INT, mask=versions < 0),

@@ -159,6 +159,24 @@ def test_a_steady_steps_columns_are_kept_and_made_again_when_its_structure_chang
     assert [r.shape for r in tokens] == [[2, 16]] * 3 + [[3, 16]] * 2
 
 
+def _scaled_by_the_step() -> tuple[nn.Module, Callable[[], None]]:
+    """A linear layer whose output is multiplied by a float that changes every step: drains of one
+    structure whose value texts differ."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    scales = iter([0.5, 0.5, 2.0, 3.0])
+    x = torch.randn(2, 4)
+    return model, lambda: torch.mul(model(x), next(scales)).sum().backward()
+
+
+def test_a_value_that_changes_from_step_to_step_is_written_as_it_ran(tmp_path, monkeypatch, caplog) -> None:
+    python = _dump(tmp_path, monkeypatch, caplog, _scaled_by_the_step, native=False, steps=4, kind="any", task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, _scaled_by_the_step, native=True, steps=4, kind="any", task="statistics")
+    _assert_same_dumps(python, native)
+    scales = [r.value for r in native if r.op == "aten.mul.Tensor" and r.phase == "forward" and r.kind == "value"]
+    assert scales == [0.5, 0.5, 2.0, 3.0]
+
+
 class _WrittenBetweenReads(nn.Module):
     """A tensor read, written in place, read again: its two reads have two fingerprints."""
 

@@ -75,6 +75,7 @@ class FixedColumns:
         self._calls: dict[str, pa.Array] | None = None
         self._key: list[np.ndarray] = []
         self._columns: dict[str, pa.Array] = {}
+        self._values: tuple[list[str], np.ndarray, np.ndarray, pa.Array] = ([], np.empty(0), np.empty(0), pa.nulls(0))
 
     def get(self, calls: dict[str, pa.Array], key: list[np.ndarray]) -> dict[str, pa.Array] | None:
         """The columns made last, if made from these call columns (the same object) and structure."""
@@ -84,6 +85,15 @@ class FixedColumns:
 
     def put(self, calls: dict[str, pa.Array], key: list[np.ndarray], columns: dict[str, pa.Array]) -> None:
         self._calls, self._key, self._columns = calls, key, columns
+
+    def value_column(self, ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
+        """:func:`_values`, the last drain's column where its value texts and the slots holding them are the same."""
+        texts, held, at, column = self._values
+        now = np.asarray(ops.slot_value, np.int64)[slots[values]]
+        if texts != ops.value_texts or not np.array_equal(held, values) or not np.array_equal(at, now):
+            column = _values(ops, slots, values)
+            self._values = (ops.value_texts, values, now, column)
+        return column
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +192,7 @@ class SlotColumns:
         if self.overrides is not None:
             self.overrides.patch(columns)
         if values.any():
-            columns["value"] = _values(ops, slots, values)
+            columns["value"] = fixed.value_column(ops, slots, values) if fixed is not None else _values(ops, slots, values)
         if (self.fingerprint_refs != -1).any():
             columns["checksum"] = self._checksum_column(ops)
         stats, odd = self._stats_column(ops) if (self.stats_refs != -1).any() else (pa.nulls(count, STATS_TYPE), {})

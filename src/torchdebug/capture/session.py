@@ -498,7 +498,7 @@ class CaptureSession:
     def add_columns(self, build: Callable[[], pa.RecordBatch]) -> None:
         """Queue records that ``build`` makes as columns (``records_batch``'s schema) at the flush,
         once the statistics staged before have arrived: a graph run's records, whose fields but
-        statistics and value ids repeat from step to step (``graph_dump/_columns.py``). They keep
+        statistics and value ids repeat from step to step (``store/_template_columns.py``). They keep
         their place among the queued records."""
         if self.writer.takes_records:
             self._columns.append((len(self._records), build))

@@ -22,7 +22,7 @@ from torchdebug.store._record_json import encode_records
 from torchdebug.store._shared_keys import shared_keys_dict
 from torchdebug.store._slot_columns import FixedColumns, SlotColumns, SlotOverrides, extra_text, unread_text
 from torchdebug.store._tables import pandas, records_frame, require_parquet, write_parquet
-from torchdebug.store._template_columns import TemplateColumns, ValueId
+from torchdebug.store._template_columns import TemplateColumns
 from torchdebug.store._tensor_batch import TensorBatch, storable
 from torchdebug.store._writer import (
     RankWriter,
@@ -47,7 +47,6 @@ __all__ = [
     "SlotColumns",
     "TemplateColumns",
     "TensorBatch",
-    "ValueId",
     "WriteFault",
     "check_writable",
     "check_writable_on_every_rank",

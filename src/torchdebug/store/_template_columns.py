@@ -5,7 +5,8 @@ A compiled graph runs every step with the same call indices, seq numbers and siz
 statistics and value ids. :class:`TemplateColumns` holds the other columns, made once from the
 template's records, and gives each run's batch from the run's statistics rows and value ids: no
 record object per slot and run. The batch equals ``records_batch`` of the records the run would
-otherwise make (``tests/capture/test_graph_dump.py`` checks it).
+otherwise make (``tests/store/test_template_columns.py``; a whole dump:
+``tests/capture/test_graph_dynamic_shapes.py``).
 """
 
 from __future__ import annotations

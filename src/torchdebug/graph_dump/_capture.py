@@ -19,6 +19,7 @@ from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchdebug._torch import symbolic
@@ -454,17 +455,20 @@ class _PendingRows:
     def __init__(self, plan: GraphPlan, numel: list[Any], done: Callable[[Rows], None] | None) -> None:
         self.plan, self.numel, self.done = plan, numel, done
         self.rows: list[dict[str, Any]] = [{} for _ in plan.integral]
-        self._sums: dict[int, list[float]] = {}
-        """Row -> its accumulators (``ACCUMULATORS`` order) as they arrive."""
+        self._sums = np.empty((len(plan.integral), len(ACCUMULATORS)), object)
+        """Per row, its accumulators (``ACCUMULATORS`` order) as they arrive: the numbers as the
+        staging reads them (Python ints stay exact), placed a table at a time."""
+        self._sums[:] = _NO_SUMS
         self._waiting = len(plan.tables)
 
     def deliver(self, table: StatTable, values: list[float]) -> None:
         """One table's numbers arrived (the session's staging calls this)."""
-        width = len(ACCUMULATORS)
-        for index, row in enumerate(table.rows):
-            self._sums[row] = values[width * index : width * (index + 1)]
-        for (row, accumulator), value in zip(table.entries, values):
-            self._sums.setdefault(row, list(_NO_SUMS))[accumulator] = value
+        if table.rows:
+            width = len(ACCUMULATORS)
+            self._sums[list(table.rows)] = np.array(values[: width * len(table.rows)], object).reshape(-1, width)
+        if table.entries:
+            rows, accumulators = _entry_index(table)
+            self._sums[rows, accumulators] = np.array(values[: len(rows)], object)
         self._waiting -= 1
         if self._waiting == 0:
             self.finish()
@@ -472,14 +476,20 @@ class _PendingRows:
     def finish(self) -> None:
         """Every table arrived: turn the accumulators into statistics, then call ``done``."""
         plan = self.plan
-        for row, stats in enumerate(self.rows):
-            sums = self._sums.get(row, _NO_SUMS)
+        for row, (stats, sums) in enumerate(zip(self.rows, self._sums.tolist())):
             numel = self.numel[row]
             if not isinstance(numel, int):  # a size the host cannot evaluate: the graph counted the values
                 numel = int(sums[_VALID]) + int(sums[_NAN])
             stats.update(stats_from_sums(sums[:_VALID], numel, plan.integral[row]))
         if self.done is not None:
             self.done(self.rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def _entry_index(table: StatTable) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and accumulators of a table's entries, as index arrays (made once a table)."""
+    index = np.array(table.entries, np.int64).reshape(-1, 2)
+    return index[:, 0], index[:, 1]
 
 
 def _identify(record: Record, run: GraphRun, slot: SlotPlan) -> None:

@@ -140,18 +140,6 @@ def test_a_grad_scalers_scale_tensor_and_unscaled_stage_are_read_without_steppin
     assert amp.scale_reader(object()) is None and not amp.unscaled(object(), optimizer)
 
 
-def test_hook_first_runs_a_gradient_hook_before_those_registered_earlier():
-    order: list[str] = []
-    weight = torch.nn.Parameter(torch.ones(2))
-    weight.register_hook(lambda grad: order.append("earlier"))
-    later = weight.register_hook(lambda grad: order.append("later"))
-    autograd.hook_first(weight, later)
-    (weight * 2).sum().backward()
-    later.remove()  # its handle still removes it
-    (weight * 2).sum().backward()
-    assert order == ["later", "earlier", "earlier"]
-
-
 def test_tensor_version_counts_in_place_writes():
     x = torch.zeros(2)
     before = autograd.tensor_version(x)

@@ -8,7 +8,6 @@
   unchanged holds the values already captured. An inference tensor keeps none (reading it raises).
 - ``Tensor._base``: the tensor a view was made from (the first one, for views of views), ``None``
   for a tensor that is no view; capture's value ids name a view's memory by it.
-- ``Tensor._backward_hooks``: the dict ``Tensor.register_hook`` adds to, run in insertion order.
 - ``Variable._execution_engine.queue_callback``: run a function when the running backward ends,
   after its final callbacks queued before it. FSDP2 and DDP finish their gradients there (the last
   reduce-scatter waited for, the buckets copied back); :func:`after_backward` runs after them.
@@ -23,7 +22,6 @@ import operator
 from collections.abc import Callable
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from torchdebug._torch import require
 
@@ -49,19 +47,6 @@ view_base = operator.attrgetter("_base")
 """``view_base(tensor)``: the tensor whose memory a view shares, ``None`` for a tensor that is no view."""
 
 
-def hook_first(tensor: torch.Tensor, handle: RemovableHandle) -> None:
-    """Run the gradient hook ``handle`` (``tensor.register_hook``'s) before those registered on
-    ``tensor`` earlier: the native path's parameter hook names the ops of a user's gradient hook on a
-    parameter after the parameter, as the dispatch mode does from the node they run in."""
-    hooks = tensor._backward_hooks
-    assert hooks is not None, "hook_first takes a hook registered on the tensor"
-    earlier = [(key, hook) for key, hook in hooks.items() if key != handle.id]
-    ours = hooks[handle.id]
-    hooks.clear()  # the engine iterates the dict's own order (PyDict_Next), not OrderedDict.move_to_end's
-    hooks[handle.id] = ours
-    hooks.update(earlier)
-
-
 def after_backward(callback: Callable[[], None]) -> None:
     """Run ``callback`` once the backward now running ends (call it from a hook inside that backward),
     after every final callback queued so far and those they queue: it queues a callback that queues
@@ -76,7 +61,6 @@ def after_backward(callback: Callable[[], None]) -> None:
 __all__ = [
     "after_backward",
     "current_autograd_node",
-    "hook_first",
     "next_sequence_nr",
     "node_sequence_nr",
     "tensor_version",

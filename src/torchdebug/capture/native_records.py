@@ -26,11 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch import nn
-from torch.autograd.graph import get_gradient_edge
 from torch.compiler import is_compiling
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from torchdebug._torch.autograd import hook_first
 from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
@@ -138,17 +136,9 @@ class NativeStepCapture:
         self._context_of: dict[str, int] = {}
         self._parameter_contexts: set[int] = set()
         self._context = _OUTSIDE
-        self._before_accumulation = _OUTSIDE
-        """The context a gradient accumulation's hooks restore."""
-        self._accumulating = False
-        """Between a gradient accumulation's hooks: an optimizer step there (the optimizer in the
-        backward, stepped from a post-accumulate hook) runs backward ops of the parameter's, as the
-        dispatch mode names them from the node running."""
         self._before_optimizer = _OUTSIDE
         self._in_optimizer = 0
         self._handles: list[Any] = []
-        self._accumulators: list[Any] = []
-        """The parameters' gradient accumulators (autograd nodes) while capture hooks them."""
         self._dtype_names = {code: dtype_name(dtype) for code, dtype in observer.dtypes.items()}
         """By ``c10::ScalarType`` code: ``float32``."""
         self._op_names: list[str] = []
@@ -177,18 +167,16 @@ class NativeStepCapture:
             register_optimizer_step_pre_hook(self._optimizer_enter),
             register_optimizer_step_post_hook(self._optimizer_exit),
         ]
+        # a gradient's accumulation (its hooks, the user's included, the sum, its post hooks: DDP's
+        # copy into a bucket) runs in its parameter's context: the observer names it from the node
+        parameters, contexts = [], []
         for parameter in self.model.parameters() if self.model is not None else ():
             path = self.tracker.parameter_path(parameter)
             if parameter.requires_grad and path is not None:
-                context = self._intern(path)
-                self._parameter_contexts.add(context)
-                self._handles.append(parameter.register_hook(self._accumulation_starts(context)))
-                hook_first(parameter, self._handles[-1])  # before a gradient hook of the user's: its ops are the parameter's
-                # after the node's post hooks too (DDP's copy of the gradient into its bucket): the node's
-                # own hook, on the accumulator held until stop (a parameter's is made again when freed)
-                accumulator = get_gradient_edge(parameter).node
-                self._accumulators.append(accumulator)
-                self._handles.append(accumulator.register_hook(self._accumulation_ends))
+                contexts.append(self._intern(path))
+                parameters.append(parameter)
+        self._parameter_contexts.update(contexts)
+        self.observer.name_accumulations(parameters, contexts)
         for module in self.model.modules() if self.model is not None else ():
             if module._forward_hooks:  # the ops its own hooks run are its (ModuleTracker.current), until they are done
                 self._handles.append(module.register_forward_hook(self._own_hooks_done, always_call=True))
@@ -208,11 +196,10 @@ class NativeStepCapture:
         self._recompute.reset()
         if self._own_tracker:
             self.tracker.stop()
+        self.observer.name_accumulations([], [])
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._accumulators = []
-        self._accumulating = False
         self._in_optimizer = 0
 
     # -- module context ------------------------------------------------------------------------
@@ -250,20 +237,8 @@ class NativeStepCapture:
         current = self.tracker.current()
         self._set_context(_OUTSIDE if current == NO_MODULE else self._intern(current))
 
-    def _accumulation_starts(self, context: int) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
-            self._before_accumulation = self._context
-            self._accumulating = True
-            self._set_context(context)
-
-        return hook
-
-    def _accumulation_ends(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
-        self._accumulating = False
-        self._set_context(self._before_accumulation)
-
     def _optimizer_enter(self, optimizer: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
-        if self._accumulating:  # a step in a gradient's accumulation (the optimizer in the backward): the parameter's ops
+        if self.observer.accumulating():  # a step in a gradient's accumulation (the optimizer in the backward): its ops
             return None
         if not self._in_optimizer:
             self._before_optimizer = self._context
@@ -288,7 +263,7 @@ class NativeStepCapture:
         return run
 
     def _optimizer_exit(self, *_: Any) -> None:
-        if self._accumulating:
+        if self.observer.accumulating():
             return
         self._in_optimizer = max(0, self._in_optimizer - 1)
         if not self._in_optimizer:

@@ -42,9 +42,12 @@
 // Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
-// torch/library.h, and profiler/combined_traceback.h: CapturedTraceback::gather and symbolize, what
-// torch.cuda.memory._record_memory_history uses, with the Python unwinder torch installs at import)
-// is the same in torch 2.11.0, 2.13.0 and 2.14.1; a version difference would live in the block below.
+// torch/library.h, profiler/combined_traceback.h: CapturedTraceback::gather and symbolize, what
+// torch.cuda.memory._record_memory_history uses, with the Python unwinder torch installs at import;
+// autograd's get_current_node and AccumulateGrad::variable) is the same in torch 2.11.0, 2.13.0 and
+// 2.14.1 at the source level (get_current_node returns a std::shared_ptr on 2.11, a
+// c10::intrusive_ptr on 2.13 and 2.14: only its .get() is used); a version difference would live
+// in the block below.
 //
 // Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
 // this file takes seconds; one including torch/extension.h takes 35-50 s on two cores). The one
@@ -59,6 +62,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/library.h>
 
@@ -1074,6 +1078,16 @@ Recorder recorder;
 std::string drained_texts;  // the JSON texts of the value slots drained last, each ended by a NUL
 std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
 std::atomic<int64_t> module_context{-1};
+
+// Gradient accumulations: the context (td_observer_set_module's numbering) of each parameter the
+// capture names, by its TensorImpl (td_observer_parameters; set while the observer is stopped). The
+// engine's evaluation of a parameter's AccumulateGrad node (its gradient hooks, the accumulation,
+// its post hooks: DDP's copy into a bucket, an optimizer stepped in the backward) runs in the
+// parameter's context, on the thread that evaluates it, as a dispatch mode names those ops after the
+// node running. One lookup per accumulation, in place of Python hooks made again each step.
+std::mutex parameters_mutex;
+std::unordered_map<const c10::TensorImpl*, int64_t> parameter_context;
+constexpr char kAccumulateGrad[] = "AccumulateGrad";
 at::CallbackHandle handle = 0;
 std::thread::id owner;
 std::atomic<int> level{kRecord};
@@ -1101,6 +1115,7 @@ struct Frame {
   bool factory = false;          // kPending, kRecorded: no tensor argument (its outputs wait: Slots::outputs_wait)
   int32_t writes = -1;           // kPending, kRecorded: where its written tensors start in ThreadState::writes
   bool node_apply = false;       // kBackward: a node's apply (BACKWARD_FUNCTION), not the engine's evaluation
+  bool accumulation = false;     // kBackward: the evaluation of a named parameter's AccumulateGrad
 };
 
 // Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
@@ -1127,8 +1142,29 @@ struct ThreadState {
   size_t stashed = 0;             // stashes in use (the vector keeps its buffers)
   std::vector<std::pair<c10::TensorImpl*, int64_t>> writes;  // the tensors open ops write, with their versions then
   std::vector<int64_t> unnumbered;  // rows of a node's evaluation before its apply (tensor hooks): numbered there
+  std::vector<int64_t> accumulations;  // the contexts of the parameters whose accumulation runs, innermost last
 };
 thread_local ThreadState state;
+
+// The context a row recorded now takes: the parameter's in its gradient's accumulation, else the
+// module context Python set.
+int64_t row_context(const ThreadState& thread) {
+  return thread.accumulations.empty() ? module_context.load(std::memory_order_relaxed) : thread.accumulations.back();
+}
+
+// The context of the parameter whose AccumulateGrad node the engine evaluates now, or -1: the
+// evaluation's scope is named after the node's class, and the engine holds the node as current.
+int64_t accumulation_context(const char* scope_name) {
+  auto length = std::strlen(scope_name);
+  constexpr auto suffix = sizeof(kAccumulateGrad) - 1;
+  if (length < suffix || std::strcmp(scope_name + length - suffix, kAccumulateGrad) != 0) return -1;
+  auto node = torch::autograd::get_current_node();
+  auto* accumulate = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get());
+  if (accumulate == nullptr || !accumulate->variable.defined()) return -1;
+  std::lock_guard<std::mutex> lock(parameters_mutex);
+  auto found = parameter_context.find(accumulate->variable.unsafeGetTensorImpl());
+  return found == parameter_context.end() ? -1 : found->second;
+}
 
 // A backward row recorded in a node's evaluation before the node's apply gives its sequence number
 // (the ops of a gradient hook on the tensor the node made): numbered by number_hooks_rows. Mutex held.
@@ -1416,6 +1452,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     thread.unnumbered.clear();
     thread.node_seq.push_back(-1);
     thread.node_checkpoint.push_back(0);
+    auto context = accumulation_context(fn.name());
+    if (context >= 0) {
+      thread.frames.back().accumulation = true;
+      thread.accumulations.push_back(context);
+    }
     return nullptr;
   }
   Frame* parent = enclosing_op(thread);
@@ -1464,8 +1505,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   bool in_backward = !thread.node_seq.empty();
-  Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward),
-          module_context.load(std::memory_order_relaxed), nullptr};
+  Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward), row_context(thread),
+          nullptr};
   row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0));
   row.made = static_cast<int64_t>(at::sequence_number::peek()) - 1;
   if (info.kind == kMaybeComposite && live) {  // its frames are taken if it is recorded (settle)
@@ -1518,6 +1559,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (frame.kind == kBackward) {
     thread.node_seq.pop_back();
     thread.node_checkpoint.pop_back();
+    if (frame.accumulation) thread.accumulations.pop_back();
   } else if (frame.kind == kRecorded) {
     const auto& outputs = fn.outputs();
     std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -1642,6 +1684,20 @@ void td_fallback_stop() {
 }
 
 void td_observer_set_module(int64_t context) { module_context.store(context, std::memory_order_relaxed); }
+
+// The parameters whose gradient accumulations are named (see parameter_context): `count` TensorImpl
+// addresses and their contexts, in place of those set before.
+void td_observer_parameters(int64_t count, const int64_t* impls, const int64_t* contexts) {
+  std::lock_guard<std::mutex> lock(parameters_mutex);
+  parameter_context.clear();
+  for (int64_t index = 0; index < count; ++index) {
+    parameter_context[reinterpret_cast<const c10::TensorImpl*>(impls[index])] = contexts[index];
+  }
+}
+
+// Whether this thread runs a named parameter's gradient accumulation now (its hooks: an optimizer
+// stepped in the backward keeps the parameter's context).
+int td_observer_accumulating() { return state.accumulations.empty() ? 0 : 1; }
 
 int td_observer_op_names() {
   std::lock_guard<std::mutex> lock(recorder.mutex);

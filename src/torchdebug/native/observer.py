@@ -214,6 +214,9 @@ class NativeObserver:
         library.td_observer_checkpoint.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         library.td_observer_checkpoint.restype = None
         library.td_observer_hidden_by_modes.restype = ctypes.c_int64
+        library.td_observer_parameters.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        library.td_observer_parameters.restype = None
+        library.td_observer_accumulating.restype = ctypes.c_int
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
@@ -230,6 +233,20 @@ class NativeObserver:
         if name is None:
             name = self._device_types[device_type] = self._lib.td_observer_device_type_name(device_type).decode()
         return name if index < 0 else f"{name}:{index}"
+
+    def name_accumulations(self, parameters: list[torch.Tensor], contexts: list[int]) -> None:
+        """Record the ops of each of ``parameters``' gradient accumulations (the engine's evaluation of
+        its ``AccumulateGrad`` node: its gradient hooks, the sum, its post hooks) in its context of
+        ``contexts`` (as :attr:`set_module` numbers them), in place of the parameters told before; set
+        while the observer is stopped."""
+        impls = array("q", (parameter._cdata for parameter in parameters))
+        numbers = array("q", contexts)
+        self._lib.td_observer_parameters(len(impls), impls.buffer_info()[0], numbers.buffer_info()[0])
+
+    def accumulating(self) -> bool:
+        """Whether this thread runs a gradient accumulation :meth:`name_accumulations` named (in its
+        hooks: an optimizer stepped in the backward)."""
+        return bool(self._lib.td_observer_accumulating())
 
     def want_stacks(self, enabled: bool = True) -> None:
         """Take the Python frames each forward op is called from (``torch::CapturedTraceback``, as

@@ -91,7 +91,7 @@ def run_block(point: str, observer: NativeObserver, step: Callable[[], object], 
             step()
             observer.stop_fallback()
     ops = observer.drain()
-    observer.stacks(ops)  # symbolized (and let go) as a flush does
+    observer.stacks()  # the new ones symbolized, as a flush does
     return len(ops.op)
 
 

@@ -470,14 +470,56 @@ def test_a_forward_ops_stack_is_its_python_frames_innermost_first_and_a_backward
     finally:
         observer.want_stacks(False)
     ops = observer.drain()
-    stack_of, stacks = observer.stacks(ops)
+    stacks = observer.stacks()
     names = ops.op_names()
-    add = stacks[stack_of[ops.stack[names.index("aten.add.Tensor")]]]
+    add = stacks[ops.stack[names.index("aten.add.Tensor")]]
     line = _called_here.__code__.co_firstlineno + 1
     assert add[0] == (__file__, line, "_called_here")
     assert add[1][0] == __file__ and add[1][2].startswith("test_a_forward_ops_stack")
     assert all(ops.stack[row] < 0 for row in range(len(names)) if ops.backward[row])
     assert all(ops.stack[row] >= 0 for row in range(len(names)) if not ops.backward[row])
+
+
+def _two_call_sites(observer: NativeObserver) -> None:
+    for _ in range(2):  # one call site twice: one stack
+        torch.ones(2).mul(2)
+    torch.ones(2).sub(1)  # another line
+
+
+@pytest.mark.parametrize("lines", [False, True], ids=["offsets", "lines (Python 3.10)"])
+def test_a_call_site_has_one_stack_id_across_drains_with_the_frames_lines(observer: NativeObserver, lines: bool) -> None:
+    """Stacks are interned as they are taken: the same frames give the same id in every drain, and
+    each stack is symbolized once, to the lines the frames were at, whether the frames tell their
+    last instruction's offset (Python 3.11 on) or their line (3.10)."""
+    observer.want_stacks(True)
+    observer.take_lines(lines)
+    try:
+        drains = []
+        for _ in range(2):
+            observer.start()
+            _two_call_sites(observer)
+            observer.stop()
+            drains.append(observer.drain())
+    finally:
+        observer.want_stacks(False)
+        observer.take_lines(False)
+    stacks = observer.stacks()
+    first = _two_call_sites.__code__.co_firstlineno
+    for ops in drains:
+        names = ops.op_names()
+        ids = {
+            name: {ops.stack[row] for row in range(len(names)) if names[row] == name}
+            for name in ("aten.mul.Tensor", "aten.sub.Tensor")
+        }
+        assert all(len(found) == 1 for found in ids.values()), ids
+        (mul,), (sub,) = ids["aten.mul.Tensor"], ids["aten.sub.Tensor"]
+        assert stacks[mul][0] == (__file__, first + 2, "_two_call_sites")
+        assert stacks[sub][0] == (__file__, first + 3, "_two_call_sites")
+        assert (
+            stacks[mul][1][0] == __file__
+            and stacks[mul][1][2] == "test_a_call_site_has_one_stack_id_across_drains_with_the_frames_lines"
+        )
+    assert [ops.stack[ops.op_names().index("aten.sub.Tensor")] for ops in drains] == [sub, sub]
 
 
 def test_ops_under_another_dispatch_mode_are_not_recorded_dynamos_compilation_included(observer: NativeObserver) -> None:

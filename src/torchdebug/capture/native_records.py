@@ -334,12 +334,8 @@ class NativeStepCapture:
 
     def _stack_ids(self, ops: ObservedOps) -> tuple[np.ndarray, list[list[tuple[str, int, str]]]]:
         """Each row's frames: the observer's stack id (-1: none taken), and the frames by id."""
-        tracebacks = np.frombuffer(ops.stack, np.int64)
-        if not (tracebacks >= 0).any():
-            return np.full(len(tracebacks), -1, np.int64), []
-        stack_of, stacks = self.observer.stacks(ops)
-        by_traceback = np.asarray(stack_of, np.int64)
-        return np.where(tracebacks >= 0, by_traceback[np.maximum(tracebacks, 0)], -1), stacks
+        stack_ids = np.frombuffer(ops.stack, np.int64)
+        return stack_ids, self.observer.stacks() if (stack_ids >= 0).any() else []
 
     def _user_stacks(self, stack_ids: np.ndarray, frames: list[list[tuple[str, int, str]]]) -> np.ndarray:
         """Each row's stack as eager capture's ``StackRecorder`` describes it (user frames only): an

@@ -42,9 +42,7 @@
 // Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
-// torch/library.h, profiler/combined_traceback.h: CapturedTraceback::gather and symbolize, what
-// torch.cuda.memory._record_memory_history uses, with the Python unwinder torch installs at import;
-// autograd's get_current_node and AccumulateGrad::variable) is the same in torch 2.11.0, 2.13.0 and
+// torch/library.h, autograd's get_current_node and AccumulateGrad::variable) is the same in torch 2.11.0, 2.13.0 and
 // 2.14.1 at the source level (get_current_node returns a std::shared_ptr on 2.11, a
 // c10::intrusive_ptr on 2.13 and 2.14: only its .get() is used); a version difference would live
 // in the block below.
@@ -52,7 +50,9 @@
 // Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
 // this file takes seconds; one including torch/extension.h takes 35-50 s on two cores). The one
 // thing Python cannot take through ctypes, tensors, it takes from an operator this library
-// registers: torch.ops.torchdebug.observer_kept() (see Slots::kept).
+// registers: torch.ops.torchdebug.observer_kept() (see Slots::kept). The few functions of Python's
+// stable C API that read an op's Python frames are declared below, with opaque pointers; the
+// interpreter that loads this library exports them.
 
 #include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
@@ -63,7 +63,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
-#include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -74,7 +73,6 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -83,6 +81,19 @@
 #include <tuple>
 #include <unordered_map>
 #include <vector>
+
+extern "C" {
+int Py_IsInitialized();
+int PyGILState_Ensure();  // PyGILState_STATE, an enum
+void PyGILState_Release(int state);
+void* PyEval_GetFrame();             // PyFrameObject*, borrowed
+void* PyFrame_GetBack(void* frame);  // a new reference
+void* PyFrame_GetCode(void* frame);  // PyCodeObject*, a new reference
+int PyFrame_GetLineNumber(void* frame);
+__attribute__((weak)) int PyFrame_GetLasti(void* frame);  // Python 3.11 on: null before
+void Py_IncRef(void* object);
+void Py_DecRef(void* object);
+}
 
 namespace {
 
@@ -982,8 +993,6 @@ struct Slots {
   }
 };
 
-using Traceback = std::shared_ptr<torch::CapturedTraceback>;
-
 enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2 };
 // kGradOn: grad mode was on at the op; kCheckpointNode: the node the engine runs is a reentrant
 // checkpoint's (td_observer_checkpoint), whose ops re-run its region.
@@ -993,7 +1002,7 @@ struct Row {
   int64_t seq;  // forward: the sequence number of the node the op makes; backward: of the node run
   int8_t backward;
   int64_t module;
-  Traceback traceback;  // with stacks: the Python frames a forward op was called from; see frames_wanted
+  int64_t stack = -1;   // with stacks: the id of the Python frames an op was called from (see frames_wanted, python_frames)
   int8_t mark = 0;      // RowMark bits
   int64_t made = -1;    // the sequence number of the last autograd node made before the op
 };
@@ -1011,8 +1020,7 @@ struct Recorder {
   std::vector<int64_t> module;
   std::vector<int8_t> mark;
   std::vector<int64_t> made;
-  std::vector<int64_t> stack;  // an index into tracebacks, -1 for none
-  std::vector<Traceback> tracebacks;
+  std::vector<int64_t> stack;  // a stack id (python_frames), -1 for none
   Slots slots;
   // The TensorImpls of the slots drained (and of their views' bases), by address, held weakly until
   // they are freed; those freed are reported by the next drain (freed), after which their addresses
@@ -1028,17 +1036,12 @@ struct Recorder {
     module.push_back(row.module);
     mark.push_back(row.mark);
     made.push_back(row.made);
-    stack.push_back(row.traceback ? static_cast<int64_t>(tracebacks.size()) : -1);
-    if (row.traceback) tracebacks.push_back(std::move(row.traceback));
+    stack.push_back(row.stack);
     return first_row + static_cast<int64_t>(op.size()) - 1;
   }
 
   Row pop_row() {  // mutex held: the last row, taken out
-    Row row{op.back(), seq.back(), backward.back(), module.back(), nullptr, mark.back(), made.back()};
-    if (stack.back() >= 0) {
-      row.traceback = std::move(tracebacks.back());
-      tracebacks.pop_back();
-    }
+    Row row{op.back(), seq.back(), backward.back(), module.back(), stack.back(), mark.back(), made.back()};
     op.pop_back();
     seq.pop_back();
     backward.pop_back();
@@ -1051,13 +1054,26 @@ struct Recorder {
 };
 
 std::atomic<bool> want_stacks{false};
-std::vector<Traceback> drained_tracebacks;  // those drained last, until td_observer_stacks reads them
+std::atomic<bool> positions_are_lines{PyFrame_GetLasti == nullptr};
 
-// The distinct stacks symbolized so far, by their text (each a few hundred bytes; as many as the
-// program has distinct call sites of ops): ids that stay, so a flush reads only new stacks' text.
+// The distinct stacks taken so far: each whether its positions are lines, then the (code object,
+// position) of its frames, innermost first, by id (ids stay: a drain hands ids, and Python
+// symbolizes only the stacks new since). A position is the offset of the frame's last instruction
+// (PyFrame_GetLasti, as torch's CapturedTraceback takes it), or its line (PyFrame_GetLineNumber,
+// which reads the line table at each call) on Python 3.10, which has no PyFrame_GetLasti. The code
+// objects of a stack are held from its first sight on (as many as the program has call sites of
+// ops), so an address names one code object.
 struct Stacks {
-  std::unordered_map<std::string, int64_t> ids;
-  std::deque<std::string> texts;  // by id (they never move)
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& key) const {
+      uint64_t hash = 1469598103934665603ull;
+      for (auto word : key) hash = (hash ^ static_cast<uint64_t>(word)) * 1099511628211ull;
+      return static_cast<size_t>(hash);
+    }
+  };
+  std::mutex mutex;  // taken with the GIL held, never the other way round
+  std::unordered_map<std::vector<int64_t>, int64_t, Hash> ids;
+  std::deque<std::vector<int64_t>> frames;  // by id: code, position, code, position, ...
 };
 Stacks stacks;
 
@@ -1066,12 +1082,40 @@ Stacks stacks;
 std::string reentrant_node;
 std::vector<std::string> frame_ops;
 
-// The Python frames the op being recorded was called from (torch's CapturedTraceback, as the CUDA
-// memory snapshot takes them: code objects and instruction offsets, symbolized at the flush), when
-// wanted (frames_wanted). It takes the GIL: never called with the recorder's mutex held.
-Traceback python_frames(bool wanted) {
-  if (!wanted) return nullptr;
-  return torch::CapturedTraceback::gather(true, false, false);
+// The Python frames the op being recorded was called from, as an id of Stacks, when wanted
+// (frames_wanted); -1 otherwise. It takes the GIL: never called with the recorder's mutex held.
+int64_t python_frames(bool wanted) {
+  if (!wanted || !Py_IsInitialized()) return -1;
+  thread_local std::vector<int64_t> key;
+  bool lines = positions_are_lines.load(std::memory_order_relaxed);
+  key.assign(1, lines ? 1 : 0);
+  auto gil = PyGILState_Ensure();
+  void* frame = PyEval_GetFrame();  // borrowed; each PyFrame_GetBack and PyFrame_GetCode a new reference
+  if (frame != nullptr) Py_IncRef(frame);
+  while (frame != nullptr) {
+    key.push_back(reinterpret_cast<int64_t>(PyFrame_GetCode(frame)));
+    key.push_back(lines ? PyFrame_GetLineNumber(frame) : PyFrame_GetLasti(frame));
+    void* back = PyFrame_GetBack(frame);
+    Py_DecRef(frame);
+    frame = back;
+  }
+  int64_t id;
+  bool known;
+  {
+    std::lock_guard<std::mutex> lock(stacks.mutex);
+    auto found = stacks.ids.find(key);
+    known = found != stacks.ids.end();
+    id = known ? found->second : static_cast<int64_t>(stacks.frames.size());
+    if (!known) {  // a new stack keeps its code objects' references
+      stacks.ids.emplace(key, id);
+      stacks.frames.push_back(key);
+    }
+  }
+  if (known) {
+    for (size_t at = 1; at < key.size(); at += 2) Py_DecRef(reinterpret_cast<void*>(key[at]));
+  }
+  PyGILState_Release(gil);
+  return id;
 }
 
 Recorder recorder;
@@ -1289,7 +1333,7 @@ Frame* enclosing_op(ThreadState& thread) {
 // The stashed op is recorded now: a pending one reached below autograd, a deferred one goes there.
 void settle(ThreadState& thread, Frame& frame, bool below) {
   auto& stash = thread.stashes[--thread.stashed];
-  if (!stash.row.traceback) stash.row.traceback = python_frames(frames_wanted(thread, stash.row, frame.frame_op));
+  if (stash.row.stack < 0) stash.row.stack = python_frames(frames_wanted(thread, stash.row, frame.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
   note_unnumbered(thread, stash.row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   frame.row = recorder.add_row(std::move(stash.row));
@@ -1505,8 +1549,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   bool in_backward = !thread.node_seq.empty();
-  Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward), row_context(thread),
-          nullptr};
+  Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward), row_context(thread), -1};
   row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0));
   row.made = static_cast<int64_t>(at::sequence_number::peek()) - 1;
   if (info.kind == kMaybeComposite && live) {  // its frames are taken if it is recorded (settle)
@@ -1525,7 +1568,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     }
     return nullptr;
   }
-  row.traceback = python_frames(frames_wanted(thread, row, info.frame_op));
+  row.stack = python_frames(frames_wanted(thread, row, info.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
   note_unnumbered(thread, row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   auto at_row = recorder.add_row(std::move(row));
@@ -1615,7 +1658,7 @@ void fallback_observe(const c10::OperatorHandle& op, c10::DispatchKeySet keys, t
       found = recorder.ops.emplace(name, OpInfo{static_cast<int32_t>(recorder.names.size()), kOp}).first;
       recorder.names.push_back(overload_name(op.operator_name()));
     }
-    at_row = recorder.add_row(Row{found->second.id, -1, 0, module_context.load(std::memory_order_relaxed), nullptr});
+    at_row = recorder.add_row(Row{found->second.id, -1, 0, module_context.load(std::memory_order_relaxed), -1});
     recorder.slots.add_all(at_row, 0, c10::ArrayRef<const c10::IValue>(stack->data() + stack->size() - arguments, arguments));
   }
   {
@@ -1725,7 +1768,7 @@ void td_observer_counts(int64_t* counts) {
 // counts[4] kept tensors (as td_observer_counts gave them) into the 28 columns: Recorder's op
 // columns, then its Slots' (the kept tensors' slots, -1 for one freed or changed in place since it
 // was recorded, but for a subclass, whose version Python checks; the others go to observer_kept()), then the
-// rows' stacks (indices into the tracebacks td_observer_stacks symbolizes), then the slots' view
+// rows' stack ids (td_observer_stack), then the slots' view
 // bases, whether each has a fingerprint and the fingerprints, then the rows' marks and the last
 // node made before each; rows added since stay. Called between ops: an op still running when its row is drained records its
 // outputs with the next drain.
@@ -1743,13 +1786,7 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(recorder.module, ops, columns[3]);
   take(recorder.mark, ops, columns[26]);
   take(recorder.made, ops, columns[27]);
-  size_t tracebacks = 0;  // those of the rows drained: the first ones
-  for (size_t row = 0; row < ops; ++row) tracebacks += recorder.stack[row] >= 0 ? 1 : 0;
   take(recorder.stack, ops, columns[22]);
-  for (auto& index : recorder.stack) index -= index >= 0 ? static_cast<int64_t>(tracebacks) : 0;
-  drained_tracebacks.assign(std::make_move_iterator(recorder.tracebacks.begin()),
-                            std::make_move_iterator(recorder.tracebacks.begin() + static_cast<std::ptrdiff_t>(tracebacks)));
-  recorder.tracebacks.erase(recorder.tracebacks.begin(), recorder.tracebacks.begin() + static_cast<std::ptrdiff_t>(tracebacks));
   recorder.freed.clear();
   for (auto it = recorder.seen.begin(); it != recorder.seen.end();) {  // freed since the last drain
     if (it->second.expired()) {
@@ -1889,36 +1926,29 @@ void td_observer_want_stacks(int want) { want_stacks.store(want != 0); }
 // Record non-tensor arguments and results (value slots) in the rows recorded from now on, or no longer.
 void td_observer_want_values(int want) { want_values.store(want != 0); }
 
-// Symbolize the tracebacks of the rows drained last: each traceback's stack into stack_of[i], an id
-// of the distinct stacks this process has symbolized (td_observer_stack_text gives each id's text);
-// returns how many ids there are. Takes the GIL itself.
-int64_t td_observer_stacks(int64_t* stack_of) {
-  std::vector<torch::CapturedTraceback*> pointers;
-  for (auto& traceback : drained_tracebacks) pointers.push_back(traceback.get());
-  auto symbolized = torch::symbolize(pointers);
-  std::map<std::vector<uint64_t>, int64_t> distinct;  // this drain's, by symbolize's frame indices
-  std::string text;
-  for (size_t index = 0; index < symbolized.tracebacks.size(); ++index) {
-    const auto& frames = symbolized.tracebacks[index];
-    auto [found, added] = distinct.emplace(frames, 0);
-    if (added) {
-      text.clear();
-      for (auto frame : frames) {
-        const auto& where = symbolized.all_frames[frame];
-        text += where.filename + '\t' + std::to_string(where.lineno) + '\t' + where.funcname + '\n';
-      }
-      auto [known, is_new] = stacks.ids.emplace(text, static_cast<int64_t>(stacks.texts.size()));
-      if (is_new) stacks.texts.push_back(text);
-      found->second = known->second;
-    }
-    stack_of[index] = found->second;
-  }
-  drained_tracebacks.clear();
-  return static_cast<int64_t>(stacks.texts.size());
+// How many stacks there are (python_frames: the ids the rows hold run below it).
+int64_t td_observer_stack_count() {
+  std::lock_guard<std::mutex> lock(stacks.mutex);
+  return static_cast<int64_t>(stacks.frames.size());
 }
 
-// The frames of stack `id` (td_observer_stacks), one a line, innermost first: "file\tline\tfunction".
-const char* td_observer_stack_text(int64_t id) { return stacks.texts.at(static_cast<size_t>(id)).c_str(); }
+// Stack `id`: *size words, 1 if its positions are lines (else the offsets of the frames' last
+// instructions), then a code object's address (held while the process runs) and its position for
+// each frame, innermost first.
+const int64_t* td_observer_stack(int64_t id, int64_t* size) {
+  std::lock_guard<std::mutex> lock(stacks.mutex);
+  const auto& frames = stacks.frames.at(static_cast<size_t>(id));  // a deque's items never move
+  *size = static_cast<int64_t>(frames.size());
+  return frames.data();
+}
+
+// Take the frames' lines as their positions (lines != 0: what Python 3.10 always does), or
+// their last instructions' offsets, for the stacks taken from now on; where Python has no
+// PyFrame_GetLasti, lines always. Returns whether lines are taken.
+int td_observer_take_lines(int lines) {
+  positions_are_lines.store(lines != 0 || PyFrame_GetLasti == nullptr);
+  return positions_are_lines.load() ? 1 : 0;
+}
 
 // Keep a reference to each plain tensor whose sums or fingerprint (those asked for) the callback
 // does not take (keep != 0), from the rows recorded from now on, or no longer.

@@ -20,6 +20,7 @@ import warnings
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate
+from types import CodeType
 
 import torch
 
@@ -132,7 +133,7 @@ class ObservedOps:
     """The slots of :attr:`kept`, and -1 for each tensor not handed over: an output freed before the next
     op started, or a tensor changed in place since it was recorded (its version moved)."""
     stack: array
-    """By op row: an index into :meth:`NativeObserver.stacks`' tracebacks (-1: none taken)."""
+    """By op row: its stack's id, an index into :meth:`NativeObserver.stacks` (-1: none taken)."""
     slot_base: array
     """A view's: the ``TensorImpl`` address of the tensor whose memory it shares (autograd's ``_base``,
     the first one for views of views); 0 for a tensor that is no view, or a flagged one."""
@@ -175,6 +176,29 @@ _SUMMED = ("f32", "bf16", "f64", "i64", "i32", "i16", "i8", "u8")
 """The suffixes of the ``stats.c`` entry points the observer takes, in ``kSummedTypes``' order (``observer.cpp``)."""
 
 
+def _symbolized(address: int, position: int, lines: bool) -> list[tuple[str, int, str]]:
+    """A frame of a stack (its code object, which the observer holds, and its position: a line where
+    ``lines``, else an instruction's offset) as ``torch::symbolize`` gives it: followed by the frames
+    of the source it was generated from, for code inductor generated."""
+    code = ctypes.cast(address, ctypes.py_object).value
+    line = position if lines else _line(code, position)
+    frames = [(code.co_filename, line, code.co_name)]
+    codecache = getattr(getattr(torch, "_inductor", None), "codecache", None)
+    if codecache is not None:
+        extra = codecache.PyCodeCache.stack_frames_for_code(code.co_filename, line)
+        frames += [(frame["filename"], frame["line"], frame["name"]) for frame in extra or ()]
+    return frames
+
+
+def _line(code: CodeType, offset: int) -> int:
+    """The line of the instruction at byte ``offset`` of ``code`` (``PyCode_Addr2Line``: the first
+    line for a negative offset, -1 for an instruction with no line)."""
+    if offset < 0:
+        return code.co_firstlineno
+    line = next((line for start, end, line in code.co_lines() if start <= offset < end), None)
+    return -1 if line is None else line
+
+
 def _entries(stats: ctypes.CDLL, prefix: str) -> ctypes.Array:
     """The addresses of ``stats.c``'s ``<prefix><suffix>`` entry points, in :data:`_SUMMED` order."""
     entries = (ctypes.cast(getattr(stats, prefix + suffix), ctypes.c_void_p) for suffix in _SUMMED)
@@ -201,10 +225,10 @@ class NativeObserver:
         library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_want_values.argtypes = [ctypes.c_int]
-        library.td_observer_stacks.argtypes = [ctypes.c_void_p]
-        library.td_observer_stacks.restype = ctypes.c_int64
-        library.td_observer_stack_text.argtypes = [ctypes.c_int64]
-        library.td_observer_stack_text.restype = ctypes.c_char_p
+        library.td_observer_stack_count.restype = ctypes.c_int64
+        library.td_observer_stack.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+        library.td_observer_stack.restype = ctypes.POINTER(ctypes.c_int64)
+        library.td_observer_take_lines.argtypes = [ctypes.c_int]
         library.td_observer_device_type_name.argtypes = [ctypes.c_int]
         library.td_observer_device_type_name.restype = ctypes.c_char_p
         library.td_observer_freed_count.restype = ctypes.c_int64
@@ -271,20 +295,23 @@ class NativeObserver:
         defaults) and results as value slots (:data:`VALUE`), in the rows recorded from now on, or no longer."""
         self._lib.td_observer_want_values(int(enabled))
 
-    def stacks(self, ops: ObservedOps) -> tuple[list[int], list[list[tuple[str, int, str]]]]:
-        """The stacks of the rows drained last (``ops``): for each traceback (``ops.stack`` indexes
-        them) a stack id, and the stacks by id as ``(file, line, function)`` frames, innermost first:
-        every distinct stack this process has symbolized (ids stay; only new ones are read). Symbolized
-        once per drain (the GIL taken for it)."""
-        count = len(ops.stack) - ops.stack.count(-1)  # rows without a traceback hold -1
-        stack_of = (ctypes.c_int64 * max(count, 1))()
-        known = self._lib.td_observer_stacks(stack_of)
-        for stack_id in range(len(self._stacks), known):
-            text = self._lib.td_observer_stack_text(stack_id).decode()
+    def stacks(self) -> list[list[tuple[str, int, str]]]:
+        """The stacks the rows hold (``ObservedOps.stack``: their ids), as ``(file, line, function)``
+        frames, innermost first: every stack this process has taken (ids stay; only the stacks new
+        since the last call are symbolized, as torch's ``CapturedTraceback`` symbolizes its frames)."""
+        size = ctypes.c_int64()
+        for stack_id in range(len(self._stacks), self._lib.td_observer_stack_count()):
+            lines, *words = self._lib.td_observer_stack(stack_id, ctypes.byref(size))[: size.value]
             self._stacks.append(
-                [(file, int(line), function) for file, line, function in (f.split("\t") for f in text.splitlines())]
+                [frame for at in range(0, len(words), 2) for frame in _symbolized(words[at], words[at + 1], bool(lines))]
             )
-        return list(stack_of[:count]), self._stacks
+        return self._stacks
+
+    def take_lines(self, lines: bool = True) -> bool:
+        """Take each frame's line when an op's frames are taken (what Python 3.10, whose frames tell no
+        last instruction, always does), or the offset of its last instruction (from 3.11 on, by
+        default: cheaper, the line read once a distinct stack); returns whether lines are taken."""
+        return bool(self._lib.td_observer_take_lines(int(lines)))
 
     def keep_unsummed(self, enabled: bool = True) -> None:
         """Keep a reference to each plain non-empty tensor whose sums or fingerprint (those asked

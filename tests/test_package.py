@@ -345,3 +345,20 @@ def test_the_root_help_lists_every_subcommand_module():
 
     modules = {path.stem for path in (PACKAGE / "cli").glob("*.py")} - {"__init__", "arguments", "tensor_files"}
     assert list(COMMANDS) == _COMMANDS and set(COMMANDS) == modules
+
+
+def test_every_file_the_package_reads_at_run_time_is_in_its_package_data():
+    """A wheel holds the package's modules and the files ``[tool.setuptools.package-data]`` names:
+    the native sources built on first use, the report's templates. One left out works in a checkout
+    (an editable install reads the tree) and is missing from an installed wheel, where the native
+    path then falls back to the dispatch mode (the C++ sources were missing so)."""
+    import fnmatch
+
+    pyproject = (PACKAGE.parents[1] / "pyproject.toml").read_text()
+    listed = re.search(r"^\[tool\.setuptools\.package-data\]\ntorchdebug = (\[.*\])$", pyproject, re.MULTILINE)
+    assert listed is not None, "pyproject.toml names the package's data files on one line"
+    patterns = ast.literal_eval(listed.group(1))
+    files = [path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*") if path.is_file()]
+    data = [name for name in files if not name.endswith((".py", ".pyc")) and "__pycache__" not in name]
+    assert "native/observer.cpp" in data and "native/stats.c" in data
+    assert [name for name in data if not any(fnmatch.fnmatch(name, pattern) for pattern in patterns)] == []

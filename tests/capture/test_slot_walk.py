@@ -6,6 +6,7 @@ tensor. Some cases on hand-made slots, some on the observer's slots of real tens
 
 from __future__ import annotations
 
+import ctypes
 from array import array
 
 import numpy as np
@@ -95,6 +96,17 @@ def _drained(
 
 def _ids(walk: SlotWalk, ops: ObservedOps) -> WalkedSlots:
     return walk.walk(ops, np.ones(len(ops.op), np.int8), inputs=True, outputs=True, statistics=False)
+
+
+@pytest.mark.parametrize(("seed", "keys"), [(1, 7), (2, 20), (3, 509)])
+def test_the_walks_address_map_answers_as_a_standard_hash_map_over_colliding_inserts_and_erases(seed: int, keys: int) -> None:
+    """The walk's maps by address (open addressing, erasure by shifting entries back) keep what a
+    node-based map keeps, over many inserts and erases of keys that share probe paths."""
+    library = load_slot_walk()
+    assert library is not None, "a C++ compiler is here: the walk must build"
+    library.td_walk_check_address_map.restype = ctypes.c_int64
+    library.td_walk_check_address_map.argtypes = [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64]
+    assert library.td_walk_check_address_map(300_000, seed, keys) == 0
 
 
 def test_an_address_reused_over_other_memory_is_another_tensor() -> None:

@@ -31,6 +31,8 @@
 // Plain C++, no torch headers: extern "C" entry points loaded with ctypes. State lives in a Walk
 // per capture (td_walk_new), never in globals: two debuggers share nothing.
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -63,6 +65,81 @@ enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4 };
 constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
 constexpr int64_t kLookback = 4096;  // recompute.py's LOOKBACK
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
+
+// A hash map from addresses (TensorImpl, StorageImpl) and other int64 keys (never INT64_MIN) to V, open addressing with
+// linear probing and backward-shift erasure: one array, no node allocated per entry. The walk makes
+// several lookups and inserts a slot, a million slots a step at scale, where std::unordered_map's
+// allocation per node was most of its time. An insert may move every entry: no reference into it is
+// held across one.
+template <typename V>
+class AddressMap {
+ public:
+  struct Entry {
+    int64_t first = kEmpty;
+    V second{};
+  };
+  Entry* end() const { return nullptr; }
+  Entry* find(int64_t key) { return const_cast<Entry*>(static_cast<const AddressMap*>(this)->find(key)); }
+  const Entry* find(int64_t key) const {
+    if (size_ == 0) return nullptr;
+    for (size_t at = home(key);; at = (at + 1) & mask_) {
+      if (entries_[at].first == key) return &entries_[at];
+      if (entries_[at].first == kEmpty) return nullptr;
+    }
+  }
+  bool contains(int64_t key) const { return find(key) != nullptr; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  V& operator[](int64_t key) {
+    if (2 * (size_ + 1) > entries_.size()) grow();
+    size_t at = home(key);
+    for (; entries_[at].first != kEmpty; at = (at + 1) & mask_) {
+      if (entries_[at].first == key) return entries_[at].second;
+    }
+    entries_[at].first = key;
+    ++size_;
+    return entries_[at].second;
+  }
+  void insert(int64_t key) { (*this)[key]; }  // a set's insert (V unused)
+  void erase(int64_t key) {
+    auto* found = find(key);
+    if (found == nullptr) return;
+    size_t hole = static_cast<size_t>(found - entries_.data());
+    for (size_t next = (hole + 1) & mask_; entries_[next].first != kEmpty; next = (next + 1) & mask_) {
+      size_t want = home(entries_[next].first);  // it may fill the hole if the hole lies on its probe path
+      bool stays = hole <= next ? (hole < want && want <= next) : (hole < want || want <= next);
+      if (!stays) {
+        entries_[hole] = std::move(entries_[next]);
+        hole = next;
+      }
+    }
+    entries_[hole] = Entry{};
+    --size_;
+  }
+  void clear() {
+    if (size_ == 0) return;
+    std::fill(entries_.begin(), entries_.end(), Entry{});
+    size_ = 0;
+  }
+
+ private:
+  static constexpr int64_t kEmpty = INT64_MIN;
+  size_t home(int64_t key) const { return static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> shift_); }
+  void grow() {
+    std::vector<Entry> old(std::max<size_t>(16, 2 * entries_.size()));
+    old.swap(entries_);
+    mask_ = entries_.size() - 1;
+    shift_ = 64 - static_cast<int>(__builtin_ctzll(entries_.size()));
+    size_ = 0;
+    for (auto& entry : old) {
+      if (entry.first != kEmpty) (*this)[entry.first] = std::move(entry.second);
+    }
+  }
+  std::vector<Entry> entries_;
+  size_t mask_ = 0;
+  int shift_ = 64;
+  size_t size_ = 0;
+};
 
 struct Memory {
   int64_t storage = 0;
@@ -125,7 +202,7 @@ struct OpFacts {
   std::vector<int8_t> unread_inputs;  // by schema position: an unread code, 0 none
   std::vector<int8_t> unread_outputs;  // by result position (a list result: by element)
   int8_t unread_other_outputs = 0;  // the results beyond unread_outputs ("*")
-  std::unordered_map<int64_t, int32_t> arg_codes;  // (io, arg, element) → the interned arg
+  AddressMap<int32_t> arg_codes;  // (io, arg, element) → the interned arg
 };
 
 struct Source {  // the row's first argument, a plain tensor
@@ -206,11 +283,11 @@ struct Walk {
   std::unordered_map<int64_t, int64_t> rebuilt;  // recompute.py's RebuiltTensors: address → the module that made it
   std::unordered_set<int64_t> rebuilds;  // the last drain's rows (by index) whose output is a tensor a checkpoint rebuilt
   std::unordered_map<Memory, int64_t, MemoryHash> unpacks;  // this step: the memory of each such tensor → its address
-  std::unordered_map<int64_t, Known> at;
+  AddressMap<Known> at;
   std::unordered_map<Memory, Value, MemoryHash> made_in;  // this step: the value first made in a memory
-  std::unordered_map<int64_t, Seen> seen;  // this step, by address
-  std::unordered_set<int64_t> unwritten;  // storages of allocations nothing has written since
-  std::unordered_map<int64_t, int64_t> summed_in;  // this step: storage → its version after the engine's in-place sum
+  AddressMap<Seen> seen;  // this step, by address
+  AddressMap<bool> unwritten;  // storages of allocations nothing has written since (a set)
+  AddressMap<int64_t> summed_in;  // this step: storage → its version after the engine's in-place sum
 
   // The version a dispatch mode reads of a tensor on `storage` at `version`: less the writes of the
   // engine's in-place gradient sums, which the mode runs out of place (its sum a new tensor at 0).
@@ -228,7 +305,7 @@ struct Walk {
   // Ops that may write each storage, this step (their mutable arguments): a tensor seen on it before
   // one is read again, though its own version did not move (`p.data.mul_()` writes through an alias
   // with a version counter of its own).
-  std::unordered_map<int64_t, int64_t> writes_into;
+  AddressMap<int64_t> writes_into;
   int64_t writes_of(int64_t storage) const {
     auto found = writes_into.find(storage);
     return found == writes_into.end() ? 0 : found->second;
@@ -236,8 +313,8 @@ struct Walk {
   int64_t fresh = 0;
   int64_t drains = 0;
   int64_t row = -1;  // the row whose inputs follow
-  std::unordered_map<int64_t, Value> inputs;
-  std::unordered_set<int64_t> input_storages;
+  AddressMap<Value> inputs;
+  AddressMap<bool> input_storages;  // a set
   std::vector<std::string> args;  // interned: "0", "1.2", "out"
   std::vector<int8_t> arg_io;
   std::unordered_map<std::string, int32_t> arg_index[2];
@@ -558,6 +635,48 @@ void td_walk_entries(void* walk, int64_t* counts) {
   counts[3] = static_cast<int64_t>(state.unwritten.size());
 }
 
+// AddressMap against std::unordered_map over `operations` random inserts, erases and finds of `keys`
+// addresses whose homes lie in the first or last sixteenth of any table (its hash's top 4 bits 0 or
+// 15): long probe runs that wrap around the table's end, where erasure must shift entries back
+// across it. From `seed`; returns the number of answers that differ (0). For tests: the walk's maps
+// hold what value ids and shared statistics rest on.
+int64_t td_walk_check_address_map(int64_t operations, uint64_t seed, int64_t keys) {
+  std::vector<int64_t> pool;
+  for (int64_t candidate = 0x7f0000000000; static_cast<int64_t>(pool.size()) < keys; candidate += 16) {
+    auto top = (static_cast<uint64_t>(candidate) * 0x9E3779B97F4A7C15ULL) >> 60;
+    if (top == 0 || top == 15) pool.push_back(candidate);
+  }
+  AddressMap<int64_t> map;
+  std::unordered_map<int64_t, int64_t> expected;
+  int64_t differences = 0;
+  for (int64_t step = 0; step < operations; ++step) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;  // a 64-bit LCG: its high bits
+    auto key = pool[(seed >> 33) % pool.size()];
+    switch ((seed >> 20) % 4) {
+      case 0: case 1:
+        map[key] = step;
+        expected[key] = step;
+        break;
+      case 2:
+        map.erase(key);
+        expected.erase(key);
+        break;
+      default: {
+        auto found = map.find(key);
+        auto want = expected.find(key);
+        differences += (found == nullptr) != (want == expected.end()) || (found != nullptr && found->second != want->second);
+      }
+    }
+    differences += map.size() != expected.size();
+    if (step % 4096 == 4095) {
+      map.clear();
+      expected.clear();
+    }
+  }
+  for (const auto& [key, value] : expected) differences += !map.contains(key) || map.find(key)->second != value;
+  return differences;
+}
+
 // The args interned so far: their number; td_walk_arg(i) the i-th, and on which side (0 input).
 int td_walk_args(void* walk) { return static_cast<int>(static_cast<Walk*>(walk)->args.size()); }
 
@@ -628,7 +747,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     int64_t last_row = -1, dims = 0;
     OpFacts* op = nullptr;
     bool backward = false, rebuilds = false;
-    std::unordered_set<int64_t> arguments;  // an unrecorded row's tensor arguments (an in-place op returns one)
+    AddressMap<bool> arguments;  // an unrecorded row's tensor arguments (an in-place op returns one; a set)
     bool has_source = false;
     Source source{};
     bool has_source_value = false;
@@ -777,7 +896,8 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
                    rebuilt != state.seen.end() && state.still(rebuilt->second, memory, version)) {
           stats = rebuilt->second.stats;
           fingerprint = rebuilt->second.fingerprint;
-          state.seen[address] = rebuilt->second;  // read again, or viewed, it shares them too
+          auto shared = rebuilt->second;  // (an insert may move the entries)
+          state.seen[address] = shared;  // read again, or viewed, it shares them too
         }
         int64_t own_taken = kNone;  // this slot's own entry of taken, shared by both
         auto own = [&](const int8_t* has) -> int64_t {

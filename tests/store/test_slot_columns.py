@@ -5,6 +5,7 @@ each fingerprint as ``hex_digits`` does, by reference."""
 
 from __future__ import annotations
 
+import json
 import math
 from array import array
 from types import SimpleNamespace
@@ -13,8 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from torchdebug.checksum import hex_digits
+from torchdebug.slots import json_value
 from torchdebug.stats._schema import IDENTITY, stats_from_sums
-from torchdebug.store._slot_columns import SlotColumns, _from_sums, _numel
+from torchdebug.store._record_json import json_text
+from torchdebug.store._slot_columns import SlotColumns, _complex, _from_sums, _numel, _value_text
 
 SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
     ((-1.5, 2.25, 0.1 + 0.2, 7.0, 0.0, 0.0, 0.0, 1.0), 6),
@@ -68,3 +71,14 @@ def test_the_checksum_column_holds_each_slots_fingerprint_by_reference_as_hex_di
     unsigned = [value & 0xFFFFFFFFFFFFFFFF for value in drained]
     expected = [hex_digits(unsigned[3]), hex_digits(0), None, hex_digits(unsigned[2]), hex_digits(unsigned[4])]
     assert got == [*expected, "fedcba9876543210", None, "0000000000000001"]  # an entry not delivered: none
+
+
+def test_a_value_text_is_written_as_capture_writes_the_python_value_floats_read_directly_included():
+    """The observer's texts (floats with 17 digits, always with a point or an exponent) become what
+    ``CaptureSession`` writes for the value; floats alone take a shorter road that must agree."""
+    floats = [0.1, -2.5e-05, 1e16, 123456.0, 1.0, -0.0, 0.9999999999999999, 5e-324, 1.7976931348623157e308]
+    texts = [f"{value:.17g}" + ("" if any(c in f"{value:.17g}" for c in ".e") else ".0") for value in floats]
+    texts += ["NaN", "Infinity", "-Infinity", "3", "-7", "true", "null", '"mean"', "[1.5,2]", '{"complex":[1.0,-2.0]}', '"-1.5"']
+    for text in texts:
+        assert _value_text(text) == json_text(json_value(json.loads(text, object_hook=_complex))), text
+    assert _value_text("3") == "3" and _value_text("1.0") == "1.0" and _value_text("0.10000000000000001") == "0.1"

@@ -1119,7 +1119,7 @@ int64_t python_frames(bool wanted) {
 }
 
 Recorder recorder;
-std::string drained_texts;  // the JSON texts of the value slots drained last, each ended by a NUL
+std::string drained_texts;  // the distinct JSON texts of the value slots drained last, each ended by a NUL
 std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
 std::atomic<int64_t> module_context{-1};
 
@@ -1805,12 +1805,15 @@ void td_observer_drain(const int64_t* counts, void** columns) {
     }
   }
   drained_texts.clear();
-  int64_t texts = 0;
+  std::unordered_map<std::string_view, int64_t> text_codes;  // views into from.text, alive until its erase below
   for (size_t slot = 0; slot < slots; ++slot) {
-    if (from.flag[slot] == kValue) {  // its value column: the index of its text among the drained ones
-      from.value[slot] = texts++;
-      drained_texts += from.text[slot];
-      drained_texts += '\0';
+    if (from.flag[slot] == kValue) {  // its value column: the index of its text among the distinct ones
+      auto [found, added] = text_codes.try_emplace(from.text[slot], static_cast<int64_t>(text_codes.size()));
+      if (added) {
+        drained_texts += from.text[slot];
+        drained_texts += '\0';
+      }
+      from.value[slot] = found->second;
       continue;
     }
     recorder.seen.try_emplace(from.value[slot], std::move(from.alive[slot]));
@@ -1865,8 +1868,8 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   recorder.first_row += static_cast<int64_t>(ops);
 }
 
-// The JSON texts of the value slots drained last (a value slot's slot_value indexes them), each
-// ended by a NUL; *size: their bytes.
+// The distinct JSON texts of the value slots drained last (a value slot's slot_value indexes them;
+// an optimizer's step repeats a few dozen texts a thousand times), each ended by a NUL; *size: their bytes.
 const char* td_observer_value_texts(int64_t* size) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   *size = static_cast<int64_t>(drained_texts.size());

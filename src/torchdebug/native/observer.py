@@ -149,7 +149,8 @@ class ObservedOps:
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
     callback did not take, still at the version recorded when drained."""
     value_texts: list[str] = field(default_factory=list)
-    """The JSON text of each value slot (``slot_flag`` :data:`VALUE`), by its ``slot_value``."""
+    """The distinct JSON texts of the value slots (``slot_flag`` :data:`VALUE`): a value slot's
+    ``slot_value`` indexes them."""
     freed: array = field(default_factory=lambda: array("q"))
     """``TensorImpl`` addresses of slots (and of views' bases) drained before, whose tensors were freed
     since, and ``StorageImpl`` addresses of plain slots' storages freed since: from now on another

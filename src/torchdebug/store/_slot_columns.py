@@ -236,21 +236,27 @@ def _kinds() -> pa.Array:
 
 def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
     """The ``value`` column: each value slot's JSON text as eager capture writes it, none elsewhere
-    (each distinct text converted once)."""
-    rows = np.flatnonzero(values)
-    texts = pa.array(ops.value_texts, _STRING).take(pa.array(np.asarray(ops.slot_value, np.int64)[slots[rows]]))
-    encoded = texts.dictionary_encode()
-    written = pa.array([_value_text(text) for text in encoded.dictionary.to_pylist()], _STRING).take(encoded.indices)
-    at = np.full(len(slots), -1, np.int64)
-    at[rows] = np.arange(len(rows))
-    return written.take(pa.array(at, mask=at < 0))
+    (each distinct text converted once: the drain's texts are distinct)."""
+    written = pa.array([_value_text(text) for text in ops.value_texts], _STRING)
+    at = np.where(values, np.asarray(ops.slot_value, np.int64)[slots], -1)
+    return written.take(pa.array(at, mask=~values))
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _value_text(text: str) -> str:
     """The observer's JSON text of a value (``observer.cpp``: floats with 17 digits, complex numbers
-    as ``{"complex": [real, imag]}``) as ``CaptureSession`` writes the Python value: ``json_value``, then ``json_text``."""
+    as ``{"complex": [real, imag]}``) as ``CaptureSession`` writes the Python value: ``json_value``, then ``json_text``.
+    A float alone (the observer writes one with a point, an exponent, or as ``NaN``, ``Infinity``;
+    an optimizer's step sizes are new texts every step) is read with ``float``, as ``json`` would."""
+    if text[0] in _NUMBER_STARTS and ("." in text or "e" in text or text in _NOT_FINITE):
+        return json_text(float(text))
     return json_text(json_value(json.loads(text, object_hook=_complex)))
+
+
+_NUMBER_STARTS = frozenset("-0123456789NI")
+"""The first characters of a number's JSON text (``NaN``, ``Infinity``); a string, list, object,
+bool or null begins otherwise."""
+_NOT_FINITE = frozenset(("NaN", "Infinity", "-Infinity"))
 
 
 def _complex(pair: dict[str, Any]) -> Any:

@@ -86,6 +86,8 @@ extern "C" {
 int Py_IsInitialized();
 int PyGILState_Ensure();  // PyGILState_STATE, an enum
 void PyGILState_Release(int state);
+int PyGILState_Check();
+void* PyGILState_GetThisThreadState();  // PyThreadState*
 void* PyEval_GetFrame();             // PyFrameObject*, borrowed
 void* PyFrame_GetBack(void* frame);  // a new reference
 void* PyFrame_GetCode(void* frame);  // PyCodeObject*, a new reference
@@ -1083,14 +1085,17 @@ std::string reentrant_node;
 std::vector<std::string> frame_ops;
 
 // The Python frames the op being recorded was called from, as an id of Stacks, when wanted
-// (frames_wanted); -1 otherwise. It takes the GIL: never called with the recorder's mutex held.
+// (frames_wanted); -1 otherwise. It takes the GIL: never called with the recorder's mutex held. A
+// thread Python never ran on (an autograd device thread) has no frames: it takes no GIL there, as
+// torch's gather does not (CapturedTraceback::Python::canGather, torch 2.11 through 2.14).
 int64_t python_frames(bool wanted) {
   if (!wanted || !Py_IsInitialized()) return -1;
   thread_local std::vector<int64_t> key;
   bool lines = positions_are_lines.load(std::memory_order_relaxed);
   key.assign(1, lines ? 1 : 0);
-  auto gil = PyGILState_Ensure();
-  void* frame = PyEval_GetFrame();  // borrowed; each PyFrame_GetBack and PyFrame_GetCode a new reference
+  bool python_thread = PyGILState_Check() == 1 || PyGILState_GetThisThreadState() != nullptr;
+  auto gil = python_thread ? PyGILState_Ensure() : 0;
+  void* frame = python_thread ? PyEval_GetFrame() : nullptr;  // borrowed; each PyFrame_GetBack and PyFrame_GetCode a new reference
   if (frame != nullptr) Py_IncRef(frame);
   while (frame != nullptr) {
     key.push_back(reinterpret_cast<int64_t>(PyFrame_GetCode(frame)));
@@ -1114,7 +1119,7 @@ int64_t python_frames(bool wanted) {
   if (known) {
     for (size_t at = 1; at < key.size(); at += 2) Py_DecRef(reinterpret_cast<void*>(key[at]));
   }
-  PyGILState_Release(gil);
+  if (python_thread) PyGILState_Release(gil);
   return id;
 }
 

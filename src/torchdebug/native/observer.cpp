@@ -48,7 +48,8 @@
 // in the block below.
 //
 // Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
-// this file takes seconds; one including torch/extension.h takes 35-50 s on two cores). The one
+// this file takes about half a minute of CPU, most of it the dispatcher's and autograd's headers;
+// torch/extension.h would add pybind11 and torch's whole C++ API on top). The one
 // thing Python cannot take through ctypes, tensors, it takes from an operator this library
 // registers: torch.ops.torchdebug.observer_kept() (see Slots::kept). The few functions of Python's
 // stable C API that read an op's Python frames are declared below, with opaque pointers; the

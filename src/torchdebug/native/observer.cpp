@@ -42,10 +42,10 @@
 // Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
-// torch/library.h, autograd's get_current_node and AccumulateGrad::variable) is the same in torch 2.11.0, 2.13.0 and
-// 2.14.1 at the source level (get_current_node returns a std::shared_ptr on 2.11, a
-// c10::intrusive_ptr on 2.13 and 2.14: only its .get() is used); a version difference would live
-// in the block below.
+// torch/library.h, autograd's get_current_node and AccumulateGrad::variable) is the same in torch
+// 2.11.0, 2.13.0 and 2.14.1 at the source level (get_current_node returns a std::shared_ptr on
+// 2.11, a c10::intrusive_ptr on 2.13 and 2.14: only its .get() is used); a version difference
+// would live in the block below.
 //
 // Plain extern "C" entry points, loaded with ctypes: no Python.h, no pybind11 (a cold build of
 // this file takes about half a minute of CPU, most of it the dispatcher's and autograd's headers;

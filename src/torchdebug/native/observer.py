@@ -274,8 +274,9 @@ class NativeObserver:
         return bool(self._lib.td_observer_accumulating())
 
     def want_stacks(self, enabled: bool = True) -> None:
-        """Take the Python frames each forward op is called from (``torch::CapturedTraceback``, as
-        the CUDA memory snapshot takes them), in the rows recorded from now on, or no longer."""
+        """Take the Python frames each forward op is called from (code objects and instruction
+        offsets, as torch's ``CapturedTraceback`` takes them for the CUDA memory snapshot), in the rows
+        recorded from now on, or no longer."""
         self._lib.td_observer_want_stacks(int(enabled))
 
     def watch_checkpoint(self, node: str, ops: list[str]) -> None:

@@ -66,11 +66,11 @@ constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
 constexpr int64_t kLookback = 4096;  // recompute.py's LOOKBACK
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
 
-// A hash map from addresses (TensorImpl, StorageImpl) and other int64 keys (never INT64_MIN) to V, open addressing with
-// linear probing and backward-shift erasure: one array, no node allocated per entry. The walk makes
-// several lookups and inserts a slot, a million slots a step at scale, where std::unordered_map's
-// allocation per node was most of its time. An insert may move every entry: no reference into it is
-// held across one.
+// A hash map from addresses (TensorImpl, StorageImpl) and other int64 keys (never INT64_MIN) to V,
+// open addressing with linear probing and backward-shift erasure: one array, no node allocated per
+// entry. The walk makes several lookups and inserts a slot, a million slots a step at scale, where
+// std::unordered_map's allocation per node was most of its time. An insert may move every entry:
+// no reference into it is held across one.
 template <typename V>
 class AddressMap {
  public:
@@ -116,9 +116,14 @@ class AddressMap {
     entries_[hole] = Entry{};
     --size_;
   }
-  void clear() {
+  void clear() {  // in time linear in the entries held: a table mostly empty is let go, not swept
     if (size_ == 0) return;
-    std::fill(entries_.begin(), entries_.end(), Entry{});
+    if (entries_.size() > 64 && 4 * size_ < entries_.size()) {
+      std::vector<Entry>().swap(entries_);  // (a row's inputs after a foreach op's hundreds)
+      mask_ = 0;
+    } else {
+      std::fill(entries_.begin(), entries_.end(), Entry{});
+    }
     size_ = 0;
   }
 

@@ -248,7 +248,7 @@ def _value_text(text: str) -> str:
     as ``{"complex": [real, imag]}``) as ``CaptureSession`` writes the Python value: ``json_value``, then ``json_text``.
     A float alone (the observer writes one with a point, an exponent, or as ``NaN``, ``Infinity``;
     an optimizer's step sizes are new texts every step) is read with ``float``, as ``json`` would."""
-    if text[0] in _NUMBER_STARTS and ("." in text or "e" in text or text in _NOT_FINITE):
+    if text[:1] in _NUMBER_STARTS and ("." in text or "e" in text or text in _NOT_FINITE):
         return json_text(float(text))
     return json_text(json_value(json.loads(text, object_hook=_complex)))
 

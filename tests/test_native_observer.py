@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -520,6 +522,29 @@ def test_a_call_site_has_one_stack_id_across_drains_with_the_frames_lines(observ
             and stacks[mul][1][2] == "test_a_call_site_has_one_stack_id_across_drains_with_the_frames_lines"
         )
     assert [ops.stack[ops.op_names().index("aten.sub.Tensor")] for ops in drains] == [sub, sub]
+
+
+_SYMBOLIZE_IN_A_FRESH_PROCESS = """
+import sys, torch
+from torchdebug.native.observer import load_observer
+observer = load_observer()
+observer.want_stacks(True)
+observer.start()
+torch.ones(2).add(1)
+observer.stop()
+ops = observer.drain()
+assert observer.stacks()[ops.stack[0]], "a stack was taken"
+print(sorted(name for name in ("torch._dynamo", "torch._inductor") if name in sys.modules))
+"""
+
+
+def test_symbolizing_stacks_loads_neither_dynamo_nor_inductor() -> None:
+    """Inductor's generated code maps to source lines only where its code cache is loaded; asking
+    ``torch`` for ``_inductor`` (as torch's own symbolize does) would import it, and Dynamo, seconds
+    into a user's first flush."""
+    run = subprocess.run([sys.executable, "-c", _SYMBOLIZE_IN_A_FRESH_PROCESS], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_ops_under_another_dispatch_mode_are_not_recorded_dynamos_compilation_included(observer: NativeObserver) -> None:

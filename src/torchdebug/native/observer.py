@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 import warnings
 from array import array
 from dataclasses import dataclass, field
@@ -180,11 +181,13 @@ _SUMMED = ("f32", "bf16", "f64", "i64", "i32", "i16", "i8", "u8")
 def _symbolized(address: int, position: int, lines: bool) -> list[tuple[str, int, str]]:
     """A frame of a stack (its code object, which the observer holds, and its position: a line where
     ``lines``, else an instruction's offset) as ``torch::symbolize`` gives it: followed by the frames
-    of the source it was generated from, for code inductor generated."""
+    of the source it was generated from, for code inductor generated (looked up where inductor's code
+    cache is loaded: ``getattr(torch, "_inductor")``, as torch's own symbolize asks, would import
+    inductor, seconds on the first flush, where no inductor code can have run)."""
     code = ctypes.cast(address, ctypes.py_object).value
     line = position if lines else _line(code, position)
     frames = [(code.co_filename, line, code.co_name)]
-    codecache = getattr(getattr(torch, "_inductor", None), "codecache", None)
+    codecache = sys.modules.get("torch._inductor.codecache")
     if codecache is not None:
         extra = codecache.PyCodeCache.stack_frames_for_code(code.co_filename, line)
         frames += [(frame["filename"], frame["line"], frame["name"]) for frame in extra or ()]

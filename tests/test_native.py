@@ -130,6 +130,26 @@ def test_library_is_built_once_and_then_loaded_from_the_cache(fresh_build, monke
     assert list(fresh_build.rglob("stats.so")) == [built]
 
 
+def test_an_edited_header_builds_the_sources_that_include_it_anew(fresh_build, monkeypatch):
+    """A header beside a source that the source includes with quotes (and one that header includes)
+    is part of the cache key: an edited AddressMap reaches the observer and the walk."""
+    monkeypatch.setattr(build, "_build", lambda compiler, flags, source, target, link=(): target.write_bytes(b"built"))
+    (fresh_build / "outer.h").write_text('#include "inner.h"\n')
+    (fresh_build / "inner.h").write_text("int inner;\n")
+    (fresh_build / "unused.h").write_text("int unused;\n")
+    source = fresh_build / "library.c"
+    source.write_text('#include <stdint.h>\n#include "outer.h"\nint answer(void) { return 42; }\n')
+    assert build.local_headers(source) == [fresh_build / "outer.h", fresh_build / "inner.h"]
+    first = build._built(["cc"], ("-shared",), source)
+    (fresh_build / "unused.h").write_text("int changed;\n")
+    assert build._built(["cc"], ("-shared",), source) == first
+    (fresh_build / "inner.h").write_text("int changed;\n")
+    assert build._built(["cc"], ("-shared",), source) != first
+    native = Path(build.__file__).parent
+    assert build.local_headers(native / "observer.cpp") == [native / "address_map.h"]
+    assert build.local_headers(native / "slot_walk.cpp") == [native / "address_map.h"]
+
+
 def test_disabled_by_environment(fresh_build, monkeypatch):
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")
     assert build.load_library("stats") is None

@@ -1,12 +1,12 @@
 """Build a C source of this package into a shared library once per machine and load it.
 
 The library is cached under ``$TORCHDEBUG_CACHE_DIR`` (default ``$XDG_CACHE_HOME/torchdebug`` or
-``~/.cache/torchdebug``) in a folder named after a hash of the source, the compiler, the flags and
-the machine, so an edited source or a new compiler builds anew. Processes that need it at once (the
-ranks of one job, the workers of a test run) build it once: the first holds the folder's lock while
-it compiles, the others wait and load what it built. It is compiled to a temporary name and renamed
-into place, so no process ever loads a half-written file. Any failure is logged once and gives
-``None``: callers then use torch ops.
+``~/.cache/torchdebug``) in a folder named after a hash of the source (and the headers beside it
+that it includes), the compiler, the flags and the machine, so an edited source or a new compiler
+builds anew. Processes that need it at once (the ranks of one job, the workers of a test run) build
+it once: the first holds the folder's lock while it compiles, the others wait and load what it
+built. It is compiled to a temporary name and renamed into place, so no process ever loads a
+half-written file. Any failure is logged once and gives ``None``: callers then use torch ops.
 
 Where torch runs its CPU threads on GNU OpenMP, the library is built with ``-fopenmp``: its
 ``libgomp.so.1`` is then the copy torch already loaded, so its parallel regions run on torch's own
@@ -29,6 +29,7 @@ import importlib.util
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -203,6 +204,7 @@ def _built(compiler: list[str], flags: tuple[str, ...], source: Path, link: tupl
         key.update(" ".join([*link, version]).encode())
     for part in (
         source.read_bytes(),
+        *(header.read_bytes() for header in local_headers(source)),
         " ".join([*compiler, *flags]).encode(),
         _compiler_version(compiler).encode(),
         platform.machine().encode(),
@@ -216,6 +218,23 @@ def _built(compiler: list[str], flags: tuple[str, ...], source: Path, link: tupl
             if not target.exists():  # else another process built it while this one waited
                 _build(compiler, flags, source, target, link)
     return target
+
+
+_LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def local_headers(source: Path) -> list[Path]:
+    """The headers beside ``source`` that it includes with quotes, and theirs, in the order first
+    included: part of the cache key, so an edited header builds its sources anew."""
+    found: list[Path] = []
+    pending = [source]
+    while pending:
+        for name in _LOCAL_INCLUDE.findall(pending.pop().read_bytes()):
+            header = source.parent / name.decode()
+            if header not in found and header.is_file():
+                found.append(header)
+                pending.append(header)
+    return found
 
 
 @contextlib.contextmanager

@@ -83,6 +83,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "address_map.h"
+
 extern "C" {
 int Py_IsInitialized();
 int PyGILState_Ensure();  // PyGILState_STATE, an enum
@@ -325,6 +327,20 @@ void json_value(std::string& out, const c10::IValue& value, ValueType type) {
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 
+// A weak reference an AddressMap holds (its entries are made empty first): to nothing until set.
+template <typename T, typename Null = c10::detail::intrusive_target_default_null_type<T>>
+struct Held {
+  c10::weak_intrusive_ptr<T, Null> weak{c10::intrusive_ptr<T, Null>()};
+};
+
+// Hold `weak` at `address` unless the map holds a reference there already (taken from `weak`).
+template <typename T, typename Null>
+void hold_first(AddressMap<Held<T, Null>>& map, int64_t address, c10::weak_intrusive_ptr<T, Null>& weak) {
+  auto before = map.size();
+  auto& held = map[address];
+  if (map.size() != before) held.weak = std::move(weak);
+}
+
 // ---- statistics and fingerprints: stats.c's kernels, called on CPU tensors -----------------------
 // Python hands over the entry points of the stats library it loaded (td_observer_use_stats,
 // td_observer_use_fingerprints), so the sums are those of torchdebug.native.fused_stats bit for bit:
@@ -452,9 +468,24 @@ int ordered_runs(const c10::TensorImpl* impl, int64_t* sizes, int64_t* strides, 
 // for views of views), or 0 for a tensor that is no view; `held` gets a weak reference to it. The
 // temporary reference is dropped before the op returns (a factory's binding checks that it holds
 // its result alone).
+// A TensorBase over a TensorImpl the caller holds, made and dropped without touching its reference
+// count (an atomic add and subtract a slot): c10::MaybeOwnedTraits<TensorBase>'s borrow.
+class Borrowed {
+ public:
+  explicit Borrowed(c10::TensorImpl* impl) : tensor_(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim(impl)) {}
+  Borrowed(const Borrowed&) = delete;
+  Borrowed& operator=(const Borrowed&) = delete;
+  ~Borrowed() { tensor_.unsafeReleaseTensorImpl(); }
+  const at::TensorBase& operator*() const { return tensor_; }
+
+ private:
+  at::TensorBase tensor_;
+};
+
 int64_t view_base(c10::TensorImpl* impl, WeakImpl& held) {
   if (impl->autograd_meta() == nullptr) return 0;  // no autograd metadata: no view
-  at::TensorBase tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl));
+  Borrowed borrowed(impl);
+  const auto& tensor = *borrowed;
   if (!tensor.is_view()) return 0;
   held = WeakImpl(tensor._base().getIntrusivePtr());
   return reinterpret_cast<int64_t>(tensor._base().unsafeGetTensorImpl());
@@ -512,23 +543,26 @@ int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) 
 // read holds only while its storage saw no write since, for a tensor on it whose version counter is
 // not the writer's (`p.data.mul_()`: `.data` is an alias with a version counter of its own, and a
 // write through it leaves the parameter's version where it was). Held with reads_mutex.
-std::unordered_map<const c10::StorageImpl*, uint64_t> storage_writes;
+AddressMap<uint64_t> storage_writes;  // by StorageImpl address
+
+int64_t address(const void* pointer) { return reinterpret_cast<int64_t>(pointer); }
 
 uint64_t writes_into(const c10::TensorImpl* impl) {
   if (storage_writes.empty() || !impl->has_storage()) return 0;
-  auto found = storage_writes.find(impl->unsafe_storage().unsafeGetStorageImpl());
-  return found == storage_writes.end() ? 0 : found->second;
+  const auto* found = storage_writes.find(address(impl->unsafe_storage().unsafeGetStorageImpl()));
+  return found == nullptr ? 0 : found->second;
 }
 
 struct Read {
-  WeakImpl impl;
-  int64_t version;
-  uint64_t writes;  // writes_into its storage when read
-  const void* data;
-  int ndim;
+  Read() {}  // its arrays left as they are: read_values sets what holds() compares
+  WeakImpl impl{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+  int64_t version = 0;
+  uint64_t writes = 0;  // writes_into its storage when read
+  const void* data = nullptr;
+  int ndim = 0;
   std::array<int64_t, kMaxDims> sizes, strides;
-  int taken;
-  int64_t fingerprint;
+  int taken = 0;
+  int64_t fingerprint = 0;
   std::array<double, kStatsWidth> sums;
 
   bool holds(const c10::TensorImpl* tensor, int64_t at_version) const {
@@ -539,12 +573,18 @@ struct Read {
            std::equal(shape.begin(), shape.end(), sizes.begin()) && std::equal(steps.begin(), steps.end(), strides.begin());
   }
 };
+// The reads by TensorImpl address, as indices into read_pool; both held with reads_mutex. An entry
+// forgotten leaves its Read in the pool until the drain clears both (the pool keeps its buffer).
 std::mutex reads_mutex;
-std::unordered_map<const c10::TensorImpl*, Read> reads;
+AddressMap<uint32_t> read_at;
+std::vector<Read> read_pool;
+
+void forget_read(const c10::TensorImpl* impl) { read_at.erase(address(impl)); }  // reads_mutex held
 
 void forget_reads() {
   std::lock_guard<std::mutex> lock(reads_mutex);
-  reads.clear();
+  read_at.clear();
+  read_pool.clear();
   storage_writes.clear();
 }
 
@@ -557,21 +597,30 @@ int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   uint64_t writes = 0;
   {
     std::lock_guard<std::mutex> lock(reads_mutex);
-    auto found = reads.find(impl);
-    if (found != reads.end() && found->second.holds(impl, version)) {
-      std::copy(found->second.sums.begin(), found->second.sums.end(), out);
-      *fingerprint = found->second.fingerprint;
-      return found->second.taken;
+    const auto* found = read_at.find(address(impl));
+    if (found != nullptr && read_pool[found->second].holds(impl, version)) {
+      const auto& read = read_pool[found->second];
+      std::copy(read.sums.begin(), read.sums.end(), out);
+      *fingerprint = read.fingerprint;
+      return read.taken;
     }
     writes = writes_into(impl);
   }
   int taken = take_values(impl, out, fingerprint);
-  Read read{WeakImpl::reclaim_copy(impl), version, writes, impl->data(), static_cast<int>(impl->dim()), {}, {}, taken, *fingerprint, {}};
+  std::lock_guard<std::mutex> lock(reads_mutex);
+  const auto* found = read_at.find(address(impl));
+  if (found == nullptr) read_at[address(impl)] = static_cast<uint32_t>(read_pool.size());
+  auto& read = found == nullptr ? read_pool.emplace_back() : read_pool[found->second];
+  read.impl = WeakImpl::reclaim_copy(impl);
+  read.version = version;
+  read.writes = writes;
+  read.data = impl->data();
+  read.ndim = static_cast<int>(impl->dim());
   std::copy(impl->sizes().begin(), impl->sizes().end(), read.sizes.begin());
   std::copy(impl->strides().begin(), impl->strides().end(), read.strides.begin());
+  read.taken = taken;
+  read.fingerprint = *fingerprint;
   std::copy(out, out + kStatsWidth, read.sums.begin());
-  std::lock_guard<std::mutex> lock(reads_mutex);
-  reads.insert_or_assign(impl, std::move(read));
   return taken;
 }
 
@@ -634,10 +683,10 @@ void forget_reads_of(c10::ArrayRef<const c10::IValue> values) {
   std::lock_guard<std::mutex> lock(reads_mutex);
   for (const auto& value : values) {
     if (value.isTensor()) {
-      reads.erase(value.unsafeToTensorImpl());
+      forget_read(value.unsafeToTensorImpl());
     } else if (value.isList()) {
       for (const auto& item : value.toListRef()) {
-        if (item.isTensor()) reads.erase(item.unsafeToTensorImpl());
+        if (item.isTensor()) forget_read(item.unsafeToTensorImpl());
       }
     }
   }
@@ -1028,8 +1077,8 @@ struct Recorder {
   // The TensorImpls of the slots drained (and of their views' bases), by address, held weakly until
   // they are freed; those freed are reported by the next drain (freed), after which their addresses
   // may be reused.
-  std::unordered_map<int64_t, WeakImpl> seen;
-  std::unordered_map<int64_t, WeakStorage> seen_storages;  // the same for the slots' StorageImpls
+  AddressMap<Held<c10::TensorImpl, c10::UndefinedTensorImpl>> seen;
+  AddressMap<Held<c10::StorageImpl>> seen_storages;  // the same for the slots' StorageImpls
   std::vector<int64_t> freed;  // TensorImpl and StorageImpl addresses (never equal while both are held)
 
   int64_t add_row(Row&& row) {  // mutex held
@@ -1396,7 +1445,7 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
     if (!is_tensor(value)) return;
     auto* impl = value.unsafeToTensorImpl();
     thread.writes.emplace_back(impl, impl->is_inference() ? int64_t{-1} : static_cast<int64_t>(impl->version_counter().current_version()));
-    if (impl->has_storage()) ++storage_writes[impl->unsafe_storage().unsafeGetStorageImpl()];
+    if (impl->has_storage()) ++storage_writes[address(impl->unsafe_storage().unsafeGetStorageImpl())];
   };
   for (auto position : *info.written) {
     if (static_cast<size_t>(position) >= inputs.size()) continue;
@@ -1468,7 +1517,7 @@ void count_unmoved(ThreadState& thread, int32_t from) {
     any_unmoved.store(true, std::memory_order_relaxed);
   }
   std::lock_guard<std::mutex> lock(reads_mutex);
-  for (auto* impl : still) reads.erase(impl);
+  for (auto* impl : still) forget_read(impl);
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
@@ -1794,22 +1843,13 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(recorder.made, ops, columns[27]);
   take(recorder.stack, ops, columns[22]);
   recorder.freed.clear();
-  for (auto it = recorder.seen.begin(); it != recorder.seen.end();) {  // freed since the last drain
-    if (it->second.expired()) {
-      recorder.freed.push_back(it->first);
-      it = recorder.seen.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = recorder.seen_storages.begin(); it != recorder.seen_storages.end();) {
-    if (it->second.expired()) {
-      recorder.freed.push_back(it->first);
-      it = recorder.seen_storages.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  auto freed = [](int64_t address, const auto& held) {  // since the last drain
+    if (!held.weak.expired()) return false;
+    recorder.freed.push_back(address);
+    return true;
+  };
+  recorder.seen.erase_if(freed);
+  recorder.seen_storages.erase_if(freed);
   drained_texts.clear();
   std::unordered_map<std::string_view, int64_t> text_codes;  // views into from.text, alive until its erase below
   for (size_t slot = 0; slot < slots; ++slot) {
@@ -1822,11 +1862,9 @@ void td_observer_drain(const int64_t* counts, void** columns) {
       from.value[slot] = found->second;
       continue;
     }
-    recorder.seen.try_emplace(from.value[slot], std::move(from.alive[slot]));
-    if (from.base[slot] != 0) recorder.seen.try_emplace(from.base[slot], std::move(from.base_alive[slot]));
-    if (from.flag[slot] == kPlain && from.storage[slot] != 0) {
-      recorder.seen_storages.try_emplace(from.storage[slot], std::move(from.storage_alive[slot]));
-    }
+    hold_first(recorder.seen, from.value[slot], from.alive[slot]);
+    if (from.base[slot] != 0) hold_first(recorder.seen, from.base[slot], from.base_alive[slot]);
+    if (from.flag[slot] == kPlain && from.storage[slot] != 0) hold_first(recorder.seen_storages, from.storage[slot], from.storage_alive[slot]);
   }
   from.text.erase(from.text.begin(), from.text.begin() + static_cast<std::ptrdiff_t>(slots));
   from.alive.erase(from.alive.begin(), from.alive.begin() + static_cast<std::ptrdiff_t>(slots));

@@ -43,6 +43,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "address_map.h"
+
 namespace {
 
 constexpr int8_t kPlain = 0;  // observer.py's PLAIN: a slot whose sizes were read
@@ -65,86 +67,6 @@ enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4 };
 constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
 constexpr int64_t kLookback = 4096;  // recompute.py's LOOKBACK
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
-
-// A hash map from addresses (TensorImpl, StorageImpl) and other int64 keys (never INT64_MIN) to V,
-// open addressing with linear probing and backward-shift erasure: one array, no node allocated per
-// entry. The walk makes several lookups and inserts a slot, a million slots a step at scale, where
-// std::unordered_map's allocation per node was most of its time. An insert may move every entry:
-// no reference into it is held across one.
-template <typename V>
-class AddressMap {
- public:
-  struct Entry {
-    int64_t first = kEmpty;
-    V second{};
-  };
-  Entry* end() const { return nullptr; }
-  Entry* find(int64_t key) { return const_cast<Entry*>(static_cast<const AddressMap*>(this)->find(key)); }
-  const Entry* find(int64_t key) const {
-    if (size_ == 0) return nullptr;
-    for (size_t at = home(key);; at = (at + 1) & mask_) {
-      if (entries_[at].first == key) return &entries_[at];
-      if (entries_[at].first == kEmpty) return nullptr;
-    }
-  }
-  bool contains(int64_t key) const { return find(key) != nullptr; }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  V& operator[](int64_t key) {
-    if (2 * (size_ + 1) > entries_.size()) grow();
-    size_t at = home(key);
-    for (; entries_[at].first != kEmpty; at = (at + 1) & mask_) {
-      if (entries_[at].first == key) return entries_[at].second;
-    }
-    entries_[at].first = key;
-    ++size_;
-    return entries_[at].second;
-  }
-  void insert(int64_t key) { (*this)[key]; }  // a set's insert (V unused)
-  void erase(int64_t key) {
-    auto* found = find(key);
-    if (found == nullptr) return;
-    size_t hole = static_cast<size_t>(found - entries_.data());
-    for (size_t next = (hole + 1) & mask_; entries_[next].first != kEmpty; next = (next + 1) & mask_) {
-      size_t want = home(entries_[next].first);  // it may fill the hole if the hole lies on its probe path
-      bool stays = hole <= next ? (hole < want && want <= next) : (hole < want || want <= next);
-      if (!stays) {
-        entries_[hole] = std::move(entries_[next]);
-        hole = next;
-      }
-    }
-    entries_[hole] = Entry{};
-    --size_;
-  }
-  void clear() {  // in time linear in the entries held: a table mostly empty is let go, not swept
-    if (size_ == 0) return;
-    if (entries_.size() > 64 && 4 * size_ < entries_.size()) {
-      std::vector<Entry>().swap(entries_);  // (a row's inputs after a foreach op's hundreds)
-      mask_ = 0;
-    } else {
-      std::fill(entries_.begin(), entries_.end(), Entry{});
-    }
-    size_ = 0;
-  }
-
- private:
-  static constexpr int64_t kEmpty = INT64_MIN;
-  size_t home(int64_t key) const { return static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> shift_); }
-  void grow() {
-    std::vector<Entry> old(std::max<size_t>(16, 2 * entries_.size()));
-    old.swap(entries_);
-    mask_ = entries_.size() - 1;
-    shift_ = 64 - static_cast<int>(__builtin_ctzll(entries_.size()));
-    size_ = 0;
-    for (auto& entry : old) {
-      if (entry.first != kEmpty) (*this)[entry.first] = std::move(entry.second);
-    }
-  }
-  std::vector<Entry> entries_;
-  size_t mask_ = 0;
-  int shift_ = 64;
-  size_t size_ = 0;
-};
 
 struct Memory {
   int64_t storage = 0;
@@ -641,10 +563,11 @@ void td_walk_entries(void* walk, int64_t* counts) {
 }
 
 // AddressMap against std::unordered_map over `operations` random inserts, erases and finds of `keys`
-// addresses whose homes lie in the first or last sixteenth of any table (its hash's top 4 bits 0 or
-// 15): long probe runs that wrap around the table's end, where erasure must shift entries back
-// across it. From `seed`; returns the number of answers that differ (0). For tests: the walk's maps
-// hold what value ids and shared statistics rest on.
+// addresses (and an erase_if of the odd values every 4,096) whose homes lie in the first or last
+// sixteenth of any table (its hash's top 4 bits 0 or 15): long probe runs that wrap around the
+// table's end, where erasure must shift entries back across it. From `seed`; returns the number of
+// answers that differ (0). For tests: the walk's and the observer's maps hold what value ids and
+// shared statistics rest on.
 int64_t td_walk_check_address_map(int64_t operations, uint64_t seed, int64_t keys) {
   std::vector<int64_t> pool;
   for (int64_t candidate = 0x7f0000000000; static_cast<int64_t>(pool.size()) < keys; candidate += 16) {
@@ -673,6 +596,10 @@ int64_t td_walk_check_address_map(int64_t operations, uint64_t seed, int64_t key
       }
     }
     differences += map.size() != expected.size();
+    if (step % 4096 == 2047) {  // erase_if: the entries whose values are odd
+      map.erase_if([](int64_t, int64_t value) { return value % 2 != 0; });
+      std::erase_if(expected, [](const auto& entry) { return entry.second % 2 != 0; });
+    }
     if (step % 4096 == 4095) {
       map.clear();
       expected.clear();

@@ -588,27 +588,23 @@ void forget_reads() {
   storage_writes.clear();
 }
 
-// take_values, or what it gave for this tensor at this version since the last drain.
+// take_values, or what it gave for this tensor at this version since the last drain. One lock for
+// the lookup, the read and the entry: the callbacks of two threads rarely read at once.
 int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   bool cacheable = !impl->is_inference() && impl->is_cpu() && impl->layout() == c10::kStrided && impl->numel() > 0 &&
                    impl->has_storage() && impl->storage_initialized() && impl->dim() <= kMaxDims;
   if (!cacheable) return take_values(impl, out, fingerprint);
   auto version = impl->version_counter().current_version();
-  uint64_t writes = 0;
-  {
-    std::lock_guard<std::mutex> lock(reads_mutex);
-    const auto* found = read_at.find(address(impl));
-    if (found != nullptr && read_pool[found->second].holds(impl, version)) {
-      const auto& read = read_pool[found->second];
-      std::copy(read.sums.begin(), read.sums.end(), out);
-      *fingerprint = read.fingerprint;
-      return read.taken;
-    }
-    writes = writes_into(impl);
-  }
-  int taken = take_values(impl, out, fingerprint);
   std::lock_guard<std::mutex> lock(reads_mutex);
   const auto* found = read_at.find(address(impl));
+  if (found != nullptr && read_pool[found->second].holds(impl, version)) {
+    const auto& read = read_pool[found->second];
+    std::copy(read.sums.begin(), read.sums.end(), out);
+    *fingerprint = read.fingerprint;
+    return read.taken;
+  }
+  uint64_t writes = writes_into(impl);
+  int taken = take_values(impl, out, fingerprint);
   if (found == nullptr) read_at[address(impl)] = static_cast<uint32_t>(read_pool.size());
   auto& read = found == nullptr ? read_pool.emplace_back() : read_pool[found->second];
   read.impl = WeakImpl::reclaim_copy(impl);
@@ -1299,10 +1295,31 @@ std::string overload_name(const c10::OperatorName& name) {
   return out;
 }
 
+// What td_observer_checkpoint last set (the frame ops) moves this, which drops the threads' caches.
+std::atomic<uint64_t> ops_epoch{0};
+
+OpInfo recorded_op_info(const at::RecordFunction& fn);
+
 // An operator's name() points into its FunctionSchema, which lives as long as the operator is
 // registered: a key per overload. A RecordFunction named by a string has its own copy of the name,
-// so its pointer never equals a live schema's; it is not cached.
+// so its pointer never equals a live schema's; it is not cached. Each thread keeps the ops it met
+// (no lock, no division a call), taken from Recorder::ops on the first call.
 OpInfo op_info(const at::RecordFunction& fn) {
+  thread_local AddressMap<OpInfo> known;
+  thread_local uint64_t known_epoch = 0;
+  auto epoch = ops_epoch.load(std::memory_order_acquire);
+  if (known_epoch != epoch) {
+    known.clear();
+    known_epoch = epoch;
+  }
+  auto key = address(fn.name());
+  if (const auto* found = known.find(key); found != nullptr) return found->second;
+  auto info = recorded_op_info(fn);
+  if (info.id >= 0) known[key] = info;
+  return info;
+}
+
+OpInfo recorded_op_info(const at::RecordFunction& fn) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   auto found = recorder.ops.find(fn.name());
   if (found != recorder.ops.end()) return found->second;
@@ -1962,6 +1979,7 @@ void td_observer_checkpoint(const char* node, const char* ops) {
   for (auto& [key, info] : recorder.ops) {
     info.frame_op = std::find(frame_ops.begin(), frame_ops.end(), recorder.names[static_cast<size_t>(info.id)]) != frame_ops.end();
   }
+  ops_epoch.fetch_add(1, std::memory_order_release);
 }
 
 // The op calls hidden by another dispatch mode since the last call (hidden_by_modes).

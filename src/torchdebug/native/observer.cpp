@@ -464,10 +464,6 @@ int ordered_runs(const c10::TensorImpl* impl, int64_t* sizes, int64_t* strides, 
   return ndim;
 }
 
-// The TensorImpl address of the tensor a view's memory belongs to (autograd's _base: the first one,
-// for views of views), or 0 for a tensor that is no view; `held` gets a weak reference to it. The
-// temporary reference is dropped before the op returns (a factory's binding checks that it holds
-// its result alone).
 // A TensorBase over a TensorImpl the caller holds, made and dropped without touching its reference
 // count (an atomic add and subtract a slot): c10::MaybeOwnedTraits<TensorBase>'s borrow.
 class Borrowed {
@@ -482,6 +478,9 @@ class Borrowed {
   at::TensorBase tensor_;
 };
 
+// The TensorImpl address of the tensor a view's memory belongs to (autograd's _base: the first one,
+// for views of views), or 0 for a tensor that is no view; `held` gets a weak reference to it. The
+// tensor is borrowed, never held (a factory's binding checks that it holds its result alone).
 int64_t view_base(c10::TensorImpl* impl, WeakImpl& held) {
   if (impl->autograd_meta() == nullptr) return 0;  // no autograd metadata: no view
   Borrowed borrowed(impl);

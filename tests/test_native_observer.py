@@ -547,6 +547,36 @@ def test_symbolizing_stacks_loads_neither_dynamo_nor_inductor() -> None:
     assert run.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_a_frame_of_generated_code_is_followed_by_the_source_frames_inductor_maps_it_to(
+    observer: NativeObserver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where inductor's code cache is loaded, a frame of code it generated is followed by the frames
+    of the source it was generated from (what its ``PyCodeCache`` says), as torch's symbolize gives them."""
+    from torch._inductor import codecache
+
+    generated = "/tmp/torchinductor_test/generated_kernel.py"
+    asked = []
+
+    def source_frames(filename: str, line: int) -> list[dict] | None:
+        asked.append((filename, line))
+        return [{"filename": "model.py", "line": 7, "name": "forward"}] if filename == generated else None
+
+    monkeypatch.setattr(codecache.PyCodeCache, "stack_frames_for_code", staticmethod(source_frames))
+    namespace: dict = {}
+    exec(compile("def call(x):\n    return x.add(1)\n", generated, "exec"), namespace)
+    observer.want_stacks(True)
+    try:
+        observer.start()
+        namespace["call"](torch.ones(2))
+        observer.stop()
+        ops = observer.drain()
+    finally:
+        observer.want_stacks(False)
+    stack = observer.stacks()[ops.stack[ops.op_names().index("aten.add.Tensor")]]
+    assert stack[:2] == [(generated, 2, "call"), ("model.py", 7, "forward")]
+    assert (generated, 2) in asked
+
+
 def test_ops_under_another_dispatch_mode_are_not_recorded_dynamos_compilation_included(observer: NativeObserver) -> None:
     """Dynamo traces with FakeTensorMode (a capture mode that ignores compile internals lets it
     through): the first call of a compiled function records what later calls record."""

@@ -214,6 +214,27 @@ def test_original_stage_interprets_the_graph_before_the_passes(tmp_path: Path) -
     torch.testing.assert_close(run.load_tensor(record), net.fc(x).detach())
 
 
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+def test_the_original_stage_leaves_an_input_the_graph_writes_as_the_program_had_it(tmp_path: Path, backend_name: str) -> None:
+    """The interpreter runs the graph before the compiled graph does, on the same inputs: it writes a
+    copy of an input the graph writes in place, or the compiled graph would read it written twice."""
+
+    def double_then_project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return x @ weight
+
+    torch._dynamo.reset()
+    backend = _backend(tmp_path, backend=backend_name, task="tensor", dump_stage="original")
+    x, weight = torch.ones(4, 8), torch.ones(8, 3)
+    out = torch.compile(double_then_project, backend=backend)(x, weight)
+    run = _run(backend)
+    torch._dynamo.reset()
+    assert torch.equal(x, torch.full((4, 8), 2.0)) and torch.equal(out, torch.full((4, 3), 16.0))
+    slots = {r.name: r for r in run.records()}
+    assert torch.equal(run.load_tensor(slots["forward/-/aten.mul.Tensor#0/input.0"]), torch.ones(4, 8))
+    assert torch.equal(run.load_tensor(slots["forward/-/aten.copy_.default#0/output.0"]), torch.full((4, 8), 2.0))
+
+
 @pytest.mark.gpu
 def test_dumps_keep_working_under_reduce_overhead_on_cuda(tmp_path: Path) -> None:
     backend = _backend(tmp_path, compile_mode="reduce-overhead", task="statistics")

@@ -125,3 +125,46 @@ def test_symbolic_sizes_split_statistics_between_host_and_graph_as_their_traced_
     assert any(isinstance(numel, SymbolicSize) for numel in symbolic.numel)
     assert len(static_dump.args) == 3 and len(symbolic.sizes.symbols) == 4  # x: s0 x s1, big: s2 x s3
     assert [node.target for node in symbolic_dump.args[4]] == [torch.ops.aten.sym_size.int] * 4
+
+
+def _mutating(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Writes its input in place: functionalisation ends the graph with ``copy_(x, x * 2)``, after
+    the product read the doubled value and the step's input was read undoubled by the ``mul``."""
+    x.mul_(2)
+    return x @ weight
+
+
+@pytest.mark.parametrize("where", ["graph", "host"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_an_input_the_graph_writes_in_place_is_dumped_as_the_ops_before_the_write_saw_it(
+    where: str, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host reads its values a few at a time, after the last of each group, and the tensors are
+    handed over at the graph's end: neither may be later than the ``copy_`` that writes the input."""
+    if where == "graph":
+        monkeypatch.setattr(planner, "_host_stats", lambda value: False)
+    elif not planner._host_stats(torch.zeros(1)):
+        pytest.skip("no native statistics kernel on this machine")
+    torch._dynamo.reset()
+    config = CompilerConfig(backend=backend)
+    config.debug.run_eagerly = backend == "inductor"  # inductor's graph, run as the dump backend runs it
+    config.dump_config.enable_dump = True
+    config.dump_config.dump_path = str(tmp_path)
+    config.dump_config.task = "tensor"
+    compiled = get_backend(config)
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(4, 8, generator=generator), torch.randn(8, 3, generator=generator)
+    before = x.clone()
+    torch.compile(_mutating, backend=compiled)(x, weight)
+    compiled.data_dump.close()
+    torch._dynamo.reset()
+    run = torchdebug.load(compiled.data_dump.run_dir).ranks[0]
+    slots = {r.name: r for r in run.records() if r.kind == "tensor"}
+    read = slots["forward/-/aten.mul.Tensor#0/input.0"]
+    written = slots["forward/-/aten.copy_.default#0/output.0"]
+    for record, value in ((read, before), (written, before * 2)):
+        assert torch.equal(run.load_tensor(record), value), record.name
+        want = tensor_stats(value)
+        scale = max(abs(want["min"]), abs(want["max"]))
+        assert all(_close(key, record.stats[key], want[key], "float32", scale) for key in want), (record.name, record.stats)
+    assert slots["forward/-/aten.copy_.default#0/input.0"].stats == read.stats  # the value the write replaced

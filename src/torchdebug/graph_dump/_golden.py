@@ -34,15 +34,18 @@ class _Keeper(torch.fx.Interpreter):
 
 def interpret(plan: GraphPlan, tensors: list[torch.Tensor], sizes: list[int] = ()) -> dict[str, Any]:
     """Values of the nodes feeding the plan's slots, computed by interpreting ``plan.golden`` on the
-    graph's inputs: its tensors and, compiled with dynamic shapes, the values of its symbolic-int
-    inputs (in the order of ``plan.golden_inputs``)."""
+    graph's inputs: its tensors (a copy of those it writes in place: the compiled graph runs next
+    on the same inputs) and, compiled with dynamic shapes, the values of its symbolic-int inputs
+    (in the order of ``plan.golden_inputs``)."""
     assert plan.golden is not None, "interpret() needs a plan made with dump_stage='original'"
     wanted = {slot.source_node for call in plan.calls for slot in call.slots if slot.source_node}
     keeper = _Keeper(plan.golden, wanted)
     inputs: list[Any] = list(tensors)
     if plan.golden_inputs:
-        given = {"tensor": iter(tensors), "size": iter(sizes)}
+        handed = iter(tensors)
+        given = {"tensor": handed, "written": handed, "size": iter(sizes)}
         inputs = [next(given[kind], None) if kind in given else None for kind in plan.golden_inputs]
+        inputs = [value.clone() if kind == "written" else value for kind, value in zip(plan.golden_inputs, inputs)]
     with torch.no_grad():
         keeper.run(*inputs)
     return keeper.kept

@@ -22,7 +22,7 @@ from torchdebug.graph_dump._accumulators import insert_stats, propagate_fake_val
 from torchdebug.graph_dump._capture import GraphCapture
 from torchdebug.graph_dump._instances import compiled_frame
 from torchdebug.graph_dump._plan import GraphPlan, StatTable
-from torchdebug.graph_dump._planner import ModelContext, Plan, plan_graph
+from torchdebug.graph_dump._planner import ModelContext, Plan, first_writes, plan_graph
 from torchdebug.graph_dump._runtime import DUMP_GRAPH, DUMP_POINT, HOST_STATS
 from torchdebug.graph_dump._settings import DumpSettings
 
@@ -137,12 +137,23 @@ class _Instrumenter:
                 # an extern call with no tensor argument makes inductor (2.13) free a buffer
                 # before its last use; an empty tensor, which no table covers, avoids that
                 stats = [graph.call_function(aten.full.default, ([0], 0.0), {"dtype": torch.float64})]
-            args: tuple[Any, ...] = (stats, list(self.plan.tensors), self.sink)
+            args: tuple[Any, ...] = (stats, self._tensors(), self.sink)
             if sizes:
                 args += ("", sizes)
             graph.call_function(DUMP_GRAPH, args)
         self._insert_points()
         propagate_fake_values(graph, [n for n in graph.nodes if n not in before and "val" not in n.meta])
+
+    def _tensors(self) -> list[torch.fx.Node]:
+        """The tensors handed to ``dump_graph``: those a later node writes in place (``plan.copied``)
+        as a copy taken right after them, so the dump holds what the ops that read them saw."""
+        tensors = []
+        for node in self.plan.tensors:
+            if node in self.plan.copied:
+                with self.graph.inserting_before(self._after(node)):
+                    node = self.graph.call_function(aten.clone.default, (node,))
+            tensors.append(node)
+        return tensors
 
     def _after(self, node: torch.fx.Node) -> torch.fx.Node:
         return self.after_inputs if node.op == "placeholder" else node.next
@@ -150,11 +161,12 @@ class _Instrumenter:
     def _insert_golden_inputs(self, placeholders: list[torch.fx.Node]) -> None:
         """``dump_point(tensor inputs, sink, -1, symbolic-int inputs)`` where the inputs are known."""
         tensors, sizes, kinds = [], [], []
+        written = first_writes(self.graph)
         for node in placeholders:
             value = node.meta.get("val")
             if isinstance(value, torch.Tensor):
                 tensors.append(node)
-                kinds.append("tensor")
+                kinds.append("written" if node in written else "tensor")
             elif isinstance(value, (int, torch.SymInt)):
                 sizes.append(node)
                 kinds.append("size")

@@ -192,8 +192,10 @@ class GraphPlan:
     sizes: SymbolicSizes = field(default_factory=SymbolicSizes)
     """The symbolic expressions of the slots and element counts (none for a graph with static shapes)."""
     golden_inputs: tuple[str, ...] = ()
-    """``dump_stage="original"``: per graph input, ``tensor`` or ``size`` (a symbolic int), the
-    order in which the interpreter gets the values ``dump_point(..., -1)`` hands over."""
+    """``dump_stage="original"``: per graph input, ``tensor``, ``written`` (a tensor the graph writes
+    in place: the interpreter gets a copy, so the compiled graph, which runs after it, reads the
+    input unwritten) or ``size`` (a symbolic int), the order in which the interpreter gets the
+    values ``dump_point(..., -1)`` hands over."""
     tables: list[StatTable] = field(default_factory=list)
     """How ``dump_graph``'s ``stats`` list is cut into host vectors, in list order."""
     frame: str | None = None

@@ -152,6 +152,26 @@ def _rng_state_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return found
 
 
+def first_writes(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
+    """Where each value a node writes in place is first written (its position in the graph), by the
+    value's source (:meth:`_Planner._source`: a view is written with its base). In the graphs a
+    backend gets, that is the ``copy_`` functionalisation puts before the output for an input the
+    user's code mutates (``x.mul_(2)`` on the step's input, a buffer); a value read on the host or
+    handed over later would be read as written, not as the ops before it saw it."""
+    written: dict[torch.fx.Node, int] = {}
+    for position, node in enumerate(graph.nodes):
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for index, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+            if isinstance(value, torch.fx.Node):
+                written.setdefault(_Planner._source(value), position)
+    return written
+
+
 def _waited(node: torch.fx.Node) -> torch.fx.Node:
     """The ``_c10d_functional.wait_tensor`` of ``node`` where the graph waits for it, else ``node``.
     A functional collective's output (tensor parallelism's all-reduce) holds the collective's result
@@ -197,6 +217,9 @@ class Plan:
     """Values handed to ``dump_graph`` as tensors, in the order ``SlotPlan.tensor`` counts."""
     size_sources: list[SizeSource]
     """Per symbol of ``graph.sizes.symbols``, where the graph holds its value."""
+    copied: frozenset[torch.fx.Node] = frozenset()
+    """Of ``tensors``, those a later node writes in place (:func:`first_writes`): handed over as a
+    copy taken right after them."""
 
 
 def plan_graph(
@@ -221,6 +244,8 @@ class _Planner:
         self.sizes = SymbolicSizes()
         self.rng_state = _rng_state_nodes(graph)
         self.values = GraphValues(graph, model.forward if aot_phase == "backward" else None)
+        self.written = first_writes(graph)
+        self.position = {node: index for index, node in enumerate(graph.nodes)}
 
     def plan(self, golden: torch.fx.GraphModule | None) -> Plan:
         selected = self.scene.selector(self.graph, self.model.name, self.settings.nodes)
@@ -272,7 +297,13 @@ class _Planner:
         in_graph, host_groups = self._split_rows(plan)
         size_sources = self._find_symbols(plan)
         tensors = sorted(self.tensor_index, key=self.tensor_index.__getitem__)
-        return Plan(plan, self.stat_rows, in_graph, host_groups, tensors, size_sources)
+        copied = frozenset(node for node in tensors if self._written_later(node))
+        return Plan(plan, self.stat_rows, in_graph, host_groups, tensors, size_sources, copied)
+
+    def _written_later(self, node: torch.fx.Node) -> bool:
+        """Whether a node after ``node`` writes its value in place (:func:`first_writes`)."""
+        written = self.written.get(self._source(node))
+        return written is not None and written > self.position[node]
 
     # -- symbolic sizes ----------------------------------------------------------------------------
     def _size(self, value: Any) -> Any:
@@ -345,15 +376,26 @@ class _Planner:
         """Who computes each statistics row: the host for CPU values stored in memory anyway, small
         ones and those computed in a loop over rows (their statistics in the graph would split the
         kernel), in groups of values in the order the graph computes them (``host_groups``); the
-        graph for the others (``in_graph``), so that fused values stay fused."""
+        graph for the others (``in_graph``), so that fused values stay fused. A group is read after
+        its last value, so it ends before a node that writes one of its values in place
+        (:func:`first_writes`)."""
         nodes = sorted(self.stat_rows, key=self.stat_rows.get)
         plan.integral = [_is_integral(n.meta["val"]) for n in nodes]
         plan.numel = [self._size(n.meta["val"].numel()) for n in nodes]
         cheap = {self._source(n) for n in _stored(self.graph) | _in_row_kernels(self.graph)}
         on_host = {n for n in nodes if (n in cheap or _small(n.meta["val"])) and _host_stats(n.meta["val"])}
-        position = {n: i for i, n in enumerate(self.graph.nodes)}
-        host = sorted(on_host, key=position.__getitem__)
-        return [n for n in nodes if n not in on_host], [host[i : i + HOST_GROUP] for i in range(0, len(host), HOST_GROUP)]
+        groups: list[list[torch.fx.Node]] = []
+        group: list[torch.fx.Node] = []
+        written = len(self.position)  # where the group's first value written in place is written
+        for node in sorted(on_host, key=self.position.__getitem__):
+            if len(group) == HOST_GROUP or self.position[node] >= written:
+                groups.append(group)
+                group, written = [], len(self.position)
+            group.append(node)
+            written = min(written, self.written.get(node, written))
+        if group:
+            groups.append(group)
+        return [n for n in nodes if n not in on_host], groups
 
     def _slots(self, node: torch.fx.Node, golden: bool, values: bool = True) -> Iterator[SlotPlan]:
         """``values``: also the non-tensor arguments (not for a node named after the op it replaced:

@@ -364,6 +364,19 @@ def test_made_here_an_output_its_inputs_do_not_explain_is_blamed():
     assert out.message == "difference 0.05 > tolerance 0.001; its inputs differ by only 0: this op makes the difference"
 
 
+def test_made_here_an_output_whose_inputs_one_side_alone_holds_is_first_seen_there():
+    """An eager op outside the compiled graphs, paired by the value it made: its inputs were never
+    compared, so nothing says they agree."""
+    given = _row("input", only="b")
+    out = _row("output", 0.05)
+    judge([given, out])
+    assert _judged(out) == ("error", "blamed")
+    assert out.message == (
+        "difference 0.05 > tolerance 0.001; its inputs were not compared (only B holds them: code the other dump"
+        " did not capture ran there, such as eager code outside compiled graphs): the difference is first seen here"
+    )
+
+
 # --- inputs beyond tolerance -----------------------------------------------------------------------------
 
 

@@ -8,8 +8,10 @@ have been visited, so they are paired or one-sided. Each call tries :data:`RULES
 the first that names a call of B pairs it: by data flow (B's call reading the partners of A's
 inputs), a module call by name, an anchor by name (the first reader of a parameter or the step's
 input, a reader of a value only one side made), a namesake of other shapes whose inputs come from
-the same sources (another batch or width), and B's call holding the same values in the module
-(where two implementations meet after one-sided ops). What no rule pairs is one-sided. A few
+the same sources (another batch or width), B's call reading the partners of the inputs whose makers
+are known where the others are values no op made (a compiled graph's input that eager code made),
+and B's call holding the same values in the module (where two implementations meet after one-sided
+ops). What no rule pairs is one-sided. A few
 dict lookups per call: linear in the records. Eager and graph dumps carry value ids; dumps without
 them (older dumps, msprobe dumps) are aligned by ``_matching``'s names and heuristics instead.
 """
@@ -60,6 +62,9 @@ class _Links(Protocol[_C_contra]):
 
     @property
     def partner(self) -> Mapping[str, str]: ...
+
+    @property
+    def paired_b(self) -> set[str]: ...
 
     def check(self, call_a: _C_contra, call_b: _C_contra) -> bool | None: ...
 
@@ -179,6 +184,7 @@ class _Walk(Generic[_C]):
             keys = {_flow_key(call, op, inputs) for inputs in reads if inputs}
             for key in keys:
                 self.by_flow.setdefault(key, []).append(call)
+        self.readers: dict[tuple, list[_C]] | None = None  # made when a rule first asks: B's calls by one input
         self.by_value: _ByValue[_C] | None = None  # made when a rule first asks
         self.taken: set[int] = set()
         self.leaves: dict[tuple, tuple] = {}  # A's values no op made: B's twin, learnt where a pair reads both
@@ -208,6 +214,17 @@ class _Walk(Generic[_C]):
             if _partner(mine, self.links.partner, self.leaves) != producer and (other.first.step, producer[0]) in self.pending_a:
                 return True
         return False
+
+    def reading(self, call: _C, slot: str, producer: tuple) -> list[_C]:
+        """B's unpaired calls of A's op, step and phase that read ``producer`` (B's) in ``slot``."""
+        if self.readers is None:  # once, over B's calls unpaired so far: linear in them
+            self.readers = {}
+            for other in self.calls_b.values():
+                if other.first.op != MODULE_OP:
+                    for read in self.inputs_b[id(other)]:
+                        self.readers.setdefault(_flow_key(other, other.first.op, (read,)), []).append(other)
+        found = self.readers.get(_flow_key(call, self.op_a(call), ((slot, producer),)), [])
+        return [other for other in found if id(other) not in self.taken]
 
     def holding_values(self, call: _C, name: str) -> _C | None:
         """B's first unpaired call in A's ``(step, phase, module)`` with A's op, shapes and
@@ -335,6 +352,38 @@ def by_provenance(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[s
     return other
 
 
+def by_known_inputs(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, tuple]]]) -> _C | None:
+    """An op reading both values of known partners and values no op made on its side whose twins are
+    not known (a compiled graph's input that eager code made outside it: autograd summing the
+    gradients of a compiled block's outputs that alias its input, eager code between two graphs):
+    B's call of the same op, step and phase reading the partners in the same slots, and in the
+    others values that no call paired so far made; of several, as :func:`by_data_flow` chooses."""
+    if call.first.op == MODULE_OP:
+        return None
+    known, unknown = [], []
+    for slot, producer in reads[0]:
+        expected = _partner(producer, walk.links.partner, walk.leaves)
+        if expected is not None:
+            known.append((slot, expected))
+        elif producer[0] is None:
+            unknown.append(slot)
+        else:
+            return None  # made by a call of A not paired: no partner to read
+    if not known or not unknown:
+        return None
+    candidates = []
+    for reader in walk.reading(call, *known[0]):
+        theirs = dict(walk.inputs_b[id(reader)])
+        if (
+            len(theirs) == len(reads[0])
+            and all(theirs.get(slot) == expected for slot, expected in known)
+            and all(slot in theirs and theirs[slot][0] not in walk.links.paired_b for slot in unknown)
+        ):
+            candidates.append(reader)
+    other = _chosen(call, name, candidates, walk.taken)
+    return None if other is None or walk.links.check(call, other) is True else other
+
+
 def by_values(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, tuple]]]) -> _C | None:
     """Where two implementations meet after ops only one side runs (sdpa against a hand-written
     attention: the heads transposed back), nothing relates the calls but their values: B's call in
@@ -348,7 +397,7 @@ def by_values(walk: _Walk[_C], call: _C, name: str, reads: list[list[tuple[str, 
     return None if other is None or walk.links.check(call, other) is True else other
 
 
-RULES = (by_data_flow, module_by_name, by_name_at_an_anchor, by_provenance, by_values)
+RULES = (by_data_flow, module_by_name, by_name_at_an_anchor, by_provenance, by_known_inputs, by_values)
 """The walk's rules, in the order each call of A tries them; the first that names a call of B pairs it.
 Each reads the call's inputs as :func:`_both_inputs` lists them, made once per call."""
 

@@ -24,6 +24,7 @@ import torch
 
 from torchdebug._torch import symbolic
 from torchdebug._torch.autograd import current_autograd_node
+from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession, SessionOptions
 from torchdebug.dist import rank_and_world_size
 from torchdebug.graph_dump import _golden as golden
@@ -88,6 +89,9 @@ class GraphCapture:
         self._awaiting_backward: dict[str, list[_ForwardRun]] = {}
         """Per Dynamo graph: its forward runs whose backward has not run yet."""
         self._last_backward: dict[str, _ForwardRun] = {}
+        self._forward_bases: dict[tuple[int, str], dict[Key, int]] = {}
+        """Per plan (``id``) and instance: ``bases`` of its latest forward run in the step, which a
+        recomputation of that run in the backward repeats (its ``fwd`` names)."""
         self._next_value = 0
         """The value id the next graph run's first local value takes (ids are never reused)."""
         self._handover = Handover()
@@ -98,7 +102,7 @@ class GraphCapture:
         """Per plan (``id``): its run that just ended, until what it read and returned is held."""
         self._handover_failed = False
         """A fault stopped the hand-over (``_handover_lost``)."""
-        self._keys: dict[tuple[int, str], dict[Key, Key]] = {}
+        self._keys: dict[tuple[int, str, bool], dict[Key, Key]] = {}
         self._seq = 0
         self._run: GraphRun | None = None
         self._templates: dict[int, dict[tuple[Any, ...], _Template]] = {}
@@ -159,6 +163,9 @@ class GraphCapture:
             return run
         forward_bases: dict[Key, int] = {}
         forward_values: RunValues | None = None
+        # a forward graph run by the autograd engine: activation checkpointing around a compiled
+        # region runs it again in the backward, as eager capture's phase "recompute" records it
+        recomputed = plan.phase == "forward" and current_autograd_node() is not None
         if plan.phase == "backward":
             instance, forward_bases, forward_values = self._forward_of(plan.model)
         else:
@@ -167,10 +174,12 @@ class GraphCapture:
             code = (plan.frame or plan.model, instance.key)
             if self._first is None:
                 self._first = code
-            elif code == self._first and current_autograd_node() is None:  # not a recomputation in a backward
+            elif code == self._first and not recomputed:
                 self._next_step()
                 self._first = code
-        keys = self._keys_of(plan, instance.path)
+            if recomputed:
+                forward_bases = self._forward_bases.get((id(plan), instance.path), {})
+        keys = self._keys_of(plan, instance.path, recomputed)
         counts = self._counts
         bases = {key: counts.get(keys[key], 0) for key in plan.counts}
         for key, n in plan.counts.items():
@@ -179,12 +188,29 @@ class GraphCapture:
         received = arrived[0] if step == self.step else {}  # else the last step's values: this run began a step
         values = RunValues(self._next_value, received, forward_values)
         self._next_value += plan.values
-        if plan.phase == "forward":
+        if recomputed:
+            self._recomputed(plan.model, instance, forward_bases, values)
+        elif plan.phase == "forward":
             self._awaiting_backward.setdefault(plan.model, []).append((instance, bases, values))
+            self._forward_bases[id(plan), instance.path] = bases
         dumped = self.steps is None or self.step in self.steps
-        self._run = GraphRun(plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases, values, arrived)
+        self._run = GraphRun(
+            plan, self.step, dumped, bases, self._seq, instance, keys, forward_bases, values, arrived, recomputed
+        )
         self._seq += plan.n_ops
         return self._run
+
+    def _recomputed(self, model: str, instance: Instance, forward_bases: dict[Key, int], values: RunValues) -> None:
+        """A recomputation's values stand for those of the forward run it repeats: the backward
+        reads what it saved. That run keeps its place among those awaiting their backward (a new
+        entry would be taken by the backward of an earlier block of the same graph)."""
+        waiting = self._awaiting_backward.setdefault(model, [])
+        for index in range(len(waiting) - 1, -1, -1):
+            forward_instance, bases, _ = waiting[index]
+            if forward_instance.path == instance.path:
+                waiting[index] = (forward_instance, bases, values)
+                return
+        waiting.append((instance, forward_bases, values))
 
     def _forward_of(self, model: str) -> _ForwardRun:
         """The forward run a backward run of Dynamo graph ``model`` belongs to: the latest one whose
@@ -195,11 +221,15 @@ class GraphCapture:
             self._last_backward[model] = waiting.pop()
         return self._last_backward.get(model, (self._running.get(model, NO_INSTANCE), {}, None))
 
-    def _keys_of(self, plan: GraphPlan, path: str) -> dict[Key, Key]:
-        """The plan's keys named in the instance at ``path`` (see :attr:`GraphRun.keys`)."""
-        keys = self._keys.get((id(plan), path))
+    def _keys_of(self, plan: GraphPlan, path: str, recomputed: bool) -> dict[Key, Key]:
+        """The plan's keys named in the instance at ``path`` (see :attr:`GraphRun.keys`), in phase
+        ``recompute`` for a ``recomputed`` run."""
+        keys = self._keys.get((id(plan), path, recomputed))
         if keys is None:
-            keys = self._keys[id(plan), path] = {key: _in(key, path) for key in plan.counts}
+            keys = {key: _in(key, path) for key in plan.counts}
+            if recomputed:
+                keys = {key: (RECOMPUTE, module, op) for key, (_, module, op) in keys.items()}
+            self._keys[id(plan), path, recomputed] = keys
         return keys
 
     def _next_step(self) -> None:
@@ -208,6 +238,7 @@ class GraphCapture:
         self.session.step = self.step
         self._counts.clear()
         self._awaiting_backward.clear()
+        self._forward_bases.clear()
         self._handover.clear()
         self._seq = 0
 
@@ -323,9 +354,13 @@ class GraphCapture:
 
     @staticmethod
     def _fwd_name(run: GraphRun, call: CallPlan) -> str | None:
-        if call.fwd is None:
+        """The forward call a backward call belongs to, or the one a recomputed call repeats."""
+        if run.recomputed:
+            key, local = call.key, call.local
+        elif call.fwd is None:
             return None
-        key, local = call.fwd
+        else:
+            key, local = call.fwd
         phase, module, op = _in(key, run.instance.path)
         return make_call_name(phase, module, op, run.forward_bases.get(key, 0) + local)
 
@@ -337,7 +372,14 @@ class GraphCapture:
         values of its symbolic sizes, so those of the last few signatures of each plan are kept.
         """
         plan = run.plan
-        signature = (tuple(run.bases.values()), run.seq, tuple(run.forward_bases.values()), run.sizes, run.instance.path)
+        signature = (
+            tuple(run.bases.values()),
+            run.seq,
+            tuple(run.forward_bases.values()),
+            run.sizes,
+            run.instance.path,
+            run.recomputed,
+        )
         kept = self._templates.setdefault(id(plan), {})
         template = kept.get(signature)
         if template is not None:

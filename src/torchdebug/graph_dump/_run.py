@@ -31,6 +31,9 @@ class GraphRun:
     """How the plan's local value ids become the dump's in this run (``graph_dump._handover``)."""
     arrived: Arrived
     """What arrived at the run's inputs (``Handover.received``)."""
+    recomputed: bool = False
+    """A forward graph run again in the backward (activation checkpointing around it): its calls
+    are in phase ``recompute``, each naming the forward call it repeats (``fwd``)."""
     computed: dict[str, Any] = field(default_factory=dict)
     """``dump_stage="original"``: node name -> value computed by the interpreter."""
     sizes: tuple[int, ...] = ()

@@ -408,7 +408,10 @@ def attribute(
         if note is not None:
             row.message = f"{row.message}; {note}" if row.message else note
         if row.match == "inside":
-            row.message = f"inside {row.name_b}: a node of its compiled form, compared where values enter and leave it"
+            if row.verdict == "unmatched" or not row.message:
+                row.message = f"inside {row.name_b}: a node of its compiled form, compared where values enter and leave it"
+            else:  # judged all the same: an op only the compiled side runs that changed a value (a structure block)
+                row.message = f"{row.message} (filed inside {row.name_b}, as a node of its compiled form)"
         elif row.verdict == "incomparable":
             row.difference = None  # two values that cannot be compared have no difference (their metrics stay)
 

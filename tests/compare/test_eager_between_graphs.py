@@ -1,0 +1,82 @@
+"""Eager code between two compiled graphs (issue 46): the graph dump does not see it, so the second
+graph's input is a value no op made on its side. Compare pairs that input's eager maker by value,
+says that a difference first seen there was made where only the eager dump looks, and names an op
+only the compiled side runs by what it changed, not only by the eager op it is filed inside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+import torchdebug
+from torchdebug.compile import CompilerConfig, get_backend
+
+
+@torch._dynamo.disable
+def _between(h: torch.Tensor, scale: float) -> torch.Tensor:
+    """Eager ops between the graphs (the planted bug ``between`` scales here)."""
+    return torch.tanh((h * 2 + 1) * scale)
+
+
+class _Model(nn.Module):
+    def __init__(self, bug: str | None) -> None:
+        super().__init__()
+        self.bug = bug
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _between(torch.relu(self.fc1(x)), 1.05 if self.bug == "between" else 1.0)
+        y = self.fc2(h)
+        if self.bug == "graph":
+            y = y * 1.05  # the second graph's last op: only eager code reads it
+        return torch.sin(y).pow(2).mean()
+
+
+def _step(model: nn.Module) -> None:
+    model(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).backward()
+
+
+def _compare(tmp_path: Path, bug: str | None) -> torchdebug.CompareResult:
+    """A graph dump (aot_eager) of ``_Model(bug)``'s step against an eager dump of the healthy one's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Model(bug)
+    (tmp_path / "compiled").mkdir()
+    config = CompilerConfig(backend="aot_eager")
+    config.dump_config.enable_dump = True
+    config.dump_config.dump_path = str(tmp_path / "compiled")
+    config.dump_config.task = "statistics"
+    backend = get_backend(config, model=model)
+    _step(torch.compile(model, backend=backend))
+    backend.data_dump.close()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Model(None)
+    with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
+        _step(model)
+    return torchdebug.compare(tmp_path / "compiled", tmp_path / "eager")
+
+
+def test_a_healthy_pair_with_eager_code_between_the_graphs_is_clean(tmp_path: Path) -> None:
+    result = _compare(tmp_path, None)
+    assert result.counts()["error"] == 0 and result.counts()["warning"] == 0
+    second = next(row for row in result.rows if row.name_b == "forward/<root>/aten.tanh.default#0/output.0")
+    assert second.match == "value" and second.verdict == "pass"  # graph 2's input, paired with its eager maker
+
+
+@pytest.mark.parametrize("bug", ["between", "graph"])
+def test_a_bug_near_the_graphs_edge_is_named_with_what_is_known_of_it(tmp_path: Path, bug: str) -> None:
+    first = _compare(tmp_path, bug).first_divergence
+    assert first is not None and first.verdict == "error"
+    if bug == "between":  # made where only the eager dump looks: first seen at graph 2's input
+        assert first.name_b == "forward/<root>/aten.tanh.default#0/output.0"
+        assert "its inputs were not compared (only B holds them" in first.message
+        assert "differ by only" not in first.message
+    else:  # the op only the compiled graph runs, filed inside an eager op but judged by what it changed
+        assert first.name == "forward/<root>/aten.mul.Tensor#0/output.0" and first.match == "inside"
+        assert "only A runs this op (a structure difference)" in first.message
+        assert first.message.endswith(f"(filed inside {first.name_b}, as a node of its compiled form)")

@@ -399,6 +399,25 @@ def test_graph_breaks_recompiles_and_compile_ids_are_read_from_what_dynamo_hands
     torch._dynamo.reset()
 
 
+def test_a_backward_traced_by_compiled_autograd_is_told_while_dynamo_compiles_it():
+    from torchdebug._torch import guards
+
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(guards.compiling_compiled_autograd())
+        return gm.forward
+
+    weight = torch.randn(3, requires_grad=True)
+    loss = torch.compile(lambda x: (x * weight).sin().sum(), backend=backend)(torch.randn(3))
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend=backend)):
+        loss.backward()
+    assert seen[0] is False and seen[-1] is True and weight.grad is not None, seen
+    assert not guards.compiling_compiled_autograd()
+    torch._dynamo.reset()
+
+
 def test_aot_autograd_with_boxed_eager_compilers_runs_forward_and_backward():
     torch._dynamo.reset()
     phases = []

@@ -250,3 +250,27 @@ def test_dumps_keep_working_under_reduce_overhead_on_cuda(tmp_path: Path) -> Non
     expected = net.fc(x).detach()
     assert [r.step for r in records] == [0, 1, 2]
     assert all(abs(r.stats["mean"] - expected.mean().item()) < 1e-5 for r in records)
+
+
+def test_a_backward_traced_by_compiled_autograd_is_dumped_with_a_warning_that_it_is_not_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Compiled autograd hands the whole backward to the backend as one more graph to compile: the
+    dump says that it records it as a forward graph, once a process (docs/graph_dump.md, "Limits")."""
+    from torchdebug.graph_dump import _instrument
+
+    _instrument._warn_compiled_autograd.cache_clear()
+    torch._dynamo.reset()
+    backend = _backend(tmp_path, backend="aot_eager", task="statistics")
+    torch.manual_seed(0)
+    net = Net()
+    loss = torch.compile(net, backend=backend)(torch.randn(2, 4, generator=torch.Generator().manual_seed(0)))
+    with caplog.at_level("WARNING", logger="torchdebug.graph_dump._instrument"):
+        with torch._dynamo.compiled_autograd._enable(torch.compile(backend=backend)):
+            loss.backward()
+    records = _records(backend)
+    torch._dynamo.reset()
+    warned = [r.getMessage() for r in caplog.records if "compiled autograd" in r.getMessage()]
+    assert len(warned) == 1 and "phase forward in module '-'" in warned[0]
+    traced = {(r.phase, r.module) for r in records if r.extra["graph"] != "model__0/forward"}  # compiled autograd's
+    assert net.fc.weight.grad is not None and traced == {("forward", "-")}

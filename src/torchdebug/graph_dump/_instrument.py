@@ -9,6 +9,8 @@ docs/architecture.md, "The graph dump".
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,7 @@ from torchdebug.graph_dump._runtime import DUMP_GRAPH, DUMP_POINT, HOST_STATS
 from torchdebug.graph_dump._settings import DumpSettings
 
 aten = torch.ops.aten
+log = logging.getLogger(__name__)
 
 
 def _aot_phase(graph: torch.fx.Graph) -> str:
@@ -38,6 +41,16 @@ def _aot_phase(graph: torch.fx.Graph) -> str:
 
 def _no_open_phase() -> str | None:
     return None
+
+
+@functools.cache
+def _warn_compiled_autograd() -> None:
+    """Once a process: a backward traced by compiled autograd is dumped, but not as a backward."""
+    log.warning(
+        "torchdebug: this backward was traced by compiled autograd, which the graph dump does not follow: its records"
+        " are phase forward in module '-', and compare pairs none of them with an eager backward"
+        " (docs/graph_dump.md, 'Limits')"
+    )
 
 
 class DataDumpPass:
@@ -63,6 +76,8 @@ class DataDumpPass:
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         graph = gm.graph
+        if guards.compiling_compiled_autograd():
+            _warn_compiled_autograd()
         aot_phase = self.aot_phase() or _aot_phase(graph)
         if self.model.rooted is None:
             self.model.rooted = node_names.graph_is_rooted(graph)

@@ -103,3 +103,24 @@ def test_a_checkpointed_compiled_block_compares_with_eager_as_two_eager_dumps_do
     else:
         first = result.first_divergence
         assert first is not None and first.name == "forward/blocks.2/aten.mul.Tensor#0/output.0"
+
+
+def test_a_graph_that_first_runs_in_the_backward_is_no_recomputation(tmp_path: Path) -> None:
+    """A compiled update run from a gradient hook (an optimizer step in the backward) runs while the
+    autograd engine does, but repeats no forward run: it keeps its phase."""
+    torch._dynamo.reset()
+    config = CompilerConfig(backend="aot_eager")
+    config.dump_config.enable_dump = True
+    config.dump_config.dump_path = str(tmp_path)
+    config.dump_config.task = "statistics"
+    backend = get_backend(config)
+    weight = torch.randn(4, requires_grad=True)
+    update = torch.compile(lambda param: param.grad.mul(0.5).neg(), backend=backend)
+    updates = []
+    weight.register_post_accumulate_grad_hook(lambda param: updates.append(update(param)))
+    (torch.compile(lambda x: (x * weight).sin().sum(), backend=backend)(torch.randn(4))).backward()
+    backend.data_dump.close()
+    torch._dynamo.reset()
+    records = _records(tmp_path)
+    assert len(updates) == 1 and any(r.op == "aten.neg.default" for r in records)
+    assert not any(r.phase == "recompute" for r in records)

@@ -163,22 +163,24 @@ class GraphCapture:
             return run
         forward_bases: dict[Key, int] = {}
         forward_values: RunValues | None = None
-        # a forward graph run by the autograd engine: activation checkpointing around a compiled
-        # region runs it again in the backward, as eager capture's phase "recompute" records it
-        recomputed = plan.phase == "forward" and current_autograd_node() is not None
+        recomputed = False
         if plan.phase == "backward":
             instance, forward_bases, forward_values = self._forward_of(plan.model)
         else:
             instance = self._instances.running(plan.code) or self._running.get(plan.model, NO_INSTANCE)
+            in_backward = current_autograd_node() is not None
             # a recompile of the same code ends the step as its first graph would
             code = (plan.frame or plan.model, instance.key)
             if self._first is None:
                 self._first = code
-            elif code == self._first and not recomputed:
+            elif code == self._first and not in_backward:
                 self._next_step()
                 self._first = code
-            if recomputed:
-                forward_bases = self._forward_bases.get((id(plan), instance.path), {})
+            # a forward graph that ran in the step, run again by the autograd engine: activation
+            # checkpointing around a compiled region, as eager capture's phase "recompute" records it
+            # (not a graph that first runs in the backward: a compiled optimizer step in a gradient hook)
+            if in_backward and plan.phase == "forward" and (id(plan), instance.path) in self._forward_bases:
+                recomputed, forward_bases = True, self._forward_bases[id(plan), instance.path]
         keys = self._keys_of(plan, instance.path, recomputed)
         counts = self._counts
         bases = {key: counts.get(keys[key], 0) for key in plan.counts}

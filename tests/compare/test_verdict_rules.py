@@ -364,17 +364,23 @@ def test_made_here_an_output_its_inputs_do_not_explain_is_blamed():
     assert out.message == "difference 0.05 > tolerance 0.001; its inputs differ by only 0: this op makes the difference"
 
 
-def test_made_here_an_output_whose_inputs_one_side_alone_holds_is_first_seen_there():
+def test_made_here_an_output_whose_inputs_have_no_partner_is_first_seen_there_or_inherits_from_upstream():
     """An eager op outside the compiled graphs, paired by the value it made: its inputs were never
-    compared, so nothing says they agree."""
+    compared, so nothing says they agree. With nothing upstream differing, the difference is first
+    seen there; within growth times what differs upstream, it is inherited."""
     given = _row("input", only="b")
     out = _row("output", 0.05)
     judge([given, out])
-    assert _judged(out) == ("error", "blamed")
+    assert _judged(out) == ("error", "blamed") and first_divergence([given, out]) is out
     assert out.message == (
-        "difference 0.05 > tolerance 0.001; its inputs were not compared (only B holds them: code the other dump"
-        " did not capture ran there, such as eager code outside compiled graphs): the difference is first seen here"
+        "difference 0.05 > tolerance 0.001; its inputs were not compared (none has a partner in the other dump):"
+        " the difference is first seen here"
     )
+    before_in, before_out = _row("input", 0.0, call=1), _row("output", 0.01, call=1)  # blamed: upstream differs
+    given, out = _row("input", only="b", call=2), _row("output", 0.05, call=2)
+    judge([before_in, before_out, given, out], growth=16)
+    assert _judged(before_out) == ("error", "blamed") and _judged(out)[1] == "inherited"
+    assert out.message.endswith("(none has a partner in the other dump); upstream ops already differ")
 
 
 # --- inputs beyond tolerance -----------------------------------------------------------------------------

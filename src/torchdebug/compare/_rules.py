@@ -640,18 +640,18 @@ def may_amplify(row: Row, call: Call) -> Judgement | None:
 def made_here(row: Row, call: Call) -> Judgement | None:
     """Any other output beyond tolerance is blamed: this op makes the difference.
 
-    Where none of the call's tensor inputs was compared (one side alone holds them: an eager op
-    outside the compiled graphs, paired by the value it made), the message says that the difference
-    is first seen here, not that the inputs agree."""
-    if not call.inputs:
-        unseen = next((r for r in call.rows if r.kind == "tensor" and r.io not in OUTPUT_IO and not r.matched), None)
-        if unseen is not None:
-            side = "A" if unseen.record_b is None else "B"
-            return _blamed(
-                row,
-                f"{_detail(row)}; its inputs were not compared (only {side} holds them: code the other dump did not"
-                " capture ran there, such as eager code outside compiled graphs): the difference is first seen here",
-            )
+    Where none of the call's own tensor inputs has a partner in the other dump (an eager op outside
+    the compiled graphs, or one whose compiled form holds its inputs inside, paired by the value it
+    made), nothing says that they agree: within growth times the error seen upstream the output is
+    inherited, as an input no captured op made is (:func:`upstream_differs`); else the difference is
+    first seen here."""
+    own = [r for r in call.rows if r.kind == "tensor" and r.io not in OUTPUT_IO]
+    if own and not any(r.matched for r in own):
+        unseen = f"{_detail(row)}; its inputs were not compared (none has a partner in the other dump)"
+        error, _ = _beyond(row)
+        if error <= call.growth * call.upstream:
+            return _inherited(row, call, (), f"{unseen}; upstream ops already differ")
+        return _blamed(row, f"{unseen}: the difference is first seen here")
     message = f"{_detail(row)}; its inputs differ by only {_fmt(call.input_error())}: this op makes the difference"
     return _blamed(row, message)
 

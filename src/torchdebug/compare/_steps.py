@@ -408,10 +408,10 @@ def attribute(
         if note is not None:
             row.message = f"{row.message}; {note}" if row.message else note
         if row.match == "inside":
-            if row.verdict == "unmatched" or not row.message:
+            if row.verdict == "unmatched":
                 row.message = f"inside {row.name_b}: a node of its compiled form, compared where values enter and leave it"
-            else:  # judged all the same: an op only the compiled side runs that changed a value (a structure block)
-                row.message = f"{row.message} (filed inside {row.name_b}, as a node of its compiled form)"
+            else:  # judged as an op only the compiled side runs (a structure block): one-sided, as it was judged
+                row.match, row.name_b = "only_a" if row.record_b is None else "only_b", None
         elif row.verdict == "incomparable":
             row.difference = None  # two values that cannot be compared have no difference (their metrics stay)
 

@@ -1,0 +1,67 @@
+"""A bug planted on the compiled side of an eager-against-compiled compare (issue 46): named at the
+planted op, and nothing after it blamed, with inductor's graphs (run eagerly, as the dump backend
+runs them) as with ``aot_eager``'s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+import torchdebug
+from torchdebug.compile import CompilerConfig, get_backend
+
+
+class _Scaled(nn.Module):
+    """Two linear layers; ``scale`` multiplies the hidden activations (the planted bug)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        if self.scale != 1.0:
+            h = h * self.scale
+        return self.fc2(h).pow(2).mean()
+
+
+def _step(model: nn.Module) -> None:
+    model(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).backward()
+
+
+def _compare(tmp_path: Path, backend_name: str, scale: float) -> torchdebug.CompareResult:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Scaled(scale)
+    (tmp_path / "compiled").mkdir()
+    config = CompilerConfig(backend=backend_name)
+    config.debug.run_eagerly = backend_name == "inductor"
+    config.dump_config.enable_dump = True
+    config.dump_config.dump_path = str(tmp_path / "compiled")
+    config.dump_config.task = "statistics"
+    backend = get_backend(config, model=model)
+    _step(torch.compile(model, backend=backend))
+    backend.data_dump.close()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Scaled(1.0)
+    with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
+        _step(model)
+    return torchdebug.compare(tmp_path / "compiled", tmp_path / "eager")
+
+
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+def test_a_planted_scale_is_the_one_error_and_the_weight_gradients_after_it_inherit(tmp_path: Path, backend_name: str) -> None:
+    """Inductor's backward holds the weight gradients' transposes as nodes of the eager ``t`` calls,
+    so those calls' inputs have no partner: their outputs, which the bug changed, were blamed ('its
+    inputs differ by only 0'). The scale, filed inside the loss's ``ones_like``, is one-sided."""
+    result = _compare(tmp_path, backend_name, 1.05)
+    first = result.first_divergence
+    assert first is not None and first.name == "forward/<root>/aten.mul.Tensor#0/output.0"
+    assert first.match == "only_a" and "only A runs this op" in first.message
+    assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]

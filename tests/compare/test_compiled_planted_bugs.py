@@ -14,30 +14,38 @@ from torch import nn
 import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
 
+_NORMS = {"tanh": nn.Tanh, "layer_norm": lambda: nn.LayerNorm(16), "batch_norm": lambda: nn.BatchNorm1d(16), "gelu": nn.GELU}
+"""The op between the two layers, by name: it makes the modules' ``norm``."""
+
 
 class _Scaled(nn.Module):
-    """Two linear layers; ``scale`` multiplies the hidden activations (the planted bug)."""
+    """Two linear layers with ``norm`` between them; ``scale`` multiplies the first layer's output
+    (the planted bug: ``tanh`` after it, the others before it, in their own module)."""
 
-    def __init__(self, scale: float) -> None:
+    def __init__(self, scale: float, norm: str = "tanh") -> None:
         super().__init__()
-        self.scale = scale
-        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+        self.scale, self.after = scale, norm == "tanh"
+        self.fc1, self.norm, self.fc2 = nn.Linear(8, 16), _NORMS[norm](), nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.fc1(x))
+        h = self.fc1(x)
+        if self.after:
+            h = self.norm(h)
         if self.scale != 1.0:
             h = h * self.scale
+        if not self.after:
+            h = self.norm(h)
         return self.fc2(h).pow(2).mean()
 
 
 def _step(model: nn.Module) -> None:
-    model(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).backward()
+    model(torch.randn(6, 8, generator=torch.Generator().manual_seed(1))).backward()
 
 
-def _compare(tmp_path: Path, backend_name: str, scale: float) -> torchdebug.CompareResult:
+def _compare(tmp_path: Path, backend_name: str, scale: float, norm: str = "tanh") -> torchdebug.CompareResult:
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = _Scaled(scale)
+    model = _Scaled(scale, norm)
     (tmp_path / "compiled").mkdir()
     config = CompilerConfig(backend=backend_name)
     config.debug.run_eagerly = backend_name == "inductor"
@@ -49,7 +57,7 @@ def _compare(tmp_path: Path, backend_name: str, scale: float) -> torchdebug.Comp
     backend.data_dump.close()
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = _Scaled(1.0)
+    model = _Scaled(1.0, norm)
     with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
         _step(model)
     return torchdebug.compare(tmp_path / "compiled", tmp_path / "eager")
@@ -64,4 +72,19 @@ def test_a_planted_scale_is_the_one_error_and_the_weight_gradients_after_it_inhe
     first = result.first_divergence
     assert first is not None and first.name == "forward/<root>/aten.mul.Tensor#0/output.0"
     assert first.match == "only_a" and "only A runs this op" in first.message
+    assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]
+
+
+@pytest.mark.parametrize(
+    ("norm", "backend_name"),
+    [("layer_norm", "aot_eager"), ("layer_norm", "inductor"), ("batch_norm", "inductor"), ("gelu", "inductor")],
+)
+def test_a_planted_scale_before_a_decomposed_op_of_another_module_is_named(tmp_path: Path, norm: str, backend_name: str) -> None:
+    """The eager norm reads the first layer's output; the compiled norm's nodes read it scaled. The
+    norm's input is paired with what those nodes read (was: with the first layer's output, so the
+    norm was blamed, 'its inputs differ by only 0', and the scale filed inside an eager op of the
+    loss). With inductor the scale is judged after the value it changed: that blame stands."""
+    result = _compare(tmp_path, backend_name, 1.05, norm)
+    first = result.first_divergence
+    assert first is not None and first.name == "forward/<root>/aten.mul.Tensor#0/output.0" and first.match == "only_a"
     assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]

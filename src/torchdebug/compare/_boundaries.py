@@ -90,10 +90,11 @@ def _place(record: Record) -> tuple:
 class _Aligner:
     """The pairs of one rank, with the slots each side still has unpaired, indexed by value."""
 
-    def __init__(self, pairs: list[_SlotPair], by_id: bool) -> None:
-        self.pairs, self.by_id = pairs, by_id
+    def __init__(self, pairs: list[_SlotPair], by_id: bool, made_a: Mapping[int, tuple] | None = None) -> None:
+        self.pairs, self.by_id, self.made_a = pairs, by_id, made_a or {}
         self.values = _values_by_id(pairs) if by_id else _values_by_statistics
         self.partner_b: dict[tuple, tuple] = {}  # B's tensor or value -> A's
+        self._one_sided_a: dict[tuple[int, str], list[Record]] | None = None  # made when first asked
         for pair in pairs:
             if pair.a is not None and pair.b is not None:
                 self._link(pair.a, pair.b)
@@ -142,6 +143,9 @@ class _Aligner:
                 if self._at_boundary(b, free) is not None:
                     continue  # its own group's slot, at the boundary (2.): by id, an op one side runs
                     # between the group and the next paired op (an add of zeros) makes that slot another value
+                changed = self._changed_on_the_way(b, free, {self.partner_b[v] for v in self.values(b) if v in self.partner_b})
+                if changed is not None:  # A's group reads the value through ops only A runs
+                    nearest, a = changed
             self._join(nearest, a, left_b, b, "value")
             joined += 1
         return joined
@@ -163,6 +167,41 @@ class _Aligner:
         for pair, a in self._left("a"):
             free[_place(a)].append((pair, a))
         return free
+
+    def _changed_on_the_way(
+        self, b: Record, free: Mapping[tuple, list[tuple[_SlotPair, Record]]], partners: set[tuple]
+    ) -> tuple[_SlotPair, Record] | None:
+        """The unpaired slot of A at ``b``'s place (its module: the slot a group of A's reads where
+        the eager op reads ``b``) whose value ops only A runs made from the partner of ``b``'s value
+        (``partners``), within :data:`_ON_THE_WAY` such ops: a scale only the compiled side applies
+        before a decomposed norm. The norm's input is then that value, so the ops are judged as a
+        structure difference, not the norm."""
+        candidates = [(pair, a) for pair, a in free.get(_place(b), ()) if pair.how == "only_a"]
+        if not candidates or not partners:
+            return None
+        if self._one_sided_a is None:
+            self._one_sided_a = defaultdict(list)  # A's calls only A runs -> their input slots
+            for pair in self.pairs:
+                a = pair.a
+                if pair.how == "only_a" and a is not None and a.io == "input" and a.kind == "tensor":
+                    self._one_sided_a[(a.step, a.call_name)].append(a)
+        for pair, a in candidates:
+            frontier, seen = [a], set()
+            for _ in range(_ON_THE_WAY):
+                reads = []
+                for record in frontier:
+                    made = self.made_a.get(id(record))
+                    key = (record.step, made[0][0]) if made else None
+                    if key is None or key in seen or key not in self._one_sided_a:
+                        continue
+                    seen.add(key)
+                    reads += self._one_sided_a[key]
+                if any(value in partners for read in reads for value in self.values(read)):
+                    return pair, a
+                frontier = reads
+                if not frontier:
+                    break
+        return None
 
     @staticmethod
     def _at_boundary(b: Record, free: Mapping[tuple, list[tuple[_SlotPair, Record]]]) -> tuple[_SlotPair, Record] | None:
@@ -212,6 +251,9 @@ class _Aligner:
 
 _ACROSS_MODULES = 2
 """The nearness (:func:`_nearness`) of a slot of A in another module than B's."""
+
+_ON_THE_WAY = 8
+"""How many ops only A runs :meth:`_Aligner._changed_on_the_way` looks through, at most."""
 
 
 def _nearness(a: Record, b: Record) -> int | None:
@@ -276,7 +318,7 @@ def align_boundaries(pairs: list[_P], made_a: Mapping[int, tuple], by_id: bool) 
        the data flow pairs values (1.).
     """
     decomposed = _unpaired_calls(pairs)
-    aligner = _Aligner(list(pairs), by_id)
+    aligner = _Aligner(list(pairs), by_id, made_a)
     while aligner.by_value() + aligner.by_boundary():
         pass
     aligner.mark_inside(decomposed, made_a)

@@ -290,7 +290,16 @@ def _values(row: Row) -> tuple[object, object]:
 
 
 def unmatched(row: Row, call: Call) -> Judgement | None:
-    """A slot on one side only is listed, never judged."""
+    """A slot on one side only is listed, never judged.
+
+    Unless a later value blamed it already (:func:`changed_by_one_sided_op`: an op only one side
+    runs changed a value; a compiled node filed inside an eager op that comes later is judged after
+    the value it changed): that blame stands."""
+    if row.record_a is not None and row.record_b is not None:
+        return None
+    kept = call.flow.carrying.get(row)
+    if kept is not None and kept.attribution == "blamed":
+        return kept
     if row.record_b is None:
         return Judgement("unmatched", "", "only in A")
     if row.record_a is None:

@@ -1,24 +1,62 @@
-"""The torchdebug compile backend with a data dump, as the graph-dump tests build it."""
+"""The torchdebug compile backend with a data dump, as the graph-dump tests build it, and the pair
+of dumps eager-against-compiled compare tests read."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch._dynamo
+from torch import nn
+
+import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
 
 
-def dump_backend(path: Path, *, run_eagerly: bool = False, **options: Any) -> Any:
-    """A backend dumping ``task="statistics"`` (unless ``options`` say otherwise) into ``path``,
-    which is created; ``options`` are further ``dump_config`` fields. ``run_eagerly``: the graphs
-    inductor would compile run eagerly (``debug.run_eagerly``), for tests whose point is not
+def dump_backend(
+    path: Path, *, backend: str = "inductor", run_eagerly: bool = False, model: nn.Module | None = None, **options: Any
+) -> Any:
+    """A ``backend`` (``inductor`` or ``aot_eager``) dumping ``task="statistics"`` (unless
+    ``options`` say otherwise) into ``path``, which is created; ``options`` are further
+    ``dump_config`` fields, ``model`` the root model records are named in. ``run_eagerly``: the
+    graphs inductor would compile run eagerly (``debug.run_eagerly``), for tests whose point is not
     inductor's generated code and that would otherwise wait on a C++ compile per kernel."""
     path.mkdir(parents=True, exist_ok=True)
-    config = CompilerConfig()
+    config = CompilerConfig(backend=backend)
     config.debug.run_eagerly = run_eagerly
     config.dump_config.enable_dump = True
     config.dump_config.dump_path = str(path)
     config.dump_config.task = "statistics"
     for key, value in options.items():
         setattr(config.dump_config, key, value)
-    return get_backend(config)
+    return get_backend(config, model=model)
+
+
+def graph_and_eager_dumps(
+    path: Path,
+    compiled_model: Callable[[], nn.Module],
+    eager_model: Callable[[], nn.Module],
+    step: Callable[[Any], object],
+    *,
+    backend: str = "aot_eager",
+    compile: Callable[[nn.Module, Any], Any] | None = None,
+) -> tuple[Path, Path]:
+    """``step`` run once on ``compiled_model()`` compiled with a statistics graph dump into
+    ``path/compiled``, and once on ``eager_model()`` under an eager statistics dump into
+    ``path/eager`` (each model built after ``torch.manual_seed(0)``): an eager-against-compiled pair.
+    ``compile(model, backend)`` returns what ``step`` runs (default: the whole model compiled);
+    inductor's graphs run eagerly (``dump_backend``)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = compiled_model()
+    compiled = dump_backend(path / "compiled", backend=backend, run_eagerly=backend == "inductor", model=model)
+    step(compile(model, compiled) if compile is not None else torch.compile(model, backend=compiled))
+    compiled.data_dump.close()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = eager_model()
+    with torchdebug.dump(path / "eager", model=model, task="statistics"):
+        step(model)
+    return path / "compiled", path / "eager"

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import torchdebug
-from torchdebug.compile import CompilerConfig, get_backend
+from tests.backends import dump_backend, graph_and_eager_dumps
 from torchdebug.records import Record
 
 
@@ -50,28 +50,17 @@ def _step(model: nn.Module) -> None:
     model(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).backward()
 
 
+def _compile_blocks(model: nn.Module, backend: object) -> nn.Module:
+    """The model with each block compiled on its own."""
+    for block in model.blocks:
+        block.compile(backend=backend)
+    return model
+
+
 def _dumps(tmp_path: Path, scale: float) -> tuple[Path, Path]:
     """A graph dump (aot_eager, each block compiled on its own) of ``_Model(scale)``'s step and an
     eager dump of the healthy model's."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _Model(scale)
-    (tmp_path / "compiled").mkdir()
-    config = CompilerConfig(backend="aot_eager")
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(tmp_path / "compiled")
-    config.dump_config.task = "statistics"
-    backend = get_backend(config, model=model)
-    for block in model.blocks:
-        block.compile(backend=backend)
-    _step(model)
-    backend.data_dump.close()
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _Model()
-    with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
-        _step(model)
-    return tmp_path / "compiled", tmp_path / "eager"
+    return graph_and_eager_dumps(tmp_path, lambda: _Model(scale), _Model, _step, compile=_compile_blocks)
 
 
 def _records(path: Path) -> list[Record]:
@@ -109,11 +98,7 @@ def test_a_graph_that_first_runs_in_the_backward_is_no_recomputation(tmp_path: P
     """A compiled update run from a gradient hook (an optimizer step in the backward) runs while the
     autograd engine does, but repeats no forward run: it keeps its phase."""
     torch._dynamo.reset()
-    config = CompilerConfig(backend="aot_eager")
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(tmp_path)
-    config.dump_config.task = "statistics"
-    backend = get_backend(config)
+    backend = dump_backend(tmp_path, backend="aot_eager")
     weight = torch.randn(4, requires_grad=True)
     update = torch.compile(lambda param: param.grad.mul(0.5).neg(), backend=backend)
     updates = []

@@ -14,7 +14,7 @@ import torch._dynamo
 from torch import nn
 
 import torchdebug
-from torchdebug.compile import CompilerConfig, get_backend
+from tests.backends import graph_and_eager_dumps
 
 
 class _Doubling(nn.Module):
@@ -61,33 +61,18 @@ def _step(model: Callable[[torch.Tensor], object]) -> None:
     loss.backward()
 
 
+def _compile_inner(model: nn.Module, backend: object) -> nn.Module:
+    """The model with its ``inner`` block compiled alone."""
+    model.inner.compile(backend=backend)
+    return model
+
+
 def _dumps(
     tmp_path: Path, build: Callable[[], nn.Module], compiled_build: Callable[[], nn.Module], block: bool
 ) -> tuple[Path, Path]:
-    """An eager dump of ``build()``'s step and a graph dump (aot_eager) of ``compiled_build()``'s, the
-    whole model compiled or (``block``) its ``inner`` block alone."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = build()
-    with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
-        _step(model)
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = compiled_build()
-    (tmp_path / "compiled").mkdir()
-    config = CompilerConfig(backend="aot_eager")
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(tmp_path / "compiled")
-    config.dump_config.task = "statistics"
-    backend = get_backend(config, model=model)
-    if block:
-        model.inner.compile(backend=backend)
-        _step(model)
-    else:
-        _step(torch.compile(model, backend=backend))
-    backend.data_dump.close()
-    torch._dynamo.reset()
-    return tmp_path / "compiled", tmp_path / "eager"
+    """A graph dump (aot_eager) of ``compiled_build()``'s step, the whole model compiled or
+    (``block``) its ``inner`` block alone, and an eager dump of ``build()``'s."""
+    return graph_and_eager_dumps(tmp_path, compiled_build, build, _step, compile=_compile_inner if block else None)
 
 
 def test_a_graph_writing_the_steps_input_compares_clean_with_eager(tmp_path: Path) -> None:

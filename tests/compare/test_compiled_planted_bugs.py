@@ -12,25 +12,33 @@ import torch._dynamo
 from torch import nn
 
 import torchdebug
-from torchdebug.compile import CompilerConfig, get_backend
+from tests.backends import graph_and_eager_dumps
 
-_NORMS = {"tanh": nn.Tanh, "layer_norm": lambda: nn.LayerNorm(16), "batch_norm": lambda: nn.BatchNorm1d(16), "gelu": nn.GELU}
-"""The op between the two layers, by name: it makes the modules' ``norm``."""
+_NORMS = {
+    "tanh": nn.Tanh,
+    "layer_norm": lambda: nn.LayerNorm(16),
+    "batch_norm": lambda: nn.BatchNorm1d(16),
+    "gelu": nn.GELU,
+    "gelu_call": nn.Identity,
+}
+"""The op between the two layers, by name: it makes the modules' ``norm`` (``gelu_call``: GELU
+called in the model's own forward, in the scale's module)."""
 
 
 class _Scaled(nn.Module):
     """Two linear layers with ``norm`` between them; ``scale`` multiplies the first layer's output
-    (the planted bug: ``tanh`` after it, the others before it, in their own module)."""
+    (the planted bug: ``tanh`` and GELU called in the forward after it, the others before it, in
+    their own module)."""
 
     def __init__(self, scale: float, norm: str = "tanh") -> None:
         super().__init__()
-        self.scale, self.after = scale, norm == "tanh"
+        self.scale, self.after, self.gelu = scale, norm in ("tanh", "gelu_call"), norm == "gelu_call"
         self.fc1, self.norm, self.fc2 = nn.Linear(8, 16), _NORMS[norm](), nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc1(x)
         if self.after:
-            h = self.norm(h)
+            h = torch.nn.functional.gelu(h) if self.gelu else self.norm(h)
         if self.scale != 1.0:
             h = h * self.scale
         if not self.after:
@@ -43,24 +51,9 @@ def _step(model: nn.Module) -> None:
 
 
 def _compare(tmp_path: Path, backend_name: str, scale: float, norm: str = "tanh") -> torchdebug.CompareResult:
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _Scaled(scale, norm)
-    (tmp_path / "compiled").mkdir()
-    config = CompilerConfig(backend=backend_name)
-    config.debug.run_eagerly = backend_name == "inductor"
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(tmp_path / "compiled")
-    config.dump_config.task = "statistics"
-    backend = get_backend(config, model=model)
-    _step(torch.compile(model, backend=backend))
-    backend.data_dump.close()
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _Scaled(1.0, norm)
-    with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
-        _step(model)
-    return torchdebug.compare(tmp_path / "compiled", tmp_path / "eager")
+    """A graph dump of ``_Scaled(scale, norm)``'s step against an eager dump of the healthy one's."""
+    pair = graph_and_eager_dumps(tmp_path, lambda: _Scaled(scale, norm), lambda: _Scaled(1.0, norm), _step, backend=backend_name)
+    return torchdebug.compare(*pair)
 
 
 @pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
@@ -87,4 +80,16 @@ def test_a_planted_scale_before_a_decomposed_op_of_another_module_is_named(tmp_p
     result = _compare(tmp_path, backend_name, 1.05, norm)
     first = result.first_divergence
     assert first is not None and first.name == "forward/<root>/aten.mul.Tensor#0/output.0" and first.match == "only_a"
+    assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]
+
+
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+def test_a_planted_scale_after_a_decomposed_op_of_its_module_is_named(tmp_path: Path, backend_name: str) -> None:
+    """Inductor's GELU is nodes of one module with the scale after them: the eager GELU's output is
+    paired with the node that made a value agreeing with it, not with the scaled value that the next
+    layer reads (was: the GELU blamed, and the scale filed inside it)."""
+    result = _compare(tmp_path, backend_name, 1.05, "gelu_call")
+    first = result.first_divergence
+    assert first is not None and first.op == "aten.mul.Tensor" and first.match == "only_a"
+    assert "only A runs this op" in first.message
     assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]

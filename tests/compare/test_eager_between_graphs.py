@@ -14,7 +14,7 @@ import torch._dynamo
 from torch import nn
 
 import torchdebug
-from torchdebug.compile import CompilerConfig, get_backend
+from tests.backends import graph_and_eager_dumps
 
 
 @torch._dynamo.disable
@@ -43,23 +43,7 @@ def _step(model: nn.Module) -> None:
 
 def _compare(tmp_path: Path, bug: str | None) -> torchdebug.CompareResult:
     """A graph dump (aot_eager) of ``_Model(bug)``'s step against an eager dump of the healthy one's."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _Model(bug)
-    (tmp_path / "compiled").mkdir()
-    config = CompilerConfig(backend="aot_eager")
-    config.dump_config.enable_dump = True
-    config.dump_config.dump_path = str(tmp_path / "compiled")
-    config.dump_config.task = "statistics"
-    backend = get_backend(config, model=model)
-    _step(torch.compile(model, backend=backend))
-    backend.data_dump.close()
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = _Model(None)
-    with torchdebug.dump(tmp_path / "eager", model=model, task="statistics"):
-        _step(model)
-    return torchdebug.compare(tmp_path / "compiled", tmp_path / "eager")
+    return torchdebug.compare(*graph_and_eager_dumps(tmp_path, lambda: _Model(bug), lambda: _Model(None), _step))
 
 
 def test_a_healthy_pair_with_eager_code_between_the_graphs_is_clean(tmp_path: Path) -> None:

@@ -94,7 +94,8 @@ class _Aligner:
         self.pairs, self.by_id, self.made_a = pairs, by_id, made_a or {}
         self.values = _values_by_id(pairs) if by_id else _values_by_statistics
         self.partner_b: dict[tuple, tuple] = {}  # B's tensor or value -> A's
-        self._one_sided_a: dict[tuple[int, str], list[Record]] | None = None  # made when first asked
+        self._one_sided_a: dict[tuple[int, str], list[Record]] | None = None  # A's calls only A runs: their inputs
+        self._outputs_a: dict[tuple[int, str, str], tuple[_SlotPair, Record]] | None = None  # both made when first asked
         for pair in pairs:
             if pair.a is not None and pair.b is not None:
                 self._link(pair.a, pair.b)
@@ -138,14 +139,23 @@ class _Aligner:
             if not ranked:
                 continue
             (nearness, *_), nearest, a = min(ranked, key=lambda found: found[0])
+            compiled_a = self.by_id and a.capture == "graph" and b.capture != "graph"  # A's own ops: compiled nodes
             if nearness == _ACROSS_MODULES and self.by_id:
                 free = self._free() if free is None else free
                 if self._at_boundary(b, free) is not None:
                     continue  # its own group's slot, at the boundary (2.): by id, an op one side runs
                     # between the group and the next paired op (an add of zeros) makes that slot another value
-                changed = self._changed_on_the_way(b, free, {self.partner_b[v] for v in self.values(b) if v in self.partner_b})
+                changed = (
+                    self._changed_on_the_way(b, free, {self.partner_b[v] for v in self.values(b) if v in self.partner_b})
+                    if compiled_a
+                    else None
+                )
                 if changed is not None:  # A's group reads the value through ops only A runs
                     nearest, a = changed
+            elif compiled_a and _direction(b) and not _constant(b) and not _agree(a, b):
+                before = self._agreeing_before(a, b)
+                if before is not None:  # ops only A runs changed the value after A's group made it
+                    nearest, a = before
             self._join(nearest, a, left_b, b, "value")
             joined += 1
         return joined
@@ -179,12 +189,8 @@ class _Aligner:
         candidates = [(pair, a) for pair, a in free.get(_place(b), ()) if pair.how == "only_a"]
         if not candidates or not partners:
             return None
-        if self._one_sided_a is None:
-            self._one_sided_a = defaultdict(list)  # A's calls only A runs -> their input slots
-            for pair in self.pairs:
-                a = pair.a
-                if pair.how == "only_a" and a is not None and a.io == "input" and a.kind == "tensor":
-                    self._one_sided_a[(a.step, a.call_name)].append(a)
+        self._index_one_sided()
+        assert self._one_sided_a is not None
         for pair, a in candidates:
             frontier, seen = [a], set()
             for _ in range(_ON_THE_WAY):
@@ -202,6 +208,46 @@ class _Aligner:
                 if not frontier:
                     break
         return None
+
+    def _agreeing_before(self, a: Record, b: Record) -> tuple[_SlotPair, Record] | None:
+        """An unpaired output slot of A with ``b``'s dtype and shape whose value agrees with ``b``'s,
+        made before ``a``'s value on the way through ops only A runs (within :data:`_ON_THE_WAY`):
+        a scale only the compiled side applies right after a decomposed GELU, in its module. The
+        GELU's output is the value its nodes made, and the scale, which changed it, is judged as a
+        structure difference, not the GELU."""
+        self._index_one_sided()
+        assert self._one_sided_a is not None and self._outputs_a is not None
+        frontier, seen = [a], set()
+        for _ in range(_ON_THE_WAY):
+            reads = []
+            for record in frontier:
+                key = (record.step, record.call_name)
+                if key not in seen and key in self._one_sided_a:
+                    seen.add(key)
+                    reads += self._one_sided_a[key]
+            for read in reads:
+                made = self.made_a.get(id(read))
+                found = self._outputs_a.get((read.step, *made[0])) if made else None
+                if found is not None and found[0].how == "only_a" and _place(found[1]) == _place(b) and _agree(found[1], b):
+                    return found
+            frontier = reads if reads else []
+            if not frontier:
+                break
+        return None
+
+    def _index_one_sided(self) -> None:
+        """A's calls only A runs, with their input slots; A's output slots by call and slot (once)."""
+        if self._one_sided_a is not None:
+            return
+        self._one_sided_a, self._outputs_a = defaultdict(list), {}
+        for pair in self.pairs:
+            a = pair.a
+            if a is None or a.kind != "tensor":
+                continue
+            if a.io == "input" and pair.how == "only_a":
+                self._one_sided_a[(a.step, a.call_name)].append(a)
+            elif a.io in _OUTPUTS:
+                self._outputs_a[(a.step, a.call_name, a.name[len(a.call_name) + 1 :])] = (pair, a)
 
     @staticmethod
     def _at_boundary(b: Record, free: Mapping[tuple, list[tuple[_SlotPair, Record]]]) -> tuple[_SlotPair, Record] | None:

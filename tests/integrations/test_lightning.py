@@ -393,3 +393,24 @@ def test_a_full_disk_leaves_the_training_as_it_was_and_the_dump_and_event_say_wh
     dump = torchdebug.load(callback.run_dir).ranks[0]
     assert "No space left on device" in dump.write_fault["error"] and dump.records() == []
     assert any(f"dump written to {callback.run_dir}, truncated: writing" in r.getMessage() for r in caplog.records)
+
+
+def test_lightnings_compile_wrapper_keeps_the_one_backend_and_its_dump(tmp_path):
+    """Importing Lightning wraps ``torch.compile``: compiling a module deep-copies the arguments, to
+    compile again in ``Fabric.setup``. The copy of the backend is the backend: one dump, and a
+    backend that holds its dump (a lock) compiles another module."""
+    from tests.backends import dump_backend
+
+    torch._dynamo.reset()
+    backend = dump_backend(tmp_path, backend="aot_eager")
+    first = torch.compile(nn.Linear(2, 2), backend=backend)
+    first(torch.ones(1, 2))  # the backend holds its dump from here on
+    second = torch.compile(nn.Linear(2, 2), backend=backend)
+    second(torch.ones(1, 2))
+    assert first._compile_kwargs["backend"] is backend and second._compile_kwargs["backend"] is backend
+    backend.data_dump.close()
+    torch._dynamo.reset()
+    assert {r.op for r in torchdebug.load(backend.data_dump.run_dir).ranks[0].records()} == {
+        "aten.addmm.default",
+        "aten.t.default",
+    }

@@ -98,6 +98,12 @@ class TorchDebugBackend:
         ``data_dump.flush()`` writes what was captured so far, ``data_dump.close()`` ends the dump."""
         self._dumped_graphs = 0
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> TorchDebugBackend:
+        """The backend itself: one backend is one dump. Lightning wraps ``torch.compile`` and deep-copies
+        its arguments to compile the model again in ``Fabric.setup``; a copy would write a second dump
+        (and a backend that holds its dump's lock cannot be copied at all)."""
+        return self
+
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         graph_dump = self.config.debug.graph_dump
         tree = dump_tree(graph_dump.type, graph_dump.path)

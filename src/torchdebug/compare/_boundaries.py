@@ -230,7 +230,7 @@ class _Aligner:
                 found = self._outputs_a.get((read.step, *made[0])) if made else None
                 if found is not None and found[0].how == "only_a" and _place(found[1]) == _place(b) and _agree(found[1], b):
                     return found
-            frontier = reads if reads else []
+            frontier = reads
             if not frontier:
                 break
         return None

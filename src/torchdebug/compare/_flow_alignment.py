@@ -11,9 +11,9 @@ input, a reader of a value only one side made), a namesake of other shapes whose
 the same sources (another batch or width), B's call reading the partners of the inputs whose makers
 are known where the others are values no op made (a compiled graph's input that eager code made),
 and B's call holding the same values in the module (where two implementations meet after one-sided
-ops). What no rule pairs is one-sided. A few
-dict lookups per call: linear in the records. Eager and graph dumps carry value ids; dumps without
-them (older dumps, msprobe dumps) are aligned by ``_matching``'s names and heuristics instead.
+ops). What no rule pairs is one-sided. A few dict lookups per call: linear in the records. Eager
+and graph dumps carry value ids; dumps without them (older dumps, msprobe dumps) are aligned by
+``_matching``'s names and heuristics instead.
 """
 
 from __future__ import annotations

@@ -42,9 +42,10 @@ def graph_and_eager_dumps(
     *,
     backend: str = "aot_eager",
     compile: Callable[[nn.Module, Any], Any] | None = None,
+    steps: int = 1,
 ) -> tuple[Path, Path]:
-    """``step`` run once on ``compiled_model()`` compiled with a statistics graph dump into
-    ``path/compiled``, and once on ``eager_model()`` under an eager statistics dump into
+    """``step`` run ``steps`` times on ``compiled_model()`` compiled with a statistics graph dump into
+    ``path/compiled``, and as many times on ``eager_model()`` under an eager statistics dump into
     ``path/eager`` (each model built after ``torch.manual_seed(0)``): an eager-against-compiled pair.
     ``compile(model, backend)`` returns what ``step`` runs (default: the whole model compiled);
     inductor's graphs run eagerly (``dump_backend``)."""
@@ -52,11 +53,17 @@ def graph_and_eager_dumps(
     torch.manual_seed(0)
     model = compiled_model()
     compiled = dump_backend(path / "compiled", backend=backend, run_eagerly=backend == "inductor", model=model)
-    step(compile(model, compiled) if compile is not None else torch.compile(model, backend=compiled))
+    runnable = compile(model, compiled) if compile is not None else torch.compile(model, backend=compiled)
+    for _ in range(steps):
+        step(runnable)
     compiled.data_dump.close()
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = eager_model()
-    with torchdebug.dump(path / "eager", model=model, task="statistics"):
-        step(model)
+    with torchdebug.Debugger(path / "eager", task="statistics") as debugger:
+        for _ in range(steps):
+            debugger.start(model)
+            step(model)
+            debugger.stop()
+            debugger.step()
     return path / "compiled", path / "eager"

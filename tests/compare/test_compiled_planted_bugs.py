@@ -27,32 +27,45 @@ called in the model's own forward, in the scale's module)."""
 
 class _Scaled(nn.Module):
     """Two linear layers with ``norm`` between them; ``scale`` multiplies the first layer's output
-    (the planted bug: ``tanh`` and GELU called in the forward after it, the others before it, in
-    their own module)."""
+    (the planted bug), before ``norm`` or (``scale_after``) after it."""
 
-    def __init__(self, scale: float, norm: str = "tanh") -> None:
+    def __init__(self, scale: float, norm: str = "tanh", scale_after: bool = True) -> None:
         super().__init__()
-        self.scale, self.after, self.gelu = scale, norm in ("tanh", "gelu_call"), norm == "gelu_call"
+        self.scale, self.scale_after, self.gelu = scale, scale_after, norm == "gelu_call"
         self.fc1, self.norm, self.fc2 = nn.Linear(8, 16), _NORMS[norm](), nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc1(x)
-        if self.after:
+        if self.scale_after:
             h = torch.nn.functional.gelu(h) if self.gelu else self.norm(h)
         if self.scale != 1.0:
             h = h * self.scale
-        if not self.after:
+        if not self.scale_after:
             h = self.norm(h)
         return self.fc2(h).pow(2).mean()
 
 
 def _step(model: nn.Module) -> None:
+    """Forward, backward and a plain SGD update (the same parameters through a compiled wrapper)."""
     model(torch.randn(6, 8, generator=torch.Generator().manual_seed(1))).backward()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter -= 0.1 * parameter.grad
+            parameter.grad = None
 
 
-def _compare(tmp_path: Path, backend_name: str, scale: float, norm: str = "tanh") -> torchdebug.CompareResult:
-    """A graph dump of ``_Scaled(scale, norm)``'s step against an eager dump of the healthy one's."""
-    pair = graph_and_eager_dumps(tmp_path, lambda: _Scaled(scale, norm), lambda: _Scaled(1.0, norm), _step, backend=backend_name)
+def _compare(
+    tmp_path: Path, backend_name: str, scale: float, norm: str = "tanh", scale_after: bool = True, steps: int = 1
+) -> torchdebug.CompareResult:
+    """A graph dump of ``_Scaled(scale, norm, scale_after)``'s steps against an eager dump of the healthy one's."""
+    pair = graph_and_eager_dumps(
+        tmp_path,
+        lambda: _Scaled(scale, norm, scale_after),
+        lambda: _Scaled(1.0, norm, scale_after),
+        _step,
+        backend=backend_name,
+        steps=steps,
+    )
     return torchdebug.compare(*pair)
 
 
@@ -77,7 +90,7 @@ def test_a_planted_scale_before_a_decomposed_op_of_another_module_is_named(tmp_p
     norm's input is paired with what those nodes read (was: with the first layer's output, so the
     norm was blamed, 'its inputs differ by only 0', and the scale filed inside an eager op of the
     loss). With inductor the scale is judged after the value it changed: that blame stands."""
-    result = _compare(tmp_path, backend_name, 1.05, norm)
+    result = _compare(tmp_path, backend_name, 1.05, norm, scale_after=False)
     first = result.first_divergence
     assert first is not None and first.name == "forward/<root>/aten.mul.Tensor#0/output.0" and first.match == "only_a"
     assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]
@@ -93,3 +106,12 @@ def test_a_planted_scale_after_a_decomposed_op_of_its_module_is_named(tmp_path: 
     assert first is not None and first.op == "aten.mul.Tensor" and first.match == "only_a"
     assert "only A runs this op" in first.message
     assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]
+
+
+def test_a_scale_after_a_batch_norm_is_the_only_error_in_every_step(tmp_path: Path) -> None:
+    """In the second step what differs upstream (the first step's update) moves the norm's output a
+    little, so no compiled value agrees with eager's: the norm's output is paired with the nearest
+    value on the scale's way, not with the scaled one (was: the norm blamed in step 1)."""
+    result = _compare(tmp_path, "aot_eager", 1.05, "batch_norm", steps=2)
+    errors = [(row.step, row.name) for row in result.rows if row.verdict == "error"]
+    assert errors == [(0, "forward/<root>/aten.mul.Tensor#0/output.0"), (1, "forward/<root>/aten.mul.Tensor#0/output.0")]

@@ -152,8 +152,8 @@ class _Aligner:
                 )
                 if changed is not None:  # A's group reads the value through ops only A runs
                     nearest, a = changed
-            elif compiled_a and _direction(b) and not _constant(b) and not _agree(a, b):
-                before = self._agreeing_before(a, b)
+            if compiled_a and _direction(b) and not _constant(b) and not _agree(a, b):
+                before = self._nearer_before(a, b)
                 if before is not None:  # ops only A runs changed the value after A's group made it
                     nearest, a = before
             self._join(nearest, a, left_b, b, "value")
@@ -209,14 +209,16 @@ class _Aligner:
                     break
         return None
 
-    def _agreeing_before(self, a: Record, b: Record) -> tuple[_SlotPair, Record] | None:
-        """An unpaired output slot of A with ``b``'s dtype and shape whose value agrees with ``b``'s,
-        made before ``a``'s value on the way through ops only A runs (within :data:`_ON_THE_WAY`):
-        a scale only the compiled side applies right after a decomposed GELU, in its module. The
-        GELU's output is the value its nodes made, and the scale, which changed it, is judged as a
-        structure difference, not the GELU."""
+    def _nearer_before(self, a: Record, b: Record) -> tuple[_SlotPair, Record] | None:
+        """The unpaired output slot of A at ``b``'s place whose value is nearest ``b``'s, nearer than
+        ``a``'s, made before ``a``'s value on the way through ops only A runs (within
+        :data:`_ON_THE_WAY`): a scale only the compiled side applies right after a decomposed GELU,
+        in its module. The GELU's output is the value its nodes made (equal to eager's, or as near
+        as what differs upstream leaves it, a later step of a run the scale changed), and the
+        scale, which moved it, is judged as a structure difference, not the GELU."""
         self._index_one_sided()
         assert self._one_sided_a is not None and self._outputs_a is not None
+        nearest, distance = None, _distance(a, b)
         frontier, seen = [a], set()
         for _ in range(_ON_THE_WAY):
             reads = []
@@ -228,12 +230,14 @@ class _Aligner:
             for read in reads:
                 made = self.made_a.get(id(read))
                 found = self._outputs_a.get((read.step, *made[0])) if made else None
-                if found is not None and found[0].how == "only_a" and _place(found[1]) == _place(b) and _agree(found[1], b):
-                    return found
+                if found is not None and found[0].how == "only_a" and _place(found[1]) == _place(b):
+                    apart = _distance(found[1], b)
+                    if apart < distance:
+                        nearest, distance = found, apart
             frontier = reads
             if not frontier:
                 break
-        return None
+        return nearest
 
     def _index_one_sided(self) -> None:
         """A's calls only A runs, with their input slots; A's output slots by call and slot (once)."""

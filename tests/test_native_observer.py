@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -548,13 +549,13 @@ def test_symbolizing_stacks_loads_neither_dynamo_nor_inductor() -> None:
 
 
 def test_a_frame_of_generated_code_is_followed_by_the_source_frames_inductor_maps_it_to(
-    observer: NativeObserver, monkeypatch: pytest.MonkeyPatch
+    observer: NativeObserver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Where inductor's code cache is loaded, a frame of code it generated is followed by the frames
     of the source it was generated from (what its ``PyCodeCache`` says), as torch's symbolize gives them."""
     from torch._inductor import codecache
 
-    generated = "/tmp/torchinductor_test/generated_kernel.py"
+    generated = str(tmp_path / "generated_kernel.py")  # a name only: the code is compiled from a string
     asked = []
 
     def source_frames(filename: str, line: int) -> list[dict] | None:

@@ -328,6 +328,27 @@ def test_explained_by_inputs_an_output_carries_the_blame_of_its_input():
     assert f"carries the difference blamed on {given.name}" in out.message
 
 
+def test_moves_its_input_a_part_of_an_input_that_differs_inherits_its_difference():
+    """The statistics of one output of a split may differ far more than those of the whole input
+    (the part holds none of the input's extremes): a split changes no element, so the difference is
+    its input's. Another op, or the same op called with another argument, is judged on."""
+
+    def output_of(op: str, arguments: tuple[int, int] = (1, 1), difference: float = 0.002) -> Row:
+        given = _row("input", difference, op=op)  # beyond the tolerance, 0.001: blamed, nothing upstream
+        size = _row("input", kind="value", op=op, arg="1", a={"value": arguments[0]}, b={"value": arguments[1]})
+        out = _row("output", 0.1, op=op)  # 50 times the input's difference: beyond the growth
+        judge([given, size, out], growth=16)
+        return out
+
+    out = output_of("aten.split.Tensor")
+    assert _judged(out) == ("warning", "inherited")
+    assert "aten.split.Tensor only moves the elements of its input, which differs by 0.002" in out.message
+    assert _judged(output_of("aten.transpose_.default")) == ("warning", "inherited")
+    assert _judged(output_of("aten.mul.Tensor")) == ("error", "blamed")
+    assert _judged(output_of("aten.split.Tensor", (1, 2))) == ("error", "blamed")
+    assert _judged(output_of("aten.split.Tensor", difference=0.0005)) == ("error", "blamed")  # within rounding
+
+
 def test_singular_near_zero_ops_inherit_an_error_within_their_inputs_relative_spread():
     def output_of(op: str) -> Row:
         given = _row("input", 0.001, op=op, metrics={"max_rel_err": 0.5})  # near-zero elements differ by 50 %
@@ -354,6 +375,21 @@ def test_may_amplify_an_output_far_smaller_than_its_inputs_is_undecided_with_sta
     judge([given, out], growth=16)
     assert _judged(out) == ("undecided", "undecided")
     assert "may amplify that up to 100x" in out.message and 'a tensor dump (task="tensor") would decide it' in out.message
+
+
+def test_may_amplify_an_output_whose_scale_its_inf_elements_hide_is_undecided():
+    """A masked score (``masked_fill(~mask, -inf)``): its difference is measured against its finite
+    maximum alone, which may be far below the magnitudes of its other elements, so no multiple of its
+    input's difference rules it out."""
+    given = _row("input", 0.001, op="aten.masked_fill.Scalar", stats=_stats(1.0))
+    masked = {"min": -math.inf, "max": 0.01, "mean": -math.inf, "norm": math.inf, "neginf": 8}
+    out = _row("output", 0.2, op="aten.masked_fill.Scalar", stats=masked)
+    judge([given, out], growth=16)
+    assert _judged(out) == ("undecided", "undecided")
+    assert "its difference is measured against its finite extreme alone" in out.message
+    finite = _row("output", 0.2, op="aten.masked_fill.Scalar", stats=_stats(0.5))
+    judge([given, finite], growth=16)
+    assert _judged(finite) == ("error", "blamed")
 
 
 def test_made_here_an_output_its_inputs_do_not_explain_is_blamed():

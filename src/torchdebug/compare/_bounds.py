@@ -5,7 +5,8 @@
 * :func:`amplification`: how much an op may amplify its inputs' scale-relative error, estimated
   from the reference side's statistics;
 * :func:`is_singular` and :func:`spread`: ops whose relative error is unbounded near zero, and the
-  element-wise relative error of a row that such an op inherits.
+  element-wise relative error of a row that such an op inherits;
+* :func:`moves_values`: ops that only move their input's elements, which can make no error.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torchdebug.compare._rows import Row
 from torchdebug.compare._tolerances import lower_precision, rounding_tolerance
 from torchdebug.records import Record
 
-__all__ = ["own_error", "amplification", "is_singular", "spread"]
+__all__ = ["own_error", "amplification", "is_singular", "spread", "moves_values", "extremes_not_finite"]
 
 _SINGULAR = {"sqrt", "rsqrt", "div", "reciprocal", "log", "log2", "log10", "log1p", "pow", "addcdiv", "atan2"}
 """Ops whose relative error is unbounded near zero: they may turn a tiny input error into any size."""
@@ -26,6 +27,24 @@ _SINGULAR = {"sqrt", "rsqrt", "div", "reciprocal", "log", "log2", "log10", "log1
 def is_singular(op: str) -> bool:
     """``aten.sqrt.default``, ``aten.addcdiv_.default``, ``aten._foreach_div.List``, ``Tensor.log``."""
     return _base_op(op) in _SINGULAR
+
+
+_MOVES = frozenset(
+    {
+        *("view", "_unsafe_view", "_reshape_alias", "reshape", "view_as", "alias", "detach", "clone", "contiguous"),
+        *("t", "transpose", "swapaxes", "swapdims", "permute", "movedim", "numpy_T", "expand", "expand_as", "repeat"),
+        *("squeeze", "unsqueeze", "flatten", "unflatten", "split", "split_with_sizes", "tensor_split", "chunk"),
+        *("unbind", "narrow", "slice", "select", "diagonal", "as_strided", "unfold"),
+    }
+)
+"""Ops whose output holds elements of their one tensor input, unchanged: views, copies, splits."""
+
+
+def moves_values(op: str) -> bool:
+    """``aten.split.Tensor``, ``aten.transpose_.default``, ``Tensor.view``: an op that only moves its
+    input's elements (each output element is one of them), so it makes no error of its own; the
+    statistics of a part (a split, a slice) may still differ more than those of the whole."""
+    return _base_op(op) in _MOVES
 
 
 def spread(row: Row) -> float:
@@ -39,6 +58,14 @@ _RERUN_MARGIN = 2.0
 """How many rounding tolerances an op's own error must exceed to be blamed (a healthy op that rounds
 once: ≤ 0.5), and how many it must exceed what the CPU kernel makes by."""
 _OWN = {"A": ("own_err_a", "kernel_err_a"), "B": ("own_err_b", "kernel_err_b")}
+
+
+def extremes_not_finite(record: Record | None) -> bool:
+    """Statistics whose min or max is ±Inf or NaN (a masked score's ``-inf``): the scale a difference
+    is measured against is then its finite extreme's alone, which may be far smaller than its values'."""
+    stats = record.stats if record is not None else None
+    extremes = [stats.get(key) for key in ("min", "max")] if stats else []
+    return any(isinstance(value, float) and not math.isfinite(value) for value in extremes)
 
 
 def _scale(record: Record | None) -> float | None:
@@ -115,7 +142,9 @@ def amplification(output: Row, inputs: Sequence[Row]) -> float:
     out = output.record_b
     scale_out = _scale(out)
     if out is None or scale_out is None:
-        return 1.0  # no statistics: no evidence of amplification
+        # a scale its Inf or NaN elements hide (a masked score): measured against the finite extreme
+        # alone, its difference may be any multiple of its inputs'; without statistics, no evidence
+        return math.inf if extremes_not_finite(out) else 1.0
     if scale_out == 0.0:
         return math.inf
     scales = [_scale(r.record_b) or 0.0 for r in inputs]

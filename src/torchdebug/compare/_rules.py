@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal, NamedTuple
 
-from torchdebug.compare._bounds import amplification, is_singular, own_error, spread
+from torchdebug.compare._bounds import amplification, extremes_not_finite, is_singular, moves_values, own_error, spread
 from torchdebug.compare._comparable import dtype_argument, dtype_constants
 from torchdebug.compare._flow import OUTPUT_IO, Flow
 from torchdebug.compare._judgement import Judgement
@@ -616,6 +616,25 @@ def explained_by_inputs(row: Row, call: Call) -> Judgement | None:
     return _explained(row, call)
 
 
+def moves_its_input(row: Row, call: Call) -> Judgement | None:
+    """An output of an op that only moves its input's elements (a view, a split), called alike, inherits its differing input's.
+
+    Statistics of a part (one of a split's outputs, a slice) may differ more than those of the whole
+    its input's difference is measured on, but such an op cannot change an element: where its input
+    differs beyond tolerance, that is where the part's difference comes from. Its argument values
+    must agree (a wrong offset is a difference of its own), and an input within rounding explains
+    nothing (a summand against the whole it is part of moves through views unchanged)."""
+    a, b = row.record_a, row.record_b
+    if a is None or b is None or a.op != b.op or not moves_values(a.op):
+        return None
+    if not any(r.difference is not None and r.tolerance is not None and r.difference > r.tolerance for r in call.inputs):
+        return None
+    if any(r.verdict != "pass" for r in call.rows if r.kind != "tensor" and r.io not in OUTPUT_IO):
+        return None
+    detail = f"{_detail(row)}; {a.op} only moves the elements of its input, which differs by {_fmt(call.input_error())}"
+    return _inherited(row, call, call.inputs, detail)
+
+
 def singular_near_zero(row: Row, call: Call) -> Judgement | None:
     """An op singular near zero (sqrt, log, a division) within its inputs' summed relative spread is inherited."""
     if _awaits_rerun(row, call) or not is_singular(row.op):
@@ -626,11 +645,15 @@ def singular_near_zero(row: Row, call: Call) -> Judgement | None:
 
 def _amplified(row: Row, call: Call, factor: float) -> Judgement:
     how = "it could not be rerun" if "cosine" in row.metrics else 'a tensor dump (task="tensor") would decide it'
+    if math.isinf(factor) and extremes_not_finite(row.record_b):
+        why = "its difference is measured against its finite extreme alone (its Inf or NaN elements hide its scale)"
+    else:
+        why = f"{row.op} may amplify that up to {_fmt(max(factor, call.growth))}x"
     return _undecided(
         row,
         call,
-        f"{_detail(row)}; its inputs differ by {_fmt(call.input_error())} and {row.op} may amplify that up to "
-        f"{_fmt(max(factor, call.growth))}x: statistics cannot tell whether it made the difference; {how}",
+        f"{_detail(row)}; its inputs differ by {_fmt(call.input_error())} and {why}: statistics cannot tell whether it"
+        f" made the difference; {how}",
     )
 
 
@@ -1024,6 +1047,7 @@ RULES: tuple[Rule, ...] = (
     Rule(called_differently, _OUTPUTS),
     Rule(rerun_own_error, _OUTPUTS),
     Rule(explained_by_inputs, _OUTPUTS),
+    Rule(moves_its_input, _OUTPUTS),
     Rule(singular_near_zero, _OUTPUTS),
     Rule(awaits_rerun, _OUTPUTS),
     Rule(may_amplify, _OUTPUTS),

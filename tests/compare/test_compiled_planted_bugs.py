@@ -4,6 +4,7 @@ runs them) as with ``aot_eager``'s."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,70 @@ def test_a_scale_after_a_batch_norm_is_the_only_error_in_every_step(tmp_path: Pa
     result = _compare(tmp_path, "aot_eager", 1.05, "batch_norm", steps=2)
     errors = [(row.step, row.name) for row in result.rows if row.verdict == "error"]
     assert errors == [(0, "forward/<root>/aten.mul.Tensor#0/output.0"), (1, "forward/<root>/aten.mul.Tensor#0/output.0")]
+
+
+class _Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Inner()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.inner(x)
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x.pow(2).mean()
+
+
+def _scaled_forward(module: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+    return module._old_forward(*args) * 1.05
+
+
+def _replace_forward(model: _Blocks, style: str) -> _Blocks:
+    """``blocks.1.inner``'s forward replaced on the instance, scaling its output by 1.05: by a closure
+    over the bound forward, or as accelerate's hooks replace it (a ``functools.partial``)."""
+    inner = model.blocks[1].inner
+    if style == "closure":
+        bound = inner.forward
+        inner.forward = lambda x: bound(x) * 1.05
+    else:
+        inner._old_forward = inner.forward
+        inner.forward = functools.update_wrapper(functools.partial(_scaled_forward, inner), inner._old_forward)
+    return model
+
+
+@pytest.mark.parametrize("style", ["closure", "partial"])
+def test_a_forward_replaced_on_an_instance_names_the_modules_it_reaches_where_they_sit(tmp_path: Path, style: str) -> None:
+    """Dynamo names a module that the replaced forward reaches by the way it got there
+    (``blocks.1.inner._old_forward.__self__.fc1``): the graph dump follows that way on the running
+    block and names the module where it sits in the model, so its calls pair with eager's and the
+    scale is named (was: ``fc2`` blamed, its eager calls one-sided)."""
+
+    def compile_blocks(model: nn.Module, backend: object) -> nn.Module:
+        for block in model.blocks:
+            block.compile(backend=backend)
+        return model
+
+    pair = graph_and_eager_dumps(tmp_path, lambda: _replace_forward(_Blocks(), style), _Blocks, _step, compile=compile_blocks)
+    modules = {record.module for record in torchdebug.load(pair[0]).ranks[0].records()}
+    assert {"blocks.1.inner.fc1", "blocks.1.inner.fc2"} <= modules and not any("__" in module for module in modules)
+    result = torchdebug.compare(*pair)
+    first = result.first_divergence
+    assert first is not None and first.name == "forward/blocks.1.inner/aten.mul.Tensor#0/output.0"
+    assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]

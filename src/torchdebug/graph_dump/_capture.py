@@ -181,7 +181,7 @@ class GraphCapture:
             # (not a graph that first runs in the backward: a compiled optimizer step in a gradient hook)
             if in_backward and plan.phase == "forward" and (id(plan), instance.path) in self._forward_bases:
                 recomputed, forward_bases = True, self._forward_bases[id(plan), instance.path]
-        keys = self._keys_of(plan, instance.path, recomputed)
+        keys = self._keys_of(plan, instance, recomputed)
         counts = self._counts
         bases = {key: counts.get(keys[key], 0) for key in plan.counts}
         for key, n in plan.counts.items():
@@ -223,16 +223,23 @@ class GraphCapture:
             self._last_backward[model] = waiting.pop()
         return self._last_backward.get(model, (self._running.get(model, NO_INSTANCE), {}, None))
 
-    def _keys_of(self, plan: GraphPlan, path: str, recomputed: bool) -> dict[Key, Key]:
-        """The plan's keys named in the instance at ``path`` (see :attr:`GraphRun.keys`), in phase
-        ``recompute`` for a ``recomputed`` run."""
+    def _keys_of(self, plan: GraphPlan, instance: Instance, recomputed: bool) -> dict[Key, Key]:
+        """The plan's keys named in ``instance`` (see :attr:`GraphRun.keys`), in phase ``recompute``
+        for a ``recomputed`` run; a module the graph reached through more than attributes named
+        where it sits in the model (``CompiledInstances.resolve``)."""
+        path = instance.path
         keys = self._keys.get((id(plan), path, recomputed))
         if keys is None:
-            keys = {key: _in(key, path) for key in plan.counts}
+            keys = {key: self._in_instance(key, instance) for key in plan.counts}
             if recomputed:
                 keys = {key: (RECOMPUTE, module, op) for key, (_, module, op) in keys.items()}
             self._keys[id(plan), path, recomputed] = keys
         return keys
+
+    def _in_instance(self, key: Key, instance: Instance) -> Key:
+        phase, module, op = key
+        resolved = self._instances.resolve(instance, module)
+        return (phase, resolved, op) if resolved is not None else _in(key, instance.path)
 
     def _next_step(self) -> None:
         self.session.flush()

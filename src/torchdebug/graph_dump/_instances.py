@@ -116,6 +116,8 @@ class CompiledInstances:
         self._parameters = _Paths(self._build_parameters)
         self._modules: dict[int, tuple[weakref.ref[nn.Module], _Paths]] = {}
         """Per root (the given one, or each module found compiled): its modules' paths."""
+        self._found: dict[int, tuple[weakref.ref[nn.Module], weakref.ref[nn.Module] | None]] = {}
+        """Each instance found running (by :attr:`Instance.key`) and its root: what :meth:`resolve` follows paths from."""
 
     def changed(self) -> None:
         """A graph was compiled: modules may have been compiled since the maps were built."""
@@ -138,7 +140,26 @@ class CompiledInstances:
             return None
         root = self._root if self._root is not None else frames.outermost_compiled_module(running)
         path = self._module_paths(root).get(module) if root is not None else None
+        if len(self._found) >= _KEPT_ROOTS and id(module) not in self._found:
+            del self._found[next(iter(self._found))]
+        self._found[id(module)] = (weakref.ref(module), weakref.ref(root) if root is not None else None)
         return Instance(id(module), path or "")
+
+    def resolve(self, instance: Instance, relative: str) -> str | None:
+        """The path in the root model of the module a graph of ``instance`` reached at ``relative``
+        through more than its submodules (a forward replaced on an instance by a closure, Dynamo's
+        ``mlp.forward.__closure__.0.cell_contents.__self__.fc``, or by accelerate's
+        ``functools.partial``, ``mlp._old_forward.__self__.fc`` on torch 2.13 and
+        ``mlp.forward.args.0.fc`` on 2.11), followed on the instance found running; ``None`` for a
+        path of submodules (the instance's path and it name the module) and for one that cannot be
+        followed or leads to no module of the root."""
+        found = self._found.get(instance.key)
+        module = found[0]() if found is not None else None
+        root = found[1]() if found is not None and found[1] is not None else None
+        if module is None or root is None or relative in (ROOT_MODULE, NO_MODULE) or _submodule_path(module, relative):
+            return None
+        target = _follow(module, relative)
+        return self._module_paths(root).get(target) if isinstance(target, nn.Module) else None
 
     def _module_paths(self, root: nn.Module) -> _Paths:
         kept = self._modules.get(id(root))
@@ -175,6 +196,33 @@ _KEPT_ROOTS = 64
 def _module_paths(root: nn.Module) -> dict[int, tuple[weakref.ref, str]]:
     """Each module of ``root`` by identity, with its path (wrappers left out: ``layers.0``)."""
     return {id(module): (weakref.ref(module), strip_wrappers(path)) for path, module in root.named_modules()}
+
+
+def _submodule_path(module: nn.Module, relative: str) -> bool:
+    """Whether ``relative`` names a submodule of ``module`` through registered children alone."""
+    found: nn.Module | None = module
+    for part in relative.split("."):
+        found = found._modules.get(part) if found is not None else None
+        if found is None:
+            return False
+    return True
+
+
+def _follow(start: object, relative: str) -> object | None:
+    """The object at ``relative`` from ``start``, a dotted path whose parts are attributes, or
+    indices and keys of tuples, lists and dicts (``forward.__closure__.0.cell_contents``)."""
+    found = start
+    for part in relative.split("."):
+        try:
+            if isinstance(found, (tuple, list)):
+                found = found[int(part)]
+            elif isinstance(found, dict):
+                found = found[part]
+            else:
+                found = getattr(found, part)
+        except (AttributeError, IndexError, KeyError, ValueError):
+            return None
+    return found
 
 
 def in_instance(path: str, module: str) -> str:

@@ -183,3 +183,20 @@ def test_a_forward_replaced_on_an_instance_names_the_modules_it_reaches_where_th
     first = result.first_divergence
     assert first is not None and first.name == "forward/blocks.1.inner/aten.mul.Tensor#0/output.0"
     assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]
+
+
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+def test_a_batch_norms_running_statistics_written_back_are_the_norms(tmp_path: Path, backend_name: str) -> None:
+    """Functionalization writes a BatchNorm's new running statistics back into its buffers by
+    ``copy_`` nodes that have no module: they are the norm's, as eager's update in place is (were
+    the root's, and the second step filed them inside the eager update's ``sub_`` of the norm's
+    weight: 2 false errors on a healthy pair with ``aot_eager``)."""
+    healthy = _compare(tmp_path / "healthy", backend_name, 1.0, "batch_norm", steps=2)
+    assert healthy.counts()["error"] == 0
+    written = {
+        row.record_a.module for row in healthy.rows if row.record_a is not None and row.record_a.op == "aten.copy_.default"
+    }
+    assert written == {"norm"}
+    planted = _compare(tmp_path / "planted", backend_name, 1.05, "batch_norm", scale_after=False, steps=2)
+    errors = [(row.step, row.name) for row in planted.rows if row.verdict == "error"]
+    assert errors == [(0, "forward/<root>/aten.mul.Tensor#0/output.0"), (1, "forward/<root>/aten.mul.Tensor#0/output.0")]

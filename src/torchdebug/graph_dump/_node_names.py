@@ -88,9 +88,23 @@ def module_of(node: torch.fx.Node, backward: bool, rooted: bool) -> str:
     path = module_stack_path(node, "fwd_nn_module_stack" if backward else "nn_module_stack")
     if path is None and backward:
         path = module_stack_path(node, "nn_module_stack")
+    if path is None and (written := _written_back(node)) is not None:
+        return module_of(written, backward, rooted)
     if path is None:
         return ROOT_MODULE if rooted else NO_MODULE
     return eager_module_path(path)
+
+
+def _written_back(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node whose value a ``copy_`` writes back into a graph input (functionalization's epilogue:
+    a BatchNorm's running statistics, an input updated in place), which has no module stack of its
+    own: the write belongs to the module that made the value, as does the eager op that wrote in place."""
+    if node.target is not torch.ops.aten.copy_.default or len(node.args) < 2:
+        return None
+    into, written = node.args[0], node.args[1]
+    if not isinstance(into, torch.fx.Node) or into.op != "placeholder" or not isinstance(written, torch.fx.Node):
+        return None
+    return written if written.op == "call_function" and written.target is not torch.ops.aten.copy_.default else None
 
 
 @dataclass(frozen=True, slots=True)

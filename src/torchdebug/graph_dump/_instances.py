@@ -220,7 +220,7 @@ def _follow(start: object, relative: str) -> object | None:
                 found = found[part]
             else:
                 found = getattr(found, part)
-        except (AttributeError, IndexError, KeyError, ValueError):
+        except Exception:  # noqa: BLE001 (a property of the user's may raise anything: the name stays Dynamo's)
             return None
     return found
 

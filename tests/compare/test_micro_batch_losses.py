@@ -54,3 +54,29 @@ def test_the_gradient_of_a_micro_batch_loss_is_incomparable_not_an_error(tmp_pat
     if level == "mix":  # the optimizer step, eager ops: the summed gradients and the updated parameters
         optimizer = [row for row in result.rows if row.phase == "optimizer" and row.matched and row.kind == "tensor"]
         assert optimizer and all(row.verdict == "pass" for row in optimizer)
+
+
+def test_a_graph_dump_counting_each_micro_batch_as_a_step_is_said_to_hold_more_steps(tmp_path: Path) -> None:
+    """The graph dump begins a step each time the step's first graph runs again, so two micro-batches
+    a step are two of its steps against the eager dump's one: the summary says how many steps each
+    side holds and that they pair by number (a micro-batch's values were blamed with no word why)."""
+    from tests.backends import graph_and_eager_dumps
+
+    def step(model: nn.Module) -> None:
+        generator = torch.Generator().manual_seed(1)
+        x, y = torch.randn(8, 8, generator=generator), torch.randint(0, 4, (8,), generator=generator)
+        for xb, yb in zip(x.chunk(2), y.chunk(2)):
+            (model(xb, yb) / 2).backward()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter -= 0.1 * parameter.grad
+                parameter.grad = None
+
+    result = torchdebug.compare(*graph_and_eager_dumps(tmp_path, _Net, _Net, step, steps=2))
+    said = [note for note in result.problems if "training steps" in note]
+    assert said == [
+        "A holds 4 training steps (0–3), B holds 2 training steps (0–1): steps are paired by number, so a step may be"
+        " paired with other work and the extra steps with nothing (a graph dump counts a step each time the step's first"
+        " graph runs again for its module: each micro-batch of gradient accumulation is a step of its own)"
+    ]
+    assert not [note for note in torchdebug.compare(tmp_path / "eager", tmp_path / "eager").problems if "training steps" in note]

@@ -451,9 +451,35 @@ def _damaged_note(rows: Sequence[Row]) -> str | None:
     )
 
 
+def _steps_note(rows: Sequence[Row]) -> str | None:
+    """One line when the two dumps hold different numbers of training steps: steps pair by number,
+    so a graph dump that counted each micro-batch as a step pairs its second with the eager run's
+    second step."""
+    steps: dict[str, set[int]] = {"A": set(), "B": set()}
+    graph = {"A": False, "B": False}
+    for row in rows:
+        for side, record in (("A", row.record_a), ("B", row.record_b)):
+            if record is not None:
+                steps[side].add(record.step)
+                graph[side] = graph[side] or record.capture == "graph"
+    if not steps["A"] or not steps["B"] or len(steps["A"]) == len(steps["B"]) or min(steps["A"]) != min(steps["B"]):
+        return None  # one side empty, as many steps, or steps chosen apart (a dump of step 2 against steps 0-3)
+    held = ", ".join(f"{side} holds {len(found)} training steps ({min(found)}–{max(found)})" for side, found in steps.items())
+    note = f"{held}: steps are paired by number, so a step may be paired with other work and the extra steps with nothing"
+    if graph["A"] != graph["B"]:
+        note += (
+            " (a graph dump counts a step each time the step's first graph runs again for its module: each"
+            " micro-batch of gradient accumulation is a step of its own)"
+        )
+    return note
+
+
 def finish(rows: list[Row], notes: list[str], pairing: Pairing, settings: CompareConfig) -> CompareResult:
     """The result of judged rows: rank ``notes`` and the pairing's, options, and the overlap check."""
     problems = [*notes, *pairing.problems]
+    steps = _steps_note(rows)
+    if steps is not None:
+        problems.append(steps)
     dtypes = dtype_note(rows)
     if dtypes is not None:
         problems.insert(0, dtypes)

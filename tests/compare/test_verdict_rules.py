@@ -467,6 +467,34 @@ def test_differs_before_any_op_a_parameter_the_optimizer_reads_says_an_earlier_s
     assert batch.message.endswith("this input differs before any op did")
 
 
+def test_updated_unseen_a_parameter_an_unrecorded_optimizer_step_updated_is_undecided():
+    """A compiled model's graph dump (A) holds no record of the eager optimizer step between two
+    steps, whose Adam update turns round-off in a zero gradient into a step of the learning rate's
+    size; B records it. The weight of step 1 is undecided, not blamed; where A records its optimizer
+    steps too (an eager dump), the weight is blamed as before."""
+
+    def record(step: int, phase: str, op: str, **fields: Any) -> Record:
+        name = make_name(phase, "m" if phase == "forward" else "-", op, 0, "input", "0")
+        return Record(name, step, 0, phase, "m", op, 0, 0, "input", "0", dtype="float32", shape=[4], value_id=7, **fields)
+
+    def weight_of(capture_a: str) -> Row:
+        stepped = []  # the optimizer's read of the weight in steps 0 and 1: on B, and on A where it is eager
+        for step in (0, 1):
+            read_a = record(step, "optimizer", "aten.add_.Tensor") if capture_a == "eager" else None
+            read_b = record(step, "optimizer", "aten.add_.Tensor")
+            stepped.append(Row.from_records(0, read_a, read_b, "exact" if read_a else "only_b", next(_ORDER)))
+        a, b = record(1, "forward", "aten.mul.Tensor", capture=capture_a), record(1, "forward", "aten.mul.Tensor")
+        weight = Row.from_records(0, a, b, "exact", next(_ORDER))
+        weight.difference, weight.tolerance = 0.01, 1e-3
+        judge([*stepped, weight])
+        return weight
+
+    unseen = weight_of("graph")
+    assert _judged(unseen) == ("undecided", "undecided")
+    assert "updated in step 0 by an optimizer step that A's graph dump does not record" in unseen.message
+    assert _judged(weight_of("eager")) == ("error", "blamed")
+
+
 def test_gradient_of_incomparable_the_gradient_of_a_micro_batch_loss_cannot_be_compared():
     piece = _row("input", 0.5, op="aten.mse_loss.default", a={"extra": {"one_shard": "holds one Shard(0) piece of 2"}})
     loss = _row("output", 0.5, op="aten.mse_loss.default")

@@ -52,6 +52,8 @@ class Flow:
         self.tolerances: Mapping[str, Tolerance] = tolerances or {}
         self._rows = rows
         self._stepped: set[tuple[str, int, int]] | None = None
+        self._optimizer_steps: set[tuple[str, int]] = set()
+        """The sides and training steps with optimizer ops, with :attr:`_stepped` (found once, when first asked)."""
         self.slots: dict[str, dict[int, dict[str, Row]]] = {"a": {}, "b": {}}
         """Per side and step, the row of each output slot's name (producers are outputs)."""
         self.one_sided: dict[tuple[str, int, str], list[Row]] = {}
@@ -97,20 +99,27 @@ class Flow:
         """Whether the tensor ``row`` holds, on either side, is one its step's optimizer reads (a
         parameter, or its state): found once, when first asked (a rule asks for an input no captured
         op made)."""
-        if self._stepped is None:
-            self._stepped = {
-                (side, record.step, record.value_id)
-                for each in self._rows
-                for side, record in (("a", each.record_a), ("b", each.record_b))
-                if record is not None
-                and record.phase == "optimizer"
-                and record.value_id is not None
-                and record.io not in OUTPUT_IO
-            }
         return any(
-            record is not None and (side, record.step, record.value_id) in self._stepped
+            record is not None and (side, record.step, record.value_id) in self._optimizer_reads()
             for side, record in (("a", row.record_a), ("b", row.record_b))
         )
+
+    def optimizer_stepped(self, side: str, step: int) -> bool:
+        """Whether ``side``'s dump records an optimizer step in training step ``step`` (ops in phase
+        ``optimizer``: a graph dump records none, its optimizer running outside the graphs)."""
+        self._optimizer_reads()
+        return (side, step) in self._optimizer_steps
+
+    def _optimizer_reads(self) -> set[tuple[str, int, int]]:
+        if self._stepped is None:
+            self._stepped = set()
+            for each in self._rows:
+                for side, record in (("a", each.record_a), ("b", each.record_b)):
+                    if record is not None and record.phase == "optimizer":
+                        self._optimizer_steps.add((side, record.step))
+                        if record.value_id is not None and record.io not in OUTPUT_IO:
+                            self._stepped.add((side, record.step, record.value_id))
+        return self._stepped
 
     def sources(self, row: Row, side: str, depth: int = 0) -> tuple[list[Row], list[str]] | None:
         """The matched rows whose tensor input ``row`` holds on ``side`` and the ops only that side

@@ -722,6 +722,32 @@ def upstream_differs(row: Row, call: Call) -> Judgement | None:
     return _inherited(row, call, (), f"{_detail(row)}; upstream ops already differ")
 
 
+def updated_unseen(row: Row, call: Call) -> Judgement | None:
+    """A parameter or optimizer state whose last update only one dump records (not a graph dump's) is undecided.
+
+    A graph dump does not record an optimizer step that runs outside its graphs, so nothing says
+    whether the update made the difference: an optimizer that divides by a gradient's size (Adam's)
+    turns round-off in a gradient that should be zero (a key bias's) into a step as large as its
+    learning rate. An optimizer step compiled on the graph side is not told from that: a bug there
+    shows as this verdict in the next step."""
+    if row.step == 0 or call.trace(row) is not None or not call.flow.stepped_by_optimizer(row):
+        return None
+    before = row.step - 1
+    seen = {side: call.flow.optimizer_stepped(side, before) for side in ("a", "b")}
+    if seen["a"] == seen["b"]:
+        return None
+    blind, record = ("A", row.record_a) if not seen["a"] else ("B", row.record_b)
+    if record is None or record.capture != "graph":
+        return None
+    return _undecided(
+        row,
+        call,
+        f"{_detail(row)}; a parameter or optimizer state, updated in step {before} by an optimizer step that {blind}'s"
+        " graph dump does not record: statistics cannot tell whether the update (an optimizer dividing by a"
+        " gradient's size turns its round-off into a step of the learning rate's size) made the difference",
+    )
+
+
 def differs_before_any_op(row: Row, call: Call) -> Judgement | None:
     """Any other input no captured op made (a weight, the batch) is blamed: it differs before any op did.
 
@@ -1055,6 +1081,7 @@ RULES: tuple[Rule, ...] = (
     Rule(gradient_of_incomparable, _INPUTS),
     Rule(constant_no_op_made, _INPUTS),
     Rule(upstream_differs, _INPUTS),
+    Rule(updated_unseen, _INPUTS),
     Rule(differs_before_any_op, _INPUTS),
     Rule(holds_incomparable, _INPUTS),
     Rule(one_sided_from_incomparable, _INPUTS),

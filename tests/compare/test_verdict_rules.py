@@ -419,6 +419,24 @@ def test_made_here_an_output_whose_inputs_have_no_partner_is_first_seen_there_or
     assert out.message.endswith("(none has a partner in the other dump); upstream ops already differ")
 
 
+def test_made_here_a_mask_alone_compared_does_not_say_the_values_agree():
+    """A masked fill's backward against inductor's ``where``: its gradient input has no partner and
+    only its mask is compared. The mask's agreement says nothing of the values the output was made
+    of: within growth times what differs upstream the output is inherited (was: blamed, 'its
+    inputs differ by only 0')."""
+    op = "aten.masked_fill.Scalar"
+    before_in, before_out = _row("input", 0.0, call=1), _row("output", 0.01, call=1)  # blamed: upstream differs
+    gradient = _row("input", op=op, call=2, only="b")
+    mask = _row("input", 0.0, op=op, call=2, arg="1", dtype="bool")
+    out = _row("output", 0.05, op=op, call=2)
+    judge([before_in, before_out, gradient, mask, out], growth=16)
+    assert _judged(out)[1] == "inherited" and out.message.endswith("upstream ops already differ")
+    compared = _row("input", 0.0, call=3, arg="1")  # a floating input compared, agreeing: blamed as before
+    made = _row("output", 0.05, call=3)
+    judge([before_in, before_out, _row("input", call=3, only="b"), compared, made], growth=16)
+    assert _judged(made) == ("error", "blamed")
+
+
 # --- inputs beyond tolerance -----------------------------------------------------------------------------
 
 

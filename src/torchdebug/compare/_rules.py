@@ -672,13 +672,15 @@ def may_amplify(row: Row, call: Call) -> Judgement | None:
 def made_here(row: Row, call: Call) -> Judgement | None:
     """Any other output beyond tolerance is blamed: this op makes the difference.
 
-    Where none of the call's own tensor inputs has a partner in the other dump (an eager op outside
-    the compiled graphs, or one whose compiled form holds its inputs inside, paired by the value it
-    made), nothing says that they agree: within growth times the error seen upstream the output is
-    inherited, as an input no captured op made is (:func:`upstream_differs`); else the difference is
-    first seen here."""
+    Where none of the call's own floating tensor inputs has a partner in the other dump (an eager op
+    outside the compiled graphs, or one whose compiled form holds its inputs inside, paired by the
+    value it made: a masked fill's backward, whose gradient inductor reads in a ``where``, with only
+    its mask compared), nothing says that they agree: within growth times the error seen upstream
+    the output is inherited, as an input no captured op made is (:func:`upstream_differs`); else the
+    difference is first seen here."""
     own = [r for r in call.rows if r.kind == "tensor" and r.io not in OUTPUT_IO]
-    if own and not any(r.matched for r in own):
+    values = [r for r in own if not _integral(r.dtype_a or r.dtype_b)] or own  # a mask's or indices' agreement
+    if values and not any(r.matched for r in values):  # says nothing of the values the output was made of
         unseen = f"{_detail(row)}; its inputs were not compared (none has a partner in the other dump)"
         error, _ = _beyond(row)
         if error <= call.growth * call.upstream:

@@ -17,7 +17,7 @@ from torch.torch_version import TorchVersion
 import torchdebug._torch as seam
 from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised
-from torchdebug._torch.nn import compiled_methods, is_compiled_wrapper, unwrap_compiled
+from torchdebug._torch.nn import compiled_methods, is_compiled_wrapper, module_hooks, unwrap_compiled
 
 # -- versions -------------------------------------------------------------------------------------
 
@@ -616,3 +616,15 @@ def test_a_compiled_graphs_frame_holds_its_module_and_the_module_the_user_compil
     torch.compile(outer, backend="eager")(torch.ones(2))
     assert seen == [(inner, inner, outer)]
     assert frames.running_frame(__file__, "no_such_function") is None
+
+
+def test_module_hooks_counts_each_kind_of_hook_a_module_and_its_children_hold() -> None:
+    """``nn.Module``'s private hook dicts, which ``module_hooks`` reads: one hook of each kind
+    registered through the public API is counted in its place, on each torch release tested."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))
+    assert module_hooks(model) == ()
+    model[1][0].register_forward_pre_hook(lambda module, args: None)
+    model[1][0].register_forward_hook(lambda module, args, output: None)
+    model[0].register_full_backward_pre_hook(lambda module, grad_output: None)
+    model[0].register_full_backward_hook(lambda module, grad_input, grad_output: None)
+    assert module_hooks(model) == (("0", 0, 0, 1, 1), ("1.0", 1, 1, 0, 0))

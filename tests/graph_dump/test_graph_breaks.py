@@ -175,3 +175,53 @@ def test_graphs_remember_the_frame_they_were_compiled_from_and_find_its_module_w
     assert compiled is block and instance is not None and instance.key == id(block) and instance.path == ""
     paths = {instance.path for instance, _ in found if instance is not None}
     assert "moe" in paths and any(path.startswith("moe.experts.") for path in paths), paths
+
+
+class _Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Inner()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.inner(x)
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_block_running_a_graph_compiled_for_a_block_with_other_hooks_is_warned_of(
+    tmp_path: Path, guarded: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Blocks compiled one by one share graphs: Dynamo, which does not guard on module hooks by
+    default, runs the second block with a graph compiled for another (from the second step on, if
+    not at once), which has no trace of the forward hook on the second block's submodule, so the
+    hook does not run. The dump warns, once, naming both blocks and the hooks; where hooks are
+    guarded each set of hooks gets its own graph."""
+    from tests.backends import dump_backend
+
+    torch._dynamo.reset()
+    model = nn.Sequential(*(_Block() for _ in range(3)))
+    model[1].inner.register_forward_hook(lambda module, args, output: output * 2)
+    backend = dump_backend(tmp_path, backend="aot_eager", model=model)
+    for block in model:
+        block.compile(backend=backend)
+    x = torch.randn(2, 4)
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=not guarded):
+        with caplog.at_level("WARNING", logger="torchdebug.graph_dump._capture"):
+            for _ in range(2):
+                model(x)
+    backend.data_dump.close()
+    torch._dynamo.reset()
+    warned = [record.getMessage() for record in caplog.records if "hooks differ" in record.getMessage()]
+    if guarded:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and warned[0].startswith("torchdebug: 1 runs the graph Dynamo compiled for ")
+        assert "[('inner', 0, 1, 0, 0)] against none" in warned[0]

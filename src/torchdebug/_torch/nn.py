@@ -96,3 +96,19 @@ __all__ = [
     "unwrap_compiled",
     "wrapped_module",
 ]
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+"""The ``nn.Module`` attributes holding a module's own hooks (torch 2.11 through 2.14)."""
+
+
+def module_hooks(module: nn.Module) -> tuple[tuple[str, int, int, int, int], ...]:
+    """How many hooks of each kind (forward pre, forward, backward pre, backward) ``module`` and each
+    module under it holds, for those holding any, by path: what Dynamo does not guard on
+    (``torch._dynamo.config.skip_nnmodule_hook_guards``), so instances that differ in it run one graph."""
+    found = []
+    for path, child in module.named_modules():
+        counts = tuple(len(getattr(child, name, None) or ()) for name in _HOOK_DICTS)
+        if any(counts):
+            found.append((strip_wrappers(path), *counts))
+    return tuple(found)

@@ -24,6 +24,7 @@ import torch
 
 from torchdebug._torch import symbolic
 from torchdebug._torch.autograd import current_autograd_node
+from torchdebug._torch.nn import module_hooks
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession, SessionOptions
 from torchdebug.dist import rank_and_world_size
@@ -103,6 +104,10 @@ class GraphCapture:
         self._handover_failed = False
         """A fault stopped the hand-over (``_handover_lost``)."""
         self._keys: dict[tuple[int, str, bool], dict[Key, Key]] = {}
+        self._hooks_compiled: dict[int, tuple[str, tuple]] = {}
+        """Per graph, the instance it first ran for (the one Dynamo compiled it for) and its modules' hooks."""
+        self._hooks_checked: set[tuple[int, int]] = set()
+        """The graphs and instances whose hooks :meth:`_check_hooks` compared."""
         self._seq = 0
         self._run: GraphRun | None = None
         self._templates: dict[int, dict[tuple[Any, ...], _Template]] = {}
@@ -168,6 +173,7 @@ class GraphCapture:
             instance, forward_bases, forward_values = self._forward_of(plan.model)
         else:
             instance = self._instances.running(plan.code) or self._running.get(plan.model, NO_INSTANCE)
+            self._check_hooks(plan, instance)
             in_backward = current_autograd_node() is not None
             # a recompile of the same code ends the step as its first graph would
             code = (plan.frame or plan.model, instance.key)
@@ -201,6 +207,30 @@ class GraphCapture:
         )
         self._seq += plan.n_ops
         return self._run
+
+    def _check_hooks(self, plan: GraphPlan, instance: Instance) -> None:
+        """Warn, once per graph and instance, where an instance runs a graph Dynamo compiled for one
+        whose modules hold other hooks: Dynamo does not guard on module hooks by default, so the
+        instance's own hooks do not run (a hook on one block's submodule, blocks compiled one by one)."""
+        if (id(plan), instance.key) in self._hooks_checked:
+            return
+        self._hooks_checked.add((id(plan), instance.key))
+        module = self._instances.module(instance)
+        if module is None:
+            return
+        hooks = module_hooks(module)
+        first_path, first_hooks = self._hooks_compiled.setdefault(id(plan), (instance.path, hooks))
+        if hooks != first_hooks:
+            log.warning(
+                "torchdebug: %s runs the graph Dynamo compiled for %s, but their modules' hooks differ (%s against %s: "
+                "path, then how many forward-pre, forward, backward-pre and backward hooks); Dynamo does not guard on "
+                "module hooks (torch._dynamo.config.skip_nnmodule_hook_guards), so this run runs the hooks traced "
+                "into the graph, not its own: set it to False to compile each set of hooks apart",
+                instance.path or "<root>",
+                first_path or "<root>",
+                list(hooks) or "none",
+                list(first_hooks) or "none",
+            )
 
     def _recomputed(self, model: str, instance: Instance, forward_bases: dict[Key, int], values: RunValues) -> None:
         """A recomputation's values stand for those of the forward run it repeats: the backward

@@ -145,6 +145,11 @@ class CompiledInstances:
         self._found[id(module)] = (weakref.ref(module), weakref.ref(root) if root is not None else None)
         return Instance(id(module), path or "")
 
+    def module(self, instance: Instance) -> nn.Module | None:
+        """The module of an instance found running (``None`` when it was not, or is gone)."""
+        found = self._found.get(instance.key)
+        return found[0]() if found is not None else None
+
     def resolve(self, instance: Instance, relative: str) -> str | None:
         """The path in the root model of the module a graph of ``instance`` reached at ``relative``
         through more than its submodules (a forward replaced on an instance by a closure, Dynamo's
@@ -154,7 +159,7 @@ class CompiledInstances:
         path of submodules (the instance's path and it name the module) and for one that cannot be
         followed or leads to no module of the root."""
         found = self._found.get(instance.key)
-        module = found[0]() if found is not None else None
+        module = self.module(instance)
         root = found[1]() if found is not None and found[1] is not None else None
         if module is None or root is None or relative in (ROOT_MODULE, NO_MODULE) or _submodule_path(module, relative):
             return None

@@ -67,3 +67,25 @@ def graph_and_eager_dumps(
             debugger.stop()
             debugger.step()
     return path / "compiled", path / "eager"
+
+
+class Inner(nn.Module):
+    """Two linear layers with a tanh between them, 8 wide (16 inside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class ResidualBlock(nn.Module):
+    """A block compiled one by one in the per-block tests: ``x + inner(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Inner()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.inner(x)

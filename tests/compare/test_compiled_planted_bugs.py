@@ -13,7 +13,7 @@ import torch._dynamo
 from torch import nn
 
 import torchdebug
-from tests.backends import graph_and_eager_dumps
+from tests.backends import ResidualBlock, graph_and_eager_dumps
 
 _NORMS = {
     "tanh": nn.Tanh,
@@ -118,28 +118,10 @@ def test_a_scale_after_a_batch_norm_is_the_only_error_in_every_step(tmp_path: Pa
     assert errors == [(0, "forward/<root>/aten.mul.Tensor#0/output.0"), (1, "forward/<root>/aten.mul.Tensor#0/output.0")]
 
 
-class _Inner(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.tanh(self.fc1(x)))
-
-
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = _Inner()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.inner(x)
-
-
 class _Blocks(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(_Block() for _ in range(2))
+        self.blocks = nn.ModuleList(ResidualBlock() for _ in range(2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:

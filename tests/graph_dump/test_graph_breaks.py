@@ -177,24 +177,6 @@ def test_graphs_remember_the_frame_they_were_compiled_from_and_find_its_module_w
     assert "moe" in paths and any(path.startswith("moe.experts.") for path in paths), paths
 
 
-class _Inner(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.fc(x))
-
-
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = _Inner()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.inner(x)
-
-
 @pytest.mark.parametrize("guarded", [False, True])
 def test_a_block_running_a_graph_compiled_for_a_block_with_other_hooks_is_warned_of(
     tmp_path: Path, guarded: bool, caplog: pytest.LogCaptureFixture
@@ -204,15 +186,15 @@ def test_a_block_running_a_graph_compiled_for_a_block_with_other_hooks_is_warned
     not at once), which has no trace of the forward hook on the second block's submodule, so the
     hook does not run. The dump warns, once, naming both blocks and the hooks; where hooks are
     guarded each set of hooks gets its own graph."""
-    from tests.backends import dump_backend
+    from tests.backends import ResidualBlock, dump_backend
 
     torch._dynamo.reset()
-    model = nn.Sequential(*(_Block() for _ in range(3)))
+    model = nn.Sequential(*(ResidualBlock() for _ in range(3)))
     model[1].inner.register_forward_hook(lambda module, args, output: output * 2)
     backend = dump_backend(tmp_path, backend="aot_eager", model=model)
     for block in model:
         block.compile(backend=backend)
-    x = torch.randn(2, 4)
+    x = torch.randn(2, 8)
     with torch._dynamo.config.patch(skip_nnmodule_hook_guards=not guarded):
         with caplog.at_level("WARNING", logger="torchdebug.graph_dump._capture"):
             for _ in range(2):

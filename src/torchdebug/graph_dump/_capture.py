@@ -210,8 +210,9 @@ class GraphCapture:
 
     def _check_hooks(self, plan: GraphPlan, instance: Instance) -> None:
         """Warn, once per graph and instance, where an instance runs a graph Dynamo compiled for one
-        whose modules hold other hooks: Dynamo does not guard on module hooks by default, so the
-        instance's own hooks do not run (a hook on one block's submodule, blocks compiled one by one)."""
+        whose modules hold other hooks: Dynamo does not guard on module hooks by default, so the run
+        runs the hooks traced into the graph, not the instance's own (a hook on one block's
+        submodule, blocks compiled one by one)."""
         if (id(plan), instance.key) in self._hooks_checked:
             return
         self._hooks_checked.add((id(plan), instance.key))

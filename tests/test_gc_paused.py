@@ -53,7 +53,7 @@ def test_objects_a_program_froze_stay_frozen(collector: None) -> None:
     try:
         with paused_gc():
             made = [[index] for index in range(10)]
-        assert gc.get_freeze_count() == frozen
+        assert 0 < gc.get_freeze_count() <= frozen  # not unfrozen (a frozen object freed meanwhile leaves the count)
         assert not _in_generation(kept, 2)  # still in the permanent generation
         assert not _in_generation(made, 2)  # the young stay young: no unfreeze for them
     finally:

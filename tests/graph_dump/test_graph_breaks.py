@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchdebug
+from tests.backends import ResidualBlock, dump_backend
 from tests.graph_dump import training
 from torchdebug._torch import frames
 from torchdebug.graph_dump._instances import CompiledInstances, compiled_frame
@@ -186,8 +187,6 @@ def test_a_block_running_a_graph_compiled_for_a_block_with_other_hooks_is_warned
     not at once), which has no trace of the forward hook on the second block's submodule, so the
     hook does not run. The dump warns, once, naming both blocks and the hooks; where hooks are
     guarded each set of hooks gets its own graph."""
-    from tests.backends import ResidualBlock, dump_backend
-
     torch._dynamo.reset()
     model = nn.Sequential(*(ResidualBlock() for _ in range(3)))
     model[1].inner.register_forward_hook(lambda module, args, output: output * 2)

@@ -108,6 +108,8 @@ def main() -> None:
     parser.add_argument("--stage", choices=STAGES, help="one stage in this process, figures as JSON")
     parser.add_argument("--folder", type=Path, help="the dumps' folder for --stage")
     args = parser.parse_args()
+    if args.stage and args.folder is None:
+        parser.error("--stage needs --folder, the dumps' folder")
     if args.stage:
         layers = args.layers[0]
         row = capture(args.folder, layers, args.plant) if args.stage == "capture" else compare(args.folder)

@@ -56,10 +56,12 @@ def test_the_gradient_of_a_micro_batch_loss_is_incomparable_not_an_error(tmp_pat
         assert optimizer and all(row.verdict == "pass" for row in optimizer)
 
 
-def test_a_graph_dump_counting_each_micro_batch_as_a_step_is_said_to_hold_more_steps(tmp_path: Path) -> None:
-    """The graph dump begins a step each time the step's first graph runs again, so two micro-batches
-    a step are two of its steps against the eager dump's one: the summary says how many steps each
-    side holds and that they pair by number (a micro-batch's values were blamed with no word why)."""
+def test_a_graph_dump_that_counts_steps_otherwise_is_said_to_hold_other_steps(tmp_path: Path) -> None:
+    """The graph dump continues a step while gradients accumulate (a backward ran, no optimizer step
+    followed, gradients held). An update by hand that clears the gradients in place leaves them held,
+    so its two steps of two micro-batches are one step of the graph dump against the eager dump's two:
+    the summary says how many steps each side holds and that they pair by number (the values were
+    blamed with no word why)."""
     from tests.backends import graph_and_eager_dumps
 
     def step(model: nn.Module) -> None:
@@ -70,13 +72,14 @@ def test_a_graph_dump_counting_each_micro_batch_as_a_step_is_said_to_hold_more_s
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter -= 0.1 * parameter.grad
-                parameter.grad = None
+                parameter.grad.zero_()
 
     result = torchdebug.compare(*graph_and_eager_dumps(tmp_path, _Net, _Net, step, steps=2))
     said = [note for note in result.problems if "training steps" in note]
     assert said == [
-        "A holds 4 training steps (0–3), B holds 2 training steps (0–1): steps are paired by number, so a step may be"
-        " paired with other work and the extra steps with nothing (a graph dump counts a step each time the step's first"
-        " graph runs again for its module: each micro-batch of gradient accumulation is a step of its own)"
+        "A holds 1 training step (0–0), B holds 2 training steps (0–1): steps are paired by number, so a step may be"
+        " paired with other work and the extra steps with nothing (a graph dump begins a step when the step's first"
+        " graph runs again, unless gradients are accumulating: a backward ran, no torch.optim step followed and the"
+        " parameters hold gradients, as they do when cleared in place rather than set to None)"
     ]
     assert not [note for note in torchdebug.compare(tmp_path / "eager", tmp_path / "eager").problems if "training steps" in note]

@@ -453,8 +453,8 @@ def _damaged_note(rows: Sequence[Row]) -> str | None:
 
 def _steps_note(rows: Sequence[Row]) -> str | None:
     """One line when the two dumps hold different numbers of training steps: steps pair by number,
-    so a graph dump that counted each micro-batch as a step pairs its second with the eager run's
-    second step."""
+    so a graph dump that counted steps otherwise than the eager run (gradients cleared in place
+    without ``torch.optim`` read as accumulation) pairs other work."""
     steps: dict[str, set[int]] = {"A": set(), "B": set()}
     graph = {"A": False, "B": False}
     for row in rows:
@@ -464,12 +464,13 @@ def _steps_note(rows: Sequence[Row]) -> str | None:
                 graph[side] = graph[side] or record.capture == "graph"
     if not steps["A"] or not steps["B"] or len(steps["A"]) == len(steps["B"]) or min(steps["A"]) != min(steps["B"]):
         return None  # one side empty, as many steps, or steps chosen apart (a dump of step 2 against steps 0-3)
-    held = ", ".join(f"{side} holds {len(found)} training steps ({min(found)}–{max(found)})" for side, found in steps.items())
+    held = ", ".join(f"{side} holds {len(found)} training step{'s' * (len(found) != 1)} ({min(found)}–{max(found)})" for side, found in steps.items())
     note = f"{held}: steps are paired by number, so a step may be paired with other work and the extra steps with nothing"
     if graph["A"] != graph["B"]:
         note += (
-            " (a graph dump counts a step each time the step's first graph runs again for its module: each"
-            " micro-batch of gradient accumulation is a step of its own)"
+            " (a graph dump begins a step when the step's first graph runs again, unless gradients are accumulating:"
+            " a backward ran, no torch.optim step followed and the parameters hold gradients, as they do when"
+            " cleared in place rather than set to None)"
         )
     return note
 

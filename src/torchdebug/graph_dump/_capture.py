@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -35,6 +36,7 @@ from torchdebug.graph_dump._plan import ACCUMULATORS, CallPlan, GraphPlan, Key, 
 from torchdebug.graph_dump._run import GraphRun
 from torchdebug.graph_dump._runtime import register_sink, unregister_sink
 from torchdebug.graph_dump._settings import DumpSettings
+from torchdebug.graph_dump._steps import StepClock
 from torchdebug.graph_dump._value_ids import SlotValue
 from torchdebug.records import UNREAD, Record, make_call_name
 from torchdebug.stats import IDENTITY, stats_from_sums
@@ -81,12 +83,13 @@ class GraphCapture:
         self.steps = settings.step
         self.scene = settings.scene
         self.step = 0
-        self._first: tuple[str, int] | None = None
-        """The code and instance of the step's first forward run: when it runs again, a step begins."""
+        self._clock = StepClock()
         self._counts: dict[Key, int] = {}
         self._instances = CompiledInstances(model)
         self._running: dict[str, Instance] = {}
         """Per Dynamo graph (``plan.model``): the instance its next runs belong to."""
+        self._entered: dict[str, weakref.ref[torch.Tensor]] = {}
+        """Per Dynamo graph: the parameter its last run was handed first."""
         self._awaiting_backward: dict[str, list[_ForwardRun]] = {}
         """Per Dynamo graph: its forward runs whose backward has not run yet."""
         self._last_backward: dict[str, _ForwardRun] = {}
@@ -130,6 +133,8 @@ class GraphCapture:
         """Dynamo graph ``model`` is about to run, handed ``parameter`` (its first parameter input;
         ``None`` when it reads none): the runs of its graphs belong to that parameter's module."""
         self._running[model] = self._instances.of(parameter)
+        if parameter is not None:
+            self._entered[model] = weakref.ref(parameter)
 
     # -- run time --------------------------------------------------------------------------------
     def before_run(self, plan: GraphPlan, args: list[Any]) -> None:
@@ -170,6 +175,7 @@ class GraphCapture:
         forward_values: RunValues | None = None
         recomputed = False
         if plan.phase == "backward":
+            self._clock.backward_ran()
             instance, forward_bases, forward_values = self._forward_of(plan.model)
         else:
             instance = self._instances.running(plan.code) or self._running.get(plan.model, NO_INSTANCE)
@@ -177,11 +183,8 @@ class GraphCapture:
             in_backward = current_autograd_node() is not None
             # a recompile of the same code ends the step as its first graph would
             code = (plan.frame or plan.model, instance.key)
-            if self._first is None:
-                self._first = code
-            elif code == self._first and not in_backward:
+            if not in_backward and self._clock.begins(code, functools.partial(self._parameters_of, plan.model, instance)):
                 self._next_step()
-                self._first = code
             # a forward graph that ran in the step, run again by the autograd engine: activation
             # checkpointing around a compiled region, as eager capture's phase "recompute" records it
             # (not a graph that first runs in the backward: a compiled optimizer step in a gradient hook)
@@ -207,6 +210,16 @@ class GraphCapture:
         )
         self._seq += plan.n_ops
         return self._run
+
+    def _parameters_of(self, model: str, instance: Instance) -> list[torch.Tensor]:
+        """The parameters of the module ``instance`` that need a gradient; where it was not found,
+        the one the Dynamo graph ``model`` was last handed first."""
+        module = self._instances.module(instance)
+        if module is not None:
+            return [parameter for parameter in module.parameters() if parameter.requires_grad]
+        entered = self._entered.get(model)
+        parameter = entered() if entered is not None else None
+        return [parameter] if parameter is not None else []
 
     def _check_hooks(self, plan: GraphPlan, instance: Instance) -> None:
         """Warn, once per graph and instance, where an instance runs a graph Dynamo compiled for one
@@ -526,6 +539,7 @@ class GraphCapture:
         self._closed = True
         for key in self._sinks:
             unregister_sink(key)
+        self._clock.close()
         self.session.flush()
         self.session.writer.close("complete", steps=self.step + 1, **self.session.memory_info())
         atexit.unregister(self.close)

@@ -56,6 +56,7 @@ def _train(backend, steps: int = 1) -> Net:
     net = Net()
     compiled = torch.compile(net, backend=backend)
     for step in range(steps):
+        net.zero_grad()  # else a step reads as a micro-batch of the one before
         compiled(torch.randn(2, 4, generator=torch.Generator().manual_seed(step))).backward()
     return net
 

@@ -77,6 +77,7 @@ def _eager_dump(path: Path) -> None:
     for length in LENGTHS:
         debugger.start(model)
         model(_tokens(length)).backward()
+        model.zero_grad()
         debugger.stop()
         debugger.step()
     debugger.close()
@@ -102,6 +103,7 @@ def _compiled_dump(path: Path, dynamic: bool | None = None, mark: bool = False, 
         if mark:
             torch._dynamo.mark_dynamic(tokens, 1)
         compiled(tokens).backward()
+        model.zero_grad()  # else the next length reads as a micro-batch of this step
     backend.data_dump.close()
     return backend.data_dump.rank_dir
 

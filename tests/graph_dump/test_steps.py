@@ -105,3 +105,21 @@ def test_a_step_without_accumulation_is_a_step(tmp_path: Path, train: training.T
     records = training.compiled_dump(tmp_path / "graph", _model(), train, 3)
     assert {record.step for record in records} == {0, 1, 2}
     assert all("#1/" not in record.name for record in records if record.phase == "forward"), "each step's calls start at #0"
+
+
+def test_a_loop_that_keeps_its_gradients_without_an_optimizer_is_one_step_and_said_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Gradients cleared in place, no ``torch.optim``: each run reads as the next micro-batch, and
+    the dump says so when it closes; with an optimizer, accumulation is said nothing of."""
+    zeroed = _by_hand(lambda model: [parameter.grad.zero_() for parameter in model.parameters()])
+    with caplog.at_level("WARNING", logger="torchdebug.graph_dump._steps"):
+        records = training.compiled_dump(tmp_path / "zeroed", _model(), zeroed, 3)
+    assert {record.step for record in records} == {0}
+    warned = [record.getMessage() for record in caplog.records]
+    assert len(warned) == 1 and "counted 2 runs of the step's first graph as micro-batches" in warned[0], warned
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="torchdebug.graph_dump._steps"):
+        training.compiled_dump(tmp_path / "accumulated", _model(), _accumulating({}), STEPS)
+    assert not caplog.records

@@ -36,9 +36,11 @@ def _records(tmp_path: Path, steps: int = 1, model: type[nn.Module] = _Block, de
     config.dump_config.dump_path = str(tmp_path)
     config.dump_config.task = "statistics"
     backend = get_backend(config)
-    compiled = torch.compile(model(), backend=backend)
+    instance = model()
+    compiled = torch.compile(instance, backend=backend)
     for _ in range(steps):
         compiled(torch.randn(3, 4)).backward()
+        instance.zero_grad()  # else the next step reads as a micro-batch of this one
     backend.data_dump.close()
     torch._dynamo.reset()
     return [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.kind == "tensor"]

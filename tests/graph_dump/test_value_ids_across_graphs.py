@@ -93,6 +93,7 @@ def _records(
                 run(torch.randn(3, 4))
         else:
             run(torch.randn(3, 4)).backward()
+            model.zero_grad()  # else the next step reads as a micro-batch of this one
     backend.data_dump.close()
     torch._dynamo.reset()
     return [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.kind == "tensor"]

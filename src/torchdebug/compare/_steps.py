@@ -464,7 +464,10 @@ def _steps_note(rows: Sequence[Row]) -> str | None:
                 graph[side] = graph[side] or record.capture == "graph"
     if not steps["A"] or not steps["B"] or len(steps["A"]) == len(steps["B"]) or min(steps["A"]) != min(steps["B"]):
         return None  # one side empty, as many steps, or steps chosen apart (a dump of step 2 against steps 0-3)
-    held = ", ".join(f"{side} holds {len(found)} training step{'s' * (len(found) != 1)} ({min(found)}–{max(found)})" for side, found in steps.items())
+    held = ", ".join(
+        f"{side} holds {len(found)} training step{'s' * (len(found) != 1)} ({min(found)}–{max(found)})"
+        for side, found in steps.items()
+    )
     note = f"{held}: steps are paired by number, so a step may be paired with other work and the extra steps with nothing"
     if graph["A"] != graph["B"]:
         note += (

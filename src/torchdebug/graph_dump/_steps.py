@@ -13,6 +13,7 @@ cannot see.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
@@ -21,6 +22,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 __all__ = ["StepClock"]
+
+log = logging.getLogger("torchdebug.graph_dump._steps")
 
 
 class StepClock:
@@ -33,12 +36,15 @@ class StepClock:
         """A backward graph ran in this step."""
         self._optimizer_stepped = False
         """An optimizer step ran in this step."""
+        self._optimizer_seen = False
+        self._continued = 0
+        """Runs of the first graph that continued their step (micro-batches)."""
         clock = weakref.ref(self)  # the global hook must not keep an unclosed dump alive
 
         def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
             alive = clock()
             if alive is not None:
-                alive._optimizer_stepped = True
+                alive._optimizer_stepped = alive._optimizer_seen = True
 
         self._hook = register_optimizer_step_post_hook(stepped)
 
@@ -53,7 +59,10 @@ class StepClock:
         if self._first is None:
             self._first = code
             return False
-        if code != self._first or self._accumulating(parameters):
+        if code != self._first:
+            return False
+        if self._accumulating(parameters):
+            self._continued += 1
             return False
         self._backward = self._optimizer_stepped = False
         return True
@@ -64,4 +73,14 @@ class StepClock:
         return any(parameter.grad is not None for parameter in parameters())
 
     def close(self) -> None:
+        """Stop listening to optimizer steps; warn where steps were continued as micro-batches in a
+        run without any ``torch.optim`` step (a loop that keeps its gradients between steps)."""
         self._hook.remove()
+        if self._continued and not self._optimizer_seen:
+            log.warning(
+                "torchdebug: the graph dump counted %d runs of the step's first graph as micro-batches of gradient "
+                "accumulation (each after a backward, with gradients held) and no torch.optim step ran: if they began "
+                "training steps, set the gradients to None between steps (model.zero_grad()), or the dump's steps will "
+                "not pair with an eager dump's",
+                self._continued,
+            )

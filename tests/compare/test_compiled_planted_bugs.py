@@ -15,15 +15,28 @@ from torch import nn
 import torchdebug
 from tests.backends import ResidualBlock, graph_and_eager_dumps
 
+
+def _masked_softmax(h: torch.Tensor) -> torch.Tensor:
+    """A causal attention's masked fill and softmax, each on a line of its own (as the GPT example)."""
+    mask = torch.ones(h.shape, dtype=torch.bool).tril()
+    h = h.masked_fill(~mask, float("-inf"))
+    return torch.softmax(h, dim=-1)
+
+
+def _layer_norm(h: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(h, h.shape[-1:])
+
+
 _NORMS = {
     "tanh": nn.Tanh,
     "layer_norm": lambda: nn.LayerNorm(16),
     "batch_norm": lambda: nn.BatchNorm1d(16),
     "gelu": nn.GELU,
-    "gelu_call": nn.Identity,
 }
-"""The op between the two layers, by name: it makes the modules' ``norm`` (``gelu_call``: GELU
-called in the model's own forward, in the scale's module)."""
+"""The op between the two layers, by name: it makes the modules' ``norm``."""
+
+_CALLS = {"gelu_call": torch.nn.functional.gelu, "masked_softmax_call": _masked_softmax, "layer_norm_call": _layer_norm}
+"""The op between the two layers called in the model's own forward, in the scale's module."""
 
 
 class _Scaled(nn.Module):
@@ -32,17 +45,17 @@ class _Scaled(nn.Module):
 
     def __init__(self, scale: float, norm: str = "tanh", scale_after: bool = True) -> None:
         super().__init__()
-        self.scale, self.scale_after, self.gelu = scale, scale_after, norm == "gelu_call"
-        self.fc1, self.norm, self.fc2 = nn.Linear(8, 16), _NORMS[norm](), nn.Linear(16, 8)
+        self.scale, self.scale_after, self.call = scale, scale_after, _CALLS.get(norm)
+        self.fc1, self.norm, self.fc2 = nn.Linear(8, 16), _NORMS.get(norm, nn.Identity)(), nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc1(x)
         if self.scale_after:
-            h = torch.nn.functional.gelu(h) if self.gelu else self.norm(h)
+            h = self.call(h) if self.call is not None else self.norm(h)
         if self.scale != 1.0:
             h = h * self.scale
         if not self.scale_after:
-            h = self.norm(h)
+            h = self.call(h) if self.call is not None else self.norm(h)
         return self.fc2(h).pow(2).mean()
 
 
@@ -182,3 +195,24 @@ def test_a_batch_norms_running_statistics_written_back_are_the_norms(tmp_path: P
     planted = _compare(tmp_path / "planted", backend_name, 1.05, "batch_norm", scale_after=False, steps=2)
     errors = [(row.step, row.name) for row in planted.rows if row.verdict == "error"]
     assert errors == [(0, "forward/<root>/aten.mul.Tensor#0/output.0"), (1, "forward/<root>/aten.mul.Tensor#0/output.0")]
+
+
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+def test_a_planted_scale_before_a_masked_fill_of_its_module_is_named(tmp_path: Path, backend_name: str) -> None:
+    """Inductor folds the scale into the masked fill's ``where``, in the scale's module: the eager
+    masked fill's input is paired with what the ``where`` reads, the scaled value, made on another
+    line than the ``where``'s (was: with the value before the scale, so the softmax was blamed,
+    'its inputs were not compared')."""
+    result = _compare(tmp_path, backend_name, 1.05, "masked_softmax_call", scale_after=False)
+    first = result.first_divergence
+    assert first is not None and first.name == "forward/<root>/aten.mul.Tensor#0/output.0" and first.match == "only_a"
+    assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]
+
+
+@pytest.mark.parametrize("backend_name", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("call", ["masked_softmax_call", "layer_norm_call", "gelu_call"])
+def test_a_healthy_pair_with_decomposed_ops_in_one_module_has_no_error(tmp_path: Path, call: str, backend_name: str) -> None:
+    """No scale: a decomposed op's own nodes (a LayerNorm's centred input, the masked scores a
+    softmax reads) are never taken for a value changed on the way into it."""
+    result = _compare(tmp_path, backend_name, 1.0, call, scale_after=False, steps=2)
+    assert result.first_divergence is None and not [row.name for row in result.rows if row.verdict == "error"]

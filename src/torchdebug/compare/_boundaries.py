@@ -95,6 +95,10 @@ class _Aligner:
         self.values = _values_by_id(pairs) if by_id else _values_by_statistics
         self.partner_b: dict[tuple, tuple] = {}  # B's tensor or value -> A's
         self._one_sided_a: dict[tuple[int, str], list[Record]] | None = None  # A's calls only A runs: their inputs
+        self._outputs_b: dict[tuple[int, str], list[Record]] = defaultdict(list)  # B's output slots by call
+        for pair in pairs:
+            if pair.b is not None and _direction(pair.b):
+                self._outputs_b[(pair.b.step, pair.b.call_name)].append(pair.b)
         self._outputs_a: dict[tuple[int, str, str], tuple[_SlotPair, Record]] | None = None  # both made when first asked
         for pair in pairs:
             if pair.a is not None and pair.b is not None:
@@ -140,7 +144,13 @@ class _Aligner:
                 continue
             (nearness, *_), nearest, a = min(ranked, key=lambda found: found[0])
             compiled_a = self.by_id and a.capture == "graph" and b.capture != "graph"  # A's own ops: compiled nodes
-            if nearness == _ACROSS_MODULES and self.by_id:
+            if nearness == 0 and compiled_a and not _direction(b) and b.phase != "backward" and nearest.how == "only_a":
+                free = self._free() if free is None else free
+                partners = {self.partner_b[v] for v in self.values(b) if v in self.partner_b}
+                changed = self._changed_on_the_way(b, free, partners, apart=True)
+                if changed is not None:  # A's group reads the value through a line of user code only A runs
+                    nearest, a = changed
+            elif nearness == _ACROSS_MODULES and self.by_id:
                 free = self._free() if free is None else free
                 if self._at_boundary(b, free) is not None:
                     continue  # its own group's slot, at the boundary (2.): by id, an op one side runs
@@ -179,35 +189,68 @@ class _Aligner:
         return free
 
     def _changed_on_the_way(
-        self, b: Record, free: Mapping[tuple, list[tuple[_SlotPair, Record]]], partners: set[tuple]
+        self,
+        b: Record,
+        free: Mapping[tuple, list[tuple[_SlotPair, Record]]],
+        partners: set[tuple],
+        apart: bool = False,
     ) -> tuple[_SlotPair, Record] | None:
         """The unpaired slot of A at ``b``'s place (its module: the slot a group of A's reads where
         the eager op reads ``b``) whose value ops only A runs made from the partner of ``b``'s value
         (``partners``), within :data:`_ON_THE_WAY` such ops: a scale only the compiled side applies
         before a decomposed norm. The norm's input is then that value, so the ops are judged as a
-        structure difference, not the norm."""
+        structure difference, not the norm. ``apart`` (in the forward, whose values flow in the order
+        of the source: in the backward a line's nodes hand theirs to the line before): only a slot
+        whose value an op of another source line than its reader's made (in ``b``'s own module, a decomposed op's nodes read
+        each other's values, all of its line: a LayerNorm's centred input is no input of the norm;
+        a scale on the line before a masked fill, which inductor reads inside its ``where``, is),
+        the nearest to ``b`` of those whose statistics compare with it (not the masked scores a
+        softmax's nodes read) and agree with no output of ``b``'s call (not a decomposed GELU's
+        output that a scale after it reads)."""
         candidates = [(pair, a) for pair, a in free.get(_place(b), ()) if pair.how == "only_a"]
         if not candidates or not partners:
             return None
         self._index_one_sided()
+        if not apart:
+            return next(((pair, a) for pair, a in candidates if self._made_from(a, partners)), None)
+        found = [
+            (distance, pair, a)
+            for pair, a in candidates
+            if self._made_on_another_line(a)
+            and (distance := _distance(a, b)) < math.inf
+            and not any(_agree(a, made) for made in self._outputs_b.get((b.step, b.call_name), ()))
+            and self._made_from(a, partners)
+        ]
+        return min(found, key=lambda candidate: candidate[0])[1:] if found else None
+
+    def _made_from(self, a: Record, partners: set[tuple]) -> bool:
+        """Whether ops only A runs made the value of A's slot ``a`` from one of ``partners``, within
+        :data:`_ON_THE_WAY` of them."""
         assert self._one_sided_a is not None
-        for pair, a in candidates:
-            frontier, seen = [a], set()
-            for _ in range(_ON_THE_WAY):
-                reads = []
-                for record in frontier:
-                    made = self.made_a.get(id(record))
-                    key = (record.step, made[0][0]) if made else None
-                    if key is None or key in seen or key not in self._one_sided_a:
-                        continue
-                    seen.add(key)
-                    reads += self._one_sided_a[key]
-                if any(value in partners for read in reads for value in self.values(read)):
-                    return pair, a
-                frontier = reads
-                if not frontier:
-                    break
-        return None
+        frontier, seen = [a], set()
+        for _ in range(_ON_THE_WAY):
+            reads = []
+            for record in frontier:
+                made = self.made_a.get(id(record))
+                key = (record.step, made[0][0]) if made else None
+                if key is None or key in seen or key not in self._one_sided_a:
+                    continue
+                seen.add(key)
+                reads += self._one_sided_a[key]
+            if any(value in partners for read in reads for value in self.values(read)):
+                return True
+            frontier = reads
+            if not frontier:
+                break
+        return False
+
+    def _made_on_another_line(self, a: Record) -> bool:
+        """Whether the op that made the value of A's input slot ``a`` sits on another source line than
+        the op reading it (both known)."""
+        assert self._outputs_a is not None
+        made = self.made_a.get(id(a))
+        found = self._outputs_a.get((a.step, *made[0])) if made else None
+        return found is not None and a.source is not None and found[1].source is not None and found[1].source != a.source
 
     def _nearer_before(self, a: Record, b: Record) -> tuple[_SlotPair, Record] | None:
         """The unpaired output slot of A at ``b``'s place whose value is nearest ``b``'s, nearer than

@@ -156,3 +156,31 @@ def test_the_graph_dump_compares_with_the_eager_dump_and_the_single_process(reci
     root, _ = recipe
     _compares_cleanly(root / "graph_dump", root / "eager_dump", matched_side="a")
     _compares_cleanly(root / "graph_dump", root / "single")
+
+
+def _accumulating_main(rank: int, path: str) -> None:
+    """The recipe with the graph dump, each step two micro-batches of the rank's half batch, the
+    first without gradient sync: FSDP2 then keeps the first's gradients on the unsharded parameters
+    (the sharded ones hold none until the second's reduce-scatter)."""
+    torch._dynamo.reset()
+    model, backend = _model(_backend(Path(path)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens, targets = make_batch(CONFIG, batch=BATCH)
+    for _ in range(STEPS):
+        for micro in range(2):
+            model.set_requires_gradient_sync(micro == 1)
+            share = slice(rank * BATCH // 2 + micro, rank * BATCH // 2 + micro + 1)
+            model(tokens[share], targets[share]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    backend.data_dump.close()
+
+
+@pytest.mark.slow
+def test_micro_batches_without_gradient_sync_are_one_step_of_the_graph_dump(tmp_path: Path) -> None:
+    gloo.spawn(_accumulating_main, tmp_path, str(tmp_path / "dump"))
+    run = torchdebug.load(tmp_path / "dump")
+    for dump in run.ranks.values():
+        records = dump.records()
+        assert {record.step for record in records} == set(range(STEPS)), "a step per optimizer step"
+        assert any(record.call == 1 and record.phase == "forward" for record in records), "the second micro-batch counts on"

@@ -414,3 +414,38 @@ def test_lightnings_compile_wrapper_keeps_the_one_backend_and_its_dump(tmp_path)
         "aten.addmm.default",
         "aten.t.default",
     }
+
+
+def test_a_graph_dump_under_accumulate_grad_batches_counts_the_trainers_steps(tmp_path):
+    """``trainer.fit(torch.compile(model, backend=...))`` with two batches a step: the graph dump's
+    steps are the trainer's optimizer steps, each with both batches' calls (Lightning runs the last
+    batch's forward inside ``optimizer.step(closure)``, before the step's post-hook)."""
+    from tests.backends import dump_backend
+
+    torch._dynamo.reset()
+    backend = dump_backend(tmp_path / "graph", backend="aot_eager")
+    model = _model()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(torch.compile(model, backend=backend), torch.utils.data.DataLoader(_batches(), batch_size=None))
+    backend.data_dump.close()
+    torch._dynamo.reset()
+    records = torchdebug.load(backend.data_dump.run_dir).ranks[0].records()
+    assert trainer.global_step == 2
+    assert {record.step for record in records} == {0, 1}
+    for step in (0, 1):
+        calls = {
+            record.call
+            for record in records
+            if record.step == step and record.op == "aten.addmm.default" and record.phase == "forward"
+        }
+        assert calls == {0, 1}, calls  # fc1 and fc2, once for each batch

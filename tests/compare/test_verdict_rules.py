@@ -360,6 +360,21 @@ def test_singular_near_zero_ops_inherit_an_error_within_their_inputs_relative_sp
     assert _judged(output_of("aten.mul.Tensor")) == ("error", "blamed")
 
 
+def test_singular_near_zero_a_norms_rstd_inherits_an_error_within_its_inputs_relative_spread():
+    """A LayerNorm's rstd is ``rsqrt`` of each row's variance (a bf16 step's later LayerNorm, whose input
+    differs a little, was blamed for its rstd); its normalized output is not singular."""
+
+    def output_of(arg: str) -> Row:
+        op = "aten.native_layer_norm.default"
+        given = _row("input", 0.001, op=op, metrics={"mean_rel": 0.05})  # a mean near zero differs by 5 %
+        out = _row("output", 0.02, op=op, arg=arg)
+        judge([given, out], growth=16)
+        return out
+
+    assert _judged(output_of("2")) == ("pass", "inherited")
+    assert _judged(output_of("0")) == ("error", "blamed")
+
+
 def test_awaits_rerun_an_output_with_saved_tensors_is_undecided_until_rerun():
     given = _row("input", 0.0)
     out = _row("output", 0.05, metrics={"cosine": 0.99})

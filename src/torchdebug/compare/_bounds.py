@@ -24,9 +24,16 @@ _SINGULAR = {"sqrt", "rsqrt", "div", "reciprocal", "log", "log2", "log10", "log1
 """Ops whose relative error is unbounded near zero: they may turn a tiny input error into any size."""
 
 
-def is_singular(op: str) -> bool:
-    """``aten.sqrt.default``, ``aten.addcdiv_.default``, ``aten._foreach_div.List``, ``Tensor.log``."""
-    return _base_op(op) in _SINGULAR
+_NORM_RSTD = {"native_layer_norm": "2", "native_group_norm": "2", "native_batch_norm": "2", "_native_batch_norm_legit": "2"}
+"""Norms that return their ``rsqrt(var + eps)`` (saved for the backward), and its output position."""
+
+
+def is_singular(op: str, output: str | None = None) -> bool:
+    """``aten.sqrt.default``, ``aten.addcdiv_.default``, ``aten._foreach_div.List``, ``Tensor.log``;
+    and a norm's saved ``rstd``, ``output`` ``2`` of ``aten.native_layer_norm.default``: the
+    reciprocal square root of each row's variance, which a row of nearly equal elements makes."""
+    base = _base_op(op)
+    return base in _SINGULAR or (output is not None and _NORM_RSTD.get(base) == output)
 
 
 _MOVES = frozenset(

@@ -636,8 +636,8 @@ def moves_its_input(row: Row, call: Call) -> Judgement | None:
 
 
 def singular_near_zero(row: Row, call: Call) -> Judgement | None:
-    """An op singular near zero (sqrt, log, a division) within its inputs' summed relative spread is inherited."""
-    if _awaits_rerun(row, call) or not is_singular(row.op):
+    """An op singular near zero (sqrt, log, a division, a norm's rstd) within its inputs' summed relative spread is inherited."""
+    if _awaits_rerun(row, call) or not is_singular(row.op, row.arg):
         return None
     error, _ = _beyond(row)
     return _explained(row, call) if error <= sum(spread(r) for r in call.inputs) else None

@@ -199,14 +199,16 @@ class _Aligner:
         the eager op reads ``b``) whose value ops only A runs made from the partner of ``b``'s value
         (``partners``), within :data:`_ON_THE_WAY` such ops: a scale only the compiled side applies
         before a decomposed norm. The norm's input is then that value, so the ops are judged as a
-        structure difference, not the norm. ``apart`` (in the forward, whose values flow in the order
-        of the source: in the backward a line's nodes hand theirs to the line before): only a slot
-        whose value an op of another source line than its reader's made (in ``b``'s own module, a decomposed op's nodes read
-        each other's values, all of its line: a LayerNorm's centred input is no input of the norm;
-        a scale on the line before a masked fill, which inductor reads inside its ``where``, is),
-        the nearest to ``b`` of those whose statistics compare with it (not the masked scores a
-        softmax's nodes read) and agree with no output of ``b``'s call (not a decomposed GELU's
-        output that a scale after it reads)."""
+        structure difference, not the norm.
+
+        ``apart``, in ``b``'s own module and in the forward (whose values flow in the order of the
+        source; in the backward a line's nodes hand theirs to the line before): only a slot whose
+        value an op of another source line than its reader's made (a decomposed op's nodes read each
+        other's values, all of its line: a LayerNorm's centred input is no input of the norm; a
+        scale on the line before a masked fill, which inductor reads inside its ``where``, is),
+        whose statistics compare with ``b``'s (not the masked scores a softmax's nodes read) and
+        agree with no output of ``b``'s call (not a decomposed GELU's output that a scale after it
+        reads); the nearest to ``b`` of those."""
         candidates = [(pair, a) for pair, a in free.get(_place(b), ()) if pair.how == "only_a"]
         if not candidates or not partners:
             return None

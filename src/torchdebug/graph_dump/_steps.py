@@ -37,6 +37,7 @@ class StepClock:
         self._optimizer_stepped = False
         """An optimizer step ran in this step."""
         self._optimizer_seen = False
+        """An optimizer step ran since the dump began."""
         self._continued = 0
         """Runs of the first graph that continued their step (micro-batches)."""
         clock = weakref.ref(self)  # the global hook must not keep an unclosed dump alive

@@ -193,6 +193,25 @@ def test_the_records_file_is_an_arrow_stream_any_arrow_reader_opens(tmp_path):
     assert table.column("stats").to_pylist() == [_STATS, None]
 
 
+def test_a_flush_of_many_records_is_written_as_messages_a_reader_decodes_a_few_at_a_time(tmp_path, monkeypatch):
+    """A step handed over as one batch (the native path's, a graph dump's) becomes messages of at most
+    ``BATCH_ROWS`` records, so a reader never decodes a whole large step at once; its records read
+    back whole and in order."""
+    import pyarrow.ipc
+
+    from torchdebug.store import _record_file
+    from torchdebug.store._record_columns import records_batch
+
+    monkeypatch.setattr(_record_file, "BATCH_ROWS", 4)
+    writer = _writer(tmp_path)
+    records = [_record(i) for i in range(10)]
+    writer.submit_columns(0, records_batch(records))
+    writer.close()
+    with pyarrow.ipc.open_stream(writer.rank_dir / layout.RECORDS) as stream:
+        assert [batch.num_rows for batch in stream] == [4, 4, 2]
+    assert [record.name for record in load(tmp_path).ranks[0].records()] == [record.name for record in records]
+
+
 def test_to_arrow_gives_the_stored_table_and_to_pandas_goes_through_it(tmp_path):
     writer = _writer(tmp_path)
     writer.submit(0, [_record(0, dtype="float32", shape=[2, 3], stats=_STATS), _record(1, kind="value", value=[1, 2])], None, [])

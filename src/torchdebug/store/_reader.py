@@ -43,8 +43,9 @@ _DEFAULTS = tuple(f.default for f in _LEADING)
 _REQUIRED = frozenset(f.name for f in _LEADING if f.default is MISSING)
 _PLAIN = frozenset(_NAMES)
 _GROUP = 4
-"""Records built from one decoded table of this many batches at a time (8k records at most, a
-batch per flush of at most 2048): the decompressed columns of two groups (about 4 MB each on the
+"""Records built from one decoded table of this many batches at a time (8k records from eager
+capture's dispatch mode, a message per flush of 2048; at most 32k, a message holding at most
+``_record_file.BATCH_ROWS``): the decompressed columns of two groups (about 4 MB each on the
 GPT bench, the next one decoded meanwhile) are all that sits beside the records, however many a
 rank holds. Arrow's allocator keeps pages it freed: groups of 32 batches (30 MB) left about 100
 bytes more per record resident after reading 269k records, and were no faster."""

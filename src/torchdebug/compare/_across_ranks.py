@@ -9,6 +9,7 @@ against the value most ranks hold. Which slots, the reference and the verdicts: 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from torchdebug import progress
@@ -30,7 +32,7 @@ from torchdebug.compare._replica_digests import (
     digests_in_processes,
     fresh,
     replicated,
-    stored_table,
+    stored_tables,
 )
 from torchdebug.compare._result import CompareResult, Side
 from torchdebug.compare._rows import VERDICTS, Row
@@ -153,19 +155,22 @@ def _records(run: Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[int, Sl
     for rank in sorted(wanted):
         keys = wanted[rank]
         dump = fresh(run.ranks[rank])
-        table = stored_table(dump)
-        if table is None:
-            records = dump.records()
-        else:
-            odd = pc.is_valid(table.column("json_fields")).to_numpy(zero_copy_only=False)
-            steps, names = table.column("step").to_pylist(), table.column("name").to_pylist()
-            rows = [row for row, key in enumerate(zip(steps, names)) if key in keys or odd[row]]
-            records = records_from_table(table.take(rows))
+        tables = stored_tables(dump)
+        records = dump.records() if tables is None else itertools.chain.from_iterable(_wanted(table, keys) for table in tables)
         for record in records:
             key = (record.step, record.name)
             if key in keys:
                 found[rank, key] = record
     return found
+
+
+def _wanted(table: pa.Table, keys: set[SlotKey]) -> list[Record]:
+    """The records of a stored table's rows holding one of ``keys`` (and those with ``json_fields``,
+    which may hold their step)."""
+    odd = pc.is_valid(table.column("json_fields")).to_numpy(zero_copy_only=False)
+    steps, names = table.column("step").to_pylist(), table.column("name").to_pylist()
+    rows = [row for row, key in enumerate(zip(steps, names)) if key in keys or odd[row]]
+    return records_from_table(table.take(pa.array(rows, pa.int64()))) if rows else []
 
 
 def _metrics(run: Run, row: Row, holder: int, reference: int, tensors: bool, tolerance: Tolerance) -> dict[str, float]:

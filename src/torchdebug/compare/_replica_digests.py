@@ -40,7 +40,7 @@ from torchdebug.compare._shards import sharded
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare._value_digests import DIGEST_BYTES, column_digests, value_digest
 from torchdebug.records import Record
-from torchdebug.store import RECORDS, SCHEMA, MsprobeRankDump, RankDump, RankRecords, Run, records_from_table
+from torchdebug.store import MsprobeRankDump, RankDump, RankRecords, Run, records_from_table
 
 __all__ = [
     "SAME_ON_EVERY_RANK",
@@ -48,7 +48,7 @@ __all__ = [
     "RankDigest",
     "digest_rank",
     "fresh",
-    "stored_table",
+    "stored_tables",
     "share_of_cores",
     "digests_in_processes",
 ]
@@ -118,15 +118,11 @@ def fresh(dump: RankRecords) -> RankRecords:
     return dataclasses.replace(dump)
 
 
-def stored_table(dump: RankRecords) -> pa.Table | None:
-    """A rank's records as the Arrow table they are stored in, where the table stands for them: a
-    rank of ours that closed cleanly, its records in Arrow columns of this version's schema.
-    ``None`` for the others (a partial rank's records are marked where a tensor file was never
-    written; older dumps hold JSON lines, msprobe's are not ours): read their records instead."""
-    if not (isinstance(dump, RankDump) and dump.complete and (dump.path / RECORDS).is_file()):
-        return None
-    table = dump.to_arrow()
-    return table if table.schema.equals(SCHEMA, check_metadata=False) else None
+def stored_tables(dump: RankRecords) -> Iterator[pa.Table] | None:
+    """A rank's records as the Arrow tables they are stored in, a few messages each, where they stand
+    for its records (:meth:`RankDump.stored_tables`); ``None`` for the others (msprobe's are not
+    ours): read their records instead."""
+    return dump.stored_tables() if isinstance(dump, RankDump) else None
 
 
 def _record_digests(
@@ -140,8 +136,9 @@ def _record_digests(
 
 
 def _table_digests(dump: RankRecords, table: pa.Table, tensors: bool, pool: Executor) -> list[tuple[int, Slot]]:
-    """The replicated slots of a rank's table, numbered by row: rows the columns hold whole are
-    chosen and digested column by column; the others, and those whose saved tensor is hashed, as records."""
+    """The replicated slots of one of a rank's stored tables, numbered by row: rows the columns hold
+    whole are chosen and digested column by column; the others, and those whose saved tensor is
+    hashed, as records."""
     whole = pc.and_kleene(pc.is_null(table.column("json_fields")), pc.is_null(table.column("extra")))
     whole = whole.to_numpy(zero_copy_only=False)
     chosen = _replicated_rows(table) & whole
@@ -165,12 +162,14 @@ def digest_rank(dump: RankRecords, tensors: bool, pool: Executor) -> RankDigest:
     """Read one rank (from a :func:`fresh` handle, so nothing stays behind) and digest its
     replicated slots; tensors are read and hashed on ``pool``'s threads."""
     dump = fresh(dump)
-    table = stored_table(dump)
-    if table is None:
+    tables = stored_tables(dump)
+    if tables is None:
         notes = Side.of(dump.path, Run(dump.path.parent, {dump.rank: dump})).notes("run", dump.rank)
         found = _record_digests(dump, enumerate(dump.records()), tensors, pool)
     else:  # closed cleanly: neither partial nor cut short (its records file was closed before the marker was written)
-        notes, found = [], _table_digests(dump, table, tensors, pool)
+        notes, found = [], []
+        for table in tables:  # in order: each table's slots are in row order
+            found += _table_digests(dump, table, tensors, pool)
     slots: dict[tuple[int, str], Slot] = {}
     for _, slot in found:
         slots[slot[0], slot[1]] = slot  # a slot written twice: its last record, at its first place

@@ -29,7 +29,7 @@ from torchdebug.gc_paused import paused_gc
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.store import _layout as layout
 from torchdebug.store import _live as live
-from torchdebug.store._record_columns import records_from_table, records_table
+from torchdebug.store._record_columns import SCHEMA, records_from_table, records_table
 from torchdebug.store._record_file import read_records, record_stream
 from torchdebug.store._tables import arrow_frame
 
@@ -200,6 +200,17 @@ class RankDump:
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records())
+
+    def stored_tables(self) -> Iterator[pa.Table] | None:
+        """This rank's records as stored, in tables of a few messages each (as :meth:`records`
+        reads them: a pass over a large rank's columns holds one table at a time), where they stand
+        for the rank: a rank that closed cleanly, its records in Arrow columns of this version's
+        schema. ``None`` for the others (a partial rank's records are marked where a tensor file
+        was never written; older dumps hold JSON lines): read its records instead."""
+        if not (self.complete and (self.path / layout.RECORDS).is_file()):
+            return None
+        stream = record_stream(self.path / layout.RECORDS)
+        return stream.tables(_GROUP) if stream.schema.equals(SCHEMA, check_metadata=False) else None
 
     def to_arrow(self) -> pa.Table:
         """This rank's records as an Arrow table, as stored (``record_columns.SCHEMA``: one row per

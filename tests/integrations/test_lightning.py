@@ -425,17 +425,7 @@ def test_a_graph_dump_under_accumulate_grad_batches_counts_the_trainers_steps(tm
     torch._dynamo.reset()
     backend = dump_backend(tmp_path / "graph", backend="aot_eager")
     model = _model()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        accumulate_grad_batches=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = _trainer(tmp_path, None, callbacks=[], max_steps=2, accumulate_grad_batches=2)
     trainer.fit(torch.compile(model, backend=backend), torch.utils.data.DataLoader(_batches(), batch_size=None))
     backend.data_dump.close()
     torch._dynamo.reset()

@@ -108,3 +108,40 @@ def test_sdpa_against_a_hand_written_attention_has_no_error_and_its_blocks_pass(
     sdpa = [block for block in judged if any("scaled_dot_product" in op.op for op in block.ops)]
     assert [block.phase for block in sdpa] == ["forward", "backward"] and all(block.verdict == "pass" for block in sdpa)
     assert sdpa[0].sides == "A+B" and "aten._softmax.default" in [op.op for op in sdpa[0].ops if op.side == "B"]
+
+
+class _TwoScales(nn.Module):
+    """``tanh(fc1(x)) * 0.1`` into ``fc2``; ``planted`` multiplies by 1.05 first, a call of the same op."""
+
+    def __init__(self, planted: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.planted = nn.Linear(8, 16), nn.Linear(16, 4), planted
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        if self.planted:
+            h = h * 1.05
+        return self.fc2(h * 0.1).pow(2).mean()
+
+
+@pytest.mark.parametrize("planted_side", ["a", "b"])
+def test_a_call_inserted_before_a_call_of_the_same_op_is_the_one_sided_op(tmp_path: Path, planted_side: str) -> None:
+    """Calls of one op on the same value used to pair whatever their scalar arguments: eager's
+    ``mul(h, 0.1)`` with the planted ``mul(h, 1.05)``, blamed as 'difference 9.5' with the argument
+    flagged. The call that reads the planted one's output and holds the other side's arguments is
+    the partner; the planted call is one-sided and the first divergence."""
+    paths = {}
+    for side in ("a", "b"):
+        model = _TwoScales(planted=side == planted_side)
+        with torchdebug.dump(tmp_path / side, model=model) as debugger:
+            model(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).backward()
+        paths[side] = debugger.run_dir
+    result = torchdebug.compare(paths["a"], paths["b"])
+    first = result.first_divergence
+    assert first is not None and first.match == f"only_{planted_side}" and first.op == "aten.mul.Tensor"
+    assert first.name == "forward/<root>/aten.mul.Tensor#0/output.0" and "runs this op (a structure difference)" in first.message
+    assert [row.name for row in result.rows if row.verdict == "error"] == [first.name]
+    muls = [row for row in result.rows if row.matched and row.phase == "forward" and row.op == "aten.mul.Tensor"]
+    factors = [row.record_a.value for row in muls if row.kind == "value"]
+    assert factors == [0.1], "the scale both sides run is paired"

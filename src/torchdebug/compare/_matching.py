@@ -12,6 +12,7 @@ with B-only calls placed after the call that precedes them on side B).
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,7 +24,7 @@ import numpy as np
 
 from torchdebug.compare._boundaries import align_boundaries
 from torchdebug.compare._flow_alignment import align_by_flow, aligned_op, dtype_kind, output_values
-from torchdebug.compare._value_graph import OUTPUTS, Producers, execution_order, run_position
+from torchdebug.compare._value_graph import OUTPUTS, Candidates, Producers, execution_order, run_position
 from torchdebug.config import read_mapping_file
 from torchdebug.errors import ConfigError
 from torchdebug.records import Record, make_call_name, split_call_name
@@ -577,6 +578,7 @@ def _pair_calls(
         if not compiled:
             _repair_by_values(matches, left_a, left_b, mapping, links)
         matches = _repair(matches, left_a, left_b, mapping, links, compiled)
+    _repair_inserted(matches, left_a, left_b, mapping, links)
     pairs = [pair for match in matches for pair in _pair_slots(match.call_a, match.call_b, match.how)]
     pairs.extend(Pair(r, None, "only_a") for call in left_a for r in call.records)
     pairs.extend(Pair(None, r, "only_b") for call in left_b for r in call.records)
@@ -726,6 +728,77 @@ def _repair_by_values(
     if taken:
         left_a[:] = [call for call in left_a if id(call) not in taken]
         left_b[:] = [call for call in left_b if id(call) not in taken]
+
+
+def _repair_inserted(
+    matches: list[_Match], left_a: list[_Call], left_b: list[_Call], mapping: NameMapping, links: _Links
+) -> None:
+    """A call one side inserted before a call of the same op: calls of one op on the same value pair
+    whatever their scalar arguments, so eager's ``mul(h, 0.1)`` was paired with the planted
+    ``mul(h, 1.05)`` before it, and A's own ``mul(·, 0.1)`` was left over. A pair whose scalar
+    arguments differ takes instead the left-over call of its group and op, with the other side's
+    arguments, that reads the paired call's output; the paired call is left over, a one-sided op
+    judged as one. Either side may have inserted it. ``matches``, ``left_a`` and ``left_b`` are
+    updated in place; one pass, linear in the calls."""
+    if not left_a and not left_b:
+        return
+    free_a, free_b = _by_arguments(left_a, mapping), _by_arguments(left_b, NameMapping())
+    taken: set[int] = set()
+
+    def follower(free: dict[tuple, list[_Call]], key: tuple, paired: _Call, made: Candidates) -> _Call | None:
+        """The left-over call at ``key`` that reads ``paired``'s output (none taken already)."""
+        return next((c for c in free.get(key, ()) if id(c) not in taken and _reads(c, paired, made)), None)
+
+    for position, match in enumerate(matches):
+        call_a, call_b = match.call_a, match.call_b
+        args_a, args_b = _arguments(call_a), _arguments(call_b)
+        op_a, op_b = _op(call_a, mapping), _op(call_b, NameMapping())
+        if args_a == args_b or op_a != op_b:
+            continue
+        after_a = follower(free_a, (_group(call_a, mapping), op_a, args_b), call_a, links.made_a)
+        key_b = (_group(call_b, NameMapping()), op_b, args_a)
+        after_b = None if after_a is not None else follower(free_b, key_b, call_b, links.made_b)
+        if after_a is None and after_b is None:
+            continue
+        links.unpair(call_a, call_b)
+        if after_a is not None:  # A inserted call_a: its follower holds B's arguments
+            taken.add(id(after_a))
+            left_a.append(call_a)
+            matches[position] = _Match(after_a, call_b, "aligned")
+        elif after_b is not None:
+            taken.add(id(after_b))
+            left_b.append(call_b)
+            matches[position] = _Match(call_a, after_b, "aligned")
+        links.pair(matches[position].call_a, matches[position].call_b)
+    if taken:
+        left_a[:] = [call for call in left_a if id(call) not in taken]
+        left_b[:] = [call for call in left_b if id(call) not in taken]
+
+
+def _arguments(call: _Call) -> tuple:
+    """A call's scalar (non-tensor) input arguments, by slot."""
+    return tuple(
+        (slot, json.dumps(r.value, sort_keys=True, default=str))
+        for slot, r in zip(call.slots, call.records)
+        if r.kind == "value" and r.io == "input"
+    )
+
+
+def _op(call: _Call, mapping: NameMapping) -> str:
+    op = call.first.op
+    return mapping.ops.get(op, op)
+
+
+def _by_arguments(calls: list[_Call], mapping: NameMapping) -> dict[tuple, list[_Call]]:
+    found: dict[tuple, list[_Call]] = defaultdict(list)
+    for call in calls:
+        found[(_group(call, mapping), _op(call, mapping), _arguments(call))].append(call)
+    return found
+
+
+def _reads(call: _Call, maker: _Call, made: Candidates) -> bool:
+    """Whether a tensor input of ``call`` holds a value ``maker`` made."""
+    return any(producer[0] == maker.name for r in call.records if r.io == "input" for producer in made.get(id(r), ()))
 
 
 def _group(call: _Call, mapping: NameMapping) -> tuple[int, str, str]:

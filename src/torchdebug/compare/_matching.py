@@ -785,11 +785,13 @@ def _arguments(call: _Call) -> tuple:
 
 
 def _op(call: _Call, mapping: NameMapping) -> str:
+    """A call's op, after the mapping's renames."""
     op = call.first.op
     return mapping.ops.get(op, op)
 
 
 def _by_arguments(calls: list[_Call], mapping: NameMapping) -> dict[tuple, list[_Call]]:
+    """Calls by group, op and scalar arguments."""
     found: dict[tuple, list[_Call]] = defaultdict(list)
     for call in calls:
         found[(_group(call, mapping), _op(call, mapping), _arguments(call))].append(call)

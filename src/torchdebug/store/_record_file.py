@@ -1,10 +1,10 @@
 """A rank's records file: an Arrow IPC stream (``records.arrows``), a record batch per flush.
 
 Each flush appends its records as messages of at most :data:`BATCH_ROWS` records (their buffers
-zstd-compressed) with plain ``write`` calls, so a
-process killed even by SIGKILL keeps every batch written before the kill; only the last message
-can be cut short. :func:`read_records` drops such a message and says so, and names a message that
-is whole but does not decode (the file was modified or damaged). The stream's schema is written
+zstd-compressed) with plain ``write`` calls, so a process killed even by SIGKILL keeps every
+message written before the kill; only the last message can be cut short. :func:`read_records`
+drops such a message and says so, and names a message that is whole but does not decode (the file
+was modified or damaged). The stream's schema is written
 with its first batch: a file killed before that is empty and holds no records.
 
 :func:`record_stream` reads the messages without decoding them (their bodies stay in the memory-mapped
@@ -79,8 +79,8 @@ class RecordStream:
     truncated: bool
 
     def tables(self, batches: int) -> Iterator[pa.Table]:
-        """The records as tables of ``batches`` record batches each (a batch holds at most a flush, 2048
-        records by default), decoded as they are asked for: the next table is decompressed on a
+        """The records as tables of ``batches`` messages each (a message holds at most a flush, and at
+        most :data:`BATCH_ROWS` records), decoded as they are asked for: the next table is decompressed on a
         thread of its own while the caller works on this one (Arrow releases the GIL). A message
         that does not decode raises a :class:`DumpError` naming it."""
         groups = [range(start, min(start + batches, len(self.messages))) for start in range(0, len(self.messages), batches)]

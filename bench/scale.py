@@ -248,6 +248,8 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, help="the dumps' folder for --stage (at the first of --layers)")
     parser.add_argument("--profile", type=Path, help="with --stage compare: its last run's cProfile, PROFILE/compare-L.prof")
     args = parser.parse_args()
+    if args.stage and args.folder is None:
+        parser.error("--stage needs --folder, the dumps' folder")
     counts = [int(part) for part in args.layers.split(",")]
     if args.stage:
         profile = Profiled(args.profile / f"{args.stage}-{counts[0]}.prof") if args.profile else None

@@ -749,15 +749,18 @@ def _repair_inserted(
         """The left-over call at ``key`` that reads ``paired``'s output (none taken already)."""
         return next((c for c in free.get(key, ()) if id(c) not in taken and _reads(c, paired, made)), None)
 
+    places_a, places_b = {key[:2] for key in free_a}, {key[:2] for key in free_b}  # (group, op) with calls left over
     for position, match in enumerate(matches):
         call_a, call_b = match.call_a, match.call_b
-        args_a, args_b = _arguments(call_a), _arguments(call_b)
         op_a, op_b = _op(call_a, mapping), _op(call_b, NameMapping())
-        if args_a == args_b or op_a != op_b:
+        place_a, place_b = (_group(call_a, mapping), op_a), (_group(call_b, NameMapping()), op_b)
+        if op_a != op_b or (place_a not in places_a and place_b not in places_b):
+            continue  # the arguments are read only where a call of the op is left over (a pass over every pair)
+        args_a, args_b = _arguments(call_a), _arguments(call_b)
+        if args_a == args_b:
             continue
-        after_a = follower(free_a, (_group(call_a, mapping), op_a, args_b), call_a, links.made_a)
-        key_b = (_group(call_b, NameMapping()), op_b, args_a)
-        after_b = None if after_a is not None else follower(free_b, key_b, call_b, links.made_b)
+        after_a = follower(free_a, (*place_a, args_b), call_a, links.made_a)
+        after_b = None if after_a is not None else follower(free_b, (*place_b, args_a), call_b, links.made_b)
         if after_a is None and after_b is None:
             continue
         links.unpair(call_a, call_b)

@@ -113,13 +113,13 @@ def test_a_loop_that_keeps_its_gradients_without_an_optimizer_is_one_step_and_sa
     """Gradients cleared in place, no ``torch.optim``: each run reads as the next micro-batch, and
     the dump says so when it closes; with an optimizer, accumulation is said nothing of."""
     zeroed = _by_hand(lambda model: [parameter.grad.zero_() for parameter in model.parameters()])
-    with caplog.at_level("WARNING", logger="torchdebug.graph_dump._steps"):
+    with caplog.at_level("WARNING", logger="torchdebug.graph_dump._step_clock"):
         records = training.compiled_dump(tmp_path / "zeroed", _model(), zeroed, 3)
     assert {record.step for record in records} == {0}
     warned = [record.getMessage() for record in caplog.records]
     assert len(warned) == 1 and "counted 2 runs of the step's first graph as micro-batches" in warned[0], warned
 
     caplog.clear()
-    with caplog.at_level("WARNING", logger="torchdebug.graph_dump._steps"):
+    with caplog.at_level("WARNING", logger="torchdebug.graph_dump._step_clock"):
         training.compiled_dump(tmp_path / "accumulated", _model(), _accumulating({}), STEPS)
     assert not caplog.records

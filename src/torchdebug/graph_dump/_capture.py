@@ -36,7 +36,7 @@ from torchdebug.graph_dump._plan import ACCUMULATORS, CallPlan, GraphPlan, Key, 
 from torchdebug.graph_dump._run import GraphRun
 from torchdebug.graph_dump._runtime import register_sink, unregister_sink
 from torchdebug.graph_dump._settings import DumpSettings
-from torchdebug.graph_dump._steps import StepClock
+from torchdebug.graph_dump._step_clock import StepClock
 from torchdebug.graph_dump._value_ids import SlotValue
 from torchdebug.records import UNREAD, Record, make_call_name
 from torchdebug.stats import IDENTITY, stats_from_sums

@@ -23,7 +23,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 __all__ = ["StepClock"]
 
-log = logging.getLogger("torchdebug.graph_dump._steps")
+log = logging.getLogger("torchdebug.graph_dump._step_clock")
 
 
 class StepClock:

@@ -4,7 +4,7 @@ A *slot* is one input or output of one op call (or of one module call), in one p
 one rank. Eager capture and compiled-graph capture both write records; the store persists them as
 Arrow columns (``torchdebug.store._record_columns``); compare aligns two sets of them by ``name``.
 The fields are documented for users in ``docs/format.md``; bump ``SCHEMA_VERSION`` when their
-meaning changes.
+meaning or the records file's encoding changes (an older torchdebug then refuses the dump by name).
 
 The stable name is built from the fields that do not depend on timing or memory addresses::
 
@@ -36,6 +36,7 @@ __all__ = [
     "NEVER_MATERIALISED",
     "NO_MODULE",
     "PHASES",
+    "READ_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "STAT_KEYS",
     "UNINITIALISED",
@@ -49,7 +50,11 @@ __all__ = [
     "split_call_name",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The schema version of the dumps this torchdebug writes: 2 stores repeating strings dictionary-encoded
+and LZ4-compressed, 1 plain and zstd-compressed (the same fields)."""
+READ_SCHEMA_VERSIONS = (1, 2)
+"""The schema versions this torchdebug reads."""
 
 PHASES = ("forward", "backward", "optimizer")
 """Where in a training step the slot was seen. ``optimizer`` covers ops run by ``optimizer.step()``."""

@@ -193,6 +193,60 @@ def test_the_records_file_is_an_arrow_stream_any_arrow_reader_opens(tmp_path):
     assert table.column("stats").to_pylist() == [_STATS, None]
 
 
+def _message_types(path) -> list[str]:
+    import pyarrow.ipc
+
+    return [message.type for message in pyarrow.ipc.MessageReader.open_stream(path.read_bytes())]
+
+
+def test_repeating_strings_are_stored_as_dictionaries_that_a_step_like_the_last_does_not_repeat(tmp_path):
+    """Schema version 2: on disk the string columns (but checksum and tensor_key) are dictionaries, and
+    a batch whose dictionaries equal the last batch's is written alone; readers get plain strings."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    from torchdebug.store._record_columns import SCHEMA
+
+    writer = _writer(tmp_path)
+    for step in range(2):  # two alike steps, but for their checksums
+        writer.submit(step, [_record(i, checksum=f"{step}{i:015x}") for i in range(3)], None, [])
+        writer.drain()
+    path = writer.rank_dir / layout.RECORDS
+    after_two = _message_types(path)
+    last = dataclasses.replace(_record(0, checksum="f" * 16), module="layers.0")
+    writer.submit(2, [last], None, [])
+    writer.close()
+    with pyarrow.ipc.open_stream(path) as stream:
+        stored = stream.schema
+    assert pa.types.is_dictionary(stored.field("op").type) and pa.types.is_dictionary(stored.field("name").type)
+    assert stored.field("checksum").type == pa.string() and stored.field("tensor_key").type == pa.string()
+    batch = after_two.index("record batch")
+    assert after_two[1:batch] == ["dictionary"] * sum(pa.types.is_dictionary(field.type) for field in stored)
+    assert after_two[batch:] == ["record batch", "record batch"]  # the second step's dictionaries are the first's
+    assert _message_types(path)[len(after_two) :] == ["dictionary", "dictionary", "record batch"]  # its names and modules
+    dump = load(tmp_path).ranks[0]
+    assert dump.to_arrow().schema.equals(SCHEMA, check_metadata=False)
+    assert [(r.name, r.module, r.checksum) for r in dump.records()][-1] == (last.name, "layers.0", last.checksum)
+
+
+def test_dumps_of_schema_version_1_plain_strings_and_zstd_are_still_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    from torchdebug.store._record_columns import SCHEMA, records_batch
+
+    writer = _writer(tmp_path)
+    writer.close()
+    records = [_record(0, stats=_STATS), _record(1)]
+    path = writer.rank_dir / layout.RECORDS
+    options = pyarrow.ipc.IpcWriteOptions(compression="zstd")
+    with pa.OSFile(str(path), "wb") as sink, pyarrow.ipc.new_stream(sink, SCHEMA, options=options) as stream:
+        stream.write_batch(records_batch(records))
+    manifest = writer.rank_dir / layout.MANIFEST
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "schema_version": 1}))
+    assert load(tmp_path).ranks[0].records() == records
+
+
 def test_a_flush_of_many_records_is_written_as_messages_a_reader_decodes_a_few_at_a_time(tmp_path, monkeypatch):
     """A step handed over as one batch (the native path's, a graph dump's) becomes messages of at most
     ``BATCH_ROWS`` records, so a reader never decodes a whole large step at once; its records read

@@ -26,7 +26,7 @@ from safetensors import SafetensorError, safe_open
 
 from torchdebug.errors import DumpError
 from torchdebug.gc_paused import paused_gc
-from torchdebug.records import SCHEMA_VERSION, Record
+from torchdebug.records import READ_SCHEMA_VERSIONS, Record
 from torchdebug.store import _layout as layout
 from torchdebug.store import _live as live
 from torchdebug.store._record_columns import SCHEMA, records_from_table, records_table
@@ -111,10 +111,10 @@ class RankDump:
     def open(cls, path: Path) -> RankDump:
         manifest = _read_json(path / layout.MANIFEST)
         version = manifest.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READ_SCHEMA_VERSIONS:
             raise DumpError(
                 f"{path}: schema_version {version!r} is not supported by this torchdebug "
-                f"(reads {SCHEMA_VERSION}); use the torchdebug version that wrote it"
+                f"(reads {', '.join(map(str, READ_SCHEMA_VERSIONS))}); use the torchdebug version that wrote it"
             )
         return cls(path=path, manifest=manifest)
 

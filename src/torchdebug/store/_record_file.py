@@ -1,18 +1,21 @@
 """A rank's records file: an Arrow IPC stream (``records.arrows``), a record batch per flush.
 
-Each flush appends its records as messages of at most :data:`BATCH_ROWS` records (their buffers
-zstd-compressed) with plain ``write`` calls, so a process killed even by SIGKILL keeps every
-message written before the kill; only the last message can be cut short. :func:`read_records`
-drops such a message and says so, and names a message that is whole but does not decode (the file
-was modified or damaged). The stream's schema is written
-with its first batch: a file killed before that is empty and holds no records.
+Each flush appends its records as messages of at most :data:`BATCH_ROWS` records with plain
+``write`` calls, so a process killed even by SIGKILL keeps every message written before the kill;
+only the last message can be cut short. :func:`read_records` drops such a message and says so, and
+names a message that is whole but does not decode (the file was modified or damaged). The stream's
+schema is written with its first batch: a file killed before that is empty and holds no records.
 
-:func:`record_stream` reads the messages without decoding them (their bodies stay in the memory-mapped
-file): a reader that builds records decodes a group of batches at a time, so a dump's records never
-sit whole beside their decompressed columns.
+On disk (:data:`STORED_SCHEMA`, schema version 2) the repeating string columns are dictionaries,
+written only where they differ from the last batch's, and the buffers LZ4-compressed; readers get
+:data:`SCHEMA`'s plain strings back, and still read version 1 (plain, zstd). Why and what it
+measured: ``docs/architecture.md``, "Records on disk".
 
-Any Arrow reader opens the file (``pyarrow.ipc.open_stream``, Polars' ``read_ipc_stream``,
-DuckDB's ``arrow`` extension).
+:func:`record_stream` reads the messages' headers without decoding them (their bodies stay in the
+memory-mapped file): a reader that builds records decodes a group of batches at a time, in order
+(a batch's dictionaries are in the messages before it), so a dump's records never sit whole beside
+their decompressed columns. Any Arrow reader opens the file (``pyarrow.ipc.open_stream``, Polars'
+``read_ipc_stream``, DuckDB's ``arrow`` extension).
 """
 
 from __future__ import annotations
@@ -25,21 +28,34 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from torchdebug.errors import DumpError
 from torchdebug.store._record_columns import SCHEMA
 
-__all__ = ["RecordFile", "RecordStream", "read_records", "record_stream"]
+__all__ = ["STORED_SCHEMA", "RecordFile", "RecordStream", "read_records", "record_stream"]
 
 logger = logging.getLogger("torchdebug.store._record_file")
 
-_OPTIONS = ipc.IpcWriteOptions(compression="zstd")
+_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+_DISTINCT = frozenset({"checksum", "tensor_key"})
+"""String columns whose values differ record by record: stored as they are."""
+STORED_SCHEMA = pa.schema(
+    [
+        pa.field(field.name, pa.dictionary(pa.int32(), field.type))
+        if field.type == pa.string() and field.name not in _DISTINCT
+        else field
+        for field in SCHEMA
+    ],
+    metadata=SCHEMA.metadata,
+)
+""":data:`SCHEMA` as a records file holds it: its repeating string columns dictionary-encoded."""
+_ENCODED = [SCHEMA.names.index(field.name) for field in STORED_SCHEMA if pa.types.is_dictionary(field.type)]
 BATCH_ROWS = 8192
 """The most records one message holds. A reader decodes a few messages at a time
 (``_reader._GROUP``): a step the native path or a graph dump hands over as one batch (a 256-layer
-step: 269k records, 113 MB decompressed) would otherwise be decoded whole. Each message costs
-pyarrow a zstd context per buffer (about 15 µs each, 85 buffers), 0.16 µs a record at this size."""
+step: 269k records, 113 MB decompressed) would otherwise be decoded whole."""
 _CONTINUATION = 0xFFFFFFFF
 """The marker that starts every message of an IPC stream, before its metadata length."""
 
@@ -49,13 +65,13 @@ class RecordFile:
 
     def __init__(self, path: Path) -> None:
         self._sink = pa.OSFile(str(path), "wb")  # unbuffered: each message reaches the OS as it is written
-        self._stream = ipc.new_stream(self._sink, SCHEMA, options=_OPTIONS)
+        self._stream = ipc.new_stream(self._sink, STORED_SCHEMA, options=_OPTIONS)
 
     def append(self, batch: pa.RecordBatch) -> None:
-        """Write one batch, as messages of at most :data:`BATCH_ROWS` records (pyarrow compresses and
-        writes each with the GIL released)."""
+        """Write one batch of :data:`SCHEMA`, as messages of at most :data:`BATCH_ROWS` records
+        (pyarrow encodes, compresses and writes each with the GIL released)."""
         for offset in range(0, max(batch.num_rows, 1), BATCH_ROWS):
-            self._stream.write_batch(batch.slice(offset, BATCH_ROWS))
+            self._stream.write_batch(_stored(batch.slice(offset, BATCH_ROWS)))
 
     def close(self, end: bool = True) -> None:
         """Close the file; ``end``: after the stream's end marker (not after a failed write, whose
@@ -67,15 +83,28 @@ class RecordFile:
             self._sink.close()
 
 
+def _stored(batch: pa.RecordBatch) -> pa.RecordBatch:
+    columns = batch.columns
+    for index in _ENCODED:
+        columns[index] = pc.dictionary_encode(columns[index])
+    return pa.RecordBatch.from_arrays(columns, schema=STORED_SCHEMA)
+
+
+def _plain(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with its dictionary-encoded columns as their values' type."""
+    fields = [pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema]
+    return pa.schema(fields, metadata=schema.metadata)
+
+
 @dataclass(frozen=True)
 class RecordStream:
-    """The messages of a records file, not decoded yet (each holds its compressed body), and whether
-    its last message was cut short (and dropped)."""
+    """Where the record batches of a records file start (not decoded yet), its columns as read
+    (dictionary-encoded ones as plain strings), and whether its last message was cut short (and dropped)."""
 
     path: Path
     schema: pa.Schema
-    messages: list[tuple[int, ipc.Message]]
-    """Each record batch's message and its byte offset in the file."""
+    offsets: list[int]
+    """Each record batch's byte offset in the file."""
     truncated: bool
 
     def tables(self, batches: int) -> Iterator[pa.Table]:
@@ -83,28 +112,49 @@ class RecordStream:
         most :data:`BATCH_ROWS` records), decoded as they are asked for: the next table is decompressed on a
         thread of its own while the caller works on this one (Arrow releases the GIL). A message
         that does not decode raises a :class:`DumpError` naming it."""
-        groups = [range(start, min(start + batches, len(self.messages))) for start in range(0, len(self.messages), batches)]
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            ahead = [pool.submit(self._decode, group) for group in groups[:1]]
+        count = len(self.offsets)
+        groups = [range(start, min(start + batches, count)) for start in range(0, count, batches)]
+        decoder = _Decoder(self)
+        with ThreadPoolExecutor(max_workers=1) as pool:  # one thread: the groups are decoded in order
+            ahead = [pool.submit(decoder.decode, group) for group in groups[:1]]
             for group in groups[1:]:
-                ahead.append(pool.submit(self._decode, group))
+                ahead.append(pool.submit(decoder.decode, group))
                 yield ahead.pop(0).result()
             if ahead:
                 yield ahead.pop().result()
 
     def table(self) -> pa.Table:
         """Every record as one table."""
-        return self._decode(range(len(self.messages)))
+        return _Decoder(self).decode(range(len(self.offsets)))
 
-    def _decode(self, indices: range) -> pa.Table:
+
+class _Decoder:
+    """Decodes a records file's batches in order, from the first (a batch's dictionaries are in the
+    messages before it)."""
+
+    def __init__(self, stream: RecordStream) -> None:
+        self._stream = stream
+        self._reader: ipc.RecordBatchStreamReader | None = None
+        self._next = 0
+
+    def decode(self, indices: range) -> pa.Table:
+        """The batches ``indices`` (the next ones) as one table of the stream's plain schema."""
+        stream = self._stream
+        if not indices:
+            return stream.schema.empty_table()
+        if indices.start != self._next:
+            raise ValueError(f"batches are decoded in order: {indices.start} asked for, {self._next} next")
         batches = []
         for index in indices:
-            offset, message = self.messages[index]
             try:
-                batches.append(ipc.read_record_batch(message, self.schema))
-            except (pa.ArrowInvalid, OSError) as error:
-                raise _corrupt(self.path, index, offset, error) from None
-        return pa.Table.from_batches(batches, schema=self.schema)
+                if self._reader is None:
+                    self._reader = ipc.open_stream(pa.memory_map(str(stream.path)))
+                batches.append(self._reader.read_next_batch())
+            except (pa.ArrowInvalid, OSError, StopIteration) as error:
+                raise _corrupt(stream.path, index, stream.offsets[index], error) from None
+            self._next = index + 1
+        table = pa.Table.from_batches(batches)
+        return table if table.schema == stream.schema else table.cast(stream.schema)
 
 
 def record_stream(path: Path) -> RecordStream:
@@ -115,7 +165,7 @@ def record_stream(path: Path) -> RecordStream:
     size = source.size()
     reader = ipc.MessageReader.open_stream(source)
     schema: pa.Schema | None = None
-    messages: list[tuple[int, ipc.Message]] = []
+    offsets: list[int] = []
     while True:
         start = source.tell()
         try:
@@ -125,16 +175,16 @@ def record_stream(path: Path) -> RecordStream:
         except (pa.ArrowInvalid, OSError) as error:
             if _cut_short(source, start, size, error):
                 logger.warning("%s: the last batch of records is incomplete (the run stopped mid-write); skipped", path)
-                return RecordStream(path, schema or SCHEMA, messages, True)
-            raise _corrupt(path, len(messages), start, error) from None
+                return RecordStream(path, _plain(schema or SCHEMA), offsets, True)
+            raise _corrupt(path, len(offsets), start, error) from None
         if schema is None:
             try:
                 schema = ipc.read_schema(message)
             except (pa.ArrowInvalid, OSError) as error:
                 raise _corrupt(path, 0, start, error) from None
-        else:
-            messages.append((start, message))
-    return RecordStream(path, schema or SCHEMA, messages, False)
+        elif message.type == "record batch":  # dictionaries are read with the batch they precede
+            offsets.append(start)
+    return RecordStream(path, _plain(schema or SCHEMA), offsets, False)
 
 
 def read_records(path: Path) -> tuple[pa.Table, bool]:

@@ -1,10 +1,10 @@
 """Records as Arrow columns, and Arrow columns back as records.
 
-A dump stores its records as an Arrow IPC stream (``records.arrows``): one zstd-compressed record
-batch per flush, in the columns of :data:`SCHEMA`; whatever a typed column cannot hold exactly goes
-into the row's ``json_fields`` as JSON, so a batch always encodes. The columns: docs/format.md; why
-Arrow, and how reading shares strings, shapes and statistics between records: docs/architecture.md,
-"Decisions and their reasons" ("Records as Arrow columns").
+A dump stores its records as an Arrow IPC stream (``records.arrows``, ``_record_file.py``): one
+compressed record batch per flush, in the columns of :data:`SCHEMA`; whatever a typed column cannot
+hold exactly goes into the row's ``json_fields`` as JSON, so a batch always encodes. The columns:
+docs/format.md; why Arrow, and how reading shares strings, shapes and statistics between records:
+docs/architecture.md, "Decisions and their reasons" ("Records as Arrow columns").
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ schema is written with its first batch: a file killed before that is empty and h
 
 On disk (:data:`STORED_SCHEMA`, schema version 2) the repeating string columns are dictionaries,
 written only where they differ from the last batch's, and the buffers LZ4-compressed; readers get
-:data:`SCHEMA`'s plain strings back, and still read version 1 (plain, zstd). Why and what it
-measured: ``docs/architecture.md``, "Records on disk".
+:data:`SCHEMA`'s plain strings back, and still read version 1 (plain, zstd). Why, and what it
+measured: ``docs/architecture.md``, "Decisions and their reasons" ("Records on disk").
 
 :func:`record_stream` reads the messages' headers without decoding them (their bodies stay in the
 memory-mapped file): a reader that builds records decodes a group of batches at a time, in order

@@ -639,3 +639,20 @@ def test_numpy_scalars_among_an_ops_arguments_are_recorded_as_numbers():
     value = json_value([np.int64(3), np.float32(1.5), -1])
     assert value == [3, 1.5, -1] and all(type(v) in (int, float) for v in value)
     assert json.loads(encode_record(_record(0, kind="value", value=value)))["value"] == [3, 1.5, -1]
+
+
+def test_a_records_file_is_decoded_in_order_only(tmp_path):
+    """A batch's dictionaries are in the messages before it: decoding a later batch first is refused,
+    never answered with another batch's records."""
+    from torchdebug.store._record_file import _Decoder, record_stream
+
+    writer = _writer(tmp_path)
+    for i in range(2):
+        writer.submit(0, [_record(i)], None, [])
+        writer.drain()
+    writer.close()
+    stream = record_stream(writer.rank_dir / layout.RECORDS)
+    with pytest.raises(ValueError, match="decoded in order: 1 asked for, 0 next"):
+        _Decoder(stream).decode(range(1, 2))
+    decoder = _Decoder(stream)
+    assert [decoder.decode(range(i, i + 1)).column("call").to_pylist() for i in range(2)] == [[0], [1]]

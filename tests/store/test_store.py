@@ -656,3 +656,32 @@ def test_a_records_file_is_decoded_in_order_only(tmp_path):
         _Decoder(stream).decode(range(1, 2))
     decoder = _Decoder(stream)
     assert [decoder.decode(range(i, i + 1)).column("call").to_pylist() for i in range(2)] == [[0], [1]]
+
+
+def test_a_column_made_of_the_memory_encoded_last_takes_that_encoding_and_a_new_one_is_encoded(tmp_path, monkeypatch):
+    """The native path hands a steady step's names as the same arrays each step: the writer encodes
+    them once. A column of new memory is encoded again, whatever its length and place."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from torchdebug.store._record_columns import SCHEMA, records_batch
+    from torchdebug.store._record_file import RecordFile, read_records
+
+    encoded = []
+    encode = pc.dictionary_encode
+    monkeypatch.setattr(pc, "dictionary_encode", lambda column: encoded.append(column) or encode(column))
+    first = records_batch([_record(i) for i in range(3)])
+    again = pa.RecordBatch.from_arrays(first.columns, schema=SCHEMA)  # the same memory, another batch
+    renamed = first.set_column(SCHEMA.names.index("name"), "name", pa.array([f"x{i}" for i in range(3)]))
+    path = tmp_path / "records.arrows"
+    file = RecordFile(path)
+    file.append(first)
+    encodes = len(encoded)
+    file.append(again)
+    assert len(encoded) == encodes  # nothing encoded again
+    file.append(renamed)
+    assert len(encoded) == encodes + 1  # its names alone
+    file.close()
+    table, truncated = read_records(path)
+    assert not truncated
+    assert table.column("name").to_pylist() == [r.name for r in [_record(i) for i in range(3)]] * 2 + ["x0", "x1", "x2"]

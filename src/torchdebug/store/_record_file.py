@@ -66,12 +66,29 @@ class RecordFile:
     def __init__(self, path: Path) -> None:
         self._sink = pa.OSFile(str(path), "wb")  # unbuffered: each message reaches the OS as it is written
         self._stream = ipc.new_stream(self._sink, STORED_SCHEMA, options=_OPTIONS)
+        self._encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]] = {}
+        """By (column, offset in the batch): the last column encoded there, and its encoding."""
 
     def append(self, batch: pa.RecordBatch) -> None:
         """Write one batch of :data:`SCHEMA`, as messages of at most :data:`BATCH_ROWS` records
         (pyarrow encodes, compresses and writes each with the GIL released)."""
         for offset in range(0, max(batch.num_rows, 1), BATCH_ROWS):
-            self._stream.write_batch(_stored(batch.slice(offset, BATCH_ROWS)))
+            self._stream.write_batch(self._stored(batch.slice(offset, BATCH_ROWS), offset))
+
+    def _stored(self, batch: pa.RecordBatch, offset: int) -> pa.RecordBatch:
+        """``batch`` in :data:`STORED_SCHEMA`. A column made of the same memory as the one encoded
+        at its place in the last batch (a steady step's names, which the native path makes once:
+        ``FixedColumns``) takes that encoding again; the last one is held, so its memory is not reused."""
+        columns = batch.columns
+        for index in _ENCODED:
+            column, key = columns[index], (index, offset)
+            last = self._encoded.get(key)
+            if last is not None and _same_memory(column, last[0]):
+                columns[index] = last[1]
+            else:
+                columns[index] = pc.dictionary_encode(column)
+                self._encoded[key] = (column, columns[index])
+        return pa.RecordBatch.from_arrays(columns, schema=STORED_SCHEMA)
 
     def close(self, end: bool = True) -> None:
         """Close the file; ``end``: after the stream's end marker (not after a failed write, whose
@@ -83,11 +100,16 @@ class RecordFile:
             self._sink.close()
 
 
-def _stored(batch: pa.RecordBatch) -> pa.RecordBatch:
-    columns = batch.columns
-    for index in _ENCODED:
-        columns[index] = pc.dictionary_encode(columns[index])
-    return pa.RecordBatch.from_arrays(columns, schema=STORED_SCHEMA)
+def _same_memory(column: pa.Array, other: pa.Array) -> bool:
+    """Whether two arrays are views of the same buffers at the same offset and length (so hold the
+    same values: Arrow's buffers do not change)."""
+    if len(column) != len(other) or column.offset != other.offset or column.type != other.type:
+        return False
+    ours, theirs = column.buffers(), other.buffers()
+    return len(ours) == len(theirs) and all(
+        (a is None and b is None) or (a is not None and b is not None and a.address == b.address and a.size == b.size)
+        for a, b in zip(ours, theirs)
+    )
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:

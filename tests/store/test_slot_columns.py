@@ -32,12 +32,32 @@ SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
 def test_statistics_from_sums_in_one_pass_equal_stats_from_sums_bit_for_bit():
     sums = np.array([row for row, _ in SUMS], np.float64)
     numel = np.array([count for _, count in SUMS], np.int64)
-    column = _from_sums(sums, numel).to_pylist()
+    column = _from_sums(sums, numel, np.zeros(len(SUMS), bool)).to_pylist()
     for (row, count), got in zip(SUMS, column):
         expected = stats_from_sums(row, count)
         assert got.keys() == expected.keys()
         for key, value in expected.items():
             assert type(got[key]) is type(value) and (value is None or repr(got[key]) == repr(value)), (key, got, expected)
+
+
+def test_the_statistics_column_takes_each_slots_by_reference_sums_none_or_taken_at_the_flush():
+    sums = np.array([row for row, _ in SUMS], np.float64)
+    shapes = [(2, 3), (3,), (4, 1), (2,), (0,), (3,)]  # the element counts of SUMS
+    taken = {**stats_from_sums(SUMS[0][0], 6), "min": -7.0}
+    huge = {**stats_from_sums((0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0), 1, integral=True), "max": 2**62 + 1}  # no float holds it
+    refs = np.array([3, -1, 0, -2, 5, 0, -1, -3], np.int64)
+    unused, no_text = np.zeros(len(refs), np.int64), pa.array([None], pa.string())
+    args = pa.RecordBatch.from_pydict({})
+    columns = SlotColumns(unused, unused, args, unused, unused, refs, [taken, huge], unused, [], unused, no_text, unused, no_text)
+    drained = SimpleNamespace(
+        stats=array("d", sums.reshape(-1)),
+        shape=array("q", [size for shape in shapes for size in shape]),
+        slot_ndim=array("b", [len(shape) for shape in shapes]),
+    )
+    column, odd = columns._stats_column(drained)
+    finished = [stats_from_sums(row, count) for row, count in SUMS]
+    assert column.to_pylist()[:7] == [finished[3], None, finished[0], taken, finished[5], finished[0], None]
+    assert odd == {7: {"stats": huge}}  # kept whole beside the column
 
 
 def test_the_elements_of_each_drained_slot_are_its_sizes_product_and_one_for_no_sizes():

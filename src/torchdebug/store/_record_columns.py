@@ -135,6 +135,8 @@ def columns_batch(
 
 def _json_fields(count: int, odd: dict[int, dict[str, Any]]) -> pa.Array:
     """The ``json_fields`` column: each row's fields the typed columns cannot hold, as JSON."""
+    if not odd:  # almost always
+        return pa.nulls(count, _STRING)
     json_fields = [None] * count
     for row, fields in odd.items():
         json_fields[row] = json_text(fields)

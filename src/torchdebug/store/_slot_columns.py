@@ -200,19 +200,22 @@ class SlotColumns:
 
     def _stats_column(self, ops: Any) -> tuple[pa.StructArray, dict[int, dict[str, Any]]]:
         """The statistics column by reference (the class docstring), and the rows whose statistics
-        the column cannot hold exactly (kept whole in ``json_fields``, as ``records_batch`` keeps them)."""
+        the column cannot hold exactly (kept whole in ``json_fields``, as ``records_batch`` keeps them).
+        The referenced sums are gathered first and finished once, a recorded slot each; statistics
+        taken at the flush (rare: tensors the callback did not sum) replace their rows after."""
         refs = self.stats_refs
         sums = np.asarray(ops.stats, np.float64).reshape(-1, WIDTH)
+        rows = np.maximum(refs, 0)  # a row without sums reads the first (masked)
+        column = _from_sums(sums[rows], _numel(ops.shape, ops.slot_ndim)[rows], refs < 0)
+        if not self.stats:
+            return column, {}
         odd_dicts: dict[int, dict[str, Any]] = {}
-        whole = pa.concat_arrays(
-            [_from_sums(sums, _numel(ops.shape, ops.slot_ndim)), stats_array(self.stats, odd_dicts), pa.nulls(1, STATS_TYPE)]
-        )
-        drained, taken = len(sums), len(self.stats)
-        index = np.where(refs >= 0, refs, np.where(refs == -1, drained + taken, drained - 2 - refs))
+        taken = stats_array(self.stats, odd_dicts)
+        index = np.where(refs <= -2, len(refs) - 2 - refs, np.arange(len(refs)))
         odd = {}
         if odd_dicts:  # rare: statistics of huge ints (beyond a float's exact ints)
             odd = {row: odd_dicts[-2 - ref] for row, ref in enumerate(refs.tolist()) if ref <= -2 and -2 - ref in odd_dicts}
-        return whole.take(pa.array(index)), odd
+        return pa.concat_arrays([column, taken]).take(pa.array(index)), odd
 
     def _checksum_column(self, ops: Any) -> pa.Array:
         """The ``checksum`` column by reference (the class docstring): 16 lowercase hex digits."""
@@ -327,11 +330,11 @@ def _numel(shape: Any, ndim: Any) -> np.ndarray:
     return np.where(ndim > 0, np.multiply.reduceat(sizes, _offsets(ndim)[:-1]) if len(ndim) else 0, 1)
 
 
-def _from_sums(sums: np.ndarray, numel: np.ndarray) -> pa.StructArray:
-    """``stats_from_sums`` of every drained slot's sums (``sums[slot]``, ``numel[slot]`` elements),
-    as the statistics column holds it: mean and norm of the non-NaN values, the four value
-    statistics empty when there is none (and the mean when it is NaN), the counts as ints. Rows
-    of slots the callback did not sum hold garbage: no reference names them."""
+def _from_sums(sums: np.ndarray, numel: np.ndarray, absent: np.ndarray) -> pa.StructArray:
+    """``stats_from_sums`` of each row's sums (``sums[row]`` over ``numel[row]`` elements), as the
+    statistics column holds it: mean and norm of the non-NaN values, the four value statistics
+    empty when there is none (and the mean when it is NaN), the counts as ints; rows ``absent``
+    marks are null (their sums are garbage)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         counts = sums[:, FIRST_COUNT:].astype(np.int64)
         valid = numel - counts[:, _NAN - FIRST_COUNT]
@@ -341,4 +344,4 @@ def _from_sums(sums: np.ndarray, numel: np.ndarray) -> pa.StructArray:
     values = (sums[:, 0], sums[:, 1], mean, norm)
     children = [pa.array(value, pa.float64(), mask=none | np.isnan(mean) if i == 2 else none) for i, value in enumerate(values)]
     children += [pa.array(counts[:, i], _INT) for i in range(counts.shape[1])]
-    return pa.StructArray.from_arrays(children, fields=list(STATS_TYPE))
+    return pa.StructArray.from_arrays(children, fields=list(STATS_TYPE), mask=pa.array(absent))

@@ -37,6 +37,8 @@ class RecomputeMarks:
         """The node under which a non-reentrant recomputation was last seen (``RecomputeDetector._node``)."""
         self._stacks: list[int] = []
         """By the observer's stack id: ``_IN_RECOMPUTATION`` and ``_IN_BOOKKEEPING`` bits."""
+        self._checkpoint_frames = False
+        """Whether a stack seen so far holds checkpoint's frames (a recomputation's or its bookkeeping's)."""
         self._op_kinds: list[int] = []
         """By op id: 1 ``detach``, 2 one of checkpoint's bookkeeping ops (``detach`` is both)."""
 
@@ -47,16 +49,20 @@ class RecomputeMarks:
     def marks(self, ops: ObservedOps, stack_ids: np.ndarray, stacks: Sequence[Sequence[Frame]]) -> np.ndarray:
         """Per row of ``ops``: its marks; ``stack_ids`` the observer's stack id of each row's frames
         (-1: none taken), ``stacks`` the frames by id."""
-        self._stacks += [
+        judged = [
             _IN_RECOMPUTATION * in_recomputation(frames) | _IN_BOOKKEEPING * in_bookkeeping(frames)
             for frames in stacks[len(self._stacks) :]
         ]
+        self._stacks += judged
+        self._checkpoint_frames = self._checkpoint_frames or any(judged)
         self._op_kinds += [(name == _DETACH) | 2 * (name in BOOKKEEPING_OPS) for name in ops.names[len(self._op_kinds) :]]
         rows = len(ops.op)
         if not rows:
             return np.zeros(0, np.int8)
         mark = np.frombuffer(ops.mark, np.int8)
         marks = mark.copy()
+        if not self._checkpoint_frames and not (mark & CHECKPOINT_NODE).any():
+            return marks  # no checkpoint ran yet (a model without one: every drain)
         backward = np.frombuffer(ops.backward, np.int8).astype(bool)
         in_frames = np.where(stack_ids >= 0, np.array(self._stacks + [0], np.int8)[stack_ids], 0)
         kinds = np.array(self._op_kinds, np.int8)[np.frombuffer(ops.op, np.int32)]

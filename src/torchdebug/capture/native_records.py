@@ -450,19 +450,12 @@ class NativeStepCapture:
                 raise RuntimeError("native/slot_walk.cpp cannot be built here")
             self._slot_walk = SlotWalk(library)
         walk = self._slot_walk
-        for op_id in np.unique(np.asarray(ops.op)).tolist():
-            if not walk.knows(op_id):
-                facts = _OpFacts.of(ops.names[op_id])
-                self._op_names += [""] * (op_id + 1 - len(self._op_names))
-                self._op_names[op_id] = facts.info.name
-                walk.add_op(
-                    op_id,
-                    facts.info,
-                    facts.names.inputs,
-                    facts.results,
-                    list_result=facts.names.list_result,
-                    one_tensor=facts.one_tensor,
-                )
+        for op_id in walk.untold(np.frombuffer(ops.op, np.int32)):
+            facts = _OpFacts.of(ops.names[op_id])
+            self._op_names += [""] * (op_id + 1 - len(self._op_names))
+            self._op_names[op_id] = facts.info.name
+            inputs, list_result = facts.names.inputs, facts.names.list_result
+            walk.add_op(op_id, facts.info, inputs, facts.results, list_result=list_result, one_tensor=facts.one_tensor)
         return walk
 
     def _args(self, walk: SlotWalk) -> pa.RecordBatch:

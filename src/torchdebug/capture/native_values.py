@@ -121,15 +121,20 @@ class SlotWalk:
         """Each ``arg`` the walk named (``0``, ``1.2``, ``out``), by code."""
         self.io_args: list[str] = []
         """The same with its side: ``input.0``, ``output.1``."""
-        self._ops: set[int] = set()
+        self._told = np.zeros(0, bool)
+        """By op id: whether :meth:`add_op` told the walk of it."""
 
     def next_step(self) -> None:
         """Forget the memory values were made in and the statistics taken: another step's tensors fill it."""
         self._lib.td_walk_next_step(self._handle)
 
-    def knows(self, op_id: int) -> bool:
-        """Whether :meth:`add_op` told the walk of op ``op_id``."""
-        return op_id in self._ops
+    def untold(self, op_ids: np.ndarray) -> list[int]:
+        """The distinct ids of ``op_ids`` that :meth:`add_op` did not tell the walk of (mostly none:
+        one look-up per row, no sort)."""
+        told = self._told
+        if not op_ids.size or (op_ids.max() < len(told) and told[op_ids].all()):
+            return []
+        return [op_id for op_id in np.unique(op_ids).tolist() if op_id >= len(told) or not told[op_id]]
 
     def add_op(
         self, op_id: int, info: OpInfo, inputs: tuple[str, ...], results: int, *, list_result: bool, one_tensor: bool
@@ -156,7 +161,9 @@ class SlotWalk:
         names = "".join(f"{name}\n" for name in inputs).encode()
         if self._lib.td_walk_op(self._handle, op_id, flags, names, len(inputs), in_codes, width, out_codes, self._code(star)):
             raise MemoryError("native/slot_walk.cpp: no memory for an op's facts")
-        self._ops.add(op_id)
+        if op_id >= len(self._told):
+            self._told = np.concatenate([self._told, np.zeros(op_id + 1 - len(self._told), bool)])
+        self._told[op_id] = True
 
     def _code(self, why: str | None) -> int:
         if why not in self.whys:

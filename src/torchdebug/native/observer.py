@@ -381,13 +381,13 @@ class NativeObserver:
         ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
         sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops]
         sizes += [slots] * 3 + [ops] * 2  # slot_base, slot_has_fingerprint, slot_fingerprint; mark, made
-        columns = {name: array(code, bytes(array(code).itemsize * size)) for (name, code), size in zip(_COLUMNS, sizes)}
+        columns = {name: array(code, [0]) * size for (name, code), size in zip(_COLUMNS, sizes)}  # (no zeroed bytes copied)
         pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
         self._lib.td_observer_drain(counts, pointers)
         for op_id in range(len(self._names), self._lib.td_observer_op_names()):
             self._names.append(self._lib.td_observer_op_name(op_id).decode())
         tensors = torch.ops.torchdebug.observer_kept() if kept else []
-        freed = array("q", bytes(8 * self._lib.td_observer_freed_count()))
+        freed = array("q", [0]) * self._lib.td_observer_freed_count()
         if freed:
             self._lib.td_observer_take_freed(freed.buffer_info()[0])
         size = ctypes.c_int64()

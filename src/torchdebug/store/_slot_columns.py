@@ -218,16 +218,17 @@ class SlotColumns:
         return pa.concat_arrays([column, taken]).take(pa.array(index)), odd
 
     def _checksum_column(self, ops: Any) -> pa.Array:
-        """The ``checksum`` column by reference (the class docstring): 16 lowercase hex digits."""
+        """The ``checksum`` column by reference (the class docstring): 16 lowercase hex digits,
+        spelled once a recorded slot from the gathered fingerprints."""
         refs = self.fingerprint_refs
-        drained = np.asarray(ops.slot_fingerprint, np.int64).view(np.uint64)
-        delivered = np.array([value is not None for value in self.fingerprints], bool)
-        taken = np.array([value or 0 for value in self.fingerprints], np.uint64)
-        index = np.where(refs >= 0, refs, len(drained) - 2 - refs)
+        values = np.asarray(ops.slot_fingerprint, np.int64).view(np.uint64)[np.maximum(refs, 0)]
         missing = refs == -1
-        missing[refs <= -2] |= ~delivered[-2 - refs[refs <= -2]]
-        whole = _hex_digits(np.concatenate([drained, taken]))
-        return whole.take(pa.array(np.where(missing, 0, index), _INT, mask=missing))
+        taken = np.flatnonzero(refs <= -2)
+        if taken.size:  # taken at the flush (rare): None where it was not delivered
+            delivered = [self.fingerprints[entry] for entry in (-2 - refs[taken]).tolist()]
+            values[taken] = np.array([value or 0 for value in delivered], np.uint64)
+            missing[taken] = [value is None for value in delivered]
+        return _hex_digits(values, missing)
 
 
 @functools.cache
@@ -266,16 +267,19 @@ def _complex(pair: dict[str, Any]) -> Any:
     return complex(*pair["complex"]) if pair.keys() == {"complex"} else pair
 
 
-_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
-_NIBBLES = np.arange(60, -4, -4, dtype=np.uint64)
-"""The shifts of a 64-bit word's nibbles, most significant first."""
+_HEX_PAIRS = np.array([ord(f"{byte:02x}"[0]) | ord(f"{byte:02x}"[1]) << 8 for byte in range(256)], "<u2")
+"""Each byte's two hex digits, as the two bytes (in memory order) of a little-endian ``uint16``."""
 
 
-def _hex_digits(values: np.ndarray) -> pa.Array:
-    """``checksum.hex_digits`` of each unsigned 64-bit value, as one string column (no Python per value)."""
-    digits = _HEX[((values[:, None] >> _NIBBLES) & np.uint64(15)).astype(np.intp)]
+def _hex_digits(values: np.ndarray, missing: np.ndarray) -> pa.Array:
+    """``checksum.hex_digits`` of each unsigned 64-bit value, as one string column (no Python per
+    value): its bytes most significant first, each spelled by a table; ``missing`` rows are null."""
+    digits = _HEX_PAIRS[values.astype(">u8").view(np.uint8)]
     offsets = np.arange(0, 16 * (len(values) + 1), 16, dtype=np.int32)
-    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(digits).tobytes()))
+    valid = pa.py_buffer(np.packbits(~missing, bitorder="little")) if missing.any() else None
+    return pa.StringArray.from_buffers(
+        len(values), pa.py_buffer(offsets), pa.py_buffer(digits.tobytes()), valid, int(missing.sum())
+    )
 
 
 def _by_code(texts: pa.Array, codes: np.ndarray) -> pa.Array:

@@ -93,6 +93,7 @@ class RecordFile:
     def close(self, end: bool = True) -> None:
         """Close the file; ``end``: after the stream's end marker (not after a failed write, whose
         message may be cut short: the file then ends as a crash leaves it)."""
+        self._encoded.clear()  # the last batch's columns, held for the next: none comes
         try:
             if end:
                 self._stream.close()

@@ -664,6 +664,7 @@ def test_a_column_made_of_the_memory_encoded_last_takes_that_encoding_and_a_new_
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from torchdebug.store import _record_file
     from torchdebug.store._record_columns import SCHEMA, records_batch
     from torchdebug.store._record_file import RecordFile, read_records
 
@@ -681,7 +682,14 @@ def test_a_column_made_of_the_memory_encoded_last_takes_that_encoding_and_a_new_
     assert len(encoded) == encodes  # nothing encoded again
     file.append(renamed)
     assert len(encoded) == encodes + 1  # its names alone
+    monkeypatch.setattr(_record_file, "BATCH_ROWS", 2)
+    file.append(first)  # two messages: the second's columns are held too
+    assert {offset for _, offset in file._encoded} == {0, 2}
+    file.append(first.slice(0, 2))  # one: the larger batch's columns at offset 2 are let go
+    assert {offset for _, offset in file._encoded} == {0}
     file.close()
+    assert not file._encoded
     table, truncated = read_records(path)
     assert not truncated
-    assert table.column("name").to_pylist() == [r.name for r in [_record(i) for i in range(3)]] * 2 + ["x0", "x1", "x2"]
+    names = [r.name for r in [_record(i) for i in range(3)]]
+    assert table.column("name").to_pylist() == names * 2 + ["x0", "x1", "x2"] + names + names[:2]

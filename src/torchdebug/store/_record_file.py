@@ -67,18 +67,24 @@ class RecordFile:
         self._sink = pa.OSFile(str(path), "wb")  # unbuffered: each message reaches the OS as it is written
         self._stream = ipc.new_stream(self._sink, STORED_SCHEMA, options=_OPTIONS)
         self._encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]] = {}
-        """By (column, offset in the batch): the last column encoded there, and its encoding."""
+        """By (column, offset in the batch): the last batch's column there, and its encoding (of
+        the last batch only: an earlier, larger batch's columns are not held)."""
 
     def append(self, batch: pa.RecordBatch) -> None:
         """Write one batch of :data:`SCHEMA`, as messages of at most :data:`BATCH_ROWS` records
         (pyarrow encodes, compresses and writes each with the GIL released)."""
+        encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]] = {}
         for offset in range(0, max(batch.num_rows, 1), BATCH_ROWS):
-            self._stream.write_batch(self._stored(batch.slice(offset, BATCH_ROWS), offset))
+            self._stream.write_batch(self._stored(batch.slice(offset, BATCH_ROWS), offset, encoded))
+        self._encoded = encoded
 
-    def _stored(self, batch: pa.RecordBatch, offset: int) -> pa.RecordBatch:
+    def _stored(
+        self, batch: pa.RecordBatch, offset: int, encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]]
+    ) -> pa.RecordBatch:
         """``batch`` in :data:`STORED_SCHEMA`. A column made of the same memory as the one encoded
         at its place in the last batch (a steady step's names, which the native path makes once:
-        ``FixedColumns``) takes that encoding again; the last one is held, so its memory is not reused."""
+        ``FixedColumns``) takes that encoding again; ``encoded`` gets this batch's, held until the
+        next batch so that their memory is not reused meanwhile."""
         columns = batch.columns
         for index in _ENCODED:
             column, key = columns[index], (index, offset)
@@ -87,7 +93,7 @@ class RecordFile:
                 columns[index] = last[1]
             else:
                 columns[index] = pc.dictionary_encode(column)
-                self._encoded[key] = (column, columns[index])
+            encoded[key] = (column, columns[index])
         return pa.RecordBatch.from_arrays(columns, schema=STORED_SCHEMA)
 
     def close(self, end: bool = True) -> None:

@@ -5,6 +5,7 @@ each fingerprint as ``hex_digits`` does, by reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from array import array
@@ -57,7 +58,13 @@ def test_the_statistics_column_takes_each_slots_by_reference_sums_none_or_taken_
     column, odd = columns._stats_column(drained)
     finished = [stats_from_sums(row, count) for row, count in SUMS]
     assert column.to_pylist()[:7] == [finished[3], None, finished[0], taken, finished[5], finished[0], None]
+    assert [column.field(key)[row].as_py() for key in ("max", "nan") for row in (1, 6)] == [None] * 4  # nothing under a null row
     assert odd == {7: {"stats": huge}}  # kept whole beside the column
+    summed = dataclasses.replace(columns, stats_refs=np.array([3, -1, 0, -1], np.int64), stats=[])
+    column, _ = summed._stats_column(drained)
+    assert column.to_pylist() == [finished[3], None, finished[0], None]
+    stored = [np.frombuffer(column.field(key).buffers()[1], np.int64)[[1, 3]] for key in ("max", "nan")]
+    assert all((values == 0).all() for values in stored)  # a row without sums stores zeros: they compress best
 
 
 def test_the_elements_of_each_drained_slot_are_its_sizes_product_and_one_for_no_sizes():
@@ -87,7 +94,9 @@ def test_the_checksum_column_holds_each_slots_fingerprint_by_reference_as_hex_di
         unread_codes=unused,
         unread=no_text,
     )
-    got = columns._checksum_column(SimpleNamespace(slot_fingerprint=array("q", drained))).to_pylist()
+    column = columns._checksum_column(SimpleNamespace(slot_fingerprint=array("q", drained)))
+    assert column.buffers()[2].size == 16 * (len(refs) - 2)  # the null rows hold no digits on disk
+    got = column.to_pylist()
     unsigned = [value & 0xFFFFFFFFFFFFFFFF for value in drained]
     expected = [hex_digits(unsigned[3]), hex_digits(0), None, hex_digits(unsigned[2]), hex_digits(unsigned[4])]
     assert got == [*expected, "fedcba9876543210", None, "0000000000000001"]  # an entry not delivered: none

@@ -205,8 +205,10 @@ class SlotColumns:
         taken at the flush (rare: tensors the callback did not sum) replace their rows after."""
         refs = self.stats_refs
         sums = np.asarray(ops.stats, np.float64).reshape(-1, WIDTH)
-        rows = np.maximum(refs, 0)  # a row without sums reads the first (masked)
-        column = _from_sums(sums[rows], _numel(ops.shape, ops.slot_ndim)[rows], refs < 0)
+        rows = np.maximum(refs, 0)
+        gathered = sums[rows]
+        gathered[refs < 0] = 0  # a row without sums: null, its (unused) values zeros, which compress best
+        column = _from_sums(gathered, _numel(ops.shape, ops.slot_ndim)[rows], refs < 0)
         if not self.stats:
             return column, {}
         odd_dicts: dict[int, dict[str, Any]] = {}
@@ -273,10 +275,13 @@ _HEX_PAIRS = np.array([ord(f"{byte:02x}"[0]) | ord(f"{byte:02x}"[1]) << 8 for by
 
 def _hex_digits(values: np.ndarray, missing: np.ndarray) -> pa.Array:
     """``checksum.hex_digits`` of each unsigned 64-bit value, as one string column (no Python per
-    value): its bytes most significant first, each spelled by a table; ``missing`` rows are null."""
-    digits = _HEX_PAIRS[values.astype(">u8").view(np.uint8)]
-    offsets = np.arange(0, 16 * (len(values) + 1), 16, dtype=np.int32)
-    valid = pa.py_buffer(np.packbits(~missing, bitorder="little")) if missing.any() else None
+    value): its bytes most significant first, each spelled by a table; ``missing`` rows are null
+    (and empty)."""
+    present = ~missing
+    digits = _HEX_PAIRS[values[present].astype(">u8").view(np.uint8)]
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(16 * present, out=offsets[1:])
+    valid = pa.py_buffer(np.packbits(present, bitorder="little")) if missing.any() else None
     return pa.StringArray.from_buffers(
         len(values), pa.py_buffer(offsets), pa.py_buffer(digits.tobytes()), valid, int(missing.sum())
     )
@@ -338,14 +343,14 @@ def _from_sums(sums: np.ndarray, numel: np.ndarray, absent: np.ndarray) -> pa.St
     """``stats_from_sums`` of each row's sums (``sums[row]`` over ``numel[row]`` elements), as the
     statistics column holds it: mean and norm of the non-NaN values, the four value statistics
     empty when there is none (and the mean when it is NaN), the counts as ints; rows ``absent``
-    marks are null (their sums are garbage)."""
+    marks are null, their fields too (their sums are not read)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         counts = sums[:, FIRST_COUNT:].astype(np.int64)
         valid = numel - counts[:, _NAN - FIRST_COUNT]
         mean = sums[:, _SUM] / valid
         norm = np.sqrt(sums[:, _SQUARES])
-    none = valid == 0
+    none = (valid == 0) | absent
     values = (sums[:, 0], sums[:, 1], mean, norm)
     children = [pa.array(value, pa.float64(), mask=none | np.isnan(mean) if i == 2 else none) for i, value in enumerate(values)]
-    children += [pa.array(counts[:, i], _INT) for i in range(counts.shape[1])]
+    children += [pa.array(counts[:, i], _INT, mask=absent) for i in range(counts.shape[1])]
     return pa.StructArray.from_arrays(children, fields=list(STATS_TYPE), mask=pa.array(absent))

@@ -14,7 +14,7 @@ import fnmatch
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -85,11 +85,12 @@ class _Budget:
 _budget: _Budget | None = None
 
 
-def charge(path: Path, nbytes: int) -> None:
+def charge(path: Path, nbytes: int | Callable[[], int]) -> None:
     """Count a write of ``nbytes`` to ``path`` against the budget of :func:`failing_writes`, which
-    raises the chosen ``OSError`` once the budget is spent (no-op outside it)."""
+    raises the chosen ``OSError`` once the budget is spent (no-op outside it; a callable, a size
+    that takes a pass to count, is called only inside it)."""
     if _budget is not None:
-        _budget.take(path, nbytes)
+        _budget.take(path, nbytes() if callable(nbytes) else nbytes)
 
 
 def freed(path: Path, nbytes: int) -> None:

@@ -20,6 +20,7 @@ their decompressed columns. Any Arrow reader opens the file (``pyarrow.ipc.open_
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections.abc import Iterator
@@ -38,7 +39,10 @@ __all__ = ["STORED_SCHEMA", "RecordFile", "RecordStream", "read_records", "recor
 
 logger = logging.getLogger("torchdebug.store._record_file")
 
-_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+_OPTIONS = ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+"""LZ4, compressed on the writer's thread, not on Arrow's thread pool (which took more CPU to hand
+the columns over than to compress them): ``docs/architecture.md``, "Decisions and their reasons"
+("Records on disk")."""
 _DISTINCT = frozenset({"checksum", "tensor_key"})
 """String columns whose values differ record by record: stored as they are."""
 STORED_SCHEMA = pa.schema(
@@ -91,6 +95,8 @@ class RecordFile:
             last = self._encoded.get(key)
             if last is not None and _same_memory(column, last[0]):
                 columns[index] = last[1]
+            elif column.null_count == len(column):  # mostly none (node, extra, json_fields): no hashing
+                columns[index] = pa.DictionaryArray.from_arrays(pa.nulls(len(column), pa.int32()), _no_strings())
             else:
                 columns[index] = pc.dictionary_encode(column)
             encoded[key] = (column, columns[index])
@@ -105,6 +111,13 @@ class RecordFile:
                 self._stream.close()
         finally:
             self._sink.close()
+
+
+@functools.cache
+def _no_strings() -> pa.Array:
+    """The dictionary of a column of nulls (made on first use: an Arrow array made at import loads
+    pandas, through pyarrow's shim)."""
+    return pa.array([], pa.string())
 
 
 def _same_memory(column: pa.Array, other: pa.Array) -> bool:

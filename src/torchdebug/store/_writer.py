@@ -555,7 +555,7 @@ class RankWriter:
                 self._stacks.write(job.stacks)
             if job.columns is not None:
                 path = self.rank_dir / layout.RECORDS
-                charge(path, job.columns.nbytes)
+                charge(path, lambda: job.columns.nbytes)
                 self._records.append(job.columns)
         except BaseException as error:
             self._count_unwritten(count)

@@ -69,6 +69,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -208,9 +209,13 @@ void json_double(std::string& out, double value) {
     out += value > 0 ? "Infinity" : "-Infinity";
   } else {
     char text[32];
-    std::snprintf(text, sizeof(text), "%.17g", value);
-    out += text;
-    if (std::strpbrk(text, ".e") == nullptr) out += ".0";
+#if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
+    auto* end = std::to_chars(text, text + sizeof(text), value).ptr;  // the shortest text that reads back as it
+#else  // a library without floating-point to_chars (before GCC 11): 17 digits read back as well, slower
+    auto* end = text + std::snprintf(text, sizeof(text), "%.17g", value);
+#endif
+    out.append(text, end);
+    if (std::find_first_of(text, end, ".e", ".e" + 2) == end) out += ".0";
   }
 }
 

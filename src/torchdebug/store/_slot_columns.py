@@ -250,8 +250,9 @@ def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _value_text(text: str) -> str:
-    """The observer's JSON text of a value (``observer.cpp``: floats with 17 digits, complex numbers
-    as ``{"complex": [real, imag]}``) as ``CaptureSession`` writes the Python value: ``json_value``, then ``json_text``.
+    """The observer's JSON text of a value (``observer.cpp``: a float in the fewest digits that read
+    back as it, a complex number as ``{"complex": [real, imag]}``) as ``CaptureSession`` writes the
+    Python value: ``json_value``, then ``json_text``.
     A float alone (the observer writes one with a point, an exponent, or as ``NaN``, ``Infinity``;
     an optimizer's step sizes are new texts every step) is read with ``float``, as ``json`` would."""
     if text[:1] in _NUMBER_STARTS and ("." in text or "e" in text or text in _NOT_FINITE):

@@ -31,7 +31,7 @@ SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
 
 
 def test_statistics_from_sums_in_one_pass_equal_stats_from_sums_bit_for_bit():
-    sums = np.array([row for row, _ in SUMS], np.float64)
+    sums = np.array([row for row, _ in SUMS], np.float64).T.copy()  # a field a row, as _stats_column gathers them
     numel = np.array([count for _, count in SUMS], np.int64)
     column = _from_sums(sums, numel, np.zeros(len(SUMS), bool)).to_pylist()
     for (row, count), got in zip(SUMS, column):

@@ -184,9 +184,9 @@ class SlotColumns:
             "step": pa.repeat(pa.scalar(step, _INT), count),
             "seq": pa.array(np.asarray(seqs, np.int64)[rows], _INT),
             "capture_error": _by_code(self.errors, self.error_codes),
-            "value_id": pa.array(self.value_ids, _INT, mask=values),
-            "version": pa.array(versions, _INT, mask=versions < 0),
-            "view_of": pa.array(self.view_of, _INT, mask=self.view_of < 0),
+            "value_id": _masked(_INT, np.asarray(self.value_ids, np.int64), values),
+            "version": _masked(_INT, versions, versions < 0),
+            "view_of": _masked(_INT, np.asarray(self.view_of, np.int64), self.view_of < 0),
             "extra": _by_code(self.unread, self.unread_codes),
         }
         if self.overrides is not None:
@@ -206,8 +206,8 @@ class SlotColumns:
         refs = self.stats_refs
         sums = np.asarray(ops.stats, np.float64).reshape(-1, WIDTH)
         rows = np.maximum(refs, 0)
-        gathered = sums[rows]
-        gathered[refs < 0] = 0  # a row without sums: null, its (unused) values zeros, which compress best
+        gathered = np.take(sums, rows, axis=0).T.copy()  # a row of each field's sums: each an Arrow buffer
+        gathered[:, refs < 0] = 0  # a row without sums: null, its (unused) values zeros, which compress best
         column = _from_sums(gathered, _numel(ops.shape, ops.slot_ndim)[rows], refs < 0)
         if not self.stats:
             return column, {}
@@ -341,17 +341,31 @@ def _numel(shape: Any, ndim: Any) -> np.ndarray:
 
 
 def _from_sums(sums: np.ndarray, numel: np.ndarray, absent: np.ndarray) -> pa.StructArray:
-    """``stats_from_sums`` of each row's sums (``sums[row]`` over ``numel[row]`` elements), as the
-    statistics column holds it: mean and norm of the non-NaN values, the four value statistics
-    empty when there is none (and the mean when it is NaN), the counts as ints; rows ``absent``
-    marks are null, their fields too (their sums are not read)."""
+    """``stats_from_sums`` of each row's sums (``sums[:, row]``, a field's sums a row, over
+    ``numel[row]`` elements), as the statistics column holds it: mean and norm of the non-NaN
+    values, the four value statistics empty when there is none (and the mean when it is NaN), the
+    counts as ints; rows ``absent`` marks are null, their fields too (their sums are not read). Each
+    field's values are an Arrow buffer as they are, with one of three validity bitmaps."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        counts = sums[:, FIRST_COUNT:].astype(np.int64)
-        valid = numel - counts[:, _NAN - FIRST_COUNT]
-        mean = sums[:, _SUM] / valid
-        norm = np.sqrt(sums[:, _SQUARES])
+        counts = sums[FIRST_COUNT:].astype(np.int64)
+        valid = numel - counts[_NAN - FIRST_COUNT]
+        mean = sums[_SUM] / valid
+        norm = np.sqrt(sums[_SQUARES])
     none = (valid == 0) | absent
-    values = (sums[:, 0], sums[:, 1], mean, norm)
-    children = [pa.array(value, pa.float64(), mask=none | np.isnan(mean) if i == 2 else none) for i, value in enumerate(values)]
-    children += [pa.array(counts[:, i], _INT, mask=absent) for i in range(counts.shape[1])]
+    values = (sums[0], sums[1], mean, norm)
+    masks = [none, none, none | np.isnan(mean), none]
+    children = [_masked(pa.float64(), value, mask) for value, mask in zip(values, masks)]
+    present = _validity(absent)
+    children += [pa.Array.from_buffers(_INT, len(absent), [present, pa.py_buffer(count)]) for count in counts]
     return pa.StructArray.from_arrays(children, fields=list(STATS_TYPE), mask=pa.array(absent))
+
+
+def _validity(mask: np.ndarray) -> pa.Buffer | None:
+    """Arrow's validity bitmap of the rows ``mask`` does not mark (``None``: all valid)."""
+    return pa.py_buffer(np.packbits(~mask, bitorder="little")) if mask.any() else None
+
+
+def _masked(kind: pa.DataType, values: np.ndarray, mask: np.ndarray) -> pa.Array:
+    """``values`` (of ``kind``'s width) as an Arrow array of ``kind``, null where ``mask`` is true,
+    without a copy where they are contiguous."""
+    return pa.Array.from_buffers(kind, len(values), [_validity(mask), pa.py_buffer(np.ascontiguousarray(values))])

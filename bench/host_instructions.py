@@ -84,11 +84,17 @@ def _counted(mode: str, blocks: int, folder: Path) -> tuple[int, dict[str, int]]
     listing = subprocess.run(
         ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)], check=True, capture_output=True, text=True
     ).stdout
+    return parts_of(listing)
+
+
+def parts_of(listing: str) -> tuple[int, dict[str, int]]:
+    """The program's instructions and those of each of :data:`PARTS`, from ``callgrind_annotate
+    --inclusive=yes``'s listing (a recursive call's line, ``name'2``, is inside its first's)."""
     total = int(re.search(r"^([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", listing, re.MULTILINE).group(1).replace(",", ""))
     parts = dict.fromkeys(PARTS, 0)
     for line in listing.splitlines():
         match = _LINE.match(line)
-        if match is None or match.group(2).endswith("'2"):  # a recursive call's cycle: counted at its first entry
+        if match is None or match.group(2).endswith("'2"):
             continue
         for part, patterns in PARTS.items():
             if any(re.search(pattern, match.group(2)) for pattern in patterns):

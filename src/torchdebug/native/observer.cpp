@@ -1140,8 +1140,7 @@ std::vector<std::string> frame_ops;
 // torch's gather does not (CapturedTraceback::Python::canGather, torch 2.11 through 2.14).
 int64_t python_frames(bool wanted) {
   if (!wanted || !Py_IsInitialized()) return -1;
-  thread_local std::vector<int64_t> frames_key;
-  auto& key = frames_key;  // the thread's vector found once: each use of a thread_local may look it up again
+  thread_local std::vector<int64_t> key;
   bool lines = positions_are_lines.load(std::memory_order_relaxed);
   key.assign(1, lines ? 1 : 0);
   bool python_thread = PyGILState_Check() == 1 || PyGILState_GetThisThreadState() != nullptr;

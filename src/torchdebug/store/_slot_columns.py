@@ -184,9 +184,9 @@ class SlotColumns:
             "step": pa.repeat(pa.scalar(step, _INT), count),
             "seq": pa.array(np.asarray(seqs, np.int64)[rows], _INT),
             "capture_error": _by_code(self.errors, self.error_codes),
-            "value_id": _masked(_INT, np.asarray(self.value_ids, np.int64), values),
+            "value_id": _masked(_INT, self.value_ids, values),
             "version": _masked(_INT, versions, versions < 0),
-            "view_of": _masked(_INT, np.asarray(self.view_of, np.int64), self.view_of < 0),
+            "view_of": _masked(_INT, self.view_of, self.view_of < 0),
             "extra": _by_code(self.unread, self.unread_codes),
         }
         if self.overrides is not None:
@@ -282,9 +282,8 @@ def _hex_digits(values: np.ndarray, missing: np.ndarray) -> pa.Array:
     digits = _HEX_PAIRS[values[present].astype(">u8").view(np.uint8)]
     offsets = np.zeros(len(values) + 1, np.int32)
     np.cumsum(16 * present, out=offsets[1:])
-    valid = pa.py_buffer(np.packbits(present, bitorder="little")) if missing.any() else None
     return pa.StringArray.from_buffers(
-        len(values), pa.py_buffer(offsets), pa.py_buffer(digits.tobytes()), valid, int(missing.sum())
+        len(values), pa.py_buffer(offsets), pa.py_buffer(digits.tobytes()), _validity(missing), int(missing.sum())
     )
 
 
@@ -366,6 +365,7 @@ def _validity(mask: np.ndarray) -> pa.Buffer | None:
 
 
 def _masked(kind: pa.DataType, values: np.ndarray, mask: np.ndarray) -> pa.Array:
-    """``values`` (of ``kind``'s width) as an Arrow array of ``kind``, null where ``mask`` is true,
-    without a copy where they are contiguous."""
-    return pa.Array.from_buffers(kind, len(values), [_validity(mask), pa.py_buffer(np.ascontiguousarray(values))])
+    """``values`` as an Arrow array of ``kind`` (a number type), null where ``mask`` is true, without
+    a copy where they are contiguous and of its width."""
+    data = np.ascontiguousarray(values, kind.to_pandas_dtype())
+    return pa.Array.from_buffers(kind, len(data), [_validity(mask), pa.py_buffer(data)])

@@ -80,7 +80,10 @@ def _counted(mode: str, blocks: int, folder: Path) -> tuple[int, dict[str, int]]
     out = folder / f"{mode.replace('/', '_').replace(' ', '_')}.{blocks}.out"
     command = ["valgrind", "--tool=callgrind", "--cache-sim=no", f"--callgrind-out-file={out}"]
     command += [sys.executable, __file__, "--child", mode, "--blocks", str(blocks)]
-    subprocess.run(command, check=True, capture_output=True)
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode != 0:  # one line: the child's last words
+        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"host_instructions: the {mode!r} process under callgrind failed ({run.returncode}): {last}")
     listing = subprocess.run(
         ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)], check=True, capture_output=True, text=True
     ).stdout

@@ -14,16 +14,16 @@ Ir
 --------------------------------------------------------------------------------
 Ir                        file:function
 --------------------------------------------------------------------------------
-9,000 (90.0%)  /tmp/Python-3.11.7/Python/ceval.c:_PyEval_EvalFrameDefault'2 [/lib/libpython3.11.so.1.0]
-1,200 (12.0%)  ???:(anonymous namespace)::on_enter(at::RecordFunction const&) [/c/observer.so]
-  800 ( 8.0%)  ???:(anonymous namespace)::on_exit(at::RecordFunction const&, at::ObserverContext*) [/c/observer.so]
-  100 ( 1.0%)  ???:(anonymous namespace)::on_exit(at::RecordFunction const&, at::ObserverContext*)'2 [/c/observer.so]
-  300 ( 3.0%)  ???:td_stats_f32 [/root/.cache/torchdebug/b/stats.so]
-   50 ( 0.5%)  ???:td_stats_i64 [/root/.cache/torchdebug/b/stats.so]
-  200 ( 2.0%)  ???:(anonymous namespace)::python_frames(bool) [/c/observer.so]
-  150 ( 1.5%)  ???:(anonymous namespace)::json_value(std::string&, c10::IValue const&) [/x/observer.so]
-  400 ( 4.0%)  ???:ffi_call [/usr/lib/x86_64-linux-gnu/libffi.so.8.1.2]
-  600 ( 6.0%)  ???:arrow::ipc::internal::IpcFormatWriter::WriteRecordBatch(arrow::RecordBatch const&) [/x/libarrow.so.2600]
+9,000 (90.0%)  Python/ceval.c:_PyEval_EvalFrameDefault'2 [libpython3.11.so.1.0]
+1,200 (12.0%)  ???:(anonymous namespace)::on_enter(at::RecordFunction const&) [observer.so]
+  800 ( 8.0%)  ???:(anonymous namespace)::on_exit(at::RecordFunction const&, at::ObserverContext*) [observer.so]
+  100 ( 1.0%)  ???:(anonymous namespace)::on_exit(at::RecordFunction const&, at::ObserverContext*)'2 [observer.so]
+  300 ( 3.0%)  ???:td_stats_f32 [stats.so]
+   50 ( 0.5%)  ???:td_stats_i64 [stats.so]
+  200 ( 2.0%)  ???:(anonymous namespace)::python_frames(bool) [observer.so]
+  150 ( 1.5%)  ???:(anonymous namespace)::json_value(std::string&, c10::IValue const&) [observer.so]
+  400 ( 4.0%)  ???:ffi_call [libffi.so.8.1.2]
+  600 ( 6.0%)  ???:arrow::ipc::internal::IpcFormatWriter::WriteRecordBatch(arrow::RecordBatch const&) [libarrow.so.2600]
 """
 
 

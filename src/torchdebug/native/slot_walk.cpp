@@ -77,13 +77,16 @@ struct Memory {
   bool operator==(const Memory&) const = default;
 };
 
-struct MemoryHash {
-  size_t operator()(const Memory& memory) const {
+template <>
+struct MapKey<Memory> {  // a memory as an AddressMap key: no storage address is INT64_MIN
+  static Memory empty() { return Memory{INT64_MIN}; }
+  static bool is_empty(const Memory& memory) { return memory.storage == INT64_MIN; }
+  static uint64_t hash(const Memory& memory) {
     uint64_t hash = static_cast<uint64_t>(memory.storage) * 0x9E3779B97F4A7C15ULL;
     hash = (hash ^ static_cast<uint64_t>(memory.offset)) * 0x100000001B3ULL + (hash >> 29);
     uint64_t rest = static_cast<uint64_t>(static_cast<uint32_t>(memory.shape)) << 16 |
                     static_cast<uint64_t>(static_cast<uint8_t>(memory.dtype)) << 1 | (memory.partial ? 1 : 0);
-    return static_cast<size_t>((hash ^ rest) * 0x9E3779B97F4A7C15ULL);
+    return hash ^ rest;
   }
 };
 
@@ -92,15 +95,22 @@ class Shapes {
  public:
   int32_t id(const int64_t* sizes, int ndim) {
     std::string_view key(reinterpret_cast<const char*>(sizes), static_cast<size_t>(ndim) * sizeof(int64_t));
+    if (key == last_) return last_id_;  // most slots have the shape of the slot before (no hash)
     auto found = ids_.find(key);
-    if (found != ids_.end()) return found->second;
-    auto& stored = stored_.emplace_back(key);  // a deque: the views into it stay valid
-    return ids_.emplace(std::string_view(stored), static_cast<int32_t>(ids_.size())).first->second;
+    if (found == ids_.end()) {
+      auto& stored = stored_.emplace_back(key);  // a deque: the views into it stay valid
+      found = ids_.emplace(std::string_view(stored), static_cast<int32_t>(ids_.size())).first;
+    }
+    last_ = found->first;
+    last_id_ = found->second;
+    return last_id_;
   }
 
  private:
   std::deque<std::string> stored_;
   std::unordered_map<std::string_view, int32_t> ids_;
+  std::string_view last_{"\xff", 1};  // the last shape asked (a key no shape has: not a multiple of 8 bytes)
+  int32_t last_id_ = -1;
 };
 
 struct Value {
@@ -165,12 +175,12 @@ struct Pairing {
   int64_t next = kNone;      // where the next pair is looked for; kNone until the region's start is known
   int64_t before = kNone;    // the forward call that made that node
 
-  const Call* pair(const std::vector<Call>& log, const std::unordered_map<int64_t, Call>& made_by, int64_t key, int32_t op,
+  const Call* pair(const std::vector<Call>& log, const AddressMap<Call>& made_by, int64_t key, int32_t op,
                    int64_t module, bool reentrant) {
     if (key != node) {
       auto made = made_by.find(key);
       node = key;
-      before = made != made_by.end() ? made->second.index : kNone;
+      before = made != nullptr ? made->second.index : kNone;
       next = reentrant ? before : kNone;
     }
     auto size = static_cast<int64_t>(log.size());
@@ -201,17 +211,17 @@ struct Pairing {
 };
 
 struct Walk {
-  std::unordered_map<int32_t, OpFacts> ops;
+  AddressMap<OpFacts> ops;  // by observer op id
   Shapes shapes;
-  std::unordered_map<uint64_t, int64_t> calls;  // this step: calls so far by (phase, module, op)
-  std::unordered_map<int64_t, Call> made_by;    // this step's forward rows
+  AddressMap<int64_t> calls;  // this step: calls so far by (phase, module, op)
+  AddressMap<Call> made_by;   // this step's forward rows
   std::vector<Call> log;                        // this step's forward calls, in order
   Pairing pairing;
   std::unordered_map<int64_t, int64_t> rebuilt;  // recompute.py's RebuiltTensors: address → the module that made it
   std::unordered_set<int64_t> rebuilds;  // the last drain's rows (by index) whose output is a tensor a checkpoint rebuilt
-  std::unordered_map<Memory, int64_t, MemoryHash> unpacks;  // this step: the memory of each such tensor → its address
+  AddressMap<int64_t, Memory> unpacks;  // this step: the memory of each such tensor → its address
   AddressMap<Known> at;
-  std::unordered_map<Memory, Value, MemoryHash> made_in;  // this step: the value first made in a memory
+  AddressMap<Value, Memory> made_in;  // this step: the value first made in a memory
   AddressMap<Seen> seen;  // this step, by address
   AddressMap<bool> unwritten;  // storages of allocations nothing has written since (a set)
   AddressMap<int64_t> summed_in;  // this step: storage → its version after the engine's in-place sum
@@ -518,7 +528,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
       }
       uint64_t key = (static_cast<uint64_t>(module + 1) << 32) ^ (static_cast<uint64_t>(row_op[row]) << 2) ^
                      static_cast<uint64_t>(phase);
-      int64_t call = state.calls[key]++;
+      int64_t call = state.calls[static_cast<int64_t>(key)]++;
       out_phase[row] = phase;
       out_module[row] = module;
       out_call[row] = call;
@@ -535,7 +545,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
           state.made_by.try_emplace(row_made[row], own);
         }
       } else if (phase == kRecompute && !detach) {  // a backward row's seq is the node run: its own comes after the last made
-        const Call& made = from != nullptr ? *from : own;
+        Call made = from != nullptr ? *from : own;  // (a copy: an insert may move made_by's entries)
         if (row_mark[row] & kGradOn) {
           state.made_by[row_made[row] + 1] = made;
         } else if (row_made[row] >= 0) {
@@ -798,8 +808,10 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       }
       // A backward op's input first seen over a rebuilt tensor's memory: what autograd unpacked from it,
       // which a dispatch mode sees through its own detach of the rebuilt tensor, sharing its statistics.
-      auto unpacked = io == 0 && backward && !state.unpacks.empty() && !state.at.contains(address) ? state.unpacks.find(memory)
-                                                                                                    : state.unpacks.end();
+      // Its address (0: none), read now: an insert may move the entries.
+      auto* unpacked_from = io == 0 && backward && !state.unpacks.empty() && !state.at.contains(address) ? state.unpacks.find(memory)
+                                                                                                         : nullptr;
+      int64_t unpacked = unpacked_from != nullptr ? unpacked_from->second : 0;
       auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
       if (io == 0 && first_arg) {
         has_source_value = true;
@@ -824,7 +836,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
                    known != state.seen.end() && state.still(known->second, memory, version)) {
           stats = known->second.stats;  // an output is a new tensor, or written: only an input is known
           fingerprint = known->second.fingerprint;
-        } else if (auto rebuilt = unpacked != state.unpacks.end() ? state.seen.find(unpacked->second) : state.seen.end();
+        } else if (auto rebuilt = unpacked != 0 ? state.seen.find(unpacked) : state.seen.end();
                    rebuilt != state.seen.end() && state.still(rebuilt->second, memory, version)) {
           stats = rebuilt->second.stats;
           fingerprint = rebuilt->second.fingerprint;

@@ -27,6 +27,7 @@ asserted.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -80,7 +81,8 @@ def _counted(mode: str, blocks: int, folder: Path) -> tuple[int, dict[str, int]]
     out = folder / f"{mode.replace('/', '_').replace(' ', '_')}.{blocks}.out"
     command = ["valgrind", "--tool=callgrind", "--cache-sim=no", f"--callgrind-out-file={out}"]
     command += [sys.executable, __file__, "--child", mode, "--blocks", str(blocks)]
-    run = subprocess.run(command, capture_output=True, text=True)
+    # One hash seed: with Python's random one, a dict's order, and so the instructions, move between runs.
+    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     if run.returncode != 0:  # one line: the child's last words
         last = (run.stderr.strip().splitlines() or ["no output"])[-1]
         raise SystemExit(f"host_instructions: the {mode!r} process under callgrind failed ({run.returncode}): {last}")

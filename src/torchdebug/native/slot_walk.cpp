@@ -90,27 +90,29 @@ struct MapKey<Memory> {  // a memory as an AddressMap key: no storage address is
   }
 };
 
-// Shapes by id, so that a memory is a few integers: as many as the run has distinct shapes.
+// Shapes by id, so that a memory is a few integers: as many as the run has distinct shapes. Found by
+// a 63-bit hash of the sizes in an AddressMap (a shape whose hash another took: by its bytes).
 class Shapes {
  public:
   int32_t id(const int64_t* sizes, int ndim) {
     std::string_view key(reinterpret_cast<const char*>(sizes), static_cast<size_t>(ndim) * sizeof(int64_t));
-    if (key == last_) return last_id_;  // most slots have the shape of the slot before (no hash)
+    uint64_t hash = 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(ndim + 1);
+    for (int dim = 0; dim < ndim; ++dim) hash = (hash ^ static_cast<uint64_t>(sizes[dim])) * 0x100000001B3ULL + (hash >> 31);
+    auto hashed = static_cast<int64_t>(hash & INT64_MAX);  // (never AddressMap's empty key)
+    if (auto* found = by_hash_.find(hashed); found != nullptr && stored_[static_cast<size_t>(found->second)] == key) return found->second;
     auto found = ids_.find(key);
     if (found == ids_.end()) {
       auto& stored = stored_.emplace_back(key);  // a deque: the views into it stay valid
       found = ids_.emplace(std::string_view(stored), static_cast<int32_t>(ids_.size())).first;
     }
-    last_ = found->first;
-    last_id_ = found->second;
-    return last_id_;
+    by_hash_.try_emplace(hashed, found->second);
+    return found->second;
   }
 
  private:
-  std::deque<std::string> stored_;
+  std::deque<std::string> stored_;  // by id
   std::unordered_map<std::string_view, int32_t> ids_;
-  std::string_view last_{"\xff", 1};  // the last shape asked (a key no shape has: not a multiple of 8 bytes)
-  int32_t last_id_ = -1;
+  AddressMap<int32_t> by_hash_;
 };
 
 struct Value {

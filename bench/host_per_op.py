@@ -117,27 +117,42 @@ def native_path(mode: str) -> Iterator[None]:
 
 
 def run_block(
-    mode: str, debugger: torchdebug.Debugger | None, model: torch.nn.Module, step: Callable[[], object], block: int
+    mode: str,
+    debugger: torchdebug.Debugger | None,
+    model: torch.nn.Module,
+    step: Callable[[], object],
+    block: int,
+    mark: Callable[[], object] | None = None,
 ) -> None:
-    """``block`` steps of ``mode`` (plain, the empty dispatch mode, or a debugger's capture)."""
+    """``block`` steps of ``mode`` (plain, the empty dispatch mode, or a debugger's capture);
+    ``mark``, if given, is called before each step's start and after its start, step and stop."""
     with native_path(mode):
-        _run_steps(mode, debugger, model, step, block)
+        _run_steps(mode, debugger, model, step, block, mark or (lambda: None))
 
 
 def _run_steps(
-    mode: str, debugger: torchdebug.Debugger | None, model: torch.nn.Module, step: Callable[[], object], block: int
+    mode: str,
+    debugger: torchdebug.Debugger | None,
+    model: torch.nn.Module,
+    step: Callable[[], object],
+    block: int,
+    mark: Callable[[], object],
 ) -> None:
     for _ in range(block):
+        mark()
         if debugger is not None:
             debugger.start(model=model)
+        mark()
         if mode == "dispatch-mode":
             with _EmptyMode():
                 step()
         else:
             step()
+        mark()
         if debugger is not None:
             debugger.stop()
             debugger.step()
+        mark()
     if debugger is not None:
         debugger.flush()
 

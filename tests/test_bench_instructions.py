@@ -1,9 +1,11 @@
-"""``bench/host_instructions.py`` reads callgrind's inclusive listing into its columns."""
+"""``bench/host_instructions.py`` reads callgrind's inclusive listing into its columns, and its dumps into phases."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
+import pytest
 
 LISTING = """\
 --------------------------------------------------------------------------------
@@ -27,11 +29,31 @@ Ir                        file:function
 """
 
 
-def test_the_listing_is_read_into_the_columns_recursive_lines_left_out():
+def _bench():
     path = Path(__file__).resolve().parents[1] / "bench" / "host_instructions.py"
     spec = importlib.util.spec_from_file_location("host_instructions", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_listing_is_read_into_the_columns_recursive_lines_left_out():
+    module = _bench()
     total, parts = module.parts_of(LISTING)
     assert total == 10_000
     assert parts == {"callback": 2_000, "sums": 350, "stacks": 200, "values": 150, "native": 400, "writer": 600}
+
+
+def _dump(count: int) -> str:
+    return f"version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nsummary: {count}\n\nfn=(1) main\n0 {count}\n"
+
+
+def test_the_phases_are_read_from_the_dumps_in_turn_and_a_missing_dump_is_an_error():
+    module = _bench()
+    # dump 1: before the first mark; then per step: start, step, stop, and what ran until the next start
+    counts = (999, 10, 100, 1_000, 7, 20, 200, 2_000)
+    dumps = {number: _dump(count) for number, count in enumerate(counts, start=1)}
+    assert module.phases_of(dumps, 2) == {"start": [10, 20], "step": [100, 200], "stop": [1_000, 2_000]}
+    del dumps[6]
+    with pytest.raises(SystemExit, match="dumps for 2 steps"):
+        module.phases_of(dumps, 2)

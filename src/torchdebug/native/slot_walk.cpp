@@ -99,7 +99,8 @@ class Shapes {
     uint64_t hash = 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(ndim + 1);
     for (int dim = 0; dim < ndim; ++dim) hash = (hash ^ static_cast<uint64_t>(sizes[dim])) * 0x100000001B3ULL + (hash >> 31);
     auto hashed = static_cast<int64_t>(hash & INT64_MAX);  // (never AddressMap's empty key)
-    if (auto* found = by_hash_.find(hashed); found != nullptr && stored_[static_cast<size_t>(found->second)] == key) return found->second;
+    auto* hit = by_hash_.find(hashed);
+    if (hit != nullptr && stored_[static_cast<size_t>(hit->second)] == key) return hit->second;
     auto found = ids_.find(key);
     if (found == ids_.end()) {
       auto& stored = stored_.emplace_back(key);  // a deque: the views into it stay valid
@@ -217,7 +218,7 @@ struct Walk {
   Shapes shapes;
   AddressMap<int64_t> calls;  // this step: calls so far by (phase, module, op)
   AddressMap<Call> made_by;   // this step's forward rows
-  std::vector<Call> log;                        // this step's forward calls, in order
+  std::vector<Call> log;      // this step's forward calls, in order
   Pairing pairing;
   std::unordered_map<int64_t, int64_t> rebuilt;  // recompute.py's RebuiltTensors: address → the module that made it
   std::unordered_set<int64_t> rebuilds;  // the last drain's rows (by index) whose output is a tensor a checkpoint rebuilt
@@ -530,7 +531,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
       }
       uint64_t key = (static_cast<uint64_t>(module + 1) << 32) ^ (static_cast<uint64_t>(row_op[row]) << 2) ^
                      static_cast<uint64_t>(phase);
-      int64_t call = state.calls[static_cast<int64_t>(key)]++;
+      int64_t call = state.calls[static_cast<int64_t>(key)]++;  // (never INT64_MIN: 0 <= module + 1 < 2^31)
       out_phase[row] = phase;
       out_module[row] = module;
       out_call[row] = call;

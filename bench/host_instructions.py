@@ -92,11 +92,12 @@ def _child(mode: str, blocks: int, phases: bool) -> None:
             debugger.close()
 
 
-def _run_child(mode: str, blocks: int, out: Path, options: list[str]) -> None:
-    """Run a child process of ``mode`` under callgrind (``options`` besides), its counts into ``out``."""
-    command = ["valgrind", "--tool=callgrind", "--cache-sim=no", f"--callgrind-out-file={out}", *options]
+def _run_child(mode: str, blocks: int, out: Path, *, phases: bool = False) -> None:
+    """Run a child process of ``mode`` under callgrind, its counts into ``out`` (``phases``: dumped at its marks)."""
+    command = ["valgrind", "--tool=callgrind", "--cache-sim=no", f"--callgrind-out-file={out}"]
+    command += ["--separate-threads=yes", f"--dump-before={_MARK}"] if phases else []
     command += [sys.executable, __file__, "--child", mode, "--blocks", str(blocks)]
-    command += ["--phases"] if options else []
+    command += ["--phases"] if phases else []
     # One hash seed: with Python's random one, a dict's order, and so the instructions, move between runs.
     run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     if run.returncode != 0:  # one line: the child's last words
@@ -111,7 +112,7 @@ def _name(mode: str) -> str:
 def _counted(mode: str, blocks: int, folder: Path) -> tuple[int, dict[str, int]]:
     """The instructions of a child process running ``blocks`` blocks after its warm-up, in all and by :data:`PARTS`."""
     out = folder / f"{_name(mode)}.{blocks}.out"
-    _run_child(mode, blocks, out, [])
+    _run_child(mode, blocks, out)
     listing = subprocess.run(
         ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)], check=True, capture_output=True, text=True
     ).stdout
@@ -138,7 +139,7 @@ def _phased(mode: str, blocks: int, folder: Path) -> dict[str, list[int]]:
     process running ``blocks`` blocks after its warm-up."""
     folder.mkdir()
     out = folder / f"{_name(mode)}.phases.out"
-    _run_child(mode, blocks, out, ["--separate-threads=yes", f"--dump-before={_MARK}"])
+    _run_child(mode, blocks, out, phases=True)
     dumps = {int(path.name[len(out.name) + 1 : -3]): path.read_text() for path in folder.glob(f"{out.name}.*-01")}
     return phases_of(dumps, BLOCK * blocks)
 

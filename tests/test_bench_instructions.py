@@ -57,3 +57,22 @@ def test_the_phases_are_read_from_the_dumps_in_turn_and_a_missing_dump_is_an_err
     del dumps[6]
     with pytest.raises(SystemExit, match="dumps for 2 steps"):
         module.phases_of(dumps, 2)
+
+
+class _Calls:
+    """A stand-in debugger that notes its calls, in order, with the marks and the step's."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: self.calls.append(name)
+
+
+def test_run_block_marks_each_step_before_its_start_and_after_its_start_step_and_stop():
+    from bench.host_per_op import run_block  # (the repository's root is on the path: conftest.py)
+
+    calls: list[str] = []
+    run_block("statistics/op native", _Calls(calls), None, lambda: calls.append("train"), 2, lambda: calls.append("mark"))
+    one = ["mark", "start", "mark", "train", "mark", "stop", "step", "mark"]
+    assert calls == [*one, *one, "flush"]

@@ -1,7 +1,7 @@
 """Instructions eager capture adds per aten op, counted by Valgrind's callgrind: a figure the load of
 a shared machine does not move (issue 48).
 
-    python bench/host_instructions.py [--modes "statistics/op native" ...] [--blocks 2] [--jobs 2] [--phases]
+    python bench/host_instructions.py [--modes "statistics/op native" ...] [--blocks 2] [--jobs 2] [--spans]
 
 Time on a shared virtual machine moves by a third from one minute to the next; instructions do not.
 For plain steps and each mode, two processes run the tiny GPT of ``bench/host_per_op.py`` under
@@ -20,7 +20,7 @@ instructions less the plain steps', over the aten ops of those steps, is what ca
 - ``rest``: the remainder (Python: start, stop, module hooks; numpy and pyarrow; torch's own
   RecordFunction and the boxing of each op's arguments).
 
-``--phases`` runs one more process per mode (and plain), which marks each counted step's phases
+``--spans`` runs one more process per mode (and plain), which marks the spans of each counted step
 with a call Valgrind dumps its counts before (``os.getppid``): the training thread's instructions per
 aten op in ``Debugger.start``, in the step (over the plain step's) and in ``Debugger.stop`` with
 ``Debugger.step`` (the other threads', the writer's, are in the totals only).
@@ -66,17 +66,17 @@ PARTS = {
 _LINE = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(?:\S*?:)?(.*?)(?:\s+\[[^\]]*\])?$")
 
 
-PHASES = ("start", "step", "stop")
-"""What the dumps of a ``--phases`` process hold, in turn from its second: ``run_block`` marks a step
+SPANS = ("start", "step", "stop")
+"""What the dumps of a ``--spans`` process hold, in turn from its second: ``run_block`` marks a step
 four times, the last dump of each step holding what ran from its stop to the next step's start."""
 
 _MARK = "getppid"
 """The C function behind ``os.getppid``: Valgrind dumps the counts of the thread calling it."""
 
 
-def _child(mode: str, blocks: int, phases: bool) -> None:
+def _child(mode: str, blocks: int, spans: bool) -> None:
     """Run a warm-up block then ``blocks`` blocks of ``mode`` (under callgrind, started by the parent);
-    ``phases``: mark the phases of those blocks' steps."""
+    ``spans``: mark the spans of those blocks' steps."""
     torch.set_num_threads(1)
     torchdebug.seed_all(1234)
     model = GPT(CONFIG)
@@ -86,18 +86,18 @@ def _child(mode: str, blocks: int, phases: bool) -> None:
         options = ALL_MODES[mode]
         debugger = torchdebug.Debugger(Path(folder) / "dump", **options) if options is not None else None
         for block in range(1 + blocks):
-            mark = os.getppid if phases and block > 0 else None
+            mark = os.getppid if spans and block > 0 else None
             run_block(mode, debugger, model, lambda: train_step(model, optimizer, batch), BLOCK, mark)
         if debugger is not None:
             debugger.close()
 
 
-def _run_child(mode: str, blocks: int, out: Path, *, phases: bool = False) -> None:
-    """Run a child process of ``mode`` under callgrind, its counts into ``out`` (``phases``: dumped at its marks)."""
+def _run_child(mode: str, blocks: int, out: Path, *, spans: bool = False) -> None:
+    """Run a child process of ``mode`` under callgrind, its counts into ``out`` (``spans``: dumped at its marks)."""
     command = ["valgrind", "--tool=callgrind", "--cache-sim=no", f"--callgrind-out-file={out}"]
-    command += ["--separate-threads=yes", f"--dump-before={_MARK}"] if phases else []
+    command += ["--separate-threads=yes", f"--dump-before={_MARK}"] if spans else []
     command += [sys.executable, __file__, "--child", mode, "--blocks", str(blocks)]
-    command += ["--phases"] if phases else []
+    command += ["--spans"] if spans else []
     # One hash seed: with Python's random one, a dict's order, and so the instructions, move between runs.
     run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     if run.returncode != 0:  # one line: the child's last words
@@ -134,24 +134,24 @@ def parts_of(listing: str) -> tuple[int, dict[str, int]]:
     return total, parts
 
 
-def _phased(mode: str, blocks: int, folder: Path) -> dict[str, list[int]]:
-    """The training thread's instructions in each of :data:`PHASES` of each counted step of a child
+def _spanned(mode: str, blocks: int, folder: Path) -> dict[str, list[int]]:
+    """The training thread's instructions in each of :data:`SPANS` of each counted step of a child
     process running ``blocks`` blocks after its warm-up."""
     folder.mkdir()
-    out = folder / f"{_name(mode)}.phases.out"
-    _run_child(mode, blocks, out, phases=True)
+    out = folder / f"{_name(mode)}.spans.out"
+    _run_child(mode, blocks, out, spans=True)
     dumps = {int(path.name[len(out.name) + 1 : -3]): path.read_text() for path in folder.glob(f"{out.name}.*-01")}
-    return phases_of(dumps, BLOCK * blocks)
+    return spans_of(dumps, BLOCK * blocks)
 
 
-def phases_of(dumps: dict[int, str], steps: int) -> dict[str, list[int]]:
-    """Each of :data:`PHASES` of ``steps`` steps, one count a step, from callgrind's dumps of one
+def spans_of(dumps: dict[int, str], steps: int) -> dict[str, list[int]]:
+    """Each of :data:`SPANS` of ``steps`` steps, one count a step, from callgrind's dumps of one
     thread by their number (the first holds what ran before the first mark)."""
     found = {number: re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE) for number, text in dumps.items()}
     counts = {number: int(match.group(1)) for number, match in found.items() if match is not None}
     if sorted(counts)[: 4 * steps] != list(range(1, 1 + 4 * steps)):
         raise SystemExit(f"host_instructions: {len(counts)} dumps for {steps} steps of 4 marks (was {_MARK} called elsewhere?)")
-    return {phase: [counts[2 + 4 * step + index] for step in range(steps)] for index, phase in enumerate(PHASES)}
+    return {span: [counts[2 + 4 * step + index] for step in range(steps)] for index, span in enumerate(SPANS)}
 
 
 def main() -> None:
@@ -160,11 +160,11 @@ def main() -> None:
     parser.add_argument("--modes", nargs="*", default=["structure/op native", "statistics/op native"], choices=choices)
     parser.add_argument("--blocks", type=positive_int, default=2, help="blocks of 3 steps counted (default 2)")
     parser.add_argument("--jobs", type=positive_int, default=2, help="processes under callgrind at once (default 2)")
-    parser.add_argument("--phases", action="store_true", help="the training thread's count by phase")
+    parser.add_argument("--spans", action="store_true", help="the training thread's count in start, step and stop")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        _child(args.child, args.blocks, args.phases)
+        _child(args.child, args.blocks, args.spans)
         return
     if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
         parser.error("valgrind and callgrind_annotate are not on the PATH (apt install valgrind)")
@@ -178,8 +178,8 @@ def main() -> None:
     modes = ["plain", *args.modes]
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(args.jobs) as pool:
         runs = {(mode, n): pool.submit(_counted, mode, n, Path(folder)) for mode in modes for n in (args.blocks, 2 * args.blocks)}
-        phased = {mode: pool.submit(_phased, mode, args.blocks, Path(folder) / _name(mode)) for mode in modes if args.phases}
-        phases = {mode: future.result() for mode, future in phased.items()}
+        spanned = {mode: pool.submit(_spanned, mode, args.blocks, Path(folder) / _name(mode)) for mode in modes if args.spans}
+        spans = {mode: future.result() for mode, future in spanned.items()}
         counted = {}
         for mode in modes:
             (short, short_parts), (long, long_parts) = runs[mode, args.blocks].result(), runs[mode, 2 * args.blocks].result()
@@ -194,11 +194,11 @@ def main() -> None:
         added = {part: (parts[part] - plain_parts[part]) / ops for part in PARTS}
         added["rest"] = (total - plain) / ops - added["callback"] - added["native"] - added["writer"]
         print(f"{mode:32s} {(total - plain) / ops:8,.0f} " + " ".join(f"{value:8,.0f}" for value in added.values()))
-    if phases:
-        plain_step = statistics.median(phases["plain"]["step"])
+    if spans:
+        plain_step = statistics.median(spans["plain"]["step"])
         print(f"training thread, instructions per aten op (median step)  {'start':>8s} {'step+':>8s} {'stop':>8s}")
         for mode in args.modes:
-            start, step, stop = (statistics.median(phases[mode][phase]) for phase in PHASES)
+            start, step, stop = (statistics.median(spans[mode][span]) for span in SPANS)
             print(f"{mode:55s} {start / per_step:8,.0f} {(step - plain_step) / per_step:8,.0f} {stop / per_step:8,.0f}")
 
 

@@ -1,4 +1,4 @@
-"""``bench/host_instructions.py`` reads callgrind's inclusive listing into its columns, and its dumps into phases."""
+"""``bench/host_instructions.py`` reads callgrind's inclusive listing into its columns, and its dumps into spans."""
 
 from __future__ import annotations
 
@@ -48,15 +48,15 @@ def _dump(count: int) -> str:
     return f"version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nsummary: {count}\n\nfn=(1) main\n0 {count}\n"
 
 
-def test_the_phases_are_read_from_the_dumps_in_turn_and_a_missing_dump_is_an_error():
+def test_the_spans_are_read_from_the_dumps_in_turn_and_a_missing_dump_is_an_error():
     module = _bench()
     # dump 1: before the first mark; then per step: start, step, stop, and what ran until the next start
     counts = (999, 10, 100, 1_000, 7, 20, 200, 2_000)
     dumps = {number: _dump(count) for number, count in enumerate(counts, start=1)}
-    assert module.phases_of(dumps, 2) == {"start": [10, 20], "step": [100, 200], "stop": [1_000, 2_000]}
+    assert module.spans_of(dumps, 2) == {"start": [10, 20], "step": [100, 200], "stop": [1_000, 2_000]}
     del dumps[6]
     with pytest.raises(SystemExit, match="dumps for 2 steps"):
-        module.phases_of(dumps, 2)
+        module.spans_of(dumps, 2)
 
 
 class _Calls:

@@ -122,9 +122,9 @@ class GlobalForwardHooks:
         def on_enter(module: nn.Module, args: tuple) -> None:
             if outside_compiled and is_compiling():  # before the pause: compiled code never reads it
                 return
-            if self._paused or (outside_compiled and self.stands_in(module)):
+            if self._paused or (outside_compiled and self._standing and self.stands_in(module)):
                 return
-            if is_module_wrapper(module):
+            if module._modules and is_module_wrapper(module):  # a leaf wraps nothing: no call
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     if outside_compiled:
                         self._enclosing.append((module, next(iter(module._modules.values()))))
@@ -138,11 +138,11 @@ class GlobalForwardHooks:
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
             if outside_compiled and is_compiling():
                 return
-            if self._paused or (outside_compiled and self.stands_in(module)):
+            if self._paused or (outside_compiled and self._standing and self.stands_in(module)):
                 return
             if self._enclosing and module is self._enclosing[-1][0]:
                 self._enclosing.pop()
-            if is_module_wrapper(module):
+            if module._modules and is_module_wrapper(module):
                 if not (outside_compiled and is_compiled_wrapper(module)):
                     return
                 module = self._standing.pop()[1]

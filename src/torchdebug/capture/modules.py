@@ -160,13 +160,14 @@ class ModuleTracker:
         self._recomputing.reset()
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
-        if not self.inner_entered and not is_compiling():  # traced: it runs compiled
+        traced = not self._outside_compiled and is_compiling()  # outside_compiled: the hooks return while traced
+        if not self.inner_entered and not traced:  # traced: it runs compiled
             self.entered = self.entered or not isinstance(module, GraphModule)  # a compiled graph's own call
             self.inner_entered = id(module) in self._inner
         name = self.name_of(module)
         self._stack.append(name)
         if self.recorder is not None:
-            node = None if is_compiling() else current_autograd_node()  # traced: no op of a graph
+            node = None if traced else current_autograd_node()  # traced: no op of a graph
             recomputed = node is not None and self._recomputing(node, False)
             self.recorder.enter(module, name, args, RECOMPUTE if recomputed else "forward")
 

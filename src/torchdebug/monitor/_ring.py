@@ -67,6 +67,8 @@ class Ring:
         """The address of :attr:`numel`."""
         self._numel_items = memoryview(self.numel).cast("B").cast("d")
         """:attr:`numel` flat, ``position × capacity + slot``: a store costs a third of numpy's."""
+        self._capacity = self.sums.shape[1]
+        """Slots a position holds (numpy's ``shape`` builds a tuple at each read)."""
         self._stale = [False] * window
         """Positions written since their statistics were last finished."""
         self._order: list[int] = []
@@ -94,10 +96,11 @@ class Ring:
                 self._gradients.append(index)
             elif op == LOSS_SCALE_OP:
                 self._scale = index
-            if index >= self.sums.shape[1]:
+            if index >= self._capacity:
                 self.sums, self.numel, self._values = (_doubled(a) for a in (self.sums, self.numel, self._values))
                 self._base, self._numel_base = self.sums.ctypes.data, self.numel.ctypes.data
                 self._numel_items = memoryview(self.numel).cast("B").cast("d")
+                self._capacity = self.sums.shape[1]
         return index
 
     def stage(self, index: int | None) -> int:
@@ -193,9 +196,8 @@ class Ring:
         if position is None:
             return None
         self._stale[position] = True
-        capacity = len(self._numel_items) // self.window
-        self._numel_items[position * capacity + index] = numel
-        return self._base + (position * capacity + index) * _ROW_BYTES
+        self._numel_items[position * self._capacity + index] = numel
+        return self._base + (position * self._capacity + index) * _ROW_BYTES
 
     def rows(self, step: int) -> tuple[int, int] | None:
         """The addresses of slot 0's sums (``WIDTH`` float64) and element count (one float64) at
@@ -205,7 +207,7 @@ class Ring:
         if held is None:
             return None
         position, start = held
-        return start, self._numel_base + position * self.numel.shape[1] * 8
+        return start, self._numel_base + position * self._capacity * 8
 
     def _written(self, step: int) -> tuple[int, int] | None:
         """The position of ``step``, whose rows are about to be written, and the address of its slot
@@ -214,7 +216,7 @@ class Ring:
         if position is None:
             return None
         self._stale[position] = True
-        return position, self._base + position * self.sums.shape[1] * _ROW_BYTES
+        return position, self._base + position * self._capacity * _ROW_BYTES
 
     def put_sums(self, step: int, index: int, sums: list[float], numel: int) -> None:
         """The sums of ``numel`` elements of slot ``index`` at ``step`` (ignored once the step has left the window)."""

@@ -164,7 +164,7 @@ class ModuleTracker:
         if not self.inner_entered and not traced:  # traced: it runs compiled
             self.entered = self.entered or not isinstance(module, GraphModule)  # a compiled graph's own call
             self.inner_entered = id(module) in self._inner
-        name = self.name_of(module)
+        name = self._names.get(id(module)) or self.name_of(module)  # a module seen before: no call
         self._stack.append(name)
         if self.recorder is not None:
             node = None if traced else current_autograd_node()  # traced: no op of a graph

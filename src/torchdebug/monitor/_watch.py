@@ -463,8 +463,10 @@ class Watcher:
         native = self._native
         if found is not None and native is not None and stats_table._resolves_now is _RESOLVES_ON_THE_HOST:
             rows = self.ring.rows(self.step)  # one call does the rest (ring_sums.cpp), or nothing
-            if rows is not None and native.output_sums(tensor, *found, *rows, self._seen):
-                return True
+            if rows is not None:  # the arguments one by one: a starred call builds a list and a tuple
+                (slot, index), (sums_at, numel_at) = found, rows
+                if native.output_sums(tensor, slot, index, sums_at, numel_at, self._seen):
+                    return True
         if not stats_table._resolves_now(tensor) or not tensor.is_floating_point():
             return False
         numel = tensor.numel()

@@ -147,7 +147,8 @@ class GlobalForwardHooks:
                     return
                 module = self._standing.pop()[1]
             if not forward_raised(kwargs_and_output):
-                exit(module, args, *kwargs_and_output)
+                kwargs, output = kwargs_and_output  # one by one: a starred call builds a list and a tuple
+                exit(module, args, kwargs, output)
             elif raised is not None:
                 raised(module)
 

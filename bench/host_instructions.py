@@ -47,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 from bench._args import positive_int  # noqa: E402
+from bench._callgrind import MARK, dump_count, run_counted  # noqa: E402
 from bench.host_per_op import ALL_MODES, BATCH, CONFIG, ops_per_step, run_block  # noqa: E402
 from examples.gpt import GPT, make_batch, train_step  # noqa: E402
 
@@ -70,9 +71,6 @@ SPANS = ("start", "step", "stop")
 """What the dumps of a ``--spans`` process hold, in turn from its second: ``run_block`` marks a step
 four times, the last dump of each step holding what ran from its stop to the next step's start."""
 
-_MARK = "getppid"
-"""The C function behind ``os.getppid``: Valgrind dumps the counts of the thread calling it."""
-
 
 def _child(mode: str, blocks: int, spans: bool) -> None:
     """Run a warm-up block then ``blocks`` blocks of ``mode`` (under callgrind, started by the parent);
@@ -94,15 +92,8 @@ def _child(mode: str, blocks: int, spans: bool) -> None:
 
 def _run_child(mode: str, blocks: int, out: Path, *, spans: bool = False) -> None:
     """Run a child process of ``mode`` under callgrind, its counts into ``out`` (``spans``: dumped at its marks)."""
-    command = ["valgrind", "--tool=callgrind", "--cache-sim=no", f"--callgrind-out-file={out}"]
-    command += ["--separate-threads=yes", f"--dump-before={_MARK}"] if spans else []
-    command += [sys.executable, __file__, "--child", mode, "--blocks", str(blocks)]
-    command += ["--spans"] if spans else []
-    # One hash seed: with Python's random one, a dict's order, and so the instructions, move between runs.
-    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
-    if run.returncode != 0:  # one line: the child's last words
-        last = (run.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"host_instructions: the {mode!r} process under callgrind failed ({run.returncode}): {last}")
+    arguments = [__file__, "--child", mode, "--blocks", str(blocks), *(["--spans"] if spans else [])]
+    run_counted(arguments, out, marks=spans, what=f"host_instructions: the {mode!r} process")
 
 
 def _name(mode: str) -> str:
@@ -147,10 +138,10 @@ def _spanned(mode: str, blocks: int, folder: Path) -> dict[str, list[int]]:
 def spans_of(dumps: dict[int, str], steps: int) -> dict[str, list[int]]:
     """Each of :data:`SPANS` of ``steps`` steps, one count a step, from callgrind's dumps of one
     thread by their number (the first holds what ran before the first mark)."""
-    found = {number: re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE) for number, text in dumps.items()}
-    counts = {number: int(match.group(1)) for number, match in found.items() if match is not None}
+    found = {number: dump_count(text) for number, text in dumps.items()}
+    counts = {number: count for number, count in found.items() if count is not None}
     if sorted(counts)[: 4 * steps] != list(range(1, 1 + 4 * steps)):
-        raise SystemExit(f"host_instructions: {len(counts)} dumps for {steps} steps of 4 marks (was {_MARK} called elsewhere?)")
+        raise SystemExit(f"host_instructions: {len(counts)} dumps for {steps} steps of 4 marks (was {MARK} called elsewhere?)")
     return {span: [counts[2 + 4 * step + index] for step in range(steps)] for index, span in enumerate(SPANS)}
 
 

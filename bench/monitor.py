@@ -1,7 +1,7 @@
 """Step overhead of the flight recorder (``torchdebug.Monitor``) on the GPT example, in one process.
 
     python bench/monitor.py [--steps 10] [--block 3] [--warmup 2] [--device cpu|cuda] [--size S|M] [--layers N] [--width D]
-    python bench/monitor.py --per-call
+    python bench/monitor.py --per-call [--instructions]
 
 Modes take turns in blocks of ``--block`` steps (a paused monitor of this eager model removes every
 module hook; the optimizer's two step hooks stay, idle): ``plain``; ``monitor`` (the loop's own
@@ -26,23 +26,33 @@ statistics pass reads: the monitor's extra step time over those bytes is the pac
 need to account for all of it (on a GPU-bound step, where the host's work hides, compare it with
 ``bench/stats_pass.py``'s measured pace). The spike triggers are off in
 the timed runs (the loop trains on one batch again and again: see ``quiet``).
+
+``--per-call`` times the host's cost a module call on 256 tiny layers instead; with
+``--instructions`` it counts it under Valgrind's callgrind (``bench/_callgrind.py``), which the
+load of a shared machine does not move: the figure to compare two commits by.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 from bench._args import positive_int  # noqa: E402
+from bench._callgrind import dump_count, run_counted  # noqa: E402
 from bench.overhead import SIZES  # noqa: E402
 from examples.gpt import GPT, make_batch  # noqa: E402
 from torchdebug.monitor import StepSummary  # noqa: E402
@@ -59,8 +69,20 @@ def main() -> None:
     parser.add_argument("--layers", type=positive_int, help="blocks, instead of the size's (the watched slots grow with them)")
     parser.add_argument("--width", type=positive_int, help="d_model, instead of the size's (narrow: many small tensors)")
     parser.add_argument("--per-call", action="store_true", help="only the monitor's host cost a call on tiny tensors")
+    parser.add_argument("--instructions", action="store_true", help="with --per-call: count instructions (callgrind), not time")
+    parser.add_argument("--counted", choices=_COUNTED, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torchdebug.seed_all(1234)
+    if args.counted is not None:
+        _counted_forwards(args.counted)
+        return
+    if args.instructions and not args.per_call:
+        parser.error("--instructions counts the --per-call chain: give both")
+    if args.per_call and args.instructions:
+        if shutil.which("valgrind") is None:
+            parser.error("valgrind is not on the PATH (apt install valgrind)")
+        _per_call_instructions()
+        return
     if args.per_call:
         _per_call()
         return
@@ -218,33 +240,46 @@ _CPU_KERNEL_CALLS = ("cpu_sums_many_into", "cpu_sums_one_into")
 """The monitor's calls of the CPU statistics kernel (a list of tensors; a module's one output)."""
 
 
-def _per_call(modules: int = 256, repeats: int = 200) -> None:
-    """Host µs the monitor adds per module output, and per parameter and gradient, on a chain of
-    ``modules`` tiny ``Linear(4, 4)`` (2 x 4 inputs: the statistics pass costs nothing): the chain's
-    forward watched (as in a step: each run its own) against the same forward unwatched, the best of
-    ``repeats`` each (the least disturbed); then the watcher's own part of it, timed from inside."""
-    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(modules)])
+def _chain(modules: int) -> tuple[torch.nn.Sequential, torch.Tensor]:
+    """The per-call model: ``modules`` tiny ``Linear(4, 4)`` in a row (2 x 4 inputs: the statistics
+    pass costs nothing), and its input."""
+    return torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(modules)]), torch.randn(2, 4)
+
+
+def _watch(model: torch.nn.Module, x: torch.Tensor, folder: str) -> tuple[torchdebug.Monitor, Callable[[], None]]:
+    """A monitor of the per-call ``model`` after three steps, and its watched forward (as in a step:
+    each run its own, so its calls number from 0 again)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    x = torch.randn(2, 4)
+    monitor = torchdebug.Monitor(model, optimizer, folder, loss_spike=0, grad_norm_spike=0)
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        optimizer.step()
+        monitor.step(loss=loss)
+    watcher = monitor.watcher
+
+    def watched_forward() -> None:
+        watcher.next_step(watcher.step)
+        model(x)
+
+    return monitor, watched_forward
+
+
+def _per_call(modules: int = 256, repeats: int = 200) -> None:
+    """Host µs the monitor adds per module output, and per parameter and gradient, on the per-call
+    chain of ``modules`` layers (:func:`_chain`): its forward watched against the same forward
+    unwatched, the best of ``repeats`` each (the least disturbed); then the watcher's own part of
+    it, timed from inside."""
+    model, x = _chain(modules)
 
     def least(work) -> float:  # noqa: ANN001
         return min(_seconds(work, lambda: None) for _ in range(repeats))
 
     plain = least(lambda: model(x))
     with tempfile.TemporaryDirectory() as tmp:
-        monitor = torchdebug.Monitor(model, optimizer, tmp, loss_spike=0, grad_norm_spike=0)
-        for _ in range(3):
-            optimizer.zero_grad()
-            loss = model(x).sum()
-            loss.backward()
-            optimizer.step()
-            monitor.step(loss=loss)
+        monitor, watched_forward = _watch(model, x, tmp)
         watcher = monitor.watcher
-
-        def watched_forward() -> None:
-            watcher.next_step(watcher.step)  # each forward a step's: its calls number from 0 again
-            model(x)
-
         watched = least(watched_forward)
         params = len(watcher.parameters())
         parameters = least(watcher.watch_parameters)
@@ -274,6 +309,62 @@ def _per_call(modules: int = 256, repeats: int = 200) -> None:
     print(f"module output: {added:.2f} us a call added (torch's global hooks, the module tracker, the watcher)")
     print(f"  of it the watcher's enter and exit: {min(inside) / calls * 1e6:.2f} us a call")
     print(f"watch_parameters {parameters / params * 1e6:.2f} us a tensor, watch_gradients {gradients / params * 1e6:.2f}")
+
+
+_COUNTED = ("plain", "global hooks", "monitor")
+"""The per-call chain's forwards counted under callgrind, one process each: unhooked; with an empty
+global forward pre-hook and hook (as the monitor's: with kwargs, always called), which send every
+module call down torch's slow path; watched."""
+
+_FORWARDS = 20
+"""Forwards of the chain counted, after five uncounted."""
+
+
+def _counted_forwards(mode: str, modules: int = 256) -> None:
+    """The child of :func:`_per_call_instructions`: the per-call chain's forwards in ``mode`` (one of
+    :data:`_COUNTED`), :data:`_FORWARDS` of them between two marks (``bench/_callgrind.py``)."""
+    torch.set_num_threads(1)
+    model, x = _chain(modules)
+    with tempfile.TemporaryDirectory() as folder:
+        forward = lambda: model(x)  # noqa: E731
+        if mode == "monitor":
+            monitor, forward = _watch(model, x, folder)
+        elif mode == "global hooks":
+            handles = [register_module_forward_pre_hook(lambda *_: None)]
+            handles.append(register_module_forward_hook(lambda *_: None, with_kwargs=True, always_call=True))
+        for _ in range(5):
+            forward()
+        os.getppid()
+        for _ in range(_FORWARDS):
+            forward()
+        os.getppid()
+        if mode == "monitor":
+            monitor.close()
+        elif mode == "global hooks":
+            for handle in handles:
+                handle.remove()
+
+
+def _per_call_instructions(modules: int = 256) -> None:
+    """Instructions a module call adds on the per-call chain, counted by callgrind (a figure the load
+    of a shared machine does not move, where :func:`_per_call`'s times move by a third): torch's slow
+    path once global hooks are registered, and a watched call (the monitor's hooks, the tracker, the
+    watcher and the native call), each over an unhooked call."""
+    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(2) as pool:
+        outs = {mode: Path(folder) / mode.replace(" ", "_") for mode in _COUNTED}
+        runs = [
+            pool.submit(run_counted, [__file__, "--counted", mode], out, marks=True, what=f"monitor: the {mode!r} chain")
+            for mode, out in outs.items()
+        ]
+        for run in runs:
+            run.result()
+        counts = {mode: dump_count((out.parent / f"{out.name}.2-01").read_text()) for mode, out in outs.items()}
+    calls = _FORWARDS * (modules + 1)
+    added = {mode: (counts[mode] - counts["plain"]) / calls for mode in _COUNTED[1:]}
+    print(f"torch {torch.__version__}; {modules} Linear(4, 4), {_FORWARDS} forwards counted; instructions a module call")
+    print(f"unhooked: {counts['plain'] / calls:,.0f}")
+    print(f"added by global hooks that do nothing (torch's slow path): {added['global hooks']:,.0f}")
+    print(f"added by the monitor (its hooks, the tracker, the watcher, the native call): {added['monitor']:,.0f}")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, int]:

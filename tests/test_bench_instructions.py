@@ -1,4 +1,6 @@
-"""``bench/host_instructions.py`` reads callgrind's inclusive listing into its columns, and its dumps into spans."""
+"""The benches that count instructions: ``bench/host_instructions.py`` reads callgrind's inclusive
+listing into its columns and its dumps into spans; ``bench/monitor.py --per-call --instructions``
+runs its chains in children (here without callgrind) and reads their dumps."""
 
 from __future__ import annotations
 
@@ -76,3 +78,36 @@ def test_run_block_marks_each_step_before_its_start_and_after_its_start_step_and
     run_block("statistics/op native", _Calls(calls), None, lambda: calls.append("train"), 2, lambda: calls.append("mark"))
     one = ["mark", "start", "mark", "train", "mark", "stop", "step", "mark"]
     assert calls == [*one, *one, "flush"]
+
+
+def test_a_dump_count_is_its_summary_or_totals_line():
+    from bench._callgrind import dump_count
+
+    assert dump_count(_dump(1234)) == 1234
+    assert dump_count("version: 1\ntotals: 56\n") == 56
+    assert dump_count("version: 1\nevents: Ir\n") is None
+
+
+@pytest.mark.parametrize("mode", ["plain", "global hooks", "monitor"])
+def test_each_counted_chain_runs_its_forwards_between_two_marks_and_leaves_no_hook(mode, monkeypatch):
+    import torch.nn.modules.module as module_globals
+
+    from bench import monitor as bench
+
+    marks: list[int] = []
+    forwards: list[int] = []
+    monkeypatch.setattr(bench.os, "getppid", lambda: marks.append(len(forwards)))
+    monkeypatch.setattr(bench, "_FORWARDS", 3)
+    chain = bench._chain
+
+    def counted_chain(modules):
+        model, x = chain(modules)
+        model.register_forward_hook(lambda *_: forwards.append(1))
+        return model, x
+
+    monkeypatch.setattr(bench, "_chain", counted_chain)
+    hooks = (len(module_globals._global_forward_pre_hooks), len(module_globals._global_forward_hooks))
+    bench._counted_forwards(mode, modules=2)
+    assert marks == [5 + (3 if mode == "monitor" else 0), 8 + (3 if mode == "monitor" else 0)]  # (the monitor's 3 steps)
+    assert len(forwards) == marks[1]  # the counted forwards between the marks, nothing after them
+    assert (len(module_globals._global_forward_pre_hooks), len(module_globals._global_forward_hooks)) == hooks

@@ -180,10 +180,10 @@ class Ring:
         """Where the sums of each slot of ``indices`` at ``step`` go (``WIDTH`` float64 each, for the
         native kernel to write), the element counts ``numels`` noted in one call; ``None`` once the
         step has left the window. A slot added later may move them (:meth:`slot` grows the ring)."""
-        held = self._written(step)
-        if held is None:
+        rows = self.rows(step)
+        if rows is None:
             return None
-        position, start = held
+        start, position = rows[0], self._held[step]
         if len(indices) == 1:  # numpy's scalar store, not its fancy indexing (20x the time)
             self.numel[position, indices[0]] = numels[0]
         else:
@@ -202,21 +202,14 @@ class Ring:
     def rows(self, step: int) -> tuple[int, int] | None:
         """The addresses of slot 0's sums (``WIDTH`` float64) and element count (one float64) at
         ``step``, slot ``i``'s ``i`` rows on, for native code that writes both (``None`` once the
-        step has left the window); valid until a slot is added (:meth:`slot` may move them)."""
-        held = self._written(step)
-        if held is None:
-            return None
-        position, start = held
-        return start, self._numel_base + position * self._capacity * 8
-
-    def _written(self, step: int) -> tuple[int, int] | None:
-        """The position of ``step``, whose rows are about to be written, and the address of its slot
-        0's sums (``None`` once the step has left the window)."""
+        step has left the window); valid until a slot is added (:meth:`slot` may move them). Asked at
+        each module output, so it calls nothing."""
         position = self._held.get(step)
         if position is None:
             return None
         self._stale[position] = True
-        return position, self._base + position * self._capacity * _ROW_BYTES
+        first = position * self._capacity
+        return self._base + first * _ROW_BYTES, self._numel_base + first * 8
 
     def put_sums(self, step: int, index: int, sums: list[float], numel: int) -> None:
         """The sums of ``numel`` elements of slot ``index`` at ``step`` (ignored once the step has left the window)."""

@@ -55,6 +55,7 @@ from bench._args import positive_int  # noqa: E402
 from bench._callgrind import dump_count, run_counted  # noqa: E402
 from bench.overhead import SIZES  # noqa: E402
 from examples.gpt import GPT, make_batch  # noqa: E402
+from torchdebug._torch.global_hooks import remove_global_hook  # noqa: E402
 from torchdebug.monitor import StepSummary  # noqa: E402
 from torchdebug.monitor import _watch as watch  # noqa: E402
 
@@ -342,7 +343,7 @@ def _counted_forwards(mode: str, modules: int = 256) -> None:
             monitor.close()
         elif mode == "global hooks":
             for handle in handles:
-                handle.remove()
+                remove_global_hook(handle)
 
 
 def _per_call_instructions(modules: int = 256) -> None:
@@ -358,7 +359,10 @@ def _per_call_instructions(modules: int = 256) -> None:
         ]
         for run in runs:
             run.result()
-        counts = {mode: dump_count((out.parent / f"{out.name}.2-01").read_text()) for mode, out in outs.items()}
+        found = {mode: out.parent / f"{out.name}.2-01" for mode, out in outs.items()}
+        counts = {mode: dump_count(dump.read_text()) if dump.exists() else None for mode, dump in found.items()}
+    if None in counts.values():
+        raise SystemExit(f"monitor: no count between the marks of the {[m for m, c in counts.items() if c is None]} chains")
     calls = _FORWARDS * (modules + 1)
     added = {mode: (counts[mode] - counts["plain"]) / calls for mode in _COUNTED[1:]}
     print(f"torch {torch.__version__}; {modules} Linear(4, 4), {_FORWARDS} forwards counted; instructions a module call")

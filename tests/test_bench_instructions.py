@@ -88,6 +88,11 @@ def test_a_dump_count_is_its_summary_or_totals_line():
     assert dump_count("version: 1\nevents: Ir\n") is None
 
 
+_GLOBAL_HOOKS = ("pre_hooks", "hooks", "hooks_with_kwargs", "hooks_always_called")
+"""torch's tables of global forward hooks (``torch.nn.modules.module``): a hook's id left in any one
+keeps every module call on the slow path (``remove_global_hook``)."""
+
+
 @pytest.mark.parametrize("mode", ["plain", "global hooks", "monitor"])
 def test_each_counted_chain_runs_its_forwards_between_two_marks_and_leaves_no_hook(mode, monkeypatch):
     import torch.nn.modules.module as module_globals
@@ -106,8 +111,8 @@ def test_each_counted_chain_runs_its_forwards_between_two_marks_and_leaves_no_ho
         return model, x
 
     monkeypatch.setattr(bench, "_chain", counted_chain)
-    hooks = (len(module_globals._global_forward_pre_hooks), len(module_globals._global_forward_hooks))
+    hooks = [len(getattr(module_globals, f"_global_forward_{kind}")) for kind in _GLOBAL_HOOKS]
     bench._counted_forwards(mode, modules=2)
     assert marks == [5 + (3 if mode == "monitor" else 0), 8 + (3 if mode == "monitor" else 0)]  # (the monitor's 3 steps)
     assert len(forwards) == marks[1]  # the counted forwards between the marks, nothing after them
-    assert (len(module_globals._global_forward_pre_hooks), len(module_globals._global_forward_hooks)) == hooks
+    assert [len(getattr(module_globals, f"_global_forward_{kind}")) for kind in _GLOBAL_HOOKS] == hooks

@@ -247,7 +247,7 @@ def _chain(modules: int) -> tuple[torch.nn.Sequential, torch.Tensor]:
     return torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(modules)]), torch.randn(2, 4)
 
 
-def _watch(model: torch.nn.Module, x: torch.Tensor, folder: str) -> tuple[torchdebug.Monitor, Callable[[], None]]:
+def _watched_chain(model: torch.nn.Module, x: torch.Tensor, folder: str) -> tuple[torchdebug.Monitor, Callable[[], None]]:
     """A monitor of the per-call ``model`` after three steps, and its watched forward (as in a step:
     each run its own, so its calls number from 0 again)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -279,7 +279,7 @@ def _per_call(modules: int = 256, repeats: int = 200) -> None:
 
     plain = least(lambda: model(x))
     with tempfile.TemporaryDirectory() as tmp:
-        monitor, watched_forward = _watch(model, x, tmp)
+        monitor, watched_forward = _watched_chain(model, x, tmp)
         watcher = monitor.watcher
         watched = least(watched_forward)
         params = len(watcher.parameters())
@@ -329,7 +329,7 @@ def _counted_forwards(mode: str, modules: int = 256) -> None:
     with tempfile.TemporaryDirectory() as folder:
         forward = lambda: model(x)  # noqa: E731
         if mode == "monitor":
-            monitor, forward = _watch(model, x, folder)
+            monitor, forward = _watched_chain(model, x, folder)
         elif mode == "global hooks":
             handles = [register_module_forward_pre_hook(lambda *_: None)]
             handles.append(register_module_forward_hook(lambda *_: None, with_kwargs=True, always_call=True))

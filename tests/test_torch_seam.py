@@ -211,6 +211,35 @@ def test_a_method_replaced_by_a_compiled_function_is_found_as_lightning_compiles
     assert list(compiled_methods(model)) == ["1"]
 
 
+_WALKS_BEFORE_DYNAMO = """
+import sys
+from torch import nn
+from torchdebug._torch.nn import compiled_methods, compiled_modules
+
+class Counted(nn.Sequential):
+    walks = 0
+
+    def named_modules(self, *args, **kwargs):
+        Counted.walks += 1
+        return super().named_modules(*args, **kwargs)
+
+model = Counted(nn.Linear(2, 2))
+assert "torch._dynamo" not in sys.modules
+assert list(compiled_modules(model)) == [] and list(compiled_methods(model)) == []
+print(Counted.walks)
+model.compile(backend="eager")
+print([path for path, _ in compiled_modules(model)], Counted.walks)
+"""
+
+
+def test_compiled_modules_walk_no_module_before_dynamo_is_loaded():
+    """A capture asks at each step's stop whether the model ran compiled code: before anything
+    imported Dynamo nothing can have compiled, and a 256-layer model's walk is not paid for that."""
+    run = subprocess.run([sys.executable, "-c", _WALKS_BEFORE_DYNAMO], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == ["0", "[''] 1"]
+
+
 def test_global_hooks_see_each_module_call_once_and_silence_only_while_registered():
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())

@@ -59,11 +59,20 @@ def is_compiled_wrapper(module: nn.Module) -> bool:
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
 
+def _dynamo_loaded() -> bool:
+    """Whether Dynamo was imported: ``torch.compile`` and ``nn.Module.compile`` import it before they
+    compile anything."""
+    return "torch._dynamo" in sys.modules
+
+
 def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """``(path, module)`` for each module of ``root`` whose calls run compiled code, outer ones
     first: ``torch.compile(module)``'s wrapper and modules whose ``compile()`` ran (it stores the
     compiled call in ``module._compiled_call_impl``). Paths leave the wrappers out (``layers.0``,
-    never ``layers.0._orig_mod``); ``root`` itself is ``""``. Loads no part of Dynamo."""
+    never ``layers.0._orig_mod``); ``root`` itself is ``""``. Loads no part of Dynamo, and walks no
+    module before it is loaded (nothing can have compiled: a capture asks at every step's stop)."""
+    if not _dynamo_loaded():
+        return
     for path, module in root.named_modules():
         if is_compiled_wrapper(module) or getattr(module, "_compiled_call_impl", None) is not None:
             yield strip_wrappers(path), module
@@ -74,7 +83,9 @@ def compiled_methods(root: nn.Module) -> Iterator[str]:
     compiled code although no module is compiled (Lightning's ``from_compiled`` compiles ``forward``
     and ``training_step`` so, for ``trainer.fit(torch.compile(model))``). Read off the
     ``_torchdynamo_orig_callable`` that Dynamo sets on each function it returns (torch 2.11 through
-    2.14). Loads no part of Dynamo."""
+    2.14). Loads no part of Dynamo, and walks no module before it is loaded."""
+    if not _dynamo_loaded():
+        return
     for path, module in root.named_modules():
         if any(callable(value) and hasattr(value, "_torchdynamo_orig_callable") for value in vars(module).values()):
             yield strip_wrappers(path)

@@ -1,7 +1,8 @@
-"""The native path's statistics column, finished from the callback's sums in one vectorised pass
-(``store/_slot_columns.py``), holds what ``stats_from_sums`` gives one slot at a time, bit for bit,
-and the element counts it divides by are the slots' sizes' products; its ``checksum`` column spells
-each fingerprint as ``hex_digits`` does, by reference."""
+"""The native path's statistics column, finished from the callback's sums in one pass of ``stats.c``
+(``fused_stats.finish_sums``, made a column by ``store/_slot_columns.py``), holds what
+``stats_from_sums`` gives one slot at a time, bit for bit, and the element counts it divides by are
+the slots' sizes' products; its ``checksum`` column spells each fingerprint as ``hex_digits`` does,
+by reference."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from torchdebug.checksum import hex_digits
+from torchdebug.native.fused_stats import finish_sums
 from torchdebug.slots import json_value
 from torchdebug.stats._schema import IDENTITY, stats_from_sums
 from torchdebug.store._record_json import json_text
-from torchdebug.store._slot_columns import SlotColumns, _complex, _from_sums, _numel, _value_text
+from torchdebug.store._slot_columns import SlotColumns, _complex, _finished, _value_text
 
 SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
     ((-1.5, 2.25, 0.1 + 0.2, 7.0, 0.0, 0.0, 0.0, 1.0), 6),
@@ -31,9 +34,10 @@ SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
 
 
 def test_statistics_from_sums_in_one_pass_equal_stats_from_sums_bit_for_bit():
-    sums = np.array([row for row, _ in SUMS], np.float64).T.copy()  # a field a row, as _stats_column gathers them
-    numel = np.array([count for _, count in SUMS], np.int64)
-    column = _from_sums(sums, numel, np.zeros(len(SUMS), bool)).to_pylist()
+    sums = array("d", [value for row, _ in SUMS for value in row])
+    shape = array("q", [count for _, count in SUMS])  # a dimension of count elements a row
+    done = finish_sums(np.arange(len(SUMS)), sums, array("b", [1] * len(SUMS)), shape)
+    column = _finished(done).to_pylist()
     for (row, count), got in zip(SUMS, column):
         expected = stats_from_sums(row, count)
         assert got.keys() == expected.keys()
@@ -71,8 +75,17 @@ def test_the_elements_of_each_drained_slot_are_its_sizes_product_and_one_for_no_
     shapes = [(2, 3), (), (4,), (0, 5), (), (7, 1, 2), ()]
     flat = array("q", [size for shape in shapes for size in shape])
     ndim = array("b", [len(shape) for shape in shapes])
-    assert _numel(flat, ndim).tolist() == [math.prod(shape) for shape in shapes]
-    assert _numel(array("q"), array("b", [0, 0])).tolist() == [1, 1]
+    ones = array("d", [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0] * len(shapes))  # a sum of 1: the mean is 1 / elements
+    means = _finished(finish_sums(np.arange(len(shapes))[::-1], ones, ndim, flat)).field("mean").to_pylist()[::-1]
+    assert means == [None if math.prod(shape) == 0 else 1 / math.prod(shape) for shape in shapes]
+
+
+def test_finishing_sums_refuses_references_and_sizes_beyond_the_drained_rows():
+    sums, ndim, shape = array("d", [0.0] * 16), array("b", [1, 2]), array("q", [3, 1, 2])
+    assert finish_sums(np.array([1, -1, 0]), sums, ndim, shape).nulls.tolist() == [1, 1, 1]
+    for refs, sizes in (([2], shape), ([0], array("q", [3, 1]))):
+        with pytest.raises(ValueError, match="do not fit"):
+            finish_sums(np.array(refs), sums, ndim, sizes)
 
 
 def test_the_checksum_column_holds_each_slots_fingerprint_by_reference_as_hex_digits():

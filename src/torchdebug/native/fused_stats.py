@@ -8,9 +8,10 @@ tensor and takes its statistics in the same pass. :func:`stats_and_fingerprint` 
 of :mod:`torchdebug.checksum` to the statistics' pass, and :func:`fingerprint` takes it alone, of a
 CPU tensor of any dtype (it reads bits): the walk is still in memory order, each run carrying the
 logical position of its first element and the step between its elements, since the fingerprint
-depends on logical order. ctypes releases the GIL during the calls. Big contiguous tensors are split
-over ``torch.get_num_threads()`` threads of torch's OpenMP pool (see ``stats.c``), on whichever
-thread the call comes from.
+depends on logical order. :func:`finish_sums` finishes many records' sums into statistics, a buffer
+a field (the native path's statistics column). ctypes releases the GIL during the calls. Big
+contiguous tensors are split over ``torch.get_num_threads()`` threads of torch's OpenMP pool (see
+``stats.c``), on whichever thread the call comes from.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from torchdebug.native.build import load_library
 from torchdebug.stats import COLUMNS, WIDTH
 
 Kernel = Callable[..., int]
+Buffer = np.ndarray | array.array
+"""Numbers in memory: a numpy array, or the ``array`` the native observer drains into."""
 
 MAX_DIMS = 16
 """Dimensions the kernel walks at most (after dropping size-1 dims and merging contiguous ones)."""
@@ -70,6 +74,9 @@ class _Library(NamedTuple):
     many: Kernel
     """``many(count, entries, threads)``: the stats kernel of ``count`` contiguous tensors in one call
     (see :func:`fused_sums_many_into`)."""
+    finish: Kernel
+    """``finish(count, refs, sums, slots, ndim, shape, numel, values, counts, validity, nulls)``:
+    :func:`finish_sums`."""
 
 
 @functools.cache
@@ -115,7 +122,22 @@ def _kernels() -> _Library | None:
     many = library.td_stats_many
     many.argtypes = (ctypes.c_int64, pointer, ctypes.c_int)
     many.restype = ctypes.c_int64
-    return _Library(stats_kernels, fingerprints, pick_hashers, hashers, many)
+    finish = library.td_finish_sums
+    finish.argtypes = (
+        ctypes.c_int64,
+        pointer,
+        pointer,
+        ctypes.c_int64,
+        pointer,
+        pointer,
+        pointer,
+        pointer,
+        pointer,
+        pointer,
+        pointer,
+    )
+    finish.restype = None
+    return _Library(stats_kernels, fingerprints, pick_hashers, hashers, many, finish)
 
 
 def _kernel(tensor: torch.Tensor, which: int) -> Kernel | None:
@@ -250,6 +272,43 @@ def many_kernel_address() -> int | None:
     code that reduces tensors with the same kernel, or ``None`` without the library."""
     kernels = _kernels()
     return None if kernels is None else ctypes.cast(kernels.many, ctypes.c_void_p).value
+
+
+class FinishedStats(NamedTuple):
+    """The statistics of many records, finished from their sums as :func:`torchdebug.stats.stats_from_sums`
+    finishes one (:func:`finish_sums`), by field: what an Arrow struct column of them is made of."""
+
+    values: np.ndarray
+    """``float64[4, records]``: min, max, mean and norm (0 for a record without sums)."""
+    counts: np.ndarray
+    """``int64[4, records]``: the NaN, +Inf, -Inf and zero counts."""
+    validity: np.ndarray
+    """``uint8[3, bytes]``: Arrow validity bitmaps of the records with sums, of those with a non-NaN
+    element too (min, max, norm), and of those whose mean is not NaN as well (mean)."""
+    nulls: np.ndarray
+    """``int64[3]``: the records each bitmap leaves out."""
+
+
+def finish_sums(refs: np.ndarray, sums: Buffer, ndim: Buffer, shape: Buffer) -> FinishedStats:
+    """The statistics of records whose sums are rows of ``sums`` (``WIDTH`` doubles a row, as the
+    native observer drains them): record ``i`` takes row ``refs[i]`` (none where < 0), whose tensor
+    has ``ndim[row]`` sizes, concatenated in ``shape``. One pass in C, no Python a record or field;
+    raises ``RuntimeError`` without the library."""
+    kernels = _kernels()
+    if kernels is None:
+        raise RuntimeError("native/stats.c cannot be built here: no statistics to finish")
+    refs = np.ascontiguousarray(refs, np.int64)
+    sums, ndim, shape = np.asarray(sums, np.float64), np.asarray(ndim, np.int8), np.asarray(shape, np.int64)
+    count, rows = len(refs), len(ndim)
+    if len(sums) < rows * WIDTH or len(shape) < ndim.sum(dtype=np.int64) or (count and refs.max() >= rows):
+        raise ValueError(f"finish_sums: {rows} rows of sums, sizes or references that do not fit them")
+    done = FinishedStats(
+        np.empty((4, count)), np.empty((4, count), np.int64), np.empty((3, (count + 7) // 8), np.uint8), np.empty(3, np.int64)
+    )
+    numel = np.empty(rows, np.int64)
+    arrays = (refs, sums, rows, ndim, shape, numel, *done)
+    kernels.finish(count, *(value if isinstance(value, int) else value.ctypes.data for value in arrays))
+    return done
 
 
 def stats_and_fingerprint(tensor: torch.Tensor) -> tuple[list[float], int] | None:

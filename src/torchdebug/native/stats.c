@@ -34,6 +34,8 @@
  * addition changes, so threads and runs of any shape give the same bits) plus the word count
  * times GAMMA.
  *
+ * td_finish_sums(): the statistics of many records from sums taken before, by field (at the end).
+ *
  * Built with -fopenmp where torch runs on GNU OpenMP (build.py checks), so the parallel regions
  * below share torch's own thread pool: a contiguous tensor of at least PARALLEL_MIN elements is cut
  * into one chunk per thread, in order, as at::parallel_for cuts the op that produced it, so each
@@ -61,6 +63,7 @@
 #endif
 
 #define COLUMNS "min,max,sum,squares,nan,posinf,neginf,zeros"
+#define SUMS_WIDTH 8 /* the columns COLUMNS names */
 
 const char *td_stats_columns(void) { return COLUMNS; }
 
@@ -667,4 +670,66 @@ int64_t td_stats_many(int64_t count, const int64_t *entries, int threads) {
         }
     }
     return careful;
+}
+
+/* td_finish_sums(count, refs, sums, slots, ndim, shape, numel, values, counts, validity, nulls): the
+ * statistics of count records from sums taken before, as stats_from_sums (torchdebug/stats/_schema.py)
+ * finishes one sums vector, written as the columns of the record batch's statistics struct (the
+ * native path's, store/_slot_columns.py): no pass in Python a field. Record i takes row refs[i] of
+ * sums (COLUMNS, SUMS_WIDTH doubles a row), none where refs[i] < 0. A row's element count is the product
+ * of its sizes: ndim[] of the slots rows, their sizes concatenated in shape[] (none: one element);
+ * numel[] is room for slots of them. values: 4 rows of count doubles (min, max, mean, norm), counts:
+ * 4 rows of count int64 (nan, posinf, neginf, zeros), zero for a record without sums. validity: 3
+ * Arrow bitmaps of (count + 7) / 8 bytes (bit i in byte i / 8, least significant first), set for the
+ * records with sums (the struct and its counts), for those with a non-NaN element too (min, max,
+ * norm), and for those whose mean is not NaN as well (mean); nulls[3]: the records each leaves out.
+ * The mean is the sum over the non-NaN elements and the norm the square root of the squares, in
+ * IEEE double as Python's / and math.sqrt give them: the same bits. */
+#define VALUE_FIELDS 4
+void td_finish_sums(int64_t count, const int64_t *refs, const double *sums, int64_t slots, const int8_t *ndim,
+                    const int64_t *shape, int64_t *numel, double *values, int64_t *counts, uint8_t *validity,
+                    int64_t *nulls) {
+    const int64_t width = SUMS_WIDTH, bytes = (count + 7) / 8;
+    const int64_t *sizes = shape;
+    for (int64_t slot = 0; slot < slots; slot++) {
+        int64_t elements = 1;
+        for (int d = 0; d < ndim[slot]; d++) elements *= *sizes++;
+        numel[slot] = elements;
+    }
+    uint8_t *present = validity, *some = validity + bytes, *mean_valid = validity + 2 * bytes;
+    memset(validity, 0, (size_t)(3 * bytes));
+    nulls[0] = nulls[1] = nulls[2] = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t ref = refs[i];
+        const uint8_t bit = (uint8_t)(1u << (i & 7));
+        if (ref < 0) {
+            for (int f = 0; f < VALUE_FIELDS; f++) values[f * count + i] = 0.0;
+            for (int f = 0; f < SUMS_WIDTH - VALUE_FIELDS; f++) counts[f * count + i] = 0;
+            nulls[0]++, nulls[1]++, nulls[2]++;
+            continue;
+        }
+        const double *row = sums + ref * width;
+        int64_t tally[SUMS_WIDTH - VALUE_FIELDS];
+        for (int f = 0; f < SUMS_WIDTH - VALUE_FIELDS; f++) {
+            tally[f] = (int64_t)row[VALUE_FIELDS + f];
+            counts[f * count + i] = tally[f];
+        }
+        const int64_t valid = numel[ref] - tally[0]; /* the non-NaN elements (nan is the first count) */
+        const double mean = row[2] / (double)valid;
+        values[i] = row[0];
+        values[count + i] = row[1];
+        values[2 * count + i] = mean;
+        values[3 * count + i] = sqrt(row[3]);
+        present[i >> 3] |= bit;
+        if (valid == 0) {
+            nulls[1]++, nulls[2]++;
+            continue;
+        }
+        some[i >> 3] |= bit;
+        if (mean != mean) {
+            nulls[2]++;
+            continue;
+        }
+        mean_valid[i >> 3] |= bit;
+    }
 }

@@ -4,7 +4,7 @@ The native path's C++ walk (``capture/native_values.py``) gives, per recorded sl
 index, ``arg`` (a code), value id, ``view_of``, where its statistics come from and why it is not read
 or has no statistics, as arrays. The rest is taken column by column from the drained arrays and the
 rows' names: dtypes, shapes, strides, devices and versions at the recorded slots, a call's fields
-per row, texts by code, the statistics finished from the callback's sums in one vectorised pass,
+per row, texts by code, the statistics finished from the callback's sums in one pass of ``stats.c``,
 fingerprints spelled as 16 hex digits (``checksum.hex_digits``) in another: no record, name or
 statistics dict is made per slot. The batch has the schema ``records_batch`` gives
 (``_record_columns.py``), read back the same way: docs/architecture.md, "The native path".
@@ -22,17 +22,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from torchdebug.native.fused_stats import FinishedStats, finish_sums
 from torchdebug.records import UNREAD
 from torchdebug.slots import json_value
-from torchdebug.stats import COLUMNS, FIRST_COUNT, WIDTH
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
 from torchdebug.store._record_json import json_text
 
 __all__ = ["FixedColumns", "SlotOverrides", "SlotColumns", "extra_text", "unread_text"]
 
 
-_STRING, _INT = pa.string(), pa.int64()
-_NAN, _SUM, _SQUARES = COLUMNS.index("nan"), COLUMNS.index("sum"), COLUMNS.index("squares")
+_STRING, _INT, _FLOAT = pa.string(), pa.int64(), pa.float64()
 _INDICES = 1 << 16
 """Device indices (and -1, none) a device code holds: ``type * _INDICES + index + 1``."""
 
@@ -204,11 +203,7 @@ class SlotColumns:
         The referenced sums are gathered first and finished once, a recorded slot each; statistics
         taken at the flush (rare: tensors the callback did not sum) replace their rows after."""
         refs = self.stats_refs
-        sums = np.asarray(ops.stats, np.float64).reshape(-1, WIDTH)
-        rows = np.maximum(refs, 0)
-        gathered = np.take(sums, rows, axis=0).T.copy()  # a row of each field's sums: each an Arrow buffer
-        gathered[:, refs < 0] = 0  # a row without sums: null, its (unused) values zeros, which compress best
-        column = _from_sums(gathered, _numel(ops.shape, ops.slot_ndim)[rows], refs < 0)
+        column = _finished(finish_sums(refs, ops.stats, ops.slot_ndim, ops.shape))
         if not self.stats:
             return column, {}
         odd_dicts: dict[int, dict[str, Any]] = {}
@@ -332,31 +327,15 @@ def _sizes(values: Any, ndim: Any, slots: np.ndarray, empty: np.ndarray) -> pa.A
     return every.take(pa.array(slots, mask=empty))
 
 
-def _numel(shape: Any, ndim: Any) -> np.ndarray:
-    """The elements of each drained slot (1 for no sizes: a 0-d tensor)."""
-    ndim = np.asarray(ndim, np.int64)
-    sizes = np.append(np.asarray(shape, np.int64), 1)  # reduceat takes one index past the last size
-    return np.where(ndim > 0, np.multiply.reduceat(sizes, _offsets(ndim)[:-1]) if len(ndim) else 0, 1)
-
-
-def _from_sums(sums: np.ndarray, numel: np.ndarray, absent: np.ndarray) -> pa.StructArray:
-    """``stats_from_sums`` of each row's sums (``sums[:, row]``, a field's sums a row, over
-    ``numel[row]`` elements), as the statistics column holds it: mean and norm of the non-NaN
-    values, the four value statistics empty when there is none (and the mean when it is NaN), the
-    counts as ints; rows ``absent`` marks are null, their fields too (their sums are not read). Each
-    field's values are an Arrow buffer as they are, with one of three validity bitmaps."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        counts = sums[FIRST_COUNT:].astype(np.int64)
-        valid = numel - counts[_NAN - FIRST_COUNT]
-        mean = sums[_SUM] / valid
-        norm = np.sqrt(sums[_SQUARES])
-    none = (valid == 0) | absent
-    values = (sums[0], sums[1], mean, norm)
-    masks = [none, none, none | np.isnan(mean), none]
-    children = [_masked(pa.float64(), value, mask) for value, mask in zip(values, masks)]
-    present = _validity(absent)
-    children += [pa.Array.from_buffers(_INT, len(absent), [present, pa.py_buffer(count)]) for count in counts]
-    return pa.StructArray.from_arrays(children, fields=list(STATS_TYPE), mask=pa.array(absent))
+def _finished(done: FinishedStats) -> pa.StructArray:
+    """The statistics column of records finished by ``stats.c`` (``fused_stats.finish_sums``): each
+    field's values an Arrow buffer as they are, with one of its three validity bitmaps."""
+    count = done.values.shape[1]
+    present, some, mean = (pa.py_buffer(bitmap) if nulls else None for bitmap, nulls in zip(done.validity, done.nulls.tolist()))
+    masks = (some, some, mean, some)
+    children = [pa.Array.from_buffers(_FLOAT, count, [mask, pa.py_buffer(field)]) for mask, field in zip(masks, done.values)]
+    children += [pa.Array.from_buffers(_INT, count, [present, pa.py_buffer(field)]) for field in done.counts]
+    return pa.Array.from_buffers(STATS_TYPE, count, [present], children=children)
 
 
 def _validity(mask: np.ndarray) -> pa.Buffer | None:

@@ -17,7 +17,7 @@ from torch.torch_version import TorchVersion
 import torchdebug._torch as seam
 from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised
-from torchdebug._torch.nn import compiled_methods, is_compiled_wrapper, module_hooks, unwrap_compiled
+from torchdebug._torch.nn import compiled_methods, is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
 
 # -- versions -------------------------------------------------------------------------------------
 
@@ -238,6 +238,18 @@ def test_compiled_modules_walk_no_module_before_dynamo_is_loaded():
     run = subprocess.run([sys.executable, "-c", _WALKS_BEFORE_DYNAMO], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:2] == ["0", "[''] 1"]
+
+
+def test_one_walk_gives_the_models_parameters_in_order_and_the_modules_with_their_own_forward_hooks():
+    shared = nn.Linear(3, 3)
+    model = nn.Sequential(nn.Linear(2, 3), shared, nn.Sequential(shared, nn.LayerNorm(3)), nn.ReLU())
+    model[0].register_parameter("bias", None)
+    model.register_buffer("scale", torch.ones(1))
+    model[2][1].register_forward_hook(lambda *_: None)
+    model[3].register_forward_pre_hook(lambda *_: None)  # a pre-hook only: not a forward hook
+    parameters, hooked = parameters_and_hooked(model)
+    assert [id(p) for p in parameters] == [id(p) for p in model.parameters()]
+    assert hooked == [model[2][1]]
 
 
 def test_global_hooks_see_each_module_call_once_and_silence_only_while_registered():

@@ -91,6 +91,23 @@ def compiled_methods(root: nn.Module) -> Iterator[str]:
             yield strip_wrappers(path)
 
 
+def parameters_and_hooked(root: nn.Module) -> tuple[list[nn.Parameter], list[nn.Module]]:
+    """``root.parameters()`` (each once, in its order) and the modules of ``root`` with forward
+    hooks of their own, in one walk of its modules: a capture asks at each step's start, and
+    ``parameters()`` walks them again through generators."""
+    parameters: list[nn.Parameter] = []
+    seen: set[int] = set()
+    hooked = []
+    for module in root.modules():
+        for parameter in module._parameters.values():  # (torch 2.11 through 2.14)
+            if parameter is not None and id(parameter) not in seen:
+                seen.add(id(parameter))
+                parameters.append(parameter)
+        if module._forward_hooks:
+            hooked.append(module)
+    return parameters, hooked
+
+
 def unwrap_compiled(module: nn.Module) -> nn.Module:
     """The module that ``torch.compile`` wrapped, or ``module`` itself."""
     return module._orig_mod if is_compiled_wrapper(module) else module  # type: ignore[return-value]  # a Module, not a Tensor
@@ -103,6 +120,7 @@ __all__ = [
     "compiled_modules",
     "is_compiled_wrapper",
     "is_module_wrapper",
+    "parameters_and_hooked",
     "strip_wrappers",
     "unwrap_compiled",
     "wrapped_module",

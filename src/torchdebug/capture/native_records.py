@@ -30,6 +30,7 @@ from torch.compiler import is_compiling
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torchdebug._torch.dispatch import OpOverload, op_schema
+from torchdebug._torch.nn import parameters_and_hooked
 from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_recompute import RecomputeMarks
@@ -169,17 +170,17 @@ class NativeStepCapture:
         ]
         # a gradient's accumulation (its hooks, the user's included, the sum, its post hooks: DDP's
         # copy into a bucket) runs in its parameter's context: the observer names it from the node
+        every, hooked = parameters_and_hooked(self.model) if self.model is not None else ([], [])
         parameters, contexts = [], []
-        for parameter in self.model.parameters() if self.model is not None else ():
+        for parameter in every:
             path = self.tracker.parameter_path(parameter)
             if parameter.requires_grad and path is not None:
                 contexts.append(self._intern(path))
                 parameters.append(parameter)
         self._parameter_contexts.update(contexts)
         self.observer.name_accumulations(parameters, contexts)
-        for module in self.model.modules() if self.model is not None else ():
-            if module._forward_hooks:  # the ops its own hooks run are its (ModuleTracker.current), until they are done
-                self._handles.append(module.register_forward_hook(self._own_hooks_done, always_call=True))
+        for module in hooked:  # the ops its own hooks run are its (ModuleTracker.current), until they are done
+            self._handles.append(module.register_forward_hook(self._own_hooks_done, always_call=True))
         if self._own_tracker:
             self.tracker.start()
         self._set_context(_OUTSIDE)

@@ -41,6 +41,9 @@ class RecomputeMarks:
         """Whether a stack seen so far holds checkpoint's frames (a recomputation's or its bookkeeping's)."""
         self._op_kinds: list[int] = []
         """By op id: 1 ``detach``, 2 one of checkpoint's bookkeeping ops (``detach`` is both)."""
+        self.recomputed = False
+        """Whether a row was marked ``RECOMPUTED`` since the capture began: only then can the walk
+        name a row after a tensor a checkpoint rebuilt (``SlotWalk.name_rows``' ``ends``)."""
 
     def reset(self) -> None:
         """A capture stopped (the mode's detector forgets its node then)."""
@@ -82,4 +85,5 @@ class RecomputeMarks:
                     marks[row] |= RECOMPUTED
                 else:
                     self._node = None
+        self.recomputed = self.recomputed or bool((marks & RECOMPUTED).any())
         return marks

@@ -292,12 +292,13 @@ class NativeStepCapture:
         walk = self._walk(ops)
         stack_ids, frames = self._stack_ids(ops)
         stacks = self._user_stacks(stack_ids, frames) if self.stacks else np.full(len(ops.op), -1, np.int64)
+        marks = self._recompute.marks(ops, stack_ids, frames)
         calls = walk.name_rows(
             ops,
             stacks,
             np.fromiter(self._parameter_contexts, np.int64, len(self._parameter_contexts)),
-            self._recompute.marks(ops, stack_ids, frames),
-            _ends(ops),
+            marks,
+            _ends(ops) if self._recompute.recomputed else np.zeros((len(ops.op), 2), np.int64),  # (read for recomputations only)
         )
         structure = [np.asarray(ops.op), *calls]
         if len(structure) == len(self._named[0]) and all(np.array_equal(a, b) for a, b in zip(structure, self._named[0])):

@@ -29,7 +29,16 @@ from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text
 from torchdebug.store._shared_keys import shared_keys_dict
 
-__all__ = ["SCHEMA", "STATS_TYPE", "columns_batch", "records_batch", "records_from_table", "records_table", "stats_array"]
+__all__ = [
+    "SCHEMA",
+    "STATS_TYPE",
+    "columns_batch",
+    "int_column",
+    "records_batch",
+    "records_from_table",
+    "records_table",
+    "stats_array",
+]
 
 _STRING, _INT, _SIZES = pa.string(), pa.int64(), pa.list_(pa.int64())
 STATS_TYPE = pa.struct([(key, pa.float64() if key in VALUE_KEYS else _INT) for key in STAT_KEYS])
@@ -131,6 +140,12 @@ def columns_batch(
     columns = {**columns, "stats": stats, "json_fields": _json_fields(count, odd)}
     arrays = [columns[name] if name in columns else pa.nulls(count, kind) for name, kind in zip(SCHEMA.names, SCHEMA.types)]
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
+def int_column(value: int, count: int) -> pa.Array:
+    """An int column of ``count`` times ``value`` (a batch's ``step``, ``rank``): one numpy fill,
+    where ``pa.repeat`` appends the values one by one (0.3 ms at 57k records)."""
+    return pa.array(np.full(count, value, np.int64), _INT)
 
 
 def _json_fields(count: int, odd: dict[int, dict[str, Any]]) -> pa.Array:

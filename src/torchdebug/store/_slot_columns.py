@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from torchdebug.native.fused_stats import FinishedStats, finish_sums
 from torchdebug.records import UNREAD
 from torchdebug.slots import json_value
-from torchdebug.store._record_columns import STATS_TYPE, columns_batch, stats_array
+from torchdebug.store._record_columns import STATS_TYPE, columns_batch, int_column, stats_array
 from torchdebug.store._record_json import json_text
 
 __all__ = ["FixedColumns", "SlotOverrides", "SlotColumns", "extra_text", "unread_text"]
@@ -165,7 +165,7 @@ class SlotColumns:
             by_row = pa.RecordBatch.from_pydict(calls).take(pa.array(rows))
             shared = {
                 "name": pc.binary_join_element_wise(by_row.column("call_name"), args.column("io_arg"), "/"),
-                "rank": pa.repeat(pa.scalar(rank, _INT), count),
+                "rank": int_column(rank, count),
                 **{name: by_row.column(name) for name in by_row.schema.names if name != "call_name"},
                 "io": args.column("io"),
                 "arg": args.column("arg"),
@@ -180,7 +180,7 @@ class SlotColumns:
                 fixed.put(calls, structure, shared)
         columns = {
             **shared,
-            "step": pa.repeat(pa.scalar(step, _INT), count),
+            "step": int_column(step, count),
             "seq": pa.array(np.asarray(seqs, np.int64)[rows], _INT),
             "capture_error": _by_code(self.errors, self.error_codes),
             "value_id": _masked(_INT, self.value_ids, values),

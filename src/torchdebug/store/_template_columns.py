@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from torchdebug.records import Record
-from torchdebug.store._record_columns import columns_batch, records_batch, stats_array
+from torchdebug.store._record_columns import columns_batch, int_column, records_batch, stats_array
 
 __all__ = ["TemplateColumns", "ValueId"]
 
@@ -61,7 +61,7 @@ class TemplateColumns:
             for record, row in enumerate(at.tolist()):
                 if row in odd_rows:
                     odd[record] = {**odd.get(record, {}), **odd_rows[row]}
-        columns = {**self.fixed, "step": pa.repeat(pa.scalar(step, _INT), count)}
+        columns = {**self.fixed, "step": int_column(step, count)}
         known = [value for value in ids if value is not None]
         records = self.held[[value is not None for value in ids]] if known else self.held[:0]
         for position, name in enumerate(_IDS):

@@ -1,12 +1,13 @@
 """Host time eager capture adds per aten op, on the tiny GPT, per mode and path (issue 48, items 6 and 2b).
 
-    python bench/host_per_op.py [--rounds 8] [--block 3] [--warmup 2] [--modes ...]
+    python bench/host_per_op.py [--rounds 8] [--block 3] [--warmup 2] [--modes ...] [--layers 4]
                                 [--dir /dev/shm] [--profile structure/op [--top 30]]
 
 The model is the GPT example at its smallest (4 layers, width 32, 4 heads, sequence 16, batch 2,
 vocabulary 64, AdamW; one intra-op thread unless ``--threads``: on a shared 2-core machine a second
 thread's waits swamp the step), so the model's own work per op is a few microseconds and what
-capture adds on the host shows in full. Plain steps and each mode's steps take turns in one process,
+capture adds on the host shows in full. ``--layers`` deepens it (64, 256: real sizes, where what
+a step costs per op, not per step, shows). Plain steps and each mode's steps take turns in one process,
 in blocks of ``--block`` consecutive steps (each step started, stopped and stepped as in training,
 each block ending with ``Debugger.flush()``, so every record written is charged to its mode). Per
 mode it prints the median milliseconds per step, its ratio to the plain step, and the host
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import os
 import pstats
 import statistics
@@ -169,12 +171,14 @@ def main() -> None:
     )
     parser.add_argument("--top", type=positive_int, default=30, help="functions listed by --profile (default 30)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch's intra-op threads (default 1)")
+    parser.add_argument("--layers", type=positive_int, default=CONFIG.n_layer, help=f"layers (default {CONFIG.n_layer})")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torchdebug.seed_all(1234)
-    model = GPT(CONFIG)
+    config = dataclasses.replace(CONFIG, n_layer=args.layers)
+    model = GPT(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = make_batch(CONFIG, batch=BATCH)
+    batch = make_batch(config, batch=BATCH)
 
     def step() -> None:
         train_step(model, optimizer, batch)
@@ -199,7 +203,7 @@ def main() -> None:
                     cpu_times[mode].append((time.process_time() - cpu_start) / args.block)
         print(
             f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}; "
-            f"tiny GPT: {ops} aten ops a step; median of {args.rounds} blocks of {args.block} steps per mode"
+            f"GPT of {args.layers} layers: {ops} aten ops a step; median of {args.rounds} blocks of {args.block} steps per mode"
         )
         print(f"{'':20s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}   {'least cpu':>9s}")
         print(f"{'mode':20s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'µs/op':>9s}")

@@ -111,7 +111,9 @@ class NativeOpCapture:
         self.range = RangeGate(call_range)
         self._by_name = bool(names) or bool(call_range)
         recorded = phases | {RECOMPUTE} if "forward" in phases else phases  # recomputed ops are forward ops (eager.py)
-        self._phase_codes = [PHASES.index(phase) for phase in recorded if phase in PHASES]
+        self._recorded_phase = np.zeros(len(PHASES) + 1, bool)
+        """By a row's phase code plus one (-1: a row capture skips): whether its calls are recorded."""
+        self._recorded_phase[[PHASES.index(phase) + 1 for phase in recorded if phase in PHASES]] = True
         self._statistics = session.want_stats
         self._fingerprints = session.want_checksum
         self._failed = False
@@ -165,7 +167,7 @@ class NativeOpCapture:
         if not session.writer.takes_records:
             return  # a write of records failed: capture stopped, as ``CaptureSession.add_call`` stops
         rows = self.rows.name_rows(ops)
-        recorded = np.isin(rows.phase, self._phase_codes)
+        recorded = self._recorded_phase[rows.phase.astype(np.intp) + 1]
         if self._by_name:  # a range or name patterns: each candidate call's name, in row order
             names, range_gate = self.names, self.range
             call_names = rows.columns["call_name"].to_pylist()

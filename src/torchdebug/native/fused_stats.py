@@ -123,19 +123,7 @@ def _kernels() -> _Library | None:
     many.argtypes = (ctypes.c_int64, pointer, ctypes.c_int)
     many.restype = ctypes.c_int64
     finish = library.td_finish_sums
-    finish.argtypes = (
-        ctypes.c_int64,
-        pointer,
-        pointer,
-        ctypes.c_int64,
-        pointer,
-        pointer,
-        pointer,
-        pointer,
-        pointer,
-        pointer,
-        pointer,
-    )
+    finish.argtypes = (ctypes.c_int64, pointer, pointer, ctypes.c_int64, *(pointer,) * 7)
     finish.restype = None
     return _Library(stats_kernels, fingerprints, pick_hashers, hashers, many, finish)
 

@@ -422,6 +422,62 @@ def test_a_checkpointed_model_dumps_the_same_records_on_both_paths(tmp_path, mon
     assert any(record.fwd is not None and record.fwd.startswith("forward/blocks.0.") for record in recomputed)
 
 
+class _AutocastListed(nn.Module):
+    """Calls ops ``torch.autocast`` has kernels of its own for (``bmm``, ``addmm``) directly, as
+    attention code does, and one it decomposes (``matmul``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 4, 4))
+        self.bias = nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.bmm(x.view(1, 3, 4).expand(2, 3, 4), self.weight)
+        return torch.addmm(self.bias, y.sum(0), self.weight[0]).matmul(self.weight[1]).float().sum()
+
+
+_PRODUCTS = ("aten.bmm.default", "aten.addmm.default", "aten.mm.default")
+"""The products ``_AutocastListed`` computes (``matmul`` of two matrices is ``mm``)."""
+
+
+def _autocast_training(whole_step: bool) -> Training:
+    """A bfloat16 autocast region around the forward (the usual way), or around the whole step
+    (its backward then runs the autocast kernels of ``mm`` and ``bmm`` too)."""
+
+    def training() -> tuple[nn.Module, Callable[[], None]]:
+        if whole_step:
+            model, step = gpt_training()
+        else:
+            model, step = loss_training(_AutocastListed)
+            model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
+
+        def autocast_step() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=whole_step):
+                step()
+
+        return model, autocast_step
+
+    return training
+
+
+@pytest.mark.parametrize("whole_step", [False, True], ids=["forward", "whole_step"])
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_ops_under_autocast_are_recorded_once_on_both_paths(tmp_path, monkeypatch, caplog, whole_step, task) -> None:
+    """An op with an autocast kernel casts its arguments and calls itself again with autocast off:
+    a dispatch mode sees the casts and that call, and so does the native path (it once recorded
+    the outer call too)."""
+    training = _autocast_training(whole_step)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
+    _assert_same_dumps(python, native)
+    if not whole_step:  # each product once, of bfloat16 arguments
+        products = [record for record in native if record.op in _PRODUCTS and record.phase == "forward" and record.step == 0]
+        assert sorted(record.op for record in products if record.io == "output") == sorted(_PRODUCTS)
+        assert {record.dtype for record in products if record.arg in ("0", "1", "2")} == {"bfloat16"}
+    cast_in = "backward" if whole_step else "forward"
+    assert "aten._to_copy.default" in {record.op for record in native if record.phase == cast_in}
+
+
 def test_selective_checkpointing_goes_to_the_dispatch_mode(monkeypatch) -> None:
     """Selective checkpointing runs its regions under a dispatch mode of its own, which hides them from the observer."""
     from tests.capture.test_checkpointing import TinyGPT

@@ -20,6 +20,8 @@
 //     of the gradient hooks the evaluation runs before the apply get it when the apply begins; a node
 //     applied inside another's apply, as CopySlices applies an in-place op's node, keeps the outer
 //     node's number: a dispatch mode names ops after the node the engine runs);
+//   - an op torch.autocast sends to an autocast kernel of its own (mm, bmm, addmm), called live, is
+//     transparent: that kernel casts the arguments and calls the op again with autocast excluded;
 //   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
 //   - an op whose autograd kernel never redispatches (detach_), called live, is hidden;
 //   - an op called while the thread excludes the Python key is hidden, with all it calls: no
@@ -120,10 +122,11 @@ Kind kind_of(const c10::OperatorName& name) {
   return handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd) ? kMaybeComposite : kComposite;
 }
 
-// Whether a call with these arguments dispatches to an autograd kernel on this thread: a tensor
-// argument carries an autograd key that the thread does not exclude (inside an autograd kernel's
-// redispatch, and under inference mode, autograd keys are excluded).
-bool autograd_key_live(c10::ArrayRef<const c10::IValue> values) {
+// The keys of a call with these arguments that this thread does not exclude: its tensor arguments'.
+// An autograd key among them sends the call to an autograd kernel (inside an autograd kernel's
+// redispatch, and under inference mode, autograd keys are excluded): the call is live. An autocast
+// key (torch.autocast on, for the tensors' device) sends it to the op's autocast kernel, if it has one.
+c10::DispatchKeySet live_keys(c10::ArrayRef<const c10::IValue> values) {
   c10::DispatchKeySet keys;
   for (const auto& value : values) {
     if (value.isTensor()) {
@@ -134,8 +137,7 @@ bool autograd_key_live(c10::ArrayRef<const c10::IValue> values) {
       }
     }
   }
-  auto excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
-  return (keys - excluded).has_any(c10::autograd_dispatch_keyset);
+  return keys - c10::impl::tls_local_dispatch_key_set().excluded_;
 }
 
 // ---- what is recorded ---------------------------------------------------------------------------
@@ -667,6 +669,7 @@ struct OpInfo {
   bool mutable_op = false;  // its schema writes an argument, or it writes one undeclared
   const std::vector<int16_t>* written = nullptr;  // the positions of the arguments it writes (Recorder::written)
   int16_t written_if = -1;  // the bool argument without which it writes nothing (BatchNorm's training)
+  c10::DispatchKeySet autocast;  // the autocast keys it has a kernel for (mm, bmm, matmul, conv: torch.autocast's lists)
 };
 
 // Ops that write arguments their schema does not mark written: BatchNorm's kernels update the
@@ -1330,6 +1333,11 @@ OpInfo recorded_op_info(const at::RecordFunction& fn) {
   auto name = fn.operator_name();
   if (!name.has_value() || (name->name == "torchdebug::observer_kept")) return OpInfo{-1, kNotOp};
   OpInfo info{static_cast<int32_t>(recorder.names.size()), kind_of(*name)};
+  if (auto op = c10::Dispatcher::singleton().findOp(*name); op.has_value()) {
+    for (auto key : c10::autocast_dispatch_keyset) {
+      if (op->hasKernelForDispatchKey(key)) info.autocast = info.autocast.add(key);
+    }
+  }
   recorder.names.push_back(overload_name(*name));
   info.frame_op = std::find(frame_ops.begin(), frame_ops.end(), recorder.names.back()) != frame_ops.end();
   auto handle = c10::Dispatcher::singleton().findSchema(*name);
@@ -1594,7 +1602,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   auto inputs = fn.inputs();
-  bool live = autograd_key_live(inputs);
+  auto keys = live_keys(inputs);
+  bool live = keys.has_any(c10::autograd_dispatch_keyset);
   // A factory (no tensor argument) that a pending composite calls where the thread excludes no
   // autograd key runs in its decomposition above autograd (value_selecting_reduction_backward's zeros).
   bool above = live || (parent != nullptr && parent->kind == kPending && no_tensor_argument(inputs) &&
@@ -1620,7 +1629,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     thread.frames.push_back({kHidden, false, false, -1});
     return nullptr;
   }
-  if (info.kind == kNotOp || (info.kind == kComposite && live)) {
+  // An autocast kernel casts the arguments and calls the op again with autocast excluded: a
+  // dispatch mode sees that call (and the casts), not this one.
+  if (info.kind == kNotOp || (info.kind == kComposite && live) || (live && keys.has_any(info.autocast))) {
     thread.frames.push_back({kTransparent, live, false, -1});
     return nullptr;
   }

@@ -478,6 +478,26 @@ def test_ops_under_autocast_are_recorded_once_on_both_paths(tmp_path, monkeypatc
     assert "aten._to_copy.default" in {record.op for record in native if record.phase == cast_in}
 
 
+def test_ops_under_autocast_in_inference_mode_are_recorded_once_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """Under inference mode no call is live, and autocast's kernels still cast and call again."""
+
+    def training() -> tuple[nn.Module, Callable[[], None]]:
+        torch.manual_seed(0)
+        model, x = _AutocastListed(), torch.randn(3, 4)
+
+        def step() -> None:
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+                model(x)
+
+        return model, step
+
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task="structure")
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task="structure")
+    _assert_same_dumps(python, native)
+    products = [record for record in native if record.op in _PRODUCTS and record.step == 0]
+    assert {record.dtype for record in products if record.arg in ("0", "1", "2")} == {"bfloat16"}
+
+
 def test_selective_checkpointing_goes_to_the_dispatch_mode(monkeypatch) -> None:
     """Selective checkpointing runs its regions under a dispatch mode of its own, which hides them from the observer."""
     from tests.capture.test_checkpointing import TinyGPT

@@ -20,8 +20,9 @@
 //     of the gradient hooks the evaluation runs before the apply get it when the apply begins; a node
 //     applied inside another's apply, as CopySlices applies an in-place op's node, keeps the outer
 //     node's number: a dispatch mode names ops after the node the engine runs);
-//   - an op torch.autocast sends to an autocast kernel of its own (mm, bmm, addmm), called live, is
-//     transparent: that kernel casts the arguments and calls the op again with autocast excluded;
+//   - an op torch.autocast sends to an autocast kernel of its own (mm, bmm, addmm), live or not
+//     (inference mode), is transparent: that kernel casts the arguments and calls the op again with
+//     autocast excluded;
 //   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
 //   - an op whose autograd kernel never redispatches (detach_), called live, is hidden;
 //   - an op called while the thread excludes the Python key is hidden, with all it calls: no
@@ -1631,7 +1632,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   // An autocast kernel casts the arguments and calls the op again with autocast excluded: a
   // dispatch mode sees that call (and the casts), not this one.
-  if (info.kind == kNotOp || (info.kind == kComposite && live) || (live && keys.has_any(info.autocast))) {
+  if (info.kind == kNotOp || (info.kind == kComposite && live) || keys.has_any(info.autocast)) {
     thread.frames.push_back({kTransparent, live, false, -1});
     return nullptr;
   }

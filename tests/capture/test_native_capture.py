@@ -697,7 +697,8 @@ def test_a_tensor_subclass_written_in_place_before_the_flush_is_described_and_sa
 
 def _evaluation() -> tuple[nn.Module, Callable[[], None]]:
     """A model in eval mode run under ``no_grad`` and ``inference_mode``, where the tensors made keep no
-    version: a float and an int64 inference tensor are each written in place between two reads."""
+    version: a float and an int64 inference tensor are each written in place between two reads, and
+    one is copied in another memory order."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.LayerNorm(4)).eval()
     x = torch.randn(3, 4)
@@ -712,6 +713,7 @@ def _evaluation() -> tuple[nn.Module, Callable[[], None]]:
             positions = torch.arange(4)  # read at the flush on the native path: copied before its add_
             positions.add_(1)
             positions.sum()
+            torch.randn(48, 40).mul(3.0).t().contiguous()  # a copy summed in another order than its argument
 
     return model, step
 
@@ -733,6 +735,8 @@ def test_inference_tensors_are_read_at_each_op_on_both_paths(tmp_path, monkeypat
         assert maxima["forward/-/aten.add_.Tensor#1/input.0"] == 3 and maxima["forward/-/aten.sum.default#0/input.0"] == 4
         written = maxima["forward/-/aten.add_.Tensor#0/input.0"]
         assert maxima["forward/-/aten.add_.Tensor#0/output.0"] == maxima["forward/-/aten.mul.Tensor#1/input.0"] == written + 1
+        copied = {r.io: r.stats["mean"] for r in records if r.step == 0 and r.op == "aten.contiguous.default"}
+        assert copied["input"] != copied["output"]  # each its own read (the native path once shared the argument's)
 
 
 class _Square(torch.autograd.Function):

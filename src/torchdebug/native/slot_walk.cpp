@@ -781,7 +781,9 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       int64_t reused = kNone, reused_fingerprint = kNone, seen_at = version;
       bool is_view = false;
       bool is_mutable = op->flags & kMutable;
-      if (io && first && has_source && (op->flags & kOneTensor) && !is_mutable) {
+      // An inference tensor (no version) is read at each slot, as CaptureSession reads one: nothing shared.
+      bool versioned = version >= 0;
+      if (io && first && has_source && (op->flags & kOneTensor) && !is_mutable && versioned) {
         alias = state.alias_of(*op, source, memory, numel, device);
         if (alias != nullptr) {  // a copy, or a view reading the memory in the same order, has the same bits in order
           bool in_order = (op->flags & kValuePreserving) ||
@@ -835,11 +837,11 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         if (alias != nullptr) {
           stats = reused;
           fingerprint = reused_fingerprint;
-        } else if (auto known = io == 0 ? state.seen.find(address) : state.seen.end();
+        } else if (auto known = io == 0 && versioned ? state.seen.find(address) : state.seen.end();
                    known != state.seen.end() && state.still(known->second, memory, version)) {
           stats = known->second.stats;  // an output is a new tensor, or written: only an input is known
           fingerprint = known->second.fingerprint;
-        } else if (auto rebuilt = unpacked != 0 ? state.seen.find(unpacked) : state.seen.end();
+        } else if (auto rebuilt = unpacked != 0 && versioned ? state.seen.find(unpacked) : state.seen.end();
                    rebuilt != state.seen.end() && state.still(rebuilt->second, memory, version)) {
           stats = rebuilt->second.stats;
           fingerprint = rebuilt->second.fingerprint;
@@ -875,7 +877,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
           fingerprint = own(has_fingerprint);
           owned = true;
         }
-        if (owned && (stats != kNone || fingerprint != kNone)) {
+        if (owned && versioned && (stats != kNone || fingerprint != kNone)) {
           state.seen[address] = Seen{seen_at, memory, stats, fingerprint, state.drains, is_view, state.writes_of(storage)};
         }
         // An argument an op may write is read again next time: a fused optimizer writes its tensors

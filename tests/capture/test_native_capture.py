@@ -29,20 +29,28 @@ pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ co
 Training = Callable[[], tuple[nn.Module, Callable[[], None]]]
 
 
-def _hf_training() -> tuple[nn.Module, Callable[[], None]]:
-    pytest.importorskip("transformers")
-    from tests.hf_models import tiny_model
+def _hf_training(family: str = "gpt2", autocast: bool = False) -> Training:
+    """A tiny Hugging Face model of ``family`` trained by SGD, its forward in a bfloat16 autocast
+    region where ``autocast``."""
 
-    model = tiny_model("gpt2", 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    def training() -> tuple[nn.Module, Callable[[], None]]:
+        pytest.importorskip("transformers")
+        from tests.hf_models import tiny_model
 
-    def step() -> None:
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        model = tiny_model(family, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
 
-    return model, step
+        def step() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return model, step
+
+    return training
 
 
 def _dump(  # noqa: ANN001
@@ -279,10 +287,13 @@ def test_statistics_of_a_cuda_model_go_to_the_dispatch_mode(monkeypatch) -> None
     assert why_not_native(DebuggerConfig.from_dict({"task": "structure"}), model) is None
 
 
-def test_a_hugging_face_model_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
-    python = _dump(tmp_path, monkeypatch, caplog, _hf_training, native=False)
-    native = _dump(tmp_path, monkeypatch, caplog, _hf_training, native=True)
+@pytest.mark.parametrize(("family", "autocast"), [("gpt2", False), ("llama", False), ("bert", False), ("llama", True)])
+def test_the_hugging_face_models_dump_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, family, autocast) -> None:
+    """The suite's Hugging Face families (``tests/hf_models.py``), and Llama's forward under bfloat16 autocast."""
+    python = _dump(tmp_path, monkeypatch, caplog, _hf_training(family, autocast), native=False)
+    native = _dump(tmp_path, monkeypatch, caplog, _hf_training(family, autocast), native=True)
     _assert_same_dumps(python, native)
+    assert ("bfloat16" in {record.dtype for record in native}) == autocast
 
 
 @pytest.mark.parametrize(

@@ -509,6 +509,79 @@ def test_ops_under_autocast_in_inference_mode_are_recorded_once_on_both_paths(tm
     assert {record.dtype for record in products if record.arg in ("0", "1", "2")} == {"bfloat16"}
 
 
+class _ConvAttention(nn.Module):
+    """Convolution, batch norm, ``nn.MultiheadAttention``, ``scaled_dot_product_attention`` and a
+    ``baddbmm`` on one batch of three rows of four."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.norm2d = nn.BatchNorm2d(4)
+        self.attention = nn.MultiheadAttention(4, 2, batch_first=True)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.norm2d(self.conv(x.view(3, 1, 2, 2).repeat(1, 1, 2, 2))))
+        sequence = y.flatten(2).transpose(1, 2)  # 3 sequences of 16 positions of 4
+        attended, _ = self.attention(sequence, sequence, sequence)
+        heads = self.norm(attended).view(3, 16, 2, 2).transpose(1, 2)
+        flat = nn.functional.scaled_dot_product_attention(heads, heads, heads, is_causal=True).flatten(0, 1)
+        return torch.baddbmm(flat[:, :2, :2], flat[:, :2], flat[:, :2].transpose(1, 2)).float().sum()
+
+
+class _LessCommon(nn.Module):
+    """Weight normalisation (a parametrization), a full backward hook, a real FFT, a gradient
+    penalty (a double backward) and a reparametrised sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.normalised = nn.utils.parametrizations.weight_norm(nn.Linear(4, 4))
+        self.hooked = nn.Linear(4, 4)
+        self.hooked.register_full_backward_hook(lambda module, grad_input, grad_output: None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        h = self.hooked(self.normalised(x))
+        h = h + torch.fft.rfft(h, dim=-1).real.pow(2).mean()
+        (grad_x,) = torch.autograd.grad(h.pow(2).sum(), x, create_graph=True)
+        penalty = grad_x.norm(2, dim=1).sub(1).pow(2).mean()
+        return torch.distributions.Normal(h, 1.0).rsample().mean() + penalty
+
+
+def _less_common_training() -> tuple[nn.Module, Callable[[], None]]:
+    """:class:`_LessCommon` trained by SGD, with an exponential moving average of its parameters
+    (``_foreach_lerp_``) and ops writing into ``out=`` tensors after each step."""
+    model, step = loss_training(_LessCommon)
+    average = [parameter.detach().clone() for parameter in model.parameters()]
+    x = torch.randn(3, 4)
+
+    def averaged_step() -> None:
+        step()
+        with torch.no_grad():
+            torch._foreach_lerp_(average, [parameter.detach() for parameter in model.parameters()], 0.01)
+            torch.mm(x, x.t(), out=torch.empty(3, 3))
+            torch.add(x[0], 1.0, out=torch.empty(4))
+
+    return model, averaged_step
+
+
+def _conv_attention_training() -> tuple[nn.Module, Callable[[], None]]:
+    model, step = loss_training(_ConvAttention)
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
+    return model, step
+
+
+@pytest.mark.parametrize("training", [_conv_attention_training, _less_common_training], ids=["conv_attention", "less_common"])
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_more_layers_and_training_patterns_dump_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, training, task):
+    """Convolution, batch norm and attention under autocast; a parametrization, a full backward hook,
+    a double backward, a moving average and ``out=`` ops (a complex ``abs`` would hit the math-bit
+    fallback's clone: ``docs/architecture.md``, "The native path (issue 48)")."""
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
+    _assert_same_dumps(python, native)
+
+
 def test_selective_checkpointing_goes_to_the_dispatch_mode(monkeypatch) -> None:
     """Selective checkpointing runs its regions under a dispatch mode of its own, which hides them from the observer."""
     from tests.capture.test_checkpointing import TinyGPT

@@ -530,8 +530,9 @@ class _ConvAttention(nn.Module):
 
 
 class _LessCommon(nn.Module):
-    """Weight normalisation (a parametrization), a full backward hook, a real FFT, a gradient
-    penalty (a double backward) and a reparametrised sample."""
+    """Weight normalisation (a parametrization), a full backward hook, a real FFT and its
+    magnitude (conjugate views in the backward), a gradient penalty (a double backward) and a
+    reparametrised sample."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -542,7 +543,8 @@ class _LessCommon(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.detach().requires_grad_(True)
         h = self.hooked(self.normalised(x))
-        h = h + torch.fft.rfft(h, dim=-1).real.pow(2).mean()
+        spectrum = torch.fft.rfft(h, dim=-1)
+        h = h + spectrum.abs().mean() + (spectrum * spectrum.conj()).real.mean()
         (grad_x,) = torch.autograd.grad(h.pow(2).sum(), x, create_graph=True)
         penalty = grad_x.norm(2, dim=1).sub(1).pow(2).mean()
         return torch.distributions.Normal(h, 1.0).rsample().mean() + penalty
@@ -575,11 +577,46 @@ def _conv_attention_training() -> tuple[nn.Module, Callable[[], None]]:
 @pytest.mark.parametrize("task", ["structure", "statistics"])
 def test_more_layers_and_training_patterns_dump_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, training, task):
     """Convolution, batch norm and attention under autocast; a parametrization, a full backward hook,
-    a double backward, a moving average and ``out=`` ops (a complex ``abs`` would hit the math-bit
-    fallback's clone: ``docs/architecture.md``, "The native path (issue 48)")."""
+    a complex spectrum, a double backward, a moving average and ``out=`` ops."""
     python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
     _assert_same_dumps(python, native)
+
+
+def _math_bit_views() -> tuple[nn.Module, Callable[[], None]]:
+    """Products of complex tensors handed as conjugate and negative views (``mul`` has no kernel for
+    either: the math-bit fallback clones them), one, two and the same view twice."""
+    torch.manual_seed(0)
+    x, y = torch.randn(3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)
+
+    def step() -> None:
+        torch.mul(x.conj(), y)
+        torch.mul(x._neg_view(), y.conj())
+        conjugate = x.conj()
+        torch.mul(conjugate, conjugate).abs()
+
+    return nn.Linear(2, 2), step
+
+
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_an_argument_with_a_math_bit_is_cloned_before_the_op_on_both_paths(tmp_path, monkeypatch, caplog, task) -> None:
+    """The math-bit fallback clones a conjugate or negative view below autograd and above the Python
+    key: a dispatch mode sees the clone, then the op reading it; the native path records them so."""
+    python = _dump(tmp_path, monkeypatch, caplog, _math_bit_views, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _math_bit_views, native=True, task=task)
+    _assert_same_dumps(python, native)
+    ops = [(record.op, record.io, record.arg) for record in native if record.step == 0 and record.io == "output"]
+    assert [op for op, _, _ in ops if op in ("aten.clone.default", "aten.mul.Tensor")] == [
+        "aten.clone.default",
+        "aten.mul.Tensor",
+        *["aten.clone.default"] * 2,
+        "aten.mul.Tensor",
+        *["aten.clone.default"] * 2,
+        "aten.mul.Tensor",
+    ]
+    clones = {record.value_id for record in native if record.op == "aten.clone.default" and record.io == "output"}
+    products = [record for record in native if record.op == "aten.mul.Tensor" and record.io == "input"]
+    assert all(record.value_id in clones for record in products if record.arg == "0")  # each reads its clone
 
 
 def test_selective_checkpointing_goes_to_the_dispatch_mode(monkeypatch) -> None:

@@ -20,6 +20,8 @@
 //     of the gradient hooks the evaluation runs before the apply get it when the apply begins; a node
 //     applied inside another's apply, as CopySlices applies an in-place op's node, keeps the outer
 //     node's number: a dispatch mode names ops after the node the engine runs);
+//   - a clone of a conjugate or negative view that an op calls before going below autograd is the
+//     math-bit fallback's: recorded before the op, which reads it in that argument's place;
 //   - an op torch.autocast sends to an autocast kernel of its own (mm, bmm, addmm), live or not
 //     (inference mode), is transparent: that kernel casts the arguments and calls the op again with
 //     autocast excluded;
@@ -1219,6 +1221,9 @@ struct Frame {
   int32_t writes = -1;           // kPending, kRecorded: where its written tensors start in ThreadState::writes
   bool node_apply = false;       // kBackward: a node's apply (BACKWARD_FUNCTION), not the engine's evaluation
   bool accumulation = false;     // kBackward: the evaluation of a named parameter's AccumulateGrad
+  int8_t materializes = 0;       // kRecorded, kDeferred: its arguments with a math bit not yet cloned (math_bit_clone)
+  bool math_bits = false;        // it took an entry of ThreadState::math_bit_calls
+  const c10::TensorImpl* cloned = nullptr;  // kRecorded: the argument of its parent the math-bit fallback clones (math_bit_clone)
 };
 
 // Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
@@ -1246,8 +1251,31 @@ struct ThreadState {
   std::vector<std::pair<c10::TensorImpl*, int64_t>> writes;  // the tensors open ops write, with their versions then
   std::vector<int64_t> unnumbered;  // rows of a node's evaluation before its apply (tensor hooks): numbered there
   std::vector<int64_t> accumulations;  // the contexts of the parameters whose accumulation runs, innermost last
+  std::vector<std::vector<c10::IValue>> math_bit_calls;  // the arguments of the frames that materialize some, innermost last
 };
 thread_local ThreadState state;
+
+// A conjugate or negative view handed to an op without a kernel for it: the math-bit fallback, below
+// autograd and above the Python key, clones it and runs the op on the clone, so a dispatch mode sees
+// that clone, then the op reading it (MathBitsFallback.h; an argument it writes is copied back after
+// it from its clone: that copy is not recorded).
+constexpr c10::DispatchKeySet kMathBits{c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative})};
+constexpr char kClone[] = "aten::clone";
+
+// How many of a call's tensor arguments carry a math bit.
+int8_t math_bit_arguments(c10::ArrayRef<const c10::IValue> inputs) {
+  int8_t count = 0;
+  for (const auto& value : inputs) {
+    if (value.isTensor() && value.unsafeToTensorImpl()->key_set().has_any(kMathBits)) ++count;
+  }
+  return count;
+}
+
+// Whether an op called inside `parent` below autograd is the fallback's clone of one of its arguments.
+bool math_bit_clone(const Frame& parent, const at::RecordFunction& fn, c10::ArrayRef<const c10::IValue> inputs) {
+  return parent.materializes > 0 && !parent.below && (parent.kind == kRecorded || parent.kind == kDeferred) && !inputs.empty() &&
+         inputs[0].isTensor() && inputs[0].unsafeToTensorImpl()->key_set().has_any(kMathBits) && std::strcmp(fn.name(), kClone) == 0;
+}
 
 // The context a row recorded now takes: the parameter's in its gradient's accumulation, else the
 // module context Python set.
@@ -1609,7 +1637,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   // autograd key runs in its decomposition above autograd (value_selecting_reduction_backward's zeros).
   bool above = live || (parent != nullptr && parent->kind == kPending && no_tensor_argument(inputs) &&
                         !c10::impl::tls_local_dispatch_key_set().excluded_.has_any(c10::autograd_dispatch_keyset));
-  if (parent != nullptr && !above) {  // the parent's kernel below autograd runs this op: hidden
+  bool materializing = parent != nullptr && !above && math_bit_clone(*parent, fn, inputs);
+  if (materializing) --parent->materializes;  // recorded before the parent (deferred below), as a mode sees it
+  if (parent != nullptr && !above && !materializing) {  // the parent's kernel below autograd runs this op: hidden
     if (parent->kind == kPending || parent->kind == kDeferred) settle(thread, *parent, true);
     parent->below = true;
     thread.frames.push_back({kHidden, false, false, -1});
@@ -1667,7 +1697,33 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   thread.frames.back().factory = no_tensor_argument(inputs);
   thread.frames.back().writes = note_writes(thread, info, inputs);
   snapshot_written(recorder.slots, thread, thread.frames.back().writes);
+  if (materializing) thread.frames.back().cloned = inputs[0].unsafeToTensorImpl();  // (fn.inputs() lives only through on_enter)
+  if (keys.has_any(kMathBits)) {
+    thread.frames.back().materializes = math_bit_arguments(inputs);
+    thread.frames.back().math_bits = thread.frames.back().materializes > 0;
+    if (thread.frames.back().math_bits) thread.math_bit_calls.emplace_back(inputs.begin(), inputs.end());
+  }
   return nullptr;
+}
+
+// The math-bit fallback's clone of `original` ended: the op it was made for (deferred, its row
+// waiting in the innermost stash) reads the clone in that argument's place, as a dispatch mode sees it.
+void read_clone_instead(ThreadState& thread, const c10::TensorImpl* original, const std::vector<c10::IValue>& outputs) {
+  Frame* parent = enclosing_op(thread);
+  if (parent == nullptr || parent->kind != kDeferred || !parent->math_bits || thread.stashed == 0 || outputs.empty() ||
+      !outputs[0].isTensor()) {
+    return;  // (another thread's rows kept the parent from being deferred: it stays before the clone)
+  }
+  auto& arguments = thread.math_bit_calls.back();
+  for (auto& value : arguments) {  // the first left: the fallback clones them in order, one a time (mul(x, x))
+    if (value.isTensor() && value.unsafeToTensorImpl() == original) {
+      value = outputs[0];
+      break;
+    }
+  }
+  auto& stash = thread.stashes[thread.stashed - 1];
+  stash.slots.clear();
+  stash.slots.add_all(-1, 0, c10::ArrayRef<const c10::IValue>(arguments.data(), arguments.size()), parent->args);
 }
 
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
@@ -1683,6 +1739,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   auto frame = last;
   thread.frames.pop_back();
+  if (frame.math_bits) thread.math_bit_calls.pop_back();
   if (frame.writes >= 0) {  // before its outputs: a written argument it returns holds the written value
     if (frame.kind == kRecorded) count_unmoved(thread, frame.writes);
     thread.writes.resize(static_cast<size_t>(frame.writes));
@@ -1723,6 +1780,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     }
     if (!slots.waiting.empty()) outputs_waiting.store(true, std::memory_order_relaxed);
   }
+  if (frame.kind == kRecorded && frame.cloned != nullptr) read_clone_instead(thread, frame.cloned, fn.outputs());  // (the lock let go)
 }
 
 // ---- the alternative observation point, measured by bench/observation_point.py -----------------

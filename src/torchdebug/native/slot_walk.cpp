@@ -218,6 +218,7 @@ struct Walk {
   Shapes shapes;
   AddressMap<int64_t> calls;  // this step: calls so far by (phase, module, op)
   AddressMap<Call> made_by;   // this step's forward rows
+  AddressMap<bool> held;      // the nodes of made_by a call below autograd holds (the math-bit fallback's clone)
   std::vector<Call> log;      // this step's forward calls, in order
   Pairing pairing;
   std::unordered_map<int64_t, int64_t> rebuilt;  // recompute.py's RebuiltTensors: address → the module that made it
@@ -415,6 +416,7 @@ void td_walk_next_step(void* walk) {
   state.writes_into.clear();
   state.calls.clear();
   state.made_by.clear();
+  state.held.clear();
   state.log.clear();
   state.pairing = Pairing{};
   state.rebuilt.clear();
@@ -543,9 +545,13 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
         own.index = static_cast<int64_t>(state.log.size());
         state.log.push_back(own);
         if (seq >= 0) {
-          state.made_by[seq] = own;
-        } else if (row_made[row] >= 0) {
-          state.made_by.try_emplace(row_made[row], own);
+          if (!state.held.contains(seq)) state.made_by[seq] = own;
+        } else if (row_made[row] >= 0 && !state.made_by.contains(row_made[row])) {
+          // A call with grad mode on made after the node, recorded before the node's own op (the
+          // math-bit fallback's clone of its argument, observer.cpp): a mode sees it first, and names
+          // the node after it.
+          state.made_by[row_made[row]] = own;
+          if (row_mark[row] & kGradOn) state.held[row_made[row]] = true;
         }
       } else if (phase == kRecompute && !detach) {  // a backward row's seq is the node run: its own comes after the last made
         Call made = from != nullptr ? *from : own;  // (a copy: an insert may move made_by's entries)

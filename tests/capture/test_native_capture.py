@@ -585,7 +585,8 @@ def test_more_layers_and_training_patterns_dump_the_same_records_on_both_paths(t
 
 def _math_bit_views() -> tuple[nn.Module, Callable[[], None]]:
     """Products of complex tensors handed as conjugate and negative views (``mul`` has no kernel for
-    either: the math-bit fallback clones them), one, two and the same view twice."""
+    either: the math-bit fallback clones them), one, two and the same view twice, and one under
+    inference mode."""
     torch.manual_seed(0)
     x, y = torch.randn(3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)
 
@@ -594,6 +595,8 @@ def _math_bit_views() -> tuple[nn.Module, Callable[[], None]]:
         torch.mul(x._neg_view(), y.conj())
         conjugate = x.conj()
         torch.mul(conjugate, conjugate).abs()
+        with torch.inference_mode():  # no call live: the clone is called inside a recorded op's kernel
+            torch.mul(x.conj(), y)
 
     return nn.Linear(2, 2), step
 
@@ -612,6 +615,8 @@ def test_an_argument_with_a_math_bit_is_cloned_before_the_op_on_both_paths(tmp_p
         *["aten.clone.default"] * 2,
         "aten.mul.Tensor",
         *["aten.clone.default"] * 2,
+        "aten.mul.Tensor",
+        "aten.clone.default",
         "aten.mul.Tensor",
     ]
     clones = {record.value_id for record in native if record.op == "aten.clone.default" and record.io == "output"}

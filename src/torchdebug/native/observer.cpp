@@ -1626,7 +1626,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     thread.frames.push_back({kHidden, false, false, -1});  // out of a dispatch mode's sight, or inside another's
     return nullptr;
   }
-  if (parent != nullptr && (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live))) {
+  if (parent != nullptr &&
+      (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live && !math_bit_clone(*parent, fn, fn.inputs())))) {
     thread.frames.push_back({kHidden, false, false, -1});  // inside a kernel below autograd
     return nullptr;
   }

@@ -547,9 +547,10 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
         if (seq >= 0) {
           if (!state.held.contains(seq)) state.made_by[seq] = own;
         } else if (row_made[row] >= 0 && !state.made_by.contains(row_made[row])) {
-          // A call with grad mode on made after the node, recorded before the node's own op (the
-          // math-bit fallback's clone of its argument, observer.cpp): a mode sees it first, and names
-          // the node after it.
+          // The first call to follow a node holds it, as eager.py's _remember holds it; the node's own
+          // op takes it back from a call made with grad mode off only. With grad mode on, that first
+          // call is one recorded before the node's op though made after the node: the math-bit
+          // fallback's clone of an argument (observer.cpp), which a mode sees first.
           state.made_by[row_made[row]] = own;
           if (row_mark[row] & kGradOn) state.held[row_made[row]] = true;
         }

@@ -1271,10 +1271,13 @@ int8_t math_bit_arguments(c10::ArrayRef<const c10::IValue> inputs) {
   return count;
 }
 
-// Whether an op called inside `parent` below autograd is the fallback's clone of one of its arguments.
-bool math_bit_clone(const Frame& parent, const at::RecordFunction& fn, c10::ArrayRef<const c10::IValue> inputs) {
-  return parent.materializes > 0 && !parent.below && (parent.kind == kRecorded || parent.kind == kDeferred) && !inputs.empty() &&
-         inputs[0].isTensor() && inputs[0].unsafeToTensorImpl()->key_set().has_any(kMathBits) && std::strcmp(fn.name(), kClone) == 0;
+// Whether an op called inside `parent` below autograd is the fallback's clone of one of its arguments
+// (the frame's count first: a call of any other op inside a recorded one reads nothing more).
+bool math_bit_clone(const Frame& parent, const at::RecordFunction& fn) {
+  if (parent.materializes == 0 || parent.below || (parent.kind != kRecorded && parent.kind != kDeferred)) return false;
+  auto inputs = fn.inputs();
+  return !inputs.empty() && inputs[0].isTensor() && inputs[0].unsafeToTensorImpl()->key_set().has_any(kMathBits) &&
+         std::strcmp(fn.name(), kClone) == 0;
 }
 
 // The context a row recorded now takes: the parameter's in its gradient's accumulation, else the
@@ -1627,7 +1630,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   if (parent != nullptr &&
-      (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live && !math_bit_clone(*parent, fn, fn.inputs())))) {
+      (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live && !math_bit_clone(*parent, fn)))) {
     thread.frames.push_back({kHidden, false, false, -1});  // inside a kernel below autograd
     return nullptr;
   }
@@ -1638,7 +1641,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   // autograd key runs in its decomposition above autograd (value_selecting_reduction_backward's zeros).
   bool above = live || (parent != nullptr && parent->kind == kPending && no_tensor_argument(inputs) &&
                         !c10::impl::tls_local_dispatch_key_set().excluded_.has_any(c10::autograd_dispatch_keyset));
-  bool materializing = parent != nullptr && !above && math_bit_clone(*parent, fn, inputs);
+  bool materializing = parent != nullptr && !above && math_bit_clone(*parent, fn);
   if (materializing) --parent->materializes;  // recorded before the parent (deferred below), as a mode sees it
   if (parent != nullptr && !above && !materializing) {  // the parent's kernel below autograd runs this op: hidden
     if (parent->kind == kPending || parent->kind == kDeferred) settle(thread, *parent, true);

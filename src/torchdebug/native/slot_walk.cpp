@@ -218,7 +218,7 @@ struct Walk {
   Shapes shapes;
   AddressMap<int64_t> calls;  // this step: calls so far by (phase, module, op)
   AddressMap<Call> made_by;   // this step's forward rows
-  AddressMap<bool> held;      // the nodes of made_by a call below autograd holds (the math-bit fallback's clone)
+  AddressMap<bool> claimed;   // the nodes of made_by a call made with grad mode on took first (the math-bit fallback's clone)
   std::vector<Call> log;      // this step's forward calls, in order
   Pairing pairing;
   std::unordered_map<int64_t, int64_t> rebuilt;  // recompute.py's RebuiltTensors: address → the module that made it
@@ -416,7 +416,7 @@ void td_walk_next_step(void* walk) {
   state.writes_into.clear();
   state.calls.clear();
   state.made_by.clear();
-  state.held.clear();
+  state.claimed.clear();
   state.log.clear();
   state.pairing = Pairing{};
   state.rebuilt.clear();
@@ -545,14 +545,14 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
         own.index = static_cast<int64_t>(state.log.size());
         state.log.push_back(own);
         if (seq >= 0) {
-          if (!state.held.contains(seq)) state.made_by[seq] = own;
+          if (!state.claimed.contains(seq)) state.made_by[seq] = own;
         } else if (row_made[row] >= 0 && !state.made_by.contains(row_made[row])) {
-          // The first call to follow a node holds it, as eager.py's _remember holds it; the node's own
-          // op takes it back from a call made with grad mode off only. With grad mode on, that first
+          // The first call to follow a node claims it, as eager.py's _remember does (setdefault); the
+          // node's own op takes it back from a call made with grad mode off only. With grad mode on, that first
           // call is one recorded before the node's op though made after the node: the math-bit
           // fallback's clone of an argument (observer.cpp), which a mode sees first.
           state.made_by[row_made[row]] = own;
-          if (row_mark[row] & kGradOn) state.held[row_made[row]] = true;
+          if (row_mark[row] & kGradOn) state.claimed[row_made[row]] = true;
         }
       } else if (phase == kRecompute && !detach) {  // a backward row's seq is the node run: its own comes after the last made
         Call made = from != nullptr ? *from : own;  // (a copy: an insert may move made_by's entries)

@@ -90,6 +90,12 @@ def test_statistics_of_complex_tensors_use_magnitudes():
     assert stats["max"] == pytest.approx(5.0) and stats["min"] == pytest.approx(1.0)
 
 
+def test_statistics_of_quantized_tensors_are_those_of_their_dequantized_values():
+    quantized = torch.quantize_per_tensor(torch.tensor([-1.0, 0.5, 2.0]), 0.5, 2, torch.qint8)
+    stats = tensor_stats(quantized)
+    assert (stats["min"], stats["max"], stats["mean"]) == (-1.0, 2.0, pytest.approx(0.5))
+
+
 def test_statistics_of_bfloat16_accumulate_in_float32():
     x = torch.full((4096,), 1.0 + 2**-7, dtype=torch.bfloat16)
     stats = tensor_stats(x)

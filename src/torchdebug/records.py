@@ -87,6 +87,13 @@ reading: an ``out=`` buffer, a collective's output tensor, ``copy_``'s destinati
 written`` (FSDP2's all-gather buffer after its copy-in, which the all-gather fills) or ``never
 materialised`` (:data:`NEVER_MATERIALISED`)."""
 
+
+def layout_not_captured(layout: object) -> str:
+    """The ``capture_error`` of a tensor whose layout has no strides (``torch.sparse_coo``, ...):
+    its dtype, shape and device are recorded, its values are not read."""
+    return f"layout {layout} is not captured"
+
+
 COLLECTIVES = ("c10d.", "_c10d_functional.")
 """Op name prefixes of torch.distributed's collectives (``c10d.allreduce_.default``, functional
 ``_c10d_functional.all_reduce.default``): their outputs hold other ranks' values."""

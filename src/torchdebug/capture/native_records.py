@@ -37,8 +37,8 @@ from torchdebug.capture.native_recompute import RecomputeMarks
 from torchdebug.capture.native_subclasses import read_subclasses
 from torchdebug.capture.native_values import CHANGED, CHANGED_TEXT, PHASES, SlotWalk, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
-from torchdebug.native.observer import NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
-from torchdebug.records import NO_MODULE, Record
+from torchdebug.native.observer import LAID_OUT, NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
+from torchdebug.records import NO_MODULE, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import empty_stats
 from torchdebug.store import FixedColumns, SlotColumns, records_from_table, unread_text
@@ -57,11 +57,16 @@ _ERRORS = {
 }
 
 
+_LAYOUT_CODES = 16
+"""Layout codes a ``LAID_OUT`` slot's flag may add (c10 has 8; a later one is named ``torch.layout``)."""
+
+
 @functools.cache
-def _error_texts() -> pa.Array:
+def _error_texts(observer: NativeObserver) -> pa.Array:
     """``capture_error`` by the walk's code (``WalkedSlots.errors``); made on first use, as an Arrow
     array made at import would load pandas into ``import torchdebug.monitor`` (pyarrow's shim)."""
-    return pa.array([_ERRORS.get(code) for code in range(max(_ERRORS) + 1)], pa.string())
+    texts = _ERRORS | {LAID_OUT + code: layout_not_captured(observer.layout_name(code)) for code in range(1, _LAYOUT_CODES)}
+    return pa.array([texts.get(code) for code in range(max(texts) + 1)], pa.string())
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,7 +431,7 @@ class NativeStepCapture:
             walked.fingerprints,
             taken_fingerprints,
             walked.errors,
-            _error_texts(),
+            _error_texts(self.observer),
             walked.unread,
             self._texts([None if why is None else unread_text(why) for why in walk.whys], "whys"),
             overrides,
@@ -441,6 +446,7 @@ class NativeStepCapture:
             device_name=self._device_name,
             flagged=PLAIN,
             valued=VALUE,
+            laid_out=LAID_OUT,
             fixed=self._fixed,
         )
 

@@ -23,6 +23,7 @@ from torchdebug._torch.autograd import tensor_version
 from torchdebug._torch.subclasses import describe
 from torchdebug.capture.native_values import CHANGED_TEXT, WalkedSlots
 from torchdebug.native.observer import SUBCLASS
+from torchdebug.records import layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.store import SlotOverrides, extra_text
 
@@ -67,7 +68,7 @@ def read_subclasses(
         strided = local.layout is torch.strided
         overrides.strides.append(list(tensor.stride()) if strided or view.local is not None else None)
         if view.local is None or not strided:
-            overrides.errors.append(view.why_unread() if view.local is None else f"layout {local.layout} is not captured")
+            overrides.errors.append(view.why_unread() if view.local is None else layout_not_captured(local.layout))
             continue
         if versions[slot] >= 0 and tensor_version(tensor) != versions[slot]:
             overrides.errors.append(CHANGED_TEXT)

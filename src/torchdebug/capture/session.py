@@ -29,7 +29,7 @@ from torchdebug.capture.unwritten import UnwrittenStorages, storage_id
 from torchdebug.capture.value_ids import ValueIds
 from torchdebug.checksum import hex_digits
 from torchdebug.errors import DumpError
-from torchdebug.records import UNINITIALISED, UNREAD, Record, make_name
+from torchdebug.records import UNINITIALISED, UNREAD, Record, layout_not_captured, make_name
 from torchdebug.slots import DTYPE_NAMES, Slot, dtype_name, json_value
 from torchdebug.stats import stats_from_sums
 from torchdebug.stats_table import StatsStager
@@ -397,7 +397,7 @@ class CaptureSession:
         record.shape = sizes.get(shape) or sizes.setdefault(shape, list(shape))
         record.device = _DEVICE_NAMES.get(device) or _device_name(device)
         if tensor.layout is not _STRIDED:
-            record.capture_error = f"layout {tensor.layout} is not captured"
+            record.capture_error = layout_not_captured(tensor.layout)
             return False
         stride = tensor.stride()
         record.stride = sizes.get(stride) or sizes.setdefault(stride, list(stride))

@@ -27,6 +27,9 @@
 //     autocast excluded;
 //   - RecordFunctions named by a string (optimizer steps, record_function blocks) are transparent;
 //   - an op whose autograd kernel never redispatches (detach_), called live, is hidden;
+//   - an op with no autograd kernel (a custom op registered for a backend, quantized::linear_dynamic)
+//     goes below autograd at once through autograd's fallback, which leaves autograd live for what
+//     its kernel calls: those calls are hidden as any kernel's;
 //   - an op called while the thread excludes the Python key is hidden, with all it calls: no
 //     dispatch mode sees it (torch.tensor(data) builds its tensor so: empty, to, detach_); so is one
 //     called while a Python dispatch mode is active: FakeTensorMode while Dynamo compiles (which a
@@ -42,7 +45,7 @@
 // them (ThreadLocalState) to the threads that run a graph task. On such a thread an op is recorded
 // only inside a backward scope; on the thread that started the observer, always. Tensor subclasses
 // (a Python key in the key set) and nested tensors are flagged, never read here: their sizes may call
-// into Python. A subclass instance is kept for the flush, where Python reads it through its inner
+// into Python. A tensor with no strides (sparse, mkldnn) is described (dtype, shape, device), not read. A subclass instance is kept for the flush, where Python reads it through its inner
 // tensors as a dispatch mode does. Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
 // Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
 //
@@ -110,19 +113,27 @@ namespace {
 
 // ---- torch API touch points (identical in 2.11.0, 2.13.0, 2.14.1) ------------------------------
 
-enum Kind : int8_t { kOp, kComposite, kMaybeComposite, kAutogradOnly, kNotOp };
+enum Kind : int8_t { kOp, kComposite, kMaybeComposite, kAutogradOnly, kNotOp, kNoAutograd };
 // kComposite: a CompositeImplicitAutograd kernel and no autograd kernel: it decomposes above
 // autograd. kMaybeComposite: both (aten::linear, matmul, narrow, chunk, max_pool2d: their autograd
 // kernel may decompose or redispatch), decided by what runs inside it. kNotOp: a RecordFunction
 // named by a string (the engine's "autograd::engine::evaluate_function: ...", optimizer steps).
 // kAutogradOnly: an op whose autograd kernel does all it does, never reaching below autograd
 // (detach_, in torch/csrc/autograd/VariableTypeManual.cpp): called live, no dispatch mode sees it.
+// kNoAutograd: an op with no kernel of its own for autograd (quantized::linear_dynamic, a custom op
+// registered for a backend only): autograd's fallback redispatches it below autograd without
+// excluding autograd for what its kernel calls, so those calls are live, yet a dispatch mode sees
+// the op and none of them.
 
 Kind kind_of(const c10::OperatorName& name) {
   if (name.name == "aten::detach_" && name.overload_name.empty()) return kAutogradOnly;
   auto handle = c10::Dispatcher::singleton().findOp(name);
-  if (!handle.has_value() || !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return kOp;
-  return handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd) ? kMaybeComposite : kComposite;
+  if (!handle.has_value()) return kOp;
+  bool autograd = handle->hasKernelForDispatchKey(c10::DispatchKey::Autograd) ||
+                  handle->hasKernelForDispatchKey(c10::DispatchKey::AutogradCPU) ||
+                  handle->hasKernelForDispatchKey(c10::DispatchKey::AutogradCUDA);
+  if (!handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return autograd ? kOp : kNoAutograd;
+  return autograd ? kMaybeComposite : kComposite;
 }
 
 // The keys of a call with these arguments that this thread does not exclude: its tensor arguments'.
@@ -149,8 +160,10 @@ enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2 };
 // kEmpty: callbacks that return at once (the cost of RecordFunction itself); kEmptyWithValues: the
 // same, asking the dispatcher for inputs and outputs (its boxing); kRecord: the observer.
 
-enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2, kValue = 4 };
+enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2, kValue = 4, kLaidOut = 16 };
 // kValue: a non-tensor argument or result (a number, a list of sizes, a dtype, None), as JSON text.
+// kLaidOut: a tensor of a layout with no strides (sparse, mkldnn), kLaidOut plus the layout's code:
+// described (dtype, shape, device), not read, as CaptureSession describes one.
 
 // ---- non-tensor values, as a dispatch mode is handed them -----------------------------------------
 // A dispatch mode gets an op's arguments from torch's parseIValuesToPyArgsKwargs: the positional
@@ -765,18 +778,21 @@ struct Slots {
     alive.push_back(WeakImpl::reclaim_copy(impl));
     dtype.push_back(static_cast<int8_t>(impl->dtype().toScalarType()));
     version.push_back(impl->is_inference() ? int64_t{-1} : slot_version(impl));
-    int8_t kind = impl->key_set().has(c10::DispatchKey::Python) ? kSubclass : impl->is_nested() ? kNested : kPlain;
+    int8_t kind = impl->key_set().has(c10::DispatchKey::Python) ? kSubclass
+                  : impl->is_nested()                             ? kNested
+                  : impl->layout() != c10::kStrided               ? static_cast<int8_t>(kLaidOut + static_cast<int8_t>(impl->layout()))
+                                                                  : kPlain;
     flag.push_back(kind);
     auto at = stats.size();
     stats.resize(at + kStatsWidth, std::nan(""));
-    // A subclass's or nested tensor's own memory is not its value: the TensorImpl stands for it.
+    // A subclass's, a nested tensor's or a sparse one's own memory is not its value: the TensorImpl stands for it.
     storage.push_back(kind == kPlain ? reinterpret_cast<int64_t>(impl->unsafe_storage().unsafeGetStorageImpl()) : reinterpret_cast<int64_t>(impl));
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
     base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
     base.push_back(kind == kPlain ? view_base(impl, base_alive.back()) : 0);
     auto* storage_impl = kind == kPlain && impl->has_storage() ? impl->unsafe_storage().unsafeGetStorageImpl() : nullptr;
     storage_alive.push_back(storage_impl != nullptr ? WeakStorage::reclaim_copy(storage_impl) : WeakStorage(c10::intrusive_ptr<c10::StorageImpl>()));
-    if (kind != kPlain) {
+    if (kind != kPlain && kind < kLaidOut) {
       add_unread();
       if (kind == kSubclass) keep(impl, false);  // Python reads it through its inner tensors at the flush
       return;
@@ -784,15 +800,18 @@ struct Slots {
     auto sizes = impl->sizes();
     ndim.push_back(static_cast<int8_t>(sizes.size()));
     shape.insert(shape.end(), sizes.begin(), sizes.end());
-    if (impl->layout() == c10::kStrided) {
-      auto steps = impl->strides();
-      stride.insert(stride.end(), steps.begin(), steps.end());
-    } else {
-      stride.insert(stride.end(), sizes.size(), 0);
-    }
     auto device = impl->device();
     device_type.push_back(static_cast<int8_t>(device.type()));
     device_index.push_back(static_cast<int8_t>(device.index()));
+    if (kind != kPlain) {  // no strides: read nothing
+      stride.insert(stride.end(), sizes.size(), 0);
+      has_stats.push_back(0);
+      has_fingerprint.push_back(0);
+      fingerprint.push_back(0);
+      return;
+    }
+    auto steps = impl->strides();
+    stride.insert(stride.end(), steps.begin(), steps.end());
     int64_t value = 0;
     int taken = read_values(impl, stats.data() + at, &value);
     has_stats.push_back(taken & kSummed ? 1 : 0);
@@ -1697,7 +1716,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   recorder.slots.add_all(at_row, 0, inputs, args);
   if (info.mutable_op) forget_reads_of(inputs);
-  thread.frames.push_back({kRecorded, live, false, at_row, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
+  // (an op with no autograd kernel goes below autograd at once: what it calls is hidden, live or not)
+  thread.frames.push_back({kRecorded, live && info.kind != kNoAutograd, false, at_row, args, info.frame_op,
+                           info.args != nullptr && !info.args->outputs.empty()});
   thread.frames.back().factory = no_tensor_argument(inputs);
   thread.frames.back().writes = note_writes(thread, info, inputs);
   snapshot_written(recorder.slots, thread, thread.frames.back().writes);
@@ -2098,6 +2119,9 @@ int td_observer_take_lines(int lines) {
 void td_observer_keep_unsummed(int keep) { keep_unsummed.store(keep != 0); }
 
 // The name of a c10::DeviceType code, lower case ("cpu", "cuda").
+// The name of layout `code` as Python prints it (a kLaidOut slot's flag less kLaidOut).
+const char* td_observer_layout_name(int code) { return layout_name(code); }
+
 const char* td_observer_device_type_name(int type) {
   static std::deque<std::string> names;  // the returned pointers stay valid
   std::lock_guard<std::mutex> lock(recorder.mutex);

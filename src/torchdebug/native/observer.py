@@ -32,10 +32,12 @@ EMPTY, EMPTY_WITH_VALUES, RECORD = 0, 1, 2
 """Observer levels: callbacks that return at once, the same asking the dispatcher for inputs and
 outputs (measurements of what ``RecordFunction`` costs), and the recorder."""
 
-PLAIN, SUBCLASS, NESTED, VALUE = 0, 1, 2, 4
+PLAIN, SUBCLASS, NESTED, VALUE, LAID_OUT = 0, 1, 2, 4, 16
 """``slot_flag`` values: a tensor subclass or a nested tensor is flagged, not read; a non-tensor
 argument or result (a number, sizes, a dtype, ``None``) is a value slot, its JSON text in
-:attr:`ObservedOps.value_texts`."""
+:attr:`ObservedOps.value_texts`; a tensor of a layout with no strides (sparse, mkldnn) is
+``LAID_OUT`` plus its layout's code (:meth:`NativeObserver.layout_name`): its dtype, shape and device
+are drained, its values not read."""
 
 GRAD_ON, CHECKPOINT_NODE = 1, 2
 """:attr:`ObservedOps.mark` bits."""
@@ -235,6 +237,8 @@ class NativeObserver:
         library.td_observer_take_lines.argtypes = [ctypes.c_int]
         library.td_observer_device_type_name.argtypes = [ctypes.c_int]
         library.td_observer_device_type_name.restype = ctypes.c_char_p
+        library.td_observer_layout_name.restype = ctypes.c_char_p
+        library.td_observer_layout_name.argtypes = [ctypes.c_int]
         library.td_observer_freed_count.restype = ctypes.c_int64
         library.td_observer_take_freed.argtypes = [ctypes.c_void_p]
         library.td_observer_value_texts.argtypes = [ctypes.c_void_p]
@@ -261,6 +265,10 @@ class NativeObserver:
         if name is None:
             name = self._device_types[device_type] = self._lib.td_observer_device_type_name(device_type).decode()
         return name if index < 0 else f"{name}:{index}"
+
+    def layout_name(self, code: int) -> str:
+        """``str(tensor.layout)`` of a ``LAID_OUT`` slot's layout code (its flag less ``LAID_OUT``)."""
+        return self._lib.td_observer_layout_name(code).decode()
 
     def name_accumulations(self, parameters: list[torch.Tensor], contexts: list[int]) -> None:
         """Record the ops of each of ``parameters``' gradient accumulations (the engine's evaluation of

@@ -90,6 +90,23 @@ struct MapKey<Memory> {  // a memory as an AddressMap key: no storage address is
   }
 };
 
+// A memory a recomputation's detach made a tensor in, for the forward call whose saved tensor it
+// restores (its place in Walk::log): what a backward op of that call's node unpacks.
+struct Unpack {
+  Memory memory;
+  int64_t call = 0;
+  bool operator==(const Unpack&) const = default;
+};
+
+template <>
+struct MapKey<Unpack> {
+  static Unpack empty() { return Unpack{MapKey<Memory>::empty()}; }
+  static bool is_empty(const Unpack& unpack) { return MapKey<Memory>::is_empty(unpack.memory); }
+  static uint64_t hash(const Unpack& unpack) {
+    return MapKey<Memory>::hash(unpack.memory) ^ (static_cast<uint64_t>(unpack.call) * 0xC2B2AE3D27D4EB4FULL);
+  }
+};
+
 // Shapes by id, so that a memory is a few integers: as many as the run has distinct shapes. Found by
 // a 63-bit hash of the sizes in an AddressMap (a shape whose hash another took: by its bytes).
 class Shapes {
@@ -222,8 +239,12 @@ struct Walk {
   std::vector<Call> log;      // this step's forward calls, in order
   Pairing pairing;
   std::unordered_map<int64_t, int64_t> rebuilt;  // recompute.py's RebuiltTensors: address → the module that made it
-  std::unordered_set<int64_t> rebuilds;  // the last drain's rows (by index) whose output is a tensor a checkpoint rebuilt
-  AddressMap<int64_t, Memory> unpacks;  // this step: the memory of each such tensor → its address
+  // The last drain's rows (by index) whose output is a tensor a checkpoint rebuilt → the last node
+  // made before each (a recomputed op's node, whose saved tensor it is; recomputation's pack hook).
+  std::unordered_map<int64_t, int64_t> rebuilds;
+  AddressMap<int64_t, Memory> unpacks;  // this step: the memory of each such tensor → its address (the last one's)
+  AddressMap<int64_t, Unpack> unpacks_for;  // and by the forward call whose saved tensor it restores
+  std::vector<int64_t> forward_of;  // the last drain's rows (by index): the forward call a backward row differentiates (Call::index)
   AddressMap<Known> at;
   AddressMap<Value, Memory> made_in;  // this step: the value first made in a memory
   AddressMap<Seen> seen;  // this step, by address
@@ -301,8 +322,20 @@ struct Walk {
     return id;
   }
 
-  // NativeValueIds.of: the value of a slot of `at_row` (slots in row order, each row's inputs first).
-  Value of(int64_t at_row, int8_t io, int64_t address, const Memory& memory, bool backward, int64_t base) {
+  // The address of the tensor a backward op of forward call `call`'s node unpacks over `memory` (0: none).
+  int64_t unpacked(const Memory& memory, int64_t call) const {
+    if (call != kNone) {
+      auto found = unpacks_for.find(Unpack{memory, call});
+      if (found != unpacks_for.end()) return found->second;
+    }
+    auto found = unpacks.find(memory);
+    return found != unpacks.end() ? found->second : 0;
+  }
+
+  // NativeValueIds.of: the value of a slot of `at_row` (slots in row order, each row's inputs first);
+  // `restored`: an input's value when it is a tensor a checkpoint restored (Walk::unpacked's).
+  Value of(int64_t at_row, int8_t io, int64_t address, const Memory& memory, bool backward, int64_t base,
+           const Value* restored = nullptr) {
     if (at_row != row) {
       row = at_row;
       inputs.clear();
@@ -315,8 +348,10 @@ struct Walk {
                                 (known->second.memory.partial && known->second.memory.storage == memory.storage))) {
         value = known->second.value;
       } else {
-        auto made = backward ? made_in.find(memory) : made_in.end();
-        if (made != made_in.end()) {
+        auto made = backward && restored == nullptr ? made_in.find(memory) : made_in.end();
+        if (restored != nullptr) {
+          value = *restored;
+        } else if (made != made_in.end()) {
           value = made->second;
         } else {
           value.id = fresh++;
@@ -421,6 +456,7 @@ void td_walk_next_step(void* walk) {
   state.pairing = Pairing{};
   state.rebuilt.clear();
   state.unpacks.clear();
+  state.unpacks_for.clear();
   state.row = -1;
 }
 
@@ -483,6 +519,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
     auto out_fwd_phase = static_cast<int8_t*>(columns[17]);
     std::unordered_set<int64_t> accumulations(parameter_contexts, parameter_contexts + parameters);
     state.rebuilds.clear();
+    state.forward_of.assign(static_cast<size_t>(rows), kNone);
     for (int64_t row = 0; row < rows; ++row) {
       auto found = state.ops.find(row_op[row]);
       if (found == state.ops.end()) return -1;  // facts not given: the caller's error
@@ -516,6 +553,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
           from = &made->second;
           module = from->module;
           out_stack[row] = from->stack;
+          state.forward_of[static_cast<size_t>(row)] = from->index;
         } else {  // a gradient accumulation is named after the parameter
           module = accumulations.contains(context) ? context : kOutside;
         }
@@ -563,7 +601,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
         }
       } else if (phase == kRecompute && rebuilt == state.rebuilt.end() && row_output[row] != 0) {
         state.rebuilt[row_output[row]] = module;  // a checkpoint detaches each tensor it rebuilds or keeps
-        state.rebuilds.insert(row);
+        state.rebuilds[row] = row_made[row];
       }
     }
     return 0;
@@ -699,6 +737,8 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     int64_t last_row = -1, dims = 0;
     OpFacts* op = nullptr;
     bool backward = false, rebuilds = false;
+    int64_t restores = kNone;  // a rebuilds row: the forward call whose saved tensor it restores (Call::index)
+    int64_t differentiates = kNone;  // a backward row: the forward call whose node runs it (Call::index)
     AddressMap<bool> arguments;  // an unrecorded row's tensor arguments (an in-place op returns one; a set)
     bool has_source = false;
     Source source{};
@@ -730,7 +770,12 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         arguments.clear();
         auto index = row - first_row;
         op = nullptr;
-        rebuilds = state.rebuilds.contains(index);
+        auto rebuild = state.rebuilds.find(index);
+        rebuilds = rebuild != state.rebuilds.end();
+        // (the recomputed op whose node saves it may follow its detach: found once all rows are named)
+        auto saver = rebuilds && rebuild->second >= 0 ? state.made_by.find(rebuild->second) : state.made_by.end();
+        restores = saver != state.made_by.end() ? saver->second.index : kNone;
+        differentiates = index >= 0 && index < static_cast<int64_t>(state.forward_of.size()) ? state.forward_of[static_cast<size_t>(index)] : kNone;
         row_writes = false;
         if (index >= 0 && index < rows) {
           auto found = state.ops.find(row_op[index]);
@@ -820,11 +865,12 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       }
       // A backward op's input first seen over a rebuilt tensor's memory: what autograd unpacked from it,
       // which a dispatch mode sees through its own detach of the rebuilt tensor, sharing its statistics.
-      // Its address (0: none), read now: an insert may move the entries.
-      auto* unpacked_from = io == 0 && backward && !state.unpacks.empty() && !state.at.contains(address) ? state.unpacks.find(memory)
-                                                                                                         : nullptr;
-      int64_t unpacked = unpacked_from != nullptr ? unpacked_from->second : 0;
-      auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
+      // Several ops may save one tensor (a norm's pow and mul, the projections reading one input): the
+      // detach made for the forward call this row differentiates, else the last one made over that memory.
+      int64_t unpacked = io == 0 && backward && !state.unpacks.empty() && !state.at.contains(address) ? state.unpacked(memory, differentiates) : 0;
+      auto* restored = unpacked != 0 ? state.at.find(unpacked) : nullptr;
+      Value restored_value = restored != nullptr && restored->second.memory == memory ? restored->second.value : Value{kNone, kNone};
+      auto value = state.of(row, io, address, memory, backward, slot_base[slot], restored_value.id != kNone ? &restored_value : nullptr);
       if (io == 0 && first_arg) {
         has_source_value = true;
         source_value = value;
@@ -834,6 +880,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       if (io && rebuilds) {  // what autograd unpacks in the backward: this tensor
         state.made_in[memory] = value;
         state.unpacks[memory] = address;
+        if (restores != kNone) state.unpacks_for[Unpack{memory, restores}] = address;
       }
       int64_t stats = kNone, fingerprint = kNone;
       int8_t error = 0, why = 0;

@@ -16,7 +16,10 @@ _INF = float("inf")
 
 def as_real(tensor: torch.Tensor) -> torch.Tensor:
     """The values statistics are taken over: magnitudes for complex, numbers for bool, float8 widened to
-    float32 (torch has no reductions over float8)."""
+    float32 (torch has no reductions over float8), a quantized tensor's dequantized values (the
+    numbers it stands for, which a float reference holds)."""
+    if tensor.is_quantized:
+        return tensor.dequantize()
     if tensor.is_complex():
         return tensor.abs()
     if tensor.dtype == torch.bool:

@@ -140,20 +140,24 @@ class SlotColumns:
         device_name: Callable[[int, int], str],
         flagged: int,
         valued: int,
+        laid_out: int,
         fixed: FixedColumns | None = None,
     ) -> pa.RecordBatch:
         """The recorded slots' records. ``ops``: the drained ``ObservedOps``; ``calls``: the call's
         fields by name (``RowNames.columns``), a drained row each, ``seqs`` its ``seq``; ``flagged``: the slots
         whose ``slot_flag`` is not it (subclasses, nested tensors, values) have no shape, stride or
         device; ``valued``: the ``slot_flag`` of a value slot (a non-tensor argument or result: a
-        record of kind ``value``, its ``value`` the JSON text ``CaptureSession`` writes); ``fixed``:
+        record of kind ``value``, its ``value`` the JSON text ``CaptureSession`` writes); ``laid_out``:
+        the slots whose ``slot_flag`` is it or more (a tensor with no strides: sparse) have their
+        dtype, shape and device, no stride; ``fixed``:
         the columns the structure sets, kept from the last drain of the same structure (and kept
         for the next)."""
         count = len(self.slots)
         slots = self.slots
         rows = np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row
         flags = np.asarray(ops.slot_flag)[slots]
-        undescribed, values = flags != flagged, flags == valued
+        unstrided, values = flags != flagged, flags == valued
+        undescribed = unstrided & (flags < laid_out)
         versions = np.asarray(ops.slot_version, np.int64)[slots]
         devices = np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES + np.asarray(ops.slot_device_index)[slots] + 1
         drained = (ops.slot_dtype, ops.slot_ndim, ops.shape, ops.stride)
@@ -172,7 +176,7 @@ class SlotColumns:
                 "kind": _kinds().take(pa.array(values.astype(np.int64))),
                 "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.get),
                 "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
-                "stride": _sizes(ops.stride, ops.slot_ndim, slots, undescribed),
+                "stride": _sizes(ops.stride, ops.slot_ndim, slots, unstrided),
                 "device": _named(devices, lambda key: device_name(key // _INDICES, key % _INDICES - 1), undescribed),
                 "capture": pa.repeat(pa.scalar("eager"), count),
             }

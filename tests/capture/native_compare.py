@@ -62,11 +62,11 @@ _MODE_ONLY_CALLS = {_DETACH}
 """Calls only a dispatch mode makes: the ``detach`` autograd saves an output through, the one it
 unpacks it through, and ``AccumulateGrad``'s of a gradient summed out of place (``docs/architecture.md``,
 the native observer)."""
-_SCATTER = "aten.scatter.src"
+_SCATTER, _INDEX_PUT = "aten.scatter.src", "aten.index_put.default"
 _MODE_RENAMES = {
     _VIEW: _RESHAPE_ALIAS,
     _ADD: _ADD_,
-    "aten.index_put.default": "aten._index_put_impl_.default",
+    _INDEX_PUT: "aten._index_put_impl_.default",
     "aten.new_zeros.default": "aten.zeros.default",
     _SCATTER: "aten.scatter_.src",
 }
@@ -82,7 +82,7 @@ added out of place to the product of a 3-D input that is not contiguous (``nn.Mu
 projections, a GRU's cells)."""
 _FACTORIES = {"aten.zeros.default"}
 """Of those, the ones that take no tensor without the mode."""
-_OUT_OF_PLACE = {_ADD, _SCATTER}
+_OUT_OF_PLACE = {_ADD, _SCATTER, _INDEX_PUT}
 """Of those, the ones whose output is, without the mode, their first argument written in place."""
 
 

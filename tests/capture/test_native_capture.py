@@ -1,15 +1,17 @@
 """The Debugger records ops on the native path where it applies (``TORCHDEBUG_NATIVE=1``), and the
 dumps of the two paths are the same record by record, but for what a dispatch mode itself changes in
-what torch runs (``native_mode_ops.py``)."""
+what torch runs (``native_compare.py``)."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -586,17 +588,74 @@ def _less_common_training() -> tuple[nn.Module, Callable[[], None]]:
     return model, averaged_step
 
 
+class _SigmoidGate(torch.autograd.Function):
+    """A custom autograd function: its node takes the sequence number an op before it left unused."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, gate)
+        return x * gate.sigmoid()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, gate = ctx.saved_tensors
+        opened = gate.sigmoid()
+        return grad * opened, (grad * x * opened * (1 - opened)).sum(0)
+
+
+class _Assorted(nn.Module):
+    """A custom autograd function applied to an input that requires no gradient, a module called
+    twice with a forward hook of its own, a gradient hook that clamps, transposed convolution, group
+    norm, resampling, unfolding, a transformer encoder layer, indexing by a mask and by indices
+    (their backwards scatter into zeros), label smoothing and class weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Parameter(torch.randn(8))
+        self.gate.register_hook(lambda grad: grad.clamp(-1, 1))
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.transposed = nn.ConvTranspose2d(4, 2, 2, stride=2)
+        self.norm = nn.GroupNorm(2, 4)
+        self.embedding = nn.Embedding(10, 8, padding_idx=0)
+        self.shared = nn.Linear(8, 8)
+        self.shared.register_forward_hook(lambda module, args, output: output * 1.0)
+        self.encoder = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _SigmoidGate.apply(x.repeat(1, 2), self.gate)
+        h = self.shared(self.shared(h))
+        image = F.interpolate(self.norm(self.conv(h.view(3, 2, 2, 2))), scale_factor=2, mode="bilinear", align_corners=False)
+        image = self.transposed(F.pixel_unshuffle(image, 2)[:, :4])
+        sampled = F.grid_sample(image, torch.zeros(3, 2, 2, 2), align_corners=False).sum()
+        ids = torch.tensor([[0, 1, 2], [3, 0, 4], [5, 6, 0]])
+        encoded = self.encoder(self.embedding(ids) + h.unsqueeze(1))
+        targets = torch.tensor([1, 0, 2])
+        loss = F.cross_entropy(encoded.mean(1)[:, :3], targets, label_smoothing=0.1)
+        loss = loss + F.nll_loss(F.log_softmax(encoded[:, 0, :3], -1), targets, weight=torch.tensor([1.0, 2.0, 3.0]))
+        selected = torch.masked_select(h, h > 0).sum() + h[h.nonzero(as_tuple=True)].sum() + torch.unique(ids).float().sum()
+        scattered = torch.zeros(3, 8).scatter_add(0, ids[:, :1].expand(3, 8) % 3, h).sum() + h.gather(1, ids % 8).sum()
+        folded = F.fold(F.unfold(image, 2), image.shape[-2:], 2).sum()
+        return loss + selected + scattered + folded + sampled + torch.where(h > 0, h, h * 0.1).sum()
+
+
 def _conv_attention_training() -> tuple[nn.Module, Callable[[], None]]:
     model, step = loss_training(_ConvAttention)
     model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
     return model, step
 
 
-@pytest.mark.parametrize("training", [_conv_attention_training, _less_common_training], ids=["conv_attention", "less_common"])
+@pytest.mark.parametrize(
+    "training",
+    [_conv_attention_training, _less_common_training, functools.partial(loss_training, _Assorted)],
+    ids=["conv_attention", "less_common", "assorted"],
+)
 @pytest.mark.parametrize("task", ["structure", "statistics"])
 def test_more_layers_and_training_patterns_dump_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, training, task):
     """Convolution, batch norm and attention under autocast; a parametrization, a full backward hook,
-    a complex spectrum, a double backward, a moving average and ``out=`` ops."""
+    a complex spectrum, a double backward, a moving average and ``out=`` ops; :class:`_Assorted`'s
+    layers and patterns (a custom autograd function's backward ops are named after the call made
+    first inside its forward, as a mode names them: before 2026-11-28 the native path named them
+    after the op before it, which had left its sequence number to the function's node)."""
     python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
     _assert_same_dumps(python, native)

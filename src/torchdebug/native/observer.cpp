@@ -1070,9 +1070,11 @@ struct Slots {
   }
 };
 
-enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2 };
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kNoNode = 8 };
 // kGradOn: grad mode was on at the op; kCheckpointNode: the node the engine runs is a reentrant
-// checkpoint's (td_observer_checkpoint), whose ops re-run its region.
+// checkpoint's (td_observer_checkpoint), whose ops re-run its region; kNoNode: a forward op with a
+// sequence number made no node under it (no argument required grad), so the next node made takes
+// that number (a custom autograd.Function's, applied next). (4 is native_recompute.py's.)
 
 struct Row {
   int32_t op;
@@ -1789,6 +1791,11 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       dropped.clear();
       if (!thread.unnumbered.empty() && thread.unnumbered.back() == frame.row) thread.unnumbered.pop_back();
       return;
+    }
+    auto at = frame.row - recorder.first_row;
+    if (at >= 0 && at < static_cast<int64_t>(recorder.seq.size()) && !recorder.backward[at] && recorder.seq[at] >= 0 &&
+        at::sequence_number::peek() <= static_cast<uint64_t>(recorder.seq[at])) {
+      recorder.mark[at] |= kNoNode;
     }
     slots.outputs_wait = frame.factory;
     auto after = slots.row.size();  // the slots of rows recorded inside this op (after its redispatch)

@@ -40,7 +40,9 @@ argument or result (a number, sizes, a dtype, ``None``) is a value slot, its JSO
 are drained, its values not read."""
 
 GRAD_ON, CHECKPOINT_NODE = 1, 2
-""":attr:`ObservedOps.mark` bits."""
+""":attr:`ObservedOps.mark` bits Python reads: grad mode was on; run by a reentrant checkpoint's node.
+(4 is ``native_values.RECOMPUTED``, which Python adds; 8, read by the walk only, a forward op that made
+no node of its sequence number, which the next node made takes: a custom autograd function's.)"""
 
 _COLUMNS = (
     ("op", "i"),

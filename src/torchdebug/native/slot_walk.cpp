@@ -59,11 +59,12 @@ enum OpFlag : int {
 // kAccumulates: the op the engine sums gradients in place with (aten.add_.Tensor in a backward row),
 // which a dispatch mode runs out of place (a new tensor, at version 0). kDetach: aten.detach.default.
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
-enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4 };
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8 };
 // Per row: the observer's marks (observer.cpp's RowMark: kGradOn, grad mode was on, so the op's
 // node, if it makes one, is the one after the last made before it; kCheckpointNode, run by a
-// reentrant checkpoint's node), and kRecomputed, which native_recompute.py adds: a recomputation's
-// op or checkpoint's own bookkeeping (phase recompute).
+// reentrant checkpoint's node; kNoNode, a forward op whose sequence number no node of its took),
+// and kRecomputed, which native_recompute.py adds: a recomputation's op or checkpoint's own
+// bookkeeping (phase recompute).
 constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
 constexpr int64_t kLookback = 4096;  // recompute.py's LOOKBACK
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
@@ -582,7 +583,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
       if (phase == kForward) {
         own.index = static_cast<int64_t>(state.log.size());
         state.log.push_back(own);
-        if (seq >= 0) {
+        if (seq >= 0 && !(row_mark[row] & kNoNode)) {
           if (!state.claimed.contains(seq)) state.made_by[seq] = own;
         } else if (row_made[row] >= 0 && !state.made_by.contains(row_made[row])) {
           // The first call to follow a node claims it, as eager.py's _remember does (setdefault); the

@@ -96,6 +96,14 @@ def test_statistics_of_quantized_tensors_are_those_of_their_dequantized_values()
     assert (stats["min"], stats["max"], stats["mean"]) == (-1.0, 2.0, pytest.approx(0.5))
 
 
+def test_dtypes_of_bits_or_packed_values_have_no_statistics():
+    from torchdebug.stats import has_statistics
+
+    no = [torch.bits8, torch.uint4, torch.int4, torch.float4_e2m1fn_x2]
+    yes = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.bool, torch.complex64, torch.uint16, torch.qint8]
+    assert [has_statistics(dtype) for dtype in no + yes] == [False] * len(no) + [True] * len(yes)
+
+
 def test_statistics_of_bfloat16_accumulate_in_float32():
     x = torch.full((4096,), 1.0 + 2**-7, dtype=torch.bfloat16)
     stats = tensor_stats(x)

@@ -24,6 +24,7 @@ from torchdebug.checksum import FINGERPRINT_VERSION
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import build
 from torchdebug.records import Record
+from torchdebug.stats import NO_STATISTICS
 from torchdebug.store import FixedColumns
 
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
@@ -741,6 +742,39 @@ def test_the_calls_inside_an_op_without_an_autograd_kernel_are_its_own_on_both_p
     ]
     quantized = [record for record in native if record.dtype == "qint8"]
     assert quantized and all((record.stats is not None) == (task == "statistics") for record in quantized)
+
+
+def _bits_dtypes() -> tuple[nn.Module, Callable[[], None]]:
+    """Tensors whose dtype holds bits torch reduces no values of: fp4 pairs packed in a byte (the
+    scales of microscaling formats sit beside them) and ``bits8``."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        h = model(x)
+        packed = h.detach().to(torch.float8_e4m3fn).view(torch.uint8).view(torch.float4_e2m1fn_x2)
+        packed.view(torch.uint8).float().sum()
+        torch.zeros(4, dtype=torch.uint8).view(torch.bits8).view(torch.uint8).add(1)
+        h.sum().backward()
+
+    return model, step
+
+
+@pytest.mark.parametrize("task", ["statistics", "checksum"])
+def test_a_dtype_with_no_statistics_has_a_fingerprint_and_says_why_on_both_paths(tmp_path, monkeypatch, caplog, task) -> None:
+    """No statistics of a packed fp4 or ``bits8`` tensor, a ``capture_error`` saying why, and its
+    fingerprint (bits) on both paths (before 2026-11-28 the dispatch mode raised into the step, and
+    the native path lost the step's records)."""
+    python = _dump(tmp_path, monkeypatch, caplog, _bits_dtypes, native=False, task=task)
+    native = _dump(tmp_path, monkeypatch, caplog, _bits_dtypes, native=True, task=task)
+    _assert_same_dumps(python, native)
+    bits = [record for record in native if record.dtype in ("float4_e2m1fn_x2", "bits8")]
+    assert {record.dtype for record in bits} == {"float4_e2m1fn_x2", "bits8"}
+    if task == "statistics":
+        assert {(record.stats, record.capture_error) for record in bits} == {(None, NO_STATISTICS)}
+    else:
+        assert all(record.checksum is not None and record.capture_error is None for record in bits)
 
 
 def _math_bit_views() -> tuple[nn.Module, Callable[[], None]]:

@@ -40,7 +40,7 @@ from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import LAID_OUT, NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, Record, layout_not_captured
 from torchdebug.slots import dtype_name
-from torchdebug.stats import empty_stats
+from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
 from torchdebug.store import FixedColumns, SlotColumns, records_from_table, unread_text
 
 __all__ = ["NativeStepCapture", "OpSlotNames", "RowNames", "op_overload"]
@@ -50,10 +50,14 @@ _OUTSIDE, _OPTIMIZER = -1, -2
 
 _IO = ("input", "output")
 
+NO_STATISTICS_CODE = 5
+"""A ``WalkedSlots.errors`` code Python sets: a kept tensor whose dtype has no statistics (``stats.has_statistics``)."""
+
 _ERRORS = {
     SUBCLASS: "a tensor subclass: not read by the native path",
     NESTED: "a nested tensor: not read by the native path",
     CHANGED: CHANGED_TEXT,
+    NO_STATISTICS_CODE: NO_STATISTICS,
 }
 
 
@@ -408,13 +412,21 @@ class NativeStepCapture:
         due: list[tuple] = []
         refs = walked.fingerprints
         hashed = set((-2 - refs[refs <= -2]).tolist())  # the entries whose fingerprint a slot takes (not the callback's)
+        unreduced = []  # the entries of tensors whose dtype has no statistics (bits): a fingerprint only
         for entry, slot in enumerate(walked.taken.tolist()):
             stats = empty_stats() if slot < 0 else {}
             taken_fingerprints.append(0 if slot < 0 else None)  # the fingerprint of no elements is 0
             if slot >= 0:
                 fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if entry in hashed else None
-                due.append((kept[slot], stats.update if statistics else None, fingerprint_sink))
+                reduced = statistics and has_statistics(kept[slot].dtype)
+                if statistics and not reduced:
+                    unreduced.append(-2 - entry)
+                due.append((kept[slot], stats.update if reduced else None, fingerprint_sink))
             taken.append(stats)
+        if unreduced:
+            without = np.isin(walked.stats, unreduced)
+            walked.stats[without] = -1
+            walked.errors[without & (walked.errors == 0)] = NO_STATISTICS_CODE
         overrides = read_subclasses(
             walked, kept, ops.slot_version, taken, taken_fingerprints, due, statistics=statistics, fingerprints=fingerprints
         )

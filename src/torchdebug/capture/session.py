@@ -31,7 +31,7 @@ from torchdebug.checksum import hex_digits
 from torchdebug.errors import DumpError
 from torchdebug.records import UNINITIALISED, UNREAD, Record, layout_not_captured, make_name
 from torchdebug.slots import DTYPE_NAMES, Slot, dtype_name, json_value
-from torchdebug.stats import stats_from_sums
+from torchdebug.stats import NO_STATISTICS, has_statistics, stats_from_sums
 from torchdebug.stats_table import StatsStager
 from torchdebug.store import RankWriter, TensorBatch, register_live, storable
 
@@ -302,7 +302,10 @@ class CaptureSession:
 
     def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
         want_stats = self.want_stats or save
-        if not (want_stats or self.want_checksum):
+        if want_stats and not has_statistics(tensor.dtype):  # bits: a fingerprint, no statistics
+            record.capture_error = NO_STATISTICS
+            want_stats = False
+        if not (want_stats or self.want_checksum or save):
             self._fill_description(record, tensor)
             return
         # After an in-place op returns, autograd bumps the version once more.
@@ -328,7 +331,7 @@ class CaptureSession:
         seen.desc = (record.dtype, record.shape, record.stride, record.device)
         if save and seen.tensor is None:
             try:
-                seen.tensor, sums = self._snapshot(record.name, tensor, with_stats=seen.stats is None)
+                seen.tensor, sums = self._snapshot(record.name, tensor, with_stats=want_stats and seen.stats is None)
             except DumpError:  # a write failed since the call began: its statistics alone, as the calls after it
                 save = False
             else:

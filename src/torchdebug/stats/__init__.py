@@ -36,6 +36,8 @@ _EXPORTS = {
     "WIDTH": "torchdebug.stats._schema",
     "IDENTITY": "torchdebug.stats._schema",
     "as_real": "torchdebug.stats._torch_ops",
+    "has_statistics": "torchdebug.stats._torch_ops",
+    "NO_STATISTICS": "torchdebug.stats._torch_ops",
     "device_sums": "torchdebug.stats._torch_ops",
     "cpu_sums": "torchdebug.stats._cpu",
     "cpu_sums_into": "torchdebug.stats._cpu",
@@ -52,6 +54,7 @@ __all__ = [
     "FIRST_COUNT",
     "IDENTITY",
     "NONFINITE_KEYS",
+    "NO_STATISTICS",
     "STAT_KEYS",
     "StatsDict",
     "VALUE_KEYS",
@@ -64,6 +67,7 @@ __all__ = [
     "cpu_sums_many_into",
     "device_sums",
     "empty_stats",
+    "has_statistics",
     "stats_array_from_sums",
     "stats_from_sums",
     "tensor_stats",
@@ -97,4 +101,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         stats_array_from_sums,
         stats_from_sums,
     )
-    from torchdebug.stats._torch_ops import as_real, device_sums
+    from torchdebug.stats._torch_ops import NO_STATISTICS, as_real, device_sums, has_statistics

@@ -7,11 +7,34 @@ so a new count needs nothing here.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from torchdebug.stats._schema import COUNTS
 
 _INF = float("inf")
+
+
+NO_STATISTICS = "no statistics: torch reduces no values of this dtype (bits, sub-byte or packed)"
+"""The ``capture_error`` of a tensor whose dtype :func:`has_statistics` says no to (its fingerprint
+is still taken: it reads bits)."""
+
+_QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
+
+
+@functools.cache
+def has_statistics(dtype: torch.dtype) -> bool:
+    """Whether torch can turn values of ``dtype`` into numbers to reduce (:func:`as_real`): not for
+    ``bits8``, ``uint1``-``uint7``, ``int1``-``int7`` or ``float4_e2m1fn_x2``, whose values are bits
+    or packed pairs. Asked of torch once per dtype, so a dtype a later torch adds is answered too."""
+    if dtype in _QUANTIZED:
+        return True
+    try:
+        torch.empty(1, dtype=dtype).to(torch.float64)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
 
 
 def as_real(tensor: torch.Tensor) -> torch.Tensor:

@@ -262,3 +262,15 @@ def test_inference_tensors_are_judged_at_each_op(tmp_path, resolution):
 
     records = _records(tmp_path, evaluate)
     assert find_origin(records).record.call_name == "forward/-/aten.mul_.Tensor#1"
+
+
+def test_packed_fp4_values_are_not_judged(tmp_path, resolution):
+    """Packed fp4 pairs are bits torch reduces nothing of (``stats.has_statistics``): not checked,
+    and the run goes on (before 2026-11-28 the check raised into the step)."""
+
+    def fn():
+        packed = torch.full((2, 4), 3.0).to(torch.float8_e4m3fn).view(torch.uint8).view(torch.float4_e2m1fn_x2)
+        packed.view(torch.uint8).float().mul(3e38)  # the first overflow
+
+    records = _records(tmp_path, fn)
+    assert _calls(records) == ["forward/-/aten.mul.Tensor#0"]

@@ -31,6 +31,7 @@ from torchdebug.nonfinite import (
 )
 from torchdebug.records import make_name
 from torchdebug.slots import Slot, iter_slots
+from torchdebug.stats import has_statistics
 
 logger = logging.getLogger("torchdebug.capture.overflow_check")
 
@@ -59,13 +60,15 @@ def _plain(value: Any) -> Any:
 
 
 def _checked(value: Any) -> bool:
-    """Whether a plain tensor can hold NaN or Inf and has data to read."""
+    """Whether a plain tensor can hold NaN or Inf and has data to read (packed fp4 pairs are bits
+    torch reduces nothing of: ``stats.has_statistics``)."""
     return (
         isinstance(value, torch.Tensor)
         and (value.is_floating_point() or value.is_complex())
         and value.layout == torch.strided
         and not value.is_meta
         and value.numel() > 0
+        and has_statistics(value.dtype)
     )
 
 

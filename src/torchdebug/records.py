@@ -94,6 +94,11 @@ def layout_not_captured(layout: object) -> str:
     return f"layout {layout} is not captured"
 
 
+STATS_NOT_TAKEN = "statistics not taken: reading the tensor failed (the log says why)"
+"""The ``capture_error`` of a tensor whose statistics a fault of the capture's own left untaken
+(device memory, a kernel that does not build): the step went on."""
+
+
 COLLECTIVES = ("c10d.", "_c10d_functional.")
 """Op name prefixes of torch.distributed's collectives (``c10d.allreduce_.default``, functional
 ``_c10d_functional.all_reduce.default``): their outputs hold other ranks' values."""

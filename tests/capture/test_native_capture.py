@@ -23,7 +23,7 @@ from torchdebug.capture.native_capture import why_not_native
 from torchdebug.checksum import FINGERPRINT_VERSION
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import build
-from torchdebug.records import Record
+from torchdebug.records import STATS_NOT_TAKEN, Record
 from torchdebug.stats import NO_STATISTICS
 from torchdebug.store import FixedColumns
 
@@ -775,6 +775,40 @@ def test_a_dtype_with_no_statistics_has_a_fingerprint_and_says_why_on_both_paths
         assert {(record.stats, record.capture_error) for record in bits} == {(None, NO_STATISTICS)}
     else:
         assert all(record.checksum is not None and record.capture_error is None for record in bits)
+
+
+def _half_training() -> tuple[nn.Module, Callable[[], None]]:
+    """A float32 layer whose output is cast to float16 (kept by the native path, read at the flush)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        model(x).half().float().sum().backward()
+
+    return model, step
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["dispatch_mode", "native"])
+def test_a_failure_to_take_statistics_is_recorded_and_the_step_goes_on(tmp_path, monkeypatch, caplog, native) -> None:
+    """Taking a float16 tensor's statistics fails (as device memory running out would): the step
+    runs on, its other records keep their statistics, and those of the float16 tensor say why (before
+    2026-11-28 the dispatch mode raised into the step, and the native path lost the step's records)."""
+    from torchdebug import stats_table
+
+    def failing(tensor: torch.Tensor) -> dict:
+        if tensor.dtype == torch.float16:
+            raise RuntimeError("planted")
+        return taken(tensor)
+
+    taken = stats_table.cpu_stats
+    monkeypatch.setattr(stats_table, "cpu_stats", failing)
+    records = _dump(tmp_path, monkeypatch, caplog, _half_training, native=native, task="statistics")
+    half = [record for record in records if record.dtype == "float16"]
+    assert half and {(record.stats, record.capture_error) for record in half} == {(None, STATS_NOT_TAKEN)}
+    others = [record for record in records if record.dtype == "float32" and record.shape]
+    assert others and all(record.stats is not None for record in others)
+    assert any("could not take the statistics" in record.getMessage() for record in caplog.records)
 
 
 def _math_bit_views() -> tuple[nn.Module, Callable[[], None]]:

@@ -17,6 +17,7 @@ docs/architecture.md, "The native path (issue 48)".
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -35,30 +36,43 @@ from torchdebug.capture.eager import OpInfo, op_info
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_recompute import RecomputeMarks
 from torchdebug.capture.native_subclasses import read_subclasses
-from torchdebug.capture.native_values import CHANGED, CHANGED_TEXT, PHASES, SlotWalk, load_slot_walk
+from torchdebug.capture.native_values import CHANGED, CHANGED_TEXT, PHASES, SlotWalk, WalkedSlots, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import LAID_OUT, NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
-from torchdebug.records import NO_MODULE, Record, layout_not_captured
+from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
 from torchdebug.store import FixedColumns, SlotColumns, records_from_table, unread_text
 
 __all__ = ["NativeStepCapture", "OpSlotNames", "RowNames", "op_overload"]
 
+logger = logging.getLogger(__name__)
+
 _OUTSIDE, _OPTIMIZER = -1, -2
 """Module contexts that name no path: outside every module, inside an optimizer step."""
 
 _IO = ("input", "output")
 
-NO_STATISTICS_CODE = 5
-"""A ``WalkedSlots.errors`` code Python sets: a kept tensor whose dtype has no statistics (``stats.has_statistics``)."""
+NO_STATISTICS_CODE, STATS_FAILED = 5, 6
+"""``WalkedSlots.errors`` codes Python sets: a kept tensor whose dtype has no statistics
+(``stats.has_statistics``); one whose statistics failed to be taken (a fault of ours, logged)."""
 
 _ERRORS = {
     SUBCLASS: "a tensor subclass: not read by the native path",
     NESTED: "a nested tensor: not read by the native path",
     CHANGED: CHANGED_TEXT,
     NO_STATISTICS_CODE: NO_STATISTICS,
+    STATS_FAILED: STATS_NOT_TAKEN,
 }
+
+
+def _without_statistics(walked: WalkedSlots, entries: list[int], code: int) -> None:
+    """The slots whose statistics come from ``entries`` (``WalkedSlots.stats`` references) have none,
+    and error ``code`` where they had no other."""
+    if entries:
+        without = np.isin(walked.stats, entries)
+        walked.stats[without] = -1
+        walked.errors[without & (walked.errors == 0)] = code
 
 
 _LAYOUT_CODES = 16
@@ -423,15 +437,21 @@ class NativeStepCapture:
                     unreduced.append(-2 - entry)
                 due.append((kept[slot], stats.update if reduced else None, fingerprint_sink))
             taken.append(stats)
-        if unreduced:
-            without = np.isin(walked.stats, unreduced)
-            walked.stats[without] = -1
-            walked.errors[without & (walked.errors == 0)] = NO_STATISTICS_CODE
         overrides = read_subclasses(
             walked, kept, ops.slot_version, taken, taken_fingerprints, due, statistics=statistics, fingerprints=fingerprints
         )
         if due and stage is not None:
-            stage(due)
+            try:
+                stage(due)
+            except Exception as error:  # a fault of ours (memory, a kernel): each again, alone; those that fail say so
+                logger.warning("torchdebug: could not take the statistics of kept tensors (%s: %s)", type(error).__name__, error)
+                for item in due:
+                    try:
+                        stage([item])
+                    except Exception:  # noqa: S112 (their slots say so below)
+                        continue
+                _without_statistics(walked, [-2 - entry for entry, stats in enumerate(taken) if stats == {}], STATS_FAILED)
+        _without_statistics(walked, unreduced, NO_STATISTICS_CODE)
         columns = SlotColumns(
             walked.slots,
             walked.args,

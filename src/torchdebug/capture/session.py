@@ -29,7 +29,7 @@ from torchdebug.capture.unwritten import UnwrittenStorages, storage_id
 from torchdebug.capture.value_ids import ValueIds
 from torchdebug.checksum import hex_digits
 from torchdebug.errors import DumpError
-from torchdebug.records import UNINITIALISED, UNREAD, Record, layout_not_captured, make_name
+from torchdebug.records import STATS_NOT_TAKEN, UNINITIALISED, UNREAD, Record, layout_not_captured, make_name
 from torchdebug.slots import DTYPE_NAMES, Slot, dtype_name, json_value
 from torchdebug.stats import NO_STATISTICS, has_statistics, stats_from_sums
 from torchdebug.stats_table import StatsStager
@@ -173,6 +173,8 @@ class CaptureSession:
         self._tensor_refs: list[dict[str, str]] = []
         self._stager = StatsStager()
         self._stats_due: list[tuple[torch.Tensor, Callable[[dict], None] | None, Callable[[int], None] | None]] = []
+        self._stats_due_seen: list[_Seen] = []
+        """What each entry of ``_stats_due`` fills."""
         """Tensors of the slots being recorded whose statistics and/or fingerprints are still to be
         taken (one pass for both): an op's inputs (or outputs) go to the device table together,
         several per kernel launch."""
@@ -246,6 +248,7 @@ class CaptureSession:
         busy, self.busy = self.busy, True  # the ops below are the session's own (see ``busy``)
         try:
             step, rank, mark = self.step, self.rank, self.values.mark
+            made = []  # this call's records
             for arg, value in slots:
                 record = Record(make_name(phase, module, op, call, io, arg), step, rank, phase, module, op, call, seq, io, arg)
                 record.stack, record.source, record.fwd = stack, source, fwd
@@ -280,8 +283,9 @@ class CaptureSession:
                     record.kind = "value"
                     record.value = json_value(value)
                 self._records.append(record)  # not a local: a tensor snapshot may flush and start a new list
+                made.append(record)
             if self._stats_due:
-                self._take_due_stats()
+                self._take_due_stats(made, op)
             if len(self._records) >= _FLUSH_RECORDS:
                 self._flush_records()
         finally:
@@ -348,6 +352,7 @@ class CaptureSession:
             checksum_sink = seen.checksum.deliver
         if stats_sink is not None or checksum_sink is not None:
             self._stats_due.append((tensor, stats_sink, checksum_sink))
+            self._stats_due_seen.append(seen)
         self._attach(record, tensor, seen, save, want_stats)
 
     def _attach(self, record: Record, tensor: torch.Tensor, seen: _Seen, save: bool, want_stats: bool) -> None:
@@ -362,10 +367,33 @@ class CaptureSession:
             record.tensor = seen.tensor
             record.sampled = self._sampling_for(tensor)
 
-    def _take_due_stats(self) -> None:
+    def _take_due_stats(self, records: Sequence[Record] = (), op: str = "") -> None:
+        """Take the statistics and fingerprints the slots described since the last call wait for
+        (``records``: those slots', of ``op``). A failure (device memory, a kernel that does not
+        build here) is a fault of ours: the records it leaves without statistics say so, and the
+        step goes on."""
         if self._stats_due:
             due, self._stats_due = self._stats_due, []
-            self._stager.add_all(due)
+            seens, self._stats_due_seen = self._stats_due_seen, []
+            try:
+                self._stager.add_all(due)
+            except Exception as error:  # never the user's step: each again, alone, and those that fail say so
+                text = f"{type(error).__name__}: {error}"
+                for item in due:
+                    try:
+                        self._stager.add_all([item])
+                    except Exception:  # noqa: S112 (the records below say so)
+                        continue
+                for seen in seens:
+                    if seen.stats == {}:  # not delivered: taken again at the next read
+                        seen.stats = None
+                for record in records:
+                    if record.stats == {}:
+                        record.stats = None
+                        record.capture_error = record.capture_error or STATS_NOT_TAKEN
+                if op not in self._warned:
+                    self._warned.add(op)
+                    logger.warning("torchdebug: could not take the statistics of %s (%s); recorded it", op or "a call", text)
 
     def memory_info(self) -> dict[str, int]:
         """What the capture holds besides the writer's buffers, for the run's completion marker:

@@ -178,7 +178,7 @@ class Debugger:
             ios=self._ios,
             names=self.config.list,
             call_range=self.config.range,
-            stacks=self.config.stack == "all",
+            stack=self.config.stack,
         )
 
     def stop(self) -> None:

@@ -336,9 +336,27 @@ def test_filters_select_the_same_records_on_both_paths(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.parametrize(
+    ("stack", "phases"),
+    [
+        (["forward/layers.0.attn.qkv/aten.addmm.default#0", "forward/layers.1.mlp/aten.gelu.default#0"], {"forward"}),
+        (["re:^forward/layers.1.mlp", "re:^backward/layers.0"], {"forward", "backward"}),
+        (["re:^backward/layers.1", "re:^optimizer"], {"optimizer"}),  # their forward calls had none
+    ],
+    ids=["forward", "into-backward", "backward-only"],
+)
+def test_stacks_for_a_range_of_calls_are_the_same_on_both_paths(tmp_path, monkeypatch, caplog, stack, phases) -> None:
+    """``stack=[FROM, TO]``: only the calls of that range have a stack, each step, and a backward
+    call only where the forward call it differentiates had one (native since 2026-11-28)."""
+    python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, stack=stack)
+    native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, stack=stack)
+    _assert_same_dumps(python, native)
+    assert {record.phase for record in native if record.stack is not None} == phases
+    assert any(record.stack is None for record in native)
+
+
+@pytest.mark.parametrize(
     ("options", "why"),
     [
-        ({"stack": ["forward/a/aten.mm.default#0", "forward/b/aten.mm.default#0"]}, "stacks for a range"),
         ({"level": "mix"}, "level='mix'"),
         ({"task": "tensor"}, "task='tensor'"),
     ],

@@ -52,8 +52,6 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return f"level={config.level!r} (the native path records op calls only)"
     if config.task not in _TASKS:
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
-    if isinstance(config.stack, list):
-        return "stacks for a range of calls (the native path takes stack='all' or 'none')"
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         return "a distributed run (collectives are not named on the native path)"
     reads = config.task in _READS_VALUES or config.checksum
@@ -99,12 +97,20 @@ class NativeOpCapture:
         ios: frozenset[str],
         names: list[str],
         call_range: list[str],
-        stacks: bool,
+        stack: str | list[str],
     ) -> None:
-        """``stacks``: record each op's stack (``stack='all'``)."""
+        """``stack``: the config's (``all``, ``none``, or ``[FROM, TO]``: the stacks of that range of calls)."""
         self.session = session
         self.observer = observer
-        self.rows = NativeStepCapture(observer, model, tracker=tracker, step=session.step, rank=session.rank, stacks=stacks)
+        self.rows = NativeStepCapture(
+            observer,
+            model,
+            tracker=tracker,
+            step=session.step,
+            rank=session.rank,
+            stacks=stack != "none",
+            stack_range=stack if isinstance(stack, list) else None,
+        )
         self.phases = phases
         self.ios = ios
         self.names = NameMatcher(names)

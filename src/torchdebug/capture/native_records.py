@@ -33,10 +33,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug._torch.nn import parameters_and_hooked
 from torchdebug.capture.eager import OpInfo, op_info
+from torchdebug.capture.filters import RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_recompute import RecomputeMarks
 from torchdebug.capture.native_subclasses import read_subclasses
-from torchdebug.capture.native_values import CHANGED, CHANGED_TEXT, PHASES, SlotWalk, WalkedSlots, load_slot_walk
+from torchdebug.capture.native_values import CHANGED, CHANGED_TEXT, PHASES, RowCalls, SlotWalk, WalkedSlots, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.native.observer import LAID_OUT, NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
@@ -145,11 +146,18 @@ class NativeStepCapture:
         step: int = 0,
         rank: int = 0,
         stacks: bool = False,
+        stack_range: list[str] | None = None,
     ) -> None:
         """``tracker``: a module tracker its owner starts and stops (default: one of its own).
-        ``stacks``: each forward op's user frames, and each backward op its forward op's."""
+        ``stacks``: each forward op's user frames, and each backward op its forward op's;
+        ``stack_range`` (``[FROM, TO]``): only the calls of that range, each step, keep them, as
+        eager capture's ``OpCapture._stack`` keeps them."""
         self.observer = observer
         self.stacks = stacks
+        self._stack_gate = RangeGate(stack_range) if stack_range else None
+        self._stacked: dict[str, bool] = {}
+        """This step's forward (and recomputed) calls by name: whether the range gave them a stack,
+        which the backward calls that differentiate them inherit."""
         self.model = model
         self.step = step
         self.rank = rank
@@ -299,6 +307,9 @@ class NativeStepCapture:
         self.step += 1
         if self._slot_walk is not None:
             self._slot_walk.next_step()
+        if self._stack_gate is not None:
+            self._stack_gate.reset()
+            self._stacked.clear()
 
     def records(self) -> list[Record]:
         """Drain the observer and name its rows (see the module docstring), as records read back."""
@@ -323,6 +334,8 @@ class NativeStepCapture:
             marks,
             _ends(ops) if self._recompute.recomputed else np.zeros((len(ops.op), 2), np.int64),  # (read for recomputations only)
         )
+        if self._stack_gate is not None:
+            self._gate_stacks(ops, calls)
         structure = [np.asarray(ops.op), *calls]
         if len(structure) == len(self._named[0]) and all(np.array_equal(a, b) for a, b in zip(structure, self._named[0])):
             return RowNames(calls.phase, calls.stack, self._named[1])  # as the last drain's: a steady step
@@ -356,6 +369,30 @@ class NativeStepCapture:
         }
         self._named = (structure, columns)
         return RowNames(calls.phase, calls.stack, columns)
+
+    def _gate_stacks(self, ops: ObservedOps, calls: RowCalls) -> None:
+        """Take the stacks of the calls outside ``stack_range`` (in place): each call is checked in
+        row order, and a backward call keeps its forward call's stack only where both are inside."""
+        gate, stacked, stack = self._stack_gate, self._stacked, calls.stack
+        assert gate is not None
+        modules, op_names = [NO_MODULE, *self._paths], self._op_names
+
+        def name(phase: int, module: int, op: int, call: int) -> str:
+            return f"{PHASES[phase]}/{modules[module + 1]}/{op_names[op]}#{call}"
+
+        backward = PHASES.index("backward")
+        fwd = zip(calls.fwd_phase.tolist(), calls.fwd_module.tolist(), calls.fwd_op.tolist(), calls.fwd_call.tolist())
+        rows = zip(calls.phase.tolist(), calls.module.tolist(), np.asarray(ops.op).tolist(), calls.call.tolist(), fwd)
+        for row, (phase, module, op, call, (fwd_phase, fwd_module, fwd_op, fwd_call)) in enumerate(rows):
+            if phase < 0:
+                continue
+            inside = gate.check(own := name(phase, module, op, call))
+            if phase == backward:
+                inside = inside and fwd_op >= 0 and stacked.get(name(fwd_phase, fwd_module, fwd_op, fwd_call), False)
+            else:
+                stacked[own] = inside
+            if not inside:
+                stack[row] = -1
 
     def _stack_ids(self, ops: ObservedOps) -> tuple[np.ndarray, list[list[tuple[str, int, str]]]]:
         """Each row's frames: the observer's stack id (-1: none taken), and the frames by id."""

@@ -173,11 +173,11 @@ class CaptureSession:
         self._tensor_refs: list[dict[str, str]] = []
         self._stager = StatsStager()
         self._stats_due: list[tuple[torch.Tensor, Callable[[dict], None] | None, Callable[[int], None] | None]] = []
-        self._stats_due_seen: list[_Seen] = []
-        """What each entry of ``_stats_due`` fills."""
         """Tensors of the slots being recorded whose statistics and/or fingerprints are still to be
         taken (one pass for both): an op's inputs (or outputs) go to the device table together,
         several per kernel launch."""
+        self._stats_due_seen: list[_Seen] = []
+        """What each entry of ``_stats_due`` fills."""
         self._waiting: list[list[Record]] = []
         """Records handed over by mid-step flushes whose statistics are still on their way to the host."""
         self._seen: dict[int, _Seen] = {}

@@ -45,8 +45,9 @@
 // them (ThreadLocalState) to the threads that run a graph task. On such a thread an op is recorded
 // only inside a backward scope; on the thread that started the observer, always. Tensor subclasses
 // (a Python key in the key set) and nested tensors are flagged, never read here: their sizes may call
-// into Python. A tensor with no strides (sparse, mkldnn) is described (dtype, shape, device), not read. A subclass instance is kept for the flush, where Python reads it through its inner
-// tensors as a dispatch mode does. Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
+// into Python. A tensor with no strides (sparse, mkldnn) is described (dtype, shape, device), not
+// read. A subclass instance is kept for the flush, where Python reads it through its inner tensors
+// as a dispatch mode does. Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
 // Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
@@ -785,7 +786,7 @@ struct Slots {
     flag.push_back(kind);
     auto at = stats.size();
     stats.resize(at + kStatsWidth, std::nan(""));
-    // A subclass's, a nested tensor's or a sparse one's own memory is not its value: the TensorImpl stands for it.
+    // A subclass's, a nested or a sparse tensor's own memory is not its value: the TensorImpl stands for it.
     storage.push_back(kind == kPlain ? reinterpret_cast<int64_t>(impl->unsafe_storage().unsafeGetStorageImpl()) : reinterpret_cast<int64_t>(impl));
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
     base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());

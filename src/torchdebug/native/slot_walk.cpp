@@ -776,7 +776,8 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         // (the recomputed op whose node saves it may follow its detach: found once all rows are named)
         auto saver = rebuilds && rebuild->second >= 0 ? state.made_by.find(rebuild->second) : state.made_by.end();
         restores = saver != state.made_by.end() ? saver->second.index : kNone;
-        differentiates = index >= 0 && index < static_cast<int64_t>(state.forward_of.size()) ? state.forward_of[static_cast<size_t>(index)] : kNone;
+        bool named = index >= 0 && index < static_cast<int64_t>(state.forward_of.size());  // (a walk without td_walk_rows: none)
+        differentiates = named ? state.forward_of[static_cast<size_t>(index)] : kNone;
         row_writes = false;
         if (index >= 0 && index < rows) {
           auto found = state.ops.find(row_op[index]);
@@ -868,8 +869,9 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       // which a dispatch mode sees through its own detach of the rebuilt tensor, sharing its statistics.
       // Several ops may save one tensor (a norm's pow and mul, the projections reading one input): the
       // detach made for the forward call this row differentiates, else the last one made over that memory.
-      int64_t unpacked = io == 0 && backward && !state.unpacks.empty() && !state.at.contains(address) ? state.unpacked(memory, differentiates) : 0;
-      auto* restored = unpacked != 0 ? state.at.find(unpacked) : nullptr;
+      bool may_unpack = io == 0 && backward && !state.unpacks.empty() && !state.at.contains(address);
+      int64_t unpacked = may_unpack ? state.unpacked(memory, differentiates) : 0;
+      auto* restored = unpacked != 0 ? state.at.find(unpacked) : nullptr;  // (copied: an insert may move the entries)
       Value restored_value = restored != nullptr && restored->second.memory == memory ? restored->second.value : Value{kNone, kNone};
       auto value = state.of(row, io, address, memory, backward, slot_base[slot], restored_value.id != kNone ? &restored_value : nullptr);
       if (io == 0 && first_arg) {

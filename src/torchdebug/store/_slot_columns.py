@@ -149,9 +149,8 @@ class SlotColumns:
         device; ``valued``: the ``slot_flag`` of a value slot (a non-tensor argument or result: a
         record of kind ``value``, its ``value`` the JSON text ``CaptureSession`` writes); ``laid_out``:
         the slots whose ``slot_flag`` is it or more (a tensor with no strides: sparse) have their
-        dtype, shape and device, no stride; ``fixed``:
-        the columns the structure sets, kept from the last drain of the same structure (and kept
-        for the next)."""
+        dtype, shape and device, no stride; ``fixed``: the columns the structure sets, kept from the
+        last drain of the same structure (and kept for the next)."""
         count = len(self.slots)
         slots = self.slots
         rows = np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row

@@ -796,31 +796,43 @@ def test_a_dtype_with_no_statistics_has_a_fingerprint_and_says_why_on_both_paths
 
 
 def _half_training() -> tuple[nn.Module, Callable[[], None]]:
-    """A float32 layer whose output is cast to float16 (kept by the native path, read at the flush)."""
+    """A float32 layer whose output is cast to float16 (kept by the native path, read at the flush)
+    and added to a float32 tensor (one op reading both)."""
     torch.manual_seed(0)
     model = nn.Linear(4, 4)
     x = torch.randn(3, 4)
 
     def step() -> None:
-        model(x).half().float().sum().backward()
+        model(x).half().add(x).sum().backward()
 
     return model, step
 
 
-@pytest.mark.parametrize("native", [False, True], ids=["dispatch_mode", "native"])
-def test_a_failure_to_take_statistics_is_recorded_and_the_step_goes_on(tmp_path, monkeypatch, caplog, native) -> None:
+@pytest.mark.parametrize(
+    ("native", "resolution"),
+    [(False, "at once"), (False, "at flush"), (True, "at once")],
+    ids=["dispatch_mode", "staged", "native"],
+)
+def test_a_failure_to_take_statistics_is_recorded_and_the_step_goes_on(tmp_path, monkeypatch, caplog, native, resolution) -> None:
     """Taking a float16 tensor's statistics fails (as device memory running out would): the step
     runs on, its other records keep their statistics, and those of the float16 tensor say why (before
-    2026-11-28 the dispatch mode raised into the step, and the native path lost the step's records)."""
+    2026-11-28 the dispatch mode raised into the step, and the native path lost the step's records).
+    ``staged``: the statistics wait for the flush, as on an accelerator."""
     from torchdebug import stats_table
 
-    def failing(tensor: torch.Tensor) -> dict:
-        if tensor.dtype == torch.float16:
-            raise RuntimeError("planted")
-        return taken(tensor)
+    def failing(taken: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
+        def take(tensor: torch.Tensor) -> Any:
+            if tensor.dtype == torch.float16:
+                raise RuntimeError("planted")
+            return taken(tensor)
 
-    taken = stats_table.cpu_stats
-    monkeypatch.setattr(stats_table, "cpu_stats", failing)
+        return take
+
+    if resolution == "at flush":
+        monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+        monkeypatch.setattr(stats_table, "device_sums", failing(stats_table.device_sums))
+    else:
+        monkeypatch.setattr(stats_table, "cpu_stats", failing(stats_table.cpu_stats))
     records = _dump(tmp_path, monkeypatch, caplog, _half_training, native=native, task="statistics")
     half = [record for record in records if record.dtype == "float16"]
     assert half and {(record.stats, record.capture_error) for record in half} == {(None, STATS_NOT_TAKEN)}

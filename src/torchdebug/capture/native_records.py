@@ -54,7 +54,7 @@ _OUTSIDE, _OPTIMIZER = -1, -2
 
 _IO = ("input", "output")
 
-NO_STATISTICS_CODE, STATS_FAILED = 5, 6
+NO_STATISTICS_CODE, STATS_NOT_TAKEN_CODE = 5, 6
 """``WalkedSlots.errors`` codes Python sets: a kept tensor whose dtype has no statistics
 (``stats.has_statistics``); one whose statistics failed to be taken (a fault of ours, logged)."""
 
@@ -63,7 +63,7 @@ _ERRORS = {
     NESTED: "a nested tensor: not read by the native path",
     CHANGED: CHANGED_TEXT,
     NO_STATISTICS_CODE: NO_STATISTICS,
-    STATS_FAILED: STATS_NOT_TAKEN,
+    STATS_NOT_TAKEN_CODE: STATS_NOT_TAKEN,
 }
 
 
@@ -487,7 +487,8 @@ class NativeStepCapture:
                         stage([item])
                     except Exception:  # noqa: S112 (their slots say so below)
                         continue
-                _without_statistics(walked, [-2 - entry for entry, stats in enumerate(taken) if stats == {}], STATS_FAILED)
+                not_taken = [-2 - entry for entry, stats in enumerate(taken) if stats == {}]  # (CPU tensors: read at once)
+                _without_statistics(walked, not_taken, STATS_NOT_TAKEN_CODE)
         _without_statistics(walked, unreduced, NO_STATISTICS_CODE)
         columns = SlotColumns(
             walked.slots,

@@ -379,16 +379,16 @@ class CaptureSession:
                 self._stager.add_all(due)
             except Exception as error:  # never the user's step: each again, alone, and those that fail say so
                 text = f"{type(error).__name__}: {error}"
-                for item in due:
+                failed = set()  # the statistics dicts of the tensors that fail alone (the others may wait for the flush)
+                for item, seen in zip(due, seens):
                     try:
                         self._stager.add_all([item])
-                    except Exception:  # noqa: S112 (the records below say so)
-                        continue
-                for seen in seens:
-                    if seen.stats == {}:  # not delivered: taken again at the next read
-                        seen.stats = None
+                    except Exception:
+                        if seen.stats is not None:
+                            failed.add(id(seen.stats))
+                            seen.stats = None  # taken again at the next read
                 for record in records:
-                    if record.stats == {}:
+                    if record.stats is not None and id(record.stats) in failed:
                         record.stats = None
                         record.capture_error = record.capture_error or STATS_NOT_TAKEN
                 if op not in self._warned:

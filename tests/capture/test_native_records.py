@@ -13,7 +13,7 @@ import torchdebug
 from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
 from torchdebug.native import build
-from torchdebug.native.observer import NativeObserver, load_observer
+from torchdebug.native.observer import OUTER_SHIFT, NativeObserver, load_observer
 from torchdebug.records import Record
 
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
@@ -119,3 +119,6 @@ def test_slots_are_named_from_the_schema_as_a_dispatch_mode_names_them() -> None
     assert (add_out.slot(0, 3, -1), add_out.mutable) == ("out", True)  # keyword-only: its name
     layer_norm = OpSlotNames.of(op_overload("aten.native_layer_norm.default"))
     assert layer_norm.slot(1, 2, -1) == "2"
+    allgather = OpSlotNames.of(op_overload("c10d.allgather_.default"))  # Tensor[][] output_tensors: by both indices
+    outer = 1 << OUTER_SHIFT
+    assert (allgather.slot(0, outer, 1), allgather.slot(1, 2 * outer, 0), allgather.slot(0, 1, 0)) == ("0.0.1", "0.1.0", "1.0")

@@ -49,12 +49,13 @@ def split_result(op: str, args: tuple, result: Any) -> tuple[list[Any], list[Any
     return works, outputs
 
 
-_DISTRIBUTED_DIR = os.path.dirname(dist.__file__) + os.sep
+DISTRIBUTED_DIR = os.path.dirname(dist.__file__) + os.sep
+"""Where torch.distributed's Python code lives: ops run under it are its own (a wait's copies)."""
 
 
 def _inside_torch_distributed(frame: FrameType | None) -> bool:
     while frame is not None:
-        if frame.f_code.co_filename.startswith(_DISTRIBUTED_DIR):
+        if frame.f_code.co_filename.startswith(DISTRIBUTED_DIR):
             return True
         frame = frame.f_back
     return False

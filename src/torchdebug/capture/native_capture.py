@@ -13,6 +13,7 @@ otherwise the native path is taken wherever it applies (``docs/capture.md``).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 
@@ -23,6 +24,7 @@ from torch import nn
 from torchdebug._torch.checkpoint import selective
 from torchdebug._torch.nn import compiled_methods, compiled_modules
 from torchdebug._torch.subclasses import is_subclass
+from torchdebug.capture.collectives import DISTRIBUTED_DIR
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_records import NativeStepCapture
@@ -31,7 +33,7 @@ from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import fused_stats
-from torchdebug.native.build import DISABLE_ENV
+from torchdebug.native.build import DISABLE_ENV, load_torch_library
 from torchdebug.native.observer import NativeObserver, ObservedOps
 
 __all__ = ["NativeOpCapture", "why_not_native"]
@@ -52,8 +54,10 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return f"level={config.level!r} (the native path records op calls only)"
     if config.task not in _TASKS:
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        return "a distributed run (collectives are not named on the native path)"
+    if _distributed() and model is None and torch.distributed.get_world_size() > 1:
+        return "a distributed run with no model (DTensor parameters, which the native path does not take, are not ruled out)"
+    if _distributed() and _works() is None:
+        return "a distributed run where c10d_work.cpp cannot be built (the native path reads collectives once they complete)"
     reads = config.task in _READS_VALUES or config.checksum
     if reads and not fused_stats.available():
         return "statistics or fingerprints without the C kernel (native/stats.c cannot be built here)"
@@ -64,6 +68,15 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
     return None
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _works() -> ctypes.CDLL | None:
+    """The library that tells whether a collective's Work completed (``c10d_work.cpp``), or ``None``."""
+    return load_torch_library("c10d_work")
+
+
 def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str | None:
     """Why the native path does not apply to ``model`` (``reads``: the config reads tensors' values;
     ``runs_eagerly``: compiled code runs eagerly while capturing, ``compiled_code="eager"``)."""
@@ -72,6 +85,8 @@ def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str
     if not runs_eagerly and next(iter(compiled_methods(model)), None) is not None:
         return "compiled methods in the model (a compiled forward or training_step)"
     for name, module in model.named_modules():
+        if isinstance(module, nn.parallel.DistributedDataParallel):
+            return "DistributedDataParallel (the native path can read its buckets before the reduced values land)"
         if selective(module):
             return f"selective activation checkpointing on {name} (its region runs under a dispatch mode of its own)"
     for parameter in model.parameters():
@@ -139,13 +154,16 @@ class NativeOpCapture:
         self.observer.use_stats(self._statistics)
         self.observer.use_fingerprints(self._fingerprints)
         self.observer.keep_unsummed(self._statistics or self._fingerprints)
+        self.observer.use_works(_works() if _distributed() else None, DISTRIBUTED_DIR)
         self.rows.start()
 
     def stop(self) -> None:
         """Stop observing and hand the step's records so far to the session."""
         if self._idle:
             return
+        self.observer.finish_collectives()
         self.rows.stop()
+        self.observer.finish_functional()
         ops = self.observer.drain()
         hidden = self.observer.hidden_by_modes()
         if hidden and not self._told_hidden:  # not seen from the model before the run

@@ -39,7 +39,7 @@ from torchdebug.capture.native_recompute import RecomputeMarks
 from torchdebug.capture.native_subclasses import read_subclasses
 from torchdebug.capture.native_values import CHANGED, CHANGED_TEXT, PHASES, RowCalls, SlotWalk, WalkedSlots, load_slot_walk
 from torchdebug.capture.stacks import describe_stack, is_user_file
-from torchdebug.native.observer import LAID_OUT, NESTED, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
+from torchdebug.native.observer import LAID_OUT, NESTED, OUTER_SHIFT, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
@@ -109,14 +109,15 @@ class OpSlotNames:
         return cls(inputs, list_result, schema.is_mutable)
 
     def slot(self, io: int, arg: int, element: int) -> str:
-        """The ``arg`` of a slot: ``io`` 0 input, 1 output; ``element`` -1 outside lists."""
-        if io == 0:
-            top = self.inputs[arg]
-        elif self.list_result:
-            return str(element)
-        else:
-            top = str(arg)
-        return top if element < 0 else f"{top}.{element}"
+        """The ``arg`` of a slot: ``io`` 0 input, 1 output; ``element`` -1 outside lists; an item of a
+        list of lists (c10d's ``Tensor[][]``) has the outer index plus one in ``arg``'s bits from
+        ``OUTER_SHIFT`` (``slot_walk.cpp``'s ``arg_code``)."""
+        position, outer = arg & ((1 << OUTER_SHIFT) - 1), (arg >> OUTER_SHIFT) - 1
+        indices = [index for index in (outer, element) if index >= 0]
+        if io == 1 and self.list_result:
+            return ".".join(map(str, indices))
+        top = self.inputs[position] if io == 0 else str(position)
+        return ".".join([top, *map(str, indices)])
 
 
 def op_overload(op_name: str) -> OpOverload:

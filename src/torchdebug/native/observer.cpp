@@ -84,6 +84,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -91,6 +92,7 @@
 #include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "address_map.h"
@@ -108,6 +110,9 @@ int PyFrame_GetLineNumber(void* frame);
 __attribute__((weak)) int PyFrame_GetLasti(void* frame);  // Python 3.11 on: null before
 void Py_IncRef(void* object);
 void Py_DecRef(void* object);
+void* PyObject_GetAttrString(void* object, const char* name);  // a new reference, or null (an error set)
+const char* PyUnicode_AsUTF8(void* text);
+void PyErr_Clear();
 }
 
 namespace {
@@ -288,6 +293,18 @@ bool is_tensor(const c10::IValue& value) {
   auto* impl = value.unsafeToTensorImpl();
   return impl != c10::UndefinedTensorImpl::singleton() && !impl->is_wrapped_number();
 }
+
+// A list holding a tensor.
+bool holds_tensor(const c10::IValue& value) {
+  if (!value.isList()) return false;
+  auto items = value.toListRef();
+  return std::any_of(items.begin(), items.end(), is_tensor);
+}
+
+// A slot of an item of a list of lists (c10d's Tensor[][]): its arg is the argument's position plus
+// the outer index plus one shifted by kOuterShift, its element the inner index (slot_walk.cpp's
+// arg_code names it "position.outer.inner", as iter_slots does).
+constexpr int kOuterShift = 8;
 
 // A non-tensor IValue as JSON text; complex numbers as {"complex": [real, imag]} (Python makes them
 // complex again), objects with no JSON form as their type's name.
@@ -687,6 +704,10 @@ struct OpInfo {
   const std::vector<int16_t>* written = nullptr;  // the positions of the arguments it writes (Recorder::written)
   int16_t written_if = -1;  // the bool argument without which it writes nothing (BatchNorm's training)
   c10::DispatchKeySet autocast;  // the autocast keys it has a kernel for (mm, bmm, matmul, conv: torch.autocast's lists)
+  bool collective = false;  // a c10d op: its outputs are read once its Work completes (Collectives)
+  bool receives = false;    // c10d's recv_ and recv_any_source_: their outputs are their first argument
+  int16_t async_arg = -1;   // the position of its async_op argument (false: the caller waits for it at once)
+  int8_t functional = 0;    // kWrites: a _c10d_functional collective; kWaits: _c10d_functional::wait_tensor (Functional)
 };
 
 // Ops that write arguments their schema does not mark written: BatchNorm's kernels update the
@@ -706,10 +727,62 @@ void forget_reads_of(c10::ArrayRef<const c10::IValue> values) {
       forget_read(value.unsafeToTensorImpl());
     } else if (value.isList()) {
       for (const auto& item : value.toListRef()) {
-        if (item.isTensor()) forget_read(item.unsafeToTensorImpl());
+        if (item.isTensor()) {
+          forget_read(item.unsafeToTensorImpl());
+        } else if (item.isList()) {  // c10d's Tensor[][]
+          for (const auto& inner : item.toListRef()) {
+            if (inner.isTensor()) forget_read(inner.unsafeToTensorImpl());
+          }
+        }
       }
     }
   }
+}
+
+// ---- memory collectives still write: read once final -----------------------------------------------
+// A _c10d_functional collective (what DTensor and tensor parallelism issue) returns a tensor the
+// process group is still writing into; its values are final once _c10d_functional::wait_tensor ran
+// on a tensor of its storage. As capture/collectives.py's PendingFunctional holds the dispatch
+// mode's slots, every slot on such a storage (the outputs, what reads them before the wait) is kept,
+// not read, until a wait_tensor on it ends: the drain hands them over after capture stopped and
+// td_observer_finish_functional waited for the rest, so they are read once final (or say they
+// changed since, where an op wrote them in place before the flush). The same holds for the outputs
+// of a c10d collective whose Work has not completed (see Collectives): DDP's finalization views its
+// bucket while gloo may still be writing it (the dispatch mode, slower, reads it later).
+enum FunctionalOp : int8_t { kWrites = 1, kWaits = 2, kCollectiveWrites = 3, kCollectiveDone = 4 };
+std::mutex functional_mutex;  // taken after the recorder's, or alone
+std::unordered_set<int64_t> functional_storages;  // the StorageImpl addresses being written
+std::vector<at::Tensor> functional_outputs;       // a tensor of each, to wait on when capture stops
+std::atomic<bool> functional_writing{false};
+
+bool written_by_functional(const c10::TensorImpl* impl) {
+  if (!functional_writing.load(std::memory_order_relaxed) || !impl->has_storage()) return false;
+  std::lock_guard<std::mutex> lock(functional_mutex);
+  return functional_storages.count(address(impl->unsafe_storage().unsafeGetStorageImpl())) != 0;
+}
+
+// The storages of `values` (a functional collective's outputs) are being written (kWrites), or are
+// final (kWaits: the wait_tensor's result).
+// (kCollectiveWrites, kCollectiveDone: a c10d collective's outputs, in lists, in lists of lists.)
+void note_functional(c10::ArrayRef<const c10::IValue> values, int8_t what) {
+  std::lock_guard<std::mutex> lock(functional_mutex);
+  std::function<void(const c10::IValue&)> note = [&](const c10::IValue& value) {
+    if (value.isList()) {
+      for (const auto& item : value.toListRef()) note(item);
+      return;
+    }
+    if (!is_tensor(value) || !value.unsafeToTensorImpl()->has_storage()) return;
+    auto key = address(value.unsafeToTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
+    if (what == kWrites) {
+      if (functional_storages.insert(key).second) functional_outputs.push_back(value.toTensor());
+    } else if (what == kCollectiveWrites) {
+      functional_storages.insert(key);
+    } else {
+      functional_storages.erase(key);
+    }
+  };
+  for (const auto& value : values) note(value);
+  functional_writing.store(!functional_storages.empty(), std::memory_order_relaxed);
 }
 
 struct Slots {
@@ -814,7 +887,7 @@ struct Slots {
     auto steps = impl->strides();
     stride.insert(stride.end(), steps.begin(), steps.end());
     int64_t value = 0;
-    int taken = read_values(impl, stats.data() + at, &value);
+    int taken = written_by_functional(impl) ? 0 : read_values(impl, stats.data() + at, &value);  // (kept: read once final)
     has_stats.push_back(taken & kSummed ? 1 : 0);
     has_fingerprint.push_back(taken & kHashed ? 1 : 0);
     fingerprint.push_back(value);
@@ -893,18 +966,27 @@ struct Slots {
     }
     if (value.isList()) {
       auto items = value.toListRef();
-      if (std::any_of(items.begin(), items.end(), is_tensor)) {
-        for (size_t index = 0; index < items.size(); ++index) {
-          if (is_tensor(items[index])) {
-            add(at_row, side, position, static_cast<int16_t>(index), items[index].unsafeToTensorImpl());
-          } else {
-            add_value(at_row, side, position, static_cast<int16_t>(index), items[index], type);
-          }
-        }
+      if (std::any_of(items.begin(), items.end(), [](const c10::IValue& item) { return is_tensor(item) || holds_tensor(item); })) {
+        add_items(at_row, side, position, items, type, true);
         return;
       }
     }
     add_value(at_row, side, position, -1, value, type);
+  }
+
+  // The items of a list argument or result at position: tensors, the items of lists of tensors
+  // (c10d's Tensor[][], by both indices: kOuterShift), and, with `values`, the others as values.
+  void add_items(int64_t at_row, int8_t side, int16_t position, c10::ArrayRef<const c10::IValue> items, ValueType type, bool values) {
+    for (size_t index = 0; index < items.size(); ++index) {
+      const auto& item = items[index];
+      if (is_tensor(item)) {
+        add(at_row, side, position, static_cast<int16_t>(index), item.unsafeToTensorImpl());
+      } else if (holds_tensor(item)) {
+        add_items(at_row, side, static_cast<int16_t>(position | (index + 1) << kOuterShift), item.toListRef(), kOther, values);
+      } else if (values) {
+        add_value(at_row, side, position, static_cast<int16_t>(index), item, type);
+      }
+    }
   }
 
   // An op's arguments (side 0) or results (side 1). Without args (the fallback's measurements),
@@ -916,12 +998,7 @@ struct Slots {
         if (value.isTensor()) {
           add(at_row, side, static_cast<int16_t>(position), -1, value.unsafeToTensorImpl());
         } else if (value.isList()) {
-          auto items = value.toListRef();
-          for (size_t index = 0; index < items.size(); ++index) {
-            if (items[index].isTensor()) {
-              add(at_row, side, static_cast<int16_t>(position), static_cast<int16_t>(index), items[index].unsafeToTensorImpl());
-            }
-          }
+          add_items(at_row, side, static_cast<int16_t>(position), value.toListRef(), kOther, false);
         }
       }
       return;
@@ -1206,6 +1283,114 @@ std::string drained_texts;  // the distinct JSON texts of the value slots draine
 std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
 std::atomic<int64_t> module_context{-1};
 
+// ---- collectives: outputs read once their Work completes ------------------------------------------
+// A c10d op (dist.all_reduce's c10d::allreduce_) only starts its collective: its outputs hold other
+// ranks' values once the Work it returns completes. As capture/collectives.py's PendingCollectives
+// does for the dispatch mode, its inputs are read at its start and its outputs the first time an op
+// starts after the Work completed (or after the op, when the caller waits for it: async_op false),
+// unless that op runs inside torch.distributed's Python (gloo completes some collectives inside
+// wait() with ops of its own); the rest when capture stops (td_observer_finish_collectives waits
+// for them). A collective's output slots thus follow the slots of the ops that ran meanwhile, as the
+// dispatch mode's records do. Whether a Work completed, and the wait, are c10d_work.cpp's (handed
+// over by td_observer_use_works): without them every collective's outputs are read at its end.
+using WorkCall = int (*)(const void*);
+std::atomic<WorkCall> work_completed{nullptr}, work_wait{nullptr};
+
+struct PendingCollective {
+  int64_t row;
+  std::vector<c10::IValue> outputs;  // what the dispatch mode records: the results that are no Work
+  std::vector<c10::IValue> works;
+  bool waited;  // the caller waits for it before it dispatches anything else
+  const OpArgs* args;  // with value slots wanted: its schema's facts
+};
+std::mutex collectives_mutex;  // taken after the recorder's, or alone; never the other way round
+std::vector<PendingCollective> pending_collectives;
+std::atomic<bool> collectives_pending{false};
+std::string distributed_dir;  // torch.distributed's folder, as a code object's co_filename starts (td_observer_use_works)
+
+// Whether the Python frames the op runs under include torch.distributed's code. Each code object
+// is judged once, under the GIL, and held meanwhile (an address names one code object).
+bool inside_torch_distributed() {
+  if (distributed_dir.empty() || !Py_IsInitialized()) return false;
+  if (PyGILState_Check() != 1 && PyGILState_GetThisThreadState() == nullptr) return false;  // (no Python frames)
+  static std::unordered_map<void*, bool> judged;  // the GIL held
+  auto gil = PyGILState_Ensure();
+  bool inside = false;
+  void* frame = PyEval_GetFrame();
+  if (frame != nullptr) Py_IncRef(frame);
+  while (frame != nullptr) {
+    void* code = PyFrame_GetCode(frame);
+    auto found = judged.find(code);
+    if (found == judged.end()) {
+      void* file = PyObject_GetAttrString(code, "co_filename");
+      const char* text = file != nullptr ? PyUnicode_AsUTF8(file) : nullptr;
+      if (text == nullptr) PyErr_Clear();
+      found = judged.emplace(code, text != nullptr && std::strncmp(text, distributed_dir.c_str(), distributed_dir.size()) == 0).first;
+      if (file != nullptr) Py_DecRef(file);
+      Py_IncRef(code);
+    }
+    inside = found->second;
+    Py_DecRef(code);
+    void* back = inside ? nullptr : PyFrame_GetBack(frame);
+    Py_DecRef(frame);
+    frame = back;
+  }
+  PyGILState_Release(gil);
+  return inside;
+}
+
+// Read the outputs of the collectives whose Work completed (all of them, waiting for each, when
+// `finish`). Called with no lock held: it takes the GIL, and a wait may run ops.
+void complete_collectives(bool finish) {
+  if (!finish && inside_torch_distributed()) return;
+  std::vector<PendingCollective> ready;
+  {
+    std::lock_guard<std::mutex> lock(collectives_mutex);
+    auto completed = work_completed.load(std::memory_order_relaxed);
+    std::vector<PendingCollective> still;
+    for (auto& entry : pending_collectives) {
+      bool done = finish || entry.waited || completed == nullptr ||
+                  std::all_of(entry.works.begin(), entry.works.end(), [&](const c10::IValue& work) { return completed(&work) != 0; });
+      (done ? ready : still).push_back(std::move(entry));
+    }
+    pending_collectives = std::move(still);
+    collectives_pending.store(!pending_collectives.empty(), std::memory_order_relaxed);
+  }
+  if (ready.empty()) return;
+  if (auto wait = work_wait.load(std::memory_order_relaxed); finish && wait != nullptr) {
+    for (const auto& entry : ready) {  // every rank issued them: they complete
+      for (const auto& work : entry.works) wait(&work);
+    }
+  }
+  for (const auto& entry : ready) {  // c10d's schemas mark no write: what was read of them at its start is gone
+    forget_reads_of(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()));
+    note_functional(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveDone);
+  }
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  recorder.slots.outputs_wait = false;
+  for (const auto& entry : ready) {
+    recorder.slots.add_all(entry.row, 1, c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), entry.args);
+  }
+}
+
+// A c10d op's end (the recorder's mutex held): its outputs wait for its Work, or are read now when
+// it returned none.
+void end_collective(int64_t at_row, std::pair<bool, c10::IValue>&& call, const std::vector<c10::IValue>& results, const OpArgs* args) {
+  PendingCollective entry{at_row, {}, {}, call.first, args};
+  for (const auto& result : results) (result.isObject() ? entry.works : entry.outputs).push_back(result);
+  if (!call.second.isNone()) entry.outputs.assign(1, std::move(call.second));  // recv_: the list it received into
+  if (entry.works.empty() || work_completed.load(std::memory_order_relaxed) == nullptr) {
+    forget_reads_of(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()));
+    recorder.slots.outputs_wait = false;
+    recorder.slots.add_all(at_row, 1, c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), args);
+    return;
+  }
+  note_functional(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveWrites);
+  std::lock_guard<std::mutex> lock(collectives_mutex);
+  pending_collectives.push_back(std::move(entry));
+  collectives_pending.store(true, std::memory_order_relaxed);
+}
+
 // Gradient accumulations: the context (td_observer_set_module's numbering) of each parameter the
 // capture names, by its TensorImpl (td_observer_parameters; set while the observer is stopped). The
 // engine's evaluation of a parameter's AccumulateGrad node (its gradient hooks, the accumulation,
@@ -1246,6 +1431,8 @@ struct Frame {
   int8_t materializes = 0;       // kRecorded, kDeferred: its arguments with a math bit not yet cloned (math_bit_clone)
   bool math_bits = false;        // it took an entry of ThreadState::math_bit_calls
   const c10::TensorImpl* cloned = nullptr;  // kRecorded: the argument of its parent the math-bit fallback clones (math_bit_clone)
+  bool collective = false;  // kRecorded: a c10d op, its call in ThreadState::collective_calls
+  int8_t functional = 0;    // kRecorded: OpInfo::functional
 };
 
 // Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
@@ -1274,6 +1461,7 @@ struct ThreadState {
   std::vector<int64_t> unnumbered;  // rows of a node's evaluation before its apply (tensor hooks): numbered there
   std::vector<int64_t> accumulations;  // the contexts of the parameters whose accumulation runs, innermost last
   std::vector<std::vector<c10::IValue>> math_bit_calls;  // the arguments of the frames that materialize some, innermost last
+  std::vector<std::pair<bool, c10::IValue>> collective_calls;  // of the open c10d ops: waited at once, the list it receives into
 };
 thread_local ThreadState state;
 
@@ -1409,6 +1597,19 @@ OpInfo recorded_op_info(const at::RecordFunction& fn) {
   if (undeclared_writes(*name)) {
     written = {3, 4};
     info.written_if = 5;
+  }
+  info.collective = name->name.rfind("c10d::", 0) == 0;
+  if (name->name == "_c10d_functional::wait_tensor") {
+    info.functional = kWaits;
+  } else if (name->name.rfind("_c10d_functional::", 0) == 0 && name->name != "_c10d_functional::_wrap_tensor_autograd") {
+    info.functional = kWrites;
+  }
+  info.receives = name->name == "c10d::recv_" || name->name == "c10d::recv_any_source_";
+  if (info.collective && handle.has_value()) {
+    const auto& arguments = handle->schema().arguments();
+    for (size_t position = 0; position < arguments.size(); ++position) {
+      if (arguments[position].name() == "async_op") info.async_arg = static_cast<int16_t>(position);
+    }
   }
   info.mutable_op = !written.empty();
   info.written = &written;
@@ -1692,6 +1893,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     thread.frames.push_back({kTransparent, live, false, -1});
     return nullptr;
   }
+  if (collectives_pending.load(std::memory_order_relaxed)) complete_collectives(false);  // before this op's slots
   bool in_backward = !thread.node_seq.empty();
   Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward), row_context(thread), -1};
   row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0));
@@ -1726,6 +1928,12 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   thread.frames.back().writes = note_writes(thread, info, inputs);
   snapshot_written(recorder.slots, thread, thread.frames.back().writes);
   if (materializing) thread.frames.back().cloned = inputs[0].unsafeToTensorImpl();  // (fn.inputs() lives only through on_enter)
+  thread.frames.back().functional = info.functional;
+  if (info.collective) {
+    auto waits = info.async_arg >= 0 && static_cast<size_t>(info.async_arg) < inputs.size() ? inputs[info.async_arg] : c10::IValue();
+    thread.frames.back().collective = true;
+    thread.collective_calls.emplace_back(waits.isBool() && !waits.toBool(), info.receives && !inputs.empty() ? inputs[0] : c10::IValue());
+  }
   if (keys.has_any(kMathBits)) {
     thread.frames.back().materializes = math_bit_arguments(inputs);
     thread.frames.back().math_bits = thread.frames.back().materializes > 0;
@@ -1768,6 +1976,11 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   auto frame = last;
   thread.frames.pop_back();
   if (frame.math_bits) thread.math_bit_calls.pop_back();
+  std::pair<bool, c10::IValue> collective_call;
+  if (frame.collective) {
+    collective_call = std::move(thread.collective_calls.back());
+    thread.collective_calls.pop_back();
+  }
   if (frame.writes >= 0) {  // before its outputs: a written argument it returns holds the written value
     if (frame.kind == kRecorded) count_unmoved(thread, frame.writes);
     thread.writes.resize(static_cast<size_t>(frame.writes));
@@ -1801,7 +2014,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     slots.outputs_wait = frame.factory;
     auto after = slots.row.size();  // the slots of rows recorded inside this op (after its redispatch)
     while (after > 0 && slots.row[after - 1] > frame.row) --after;
-    if (after == slots.row.size()) {
+    if (frame.functional != 0) note_functional(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.functional);
+    if (frame.collective) {
+      end_collective(frame.row, std::move(collective_call), outputs, frame.args);
+    } else if (after == slots.row.size()) {
       slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.args);
     } else {  // a dispatch mode saw this op's outputs before them (a saved-tensors hook's detach of an output)
       slots.hold_waiting();
@@ -1872,6 +2088,17 @@ int td_observer_start(int requested_level) {
   hidden_by_modes.store(0);
   outer_modes = user_modes();
   forget_reads();
+  {
+    std::lock_guard<std::mutex> lock(collectives_mutex);
+    pending_collectives.clear();  // (a capture stopped without finishing them)
+    collectives_pending.store(false);
+  }
+  {
+    std::lock_guard<std::mutex> lock(functional_mutex);
+    functional_storages.clear();
+    functional_outputs.clear();
+    functional_writing.store(false);
+  }
   bool values = requested_level != kEmpty;
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
                                           .needsInputs(values)
@@ -2125,6 +2352,40 @@ int td_observer_take_lines(int lines) {
 // Keep a reference to each plain tensor whose sums or fingerprint (those asked for) the callback
 // does not take (keep != 0), from the rows recorded from now on, or no longer.
 void td_observer_keep_unsummed(int keep) { keep_unsummed.store(keep != 0); }
+
+// c10d_work.cpp's td_work_completed and td_work_wait, and torch.distributed's folder (what a code
+// object's co_filename starts with there): a distributed run's collectives are read once their Work
+// completes (see Collectives). Nulls: read at their end.
+void td_observer_use_works(void* completed, void* wait, const char* folder) {
+  std::lock_guard<std::mutex> lock(collectives_mutex);
+  work_completed.store(reinterpret_cast<WorkCall>(completed));
+  work_wait.store(reinterpret_cast<WorkCall>(wait));
+  distributed_dir = folder != nullptr ? folder : "";
+}
+
+// Wait for the collectives still in flight and read their outputs (capture is stopping; called on
+// the thread that captures, the observer still on, as the dispatch mode's PendingCollectives.finish).
+void td_observer_finish_collectives() { complete_collectives(true); }
+
+// Wait for the functional collectives whose outputs were not waited for (called once the observer
+// stopped, before the drain: these waits are capture's own, not recorded), and forget them.
+void td_observer_finish_functional() {
+  std::vector<at::Tensor> outputs;
+  {
+    std::lock_guard<std::mutex> lock(functional_mutex);
+    outputs.swap(functional_outputs);
+    functional_storages.clear();
+    functional_writing.store(false);
+  }
+  if (outputs.empty()) return;
+  auto wait = c10::Dispatcher::singleton().findSchemaOrThrow("_c10d_functional::wait_tensor", "").typed<at::Tensor(const at::Tensor&)>();
+  for (const auto& output : outputs) {
+    try {
+      wait.call(output);
+    } catch (...) {  // a failed collective: its outputs are read as they are
+    }
+  }
+}
 
 // The name of a c10::DeviceType code, lower case ("cpu", "cuda").
 // The name of layout `code` as Python prints it (a kLaidOut slot's flag less kLaidOut).

@@ -39,6 +39,10 @@ argument or result (a number, sizes, a dtype, ``None``) is a value slot, its JSO
 ``LAID_OUT`` plus its layout's code (:meth:`NativeObserver.layout_name`): its dtype, shape and device
 are drained, its values not read."""
 
+OUTER_SHIFT = 8
+"""An item of a list of lists (c10d's ``Tensor[][]``) has its outer index plus one in ``slot_arg``'s
+bits from this one up, its inner index in ``slot_element``: arg ``0``'s ``[[a, b]]`` are ``0.0.0``, ``0.0.1``."""
+
 GRAD_ON, CHECKPOINT_NODE = 1, 2
 """:attr:`ObservedOps.mark` bits Python reads: grad mode was on; run by a reentrant checkpoint's node.
 (4 is ``native_values.RECOMPUTED``, which Python adds; 8, read by the walk only, a forward op that made
@@ -251,6 +255,10 @@ class NativeObserver:
         library.td_observer_parameters.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_parameters.restype = None
         library.td_observer_accumulating.restype = ctypes.c_int
+        library.td_observer_use_works.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
+        library.td_observer_use_works.restype = None
+        library.td_observer_finish_collectives.restype = None
+        library.td_observer_finish_functional.restype = None
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
@@ -362,6 +370,23 @@ class NativeObserver:
         alone = (ctypes.cast(getattr(stats, f"td_hash_w{width}"), ctypes.c_void_p) for width in (1, 2, 4, 8))
         self._lib.td_observer_use_fingerprints(_entries(stats, "td_stats_hash_"), *alone)
         return True
+
+    def use_works(self, works: ctypes.CDLL | None, distributed_dir: str = "") -> None:
+        """Read each c10d collective's outputs once its Work completes, as ``works`` (the library of
+        ``c10d_work.cpp``) tells, and not while ops run inside ``distributed_dir`` (torch.distributed's
+        code); ``None``: at the collective's end (no Work completes later in a world of one)."""
+        completed = None if works is None else ctypes.cast(works.td_work_completed, ctypes.c_void_p)
+        wait = None if works is None else ctypes.cast(works.td_work_wait, ctypes.c_void_p)
+        self._lib.td_observer_use_works(completed, wait, distributed_dir.encode() if works is not None else None)
+
+    def finish_collectives(self) -> None:
+        """Wait for the collectives still in flight and record their outputs (before :meth:`stop`)."""
+        self._lib.td_observer_finish_collectives()
+
+    def finish_functional(self) -> None:
+        """Wait for the functional collectives not waited for (after :meth:`stop`, before :meth:`drain`):
+        the slots on their outputs were kept, to be read once final."""
+        self._lib.td_observer_finish_functional()
 
     def start(self, level: int = RECORD) -> bool:
         """Observe the ops of this thread and of the autograd graph tasks it runs; ``False`` when it

@@ -54,10 +54,13 @@ constexpr int8_t kUninitialised = 1;  // unread code of "uninitialised" (native_
 constexpr int64_t kNone = -1;
 
 enum OpFlag : int {
-  kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32, kAccumulates = 64, kDetach = 128
+  kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32, kAccumulates = 64, kDetach = 128,
+  kCollective = 256
 };
 // kAccumulates: the op the engine sums gradients in place with (aten.add_.Tensor in a backward row),
 // which a dispatch mode runs out of place (a new tensor, at version 0). kDetach: aten.detach.default.
+// kCollective: a c10d op, whose outputs are tensors it was handed (its lists, recv_'s argument) and
+// come once its Work completes, after the slots of the rows that ran meanwhile (observer.cpp).
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
 enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8 };
 // Per row: the observer's marks (observer.cpp's RowMark: kGradOn, grad mode was on, so the op's
@@ -68,6 +71,15 @@ enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNo
 constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
 constexpr int64_t kLookback = 4096;  // recompute.py's LOOKBACK
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
+
+// A slot's arg: its argument's (or result's) position, and for an item of a list of lists (c10d's
+// Tensor[][]) the outer index plus one shifted by kOuterShift (observer.cpp's), its element the inner
+// index. As (position, outer index or -1).
+constexpr int kOuterShift = 8;
+std::pair<int, int> split_arg(int16_t arg) {
+  auto bits = static_cast<uint16_t>(arg);
+  return {bits & ((1 << kOuterShift) - 1), (bits >> kOuterShift) - 1};
+}
 
 struct Memory {
   int64_t storage = 0;
@@ -297,15 +309,17 @@ struct Walk {
                   static_cast<int64_t>(static_cast<uint16_t>(element));
     auto found = op.arg_codes.find(key);
     if (found != op.arg_codes.end()) return found->second;
+    auto [position, outer] = split_arg(arg);
     std::string name;
     if (io == 0) {
-      name = static_cast<size_t>(arg) < op.inputs.size() ? op.inputs[arg] : std::to_string(arg);
+      name = static_cast<size_t>(position) < op.inputs.size() ? op.inputs[position] : std::to_string(position);
     } else if (op.flags & kListResult) {
-      name = std::to_string(element);
+      name = std::to_string(outer >= 0 ? outer : element);
     } else {
-      name = std::to_string(arg);
+      name = std::to_string(position);
     }
-    if (element >= 0 && !(io == 1 && (op.flags & kListResult))) name += "." + std::to_string(element);
+    if (outer >= 0 && !(io == 1 && (op.flags & kListResult))) name += "." + std::to_string(outer);
+    if (element >= 0 && !(io == 1 && (op.flags & kListResult) && outer < 0)) name += "." + std::to_string(element);
     return op.arg_codes[key] = intern(io, name);
   }
 
@@ -336,7 +350,7 @@ struct Walk {
   // NativeValueIds.of: the value of a slot of `at_row` (slots in row order, each row's inputs first);
   // `restored`: an input's value when it is a tensor a checkpoint restored (Walk::unpacked's).
   Value of(int64_t at_row, int8_t io, int64_t address, const Memory& memory, bool backward, int64_t base,
-           const Value* restored = nullptr) {
+           const Value* restored = nullptr, bool collective = false) {
     if (at_row != row) {
       row = at_row;
       inputs.clear();
@@ -364,6 +378,8 @@ struct Walk {
       input_storages.insert(memory.storage);
     } else if (auto argument = inputs.find(address); argument != inputs.end()) {
       value = argument->second;  // an argument the op returns (it wrote it, or lift_fresh)
+    } else if (collective && known != at.end() && known->second.memory == memory) {
+      value = known->second.value;  // a collective's, after other rows' slots: one of its arguments
     } else {
       value.id = fresh++;
       if (!input_storages.contains(memory.storage)) {  // fresh memory, not a view of an input
@@ -393,10 +409,11 @@ struct Walk {
   // what that tells of its storage.
   int8_t unread(const OpFacts& op, int8_t io, int16_t arg, int16_t element, int64_t storage, int64_t numel) {
     int8_t why;
+    auto [position, outer] = split_arg(arg);
     if (io == 0) {
-      why = static_cast<size_t>(arg) < op.unread_inputs.size() ? op.unread_inputs[arg] : 0;
+      why = static_cast<size_t>(position) < op.unread_inputs.size() ? op.unread_inputs[position] : 0;
     } else {
-      auto index = static_cast<size_t>((op.flags & kListResult) ? element : arg);
+      auto index = static_cast<size_t>((op.flags & kListResult) ? (outer >= 0 ? outer : element) : position);
       why = index < op.unread_outputs.size() ? op.unread_outputs[index] : op.unread_other_outputs;
     }
     bool is_mutable = op.flags & kMutable;
@@ -747,6 +764,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     Value source_value{kNone, kNone};
     Memory memory;
     bool row_writes = false;  // the row's op has a mutable schema: its tensor arguments' storages may be written
+    bool row_collective = false;  // the row's op is a collective: its outputs are tensors it was handed
     std::vector<int64_t> written;  // their storages, counted as written once its inputs are walked
     auto count_written = [&]() {
       for (auto at : written) ++state.writes_into[at];
@@ -778,11 +796,12 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         restores = saver != state.made_by.end() ? saver->second.index : kNone;
         bool named = index >= 0 && index < static_cast<int64_t>(state.forward_of.size());  // (a walk without td_walk_rows: none)
         differentiates = named ? state.forward_of[static_cast<size_t>(index)] : kNone;
-        row_writes = false;
+        row_writes = row_collective = false;
         if (index >= 0 && index < rows) {
           auto found = state.ops.find(row_op[index]);
           if (found == state.ops.end()) return -1;  // facts not given: the caller's error
           row_writes = found->second.flags & kMutable;
+          row_collective = found->second.flags & kCollective;
           if (row_recorded[index]) {  // (outputs of a row drained before: not recorded)
             op = &found->second;
             backward = row_backward[index] != 0;
@@ -811,7 +830,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       if (op == nullptr) {
         if (io == 0) {
           arguments.insert(address);
-        } else if (!arguments.contains(address)) {  // a tensor made unrecorded: the one seen at its address is gone
+        } else if (!arguments.contains(address) && !row_collective) {  // a tensor made unrecorded: the one seen at its address is gone
           state.seen.erase(address);
           state.forget(address, memory);
         }
@@ -859,7 +878,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
             has_source_value = true;
             source_value = value;
           }
-        } else if (io && alias == nullptr) {
+        } else if (io && alias == nullptr && !row_collective) {
           state.seen.erase(address);
           state.forget(address, memory);
         }
@@ -873,7 +892,8 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       int64_t unpacked = may_unpack ? state.unpacked(memory, differentiates) : 0;
       auto* restored = unpacked != 0 ? state.at.find(unpacked) : nullptr;  // (copied: an insert may move the entries)
       Value restored_value = restored != nullptr && restored->second.memory == memory ? restored->second.value : Value{kNone, kNone};
-      auto value = state.of(row, io, address, memory, backward, slot_base[slot], restored_value.id != kNone ? &restored_value : nullptr);
+      auto value = state.of(row, io, address, memory, backward, slot_base[slot], restored_value.id != kNone ? &restored_value : nullptr,
+                            row_collective);
       if (io == 0 && first_arg) {
         has_source_value = true;
         source_value = value;

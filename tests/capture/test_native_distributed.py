@@ -1,0 +1,148 @@
+"""Distributed runs on the native path, record by record against the dispatch mode (issue 48, item 2).
+
+Two gloo ranks each dump the same steps both ways: a model whose forward runs c10d collectives
+(``dist.all_reduce`` waited and not, list and tensor all-gathers, broadcast, reduce-scatter, send and
+recv, one never waited for) and functional collectives on plain tensors (one waited for, one written
+in place, one left to capture's stop), with statistics and fingerprints, and with stacks. A
+collective's outputs are recorded once its work completes on both paths; where an asynchronous
+collective completes, and so where its outputs land among the records, is up to the threads' timing,
+so the comparison puts each collective's outputs after its inputs first (``_outputs_after_inputs``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import torchdebug
+import torchdebug.debugger
+from tests import gloo
+from tests.capture.test_native_capture import _assert_same_dumps
+from torchdebug.capture.native_capture import why_not_native
+from torchdebug.records import Record
+
+
+class _Collectives(nn.Module):
+    """A forward of collectives on each rank's own values (``rank + 1`` and the like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rank = dist.get_rank()
+        y = x * self.scale
+        dist.all_reduce(y)
+        y.mul_(10)  # the all_reduce output record holds the value before this
+        gathered = [torch.zeros(4) for _ in range(2)]
+        dist.all_gather(gathered, y + rank)
+        flat = torch.zeros(8)
+        dist.all_gather_into_tensor(flat, x + rank)
+        broadcast = torch.full((2,), float(rank + 5))
+        dist.broadcast(broadcast, 1)
+        scattered = torch.zeros(2)
+        dist.reduce_scatter_tensor(scattered, torch.arange(4.0) + rank)
+        received = torch.full((3,), 7.0) if rank == 0 else torch.zeros(3)
+        if rank == 0:
+            dist.send(received, 1)
+        else:
+            dist.recv(received, 0)
+        waited = torch.full((2,), float(rank + 1))
+        work = dist.all_reduce(waited, async_op=True)
+        work.wait()
+        dist.all_reduce(torch.full((2,), 1.0), async_op=True)  # never waited by the user: capture's stop waits
+        group = dist.group.WORLD.group_name
+        functional = torch.ops._c10d_functional.all_reduce(x * 3, "sum", group)
+        functional = torch.ops._c10d_functional.wait_tensor(functional) * 2
+        in_place = x.clone()
+        torch.ops._c10d_functional.all_reduce_(in_place, "sum", group)
+        torch.ops._c10d_functional.wait_tensor(in_place)
+        torch.ops._c10d_functional.all_reduce(x + 1, "sum", group)  # waited for when capture stops
+        return y.sum() + gathered[1].sum() + flat.sum() + broadcast.sum() + scattered.sum() + received.sum() + functional.sum()
+
+
+def _collectives(rank: int) -> tuple[nn.Module, Callable[[], object]]:
+    model = _Collectives()
+    x = torch.arange(4.0) + rank
+    return model, lambda: model(x)
+
+
+_PROGRAMS = {
+    "statistics": (_collectives, {"task": "statistics", "checksum": True}),
+    "structure": (_collectives, {"task": "structure", "stack": "all"}),
+}
+
+
+def _worker(rank: int, root: str) -> None:
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("torchdebug.debugger")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    for native in (False, True):
+        torchdebug.debugger.why_not_native = why_not_native if native else (lambda config, model: "held on the dispatch mode")
+        for name, (program, options) in _PROGRAMS.items():
+            model, step = program(rank)
+            with torchdebug.Debugger(f"{root}/{name}-{'native' if native else 'python'}", **options) as debugger:
+                for _ in range(2):
+                    debugger.start(model)
+                    step()
+                    debugger.step()
+    Path(root, f"said-{rank}.json").write_text(json.dumps([text for text in said if "op capture" in text]))
+    ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+    Path(root, f"ddp-{rank}.json").write_text(json.dumps(why_not_native(torchdebug.DebuggerConfig(), ddp)))
+
+
+def _outputs_after_inputs(records: list[Record]) -> list[Record]:
+    """Each collective call's output records right after its inputs (in their order)."""
+    collective = [r for r in records if r.op.split(".")[0] in ("c10d", "_c10d_functional") and r.io == "output"]
+    outputs: dict[tuple, list[Record]] = {}
+    for record in collective:
+        outputs.setdefault((record.step, record.call_name), []).append(record)
+    moved = {id(record) for record in collective}
+    ordered: list[Record] = []
+    for index, record in enumerate(records):
+        if id(record) in moved:
+            continue
+        ordered.append(record)
+        key = (record.step, record.call_name)
+        following = records[index + 1] if index + 1 < len(records) else None
+        if key in outputs and (following is None or (following.step, following.call_name) != key or id(following) in moved):
+            ordered += outputs.pop(key)
+    return ordered
+
+
+def _tensor_records(folder: Path, rank: int) -> list[Record]:
+    return [record for record in torchdebug.load(folder).ranks[rank].records() if record.kind == "tensor"]
+
+
+def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) -> None:
+    gloo.spawn(_worker, tmp_path, str(tmp_path))
+    for rank in (0, 1):
+        on_the_mode = "torchdebug: op capture through the dispatch mode: held on the dispatch mode"
+        on_the_native_path = "torchdebug: op capture on the native path"
+        assert json.loads((tmp_path / f"said-{rank}.json").read_text()) == [on_the_mode] * 2 + [on_the_native_path] * 2
+        assert "DistributedDataParallel" in json.loads((tmp_path / f"ddp-{rank}.json").read_text())
+        for name in _PROGRAMS:
+            python, native = (
+                _outputs_after_inputs(_tensor_records(tmp_path / f"{name}-{path}", rank)) for path in ("python", "native")
+            )
+            _assert_same_dumps(python, native)
+        records = {r.name: r for r in torchdebug.load(tmp_path / "statistics-native").ranks[rank].records() if r.step == 0}
+        mean = {name.split("/", 2)[2]: record.stats["mean"] for name, record in records.items() if record.stats}
+        assert mean["c10d.allreduce_.default#0/input.0.0"] == 1.5 + rank  # this rank's summand
+        assert mean["c10d.allreduce_.default#0/output.0.0"] == 4.0  # the sum, not yet multiplied by 10
+        assert mean["c10d.allgather_.default#0/output.0.0.1"] == 41.0  # rank 1's 40 + 1
+        assert mean["c10d._reduce_scatter_base_.default#0/output.0"] == [2.0, 6.0][rank]  # halves of [1, 3, 5, 7]
+        assert mean["c10d.recv_.default#0/output.0.0" if rank else "c10d.send.default#0/input.0.0"] == 7.0
+        assert mean["_c10d_functional.all_reduce.default#0/output.0"] == 3 * 4.0
+        assert mean["_c10d_functional.all_reduce_.default#0/output.0"] == 4.0
+        assert mean["_c10d_functional.all_reduce.default#1/output.0"] == 6.0  # waited for at capture's stop
+        assert mean["c10d.allreduce_.default#2/output.0.0"] == 2.0  # never waited by the user

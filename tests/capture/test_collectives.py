@@ -18,29 +18,34 @@ from tests import gloo
 from tests.blocks import MLPBlock
 
 
+def collective_calls(rank: int) -> None:
+    """Plain collectives on each rank's own values, waited for and not, one never waited for."""
+    x = torch.full((4,), float(rank + 1))
+    dist.all_reduce(x)
+    x.mul_(10)  # the all_reduce output record must hold the value before this
+    gathered = [torch.zeros(4) for _ in range(2)]
+    dist.all_gather(gathered, torch.full((4,), float(rank)))
+    flat = torch.zeros(8)
+    dist.all_gather_into_tensor(flat, torch.full((4,), float(rank)))
+    b = torch.full((2,), float(rank + 5))
+    dist.broadcast(b, 1)
+    out = torch.zeros(2)
+    dist.reduce_scatter_tensor(out, torch.arange(4.0))
+    p2p = torch.full((3,), 7.0) if rank == 0 else torch.zeros(3)
+    if rank == 0:
+        dist.send(p2p, 1)
+    else:
+        dist.recv(p2p, 0)
+    y = torch.full((2,), float(rank + 1))
+    work = dist.all_reduce(y, async_op=True)
+    work.wait()
+    z = torch.full((2,), 1.0)
+    dist.all_reduce(z, async_op=True)  # never waited by the user: capture stop waits
+
+
 def _collectives_worker(rank: int, dump_path: str) -> None:
     with torchdebug.dump(dump_path):
-        x = torch.full((4,), float(rank + 1))
-        dist.all_reduce(x)
-        x.mul_(10)  # the all_reduce output record must hold the value before this
-        gathered = [torch.zeros(4) for _ in range(2)]
-        dist.all_gather(gathered, torch.full((4,), float(rank)))
-        flat = torch.zeros(8)
-        dist.all_gather_into_tensor(flat, torch.full((4,), float(rank)))
-        b = torch.full((2,), float(rank + 5))
-        dist.broadcast(b, 1)
-        out = torch.zeros(2)
-        dist.reduce_scatter_tensor(out, torch.arange(4.0))
-        p2p = torch.full((3,), 7.0) if rank == 0 else torch.zeros(3)
-        if rank == 0:
-            dist.send(p2p, 1)
-        else:
-            dist.recv(p2p, 0)
-        y = torch.full((2,), float(rank + 1))
-        work = dist.all_reduce(y, async_op=True)
-        work.wait()
-        z = torch.full((2,), 1.0)
-        dist.all_reduce(z, async_op=True)  # never waited by the user: capture stop waits
+        collective_calls(rank)
 
 
 def _worker(rank: int, root: str) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 import torchdebug
 import torchdebug.debugger
 from tests import gloo
+from tests.capture.test_collectives import collective_calls
 from tests.capture.test_native_capture import _assert_same_dumps
 from torchdebug.capture.native_capture import why_not_native
 from torchdebug.records import Record
@@ -36,27 +37,8 @@ class _Collectives(nn.Module):
         self.scale = nn.Parameter(torch.ones(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rank = dist.get_rank()
+        collective_calls(dist.get_rank())
         y = x * self.scale
-        dist.all_reduce(y)
-        y.mul_(10)  # the all_reduce output record holds the value before this
-        gathered = [torch.zeros(4) for _ in range(2)]
-        dist.all_gather(gathered, y + rank)
-        flat = torch.zeros(8)
-        dist.all_gather_into_tensor(flat, x + rank)
-        broadcast = torch.full((2,), float(rank + 5))
-        dist.broadcast(broadcast, 1)
-        scattered = torch.zeros(2)
-        dist.reduce_scatter_tensor(scattered, torch.arange(4.0) + rank)
-        received = torch.full((3,), 7.0) if rank == 0 else torch.zeros(3)
-        if rank == 0:
-            dist.send(received, 1)
-        else:
-            dist.recv(received, 0)
-        waited = torch.full((2,), float(rank + 1))
-        work = dist.all_reduce(waited, async_op=True)
-        work.wait()
-        dist.all_reduce(torch.full((2,), 1.0), async_op=True)  # never waited by the user: capture's stop waits
         group = dist.group.WORLD.group_name
         functional = torch.ops._c10d_functional.all_reduce(x * 3, "sum", group)
         functional = torch.ops._c10d_functional.wait_tensor(functional) * 2
@@ -64,7 +46,7 @@ class _Collectives(nn.Module):
         torch.ops._c10d_functional.all_reduce_(in_place, "sum", group)
         torch.ops._c10d_functional.wait_tensor(in_place)
         torch.ops._c10d_functional.all_reduce(x + 1, "sum", group)  # waited for when capture stops
-        return y.sum() + gathered[1].sum() + flat.sum() + broadcast.sum() + scattered.sum() + received.sum() + functional.sum()
+        return y.sum() + functional.sum()
 
 
 def _collectives(rank: int) -> tuple[nn.Module, Callable[[], object]]:
@@ -137,10 +119,10 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
             _assert_same_dumps(python, native)
         records = {r.name: r for r in torchdebug.load(tmp_path / "statistics-native").ranks[rank].records() if r.step == 0}
         mean = {name.split("/", 2)[2]: record.stats["mean"] for name, record in records.items() if record.stats}
-        assert mean["c10d.allreduce_.default#0/input.0.0"] == 1.5 + rank  # this rank's summand
-        assert mean["c10d.allreduce_.default#0/output.0.0"] == 4.0  # the sum, not yet multiplied by 10
-        assert mean["c10d.allgather_.default#0/output.0.0.1"] == 41.0  # rank 1's 40 + 1
-        assert mean["c10d._reduce_scatter_base_.default#0/output.0"] == [2.0, 6.0][rank]  # halves of [1, 3, 5, 7]
+        assert mean["c10d.allreduce_.default#0/input.0.0"] == rank + 1  # this rank's summand
+        assert mean["c10d.allreduce_.default#0/output.0.0"] == 3.0  # the sum, not yet multiplied by 10
+        assert mean["c10d.allgather_.default#0/output.0.0.1"] == 1.0  # rank 1's
+        assert mean["c10d._reduce_scatter_base_.default#0/output.0"] == [1.0, 5.0][rank]  # halves of [0, 2, 4, 6]
         assert mean["c10d.recv_.default#0/output.0.0" if rank else "c10d.send.default#0/input.0.0"] == 7.0
         assert mean["_c10d_functional.all_reduce.default#0/output.0"] == 3 * 4.0
         assert mean["_c10d_functional.all_reduce_.default#0/output.0"] == 4.0

@@ -1976,9 +1976,9 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   auto frame = last;
   thread.frames.pop_back();
   if (frame.math_bits) thread.math_bit_calls.pop_back();
-  std::pair<bool, c10::IValue> collective_call;
+  std::optional<std::pair<bool, c10::IValue>> collective_call;  // (a c10d op's: no IValue made for the others)
   if (frame.collective) {
-    collective_call = std::move(thread.collective_calls.back());
+    collective_call.emplace(std::move(thread.collective_calls.back()));
     thread.collective_calls.pop_back();
   }
   if (frame.writes >= 0) {  // before its outputs: a written argument it returns holds the written value
@@ -2016,7 +2016,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     while (after > 0 && slots.row[after - 1] > frame.row) --after;
     if (frame.functional != 0) note_functional(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.functional);
     if (frame.collective) {
-      end_collective(frame.row, std::move(collective_call), outputs, frame.args);
+      end_collective(frame.row, std::move(*collective_call), outputs, frame.args);
     } else if (after == slots.row.size()) {
       slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.args);
     } else {  // a dispatch mode saw this op's outputs before them (a saved-tensors hook's detach of an output)

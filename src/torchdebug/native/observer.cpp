@@ -36,7 +36,9 @@
 //     capture mode ignoring compile internals lets through), or a mode of the user's; and one called
 //     inside a torch.func transform (vmap, grad), whose batched ops a mode sees as the plain ops
 //     beneath (in_transform);
-//   - every other op is recorded: inputs at its start, outputs at its end.
+//   - every other op is recorded: inputs at its start, outputs at its end, but for a c10d
+//     collective's outputs, read once its Work completes, and memory a collective still writes, read
+//     once final (see Collectives).
 // A forward op's sequence number is the one the autograd node it makes gets (the dispatcher reads
 // at::sequence_number::peek() when grad mode is on and an autograd key is in the key set), so a
 // backward row links to its forward row by equal sequence numbers.
@@ -707,7 +709,7 @@ struct OpInfo {
   bool collective = false;  // a c10d op: its outputs are read once its Work completes (Collectives)
   bool receives = false;    // c10d's recv_ and recv_any_source_: their outputs are their first argument
   int16_t async_arg = -1;   // the position of its async_op argument (false: the caller waits for it at once)
-  int8_t functional = 0;    // kWrites: a _c10d_functional collective; kWaits: _c10d_functional::wait_tensor (Functional)
+  int8_t functional = 0;    // kFunctionalWrites: a _c10d_functional collective; kFunctionalWaited: its wait_tensor
 };
 
 // Ops that write arguments their schema does not mark written: BatchNorm's kernels update the
@@ -747,25 +749,25 @@ void forget_reads_of(c10::ArrayRef<const c10::IValue> values) {
 // not read, until a wait_tensor on it ends: the drain hands them over after capture stopped and
 // td_observer_finish_functional waited for the rest, so they are read once final (or say they
 // changed since, where an op wrote them in place before the flush). The same holds for the outputs
-// of a c10d collective whose Work has not completed (see Collectives): DDP's finalization views its
-// bucket while gloo may still be writing it (the dispatch mode, slower, reads it later).
-enum FunctionalOp : int8_t { kWrites = 1, kWaits = 2, kCollectiveWrites = 3, kCollectiveDone = 4 };
-std::mutex functional_mutex;  // taken after the recorder's, or alone
-std::unordered_set<int64_t> functional_storages;  // the StorageImpl addresses being written
-std::vector<at::Tensor> functional_outputs;       // a tensor of each, to wait on when capture stops
-std::atomic<bool> functional_writing{false};
+// of a c10d collective whose Work has not completed (see Collectives), which an op may view or read
+// meanwhile (a DDP bucket, viewed at the backward's end).
+enum CollectiveWrite : int8_t { kFunctionalWrites = 1, kFunctionalWaited = 2, kCollectiveWrites = 3, kCollectiveDone = 4 };
+std::mutex written_mutex;  // taken after the recorder's, or alone
+std::unordered_set<int64_t> written_storages;  // the StorageImpl addresses collectives are writing
+std::vector<at::Tensor> functional_outputs;     // a tensor of each functional collective's, to wait on when capture stops
+std::atomic<bool> collectives_writing{false};
 
-bool written_by_functional(const c10::TensorImpl* impl) {
-  if (!functional_writing.load(std::memory_order_relaxed) || !impl->has_storage()) return false;
-  std::lock_guard<std::mutex> lock(functional_mutex);
-  return functional_storages.count(address(impl->unsafe_storage().unsafeGetStorageImpl())) != 0;
+bool written_by_collective(const c10::TensorImpl* impl) {
+  if (!collectives_writing.load(std::memory_order_relaxed) || !impl->has_storage()) return false;
+  std::lock_guard<std::mutex> lock(written_mutex);
+  return written_storages.count(address(impl->unsafe_storage().unsafeGetStorageImpl())) != 0;
 }
 
-// The storages of `values` (a functional collective's outputs) are being written (kWrites), or are
-// final (kWaits: the wait_tensor's result).
-// (kCollectiveWrites, kCollectiveDone: a c10d collective's outputs, in lists, in lists of lists.)
-void note_functional(c10::ArrayRef<const c10::IValue> values, int8_t what) {
-  std::lock_guard<std::mutex> lock(functional_mutex);
+// The storages of `values` are being written (kFunctionalWrites: a functional collective's outputs;
+// kCollectiveWrites: a c10d collective's, in lists and lists of lists), or are final
+// (kFunctionalWaited: a wait_tensor's result; kCollectiveDone: the c10d collective's, completed).
+void note_written(c10::ArrayRef<const c10::IValue> values, int8_t what) {
+  std::lock_guard<std::mutex> lock(written_mutex);
   std::function<void(const c10::IValue&)> note = [&](const c10::IValue& value) {
     if (value.isList()) {
       for (const auto& item : value.toListRef()) note(item);
@@ -773,16 +775,16 @@ void note_functional(c10::ArrayRef<const c10::IValue> values, int8_t what) {
     }
     if (!is_tensor(value) || !value.unsafeToTensorImpl()->has_storage()) return;
     auto key = address(value.unsafeToTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
-    if (what == kWrites) {
-      if (functional_storages.insert(key).second) functional_outputs.push_back(value.toTensor());
+    if (what == kFunctionalWrites) {
+      if (written_storages.insert(key).second) functional_outputs.push_back(value.toTensor());
     } else if (what == kCollectiveWrites) {
-      functional_storages.insert(key);
+      written_storages.insert(key);
     } else {
-      functional_storages.erase(key);
+      written_storages.erase(key);
     }
   };
   for (const auto& value : values) note(value);
-  functional_writing.store(!functional_storages.empty(), std::memory_order_relaxed);
+  collectives_writing.store(!written_storages.empty(), std::memory_order_relaxed);
 }
 
 struct Slots {
@@ -887,7 +889,7 @@ struct Slots {
     auto steps = impl->strides();
     stride.insert(stride.end(), steps.begin(), steps.end());
     int64_t value = 0;
-    int taken = written_by_functional(impl) ? 0 : read_values(impl, stats.data() + at, &value);  // (kept: read once final)
+    int taken = written_by_collective(impl) ? 0 : read_values(impl, stats.data() + at, &value);  // (kept: read once final)
     has_stats.push_back(taken & kSummed ? 1 : 0);
     has_fingerprint.push_back(taken & kHashed ? 1 : 0);
     fingerprint.push_back(value);
@@ -1364,7 +1366,7 @@ void complete_collectives(bool finish) {
   }
   for (const auto& entry : ready) {  // c10d's schemas mark no write: what was read of them at its start is gone
     forget_reads_of(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()));
-    note_functional(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveDone);
+    note_written(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveDone);
   }
   std::lock_guard<std::mutex> lock(recorder.mutex);
   recorder.slots.outputs_wait = false;
@@ -1385,7 +1387,7 @@ void end_collective(int64_t at_row, std::pair<bool, c10::IValue>&& call, const s
     recorder.slots.add_all(at_row, 1, c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), args);
     return;
   }
-  note_functional(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveWrites);
+  note_written(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveWrites);
   std::lock_guard<std::mutex> lock(collectives_mutex);
   pending_collectives.push_back(std::move(entry));
   collectives_pending.store(true, std::memory_order_relaxed);
@@ -1600,9 +1602,9 @@ OpInfo recorded_op_info(const at::RecordFunction& fn) {
   }
   info.collective = name->name.rfind("c10d::", 0) == 0;
   if (name->name == "_c10d_functional::wait_tensor") {
-    info.functional = kWaits;
+    info.functional = kFunctionalWaited;
   } else if (name->name.rfind("_c10d_functional::", 0) == 0 && name->name != "_c10d_functional::_wrap_tensor_autograd") {
-    info.functional = kWrites;
+    info.functional = kFunctionalWrites;
   }
   info.receives = name->name == "c10d::recv_" || name->name == "c10d::recv_any_source_";
   if (info.collective && handle.has_value()) {
@@ -2014,7 +2016,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     slots.outputs_wait = frame.factory;
     auto after = slots.row.size();  // the slots of rows recorded inside this op (after its redispatch)
     while (after > 0 && slots.row[after - 1] > frame.row) --after;
-    if (frame.functional != 0) note_functional(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.functional);
+    if (frame.functional != 0) note_written(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.functional);
     if (frame.collective) {
       end_collective(frame.row, std::move(*collective_call), outputs, frame.args);
     } else if (after == slots.row.size()) {
@@ -2094,10 +2096,10 @@ int td_observer_start(int requested_level) {
     collectives_pending.store(false);
   }
   {
-    std::lock_guard<std::mutex> lock(functional_mutex);
-    functional_storages.clear();
+    std::lock_guard<std::mutex> lock(written_mutex);
+    written_storages.clear();
     functional_outputs.clear();
-    functional_writing.store(false);
+    collectives_writing.store(false);
   }
   bool values = requested_level != kEmpty;
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
@@ -2372,10 +2374,10 @@ void td_observer_finish_collectives() { complete_collectives(true); }
 void td_observer_finish_functional() {
   std::vector<at::Tensor> outputs;
   {
-    std::lock_guard<std::mutex> lock(functional_mutex);
+    std::lock_guard<std::mutex> lock(written_mutex);
     outputs.swap(functional_outputs);
-    functional_storages.clear();
-    functional_writing.store(false);
+    written_storages.clear();
+    collectives_writing.store(false);
   }
   if (outputs.empty()) return;
   auto wait = c10::Dispatcher::singleton().findSchemaOrThrow("_c10d_functional::wait_tensor", "").typed<at::Tensor(const at::Tensor&)>();

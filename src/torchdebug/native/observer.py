@@ -374,7 +374,7 @@ class NativeObserver:
     def use_works(self, works: ctypes.CDLL | None, distributed_dir: str = "") -> None:
         """Read each c10d collective's outputs once its Work completes, as ``works`` (the library of
         ``c10d_work.cpp``) tells, and not while ops run inside ``distributed_dir`` (torch.distributed's
-        code); ``None``: at the collective's end (no Work completes later in a world of one)."""
+        code); ``None`` (not a distributed run): at the collective's end."""
         completed = None if works is None else ctypes.cast(works.td_work_completed, ctypes.c_void_p)
         wait = None if works is None else ctypes.cast(works.td_work_wait, ctypes.c_void_p)
         self._lib.td_observer_use_works(completed, wait, distributed_dir.encode() if works is not None else None)

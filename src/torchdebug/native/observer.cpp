@@ -752,22 +752,22 @@ void forget_reads_of(c10::ArrayRef<const c10::IValue> values) {
 // of a c10d collective whose Work has not completed (see Collectives), which an op may view or read
 // meanwhile (a DDP bucket, viewed at the backward's end).
 enum CollectiveWrite : int8_t { kFunctionalWrites = 1, kFunctionalWaited = 2, kCollectiveWrites = 3, kCollectiveDone = 4 };
-std::mutex written_mutex;  // taken after the recorder's, or alone
-std::unordered_set<int64_t> written_storages;  // the StorageImpl addresses collectives are writing
+std::mutex in_flight_mutex;  // taken after the recorder's, or alone
+std::unordered_set<int64_t> in_flight_storages;  // the StorageImpl addresses collectives are writing (in flight)
 std::vector<at::Tensor> functional_outputs;     // a tensor of each functional collective's, to wait on when capture stops
-std::atomic<bool> collectives_writing{false};
+std::atomic<bool> in_flight_any{false};
 
-bool written_by_collective(const c10::TensorImpl* impl) {
-  if (!collectives_writing.load(std::memory_order_relaxed) || !impl->has_storage()) return false;
-  std::lock_guard<std::mutex> lock(written_mutex);
-  return written_storages.count(address(impl->unsafe_storage().unsafeGetStorageImpl())) != 0;
+bool in_flight(const c10::TensorImpl* impl) {
+  if (!in_flight_any.load(std::memory_order_relaxed) || !impl->has_storage()) return false;
+  std::lock_guard<std::mutex> lock(in_flight_mutex);
+  return in_flight_storages.count(address(impl->unsafe_storage().unsafeGetStorageImpl())) != 0;
 }
 
 // The storages of `values` are being written (kFunctionalWrites: a functional collective's outputs;
 // kCollectiveWrites: a c10d collective's, in lists and lists of lists), or are final
 // (kFunctionalWaited: a wait_tensor's result; kCollectiveDone: the c10d collective's, completed).
-void note_written(c10::ArrayRef<const c10::IValue> values, int8_t what) {
-  std::lock_guard<std::mutex> lock(written_mutex);
+void note_in_flight(c10::ArrayRef<const c10::IValue> values, int8_t what) {
+  std::lock_guard<std::mutex> lock(in_flight_mutex);
   std::function<void(const c10::IValue&)> note = [&](const c10::IValue& value) {
     if (value.isList()) {
       for (const auto& item : value.toListRef()) note(item);
@@ -776,15 +776,15 @@ void note_written(c10::ArrayRef<const c10::IValue> values, int8_t what) {
     if (!is_tensor(value) || !value.unsafeToTensorImpl()->has_storage()) return;
     auto key = address(value.unsafeToTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
     if (what == kFunctionalWrites) {
-      if (written_storages.insert(key).second) functional_outputs.push_back(value.toTensor());
+      if (in_flight_storages.insert(key).second) functional_outputs.push_back(value.toTensor());
     } else if (what == kCollectiveWrites) {
-      written_storages.insert(key);
+      in_flight_storages.insert(key);
     } else {
-      written_storages.erase(key);
+      in_flight_storages.erase(key);
     }
   };
   for (const auto& value : values) note(value);
-  collectives_writing.store(!written_storages.empty(), std::memory_order_relaxed);
+  in_flight_any.store(!in_flight_storages.empty(), std::memory_order_relaxed);
 }
 
 struct Slots {
@@ -889,7 +889,7 @@ struct Slots {
     auto steps = impl->strides();
     stride.insert(stride.end(), steps.begin(), steps.end());
     int64_t value = 0;
-    int taken = written_by_collective(impl) ? 0 : read_values(impl, stats.data() + at, &value);  // (kept: read once final)
+    int taken = in_flight(impl) ? 0 : read_values(impl, stats.data() + at, &value);  // (kept: read once final)
     has_stats.push_back(taken & kSummed ? 1 : 0);
     has_fingerprint.push_back(taken & kHashed ? 1 : 0);
     fingerprint.push_back(value);
@@ -1366,7 +1366,7 @@ void complete_collectives(bool finish) {
   }
   for (const auto& entry : ready) {  // c10d's schemas mark no write: what was read of them at its start is gone
     forget_reads_of(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()));
-    note_written(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveDone);
+    note_in_flight(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveDone);
   }
   std::lock_guard<std::mutex> lock(recorder.mutex);
   recorder.slots.outputs_wait = false;
@@ -1387,7 +1387,7 @@ void end_collective(int64_t at_row, std::pair<bool, c10::IValue>&& call, const s
     recorder.slots.add_all(at_row, 1, c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), args);
     return;
   }
-  note_written(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveWrites);
+  note_in_flight(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveWrites);
   std::lock_guard<std::mutex> lock(collectives_mutex);
   pending_collectives.push_back(std::move(entry));
   collectives_pending.store(true, std::memory_order_relaxed);
@@ -2016,7 +2016,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     slots.outputs_wait = frame.factory;
     auto after = slots.row.size();  // the slots of rows recorded inside this op (after its redispatch)
     while (after > 0 && slots.row[after - 1] > frame.row) --after;
-    if (frame.functional != 0) note_written(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.functional);
+    if (frame.functional != 0) note_in_flight(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.functional);
     if (frame.collective) {
       end_collective(frame.row, std::move(*collective_call), outputs, frame.args);
     } else if (after == slots.row.size()) {
@@ -2096,10 +2096,10 @@ int td_observer_start(int requested_level) {
     collectives_pending.store(false);
   }
   {
-    std::lock_guard<std::mutex> lock(written_mutex);
-    written_storages.clear();
+    std::lock_guard<std::mutex> lock(in_flight_mutex);
+    in_flight_storages.clear();
     functional_outputs.clear();
-    collectives_writing.store(false);
+    in_flight_any.store(false);
   }
   bool values = requested_level != kEmpty;
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
@@ -2374,10 +2374,10 @@ void td_observer_finish_collectives() { complete_collectives(true); }
 void td_observer_finish_functional() {
   std::vector<at::Tensor> outputs;
   {
-    std::lock_guard<std::mutex> lock(written_mutex);
+    std::lock_guard<std::mutex> lock(in_flight_mutex);
     outputs.swap(functional_outputs);
-    written_storages.clear();
-    collectives_writing.store(false);
+    in_flight_storages.clear();
+    in_flight_any.store(false);
   }
   if (outputs.empty()) return;
   auto wait = c10::Dispatcher::singleton().findSchemaOrThrow("_c10d_functional::wait_tensor", "").typed<at::Tensor(const at::Tensor&)>();

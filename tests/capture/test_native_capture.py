@@ -4,9 +4,11 @@ what torch runs (``native_compare.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
+from torchdebug.capture import native_records
 from torchdebug.capture.native_capture import why_not_native
+from torchdebug.capture.native_subclasses import described
 from torchdebug.checksum import FINGERPRINT_VERSION
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import build
@@ -61,11 +65,19 @@ def _hf_training(family: str = "gpt2", autocast: bool = False, checkpointing: st
 
 
 def _dump(  # noqa: ANN001
-    tmp_path, monkeypatch, caplog, training: Training, native: bool, steps: int = 2, kind: str = "tensor", **options
+    tmp_path,
+    monkeypatch,
+    caplog,
+    training: Training,
+    native: bool,
+    steps: int = 2,
+    kind: str = "tensor",
+    with_model: bool = True,
+    **options,
 ) -> list[Record]:
     """The records of ``kind`` (``tensor``, ``value``; ``any``: all) of ``steps`` steps of
-    ``training`` dumped by a Debugger on one path, each ``stack`` its frames from the training
-    step's line in this file inwards."""
+    ``training`` dumped by a Debugger on one path (``with_model``: handed the model, else none), each
+    ``stack`` its frames from the training step's line in this file inwards."""
     if native:
         monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
         monkeypatch.setattr(torchdebug.debugger, "why_not_native", why_not_native)  # if the other run held it on the mode
@@ -77,7 +89,7 @@ def _dump(  # noqa: ANN001
     with caplog.at_level(logging.INFO, logger="torchdebug.debugger"):
         with torchdebug.Debugger(folder, **options) as debugger:
             for _ in range(steps):
-                debugger.start(model)
+                debugger.start(model if with_model else None)
                 step()
                 debugger.step()
     said = [record.getMessage() for record in caplog.records if "op capture" in record.getMessage()]
@@ -892,6 +904,32 @@ def test_selective_checkpointing_goes_to_the_dispatch_mode(monkeypatch) -> None:
     assert why_not_native(config, TinyGPT("wrapper")) is None
 
 
+class _HookedBlock(nn.Module):
+    """A residual block whose first layer has a forward hook of its own (as tensor parallelism's
+    layers do), trained with no model handed to the capture."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(4, 4)
+        self.down = nn.Linear(4, 4)
+        self.up.register_forward_hook(lambda module, args, output: output * 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.down(torch.relu(self.up(x))) + x).sum()
+
+
+def test_a_capture_with_no_model_names_hooks_and_accumulations_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """With no model handed over, the native path takes each top-level module as its call starts: the
+    ops a layer's own forward hook runs are the layer's, the next ones its parent's again, and each
+    gradient accumulation is named after its parameter, as the dispatch mode names them."""
+    training = functools.partial(loss_training, _HookedBlock)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, with_model=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, with_model=False, task="statistics")
+    _assert_same_dumps(python, native)
+    calls = {r.call_name.split("#")[0] for r in native if r.step == 0}
+    assert {"forward/up/aten.mul.Tensor", "forward/<root>/aten.relu.default", "backward/up.weight/aten.detach.default"} <= calls
+
+
 def test_an_inference_tensor_has_no_version_on_the_native_path(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     with torch.inference_mode():
@@ -1054,12 +1092,38 @@ def test_tensor_subclasses_are_read_through_their_inner_tensors_on_both_paths(tm
     assert any("computed from several inner tensors" in (r.capture_error or "") for r in native)
 
 
-def test_a_tensor_subclass_written_in_place_before_the_flush_is_described_and_said_unread(tmp_path, monkeypatch) -> None:
-    """The native path reads a subclass at the step's end: one written in place since an op read it
-    is described (shape, extra) and says it was not read, where the dispatch mode read it at the op."""
+class _MadeParameter(nn.Module):
+    """A forward that makes a parameter of its own, as FSDP2's first unshard does (``nn.Parameter``
+    detaches its data where no dispatch mode sees it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = nn.Parameter(self.base.detach() * 2)
+        return (x @ scale).sum()
+
+
+def test_a_parameter_made_in_the_step_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """The detach ``nn.Parameter`` makes its tensor with is no call of the step's (a dispatch mode never
+    sees it): the native path leaves it out; the user's own detach before it stays."""
+    training = functools.partial(loss_training, _MadeParameter)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task="statistics")
+    _assert_same_dumps(python, native)
+    assert {r.op for r in native if r.module == "<root>" and r.phase == "forward"} == {
+        "aten.detach.default",
+        "aten.mul.Tensor",
+        "aten.mm.default",
+        "aten.sum.default",
+    }
+
+
+def _subclass_written_in_place(tmp_path: Path) -> list[Record]:
+    """The records of a thin wrapper subclass read, written in place, and read again, in one step."""
     from tests.capture.test_subclasses import Wrapped
 
-    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     thin = Wrapped(torch.ones(3))
     with torchdebug.Debugger(tmp_path, task="statistics") as debugger:
         debugger.start(None)
@@ -1067,13 +1131,35 @@ def test_a_tensor_subclass_written_in_place_before_the_flush_is_described_and_sa
         thin.add_(1.0)
         thin.mul(3.0)
         debugger.step()
-    reads = [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.extra.get("subclass") == "Wrapped"]
-    assert [(r.name, r.shape, r.version) for r in reads] == [
-        ("forward/-/aten.mul.Tensor#0/input.0", [3], 0),
-        ("forward/-/aten.add_.Tensor#0/input.0", [3], 0),
-        ("forward/-/aten.add_.Tensor#0/output.0", [3], 1),  # the op returns its argument (a mode sees the handler's result)
-        ("forward/-/aten.mul.Tensor#1/input.0", [3], 1),
-    ]
+    return [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.extra.get("subclass") == "Wrapped"]
+
+
+_WRAPPED_READS = [
+    ("forward/-/aten.mul.Tensor#0/input.0", [3], 0),
+    ("forward/-/aten.add_.Tensor#0/input.0", [3], 0),
+    ("forward/-/aten.add_.Tensor#0/output.0", [3], 1),  # the op returns its argument (a mode sees the handler's result)
+    ("forward/-/aten.mul.Tensor#1/input.0", [3], 1),
+]
+
+
+def test_a_tensor_subclass_is_read_at_the_op_through_its_plain_tensor(tmp_path, monkeypatch) -> None:
+    """The native path reads a subclass instance at the op, through the plain tensor holding its
+    elements, as the dispatch mode does: one written in place later keeps the values it had there."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    reads = _subclass_written_in_place(tmp_path)
+    assert [(r.name, r.shape, r.version) for r in reads] == _WRAPPED_READS
+    assert [r.stats["max"] for r in reads] == [1.0, 1.0, 2.0, 2.0]
+    assert [r.capture_error for r in reads] == [None] * 4
+
+
+def test_a_tensor_subclass_not_read_at_the_op_and_written_before_the_flush_is_said_unread(tmp_path, monkeypatch) -> None:
+    """Where the callback cannot read a subclass instance at the op (its plain tensor not on the CPU;
+    here the description names none), the native path reads it at the step's end: one written in
+    place since an op read it is described (shape, extra) and says it was not read."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    monkeypatch.setattr(native_records, "described", lambda tensor: dataclasses.replace(described(tensor), plain=0))
+    reads = _subclass_written_in_place(tmp_path)
+    assert [(r.name, r.shape, r.version) for r in reads] == _WRAPPED_READS
     assert [r.stats for r in reads[:2]] == [None, None] and [r.stats["max"] for r in reads[2:]] == [2.0, 2.0]
     assert all("changed in place before the flush" in r.capture_error for r in reads[:2])
     assert [r.capture_error for r in reads[2:]] == [None, None]

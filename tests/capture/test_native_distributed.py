@@ -1,9 +1,11 @@
 """Distributed runs on the native path, record by record against the dispatch mode (issue 48, item 2).
 
-Two gloo ranks each dump the same steps both ways: a model whose forward runs c10d collectives
-(``dist.all_reduce`` waited and not, list and tensor all-gathers, broadcast, reduce-scatter, send and
-recv, one never waited for) and functional collectives on plain tensors (one waited for, one written
-in place, one left to capture's stop), with statistics and fingerprints, and with stacks. A
+Two gloo ranks each dump the same steps both ways, with statistics and fingerprints, and with
+stacks: a model whose forward runs c10d collectives (``dist.all_reduce`` waited and not, list and
+tensor all-gathers, broadcast, reduce-scatter, send and recv, one never waited for) and functional
+collectives on plain tensors (one waited for, one written in place, one left to capture's stop); an
+FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters); and
+a tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters). A
 collective's outputs are recorded once its work completes on both paths; where an asynchronous
 collective completes, and so where its outputs land among the records, is up to the threads' timing,
 so the comparison puts each collective's outputs after its inputs first (``_outputs_after_inputs``).
@@ -16,6 +18,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -23,6 +26,7 @@ from torch import nn
 import torchdebug
 import torchdebug.debugger
 from tests import gloo
+from tests.blocks import MLPBlock
 from tests.capture.test_collectives import collective_calls
 from tests.capture.test_native_capture import _assert_same_dumps
 from torchdebug.capture.native_capture import why_not_native
@@ -55,9 +59,48 @@ def _collectives(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     return model, lambda: model(x)
 
 
+def _training(model: nn.Module, rank: int) -> Callable[[], None]:
+    """A training step of ``model`` (a sharded one) on a batch of its rank's own, with AdamW."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+
+    def step() -> None:
+        model(batch).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+def _fsdp2(rank: int) -> tuple[nn.Module, Callable[[], object]]:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(MLPBlock(), MLPBlock(), nn.Linear(8, 4))
+    for block in model[:2]:
+        fully_shard(block)
+    fully_shard(model)
+    return model, _training(model, rank)
+
+
+def _tensor_parallel(rank: int) -> tuple[nn.Module, Callable[[], object]]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = parallelize_module(MLPBlock(), init_device_mesh("cpu", (2,)), {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    return model, _training(model, rank)
+
+
+_VALUES = {"task": "statistics", "checksum": True}
+_STACKS = {"task": "structure", "stack": "all"}
 _PROGRAMS = {
-    "statistics": (_collectives, {"task": "statistics", "checksum": True}),
-    "structure": (_collectives, {"task": "structure", "stack": "all"}),
+    "statistics": (_collectives, _VALUES),
+    "structure": (_collectives, _STACKS),
+    "fsdp2-statistics": (_fsdp2, _VALUES),
+    "fsdp2-structure": (_fsdp2, _STACKS),
+    "tp-statistics": (_tensor_parallel, _VALUES),
+    "tp-structure": (_tensor_parallel, _STACKS),
 }
 
 
@@ -105,12 +148,14 @@ def _tensor_records(folder: Path, rank: int) -> list[Record]:
     return [record for record in torchdebug.load(folder).ranks[rank].records() if record.kind == "tensor"]
 
 
+@pytest.mark.slow
 def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) -> None:
     gloo.spawn(_worker, tmp_path, str(tmp_path))
     for rank in (0, 1):
         on_the_mode = "torchdebug: op capture through the dispatch mode: held on the dispatch mode"
         on_the_native_path = "torchdebug: op capture on the native path"
-        assert json.loads((tmp_path / f"said-{rank}.json").read_text()) == [on_the_mode] * 2 + [on_the_native_path] * 2
+        said = json.loads((tmp_path / f"said-{rank}.json").read_text())
+        assert said == [on_the_mode] * len(_PROGRAMS) + [on_the_native_path] * len(_PROGRAMS)
         assert "DistributedDataParallel" in json.loads((tmp_path / f"ddp-{rank}.json").read_text())
         for name in _PROGRAMS:
             python, native = (
@@ -128,3 +173,14 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
         assert mean["_c10d_functional.all_reduce_.default#0/output.0"] == 4.0
         assert mean["_c10d_functional.all_reduce.default#1/output.0"] == 6.0  # waited for at capture's stop
         assert mean["c10d.allreduce_.default#2/output.0.0"] == 2.0  # never waited by the user
+        for program in ("fsdp2-statistics", "tp-statistics"):
+            _assert_read_at_the_op(tmp_path / f"{program}-native", rank)
+
+
+def _assert_read_at_the_op(folder: Path, rank: int) -> None:
+    """The optimizer's in-place ops on DTensor parameters are read at the op on the native path: the
+    first AdamW step's ``mul_`` (weight decay) reads a parameter, then writes it."""
+    records = {r.name: r for r in torchdebug.load(folder).ranks[rank].records() if r.step == 0 and r.phase == "optimizer"}
+    decayed = records["optimizer/-/aten.mul_.Tensor#0/input.0"], records["optimizer/-/aten.mul_.Tensor#0/output.0"]
+    assert [r.extra["subclass"] for r in decayed] == ["DTensor", "DTensor"]
+    assert decayed[0].stats["norm"] > decayed[1].stats["norm"] > 0 and decayed[0].checksum != decayed[1].checksum

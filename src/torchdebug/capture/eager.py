@@ -50,13 +50,14 @@ _STRIDED = torch.strided
 """Layouts are singletons: compared by identity on the hot path."""
 
 
-_COPY_IN = "fsdp.all_gather_copy_in.default"
-_OVERWRITTEN = {"aten.copy_.default": "self", _COPY_IN: "all_gather_output"}
+COPY_IN = "fsdp.all_gather_copy_in.default"
+"""FSDP2's copy-in: where its unshard hands out buffers that hold no value yet (``_torch.fsdp.unshard_buffers``)."""
+_OVERWRITTEN = {"aten.copy_.default": "self", COPY_IN: "all_gather_output"}
 """Arguments these ops write without reading (besides ``out=`` buffers and the c10d collectives'
 ``output*`` tensors): ``copy_``'s destination, FSDP2's all-gather buffer (its schema does not even
 mark it written). Their values before the op are none of the run's: garbage from ``torch.empty``."""
 
-_PARTLY_WRITTEN = {_COPY_IN: "1"}
+_PARTLY_WRITTEN = {COPY_IN: "1"}
 """Outputs (by index) that hold a buffer the op writes only part of: FSDP2's copy-in writes this
 rank's shards into the all-gather's buffer, and the all-gather the rest."""
 
@@ -179,7 +180,7 @@ def op_info(func: Any) -> OpInfo:
         bool(written) and not moves_versions(func),
         overwritten,
         made,
-        name == _COPY_IN,
+        name == COPY_IN,
         namespace in ("c10d", "fsdp") or functional,
     )
 

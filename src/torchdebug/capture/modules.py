@@ -117,6 +117,11 @@ class ModuleTracker:
         ``module``'s own code runs inside the compiled code."""
         return self._hooks is not None and self._hooks.stands_in(module)
 
+    @property
+    def depth(self) -> int:
+        """How many module calls are running (1 inside a top-level module's call)."""
+        return len(self._stack)
+
     def current(self) -> str:
         if self._own_hooks and (name := self._running_hooks()) is not None:
             return name

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
     if config.task not in _TASKS:
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
     if _distributed() and model is None and torch.distributed.get_world_size() > 1:
-        return "a distributed run with no model (DTensor parameters, which the native path does not take, are not ruled out)"
+        return "a distributed run with no model (DistributedDataParallel, whose buckets it may read early, not ruled out)"
     if _distributed() and _works() is None:
         return "a distributed run where c10d_work.cpp cannot be built (the native path reads collectives once they complete)"
     reads = config.task in _READS_VALUES or config.checksum
@@ -70,6 +71,12 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
 
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    """A DTensor (FSDP2's sharded parameters, tensor parallelism's), which the native path reads as the mode does."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # imported wherever a DTensor exists
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
 def _works() -> ctypes.CDLL | None:
@@ -90,8 +97,8 @@ def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str
         if selective(module):
             return f"selective activation checkpointing on {name} (its region runs under a dispatch mode of its own)"
     for parameter in model.parameters():
-        if is_subclass(parameter):
-            return "tensor subclass parameters (DTensor, FSDP2)"
+        if is_subclass(parameter) and not _is_dtensor(parameter):
+            return "tensor subclass parameters other than DTensors (float8, NF4 weights)"
         if reads and parameter.device.type != "cpu":
             return f"statistics or fingerprints of {parameter.device.type} tensors (the native path reads CPU tensors only)"
     return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -31,14 +32,26 @@ from torch.compiler import is_compiling
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torchdebug._torch.dispatch import OpOverload, op_schema
+from torchdebug._torch.fsdp import issuing_group, unshard_buffers
 from torchdebug._torch.nn import parameters_and_hooked
-from torchdebug.capture.eager import OpInfo, op_info
+from torchdebug.capture.eager import COPY_IN, OpInfo, op_info
 from torchdebug.capture.filters import RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_recompute import RecomputeMarks
-from torchdebug.capture.native_subclasses import read_subclasses
-from torchdebug.capture.native_values import CHANGED, CHANGED_TEXT, PHASES, RowCalls, SlotWalk, WalkedSlots, load_slot_walk
+from torchdebug.capture.native_subclasses import Described, described, read_subclasses
+from torchdebug.capture.native_values import (
+    CHANGED,
+    CHANGED_TEXT,
+    FIRST_OWNER,
+    PHASES,
+    Owners,
+    RowCalls,
+    SlotWalk,
+    WalkedSlots,
+    load_slot_walk,
+)
 from torchdebug.capture.stacks import describe_stack, is_user_file
+from torchdebug.capture.unwritten import markable
 from torchdebug.native.observer import LAID_OUT, NESTED, OUTER_SHIFT, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
@@ -192,6 +205,16 @@ class NativeStepCapture:
         """Whether this capture started the observer before (its first start drops older weak references)."""
         self._devices: dict[tuple[int, int], str] = {}
         self._recompute = RecomputeMarks(observer)
+        self._taken: set[int] = set()
+        """The ids of the modules :meth:`_take` took since :meth:`start`."""
+        self._accumulated: tuple[list[torch.Tensor], list[int]] = ([], [])
+        """The parameters whose accumulations the observer names, and their contexts (:meth:`_take`)."""
+        self._owners: dict[tuple[int, int], int] = {}
+        """FSDP2 groups' ops' owners, ``(phase code or -1, module context)``, by index (``_owned``)."""
+        self._unshards: list[list[int]] = []
+        """The storages each FSDP2 copy-in recorded since the last walk hands out, in order (``_unshard``)."""
+        self._described: dict[int, Described] = {}
+        """The subclass instances met since the last drain, by ``TensorImpl`` address (``_subclass``)."""
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -200,22 +223,15 @@ class NativeStepCapture:
             register_optimizer_step_pre_hook(self._optimizer_enter),
             register_optimizer_step_post_hook(self._optimizer_exit),
         ]
-        # a gradient's accumulation (its hooks, the user's included, the sum, its post hooks: DDP's
-        # copy into a bucket) runs in its parameter's context: the observer names it from the node
-        every, hooked = parameters_and_hooked(self.model) if self.model is not None else ([], [])
-        parameters, contexts = [], []
-        for parameter in every:
-            path = self.tracker.parameter_path(parameter)
-            if parameter.requires_grad and path is not None:
-                contexts.append(self._intern(path))
-                parameters.append(parameter)
-        self._parameter_contexts.update(contexts)
-        self.observer.name_accumulations(parameters, contexts)
-        for module in hooked:  # the ops its own hooks run are its (ModuleTracker.current), until they are done
-            self._handles.append(module.register_forward_hook(self._own_hooks_done, always_call=True))
+        self._accumulated = ([], [])
+        self._taken.clear()
+        if self.model is not None:
+            self._take(self.model)
         if self._own_tracker:
             self.tracker.start()
         self._set_context(_OUTSIDE)
+        self.observer.use_owners(self._owner, self._unshard)
+        self.observer.use_subclass_hook(self._subclass)
         self.observer.want_stacks(self.stacks)
         self.observer.want_values(True)
         if not self._observed:  # a new run's value ids: the addresses an earlier capture drained are not its
@@ -225,6 +241,8 @@ class NativeStepCapture:
 
     def stop(self) -> None:
         self.observer.stop()
+        self.observer.use_owners(None, None)
+        self.observer.use_subclass_hook(None)
         self.observer.want_values(False)
         self._recompute.reset()
         if self._own_tracker:
@@ -234,6 +252,25 @@ class NativeStepCapture:
             handle.remove()
         self._handles = []
         self._in_optimizer = 0
+
+    def _take(self, root: nn.Module) -> None:
+        """Take ``root``'s modules: a gradient's accumulation (its hooks, the user's included, the sum,
+        its post hooks: DDP's copy into a bucket) runs in its parameter's context, which the observer
+        names from the node; the ops a module's own forward hooks run are its
+        (``ModuleTracker.current``) until they are done, which a hook registered after them says. The
+        model handed to :meth:`start`, else each top-level module as its call starts (:meth:`enter`)."""
+        self._taken.add(id(root))
+        every, hooked = parameters_and_hooked(root)
+        parameters, contexts = self._accumulated
+        for parameter in every:
+            path = self.tracker.parameter_path(parameter)
+            if parameter.requires_grad and path is not None:
+                contexts.append(self._intern(path))
+                parameters.append(parameter)
+        self._parameter_contexts.update(contexts)
+        self.observer.name_accumulations(parameters, contexts)
+        for module in hooked:
+            self._handles.append(module.register_forward_hook(self._own_hooks_done, always_call=True))
 
     # -- module context ------------------------------------------------------------------------
     def _intern(self, path: str) -> int:
@@ -252,8 +289,11 @@ class NativeStepCapture:
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
         """The tracker entered ``module`` (its path ``name``), in ``phase`` ``forward`` or ``recompute``;
         traced by Dynamo (torch 2.11 and 2.14 trace global hooks), nothing: a path interned there would
-        be a guard on the paths known, and each new one a recompile."""
+        be a guard on the paths known, and each new one a recompile. With no model handed to
+        :meth:`start`, a top-level module is taken at its call's start (:meth:`_take`)."""
         if not is_compiling():
+            if self.model is None and self.tracker.depth == 1 and id(module) not in self._taken:
+                self._take(module)
             self._set_context(self._intern(name))
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
@@ -302,6 +342,45 @@ class NativeStepCapture:
         if not self._in_optimizer:
             self._set_context(self._before_optimizer)
 
+    # -- tensor subclasses ------------------------------------------------------------------------
+    def _subclass(self, tensor: torch.Tensor) -> int:
+        """Called by the observer at each op taking or returning a subclass instance (``observer.cpp``'s
+        find_subclasses): describe it, once a drain (an address names one instance until the drain),
+        and return the address of the plain tensor the callback reads it through, or 0."""
+        found = self._described.get(address := tensor._cdata)
+        if found is None:
+            found = self._described[address] = described(tensor)
+        return found.plain
+
+    # -- FSDP2 groups' ops -----------------------------------------------------------------------
+    def _owner(self) -> int:
+        """Called by the observer at a collective or an fsdp op (``observer.cpp``'s Owners): the row's
+        module context, an owner's when an FSDP2 group runs the op (``collective_owner``), else -1."""
+        return self._owned(issuing_group(sys._getframe(1)))
+
+    def _unshard(self) -> int:
+        """At FSDP2's copy-in: as :meth:`_owner`, noting the buffers its unshard hands out (``eager.py``'s
+        ``_passes_through``), which the walk marks at its row."""
+        frame = sys._getframe(1)
+        self._unshards.append([key for key, _, _ in markable(unshard_buffers(frame))])
+        return self._owned(issuing_group(frame))
+
+    def _owned(self, group: tuple[tuple[nn.Module, ...], str | None] | None) -> int:
+        if group is None:
+            return -1
+        modules, phase = group
+        key = (-1 if phase is None else PHASES.index(phase), self._intern("+".join(map(self.tracker.name_of, modules))))
+        return FIRST_OWNER - self._owners.setdefault(key, len(self._owners))
+
+    def _unshard_rows(self, ops: ObservedOps) -> list[tuple[int, list[int]]]:
+        """The drain's copy-in rows with the storages each hands out, taken from :attr:`_unshards`."""
+        if not self._unshards:
+            return []
+        copy_in = [op_id for op_id, name in enumerate(ops.names) if name == COPY_IN]
+        rows = np.flatnonzero(np.isin(np.frombuffer(ops.op, np.int32), copy_in)) + ops.first_row
+        taken, self._unshards = self._unshards[: len(rows)], self._unshards[len(rows) :]
+        return list(zip(rows.tolist(), taken))
+
     # -- conversion ----------------------------------------------------------------------------
     def next_step(self) -> None:
         """Count calls and link backward rows afresh (value ids stay: they are the run's)."""
@@ -334,6 +413,7 @@ class NativeStepCapture:
             np.fromiter(self._parameter_contexts, np.int64, len(self._parameter_contexts)),
             marks,
             _ends(ops) if self._recompute.recomputed else np.zeros((len(ops.op), 2), np.int64),  # (read for recomputations only)
+            Owners(tuple(phase for phase, _ in self._owners), tuple(module for _, module in self._owners)),
         )
         if self._stack_gate is not None:
             self._gate_stacks(ops, calls)
@@ -456,7 +536,13 @@ class NativeStepCapture:
             recorded = (rows.phase >= 0).astype(np.int8)
         walk = self._walk(ops)
         walked = walk.walk(
-            ops, recorded, inputs="input" in ios, outputs="output" in ios, statistics=statistics, fingerprints=fingerprints
+            ops,
+            recorded,
+            inputs="input" in ios,
+            outputs="output" in ios,
+            statistics=statistics,
+            fingerprints=fingerprints,
+            unshards=self._unshard_rows(ops),
         )
         kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
         taken: list[dict] = []
@@ -475,8 +561,18 @@ class NativeStepCapture:
                     unreduced.append(-2 - entry)
                 due.append((kept[slot], stats.update if reduced else None, fingerprint_sink))
             taken.append(stats)
+        described_at, self._described = self._described, {}
         overrides = read_subclasses(
-            walked, kept, ops.slot_version, taken, taken_fingerprints, due, statistics=statistics, fingerprints=fingerprints
+            walked,
+            kept,
+            ops.slot_value,
+            described_at,
+            ops.slot_version,
+            taken,
+            taken_fingerprints,
+            due,
+            statistics=statistics,
+            fingerprints=fingerprints,
         )
         if due and stage is not None:
             try:

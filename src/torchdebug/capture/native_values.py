@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import weakref
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -22,7 +23,18 @@ from torchdebug.native.build import load_torch_library
 from torchdebug.native.observer import ObservedOps
 from torchdebug.records import UNINITIALISED
 
-__all__ = ["CHANGED", "CHANGED_TEXT", "PHASES", "RECOMPUTED", "RowCalls", "SlotWalk", "WalkedSlots", "load_slot_walk"]
+__all__ = [
+    "CHANGED",
+    "CHANGED_TEXT",
+    "FIRST_OWNER",
+    "PHASES",
+    "RECOMPUTED",
+    "Owners",
+    "RowCalls",
+    "SlotWalk",
+    "WalkedSlots",
+    "load_slot_walk",
+]
 
 CHANGED = 3
 """A ``WalkedSlots.errors`` code: a kept tensor changed or freed before the flush (after ``observer.py``'s flags)."""
@@ -97,6 +109,21 @@ class RowCalls(NamedTuple):
     stack: np.ndarray
     """The row's stack as given, or for a backward row its forward row's (-1: none)."""
     fwd_phase: np.ndarray
+
+
+class Owners(NamedTuple):
+    """The owners of FSDP2 groups' ops a drain's rows name (``observer.cpp``'s Owners), by index."""
+
+    phases: tuple[int, ...] = ()
+    """Each owner's phase code (:data:`PHASES`), -1 where the row keeps its own (the group is idle)."""
+    modules: tuple[int, ...] = ()
+    """Each owner's module context."""
+
+
+NO_OWNERS = Owners()
+
+FIRST_OWNER = -3
+"""Module contexts from here down name an owner: ``FIRST_OWNER - context`` (``slot_walk.cpp``'s ``kFirstOwner``)."""
 
 
 RECOMPUTED = 4
@@ -179,7 +206,13 @@ class SlotWalk:
         return dict(zip(("addresses", "made_in", "seen", "unwritten"), counts))
 
     def name_rows(
-        self, ops: ObservedOps, stacks: np.ndarray, parameter_contexts: np.ndarray, marks: np.ndarray, ends: np.ndarray
+        self,
+        ops: ObservedOps,
+        stacks: np.ndarray,
+        parameter_contexts: np.ndarray,
+        marks: np.ndarray,
+        ends: np.ndarray,
+        owners: Owners = NO_OWNERS,
     ) -> RowCalls:
         """The calls of the rows of ``ops`` (every op told with :meth:`add_op`): phases from the
         backward marks and module contexts (``-2``: an optimizer step), a backward row's module that
@@ -187,7 +220,8 @@ class SlotWalk:
         (a gradient accumulation), that parameter's; recomputation as ``recompute.py`` names it,
         from ``marks`` (the observer's marks and :data:`RECOMPUTED` per row, ``int8``) and ``ends`` (the
         ``TensorImpl`` address of each row's first input and first output, ``int64`` of shape
-        ``(rows, 2)``, 0 for none); ``stacks``: each row's (``int64``, -1 none)."""
+        ``(rows, 2)``, 0 for none); ``stacks``: each row's (``int64``, -1 none); ``owners``: those a
+        module context ``FIRST_OWNER - owner`` names (an FSDP2 group's op: its module and phase)."""
         rows = len(ops.op)
         calls = RowCalls(
             *(np.empty(rows, kind) for kind in (np.int8, np.int64, np.int64, np.int64, np.int32, np.int64, np.int64, np.int8))
@@ -196,25 +230,38 @@ class SlotWalk:
         pointers = [getattr(ops, name).buffer_info()[0] for name in ("op", "seq", "backward", "module")]
         pointers += [column.ctypes.data for column in (stacks, parameter_contexts, *calls[:7])]
         pointers += [marks.ctypes.data, ops.made.buffer_info()[0], inputs.ctypes.data, outputs.ctypes.data]
-        pointers.append(calls.fwd_phase.ctypes.data)
-        counts = (ctypes.c_int64 * 2)(rows, len(parameter_contexts))
+        phases, modules = np.asarray(owners.phases, np.int8), np.asarray(owners.modules, np.int64)
+        pointers += [calls.fwd_phase.ctypes.data, phases.ctypes.data, modules.ctypes.data]
+        counts = (ctypes.c_int64 * 3)(rows, len(parameter_contexts), len(phases))
         if self._lib.td_walk_rows(self._handle, counts, (ctypes.c_void_p * len(pointers))(*pointers)) < 0:
             raise RuntimeError("native/slot_walk.cpp failed to name a drain's rows (an op it was not told of, or no memory)")
         return calls
 
     def walk(
-        self, ops: ObservedOps, recorded: np.ndarray, *, inputs: bool, outputs: bool, statistics: bool, fingerprints: bool = False
+        self,
+        ops: ObservedOps,
+        recorded: np.ndarray,
+        *,
+        inputs: bool,
+        outputs: bool,
+        statistics: bool,
+        fingerprints: bool = False,
+        unshards: Sequence[tuple[int, list[int]]] = (),
     ) -> WalkedSlots:
         """Walk the slots of ``ops`` (the observer's last drain) whose rows ``recorded`` marks (an
         ``int8`` per row; every op told with :meth:`add_op`), recording the ``inputs`` and ``outputs``
-        sides; ``statistics``, ``fingerprints``: say where each slot's come from. Then forget the
-        addresses ``ops.freed`` names."""
+        sides; ``statistics``, ``fingerprints``: say where each slot's come from; ``unshards``: FSDP2's
+        copy-ins, ``(row, storages)`` in row order, whose buffers hold no value of the run from that
+        row on. Then forget the addresses ``ops.freed`` names."""
         slots = len(ops.slot_row)
         outputs_ = [np.empty(slots, kind) for kind in _OUTPUT_TYPES]
         taken = np.empty(slots, np.int64)
         pointers = [recorded.ctypes.data if name is None else getattr(ops, name).buffer_info()[0] for name in _INPUT_COLUMNS]
-        pointers += [column.ctypes.data for column in (*outputs_, taken)]
-        counts = (ctypes.c_int64 * 5)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row)
+        unshard_rows = np.array([row for row, _ in unshards], np.int64)
+        starts = np.cumsum([0, *(len(storages) for _, storages in unshards)], dtype=np.int64)
+        storages = np.array([storage for _, marked in unshards for storage in marked], np.int64)
+        pointers += [column.ctypes.data for column in (*outputs_, taken, unshard_rows, starts, storages)]
+        counts = (ctypes.c_int64 * 6)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row, len(unshards))
         options = (ctypes.c_int * 2)(inputs | outputs << 1, statistics | fingerprints << 1)
         taken_count = ctypes.c_int64()
         count = self._lib.td_walk(

@@ -18,14 +18,14 @@ a resize keeps, not by their address, which it changes and an allocator reuses.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from torchdebug._torch.autograd import tensor_version
 from torchdebug.records import UNINITIALISED
 
-__all__ = ["UnwrittenStorages", "storage_id"]
+__all__ = ["UnwrittenStorages", "markable", "storage_id"]
 
 
 def storage_id(tensor: torch.Tensor) -> int | None:
@@ -34,6 +34,16 @@ def storage_id(tensor: torch.Tensor) -> int | None:
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError):
         return None
+
+
+def markable(tensors: Iterable[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor, int]]:
+    """``(storage id, tensor, version)`` of the ``tensors`` whose storage can be marked as holding no
+    value: plain tensors with a storage of their own, not inference tensors (their writes leave no trace)."""
+    for tensor in tensors:
+        if tensor.__class__ is torch.Tensor and (key := storage_id(tensor)) is not None:
+            version = tensor_version(tensor)
+            if version is not None:
+                yield key, tensor, version
 
 
 class UnwrittenStorages(dict[int, tuple[weakref.ref, int]]):
@@ -45,12 +55,8 @@ class UnwrittenStorages(dict[int, tuple[weakref.ref, int]]):
     def add(self, tensors: Iterable[torch.Tensor]) -> None:
         """Mark the storages of ``tensors`` (plain tensors: an allocation's outputs, FSDP2's buffers)
         as holding no value; a storage marked already keeps its first entry."""
-        for tensor in tensors:
-            if tensor.__class__ is not torch.Tensor or (key := storage_id(tensor)) is None:
-                continue
-            version = tensor_version(tensor)
-            if version is not None:  # not an inference tensor's: its writes leave no trace
-                self.setdefault(key, (weakref.ref(tensor), version))
+        for key, tensor, version in markable(tensors):
+            self.setdefault(key, (weakref.ref(tensor), version))
 
     def why(self, tensor: torch.Tensor) -> str | None:
         """``uninitialised`` when ``tensor`` lies on a marked storage that nothing has written since;

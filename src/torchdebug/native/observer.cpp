@@ -46,10 +46,10 @@
 // Callbacks are thread-local RecordFunction callbacks: the autograd engine and at::launch carry
 // them (ThreadLocalState) to the threads that run a graph task. On such a thread an op is recorded
 // only inside a backward scope; on the thread that started the observer, always. Tensor subclasses
-// (a Python key in the key set) and nested tensors are flagged, never read here: their sizes may call
-// into Python. A tensor with no strides (sparse, mkldnn) is described (dtype, shape, device), not
-// read. A subclass instance is kept for the flush, where Python reads it through its inner tensors
-// as a dispatch mode does. Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
+// (a Python key in the key set) and nested tensors are flagged, never read as such: their sizes may
+// call into Python. A tensor with no strides (sparse, mkldnn) is described (dtype, shape, device), not
+// read. Python describes a subclass instance at the op, and the callback reads it through the plain
+// tensor holding its elements, as a dispatch mode does (find_subclasses). Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
 // Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
@@ -115,6 +115,11 @@ void Py_DecRef(void* object);
 void* PyObject_GetAttrString(void* object, const char* name);  // a new reference, or null (an error set)
 const char* PyUnicode_AsUTF8(void* text);
 void PyErr_Clear();
+void* PyErr_Occurred();                        // borrowed, or null
+void* PyObject_CallNoArgs(void* callable);     // a new reference, or null (an error set)
+long long PyLong_AsLongLong(void* number);     // -1 with an error set on failure
+void* PyObject_Type(void* object);             // a new reference
+void* PyObject_CallFunctionObjArgs(void* callable, ...);  // arguments ending in null; a new reference, or null (an error set)
 }
 
 namespace {
@@ -697,6 +702,8 @@ void forget_unmoved(bool all) {
 
 std::atomic<bool> want_values{false};  // td_observer_want_values: record value slots
 
+enum Grouped : int8_t { kGrouped = 1, kUnshards = 2 };  // OpInfo::grouped (Owners)
+
 struct OpInfo {
   int32_t id;  // -1 for kNotOp
   Kind kind;
@@ -710,6 +717,8 @@ struct OpInfo {
   bool receives = false;    // c10d's recv_ and recv_any_source_: their outputs are their first argument
   int16_t async_arg = -1;   // the position of its async_op argument (false: the caller waits for it at once)
   int8_t functional = 0;    // kFunctionalWrites: a _c10d_functional collective; kFunctionalWaited: its wait_tensor
+  int8_t grouped = 0;       // kGrouped: a collective or an fsdp op, which an FSDP2 group may own; kUnshards: FSDP2's copy-in (Owners)
+  bool detach = false;      // aten::detach: _make_subclass's own is one no dispatch mode sees (settle_detached)
 };
 
 // Ops that write arguments their schema does not mark written: BatchNorm's kernels update the
@@ -787,6 +796,89 @@ void note_in_flight(c10::ArrayRef<const c10::IValue> values, int8_t what) {
   in_flight_any.store(!in_flight_storages.empty(), std::memory_order_relaxed);
 }
 
+// ---- subclass instances: described by Python at the op, read through their plain tensor ------------
+// A dispatch mode describes a subclass instance (a DTensor: FSDP2's sharded parameters and their
+// optimizer states, tensor parallelism's) at the op and reads it through the plain tensor holding its
+// elements (CaptureSession's _describe_subclass); an optimizer writes them in place right after. The
+// observer cannot hold the instance for a later look: a hold counts in its use_count, which torch
+// reads (AccumulateGrad steals a gradient nothing else holds, else clones it; a *_like op's binding
+// makes its result a variable in place only while nothing else holds it, else it detaches it through
+// the subclass). So at each op taking or returning one, before the recorder's lock is taken,
+// find_subclasses calls a hook of capture/native_records.py's with the GIL: Python describes the
+// instance (once a drain: an address names one TensorImpl until the drain, Slots::alive) and returns
+// the address of the plain TensorImpl the callback reads it through (0: none, not a CPU tensor), read
+// with the slot where values are wanted (Slots::add). Ops the hook runs are hidden (in_hook).
+thread_local bool in_hook = false;  // a hook of Python's runs (this one, Owners'): what it calls is not the step's
+std::atomic<void*> subclass_hook{nullptr};  // PyObject*: a callable (tensor) -> int, held by Python (td_observer_use_subclass_hook)
+thread_local std::vector<std::pair<const c10::TensorImpl*, c10::TensorImpl*>> plain_of;  // for the slots added next: read through
+
+bool any_subclass(c10::ArrayRef<const c10::IValue> values) {
+  auto subclass = [](const c10::IValue& value) {
+    return value.isTensor() && value.unsafeToTensorImpl()->key_set().has(c10::DispatchKey::Python);
+  };
+  return std::any_of(values.begin(), values.end(), [&](const c10::IValue& value) {
+    if (!value.isList()) return subclass(value);
+    auto items = value.toListRef();
+    return std::any_of(items.begin(), items.end(), subclass);
+  });
+}
+
+void find_subclass(c10::TensorImpl* impl, void* hook, bool read, std::vector<const c10::TensorImpl*>& asked) {
+  if (!impl->key_set().has(c10::DispatchKey::Python) || std::find(asked.begin(), asked.end(), impl) != asked.end()) return;
+  asked.push_back(impl);
+  void* object = impl->pyobj_slot()->load_pyobj();
+  if (object == nullptr) return;
+  void* result = PyObject_CallFunctionObjArgs(hook, object, nullptr);
+  int64_t plain = 0;
+  if (result != nullptr) {
+    plain = PyLong_AsLongLong(result);
+    Py_DecRef(result);
+  }
+  if (PyErr_Occurred() != nullptr) {  // a fault of the hook's: the instance is not described
+    PyErr_Clear();
+    plain = 0;
+  }
+  if (plain != 0 && read) plain_of.emplace_back(impl, reinterpret_cast<c10::TensorImpl*>(plain));
+}
+
+// Hand the subclass instances among `values` to the hook (see above).
+void find_subclasses(c10::ArrayRef<const c10::IValue> values) {
+  plain_of.clear();
+  void* hook = subclass_hook.load(std::memory_order_relaxed);
+  if (hook == nullptr || !any_subclass(values) || !Py_IsInitialized()) return;
+  if (PyGILState_Check() != 1 && PyGILState_GetThisThreadState() == nullptr) return;  // (no Python objects)
+  bool read = want_sums() || want_fingerprints();
+  thread_local std::vector<const c10::TensorImpl*> asked;
+  asked.clear();
+  auto gil = PyGILState_Ensure();
+  in_hook = true;
+  for (const auto& value : values) {
+    if (value.isTensor()) {
+      find_subclass(value.unsafeToTensorImpl(), hook, read, asked);
+    } else if (value.isList()) {
+      for (const auto& item : value.toListRef()) {
+        if (item.isTensor()) find_subclass(item.unsafeToTensorImpl(), hook, read, asked);
+      }
+    }
+  }
+  in_hook = false;
+  PyGILState_Release(gil);
+}
+
+struct PlainFound {  // forgets what find_subclasses found once its slots are added (a TensorImpl is not held)
+  PlainFound() = default;
+  PlainFound(const PlainFound&) = delete;
+  PlainFound& operator=(const PlainFound&) = delete;
+  ~PlainFound() { plain_of.clear(); }
+};
+
+c10::TensorImpl* plain_tensor_of(const c10::TensorImpl* impl) {
+  for (const auto& [outer, plain] : plain_of) {
+    if (outer == impl) return plain;
+  }
+  return nullptr;
+}
+
 struct Slots {
   std::vector<int64_t> row;
   std::vector<int8_t> io;  // 0 input, 1 output
@@ -811,11 +903,10 @@ struct Slots {
   std::vector<std::string> text;     // a kValue slot's JSON text (empty for a tensor's)
   // With keep_unsummed: a reference to each plain non-empty tensor whose sums (or fingerprint) were
   // not taken here (another dtype or device), and its slot (an index into these columns), for Python to reduce at
-  // its flush while the tensor is at the version recorded; and always, to each subclass instance, which
-  // Python describes and reads through its inner tensors at the flush. A factory's output is held
-  // weakly until the next op starts (waiting: its index in kept): its Python binding makes its result
-  // a variable in place only while nothing else holds it (make_variable), else it wraps a copy of the
-  // TensorImpl.
+  // its flush while the tensor is at the version recorded (a subclass instance is never held: Python
+  // describes it at the op, find_subclasses; its plain tensor is kept as any). A factory's output is held weakly until the next op
+  // starts (waiting: its index in kept): its Python binding makes its result a variable in place only
+  // while nothing else holds it (make_variable), else it wraps a copy of the TensorImpl.
   // A plain tensor is kept as an alias (its storage and sizes in a TensorImpl of capture's own, with a
   // version counter of its own) and held weakly itself: a strong hold would count in its use_count,
   // and a shared counter in its version counter's, which torch reads to decide (AccumulateGrad steals
@@ -868,18 +959,19 @@ struct Slots {
     base.push_back(kind == kPlain ? view_base(impl, base_alive.back()) : 0);
     auto* storage_impl = kind == kPlain && impl->has_storage() ? impl->unsafe_storage().unsafeGetStorageImpl() : nullptr;
     storage_alive.push_back(storage_impl != nullptr ? WeakStorage::reclaim_copy(storage_impl) : WeakStorage(c10::intrusive_ptr<c10::StorageImpl>()));
-    if (kind != kPlain && kind < kLaidOut) {
+    auto* plain = kind == kSubclass ? plain_tensor_of(impl) : nullptr;
+    if (kind != kPlain && kind < kLaidOut && plain == nullptr) {  // (a subclass instance: Python described it at the op)
       add_unread();
-      if (kind == kSubclass) keep(impl, false);  // Python reads it through its inner tensors at the flush
       return;
     }
+    if (plain != nullptr) impl = plain;  // read here through its plain tensor, whose sizes and device the columns take
     auto sizes = impl->sizes();
     ndim.push_back(static_cast<int8_t>(sizes.size()));
     shape.insert(shape.end(), sizes.begin(), sizes.end());
     auto device = impl->device();
     device_type.push_back(static_cast<int8_t>(device.type()));
     device_index.push_back(static_cast<int8_t>(device.index()));
-    if (kind != kPlain) {  // no strides: read nothing
+    if (kind != kPlain && plain == nullptr) {  // no strides: read nothing
       stride.insert(stride.end(), sizes.size(), 0);
       has_stats.push_back(0);
       has_fingerprint.push_back(0);
@@ -889,7 +981,8 @@ struct Slots {
     auto steps = impl->strides();
     stride.insert(stride.end(), steps.begin(), steps.end());
     int64_t value = 0;
-    int taken = in_flight(impl) ? 0 : read_values(impl, stats.data() + at, &value);  // (kept: read once final)
+    // (kept: read once final; a subclass's plain tensor anew: its subclass's ops write it below autograd, moving no version)
+    int taken = in_flight(impl) ? 0 : plain != nullptr ? take_values(impl, stats.data() + at, &value) : read_values(impl, stats.data() + at, &value);
     has_stats.push_back(taken & kSummed ? 1 : 0);
     has_fingerprint.push_back(taken & kHashed ? 1 : 0);
     fingerprint.push_back(value);
@@ -898,8 +991,8 @@ struct Slots {
     if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) keep(impl, side == 1 && outputs_wait);
   }
 
-  // Keep the tensor of the slot just added for Python's flush (kept, kept_slot); a plain output waits
-  // (above). A subclass instance is a Python object already: held at once.
+  // Keep the plain tensor of the slot just added for Python's flush (kept, kept_slot); `wait`: held
+  // weakly until the next op starts (above).
   void keep(c10::TensorImpl* impl, bool wait) {
     auto strong = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl);
     kept_version.push_back(current_version(impl));
@@ -917,9 +1010,8 @@ struct Slots {
     return impl->is_inference() ? -1 : static_cast<int64_t>(impl->version_counter().current_version());
   }
 
-  // What is kept of a tensor: a subclass instance itself (Python reads it as one), else an alias.
+  // What is kept of a plain tensor: an alias.
   static at::Tensor held(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> strong) {
-    if (strong->key_set().has(c10::DispatchKey::Python)) return at::Tensor(std::move(strong));
     auto counter = strong->is_inference() ? c10::VariableVersion(c10::VariableVersion::DISABLED) : c10::VariableVersion(0);
     // With the Python key excluded: under a dispatch mode the copy would call the mode's detach, an
     // op whose callback takes the recorder's lock this thread holds.
@@ -1150,11 +1242,12 @@ struct Slots {
   }
 };
 
-enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kNoNode = 8 };
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kNoNode = 8, kUnseen = 16 };
 // kGradOn: grad mode was on at the op; kCheckpointNode: the node the engine runs is a reentrant
 // checkpoint's (td_observer_checkpoint), whose ops re-run its region; kNoNode: a forward op with a
 // sequence number made no node under it (no argument required grad), so the next node made takes
-// that number (a custom autograd.Function's, applied next). (4 is native_recompute.py's.)
+// that number (a custom autograd.Function's, applied next); kUnseen: a call no dispatch mode sees,
+// which the walk skips (settle_detached). (4 is native_recompute.py's.)
 
 struct Row {
   int32_t op;
@@ -1394,7 +1487,8 @@ void end_collective(int64_t at_row, std::pair<bool, c10::IValue>&& call, const s
 }
 
 // Gradient accumulations: the context (td_observer_set_module's numbering) of each parameter the
-// capture names, by its TensorImpl (td_observer_parameters; set while the observer is stopped). The
+// capture names, by its TensorImpl (td_observer_parameters: at the start, and as a capture with no
+// model meets its top-level modules). The
 // engine's evaluation of a parameter's AccumulateGrad node (its gradient hooks, the accumulation,
 // its post hooks: DDP's copy into a bucket, an optimizer stepped in the backward) runs in the
 // parameter's context, on the thread that evaluates it, as a dispatch mode names those ops after the
@@ -1435,6 +1529,7 @@ struct Frame {
   const c10::TensorImpl* cloned = nullptr;  // kRecorded: the argument of its parent the math-bit fallback clones (math_bit_clone)
   bool collective = false;  // kRecorded: a c10d op, its call in ThreadState::collective_calls
   int8_t functional = 0;    // kRecorded: OpInfo::functional
+  bool detach = false;      // kRecorded: a detach of a plain tensor (settle_detached)
 };
 
 // Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
@@ -1464,8 +1559,72 @@ struct ThreadState {
   std::vector<int64_t> accumulations;  // the contexts of the parameters whose accumulation runs, innermost last
   std::vector<std::vector<c10::IValue>> math_bit_calls;  // the arguments of the frames that materialize some, innermost last
   std::vector<std::pair<bool, c10::IValue>> collective_calls;  // of the open c10d ops: waited at once, the list it receives into
+  c10::intrusive_ptr<c10::TensorImpl> detached;  // the output of the last recorded detach, until the next op (settle_detached)
+  int64_t detached_row = -1;                     // its row
 };
 thread_local ThreadState state;
+
+// ---- tensors _make_subclass makes ------------------------------------------------------------------
+// nn.Parameter(t) (and every Tensor._make_subclass: FakeTensor's, a subclass's) detaches t, a plain
+// tensor, with the dispatch modes stashed, so no dispatch mode sees that detach; the observer does.
+// Its output is the new tensor, whose Python object _make_subclass makes right after, of the
+// subclass; a plain tensor's detach called from Python returns a torch.Tensor. So a recorded detach's
+// output is looked at again when the thread's next op starts (or capture stops), and its row marked
+// kUnseen where its Python object is of another class than torch.Tensor (td_observer_tensor_type).
+std::atomic<void*> tensor_type{nullptr};  // torch.Tensor, a PyTypeObject*
+
+void settle_detached(ThreadState& thread) {
+  void* plain = tensor_type.load(std::memory_order_relaxed);
+  bool python_thread = plain != nullptr && Py_IsInitialized() && (PyGILState_Check() == 1 || PyGILState_GetThisThreadState() != nullptr);
+  bool made_subclass = false;
+  if (python_thread) {
+    auto gil = PyGILState_Ensure();
+    void* object = thread.detached->pyobj_slot()->load_pyobj();
+    if (object != nullptr) {
+      void* type = PyObject_Type(object);
+      made_subclass = type != plain;
+      Py_DecRef(type);
+    }
+    PyGILState_Release(gil);
+  }
+  if (made_subclass) {
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    auto at = thread.detached_row - recorder.first_row;
+    if (at >= 0 && at < static_cast<int64_t>(recorder.mark.size())) recorder.mark[static_cast<size_t>(at)] |= kUnseen;
+  }
+  thread.detached.reset();
+}
+
+// ---- FSDP2 groups' ops: their owners -------------------------------------------------------------
+// A collective or an fsdp op that an FSDP2 parameter group runs belongs to the group's module, in
+// the pass it runs for (capture/collectives.py's collective_owner): only Python knows the group (a
+// frame's self). So at such an op the observer calls a hook of capture/native_records.py's, with
+// the GIL, which returns the row's module context: an owner's (<= -3: the walk names its module
+// and phase), or kNotOwned; the copy-in's hook also notes the buffers its unshard hands out. The
+// ops the hook runs are hidden (in_hook).
+constexpr int64_t kNotOwned = -1;
+std::atomic<void*> owner_hook{nullptr}, unshard_hook{nullptr};  // PyObject* callables, held by Python (td_observer_use_owners)
+
+int64_t owner_context(int8_t grouped) {
+  void* hook = (grouped == kUnshards ? unshard_hook : owner_hook).load(std::memory_order_relaxed);
+  if (hook == nullptr || !Py_IsInitialized()) return kNotOwned;
+  if (PyGILState_Check() != 1 && PyGILState_GetThisThreadState() == nullptr) return kNotOwned;  // (no Python frames)
+  auto gil = PyGILState_Ensure();
+  in_hook = true;
+  void* result = PyObject_CallNoArgs(hook);
+  in_hook = false;
+  int64_t context = kNotOwned;
+  if (result != nullptr) {
+    context = PyLong_AsLongLong(result);
+    Py_DecRef(result);
+  }
+  if (PyErr_Occurred() != nullptr) {  // a fault of the hook's: the row keeps its context
+    PyErr_Clear();
+    context = kNotOwned;
+  }
+  PyGILState_Release(gil);
+  return context;
+}
 
 // A conjugate or negative view handed to an op without a kernel for it: the math-bit fallback, below
 // autograd and above the Python key, clones it and runs the op on the clone, so a dispatch mode sees
@@ -1613,6 +1772,10 @@ OpInfo recorded_op_info(const at::RecordFunction& fn) {
       if (arguments[position].name() == "async_op") info.async_arg = static_cast<int16_t>(position);
     }
   }
+  if (name->name.rfind("fsdp::", 0) == 0 || info.collective || info.functional == kFunctionalWrites) {
+    info.grouped = name->name == "fsdp::all_gather_copy_in" ? kUnshards : kGrouped;
+  }
+  info.detach = name->name == "aten::detach" && name->overload_name.empty();
   info.mutable_op = !written.empty();
   info.written = &written;
   recorder.ops.emplace(fn.name(), info);
@@ -1814,6 +1977,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     outputs_waiting.store(false, std::memory_order_relaxed);
   }
   auto& thread = state;
+  if (thread.detached) settle_detached(thread);
+  if (in_hook) {
+    thread.frames.push_back({kHidden, false, false, -1});
+    return nullptr;
+  }
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {  // a node's apply, inside its evaluation
     int8_t checkpoint = !reentrant_node.empty() && reentrant_node == fn.name() ? kCheckpointNode : 0;
     int64_t seq = fn.seqNr();
@@ -1901,10 +2069,12 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0));
   row.made = static_cast<int64_t>(at::sequence_number::peek()) - 1;
   if (info.kind == kMaybeComposite && live) {  // its frames are taken if it is recorded (settle)
+    if (keys.has(c10::DispatchKey::Python)) find_subclasses(inputs);
     auto& stash = push_stash(thread);
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
     stash.slots.add_all(-1, 0, inputs, args);
+    plain_of.clear();
     if (info.mutable_op) forget_reads_of(inputs);
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
     thread.frames.back().factory = no_tensor_argument(inputs);
@@ -1916,12 +2086,18 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     }
     return nullptr;
   }
+  if (info.grouped != 0) {
+    auto owned = owner_context(info.grouped);
+    if (owned != kNotOwned) row.module = owned;
+  }
   row.stack = python_frames(frames_wanted(thread, row, info.frame_op));
+  if (keys.has(c10::DispatchKey::Python)) find_subclasses(inputs);
   std::lock_guard<std::mutex> lock(recorder.mutex);
   note_unnumbered(thread, row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   recorder.slots.add_all(at_row, 0, inputs, args);
+  plain_of.clear();
   if (info.mutable_op) forget_reads_of(inputs);
   // (an op with no autograd kernel goes below autograd at once: what it calls is hidden, live or not)
   thread.frames.push_back({kRecorded, live && info.kind != kNoAutograd, false, at_row, args, info.frame_op,
@@ -1931,6 +2107,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   snapshot_written(recorder.slots, thread, thread.frames.back().writes);
   if (materializing) thread.frames.back().cloned = inputs[0].unsafeToTensorImpl();  // (fn.inputs() lives only through on_enter)
   thread.frames.back().functional = info.functional;
+  thread.frames.back().detach = info.detach && !keys.has(c10::DispatchKey::Python);  // (a subclass's detach returns one)
   if (info.collective) {
     auto waits = info.async_arg >= 0 && static_cast<size_t>(info.async_arg) < inputs.size() ? inputs[info.async_arg] : c10::IValue();
     thread.frames.back().collective = true;
@@ -1993,6 +2170,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     if (frame.accumulation) thread.accumulations.pop_back();
   } else if (frame.kind == kRecorded) {
     const auto& outputs = fn.outputs();
+    find_subclasses(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()));
+    PlainFound plain_found;
     std::lock_guard<std::mutex> lock(recorder.mutex);
     auto& slots = recorder.slots;
     if (frame.returns && outputs.empty() && frame.live && !frame.below && !thread.node_seq.empty() && at::GradMode::is_enabled() &&
@@ -2030,6 +2209,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       slots.append(inside, -1);
     }
     if (!slots.waiting.empty()) outputs_waiting.store(true, std::memory_order_relaxed);
+    if (frame.detach && outputs.size() == 1 && outputs[0].isTensor()) {
+      thread.detached = outputs[0].toTensor().getIntrusivePtr();
+      thread.detached_row = frame.row;
+    }
   }
   if (frame.kind == kRecorded && frame.cloned != nullptr) read_clone_instead(thread, frame.cloned, fn.outputs());  // (the lock let go)
 }
@@ -2113,6 +2296,7 @@ void td_observer_stop() {
   if (handle == 0) return;
   at::removeCallback(handle);
   handle = 0;
+  if (state.detached) settle_detached(state);
   state = ThreadState{};
 }
 
@@ -2229,10 +2413,8 @@ void td_observer_drain(const int64_t* counts, void** columns) {
     auto& tensor = from.kept[entry];
     auto at = static_cast<size_t>(from.kept_slot[entry]);
     auto recorded = from.version[at];
-    bool described = from.flag[at] == kSubclass;  // Python describes it changed or not, and checks its version
     auto original = from.kept_original[entry].lock();
-    if (tensor.defined() &&
-        (described || recorded < 0 || !original || Slots::current_version(original.get()) == from.kept_version[entry])) {
+    if (tensor.defined() && (recorded < 0 || !original || Slots::current_version(original.get()) == from.kept_version[entry])) {
       handed.push_back(std::move(tensor));
     } else {
       from.kept_slot[entry] = -1;
@@ -2358,6 +2540,20 @@ void td_observer_keep_unsummed(int keep) { keep_unsummed.store(keep != 0); }
 // c10d_work.cpp's td_work_completed and td_work_wait, and torch.distributed's folder (what a code
 // object's co_filename starts with there): a distributed run's collectives are read once their Work
 // completes (see Collectives). Nulls: read at their end.
+// The hook that describes a subclass instance and gives its plain tensor (find_subclasses): a Python
+// callable, held by the caller until it hands another (null: none).
+void td_observer_use_subclass_hook(void* hook) { subclass_hook.store(hook); }
+
+// torch.Tensor's type object, which a detach called from Python returns (settle_detached).
+void td_observer_tensor_type(void* type) { tensor_type.store(type); }
+
+// The hooks that name an FSDP2 group's ops' owners (Owners): Python callables taking no argument
+// and returning a module context, held by the caller until it hands others (null: none).
+void td_observer_use_owners(void* owner, void* unshard) {
+  owner_hook.store(owner);
+  unshard_hook.store(unshard);
+}
+
 void td_observer_use_works(void* completed, void* wait, const char* folder) {
   std::lock_guard<std::mutex> lock(collectives_mutex);
   work_completed.store(reinterpret_cast<WorkCall>(completed));

@@ -19,6 +19,7 @@ import functools
 import sys
 import warnings
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from types import CodeType
@@ -222,6 +223,8 @@ class NativeObserver:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._lib = library
+        self._owner_hooks: tuple[Callable[[], int] | None, Callable[[], int] | None] = (None, None)
+        self._subclass_hook: Callable[[torch.Tensor], int] | None = None
         library.td_observer_start.argtypes = [ctypes.c_int]
         library.td_observer_start.restype = ctypes.c_int
         library.td_observer_set_module.argtypes = [ctypes.c_int64]
@@ -258,6 +261,13 @@ class NativeObserver:
         library.td_observer_use_works.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
         library.td_observer_use_works.restype = None
         library.td_observer_finish_collectives.restype = None
+        library.td_observer_use_owners.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        library.td_observer_use_owners.restype = None
+        library.td_observer_use_subclass_hook.argtypes = [ctypes.c_void_p]
+        library.td_observer_use_subclass_hook.restype = None
+        library.td_observer_tensor_type.argtypes = [ctypes.c_void_p]
+        library.td_observer_tensor_type.restype = None
+        library.td_observer_tensor_type(id(torch.Tensor))
         library.td_observer_finish_functional.restype = None
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
@@ -283,8 +293,8 @@ class NativeObserver:
     def name_accumulations(self, parameters: list[torch.Tensor], contexts: list[int]) -> None:
         """Record the ops of each of ``parameters``' gradient accumulations (the engine's evaluation of
         its ``AccumulateGrad`` node: its gradient hooks, the sum, its post hooks) in its context of
-        ``contexts`` (as :attr:`set_module` numbers them), in place of the parameters told before; set
-        while the observer is stopped."""
+        ``contexts`` (as :attr:`set_module` numbers them), in place of the parameters told before (from
+        the next accumulation on: a model-less capture names them as its modules' calls start)."""
         impls = array("q", (parameter._cdata for parameter in parameters))
         numbers = array("q", contexts)
         self._lib.td_observer_parameters(len(impls), impls.buffer_info()[0], numbers.buffer_info()[0])
@@ -378,6 +388,21 @@ class NativeObserver:
         completed = None if works is None else ctypes.cast(works.td_work_completed, ctypes.c_void_p)
         wait = None if works is None else ctypes.cast(works.td_work_wait, ctypes.c_void_p)
         self._lib.td_observer_use_works(completed, wait, distributed_dir.encode() if works is not None else None)
+
+    def use_owners(self, owner: Callable[[], int] | None, unshard: Callable[[], int] | None) -> None:
+        """Call ``owner()`` at each collective and fsdp op, ``unshard()`` at FSDP2's copy-in (with the
+        GIL, from the op's thread): each returns the row's module context, an owner's (an FSDP2
+        group's op) or -1 (the row keeps its own); ``None``: none is called. Held until the next call."""
+        self._owner_hooks = (owner, unshard)  # alive while the observer holds their addresses
+        self._lib.td_observer_use_owners(*(None if hook is None else id(hook) for hook in self._owner_hooks))
+
+    def use_subclass_hook(self, hook: Callable[[torch.Tensor], int] | None) -> None:
+        """Call ``hook(tensor)`` at each subclass instance an op takes or returns (with the GIL, before
+        its slot): Python describes it, and returns the address of the ``TensorImpl`` of the plain
+        tensor holding its elements, which the callback reads with the slot where values are read, or
+        0; ``None``: none is called (the instance is not described)."""
+        self._subclass_hook = hook  # alive while the observer holds its address
+        self._lib.td_observer_use_subclass_hook(None if hook is None else id(hook))
 
     def finish_collectives(self) -> None:
         """Wait for the collectives still in flight and record their outputs (before :meth:`stop`)."""

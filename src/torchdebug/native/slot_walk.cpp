@@ -48,6 +48,7 @@
 namespace {
 
 constexpr int8_t kPlain = 0;  // observer.py's PLAIN: a slot whose sizes were read
+constexpr int8_t kSubclass = 1;  // observer.py's SUBCLASS: a subclass instance (sizes and values: its plain tensor's, if read)
 constexpr int8_t kValue = 4;  // observer.py's VALUE: a non-tensor argument or result (no tensor, no value id)
 constexpr int8_t kChanged = 3;  // error code: a kept tensor changed or freed before the flush
 constexpr int8_t kUninitialised = 1;  // unread code of "uninitialised" (native_values.py's table)
@@ -62,15 +63,17 @@ enum OpFlag : int {
 // kCollective: a c10d op, whose outputs are tensors it was handed (its lists, recv_'s argument) and
 // come once its Work completes, after the slots of the rows that ran meanwhile (observer.cpp).
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
-enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8 };
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8, kUnseen = 16 };
 // Per row: the observer's marks (observer.cpp's RowMark: kGradOn, grad mode was on, so the op's
 // node, if it makes one, is the one after the last made before it; kCheckpointNode, run by a
-// reentrant checkpoint's node; kNoNode, a forward op whose sequence number no node of its took),
+// reentrant checkpoint's node; kNoNode, a forward op whose sequence number no node of its took;
+// kUnseen, a call no dispatch mode sees, skipped as a skipped op's),
 // and kRecomputed, which native_recompute.py adds: a recomputation's op or checkpoint's own
 // bookkeeping (phase recompute).
 constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
 constexpr int64_t kLookback = 4096;  // recompute.py's LOOKBACK
 constexpr int64_t kOutside = -1, kInOptimizer = -2;  // module contexts that name no path (native_records.py)
+constexpr int64_t kFirstOwner = -3;  // contexts from here down: owner kFirstOwner - context (an FSDP2 group's op, observer.cpp's Owners)
 
 // A slot's arg: its argument's (or result's) position, and for an item of a list of lists (c10d's
 // Tensor[][]) the outer index plus one shifted by kOuterShift (observer.cpp's), its element the inner
@@ -512,11 +515,14 @@ int td_walk_op(void* walk, int op, int flags, const char* input_names, int n_inp
 // numbers, backward marks, module contexts and stacks; the contexts that are a parameter's path (a
 // gradient accumulation's); the outputs phase, module, call, fwd module, fwd op, fwd call, stack;
 // then the rows' RowMarks, the last node made before each, the TensorImpl address of each row's
-// first input and first output (0: none), and the output fwd phase. Returns 0, -1 on failure.
+// first input and first output (0: none), the output fwd phase; and (counts[2] of them) each owner's
+// phase (-1: the row's own) and module context. A row an owner's context names (<= kFirstOwner) is
+// that owner's module's, in its phase, differentiating and repeating nothing: an FSDP2 group's op,
+// as eager.py's _module names it (a backward one without a stack). Returns 0, -1 on failure.
 int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
   try {
     auto& state = *static_cast<Walk*>(walk);
-    auto rows = counts[0], parameters = counts[1];
+    auto rows = counts[0], parameters = counts[1], owners = counts[2];
     auto row_op = column<int32_t>(columns, 0);
     auto row_seq = column<int64_t>(columns, 1);
     auto row_backward = column<int8_t>(columns, 2);
@@ -535,6 +541,8 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
     auto row_input = column<int64_t>(columns, 15);
     auto row_output = column<int64_t>(columns, 16);
     auto out_fwd_phase = static_cast<int8_t*>(columns[17]);
+    auto owner_phase = column<int8_t>(columns, 18);
+    auto owner_module = column<int64_t>(columns, 19);
     std::unordered_set<int64_t> accumulations(parameter_contexts, parameter_contexts + parameters);
     state.rebuilds.clear();
     state.forward_of.assign(static_cast<size_t>(rows), kNone);
@@ -545,13 +553,18 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
       out_fwd_module[row] = out_fwd_call[row] = kNone;
       out_fwd_phase[row] = kForward;
       out_stack[row] = row_stack[row];
-      if (found->second.flags & kSkipped) {
+      if ((found->second.flags & kSkipped) || (row_mark[row] & kUnseen)) {
         out_phase[row] = kNoPhase;
         out_module[row] = kOutside;
         out_call[row] = 0;
         continue;
       }
       int64_t seq = row_seq[row], context = row_module[row], module = context >= 0 ? context : kOutside;
+      int64_t owner = kFirstOwner - context;
+      if (owner >= 0 && owner < owners) {
+        context = owner_module[owner];
+        module = context;
+      }
       bool detach = found->second.flags & kDetach;
       auto rebuilt = detach && row_input[row] != 0 ? state.rebuilt.find(row_input[row]) : state.rebuilt.end();
       const Call* from = nullptr;  // the forward call a backward row differentiates, or a recomputed one repeats
@@ -580,6 +593,13 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
         module = kOutside;
       } else {
         phase = row_mark[row] & kRecomputed ? kRecompute : kForward;  // checkpoint's own bookkeeping: recompute
+      }
+      if (owner >= 0 && owner < owners) {
+        if (owner_phase[owner] >= 0) phase = static_cast<Phase>(owner_phase[owner]);
+        module = context;
+        from = nullptr;
+        state.forward_of[static_cast<size_t>(row)] = kNone;
+        if (phase == kBackward) out_stack[row] = kNone;
       }
       if (from != nullptr) {
         out_fwd_module[row] = from->module;
@@ -705,12 +725,16 @@ const char* td_walk_arg(void* walk, int index, int* io) {
 // reference (>= 0 the drained slot whose sums give them, -1 none, <= -2 the entry -2 - ref of
 // taken), error code (1 subclass, 2 nested, 3 changed), unread code, arg code, fingerprint
 // reference (as the statistics'); and taken: the drained slots whose kept tensor is reduced at the
-// flush (-1: the statistics and fingerprint of no elements).
+// flush (-1: the statistics and fingerprint of no elements). Then the unshards (counts[5]: FSDP2's
+// copy-ins, in row order): each one's row, where its storages start in the next column (one more
+// entry: the end), and the StorageImpl addresses of the buffers it hands out, which hold no value
+// of the run from that row on (unwritten.py's UnwrittenStorages.add, as eager.py's copy-in marks them).
 // Returns the recorded slots (and the taken entries into *taken_count), or -1 on failure.
 int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* const* columns, int64_t* taken_count) {
   try {
     auto& state = *static_cast<Walk*>(walk);
     auto rows = counts[0], slots = counts[1], kept_count = counts[2], freed_count = counts[3], first_row = counts[4];
+    auto unshards = counts[5];
     bool want_inputs = options[0] & 1, want_outputs = options[0] & 2;
     bool statistics = options[1] & 1, fingerprints = options[1] & 2;
     auto row_op = column<int32_t>(columns, 0);
@@ -745,6 +769,10 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     auto out_arg = static_cast<int32_t*>(columns[29]);
     auto out_fingerprint = static_cast<int64_t*>(columns[30]);
     auto taken = static_cast<int64_t*>(columns[31]);
+    auto unshard_row = column<int64_t>(columns, 32);
+    auto unshard_start = column<int64_t>(columns, 33);
+    auto unshard_storage = column<int64_t>(columns, 34);
+    int64_t next_unshard = 0;
 
     ++state.drains;
     std::vector<int8_t> kept(static_cast<size_t>(slots), 0);
@@ -785,6 +813,9 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       if (row != last_row) {
         count_written();
         last_row = row;
+        for (; next_unshard < unshards && unshard_row[next_unshard] <= row; ++next_unshard) {
+          for (auto at = unshard_start[next_unshard]; at < unshard_start[next_unshard + 1]; ++at) state.unwritten.insert(unshard_storage[at]);
+        }
         has_source = has_source_value = false;
         arguments.clear();
         auto index = row - first_row;
@@ -909,6 +940,10 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       int8_t error = 0, why = 0;
       if (flag != kPlain) {
         error = flag;
+        if (flag == kSubclass) {  // read at the op through its plain tensor where the observer could (find_inner)
+          if (statistics && has_stats[slot]) stats = slot;
+          if (fingerprints && has_fingerprint[slot]) fingerprint = slot;
+        }
       } else if ((why = state.unread(*op, io, slot_arg[slot], slot_element[slot], storage, numel)) != 0) {
       } else if (statistics || fingerprints) {
         if (alias != nullptr) {

@@ -16,6 +16,7 @@ from torch.torch_version import TorchVersion
 
 import torchdebug._torch as seam
 from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
+from torchdebug._torch.custom_ops import DispatcherCalls
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised
 from torchdebug._torch.nn import compiled_methods, is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
 
@@ -159,6 +160,29 @@ def test_op_overloads_and_their_schemas():
     assert dispatch.op_schema(torch.ops.aten.add_.Tensor).is_mutable
     assert not dispatch.op_schema(torch.ops.aten.add.Tensor).is_mutable
     assert [a.name for a in dispatch.op_schema(torch.ops.aten.mm.default).arguments] == ["self", "mat2"]
+
+
+@torch.library.custom_op("torchdebug_seam::twice", mutates_args=())
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def _custom_op_recorded() -> bool:
+    """Whether an ``at::RecordFunction`` callback (the profiler's) sees the custom op's call."""
+    with torch.autograd.profiler.profile() as profile:
+        _twice(torch.ones(2))
+    return any(event.name == "torchdebug_seam::twice" for event in profile.function_events)
+
+
+def test_custom_ops_reach_record_function_callbacks_while_dispatcher_calls_are_entered():
+    calls = DispatcherCalls()
+    calls.enter()
+    try:
+        assert _custom_op_recorded()
+    finally:
+        calls.exit()
+    # torch 2.14's PyObject dispatch skips the dispatcher's call again once exited
+    assert _custom_op_recorded() is not seam.at_least("2.14")
 
 
 def test_ops_whose_writes_move_no_version_are_told_by_their_kernels() -> None:

@@ -1092,6 +1092,33 @@ def test_tensor_subclasses_are_read_through_their_inner_tensors_on_both_paths(tm
     assert any("computed from several inner tensors" in (r.capture_error or "") for r in native)
 
 
+@torch.library.custom_op("torchdebug_test::scaled", mutates_args=())
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class _CustomOpInput(nn.Module):
+    """A layer fed through a custom op with a Python kernel (``torch.library.custom_op``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(_scaled(x)).sum()
+
+
+def test_a_custom_op_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """A custom op with a Python kernel is one call, not the ops its kernel runs, on both paths
+    (torch 2.14 dispatches it past the dispatcher's call the observer sees, unless told not to:
+    ``_torch.custom_ops.DispatcherCalls``)."""
+    training = functools.partial(loss_training, _CustomOpInput)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task="statistics")
+    _assert_same_dumps(python, native)
+    assert "torchdebug_test.scaled.default" in {r.op for r in native} and "aten.mul.Tensor" not in {r.op for r in native}
+
+
 class _MadeParameter(nn.Module):
     """A forward that makes a parameter of its own, as FSDP2's first unshard does (``nn.Parameter``
     detaches its data where no dispatch mode sees it)."""

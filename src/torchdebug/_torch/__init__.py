@@ -46,6 +46,12 @@ VERSION_DIFFERENCES = (
         "call the slot's value, so it holds one callable",
         "torchdebug._torch.inductor.custom_pass_patch",
     ),
+    VersionDifference(
+        "2.14",
+        "an operator made by torch.library.custom_op dispatches through its Python object (PyObject "
+        "dispatch), skipping the C++ dispatcher's call, so no at::RecordFunction callback sees it",
+        "torchdebug._torch.custom_ops.DispatcherCalls",
+    ),
 )
 
 

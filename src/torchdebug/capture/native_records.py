@@ -31,6 +31,7 @@ from torch import nn
 from torch.compiler import is_compiling
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from torchdebug._torch.custom_ops import DispatcherCalls
 from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug._torch.fsdp import issuing_group, unshard_buffers
 from torchdebug._torch.nn import parameters_and_hooked
@@ -205,6 +206,7 @@ class NativeStepCapture:
         """Whether this capture started the observer before (its first start drops older weak references)."""
         self._devices: dict[tuple[int, int], str] = {}
         self._recompute = RecomputeMarks(observer)
+        self._dispatcher_calls = DispatcherCalls()
         self._taken: set[int] = set()
         """The ids of the modules :meth:`_take` took since :meth:`start`."""
         self._accumulated: tuple[list[torch.Tensor], list[int]] = ([], [])
@@ -231,6 +233,7 @@ class NativeStepCapture:
             self.tracker.start()
         self._set_context(_OUTSIDE)
         self.observer.use_owners(self._owner, self._unshard)
+        self._dispatcher_calls.enter()  # custom ops reach the observer (torch 2.14's skip the dispatcher's call)
         self.observer.use_subclass_hook(self._subclass)
         self.observer.want_stacks(self.stacks)
         self.observer.want_values(True)
@@ -242,6 +245,7 @@ class NativeStepCapture:
     def stop(self) -> None:
         self.observer.stop()
         self.observer.use_owners(None, None)
+        self._dispatcher_calls.exit()
         self.observer.use_subclass_hook(None)
         self.observer.want_values(False)
         self._recompute.reset()

@@ -49,8 +49,9 @@
 // (a Python key in the key set) and nested tensors are flagged, never read as such: their sizes may
 // call into Python. A tensor with no strides (sparse, mkldnn) is described (dtype, shape, device), not
 // read. Python describes a subclass instance at the op, and the callback reads it through the plain
-// tensor holding its elements, as a dispatch mode does (find_subclasses). Undefined tensors and wrapped numbers are no tensor slots (None and numbers in
-// Python): with value slots wanted they are values, as every non-tensor argument a mode is handed.
+// tensor holding its elements, as a dispatch mode does (find_subclasses). Undefined tensors and
+// wrapped numbers are no tensor slots (None and numbers in Python): with value slots wanted they are
+// values, as every non-tensor argument a mode is handed.
 //
 // The torch C++ API used here (record_function.h, Dispatcher.h, DispatchKeySet.h, TensorImpl.h,
 // torch/library.h, autograd's get_current_node and AccumulateGrad::variable) is the same in torch
@@ -904,9 +905,10 @@ struct Slots {
   // With keep_unsummed: a reference to each plain non-empty tensor whose sums (or fingerprint) were
   // not taken here (another dtype or device), and its slot (an index into these columns), for Python to reduce at
   // its flush while the tensor is at the version recorded (a subclass instance is never held: Python
-  // describes it at the op, find_subclasses; its plain tensor is kept as any). A factory's output is held weakly until the next op
-  // starts (waiting: its index in kept): its Python binding makes its result a variable in place only
-  // while nothing else holds it (make_variable), else it wraps a copy of the TensorImpl.
+  // describes it at the op, find_subclasses; its plain tensor is kept as any). A factory's output is
+  // held weakly until the next op starts (waiting: its index in kept): its Python binding makes its
+  // result a variable in place only while nothing else holds it (make_variable), else it wraps a copy
+  // of the TensorImpl.
   // A plain tensor is kept as an alias (its storage and sizes in a TensorImpl of capture's own, with a
   // version counter of its own) and held weakly itself: a strong hold would count in its use_count,
   // and a shared counter in its version counter's, which torch reads to decide (AccumulateGrad steals
@@ -981,8 +983,10 @@ struct Slots {
     auto steps = impl->strides();
     stride.insert(stride.end(), steps.begin(), steps.end());
     int64_t value = 0;
-    // (kept: read once final; a subclass's plain tensor anew: its subclass's ops write it below autograd, moving no version)
-    int taken = in_flight(impl) ? 0 : plain != nullptr ? take_values(impl, stats.data() + at, &value) : read_values(impl, stats.data() + at, &value);
+    // In flight: kept, read once final. A subclass's plain tensor is read anew each time: the
+    // subclass's handlers write it below autograd, moving no version (read_values's entries hold).
+    int taken = 0;
+    if (!in_flight(impl)) taken = plain != nullptr ? take_values(impl, stats.data() + at, &value) : read_values(impl, stats.data() + at, &value);
     has_stats.push_back(taken & kSummed ? 1 : 0);
     has_fingerprint.push_back(taken & kHashed ? 1 : 0);
     fingerprint.push_back(value);
@@ -1559,8 +1563,9 @@ struct ThreadState {
   std::vector<int64_t> accumulations;  // the contexts of the parameters whose accumulation runs, innermost last
   std::vector<std::vector<c10::IValue>> math_bit_calls;  // the arguments of the frames that materialize some, innermost last
   std::vector<std::pair<bool, c10::IValue>> collective_calls;  // of the open c10d ops: waited at once, the list it receives into
-  c10::intrusive_ptr<c10::TensorImpl> detached;  // the output of the last recorded detach, until the next op (settle_detached)
-  int64_t detached_row = -1;                     // its row
+  // The output of the last recorded detach of a plain tensor, until the next op (settle_detached).
+  WeakImpl detached{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+  int64_t detached_row = -1;  // its row (-1: none)
 };
 thread_local ThreadState state;
 
@@ -1577,9 +1582,13 @@ void settle_detached(ThreadState& thread) {
   void* plain = tensor_type.load(std::memory_order_relaxed);
   bool python_thread = plain != nullptr && Py_IsInitialized() && (PyGILState_Check() == 1 || PyGILState_GetThisThreadState() != nullptr);
   bool made_subclass = false;
-  if (python_thread) {
+  auto detached = thread.detached.lock();  // (freed since: no parameter either)
+  auto row = thread.detached_row;
+  thread.detached.reset();
+  thread.detached_row = -1;
+  if (python_thread && detached) {
     auto gil = PyGILState_Ensure();
-    void* object = thread.detached->pyobj_slot()->load_pyobj();
+    void* object = detached->pyobj_slot()->load_pyobj();
     if (object != nullptr) {
       void* type = PyObject_Type(object);
       made_subclass = type != plain;
@@ -1589,10 +1598,9 @@ void settle_detached(ThreadState& thread) {
   }
   if (made_subclass) {
     std::lock_guard<std::mutex> lock(recorder.mutex);
-    auto at = thread.detached_row - recorder.first_row;
+    auto at = row - recorder.first_row;
     if (at >= 0 && at < static_cast<int64_t>(recorder.mark.size())) recorder.mark[static_cast<size_t>(at)] |= kUnseen;
   }
-  thread.detached.reset();
 }
 
 // ---- FSDP2 groups' ops: their owners -------------------------------------------------------------
@@ -1977,7 +1985,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     outputs_waiting.store(false, std::memory_order_relaxed);
   }
   auto& thread = state;
-  if (thread.detached) settle_detached(thread);
+  if (thread.detached_row >= 0) settle_detached(thread);
   if (in_hook) {
     thread.frames.push_back({kHidden, false, false, -1});
     return nullptr;
@@ -2210,7 +2218,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     }
     if (!slots.waiting.empty()) outputs_waiting.store(true, std::memory_order_relaxed);
     if (frame.detach && outputs.size() == 1 && outputs[0].isTensor()) {
-      thread.detached = outputs[0].toTensor().getIntrusivePtr();
+      thread.detached = WeakImpl::reclaim_copy(outputs[0].unsafeToTensorImpl());
       thread.detached_row = frame.row;
     }
   }
@@ -2296,7 +2304,7 @@ void td_observer_stop() {
   if (handle == 0) return;
   at::removeCallback(handle);
   handle = 0;
-  if (state.detached) settle_detached(state);
+  if (state.detached_row >= 0) settle_detached(state);
   state = ThreadState{};
 }
 

@@ -1586,7 +1586,8 @@ void settle_detached(ThreadState& thread) {
   auto row = thread.detached_row;
   thread.detached.reset();
   thread.detached_row = -1;
-  if (python_thread && detached) {
+  // (an atomic load: most outputs have no Python object yet, an accumulated gradient's; no GIL taken then)
+  if (python_thread && detached && detached->pyobj_slot()->load_pyobj() != nullptr) {
     auto gil = PyGILState_Ensure();
     void* object = detached->pyobj_slot()->load_pyobj();
     if (object != nullptr) {

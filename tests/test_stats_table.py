@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import torchdebug
 from tests.triton_interpreter import interpreter_env, interpreter_skip
 from torchdebug import stats_table
 from torchdebug.checksum import fingerprint
+from torchdebug.records import STATS_NOT_TAKEN
 from torchdebug.stats import tensor_stats
 from torchdebug.stats._schema import COUNT_KEYS, WIDTH, empty_stats, stats_from_sums
 from torchdebug.stats_table import StatsStager
@@ -881,6 +883,34 @@ def test_the_completion_marker_reports_the_memory_of_the_statistics_tables(tmp_p
     completion = torchdebug.load(debugger.run_dir).ranks[0].completion
     table = stats_table._Table(torch.device("cpu")).nbytes
     assert completion["statistics_table_bytes"] == table  # one table: nothing was in flight when it filled
+
+
+def test_a_lost_delivery_of_statistics_keeps_the_records_and_says_so_without_raising(tmp_path, on_device, monkeypatch, caplog):
+    """A stager that fails to deliver (a device lost, memory) is a fault of ours: the step goes on,
+    every record is written, those whose statistics were lost say so, one warning tells it, and the
+    next step's statistics arrive again."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "0")  # the device path: statistics read at the flush
+    failing = {"deliveries": 1}
+
+    def deliver(self, block=True, oldest_only=False):  # noqa: ANN001, ANN202
+        if failing["deliveries"] and self._in_flight:
+            failing["deliveries"] -= 1
+            raise RuntimeError("device lost")
+        return original(self, block, oldest_only)
+
+    original = stats_table.StatsStager.deliver
+    monkeypatch.setattr(stats_table.StatsStager, "deliver", deliver)
+    model = torch.nn.Linear(4, 4)
+    with caplog.at_level(logging.WARNING, logger="torchdebug"), torchdebug.Debugger(tmp_path, task="statistics") as debugger:
+        for _ in range(2):
+            debugger.start(model)
+            model(torch.randn(2, 4)).sum().backward()
+            debugger.step()
+    records = [r for r in torchdebug.load(debugger.run_dir).ranks[0].records() if r.kind == "tensor" and r.dtype == "float32"]
+    lost = [r for r in records if r.capture_error == STATS_NOT_TAKEN]
+    assert lost and {r.step for r in lost} == {0} and all(r.stats is None for r in lost)
+    assert all(r.stats for r in records if r not in lost)  # delivered before the failure, or at the next step
+    assert [m for m in caplog.messages if "were lost (RuntimeError: device lost)" in m] != []
 
 
 def test_capture_on_the_cpu_holds_no_statistics_table(tmp_path):

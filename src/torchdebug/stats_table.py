@@ -473,6 +473,16 @@ class StatsStager:
                 break
         return not self._in_flight
 
+    def abandon(self) -> int:
+        """Drop every result not delivered (a transfer or a kernel failed: the device is lost, or
+        memory): their sinks are never called, and the tables that held them are let go (a failed
+        kernel may have left their counters set), new ones made as needed. Returns how many were dropped."""
+        dropped = len(self)
+        for table in list(self._filling.values()) + [table for transfer in self._in_flight for table in transfer.tables]:
+            self._tables_made[table.device] -= 1
+        self._filling, self._staged, self._in_flight = {}, [], []
+        return dropped
+
     def flush(self) -> None:
         """Send and deliver everything, waiting once per device; sinks may stage more, delivered in
         the same flush."""

@@ -16,7 +16,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import torch
@@ -56,6 +56,9 @@ def _device_name(device: torch.device) -> str:
     if name is None:
         name = _DEVICE_NAMES[device] = str(device)
     return name
+
+
+_T = TypeVar("_T")
 
 
 class _Seen:
@@ -557,7 +560,7 @@ class CaptureSession:
         the tensor files are too.
         """
         self._take_due_stats()
-        self._stager.flush()
+        self._safely(self._stager.flush, None)
         self._submit_waiting()
         if self._records or self._columns or self._batch is not None:
             self._submit_queued()
@@ -595,11 +598,30 @@ class CaptureSession:
         if self._batch is not None or self._columns:
             self.flush()
             return
-        self._stager.send()
+        self._safely(self._stager.send, None)
         self._waiting.append(self._records)
         self._records = []
-        if self._stager.deliver(block=False):
+        if self._safely(lambda: self._stager.deliver(block=False), True):
             self._submit_waiting()
+
+    def _safely(self, action: Callable[[], _T], failed: _T) -> _T:
+        """Run a stager's ``action`` (send, deliver, flush) and return its result, or ``failed`` when it
+        raised: a fault of ours (a device lost, memory), never the user's step. The results not
+        delivered are dropped, the records waiting for them say so (``STATS_NOT_TAKEN``), and one
+        warning tells it."""
+        try:
+            return action()
+        except Exception as error:
+            dropped = self._stager.abandon()
+            for record in (record for records in (self._records, *self._waiting) for record in records):
+                if record.stats is not None and not record.stats:  # a sink never called: still empty
+                    record.stats = None
+                    record.capture_error = record.capture_error or STATS_NOT_TAKEN
+            if dropped and "delivery" not in self._warned:
+                self._warned.add("delivery")
+                text = f"{type(error).__name__}: {error}"
+                logger.warning("torchdebug: the statistics of %d tensors were lost (%s); their records say so", dropped, text)
+            return failed
 
     def _submit_waiting(self) -> None:
         for records in self._waiting:

@@ -808,8 +808,7 @@ void note_in_flight(c10::ArrayRef<const c10::IValue> values, int8_t what) {
 // find_subclasses calls a hook of capture/native_records.py's with the GIL: Python describes the
 // instance (once a drain: an address names one TensorImpl until the drain, Slots::alive) and returns
 // the address of the plain TensorImpl the callback reads it through (0: none, not a CPU tensor), read
-// with the slot where values are wanted (Slots::add). Ops the hook runs are hidden (in_hook).
-thread_local bool in_hook = false;  // a hook of Python's runs (this one, Owners'): what it calls is not the step's
+// with the slot where values are wanted (Slots::add). Ops the hook runs are hidden (ThreadState::in_hook).
 std::atomic<void*> subclass_hook{nullptr};  // PyObject*: a callable (tensor) -> int, held by Python (td_observer_use_subclass_hook)
 thread_local std::vector<std::pair<const c10::TensorImpl*, c10::TensorImpl*>> plain_of;  // for the slots added next: read through
 
@@ -842,11 +841,11 @@ void find_subclass(c10::TensorImpl* impl, void* hook, bool read, std::vector<con
   if (plain != 0 && read) plain_of.emplace_back(impl, reinterpret_cast<c10::TensorImpl*>(plain));
 }
 
-// Hand the subclass instances among `values` to the hook (see above).
-void find_subclasses(c10::ArrayRef<const c10::IValue> values) {
+// Hand the subclass instances among `values` to the hook (see above); `in_hook` is set meanwhile.
+void find_subclasses(c10::ArrayRef<const c10::IValue> values, bool& in_hook) {
   plain_of.clear();
   void* hook = subclass_hook.load(std::memory_order_relaxed);
-  if (hook == nullptr || !any_subclass(values) || !Py_IsInitialized()) return;
+  if (hook == nullptr || !any_subclass(values) || !Py_IsInitialized()) return;  // (checked by some callers already)
   if (PyGILState_Check() != 1 && PyGILState_GetThisThreadState() == nullptr) return;  // (no Python objects)
   bool read = want_sums() || want_fingerprints();
   thread_local std::vector<const c10::TensorImpl*> asked;
@@ -1566,6 +1565,7 @@ struct ThreadState {
   // The output of the last recorded detach of a plain tensor, until the next op (settle_detached).
   WeakImpl detached{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
   int64_t detached_row = -1;  // its row (-1: none)
+  bool in_hook = false;       // a hook of Python's runs (find_subclasses, owner_context): what it calls is not the step's
 };
 thread_local ThreadState state;
 
@@ -1610,11 +1610,11 @@ void settle_detached(ThreadState& thread) {
 // frame's self). So at such an op the observer calls a hook of capture/native_records.py's, with
 // the GIL, which returns the row's module context: an owner's (<= -3: the walk names its module
 // and phase), or kNotOwned; the copy-in's hook also notes the buffers its unshard hands out. The
-// ops the hook runs are hidden (in_hook).
+// ops the hook runs are hidden (ThreadState::in_hook).
 constexpr int64_t kNotOwned = -1;
 std::atomic<void*> owner_hook{nullptr}, unshard_hook{nullptr};  // PyObject* callables, held by Python (td_observer_use_owners)
 
-int64_t owner_context(int8_t grouped) {
+int64_t owner_context(int8_t grouped, bool& in_hook) {
   void* hook = (grouped == kUnshards ? unshard_hook : owner_hook).load(std::memory_order_relaxed);
   if (hook == nullptr || !Py_IsInitialized()) return kNotOwned;
   if (PyGILState_Check() != 1 && PyGILState_GetThisThreadState() == nullptr) return kNotOwned;  // (no Python frames)
@@ -1987,7 +1987,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   auto& thread = state;
   if (thread.detached_row >= 0) settle_detached(thread);
-  if (in_hook) {
+  if (thread.in_hook) {
     thread.frames.push_back({kHidden, false, false, -1});
     return nullptr;
   }
@@ -2078,12 +2078,13 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0));
   row.made = static_cast<int64_t>(at::sequence_number::peek()) - 1;
   if (info.kind == kMaybeComposite && live) {  // its frames are taken if it is recorded (settle)
-    if (keys.has(c10::DispatchKey::Python)) find_subclasses(inputs);
+    bool subclasses = keys.has(c10::DispatchKey::Python);
+    if (subclasses) find_subclasses(inputs, thread.in_hook);
     auto& stash = push_stash(thread);
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
     stash.slots.add_all(-1, 0, inputs, args);
-    plain_of.clear();
+    if (subclasses) plain_of.clear();
     if (info.mutable_op) forget_reads_of(inputs);
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
     thread.frames.back().factory = no_tensor_argument(inputs);
@@ -2096,17 +2097,18 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   if (info.grouped != 0) {
-    auto owned = owner_context(info.grouped);
+    auto owned = owner_context(info.grouped, thread.in_hook);
     if (owned != kNotOwned) row.module = owned;
   }
   row.stack = python_frames(frames_wanted(thread, row, info.frame_op));
-  if (keys.has(c10::DispatchKey::Python)) find_subclasses(inputs);
+  bool subclasses = keys.has(c10::DispatchKey::Python);
+  if (subclasses) find_subclasses(inputs, thread.in_hook);
   std::lock_guard<std::mutex> lock(recorder.mutex);
   note_unnumbered(thread, row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   recorder.slots.add_all(at_row, 0, inputs, args);
-  plain_of.clear();
+  if (subclasses) plain_of.clear();
   if (info.mutable_op) forget_reads_of(inputs);
   // (an op with no autograd kernel goes below autograd at once: what it calls is hidden, live or not)
   thread.frames.push_back({kRecorded, live && info.kind != kNoAutograd, false, at_row, args, info.frame_op,
@@ -2179,8 +2181,12 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     if (frame.accumulation) thread.accumulations.pop_back();
   } else if (frame.kind == kRecorded) {
     const auto& outputs = fn.outputs();
-    find_subclasses(c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()));
-    PlainFound plain_found;
+    c10::ArrayRef<const c10::IValue> returned(outputs.data(), outputs.size());
+    std::optional<PlainFound> plain_found;  // (plain_of is empty but while a subclass's slots are added)
+    if (any_subclass(returned)) {
+      find_subclasses(returned, thread.in_hook);
+      plain_found.emplace();
+    }
     std::lock_guard<std::mutex> lock(recorder.mutex);
     auto& slots = recorder.slots;
     if (frame.returns && outputs.empty() && frame.live && !frame.below && !thread.node_seq.empty() && at::GradMode::is_enabled() &&

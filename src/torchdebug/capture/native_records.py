@@ -227,6 +227,8 @@ class NativeStepCapture:
         ]
         self._accumulated = ([], [])
         self._taken.clear()
+        self._unshards.clear()  # (left by a drain not named: records no longer taken)
+        self._described.clear()
         if self.model is not None:
             self._take(self.model)
         if self._own_tracker:

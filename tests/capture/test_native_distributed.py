@@ -59,9 +59,10 @@ def _collectives(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     return model, lambda: model(x)
 
 
-def _training(model: nn.Module, rank: int) -> Callable[[], None]:
-    """A training step of ``model`` (a sharded one) on a batch of its rank's own, with AdamW."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+def _training(model: nn.Module, rank: int, *, foreach: bool = False) -> Callable[[], None]:
+    """A training step of ``model`` (a sharded one) on a batch of its rank's own, with AdamW
+    (``foreach``: each of its ops takes every parameter's tensors in one list)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=foreach)
     batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
 
     def step() -> None:
@@ -89,7 +90,7 @@ def _tensor_parallel(rank: int) -> tuple[nn.Module, Callable[[], object]]:
 
     torch.manual_seed(0)
     model = parallelize_module(MLPBlock(), init_device_mesh("cpu", (2,)), {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    return model, _training(model, rank)
+    return model, _training(model, rank, foreach=True)
 
 
 _VALUES = {"task": "statistics", "checksum": True}
@@ -173,14 +174,22 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
         assert mean["_c10d_functional.all_reduce_.default#0/output.0"] == 4.0
         assert mean["_c10d_functional.all_reduce.default#1/output.0"] == 6.0  # waited for at capture's stop
         assert mean["c10d.allreduce_.default#2/output.0.0"] == 2.0  # never waited by the user
-        for program in ("fsdp2-statistics", "tp-statistics"):
-            _assert_read_at_the_op(tmp_path / f"{program}-native", rank)
+        _assert_read_at_the_op(tmp_path, rank)
 
 
-def _assert_read_at_the_op(folder: Path, rank: int) -> None:
-    """The optimizer's in-place ops on DTensor parameters are read at the op on the native path: the
-    first AdamW step's ``mul_`` (weight decay) reads a parameter, then writes it."""
-    records = {r.name: r for r in torchdebug.load(folder).ranks[rank].records() if r.step == 0 and r.phase == "optimizer"}
+def _optimizer_records(folder: Path, rank: int) -> dict[str, Record]:
+    return {r.name: r for r in torchdebug.load(folder).ranks[rank].records() if r.step == 0 and r.phase == "optimizer"}
+
+
+def _assert_read_at_the_op(root: Path, rank: int) -> None:
+    """The optimizer's in-place ops on DTensors are read at the op: the first AdamW step's ``mul_``
+    (weight decay) reads an FSDP2 parameter, then writes it; with ``foreach`` (tensor parallelism),
+    ``_foreach_sqrt`` reads the squared averages ``_foreach_addcmul_`` wrote, where a DTensor's
+    handlers move no version (the dispatch mode once read the zeros they were made with)."""
+    records = _optimizer_records(root / "fsdp2-statistics-native", rank)
     decayed = records["optimizer/-/aten.mul_.Tensor#0/input.0"], records["optimizer/-/aten.mul_.Tensor#0/output.0"]
     assert [r.extra["subclass"] for r in decayed] == ["DTensor", "DTensor"]
     assert decayed[0].stats["norm"] > decayed[1].stats["norm"] > 0 and decayed[0].checksum != decayed[1].checksum
+    for path in ("python", "native"):
+        averaged = _optimizer_records(root / f"tp-statistics-{path}", rank)["optimizer/-/aten._foreach_sqrt.default#0/input.0.0"]
+        assert averaged.extra["subclass"] == "DTensor" and averaged.stats["norm"] > 0, path

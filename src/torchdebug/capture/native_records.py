@@ -207,10 +207,10 @@ class NativeStepCapture:
         self._devices: dict[tuple[int, int], str] = {}
         self._recompute = RecomputeMarks(observer)
         self._dispatcher_calls = DispatcherCalls()
-        self._taken: set[int] = set()
-        """The ids of the modules :meth:`_take` took since :meth:`start`."""
+        self._adopted: set[int] = set()
+        """The ids of the modules :meth:`_adopt` adopted since :meth:`start`."""
         self._accumulated: tuple[list[torch.Tensor], list[int]] = ([], [])
-        """The parameters whose accumulations the observer names, and their contexts (:meth:`_take`)."""
+        """The parameters whose accumulations the observer names, and their contexts (:meth:`_adopt`)."""
         self._owners: dict[tuple[int, int], int] = {}
         """FSDP2 groups' ops' owners, ``(phase code or -1, module context)``, by index (``_owned``)."""
         self._unshards: list[list[int]] = []
@@ -226,11 +226,11 @@ class NativeStepCapture:
             register_optimizer_step_post_hook(self._optimizer_exit),
         ]
         self._accumulated = ([], [])
-        self._taken.clear()
+        self._adopted.clear()
         self._unshards.clear()  # (left by a drain not named: records no longer taken)
         self._described.clear()
         if self.model is not None:
-            self._take(self.model)
+            self._adopt(self.model)
         if self._own_tracker:
             self.tracker.start()
         self._set_context(_OUTSIDE)
@@ -259,13 +259,14 @@ class NativeStepCapture:
         self._handles = []
         self._in_optimizer = 0
 
-    def _take(self, root: nn.Module) -> None:
-        """Take ``root``'s modules: a gradient's accumulation (its hooks, the user's included, the sum,
-        its post hooks: DDP's copy into a bucket) runs in its parameter's context, which the observer
-        names from the node; the ops a module's own forward hooks run are its
-        (``ModuleTracker.current``) until they are done, which a hook registered after them says. The
-        model handed to :meth:`start`, else each top-level module as its call starts (:meth:`enter`)."""
-        self._taken.add(id(root))
+    def _adopt(self, root: nn.Module) -> None:
+        """Adopt ``root``'s modules, as the module tracker adopts a model: a gradient's accumulation
+        (its hooks, the user's included, the sum, its post hooks: DDP's copy into a bucket) runs in its
+        parameter's context, which the observer names from the node; the ops a module's own forward
+        hooks run are its (``ModuleTracker.current``) until they are done, which a hook registered
+        after them says. The model handed to :meth:`start`, else each top-level module as its call
+        starts (:meth:`enter`)."""
+        self._adopted.add(id(root))
         every, hooked = parameters_and_hooked(root)
         parameters, contexts = self._accumulated
         for parameter in every:
@@ -296,10 +297,10 @@ class NativeStepCapture:
         """The tracker entered ``module`` (its path ``name``), in ``phase`` ``forward`` or ``recompute``;
         traced by Dynamo (torch 2.11 and 2.14 trace global hooks), nothing: a path interned there would
         be a guard on the paths known, and each new one a recompile. With no model handed to
-        :meth:`start`, a top-level module is taken at its call's start (:meth:`_take`)."""
+        :meth:`start`, a top-level module is adopted at its call's start (:meth:`_adopt`)."""
         if not is_compiling():
-            if self.model is None and self.tracker.depth == 1 and id(module) not in self._taken:
-                self._take(module)
+            if self.model is None and self.tracker.depth == 1 and id(module) not in self._adopted:
+                self._adopt(module)
             self._set_context(self._intern(name))
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:

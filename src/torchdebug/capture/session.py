@@ -297,17 +297,19 @@ class CaptureSession:
     def _describe_subclass(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
         """A wrapper subclass (DTensor, FSDP2 parameters, float8 weights): described as itself (dtype,
         global shape), captured through the plain tensor that holds its elements (a DTensor's local
-        shard), its facts in ``extra``; one without such a tensor gets a ``capture_error``."""
+        shard), its facts in ``extra``; one without such a tensor gets a ``capture_error``. That tensor
+        is read at each op, never taken from an earlier read: the subclass's handlers write it below
+        autograd, where its version may not move (a DTensor's foreach ops)."""
         view = describe_subclass(tensor)
         record.extra = view.info
         if view.local is None:
             self._fill_description(record, tensor)
             record.capture_error = view.why_unread()
             return
-        self._describe_tensor(record, view.local, save, mutated)
+        self._describe_tensor(record, view.local, save, mutated, reuse=False)
         record.shape, record.stride = list(tensor.shape), list(tensor.stride())
 
-    def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool) -> None:
+    def _describe_tensor(self, record: Record, tensor: torch.Tensor, save: bool, mutated: bool, reuse: bool = True) -> None:
         want_stats = self.want_stats or save
         if want_stats and not has_statistics(tensor.dtype):  # bits: a fingerprint, no statistics
             record.capture_error = NO_STATISTICS
@@ -318,7 +320,7 @@ class CaptureSession:
         # After an in-place op returns, autograd bumps the version once more.
         version = tensor_version(tensor)
         version = None if version is None else version + (1 if mutated else 0)
-        seen = None if mutated or version is None else self._seen.get(id(tensor))
+        seen = None if mutated or not reuse or version is None else self._seen.get(id(tensor))
         if seen is None or seen.ref() is not tensor or seen.version != version or self._written_since(seen):
             seen = _Seen(weakref.ref(tensor), version, None, None, storage=self._storage_of(tensor))
             if version is not None:  # an inference tensor is read at each op: its writes leave no trace

@@ -810,7 +810,9 @@ void note_in_flight(c10::ArrayRef<const c10::IValue> values, int8_t what) {
 // the address of the plain TensorImpl the callback reads it through (0: none, not a CPU tensor), read
 // with the slot where values are wanted (Slots::add). Ops the hook runs are hidden (ThreadState::in_hook).
 std::atomic<void*> subclass_hook{nullptr};  // PyObject*: a callable (tensor) -> int, held by Python (td_observer_use_subclass_hook)
-thread_local std::vector<std::pair<const c10::TensorImpl*, c10::TensorImpl*>> plain_of;  // for the slots added next: read through
+// For the slots added next, by each subclass instance's TensorImpl address: the plain TensorImpl it is
+// read through (0: none), one entry per instance asked (an optimizer's foreach op takes hundreds).
+thread_local AddressMap<int64_t> plain_of;
 
 bool any_subclass(c10::ArrayRef<const c10::IValue> values) {
   auto subclass = [](const c10::IValue& value) {
@@ -823,9 +825,9 @@ bool any_subclass(c10::ArrayRef<const c10::IValue> values) {
   });
 }
 
-void find_subclass(c10::TensorImpl* impl, void* hook, bool read, std::vector<const c10::TensorImpl*>& asked) {
-  if (!impl->key_set().has(c10::DispatchKey::Python) || std::find(asked.begin(), asked.end(), impl) != asked.end()) return;
-  asked.push_back(impl);
+void find_subclass(c10::TensorImpl* impl, void* hook, bool read) {
+  if (!impl->key_set().has(c10::DispatchKey::Python) || plain_of.contains(address(impl))) return;
+  plain_of[address(impl)] = 0;  // asked: once an op
   void* object = impl->pyobj_slot()->load_pyobj();
   if (object == nullptr) return;
   void* result = PyObject_CallFunctionObjArgs(hook, object, nullptr);
@@ -838,7 +840,7 @@ void find_subclass(c10::TensorImpl* impl, void* hook, bool read, std::vector<con
     PyErr_Clear();
     plain = 0;
   }
-  if (plain != 0 && read) plain_of.emplace_back(impl, reinterpret_cast<c10::TensorImpl*>(plain));
+  if (read) plain_of[address(impl)] = plain;
 }
 
 // Hand the subclass instances among `values` to the hook (see above); `in_hook` is set meanwhile.
@@ -848,16 +850,14 @@ void find_subclasses(c10::ArrayRef<const c10::IValue> values, bool& in_hook) {
   if (hook == nullptr || !any_subclass(values) || !Py_IsInitialized()) return;  // (checked by some callers already)
   if (PyGILState_Check() != 1 && PyGILState_GetThisThreadState() == nullptr) return;  // (no Python objects)
   bool read = want_sums() || want_fingerprints();
-  thread_local std::vector<const c10::TensorImpl*> asked;
-  asked.clear();
   auto gil = PyGILState_Ensure();
   in_hook = true;
   for (const auto& value : values) {
     if (value.isTensor()) {
-      find_subclass(value.unsafeToTensorImpl(), hook, read, asked);
+      find_subclass(value.unsafeToTensorImpl(), hook, read);
     } else if (value.isList()) {
       for (const auto& item : value.toListRef()) {
-        if (item.isTensor()) find_subclass(item.unsafeToTensorImpl(), hook, read, asked);
+        if (item.isTensor()) find_subclass(item.unsafeToTensorImpl(), hook, read);
       }
     }
   }
@@ -873,10 +873,8 @@ struct PlainFound {  // forgets what find_subclasses found once its slots are ad
 };
 
 c10::TensorImpl* plain_tensor_of(const c10::TensorImpl* impl) {
-  for (const auto& [outer, plain] : plain_of) {
-    if (outer == impl) return plain;
-  }
-  return nullptr;
+  const auto* found = plain_of.empty() ? nullptr : plain_of.find(address(impl));
+  return found != nullptr ? reinterpret_cast<c10::TensorImpl*>(found->second) : nullptr;
 }
 
 struct Slots {
@@ -1245,12 +1243,12 @@ struct Slots {
   }
 };
 
-enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kNoNode = 8, kUnseen = 16 };
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kNoNode = 8, kFoundHidden = 16 };
 // kGradOn: grad mode was on at the op; kCheckpointNode: the node the engine runs is a reentrant
 // checkpoint's (td_observer_checkpoint), whose ops re-run its region; kNoNode: a forward op with a
 // sequence number made no node under it (no argument required grad), so the next node made takes
-// that number (a custom autograd.Function's, applied next); kUnseen: a call no dispatch mode sees,
-// which the walk skips (settle_detached). (4 is native_recompute.py's.)
+// that number (a custom autograd.Function's, applied next); kFoundHidden: a row found hidden after it
+// was recorded (a call no dispatch mode sees, settle_detached), which the walk skips. (4 is native_recompute.py's.)
 
 struct Row {
   int32_t op;
@@ -1575,7 +1573,7 @@ thread_local ThreadState state;
 // Its output is the new tensor, whose Python object _make_subclass makes right after, of the
 // subclass; a plain tensor's detach called from Python returns a torch.Tensor. So a recorded detach's
 // output is looked at again when the thread's next op starts (or capture stops), and its row marked
-// kUnseen where its Python object is of another class than torch.Tensor (td_observer_tensor_type).
+// kFoundHidden where its Python object is of another class than torch.Tensor (td_observer_tensor_type).
 std::atomic<void*> tensor_type{nullptr};  // torch.Tensor, a PyTypeObject*
 
 void settle_detached(ThreadState& thread) {
@@ -1600,7 +1598,7 @@ void settle_detached(ThreadState& thread) {
   if (made_subclass) {
     std::lock_guard<std::mutex> lock(recorder.mutex);
     auto at = row - recorder.first_row;
-    if (at >= 0 && at < static_cast<int64_t>(recorder.mark.size())) recorder.mark[static_cast<size_t>(at)] |= kUnseen;
+    if (at >= 0 && at < static_cast<int64_t>(recorder.mark.size())) recorder.mark[static_cast<size_t>(at)] |= kFoundHidden;
   }
 }
 

@@ -63,11 +63,11 @@ enum OpFlag : int {
 // kCollective: a c10d op, whose outputs are tensors it was handed (its lists, recv_'s argument) and
 // come once its Work completes, after the slots of the rows that ran meanwhile (observer.cpp).
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
-enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8, kUnseen = 16 };
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8, kFoundHidden = 16 };
 // Per row: the observer's marks (observer.cpp's RowMark: kGradOn, grad mode was on, so the op's
 // node, if it makes one, is the one after the last made before it; kCheckpointNode, run by a
 // reentrant checkpoint's node; kNoNode, a forward op whose sequence number no node of its took;
-// kUnseen, a call no dispatch mode sees, skipped as a skipped op's),
+// kFoundHidden, a row found hidden after it was recorded, skipped as a skipped op's),
 // and kRecomputed, which native_recompute.py adds: a recomputation's op or checkpoint's own
 // bookkeeping (phase recompute).
 constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
@@ -553,7 +553,7 @@ int td_walk_rows(void* walk, const int64_t* counts, void* const* columns) {
       out_fwd_module[row] = out_fwd_call[row] = kNone;
       out_fwd_phase[row] = kForward;
       out_stack[row] = row_stack[row];
-      if ((found->second.flags & kSkipped) || (row_mark[row] & kUnseen)) {
+      if ((found->second.flags & kSkipped) || (row_mark[row] & kFoundHidden)) {
         out_phase[row] = kNoPhase;
         out_module[row] = kOutside;
         out_call[row] = 0;

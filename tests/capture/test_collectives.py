@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torchdebug
 from tests import gloo
 from tests.blocks import MLPBlock
+from torchdebug.capture.collectives import completed
 
 
 def collective_calls(rank: int) -> None:
@@ -204,3 +205,37 @@ def test_a_module_output_still_being_reduced_is_recorded_once_reduced(dumps):
         assert module.stats == forward[".out/_c10d_functional.all_reduce.default#0/output.0"].stats, rank
         outputs.append(module.stats)
     assert outputs[0] == outputs[1]
+
+
+class _Work:
+    """A collective's work as ``completed`` asks it: whether it completed, and its future."""
+
+    def __init__(self, completed: bool, future: bool | None) -> None:
+        self._completed, self._future = completed, future
+
+    def is_completed(self) -> bool:
+        return self._completed
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:
+            raise RuntimeError("this work has no future")
+        future: torch.futures.Future = torch.futures.Future()
+        if self._future:
+            future.set_result(None)
+        return future
+
+
+@pytest.mark.parametrize(
+    ("work", "device", "expected"),
+    [
+        (_Work(True, False), "cpu", True),
+        (_Work(False, True), "cpu", True),  # gloo: the future completes before the work
+        (_Work(False, False), "cpu", False),
+        (_Work(False, None), "cpu", False),  # a work with no future
+        (_Work(False, True), "meta", False),  # a device's future tells nothing of the values
+    ],
+    ids=["completed", "future-done", "in-flight", "no-future", "device-future"],
+)
+def test_a_collective_is_complete_once_its_work_or_its_host_future_is(work: _Work, device: str, expected: bool) -> None:
+    outputs = [[torch.zeros(2, device=device)], torch.zeros(1, device=device)]
+    assert completed(work, outputs) is expected

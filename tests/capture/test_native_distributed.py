@@ -4,8 +4,9 @@ Two gloo ranks each dump the same steps both ways, with statistics and fingerpri
 stacks: a model whose forward runs c10d collectives (``dist.all_reduce`` waited and not, list and
 tensor all-gathers, broadcast, reduce-scatter, send and recv, one never waited for) and functional
 collectives on plain tensors (one waited for, one written in place, one left to capture's stop); an
-FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters); and
-a tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters). A
+FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters); a
+tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters); and
+``DistributedDataParallel`` ones (small buckets, and gradients as bucket views). A
 collective's outputs are recorded once its work completes on both paths; where an asynchronous
 collective completes, and so where its outputs land among the records, is up to the threads' timing,
 so the comparison puts each collective's outputs after its inputs first (``_outputs_after_inputs``).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,8 @@ class _Collectives(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         collective_calls(dist.get_rank())
+        summand = torch.full((4,), float(dist.get_rank() + 1), dtype=torch.float16)  # statistics taken at the flush
+        dist.all_reduce(summand)
         y = x * self.scale
         group = dist.group.WORLD.group_name
         functional = torch.ops._c10d_functional.all_reduce(x * 3, "sum", group)
@@ -93,6 +97,17 @@ def _tensor_parallel(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     return model, _training(model, rank, foreach=True)
 
 
+def _ddp(rank: int, **options: bool) -> tuple[nn.Module, Callable[[], object]]:
+    """DDP with buckets of a parameter or two: a bucket's all-reduce runs while the backward goes on,
+    and the bucket's views are read at the backward's end (``gradient_as_bucket_view``: the gradients
+    themselves, read by AdamW)."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(MLPBlock(), MLPBlock(), nn.Linear(8, 4)), bucket_cap_mb=1e-4, **options
+    )
+    return model, _training(model, rank)
+
+
 _VALUES = {"task": "statistics", "checksum": True}
 _STACKS = {"task": "structure", "stack": "all"}
 _PROGRAMS = {
@@ -102,6 +117,8 @@ _PROGRAMS = {
     "fsdp2-structure": (_fsdp2, _STACKS),
     "tp-statistics": (_tensor_parallel, _VALUES),
     "tp-structure": (_tensor_parallel, _STACKS),
+    "ddp-statistics": (_ddp, _VALUES),
+    "ddp-view-statistics": (partial(_ddp, gradient_as_bucket_view=True), _VALUES),
 }
 
 
@@ -157,7 +174,7 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
         on_the_native_path = "torchdebug: op capture on the native path"
         said = json.loads((tmp_path / f"said-{rank}.json").read_text())
         assert said == [on_the_mode] * len(_PROGRAMS) + [on_the_native_path] * len(_PROGRAMS)
-        assert "DistributedDataParallel" in json.loads((tmp_path / f"ddp-{rank}.json").read_text())
+        assert json.loads((tmp_path / f"ddp-{rank}.json").read_text()) is None
         for name in _PROGRAMS:
             python, native = (
                 _outputs_after_inputs(_tensor_records(tmp_path / f"{name}-{path}", rank)) for path in ("python", "native")
@@ -174,7 +191,12 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
         assert mean["_c10d_functional.all_reduce_.default#0/output.0"] == 4.0
         assert mean["_c10d_functional.all_reduce.default#1/output.0"] == 6.0  # waited for at capture's stop
         assert mean["c10d.allreduce_.default#2/output.0.0"] == 2.0  # never waited by the user
+        assert mean["c10d.allreduce_.default#3/input.0.0"] == rank + 1  # float16: kept, copied before the collective wrote it
+        assert mean["c10d.allreduce_.default#3/output.0.0"] == 3.0
         _assert_read_at_the_op(tmp_path, rank)
+    for name in ("ddp-statistics", "ddp-view-statistics"):
+        for path in ("python", "native"):
+            _assert_reduced_alike(tmp_path / f"{name}-{path}")
 
 
 def _optimizer_records(folder: Path, rank: int) -> dict[str, Record]:
@@ -193,3 +215,19 @@ def _assert_read_at_the_op(root: Path, rank: int) -> None:
     for path in ("python", "native"):
         averaged = _optimizer_records(root / f"tp-statistics-{path}", rank)["optimizer/-/aten._foreach_sqrt.default#0/input.0.0"]
         assert averaged.extra["subclass"] == "DTensor" and averaged.stats["norm"] > 0, path
+
+
+def _assert_reduced_alike(folder: Path) -> None:
+    """What DDP reads after its all-reduces is equal on both ranks: its buckets' views at the backward's
+    end (gloo completes a bucket's future before its work, and the reducer views the bucket meanwhile),
+    and the gradients AdamW reads (with ``gradient_as_bucket_view``, the views the reduction wrote
+    without moving their versions)."""
+    reduced = [
+        {
+            (r.step, r.name): (r.stats, r.checksum)
+            for r in _tensor_records(folder, rank)
+            if r.phase == "optimizer" or r.op == "aten.as_strided.default"
+        }
+        for rank in (0, 1)
+    ]
+    assert reduced[0] and reduced[0] == reduced[1], folder.name

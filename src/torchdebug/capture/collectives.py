@@ -86,6 +86,31 @@ def waited_by_caller(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
     return False
 
 
+def completed(work: Any, outputs: list[Any]) -> bool:
+    """Whether a collective's ``work`` has completed, its ``outputs`` final. A work whose future
+    completed counts where the outputs are on the host: gloo marks its future completed before the
+    work itself, and what waited on the future (DDP's reducer, viewing its buckets at the backward's
+    end) runs ops on the final values meanwhile. A device's future (NCCL's, completed once the
+    collective is queued) says nothing of the values: only the work does (native/c10d_work.cpp's
+    rule, by the future's devices)."""
+    if work.is_completed():
+        return True
+    if not all(tensor.device.type == "cpu" for tensor in _tensors(outputs)):
+        return False
+    try:
+        return work.get_future().done()
+    except RuntimeError:  # a work with no future
+        return False
+
+
+def _tensors(values: Iterable[Any]) -> Iterator[torch.Tensor]:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from _tensors(value)
+
+
 class PendingCollectives:
     """Collectives whose outputs wait for their work to complete.
 
@@ -122,7 +147,7 @@ class PendingCollectives:
         pending, self._pending = self._pending, []
         for entry in pending:
             works, waited, outputs, capture_outputs = entry
-            if waited or all(work.is_completed() for work in works):
+            if waited or all(completed(work, outputs) for work in works):
                 capture_outputs(iter_slots(outputs))
             else:
                 still.append(entry)

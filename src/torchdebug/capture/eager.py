@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -625,17 +625,24 @@ class OpCapture:
         self, func: Any, args: tuple, kwargs: dict[str, Any], info: OpInfo, names: _CallNames, out: Any
     ) -> None:
         """A collective's outputs hold other ranks' values once its work completes: recorded then (a
-        functional collective's, once a wait completes the storages it writes into)."""
+        functional collective's, once a wait completes the storages it writes into). A c10d
+        collective writes them without moving their versions: at its completion what was taken of
+        them, and of every tensor on their memory, is taken again (``CaptureSession.wrote``)."""
         works, outputs = split_result(info.name, args, out)
         if info.functional:
             self._functional.writes(outputs)
-        if not self._outputs:
+            if self._outputs:
+                capture = partial(self._add_now, "output", True, info.unread_outputs, names, bumps=False)
+                capture(self._functional.hold(iter_slots(outputs), capture))
             return
-        capture = partial(self._add_now, "output", True, info.unread_outputs, names, bumps=False)
-        if info.functional:
-            capture(self._functional.hold(iter_slots(outputs), capture))
-        else:
-            self._collectives.add(works, waited_by_caller(func, args, kwargs), outputs, capture)
+
+        def completed(slots: Iterator[Slot]) -> None:
+            written = [value for _, value in iter_slots(outputs) if isinstance(value, torch.Tensor)]
+            self.session.wrote(written, _versions(written), False)
+            if self._outputs:
+                self._add_now("output", True, info.unread_outputs, names, slots, bumps=False)
+
+        self._collectives.add(works, waited_by_caller(func, args, kwargs), outputs, completed)
 
     def _add(self, slots: Iterable[Slot], io: str, mutated: bool, unread: dict[str, str], names: _CallNames) -> None:
         """Record one side of a call; slots on a storage a functional collective still writes into

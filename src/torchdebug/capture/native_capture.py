@@ -55,8 +55,6 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return f"level={config.level!r} (the native path records op calls only)"
     if config.task not in _TASKS:
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
-    if _distributed() and model is None and torch.distributed.get_world_size() > 1:
-        return "a distributed run with no model (DistributedDataParallel, whose buckets it may read early, not ruled out)"
     if _distributed() and _works() is None:
         return "a distributed run where c10d_work.cpp cannot be built (the native path reads collectives once they complete)"
     reads = config.task in _READS_VALUES or config.checksum
@@ -92,8 +90,6 @@ def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str
     if not runs_eagerly and next(iter(compiled_methods(model)), None) is not None:
         return "compiled methods in the model (a compiled forward or training_step)"
     for name, module in model.named_modules():
-        if isinstance(module, nn.parallel.DistributedDataParallel):
-            return "DistributedDataParallel (the native path can read its buckets before the reduced values land)"
         if selective(module):
             return f"selective activation checkpointing on {name} (its region runs under a dispatch mode of its own)"
     for parameter in model.parameters():

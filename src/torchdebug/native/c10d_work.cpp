@@ -8,7 +8,8 @@
 // one, and hands its two entry points to the observer (td_observer_use_works).
 //
 // Plain extern "C" entry points taking a pointer to the IValue the op returned. The Work's virtual
-// isCompleted and wait are the same in torch 2.11.0, 2.13.0 and 2.14.1.
+// isCompleted, getFuture and wait, and the future's completed and devices, are the same in torch 2.11.0,
+// 2.13.0 and 2.14.1.
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -28,12 +29,22 @@ c10d::Work* work_of(const void* value) {
 extern "C" {
 
 // 1 when the Work boxed in *value has completed (or *value boxes no Work: nothing to wait for), else 0.
+// A Work whose future completed on the host counts as completed: gloo marks its future completed
+// before the Work itself (finishWorkGloo), and what waited on the future (DDP's reducer, viewing its
+// buckets at the backward's end) runs ops on the reduced values meanwhile. A future on devices
+// (NCCL's, completed once the collective is queued) says nothing of the values: only the Work does.
 int td_work_completed(const void* value) {
   auto* work = work_of(value);
   try {
-    return work == nullptr || work->isCompleted() ? 1 : 0;
+    if (work == nullptr || work->isCompleted()) return 1;
   } catch (...) {  // a failed collective: its outputs are read as they are
     return 1;
+  }
+  try {
+    auto future = work->getFuture();
+    return future && future->completed() && future->devices().empty() ? 1 : 0;
+  } catch (...) {  // a Work with no future
+    return 0;
   }
 }
 

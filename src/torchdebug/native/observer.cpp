@@ -716,6 +716,7 @@ struct OpInfo {
   c10::DispatchKeySet autocast;  // the autocast keys it has a kernel for (mm, bmm, matmul, conv: torch.autocast's lists)
   bool collective = false;  // a c10d op: its outputs are read once its Work completes (Collectives)
   bool receives = false;    // c10d's recv_ and recv_any_source_: their outputs are their first argument
+  bool writes_first = false;  // a c10d op writing its first argument's tensors (all but send, the barriers, check_for_nan)
   int16_t async_arg = -1;   // the position of its async_op argument (false: the caller waits for it at once)
   int8_t functional = 0;    // kFunctionalWrites: a _c10d_functional collective; kFunctionalWaited: its wait_tensor
   int8_t grouped = 0;       // kGrouped: a collective or an fsdp op, which an FSDP2 group may own; kUnshards: FSDP2's copy-in (Owners)
@@ -749,6 +750,23 @@ void forget_reads_of(c10::ArrayRef<const c10::IValue> values) {
       }
     }
   }
+}
+
+// A c10d collective's outputs hold what it wrote, though no version moved: what was read of them, and
+// of every tensor on their storages (a DDP bucket's views, the gradients themselves with
+// gradient_as_bucket_view), is read again (slot_walk.cpp counts the same write at its outputs).
+void collective_wrote(c10::ArrayRef<const c10::IValue> values) {
+  std::lock_guard<std::mutex> lock(reads_mutex);
+  std::function<void(const c10::IValue&)> wrote = [&](const c10::IValue& value) {
+    if (value.isList()) {
+      for (const auto& item : value.toListRef()) wrote(item);
+    } else if (value.isTensor()) {
+      auto* impl = value.unsafeToTensorImpl();
+      forget_read(impl);
+      if (impl->has_storage()) ++storage_writes[address(impl->unsafe_storage().unsafeGetStorageImpl())];
+    }
+  };
+  for (const auto& value : values) wrote(value);
 }
 
 // ---- memory collectives still write: read once final -----------------------------------------------
@@ -1459,7 +1477,7 @@ void complete_collectives(bool finish) {
     }
   }
   for (const auto& entry : ready) {  // c10d's schemas mark no write: what was read of them at its start is gone
-    forget_reads_of(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()));
+    collective_wrote(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()));
     note_in_flight(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), kCollectiveDone);
   }
   std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -1476,7 +1494,7 @@ void end_collective(int64_t at_row, std::pair<bool, c10::IValue>&& call, const s
   for (const auto& result : results) (result.isObject() ? entry.works : entry.outputs).push_back(result);
   if (!call.second.isNone()) entry.outputs.assign(1, std::move(call.second));  // recv_: the list it received into
   if (entry.works.empty() || work_completed.load(std::memory_order_relaxed) == nullptr) {
-    forget_reads_of(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()));
+    collective_wrote(c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()));
     recorder.slots.outputs_wait = false;
     recorder.slots.add_all(at_row, 1, c10::ArrayRef<const c10::IValue>(entry.outputs.data(), entry.outputs.size()), args);
     return;
@@ -1773,6 +1791,8 @@ OpInfo recorded_op_info(const at::RecordFunction& fn) {
     info.functional = kFunctionalWrites;
   }
   info.receives = name->name == "c10d::recv_" || name->name == "c10d::recv_any_source_";
+  info.writes_first = info.collective && name->name != "c10d::send" && name->name != "c10d::barrier" &&
+                      name->name != "c10d::monitored_barrier_" && name->name != "c10d::check_for_nan";
   if (info.collective && handle.has_value()) {
     const auto& arguments = handle->schema().arguments();
     for (size_t position = 0; position < arguments.size(); ++position) {
@@ -1922,19 +1942,13 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
 // The copy is taken with no observer and below autograd (no row, no graph), and takes its slot's
 // version, so the drain hands it over as read (an inference tensor's copy, at no version, is handed
 // over as any inference tensor). Called with the slots' lock held.
-void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_from) {
-  if (writes_from < 0 || slots.kept.empty()) return;
-  auto written = thread.writes.begin() + writes_from;
+template <typename Written>
+void snapshot_kept(Slots& slots, const Written& written) {
   for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
     auto& tensor = slots.kept[entry];
     auto at = static_cast<size_t>(slots.kept_slot[entry]);
     if (!tensor.defined() || slots.flag[at] != kPlain || !tensor.has_storage()) continue;
-    const auto* storage = tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    if (std::none_of(written, thread.writes.end(), [storage](const auto& noted) {
-          return noted.first->has_storage() && noted.first->unsafe_storage().unsafeGetStorageImpl() == storage;
-        })) {
-      continue;
-    }
+    if (!written(tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl())) continue;
     at::Tensor copy;
     {
       at::DisableRecordFunctionGuard no_observer;
@@ -1945,6 +1959,33 @@ void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_fr
     slots.kept_original[entry] = WeakImpl(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());  // the copy holds what the slot read, whatever the tensor becomes
     tensor = std::move(copy);
   }
+}
+
+void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_from) {
+  if (writes_from < 0 || slots.kept.empty()) return;
+  auto written = thread.writes.begin() + writes_from;
+  snapshot_kept(slots, [&](const c10::StorageImpl* storage) {
+    return std::any_of(written, thread.writes.end(), [storage](const auto& noted) {
+      return noted.first->has_storage() && noted.first->unsafe_storage().unsafeGetStorageImpl() == storage;
+    });
+  });
+}
+
+// The same before a c10d collective that writes its first argument (OpInfo::writes_first): its schema
+// marks no write, and its work writes once it completes, by when a kept tensor on that memory (a
+// float16 summand, every tensor on a GPU) would hold other ranks' values.
+void snapshot_collective(Slots& slots, const c10::IValue& first) {
+  if (slots.kept.empty()) return;
+  std::vector<const c10::StorageImpl*> storages;
+  std::function<void(const c10::IValue&)> note = [&](const c10::IValue& value) {
+    if (value.isList()) {
+      for (const auto& item : value.toListRef()) note(item);
+    } else if (is_tensor(value) && value.unsafeToTensorImpl()->has_storage()) {
+      storages.push_back(value.unsafeToTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
+    }
+  };
+  note(first);
+  snapshot_kept(slots, [&](const c10::StorageImpl* storage) { return std::find(storages.begin(), storages.end(), storage) != storages.end(); });
 }
 
 // The call that noted writes from `from` on returned: each written tensor whose version torch did not
@@ -2120,6 +2161,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (info.collective) {
     auto waits = info.async_arg >= 0 && static_cast<size_t>(info.async_arg) < inputs.size() ? inputs[info.async_arg] : c10::IValue();
     thread.frames.back().collective = true;
+    if (info.writes_first && !inputs.empty()) snapshot_collective(recorder.slots, inputs[0]);
     thread.collective_calls.emplace_back(waits.isBool() && !waits.toBool(), info.receives && !inputs.empty() ? inputs[0] : c10::IValue());
   }
   if (keys.has_any(kMathBits)) {

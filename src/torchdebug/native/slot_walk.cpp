@@ -794,6 +794,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     bool row_writes = false;  // the row's op has a mutable schema: its tensor arguments' storages may be written
     bool row_collective = false;  // the row's op is a collective: its outputs are tensors it was handed
     std::vector<int64_t> written;  // their storages, counted as written once its inputs are walked
+    std::vector<int64_t> collective_written;  // the storages of a collective row's outputs, counted as written at the first
     auto count_written = [&]() {
       for (auto at : written) ++state.writes_into[at];
       written.clear();
@@ -828,6 +829,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         bool named = index >= 0 && index < static_cast<int64_t>(state.forward_of.size());  // (a walk without td_walk_rows: none)
         differentiates = named ? state.forward_of[static_cast<size_t>(index)] : kNone;
         row_writes = row_collective = false;
+        collective_written.clear();
         if (index >= 0 && index < rows) {
           auto found = state.ops.find(row_op[index]);
           if (found == state.ops.end()) return -1;  // facts not given: the caller's error
@@ -843,6 +845,13 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         written.push_back(storage);
       } else if (io) {
         count_written();  // before its outputs: they hold what it wrote
+        // A collective's outputs come once its work completed, having written them, though no version
+        // moved: what was seen on their memory is read again (CaptureSession.wrote at the completion).
+        if (row_collective && flag == kPlain &&
+            std::find(collective_written.begin(), collective_written.end(), storage) == collective_written.end()) {
+          collective_written.push_back(storage);
+          ++state.writes_into[storage];
+        }
       }
       if (flag == kValue) {  // recorded as it is, where its row and side are
         if (op != nullptr && (io ? want_outputs : want_inputs)) {

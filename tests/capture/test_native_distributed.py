@@ -6,7 +6,8 @@ tensor all-gathers, broadcast, reduce-scatter, send and recv, one never waited f
 collectives on plain tensors (one waited for, one written in place, one left to capture's stop); an
 FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters); a
 tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters); and
-``DistributedDataParallel`` ones (small buckets, and gradients as bucket views). A
+``DistributedDataParallel`` ones (small buckets, gradients as bucket views, a micro-batch accumulated
+under ``no_sync``). A
 collective's outputs are recorded once its work completes on both paths; where an asynchronous
 collective completes, and so where its outputs land among the records, is up to the threads' timing,
 so the comparison puts each collective's outputs after its inputs first (``_outputs_after_inputs``).
@@ -97,15 +98,35 @@ def _tensor_parallel(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     return model, _training(model, rank, foreach=True)
 
 
-def _ddp(rank: int, **options: bool) -> tuple[nn.Module, Callable[[], object]]:
+def _ddp_model(**options: bool) -> nn.Module:
     """DDP with buckets of a parameter or two: a bucket's all-reduce runs while the backward goes on,
     and the bucket's views are read at the backward's end (``gradient_as_bucket_view``: the gradients
     themselves, read by AdamW)."""
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(
+    return nn.parallel.DistributedDataParallel(
         nn.Sequential(MLPBlock(), MLPBlock(), nn.Linear(8, 4)), bucket_cap_mb=1e-4, **options
     )
+
+
+def _ddp(rank: int, **options: bool) -> tuple[nn.Module, Callable[[], object]]:
+    model = _ddp_model(**options)
     return model, _training(model, rank)
+
+
+def _ddp_accumulating(rank: int) -> tuple[nn.Module, Callable[[], object]]:
+    """DDP accumulating a micro-batch's gradients under ``no_sync`` (no all-reduce) before the one reduced."""
+    model = _ddp_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+
+    def step() -> None:
+        with model.no_sync():
+            model(batch).square().mean().backward()
+        model(batch * 2).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return model, step
 
 
 _VALUES = {"task": "statistics", "checksum": True}
@@ -119,6 +140,7 @@ _PROGRAMS = {
     "tp-structure": (_tensor_parallel, _STACKS),
     "ddp-statistics": (_ddp, _VALUES),
     "ddp-view-statistics": (partial(_ddp, gradient_as_bucket_view=True), _VALUES),
+    "ddp-accumulating-statistics": (_ddp_accumulating, _VALUES),
 }
 
 
@@ -194,7 +216,7 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
         assert mean["c10d.allreduce_.default#3/input.0.0"] == rank + 1  # float16: kept, copied before the collective wrote it
         assert mean["c10d.allreduce_.default#3/output.0.0"] == 3.0
         _assert_read_at_the_op(tmp_path, rank)
-    for name in ("ddp-statistics", "ddp-view-statistics"):
+    for name in ("ddp-statistics", "ddp-view-statistics", "ddp-accumulating-statistics"):
         for path in ("python", "native"):
             _assert_reduced_alike(tmp_path / f"{name}-{path}")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -183,6 +184,32 @@ def test_a_graph_dump_that_cannot_be_written_leaves_the_compiled_training_as_it_
     records = dump.records()
     assert {record.step for record in records} == set(range(FAULT_STEP))
     assert all(list(dump.load_tensor(r).shape) == r.shape for r in records if r.tensor is not None and r.step < FAULT_STEP - 1)
+
+
+def test_a_graph_dumps_flush_returns_once_its_tensor_files_are_written(tmp_path, monkeypatch):
+    """``data_dump.flush()`` writes the tensor files captured so far before it returns, on a slow disk
+    too (the test above flushes before its writes fail, and once met a step-0 file written late)."""
+    from torchdebug.compile import CompilerConfig, get_backend
+    from torchdebug.store._tensor_batch import TensorBatch
+
+    write = TensorBatch.write
+
+    def slowly(batch: TensorBatch, path: Path, metadata: dict[str, str]) -> None:
+        time.sleep(0.3)
+        write(batch, path, metadata)
+
+    monkeypatch.setattr(TensorBatch, "write", slowly)
+    config = CompilerConfig(backend="aot_eager")
+    config.dump_config.enable_dump = True
+    config.dump_config.dump_path = str(tmp_path)
+    config.dump_config.task = "tensor"
+    backend = get_backend(config)
+    compiled = torch.compile(nn.Linear(8, 1), backend=backend)
+    compiled(torch.randn(4, 8)).square().mean().backward()
+    backend.data_dump.flush()
+    assert list((backend.data_dump.rank_dir / layout.TENSORS).glob("step0-*.safetensors"))
+    backend.data_dump.close()
+    torch._dynamo.reset()
 
 
 def _one_rank_cannot_write(rank: int, root: str) -> None:

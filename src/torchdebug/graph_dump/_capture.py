@@ -529,8 +529,9 @@ class GraphCapture:
         return self.session.writer.rank_dir
 
     def flush(self) -> None:
-        """Write everything captured so far to disk (waits for the writer thread)."""
-        self.session.flush(wait=True)
+        """Write everything captured so far to disk, records and tensor files (waits for the writer
+        threads: a tensor file still queued would be written after the call returns)."""
+        self.session.flush(wait=True, tensors=True)
 
     def close(self) -> None:
         """Flush, write the completion marker and stop listening to graphs. Safe to call twice."""

@@ -20,7 +20,6 @@ from torchdebug._torch.checkpoint import (
     REENTRANT_NODE,
     in_bookkeeping,
     in_recomputation,
-    selective,
 )
 from torchdebug._torch.nn import WRAPPER_ATTRIBUTES, strip_wrappers
 from torchdebug.compare._flow_alignment import aligned_op
@@ -112,28 +111,15 @@ def _train_step(flavour: str, path=None, **options):
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
-    """A captured step of the plain model and of each checkpointed flavour, and the warnings seen;
-    and the plain model's on the dispatch mode, which selective checkpointing takes (the dump each
-    flavour is compared with: ``_plain``)."""
+    """A captured step of the plain model and of each checkpointed flavour, and the warnings seen."""
     root = tmp_path_factory.mktemp("checkpointing")
     out = {}
-    for flavour in ("plain", *FLAVOURS, _PLAIN_ON_THE_MODE):
-        with warnings.catch_warnings(record=True) as caught, pytest.MonkeyPatch.context() as patch:
+    for flavour in ("plain", *FLAVOURS):
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            if flavour == _PLAIN_ON_THE_MODE:
-                patch.setenv("TORCHDEBUG_NATIVE", "0")
-            loss, grads = _train_step(flavour.partition(" ")[0], root / flavour)
+            loss, grads = _train_step(flavour, root / flavour)
         out[flavour] = {"path": root / flavour, "loss": loss, "grads": grads, "warnings": [str(w.message) for w in caught]}
     return out
-
-
-_PLAIN_ON_THE_MODE = "plain on the mode"
-
-
-def _plain(dumps, flavour: str):  # noqa: ANN001, ANN202
-    """The plain dump a flavour's is compared with: one of the same capture path (a dispatch mode makes
-    torch run other ops: docs/capture.md)."""
-    return dumps[_PLAIN_ON_THE_MODE if flavour == "selective" else "plain"]
 
 
 def _records(dump):
@@ -152,7 +138,7 @@ def test_loss_and_gradients_are_bit_identical_with_capture_on_and_off(dumps, fla
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_a_checkpointed_run_compares_clean_against_a_plain_one(dumps, flavour):
-    result = torchdebug.compare(dumps[flavour]["path"], _plain(dumps, flavour)["path"])
+    result = torchdebug.compare(dumps[flavour]["path"], dumps["plain"]["path"])
     coverage = result.coverage()
     for side in "ab":
         assert coverage[side]["matched"] >= 0.98 * coverage[side]["rows"], result.summary()
@@ -189,7 +175,7 @@ def test_backward_calls_are_numbered_as_without_checkpointing(dumps, flavour):
         named = (r for r in records if r.phase == "backward" and r.op != DETACH)
         return {r.name.replace(r.op, aligned_op(r.op)): r.fwd for r in named}
 
-    assert backward(_records(dumps[flavour])) == backward(_records(_plain(dumps, flavour)))
+    assert backward(_records(dumps[flavour])) == backward(_records(dumps["plain"]))
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -289,4 +275,3 @@ def test_symbolized_frames_tell_checkpoint_functions_by_file_name_and_line():
     assert in_recomputation([("user.py", 3, "forward"), inside])
     assert not in_recomputation([(code.co_filename, max(body) + 200, "recompute_fn"), ("other.py", max(body), "recompute_fn")])
     assert not in_bookkeeping([inside])
-    assert selective(TinyGPT("selective").blocks[0]) and not selective(TinyGPT("wrapper").blocks[0])

@@ -468,8 +468,17 @@ def _checkpointed_training(flavour: str) -> Training:
         ("non_reentrant", {"task": "statistics", "checksum": True}),
         ("reentrant", {"task": "statistics"}),
         ("wrapper", {"task": "statistics"}),
+        ("selective", {"task": "statistics", "checksum": True}),
+        ("selective", {"task": "structure"}),
     ],
-    ids=["non_reentrant-structure", "non_reentrant-statistics+checksum", "reentrant-statistics", "wrapper-statistics"],
+    ids=[
+        "non_reentrant-structure",
+        "non_reentrant-statistics+checksum",
+        "reentrant-statistics",
+        "wrapper-statistics",
+        "selective-statistics+checksum",
+        "selective-structure",
+    ],
 )
 def test_a_checkpointed_model_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, flavour, options) -> None:
     """Recomputed ops are phase ``recompute``, paired with the forward calls they repeat, the
@@ -894,14 +903,13 @@ def test_an_argument_with_a_math_bit_is_cloned_before_the_op_on_both_paths(tmp_p
     assert all(record.value_id in clones for record in products if record.arg == "0")  # each reads its clone
 
 
-def test_selective_checkpointing_goes_to_the_dispatch_mode(monkeypatch) -> None:
-    """Selective checkpointing runs its regions under a dispatch mode of its own, which hides them from the observer."""
+def test_selective_checkpointing_takes_the_native_path(monkeypatch) -> None:
+    """Selective checkpointing runs its regions under a dispatch mode of its own, whose handler's calls
+    the observer records (``test_a_checkpointed_model_dumps_the_same_records_on_both_paths``)."""
     from tests.capture.test_checkpointing import TinyGPT
 
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
-    config = DebuggerConfig.from_dict({})
-    assert "selective activation checkpointing on blocks.0" in why_not_native(config, TinyGPT("selective"))
-    assert why_not_native(config, TinyGPT("wrapper")) is None
+    assert why_not_native(DebuggerConfig.from_dict({}), TinyGPT("selective")) is None
 
 
 class _HookedBlock(nn.Module):
@@ -961,31 +969,39 @@ def test_a_dispatch_mode_entered_before_capture_is_seen_through_on_both_paths(tm
     assert "aten.addmm.default" in {record.op for record in native}
 
 
-def test_ops_under_a_dispatch_mode_of_another_tool_are_said_once(tmp_path, monkeypatch, caplog) -> None:
-    """Ops run under a dispatch mode entered after capture started reach a capture mode below it,
-    never the observer: the native path says how many, once, and names the way out."""
+def _scaled_training() -> tuple[nn.Module, Callable[[], None]]:
+    """A step whose forward runs under a user's dispatch mode entered inside it (``_Scaling``)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
 
-    class Passing(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            return func(*args, **(kwargs or {}))
+    def step() -> None:
+        with _Scaling():
+            loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
 
-    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
-    model = nn.Linear(4, 4)
-    with caplog.at_level(logging.WARNING, logger="torchdebug.capture.native_capture"):
-        with torchdebug.Debugger(tmp_path, task="structure") as debugger:
-            for _ in range(2):
-                debugger.start(model)
-                model(torch.ones(2, 4)).sum().backward()
-                with Passing():
-                    model(torch.ones(2, 4)).relu()
-                debugger.step()
-    said = [record.getMessage() for record in caplog.records if "dispatch mode of another tool" in record.getMessage()]
-    assert len(said) == 1 and said[0].startswith("torchdebug: 3 op calls of step 0") and "TORCHDEBUG_NATIVE=0" in said[0]
-    forward = {r.call_name for r in torchdebug.load(tmp_path).ranks[0].records() if r.phase == "forward" and r.step == 0}
-    assert (
-        "forward/<root>/aten.addmm.default#0" in forward
-        and not {"forward/<root>/aten.addmm.default#1", "forward/-/aten.relu.default#0"} & forward
-    )
+    return model, step
+
+
+def test_a_dispatch_mode_entered_in_the_step_dumps_its_handlers_calls_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """A capture mode sits below a mode entered after it started, and sees the calls that mode's
+    handler makes (the op it was handed, and ``_Scaling``'s ``mul``), not the ones made under it: so
+    does the observer, each call linked to the node its op made (the backward's names and ``fwd``).
+    Value ids are not compared: under such a mode autograd saves ``relu``'s output through a
+    ``detach`` both paths record, whose output the mode's backward reads, where the native path's
+    reads the output itself (docs/architecture.md, "The native path (issue 48)")."""
+    python = _dump(tmp_path, monkeypatch, caplog, _scaled_training, native=False, task="statistics", stack="none")
+    native = _dump(tmp_path, monkeypatch, caplog, _scaled_training, native=True, task="statistics", stack="none")
+    for step in (0, 1):
+        got = [r for r in native if r.step == step]
+        expected, _ = without_mode([r for r in python if r.step == step], got)
+        assert [(r.name, r.shape, r.fwd, r.stats) for r in got] == [(name, r.shape, fwd, r.stats) for r, name, fwd in expected]
+    forward = [r.call_name for r in native if r.step == 0 and r.phase == "forward" and r.io == "input"]
+    assert "forward/0/aten.addmm.default#0" in forward and "forward/0/aten.mul.Tensor#0" in forward
+    assert any(r.fwd == "forward/0/aten.addmm.default#0" for r in native if r.phase == "backward")
 
 
 def test_ops_inside_a_torch_func_transform_are_said_and_not_recorded_in_its_place(tmp_path, monkeypatch, caplog) -> None:

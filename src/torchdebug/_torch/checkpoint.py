@@ -166,14 +166,6 @@ in_bookkeeping = _frames_running(BOOKKEEPING_CODES)
 """Whether frames taken at an op hold one of checkpoint's own functions: the native path's :func:`bookkeeping`."""
 
 
-def selective(module: Any) -> bool:
-    """Whether ``module`` is a ``checkpoint_wrapper`` given a ``context_fn`` (selective checkpointing,
-    whose region runs under a dispatch mode of its own): its ``checkpoint_fn`` is a
-    ``functools.partial`` of ``checkpoint`` holding the keyword (torch 2.11.0 through 2.14.1)."""
-    keywords = getattr(getattr(module, "checkpoint_fn", None), "keywords", {})
-    return type(module).__name__ == "CheckpointWrapper" and "context_fn" in keywords
-
-
 def reentrant(node: Any) -> bool:
     """Whether ``node`` is a reentrant checkpoint's own node: the ops it runs directly re-run its
     region from the first op, and the node's sequence number is the one its region's forward ops
@@ -192,5 +184,4 @@ __all__ = [
     "in_bookkeeping",
     "in_recomputation",
     "reentrant",
-    "selective",
 ]

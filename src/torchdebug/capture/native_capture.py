@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchdebug._torch.checkpoint import selective
 from torchdebug._torch.nn import compiled_methods, compiled_modules
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.collectives import DISTRIBUTED_DIR
@@ -89,9 +88,6 @@ def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str
         return "compiled modules in the model"
     if not runs_eagerly and next(iter(compiled_methods(model)), None) is not None:
         return "compiled methods in the model (a compiled forward or training_step)"
-    for name, module in model.named_modules():
-        if selective(module):
-            return f"selective activation checkpointing on {name} (its region runs under a dispatch mode of its own)"
     for parameter in model.parameters():
         if is_subclass(parameter) and not _is_dtensor(parameter):
             return "tensor subclass parameters other than DTensors (float8, NF4 weights)"
@@ -168,13 +164,12 @@ class NativeOpCapture:
         self.rows.stop()
         self.observer.finish_functional()
         ops = self.observer.drain()
-        hidden = self.observer.hidden_by_modes()
+        hidden = self.observer.hidden_in_transforms()
         if hidden and not self._told_hidden:  # not seen from the model before the run
             self._told_hidden = True
             logger.warning(
-                "torchdebug: %d op calls of step %d ran under a dispatch mode of another tool (selective activation "
-                "checkpointing, a mode of yours) or a torch.func transform (vmap, grad): the native path does not "
-                "see them; TORCHDEBUG_NATIVE=0 captures them through the dispatch mode",
+                "torchdebug: %d op calls of step %d ran inside a torch.func transform (vmap, grad): the native path "
+                "does not see them; TORCHDEBUG_NATIVE=0 captures them through the dispatch mode",
                 hidden,
                 self.session.step,
             )

@@ -32,10 +32,13 @@
 //     its kernel calls: those calls are hidden as any kernel's;
 //   - an op called while the thread excludes the Python key is hidden, with all it calls: no
 //     dispatch mode sees it (torch.tensor(data) builds its tensor so: empty, to, detach_); so is one
-//     called while a Python dispatch mode is active: FakeTensorMode while Dynamo compiles (which a
-//     capture mode ignoring compile internals lets through), or a mode of the user's; and one called
+//     called while torch's fake, proxy or functional mode is active: FakeTensorMode while Dynamo
+//     compiles (which a capture mode ignoring compile internals lets through); and one called
 //     inside a torch.func transform (vmap, grad), whose batched ops a mode sees as the plain ops
 //     beneath (in_transform);
+//   - an op called under a dispatch mode entered after the observer started (selective
+//     checkpointing's, a user's) is transparent: a capture mode, below that mode, sees the calls its
+//     handler makes with the mode popped, which are recorded as any;
 //   - every other op is recorded: inputs at its start, outputs at its end, but for a c10d
 //     collective's outputs, read once its Work completes, and memory a collective still writes, read
 //     once final (see Collectives).
@@ -1826,10 +1829,11 @@ bool frames_wanted(ThreadState& thread, const Row& row, bool frame_op) {
 // Dispatch modes. A capture mode entered at start sits above the modes active then (a user's, outer
 // to the capture): it sees each op and the outputs their handlers return, as the observer does. It
 // sits below a mode entered later (selective checkpointing's, a user's inside the step), whose
-// handler's own calls only it sees: the observer hides the ops called under such a mode, counts them
-// (Python warns of them), and hides every op under torch's infra modes (FakeTensorMode, proxy,
-// functional: compile internals, which capture ignores).
-std::atomic<int64_t> hidden_by_modes{0};
+// handler's own calls (with that mode popped) it sees: the observer records those calls, not the
+// ones made under the mode (transparent), and hides every op under torch's infra modes (FakeTensorMode,
+// proxy, functional: compile internals, which capture ignores). The op calls inside a torch.func
+// transform are hidden too (in_transform), and counted: Python warns of them.
+std::atomic<int64_t> hidden_in_transforms{0};
 int64_t outer_modes = 0;  // the user modes active when the observer started
 
 int64_t infra_modes() {
@@ -1842,9 +1846,6 @@ int64_t infra_modes() {
 }
 
 int64_t user_modes() { return c10::impl::TorchDispatchModeTLS::stack_len() - infra_modes(); }
-
-// Whether the modes active now hide an op from a capture mode entered at start.
-bool hides_ops() { return infra_modes() > 0 || user_modes() > outer_modes; }
 
 // Whether the op runs inside a torch.func transform (vmap, grad, jacrev: functorch's dynamic layer
 // includes its front key meanwhile). A capture mode sees the ops the transform's batching rules and
@@ -2063,16 +2064,21 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   Frame* parent = enclosing_op(thread);
   bool excluded = c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python);
   bool transform = !excluded && in_transform();
-  if (excluded || transform || (c10::impl::TorchDispatchModeTLS::stack_len() > 0 && hides_ops())) {
-    if (!excluded && (parent == nullptr || parent->kind != kHidden) && (transform || user_modes() > outer_modes)) {
-      hidden_by_modes.fetch_add(1, std::memory_order_relaxed);
-    }
+  if (excluded || transform || (c10::impl::TorchDispatchModeTLS::stack_len() > 0 && infra_modes() > 0)) {
+    if (transform && (parent == nullptr || parent->kind != kHidden)) hidden_in_transforms.fetch_add(1, std::memory_order_relaxed);
     thread.frames.push_back({kHidden, false, false, -1});  // out of a dispatch mode's sight, or inside another's
     return nullptr;
   }
   if (parent != nullptr &&
       (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live && !math_bit_clone(*parent, fn)))) {
     thread.frames.push_back({kHidden, false, false, -1});  // inside a kernel below autograd
+    return nullptr;
+  }
+  // A dispatch mode entered after the observer started (selective checkpointing's, a user's) sits
+  // above where a capture mode would: that mode sees the calls the handler makes, with the mode
+  // popped meanwhile (and the ops those calls are made of), not this one, which is transparent.
+  if (user_modes() > outer_modes) {
+    thread.frames.push_back({kTransparent, false, false, -1});
     return nullptr;
   }
   auto inputs = fn.inputs();
@@ -2325,7 +2331,7 @@ int td_observer_start(int requested_level) {
   level.store(requested_level);
   owner = std::this_thread::get_id();
   state = ThreadState{};
-  hidden_by_modes.store(0);
+  hidden_in_transforms.store(0);
   outer_modes = user_modes();
   forget_reads();
   {
@@ -2555,8 +2561,8 @@ void td_observer_checkpoint(const char* node, const char* ops) {
   ops_epoch.fetch_add(1, std::memory_order_release);
 }
 
-// The op calls hidden by another dispatch mode since the last call (hidden_by_modes).
-int64_t td_observer_hidden_by_modes() { return hidden_by_modes.exchange(0); }
+// The op calls hidden inside torch.func transforms since the last call (hidden_in_transforms).
+int64_t td_observer_hidden_in_transforms() { return hidden_in_transforms.exchange(0); }
 
 // Take the Python frames of each forward op from the rows recorded from now on (want != 0), or no longer.
 void td_observer_want_stacks(int want) { want_stacks.store(want != 0); }

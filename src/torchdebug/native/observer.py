@@ -254,7 +254,7 @@ class NativeObserver:
         library.td_observer_value_texts.restype = ctypes.c_void_p
         library.td_observer_checkpoint.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         library.td_observer_checkpoint.restype = None
-        library.td_observer_hidden_by_modes.restype = ctypes.c_int64
+        library.td_observer_hidden_in_transforms.restype = ctypes.c_int64
         library.td_observer_parameters.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_parameters.restype = None
         library.td_observer_accumulating.restype = ctypes.c_int
@@ -317,11 +317,11 @@ class NativeObserver:
         on, and the ops after one in its node): their frames tell checkpointing's own calls."""
         self._lib.td_observer_checkpoint(node.encode(), "".join(f"{op}\n" for op in ops).encode())
 
-    def hidden_by_modes(self) -> int:
-        """The op calls since the last call that ran under a dispatch mode of another tool (selective
-        checkpointing's, a user's; not torch's fake, proxy or functional modes): a capture mode below
-        it would see them, the observer does not."""
-        return int(self._lib.td_observer_hidden_by_modes())
+    def hidden_in_transforms(self) -> int:
+        """The op calls since the last call that ran inside a torch.func transform (vmap, grad): a
+        capture mode sees the plain ops its batching rules run, which the observer cannot tell from a
+        kernel's own calls."""
+        return int(self._lib.td_observer_hidden_in_transforms())
 
     def want_values(self, enabled: bool = True) -> None:
         """Record each op's non-tensor arguments (those a dispatch mode is handed: not left at their

@@ -106,9 +106,12 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
     its input, an out-of-place gradient sum's output the buffer summed into in place. Fails on any
     other difference in the calls' order."""
     calls = call_groups(python)
-    # calls told by op and module: a mode-only detach among the AccumulateGrad detaches of parameters
-    want_ops = [(call[0].op, call[0].module) for call in calls]
-    got_ops = [(call[0].op, call[0].module) for call in call_groups(native)]
+    # calls told by op and module: a mode-only detach among the AccumulateGrad detaches of parameters;
+    # and by source line where both dumps took stacks: among a recomputation's (the mode's unpacks in
+    # its backward, at the backward's line)
+    lines = any(r.source for r in python) and any(r.source for r in native)
+    want_ops = [(call[0].op, call[0].module, call[0].source if lines else None) for call in calls]
+    got_ops = [(call[0].op, call[0].module, call[0].source if lines else None) for call in call_groups(native)]
     kept: list[tuple[list[Record], str]] = []
     aliases: dict[int, int] = {}
     for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, want_ops, got_ops, autojunk=False).get_opcodes():
@@ -120,9 +123,9 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
             _MODE_RENAMES.get(call[0].op) if call[0].phase == "backward" or call[0].op in _ANY_PHASE else None for call in real
         ]
         if len(real) == b1 - b0:  # a composite kernel's step taken out of place under the mode
-            natives = [got for got, _ in got_ops[b0:b1]]
+            natives = [got for got, _, _ in got_ops[b0:b1]]
             ops = [got if op is None and _in_place_of(call[0].op, got) else op for op, call, got in zip(ops, real, natives)]
-        if [(op, call[0].module) for op, call in zip(ops, real)] != got_ops[b0:b1]:
+        if [(op, call[0].module, call[0].source if lines else None) for op, call in zip(ops, real)] != got_ops[b0:b1]:
             raise AssertionError(f"{tag}: eager {want_ops[a0:a1]} against native {got_ops[b0:b1]}")
         kept += zip(real, ops)
         in_place = {id(call) for call, op in zip(real, ops) if _in_place_of(call[0].op, op)}

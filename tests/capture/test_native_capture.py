@@ -17,9 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import checkpoint
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from tests.blocks import MLPBlock
 from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
 from torchdebug.capture import native_records
 from torchdebug.capture.native_capture import why_not_native
@@ -903,6 +905,44 @@ def test_an_argument_with_a_math_bit_is_cloned_before_the_op_on_both_paths(tmp_p
     assert all(record.value_id in clones for record in products if record.arg == "0")  # each reads its clone
 
 
+class _CheckpointedBlock(nn.Module):
+    """An ``MLPBlock`` run through a non-reentrant checkpoint, then one run plainly and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = MLPBlock(), MLPBlock(), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.b(checkpoint(self.a, x, use_reentrant=False)))
+
+
+def _accumulating_training() -> tuple[nn.Module, Callable[[], None]]:
+    """Two micro-batches' gradients through ``_CheckpointedBlock``, then an SGD step."""
+    torch.manual_seed(0)
+    model = _CheckpointedBlock()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        model(x * 2).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return model, step
+
+
+def test_micro_batches_through_a_checkpoint_dump_the_same_records_and_stacks_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+    """Each backward recomputes its micro-batch's region: the recomputation's ``detach``es (its pack
+    hook's, at the checkpointed block's line) are the native path's records as the mode's, told from
+    the mode's own at the backward's line by their stacks."""
+    python = _dump(tmp_path, monkeypatch, caplog, _accumulating_training, native=False, task="statistics", stack="all")
+    native = _dump(tmp_path, monkeypatch, caplog, _accumulating_training, native=True, task="statistics", stack="all")
+    _assert_same_dumps(python, native)
+    recomputed = [r for r in native if r.step == 0 and r.phase == "recompute" and r.op == "aten.detach.default"]
+    assert len({r.call_name for r in recomputed}) == 6 and all(r.source.endswith("blocks.py:16 in forward") for r in recomputed)
+
+
 def test_selective_checkpointing_takes_the_native_path(monkeypatch) -> None:
     """Selective checkpointing runs its regions under a dispatch mode of its own, whose handler's calls
     the observer records (``test_a_checkpointed_model_dumps_the_same_records_on_both_paths``)."""
@@ -1340,8 +1380,6 @@ class _DroppedOut(nn.Module):
         return self.drop(torch.relu(self.a(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint
-
         return self.b(checkpoint(self.block, x, use_reentrant=False)).square().mean()
 
 

@@ -2064,7 +2064,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   Frame* parent = enclosing_op(thread);
   bool excluded = c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python);
   bool transform = !excluded && in_transform();
-  if (excluded || transform || (c10::impl::TorchDispatchModeTLS::stack_len() > 0 && infra_modes() > 0)) {
+  bool modes = c10::impl::TorchDispatchModeTLS::stack_len() > 0;
+  if (excluded || transform || (modes && infra_modes() > 0)) {
     if (transform && (parent == nullptr || parent->kind != kHidden)) hidden_in_transforms.fetch_add(1, std::memory_order_relaxed);
     thread.frames.push_back({kHidden, false, false, -1});  // out of a dispatch mode's sight, or inside another's
     return nullptr;
@@ -2077,7 +2078,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   // A dispatch mode entered after the observer started (selective checkpointing's, a user's) sits
   // above where a capture mode would: that mode sees the calls the handler makes, with the mode
   // popped meanwhile (and the ops those calls are made of), not this one, which is transparent.
-  if (user_modes() > outer_modes) {
+  if (modes && user_modes() > outer_modes) {
     thread.frames.push_back({kTransparent, false, false, -1});
     return nullptr;
   }

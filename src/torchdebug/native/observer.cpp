@@ -1974,7 +1974,7 @@ void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_fr
 
 // The same before a c10d collective that writes its first argument (OpInfo::writes_first): its schema
 // marks no write, and its work writes once it completes, by when a kept tensor on that memory (a
-// float16 summand, every tensor on a GPU) would hold other ranks' values.
+// float16 or complex summand, whose statistics wait for the flush) would hold other ranks' values.
 void snapshot_collective(Slots& slots, const c10::IValue& first) {
   if (slots.kept.empty()) return;
   std::vector<const c10::StorageImpl*> storages;
@@ -1986,7 +1986,9 @@ void snapshot_collective(Slots& slots, const c10::IValue& first) {
     }
   };
   note(first);
-  snapshot_kept(slots, [&](const c10::StorageImpl* storage) { return std::find(storages.begin(), storages.end(), storage) != storages.end(); });
+  snapshot_kept(slots, [&](const c10::StorageImpl* storage) {
+    return std::find(storages.begin(), storages.end(), storage) != storages.end();
+  });
 }
 
 // The call that noted writes from `from` on returned: each written tensor whose version torch did not

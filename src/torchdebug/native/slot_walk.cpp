@@ -794,7 +794,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     bool row_writes = false;  // the row's op has a mutable schema: its tensor arguments' storages may be written
     bool row_collective = false;  // the row's op is a collective: its outputs are tensors it was handed
     std::vector<int64_t> written;  // their storages, counted as written once its inputs are walked
-    std::vector<int64_t> collective_written;  // the storages of a collective row's outputs, counted as written at the first
+    std::vector<int64_t> collective_written;  // a collective row's output storages, each counted written at its first slot
     auto count_written = [&]() {
       for (auto at : written) ++state.writes_into[at];
       written.clear();

@@ -4,7 +4,8 @@ Two gloo ranks each dump the same steps both ways, with statistics and fingerpri
 stacks: a model whose forward runs c10d collectives (``dist.all_reduce`` waited and not, list and
 tensor all-gathers, broadcast, reduce-scatter, send and recv, one never waited for) and functional
 collectives on plain tensors (one waited for, one written in place, one left to capture's stop); an
-FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters); a
+FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters), and
+one with the blocks under selective activation checkpointing; a
 tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters); and
 ``DistributedDataParallel`` ones (small buckets, gradients as bucket views, a micro-batch accumulated
 under ``no_sync``). A
@@ -89,6 +90,33 @@ def _fsdp2(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     return model, _training(model, rank)
 
 
+def _keep_matmuls(context: object, func: object, *args: object, **kwargs: object) -> object:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return (
+        CheckpointPolicy.MUST_SAVE
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        else CheckpointPolicy.PREFER_RECOMPUTE
+    )
+
+
+def _fsdp2_selective(rank: int) -> tuple[nn.Module, Callable[[], object]]:
+    """FSDP2 over blocks under selective activation checkpointing (their matmuls kept): a block's
+    ``relu`` output, recomputed in the backward, is saved by its own node and by the next matmul's."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    torch.manual_seed(0)
+    context = partial(create_selective_checkpoint_contexts, _keep_matmuls)
+    blocks = [checkpoint_wrapper(MLPBlock(), checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=context) for _ in range(2)]
+    model = nn.Sequential(*blocks, nn.Linear(8, 4))
+    for block in model[:2]:
+        fully_shard(block)
+    fully_shard(model)
+    return model, _training(model, rank)
+
+
 def _tensor_parallel(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -136,6 +164,7 @@ _PROGRAMS = {
     "structure": (_collectives, _STACKS),
     "fsdp2-statistics": (_fsdp2, _VALUES),
     "fsdp2-structure": (_fsdp2, _STACKS),
+    "fsdp2-selective-statistics": (_fsdp2_selective, _VALUES),
     "tp-statistics": (_tensor_parallel, _VALUES),
     "tp-structure": (_tensor_parallel, _STACKS),
     "ddp-statistics": (_ddp, _VALUES),

@@ -1527,7 +1527,7 @@ constexpr char kEvaluateFunction[] = "autograd::engine::evaluate_function: ";
 // the reduction of each gradient to its input's shape (validate_outputs: sum_to) and its
 // accumulation into the next nodes' input buffers. Ops in it are that node's backward ops.
 
-enum FrameKind : int8_t { kHidden, kRecorded, kPending, kDeferred, kTransparent, kBackward };
+enum FrameKind : int8_t { kHidden, kRecorded, kPending, kDeferred, kTransparent, kBackward, kModeCall };
 // kRecorded: a row; what it calls below autograd is hidden. kPending: a kMaybeComposite op whose row
 // waits in a stash until what runs inside it tells whether it decomposed. kDeferred: a recorded op
 // whose autograd kernel called an op before its redispatch (an in-place op saving self.clone() for
@@ -1581,6 +1581,9 @@ struct ThreadState {
   std::vector<int64_t> accumulations;  // the contexts of the parameters whose accumulation runs, innermost last
   std::vector<std::vector<c10::IValue>> math_bit_calls;  // the arguments of the frames that materialize some, innermost last
   std::vector<std::pair<bool, c10::IValue>> collective_calls;  // of the open c10d ops: waited at once, the list it receives into
+  // Of the open kModeCall frames, innermost last: the op, its sequence number and the last one made
+  // before it, which the handler's call of that op records (below autograd, that call has none).
+  std::vector<std::tuple<int32_t, int64_t, int64_t>> mode_calls;
   // The output of the last recorded detach of a plain tensor, until the next op (settle_detached).
   WeakImpl detached{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
   int64_t detached_row = -1;  // its row (-1: none)
@@ -1830,7 +1833,7 @@ bool frames_wanted(ThreadState& thread, const Row& row, bool frame_op) {
 // to the capture): it sees each op and the outputs their handlers return, as the observer does. It
 // sits below a mode entered later (selective checkpointing's, a user's inside the step), whose
 // handler's own calls (with that mode popped) it sees: the observer records those calls, not the
-// ones made under the mode (transparent), and hides every op under torch's infra modes (FakeTensorMode,
+// ones made under the mode (kModeCall), and hides every op under torch's infra modes (FakeTensorMode,
 // proxy, functional: compile internals, which capture ignores). The op calls inside a torch.func
 // transform are hidden too (in_transform), and counted: Python warns of them.
 std::atomic<int64_t> hidden_in_transforms{0};
@@ -1857,7 +1860,7 @@ bool in_transform() {
 
 Frame* enclosing_op(ThreadState& thread) {
   for (auto frame = thread.frames.rbegin(); frame != thread.frames.rend(); ++frame) {
-    if (frame->kind != kTransparent && frame->kind != kBackward) return &*frame;
+    if (frame->kind != kTransparent && frame->kind != kBackward && frame->kind != kModeCall) return &*frame;
   }
   return nullptr;
 }
@@ -2079,9 +2082,17 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   // A dispatch mode entered after the observer started (selective checkpointing's, a user's) sits
   // above where a capture mode would: that mode sees the calls the handler makes, with the mode
-  // popped meanwhile (and the ops those calls are made of), not this one, which is transparent.
+  // popped meanwhile (and the ops those calls are made of), not this one, which is transparent
+  // (kModeCall: the handler's call of the same op takes its node's sequence number, which links a
+  // backward row to it and a recomputation's saved tensors to the call that saved them).
   if (modes && user_modes() > outer_modes) {
-    thread.frames.push_back({kTransparent, false, false, -1});
+    auto called = op_info(fn).id;
+    if (called < 0) {  // (torch's scope around the handler's call, PythonDispatchMode)
+      thread.frames.push_back({kTransparent, false, false, -1});
+      return nullptr;
+    }
+    thread.frames.push_back({kModeCall, false, false, -1});
+    thread.mode_calls.emplace_back(called, fn.seqNr(), static_cast<int64_t>(at::sequence_number::peek()) - 1);
     return nullptr;
   }
   auto inputs = fn.inputs();
@@ -2125,6 +2136,10 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward), row_context(thread), -1};
   row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0));
   row.made = static_cast<int64_t>(at::sequence_number::peek()) - 1;
+  if (!thread.mode_calls.empty() && std::get<0>(thread.mode_calls.back()) == info.id) {  // a mode's handler calling its op
+    if (!in_backward) row.seq = std::get<1>(thread.mode_calls.back());
+    row.made = std::get<2>(thread.mode_calls.back());
+  }
   if (info.kind == kMaybeComposite && live) {  // its frames are taken if it is recorded (settle)
     bool subclasses = keys.has(c10::DispatchKey::Python);
     if (subclasses) find_subclasses(inputs, thread.in_hook);
@@ -2228,6 +2243,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     thread.node_seq.pop_back();
     thread.node_checkpoint.pop_back();
     if (frame.accumulation) thread.accumulations.pop_back();
+  } else if (frame.kind == kModeCall) {
+    thread.mode_calls.pop_back();
   } else if (frame.kind == kRecorded) {
     const auto& outputs = fn.outputs();
     c10::ArrayRef<const c10::IValue> returned(outputs.data(), outputs.size());

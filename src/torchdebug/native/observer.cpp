@@ -1532,7 +1532,9 @@ enum FrameKind : int8_t { kHidden, kRecorded, kPending, kDeferred, kTransparent,
 // waits in a stash until what runs inside it tells whether it decomposed. kDeferred: a recorded op
 // whose autograd kernel called an op before its redispatch (an in-place op saving self.clone() for
 // its backward): a dispatch mode sees that op first, so the row moves to a stash and is recorded
-// again once the op goes below autograd (its first op called there) or ends.
+// again once the op goes below autograd (its first op called there) or ends. kModeCall: an op called
+// under a dispatch mode entered after the observer started, transparent, its handler's calls recorded
+// (ThreadState::mode_calls).
 
 struct Frame {
   FrameKind kind;

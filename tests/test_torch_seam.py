@@ -16,8 +16,9 @@ from torch.torch_version import TorchVersion
 
 import torchdebug._torch as seam
 from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
+from torchdebug._torch.compiling import CompileEvents
 from torchdebug._torch.custom_ops import DispatcherCalls
-from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised
+from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised, never_compiled_as_a_frame
 from torchdebug._torch.nn import compiled_methods, is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
 
 # -- versions -------------------------------------------------------------------------------------
@@ -231,6 +232,9 @@ def test_a_method_replaced_by_a_compiled_function_is_found_as_lightning_compiles
     model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))
     model[1][0].forward = model[1][0].forward  # an instance attribute, not compiled (accelerate's hooks)
     assert list(compiled_methods(model)) == []
+    model[0].compile(backend="eager")  # a compiled module, in place and wrapped: its own call, not a method
+    model.append(torch.compile(nn.Linear(2, 2), backend="eager"))
+    assert list(compiled_methods(model)) == []
     model[1].forward = torch.compile(model[1].forward, backend="eager")
     assert list(compiled_methods(model)) == ["1"]
 
@@ -274,6 +278,38 @@ def test_one_walk_gives_the_models_parameters_in_order_and_the_modules_with_thei
     parameters, hooked = parameters_and_hooked(model)
     assert [id(p) for p in parameters] == [id(p) for p in model.parameters()]
     assert hooked == [model[2][1]]
+
+
+def test_a_hook_never_compiled_as_a_frame_runs_as_python_under_a_module_compiled_in_place_and_is_traced_inline():
+    """``module.compile()`` compiles the frames its ``_call_impl`` calls, hooks included, unless the
+    hook's code says Dynamo runs it as Python; a compiled function calling the module traces it."""
+    seen = []
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        seen.append(torch.compiler.is_compiling())
+
+    torch._dynamo.reset()
+    assert never_compiled_as_a_frame(hook) is hook
+    block, outer = nn.Linear(2, 2), nn.Linear(2, 2)
+    block.register_forward_pre_hook(hook)
+    outer.register_forward_pre_hook(hook)
+    block.compile(backend="eager")
+    block(torch.ones(1, 2))
+    torch.compile(lambda x: outer(x), backend="eager")(torch.ones(1, 2))
+    assert seen == [False, True]
+    torch._dynamo.reset()
+
+
+def test_compile_events_say_when_a_compilation_starts_and_ends_while_entered():
+    seen: list[bool] = []
+    events = CompileEvents(seen.append)
+    torch._dynamo.reset()
+    events.enter()
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+    events.exit()
+    torch.compile(lambda x: x + 2, backend="eager")(torch.ones(2))
+    assert seen == [True, False]
+    torch._dynamo.reset()
 
 
 def test_global_hooks_see_each_module_call_once_and_silence_only_while_registered():

@@ -233,9 +233,9 @@ class Debugger:
         logger.warning(
             "torchdebug: step %d ran the model's modules inside %s: this dump holds only the ops that compiled code "
             "calls through aten (with inductor, extern kernels such as mm; not what its fused kernels compute), filed "
-            "under the module that called it. For every op of the model eagerly, with its module path and source "
-            "line, pass compiled_code='eager'; for what the compiled kernels compute, node by node, use the torchdebug "
-            "backend's data dump (docs/graph_dump.md).",
+            "under the compiled module, or the module that called the compiled code. For every op of the model eagerly, "
+            "with its module path and source line, pass compiled_code='eager'; for what the compiled kernels compute, "
+            "node by node, use the torchdebug backend's data dump (docs/graph_dump.md).",
             self.current_step,
             where,
         )

@@ -99,6 +99,22 @@ def call_groups(records: list[Record]) -> list[list[Record]]:
     return [list(call) for _, call in groupby(records, key=lambda record: record.call_name)]
 
 
+def _followed_by(calls: list[list[Record]], kept: set[int]) -> dict[str, str]:
+    """By the name of each call the mode alone made, the kept call after it (``kept``: their ids): a
+    mode-only ``detach`` that was the first call to follow an autograd node claimed it, for the
+    backward ops that run it (``OpCapture._remember``), as the call after it does without the mode
+    (the first run of a compiled block's graph, whose node no op of its own makes)."""
+    followed: dict[str, str] = {}
+    waiting: list[str] = []
+    for call in calls:
+        if id(call) not in kept:
+            waiting.append(call[0].call_name)
+            continue
+        followed |= dict.fromkeys(waiting, call[0].call_name)
+        waiting.clear()
+    return followed
+
+
 def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple[Record, str, str]], dict[int, int]]:
     """Eager capture's tensor records with the mode's own calls undone by the rule above, as
     ``(record, name, fwd)``: the name and ``fwd`` it would have had without them (calls renumbered);
@@ -145,6 +161,7 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
         renamed[call[0].call_name] = (op, counts.get(key, 0) if key in changed else call[0].call)
         counts[key] = renamed[call[0].call_name][1] + 1
     new_names = {name: f"{name.rpartition('/')[0]}/{op}#{index}" for name, (op, index) in renamed.items()}
+    new_names |= {name: new_names[after] for name, after in _followed_by(calls, {id(call) for call, _ in kept}).items()}
     expected = [
         (r, make_name(r.phase, r.module, *renamed[r.call_name], r.io, r.arg), new_names.get(r.fwd, r.fwd))
         for call, op in kept

@@ -7,8 +7,10 @@ import warnings
 import pytest
 import torch
 import torch._dynamo
+from torch._dynamo.utils import counters
 
 import torchdebug
+from tests.blocks import MLPBlock
 from tests.global_hooks import global_module_hooks
 from torchdebug.records import MODULE_OP
 
@@ -47,6 +49,51 @@ def test_compiled_module_stays_compiled_under_capture(tmp_path, tiny, monkeypatc
     assert backend.compiles == 1, "capture forced a recompilation"
     assert backend.runs == 2, "capture made the compiled function run eagerly"
     assert torch.equal(expected, got)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
+def test_capturing_more_blocks_compiled_in_place_than_the_recompile_limit_compiles_nothing_again(tmp_path, monkeypatch, native):
+    """``block.compile()`` compiles the block's ``_call_impl``, a frame Dynamo skips, so Dynamo compiles
+    the frames called there: capture's module hooks, run there, are plain Python
+    (``never_compiled_as_a_frame``). Ten blocks share one graph under capture as without it; compiled
+    as frames, the hooks were compiled again for each block, and from the ninth Dynamo warned that it
+    hit its recompile limit."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
+    torch._dynamo.reset()
+    backend = _CountingBackend()
+    model = torch.nn.Sequential(*(MLPBlock() for _ in range(10)))
+    for block in model:
+        block.compile(backend=backend)
+    x = torch.randn(2, 8)
+    model(x).sum().backward()
+    compiled = backend.compiles  # (the first block's input needs no gradient, the others' do)
+    counters.clear()
+    with torchdebug.Debugger(tmp_path, compiled_code="as_run") as debugger:
+        for _ in range(2):
+            debugger.start(model)
+            model(x).sum().backward()
+            debugger.step()
+    assert backend.compiles == compiled and not counters["frames"]
+    assert backend.runs == 30
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
+def test_the_ops_a_compilation_runs_in_a_captured_step_are_not_recorded(tmp_path, monkeypatch, native):
+    """Dynamo runs ops of its own while it compiles, with the dispatch modes taken off: AOT autograd
+    copies the RNG state (``clone``) to restore it after tracing. Neither path records them, only the
+    graph's ops (aot_eager runs them: no ``clone`` among them)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
+    model = torch.nn.Sequential(MLPBlock())
+    model[0].compile(backend="aot_eager")
+    torch._dynamo.reset()
+    with torchdebug.Debugger(tmp_path) as debugger:
+        debugger.start(model)
+        model(torch.randn(2, 8)).sum().backward()
+        debugger.step()
+    ops = {record.op for record in torchdebug.load(tmp_path).ranks[0].records()}
+    assert {"aten.addmm.default", "aten.threshold_backward.default"} <= ops and "aten.clone.default" not in ops
     torch._dynamo.reset()
 
 

@@ -108,12 +108,12 @@ def _dump(  # noqa: ANN001
     return records
 
 
-def _assert_same_dumps(python: list[Record], native: list[Record], filtered: bool = False) -> None:
+def _assert_same_dumps(python: list[Record], native: list[Record], joins: bool = False) -> None:
     """Step by step: names, dtypes, shapes, strides, devices, ``fwd``, unread marks and statistics
     equal (bit for bit), value ids one to one and ``view_of`` naming the same values, once the mode's
-    own calls are undone. ``filtered``: a value id of eager capture is one of the native path's, which
-    may join two of them (the saved tensors a mode unpacks through a ``detach`` its filter leaves out),
-    and ``view_of`` is not compared."""
+    own calls are undone. ``joins``: a value id of eager capture is one of the native path's, which
+    may join two of them (the saved tensors a mode unpacks through a ``detach`` its filter leaves out;
+    what compiled kernels hand aten), and ``view_of`` is not compared."""
     pairs = set()
     views: list[tuple[int | None, int | None]] = []
     """``view_of`` of each record but those the mode's own ``detach``es hold (views only there)."""
@@ -132,8 +132,8 @@ def _assert_same_dumps(python: list[Record], native: list[Record], filtered: boo
             if want.value_id not in aliases
         ]
     assert len({want for want, _ in pairs}) == len(pairs)
-    assert filtered or len({got for _, got in pairs}) == len(pairs)
-    if filtered:  # a tensor first seen as a backward op's input is the value made in its memory, not a view
+    assert joins or len({got for _, got in pairs}) == len(pairs)
+    if joins:  # a tensor first seen as a backward op's input is the value made in its memory, not a view
         return
     native_id = dict(pairs)  # and the ids only views name (a base made outside capture): one to one
     native_id |= {want: got for want, got in views if want not in native_id}
@@ -346,7 +346,7 @@ def test_filters_select_the_same_records_on_both_paths(tmp_path, monkeypatch, ca
     python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, **options)
     native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, **options)
     assert native
-    _assert_same_dumps(python, native, filtered=True)
+    _assert_same_dumps(python, native, joins=True)
 
 
 @pytest.mark.parametrize(
@@ -380,12 +380,52 @@ def test_configs_the_native_path_does_not_take_go_to_the_dispatch_mode(monkeypat
     assert why in why_not_native(DebuggerConfig.from_dict({"stack": "none", **options}), None)
 
 
-def test_a_model_with_compiled_blocks_takes_the_native_path_when_captured_eagerly(monkeypatch) -> None:
-    """``compiled_code="eager"`` runs compiled code eagerly while capturing: its ops reach the observer."""
+def test_a_model_with_compiled_blocks_takes_the_native_path(monkeypatch) -> None:
+    """Compiled blocks, wrapped or compiled in place, run compiled (``compiled_code="as_run"``) or
+    eagerly: either way the observer sees what a dispatch mode sees."""
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
-    model = nn.Sequential(torch.compile(nn.Linear(2, 2), backend="eager"), nn.ReLU())
-    assert "compiled modules" in why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model)
+    inner = nn.Linear(2, 2)
+    inner.compile(backend="eager")
+    model = nn.Sequential(torch.compile(nn.Linear(2, 2), backend="eager"), inner, nn.ReLU())
+    assert why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model) is None
     assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "compiled_code": "eager"}), model) is None
+
+
+def _compiled_blocks(spelling: str, backend: str) -> Training:
+    """The example GPT, its blocks compiled with ``backend``: in place (``block.compile()``, the
+    spelling of torchtitan's per-block compile) or wrapped (``torch.compile(block)`` in their list)."""
+
+    def training() -> tuple[nn.Module, Callable[[], None]]:
+        torch._dynamo.reset()
+        model, step = gpt_training()
+        for index, block in enumerate(model.layers):
+            if spelling == "in place":
+                block.compile(backend=backend)
+            else:
+                model.layers[index] = torch.compile(block, backend=backend)
+        return model, step
+
+    return training
+
+
+@pytest.mark.parametrize(
+    "spelling, backend, task",
+    [("in place", "aot_eager", "statistics"), ("wrapped", "aot_eager", "structure"), ("in place", "inductor", "structure")],
+)
+def test_compiled_blocks_dump_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, spelling, backend, task) -> None:
+    """Run as compiled (``compiled_code="as_run"``), a compiled block's ops are the graph's (aot_eager
+    runs its aten ops, inductor calls its extern kernels through aten), named after the block on both
+    paths, from the first step, whose compilation runs ops of its own that neither path records
+    (AOT autograd copies the RNG state). Under inductor its kernels hand aten views and buffers made
+    without an aten op: the dispatch mode gives each new tensor object a value id of its own, the
+    native path the value made in its memory, so one of its ids may join several of the mode's
+    (``joins``). Stacks are left out: a graph's frames are in code generated anew for each run."""
+    training = _compiled_blocks(spelling, backend)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, steps=3, task=task, stack="none")
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, steps=3, task=task, stack="none")
+    _assert_same_dumps(python, native, joins=backend == "inductor")
+    assert {f"layers.{index}" for index in range(2)} <= {record.module.removesuffix(".GraphModule") for record in native}
+    torch._dynamo.reset()
 
 
 def test_a_model_whose_forward_was_compiled_goes_to_the_dispatch_mode_unless_captured_eagerly(monkeypatch) -> None:

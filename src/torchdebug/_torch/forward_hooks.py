@@ -20,6 +20,8 @@ from torch import nn
 from torch.compiler import is_compiling
 from torch.utils.hooks import RemovableHandle
 
+from torchdebug._torch.global_hooks import never_compiled_as_a_frame
+
 AfterHooks = Callable[[nn.Module, tuple, dict[str, Any], Any], None]
 """``after(module, args, kwargs, output)``: ``module``'s call returned ``output``, its own forward hooks run."""
 
@@ -90,7 +92,7 @@ class LastForwardHooks:
             if entry[0]() is module and next(reversed(hooks)) == entry[1].id:
                 return True
             entry[1].remove()
-        handle = module.register_forward_hook(self._hook, with_kwargs=True)
+        handle = module.register_forward_hook(never_compiled_as_a_frame(self._hook), with_kwargs=True)
         self._handles[id(module)] = (weakref.ref(module), handle)
         return True
 

@@ -10,7 +10,7 @@ extra call the hooks now skip).
 
 Each thing torch does that these hooks must work around is one function here, named for it, with
 the torch releases it holds on (:func:`ignore_compiled_wrapper_warning`, :func:`remove_global_hook`,
-:func:`forward_raised`, :func:`in_call_of`); the guards Dynamo puts on the hooks are why
+:func:`forward_raised`, :func:`in_call_of`, :func:`never_compiled_as_a_frame`); the guards Dynamo puts on the hooks are why
 :meth:`GlobalForwardHooks.pause` exists. Module wrappers are :mod:`torchdebug._torch.nn`'s.
 """
 
@@ -23,6 +23,7 @@ from types import FrameType
 from typing import Any
 
 from torch import nn
+from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 from torch.compiler import is_compiling
 from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -69,6 +70,29 @@ def forward_raised(kwargs_and_output: tuple) -> bool:
     without the ``kwargs`` it was registered with (activation checkpointing's early stop raises
     inside a recomputed forward on purpose)."""
     return len(kwargs_and_output) != 2
+
+
+_AS_PYTHON = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+"""A frame Dynamo runs as plain Python, with every frame it calls."""
+
+Hook = Callable[..., Any]
+
+
+def never_compiled_as_a_frame(hook: Hook) -> Hook:
+    """``hook``, which Dynamo now runs as plain Python, with every call it makes, where it would
+    compile it as a frame of its own; inlined in a frame Dynamo compiles, it is traced as before.
+
+    ``module.compile()`` compiles the module's ``_call_impl``, a frame of ``torch.nn`` that Dynamo
+    skips (torch 2.11 through 2.14), so Dynamo compiles each frame called from it instead: the
+    module's forward, and its hooks, ours included, each a frame of its own, guarded on the module it
+    was called with. Under capture every compiled block compiled our hooks once more, and from the
+    ninth on Dynamo warned that it hit its recompile limit (raised, with
+    ``torch._dynamo.config.fail_on_recompile_limit_hit``). The frame's exec strategy
+    (``set_code_exec_strategy`` on the code object, as ``torch.compiler.disable(recursive=False)``
+    sets it, here for the frames it calls too) skips it without the wrapper that would break the
+    graph of a trace that inlines it."""
+    set_code_exec_strategy(hook.__code__, _AS_PYTHON)
+    return hook
 
 
 def in_call_of(module: nn.Module, frame: FrameType | None) -> bool:
@@ -154,8 +178,8 @@ class GlobalForwardHooks:
 
         self._filter = ignore_compiled_wrapper_warning()
         self._handles = [
-            register_module_forward_pre_hook(on_enter),
-            register_module_forward_hook(on_exit, with_kwargs=True, always_call=True),
+            register_module_forward_pre_hook(never_compiled_as_a_frame(on_enter)),
+            register_module_forward_hook(never_compiled_as_a_frame(on_exit), with_kwargs=True, always_call=True),
         ]
 
     def stands_in(self, module: nn.Module) -> bool:
@@ -212,6 +236,7 @@ __all__ = [
     "forward_raised",
     "ignore_compiled_wrapper_warning",
     "in_call_of",
+    "never_compiled_as_a_frame",
     "remove_global_hook",
     "stop_ignoring",
 ]

@@ -65,6 +65,10 @@ def _dynamo_loaded() -> bool:
     return "torch._dynamo" in sys.modules
 
 
+_COMPILED_CALL = "_compiled_call_impl"
+"""Where ``module.compile()`` keeps the module's compiled call (torch 2.11 through 2.14)."""
+
+
 def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """``(path, module)`` for each module of ``root`` whose calls run compiled code, outer ones
     first: ``torch.compile(module)``'s wrapper and modules whose ``compile()`` ran (it stores the
@@ -74,7 +78,7 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     if not _dynamo_loaded():
         return
     for path, module in root.named_modules():
-        if is_compiled_wrapper(module) or getattr(module, "_compiled_call_impl", None) is not None:
+        if is_compiled_wrapper(module) or getattr(module, _COMPILED_CALL, None) is not None:
             yield strip_wrappers(path), module
 
 
@@ -83,11 +87,16 @@ def compiled_methods(root: nn.Module) -> Iterator[str]:
     compiled code although no module is compiled (Lightning's ``from_compiled`` compiles ``forward``
     and ``training_step`` so, for ``trainer.fit(torch.compile(model))``). Read off the
     ``_torchdynamo_orig_callable`` that Dynamo sets on each function it returns (torch 2.11 through
-    2.14). Loads no part of Dynamo, and walks no module before it is loaded."""
+    2.14), but a compiled module's own call (:func:`compiled_modules`: ``module.compile()``'s
+    ``_compiled_call_impl``, the ``forward`` of ``torch.compile(module)``'s wrapper). Loads no part of
+    Dynamo, and walks no module before it is loaded."""
     if not _dynamo_loaded():
         return
     for path, module in root.named_modules():
-        if any(callable(value) and hasattr(value, "_torchdynamo_orig_callable") for value in vars(module).values()):
+        if is_compiled_wrapper(module):
+            continue
+        methods = (value for name, value in vars(module).items() if name != _COMPILED_CALL and callable(value))
+        if any(hasattr(method, "_torchdynamo_orig_callable") for method in methods):
             yield strip_wrappers(path)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchdebug._torch.nn import compiled_methods, compiled_modules
+from torchdebug._torch.nn import compiled_methods
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.collectives import DISTRIBUTED_DIR
 from torchdebug.capture.filters import NameMatcher, RangeGate
@@ -83,9 +83,9 @@ def _works() -> ctypes.CDLL | None:
 
 def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str | None:
     """Why the native path does not apply to ``model`` (``reads``: the config reads tensors' values;
-    ``runs_eagerly``: compiled code runs eagerly while capturing, ``compiled_code="eager"``)."""
-    if not runs_eagerly and next(iter(compiled_modules(model)), None) is not None:
-        return "compiled modules in the model"
+    ``runs_eagerly``: compiled code runs eagerly while capturing, ``compiled_code="eager"``). Modules
+    compiled in the model, in place or wrapped, take it: the ops their compiled code calls through
+    aten are named after the module, as the dispatch mode names them."""
     if not runs_eagerly and next(iter(compiled_methods(model)), None) is not None:
         return "compiled methods in the model (a compiled forward or training_step)"
     for parameter in model.parameters():

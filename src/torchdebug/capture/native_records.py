@@ -31,9 +31,11 @@ from torch import nn
 from torch.compiler import is_compiling
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from torchdebug._torch.compiling import CompileEvents
 from torchdebug._torch.custom_ops import DispatcherCalls
 from torchdebug._torch.dispatch import OpOverload, op_schema
 from torchdebug._torch.fsdp import issuing_group, unshard_buffers
+from torchdebug._torch.global_hooks import never_compiled_as_a_frame
 from torchdebug._torch.nn import parameters_and_hooked
 from torchdebug.capture.eager import COPY_IN, OpInfo, op_info
 from torchdebug.capture.filters import RangeGate
@@ -207,6 +209,7 @@ class NativeStepCapture:
         self._devices: dict[tuple[int, int], str] = {}
         self._recompute = RecomputeMarks(observer)
         self._dispatcher_calls = DispatcherCalls()
+        self._compiles = CompileEvents(observer.compiling)
         self._adopted: set[int] = set()
         """The ids of the modules :meth:`_adopt` adopted since :meth:`start`."""
         self._accumulated: tuple[list[torch.Tensor], list[int]] = ([], [])
@@ -236,6 +239,7 @@ class NativeStepCapture:
         self._set_context(_OUTSIDE)
         self.observer.use_owners(self._owner, self._unshard)
         self._dispatcher_calls.enter()  # custom ops reach the observer (torch 2.14's skip the dispatcher's call)
+        self._compiles.enter()  # the ops Dynamo runs while it compiles are not recorded
         self.observer.use_subclass_hook(self._subclass)
         self.observer.want_stacks(self.stacks)
         self.observer.want_values(True)
@@ -248,6 +252,7 @@ class NativeStepCapture:
         self.observer.stop()
         self.observer.use_owners(None, None)
         self._dispatcher_calls.exit()
+        self._compiles.exit()
         self.observer.use_subclass_hook(None)
         self.observer.want_values(False)
         self._recompute.reset()
@@ -277,7 +282,7 @@ class NativeStepCapture:
         self._parameter_contexts.update(contexts)
         self.observer.name_accumulations(parameters, contexts)
         for module in hooked:
-            self._handles.append(module.register_forward_hook(self._own_hooks_done, always_call=True))
+            self._handles.append(module.register_forward_hook(never_compiled_as_a_frame(self._own_hooks_done), always_call=True))
 
     # -- module context ------------------------------------------------------------------------
     def _intern(self, path: str) -> int:

@@ -1590,6 +1590,7 @@ struct ThreadState {
   WeakImpl detached{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
   int64_t detached_row = -1;  // its row (-1: none)
   bool in_hook = false;       // a hook of Python's runs (find_subclasses, owner_context): what it calls is not the step's
+  int compiling = 0;          // Dynamo compiles on this thread (td_observer_compiling): what runs meanwhile is the compiler's
 };
 thread_local ThreadState state;
 
@@ -2034,7 +2035,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   auto& thread = state;
   if (thread.detached_row >= 0) settle_detached(thread);
-  if (thread.in_hook) {
+  if (thread.in_hook || thread.compiling > 0) {
     thread.frames.push_back({kHidden, false, false, -1});
     return nullptr;
   }
@@ -2400,6 +2401,11 @@ void td_fallback_stop() {
   c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, false);
   fallback_registration.reset();
 }
+
+// Dynamo starts (1) or ends (0) a compilation on the calling thread: the ops it runs meanwhile (AOT
+// autograd's copy of the RNG state, a backend's runs of the graph) are the compiler's, which a dispatch
+// mode does not see either (Dynamo takes the modes off while it compiles).
+void td_observer_compiling(int starts) { state.compiling = starts ? state.compiling + 1 : std::max(state.compiling - 1, 0); }
 
 void td_observer_set_module(int64_t context) { module_context.store(context, std::memory_order_relaxed); }
 

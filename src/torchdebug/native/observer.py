@@ -240,6 +240,7 @@ class NativeObserver:
         library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_want_values.argtypes = [ctypes.c_int]
+        library.td_observer_compiling.argtypes = [ctypes.c_int]
         library.td_observer_stack_count.restype = ctypes.c_int64
         library.td_observer_stack.argtypes = [ctypes.c_int64, ctypes.c_void_p]
         library.td_observer_stack.restype = ctypes.POINTER(ctypes.c_int64)
@@ -327,6 +328,11 @@ class NativeObserver:
         """Record each op's non-tensor arguments (those a dispatch mode is handed: not left at their
         defaults) and results as value slots (:data:`VALUE`), in the rows recorded from now on, or no longer."""
         self._lib.td_observer_want_values(int(enabled))
+
+    def compiling(self, starts: bool) -> None:
+        """Dynamo starts (``starts``) or ends a compilation on this thread: the ops run meanwhile are
+        the compiler's, not the step's, and are not recorded (a dispatch mode does not see them)."""
+        self._lib.td_observer_compiling(int(starts))
 
     def stacks(self) -> list[list[tuple[str, int, str]]]:
         """The stacks the rows hold (``ObservedOps.stack``: their ids), as ``(file, line, function)``

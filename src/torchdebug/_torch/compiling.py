@@ -1,0 +1,47 @@
+"""Dynamo's compilations, as they start and end on a thread.
+
+Dynamo runs ops of its own while it compiles a frame (AOT autograd copies the RNG state to restore
+it; a backend may run the graph), with the dispatch modes taken off meanwhile, so eager capture's
+dispatch mode never sees them; the native observer would, as ops of the module being compiled.
+:class:`CompileEvents` tells it when a compilation starts and ends, through the callbacks Dynamo
+runs around each (``torch._dynamo.callback.callback_handler``, private, torch 2.11 through 2.14: a
+frame's compilation, an AOT backward compiled at its first run, a CUDA graph's recording). Dynamo
+runs them for the outermost compilation of the process only: with two threads compiling at once,
+the second thread's is not told.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CompileEvents"]
+
+
+class CompileEvents:
+    """Calls ``starts(True)`` as each compilation starts and ``starts(False)`` as it ends, on the
+    compiling thread, while entered."""
+
+    def __init__(self, starts: Callable[[bool], None]) -> None:
+        self._start = lambda _: starts(True)
+        self._end = lambda _: starts(False)
+        self._handler: Any = None
+
+    def enter(self) -> None:
+        """Register the callbacks, where Dynamo is loaded: without it nothing was compiled, and a step
+        that compiles its first code loads it, after this call (its compilations are not told)."""
+        if "torch._dynamo" not in sys.modules or self._handler is not None:
+            return
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.register_start_callback(self._start)
+        callback_handler.register_end_callback(self._end)
+        self._handler = callback_handler
+
+    def exit(self) -> None:
+        """Take the callbacks out."""
+        if self._handler is not None:
+            self._handler.remove_start_callback(self._start)
+            self._handler.remove_end_callback(self._end)
+            self._handler = None

@@ -15,6 +15,7 @@ from torch import nn
 from torch.torch_version import TorchVersion
 
 import torchdebug._torch as seam
+from tests.blocks import MLPBlock
 from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
 from torchdebug._torch.compiling import CompileEvents
 from torchdebug._torch.custom_ops import DispatcherCalls
@@ -290,12 +291,12 @@ def test_a_hook_never_compiled_as_a_frame_runs_as_python_under_a_module_compiled
 
     torch._dynamo.reset()
     assert never_compiled_as_a_frame(hook) is hook
-    block, outer = nn.Linear(2, 2), nn.Linear(2, 2)
+    block, outer = MLPBlock(), MLPBlock()  # a module of the user's (torch 2.14 traces an nn.Linear's _call_impl)
     block.register_forward_pre_hook(hook)
     outer.register_forward_pre_hook(hook)
     block.compile(backend="eager")
-    block(torch.ones(1, 2))
-    torch.compile(lambda x: outer(x), backend="eager")(torch.ones(1, 2))
+    block(torch.ones(1, 8))
+    torch.compile(lambda x: outer(x), backend="eager")(torch.ones(1, 8))
     assert seen == [False, True]
     torch._dynamo.reset()
 

@@ -83,7 +83,8 @@ def test_capturing_more_blocks_compiled_in_place_than_the_recompile_limit_compil
 def test_the_ops_a_compilation_runs_in_a_captured_step_are_not_recorded(tmp_path, monkeypatch, native):
     """Dynamo runs ops of its own while it compiles, with the dispatch modes taken off: AOT autograd
     copies the RNG state (``clone``) to restore it after tracing. Neither path records them, only the
-    graph's ops (aot_eager runs them: no ``clone`` among them)."""
+    graph's ops (aot_eager runs them: no ``clone`` among the forward graph's; torch 2.11's backward
+    graph has one)."""
     monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
     model = torch.nn.Sequential(MLPBlock())
     model[0].compile(backend="aot_eager")
@@ -92,8 +93,9 @@ def test_the_ops_a_compilation_runs_in_a_captured_step_are_not_recorded(tmp_path
         debugger.start(model)
         model(torch.randn(2, 8)).sum().backward()
         debugger.step()
-    ops = {record.op for record in torchdebug.load(tmp_path).ranks[0].records()}
-    assert {"aten.addmm.default", "aten.threshold_backward.default"} <= ops and "aten.clone.default" not in ops
+    ops = {(record.phase, record.op) for record in torchdebug.load(tmp_path).ranks[0].records()}
+    assert {("forward", "aten.addmm.default"), ("backward", "aten.threshold_backward.default")} <= ops
+    assert ("forward", "aten.clone.default") not in ops
     torch._dynamo.reset()
 
 
@@ -273,22 +275,27 @@ def test_dumping_many_steps_of_code_compiled_through_the_module_hooks_never_reac
 def test_hooks_kept_between_dumped_steps_record_nothing_there(tmp_path, tiny, level):
     """The hooks kept registered between the dumped steps of compiled code are idle: with
     module-level records, which every reported module call writes, the dump holds steps 1 and 5
-    only, and the modules' calls in between are not recorded."""
+    only, and the modules' calls in between are not recorded. (Module-level records break the graph
+    of a trace that inlines the hooks: on torch 2.11 and 2.14 the module's call then runs outside
+    the compiled code, which guards on no hook, and the hooks go at each stop; on 2.13 they are
+    kept.) Either way the second dumped step compiles nothing again."""
     torch._dynamo.reset()
     tiny.forward = tiny.forward  # a compiled function traces the module's call, its hooks included
-    inner = torch.compile(lambda x: tiny(x).sum(), backend="eager")
+    backend = _CountingBackend()
+    inner = torch.compile(lambda x: tiny(x).sum(), backend=backend)
     outer = torch.nn.Linear(4, 4)  # an eager module beside it: its call reaches the hooks
 
     def step(x: torch.Tensor) -> torch.Tensor:
         return inner(outer(x))
 
+    compiles = []
     with torchdebug.Debugger(tmp_path, level=level, step=[1, 5]) as debugger:
         for _ in range(7):
             debugger.start(tiny)
             step(torch.randn(2, 4)).backward()
             debugger.step()
-            if debugger.current_step in (2, 3, 4, 5):
-                assert global_module_hooks()  # kept for step 5, idle
+            compiles.append(backend.compiles)
+    assert compiles[5] == compiles[1]
     records = list(torchdebug.load(tmp_path).ranks[0].records())
     assert {r.step for r in records} == {1, 5}
     assert {r.module for r in records if r.op == MODULE_OP} >= {"Linear"}  # the eager module's call, named where it ran

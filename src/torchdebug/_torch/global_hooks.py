@@ -83,11 +83,11 @@ def never_compiled_as_a_frame(hook: Hook) -> Hook:
     compile it as a frame of its own; inlined in a frame Dynamo compiles, it is traced as before.
 
     ``module.compile()`` compiles the module's ``_call_impl``, a frame of ``torch.nn`` that Dynamo
-    skips (torch 2.11 through 2.14), so Dynamo compiles each frame called from it instead: the
-    module's forward, and its hooks, ours included, each a frame of its own, guarded on the module it
-    was called with. Under capture every compiled block compiled our hooks once more, and from the
-    ninth on Dynamo warned that it hit its recompile limit (raised, with
-    ``torch._dynamo.config.fail_on_recompile_limit_hit``). The frame's exec strategy
+    skips for a module of the user's class (torch 2.11 through 2.14; 2.14 traces an ``nn.Linear``'s),
+    so Dynamo compiles each frame called from it instead: the module's forward, and its hooks, ours
+    included, each a frame of its own, guarded on the module it was called with. Under capture every
+    compiled block compiled our hooks once more, and from the ninth on Dynamo warned that it hit its
+    recompile limit. The frame's exec strategy
     (``set_code_exec_strategy`` on the code object, as ``torch.compiler.disable(recursive=False)``
     sets it, here for the frames it calls too) skips it without the wrapper that would break the
     graph of a trace that inlines it."""

@@ -20,7 +20,7 @@ from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
 from torchdebug._torch.compiling import CompileEvents
 from torchdebug._torch.custom_ops import DispatcherCalls
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised, never_compiled_as_a_frame
-from torchdebug._torch.nn import compiled_methods, is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
+from torchdebug._torch.nn import is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
 
 # -- versions -------------------------------------------------------------------------------------
 
@@ -227,23 +227,10 @@ def test_a_dispatch_mode_that_ignores_compile_internals_leaves_compiled_code_com
 # -- nn -------------------------------------------------------------------------------------------
 
 
-def test_a_method_replaced_by_a_compiled_function_is_found_as_lightning_compiles_one():
-    """``lightning.pytorch.utilities.compile.from_compiled`` sets ``forward`` and ``training_step``
-    to ``model.dynamo_ctx(method)``, the function ``torch.compile`` returns for a method."""
-    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))
-    model[1][0].forward = model[1][0].forward  # an instance attribute, not compiled (accelerate's hooks)
-    assert list(compiled_methods(model)) == []
-    model[0].compile(backend="eager")  # a compiled module, in place and wrapped: its own call, not a method
-    model.append(torch.compile(nn.Linear(2, 2), backend="eager"))
-    assert list(compiled_methods(model)) == []
-    model[1].forward = torch.compile(model[1].forward, backend="eager")
-    assert list(compiled_methods(model)) == ["1"]
-
-
 _WALKS_BEFORE_DYNAMO = """
 import sys
 from torch import nn
-from torchdebug._torch.nn import compiled_methods, compiled_modules
+from torchdebug._torch.nn import compiled_modules
 
 class Counted(nn.Sequential):
     walks = 0
@@ -254,7 +241,7 @@ class Counted(nn.Sequential):
 
 model = Counted(nn.Linear(2, 2))
 assert "torch._dynamo" not in sys.modules
-assert list(compiled_modules(model)) == [] and list(compiled_methods(model)) == []
+assert list(compiled_modules(model)) == []
 print(Counted.walks)
 model.compile(backend="eager")
 print([path for path, _ in compiled_modules(model)], Counted.walks)

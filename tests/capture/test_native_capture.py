@@ -29,7 +29,7 @@ from torchdebug.capture.native_subclasses import described
 from torchdebug.checksum import FINGERPRINT_VERSION
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import build
-from torchdebug.records import STATS_NOT_TAKEN, Record
+from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record
 from torchdebug.stats import NO_STATISTICS
 from torchdebug.store import FixedColumns
 
@@ -380,63 +380,77 @@ def test_configs_the_native_path_does_not_take_go_to_the_dispatch_mode(monkeypat
     assert why in why_not_native(DebuggerConfig.from_dict({"stack": "none", **options}), None)
 
 
-def test_a_model_with_compiled_blocks_takes_the_native_path(monkeypatch) -> None:
-    """Compiled blocks, wrapped or compiled in place, run compiled (``compiled_code="as_run"``) or
-    eagerly: either way the observer sees what a dispatch mode sees."""
+def test_compiled_code_takes_the_native_path(monkeypatch) -> None:
+    """Compiled blocks, wrapped or compiled in place, and a method replaced by a compiled function
+    (Lightning's ``trainer.fit(torch.compile(model))`` compiles ``forward`` and ``training_step`` so),
+    run compiled (``compiled_code="as_run"``) or eagerly: either way the observer sees what a
+    dispatch mode sees."""
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     inner = nn.Linear(2, 2)
     inner.compile(backend="eager")
     model = nn.Sequential(torch.compile(nn.Linear(2, 2), backend="eager"), inner, nn.ReLU())
+    model.forward = torch.compile(model.forward, backend="eager")
     assert why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model) is None
     assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "compiled_code": "eager"}), model) is None
 
 
-def _compiled_blocks(spelling: str, backend: str) -> Training:
-    """The example GPT, its blocks compiled with ``backend``: in place (``block.compile()``, the
-    spelling of torchtitan's per-block compile) or wrapped (``torch.compile(block)`` in their list)."""
+def _compiled_gpt(spelling: str, backend: str) -> Training:
+    """The example GPT compiled with ``backend``: its blocks in place (``block.compile()``, the
+    spelling of torchtitan's per-block compile) or wrapped (``torch.compile(block)`` in their list),
+    its ``forward`` replaced by a compiled function (as Lightning compiles it), or whole (the step
+    calls ``torch.compile(model)``, the debugger is handed the model)."""
 
     def training() -> tuple[nn.Module, Callable[[], None]]:
         torch._dynamo.reset()
-        model, step = gpt_training()
+        torch.manual_seed(0)
+        config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
+        model = GPT(config)
+        called: nn.Module = model
         for index, block in enumerate(model.layers):
             if spelling == "in place":
                 block.compile(backend=backend)
-            else:
+            elif spelling == "wrapped":
                 model.layers[index] = torch.compile(block, backend=backend)
-        return model, step
+        if spelling == "forward":
+            model.forward = torch.compile(model.forward, backend=backend)
+        elif spelling == "whole":
+            called = torch.compile(model, backend=backend)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        batch = make_batch(config, batch=2)
+        return model, lambda: train_step(called, optimizer, batch)
 
     return training
 
 
 @pytest.mark.parametrize(
     "spelling, backend, task",
-    [("in place", "aot_eager", "statistics"), ("wrapped", "aot_eager", "structure"), ("in place", "inductor", "structure")],
+    [
+        ("in place", "aot_eager", "statistics"),
+        ("wrapped", "aot_eager", "structure"),
+        ("in place", "inductor", "structure"),
+        ("forward", "aot_eager", "structure"),
+        ("whole", "inductor", "structure"),
+    ],
 )
-def test_compiled_blocks_dump_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, spelling, backend, task) -> None:
-    """Run as compiled (``compiled_code="as_run"``), a compiled block's ops are the graph's (aot_eager
-    runs its aten ops, inductor calls its extern kernels through aten), named after the block on both
-    paths, from the first step, whose compilation runs ops of its own that neither path records
-    (AOT autograd copies the RNG state). Under inductor its kernels hand aten views and buffers made
-    without an aten op: the dispatch mode gives each new tensor object a value id of its own, the
-    native path the value made in its memory, so one of its ids may join several of the mode's
-    (``joins``). Stacks are left out: a graph's frames are in code generated anew for each run."""
-    training = _compiled_blocks(spelling, backend)
+def test_compiled_code_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, spelling, backend, task) -> None:
+    """Run as compiled (``compiled_code="as_run"``), compiled code's ops are its graph's (aot_eager
+    runs its aten ops, inductor calls its extern kernels through aten), named after the compiled
+    block (or the graph module a backend runs) on both paths, from the first step, whose compilation
+    runs ops of its own that neither path records (AOT autograd copies the RNG state); the backward
+    ops of a graph's node are named after its forward graph's first op. Under inductor its kernels
+    hand aten views and buffers made without an aten op: the dispatch mode gives each new tensor
+    object a value id of its own, the native path the value made in its memory, so one of its ids
+    may join several of the mode's (``joins``). Stacks are left out: a graph's frames are in code
+    generated anew for each run."""
+    training = _compiled_gpt(spelling, backend)
     python = _dump(tmp_path, monkeypatch, caplog, training, native=False, steps=3, task=task, stack="none")
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, steps=3, task=task, stack="none")
     _assert_same_dumps(python, native, joins=backend == "inductor")
-    assert {f"layers.{index}" for index in range(2)} <= {record.module.removesuffix(".GraphModule") for record in native}
+    backward = {record.module for record in native if record.phase == "backward"}
+    assert backward and NO_MODULE not in backward  # each named after its forward op, or the parameter it sums into
+    if spelling in ("in place", "wrapped"):
+        assert {f"layers.{index}" for index in range(2)} <= {record.module.removesuffix(".GraphModule") for record in native}
     torch._dynamo.reset()
-
-
-def test_a_model_whose_forward_was_compiled_goes_to_the_dispatch_mode_unless_captured_eagerly(monkeypatch) -> None:
-    """Lightning's ``trainer.fit(torch.compile(model))`` compiles the model's ``forward`` and
-    ``training_step`` in place: on torch 2.11 and 2.14 the observer does not see the ops of the
-    compiled code (the mode does, named after the graph module that runs them)."""
-    monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)
-    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    model.forward = torch.compile(model.forward, backend="eager")
-    assert "compiled methods" in why_not_native(DebuggerConfig.from_dict({"stack": "none"}), model)
-    assert why_not_native(DebuggerConfig.from_dict({"stack": "none", "compiled_code": "eager"}), model) is None
 
 
 def test_statistics_go_to_the_dispatch_mode_where_the_c_kernel_cannot_be_built(monkeypatch) -> None:

@@ -82,24 +82,6 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield strip_wrappers(path), module
 
 
-def compiled_methods(root: nn.Module) -> Iterator[str]:
-    """Paths of the modules of ``root`` with a method replaced by a compiled function: their calls run
-    compiled code although no module is compiled (Lightning's ``from_compiled`` compiles ``forward``
-    and ``training_step`` so, for ``trainer.fit(torch.compile(model))``). Read off the
-    ``_torchdynamo_orig_callable`` that Dynamo sets on each function it returns (torch 2.11 through
-    2.14), but a compiled module's own call (:func:`compiled_modules`: ``module.compile()``'s
-    ``_compiled_call_impl``, the ``forward`` of ``torch.compile(module)``'s wrapper). Loads no part of
-    Dynamo, and walks no module before it is loaded."""
-    if not _dynamo_loaded():
-        return
-    for path, module in root.named_modules():
-        if is_compiled_wrapper(module):
-            continue
-        methods = (value for name, value in vars(module).items() if name != _COMPILED_CALL and callable(value))
-        if any(hasattr(method, "_torchdynamo_orig_callable") for method in methods):
-            yield strip_wrappers(path)
-
-
 def parameters_and_hooked(root: nn.Module) -> tuple[list[nn.Parameter], list[nn.Module]]:
     """``root.parameters()`` (each once, in its order) and the modules of ``root`` with forward
     hooks of their own, in one walk of its modules: a capture asks at each step's start, and
@@ -125,7 +107,6 @@ def unwrap_compiled(module: nn.Module) -> nn.Module:
 __all__ = [
     "DATA_PARALLEL",
     "WRAPPER_ATTRIBUTES",
-    "compiled_methods",
     "compiled_modules",
     "is_compiled_wrapper",
     "is_module_wrapper",

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import torch
+from torch.autograd.function import BackwardCFunction
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr, tensor_version
@@ -294,6 +295,10 @@ class OpCapture:
         """Numbers in ``_forward`` held by a call under no_grad, which made no node: the last node made
         before it (a reentrant checkpoint's region's first op names its node so), until the call that
         made it claims it (a saved-tensors pack hook's op runs, under no_grad, before its op is seen)."""
+        self._displaced: dict[int, ForwardCall] = {}
+        """The calls under no_grad that a later call took a number from (``_made_none``): that later
+        call made no node if the node is a custom ``autograd.Function``'s, which no aten op makes
+        (a compiled graph's, whose ops run under no_grad, then ``ones_like`` seeds the backward)."""
         self._recomputing = RecomputeDetector()
         self._recompute_pairing = RecomputePairing()
         self._rebuilt = RebuiltTensors()
@@ -333,6 +338,7 @@ class OpCapture:
         self._log.clear()
         self._forward.clear()
         self._made_none.clear()
+        self._displaced.clear()
         self._recompute_pairing.reset()
         self._rebuilt.clear()
         self.range.reset()
@@ -461,7 +467,10 @@ class OpCapture:
         if phase == "optimizer":
             module = NO_MODULE
         elif phase == "backward":
-            forward_info = self._forward.get(node_sequence_nr(node))
+            number = node_sequence_nr(node)
+            forward_info = self._forward.get(number)
+            if number in self._displaced and isinstance(node, BackwardCFunction):  # no aten op made it
+                forward_info = self._displaced[number]
             if forward_info is not None:
                 module, fwd, captured, _, _ = forward_info
             else:  # gradient accumulation into a parameter is named after the parameter
@@ -525,7 +534,7 @@ class OpCapture:
             number = next_sequence_nr() - 1
             if number in self._made_none and _makes_node(args):  # the node's own op: it takes its number
                 self._made_none.discard(number)
-                del self._forward[number]
+                self._displaced[number] = self._forward.pop(number)
             held = self._forward.setdefault(number, entry)
             if held is entry and not torch.is_grad_enabled():
                 self._made_none.add(number)

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchdebug._torch.nn import compiled_methods
 from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.collectives import DISTRIBUTED_DIR
 from torchdebug.capture.filters import NameMatcher, RangeGate
@@ -60,7 +59,7 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
     if reads and not fused_stats.available():
         return "statistics or fingerprints without the C kernel (native/stats.c cannot be built here)"
     if model is not None:
-        return _why_not_for_model(model, reads, config.compiled_code == "eager")
+        return _why_not_for_model(model, reads)
     if reads and torch.accelerator.is_available():
         return "statistics or fingerprints with an accelerator present and no model (the native path reads CPU tensors only)"
     return None
@@ -81,13 +80,11 @@ def _works() -> ctypes.CDLL | None:
     return load_torch_library("c10d_work")
 
 
-def _why_not_for_model(model: nn.Module, reads: bool, runs_eagerly: bool) -> str | None:
-    """Why the native path does not apply to ``model`` (``reads``: the config reads tensors' values;
-    ``runs_eagerly``: compiled code runs eagerly while capturing, ``compiled_code="eager"``). Modules
-    compiled in the model, in place or wrapped, take it: the ops their compiled code calls through
-    aten are named after the module, as the dispatch mode names them."""
-    if not runs_eagerly and next(iter(compiled_methods(model)), None) is not None:
-        return "compiled methods in the model (a compiled forward or training_step)"
+def _why_not_for_model(model: nn.Module, reads: bool) -> str | None:
+    """Why the native path does not apply to ``model`` (``reads``: the config reads tensors' values).
+    Compiled code takes it, run as compiled or eagerly (modules compiled in place or wrapped, a
+    compiled ``forward`` or ``training_step``): the ops it calls through aten are named as the
+    dispatch mode names them."""
     for parameter in model.parameters():
         if is_subclass(parameter) and not _is_dtensor(parameter):
             return "tensor subclass parameters other than DTensors (float8, NF4 weights)"

@@ -1,5 +1,5 @@
-"""The torchdebug compile backend with a data dump, as the graph-dump tests build it, and the pair
-of dumps eager-against-compiled compare tests read."""
+"""The torchdebug compile backend with a data dump, as the graph-dump tests build it, the pair of
+dumps eager-against-compiled compare tests read, and the spellings a model is compiled in."""
 
 from __future__ import annotations
 
@@ -13,6 +13,22 @@ from torch import nn
 
 import torchdebug
 from torchdebug.compile import CompilerConfig, get_backend
+
+
+def compile_as(model: nn.Module, spelling: str, backend: Any) -> nn.Module:
+    """Compile ``model`` with ``backend`` as ``spelling`` says: ``"method"`` (each block of
+    ``model.layers``: ``block.compile()``, torchtitan's per-block compile), ``"wrapper"``
+    (``model.layers[i] = torch.compile(block)``), ``"forward"`` (``model.forward`` replaced by a
+    compiled function, as Lightning compiles it) or ``"whole"``. Returns what a step calls:
+    ``torch.compile(model)`` for ``"whole"``, else ``model``."""
+    for index, block in enumerate(model.layers):
+        if spelling == "method":
+            block.compile(backend=backend)
+        elif spelling == "wrapper":
+            model.layers[index] = torch.compile(block, backend=backend)
+    if spelling == "forward":
+        model.forward = torch.compile(model.forward, backend=backend)
+    return torch.compile(model, backend=backend) if spelling == "whole" else model
 
 
 def dump_backend(

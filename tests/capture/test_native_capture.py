@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 import torchdebug
 from examples.gpt import GPT, GPTConfig, make_batch, train_step
+from tests.backends import compile_as
 from tests.blocks import MLPBlock
 from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
 from torchdebug.capture import native_records
@@ -395,26 +396,15 @@ def test_compiled_code_takes_the_native_path(monkeypatch) -> None:
 
 
 def _compiled_gpt(spelling: str, backend: str) -> Training:
-    """The example GPT compiled with ``backend``: its blocks in place (``block.compile()``, the
-    spelling of torchtitan's per-block compile) or wrapped (``torch.compile(block)`` in their list),
-    its ``forward`` replaced by a compiled function (as Lightning compiles it), or whole (the step
-    calls ``torch.compile(model)``, the debugger is handed the model)."""
+    """The example GPT compiled with ``backend`` in ``spelling`` (``tests/backends.compile_as``); the
+    debugger is handed the model, the step calls what was compiled."""
 
     def training() -> tuple[nn.Module, Callable[[], None]]:
         torch._dynamo.reset()
         torch.manual_seed(0)
         config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
         model = GPT(config)
-        called: nn.Module = model
-        for index, block in enumerate(model.layers):
-            if spelling == "in place":
-                block.compile(backend=backend)
-            elif spelling == "wrapped":
-                model.layers[index] = torch.compile(block, backend=backend)
-        if spelling == "forward":
-            model.forward = torch.compile(model.forward, backend=backend)
-        elif spelling == "whole":
-            called = torch.compile(model, backend=backend)
+        called = compile_as(model, spelling, backend)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         batch = make_batch(config, batch=2)
         return model, lambda: train_step(called, optimizer, batch)
@@ -425,9 +415,9 @@ def _compiled_gpt(spelling: str, backend: str) -> Training:
 @pytest.mark.parametrize(
     "spelling, backend, task",
     [
-        ("in place", "aot_eager", "statistics"),
-        ("wrapped", "aot_eager", "structure"),
-        ("in place", "inductor", "structure"),
+        ("method", "aot_eager", "statistics"),
+        ("wrapper", "aot_eager", "structure"),
+        ("method", "inductor", "structure"),
         ("forward", "aot_eager", "structure"),
         ("whole", "inductor", "structure"),
     ],
@@ -448,7 +438,7 @@ def test_compiled_code_dumps_the_same_records_on_both_paths(tmp_path, monkeypatc
     _assert_same_dumps(python, native, joins=backend == "inductor")
     backward = {record.module for record in native if record.phase == "backward"}
     assert backward and NO_MODULE not in backward  # each named after its forward op, or the parameter it sums into
-    if spelling in ("in place", "wrapped"):
+    if spelling in ("method", "wrapper"):
         assert {f"layers.{index}" for index in range(2)} <= {record.module.removesuffix(".GraphModule") for record in native}
     torch._dynamo.reset()
 

@@ -14,6 +14,7 @@ import torch._dynamo
 from torch import nn
 
 import torchdebug
+from tests.backends import compile_as
 from torchdebug.compile import CompilerConfig, get_backend
 
 Train = Callable[[nn.Module, nn.Module, int], None]
@@ -51,14 +52,7 @@ def compiled_dump(
     config.dump_config.dump_path = str(path)
     config.dump_config.task = "statistics"
     backend = get_backend(config, model=model if root else None)
-    run: nn.Module = model
-    for index, block in enumerate(model.layers):
-        if spelling == "method":
-            block.compile(backend=backend)
-        elif spelling == "wrapper":
-            model.layers[index] = torch.compile(block, backend=backend)
-    if spelling == "whole":
-        run = torch.compile(model, backend=backend)
+    run = compile_as(model, spelling, backend)
     for step in range(steps):
         train(model, run, step)
     backend.data_dump.close()

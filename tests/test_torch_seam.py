@@ -297,6 +297,11 @@ def test_compile_events_say_when_a_compilation_starts_and_ends_while_entered():
     events.exit()
     torch.compile(lambda x: x + 2, backend="eager")(torch.ones(2))
     assert seen == [True, False]
+    events.enter()
+    torch._dynamo.reset()  # clears Dynamo's callbacks: leaving finds none to take out
+    events.exit()
+    torch.compile(lambda x: x + 3, backend="eager")(torch.ones(2))
+    assert seen == [True, False]
     torch._dynamo.reset()
 
 

@@ -56,14 +56,15 @@ def test_compiled_module_stays_compiled_under_capture(tmp_path, tiny, monkeypatc
 def test_capturing_more_blocks_compiled_in_place_than_the_recompile_limit_compiles_nothing_again(tmp_path, monkeypatch, native):
     """``block.compile()`` compiles the block's ``_call_impl``, a frame Dynamo skips, so Dynamo compiles
     the frames called there: capture's module hooks, run there, are plain Python
-    (``never_compiled_as_a_frame``). Ten blocks share one graph under capture as without it; compiled
-    as frames, the hooks were compiled again for each block, and from the ninth Dynamo warned that it
-    hit its recompile limit."""
+    (``never_compiled_as_a_frame``), the one the native path adds after a block's own hooks too. Ten
+    blocks share one graph under capture as without it; compiled as frames, the hooks were compiled
+    again for each block, and from the ninth Dynamo warned that it hit its recompile limit."""
     monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
     torch._dynamo.reset()
     backend = _CountingBackend()
     model = torch.nn.Sequential(*(MLPBlock() for _ in range(10)))
     for block in model:
+        block.register_forward_hook(lambda module, args, output: None)  # a hook of its own
         block.compile(backend=backend)
     x = torch.randn(2, 8)
     model(x).sum().backward()

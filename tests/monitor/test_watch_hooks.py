@@ -110,6 +110,36 @@ def test_an_eager_hooked_block_between_compiled_blocks_is_named_without_graph_br
     torch._dynamo.reset()
 
 
+def test_the_hooks_the_monitor_places_on_blocks_compiled_in_place_are_never_compiled(monitors, tmp_path: Path) -> None:
+    """``block.compile()`` has Dynamo compile each frame its ``_call_impl`` calls, the hook the
+    monitor places after a block's own hooks too: it is run as Python (``never_compiled_as_a_frame``),
+    so monitored steps compile no frame that plain ones did not."""
+    from tests.blocks import MLPBlock
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(*(MLPBlock() for _ in range(10)))
+    for block in model:
+        block.register_forward_hook(lambda module, args, output: None)
+        block.compile(backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(2, 8)
+    model(x).sum().backward()  # compiles the blocks' forward and their own hooks
+    monitor = monitors(model, optimizer, dump_path=tmp_path, window=4)
+    counters.clear()
+    for _ in range(3):
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+
+        monitor.step(closure)
+    assert not counters["frames"]
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("how", ["block.compile", "torch.compile"])
 def test_a_compiled_hooked_block_is_still_watched_after_its_hooks_from_outside_its_compiled_call(
     monitors, tmp_path: Path, how: str

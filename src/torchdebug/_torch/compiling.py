@@ -40,8 +40,10 @@ class CompileEvents:
         self._handler = callback_handler
 
     def exit(self) -> None:
-        """Take the callbacks out."""
-        if self._handler is not None:
-            self._handler.remove_start_callback(self._start)
-            self._handler.remove_end_callback(self._end)
-            self._handler = None
+        """Take the callbacks out, where they still are: ``torch._dynamo.reset()`` clears them (a
+        compilation after it, in the same step, is not told)."""
+        handler, self._handler = self._handler, None
+        if handler is not None and self._start in handler.start_callbacks:
+            handler.remove_start_callback(self._start)
+        if handler is not None and self._end in handler.end_callbacks:
+            handler.remove_end_callback(self._end)

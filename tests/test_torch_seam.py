@@ -712,6 +712,46 @@ def test_a_compiled_graphs_frame_holds_its_module_and_the_module_the_user_compil
     assert frames.running_frame(__file__, "no_such_function") is None
 
 
+def test_ops_in_a_frame_dynamo_compiled_and_in_its_graphs_backward_are_told_as_compiled_code():
+    """Its graph's ops (aot_eager runs them), an op called eagerly at a graph break inside the
+    frame, and the backward graph's ops are compiled code; ops before and after the call, and the
+    backward of an eager op, are not."""
+    from torchdebug._torch import autograd, frames
+
+    seen = []
+
+    class Mode(dispatch.TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            node = autograd.current_autograd_node()
+            seen.append((func.__name__, node is not None, frames.in_compiled_code(node)))
+            return func(*args, **(kwargs or {}))
+
+    @torch.compiler.disable
+    def eager_part(x):
+        return x.cos()
+
+    def fn(x):
+        y = x.sin()
+        return eager_part(y) * y
+
+    compiled = torch.compile(fn, backend="aot_eager")
+    x = torch.randn(4, requires_grad=True)
+    compiled(x).sum().backward()
+    with Mode():
+        out = compiled(x.exp())
+        out.sum().backward()
+    compiled_forward = {name for name, backward, told in seen if told and not backward}
+    assert {"sin.default", "cos.default", "mul.Tensor"} <= compiled_forward
+    assert ("exp.default", False, False) in seen and ("sum.default", False, False) in seen
+    assert any(told for _, backward, told in seen if backward)  # the backward graph's
+    assert ("mul.Tensor", True, False) in seen  # exp's backward, eager
+    torch._dynamo.reset()
+
+
 def test_module_hooks_counts_each_kind_of_hook_a_module_and_its_children_hold() -> None:
     """``nn.Module``'s private hook dicts, which ``module_hooks`` reads: one hook of each kind
     registered through the public API is counted in its place, on each torch release tested."""

@@ -100,6 +100,68 @@ def test_the_ops_a_compilation_runs_in_a_captured_step_are_not_recorded(tmp_path
     torch._dynamo.reset()
 
 
+def _dumped_statistics(folder, monkeypatch, native: str, model: torch.nn.Module, step) -> list:
+    """The tensor records of one step of ``step`` dumped with statistics on one path, after a step
+    that compiled it."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
+    step()
+    with torchdebug.Debugger(folder, task="statistics", stack="none") as debugger:
+        debugger.start(model)
+        step()
+        debugger.step()
+    return [record for record in torchdebug.load(folder).ranks[0].records() if record.kind == "tensor"]
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
+def test_an_extern_kernels_input_that_inductor_wrote_in_place_has_the_statistics_of_what_it_holds(tmp_path, monkeypatch, native):
+    """Inductor fuses the GELU after a linear layer into a kernel that overwrites the ``addmm``'s
+    output in place (no aten op, no version moved), which the next ``addmm`` reads: its input holds
+    the GELU's values, not those the first ``addmm`` wrote (which both paths recorded there before)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    compiled = torch.compile(model, backend="inductor")
+    x = torch.randn(64, 16)
+
+    def step() -> None:
+        with torch.no_grad():
+            compiled(x)
+
+    records = _dumped_statistics(tmp_path, monkeypatch, native, model, step)
+    first, second = (r for r in records if r.op == "aten.addmm.out" and r.io == "input" and r.arg == "1")
+    written = next(r for r in records if r.op == "aten.addmm.out" and r.io == "output" and r.call == first.call)
+    with torch.no_grad():
+        hidden = model[0](x)
+    assert first.stats["mean"] == pytest.approx(x.mean().item(), rel=1e-4)
+    assert written.stats["mean"] == pytest.approx(hidden.mean().item(), rel=1e-4)
+    assert second.stats["mean"] == pytest.approx(model[1](hidden).mean().item(), rel=1e-4)
+    assert second.stats["norm"] == pytest.approx(model[1](hidden).norm().item(), rel=1e-4)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
+def test_a_saved_activation_the_backward_writes_in_place_has_the_statistics_of_what_it_holds(tmp_path, monkeypatch, native):
+    """With the loss compiled in, AOT autograd lets inductor's backward write the loss's gradient
+    into the memory of the logits it saved (a donated buffer: no aten op, no version moved): the
+    ``mm`` that reads it for the last layer's input gradient holds the gradient's values, not the
+    logits' (which both paths recorded there before)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 10))
+    x, y = torch.randn(64, 16), torch.randint(0, 10, (64,))
+    loss_of = torch.compile(lambda: torch.nn.functional.cross_entropy(model(x), y), backend="inductor")
+    records = _dumped_statistics(tmp_path, monkeypatch, native, model, lambda: loss_of().backward())
+    logits = model(x)
+    logits.retain_grad()
+    torch.nn.functional.cross_entropy(logits, y).backward()
+    reads = [r for r in records if r.phase == "backward" and r.op == "aten.mm.out" and r.io == "input" and r.arg == "0"]
+    gradients = [r for r in reads if sorted(r.shape) == [10, 64]]
+    assert len(gradients) == 2  # the weight's gradient reads it transposed, the input's as it is
+    for read in gradients:
+        assert read.stats["norm"] == pytest.approx(logits.grad.norm().item(), rel=1e-4)
+    torch._dynamo.reset()
+
+
 def test_compiled_function_under_capture_is_not_recompiled_by_inductor(tmp_path):
     torch._dynamo.reset()
     from torch._dynamo.testing import CompileCounterWithBackend

@@ -274,3 +274,24 @@ def test_packed_fp4_values_are_not_judged(tmp_path, resolution):
 
     records = _records(tmp_path, fn)
     assert _calls(records) == ["forward/-/aten.mul.Tensor#0"]
+
+
+def test_an_infinity_inductor_writes_in_place_is_given_to_the_extern_kernel_that_reads_it(tmp_path, resolution):
+    """Inductor fuses the ``exp`` after a matmul into a kernel that overwrites the matmul's output in
+    place (no aten op, no version moved), which the next matmul reads: the check judges that input as
+    it is then (infinite: given), not as the first matmul left it (finite), so the second matmul is no
+    origin; the ``mul`` that overflows after the compiled code is."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, w1, w2: (a @ w1).exp() @ w2, backend="inductor")
+    a, w1, w2 = torch.full((8, 8), 4.0), torch.full((8, 8), 4.0), torch.rand(8, 8) + 0.1
+    with torch.no_grad():
+        compiled(a, w1, w2)
+
+    def body():
+        with torch.no_grad():
+            compiled(a, w1, w2)
+        (w2 * 1e30) * 1e30
+
+    records = _records(tmp_path, body, overflow_nums=-1)
+    assert _calls(records) == ["forward/-/aten.mul.Tensor#1"]
+    torch._dynamo.reset()

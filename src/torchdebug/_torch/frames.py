@@ -10,6 +10,11 @@ of the graph's ``stack_trace`` metadata names. A graph break inside a submodule'
 that tells which instance of a module class ran the graph (the loop over the experts of a
 mixture-of-experts layer runs one expert's graph for each expert).
 
+Compiled code runs in a frame of the code Dynamo made (``torch._dynamo.utils.orig_code_map``: that
+code by ``id``, to the code it was made from), its backward in autograd's evaluation of a node of AOT
+autograd's ``CompiledFunction`` (a ``CompiledFunctionBackward``): :func:`in_compiled_code` tells an op
+run there, where the native observer sees Dynamo's "Torch-Compiled Region" scope or that evaluation's.
+
 ``torch.compile(module)`` returns an ``OptimizedModule`` (``_orig_mod``: the module); ``module.compile()``
 stores the compiled call in ``module._compiled_call_impl``. Both are called through
 ``Module._wrapped_call_impl`` (``Module.__call__``), whose frame holds the module as ``self``:
@@ -38,6 +43,10 @@ _CALL = nn.Module._wrapped_call_impl.__code__.co_name
 _MAX_DEPTH = 256
 """Frames looked at, at most, from a graph's sink up to its frame or to the outermost module call."""
 
+_COMPILED_BACKWARD = "CompiledFunctionBackward"
+"""The class name of the node of AOT autograd's ``CompiledFunction`` (``autograd.Function`` names its
+node class after it)."""
+
 
 def running_frame(file: str, function: str) -> FrameType | None:
     """The innermost frame on the stack running code ``function`` of ``file`` (the frame a graph
@@ -51,6 +60,26 @@ def running_frame(file: str, function: str) -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
+
+
+def in_compiled_code(node: Any) -> bool:
+    """Whether the caller runs as compiled code: in a frame Dynamo compiled (what its graph calls, and
+    what the frame calls eagerly at a graph break), or in autograd's evaluation of ``node``, a compiled
+    graph's backward. Inductor's kernels write buffers there with no aten op and no version moved."""
+    if node is not None and type(node).__name__ == _COMPILED_BACKWARD:
+        return True
+    utils = sys.modules.get("torch._dynamo.utils")
+    made = utils.orig_code_map.values if utils is not None else None
+    if not made:
+        return False
+    frame = sys._getframe(1)
+    for _ in range(_MAX_DEPTH):
+        if frame is None:
+            return False
+        if id(frame.f_code) in made:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def local_module(frame: FrameType, name: str, index: int | None = None) -> nn.Module | None:
@@ -94,4 +123,4 @@ def outermost_compiled_module(frame: FrameType | None) -> nn.Module | None:
     return found
 
 
-__all__ = ["enclosing_module", "local_module", "outermost_compiled_module", "running_frame"]
+__all__ = ["enclosing_module", "in_compiled_code", "local_module", "outermost_compiled_module", "running_frame"]

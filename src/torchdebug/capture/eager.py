@@ -23,6 +23,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torchdebug._torch.autograd import current_autograd_node, next_sequence_nr, node_sequence_nr, tensor_version
 from torchdebug._torch.checkpoint import BOOKKEEPING_OPS, RecomputeDetector, bookkeeping
 from torchdebug._torch.dispatch import TorchDispatchMode, moves_versions, op_schema
+from torchdebug._torch.frames import in_compiled_code
 from torchdebug._torch.fsdp import unshard_buffers
 from torchdebug._torch.funcol import async_tensor_class, inner_tensor, unwaited, waits_before
 from torchdebug._torch.subclasses import is_subclass
@@ -425,6 +426,7 @@ class OpCapture:
             source,
             fwd,
         )
+        self.session.in_compiled_code = in_compiled_code(node)
         return self._record(func, args, kwargs, info, names, rebuilds)
 
     def _passes_through(self, info: OpInfo) -> bool:

@@ -261,6 +261,7 @@ class SlotWalk:
         starts = np.cumsum([0, *(len(storages) for _, storages in unshards)], dtype=np.int64)
         storages = np.array([storage for _, marked in unshards for storage in marked], np.int64)
         pointers += [column.ctypes.data for column in (*outputs_, taken, unshard_rows, starts, storages)]
+        pointers.append(ops.mark.buffer_info()[0])  # (a row of compiled code shares no statistics)
         counts = (ctypes.c_int64 * 6)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row, len(unshards))
         options = (ctypes.c_int * 2)(inputs | outputs << 1, statistics | fingerprints << 1)
         taken_count = ctypes.c_int64()

@@ -242,11 +242,14 @@ class OverflowWatch:
         # After an in-place op returns, autograd bumps the version once more (as in the session).
         version = tensor_version(tensor)
         version = None if version is None else version + (1 if mutated else 0)
-        known = None if fresh or version is None else self._flags.get(id(tensor))
+        compiled = self.session.in_compiled_code  # (inductor's kernels write there unseen)
+        known = None if fresh or compiled or version is None else self._flags.get(id(tensor))
         if known is not None and known.ref() is tensor and known.version == version:
             return known
         flags = _Flags(tensor, version)
-        if version is not None:  # an inference tensor is judged at each op: its writes leave no trace
+        if compiled:
+            self._flags.pop(id(tensor), None)
+        elif version is not None:  # an inference tensor is judged at each op: its writes leave no trace
             self._flags[id(tensor)] = flags
         self._new.append((tensor, partial(self._deliver, flags)))
         return flags

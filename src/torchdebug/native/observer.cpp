@@ -639,12 +639,22 @@ void forget_reads() {
   storage_writes.clear();
 }
 
+// The compiled scopes this thread is in (compiled_scope): inductor's kernels write buffers there
+// (a matmul's output in place with its bias and activation, a donated saved activation) with no aten
+// op and no version moved, so a read there is neither given an earlier read nor kept for a later one,
+// and what was read of the tensor before is forgotten.
+thread_local int compiled_scopes = 0;
+
 // take_values, or what it gave for this tensor at this version since the last drain. One lock for
 // the lookup, the read and the entry: the callbacks of two threads rarely read at once.
 int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   bool cacheable = !impl->is_inference() && impl->is_cpu() && impl->layout() == c10::kStrided && impl->numel() > 0 &&
                    impl->has_storage() && impl->storage_initialized() && impl->dim() <= kMaxDims;
-  if (!cacheable) return take_values(impl, out, fingerprint);
+  if (cacheable && compiled_scopes > 0) {
+    std::lock_guard<std::mutex> lock(reads_mutex);
+    forget_read(impl);
+  }
+  if (!cacheable || compiled_scopes > 0) return take_values(impl, out, fingerprint);
   auto version = impl->version_counter().current_version();
   std::lock_guard<std::mutex> lock(reads_mutex);
   const auto* found = read_at.find(address(impl));
@@ -1264,12 +1274,13 @@ struct Slots {
   }
 };
 
-enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kNoNode = 8, kFoundHidden = 16 };
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kNoNode = 8, kFoundHidden = 16, kCompiled = 32 };
 // kGradOn: grad mode was on at the op; kCheckpointNode: the node the engine runs is a reentrant
 // checkpoint's (td_observer_checkpoint), whose ops re-run its region; kNoNode: a forward op with a
 // sequence number made no node under it (no argument required grad), so the next node made takes
 // that number (a custom autograd.Function's, applied next); kFoundHidden: a row found hidden after it
-// was recorded (a call no dispatch mode sees, settle_detached), which the walk skips. (4 is native_recompute.py's.)
+// was recorded (a call no dispatch mode sees, settle_detached), which the walk skips; kCompiled: an op
+// of compiled code (compiled_scopes), whose slots the walk shares nothing with. (4 is native_recompute.py's.)
 
 struct Row {
   int32_t op;
@@ -1554,6 +1565,7 @@ struct Frame {
   bool collective = false;  // kRecorded: a c10d op, its call in ThreadState::collective_calls
   int8_t functional = 0;    // kRecorded: OpInfo::functional
   bool detach = false;      // kRecorded: a detach of a plain tensor (settle_detached)
+  bool compiled = false;    // a compiled scope (compiled_scope): counted in compiled_scopes while open
 };
 
 // Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
@@ -2026,7 +2038,30 @@ void count_unmoved(ThreadState& thread, int32_t from) {
   for (auto* impl : still) forget_read(impl);
 }
 
+// Scopes whose ops run as compiled code: Dynamo's run of a compiled frame ("Torch-Compiled Region:
+// 0/0", a FUNCTION scope it opens whether or not a profiler runs), and the engine's evaluation of the
+// node of AOT autograd's Function around a compiled graph, its backward. The dispatch mode tells the
+// same ops (_torch/frames.py's in_compiled_code). Unchanged from torch 2.11 through 2.14.1.
+constexpr char kCompiledRegion[] = "Torch-Compiled Region";
+constexpr char kCompiledBackward[] = "autograd::engine::evaluate_function: CompiledFunctionBackward";
+bool compiled_scope(const char* name) {
+  if (name[0] == 'T') return std::strncmp(name, kCompiledRegion, sizeof(kCompiledRegion) - 1) == 0;
+  return name[0] == 'a' && std::strcmp(name, kCompiledBackward) == 0;
+}
+
+std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn);
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  auto opened = state.frames.size();
+  auto context = enter(fn);
+  if (state.frames.size() > opened && compiled_scope(fn.name())) {
+    state.frames.back().compiled = true;
+    ++compiled_scopes;
+  }
+  return context;
+}
+
+std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
   if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
   if (outputs_waiting.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -2137,7 +2172,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (collectives_pending.load(std::memory_order_relaxed)) complete_collectives(false);  // before this op's slots
   bool in_backward = !thread.node_seq.empty();
   Row row{info.id, in_backward ? thread.node_seq.back() : fn.seqNr(), static_cast<int8_t>(in_backward), row_context(thread), -1};
-  row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0));
+  row.mark = static_cast<int8_t>((at::GradMode::is_enabled() ? kGradOn : 0) | (in_backward ? thread.node_checkpoint.back() : 0) |
+                                 (compiled_scopes > 0 ? kCompiled : 0));
   row.made = static_cast<int64_t>(at::sequence_number::peek()) - 1;
   if (!thread.mode_calls.empty() && std::get<0>(thread.mode_calls.back()) == info.id) {  // a mode's handler calling its op
     if (!in_backward) row.seq = std::get<1>(thread.mode_calls.back());
@@ -2232,6 +2268,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   auto frame = last;
   thread.frames.pop_back();
+  if (frame.compiled) compiled_scopes = std::max(compiled_scopes - 1, 0);
   if (frame.math_bits) thread.math_bit_calls.pop_back();
   std::optional<std::pair<bool, c10::IValue>> collective_call;  // (a c10d op's: no IValue made for the others)
   if (frame.collective) {
@@ -2354,6 +2391,7 @@ int td_observer_start(int requested_level) {
   level.store(requested_level);
   owner = std::this_thread::get_id();
   state = ThreadState{};
+  compiled_scopes = 0;
   hidden_in_transforms.store(0);
   outer_modes = user_modes();
   forget_reads();

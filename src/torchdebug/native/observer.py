@@ -46,8 +46,9 @@ bits from this one up, its inner index in ``slot_element``: arg ``0``'s ``[[a, b
 
 GRAD_ON, CHECKPOINT_NODE = 1, 2
 """:attr:`ObservedOps.mark` bits Python reads: grad mode was on; run by a reentrant checkpoint's node.
-(4 is ``native_values.RECOMPUTED``, which Python adds; 8, read by the walk only, a forward op that made
-no node of its sequence number, which the next node made takes: a custom autograd function's.)"""
+(4 is ``native_values.RECOMPUTED``, which Python adds; read by the walk only: 8, a forward op that made
+no node of its sequence number, which the next node made takes: a custom autograd function's; 32, an op
+of compiled code, whose slots share no statistics with others: inductor's kernels write there unseen.)"""
 
 _COLUMNS = (
     ("op", "i"),

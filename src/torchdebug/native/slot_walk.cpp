@@ -63,11 +63,12 @@ enum OpFlag : int {
 // kCollective: a c10d op, whose outputs are tensors it was handed (its lists, recv_'s argument) and
 // come once its Work completes, after the slots of the rows that ran meanwhile (observer.cpp).
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
-enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8, kFoundHidden = 16 };
+enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8, kFoundHidden = 16, kCompiled = 32 };
 // Per row: the observer's marks (observer.cpp's RowMark: kGradOn, grad mode was on, so the op's
 // node, if it makes one, is the one after the last made before it; kCheckpointNode, run by a
 // reentrant checkpoint's node; kNoNode, a forward op whose sequence number no node of its took;
-// kFoundHidden, a row found hidden after it was recorded, skipped as a skipped op's),
+// kFoundHidden, a row found hidden after it was recorded, skipped as a skipped op's; kCompiled, an
+// op of compiled code, whose slots share no statistics: inductor's kernels write there unseen),
 // and kRecomputed, which native_recompute.py adds: a recomputation's op or checkpoint's own
 // bookkeeping (phase recompute).
 constexpr int64_t kLookahead = 64;   // recompute.py's LOOKAHEAD
@@ -729,6 +730,7 @@ const char* td_walk_arg(void* walk, int index, int* io) {
 // copy-ins, in row order): each one's row, where its storages start in the next column (one more
 // entry: the end), and the StorageImpl addresses of the buffers it hands out, which hold no value
 // of the run from that row on (unwritten.py's UnwrittenStorages.add, as eager.py's copy-in marks them).
+// Last, the rows' marks (kCompiled: the slots of its row share no statistics or fingerprint).
 // Returns the recorded slots (and the taken entries into *taken_count), or -1 on failure.
 int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* const* columns, int64_t* taken_count) {
   try {
@@ -772,6 +774,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     auto unshard_row = column<int64_t>(columns, 32);
     auto unshard_start = column<int64_t>(columns, 33);
     auto unshard_storage = column<int64_t>(columns, 34);
+    auto row_mark = column<int8_t>(columns, 35);
     int64_t next_unshard = 0;
 
     ++state.drains;
@@ -793,6 +796,11 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     Memory memory;
     bool row_writes = false;  // the row's op has a mutable schema: its tensor arguments' storages may be written
     bool row_collective = false;  // the row's op is a collective: its outputs are tensors it was handed
+    // The row's op runs in compiled code (kCompiled): inductor's kernels write buffers there with no
+    // aten op and no version moved (a matmul's output in place with its activation, a donated saved
+    // activation), so its slots are neither given what an earlier slot took nor kept for a later one,
+    // and what was seen of them before is forgotten, as CaptureSession reads a compiled graph's tensors.
+    bool row_compiled = false;
     std::vector<int64_t> written;  // their storages, counted as written once its inputs are walked
     std::vector<int64_t> collective_written;  // a collective row's output storages, each counted written at its first slot
     auto count_written = [&]() {
@@ -828,9 +836,10 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         restores = saver != state.made_by.end() ? saver->second.index : kNone;
         bool named = index >= 0 && index < static_cast<int64_t>(state.forward_of.size());  // (a walk without td_walk_rows: none)
         differentiates = named ? state.forward_of[static_cast<size_t>(index)] : kNone;
-        row_writes = row_collective = false;
+        row_writes = row_collective = row_compiled = false;
         collective_written.clear();
         if (index >= 0 && index < rows) {
+          row_compiled = row_mark[index] & kCompiled;
           auto found = state.ops.find(row_op[index]);
           if (found == state.ops.end()) return -1;  // facts not given: the caller's error
           row_writes = found->second.flags & kMutable;
@@ -958,11 +967,11 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         if (alias != nullptr) {
           stats = reused;
           fingerprint = reused_fingerprint;
-        } else if (auto known = io == 0 && versioned ? state.seen.find(address) : state.seen.end();
+        } else if (auto known = io == 0 && versioned && !row_compiled ? state.seen.find(address) : state.seen.end();
                    known != state.seen.end() && state.still(known->second, memory, version)) {
           stats = known->second.stats;  // an output is a new tensor, or written: only an input is known
           fingerprint = known->second.fingerprint;
-        } else if (auto rebuilt = unpacked != 0 && versioned ? state.seen.find(unpacked) : state.seen.end();
+        } else if (auto rebuilt = unpacked != 0 && versioned && !row_compiled ? state.seen.find(unpacked) : state.seen.end();
                    rebuilt != state.seen.end() && state.still(rebuilt->second, memory, version)) {
           stats = rebuilt->second.stats;
           fingerprint = rebuilt->second.fingerprint;
@@ -998,7 +1007,9 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
           fingerprint = own(has_fingerprint);
           owned = true;
         }
-        if (owned && versioned && (stats != kNone || fingerprint != kNone)) {
+        if (row_compiled) {
+          state.seen.erase(address);
+        } else if (owned && versioned && (stats != kNone || fingerprint != kNone)) {
           state.seen[address] = Seen{seen_at, memory, stats, fingerprint, state.drains, is_view, state.writes_of(storage)};
         }
         // An argument an op may write is read again next time: a fused optimizer writes its tensors

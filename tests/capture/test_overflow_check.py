@@ -295,3 +295,19 @@ def test_an_infinity_inductor_writes_in_place_is_given_to_the_extern_kernel_that
     records = _records(tmp_path, body, overflow_nums=-1)
     assert _calls(records) == ["forward/-/aten.mul.Tensor#1"]
     torch._dynamo.reset()
+
+
+def test_an_argument_an_origin_overwrites_is_described_not_read(tmp_path, resolution):
+    """``out=``'s buffer holds no input of the op: its record says so (as a statistics dump's does),
+    and shows none of what it held (here NaN, which would read as where the overflow came from)."""
+
+    big, buffer = torch.full((2, 2), 1e20), torch.full((2, 2), float("nan"))
+
+    def body():
+        torch.mm(big, big, out=buffer)
+
+    records = _records(tmp_path, body, overflow_nums=-1)
+    assert _calls(records) == ["forward/-/aten.mm.out#0"]
+    out = next(r for r in records if r.io == "input" and r.arg == "out")
+    assert out.stats is None and out.extra == {"unread": "overwritten"}
+    assert next(r for r in records if r.io == "output").stats["posinf"] == 4

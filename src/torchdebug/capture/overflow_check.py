@@ -95,10 +95,13 @@ class _Flags:
 class _Call:
     """A checked op call waiting for its flags (on an accelerator, until the next flush)."""
 
-    __slots__ = ("common", "step", "inputs", "outputs", "mutable", "waiting", "flags_in", "flags_out", "done", "nbytes")
+    __slots__ = ("common", "step", "inputs", "outputs", "mutable", "info", "waiting", "flags_in", "flags_out", "done", "nbytes")
 
-    def __init__(self, common: dict[str, Any], step: int, inputs: list[Slot], outputs: list[Slot], mutable: bool) -> None:
+    def __init__(
+        self, common: dict[str, Any], step: int, inputs: list[Slot], outputs: list[Slot], mutable: bool, info: OpFacts
+    ) -> None:
         self.common, self.step, self.inputs, self.outputs, self.mutable = common, step, inputs, outputs, mutable
+        self.info = info  # its unread slots: described, not read, when it is recorded
         self.waiting = 0
         self.flags_in = self.flags_out = 0
         self.done = False
@@ -214,7 +217,7 @@ class OverflowWatch:
         ]
         if not checked:
             return out
-        call = _Call(common, self._step, slots if inputs else [], outputs, bool(written))
+        call = _Call(common, self._step, slots if inputs else [], outputs, bool(written), info)
         for _, value in slots:
             if not isinstance(value, torch.Tensor):
                 call.flags_in |= value_flags(value)
@@ -303,8 +306,8 @@ class OverflowWatch:
         self.found += 1
         common = {**call.common, "save_tensors": True}
         if call.inputs:
-            self.session.add_call(iter(call.inputs), io="input", **common)
-        self.session.add_call(iter(call.outputs), io="output", mutated=call.mutable, **common)
+            self.session.add_call(iter(call.inputs), io="input", unread=call.info.unread_inputs, **common)
+        self.session.add_call(iter(call.outputs), io="output", mutated=call.mutable, unread=call.info.unread_outputs, **common)
         c = call.common
         name = make_name(c["phase"], c["module"], c["op"], c["call"], "output", "").removesuffix("/output")
         log = logger.warning if self.found == 1 else logger.info

@@ -396,17 +396,28 @@ def test_compiled_code_takes_the_native_path(monkeypatch) -> None:
 
 
 def _compiled_gpt(spelling: str, backend: str) -> Training:
-    """The example GPT compiled with ``backend`` in ``spelling`` (``tests/backends.compile_as``); the
+    """The example GPT compiled with ``backend`` in ``spelling`` (``tests/backends.compile_as``;
+    ``"checkpointed method"``: each block in a ``checkpoint_wrapper`` first, as torchtitan applies
+    activation checkpointing before its per-block compile, and compiled by a step before capture
+    starts, as at a run's first step: Dynamo traces the wrapped block's call, with no hooks then); the
     debugger is handed the model, the step calls what was compiled."""
 
     def training() -> tuple[nn.Module, Callable[[], None]]:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
         torch._dynamo.reset()
         torch.manual_seed(0)
         config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
         model = GPT(config)
-        called = compile_as(model, spelling, backend)
+        checkpointed, _, how = spelling.rpartition(" ")
+        if checkpointed:
+            for index, block in enumerate(model.layers):
+                model.layers[index] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        called = compile_as(model, how, backend)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         batch = make_batch(config, batch=2)
+        if checkpointed:
+            train_step(called, optimizer, batch)
         return model, lambda: train_step(called, optimizer, batch)
 
     return training
@@ -420,6 +431,8 @@ def _compiled_gpt(spelling: str, backend: str) -> Training:
         ("method", "inductor", "statistics"),
         ("forward", "aot_eager", "structure"),
         ("whole", "inductor", "statistics"),
+        ("checkpointed method", "inductor", "statistics"),
+        ("checkpointed wrapper", "aot_eager", "structure"),
     ],
 )
 def test_compiled_code_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, spelling, backend, task) -> None:
@@ -438,7 +451,7 @@ def test_compiled_code_dumps_the_same_records_on_both_paths(tmp_path, monkeypatc
     _assert_same_dumps(python, native, joins=backend == "inductor")
     backward = {record.module for record in native if record.phase == "backward"}
     assert backward and NO_MODULE not in backward  # each named after its forward op, or the parameter it sums into
-    if spelling in ("method", "wrapper"):
+    if spelling.endswith(("method", "wrapper")):  # a compiled checkpoint wrapper's too, whose block's call is traced
         assert {f"layers.{index}" for index in range(2)} <= {record.module.removesuffix(".GraphModule") for record in native}
     torch._dynamo.reset()
 

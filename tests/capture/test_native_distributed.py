@@ -5,7 +5,8 @@ stacks: a model whose forward runs c10d collectives (``dist.all_reduce`` waited 
 tensor all-gathers, broadcast, reduce-scatter, send and recv, one never waited for) and functional
 collectives on plain tensors (one waited for, one written in place, one left to capture's stop); an
 FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters), and
-one with the blocks under selective activation checkpointing; a
+one with the blocks under selective activation checkpointing, one with them checkpointed and
+compiled in place (torchtitan's recipe); a
 tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters); and
 ``DistributedDataParallel`` ones (small buckets, gradients as bucket views, a micro-batch accumulated
 under ``no_sync``). A
@@ -117,6 +118,24 @@ def _fsdp2_selective(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     return model, _training(model, rank)
 
 
+def _fsdp2_compiled(rank: int) -> tuple[nn.Module, Callable[[], object]]:
+    """torchtitan's recipe: blocks under activation checkpointing (``checkpoint_wrapper``), each
+    compiled in place (inductor), then sharded with FSDP2; compiled by a step before capture starts."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[checkpoint_wrapper(MLPBlock(), checkpoint_impl=CheckpointImpl.NO_REENTRANT) for _ in range(2)])
+    model.append(nn.Linear(8, 4))
+    for block in model[:2]:
+        block.compile(backend="inductor")
+        fully_shard(block)
+    fully_shard(model)
+    step = _training(model, rank)
+    step()
+    return model, step
+
+
 def _tensor_parallel(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -165,6 +184,7 @@ _PROGRAMS = {
     "fsdp2-statistics": (_fsdp2, _VALUES),
     "fsdp2-structure": (_fsdp2, _STACKS),
     "fsdp2-selective-statistics": (_fsdp2_selective, _VALUES),
+    "fsdp2-compiled-statistics": (_fsdp2_compiled, {**_VALUES, "stack": "none"}),  # (compiled code's frames: made anew per run)
     "tp-statistics": (_tensor_parallel, _VALUES),
     "tp-structure": (_tensor_parallel, _STACKS),
     "ddp-statistics": (_ddp, _VALUES),
@@ -230,7 +250,7 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
             python, native = (
                 _outputs_after_inputs(_tensor_records(tmp_path / f"{name}-{path}", rank)) for path in ("python", "native")
             )
-            _assert_same_dumps(python, native)
+            _assert_same_dumps(python, native, joins=name == "fsdp2-compiled-statistics")  # (inductor's buffers)
         records = {r.name: r for r in torchdebug.load(tmp_path / "statistics-native").ranks[rank].records() if r.step == 0}
         mean = {name.split("/", 2)[2]: record.stats["mean"] for name, record in records.items() if record.stats}
         assert mean["c10d.allreduce_.default#0/input.0.0"] == rank + 1  # this rank's summand
@@ -245,6 +265,8 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
         assert mean["c10d.allreduce_.default#3/input.0.0"] == rank + 1  # float16: kept, copied before the collective wrote it
         assert mean["c10d.allreduce_.default#3/output.0.0"] == 3.0
         _assert_read_at_the_op(tmp_path, rank)
+        compiled = _tensor_records(tmp_path / "fsdp2-compiled-statistics-native", rank)
+        assert {"0", "1"} <= {r.module for r in compiled if r.phase == "forward"}  # the compiled blocks' ops, named after them
     for name in ("ddp-statistics", "ddp-view-statistics", "ddp-accumulating-statistics"):
         for path in ("python", "native"):
             _assert_reduced_alike(tmp_path / f"{name}-{path}")

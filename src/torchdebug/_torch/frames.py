@@ -5,20 +5,16 @@ graph break, ``torch_dynamo_resume_in_forward_at_54``) into new bytecode that ke
 ``co_filename`` and ``co_name``, and runs the compiled graph from that frame, so a graph running
 now has its frame on the Python stack, under the frames of the compiled code (AOT autograd's and
 inductor's wrappers): :func:`running_frame` finds it by the file and function that the first line
-of the graph's ``stack_trace`` metadata names. A graph break inside a submodule's ``forward`` makes Dynamo compile that
-``forward`` as a frame of its own, whose ``self`` is the submodule: that frame is the one thing
-that tells which instance of a module class ran the graph (the loop over the experts of a
-mixture-of-experts layer runs one expert's graph for each expert).
+of the graph's ``stack_trace`` metadata names. A graph break inside a submodule's ``forward`` makes
+Dynamo compile it as a frame whose ``self`` is the submodule: the one thing that tells which
+instance of a module class ran the graph (a mixture-of-experts layer's loop over its experts).
 
-Compiled code runs in a frame of the code Dynamo made (``torch._dynamo.utils.orig_code_map``: that
-code by ``id``, to the code it was made from), its backward in autograd's evaluation of a node of AOT
-autograd's ``CompiledFunction`` (a ``CompiledFunctionBackward``): :func:`in_compiled_code` tells an op
-run there, where the native observer sees Dynamo's "Torch-Compiled Region" scope or that evaluation's.
+:func:`in_compiled_code` tells an op run in a frame of code Dynamo made (``orig_code_map``) or in
+the backward of AOT autograd's ``CompiledFunction``, as the native observer tells it by scope.
 
-``torch.compile(module)`` returns an ``OptimizedModule`` (``_orig_mod``: the module); ``module.compile()``
-stores the compiled call in ``module._compiled_call_impl``. Both are called through
-``Module._wrapped_call_impl`` (``Module.__call__``), whose frame holds the module as ``self``:
-:func:`outermost_compiled_module` finds the module the user compiled from those frames.
+``torch.compile(module)``'s ``OptimizedModule`` (``_orig_mod``) and ``module.compile()``'s
+``_compiled_call_impl`` are called through ``Module._wrapped_call_impl``, whose frame holds the
+module as ``self``: :func:`outermost_compiled_module` finds the module the user compiled there.
 
 Unchanged from torch 2.11 through 2.14.
 """
@@ -69,7 +65,7 @@ def in_compiled_code(node: Any) -> bool:
     if node is not None and type(node).__name__ == _COMPILED_BACKWARD:
         return True
     utils = sys.modules.get("torch._dynamo.utils")
-    made = utils.orig_code_map.values if utils is not None else None
+    made = utils.orig_code_map.values if utils is not None else None  # the code Dynamo made, by id
     if not made:
         return False
     frame = sys._getframe(1)

@@ -29,7 +29,7 @@ from torch.nn.modules import module as _module_globals
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from torchdebug._torch.nn import DATA_PARALLEL, is_compiled_wrapper, is_module_wrapper, wrapped_module
+from torchdebug._torch.nn import DATA_PARALLEL, compiles_a_wrapper, is_compiled_wrapper, is_module_wrapper, wrapped_module
 
 _WRAPPER_WARNING = re.escape("Using `torch.compile(module)` when there are global hooks on modules")
 
@@ -117,7 +117,9 @@ class GlobalForwardHooks:
 
     ``exit`` sees each call that returned, ``raised`` (when given) each call whose forward raised.
     Calls of module wrappers are skipped: the wrapped module's own call follows, so each module
-    call reaches the hooks once. ``remove()`` undoes everything, once.
+    call reaches the hooks once; but a wrapper compiled (:func:`~torchdebug._torch.nn.compiles_a_wrapper`:
+    its wrapped module's call is traced, its hooks never run) stands for the wrapped module's call,
+    which the hooks then see enter and return with the wrapper's arguments and output. ``remove()`` undoes everything, once.
     """
 
     def __init__(
@@ -146,10 +148,12 @@ class GlobalForwardHooks:
         def on_enter(module: nn.Module, args: tuple) -> None:
             if outside_compiled and is_compiling():  # before the pause: compiled code never reads it
                 return
-            if self._paused or (outside_compiled and self._standing and self.stands_in(module)):
+            # (traced: is_compiling() first, so that compiled code never reads what stands)
+            if self._paused or (not is_compiling() and self._standing and self.stands_in(module)):
                 return
             if module._modules and is_module_wrapper(module):  # a leaf wraps nothing: no call
-                if not (outside_compiled and is_compiled_wrapper(module)):
+                stands = is_compiled_wrapper(module) if outside_compiled else not is_compiling() and compiles_a_wrapper(module)
+                if not stands:
                     if outside_compiled:
                         self._enclosing.append((module, next(iter(module._modules.values()))))
                     return
@@ -162,12 +166,12 @@ class GlobalForwardHooks:
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
             if outside_compiled and is_compiling():
                 return
-            if self._paused or (outside_compiled and self._standing and self.stands_in(module)):
+            if self._paused or (not is_compiling() and self._standing and self.stands_in(module)):
                 return
             if self._enclosing and module is self._enclosing[-1][0]:
                 self._enclosing.pop()
             if module._modules and is_module_wrapper(module):
-                if not (outside_compiled and is_compiled_wrapper(module)):
+                if is_compiling() or not (self._standing and self._standing[-1][0] is module):
                     return
                 module = self._standing.pop()[1]
             if not forward_raised(kwargs_and_output):

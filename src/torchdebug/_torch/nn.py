@@ -82,6 +82,15 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield strip_wrappers(path), module
 
 
+def compiles_a_wrapper(module: nn.Module) -> bool:
+    """Whether ``module``'s call runs a module wrapper compiled (``checkpoint_wrapper(block).compile()``,
+    or ``torch.compile`` of such a wrapper): Dynamo traces the wrapped module's call inside the
+    wrapper's compiled ``forward`` (torch's modules are not skipped), so its hooks never run."""
+    if is_compiled_wrapper(module):
+        return is_module_wrapper(module._orig_mod)  # type: ignore[arg-type]  # a Module, not a Tensor
+    return is_module_wrapper(module) and getattr(module, _COMPILED_CALL, None) is not None
+
+
 def parameters_and_hooked(root: nn.Module) -> tuple[list[nn.Parameter], list[nn.Module]]:
     """``root.parameters()`` (each once, in its order) and the modules of ``root`` with forward
     hooks of their own, in one walk of its modules: a capture asks at each step's start, and
@@ -108,6 +117,7 @@ __all__ = [
     "DATA_PARALLEL",
     "WRAPPER_ATTRIBUTES",
     "compiled_modules",
+    "compiles_a_wrapper",
     "is_compiled_wrapper",
     "is_module_wrapper",
     "parameters_and_hooked",

@@ -95,15 +95,18 @@ class ModuleTracker:
         return found[0] if found is not None and found[1] is tensor else None
 
     def name_of(self, module: nn.Module) -> str:
+        """The path of ``module``: its place in the model, else (a module called inside one but not
+        of it: a compiled graph's, which blocks sharing one graph all call) its class under the
+        module calling it now."""
         name = self._names.get(id(module))
         if name is None:
-            if not self._stack and not self._model_adopted:
+            if self._stack:
+                return f"{self._stack[-1]}.{type(module).__name__}"
+            if not self._model_adopted:
                 self._model_adopted = True
                 self._adopt(module, "")
-            elif not self._stack:
-                self._adopt(module, type(module).__name__)
             else:
-                self._names[id(module)] = f"{self._stack[-1]}.{type(module).__name__}"
+                self._adopt(module, type(module).__name__)
             name = self._names[id(module)]
         return name
 

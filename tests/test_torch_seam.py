@@ -16,11 +16,11 @@ from torch.torch_version import TorchVersion
 
 import torchdebug._torch as seam
 from tests.blocks import MLPBlock
-from torchdebug._torch import amp, autograd, dispatch, dynamo, inductor, pytree
+from torchdebug._torch import amp, autograd, dispatch, dynamo, frames, inductor, pytree
 from torchdebug._torch.compiling import CompileEvents
 from torchdebug._torch.custom_ops import DispatcherCalls
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised, never_compiled_as_a_frame
-from torchdebug._torch.nn import is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
+from torchdebug._torch.nn import compiles_a_wrapper, is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
 
 # -- versions -------------------------------------------------------------------------------------
 
@@ -716,8 +716,6 @@ def test_ops_in_a_frame_dynamo_compiled_and_in_its_graphs_backward_are_told_as_c
     """Its graph's ops (aot_eager runs them), an op called eagerly at a graph break inside the
     frame, and the backward graph's ops are compiled code; ops before and after the call, and the
     backward of an eager op, are not."""
-    from torchdebug._torch import autograd, frames
-
     seen = []
 
     class Mode(dispatch.TorchDispatchMode):
@@ -749,6 +747,33 @@ def test_ops_in_a_frame_dynamo_compiled_and_in_its_graphs_backward_are_told_as_c
     assert ("exp.default", False, False) in seen and ("sum.default", False, False) in seen
     assert any(told for _, backward, told in seen if backward)  # the backward graph's
     assert ("mul.Tensor", True, False) in seen  # exp's backward, eager
+    torch._dynamo.reset()
+
+
+def test_the_call_of_a_block_in_a_checkpoint_wrapper_compiled_is_traced_and_its_hooks_never_run():
+    """torch's modules are not skipped by Dynamo: a ``checkpoint_wrapper`` compiled in place (or
+    wrapped by ``torch.compile``) traces its block's call, so a global hook registered after it
+    compiled sees the wrapper's call, never the block's (``compiles_a_wrapper`` tells such wrappers;
+    a block of the user's class compiled in place runs its hooks as Python)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    torch._dynamo.reset()
+    wrapped, plain = checkpoint_wrapper(MLPBlock()), MLPBlock()
+    wrapped.compile(backend="aot_eager")
+    plain.compile(backend="aot_eager")
+    x = torch.randn(2, 8)
+    wrapped(x), plain(x)
+    seen = []
+    handle = nn.modules.module.register_module_forward_pre_hook(lambda module, args: seen.append(type(module).__name__))
+    try:
+        wrapped(x)
+        plain(x)
+    finally:
+        handle.remove()
+    assert seen.count("CheckpointWrapper") == 1 and seen.count("MLPBlock") == 1  # the plain block's
+    assert compiles_a_wrapper(wrapped) and compiles_a_wrapper(torch.compile(checkpoint_wrapper(MLPBlock())))
+    assert not compiles_a_wrapper(plain) and not compiles_a_wrapper(torch.compile(MLPBlock()))
+    assert not compiles_a_wrapper(checkpoint_wrapper(MLPBlock()))
     torch._dynamo.reset()
 
 

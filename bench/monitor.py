@@ -1,6 +1,7 @@
 """Step overhead of the flight recorder (``torchdebug.Monitor``) on the GPT example, in one process.
 
     python bench/monitor.py [--steps 10] [--block 3] [--warmup 2] [--device cpu|cuda] [--size S|M] [--layers N] [--width D]
+                            [--compile]
     python bench/monitor.py --per-call [--instructions]
 
 Modes take turns in blocks of ``--block`` steps (a paused monitor of this eager model removes every
@@ -26,6 +27,9 @@ statistics pass reads: the monitor's extra step time over those bytes is the pac
 need to account for all of it (on a GPU-bound step, where the host's work hides, compare it with
 ``bench/stats_pass.py``'s measured pace). The spike triggers are off in
 the timed runs (the loop trains on one batch again and again: see ``quiet``).
+
+``--compile`` compiles each block in place (``block.compile()``, inductor) before the runs, as
+torchtitan does: the monitor's hooks then run as Python beside the compiled blocks.
 
 ``--per-call`` times the host's cost a module call on 256 tiny layers instead; with
 ``--instructions`` it counts it under Valgrind's callgrind (``bench/_callgrind.py``), which the
@@ -69,6 +73,7 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
     parser.add_argument("--layers", type=positive_int, help="blocks, instead of the size's (the watched slots grow with them)")
     parser.add_argument("--width", type=positive_int, help="d_model, instead of the size's (narrow: many small tensors)")
+    parser.add_argument("--compile", action="store_true", help="compile each block in place (inductor) first")
     parser.add_argument("--per-call", action="store_true", help="only the monitor's host cost a call on tiny tensors")
     parser.add_argument("--instructions", action="store_true", help="with --per-call: count instructions (callgrind), not time")
     parser.add_argument("--counted", choices=_COUNTED, help=argparse.SUPPRESS)
@@ -89,6 +94,9 @@ def main() -> None:
         return
     config = dataclasses.replace(SIZES[args.size], **_overrides(args))
     model = GPT(config).to(args.device)
+    if args.compile:
+        for block in model.layers:
+            block.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = make_batch(config, batch=8, device=args.device)
     cuda = torch.device(args.device).type == "cuda"
@@ -143,6 +151,7 @@ def main() -> None:
         captured = _captured_step(model, own_step, Path(tmp) / "debugger", sync)
     where = torch.cuda.get_device_name(args.device) if cuda else f"{torch.get_num_threads()} threads"
     shape = f"GPT {args.size}" + "".join(f", {key} {value}" for key, value in _overrides(args).items())
+    shape += ", blocks compiled in place" if args.compile else ""
     print(f"torch {torch.__version__}, {shape} on {args.device} ({where}), median of {args.steps} blocks of {args.block}")
     for mode, values in times.items():
         # each block against the plain block of its own round: a slower minute of the machine slows both

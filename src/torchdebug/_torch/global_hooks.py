@@ -119,7 +119,8 @@ class GlobalForwardHooks:
     Calls of module wrappers are skipped: the wrapped module's own call follows, so each module
     call reaches the hooks once; but a wrapper compiled (:func:`~torchdebug._torch.nn.compiles_a_wrapper`:
     its wrapped module's call is traced, its hooks never run) stands for the wrapped module's call,
-    which the hooks then see enter and return with the wrapper's arguments and output. ``remove()`` undoes everything, once.
+    which the hooks then see enter and return with the wrapper's arguments and output.
+    ``remove()`` undoes everything, once.
     """
 
     def __init__(

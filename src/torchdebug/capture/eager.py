@@ -426,7 +426,8 @@ class OpCapture:
             source,
             fwd,
         )
-        self.session.in_compiled_code = in_compiled_code(node)
+        reads = self.session.reuses_captures or self._overflow is not None  # (a structure dump reads nothing)
+        self.session.in_compiled_code = reads and in_compiled_code(node)
         return self._record(func, args, kwargs, info, names, rebuilds)
 
     def _passes_through(self, info: OpInfo) -> bool:

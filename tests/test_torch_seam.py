@@ -750,6 +750,21 @@ def test_ops_in_a_frame_dynamo_compiled_and_in_its_graphs_backward_are_told_as_c
     torch._dynamo.reset()
 
 
+def test_a_graph_input_inductor_writes_in_place_moves_its_version():
+    """What capture's rule for compiled code relies on: inductor's kernels write their own buffers
+    unseen, but an input the compiled code writes moves its version once per call (AOT autograd
+    counts it), so a read of it from before the call is not taken for one after."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x.mul_(2).add_(1), backend="inductor")
+    x = torch.ones(4)
+    with torch.no_grad():
+        compiled(x)
+        before = x._version
+        compiled(x)
+    assert x._version == before + 1 and torch.equal(x, torch.full((4,), 7.0))
+    torch._dynamo.reset()
+
+
 def test_the_call_of_a_block_in_a_checkpoint_wrapper_compiled_is_traced_and_its_hooks_never_run():
     """torch's modules are not skipped by Dynamo: a ``checkpoint_wrapper`` compiled in place (or
     wrapped by ``torch.compile``) traces its block's call, so a global hook registered after it

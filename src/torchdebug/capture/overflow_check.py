@@ -250,9 +250,7 @@ class OverflowWatch:
         if known is not None and known.ref() is tensor and known.version == version:
             return known
         flags = _Flags(tensor, version)
-        if compiled:
-            self._flags.pop(id(tensor), None)
-        elif version is not None:  # an inference tensor is judged at each op: its writes leave no trace
+        if version is not None and not compiled:  # an inference tensor is judged at each op: its writes leave no trace
             self._flags[id(tensor)] = flags
         self._new.append((tensor, partial(self._deliver, flags)))
         return flags

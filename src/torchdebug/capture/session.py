@@ -204,7 +204,7 @@ class CaptureSession:
         """Whether the op being captured runs as compiled code (``_torch.frames.in_compiled_code``):
         inductor's kernels write buffers there with no aten op and no version moved (a matmul's output
         in place with its bias and activation, a donated saved activation), so its tensors are read
-        anew, take nothing an earlier read took, and what was taken of them before is forgotten."""
+        anew, neither taking what an earlier read took nor leaving theirs for a later one."""
         self.busy = False
         """Whether the session is running torch ops of its own (statistics, snapshots, copies): a
         module or gradient hook calls :meth:`add_call` while the op capture's dispatch mode is active,
@@ -329,9 +329,7 @@ class CaptureSession:
         seen = None if mutated or not reuse or compiled or version is None else self._seen.get(id(tensor))
         if seen is None or seen.ref() is not tensor or seen.version != version or self._written_since(seen):
             seen = _Seen(weakref.ref(tensor), version, None, None, storage=self._storage_of(tensor))
-            if compiled:
-                self._seen.pop(id(tensor), None)
-            elif version is not None:  # an inference tensor is read at each op: its writes leave no trace
+            if version is not None and not compiled:  # an inference tensor is read at each op: its writes leave no trace
                 self._seen[id(tensor)] = seen
         elif (
             seen.desc is not None

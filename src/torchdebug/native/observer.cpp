@@ -641,8 +641,8 @@ void forget_reads() {
 
 // The compiled scopes this thread is in (compiled_scope): inductor's kernels write buffers there
 // (a matmul's output in place with its bias and activation, a donated saved activation) with no aten
-// op and no version moved, so a read there is neither given an earlier read nor kept for a later one,
-// and what was read of the tensor before is forgotten.
+// op and no version moved, so a read there is neither given an earlier read nor kept for a later one.
+// (A graph input it writes in place moves its version: AOT autograd counts that write.)
 thread_local int compiled_scopes = 0;
 
 // take_values, or what it gave for this tensor at this version since the last drain. One lock for
@@ -650,10 +650,6 @@ thread_local int compiled_scopes = 0;
 int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   bool cacheable = !impl->is_inference() && impl->is_cpu() && impl->layout() == c10::kStrided && impl->numel() > 0 &&
                    impl->has_storage() && impl->storage_initialized() && impl->dim() <= kMaxDims;
-  if (cacheable && compiled_scopes > 0) {
-    std::lock_guard<std::mutex> lock(reads_mutex);
-    forget_read(impl);
-  }
   if (!cacheable || compiled_scopes > 0) return take_values(impl, out, fingerprint);
   auto version = impl->version_counter().current_version();
   std::lock_guard<std::mutex> lock(reads_mutex);

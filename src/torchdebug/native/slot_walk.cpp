@@ -799,7 +799,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
     // The row's op runs in compiled code (kCompiled): inductor's kernels write buffers there with no
     // aten op and no version moved (a matmul's output in place with its activation, a donated saved
     // activation), so its slots are neither given what an earlier slot took nor kept for a later one,
-    // and what was seen of them before is forgotten, as CaptureSession reads a compiled graph's tensors.
+    // as CaptureSession reads a compiled graph's tensors.
     bool row_compiled = false;
     std::vector<int64_t> written;  // their storages, counted as written once its inputs are walked
     std::vector<int64_t> collective_written;  // a collective row's output storages, each counted written at its first slot
@@ -1007,9 +1007,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
           fingerprint = own(has_fingerprint);
           owned = true;
         }
-        if (row_compiled) {
-          state.seen.erase(address);
-        } else if (owned && versioned && (stats != kNone || fingerprint != kNone)) {
+        if (owned && versioned && !row_compiled && (stats != kNone || fingerprint != kNone)) {
           state.seen[address] = Seen{seen_at, memory, stats, fingerprint, state.drains, is_view, state.writes_of(storage)};
         }
         // An argument an op may write is read again next time: a fused optimizer writes its tensors

@@ -110,8 +110,8 @@ def _dump(  # noqa: ANN001
 
 
 def _assert_same_dumps(python: list[Record], native: list[Record], joins: bool = False) -> None:
-    """Step by step: names, dtypes, shapes, strides, devices, ``fwd``, unread marks and statistics
-    equal (bit for bit), value ids one to one and ``view_of`` naming the same values, once the mode's
+    """Step by step: names, dtypes, shapes, strides, devices, ``fwd``, unread marks, statistics
+    (bit for bit) and capture errors equal, value ids one to one and ``view_of`` naming the same values, once the mode's
     own calls are undone. ``joins``: a value id of eager capture is one of the native path's, which
     may join two of them (the saved tensors a mode unpacks through a ``detach`` its filter leaves out;
     what compiled kernels hand aten), and ``view_of`` is not compared."""
@@ -126,6 +126,7 @@ def _assert_same_dumps(python: list[Record], native: list[Record], joins: bool =
         ]
         assert [r.stats for r in got] == [r.stats for r, _, _ in expected]
         assert [r.checksum for r in got] == [r.checksum for r, _, _ in expected]
+        assert [r.capture_error for r in got] == [r.capture_error for r, _, _ in expected]
         pairs |= {(aliases.get(want.value_id, want.value_id), got.value_id) for (want, _, _), got in zip(expected, got)}
         views += [
             (aliases.get(want.view_of, want.view_of), got.view_of)
@@ -1000,6 +1001,58 @@ def test_micro_batches_through_a_checkpoint_dump_the_same_records_and_stacks_on_
     assert len({r.call_name for r in recomputed}) == 6 and all(r.source.endswith("blocks.py:16 in forward") for r in recomputed)
 
 
+_REGION_ENDS = {
+    "relu": torch.relu,
+    "softmax": lambda y: y.softmax(-1),
+    "tanh": torch.tanh,
+    "layer_norm": lambda y: F.layer_norm(y, (4,)),
+}
+
+
+def _ends_saving_its_output(end: str) -> Training:
+    """A checkpointed region whose last op saves its output for the backward (``_REGION_ENDS``), a
+    head after it, and SGD: checkpoint's early stop raises from that output's saved-tensors hook, in
+    the op's autograd kernel after its kernel ran."""
+
+    def training() -> tuple[nn.Module, Callable[[], None]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(3, 4)
+
+        def step() -> None:
+            h = checkpoint(lambda x: _REGION_ENDS[end](model[0](x)), x, use_reentrant=False)
+            model[1](h).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return model, step
+
+    return training
+
+
+@pytest.mark.parametrize("end", ["relu", "softmax", "tanh", "layer_norm"])
+def test_an_op_whose_recomputation_stops_after_its_kernel_has_the_outputs_its_hook_saved(tmp_path, monkeypatch, caplog, end):
+    """The op the recomputation stops in ran its kernel, which the mode saw return: the native path
+    takes its outputs from the saved-tensors hook's detaches where they are all of them (one result that
+    requires grad); layer norm's mean and rstd require none and its output is not saved, so it has
+    inputs only there, the one record-level difference (``docs/capture.md``)."""
+    training = _ends_saving_its_output(end)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task="statistics")
+    stopped = {"relu": "aten.relu.default", "softmax": "aten._softmax.default", "tanh": "aten.tanh.default"}
+    op = stopped.get(end, "aten.native_layer_norm.default")
+    unseen = [r for r in python if r.phase == "recompute" and r.op == op and r.io == "output"]
+    if end == "layer_norm":
+        assert [r.arg for r in unseen if r.step == 0] == ["0", "1", "2"]
+        python = [r for r in python if r not in unseen]
+    _assert_same_dumps(python, native)
+    outputs = [r for r in native if r.phase == "recompute" and r.op == op and r.io == "output"]
+    assert len(outputs) == (0 if end == "layer_norm" else 2)  # a step each
+    if outputs:
+        assert outputs[0].fwd == f"forward/-/{op}#0" and outputs[0].stats == unseen[0].stats
+
+
 def test_selective_checkpointing_takes_the_native_path(monkeypatch) -> None:
     """Selective checkpointing runs its regions under a dispatch mode of its own, whose handler's calls
     the observer records (``test_a_checkpointed_model_dumps_the_same_records_on_both_paths``)."""
@@ -1203,6 +1256,66 @@ def test_tensor_subclasses_are_read_through_their_inner_tensors_on_both_paths(tm
     if options["task"] != "structure":
         assert all(r.checksum is not None for r in wrapped)
     assert any("computed from several inner tensors" in (r.capture_error or "") for r in native)
+
+
+class _QuantizedBlock(nn.Module):
+    """A frozen quantized linear layer (its weight a parameter that does not require grad, as torchao
+    holds one) with a trained low-rank adapter beside it, QLoRA's block."""
+
+    def __init__(self, quantized: type, width: int = 4, rank: int = 2) -> None:
+        super().__init__()
+        self.base = nn.Linear(width, width)
+        data = torch.randint(-8, 8, (width, width), dtype=torch.int8)
+        self.base.weight = nn.Parameter(quantized(data, torch.tensor(0.25)), requires_grad=False)
+        self.down, self.up = nn.Linear(width, rank, bias=False), nn.Linear(rank, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.base(x) + self.up(self.down(x)))
+
+
+def _quantized_training() -> tuple[nn.Module, Callable[[], None]]:
+    """Two checkpointed quantized blocks (one quantized below the dispatcher, one taking ``F.linear``
+    through ``__torch_function__``, NF4's way) and a head whose weight, a thin wrapper, is trained by AdamW."""
+    from tests.capture.test_subclasses import LinearScaledInt8, ScaledInt8, Wrapped
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_QuantizedBlock(ScaledInt8), _QuantizedBlock(LinearScaledInt8), nn.Linear(4, 2))
+    model[2].weight = nn.Parameter(Wrapped(torch.randn(2, 4)))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        h = x
+        for block in model[:2]:
+            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)
+        model[2](h).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"task": "structure"}, {"task": "statistics", "checksum": True}, {"task": "checksum"}],
+    ids=["structure", "statistics+checksum", "checksum"],
+)
+def test_a_model_with_quantized_weights_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options) -> None:
+    """Tensor-subclass parameters (quantized weights, a trained wrapper) take the native path and
+    record what the mode records: the weights as themselves, read through their inner tensors or
+    saying why not, in the forward, the recomputation and the optimizer's in-place updates."""
+    python = _dump(tmp_path, monkeypatch, caplog, _quantized_training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _quantized_training, native=True, **options)
+    _assert_same_dumps(python, native)
+    subclasses = {(r.phase, r.extra["subclass"]) for r in native if "subclass" in r.extra}
+    assert {("forward", "ScaledInt8"), ("recompute", "ScaledInt8")} <= subclasses
+    # the Function the second block's weight takes F.linear to reads its int8 data, as NF4's does
+    assert any(r.module == "1.base" and r.dtype == "int8" for r in native if r.phase == "forward")
+    assert ("optimizer", "Wrapped") in subclasses
+    updated = [r for r in native if r.phase == "optimizer" and r.io == "output" and r.extra.get("subclass") == "Wrapped"]
+    assert updated and all(r.capture_error is None for r in updated)
+    if options["task"] != "structure":
+        assert all(r.checksum is not None for r in updated)
 
 
 @torch.library.custom_op("torchdebug_test::scaled", mutates_args=())

@@ -31,10 +31,43 @@ class ScaledInt8(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default:  # nn.Parameter detaches: the type is kept, as torchao's is
+            return cls(args[0]._data.detach(), args[0]._scale)
+        if func is torch.ops.aten.t.default:  # a transpose stays quantized, the matmul reading it does not
+            return cls(args[0]._data.t(), args[0]._scale)
+
         def plain(x):
             return x._data.float() * x._scale if isinstance(x, ScaledInt8) else x
 
         return func(*pytree.tree_map(plain, args), **pytree.tree_map(plain, kwargs or {}))
+
+
+class _DequantizedLinear(torch.autograd.Function):
+    """``x @ w.t()`` of a quantized ``w`` that is saved as it is and dequantized in each pass (NF4's ``linear_nf4``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(weight)
+        return x @ (weight._data.float() * weight._scale).t()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        (weight,) = ctx.saved_tensors
+        return grad @ (weight._data.float() * weight._scale), None
+
+
+class LinearScaledInt8(ScaledInt8):
+    """A quantized weight that takes ``F.linear`` through ``__torch_function__`` into an autograd
+    Function of its own, as torchao's NF4 weights do."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.linear:
+            x, weight, bias = (list(args) + [None])[:3]
+            out = _DequantizedLinear.apply(x, weight)
+            return out if bias is None else out + bias
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
 
 class Wrapped(torch.Tensor):
@@ -56,10 +89,15 @@ class Wrapped(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default:
+            return Wrapped(args[0]._inner.detach())
+
         def plain(x):
             return x._inner if isinstance(x, Wrapped) else x
 
-        return func(*pytree.tree_map(plain, args), **pytree.tree_map(plain, kwargs or {}))
+        out = func(*pytree.tree_map(plain, args), **pytree.tree_map(plain, kwargs or {}))
+        in_place = func._schema.is_mutable and isinstance(args[0], Wrapped)
+        return args[0] if in_place else out  # an in-place op returns its argument, as torch's contract says
 
 
 @pytest.fixture(params=["native", "torch ops"])

@@ -16,13 +16,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import sys
 
 import numpy as np
 import torch
 from torch import nn
 
-from torchdebug._torch.subclasses import is_subclass
 from torchdebug.capture.collectives import DISTRIBUTED_DIR
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
@@ -69,12 +67,6 @@ def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _is_dtensor(tensor: torch.Tensor) -> bool:
-    """A DTensor (FSDP2's sharded parameters, tensor parallelism's), which the native path reads as the mode does."""
-    dtensor = sys.modules.get("torch.distributed.tensor")  # imported wherever a DTensor exists
-    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
-
-
 def _works() -> ctypes.CDLL | None:
     """The library that tells whether a collective's Work completed (``c10d_work.cpp``), or ``None``."""
     return load_torch_library("c10d_work")
@@ -84,10 +76,9 @@ def _why_not_for_model(model: nn.Module, reads: bool) -> str | None:
     """Why the native path does not apply to ``model`` (``reads``: the config reads tensors' values).
     Compiled code takes it, run as compiled or eagerly (modules compiled in place or wrapped, a
     compiled ``forward`` or ``training_step``): the ops it calls through aten are named as the
-    dispatch mode names them."""
+    dispatch mode names them. So do tensor-subclass parameters (DTensors, quantized weights): each is
+    described at its ops and read through the plain tensor holding its elements (``native_subclasses.py``)."""
     for parameter in model.parameters():
-        if is_subclass(parameter) and not _is_dtensor(parameter):
-            return "tensor subclass parameters other than DTensors (float8, NF4 weights)"
         if reads and parameter.device.type != "cpu":
             return f"statistics or fingerprints of {parameter.device.type} tensors (the native path reads CPU tensors only)"
     return None

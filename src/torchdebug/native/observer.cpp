@@ -1591,6 +1591,9 @@ struct ThreadState {
   std::vector<int64_t> accumulations;  // the contexts of the parameters whose accumulation runs, innermost last
   std::vector<std::vector<c10::IValue>> math_bit_calls;  // the arguments of the frames that materialize some, innermost last
   std::vector<std::pair<bool, c10::IValue>> collective_calls;  // of the open c10d ops: waited at once, the list it receives into
+  // The tensors live detaches inside open recorded ops were handed, each with that op's frame (its
+  // index in frames): what a saved-tensors hook detached of the op's outputs (hooked_outputs).
+  std::vector<std::pair<size_t, c10::IValue>> hooked;
   // Of the open kModeCall frames, innermost last: the op, its sequence number and the last one made
   // before it, which the handler's call of that op records (below autograd, that call has none).
   std::vector<std::tuple<int32_t, int64_t, int64_t>> mode_calls;
@@ -2208,6 +2211,9 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
   recorder.slots.add_all(at_row, 0, inputs, args);
   if (subclasses) plain_of.clear();
   if (info.mutable_op) forget_reads_of(inputs);
+  if (info.detach && live && parent != nullptr && parent->kind == kRecorded && !inputs.empty() && inputs[0].isTensor()) {
+    thread.hooked.emplace_back(static_cast<size_t>(parent - thread.frames.data()), inputs[0]);  // (hooked_outputs)
+  }
   // (an op with no autograd kernel goes below autograd at once: what it calls is hidden, live or not)
   thread.frames.push_back({kRecorded, live && info.kind != kNoAutograd, false, at_row, args, info.frame_op,
                            info.args != nullptr && !info.args->outputs.empty()});
@@ -2251,6 +2257,33 @@ void read_clone_instead(ThreadState& thread, const c10::TensorImpl* original, co
   stash.slots.add_all(-1, 0, c10::ArrayRef<const c10::IValue>(arguments.data(), arguments.size()), parent->args);
 }
 
+// What a recorded op returned, where it raised after its kernel ran: checkpoint's early stop raises
+// from the saved-tensors hook of an output, in the op's autograd kernel, once the recomputation saved
+// its last tensor. A dispatch mode, below autograd, saw the kernel return; the RecordFunction ends with
+// no outputs. The hook detached each output that requires grad (a live detach inside the op, of a
+// tensor whose node is the one this op made): where that gives every output the schema returns (relu,
+// softmax, tanh: one saved result), they are the op's outputs; else none (layer norm's mean and rstd
+// require no grad, dropout's output is not saved).
+std::vector<c10::IValue> hooked_outputs(const ThreadState& thread, size_t frame_at, const at::RecordFunction& fn) {
+  std::vector<c10::IValue> outputs;
+  auto first = thread.hooked.size();
+  while (first > 0 && thread.hooked[first - 1].first == frame_at) --first;
+  auto schema = fn.operator_schema();
+  auto seq = fn.seqNr();  // the number its node takes
+  if (first == thread.hooked.size() || !schema.has_value() || seq < 0) return outputs;
+  outputs.resize(schema->returns().size());
+  for (auto i = first; i < thread.hooked.size(); ++i) {
+    const auto& tensor = thread.hooked[i].second.toTensor();
+    auto* node = tensor.grad_fn().get();
+    auto index = static_cast<size_t>(tensor.output_nr());
+    if (node != nullptr && static_cast<int64_t>(node->sequence_nr()) == seq && index < outputs.size()) outputs[index] = tensor;
+  }
+  for (const auto& output : outputs) {
+    if (!output.isTensor()) return {};
+  }
+  return outputs;
+}
+
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (level.load(std::memory_order_relaxed) != kRecord) return;
   auto& thread = state;
@@ -2264,6 +2297,11 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   auto frame = last;
   thread.frames.pop_back();
+  std::vector<c10::IValue> hooked;
+  if (!thread.hooked.empty() && thread.hooked.back().first >= thread.frames.size()) {
+    if (frame.kind == kRecorded && frame.returns && fn.outputs().empty()) hooked = hooked_outputs(thread, thread.frames.size(), fn);
+    while (!thread.hooked.empty() && thread.hooked.back().first >= thread.frames.size()) thread.hooked.pop_back();
+  }
   if (frame.compiled) compiled_scopes = std::max(compiled_scopes - 1, 0);
   if (frame.math_bits) thread.math_bit_calls.pop_back();
   std::optional<std::pair<bool, c10::IValue>> collective_call;  // (a c10d op's: no IValue made for the others)
@@ -2282,7 +2320,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   } else if (frame.kind == kModeCall) {
     thread.mode_calls.pop_back();
   } else if (frame.kind == kRecorded) {
-    const auto& outputs = fn.outputs();
+    const auto& outputs = hooked.empty() ? fn.outputs() : hooked;
     c10::ArrayRef<const c10::IValue> returned(outputs.data(), outputs.size());
     std::optional<PlainFound> plain_found;  // (plain_of is empty but while a subclass's slots are added)
     if (any_subclass(returned)) {
@@ -2296,7 +2334,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       // It raised with nothing run inside it, in a recomputation (grad mode on in a backward): in
       // its autograd kernel before the redispatch, where checkpoint's early stop raises from the
       // saved-tensors hook of an input, so no dispatch mode saw it. (Raised from an output's hook,
-      // after its kernel, the hook's detach of the output ran inside it: the mode saw it, inputs only.)
+      // after its kernel, the hook's detach of the output ran inside it: the mode saw it whole,
+      // hooked_outputs.)
       thread_local Slots dropped;
       recorder.pop_row();
       slots.move_tail(frame.row, dropped);

@@ -639,6 +639,21 @@ void forget_reads() {
   storage_writes.clear();
 }
 
+// A thread_local's address in a shared library takes a __tls_get_addr call, and a compiler that
+// knows a reference is to a thread_local computes that address anew at each use (GCC did, through
+// the clones it makes of functions always handed one: 43 calls in enter, about 100 an op in all, 8%
+// of the callbacks' instructions). Bound through this call, which it cannot see into, the reference
+// is held instead: each callback takes its thread's state once.
+#if defined(__clang__)
+#define TD_OPAQUE __attribute__((noinline, optnone))
+#else
+#define TD_OPAQUE __attribute__((noipa))
+#endif
+template <typename T>
+TD_OPAQUE T& thread_ref(T& value) {
+  return value;
+}
+
 // The compiled scopes this thread is in (compiled_scope): inductor's kernels write buffers there
 // (a matmul's output in place with its bias and activation, a donated saved activation) with no aten
 // op and no version moved, so a read there is neither given an earlier read nor kept for a later one.
@@ -1369,7 +1384,8 @@ std::vector<std::string> frame_ops;
 // torch's gather does not (CapturedTraceback::Python::canGather, torch 2.11 through 2.14).
 int64_t python_frames(bool wanted) {
   if (!wanted || !Py_IsInitialized()) return -1;
-  thread_local std::vector<int64_t> key;
+  thread_local std::vector<int64_t> stack_key;
+  auto& key = thread_ref(stack_key);
   bool lines = positions_are_lines.load(std::memory_order_relaxed);
   key.assign(1, lines ? 1 : 0);
   bool python_thread = PyGILState_Check() == 1 || PyGILState_GetThisThreadState() != nullptr;
@@ -1760,8 +1776,10 @@ OpInfo recorded_op_info(const at::RecordFunction& fn);
 // so its pointer never equals a live schema's; it is not cached. Each thread keeps the ops it met
 // (no lock, no division a call), taken from Recorder::ops on the first call.
 OpInfo op_info(const at::RecordFunction& fn) {
-  thread_local AddressMap<OpInfo> known;
-  thread_local uint64_t known_epoch = 0;
+  thread_local AddressMap<OpInfo> thread_known;
+  thread_local uint64_t thread_known_epoch = 0;
+  auto& known = thread_ref(thread_known);
+  auto& known_epoch = thread_ref(thread_known_epoch);
   auto epoch = ops_epoch.load(std::memory_order_acquire);
   if (known_epoch != epoch) {
     known.clear();
@@ -2048,26 +2066,26 @@ bool compiled_scope(const char* name) {
   return name[0] == 'a' && std::strcmp(name, kCompiledBackward) == 0;
 }
 
-std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn);
+std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadState& thread);
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
-  auto opened = state.frames.size();
-  auto context = enter(fn);
-  if (state.frames.size() > opened && compiled_scope(fn.name())) {
-    state.frames.back().compiled = true;
+  if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
+  auto& thread = thread_ref(state);
+  auto opened = thread.frames.size();
+  auto context = enter(fn, thread);
+  if (thread.frames.size() > opened && compiled_scope(fn.name())) {
+    thread.frames.back().compiled = true;
     ++compiled_scopes;
   }
   return context;
 }
 
-std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
-  if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
+std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadState& thread) {
   if (outputs_waiting.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(recorder.mutex);
     recorder.slots.hold_waiting();
     outputs_waiting.store(false, std::memory_order_relaxed);
   }
-  auto& thread = state;
   if (thread.detached_row >= 0) settle_detached(thread);
   if (thread.in_hook || thread.compiling > 0) {
     thread.frames.push_back({kHidden, false, false, -1});
@@ -2286,7 +2304,7 @@ std::vector<c10::IValue> hooked_outputs(const ThreadState& thread, size_t frame_
 
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (level.load(std::memory_order_relaxed) != kRecord) return;
-  auto& thread = state;
+  auto& thread = thread_ref(state);
   if (thread.frames.empty()) return;  // entered before the observer started
   auto& last = thread.frames.back();
   if ((last.kind == kPending || last.kind == kDeferred) && last.returns && fn.outputs().empty()) {

@@ -2063,7 +2063,7 @@ constexpr char kCompiledRegion[] = "Torch-Compiled Region";
 constexpr char kCompiledBackward[] = "autograd::engine::evaluate_function: CompiledFunctionBackward";
 bool compiled_scope(const char* name) {
   if (name[0] == 'T') return std::strncmp(name, kCompiledRegion, sizeof(kCompiledRegion) - 1) == 0;
-  return name[0] == 'a' && std::strcmp(name, kCompiledBackward) == 0;
+  return name[0] == 'a' && name[1] == 'u' && std::strcmp(name, kCompiledBackward) == 0;  // (no aten op's: "at...")
 }
 
 std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadState& thread);

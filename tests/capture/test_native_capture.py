@@ -1216,6 +1216,14 @@ def test_a_second_debugger_on_the_native_path_records_nothing_while_the_first_ob
     assert sum("another debugger" in record.getMessage() for record in caplog.records) == 1
 
 
+_SUBCLASS_TASKS = pytest.mark.parametrize(
+    "options",
+    [{"task": "structure"}, {"task": "statistics", "checksum": True}, {"task": "checksum"}],
+    ids=["structure", "statistics+checksum", "checksum"],
+)
+"""The tasks the tensor-subclass tests dump with: what a subclass slot is described and read by."""
+
+
 def _subclass_training() -> tuple[nn.Module, Callable[[], None]]:
     """A linear layer whose frozen weight is quantized (a subclass computed from int8 data and a
     scale, held as a buffer), a trained adapter beside it, and a thin wrapper added after."""
@@ -1239,11 +1247,7 @@ def _subclass_training() -> tuple[nn.Module, Callable[[], None]]:
     return model, step
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{"task": "structure"}, {"task": "statistics", "checksum": True}, {"task": "checksum"}],
-    ids=["structure", "statistics+checksum", "checksum"],
-)
+@_SUBCLASS_TASKS
 def test_tensor_subclasses_are_read_through_their_inner_tensors_on_both_paths(tmp_path, monkeypatch, caplog, options) -> None:
     """A wrapper subclass flowing through a run is described as itself and read through the plain
     tensor holding its elements; one computed from several inner tensors says so: on both paths."""
@@ -1295,11 +1299,7 @@ def _quantized_training() -> tuple[nn.Module, Callable[[], None]]:
     return model, step
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{"task": "structure"}, {"task": "statistics", "checksum": True}, {"task": "checksum"}],
-    ids=["structure", "statistics+checksum", "checksum"],
-)
+@_SUBCLASS_TASKS
 def test_a_model_with_quantized_weights_dumps_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options) -> None:
     """Tensor-subclass parameters (quantized weights, a trained wrapper) take the native path and
     record what the mode records: the weights as themselves, read through their inner tensors or

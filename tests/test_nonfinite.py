@@ -75,10 +75,11 @@ def test_without_input_records_the_first_nonfinite_output_is_taken_for_the_origi
     assert tracker.judge(0, NAN, inputs_known=False) == ORIGIN
 
 
-def _record(call: str, io: str, seq: int, *, step: int = 0, nan: int = 0, inf: int = 0, kind: str = "tensor", value=None):
+def _record(
+    call: str, io: str, seq: int, *, step: int = 0, nan: int = 0, inf: int = 0, kind: str = "tensor", value=None, arg: str = "0"
+):
     phase, module, op_call, *_ = call.split("/")
     op, index = op_call.split("#")
-    arg = "0"
     stats = None
     if kind == "tensor":
         stats = {"min": -math.inf if inf else 0.0, "max": 1.0, "mean": 0.0, "norm": 0.0, "nan": nan, "posinf": 0, "neginf": inf}
@@ -116,6 +117,22 @@ def test_find_origin_skips_given_infinities_and_looks_at_each_step():
     origin = find_origin(records)
     assert origin.kind == ORIGIN and origin.record.name == "forward/mlp/aten.exp.default#0/output.0" and origin.record.step == 1
     assert find_origin(records[:5]) is None
+
+
+def test_a_nan_given_as_a_number_is_where_it_entered():
+    """A NaN a call is handed as a number (``loss * float("nan")``) enters the step there: the entry
+    names that argument, not the output as if a parameter or the batch had brought it."""
+    call = "forward/-/aten.mul.Tensor#0"
+    records = [
+        _record(call, "input", 0),
+        _record(call, "input", 0, kind="value", value=math.nan, arg="1"),
+        _record(call, "output", 0, nan=1),
+    ]
+    origin = find_origin(records)
+    assert origin.kind == ENTRY and origin.record.name == f"{call}/input.1"
+    assert str(origin).endswith("a NaN given as input.1, a number of the program's, not a tensor")
+    records[1] = _record(call, "input", 0, kind="value", value=2.0, arg="1")
+    assert find_origin(records).kind == ORIGIN  # a finite number: the call made the NaN
 
 
 def test_find_origin_orders_calls_by_dispatch_so_a_collective_precedes_the_ops_reading_its_output():

@@ -132,7 +132,8 @@ class Origin:
     """The first call of a dump that made a NaN/Inf (or through which a NaN entered the step)."""
 
     record: Record
-    """Its first output slot holding a NaN/Inf (for an entry: its first input slot holding a NaN)."""
+    """Its first output slot holding a NaN/Inf (for an entry: its first input slot holding a NaN, a
+    number's where no tensor held one)."""
     kind: str
     """:data:`ORIGIN` or :data:`ENTRY`."""
     inputs_known: bool = True
@@ -145,7 +146,9 @@ class Origin:
         nan, inf = int(stats.get("nan") or 0), int(stats.get("posinf") or 0) + int(stats.get("neginf") or 0)
         slot = f"{record.io}.{record.arg}" if record.arg else record.io
         where = describe_call(record.call_name, record.phase, record.module, record.fwd, record.source)
-        if self.kind == ENTRY:
+        if self.kind == ENTRY and record.kind == "value":
+            what = f"a NaN given as {slot}, a number of the program's, not a tensor"
+        elif self.kind == ENTRY:
             what = f"{nan} NaN already in {slot} (made by no checked op of the step: a parameter, batch or state)"
         else:
             what = f"made {nan} NaN, {inf} Inf in {slot}"
@@ -195,7 +198,7 @@ def _calls(records: Iterable[Record]) -> list[_Call]:
     """The dump's calls that have outputs, with their flags, in execution order (op calls before
     module calls per step)."""
     calls: dict[tuple[int, str], _Call] = {}
-    values: list[tuple[tuple[int, str], Any]] = []
+    values: list[tuple[tuple[int, str], Record]] = []
     for position, record in enumerate(records):
         ident = (record.step, record.call_name)
         call = calls.get(ident)
@@ -204,7 +207,7 @@ def _calls(records: Iterable[Record]) -> list[_Call]:
         if record.io in _INPUT_IO:
             call.inputs_known = True
             if record.kind == "value":
-                values.append((ident, record.value))
+                values.append((ident, record))
                 continue
             flags = tensor_flags(record.stats, record.dtype)
             call.inputs |= flags
@@ -218,8 +221,11 @@ def _calls(records: Iterable[Record]) -> list[_Call]:
             call.outputs |= flags
             if flags & (NAN | INF) and call.made is None:
                 call.made = record
-    for ident, value in values:
-        calls[ident].inputs |= value_flags(value)
+    for ident, record in values:  # a number given: a NaN one enters there, if no tensor brought one
+        flags = value_flags(record.value)
+        calls[ident].inputs |= flags
+        if flags & NAN and calls[ident].entered is None:
+            calls[ident].entered = record
     return sorted((call for call in calls.values() if call.key is not None), key=lambda call: call.key or ())
 
 
@@ -238,5 +244,5 @@ def find_origin(records: Iterable[Record]) -> Origin | None:
         if kind == ORIGIN and call.made is not None:
             return Origin(call.made, ORIGIN, call.inputs_known)
         if kind == ENTRY:
-            return Origin(call.entered or call.made, ENTRY)  # type: ignore[arg-type]  # None where the NaN came in as a value
+            return Origin(call.entered or call.made, ENTRY)  # type: ignore[arg-type]
     return None

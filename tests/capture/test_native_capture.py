@@ -1088,6 +1088,24 @@ def test_a_capture_with_no_model_names_hooks_and_accumulations_on_both_paths(tmp
     assert {"forward/up/aten.mul.Tensor", "forward/<root>/aten.relu.default", "backward/up.weight/aten.detach.default"} <= calls
 
 
+@pytest.mark.parametrize("task", ["structure", "statistics"])
+def test_a_step_that_runs_no_op_records_nothing_and_loses_nothing(tmp_path, monkeypatch, caplog, task) -> None:
+    """A step with no op (one that raised before its first, or ran nothing captured) drains no row:
+    no record, no warning, and the next step records as any (its drain once failed on the empty
+    columns' types and said the step's ops were lost)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    with caplog.at_level(logging.WARNING, logger="torchdebug"):
+        with torchdebug.Debugger(tmp_path, task=task) as debugger:
+            debugger.start(None)
+            debugger.step()
+            debugger.start(None)
+            torch.ones(2).mul(2.0)
+            debugger.step()
+    assert not [record.getMessage() for record in caplog.records]
+    records = torchdebug.load(tmp_path).ranks[0].records()
+    assert {record.step for record in records} == {1} and "forward/-/aten.mul.Tensor#0/output.0" in {r.name for r in records}
+
+
 def test_an_inference_tensor_has_no_version_on_the_native_path(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     with torch.inference_mode():

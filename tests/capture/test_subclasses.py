@@ -23,11 +23,11 @@ class ScaledInt8(torch.Tensor):
         self._data, self._scale = data, scale
 
     def __tensor_flatten__(self):
-        return ["_data", "_scale"], None
+        return ["_data", "_scale"], type(self)  # the class, so that compiled code rebuilds a subclass as itself
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, size, stride):
-        return ScaledInt8(inner["_data"], inner["_scale"])
+        return meta(inner["_data"], inner["_scale"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -434,7 +434,7 @@ class NativeStepCapture:
             return RowNames(calls.phase, calls.stack, self._named[1])  # as the last drain's: a steady step
         modules = self._texts([NO_MODULE, *self._paths], "modules")
         op_names = self._texts(self._op_names, "ops")
-        ops_column = op_names.take(pa.array(ops.op))
+        ops_column = op_names.take(pa.array(np.frombuffer(ops.op, np.int32)))
         module = modules.take(pa.array(calls.module + 1))
         call = pa.array(calls.call)
         phases = self._texts(list(PHASES), "phases")
@@ -649,7 +649,8 @@ class NativeStepCapture:
         """The args the walk named, by code: ``arg``, ``io`` and ``io_arg`` (made again when it named more)."""
         if self._arg_columns is None or self._arg_columns.num_rows != len(walk.args):
             self._arg_columns = pa.RecordBatch.from_pydict(
-                {"arg": walk.args, "io": [io_arg.partition(".")[0] for io_arg in walk.io_args], "io_arg": walk.io_args}
+                {"arg": walk.args, "io": [io_arg.partition(".")[0] for io_arg in walk.io_args], "io_arg": walk.io_args},
+                schema=_ARG_SCHEMA,  # (typed: before any op is named there are none)
             )
         return self._arg_columns
 
@@ -688,6 +689,9 @@ def _ends(ops: ObservedOps) -> np.ndarray:
     io = np.frombuffer(ops.slot_io, np.int8)
     ends[rows[first], io[first]] = np.frombuffer(ops.slot_value, np.int64)[first]
     return ends
+
+
+_ARG_SCHEMA = pa.schema([("arg", pa.string()), ("io", pa.string()), ("io_arg", pa.string())])
 
 
 def call_text(calls: np.ndarray) -> pa.Array:

@@ -17,7 +17,7 @@ from torch.torch_version import TorchVersion
 import torchdebug._torch as seam
 from tests.blocks import MLPBlock
 from torchdebug._torch import amp, autograd, dispatch, dynamo, frames, inductor, pytree
-from torchdebug._torch.compiling import CompileEvents
+from torchdebug._torch.compiling import CompileEvents, frame_callback_setter
 from torchdebug._torch.custom_ops import DispatcherCalls
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised, never_compiled_as_a_frame
 from torchdebug._torch.nn import compiles_a_wrapper, is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
@@ -302,6 +302,31 @@ def test_compile_events_say_when_a_compilation_starts_and_ends_while_entered():
     events.exit()
     torch.compile(lambda x: x + 3, backend="eager")(torch.ones(2))
     assert seen == [True, False]
+    torch._dynamo.reset()
+
+
+def test_the_frame_callback_setter_turns_dynamo_off_for_the_frames_that_start_and_puts_it_back():
+    """Inside a frame Dynamo runs eagerly (one its backend failed to compile) its callback is on, and
+    a Python frame starting there would be compiled: the setter turns it off and back, as
+    ``torch.compiler.disable`` does (the native observer's hooks run so)."""
+    setter = frame_callback_setter()
+    assert setter is not None
+    seen = []
+
+    def inside(x: torch.Tensor) -> torch.Tensor:
+        before = setter(None)
+        seen.append((before is not None, torch._C._dynamo.eval_frame.get_eval_frame_callback()))
+        assert setter(before) is None
+        seen.append(torch._C._dynamo.eval_frame.get_eval_frame_callback() is before)
+        return x + 1
+
+    def failing(gm, example_inputs):  # noqa: ANN001, ANN202
+        raise RuntimeError("a backend that cannot compile")
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(suppress_errors=True):
+        torch.compile(lambda x: inside(x), backend=failing)(torch.ones(2))
+    assert seen == [(True, None), True]
     torch._dynamo.reset()
 
 

@@ -1391,6 +1391,40 @@ def test_a_parameter_made_in_the_step_dumps_the_same_records_on_both_paths(tmp_p
     }
 
 
+def test_the_hooks_the_observer_calls_from_inside_ops_are_never_compiled_by_dynamo(tmp_path, monkeypatch) -> None:
+    """Where Dynamo runs a frame of compiled code eagerly with its callback on (one its backend failed
+    to compile), it compiles each Python frame that starts there: the observer turns it off around
+    the hooks it calls from inside ops (here the subclass hook), which describe the instance as in
+    eager code, and the step's result is as without capture."""
+    from tests.capture.test_subclasses import Wrapped
+
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    seen = []
+    hook = native_records.NativeStepCapture._subclass
+
+    def spy(self, tensor: torch.Tensor) -> int:
+        seen.append(torch._C._dynamo.eval_frame.get_eval_frame_callback())
+        return hook(self, tensor)
+
+    monkeypatch.setattr(native_records.NativeStepCapture, "_subclass", spy)
+
+    def failing(gm, example_inputs):  # noqa: ANN001, ANN202
+        raise RuntimeError("a backend that cannot compile")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: (x * 2).sum(), backend=failing)
+    thin = Wrapped(torch.randn(3))
+    with torch._dynamo.config.patch(suppress_errors=True), torchdebug.Debugger(tmp_path, task="statistics") as debugger:
+        debugger.start(None)
+        total = compiled(thin)
+        debugger.step()
+    torch._dynamo.reset()
+    assert seen and seen == [None] * len(seen)
+    assert torch.equal(total, (thin._inner * 2).sum())
+    records = {r.name: r for r in torchdebug.load(tmp_path).ranks[0].records()}
+    assert records["forward/-/aten.mul.Tensor#0/input.0"].extra == {"subclass": "Wrapped", "local_shape": [3]}
+
+
 def _subclass_written_in_place(tmp_path: Path) -> list[Record]:
     """The records of a thin wrapper subclass read, written in place, and read again, in one step."""
     from tests.capture.test_subclasses import Wrapped

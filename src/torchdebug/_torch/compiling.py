@@ -7,7 +7,8 @@ dispatch mode never sees them; the native observer would, as ops of the module b
 runs around each (``torch._dynamo.callback.callback_handler``, private, torch 2.11 through 2.14: a
 frame's compilation, an AOT backward compiled at its first run, a CUDA graph's recording). Dynamo
 runs them for the outermost compilation of the process only: with two threads compiling at once,
-the second thread's is not told.
+the second thread's is not told. :func:`frame_callback_setter` turns Dynamo off around the Python
+hooks the native observer calls from inside ops.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CompileEvents"]
+import torch
+
+__all__ = ["CompileEvents", "frame_callback_setter"]
 
 
 class CompileEvents:
@@ -47,3 +50,12 @@ class CompileEvents:
             handler.remove_start_callback(self._start)
         if handler is not None and self._end in handler.end_callbacks:
             handler.remove_end_callback(self._end)
+
+
+def frame_callback_setter() -> Callable[[Any], Any] | None:
+    """Dynamo's setter of the thread's frame callback, ``torch._C._dynamo.eval_frame.set_eval_frame``
+    (private; torch 2.11 through 2.14.1): ``setter(None)`` turns Dynamo off for the Python frames that
+    start from then on and returns the callback it replaced, which ``setter(prior)`` puts back, as
+    ``torch.compiler.disable`` does around what it wraps. ``None`` where torch has no such function."""
+    eval_frame = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    return getattr(eval_frame, "set_eval_frame", None)

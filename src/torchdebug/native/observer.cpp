@@ -847,6 +847,33 @@ void note_in_flight(c10::ArrayRef<const c10::IValue> values, int8_t what) {
 // reads (AccumulateGrad steals a gradient nothing else holds, else clones it; a *_like op's binding
 // makes its result a variable in place only while nothing else holds it, else it detaches it through
 // the subclass). So at each op taking or returning one, before the recorder's lock is taken,
+// Dynamo's frame callback, off while a hook runs (call_hook): torch's set_eval_frame and None, handed
+// by Python (td_observer_use_eval_frame; null: nothing to turn off).
+std::atomic<void*> eval_frame_setter{nullptr}, none_object{nullptr};
+
+// Call `hook` on `argument` (null: on nothing), the GIL held, with Dynamo's frame callback off
+// meanwhile, as torch.compiler.disable turns it off around what it wraps: where Dynamo runs a frame
+// of compiled code eagerly with its callback on (one it failed to compile), it would compile each
+// Python frame that starts in an op there, the hook and all it calls, as user code. The hook's
+// result (a new reference), or null with its error cleared.
+void* call_hook(void* hook, void* argument) {
+  void* setter = eval_frame_setter.load(std::memory_order_relaxed);
+  void* prior = setter != nullptr ? PyObject_CallFunctionObjArgs(setter, none_object.load(std::memory_order_relaxed), nullptr) : nullptr;
+  if (setter != nullptr && prior == nullptr) PyErr_Clear();  // (Dynamo stays as it was)
+  void* result = argument != nullptr ? PyObject_CallFunctionObjArgs(hook, argument, nullptr) : PyObject_CallNoArgs(hook);
+  if (result == nullptr) PyErr_Clear();  // a fault of the hook's: no Python is called with an error set
+  if (prior != nullptr) {
+    void* replaced = PyObject_CallFunctionObjArgs(setter, prior, nullptr);
+    if (replaced != nullptr) {
+      Py_DecRef(replaced);
+    } else {
+      PyErr_Clear();
+    }
+    Py_DecRef(prior);
+  }
+  return result;
+}
+
 // find_subclasses calls a hook of capture/native_records.py's with the GIL: Python describes the
 // instance (once a drain: an address names one TensorImpl until the drain, Slots::alive) and returns
 // the address of the plain TensorImpl the callback reads it through (0: none, not a CPU tensor), read
@@ -872,13 +899,13 @@ void find_subclass(c10::TensorImpl* impl, void* hook, bool read) {
   plain_of[address(impl)] = 0;  // asked: once an op
   void* object = impl->pyobj_slot()->load_pyobj();
   if (object == nullptr) return;
-  void* result = PyObject_CallFunctionObjArgs(hook, object, nullptr);
+  void* result = call_hook(hook, object);
   int64_t plain = 0;
   if (result != nullptr) {
     plain = PyLong_AsLongLong(result);
     Py_DecRef(result);
   }
-  if (PyErr_Occurred() != nullptr) {  // a fault of the hook's: the instance is not described
+  if (PyErr_Occurred() != nullptr) {  // a result that is no int: the instance is not described
     PyErr_Clear();
     plain = 0;
   }
@@ -1672,14 +1699,14 @@ int64_t owner_context(int8_t grouped, bool& in_hook) {
   if (PyGILState_Check() != 1 && PyGILState_GetThisThreadState() == nullptr) return kNotOwned;  // (no Python frames)
   auto gil = PyGILState_Ensure();
   in_hook = true;
-  void* result = PyObject_CallNoArgs(hook);
+  void* result = call_hook(hook, nullptr);
   in_hook = false;
   int64_t context = kNotOwned;
   if (result != nullptr) {
     context = PyLong_AsLongLong(result);
     Py_DecRef(result);
   }
-  if (PyErr_Occurred() != nullptr) {  // a fault of the hook's: the row keeps its context
+  if (PyErr_Occurred() != nullptr) {  // a result that is no int: the row keeps its context
     PyErr_Clear();
     context = kNotOwned;
   }
@@ -2723,6 +2750,13 @@ void td_observer_keep_unsummed(int keep) { keep_unsummed.store(keep != 0); }
 // The hook that describes a subclass instance and gives its plain tensor (find_subclasses): a Python
 // callable, held by the caller until it hands another (null: none).
 void td_observer_use_subclass_hook(void* hook) { subclass_hook.store(hook); }
+
+// torch's set_eval_frame (a callable: it sets the thread's Dynamo frame callback and returns the one
+// it replaces) and None, which the hooks run with (call_hook); held by the caller. Nulls: neither.
+void td_observer_use_eval_frame(void* setter, void* none) {
+  none_object.store(none);
+  eval_frame_setter.store(setter);
+}
 
 // torch.Tensor's type object, which a detach called from Python returns (settle_detached).
 void td_observer_tensor_type(void* type) { tensor_type.store(type); }

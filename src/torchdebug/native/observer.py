@@ -26,6 +26,7 @@ from types import CodeType
 
 import torch
 
+from torchdebug._torch.compiling import frame_callback_setter
 from torchdebug.native.build import load_library, load_torch_library
 from torchdebug.stats import COLUMNS, WIDTH
 
@@ -270,6 +271,11 @@ class NativeObserver:
         library.td_observer_tensor_type.argtypes = [ctypes.c_void_p]
         library.td_observer_tensor_type.restype = None
         library.td_observer_tensor_type(id(torch.Tensor))
+        library.td_observer_use_eval_frame.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        library.td_observer_use_eval_frame.restype = None
+        self._frame_callback_setter = frame_callback_setter()  # held while the library holds its address
+        if self._frame_callback_setter is not None:  # the hooks run with Dynamo off (observer.cpp's call_hook)
+            library.td_observer_use_eval_frame(id(self._frame_callback_setter), id(None))
         library.td_observer_finish_functional.restype = None
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
@@ -398,14 +404,14 @@ class NativeObserver:
 
     def use_owners(self, owner: Callable[[], int] | None, unshard: Callable[[], int] | None) -> None:
         """Call ``owner()`` at each collective and fsdp op, ``unshard()`` at FSDP2's copy-in (with the
-        GIL, from the op's thread): each returns the row's module context, an owner's (an FSDP2
+        GIL and Dynamo off, from the op's thread): each returns the row's module context, an owner's (an FSDP2
         group's op) or -1 (the row keeps its own); ``None``: none is called. Held until the next call."""
         self._owner_hooks = (owner, unshard)  # alive while the observer holds their addresses
         self._lib.td_observer_use_owners(*(None if hook is None else id(hook) for hook in self._owner_hooks))
 
     def use_subclass_hook(self, hook: Callable[[torch.Tensor], int] | None) -> None:
-        """Call ``hook(tensor)`` at each subclass instance an op takes or returns (with the GIL, before
-        its slot): Python describes it, and returns the address of the ``TensorImpl`` of the plain
+        """Call ``hook(tensor)`` at each subclass instance an op takes or returns (with the GIL and
+        Dynamo off, before its slot): Python describes it, and returns the address of the ``TensorImpl`` of the plain
         tensor holding its elements, which the callback reads with the slot where values are read, or
         0; ``None``: none is called (the instance is not described)."""
         self._subclass_hook = hook  # alive while the observer holds its address

@@ -1003,6 +1003,8 @@ def test_micro_batches_through_a_checkpoint_dump_the_same_records_and_stacks_on_
 
 _REGION_ENDS = {
     "relu": torch.relu,
+    "relu_": lambda y: torch.relu_(y * 1.0),  # in place: its output is its argument
+    "sigmoid": torch.sigmoid,
     "softmax": lambda y: y.softmax(-1),
     "tanh": torch.tanh,
     "layer_norm": lambda y: F.layer_norm(y, (4,)),
@@ -1031,7 +1033,7 @@ def _ends_saving_its_output(end: str) -> Training:
     return training
 
 
-@pytest.mark.parametrize("end", ["relu", "softmax", "tanh", "layer_norm"])
+@pytest.mark.parametrize("end", list(_REGION_ENDS))
 def test_an_op_whose_recomputation_stops_after_its_kernel_has_the_outputs_its_hook_saved(tmp_path, monkeypatch, caplog, end):
     """The op the recomputation stops in ran its kernel, which the mode saw return: the native path
     takes its outputs from the saved-tensors hook's detaches where they are all of them (one result that
@@ -1040,7 +1042,8 @@ def test_an_op_whose_recomputation_stops_after_its_kernel_has_the_outputs_its_ho
     training = _ends_saving_its_output(end)
     python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task="statistics")
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task="statistics")
-    stopped = {"relu": "aten.relu.default", "softmax": "aten._softmax.default", "tanh": "aten.tanh.default"}
+    stopped = {"relu": "aten.relu.default", "relu_": "aten.relu_.default", "sigmoid": "aten.sigmoid.default"}
+    stopped |= {"softmax": "aten._softmax.default", "tanh": "aten.tanh.default"}
     op = stopped.get(end, "aten.native_layer_norm.default")
     unseen = [r for r in python if r.phase == "recompute" and r.op == op and r.io == "output"]
     if end == "layer_norm":

@@ -855,7 +855,8 @@ std::atomic<void*> eval_frame_setter{nullptr}, none_object{nullptr};
 // meanwhile, as torch.compiler.disable turns it off around what it wraps: where Dynamo runs a frame
 // of compiled code eagerly with its callback on (one it failed to compile), it would compile each
 // Python frame that starts in an op there, the hook and all it calls, as user code. The hook's
-// result (a new reference), or null with its error cleared.
+// result (a new reference), or null with its error cleared. (Not through torch.compiler.disable's
+// wrapper: it would put a frame of its own between the owner hook and the frame it reads, its caller.)
 void* call_hook(void* hook, void* argument) {
   void* setter = eval_frame_setter.load(std::memory_order_relaxed);
   void* prior = setter != nullptr ? PyObject_CallFunctionObjArgs(setter, none_object.load(std::memory_order_relaxed), nullptr) : nullptr;
@@ -1635,8 +1636,9 @@ struct ThreadState {
   std::vector<std::vector<c10::IValue>> math_bit_calls;  // the arguments of the frames that materialize some, innermost last
   std::vector<std::pair<bool, c10::IValue>> collective_calls;  // of the open c10d ops: waited at once, the list it receives into
   // The tensors live detaches inside open recorded ops were handed, each with that op's frame (its
-  // index in frames): what a saved-tensors hook detached of the op's outputs (hooked_outputs).
-  std::vector<std::pair<size_t, c10::IValue>> hooked;
+  // index in frames), held until that op ends: what a saved-tensors hook detached of the outputs
+  // autograd saves (saved_outputs).
+  std::vector<std::pair<size_t, c10::IValue>> saved;
   // Of the open kModeCall frames, innermost last: the op, its sequence number and the last one made
   // before it, which the handler's call of that op records (below autograd, that call has none).
   std::vector<std::tuple<int32_t, int64_t, int64_t>> mode_calls;
@@ -2257,7 +2259,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   if (subclasses) plain_of.clear();
   if (info.mutable_op) forget_reads_of(inputs);
   if (info.detach && live && parent != nullptr && parent->kind == kRecorded && !inputs.empty() && inputs[0].isTensor()) {
-    thread.hooked.emplace_back(static_cast<size_t>(parent - thread.frames.data()), inputs[0]);  // (hooked_outputs)
+    thread.saved.emplace_back(static_cast<size_t>(parent - thread.frames.data()), inputs[0]);  // (saved_outputs)
   }
   // (an op with no autograd kernel goes below autograd at once: what it calls is hidden, live or not)
   thread.frames.push_back({kRecorded, live && info.kind != kNoAutograd, false, at_row, args, info.frame_op,
@@ -2309,16 +2311,16 @@ void read_clone_instead(ThreadState& thread, const c10::TensorImpl* original, co
 // tensor whose node is the one this op made): where that gives every output the schema returns (relu,
 // softmax, tanh: one saved result), they are the op's outputs; else none (layer norm's mean and rstd
 // require no grad, dropout's output is not saved).
-std::vector<c10::IValue> hooked_outputs(const ThreadState& thread, size_t frame_at, const at::RecordFunction& fn) {
+std::vector<c10::IValue> saved_outputs(const ThreadState& thread, size_t frame_at, const at::RecordFunction& fn) {
   std::vector<c10::IValue> outputs;
-  auto first = thread.hooked.size();
-  while (first > 0 && thread.hooked[first - 1].first == frame_at) --first;
+  auto first = thread.saved.size();
+  while (first > 0 && thread.saved[first - 1].first == frame_at) --first;
   auto schema = fn.operator_schema();
   auto seq = fn.seqNr();  // the number its node takes
-  if (first == thread.hooked.size() || !schema.has_value() || seq < 0) return outputs;
+  if (first == thread.saved.size() || !schema.has_value() || seq < 0) return outputs;
   outputs.resize(schema->returns().size());
-  for (auto i = first; i < thread.hooked.size(); ++i) {
-    const auto& tensor = thread.hooked[i].second.toTensor();
+  for (auto i = first; i < thread.saved.size(); ++i) {
+    const auto& tensor = thread.saved[i].second.toTensor();
     auto* node = tensor.grad_fn().get();
     auto index = static_cast<size_t>(tensor.output_nr());
     if (node != nullptr && static_cast<int64_t>(node->sequence_nr()) == seq && index < outputs.size()) outputs[index] = tensor;
@@ -2342,10 +2344,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   auto frame = last;
   thread.frames.pop_back();
-  std::vector<c10::IValue> hooked;
-  if (!thread.hooked.empty() && thread.hooked.back().first >= thread.frames.size()) {
-    if (frame.kind == kRecorded && frame.returns && fn.outputs().empty()) hooked = hooked_outputs(thread, thread.frames.size(), fn);
-    while (!thread.hooked.empty() && thread.hooked.back().first >= thread.frames.size()) thread.hooked.pop_back();
+  std::vector<c10::IValue> saved;  // where the op raised after its kernel: what it returned (saved_outputs)
+  if (!thread.saved.empty() && thread.saved.back().first >= thread.frames.size()) {
+    if (frame.kind == kRecorded && frame.returns && fn.outputs().empty()) saved = saved_outputs(thread, thread.frames.size(), fn);
+    while (!thread.saved.empty() && thread.saved.back().first >= thread.frames.size()) thread.saved.pop_back();
   }
   if (frame.compiled) compiled_scopes = std::max(compiled_scopes - 1, 0);
   if (frame.math_bits) thread.math_bit_calls.pop_back();
@@ -2365,7 +2367,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   } else if (frame.kind == kModeCall) {
     thread.mode_calls.pop_back();
   } else if (frame.kind == kRecorded) {
-    const auto& outputs = hooked.empty() ? fn.outputs() : hooked;
+    const auto& outputs = saved.empty() ? fn.outputs() : saved;
     c10::ArrayRef<const c10::IValue> returned(outputs.data(), outputs.size());
     std::optional<PlainFound> plain_found;  // (plain_of is empty but while a subclass's slots are added)
     if (any_subclass(returned)) {
@@ -2380,7 +2382,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       // its autograd kernel before the redispatch, where checkpoint's early stop raises from the
       // saved-tensors hook of an input, so no dispatch mode saw it. (Raised from an output's hook,
       // after its kernel, the hook's detach of the output ran inside it: the mode saw it whole,
-      // hooked_outputs.)
+      // saved_outputs.)
       thread_local Slots dropped;
       recorder.pop_row();
       slots.move_tail(frame.row, dropped);

@@ -31,8 +31,9 @@ from torch import nn
 from torchdebug._torch.nn import compiled_modules, unwrap_compiled
 from torchdebug.capture.eager import OpCapture
 from torchdebug.capture.filters import phase_and_io_filter
-from torchdebug.capture.modules import ModuleRecorder, ModuleTracker
+from torchdebug.capture.modules import CallObservers, ModuleRecorder, ModuleTracker
 from torchdebug.capture.native_capture import NativeOpCapture, why_not_native
+from torchdebug.capture.native_modules import NativeModuleRecorder
 from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.dist import rank_and_world_size
@@ -138,11 +139,16 @@ class Debugger:
         if model is not None:
             model = self._model = unwrap_compiled(model)  # names relative to the model, not to torch.compile's wrapper
         self._tracker = ModuleTracker(model, hook_ops=True)
-        if self.config.level in ("module", "mix"):
+        level = self.config.level
+        native = self._native_ops(model) if level in ("op", "mix") else None
+        if native is not None and level == "mix":  # module records among the op rows (capture/native_modules.py)
+            self._modules = native.modules = NativeModuleRecorder(self.session, self._phases, self._ios, model, native.observer)
+            self._tracker.recorder = CallObservers(native.rows, self._modules)
+        elif level in ("module", "mix"):
             self._modules = ModuleRecorder(self.session, self._phases, self._ios, model)
             self._tracker.recorder = self._modules
-        if self.config.level in ("op", "mix"):
-            self._ops = self._native_ops(model) or self._python_ops()
+        if level in ("op", "mix"):
+            self._ops = native or self._python_ops()
 
     def _python_ops(self) -> OpCapture:
         """The op capture through the dispatch mode."""

@@ -373,7 +373,7 @@ def test_stacks_for_a_range_of_calls_are_the_same_on_both_paths(tmp_path, monkey
 @pytest.mark.parametrize(
     ("options", "why"),
     [
-        ({"level": "mix"}, "level='mix'"),
+        ({"level": "module"}, "level='module'"),
         ({"task": "tensor"}, "task='tensor'"),
     ],
 )

@@ -24,7 +24,7 @@ from torchdebug._torch.nn import strip_wrappers
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import PLAIN_TENSORS, CaptureSession
 from torchdebug.records import MODULE_OP, NO_MODULE, make_call_name
-from torchdebug.slots import iter_slots, output_slots
+from torchdebug.slots import Slot, iter_slots, output_slots
 
 ROOT_MODULE = "<root>"
 """Module path of the model itself."""
@@ -37,6 +37,26 @@ class CallObserver(Protocol):
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None: ...
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None: ...
     def drop(self) -> None: ...
+
+
+class CallObservers:
+    """Several observers of each module call, told in their order (level ``mix`` on the native path:
+    the op rows' module context, then the module records)."""
+
+    def __init__(self, *observers: CallObserver) -> None:
+        self.observers = observers
+
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+        for observer in self.observers:
+            observer.enter(module, name, args, phase)
+
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+        for observer in self.observers:
+            observer.exit(module, name, kwargs, output)
+
+    def drop(self) -> None:
+        for observer in self.observers:
+            observer.drop()
 
 
 class ModuleTracker:
@@ -243,18 +263,26 @@ class ModuleRecorder:
         self._calls[(phase, name)] = call + 1
         return call
 
+    def _next_seq(self) -> int:
+        """The ``seq`` of a module call starting now, or of a gradient record: the session's next."""
+        return self.session.next_seq()
+
     def _add(self, slots: Any, *, phase: str, name: str, call: int, seq: int, io: str) -> None:
         slots = list(slots)
         for _, value in slots:  # a collective's result handed out unwaited is read once it is in
             if value.__class__ not in PLAIN_TENSORS and isinstance(value, torch.Tensor):
                 wait_before_read(value)
+        self._record(slots, phase=phase, name=name, call=call, seq=seq, io=io)
+
+    def _record(self, slots: list[Slot], *, phase: str, name: str, call: int, seq: int, io: str) -> None:
+        """One side of a module call's records (the native path records them in the op rows' order instead)."""
         save = self.session.wants_tensor(make_call_name(phase, name, MODULE_OP, call))
-        self.session.add_call(slots, phase=phase, module=name, op=MODULE_OP, call=call, seq=seq, io=io, save_tensors=save)
+        self.session.add_call(iter(slots), phase=phase, module=name, op=MODULE_OP, call=call, seq=seq, io=io, save_tensors=save)
 
     def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
         """A call of ``module`` starts, in phase ``forward`` or ``recompute``."""
         call = self._next_call(phase, name)
-        seq = self.session.next_seq()
+        seq = self._next_seq()
         self._open.append((phase, call, seq))
         if "forward" in self.phases and "input" in self.ios:
             self._add(iter_slots(args), phase=phase, name=name, call=call, seq=seq, io="input")
@@ -288,7 +316,7 @@ class ModuleRecorder:
     def _tensor_grad_hook(self, name: str, call: int, io: str, arg: str) -> Any:
         def hook(grad: torch.Tensor) -> None:
             if io in self.ios and self.active:
-                seq = self.session.next_seq()
+                seq = self._next_seq()
                 self._add(iter([(arg, grad)]), phase="backward", name=name, call=call, seq=seq, io=io)
 
         return hook
@@ -299,7 +327,7 @@ class ModuleRecorder:
 
         def hook(param: torch.Tensor) -> None:
             call = self._next_call("parameter_grad", param_name)
-            seq = self.session.next_seq()
+            seq = self._next_seq()
             self._add(iter([(leaf, param.grad)]), phase="backward", name=module, call=call, seq=seq, io="parameter_grad")
 
         return hook

@@ -24,6 +24,7 @@ from torch import nn
 from torchdebug.capture.collectives import DISTRIBUTED_DIR
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
+from torchdebug.capture.native_modules import NativeModuleRecorder
 from torchdebug.capture.native_records import NativeStepCapture
 from torchdebug.capture.native_values import PHASES
 from torchdebug.capture.recompute import RECOMPUTE
@@ -31,7 +32,7 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import fused_stats
 from torchdebug.native.build import DISABLE_ENV, load_torch_library
-from torchdebug.native.observer import NativeObserver, ObservedOps
+from torchdebug.native.observer import MODULE_OP, NativeObserver, ObservedOps
 
 __all__ = ["NativeOpCapture", "why_not_native"]
 
@@ -47,8 +48,8 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
     or ``None`` when the native path applies (decided before the run, from the config and the model)."""
     if os.environ.get(DISABLE_ENV) == "0":
         return f"{DISABLE_ENV}=0"
-    if config.level != "op":
-        return f"level={config.level!r} (the native path records op calls only)"
+    if config.level not in ("op", "mix"):
+        return f"level={config.level!r} (the native path records op calls, and module calls beside them)"
     if config.task not in _TASKS:
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
     if _distributed() and _works() is None:
@@ -100,10 +101,13 @@ class NativeOpCapture:
         names: list[str],
         call_range: list[str],
         stack: str | list[str],
+        modules: NativeModuleRecorder | None = None,
     ) -> None:
-        """``stack``: the config's (``all``, ``none``, or ``[FROM, TO]``: the stacks of that range of calls)."""
+        """``stack``: the config's (``all``, ``none``, or ``[FROM, TO]``: the stacks of that range of
+        calls). ``modules``: level ``mix``'s module records, written with the op records."""
         self.session = session
         self.observer = observer
+        self.modules = modules
         self.rows = NativeStepCapture(
             observer,
             model,
@@ -143,12 +147,16 @@ class NativeOpCapture:
         self.observer.keep_unsummed(self._statistics or self._fingerprints)
         self.observer.use_works(_works() if _distributed() else None, DISTRIBUTED_DIR)
         self.rows.start()
+        if self.modules is not None:
+            self.modules.observing = True
 
     def stop(self) -> None:
         """Stop observing and hand the step's records so far to the session."""
         if self._idle:
             return
         self.observer.finish_collectives()
+        if self.modules is not None:
+            self.modules.observing = False
         self.rows.stop()
         self.observer.finish_functional()
         ops = self.observer.drain()
@@ -167,6 +175,9 @@ class NativeOpCapture:
             if not self._failed:
                 self._failed = True
                 logger.warning("torchdebug: the native op capture lost a step's ops (%s: %s)", type(error).__name__, error)
+        finally:
+            if self.modules is not None:
+                self.modules.forget()
 
     def next_step(self) -> None:
         self.rows.next_step()
@@ -186,24 +197,36 @@ class NativeOpCapture:
                 recorded[row] = range_gate.check(name) and (not names or names(name))
         chosen = np.flatnonzero(recorded)
         seqs = np.full(len(recorded), -1, np.int64)
-        seqs[chosen] = session.seq + np.arange(len(chosen))
-        session.seq += len(chosen)
+        calls_at = self.modules.calls_at() if self.modules is not None else np.zeros(0, np.int64)
+        # the op calls and the module calls numbered together in row order (a module call's row: its start's)
+        order = np.empty(len(chosen) + len(calls_at), np.int64)
+        order[np.argsort(np.concatenate([chosen + ops.first_row, calls_at]), kind="stable")] = np.arange(len(order))
+        seqs[chosen] = session.seq + order[: len(chosen)]
+        module_seqs = session.seq + order[len(chosen) :]
+        session.seq += len(order)
         stacks = rows.stack[chosen]
         stacks, first = np.unique(stacks[stacks >= 0], return_index=True)
         for stack in stacks[np.argsort(first)].tolist():  # in the order of their first call
             stack_id, frames, _ = self.rows.stack_table[stack]
             session.add_stack(stack_id, frames)
         self.rows.step = session.step
+        written = recorded.astype(np.int8)
+        if self.modules is not None and MODULE_OP in ops.names:  # the module rows' slots: module records
+            written[np.frombuffer(ops.op, np.int32) == ops.names.index(MODULE_OP)] = 1
         columns = self.rows.slot_columns(
             ops,
             rows,
-            recorded.astype(np.int8),
+            written,
             ios=self.ios,
             seqs=seqs,
             statistics=self._statistics,
             fingerprints=self._fingerprints,
             stage=session.stage_stats,
         )
+        if self.modules is not None:
+            slots = self.rows.record_slots
+            rows_of = np.frombuffer(ops.slot_row, np.int64)[slots]
+            columns = self.modules.merged(columns, rows_of, np.frombuffer(ops.slot_element, np.int16)[slots], module_seqs)
         if columns.num_rows:
             session.flush()  # what the session holds goes first: the dump keeps the order of capture
             session.writer.submit_columns(session.step, columns)

@@ -55,7 +55,17 @@ from torchdebug.capture.native_values import (
 )
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.capture.unwritten import markable
-from torchdebug.native.observer import LAID_OUT, NESTED, OUTER_SHIFT, PLAIN, SUBCLASS, VALUE, NativeObserver, ObservedOps
+from torchdebug.native.observer import (
+    LAID_OUT,
+    MODULE_OP,
+    NESTED,
+    OUTER_SHIFT,
+    PLAIN,
+    SUBCLASS,
+    VALUE,
+    NativeObserver,
+    ObservedOps,
+)
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
@@ -220,6 +230,8 @@ class NativeStepCapture:
         """The storages each FSDP2 copy-in recorded since the last walk hands out, in order (``_unshard``)."""
         self._described: dict[int, Described] = {}
         """The subclass instances met since the last drain, by ``TensorImpl`` address (``_subclass``)."""
+        self.record_slots = np.zeros(0, np.int64)
+        """The drained slot of each record :meth:`slot_columns` made last, in order."""
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -556,6 +568,7 @@ class NativeStepCapture:
             fingerprints=fingerprints,
             unshards=self._unshard_rows(ops),
         )
+        self.record_slots = walked.slots
         kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
         taken: list[dict] = []
         taken_fingerprints: list[int | None] = []
@@ -638,8 +651,12 @@ class NativeStepCapture:
             self._slot_walk = SlotWalk(library)
         walk = self._slot_walk
         for op_id in walk.untold(np.frombuffer(ops.op, np.int32)):
-            facts = _OpFacts.of(ops.names[op_id])
             self._op_names += [""] * (op_id + 1 - len(self._op_names))
+            if ops.names[op_id] == MODULE_OP:
+                self._op_names[op_id] = MODULE_OP
+                walk.add_module_op(op_id)
+                continue
+            facts = _OpFacts.of(ops.names[op_id])
             self._op_names[op_id] = facts.info.name
             inputs, list_result = facts.names.inputs, facts.names.list_result
             walk.add_op(op_id, facts.info, inputs, facts.results, list_result=list_result, one_tensor=facts.one_tensor)

@@ -45,7 +45,7 @@ CHANGED_TEXT = (
 """The ``capture_error`` of such a slot."""
 
 _MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT, _SKIPPED = 1, 2, 4, 8, 16, 32
-_ACCUMULATES, _DETACH, _COLLECTIVE = 64, 128, 256
+_ACCUMULATES, _DETACH, _COLLECTIVE, _MODULE = 64, 128, 256, 512
 """``td_walk_op``'s flags (``OpFlag`` in the C++ file)."""
 _ENGINE_SUM = "aten.add_.Tensor"
 """The op autograd's engine sums gradients with in place, which a dispatch mode runs out of place."""
@@ -186,8 +186,17 @@ class SlotWalk:
         width = max(keyed, default=-1) + 1 if list_result else results
         star = unread_out.get("*")
         out_codes = bytes(self._code(unread_out.get(str(index), star)) for index in range(width))
+        self._tell(op_id, flags, inputs, in_codes, out_codes, self._code(star))
+
+    def add_module_op(self, op_id: int) -> None:
+        """Tell the walk that observer op ``op_id`` is ``observer.py``'s ``MODULE_OP``: its rows are
+        module calls' tensors (``native_modules.py``), not named as calls, their slots walked as
+        inputs whichever sides are recorded."""
+        self._tell(op_id, _MODULE | _SKIPPED, (), b"", b"", 0)
+
+    def _tell(self, op_id: int, flags: int, inputs: tuple[str, ...], in_codes: bytes, out_codes: bytes, other: int) -> None:
         names = "".join(f"{name}\n" for name in inputs).encode()
-        if self._lib.td_walk_op(self._handle, op_id, flags, names, len(inputs), in_codes, width, out_codes, self._code(star)):
+        if self._lib.td_walk_op(self._handle, op_id, flags, names, len(inputs), in_codes, len(out_codes), out_codes, other):
             raise MemoryError("native/slot_walk.cpp: no memory for an op's facts")
         if op_id >= len(self._told):
             self._told = np.concatenate([self._told, np.zeros(op_id + 1 - len(self._told), bool)])

@@ -2543,6 +2543,42 @@ void td_observer_parameters(int64_t count, const int64_t* impls, const int64_t* 
 // stepped in the backward keeps the parameter's context).
 int td_observer_accumulating() { return state.accumulations.empty() ? 0 : 1; }
 
+// A module call's tensors (capture/native_modules.py, level "mix"): a row of their own between the
+// ops, of the op named kModuleOp, each tensor an input slot at position 0, element its index (up to
+// 32767), so that they take value ids, statistics and fingerprints as the step's op slots do, in the
+// step's order. `count` TensorImpl addresses (Tensor._cdata), which the caller holds meanwhile.
+// Returns the row's absolute number, or -1 when the observer is not started.
+constexpr char kModuleOp[] = "torchdebug.module";
+
+int64_t td_observer_module_row(int64_t count, const int64_t* impls) {
+  if (handle == 0 || count < 0 || count > INT16_MAX) return -1;
+  auto& thread = thread_ref(state);
+  std::vector<c10::IValue> values;
+  values.reserve(static_cast<size_t>(count));
+  bool subclasses = false;
+  for (int64_t index = 0; index < count; ++index) {
+    auto* impl = reinterpret_cast<c10::TensorImpl*>(impls[index]);
+    subclasses = subclasses || impl->key_set().has(c10::DispatchKey::Python);
+    values.emplace_back(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl)));
+  }
+  if (subclasses) find_subclasses(c10::ArrayRef<const c10::IValue>(values.data(), values.size()), thread.in_hook);
+  if (collectives_pending.load(std::memory_order_relaxed)) complete_collectives(false);  // before this row's slots, as an op's
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  static int32_t module_op = -1;  // an op id of its own, with no schema (ids never move)
+  if (module_op < 0) {
+    module_op = static_cast<int32_t>(recorder.names.size());
+    recorder.names.emplace_back(kModuleOp);
+    recorder.args.emplace_back();
+    recorder.written.emplace_back();
+  }
+  auto at_row = recorder.add_row(Row{module_op, -1, 0, -1, -1, kNoNode, -1});
+  for (int64_t index = 0; index < count; ++index) {
+    recorder.slots.add(at_row, 0, 0, static_cast<int16_t>(index), values[static_cast<size_t>(index)].unsafeToTensorImpl());
+  }
+  if (subclasses) plain_of.clear();
+  return at_row;
+}
+
 int td_observer_op_names() {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   return static_cast<int>(recorder.names.size());

@@ -45,6 +45,13 @@ OUTER_SHIFT = 8
 """An item of a list of lists (c10d's ``Tensor[][]``) has its outer index plus one in ``slot_arg``'s
 bits from this one up, its inner index in ``slot_element``: arg ``0``'s ``[[a, b]]`` are ``0.0.0``, ``0.0.1``."""
 
+MODULE_OP = "torchdebug.module"
+"""The op name of the rows :meth:`NativeObserver.module_row` adds: a module call's tensors, each an
+input slot at arg 0, its element its index in the call's list."""
+
+MODULE_ROW_SLOTS = 32767
+"""Tensors a module row holds at most (its slots' element is an ``int16``)."""
+
 GRAD_ON, CHECKPOINT_NODE = 1, 2
 """:attr:`ObservedOps.mark` bits Python reads: grad mode was on; run by a reentrant checkpoint's node.
 (4 is ``native_values.RECOMPUTED``, which Python adds; read by the walk only: 8, a forward op that made
@@ -261,6 +268,8 @@ class NativeObserver:
         library.td_observer_parameters.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_parameters.restype = None
         library.td_observer_accumulating.restype = ctypes.c_int
+        library.td_observer_module_row.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+        library.td_observer_module_row.restype = ctypes.c_int64
         library.td_observer_use_works.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
         library.td_observer_use_works.restype = None
         library.td_observer_finish_collectives.restype = None
@@ -311,6 +320,14 @@ class NativeObserver:
         """Whether this thread runs a gradient accumulation :meth:`name_accumulations` named (in its
         hooks: an optimizer stepped in the backward)."""
         return bool(self._lib.td_observer_accumulating())
+
+    def module_row(self, tensors: list[torch.Tensor]) -> int:
+        """Add a row of :data:`MODULE_OP` holding ``tensors`` (at most :data:`MODULE_ROW_SLOTS`; a
+        module call's, ``capture/native_modules.py``) after the rows recorded so far: its slots are
+        read, and take value ids, as an op's inputs. Returns its absolute row number, -1 when the
+        observer is not started."""
+        impls = array("q", (tensor._cdata for tensor in tensors))
+        return int(self._lib.td_observer_module_row(len(impls), impls.buffer_info()[0]))
 
     def want_stacks(self, enabled: bool = True) -> None:
         """Take the Python frames each forward op is called from (code objects and instruction

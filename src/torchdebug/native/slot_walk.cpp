@@ -56,12 +56,14 @@ constexpr int64_t kNone = -1;
 
 enum OpFlag : int {
   kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32, kAccumulates = 64, kDetach = 128,
-  kCollective = 256
+  kCollective = 256, kModule = 512
 };
 // kAccumulates: the op the engine sums gradients in place with (aten.add_.Tensor in a backward row),
 // which a dispatch mode runs out of place (a new tensor, at version 0). kDetach: aten.detach.default.
 // kCollective: a c10d op, whose outputs are tensors it was handed (its lists, recv_'s argument) and
 // come once its Work completes, after the slots of the rows that ran meanwhile (observer.cpp).
+// kModule: observer.cpp's kModuleOp, a module call's tensors (level "mix"): skipped by the naming,
+// its slots, all inputs, walked whichever sides are recorded (native_modules.py filters them).
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
 enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8, kFoundHidden = 16, kCompiled = 32 };
 // Per row: the observer's marks (observer.cpp's RowMark: kGradOn, grad mode was on, so the op's
@@ -920,7 +922,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
         }
       }
       if (io && backward && (op->flags & kAccumulates)) state.summed_in[storage] = version;
-      if (!(io ? want_outputs : want_inputs)) {
+      if (!(io ? want_outputs : want_inputs) && !(op->flags & kModule)) {
         if (io == 0 && (is_mutable || (first && (op->flags & kMakesViews)))) {  // ValueIds.see, ValueIds.views
           auto value = state.of(row, io, address, memory, backward, slot_base[slot]);
           if (first_arg) {

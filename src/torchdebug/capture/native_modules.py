@@ -41,7 +41,12 @@ class NativeModuleRecorder(ModuleRecorder):
     capture's drain (:meth:`merged`), not handed to the session."""
 
     def __init__(
-        self, session: CaptureSession, phases: frozenset[str], ios: frozenset[str], model: nn.Module | None, observer: NativeObserver
+        self,
+        session: CaptureSession,
+        phases: frozenset[str],
+        ios: frozenset[str],
+        model: nn.Module | None,
+        observer: NativeObserver,
     ) -> None:
         super().__init__(session, phases, ios, model)
         self.observer = observer
@@ -67,12 +72,14 @@ class NativeModuleRecorder(ModuleRecorder):
         if seq < 0 or not self.observing:
             return
         tensors = [value for _, value in slots if isinstance(value, torch.Tensor)]
-        rows = [self.observer.module_row(tensors[at : at + MODULE_ROW_SLOTS]) for at in range(0, len(tensors) or 1, MODULE_ROW_SLOTS)]
+        chunks = range(0, len(tensors) or 1, MODULE_ROW_SLOTS)  # (no tensor: an empty row, where its values go)
+        rows = [self.observer.module_row(tensors[at : at + MODULE_ROW_SLOTS]) for at in chunks]
         if min(rows) < 0:
             return
         step, rank, index = self.session.step, self.session.rank, 0
         for arg, value in slots:
-            record = Record(make_name(phase, name, MODULE_OP, call, io, arg), step, rank, phase, name, MODULE_OP, call, seq, io, arg)
+            full_name = make_name(phase, name, MODULE_OP, call, io, arg)
+            record = Record(full_name, step, rank, phase, name, MODULE_OP, call, seq, io, arg)
             if isinstance(value, torch.Tensor):
                 self._slot_records[(rows[index // MODULE_ROW_SLOTS], index % MODULE_ROW_SLOTS)] = len(self._records)
                 index += 1

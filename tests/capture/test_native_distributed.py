@@ -187,6 +187,8 @@ _PROGRAMS = {
     "fsdp2-compiled-statistics": (_fsdp2_compiled, {**_VALUES, "stack": "none"}),  # (compiled code's frames: made anew per run)
     "tp-statistics": (_tensor_parallel, _VALUES),
     "tp-structure": (_tensor_parallel, _STACKS),
+    "fsdp2-selective-mix": (_fsdp2_selective, {**_VALUES, "level": "mix"}),
+    "tp-mix": (_tensor_parallel, {**_STACKS, "level": "mix"}),
     "ddp-statistics": (_ddp, _VALUES),
     "ddp-view-statistics": (partial(_ddp, gradient_as_bucket_view=True), _VALUES),
     "ddp-accumulating-statistics": (_ddp_accumulating, _VALUES),

@@ -13,6 +13,7 @@ from tests.capture.test_native_capture import (
     Training,
     _assert_same_dumps,
     _checkpointed_training,
+    _compiled_gpt,
     _dump,
     _hf_training,
     _quantized_training,
@@ -124,3 +125,17 @@ def test_a_module_call_of_more_tensors_than_a_row_holds_takes_several_rows(tmp_p
     _assert_mixed(python, native)
     sides = {(r.step, r.call_name, r.io) for r in native if r.op == MODULE_OP}
     assert max(sum((r.step, r.call_name, r.io) == side for r in native) for side in sides) > 1  # (a linear's weight and bias)
+
+
+@pytest.mark.parametrize(
+    "spelling, backend, task",
+    [("method", "aot_eager", "statistics"), ("whole", "inductor", "statistics"), ("checkpointed wrapper", "aot_eager", "structure")],
+)
+def test_compiled_code_records_its_module_calls_the_same_on_both_paths(tmp_path, monkeypatch, caplog, spelling, backend, task):
+    """Run as compiled, the module calls whose hooks the compiled code runs are recorded among its
+    ops as the dispatch mode records them (``test_native_capture``'s compiled GPT)."""
+    training = _compiled_gpt(spelling, backend)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, steps=3, task=task, stack="none", level="mix")
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, steps=3, task=task, stack="none", level="mix")
+    _assert_mixed(python, native, joins=backend == "inductor")
+    torch._dynamo.reset()

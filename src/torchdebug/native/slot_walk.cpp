@@ -907,7 +907,7 @@ int64_t td_walk(void* walk, const int64_t* counts, const int* options, void* con
       bool is_mutable = op->flags & kMutable;
       // An inference tensor (no version) is read at each slot, as CaptureSession reads one: nothing shared.
       bool versioned = version >= 0;
-      if (io && first && has_source && (op->flags & kOneTensor) && !is_mutable && versioned) {
+      if (io && first && has_source && (op->flags & kOneTensor) && !is_mutable && versioned && !row_compiled) {
         alias = state.alias_of(*op, source, memory, numel, device);
         if (alias != nullptr) {  // a copy, or a view reading the memory in the same order, has the same bits in order
           bool in_order = (op->flags & kValuePreserving) ||

@@ -12,8 +12,6 @@ mode writes, record for record (``docs/architecture.md``, "The native path (issu
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pyarrow as pa
 import torch
@@ -24,16 +22,14 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.native.observer import MODULE_ROW_SLOTS, NativeObserver
 from torchdebug.records import MODULE_OP, Record, make_name
 from torchdebug.slots import Slot, json_value
-from torchdebug.store import records_batch, records_from_table
+from torchdebug.store import SCHEMA as _SCHEMA
+from torchdebug.store import records_batch
 
 __all__ = ["NativeModuleRecorder"]
 
-_READ = tuple(
-    field.name
-    for field in dataclasses.fields(Record)
-    if field.name not in {"name", "step", "rank", "phase", "module", "op", "call", "seq", "io", "arg", "stack", "source", "fwd"}
-)
-"""The fields a module record takes from its slot's record in the walk's columns: all but its name's."""
+_NAMED = ("name", "phase", "module", "call", "seq", "io", "arg", "row")
+"""What :class:`NativeModuleRecorder` keeps of each record until the drain: the fields of its name
+(a tensor's others are its slot's in the walk's columns; ``op`` is ``module``), and its row."""
 
 
 class NativeModuleRecorder(ModuleRecorder):
@@ -55,11 +51,15 @@ class NativeModuleRecorder(ModuleRecorder):
         self._calls_at: list[int] = []
         """The row of each module call's start and gradient record since the last drain: its ``seq``
         is its index here until :meth:`merged` numbers them with the op calls."""
-        self._records: list[Record] = []
-        self._rows: list[int] = []
-        """By record: the row it is written at (its side's first row)."""
-        self._slot_records: dict[tuple[int, int], int] = {}
-        """By a tensor slot's ``(row, element)``: its record's index in :attr:`_records`."""
+        self._named: list[tuple] = []
+        """The module records since the last drain, each its :data:`_NAMED` fields (``seq``: the
+        index of its call in :attr:`_calls_at`; ``row``: the row it is written at, its side's first)."""
+        self._slots: list[int] = []
+        """Each tensor record's slot, ``row << 16 | element`` (ascending), and its record's index."""
+        self._tensor_records: list[int] = []
+        self._values: list[Record] = []
+        """The value records (non-tensor arguments and results), and each one's index."""
+        self._value_records: list[int] = []
 
     def _next_seq(self) -> int:
         row = self.observer.module_row([]) if self.observing else -1
@@ -76,22 +76,25 @@ class NativeModuleRecorder(ModuleRecorder):
         rows = [self.observer.module_row(tensors[at : at + MODULE_ROW_SLOTS]) for at in chunks]
         if min(rows) < 0:
             return
-        step, rank, index = self.session.step, self.session.rank, 0
+        named, index = self._named, 0
         for arg, value in slots:
+            at = len(named)
             full_name = make_name(phase, name, MODULE_OP, call, io, arg)
-            record = Record(full_name, step, rank, phase, name, MODULE_OP, call, seq, io, arg)
+            named.append((full_name, phase, name, call, seq, io, arg, rows[0]))
             if isinstance(value, torch.Tensor):
-                self._slot_records[(rows[index // MODULE_ROW_SLOTS], index % MODULE_ROW_SLOTS)] = len(self._records)
+                self._slots.append(rows[index // MODULE_ROW_SLOTS] << 16 | index % MODULE_ROW_SLOTS)
+                self._tensor_records.append(at)
                 index += 1
             else:
-                record.kind = "value"
+                step, rank = self.session.step, self.session.rank
+                record = Record(full_name, step, rank, phase, name, MODULE_OP, call, seq, io, arg, kind="value")
                 record.value = json_value(value)
-            self._records.append(record)
-            self._rows.append(rows[0])
+                self._values.append(record)
+                self._value_records.append(at)
 
     def forget(self) -> None:
         """Drop the records kept since the last drain (merged, or lost with it)."""
-        self._records, self._rows, self._slot_records, self._calls_at = [], [], {}, []
+        self._calls_at, self._named, self._slots, self._tensor_records, self._values, self._value_records = [], [], [], [], [], []
 
     def calls_at(self) -> np.ndarray:
         """The rows of the module calls (and gradient records) since the last drain, in order."""
@@ -100,21 +103,30 @@ class NativeModuleRecorder(ModuleRecorder):
     def merged(self, columns: pa.RecordBatch, record_rows: np.ndarray, elements: np.ndarray, seqs: np.ndarray) -> pa.RecordBatch:
         """The drain's records in the order of the step: ``columns`` (the walk's records, with
         ``record_rows`` and ``elements`` their slots' rows and elements; those of module rows hold
-        the module records' tensors) and the module records, each at its row, their ``seq`` the
-        ``seqs`` of their calls (by :meth:`calls_at`)."""
-        records, rows, slot_records = self._records, self._rows, self._slot_records
-        ours = np.isin(record_rows, np.fromiter({row for row, _ in slot_records}, np.int64))
-        if slot_records:
-            read = records_from_table(pa.Table.from_batches([columns.filter(pa.array(ours))]))
-            for key, slot in zip(zip(record_rows[ours].tolist(), elements[ours].tolist()), read):
-                record = records[slot_records[key]]
-                for field in _READ:
-                    setattr(record, field, getattr(slot, field))
-        if not records:
+        the module records' tensors, which take their names here) and the module records, each at
+        its row, their ``seq`` the ``seqs`` of their calls (by :meth:`calls_at`)."""
+        if not self._named:
             return columns
-        for record in records:
+        named = dict(zip(_NAMED, map(list, zip(*self._named))))
+        slots = np.array(self._slots, np.int64)
+        keys = record_rows << 16 | elements.astype(np.int64)
+        ours = np.isin(keys, slots)
+        if not np.array_equal(keys[ours], slots):  # (a fault of ours: the step's records are lost, said once)
+            raise RuntimeError("the module rows' slots are not the tensors they were handed")
+        named["seq"] = seqs[np.array(named["seq"], np.int64)]
+        named["op"] = [MODULE_OP] * len(self._named)
+        rows = np.array(named.pop("row"), np.int64)
+        tensor_records = np.array(self._tensor_records, np.int64)
+        tensors = pa.Table.from_batches([columns.filter(pa.array(ours))])
+        for field, items in named.items():  # each tensor's slot named as the module record it is
+            array = pa.array(items, _SCHEMA.field(field).type).take(pa.array(tensor_records))
+            tensors = tensors.set_column(tensors.schema.get_field_index(field), field, array)
+        for record in self._values:
             record.seq = int(seqs[record.seq])
-        table = pa.Table.from_batches([columns.filter(pa.array(~ours)), records_batch(records)])
-        order = np.argsort(np.concatenate([record_rows[~ours], np.array(rows, np.int64)]), kind="stable")
-        merged = table.take(pa.array(order)).combine_chunks().to_batches()
+        values = pa.Table.from_batches([records_batch(self._values)]) if self._values else tensors.slice(0, 0)
+        table = pa.concat_tables([pa.Table.from_batches([columns.filter(pa.array(~ours))]), tensors, values])
+        value_records = np.array(self._value_records, np.int64)
+        row = np.concatenate([record_rows[~ours], rows[tensor_records], rows[value_records]])
+        within = np.concatenate([np.zeros(len(keys) - len(slots), np.int64), tensor_records, value_records])  # a call's: in order
+        merged = table.take(pa.array(np.lexsort((within, row)))).combine_chunks().to_batches()
         return merged[0] if merged else columns.slice(0, 0)

@@ -1219,22 +1219,31 @@ def test_an_allocation_freed_unwritten_leaves_no_mark_on_the_storage_that_takes_
     assert all(r.extra == {"unread": "uninitialised"} for r in records if r.op == "aten.empty.memory_format" and r.io == "output")
 
 
-def test_a_second_debugger_on_the_native_path_records_nothing_while_the_first_observes(tmp_path, monkeypatch, caplog) -> None:
+@pytest.mark.parametrize("level", ["op", "mix"])
+def test_a_second_debugger_on_the_native_path_records_nothing_while_the_first_observes(tmp_path, monkeypatch, caplog, level):
+    """Not even its module records (level ``mix``), and it keeps none of that step for its next."""
     monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
     model = nn.Linear(2, 2)
     with caplog.at_level(logging.WARNING, logger="torchdebug.capture.native_capture"):
         with (
             torchdebug.Debugger(tmp_path / "first", stack="none") as first,
-            torchdebug.Debugger(tmp_path / "second", stack="none") as second,
+            torchdebug.Debugger(tmp_path / "second", stack="none", level=level) as second,
         ):
             first.start(model)
             second.start(model)
             model(torch.ones(1, 2))
             second.stop()
             first.stop()
+            second.step()
+            second.start(model)  # alone now
+            model(torch.ones(1, 2))
+            second.stop()
     assert "aten.addmm.default" in {record.op for record in torchdebug.load(tmp_path / "first").ranks[0].records()}
-    assert not list(torchdebug.load(tmp_path / "second").ranks[0].records())
+    records = list(torchdebug.load(tmp_path / "second").ranks[0].records())
+    assert {record.step for record in records} == {1}
+    assert {record.op for record in records} >= ({"aten.addmm.default", "module"} if level == "mix" else {"aten.addmm.default"})
     assert sum("another debugger" in record.getMessage() for record in caplog.records) == 1
+    assert not [record for record in caplog.records if "lost" in record.getMessage()]
 
 
 _SUBCLASS_TASKS = pytest.mark.parametrize(

@@ -129,7 +129,11 @@ def test_a_module_call_of_more_tensors_than_a_row_holds_takes_several_rows(tmp_p
 
 @pytest.mark.parametrize(
     "spelling, backend, task",
-    [("method", "aot_eager", "statistics"), ("whole", "inductor", "statistics"), ("checkpointed wrapper", "aot_eager", "structure")],
+    [
+        ("method", "aot_eager", "statistics"),
+        ("whole", "inductor", "statistics"),
+        ("checkpointed wrapper", "aot_eager", "structure"),
+    ],
 )
 def test_compiled_code_records_its_module_calls_the_same_on_both_paths(tmp_path, monkeypatch, caplog, spelling, backend, task):
     """Run as compiled, the module calls whose hooks the compiled code runs are recorded among its

@@ -39,6 +39,9 @@ __all__ = ["NativeOpCapture", "why_not_native"]
 logger = logging.getLogger("torchdebug.capture.native_capture")
 
 _TASKS = ("structure", "statistics", "checksum")
+_MODULE_ROW = 2
+"""A row whose slots are written as module records (``native_modules.py``; 1: an op call's)."""
+
 _READS_VALUES = ("statistics", "checksum")
 """Tasks whose values the native path reads on the CPU only (statistics, fingerprints)."""
 
@@ -212,7 +215,7 @@ class NativeOpCapture:
         self.rows.step = session.step
         written = recorded.astype(np.int8)
         if self.modules is not None and MODULE_OP in ops.names:  # the module rows' slots: module records
-            written[np.frombuffer(ops.op, np.int32) == ops.names.index(MODULE_OP)] = 1
+            written[np.frombuffer(ops.op, np.int32) == ops.names.index(MODULE_OP)] = _MODULE_ROW
         columns = self.rows.slot_columns(
             ops,
             rows,
@@ -225,8 +228,10 @@ class NativeOpCapture:
         )
         if self.modules is not None:
             slots = self.rows.record_slots
-            rows_of = np.frombuffer(ops.slot_row, np.int64)[slots]
-            columns = self.modules.merged(columns, rows_of, np.frombuffer(ops.slot_element, np.int16)[slots], module_seqs)
+            rows_of, elements = np.frombuffer(ops.slot_row, np.int64)[slots], np.frombuffer(ops.slot_element, np.int16)[slots]
+            local = rows_of - ops.first_row  # (< 0: an op drained before, its outputs now)
+            ours = (local >= 0) & (written[np.maximum(local, 0)] == _MODULE_ROW)
+            columns = self.modules.merged(columns, slots, ours, rows_of << 16 | elements.astype(np.int64), module_seqs)
         if columns.num_rows:
             session.flush()  # what the session holds goes first: the dump keeps the order of capture
             session.writer.submit_columns(session.step, columns)

@@ -12,6 +12,8 @@ mode writes, record for record (``docs/architecture.md``, "The native path (issu
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import torch
@@ -27,9 +29,10 @@ from torchdebug.store import records_batch
 
 __all__ = ["NativeModuleRecorder"]
 
-_NAMED = ("name", "phase", "module", "call", "seq", "io", "arg", "row")
+_NAMED = ("name", "phase", "module", "call", "seq", "io", "arg", "slot_at")
 """What :class:`NativeModuleRecorder` keeps of each record until the drain: the fields of its name
-(a tensor's others are its slot's in the walk's columns; ``op`` is ``module``), and its row."""
+(a tensor's others are its slot's in the walk's columns; ``op`` is ``module``), and where its call's
+side goes among the drained slots (``NativeObserver.module_row``)."""
 
 
 class NativeModuleRecorder(ModuleRecorder):
@@ -53,7 +56,7 @@ class NativeModuleRecorder(ModuleRecorder):
         is its index here until :meth:`merged` numbers them with the op calls."""
         self._named: list[tuple] = []
         """The module records since the last drain, each its :data:`_NAMED` fields (``seq``: the
-        index of its call in :attr:`_calls_at`; ``row``: the row it is written at, its side's first)."""
+        index of its call in :attr:`_calls_at`)."""
         self._slots: list[int] = []
         """Each tensor record's slot, ``row << 16 | element`` (ascending), and its record's index."""
         self._tensor_records: list[int] = []
@@ -62,7 +65,7 @@ class NativeModuleRecorder(ModuleRecorder):
         self._value_records: list[int] = []
 
     def _next_seq(self) -> int:
-        row = self.observer.module_row([]) if self.observing else -1
+        row, _ = self.observer.module_row([]) if self.observing else (-1, 0)
         if row < 0:
             return -1
         self._calls_at.append(row)
@@ -73,14 +76,14 @@ class NativeModuleRecorder(ModuleRecorder):
             return
         tensors = [value for _, value in slots if isinstance(value, torch.Tensor)]
         chunks = range(0, len(tensors) or 1, MODULE_ROW_SLOTS)  # (no tensor: an empty row, where its values go)
-        rows = [self.observer.module_row(tensors[at : at + MODULE_ROW_SLOTS]) for at in chunks]
+        rows, slots_at = zip(*(self.observer.module_row(tensors[at : at + MODULE_ROW_SLOTS]) for at in chunks))
         if min(rows) < 0:
             return
         named, index = self._named, 0
         for arg, value in slots:
             at = len(named)
             full_name = make_name(phase, name, MODULE_OP, call, io, arg)
-            named.append((full_name, phase, name, call, seq, io, arg, rows[0]))
+            named.append((full_name, phase, name, call, seq, io, arg, slots_at[0]))
             if isinstance(value, torch.Tensor):
                 self._slots.append(rows[index // MODULE_ROW_SLOTS] << 16 | index % MODULE_ROW_SLOTS)
                 self._tensor_records.append(at)
@@ -100,22 +103,24 @@ class NativeModuleRecorder(ModuleRecorder):
         """The rows of the module calls (and gradient records) since the last drain, in order."""
         return np.array(self._calls_at, np.int64)
 
-    def merged(self, columns: pa.RecordBatch, record_rows: np.ndarray, elements: np.ndarray, seqs: np.ndarray) -> pa.RecordBatch:
-        """The drain's records in the order of the step: ``columns`` (the walk's records, with
-        ``record_rows`` and ``elements`` their slots' rows and elements; those of module rows hold
-        the module records' tensors, which take their names here) and the module records, each at
-        its row, their ``seq`` the ``seqs`` of their calls (by :meth:`calls_at`)."""
+    def merged(
+        self, columns: pa.RecordBatch, record_slots: np.ndarray, ours: np.ndarray, keys: np.ndarray, seqs: np.ndarray
+    ) -> pa.RecordBatch:
+        """The drain's records in the order of the step: ``columns`` (the walk's records; by record,
+        ``record_slots`` its drained slot, ``ours`` whether a module row holds it (one of the module
+        records' tensors, which take their names here), ``keys`` its slot's ``row << 16 | element``)
+        and the module records, each side of a call where its slots were, their ``seq`` the
+        ``seqs`` of their calls (by :meth:`calls_at`). Linear in the records, but for a binary
+        search per module record."""
         if not self._named:
             return columns
-        named = dict(zip(_NAMED, map(list, zip(*self._named))))
+        named: dict[str, Any] = dict(zip(_NAMED, map(list, zip(*self._named))))
         slots = np.array(self._slots, np.int64)
-        keys = record_rows << 16 | elements.astype(np.int64)
-        ours = np.isin(keys, slots)
         if not np.array_equal(keys[ours], slots):  # (a fault of ours: the step's records are lost, said once)
             raise RuntimeError("the module rows' slots are not the tensors they were handed")
         named["seq"] = seqs[np.array(named["seq"], np.int64)]
         named["op"] = [MODULE_OP] * len(self._named)
-        rows = np.array(named.pop("row"), np.int64)
+        slot_at = np.array(named.pop("slot_at"), np.int64)
         tensor_records = np.array(self._tensor_records, np.int64)
         tensors = pa.Table.from_batches([columns.filter(pa.array(ours))])
         for field, items in named.items():  # each tensor's slot named as the module record it is
@@ -125,8 +130,16 @@ class NativeModuleRecorder(ModuleRecorder):
             record.seq = int(seqs[record.seq])
         values = pa.Table.from_batches([records_batch(self._values)]) if self._values else tensors.slice(0, 0)
         table = pa.concat_tables([pa.Table.from_batches([columns.filter(pa.array(~ours))]), tensors, values])
-        value_records = np.array(self._value_records, np.int64)
-        row = np.concatenate([record_rows[~ours], rows[tensor_records], rows[value_records]])
-        within = np.concatenate([np.zeros(len(keys) - len(slots), np.int64), tensor_records, value_records])  # a call's: in order
-        merged = table.take(pa.array(np.lexsort((within, row)))).combine_chunks().to_batches()
+        # the module records, in their order, each before the op records of later slots (both ascending)
+        ops, count = int((~ours).sum()), len(slot_at)
+        module_records = np.empty(count, np.int64)
+        module_records[tensor_records] = ops + np.arange(len(tensor_records))
+        module_records[self._value_records] = ops + len(tensor_records) + np.arange(len(self._value_records))
+        at = np.searchsorted(record_slots[~ours], slot_at) + np.arange(count)
+        order = np.empty(ops + count, np.int64)
+        order[at] = module_records
+        placed = np.ones(ops + count, bool)
+        placed[at] = False
+        order[placed] = np.arange(ops)
+        merged = table.take(pa.array(order)).combine_chunks().to_batches()
         return merged[0] if merged else columns.slice(0, 0)

@@ -2547,10 +2547,11 @@ int td_observer_accumulating() { return state.accumulations.empty() ? 0 : 1; }
 // ops, of the op named kModuleOp, each tensor an input slot at position 0, element its index (up to
 // 32767), so that they take value ids, statistics and fingerprints as the step's op slots do, in the
 // step's order. `count` TensorImpl addresses (Tensor._cdata), which the caller holds meanwhile.
-// Returns the row's absolute number, or -1 when the observer is not started.
+// Returns the row's absolute number, or -1 when the observer is not started; *slot_at: where its
+// slots start among those the next drain hands over (the slots buffered before them).
 constexpr char kModuleOp[] = "torchdebug.module";
 
-int64_t td_observer_module_row(int64_t count, const int64_t* impls) {
+int64_t td_observer_module_row(int64_t count, const int64_t* impls, int64_t* slot_at) {
   if (handle == 0 || count < 0 || count > INT16_MAX) return -1;
   auto& thread = thread_ref(state);
   std::vector<c10::IValue> values;
@@ -2572,6 +2573,7 @@ int64_t td_observer_module_row(int64_t count, const int64_t* impls) {
     recorder.written.emplace_back();
   }
   auto at_row = recorder.add_row(Row{module_op, -1, 0, -1, -1, kNoNode, -1});
+  *slot_at = static_cast<int64_t>(recorder.slots.row.size());
   for (int64_t index = 0; index < count; ++index) {
     recorder.slots.add(at_row, 0, 0, static_cast<int16_t>(index), values[static_cast<size_t>(index)].unsafeToTensorImpl());
   }

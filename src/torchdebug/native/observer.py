@@ -268,7 +268,7 @@ class NativeObserver:
         library.td_observer_parameters.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_parameters.restype = None
         library.td_observer_accumulating.restype = ctypes.c_int
-        library.td_observer_module_row.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+        library.td_observer_module_row.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_module_row.restype = ctypes.c_int64
         library.td_observer_use_works.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
         library.td_observer_use_works.restype = None
@@ -321,13 +321,15 @@ class NativeObserver:
         hooks: an optimizer stepped in the backward)."""
         return bool(self._lib.td_observer_accumulating())
 
-    def module_row(self, tensors: list[torch.Tensor]) -> int:
+    def module_row(self, tensors: list[torch.Tensor]) -> tuple[int, int]:
         """Add a row of :data:`MODULE_OP` holding ``tensors`` (at most :data:`MODULE_ROW_SLOTS`; a
         module call's, ``capture/native_modules.py``) after the rows recorded so far: its slots are
-        read, and take value ids, as an op's inputs. Returns its absolute row number, -1 when the
-        observer is not started."""
+        read, and take value ids, as an op's inputs. Returns its absolute row number (-1 when the
+        observer is not started) and where its slots start among those the next drain hands over."""
         impls = array("q", (tensor._cdata for tensor in tensors))
-        return int(self._lib.td_observer_module_row(len(impls), impls.buffer_info()[0]))
+        slot_at = ctypes.c_int64()
+        row = self._lib.td_observer_module_row(len(impls), impls.buffer_info()[0], ctypes.byref(slot_at))
+        return int(row), slot_at.value
 
     def want_stacks(self, enabled: bool = True) -> None:
         """Take the Python frames each forward op is called from (code objects and instruction

@@ -6,8 +6,8 @@ Each side of a module call hands its tensors to the observer as a row of its own
 and fingerprints as it gives the ops' inputs (``native_values.py``); each call's start (and each
 gradient record) takes an empty row, which says where its ``seq`` falls among the op calls'. At the
 drain, :meth:`NativeModuleRecorder.merged` names those slots as the dispatch mode's
-:class:`ModuleRecorder` names them and puts every record at its row: the dump holds what the dispatch
-mode writes, record for record (``docs/architecture.md``, "The native path (issue 48)").
+:class:`ModuleRecorder` names them and puts each side of a call where its slots were: the dump holds
+what the dispatch mode writes, record for record (``docs/architecture.md``, "The native path (issue 48)").
 """
 
 from __future__ import annotations

@@ -294,11 +294,12 @@ def test_non_tensor_arguments_and_results_are_the_same_values_on_both_paths(tmp_
 
 
 @pytest.mark.gpu
-def test_a_cuda_models_structure_dump_is_the_same_on_both_paths(tmp_path, monkeypatch, caplog) -> None:
+@pytest.mark.parametrize("level", ["op", "mix"])
+def test_a_cuda_models_structure_dump_is_the_same_on_both_paths(tmp_path, monkeypatch, caplog, level) -> None:
     """On CUDA the native path takes structure dumps (the backward runs on the engine's device
-    thread); it declines statistics there (``why_not_native``)."""
-    python = _dump(tmp_path, monkeypatch, caplog, lambda: gpt_training("cuda"), native=False, task="structure")
-    native = _dump(tmp_path, monkeypatch, caplog, lambda: gpt_training("cuda"), native=True, task="structure")
+    thread, its module gradient records too); it declines statistics there (``why_not_native``)."""
+    python = _dump(tmp_path, monkeypatch, caplog, lambda: gpt_training("cuda"), native=False, task="structure", level=level)
+    native = _dump(tmp_path, monkeypatch, caplog, lambda: gpt_training("cuda"), native=True, task="structure", level=level)
     _assert_same_dumps(python, native)
     assert {record.device for record in native} >= {"cuda:0"}
 

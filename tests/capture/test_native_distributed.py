@@ -9,7 +9,8 @@ one with the blocks under selective activation checkpointing, one with them chec
 compiled in place (torchtitan's recipe); a
 tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters); and
 ``DistributedDataParallel`` ones (small buckets, gradients as bucket views, a micro-batch accumulated
-under ``no_sync``). A
+under ``no_sync``); three of them at level ``mix`` too (FSDP2 under selective checkpointing, tensor
+parallelism, DDP: module records among the ops'). A
 collective's outputs are recorded once its work completes on both paths; where an asynchronous
 collective completes, and so where its outputs land among the records, is up to the threads' timing,
 so the comparison puts each collective's outputs after its inputs first (``_outputs_after_inputs``).
@@ -192,6 +193,7 @@ _PROGRAMS = {
     "ddp-statistics": (_ddp, _VALUES),
     "ddp-view-statistics": (partial(_ddp, gradient_as_bucket_view=True), _VALUES),
     "ddp-accumulating-statistics": (_ddp_accumulating, _VALUES),
+    "ddp-mix": (_ddp, {**_VALUES, "level": "mix"}),
 }
 
 

@@ -104,13 +104,12 @@ class NativeOpCapture:
         names: list[str],
         call_range: list[str],
         stack: str | list[str],
-        modules: NativeModuleRecorder | None = None,
     ) -> None:
-        """``stack``: the config's (``all``, ``none``, or ``[FROM, TO]``: the stacks of that range of
-        calls). ``modules``: level ``mix``'s module records, written with the op records."""
+        """``stack``: the config's (``all``, ``none``, or ``[FROM, TO]``: the stacks of that range of calls)."""
         self.session = session
         self.observer = observer
-        self.modules = modules
+        self.modules: NativeModuleRecorder | None = None
+        """Level ``mix``'s module records (the Debugger sets them), written among the op records."""
         self.rows = NativeStepCapture(
             observer,
             model,
@@ -200,13 +199,11 @@ class NativeOpCapture:
                 recorded[row] = range_gate.check(name) and (not names or names(name))
         chosen = np.flatnonzero(recorded)
         seqs = np.full(len(recorded), -1, np.int64)
+        # the op calls and the module calls numbered together in row order (both ascending; a module call's row: its start's)
         calls_at = self.modules.calls_at() if self.modules is not None else np.zeros(0, np.int64)
-        # the op calls and the module calls numbered together in row order (a module call's row: its start's)
-        order = np.empty(len(chosen) + len(calls_at), np.int64)
-        order[np.argsort(np.concatenate([chosen + ops.first_row, calls_at]), kind="stable")] = np.arange(len(order))
-        seqs[chosen] = session.seq + order[: len(chosen)]
-        module_seqs = session.seq + order[len(chosen) :]
-        session.seq += len(order)
+        seqs[chosen] = session.seq + np.arange(len(chosen)) + np.searchsorted(calls_at, chosen + ops.first_row)
+        module_seqs = session.seq + np.arange(len(calls_at)) + np.searchsorted(chosen + ops.first_row, calls_at)
+        session.seq += len(chosen) + len(calls_at)
         stacks = rows.stack[chosen]
         stacks, first = np.unique(stacks[stacks >= 0], return_index=True)
         for stack in stacks[np.argsort(first)].tolist():  # in the order of their first call

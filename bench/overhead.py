@@ -4,7 +4,7 @@
                              [--device cpu|cuda] [--size S|M]
 
 Prints seconds per step and the ratio to the plain step, measured in this process, and which path
-each op-level mode's capture took (the native one wherever it applies, else the dispatch mode). Two reference
+each op-level (and mix) mode's capture took (the native one wherever it applies, else the dispatch mode). Two reference
 rows show what any dispatch-mode capture pays before it records anything: ``dispatch-mode`` (an
 empty ``TorchDispatchMode`` that only calls each op) and ``structure/op`` (names, shapes and stacks,
 no statistics). ``checksum/op``
@@ -173,10 +173,10 @@ def main() -> None:
                 if debugger is not None and args.delete_tensors:
                     for folder in Path(tmp).glob(f"{mode.replace('/', '_')}/*/*/tensors"):
                         shutil.rmtree(folder)
-        paths = {  # which path each op-level capture took (the native one wherever it applies)
+        paths = {  # which path each op-level (and mix) capture took (the native one wherever it applies)
             mode: "native" if isinstance(debugger._ops, NativeOpCapture) else "dispatch mode"  # noqa: SLF001
             for mode, debugger in debuggers.items()
-            if isinstance(debugger, torchdebug.Debugger) and debugger.config.level == "op"
+            if isinstance(debugger, torchdebug.Debugger) and debugger.config.level in ("op", "mix")
         }
         for debugger in debuggers.values():
             if isinstance(debugger, torchdebug.Debugger):

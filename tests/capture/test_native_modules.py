@@ -4,10 +4,13 @@ ids shared with the ops' slots, and the order of the step: the dump's and ``seq`
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch import nn
 
+import torchdebug
 from tests.capture.native_compare import gpt_training, loss_training, without_mode
 from tests.capture.test_native_capture import (
     Training,
@@ -143,3 +146,29 @@ def test_compiled_code_records_its_module_calls_the_same_on_both_paths(tmp_path,
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, steps=3, task=task, stack="none", level="mix")
     _assert_mixed(python, native, joins=backend == "inductor")
     torch._dynamo.reset()
+
+
+def test_a_fault_in_the_merge_loses_that_steps_records_only(tmp_path, monkeypatch, caplog) -> None:
+    """A fault of ours while module records are merged costs that step's records, said once; the
+    training goes on, and the next step is recorded whole (nothing of the failed one kept)."""
+    merged, calls = native_modules.NativeModuleRecorder.merged, []
+
+    def failing_once(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(None)
+        if len(calls) == 1:
+            raise MemoryError("no memory for the merge")
+        return merged(self, *args, **kwargs)
+
+    monkeypatch.setattr(native_modules.NativeModuleRecorder, "merged", failing_once)
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", "1")
+    model, step = gpt_training()
+    with caplog.at_level(logging.WARNING), torchdebug.Debugger(tmp_path, level="mix", task="statistics") as debugger:
+        for _ in range(2):
+            debugger.start(model)
+            step()
+            debugger.step()
+    native = list(torchdebug.load(tmp_path).ranks[0].records())
+    assert {record.step for record in native} == {1}
+    assert {record.op for record in native} >= {MODULE_OP, "aten.addmm.default"}
+    lost = [record.getMessage() for record in caplog.records if "lost a step's ops" in record.getMessage()]
+    assert lost == ["torchdebug: the native op capture lost a step's ops (MemoryError: no memory for the merge)"]

@@ -14,11 +14,14 @@ import torchdebug
 from tests.capture.native_compare import gpt_training, loss_training, without_mode
 from tests.capture.test_native_capture import (
     Training,
+    _accumulating_training,
     _assert_same_dumps,
     _checkpointed_training,
     _compiled_gpt,
     _dump,
     _hf_training,
+    _hooked_training,
+    _less_common_training,
     _quantized_training,
 )
 from torchdebug.capture import native_modules
@@ -60,7 +63,11 @@ def _assert_mixed(python: list[Record], native: list[Record], joins: bool = Fals
         (_checkpointed_training("reentrant"), {"task": "statistics", "checksum": True}),
         (_checkpointed_training("selective"), {"task": "structure"}),
         (_hf_training("llama", checkpointing="non-reentrant"), {"task": "statistics"}),
+        (_hf_training("gpt2", autocast=True), {"task": "statistics", "checksum": True}),
         (_quantized_training, {"task": "statistics", "checksum": True}),
+        (_hooked_training, {"task": "statistics"}),
+        (_less_common_training, {"task": "statistics"}),
+        (_accumulating_training, {"task": "statistics", "checksum": True}),
     ],
     ids=[
         "gpt-structure",
@@ -72,7 +79,11 @@ def _assert_mixed(python: list[Record], native: list[Record], joins: bool = Fals
         "reentrant",
         "selective",
         "llama-checkpointed",
+        "gpt2-autocast",
         "quantized",
+        "own-hooks",
+        "less-common",
+        "accumulating",
     ],
 )
 def test_module_and_op_records_are_the_same_on_both_paths(tmp_path, monkeypatch, caplog, training: Training, options: dict):

@@ -9,8 +9,8 @@ one with the blocks under selective activation checkpointing, one with them chec
 compiled in place (torchtitan's recipe); a
 tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters); and
 ``DistributedDataParallel`` ones (small buckets, gradients as bucket views, a micro-batch accumulated
-under ``no_sync``); three of them at level ``mix`` too (FSDP2 under selective checkpointing, tensor
-parallelism, DDP: module records among the ops'). A
+under ``no_sync``); four of them at level ``mix`` too (FSDP2 under selective checkpointing, FSDP2
+compiled, tensor parallelism, DDP: module records among the ops'). A
 collective's outputs are recorded once its work completes on both paths; where an asynchronous
 collective completes, and so where its outputs land among the records, is up to the threads' timing,
 so the comparison puts each collective's outputs after its inputs first (``_outputs_after_inputs``).
@@ -194,6 +194,7 @@ _PROGRAMS = {
     "ddp-view-statistics": (partial(_ddp, gradient_as_bucket_view=True), _VALUES),
     "ddp-accumulating-statistics": (_ddp_accumulating, _VALUES),
     "ddp-mix": (_ddp, {**_VALUES, "level": "mix"}),
+    "fsdp2-compiled-mix": (_fsdp2_compiled, {**_VALUES, "stack": "none", "level": "mix"}),
 }
 
 
@@ -254,7 +255,7 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
             python, native = (
                 _outputs_after_inputs(_tensor_records(tmp_path / f"{name}-{path}", rank)) for path in ("python", "native")
             )
-            _assert_same_dumps(python, native, joins=name == "fsdp2-compiled-statistics")  # (inductor's buffers)
+            _assert_same_dumps(python, native, joins=name.startswith("fsdp2-compiled"))  # (inductor's buffers)
         records = {r.name: r for r in torchdebug.load(tmp_path / "statistics-native").ranks[rank].records() if r.step == 0}
         mean = {name.split("/", 2)[2]: record.stats["mean"] for name, record in records.items() if record.stats}
         assert mean["c10d.allreduce_.default#0/input.0.0"] == rank + 1  # this rank's summand

@@ -147,8 +147,9 @@ def without_mode(python: list[Record], native: list[Record]) -> tuple[list[tuple
         in_place = {id(call) for call, op in zip(real, ops) if _in_place_of(call[0].op, op)}
         for call in calls[a0:a1]:
             if call[0].op in _MODE_ONLY_CALLS or call[0].op in _OUT_OF_PLACE or id(call) in in_place:
-                source = next(r.value_id for r in call if r.io == "input" and r.arg == "0")
-                aliases |= {r.value_id: aliases.get(source, source) for r in call if r.io == "output"}
+                source = next((r.value_id for r in call if r.io == "input" and r.arg == "0"), None)
+                if source is not None:  # (inputs filtered out: the ids stay the mode's, as ``joins`` allows)
+                    aliases |= {r.value_id: aliases.get(source, source) for r in call if r.io == "output"}
     changed = {(call[0].phase, call[0].module, name) for call, op in kept if op != call[0].op for name in (op, call[0].op)}
     changed |= {(call[0].phase, call[0].module, call[0].op) for call in calls if call[0].op in _MODE_ONLY_CALLS}
     """Keys (phase, module, op) whose calls the mode's own calls renumber; the others keep their indices

@@ -342,8 +342,9 @@ def test_the_hugging_face_models_dump_the_same_records_on_both_paths(
         {"range": ["forward/layers.0.attn.qkv/aten.addmm.default#0", "forward/layers.1.mlp/aten.gelu.default#0"]},
         {"data_mode": ["backward", "input"]},
         {"data_mode": ["forward"]},
+        {"data_mode": ["output"]},
     ],
-    ids=["list", "range", "backward-inputs", "forward"],
+    ids=["list", "range", "backward-inputs", "forward", "outputs"],
 )
 def test_filters_select_the_same_records_on_both_paths(tmp_path, monkeypatch, caplog, options: dict) -> None:
     python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, **options)

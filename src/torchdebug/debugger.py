@@ -140,8 +140,8 @@ class Debugger:
             model = self._model = unwrap_compiled(model)  # names relative to the model, not to torch.compile's wrapper
         self._tracker = ModuleTracker(model, hook_ops=True)
         level = self.config.level
-        native = self._native_ops(model) if level in ("op", "mix") else None
-        if native is not None and level == "mix":  # module records among the op rows (capture/native_modules.py)
+        native = self._native_ops(model)
+        if native is not None and level != "op":  # module records in the observer's rows (capture/native_modules.py)
             self._modules = native.modules = NativeModuleRecorder(self.session, self._phases, self._ios, model, native.observer)
             self._tracker.recorder = CallObservers(native.rows, self._modules)
         elif level in ("module", "mix"):
@@ -149,6 +149,8 @@ class Debugger:
             self._tracker.recorder = self._modules
         if level in ("op", "mix"):
             self._ops = native or self._python_ops()
+        else:
+            self._ops = native  # level module: the observer holds the module records' rows, and no op
 
     def _python_ops(self) -> OpCapture:
         """The op capture through the dispatch mode."""
@@ -164,16 +166,18 @@ class Debugger:
         )
 
     def _native_ops(self, model: nn.Module | None) -> NativeOpCapture | None:
-        """The op capture on the native path where it applies (``capture/native_capture.py``), else
-        ``None``; one log line says which path records the ops, and why."""
+        """The capture on the native path where it applies (``capture/native_capture.py``; at level
+        ``module``, of module calls only), else ``None``; one log line says which path records the
+        ops (or the module calls), and why."""
+        what, other = ("module records", "Python") if self.config.level == "module" else ("op capture", "the dispatch mode")
         why = why_not_native(self.config, model)
         observer = load_observer() if why is None else None
         if why is None and observer is None:
             why = "the native observer could not be built"
         if why is not None:
-            logger.info("torchdebug: op capture through the dispatch mode: %s", why)
+            logger.info("torchdebug: %s through %s: %s", what, other, why)
             return None
-        logger.info("torchdebug: op capture on the native path")
+        logger.info("torchdebug: %s on the native path", what)
         assert self._tracker is not None
         return NativeOpCapture(
             self.session,
@@ -185,6 +189,7 @@ class Debugger:
             names=self.config.list,
             call_range=self.config.range,
             stack=self.config.stack,
+            ops=self.config.level != "module",
         )
 
     def stop(self) -> None:

@@ -95,9 +95,14 @@ def _dump(  # noqa: ANN001
                 debugger.start(model if with_model else None)
                 step()
                 debugger.step()
-    said = [record.getMessage() for record in caplog.records if "op capture" in record.getMessage()]
-    held = "torchdebug: op capture through the dispatch mode: the test holds it on the dispatch mode"
-    assert said == ["torchdebug: op capture on the native path" if native else held]
+    said = [
+        record.getMessage()
+        for record in caplog.records
+        if "op capture" in record.getMessage() or "module records" in record.getMessage()
+    ]
+    what, other = ("module records", "Python") if options.get("level") == "module" else ("op capture", "the dispatch mode")
+    held = f"torchdebug: {what} through {other}: the test holds it on the dispatch mode"
+    assert said == [f"torchdebug: {what} on the native path" if native else held]
     rank = torchdebug.load(folder).ranks[0]
     assert rank.manifest["fingerprint"] == FINGERPRINT_VERSION  # what its checksums follow, on either path
     records = [record for record in rank.records() if kind in ("any", record.kind)]
@@ -375,8 +380,8 @@ def test_stacks_for_a_range_of_calls_are_the_same_on_both_paths(tmp_path, monkey
 @pytest.mark.parametrize(
     ("options", "why"),
     [
-        ({"level": "module"}, "level='module'"),
         ({"task": "tensor"}, "task='tensor'"),
+        ({"task": "tensor", "level": "module"}, "task='tensor'"),
     ],
 )
 def test_configs_the_native_path_does_not_take_go_to_the_dispatch_mode(monkeypatch, options: dict, why: str) -> None:

@@ -1,6 +1,7 @@
-"""Level ``mix`` on the native path (``capture/native_modules.py``): module records beside the op
-records, record by record as the dispatch mode writes them (names, statistics, fingerprints, value
-ids shared with the ops' slots, and the order of the step: the dump's and ``seq``'s)."""
+"""Levels ``mix`` and ``module`` on the native path (``capture/native_modules.py``): module records
+beside the op records (or alone), record by record as the dispatch mode (or Python's
+``ModuleRecorder``) writes them: names, statistics, fingerprints, value ids shared with the ops'
+slots, and the order of the step (the dump's and ``seq``'s)."""
 
 from __future__ import annotations
 
@@ -185,3 +186,29 @@ def test_a_fault_in_the_merge_loses_that_steps_records_only(tmp_path, monkeypatc
     assert {record.op for record in native} >= {MODULE_OP, "aten.addmm.default"}
     lost = [record.getMessage() for record in caplog.records if "lost a step's ops" in record.getMessage()]
     assert lost == ["torchdebug: the native op capture lost a step's ops (MemoryError: no memory for the merge)"]
+
+
+@pytest.mark.parametrize(
+    ("training", "options"),
+    [
+        (gpt_training, {"task": "structure"}),
+        (gpt_training, {"task": "statistics", "checksum": True}),
+        (gpt_training, {"task": "statistics", "data_mode": ["forward", "output"]}),
+        (_checkpointed_training("non_reentrant"), {"task": "statistics"}),
+        (_quantized_training, {"task": "checksum"}),
+        (lambda: loss_training(_Gated), {"task": "statistics"}),
+    ],
+    ids=["gpt-structure", "gpt-statistics+checksum", "gpt-forward-outputs", "non_reentrant", "quantized", "values"],
+)
+def test_module_records_alone_are_the_same_on_both_paths(tmp_path, monkeypatch, caplog, training: Training, options: dict):
+    """Level ``module``: the observer records no op (no callback), only the module calls' rows. The
+    engine's in-place gradient sums are seen as they run: Python's records hold the gradient a hook
+    is handed, so torch sums out of place into new tensors there, where the native path's weak hold
+    lets it sum in place, one tensor whose version moves (``joins``: one native id for several)."""
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, kind="any", level="module", **options)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, kind="any", level="module", **options)
+    assert native and {record.op for record in native} == {MODULE_OP}
+    assert [(r.name, r.kind, repr(r.value)) for r in native] == [(r.name, r.kind, repr(r.value)) for r in python]
+    tensors = [[record for record in records if record.kind == "tensor"] for records in (python, native)]
+    _assert_same_dumps(*tensors, joins=True)
+    _assert_same_order(*tensors)

@@ -51,8 +51,6 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
     or ``None`` when the native path applies (decided before the run, from the config and the model)."""
     if os.environ.get(DISABLE_ENV) == "0":
         return f"{DISABLE_ENV}=0"
-    if config.level not in ("op", "mix"):
-        return f"level={config.level!r} (the native path records op calls, and module calls beside them)"
     if config.task not in _TASKS:
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
     if _distributed() and _works() is None:
@@ -104,12 +102,16 @@ class NativeOpCapture:
         names: list[str],
         call_range: list[str],
         stack: str | list[str],
+        ops: bool = True,
     ) -> None:
-        """``stack``: the config's (``all``, ``none``, or ``[FROM, TO]``: the stacks of that range of calls)."""
+        """``stack``: the config's (``all``, ``none``, or ``[FROM, TO]``: the stacks of that range of
+        calls). ``ops=False``: no op is observed, only the module calls :attr:`modules` records
+        (level ``module``)."""
         self.session = session
         self.observer = observer
         self.modules: NativeModuleRecorder | None = None
-        """Level ``mix``'s module records (the Debugger sets them), written among the op records."""
+        """Levels ``mix`` and ``module``: the module records (the Debugger sets them), written among
+        the op records (at level ``module``, alone)."""
         self.rows = NativeStepCapture(
             observer,
             model,
@@ -118,6 +120,7 @@ class NativeOpCapture:
             rank=session.rank,
             stacks=stack != "none",
             stack_range=stack if isinstance(stack, list) else None,
+            ops=ops,
         )
         self.phases = phases
         self.ios = ios
@@ -147,7 +150,7 @@ class NativeOpCapture:
         self.observer.use_stats(self._statistics)
         self.observer.use_fingerprints(self._fingerprints)
         self.observer.keep_unsummed(self._statistics or self._fingerprints)
-        self.observer.use_works(_works() if _distributed() else None, DISTRIBUTED_DIR)
+        self.observer.use_works(_works() if _distributed() and self.rows.ops else None, DISTRIBUTED_DIR)
         self.rows.start()
         if self.modules is not None:
             self.modules.observing = True

@@ -58,9 +58,11 @@ from torchdebug.capture.unwritten import markable
 from torchdebug.native.observer import (
     LAID_OUT,
     MODULE_OP,
+    MODULES,
     NESTED,
     OUTER_SHIFT,
     PLAIN,
+    RECORD,
     SUBCLASS,
     VALUE,
     NativeObserver,
@@ -174,12 +176,15 @@ class NativeStepCapture:
         rank: int = 0,
         stacks: bool = False,
         stack_range: list[str] | None = None,
+        ops: bool = True,
     ) -> None:
         """``tracker``: a module tracker its owner starts and stops (default: one of its own).
         ``stacks``: each forward op's user frames, and each backward op its forward op's;
         ``stack_range`` (``[FROM, TO]``): only the calls of that range, each step, keep them, as
-        eager capture's ``OpCapture._stack`` keeps them."""
+        eager capture's ``OpCapture._stack`` keeps them. ``ops=False``: no op is observed, the rows
+        are module calls' only (level ``module``, ``native_modules.py``)."""
         self.observer = observer
+        self.ops = ops
         self.stacks = stacks
         self._stack_gate = RangeGate(stack_range) if stack_range else None
         self._stacked: dict[str, bool] = {}
@@ -250,7 +255,8 @@ class NativeStepCapture:
             self.tracker.start()
         self._set_context(_OUTSIDE)
         self.observer.use_owners(self._owner, self._unshard)
-        self._dispatcher_calls.enter()  # custom ops reach the observer (torch 2.14's skip the dispatcher's call)
+        if self.ops:
+            self._dispatcher_calls.enter()  # custom ops reach the observer (torch 2.14's skip the dispatcher's call)
         self._compiles.enter()  # the ops Dynamo runs while it compiles are not recorded
         self.observer.use_subclass_hook(self._subclass)
         self.observer.want_stacks(self.stacks)
@@ -258,7 +264,7 @@ class NativeStepCapture:
         if not self._observed:  # a new run's value ids: the addresses an earlier capture drained are not its
             self._observed = True
             self.observer.forget_seen()
-        self.observer.start()
+        self.observer.start(RECORD if self.ops else MODULES)
 
     def stop(self) -> None:
         self.observer.stop()

@@ -173,9 +173,10 @@ c10::DispatchKeySet live_keys(c10::ArrayRef<const c10::IValue> values) {
 
 // ---- what is recorded ---------------------------------------------------------------------------
 
-enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2 };
+enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2, kModules = 3 };
 // kEmpty: callbacks that return at once (the cost of RecordFunction itself); kEmptyWithValues: the
-// same, asking the dispatcher for inputs and outputs (its boxing); kRecord: the observer.
+// same, asking the dispatcher for inputs and outputs (its boxing); kRecord: the observer; kModules:
+// no callback, only the rows td_observer_module_row adds (level "module": no op is recorded).
 
 enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2, kValue = 4, kLaidOut = 16 };
 // kValue: a non-tensor argument or result (a number, a list of sizes, a dtype, None), as JSON text.
@@ -1570,6 +1571,7 @@ std::mutex parameters_mutex;
 std::unordered_map<const c10::TensorImpl*, int64_t> parameter_context;
 constexpr char kAccumulateGrad[] = "AccumulateGrad";
 at::CallbackHandle handle = 0;
+std::atomic<bool> modules_only{false};  // started at kModules: module rows, no callback (handle 0)
 std::thread::id owner;
 std::atomic<int> level{kRecord};
 
@@ -2469,7 +2471,7 @@ extern "C" {
 // records; levels 0 and 1 register callbacks that do nothing (measurements). Returns 0 when already
 // started.
 int td_observer_start(int requested_level) {
-  if (handle != 0) return 0;
+  if (handle != 0 || modules_only.load()) return 0;
   level.store(requested_level);
   owner = std::this_thread::get_id();
   state = ThreadState{};
@@ -2488,6 +2490,10 @@ int td_observer_start(int requested_level) {
     functional_outputs.clear();
     in_flight_any.store(false);
   }
+  if (requested_level == kModules) {
+    modules_only.store(true);
+    return 1;
+  }
   bool values = requested_level != kEmpty;
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
                                           .needsInputs(values)
@@ -2497,9 +2503,10 @@ int td_observer_start(int requested_level) {
 }
 
 void td_observer_stop() {
-  if (handle == 0) return;
-  at::removeCallback(handle);
+  if (handle == 0 && !modules_only.load()) return;
+  if (handle != 0) at::removeCallback(handle);
   handle = 0;
+  modules_only.store(false);
   if (state.detached_row >= 0) settle_detached(state);
   state = ThreadState{};
 }
@@ -2543,16 +2550,17 @@ void td_observer_parameters(int64_t count, const int64_t* impls, const int64_t* 
 // stepped in the backward keeps the parameter's context).
 int td_observer_accumulating() { return state.accumulations.empty() ? 0 : 1; }
 
-// A module call's tensors (capture/native_modules.py, level "mix"): a row of their own between the
+// A module call's tensors (capture/native_modules.py, levels "mix" and "module"): a row of their own between the
 // ops, of the op named kModuleOp, each tensor an input slot at position 0, element its index (up to
 // 32767), so that they take value ids, statistics and fingerprints as the step's op slots do, in the
 // step's order. `count` TensorImpl addresses (Tensor._cdata), which the caller holds meanwhile.
-// Returns the row's absolute number, or -1 when the observer is not started; *slot_at: where its
+// Returns the row's absolute number, or -1 when the observer is not started (at any level but the
+// measurements' kEmpty ones); *slot_at: where its
 // slots start among those the next drain hands over (the slots buffered before them).
 constexpr char kModuleOp[] = "torchdebug.module";
 
 int64_t td_observer_module_row(int64_t count, const int64_t* impls, int64_t* slot_at) {
-  if (handle == 0 || count < 0 || count > INT16_MAX) return -1;
+  if ((handle == 0 && !modules_only.load()) || count < 0 || count > INT16_MAX) return -1;
   auto& thread = thread_ref(state);
   std::vector<c10::IValue> values;
   values.reserve(static_cast<size_t>(count));

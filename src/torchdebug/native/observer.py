@@ -30,9 +30,10 @@ from torchdebug._torch.compiling import frame_callback_setter
 from torchdebug.native.build import load_library, load_torch_library
 from torchdebug.stats import COLUMNS, WIDTH
 
-EMPTY, EMPTY_WITH_VALUES, RECORD = 0, 1, 2
+EMPTY, EMPTY_WITH_VALUES, RECORD, MODULES = 0, 1, 2, 3
 """Observer levels: callbacks that return at once, the same asking the dispatcher for inputs and
-outputs (measurements of what ``RecordFunction`` costs), and the recorder."""
+outputs (measurements of what ``RecordFunction`` costs), the recorder, and no callback at all: only
+the rows :meth:`NativeObserver.module_row` adds (level ``module``)."""
 
 PLAIN, SUBCLASS, NESTED, VALUE, LAID_OUT = 0, 1, 2, 4, 16
 """``slot_flag`` values: a tensor subclass or a nested tensor is flagged, not read; a non-tensor

@@ -3,7 +3,8 @@ dispatch mode (``eager.py``).
 
 The native path records ops in C++ (``torchdebug.native.observer``) and names them once per
 :meth:`NativeOpCapture.stop` (``native_records.py``, with a C++ walk over the drained rows and slots):
-no Python per op. It writes the records the
+no Python per op; at levels ``mix`` and ``module`` module calls' tensors are rows of their own
+(``native_modules.py``). It writes the records the
 dispatch mode writes, through the same session and store, for the configs :func:`why_not_native`
 accepts; for any other, the Debugger uses the dispatch mode, and says why in one log line.
 

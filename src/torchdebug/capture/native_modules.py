@@ -75,8 +75,12 @@ class NativeModuleRecorder(ModuleRecorder):
         if seq < 0 or not self.observing:
             return
         tensors = [value for _, value in slots if isinstance(value, torch.Tensor)]
-        chunks = range(0, len(tensors) or 1, MODULE_ROW_SLOTS)  # (no tensor: an empty row, where its values go)
-        rows, slots_at = zip(*(self.observer.module_row(tensors[at : at + MODULE_ROW_SLOTS]) for at in chunks))
+        if len(tensors) <= MODULE_ROW_SLOTS:  # one row (no tensor: an empty row, where its values go)
+            row, slot_at = self.observer.module_row(tensors)
+            rows, slots_at = (row,), (slot_at,)
+        else:
+            chunks = range(0, len(tensors), MODULE_ROW_SLOTS)
+            rows, slots_at = zip(*(self.observer.module_row(tensors[at : at + MODULE_ROW_SLOTS]) for at in chunks))
         if min(rows) < 0:
             return
         named, index = self._named, 0

@@ -327,10 +327,11 @@ class NativeObserver:
         module call's, ``capture/native_modules.py``) after the rows recorded so far: its slots are
         read, and take value ids, as an op's inputs. Returns its absolute row number (-1 when the
         observer is not started) and where its slots start among those the next drain hands over."""
-        impls = array("q", (tensor._cdata for tensor in tensors))
         slot_at = ctypes.c_int64()
-        row = self._lib.td_observer_module_row(len(impls), impls.buffer_info()[0], ctypes.byref(slot_at))
-        return int(row), slot_at.value
+        if not tensors:  # (a call's start: the most frequent, no array to make)
+            return self._lib.td_observer_module_row(0, None, ctypes.byref(slot_at)), slot_at.value
+        impls = array("q", [tensor._cdata for tensor in tensors])
+        return self._lib.td_observer_module_row(len(impls), impls.buffer_info()[0], ctypes.byref(slot_at)), slot_at.value
 
     def want_stacks(self, enabled: bool = True) -> None:
         """Take the Python frames each forward op is called from (code objects and instruction

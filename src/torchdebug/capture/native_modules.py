@@ -1,5 +1,6 @@
-"""Module records on the native path (``level="mix"``): :class:`ModuleRecorder`'s records, in the
-order of the step's op records and with the value ids of the same walk.
+"""Module records on the native path (levels ``mix`` and ``module``): :class:`ModuleRecorder`'s
+records, in the order of the step's op records (at level ``module``, alone) and with the value ids
+of the same walk.
 
 Each side of a module call hands its tensors to the observer as a row of its own between the ops
 (``NativeObserver.module_row``), so that the C++ walk reads them and gives them value ids, statistics
@@ -7,7 +8,8 @@ and fingerprints as it gives the ops' inputs (``native_values.py``); each call's
 gradient record) takes an empty row, which says where its ``seq`` falls among the op calls'. At the
 drain, :meth:`NativeModuleRecorder.merged` names those slots as the dispatch mode's
 :class:`ModuleRecorder` names them and puts each side of a call where its slots were: the dump holds
-what the dispatch mode writes, record for record (``docs/architecture.md``, "The native path (issue 48)").
+what the dispatch mode (or Python's module records) writes, record for record (``docs/architecture.md``,
+"The native path (issue 48)").
 """
 
 from __future__ import annotations

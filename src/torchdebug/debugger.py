@@ -140,7 +140,7 @@ class Debugger:
             model = self._model = unwrap_compiled(model)  # names relative to the model, not to torch.compile's wrapper
         self._tracker = ModuleTracker(model, hook_ops=True)
         level = self.config.level
-        native = self._native_ops(model)
+        native = self._native_capture(model)
         if native is not None and level != "op":  # module records in the observer's rows (capture/native_modules.py)
             self._modules = native.modules = NativeModuleRecorder(self.session, self._phases, self._ios, model, native.observer)
             self._tracker.recorder = CallObservers(native.rows, self._modules)
@@ -165,7 +165,7 @@ class Debugger:
             stack=self.config.stack,
         )
 
-    def _native_ops(self, model: nn.Module | None) -> NativeOpCapture | None:
+    def _native_capture(self, model: nn.Module | None) -> NativeOpCapture | None:
         """The capture on the native path where it applies (``capture/native_capture.py``; at level
         ``module``, of module calls only), else ``None``; one log line says which path records the
         ops (or the module calls), and why."""

@@ -33,7 +33,7 @@ from torchdebug.capture.session import CaptureSession
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import fused_stats
 from torchdebug.native.build import DISABLE_ENV, load_torch_library
-from torchdebug.native.observer import MODULE_OP, NativeObserver, ObservedOps
+from torchdebug.native.observer import MODULE_ROW_OP, NativeObserver, ObservedOps
 
 __all__ = ["NativeOpCapture", "why_not_native"]
 
@@ -48,8 +48,9 @@ _READS_VALUES = ("statistics", "checksum")
 
 
 def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | None:
-    """Why a Debugger with ``config`` capturing ``model`` records ops through the dispatch mode,
-    or ``None`` when the native path applies (decided before the run, from the config and the model)."""
+    """Why a Debugger with ``config`` capturing ``model`` records ops through the dispatch mode (at
+    level ``module``, module calls through Python's records), or ``None`` when the native path applies
+    (decided before the run, from the config and the model)."""
     if os.environ.get(DISABLE_ENV) == "0":
         return f"{DISABLE_ENV}=0"
     if config.task not in _TASKS:
@@ -215,8 +216,8 @@ class NativeOpCapture:
             session.add_stack(stack_id, frames)
         self.rows.step = session.step
         written = recorded.astype(np.int8)
-        if self.modules is not None and MODULE_OP in ops.names:  # the module rows' slots: module records
-            written[np.frombuffer(ops.op, np.int32) == ops.names.index(MODULE_OP)] = _MODULE_ROW
+        if self.modules is not None and MODULE_ROW_OP in ops.names:  # the module rows' slots: module records
+            written[np.frombuffer(ops.op, np.int32) == ops.names.index(MODULE_ROW_OP)] = _MODULE_ROW
         columns = self.rows.slot_columns(
             ops,
             rows,

@@ -57,8 +57,8 @@ from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.capture.unwritten import markable
 from torchdebug.native.observer import (
     LAID_OUT,
-    MODULE_OP,
-    MODULES,
+    MODULE_ROW_OP,
+    MODULE_ROWS,
     NESTED,
     OUTER_SHIFT,
     PLAIN,
@@ -264,7 +264,7 @@ class NativeStepCapture:
         if not self._observed:  # a new run's value ids: the addresses an earlier capture drained are not its
             self._observed = True
             self.observer.forget_seen()
-        self.observer.start(RECORD if self.ops else MODULES)
+        self.observer.start(RECORD if self.ops else MODULE_ROWS)
 
     def stop(self) -> None:
         self.observer.stop()
@@ -658,8 +658,8 @@ class NativeStepCapture:
         walk = self._slot_walk
         for op_id in walk.untold(np.frombuffer(ops.op, np.int32)):
             self._op_names += [""] * (op_id + 1 - len(self._op_names))
-            if ops.names[op_id] == MODULE_OP:
-                self._op_names[op_id] = MODULE_OP
+            if ops.names[op_id] == MODULE_ROW_OP:
+                self._op_names[op_id] = MODULE_ROW_OP
                 walk.add_module_op(op_id)
                 continue
             facts = _OpFacts.of(ops.names[op_id])

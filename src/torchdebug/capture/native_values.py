@@ -189,7 +189,7 @@ class SlotWalk:
         self._tell(op_id, flags, inputs, in_codes, out_codes, self._code(star))
 
     def add_module_op(self, op_id: int) -> None:
-        """Tell the walk that observer op ``op_id`` is ``observer.py``'s ``MODULE_OP``: its rows are
+        """Tell the walk that observer op ``op_id`` is ``observer.py``'s ``MODULE_ROW_OP``: its rows are
         module calls' tensors (``native_modules.py``), not named as calls, their slots walked as
         inputs whichever sides are recorded."""
         self._tell(op_id, _MODULE | _SKIPPED, (), b"", b"", 0)

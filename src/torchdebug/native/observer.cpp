@@ -173,9 +173,9 @@ c10::DispatchKeySet live_keys(c10::ArrayRef<const c10::IValue> values) {
 
 // ---- what is recorded ---------------------------------------------------------------------------
 
-enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2, kModules = 3 };
+enum Level : int { kEmpty = 0, kEmptyWithValues = 1, kRecord = 2, kModuleRows = 3 };
 // kEmpty: callbacks that return at once (the cost of RecordFunction itself); kEmptyWithValues: the
-// same, asking the dispatcher for inputs and outputs (its boxing); kRecord: the observer; kModules:
+// same, asking the dispatcher for inputs and outputs (its boxing); kRecord: the observer; kModuleRows:
 // no callback, only the rows td_observer_module_row adds (level "module": no op is recorded).
 
 enum SlotFlag : int8_t { kPlain = 0, kSubclass = 1, kNested = 2, kValue = 4, kLaidOut = 16 };
@@ -1571,7 +1571,7 @@ std::mutex parameters_mutex;
 std::unordered_map<const c10::TensorImpl*, int64_t> parameter_context;
 constexpr char kAccumulateGrad[] = "AccumulateGrad";
 at::CallbackHandle handle = 0;
-std::atomic<bool> modules_only{false};  // started at kModules: module rows, no callback (handle 0)
+std::atomic<bool> modules_only{false};  // started at kModuleRows: module rows, no callback (handle 0)
 std::thread::id owner;
 std::atomic<int> level{kRecord};
 
@@ -2490,7 +2490,7 @@ int td_observer_start(int requested_level) {
     functional_outputs.clear();
     in_flight_any.store(false);
   }
-  if (requested_level == kModules) {
+  if (requested_level == kModuleRows) {
     modules_only.store(true);
     return 1;
   }

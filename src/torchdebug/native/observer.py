@@ -30,7 +30,7 @@ from torchdebug._torch.compiling import frame_callback_setter
 from torchdebug.native.build import load_library, load_torch_library
 from torchdebug.stats import COLUMNS, WIDTH
 
-EMPTY, EMPTY_WITH_VALUES, RECORD, MODULES = 0, 1, 2, 3
+EMPTY, EMPTY_WITH_VALUES, RECORD, MODULE_ROWS = 0, 1, 2, 3
 """Observer levels: callbacks that return at once, the same asking the dispatcher for inputs and
 outputs (measurements of what ``RecordFunction`` costs), the recorder, and no callback at all: only
 the rows :meth:`NativeObserver.module_row` adds (level ``module``)."""
@@ -46,7 +46,7 @@ OUTER_SHIFT = 8
 """An item of a list of lists (c10d's ``Tensor[][]``) has its outer index plus one in ``slot_arg``'s
 bits from this one up, its inner index in ``slot_element``: arg ``0``'s ``[[a, b]]`` are ``0.0.0``, ``0.0.1``."""
 
-MODULE_OP = "torchdebug.module"
+MODULE_ROW_OP = "torchdebug.module"
 """The op name of the rows :meth:`NativeObserver.module_row` adds: a module call's tensors, each an
 input slot at arg 0, its element its index in the call's list."""
 
@@ -323,7 +323,7 @@ class NativeObserver:
         return bool(self._lib.td_observer_accumulating())
 
     def module_row(self, tensors: list[torch.Tensor]) -> tuple[int, int]:
-        """Add a row of :data:`MODULE_OP` holding ``tensors`` (at most :data:`MODULE_ROW_SLOTS`; a
+        """Add a row of :data:`MODULE_ROW_OP` holding ``tensors`` (at most :data:`MODULE_ROW_SLOTS`; a
         module call's, ``capture/native_modules.py``) after the rows recorded so far: its slots are
         read, and take value ids, as an op's inputs. Returns its absolute row number (-1 when the
         observer is not started) and where its slots start among those the next drain hands over."""

@@ -143,6 +143,7 @@ class Debugger:
         native = self._native_capture(model)
         if native is not None and level != "op":  # module records in the observer's rows (capture/native_modules.py)
             self._modules = native.modules = NativeModuleRecorder(self.session, self._phases, self._ios, model, native.observer)
+            self._modules.alone = level == "module"
             self._tracker.recorder = CallObservers(native.rows, self._modules)
         elif level in ("module", "mix"):
             self._modules = ModuleRecorder(self.session, self._phases, self._ios, model)

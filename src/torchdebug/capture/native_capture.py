@@ -141,13 +141,14 @@ class NativeOpCapture:
         self._idle = False
 
     def start(self) -> None:
-        """Observe, unless another capture in this process observes (then this one records nothing
-        until it stops, and says so once)."""
+        """Observe, unless another capture in this process observes (then this one records no op until
+        it stops, and says so once; at level ``module`` its module records go through Python's)."""
         self._idle = self.observer.running
         if self._idle:
             if not self._told_busy:
                 self._told_busy = True
-                logger.warning("torchdebug: another debugger records ops on the native path: this one records none meanwhile")
+                meanwhile = "records none" if self.rows.ops else "records its module calls through Python"
+                logger.warning("torchdebug: another debugger observes on the native path: this one %s meanwhile", meanwhile)
             return
         self.observer.use_stats(self._statistics)
         self.observer.use_fingerprints(self._fingerprints)

@@ -53,6 +53,9 @@ class NativeModuleRecorder(ModuleRecorder):
         self.observer = observer
         self.observing = False
         """Whether the op capture observes (it records nothing while another debugger does)."""
+        self.alone = False
+        """Level ``module`` (no op capture beside): while the observer is another debugger's, the
+        records go through Python's :class:`ModuleRecorder`, as before the native path took them."""
         self._calls_at: list[int] = []
         """The row of each module call's start and gradient record since the last drain: its ``seq``
         is its index here until :meth:`merged` numbers them with the op calls."""
@@ -67,6 +70,8 @@ class NativeModuleRecorder(ModuleRecorder):
         self._value_records: list[int] = []
 
     def _next_seq(self) -> int:
+        if not self.observing and self.alone:
+            return super()._next_seq()
         row, _ = self.observer.module_row([]) if self.observing else (-1, 0)
         if row < 0:
             return -1
@@ -74,6 +79,9 @@ class NativeModuleRecorder(ModuleRecorder):
         return len(self._calls_at) - 1
 
     def _record(self, slots: list[Slot], *, phase: str, name: str, call: int, seq: int, io: str) -> None:
+        if not self.observing and self.alone:
+            super()._record(slots, phase=phase, name=name, call=call, seq=seq, io=io)
+            return
         if seq < 0 or not self.observing:
             return
         tensors = [value for _, value in slots if isinstance(value, torch.Tensor)]

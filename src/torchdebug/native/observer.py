@@ -325,7 +325,8 @@ class NativeObserver:
     def module_row(self, tensors: list[torch.Tensor]) -> tuple[int, int]:
         """Add a row of :data:`MODULE_ROW_OP` holding ``tensors`` (at most :data:`MODULE_ROW_SLOTS`; a
         module call's, ``capture/native_modules.py``) after the rows recorded so far: its slots are
-        read, and take value ids, as an op's inputs. Returns its absolute row number (-1 when the
+        read, and take value ids, as an op's inputs (a subclass instance through the plain tensor the
+        subclass hook names, as at an op; never itself). Returns its absolute row number (-1 when the
         observer is not started) and where its slots start among those the next drain hands over."""
         slot_at = ctypes.c_int64()
         if not tensors:  # (a call's start: the most frequent, no array to make)

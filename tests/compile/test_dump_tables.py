@@ -80,8 +80,9 @@ def test_every_node_dump_of_a_cuda_model_with_cpu_scalars_compiles_and_runs(tmp_
     model = _MixedDevices().cuda()
     compiled = torch.compile(model, backend=backend)
     x = torch.randn(3, 8, device="cuda")
-    for _ in range(2):
+    for _ in range(2):  # two training steps: gradients set to None between them, as the step clock asks
         compiled(x).backward()
+        model.zero_grad()
     backend.data_dump.close()
     records = torchdebug.load(backend.data_dump.run_dir).ranks[0].records()
     assert {r.step for r in records} == {0, 1}

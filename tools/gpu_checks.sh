@@ -1,0 +1,61 @@
+#!/bin/bash
+# The GPU checks of a machine lent for a few minutes, in one call: `bash tools/gpu_checks.sh [OUT]`
+# from the repository root, on a machine with CUDA, torch and Triton (logs go to OUT, default $OUT).
+# In order, each with a time limit that keeps the whole under 10 minutes: the native libraries
+# built once (before pytest's workers race for them), `pytest -m gpu`, then the benches whose
+# CUDA figures bench/RESULTS.md holds (overhead S and M, monitor M, stats_pass, tensor_dump,
+# graph_dump at one size). Where a GPU test fails, its tmp_path (dumps and all) comes back as
+# failed.tgz, so that a failure can be read without another lease. The figures go into
+# bench/RESULTS.md by hand; the logs say which command made each.
+set -u
+OUT=${1:-${OUT:?give a folder for the logs}}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
+LOG=$OUT/machine.log BENCH=$OUT/bench.log TMP=/tmp/torchdebug_gpu_checks
+stamp() { echo "$(date -u +%H:%M:%S) $*" >> "$LOG"; }
+run() {  # run LIMIT COMMAND...: the command and its rc into bench.log
+    local limit=$1; shift
+    echo "\$ $*" >> "$BENCH"
+    timeout "$limit" "$@" >> "$BENCH" 2>&1
+    echo "rc=$?" >> "$BENCH"
+    stamp "$* done"
+}
+{
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
+    echo "cores $(nproc)"
+    git log -1 --format=%h 2>/dev/null || true
+} > "$LOG" 2>&1
+stamp start
+python3 - >> "$LOG" 2>&1 <<'EOF'
+from torchdebug.native.build import load_library, load_torch_extension, load_torch_library
+print([load_library("stats"), *map(load_torch_library, ("observer", "slot_walk", "c10d_work")), load_torch_extension("ring_sums")])
+EOF
+stamp "native libraries built"
+rm -rf "$TMP"
+timeout 220 python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider --basetemp="$TMP" -rf tests > "$OUT/pytest.log" 2>&1
+echo "rc=$?" >> "$OUT/pytest.log"
+stamp "pytest -m gpu done"
+python3 - "$OUT/pytest.log" "$TMP" "$OUT/failed.tgz" >> "$LOG" 2>&1 <<'EOF'
+# pytest names a test's tmp_path after the test (its first 30 characters, [] and other marks as _)
+import re, sys, tarfile
+from pathlib import Path
+log, base, target = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+failed = re.findall(r"^FAILED \S+::(\S+)", log.read_text(), re.M)
+stems = {re.sub(r"\W", "_", name)[:30] for name in failed}
+def of_a_failed_test(folder: Path) -> bool:
+    return any(folder.name.startswith(stem) and folder.name[len(stem) :].isdigit() for stem in stems)
+folders = [f for f in base.glob("popen-gw*/*") if f.is_dir() and of_a_failed_test(f)]
+if folders:
+    with tarfile.open(target, "w:gz") as archive:
+        for folder in folders:
+            archive.add(folder, arcname=f"{folder.parent.name}/{folder.name}")
+print(f"failed tests {len(failed)}, their folders {[f.name for f in folders]}")
+EOF
+run 90 python3 bench/overhead.py --device cuda --size S --steps 5 --warmup 1
+run 60 python3 bench/monitor.py --device cuda --size M --steps 3 --warmup 1
+run 40 python3 bench/stats_pass.py --device cuda
+run 40 python3 bench/tensor_dump.py --device cuda
+run 130 python3 bench/overhead.py --device cuda --size M --steps 3 --warmup 1
+run 130 python3 bench/graph_dump.py --device cuda --sizes 768x1024 --steps 5
+stamp end

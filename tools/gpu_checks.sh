@@ -36,22 +36,7 @@ rm -rf "$TMP"
 timeout 220 python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider --basetemp="$TMP" -rf tests > "$OUT/pytest.log" 2>&1
 echo "rc=$?" >> "$OUT/pytest.log"
 stamp "pytest -m gpu done"
-python3 - "$OUT/pytest.log" "$TMP" "$OUT/failed.tgz" >> "$LOG" 2>&1 <<'EOF'
-# pytest names a test's tmp_path after the test (its first 30 characters, [] and other marks as _)
-import re, sys, tarfile
-from pathlib import Path
-log, base, target = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-failed = re.findall(r"^FAILED \S+::(\S+)", log.read_text(), re.M)
-stems = {re.sub(r"\W", "_", name)[:30] for name in failed}
-def of_a_failed_test(folder: Path) -> bool:
-    return any(folder.name.startswith(stem) and folder.name[len(stem) :].isdigit() for stem in stems)
-folders = [f for f in base.glob("popen-gw*/*") if f.is_dir() and of_a_failed_test(f)]
-if folders:
-    with tarfile.open(target, "w:gz") as archive:
-        for folder in folders:
-            archive.add(folder, arcname=f"{folder.parent.name}/{folder.name}")
-print(f"failed tests {len(failed)}, their folders {[f.name for f in folders]}")
-EOF
+python3 tools/failed_tmp_paths.py "$OUT/pytest.log" "$TMP" "$OUT/failed.tgz" >> "$LOG" 2>&1
 run 90 python3 bench/overhead.py --device cuda --size S --steps 5 --warmup 1
 run 60 python3 bench/monitor.py --device cuda --size M --steps 3 --warmup 1
 run 40 python3 bench/stats_pass.py --device cuda

@@ -83,6 +83,7 @@ def _drained(
         slot_has_stats=array("b", summed),
         stats=array("d", [0.0] * (8 * count)),
         kept_slot=array("q", kept),
+        kept_staged=array("q", [-1] * len(kept)),
         stack=array("q", [-1] * len(rows)),
         slot_base=array("q", [slot[5] if len(slot) > 5 else 0 for slot in slots]),
         slot_has_fingerprint=array("b", summed),

@@ -43,6 +43,10 @@ _TASKS = ("structure", "statistics", "checksum")
 _MODULE_ROW = 2
 """A row whose slots are written as module records (``native_modules.py``; 1: an op call's)."""
 
+STAGE_AFTER_BYTES = 64 << 20
+"""Bytes of kept tensors (those the callback does not read: other dtypes and devices) after which
+they are staged at the next op, as before an op writes one: the memory they hold is bounded."""
+
 _READS_VALUES = ("statistics", "checksum")
 """Tasks whose values the native path reads on the CPU only (statistics, fingerprints)."""
 
@@ -136,6 +140,7 @@ class NativeOpCapture:
         self._statistics = session.want_stats
         self._fingerprints = session.want_checksum
         self._failed = False
+        self._told_staging = False
         self._told_hidden = False
         self._told_busy = False
         self._idle = False
@@ -153,6 +158,7 @@ class NativeOpCapture:
         self.observer.use_stats(self._statistics)
         self.observer.use_fingerprints(self._fingerprints)
         self.observer.keep_unsummed(self._statistics or self._fingerprints)
+        self.observer.use_stage_hook(self._stage_kept if self._statistics or self._fingerprints else None, STAGE_AFTER_BYTES)
         self.observer.use_works(_works() if _distributed() and self.rows.ops else None, DISTRIBUTED_DIR)
         self.rows.start()
         if self.modules is not None:
@@ -167,6 +173,7 @@ class NativeOpCapture:
             self.modules.observing = False
         self.rows.stop()
         self.observer.finish_functional()
+        self.observer.use_stage_hook(None)
         ops = self.observer.drain()
         hidden = self.observer.hidden_in_transforms()
         if hidden and not self._told_hidden:  # not seen from the model before the run
@@ -186,6 +193,16 @@ class NativeOpCapture:
         finally:
             if self.modules is not None:
                 self.modules.forget()
+
+    def _stage_kept(self) -> None:
+        """The observer's hook: stage the kept tensors' statistics now (``NativeStepCapture.stage_kept``).
+        Never raises into the op that starts (a fault costs those statistics, said once)."""
+        try:
+            self.rows.stage_kept(self.session.stage_stats, self._statistics, self._fingerprints)
+        except Exception as error:
+            if not self._told_staging:
+                self._told_staging = True
+                logger.warning("torchdebug: could not stage the statistics of kept tensors (%s: %s)", type(error).__name__, error)
 
     def next_step(self) -> None:
         self.rows.next_step()

@@ -116,6 +116,20 @@ def _error_texts(observer: NativeObserver) -> pa.Array:
     return pa.array([texts.get(code) for code in range(max(texts) + 1)], pa.string())
 
 
+@dataclass(slots=True)
+class _Staged:
+    """A kept tensor's statistics and fingerprint staged before the drain (:meth:`NativeStepCapture.stage_kept`),
+    as they arrive."""
+
+    stats: dict[str, Any]
+    reduced: bool
+    """Its dtype has statistics (else a fingerprint alone)."""
+    fingerprint: list[int | None]
+    """One item: the fingerprint, once it arrives."""
+    failed: bool = False
+    """Staging raised for it: its slots say the statistics were not taken."""
+
+
 @dataclass(frozen=True, slots=True)
 class OpSlotNames:
     """How a dispatch mode's ``iter_slots`` names an op's tensor slots, from its schema."""
@@ -237,6 +251,9 @@ class NativeStepCapture:
         """The subclass instances met since the last drain, by ``TensorImpl`` address (``_subclass``)."""
         self.record_slots = np.zeros(0, np.int64)
         """The drained slot of each record :meth:`slot_columns` made last, in order."""
+        self._staged: dict[int, _Staged] = {}
+        self._told_stage_fault = False
+        """The kept tensors staged before the drain, by the id the observer gave them (:meth:`stage_kept`)."""
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -532,6 +549,39 @@ class NativeStepCapture:
         """The stacks rows name (``RowNames.stack``): ``(stack id, frames, source)``, as ``describe_stack`` gives them."""
         return self._stacks
 
+    def stage_kept(self, stage: Callable[[list[tuple]], None], statistics: bool, fingerprints: bool) -> None:
+        """Stage the statistics (with ``statistics``) and fingerprints (with ``fingerprints``) of the
+        kept tensors the observer lets go now (``stage``: ``CaptureSession.stage_stats``), for
+        :meth:`slot_columns` to take at the drain: the observer's hook, run before an op writes memory
+        a kept tensor is on, and once enough bytes of them are held. A fault here costs their
+        statistics (their slots say so), never the op."""
+        first, tensors = self.observer.stage_kept()
+        due = []
+        for id_, tensor in enumerate(tensors, first):
+            staged = self._staged[id_] = _Staged({}, statistics and has_statistics(tensor.dtype), [None])
+            sink = staged.stats.update if staged.reduced else None
+            due.append((tensor, sink, functools.partial(staged.fingerprint.__setitem__, 0) if fingerprints else None))
+        for index in self._failed_to_stage(stage, due) if due else ():
+            self._staged[first + index].failed = True
+
+    def _failed_to_stage(self, stage: Callable[[list[tuple]], None], due: list[tuple]) -> list[int]:
+        """Stage ``due`` (``CaptureSession.stage_stats``); where that raises (a fault of ours: memory, a
+        kernel; said once a capture), each item again alone. The indices of the items that failed."""
+        try:
+            stage(due)
+            return []
+        except Exception as error:
+            if not self._told_stage_fault:
+                self._told_stage_fault = True
+                logger.warning("torchdebug: could not take the statistics of kept tensors (%s: %s)", type(error).__name__, error)
+        failed = []
+        for index, item in enumerate(due):
+            try:
+                stage([item])
+            except Exception:
+                failed.append(index)
+        return failed
+
     def slot_columns(
         self,
         ops: ObservedOps,
@@ -575,17 +625,31 @@ class NativeStepCapture:
             unshards=self._unshard_rows(ops),
         )
         self.record_slots = walked.slots
-        kept = dict(zip((slot for slot in ops.kept_slot if slot >= 0), ops.kept))
+        handed = (slot for slot, id_ in zip(ops.kept_slot, ops.kept_staged) if slot >= 0 and id_ < 0)
+        kept = dict(zip(handed, ops.kept))
+        early = self._staged
+        staged = {slot: early[id_] for slot, id_ in zip(ops.kept_slot, ops.kept_staged) if id_ >= 0 and id_ in early}
+        self._staged = {}  # (the rest: of calls found hidden after they were staged; a drain ends the observing)
         taken: list[dict] = []
         taken_fingerprints: list[int | None] = []
         due: list[tuple] = []
         refs = walked.fingerprints
         hashed = set((-2 - refs[refs <= -2]).tolist())  # the entries whose fingerprint a slot takes (not the callback's)
         unreduced = []  # the entries of tensors whose dtype has no statistics (bits): a fingerprint only
+        failed = []  # the entries whose staging failed before the drain
         for entry, slot in enumerate(walked.taken.tolist()):
             stats = empty_stats() if slot < 0 else {}
             taken_fingerprints.append(0 if slot < 0 else None)  # the fingerprint of no elements is 0
-            if slot >= 0:
+            early = staged.get(slot)
+            if early is not None:  # staged before the drain (stage_kept)
+                stats = early.stats
+                if entry in hashed:
+                    taken_fingerprints[entry] = early.fingerprint[0]
+                if statistics and not early.reduced:
+                    unreduced.append(-2 - entry)
+                if early.failed:
+                    failed.append(-2 - entry)
+            elif slot >= 0:
                 fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if entry in hashed else None
                 reduced = statistics and has_statistics(kept[slot].dtype)
                 if statistics and not reduced:
@@ -605,18 +669,10 @@ class NativeStepCapture:
             statistics=statistics,
             fingerprints=fingerprints,
         )
-        if due and stage is not None:
-            try:
-                stage(due)
-            except Exception as error:  # a fault of ours (memory, a kernel): each again, alone; those that fail say so
-                logger.warning("torchdebug: could not take the statistics of kept tensors (%s: %s)", type(error).__name__, error)
-                for item in due:
-                    try:
-                        stage([item])
-                    except Exception:  # noqa: S112 (their slots say so below)
-                        continue
-                not_taken = [-2 - entry for entry, stats in enumerate(taken) if stats == {}]  # (CPU tensors: read at once)
-                _without_statistics(walked, not_taken, STATS_NOT_TAKEN_CODE)
+        if due and stage is not None and self._failed_to_stage(stage, due):
+            not_taken = [-2 - entry for entry, stats in enumerate(taken) if stats == {}]  # (CPU tensors: read at once)
+            _without_statistics(walked, not_taken, STATS_NOT_TAKEN_CODE)
+        _without_statistics(walked, failed, STATS_NOT_TAKEN_CODE)
         _without_statistics(walked, unreduced, NO_STATISTICS_CODE)
         columns = SlotColumns(
             walked.slots,

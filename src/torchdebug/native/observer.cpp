@@ -415,6 +415,16 @@ std::array<std::atomic<StatsKernel>, kSummedTypes.size()> stats_kernels{};  // a
 std::array<std::atomic<StatsHashKernel>, kSummedTypes.size()> stats_hash_kernels{};
 std::array<std::atomic<HashKernel>, kMaxWidth + 1> hash_kernels{};  // by element size; all null: no fingerprints
 std::atomic<bool> keep_unsummed{false};
+// Kept tensors staged early (td_observer_stage_kept): Python's hook takes them (observer_stage_kept) and
+// stages their statistics before an op writes the memory one of them is on, and once stage_bytes of
+// them were kept since the last staging, instead of a copy of each before the write and all of them
+// held to the drain. defer_cpu (tests): CPU tensors are kept as other devices' are, not read here.
+std::atomic<void*> stage_hook{nullptr};  // PyObject*: a callable () -> None, held by Python
+std::atomic<int64_t> stage_bytes{-1};    // -1: only before a write
+std::atomic<int64_t> kept_bytes{0};      // of the tensors kept since the last staging
+std::atomic<bool> defer_cpu{false};
+thread_local bool stage_due = false;  // this thread's op starts once the kept tensors are staged (on_enter)
+bool staging() { return stage_hook.load(std::memory_order_relaxed) != nullptr; }
 std::atomic<bool> outputs_waiting{false};  // Slots::waiting holds outputs (the recorder's)
 
 // The index of dtype in kSummedTypes, -1 for one stats.c does not sum.
@@ -553,8 +563,8 @@ enum Taken : int { kSummed = 1, kHashed = 2 };
 // bits; not conjugated), whose statistics torch ops take at the drain. What it does not take (memory
 // no walk visits, other dtypes) the tensor is kept for. Returns the Taken bits.
 int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
-  if (!impl->is_cpu() || impl->layout() != c10::kStrided || impl->is_neg() || impl->numel() == 0 || !impl->has_storage() ||
-      !impl->storage_initialized()) {
+  if (!impl->is_cpu() || defer_cpu.load(std::memory_order_relaxed) || impl->layout() != c10::kStrided || impl->is_neg() ||
+      impl->numel() == 0 || !impl->has_storage() || !impl->storage_initialized()) {
     return 0;
   }
   auto dtype = impl->dtype().toScalarType();
@@ -988,6 +998,7 @@ struct Slots {
   std::vector<int64_t> kept_slot;
   std::vector<int64_t> kept_version;
   std::vector<WeakImpl> kept_original;
+  std::vector<int64_t> kept_staged;  // its id among the tensors staged (observer_stage_kept), -1: not staged
   std::vector<std::pair<size_t, WeakImpl>> waiting;
   // Whether the outputs added now wait (a factory's: no tensor argument); another op's result is a
   // variable already and is held at once, so a temporary Python drops before the next op is read.
@@ -1076,6 +1087,12 @@ struct Slots {
       kept.emplace_back(held(std::move(strong)));
     }
     kept_slot.push_back(static_cast<int64_t>(row.size()) - 1);
+    kept_staged.push_back(-1);
+    auto limit = stage_bytes.load(std::memory_order_relaxed);
+    if (limit >= 0 && staging()) {
+      auto bytes = kept_bytes.fetch_add(impl->numel() * static_cast<int64_t>(impl->itemsize()), std::memory_order_relaxed);
+      if (bytes + impl->numel() * static_cast<int64_t>(impl->itemsize()) >= limit) stage_due = true;
+    }
   }
 
   static int64_t current_version(c10::TensorImpl* impl) {
@@ -1198,6 +1215,7 @@ struct Slots {
       kept_slot.push_back(static_cast<int64_t>(row.size()) + other.kept_slot[entry]);
       kept_version.push_back(other.kept_version[entry]);
       kept_original.push_back(other.kept_original[entry]);
+      kept_staged.push_back(other.kept_staged[entry]);
     }
     if (at_row < 0) {
       row.insert(row.end(), other.row.begin(), other.row.end());
@@ -1278,10 +1296,12 @@ struct Slots {
       other.kept_slot.push_back(kept_slot[entry] - static_cast<int64_t>(first));
       other.kept_version.push_back(kept_version[entry]);
       other.kept_original.push_back(std::move(kept_original[entry]));
+      other.kept_staged.push_back(kept_staged[entry]);
     }
     kept.resize(keep);
     kept_slot.resize(keep);
     kept_version.resize(keep);
+    kept_staged.resize(keep);
     kept_original.erase(kept_original.begin() + static_cast<std::ptrdiff_t>(keep), kept_original.end());
   }
 
@@ -1296,7 +1316,8 @@ struct Slots {
 
   void clear() {
     waiting.clear();
-    for (auto* column : {&row, &value, &version, &storage, &offset, &base, &shape, &stride, &kept_slot, &kept_version, &fingerprint}) {
+    for (auto* column :
+         {&row, &value, &version, &storage, &offset, &base, &shape, &stride, &kept_slot, &kept_version, &kept_staged, &fingerprint}) {
       column->clear();
     }
     for (auto* column : {&io, &dtype, &flag, &ndim, &device_type, &device_index, &has_stats, &has_fingerprint}) {
@@ -1450,6 +1471,7 @@ int64_t python_frames(bool wanted) {
 Recorder recorder;
 std::string drained_texts;  // the distinct JSON texts of the value slots drained last, each ended by a NUL
 std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
+int64_t staged_count = 0;  // kept tensors staged so far (observer_stage_kept): the next one's id; with recorder.mutex
 std::atomic<int64_t> module_context{-1};
 
 // ---- collectives: outputs read once their Work completes ------------------------------------------
@@ -2008,14 +2030,20 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
 // counter's add_), and what earlier ops returned or read (zeros a backward fills through a slice).
 // The copy is taken with no observer and below autograd (no row, no graph), and takes its slot's
 // version, so the drain hands it over as read (an inference tensor's copy, at no version, is handed
-// over as any inference tensor). Called with the slots' lock held.
+// over as any inference tensor). Where Python stages kept tensors (staging) and `copy` is false, the
+// op instead starts once they are staged (stage_due; on_enter copies what that left). Called with the
+// slots' lock held.
 template <typename Written>
-void snapshot_kept(Slots& slots, const Written& written) {
+void snapshot_kept(Slots& slots, const Written& written, bool copy_now) {
   for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
     auto& tensor = slots.kept[entry];
     auto at = static_cast<size_t>(slots.kept_slot[entry]);
     if (!tensor.defined() || slots.flag[at] != kPlain || !tensor.has_storage()) continue;
     if (!written(tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl())) continue;
+    if (!copy_now && staging()) {
+      stage_due = true;
+      continue;
+    }
     at::Tensor copy;
     {
       at::DisableRecordFunctionGuard no_observer;
@@ -2028,14 +2056,17 @@ void snapshot_kept(Slots& slots, const Written& written) {
   }
 }
 
-void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_from) {
+void snapshot_written(Slots& slots, const ThreadState& thread, int32_t writes_from, bool copy_now = false) {
   if (writes_from < 0 || slots.kept.empty()) return;
   auto written = thread.writes.begin() + writes_from;
-  snapshot_kept(slots, [&](const c10::StorageImpl* storage) {
-    return std::any_of(written, thread.writes.end(), [storage](const auto& noted) {
-      return noted.first->has_storage() && noted.first->unsafe_storage().unsafeGetStorageImpl() == storage;
-    });
-  });
+  snapshot_kept(
+      slots,
+      [&](const c10::StorageImpl* storage) {
+        return std::any_of(written, thread.writes.end(), [storage](const auto& noted) {
+          return noted.first->has_storage() && noted.first->unsafe_storage().unsafeGetStorageImpl() == storage;
+        });
+      },
+      copy_now);
 }
 
 // The same before a c10d collective that writes its first argument (OpInfo::writes_first): its schema
@@ -2052,9 +2083,9 @@ void snapshot_collective(Slots& slots, const c10::IValue& first) {
     }
   };
   note(first);
-  snapshot_kept(slots, [&](const c10::StorageImpl* storage) {
-    return std::find(storages.begin(), storages.end(), storage) != storages.end();
-  });
+  snapshot_kept(
+      slots, [&](const c10::StorageImpl* storage) { return std::find(storages.begin(), storages.end(), storage) != storages.end(); },
+      true);
 }
 
 // The call that noted writes from `from` on returned: each written tensor whose version torch did not
@@ -2099,11 +2130,36 @@ bool compiled_scope(const char* name) {
 
 std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadState& thread);
 
+// Stage the kept tensors before the op that starts runs (stage_due): Python's hook takes them
+// (observer_stage_kept), with the GIL and what it runs hidden (ThreadState::in_hook); then what it
+// left on memory the op writes is copied, as where nothing stages them.
+void stage_kept_now(ThreadState& thread) {
+  stage_due = false;
+  void* hook = stage_hook.load(std::memory_order_relaxed);
+  if (hook != nullptr && Py_IsInitialized()) {
+    auto gil = PyGILState_Ensure();
+    bool in_hook = thread.in_hook;
+    thread.in_hook = true;
+    void* result = call_hook(hook, nullptr);
+    if (result != nullptr) Py_DecRef(result);
+    thread.in_hook = in_hook;
+    PyGILState_Release(gil);
+  }
+  if (thread.frames.empty() || thread.frames.back().writes < 0) return;
+  auto writes = thread.frames.back().writes;
+  if (thread.frames.back().kind == kPending && thread.stashed > 0) {
+    snapshot_written(thread.stashes[thread.stashed - 1].slots, thread, writes, true);
+  }
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  snapshot_written(recorder.slots, thread, writes, true);
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
   auto& thread = thread_ref(state);
   auto opened = thread.frames.size();
   auto context = enter(fn, thread);
+  if (stage_due && !thread.in_hook) stage_kept_now(thread);
   if (thread.frames.size() > opened && compiled_scope(fn.name())) {
     thread.frames.back().compiled = true;
     ++compiled_scopes;
@@ -2612,13 +2668,13 @@ void td_observer_counts(int64_t* counts) {
 }
 
 // Move the first counts[0] op rows, counts[1] slot rows, counts[2] shape and stride entries and
-// counts[4] kept tensors (as td_observer_counts gave them) into the 28 columns: Recorder's op
+// counts[4] kept tensors (as td_observer_counts gave them) into the 29 columns: Recorder's op
 // columns, then its Slots' (the kept tensors' slots, -1 for one freed or changed in place since it
 // was recorded, but for a subclass, whose version Python checks; the others go to observer_kept()), then the
 // rows' stack ids (td_observer_stack), then the slots' view
 // bases, whether each has a fingerprint and the fingerprints, then the rows' marks and the last
-// node made before each; rows added since stay. Called between ops: an op still running when its row is drained records its
-// outputs with the next drain.
+// node made before each, then each kept tensor's staging id (-1: handed now); rows added since stay.
+// Called between ops: an op still running when its row is drained records its outputs with the next drain.
 void td_observer_drain(const int64_t* counts, void** columns) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   auto ops = static_cast<size_t>(counts[0]), slots = static_cast<size_t>(counts[1]);
@@ -2665,6 +2721,7 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(from.base, slots, columns[23]);
   handed.clear();
   for (size_t entry = 0; entry < kept; ++entry) {  // freed before it was held, or changed since: slot -1
+    if (from.kept_staged[entry] >= 0) continue;  // staged already: Python has its statistics by that id
     auto& tensor = from.kept[entry];
     auto at = static_cast<size_t>(from.kept_slot[entry]);
     auto recorded = from.version[at];
@@ -2695,7 +2752,9 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(from.has_fingerprint, slots, columns[24]);
   take(from.fingerprint, slots, columns[25]);
   take(from.kept_slot, kept, columns[21]);
+  take(from.kept_staged, kept, columns[28]);
   for (auto& slot : from.kept_slot) slot -= static_cast<int64_t>(slots);
+  kept_bytes.store(0, std::memory_order_relaxed);
   from.kept_version.erase(from.kept_version.begin(), from.kept_version.begin() + static_cast<std::ptrdiff_t>(kept));
   from.kept_original.erase(from.kept_original.begin(), from.kept_original.begin() + static_cast<std::ptrdiff_t>(kept));
   from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));
@@ -2791,6 +2850,17 @@ int td_observer_take_lines(int lines) {
 // Keep a reference to each plain tensor whose sums or fingerprint (those asked for) the callback
 // does not take (keep != 0), from the rows recorded from now on, or no longer.
 void td_observer_keep_unsummed(int keep) { keep_unsummed.store(keep != 0); }
+
+// Python's hook that stages the kept tensors (a callable () -> None that calls observer_stage_kept,
+// held by the caller; null: none, each kept tensor copied before a write and read at the drain),
+// and the bytes of kept tensors after which they are staged at the next op (-1: only before a write).
+void td_observer_stage_kept(void* hook, int64_t bytes) {
+  stage_bytes.store(bytes);
+  stage_hook.store(hook);
+}
+
+// Tests: keep CPU tensors as other devices' are (their statistics staged, not taken in the callback).
+void td_observer_defer_cpu(int defer) { defer_cpu.store(defer != 0); }
 
 // c10d_work.cpp's td_work_completed and td_work_wait, and torch.distributed's folder (what a code
 // object's co_filename starts with there): a distributed run's collectives are read once their Work
@@ -2901,6 +2971,35 @@ std::vector<at::Tensor> observer_kept() {
   return out;
 }
 
+// The kept tensors not staged yet (of the recorder's slots and of this thread's stashes), each given
+// the next id (kept_staged) and let go: Python stages their statistics now, in this order. Left for
+// the drain: a subclass's plain tensor (read_subclasses reads it), one whose tensor
+// changed since it was kept (the drain says so), one still waiting (a factory's output).
+std::vector<at::Tensor> observer_stage_kept() {
+  std::vector<at::Tensor> out;
+  auto& thread = thread_ref(state);
+  auto take_from = [&](Slots& slots) {
+    for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
+      auto& tensor = slots.kept[entry];
+      auto at = static_cast<size_t>(slots.kept_slot[entry]);
+      if (!tensor.defined() || slots.kept_staged[entry] >= 0 || slots.flag[at] != kPlain) continue;
+      auto original = slots.kept_original[entry].lock();
+      if (slots.version[at] >= 0 && original && Slots::current_version(original.get()) != slots.kept_version[entry]) continue;
+      slots.kept_staged[entry] = staged_count++;
+      out.push_back(std::move(tensor));
+      tensor = at::Tensor();
+    }
+  };
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  take_from(recorder.slots);
+  for (size_t stash = 0; stash < thread.stashed; ++stash) take_from(thread.stashes[stash].slots);
+  kept_bytes.store(0, std::memory_order_relaxed);
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(torchdebug, library) { library.def("observer_kept() -> Tensor[]", &observer_kept); }
+TORCH_LIBRARY_FRAGMENT(torchdebug, library) {
+  library.def("observer_kept() -> Tensor[]", &observer_kept);
+  library.def("observer_stage_kept() -> Tensor[]", &observer_stage_kept);
+}

@@ -88,6 +88,7 @@ _COLUMNS = (
     ("slot_fingerprint", "q"),
     ("mark", "b"),
     ("made", "q"),
+    ("kept_staged", "q"),
 )
 """The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
 
@@ -120,7 +121,8 @@ class ObservedOps:
     fingerprint (``torchdebug.checksum``) of each CPU tensor the callback read
     (``slot_has_fingerprint``), in the statistics' pass; after :meth:`NativeObserver.keep_unsummed`,
     ``kept``: the other plain non-empty tensors, handed over by the operator the library registers
-    (``torch.ops.torchdebug.observer_kept``), and their slots (``kept_slot``).
+    (``torch.ops.torchdebug.observer_kept``), and their slots (``kept_slot``), but for those
+    :meth:`NativeObserver.stage_kept` handed over before (``kept_staged``).
     """
 
     names: list[str]
@@ -165,6 +167,9 @@ class ObservedOps:
     a reentrant checkpoint's node, see :meth:`NativeObserver.watch_checkpoint`), or-ed."""
     made: array
     """By op row: the sequence number of the last autograd node made before the op started."""
+    kept_staged: array
+    """By entry of :attr:`kept_slot`: the id :meth:`NativeObserver.stage_kept` gave the tensor it
+    handed over before the drain (its statistics staged then), -1 for one not staged (in :attr:`kept`, or not handed)."""
     kept: list[torch.Tensor]
     """After :meth:`NativeObserver.keep_unsummed`: the plain non-empty tensors whose sums the
     callback did not take, still at the version recorded when drained."""
@@ -248,6 +253,10 @@ class NativeObserver:
         library.td_observer_use_stats.argtypes = [ctypes.c_void_p]
         library.td_observer_use_fingerprints.argtypes = [ctypes.c_void_p] * 5
         library.td_observer_keep_unsummed.argtypes = [ctypes.c_int]
+        library.td_observer_stage_kept.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        library.td_observer_stage_kept.restype = None
+        library.td_observer_defer_cpu.argtypes = [ctypes.c_int]
+        library.td_observer_defer_cpu.restype = None
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_want_values.argtypes = [ctypes.c_int]
         library.td_observer_compiling.argtypes = [ctypes.c_int]
@@ -294,6 +303,8 @@ class NativeObserver:
         self._names: list[str] = []
         self._stacks: list[list[tuple[str, int, str]]] = []
         self._device_types: dict[int, str] = {}
+        self._staged = 0  # the kept tensors stage_kept handed over so far: the next one's id
+        self._stage_hook: Callable[[], None] | None = None
         self.running = False
         """Between :meth:`start` and :meth:`stop`: the process has one observer, one user at a time."""
 
@@ -387,6 +398,28 @@ class NativeObserver:
         rows recorded from now on, or no longer: :attr:`ObservedOps.kept` hands them to Python at the drain."""
         self._lib.td_observer_keep_unsummed(int(enabled))
 
+    def use_stage_hook(self, hook: Callable[[], None] | None, after_bytes: int = -1) -> None:
+        """Have ``hook`` (held by the caller; ``None``: none) stage the kept tensors before an op writes
+        the memory one of them is on, and at the next op once ``after_bytes`` of them were kept since
+        it last ran (-1: only before a write): it calls :meth:`stage_kept`. Without one, each such
+        tensor is copied before the write and all are held to the drain."""
+        self._stage_hook = hook  # alive while the observer holds its address
+        self._lib.td_observer_stage_kept(None if hook is None else id(hook), after_bytes)
+
+    def stage_kept(self) -> tuple[int, list[torch.Tensor]]:
+        """The kept tensors not handed over yet, let go by the observer, whose statistics are to be
+        staged now, and the id of the first (the others' follow): :attr:`ObservedOps.kept_staged`
+        names them so."""
+        first = self._staged
+        tensors = torch.ops.torchdebug.observer_stage_kept()
+        self._staged += len(tensors)
+        return first, tensors
+
+    def defer_cpu(self, enabled: bool = True) -> None:
+        """Keep CPU tensors as other devices' are, their statistics and fingerprints not taken in the
+        callback (tests: what the path of an accelerator's tensors takes, run on the CPU)."""
+        self._lib.td_observer_defer_cpu(int(enabled))
+
     def use_stats(self, enabled: bool = True) -> bool:
         """Take the sums of CPU float32, bfloat16, float64, integer and bool tensors
         (``torchdebug.native.stats.c``'s kernels, as :func:`~torchdebug.native.fused_stats.fused_sums_into`
@@ -475,7 +508,7 @@ class NativeObserver:
         self._lib.td_observer_counts(counts)
         ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
         sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops]
-        sizes += [slots] * 3 + [ops] * 2  # slot_base, slot_has_fingerprint, slot_fingerprint; mark, made
+        sizes += [slots] * 3 + [ops] * 2 + [kept]  # slot_base, slot_has_fingerprint, slot_fingerprint; mark, made; kept_staged
         columns = {name: array(code, [0]) * size for (name, code), size in zip(_COLUMNS, sizes)}  # (no zeroed bytes copied)
         pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
         self._lib.td_observer_drain(counts, pointers)

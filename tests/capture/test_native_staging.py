@@ -1,0 +1,163 @@
+"""Kept tensors staged before the drain (``NativeStepCapture.stage_kept``): the tensors whose values the
+observer's callback does not read (other dtypes; an accelerator's) have their statistics and
+fingerprints staged before an op writes their memory and once ``STAGE_AFTER_BYTES`` of them are
+held, not copied before the write and held to the drain. Record for record the dispatch mode's
+dump, with every CPU tensor kept as an accelerator's would be (``NativeObserver.defer_cpu``), staged
+at every op (``STAGE_AFTER_BYTES = 0``) or only before writes (-1); a float16 model's tensors, kept
+on any machine; a fault while staging; and a hook that stages nothing (each tensor is copied
+before the write, as without one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.capture.native_compare import gpt_training
+from tests.capture.test_native_capture import (
+    Training,
+    _assert_same_dumps,
+    _checkpointed_training,
+    _dump,
+    _less_common_training,
+    _written_between_reads,
+)
+from torchdebug.capture import native_capture, native_records
+from torchdebug.native.observer import load_observer
+from torchdebug.records import STATS_NOT_TAKEN
+
+
+@pytest.fixture
+def staged(monkeypatch) -> Iterator[Callable[[int], list[int]]]:
+    """Keep every CPU tensor (as an accelerator's): ``staged(after_bytes)`` sets ``STAGE_AFTER_BYTES``
+    and returns the list that gets the number of tensors each staging took."""
+    observer = load_observer()
+    assert observer is not None
+    counts: list[int] = []
+    stage = native_records.NativeStepCapture.stage_kept
+
+    def counted(self, *args: Any) -> None:
+        before = observer._staged
+        stage(self, *args)
+        counts.append(observer._staged - before)
+
+    def set_bytes(after_bytes: int) -> list[int]:
+        monkeypatch.setattr(native_capture, "STAGE_AFTER_BYTES", after_bytes)
+        monkeypatch.setattr(native_records.NativeStepCapture, "stage_kept", counted)
+        return counts
+
+    observer.defer_cpu(True)
+    try:
+        yield set_bytes
+    finally:
+        observer.defer_cpu(False)
+
+
+@pytest.mark.parametrize("after_bytes", [0, -1], ids=["every_op", "before_writes"])
+@pytest.mark.parametrize(
+    "options",
+    [{"task": "statistics"}, {"task": "statistics", "checksum": True}, {"task": "checksum"}],
+    ids=["statistics", "statistics+checksum", "checksum"],
+)
+def test_the_example_gpt_with_every_tensor_staged_dumps_the_dispatch_modes_records(
+    tmp_path, monkeypatch, caplog, staged, after_bytes, options
+) -> None:
+    python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, **options)
+    counts = staged(after_bytes)
+    native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, **options)
+    _assert_same_dumps(python, native)
+    assert all(record.capture_error is None for record in native)
+    assert sum(counts) > len(native) / 2  # most tensors staged before the drain (the rest: handed there)
+    if after_bytes == 0:  # at each op, its inputs and the tensors the op before it made
+        assert len(counts) > len(native) / 2
+    else:  # before the in-place writes of the backward's accumulations and the optimizer (2 steps: 393)
+        assert 0 < len(counts) < len(native) / 4
+
+
+@pytest.mark.parametrize(
+    "training",
+    [_written_between_reads, _less_common_training, _checkpointed_training("non_reentrant")],
+    ids=["written_between_reads", "less_common", "checkpointed"],
+)
+def test_in_place_writes_and_less_common_ops_with_every_tensor_staged_before_writes(
+    tmp_path, monkeypatch, caplog, staged, training: Training
+) -> None:
+    options = {"task": "statistics", "checksum": True}
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, **options)
+    counts = staged(-1)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, **options)
+    _assert_same_dumps(python, native)
+    assert counts and sum(counts) > 0
+
+
+def test_a_hook_that_stages_nothing_leaves_each_tensor_copied_before_the_write(tmp_path, monkeypatch, caplog, staged) -> None:
+    """The observer copies what the hook left on memory the op writes, as where nothing stages."""
+    options = {"task": "statistics", "checksum": True}
+    python = _dump(tmp_path, monkeypatch, caplog, _written_between_reads, native=False, steps=1, **options)
+    staged(-1)
+    monkeypatch.setattr(native_records.NativeStepCapture, "stage_kept", lambda self, *args: None)
+    native = _dump(tmp_path, monkeypatch, caplog, _written_between_reads, native=True, steps=1, **options)
+    _assert_same_dumps(python, native)
+
+
+class _Half(nn.Module):
+    """A float16 model on the CPU: the callback reads no float16 tensor (``stats.c`` sums none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = nn.Linear(8, 8).half(), nn.Linear(8, 1).half()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x).relu_()).float().sum()
+
+
+def _half_training() -> tuple[nn.Module, Callable[[], None]]:
+    model = _Half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)).half()
+
+    def step() -> None:
+        model(x).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return model, step
+
+
+def test_a_float16_models_kept_tensors_are_staged_before_writes(tmp_path, monkeypatch, caplog) -> None:
+    counts: list[int] = []
+    stage = native_records.NativeStepCapture.stage_kept
+    monkeypatch.setattr(
+        native_records.NativeStepCapture, "stage_kept", lambda self, *args: counts.append(1) or stage(self, *args)
+    )
+    python = _dump(tmp_path, monkeypatch, caplog, _half_training, native=False, task="statistics")
+    native = _dump(tmp_path, monkeypatch, caplog, _half_training, native=True, task="statistics")
+    _assert_same_dumps(python, native)
+    assert {record.dtype for record in native} >= {"float16"} and all(record.stats is not None for record in native)
+    assert counts  # relu_ and the optimizer's in-place updates write kept tensors
+
+
+def test_a_fault_while_staging_costs_those_statistics_and_the_step_goes_on(tmp_path, monkeypatch, caplog, staged) -> None:
+    """Staging the statistics of 2-d float32 tensors fails (as device memory running out would): their
+    slots say so, every other record keeps the statistics of a run without the fault, said once."""
+    staged(0)
+    clean = _dump(tmp_path / "clean", monkeypatch, caplog, gpt_training, native=True, task="statistics")
+    session_stage = native_capture.CaptureSession.stage_stats
+
+    def failing(self, items: list[tuple]) -> None:
+        if any(item[0].dtype == torch.float32 and item[0].dim() == 2 for item in items):
+            raise RuntimeError("planted")
+        session_stage(self, items)
+
+    monkeypatch.setattr(native_capture.CaptureSession, "stage_stats", failing)
+    records = _dump(tmp_path / "faulted", monkeypatch, caplog, gpt_training, native=True, task="statistics")
+    assert [record.name for record in records] == [record.name for record in clean]
+    lost = [record for record, kept in zip(records, clean) if record.stats != kept.stats]
+    assert lost and all(record.stats is None and record.capture_error == STATS_NOT_TAKEN for record in lost)
+    assert len(lost) < len(records) / 2
+    said = [record for record in caplog.records if "could not take the statistics of kept tensors" in record.getMessage()]
+    assert len(said) == 1  # once a capture

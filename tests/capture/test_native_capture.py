@@ -898,8 +898,8 @@ def _half_training() -> tuple[nn.Module, Callable[[], None]]:
 
 @pytest.mark.parametrize(
     ("native", "resolution"),
-    [(False, "at once"), (False, "at flush"), (True, "at once")],
-    ids=["dispatch_mode", "staged", "native"],
+    [(False, "at once"), (False, "at flush"), (True, "at once"), (True, "at flush")],
+    ids=["dispatch_mode", "staged", "native", "native_staged"],
 )
 def test_a_failure_to_take_statistics_is_recorded_and_the_step_goes_on(tmp_path, monkeypatch, caplog, native, resolution) -> None:
     """Taking a float16 tensor's statistics fails (as device memory running out would): the step

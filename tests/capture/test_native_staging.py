@@ -25,6 +25,7 @@ from tests.capture.test_native_capture import (
     _less_common_training,
     _written_between_reads,
 )
+from torchdebug import stats_table
 from torchdebug.capture import native_capture, native_records
 from torchdebug.native.observer import load_observer
 from torchdebug.records import STATS_NOT_TAKEN
@@ -75,6 +76,23 @@ def test_the_example_gpt_with_every_tensor_staged_dumps_the_dispatch_modes_recor
         assert len(counts) > len(native) / 2
     else:  # before the in-place writes of the backward's accumulations and the optimizer (2 steps: 393)
         assert 0 < len(counts) < len(native) / 4
+
+
+@pytest.mark.parametrize("after_bytes", [0, -1], ids=["every_op", "before_writes"])
+@pytest.mark.parametrize(
+    "options", [{"task": "statistics"}, {"task": "statistics", "checksum": True}], ids=["statistics", "statistics+checksum"]
+)
+def test_statistics_delivered_at_the_flush_as_an_accelerators_are_the_dispatch_modes(
+    tmp_path, monkeypatch, caplog, staged, after_bytes, options
+) -> None:
+    """The stager reads every tensor through its device table (as an accelerator's, the values
+    delivered at the flush): the drain has them delivered before it makes its records."""
+    monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+    python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, **options)
+    staged(after_bytes)
+    native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, **options)
+    _assert_same_dumps(python, native)
+    assert all(record.stats is not None and record.capture_error is None for record in native)
 
 
 @pytest.mark.parametrize(

@@ -245,6 +245,7 @@ class NativeOpCapture:
             statistics=self._statistics,
             fingerprints=self._fingerprints,
             stage=session.stage_stats,
+            deliver=session.flush,
         )
         if self.modules is not None:
             slots = self.rows.record_slots

@@ -593,6 +593,7 @@ class NativeStepCapture:
         statistics: bool = False,
         fingerprints: bool = False,
         stage: Callable[[list[tuple]], None] | None = None,
+        deliver: Callable[[], None] | None = None,
     ) -> pa.RecordBatch:
         """The records of the slots of the rows ``recorded`` marks (``int8`` per row; default: every
         row with a call in ``rows``), of the sides in ``ios``, as one record batch of the store's
@@ -600,7 +601,8 @@ class NativeStepCapture:
 
         With ``statistics``, as eager capture takes them (``CaptureSession``): the callback's sums,
         finished; ``stage`` gets the kept tensors (``CaptureSession.stage_stats``, which fills them
-        at once: CPU tensors); a tensor seen before at the same version, and the output of a view or
+        at once for CPU tensors, and for an accelerator's once ``deliver`` runs: ``CaptureSession.flush``,
+        called only where one is still to come); a tensor seen before at the same version, and the output of a view or
         copy with its input's elements (``OpCapture._alias_source``), has the statistics taken
         first. With ``fingerprints``, each slot's fingerprint (``checksum``) as eager capture takes
         it: the callback's, or the kept tensor's (``stage`` gets ``(tensor, statistics sink,
@@ -627,9 +629,8 @@ class NativeStepCapture:
         self.record_slots = walked.slots
         handed = (slot for slot, id_ in zip(ops.kept_slot, ops.kept_staged) if slot >= 0 and id_ < 0)
         kept = dict(zip(handed, ops.kept))
-        early = self._staged
-        staged = {slot: early[id_] for slot, id_ in zip(ops.kept_slot, ops.kept_staged) if id_ >= 0 and id_ in early}
-        self._staged = {}  # (the rest: of calls found hidden after they were staged; a drain ends the observing)
+        by_id, self._staged = self._staged, {}  # (the rest: of calls found hidden after they were staged)
+        staged = {slot: by_id[id_] for slot, id_ in zip(ops.kept_slot, ops.kept_staged) if id_ >= 0 and id_ in by_id}
         taken: list[dict] = []
         taken_fingerprints: list[int | None] = []
         due: list[tuple] = []
@@ -637,6 +638,7 @@ class NativeStepCapture:
         hashed = set((-2 - refs[refs <= -2]).tolist())  # the entries whose fingerprint a slot takes (not the callback's)
         unreduced = []  # the entries of tensors whose dtype has no statistics (bits): a fingerprint only
         failed = []  # the entries whose staging failed before the drain
+        arriving: list[tuple[int, list[int | None], int]] = []  # the entries whose fingerprint a sink sets: where it lands
         for entry, slot in enumerate(walked.taken.tolist()):
             stats = empty_stats() if slot < 0 else {}
             taken_fingerprints.append(0 if slot < 0 else None)  # the fingerprint of no elements is 0
@@ -644,13 +646,16 @@ class NativeStepCapture:
             if early is not None:  # staged before the drain (stage_kept)
                 stats = early.stats
                 if entry in hashed:
-                    taken_fingerprints[entry] = early.fingerprint[0]
+                    arriving.append((entry, early.fingerprint, 0))
                 if statistics and not early.reduced:
                     unreduced.append(-2 - entry)
                 if early.failed:
                     failed.append(-2 - entry)
             elif slot >= 0:
-                fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if entry in hashed else None
+                fingerprint_sink = None
+                if entry in hashed:
+                    fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry)
+                    arriving.append((entry, taken_fingerprints, entry))
                 reduced = statistics and has_statistics(kept[slot].dtype)
                 if statistics and not reduced:
                     unreduced.append(-2 - entry)
@@ -669,11 +674,18 @@ class NativeStepCapture:
             statistics=statistics,
             fingerprints=fingerprints,
         )
-        if due and stage is not None and self._failed_to_stage(stage, due):
-            not_taken = [-2 - entry for entry, stats in enumerate(taken) if stats == {}]  # (CPU tensors: read at once)
-            _without_statistics(walked, not_taken, STATS_NOT_TAKEN_CODE)
+        if due and stage is not None:
+            self._failed_to_stage(stage, due)  # (what failed is left empty: said below)
         _without_statistics(walked, failed, STATS_NOT_TAKEN_CODE)
         _without_statistics(walked, unreduced, NO_STATISTICS_CODE)
+        refs = walked.stats
+        read = np.unique(-2 - refs[refs <= -2]).tolist() if statistics else []  # the entries slots take statistics from
+        waiting = any(not taken[entry] for entry in read) or any(landed[at] is None for _, landed, at in arriving)
+        if waiting and deliver is not None:
+            deliver()  # an accelerator's tensors: their values arrive with one host read
+        for entry, landed, at in arriving:
+            taken_fingerprints[entry] = landed[at]
+        _without_statistics(walked, [-2 - entry for entry in read if not taken[entry]], STATS_NOT_TAKEN_CODE)
         columns = SlotColumns(
             walked.slots,
             walked.args,

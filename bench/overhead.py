@@ -1,7 +1,7 @@
 """Step overhead of eager capture on the GPT example: plain vs each capture mode, in one process.
 
     python bench/overhead.py [--steps 10] [--block 3] [--warmup 2] [--dir /dev/shm --delete-tensors]
-                             [--device cpu|cuda] [--size S|M]
+                             [--device cpu|cuda] [--size S|M] [--native-devices]
 
 Prints seconds per step and the ratio to the plain step, measured in this process, and which path
 each op-level (and mix) mode's capture took (the native one wherever it applies, else the dispatch mode). Two reference
@@ -25,6 +25,8 @@ measures torchdebug's own cost. Where ``msprobe`` imports (PyPI: mindstudio-prob
 statistics/L1 arm runs on the same model in the same rounds; its other arms (``--modes plain
 "msprobe statistics/L0"``, ``statistics/mix``, ``tensor/L1``) one per process, because msprobe's
 debugger is a process-wide singleton. On CUDA each row also shows the peak GPU memory of its blocks.
+``--native-devices`` lets an accelerator's statistics and fingerprints take the native path
+(``torchdebug.capture.native_capture.DEVICE_STATISTICS``, off by default until it has run on a GPU).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torchdebug  # noqa: E402
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
-from torchdebug.capture.native_capture import NativeOpCapture  # noqa: E402
+from torchdebug.capture import native_capture  # noqa: E402
 
 
 class _EmptyMode(TorchDispatchMode):
@@ -118,7 +120,11 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--size", choices=sorted(SIZES), default="S", help="GPT size (default S)")
+    parser.add_argument(
+        "--native-devices", action="store_true", help="an accelerator's statistics on the native path (DEVICE_STATISTICS)"
+    )
     args = parser.parse_args()
+    native_capture.DEVICE_STATISTICS = args.native_devices
     if args.modes is None:
         args.modes = list(MODES) + (["msprobe statistics/L1"] if importlib.util.find_spec("msprobe") else [])
         if args.size != "S":  # tens of GB of tensor files a step: a temporary folder fills up and the dump stops
@@ -179,7 +185,7 @@ def main() -> None:
                     for folder in Path(tmp).glob(f"{mode.replace('/', '_')}/*/*/tensors"):
                         shutil.rmtree(folder)
         paths = {  # which path each op-level (and mix) capture took (the native one wherever it applies)
-            mode: "native" if isinstance(debugger._ops, NativeOpCapture) else "dispatch mode"  # noqa: SLF001
+            mode: "native" if isinstance(debugger._ops, native_capture.NativeOpCapture) else "dispatch mode"  # noqa: SLF001
             for mode, debugger in debuggers.items()
             if isinstance(debugger, torchdebug.Debugger) and debugger.config.level in ("op", "mix")
         }

@@ -1,12 +1,13 @@
 #!/bin/bash
 # The GPU checks of a machine lent for a few minutes, in one call: `bash tools/gpu_checks.sh [OUT]`
 # from the repository root, on a machine with CUDA, torch and Triton (logs go to OUT, default $OUT).
-# In order, each with a time limit that keeps the whole under 10 minutes: the native libraries
-# built once (before pytest's workers race for them), `pytest -m gpu`, then the benches whose
-# CUDA figures bench/RESULTS.md holds (overhead S and M, monitor M, stats_pass, tensor_dump,
-# graph_dump at one size). Where a GPU test fails, its tmp_path (dumps and all) comes back as
-# failed.tgz, so that a failure can be read without another lease. The figures go into
-# bench/RESULTS.md by hand; the logs say which command made each.
+# In order, each with a time limit, about 10 minutes in all (the last bench may be cut): the native
+# libraries built once (before pytest's workers race for them), `pytest -m gpu`, then the benches
+# whose CUDA figures bench/RESULTS.md holds (overhead S, S with an accelerator's statistics on the
+# native path, monitor M, stats_pass, tensor_dump, overhead M, graph_dump at one size). Where a GPU
+# test fails, its tmp_path (dumps and all) comes back as failed.tgz, so that a failure can be read
+# without another lease. The figures go into bench/RESULTS.md by hand; the logs say which command
+# made each.
 set -u
 OUT=${1:-${OUT:?give a folder for the logs}}
 mkdir -p "$OUT"
@@ -38,6 +39,7 @@ echo "rc=$?" >> "$OUT/pytest.log"
 stamp "pytest -m gpu done"
 python3 tools/failed_tmp_paths.py "$OUT/pytest.log" "$TMP" "$OUT/failed.tgz" >> "$LOG" 2>&1
 run 90 python3 bench/overhead.py --device cuda --size S --steps 5 --warmup 1
+run 60 python3 bench/overhead.py --device cuda --size S --steps 5 --warmup 1 --native-devices --modes plain statistics/op statistics+checksum/op checksum/op statistics/mix
 run 60 python3 bench/monitor.py --device cuda --size M --steps 3 --warmup 1
 run 40 python3 bench/stats_pass.py --device cuda
 run 40 python3 bench/tensor_dump.py --device cuda

@@ -3,9 +3,10 @@ observer's callback does not read (other dtypes; an accelerator's) have their st
 fingerprints staged before an op writes their memory and once ``STAGE_AFTER_BYTES`` of them are
 held, not copied before the write and held to the drain. Record for record the dispatch mode's
 dump, with every CPU tensor kept as an accelerator's would be (``NativeObserver.defer_cpu``), staged
-at every op (``STAGE_AFTER_BYTES = 0``) or only before writes (-1); a float16 model's tensors, kept
-on any machine; a fault while staging; and a hook that stages nothing (each tensor is copied
-before the write, as without one)."""
+at every op (``STAGE_AFTER_BYTES = 0``) or only before writes (-1), read at once or delivered at the
+flush as an accelerator's are; a float16 model's tensors, kept on any machine; a fault while
+staging; a hook that stages nothing (each tensor is copied before the write, as without one); and,
+on a GPU, a CUDA model with ``DEVICE_STATISTICS`` on."""
 
 from __future__ import annotations
 
@@ -179,3 +180,23 @@ def test_a_fault_while_staging_costs_those_statistics_and_the_step_goes_on(tmp_p
     assert len(lost) < len(records) / 2
     said = [record for record in caplog.records if "could not take the statistics of kept tensors" in record.getMessage()]
     assert len(said) == 1  # once a capture
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "options",
+    [{"task": "statistics"}, {"task": "statistics", "checksum": True}, {"task": "checksum"}],
+    ids=["statistics", "statistics+checksum", "checksum"],
+)
+def test_a_cuda_models_statistics_on_the_native_path_are_the_dispatch_modes(tmp_path, monkeypatch, caplog, options) -> None:
+    """With ``DEVICE_STATISTICS`` on, a CUDA model's tensors are kept and staged through the stager's
+    Triton kernel (its backward's from the autograd engine's device thread): the dispatch mode's
+    dump, record for record, bit for bit."""
+    monkeypatch.setattr(native_capture, "DEVICE_STATISTICS", True)
+    python = _dump(tmp_path, monkeypatch, caplog, lambda: gpt_training("cuda"), native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, lambda: gpt_training("cuda"), native=True, **options)
+    _assert_same_dumps(python, native)
+    assert {record.device for record in native} >= {"cuda:0"}
+    assert all(record.capture_error is None for record in native)
+    if options["task"] == "statistics":
+        assert all(record.stats is not None for record in native)

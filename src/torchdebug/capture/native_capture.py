@@ -43,6 +43,13 @@ _TASKS = ("structure", "statistics", "checksum")
 _MODULE_ROW = 2
 """A row whose slots are written as module records (``native_modules.py``; 1: an op call's)."""
 
+DEVICE_STATISTICS = False
+"""Whether statistics and fingerprints of an accelerator's tensors take the native path: kept by the
+callback and staged through the session's stager before an op writes their memory
+(``NativeStepCapture.stage_kept``), as ``tests/capture/test_native_staging.py`` checks on the CPU.
+Off until that path has run on a GPU (its ``gpu`` test; ``bench/overhead.py --native-devices``):
+until then the dispatch mode reads them."""
+
 STAGE_AFTER_BYTES = 64 << 20
 """Bytes of kept tensors (those the callback does not read: other dtypes and devices) after which
 they are staged at the next op, as before an op writes one: the memory they hold is bounded."""
@@ -66,7 +73,7 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return "statistics or fingerprints without the C kernel (native/stats.c cannot be built here)"
     if model is not None:
         return _why_not_for_model(model, reads)
-    if reads and torch.accelerator.is_available():
+    if reads and torch.accelerator.is_available() and not DEVICE_STATISTICS:
         return "statistics or fingerprints with an accelerator present and no model (the native path reads CPU tensors only)"
     return None
 
@@ -87,7 +94,7 @@ def _why_not_for_model(model: nn.Module, reads: bool) -> str | None:
     dispatch mode names them. So do tensor-subclass parameters (DTensors, quantized weights): each is
     described at its ops and read through the plain tensor holding its elements (``native_subclasses.py``)."""
     for parameter in model.parameters():
-        if reads and parameter.device.type != "cpu":
+        if reads and parameter.device.type != "cpu" and not DEVICE_STATISTICS:
             return f"statistics or fingerprints of {parameter.device.type} tensors (the native path reads CPU tensors only)"
     return None
 

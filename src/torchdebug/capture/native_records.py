@@ -252,8 +252,8 @@ class NativeStepCapture:
         self.record_slots = np.zeros(0, np.int64)
         """The drained slot of each record :meth:`slot_columns` made last, in order."""
         self._staged: dict[int, _Staged] = {}
-        self._told_stage_fault = False
         """The kept tensors staged before the drain, by the id the observer gave them (:meth:`stage_kept`)."""
+        self._told_stage_fault = False
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -602,12 +602,13 @@ class NativeStepCapture:
         With ``statistics``, as eager capture takes them (``CaptureSession``): the callback's sums,
         finished; ``stage`` gets the kept tensors (``CaptureSession.stage_stats``, which fills them
         at once for CPU tensors, and for an accelerator's once ``deliver`` runs: ``CaptureSession.flush``,
-        called only where one is still to come); a tensor seen before at the same version, and the output of a view or
-        copy with its input's elements (``OpCapture._alias_source``), has the statistics taken
-        first. With ``fingerprints``, each slot's fingerprint (``checksum``) as eager capture takes
-        it: the callback's, or the kept tensor's (``stage`` gets ``(tensor, statistics sink,
-        fingerprint sink)``), shared where ``CaptureSession.share_alias`` shares it (a view reading
-        its argument's memory in order, a copy). A slot whose memory holds no value of the run (an
+        called only where one is still to come; those staged before, :meth:`stage_kept`, too); a
+        tensor seen before at the same version, and the output of a view or copy with its input's
+        elements (``OpCapture._alias_source``), has the statistics taken first. With
+        ``fingerprints``, each slot's fingerprint (``checksum``) as eager capture takes it: the
+        callback's, or the kept tensor's (``stage`` gets ``(tensor, statistics sink, fingerprint
+        sink)``), shared where ``CaptureSession.share_alias`` shares it (a view reading its
+        argument's memory in order, a copy). A slot whose memory holds no value of the run (an
         allocation's, an argument the op overwrites) is described, not read
         (``CaptureSession.add_call``'s ``unread``).
 

@@ -12,7 +12,7 @@ set -u
 OUT=${1:-${OUT:?give a folder for the logs}}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
-LOG=$OUT/machine.log BENCH=$OUT/bench.log TMP=/tmp/torchdebug_gpu_checks
+LOG=$OUT/machine.log BENCH=$OUT/bench.log TMP=$(mktemp -d)/pytest  # the GPU tests' tmp_path folders
 stamp() { echo "$(date -u +%H:%M:%S) $*" >> "$LOG"; }
 run() {  # run LIMIT COMMAND...: the command and its rc into bench.log
     local limit=$1; shift
@@ -33,7 +33,6 @@ from torchdebug.native.build import load_library, load_torch_extension, load_tor
 print([load_library("stats"), *map(load_torch_library, ("observer", "slot_walk", "c10d_work")), load_torch_extension("ring_sums")])
 EOF
 stamp "native libraries built"
-rm -rf "$TMP"
 timeout 220 python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider --basetemp="$TMP" -rf tests > "$OUT/pytest.log" 2>&1
 echo "rc=$?" >> "$OUT/pytest.log"
 stamp "pytest -m gpu done"

@@ -28,11 +28,14 @@ pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ co
 @pytest.fixture
 def observer() -> NativeObserver:
     """The process's observer, with what a Debugger run before (another test file) may have left set
-    turned off: fingerprints change how the callback sums a tensor (in memory order)."""
+    turned off: fingerprints change how the callback sums a tensor (in memory order); sweeps make
+    slots name tensors by keys, not by ``_cdata`` alone, once one let go of an address."""
     loaded = load_observer()
     assert loaded is not None, "a C++ compiler is here: the observer must build"
     loaded.use_fingerprints(False)
     loaded.keep_unsummed(False)
+    loaded.sweep_after(-1)
+    loaded.forget_seen()
     return loaded
 
 
@@ -231,6 +234,50 @@ def test_a_recorded_tensors_address_is_no_other_tensors_until_a_drain_reports_it
     assert storage not in {other.untyped_storage()._cdata for other in others}
     assert sorted(observer.drain().freed) == sorted([address, storage])
     assert list(observer.drain().freed) == []  # reported once; the addresses are free to take again
+    observer.forget_seen()
+
+
+def _negations(observer: NativeObserver, count: int, survivors: list[torch.Tensor]) -> tuple[ObservedOps, tuple[int, int]]:
+    """A chain of ``count`` negations recorded, each output freeing the one before but every fourth,
+    which goes into ``survivors``: the drain, and what the observer held before it (``NativeObserver.held``)."""
+    x = torch.randn(64)
+    observer.start()
+    for link in range(count):
+        x = x.neg()
+        if link % 4 == 3:
+            survivors.append(x)
+    held = observer.held()
+    observer.stop()
+    return observer.drain(), held
+
+
+def test_a_sweep_lets_go_of_freed_tensors_and_another_takes_an_address_under_a_new_key(observer: NativeObserver) -> None:
+    """With sweeps (``sweep_after``; 0: at every op) the observer lets go of a freed tensor at the next
+    op, not at the drain: another tensor may take its address before the drain, and slots name it by
+    another key (the address, and from bit 48 how often a sweep let it go); the drain lists the keys
+    let go in ``freed``. At the drain the generations of the addresses nothing holds are forgotten:
+    a new tensor's key is its address again; :meth:`~NativeObserver.keys` gives a live one's (what
+    Python names FSDP2's unshard buffers by)."""
+    (_, (held_to_the_drain, _)) = _negations(observer, 20, [])
+    observer.forget_seen()
+    observer.sweep_after(0)
+    survivors: list[torch.Tensor] = []
+    try:
+        ops, (held, retired) = _negations(observer, 20, survivors)
+    finally:
+        observer.sweep_after(-1)
+    assert held_to_the_drain >= 40  # each output's TensorImpl and StorageImpl, to the drain
+    assert held <= 16 and retired >= 24  # the survivors', the live tensor's, the one before it: the others let go
+    outputs = [ops.slot_value[slot] for slot in range(len(ops.slot_row)) if ops.slot_io[slot] == 1]
+    assert len(set(outputs)) == 20  # one key a tensor
+    addresses = {key & ((1 << 48) - 1) for key in outputs}
+    assert len(addresses) < 20 and max(key >> 48 for key in outputs) > 0  # the allocator reused freed TensorImpls' memory
+    alive = outputs[3::4]
+    assert set(outputs) - set(alive) <= set(ops.freed) and not set(alive) & set(ops.freed)
+    assert observer.keys([tensor._cdata for tensor in survivors]) == alive and max(key >> 48 for key in alive) > 0
+    del survivors
+    fresh = [torch.randn(64) for _ in range(8)]
+    assert observer.keys([tensor._cdata for tensor in fresh]) == [tensor._cdata for tensor in fresh]
     observer.forget_seen()
 
 

@@ -1970,3 +1970,53 @@ def test_a_tensor_read_at_the_flush_and_written_since_holds_what_its_op_read_on_
     assert {record.dtype for record in native} >= {"int64", "complex64"}
     zeros = next(r for r in native if r.op == "aten.zeros.default" and r.step == 1)
     assert zeros.stats["max"] == 0  # as made, before the add_ through its slice
+
+
+def _wrapped_chain_training() -> tuple[nn.Module, Callable[[], None]]:
+    """A linear layer whose output is wrapped anew (a thin subclass) at each of six links, each
+    instance freed before an op that makes no tensor: the sweep at its start lets go of it, and the
+    next instance takes its address (the allocator hands the last freed block of a size out first)."""
+    from tests.capture.test_subclasses import Wrapped
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+
+    def step() -> None:
+        h, total = model(x), 0.0
+        for link in range(6):
+            inner = h * (link + 1)
+            wrapped = None
+            inner.mul_(1.0)
+            wrapped = Wrapped(inner)
+            total = total + wrapped.sum()
+        (h.sum() + total).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+@pytest.mark.parametrize(
+    ("training", "options"),
+    [
+        (gpt_training, {"task": "statistics", "checksum": True}),
+        (_checkpointed_training("non_reentrant"), {"task": "structure"}),
+        (functools.partial(loss_training, _Assorted), {"task": "statistics"}),
+        (_subclass_training, {"task": "statistics", "checksum": True}),
+        (_wrapped_chain_training, {"task": "statistics"}),
+    ],
+    ids=["gpt", "checkpointed", "assorted", "subclasses", "wrapped-chain"],
+)
+def test_records_are_the_same_when_the_observer_lets_go_of_freed_tensors_at_every_op(
+    tmp_path, monkeypatch, caplog, training, options
+) -> None:
+    """Sweeps at every op (``NativeObserver.sweep_after``): the tensors freed inside a step are let go
+    at once, others take their addresses before the drain under other keys, and the records (value
+    ids, views, shared statistics, recomputations, subclass instances) are still the dispatch mode's.
+    (FSDP2's buffers, freed at reshard: ``test_native_distributed.py`` sweeps at every op.)"""
+    monkeypatch.setattr(native_records, "SWEEP_AFTER_BYTES", 0)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, **options)
+    _assert_same_dumps(python, native)

@@ -82,6 +82,11 @@ _OUTSIDE, _OPTIMIZER = -1, -2
 
 _IO = ("input", "output")
 
+SWEEP_AFTER_BYTES = 64 << 20
+"""Bytes of CPU tensors recorded after which the observer lets go of the freed ones it holds, at the
+next op (``NativeObserver.sweep_after``): held to the drain, each kept the freed memory around it from
+being used again, and a step's heap grew by its temporaries."""
+
 NO_STATISTICS_CODE, STATS_NOT_TAKEN_CODE = 5, 6
 """``WalkedSlots.errors`` codes Python sets: a kept tensor whose dtype has no statistics
 (``stats.has_statistics``); one whose statistics failed to be taken (a fault of ours, logged)."""
@@ -248,7 +253,9 @@ class NativeStepCapture:
         self._unshards: list[list[int]] = []
         """The storages each FSDP2 copy-in recorded since the last walk hands out, in order (``_unshard``)."""
         self._described: dict[int, Described] = {}
-        """The subclass instances met since the last drain, by ``TensorImpl`` address (``_subclass``)."""
+        """The subclass instances met since the last drain, by the key their slots name them by (``_subclass``)."""
+        self._at_address: dict[int, Described] = {}
+        """The same by ``TensorImpl`` address, the last instance met at each."""
         self.record_slots = np.zeros(0, np.int64)
         """The drained slot of each record :meth:`slot_columns` made last, in order."""
         self._staged: dict[int, _Staged] = {}
@@ -266,6 +273,8 @@ class NativeStepCapture:
         self._adopted.clear()
         self._unshards.clear()  # (left by a drain not named: records no longer taken)
         self._described.clear()
+        self._at_address.clear()
+        self.observer.sweep_after(SWEEP_AFTER_BYTES)
         if self.model is not None:
             self._adopt(self.model)
         if self._own_tracker:
@@ -392,11 +401,13 @@ class NativeStepCapture:
     # -- tensor subclasses ------------------------------------------------------------------------
     def _subclass(self, tensor: torch.Tensor) -> int:
         """Called by the observer at each op taking or returning a subclass instance (``observer.cpp``'s
-        find_subclasses): describe it, once a drain (an address names one instance until the drain),
-        and return the address of the plain tensor the callback reads it through, or 0."""
-        found = self._described.get(address := tensor._cdata)
-        if found is None:
-            found = self._described[address] = described(tensor)
+        find_subclasses): describe it, once a drain, and return the address of the plain tensor the
+        callback reads it through, or 0. (Once a sweep let go of a freed instance, another may take
+        its address before the drain, under another key: ``NativeObserver.sweep_after``.)"""
+        found = self._at_address.get(address := tensor._cdata)
+        if found is None or found.instance() is not tensor:
+            found = self._at_address[address] = described(tensor)
+            self._described[self.observer.keys([address])[0]] = found
         return found.plain
 
     # -- FSDP2 groups' ops -----------------------------------------------------------------------
@@ -409,7 +420,7 @@ class NativeStepCapture:
         """At FSDP2's copy-in: as :meth:`_owner`, noting the buffers its unshard hands out (``eager.py``'s
         ``_passes_through``), which the walk marks at its row."""
         frame = sys._getframe(1)
-        self._unshards.append([key for key, _, _ in markable(unshard_buffers(frame))])
+        self._unshards.append(self.observer.keys([key for key, _, _ in markable(unshard_buffers(frame))]))
         return self._owned(issuing_group(frame))
 
     def _owned(self, group: tuple[tuple[nn.Module, ...], str | None] | None) -> int:
@@ -663,6 +674,7 @@ class NativeStepCapture:
                 due.append((kept[slot], stats.update if reduced else None, fingerprint_sink))
             taken.append(stats)
         described_at, self._described = self._described, {}
+        self._at_address.clear()
         overrides = read_subclasses(
             walked,
             kept,

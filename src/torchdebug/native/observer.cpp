@@ -386,9 +386,22 @@ struct Held {
   c10::weak_intrusive_ptr<T, Null> weak{c10::intrusive_ptr<T, Null>()};
 };
 
-// Hold `weak` at `address` unless the map holds a reference there already (taken from `weak`).
+// Whether `weak` refers to nothing (let go, or never set), not to a tensor freed since.
+template <typename T, typename Null>
+bool refers_to_nothing(const c10::weak_intrusive_ptr<T, Null>& weak) {
+  return weak._unsafe_get_target() == Null::singleton();
+}
+
+template <typename T, typename Null>
+void let_go(c10::weak_intrusive_ptr<T, Null>& weak) {
+  weak = c10::weak_intrusive_ptr<T, Null>(c10::intrusive_ptr<T, Null>());
+}
+
+// Hold `weak` at `address` unless the map holds a reference there already (taken from `weak`), or
+// `weak` refers to nothing (a sweep held the slot's already).
 template <typename T, typename Null>
 void hold_first(AddressMap<Held<T, Null>>& map, int64_t address, c10::weak_intrusive_ptr<T, Null>& weak) {
+  if (refers_to_nothing(weak)) return;
   auto before = map.size();
   auto& held = map[address];
   if (map.size() != before) held.weak = std::move(weak);
@@ -609,6 +622,41 @@ AddressMap<uint64_t> storage_writes;  // by StorageImpl address
 
 int64_t address(const void* pointer) { return reinterpret_cast<int64_t>(pointer); }
 
+// ---- sweeps: the weak references of freed tensors let go before the drain -----------------------
+// A weak reference keeps a freed TensorImpl's (or StorageImpl's) small allocation until it is let
+// go, and glibc carves new small allocations out of freed large buffers: holding every slot's to the
+// drain kept each freed buffer of a step from being used again (a chain of 8 MiB temporaries grew
+// the heap by each one). So once sweep_after bytes of CPU tensors were recorded since the last
+// sweep, the next op first lets go of the references of the tensors freed since (Recorder::sweep).
+// Another tensor may then take such an address before the drain: slots name tensors by a key, the
+// address with the number of times a sweep let it go in bits 48 to 62 (generations), so that a key
+// names one tensor from its first slot until a drain reports it freed, as an address did. An address
+// let go kLastGeneration times is held to the drain again, as one above 48 bits is (never seen on
+// x86-64 or AArch64 user space: sweeps stop).
+constexpr int kGenerationShift = 48;
+constexpr int64_t kAddressBits = (int64_t{1} << kGenerationShift) - 1;
+constexpr int64_t kLastGeneration = (int64_t{1} << 15) - 1;
+AddressMap<int64_t> generations;  // by address, those let go by sweeps (recorder.mutex held)
+bool sweeps_possible = true;      // false once an address above 48 bits was seen (recorder.mutex held)
+std::atomic<int64_t> sweep_after{-1};  // td_observer_sweep_after: -1 never, 0 at every op (tests)
+std::atomic<bool> sweep_due{false};
+std::atomic<int64_t> stashes_in_use{0};  // of all threads (ThreadState::stashed): generations are pruned at a drain without
+
+// The key of a TensorImpl's or StorageImpl's address (0 stays 0), recorder.mutex held.
+int64_t key_of(int64_t raw) {
+  if (raw >> kGenerationShift != 0) {
+    sweeps_possible = false;
+    return raw;
+  }
+  if (generations.empty()) return raw;
+  const auto* found = generations.find(raw);
+  return found == nullptr ? raw : raw | found->second << kGenerationShift;
+}
+
+// A slot's address or key as a key: a key (bits above 48) stays as it is (a slot moved out of the
+// recorder's and back: its tensor was alive meanwhile, so its address was not let go).
+int64_t key_again(int64_t value) { return value >> kGenerationShift != 0 ? value : key_of(value); }
+
 uint64_t writes_into(const c10::TensorImpl* impl) {
   if (storage_writes.empty() || !impl->has_storage()) return 0;
   const auto* found = storage_writes.find(address(impl->unsafe_storage().unsafeGetStorageImpl()));
@@ -642,6 +690,15 @@ AddressMap<uint32_t> read_at;
 std::vector<Read> read_pool;
 
 void forget_read(const c10::TensorImpl* impl) { read_at.erase(address(impl)); }  // reads_mutex held
+
+// Let go of the reads of tensors freed since (a sweep): an entry left refers to nothing, which holds
+// for no tensor (Read::holds).
+void forget_dead_reads() {
+  std::lock_guard<std::mutex> lock(reads_mutex);
+  for (auto& read : read_pool) {
+    if (read.impl.expired()) let_go(read.impl);
+  }
+}
 
 void forget_reads() {
   std::lock_guard<std::mutex> lock(reads_mutex);
@@ -966,7 +1023,9 @@ struct Slots {
   std::vector<int8_t> dtype;     // c10::ScalarType
   std::vector<int8_t> flag;
   std::vector<int8_t> ndim;
-  std::vector<int64_t> value;  // the TensorImpl's address: Tensor._cdata in Python
+  // The addresses below are keys (key_of) in the recorder's slots, addresses in a stash's: append
+  // keys them, under the recorder's mutex, which a stash is filled without.
+  std::vector<int64_t> value;  // the TensorImpl's address (Tensor._cdata in Python)
   std::vector<int64_t> version;
   std::vector<int64_t> storage;  // the StorageImpl's address (0: none, or not read)
   std::vector<int64_t> offset;   // the storage offset
@@ -1012,6 +1071,12 @@ struct Slots {
   // And to each plain slot's StorageImpl (empty for the others): a storage freed mid-step whose
   // address another took would pass for it (slot_walk.cpp's unwritten storages, storage_writes).
   std::vector<WeakStorage> storage_alive;
+  // The recorder's slots only (keyed): the slots before swept have their references above held in
+  // Recorder::seen and seen_storages already (Recorder::sweep); the bytes of the CPU tensors recorded since.
+  bool keyed = false;
+  size_t swept = 0;
+  int64_t unswept_bytes = 0;
+  size_t held_count = 0;  // Recorder::seen's and seen_storages' entries at the last sweep or drain
 
   // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
@@ -1022,7 +1087,7 @@ struct Slots {
     io.push_back(side);
     arg.push_back(position);
     element.push_back(index);
-    value.push_back(reinterpret_cast<int64_t>(impl));
+    value.push_back(keyed ? key_of(address(impl)) : address(impl));
     alive.push_back(WeakImpl::reclaim_copy(impl));
     dtype.push_back(static_cast<int8_t>(impl->dtype().toScalarType()));
     version.push_back(impl->is_inference() ? int64_t{-1} : slot_version(impl));
@@ -1034,10 +1099,13 @@ struct Slots {
     auto at = stats.size();
     stats.resize(at + kStatsWidth, std::nan(""));
     // A subclass's, a nested or a sparse tensor's own memory is not its value: the TensorImpl stands for it.
-    storage.push_back(kind == kPlain ? reinterpret_cast<int64_t>(impl->unsafe_storage().unsafeGetStorageImpl()) : reinterpret_cast<int64_t>(impl));
+    auto memory = kind == kPlain ? address(impl->unsafe_storage().unsafeGetStorageImpl()) : address(impl);
+    storage.push_back(keyed ? key_of(memory) : memory);
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
     base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
-    base.push_back(kind == kPlain ? view_base(impl, base_alive.back()) : 0);
+    auto viewed = kind == kPlain ? view_base(impl, base_alive.back()) : 0;
+    base.push_back(keyed ? key_of(viewed) : viewed);
+    if (keyed && kind == kPlain && impl->is_cpu()) count_unswept(impl->numel() * static_cast<int64_t>(impl->itemsize()));
     auto* storage_impl = kind == kPlain && impl->has_storage() ? impl->unsafe_storage().unsafeGetStorageImpl() : nullptr;
     storage_alive.push_back(storage_impl != nullptr ? WeakStorage::reclaim_copy(storage_impl) : WeakStorage(c10::intrusive_ptr<c10::StorageImpl>()));
     auto* plain = kind == kSubclass ? plain_tensor_of(impl) : nullptr;
@@ -1072,6 +1140,16 @@ struct Slots {
     bool missing = (want_sums() && !(taken & kSummed)) ||
                    (want_fingerprints() && !(taken & kHashed));
     if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) keep(impl, side == 1 && outputs_wait);
+  }
+
+  // Note `bytes` of CPU tensors recorded: a sweep is due once sweep_after of them were since the last
+  // one, and as many slots as a quarter of the references it holds (its time stays linear in the slots).
+  void count_unswept(int64_t bytes) {
+    unswept_bytes += bytes;
+    auto limit = sweep_after.load(std::memory_order_relaxed);
+    if (limit == 0 || (limit > 0 && unswept_bytes >= limit && 4 * (row.size() - swept) >= held_count)) {
+      sweep_due.store(true, std::memory_order_relaxed);
+    }
   }
 
   // Keep the plain tensor of the slot just added for Python's flush (kept, kept_slot); `wait`: held
@@ -1228,6 +1306,7 @@ struct Slots {
     dtype.insert(dtype.end(), other.dtype.begin(), other.dtype.end());
     flag.insert(flag.end(), other.flag.begin(), other.flag.end());
     ndim.insert(ndim.end(), other.ndim.begin(), other.ndim.end());
+    auto keys_from = value.size();
     value.insert(value.end(), other.value.begin(), other.value.end());
     alive.insert(alive.end(), other.alive.begin(), other.alive.end());
     base_alive.insert(base_alive.end(), other.base_alive.begin(), other.base_alive.end());
@@ -1245,6 +1324,13 @@ struct Slots {
     has_fingerprint.insert(has_fingerprint.end(), other.has_fingerprint.begin(), other.has_fingerprint.end());
     fingerprint.insert(fingerprint.end(), other.fingerprint.begin(), other.fingerprint.end());
     text.insert(text.end(), other.text.begin(), other.text.end());
+    if (keyed) {
+      for (auto slot = keys_from; slot < value.size(); ++slot) {
+        value[slot] = key_again(value[slot]);
+        storage[slot] = key_again(storage[slot]);
+        base[slot] = key_again(base[slot]);
+      }
+    }
   }
 
   // Move the slots of row at_row, the last ones, into other.
@@ -1256,6 +1342,7 @@ struct Slots {
 
   // Move the slots from index first on into other (no output waiting: hold_waiting first).
   void move_from(size_t first, Slots& other) {
+    swept = std::min(swept, first);  // (appended again, they are swept again: their references were let go)
     size_t dims = 0;
     for (size_t slot = first; slot < row.size(); ++slot) dims += static_cast<size_t>(ndim[slot]);
     auto move = [first](auto& from, auto& to, size_t width) {
@@ -1332,6 +1419,8 @@ struct Slots {
     base_alive.clear();
     storage_alive.clear();
     text.clear();
+    swept = 0;
+    unswept_bytes = 0;
   }
 };
 
@@ -1354,6 +1443,7 @@ struct Row {
 };
 
 struct Recorder {
+  Recorder() { slots.keyed = true; }
   std::mutex mutex;
   std::unordered_map<const char*, OpInfo> ops;  // keyed by the schema's name pointer: one per overload
   std::deque<std::string> names;                 // "aten.mm.default", by op id (they never move)
@@ -1373,7 +1463,50 @@ struct Recorder {
   // may be reused.
   AddressMap<Held<c10::TensorImpl, c10::UndefinedTensorImpl>> seen;
   AddressMap<Held<c10::StorageImpl>> seen_storages;  // the same for the slots' StorageImpls
-  std::vector<int64_t> freed;  // TensorImpl and StorageImpl addresses (never equal while both are held)
+  std::vector<int64_t> freed;  // TensorImpl and StorageImpl keys (never equal while both are held)
+  std::vector<int64_t> retired;  // the keys sweeps let go of since the last drain, freed at the next
+
+  // Hold the references of the slots from `from` to `to` in seen and seen_storages (a drain's, or a
+  // sweep's), letting go of each slot's own.
+  void hold_slots(size_t from, size_t to) {
+    for (size_t slot = from; slot < to; ++slot) {
+      if (slots.flag[slot] == kValue) continue;
+      hold_first(seen, slots.value[slot], slots.alive[slot]);
+      if (slots.base[slot] != 0) hold_first(seen, slots.base[slot], slots.base_alive[slot]);
+      if (slots.flag[slot] == kPlain && slots.storage[slot] != 0) hold_first(seen_storages, slots.storage[slot], slots.storage_alive[slot]);
+      let_go(slots.alive[slot]);
+      let_go(slots.base_alive[slot]);
+      let_go(slots.storage_alive[slot]);
+    }
+  }
+
+  // A sweep (mutex held; see key_of): the slots' references since the last one held once each, then
+  // those of the tensors and storages freed since let go, their keys retired (a drain reports them
+  // freed), their addresses a generation further; and the other references the callbacks took of
+  // freed tensors: their reads, their unmoved writes, the originals of kept tensors.
+  void sweep() {
+    hold_slots(slots.swept, slots.row.size());
+    slots.swept = slots.row.size();
+    slots.unswept_bytes = 0;
+    if (sweeps_possible) {
+      auto retire = [this](int64_t key, const auto& held) {
+        auto generation = (key >> kGenerationShift) + 1;
+        if (!held.weak.expired() || generation > kLastGeneration) return false;  // (the last: held to the drain)
+        auto& next = generations[key & kAddressBits];
+        next = std::max(next, generation);
+        retired.push_back(key);
+        return true;
+      };
+      seen.erase_if(retire);
+      seen_storages.erase_if(retire);
+    }
+    slots.held_count = seen.size() + seen_storages.size();
+    forget_dead_reads();
+    forget_unmoved(false);
+    for (auto& original : slots.kept_original) {
+      if (original.expired()) let_go(original);  // (the drain hands a kept tensor over the same when it is freed)
+    }
+  }
 
   int64_t add_row(Row&& row) {  // mutex held
     op.push_back(row.op);
@@ -1803,9 +1936,15 @@ void number_hooks_rows(ThreadState& thread, int64_t seq) {
   thread.unnumbered.clear();
 }
 
+size_t pop_stash(ThreadState& thread) {  // the index of the stash let go
+  stashes_in_use.fetch_sub(1, std::memory_order_relaxed);
+  return --thread.stashed;
+}
+
 Stash& push_stash(ThreadState& thread) {
   if (thread.stashed == thread.stashes.size()) thread.stashes.emplace_back();
   auto& stash = thread.stashes[thread.stashed++];
+  stashes_in_use.fetch_add(1, std::memory_order_relaxed);
   stash.slots.clear();
   return stash;
 }
@@ -1952,7 +2091,7 @@ Frame* enclosing_op(ThreadState& thread) {
 
 // The stashed op is recorded now: a pending one reached below autograd, a deferred one goes there.
 void settle(ThreadState& thread, Frame& frame, bool below) {
-  auto& stash = thread.stashes[--thread.stashed];
+  auto& stash = thread.stashes[pop_stash(thread)];
   if (stash.row.stack < 0) stash.row.stack = python_frames(frames_wanted(thread, stash.row, frame.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
   note_unnumbered(thread, stash.row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
@@ -1975,8 +2114,8 @@ bool reads_inputs_of(const Frame& parent, c10::ArrayRef<const c10::IValue> value
     }
   }
   if (first == nullptr) return true;
-  auto address = reinterpret_cast<int64_t>(first->unsafeToTensorImpl());
   std::lock_guard<std::mutex> lock(recorder.mutex);
+  auto address = key_of(reinterpret_cast<int64_t>(first->unsafeToTensorImpl()));
   const auto& slots = recorder.slots;
   for (auto slot = slots.row.size(); slot-- > 0 && slots.row[slot] == parent.row;) {
     if (slots.io[slot] == 0 && slots.value[slot] == address) return true;
@@ -2160,6 +2299,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   auto opened = thread.frames.size();
   auto context = enter(fn, thread);
   if (stage_due && !thread.in_hook) stage_kept_now(thread);
+  if (sweep_due.load(std::memory_order_relaxed) && !thread.in_hook) {
+    sweep_due.store(false, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    recorder.sweep();
+  }
   if (thread.frames.size() > opened && compiled_scope(fn.name())) {
     thread.frames.back().compiled = true;
     ++compiled_scopes;
@@ -2254,7 +2398,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   }
   if (parent != nullptr && parent->kind == kPending) {  // it decomposed above autograd: a part of it
     parent->kind = kTransparent;
-    --thread.stashed;
+    pop_stash(thread);
   } else if (parent != nullptr && parent->kind == kRecorded && !parent->below && reads_inputs_of(*parent, inputs)) {
     defer(thread, *parent);  // its autograd kernel runs this op before the parent goes below
   }
@@ -2395,7 +2539,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (thread.frames.empty()) return;  // entered before the observer started
   auto& last = thread.frames.back();
   if ((last.kind == kPending || last.kind == kDeferred) && last.returns && fn.outputs().empty()) {
-    --thread.stashed;  // it raised before reaching below autograd (a saved-tensors hook's): no dispatch mode saw it
+    pop_stash(thread);  // it raised before reaching below autograd (a saved-tensors hook's): no dispatch mode saw it
     last.kind = kHidden;
   } else if (last.kind == kPending || last.kind == kDeferred) {
     settle(thread, last, false);  // ran nothing more
@@ -2511,6 +2655,25 @@ void fallback_observe(const c10::OperatorHandle& op, c10::DispatchKeySet keys, t
     std::lock_guard<std::mutex> lock(recorder.mutex);
     recorder.slots.add_all(at_row, 1, c10::ArrayRef<const c10::IValue>(stack->data() + stack->size() - returns, returns));
   }
+}
+
+// At a drain with no stash in use (a stash's slots may name a key no map shows), forget the
+// generations of the addresses whose current key no hold and no slot left after the `drained` names,
+// which bounds them by what is held: the keys before theirs were retired, and the walk lets them go
+// with the freed of this drain or an earlier one (and so this one, if it was used).
+void prune_generations(size_t drained) {
+  if (generations.empty() || stashes_in_use.load(std::memory_order_relaxed) != 0) return;
+  AddressMap<bool> left;
+  const auto& slots = recorder.slots;
+  for (size_t slot = drained; slot < slots.row.size(); ++slot) {
+    for (auto key : {slots.value[slot], slots.storage[slot], slots.base[slot]}) {
+      if (key != 0) left.insert(key);
+    }
+  }
+  generations.erase_if([&](int64_t address, int64_t generation) {
+    auto key = address | generation << kGenerationShift;
+    return !recorder.seen.contains(key) && !recorder.seen_storages.contains(key) && !left.contains(key);
+  });
 }
 
 template <typename T>
@@ -2690,7 +2853,8 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   take(recorder.mark, ops, columns[26]);
   take(recorder.made, ops, columns[27]);
   take(recorder.stack, ops, columns[22]);
-  recorder.freed.clear();
+  recorder.freed.swap(recorder.retired);  // (let go by the sweeps since the last drain)
+  recorder.retired.clear();
   auto freed = [](int64_t address, const auto& held) {  // since the last drain
     if (!held.weak.expired()) return false;
     recorder.freed.push_back(address);
@@ -2708,16 +2872,17 @@ void td_observer_drain(const int64_t* counts, void** columns) {
         drained_texts += '\0';
       }
       from.value[slot] = found->second;
-      continue;
     }
-    hold_first(recorder.seen, from.value[slot], from.alive[slot]);
-    if (from.base[slot] != 0) hold_first(recorder.seen, from.base[slot], from.base_alive[slot]);
-    if (from.flag[slot] == kPlain && from.storage[slot] != 0) hold_first(recorder.seen_storages, from.storage[slot], from.storage_alive[slot]);
   }
+  recorder.hold_slots(0, slots);
   from.text.erase(from.text.begin(), from.text.begin() + static_cast<std::ptrdiff_t>(slots));
   from.alive.erase(from.alive.begin(), from.alive.begin() + static_cast<std::ptrdiff_t>(slots));
   from.base_alive.erase(from.base_alive.begin(), from.base_alive.begin() + static_cast<std::ptrdiff_t>(slots));
   from.storage_alive.erase(from.storage_alive.begin(), from.storage_alive.begin() + static_cast<std::ptrdiff_t>(slots));
+  from.swept = from.swept > slots ? from.swept - slots : 0;
+  from.unswept_bytes = 0;  // (a drain lets go as a sweep does)
+  prune_generations(slots);
+  from.held_count = recorder.seen.size() + recorder.seen_storages.size();
   take(from.base, slots, columns[23]);
   handed.clear();
   for (size_t entry = 0; entry < kept; ++entry) {  // freed before it was held, or changed since: slot -1
@@ -2782,12 +2947,38 @@ void td_observer_take_freed(int64_t* out) {
   recorder.freed.clear();
 }
 
+// Sweep once `bytes` of CPU tensors were recorded since the last sweep (and enough slots; see
+// key_of): -1 never, 0 at every op (tests).
+void td_observer_sweep_after(int64_t bytes) { sweep_after.store(bytes, std::memory_order_relaxed); }
+
+// The keys of `count` TensorImpl or StorageImpl addresses, in place (Python's: FSDP2's unshard buffers).
+void td_observer_keys(int64_t count, int64_t* addresses) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  for (int64_t index = 0; index < count; ++index) addresses[index] = key_of(addresses[index]);
+}
+
+// The weak references the recorder holds of tensors and storages, those of its slots since the last
+// sweep included, and the keys retired since the last drain (tests: what sweeps let go).
+void td_observer_held(int64_t* out) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  const auto& slots = recorder.slots;
+  int64_t held = static_cast<int64_t>(recorder.seen.size() + recorder.seen_storages.size());
+  for (size_t slot = slots.swept; slot < slots.row.size(); ++slot) {
+    held += !refers_to_nothing(slots.alive[slot]) + !refers_to_nothing(slots.base_alive[slot]) + !refers_to_nothing(slots.storage_alive[slot]);
+  }
+  out[0] = held;
+  out[1] = static_cast<int64_t>(recorder.retired.size());
+}
+
 // Drop every weak reference the drains took (a new capture names values afresh).
 void td_observer_forget_seen() {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   recorder.seen.clear();
   recorder.seen_storages.clear();
   recorder.freed.clear();
+  recorder.retired.clear();
+  recorder.slots.held_count = 0;
+  generations.clear();
   forget_unmoved(true);
 }
 

@@ -111,7 +111,9 @@ class ObservedOps:
     ``slot_value`` an index into :attr:`value_texts`), ``slot_ndim`` with the sizes concatenated in
     ``shape`` and the strides in ``stride``,
     ``slot_device_type`` and ``slot_device_index`` (:meth:`NativeObserver.device_name`),
-    ``slot_value`` (the ``TensorImpl``'s address, which is ``Tensor._cdata``), ``slot_version`` (its
+    ``slot_value`` (the ``TensorImpl``'s address, which is ``Tensor._cdata``, or once a sweep let go
+    of that address its key: :meth:`NativeObserver.sweep_after`; the same for the storages and
+    bases), ``slot_version`` (its
     version counter, -1 for inference tensors), ``slot_storage`` (its ``StorageImpl``'s address; a
     subclass's or nested tensor's own ``TensorImpl`` address, its memory not being its value; 0 for a
     value slot), ``slot_offset`` (its storage offset) and
@@ -177,9 +179,10 @@ class ObservedOps:
     """The distinct JSON texts of the value slots (``slot_flag`` :data:`VALUE`): a value slot's
     ``slot_value`` indexes them."""
     freed: array = field(default_factory=lambda: array("q"))
-    """``TensorImpl`` addresses of slots (and of views' bases) drained before, whose tensors were freed
-    since, and ``StorageImpl`` addresses of plain slots' storages freed since: from now on another
-    tensor or storage may take the address (until then the observer holds it, weakly)."""
+    """``TensorImpl`` addresses (keys) of slots (and of views' bases) whose tensors were freed since
+    they were drained, or since a sweep, and ``StorageImpl`` addresses of plain slots' storages freed
+    so: from now on no slot names them (until then the observer held them weakly, or a sweep let
+    another tensor take the address under another key)."""
 
     def op_names(self) -> list[str]:
         """The op name of each row."""
@@ -257,6 +260,12 @@ class NativeObserver:
         library.td_observer_stage_kept.restype = None
         library.td_observer_defer_cpu.argtypes = [ctypes.c_int]
         library.td_observer_defer_cpu.restype = None
+        library.td_observer_sweep_after.argtypes = [ctypes.c_int64]
+        library.td_observer_sweep_after.restype = None
+        library.td_observer_keys.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+        library.td_observer_keys.restype = None
+        library.td_observer_held.argtypes = [ctypes.c_void_p]
+        library.td_observer_held.restype = None
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_want_values.argtypes = [ctypes.c_int]
         library.td_observer_compiling.argtypes = [ctypes.c_int]
@@ -414,6 +423,28 @@ class NativeObserver:
         tensors = torch.ops.torchdebug.observer_stage_kept()
         self._staged += len(tensors)
         return first, tensors
+
+    def sweep_after(self, nbytes: int) -> None:
+        """Let go of the references the observer holds of tensors freed since, at the next op once
+        ``nbytes`` of CPU tensors were recorded since it last did (-1: never; 0: at every op, tests):
+        held to the drain, each kept its small allocation, and so the freed buffer around it, from
+        being used again (``observer.cpp``'s key_of). The slots' ``slot_value``, ``slot_storage`` and
+        ``slot_base`` are keys then: the address, and how often a sweep let it go, from bit 48 on."""
+        self._lib.td_observer_sweep_after(nbytes)
+
+    def keys(self, addresses: list[int]) -> list[int]:
+        """The keys slots name ``TensorImpl`` or ``StorageImpl`` ``addresses`` by now (:meth:`sweep_after`)."""
+        keys = array("q", addresses)
+        if keys:
+            self._lib.td_observer_keys(len(keys), keys.buffer_info()[0])
+        return keys.tolist()
+
+    def held(self) -> tuple[int, int]:
+        """The weak references the observer holds of tensors and storages, and the keys sweeps let go
+        of since the last drain (tests)."""
+        out = array("q", [0, 0])
+        self._lib.td_observer_held(out.buffer_info()[0])
+        return out[0], out[1]
 
     def defer_cpu(self, enabled: bool = True) -> None:
         """Keep CPU tensors as other devices' are, their statistics and fingerprints not taken in the

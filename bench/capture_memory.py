@@ -1,6 +1,6 @@
 """Host memory a capture adds to a step: the peak resident size of captured steps beyond plain ones.
 
-    python bench/capture_memory.py [--workloads chain,gpt] [--task statistics] [--steps 4]
+    python bench/capture_memory.py [--workloads chain,gpt] [--task statistics] [--steps 4] [--sweep-after MIB]
 
 Each arm runs in a process of its own (a fresh heap): two plain steps, then ``--steps`` more steps
 either plain (``plain``), captured on the native path (``native``) or captured through the dispatch
@@ -14,7 +14,8 @@ peak, and the resident size after them beyond before them, in MiB. Workloads:
 
 The native path holds each recorded tensor weakly until the drain, or until a sweep
 (``torchdebug.capture.native_records.SWEEP_AFTER_BYTES``) lets go of the freed ones: this bench is
-what shows whether the freed memory is used again within a step.
+what shows whether the freed memory is used again within a step (``--sweep-after``: that threshold
+in MiB instead, -1 for no sweep).
 """
 
 from __future__ import annotations
@@ -70,10 +71,14 @@ def _resident_mib() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def run_arm(arm: str, workload: str, task: str, steps: int) -> dict[str, float]:
+def run_arm(arm: str, workload: str, task: str, steps: int, sweep_after: int | None) -> dict[str, float]:
     """One arm in this process: MiB of peak and resident size added by its steps (see the module docstring)."""
     import torchdebug
     import torchdebug.debugger
+    from torchdebug.capture import native_records
+
+    if sweep_after is not None:
+        native_records.SWEEP_AFTER_BYTES = sweep_after if sweep_after < 0 else sweep_after << 20
 
     if arm == "dispatch-mode":
         torchdebug.debugger.why_not_native = lambda config, model: "the bench holds it on the dispatch mode"
@@ -109,6 +114,7 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     parser.add_argument("--task", default="statistics", choices=("structure", "statistics"))
     parser.add_argument("--steps", type=positive_int, default=4)
+    parser.add_argument("--sweep-after", type=int, help="MiB of CPU tensors between sweeps (-1: none; default: the library's)")
     parser.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # a child process's one arm
     args = parser.parse_args()
     workloads = args.workloads.split(",")
@@ -116,14 +122,17 @@ def main() -> None:
     if unknown:
         parser.error(f"--workloads: {', '.join(unknown)} unknown; allowed: {', '.join(WORKLOADS)}")
     if args.arm is not None:
-        print(json.dumps(run_arm(args.arm, workloads[0], args.task, args.steps)))
+        print(json.dumps(run_arm(args.arm, workloads[0], args.task, args.steps, args.sweep_after)))
         return
-    print(f"torch {torch.__version__}, task {args.task}, {args.steps} steps after the first; MiB beyond plain steps")
+    sweeps = "the library's" if args.sweep_after is None else f"{args.sweep_after} MiB"
+    print(f"torch {torch.__version__}, task {args.task}, {args.steps} steps after the first, sweeps {sweeps}")
+    print("MiB beyond the plain steps'")
     print(f"{'workload':<10}{'arm':<15}{'peak +MiB':>12}{'resident +MiB':>16}")
     for workload in workloads:
         for arm in ARMS:
             command = [sys.executable, __file__, "--arm", arm, "--workloads", workload]
             command += ["--task", args.task, "--steps", str(args.steps)]
+            command += [] if args.sweep_after is None else ["--sweep-after", str(args.sweep_after)]
             output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             figures = json.loads(output.strip().splitlines()[-1])
             print(f"{workload:<10}{arm:<15}{figures['peak_mib']:>12.0f}{figures['resident_mib']:>16.0f}")

@@ -18,7 +18,7 @@ from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from torchdebug.checksum import cpu_fingerprint
 from torchdebug.native import build
 from torchdebug.native.fused_stats import fused_stats, stats_and_fingerprint
-from torchdebug.native.observer import SUBCLASS, NativeObserver, ObservedOps, load_observer
+from torchdebug.native.observer import MODULE_ROWS, SUBCLASS, NativeObserver, ObservedOps, load_observer
 from torchdebug.slots import iter_slots
 from torchdebug.stats._schema import WIDTH
 
@@ -278,6 +278,27 @@ def test_a_sweep_lets_go_of_freed_tensors_and_another_takes_an_address_under_a_n
     del survivors
     fresh = [torch.randn(64) for _ in range(8)]
     assert observer.keys([tensor._cdata for tensor in fresh]) == [tensor._cdata for tensor in fresh]
+    observer.forget_seen()
+
+
+def test_at_level_module_a_module_call_sweeps(observer: NativeObserver) -> None:
+    """With no op observed (``MODULE_ROWS``, level module), a module call's row sweeps as an op
+    would: the tensors of earlier calls freed since are let go, each slot keyed as at an op."""
+    observer.sweep_after(0)
+    try:
+        observer.start(MODULE_ROWS)
+        x = torch.randn(64)
+        for _ in range(12):
+            with torch.no_grad():  # (no op recorded at this level)
+                x = x * 2
+            observer.module_row([x])
+        held, retired = observer.held()
+        observer.stop()
+        ops = observer.drain()
+    finally:
+        observer.sweep_after(-1)
+    assert held <= 6 and retired >= 18
+    assert len(set(ops.slot_value)) == 12
     observer.forget_seen()
 
 

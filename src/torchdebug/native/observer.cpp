@@ -2792,6 +2792,10 @@ int64_t td_observer_module_row(int64_t count, const int64_t* impls, int64_t* slo
   if (subclasses) find_subclasses(c10::ArrayRef<const c10::IValue>(values.data(), values.size()), thread.in_hook);
   if (collectives_pending.load(std::memory_order_relaxed)) complete_collectives(false);  // before this row's slots, as an op's
   std::lock_guard<std::mutex> lock(recorder.mutex);
+  if (sweep_due.load(std::memory_order_relaxed)) {  // (at level module no op starts: a module call sweeps)
+    sweep_due.store(false, std::memory_order_relaxed);
+    recorder.sweep();
+  }
   static int32_t module_op = -1;  // an op id of its own, with no schema (ids never move)
   if (module_op < 0) {
     module_op = static_cast<int32_t>(recorder.names.size());

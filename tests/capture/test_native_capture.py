@@ -2016,10 +2016,10 @@ def test_records_are_the_same_when_the_observer_lets_go_of_freed_tensors_at_ever
 ) -> None:
     """Sweeps at every op (``NativeObserver.sweep_after``; at level module, every module call): the
     tensors freed inside a step are let go at once, others take their addresses before the drain
-    under other keys, and the records (value
-    ids, views, shared statistics, recomputations, subclass instances) are still the dispatch mode's.
-    (FSDP2's buffers, freed at reshard: ``test_native_distributed.py`` sweeps at every op. At level
-    module one native id may join several: ``test_module_records_alone_are_the_same_on_both_paths``.)"""
+    under other keys, and the records (value ids, views, shared statistics, recomputations, subclass
+    instances: a description by address alone read a freed instance's plain tensor) are still the
+    dispatch mode's. ``test_native_distributed.py`` sweeps at every op too (collectives, FSDP2, DDP);
+    at level module one native id may join several (``test_module_records_alone_...``)."""
     monkeypatch.setattr(native_records, "SWEEP_AFTER_BYTES", 0)
     python = _dump(tmp_path, monkeypatch, caplog, training, native=False, **options)
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, **options)

@@ -208,7 +208,7 @@ def _worker(rank: int, root: str) -> None:
     logger.setLevel(logging.INFO)
     for native in (False, True):
         torchdebug.debugger.why_not_native = why_not_native if native else (lambda config, model: "held on the dispatch mode")
-        native_records.SWEEP_AFTER_BYTES = 0  # freed tensors let go at every op: FSDP2's buffers take freed addresses
+        native_records.SWEEP_AFTER_BYTES = 0  # freed tensors let go at every op (sweeps): the records stay the same
         for name, (program, options) in _PROGRAMS.items():
             model, step = program(rank)
             with torchdebug.Debugger(f"{root}/{name}-{'native' if native else 'python'}", **options) as debugger:

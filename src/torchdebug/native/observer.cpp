@@ -692,12 +692,13 @@ std::vector<Read> read_pool;
 void forget_read(const c10::TensorImpl* impl) { read_at.erase(address(impl)); }  // reads_mutex held
 
 // Let go of the reads of tensors freed since (a sweep): an entry left refers to nothing, which holds
-// for no tensor (Read::holds).
-void forget_dead_reads() {
+// for no tensor (Read::holds). Returns the reads walked.
+size_t forget_dead_reads() {
   std::lock_guard<std::mutex> lock(reads_mutex);
   for (auto& read : read_pool) {
     if (read.impl.expired()) let_go(read.impl);
   }
+  return read_pool.size();
 }
 
 void forget_reads() {
@@ -1076,7 +1077,7 @@ struct Slots {
   bool keyed = false;
   size_t swept = 0;
   int64_t unswept_bytes = 0;
-  size_t held_count = 0;  // Recorder::seen's and seen_storages' entries at the last sweep or drain
+  size_t sweep_work = 0;  // the entries a sweep walks (holds, reads, kept originals), at the last sweep or drain
 
   // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
@@ -1143,11 +1144,11 @@ struct Slots {
   }
 
   // Note `bytes` of CPU tensors recorded: a sweep is due once sweep_after of them were since the last
-  // one, and as many slots as a quarter of the references it holds (its time stays linear in the slots).
+  // one, and as many slots as a quarter of the entries it walks (its time stays linear in the slots).
   void count_unswept(int64_t bytes) {
     unswept_bytes += bytes;
     auto limit = sweep_after.load(std::memory_order_relaxed);
-    if (limit == 0 || (limit > 0 && unswept_bytes >= limit && 4 * (row.size() - swept) >= held_count)) {
+    if (limit == 0 || (limit > 0 && unswept_bytes >= limit && 4 * (row.size() - swept) >= sweep_work)) {
       sweep_due.store(true, std::memory_order_relaxed);
     }
   }
@@ -1500,8 +1501,7 @@ struct Recorder {
       seen.erase_if(retire);
       seen_storages.erase_if(retire);
     }
-    slots.held_count = seen.size() + seen_storages.size();
-    forget_dead_reads();
+    slots.sweep_work = seen.size() + seen_storages.size() + forget_dead_reads() + slots.kept_original.size();
     forget_unmoved(false);
     for (auto& original : slots.kept_original) {
       if (original.expired()) let_go(original);  // (the drain hands a kept tensor over the same when it is freed)
@@ -2886,7 +2886,7 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   from.swept = from.swept > slots ? from.swept - slots : 0;
   from.unswept_bytes = 0;  // (a drain lets go as a sweep does)
   prune_generations(slots);
-  from.held_count = recorder.seen.size() + recorder.seen_storages.size();
+  from.sweep_work = recorder.seen.size() + recorder.seen_storages.size() + from.kept_original.size();  // (no read left)
   take(from.base, slots, columns[23]);
   handed.clear();
   for (size_t entry = 0; entry < kept; ++entry) {  // freed before it was held, or changed since: slot -1
@@ -2981,7 +2981,7 @@ void td_observer_forget_seen() {
   recorder.seen_storages.clear();
   recorder.freed.clear();
   recorder.retired.clear();
-  recorder.slots.held_count = 0;
+  recorder.slots.sweep_work = 0;
   generations.clear();
   forget_unmoved(true);
 }

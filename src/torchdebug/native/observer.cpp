@@ -640,7 +640,7 @@ AddressMap<int64_t> generations;  // by address, those let go by sweeps (recorde
 bool sweeps_possible = true;      // false once an address above 48 bits was seen (recorder.mutex held)
 std::atomic<int64_t> sweep_after{-1};  // td_observer_sweep_after: -1 never, 0 at every op (tests)
 std::atomic<bool> sweep_due{false};
-std::atomic<int64_t> stashes_in_use{0};  // of all threads (ThreadState::stashed): generations are pruned at a drain without
+std::atomic<int64_t> stashes_in_use{0};  // of all threads (ThreadState::stashed): a drain prunes generations only when none is
 
 // The key of a TensorImpl's or StorageImpl's address (0 stays 0), recorder.mutex held.
 int64_t key_of(int64_t raw) {

@@ -83,9 +83,8 @@ _OUTSIDE, _OPTIMIZER = -1, -2
 _IO = ("input", "output")
 
 SWEEP_AFTER_BYTES = 64 << 20
-"""Bytes of CPU tensors recorded after which the observer lets go of the freed ones it holds, at the
-next op (``NativeObserver.sweep_after``): held to the drain, each kept the freed memory around it from
-being used again, and a step's heap grew by its temporaries."""
+"""Bytes of CPU tensors recorded after which the observer lets go of the freed ones it holds
+(``NativeObserver.sweep_after``; why and how: docs/architecture.md, "The native path (issue 48)", value ids by address)."""
 
 NO_STATISTICS_CODE, STATS_NOT_TAKEN_CODE = 5, 6
 """``WalkedSlots.errors`` codes Python sets: a kept tensor whose dtype has no statistics

@@ -1105,7 +1105,7 @@ struct Slots {
     offset.push_back(kind == kPlain ? impl->storage_offset() : 0);
     base_alive.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
     auto viewed = kind == kPlain ? view_base(impl, base_alive.back()) : 0;
-    base.push_back(keyed ? key_of(viewed) : viewed);
+    base.push_back(keyed && viewed != 0 ? key_of(viewed) : viewed);
     if (keyed && kind == kPlain && impl->is_cpu()) count_unswept(impl->numel() * static_cast<int64_t>(impl->itemsize()));
     auto* storage_impl = kind == kPlain && impl->has_storage() ? impl->unsafe_storage().unsafeGetStorageImpl() : nullptr;
     storage_alive.push_back(storage_impl != nullptr ? WeakStorage::reclaim_copy(storage_impl) : WeakStorage(c10::intrusive_ptr<c10::StorageImpl>()));

@@ -425,11 +425,11 @@ class NativeObserver:
         return first, tensors
 
     def sweep_after(self, nbytes: int) -> None:
-        """Let go of the references the observer holds of tensors freed since, at the next op once
-        ``nbytes`` of CPU tensors were recorded since it last did (-1: never; 0: at every op, tests):
-        held to the drain, each kept its small allocation, and so the freed buffer around it, from
-        being used again (``observer.cpp``'s key_of). The slots' ``slot_value``, ``slot_storage`` and
-        ``slot_base`` are keys then: the address, and how often a sweep let it go, from bit 48 on."""
+        """Let go of the references the observer holds of tensors freed since, at the next op (at level
+        module, module call) once ``nbytes`` of CPU tensors were recorded since it last did (-1: never;
+        0: at every op, tests). The slots' ``slot_value``, ``slot_storage`` and ``slot_base`` are keys
+        then: the address, and how often a sweep let it go, from bit 48 on (docs/architecture.md,
+        "The native path (issue 48)", value ids by address)."""
         self._lib.td_observer_sweep_after(nbytes)
 
     def keys(self, addresses: list[int]) -> list[int]:

@@ -6,6 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,6 +94,36 @@ def test_kernel_agrees_with_torch_ops(label, tensor):
             assert value == expected, key
         else:
             assert value == pytest.approx(expected, rel=1e-5, abs=1e-3 * math.sqrt(tensor.numel())), key
+
+
+def _lane_sums(values: torch.Tensor) -> tuple[float, float]:
+    """The sum and the sum of squares of a finite contiguous float32 tensor, in the kernel's order
+    (``stats.c``'s ``FAST_RUN``): in blocks of 4096 elements, 16 float32 lanes each summing every
+    16th element in turn (a square rounded to float32 before it is added), the lanes added into
+    float64 in order at the block's end; the last elements past the lanes' whole rounds in float64."""
+    data = values.numpy()
+    total = squares = 0.0
+    whole = data.size // 16 * 16
+    for begin in range(0, whole, 4096):
+        block = data[begin : min(begin + 4096, whole)].reshape(-1, 16)
+        sums, square_sums = np.cumsum(block, 0, np.float32)[-1], np.cumsum(block * block, 0, np.float32)[-1]
+        for lane in range(16):
+            total += float(sums[lane])
+            squares += float(square_sums[lane])
+    for value in data[whole:].tolist():
+        total += value
+        squares += value * value
+    return total, squares
+
+
+@needs_compiler
+@pytest.mark.parametrize("n", [1, 17, 4095, 4097, 20_000])
+def test_kernel_sums_float32_in_its_lane_order_bit_for_bit(n):
+    """Whichever vector loop the CPU takes (``stats.c``'s ``MULTIVERSION``: AVX-512, AVX2 or plain),
+    the sums are those of the lane order: statistics are the same bits on every machine."""
+    values = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 3 + 1
+    sums = fused_stats.fused_stats(values)
+    assert (sums[2], sums[3]) == _lane_sums(values)
 
 
 @needs_compiler

@@ -6,11 +6,13 @@
  * which releases the GIL). A tensor is walked as runs of contiguous elements: the innermost
  * dimension has stride 1, the outer ones any stride (views, slices, broadcasts). The fast loop
  * keeps LANES independent accumulators, so compilers vectorise it without -ffast-math, and adds
- * each block's sums into doubles. NaN fails every comparison, so min/max skip it on their own; a
- * sum that comes out non-finite (some NaN or Inf) or a sum of squares that underflowed sends the
- * tensor through the careful loop, which counts NaN/Inf and accumulates in double. Semantics match
- * torchdebug.stats._torch_ops.device_sums: NaNs are left out of min, max, sum and squares; infinities
- * are kept.
+ * each block's sums into doubles; it is built for AVX-512, AVX2 and plain x86-64 (MULTIVERSION,
+ * the CPU's best taken when the library loads), which give the same bits: each lane adds its
+ * elements in the same order, and ISO C (-std=c99) fuses no multiply into an add. NaN fails every
+ * comparison, so min/max skip it on their own; a sum that comes out non-finite (some NaN or Inf) or
+ * a sum of squares that underflowed sends the tensor through the careful loop, which counts NaN/Inf
+ * and accumulates in double. Semantics match torchdebug.stats._torch_ops.device_sums: NaNs are left
+ * out of min, max, sum and squares; infinities are kept.
  *
  * td_stats_columns(): the columns every out[] below holds, in order, as COLUMNS spells them; the
  * binding checks them against torchdebug/stats/_schema.py when the library loads, so a column added
@@ -57,7 +59,7 @@
 #define CHUNK_ALIGN 64 /* chunk boundaries in elements, so every chunk but the last is whole blocks */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#define MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define MULTIVERSION
 #endif

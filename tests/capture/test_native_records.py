@@ -11,6 +11,7 @@ from torch import nn
 
 import torchdebug
 from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
+from torchdebug.capture import native_records
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
 from torchdebug.native import build
 from torchdebug.native.observer import OUTER_SHIFT, NativeObserver, load_observer
@@ -122,3 +123,31 @@ def test_slots_are_named_from_the_schema_as_a_dispatch_mode_names_them() -> None
     allgather = OpSlotNames.of(op_overload("c10d.allgather_.default"))  # Tensor[][] output_tensors: by both indices
     outer = 1 << OUTER_SHIFT
     assert (allgather.slot(0, outer, 1), allgather.slot(1, 2 * outer, 0), allgather.slot(0, 1, 0)) == ("0.0.1", "0.1.0", "1.0")
+
+
+def test_the_storages_an_unshard_hands_out_are_named_as_the_slots_name_them(observer, monkeypatch):
+    """FSDP2's copy-in notes the all-gather buffers its unshard hands out (``_unshard``), which the
+    walk marks by the key its slots name their storages by: once a sweep let go of a freed
+    ``StorageImpl``, another takes its address under another key (``NativeObserver.sweep_after``),
+    and a buffer on it must be named by that key, not by its address."""
+    capture = NativeStepCapture(observer, None)
+    capture.start()
+    observer.sweep_after(0)  # at every op: the chain's freed storages let go, their addresses taken again
+    try:
+        x = torch.randn(64)
+        for _ in range(12):
+            x = x.neg()
+        buffers = [x, x.neg()]
+        monkeypatch.setattr(native_records, "unshard_buffers", lambda frame: buffers)
+        capture._unshard()
+        ops = observer.drain()
+    finally:
+        observer.sweep_after(-1)
+        capture.stop()
+    named = capture._unshards[-1]
+    storages = [buffer.untyped_storage()._cdata for buffer in buffers]
+    assert max(key >> 48 for key in named) > 0, "the allocator put these storages where sweeps let others go"
+    assert [key & ((1 << 48) - 1) for key in named] == storages
+    outputs = [ops.slot_storage[slot] for slot in range(len(ops.slot_row)) if ops.slot_io[slot] == 1]
+    assert named == outputs[-2:]  # the last two outputs' slots: the buffers
+    observer.forget_seen()

@@ -221,6 +221,31 @@ def test_clones_are_saved_as_their_own_values(tmp_path):
     assert torch.equal(torchdebug.load(tmp_path).ranks[0].load_tensor(out), x.exp().t().clone())
 
 
+def test_views_of_complex_tensors_and_views_into_another_dtype_load_as_they_ran(tmp_path):
+    """A complex tensor is saved as (real, imag) pairs, and a view of a saved tensor in another
+    dtype counts its offset in its own elements: neither is saved as a view of the other's memory
+    (before 2026-11-30 their references were, and loading them failed or read other elements)."""
+    x = torch.randn(4, 6)
+
+    def body():
+        spectrum = torch.fft.rfft(x.exp())  # complex
+        spectrum.conj().clone()  # a conjugate view of the complex output
+        torch.view_as_real(spectrum).mul(2)  # real pairs on its memory
+        torch.view_as_complex(x.exp().view(4, 3, 2)).mul(2)  # complex on real memory
+
+    records = _records(tmp_path, body, task="tensor")
+    dump = torchdebug.load(tmp_path).ranks[0]
+    spectrum = torch.fft.rfft(x.exp())
+    expected = {
+        "aten._conj.default": spectrum.conj(),
+        "aten.view_as_real.default": torch.view_as_real(spectrum),
+        "aten.view_as_complex.default": torch.view_as_complex(x.exp().view(4, 3, 2)),
+    }
+    for op, value in expected.items():
+        out = next(r for r in records if r.op == op and r.io == "output")
+        assert torch.equal(dump.load_tensor(out).resolve_conj(), value.resolve_conj()), op
+
+
 def test_tensor_task_statistics_equal_statistics_task_and_the_saved_tensors(tmp_path, monkeypatch):
     """Tensor dumps take statistics during the snapshot copy; they must be those of the tensor (both
     dumps on the dispatch mode, which the tensor task takes: a mode makes torch run other ops)."""

@@ -24,7 +24,7 @@ from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from tests.backends import compile_as
 from tests.blocks import MLPBlock
 from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
-from torchdebug.capture import native_records
+from torchdebug.capture import native_capture, native_records
 from torchdebug.capture.native_capture import why_not_native
 from torchdebug.capture.native_subclasses import described
 from torchdebug.checksum import FINGERPRINT_VERSION
@@ -380,8 +380,13 @@ def test_stacks_for_a_range_of_calls_are_the_same_on_both_paths(tmp_path, monkey
 @pytest.mark.parametrize(
     ("options", "why"),
     [
-        ({"task": "tensor"}, "task='tensor'"),
-        ({"task": "tensor", "level": "module"}, "task='tensor'"),
+        ({"task": "overflow_check"}, "task='overflow_check'"),
+        ({"task": "tensor", "tensor_list": ["mm"]}, "task='tensor' with tensor_list"),
+        ({"task": "tensor", "list": ["mm"]}, "task='tensor' with list"),
+        ({"task": "tensor", "range": ["mm", "add"]}, "task='tensor' with range"),
+        ({"task": "tensor", "data_mode": ["forward"]}, "task='tensor' with data_mode"),
+        ({"task": "tensor", "level": "mix"}, "task='tensor' at level='mix'"),
+        ({"task": "tensor", "level": "module"}, "task='tensor' at level='module'"),
     ],
 )
 def test_configs_the_native_path_does_not_take_go_to_the_dispatch_mode(monkeypatch, options: dict, why: str) -> None:
@@ -766,6 +771,63 @@ def test_more_layers_and_training_patterns_dump_the_same_records_on_both_paths(t
     python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task=task)
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task=task)
     _assert_same_dumps(python, native)
+
+
+def _saved_bits(dump: Any, record: Record) -> tuple[list[int], torch.dtype, torch.Tensor]:
+    """A saved tensor as it loads: its shape, dtype and bytes."""
+    tensor = dump.load_tensor(record).resolve_conj()
+    flat = tensor.contiguous().reshape(-1)
+    return list(tensor.shape), tensor.dtype, flat if flat.dtype == torch.bool else flat.view(torch.uint8)
+
+
+@pytest.mark.parametrize(
+    ("training", "options"),
+    [
+        (gpt_training, {}),
+        (gpt_training, {"sample_stride": 3, "checksum": True}),
+        (gpt_training, {"stage_after": 0}),
+        (_checkpointed_training("selective"), {}),
+        (_checkpointed_training("reentrant"), {}),
+        (functools.partial(loss_training, _Assorted), {}),
+        (_less_common_training, {}),
+        (_conv_attention_training, {}),
+    ],
+    ids=[
+        "gpt",
+        "gpt-sampled+checksum",
+        "gpt-staged_at_every_op",
+        "selective",
+        "reentrant",
+        "assorted",
+        "less_common",
+        "conv_attention",
+    ],
+)
+def test_tensor_dumps_save_the_same_tensors_on_both_paths(tmp_path, monkeypatch, caplog, training, options) -> None:
+    """``task="tensor"`` on the native path: every tensor kept, saved as it is staged (before an op
+    writes its memory, once enough bytes are kept: ``stage_after``, 0 at every op) or at the drain,
+    under keys of its own (``Snapshots``); the same records as the dispatch mode's, and each record's
+    saved tensor loads bit for bit as the mode's (complex ones, views, empty ones, sampled ones)."""
+    every_op = options.pop("stage_after", None) == 0
+    if every_op:  # (then a batch holds one op's inputs or outputs: no view of another's tensor)
+        monkeypatch.setattr(native_capture, "STAGE_AFTER_BYTES", 0)
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, task="tensor", **options)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, task="tensor", **options)
+    _assert_same_dumps(python, native)
+    dumps = [torchdebug.load(tmp_path / side).ranks[0] for side in ("python", "native")]
+    saved = 0
+    for step in (0, 1):
+        got = [record for record in native if record.step == step]
+        expected, _ = without_mode([record for record in python if record.step == step], got)
+        for (want, name, _), have in zip(expected, got):
+            assert (want.tensor is None, want.sampled) == (have.tensor is None, have.sampled), name
+            if want.tensor is not None:
+                saved += 1
+                (shape, dtype, bits), (shape_got, dtype_got, bits_got) = (_saved_bits(d, r) for d, r in zip(dumps, (want, have)))
+                assert (shape, dtype) == (shape_got, dtype_got) and torch.equal(bits, bits_got), name
+    assert saved > 100 and any("view" in record.tensor for record in native if record.tensor) != every_op
+    written = [sum(path.stat().st_size for path in (tmp_path / side).rglob("*.safetensors")) for side in ("python", "native")]
+    assert every_op or written[1] <= 1.25 * written[0]  # a tensor kept twice in one staging is saved once, a view as one
 
 
 class _SparseGradients(nn.Module):

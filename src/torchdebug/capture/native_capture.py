@@ -26,7 +26,7 @@ from torchdebug.capture.collectives import DISTRIBUTED_DIR
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_modules import NativeModuleRecorder
-from torchdebug.capture.native_records import NativeStepCapture
+from torchdebug.capture.native_records import NativeStepCapture, Snapshots
 from torchdebug.capture.native_values import PHASES
 from torchdebug.capture.recompute import RECOMPUTE
 from torchdebug.capture.session import CaptureSession
@@ -39,7 +39,7 @@ __all__ = ["NativeOpCapture", "why_not_native"]
 
 logger = logging.getLogger("torchdebug.capture.native_capture")
 
-_TASKS = ("structure", "statistics", "checksum")
+_TASKS = ("structure", "statistics", "checksum", "tensor")
 _MODULE_ROW = 2
 """A row whose slots are written as module records (``native_modules.py``; 1: an op call's)."""
 
@@ -54,7 +54,7 @@ STAGE_AFTER_BYTES = 64 << 20
 """Bytes of kept tensors (those the callback does not read: other dtypes and devices) after which
 they are staged at the next op, as before an op writes one: the memory they hold is bounded."""
 
-_READS_VALUES = ("statistics", "checksum")
+_READS_VALUES = ("statistics", "checksum", "tensor")
 """Tasks whose values the native path reads on the CPU only (statistics, fingerprints)."""
 
 
@@ -68,6 +68,10 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
     if _distributed() and _works() is None:
         return "a distributed run where c10d_work.cpp cannot be built (the native path reads collectives once they complete)"
+    if config.task == "tensor":
+        why = _why_not_for_tensors(config)
+        if why is not None:
+            return why
     reads = config.task in _READS_VALUES or config.checksum
     if reads and not fused_stats.available():
         return "statistics or fingerprints without the C kernel (native/stats.c cannot be built here)"
@@ -75,6 +79,19 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return _why_not_for_model(model, reads)
     if reads and torch.accelerator.is_available() and not DEVICE_STATISTICS:
         return "statistics or fingerprints with an accelerator present and no model (the native path reads CPU tensors only)"
+    return None
+
+
+def _why_not_for_tensors(config: DebuggerConfig) -> str | None:
+    """Why ``task="tensor"`` takes the dispatch mode: the native path saves every tensor it keeps
+    before the calls are named (at the drain), so it takes no filter by name or side."""
+    for key, value in (("tensor_list", config.tensor_list), ("list", config.list), ("range", config.range)):
+        if value:
+            return f"task='tensor' with {key} (the native path saves the tensors before it names the calls)"
+    if config.data_mode != ["all"]:
+        return "task='tensor' with data_mode other than ['all'] (the native path saves every side of every call)"
+    if config.level != "op":
+        return f"task='tensor' at level={config.level!r} (the native path saves the tensors of op calls)"
     return None
 
 
@@ -146,6 +163,8 @@ class NativeOpCapture:
         self._recorded_phase[[PHASES.index(phase) + 1 for phase in recorded if phase in PHASES]] = True
         self._statistics = session.want_stats
         self._fingerprints = session.want_checksum
+        self._tensors = session.want_tensors
+        """``task="tensor"``: every tensor is kept (``NativeObserver.defer_cpu``) and saved as it is staged."""
         self._failed = False
         self._told_staging = False
         self._told_hidden = False
@@ -164,6 +183,7 @@ class NativeOpCapture:
             return
         self.observer.use_stats(self._statistics)
         self.observer.use_fingerprints(self._fingerprints)
+        self.observer.defer_cpu(self._tensors)
         self.observer.keep_unsummed(self._statistics or self._fingerprints)
         self.observer.use_stage_hook(self._stage_kept if self._statistics or self._fingerprints else None, STAGE_AFTER_BYTES)
         self.observer.use_works(_works() if _distributed() and self.rows.ops else None, DISTRIBUTED_DIR)
@@ -181,6 +201,7 @@ class NativeOpCapture:
         self.rows.stop()
         self.observer.finish_functional()
         self.observer.use_stage_hook(None)
+        self.observer.defer_cpu(False)
         ops = self.observer.drain()
         hidden = self.observer.hidden_in_transforms()
         if hidden and not self._told_hidden:  # not seen from the model before the run
@@ -205,11 +226,19 @@ class NativeOpCapture:
         """The observer's hook: stage the kept tensors' statistics now (``NativeStepCapture.stage_kept``).
         Never raises into the op that starts (a fault costs those statistics, said once)."""
         try:
-            self.rows.stage_kept(self.session.stage_stats, self._statistics, self._fingerprints)
+            self.rows.stage_kept(self.session.stage_stats, self._statistics, self._fingerprints, self._snapshots())
         except Exception as error:
             if not self._told_staging:
                 self._told_staging = True
                 logger.warning("torchdebug: could not stage the statistics of kept tensors (%s: %s)", type(error).__name__, error)
+
+    def _snapshots(self) -> Snapshots | None:
+        """What saves the kept tensors of one staging or drain, where tensors are saved (and the
+        writer still takes them)."""
+        session = self.session
+        if not (self._tensors and session.writer.takes_tensors):
+            return None
+        return self.rows.snapshots(session.snapshot, session.view_ref)
 
     def next_step(self) -> None:
         self.rows.next_step()
@@ -253,6 +282,7 @@ class NativeOpCapture:
             fingerprints=self._fingerprints,
             stage=session.stage_stats,
             deliver=session.flush,
+            snapshots=self._snapshots(),
         )
         if self.modules is not None:
             slots = self.rows.record_slots

@@ -55,6 +55,7 @@ from torchdebug.capture.native_values import (
 )
 from torchdebug.capture.stacks import describe_stack, is_user_file
 from torchdebug.capture.unwritten import markable
+from torchdebug.errors import DumpError
 from torchdebug.native.observer import (
     LAID_OUT,
     MODULE_ROW_OP,
@@ -71,9 +72,9 @@ from torchdebug.native.observer import (
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
-from torchdebug.store import FixedColumns, SlotColumns, records_from_table, unread_text
+from torchdebug.store import FixedColumns, SavedTensors, SlotColumns, records_from_table, unread_text
 
-__all__ = ["NativeStepCapture", "OpSlotNames", "RowNames", "op_overload"]
+__all__ = ["NativeStepCapture", "OpSlotNames", "RowNames", "Snapshots", "op_overload"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,53 @@ class _Staged:
     """One item: the fingerprint, once it arrives."""
     failed: bool = False
     """Staging raised for it: its slots say the statistics were not taken."""
+    tensor: dict[str, Any] | None = None
+    """With ``task="tensor"``: its tensor reference (:class:`Snapshots`)."""
+    sampled: int | None = None
+    """Its sampling stride where it was saved sampled."""
+
+
+Save = Callable[[str, torch.Tensor, bool], tuple[dict[str, Any], dict[str, Any] | None, int | None]]
+"""``CaptureSession.snapshot``: saves a tensor under a key, with its statistics where the copy took them."""
+
+
+class Snapshots:
+    """The kept tensors one staging (or a drain) saves (``task="tensor"``), each under a key of
+    its own (``saved.<n>``: no call is named yet). Nothing wrote their memory since they were
+    kept (a staging comes before such a write), so two of them on the same memory hold the same
+    values: the second takes the first's reference, and one inside a tensor saved whole (a view's
+    elements, in the same dtype) a view of it, as ``CaptureSession.share_alias`` saves a view."""
+
+    def __init__(self, save: Save, view_ref: Callable[..., dict[str, Any]], counter: list[int]) -> None:
+        self._save = save
+        self._view_ref = view_ref
+        self._counter = counter
+        self._same: dict[tuple, tuple[dict[str, Any], dict[str, Any] | None, int | None]] = {}
+        self._whole: dict[tuple[int, torch.dtype], list[tuple[dict[str, Any], int, int]]] = {}
+        """By storage and dtype: each tensor saved whole, its reference, first element and element count."""
+
+    def take(self, tensor: torch.Tensor, with_stats: bool) -> tuple[dict[str, Any], dict[str, Any] | None, int | None]:
+        """``tensor``'s reference, its statistics where its copy took them, its sampling stride."""
+        same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.is_conj(), tensor.is_neg())
+        found = self._same.get(same)
+        if found is not None:
+            return found
+        storage = (tensor.untyped_storage().data_ptr(), tensor.dtype)
+        offset = tensor.storage_offset()
+        last = offset + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size)
+        for base, first, count in self._whole.get(storage, ()) if not tensor.is_neg() else ():
+            if first <= offset and last < first + count:
+                found = self._same[same] = (
+                    self._view_ref(base, list(tensor.shape), list(tensor.stride()), offset - first),
+                    None,
+                    None,
+                )
+                return found
+        self._counter[0] += 1
+        found = self._same[same] = self._save(f"saved.{self._counter[0]}", tensor, with_stats)
+        if found[2] is None and tensor.is_contiguous() and not (tensor.is_complex() or tensor.is_neg()):  # (as saved)
+            self._whole.setdefault(storage, []).append((found[0], offset, tensor.numel()))
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +308,9 @@ class NativeStepCapture:
         self._staged: dict[int, _Staged] = {}
         """The kept tensors staged before the drain, by the id the observer gave them (:meth:`stage_kept`)."""
         self._told_stage_fault = False
+        self._told_save_fault = False
+        self._saved = [0]
+        """Tensors saved in this run (``task="tensor"``): the last key's number (:class:`Snapshots`)."""
 
     # -- lifetime ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -559,20 +610,48 @@ class NativeStepCapture:
         """The stacks rows name (``RowNames.stack``): ``(stack id, frames, source)``, as ``describe_stack`` gives them."""
         return self._stacks
 
-    def stage_kept(self, stage: Callable[[list[tuple]], None], statistics: bool, fingerprints: bool) -> None:
+    def stage_kept(
+        self, stage: Callable[[list[tuple]], None], statistics: bool, fingerprints: bool, snapshots: Snapshots | None = None
+    ) -> None:
         """Stage the statistics (with ``statistics``) and fingerprints (with ``fingerprints``) of the
         kept tensors the observer lets go now (``stage``: ``CaptureSession.stage_stats``), for
         :meth:`slot_columns` to take at the drain: the observer's hook, run before an op writes memory
-        a kept tensor is on, and once enough bytes of them are held. A fault here costs their
-        statistics (their slots say so), never the op."""
+        a kept tensor is on, and once enough bytes of them are held; with ``snapshots``
+        (:meth:`snapshots`), save them too. A fault here costs their statistics (their slots say so),
+        never the op."""
         first, tensors = self.observer.stage_kept()
         due = []
         for id_, tensor in enumerate(tensors, first):
             staged = self._staged[id_] = _Staged({}, statistics and has_statistics(tensor.dtype), [None])
             sink = staged.stats.update if staged.reduced else None
+            if snapshots is not None:
+                sink = self._save(snapshots, staged, tensor, sink)
             due.append((tensor, sink, functools.partial(staged.fingerprint.__setitem__, 0) if fingerprints else None))
         for index in self._failed_to_stage(stage, due) if due else ():
             self._staged[first + index].failed = True
+
+    def snapshots(self, save: Save, view_ref: Callable[..., dict[str, Any]]) -> Snapshots:
+        """What saves the kept tensors of one staging or drain (``save``: ``CaptureSession.snapshot``,
+        ``view_ref``: ``CaptureSession.view_ref``), their keys numbered on through the run."""
+        return Snapshots(save, view_ref, self._saved)
+
+    def _save(self, snapshots: Snapshots, staged: _Staged, tensor: torch.Tensor, sink: Callable | None) -> Callable | None:
+        """Save ``tensor`` into ``staged`` (its statistics too, where its copy took them); the
+        statistics sink still to fill (``None`` once filled). A failed save (a write of the dump
+        failed, a fault of ours) leaves it unsaved, with its statistics still to take."""
+        try:
+            staged.tensor, stats, staged.sampled = snapshots.take(tensor, sink is not None)
+        except DumpError:  # a write of the dump failed (said once by the writer): statistics alone from now on
+            return sink
+        except Exception as error:
+            if not self._told_save_fault:
+                self._told_save_fault = True
+                logger.warning("torchdebug: could not save kept tensors (%s: %s)", type(error).__name__, error)
+            return sink
+        if stats is not None and sink is not None:
+            sink(stats)
+            return None
+        return sink
 
     def _failed_to_stage(self, stage: Callable[[list[tuple]], None], due: list[tuple]) -> list[int]:
         """Stage ``due`` (``CaptureSession.stage_stats``); where that raises (a fault of ours: memory, a
@@ -604,6 +683,7 @@ class NativeStepCapture:
         fingerprints: bool = False,
         stage: Callable[[list[tuple]], None] | None = None,
         deliver: Callable[[], None] | None = None,
+        snapshots: Snapshots | None = None,
     ) -> pa.RecordBatch:
         """The records of the slots of the rows ``recorded`` marks (``int8`` per row; default: every
         row with a call in ``rows``), of the sides in ``ios``, as one record batch of the store's
@@ -620,7 +700,9 @@ class NativeStepCapture:
         sink)``), shared where ``CaptureSession.share_alias`` shares it (a view reading its
         argument's memory in order, a copy). A slot whose memory holds no value of the run (an
         allocation's, an argument the op overwrites) is described, not read
-        (``CaptureSession.add_call``'s ``unread``).
+        (``CaptureSession.add_call``'s ``unread``). With ``snapshots`` (``task="tensor"``, every
+        tensor kept), each read slot's tensor is saved (those staged before were saved then), and
+        ``deliver`` names their files.
 
         What the slots' order tells (value ids, which statistics a slot shares, memory not written
         yet) comes from the C++ walk (``native_values.py``); the columns are made from the drained
@@ -670,7 +752,11 @@ class NativeStepCapture:
                 reduced = statistics and has_statistics(kept[slot].dtype)
                 if statistics and not reduced:
                     unreduced.append(-2 - entry)
-                due.append((kept[slot], stats.update if reduced else None, fingerprint_sink))
+                sink = stats.update if reduced else None
+                if snapshots is not None:
+                    staged[slot] = saved = _Staged(stats, reduced, [None])
+                    sink = self._save(snapshots, saved, kept[slot], sink)
+                due.append((kept[slot], sink, fingerprint_sink))
             taken.append(stats)
         described_at, self._described = self._described, {}
         self._at_address.clear()
@@ -686,6 +772,8 @@ class NativeStepCapture:
             statistics=statistics,
             fingerprints=fingerprints,
         )
+        tensors = self._saved_refs(ops, walked, staged, kept, snapshots) if snapshots is not None else None
+        due = [item for item in due if item[1] is not None or item[2] is not None]
         if due and stage is not None:
             self._failed_to_stage(stage, due)  # (what failed is left empty: said below)
         _without_statistics(walked, failed, STATS_NOT_TAKEN_CODE)
@@ -693,7 +781,7 @@ class NativeStepCapture:
         refs = walked.stats
         read = np.unique(-2 - refs[refs <= -2]).tolist() if statistics else []  # the entries slots take statistics from
         waiting = any(not taken[entry] for entry in read) or any(landed[at] is None for _, landed, at in arriving)
-        if waiting and deliver is not None:
+        if (waiting or tensors is not None) and deliver is not None:
             deliver()  # an accelerator's tensors: their values arrive with one host read
         for entry, landed, at in arriving:
             taken_fingerprints[entry] = landed[at]
@@ -713,6 +801,7 @@ class NativeStepCapture:
             walked.unread,
             self._texts([None if why is None else unread_text(why) for why in walk.whys], "whys"),
             overrides,
+            tensors,
         )
         return columns.batch(
             ops,
@@ -727,6 +816,43 @@ class NativeStepCapture:
             laid_out=LAID_OUT,
             fixed=self._fixed,
         )
+
+    def _saved_refs(
+        self,
+        ops: ObservedOps,
+        walked: WalkedSlots,
+        staged: dict[int, _Staged],
+        kept: dict[int, torch.Tensor],
+        snapshots: Snapshots,
+    ) -> SavedTensors:
+        """Each recorded slot's saved tensor (``task="tensor"``): its own kept tensor's, saved when it
+        was staged or now (an empty one, which nothing keeps, made now); none for a slot not read
+        (``unread``) or with no tensor kept."""
+        refs: list[dict[str, Any] | None] = []
+        sampled: list[int | None] = []
+        ends: list[np.ndarray] = []  # where each slot's sizes end in ops.shape, once an empty one needs them
+        for slot, unread in zip(walked.slots.tolist(), walked.unread.tolist()):
+            own = staged.get(slot)
+            if own is None and not unread:
+                tensor = kept.get(slot)
+                if tensor is None and ops.slot_flag[slot] == PLAIN:
+                    tensor = self._if_empty(ops, slot, ends)
+                if tensor is not None:
+                    own = staged[slot] = _Staged({}, False, [None])
+                    self._save(snapshots, own, tensor, None)
+            refs.append(None if own is None or unread else own.tensor)
+            sampled.append(None if own is None or unread else own.sampled)
+        return SavedTensors(refs, sampled)
+
+    def _if_empty(self, ops: ObservedOps, slot: int, ends: list[np.ndarray]) -> torch.Tensor | None:
+        """An empty tensor of drained ``slot``'s dtype and shape, if it has no elements, else ``None``
+        (``ends``: where each slot's sizes end in ``ops.shape``, made on first use)."""
+        ndim = ops.slot_ndim
+        if not ends:
+            ends.append(np.cumsum(np.asarray(ndim, np.int64)))
+        end = int(ends[0][slot])
+        shape = ops.shape[end - ndim[slot] : end].tolist()
+        return torch.empty(shape, dtype=self.observer.dtypes[ops.slot_dtype[slot]]) if 0 in shape else None
 
     def _walk(self, ops: ObservedOps) -> SlotWalk:
         """The C++ walk of this capture (made at its first drain), told of the ops of ``ops``."""

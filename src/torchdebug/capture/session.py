@@ -346,13 +346,13 @@ class CaptureSession:
         seen.desc = (record.dtype, record.shape, record.stride, record.device)
         if save and seen.tensor is None:
             try:
-                seen.tensor, sums = self._snapshot(record.name, tensor, with_stats=want_stats and seen.stats is None)
+                seen.tensor, stats, sampled = self.snapshot(record.name, tensor, with_stats=want_stats and seen.stats is None)
             except DumpError:  # a write failed since the call began: its statistics alone, as the calls after it
                 save = False
             else:
-                if sums is not None:  # taken during the copy
-                    seen.stats = stats_from_sums(sums, tensor.numel(), integral=not tensor.is_floating_point())
-                if tensor.is_contiguous() and not self._sampling_for(tensor):
+                if stats is not None:  # taken during the copy
+                    seen.stats = stats
+                if tensor.is_contiguous() and not sampled and not tensor.is_complex():  # (complex: saved as real pairs)
                     seen.base = (seen.tensor, tensor.storage_offset(), tensor.numel())
         stats_sink = checksum_sink = None
         if want_stats and seen.stats is None:
@@ -473,17 +473,12 @@ class CaptureSession:
         if seen is None or seen.ref() is not source or seen.version != tensor_version(source) or self._written_since(seen):
             return
         view_ref = None
-        if shares_memory and seen.base is not None:
+        if shares_memory and seen.base is not None and alias.dtype == source.dtype and not alias.is_neg():  # (elements as saved)
             base_ref, base_offset, base_numel = seen.base
             offset = alias.storage_offset() - base_offset
             last = offset + sum((size - 1) * stride for size, stride in zip(alias.shape, alias.stride()) if size)
             if alias.numel() and offset >= 0 and last < base_numel:
-                view = {"shape": list(alias.shape), "stride": list(alias.stride()), "offset": offset}
-                view_ref = {"key": base_ref["key"], "view": view}
-                if "file" in base_ref:
-                    view_ref["file"] = base_ref["file"]
-                else:  # the base is in the pending batch: the file name is set when it is submitted
-                    self._tensor_refs.append(view_ref)
+                view_ref = self.view_ref(base_ref, list(alias.shape), list(alias.stride()), offset)
         stats = seen.stats if same_elements else None
         base = seen.base if view_ref is not None else None
         alias_seen = self._seen[id(alias)] = _Seen(
@@ -510,6 +505,26 @@ class CaptureSession:
         if self.sample_stride and tensor.numel() > 2 * SAMPLE_EDGE:
             return self.sample_stride
         return None
+
+    def snapshot(
+        self, key: str, tensor: torch.Tensor, with_stats: bool = False
+    ) -> tuple[dict[str, str], dict | None, int | None]:
+        """Save ``tensor`` as it is now under ``key`` (:meth:`_snapshot`): its tensor reference, its
+        statistics where the copy took them (``with_stats``; else ``None``), and its sampling stride
+        (``None``: saved whole). Raises :class:`DumpError` once a write of the dump failed."""
+        ref, sums = self._snapshot(key, tensor, with_stats)
+        stats = None if sums is None else stats_from_sums(sums, tensor.numel(), integral=not tensor.is_floating_point())
+        return ref, stats, self._sampling_for(tensor)
+
+    def view_ref(self, base: dict, shape: list[int], stride: list[int], offset: int) -> dict:
+        """The tensor reference of a view of the saved tensor ``base`` refers to (``as_strided`` of it
+        flattened, from element ``offset``), saved as no copy of its own."""
+        ref = {"key": base["key"], "view": {"shape": shape, "stride": stride, "offset": offset}}
+        if "file" in base:
+            ref["file"] = base["file"]
+        else:  # the base is in the pending batch: the file name is set when it is submitted
+            self._tensor_refs.append(ref)
+        return ref
 
     def _snapshot(self, key: str, tensor: torch.Tensor, with_stats: bool = False) -> tuple[dict[str, str], list[float] | None]:
         """Copy the tensor now into the current tensor batch (it may change later). Returns its

@@ -20,7 +20,7 @@ from torchdebug.store._reader import RankDump, RankRecords, Run, is_dump, load, 
 from torchdebug.store._record_columns import SCHEMA, records_batch, records_from_table
 from torchdebug.store._record_json import encode_records
 from torchdebug.store._shared_keys import shared_keys_dict
-from torchdebug.store._slot_columns import FixedColumns, SlotColumns, SlotOverrides, extra_text, unread_text
+from torchdebug.store._slot_columns import FixedColumns, SavedTensors, SlotColumns, SlotOverrides, extra_text, unread_text
 from torchdebug.store._tables import pandas, records_frame, require_parquet, write_parquet
 from torchdebug.store._template_columns import TemplateColumns
 from torchdebug.store._tensor_batch import TensorBatch, storable
@@ -43,6 +43,7 @@ __all__ = [
     "RankRecords",
     "RankWriter",
     "Run",
+    "SavedTensors",
     "SlotOverrides",
     "SlotColumns",
     "TemplateColumns",

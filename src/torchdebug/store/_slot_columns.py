@@ -96,6 +96,27 @@ class FixedColumns:
 
 
 @dataclass(frozen=True, slots=True)
+class SavedTensors:
+    """The saved tensor of each recorded slot (``task="tensor"``), in order: its tensor reference
+    (``{"file", "key"}``, a view's with ``"view"``; ``None``: not saved) and its sampling stride."""
+
+    refs: list[dict[str, Any] | None]
+    sampled: list[int | None]
+
+    def columns(self, odd: dict[int, dict[str, Any]]) -> dict[str, pa.Array]:
+        """``tensor_file``, ``tensor_key`` and ``sampled``; a view's reference goes whole into
+        ``odd`` (``json_fields``), as ``records_batch`` keeps it."""
+        for row, ref in enumerate(self.refs):
+            if ref is not None and "view" in ref:
+                odd.setdefault(row, {})["tensor"] = ref
+        return {
+            "tensor_file": pa.array([ref and ref.get("file") for ref in self.refs], _STRING),
+            "tensor_key": pa.array([ref and ref.get("key") for ref in self.refs], _STRING),
+            "sampled": pa.array(self.sampled, _INT),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class SlotColumns:
     """The recorded slots of one drain, as the native path's walk gives them (per slot, in row
     order: numpy arrays; texts by code: string columns); :meth:`batch` makes their records' columns.
@@ -127,6 +148,8 @@ class SlotColumns:
     overrides: SlotOverrides | None = None
     """Slots whose fields Python gave (their flags say no drained description): they replace the
     drained ones."""
+    tensors: SavedTensors | None = None
+    """With ``task="tensor"``: each slot's saved tensor."""
 
     def batch(
         self,
@@ -198,6 +221,8 @@ class SlotColumns:
         if (self.fingerprint_refs != -1).any():
             columns["checksum"] = self._checksum_column(ops)
         stats, odd = self._stats_column(ops) if (self.stats_refs != -1).any() else (pa.nulls(count, STATS_TYPE), {})
+        if self.tensors is not None:
+            columns.update(self.tensors.columns(odd))
         return columns_batch(count, columns, stats, odd)
 
     def _stats_column(self, ops: Any) -> tuple[pa.StructArray, dict[int, dict[str, Any]]]:

@@ -65,7 +65,9 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def storable(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor in a dtype safetensors stores: complex as (real, imag) pairs."""
+    """The tensor in a dtype safetensors stores, its values in its memory: complex as (real, imag)
+    pairs; a conjugate or negative view (a bit torch reads its memory through) materialised."""
+    tensor = tensor.resolve_conj().resolve_neg()
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 

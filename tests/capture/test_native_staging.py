@@ -24,6 +24,7 @@ from tests.capture.test_native_capture import (
     _checkpointed_training,
     _dump,
     _less_common_training,
+    _quantized_training,
     _written_between_reads,
 )
 from torchdebug import stats_table
@@ -98,8 +99,8 @@ def test_statistics_delivered_at_the_flush_as_an_accelerators_are_the_dispatch_m
 
 @pytest.mark.parametrize(
     "training",
-    [_written_between_reads, _less_common_training, _checkpointed_training("non_reentrant")],
-    ids=["written_between_reads", "less_common", "checkpointed"],
+    [_written_between_reads, _less_common_training, _checkpointed_training("non_reentrant"), _quantized_training],
+    ids=["written_between_reads", "less_common", "checkpointed", "subclass_parameters"],
 )
 def test_in_place_writes_and_less_common_ops_with_every_tensor_staged_before_writes(
     tmp_path, monkeypatch, caplog, staged, training: Training

@@ -183,7 +183,8 @@ class NativeOpCapture:
             return
         self.observer.use_stats(self._statistics)
         self.observer.use_fingerprints(self._fingerprints)
-        self.observer.defer_cpu(self._tensors)
+        if self._tensors:
+            self.observer.defer_cpu(True)
         self.observer.keep_unsummed(self._statistics or self._fingerprints)
         self.observer.use_stage_hook(self._stage_kept if self._statistics or self._fingerprints else None, STAGE_AFTER_BYTES)
         self.observer.use_works(_works() if _distributed() and self.rows.ops else None, DISTRIBUTED_DIR)
@@ -201,7 +202,8 @@ class NativeOpCapture:
         self.rows.stop()
         self.observer.finish_functional()
         self.observer.use_stage_hook(None)
-        self.observer.defer_cpu(False)
+        if self._tensors:
+            self.observer.defer_cpu(False)
         ops = self.observer.drain()
         hidden = self.observer.hidden_in_transforms()
         if hidden and not self._told_hidden:  # not seen from the model before the run

@@ -769,6 +769,8 @@ class NativeStepCapture:
             taken,
             taken_fingerprints,
             due,
+            staged,
+            arriving,
             statistics=statistics,
             fingerprints=fingerprints,
         )

@@ -28,7 +28,7 @@ from torchdebug._torch.autograd import tensor_version
 from torchdebug._torch.subclasses import describe
 from torchdebug.capture.native_values import CHANGED_TEXT, WalkedSlots
 from torchdebug.native.observer import SUBCLASS
-from torchdebug.records import layout_not_captured
+from torchdebug.records import STATS_NOT_TAKEN, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.store import SlotOverrides, extra_text
 
@@ -90,13 +90,17 @@ def read_subclasses(
     taken: list[dict[str, Any]],
     taken_fingerprints: list[int | None],
     due: list[Due],
+    staged: Mapping[int, Any],
+    arriving: list[tuple[int, list[int | None], int]],
     *,
     statistics: bool,
     fingerprints: bool,
 ) -> SlotOverrides | None:
     """Describe the subclass slots of ``walked`` that were described at their op (``described_at``:
     by ``TensorImpl`` address, ``addresses``: each drained slot's; ``versions``: each drained slot's
-    version at its op), or ``None`` when there is none. What the callback did not read is read now:
+    version at its op), or ``None`` when there is none. What the callback did not read was staged at
+    its op (``staged``, by drained slot: ``NativeStepCapture.stage_kept``'s entries, whose
+    fingerprints land later: ``arriving``, as ``slot_columns`` takes them) or is read now:
     from the plain tensor the observer kept for it (``kept``, by drained slot: one a collective was
     still writing), else from the plain tensor itself unless it changed since its op
     (``CHANGED_TEXT``). Such a slot gets an entry of ``taken`` (and of
@@ -124,6 +128,17 @@ def read_subclasses(
         read_fingerprint = fingerprints and walked.fingerprints[position] < 0
         if not (read_stats or read_fingerprint):
             overrides.errors.append(None)
+            continue
+        early = staged.get(slot)
+        if early is not None:  # its plain tensor staged at its op (observer_stage_kept)
+            overrides.errors.append(STATS_NOT_TAKEN if early.failed else None)
+            if read_stats:
+                walked.stats[position] = -2 - len(taken)
+            if read_fingerprint:
+                walked.fingerprints[position] = -2 - len(taken)
+                arriving.append((len(taken), early.fingerprint, 0))
+            taken.append(early.stats)
+            taken_fingerprints.append(None)
             continue
         instance, local = found.instance(), kept.get(slot, found.local())
         if local is None or (

@@ -431,7 +431,7 @@ std::atomic<bool> keep_unsummed{false};
 // Kept tensors staged early (td_observer_stage_kept): Python's hook takes them (observer_stage_kept) and
 // stages their statistics before an op writes the memory one of them is on, and once stage_bytes of
 // them were kept since the last staging, instead of a copy of each before the write and all of them
-// held to the drain. defer_cpu (tests): CPU tensors are kept as other devices' are, not read here.
+// held to the drain. defer_cpu (task="tensor", tests): CPU tensors are kept as other devices' are, not read here.
 std::atomic<void*> stage_hook{nullptr};  // PyObject*: a callable () -> None, held by Python
 std::atomic<int64_t> stage_bytes{-1};    // -1: only before a write
 std::atomic<int64_t> kept_bytes{0};      // of the tensors kept since the last staging
@@ -1140,7 +1140,12 @@ struct Slots {
     fingerprint.push_back(value);
     bool missing = (want_sums() && !(taken & kSummed)) ||
                    (want_fingerprints() && !(taken & kHashed));
-    if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) keep(impl, side == 1 && outputs_wait);
+    if (missing && impl->numel() > 0 && keep_unsummed.load(std::memory_order_relaxed)) {
+      keep(impl, side == 1 && outputs_wait);
+      // A subclass's handler writes its plain tensor below autograd, unseen (no write noted, no
+      // version moved): a plain tensor kept is staged at once, before this op runs or the next.
+      if (plain != nullptr && staging()) stage_due = true;
+    }
   }
 
   // Note `bytes` of CPU tensors recorded: a sweep is due once sweep_after of them were since the last
@@ -3054,7 +3059,7 @@ void td_observer_stage_kept(void* hook, int64_t bytes) {
   stage_hook.store(hook);
 }
 
-// Tests: keep CPU tensors as other devices' are (their statistics staged, not taken in the callback).
+// Keep CPU tensors as other devices' are (their statistics staged, not taken in the callback): task="tensor", tests.
 void td_observer_defer_cpu(int defer) { defer_cpu.store(defer != 0); }
 
 // c10d_work.cpp's td_work_completed and td_work_wait, and torch.distributed's folder (what a code
@@ -3167,9 +3172,9 @@ std::vector<at::Tensor> observer_kept() {
 }
 
 // The kept tensors not staged yet (of the recorder's slots and of this thread's stashes), each given
-// the next id (kept_staged) and let go: Python stages their statistics now, in this order. Left for
-// the drain: a subclass's plain tensor (read_subclasses reads it), one whose tensor
-// changed since it was kept (the drain says so), one still waiting (a factory's output).
+// the next id (kept_staged) and let go: Python stages their statistics now, in this order (a
+// subclass's plain tensor too, at its op: read_subclasses takes what was staged). Left for the drain:
+// one whose tensor changed since it was kept (the drain says so), one still waiting (a factory's output).
 std::vector<at::Tensor> observer_stage_kept() {
   std::vector<at::Tensor> out;
   auto& thread = thread_ref(state);
@@ -3177,7 +3182,7 @@ std::vector<at::Tensor> observer_stage_kept() {
     for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
       auto& tensor = slots.kept[entry];
       auto at = static_cast<size_t>(slots.kept_slot[entry]);
-      if (!tensor.defined() || slots.kept_staged[entry] >= 0 || slots.flag[at] != kPlain) continue;
+      if (!tensor.defined() || slots.kept_staged[entry] >= 0 || (slots.flag[at] != kPlain && slots.flag[at] != kSubclass)) continue;
       auto original = slots.kept_original[entry].lock();
       if (slots.version[at] >= 0 && original && Slots::current_version(original.get()) != slots.kept_version[entry]) continue;
       slots.kept_staged[entry] = staged_count++;

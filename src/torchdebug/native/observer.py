@@ -448,7 +448,8 @@ class NativeObserver:
 
     def defer_cpu(self, enabled: bool = True) -> None:
         """Keep CPU tensors as other devices' are, their statistics and fingerprints not taken in the
-        callback (tests: what the path of an accelerator's tensors takes, run on the CPU)."""
+        callback: ``task="tensor"``, which saves every tensor as it is staged, and tests (the path of an
+        accelerator's tensors, run on the CPU)."""
         self._lib.td_observer_defer_cpu(int(enabled))
 
     def use_stats(self, enabled: bool = True) -> bool:

@@ -165,6 +165,8 @@ class NativeOpCapture:
         self._fingerprints = session.want_checksum
         self._tensors = session.want_tensors
         """``task="tensor"``: every tensor is kept (``NativeObserver.defer_cpu``) and saved as it is staged."""
+        self._snapshots: Snapshots | None = None
+        """With ``task="tensor"``, from start to stop: what saves the step's kept tensors."""
         self._failed = False
         self._told_staging = False
         self._told_hidden = False
@@ -185,8 +187,10 @@ class NativeOpCapture:
         self.observer.use_fingerprints(self._fingerprints)
         if self._tensors:
             self.observer.defer_cpu(True)
+            self._snapshots = self.rows.snapshots(self.session.snapshot, self.session.view_ref)
         self.observer.keep_unsummed(self._statistics or self._fingerprints)
-        self.observer.use_stage_hook(self._stage_kept if self._statistics or self._fingerprints else None, STAGE_AFTER_BYTES)
+        stage_after = 0 if self._tensors else STAGE_AFTER_BYTES  # (saved at the op, as the dispatch mode saves them)
+        self.observer.use_stage_hook(self._stage_kept if self._statistics or self._fingerprints else None, stage_after)
         self.observer.use_works(_works() if _distributed() and self.rows.ops else None, DISTRIBUTED_DIR)
         self.rows.start()
         if self.modules is not None:
@@ -221,6 +225,7 @@ class NativeOpCapture:
                 self._failed = True
                 logger.warning("torchdebug: the native op capture lost a step's ops (%s: %s)", type(error).__name__, error)
         finally:
+            self._snapshots = None  # (the drain let go of the keys it names tensors by)
             if self.modules is not None:
                 self.modules.forget()
 
@@ -228,19 +233,15 @@ class NativeOpCapture:
         """The observer's hook: stage the kept tensors' statistics now (``NativeStepCapture.stage_kept``).
         Never raises into the op that starts (a fault costs those statistics, said once)."""
         try:
-            self.rows.stage_kept(self.session.stage_stats, self._statistics, self._fingerprints, self._snapshots())
+            self.rows.stage_kept(self.session.stage_stats, self._statistics, self._fingerprints, self._snapshots_taking())
         except Exception as error:
             if not self._told_staging:
                 self._told_staging = True
                 logger.warning("torchdebug: could not stage the statistics of kept tensors (%s: %s)", type(error).__name__, error)
 
-    def _snapshots(self) -> Snapshots | None:
-        """What saves the kept tensors of one staging or drain, where tensors are saved (and the
-        writer still takes them)."""
-        session = self.session
-        if not (self._tensors and session.writer.takes_tensors):
-            return None
-        return self.rows.snapshots(session.snapshot, session.view_ref)
+    def _snapshots_taking(self) -> Snapshots | None:
+        """What saves the kept tensors of this step (``task="tensor"``), while the writer takes tensors."""
+        return self._snapshots if self._snapshots is not None and self.session.writer.takes_tensors else None
 
     def next_step(self) -> None:
         self.rows.next_step()
@@ -284,7 +285,7 @@ class NativeOpCapture:
             fingerprints=self._fingerprints,
             stage=session.stage_stats,
             deliver=session.flush,
-            snapshots=self._snapshots(),
+            snapshots=self._snapshots_taking(),
         )
         if self.modules is not None:
             slots = self.rows.record_slots

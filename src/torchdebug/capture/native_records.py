@@ -68,6 +68,7 @@ from torchdebug.native.observer import (
     VALUE,
     NativeObserver,
     ObservedOps,
+    StagedFacts,
 )
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
@@ -139,46 +140,54 @@ class _Staged:
     """Its sampling stride where it was saved sampled."""
 
 
-Save = Callable[[str, torch.Tensor, bool], tuple[dict[str, Any], dict[str, Any] | None, int | None]]
+Saved = tuple[dict[str, Any], dict[str, Any] | None, int | None]
+"""A saved tensor's reference, its statistics where its copy took them, its sampling stride."""
+
+Save = Callable[[str, torch.Tensor, bool], Saved]
 """``CaptureSession.snapshot``: saves a tensor under a key, with its statistics where the copy took them."""
 
 
 class Snapshots:
-    """The kept tensors one staging (or a drain) saves (``task="tensor"``), each under a key of
-    its own (``saved.<n>``: no call is named yet). Nothing wrote their memory since they were
-    kept (a staging comes before such a write), so two of them on the same memory hold the same
-    values: the second takes the first's reference, and one inside a tensor saved whole (a view's
-    elements, in the same dtype) a view of it, as ``CaptureSession.share_alias`` saves a view."""
+    """The kept tensors one step saves (``task="tensor"``), each under a key of its own
+    (``saved.<n>``: no call is named yet). A tensor staged again at the same version (another slot
+    of it) takes the reference saved first, and a view of a tensor saved whole at that version (a
+    view's version is its base's) a view of it, as ``CaptureSession`` shares what it saved; but
+    where its values may have changed unseen (``StagedFacts.same_values``) and where the observer
+    said nothing (``facts`` ``None``)."""
 
     def __init__(self, save: Save, view_ref: Callable[..., dict[str, Any]], counter: list[int]) -> None:
         self._save = save
         self._view_ref = view_ref
         self._counter = counter
-        self._same: dict[tuple, tuple[dict[str, Any], dict[str, Any] | None, int | None]] = {}
-        self._whole: dict[tuple[int, torch.dtype], list[tuple[dict[str, Any], int, int]]] = {}
-        """By storage and dtype: each tensor saved whole, its reference, first element and element count."""
+        self._saved: dict[tuple[int, int, int], Saved] = {}
+        """By key, version and collectives' writes: what was saved of a tensor."""
+        self._whole: dict[tuple[int, int, int], tuple[dict[str, Any], int, int, torch.dtype]] = {}
+        """By key, version and collectives' writes: a tensor saved whole, its reference, first element,
+        element count and dtype."""
 
-    def take(self, tensor: torch.Tensor, with_stats: bool) -> tuple[dict[str, Any], dict[str, Any] | None, int | None]:
+    def take(self, tensor: torch.Tensor, with_stats: bool, facts: StagedFacts | None) -> Saved:
         """``tensor``'s reference, its statistics where its copy took them, its sampling stride."""
-        same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.is_conj(), tensor.is_neg())
-        found = self._same.get(same)
-        if found is not None:
-            return found
-        storage = (tensor.untyped_storage().data_ptr(), tensor.dtype)
         offset = tensor.storage_offset()
         last = offset + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size)
-        for base, first, count in self._whole.get(storage, ()) if not tensor.is_neg() else ():
-            if first <= offset and last < first + count:
-                found = self._same[same] = (
-                    self._view_ref(base, list(tensor.shape), list(tensor.stride()), offset - first),
-                    None,
-                    None,
-                )
+        if tensor.numel() and tensor.untyped_storage().nbytes() < (last + 1) * tensor.element_size():
+            raise RuntimeError("its memory was freed since it was kept")  # (FSDP2's reshard frees its buffers so)
+        shared = facts is not None and facts.same_values
+        if shared:
+            found = self._saved.get((facts.key, facts.version, facts.writes))
+            whole = self._whole.get((facts.base, facts.version, facts.writes)) if facts.base else None
+            if found is None and whole is not None and tensor.numel() and not (tensor.is_conj() or tensor.is_neg()):
+                base, first, count, dtype = whole
+                if dtype == tensor.dtype and first <= offset and last < first + count:
+                    view = self._view_ref(base, list(tensor.shape), list(tensor.stride()), offset - first)
+                    found = self._saved[facts.key, facts.version, facts.writes] = (view, None, None)
+            if found is not None:
                 return found
         self._counter[0] += 1
-        found = self._same[same] = self._save(f"saved.{self._counter[0]}", tensor, with_stats)
-        if found[2] is None and tensor.is_contiguous() and not (tensor.is_complex() or tensor.is_neg()):  # (as saved)
-            self._whole.setdefault(storage, []).append((found[0], offset, tensor.numel()))
+        found = self._save(f"saved.{self._counter[0]}", tensor, with_stats)
+        if shared:
+            self._saved[facts.key, facts.version, facts.writes] = found
+            if found[2] is None and tensor.is_contiguous() and not (tensor.is_complex() or tensor.is_neg()):  # (as saved)
+                self._whole[facts.key, facts.version, facts.writes] = (found[0], offset, tensor.numel(), tensor.dtype)
         return found
 
 
@@ -620,27 +629,30 @@ class NativeStepCapture:
         (:meth:`snapshots`), save them too. A fault here costs their statistics (their slots say so),
         never the op."""
         first, tensors = self.observer.stage_kept()
+        facts = self.observer.staged_facts(len(tensors)) if snapshots is not None else []
         due = []
         for id_, tensor in enumerate(tensors, first):
             staged = self._staged[id_] = _Staged({}, statistics and has_statistics(tensor.dtype), [None])
             sink = staged.stats.update if staged.reduced else None
             if snapshots is not None:
-                sink = self._save(snapshots, staged, tensor, sink)
+                sink = self._save(snapshots, staged, tensor, sink, facts[id_ - first])
             due.append((tensor, sink, functools.partial(staged.fingerprint.__setitem__, 0) if fingerprints else None))
         for index in self._failed_to_stage(stage, due) if due else ():
             self._staged[first + index].failed = True
 
     def snapshots(self, save: Save, view_ref: Callable[..., dict[str, Any]]) -> Snapshots:
-        """What saves the kept tensors of one staging or drain (``save``: ``CaptureSession.snapshot``,
-        ``view_ref``: ``CaptureSession.view_ref``), their keys numbered on through the run."""
+        """What saves the kept tensors of one step (``save``: ``CaptureSession.snapshot``, ``view_ref``:
+        ``CaptureSession.view_ref``), their keys numbered on through the run."""
         return Snapshots(save, view_ref, self._saved)
 
-    def _save(self, snapshots: Snapshots, staged: _Staged, tensor: torch.Tensor, sink: Callable | None) -> Callable | None:
+    def _save(
+        self, snapshots: Snapshots, staged: _Staged, tensor: torch.Tensor, sink: Callable | None, facts: StagedFacts | None = None
+    ) -> Callable | None:
         """Save ``tensor`` into ``staged`` (its statistics too, where its copy took them); the
         statistics sink still to fill (``None`` once filled). A failed save (a write of the dump
         failed, a fault of ours) leaves it unsaved, with its statistics still to take."""
         try:
-            staged.tensor, stats, staged.sampled = snapshots.take(tensor, sink is not None)
+            staged.tensor, stats, staged.sampled = snapshots.take(tensor, sink is not None, facts)
         except DumpError:  # a write of the dump failed (said once by the writer): statistics alone from now on
             return sink
         except Exception as error:

@@ -120,6 +120,8 @@ void* PyObject_GetAttrString(void* object, const char* name);  // a new referenc
 const char* PyUnicode_AsUTF8(void* text);
 void PyErr_Clear();
 void* PyErr_Occurred();                        // borrowed, or null
+void PyErr_Fetch(void** type, void** value, void** traceback);  // takes the error set (nulls: none), clearing it
+void PyErr_Restore(void* type, void* value, void* traceback);   // sets it again (steals the references)
 void* PyObject_CallNoArgs(void* callable);     // a new reference, or null (an error set)
 long long PyLong_AsLongLong(void* number);     // -1 with an error set on failure
 void* PyObject_Type(void* object);             // a new reference
@@ -926,7 +928,19 @@ std::atomic<void*> eval_frame_setter{nullptr}, none_object{nullptr};
 // Python frame that starts in an op there, the hook and all it calls, as user code. The hook's
 // result (a new reference), or null with its error cleared. (Not through torch.compiler.disable's
 // wrapper: it would put a frame of its own between the owner hook and the frame it reads, its caller.)
+// An error set when it is called (an op ending as a Python error unwinds it: RecordFunction's end
+// callbacks run then) is put aside meanwhile and set again after: Python is never called with one set.
+void* call_hook_now(void* hook, void* argument);
+
 void* call_hook(void* hook, void* argument) {
+  void *pending_type = nullptr, *pending_value = nullptr, *pending_traceback = nullptr;
+  PyErr_Fetch(&pending_type, &pending_value, &pending_traceback);
+  void* result = call_hook_now(hook, argument);
+  if (pending_type != nullptr) PyErr_Restore(pending_type, pending_value, pending_traceback);
+  return result;
+}
+
+void* call_hook_now(void* hook, void* argument) {
   void* setter = eval_frame_setter.load(std::memory_order_relaxed);
   void* prior = setter != nullptr ? PyObject_CallFunctionObjArgs(setter, none_object.load(std::memory_order_relaxed), nullptr) : nullptr;
   if (setter != nullptr && prior == nullptr) PyErr_Clear();  // (Dynamo stays as it was)
@@ -1610,6 +1624,13 @@ Recorder recorder;
 std::string drained_texts;  // the distinct JSON texts of the value slots drained last, each ended by a NUL
 std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
 int64_t staged_count = 0;  // kept tensors staged so far (observer_stage_kept): the next one's id; with recorder.mutex
+// What observer_stage_kept knew of each tensor it handed over last, kFactsWidth a tensor: its
+// slot's key and version, its base's key (0: none), whether a later slot of the same key and
+// version holds the same values (a plain tensor outside compiled code: inductor's kernels and a
+// subclass's handlers write unseen), and the collectives' writes into its storage so far (they move
+// no version). td_observer_staged_facts copies them out; with recorder.mutex.
+constexpr size_t kFactsWidth = 5;
+std::vector<int64_t> staged_facts;
 std::atomic<int64_t> module_context{-1};
 
 // ---- collectives: outputs read once their Work completes ------------------------------------------
@@ -2322,7 +2343,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     recorder.slots.hold_waiting();
     outputs_waiting.store(false, std::memory_order_relaxed);
   }
-  if (thread.detached_row >= 0) settle_detached(thread);
+  if (thread.detached_row >= 0 && !thread.in_hook) settle_detached(thread);  // (a hook's ops: before the next op's)
   if (thread.in_hook || thread.compiling > 0) {
     thread.frames.push_back({kHidden, false, false, -1});
     return nullptr;
@@ -2625,6 +2646,9 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     }
   }
   if (frame.kind == kRecorded && frame.cloned != nullptr) read_clone_instead(thread, frame.cloned, fn.outputs());  // (the lock let go)
+  // Staged at every op (stage_bytes 0: task="tensor"): its outputs now, before code no op shows
+  // writes or frees their memory (inductor's kernels between its extern ops, FSDP2's reshard).
+  if (stage_due && !thread.in_hook && stage_bytes.load(std::memory_order_relaxed) == 0) stage_kept_now(thread);
 }
 
 // ---- the alternative observation point, measured by bench/observation_point.py -----------------
@@ -3062,6 +3086,12 @@ void td_observer_stage_kept(void* hook, int64_t bytes) {
 // Keep CPU tensors as other devices' are (their statistics staged, not taken in the callback): task="tensor", tests.
 void td_observer_defer_cpu(int defer) { defer_cpu.store(defer != 0); }
 
+// The facts of the tensors the last staging handed over (staged_facts: kFactsWidth int64 each), into out.
+void td_observer_staged_facts(int64_t* out) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  std::copy(staged_facts.begin(), staged_facts.end(), out);
+}
+
 // c10d_work.cpp's td_work_completed and td_work_wait, and torch.distributed's folder (what a code
 // object's co_filename starts with there): a distributed run's collectives are read once their Work
 // completes (see Collectives). Nulls: read at their end.
@@ -3185,12 +3215,22 @@ std::vector<at::Tensor> observer_stage_kept() {
       if (!tensor.defined() || slots.kept_staged[entry] >= 0 || (slots.flag[at] != kPlain && slots.flag[at] != kSubclass)) continue;
       auto original = slots.kept_original[entry].lock();
       if (slots.version[at] >= 0 && original && Slots::current_version(original.get()) != slots.kept_version[entry]) continue;
+      if (in_flight(tensor.unsafeGetTensorImpl())) continue;  // a collective still writes it: read once final
+      uint64_t written = 0;
+      {
+        std::lock_guard<std::mutex> reads(reads_mutex);
+        written = writes_into(tensor.unsafeGetTensorImpl());
+      }
       slots.kept_staged[entry] = staged_count++;
       out.push_back(std::move(tensor));
       tensor = at::Tensor();
+      auto key = [&](int64_t value) { return slots.keyed || value == 0 ? value : key_of(value); };  // (a stash's: addresses)
+      staged_facts.insert(staged_facts.end(), {key(slots.value[at]), slots.version[at], key(slots.base[at]),
+                                               int64_t{slots.flag[at] == kPlain && compiled_scopes == 0}, static_cast<int64_t>(written)});
     }
   };
   std::lock_guard<std::mutex> lock(recorder.mutex);
+  staged_facts.clear();
   take_from(recorder.slots);
   for (size_t stash = 0; stash < thread.stashed; ++stash) take_from(thread.stashes[stash].slots);
   kept_bytes.store(0, std::memory_order_relaxed);

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from types import CodeType
+from typing import NamedTuple
 
 import torch
 
@@ -52,6 +53,26 @@ input slot at arg 0, its element its index in the call's list."""
 
 MODULE_ROW_SLOTS = 32767
 """Tensors a module row holds at most (its slots' element is an ``int16``)."""
+
+STAGED_FACTS_WIDTH = 5
+"""The facts :meth:`NativeObserver.staged_facts` gives of a tensor (``observer.cpp``'s ``kFactsWidth``)."""
+
+
+class StagedFacts(NamedTuple):
+    """What the observer knew of a kept tensor it handed over to be staged (:meth:`NativeObserver.stage_kept`)."""
+
+    key: int
+    """Its slot's ``slot_value``: the tensor, until the drain that reports it freed."""
+    version: int
+    """Its slot's ``slot_version``."""
+    base: int
+    """Its base's key, for a view (0: none)."""
+    same_values: int
+    """1 where another slot of the same key, version and :attr:`writes` holds the same values: a plain
+    tensor outside compiled code (inductor's kernels and a subclass's handlers write unseen, moving no version)."""
+    writes: int
+    """The collectives' writes into its storage so far (they move no version)."""
+
 
 GRAD_ON, CHECKPOINT_NODE = 1, 2
 """:attr:`ObservedOps.mark` bits Python reads: grad mode was on; run by a reentrant checkpoint's node.
@@ -260,6 +281,8 @@ class NativeObserver:
         library.td_observer_stage_kept.restype = None
         library.td_observer_defer_cpu.argtypes = [ctypes.c_int]
         library.td_observer_defer_cpu.restype = None
+        library.td_observer_staged_facts.argtypes = [ctypes.c_void_p]
+        library.td_observer_staged_facts.restype = None
         library.td_observer_sweep_after.argtypes = [ctypes.c_int64]
         library.td_observer_sweep_after.restype = None
         library.td_observer_keys.argtypes = [ctypes.c_int64, ctypes.c_void_p]
@@ -410,8 +433,9 @@ class NativeObserver:
     def use_stage_hook(self, hook: Callable[[], None] | None, after_bytes: int = -1) -> None:
         """Have ``hook`` (held by the caller; ``None``: none) stage the kept tensors before an op writes
         the memory one of them is on, and at the next op once ``after_bytes`` of them were kept since
-        it last ran (-1: only before a write): it calls :meth:`stage_kept`. Without one, each such
-        tensor is copied before the write and all are held to the drain."""
+        it last ran (-1: only before a write; 0: as each op starts and as it ends, an op's inputs and
+        its outputs): it calls :meth:`stage_kept`. Without one, each such tensor is copied before the
+        write and all are held to the drain."""
         self._stage_hook = hook  # alive while the observer holds its address
         self._lib.td_observer_stage_kept(None if hook is None else id(hook), after_bytes)
 
@@ -423,6 +447,13 @@ class NativeObserver:
         tensors = torch.ops.torchdebug.observer_stage_kept()
         self._staged += len(tensors)
         return first, tensors
+
+    def staged_facts(self, count: int) -> list[StagedFacts]:
+        """What the observer knew of each of the ``count`` tensors the last :meth:`stage_kept` handed over."""
+        facts = array("q", [0]) * (STAGED_FACTS_WIDTH * count)
+        if count:
+            self._lib.td_observer_staged_facts(facts.buffer_info()[0])
+        return [StagedFacts(*facts[at : at + STAGED_FACTS_WIDTH]) for at in range(0, len(facts), STAGED_FACTS_WIDTH)]
 
     def sweep_after(self, nbytes: int) -> None:
         """Let go of the references the observer holds of tensors freed since, at the next op (at level

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 import torchdebug
+from tests.capture.native_compare import on_the_dispatch_mode
 from torchdebug.compile import CompilerConfig, get_backend
 from torchdebug.store import _live as live
 
@@ -53,7 +54,10 @@ def test_the_overflow_scene_is_read_before_it_is_closed(tmp_path: Path) -> None:
     backend.data_dump.close()
 
 
-def test_an_eager_dump_is_read_in_the_middle_of_a_step_with_its_tensors(tmp_path: Path) -> None:
+def test_an_eager_dump_is_read_in_the_middle_of_a_step_with_its_tensors(tmp_path: Path, monkeypatch) -> None:
+    """The dispatch mode's records of the step under way are read too (the native path hands a
+    step's records over at its stop: a reader sees the steps stopped)."""
+    on_the_dispatch_mode(monkeypatch)
     debugger = torchdebug.Debugger(tmp_path, task="tensor")
     debugger.start()
     torch.ones(3).mul(2)

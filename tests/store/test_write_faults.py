@@ -17,6 +17,7 @@ from torch import nn
 
 import torchdebug
 from examples.gpt import GPTConfig
+from tests.capture.native_compare import on_the_dispatch_mode
 from tests.store.captured_training import train
 from torchdebug.cli import main as cli
 from torchdebug.errors import DumpError
@@ -261,20 +262,24 @@ def test_rank0_failing_to_make_the_run_folder_fails_every_rank(tmp_path):
     assert (tmp_path / "rank1.txt").read_text() == f"rank 0: {own}"
 
 
-def test_a_tensor_write_that_fails_during_a_call_leaves_its_later_slots_their_statistics(tmp_path, monkeypatch):
+@pytest.mark.parametrize("native", [False, True], ids=["dispatch_mode", "native_path"])
+def test_a_tensor_write_that_fails_during_a_call_leaves_its_later_slots_their_statistics(tmp_path, monkeypatch, native):
     """The writer fails while capture is inside a call (its thread, at any moment): the next copy
     finds no buffer (``DumpError``), and the call's slots not yet copied keep their statistics,
     without a tensor and without an error, as the calls after it do (a race seen in CI's loaded runs)."""
+    if not native:
+        on_the_dispatch_mode(monkeypatch)
     debugger = torchdebug.Debugger(tmp_path / "dump", task="tensor")
     session, writer = debugger.session, debugger.session.writer
     snapshot = session._snapshot
+    copies = []
 
     def fails_after_the_first_output(key, tensor, with_stats=False):
         if writer.takes_tensors:
-            taken = snapshot(key, tensor, with_stats)
-            if "/output." in key:
+            copies.append(snapshot(key, tensor, with_stats))
+            if len(copies) == 2:  # the input, then the first output
                 writer.takes_tensors = False  # what the writer thread does when a write fails
-            return taken
+            return copies[-1]
         raise DumpError("tensors are no longer saved: a write failed")  # as the writer's buffer wait does
 
     monkeypatch.setattr(session, "_snapshot", fails_after_the_first_output)

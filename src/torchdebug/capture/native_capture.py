@@ -233,15 +233,12 @@ class NativeOpCapture:
         """The observer's hook: stage the kept tensors' statistics now (``NativeStepCapture.stage_kept``).
         Never raises into the op that starts (a fault costs those statistics, said once)."""
         try:
-            self.rows.stage_kept(self.session.stage_stats, self._statistics, self._fingerprints, self._snapshots_taking())
+            self.rows.stage_kept(self.session.stage_stats, self._statistics, self._fingerprints, self._snapshots)
         except Exception as error:
             if not self._told_staging:
                 self._told_staging = True
                 logger.warning("torchdebug: could not stage the statistics of kept tensors (%s: %s)", type(error).__name__, error)
 
-    def _snapshots_taking(self) -> Snapshots | None:
-        """What saves the kept tensors of this step (``task="tensor"``), while the writer takes tensors."""
-        return self._snapshots if self._snapshots is not None and self.session.writer.takes_tensors else None
 
     def next_step(self) -> None:
         self.rows.next_step()
@@ -285,7 +282,7 @@ class NativeOpCapture:
             fingerprints=self._fingerprints,
             stage=session.stage_stats,
             deliver=session.flush,
-            snapshots=self._snapshots_taking(),
+            snapshots=self._snapshots,
         )
         if self.modules is not None:
             slots = self.rows.record_slots

@@ -24,9 +24,10 @@ __all__ = ["NotRerunnable", "output_at", "own_errors", "rebuild", "resolve", "ru
 _RANDOM = re.compile(r"dropout|rand|bernoulli|normal|uniform|exponential|multinomial|poisson|cauchy|geometric")
 """Ops whose result is drawn from a random generator (some lack the ``nondeterministic_seeded`` tag)."""
 
-_UNDEFINED = re.compile(r"empty|resize|as_strided|^set_$")
+_UNDEFINED = re.compile(r"empty|resize|as_strided|_reshape_alias|^set_$")
 """Ops whose result is uninitialised memory (``empty*``, the new part of ``resize_``) or depends on
-where their inputs lie in memory (``as_strided*``, ``set_``), which the dump does not keep."""
+where their inputs lie in memory (``as_strided*``, ``_reshape_alias``, whose strides the native path
+records where a dispatch mode sees a ``view``; ``set_``), which the dump does not keep."""
 
 _SCHEMA_TYPES = re.compile(r"^(?:Optional|List)\[(.*)\]$")
 
@@ -38,7 +39,7 @@ class NotRerunnable(Exception):
     """A call that cannot be rerun; the message says why: module records, ops outside ``aten``, ops
     with random or undefined results (schema tag ``nondeterministic_seeded``, ``dropout``, ``rand*``,
     ``bernoulli``, ``normal``, ``empty*``), ops whose result depends on their inputs' memory layout
-    (``as_strided``), an input not captured, not saved or saved as a sample, a value cut short by
+    (``as_strided``, ``_reshape_alias``), an input not captured, not saved or saved as a sample, a value cut short by
     capture (text ending in ``...``) or not rebuildable from its text, and ops that raise on the
     rebuilt arguments."""
 

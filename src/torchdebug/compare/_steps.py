@@ -236,14 +236,19 @@ def tensor_jobs(rows: Iterable[Row], dump_a: RankRecords, dump_b: RankRecords) -
     ]
     if not saved:
         return {}  # statistics dumps: no need to index the records' shapes
-    shapes_a = {r.name: r.shape for r in dump_a.records()}
-    shapes_b = {r.name: r.shape for r in dump_b.records()}
+    shapes_a, shapes_b = _saved_shapes(dump_a), _saved_shapes(dump_b)
     jobs: dict[JobKey, list[Row]] = {}
     for row in saved:
         record_a, record_b = _paired(row)
         key = (_tensor_ref(record_a, shapes_a), _tensor_ref(record_b, shapes_b))
         jobs.setdefault(key, []).append(row)
     return jobs
+
+
+def _saved_shapes(dump: RankRecords) -> dict[str, list[int] | None]:
+    """The shape of each tensor saved whole, by its key in its file (a record's name, or the native
+    path's ``saved.<n>``)."""
+    return {r.tensor["key"]: r.shape for r in dump.records() if r.tensor and "view" not in r.tensor and "key" in r.tensor}
 
 
 _UNREADABLE = "_unreadable"

@@ -239,7 +239,6 @@ class NativeOpCapture:
                 self._told_staging = True
                 logger.warning("torchdebug: could not stage the statistics of kept tensors (%s: %s)", type(error).__name__, error)
 
-
     def next_step(self) -> None:
         self.rows.next_step()
         self.range.reset()

@@ -167,20 +167,19 @@ class Snapshots:
 
     def take(self, tensor: torch.Tensor, with_stats: bool, facts: StagedFacts | None) -> Saved:
         """``tensor``'s reference, its statistics where its copy took them, its sampling stride."""
+        shared = facts is not None and facts.same_values
+        if shared and (found := self._saved.get((facts.key, facts.version, facts.writes))) is not None:
+            return found  # (most: an op's input was an earlier op's output)
         offset = tensor.storage_offset()
         last = offset + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size)
         if tensor.numel() and tensor.untyped_storage().nbytes() < (last + 1) * tensor.element_size():
             raise RuntimeError("its memory was freed since it was kept")  # (FSDP2's reshard frees its buffers so)
-        shared = facts is not None and facts.same_values
-        if shared:
-            found = self._saved.get((facts.key, facts.version, facts.writes))
-            whole = self._whole.get((facts.base, facts.version, facts.writes)) if facts.base else None
-            if found is None and whole is not None and tensor.numel() and not (tensor.is_conj() or tensor.is_neg()):
-                base, first, count, dtype = whole
-                if dtype == tensor.dtype and first <= offset and last < first + count:
-                    view = self._view_ref(base, list(tensor.shape), list(tensor.stride()), offset - first)
-                    found = self._saved[facts.key, facts.version, facts.writes] = (view, None, None)
-            if found is not None:
+        whole = self._whole.get((facts.base, facts.version, facts.writes)) if shared and facts.base else None
+        if whole is not None and tensor.numel() and not (tensor.is_conj() or tensor.is_neg()):
+            base, first, count, dtype = whole
+            if dtype == tensor.dtype and first <= offset and last < first + count:
+                view = self._view_ref(base, list(tensor.shape), list(tensor.stride()), offset - first)
+                found = self._saved[facts.key, facts.version, facts.writes] = (view, None, None)
                 return found
         self._counter[0] += 1
         found = self._save(f"saved.{self._counter[0]}", tensor, with_stats)
@@ -630,15 +629,17 @@ class NativeStepCapture:
         never the op."""
         first, tensors = self.observer.stage_kept()
         facts = self.observer.staged_facts(len(tensors)) if snapshots is not None else []
-        due = []
+        due, ids = [], []
         for id_, tensor in enumerate(tensors, first):
             staged = self._staged[id_] = _Staged({}, statistics and has_statistics(tensor.dtype), [None])
             sink = staged.stats.update if staged.reduced else None
             if snapshots is not None:
                 sink = self._save(snapshots, staged, tensor, sink, facts[id_ - first])
-            due.append((tensor, sink, functools.partial(staged.fingerprint.__setitem__, 0) if fingerprints else None))
+            if sink is not None or fingerprints:  # (not where the copy took the statistics)
+                due.append((tensor, sink, functools.partial(staged.fingerprint.__setitem__, 0) if fingerprints else None))
+                ids.append(id_)
         for index in self._failed_to_stage(stage, due) if due else ():
-            self._staged[first + index].failed = True
+            self._staged[ids[index]].failed = True
 
     def snapshots(self, save: Save, view_ref: Callable[..., dict[str, Any]]) -> Snapshots:
         """What saves the kept tensors of one step (``save``: ``CaptureSession.snapshot``, ``view_ref``:

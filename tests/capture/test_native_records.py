@@ -135,19 +135,20 @@ def test_the_storages_an_unshard_hands_out_are_named_as_the_slots_name_them(obse
     observer.sweep_after(0)  # at every op: the chain's freed storages let go, their addresses taken again
     try:
         x = torch.randn(64)
-        for _ in range(12):
+        for _ in range(24):
             x = x.neg()
-        buffers = [x, x.neg()]
+        candidates = [x.neg() for _ in range(16)]  # made where the sweeps let storages go, some of them
+        keys = observer.keys([candidate.untyped_storage()._cdata for candidate in candidates])
+        buffers = [candidate for candidate, key in zip(candidates, keys) if key >> 48]
         monkeypatch.setattr(native_records, "unshard_buffers", lambda frame: buffers)
         capture._unshard()
         ops = observer.drain()
     finally:
         observer.sweep_after(-1)
         capture.stop()
+    assert buffers, "the allocator put none of these storages where sweeps let others go"
     named = capture._unshards[-1]
-    storages = [buffer.untyped_storage()._cdata for buffer in buffers]
-    assert max(key >> 48 for key in named) > 0, "the allocator put these storages where sweeps let others go"
-    assert [key & ((1 << 48) - 1) for key in named] == storages
-    outputs = [ops.slot_storage[slot] for slot in range(len(ops.slot_row)) if ops.slot_io[slot] == 1]
-    assert named == outputs[-2:]  # the last two outputs' slots: the buffers
+    assert [key & ((1 << 48) - 1) for key in named] == [buffer.untyped_storage()._cdata for buffer in buffers]
+    outputs = [ops.slot_storage[slot] for slot in range(len(ops.slot_row)) if ops.slot_io[slot] == 1][-16:]
+    assert named == [storage for storage, key in zip(outputs, keys) if key >> 48]  # the buffers' output slots
     observer.forget_seen()

@@ -95,6 +95,8 @@ def _why_not_for_tensors(config: DebuggerConfig) -> str | None:
         return "task='tensor' with data_mode other than ['all'] (the native path saves every side of every call)"
     if config.level != "op":
         return f"task='tensor' at level={config.level!r} (the native path saves the tensors of op calls)"
+    if _distributed():
+        return "task='tensor' in a distributed run (the native path may copy a gloo collective's outputs before they are final)"
     return None
 
 

@@ -19,7 +19,7 @@ import torch
 
 from torchdebug.records import LOSS_OP, LOSS_SCALE_OP, MODULE_OP, Record
 
-__all__ = ["INF", "LIMIT", "NAN", "Origin", "OriginTracker", "find_origin", "tensor_flags", "value_flags"]
+__all__ = ["GIVEN_LIMITS", "INF", "LIMIT", "NAN", "Origin", "OriginTracker", "find_origin", "tensor_flags", "value_flags"]
 
 NAN = 1
 """Holds a NaN."""
@@ -42,7 +42,7 @@ def dtype_limit(dtype: str | torch.dtype | None) -> float:
     return limit
 
 
-_EVERY_LIMIT = frozenset(
+GIVEN_LIMITS = frozenset(
     dtype_limit(name)
     for name in (
         "float16",
@@ -56,6 +56,7 @@ _EVERY_LIMIT = frozenset(
     )
     if getattr(torch, name, None) is not None
 )
+"""Magnitudes of numbers that count as a given limit (:func:`value_flags`): each floating dtype's ``finfo.max``."""
 
 
 def tensor_flags(stats: Mapping[str, Any] | None, dtype: str | torch.dtype | None) -> int:
@@ -85,7 +86,7 @@ def value_flags(value: Any) -> int:
     magnitude = abs(value)
     if magnitude == math.inf:
         return INF
-    return LIMIT if magnitude in _EVERY_LIMIT else 0
+    return LIMIT if magnitude in GIVEN_LIMITS else 0
 
 
 ORIGIN, ENTRY, GIVEN = "origin", "entry", "given"

@@ -30,6 +30,7 @@ from torchdebug.capture.native_subclasses import described
 from torchdebug.checksum import FINGERPRINT_VERSION
 from torchdebug.config import DebuggerConfig
 from torchdebug.native import build
+from torchdebug.nonfinite import find_origin
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record
 from torchdebug.stats import NO_STATISTICS
 from torchdebug.store import FixedColumns
@@ -380,7 +381,8 @@ def test_stacks_for_a_range_of_calls_are_the_same_on_both_paths(tmp_path, monkey
 @pytest.mark.parametrize(
     ("options", "why"),
     [
-        ({"task": "overflow_check"}, "task='overflow_check'"),
+        ({"task": "overflow_check", "list": ["mm"]}, "task='overflow_check' with list"),
+        ({"task": "overflow_check", "data_mode": ["backward"]}, "task='overflow_check' with data_mode"),
         ({"task": "tensor", "tensor_list": ["mm"]}, "task='tensor' with tensor_list"),
         ({"task": "tensor", "list": ["mm"]}, "task='tensor' with list"),
         ({"task": "tensor", "range": ["mm", "add"]}, "task='tensor' with range"),
@@ -2106,3 +2108,30 @@ def test_records_are_the_same_when_the_observer_lets_go_of_freed_tensors_at_ever
 def test_tensor_dumps_of_subclasses_save_the_same_tensors_on_both_paths(tmp_path, monkeypatch, caplog, training) -> None:
     """A subclass slot saves the plain tensor it is read through, on both paths."""
     _assert_same_saved_tensors(tmp_path, monkeypatch, caplog, training, {})
+
+
+def _overflowing_gpt() -> tuple[nn.Module, Callable[[], None]]:
+    """The example GPT with its first linear layer's weight scaled to overflow float32: its product is
+    the first Inf; NaNs follow (layer norm, softmax), and the optimizer writes them into every weight."""
+    model, step = gpt_training()
+    with torch.no_grad():
+        next(module for module in model.modules() if isinstance(module, nn.Linear)).weight.mul_(1e37)
+    return model, step
+
+
+@pytest.mark.parametrize("overflow_nums", [1, -1])
+def test_overflow_checks_record_the_same_calls_and_tensors_on_both_paths(tmp_path, monkeypatch, caplog, overflow_nums) -> None:
+    """``task="overflow_check"`` on the native path: the observer judges each call as it ends
+    (``native_overflow.py``); the calls found are the dispatch mode's, with the same records, and
+    each saved tensor loads bit for bit as the mode's (an in-place op's inputs as they were before it)."""
+    options = {"task": "overflow_check", "overflow_nums": overflow_nums}
+    python = _dump(tmp_path, monkeypatch, caplog, _overflowing_gpt, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _overflowing_gpt, native=True, **options)
+    _assert_same_dumps(python, native)
+    saved = assert_same_saved_tensors(tmp_path / "python", tmp_path / "native", python, native)
+    if overflow_nums == 1:
+        assert len({record.call_name for record in native}) == 1 and saved >= 2
+    else:
+        # step 0 makes the Inf and the first NaN; step 1 reads the NaN the optimizer wrote into the weights
+        assert find_origin([r for r in native if r.step == 0]).kind == "origin"
+        assert find_origin([r for r in native if r.step == 1]).kind == "entry"

@@ -7,17 +7,31 @@ import pytest
 import torch
 
 import torchdebug
+from tests.capture.native_compare import on_the_dispatch_mode
 from torchdebug import stats_table
 from torchdebug.capture import overflow_check
 from torchdebug.cli import main
 from torchdebug.nonfinite import find_origin
 
 
+@pytest.fixture(autouse=True, params=["native", "dispatch mode"])
+def path(request, monkeypatch):
+    """Every check runs on both capture paths: the observer's judgment (``native_overflow.py``) and
+    the dispatch mode's (``overflow_check.py``)."""
+    monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)
+    if request.param == "dispatch mode":
+        on_the_dispatch_mode(monkeypatch)
+    return request.param
+
+
 @pytest.fixture(params=["at once", "at flush"])
-def resolution(request, monkeypatch):
-    """CPU results resolve at once; "at flush" makes them wait for the flush as on an accelerator,
-    so the pending-call path (held tensors, copy on write, windows) runs on the CPU too."""
+def resolution(request, monkeypatch, path):
+    """The dispatch mode's CPU results resolve at once; "at flush" makes them wait for the flush as on
+    an accelerator, so the pending-call path (held tensors, copy on write, windows) runs on the CPU
+    too. The native path judges each call as it ends: it has no pending call."""
     if request.param == "at flush":
+        if path == "native":
+            pytest.skip("the native path has no pending call")
         monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
     return request.param
 
@@ -211,7 +225,9 @@ def test_show_names_the_first_overflow_at_the_top(tmp_path, capsys):
 
 
 @pytest.mark.gpu
-def test_the_cuda_check_never_synchronises_per_op(tmp_path):
+def test_the_cuda_check_never_synchronises_per_op(tmp_path, path):
+    if path == "native":
+        pytest.skip("CUDA tensors take the dispatch mode (native_capture.DEVICE_STATISTICS)")
     model = Planted(inf_weight=True).cuda()
     x = torch.randn(2, 3, device="cuda")
     debugger = torchdebug.Debugger(tmp_path, task="overflow_check", overflow_nums=-1)

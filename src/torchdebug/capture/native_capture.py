@@ -26,6 +26,7 @@ from torchdebug.capture.collectives import DISTRIBUTED_DIR
 from torchdebug.capture.filters import NameMatcher, RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_modules import NativeModuleRecorder
+from torchdebug.capture.native_overflow import NativeOverflowCheck
 from torchdebug.capture.native_records import NativeStepCapture, Snapshots
 from torchdebug.capture.native_values import PHASES
 from torchdebug.capture.recompute import RECOMPUTE
@@ -39,7 +40,7 @@ __all__ = ["NativeOpCapture", "why_not_native"]
 
 logger = logging.getLogger("torchdebug.capture.native_capture")
 
-_TASKS = ("structure", "statistics", "checksum", "tensor")
+_TASKS = ("structure", "statistics", "checksum", "tensor", "overflow_check")
 _MODULE_ROW = 2
 """A row whose slots are written as module records (``native_modules.py``; 1: an op call's)."""
 
@@ -57,7 +58,7 @@ STAGE_AFTER_BYTES = 64 << 20
 """Bytes of kept tensors (those the callback does not read: other dtypes and devices) after which
 they are staged at the next op, as before an op writes one: the memory they hold is bounded."""
 
-_READS_VALUES = ("statistics", "checksum", "tensor")
+_READS_VALUES = ("statistics", "checksum", "tensor", "overflow_check")
 """Tasks whose values the native path reads on the CPU only (statistics, fingerprints)."""
 
 
@@ -71,8 +72,8 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
         return f"task={config.task!r} (the native path takes {' and '.join(_TASKS)})"
     if _distributed() and _works() is None:
         return "a distributed run where c10d_work.cpp cannot be built (the native path reads collectives once they complete)"
-    if config.task == "tensor":
-        why = _why_not_for_tensors(config)
+    if config.task in _SAVES_TENSORS:
+        why = _why_not_for_saving(config)
         if why is not None:
             return why
     reads = config.task in _READS_VALUES or config.checksum
@@ -85,18 +86,25 @@ def why_not_native(config: DebuggerConfig, model: nn.Module | None) -> str | Non
     return None
 
 
-def _why_not_for_tensors(config: DebuggerConfig) -> str | None:
-    """Why ``task="tensor"`` takes the dispatch mode: the native path saves every tensor it keeps
-    before the calls are named (at the drain), so it takes no filter by name or side."""
+_SAVES_TENSORS = ("tensor", "overflow_check")
+"""Tasks whose calls' tensors the native path saves as each call runs, before the calls are named."""
+
+
+def _why_not_for_saving(config: DebuggerConfig) -> str | None:
+    """Why ``task="tensor"`` or ``"overflow_check"`` takes the dispatch mode: the native path saves (or
+    judges) the tensors of every call as it runs, before the calls are named (at the drain), so it
+    takes no filter by name or side (the overflow check judges every call, the dispatch mode's the
+    calls selected)."""
+    task = config.task
     for key, value in (("tensor_list", config.tensor_list), ("list", config.list), ("range", config.range)):
         if value:
-            return f"task='tensor' with {key} (the native path saves the tensors before it names the calls)"
+            return f"task={task!r} with {key} (the native path saves the tensors before it names the calls)"
     if config.data_mode != ["all"]:
-        return "task='tensor' with data_mode other than ['all'] (the native path saves every side of every call)"
+        return f"task={task!r} with data_mode other than ['all'] (the native path saves every side of every call)"
     if config.level != "op":
-        return f"task='tensor' at level={config.level!r} (the native path saves the tensors of op calls)"
+        return f"task={task!r} at level={config.level!r} (the native path saves the tensors of op calls)"
     if _distributed():
-        return "task='tensor' in a distributed run (the native path may copy a gloo collective's outputs before they are final)"
+        return f"task={task!r} in a distributed run (the native path may copy a gloo collective's outputs before they are final)"
     return None
 
 
@@ -166,7 +174,9 @@ class NativeOpCapture:
         self._recorded_phase = np.zeros(len(PHASES) + 1, bool)
         """By a row's phase code plus one (-1: a row capture skips): whether its calls are recorded."""
         self._recorded_phase[[PHASES.index(phase) + 1 for phase in recorded if phase in PHASES]] = True
-        self._statistics = session.want_stats
+        self._overflow = NativeOverflowCheck(observer, session.overflow_nums) if session.overflow_nums is not None else None
+        """``task="overflow_check"``: what the observer found (only those calls are recorded, with their tensors)."""
+        self._statistics = session.want_stats or self._overflow is not None
         self._fingerprints = session.want_checksum
         self._tensors = session.want_tensors
         """``task="tensor"``: every tensor is kept (``NativeObserver.defer_cpu``) and saved as it is staged."""
@@ -181,12 +191,12 @@ class NativeOpCapture:
     def start(self) -> None:
         """Observe, unless another capture in this process observes (then this one records no op until
         it stops, and says so once; at level ``module`` its module records go through Python's)."""
-        self._idle = self.observer.running
+        self._idle = self.observer.running or (self._overflow is not None and self._overflow.done)  # (done: no call to check)
+        if self.observer.running and not self._told_busy:
+            self._told_busy = True
+            meanwhile = "records none" if self.rows.ops else "records its module calls through Python"
+            logger.warning("torchdebug: another debugger observes on the native path: this one %s meanwhile", meanwhile)
         if self._idle:
-            if not self._told_busy:
-                self._told_busy = True
-                meanwhile = "records none" if self.rows.ops else "records its module calls through Python"
-                logger.warning("torchdebug: another debugger observes on the native path: this one %s meanwhile", meanwhile)
             return
         self.observer.use_stats(self._statistics)
         self.observer.use_fingerprints(self._fingerprints)
@@ -197,6 +207,8 @@ class NativeOpCapture:
         stage_after = 0 if self._tensors else STAGE_AFTER_BYTES  # (saved at the op, as the dispatch mode saves them)
         self.observer.use_stage_hook(self._stage_kept if self._statistics or self._fingerprints else None, stage_after)
         self.observer.use_works(_works() if _distributed() and self.rows.ops else None, DISTRIBUTED_DIR)
+        if self._overflow is not None:
+            self._overflow.start(self.session.step)
         self.rows.start()
         if self.modules is not None:
             self.modules.observing = True
@@ -231,6 +243,8 @@ class NativeOpCapture:
                 logger.warning("torchdebug: the native op capture lost a step's ops (%s: %s)", type(error).__name__, error)
         finally:
             self._snapshots = None  # (the drain let go of the keys it names tensors by)
+            if self._overflow is not None:
+                self._overflow.stop()
             if self.modules is not None:
                 self.modules.forget()
 
@@ -254,6 +268,10 @@ class NativeOpCapture:
             return  # a write of records failed: capture stopped, as ``CaptureSession.add_call`` stops
         rows = self.rows.name_rows(ops)
         recorded = self._recorded_phase[rows.phase.astype(np.intp) + 1]
+        snapshots, saving = self._snapshots, None
+        if self._overflow is not None:  # only the calls found, their tensors saved
+            recorded, saving = self._overflow.recorded(ops, rows.columns, recorded, session.step)
+            snapshots = self.rows.snapshots(session.snapshot, session.view_ref)
         if self._by_name:  # a range or name patterns: each candidate call's name, in row order
             names, range_gate = self.names, self.range
             call_names = rows.columns["call_name"].to_pylist()
@@ -286,7 +304,8 @@ class NativeOpCapture:
             fingerprints=self._fingerprints,
             stage=session.stage_stats,
             deliver=session.flush,
-            snapshots=self._snapshots,
+            snapshots=snapshots,
+            saving=saving,
         )
         if self.modules is not None:
             slots = self.rows.record_slots

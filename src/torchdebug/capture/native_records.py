@@ -697,6 +697,7 @@ class NativeStepCapture:
         stage: Callable[[list[tuple]], None] | None = None,
         deliver: Callable[[], None] | None = None,
         snapshots: Snapshots | None = None,
+        saving: dict[int, torch.Tensor] | None = None,
     ) -> pa.RecordBatch:
         """The records of the slots of the rows ``recorded`` marks (``int8`` per row; default: every
         row with a call in ``rows``), of the sides in ``ios``, as one record batch of the store's
@@ -715,7 +716,8 @@ class NativeStepCapture:
         allocation's, an argument the op overwrites) is described, not read
         (``CaptureSession.add_call``'s ``unread``). With ``snapshots`` (``task="tensor"``, every
         tensor kept), each read slot's tensor is saved (those staged before were saved then), and
-        ``deliver`` names their files.
+        ``deliver`` names their files; ``saving`` (by drained slot) gives the tensors saved in place of
+        the kept ones (``task="overflow_check"``: the copies the observer kept of the calls it found).
 
         What the slots' order tells (value ids, which statistics a slot shares, memory not written
         yet) comes from the C++ walk (``native_values.py``); the columns are made from the drained
@@ -787,7 +789,11 @@ class NativeStepCapture:
             statistics=statistics,
             fingerprints=fingerprints,
         )
-        tensors = self._saved_refs(ops, walked, staged, kept, snapshots) if snapshots is not None else None
+        tensors = (
+            self._saved_refs(ops, walked, staged, kept if saving is None else saving, snapshots)
+            if snapshots is not None
+            else None
+        )
         due = [item for item in due if item[1] is not None or item[2] is not None]
         if due and stage is not None:
             self._failed_to_stage(stage, due)  # (what failed is left empty: said below)

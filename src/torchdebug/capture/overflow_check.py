@@ -308,12 +308,12 @@ class OverflowWatch:
         self.session.add_call(iter(call.outputs), io="output", mutated=call.mutable, unread=call.info.unread_outputs, **common)
         c = call.common
         name = make_name(c["phase"], c["module"], c["op"], c["call"], "output", "").removesuffix("/output")
-        log = logger.warning if self.found == 1 else logger.info
-        what = "made a NaN/Inf" if kind == ORIGIN else "passes on a NaN no checked op of the step made"
-        log(
-            "%s NaN/Inf of the run, step %d: %s %s",
-            "first" if self.found == 1 else f"#{self.found}",
-            call.step,
-            describe_call(name, c["phase"], c["module"], c["fwd"], c["source"]),
-            what,
-        )
+        log_found(self.found, call.step, describe_call(name, c["phase"], c["module"], c["fwd"], c["source"]), kind)
+
+
+def log_found(found: int, step: int, call: str, kind: str) -> None:
+    """Log the ``found``-th call of the run that made a NaN/Inf (``kind`` :data:`~torchdebug.nonfinite.ORIGIN`)
+    or passed one on (an entry), ``call`` as ``nonfinite.describe_call`` says it: the first as a warning."""
+    log = logger.warning if found == 1 else logger.info
+    what = "made a NaN/Inf" if kind == ORIGIN else "passes on a NaN no checked op of the step made"
+    log("%s NaN/Inf of the run, step %d: %s %s", "first" if found == 1 else f"#{found}", step, call, what)

@@ -91,6 +91,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -124,6 +125,7 @@ void PyErr_Fetch(void** type, void** value, void** traceback);  // takes the err
 void PyErr_Restore(void* type, void* value, void* traceback);   // sets it again (steals the references)
 void* PyObject_CallNoArgs(void* callable);     // a new reference, or null (an error set)
 long long PyLong_AsLongLong(void* number);     // -1 with an error set on failure
+void* PyLong_FromLongLong(long long number);   // a new reference, or null (an error set)
 void* PyObject_Type(void* object);             // a new reference
 void* PyObject_CallFunctionObjArgs(void* callable, ...);  // arguments ending in null; a new reference, or null (an error set)
 }
@@ -1789,6 +1791,7 @@ struct Frame {
   int8_t functional = 0;    // kRecorded: OpInfo::functional
   bool detach = false;      // kRecorded: a detach of a plain tensor (settle_detached)
   bool compiled = false;    // a compiled scope (compiled_scope): counted in compiled_scopes while open
+  uint64_t unwritten_inputs = 0;  // kRecorded, task="overflow_check": its input slots on unwritten memory (watch::unwritten_inputs)
 };
 
 // Whether an op called with `inputs` is a factory: no tensor argument, alone or in a list.
@@ -1830,6 +1833,8 @@ struct ThreadState {
   int64_t detached_row = -1;  // its row (-1: none)
   bool in_hook = false;       // a hook of Python's runs (find_subclasses, owner_context): what it calls is not the step's
   int compiling = 0;          // Dynamo compiles on this thread (td_observer_compiling): what runs meanwhile is the compiler's
+  // task="overflow_check": copies of what open calls write, as each started (watch::copy_written).
+  std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>> written_copies;
 };
 thread_local ThreadState state;
 
@@ -2015,7 +2020,7 @@ OpInfo recorded_op_info(const at::RecordFunction& fn) {
   auto found = recorder.ops.find(fn.name());
   if (found != recorder.ops.end()) return found->second;
   auto name = fn.operator_name();
-  if (!name.has_value() || (name->name == "torchdebug::observer_kept")) return OpInfo{-1, kNotOp};
+  if (!name.has_value() || name->name.rfind("torchdebug::observer_", 0) == 0) return OpInfo{-1, kNotOp};  // (its own ops)
   OpInfo info{static_cast<int32_t>(recorder.names.size()), kind_of(*name)};
   if (auto op = c10::Dispatcher::singleton().findOp(*name); op.has_value()) {
     for (auto key : c10::autocast_dispatch_keyset) {
@@ -2319,6 +2324,314 @@ void stage_kept_now(ThreadState& thread) {
   snapshot_written(recorder.slots, thread, writes, true);
 }
 
+// ---- task="overflow_check": the op calls that make a NaN or an Inf, judged as each ends ----------
+// capture/native_overflow.py hands over nonfinite.py's rule as tables (td_observer_watch_overflow):
+// each dtype's largest finite magnitude, the numbers that count as a given limit, and OriginTracker's
+// verdict for every combination of flags and state, so the rule stays written once. Each recorded
+// call is judged as it ends, from the statistics its slots took (the callback's; a dtype the
+// callback does not sum, float16 or complex, is looked at with torch ops) and its numbers; a call
+// found to make a NaN/Inf (an origin) or to pass on one no call made (an entry) keeps copies of its
+// tensors as they were at the call (what it writes copied as it starts), which the drain hands over
+// with its row (td_observer_overflow_found). Python's facts of an op (which of its slots hold no
+// value of the run) are asked once per op, of the first call whose outputs hold a NaN or an Inf.
+namespace watch {
+constexpr int kNan = 1, kInf = 2, kLimit = 4;  // nonfinite.py's NAN, INF, LIMIT
+constexpr int kOrigin = 2, kEntry = 3;         // verdict kinds (native_overflow.py's codes)
+constexpr int64_t kNeverJudged = 1;            // facts: an allocation, a collective, a wait
+constexpr int64_t kAllocates = int64_t{1} << 30;  // facts: an allocation (its outputs hold no value)
+constexpr int kUnreadInputs = 1, kUnreadOutputs = 32;  // facts: bit kUnreadInputs + position, kUnreadOutputs + index
+
+std::atomic<bool> on{false};
+// Recorder::mutex held for all below.
+std::array<double, 128> limits{};      // by ScalarType: finfo(dtype).max, +inf where none, NaN: not judged
+std::vector<double> given;             // magnitudes of numbers that count as a given limit
+std::array<uint8_t, 256> verdicts{};   // by in | out << 3 | made << 6 | held << 7: kind | made << 2 | held << 3
+std::atomic<void*> facts_hook{nullptr};  // PyObject*: (op id) -> int, held by Python
+std::vector<int64_t> facts;            // by op id; -1: not asked yet
+// Storages (by slot key) an allocation handed out and nothing wrote since, with the allocation's
+// output and its version then (unwritten.py's UnwrittenStorages).
+std::unordered_map<int64_t, std::pair<WeakImpl, int64_t>> unwritten;
+bool made = false, held = false;       // OriginTracker's state in this step
+int64_t budget = -1;                   // calls whose tensors are still kept (-1: no end)
+std::vector<int64_t> rows;             // the calls found (absolute rows) and their kinds
+std::vector<int8_t> kinds;
+std::vector<int64_t> kept_slots;       // the slot (an index into recorder.slots) of each copy kept
+std::vector<at::Tensor> kept;
+std::vector<int64_t> handed_rows, handed_slots;  // what the last drain handed over (td_observer_overflow_found)
+std::vector<int8_t> handed_kinds;
+std::vector<at::Tensor> handed;
+
+using Copies = std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>>;  // (frame depth, argument, element, copy)
+
+bool judged_dtype(int8_t dtype) { return dtype >= 0 && static_cast<size_t>(dtype) < limits.size() && !std::isnan(limits[dtype]); }
+
+// A copy of `tensor` made unseen (no row, no graph), as snapshot_kept makes one.
+at::Tensor copy_of(const at::Tensor& tensor) {
+  at::DisableRecordFunctionGuard no_observer;
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKey::Python);
+  return tensor.clone();
+}
+
+bool copyable(const c10::IValue& value) {
+  if (!is_tensor(value)) return false;
+  const auto* impl = value.unsafeToTensorImpl();
+  return !impl->key_set().has(c10::DispatchKey::Python) && impl->layout() == c10::kStrided && impl->is_cpu() &&
+         impl->numel() > 0 && judged_dtype(static_cast<int8_t>(impl->dtype().toScalarType()));
+}
+
+// As a call that writes its arguments starts (its frame at `depth`): copy what it writes, its values
+// before the call, which a call found keeps as its inputs (ThreadState::written_copies).
+void copy_written(Copies& copies, size_t depth, const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
+  for (auto position : *info.written) {
+    if (static_cast<size_t>(position) >= inputs.size()) continue;
+    const auto& value = inputs[static_cast<size_t>(position)];
+    if (copyable(value)) {
+      copies.emplace_back(depth, position, int16_t{-1}, copy_of(value.toTensor()));
+    } else if (value.isList()) {
+      auto items = value.toListRef();
+      for (size_t index = 0; index < items.size(); ++index) {
+        if (copyable(items[index])) copies.emplace_back(depth, position, static_cast<int16_t>(index), copy_of(items[index].toTensor()));
+      }
+    }
+  }
+}
+
+// The flags of a number given as JSON text: nonfinite.value_flags (a bool, a list, a string: none).
+int number_flags(const std::string& text) {
+  if (text.empty() || !(text[0] == '-' || text[0] == 'N' || text[0] == 'I' || (text[0] >= '0' && text[0] <= '9'))) return 0;
+  char* end = nullptr;
+  double number = std::strtod(text.c_str(), &end);
+  if (end == nullptr || *end != '\0') return 0;
+  if (std::isnan(number)) return kNan;
+  if (std::isinf(number)) return kInf;
+  return std::find(given.begin(), given.end(), std::fabs(number)) != given.end() ? kLimit : 0;
+}
+
+// The tensor of a recorder slot, if alive (a sweep let go of the slot's reference into Recorder::seen).
+at::Tensor slot_tensor(size_t slot) {
+  auto& slots = recorder.slots;
+  c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> strong;
+  if (!refers_to_nothing(slots.alive[slot])) {
+    strong = slots.alive[slot].lock();
+  } else if (const auto* found = recorder.seen.find(slots.value[slot]); found != nullptr) {
+    strong = found->second.weak.lock();
+  }
+  return strong ? at::Tensor(std::move(strong)) : at::Tensor();
+}
+
+// The flags of a tensor slot (nonfinite.tensor_flags of its statistics); with `limits_too` false,
+// NaN and Inf alone (an output's); `before`: a written argument's copy, its values at the call.
+int tensor_flags(size_t slot, bool limits_too, const at::Tensor& before = at::Tensor()) {
+  auto& slots = recorder.slots;
+  auto dtype = slots.dtype[slot];
+  if (slots.flag[slot] != kPlain && slots.flag[slot] != kSubclass) return 0;
+  if (!judged_dtype(dtype)) return 0;
+  double limit = limits[dtype];
+  if (slots.has_stats[slot]) {
+    const double* sums = slots.stats.data() + slot * kStatsWidth;  // min, max, sum, squares, nan, posinf, neginf, zeros
+    int flags = (sums[4] > 0 ? kNan : 0) | (sums[5] + sums[6] > 0 ? kInf : 0);
+    if (limits_too && (sums[1] >= limit || sums[0] <= -limit)) flags |= kLimit;
+    return flags;
+  }
+  if (slots.flag[slot] != kPlain || slots.device_type[slot] != static_cast<int8_t>(c10::DeviceType::CPU)) return 0;
+  auto tensor = before.defined() ? before : slot_tensor(slot);  // a dtype the callback does not sum: torch's ops look
+  if (!tensor.defined() || tensor.numel() == 0 || tensor.layout() != c10::kStrided) return 0;
+  try {
+    at::DisableRecordFunctionGuard no_observer;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKey::Python);
+    if (tensor.is_complex()) {
+      tensor = tensor.abs();  // (statistics' values: stats/_torch_ops.py's as_real)
+    } else if (c10::isFloat8Type(tensor.scalar_type())) {
+      tensor = tensor.to(at::kFloat);
+    }
+    if (!limits_too && tensor.isfinite().all().item<bool>()) return 0;
+    int flags = (tensor.isnan().any().item<bool>() ? kNan : 0) | (tensor.isinf().any().item<bool>() ? kInf : 0);
+    if (limits_too && std::isfinite(limit) && (tensor.abs() >= limit).any().item<bool>()) flags |= kLimit;
+    return flags;
+  } catch (const std::exception&) {  // a dtype torch's ops do not take: not judged
+    return 0;
+  }
+}
+
+// Python's facts of op `id` (asked once: with the GIL, what the hook runs hidden), 0 without a hook.
+int64_t op_facts(ThreadState& thread, int32_t id) {
+  {
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    if (static_cast<size_t>(id) < facts.size() && facts[id] >= 0) return facts[id];
+  }
+  int64_t found = 0;
+  void* hook = facts_hook.load(std::memory_order_relaxed);
+  if (hook != nullptr && Py_IsInitialized()) {
+    auto gil = PyGILState_Ensure();
+    bool in_hook = thread.in_hook;
+    thread.in_hook = true;
+    void* argument = PyLong_FromLongLong(id);
+    void* result = argument != nullptr ? call_hook(hook, argument) : nullptr;
+    if (argument != nullptr) Py_DecRef(argument);
+    if (result != nullptr) {
+      found = PyLong_AsLongLong(result);
+      if (found < 0) {
+        PyErr_Clear();
+        found = 0;
+      }
+      Py_DecRef(result);
+    } else {
+      PyErr_Clear();
+    }
+    thread.in_hook = in_hook;
+    PyGILState_Release(gil);
+  }
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  if (facts.size() <= static_cast<size_t>(id)) facts.resize(static_cast<size_t>(id) + 1, -1);
+  facts[id] = found;
+  return found;
+}
+
+// The first slot of the row recorded at `row` among the recorder's slots (those of later rows follow it).
+size_t first_slot_of(int64_t row) {
+  const auto& slots = recorder.slots;
+  auto from = slots.row.size();
+  while (from > 0 && slots.row[from - 1] >= row) --from;
+  return from;
+}
+
+// The copy of a written argument's tensor made as the call started, if any.
+at::Tensor copy_before(const Copies& copies, int16_t arg, int16_t element) {
+  for (const auto& copy : copies) {
+    if (std::get<1>(copy) == arg && std::get<2>(copy) == element) return std::get<3>(copy);
+  }
+  return at::Tensor();
+}
+
+// Whether slot `slot` (plain) lies on memory nothing has written since an allocation handed it out
+// (unwritten.py's UnwrittenStorages.why): its marker alive and at the version it had then.
+bool unwritten_slot(size_t slot) {
+  if (unwritten.empty() || recorder.slots.flag[slot] != kPlain) return false;
+  auto found = unwritten.find(recorder.slots.storage[slot]);
+  if (found == unwritten.end()) return false;
+  auto holder = found->second.first.lock();
+  if (holder && Slots::current_version(holder.get()) == found->second.second) return true;
+  unwritten.erase(found);
+  return false;
+}
+
+// As a recorded call starts (its input slots from `first` on): which of them lie on unwritten memory
+// (Frame::unwritten_inputs, by input slot, the first 64).
+uint64_t unwritten_inputs(size_t first) {
+  uint64_t mask = 0;
+  for (auto slot = first; slot < recorder.slots.row.size() && slot - first < 64; ++slot) {
+    if (unwritten_slot(slot)) mask |= uint64_t{1} << (slot - first);
+  }
+  return mask;
+}
+
+// A recorded call ended (its frame `frame`, popped; `copies`: what it wrote, as it started): follow
+// the memory it handed out or wrote, judge it, and keep copies of its tensors if it is an origin or
+// an entry.
+void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
+  int32_t op = -1;
+  int64_t known = -1;
+  {
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    auto at = frame.row - recorder.first_row;
+    if (at < 0 || at >= static_cast<int64_t>(recorder.op.size())) return;
+    op = recorder.op[static_cast<size_t>(at)];
+    if (static_cast<size_t>(op) < facts.size()) known = facts[static_cast<size_t>(op)];
+  }
+  auto op_facts_now = known >= 0 ? known : op_facts(thread, op);  // (Python, once an op)
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  auto& slots = recorder.slots;
+  auto from = first_slot_of(frame.row);
+  if (op_facts_now & kAllocates) {  // its outputs hold no value until an op writes them (markable)
+    for (auto slot = from; slot < slots.row.size(); ++slot) {
+      if (slots.row[slot] != frame.row || slots.io[slot] != 1 || slots.flag[slot] != kPlain || slots.version[slot] < 0) continue;
+      auto tensor = slot_tensor(slot);
+      if (tensor.defined()) unwritten.try_emplace(slots.storage[slot], WeakImpl(tensor.getIntrusivePtr()), Slots::current_version(tensor.unsafeGetTensorImpl()));
+    }
+    return;
+  }
+  if (op_facts_now & kNeverJudged) return;
+  auto unread = [&](size_t slot) {
+    int bit = slots.io[slot] == 0 ? kUnreadInputs + slots.arg[slot] : kUnreadOutputs + slots.arg[slot];
+    return slots.arg[slot] >= 0 && slots.arg[slot] < 24 && ((op_facts_now >> bit) & 1);
+  };
+  if (!unwritten.empty()) {  // what it wrote holds values from now on: its undeclared writes, and with writes its outputs
+    for (auto slot = from; slot < slots.row.size(); ++slot) {
+      if (slots.row[slot] == frame.row && slots.flag[slot] == kPlain && ((slots.io[slot] == 0 && unread(slot)) || (slots.io[slot] == 1 && frame.writes >= 0))) {
+        unwritten.erase(slots.storage[slot]);
+      }
+    }
+  }
+  int in = 0, out = 0;
+  size_t input = 0;
+  for (auto slot = from; slot < slots.row.size(); ++slot) {
+    if (slots.row[slot] != frame.row) continue;
+    bool on_unwritten = slots.io[slot] == 0 ? input < 64 && ((frame.unwritten_inputs >> input) & 1) : unwritten_slot(slot);
+    if (slots.io[slot] == 0) ++input;
+    if (unread(slot) || on_unwritten) continue;
+    if (slots.io[slot] == 1) {
+      out |= tensor_flags(slot, false);
+    } else {
+      in |= slots.flag[slot] == kValue ? number_flags(slots.text[slot]) : tensor_flags(slot, true, copy_before(copies, slots.arg[slot], slots.element[slot]));
+    }
+  }
+  if (!(out & (kNan | kInf))) return;  // (nearly every call: finite, or nothing judged)
+  auto verdict = verdicts[static_cast<size_t>(in | out << 3 | (made ? 1 : 0) << 6 | (held ? 1 : 0) << 7)];
+  made = (verdict >> 2) & 1;
+  held = (verdict >> 3) & 1;
+  int kind = verdict & 3;
+  if ((kind != kOrigin && kind != kEntry) || budget == 0) return;
+  if (budget > 0) --budget;
+  rows.push_back(frame.row);
+  kinds.push_back(static_cast<int8_t>(kind));
+  for (auto slot = from; slot < slots.row.size(); ++slot) {
+    if (slots.row[slot] != frame.row || slots.flag[slot] != kPlain || unread(slot)) continue;
+    auto copy = slots.io[slot] == 0 ? copy_before(copies, slots.arg[slot], slots.element[slot]) : at::Tensor();
+    if (!copy.defined()) {
+      auto tensor = slot_tensor(slot);
+      if (!tensor.defined() || tensor.numel() == 0) continue;  // (an empty one is made at the drain)
+      copy = copy_of(tensor);
+    }
+    kept_slots.push_back(static_cast<int64_t>(slot));
+    kept.push_back(std::move(copy));
+  }
+}
+
+// At a drain of `slots` slot rows and the op rows before `end_row`: hand over what was found there.
+void hand_over(size_t slots, int64_t end_row) {
+  handed_rows.clear();
+  handed_kinds.clear();
+  handed_slots.clear();
+  handed.clear();
+  size_t left = 0;  // (rows still open stay, in their order)
+  for (size_t at = 0; at < rows.size(); ++at) {
+    if (rows[at] < end_row) {
+      handed_rows.push_back(rows[at]);
+      handed_kinds.push_back(kinds[at]);
+    } else {
+      rows[left] = rows[at];
+      kinds[left++] = kinds[at];
+    }
+  }
+  rows.resize(left);
+  kinds.resize(left);
+  left = 0;
+  for (size_t at = 0; at < kept_slots.size(); ++at) {
+    if (static_cast<size_t>(kept_slots[at]) < slots) {
+      handed_slots.push_back(kept_slots[at]);
+      handed.push_back(std::move(kept[at]));
+    } else {
+      kept_slots[left] = kept_slots[at] - static_cast<int64_t>(slots);
+      kept[left++] = std::move(kept[at]);
+    }
+  }
+  kept_slots.resize(left);
+  kept.resize(left);
+}
+}  // namespace watch
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
   auto& thread = thread_ref(state);
@@ -2465,6 +2778,9 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
     thread.frames.back().factory = no_tensor_argument(inputs);
     thread.frames.back().writes = note_writes(thread, info, inputs);
+    if (thread.frames.back().writes >= 0 && watch::on.load(std::memory_order_relaxed)) {
+      watch::copy_written(thread.written_copies, thread.frames.size() - 1, info, inputs);
+    }
     snapshot_written(stash.slots, thread, thread.frames.back().writes);
     if (thread.frames.back().writes >= 0) {
       std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -2483,6 +2799,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   note_unnumbered(thread, row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
+  auto first_input = recorder.slots.row.size();
   recorder.slots.add_all(at_row, 0, inputs, args);
   if (subclasses) plain_of.clear();
   if (info.mutable_op) forget_reads_of(inputs);
@@ -2492,8 +2809,12 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   // (an op with no autograd kernel goes below autograd at once: what it calls is hidden, live or not)
   thread.frames.push_back({kRecorded, live && info.kind != kNoAutograd, false, at_row, args, info.frame_op,
                            info.args != nullptr && !info.args->outputs.empty()});
+  if (watch::on.load(std::memory_order_relaxed) && !watch::unwritten.empty()) thread.frames.back().unwritten_inputs = watch::unwritten_inputs(first_input);
   thread.frames.back().factory = no_tensor_argument(inputs);
   thread.frames.back().writes = note_writes(thread, info, inputs);
+  if (thread.frames.back().writes >= 0 && watch::on.load(std::memory_order_relaxed)) {
+    watch::copy_written(thread.written_copies, thread.frames.size() - 1, info, inputs);
+  }
   snapshot_written(recorder.slots, thread, thread.frames.back().writes);
   if (materializing) thread.frames.back().cloned = inputs[0].unsafeToTensorImpl();  // (fn.inputs() lives only through on_enter)
   thread.frames.back().functional = info.functional;
@@ -2572,6 +2893,13 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   auto frame = last;
   thread.frames.pop_back();
+  watch::Copies copies;  // (task="overflow_check": what this call writes, as it started)
+  if (!thread.written_copies.empty() && std::get<0>(thread.written_copies.back()) >= thread.frames.size()) {
+    auto first = thread.written_copies.size();
+    while (first > 0 && std::get<0>(thread.written_copies[first - 1]) >= thread.frames.size()) --first;
+    std::move(thread.written_copies.begin() + static_cast<std::ptrdiff_t>(first), thread.written_copies.end(), std::back_inserter(copies));
+    thread.written_copies.resize(first);
+  }
   std::vector<c10::IValue> saved;  // where the op raised after its kernel: what it returned (saved_outputs)
   if (!thread.saved.empty() && thread.saved.back().first >= thread.frames.size()) {
     if (frame.kind == kRecorded && frame.returns && fn.outputs().empty()) saved = saved_outputs(thread, thread.frames.size(), fn);
@@ -2646,6 +2974,9 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     }
   }
   if (frame.kind == kRecorded && frame.cloned != nullptr) read_clone_instead(thread, frame.cloned, fn.outputs());  // (the lock let go)
+  if (frame.kind == kRecorded && !frame.collective && frame.functional == 0 && !thread.in_hook && watch::on.load(std::memory_order_relaxed)) {
+    watch::judge(thread, frame, copies);
+  }
   // Staged at every op (stage_bytes 0: task="tensor"): its outputs now, before code no op shows
   // writes or frees their memory (inductor's kernels between its extern ops, FSDP2's reshard).
   if (stage_due && !thread.in_hook && stage_bytes.load(std::memory_order_relaxed) == 0) stage_kept_now(thread);
@@ -2956,6 +3287,7 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   from.kept_version.erase(from.kept_version.begin(), from.kept_version.begin() + static_cast<std::ptrdiff_t>(kept));
   from.kept_original.erase(from.kept_original.begin(), from.kept_original.begin() + static_cast<std::ptrdiff_t>(kept));
   from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));
+  watch::hand_over(slots, recorder.first_row + static_cast<int64_t>(ops));
   recorder.first_row += static_cast<int64_t>(ops);
 }
 
@@ -3090,6 +3422,56 @@ void td_observer_defer_cpu(int defer) { defer_cpu.store(defer != 0); }
 void td_observer_staged_facts(int64_t* out) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   std::copy(staged_facts.begin(), staged_facts.end(), out);
+}
+
+// task="overflow_check" (the watch namespace): judge each recorded call as it ends, by `verdicts`
+// (256 entries: OriginTracker's), `limits` (by ScalarType code, `limit_count` of them: finfo.max,
+// +inf where none, NaN for a dtype not judged) and the `given` magnitudes of numbers that count as a
+// given limit; `hook` (held by Python): an op id's facts; `fresh`: a check's first start (the facts
+// and the unwritten memory known are forgotten). on 0: no longer (what was found is dropped).
+void td_observer_watch_overflow(int on, const uint8_t* verdicts, const double* limits, int64_t limit_count, const double* given,
+                                int64_t given_count, void* hook, int fresh) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  watch::on.store(false);
+  watch::facts_hook.store(on ? hook : nullptr);
+  if (fresh) {  // a check's first start: what the last one knew of ops and memory is not its
+    watch::facts.clear();
+    watch::unwritten.clear();
+  }
+  watch::rows.clear();
+  watch::kinds.clear();
+  watch::kept_slots.clear();
+  watch::kept.clear();
+  if (!on) return;
+  std::copy(verdicts, verdicts + watch::verdicts.size(), watch::verdicts.begin());
+  watch::limits.fill(std::nan(""));
+  std::copy(limits, limits + std::min<int64_t>(limit_count, static_cast<int64_t>(watch::limits.size())), watch::limits.begin());
+  watch::given.assign(given, given + given_count);
+  watch::budget = -1;
+  watch::on.store(true);
+}
+
+// At most `budget` calls found from now on keep their tensors (-1: all); `reset`: a new step,
+// OriginTracker's state afresh.
+void td_observer_overflow_step(int64_t budget, int reset) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  if (reset) watch::made = watch::held = false;
+  watch::budget = budget;
+}
+
+// The calls the last drain handed over as found, and the copies kept for their slots: counts[0], counts[1].
+void td_observer_overflow_counts(int64_t* counts) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  counts[0] = static_cast<int64_t>(watch::handed_rows.size());
+  counts[1] = static_cast<int64_t>(watch::handed_slots.size());
+}
+
+// Those calls' rows (absolute) and kinds, and the drained slot of each copy (observer_overflow_kept's order).
+void td_observer_overflow_found(int64_t* rows, int8_t* kinds, int64_t* slots) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  std::copy(watch::handed_rows.begin(), watch::handed_rows.end(), rows);
+  std::copy(watch::handed_kinds.begin(), watch::handed_kinds.end(), kinds);
+  std::copy(watch::handed_slots.begin(), watch::handed_slots.end(), slots);
 }
 
 // c10d_work.cpp's td_work_completed and td_work_wait, and torch.distributed's folder (what a code
@@ -3237,9 +3619,18 @@ std::vector<at::Tensor> observer_stage_kept() {
   return out;
 }
 
+// The copies of the tensors of the calls found (td_observer_overflow_found), each handed once.
+std::vector<at::Tensor> observer_overflow_kept() {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  std::vector<at::Tensor> out;
+  out.swap(watch::handed);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchdebug, library) {
+  library.def("observer_overflow_kept() -> Tensor[]", &observer_overflow_kept);
   library.def("observer_kept() -> Tensor[]", &observer_kept);
   library.def("observer_stage_kept() -> Tensor[]", &observer_stage_kept);
 }

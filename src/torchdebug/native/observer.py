@@ -74,6 +74,36 @@ class StagedFacts(NamedTuple):
     """The collectives' writes into its storage so far (they move no version)."""
 
 
+class OverflowRule(NamedTuple):
+    """``nonfinite.py``'s rule as :meth:`NativeObserver.watch_overflow` takes it (``capture/native_overflow.py`` makes it)."""
+
+    verdicts: bytes
+    """256 entries, by ``inputs | outputs << 3 | made << 6 | held << 7`` (flags, and ``OriginTracker``'s
+    state): the kind (0 none, 1 given, :data:`ORIGIN_FOUND`, :data:`ENTRY_FOUND`) ``| made << 2 | held << 3`` after the call."""
+    limits: list[float]
+    """By ``c10::ScalarType`` code: the dtype's largest finite magnitude (inf where none), NaN for a dtype not judged."""
+    given: list[float]
+    """Magnitudes of numbers that count as a given limit."""
+    facts: Callable[[int], int]
+    """An op id's facts (``watch`` in ``observer.cpp``): 1 never judged; bit ``1 + position`` an input
+    it does not read, ``32 + index`` an output holding no value it made."""
+
+
+ORIGIN_FOUND, ENTRY_FOUND = 2, 3
+""":attr:`OverflowFound.kinds`: a call that made a NaN/Inf, one that passed on a NaN no call made."""
+
+
+class OverflowFound(NamedTuple):
+    """The calls :meth:`NativeObserver.watch_overflow` found among the rows drained last."""
+
+    rows: array
+    """Their rows (absolute, as ``slot_row``), in the order they ended."""
+    kinds: array
+    """:data:`ORIGIN_FOUND` or :data:`ENTRY_FOUND`, by call."""
+    kept: dict[int, torch.Tensor]
+    """By drained slot: a copy of its tensor as the call had it."""
+
+
 GRAD_ON, CHECKPOINT_NODE = 1, 2
 """:attr:`ObservedOps.mark` bits Python reads: grad mode was on; run by a reentrant checkpoint's node.
 (4 is ``native_values.RECOMPUTED``, which Python adds; read by the walk only: 8, a forward op that made
@@ -328,6 +358,23 @@ class NativeObserver:
         if self._frame_callback_setter is not None:  # the hooks run with Dynamo off (observer.cpp's call_hook)
             library.td_observer_use_eval_frame(id(self._frame_callback_setter), id(None))
         library.td_observer_finish_functional.restype = None
+        library.td_observer_watch_overflow.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int,
+        ]
+        library.td_observer_watch_overflow.restype = None
+        library.td_observer_overflow_step.argtypes = [ctypes.c_int64, ctypes.c_int]
+        library.td_observer_overflow_step.restype = None
+        library.td_observer_overflow_counts.argtypes = [ctypes.c_void_p]
+        library.td_observer_overflow_counts.restype = None
+        library.td_observer_overflow_found.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        library.td_observer_overflow_found.restype = None
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
@@ -534,6 +581,40 @@ class NativeObserver:
         0; ``None``: none is called (the instance is not described)."""
         self._subclass_hook = hook  # alive while the observer holds its address
         self._lib.td_observer_use_subclass_hook(None if hook is None else id(hook))
+
+    def watch_overflow(self, rule: OverflowRule | None, fresh: bool = False) -> None:
+        """Judge each recorded call as it ends by ``rule`` (``task="overflow_check"``), and keep copies
+        of the tensors of those found, which :meth:`overflow_found` hands over after each drain;
+        ``fresh``: a check's first start (what the observer learnt of ops' facts and of memory no op
+        wrote yet is forgotten). ``None``: no longer (what was found and not drained is dropped)."""
+        self._overflow_rule = rule  # (its hook alive while the observer holds its address)
+        if rule is None:
+            self._lib.td_observer_watch_overflow(0, None, None, 0, None, 0, None, 0)
+            return
+        limits = array("d", rule.limits)
+        given = array("d", rule.given)
+        self._lib.td_observer_watch_overflow(
+            1, rule.verdicts, limits.buffer_info()[0], len(limits), given.buffer_info()[0], len(given), id(rule.facts), int(fresh)
+        )
+
+    def op_name(self, op_id: int) -> str:
+        """The name of op ``op_id`` (``aten.mm.default``), drained or not."""
+        return self._lib.td_observer_op_name(op_id).decode()
+
+    def overflow_step(self, budget: int, reset: bool) -> None:
+        """For :meth:`watch_overflow`: at most ``budget`` calls found from now on keep their tensors (-1:
+        every one); ``reset``: a new step, no NaN/Inf seen in it yet."""
+        self._lib.td_observer_overflow_step(budget, int(reset))
+
+    def overflow_found(self) -> OverflowFound:
+        """The calls :meth:`watch_overflow` found among the rows the last :meth:`drain` drained."""
+        counts = array("q", [0, 0])
+        self._lib.td_observer_overflow_counts(counts.buffer_info()[0])
+        rows, kinds, slots = array("q", [0]) * counts[0], array("b", [0]) * counts[0], array("q", [0]) * counts[1]
+        if counts[0] or counts[1]:
+            self._lib.td_observer_overflow_found(rows.buffer_info()[0], kinds.buffer_info()[0], slots.buffer_info()[0])
+        kept = torch.ops.torchdebug.observer_overflow_kept() if counts[1] else []
+        return OverflowFound(rows, kinds, dict(zip(slots, kept)))
 
     def finish_collectives(self) -> None:
         """Wait for the collectives still in flight and record their outputs (before :meth:`stop`)."""

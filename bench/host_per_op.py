@@ -19,8 +19,8 @@ least CPU time of any block of the mode against the least of the plain blocks, w
 neighbour on a shared machine can only raise (the figure to compare two commits by).
 ``dispatch-mode`` is an empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode
 capture. ``structure/op native``, ``statistics/op native``, ``statistics+checksum/op native`` and
-``checksum/op native`` (and ``statistics/mix native``, ``statistics/module native`` and ``tensor/op
-native``, not run by default) are those modes on the native observer (the default path; a native arm that fell back is
+``checksum/op native`` (and ``statistics/mix native``, ``statistics/module native``, ``tensor/op
+native`` and ``overflow_check/op native``, not run by default) are those modes on the native observer (the default path; a native arm that fell back is
 marked so); the other arms are held on the dispatch mode (``statistics/module``: on Python's module
 records) with the C kernels still on (``debugger.why_not_native`` answers for them while their
 debugger is built).
@@ -72,6 +72,7 @@ PATH_MODES = {
         "statistics/mix",
         "statistics/module",
         "tensor/op",
+        "overflow_check/op",
     )
 }
 """The native path's tasks with their dispatch-mode configs (stacks on), built on the native path."""

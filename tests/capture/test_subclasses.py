@@ -146,8 +146,11 @@ def test_a_nan_in_a_wrapped_tensor_is_found_by_the_overflow_check(tmp_path, nati
     thin = Wrapped(torch.tensor([0.0, 1.0]))
     with torchdebug.dump(tmp_path, task="overflow_check"):
         thin / 0.0
-    records = torchdebug.load(tmp_path).ranks[0].records()
+    dump = torchdebug.load(tmp_path).ranks[0]
+    records = dump.records()
     assert {r.call_name for r in records} == {"forward/-/aten.div.Tensor#0"}
+    wrapped = next(r for r in records if r.extra.get("subclass") == "Wrapped")
+    assert torch.equal(dump.load_tensor(wrapped), thin._inner)  # saved through its inner tensor
 
 
 # -- DTensor and FSDP2 on two gloo ranks ----------------------------------------------------------

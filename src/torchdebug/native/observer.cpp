@@ -2489,6 +2489,24 @@ int64_t op_facts(ThreadState& thread, int32_t id) {
   return found;
 }
 
+// The plain tensor holding the elements of subclass instance `impl`, as Python's hook names it
+// (find_subclass), or null: with the GIL, what the hook runs hidden.
+c10::TensorImpl* plain_tensor_for(ThreadState& thread, c10::TensorImpl* impl) {
+  void* hook = subclass_hook.load(std::memory_order_relaxed);
+  if (hook == nullptr || !Py_IsInitialized()) return nullptr;
+  auto gil = PyGILState_Ensure();
+  bool in_hook = thread.in_hook;
+  thread.in_hook = true;
+  plain_of.clear();
+  find_subclass(impl, hook, true);
+  const auto* found = plain_of.find(address(impl));
+  auto plain = found != nullptr ? found->second : 0;
+  plain_of.clear();
+  thread.in_hook = in_hook;
+  PyGILState_Release(gil);
+  return reinterpret_cast<c10::TensorImpl*>(plain);
+}
+
 // The first slot of the row recorded at `row` among the recorder's slots (those of later rows follow it).
 size_t first_slot_of(int64_t row) {
   const auto& slots = recorder.slots;
@@ -2541,7 +2559,7 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
     if (static_cast<size_t>(op) < facts.size()) known = facts[static_cast<size_t>(op)];
   }
   auto op_facts_now = known >= 0 ? known : op_facts(thread, op);  // (Python, once an op)
-  std::lock_guard<std::mutex> lock(recorder.mutex);
+  std::unique_lock<std::mutex> lock(recorder.mutex);
   auto& slots = recorder.slots;
   auto from = first_slot_of(frame.row);
   if (op_facts_now & kAllocates) {  // its outputs hold no value until an op writes them (markable)
@@ -2586,16 +2604,31 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
   if (budget > 0) --budget;
   rows.push_back(frame.row);
   kinds.push_back(static_cast<int8_t>(kind));
+  std::vector<std::pair<size_t, at::Tensor>> instances;  // subclass slots: their plain tensors, asked of Python below
   for (auto slot = from; slot < slots.row.size(); ++slot) {
-    if (slots.row[slot] != frame.row || slots.flag[slot] != kPlain || unread(slot)) continue;
+    if (slots.row[slot] != frame.row || unread(slot) || (slots.flag[slot] != kPlain && slots.flag[slot] != kSubclass)) continue;
     auto copy = slots.io[slot] == 0 ? copy_before(copies, slots.arg[slot], slots.element[slot]) : at::Tensor();
     if (!copy.defined()) {
       auto tensor = slot_tensor(slot);
       if (!tensor.defined() || tensor.numel() == 0) continue;  // (an empty one is made at the drain)
+      if (slots.flag[slot] == kSubclass) {
+        instances.emplace_back(slot, std::move(tensor));
+        continue;
+      }
       copy = copy_of(tensor);
     }
     kept_slots.push_back(static_cast<int64_t>(slot));
     kept.push_back(std::move(copy));
+  }
+  lock.unlock();
+  for (auto& [slot, instance] : instances) {  // (the instance holds its plain tensor alive meanwhile)
+    auto* plain = plain_tensor_for(thread, instance.unsafeGetTensorImpl());
+    if (plain == nullptr || plain->numel() == 0 || !plain->is_cpu() || plain->layout() != c10::kStrided) continue;
+    auto copy = copy_of(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(plain)));
+    lock.lock();
+    kept_slots.push_back(static_cast<int64_t>(slot));
+    kept.push_back(std::move(copy));
+    lock.unlock();
   }
 }
 

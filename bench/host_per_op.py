@@ -6,24 +6,24 @@
 The model is the GPT example at its smallest (4 layers, width 32, 4 heads, sequence 16, batch 2,
 vocabulary 64, AdamW; one intra-op thread unless ``--threads``: on a shared 2-core machine a second
 thread's waits swamp the step), so the model's own work per op is a few microseconds and what
-capture adds on the host shows in full. ``--layers`` deepens it (64, 256: real sizes, where what
-a step costs per op, not per step, shows). Plain steps and each mode's steps take turns in one process,
-in blocks of ``--block`` consecutive steps (each step started, stopped and stepped as in training,
-each block ending with ``Debugger.flush()``, so every record written is charged to its mode). Per
-mode it prints the median milliseconds per step, its ratio to the plain step, and the host
-microseconds added per aten op, ``(captured - plain) / ops``, where ``ops`` is the number of aten ops
-one step dispatches (counted once by a counting dispatch mode; the debugger's own ops are not
-counted); once by the wall clock, once by the process's CPU time (all its threads, the writer's
-included), which moves less with the load of other jobs on a shared machine; and once from the
-least CPU time of any block of the mode against the least of the plain blocks, which a busy
-neighbour on a shared machine can only raise (the figure to compare two commits by).
-``dispatch-mode`` is an empty ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode
-capture. ``structure/op native``, ``statistics/op native``, ``statistics+checksum/op native`` and
+capture adds on the host shows in full. ``--layers`` deepens it (64, 256: real sizes, where what a
+step costs per op, not per step, shows). Plain steps and each mode's steps take turns in one
+process, in blocks of ``--block`` consecutive steps (each step started, stopped and stepped as in
+training, each block ending with ``Debugger.flush()``, so every record written is charged to its
+mode). Per mode it prints the median milliseconds per step, its ratio to the plain step, and the
+host microseconds added per aten op, ``(captured - plain) / ops``, where ``ops`` is the number of
+aten ops one step dispatches (counted once by a counting dispatch mode; the debugger's own ops are
+not counted); once by the wall clock, once by the process's CPU time (all its threads, the writer's
+included), which moves less with the load of other jobs on a shared machine; and once from the least
+CPU time of any block of the mode against the least of the plain blocks, which a busy neighbour on a
+shared machine can only raise (the figure to compare two commits by). ``dispatch-mode`` is an empty
+``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode capture.
+``structure/op native``, ``statistics/op native``, ``statistics+checksum/op native`` and
 ``checksum/op native`` (and ``statistics/mix native``, ``statistics/module native``, ``tensor/op
-native`` and ``overflow_check/op native``, not run by default) are those modes on the native observer (the default path; a native arm that fell back is
-marked so); the other arms are held on the dispatch mode (``statistics/module``: on Python's module
-records) with the C kernels still on (``debugger.why_not_native`` answers for them while their
-debugger is built).
+native`` and ``overflow_check/op native``, not run by default) are those modes on the native
+observer (the default path; a native arm that fell back is marked so); the other arms are held on
+the dispatch mode (``statistics/module``: on Python's module records) with the C kernels still on
+(``debugger.why_not_native`` answers for them while their debugger is built).
 Below the table, the step time of each checksum mode over the mode without the checksum on the
 same path (``statistics+checksum/op`` over ``statistics/op``: issue 48's target is 1.10x).
 Timings are printed, never asserted: the machine's load moves them (the first line gives the load

@@ -34,7 +34,7 @@ import torchdebug.debugger
 from tests import gloo
 from tests.blocks import MLPBlock
 from tests.capture.test_collectives import collective_calls
-from tests.capture.test_native_capture import _assert_same_dumps
+from tests.capture.test_native_capture import _assert_same_dumps, assert_same_saved_tensors
 from torchdebug.capture import native_records
 from torchdebug.capture.native_capture import why_not_native
 from torchdebug.records import Record
@@ -147,6 +147,21 @@ def _tensor_parallel(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     return model, _training(model, rank, foreach=True)
 
 
+def _overflowing(
+    program: Callable[[int], tuple[nn.Module, Callable[[], object]]],
+) -> Callable[[int], tuple[nn.Module, Callable[[], object]]]:
+    """``program`` with its model's first linear weight (a DTensor shard where sharded) scaled to overflow
+    float32 before the first step: an Inf, then NaNs, in every step."""
+
+    def build(rank: int) -> tuple[nn.Module, Callable[[], object]]:
+        model, step = program(rank)
+        with torch.no_grad():
+            next(module for module in model.modules() if isinstance(module, nn.Linear)).weight.mul_(1e37)
+        return model, step
+
+    return build
+
+
 def _ddp_model(**options: bool) -> nn.Module:
     """DDP with buckets of a parameter or two: a bucket's all-reduce runs while the backward goes on,
     and the bucket's views are read at the backward's end (``gradient_as_bucket_view``: the gradients
@@ -180,6 +195,7 @@ def _ddp_accumulating(rank: int) -> tuple[nn.Module, Callable[[], object]]:
 
 _VALUES = {"task": "statistics", "checksum": True}
 _STACKS = {"task": "structure", "stack": "all"}
+_OVERFLOWS = {"task": "overflow_check", "overflow_nums": -1}
 _PROGRAMS = {
     "statistics": (_collectives, _VALUES),
     "structure": (_collectives, _STACKS),
@@ -196,6 +212,8 @@ _PROGRAMS = {
     "ddp-accumulating-statistics": (_ddp_accumulating, _VALUES),
     "ddp-mix": (_ddp, {**_VALUES, "level": "mix"}),
     "fsdp2-compiled-mix": (_fsdp2_compiled, {**_VALUES, "stack": "none", "level": "mix"}),
+    "fsdp2-overflow": (_overflowing(_fsdp2), _OVERFLOWS),
+    "tp-overflow": (_overflowing(_tensor_parallel), _OVERFLOWS),
 }
 
 
@@ -259,7 +277,12 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
             python, native = (
                 _outputs_after_inputs(_tensor_records(tmp_path / f"{name}-{path}", rank)) for path in ("python", "native")
             )
-            _assert_same_dumps(python, native, joins=name.startswith("fsdp2-compiled"))  # (inductor's buffers)
+            # inductor's buffers; an overflow check's in-place calls, whose written inputs the mode records as clones
+            _assert_same_dumps(python, native, joins=name.startswith("fsdp2-compiled") or name.endswith("-overflow"))
+            if name.endswith("-overflow"):  # the calls found, each step, with their tensors bit for bit
+                assert {record.step for record in native} == {0, 1}
+                folders = (tmp_path / f"{name}-python", tmp_path / f"{name}-native")
+                assert assert_same_saved_tensors(*folders, python, native, rank) > 0
         records = {r.name: r for r in torchdebug.load(tmp_path / "statistics-native").ranks[rank].records() if r.step == 0}
         mean = {name.split("/", 2)[2]: record.stats["mean"] for name, record in records.items() if record.stats}
         assert mean["c10d.allreduce_.default#0/input.0.0"] == rank + 1  # this rank's summand

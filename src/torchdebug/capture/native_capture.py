@@ -105,11 +105,6 @@ def _why_not_for_saving(config: DebuggerConfig) -> str | None:
         return f"task={task!r} at level={config.level!r} (the native path saves the tensors of op calls)"
     if _distributed() and task == "tensor":
         return "task='tensor' in a distributed run (the native path may copy a gloo collective's outputs before they are final)"
-    if _distributed():  # (the dispatch mode marks them at the copy-in: unwritten.py)
-        return (
-            "task='overflow_check' in a distributed run (the native check does not follow FSDP2's all-gather buffers, "
-            "which hold no value until its copy-out)"
-        )
     return None
 
 

@@ -476,9 +476,12 @@ class NativeStepCapture:
 
     def _unshard(self) -> int:
         """At FSDP2's copy-in: as :meth:`_owner`, noting the buffers its unshard hands out (``eager.py``'s
-        ``_passes_through``), which the walk marks at its row."""
+        ``_passes_through``), which the walk marks at its row, and the observer's overflow check at once."""
         frame = sys._getframe(1)
-        self._unshards.append(self.observer.keys([key for key, _, _ in markable(unshard_buffers(frame))]))
+        buffers = list(markable(unshard_buffers(frame)))
+        keys = self.observer.keys([key for key, _, _ in buffers])
+        self._unshards.append(keys)
+        self.observer.overflow_unwritten(keys, [tensor for _, tensor, _ in buffers])  # (the overflow check's, if one watches)
         return self._owned(issuing_group(frame))
 
     def _owned(self, group: tuple[tuple[nn.Module, ...], str | None] | None) -> int:

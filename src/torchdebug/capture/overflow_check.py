@@ -196,7 +196,8 @@ class OverflowWatch:
             if unread and arg.partition(".")[0] in unread:
                 unwritten.written(plain)  # the op writes it: it holds values from now on
             elif not (unwritten and unwritten.why(plain)):  # a view of a buffer nothing wrote yet holds none
-                before.append(self._flags_of(plain, fresh=False))
+                # (a subclass's plain tensor is judged afresh: its handlers write it below autograd, moving no version)
+                before.append(self._flags_of(plain, fresh=plain is not value))
         self._stage_new()  # before the op: an in-place op changes its inputs
         if written:
             self._copy_before_write(slots, written)

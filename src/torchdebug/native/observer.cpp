@@ -2351,6 +2351,12 @@ std::vector<int64_t> facts;            // by op id; -1: not asked yet
 // Storages (by slot key) an allocation handed out and nothing wrote since, with the allocation's
 // output and its version then (unwritten.py's UnwrittenStorages).
 std::unordered_map<int64_t, std::pair<WeakImpl, int64_t>> unwritten;
+// The plain tensors of subclass arguments the callback could not read as their call started (a
+// collective still wrote them: an AsyncCollectiveTensor's, waited for inside the call), by
+// plain_key: read at the call's end.
+std::unordered_map<int64_t, WeakImpl> plains;
+
+int64_t plain_key(int64_t row, int16_t arg, int16_t element) { return row << 24 | int64_t{static_cast<uint16_t>(arg)} << 8 | (element + 1); }
 bool made = false, held = false;       // OriginTracker's state in this step
 int64_t budget = -1;                   // calls whose tensors are still kept (-1: no end)
 std::vector<int64_t> rows;             // the calls found (absolute rows) and their kinds
@@ -2373,26 +2379,38 @@ at::Tensor copy_of(const at::Tensor& tensor) {
   return tensor.clone();
 }
 
-bool copyable(const c10::IValue& value) {
-  if (!is_tensor(value)) return false;
-  const auto* impl = value.unsafeToTensorImpl();
-  return !impl->key_set().has(c10::DispatchKey::Python) && impl->layout() == c10::kStrided && impl->is_cpu() &&
-         impl->numel() > 0 && judged_dtype(static_cast<int8_t>(impl->dtype().toScalarType()));
+// The tensor whose values a written argument holds: a plain CPU tensor of a judged dtype, or a
+// subclass instance's plain tensor (as find_subclasses found it for this op), else none.
+c10::TensorImpl* copyable(const c10::IValue& value) {
+  if (!is_tensor(value)) return nullptr;
+  auto* impl = value.unsafeToTensorImpl();
+  if (impl->key_set().has(c10::DispatchKey::Python)) {
+    const auto* found = plain_of.find(address(impl));
+    impl = found != nullptr ? reinterpret_cast<c10::TensorImpl*>(found->second) : nullptr;
+    if (impl == nullptr) return nullptr;
+  }
+  bool judged = impl->layout() == c10::kStrided && impl->is_cpu() && impl->numel() > 0 &&
+                judged_dtype(static_cast<int8_t>(impl->dtype().toScalarType()));
+  return judged ? impl : nullptr;
 }
 
-// As a call that writes its arguments starts (its frame at `depth`): copy what it writes, its values
-// before the call, which a call found keeps as its inputs (ThreadState::written_copies).
+// As a call that writes its arguments starts (its frame at `depth`; its inputs' subclass instances
+// found): copy what it writes, its values before the call, which a call found keeps as its inputs
+// (ThreadState::written_copies).
 void copy_written(Copies& copies, size_t depth, const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
+  auto copy = [&](const c10::IValue& value, int16_t position, int16_t element) {
+    if (auto* impl = copyable(value); impl != nullptr) {
+      copies.emplace_back(depth, position, element, copy_of(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl))));
+    }
+  };
   for (auto position : *info.written) {
     if (static_cast<size_t>(position) >= inputs.size()) continue;
     const auto& value = inputs[static_cast<size_t>(position)];
-    if (copyable(value)) {
-      copies.emplace_back(depth, position, int16_t{-1}, copy_of(value.toTensor()));
-    } else if (value.isList()) {
+    if (value.isList()) {
       auto items = value.toListRef();
-      for (size_t index = 0; index < items.size(); ++index) {
-        if (copyable(items[index])) copies.emplace_back(depth, position, static_cast<int16_t>(index), copy_of(items[index].toTensor()));
-      }
+      for (size_t index = 0; index < items.size(); ++index) copy(items[index], position, static_cast<int16_t>(index));
+    } else {
+      copy(value, position, -1);
     }
   }
 }
@@ -2434,9 +2452,17 @@ int tensor_flags(size_t slot, bool limits_too, const at::Tensor& before = at::Te
     if (limits_too && (sums[1] >= limit || sums[0] <= -limit)) flags |= kLimit;
     return flags;
   }
-  if (slots.flag[slot] != kPlain || slots.device_type[slot] != static_cast<int8_t>(c10::DeviceType::CPU)) return 0;
-  auto tensor = before.defined() ? before : slot_tensor(slot);  // a dtype the callback does not sum: torch's ops look
-  if (!tensor.defined() || tensor.numel() == 0 || tensor.layout() != c10::kStrided) return 0;
+  at::Tensor tensor = before;
+  if (!tensor.defined() && slots.flag[slot] == kSubclass) {  // its plain tensor, if it was in flight as its call started
+    auto found = plains.find(plain_key(slots.row[slot], slots.arg[slot], slots.element[slot]));
+    auto plain = found != plains.end() ? found->second.lock() : c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>();
+    if (!plain) return 0;
+    tensor = at::Tensor(std::move(plain));
+  } else if (!tensor.defined()) {
+    if (slots.flag[slot] != kPlain || slots.device_type[slot] != static_cast<int8_t>(c10::DeviceType::CPU)) return 0;
+    tensor = slot_tensor(slot);  // a dtype the callback does not sum: torch's ops look
+  }
+  if (!tensor.defined() || !tensor.is_cpu() || tensor.numel() == 0 || tensor.layout() != c10::kStrided) return 0;
   try {
     at::DisableRecordFunctionGuard no_observer;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -2545,6 +2571,20 @@ uint64_t unwritten_inputs(size_t first) {
   return mask;
 }
 
+// As a recorded call starts (its input slots from `first` on, its subclass instances found): note
+// the plain tensors of those the callback left unread (plains).
+void note_plains(size_t first) {
+  auto& slots = recorder.slots;
+  for (auto slot = first; slot < slots.row.size(); ++slot) {
+    if (slots.flag[slot] != kSubclass || slots.has_stats[slot]) continue;
+    auto instance = slot_tensor(slot);
+    const auto* found = instance.defined() ? plain_of.find(address(instance.unsafeGetTensorImpl())) : nullptr;
+    if (found == nullptr || found->second == 0) continue;
+    plains.insert_or_assign(plain_key(slots.row[slot], slots.arg[slot], slots.element[slot]),
+                            WeakImpl::reclaim_copy(reinterpret_cast<c10::TensorImpl*>(found->second)));
+  }
+}
+
 // A recorded call ended (its frame `frame`, popped; `copies`: what it wrote, as it started): follow
 // the memory it handed out or wrote, judge it, and keep copies of its tensors if it is an origin or
 // an entry.
@@ -2634,6 +2674,7 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
 
 // At a drain of `slots` slot rows and the op rows before `end_row`: hand over what was found there.
 void hand_over(size_t slots, int64_t end_row) {
+  plains.clear();  // (of calls ended: their rows drained now)
   handed_rows.clear();
   handed_kinds.clear();
   handed_slots.clear();
@@ -2806,14 +2847,12 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
     stash.slots.add_all(-1, 0, inputs, args);
+    if (info.mutable_op && watch::on.load(std::memory_order_relaxed)) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
     if (subclasses) plain_of.clear();
     if (info.mutable_op) forget_reads_of(inputs);
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
     thread.frames.back().factory = no_tensor_argument(inputs);
     thread.frames.back().writes = note_writes(thread, info, inputs);
-    if (thread.frames.back().writes >= 0 && watch::on.load(std::memory_order_relaxed)) {
-      watch::copy_written(thread.written_copies, thread.frames.size() - 1, info, inputs);
-    }
     snapshot_written(stash.slots, thread, thread.frames.back().writes);
     if (thread.frames.back().writes >= 0) {
       std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -2834,6 +2873,8 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   auto first_input = recorder.slots.row.size();
   recorder.slots.add_all(at_row, 0, inputs, args);
+  if (info.mutable_op && watch::on.load(std::memory_order_relaxed)) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
+  if (subclasses && watch::on.load(std::memory_order_relaxed)) watch::note_plains(first_input);
   if (subclasses) plain_of.clear();
   if (info.mutable_op) forget_reads_of(inputs);
   if (info.detach && live && parent != nullptr && parent->kind == kRecorded && !inputs.empty() && inputs[0].isTensor()) {
@@ -2845,9 +2886,6 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   if (watch::on.load(std::memory_order_relaxed) && !watch::unwritten.empty()) thread.frames.back().unwritten_inputs = watch::unwritten_inputs(first_input);
   thread.frames.back().factory = no_tensor_argument(inputs);
   thread.frames.back().writes = note_writes(thread, info, inputs);
-  if (thread.frames.back().writes >= 0 && watch::on.load(std::memory_order_relaxed)) {
-    watch::copy_written(thread.written_copies, thread.frames.size() - 1, info, inputs);
-  }
   snapshot_written(recorder.slots, thread, thread.frames.back().writes);
   if (materializing) thread.frames.back().cloned = inputs[0].unsafeToTensorImpl();  // (fn.inputs() lives only through on_enter)
   thread.frames.back().functional = info.functional;
@@ -3471,6 +3509,7 @@ void td_observer_watch_overflow(int on, const uint8_t* verdicts, const double* l
     watch::facts.clear();
     watch::unwritten.clear();
   }
+  watch::plains.clear();
   watch::rows.clear();
   watch::kinds.clear();
   watch::kept_slots.clear();
@@ -3490,6 +3529,20 @@ void td_observer_overflow_step(int64_t budget, int reset) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   if (reset) watch::made = watch::held = false;
   watch::budget = budget;
+}
+
+// `count` storages (by the keys slots name them by) that hold no value of the run until an op writes
+// them, each marked by the plain tensor at impls[i] (alive, held by Python meanwhile), as FSDP2's
+// copy-in hands out its all-gather buffers: the check does not judge what is read of them (as
+// unwritten.py's UnwrittenStorages.add). Nothing while no check watches.
+void td_observer_overflow_unwritten(int64_t count, const int64_t* keys, const int64_t* impls) {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  if (!watch::on.load()) return;
+  for (int64_t at = 0; at < count; ++at) {
+    auto* impl = reinterpret_cast<c10::TensorImpl*>(impls[at]);
+    if (impl->is_inference()) continue;
+    watch::unwritten.try_emplace(keys[at], WeakImpl::reclaim_copy(impl), Slots::current_version(impl));
+  }
 }
 
 // The calls the last drain handed over as found, and the copies kept for their slots: counts[0], counts[1].

@@ -371,6 +371,8 @@ class NativeObserver:
         library.td_observer_watch_overflow.restype = None
         library.td_observer_overflow_step.argtypes = [ctypes.c_int64, ctypes.c_int]
         library.td_observer_overflow_step.restype = None
+        library.td_observer_overflow_unwritten.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        library.td_observer_overflow_unwritten.restype = None
         library.td_observer_overflow_counts.argtypes = [ctypes.c_void_p]
         library.td_observer_overflow_counts.restype = None
         library.td_observer_overflow_found.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -605,6 +607,14 @@ class NativeObserver:
         """For :meth:`watch_overflow`: at most ``budget`` calls found from now on keep their tensors (-1:
         every one); ``reset``: a new step, no NaN/Inf seen in it yet."""
         self._lib.td_observer_overflow_step(budget, int(reset))
+
+    def overflow_unwritten(self, keys: list[int], tensors: list[torch.Tensor]) -> None:
+        """For :meth:`watch_overflow`: the storages named by ``keys`` (:meth:`keys`) hold no value of the
+        run until an op writes them, each marked by the plain tensor of ``tensors`` at its index (FSDP2's
+        all-gather buffers at its copy-in); nothing while no check watches."""
+        if keys:
+            impls = array("q", [tensor._cdata for tensor in tensors])
+            self._lib.td_observer_overflow_unwritten(len(keys), array("q", keys).buffer_info()[0], impls.buffer_info()[0])
 
     def overflow_found(self) -> OverflowFound:
         """The calls :meth:`watch_overflow` found among the rows the last :meth:`drain` drained."""

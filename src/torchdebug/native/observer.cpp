@@ -2371,12 +2371,17 @@ using Copies = std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>>;  /
 
 bool judged_dtype(int8_t dtype) { return dtype >= 0 && static_cast<size_t>(dtype) < limits.size() && !std::isnan(limits[dtype]); }
 
-// A copy of `tensor` made unseen (no row, no graph), as snapshot_kept makes one.
+// A copy of `tensor` made unseen (no row, no graph), as snapshot_kept makes one; undefined where
+// making it failed (memory): its slot then saves no tensor, and the op runs on.
 at::Tensor copy_of(const at::Tensor& tensor) {
   at::DisableRecordFunctionGuard no_observer;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKey::Python);
-  return tensor.clone();
+  try {
+    return tensor.clone();
+  } catch (const std::exception&) {
+    return at::Tensor();
+  }
 }
 
 // The tensor whose values a written argument holds: a plain CPU tensor of a judged dtype, or a
@@ -2400,6 +2405,7 @@ c10::TensorImpl* copyable(const c10::IValue& value) {
 void copy_written(Copies& copies, size_t depth, const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
   auto copy = [&](const c10::IValue& value, int16_t position, int16_t element) {
     if (auto* impl = copyable(value); impl != nullptr) {
+      // (a failed copy stays, undefined: the argument then saves no tensor, not its values after the call)
       copies.emplace_back(depth, position, element, copy_of(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl))));
     }
   };
@@ -2541,12 +2547,13 @@ size_t first_slot_of(int64_t row) {
   return from;
 }
 
-// The copy of a written argument's tensor made as the call started, if any.
-at::Tensor copy_before(const Copies& copies, int16_t arg, int16_t element) {
+// The copy of a written argument's tensor made as the call started (undefined where making it
+// failed), or null for an argument not copied.
+const at::Tensor* copy_before(const Copies& copies, int16_t arg, int16_t element) {
   for (const auto& copy : copies) {
-    if (std::get<1>(copy) == arg && std::get<2>(copy) == element) return std::get<3>(copy);
+    if (std::get<1>(copy) == arg && std::get<2>(copy) == element) return &std::get<3>(copy);
   }
-  return at::Tensor();
+  return nullptr;
 }
 
 // Whether slot `slot` (plain) lies on memory nothing has written since an allocation handed it out
@@ -2632,7 +2639,8 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
     if (slots.io[slot] == 1) {
       out |= tensor_flags(slot, false);
     } else {
-      in |= slots.flag[slot] == kValue ? number_flags(slots.text[slot]) : tensor_flags(slot, true, copy_before(copies, slots.arg[slot], slots.element[slot]));
+      const auto* copied = slots.flag[slot] == kValue ? nullptr : copy_before(copies, slots.arg[slot], slots.element[slot]);
+      in |= slots.flag[slot] == kValue ? number_flags(slots.text[slot]) : tensor_flags(slot, true, copied != nullptr ? *copied : at::Tensor());
     }
   }
   if (!(out & (kNan | kInf))) return;  // (nearly every call: finite, or nothing judged)
@@ -2647,8 +2655,11 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
   std::vector<std::pair<size_t, at::Tensor>> instances;  // subclass slots: their plain tensors, asked of Python below
   for (auto slot = from; slot < slots.row.size(); ++slot) {
     if (slots.row[slot] != frame.row || unread(slot) || (slots.flag[slot] != kPlain && slots.flag[slot] != kSubclass)) continue;
-    auto copy = slots.io[slot] == 0 ? copy_before(copies, slots.arg[slot], slots.element[slot]) : at::Tensor();
-    if (!copy.defined()) {
+    const auto* copied = slots.io[slot] == 0 ? copy_before(copies, slots.arg[slot], slots.element[slot]) : nullptr;
+    at::Tensor copy;
+    if (copied != nullptr) {
+      copy = *copied;
+    } else {
       auto tensor = slot_tensor(slot);
       if (!tensor.defined() || tensor.numel() == 0) continue;  // (an empty one is made at the drain)
       if (slots.flag[slot] == kSubclass) {
@@ -2657,6 +2668,7 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
       }
       copy = copy_of(tensor);
     }
+    if (!copy.defined()) continue;  // (making it failed: no tensor saved)
     kept_slots.push_back(static_cast<int64_t>(slot));
     kept.push_back(std::move(copy));
   }
@@ -2665,6 +2677,7 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
     auto* plain = plain_tensor_for(thread, instance.unsafeGetTensorImpl());
     if (plain == nullptr || plain->numel() == 0 || !plain->is_cpu() || plain->layout() != c10::kStrided) continue;
     auto copy = copy_of(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(plain)));
+    if (!copy.defined()) continue;
     lock.lock();
     kept_slots.push_back(static_cast<int64_t>(slot));
     kept.push_back(std::move(copy));

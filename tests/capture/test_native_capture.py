@@ -2110,13 +2110,17 @@ def test_tensor_dumps_of_subclasses_save_the_same_tensors_on_both_paths(tmp_path
     _assert_same_saved_tensors(tmp_path, monkeypatch, caplog, training, {})
 
 
-def _overflowing_gpt() -> tuple[nn.Module, Callable[[], None]]:
-    """The example GPT with its first linear layer's weight scaled to overflow float32: its product is
-    the first Inf; NaNs follow (layer norm, softmax), and the optimizer writes them into every weight."""
-    model, step = gpt_training()
-    with torch.no_grad():
-        next(module for module in model.modules() if isinstance(module, nn.Linear)).weight.mul_(1e37)
-    return model, step
+def _overflowing(training: Training) -> Training:
+    """``training`` with its model's first linear (or convolution) weight scaled to overflow float32:
+    its product is the first Inf; NaNs follow, and the optimizer writes them into the weights."""
+
+    def build() -> tuple[nn.Module, Callable[[], None]]:
+        model, step = training()
+        with torch.no_grad():
+            next(module for module in model.modules() if isinstance(module, (nn.Linear, nn.Conv2d))).weight.mul_(1e37)
+        return model, step
+
+    return build
 
 
 @pytest.mark.parametrize("overflow_nums", [1, -1])
@@ -2125,8 +2129,8 @@ def test_overflow_checks_record_the_same_calls_and_tensors_on_both_paths(tmp_pat
     (``native_overflow.py``); the calls found are the dispatch mode's, with the same records, and
     each saved tensor loads bit for bit as the mode's (an in-place op's inputs as they were before it)."""
     options = {"task": "overflow_check", "overflow_nums": overflow_nums}
-    python = _dump(tmp_path, monkeypatch, caplog, _overflowing_gpt, native=False, **options)
-    native = _dump(tmp_path, monkeypatch, caplog, _overflowing_gpt, native=True, **options)
+    python = _dump(tmp_path, monkeypatch, caplog, _overflowing(gpt_training), native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _overflowing(gpt_training), native=True, **options)
     _assert_same_dumps(python, native)
     saved = assert_same_saved_tensors(tmp_path / "python", tmp_path / "native", python, native)
     if overflow_nums == 1:
@@ -2135,3 +2139,25 @@ def test_overflow_checks_record_the_same_calls_and_tensors_on_both_paths(tmp_pat
         # step 0 makes the Inf and the first NaN; step 1 reads the NaN the optimizer wrote into the weights
         assert find_origin([r for r in native if r.step == 0]).kind == "origin"
         assert find_origin([r for r in native if r.step == 1]).kind == "entry"
+
+
+@pytest.mark.parametrize(
+    "training",
+    [
+        _checkpointed_training("selective"),
+        _checkpointed_training("reentrant"),
+        functools.partial(loss_training, _Assorted),
+        _less_common_training,
+    ],
+    ids=["selective", "reentrant", "assorted", "less_common"],
+)
+def test_overflow_checks_of_other_models_are_the_same_on_both_paths(tmp_path, monkeypatch, caplog, training) -> None:
+    """The same on activation checkpointing's recomputations (selective and reentrant) and the less
+    common ops (complex backward ops read arguments the engine frees before the op ends): every call
+    found, each step, with its tensors."""
+    options = {"task": "overflow_check", "overflow_nums": -1}
+    python = _dump(tmp_path, monkeypatch, caplog, _overflowing(training), native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, _overflowing(training), native=True, **options)
+    assert native, "the planted overflow was found"
+    _assert_same_dumps(python, native, joins=True)  # (the mode records an in-place call's written input as its clone)
+    assert_same_saved_tensors(tmp_path / "python", tmp_path / "native", python, native)

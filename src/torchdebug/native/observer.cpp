@@ -1835,6 +1835,9 @@ struct ThreadState {
   int compiling = 0;          // Dynamo compiles on this thread (td_observer_compiling): what runs meanwhile is the compiler's
   // task="overflow_check": copies of what open calls write, as each started (watch::copy_written).
   std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>> written_copies;
+  // And what open calls take (watch::hold_inputs): an argument a call frees before it ends (a
+  // temporary the engine hands a backward op) is read through it.
+  std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>> held_inputs;
 };
 thread_local ThreadState state;
 
@@ -2421,6 +2424,39 @@ void copy_written(Copies& copies, size_t depth, const OpInfo& info, c10::ArrayRe
   }
 }
 
+// The entries of `from` of the frame at `depth` or deeper (ended), taken out.
+Copies take_frame(Copies& from, size_t depth) {
+  Copies taken;
+  if (from.empty() || std::get<0>(from.back()) < depth) return taken;
+  auto first = from.size();
+  while (first > 0 && std::get<0>(from[first - 1]) >= depth) --first;
+  std::move(from.begin() + static_cast<std::ptrdiff_t>(first), from.end(), std::back_inserter(taken));
+  from.resize(first);
+  return taken;
+}
+
+// As a recorded call starts (its frame at `depth`): hold its plain tensor arguments (aliases: their
+// storage, not the tensors, whose use counts torch reads), for the end of the call.
+void hold_inputs(Copies& held, size_t depth, c10::ArrayRef<const c10::IValue> inputs) {
+  auto hold = [&](const c10::IValue& value, size_t position, int16_t element) {
+    if (!is_tensor(value)) return;
+    auto* impl = value.unsafeToTensorImpl();
+    if (impl->key_set().has(c10::DispatchKey::Python) || impl->layout() != c10::kStrided || !impl->is_cpu() || impl->numel() == 0) return;
+    if (!judged_dtype(static_cast<int8_t>(impl->dtype().toScalarType()))) return;
+    held.emplace_back(depth, static_cast<int16_t>(position), element,
+                      Slots::held(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl)));
+  };
+  for (size_t position = 0; position < inputs.size(); ++position) {
+    const auto& value = inputs[position];
+    if (value.isList()) {
+      auto items = value.toListRef();
+      for (size_t index = 0; index < items.size(); ++index) hold(items[index], position, static_cast<int16_t>(index));
+    } else {
+      hold(value, position, -1);
+    }
+  }
+}
+
 // The flags of a number given as JSON text: nonfinite.value_flags (a bool, a list, a string: none).
 int number_flags(const std::string& text) {
   if (text.empty() || !(text[0] == '-' || text[0] == 'N' || text[0] == 'I' || (text[0] >= '0' && text[0] <= '9'))) return 0;
@@ -2445,8 +2481,9 @@ at::Tensor slot_tensor(size_t slot) {
 }
 
 // The flags of a tensor slot (nonfinite.tensor_flags of its statistics); with `limits_too` false,
-// NaN and Inf alone (an output's); `before`: a written argument's copy, its values at the call.
-int tensor_flags(size_t slot, bool limits_too, const at::Tensor& before = at::Tensor()) {
+// NaN and Inf alone (an output's); `before`: a written argument's copy, its values at the call;
+// `held`: an argument's alias, read where the argument was freed before the call ended.
+int tensor_flags(size_t slot, bool limits_too, const at::Tensor& before = at::Tensor(), const at::Tensor& held = at::Tensor()) {
   auto& slots = recorder.slots;
   auto dtype = slots.dtype[slot];
   if (slots.flag[slot] != kPlain && slots.flag[slot] != kSubclass) return 0;
@@ -2467,6 +2504,7 @@ int tensor_flags(size_t slot, bool limits_too, const at::Tensor& before = at::Te
   } else if (!tensor.defined()) {
     if (slots.flag[slot] != kPlain || slots.device_type[slot] != static_cast<int8_t>(c10::DeviceType::CPU)) return 0;
     tensor = slot_tensor(slot);  // a dtype the callback does not sum: torch's ops look
+    if (!tensor.defined()) tensor = held;
   }
   if (!tensor.defined() || !tensor.is_cpu() || tensor.numel() == 0 || tensor.layout() != c10::kStrided) return 0;
   try {
@@ -2547,9 +2585,9 @@ size_t first_slot_of(int64_t row) {
   return from;
 }
 
-// The copy of a written argument's tensor made as the call started (undefined where making it
-// failed), or null for an argument not copied.
-const at::Tensor* copy_before(const Copies& copies, int16_t arg, int16_t element) {
+// The entry of argument `arg` (item `element` of a list) among a call's copies (undefined where
+// making it failed) or held arguments, or null for none.
+const at::Tensor* entry_of(const Copies& copies, int16_t arg, int16_t element) {
   for (const auto& copy : copies) {
     if (std::get<1>(copy) == arg && std::get<2>(copy) == element) return &std::get<3>(copy);
   }
@@ -2592,10 +2630,10 @@ void note_plains(size_t first) {
   }
 }
 
-// A recorded call ended (its frame `frame`, popped; `copies`: what it wrote, as it started): follow
-// the memory it handed out or wrote, judge it, and keep copies of its tensors if it is an origin or
-// an entry.
-void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
+// A recorded call ended (its frame `frame`, popped; `copies`: what it wrote, as it started;
+// `arguments`: its arguments held, hold_inputs): follow the memory it handed out or wrote, judge it, and keep copies
+// of its tensors if it is an origin or an entry.
+void judge(ThreadState& thread, const Frame& frame, const Copies& copies, const Copies& arguments) {
   int32_t op = -1;
   int64_t known = -1;
   {
@@ -2639,8 +2677,10 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
     if (slots.io[slot] == 1) {
       out |= tensor_flags(slot, false);
     } else {
-      const auto* copied = slots.flag[slot] == kValue ? nullptr : copy_before(copies, slots.arg[slot], slots.element[slot]);
-      in |= slots.flag[slot] == kValue ? number_flags(slots.text[slot]) : tensor_flags(slot, true, copied != nullptr ? *copied : at::Tensor());
+      const auto* copied = slots.flag[slot] == kValue ? nullptr : entry_of(copies, slots.arg[slot], slots.element[slot]);
+      const auto* alias = slots.flag[slot] == kValue ? nullptr : entry_of(arguments, slots.arg[slot], slots.element[slot]);
+      in |= slots.flag[slot] == kValue ? number_flags(slots.text[slot])
+                                       : tensor_flags(slot, true, copied != nullptr ? *copied : at::Tensor(), alias != nullptr ? *alias : at::Tensor());
     }
   }
   if (!(out & (kNan | kInf))) return;  // (nearly every call: finite, or nothing judged)
@@ -2655,12 +2695,14 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies) {
   std::vector<std::pair<size_t, at::Tensor>> instances;  // subclass slots: their plain tensors, asked of Python below
   for (auto slot = from; slot < slots.row.size(); ++slot) {
     if (slots.row[slot] != frame.row || unread(slot) || (slots.flag[slot] != kPlain && slots.flag[slot] != kSubclass)) continue;
-    const auto* copied = slots.io[slot] == 0 ? copy_before(copies, slots.arg[slot], slots.element[slot]) : nullptr;
+    const auto* copied = slots.io[slot] == 0 ? entry_of(copies, slots.arg[slot], slots.element[slot]) : nullptr;
     at::Tensor copy;
     if (copied != nullptr) {
       copy = *copied;
     } else {
       auto tensor = slot_tensor(slot);
+      const auto* alias = slots.io[slot] == 0 && !tensor.defined() ? entry_of(arguments, slots.arg[slot], slots.element[slot]) : nullptr;
+      if (alias != nullptr) tensor = *alias;  // (freed before the call ended)
       if (!tensor.defined() || tensor.numel() == 0) continue;  // (an empty one is made at the drain)
       if (slots.flag[slot] == kSubclass) {
         instances.emplace_back(slot, std::move(tensor));
@@ -2860,7 +2902,10 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
     stash.slots.add_all(-1, 0, inputs, args);
-    if (info.mutable_op && watch::on.load(std::memory_order_relaxed)) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
+    if (watch::on.load(std::memory_order_relaxed)) {
+      if (info.mutable_op) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
+      watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
+    }
     if (subclasses) plain_of.clear();
     if (info.mutable_op) forget_reads_of(inputs);
     thread.frames.push_back({kPending, live, false, -1, args, info.frame_op, info.args != nullptr && !info.args->outputs.empty()});
@@ -2886,8 +2931,11 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   auto first_input = recorder.slots.row.size();
   recorder.slots.add_all(at_row, 0, inputs, args);
-  if (info.mutable_op && watch::on.load(std::memory_order_relaxed)) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
-  if (subclasses && watch::on.load(std::memory_order_relaxed)) watch::note_plains(first_input);
+  if (watch::on.load(std::memory_order_relaxed)) {
+    if (info.mutable_op) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
+    watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
+    if (subclasses) watch::note_plains(first_input);
+  }
   if (subclasses) plain_of.clear();
   if (info.mutable_op) forget_reads_of(inputs);
   if (info.detach && live && parent != nullptr && parent->kind == kRecorded && !inputs.empty() && inputs[0].isTensor()) {
@@ -2977,13 +3025,9 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   auto frame = last;
   thread.frames.pop_back();
-  watch::Copies copies;  // (task="overflow_check": what this call writes, as it started)
-  if (!thread.written_copies.empty() && std::get<0>(thread.written_copies.back()) >= thread.frames.size()) {
-    auto first = thread.written_copies.size();
-    while (first > 0 && std::get<0>(thread.written_copies[first - 1]) >= thread.frames.size()) --first;
-    std::move(thread.written_copies.begin() + static_cast<std::ptrdiff_t>(first), thread.written_copies.end(), std::back_inserter(copies));
-    thread.written_copies.resize(first);
-  }
+  // task="overflow_check": what this call writes, as it started, and its arguments
+  auto copies = watch::take_frame(thread.written_copies, thread.frames.size());
+  auto arguments = watch::take_frame(thread.held_inputs, thread.frames.size());
   std::vector<c10::IValue> saved;  // where the op raised after its kernel: what it returned (saved_outputs)
   if (!thread.saved.empty() && thread.saved.back().first >= thread.frames.size()) {
     if (frame.kind == kRecorded && frame.returns && fn.outputs().empty()) saved = saved_outputs(thread, thread.frames.size(), fn);
@@ -3059,7 +3103,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   if (frame.kind == kRecorded && frame.cloned != nullptr) read_clone_instead(thread, frame.cloned, fn.outputs());  // (the lock let go)
   if (frame.kind == kRecorded && !frame.collective && frame.functional == 0 && !thread.in_hook && watch::on.load(std::memory_order_relaxed)) {
-    watch::judge(thread, frame, copies);
+    watch::judge(thread, frame, copies, arguments);
   }
   // Staged at every op (stage_bytes 0: task="tensor"): its outputs now, before code no op shows
   // writes or frees their memory (inductor's kernels between its extern ops, FSDP2's reshard).

@@ -2141,23 +2141,40 @@ def test_overflow_checks_record_the_same_calls_and_tensors_on_both_paths(tmp_pat
         assert find_origin([r for r in native if r.step == 1]).kind == "entry"
 
 
+def _foreach_overflowing_gpt() -> tuple[nn.Module, Callable[[], None]]:
+    """The example GPT trained by AdamW with ``foreach`` (its updates ``_foreach_*_`` ops, which
+    return nothing), whose weight decay (``1 - lr * weight_decay``, -3e37) makes its first linear
+    weight (at 1e4) overflow float32 in the first step."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=64)
+    model = GPT(config)
+    with torch.no_grad():
+        next(module for module in model.modules() if isinstance(module, nn.Linear)).weight.fill_(1e4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e37, weight_decay=1.0, foreach=True)
+    batch = make_batch(config, batch=2)
+    return model, lambda: train_step(model, optimizer, batch)
+
+
 @pytest.mark.parametrize(
     "training",
     [
+        _foreach_overflowing_gpt,
         _checkpointed_training("selective"),
         _checkpointed_training("reentrant"),
         functools.partial(loss_training, _Assorted),
         _less_common_training,
     ],
-    ids=["selective", "reentrant", "assorted", "less_common"],
+    ids=["foreach", "selective", "reentrant", "assorted", "less_common"],
 )
 def test_overflow_checks_of_other_models_are_the_same_on_both_paths(tmp_path, monkeypatch, caplog, training) -> None:
-    """The same on activation checkpointing's recomputations (selective and reentrant) and the less
-    common ops (complex backward ops read arguments the engine frees before the op ends): every call
-    found, each step, with its tensors."""
+    """The same on a foreach optimizer's updates (in-place ``_foreach_`` ops returning nothing: what
+    they write is their outputs), activation checkpointing's recomputations (selective and reentrant)
+    and the less common ops (complex backward ops read arguments the engine frees before the op
+    ends): every call found, each step, with its tensors."""
     options = {"task": "overflow_check", "overflow_nums": -1}
-    python = _dump(tmp_path, monkeypatch, caplog, _overflowing(training), native=False, **options)
-    native = _dump(tmp_path, monkeypatch, caplog, _overflowing(training), native=True, **options)
+    planted = training if training is _foreach_overflowing_gpt else _overflowing(training)
+    python = _dump(tmp_path, monkeypatch, caplog, planted, native=False, **options)
+    native = _dump(tmp_path, monkeypatch, caplog, planted, native=True, **options)
     assert native, "the planted overflow was found"
     _assert_same_dumps(python, native, joins=True)  # (the mode records an in-place call's written input as its clone)
     assert_same_saved_tensors(tmp_path / "python", tmp_path / "native", python, native)

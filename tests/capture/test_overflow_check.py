@@ -204,6 +204,22 @@ def test_the_optimizer_step_is_checked(tmp_path):
     assert first.phase == "optimizer" and first.op.startswith("aten.add_")
 
 
+def test_a_foreach_optimizer_step_is_checked_through_what_it_writes(tmp_path):
+    """An in-place ``_foreach_`` op returns nothing: what it writes is taken for its outputs
+    (``output.0.<i>``, the list after the op), so the update that overflows is the origin."""
+    params = [torch.nn.Parameter(torch.full((2,), 1e38)), torch.nn.Parameter(torch.ones(3))]
+    for param in params:
+        param.grad = torch.full_like(param, -1e38)
+    optimizer = torch.optim.SGD(params, lr=10.0, foreach=True)
+    records = _records(tmp_path, optimizer.step)
+    first = find_origin(records).record
+    assert first.phase == "optimizer" and first.op.startswith("aten._foreach_add_") and first.arg == "0.0"
+    outputs = {r.arg: r.stats["posinf"] for r in records if r.io == "output"}
+    assert outputs == {"0.0": 2, "0.1": 3}
+    inputs = {r.arg: r.stats["max"] for r in records if r.io == "input" and r.arg.startswith("0.")}
+    assert inputs == {"0.0": pytest.approx(1e38, rel=1e-6), "0.1": 1.0}  # the values before the update
+
+
 def test_check_exits_one_on_a_nan_and_zero_on_a_clean_run(tmp_path, capsys):
     _records(tmp_path / "bad", lambda: torch.tensor([0.0]).div(0.0))
     _records(tmp_path / "clean", lambda: torch.ones(2).add(1))

@@ -157,15 +157,17 @@ def test_an_inf_written_into_a_wrapped_tensor_is_given_to_the_ops_that_read_it(t
     """A subclass's handler may write its inner tensor moving no version (a ``_foreach_*_`` op's, as
     FSDP2's optimizer step runs them on DTensors): a check that judged it finite before that write
     must not take that for what the next op reads. The dispatch mode did, and named that op the
-    origin (found on FSDP2's optimizer step, 2026-11-30). The in-place ``_foreach`` op returns
-    nothing: no output of its is judged, on either path."""
+    origin (found on FSDP2's optimizer step, 2026-11-30). The ``_foreach`` op returns nothing: what
+    it writes is its output, read through the inner tensor, and it is the origin."""
     thin = Wrapped(torch.ones(2))
     with torchdebug.dump(tmp_path, task="overflow_check", overflow_nums=-1):
         thin.sum()  # judged finite
         torch._foreach_div_([thin], 0.0)  # the Inf
         assert thin._inner._version == 0
         thin.mul(2)  # given
-    assert torchdebug.load(tmp_path).ranks[0].records() == []
+    records = torchdebug.load(tmp_path).ranks[0].records()
+    assert {r.call_name for r in records} == {"forward/-/aten._foreach_div_.Scalar#0"}
+    assert next(r for r in records if r.io == "output").stats["posinf"] == 2
 
 
 # -- DTensor and FSDP2 on two gloo ranks ----------------------------------------------------------

@@ -72,6 +72,11 @@ def _checked(value: Any) -> bool:
     )
 
 
+def _written_tensor(arg: str, value: Any, written: frozenset[str]) -> bool:
+    """Whether slot ``arg`` holds a tensor its op writes (``written``: top-level argument keys)."""
+    return isinstance(value, torch.Tensor) and arg.split(".", 1)[0] in written
+
+
 class _Flags:
     """The :mod:`torchdebug.nonfinite` flags of one tensor at one version, once its statistics
     arrived (``flags is None`` until then), with the calls waiting for them."""
@@ -201,12 +206,12 @@ class OverflowWatch:
         self._stage_new()  # before the op: an in-place op changes its inputs
         if written:
             self._copy_before_write(slots, written)
-            slots = [
-                (arg, value.clone() if isinstance(value, torch.Tensor) and arg.split(".", 1)[0] in written else value)
-                for arg, value in slots
-            ]
+            slots = [(arg, value.clone() if _written_tensor(arg, value, written) else value) for arg, value in slots]
         out = func(*args, **kwargs)
-        outputs = list(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
+        if out is None and written:  # an in-place op that returns nothing (``_foreach_mul_``): what it wrote, it made
+            outputs = [(arg, value) for arg, value in iter_slots(args, kwargs) if _written_tensor(arg, value, written)]
+        else:
+            outputs = list(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
         if written and unwritten:  # an in-place op's written argument holds values from now on
             for _, value in outputs:
                 if isinstance(value, torch.Tensor):
@@ -276,7 +281,7 @@ class OverflowWatch:
         if not self._held:
             return
         for arg, value in slots:
-            if isinstance(value, torch.Tensor) and arg.split(".", 1)[0] in written:
+            if _written_tensor(arg, value, written):
                 for call, side, index in self._held.pop(_storage_key(value), ()):
                     if not call.done:
                         name, held = side[index]

@@ -1838,6 +1838,9 @@ struct ThreadState {
   // And what open calls take (watch::hold_inputs): an argument a call frees before it ends (a
   // temporary the engine hands a backward op) is read through it.
   std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>> held_inputs;
+  // And what open calls that return nothing write (an in-place _foreach_ op's lists), by frame depth,
+  // position and item: their outputs at their end (watch::note_written).
+  std::vector<std::tuple<size_t, int16_t, int16_t, WeakImpl>> written_args;
 };
 thread_local ThreadState state;
 
@@ -2424,14 +2427,34 @@ void copy_written(Copies& copies, size_t depth, const OpInfo& info, c10::ArrayRe
   }
 }
 
+// As a call that writes its arguments and returns nothing starts (an in-place _foreach_ op, its frame
+// at `depth`): note what it writes, which the check takes for its outputs (as the dispatch mode's).
+void note_written(std::vector<std::tuple<size_t, int16_t, int16_t, WeakImpl>>& noted, size_t depth, const OpInfo& info,
+                  c10::ArrayRef<const c10::IValue> inputs) {
+  auto note = [&](const c10::IValue& value, int16_t position, int16_t element) {
+    if (is_tensor(value)) noted.emplace_back(depth, position, element, WeakImpl::reclaim_copy(value.unsafeToTensorImpl()));
+  };
+  for (auto position : *info.written) {
+    if (static_cast<size_t>(position) >= inputs.size()) continue;
+    const auto& value = inputs[static_cast<size_t>(position)];
+    if (value.isList()) {
+      auto items = value.toListRef();
+      for (size_t index = 0; index < items.size(); ++index) note(items[index], position, static_cast<int16_t>(index));
+    } else {
+      note(value, position, -1);
+    }
+  }
+}
+
 // The entries of `from` of the frame at `depth` or deeper (ended), taken out.
-Copies take_frame(Copies& from, size_t depth) {
-  Copies taken;
+template <typename Entries>
+Entries take_frame(Entries& from, size_t depth) {
+  Entries taken;
   if (from.empty() || std::get<0>(from.back()) < depth) return taken;
   auto first = from.size();
   while (first > 0 && std::get<0>(from[first - 1]) >= depth) --first;
   std::move(from.begin() + static_cast<std::ptrdiff_t>(first), from.end(), std::back_inserter(taken));
-  from.resize(first);
+  from.erase(from.begin() + static_cast<std::ptrdiff_t>(first), from.end());
   return taken;
 }
 
@@ -2904,6 +2927,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     stash.slots.add_all(-1, 0, inputs, args);
     if (watch::on.load(std::memory_order_relaxed)) {
       if (info.mutable_op) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
+      if (info.mutable_op && info.args->outputs.empty()) watch::note_written(thread.written_args, thread.frames.size(), info, inputs);
       watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
     }
     if (subclasses) plain_of.clear();
@@ -2933,6 +2957,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   recorder.slots.add_all(at_row, 0, inputs, args);
   if (watch::on.load(std::memory_order_relaxed)) {
     if (info.mutable_op) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
+    if (info.mutable_op && info.args->outputs.empty()) watch::note_written(thread.written_args, thread.frames.size(), info, inputs);
     watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
     if (subclasses) watch::note_plains(first_input);
   }
@@ -3028,6 +3053,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   // task="overflow_check": what this call writes, as it started, and its arguments
   auto copies = watch::take_frame(thread.written_copies, thread.frames.size());
   auto arguments = watch::take_frame(thread.held_inputs, thread.frames.size());
+  auto written_outputs = watch::take_frame(thread.written_args, thread.frames.size());
   std::vector<c10::IValue> saved;  // where the op raised after its kernel: what it returned (saved_outputs)
   if (!thread.saved.empty() && thread.saved.back().first >= thread.frames.size()) {
     if (frame.kind == kRecorded && frame.returns && fn.outputs().empty()) saved = saved_outputs(thread, thread.frames.size(), fn);
@@ -3053,9 +3079,17 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   } else if (frame.kind == kRecorded) {
     const auto& outputs = saved.empty() ? fn.outputs() : saved;
     c10::ArrayRef<const c10::IValue> returned(outputs.data(), outputs.size());
+    std::vector<c10::IValue> written;  // (task="overflow_check": what a call that returns nothing wrote, its outputs)
+    for (auto& [depth, position, element, weak] : written_outputs) {
+      auto impl = weak.lock();
+      written.emplace_back(impl ? at::Tensor(std::move(impl)) : at::Tensor());
+    }
+    c10::ArrayRef<const c10::IValue> wrote(written.data(), written.size());
     std::optional<PlainFound> plain_found;  // (plain_of is empty but while a subclass's slots are added)
-    if (any_subclass(returned)) {
-      find_subclasses(returned, thread.in_hook);
+    if (any_subclass(returned) || any_subclass(wrote)) {
+      std::vector<c10::IValue> both(returned.begin(), returned.end());
+      both.insert(both.end(), written.begin(), written.end());
+      find_subclasses(c10::ArrayRef<const c10::IValue>(both.data(), both.size()), thread.in_hook);
       plain_found.emplace();
     }
     std::lock_guard<std::mutex> lock(recorder.mutex);
@@ -3087,6 +3121,9 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       end_collective(frame.row, std::move(*collective_call), outputs, frame.args);
     } else if (after == slots.row.size()) {
       slots.add_all(frame.row, 1, c10::ArrayRef<const c10::IValue>(outputs.data(), outputs.size()), frame.args);
+      for (size_t at = 0; at < written.size(); ++at) {
+        if (is_tensor(written[at])) slots.add(frame.row, 1, std::get<1>(written_outputs[at]), std::get<2>(written_outputs[at]), written[at].unsafeToTensorImpl());
+      }
     } else {  // a dispatch mode saw this op's outputs before them (a saved-tensors hook's detach of an output)
       slots.hold_waiting();
       Slots inside;

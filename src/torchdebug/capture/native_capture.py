@@ -271,7 +271,7 @@ class NativeOpCapture:
         snapshots, saving = self._snapshots, None
         if self._overflow is not None:  # only the calls found, their tensors saved
             recorded, saving = self._overflow.recorded(ops, rows.columns, recorded, session.step)
-            snapshots = self.rows.snapshots(session.snapshot, session.view_ref)
+            snapshots = self.rows.snapshots(session.snapshot, session.view_ref) if recorded.any() else None
         if self._by_name:  # a range or name patterns: each candidate call's name, in row order
             names, range_gate = self.names, self.range
             call_names = rows.columns["call_name"].to_pylist()

@@ -92,6 +92,7 @@
 #include <deque>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -2359,10 +2360,8 @@ std::vector<int64_t> facts;            // by op id; -1: not asked yet
 std::unordered_map<int64_t, std::pair<WeakImpl, int64_t>> unwritten;
 // The plain tensors of subclass arguments the callback could not read as their call started (a
 // collective still wrote them: an AsyncCollectiveTensor's, waited for inside the call), by
-// plain_key: read at the call's end.
-std::unordered_map<int64_t, WeakImpl> plains;
-
-int64_t plain_key(int64_t row, int16_t arg, int16_t element) { return row << 24 | int64_t{static_cast<uint16_t>(arg)} << 8 | (element + 1); }
+// (row, argument, item): read at the call's end.
+std::map<std::tuple<int64_t, int16_t, int16_t>, WeakImpl> plains;
 bool made = false, held = false;       // OriginTracker's state in this step
 int64_t budget = -1;                   // calls whose tensors are still kept (-1: no end)
 std::vector<int64_t> rows;             // the calls found (absolute rows) and their kinds
@@ -2405,45 +2404,45 @@ c10::TensorImpl* copyable(const c10::IValue& value) {
   return judged ? impl : nullptr;
 }
 
+// Call `visit(item, position, element)` for argument `value` at `position`: for each item of a
+// list (element its index), or for the value itself (element -1).
+template <typename Visit>
+void visit_argument(const c10::IValue& value, size_t position, const Visit& visit) {
+  if (value.isList()) {
+    auto items = value.toListRef();
+    for (size_t index = 0; index < items.size(); ++index) visit(items[index], static_cast<int16_t>(position), static_cast<int16_t>(index));
+  } else {
+    visit(value, static_cast<int16_t>(position), int16_t{-1});
+  }
+}
+
+// The same for each argument among `inputs` that a call of `info` writes.
+template <typename Visit>
+void visit_written(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs, const Visit& visit) {
+  for (auto position : *info.written) {
+    if (static_cast<size_t>(position) < inputs.size()) visit_argument(inputs[static_cast<size_t>(position)], static_cast<size_t>(position), visit);
+  }
+}
+
 // As a call that writes its arguments starts (its frame at `depth`; its inputs' subclass instances
 // found): copy what it writes, its values before the call, which a call found keeps as its inputs
 // (ThreadState::written_copies).
 void copy_written(Copies& copies, size_t depth, const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
-  auto copy = [&](const c10::IValue& value, int16_t position, int16_t element) {
+  visit_written(info, inputs, [&](const c10::IValue& value, int16_t position, int16_t element) {
     if (auto* impl = copyable(value); impl != nullptr) {
       // (a failed copy stays, undefined: the argument then saves no tensor, not its values after the call)
       copies.emplace_back(depth, position, element, copy_of(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl))));
     }
-  };
-  for (auto position : *info.written) {
-    if (static_cast<size_t>(position) >= inputs.size()) continue;
-    const auto& value = inputs[static_cast<size_t>(position)];
-    if (value.isList()) {
-      auto items = value.toListRef();
-      for (size_t index = 0; index < items.size(); ++index) copy(items[index], position, static_cast<int16_t>(index));
-    } else {
-      copy(value, position, -1);
-    }
-  }
+  });
 }
 
 // As a call that writes its arguments and returns nothing starts (an in-place _foreach_ op, its frame
 // at `depth`): note what it writes, which the check takes for its outputs (as the dispatch mode's).
 void note_written(std::vector<std::tuple<size_t, int16_t, int16_t, WeakImpl>>& noted, size_t depth, const OpInfo& info,
                   c10::ArrayRef<const c10::IValue> inputs) {
-  auto note = [&](const c10::IValue& value, int16_t position, int16_t element) {
+  visit_written(info, inputs, [&](const c10::IValue& value, int16_t position, int16_t element) {
     if (is_tensor(value)) noted.emplace_back(depth, position, element, WeakImpl::reclaim_copy(value.unsafeToTensorImpl()));
-  };
-  for (auto position : *info.written) {
-    if (static_cast<size_t>(position) >= inputs.size()) continue;
-    const auto& value = inputs[static_cast<size_t>(position)];
-    if (value.isList()) {
-      auto items = value.toListRef();
-      for (size_t index = 0; index < items.size(); ++index) note(items[index], position, static_cast<int16_t>(index));
-    } else {
-      note(value, position, -1);
-    }
-  }
+  });
 }
 
 // The entries of `from` of the frame at `depth` or deeper (ended), taken out.
@@ -2461,22 +2460,14 @@ Entries take_frame(Entries& from, size_t depth) {
 // As a recorded call starts (its frame at `depth`): hold its plain tensor arguments (aliases: their
 // storage, not the tensors, whose use counts torch reads), for the end of the call.
 void hold_inputs(Copies& held, size_t depth, c10::ArrayRef<const c10::IValue> inputs) {
-  auto hold = [&](const c10::IValue& value, size_t position, int16_t element) {
-    if (!is_tensor(value)) return;
-    auto* impl = value.unsafeToTensorImpl();
-    if (impl->key_set().has(c10::DispatchKey::Python) || impl->layout() != c10::kStrided || !impl->is_cpu() || impl->numel() == 0) return;
-    if (!judged_dtype(static_cast<int8_t>(impl->dtype().toScalarType()))) return;
-    held.emplace_back(depth, static_cast<int16_t>(position), element,
-                      Slots::held(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl)));
-  };
   for (size_t position = 0; position < inputs.size(); ++position) {
-    const auto& value = inputs[position];
-    if (value.isList()) {
-      auto items = value.toListRef();
-      for (size_t index = 0; index < items.size(); ++index) hold(items[index], position, static_cast<int16_t>(index));
-    } else {
-      hold(value, position, -1);
-    }
+    visit_argument(inputs[position], position, [&](const c10::IValue& value, int16_t at, int16_t element) {
+      if (!is_tensor(value)) return;
+      auto* impl = value.unsafeToTensorImpl();
+      if (impl->key_set().has(c10::DispatchKey::Python) || impl->layout() != c10::kStrided || !impl->is_cpu() || impl->numel() == 0) return;
+      if (!judged_dtype(static_cast<int8_t>(impl->dtype().toScalarType()))) return;
+      held.emplace_back(depth, at, element, Slots::held(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl)));
+    });
   }
 }
 
@@ -2520,7 +2511,7 @@ int tensor_flags(size_t slot, bool limits_too, const at::Tensor& before = at::Te
   }
   at::Tensor tensor = before;
   if (!tensor.defined() && slots.flag[slot] == kSubclass) {  // its plain tensor, if it was in flight as its call started
-    auto found = plains.find(plain_key(slots.row[slot], slots.arg[slot], slots.element[slot]));
+    auto found = plains.find({slots.row[slot], slots.arg[slot], slots.element[slot]});
     auto plain = found != plains.end() ? found->second.lock() : c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>();
     if (!plain) return 0;
     tensor = at::Tensor(std::move(plain));
@@ -2648,7 +2639,7 @@ void note_plains(size_t first) {
     auto instance = slot_tensor(slot);
     const auto* found = instance.defined() ? plain_of.find(address(instance.unsafeGetTensorImpl())) : nullptr;
     if (found == nullptr || found->second == 0) continue;
-    plains.insert_or_assign(plain_key(slots.row[slot], slots.arg[slot], slots.element[slot]),
+    plains.insert_or_assign({slots.row[slot], slots.arg[slot], slots.element[slot]},
                             WeakImpl::reclaim_copy(reinterpret_cast<c10::TensorImpl*>(found->second)));
   }
 }

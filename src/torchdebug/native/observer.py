@@ -85,8 +85,9 @@ class OverflowRule(NamedTuple):
     given: list[float]
     """Magnitudes of numbers that count as a given limit."""
     facts: Callable[[int], int]
-    """An op id's facts (``watch`` in ``observer.cpp``): 1 never judged; bit ``1 + position`` an input
-    it does not read, ``32 + index`` an output holding no value it made."""
+    """An op id's facts (``watch`` in ``observer.cpp``): 1 never judged, with bit 30 an allocation
+    (its outputs hold no value until an op writes them); bit ``1 + position`` an input it does not
+    read, ``32 + index`` an output holding no value it made."""
 
 
 ORIGIN_FOUND, ENTRY_FOUND = 2, 3

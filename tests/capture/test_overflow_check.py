@@ -175,6 +175,31 @@ def test_inputs_of_an_in_place_op_are_the_values_before_it(tmp_path, resolution)
     assert torch.equal(saved, torch.full((3,), 1e38))
 
 
+def test_copies_that_fail_cost_the_saved_tensors_never_the_step(tmp_path, path):
+    """Where a copy of a call's tensors fails (memory: the observer's seam makes every one fail), the
+    call found is recorded with its statistics and no saved tensor, and the ops run on unchanged."""
+    if path != "native":
+        pytest.skip("the observer's copies")
+    from torchdebug.native.observer import load_observer
+
+    observer = load_observer()
+    observer.overflow_copies_fail()
+    try:
+
+        def body():
+            y = torch.full((3,), 1e38)
+            y.mul_(10)  # the input copied as the call starts, the output as it ends: both fail
+            assert torch.equal(y, torch.full((3,), float("inf")))
+            torch.zeros(2).div(0.0)
+
+        records = _records(tmp_path, body, overflow_nums=-1)
+    finally:
+        observer.overflow_copies_fail(False)
+    assert _calls(records) == ["forward/-/aten.mul_.Tensor#0", "forward/-/aten.div.Tensor#0"]
+    tensors = [r for r in records if r.kind == "tensor"]
+    assert all(r.tensor is None for r in tensors) and all(r.stats is not None for r in tensors)
+
+
 def test_a_pending_call_keeps_its_output_when_a_later_op_writes_into_it(tmp_path, resolution, monkeypatch):
     monkeypatch.setattr(overflow_check, "WINDOW_CALLS", 2)  # several windows in one step
     x = torch.ones(1, 2)

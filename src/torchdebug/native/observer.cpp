@@ -93,6 +93,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <new>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -2376,6 +2377,8 @@ using Copies = std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>>;  /
 
 bool judged_dtype(int8_t dtype) { return dtype >= 0 && static_cast<size_t>(dtype) < limits.size() && !std::isnan(limits[dtype]); }
 
+std::atomic<bool> copies_fail{false};  // td_observer_overflow_copies_fail (tests): every copy fails as memory would
+
 // A copy of `tensor` made unseen (no row, no graph), as snapshot_kept makes one; undefined where
 // making it failed (memory): its slot then saves no tensor, and the op runs on.
 at::Tensor copy_of(const at::Tensor& tensor) {
@@ -2383,6 +2386,7 @@ at::Tensor copy_of(const at::Tensor& tensor) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_python(c10::DispatchKey::Python);
   try {
+    if (copies_fail.load(std::memory_order_relaxed)) throw std::bad_alloc();
     return tensor.clone();
   } catch (const std::exception&) {
     return at::Tensor();
@@ -3629,6 +3633,9 @@ void td_observer_overflow_unwritten(int64_t count, const int64_t* keys, const in
     watch::unwritten.try_emplace(keys[at], WeakImpl::reclaim_copy(impl), Slots::current_version(impl));
   }
 }
+
+// Tests: every copy the check makes fails from now on, as where memory runs out (`fail` 0: no longer).
+void td_observer_overflow_copies_fail(int fail) { watch::copies_fail.store(fail != 0); }
 
 // The calls the last drain handed over as found, and the copies kept for their slots: counts[0], counts[1].
 void td_observer_overflow_counts(int64_t* counts) {

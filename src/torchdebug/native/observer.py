@@ -374,6 +374,8 @@ class NativeObserver:
         library.td_observer_overflow_step.restype = None
         library.td_observer_overflow_unwritten.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_overflow_unwritten.restype = None
+        library.td_observer_overflow_copies_fail.argtypes = [ctypes.c_int]
+        library.td_observer_overflow_copies_fail.restype = None
         library.td_observer_overflow_counts.argtypes = [ctypes.c_void_p]
         library.td_observer_overflow_counts.restype = None
         library.td_observer_overflow_found.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -616,6 +618,11 @@ class NativeObserver:
         if keys:
             impls = array("q", [tensor._cdata for tensor in tensors])
             self._lib.td_observer_overflow_unwritten(len(keys), array("q", keys).buffer_info()[0], impls.buffer_info()[0])
+
+    def overflow_copies_fail(self, fail: bool = True) -> None:
+        """Tests: every copy :meth:`watch_overflow` makes fails from now on, as where memory runs out
+        (the calls found save no tensor; the ops run on), or no longer."""
+        self._lib.td_observer_overflow_copies_fail(int(fail))
 
     def overflow_found(self) -> OverflowFound:
         """The calls :meth:`watch_overflow` found among the rows the last :meth:`drain` drained."""

@@ -305,6 +305,46 @@ def test_an_allocation_and_a_buffer_before_it_is_written_are_never_an_overflow(t
     assert _records(tmp_path / "views", views) == []
 
 
+def test_buffers_an_unshard_hands_out_are_not_judged_until_written(tmp_path, monkeypatch):
+    """FSDP2's copy-in marks the all-gather buffers its unshard hands out (``unshard_buffers``, both
+    paths' seam: here a buffer of NaN, as a NaN step leaves them): a view of one holds no value until
+    an op writes it (the copy-out's ``out=``), then it is judged."""
+    import torch.distributed.fsdp  # noqa: F401  (registers the fsdp ops)
+
+    from torchdebug.capture import eager, native_records
+
+    buffer = torch.full((4,), float("nan"))
+    monkeypatch.setattr(native_records, "unshard_buffers", lambda frame: [buffer])
+    monkeypatch.setattr(eager, "unshard_buffers", lambda frame: [buffer])
+
+    def body():
+        torch.ops.fsdp.all_gather_copy_in([torch.ones(2)], torch.empty(4), [2], 2, 0)  # the unshard marks the buffer
+        buffer.view(2, 2)  # a view of it before the copy-out: not judged
+        torch.mul(torch.ones(2, 2), 2.0, out=buffer.view(2, 2))  # the copy-out writes it
+        buffer.view(4).log()  # judged (log(2) is finite)
+
+    assert _records(tmp_path, body) == []
+    buffer.fill_(float("nan"))  # unmarked, the same view is a NaN that entered
+    assert _calls(_records(tmp_path / "unmarked", lambda: buffer.view(2, 2))) == ["forward/-/aten.view.default#0"]
+
+
+def test_memory_an_allocation_hands_out_again_holds_no_value(tmp_path, monkeypatch):
+    """An allocation's output freed unread leaves its mark behind; the next allocation at that memory
+    (the allocator hands it out again) marks it anew: a stale mark kept passed the new one for a
+    write, and a view of the garbage was named the entry. (Shown with ``full`` counted as an
+    allocation, which makes its NaN every time.)"""
+    from torchdebug.capture import eager
+
+    monkeypatch.setattr(eager, "allocates", lambda op: op == "aten.full.default")
+
+    def body():
+        for _ in range(4):
+            torch.full((4,), float("nan"))  # freed unread
+            torch.full((4,), float("nan")).view(2, 2)  # likely at the same memory: not judged either
+
+    assert _records(tmp_path, body) == []
+
+
 def test_inference_tensors_are_judged_at_each_op(tmp_path, resolution):
     """Under ``torch.inference_mode`` tensors keep no version counter (reading it raised into the
     loop): a tensor judged finite, then written in place, is judged again at its next op."""

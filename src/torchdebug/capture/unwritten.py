@@ -54,9 +54,14 @@ class UnwrittenStorages(dict[int, tuple[weakref.ref, int]]):
 
     def add(self, tensors: Iterable[torch.Tensor]) -> None:
         """Mark the storages of ``tensors`` (plain tensors: an allocation's outputs, FSDP2's buffers)
-        as holding no value; a storage marked already keeps its first entry."""
+        as holding no value; a storage marked already keeps its first entry while that holds (its
+        tensor alive, unwritten): a stale one (an allocation's output freed unread, whose memory the
+        allocator hands out again) would pass the new mark for a write."""
         for key, tensor, version in markable(tensors):
-            self.setdefault(key, (weakref.ref(tensor), version))
+            entry = self.get(key)
+            holder = entry[0]() if entry is not None else None
+            if holder is None or tensor_version(holder) != entry[1]:
+                self[key] = (weakref.ref(tensor), version)
 
     def why(self, tensor: torch.Tensor) -> str | None:
         """``uninitialised`` when ``tensor`` lies on a marked storage that nothing has written since;

@@ -2375,6 +2375,17 @@ std::vector<at::Tensor> handed;
 
 using Copies = std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>>;  // (frame depth, argument, element, copy)
 
+// Mark the storage keyed `key` as holding no value, by `impl` (unwritten.py's UnwrittenStorages.add):
+// a mark that holds (its tensor alive, at its version) stays, a stale one is replaced.
+void mark_unwritten(int64_t key, c10::TensorImpl* impl) {
+  auto found = unwritten.find(key);
+  if (found != unwritten.end()) {
+    auto holder = found->second.first.lock();
+    if (holder && Slots::current_version(holder.get()) == found->second.second) return;
+  }
+  unwritten.insert_or_assign(key, std::make_pair(WeakImpl::reclaim_copy(impl), Slots::current_version(impl)));
+}
+
 bool judged_dtype(int8_t dtype) { return dtype >= 0 && static_cast<size_t>(dtype) < limits.size() && !std::isnan(limits[dtype]); }
 
 std::atomic<bool> copies_fail{false};  // td_observer_overflow_copies_fail (tests): every copy fails as memory would
@@ -2669,7 +2680,7 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies, const 
     for (auto slot = from; slot < slots.row.size(); ++slot) {
       if (slots.row[slot] != frame.row || slots.io[slot] != 1 || slots.flag[slot] != kPlain || slots.version[slot] < 0) continue;
       auto tensor = slot_tensor(slot);
-      if (tensor.defined()) unwritten.try_emplace(slots.storage[slot], WeakImpl(tensor.getIntrusivePtr()), Slots::current_version(tensor.unsafeGetTensorImpl()));
+      if (tensor.defined()) mark_unwritten(slots.storage[slot], tensor.unsafeGetTensorImpl());
     }
     return;
   }
@@ -2748,6 +2759,9 @@ void judge(ThreadState& thread, const Frame& frame, const Copies& copies, const 
 // At a drain of `slots` slot rows and the op rows before `end_row`: hand over what was found there.
 void hand_over(size_t slots, int64_t end_row) {
   plains.clear();  // (of calls ended: their rows drained now)
+  for (auto entry = unwritten.begin(); entry != unwritten.end();) {  // memory freed unwritten: bounded by what is alive
+    entry = entry->second.first.expired() ? unwritten.erase(entry) : std::next(entry);
+  }
   handed_rows.clear();
   handed_kinds.clear();
   handed_slots.clear();
@@ -3630,7 +3644,7 @@ void td_observer_overflow_unwritten(int64_t count, const int64_t* keys, const in
   for (int64_t at = 0; at < count; ++at) {
     auto* impl = reinterpret_cast<c10::TensorImpl*>(impls[at]);
     if (impl->is_inference()) continue;
-    watch::unwritten.try_emplace(keys[at], WeakImpl::reclaim_copy(impl), Slots::current_version(impl));
+    watch::mark_unwritten(keys[at], impl);
   }
 }
 

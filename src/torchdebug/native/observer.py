@@ -616,8 +616,8 @@ class NativeObserver:
         run until an op writes them, each marked by the plain tensor of ``tensors`` at its index (FSDP2's
         all-gather buffers at its copy-in); nothing while no check watches."""
         if keys:
-            impls = array("q", [tensor._cdata for tensor in tensors])
-            self._lib.td_observer_overflow_unwritten(len(keys), array("q", keys).buffer_info()[0], impls.buffer_info()[0])
+            storages, impls = array("q", keys), array("q", [tensor._cdata for tensor in tensors])  # (alive through the call)
+            self._lib.td_observer_overflow_unwritten(len(keys), storages.buffer_info()[0], impls.buffer_info()[0])
 
     def overflow_copies_fail(self, fail: bool = True) -> None:
         """Tests: every copy :meth:`watch_overflow` makes fails from now on, as where memory runs out

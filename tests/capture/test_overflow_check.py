@@ -10,7 +10,10 @@ import torchdebug
 from tests.capture.native_compare import on_the_dispatch_mode
 from torchdebug import stats_table
 from torchdebug.capture import overflow_check
+from torchdebug.capture.native_capture import why_not_native
 from torchdebug.cli import main
+from torchdebug.config import DebuggerConfig
+from torchdebug.native import build
 from torchdebug.nonfinite import find_origin
 
 
@@ -21,6 +24,10 @@ def path(request, monkeypatch):
     monkeypatch.delenv("TORCHDEBUG_NATIVE", raising=False)
     if request.param == "dispatch mode":
         on_the_dispatch_mode(monkeypatch)
+    elif build._cxx_compiler() is None or torch.accelerator.is_available():
+        pytest.skip("the native path needs a C++ compiler; beside an accelerator the dispatch mode checks (DEVICE_STATISTICS)")
+    else:  # (a config the native path stopped taking would run both params on the mode)
+        assert why_not_native(DebuggerConfig(task="overflow_check"), None) is None
     return request.param
 
 
@@ -266,9 +273,7 @@ def test_show_names_the_first_overflow_at_the_top(tmp_path, capsys):
 
 
 @pytest.mark.gpu
-def test_the_cuda_check_never_synchronises_per_op(tmp_path, path):
-    if path == "native":
-        pytest.skip("CUDA tensors take the dispatch mode (native_capture.DEVICE_STATISTICS)")
+def test_the_cuda_check_never_synchronises_per_op(tmp_path):
     model = Planted(inf_weight=True).cuda()
     x = torch.randn(2, 3, device="cuda")
     debugger = torchdebug.Debugger(tmp_path, task="overflow_check", overflow_nums=-1)

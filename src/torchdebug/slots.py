@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Slot", "dtype_name", "iter_slots", "json_value", "output_slots"]
+__all__ = ["Slot", "dtype_name", "iter_slots", "json_value", "output_slots", "written_slot"]
 
 Slot = tuple[str, Any]
 """``(argument path, value)``: one tensor or non-tensor argument of a call."""
@@ -46,6 +46,13 @@ def iter_slots(args: tuple | list, kwargs: dict[str, Any] | None = None) -> Iter
                 yield from _walk_items(value, key)
             else:
                 yield key, value
+
+
+def written_slot(arg: str, value: Any, written: frozenset[str]) -> bool:
+    """Whether slot ``arg`` holds a tensor its call writes (``written``: the top-level argument keys
+    the call writes). A call that writes and returns nothing (an in-place ``_foreach_*_`` op) has
+    these slots for its outputs, named as its inputs (``output.0.<i>``)."""
+    return isinstance(value, torch.Tensor) and arg.split(".", 1)[0] in written
 
 
 def output_slots(output: Any) -> Iterator[Slot]:

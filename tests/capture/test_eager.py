@@ -437,6 +437,30 @@ def test_a_tensor_a_foreach_op_writes_is_read_again_with_its_new_value_and_versi
 
 
 @pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
+def test_a_foreach_update_records_what_it_wrote_as_its_outputs(tmp_path, monkeypatch, native):
+    """An in-place ``_foreach_*_`` op returns nothing: its outputs are the tensors it wrote, after the
+    write, named as its inputs (``output.0.<i>``), so a foreach optimizer's update is where its
+    results show (before, nothing until the next step read the parameters)."""
+    monkeypatch.setenv("TORCHDEBUG_NATIVE", native)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, foreach=True)
+    model(torch.randn(3, 4)).sum().backward()
+    with torchdebug.Debugger(tmp_path, task="statistics") as debugger:
+        debugger.start(model)
+        optimizer.step()
+        debugger.step()
+    records = [r for r in torchdebug.load(tmp_path).ranks[0].records() if r.op == "aten._foreach_add_.List"]
+    inputs = {r.arg: r for r in records if r.io == "input"}
+    outputs = {r.arg: r for r in records if r.io == "output"}
+    assert sorted(outputs) == ["0.0", "0.1"] and {r.phase for r in records} == {"optimizer"}
+    for index, parameter in enumerate(model.parameters()):
+        written, before = outputs[f"0.{index}"], inputs[f"0.{index}"]
+        assert written.stats["max"] == parameter.max().item() != before.stats["max"]
+        assert written.value_id == before.value_id and written.version == before.version + 1
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native path", "dispatch mode"])
 def test_a_tensor_a_fused_optimizer_wrote_is_read_again_with_its_new_value(tmp_path, monkeypatch, native):
     """A fused optimizer writes parameters and moments without moving their versions: a read after
     it in the same step takes the new values, not those read before, and the records count the

@@ -12,9 +12,9 @@ from torch import nn
 import torchdebug
 from tests.capture.native_compare import gpt_training, loss_training, on_the_dispatch_mode, without_mode
 from torchdebug.capture import native_records
-from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
+from torchdebug.capture.native_records import NativeStepCapture
 from torchdebug.native import build
-from torchdebug.native.observer import OUTER_SHIFT, NativeObserver, load_observer
+from torchdebug.native.observer import NativeObserver, load_observer
 from torchdebug.records import Record
 
 pytestmark = pytest.mark.skipif(build._cxx_compiler() is None, reason="no C++ compiler to build the observer")
@@ -109,20 +109,6 @@ def test_the_example_gpts_training_step_is_named_as_eager_capture_names_it(tmp_p
     native = _compare(tmp_path, gpt_training, observer)
     assert {record.phase for record in native} == {"forward", "backward", "optimizer"}
     assert len({record.module for record in native}) > 10
-
-
-def test_slots_are_named_from_the_schema_as_a_dispatch_mode_names_them() -> None:
-    split = OpSlotNames.of(op_overload("aten.split.Tensor"))
-    assert (split.slot(0, 0, -1), split.slot(1, 0, 2)) == ("0", "2")  # one list result: its elements
-    cat = OpSlotNames.of(op_overload("aten.cat.default"))
-    assert cat.slot(0, 0, 1) == "0.1"
-    add_out = OpSlotNames.of(op_overload("aten.add.out"))
-    assert (add_out.slot(0, 3, -1), add_out.mutable) == ("out", True)  # keyword-only: its name
-    layer_norm = OpSlotNames.of(op_overload("aten.native_layer_norm.default"))
-    assert layer_norm.slot(1, 2, -1) == "2"
-    allgather = OpSlotNames.of(op_overload("c10d.allgather_.default"))  # Tensor[][] output_tensors: by both indices
-    outer = 1 << OUTER_SHIFT
-    assert (allgather.slot(0, outer, 1), allgather.slot(1, 2 * outer, 0), allgather.slot(0, 1, 0)) == ("0.0.1", "0.1.0", "1.0")
 
 
 def test_the_storages_an_unshard_hands_out_are_named_as_the_slots_name_them(observer, monkeypatch):

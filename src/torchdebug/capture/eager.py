@@ -41,7 +41,7 @@ from torchdebug.capture.recompute import RECOMPUTE, ForwardCall, RebuiltTensors,
 from torchdebug.capture.session import PLAIN_TENSORS, CaptureSession
 from torchdebug.capture.stacks import StackRecorder
 from torchdebug.records import NO_MODULE, UNINITIALISED, allocates, make_call_name
-from torchdebug.slots import Slot, iter_slots
+from torchdebug.slots import Slot, iter_slots, written_slot
 
 _CLONE = "aten.clone.default"
 _VALUE_PRESERVING = frozenset({_CLONE, "aten.contiguous.default"})
@@ -615,7 +615,11 @@ class OpCapture:
         if self._outputs:
             if info.makes_views and args and isinstance(args[0], torch.Tensor):
                 self.session.values.views(outputs, args[0])
-            self._add(iter_slots(outputs), "output", info.mutable, info.unread_outputs, names)
+            if out is None and written:  # an in-place op that returns nothing (``_foreach_mul_``): what it wrote, it made
+                made = [slot for slot in inputs or iter_slots(args, kwargs) if written_slot(*slot, info.written)]
+                self._add(made, "output", True, info.unread_outputs, names, bumps=not info.unmoved)
+            else:
+                self._add(iter_slots(outputs), "output", info.mutable, info.unread_outputs, names)
         return out
 
     def _await_collectives(self, info: OpInfo, slots: list[Slot]) -> None:
@@ -656,12 +660,14 @@ class OpCapture:
 
         self._collectives.add(works, waited_by_caller(func, args, kwargs), outputs, completed)
 
-    def _add(self, slots: Iterable[Slot], io: str, mutated: bool, unread: dict[str, str], names: _CallNames) -> None:
+    def _add(
+        self, slots: Iterable[Slot], io: str, mutated: bool, unread: dict[str, str], names: _CallNames, bumps: bool | None = None
+    ) -> None:
         """Record one side of a call; slots on a storage a functional collective still writes into
         are recorded once it completes."""
         if self._functional:
-            slots = self._functional.hold(slots, partial(self._add_now, io, mutated, unread, names))
-        self._add_now(io, mutated, unread, names, slots)
+            slots = self._functional.hold(slots, partial(self._add_now, io, mutated, unread, names, bumps=bumps))
+        self._add_now(io, mutated, unread, names, slots, bumps)
 
     def _add_now(
         self, io: str, mutated: bool, unread: dict[str, str], names: _CallNames, slots: Iterable[Slot], bumps: bool | None = None

@@ -61,7 +61,6 @@ from torchdebug.native.observer import (
     MODULE_ROW_OP,
     MODULE_ROWS,
     NESTED,
-    OUTER_SHIFT,
     PLAIN,
     RECORD,
     SUBCLASS,
@@ -198,8 +197,6 @@ class OpSlotNames:
     """By schema position: ``"0"``, ``"1"``, ..., the name of a keyword-only argument."""
     list_result: bool
     """The op returns one list (``split``): a dispatch mode sees a list, its elements are ``0``, ``1``."""
-    mutable: bool
-    """The op writes into one of its arguments (in-place or ``out=``)."""
 
     @classmethod
     def of(cls, overload: OpOverload) -> OpSlotNames:
@@ -208,18 +205,7 @@ class OpSlotNames:
         inputs = tuple(argument.name if argument.kwarg_only else str(index) for index, argument in enumerate(schema.arguments))
         returns = schema.returns
         list_result = len(returns) == 1 and isinstance(returns[0].type, torch.ListType)
-        return cls(inputs, list_result, schema.is_mutable)
-
-    def slot(self, io: int, arg: int, element: int) -> str:
-        """The ``arg`` of a slot: ``io`` 0 input, 1 output; ``element`` -1 outside lists; an item of a
-        list of lists (c10d's ``Tensor[][]``) has the outer index plus one in ``arg``'s bits from
-        ``OUTER_SHIFT`` (``slot_walk.cpp``'s ``arg_code``)."""
-        position, outer = arg & ((1 << OUTER_SHIFT) - 1), (arg >> OUTER_SHIFT) - 1
-        indices = [index for index in (outer, element) if index >= 0]
-        if io == 1 and self.list_result:
-            return ".".join(map(str, indices))
-        top = self.inputs[position] if io == 0 else str(position)
-        return ".".join([top, *map(str, indices)])
+        return cls(inputs, list_result)
 
 
 def op_overload(op_name: str) -> OpOverload:

@@ -45,7 +45,7 @@ CHANGED_TEXT = (
 """The ``capture_error`` of such a slot."""
 
 _MUTABLE, _MAKES_VIEWS, _VALUE_PRESERVING, _ONE_TENSOR, _LIST_RESULT, _SKIPPED = 1, 2, 4, 8, 16, 32
-_ACCUMULATES, _DETACH, _COLLECTIVE, _MODULE = 64, 128, 256, 512
+_ACCUMULATES, _DETACH, _COLLECTIVE, _MODULE, _UNRETURNED = 64, 128, 256, 512, 1024
 """``td_walk_op``'s flags (``OpFlag`` in the C++ file)."""
 _ENGINE_SUM = "aten.add_.Tensor"
 """The op autograd's engine sums gradients with in place, which a dispatch mode runs out of place."""
@@ -179,6 +179,7 @@ class SlotWalk:
             | _ACCUMULATES * (info.name == _ENGINE_SUM)
             | _DETACH * info.detach
             | _COLLECTIVE * (info.collective and not info.functional)
+            | _UNRETURNED * (bool(info.written) and results == 0)
         )
         unread_in, unread_out = info.unread_inputs, info.unread_outputs
         in_codes = bytes(self._code(unread_in.get(name, unread_in.get("*"))) if unread_in else 0 for name in inputs)

@@ -30,7 +30,7 @@ from torchdebug.nonfinite import (
     value_flags,
 )
 from torchdebug.records import make_name
-from torchdebug.slots import Slot, iter_slots
+from torchdebug.slots import Slot, iter_slots, written_slot
 from torchdebug.stats import has_statistics
 
 logger = logging.getLogger("torchdebug.capture.overflow_check")
@@ -70,11 +70,6 @@ def _checked(value: Any) -> bool:
         and value.numel() > 0
         and has_statistics(value.dtype)
     )
-
-
-def _written_tensor(arg: str, value: Any, written: frozenset[str]) -> bool:
-    """Whether slot ``arg`` holds a tensor its op writes (``written``: top-level argument keys)."""
-    return isinstance(value, torch.Tensor) and arg.split(".", 1)[0] in written
 
 
 class _Flags:
@@ -206,10 +201,10 @@ class OverflowWatch:
         self._stage_new()  # before the op: an in-place op changes its inputs
         if written:
             self._copy_before_write(slots, written)
-            slots = [(arg, value.clone() if _written_tensor(arg, value, written) else value) for arg, value in slots]
+            slots = [(arg, value.clone() if written_slot(arg, value, written) else value) for arg, value in slots]
         out = func(*args, **kwargs)
         if out is None and written:  # an in-place op that returns nothing (``_foreach_mul_``): what it wrote, it made
-            outputs = [(arg, value) for arg, value in iter_slots(args, kwargs) if _written_tensor(arg, value, written)]
+            outputs = [(arg, value) for arg, value in iter_slots(args, kwargs) if written_slot(arg, value, written)]
         else:
             outputs = list(iter_slots(out if isinstance(out, (tuple, list)) else (out,)))
         if written and unwritten:  # an in-place op's written argument holds values from now on
@@ -281,7 +276,7 @@ class OverflowWatch:
         if not self._held:
             return
         for arg, value in slots:
-            if _written_tensor(arg, value, written):
+            if written_slot(arg, value, written):
                 for call, side, index in self._held.pop(_storage_key(value), ()):
                     if not call.done:
                         name, held = side[index]

@@ -1840,8 +1840,8 @@ struct ThreadState {
   // And what open calls take (watch::hold_inputs): an argument a call frees before it ends (a
   // temporary the engine hands a backward op) is read through it.
   std::vector<std::tuple<size_t, int16_t, int16_t, at::Tensor>> held_inputs;
-  // And what open calls that return nothing write (an in-place _foreach_ op's lists), by frame depth,
-  // position and item: their outputs at their end (watch::note_written).
+  // What open calls that return nothing write (an in-place _foreach_ op's lists), by frame depth,
+  // position and item: their outputs at their end, whatever the task (note_written).
   std::vector<std::tuple<size_t, int16_t, int16_t, WeakImpl>> written_args;
 };
 thread_local ThreadState state;
@@ -2332,6 +2332,51 @@ void stage_kept_now(ThreadState& thread) {
   snapshot_written(recorder.slots, thread, writes, true);
 }
 
+// ---- the arguments a call writes ----------------------------------------------------------------
+// Call `visit(item, position, element)` for argument `value` at `position`: for each item of a
+// list (element its index), or for the value itself (element -1).
+template <typename Visit>
+void visit_argument(const c10::IValue& value, size_t position, const Visit& visit) {
+  if (value.isList()) {
+    auto items = value.toListRef();
+    for (size_t index = 0; index < items.size(); ++index) visit(items[index], static_cast<int16_t>(position), static_cast<int16_t>(index));
+  } else {
+    visit(value, static_cast<int16_t>(position), int16_t{-1});
+  }
+}
+
+// `visit_argument` for each argument among `inputs` that a call of `info` writes.
+template <typename Visit>
+void visit_written(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs, const Visit& visit) {
+  for (auto position : *info.written) {
+    if (static_cast<size_t>(position) < inputs.size()) visit_argument(inputs[static_cast<size_t>(position)], static_cast<size_t>(position), visit);
+  }
+}
+
+// Whether a call of `info` writes arguments and returns nothing (an in-place _foreach_ op).
+bool writes_unreturned(const OpInfo& info) { return info.mutable_op && info.args != nullptr && info.args->outputs.empty(); }
+
+// As a call that writes its arguments and returns nothing starts (an in-place _foreach_ op, its frame
+// at `depth`): note what it writes, which its records take for its outputs (as the dispatch mode's).
+void note_written(std::vector<std::tuple<size_t, int16_t, int16_t, WeakImpl>>& noted, size_t depth, const OpInfo& info,
+                  c10::ArrayRef<const c10::IValue> inputs) {
+  visit_written(info, inputs, [&](const c10::IValue& value, int16_t position, int16_t element) {
+    if (is_tensor(value)) noted.emplace_back(depth, position, element, WeakImpl::reclaim_copy(value.unsafeToTensorImpl()));
+  });
+}
+
+// The entries of `from` of the frame at `depth` or deeper (ended), taken out.
+template <typename Entries>
+Entries take_frame(Entries& from, size_t depth) {
+  Entries taken;
+  if (from.empty() || std::get<0>(from.back()) < depth) return taken;
+  auto first = from.size();
+  while (first > 0 && std::get<0>(from[first - 1]) >= depth) --first;
+  std::move(from.begin() + static_cast<std::ptrdiff_t>(first), from.end(), std::back_inserter(taken));
+  from.erase(from.begin() + static_cast<std::ptrdiff_t>(first), from.end());
+  return taken;
+}
+
 // ---- task="overflow_check": the op calls that make a NaN or an Inf, judged as each ends ----------
 // capture/native_overflow.py hands over nonfinite.py's rule as tables (td_observer_watch_overflow):
 // each dtype's largest finite magnitude, the numbers that count as a given limit, and OriginTracker's
@@ -2419,26 +2464,6 @@ c10::TensorImpl* copyable(const c10::IValue& value) {
   return judged ? impl : nullptr;
 }
 
-// Call `visit(item, position, element)` for argument `value` at `position`: for each item of a
-// list (element its index), or for the value itself (element -1).
-template <typename Visit>
-void visit_argument(const c10::IValue& value, size_t position, const Visit& visit) {
-  if (value.isList()) {
-    auto items = value.toListRef();
-    for (size_t index = 0; index < items.size(); ++index) visit(items[index], static_cast<int16_t>(position), static_cast<int16_t>(index));
-  } else {
-    visit(value, static_cast<int16_t>(position), int16_t{-1});
-  }
-}
-
-// The same for each argument among `inputs` that a call of `info` writes.
-template <typename Visit>
-void visit_written(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs, const Visit& visit) {
-  for (auto position : *info.written) {
-    if (static_cast<size_t>(position) < inputs.size()) visit_argument(inputs[static_cast<size_t>(position)], static_cast<size_t>(position), visit);
-  }
-}
-
 // As a call that writes its arguments starts (its frame at `depth`; its inputs' subclass instances
 // found): copy what it writes, its values before the call, which a call found keeps as its inputs
 // (ThreadState::written_copies).
@@ -2449,27 +2474,6 @@ void copy_written(Copies& copies, size_t depth, const OpInfo& info, c10::ArrayRe
       copies.emplace_back(depth, position, element, copy_of(at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl))));
     }
   });
-}
-
-// As a call that writes its arguments and returns nothing starts (an in-place _foreach_ op, its frame
-// at `depth`): note what it writes, which the check takes for its outputs (as the dispatch mode's).
-void note_written(std::vector<std::tuple<size_t, int16_t, int16_t, WeakImpl>>& noted, size_t depth, const OpInfo& info,
-                  c10::ArrayRef<const c10::IValue> inputs) {
-  visit_written(info, inputs, [&](const c10::IValue& value, int16_t position, int16_t element) {
-    if (is_tensor(value)) noted.emplace_back(depth, position, element, WeakImpl::reclaim_copy(value.unsafeToTensorImpl()));
-  });
-}
-
-// The entries of `from` of the frame at `depth` or deeper (ended), taken out.
-template <typename Entries>
-Entries take_frame(Entries& from, size_t depth) {
-  Entries taken;
-  if (from.empty() || std::get<0>(from.back()) < depth) return taken;
-  auto first = from.size();
-  while (first > 0 && std::get<0>(from[first - 1]) >= depth) --first;
-  std::move(from.begin() + static_cast<std::ptrdiff_t>(first), from.end(), std::back_inserter(taken));
-  from.erase(from.begin() + static_cast<std::ptrdiff_t>(first), from.end());
-  return taken;
 }
 
 // As a recorded call starts (its frame at `depth`): hold its plain tensor arguments (aliases: their
@@ -2934,10 +2938,10 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     stash.row = std::move(row);
     auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
     stash.slots.add_all(-1, 0, inputs, args);
+    if (writes_unreturned(info)) note_written(thread.written_args, thread.frames.size(), info, inputs);
     if (watch::on.load(std::memory_order_relaxed)) {
       if (info.mutable_op) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
-      if (info.mutable_op && info.args->outputs.empty()) watch::note_written(thread.written_args, thread.frames.size(), info, inputs);
-      watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
+            watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
     }
     if (subclasses) plain_of.clear();
     if (info.mutable_op) forget_reads_of(inputs);
@@ -2964,10 +2968,10 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   auto first_input = recorder.slots.row.size();
   recorder.slots.add_all(at_row, 0, inputs, args);
+  if (writes_unreturned(info)) note_written(thread.written_args, thread.frames.size(), info, inputs);
   if (watch::on.load(std::memory_order_relaxed)) {
     if (info.mutable_op) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
-    if (info.mutable_op && info.args->outputs.empty()) watch::note_written(thread.written_args, thread.frames.size(), info, inputs);
-    watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
+        watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
     if (subclasses) watch::note_plains(first_input);
   }
   if (subclasses) plain_of.clear();
@@ -3060,9 +3064,9 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   auto frame = last;
   thread.frames.pop_back();
   // task="overflow_check": what this call writes, as it started, and its arguments
-  auto copies = watch::take_frame(thread.written_copies, thread.frames.size());
-  auto arguments = watch::take_frame(thread.held_inputs, thread.frames.size());
-  auto written_outputs = watch::take_frame(thread.written_args, thread.frames.size());
+  auto copies = take_frame(thread.written_copies, thread.frames.size());
+  auto arguments = take_frame(thread.held_inputs, thread.frames.size());
+  auto written_outputs = take_frame(thread.written_args, thread.frames.size());  // (any task)
   std::vector<c10::IValue> saved;  // where the op raised after its kernel: what it returned (saved_outputs)
   if (!thread.saved.empty() && thread.saved.back().first >= thread.frames.size()) {
     if (frame.kind == kRecorded && frame.returns && fn.outputs().empty()) saved = saved_outputs(thread, thread.frames.size(), fn);
@@ -3088,7 +3092,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   } else if (frame.kind == kRecorded) {
     const auto& outputs = saved.empty() ? fn.outputs() : saved;
     c10::ArrayRef<const c10::IValue> returned(outputs.data(), outputs.size());
-    std::vector<c10::IValue> written;  // (task="overflow_check": what a call that returns nothing wrote, its outputs)
+    std::vector<c10::IValue> written;  // what a call that returns nothing wrote: its outputs
     for (auto& [depth, position, element, weak] : written_outputs) {
       auto impl = weak.lock();
       written.emplace_back(impl ? at::Tensor(std::move(impl)) : at::Tensor());

@@ -43,10 +43,6 @@ argument or result (a number, sizes, a dtype, ``None``) is a value slot, its JSO
 ``LAID_OUT`` plus its layout's code (:meth:`NativeObserver.layout_name`): its dtype, shape and device
 are drained, its values not read."""
 
-OUTER_SHIFT = 8
-"""An item of a list of lists (c10d's ``Tensor[][]``) has its outer index plus one in ``slot_arg``'s
-bits from this one up, its inner index in ``slot_element``: arg ``0``'s ``[[a, b]]`` are ``0.0.0``, ``0.0.1``."""
-
 MODULE_ROW_OP = "torchdebug.module"
 """The op name of the rows :meth:`NativeObserver.module_row` adds: a module call's tensors, each an
 input slot at arg 0, its element its index in the call's list."""

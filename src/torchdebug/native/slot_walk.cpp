@@ -56,7 +56,7 @@ constexpr int64_t kNone = -1;
 
 enum OpFlag : int {
   kMutable = 1, kMakesViews = 2, kValuePreserving = 4, kOneTensor = 8, kListResult = 16, kSkipped = 32, kAccumulates = 64, kDetach = 128,
-  kCollective = 256, kModule = 512
+  kCollective = 256, kModule = 512, kUnreturned = 1024
 };
 // kAccumulates: the op the engine sums gradients in place with (aten.add_.Tensor in a backward row),
 // which a dispatch mode runs out of place (a new tensor, at version 0). kDetach: aten.detach.default.
@@ -64,6 +64,8 @@ enum OpFlag : int {
 // come once its Work completes, after the slots of the rows that ran meanwhile (observer.cpp).
 // kModule: observer.cpp's kModuleOp, a module call's tensors (level "mix"): skipped by the naming,
 // its slots, all inputs, walked whichever sides are recorded (native_modules.py filters them).
+// kUnreturned: an op that writes arguments and returns nothing (an in-place _foreach_ op): its
+// outputs are the arguments it wrote (observer.cpp's note_written), named as its inputs.
 enum Phase : int8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kRecompute = 3, kNoPhase = -1 };
 enum RowMark : int8_t { kGradOn = 1, kCheckpointNode = 2, kRecomputed = 4, kNoNode = 8, kFoundHidden = 16, kCompiled = 32 };
 // Per row: the observer's marks (observer.cpp's RowMark: kGradOn, grad mode was on, so the op's
@@ -309,7 +311,7 @@ struct Walk {
     return found->second;
   }
 
-  // The arg of a slot, as a dispatch mode's iter_slots names it (OpSlotNames.slot).
+  // The arg of a slot, as a dispatch mode's iter_slots names it (OpSlotNames.inputs by position).
   int32_t arg_code(OpFacts& op, int8_t io, int16_t arg, int16_t element) {
     int64_t key = (static_cast<int64_t>(io) << 40) | (static_cast<int64_t>(static_cast<uint16_t>(arg)) << 20) |
                   static_cast<int64_t>(static_cast<uint16_t>(element));
@@ -317,7 +319,7 @@ struct Walk {
     if (found != op.arg_codes.end()) return found->second;
     auto [position, outer] = split_arg(arg);
     std::string name;
-    if (io == 0) {
+    if (io == 0 || (op.flags & kUnreturned)) {
       name = static_cast<size_t>(position) < op.inputs.size() ? op.inputs[position] : std::to_string(position);
     } else if (op.flags & kListResult) {
       name = std::to_string(outer >= 0 ? outer : element);

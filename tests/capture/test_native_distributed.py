@@ -4,13 +4,15 @@ Two gloo ranks each dump the same steps both ways, with statistics and fingerpri
 stacks: a model whose forward runs c10d collectives (``dist.all_reduce`` waited and not, list and
 tensor all-gathers, broadcast, reduce-scatter, send and recv, one never waited for) and functional
 collectives on plain tensors (one waited for, one written in place, one left to capture's stop); an
-FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters), and
+FSDP2 training step (two blocks and the root sharded, AdamW on the sharded DTensor parameters), one
+computing in float16, and
 one with the blocks under selective activation checkpointing, one with them checkpointed and
 compiled in place (torchtitan's recipe); a
 tensor-parallel one (``ColwiseParallel`` and ``RowwiseParallel``, AdamW on DTensor parameters); and
 ``DistributedDataParallel`` ones (small buckets, gradients as bucket views, a micro-batch accumulated
 under ``no_sync``); four of them at level ``mix`` too (FSDP2 under selective checkpointing, FSDP2
-compiled, tensor parallelism, DDP: module records among the ops'). A
+compiled, tensor parallelism, DDP: module records among the ops'); six of them a third time with
+every CPU tensor kept as an accelerator's and staged before writes (``_STAGED``). A
 collective's outputs are recorded once its work completes on both paths; where an asynchronous
 collective completes, and so where its outputs land among the records, is up to the threads' timing,
 so the comparison puts each collective's outputs after its inputs first (``_outputs_after_inputs``).
@@ -35,8 +37,9 @@ from tests import gloo
 from tests.blocks import MLPBlock
 from tests.capture.test_collectives import collective_calls
 from tests.capture.test_native_capture import _assert_same_dumps, assert_same_saved_tensors
-from torchdebug.capture import native_records
+from torchdebug.capture import native_capture, native_records
 from torchdebug.capture.native_capture import why_not_native
+from torchdebug.native.observer import load_observer
 from torchdebug.records import Record
 
 
@@ -90,6 +93,20 @@ def _fsdp2(rank: int) -> tuple[nn.Module, Callable[[], object]]:
     for block in model[:2]:
         fully_shard(block)
     fully_shard(model)
+    return model, _training(model, rank)
+
+
+def _fsdp2_float16(rank: int) -> tuple[nn.Module, Callable[[], object]]:
+    """FSDP2 computing in float16 (``MixedPrecisionPolicy``): the unsharded parameters, float16, are
+    kept by the callback and staged before the group's reshard frees their memory."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(MLPBlock(), MLPBlock(), nn.Linear(8, 4))
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16)
+    for block in model[:2]:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model, _training(model, rank)
 
 
@@ -201,6 +218,7 @@ _PROGRAMS = {
     "structure": (_collectives, _STACKS),
     "fsdp2-statistics": (_fsdp2, _VALUES),
     "fsdp2-structure": (_fsdp2, _STACKS),
+    "fsdp2-float16-statistics": (_fsdp2_float16, _VALUES),
     "fsdp2-selective-statistics": (_fsdp2_selective, _VALUES),
     "fsdp2-compiled-statistics": (_fsdp2_compiled, {**_VALUES, "stack": "none"}),  # (compiled code's frames: made anew per run)
     "tp-statistics": (_tensor_parallel, _VALUES),
@@ -216,6 +234,19 @@ _PROGRAMS = {
     "tp-overflow": (_overflowing(_tensor_parallel), _OVERFLOWS),
 }
 
+_STAGED = (
+    "statistics",
+    "fsdp2-statistics",
+    "fsdp2-selective-statistics",
+    "fsdp2-compiled-statistics",
+    "tp-statistics",
+    "ddp-view-statistics",
+)
+"""Programs dumped a third time on the native path with every CPU tensor kept as an accelerator's
+(``NativeObserver.defer_cpu``) and staged only before writes: the path ``DEVICE_STATISTICS`` opens,
+where FSDP2's reshard frees the memory of kept parameters (staged at its scope first) and compiled
+code's kernels write its buffers unseen (staged at each op there)."""
+
 
 def _worker(rank: int, root: str) -> None:
     said = []
@@ -224,12 +255,18 @@ def _worker(rank: int, root: str) -> None:
     logger = logging.getLogger("torchdebug.debugger")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    for native in (False, True):
+    for path in ("python", "native", "staged"):
+        native = path != "python"
         torchdebug.debugger.why_not_native = why_not_native if native else (lambda config, model: "held on the dispatch mode")
         native_records.SWEEP_AFTER_BYTES = 0  # freed tensors let go at every op (sweeps): the records stay the same
+        if path == "staged":
+            native_capture.STAGE_AFTER_BYTES = -1
+            load_observer().defer_cpu(True)
         for name, (program, options) in _PROGRAMS.items():
+            if path == "staged" and name not in _STAGED:
+                continue
             model, step = program(rank)
-            with torchdebug.Debugger(f"{root}/{name}-{'native' if native else 'python'}", **options) as debugger:
+            with torchdebug.Debugger(f"{root}/{name}-{path}", **options) as debugger:
                 for _ in range(2):
                     debugger.start(model)
                     step()
@@ -270,12 +307,12 @@ def test_distributed_runs_dump_the_same_records_on_both_paths(tmp_path: Path) ->
         on_the_mode = "torchdebug: op capture through the dispatch mode: held on the dispatch mode"
         on_the_native_path = "torchdebug: op capture on the native path"
         said = json.loads((tmp_path / f"said-{rank}.json").read_text())
-        assert said == [on_the_mode] * len(_PROGRAMS) + [on_the_native_path] * len(_PROGRAMS)
+        assert said == [on_the_mode] * len(_PROGRAMS) + [on_the_native_path] * (len(_PROGRAMS) + len(_STAGED))
         assert json.loads((tmp_path / f"ddp-{rank}.json").read_text()) is None
         assert "task='tensor' in a distributed run" in json.loads((tmp_path / f"tensor-{rank}.json").read_text())
-        for name in _PROGRAMS:
+        for name, path in [*((name, "native") for name in _PROGRAMS), *((name, "staged") for name in _STAGED)]:
             python, native = (
-                _outputs_after_inputs(_tensor_records(tmp_path / f"{name}-{path}", rank)) for path in ("python", "native")
+                _outputs_after_inputs(_tensor_records(tmp_path / f"{name}-{side}", rank)) for side in ("python", path)
             )
             # inductor's buffers; an overflow check's in-place calls, whose written inputs the mode records as clones
             _assert_same_dumps(python, native, joins=name.startswith("fsdp2-compiled") or name.endswith("-overflow"))

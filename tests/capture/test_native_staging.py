@@ -17,11 +17,13 @@ import pytest
 import torch
 from torch import nn
 
+import torchdebug
 from tests.capture.native_compare import gpt_training
 from tests.capture.test_native_capture import (
     Training,
     _assert_same_dumps,
     _checkpointed_training,
+    _compiled_gpt,
     _dump,
     _less_common_training,
     _quantized_training,
@@ -111,6 +113,37 @@ def test_in_place_writes_and_less_common_ops_with_every_tensor_staged_before_wri
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, **options)
     _assert_same_dumps(python, native)
     assert counts and sum(counts) > 0
+
+
+@pytest.mark.parametrize("spelling", ["method", "checkpointed method"])
+def test_compiled_code_with_every_tensor_staged_before_writes_dumps_the_dispatch_modes_records(
+    tmp_path, monkeypatch, caplog, staged, spelling
+) -> None:
+    """Inductor's kernels write compiled code's buffers with no op (an extern kernel's output with
+    its activation fused in, a donated buffer): a tensor kept inside compiled code is staged as its
+    op ends, not only before a write an op shows (before, it was read with what a kernel wrote later)."""
+    training = _compiled_gpt(spelling, "inductor")
+    python = _dump(tmp_path, monkeypatch, caplog, training, native=False, steps=3, task="statistics", stack="none")
+    staged(-1)
+    native = _dump(tmp_path, monkeypatch, caplog, training, native=True, steps=3, task="statistics", stack="none")
+    _assert_same_dumps(python, native, joins=True)  # (inductor's buffers: see test_native_capture.py)
+
+
+def test_a_kept_tensor_whose_memory_is_freed_under_it_is_not_read(tmp_path, staged) -> None:
+    """A storage resized to 0 bytes with no op under a kept tensor (as FSDP2's reshard frees its
+    all-gather buffers, staged before at its own reshards but not at ``FSDPModule.reshard()``): the
+    tensor is not read (its record says it changed before the flush; before, the read went through
+    the freed pointer), and the step goes on."""
+    staged(-1)
+    x = torch.randn(64)
+    with torchdebug.dump(tmp_path, task="statistics"):
+        y = x.neg()
+        y.untyped_storage().resize_(0)
+        x.exp()
+    records = {record.name: record for record in torchdebug.load(tmp_path).ranks[0].records()}
+    freed = records["forward/-/aten.neg.default#0/output.0"]
+    assert freed.stats is None and "changed" in freed.capture_error
+    assert records["forward/-/aten.exp.default#0/input.0"].stats["max"] == x.max().item()
 
 
 def test_a_hook_that_stages_nothing_leaves_each_tensor_copied_before_the_write(tmp_path, monkeypatch, caplog, staged) -> None:

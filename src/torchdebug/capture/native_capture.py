@@ -49,10 +49,9 @@ DEVICE_STATISTICS = False
 callback and staged through the session's stager before an op writes their memory
 (``NativeStepCapture.stage_kept``), as ``tests/capture/test_native_staging.py`` checks on the CPU.
 Off until that path has run on a GPU (its ``gpu`` test; ``bench/overhead.py --native-devices``):
-until then the dispatch mode reads them. Before it is turned on: FSDP2's reshard frees the memory of
-kept tensors on its all-gather buffers, and inductor's kernels write compiled code's buffers, both
-unseen, so such tensors must be staged at their op, as ``task="tensor"`` stages every tensor
-(docs/architecture.md, "The native path (issue 48)", saved tensors)."""
+until then the dispatch mode reads them. The writers no op shows (FSDP2's reshard, inductor's
+kernels) are staged before they write (docs/architecture.md, "The native path (issue 48)",
+statistics), tested on the CPU with every tensor kept as an accelerator's."""
 
 STAGE_AFTER_BYTES = 64 << 20
 """Bytes of kept tensors (those the callback does not read: other dtypes and devices) after which

@@ -446,6 +446,17 @@ thread_local bool stage_due = false;  // this thread's op starts once the kept t
 bool staging() { return stage_hook.load(std::memory_order_relaxed) != nullptr; }
 std::atomic<bool> outputs_waiting{false};  // Slots::waiting holds outputs (the recorder's)
 
+// Whether a kept tensor's elements are still on its storage: FSDP2's reshard resizes its all-gather
+// buffers' storage to 0 bytes, with no op, under the parameters' views (reshards_next); a tensor on
+// such memory is not read (its slot says it changed before the flush), never read through a freed pointer.
+bool memory_held(const at::Tensor& tensor) {
+  if (!tensor.has_storage() || tensor.numel() == 0) return true;
+  int64_t last = tensor.storage_offset();
+  for (int64_t dim = 0; dim < tensor.dim(); ++dim) last += (tensor.size(dim) - 1) * tensor.stride(dim);
+  auto nbytes = static_cast<int64_t>(tensor.unsafeGetTensorImpl()->unsafe_storage().nbytes());
+  return nbytes >= (last + 1) * static_cast<int64_t>(tensor.itemsize());
+}
+
 // The index of dtype in kSummedTypes, -1 for one stats.c does not sum.
 int summed_index(c10::ScalarType dtype) {
   if (dtype == c10::ScalarType::Bool) dtype = c10::ScalarType::Byte;
@@ -1195,6 +1206,9 @@ struct Slots {
       auto bytes = kept_bytes.fetch_add(impl->numel() * static_cast<int64_t>(impl->itemsize()), std::memory_order_relaxed);
       if (bytes + impl->numel() * static_cast<int64_t>(impl->itemsize()) >= limit) stage_due = true;
     }
+    // Inside compiled code, inductor's kernels write buffers with no op (an extern kernel's output,
+    // with its activation fused in; a donated buffer): a tensor kept there is staged as its op ends.
+    if (compiled_scopes > 0 && staging()) stage_due = true;
   }
 
   static int64_t current_version(c10::TensorImpl* impl) {
@@ -2216,7 +2230,7 @@ void snapshot_kept(Slots& slots, const Written& written, bool copy_now) {
   for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
     auto& tensor = slots.kept[entry];
     auto at = static_cast<size_t>(slots.kept_slot[entry]);
-    if (!tensor.defined() || slots.flag[at] != kPlain || !tensor.has_storage()) continue;
+    if (!tensor.defined() || slots.flag[at] != kPlain || !tensor.has_storage() || !memory_held(tensor)) continue;
     if (!written(tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl())) continue;
     if (!copy_now && staging()) {
       stage_due = true;
@@ -2307,6 +2321,16 @@ bool compiled_scope(const char* name) {
 }
 
 std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadState& thread);
+
+// Whether a record_function region (RecordScope::USER_SCOPE) named `name` is one in which an FSDP2
+// parameter group reshards: it frees its all-gather buffers (their storage resized to 0 bytes, no
+// op) under the unsharded parameters that ops read, and a kept tensor on them is staged first. So
+// named in torch 2.11 to 2.14 (_fsdp_param_group.py's post_forward and post_backward); the other
+// reshards (FSDPModule.reshard(), a lazy init) leave the kept tensors on them unread (memory_held).
+bool reshards_next(const char* name) {
+  constexpr char kForward[] = "FSDP::post_forward", kBackward[] = "FSDP::post_backward_reshard";
+  return std::strncmp(name, kForward, sizeof(kForward) - 1) == 0 || std::strncmp(name, kBackward, sizeof(kBackward) - 1) == 0;
+}
 
 // Stage the kept tensors before the op that starts runs (stage_due): Python's hook takes them
 // (observer_stage_kept), with the GIL and what it runs hidden (ThreadState::in_hook); then what it
@@ -2800,6 +2824,10 @@ void hand_over(size_t slots, int64_t end_row) {
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (level.load(std::memory_order_relaxed) != kRecord) return nullptr;
   auto& thread = thread_ref(state);
+  if (fn.scope() == at::RecordScope::USER_SCOPE) {  // a record_function region: no frame (its end may come out of order)
+    if (staging() && !thread.in_hook && reshards_next(fn.name())) stage_kept_now(thread);
+    return nullptr;
+  }
   auto opened = thread.frames.size();
   auto context = enter(fn, thread);
   if (stage_due && !thread.in_hook) stage_kept_now(thread);
@@ -3051,7 +3079,7 @@ std::vector<c10::IValue> saved_outputs(const ThreadState& thread, size_t frame_a
 }
 
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
-  if (level.load(std::memory_order_relaxed) != kRecord) return;
+  if (level.load(std::memory_order_relaxed) != kRecord || fn.scope() == at::RecordScope::USER_SCOPE) return;
   auto& thread = thread_ref(state);
   if (thread.frames.empty()) return;  // entered before the observer started
   auto& last = thread.frames.back();
@@ -3155,9 +3183,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (frame.kind == kRecorded && !frame.collective && frame.functional == 0 && !thread.in_hook && watch::on.load(std::memory_order_relaxed)) {
     watch::judge(thread, frame, copies, arguments);
   }
-  // Staged at every op (stage_bytes 0: task="tensor"): its outputs now, before code no op shows
-  // writes or frees their memory (inductor's kernels between its extern ops, FSDP2's reshard).
-  if (stage_due && !thread.in_hook && stage_bytes.load(std::memory_order_relaxed) == 0) stage_kept_now(thread);
+  // Staged at every op (stage_bytes 0: task="tensor"), and at each op of compiled code: its outputs
+  // now, before code no op shows writes or frees their memory (inductor's kernels between its extern
+  // ops, FSDP2's reshard).
+  if (stage_due && !thread.in_hook && (stage_bytes.load(std::memory_order_relaxed) == 0 || compiled_scopes > 0)) stage_kept_now(thread);
 }
 
 // ---- the alternative observation point, measured by bench/observation_point.py -----------------
@@ -3255,7 +3284,7 @@ int td_observer_start(int requested_level) {
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
                                           .needsInputs(values)
                                           .needsOutputs(values)
-                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}));
   return 1;
 }
 
@@ -3433,7 +3462,8 @@ void td_observer_drain(const int64_t* counts, void** columns) {
     auto at = static_cast<size_t>(from.kept_slot[entry]);
     auto recorded = from.version[at];
     auto original = from.kept_original[entry].lock();
-    if (tensor.defined() && (recorded < 0 || !original || Slots::current_version(original.get()) == from.kept_version[entry])) {
+    if (tensor.defined() && memory_held(tensor) &&
+        (recorded < 0 || !original || Slots::current_version(original.get()) == from.kept_version[entry])) {
       handed.push_back(std::move(tensor));
     } else {
       from.kept_slot[entry] = -1;
@@ -3794,6 +3824,7 @@ std::vector<at::Tensor> observer_stage_kept() {
       auto original = slots.kept_original[entry].lock();
       if (slots.version[at] >= 0 && original && Slots::current_version(original.get()) != slots.kept_version[entry]) continue;
       if (in_flight(tensor.unsafeGetTensorImpl())) continue;  // a collective still writes it: read once final
+      if (!memory_held(tensor)) continue;  // freed under it: the drain says so
       uint64_t written = 0;
       {
         std::lock_guard<std::mutex> reads(reads_mutex);

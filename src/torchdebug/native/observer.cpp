@@ -2969,7 +2969,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     if (writes_unreturned(info)) note_written(thread.written_args, thread.frames.size(), info, inputs);
     if (watch::on.load(std::memory_order_relaxed)) {
       if (info.mutable_op) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
-            watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
+      watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
     }
     if (subclasses) plain_of.clear();
     if (info.mutable_op) forget_reads_of(inputs);
@@ -2999,7 +2999,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   if (writes_unreturned(info)) note_written(thread.written_args, thread.frames.size(), info, inputs);
   if (watch::on.load(std::memory_order_relaxed)) {
     if (info.mutable_op) watch::copy_written(thread.written_copies, thread.frames.size(), info, inputs);
-        watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
+    watch::hold_inputs(thread.held_inputs, thread.frames.size(), inputs);
     if (subclasses) watch::note_plains(first_input);
   }
   if (subclasses) plain_of.clear();

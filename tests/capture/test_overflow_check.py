@@ -232,8 +232,18 @@ def test_the_optimizer_step_is_checked(tmp_path):
     param = torch.nn.Parameter(torch.full((2,), 1e38))
     param.grad = torch.full((2,), -1e38)
     optimizer = torch.optim.SGD([param], lr=10.0, foreach=False)
-    first = find_origin(_records(tmp_path, optimizer.step)).record
+    records = _records(tmp_path, optimizer.step)
+    first = find_origin(records).record
     assert first.phase == "optimizer" and first.op.startswith("aten.add_")
+    _assert_written_in_place(records, "0")
+
+
+def _assert_written_in_place(records: list, arg: str) -> None:
+    """The input and output records of what an in-place call wrote name one tensor (the input's copy,
+    taken before the call, stands for it as it was), the output at the version the write left."""
+    written = {r.io: r for r in records if r.arg == arg and r.call_name == records[0].call_name}
+    assert written["input"].value_id == written["output"].value_id
+    assert written["output"].version == written["input"].version + 1
 
 
 def test_a_foreach_optimizer_step_is_checked_through_what_it_writes(tmp_path):
@@ -250,6 +260,8 @@ def test_a_foreach_optimizer_step_is_checked_through_what_it_writes(tmp_path):
     assert outputs == {"0.0": 2, "0.1": 3}
     inputs = {r.arg: r.stats["max"] for r in records if r.io == "input" and r.arg.startswith("0.")}
     assert inputs == {"0.0": pytest.approx(1e38, rel=1e-6), "0.1": 1.0}  # the values before the update
+    for arg in ("0.0", "0.1"):
+        _assert_written_in_place(records, arg)
 
 
 def test_check_exits_one_on_a_nan_and_zero_on_a_clean_run(tmp_path, capsys):

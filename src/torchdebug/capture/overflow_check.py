@@ -95,13 +95,34 @@ class _Flags:
 class _Call:
     """A checked op call waiting for its flags (on an accelerator, until the next flush)."""
 
-    __slots__ = ("common", "step", "inputs", "outputs", "mutable", "info", "waiting", "flags_in", "flags_out", "done", "nbytes")
+    __slots__ = (
+        "common",
+        "step",
+        "inputs",
+        "outputs",
+        "mutable",
+        "info",
+        "identities",
+        "waiting",
+        "flags_in",
+        "flags_out",
+        "done",
+        "nbytes",
+    )
 
     def __init__(
-        self, common: dict[str, Any], step: int, inputs: list[Slot], outputs: list[Slot], mutable: bool, info: OpFacts
+        self,
+        common: dict[str, Any],
+        step: int,
+        inputs: list[Slot],
+        outputs: list[Slot],
+        mutable: bool,
+        info: OpFacts,
+        identities: dict[int, tuple[int, int | None, int | None]],
     ) -> None:
         self.common, self.step, self.inputs, self.outputs, self.mutable = common, step, inputs, outputs, mutable
         self.info = info  # its unread slots: described, not read, when it is recorded
+        self.identities = identities  # of the copies among its inputs: the written tensors' before the call
         self.waiting = 0
         self.flags_in = self.flags_out = 0
         self.done = False
@@ -126,6 +147,9 @@ class OpFacts(Protocol):
 
     @property
     def unread_outputs(self) -> dict[str, str]: ...
+
+    @property
+    def unmoved(self) -> bool: ...
 
 
 class OverflowWatch:
@@ -199,10 +223,15 @@ class OverflowWatch:
                 # (a subclass's plain tensor is judged afresh: its handlers write it below autograd, moving no version)
                 before.append(self._flags_of(plain, fresh=plain is not value))
         self._stage_new()  # before the op: an in-place op changes its inputs
-        if written:
+        identities: dict[int, tuple[int, int | None, int | None]] = {}
+        if written:  # inputs as they were: copies, which stand for the written tensors before the call
             self._copy_before_write(slots, written)
-            slots = [(arg, value.clone() if written_slot(arg, value, written) else value) for arg, value in slots]
+            targets = [value for arg, value in slots if written_slot(arg, value, written)]
+            versions = [tensor_version(value) for value in targets]
+            slots = [(arg, self._copy(value, identities) if written_slot(arg, value, written) else value) for arg, value in slots]
         out = func(*args, **kwargs)
+        if written:  # a write torch does not count (a _foreach_ op's under a mode) counts in the records' versions
+            self.session.wrote(targets, versions, info.unmoved)
         if out is None and written:  # an in-place op that returns nothing (``_foreach_mul_``): what it wrote, it made
             outputs = [(arg, value) for arg, value in iter_slots(args, kwargs) if written_slot(arg, value, written)]
         else:
@@ -218,7 +247,7 @@ class OverflowWatch:
         ]
         if not checked:
             return out
-        call = _Call(common, self._step, slots if inputs else [], outputs, bool(written), info)
+        call = _Call(common, self._step, slots if inputs else [], outputs, bool(written), info, identities)
         for _, value in slots:
             if not isinstance(value, torch.Tensor):
                 call.flags_in |= value_flags(value)
@@ -255,6 +284,12 @@ class OverflowWatch:
             self._flags[id(tensor)] = flags
         self._new.append((tensor, partial(self._deliver, flags)))
         return flags
+
+    def _copy(self, tensor: torch.Tensor, identities: dict[int, tuple[int, int | None, int | None]]) -> torch.Tensor:
+        """A copy of ``tensor`` (a call is about to write it), whose records are ``tensor``'s as it is now."""
+        copy = tensor.clone()
+        identities[id(copy)] = self.session.values.identity(tensor)
+        return copy
 
     def _stage_new(self) -> None:
         new, self._new = self._new, []
@@ -305,8 +340,12 @@ class OverflowWatch:
         self.found += 1
         common = {**call.common, "save_tensors": True}
         if call.inputs:
-            self.session.add_call(iter(call.inputs), io="input", unread=call.info.unread_inputs, **common)
-        self.session.add_call(iter(call.outputs), io="output", mutated=call.mutable, unread=call.info.unread_outputs, **common)
+            unread = call.info.unread_inputs
+            self.session.add_call(iter(call.inputs), io="input", unread=unread, identities=call.identities, **common)
+        bumps = call.mutable and not call.info.unmoved  # (an unmoved write is counted by ``CaptureSession.wrote``)
+        self.session.add_call(
+            iter(call.outputs), io="output", mutated=call.mutable, unread=call.info.unread_outputs, bumps=bumps, **common
+        )
         c = call.common
         name = make_name(c["phase"], c["module"], c["op"], c["call"], "output", "").removesuffix("/output")
         log_found(self.found, call.step, describe_call(name, c["phase"], c["module"], c["fwd"], c["source"]), kind)

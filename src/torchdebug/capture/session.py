@@ -239,6 +239,7 @@ class CaptureSession:
         fwd: str | None = None,
         unread: Mapping[str, str] | None = None,
         bumps: bool | None = None,
+        identities: Mapping[int, tuple[int, int | None, int | None]] | None = None,
     ) -> None:
         """One record per slot of one side (inputs or outputs) of a call.
 
@@ -247,7 +248,9 @@ class CaptureSession:
         arguments it wrote as the op returns, after these records (a mutable schema; not a c10d
         collective, recorded once complete, whose schema declares no write). ``unread``: the
         top-level argument keys (``"*"``: every slot) whose tensors are described, not read, and why
-        (:data:`~torchdebug.records.UNREAD`): they hold no value of the run.
+        (:data:`~torchdebug.records.UNREAD`): they hold no value of the run. ``identities``: by ``id()``
+        of a slot's tensor that stands for another (a copy taken before the call), the ``value_id``,
+        ``version`` and ``view_of`` its records take (:meth:`ValueIds.identity` of the original).
         """
         if not self.writer.takes_records:
             return  # a write of records failed: capture stopped (the writer said so once)
@@ -262,7 +265,10 @@ class CaptureSession:
                 record.stack, record.source, record.fwd = stack, source, fwd
                 if isinstance(value, torch.Tensor):
                     try:
-                        mark(record, value, bumps)
+                        if identities and (identity := identities.get(id(value))) is not None:
+                            record.value_id, record.version, record.view_of = identity
+                        else:
+                            mark(record, value, bumps)
                         why = unread.get(arg.partition(".")[0], unread.get("*")) if unread else None
                         if why is None and self.unwritten:
                             if mutated:  # an in-place op's written argument holds values from now on

@@ -53,11 +53,21 @@ class ValueIds:
         slot is an output of an op that writes its arguments and whose written arguments' versions
         torch moves as it returns (a mutable schema): a tensor that existed before the call is one it
         wrote (a new one is an output it made)."""
+        made = record.io == "output" and record.op != MODULE_OP  # an op's new output: no base yet
+        record.value_id, record.version, record.view_of = self._identity(tensor, bumps, made)
+
+    def identity(self, tensor: torch.Tensor) -> tuple[int, int | None, int | None]:
+        """``(value_id, version, view_of)`` of ``tensor`` now, as an input slot's record gets them
+        (:meth:`mark`): what a copy of it taken now stands for (the overflow check's copies of what a
+        call writes, taken before the call)."""
+        return self._identity(tensor, False, False)
+
+    def _identity(self, tensor: torch.Tensor, bumps: bool, made: bool) -> tuple[int, int | None, int | None]:
         key = id(tensor)
         ref = self._refs.get(key)
         if ref is not None and ref() is tensor:
             value_id = self._ids[key]
-        elif record.io == "output" and record.op != MODULE_OP:  # an op's new output: no base yet
+        elif made:
             value_id = self._next
             self._next = value_id + 1
             self._refs[key] = weakref.ref(tensor)
@@ -79,7 +89,7 @@ class ValueIds:
                 version += self._unmoved.get(key, 0)
             if view is not None and version < view[1]:
                 version = view[1]
-        record.value_id, record.version, record.view_of = value_id, version, None if view is None else view[0]
+        return value_id, version, None if view is None else view[0]
 
     def see(self, tensors: Iterable[Any]) -> None:
         """Give ids to the tensors among ``tensors`` not seen yet (an in-place op's arguments when

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch import nn
 
@@ -128,32 +129,43 @@ class NativeModuleRecorder(ModuleRecorder):
         search per module record."""
         if not self._named:
             return columns
-        named: dict[str, Any] = dict(zip(_NAMED, map(list, zip(*self._named))))
         slots = np.array(self._slots, np.int64)
         if not np.array_equal(keys[ours], slots):  # (a fault of ours: the step's records are lost, said once)
             raise RuntimeError("the module rows' slots are not the tensors they were handed")
-        named["seq"] = seqs[np.array(named["seq"], np.int64)]
-        named["op"] = [MODULE_OP] * len(self._named)
-        slot_at = np.array(named.pop("slot_at"), np.int64)
-        tensor_records = np.array(self._tensor_records, np.int64)
-        tensors = pa.Table.from_batches([columns.filter(pa.array(ours))])
-        for field, items in named.items():  # each tensor's slot named as the module record it is
-            array = pa.array(items, _SCHEMA.field(field).type).take(pa.array(tensor_records))
-            tensors = tensors.set_column(tensors.schema.get_field_index(field), field, array)
-        for record in self._values:
-            record.seq = int(seqs[record.seq])
-        values = pa.Table.from_batches([records_batch(self._values)]) if self._values else tensors.slice(0, 0)
-        table = pa.concat_tables([pa.Table.from_batches([columns.filter(pa.array(~ours))]), tensors, values])
-        # the module records, in their order, each before the op records of later slots (both ascending)
-        ops, count = int((~ours).sum()), len(slot_at)
+        # each module tensor record's slot (the rows ``ours`` marks, in order) named as the record it is:
+        # its fields put in place in the walk's columns, one call a field
+        named = [self._named[record] for record in self._tensor_records]
+        fields: dict[str, Any] = dict(zip(_NAMED, map(list, zip(*named)))) if named else dict.fromkeys(_NAMED, [])
+        fields["seq"] = seqs[np.array(fields["seq"], np.int64)]
+        fields["op"] = [MODULE_OP] * len(named)
+        del fields["slot_at"]
+        every = len(named) == columns.num_rows
+        mask = None if every else pa.array(ours)
+        replaced = {}
+        for field, items in fields.items():
+            array = pa.array(items, _SCHEMA.field(field).type)
+            replaced[field] = array if every else pc.replace_with_mask(columns.column(field), mask, array)
+        arrays = [replaced[name] if name in replaced else columns.column(name) for name in columns.schema.names]
+        source = pa.RecordBatch.from_arrays(arrays, schema=columns.schema)
+        # the module records, in their order, each before the op records of later slots (both ascending):
+        # positions among the op records, the tensor records and the value records, then in ``source``
+        # and the value records after it
+        ops, tensors, values = int((~ours).sum()), len(named), len(self._values)
+        count = tensors + values
+        slot_at = np.array([entry[-1] for entry in self._named], np.int64)
         module_records = np.empty(count, np.int64)
-        module_records[tensor_records] = ops + np.arange(len(tensor_records))
-        module_records[self._value_records] = ops + len(tensor_records) + np.arange(len(self._value_records))
+        module_records[np.array(self._tensor_records, np.int64)] = ops + np.arange(tensors)
+        module_records[np.array(self._value_records, np.int64)] = ops + tensors + np.arange(values)
         at = np.searchsorted(record_slots[~ours], slot_at) + np.arange(count)
         order = np.empty(ops + count, np.int64)
         order[at] = module_records
         placed = np.ones(ops + count, bool)
         placed[at] = False
         order[placed] = np.arange(ops)
-        merged = table.take(pa.array(order)).combine_chunks().to_batches()
-        return merged[0] if merged else columns.slice(0, 0)
+        rows = np.concatenate([np.flatnonzero(~ours), np.flatnonzero(ours), columns.num_rows + np.arange(values)])[order]
+        if not values:
+            return source if np.array_equal(rows, np.arange(len(rows))) else source.take(pa.array(rows))
+        for record in self._values:
+            record.seq = int(seqs[record.seq])
+        table = pa.Table.from_batches([source, records_batch(self._values)])
+        return table.take(pa.array(rows)).combine_chunks().to_batches()[0]

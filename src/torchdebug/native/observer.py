@@ -278,8 +278,14 @@ def _line(code: CodeType, offset: int) -> int:
     return -1 if line is None else line
 
 
+@functools.cache
 def _entries(stats: ctypes.CDLL, prefix: str) -> ctypes.Array:
-    """The addresses of ``stats.c``'s ``<prefix><suffix>`` entry points, in :data:`_SUMMED` order."""
+    """The addresses of ``stats.c``'s ``<prefix><suffix>`` entry points, in :data:`_SUMMED` order
+    (made once: a capture hands them over at each step's start)."""
+    if prefix == "td_stats_":  # (the statistics' columns checked with them, once)
+        stats.td_stats_columns.restype = ctypes.c_char_p
+        if tuple(stats.td_stats_columns().decode().split(",")) != COLUMNS:
+            raise RuntimeError(f"native/stats.c writes the columns {stats.td_stats_columns().decode()}, not {COLUMNS}")
     entries = (ctypes.cast(getattr(stats, prefix + suffix), ctypes.c_void_p) for suffix in _SUMMED)
     return (ctypes.c_void_p * len(_SUMMED))(*entries)
 
@@ -540,9 +546,6 @@ class NativeObserver:
         if stats is None or not enabled:
             self._lib.td_observer_use_stats(None)
             return stats is not None
-        stats.td_stats_columns.restype = ctypes.c_char_p
-        if tuple(stats.td_stats_columns().decode().split(",")) != COLUMNS:
-            raise RuntimeError(f"native/stats.c writes the columns {stats.td_stats_columns().decode()}, not {COLUMNS}")
         if self._lib.td_observer_use_stats(_entries(stats, "td_stats_")) != WIDTH:
             raise RuntimeError(f"native/observer.cpp keeps sums of another width than {WIDTH}")
         return True

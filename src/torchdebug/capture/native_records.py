@@ -617,13 +617,25 @@ class NativeStepCapture:
         (:meth:`snapshots`), save them too. A fault here costs their statistics (their slots say so),
         never the op."""
         first, tensors = self.observer.stage_kept()
-        facts = self.observer.staged_facts(len(tensors)) if snapshots is not None else []
+        facts = self.observer.staged_facts(len(tensors))
         due, ids = [], []
-        for id_, tensor in enumerate(tensors, first):
+        # A tensor kept by several slots at one version (an op's output, the next op's input) is read
+        # once a staging: its slots share what it gives. Only within one staging, where each would
+        # read the same memory now: between two, a write the observer does not see (a collective's
+        # into an allocation, FSDP2's copy-in) may change it at the same version.
+        by_values: dict[tuple[int, int, int], _Staged] = {}
+        for (id_, tensor), fact in zip(enumerate(tensors, first), facts):
+            values = (fact.key, fact.version, fact.writes) if fact.same_values else None
+            known = by_values.get(values) if values is not None else None
+            if known is not None:
+                self._staged[id_] = known
+                continue
             staged = self._staged[id_] = _Staged({}, statistics and has_statistics(tensor.dtype), [None])
+            if values is not None:
+                by_values[values] = staged
             sink = staged.stats.update if staged.reduced else None
             if snapshots is not None:
-                sink = self._save(snapshots, staged, tensor, sink, facts[id_ - first])
+                sink = self._save(snapshots, staged, tensor, sink, fact)
             if sink is not None or fingerprints:  # (not where the copy took the statistics)
                 due.append((tensor, sink, functools.partial(staged.fingerprint.__setitem__, 0) if fingerprints else None))
                 ids.append(id_)

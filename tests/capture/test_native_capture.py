@@ -466,7 +466,7 @@ def test_compiled_code_dumps_the_same_records_on_both_paths(tmp_path, monkeypatc
     python = _dump(tmp_path, monkeypatch, caplog, training, native=False, steps=3, task=task, stack="none")
     native = _dump(tmp_path, monkeypatch, caplog, training, native=True, steps=3, task=task, stack="none")
     _assert_same_dumps(python, native, joins=backend == "inductor")
-    if task == "tensor":  # saved at the op: inductor's kernels write its extern kernels' outputs after them, unseen
+    if task == "tensor":  # staged as each compiled op ends: inductor's kernels write extern kernels' outputs after them
         assert assert_same_saved_tensors(tmp_path / "python", tmp_path / "native", python, native)
     backward = {record.module for record in native if record.phase == "backward"}
     assert backward and NO_MODULE not in backward  # each named after its forward op, or the parameter it sums into
@@ -827,10 +827,10 @@ def _saved_bits(dump: Any, record: Record) -> tuple[list[int], torch.dtype, torc
     ],
 )
 def test_tensor_dumps_save_the_same_tensors_on_both_paths(tmp_path, monkeypatch, caplog, training, options) -> None:
-    """``task="tensor"`` on the native path: every tensor kept and saved as it is staged, as each op
-    starts (its inputs) and ends (its outputs), or at the drain, under keys of its own
-    (``Snapshots``); the same records as the dispatch mode's, and each record's saved tensor loads
-    bit for bit as the mode's (complex ones, views, empty ones, sampled ones)."""
+    """``task="tensor"`` on the native path: every tensor kept and saved as it is staged (before an op
+    writes its memory, every ``STAGE_AFTER_BYTES``, as an op of compiled code ends) or at the drain,
+    under keys of its own (``Snapshots``); the same records as the dispatch mode's, and each record's
+    saved tensor loads bit for bit as the mode's (complex ones, views, empty ones, sampled ones)."""
     _assert_same_saved_tensors(tmp_path, monkeypatch, caplog, training, dict(options))
 
 

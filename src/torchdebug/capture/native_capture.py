@@ -203,8 +203,7 @@ class NativeOpCapture:
             self.observer.defer_cpu(True)
             self._snapshots = self.rows.snapshots(self.session.snapshot, self.session.view_ref)
         self.observer.keep_unsummed(self._statistics or self._fingerprints)
-        stage_after = 0 if self._tensors else STAGE_AFTER_BYTES  # (saved at the op, as the dispatch mode saves them)
-        self.observer.use_stage_hook(self._stage_kept if self._statistics or self._fingerprints else None, stage_after)
+        self.observer.use_stage_hook(self._stage_kept if self._statistics or self._fingerprints else None, STAGE_AFTER_BYTES)
         self.observer.use_works(_works() if _distributed() and self.rows.ops else None, DISTRIBUTED_DIR)
         if self._overflow is not None:
             self._overflow.start(self.session.step)
@@ -221,6 +220,8 @@ class NativeOpCapture:
             self.modules.observing = False
         self.rows.stop()
         self.observer.finish_functional()
+        if self._tensors:  # the rest saved as staged, not handed at the drain: a view of one saved whole is saved as its view
+            self._stage_kept()
         self.observer.use_stage_hook(None)
         if self._tensors:
             self.observer.defer_cpu(False)

@@ -282,12 +282,16 @@ def _line(code: CodeType, offset: int) -> int:
 def _entries(stats: ctypes.CDLL, prefix: str) -> ctypes.Array:
     """The addresses of ``stats.c``'s ``<prefix><suffix>`` entry points, in :data:`_SUMMED` order
     (made once: a capture hands them over at each step's start)."""
-    if prefix == "td_stats_":  # (the statistics' columns checked with them, once)
-        stats.td_stats_columns.restype = ctypes.c_char_p
-        if tuple(stats.td_stats_columns().decode().split(",")) != COLUMNS:
-            raise RuntimeError(f"native/stats.c writes the columns {stats.td_stats_columns().decode()}, not {COLUMNS}")
     entries = (ctypes.cast(getattr(stats, prefix + suffix), ctypes.c_void_p) for suffix in _SUMMED)
     return (ctypes.c_void_p * len(_SUMMED))(*entries)
+
+
+@functools.cache
+def _check_columns(stats: ctypes.CDLL) -> None:
+    """Raise unless ``stats.c`` writes the sums in :data:`COLUMNS` order (checked once a library)."""
+    stats.td_stats_columns.restype = ctypes.c_char_p
+    if tuple(stats.td_stats_columns().decode().split(",")) != COLUMNS:
+        raise RuntimeError(f"native/stats.c writes the columns {stats.td_stats_columns().decode()}, not {COLUMNS}")
 
 
 class NativeObserver:
@@ -546,6 +550,7 @@ class NativeObserver:
         if stats is None or not enabled:
             self._lib.td_observer_use_stats(None)
             return stats is not None
+        _check_columns(stats)
         if self._lib.td_observer_use_stats(_entries(stats, "td_stats_")) != WIDTH:
             raise RuntimeError(f"native/observer.cpp keeps sums of another width than {WIDTH}")
         return True

@@ -136,7 +136,7 @@ def test_a_tensor_kept_by_several_slots_is_read_once_a_staging(tmp_path, monkeyp
     monkeypatch.setattr(native_records.NativeStepCapture, "stage_kept", reading)
     native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, **options)
     _assert_same_dumps(python, native)
-    if after_bytes < 0:  # (staged at every op, a staging holds few: its inputs, the op before's outputs)
+    if after_bytes < 0:  # (staged at every op instead, a staging holds one op's few tensors: little is shared)
         assert sum(read) < 0.8 * sum(handed)  # (about 60 % read, on 2026-11-30)
 
 

@@ -135,7 +135,7 @@ class NativeModuleRecorder(ModuleRecorder):
         # each module tensor record's slot (the rows ``ours`` marks, in order) named as the record it is:
         # its fields put in place in the walk's columns, one call a field
         named = [self._named[record] for record in self._tensor_records]
-        fields: dict[str, Any] = dict(zip(_NAMED, map(list, zip(*named)))) if named else dict.fromkeys(_NAMED, [])
+        fields: dict[str, Any] = dict(zip(_NAMED, map(list, zip(*named)))) if named else {field: [] for field in _NAMED}
         fields["seq"] = seqs[np.array(fields["seq"], np.int64)]
         fields["op"] = [MODULE_OP] * len(named)
         del fields["slot_at"]

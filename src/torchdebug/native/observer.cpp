@@ -3183,9 +3183,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (frame.kind == kRecorded && !frame.collective && frame.functional == 0 && !thread.in_hook && watch::on.load(std::memory_order_relaxed)) {
     watch::judge(thread, frame, copies, arguments);
   }
-  // Staged at every op (stage_bytes 0: task="tensor"), and at each op of compiled code: its outputs
-  // now, before code no op shows writes or frees their memory (inductor's kernels between its extern
-  // ops, FSDP2's reshard).
+  // Staged at every op (stage_bytes 0: tests), and at each op of compiled code: its outputs now,
+  // before code no op shows writes their memory (inductor's kernels between its extern ops).
   if (stage_due && !thread.in_hook && (stage_bytes.load(std::memory_order_relaxed) == 0 || compiled_scopes > 0)) stage_kept_now(thread);
 }
 

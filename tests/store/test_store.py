@@ -704,7 +704,8 @@ def test_a_column_made_of_the_memory_encoded_last_takes_that_encoding_and_a_new_
 def test_a_column_of_nulls_is_encoded_without_hashing_and_no_dictionary_is_written_again(tmp_path, monkeypatch):
     """Most records hold no ``node``, ``extra`` or ``json_fields``: such a column, new memory each
     batch, is encoded without ``dictionary_encode``, on an empty dictionary the stream does not
-    write again; its records read back with nothing there."""
+    write again, and as long as the last batch's takes its encoding (none made again); its records
+    read back with nothing there."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.ipc as ipc
@@ -717,12 +718,18 @@ def test_a_column_of_nulls_is_encoded_without_hashing_and_no_dictionary_is_writt
     monkeypatch.setattr(pc, "dictionary_encode", lambda column: encoded.append(column) or encode(column))
     path = tmp_path / "records.arrows"
     file = RecordFile(path)
+    node = (STORED_SCHEMA.names.index("node"), 0)
+    made = []
     for step in range(3):
         file.append(records_batch([_record(i + 3 * step) for i in range(3)]))
+        made.append(file._encoded[node][1])
+    file.append(records_batch([_record(i) for i in range(2)]))  # another length: encoded anew
+    longer = file._encoded[node][1]
     file.close()
     assert encoded and all(column.null_count < len(column) for column in encoded)  # no column of nulls hashed
+    assert made[1] is made[0] and made[2] is made[0] and longer is not made[0] and len(longer) == 2
     dictionaries = sum(message.type == "dictionary" for message in ipc.MessageReader.open_stream(str(path)))
-    assert dictionaries == sum(pa.types.is_dictionary(field.type) for field in STORED_SCHEMA) + 2  # then the names alone
+    assert dictionaries == sum(pa.types.is_dictionary(field.type) for field in STORED_SCHEMA) + 3  # then the names alone
     table, truncated = read_records(path)
-    assert not truncated and table.num_rows == 9
-    assert table.column("node").null_count == table.column("extra").null_count == 9
+    assert not truncated and table.num_rows == 11
+    assert table.column("node").null_count == table.column("extra").null_count == 11

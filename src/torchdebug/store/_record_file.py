@@ -87,15 +87,17 @@ class RecordFile:
     ) -> pa.RecordBatch:
         """``batch`` in :data:`STORED_SCHEMA`. A column made of the same memory as the one encoded
         at its place in the last batch (a steady step's names, which the native path makes once:
-        ``FixedColumns``) takes that encoding again; ``encoded`` gets this batch's, held until the
-        next batch so that their memory is not reused meanwhile."""
+        ``FixedColumns``), or of nulls where that one was nulls of its length, takes that encoding
+        again; ``encoded`` gets this batch's, held until the next batch so that their memory is not
+        reused meanwhile."""
         columns = batch.columns
         for index in _ENCODED:
             column, key = columns[index], (index, offset)
             last = self._encoded.get(key)
-            if last is not None and _same_memory(column, last[0]):
+            nulls = column.null_count == len(column)  # mostly none (node, extra, json_fields): no hashing
+            if last is not None and (_same_memory(column, last[0]) or (nulls and _nulls_of(last[0], len(column)))):
                 columns[index] = last[1]
-            elif column.null_count == len(column):  # mostly none (node, extra, json_fields): no hashing
+            elif nulls:
                 columns[index] = pa.DictionaryArray.from_arrays(pa.nulls(len(column), pa.int32()), _no_strings())
             else:
                 columns[index] = pc.dictionary_encode(column)
@@ -130,6 +132,11 @@ def _same_memory(column: pa.Array, other: pa.Array) -> bool:
         (a is None and b is None) or (a is not None and b is not None and a.address == b.address and a.size == b.size)
         for a, b in zip(ours, theirs)
     )
+
+
+def _nulls_of(column: pa.Array, length: int) -> bool:
+    """Whether ``column`` is ``length`` nulls (its encoding, the same for any such column, serves again)."""
+    return len(column) == length and column.null_count == length
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:

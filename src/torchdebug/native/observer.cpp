@@ -1110,7 +1110,7 @@ struct Slots {
 
   // An undefined tensor (an optional tensor not given, an undefined gradient) is None in Python,
   // a wrapped number (the 2.0 of x.mul_(2.0)) a Python number: no slot.
-  void add(int64_t at_row, int8_t side, int16_t position, int16_t index, c10::TensorImpl* impl) {
+  [[gnu::flatten]] void add(int64_t at_row, int8_t side, int16_t position, int16_t index, c10::TensorImpl* impl) {
     if (impl == c10::UndefinedTensorImpl::singleton() || impl->is_wrapped_number()) return;
     text.emplace_back();
     row.push_back(at_row);
@@ -1162,8 +1162,9 @@ struct Slots {
     int64_t value = 0;
     // In flight: kept, read once final. A subclass's plain tensor is read anew each time: the
     // subclass's handlers write it below autograd, moving no version (read_values's entries hold).
+    // Nothing is read (nor cached) where neither sums nor fingerprints are wanted: a structure dump.
     int taken = 0;
-    if (!in_flight(impl)) taken = plain != nullptr ? take_values(impl, stats.data() + at, &value) : read_values(impl, stats.data() + at, &value);
+    if ((want_sums() || want_fingerprints()) && !in_flight(impl)) taken = plain != nullptr ? take_values(impl, stats.data() + at, &value) : read_values(impl, stats.data() + at, &value);
     has_stats.push_back(taken & kSummed ? 1 : 0);
     has_fingerprint.push_back(taken & kHashed ? 1 : 0);
     fingerprint.push_back(value);

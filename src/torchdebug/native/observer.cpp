@@ -2886,6 +2886,10 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     return nullptr;
   }
   Frame* parent = enclosing_op(thread);
+  if (parent != nullptr && parent->kind == kHidden) {  // inside a hidden op (before the thread's keys and modes are asked)
+    thread.frames.push_back({kHidden, false, false, -1});
+    return nullptr;
+  }
   bool excluded = c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python);
   bool transform = !excluded && in_transform();
   bool modes = c10::impl::TorchDispatchModeTLS::stack_len() > 0;
@@ -2894,8 +2898,7 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     thread.frames.push_back({kHidden, false, false, -1});  // out of a dispatch mode's sight, or inside another's
     return nullptr;
   }
-  if (parent != nullptr &&
-      (parent->kind == kHidden || (parent->kind == kRecorded && !parent->live && !math_bit_clone(*parent, fn)))) {
+  if (parent != nullptr && parent->kind == kRecorded && !parent->live && !math_bit_clone(*parent, fn)) {
     thread.frames.push_back({kHidden, false, false, -1});  // inside a kernel below autograd
     return nullptr;
   }

@@ -592,7 +592,7 @@ enum Taken : int { kSummed = 1, kHashed = 2 };
 // fingerprint alone of one of another dtype of 1, 2, 4 or 8 bytes an element (the fingerprint reads
 // bits; not conjugated), whose statistics torch ops take at the drain. What it does not take (memory
 // no walk visits, other dtypes) the tensor is kept for. Returns the Taken bits.
-int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
+[[gnu::noinline]] int take_values(const c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   if (!impl->is_cpu() || defer_cpu.load(std::memory_order_relaxed) || impl->layout() != c10::kStrided || impl->is_neg() ||
       impl->numel() == 0 || !impl->has_storage() || !impl->storage_initialized()) {
     return 0;
@@ -748,7 +748,7 @@ thread_local int compiled_scopes = 0;
 
 // take_values, or what it gave for this tensor at this version since the last drain. One lock for
 // the lookup, the read and the entry: the callbacks of two threads rarely read at once.
-int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
+[[gnu::noinline]] int read_values(c10::TensorImpl* impl, double* out, int64_t* fingerprint) {
   bool cacheable = !impl->is_inference() && impl->is_cpu() && impl->layout() == c10::kStrided && impl->numel() > 0 &&
                    impl->has_storage() && impl->storage_initialized() && impl->dim() <= kMaxDims;
   if (!cacheable || compiled_scopes > 0) return take_values(impl, out, fingerprint);
@@ -1190,7 +1190,7 @@ struct Slots {
 
   // Keep the plain tensor of the slot just added for Python's flush (kept, kept_slot); `wait`: held
   // weakly until the next op starts (above).
-  void keep(c10::TensorImpl* impl, bool wait) {
+  [[gnu::noinline]] void keep(c10::TensorImpl* impl, bool wait) {
     auto strong = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(impl);
     kept_version.push_back(current_version(impl));
     kept_original.emplace_back(strong);

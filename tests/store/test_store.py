@@ -724,10 +724,10 @@ def test_a_column_of_nulls_is_encoded_without_hashing_and_no_dictionary_is_writt
         file.append(records_batch([_record(i + 3 * step) for i in range(3)]))
         made.append(file._encoded[node][1])
     file.append(records_batch([_record(i) for i in range(2)]))  # another length: encoded anew
-    longer = file._encoded[node][1]
+    shorter = file._encoded[node][1]
     file.close()
     assert encoded and all(column.null_count < len(column) for column in encoded)  # no column of nulls hashed
-    assert made[1] is made[0] and made[2] is made[0] and longer is not made[0] and len(longer) == 2
+    assert made[1] is made[0] and made[2] is made[0] and shorter is not made[0] and len(shorter) == 2
     dictionaries = sum(message.type == "dictionary" for message in ipc.MessageReader.open_stream(str(path)))
     assert dictionaries == sum(pa.types.is_dictionary(field.type) for field in STORED_SCHEMA) + 3  # then the names alone
     table, truncated = read_records(path)

@@ -1,15 +1,20 @@
-"""Reading records converts Arrow columns from their buffers, so it never imports pandas through
-pyarrow's shim (0.4 s and about 50 MB the first time a process reads a dump)."""
+"""Reading records converts Arrow columns from their buffers, and capture makes its columns from
+numpy arrays and bytes, so neither imports pandas through pyarrow's shim (0.35–0.4 s and about 50
+MB the first time a process reads a dump, or at a training process's first captured step)."""
 
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from tests.store.test_store import _STATS, _record, _writer
-from torchdebug.store._arrow_buffers import numbers, text, valid
+from torchdebug.store._arrow_buffers import array, column, int_lists, numbers, strings, text, valid
+
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _chunked(kind: pa.DataType) -> pa.ChunkedArray:
@@ -36,6 +41,53 @@ def test_text_is_the_string_scalar_arrow_would_make():
     assert text("é, ü").as_py() == "é, ü"
 
 
+_COLUMNS = [
+    (pa.string(), ["a", None, "é, ü", "", None]),
+    (pa.int64(), [3, None, -(2**63), 2**63 - 1]),
+    (pa.float64(), [0.5, None, -1e300, 2**53, float("inf")]),
+    (pa.bool_(), [True, None, False, True, False, False, True, False, True]),
+    (pa.list_(pa.int64()), [[2, 3], None, [], [2**40]]),
+]
+
+
+_EXTREMES = [(kind, extreme) for kind, _ in _COLUMNS for extreme in ([], [None, None])]
+
+
+@pytest.mark.parametrize(("kind", "values"), _COLUMNS + _EXTREMES)
+def test_a_column_made_here_is_the_array_pyarrow_makes(kind, values):
+    made = column(values, kind)
+    assert made.equals(pa.array(values, kind)) and made.null_count == values.count(None)
+    if kind == pa.string():
+        assert strings(values).equals(made)
+    if kind == pa.list_(pa.int64()):
+        assert int_lists(values).equals(made)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "error"),
+    [
+        (pa.int64(), 2**63, OverflowError),
+        (pa.int64(), True, TypeError),
+        (pa.int64(), 2.5, TypeError),
+        (pa.float64(), 2**53 + 1, OverflowError),
+        (pa.float64(), "1.5", TypeError),
+        (pa.string(), 1, TypeError),
+        (pa.bool_(), 1, TypeError),
+        (pa.list_(pa.int64()), [2**64], OverflowError),
+    ],
+)
+def test_a_value_a_column_cannot_hold_exactly_raises(kind, value, error):
+    with pytest.raises(error):
+        column([None, value], kind)
+
+
+def test_a_numpy_array_becomes_the_array_pyarrow_makes_with_its_empty_slots():
+    values, missing = np.array([5, -1, 7, -1], np.int64), np.array([False, True, False, True])
+    assert array(values, missing=missing).equals(pa.array(values, mask=missing))
+    assert array(values.astype(np.int8), pa.int64()).equals(pa.array(values, pa.int64()))
+    assert array(np.array([True, False, True])).equals(pa.array([True, False, True]))
+
+
 def test_reading_and_comparing_a_dump_does_not_import_pandas(tmp_path):
     pytest.importorskip("pandas")  # without it installed there is nothing to import
     for side in ("a", "b"):
@@ -55,3 +107,37 @@ def test_reading_and_comparing_a_dump_does_not_import_pandas(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_capturing_does_not_import_pandas(tmp_path):
+    """Each path (native, the dispatch mode) and level (op, mix, module) with statistics,
+    fingerprints and tensors, written and read back, in a process that has no pandas loaded."""
+    pytest.importorskip("pandas")
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        if sys.argv[1] == "mode":
+            os.environ["TORCHDEBUG_NATIVE"] = "0"
+        import torch
+        import torchdebug
+        from examples.gpt import GPT, GPTConfig, make_batch, train_step
+        config = GPTConfig(n_layer=1, d_model=8, n_head=2, seq_len=4, vocab=16)
+        model = GPT(config)
+        optimizer, batch = torch.optim.AdamW(model.parameters()), make_batch(config, batch=1)
+        runs = [dict(task="statistics", checksum=True), dict(task="statistics", level="mix"), dict(task="tensor")]
+        for number, options in enumerate(runs):
+            path = {str(tmp_path)!r} + f"/{{sys.argv[1]}}{{number}}"
+            debugger = torchdebug.Debugger(path, **options)
+            for _ in range(2):
+                debugger.start(model=model)
+                train_step(model, optimizer, batch)
+                debugger.stop()
+                debugger.step()
+            debugger.close()
+            assert torchdebug.load(path).ranks[0].records()
+        print(sorted(name for name in sys.modules if name.split(".")[0] == "pandas"))
+        """
+    )
+    for path in ("native", "mode"):
+        out = subprocess.run([sys.executable, "-c", script, path], check=True, capture_output=True, text=True, cwd=_ROOT)
+        assert out.stdout.strip().splitlines()[-1] == "[]", (path, out.stdout, out.stderr[-2000:])

@@ -28,7 +28,7 @@ from torchdebug.native.observer import MODULE_ROW_SLOTS, NativeObserver
 from torchdebug.records import MODULE_OP, Record, make_name
 from torchdebug.slots import Slot, json_value
 from torchdebug.store import SCHEMA as _SCHEMA
-from torchdebug.store import records_batch
+from torchdebug.store import arrow_array, arrow_column, records_batch
 
 __all__ = ["NativeModuleRecorder"]
 
@@ -140,10 +140,11 @@ class NativeModuleRecorder(ModuleRecorder):
         fields["op"] = [MODULE_OP] * len(named)
         del fields["slot_at"]
         every = len(named) == columns.num_rows
-        mask = None if every else pa.array(ours)
+        mask = None if every else arrow_array(ours)
         replaced = {}
         for field, items in fields.items():
-            array = pa.array(items, _SCHEMA.field(field).type)
+            kind = _SCHEMA.field(field).type
+            array = arrow_array(items, kind) if isinstance(items, np.ndarray) else arrow_column(items, kind)
             replaced[field] = array if every else pc.replace_with_mask(columns.column(field), mask, array)
         arrays = [replaced[name] if name in replaced else columns.column(name) for name in columns.schema.names]
         source = pa.RecordBatch.from_arrays(arrays, schema=columns.schema)
@@ -164,8 +165,8 @@ class NativeModuleRecorder(ModuleRecorder):
         order[placed] = np.arange(ops)
         rows = np.concatenate([np.flatnonzero(~ours), np.flatnonzero(ours), columns.num_rows + np.arange(values)])[order]
         if not values:
-            return source if np.array_equal(rows, np.arange(len(rows))) else source.take(pa.array(rows))
+            return source if np.array_equal(rows, np.arange(len(rows))) else source.take(arrow_array(rows))
         for record in self._values:
             record.seq = int(seqs[record.seq])
         table = pa.Table.from_batches([source, records_batch(self._values)])
-        return table.take(pa.array(rows)).combine_chunks().to_batches()[0]
+        return table.take(arrow_array(rows)).combine_chunks().to_batches()[0]

@@ -72,7 +72,16 @@ from torchdebug.native.observer import (
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
-from torchdebug.store import FixedColumns, SavedTensors, SlotColumns, records_from_table, unread_text
+from torchdebug.store import (
+    FixedColumns,
+    SavedTensors,
+    SlotColumns,
+    arrow_array,
+    arrow_strings,
+    arrow_text,
+    records_from_table,
+    unread_text,
+)
 
 __all__ = ["NativeStepCapture", "OpSlotNames", "RowNames", "Snapshots", "op_overload"]
 
@@ -115,10 +124,9 @@ _LAYOUT_CODES = 16
 
 @functools.cache
 def _error_texts(observer: NativeObserver) -> pa.Array:
-    """``capture_error`` by the walk's code (``WalkedSlots.errors``); made on first use, as an Arrow
-    array made at import would load pandas into ``import torchdebug.monitor`` (pyarrow's shim)."""
+    """``capture_error`` by the walk's code (``WalkedSlots.errors``), made once an observer names its layouts."""
     texts = _ERRORS | {LAID_OUT + code: layout_not_captured(observer.layout_name(code)) for code in range(1, _LAYOUT_CODES)}
-    return pa.array([texts.get(code) for code in range(max(texts) + 1)], pa.string())
+    return arrow_strings([texts.get(code) for code in range(max(texts) + 1)])
 
 
 @dataclass(slots=True)
@@ -527,23 +535,23 @@ class NativeStepCapture:
             return RowNames(calls.phase, calls.stack, self._named[1])  # as the last drain's: a steady step
         modules = self._texts([NO_MODULE, *self._paths], "modules")
         op_names = self._texts(self._op_names, "ops")
-        ops_column = op_names.take(pa.array(np.frombuffer(ops.op, np.int32)))
-        module = modules.take(pa.array(calls.module + 1))
-        call = pa.array(calls.call)
+        ops_column = op_names.take(arrow_array(np.frombuffer(ops.op, np.int32)))
+        module = modules.take(arrow_array(calls.module + 1))
+        call = arrow_array(calls.call)
         phases = self._texts(list(PHASES), "phases")
         fwd = pc.binary_join_element_wise(
-            phases.take(pa.array(calls.fwd_phase)),
-            modules.take(pa.array(calls.fwd_module + 1)),
+            phases.take(arrow_array(calls.fwd_phase)),
+            modules.take(arrow_array(calls.fwd_module + 1)),
             pc.binary_join_element_wise(
-                op_names.take(pa.array(calls.fwd_op, mask=calls.fwd_op < 0)), call_text(calls.fwd_call), "#"
+                op_names.take(arrow_array(calls.fwd_op, missing=calls.fwd_op < 0)), call_text(calls.fwd_call), arrow_text("#")
             ),
-            "/",
+            arrow_text("/"),
         )
-        phase = phases.take(pa.array(calls.phase, mask=calls.phase < 0))
-        stack = pa.array(calls.stack, mask=calls.stack < 0)
+        phase = phases.take(arrow_array(calls.phase, missing=calls.phase < 0))
+        stack = arrow_array(calls.stack, missing=calls.stack < 0)
         columns = {
             "call_name": pc.binary_join_element_wise(
-                phase, module, pc.binary_join_element_wise(ops_column, call_text(calls.call), "#"), "/"
+                phase, module, pc.binary_join_element_wise(ops_column, call_text(calls.call), arrow_text("#")), arrow_text("/")
             ),
             "phase": phase,
             "module": module,
@@ -899,9 +907,9 @@ class NativeStepCapture:
     def _args(self, walk: SlotWalk) -> pa.RecordBatch:
         """The args the walk named, by code: ``arg``, ``io`` and ``io_arg`` (made again when it named more)."""
         if self._arg_columns is None or self._arg_columns.num_rows != len(walk.args):
-            self._arg_columns = pa.RecordBatch.from_pydict(
-                {"arg": walk.args, "io": [io_arg.partition(".")[0] for io_arg in walk.io_args], "io_arg": walk.io_args},
-                schema=_ARG_SCHEMA,  # (typed: before any op is named there are none)
+            io = [io_arg.partition(".")[0] for io_arg in walk.io_args]
+            self._arg_columns = pa.RecordBatch.from_arrays(
+                [arrow_strings(walk.args), arrow_strings(io), arrow_strings(walk.io_args)], schema=_ARG_SCHEMA
             )
         return self._arg_columns
 
@@ -909,7 +917,7 @@ class NativeStepCapture:
         """``texts`` as a string column, made again only when they changed since the last call with ``key``."""
         cached = self._text_columns.get(key)
         if cached is None or cached[0] != texts:
-            cached = self._text_columns[key] = (list(texts), pa.array(texts, pa.string()))
+            cached = self._text_columns[key] = (list(texts), arrow_strings(texts))
         return cached[1]
 
     def _device_name(self, device_type: int, device_index: int) -> str:
@@ -947,7 +955,7 @@ _ARG_SCHEMA = pa.schema([("arg", pa.string()), ("io", pa.string()), ("io_arg", p
 
 def call_text(calls: np.ndarray) -> pa.Array:
     """Call indices as text (``make_call_name``'s ``#1``)."""
-    return pc.cast(pa.array(calls), pa.string())
+    return pc.cast(arrow_array(calls), pa.string())
 
 
 @dataclass(frozen=True, slots=True)

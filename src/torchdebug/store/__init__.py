@@ -11,6 +11,10 @@ Users meet ``load`` (also ``torchdebug.load``), ``Run`` and ``RankDump``; the ot
 doors the capture, compare, monitor and command line go through (docs/api.md lists them all).
 """
 
+from torchdebug.store._arrow_buffers import array as arrow_array
+from torchdebug.store._arrow_buffers import column as arrow_column
+from torchdebug.store._arrow_buffers import strings as arrow_strings
+from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._faults import WriteFault
 from torchdebug.store._layout import RECORDS, rank_dir_name
 from torchdebug.store._live import register as register_live
@@ -49,6 +53,10 @@ __all__ = [
     "TemplateColumns",
     "TensorBatch",
     "WriteFault",
+    "arrow_array",
+    "arrow_column",
+    "arrow_strings",
+    "arrow_text",
     "check_writable",
     "check_writable_on_every_rank",
     "encode_records",

@@ -1,28 +1,35 @@
 """Arrow values read from (and made from) their buffers, without pyarrow's pandas shim.
 
-pyarrow's own conversions (``to_numpy``, ``pa.array``, ``pa.scalar``, a compute function given a
-Python value such as ``fill_null(0)``) ask its pandas shim whether an object is a pandas one, and
-that imports pandas when it is installed: 0.4 s and about 50 MB the first time a process reads a
-dump (a compare of 269k records peaked about 200 bytes per record higher for it). Reading records
-needs none of pandas: its numeric columns are read here from their validity bitmap and values
-buffer, and the one text argument it passes to Arrow is made here from bytes.
+pyarrow's own conversions (``to_numpy``, ``pa.array`` of a list or even of a numpy array,
+``pa.scalar``, a compute function given a Python value such as ``fill_null(0)`` or a separator)
+ask its pandas shim whether an object is a pandas one, and that imports pandas when it is
+installed: 0.35–0.4 s and about 50 MB the first time a process reads a dump (a compare of 269k
+records peaked about 200 bytes per record higher for it), or, in a training process, at the first
+captured step's stop. Neither needs pandas: numeric columns are read here from their validity
+bitmap and values buffer, and columns and scalars are made here from numpy arrays and bytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import chain
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["numbers", "text", "valid"]
+__all__ = ["EXACT_IN_FLOAT", "array", "bitmap", "column", "int_lists", "numbers", "strings", "text", "valid"]
 
 _NUMPY = {
     pa.int8(): np.int8,
     pa.int16(): np.int16,
     pa.int32(): np.int32,
     pa.int64(): np.int64,
+    pa.uint8(): np.uint8,
     pa.float64(): np.float64,
 }
-"""The numpy dtype of each Arrow type read here (dictionary indices, record columns, statistics)."""
+"""The numpy dtype of each Arrow type read or made here (dictionary indices, record columns, statistics)."""
+_ARROW = {np.dtype(kind): arrow for arrow, kind in _NUMPY.items()}
 
 
 def _chunks(array: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
@@ -57,7 +64,107 @@ def numbers(array: pa.Array | pa.ChunkedArray, fill: int | float = 0) -> np.ndar
 
 
 def text(value: str) -> pa.StringScalar:
-    """``value`` as an Arrow string scalar (an argument of a compute function)."""
-    data = value.encode()
-    offsets = pa.py_buffer(np.array([0, len(data)], np.int32))
-    return pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)])[0]
+    """``value`` as an Arrow string scalar (an argument of a compute function: a separator)."""
+    return strings([value])[0]
+
+
+def bitmap(missing: np.ndarray | None) -> pa.Buffer | None:
+    """Arrow's validity bitmap of the slots ``missing`` does not mark (``None``: all hold a value)."""
+    return pa.py_buffer(np.packbits(~missing, bitorder="little")) if missing is not None and missing.any() else None
+
+
+def array(values: np.ndarray, kind: pa.DataType | None = None, missing: np.ndarray | None = None) -> pa.Array:
+    """A numpy array as an Arrow array (``pa.array(values, kind, mask=missing)``): of ``kind``, an
+    integer, float64 or bool type (default: the array's own; values cast to it as numpy casts: they
+    fit it), empty where ``missing`` is true; its memory taken without a copy where it is contiguous
+    and of the type's width."""
+    if kind is None:
+        kind = pa.bool_() if values.dtype == np.bool_ else _ARROW[values.dtype]
+    if kind == pa.bool_():
+        data = pa.py_buffer(np.packbits(np.asarray(values, bool), bitorder="little"))
+    else:
+        data = pa.py_buffer(np.ascontiguousarray(values, _NUMPY[kind]))
+    nulls = int(missing.sum()) if missing is not None else 0
+    return pa.Array.from_buffers(kind, len(values), [bitmap(missing), data], null_count=nulls)
+
+
+def _missing(values: Sequence[Any], nulls: int) -> np.ndarray | None:
+    """Which of ``values`` are ``None`` (``nulls`` of them; ``None`` where none is)."""
+    return np.array([value is None for value in values], bool) if nulls else None
+
+
+def strings(values: Sequence[str | None]) -> pa.Array:
+    """Texts as an Arrow string column (``None``: an empty slot), made from their UTF-8 bytes;
+    raises ``TypeError`` for a value that is not a text, as ``pa.array(values, pa.string())`` does.
+    Mostly one join and one encode: the bytes of ASCII texts are as many as their characters."""
+    nulls = values.count(None)
+    if values and nulls == len(values):
+        return pa.nulls(len(values), pa.string())
+    missing = _missing(values, nulls)
+    present: Sequence[str] = values if missing is None else ["" if value is None else value for value in values]  # type: ignore[assignment]
+    joined = "".join(present)  # (TypeError for a value that is not a text)
+    if joined.isascii():
+        data, lengths = joined.encode("ascii"), map(len, present)
+    else:
+        encoded = [value.encode() for value in present]
+        data, lengths = b"".join(encoded), map(len, encoded)
+    if len(data) > np.iinfo(np.int32).max:
+        raise OverflowError(f"{len(data)} bytes of text in one string column (at most 2 GiB)")
+    offsets = np.zeros(len(present) + 1, np.int32)
+    np.cumsum(np.fromiter(lengths, np.int32, len(present)), out=offsets[1:])
+    return pa.Array.from_buffers(
+        pa.string(), len(present), [bitmap(missing), pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )
+
+
+def int_lists(values: Sequence[Sequence[int] | None]) -> pa.Array:
+    """Lists of ints as an Arrow ``list<int64>`` column (``None``: an empty slot: a shape, strides);
+    raises ``OverflowError`` for an int beyond int64 and ``TypeError`` for a value that is not a list of ints."""
+    nulls = values.count(None)
+    if values and nulls == len(values):
+        return pa.nulls(len(values), pa.list_(pa.int64()))
+    missing = _missing(values, nulls)
+    present: Sequence[Sequence[int]] = values if missing is None else [() if value is None else value for value in values]  # type: ignore[assignment]
+    offsets = np.zeros(len(present) + 1, np.int32)
+    np.cumsum(np.fromiter(map(len, present), np.int32, len(present)), out=offsets[1:])
+    flat = list(chain.from_iterable(present))
+    if not set(map(type, flat)) <= {int}:
+        raise TypeError(f"not a list of ints: {next(v for v in present if not set(map(type, v)) <= {int})!r}")
+    children = [array(np.array(flat, np.int64), pa.int64())]
+    return pa.Array.from_buffers(
+        pa.list_(pa.int64()), len(present), [bitmap(missing), pa.py_buffer(offsets)], null_count=nulls, children=children
+    )
+
+
+EXACT_IN_FLOAT = 2**53
+"""The largest magnitude up to which a float64 holds every int exactly (pyarrow's limit too)."""
+
+
+def column(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
+    """Python values as an Arrow array of ``kind`` (``pa.array(values, kind)``), ``None`` an empty
+    slot: texts, int64, float64, bool and ``list<int64>``, the types records hold. A value the type
+    cannot hold exactly raises ``TypeError`` (another type: a bool is no number here, a text no
+    float) or ``OverflowError`` (an int beyond int64, or beyond what a float64 holds exactly)."""
+    if kind == pa.string():
+        return strings(values)
+    if kind == pa.list_(pa.int64()):
+        return int_lists(values)
+    nulls = values.count(None)
+    if values and nulls == len(values):
+        return pa.nulls(len(values), kind)
+    if kind == pa.bool_():
+        allowed: set[type] = {bool}
+    elif kind == pa.int64():
+        allowed = {int}
+    elif kind == pa.float64():
+        allowed = {float, int}
+    else:
+        raise TypeError(f"no column of {kind} made here")
+    kinds = set(map(type, values)) - {type(None)}
+    if not kinds <= allowed:
+        raise TypeError(f"{next(v for v in values if v is not None and type(v) not in allowed)!r} in a column of {kind}")
+    if kind == pa.float64() and int in kinds and any(abs(v) > EXACT_IN_FLOAT for v in values if v.__class__ is int):
+        raise OverflowError(f"an int beyond {EXACT_IN_FLOAT} in a column of float64: not exactly a float")
+    missing = _missing(values, nulls)
+    present = values if missing is None else [False if value is None else value for value in values]
+    return array(np.fromiter(present, _NUMPY.get(kind, np.bool_), len(present)), kind, missing)

@@ -13,7 +13,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat, takewhile
+from itertools import repeat, takewhile
 from operator import attrgetter
 from typing import Any
 
@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 from torchdebug.gc_paused import paused_gc
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.stats import STAT_KEYS, VALUE_KEYS
-from torchdebug.store._arrow_buffers import numbers, valid
+from torchdebug.store._arrow_buffers import EXACT_IN_FLOAT, array, numbers, strings, valid
+from torchdebug.store._arrow_buffers import column as arrow_column
 from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text
 from torchdebug.store._shared_keys import shared_keys_dict
@@ -104,7 +105,6 @@ distinct value (the slots of one call share its ``seq``, the slots of one tensor
 _INTEGRAL_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"})
 """dtypes whose statistics hold ints for ``min`` and ``max`` (``stats_from_sums(integral=True)``)."""
 _TENSOR_KEYS = frozenset({"file", "key"})
-_INT_OR_NONE = frozenset({int, type(None)})
 
 
 # -- records to a batch ------------------------------------------------------------------------
@@ -124,10 +124,10 @@ def records_batch(records: Sequence[Record]) -> pa.RecordBatch:
     for row, tensor in enumerate(tensors):
         if tensor is not None and not (tensor.keys() <= _TENSOR_KEYS and all(v.__class__ is str for v in tensor.values())):
             odd.setdefault(row, {})["tensor"] = tensor
-    columns["tensor_file"] = pa.array([t.get("file") if t else None for t in tensors], _STRING)
-    columns["tensor_key"] = pa.array([t.get("key") if t else None for t in tensors], _STRING)
-    columns["value"] = pa.array([None if r.value is None else json_text(r.value) for r in records], _STRING)
-    columns["extra"] = pa.array([json_text(r.extra) if r.extra else None for r in records], _STRING)
+    columns["tensor_file"] = strings([t.get("file") if t else None for t in tensors])
+    columns["tensor_key"] = strings([t.get("key") if t else None for t in tensors])
+    columns["value"] = strings([None if r.value is None else json_text(r.value) for r in records])
+    columns["extra"] = strings([json_text(r.extra) if r.extra else None for r in records])
     columns["json_fields"] = _json_fields(count, odd)
     return pa.RecordBatch.from_arrays([columns[name] for name in SCHEMA.names], schema=SCHEMA)
 
@@ -147,7 +147,7 @@ def columns_batch(
 def int_column(value: int, count: int) -> pa.Array:
     """An int column of ``count`` times ``value`` (a batch's ``step``, ``rank``): one numpy fill,
     where ``pa.repeat`` appends the values one by one (0.3 ms at 57k records)."""
-    return pa.array(np.full(count, value, np.int64), _INT)
+    return array(np.full(count, value, np.int64))
 
 
 def _json_fields(count: int, odd: dict[int, dict[str, Any]]) -> pa.Array:
@@ -157,7 +157,7 @@ def _json_fields(count: int, odd: dict[int, dict[str, Any]]) -> pa.Array:
     json_fields = [None] * count
     for row, fields in odd.items():
         json_fields[row] = json_text(fields)
-    return pa.array(json_fields, _STRING)
+    return strings(json_fields)
 
 
 def records_table(records: Sequence[Record]) -> pa.Table:
@@ -167,16 +167,9 @@ def records_table(records: Sequence[Record]) -> pa.Table:
 
 def _array(name: str, values: Sequence[Any], kind: pa.DataType, odd: dict[int, dict[str, Any]]) -> pa.Array:
     """A column of ``values``; those it cannot hold exactly (or at all) are left empty and kept in ``odd``."""
-    try:  # Arrow would take 2.5 as 2 and True as 1 in an int column: other types are kept exactly
-        if kind == _INT:
-            if set(map(type, values)) <= _INT_OR_NONE:
-                return pa.array(values, kind)
-        elif kind == _SIZES:
-            if set(map(type, chain.from_iterable(filter(None, values)))) <= _INT_OR_NONE:
-                return pa.array(values, kind)
-        else:
-            return pa.array(values, kind)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+    try:  # (2.5 or True in an int column, a symbolic size in a shape: TypeError; kept exactly below)
+        return arrow_column(values, kind)
+    except (TypeError, ValueError, OverflowError):
         pass
     kept = []
     for row, value in enumerate(values):
@@ -184,7 +177,7 @@ def _array(name: str, values: Sequence[Any], kind: pa.DataType, odd: dict[int, d
             odd.setdefault(row, {})[name] = value
             value = None
         kept.append(value)
-    return pa.array(kept, kind)
+    return arrow_column(kept, kind)
 
 
 def _exact(value: Any, kind: pa.DataType) -> bool:
@@ -209,10 +202,8 @@ def stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, Any
         children = []
         for key, kind in zip(STAT_KEYS, STATS_TYPE):
             column = [s[key] if s is not None else None for s in stats]
-            if kind.type == _INT and not set(map(type, column)) <= _INT_OR_NONE:
-                raise TypeError  # a count that is not an int: kept exactly below
-            children.append(pa.array(column, kind.type))
-    except (KeyError, pa.ArrowException, TypeError, ValueError, OverflowError):
+            children.append(arrow_column(column, kind.type))  # (a count that is not an int: TypeError, kept exactly below)
+    except (KeyError, TypeError, ValueError, OverflowError):
         children = []
         for key, kind in zip(STAT_KEYS, STATS_TYPE):
             column = []
@@ -221,8 +212,8 @@ def stats_array(stats: list[dict[str, Any] | None], odd: dict[int, dict[str, Any
                 if s is not None and (s.keys() != _STAT_KEY_SET or not _number(value, kind.type)):
                     odd.setdefault(row, {})["stats"] = s
                 column.append(value if _number(value, kind.type) else None)
-            children.append(pa.array(column, kind.type))
-    mask = pa.array([s is None for s in stats], pa.bool_())
+            children.append(arrow_column(column, kind.type))
+    mask = array(np.fromiter((s is None for s in stats), bool, len(stats)))
     return pa.StructArray.from_arrays(children, fields=list(STATS_TYPE), mask=mask)
 
 
@@ -231,17 +222,13 @@ _STAT_COUNTS = tuple((key, key not in VALUE_KEYS) for key in STAT_KEYS)
 """Each statistic's key, and whether it is a count (an int; the others are floats)."""
 
 
-_EXACT_IN_FLOAT = 2**53
-"""Ints a float64 column holds exactly (beyond, the record keeps its statistics whole)."""
-
-
 def _number(value: Any, kind: pa.DataType) -> bool:
     """Whether a column of ``kind`` holds ``value`` exactly."""
     if value is None:
         return True
     if kind == _INT:
         return value.__class__ is int
-    return value.__class__ is float or (value.__class__ is int and -_EXACT_IN_FLOAT <= value <= _EXACT_IN_FLOAT)
+    return value.__class__ is float or (value.__class__ is int and -EXACT_IN_FLOAT <= value <= EXACT_IN_FLOAT)
 
 
 def _finite(stats: dict[str, Any]) -> bool:

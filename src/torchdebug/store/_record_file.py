@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from torchdebug.errors import DumpError
+from torchdebug.store._arrow_buffers import strings
 from torchdebug.store._record_columns import SCHEMA
 
 __all__ = ["STORED_SCHEMA", "RecordFile", "RecordStream", "read_records", "record_stream"]
@@ -117,9 +118,8 @@ class RecordFile:
 
 @functools.cache
 def _no_strings() -> pa.Array:
-    """The dictionary of a column of nulls (made on first use: an Arrow array made at import loads
-    pandas, through pyarrow's shim)."""
-    return pa.array([], pa.string())
+    """The dictionary of a column of nulls."""
+    return strings([])
 
 
 def _same_memory(column: pa.Array, other: pa.Array) -> bool:

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from torchdebug.native.fused_stats import FinishedStats, finish_sums
 from torchdebug.records import UNREAD
 from torchdebug.slots import json_value
+from torchdebug.store._arrow_buffers import array, bitmap, int_lists, strings, text
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, int_column, stats_array
 from torchdebug.store._record_json import json_text
 
@@ -57,12 +58,13 @@ class SlotOverrides:
         count = len(columns["dtype"])
         index = np.arange(count)
         index[self.positions] = count + np.arange(len(self.positions))
-        at = pa.array(index)
+        at = array(index)
         fields = {"dtype": self.dtypes, "shape": self.shapes, "stride": self.strides, "device": self.devices}
         fields |= {"capture_error": self.errors, "extra": self.extras}
         for name, values in fields.items():
             column = columns[name]
-            columns[name] = pa.concat_arrays([column, pa.array(values, column.type)]).take(at)
+            added = int_lists(values) if pa.types.is_list(column.type) else strings(values)
+            columns[name] = pa.concat_arrays([column, added]).take(at)
 
 
 class FixedColumns:
@@ -110,9 +112,12 @@ class SavedTensors:
             if ref is not None and "view" in ref:
                 odd.setdefault(row, {})["tensor"] = ref
         return {
-            "tensor_file": pa.array([ref and ref.get("file") for ref in self.refs], _STRING),
-            "tensor_key": pa.array([ref and ref.get("key") for ref in self.refs], _STRING),
-            "sampled": pa.array(self.sampled, _INT),
+            "tensor_file": strings([ref and ref.get("file") for ref in self.refs]),
+            "tensor_key": strings([ref and ref.get("key") for ref in self.refs]),
+            "sampled": array(
+                np.fromiter((0 if n is None else n for n in self.sampled), np.int64, len(self.sampled)),
+                missing=np.fromiter((n is None for n in self.sampled), bool, len(self.sampled)),
+            ),
         }
 
 
@@ -187,31 +192,31 @@ class SlotColumns:
         keeps = fixed is not None and self.overrides is None  # patched slots: made each drain
         shared = fixed.get(calls, structure) if keeps else None
         if shared is None:
-            args = self.args.take(pa.array(self.arg_codes))
-            by_row = pa.RecordBatch.from_pydict(calls).take(pa.array(rows))
+            args = self.args.take(array(self.arg_codes))
+            by_row = pa.RecordBatch.from_pydict(calls).take(array(rows))
             shared = {
-                "name": pc.binary_join_element_wise(by_row.column("call_name"), args.column("io_arg"), "/"),
+                "name": pc.binary_join_element_wise(by_row.column("call_name"), args.column("io_arg"), text("/")),
                 "rank": int_column(rank, count),
                 **{name: by_row.column(name) for name in by_row.schema.names if name != "call_name"},
                 "io": args.column("io"),
                 "arg": args.column("arg"),
-                "kind": _kinds().take(pa.array(values.astype(np.int64))),
+                "kind": _kinds().take(array(values.astype(np.int64))),
                 "dtype": _named(np.asarray(ops.slot_dtype)[slots], dtype_names.get),
                 "shape": _sizes(ops.shape, ops.slot_ndim, slots, undescribed),
                 "stride": _sizes(ops.stride, ops.slot_ndim, slots, unstrided),
                 "device": _named(devices, lambda key: device_name(key // _INDICES, key % _INDICES - 1), undescribed),
-                "capture": pa.repeat(pa.scalar("eager"), count),
+                "capture": pa.repeat(text("eager"), count),
             }
             if keeps:
                 fixed.put(calls, structure, shared)
         columns = {
             **shared,
             "step": int_column(step, count),
-            "seq": pa.array(np.asarray(seqs, np.int64)[rows], _INT),
+            "seq": array(np.asarray(seqs, np.int64)[rows]),
             "capture_error": _by_code(self.errors, self.error_codes),
-            "value_id": _masked(_INT, self.value_ids, values),
-            "version": _masked(_INT, versions, versions < 0),
-            "view_of": _masked(_INT, self.view_of, self.view_of < 0),
+            "value_id": array(self.value_ids, _INT, values),
+            "version": array(versions, _INT, versions < 0),
+            "view_of": array(self.view_of, _INT, self.view_of < 0),
             "extra": _by_code(self.unread, self.unread_codes),
         }
         if self.overrides is not None:
@@ -240,7 +245,7 @@ class SlotColumns:
         odd = {}
         if odd_dicts:  # rare: statistics of huge ints (beyond a float's exact ints)
             odd = {row: odd_dicts[-2 - ref] for row, ref in enumerate(refs.tolist()) if ref <= -2 and -2 - ref in odd_dicts}
-        return pa.concat_arrays([column, taken]).take(pa.array(index)), odd
+        return pa.concat_arrays([column, taken]).take(array(index)), odd
 
     def _checksum_column(self, ops: Any) -> pa.Array:
         """The ``checksum`` column by reference (the class docstring): 16 lowercase hex digits,
@@ -258,17 +263,16 @@ class SlotColumns:
 
 @functools.cache
 def _kinds() -> pa.Array:
-    """``kind`` by whether a slot holds a value; made on first use (an Arrow array made at import
-    loads pandas, through pyarrow's shim)."""
-    return pa.array(["tensor", "value"], _STRING)
+    """``kind`` by whether a slot holds a value (made once)."""
+    return strings(["tensor", "value"])
 
 
 def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
     """The ``value`` column: each value slot's JSON text as eager capture writes it, none elsewhere
     (each distinct text converted once: the drain's texts are distinct)."""
-    written = pa.array([_value_text(text) for text in ops.value_texts], _STRING)
+    written = strings([_value_text(value) for value in ops.value_texts])
     at = np.where(values, np.asarray(ops.slot_value, np.int64)[slots], -1)
-    return written.take(pa.array(at, mask=~values))
+    return written.take(array(at, missing=~values))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -306,13 +310,13 @@ def _hex_digits(values: np.ndarray, missing: np.ndarray) -> pa.Array:
     offsets = np.zeros(len(values) + 1, np.int32)
     np.cumsum(16 * present, out=offsets[1:])
     return pa.StringArray.from_buffers(
-        len(values), pa.py_buffer(offsets), pa.py_buffer(digits.tobytes()), _validity(missing), int(missing.sum())
+        len(values), pa.py_buffer(offsets), pa.py_buffer(digits.tobytes()), bitmap(missing), int(missing.sum())
     )
 
 
 def _by_code(texts: pa.Array, codes: np.ndarray) -> pa.Array:
     """``texts[code]`` of each slot; code 0 (and ``texts[0]``) is none: mostly all of them."""
-    return texts.take(pa.array(codes)) if codes.any() else pa.nulls(len(codes), _STRING)
+    return texts.take(array(codes)) if codes.any() else pa.nulls(len(codes), _STRING)
 
 
 def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:
@@ -323,8 +327,8 @@ def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | No
             return pa.nulls(len(codes), _STRING)
         codes = np.where(empty, codes[~empty][0], codes)
     distinct, inverse = np.unique(codes, return_inverse=True)
-    dictionary = pa.array([name(code) for code in distinct.tolist()], _STRING)
-    return dictionary.take(pa.array(inverse.reshape(-1), _INT, mask=empty))
+    dictionary = strings([name(code) for code in distinct.tolist()])
+    return dictionary.take(array(inverse.reshape(-1).astype(np.int64), missing=empty))
 
 
 def extra_text(extra: dict[str, Any]) -> str:
@@ -351,8 +355,8 @@ def _offsets(ndim: Any) -> np.ndarray:
 
 def _sizes(values: Any, ndim: Any, slots: np.ndarray, empty: np.ndarray) -> pa.Array:
     """The shapes (or strides) of the recorded slots as a list column, from the drained flat sizes."""
-    every = pa.ListArray.from_arrays(pa.array(_offsets(ndim)), pa.array(np.asarray(values), _INT))
-    return every.take(pa.array(slots, mask=empty))
+    every = pa.ListArray.from_arrays(array(_offsets(ndim)), array(np.asarray(values), _INT))
+    return every.take(array(slots, missing=empty))
 
 
 def _finished(done: FinishedStats) -> pa.StructArray:
@@ -364,15 +368,3 @@ def _finished(done: FinishedStats) -> pa.StructArray:
     children = [pa.Array.from_buffers(_FLOAT, count, [mask, pa.py_buffer(field)]) for mask, field in zip(masks, done.values)]
     children += [pa.Array.from_buffers(_INT, count, [present, pa.py_buffer(field)]) for field in done.counts]
     return pa.Array.from_buffers(STATS_TYPE, count, [present], children=children)
-
-
-def _validity(mask: np.ndarray) -> pa.Buffer | None:
-    """Arrow's validity bitmap of the rows ``mask`` does not mark (``None``: all valid)."""
-    return pa.py_buffer(np.packbits(~mask, bitorder="little")) if mask.any() else None
-
-
-def _masked(kind: pa.DataType, values: np.ndarray, mask: np.ndarray) -> pa.Array:
-    """``values`` as an Arrow array of ``kind`` (a number type), null where ``mask`` is true, without
-    a copy where they are contiguous and of its width."""
-    data = np.ascontiguousarray(values, kind.to_pandas_dtype())
-    return pa.Array.from_buffers(kind, len(data), [_validity(mask), pa.py_buffer(data)])

@@ -19,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 
 from torchdebug.records import Record
+from torchdebug.store._arrow_buffers import array
 from torchdebug.store._record_columns import columns_batch, int_column, records_batch, stats_array
 
 __all__ = ["TemplateColumns", "ValueId"]
 
-_INT = pa.int64()
 _IDS = ("value_id", "version", "view_of")
 _PER_RUN = ("step", "stats", *_IDS, "json_fields")
 """The columns each run gives; the others come from the template."""
@@ -67,5 +67,5 @@ class TemplateColumns:
         for position, name in enumerate(_IDS):
             values = np.full(count, -1, np.int64)
             values[records] = [-1 if (given := value[position]) is None else given for value in known]
-            columns[name] = pa.array(values, _INT, mask=values < 0)
-        return columns_batch(count, columns, stats.take(pa.array(at)), odd)
+            columns[name] = array(values, missing=values < 0)
+        return columns_batch(count, columns, stats.take(array(at)), odd)

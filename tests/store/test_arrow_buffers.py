@@ -110,8 +110,9 @@ def test_reading_and_comparing_a_dump_does_not_import_pandas(tmp_path):
 
 
 def test_capturing_does_not_import_pandas(tmp_path):
-    """Each path (native, the dispatch mode) and level (op, mix, module) with statistics,
-    fingerprints and tensors, written and read back, in a process that has no pandas loaded."""
+    """Each path (native, the dispatch mode) with statistics and fingerprints, at level ``mix``, and
+    tensors, written and read back, and the monitor firing (its window written, the step replayed),
+    in a process that has no pandas loaded."""
     pytest.importorskip("pandas")
     script = textwrap.dedent(
         f"""
@@ -135,6 +136,17 @@ def test_capturing_does_not_import_pandas(tmp_path):
                 debugger.step()
             debugger.close()
             assert torchdebug.load(path).ranks[0].records()
+        monitor = torchdebug.Monitor(model, optimizer, {str(tmp_path)!r} + f"/{{sys.argv[1]}}-monitor")
+        with torch.no_grad():
+            model.tok.weight.fill_(float("nan"))  # fires: the window written, the step replayed and read
+        def closure():
+            optimizer.zero_grad()
+            loss = model(*batch)
+            loss.backward()
+            return loss
+        monitor.step(closure)
+        monitor.close()
+        assert monitor.events[0].replay.reproduced, monitor.events
         print(sorted(name for name in sys.modules if name.split(".")[0] == "pandas"))
         """
     )

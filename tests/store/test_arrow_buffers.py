@@ -111,8 +111,8 @@ def test_reading_and_comparing_a_dump_does_not_import_pandas(tmp_path):
 
 def test_capturing_does_not_import_pandas(tmp_path):
     """Each path (native, the dispatch mode) with statistics and fingerprints, at level ``mix``, and
-    tensors, written and read back, and the monitor firing (its window written, the step replayed),
-    in a process that has no pandas loaded."""
+    tensors, written and read back, a graph dump of the compiled model, and the monitor firing (its
+    window written, the step replayed), in a process that has no pandas loaded."""
     pytest.importorskip("pandas")
     script = textwrap.dedent(
         f"""
@@ -136,6 +136,17 @@ def test_capturing_does_not_import_pandas(tmp_path):
                 debugger.step()
             debugger.close()
             assert torchdebug.load(path).ranks[0].records()
+        if sys.argv[1] == "native":  # a graph dump (TORCHDEBUG_NATIVE is not the backend's)
+            os.makedirs({str(tmp_path)!r} + "/graph")
+            compiler = torchdebug.CompilerConfig()
+            compiler.dump_config.enable_dump = True
+            compiler.dump_config.dump_path = {str(tmp_path)!r} + "/graph"
+            backend = torchdebug.get_backend(compiler, model=model)
+            compiled = torch.compile(model, backend=backend)
+            for _ in range(2):
+                train_step(compiled, optimizer, batch)
+            assert torchdebug.load(compiler.dump_config.dump_path).ranks[0].records()
+            backend.data_dump.close()
         monitor = torchdebug.Monitor(model, optimizer, {str(tmp_path)!r} + f"/{{sys.argv[1]}}-monitor")
         with torch.no_grad():
             model.tok.weight.fill_(float("nan"))  # fires: the window written, the step replayed and read

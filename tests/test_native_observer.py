@@ -18,7 +18,7 @@ from examples.gpt import GPT, GPTConfig, make_batch, train_step
 from torchdebug.checksum import cpu_fingerprint
 from torchdebug.native import build
 from torchdebug.native.fused_stats import fused_stats, stats_and_fingerprint
-from torchdebug.native.observer import MODULE_ROWS, SUBCLASS, NativeObserver, ObservedOps, load_observer
+from torchdebug.native.observer import MODULE_ROWS, SUBCLASS, NativeObserver, ObservedOps, _line, load_observer
 from torchdebug.slots import iter_slots
 from torchdebug.stats._schema import WIDTH
 
@@ -591,6 +591,22 @@ def test_a_call_site_has_one_stack_id_across_drains_with_the_frames_lines(observ
             and stacks[mul][1][2] == "test_a_call_site_has_one_stack_id_across_drains_with_the_frames_lines"
         )
     assert [ops.stack[ops.op_names().index("aten.sub.Tensor")] for ops in drains] == [sub, sub]
+
+
+def _branchy(x: int) -> int:
+    if x > 3:  # lines with several ranges of instructions, and instructions with no line
+        for _ in range(x):
+            x -= 1
+    return x
+
+
+@pytest.mark.parametrize("code", [_branchy.__code__, torch.nn.Module._call_impl.__code__], ids=["branches", "torch"])
+def test_an_instructions_line_is_the_one_its_codes_line_table_gives(code) -> None:
+    """``PyCode_Addr2Line``'s answer at every offset: the first line before the code, -1 past it."""
+    for offset in range(len(code.co_code) + 4):
+        line = next((line for start, end, line in code.co_lines() if start <= offset < end), None)
+        assert _line(code, offset) == (-1 if line is None else line), offset
+    assert _line(code, -1) == code.co_firstlineno
 
 
 _SYMBOLIZE_IN_A_FRESH_PROCESS = """

@@ -19,6 +19,7 @@ import functools
 import sys
 import warnings
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -274,8 +275,26 @@ def _line(code: CodeType, offset: int) -> int:
     line for a negative offset, -1 for an instruction with no line)."""
     if offset < 0:
         return code.co_firstlineno
-    line = next((line for start, end, line in code.co_lines() if start <= offset < end), None)
+    starts, ends, lines = _line_table(code)
+    at = bisect_right(starts, offset) - 1
+    line = lines[at] if at >= 0 and offset < ends[at] else None
     return -1 if line is None else line
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _line_table(code: CodeType) -> tuple[list[int], list[int], list[int | None]]:
+    """``code``'s ranges of instructions (``co_lines``, in order) as their starts, ends and lines, a
+    new stack's frames looked up by bisection: a scan of the table for each frame took 12 ms of the
+    tiny GPT's first captured step (708 frames; 3.4 ms so). The observer holds its stacks' code
+    objects anyway."""
+    starts: list[int] = []
+    ends: list[int] = []
+    lines: list[int | None] = []
+    for start, end, line in code.co_lines():
+        starts.append(start)
+        ends.append(end)
+        lines.append(line)
+    return starts, ends, lines
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from torchdebug.native.fused_stats import FinishedStats, finish_sums
 from torchdebug.records import UNREAD
 from torchdebug.slots import json_value
 from torchdebug.store._arrow_buffers import array, bitmap, int_lists, strings, text
+from torchdebug.store._arrow_buffers import column as arrow_column
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, int_column, stats_array
 from torchdebug.store._record_json import json_text
 
@@ -114,10 +115,7 @@ class SavedTensors:
         return {
             "tensor_file": strings([ref and ref.get("file") for ref in self.refs]),
             "tensor_key": strings([ref and ref.get("key") for ref in self.refs]),
-            "sampled": array(
-                np.fromiter((0 if n is None else n for n in self.sampled), np.int64, len(self.sampled)),
-                missing=np.fromiter((n is None for n in self.sampled), bool, len(self.sampled)),
-            ),
+            "sampled": arrow_column(self.sampled, _INT),
         }
 
 

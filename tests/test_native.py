@@ -4,6 +4,8 @@ its fingerprint equals the torch-op fingerprint of torchdebug.checksum bit for b
 import math
 import os
 import shutil
+import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -144,9 +146,11 @@ def fresh_build(monkeypatch, tmp_path):
     """An empty cache folder and no library loaded yet in this process."""
     monkeypatch.setenv("TORCHDEBUG_CACHE_DIR", str(tmp_path))
     build.load_library.cache_clear()
+    build.load_python_library.cache_clear()
     fused_stats._kernels.cache_clear()
     yield tmp_path
     build.load_library.cache_clear()
+    build.load_python_library.cache_clear()
     fused_stats._kernels.cache_clear()
 
 
@@ -159,6 +163,23 @@ def test_library_is_built_once_and_then_loaded_from_the_cache(fresh_build, monke
     monkeypatch.setattr(build, "_build", lambda *args: pytest.fail("rebuilt although cached"))
     assert build.load_library("stats") is not None
     assert list(fresh_build.rglob("stats.so")) == [built]
+
+
+@needs_compiler
+def test_a_library_read_against_pythons_headers_is_built_per_python_version(fresh_build, monkeypatch):
+    """``load_python_library``: built against the running Python's headers (its internal ones too:
+    ``py_frames.c`` reads the interpreter's frames) and cached per Python version, whose internal
+    structures may change between releases; not built when native code is disabled."""
+    library = build.load_python_library("py_frames")
+    supported = (3, 11) <= sys.version_info[:2] <= (3, 13) and not sysconfig.get_config_var("Py_GIL_DISABLED")
+    assert library is not None and library.td_frames_supported() == int(supported)
+    build.load_python_library.cache_clear()
+    monkeypatch.setattr(build.platform, "python_version", lambda: "3.99.0")
+    assert build.load_python_library("py_frames") is not None
+    assert len(list(fresh_build.rglob("py_frames.so"))) == 2
+    build.load_python_library.cache_clear()
+    monkeypatch.setenv(build.DISABLE_ENV, "0")
+    assert build.load_python_library("py_frames") is None
 
 
 def test_an_edited_header_builds_the_sources_that_include_it_anew(fresh_build, monkeypatch):

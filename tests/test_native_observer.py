@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import difflib
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -591,6 +592,89 @@ def test_a_call_site_has_one_stack_id_across_drains_with_the_frames_lines(observ
             and stacks[mul][1][2] == "test_a_call_site_has_one_stack_id_across_drains_with_the_frames_lines"
         )
     assert [ops.stack[ops.op_names().index("aten.sub.Tensor")] for ops in drains] == [sub, sub]
+
+
+_EXECUTED = compile("torch.ones(2).neg()", "<executed>", "exec")  # (compiled once: one code object)
+
+
+def _ops_in_many_frames() -> None:
+    def nested(depth: int) -> torch.Tensor:
+        return torch.ones(2).add(1) if depth == 0 else nested(depth - 1)
+
+    def generator() -> Iterator[torch.Tensor]:
+        yield torch.ones(2).mul(2)
+
+    class Equal:
+        def __eq__(self, other: object) -> bool:
+            torch.ones(2).sub(1)
+            return True
+
+    nested(3)
+    list(generator())
+    list(map(lambda _: torch.ones(2).div(2), [0]))  # called by C code: the C stack's shim frame left out (3.12 on)
+    assert Equal() == Equal()
+    exec(_EXECUTED, {"torch": torch})
+
+
+def _frames_read_directly() -> bool:
+    library = build.load_python_library("py_frames")
+    return library is not None and bool(library.td_frames_supported())
+
+
+@pytest.mark.skipif(not _frames_read_directly(), reason="this Python's frames are read through its C API only")
+def test_frames_read_directly_are_the_stacks_pythons_c_api_gives(observer: NativeObserver) -> None:
+    """Read from the interpreter's structures without the GIL (py_frames.c) or through
+    ``PyEval_GetFrame`` and ``PyFrame_GetBack``, the frames of ops called from nested calls, a
+    generator, a lambda that C code calls, a slot method and exec'd code make the same stacks: the
+    same ids, the second way interning none."""
+    observer.want_stacks(True)
+    drains, counts = [], []
+    try:
+        for direct in (True, False):
+            assert observer.read_frames_directly(direct) == direct
+            observer.start()
+            _ops_in_many_frames()
+            observer.stop()
+            drains.append(observer.drain())
+            counts.append(len(observer.stacks()))
+    finally:
+        observer.want_stacks(False)
+        observer.read_frames_directly()
+    direct, api = drains
+    assert direct.op_names() == api.op_names() and list(direct.stack) == list(api.stack)
+    assert counts[0] == counts[1]
+    names, stacks = direct.op_names(), observer.stacks()
+    add = stacks[direct.stack[names.index("aten.add.Tensor")]]
+    assert [function for _, _, function in add[:5]] == ["nested"] * 4 + ["_ops_in_many_frames"]
+    div = stacks[direct.stack[names.index("aten.div.Tensor")]]
+    assert [function for _, _, function in div[:2]] == ["<lambda>", "_ops_in_many_frames"]
+
+
+@pytest.mark.skipif(not _frames_read_directly(), reason="this Python's frames are read through its C API only")
+def test_py_frames_takes_the_code_and_last_instruction_of_each_frame_python_sees() -> None:
+    """``td_frames_take``: each frame's code object and last instruction's offset, innermost first,
+    as ``sys._getframe`` walks them (the innermost at its own instruction), whatever the room given."""
+    library = build.load_python_library("py_frames")
+    library.td_frames_take.restype = ctypes.c_int64
+    library.td_frames_take.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+
+    def taken(room: int) -> tuple[int, list[tuple[int, int]], list[tuple[int, int]]]:
+        words = (ctypes.c_int64 * (2 * room))()
+        count = library.td_frames_take(words, room)
+        frame, seen = sys._getframe(), []
+        while frame is not None:
+            seen.append((id(frame.f_code), frame.f_lasti))
+            frame = frame.f_back
+        return count, [(words[2 * at], words[2 * at + 1]) for at in range(min(count, room))], seen
+
+    def nested(depth: int, room: int) -> tuple[int, list[tuple[int, int]], list[tuple[int, int]]]:
+        return taken(room) if depth == 0 else nested(depth - 1, room)
+
+    for room in (64, 3):
+        count, words, seen = nested(4, room)
+        assert count == len(seen) and len(words) == min(count, room)
+        assert [code for code, _ in words] == [code for code, _ in seen[: len(words)]]
+        assert words[1:] == seen[1 : len(words)]  # (the innermost frame has moved on since)
 
 
 def _branchy(x: int) -> int:

@@ -13,10 +13,10 @@ Where torch runs its CPU threads on GNU OpenMP, the library is built with ``-fop
 thread pool (a second pool would fight torch's for the cores). Elsewhere, or if that build fails,
 it is built without and runs on one thread.
 
-A C++ source that uses torch's C++ API (:func:`load_torch_library`) is built the same way with the
-C++ compiler, against the installed torch's headers and libraries, and cached per torch version too;
-one that is a CPython extension module (:func:`load_torch_extension`) also against Python's headers
-and torch's Python bindings, and imported.
+A C++ source that uses torch's C++ API (:func:`load_torch_library`) is built with the C++ compiler
+against the installed torch, cached per torch version; a CPython extension module
+(:func:`load_torch_extension`) also against Python's headers and torch's bindings, and imported; a C
+source that reads Python's own structures (:func:`load_python_library`) against Python's headers.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ logger = logging.getLogger("torchdebug.native")
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
 
 OPENMP_FLAGS = ("-fopenmp",)
+
+PYTHON_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c11")
+"""CPython's internal headers are C11."""
 
 CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++20")
 """torch's headers need C++17 (2.11) or C++20 (2.13 on): C++20 serves all."""
@@ -120,13 +123,10 @@ def load_library(source_name: str) -> ctypes.CDLL | None:
     cannot be built here (no compiler, a build error) or native kernels are disabled. It is loaded
     with :class:`ctypes.CDLL` (calls release the GIL).
     """
-    if os.environ.get(DISABLE_ENV, "1") == "0":
+    found = _c_source(source_name)
+    if found is None:
         return None
-    source = Path(__file__).with_name(f"{source_name}.c")
-    compiler = _compiler()
-    if compiler is None:
-        logger.info("no C compiler found; torchdebug uses Python for %s", source_name)
-        return None
+    compiler, source = found
     if torch_uses_gnu_openmp():
         variants = [(*FLAGS, *OPENMP_FLAGS), FLAGS]
     else:
@@ -139,6 +139,35 @@ def load_library(source_name: str) -> ctypes.CDLL | None:
             error = failure
     logger.warning("could not build %s (%s); torchdebug uses Python or torch ops instead", source.name, error)
     return None
+
+
+@functools.cache
+def load_python_library(source_name: str) -> ctypes.CDLL | None:
+    """As :func:`load_library`, built against the running Python's headers (its internal ones too:
+    the source defines ``Py_BUILD_CORE``) and cached per Python version, as their structures may
+    change between releases."""
+    found = _c_source(source_name)
+    if found is None:
+        return None
+    compiler, source = found
+    try:
+        flags = (*PYTHON_FLAGS, f"-I{sysconfig.get_paths()['include']}")
+        return ctypes.CDLL(str(_built(compiler, flags, source, version=platform.python_version())))
+    except (OSError, subprocess.SubprocessError) as failure:
+        logger.warning("could not build %s (%s); torchdebug uses Python instead", source.name, failure)
+        return None
+
+
+def _c_source(source_name: str) -> tuple[list[str], Path] | None:
+    """The C compiler and ``torchdebug/native/<source_name>.c``, or ``None`` (said) when native
+    kernels are disabled or there is no compiler."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        logger.info("no C compiler found; torchdebug uses Python for %s", source_name)
+        return None
+    return compiler, Path(__file__).with_name(f"{source_name}.c")
 
 
 @functools.cache
@@ -198,7 +227,8 @@ def _built_against_torch(source_name: str, flags: tuple[str, ...] = (), link: tu
 
 def _built(compiler: list[str], flags: tuple[str, ...], source: Path, link: tuple[str, ...] = (), version: str = "") -> Path:
     """The library built from ``source`` with ``flags`` (and ``link``: libraries after the source),
-    from the cache or built now; ``version`` (torch's, for a C++ source) is part of the cache key."""
+    from the cache or built now; ``version`` (torch's for a C++ source, Python's for one read against
+    Python's headers) is part of the cache key."""
     key = hashlib.sha256()
     if link or version:
         key.update(" ".join([*link, version]).encode())

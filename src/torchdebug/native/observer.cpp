@@ -1599,15 +1599,62 @@ Stacks stacks;
 std::string reentrant_node;
 std::vector<std::string> frame_ops;
 
+// py_frames.c's td_frames_take, handed over by td_observer_use_frames: the calling thread's frames
+// read without the GIL (null: through Python's C API, as on Python 3.10).
+using FramesTake = int64_t (*)(int64_t*, int64_t);
+std::atomic<FramesTake> frames_take{nullptr};
+
+// The id of the stack `key` holds (whether its positions are lines, then code and position of each
+// frame, innermost first), and whether it is new: a new stack keeps its code objects, whose
+// references the caller takes (known ones: lets go).
+std::pair<int64_t, bool> intern_stack(const std::vector<int64_t>& key) {
+  std::lock_guard<std::mutex> lock(stacks.mutex);
+  auto found = stacks.ids.find(key);
+  if (found != stacks.ids.end()) return {found->second, false};
+  auto id = static_cast<int64_t>(stacks.frames.size());
+  stacks.ids.emplace(key, id);
+  stacks.frames.push_back(key);
+  return {id, true};
+}
+
+// The frames through py_frames.c (offsets, not lines): no GIL but for a new stack's references
+// (the frames hold their code objects until the op returns). -1 where it reads none (a thread with
+// no Python thread state): the caller asks Python's C API.
+int64_t walked_frames(FramesTake take, std::vector<int64_t>& key) {
+  key.resize(std::max<size_t>(key.capacity(), 129));
+  auto room = static_cast<int64_t>(key.size() - 1) / 2;
+  auto count = take(key.data() + 1, room);
+  if (count > room) {
+    key.resize(1 + 2 * static_cast<size_t>(count));
+    count = take(key.data() + 1, count);
+  }
+  if (count < 0) return -1;
+  key[0] = 0;
+  key.resize(1 + 2 * static_cast<size_t>(count));
+  auto [id, fresh] = intern_stack(key);
+  if (fresh) {
+    auto gil = PyGILState_Ensure();
+    for (size_t at = 1; at < key.size(); at += 2) Py_IncRef(reinterpret_cast<void*>(key[at]));
+    PyGILState_Release(gil);
+  }
+  return id;
+}
+
 // The Python frames the op being recorded was called from, as an id of Stacks, when wanted
-// (frames_wanted); -1 otherwise. It takes the GIL: never called with the recorder's mutex held. A
-// thread Python never ran on (an autograd device thread) has no frames: it takes no GIL there, as
-// torch's gather does not (CapturedTraceback::Python::canGather, torch 2.11 through 2.14).
+// (frames_wanted); -1 otherwise. It takes the GIL (but through py_frames.c, for a known stack):
+// never called with the recorder's mutex held. A thread Python never ran on (an autograd device
+// thread) has no frames: it takes no GIL there, as torch's gather does not
+// (CapturedTraceback::Python::canGather, torch 2.11 through 2.14).
 int64_t python_frames(bool wanted) {
   if (!wanted || !Py_IsInitialized()) return -1;
   thread_local std::vector<int64_t> stack_key;
   auto& key = thread_ref(stack_key);
   bool lines = positions_are_lines.load(std::memory_order_relaxed);
+  auto take = frames_take.load(std::memory_order_relaxed);
+  if (take != nullptr && !lines) {
+    auto id = walked_frames(take, key);
+    if (id >= 0) return id;
+  }
   key.assign(1, lines ? 1 : 0);
   bool python_thread = PyGILState_Check() == 1 || PyGILState_GetThisThreadState() != nullptr;
   auto gil = python_thread ? PyGILState_Ensure() : 0;
@@ -1620,19 +1667,8 @@ int64_t python_frames(bool wanted) {
     Py_DecRef(frame);
     frame = back;
   }
-  int64_t id;
-  bool known;
-  {
-    std::lock_guard<std::mutex> lock(stacks.mutex);
-    auto found = stacks.ids.find(key);
-    known = found != stacks.ids.end();
-    id = known ? found->second : static_cast<int64_t>(stacks.frames.size());
-    if (!known) {  // a new stack keeps its code objects' references
-      stacks.ids.emplace(key, id);
-      stacks.frames.push_back(key);
-    }
-  }
-  if (known) {
+  auto [id, fresh] = intern_stack(key);
+  if (!fresh) {
     for (size_t at = 1; at < key.size(); at += 2) Py_DecRef(reinterpret_cast<void*>(key[at]));
   }
   if (python_thread) PyGILState_Release(gil);
@@ -3613,6 +3649,10 @@ int td_observer_take_lines(int lines) {
   positions_are_lines.store(lines != 0 || PyFrame_GetLasti == nullptr);
   return positions_are_lines.load() ? 1 : 0;
 }
+
+// Read the frames of the stacks taken from now on with `take` (py_frames.c's td_frames_take), or
+// through Python's C API (null).
+void td_observer_use_frames(void* take) { frames_take.store(reinterpret_cast<FramesTake>(take)); }
 
 // Keep a reference to each plain tensor whose sums or fingerprint (those asked for) the callback
 // does not take (keep != 0), from the rows recorded from now on, or no longer.

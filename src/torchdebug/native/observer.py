@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from torchdebug._torch.compiling import frame_callback_setter
-from torchdebug.native.build import load_library, load_torch_library
+from torchdebug.native.build import load_library, load_python_library, load_torch_library
 from torchdebug.stats import COLUMNS, WIDTH
 
 EMPTY, EMPTY_WITH_VALUES, RECORD, MODULE_ROWS = 0, 1, 2, 3
@@ -405,6 +405,8 @@ class NativeObserver:
         library.td_observer_overflow_counts.restype = None
         library.td_observer_overflow_found.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         library.td_observer_overflow_found.restype = None
+        library.td_observer_use_frames.argtypes = [ctypes.c_void_p]
+        library.td_observer_use_frames.restype = None
         self.set_module = library.td_observer_set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
@@ -416,6 +418,7 @@ class NativeObserver:
         self._stage_hook: Callable[[], None] | None = None
         self.running = False
         """Between :meth:`start` and :meth:`stop`: the process has one observer, one user at a time."""
+        self.read_frames_directly()
 
     def device_name(self, device_type: int, index: int) -> str:
         """``str(tensor.device)`` of a slot's ``slot_device_type`` and ``slot_device_index``."""
@@ -494,6 +497,18 @@ class NativeObserver:
                 [frame for at in range(0, len(words), 2) for frame in _symbolized(words[at], words[at + 1], bool(lines))]
             )
         return self._stacks
+
+    def read_frames_directly(self, enabled: bool = True) -> bool:
+        """Read the frames of the stacks taken from now on from the interpreter's own structures,
+        without the GIL (``py_frames.c``: no frame object made, no reference taken), where this Python
+        allows it (CPython 3.11 through 3.13 with the GIL), or through Python's C API; returns whether
+        they are read directly. Both give the same stacks: the first is cheaper (the default)."""
+        frames = load_python_library("py_frames") if enabled else None  # (held by the cache)
+        if frames is None or not frames.td_frames_supported():
+            self._lib.td_observer_use_frames(None)
+            return False
+        self._lib.td_observer_use_frames(ctypes.cast(frames.td_frames_take, ctypes.c_void_p))
+        return True
 
     def take_lines(self, lines: bool = True) -> bool:
         """Take each frame's line when an op's frames are taken (what Python 3.10, whose frames tell no

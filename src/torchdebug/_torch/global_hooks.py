@@ -147,13 +147,14 @@ class GlobalForwardHooks:
         self._paused = False
 
         def on_enter(module: nn.Module, args: tuple) -> None:
-            if outside_compiled and is_compiling():  # before the pause: compiled code never reads it
+            compiling = is_compiling()  # asked once a hook (two Python calls each), before any state is read
+            if outside_compiled and compiling:  # before the pause: compiled code never reads it
                 return
-            # (traced: is_compiling() first, so that compiled code never reads what stands)
-            if self._paused or (not is_compiling() and self._standing and self.stands_in(module)):
+            # (traced: compiling first, so that compiled code never reads what stands)
+            if self._paused or (not compiling and self._standing and self.stands_in(module)):
                 return
             if module._modules and is_module_wrapper(module):  # a leaf wraps nothing: no call
-                stands = is_compiled_wrapper(module) if outside_compiled else not is_compiling() and compiles_a_wrapper(module)
+                stands = is_compiled_wrapper(module) if outside_compiled else not compiling and compiles_a_wrapper(module)
                 if not stands:
                     if outside_compiled:
                         self._enclosing.append((module, next(iter(module._modules.values()))))
@@ -165,14 +166,15 @@ class GlobalForwardHooks:
             enter(module, args)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
-            if outside_compiled and is_compiling():
+            compiling = is_compiling()
+            if outside_compiled and compiling:
                 return
-            if self._paused or (not is_compiling() and self._standing and self.stands_in(module)):
+            if self._paused or (not compiling and self._standing and self.stands_in(module)):
                 return
             if self._enclosing and module is self._enclosing[-1][0]:
                 self._enclosing.pop()
             if module._modules and is_module_wrapper(module):
-                if is_compiling() or not (self._standing and self._standing[-1][0] is module):
+                if compiling or not (self._standing and self._standing[-1][0] is module):
                     return
                 module = self._standing.pop()[1]
             if not forward_raised(kwargs_and_output):

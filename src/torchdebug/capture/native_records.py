@@ -391,6 +391,11 @@ class NativeStepCapture:
     def _set_context(self, context: int) -> None:
         if is_compiling():  # a module hook Dynamo traces: compiled code runs in the context of its call
             return
+        self._set_module(context)
+
+    def _set_module(self, context: int) -> None:
+        """The module context of the rows from now on (``_set_context`` without the question, for
+        callers that asked it)."""
         self._context = context
         self.observer.set_module(context)
 
@@ -402,7 +407,7 @@ class NativeStepCapture:
         if not is_compiling():
             if self.model is None and self.tracker.depth == 1 and id(module) not in self._adopted:
                 self._adopt(module)
-            self._set_context(self._intern(name))
+            self._set_module(self._intern(name))
 
     def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
         """The tracker left ``module``: the context is the enclosing module's."""
@@ -416,7 +421,7 @@ class NativeStepCapture:
         if is_compiling():  # as enter
             return
         current = self.tracker.current()
-        self._set_context(_OUTSIDE if current == NO_MODULE else self._intern(current))
+        self._set_module(_OUTSIDE if current == NO_MODULE else self._intern(current))
 
     def _optimizer_enter(self, optimizer: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         if self.observer.accumulating():  # a step in a gradient's accumulation (the optimizer in the backward): its ops

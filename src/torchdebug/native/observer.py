@@ -322,8 +322,6 @@ class NativeObserver:
         self._subclass_hook: Callable[[torch.Tensor], int] | None = None
         library.td_observer_start.argtypes = [ctypes.c_int]
         library.td_observer_start.restype = ctypes.c_int
-        library.td_observer_set_module.argtypes = [ctypes.c_int64]
-        library.td_observer_set_module.restype = None
         library.td_observer_op_name.argtypes = [ctypes.c_int]
         library.td_observer_op_name.restype = ctypes.c_char_p
         library.td_observer_counts.argtypes = [ctypes.c_void_p]
@@ -407,7 +405,9 @@ class NativeObserver:
         library.td_observer_overflow_found.restype = None
         library.td_observer_use_frames.argtypes = [ctypes.c_void_p]
         library.td_observer_use_frames.restype = None
-        self.set_module = library.td_observer_set_module
+        self.set_module = ctypes.PyDLL(library._name).td_observer_set_module  # (the GIL kept: a store)
+        self.set_module.argtypes = [ctypes.c_int64]
+        self.set_module.restype = None
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
         """``c10::ScalarType`` code → ``torch.dtype``."""

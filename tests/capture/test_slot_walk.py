@@ -15,7 +15,7 @@ import torch
 
 from torchdebug.capture.eager import op_info
 from torchdebug.capture.native_records import NativeStepCapture, OpSlotNames, op_overload
-from torchdebug.capture.native_values import CHANGED, RECOMPUTED, SlotWalk, WalkedSlots, load_slot_walk
+from torchdebug.capture.native_values import CHANGED, RECOMPUTED, SlotWalk, WalkedSlots, distinct, load_slot_walk
 from torchdebug.native import build
 from torchdebug.native.observer import GRAD_ON, NativeObserver, ObservedOps, load_observer
 from torchdebug.records import UNINITIALISED, Record
@@ -108,6 +108,12 @@ def test_the_walks_address_map_answers_as_a_standard_hash_map_over_colliding_ins
     library.td_walk_check_address_map.restype = ctypes.c_int64
     library.td_walk_check_address_map.argtypes = [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64]
     assert library.td_walk_check_address_map(300_000, seed, keys) == 0
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 1000])
+def test_distinct_is_np_uniques_answer(size: int) -> None:
+    values = np.random.default_rng(size).integers(-5, 20, size=(size, 2))
+    assert np.array_equal(distinct(values), np.unique(values)) and distinct(values).dtype == values.dtype
 
 
 def test_an_address_reused_over_other_memory_is_another_tensor() -> None:

@@ -51,6 +51,7 @@ from torchdebug.capture.native_values import (
     RowCalls,
     SlotWalk,
     WalkedSlots,
+    distinct,
     load_slot_walk,
 )
 from torchdebug.capture.stacks import describe_stack, is_user_file
@@ -814,7 +815,7 @@ class NativeStepCapture:
         _without_statistics(walked, failed, STATS_NOT_TAKEN_CODE)
         _without_statistics(walked, unreduced, NO_STATISTICS_CODE)
         refs = walked.stats
-        read = np.unique(-2 - refs[refs <= -2]).tolist() if statistics else []  # the entries slots take statistics from
+        read = distinct(-2 - refs[refs <= -2]).tolist() if statistics else []  # the entries slots take statistics from
         waiting = any(not taken[entry] for entry in read) or any(landed[at] is None for _, landed, at in arriving)
         if (waiting or tensors is not None) and deliver is not None:
             deliver()  # an accelerator's tensors: their values arrive with one host read

@@ -405,9 +405,10 @@ class NativeObserver:
         library.td_observer_overflow_found.restype = None
         library.td_observer_use_frames.argtypes = [ctypes.c_void_p]
         library.td_observer_use_frames.restype = None
-        self.set_module = ctypes.PyDLL(library._name).td_observer_set_module  # (the GIL kept: a store)
-        self.set_module.argtypes = [ctypes.c_int64]
-        self.set_module.restype = None
+        set_module = ctypes.PyDLL(library._name).td_observer_set_module  # called holding the GIL: a store, no handoff
+        set_module.argtypes = [ctypes.c_int64]
+        set_module.restype = None
+        self.set_module = set_module
         """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
         self.dtypes = _scalar_types(library)
         """``c10::ScalarType`` code → ``torch.dtype``."""

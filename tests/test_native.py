@@ -166,6 +166,9 @@ def test_library_is_built_once_and_then_loaded_from_the_cache(fresh_build, monke
 
 
 @needs_compiler
+@pytest.mark.skipif(
+    not Path(sysconfig.get_paths()["include"], "Python.h").is_file(), reason="this Python's headers are not installed"
+)
 def test_a_library_read_against_pythons_headers_is_built_per_python_version(fresh_build, monkeypatch):
     """``load_python_library``: built against the running Python's headers (its internal ones too:
     ``py_frames.c`` reads the interpreter's frames) and cached per Python version, whose internal

@@ -5,7 +5,7 @@
  * makes one per frame not yet seen from Python) and no reference is taken. The chain is CPython's
  * own (_PyInterpreterFrame, an internal structure), read through its internal header, so this file
  * is built against the running Python's headers (build.load_python_library) on 3.11 through 3.13
- * (a build with the GIL, as the GIL-free one may free code objects elsewhere); td_frames_supported
+ * (a build with the GIL: the free-threaded one is left out, untried); td_frames_supported
  * says 0 elsewhere, and the observer takes frames through Python's C API there. */
 #define Py_BUILD_CORE 1
 #include <Python.h>

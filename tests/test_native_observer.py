@@ -610,6 +610,7 @@ def _ops_in_many_frames() -> None:
             return True
 
     nested(3)
+    nested(100)  # deeper than the room the walk starts with: taken again with room for all
     list(generator())
     list(map(lambda _: torch.ones(2).div(2), [0]))  # called by C code: the C stack's shim frame left out (3.12 on)
     assert Equal() == Equal()
@@ -624,9 +625,9 @@ def _frames_read_directly() -> bool:
 @pytest.mark.skipif(not _frames_read_directly(), reason="this Python's frames are read through its C API only")
 def test_frames_read_directly_are_the_stacks_pythons_c_api_gives(observer: NativeObserver) -> None:
     """Read from the interpreter's structures without the GIL (py_frames.c) or through
-    ``PyEval_GetFrame`` and ``PyFrame_GetBack``, the frames of ops called from nested calls, a
-    generator, a lambda that C code calls, a slot method and exec'd code make the same stacks: the
-    same ids, the second way interning none."""
+    ``PyEval_GetFrame`` and ``PyFrame_GetBack``, the frames of ops called from nested calls (one
+    stack deeper than the walk's first room), a generator, a lambda that C code calls, a slot method
+    and exec'd code make the same stacks: the same ids, the second way interning none."""
     observer.want_stacks(True)
     drains, counts = [], []
     try:

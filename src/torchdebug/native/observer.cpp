@@ -1621,8 +1621,10 @@ std::pair<int64_t, bool> intern_stack(const std::vector<int64_t>& key) {
 // (the frames hold their code objects until the op returns). -1 where it reads none (a thread with
 // no Python thread state): the caller asks Python's C API.
 int64_t walked_frames(FramesTake take, std::vector<int64_t>& key) {
-  key.resize(std::max<size_t>(key.capacity(), 129));
-  auto room = static_cast<int64_t>(key.size() - 1) / 2;
+  // Room for as many frames as the last stack of this thread had (at least 64): a steady depth grows
+  // nothing, and one deep stack seen once leaves no large buffer to fill at every op.
+  auto room = std::max<int64_t>(key.empty() ? 0 : static_cast<int64_t>(key.size() - 1) / 2, 64);
+  key.resize(1 + 2 * static_cast<size_t>(room));
   auto count = take(key.data() + 1, room);
   if (count > room) {
     key.resize(1 + 2 * static_cast<size_t>(count));

@@ -2,7 +2,7 @@
 (``fused_stats.finish_sums``, made a column by ``store/_slot_columns.py``), holds what
 ``stats_from_sums`` gives one slot at a time, bit for bit, and the element counts it divides by are
 the slots' sizes' products; its ``checksum`` column spells each fingerprint as ``hex_digits`` does,
-by reference."""
+by reference; its ``value`` column is made as the codes a records file stores."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ from torchdebug.checksum import hex_digits
 from torchdebug.native.fused_stats import finish_sums
 from torchdebug.slots import json_value
 from torchdebug.stats._schema import IDENTITY, stats_from_sums
+from torchdebug.store._arrow_buffers import strings
+from torchdebug.store._record_columns import SCHEMA, STATS_TYPE, VALUE_CODES, columns_batch, plain_values, records_batch
+from torchdebug.store._record_file import RecordFile, read_records
 from torchdebug.store._record_json import json_text
-from torchdebug.store._slot_columns import SlotColumns, _complex, _finished, _value_text
+from torchdebug.store._slot_columns import SlotColumns, _complex, _finished, _value_text, _values
 
 SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
     ((-1.5, 2.25, 0.1 + 0.2, 7.0, 0.0, 0.0, 0.0, 1.0), 6),
@@ -124,3 +127,26 @@ def test_a_value_text_is_written_as_capture_writes_the_python_value_floats_read_
     for text in texts:
         assert _value_text(text) == json_text(json_value(json.loads(text, object_hook=_complex))), text
     assert _value_text("3") == "3" and _value_text("1.0") == "1.0" and _value_text("0.10000000000000001") == "0.1"
+
+
+def test_the_value_column_is_made_as_codes_that_a_records_file_keeps_and_a_join_decodes(tmp_path):
+    """The native path's ``value`` column is the drain's distinct texts and an index per slot (no text
+    gathered per slot): the batch says so in its schema, a records file stores it as it is and reads
+    it back as the texts, and ``plain_values`` gives the batch of ``SCHEMA`` that joins Python's records."""
+    ops = SimpleNamespace(value_texts=["1.0000000000000001e-05", "[2,16]", "true"], slot_value=array("q", [9, 1, 0, 9, 2, 1]))
+    slots, values = np.array([1, 2, 3, 4, 5]), np.array([True, True, False, True, True])
+    column = _values(ops, slots, values)
+    assert column.type == VALUE_CODES and column.dictionary.to_pylist() == ["1e-05", "[2,16]", "true"]
+    expected = ["[2,16]", "1e-05", None, "true", "[2,16]"]
+    assert column.to_pylist() == expected
+    batch = columns_batch(len(slots), {"value": column}, pa.nulls(len(slots), STATS_TYPE), {})
+    assert batch.schema.field("value").type == VALUE_CODES
+    path = tmp_path / "records.arrow"
+    records = RecordFile(path)
+    records.append(batch)
+    records.append(columns_batch(2, {"value": strings(["3", None])}, pa.nulls(2, STATS_TYPE), {}))  # Python's: encoded to write
+    records.close()
+    table, _ = read_records(path)
+    assert table.column("value").to_pylist() == [*expected, "3", None]
+    joined = pa.Table.from_batches([plain_values(batch), records_batch([])])
+    assert joined.schema == SCHEMA and joined.column("value").to_pylist() == expected

@@ -28,7 +28,7 @@ from torchdebug.native.observer import MODULE_ROW_SLOTS, NativeObserver
 from torchdebug.records import MODULE_OP, Record, make_name
 from torchdebug.slots import Slot, json_value
 from torchdebug.store import SCHEMA as _SCHEMA
-from torchdebug.store import arrow_array, arrow_column, records_batch
+from torchdebug.store import arrow_array, arrow_column, plain_values, records_batch
 
 __all__ = ["NativeModuleRecorder"]
 
@@ -168,5 +168,5 @@ class NativeModuleRecorder(ModuleRecorder):
             return source if np.array_equal(rows, np.arange(len(rows))) else source.take(arrow_array(rows))
         for record in self._values:
             record.seq = int(seqs[record.seq])
-        table = pa.Table.from_batches([source, records_batch(self._values)])
+        table = pa.Table.from_batches([plain_values(source), records_batch(self._values)])
         return table.take(arrow_array(rows)).combine_chunks().to_batches()[0]

@@ -21,7 +21,7 @@ from torchdebug.store._live import register as register_live
 from torchdebug.store._msprobe import MsprobeRankDump, is_msprobe_dump
 from torchdebug.store._msprobe import load as load_msprobe
 from torchdebug.store._reader import RankDump, RankRecords, Run, is_dump, load, write_fault_note
-from torchdebug.store._record_columns import SCHEMA, records_batch, records_from_table
+from torchdebug.store._record_columns import SCHEMA, plain_values, records_batch, records_from_table
 from torchdebug.store._record_json import encode_records
 from torchdebug.store._shared_keys import shared_keys_dict
 from torchdebug.store._slot_columns import FixedColumns, SavedTensors, SlotColumns, SlotOverrides, extra_text, unread_text
@@ -68,6 +68,7 @@ __all__ = [
     "load_msprobe",
     "new_run_name",
     "pandas",
+    "plain_values",
     "rank_dir_name",
     "records_batch",
     "records_frame",

@@ -57,6 +57,7 @@ STORED_SCHEMA = pa.schema(
 )
 """:data:`SCHEMA` as a records file holds it: its repeating string columns dictionary-encoded."""
 _ENCODED = [SCHEMA.names.index(field.name) for field in STORED_SCHEMA if pa.types.is_dictionary(field.type)]
+_VALUE_AT = SCHEMA.get_field_index("value")
 BATCH_ROWS = 8192
 """The most records one message holds. A reader decodes a few messages at a time
 (``_reader._GROUP``): a step the native path or a graph dump hands over as one batch (a 256-layer
@@ -86,7 +87,8 @@ class RecordFile:
     def _stored(
         self, batch: pa.RecordBatch, offset: int, encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]]
     ) -> pa.RecordBatch:
-        """``batch`` in :data:`STORED_SCHEMA`. A column made of the same memory as the one encoded
+        """``batch`` in :data:`STORED_SCHEMA`. A column encoded already goes as it is (the native
+        path's ``value``: ``VALUE_CODES``); a column made of the same memory as the one encoded
         at its place in the last batch (a steady step's names, which the native path makes once:
         ``FixedColumns``), or of nulls where that one was nulls of its length, takes that encoding
         again; ``encoded`` gets this batch's, held until the next batch so that their memory is not
@@ -94,6 +96,8 @@ class RecordFile:
         columns = batch.columns
         for index in _ENCODED:
             column, key = columns[index], (index, offset)
+            if index == _VALUE_AT and pa.types.is_dictionary(column.type):
+                continue
             last = self._encoded.get(key)
             nulls = column.null_count == len(column)  # mostly none (node, extra, json_fields): no hashing
             if last is not None and (_same_memory(column, last[0]) or (nulls and _nulls_of(last[0], len(column)))):

@@ -265,12 +265,13 @@ def _kinds() -> pa.Array:
     return strings(["tensor", "value"])
 
 
-def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
-    """The ``value`` column: each value slot's JSON text as eager capture writes it, none elsewhere
-    (each distinct text converted once: the drain's texts are distinct)."""
+def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.DictionaryArray:
+    """The ``value`` column: each value slot's JSON text as eager capture writes it, none elsewhere,
+    as the dictionary a records file stores (:data:`~torchdebug.store._record_columns.VALUE_CODES`):
+    the drain's distinct texts, each converted once, and each slot's index among them, no gather."""
     written = strings([_value_text(value) for value in ops.value_texts])
-    at = np.where(values, np.asarray(ops.slot_value, np.int64)[slots], -1)
-    return written.take(array(at, missing=~values))
+    at = np.where(values, np.asarray(ops.slot_value, np.int64)[slots], 0)
+    return pa.DictionaryArray.from_arrays(array(at, pa.int32(), ~values), written)
 
 
 @functools.lru_cache(maxsize=1 << 16)

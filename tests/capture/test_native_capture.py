@@ -258,9 +258,15 @@ class _ValueArguments(nn.Module):
         y = nn.functional.gelu(y, approximate="tanh").to(torch.float64).float()  # a keyword-only string; a dtype
         z = torch.add(y, y, alpha=2).mul(0.1).mul(2)  # a keyword-only number; numbers wrapped as tensors
         z = z.clamp(min=None, max=1.0) + torch.full((1,), 1.5)  # None before a passed argument; a factory's device
+        for k in range(2 * _SCALES):  # more distinct floats than the observer keeps texts of, each twice (its cache's evictions)
+            z = z.mul(1 + (k % _SCALES) / 1e6)
         scale = z.mean().item()  # a number as the result
         rotated = torch.ones(2, dtype=torch.complex64).mul(1j)  # a complex number
         return (z * scale).sum() + torch.view_as_real(rotated).sum() + torch.cat([z, z], dim=-1).sum()
+
+
+_SCALES = 97
+"""Distinct floats ``_ValueArguments`` multiplies by: more than ``observer.cpp`` keeps the texts of."""
 
 
 def _value_arguments() -> tuple[nn.Module, Callable[[], None]]:
@@ -296,6 +302,7 @@ def test_non_tensor_arguments_and_results_are_the_same_values_on_both_paths(tmp_
         assert values[("aten.gelu.default", "approximate")] == ["tanh"] and values[("aten.add.Tensor", "alpha")] == [2]
         assert values[("aten.clamp.default", "1")] == [None] and values[("aten.full.default", "device")] == ["cpu"]
         assert {0.1, 2, "1j"} <= set(values[("aten.mul.Tensor", "1")])
+        assert values[("aten.mul.Tensor", "1")][2 : 2 + 2 * _SCALES] == [1 + (k % _SCALES) / 1e6 for k in range(2 * _SCALES)]
         assert [type(number) for number in values[("aten._local_scalar_dense.default", "0")]] == [float]  # .item()
 
 

@@ -243,6 +243,16 @@ void json_string(std::string& out, std::string_view text) {
   out += '"';
 }
 
+// The texts of the finite doubles written last on this thread, by their bits (direct-mapped): an
+// optimizer's step writes a few dozen values (its rates, betas, epsilon, this step's sizes) a
+// thousand times, and formatting one costs several hundred instructions.
+struct DoubleText {
+  uint64_t bits = 0;
+  uint8_t size = 0;  // 0: empty
+  char text[31];
+};
+thread_local std::array<DoubleText, 64> double_texts;
+
 // A double as JSON that Python reads back as the same float (never as an int).
 void json_double(std::string& out, double value) {
   if (std::isnan(value)) {
@@ -250,14 +260,21 @@ void json_double(std::string& out, double value) {
   } else if (std::isinf(value)) {
     out += value > 0 ? "Infinity" : "-Infinity";
   } else {
-    char text[32];
+    uint64_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    auto& known = double_texts[(bits * 0x9E3779B97F4A7C15ULL) >> 58];
+    if (known.size == 0 || known.bits != bits) {
+      char* text = known.text;
 #if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
-    auto* end = std::to_chars(text, text + sizeof(text), value).ptr;  // the shortest text that reads back as it
+      auto* end = std::to_chars(text, text + 28, value).ptr;  // the shortest text that reads back as it (at most 24)
 #else  // a library without floating-point to_chars (before GCC 11): 17 digits read back as well, slower
-    auto* end = text + std::snprintf(text, sizeof(text), "%.17g", value);
+      auto* end = text + std::snprintf(text, 28, "%.17g", value);
 #endif
-    out.append(text, end);
-    if (std::find_first_of(text, end, ".e", ".e" + 2) == end) out += ".0";
+      if (std::find_first_of(text, end, ".e", ".e" + 2) == end) end = std::copy_n(".0", 2, end);
+      known.bits = bits;
+      known.size = static_cast<uint8_t>(end - text);
+    }
+    out.append(known.text, known.size);
   }
 }
 

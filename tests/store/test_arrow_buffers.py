@@ -12,7 +12,9 @@ import pyarrow as pa
 import pytest
 
 from tests.store.test_store import _STATS, _record, _writer
-from torchdebug.store._arrow_buffers import array, column, int_lists, numbers, strings, text, valid
+from torchdebug.store import _layout as layout
+from torchdebug.store._arrow_buffers import array, column, flags, int_lists, numbers, strings, text, valid
+from torchdebug.store._writer import RankWriter, create_run_dir
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +83,13 @@ def test_a_value_a_column_cannot_hold_exactly_raises(kind, value, error):
         column([None, value], kind)
 
 
+def test_a_boolean_column_reads_as_its_values_false_where_empty_chunks_and_offsets_included():
+    column = pa.chunked_array([pa.array([True, None, False, True, True]).slice(1), pa.array([None, True])])
+    assert flags(column).tolist() == [False, False, True, True, False, True]
+    assert flags(pa.array([True] * 9 + [False]).slice(8)).tolist() == [True, False]  # from a bit within a byte
+    assert flags(pa.chunked_array([], pa.bool_())).tolist() == []
+
+
 def test_a_numpy_array_becomes_the_array_pyarrow_makes_with_its_empty_slots():
     values, missing = np.array([5, -1, 7, -1], np.int64), np.array([False, True, False, True])
     assert array(values, missing=missing).equals(pa.array(values, mask=missing))
@@ -89,6 +98,8 @@ def test_a_numpy_array_becomes_the_array_pyarrow_makes_with_its_empty_slots():
 
 
 def test_reading_and_comparing_a_dump_does_not_import_pandas(tmp_path):
+    """Two dumps compared, and the ranks of one dump compared with each other (its replicated slots
+    digested and the differing ones read), in a process that has no pandas loaded."""
     pytest.importorskip("pandas")  # without it installed there is nothing to import
     for side in ("a", "b"):
         writer = _writer(tmp_path / side)
@@ -96,12 +107,21 @@ def test_reading_and_comparing_a_dump_does_not_import_pandas(tmp_path):
         integral.dtype = "int64"  # read back through the ints of min and max
         writer.submit(0, [_record(0, stats=dict(_STATS)), integral, _record(2)], None, [])
         writer.close()
+    run = create_run_dir(tmp_path / "ranks", "run")
+    for rank, value in enumerate((1.0, 2.0)):  # an all-reduce's output, which every rank must hold alike
+        writer = RankWriter(run / layout.rank_dir_name(2, rank), {"rank": rank, "world_size": 2, "config": {}})
+        reduced = _record(0, stats={**_STATS, "max": value}, checksum=f"{int(value):016x}")
+        reduced.op, reduced.name, reduced.rank = "c10d.allreduce_.default", "forward/-/c10d.allreduce_.default#0/output.0", rank
+        writer.submit(0, [reduced], None, [])
+        writer.close()
     script = textwrap.dedent(
         f"""
         import sys
         import torchdebug
         result = torchdebug.compare({str(tmp_path / "a")!r}, {str(tmp_path / "b")!r})
         assert len(result.rows) == 3, result.rows
+        ranks = torchdebug.compare({str(tmp_path / "ranks")!r})
+        assert ranks.first_divergence is not None, ranks
         print(sorted(name for name in sys.modules if name.split(".")[0] == "pandas"))
         """
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -42,7 +43,7 @@ from torchdebug.compare._tolerances import Tolerance, lower_precision
 from torchdebug.errors import ConfigError
 from torchdebug.options import accepts
 from torchdebug.records import Record
-from torchdebug.store import Run, records_from_table
+from torchdebug.store import Run, arrow_array, arrow_flags, records_from_table
 
 __all__ = [
     "compare_ranks",
@@ -167,10 +168,10 @@ def _records(run: Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[int, Sl
 def _wanted(table: pa.Table, keys: set[SlotKey]) -> list[Record]:
     """The records of a stored table's rows holding one of ``keys`` (and those with ``json_fields``,
     which may hold their step)."""
-    odd = pc.is_valid(table.column("json_fields")).to_numpy(zero_copy_only=False)
+    odd = arrow_flags(pc.is_valid(table.column("json_fields")))
     steps, names = table.column("step").to_pylist(), table.column("name").to_pylist()
     rows = [row for row, key in enumerate(zip(steps, names)) if key in keys or odd[row]]
-    return records_from_table(table.take(pa.array(rows, pa.int64()))) if rows else []
+    return records_from_table(table.take(arrow_array(np.array(rows, np.int64)))) if rows else []
 
 
 def _metrics(run: Run, row: Row, holder: int, reference: int, tensors: bool, tolerance: Tolerance) -> dict[str, float]:

@@ -78,8 +78,7 @@ def compare(a: str | Path | Run, b: str | Path | Run | None = None, *, config: C
         )
     if group or config.workers > 1:
         # imported here: the spread run's modules (torch.distributed, the cross-rank digests) are
-        # not an in-process compare's, and one of them builds an Arrow array when imported, which
-        # imports pandas through pyarrow's shim (0.4 s, 50 MB; ``torchdebug.store._arrow_buffers``)
+        # not an in-process compare's
         from torchdebug.compare import _distributed as distributed
 
         return distributed.compare_in_group(a, b, config) if group else distributed.spawn_compare(a, b, config)
@@ -96,8 +95,7 @@ def compare(a: str | Path | Run, b: str | Path | Run | None = None, *, config: C
 def _ranks(dump: str | Path | Run, config: CompareConfig, group: bool) -> RanksResult | None:
     """The ranks of one dump compared with each other: in this process (its ``workers`` spawned
     to digest the ranks) or on the processes of the default group."""
-    # imported here, as the spread run's modules: the cross-rank digests build an Arrow array when
-    # imported, which imports pandas (a comparison of two dumps never needs them)
+    # imported here, as the spread run's modules (a comparison of two dumps never needs them)
     from torchdebug.compare._across_ranks import ranks_config, ranks_in_process
 
     options = ranks_config(config)

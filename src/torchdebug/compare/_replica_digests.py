@@ -40,7 +40,17 @@ from torchdebug.compare._shards import sharded
 from torchdebug.compare._steps import has_tensor, metric_pool, open_dump
 from torchdebug.compare._value_digests import DIGEST_BYTES, column_digests, value_digest
 from torchdebug.records import Record
-from torchdebug.store import MsprobeRankDump, RankDump, RankRecords, Run, records_from_table
+from torchdebug.store import (
+    MsprobeRankDump,
+    RankDump,
+    RankRecords,
+    Run,
+    arrow_array,
+    arrow_flags,
+    arrow_strings,
+    arrow_text,
+    records_from_table,
+)
 
 __all__ = [
     "SAME_ON_EVERY_RANK",
@@ -66,7 +76,7 @@ SAME_ON_EVERY_RANK = frozenset(
 )
 """Collectives whose outputs hold the same values on every rank of the group."""
 
-_SAME = pa.array(sorted(SAME_ON_EVERY_RANK), pa.string())
+_SAME = arrow_strings(sorted(SAME_ON_EVERY_RANK))
 
 Slot = tuple[int, str, int, str]
 """``(step, name, seq, digest)`` of one replicated slot of a rank."""
@@ -82,11 +92,14 @@ def replicated(record: Record) -> bool:
 def _replicated_rows(table: pa.Table) -> np.ndarray:
     """:func:`replicated` on whole columns (a boolean per row), for rows without ``extra`` (where a
     DTensor's placements are) or ``json_fields`` (which override the columns)."""
-    column = table.column
-    tensor = pc.and_kleene(pc.equal(column("kind"), "tensor"), pc.is_null(column("capture_error")))
-    output = pc.and_kleene(pc.equal(column("io"), "output"), pc.is_in(column("op"), value_set=_SAME))
-    where = pc.or_kleene(pc.or_kleene(pc.equal(column("phase"), "optimizer"), pc.equal(column("io"), "parameter")), output)
-    return pc.and_kleene(tensor, where).fill_null(False).to_numpy(zero_copy_only=False)
+
+    def holds(name: str, value: str) -> pa.ChunkedArray:  # (a scalar made by pyarrow from a str imports pandas)
+        return pc.equal(table.column(name), arrow_text(value))
+
+    tensor = pc.and_kleene(holds("kind", "tensor"), pc.is_null(table.column("capture_error")))
+    output = pc.and_kleene(holds("io", "output"), pc.is_in(table.column("op"), value_set=_SAME))
+    where = pc.or_kleene(pc.or_kleene(holds("phase", "optimizer"), holds("io", "parameter")), output)
+    return arrow_flags(pc.and_kleene(tensor, where))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,21 +152,20 @@ def _table_digests(dump: RankRecords, table: pa.Table, tensors: bool, pool: Exec
     """The replicated slots of one of a rank's stored tables, numbered by row: rows the columns hold
     whole are chosen and digested column by column; the others, and those whose saved tensor is
     hashed, as records."""
-    whole = pc.and_kleene(pc.is_null(table.column("json_fields")), pc.is_null(table.column("extra")))
-    whole = whole.to_numpy(zero_copy_only=False)
+    whole = arrow_flags(pc.and_kleene(pc.is_null(table.column("json_fields")), pc.is_null(table.column("extra"))))
     chosen = _replicated_rows(table) & whole
     as_records = ~whole
     if tensors:
-        saved = pc.is_valid(table.column("tensor_file")).to_numpy(zero_copy_only=False)
+        saved = arrow_flags(pc.is_valid(table.column("tensor_file")))
         as_records |= chosen & saved
         chosen &= ~saved
     rows = np.flatnonzero(chosen)
-    picked = table.select(["step", "name", "seq", "dtype", "shape", "stats"]).take(rows)
+    picked = table.select(["step", "name", "seq", "dtype", "shape", "stats"]).take(arrow_array(rows))
     steps, names, seqs = (picked.column(name).to_pylist() for name in ("step", "name", "seq"))
     found = list(zip(rows.tolist(), zip(steps, names, seqs, column_digests(picked))))
     others = np.flatnonzero(as_records)
     if len(others):
-        records = zip(others.tolist(), records_from_table(table.take(others)))
+        records = zip(others.tolist(), records_from_table(table.take(arrow_array(others))))
         found = sorted(found + _record_digests(dump, records, tensors, pool))
     return found
 

@@ -30,7 +30,7 @@ import torch
 from torchdebug.compare._steps import has_tensor
 from torchdebug.records import STAT_KEYS, Record
 from torchdebug.stats import VALUE_KEYS
-from torchdebug.store import RankRecords
+from torchdebug.store import RankRecords, arrow_flags, arrow_numbers, arrow_text
 
 __all__ = ["DIGEST_BYTES", "value_digest", "column_digests"]
 
@@ -88,7 +88,7 @@ def value_digest(dump: RankRecords, record: Record, tensors: bool) -> str:
 
 def _mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A boolean column as 0 and 1 (int64)."""
-    return pc.cast(array, pa.int64()).to_numpy()
+    return arrow_flags(array).astype(np.int64)
 
 
 def _column_stats_bytes(stats: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -96,7 +96,7 @@ def _column_stats_bytes(stats: pa.ChunkedArray | pa.Array) -> np.ndarray:
     words = np.zeros((len(stats), _WIDTH + 1), "<i8")
     for i, count in enumerate(_COUNTS):
         child = pc.struct_field(stats, [i])
-        values = child.fill_null(0).to_numpy()
+        values = arrow_numbers(child)
         if not count:
             values = np.where(np.isnan(values), np.nan, values).view("<i8")
         words[:, i] = values
@@ -116,7 +116,7 @@ def column_digests(table: pa.Table) -> list[str]:
     if not table.num_rows:
         return []
     dtypes = table.column("dtype").to_pylist()
-    shapes = pc.binary_join(table.column("shape").cast(pa.list_(pa.string())), ",").to_pylist()
+    shapes = pc.binary_join(table.column("shape").cast(pa.list_(pa.string())), arrow_text(",")).to_pylist()
     stats = memoryview(_column_stats_bytes(table.column("stats")).tobytes())
     size = (_WIDTH + 1) * 8
     started: dict[tuple[str | None, str | None], Any] = {}  # a hasher fed with each dtype and shape, copied per row

@@ -13,6 +13,8 @@ doors the capture, compare, monitor and command line go through (docs/api.md lis
 
 from torchdebug.store._arrow_buffers import array as arrow_array
 from torchdebug.store._arrow_buffers import column as arrow_column
+from torchdebug.store._arrow_buffers import flags as arrow_flags
+from torchdebug.store._arrow_buffers import numbers as arrow_numbers
 from torchdebug.store._arrow_buffers import strings as arrow_strings
 from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._faults import WriteFault
@@ -55,6 +57,8 @@ __all__ = [
     "WriteFault",
     "arrow_array",
     "arrow_column",
+    "arrow_flags",
+    "arrow_numbers",
     "arrow_strings",
     "arrow_text",
     "check_writable",

@@ -13,7 +13,7 @@ import pytest
 
 from tests.store.test_store import _STATS, _record, _writer
 from torchdebug.store import _layout as layout
-from torchdebug.store._arrow_buffers import array, column, flags, int_lists, numbers, strings, text, valid
+from torchdebug.store._arrow_buffers import array, booleans, column, int_lists, numbers, strings, text, valid
 from torchdebug.store._writer import RankWriter, create_run_dir
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -85,9 +85,9 @@ def test_a_value_a_column_cannot_hold_exactly_raises(kind, value, error):
 
 def test_a_boolean_column_reads_as_its_values_false_where_empty_chunks_and_offsets_included():
     column = pa.chunked_array([pa.array([True, None, False, True, True]).slice(1), pa.array([None, True])])
-    assert flags(column).tolist() == [False, False, True, True, False, True]
-    assert flags(pa.array([True] * 9 + [False]).slice(8)).tolist() == [True, False]  # from a bit within a byte
-    assert flags(pa.chunked_array([], pa.bool_())).tolist() == []
+    assert booleans(column).tolist() == [False, False, True, True, False, True]
+    assert booleans(pa.array([True] * 9 + [False]).slice(8)).tolist() == [True, False]  # from a bit within a byte
+    assert booleans(pa.chunked_array([], pa.bool_())).tolist() == []
 
 
 def test_a_numpy_array_becomes_the_array_pyarrow_makes_with_its_empty_slots():

@@ -43,7 +43,7 @@ from torchdebug.compare._tolerances import Tolerance, lower_precision
 from torchdebug.errors import ConfigError
 from torchdebug.options import accepts
 from torchdebug.records import Record
-from torchdebug.store import Run, arrow_array, arrow_flags, records_from_table
+from torchdebug.store import Run, arrow_array, arrow_booleans, records_from_table
 
 __all__ = [
     "compare_ranks",
@@ -168,7 +168,7 @@ def _records(run: Run, wanted: Mapping[int, set[SlotKey]]) -> dict[tuple[int, Sl
 def _wanted(table: pa.Table, keys: set[SlotKey]) -> list[Record]:
     """The records of a stored table's rows holding one of ``keys`` (and those with ``json_fields``,
     which may hold their step)."""
-    odd = arrow_flags(pc.is_valid(table.column("json_fields")))
+    odd = arrow_booleans(pc.is_valid(table.column("json_fields")))
     steps, names = table.column("step").to_pylist(), table.column("name").to_pylist()
     rows = [row for row, key in enumerate(zip(steps, names)) if key in keys or odd[row]]
     return records_from_table(table.take(arrow_array(np.array(rows, np.int64)))) if rows else []

@@ -46,7 +46,7 @@ from torchdebug.store import (
     RankRecords,
     Run,
     arrow_array,
-    arrow_flags,
+    arrow_booleans,
     arrow_strings,
     arrow_text,
     records_from_table,
@@ -99,7 +99,7 @@ def _replicated_rows(table: pa.Table) -> np.ndarray:
     tensor = pc.and_kleene(holds("kind", "tensor"), pc.is_null(table.column("capture_error")))
     output = pc.and_kleene(holds("io", "output"), pc.is_in(table.column("op"), value_set=_SAME))
     where = pc.or_kleene(pc.or_kleene(holds("phase", "optimizer"), holds("io", "parameter")), output)
-    return arrow_flags(pc.and_kleene(tensor, where))
+    return arrow_booleans(pc.and_kleene(tensor, where))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +152,11 @@ def _table_digests(dump: RankRecords, table: pa.Table, tensors: bool, pool: Exec
     """The replicated slots of one of a rank's stored tables, numbered by row: rows the columns hold
     whole are chosen and digested column by column; the others, and those whose saved tensor is
     hashed, as records."""
-    whole = arrow_flags(pc.and_kleene(pc.is_null(table.column("json_fields")), pc.is_null(table.column("extra"))))
+    whole = arrow_booleans(pc.and_kleene(pc.is_null(table.column("json_fields")), pc.is_null(table.column("extra"))))
     chosen = _replicated_rows(table) & whole
     as_records = ~whole
     if tensors:
-        saved = arrow_flags(pc.is_valid(table.column("tensor_file")))
+        saved = arrow_booleans(pc.is_valid(table.column("tensor_file")))
         as_records |= chosen & saved
         chosen &= ~saved
     rows = np.flatnonzero(chosen)

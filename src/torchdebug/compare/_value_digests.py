@@ -30,7 +30,7 @@ import torch
 from torchdebug.compare._steps import has_tensor
 from torchdebug.records import STAT_KEYS, Record
 from torchdebug.stats import VALUE_KEYS
-from torchdebug.store import RankRecords, arrow_flags, arrow_numbers, arrow_text
+from torchdebug.store import RankRecords, arrow_booleans, arrow_numbers, arrow_text
 
 __all__ = ["DIGEST_BYTES", "value_digest", "column_digests"]
 
@@ -88,7 +88,7 @@ def value_digest(dump: RankRecords, record: Record, tensors: bool) -> str:
 
 def _mask(array: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A boolean column as 0 and 1 (int64)."""
-    return arrow_flags(array).astype(np.int64)
+    return arrow_booleans(array).astype(np.int64)
 
 
 def _column_stats_bytes(stats: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -12,8 +12,8 @@ doors the capture, compare, monitor and command line go through (docs/api.md lis
 """
 
 from torchdebug.store._arrow_buffers import array as arrow_array
+from torchdebug.store._arrow_buffers import booleans as arrow_booleans
 from torchdebug.store._arrow_buffers import column as arrow_column
-from torchdebug.store._arrow_buffers import flags as arrow_flags
 from torchdebug.store._arrow_buffers import numbers as arrow_numbers
 from torchdebug.store._arrow_buffers import strings as arrow_strings
 from torchdebug.store._arrow_buffers import text as arrow_text
@@ -56,8 +56,8 @@ __all__ = [
     "TensorBatch",
     "WriteFault",
     "arrow_array",
+    "arrow_booleans",
     "arrow_column",
-    "arrow_flags",
     "arrow_numbers",
     "arrow_strings",
     "arrow_text",

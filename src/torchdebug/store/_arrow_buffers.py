@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["EXACT_IN_FLOAT", "array", "bitmap", "column", "flags", "int_lists", "numbers", "strings", "text", "valid"]
+__all__ = ["EXACT_IN_FLOAT", "array", "bitmap", "booleans", "column", "int_lists", "numbers", "strings", "text", "valid"]
 
 _NUMPY = {
     pa.int8(): np.int8,
@@ -51,7 +51,7 @@ def valid(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(parts) if parts else np.ones(0, bool)
 
 
-def flags(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+def booleans(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The values of a boolean column (its chunks joined), false where it has none (a compute
     function's mask: ``to_numpy`` of a chunked one imports pandas, through pyarrow's shim)."""
     parts = [_bits(chunk.buffers()[1], chunk.offset, len(chunk)) & valid(chunk) for chunk in _chunks(array)]

@@ -1705,7 +1705,12 @@ int64_t staged_count = 0;  // kept tensors staged so far (observer_stage_kept): 
 // no version). td_observer_staged_facts copies them out; with recorder.mutex.
 constexpr size_t kFactsWidth = 5;
 std::vector<int64_t> staged_facts;
+// The module context of the rows recorded from now on. Python stores into it at each module call
+// (NativeObserver.set_module: ctypes writes the 8 bytes at td_observer_module_context), a tenth of a
+// foreign call's cost; an aligned 8-byte store is what a relaxed store of this lock-free atomic is.
 std::atomic<int64_t> module_context{-1};
+static_assert(std::atomic<int64_t>::is_always_lock_free && sizeof(std::atomic<int64_t>) == sizeof(int64_t) &&
+              alignof(std::atomic<int64_t>) == alignof(int64_t));
 
 // ---- collectives: outputs read once their Work completes ------------------------------------------
 // A c10d op (dist.all_reduce's c10d::allreduce_) only starts its collective: its outputs hold other
@@ -1815,7 +1820,7 @@ void end_collective(int64_t at_row, std::pair<bool, c10::IValue>&& call, const s
   collectives_pending.store(true, std::memory_order_relaxed);
 }
 
-// Gradient accumulations: the context (td_observer_set_module's numbering) of each parameter the
+// Gradient accumulations: the context (NativeObserver.set_module's numbering) of each parameter the
 // capture names, by its TensorImpl (td_observer_parameters: at the start, and as a capture with no
 // model meets its top-level modules). The
 // engine's evaluation of a parameter's AccumulateGrad node (its gradient hooks, the accumulation,
@@ -3378,7 +3383,8 @@ void td_fallback_stop() {
 // mode does not see either (Dynamo takes the modes off while it compiles).
 void td_observer_compiling(int starts) { state.compiling = starts ? state.compiling + 1 : std::max(state.compiling - 1, 0); }
 
-void td_observer_set_module(int64_t context) { module_context.store(context, std::memory_order_relaxed); }
+// Where the module context is kept, for Python to store into (module_context).
+std::atomic<int64_t>* td_observer_module_context() { return &module_context; }
 
 // The parameters whose gradient accumulations are named (see parameter_context): `count` TensorImpl
 // addresses and their contexts, in place of those set before.

@@ -405,11 +405,12 @@ class NativeObserver:
         library.td_observer_overflow_found.restype = None
         library.td_observer_use_frames.argtypes = [ctypes.c_void_p]
         library.td_observer_use_frames.restype = None
-        set_module = ctypes.PyDLL(library._name).td_observer_set_module  # called holding the GIL: a store, no handoff
-        set_module.argtypes = [ctypes.c_int64]
-        set_module.restype = None
-        self.set_module = set_module
-        """``set_module(context)``: the module context of the rows recorded from now on (an int)."""
+        library.td_observer_module_context.restype = ctypes.c_void_p
+        context = ctypes.c_int64.from_address(library.td_observer_module_context())
+        self.set_module: Callable[[int], None] = functools.partial(setattr, context, "value")
+        """``set_module(context)``: the module context of the rows recorded from now on (an int). A
+        store into the observer's memory, no foreign call (a module call sets it twice: 0.06 µs each,
+        0.4 µs through ctypes' call)."""
         self.dtypes = _scalar_types(library)
         """``c10::ScalarType`` code → ``torch.dtype``."""
         self._names: list[str] = []

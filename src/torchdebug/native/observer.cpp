@@ -1706,7 +1706,7 @@ int64_t staged_count = 0;  // kept tensors staged so far (observer_stage_kept): 
 constexpr size_t kFactsWidth = 5;
 std::vector<int64_t> staged_facts;
 // The module context of the rows recorded from now on. Python stores into it at each module call
-// (NativeObserver.set_module: ctypes writes the 8 bytes at td_observer_module_context), a tenth of a
+// (NativeObserver.set_module: ctypes writes the 8 bytes at td_observer_module_context), a seventh of a
 // foreign call's cost; an aligned 8-byte store is what a relaxed store of this lock-free atomic is.
 std::atomic<int64_t> module_context{-1};
 static_assert(std::atomic<int64_t>::is_always_lock_free && sizeof(std::atomic<int64_t>) == sizeof(int64_t) &&

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["EXACT_IN_FLOAT", "array", "bitmap", "booleans", "column", "int_lists", "numbers", "strings", "text", "valid"]
+__all__ = ["EXACT_IN_FLOAT", "array", "bitmap", "booleans", "column", "int_lists", "nulls", "numbers", "strings", "text", "valid"]
 
 _NUMPY = {
     pa.int8(): np.int8,
@@ -98,6 +98,24 @@ def array(values: np.ndarray, kind: pa.DataType | None = None, missing: np.ndarr
 def _missing(values: Sequence[Any], nulls: int) -> np.ndarray | None:
     """Which of ``values`` are ``None`` (``nulls`` of them; ``None`` where none is)."""
     return np.array([value is None for value in values], bool) if nulls else None
+
+
+_NULLS: dict[tuple[int, int], tuple[pa.DataType, pa.Array]] = {}
+"""The all-empty columns made for the last length asked for, by that length and their type's
+identity (a struct type's hash takes 6 µs, longer than the column takes to make)."""
+
+
+def nulls(count: int, kind: pa.DataType) -> pa.Array:
+    """``pa.nulls(count, kind)``, made once a length and type in a row: the columns a batch leaves
+    empty (a structure step's statistics, checksums, tensor references) are the same every steady
+    step, and Arrow arrays are immutable. Only the last length's are kept: memory stays one batch's."""
+    key = (count, id(kind))
+    kept = _NULLS.get(key)
+    if kept is None or kept[0] is not kind:
+        if _NULLS and next(iter(_NULLS))[0] != count:
+            _NULLS.clear()
+        kept = _NULLS[key] = (kind, pa.nulls(count, kind))
+    return kept[1]
 
 
 def strings(values: Sequence[str | None]) -> pa.Array:

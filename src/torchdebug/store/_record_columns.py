@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from torchdebug.gc_paused import paused_gc
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.stats import STAT_KEYS, VALUE_KEYS
-from torchdebug.store._arrow_buffers import EXACT_IN_FLOAT, array, numbers, strings, valid
+from torchdebug.store._arrow_buffers import EXACT_IN_FLOAT, array, nulls, numbers, strings, valid
 from torchdebug.store._arrow_buffers import column as arrow_column
 from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text
@@ -98,6 +98,8 @@ VALUE_CODES = pa.dictionary(pa.int32(), _STRING)
 """The ``value`` column as the native path makes it, and a records file stores it: an index per
 record into the step's distinct texts (no text gathered per record, none encoded again to write)."""
 _CODED_SCHEMA = SCHEMA.set(SCHEMA.get_field_index("value"), pa.field("value", VALUE_CODES))
+_SCHEMA_COLUMNS = tuple(zip(SCHEMA.names, SCHEMA.types))
+"""Each column's name and type, in order (``SCHEMA.types`` makes a Python object a type each time asked)."""
 
 _GETTERS = {name: attrgetter(name) for name in _PLAIN}
 """Each plain field's getter: a column is made from its field of every record, with no tuple per
@@ -148,7 +150,7 @@ def columns_batch(
     the statistics column, ``odd`` the fields of rows the columns cannot hold (``json_fields``, as
     :func:`records_batch` keeps them; :func:`stats_array` gives both)."""
     columns = {**columns, "stats": stats, "json_fields": _json_fields(count, odd)}
-    arrays = [columns[name] if name in columns else pa.nulls(count, kind) for name, kind in zip(SCHEMA.names, SCHEMA.types)]
+    arrays = [columns[name] if name in columns else nulls(count, kind) for name, kind in _SCHEMA_COLUMNS]
     coded = "value" in columns and pa.types.is_dictionary(columns["value"].type)
     return pa.RecordBatch.from_arrays(arrays, schema=_CODED_SCHEMA if coded else SCHEMA)
 
@@ -171,7 +173,7 @@ def int_column(value: int, count: int) -> pa.Array:
 def _json_fields(count: int, odd: dict[int, dict[str, Any]]) -> pa.Array:
     """The ``json_fields`` column: each row's fields the typed columns cannot hold, as JSON."""
     if not odd:  # almost always
-        return pa.nulls(count, _STRING)
+        return nulls(count, _STRING)
     json_fields = [None] * count
     for row, fields in odd.items():
         json_fields[row] = json_text(fields)

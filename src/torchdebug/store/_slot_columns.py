@@ -91,7 +91,7 @@ class FixedColumns:
     def value_column(self, ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
         """:func:`_values`, the last drain's column where its value texts and the slots holding them are the same."""
         texts, held, at, column = self._values
-        now = np.asarray(ops.slot_value, np.int64)[slots[values]]
+        now = np.asarray(ops.slot_value, np.int64).take(slots[values])
         if texts != ops.value_texts or not np.array_equal(held, values) or not np.array_equal(at, now):
             column = _values(ops, slots, values)
             self._values = (ops.value_texts, values, now, column)
@@ -179,12 +179,12 @@ class SlotColumns:
         last drain of the same structure (and kept for the next)."""
         count = len(self.slots)
         slots = self.slots
-        rows = np.asarray(ops.slot_row, np.int64)[slots] - ops.first_row
-        flags = np.asarray(ops.slot_flag)[slots]
+        rows = np.asarray(ops.slot_row, np.int64).take(slots) - ops.first_row
+        flags = np.asarray(ops.slot_flag).take(slots)
         unstrided, values = flags != flagged, flags == valued
         undescribed = unstrided & (flags < laid_out)
-        versions = np.asarray(ops.slot_version, np.int64)[slots]
-        devices = np.asarray(ops.slot_device_type, np.int64)[slots] * _INDICES + np.asarray(ops.slot_device_index)[slots] + 1
+        versions = np.asarray(ops.slot_version, np.int64).take(slots)
+        devices = np.asarray(ops.slot_device_type, np.int64).take(slots) * _INDICES + np.asarray(ops.slot_device_index).take(slots) + 1
         drained = (ops.slot_dtype, ops.slot_ndim, ops.shape, ops.stride)
         structure = [slots, rows, flags, devices, self.arg_codes, *map(np.asarray, drained)]
         keeps = fixed is not None and self.overrides is None  # patched slots: made each drain
@@ -210,7 +210,7 @@ class SlotColumns:
         columns = {
             **shared,
             "step": int_column(step, count),
-            "seq": array(np.asarray(seqs, np.int64)[rows]),
+            "seq": array(np.asarray(seqs, np.int64).take(rows)),
             "capture_error": _by_code(self.errors, self.error_codes),
             "value_id": array(self.value_ids, _INT, values),
             "version": array(versions, _INT, versions < 0),

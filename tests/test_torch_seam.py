@@ -20,7 +20,14 @@ from torchdebug._torch import amp, autograd, dispatch, dynamo, frames, inductor,
 from torchdebug._torch.compiling import CompileEvents, frame_callback_setter
 from torchdebug._torch.custom_ops import DispatcherCalls
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised, never_compiled_as_a_frame
-from torchdebug._torch.nn import compiles_a_wrapper, is_compiled_wrapper, module_hooks, parameters_and_hooked, unwrap_compiled
+from torchdebug._torch.nn import (
+    compiles_a_wrapper,
+    is_compiled_wrapper,
+    module_hooks,
+    parameters_and_hooked,
+    unwrap_compiled,
+    walk_modules,
+)
 
 # -- versions -------------------------------------------------------------------------------------
 
@@ -231,21 +238,18 @@ def test_a_dispatch_mode_that_ignores_compile_internals_leaves_compiled_code_com
 _WALKS_BEFORE_DYNAMO = """
 import sys
 from torch import nn
-from torchdebug._torch.nn import compiled_modules
+import torchdebug._torch.nn as seam
 
-class Counted(nn.Sequential):
-    walks = 0
+walks = []
+walk = seam.walk_modules
+seam.walk_modules = lambda root: walks.append(root) or walk(root)
 
-    def named_modules(self, *args, **kwargs):
-        Counted.walks += 1
-        return super().named_modules(*args, **kwargs)
-
-model = Counted(nn.Linear(2, 2))
+model = nn.Sequential(nn.Linear(2, 2))
 assert "torch._dynamo" not in sys.modules
-assert list(compiled_modules(model)) == []
-print(Counted.walks)
+assert list(seam.compiled_modules(model)) == []
+print(len(walks))
 model.compile(backend="eager")
-print([path for path, _ in compiled_modules(model)], Counted.walks)
+print([path for path, _ in seam.compiled_modules(model)], len(walks))
 """
 
 
@@ -255,6 +259,16 @@ def test_compiled_modules_walk_no_module_before_dynamo_is_loaded():
     run = subprocess.run([sys.executable, "-c", _WALKS_BEFORE_DYNAMO], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:2] == ["0", "[''] 1"]
+
+
+def test_a_walk_of_the_modules_is_named_modules_shared_and_missing_children_included():
+    shared = nn.Linear(3, 3)
+    inner = nn.Sequential(shared, nn.LayerNorm(3))
+    inner.add_module("gone", None)
+    model = nn.Sequential(nn.Linear(2, 3), shared, nn.ModuleDict({"b": inner, "a": nn.ReLU()}), inner)
+    walked = walk_modules(model)
+    assert [(path, id(module)) for path, module in walked] == [(path, id(module)) for path, module in model.named_modules()]
+    assert [path for path, _ in walked] == ["", "0", "1", "2", "2.b", "2.b.1", "2.a"]  # (each module at its first path)
 
 
 def test_one_walk_gives_the_models_parameters_in_order_and_the_modules_with_their_own_forward_hooks():

@@ -77,9 +77,30 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     module before it is loaded (nothing can have compiled: a capture asks at every step's stop)."""
     if not _dynamo_loaded():
         return
-    for path, module in root.named_modules():
+    for path, module in walk_modules(root):
         if is_compiled_wrapper(module) or getattr(module, _COMPILED_CALL, None) is not None:
             yield strip_wrappers(path), module
+
+
+def walk_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``list(root.named_modules())``: each module once, parents before children, children in their
+    order, with their paths; read from the modules' ``_modules`` (torch 2.11 through 2.14) without
+    ``named_modules``' generator a level, which passes each module up through every level above it:
+    a capture walks the model at each step's start and stop (the tiny GPT's 46 modules: 50k
+    instructions fewer a walk, callgrind)."""
+    found: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+    pending = [("", root)]
+    while pending:
+        path, module = pending.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        found.append((path, module))
+        if children := module._modules:
+            prefix = f"{path}." if path else ""
+            pending += [(prefix + name, child) for name, child in reversed(children.items()) if child is not None]
+    return found
 
 
 def compiles_a_wrapper(module: nn.Module) -> bool:
@@ -98,7 +119,7 @@ def parameters_and_hooked(root: nn.Module) -> tuple[list[nn.Parameter], list[nn.
     parameters: list[nn.Parameter] = []
     seen: set[int] = set()
     hooked = []
-    for module in root.modules():
+    for _, module in walk_modules(root):
         for parameter in module._parameters.values():  # (torch 2.11 through 2.14)
             if parameter is not None and id(parameter) not in seen:
                 seen.add(id(parameter))
@@ -123,6 +144,7 @@ __all__ = [
     "parameters_and_hooked",
     "strip_wrappers",
     "unwrap_compiled",
+    "walk_modules",
     "wrapped_module",
 ]
 

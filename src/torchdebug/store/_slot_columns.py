@@ -184,7 +184,8 @@ class SlotColumns:
         unstrided, values = flags != flagged, flags == valued
         undescribed = unstrided & (flags < laid_out)
         versions = np.asarray(ops.slot_version, np.int64).take(slots)
-        devices = np.asarray(ops.slot_device_type, np.int64).take(slots) * _INDICES + np.asarray(ops.slot_device_index).take(slots) + 1
+        device_types, device_indices = np.asarray(ops.slot_device_type, np.int64), np.asarray(ops.slot_device_index)
+        devices = device_types.take(slots) * _INDICES + device_indices.take(slots) + 1
         drained = (ops.slot_dtype, ops.slot_ndim, ops.shape, ops.stride)
         structure = [slots, rows, flags, devices, self.arg_codes, *map(np.asarray, drained)]
         keeps = fixed is not None and self.overrides is None  # patched slots: made each drain

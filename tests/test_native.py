@@ -14,6 +14,7 @@ import torch
 
 from torchdebug.checksum import fingerprint
 from torchdebug.native import build, fused_stats
+from torchdebug.native.addresses import data_address
 from torchdebug.stats._schema import COLUMNS, COUNT_KEYS
 from torchdebug.stats._torch_ops import device_sums
 
@@ -78,6 +79,22 @@ def _cases() -> list[tuple[str, torch.Tensor]]:
 
 
 @needs_compiler
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.arange(6, dtype=np.int64),
+        np.zeros((3, 4), np.int8),
+        np.arange(6, dtype=np.int64)[2:],
+        np.arange(6, dtype=np.int64)[::2],  # strided: no contiguous buffer to view
+        np.frombuffer(bytes(16), np.int64),  # read-only
+        np.zeros(0),
+    ],
+    ids=["plain", "2d", "offset", "strided", "read-only", "empty"],
+)
+def test_an_arrays_address_is_the_one_numpy_gives(values):
+    assert data_address(values) == values.ctypes.data
+
+
 def test_kernel_is_built_where_a_compiler_exists():
     assert fused_stats.available()
 

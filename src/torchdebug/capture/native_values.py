@@ -19,6 +19,7 @@ import numpy as np
 
 from torchdebug.capture.eager import OpInfo
 from torchdebug.capture.recompute import RECOMPUTE
+from torchdebug.native.addresses import data_address
 from torchdebug.native.build import load_torch_library
 from torchdebug.native.observer import ObservedOps
 from torchdebug.records import UNINITIALISED
@@ -239,10 +240,10 @@ class SlotWalk:
         )
         inputs, outputs = np.ascontiguousarray(ends[:, 0]), np.ascontiguousarray(ends[:, 1])
         pointers = [getattr(ops, name).buffer_info()[0] for name in ("op", "seq", "backward", "module")]
-        pointers += [column.ctypes.data for column in (stacks, parameter_contexts, *calls[:7])]
-        pointers += [marks.ctypes.data, ops.made.buffer_info()[0], inputs.ctypes.data, outputs.ctypes.data]
+        pointers += [data_address(column) for column in (stacks, parameter_contexts, *calls[:7])]
+        pointers += [data_address(marks), ops.made.buffer_info()[0], data_address(inputs), data_address(outputs)]
         phases, modules = np.asarray(owners.phases, np.int8), np.asarray(owners.modules, np.int64)
-        pointers += [calls.fwd_phase.ctypes.data, phases.ctypes.data, modules.ctypes.data]
+        pointers += [data_address(calls.fwd_phase), data_address(phases), data_address(modules)]
         counts = (ctypes.c_int64 * 3)(rows, len(parameter_contexts), len(phases))
         if self._lib.td_walk_rows(self._handle, counts, (ctypes.c_void_p * len(pointers))(*pointers)) < 0:
             raise RuntimeError("native/slot_walk.cpp failed to name a drain's rows (an op it was not told of, or no memory)")
@@ -267,11 +268,11 @@ class SlotWalk:
         slots = len(ops.slot_row)
         outputs_ = [np.empty(slots, kind) for kind in _OUTPUT_TYPES]
         taken = np.empty(slots, np.int64)
-        pointers = [recorded.ctypes.data if name is None else getattr(ops, name).buffer_info()[0] for name in _INPUT_COLUMNS]
+        pointers = [data_address(recorded) if name is None else getattr(ops, name).buffer_info()[0] for name in _INPUT_COLUMNS]
         unshard_rows = np.array([row for row, _ in unshards], np.int64)
         starts = np.cumsum([0, *(len(storages) for _, storages in unshards)], dtype=np.int64)
         storages = np.array([storage for _, marked in unshards for storage in marked], np.int64)
-        pointers += [column.ctypes.data for column in (*outputs_, taken, unshard_rows, starts, storages)]
+        pointers += [data_address(column) for column in (*outputs_, taken, unshard_rows, starts, storages)]
         pointers.append(ops.mark.buffer_info()[0])  # (a row of compiled code shares no statistics)
         counts = (ctypes.c_int64 * 6)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row, len(unshards))
         options = (ctypes.c_int * 2)(inputs | outputs << 1, statistics | fingerprints << 1)

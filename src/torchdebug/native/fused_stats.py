@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from torchdebug.native.addresses import data_address
 from torchdebug.native.build import load_library
 from torchdebug.stats import COLUMNS, WIDTH
 
@@ -295,7 +296,7 @@ def finish_sums(refs: np.ndarray, sums: Buffer, ndim: Buffer, shape: Buffer) -> 
     )
     numel = np.empty(rows, np.int64)
     arrays = (refs, sums, rows, ndim, shape, numel, *done)
-    kernels.finish(count, *(value if isinstance(value, int) else value.ctypes.data for value in arrays))
+    kernels.finish(count, *(value if isinstance(value, int) else data_address(value) for value in arrays))
     return done
 
 

@@ -15,6 +15,6 @@ def data_address(values: np.ndarray) -> int:
     about 10k instructions: a capture's stop hands a few dozen arrays to native code); the attribute
     where there is no writable, contiguous buffer to view (a read-only, empty or strided array)."""
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(values))
+        return ctypes.addressof(ctypes.c_char.from_buffer(values))  # type: ignore[arg-type]  # (numpy's stubs name no buffer protocol)
     except (TypeError, ValueError, BufferError):
         return values.ctypes.data

@@ -59,12 +59,6 @@ def is_compiled_wrapper(module: nn.Module) -> bool:
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
 
-def _dynamo_loaded() -> bool:
-    """Whether Dynamo was imported: ``torch.compile`` and ``nn.Module.compile`` import it before they
-    compile anything."""
-    return "torch._dynamo" in sys.modules
-
-
 _COMPILED_CALL = "_compiled_call_impl"
 """Where ``module.compile()`` keeps the module's compiled call (torch 2.11 through 2.14)."""
 
@@ -75,10 +69,11 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     compiled call in ``module._compiled_call_impl``). Paths leave the wrappers out (``layers.0``,
     never ``layers.0._orig_mod``); ``root`` itself is ``""``. Loads no part of Dynamo, and walks no
     module before it is loaded (nothing can have compiled: a capture asks at every step's stop)."""
-    if not _dynamo_loaded():
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # torch.compile and Module.compile load Dynamo first
+    if eval_frame is None:
         return
-    for path, module in walk_modules(root):
-        if is_compiled_wrapper(module) or getattr(module, _COMPILED_CALL, None) is not None:
+    for path, module in walk_modules(root):  # (the instance's dict: a getattr goes through Module's __getattr__ hook)
+        if isinstance(module, eval_frame.OptimizedModule) or module.__dict__.get(_COMPILED_CALL) is not None:
             yield strip_wrappers(path), module
 
 

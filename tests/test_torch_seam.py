@@ -21,12 +21,13 @@ from torchdebug._torch.compiling import CompileEvents, frame_callback_setter
 from torchdebug._torch.custom_ops import DispatcherCalls
 from torchdebug._torch.global_hooks import GlobalForwardHooks, forward_raised, never_compiled_as_a_frame
 from torchdebug._torch.nn import (
+    compiled_modules,
     compiles_a_wrapper,
     is_compiled_wrapper,
     module_hooks,
+    named_module_list,
     parameters_and_hooked,
     unwrap_compiled,
-    walk_modules,
 )
 
 # -- versions -------------------------------------------------------------------------------------
@@ -241,8 +242,8 @@ from torch import nn
 import torchdebug._torch.nn as seam
 
 walks = []
-walk = seam.walk_modules
-seam.walk_modules = lambda root: walks.append(root) or walk(root)
+walk = seam.named_module_list
+seam.named_module_list = lambda root: walks.append(root) or walk(root)
 
 model = nn.Sequential(nn.Linear(2, 2))
 assert "torch._dynamo" not in sys.modules
@@ -266,9 +267,17 @@ def test_a_walk_of_the_modules_is_named_modules_shared_and_missing_children_incl
     inner = nn.Sequential(shared, nn.LayerNorm(3))
     inner.add_module("gone", None)
     model = nn.Sequential(nn.Linear(2, 3), shared, nn.ModuleDict({"b": inner, "a": nn.ReLU()}), inner)
-    walked = walk_modules(model)
+    walked = named_module_list(model)
     assert [(path, id(module)) for path, module in walked] == [(path, id(module)) for path, module in model.named_modules()]
     assert [path for path, _ in walked] == ["", "0", "1", "2", "2.b", "2.b.1", "2.a"]  # (each module at its first path)
+
+
+def test_compiled_modules_are_the_wrappers_and_the_modules_compiled_in_place_outer_first():
+    block = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    model = nn.Sequential(torch.compile(nn.Linear(2, 2), backend="eager"), block)
+    block[0].compile(backend="eager")
+    found = [(path, type(module).__name__) for path, module in compiled_modules(model)]
+    assert found == [("0", "OptimizedModule"), ("1.0", "Linear")]
 
 
 def test_one_walk_gives_the_models_parameters_in_order_and_the_modules_with_their_own_forward_hooks():

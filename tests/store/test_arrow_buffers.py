@@ -13,7 +13,7 @@ import pytest
 
 from tests.store.test_store import _STATS, _record, _writer
 from torchdebug.store import _layout as layout
-from torchdebug.store._arrow_buffers import array, booleans, column, int_lists, nulls, numbers, strings, text, valid
+from torchdebug.store._arrow_buffers import array, booleans, column, int_lists, null_column, numbers, strings, text, valid
 from torchdebug.store._record_columns import STATS_TYPE
 from torchdebug.store._writer import RankWriter, create_run_dir
 
@@ -99,17 +99,17 @@ def test_a_numpy_array_becomes_the_array_pyarrow_makes_with_its_empty_slots():
 
 
 def test_empty_columns_are_made_once_a_length_and_type_and_only_the_last_length_kept():
-    first = nulls(3, STATS_TYPE)
+    first = null_column(3, STATS_TYPE)
     assert first.equals(pa.nulls(3, STATS_TYPE)) and first.type == STATS_TYPE and first.null_count == 3
-    assert nulls(3, STATS_TYPE) is first  # a steady step's batch shares it
-    texts = nulls(3, pa.string())
+    assert null_column(3, STATS_TYPE) is first  # a steady step's batch shares it
+    texts = null_column(3, pa.string())
     assert texts.type == pa.string() and len(texts) == 3 and texts is not first
-    assert nulls(3, pa.string()) is texts
-    other = nulls(5, pa.string())
+    assert null_column(3, pa.string()) is texts
+    other = null_column(5, pa.string())
     assert len(other) == 5 and other.null_count == 5
-    assert nulls(3, pa.string()) is not texts  # another length came between: made again
+    assert null_column(3, pa.string()) is not texts  # another length came between: made again
     struct = pa.struct([("a", pa.int64())])
-    assert nulls(3, struct).type == struct  # a type with the id of a type gone is not mistaken for it
+    assert null_column(3, struct).type == struct  # a type with the id of a type gone is not mistaken for it
 
 
 def test_reading_and_comparing_a_dump_does_not_import_pandas(tmp_path):

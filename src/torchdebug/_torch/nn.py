@@ -72,12 +72,12 @@ def compiled_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # torch.compile and Module.compile load Dynamo first
     if eval_frame is None:
         return
-    for path, module in walk_modules(root):  # (the instance's dict: a getattr goes through Module's __getattr__ hook)
+    for path, module in named_module_list(root):  # (the instance's dict: a getattr goes through Module's __getattr__ hook)
         if isinstance(module, eval_frame.OptimizedModule) or module.__dict__.get(_COMPILED_CALL) is not None:
             yield strip_wrappers(path), module
 
 
-def walk_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
+def named_module_list(root: nn.Module) -> list[tuple[str, nn.Module]]:
     """``list(root.named_modules())``: each module once, parents before children, children in their
     order, with their paths; read from the modules' ``_modules`` (torch 2.11 through 2.14) without
     ``named_modules``' generator a level, which passes each module up through every level above it:
@@ -114,7 +114,7 @@ def parameters_and_hooked(root: nn.Module) -> tuple[list[nn.Parameter], list[nn.
     parameters: list[nn.Parameter] = []
     seen: set[int] = set()
     hooked = []
-    for _, module in walk_modules(root):
+    for _, module in named_module_list(root):
         for parameter in module._parameters.values():  # (torch 2.11 through 2.14)
             if parameter is not None and id(parameter) not in seen:
                 seen.add(id(parameter))
@@ -136,10 +136,10 @@ __all__ = [
     "compiles_a_wrapper",
     "is_compiled_wrapper",
     "is_module_wrapper",
+    "named_module_list",
     "parameters_and_hooked",
     "strip_wrappers",
     "unwrap_compiled",
-    "walk_modules",
     "wrapped_module",
 ]
 

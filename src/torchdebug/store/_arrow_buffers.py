@@ -18,7 +18,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["EXACT_IN_FLOAT", "array", "bitmap", "booleans", "column", "int_lists", "nulls", "numbers", "strings", "text", "valid"]
+__all__ = [
+    "EXACT_IN_FLOAT",
+    "array",
+    "bitmap",
+    "booleans",
+    "column",
+    "int_lists",
+    "null_column",
+    "numbers",
+    "strings",
+    "text",
+    "valid",
+]
 
 _NUMPY = {
     pa.int8(): np.int8,
@@ -105,7 +117,7 @@ _NULLS: dict[tuple[int, int], tuple[pa.DataType, pa.Array]] = {}
 identity (a struct type's hash takes 6 µs, longer than the column takes to make)."""
 
 
-def nulls(count: int, kind: pa.DataType) -> pa.Array:
+def null_column(count: int, kind: pa.DataType) -> pa.Array:
     """``pa.nulls(count, kind)``, made once a length and type in a row: the columns a batch leaves
     empty (a structure step's statistics, checksums, tensor references) are the same every steady
     step, and Arrow arrays are immutable. Only the last length's are kept: memory stays one batch's."""

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from torchdebug.gc_paused import paused_gc
 from torchdebug.records import SCHEMA_VERSION, Record
 from torchdebug.stats import STAT_KEYS, VALUE_KEYS
-from torchdebug.store._arrow_buffers import EXACT_IN_FLOAT, array, nulls, numbers, strings, valid
+from torchdebug.store._arrow_buffers import EXACT_IN_FLOAT, array, null_column, numbers, strings, valid
 from torchdebug.store._arrow_buffers import column as arrow_column
 from torchdebug.store._arrow_buffers import text as arrow_text
 from torchdebug.store._record_json import json_text
@@ -150,7 +150,7 @@ def columns_batch(
     the statistics column, ``odd`` the fields of rows the columns cannot hold (``json_fields``, as
     :func:`records_batch` keeps them; :func:`stats_array` gives both)."""
     columns = {**columns, "stats": stats, "json_fields": _json_fields(count, odd)}
-    arrays = [columns[name] if name in columns else nulls(count, kind) for name, kind in _SCHEMA_COLUMNS]
+    arrays = [columns[name] if name in columns else null_column(count, kind) for name, kind in _SCHEMA_COLUMNS]
     coded = "value" in columns and pa.types.is_dictionary(columns["value"].type)
     return pa.RecordBatch.from_arrays(arrays, schema=_CODED_SCHEMA if coded else SCHEMA)
 
@@ -173,7 +173,7 @@ def int_column(value: int, count: int) -> pa.Array:
 def _json_fields(count: int, odd: dict[int, dict[str, Any]]) -> pa.Array:
     """The ``json_fields`` column: each row's fields the typed columns cannot hold, as JSON."""
     if not odd:  # almost always
-        return nulls(count, _STRING)
+        return null_column(count, _STRING)
     json_fields = [None] * count
     for row, fields in odd.items():
         json_fields[row] = json_text(fields)

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from torchdebug.native.fused_stats import FinishedStats, finish_sums
 from torchdebug.records import UNREAD
 from torchdebug.slots import json_value
-from torchdebug.store._arrow_buffers import array, bitmap, int_lists, nulls, strings, text
+from torchdebug.store._arrow_buffers import array, bitmap, int_lists, null_column, strings, text
 from torchdebug.store._arrow_buffers import column as arrow_column
 from torchdebug.store._record_columns import STATS_TYPE, columns_batch, int_column, stats_array
 from torchdebug.store._record_json import json_text
@@ -224,7 +224,7 @@ class SlotColumns:
             columns["value"] = fixed.value_column(ops, slots, values) if fixed is not None else _values(ops, slots, values)
         if (self.fingerprint_refs != -1).any():
             columns["checksum"] = self._checksum_column(ops)
-        stats, odd = self._stats_column(ops) if (self.stats_refs != -1).any() else (nulls(count, STATS_TYPE), {})
+        stats, odd = self._stats_column(ops) if (self.stats_refs != -1).any() else (null_column(count, STATS_TYPE), {})
         if self.tensors is not None:
             columns.update(self.tensors.columns(odd))
         return columns_batch(count, columns, stats, odd)
@@ -316,7 +316,7 @@ def _hex_digits(values: np.ndarray, missing: np.ndarray) -> pa.Array:
 
 def _by_code(texts: pa.Array, codes: np.ndarray) -> pa.Array:
     """``texts[code]`` of each slot; code 0 (and ``texts[0]``) is none: mostly all of them."""
-    return texts.take(array(codes)) if codes.any() else nulls(len(codes), _STRING)
+    return texts.take(array(codes)) if codes.any() else null_column(len(codes), _STRING)
 
 
 def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | None = None) -> pa.Array:
@@ -324,7 +324,7 @@ def _named(codes: np.ndarray, name: Callable[[int], str], empty: np.ndarray | No
     empty, their codes never named)."""
     if empty is not None and empty.any():
         if empty.all():
-            return nulls(len(codes), _STRING)
+            return null_column(len(codes), _STRING)
         codes = np.where(empty, codes[~empty][0], codes)
     distinct, inverse = np.unique(codes, return_inverse=True)
     dictionary = strings([name(code) for code in distinct.tolist()])

@@ -15,11 +15,12 @@
 //     it reaches the mode itself); one with an autograd kernel too (linear, matmul, narrow, chunk)
 //     waits (kPending) for the first op it calls: live, it decomposed; not live, it is recorded (a
 //     factory, with no tensor to tell, is live where the thread excludes no autograd key);
-//   - the engine's scope around a node's evaluation and the node's apply (BACKWARD_FUNCTION) are
-//     transparent and mark the ops in them as backward ops, with the node's sequence number (the ops
-//     of the gradient hooks the evaluation runs before the apply get it when the apply begins; a node
-//     applied inside another's apply, as CopySlices applies an in-place op's node, keeps the outer
-//     node's number: a dispatch mode names ops after the node the engine runs);
+//   - the engine's scope around a node's evaluation is transparent and marks the ops in it as
+//     backward ops, with the sequence number of the node the engine holds as current (the ops of
+//     the gradient hooks it runs before the apply too, and those of a node applied inside its apply,
+//     as CopySlices applies an in-place op's node: a dispatch mode names ops after the node the
+//     engine runs). The node's apply (a BACKWARD_FUNCTION scope) is not observed: while a callback
+//     observes that scope, torch builds its name, the node's class demangled, at every apply;
 //   - a clone of a conjugate or negative view that an op calls before going below autograd is the
 //     math-bit fallback's: recorded before the op, which reads it in that argument's place;
 //   - an op torch.autocast sends to an autocast kernel of its own (mm, bmm, addmm), live or not
@@ -1859,7 +1860,6 @@ struct Frame {
   bool returns = false;          // kPending, kDeferred: its schema has results
   bool factory = false;          // kPending, kRecorded: no tensor argument (its outputs wait: Slots::outputs_wait)
   int32_t writes = -1;           // kPending, kRecorded: where its written tensors start in ThreadState::writes
-  bool node_apply = false;       // kBackward: a node's apply (BACKWARD_FUNCTION), not the engine's evaluation
   bool accumulation = false;     // kBackward: the evaluation of a named parameter's AccumulateGrad
   int8_t materializes = 0;       // kRecorded, kDeferred: its arguments with a math bit not yet cloned (math_bit_clone)
   bool math_bits = false;        // it took an entry of ThreadState::math_bit_calls
@@ -1894,7 +1894,6 @@ struct ThreadState {
   std::vector<Stash> stashes;     // of the kPending and kDeferred frames, innermost last
   size_t stashed = 0;             // stashes in use (the vector keeps its buffers)
   std::vector<std::pair<c10::TensorImpl*, int64_t>> writes;  // the tensors open ops write, with their versions then
-  std::vector<int64_t> unnumbered;  // rows of a node's evaluation before its apply (tensor hooks): numbered there
   std::vector<int64_t> accumulations;  // the contexts of the parameters whose accumulation runs, innermost last
   std::vector<std::vector<c10::IValue>> math_bit_calls;  // the arguments of the frames that materialize some, innermost last
   std::vector<std::pair<bool, c10::IValue>> collective_calls;  // of the open c10d ops: waited at once, the list it receives into
@@ -2018,36 +2017,17 @@ int64_t row_context(const ThreadState& thread) {
   return thread.accumulations.empty() ? module_context.load(std::memory_order_relaxed) : thread.accumulations.back();
 }
 
-// The context of the parameter whose AccumulateGrad node the engine evaluates now, or -1: the
-// evaluation's scope is named after the node's class, and the engine holds the node as current.
-int64_t accumulation_context(const char* scope_name) {
-  auto length = std::strlen(scope_name);
+// The context of the parameter whose AccumulateGrad node the engine evaluates now (`node`, its
+// class `node_name`), or -1.
+int64_t accumulation_context(torch::autograd::Node* node, const char* node_name) {
+  auto length = std::strlen(node_name);
   constexpr auto suffix = sizeof(kAccumulateGrad) - 1;
-  if (length < suffix || std::strcmp(scope_name + length - suffix, kAccumulateGrad) != 0) return -1;
-  auto node = torch::autograd::get_current_node();
-  auto* accumulate = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get());
+  if (length < suffix || std::strcmp(node_name + length - suffix, kAccumulateGrad) != 0) return -1;
+  auto* accumulate = dynamic_cast<torch::autograd::AccumulateGrad*>(node);
   if (accumulate == nullptr || !accumulate->variable.defined()) return -1;
   std::lock_guard<std::mutex> lock(parameters_mutex);
   auto found = parameter_context.find(accumulate->variable.unsafeGetTensorImpl());
   return found == parameter_context.end() ? -1 : found->second;
-}
-
-// A backward row recorded in a node's evaluation before the node's apply gives its sequence number
-// (the ops of a gradient hook on the tensor the node made): numbered by number_hooks_rows. Mutex held.
-void note_unnumbered(ThreadState& thread, const Row& row, int64_t at_row) {
-  if (row.backward && !thread.node_seq.empty() && thread.node_seq.back() == -1) thread.unnumbered.push_back(at_row);
-}
-
-// The node's apply began: its sequence number goes to the rows its hooks recorded (a dispatch mode
-// names them from the node running, whose forward op is theirs: module, forward call and line).
-void number_hooks_rows(ThreadState& thread, int64_t seq) {
-  if (thread.unnumbered.empty()) return;
-  std::lock_guard<std::mutex> lock(recorder.mutex);
-  for (auto at_row : thread.unnumbered) {
-    auto at = at_row - recorder.first_row;  // a row drained since stays as it was
-    if (at >= 0 && at < static_cast<int64_t>(recorder.seq.size())) recorder.seq[static_cast<size_t>(at)] = seq;
-  }
-  thread.unnumbered.clear();
 }
 
 size_t pop_stash(ThreadState& thread) {  // the index of the stash let go
@@ -2208,7 +2188,6 @@ void settle(ThreadState& thread, Frame& frame, bool below) {
   auto& stash = thread.stashes[pop_stash(thread)];
   if (stash.row.stack < 0) stash.row.stack = python_frames(frames_wanted(thread, stash.row, frame.frame_op));
   std::lock_guard<std::mutex> lock(recorder.mutex);
-  note_unnumbered(thread, stash.row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   frame.row = recorder.add_row(std::move(stash.row));
   recorder.slots.append(stash.slots, frame.row);
   frame.kind = kRecorded;
@@ -2915,30 +2894,15 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
     thread.frames.push_back({kHidden, false, false, -1});
     return nullptr;
   }
-  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {  // a node's apply, inside its evaluation
-    int8_t checkpoint = !reentrant_node.empty() && reentrant_node == fn.name() ? kCheckpointNode : 0;
-    int64_t seq = fn.seqNr();
-    bool in_backward_frame = !thread.frames.empty() && thread.frames.back().kind == kBackward;
-    if (in_backward_frame && thread.frames.back().node_apply) {  // a node applied inside another's apply
-      seq = thread.node_seq.back();  // (CopySlices runs the in-place op's node): the mode names its ops after the node run
-      checkpoint = thread.node_checkpoint.back();
-    } else if (in_backward_frame) {
-      thread.node_seq.back() = seq;
-      thread.node_checkpoint.back() = checkpoint;
-      number_hooks_rows(thread, seq);
-    }
-    thread.frames.push_back({kBackward, false, false, -1});
-    thread.frames.back().node_apply = true;
-    thread.node_seq.push_back(seq);
-    thread.node_checkpoint.push_back(checkpoint);
-    return nullptr;
-  }
   if (std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0) {
-    thread.frames.push_back({kBackward, false, false, -1});  // its number comes with the node's apply
-    thread.unnumbered.clear();
-    thread.node_seq.push_back(-1);
-    thread.node_checkpoint.push_back(0);
-    auto context = accumulation_context(fn.name());
+    // The engine holds the node as current before it opens this scope: the node's number marks the
+    // evaluation's ops, the gradient hooks' it runs before the apply included.
+    auto node = torch::autograd::get_current_node();
+    const char* node_name = fn.name() + sizeof(kEvaluateFunction) - 1;
+    thread.frames.push_back({kBackward, false, false, -1});
+    thread.node_seq.push_back(node ? static_cast<int64_t>(node->sequence_nr()) : -1);
+    thread.node_checkpoint.push_back(!reentrant_node.empty() && reentrant_node == node_name ? kCheckpointNode : 0);
+    auto context = accumulation_context(node.get(), node_name);
     if (context >= 0) {
       thread.frames.back().accumulation = true;
       thread.accumulations.push_back(context);
@@ -3055,7 +3019,6 @@ std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn, ThreadS
   bool subclasses = keys.has(c10::DispatchKey::Python);
   if (subclasses) find_subclasses(inputs, thread.in_hook);
   std::lock_guard<std::mutex> lock(recorder.mutex);
-  note_unnumbered(thread, row, recorder.first_row + static_cast<int64_t>(recorder.op.size()));
   auto at_row = recorder.add_row(std::move(row));
   auto* args = want_values.load(std::memory_order_relaxed) ? info.args : nullptr;
   auto first_input = recorder.slots.row.size();
@@ -3210,7 +3173,6 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       recorder.pop_row();
       slots.move_tail(frame.row, dropped);
       dropped.clear();
-      if (!thread.unnumbered.empty() && thread.unnumbered.back() == frame.row) thread.unnumbered.pop_back();
       return;
     }
     auto at = frame.row - recorder.first_row;
@@ -3347,7 +3309,7 @@ int td_observer_start(int requested_level) {
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
                                           .needsInputs(values)
                                           .needsOutputs(values)
-                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}));
+                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE}));
   return 1;
 }
 

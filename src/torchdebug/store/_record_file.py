@@ -1,8 +1,8 @@
 """A rank's records file: an Arrow IPC stream (``records.arrows``), a record batch per flush.
 
-Each flush appends its records as messages of at most :data:`BATCH_ROWS` records with plain
-``write`` calls, so a process killed even by SIGKILL keeps every message written before the kill;
-only the last message can be cut short. :func:`read_records` drops such a message and says so, and
+Each flush appends its records as messages of at most :data:`BATCH_ROWS` records, each handed to
+the OS as it is made, so a process killed even by SIGKILL keeps every message written before the
+kill; only the last message can be cut short. :func:`read_records` drops such a message and says so, and
 names a message that is whole but does not decode (the file was modified or damaged). The stream's
 schema is written with its first batch: a file killed before that is empty and holds no records.
 
@@ -20,6 +20,7 @@ their decompressed columns. Any Arrow reader opens the file (``pyarrow.ipc.open_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import struct
@@ -58,6 +59,10 @@ STORED_SCHEMA = pa.schema(
 """:data:`SCHEMA` as a records file holds it: its repeating string columns dictionary-encoded."""
 _ENCODED = [SCHEMA.names.index(field.name) for field in STORED_SCHEMA if pa.types.is_dictionary(field.type)]
 _VALUE_AT = SCHEMA.get_field_index("value")
+_MESSAGE_BUFFER = 1 << 20
+"""Bytes of a message gathered before they are written: pyarrow writes a message buffer by buffer,
+a system call each unbuffered (about 145 a tiny-GPT step); a message is written with one where it
+fits, and the buffer flushed after each."""
 BATCH_ROWS = 8192
 """The most records one message holds. A reader decodes a few messages at a time
 (``_reader._GROUP``): a step the native path or a graph dump hands over as one batch (a 256-layer
@@ -70,7 +75,8 @@ class RecordFile:
     """Appends record batches to a new records file."""
 
     def __init__(self, path: Path) -> None:
-        self._sink = pa.OSFile(str(path), "wb")  # unbuffered: each message reaches the OS as it is written
+        self._file = pa.OSFile(str(path), "wb")
+        self._sink = pa.BufferedOutputStream(self._file, buffer_size=_MESSAGE_BUFFER)
         self._stream = ipc.new_stream(self._sink, STORED_SCHEMA, options=_OPTIONS)
         self._encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]] = {}
         """By (column, offset in the batch): the last batch's column there, and its encoding (of
@@ -78,10 +84,12 @@ class RecordFile:
 
     def append(self, batch: pa.RecordBatch) -> None:
         """Write one batch of :data:`SCHEMA`, as messages of at most :data:`BATCH_ROWS` records
-        (pyarrow encodes, compresses and writes each with the GIL released)."""
+        (pyarrow encodes, compresses and writes each with the GIL released), each reaching the OS
+        before the next is made."""
         encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]] = {}
         for offset in range(0, max(batch.num_rows, 1), BATCH_ROWS):
             self._stream.write_batch(self._stored(batch.slice(offset, BATCH_ROWS), offset, encoded))
+            self._sink.flush()
         self._encoded = encoded
 
     def _stored(
@@ -116,8 +124,11 @@ class RecordFile:
         try:
             if end:
                 self._stream.close()
+                self._sink.flush()
         finally:
-            self._sink.close()
+            self._file.close()  # first: what a failed write left in the buffer is not written
+            with contextlib.suppress(pa.ArrowInvalid):  # (raised where bytes were left: the file is closed)
+                self._sink.close()
 
 
 @functools.cache

@@ -2,9 +2,10 @@
 
 Each flush appends its records as messages of at most :data:`BATCH_ROWS` records, each handed to
 the OS as it is made, so a process killed even by SIGKILL keeps every message written before the
-kill; only the last message can be cut short. :func:`read_records` drops such a message and says so, and
-names a message that is whole but does not decode (the file was modified or damaged). The stream's
-schema is written with its first batch: a file killed before that is empty and holds no records.
+kill; only the last message can be cut short. :func:`read_records` drops such a message and says
+so, and names a message that is whole but does not decode (the file was modified or damaged). The
+stream's schema is written with its first batch: a file killed before that is empty and holds no
+records.
 
 On disk (:data:`STORED_SCHEMA`, schema version 2) the repeating string columns are dictionaries,
 written only where they differ from the last batch's, and the buffers LZ4-compressed; readers get

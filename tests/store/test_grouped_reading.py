@@ -50,10 +50,13 @@ def test_a_corrupt_batch_in_a_later_group_is_named_when_its_group_is_read(tmp_pa
 
 
 def test_read_statistics_are_plain_dicts_that_share_their_keys(tmp_path):
+    # 32 distinct statistics: CPython (3.11 to 3.13) sizes a shared-key dict's values by the room
+    # its kind's table of keys still offers, which the first few dicts of a kind leave wide (280 bytes
+    # with 3 alive, more than a dict of its own), so a handful would pass only after other tests
     writer = _writer(tmp_path)
-    writer.submit(0, [_record(i, stats={**_STATS, "mean": float(i)}) for i in range(3)], None, [])
+    writer.submit(0, [_record(i, stats={**_STATS, "mean": float(i)}) for i in range(32)], None, [])
     writer.close()
     stats = [record.stats for record in load(tmp_path).ranks[0].records()]
-    assert [s["mean"] for s in stats] == [0.0, 1.0, 2.0] and all(type(s) is dict for s in stats)
+    assert [s["mean"] for s in stats] == [float(i) for i in range(32)] and all(type(s) is dict for s in stats)
     assert stats[0] == {**_STATS, "mean": 0.0} and list(stats[0]) == list(_STATS)
-    assert sys.getsizeof(stats[0]) < sys.getsizeof(dict(stats[0]))  # one table of keys for them all
+    assert all(sys.getsizeof(s) < sys.getsizeof(dict(s)) for s in stats)  # one table of keys for them all

@@ -77,7 +77,8 @@ class FixedColumns:
         self._calls: dict[str, pa.Array] | None = None
         self._key: list[np.ndarray] = []
         self._columns: dict[str, pa.Array] = {}
-        self._values: tuple[list[str], np.ndarray, np.ndarray, pa.Array] = ([], np.empty(0), np.empty(0), pa.nulls(0))
+        empty = pa.nulls(0)
+        self._values: tuple[list[str], np.ndarray, np.ndarray, pa.Array, pa.Array] = ([], np.empty(0), np.empty(0), empty, empty)
 
     def get(self, calls: dict[str, pa.Array], key: list[np.ndarray]) -> dict[str, pa.Array] | None:
         """The columns made last, if made from these call columns (the same object) and structure."""
@@ -89,12 +90,17 @@ class FixedColumns:
         self._calls, self._key, self._columns = calls, key, columns
 
     def value_column(self, ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
-        """:func:`_values`, the last drain's column where its value texts and the slots holding them are the same."""
-        texts, held, at, column = self._values
+        """:func:`_values`, the last drain's column where its value texts and the slots holding them are
+        the same; its indices where only the texts changed (an optimizer's step sizes are new texts
+        every step, at the same places)."""
+        texts, held, at, indices, column = self._values
         now = np.asarray(ops.slot_value, np.int64).take(slots[values])
-        if texts != ops.value_texts or not np.array_equal(held, values) or not np.array_equal(at, now):
-            column = _values(ops, slots, values)
-            self._values = (ops.value_texts, values, now, column)
+        if not np.array_equal(held, values) or not np.array_equal(at, now):
+            indices = _value_indices(ops, slots, values)
+        elif texts == ops.value_texts:
+            return column
+        column = pa.DictionaryArray.from_arrays(indices, _value_dictionary(ops.value_texts))
+        self._values = (ops.value_texts, values, now, indices, column)
         return column
 
 
@@ -270,9 +276,17 @@ def _values(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.DictionaryArr
     """The ``value`` column: each value slot's JSON text as eager capture writes it, none elsewhere,
     as the dictionary a records file stores (:data:`~torchdebug.store._record_columns.VALUE_CODES`):
     the drain's distinct texts, each converted once, and each slot's index among them, no gather."""
-    written = strings([_value_text(value) for value in ops.value_texts])
-    at = np.where(values, np.asarray(ops.slot_value, np.int64)[slots], 0)
-    return pa.DictionaryArray.from_arrays(array(at, pa.int32(), ~values), written)
+    return pa.DictionaryArray.from_arrays(_value_indices(ops, slots, values), _value_dictionary(ops.value_texts))
+
+
+def _value_indices(ops: Any, slots: np.ndarray, values: np.ndarray) -> pa.Array:
+    """Each slot's index among the drain's value texts, empty where it holds a tensor."""
+    return array(np.where(values, np.asarray(ops.slot_value, np.int64)[slots], 0), pa.int32(), ~values)
+
+
+def _value_dictionary(texts: list[str]) -> pa.Array:
+    """The drain's distinct value texts (the observer's), each as eager capture writes it."""
+    return strings([_value_text(text) for text in texts])
 
 
 @functools.lru_cache(maxsize=1 << 16)

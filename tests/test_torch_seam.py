@@ -355,6 +355,8 @@ def test_the_frame_callback_setter_turns_dynamo_off_for_the_frames_that_start_an
 
 
 def test_global_hooks_see_each_module_call_once_and_silence_only_while_registered():
+    """Each call reaches the hooks once, told whether Dynamo traces it (the compiled call's are, an
+    eager call's are not), and torch's warning about the wrapper is silenced while they are registered."""
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     compiled = torch.compile(model, backend="eager")
@@ -362,12 +364,17 @@ def test_global_hooks_see_each_module_call_once_and_silence_only_while_registere
     entered, exited = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        hooks = GlobalForwardHooks(lambda m, args: entered.append(m), lambda m, args, kwargs, out: exited.append(m))
+        hooks = GlobalForwardHooks(
+            lambda m, args, traced: entered.append((m, traced)), lambda m, args, kwargs, out, traced: exited.append((m, traced))
+        )
         compiled(torch.randn(1, 2))
+        model(torch.randn(1, 2))
         hooks.remove()
         hooks.remove()  # twice is harmless
         compiled(torch.randn(1, 2))
-    assert entered == [model, model[0], model[1]] and sorted(map(id, exited)) == sorted(map(id, entered))
+    calls = [model, model[0], model[1]]
+    assert entered == [(m, True) for m in calls] + [(m, False) for m in calls]
+    assert exited == [(model[0], True), (model[1], True), (model, True), (model[0], False), (model[1], False), (model, False)]
     assert len([w for w in caught if "global hooks" in str(w.message)]) == 0
     assert not torch.nn.modules.module._has_any_global_hook(), "a hook id was left in torch's global dicts"
     torch._dynamo.reset()
@@ -383,9 +390,9 @@ def test_a_forward_that_raises_reaches_the_raised_callback_not_the_exit_one_and_
 
     failing, seen = Failing(), []
     hooks = GlobalForwardHooks(
-        lambda m, args: seen.append(("enter", m)),
-        lambda m, args, kwargs, out: seen.append(("exit", m)),
-        lambda m: seen.append(("raised", m)),
+        lambda m, args, traced: seen.append(("enter", m)),
+        lambda m, args, kwargs, out, traced: seen.append(("exit", m)),
+        lambda m, traced: seen.append(("raised", m)),
     )
     try:
         with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError, match="on purpose"):
@@ -414,8 +421,8 @@ def test_paused_global_hooks_stay_registered_and_report_nothing_until_resumed_fr
     compiled = torch.compile(interrupted, backend="eager")
     calls = []
     hooks = GlobalForwardHooks(
-        lambda m, args: calls.append(("enter", m)),
-        lambda m, args, kwargs, out: calls.append(("exit", m)),
+        lambda m, args, traced: calls.append(("enter", m)),
+        lambda m, args, kwargs, out, traced: calls.append(("exit", m)),
         outside_compiled=outside_compiled,
     )
     try:
@@ -452,8 +459,8 @@ def test_outside_compiled_a_compiled_wrappers_call_stands_for_its_modules_call_o
     compiled = torch.compile(checkpoint_wrapper(model), backend="eager")
     calls, outputs, called_as = [], [], []
     hooks = GlobalForwardHooks(
-        lambda m, args: (calls.append(("enter", m)), called_as.append(hooks.called_as(m))),
-        lambda m, args, kwargs, out: (calls.append(("exit", m)), outputs.append(out)),
+        lambda m, args, traced: (calls.append(("enter", m)), called_as.append(hooks.called_as(m))),
+        lambda m, args, kwargs, out, traced: (calls.append(("exit", m)), outputs.append(out)),
         outside_compiled=True,
     )
     try:
@@ -481,7 +488,9 @@ def test_outside_compiled_the_outermost_wrapper_is_what_a_modules_call_was_made_
     def called_as(wrapper: nn.Module) -> tuple[dict[nn.Module, nn.Module], GlobalForwardHooks]:
         """What each module's call was made on, asked as it started, in a call of ``wrapper``."""
         seen: dict[nn.Module, nn.Module] = {}
-        hooks = GlobalForwardHooks(lambda m, args: seen.setdefault(m, hooks.called_as(m)), lambda *a: None, outside_compiled=True)
+        hooks = GlobalForwardHooks(
+            lambda m, args, traced: seen.setdefault(m, hooks.called_as(m)), lambda *a: None, outside_compiled=True
+        )
         try:
             wrapper(torch.randn(3, 2))
         finally:

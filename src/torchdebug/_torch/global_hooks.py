@@ -115,7 +115,9 @@ def in_call_of(module: nn.Module, frame: FrameType | None) -> bool:
 class GlobalForwardHooks:
     """A forward pre-hook and an always-called forward hook (with kwargs) on every module call.
 
-    ``exit`` sees each call that returned, ``raised`` (when given) each call whose forward raised.
+    ``exit`` sees each call that returned, ``raised`` (when given) each call whose forward raised;
+    each callback is told last whether Dynamo traces the call (``torch.compiler.is_compiling()``,
+    asked once a hook: the callbacks need not ask again).
     Calls of module wrappers are skipped: the wrapped module's own call follows, so each module
     call reaches the hooks once; but a wrapper compiled (:func:`~torchdebug._torch.nn.compiles_a_wrapper`:
     its wrapped module's call is traced, its hooks never run) stands for the wrapped module's call,
@@ -125,9 +127,9 @@ class GlobalForwardHooks:
 
     def __init__(
         self,
-        enter: Callable[[nn.Module, tuple], None],
-        exit: Callable[[nn.Module, tuple, dict[str, Any], Any], None],
-        raised: Callable[[nn.Module], None] | None = None,
+        enter: Callable[[nn.Module, tuple, bool], None],
+        exit: Callable[[nn.Module, tuple, dict[str, Any], Any, bool], None],
+        raised: Callable[[nn.Module, bool], None] | None = None,
         *,
         outside_compiled: bool = False,
     ) -> None:
@@ -163,7 +165,7 @@ class GlobalForwardHooks:
                 module = self._standing[-1][1]
             elif outside_compiled and isinstance(module, DATA_PARALLEL):
                 self._enclosing.append((module, module.module))
-            enter(module, args)
+            enter(module, args, compiling)
 
         def on_exit(module: nn.Module, args: tuple, *kwargs_and_output: Any) -> None:
             compiling = is_compiling()
@@ -179,9 +181,9 @@ class GlobalForwardHooks:
                 module = self._standing.pop()[1]
             if not forward_raised(kwargs_and_output):
                 kwargs, output = kwargs_and_output  # one by one: a starred call builds a list and a tuple
-                exit(module, args, kwargs, output)
+                exit(module, args, kwargs, output, compiling)
             elif raised is not None:
-                raised(module)
+                raised(module, compiling)
 
         self._filter = ignore_compiled_wrapper_warning()
         self._handles = [

@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.compiler import is_compiling
 from torch.fx import GraphModule
 
 from torchdebug._torch.autograd import current_autograd_node
@@ -32,11 +31,12 @@ ROOT_MODULE = "<root>"
 
 class CallObserver(Protocol):
     """What :class:`ModuleTracker` tells of each module call (:class:`ModuleRecorder`, the flight
-    recorder's watcher): it starts (phase ``forward`` or ``recompute``), it returned, or it raised."""
+    recorder's watcher): it starts (phase ``forward`` or ``recompute``), it returned, or it raised;
+    ``traced``: Dynamo traces the call (the hooks asked ``torch.compiler.is_compiling()`` once)."""
 
-    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None: ...
-    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None: ...
-    def drop(self) -> None: ...
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str, traced: bool) -> None: ...
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any, traced: bool) -> None: ...
+    def drop(self, traced: bool) -> None: ...
 
 
 class CallObservers:
@@ -46,17 +46,17 @@ class CallObservers:
     def __init__(self, *observers: CallObserver) -> None:
         self.observers = observers
 
-    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str, traced: bool) -> None:
         for observer in self.observers:
-            observer.enter(module, name, args, phase)
+            observer.enter(module, name, args, phase, traced)
 
-    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any, traced: bool) -> None:
         for observer in self.observers:
-            observer.exit(module, name, kwargs, output)
+            observer.exit(module, name, kwargs, output, traced)
 
-    def drop(self) -> None:
+    def drop(self, traced: bool) -> None:
         for observer in self.observers:
-            observer.drop()
+            observer.drop(traced)
 
 
 class ModuleTracker:
@@ -187,8 +187,7 @@ class ModuleTracker:
         self._own_hooks.clear()
         self._recomputing.reset()
 
-    def _enter(self, module: nn.Module, args: tuple) -> None:
-        traced = not self._outside_compiled and is_compiling()  # outside_compiled: the hooks return while traced
+    def _enter(self, module: nn.Module, args: tuple, traced: bool) -> None:
         if not self.inner_entered and not traced:  # traced: it runs compiled
             self.entered = self.entered or not isinstance(module, GraphModule)  # a compiled graph's own call
             self.inner_entered = id(module) in self._inner
@@ -197,9 +196,9 @@ class ModuleTracker:
         if self.recorder is not None:
             node = None if traced else current_autograd_node()  # traced: no op of a graph
             recomputed = node is not None and self._recomputing(node, False)
-            self.recorder.enter(module, name, args, RECOMPUTE if recomputed else "forward")
+            self.recorder.enter(module, name, args, RECOMPUTE if recomputed else "forward", traced)
 
-    def _exit(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    def _exit(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any, traced: bool) -> None:
         if self._stack:
             name = self._stack.pop()
             if self._hook_ops:
@@ -209,14 +208,14 @@ class ModuleTracker:
                 if module._forward_hooks:
                     self._own_hooks.append((weakref.ref(module), name, depth))
             if self.recorder is not None:
-                self.recorder.exit(module, name, kwargs, output)
+                self.recorder.exit(module, name, kwargs, output, traced)
 
-    def _raised(self, module: nn.Module) -> None:
+    def _raised(self, module: nn.Module, traced: bool) -> None:
         """The forward of ``module`` raised (checkpoint's early stop does, on purpose)."""
         if self._stack:
             self._stack.pop()
             if self.recorder is not None:
-                self.recorder.drop()
+                self.recorder.drop(traced)
 
 
 class ModuleRecorder:
@@ -279,7 +278,7 @@ class ModuleRecorder:
         save = self.session.wants_tensor(make_call_name(phase, name, MODULE_OP, call))
         self.session.add_call(iter(slots), phase=phase, module=name, op=MODULE_OP, call=call, seq=seq, io=io, save_tensors=save)
 
-    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str, traced: bool) -> None:
         """A call of ``module`` starts, in phase ``forward`` or ``recompute``."""
         call = self._next_call(phase, name)
         seq = self._next_seq()
@@ -291,7 +290,7 @@ class ModuleRecorder:
                 if isinstance(value, torch.Tensor) and value.requires_grad:
                     value.register_hook(self._tensor_grad_hook(name, call, "output", arg))
 
-    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any, traced: bool) -> None:
         if not self._open:
             return
         phase, call, seq = self._open.pop()
@@ -308,7 +307,7 @@ class ModuleRecorder:
                 if isinstance(value, torch.Tensor) and value.requires_grad:
                     value.register_hook(self._tensor_grad_hook(name, call, "input", arg))
 
-    def drop(self) -> None:
+    def drop(self, traced: bool) -> None:
         """The innermost module call under way raised: it has no outputs to record."""
         if self._open:
             self._open.pop()

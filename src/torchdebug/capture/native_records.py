@@ -400,26 +400,26 @@ class NativeStepCapture:
         self._context = context
         self.observer.set_module(context)
 
-    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str, traced: bool) -> None:
         """The tracker entered ``module`` (its path ``name``), in ``phase`` ``forward`` or ``recompute``;
-        traced by Dynamo (torch 2.11 and 2.14 trace global hooks), nothing: a path interned there would
-        be a guard on the paths known, and each new one a recompile. With no model handed to
+        ``traced`` by Dynamo (torch 2.11 and 2.14 trace global hooks), nothing: a path interned there
+        would be a guard on the paths known, and each new one a recompile. With no model handed to
         :meth:`start`, a top-level module is adopted at its call's start (:meth:`_adopt`)."""
-        if not is_compiling():
+        if not traced:
             if self.model is None and self.tracker.depth == 1 and id(module) not in self._adopted:
                 self._adopt(module)
             self._set_module(self._intern(name))
 
-    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any, traced: bool) -> None:
         """The tracker left ``module``: the context is the enclosing module's."""
-        self.drop()
+        self.drop(traced)
 
     def _own_hooks_done(self, module: nn.Module, args: tuple, output: Any) -> None:
         self.tracker.hooks_done(module)
-        self.drop()
+        self.drop(is_compiling())
 
-    def drop(self) -> None:
-        if is_compiling():  # as enter
+    def drop(self, traced: bool) -> None:
+        if traced:  # as enter
             return
         current = self.tracker.current()
         self._set_module(_OUTSIDE if current == NO_MODULE else self._intern(current))

@@ -232,7 +232,7 @@ class Watcher:
         return lambda: self._call_observers.remove(observer) if observer in self._call_observers else None
 
     # -- module outputs (ModuleTracker's recorder interface) --------------------------------------
-    def enter(self, module: nn.Module, name: str, args: tuple, phase: str) -> None:
+    def enter(self, module: nn.Module, name: str, args: tuple, phase: str, traced: bool) -> None:
         """A module call starts (the tracker's global hook). A module with forward hooks of its own
         (a user's, tensor parallelism's redistribution, FSDP2's post-forward), which run after the
         global ones, gets a hook placed last among them (:class:`LastForwardHooks`), so its output is
@@ -252,7 +252,7 @@ class Watcher:
             for before, _ in list(self._call_observers):
                 before(called)
 
-    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any) -> None:
+    def exit(self, module: nn.Module, name: str, kwargs: dict[str, Any], output: Any, traced: bool) -> None:
         if self._suspended:
             return
         phase, after_hooks = self._open.pop() if self._open else (RECOMPUTE, False)
@@ -352,7 +352,7 @@ class Watcher:
         self._backward_queued = False
         self.watch_gradients(again=True, scaled=True)
 
-    def drop(self) -> None:
+    def drop(self, traced: bool) -> None:
         if self._open and not self._suspended:
             self._open.pop()
 

@@ -417,8 +417,8 @@ def test_the_fingerprints_of_cpu_tensors_are_those_of_the_statistics_pass_or_the
     ops = observer.drain()
     got = [
         (
-            list(ops.stats[slot * WIDTH : (slot + 1) * WIDTH]) if ops.slot_has_stats[slot] else None,
-            ops.slot_fingerprint[slot] & 0xFFFFFFFFFFFFFFFF if ops.slot_has_fingerprint[slot] else None,
+            ops.stats[slot * WIDTH : (slot + 1) * WIDTH].tolist() if ops.slot_has_stats[slot] else None,
+            int(ops.slot_fingerprint[slot]) & 0xFFFFFFFFFFFFFFFF if ops.slot_has_fingerprint[slot] else None,
         )
         for slot in range(len(ops.slot_row))
     ]

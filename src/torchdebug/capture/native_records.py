@@ -750,10 +750,10 @@ class NativeStepCapture:
             unshards=self._unshard_rows(ops),
         )
         self.record_slots = walked.slots
-        handed = (slot for slot, id_ in zip(ops.kept_slot, ops.kept_staged) if slot >= 0 and id_ < 0)
-        kept = dict(zip(handed, ops.kept))
+        kept_entries = list(zip(ops.kept_slot.tolist(), ops.kept_staged.tolist()))
+        kept = dict(zip((slot for slot, id_ in kept_entries if slot >= 0 and id_ < 0), ops.kept))
         by_id, self._staged = self._staged, {}  # (the rest: of calls found hidden after they were staged)
-        staged = {slot: by_id[id_] for slot, id_ in zip(ops.kept_slot, ops.kept_staged) if id_ >= 0 and id_ in by_id}
+        staged = {slot: by_id[id_] for slot, id_ in kept_entries if id_ >= 0 and id_ in by_id}
         taken: list[dict] = []
         taken_fingerprints: list[int | None] = []
         due: list[tuple] = []
@@ -883,12 +883,11 @@ class NativeStepCapture:
     def _if_empty(self, ops: ObservedOps, slot: int, ends: list[np.ndarray]) -> torch.Tensor | None:
         """An empty tensor of drained ``slot``'s dtype and shape, if it has no elements, else ``None``
         (``ends``: where each slot's sizes end in ``ops.shape``, made on first use)."""
-        ndim = ops.slot_ndim
         if not ends:
-            ends.append(np.cumsum(np.asarray(ndim, np.int64)))
+            ends.append(np.cumsum(ops.slot_ndim, dtype=np.int64))
         end = int(ends[0][slot])
-        shape = ops.shape[end - ndim[slot] : end].tolist()
-        return torch.empty(shape, dtype=self.observer.dtypes[ops.slot_dtype[slot]]) if 0 in shape else None
+        shape = ops.shape[end - int(ops.slot_ndim[slot]) : end].tolist()
+        return torch.empty(shape, dtype=self.observer.dtypes[int(ops.slot_dtype[slot])]) if 0 in shape else None
 
     def _walk(self, ops: ObservedOps) -> SlotWalk:
         """The C++ walk of this capture (made at its first drain), told of the ops of ``ops``."""

@@ -239,9 +239,9 @@ class SlotWalk:
             *(np.empty(rows, kind) for kind in (np.int8, np.int64, np.int64, np.int64, np.int32, np.int64, np.int64, np.int8))
         )
         inputs, outputs = np.ascontiguousarray(ends[:, 0]), np.ascontiguousarray(ends[:, 1])
-        pointers = [getattr(ops, name).buffer_info()[0] for name in ("op", "seq", "backward", "module")]
+        pointers = [ops.address(name) for name in ("op", "seq", "backward", "module")]
         pointers += [data_address(column) for column in (stacks, parameter_contexts, *calls[:7])]
-        pointers += [data_address(marks), ops.made.buffer_info()[0], data_address(inputs), data_address(outputs)]
+        pointers += [data_address(marks), ops.address("made"), data_address(inputs), data_address(outputs)]
         phases, modules = np.asarray(owners.phases, np.int8), np.asarray(owners.modules, np.int64)
         pointers += [data_address(calls.fwd_phase), data_address(phases), data_address(modules)]
         counts = (ctypes.c_int64 * 3)(rows, len(parameter_contexts), len(phases))
@@ -268,12 +268,12 @@ class SlotWalk:
         slots = len(ops.slot_row)
         outputs_ = [np.empty(slots, kind) for kind in _OUTPUT_TYPES]
         taken = np.empty(slots, np.int64)
-        pointers = [data_address(recorded) if name is None else getattr(ops, name).buffer_info()[0] for name in _INPUT_COLUMNS]
+        pointers = [data_address(recorded) if name is None else ops.address(name) for name in _INPUT_COLUMNS]
         unshard_rows = np.array([row for row, _ in unshards], np.int64)
         starts = np.cumsum([0, *(len(storages) for _, storages in unshards)], dtype=np.int64)
         storages = np.array([storage for _, marked in unshards for storage in marked], np.int64)
         pointers += [data_address(column) for column in (*outputs_, taken, unshard_rows, starts, storages)]
-        pointers.append(ops.mark.buffer_info()[0])  # (a row of compiled code shares no statistics)
+        pointers.append(ops.address("mark"))  # (a row of compiled code shares no statistics)
         counts = (ctypes.c_int64 * 6)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row, len(unshards))
         options = (ctypes.c_int * 2)(inputs | outputs << 1, statistics | fingerprints << 1)
         taken_count = ctypes.c_int64()

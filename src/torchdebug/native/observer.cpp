@@ -3270,7 +3270,7 @@ void prune_generations(size_t drained) {
 
 template <typename T>
 void take(std::vector<T>& column, size_t count, void* into) {
-  std::memcpy(into, column.data(), count * sizeof(T));
+  if (count != 0) std::memcpy(into, column.data(), count * sizeof(T));  // (an empty column's address is 0)
   column.erase(column.begin(), column.begin() + static_cast<std::ptrdiff_t>(count));
 }
 

@@ -26,9 +26,11 @@ from itertools import accumulate
 from types import CodeType
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from torchdebug._torch.compiling import frame_callback_setter
+from torchdebug.native.addresses import data_address
 from torchdebug.native.build import load_library, load_python_library, load_torch_library
 from torchdebug.stats import COLUMNS, WIDTH
 
@@ -109,37 +111,37 @@ no node of its sequence number, which the next node made takes: a custom autogra
 of compiled code, whose slots share no statistics with others: inductor's kernels write there unseen.)"""
 
 _COLUMNS = (
-    ("op", "i"),
-    ("seq", "q"),
-    ("backward", "b"),
-    ("module", "q"),
-    ("slot_row", "q"),
-    ("slot_io", "b"),
-    ("slot_arg", "h"),
-    ("slot_element", "h"),
-    ("slot_dtype", "b"),
-    ("slot_flag", "b"),
-    ("slot_ndim", "b"),
-    ("slot_value", "q"),
-    ("slot_version", "q"),
-    ("slot_storage", "q"),
-    ("slot_offset", "q"),
-    ("shape", "q"),
-    ("stride", "q"),
-    ("slot_device_type", "b"),
-    ("slot_device_index", "b"),
-    ("slot_has_stats", "b"),
-    ("stats", "d"),
-    ("kept_slot", "q"),
-    ("stack", "q"),
-    ("slot_base", "q"),
-    ("slot_has_fingerprint", "b"),
-    ("slot_fingerprint", "q"),
-    ("mark", "b"),
-    ("made", "q"),
-    ("kept_staged", "q"),
+    ("op", np.int32),
+    ("seq", np.int64),
+    ("backward", np.int8),
+    ("module", np.int64),
+    ("slot_row", np.int64),
+    ("slot_io", np.int8),
+    ("slot_arg", np.int16),
+    ("slot_element", np.int16),
+    ("slot_dtype", np.int8),
+    ("slot_flag", np.int8),
+    ("slot_ndim", np.int8),
+    ("slot_value", np.int64),
+    ("slot_version", np.int64),
+    ("slot_storage", np.int64),
+    ("slot_offset", np.int64),
+    ("shape", np.int64),
+    ("stride", np.int64),
+    ("slot_device_type", np.int8),
+    ("slot_device_index", np.int8),
+    ("slot_has_stats", np.int8),
+    ("stats", np.float64),
+    ("kept_slot", np.int64),
+    ("stack", np.int64),
+    ("slot_base", np.int64),
+    ("slot_has_fingerprint", np.int8),
+    ("slot_fingerprint", np.int64),
+    ("mark", np.int8),
+    ("made", np.int64),
+    ("kept_staged", np.int64),
 )
-"""The drained columns, in ``td_observer_drain``'s order, with their ``array`` type codes."""
+"""The drained columns, in ``td_observer_drain``'s order, with their types."""
 
 _OP_COLUMNS, _SLOT_COLUMNS = 4, 11
 
@@ -180,45 +182,45 @@ class ObservedOps:
     """Op names by id: ``aten.mm.default``."""
     first_row: int
     """The number of op rows drained before these: ``slot_row`` counts from there."""
-    op: array
-    seq: array
-    backward: array
-    module: array
-    slot_row: array
-    slot_io: array
-    slot_arg: array
-    slot_element: array
-    slot_dtype: array
-    slot_flag: array
-    slot_ndim: array
-    slot_value: array
-    slot_version: array
-    slot_storage: array
-    slot_offset: array
-    shape: array
-    stride: array
-    slot_device_type: array
-    slot_device_index: array
-    slot_has_stats: array
-    stats: array
+    op: np.ndarray
+    seq: np.ndarray
+    backward: np.ndarray
+    module: np.ndarray
+    slot_row: np.ndarray
+    slot_io: np.ndarray
+    slot_arg: np.ndarray
+    slot_element: np.ndarray
+    slot_dtype: np.ndarray
+    slot_flag: np.ndarray
+    slot_ndim: np.ndarray
+    slot_value: np.ndarray
+    slot_version: np.ndarray
+    slot_storage: np.ndarray
+    slot_offset: np.ndarray
+    shape: np.ndarray
+    stride: np.ndarray
+    slot_device_type: np.ndarray
+    slot_device_index: np.ndarray
+    slot_has_stats: np.ndarray
+    stats: np.ndarray
     """``WIDTH`` sums a slot (``torchdebug.stats._schema.COLUMNS``; NaN where ``slot_has_stats`` is 0)."""
-    kept_slot: array
+    kept_slot: np.ndarray
     """The slots of :attr:`kept`, and -1 for each tensor not handed over: an output freed before the next
     op started, or a tensor changed in place since it was recorded (its version moved)."""
-    stack: array
+    stack: np.ndarray
     """By op row: its stack's id, an index into :meth:`NativeObserver.stacks` (-1: none taken)."""
-    slot_base: array
+    slot_base: np.ndarray
     """A view's: the ``TensorImpl`` address of the tensor whose memory it shares (autograd's ``_base``,
     the first one for views of views); 0 for a tensor that is no view, or a flagged one."""
-    slot_has_fingerprint: array
-    slot_fingerprint: array
+    slot_has_fingerprint: np.ndarray
+    slot_fingerprint: np.ndarray
     """The fingerprint's 64 bits as int64 (0 where ``slot_has_fingerprint`` is 0)."""
-    mark: array
+    mark: np.ndarray
     """By op row: :data:`GRAD_ON` (grad mode was on at the op), :data:`CHECKPOINT_NODE` (the engine ran
     a reentrant checkpoint's node, see :meth:`NativeObserver.watch_checkpoint`), or-ed."""
-    made: array
+    made: np.ndarray
     """By op row: the sequence number of the last autograd node made before the op started."""
-    kept_staged: array
+    kept_staged: np.ndarray
     """By entry of :attr:`kept_slot`: the id :meth:`NativeObserver.stage_kept` gave the tensor it
     handed over before the drain (its statistics staged then), -1 for one not staged (in :attr:`kept`, or not handed)."""
     kept: list[torch.Tensor]
@@ -227,15 +229,25 @@ class ObservedOps:
     value_texts: list[str] = field(default_factory=list)
     """The distinct JSON texts of the value slots (``slot_flag`` :data:`VALUE`): a value slot's
     ``slot_value`` indexes them."""
-    freed: array = field(default_factory=lambda: array("q"))
+    freed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """``TensorImpl`` addresses (keys) of slots (and of views' bases) whose tensors were freed since
     they were drained, or since a sweep, and ``StorageImpl`` addresses of plain slots' storages freed
     so: from now on no slot names them (until then the observer held them weakly, or a sweep let
     another tensor take the address under another key)."""
+    addresses: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    """Where the drain put each column (:meth:`address`)."""
+
+    def address(self, name: str) -> int:
+        """The address of column ``name``'s first element, for native code (0 for an empty column)."""
+        address = self.addresses.get(name)
+        if address is None:
+            column = getattr(self, name)
+            address = self.addresses[name] = data_address(column) if len(column) else 0
+        return address
 
     def op_names(self) -> list[str]:
         """The op name of each row."""
-        return [self.names[op] for op in self.op]
+        return [self.names[op] for op in self.op.tolist()]
 
     def slot_shapes(self) -> list[tuple[int, ...]]:
         """The sizes of each slot (``()`` for a flagged one)."""
@@ -246,8 +258,9 @@ class ObservedOps:
         return _split(self.stride, self.slot_ndim)
 
 
-def _split(values: array, lengths: array) -> list[tuple[int, ...]]:
-    return [tuple(values[end - n : end]) for n, end in zip(lengths, accumulate(lengths))]
+def _split(values: np.ndarray, lengths: np.ndarray) -> list[tuple[int, ...]]:
+    counts, flat = np.asarray(lengths).tolist(), np.asarray(values).tolist()
+    return [tuple(flat[end - n : end]) for n, end in zip(counts, accumulate(counts))]
 
 
 _SUMMED = ("f32", "bf16", "f64", "i64", "i32", "i16", "i8", "u8")
@@ -713,19 +726,22 @@ class NativeObserver:
         ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
         sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops]
         sizes += [slots] * 3 + [ops] * 2 + [kept]  # slot_base, slot_has_fingerprint, slot_fingerprint; mark, made; kept_staged
-        columns = {name: array(code, [0]) * size for (name, code), size in zip(_COLUMNS, sizes)}  # (no zeroed bytes copied)
-        pointers = (ctypes.c_void_p * len(_COLUMNS))(*(column.buffer_info()[0] for column in columns.values()))
-        self._lib.td_observer_drain(counts, pointers)
+        columns = {name: np.empty(size, kind) for (name, kind), size in zip(_COLUMNS, sizes)}  # (filled once: by the drain)
+        addresses = {name: data_address(column) if len(column) else 0 for name, column in columns.items()}
+        self._lib.td_observer_drain(counts, (ctypes.c_void_p * len(_COLUMNS))(*addresses.values()))
         for op_id in range(len(self._names), self._lib.td_observer_op_names()):
             self._names.append(self._lib.td_observer_op_name(op_id).decode())
         tensors = torch.ops.torchdebug.observer_kept() if kept else []
-        freed = array("q", [0]) * self._lib.td_observer_freed_count()
-        if freed:
-            self._lib.td_observer_take_freed(freed.buffer_info()[0])
+        freed = np.empty(self._lib.td_observer_freed_count(), np.int64)
+        addresses["freed"] = data_address(freed) if len(freed) else 0
+        if len(freed):
+            self._lib.td_observer_take_freed(addresses["freed"])
         size = ctypes.c_int64()
         texts = self._lib.td_observer_value_texts(ctypes.byref(size))
         value_texts = ctypes.string_at(texts, size.value).decode().split("\0")[:-1] if size.value else []
-        return ObservedOps(list(self._names), counts[3], **columns, kept=tensors, value_texts=value_texts, freed=freed)
+        return ObservedOps(
+            list(self._names), counts[3], **columns, kept=tensors, value_texts=value_texts, freed=freed, addresses=addresses
+        )
 
     def forget_seen(self) -> None:
         """Drop the weak references the drains hold (a new capture's value ids start afresh)."""

@@ -664,9 +664,10 @@ def test_a_records_file_is_decoded_in_order_only(tmp_path):
     assert [decoder.decode(range(i, i + 1)).column("call").to_pylist() for i in range(2)] == [[0], [1]]
 
 
-def test_a_column_made_of_the_memory_encoded_last_takes_that_encoding_and_a_new_one_is_encoded(tmp_path, monkeypatch):
+def test_a_column_equal_to_the_one_encoded_last_takes_that_encoding_and_a_new_one_is_encoded(tmp_path, monkeypatch):
     """The native path hands a steady step's names as the same arrays each step: the writer encodes
-    them once. A column of new memory is encoded again, whatever its length and place."""
+    them once, and a column of the same values in other memory takes that encoding too. A column
+    of new values is encoded again, whatever its length and place."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -679,12 +680,14 @@ def test_a_column_made_of_the_memory_encoded_last_takes_that_encoding_and_a_new_
     monkeypatch.setattr(pc, "dictionary_encode", lambda column: encoded.append(column) or encode(column))
     first = records_batch([_record(i) for i in range(3)])
     again = pa.RecordBatch.from_arrays(first.columns, schema=SCHEMA)  # the same memory, another batch
+    copied = first.set_column(SCHEMA.names.index("name"), "name", pa.array(first.column("name").to_pylist()))
     renamed = first.set_column(SCHEMA.names.index("name"), "name", pa.array([f"x{i}" for i in range(3)]))
     path = tmp_path / "records.arrows"
     file = RecordFile(path)
     file.append(first)
     encodes = len(encoded)
     file.append(again)
+    file.append(copied)
     assert len(encoded) == encodes  # nothing encoded again
     file.append(renamed)
     assert len(encoded) == encodes + 1  # its names alone
@@ -698,7 +701,7 @@ def test_a_column_made_of_the_memory_encoded_last_takes_that_encoding_and_a_new_
     table, truncated = read_records(path)
     assert not truncated
     names = [r.name for r in [_record(i) for i in range(3)]]
-    assert table.column("name").to_pylist() == names * 2 + ["x0", "x1", "x2"] + names + names[:2]
+    assert table.column("name").to_pylist() == names * 3 + ["x0", "x1", "x2"] + names + names[:2]
 
 
 def test_a_column_of_nulls_is_encoded_without_hashing_and_no_dictionary_is_written_again(tmp_path, monkeypatch):

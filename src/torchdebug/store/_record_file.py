@@ -97,21 +97,19 @@ class RecordFile:
         self, batch: pa.RecordBatch, offset: int, encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]]
     ) -> pa.RecordBatch:
         """``batch`` in :data:`STORED_SCHEMA`. A column encoded already goes as it is (the native
-        path's ``value``: ``VALUE_CODES``); a column made of the same memory as the one encoded
-        at its place in the last batch (a steady step's names, which the native path makes once:
-        ``FixedColumns``), or of nulls where that one was nulls of its length, takes that encoding
-        again; ``encoded`` gets this batch's, held until the next batch so that their memory is not
-        reused meanwhile."""
+        path's ``value``: ``VALUE_CODES``); a column equal to the one encoded at its place in the
+        last batch (a steady step's names, which the native path makes once, ``FixedColumns``: the
+        same memory, which Arrow's comparison finds at once; nulls where that one was nulls of its
+        length) takes that encoding again; ``encoded`` gets this batch's, for the next to compare."""
         columns = batch.columns
         for index in _ENCODED:
             column, key = columns[index], (index, offset)
             if index == _VALUE_AT and pa.types.is_dictionary(column.type):
                 continue
             last = self._encoded.get(key)
-            nulls = column.null_count == len(column)  # mostly none (node, extra, json_fields): no hashing
-            if last is not None and (_same_memory(column, last[0]) or (nulls and _nulls_of(last[0], len(column)))):
+            if last is not None and column.equals(last[0]):
                 columns[index] = last[1]
-            elif nulls:
+            elif column.null_count == len(column):  # mostly none (node, extra, json_fields): no hashing
                 columns[index] = pa.DictionaryArray.from_arrays(pa.nulls(len(column), pa.int32()), _no_strings())
             else:
                 columns[index] = pc.dictionary_encode(column)
@@ -136,23 +134,6 @@ class RecordFile:
 def _no_strings() -> pa.Array:
     """The dictionary of a column of nulls."""
     return strings([])
-
-
-def _same_memory(column: pa.Array, other: pa.Array) -> bool:
-    """Whether two arrays are views of the same buffers at the same offset and length (so hold the
-    same values: Arrow's buffers do not change)."""
-    if len(column) != len(other) or column.offset != other.offset or column.type != other.type:
-        return False
-    ours, theirs = column.buffers(), other.buffers()
-    return len(ours) == len(theirs) and all(
-        (a is None and b is None) or (a is not None and b is not None and a.address == b.address and a.size == b.size)
-        for a, b in zip(ours, theirs)
-    )
-
-
-def _nulls_of(column: pa.Array, length: int) -> bool:
-    """Whether ``column`` is ``length`` nulls (its encoding, the same for any such column, serves again)."""
-    return len(column) == length and column.null_count == length
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:

@@ -89,7 +89,8 @@ class RecordFile:
         before the next is made."""
         encoded: dict[tuple[int, int], tuple[pa.Array, pa.Array]] = {}
         for offset in range(0, max(batch.num_rows, 1), BATCH_ROWS):
-            self._stream.write_batch(self._stored(batch.slice(offset, BATCH_ROWS), offset, encoded))
+            message = batch if batch.num_rows <= BATCH_ROWS else batch.slice(offset, BATCH_ROWS)  # (a slice: new arrays)
+            self._stream.write_batch(self._stored(message, offset, encoded))
             self._sink.flush()
         self._encoded = encoded
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -295,9 +296,12 @@ def _value_text(text: str) -> str:
     back as it, a complex number as ``{"complex": [real, imag]}``) as ``CaptureSession`` writes the
     Python value: ``json_value``, then ``json_text``.
     A float alone (the observer writes one with a point, an exponent, or as ``NaN``, ``Infinity``;
-    an optimizer's step sizes are new texts every step) is read with ``float``, as ``json`` would."""
+    an optimizer's step sizes are new texts every step) is read with ``float``, as ``json`` would,
+    and a finite one written as ``json`` writes it, ``float.__repr__``, without the encoder ``json``
+    makes at each call."""
     if text[:1] in _NUMBER_STARTS and ("." in text or "e" in text or text in _NOT_FINITE):
-        return json_text(float(text))
+        number = float(text)
+        return repr(number) if math.isfinite(number) else json_text(number)
     return json_text(json_value(json.loads(text, object_hook=_complex)))
 
 

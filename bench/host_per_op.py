@@ -16,7 +16,10 @@ aten ops one step dispatches (counted once by a counting dispatch mode; the debu
 not counted); once by the wall clock, once by the process's CPU time (all its threads, the writer's
 included), which moves less with the load of other jobs on a shared machine; and once from the least
 CPU time of any block of the mode against the least of the plain blocks, which a busy neighbour on a
-shared machine can only raise (the figure to compare two commits by). ``dispatch-mode`` is an empty
+shared machine can only raise (the figure to compare two commits by); and the least CPU time of the
+training thread alone, the same way: what a launch-bound device waits for, the writer's thread (the
+records' encoding and compression, on a core of its own where the host has one) left out; a block's
+flush waits for the writer, its time on the writer's thread. ``dispatch-mode`` is an empty
 ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode capture.
 ``structure/op native``, ``statistics/op native``, ``statistics+checksum/op native`` and
 ``checksum/op native`` (and ``statistics/mix native``, ``statistics/module native``, ``tensor/op
@@ -200,6 +203,7 @@ def main() -> None:
     modes = ["plain", *args.modes]
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     cpu_times: dict[str, list[float]] = {mode: [] for mode in modes}
+    thread_times: dict[str, list[float]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         debuggers = {
             mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_").replace(" ", "_"), **ALL_MODES[mode])
@@ -208,24 +212,26 @@ def main() -> None:
         }
         for round_ in range(args.warmup + args.rounds):
             for mode in modes:
-                start, cpu_start = time.perf_counter(), time.process_time()
+                start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
                 run_block(mode, debuggers.get(mode), model, step, args.block)
                 if round_ >= args.warmup:
                     times[mode].append((time.perf_counter() - start) / args.block)
                     cpu_times[mode].append((time.process_time() - cpu_start) / args.block)
+                    thread_times[mode].append((time.thread_time() - thread_start) / args.block)
         print(
             f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}; "
             f"GPT of {args.layers} layers: {ops} aten ops a step; median of {args.rounds} blocks of {args.block} steps per mode"
         )
-        print(f"{'':20s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}   {'least cpu':>9s}")
-        print(f"{'mode':20s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'µs/op':>9s}")
+        print(f"{'':20s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}   {'least cpu':>9s} {'training thread':>15s}")
+        print(f"{'mode':20s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'µs/op':>9s} {'µs/op':>15s}")
         plain, cpu_plain = statistics.median(times["plain"]), statistics.median(cpu_times["plain"])
         for mode in modes:
             fell_back = mode.endswith(" native") and not isinstance(debuggers[mode]._ops, NativeOpCapture)  # noqa: SLF001
             label = f"{mode} (fell back)" if fell_back else mode
             least = (min(cpu_times[mode]) - min(cpu_times["plain"])) / ops * 1e6
+            thread = (min(thread_times[mode]) - min(thread_times["plain"])) / ops * 1e6
             columns = _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops)
-            print(f"{label:20s}{columns} {least:9.1f}")
+            print(f"{label:20s}{columns} {least:9.1f} {thread:15.1f}")
         for mode, base in CHECKSUM_OVER.items():
             if mode in times and base in times:
                 wall = statistics.median(times[mode]) / statistics.median(times[base])

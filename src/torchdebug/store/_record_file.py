@@ -100,8 +100,8 @@ class RecordFile:
         """``batch`` in :data:`STORED_SCHEMA`. A column encoded already goes as it is (the native
         path's ``value``: ``VALUE_CODES``); a column equal to the one encoded at its place in the
         last batch (a steady step's names, which the native path makes once, ``FixedColumns``: the
-        same memory, which Arrow's comparison finds at once; nulls where that one was nulls of its
-        length) takes that encoding again; ``encoded`` gets this batch's, for the next to compare."""
+        same arrays, which Arrow finds equal at once; nulls where that one was nulls of its length)
+        takes that encoding again; ``encoded`` gets this batch's, for the next to compare."""
         columns = batch.columns
         for index in _ENCODED:
             column, key = columns[index], (index, offset)

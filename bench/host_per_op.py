@@ -222,16 +222,18 @@ def main() -> None:
             f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}; "
             f"GPT of {args.layers} layers: {ops} aten ops a step; median of {args.rounds} blocks of {args.block} steps per mode"
         )
-        print(f"{'':20s} {'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}   {'least cpu':>9s} {'training thread':>15s}")
-        print(f"{'mode':20s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'µs/op':>9s} {'µs/op':>15s}")
+        fell_back = {mode for mode in modes if mode.endswith(" native") and not isinstance(debuggers[mode]._ops, NativeOpCapture)}  # noqa: SLF001
+        labels = {mode: f"{mode} (fell back)" if mode in fell_back else mode for mode in modes}
+        width = max(map(len, labels.values()))
+        heads = f"{'wall (perf_counter)':>28s}   {'cpu (process_time)':>28s}   {'least cpu':>9s} {'training thread':>15s}"
+        print(f"{'':{width}s} {heads}")
+        print(f"{'mode':{width}s}" + f" {'ms/step':>9s} {'x plain':>8s} {'µs/op':>8s}  " * 2 + f" {'µs/op':>9s} {'µs/op':>15s}")
         plain, cpu_plain = statistics.median(times["plain"]), statistics.median(cpu_times["plain"])
         for mode in modes:
-            fell_back = mode.endswith(" native") and not isinstance(debuggers[mode]._ops, NativeOpCapture)  # noqa: SLF001
-            label = f"{mode} (fell back)" if fell_back else mode
             least = (min(cpu_times[mode]) - min(cpu_times["plain"])) / ops * 1e6
             thread = (min(thread_times[mode]) - min(thread_times["plain"])) / ops * 1e6
             columns = _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops)
-            print(f"{label:20s}{columns} {least:9.1f} {thread:15.1f}")
+            print(f"{labels[mode]:{width}s}{columns} {least:9.1f} {thread:15.1f}")
         for mode, base in CHECKSUM_OVER.items():
             if mode in times and base in times:
                 wall = statistics.median(times[mode]) / statistics.median(times[base])

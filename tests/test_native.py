@@ -333,6 +333,8 @@ def _fingerprint_cases() -> list[tuple[str, torch.Tensor]]:
         ("int32 transpose", torch.arange(600, dtype=torch.int32).reshape(20, 30).t()),
         ("float64 transpose (two words an element, strided keys)", randn(41, 37, dtype=torch.float64).t()),
         ("float64 big transpose, rows split over threads", randn(400, 300, dtype=torch.float64).t()),
+        ("float32 transpose, rows cut by the statistics' blocks", randn(150, 40).t()),
+        ("int32 transpose, more rows than a hasher call", torch.arange(6000, dtype=torch.int32).reshape(150, 40).t()),
         ("int64 permute", torch.randint(-(2**62), 2**62, (3, 70, 9), generator=generator).permute(2, 0, 1)),
         ("complex64 transpose", randn(13, 11, dtype=torch.complex64).t()),
         ("float16 transpose", randn(70, 33).half().t()),

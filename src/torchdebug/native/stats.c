@@ -99,15 +99,18 @@ static inline uint64_t contribution(uint32_t w, uint64_t k) {
     return (uint64_t)(w ^ h) * (((uint32_t)k ^ h) | 1u);
 }
 
-/* The fingerprint's sum over n contiguous elements of one width, modulo 2**64: element j's first
- * word has the key key0 + j * step (key0: the key of element 0's first word, step: GAMMA times the
- * words between the logical positions of consecutive elements). An element of 1, 2 or 4 bytes is
- * one word (zero-extended); one of 8 bytes is two, its low half first, the second keyed GAMMA after
- * the first. Portable lanes first (compilers vectorise them), then hand-written AVX2 and AVX-512,
- * which run the multiplies as vpmuludq on four or eight words at a time (one core of a 2-core
- * AVX-512 machine: 0.22 and 0.16 ns a float32 element, against 1.0 for fingerprint 1's two 64-bit
- * multiplies an element). hashers[] holds the one chosen for each width when the library loads. */
-typedef uint64_t (*hash_fn)(const void *x, int64_t n, uint64_t key0, uint64_t step);
+/* The fingerprint's sum, modulo 2**64, over `rows` rows of `row` contiguous elements of one width,
+ * each row right after the one before in memory: element j of row r has its first word keyed
+ * keys[r] + j * step (keys[r]: the key of the row's first word, step: GAMMA times the words between
+ * the logical positions of consecutive elements); a run is one row. An element of 1, 2 or 4 bytes
+ * is one word (zero-extended); one of 8 bytes is two, its low half first, the second keyed GAMMA
+ * after the first. Portable lanes first (compilers vectorise them), then hand-written AVX2 and
+ * AVX-512, which run the multiplies as vpmuludq on four or eight words at a time (one core of a
+ * 2-core AVX-512 machine: 0.22 and 0.16 ns a float32 element, against 1.0 for fingerprint 1's two
+ * 64-bit multiplies an element). The lanes' keys are set up once a call and moved to each row by
+ * an add: a transposed view's rows of 64 elements cost a few instructions more a row, not a call
+ * each (hash_span). hashers[] holds the one chosen for each width when the library loads. */
+typedef uint64_t (*hash_fn)(const void *x, int64_t row, int64_t rows, const uint64_t *keys, uint64_t step);
 
 #define ELEMENT_SUM(WORD_TYPE, v, k)                                                                 \
     (sizeof(WORD_TYPE) == 8 ? contribution((uint32_t)(v), (k)) + contribution((uint32_t)((uint64_t)(v) >> 32), (k) + GAMMA) \
@@ -116,19 +119,22 @@ typedef uint64_t (*hash_fn)(const void *x, int64_t n, uint64_t key0, uint64_t st
 /* The portable lanes share one base key per LANES elements: GCC 12.2 at -O3 with AVX2 vectorised
  * per-lane keys fed by bytes wrongly (tests check every width against the torch-op reference). */
 #define HASH_WORDS(NAME, WORD_TYPE)                                                                  \
-    MULTIVERSION static uint64_t NAME(const void *x, int64_t n, uint64_t key0, uint64_t step) {     \
+    MULTIVERSION static uint64_t NAME(const void *x, int64_t row, int64_t rows, const uint64_t *keys, \
+                                      uint64_t step) {                                               \
         const WORD_TYPE *w = (const WORD_TYPE *)x;                                                   \
-        uint64_t sum[LANES] = {0}, offset[LANES], base = key0;                                       \
+        uint64_t sum[LANES] = {0}, offset[LANES], total = 0;                                         \
         for (int l = 0; l < LANES; l++) offset[l] = (uint64_t)l * step;                              \
         const uint64_t advance = step * LANES;                                                       \
-        int64_t i = 0;                                                                               \
-        for (; i + LANES <= n; i += LANES) {                                                         \
-            for (int l = 0; l < LANES; l++) sum[l] += ELEMENT_SUM(WORD_TYPE, w[i + l], base + offset[l]); \
-            base += advance;                                                                         \
+        for (int64_t r = 0; r < rows; r++, w += row) {                                               \
+            uint64_t base = keys[r];                                                                 \
+            int64_t i = 0;                                                                           \
+            for (; i + LANES <= row; i += LANES) {                                                   \
+                for (int l = 0; l < LANES; l++) sum[l] += ELEMENT_SUM(WORD_TYPE, w[i + l], base + offset[l]); \
+                base += advance;                                                                     \
+            }                                                                                        \
+            for (; i < row; i++) total += ELEMENT_SUM(WORD_TYPE, w[i], keys[r] + (uint64_t)i * step); \
         }                                                                                            \
-        uint64_t total = 0;                                                                          \
         for (int l = 0; l < LANES; l++) total += sum[l];                                             \
-        for (; i < n; i++) total += ELEMENT_SUM(WORD_TYPE, w[i], key0 + (uint64_t)i * step);         \
         return total;                                                                                \
     }
 
@@ -163,35 +169,43 @@ AVX2 static inline __m256i load8_u32(const void *p) { return _mm256_loadu_si256(
  * vector, the even lanes their low halves (key0 + l * step), the odd ones their high halves
  * (GAMMA further). */
 #define HASH_WORDS_AVX2(NAME, WORD_TYPE, LOAD8, ELEMENTS)                                            \
-    AVX2 static uint64_t NAME(const void *x, int64_t n, uint64_t key0, uint64_t step) {             \
+    AVX2 static uint64_t NAME(const void *x, int64_t row, int64_t rows, const uint64_t *keys, uint64_t step) { \
         const WORD_TYPE *w = (const WORD_TYPE *)x;                                                   \
-        __m256i even[2], odd[2], sum[4];                                                             \
+        __m256i even_offset[2], odd_offset[2], sum[4];                                               \
         for (int v = 0; v < 2; v++) {                                                                \
-            uint64_t k = key0 + (uint64_t)(v * ELEMENTS) * step, lane[8];                            \
+            uint64_t k = (uint64_t)(v * ELEMENTS) * step, lane[8];                                   \
             for (int l = 0; l < 8; l++)                                                              \
                 lane[l] = ELEMENTS == 8 ? k + (uint64_t)l * step : k + (uint64_t)(l / 2) * step + (l % 2) * GAMMA; \
-            even[v] = _mm256_set_epi64x((long long)lane[6], (long long)lane[4], (long long)lane[2], (long long)lane[0]); \
-            odd[v] = _mm256_set_epi64x((long long)lane[7], (long long)lane[5], (long long)lane[3], (long long)lane[1]); \
+            even_offset[v] = _mm256_set_epi64x((long long)lane[6], (long long)lane[4], (long long)lane[2], (long long)lane[0]); \
+            odd_offset[v] = _mm256_set_epi64x((long long)lane[7], (long long)lane[5], (long long)lane[3], (long long)lane[1]); \
         }                                                                                            \
         for (int s = 0; s < 4; s++) sum[s] = _mm256_setzero_si256();                                 \
         const __m256i advance = _mm256_set1_epi64x((long long)(2 * ELEMENTS * step));                \
-        int64_t i = 0;                                                                               \
-        for (; i + 2 * ELEMENTS <= n; i += 2 * ELEMENTS) {                                           \
-            _mm_prefetch((const char *)(w + i) + PREFETCH_AHEAD, _MM_HINT_T0);                       \
+        uint64_t total = 0;                                                                          \
+        for (int64_t r = 0; r < rows; r++, w += row) {                                               \
+            const __m256i base = _mm256_set1_epi64x((long long)keys[r]);                             \
+            __m256i even[2], odd[2];                                                                 \
             for (int v = 0; v < 2; v++) {                                                            \
-                __m256i words = LOAD8(w + i + v * ELEMENTS);                                         \
-                sum[2 * v] = _mm256_add_epi64(sum[2 * v], contribution4(words, even[v]));            \
-                sum[2 * v + 1] = _mm256_add_epi64(sum[2 * v + 1], contribution4(_mm256_srli_epi64(words, 32), odd[v])); \
-                even[v] = _mm256_add_epi64(even[v], advance);                                        \
-                odd[v] = _mm256_add_epi64(odd[v], advance);                                          \
+                even[v] = _mm256_add_epi64(base, even_offset[v]);                                    \
+                odd[v] = _mm256_add_epi64(base, odd_offset[v]);                                      \
             }                                                                                        \
+            int64_t i = 0;                                                                           \
+            for (; i + 2 * ELEMENTS <= row; i += 2 * ELEMENTS) {                                     \
+                _mm_prefetch((const char *)(w + i) + PREFETCH_AHEAD, _MM_HINT_T0);                   \
+                for (int v = 0; v < 2; v++) {                                                        \
+                    __m256i words = LOAD8(w + i + v * ELEMENTS);                                     \
+                    sum[2 * v] = _mm256_add_epi64(sum[2 * v], contribution4(words, even[v]));        \
+                    sum[2 * v + 1] = _mm256_add_epi64(sum[2 * v + 1], contribution4(_mm256_srli_epi64(words, 32), odd[v])); \
+                    even[v] = _mm256_add_epi64(even[v], advance);                                    \
+                    odd[v] = _mm256_add_epi64(odd[v], advance);                                      \
+                }                                                                                    \
+            }                                                                                        \
+            for (; i < row; i++) total += ELEMENT_SUM(WORD_TYPE, w[i], keys[r] + (uint64_t)i * step); \
         }                                                                                            \
         uint64_t lanes[4];                                                                           \
         __m256i all = _mm256_add_epi64(_mm256_add_epi64(sum[0], sum[1]), _mm256_add_epi64(sum[2], sum[3])); \
         _mm256_storeu_si256((__m256i *)lanes, all);                                                  \
-        uint64_t total = lanes[0] + lanes[1] + lanes[2] + lanes[3];                                  \
-        for (; i < n; i++) total += ELEMENT_SUM(WORD_TYPE, w[i], key0 + (uint64_t)i * step);         \
-        return total;                                                                                \
+        return total + lanes[0] + lanes[1] + lanes[2] + lanes[3];                                    \
     }
 
 HASH_WORDS_AVX2(hash_words_u8_avx2, uint8_t, load8_u8, 8)
@@ -216,36 +230,44 @@ AVX512 static inline __m512i load16_u32(const void *p) { return _mm512_loadu_si5
 /* 32 words an iteration, in two vectors of 16, as HASH_WORDS_AVX2 arranges eight (the odd lanes
  * moved down by a shuffle). ELEMENTS: 16 for elements of 1, 2 or 4 bytes, 8 for 8-byte ones. */
 #define HASH_WORDS_AVX512(NAME, WORD_TYPE, LOAD16, ELEMENTS)                                         \
-    AVX512 static uint64_t NAME(const void *x, int64_t n, uint64_t key0, uint64_t step) {           \
+    AVX512 static uint64_t NAME(const void *x, int64_t row, int64_t rows, const uint64_t *keys, uint64_t step) { \
         const WORD_TYPE *w = (const WORD_TYPE *)x;                                                   \
-        __m512i even[2], odd[2], sum[4];                                                             \
+        __m512i even_offset[2], odd_offset[2], sum[4];                                               \
         for (int v = 0; v < 2; v++) {                                                                \
-            uint64_t k = key0 + (uint64_t)(v * ELEMENTS) * step, lane[16];                           \
+            uint64_t k = (uint64_t)(v * ELEMENTS) * step, lane[16];                                  \
             for (int l = 0; l < 16; l++)                                                             \
                 lane[l] = ELEMENTS == 16 ? k + (uint64_t)l * step : k + (uint64_t)(l / 2) * step + (l % 2) * GAMMA; \
-            even[v] = _mm512_set_epi64((long long)lane[14], (long long)lane[12], (long long)lane[10], (long long)lane[8], \
-                                       (long long)lane[6], (long long)lane[4], (long long)lane[2], (long long)lane[0]); \
-            odd[v] = _mm512_set_epi64((long long)lane[15], (long long)lane[13], (long long)lane[11], (long long)lane[9], \
-                                      (long long)lane[7], (long long)lane[5], (long long)lane[3], (long long)lane[1]); \
+            even_offset[v] = _mm512_set_epi64((long long)lane[14], (long long)lane[12], (long long)lane[10], (long long)lane[8], \
+                                              (long long)lane[6], (long long)lane[4], (long long)lane[2], (long long)lane[0]); \
+            odd_offset[v] = _mm512_set_epi64((long long)lane[15], (long long)lane[13], (long long)lane[11], (long long)lane[9], \
+                                             (long long)lane[7], (long long)lane[5], (long long)lane[3], (long long)lane[1]); \
         }                                                                                            \
         for (int s = 0; s < 4; s++) sum[s] = _mm512_setzero_si512();                                 \
         const __m512i advance = _mm512_set1_epi64((long long)(2 * ELEMENTS * step));                 \
-        int64_t i = 0;                                                                               \
-        for (; i + 2 * ELEMENTS <= n; i += 2 * ELEMENTS) {                                           \
-            _mm_prefetch((const char *)(w + i) + PREFETCH_AHEAD, _MM_HINT_T0);                       \
-            for (int v = 0; v < 2; v++) {                                                            \
-                __m512i words = LOAD16(w + i + v * ELEMENTS);                                        \
-                sum[2 * v] = _mm512_add_epi64(sum[2 * v], contribution8(words, even[v]));            \
-                sum[2 * v + 1] = _mm512_add_epi64(sum[2 * v + 1], contribution8(_mm512_shuffle_epi32(words, _MM_PERM_DDBB), odd[v])); \
-                even[v] = _mm512_add_epi64(even[v], advance);                                        \
-                odd[v] = _mm512_add_epi64(odd[v], advance);                                          \
-            }                                                                                        \
-        }                                                                                            \
         uint64_t lanes[8], total = 0;                                                                \
+        for (int64_t r = 0; r < rows; r++, w += row) {                                               \
+            const __m512i base = _mm512_set1_epi64((long long)keys[r]);                              \
+            __m512i even[2], odd[2];                                                                 \
+            for (int v = 0; v < 2; v++) {                                                            \
+                even[v] = _mm512_add_epi64(base, even_offset[v]);                                    \
+                odd[v] = _mm512_add_epi64(base, odd_offset[v]);                                      \
+            }                                                                                        \
+            int64_t i = 0;                                                                           \
+            for (; i + 2 * ELEMENTS <= row; i += 2 * ELEMENTS) {                                     \
+                _mm_prefetch((const char *)(w + i) + PREFETCH_AHEAD, _MM_HINT_T0);                   \
+                for (int v = 0; v < 2; v++) {                                                        \
+                    __m512i words = LOAD16(w + i + v * ELEMENTS);                                    \
+                    sum[2 * v] = _mm512_add_epi64(sum[2 * v], contribution8(words, even[v]));        \
+                    sum[2 * v + 1] = _mm512_add_epi64(sum[2 * v + 1], contribution8(_mm512_shuffle_epi32(words, _MM_PERM_DDBB), odd[v])); \
+                    even[v] = _mm512_add_epi64(even[v], advance);                                    \
+                    odd[v] = _mm512_add_epi64(odd[v], advance);                                      \
+                }                                                                                    \
+            }                                                                                        \
+            for (; i < row; i++) total += ELEMENT_SUM(WORD_TYPE, w[i], keys[r] + (uint64_t)i * step); \
+        }                                                                                            \
         __m512i all = _mm512_add_epi64(_mm512_add_epi64(sum[0], sum[1]), _mm512_add_epi64(sum[2], sum[3])); \
         _mm512_storeu_si512(lanes, all);                                                             \
         for (int l = 0; l < 8; l++) total += lanes[l];                                               \
-        for (; i < n; i++) total += ELEMENT_SUM(WORD_TYPE, w[i], key0 + (uint64_t)i * step);         \
         return total;                                                                                \
     }
 
@@ -292,6 +314,71 @@ const char *td_hashers(void) { return hashers_picked; }
 
 __attribute__((constructor)) static void pick_hashers(void) { td_pick_hashers(0); }
 
+/* Where a walk stands in the fingerprint's keys: a span of contiguous memory is rows of the walk's
+ * innermost dimension (`row` elements, keyed `step` apart), and an odometer over the dimensions
+ * above it that the span covers (outermost first) gives each row's key; a run of one dimension is
+ * one row (row_of_run). */
+typedef struct {
+    int64_t row, at;    /* elements a row; those of the current row hashed so far */
+    uint64_t key, step; /* the key of the current row's first word; the step between its elements' keys */
+    int dims;
+    int64_t sizes[MAX_DIMS], index[MAX_DIMS];
+    uint64_t steps[MAX_DIMS]; /* the key's step along each odometer dimension */
+} rows_t;
+
+static rows_t row_of_run(uint64_t key, uint64_t step) {
+    rows_t rows;
+    rows.row = INT64_MAX;
+    rows.at = 0;
+    rows.key = key;
+    rows.step = step;
+    rows.dims = 0;
+    return rows;
+}
+
+static inline void next_row(rows_t *rows) {
+    rows->at = 0;
+    for (int d = rows->dims - 1; d >= 0; d--) {
+        rows->key += rows->steps[d];
+        if (++rows->index[d] < rows->sizes[d]) return;
+        rows->key -= (uint64_t)rows->sizes[d] * rows->steps[d];
+        rows->index[d] = 0;
+    }
+}
+
+#define ROWS_A_CALL 64 /* whole rows handed to a hasher at once (their keys on the stack) */
+
+/* The fingerprint's sum of the next n elements of the walk, contiguous at x, `width` bytes each;
+ * moves rows on past them. A row cut by the caller's block is hashed in two pieces. */
+static uint64_t hash_span(rows_t *rows, const char *x, int64_t n, size_t width) {
+    const hash_fn hash = hashers[width];
+    uint64_t total = 0, keys[ROWS_A_CALL];
+    if (rows->at > 0 && n > 0) {
+        int64_t piece = rows->row - rows->at < n ? rows->row - rows->at : n;
+        keys[0] = rows->key + (uint64_t)rows->at * rows->step;
+        total += hash(x, piece, 1, keys, rows->step);
+        x += piece * (int64_t)width;
+        n -= piece;
+        rows->at += piece;
+        if (rows->at == rows->row) next_row(rows);
+    }
+    while (n >= rows->row) {
+        int64_t whole = n / rows->row < ROWS_A_CALL ? n / rows->row : ROWS_A_CALL;
+        for (int64_t r = 0; r < whole; r++) {
+            keys[r] = rows->key;
+            next_row(rows);
+        }
+        total += hash(x, rows->row, whole, keys, rows->step);
+        x += whole * rows->row * (int64_t)width;
+        n -= whole * rows->row;
+    }
+    if (n > 0) {
+        total += hash(x, n, 1, &rows->key, rows->step);
+        rows->at = n;
+    }
+    return total;
+}
+
 static inline float load_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
 
 static inline float load_bf16(const void *p, int64_t i) {
@@ -320,10 +407,8 @@ static inline double load_u8(const void *p, int64_t i) { return (double)((const 
  * fingerprint's sum of the run's elements (see hash_fn) to acc->hash, block by block while the
  * block is in the L1 cache: memory is read once for both. */
 #define FAST_RUN(NAME, LOAD, ACC, TYPE, COPY, HASH)                                                  \
-    MULTIVERSION static void NAME(const void *x, void *dst, int64_t n, acc_t *acc, uint64_t key0,    \
-                                  uint64_t step) {                                                   \
-        (void)key0;                                                                                  \
-        (void)step;                                                                                  \
+    MULTIVERSION static void NAME(const void *x, void *dst, int64_t n, acc_t *acc, rows_t *rows) {   \
+        (void)rows;                                                                                  \
         ACC mn[LANES], mx[LANES];                                                                    \
         for (int l = 0; l < LANES; l++) {                                                            \
             mn[l] = INFINITY;                                                                        \
@@ -350,16 +435,13 @@ static inline double load_u8(const void *p, int64_t i) { return (double)((const 
                 acc->squares += block_squares[l];                                                    \
                 acc->zeros += block_zeros[l];                                                        \
             }                                                                                        \
-            if (HASH)                                                                                \
-                acc->hash += hashers[sizeof(TYPE)]((const TYPE *)x + begin, i - begin,               \
-                                                   key0 + (uint64_t)begin * step, step);             \
+            if (HASH) acc->hash += hash_span(rows, (const char *)((const TYPE *)x + begin), i - begin, sizeof(TYPE)); \
         }                                                                                            \
         for (int l = 0; l < LANES; l++) {                                                            \
             if (mn[l] < acc->low) acc->low = mn[l];                                                  \
             if (mx[l] > acc->high) acc->high = mx[l];                                                \
         }                                                                                            \
-        if (HASH)                                                                                    \
-            acc->hash += hashers[sizeof(TYPE)]((const TYPE *)x + i, n - i, key0 + (uint64_t)i * step, step); \
+        if (HASH && i < n) acc->hash += hash_span(rows, (const char *)((const TYPE *)x + i), n - i, sizeof(TYPE)); \
         if (COPY) memcpy((TYPE *)dst + i, (const TYPE *)x + i, (size_t)(n - i) * sizeof(TYPE));      \
         for (; i < n; i++) {                                                                         \
             double v = LOAD(x, i);                                                                   \
@@ -373,19 +455,17 @@ static inline double load_u8(const void *p, int64_t i) { return (double)((const 
 
 /* One contiguous run of words of WIDTH bytes: the fingerprint's sum only (no statistics). */
 #define HASH_RUN(NAME, WIDTH)                                                                        \
-    static void NAME(const void *x, void *unused, int64_t n, acc_t *acc, uint64_t key0, uint64_t step) { \
+    static void NAME(const void *x, void *unused, int64_t n, acc_t *acc, rows_t *rows) {             \
         (void)unused;                                                                                \
-        acc->hash += hashers[WIDTH](x, n, key0, step);                                               \
+        acc->hash += hash_span(rows, (const char *)x, n, WIDTH);                                     \
     }
 
 /* One contiguous run, double accumulation, NaN left out and counted, infinities counted. Written
  * without branches so that it vectorises (a masked softmax input holds -inf in every row). */
 #define CAREFUL_RUN(NAME, LOAD)                                                                      \
-    MULTIVERSION static void NAME(const void *x, void *unused, int64_t n, acc_t *acc, uint64_t key0, \
-                                  uint64_t step) {                                                   \
+    MULTIVERSION static void NAME(const void *x, void *unused, int64_t n, acc_t *acc, rows_t *rows) { \
         (void)unused;                                                                                \
-        (void)key0;                                                                                  \
-        (void)step;                                                                                  \
+        (void)rows;                                                                                  \
         double low = acc->low, high = acc->high, sum = 0.0, squares = 0.0;                           \
         int64_t nan = 0, posinf = 0, neginf = 0, zeros = 0;                                          \
         for (int64_t i = 0; i < n; i++) {                                                            \
@@ -427,7 +507,7 @@ static int needs_care(const acc_t *acc) {
     return !isfinite(acc->sum) || !isfinite(acc->squares) || underflow;
 }
 
-typedef void (*run_fn)(const void *x, void *dst, int64_t n, acc_t *acc, uint64_t key0, uint64_t step);
+typedef void (*run_fn)(const void *x, void *dst, int64_t n, acc_t *acc, rows_t *rows);
 
 static const acc_t ACC_INIT = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0, 0, 0, 0};
 
@@ -462,9 +542,8 @@ static acc_t run_split(run_fn run, const char *src, char *dst, int64_t n, size_t
             chunk = (chunk + CHUNK_ALIGN - 1) / CHUNK_ALIGN * CHUNK_ALIGN;
             int64_t begin = t * chunk < n ? t * chunk : n, end = begin + chunk < n ? begin + chunk : n;
             parts[t] = ACC_INIT;
-            if (end > begin)
-                run(src + begin * element_size, dst ? dst + begin * element_size : NULL, end - begin, &parts[t],
-                    key0 + (uint64_t)begin * step, step);
+            rows_t rows = row_of_run(key0 + (uint64_t)begin * step, step);
+            if (end > begin) run(src + begin * element_size, dst ? dst + begin * element_size : NULL, end - begin, &parts[t], &rows);
             if (t == 0) used = k;
         }
         for (int t = 0; t < used; t++) merge(&total, &parts[t]);
@@ -474,34 +553,53 @@ static acc_t run_split(run_fn run, const char *src, char *dst, int64_t n, size_t
     (void)element_size;
     (void)threads;
 #endif
-    run(src, dst, n, &total, key0, step);
+    rows_t rows = row_of_run(key0, step);
+    run(src, dst, n, &total, &rows);
     return total;
 }
 
-/* Calls run on every contiguous run of a tensor of ndim >= 2 walk dimensions whose outermost
- * index lies in [first, last) (an odometer over the outer dimensions), with the fingerprint's key of
- * the run's first element and its step when positions is not NULL. */
-static void walk_runs(run_fn run, const char *data, size_t element_size, int ndim, const int64_t *sizes,
-                      const int64_t *strides, const int64_t *positions, int64_t first, int64_t last, acc_t *acc) {
+/* Calls run on every span of a tensor of ndim >= 2 walk dimensions whose outermost index lies in
+ * [first, last): a span is as much contiguous memory as the innermost dimensions make together (each
+ * one's stride the extent of the one inside it), an odometer over the dimensions outside them. The
+ * statistics of a span are taken as one run; with positions (the fingerprint's walk, whose
+ * dimensions merge only where the logical order continues too: a transposed view's rows are 64
+ * elements), the span's rows cursor gives each row its key, so a short row costs no call of its own. */
+static void walk_spans(run_fn run, const char *data, size_t element_size, int ndim, const int64_t *sizes,
+                       const int64_t *strides, const int64_t *positions, int64_t first, int64_t last, acc_t *acc) {
     if (first >= last) return;
+    int inner = ndim - 1; /* the span's outermost dimension */
+    while (inner > 0 && strides[inner - 1] == sizes[inner] * strides[inner]) inner--;
+    const uint64_t words = element_size == 8 ? 2 : 1; /* words an element: see hash_fn */
+    int64_t span = inner == 0 ? last - first : sizes[inner];
+    for (int d = inner + 1; d < ndim; d++) span *= sizes[d];
+    rows_t rows;
+    rows.row = sizes[ndim - 1];
+    rows.step = positions ? (uint64_t)positions[ndim - 1] * words * GAMMA : 0;
+    rows.dims = ndim - 1 - inner;
+    for (int j = 0; j < rows.dims; j++) {
+        rows.sizes[j] = sizes[inner + j];
+        rows.steps[j] = positions ? (uint64_t)positions[inner + j] * words * GAMMA : 0;
+    }
     int64_t index[MAX_DIMS] = {0};
     index[0] = first;
-    const uint64_t words = element_size == 8 ? 2 : 1; /* words an element: see hash_fn */
-    uint64_t step = positions ? (uint64_t)positions[ndim - 1] * words * GAMMA : 0;
     for (;;) {
         int64_t offset = 0;
         uint64_t position = 0;
-        for (int d = 0; d < ndim - 1; d++) offset += index[d] * strides[d];
+        for (int d = 0; d <= inner; d++) offset += index[d] * strides[d];
         if (positions)
-            for (int d = 0; d < ndim - 1; d++) position += (uint64_t)index[d] * (uint64_t)positions[d];
-        run(data + offset * (int64_t)element_size, NULL, sizes[ndim - 1], acc, (position * words + 1) * GAMMA, step);
-        int d = ndim - 2;
+            for (int d = 0; d <= inner; d++) position += (uint64_t)index[d] * (uint64_t)positions[d];
+        rows.at = 0;
+        rows.key = (position * words + 1) * GAMMA;
+        for (int j = 0; j < rows.dims; j++) rows.index[j] = index[inner + j];
+        run(data + offset * (int64_t)element_size, NULL, span, acc, &rows);
+        if (inner == 0) break;
+        int d = inner - 1;
         while (d > 0 && ++index[d] == sizes[d]) index[d--] = 0;
         if (d == 0 && ++index[0] == last) break;
     }
 }
 
-/* walk_runs over the whole tensor. With the fingerprint (positions not NULL), which costs more
+/* walk_spans over the whole tensor. With the fingerprint (positions not NULL), which costs more
  * arithmetic than memory, a big tensor's outermost dimension is cut into one range per thread of
  * torch's pool, merged in thread order; the statistics alone walk on one thread, as before. */
 static acc_t walk_split(run_fn run, const char *data, size_t element_size, int ndim, const int64_t *sizes,
@@ -519,7 +617,7 @@ static acc_t walk_split(run_fn run, const char *data, size_t element_size, int n
             int64_t first = t * chunk < sizes[0] ? t * chunk : sizes[0];
             int64_t last = first + chunk < sizes[0] ? first + chunk : sizes[0];
             parts[t] = ACC_INIT;
-            walk_runs(run, data, element_size, ndim, sizes, strides, positions, first, last, &parts[t]);
+            walk_spans(run, data, element_size, ndim, sizes, strides, positions, first, last, &parts[t]);
             if (t == 0) used = k;
         }
         for (int t = 0; t < used; t++) merge(&total, &parts[t]);
@@ -529,7 +627,7 @@ static acc_t walk_split(run_fn run, const char *data, size_t element_size, int n
     (void)numel;
     (void)threads;
 #endif
-    walk_runs(run, data, element_size, ndim, sizes, strides, positions, 0, sizes[0], &total);
+    walk_spans(run, data, element_size, ndim, sizes, strides, positions, 0, sizes[0], &total);
     return total;
 }
 

@@ -1,7 +1,7 @@
 """Memory throughput of the one-pass statistics kernel, against a plain one-read reduction, in one process.
 
     python bench/stats_pass.py [--device cpu|cuda] [--sizes 65536,1048576,16777216,134217728] [--dtype float32] [--repeat 10]
-                               [--grid 32768:512,8192:2048] [--stages 2,3] [--threads N]
+                               [--grid 32768:512,8192:2048] [--stages 2,3] [--threads N] [--view transposed]
 
 For each size, one tensor of that many elements is reduced ``--repeat`` times by the path that eager
 capture and the flight recorder use (:class:`~torchdebug.stats_table.StatsStager`: the C kernel on
@@ -19,7 +19,10 @@ about the bytes it watches divided by this rate (GPT M on CUDA watches about 9.5
 the memory. Each line also gives the nanoseconds an element of the statistics and of statistics with
 the fingerprint. ``--threads N`` runs torch (and the C kernel, which uses torch's thread pool) on N
 threads: on a CPU that other jobs share, ``--threads 1`` times the kernel on one core without the
-waits of a thread pool whose other threads are descheduled.
+waits of a thread pool whose other threads are descheduled. ``--view transposed`` reduces each
+tensor as attention's ``k.transpose(-2, -1)`` reads it (blocks of 128 x 64 elements, transposed:
+memory order is not the logical order, so the fingerprint's walk has rows of 64 elements, each keyed
+by its logical position); the default, ``contiguous``, a flat tensor.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=positive_int, default=None, help="torch's CPU threads (default: torch's own)")
     parser.add_argument(
+        "--view", choices=sorted(VIEWS), default="contiguous", help="the layout each tensor is reduced in (default contiguous)"
+    )
+    parser.add_argument(
         "--grid",
         type=int_pairs,
         default=[],
@@ -59,6 +65,8 @@ def main() -> None:
     args = parser.parse_args()
     if not all(is_power_of_two(programs) for _, programs in args.grid):
         parser.error("--grid: MAX_PROGRAMS must be a power of two")
+    if args.view == "transposed" and any(size % TRANSPOSED_BLOCK for size in args.sizes):
+        parser.error(f"--view transposed: every size must be a multiple of {TRANSPOSED_BLOCK} elements")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -69,13 +77,16 @@ def main() -> None:
 
         library = fused_stats._kernels()
         where += f", fingerprint loops: {library.hashers().decode() if library else 'torch ops'}"
-    print(f"torch {torch.__version__}, {args.dtype} on {args.device} ({where}), best of 3 rounds of {args.repeat} passes")
+    print(
+        f"torch {torch.__version__}, {args.dtype} on {args.device} ({where}), {args.view} tensors,"
+        f" best of 3 rounds of {args.repeat} passes"
+    )
     print(
         f"{'elements':>12s} {'MB':>8s} {'torch.sum':>10s} {'statistics':>18s} {'statistics+fingerprint':>24s}"
         f" {'ns/element: statistics, +fingerprint':>38s}"
     )
     for size in args.sizes:
-        x = torch.randn(size, device=device).to(dtype)
+        x = VIEWS[args.view](torch.randn(size, device=device).to(dtype))
         stager = StatsStager()
 
         def statistics(x: torch.Tensor = x, stager: StatsStager = stager) -> None:
@@ -116,6 +127,15 @@ def main() -> None:
                 f" +fingerprint {pace_both:7.1f} GB/s ({pace_both / rate['sum']:.2f}x,"
                 f" {pace / pace_both:.2f}x the statistics' time)"
             )
+
+
+TRANSPOSED_BLOCK = 128 * 64
+
+VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "contiguous": lambda x: x,
+    "transposed": lambda x: x.view(-1, 128, 64).transpose(-2, -1),
+}
+"""How ``--view`` lays out each flat tensor before it is reduced."""
 
 
 @contextlib.contextmanager

@@ -1,11 +1,13 @@
 """The native statistics kernel: built once, cached, equal to the torch-ops reference, and optional;
 its fingerprint equals the torch-op fingerprint of torchdebug.checksum bit for bit."""
 
+import ctypes
 import math
 import os
 import shutil
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -408,6 +410,30 @@ def test_kernel_fingerprint_of_every_length_and_offset_equals_the_reference(dtyp
 @pytest.mark.parametrize("tensor", [torch.empty(0), torch.empty(3, 0, 2), torch.empty(0, dtype=torch.int64)], ids=str)
 def test_kernel_fingerprint_of_an_empty_tensor_is_zero(tensor):
     assert fused_stats.fingerprint(tensor) == _reference_fingerprint(tensor) == 0
+
+
+@needs_compiler
+@pytest.mark.parametrize("sizes", [(3, 0), (0, 4), (2, 0, 5)], ids=str)
+def test_kernel_walk_of_an_empty_layout_ends(sizes):
+    """The library's entry points handed an empty walk (the Python callers stop before it) return at
+    once: its rows of no element must not hold a thread (and the training job) forever."""
+    library = fused_stats._kernels()
+    dims = len(sizes)
+    layout = [(ctypes.c_int64 * dims)(*values) for values in (sizes, [0] * (dims - 1) + [1], [1] * dims)]
+    memory = torch.zeros(1)
+    got = {}
+
+    def walk() -> None:
+        got["fingerprint"] = library.fingerprint[4](memory.data_ptr(), dims, *layout, 1)
+        value, sums = ctypes.c_uint64(), (ctypes.c_double * 8)()
+        library.stats[torch.float32][2](memory.data_ptr(), dims, *layout, sums, ctypes.byref(value), 1)
+        got["both"] = value.value
+
+    thread = threading.Thread(target=walk, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the kernel walked an empty layout for 30 s"
+    assert got == {"fingerprint": 0, "both": 0}
 
 
 @needs_compiler

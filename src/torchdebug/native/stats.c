@@ -642,10 +642,10 @@ static acc_t walk_split(run_fn run, const char *data, size_t element_size, int n
         for (int d = 0; d < ndim; d++) numel *= sizes[d];                                            \
         const uint64_t words = sizeof(TYPE) == 8 ? 2 : 1; /* words an element: see hash_fn */      \
         uint64_t step = positions ? (uint64_t)positions[0] * words * GAMMA : 0;                      \
-        acc_t acc;                                                                                   \
-        if (ndim == 1) {                                                                             \
+        acc_t acc = ACC_INIT; /* empty: nothing walked (an odometer over a size of 0 never ends) */  \
+        if (numel > 0 && ndim == 1) {                                                                \
             acc = run_split(FAST_NAME, data, NULL, numel, sizeof(TYPE), threads, GAMMA, step);       \
-        } else {                                                                                     \
+        } else if (numel > 0) {                                                                      \
             acc = walk_split(FAST_NAME, data, sizeof(TYPE), ndim, sizes, strides, positions, numel, threads); \
         }                                                                                            \
         if (positions) *hash = mix64(acc.hash + (uint64_t)numel * words * GAMMA);                    \

@@ -109,7 +109,7 @@ static inline uint64_t contribution(uint32_t w, uint64_t k) {
  * 2-core AVX-512 machine: 0.22 and 0.16 ns a float32 element, against 1.0 for fingerprint 1's two
  * 64-bit multiplies an element). The lanes' keys are set up once a call and moved to each row by
  * an add: a transposed view's rows of 64 elements cost a few instructions more a row, not a call
- * each (hash_span). hashers[] holds the one chosen for each width when the library loads. */
+ * each (hash_rows). hashers[] holds the one chosen for each width when the library loads. */
 typedef uint64_t (*hash_fn)(const void *x, int64_t row, int64_t rows, const uint64_t *keys, uint64_t step);
 
 #define ELEMENT_SUM(WORD_TYPE, v, k)                                                                 \
@@ -314,9 +314,9 @@ const char *td_hashers(void) { return hashers_picked; }
 
 __attribute__((constructor)) static void pick_hashers(void) { td_pick_hashers(0); }
 
-/* Where a walk stands in the fingerprint's keys: a span of contiguous memory is rows of the walk's
+/* Where a walk stands in the fingerprint's keys: a run of contiguous memory is rows of the walk's
  * innermost dimension (`row` elements, keyed `step` apart), and an odometer over the dimensions
- * above it that the span covers (outermost first) gives each row's key; a run of one dimension is
+ * above it that the run covers (outermost first) gives each row's key; a run of one dimension is
  * one row (row_of_run). */
 typedef struct {
     int64_t row, at;    /* elements a row; those of the current row hashed so far */
@@ -350,7 +350,7 @@ static inline void next_row(rows_t *rows) {
 
 /* The fingerprint's sum of the next n elements of the walk, contiguous at x, `width` bytes each;
  * moves rows on past them. A row cut by the caller's block is hashed in two pieces. */
-static uint64_t hash_span(rows_t *rows, const char *x, int64_t n, size_t width) {
+static uint64_t hash_rows(rows_t *rows, const char *x, int64_t n, size_t width) {
     const hash_fn hash = hashers[width];
     uint64_t total = 0, keys[ROWS_A_CALL];
     if (rows->at > 0 && n > 0) {
@@ -435,13 +435,13 @@ static inline double load_u8(const void *p, int64_t i) { return (double)((const 
                 acc->squares += block_squares[l];                                                    \
                 acc->zeros += block_zeros[l];                                                        \
             }                                                                                        \
-            if (HASH) acc->hash += hash_span(rows, (const char *)((const TYPE *)x + begin), i - begin, sizeof(TYPE)); \
+            if (HASH) acc->hash += hash_rows(rows, (const char *)((const TYPE *)x + begin), i - begin, sizeof(TYPE)); \
         }                                                                                            \
         for (int l = 0; l < LANES; l++) {                                                            \
             if (mn[l] < acc->low) acc->low = mn[l];                                                  \
             if (mx[l] > acc->high) acc->high = mx[l];                                                \
         }                                                                                            \
-        if (HASH && i < n) acc->hash += hash_span(rows, (const char *)((const TYPE *)x + i), n - i, sizeof(TYPE)); \
+        if (HASH && i < n) acc->hash += hash_rows(rows, (const char *)((const TYPE *)x + i), n - i, sizeof(TYPE)); \
         if (COPY) memcpy((TYPE *)dst + i, (const TYPE *)x + i, (size_t)(n - i) * sizeof(TYPE));      \
         for (; i < n; i++) {                                                                         \
             double v = LOAD(x, i);                                                                   \
@@ -457,7 +457,7 @@ static inline double load_u8(const void *p, int64_t i) { return (double)((const 
 #define HASH_RUN(NAME, WIDTH)                                                                        \
     static void NAME(const void *x, void *unused, int64_t n, acc_t *acc, rows_t *rows) {             \
         (void)unused;                                                                                \
-        acc->hash += hash_span(rows, (const char *)x, n, WIDTH);                                     \
+        acc->hash += hash_rows(rows, (const char *)x, n, WIDTH);                                     \
     }
 
 /* One contiguous run, double accumulation, NaN left out and counted, infinities counted. Written
@@ -558,20 +558,20 @@ static acc_t run_split(run_fn run, const char *src, char *dst, int64_t n, size_t
     return total;
 }
 
-/* Calls run on every span of a tensor of ndim >= 2 walk dimensions whose outermost index lies in
- * [first, last): a span is as much contiguous memory as the innermost dimensions make together (each
- * one's stride the extent of the one inside it), an odometer over the dimensions outside them. The
- * statistics of a span are taken as one run; with positions (the fingerprint's walk, whose
- * dimensions merge only where the logical order continues too: a transposed view's rows are 64
- * elements), the span's rows cursor gives each row its key, so a short row costs no call of its own. */
-static void walk_spans(run_fn run, const char *data, size_t element_size, int ndim, const int64_t *sizes,
-                       const int64_t *strides, const int64_t *positions, int64_t first, int64_t last, acc_t *acc) {
+/* Calls run on every contiguous run of a tensor of ndim >= 2 walk dimensions whose outermost index
+ * lies in [first, last): a run is as much contiguous memory as the innermost dimensions make together
+ * (each one's stride the extent of the one inside it), an odometer over the dimensions outside them.
+ * With positions (the fingerprint's walk, whose dimensions merge only where the logical order
+ * continues too: a transposed view's rows are 64 elements), the run's rows cursor gives each row its
+ * key, so a short row costs no call of its own. */
+static void walk_runs(run_fn run, const char *data, size_t element_size, int ndim, const int64_t *sizes,
+                      const int64_t *strides, const int64_t *positions, int64_t first, int64_t last, acc_t *acc) {
     if (first >= last) return;
-    int inner = ndim - 1; /* the span's outermost dimension */
+    int inner = ndim - 1; /* the run's outermost dimension */
     while (inner > 0 && strides[inner - 1] == sizes[inner] * strides[inner]) inner--;
     const uint64_t words = element_size == 8 ? 2 : 1; /* words an element: see hash_fn */
-    int64_t span = inner == 0 ? last - first : sizes[inner];
-    for (int d = inner + 1; d < ndim; d++) span *= sizes[d];
+    int64_t length = inner == 0 ? last - first : sizes[inner];
+    for (int d = inner + 1; d < ndim; d++) length *= sizes[d];
     rows_t rows;
     rows.row = sizes[ndim - 1];
     rows.step = positions ? (uint64_t)positions[ndim - 1] * words * GAMMA : 0;
@@ -591,7 +591,7 @@ static void walk_spans(run_fn run, const char *data, size_t element_size, int nd
         rows.at = 0;
         rows.key = (position * words + 1) * GAMMA;
         for (int j = 0; j < rows.dims; j++) rows.index[j] = index[inner + j];
-        run(data + offset * (int64_t)element_size, NULL, span, acc, &rows);
+        run(data + offset * (int64_t)element_size, NULL, length, acc, &rows);
         if (inner == 0) break;
         int d = inner - 1;
         while (d > 0 && ++index[d] == sizes[d]) index[d--] = 0;
@@ -599,7 +599,7 @@ static void walk_spans(run_fn run, const char *data, size_t element_size, int nd
     }
 }
 
-/* walk_spans over the whole tensor. With the fingerprint (positions not NULL), which costs more
+/* walk_runs over the whole tensor. With the fingerprint (positions not NULL), which costs more
  * arithmetic than memory, a big tensor's outermost dimension is cut into one range per thread of
  * torch's pool, merged in thread order; the statistics alone walk on one thread, as before. */
 static acc_t walk_split(run_fn run, const char *data, size_t element_size, int ndim, const int64_t *sizes,
@@ -617,7 +617,7 @@ static acc_t walk_split(run_fn run, const char *data, size_t element_size, int n
             int64_t first = t * chunk < sizes[0] ? t * chunk : sizes[0];
             int64_t last = first + chunk < sizes[0] ? first + chunk : sizes[0];
             parts[t] = ACC_INIT;
-            walk_spans(run, data, element_size, ndim, sizes, strides, positions, first, last, &parts[t]);
+            walk_runs(run, data, element_size, ndim, sizes, strides, positions, first, last, &parts[t]);
             if (t == 0) used = k;
         }
         for (int t = 0; t < used; t++) merge(&total, &parts[t]);
@@ -627,7 +627,7 @@ static acc_t walk_split(run_fn run, const char *data, size_t element_size, int n
     (void)numel;
     (void)threads;
 #endif
-    walk_spans(run, data, element_size, ndim, sizes, strides, positions, 0, sizes[0], &total);
+    walk_runs(run, data, element_size, ndim, sizes, strides, positions, 0, sizes[0], &total);
     return total;
 }
 

@@ -1100,7 +1100,8 @@ struct Slots {
   // a gradient nothing else holds, else clones it; make_variable wraps a factory's or a *_like
   // op's result in place only while nothing else holds it or its counter). kept_version: the
   // tensor's version then; the drain hands the alias over only while the tensor, if alive, is there
-  // (a write an op is about to make replaced the alias by a copy, held without the tensor).
+  // (a write an op is about to make replaced the alias by a copy, held without the tensor: its
+  // kept_version is then kCopied).
   std::vector<at::Tensor> kept;
   std::vector<int64_t> kept_slot;
   std::vector<int64_t> kept_version;
@@ -2265,6 +2266,12 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
 // over as any inference tensor). Where Python stages kept tensors (staging) and `copy` is false, the
 // op instead starts once they are staged (stage_due; on_enter copies what that left). Called with the
 // slots' lock held.
+// A copy holds the values from before the write, and its storage is not the tensor's: the writes
+// counted into the tensor's storage do not tell them apart from a later read's at the same version
+// (a collective's moves none), and the copy's storage, at an address a freed storage had, may carry
+// that one's count. So a copy is never staged as holding the same values as another slot (staged_facts).
+constexpr int64_t kCopied = -2;
+
 template <typename Written>
 void snapshot_kept(Slots& slots, const Written& written, bool copy_now) {
   for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
@@ -2284,6 +2291,7 @@ void snapshot_kept(Slots& slots, const Written& written, bool copy_now) {
     }
     if (slots.version[at] >= 0) copy.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(static_cast<uint32_t>(slots.version[at])));
     slots.kept_original[entry] = WeakImpl(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());  // the copy holds what the slot read, whatever the tensor becomes
+    slots.kept_version[entry] = kCopied;
     tensor = std::move(copy);
   }
 }
@@ -3864,8 +3872,9 @@ std::vector<at::Tensor> observer_stage_kept() {
       out.push_back(std::move(tensor));
       tensor = at::Tensor();
       auto key = [&](int64_t value) { return slots.keyed || value == 0 ? value : key_of(value); };  // (a stash's: addresses)
-      staged_facts.insert(staged_facts.end(), {key(slots.value[at]), slots.version[at], key(slots.base[at]),
-                                               int64_t{slots.flag[at] == kPlain && compiled_scopes == 0}, static_cast<int64_t>(written)});
+      bool same_values = slots.flag[at] == kPlain && compiled_scopes == 0 && slots.kept_version[entry] != kCopied;
+      staged_facts.insert(staged_facts.end(), {key(slots.value[at]), slots.version[at], key(slots.base[at]), int64_t{same_values},
+                                               static_cast<int64_t>(written)});
     }
   };
   std::lock_guard<std::mutex> lock(recorder.mutex);

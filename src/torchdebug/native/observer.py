@@ -68,7 +68,8 @@ class StagedFacts(NamedTuple):
     """Its base's key, for a view (0: none)."""
     same_values: int
     """1 where another slot of the same key, version and :attr:`writes` holds the same values: a plain
-    tensor outside compiled code (inductor's kernels and a subclass's handlers write unseen, moving no version)."""
+    tensor outside compiled code (inductor's kernels and a subclass's handlers write unseen, moving no
+    version), not a copy the observer took before a write (it holds the values from before it)."""
     writes: int
     """The collectives' writes into its storage so far (they move no version)."""
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from torchdebug.capture.eager import OpInfo
 from torchdebug.capture.recompute import RECOMPUTE
-from torchdebug.native.addresses import data_address
+from torchdebug.native.addresses import c_array, data_address
 from torchdebug.native.build import load_torch_library
 from torchdebug.native.observer import ObservedOps
 from torchdebug.records import UNINITIALISED
@@ -213,7 +213,7 @@ class SlotWalk:
     def entries(self) -> dict[str, int]:
         """What the walk holds: the addresses it knows (live tensors, and those freed since the last
         drain), the memories values were made in and the statistics seen this step, the unwritten storages."""
-        counts = (ctypes.c_int64 * 4)()
+        counts = c_array(ctypes.c_int64, 4)()
         self._lib.td_walk_entries(self._handle, counts)
         return dict(zip(("addresses", "made_in", "seen", "unwritten"), counts))
 
@@ -244,8 +244,8 @@ class SlotWalk:
         pointers += [data_address(marks), ops.address("made"), data_address(inputs), data_address(outputs)]
         phases, modules = np.asarray(owners.phases, np.int8), np.asarray(owners.modules, np.int64)
         pointers += [data_address(calls.fwd_phase), data_address(phases), data_address(modules)]
-        counts = (ctypes.c_int64 * 3)(rows, len(parameter_contexts), len(phases))
-        if self._lib.td_walk_rows(self._handle, counts, (ctypes.c_void_p * len(pointers))(*pointers)) < 0:
+        counts = c_array(ctypes.c_int64, 3)(rows, len(parameter_contexts), len(phases))
+        if self._lib.td_walk_rows(self._handle, counts, c_array(ctypes.c_void_p, len(pointers))(*pointers)) < 0:
             raise RuntimeError("native/slot_walk.cpp failed to name a drain's rows (an op it was not told of, or no memory)")
         return calls
 
@@ -274,11 +274,11 @@ class SlotWalk:
         storages = np.array([storage for _, marked in unshards for storage in marked], np.int64)
         pointers += [data_address(column) for column in (*outputs_, taken, unshard_rows, starts, storages)]
         pointers.append(ops.address("mark"))  # (a row of compiled code shares no statistics)
-        counts = (ctypes.c_int64 * 6)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row, len(unshards))
-        options = (ctypes.c_int * 2)(inputs | outputs << 1, statistics | fingerprints << 1)
+        counts = c_array(ctypes.c_int64, 6)(len(ops.op), slots, len(ops.kept_slot), len(ops.freed), ops.first_row, len(unshards))
+        options = c_array(ctypes.c_int, 2)(inputs | outputs << 1, statistics | fingerprints << 1)
         taken_count = ctypes.c_int64()
         count = self._lib.td_walk(
-            self._handle, counts, options, (ctypes.c_void_p * len(pointers))(*pointers), ctypes.byref(taken_count)
+            self._handle, counts, options, c_array(ctypes.c_void_p, len(pointers))(*pointers), ctypes.byref(taken_count)
         )
         if count < 0:
             raise RuntimeError("native/slot_walk.cpp failed on a drain (an op it was not told of, or no memory)")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from torchdebug._torch.compiling import frame_callback_setter
-from torchdebug.native.addresses import data_address
+from torchdebug.native.addresses import c_array, data_address
 from torchdebug.native.build import load_library, load_python_library, load_torch_library
 from torchdebug.stats import COLUMNS, WIDTH
 
@@ -722,14 +722,14 @@ class NativeObserver:
 
     def drain(self) -> ObservedOps:
         """Move the rows buffered so far into Python arrays (one native call)."""
-        counts = (ctypes.c_int64 * 5)()
+        counts = c_array(ctypes.c_int64, 5)()
         self._lib.td_observer_counts(counts)
         ops, slots, dims, kept = counts[0], counts[1], counts[2], counts[4]
         sizes = [ops] * _OP_COLUMNS + [slots] * _SLOT_COLUMNS + [dims, dims, slots, slots, slots, slots * WIDTH, kept, ops]
         sizes += [slots] * 3 + [ops] * 2 + [kept]  # slot_base, slot_has_fingerprint, slot_fingerprint; mark, made; kept_staged
         columns = {name: np.empty(size, kind) for (name, kind), size in zip(_COLUMNS, sizes)}  # (filled once: by the drain)
         addresses = {name: data_address(column) if len(column) else 0 for name, column in columns.items()}
-        self._lib.td_observer_drain(counts, (ctypes.c_void_p * len(_COLUMNS))(*addresses.values()))
+        self._lib.td_observer_drain(counts, c_array(ctypes.c_void_p, len(_COLUMNS))(*addresses.values()))
         for op_id in range(len(self._names), self._lib.td_observer_op_names()):
             self._names.append(self._lib.td_observer_op_name(op_id).decode())
         tensors = torch.ops.torchdebug.observer_kept() if kept else []

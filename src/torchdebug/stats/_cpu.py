@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from torchdebug.checksum import cpu_fingerprint
+from torchdebug.native.addresses import c_array
 from torchdebug.native.fused_stats import fused_stats, fused_sums_into, fused_sums_many_into, stats_and_fingerprint
 from torchdebug.stats._schema import WIDTH, StatsDict, empty_stats, stats_from_sums
 from torchdebug.stats._torch_ops import accumulation_dtype, as_real, counts, device_sums
@@ -50,7 +51,7 @@ def cpu_sums_into(tensor: torch.Tensor, address: int) -> None:
     at ``address``: the native kernel writes them there itself (float32, bfloat16 and float64 read
     as they are), the other paths through a list."""
     if not fused_sums_into(tensor, address):
-        (ctypes.c_double * WIDTH).from_address(address)[:] = cpu_sums(as_real(tensor.detach()))
+        c_array(ctypes.c_double, WIDTH).from_address(address)[:] = cpu_sums(as_real(tensor.detach()))
 
 
 def cpu_sums_many_into(tensors: Sequence[torch.Tensor], addresses: Sequence[int]) -> None:

@@ -346,10 +346,10 @@ def _summing_once_copied(rank: int, root: str) -> None:
     """A float16 summand (kept: its statistics wait for the staging) all-reduced in place, with every
     CPU tensor staged only before writes: the observer copies it before the collective writes it, and
     reads it again once the collective completes, at the same version; the write that follows stages
-    them together. Every staged tensor's count of
-    writes is given as 0, as where the copy's storage takes the address of a freed storage that a
-    collective wrote once, whose count it inherits (``storage_writes`` is by address): the copy and the
-    summand's final value then agree in key, version and writes."""
+    them together. Every staged tensor's count of writes is given as 0, as where the copy's storage
+    takes the address of a freed storage that a collective wrote once, whose count it inherits
+    (``storage_writes`` is by address): the copy and the summand's final value then agree in key,
+    version and writes."""
     native_capture.STAGE_AFTER_BYTES = -1
     observer = load_observer()
     observer.defer_cpu(True)

@@ -2257,6 +2257,13 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
   return from;
 }
 
+// The kept_version of a kept tensor replaced by its copy (snapshot_kept). A copy holds the values
+// from before the write, and its storage is not the tensor's: the writes counted into the tensor's
+// storage do not tell them apart from a later read's at the same version (a collective's moves
+// none), and the copy's storage, at an address a freed storage had, may carry that one's count. So
+// a copy is never staged as holding the same values as another slot (staged_facts).
+constexpr int64_t kCopied = -2;
+
 // Copy each kept tensor (its sums left to Python's flush: an int64 counter, a complex or float16
 // tensor) on the memory a call is about to write, which by the flush would hold what the call and
 // later ones wrote, where a dispatch mode reads it at its op: the call's own inputs (an int64
@@ -2266,12 +2273,6 @@ int32_t note_writes(ThreadState& thread, const OpInfo& info, c10::ArrayRef<const
 // over as any inference tensor). Where Python stages kept tensors (staging) and `copy` is false, the
 // op instead starts once they are staged (stage_due; on_enter copies what that left). Called with the
 // slots' lock held.
-// A copy holds the values from before the write, and its storage is not the tensor's: the writes
-// counted into the tensor's storage do not tell them apart from a later read's at the same version
-// (a collective's moves none), and the copy's storage, at an address a freed storage had, may carry
-// that one's count. So a copy is never staged as holding the same values as another slot (staged_facts).
-constexpr int64_t kCopied = -2;
-
 template <typename Written>
 void snapshot_kept(Slots& slots, const Written& written, bool copy_now) {
   for (size_t entry = 0; entry < slots.kept.size(); ++entry) {

@@ -19,7 +19,11 @@ CPU time of any block of the mode against the least of the plain blocks, which a
 shared machine can only raise (the figure to compare two commits by); and the least CPU time of the
 training thread alone, the same way: what a launch-bound device waits for, the writer's thread (the
 records' encoding and compression, on a core of its own where the host has one) left out; a block's
-flush waits for the writer, its time on the writer's thread. ``dispatch-mode`` is an empty
+flush waits for the writer, its time on the writer's thread. A second table splits the training
+thread's time by phase of a step (``Debugger.start``; the step itself, where the callbacks run;
+``Debugger.stop`` with ``Debugger.step``: the drain, the walk and the records' columns), each the
+median over the mode's steps less the plain steps' median, per aten op: what moving a phase off the
+training thread could spare a launch-bound device. ``dispatch-mode`` is an empty
 ``TorchDispatchMode`` that only calls each op: the floor of any Python dispatch-mode capture.
 ``structure/op native``, ``statistics/op native``, ``statistics+checksum/op native`` and
 ``checksum/op native`` (and ``statistics/mix native``, ``statistics/module native``, ``tensor/op
@@ -41,6 +45,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import functools
 import os
 import pstats
 import statistics
@@ -174,6 +179,20 @@ def _run_steps(
         debugger.flush()
 
 
+PHASES = ("start", "step", "stop")
+"""A step's phases on the training thread, between the marks ``run_block`` makes: ``Debugger.start``,
+the step, ``Debugger.stop`` and ``Debugger.step``."""
+
+
+def phase_times(marks: list[float]) -> dict[str, list[float]]:
+    """Each step's time in each of :data:`PHASES` from the clock's readings at its four marks, in
+    order (``run_block``'s: before the start, after the start, the step and the stop)."""
+    if len(marks) % 4:
+        raise ValueError(f"{len(marks)} marks: each step makes 4")
+    steps = [marks[at : at + 4] for at in range(0, len(marks), 4)]
+    return {phase: [step[index + 1] - step[index] for step in steps] for index, phase in enumerate(PHASES)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=positive_int, default=8, help="timed blocks per mode (default 8)")
@@ -204,6 +223,7 @@ def main() -> None:
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     cpu_times: dict[str, list[float]] = {mode: [] for mode in modes}
     thread_times: dict[str, list[float]] = {mode: [] for mode in modes}
+    phases: dict[str, dict[str, list[float]]] = {mode: {phase: [] for phase in PHASES} for mode in modes}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         debuggers = {
             mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_").replace(" ", "_"), **ALL_MODES[mode])
@@ -212,9 +232,12 @@ def main() -> None:
         }
         for round_ in range(args.warmup + args.rounds):
             for mode in modes:
+                marks: list[float] = []
                 start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
-                run_block(mode, debuggers.get(mode), model, step, args.block)
+                run_block(mode, debuggers.get(mode), model, step, args.block, functools.partial(_mark, marks))
                 if round_ >= args.warmup:
+                    for phase, seconds in phase_times(marks).items():
+                        phases[mode][phase] += seconds
                     times[mode].append((time.perf_counter() - start) / args.block)
                     cpu_times[mode].append((time.process_time() - cpu_start) / args.block)
                     thread_times[mode].append((time.thread_time() - thread_start) / args.block)
@@ -234,6 +257,7 @@ def main() -> None:
             thread = (min(thread_times[mode]) - min(thread_times["plain"])) / ops * 1e6
             columns = _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops)
             print(f"{labels[mode]:{width}s}{columns} {least:9.1f} {thread:15.1f}")
+        print_phases(phases, labels, ops)
         for mode, base in CHECKSUM_OVER.items():
             if mode in times and base in times:
                 wall = statistics.median(times[mode]) / statistics.median(times[base])
@@ -243,6 +267,23 @@ def main() -> None:
             profile(args.profile, debuggers.get(args.profile), model, step, args.block, args.top)
         for debugger in debuggers.values():
             debugger.close()
+
+
+def _mark(marks: list[float]) -> None:
+    marks.append(time.thread_time())
+
+
+def print_phases(phases: dict[str, dict[str, list[float]]], labels: dict[str, str], ops: int) -> None:
+    """The training thread's µs per aten op added in each phase of a step (median steps, less the
+    plain steps' median), and their sum."""
+    width = max(map(len, labels.values()))
+    print(f"\n{'training thread, µs/op added':{width}s}" + "".join(f" {phase:>8s}" for phase in (*PHASES, "sum")))
+    plain = {phase: statistics.median(seconds) for phase, seconds in phases["plain"].items()}
+    for mode, by_phase in phases.items():
+        if mode == "plain":
+            continue
+        added = [(statistics.median(by_phase[phase]) - plain[phase]) / ops * 1e6 for phase in PHASES]
+        print(f"{labels[mode]:{width}s}" + "".join(f" {value:8.2f}" for value in (*added, sum(added))))
 
 
 def _columns(seconds: list[float], plain: float, ops: int) -> str:

@@ -80,6 +80,23 @@ def test_run_block_marks_each_step_before_its_start_and_after_its_start_step_and
     assert calls == [*one, *one, "flush"]
 
 
+def test_a_steps_phases_are_the_times_between_its_marks():
+    from bench.host_per_op import phase_times, run_block
+
+    now = [0.0]  # a clock each call below moves on: the start by 1, the step by 10, the stop by 100
+    ticks = {"start": 1, "stop": 100}
+
+    class Timed:
+        def __getattr__(self, name: str):
+            return lambda *args, **kwargs: now.__setitem__(0, now[0] + ticks.get(name, 0))
+
+    readings: list[float] = []
+    run_block("statistics/op native", Timed(), None, lambda: now.__setitem__(0, now[0] + 10), 2, lambda: readings.append(now[0]))
+    assert phase_times(readings) == {"start": [1, 1], "step": [10, 10], "stop": [100, 100]}
+    with pytest.raises(ValueError, match="7 marks"):
+        phase_times(readings[:7])
+
+
 def test_a_dump_count_is_its_summary_or_totals_line():
     from bench._callgrind import dump_count
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+from array import array
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -39,7 +40,7 @@ from tests.capture.test_collectives import collective_calls
 from tests.capture.test_native_capture import _assert_same_dumps, assert_same_saved_tensors
 from torchdebug.capture import native_capture, native_records
 from torchdebug.capture.native_capture import why_not_native
-from torchdebug.native.observer import load_observer
+from torchdebug.native.observer import STAGED_FACTS_WIDTH, NativeObserver, StagedFacts, load_observer
 from torchdebug.records import Record
 
 
@@ -354,7 +355,13 @@ def _summing_once_copied(rank: int, root: str) -> None:
     observer = load_observer()
     observer.defer_cpu(True)
     facts = type(observer).staged_facts
-    type(observer).staged_facts = lambda self, count: [fact._replace(writes=0) for fact in facts(self, count)]
+
+    def without_writes(self: NativeObserver, count: int) -> array:
+        given = facts(self, count)
+        given[StagedFacts._fields.index("writes") :: STAGED_FACTS_WIDTH] = array("q", [0]) * count
+        return given
+
+    type(observer).staged_facts = without_writes
     try:
         with torchdebug.dump(root, task="statistics"):
             for _ in range(3):

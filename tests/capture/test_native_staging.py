@@ -10,6 +10,8 @@ tensor is copied before the write, as without one); and, on a GPU, a CUDA model 
 
 from __future__ import annotations
 
+import collections
+import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -259,3 +261,28 @@ def test_a_cuda_models_statistics_on_the_native_path_are_the_dispatch_modes(tmp_
     assert all(record.capture_error is None for record in native)
     if options["task"] == "statistics":
         assert all(record.stats is not None for record in native)
+
+
+def test_what_a_staging_holds_until_the_drain_is_no_object_of_the_collectors(tmp_path, staged) -> None:
+    """What the stagings of a step took is held to the drain in dicts of numbers, not in an object a
+    tensor, which would outlive the step's young collections and, with every tensor of a step staged
+    (an accelerator's), bring on a full collection of the process every few steps."""
+    counts = staged(-1)
+    with torchdebug.dump(tmp_path / "dump", task="statistics", checksum=True):
+        made = [torch.full((16,), float(i)) for i in range(300)]
+        before = {id(thing) for thing in gc.get_objects()}
+        made[0].add_(1)  # a write into a kept tensor's memory: what is kept is staged first
+        held = [thing for thing in gc.get_objects() if id(thing) not in before]
+    assert sum(counts) >= 300
+    assert len(held) < 20, collections.Counter(type(thing).__name__ for thing in held).most_common(5)
+
+
+def test_a_staging_of_more_tensors_than_a_part_takes_them_part_by_part(tmp_path, monkeypatch, caplog, staged) -> None:
+    """A staging of more tensors than ``_STAGED_TOGETHER`` takes them in parts (the objects made for
+    each alive only meanwhile): the same records, tensors read as one across parts shared."""
+    python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, task="statistics", checksum=True)
+    counts = staged(-1)
+    monkeypatch.setattr(native_records, "_STAGED_TOGETHER", 7)
+    native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, task="statistics", checksum=True)
+    _assert_same_dumps(python, native)
+    assert max(counts) > 7

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -41,7 +42,7 @@ from torchdebug.capture.eager import COPY_IN, OpInfo, op_info
 from torchdebug.capture.filters import RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_recompute import RecomputeMarks
-from torchdebug.capture.native_subclasses import Described, described, read_subclasses
+from torchdebug.capture.native_subclasses import Described, Landing, described, read_subclasses
 from torchdebug.capture.native_values import (
     CHANGED,
     CHANGED_TEXT,
@@ -64,11 +65,13 @@ from torchdebug.native.observer import (
     NESTED,
     PLAIN,
     RECORD,
+    STAGED_FACTS_WIDTH,
     SUBCLASS,
     VALUE,
     NativeObserver,
     ObservedOps,
     StagedFacts,
+    staged_fact,
 )
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
@@ -132,20 +135,58 @@ def _error_texts(observer: NativeObserver) -> pa.Array:
 
 @dataclass(slots=True)
 class _Staged:
-    """A kept tensor's statistics and fingerprint staged before the drain (:meth:`NativeStepCapture.stage_kept`),
-    as they arrive."""
+    """A kept tensor's statistics and fingerprint staged (:meth:`NativeStepCapture.stage_kept`) or
+    read at the drain, as they arrive; made at the drain (:class:`_StagedValues` holds them meanwhile)."""
 
     stats: dict[str, Any]
     reduced: bool
     """Its dtype has statistics (else a fingerprint alone)."""
-    fingerprint: list[int | None]
-    """One item: the fingerprint, once it arrives."""
+    fingerprint: Landing
+    """Where the fingerprint lands, at :attr:`at`, once it arrives."""
+    at: int = 0
     failed: bool = False
     """Staging raised for it: its slots say the statistics were not taken."""
     tensor: dict[str, Any] | None = None
     """With ``task="tensor"``: its tensor reference (:class:`Snapshots`)."""
     sampled: int | None = None
     """Its sampling stride where it was saved sampled."""
+
+
+_STAGED_TOGETHER = 1024
+"""Kept tensors staged together at most, the objects made for them alive meanwhile: as many as one
+launch of the Triton kernel takes (``triton_stats.TENSORS_PER_LAUNCH``); a staging of more (every
+tensor of a backward, at real sizes) is taken in parts."""
+
+
+class _StagedValues:
+    """What the stagings of one step took of its kept tensors until the drain, by the id the observer
+    gave each, in dicts of plain values: an object a tensor (a :class:`_Staged`, its fingerprint's
+    list) would outlive the young collections of the step, and at every tensor of a step staged (an
+    accelerator's, ``task="tensor"``) bring on a full collection of the process every few steps
+    (``docs/architecture.md``, "The native path (issue 48)", staging)."""
+
+    def __init__(self) -> None:
+        self.stats: dict[int, dict[str, Any]] = {}
+        """By the id of the tensor that read them (a statistics dict of numbers: untracked by the collector)."""
+        self.fingerprints: dict[int, int | None] = {}
+        """By the same id, ``None`` until it arrives."""
+        self.read_as: dict[int, int] = {}
+        """Each id whose values another tensor of its staging read: that one's id."""
+        self.unreduced: set[int] = set()
+        """The ids of tensors whose dtype has no statistics (a fingerprint alone)."""
+        self.failed: set[int] = set()
+        self.tensors: dict[int, tuple[dict[str, Any] | None, int | None]] = {}
+        """With ``task="tensor"``: by id, its tensor reference and sampling stride."""
+
+    def by_id(self) -> dict[int, _Staged]:
+        """Each id's :class:`_Staged` (ids read as one share it): made at the drain."""
+        fingerprints, unreduced, failed, tensors = self.fingerprints, self.unreduced, self.failed, self.tensors
+        made = {
+            id_: _Staged(stats, id_ not in unreduced, fingerprints, id_, id_ in failed, *tensors.get(id_, (None, None)))
+            for id_, stats in self.stats.items()
+        }
+        made.update((id_, made[reader]) for id_, reader in self.read_as.items())
+        return made
 
 
 Saved = tuple[dict[str, Any], dict[str, Any] | None, int | None]
@@ -308,7 +349,7 @@ class NativeStepCapture:
         """The same by ``TensorImpl`` address, the last instance met at each."""
         self.record_slots = np.zeros(0, np.int64)
         """The drained slot of each record :meth:`slot_columns` made last, in order."""
-        self._staged: dict[int, _Staged] = {}
+        self._staged = _StagedValues()
         """The kept tensors staged before the drain, by the id the observer gave them (:meth:`stage_kept`)."""
         self._told_stage_fault = False
         self._told_save_fault = False
@@ -632,29 +673,72 @@ class NativeStepCapture:
         never the op."""
         first, tensors = self.observer.stage_kept()
         facts = self.observer.staged_facts(len(tensors))
-        due, ids = [], []
         # A tensor kept by several slots at one version (an op's output, the next op's input) is read
         # once a staging: its slots share what it gives. Only within one staging, where each would
         # read the same memory now: between two, a write the observer does not see (a collective's
         # into an allocation, FSDP2's copy-in) may change it at the same version.
-        by_values: dict[tuple[int, int, int], _Staged] = {}
-        for (id_, tensor), fact in zip(enumerate(tensors, first), facts):
-            values = (fact.key, fact.version, fact.writes) if fact.same_values else None
+        by_values: dict[tuple[int, int, int], int] = {}
+        for start in range(0, len(tensors), _STAGED_TOGETHER):
+            self._stage_part(
+                first,
+                tensors,
+                facts,
+                range(start, min(start + _STAGED_TOGETHER, len(tensors))),
+                by_values,
+                stage,
+                statistics,
+                fingerprints,
+                snapshots,
+            )
+
+    def _stage_part(
+        self,
+        first: int,
+        tensors: list[torch.Tensor | None],
+        facts: array,
+        part: range,
+        by_values: dict[tuple[int, int, int], int],
+        stage: Callable[[list[tuple]], None],
+        statistics: bool,
+        fingerprints: bool,
+        snapshots: Snapshots | None,
+    ) -> None:
+        """Stage ``part`` of a staging's ``tensors`` (by index; let go of once staged) and hold what
+        they give in :class:`_StagedValues`: a few objects a tensor, alive only meanwhile."""
+        values_of = self._staged
+        due, ids = [], []
+        for index in part:
+            tensor, id_ = tensors[index], first + index
+            key, version, _, same_values, writes = facts[
+                index * STAGED_FACTS_WIDTH : (index + 1) * STAGED_FACTS_WIDTH
+            ]  # (StagedFacts')
+            values = (key, version, writes) if same_values else None
             known = by_values.get(values) if values is not None else None
             if known is not None:
-                self._staged[id_] = known
+                values_of.read_as[id_] = known
                 continue
-            staged = self._staged[id_] = _Staged({}, statistics and has_statistics(tensor.dtype), [None])
+            assert tensor is not None
             if values is not None:
-                by_values[values] = staged
-            sink = staged.stats.update if staged.reduced else None
+                by_values[values] = id_
+            values_of.fingerprints[id_] = None
+            stats: dict[str, Any] = {}
+            values_of.stats[id_] = stats
+            reduced = statistics and has_statistics(tensor.dtype)
+            if not reduced:
+                values_of.unreduced.add(id_)
+            sink = stats.update if reduced else None
             if snapshots is not None:
-                sink = self._save(snapshots, staged, tensor, sink, fact)
+                staged = _Staged(stats, reduced, values_of.fingerprints, id_)
+                sink = self._save(snapshots, staged, tensor, sink, staged_fact(facts, index))
+                values_of.tensors[id_] = (staged.tensor, staged.sampled)
             if sink is not None or fingerprints:  # (not where the copy took the statistics)
-                due.append((tensor, sink, functools.partial(staged.fingerprint.__setitem__, 0) if fingerprints else None))
+                fingerprint_sink = functools.partial(values_of.fingerprints.__setitem__, id_) if fingerprints else None
+                due.append((tensor, sink, fingerprint_sink))
                 ids.append(id_)
-        for index in self._failed_to_stage(stage, due) if due else ():
-            self._staged[ids[index]].failed = True
+        for index in part:
+            tensors[index] = None
+        for failed in self._failed_to_stage(stage, due) if due else ():
+            values_of.failed.add(ids[failed])
 
     def snapshots(self, save: Save, view_ref: Callable[..., dict[str, Any]]) -> Snapshots:
         """What saves the kept tensors of one step (``save``: ``CaptureSession.snapshot``, ``view_ref``:
@@ -752,7 +836,7 @@ class NativeStepCapture:
         self.record_slots = walked.slots
         kept_entries = list(zip(ops.kept_slot.tolist(), ops.kept_staged.tolist()))
         kept = dict(zip((slot for slot, id_ in kept_entries if slot >= 0 and id_ < 0), ops.kept))
-        by_id, self._staged = self._staged, {}  # (the rest: of calls found hidden after they were staged)
+        by_id, self._staged = self._staged.by_id(), _StagedValues()  # (the rest: of calls found hidden after they were staged)
         staged = {slot: by_id[id_] for slot, id_ in kept_entries if id_ >= 0 and id_ in by_id}
         taken: list[dict] = []
         taken_fingerprints: list[int | None] = []
@@ -761,7 +845,7 @@ class NativeStepCapture:
         hashed = set((-2 - refs[refs <= -2]).tolist())  # the entries whose fingerprint a slot takes (not the callback's)
         unreduced = []  # the entries of tensors whose dtype has no statistics (bits): a fingerprint only
         failed = []  # the entries whose staging failed before the drain
-        arriving: list[tuple[int, list[int | None], int]] = []  # the entries whose fingerprint a sink sets: where it lands
+        arriving: list[tuple[int, Landing, int]] = []  # the entries whose fingerprint a sink sets: where it lands
         for entry, slot in enumerate(walked.taken.tolist()):
             stats = empty_stats() if slot < 0 else {}
             taken_fingerprints.append(0 if slot < 0 else None)  # the fingerprint of no elements is 0
@@ -769,7 +853,7 @@ class NativeStepCapture:
             if early is not None:  # staged before the drain (stage_kept)
                 stats = early.stats
                 if entry in hashed:
-                    arriving.append((entry, early.fingerprint, 0))
+                    arriving.append((entry, early.fingerprint, early.at))
                 if statistics and not early.reduced:
                     unreduced.append(-2 - entry)
                 if early.failed:

@@ -32,10 +32,12 @@ from torchdebug.records import STATS_NOT_TAKEN, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.store import SlotOverrides, extra_text
 
-__all__ = ["Described", "described", "read_subclasses"]
+__all__ = ["Described", "Landing", "described", "read_subclasses"]
 
 Due = tuple[torch.Tensor, Callable[[dict], None] | None, Callable[[int], None] | None]
 """A kept tensor to reduce at the flush, with its statistics and fingerprint sinks (``stage``'s item)."""
+Landing = list[int | None] | dict[int, int | None]
+"""Where fingerprints land as they arrive, by index or by id (``None`` until then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,7 @@ def read_subclasses(
     taken_fingerprints: list[int | None],
     due: list[Due],
     staged: Mapping[int, Any],
-    arriving: list[tuple[int, list[int | None], int]],
+    arriving: list[tuple[int, Landing, int]],
     *,
     statistics: bool,
     fingerprints: bool,
@@ -136,7 +138,7 @@ def read_subclasses(
                 walked.stats[position] = -2 - len(taken)
             if read_fingerprint:
                 walked.fingerprints[position] = -2 - len(taken)
-                arriving.append((len(taken), early.fingerprint, 0))
+                arriving.append((len(taken), early.fingerprint, early.at))
             taken.append(early.stats)
             taken_fingerprints.append(None)
             continue

@@ -74,6 +74,11 @@ class StagedFacts(NamedTuple):
     """The collectives' writes into its storage so far (they move no version)."""
 
 
+def staged_fact(facts: array, index: int) -> StagedFacts:
+    """The facts of the ``index``-th tensor of :meth:`NativeObserver.staged_facts`' ``facts``."""
+    return StagedFacts(*facts[index * STAGED_FACTS_WIDTH : (index + 1) * STAGED_FACTS_WIDTH])
+
+
 class OverflowRule(NamedTuple):
     """``nonfinite.py``'s rule as :meth:`NativeObserver.watch_overflow` takes it (``capture/native_overflow.py`` makes it)."""
 
@@ -558,12 +563,14 @@ class NativeObserver:
         self._staged += len(tensors)
         return first, tensors
 
-    def staged_facts(self, count: int) -> list[StagedFacts]:
-        """What the observer knew of each of the ``count`` tensors the last :meth:`stage_kept` handed over."""
+    def staged_facts(self, count: int) -> array:
+        """What the observer knew of each of the ``count`` tensors the last :meth:`stage_kept` handed
+        over: :data:`STAGED_FACTS_WIDTH` numbers a tensor, in :class:`StagedFacts`' order
+        (:func:`staged_fact` reads one), no object a tensor."""
         facts = array("q", [0]) * (STAGED_FACTS_WIDTH * count)
         if count:
             self._lib.td_observer_staged_facts(facts.buffer_info()[0])
-        return [StagedFacts(*facts[at : at + STAGED_FACTS_WIDTH]) for at in range(0, len(facts), STAGED_FACTS_WIDTH)]
+        return facts
 
     def sweep_after(self, nbytes: int) -> None:
         """Let go of the references the observer holds of tensors freed since, at the next op (at level

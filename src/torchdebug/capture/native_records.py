@@ -175,14 +175,17 @@ class _StagedValues:
         self.unreduced: set[int] = set()
         """The ids of tensors whose dtype has no statistics (a fingerprint alone)."""
         self.failed: set[int] = set()
-        self.tensors: dict[int, tuple[dict[str, Any] | None, int | None]] = {}
-        """With ``task="tensor"``: by id, its tensor reference and sampling stride."""
+        self.tensors: dict[int, dict[str, Any] | None] = {}
+        """With ``task="tensor"``: by id, its tensor reference (``None``: not saved)."""
+        self.sampled: dict[int, int] = {}
+        """With ``task="tensor"``: by id, its sampling stride where it was saved sampled."""
 
     def by_id(self) -> dict[int, _Staged]:
         """Each id's :class:`_Staged` (ids read as one share it): made at the drain."""
-        fingerprints, unreduced, failed, tensors = self.fingerprints, self.unreduced, self.failed, self.tensors
+        fingerprints, unreduced, failed = self.fingerprints, self.unreduced, self.failed
+        tensors, sampled = self.tensors, self.sampled
         made = {
-            id_: _Staged(stats, id_ not in unreduced, fingerprints, id_, id_ in failed, *tensors.get(id_, (None, None)))
+            id_: _Staged(stats, id_ not in unreduced, fingerprints, id_, id_ in failed, tensors.get(id_), sampled.get(id_))
             for id_, stats in self.stats.items()
         }
         made.update((id_, made[reader]) for id_, reader in self.read_as.items())
@@ -730,7 +733,9 @@ class NativeStepCapture:
             if snapshots is not None:
                 staged = _Staged(stats, reduced, values_of.fingerprints, id_)
                 sink = self._save(snapshots, staged, tensor, sink, staged_fact(facts, index))
-                values_of.tensors[id_] = (staged.tensor, staged.sampled)
+                values_of.tensors[id_] = staged.tensor
+                if staged.sampled is not None:
+                    values_of.sampled[id_] = staged.sampled
             if sink is not None or fingerprints:  # (not where the copy took the statistics)
                 fingerprint_sink = functools.partial(values_of.fingerprints.__setitem__, id_) if fingerprints else None
                 due.append((tensor, sink, fingerprint_sink))

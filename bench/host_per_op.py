@@ -1,7 +1,7 @@
 """Host time eager capture adds per aten op, on the tiny GPT, per mode and path (issue 48, items 6 and 2b).
 
     python bench/host_per_op.py [--rounds 8] [--block 3] [--warmup 2] [--modes ...] [--layers 4]
-                                [--dir /dev/shm] [--profile structure/op [--top 30]]
+                                [--dir /dev/shm] [--staged] [--profile structure/op [--top 30]]
 
 The model is the GPT example at its smallest (4 layers, width 32, 4 heads, sequence 16, batch 2,
 vocabulary 64, AdamW; one intra-op thread unless ``--threads``: on a shared 2-core machine a second
@@ -36,6 +36,16 @@ same path (``statistics+checksum/op`` over ``statistics/op``: issue 48's target 
 Timings are printed, never asserted: the machine's load moves them (the first line gives the load
 average).
 
+A third table gives Python's cyclic garbage collector per mode (``gc.callbacks`` around the timed
+blocks): its milliseconds per step and its full collections (the oldest generation's: a pass over
+every object of the process) per 100 steps; what capture keeps alive through a step's young
+collections brings these on.
+
+``--staged`` has the native arms keep every CPU tensor as an accelerator's
+(``NativeObserver.defer_cpu``): their values staged before an op writes their memory and once
+``STAGE_AFTER_BYTES`` of them are held (``NativeStepCapture.stage_kept``), the path an
+accelerator's tensors take with ``DEVICE_STATISTICS``, run on the CPU.
+
 ``--profile MODE`` runs ``--block`` steps of that mode under cProfile after the timing and prints
 the ``--top`` functions by their own time, then by cumulative time: where the host time goes.
 """
@@ -43,9 +53,11 @@ the ``--top`` functions by their own time, then by cumulative time: where the ho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import dataclasses
 import functools
+import gc
 import os
 import pstats
 import statistics
@@ -66,6 +78,7 @@ from bench.overhead import MODES, _EmptyMode  # noqa: E402
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 from torchdebug.capture.native_capture import NativeOpCapture  # noqa: E402
 from torchdebug.native.build import DISABLE_ENV  # noqa: E402
+from torchdebug.native.observer import load_observer  # noqa: E402
 
 CONFIG = GPTConfig(n_layer=4, d_model=32, n_head=4, seq_len=16, vocab=64)
 BATCH = 2
@@ -206,7 +219,15 @@ def main() -> None:
     parser.add_argument("--top", type=positive_int, default=30, help="functions listed by --profile (default 30)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch's intra-op threads (default 1)")
     parser.add_argument("--layers", type=positive_int, default=CONFIG.n_layer, help=f"layers (default {CONFIG.n_layer})")
+    parser.add_argument(
+        "--staged",
+        action="store_true",
+        help="native arms keep every CPU tensor as an accelerator's, staged (DEVICE_STATISTICS's path)",
+    )
     args = parser.parse_args()
+    observer = load_observer() if args.staged else None
+    if args.staged and observer is None:
+        parser.error("--staged needs the native observer, which cannot be built here")
     torch.set_num_threads(args.threads)
     torchdebug.seed_all(1234)
     config = dataclasses.replace(CONFIG, n_layer=args.layers)
@@ -224,6 +245,7 @@ def main() -> None:
     cpu_times: dict[str, list[float]] = {mode: [] for mode in modes}
     thread_times: dict[str, list[float]] = {mode: [] for mode in modes}
     phases: dict[str, dict[str, list[float]]] = {mode: {phase: [] for phase in PHASES} for mode in modes}
+    collections = {mode: Collections() for mode in modes}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         debuggers = {
             mode: torchdebug.Debugger(Path(tmp) / mode.replace("/", "_").replace(" ", "_"), **ALL_MODES[mode])
@@ -233,8 +255,11 @@ def main() -> None:
         for round_ in range(args.warmup + args.rounds):
             for mode in modes:
                 marks: list[float] = []
+                if observer is not None:
+                    observer.defer_cpu(mode.endswith(" native"))
                 start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
-                run_block(mode, debuggers.get(mode), model, step, args.block, functools.partial(_mark, marks))
+                with collections[mode] if round_ >= args.warmup else contextlib.nullcontext():
+                    run_block(mode, debuggers.get(mode), model, step, args.block, functools.partial(_mark, marks))
                 if round_ >= args.warmup:
                     for phase, seconds in phase_times(marks).items():
                         phases[mode][phase] += seconds
@@ -258,6 +283,9 @@ def main() -> None:
             columns = _columns(times[mode], plain, ops) + _columns(cpu_times[mode], cpu_plain, ops)
             print(f"{labels[mode]:{width}s}{columns} {least:9.1f} {thread:15.1f}")
         print_phases(phases, labels, ops)
+        print(f"\n{'collector (gc)':{width}s} {'ms/step':>9s} {'full per 100 steps':>19s}")
+        for mode in modes:
+            print(f"{labels[mode]:{width}s} {collections[mode].per_step(args.rounds * args.block)}")
         for mode, base in CHECKSUM_OVER.items():
             if mode in times and base in times:
                 wall = statistics.median(times[mode]) / statistics.median(times[base])
@@ -284,6 +312,37 @@ def print_phases(phases: dict[str, dict[str, list[float]]], labels: dict[str, st
             continue
         added = [(statistics.median(by_phase[phase]) - plain[phase]) / ops * 1e6 for phase in PHASES]
         print(f"{labels[mode]:{width}s}" + "".join(f" {value:8.2f}" for value in (*added, sum(added))))
+
+
+_OLDEST = len(gc.get_count()) - 1
+"""The collector's oldest generation: a collection of it is a full one."""
+
+
+class Collections:
+    """Python's cyclic garbage collector while it is entered (``gc.callbacks``): the seconds its
+    collections took and how many were full (of the oldest generation)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        gc.callbacks.append(self._called)
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._called)
+
+    def _called(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.full += info["generation"] == _OLDEST
+
+    def per_step(self, steps: int) -> str:
+        """Milliseconds a step and full collections per 100 steps, over ``steps`` steps."""
+        return f"{self.seconds / steps * 1000:9.2f} {self.full / steps * 100:19.1f}"
 
 
 def _columns(seconds: list[float], plain: float, ops: int) -> str:

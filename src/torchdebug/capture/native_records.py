@@ -211,35 +211,47 @@ class Snapshots:
         self._save = save
         self._view_ref = view_ref
         self._counter = counter
-        self._saved: dict[tuple[int, int, int], Saved] = {}
-        """By key, version and collectives' writes: what was saved of a tensor."""
-        self._whole: dict[tuple[int, int, int], tuple[dict[str, Any], int, int, torch.dtype]] = {}
-        """By key, version and collectives' writes: a tensor saved whole, its reference, first element,
-        element count and dtype."""
+        # Held to the drain, so in dicts of their own rather than a tuple a tensor (``_StagedValues``).
+        self._saved: dict[tuple[int, int, int], dict[str, Any]] = {}
+        """By key, version and collectives' writes: the reference of what was saved of a tensor."""
+        self._saved_stats: dict[tuple[int, int, int], dict[str, Any]] = {}
+        """By the same: its statistics, where its copy took them."""
+        self._saved_sampled: dict[tuple[int, int, int], int] = {}
+        """By the same: its sampling stride, where it was saved sampled."""
+        self._whole: dict[tuple[int, int, int], dict[str, Any]] = {}
+        """By key, version and collectives' writes: the reference of a tensor saved whole."""
+        self._whole_span: dict[tuple[int, int, int], tuple[int, int, torch.dtype]] = {}
+        """By the same: its first element, element count and dtype."""
 
     def take(self, tensor: torch.Tensor, with_stats: bool, facts: StagedFacts | None) -> Saved:
         """``tensor``'s reference, its statistics where its copy took them, its sampling stride."""
         shared = facts is not None and facts.same_values
-        if shared and (found := self._saved.get((facts.key, facts.version, facts.writes))) is not None:
-            return found  # (most: an op's input was an earlier op's output)
+        values = (facts.key, facts.version, facts.writes) if shared else None
+        if values is not None and (ref := self._saved.get(values)) is not None:  # (most: an earlier op's output)
+            return ref, self._saved_stats.get(values), self._saved_sampled.get(values)
         offset = tensor.storage_offset()
         last = offset + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size)
         if tensor.numel() and tensor.untyped_storage().nbytes() < (last + 1) * tensor.element_size():
             raise RuntimeError("its memory was freed since it was kept")  # (FSDP2's reshard frees its buffers so)
-        whole = self._whole.get((facts.base, facts.version, facts.writes)) if shared and facts.base else None
-        if whole is not None and tensor.numel() and not (tensor.is_conj() or tensor.is_neg()):
-            base, first, count, dtype = whole
+        of_base = (facts.base, facts.version, facts.writes) if values is not None and facts.base else None
+        base = self._whole.get(of_base) if of_base is not None else None
+        if values is not None and base is not None and tensor.numel() and not (tensor.is_conj() or tensor.is_neg()):
+            first, count, dtype = self._whole_span[of_base]
             if dtype == tensor.dtype and first <= offset and last < first + count:
-                view = self._view_ref(base, list(tensor.shape), list(tensor.stride()), offset - first)
-                found = self._saved[facts.key, facts.version, facts.writes] = (view, None, None)
-                return found
+                view = self._saved[values] = self._view_ref(base, list(tensor.shape), list(tensor.stride()), offset - first)
+                return view, None, None
         self._counter[0] += 1
-        found = self._save(f"saved.{self._counter[0]}", tensor, with_stats)
-        if shared:
-            self._saved[facts.key, facts.version, facts.writes] = found
-            if found[2] is None and tensor.is_contiguous() and not (tensor.is_complex() or tensor.is_neg()):  # (as saved)
-                self._whole[facts.key, facts.version, facts.writes] = (found[0], offset, tensor.numel(), tensor.dtype)
-        return found
+        ref, stats, sampled = self._save(f"saved.{self._counter[0]}", tensor, with_stats)
+        if values is not None:
+            self._saved[values] = ref
+            if stats is not None:
+                self._saved_stats[values] = stats
+            if sampled is not None:
+                self._saved_sampled[values] = sampled
+            elif tensor.is_contiguous() and not (tensor.is_complex() or tensor.is_neg()):  # (as saved)
+                self._whole[values] = ref
+                self._whole_span[values] = (offset, tensor.numel(), tensor.dtype)
+        return ref, stats, sampled
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,7 @@ from bench.overhead import MODES, _EmptyMode  # noqa: E402
 from examples.gpt import GPT, GPTConfig, make_batch, train_step  # noqa: E402
 from torchdebug.capture.native_capture import NativeOpCapture  # noqa: E402
 from torchdebug.native.build import DISABLE_ENV  # noqa: E402
-from torchdebug.native.observer import load_observer  # noqa: E402
+from torchdebug.native.observer import NativeObserver, load_observer  # noqa: E402
 
 CONFIG = GPTConfig(n_layer=4, d_model=32, n_head=4, seq_len=16, vocab=64)
 BATCH = 2
@@ -192,6 +192,19 @@ def _run_steps(
         debugger.flush()
 
 
+@contextmanager
+def staged(observer: NativeObserver | None, mode: str) -> Iterator[None]:
+    """A native arm's every CPU tensor kept as an accelerator's meanwhile (``--staged``: ``observer``)."""
+    if observer is None or not mode.endswith(" native"):
+        yield
+        return
+    observer.defer_cpu(True)
+    try:
+        yield
+    finally:
+        observer.defer_cpu(False)
+
+
 PHASES = ("start", "step", "stop")
 """A step's phases on the training thread, between the marks ``run_block`` makes: ``Debugger.start``,
 the step, ``Debugger.stop`` and ``Debugger.step``."""
@@ -255,10 +268,8 @@ def main() -> None:
         for round_ in range(args.warmup + args.rounds):
             for mode in modes:
                 marks: list[float] = []
-                if observer is not None:
-                    observer.defer_cpu(mode.endswith(" native"))
                 start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
-                with collections[mode] if round_ >= args.warmup else contextlib.nullcontext():
+                with collections[mode] if round_ >= args.warmup else contextlib.nullcontext(), staged(observer, mode):
                     run_block(mode, debuggers.get(mode), model, step, args.block, functools.partial(_mark, marks))
                 if round_ >= args.warmup:
                     for phase, seconds in phase_times(marks).items():
@@ -292,7 +303,8 @@ def main() -> None:
                 cpu = statistics.median(cpu_times[mode]) / statistics.median(cpu_times[base])
                 print(f"{mode} over {base}: {wall:.3f}x wall, {cpu:.3f}x cpu (issue 48's target: 1.10x)")
         if args.profile is not None:
-            profile(args.profile, debuggers.get(args.profile), model, step, args.block, args.top)
+            with staged(observer, args.profile):
+                profile(args.profile, debuggers.get(args.profile), model, step, args.block, args.top)
         for debugger in debuggers.values():
             debugger.close()
 

@@ -1,6 +1,7 @@
 """The benches that count instructions: ``bench/host_instructions.py`` reads callgrind's inclusive
 listing into its columns and its dumps into spans; ``bench/monitor.py --per-call --instructions``
-runs its chains in children (here without callgrind) and reads their dumps."""
+runs its chains in children (here without callgrind) and reads their dumps; ``bench/host_per_op.py``'s
+marks, phases and collector table."""
 
 from __future__ import annotations
 
@@ -97,6 +98,23 @@ def test_a_steps_phases_are_the_times_between_its_marks():
         phase_times(readings[:7])
 
 
+def test_the_collector_table_counts_the_collections_made_while_entered_and_full_ones_apart():
+    import gc
+
+    from bench.host_per_op import Collections
+
+    collections = Collections()
+    with collections:
+        gc.collect(0)
+        gc.collect(1)
+        gc.collect()
+    gc.collect()  # (not entered: not counted)
+    assert collections.full == 1
+    assert gc.callbacks.count(collections._called) == 0
+    milliseconds, full = collections.per_step(2).split()
+    assert float(full) == 50.0 and float(milliseconds) == round(collections.seconds / 2 * 1000, 2)
+
+
 def test_a_dump_count_is_its_summary_or_totals_line():
     from bench._callgrind import dump_count
 
@@ -133,3 +151,20 @@ def test_each_counted_chain_runs_its_forwards_between_two_marks_and_leaves_no_ho
     assert marks == [5 + (3 if mode == "monitor" else 0), 8 + (3 if mode == "monitor" else 0)]  # (the monitor's 3 steps)
     assert len(forwards) == marks[1]  # the counted forwards between the marks, nothing after them
     assert [len(getattr(module_globals, f"_global_forward_{kind}")) for kind in _GLOBAL_HOOKS] == hooks
+
+
+def test_host_per_op_runs_the_staged_native_arms_and_prints_their_collector_table(monkeypatch, capsys, tmp_path):
+    import sys
+
+    from bench import host_per_op
+    from torchdebug.native.observer import load_observer
+
+    if load_observer() is None:
+        pytest.skip("the native observer cannot be built here")
+    argv = ["host_per_op.py", "--modes", "statistics/op native", "--rounds", "1", "--warmup", "0", "--block", "1", "--staged"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--dir", str(tmp_path)])
+    host_per_op.main()
+    printed = capsys.readouterr().out
+    table = printed[printed.index("collector (gc)") :].splitlines()
+    assert [line.split()[0] for line in table[1:3]] == ["plain", "statistics/op"]
+    assert "fell back" not in printed

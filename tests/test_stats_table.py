@@ -4,6 +4,7 @@ the device a constant number of times per step however many ops ran."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import logging
@@ -172,6 +173,29 @@ def test_cpu_fingerprints_are_delivered_at_once_and_equal_the_reference(with_sta
         assert got[-1] == _reference_fingerprint(tensor), case
         if with_stats:
             _assert_same_stats(got[0], _reference(tensor), case)
+
+
+@pytest.mark.parametrize("path", ["now", "table"])
+def test_a_dict_takes_the_statistics_and_a_container_the_fingerprint_at_its_key_with_no_object_a_row(path, monkeypatch):
+    """Sinks that make no object a tensor (``NativeStepCapture``'s stagings hold thousands a step): a
+    statistics dict the statistics update, a ``(container, key)`` the fingerprint lands in; on the
+    device path the table holds them until the flush, and with them no object a row."""
+    if path == "table":
+        monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+    tensors = [torch.arange(float(i), float(i) + 6).reshape(2, 3) for i in range(64)] + [torch.empty(0)]
+    stats: list[dict] = [{} for _ in tensors]
+    prints: dict[int, int | None] = dict.fromkeys(range(len(tensors)))
+    stager = StatsStager()
+    stager.add_all([(tensors[0], {}, None)])  # (its table made, and let go for the next)
+    stager.flush()
+    before = len(gc.get_objects())
+    stager.add_all([(tensor, stats[at], (prints, at)) for at, tensor in enumerate(tensors)])
+    held = len(gc.get_objects()) - before
+    stager.flush()
+    for at, tensor in enumerate(tensors):
+        _assert_same_stats(stats[at], _reference(tensor), str(at))
+        assert prints[at] == _reference_fingerprint(tensor)
+    assert held < 10
 
 
 def test_an_empty_tensor_gets_fingerprint_zero_at_once(on_device):

@@ -25,7 +25,6 @@ from torchdebug.native.build import DISABLE_ENV
 from torchdebug.stats import (
     IDENTITY,
     WIDTH,
-    StatsDict,
     as_real,
     cpu_stats,
     cpu_stats_and_fingerprint,
@@ -50,6 +49,41 @@ DIRECTORY_ENTRIES = 1 << 16
 ``SLOTS`` (about 21,000 such tensors a table)."""
 
 _Sink = Callable[[Any], None]
+
+StatsSink = Callable[[Any], None] | dict[str, Any]
+"""Where a tensor's statistics go: a callable that gets them, or a dict they update (no object a
+tensor is made for it: ``NativeStepCapture``'s stagings hold thousands a step)."""
+Landing = dict[int, int | None] | list[int | None]
+"""Where fingerprints land as they arrive, by id or by index (``None`` until then)."""
+FingerprintSink = Callable[[int], None] | tuple[Landing, int]
+"""Where a tensor's fingerprint goes: a callable that gets it, or ``(container, key)``: it lands at
+``container[key]``."""
+
+
+def give_stats(sink: StatsSink, stats: Any) -> None:
+    """Hand ``stats`` to ``sink`` (:data:`StatsSink`)."""
+    if type(sink) is dict:
+        sink.update(stats)
+    else:
+        sink(stats)  # type: ignore[operator]
+
+
+def give_fingerprint(sink: FingerprintSink, value: int) -> None:
+    """Hand ``value`` to ``sink`` (:data:`FingerprintSink`)."""
+    if type(sink) is tuple:
+        _give_fingerprint(sink[0], sink[1], value)
+    else:
+        sink(value)  # type: ignore[operator]
+
+
+def _give_fingerprint(sink: Callable[[int], None] | Landing, key: int | None, value: int) -> None:
+    """Hand ``value`` to a fingerprint sink as a table holds it: a callable (``key`` ``None``) or a
+    container and its key."""
+    if key is None:
+        sink(value)  # type: ignore[operator]
+    else:
+        sink[key] = value  # type: ignore[index]
+
 
 _MASK = (1 << 64) - 1
 
@@ -163,8 +197,14 @@ class _Table:
         """The streams that wrote rows since the table was last read back (``None`` off CUDA)."""
         self.fingerprinted = False
         """Whether a row in use holds a fingerprint (else that column is not copied)."""
-        self.sinks: list[tuple[int, int, bool, _Sink | None, _Sink | None]] = []
-        """``(row, numel, integral, statistics sink, fingerprint sink)`` of each row in use."""
+        # Each row's in-use facts, by row, in lists of their own: no object a row (a tuple holding
+        # callables would outlive the collector's young passes, as StatsSink says).
+        self.numels: list[int] = []
+        self.integral: list[bool] = []
+        self.sinks: list[StatsSink | None] = []
+        self.fingerprint_sinks: list[Callable[[int], None] | Landing | None] = []
+        self.fingerprint_keys: list[int | None] = []
+        """A fingerprint sink's key in its container (``None``: the sink is a callable)."""
 
     def fits(self, rows: int, scratch_rows: int, entries: int, stream: Any) -> bool:
         return (
@@ -205,12 +245,20 @@ class _Table:
         self.used = self.scratch_used = self.directory_used = 0
         self.streams = []
         self.fingerprinted = False
-        self.sinks = []
+        self.numels, self.integral, self.sinks, self.fingerprint_sinks, self.fingerprint_keys = [], [], [], [], []
 
-    def add_row(self, numel: int, integral: bool, sink: _Sink | None, checksum_sink: _Sink | None) -> int:
+    def add_row(self, numel: int, integral: bool, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> int:
         """Take the next row for a tensor's statistics and/or fingerprint; returns its number."""
         row = self.used
-        self.sinks.append((row, numel, integral, sink, checksum_sink))
+        self.numels.append(numel)
+        self.integral.append(integral)
+        self.sinks.append(sink)
+        if type(checksum_sink) is tuple:
+            self.fingerprint_sinks.append(checksum_sink[0])
+            self.fingerprint_keys.append(checksum_sink[1])
+        else:
+            self.fingerprint_sinks.append(checksum_sink)  # type: ignore[arg-type]
+            self.fingerprint_keys.append(None)
         self.fingerprinted |= checksum_sink is not None
         self.used += 1
         return row
@@ -283,8 +331,8 @@ class StatsStager:
 
     def __len__(self) -> int:
         """Results not yet delivered."""
-        waiting = sum(len(table.sinks) for table in self._filling.values())
-        in_flight = sum(len(t.sinks) for transfer in self._in_flight for t in transfer.tables)
+        waiting = sum(table.used for table in self._filling.values())
+        in_flight = sum(t.used for transfer in self._in_flight for t in transfer.tables)
         in_flight += sum(len(sinks) for transfer in self._in_flight for _, sinks in transfer.staged)
         return waiting + in_flight + len(self._staged)
 
@@ -295,14 +343,15 @@ class StatsStager:
         return sum(table.nbytes for table in tables)
 
     # -- capturing ---------------------------------------------------------------------------------
-    def add(self, tensor: torch.Tensor, sink: Callable[[StatsDict], None]) -> None:
+    def add(self, tensor: torch.Tensor, sink: StatsSink) -> None:
         """Reduce ``tensor`` now and deliver its statistics to ``sink`` by the next delivery."""
         self.add_all([(tensor, sink)])
 
     def add_all(self, items: list[tuple]) -> None:
         """:meth:`add` for each ``(tensor, sink)``, or ``(tensor, sink, checksum_sink)`` to also take
-        the tensor's fingerprint (either sink may be ``None``; ``checksum_sink`` gets an unsigned
-        64-bit int; a meta tensor has none). The tensors the Triton kernel reads are reduced
+        the tensor's fingerprint (either sink may be ``None``; ``sink`` a :data:`StatsSink`;
+        ``checksum_sink`` a :data:`FingerprintSink`, which gets an unsigned 64-bit int; a meta tensor
+        has none). The tensors the Triton kernel reads are reduced
         together, up to :data:`~torchdebug.native.triton_stats.TENSORS_PER_LAUNCH` of one device
         and dtype per launch (pass an op's inputs, or its outputs, or a step's gradients, together),
         statistics and fingerprint in the same pass."""
@@ -313,9 +362,9 @@ class StatsStager:
             checksum_sink = item[2] if len(item) > 2 else None
             if tensor.numel() == 0 or tensor.is_meta:
                 if sink is not None:
-                    sink(empty_stats() if self._finish else list(IDENTITY))
+                    give_stats(sink, empty_stats() if self._finish else list(IDENTITY))
                 if checksum_sink is not None and not tensor.is_meta:
-                    checksum_sink(0)  # the fingerprint of no elements
+                    give_fingerprint(checksum_sink, 0)  # the fingerprint of no elements
                 continue
             if _resolves_now(tensor):
                 self._resolve_now(tensor, sink, checksum_sink)
@@ -362,19 +411,19 @@ class StatsStager:
                 for x, integral, sink, checksum_sink in group:
                     table.add_row(x.numel(), integral, sink, checksum_sink)
 
-    def _resolve_now(self, tensor: torch.Tensor, sink: _Sink | None, checksum_sink: _Sink | None) -> None:
+    def _resolve_now(self, tensor: torch.Tensor, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> None:
         """Statistics (or sums) and/or fingerprint of a tensor the host reads at no cost, delivered at once."""
         if sink is not None and not self._finish:
-            sink(cpu_sums(as_real(tensor.detach())))
+            give_stats(sink, cpu_sums(as_real(tensor.detach())))
             sink = None
         if sink is not None and checksum_sink is not None:
             stats, value = cpu_stats_and_fingerprint(tensor)
-            sink(stats)
-            checksum_sink(value)
+            give_stats(sink, stats)
+            give_fingerprint(checksum_sink, value)
         elif sink is not None:
-            sink(cpu_stats(tensor))
+            give_stats(sink, cpu_stats(tensor))
         elif checksum_sink is not None:
-            checksum_sink(cpu_fingerprint(tensor))
+            give_fingerprint(checksum_sink, cpu_fingerprint(tensor))
 
     def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
         """Deliver ``result`` (a small tensor) to ``sink`` as a list of Python numbers by the next
@@ -457,14 +506,15 @@ class StatsStager:
             for table in transfer.tables:
                 rows = table.host[: table.used].tolist()
                 prints = table.host_fingerprints[: table.used].tolist() if table.fingerprinted else []
-                sinks, device = table.sinks, table.device
+                numels, integral, sinks = table.numels, table.integral, table.sinks
+                fingerprint_sinks, keys = table.fingerprint_sinks, table.fingerprint_keys
+                self._free.setdefault(table.device, []).append(table)
                 table.reset()
-                self._free.setdefault(device, []).append(table)
-                for row, numel, integral, sink, checksum_sink in sinks:
+                for row, sink in enumerate(sinks):
                     if sink is not None:
-                        sink(stats_from_sums(rows[row], numel, integral) if self._finish else rows[row])
-                    if checksum_sink is not None:
-                        checksum_sink(prints[row] & _MASK)
+                        give_stats(sink, stats_from_sums(rows[row], numels[row], integral[row]) if self._finish else rows[row])
+                    if (fingerprint_sink := fingerprint_sinks[row]) is not None:
+                        _give_fingerprint(fingerprint_sink, keys[row], prints[row] & _MASK)
             for host, sinks in transfer.staged:
                 values = host.tolist()
                 for start, end, sink in sinks:

@@ -42,7 +42,7 @@ from torchdebug.capture.eager import COPY_IN, OpInfo, op_info
 from torchdebug.capture.filters import RangeGate
 from torchdebug.capture.modules import ModuleTracker
 from torchdebug.capture.native_recompute import RecomputeMarks
-from torchdebug.capture.native_subclasses import Described, Landing, described, read_subclasses
+from torchdebug.capture.native_subclasses import Described, described, read_subclasses
 from torchdebug.capture.native_values import (
     CHANGED,
     CHANGED_TEXT,
@@ -76,6 +76,7 @@ from torchdebug.native.observer import (
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
+from torchdebug.stats_table import Landing
 from torchdebug.store import (
     FixedColumns,
     SavedTensors,
@@ -741,7 +742,7 @@ class NativeStepCapture:
             reduced = statistics and has_statistics(tensor.dtype)
             if not reduced:
                 values_of.unreduced.add(id_)
-            sink = stats.update if reduced else None
+            sink = stats if reduced else None  # (a dict the statistics update: no object a tensor)
             if snapshots is not None:
                 staged = _Staged(stats, reduced, values_of.fingerprints, id_)
                 sink = self._save(snapshots, staged, tensor, sink, staged_fact(facts, index))
@@ -749,7 +750,7 @@ class NativeStepCapture:
                 if staged.sampled is not None:
                     values_of.sampled[id_] = staged.sampled
             if sink is not None or fingerprints:  # (not where the copy took the statistics)
-                fingerprint_sink = functools.partial(values_of.fingerprints.__setitem__, id_) if fingerprints else None
+                fingerprint_sink = (values_of.fingerprints, id_) if fingerprints else None
                 due.append((tensor, sink, fingerprint_sink))
                 ids.append(id_)
         for index in part:
@@ -763,11 +764,16 @@ class NativeStepCapture:
         return Snapshots(save, view_ref, self._saved)
 
     def _save(
-        self, snapshots: Snapshots, staged: _Staged, tensor: torch.Tensor, sink: Callable | None, facts: StagedFacts | None = None
-    ) -> Callable | None:
+        self,
+        snapshots: Snapshots,
+        staged: _Staged,
+        tensor: torch.Tensor,
+        sink: dict[str, Any] | None,
+        facts: StagedFacts | None = None,
+    ) -> dict[str, Any] | None:
         """Save ``tensor`` into ``staged`` (its statistics too, where its copy took them); the
-        statistics sink still to fill (``None`` once filled). A failed save (a write of the dump
-        failed, a fault of ours) leaves it unsaved, with its statistics still to take."""
+        statistics still to take (``sink``, their dict; ``None`` once filled). A failed save (a write
+        of the dump failed, a fault of ours) leaves it unsaved, with its statistics still to take."""
         try:
             staged.tensor, stats, staged.sampled = snapshots.take(tensor, sink is not None, facts)
         except DumpError:  # a write of the dump failed (said once by the writer): statistics alone from now on
@@ -778,7 +784,7 @@ class NativeStepCapture:
                 logger.warning("torchdebug: could not save kept tensors (%s: %s)", type(error).__name__, error)
             return sink
         if stats is not None and sink is not None:
-            sink(stats)
+            sink.update(stats)
             return None
         return sink
 
@@ -878,12 +884,12 @@ class NativeStepCapture:
             elif slot >= 0:
                 fingerprint_sink = None
                 if entry in hashed:
-                    fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry)
+                    fingerprint_sink = (taken_fingerprints, entry)
                     arriving.append((entry, taken_fingerprints, entry))
                 reduced = statistics and has_statistics(kept[slot].dtype)
                 if statistics and not reduced:
                     unreduced.append(-2 - entry)
-                sink = stats.update if reduced else None
+                sink = stats if reduced else None
                 if snapshots is not None:
                     staged[slot] = saved = _Staged(stats, reduced, [None])
                     sink = self._save(snapshots, saved, kept[slot], sink)

@@ -15,9 +15,8 @@ so, as a plain kept tensor does).
 
 from __future__ import annotations
 
-import functools
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,14 +29,13 @@ from torchdebug.capture.native_values import CHANGED_TEXT, WalkedSlots
 from torchdebug.native.observer import SUBCLASS
 from torchdebug.records import STATS_NOT_TAKEN, layout_not_captured
 from torchdebug.slots import dtype_name
+from torchdebug.stats_table import FingerprintSink, Landing, StatsSink
 from torchdebug.store import SlotOverrides, extra_text
 
-__all__ = ["Described", "Landing", "described", "read_subclasses"]
+__all__ = ["Described", "described", "read_subclasses"]
 
-Due = tuple[torch.Tensor, Callable[[dict], None] | None, Callable[[int], None] | None]
+Due = tuple[torch.Tensor, StatsSink | None, FingerprintSink | None]
 """A kept tensor to reduce at the flush, with its statistics and fingerprint sinks (``stage``'s item)."""
-Landing = list[int | None] | dict[int, int | None]
-"""Where fingerprints land as they arrive, by index or by id (``None`` until then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +155,5 @@ def read_subclasses(
             walked.stats[position] = -2 - entry
         if read_fingerprint:
             walked.fingerprints[position] = -2 - entry
-        fingerprint_sink = functools.partial(taken_fingerprints.__setitem__, entry) if read_fingerprint else None
-        due.append((local, stats.update if read_stats else None, fingerprint_sink))
+        due.append((local, stats if read_stats else None, (taken_fingerprints, entry) if read_fingerprint else None))
     return overrides

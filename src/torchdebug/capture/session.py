@@ -430,10 +430,11 @@ class CaptureSession:
         synchronisation on an accelerator (read with everything else staged, once per flush)."""
         self._stager.stage(result, sink)
 
-    def stage_stats(self, items: list[tuple[torch.Tensor, Callable[[dict], None]]]) -> None:
-        """Hand each ``(tensor, sink)``'s statistics as taken now to its sink: at once on the CPU, by
-        the next :meth:`flush` on an accelerator (pass one side of an op's tensors together: they
-        share kernel launches)."""
+    def stage_stats(self, items: list[tuple]) -> None:
+        """Hand each ``(tensor, sink)``'s statistics as taken now to its sink (or ``(tensor, sink,
+        checksum_sink)``: ``StatsStager.add_all``'s items): at once on the CPU, by the next
+        :meth:`flush` on an accelerator (pass one side of an op's tensors together: they share
+        kernel launches)."""
         self._stager.add_all(items)
 
     def _fill_description(self, record: Record, tensor: torch.Tensor) -> bool:

@@ -286,3 +286,20 @@ def test_a_staging_of_more_tensors_than_a_part_takes_them_part_by_part(tmp_path,
     native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, task="statistics", checksum=True)
     _assert_same_dumps(python, native)
     assert max(counts) > 7
+
+
+def test_each_staging_looks_at_the_tensors_kept_since_the_last_not_at_every_one_of_the_step(tmp_path, staged) -> None:
+    """A staging before each write looks at the entries kept since the one before (and those it left
+    then), so a step's stagings look at each kept entry about once: at every entry of the step each,
+    a step of n writes took n² looks (107 ms of a 48-layer tiny GPT's step, 2026-12-04)."""
+    counts = staged(-1)
+    observer = load_observer()
+    before = observer.stage_looked()
+    with torchdebug.dump(tmp_path / "dump", task="statistics"):
+        x = torch.ones(4)
+        for _ in range(400):
+            y = x * 2
+            y.add_(1)  # a write into a kept tensor's memory: what is kept is staged first
+    kept = sum(counts)
+    assert len(counts) >= 400 and kept >= 800
+    assert observer.stage_looked() - before < 3 * kept

@@ -1124,6 +1124,12 @@ struct Slots {
   // Recorder::seen and seen_storages already (Recorder::sweep); the bytes of the CPU tensors recorded since.
   bool keyed = false;
   size_t swept = 0;
+  // observer_stage_kept's place in kept: the entries before stage_scan were looked at, and are staged,
+  // of a kind never staged, or in stage_retry (those it left to a later staging: waiting, written,
+  // in flight, not held; in order), so that a staging looks at the entries kept since the last one
+  // and those alone, not at every entry of the step (a staging before each write: quadratic).
+  size_t stage_scan = 0;
+  std::vector<size_t> stage_retry;
   int64_t unswept_bytes = 0;
   size_t sweep_work = 0;  // the entries a sweep walks (holds, reads, kept originals), at the last sweep or drain
 
@@ -1448,6 +1454,23 @@ struct Slots {
     kept_version.resize(keep);
     kept_staged.resize(keep);
     kept_original.erase(kept_original.begin() + static_cast<std::ptrdiff_t>(keep), kept_original.end());
+    kept_dropped_from(keep);
+  }
+
+  // The entries of kept from `keep` on left (moved into other Slots, which looks at them anew).
+  void kept_dropped_from(size_t keep) {
+    stage_scan = std::min(stage_scan, keep);
+    while (!stage_retry.empty() && stage_retry.back() >= keep) stage_retry.pop_back();
+  }
+
+  // The first `count` entries of kept left (handed over at a drain): the others' indices move down.
+  void kept_dropped_before(size_t count) {
+    stage_scan = stage_scan > count ? stage_scan - count : 0;
+    size_t left = 0;
+    for (auto entry : stage_retry) {
+      if (entry >= count) stage_retry[left++] = entry - count;
+    }
+    stage_retry.resize(left);
   }
 
   // Hold the outputs waiting strongly (one freed already stays undefined: not read).
@@ -1479,6 +1502,8 @@ struct Slots {
     text.clear();
     swept = 0;
     unswept_bytes = 0;
+    stage_scan = 0;
+    stage_retry.clear();
   }
 };
 
@@ -1700,6 +1725,7 @@ Recorder recorder;
 std::string drained_texts;  // the distinct JSON texts of the value slots drained last, each ended by a NUL
 std::vector<at::Tensor> handed;  // the kept tensors of the slots drained last, for observer_kept()
 int64_t staged_count = 0;  // kept tensors staged so far (observer_stage_kept): the next one's id; with recorder.mutex
+int64_t stage_looked = 0;  // kept entries the stagings looked at so far (td_observer_stage_looked); with recorder.mutex
 // What observer_stage_kept knew of each tensor it handed over last, kFactsWidth a tensor: its
 // slot's key and version, its base's key (0: none), whether a later slot of the same key and
 // version holds the same values (a plain tensor outside compiled code: inductor's kernels and a
@@ -3530,6 +3556,7 @@ void td_observer_drain(const int64_t* counts, void** columns) {
   from.kept_version.erase(from.kept_version.begin(), from.kept_version.begin() + static_cast<std::ptrdiff_t>(kept));
   from.kept_original.erase(from.kept_original.begin(), from.kept_original.begin() + static_cast<std::ptrdiff_t>(kept));
   from.kept.erase(from.kept.begin(), from.kept.begin() + static_cast<std::ptrdiff_t>(kept));
+  from.kept_dropped_before(kept);
   watch::hand_over(slots, recorder.first_row + static_cast<int64_t>(ops));
   recorder.first_row += static_cast<int64_t>(ops);
 }
@@ -3563,6 +3590,13 @@ void td_observer_sweep_after(int64_t bytes) { sweep_after.store(bytes, std::memo
 void td_observer_keys(int64_t count, int64_t* addresses) {
   std::lock_guard<std::mutex> lock(recorder.mutex);
   for (int64_t index = 0; index < count; ++index) addresses[index] = key_of(addresses[index]);
+}
+
+// The kept entries the stagings looked at so far (tests: each staging looks at those kept since the
+// last one and those left then, not at every entry kept).
+int64_t td_observer_stage_looked() {
+  std::lock_guard<std::mutex> lock(recorder.mutex);
+  return stage_looked;
 }
 
 // The weak references the recorder holds of tensors and storages, those of its slots since the last
@@ -3855,27 +3889,43 @@ std::vector<at::Tensor> observer_kept() {
 std::vector<at::Tensor> observer_stage_kept() {
   std::vector<at::Tensor> out;
   auto& thread = thread_ref(state);
+  // Hand over kept entry `entry` (one of a kind staged here, not staged yet) if it is to be staged
+  // now; false where a later staging may (stage_retry).
+  auto take = [&](Slots& slots, size_t entry) {
+    auto& tensor = slots.kept[entry];
+    auto at = static_cast<size_t>(slots.kept_slot[entry]);
+    if (!tensor.defined()) return false;  // (an output waiting to be held)
+    auto original = slots.kept_original[entry].lock();
+    if (slots.version[at] >= 0 && original && Slots::current_version(original.get()) != slots.kept_version[entry]) return false;
+    if (in_flight(tensor.unsafeGetTensorImpl())) return false;  // a collective still writes it: read once final
+    if (!memory_held(tensor)) return false;  // freed under it: the drain says so
+    uint64_t written = 0;
+    {
+      std::lock_guard<std::mutex> reads(reads_mutex);
+      written = writes_into(tensor.unsafeGetTensorImpl());
+    }
+    slots.kept_staged[entry] = staged_count++;
+    out.push_back(std::move(tensor));
+    tensor = at::Tensor();
+    auto key = [&](int64_t value) { return slots.keyed || value == 0 ? value : key_of(value); };  // (a stash's: addresses)
+    bool same_values = slots.flag[at] == kPlain && compiled_scopes == 0 && slots.kept_version[entry] != kCopied;
+    staged_facts.insert(staged_facts.end(), {key(slots.value[at]), slots.version[at], key(slots.base[at]), int64_t{same_values},
+                                             static_cast<int64_t>(written)});
+    return true;
+  };
+  // The entries left before (in order, all before stage_scan), then those kept since.
   auto take_from = [&](Slots& slots) {
-    for (size_t entry = 0; entry < slots.kept.size(); ++entry) {
-      auto& tensor = slots.kept[entry];
-      auto at = static_cast<size_t>(slots.kept_slot[entry]);
-      if (!tensor.defined() || slots.kept_staged[entry] >= 0 || (slots.flag[at] != kPlain && slots.flag[at] != kSubclass)) continue;
-      auto original = slots.kept_original[entry].lock();
-      if (slots.version[at] >= 0 && original && Slots::current_version(original.get()) != slots.kept_version[entry]) continue;
-      if (in_flight(tensor.unsafeGetTensorImpl())) continue;  // a collective still writes it: read once final
-      if (!memory_held(tensor)) continue;  // freed under it: the drain says so
-      uint64_t written = 0;
-      {
-        std::lock_guard<std::mutex> reads(reads_mutex);
-        written = writes_into(tensor.unsafeGetTensorImpl());
-      }
-      slots.kept_staged[entry] = staged_count++;
-      out.push_back(std::move(tensor));
-      tensor = at::Tensor();
-      auto key = [&](int64_t value) { return slots.keyed || value == 0 ? value : key_of(value); };  // (a stash's: addresses)
-      bool same_values = slots.flag[at] == kPlain && compiled_scopes == 0 && slots.kept_version[entry] != kCopied;
-      staged_facts.insert(staged_facts.end(), {key(slots.value[at]), slots.version[at], key(slots.base[at]), int64_t{same_values},
-                                               static_cast<int64_t>(written)});
+    size_t left = 0;
+    for (auto entry : slots.stage_retry) {
+      if (!take(slots, entry)) slots.stage_retry[left++] = entry;
+    }
+    stage_looked += static_cast<int64_t>(slots.stage_retry.size() + slots.kept.size() - slots.stage_scan);
+    slots.stage_retry.resize(left);
+    for (; slots.stage_scan < slots.kept.size(); ++slots.stage_scan) {
+      auto entry = slots.stage_scan;
+      auto flag = slots.flag[static_cast<size_t>(slots.kept_slot[entry])];
+      if (slots.kept_staged[entry] >= 0 || (flag != kPlain && flag != kSubclass)) continue;  // (never staged here)
+      if (!take(slots, entry)) slots.stage_retry.push_back(entry);
     }
   };
   std::lock_guard<std::mutex> lock(recorder.mutex);

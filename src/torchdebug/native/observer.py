@@ -367,6 +367,8 @@ class NativeObserver:
         library.td_observer_keys.restype = None
         library.td_observer_held.argtypes = [ctypes.c_void_p]
         library.td_observer_held.restype = None
+        library.td_observer_stage_looked.argtypes = []
+        library.td_observer_stage_looked.restype = ctypes.c_int64
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_want_values.argtypes = [ctypes.c_int]
         library.td_observer_compiling.argtypes = [ctypes.c_int]
@@ -586,6 +588,10 @@ class NativeObserver:
         if keys:
             self._lib.td_observer_keys(len(keys), keys.buffer_info()[0])
         return keys.tolist()
+
+    def stage_looked(self) -> int:
+        """The kept entries the stagings (:meth:`stage_kept`) looked at so far in this process (tests)."""
+        return int(self._lib.td_observer_stage_looked())
 
     def held(self) -> tuple[int, int]:
         """The weak references the observer holds of tensors and storages, and the keys sweeps let go

@@ -153,10 +153,13 @@ class _Staged:
     """Its sampling stride where it was saved sampled."""
 
 
-_STAGED_TOGETHER = 1024
-"""Kept tensors staged together at most, the objects made for them alive meanwhile: as many as one
-launch of the Triton kernel takes (``triton_stats.TENSORS_PER_LAUNCH``); a staging of more (every
-tensor of a backward, at real sizes) is taken in parts."""
+_STAGED_TOGETHER = 256
+"""Kept tensors the observer hands over together at most, the objects made for them (their Python
+tensors, the stager's items) alive meanwhile: a staging of more (the small tensors of a backward;
+64 MiB of kept tensors bound one of large ones) is taken in parts, each its own launches of the
+Triton kernel. With parts of 1,024 (one launch's most) those objects still brought on a full
+collection every 8 steps of a 48-layer tiny GPT with every tensor staged; with 256, none in 8
+(``docs/architecture.md``, "The native path (issue 48)", staging)."""
 
 
 class _StagedValues:
@@ -181,16 +184,43 @@ class _StagedValues:
         self.sampled: dict[int, int] = {}
         """With ``task="tensor"``: by id, its sampling stride where it was saved sampled."""
 
-    def by_id(self) -> dict[int, _Staged]:
-        """Each id's :class:`_Staged` (ids read as one share it): made at the drain."""
-        fingerprints, unreduced, failed = self.fingerprints, self.unreduced, self.failed
-        tensors, sampled = self.tensors, self.sampled
-        made = {
-            id_: _Staged(stats, id_ not in unreduced, fingerprints, id_, id_ in failed, tensors.get(id_), sampled.get(id_))
-            for id_, stats in self.stats.items()
-        }
-        made.update((id_, made[reader]) for id_, reader in self.read_as.items())
-        return made
+    def staged(self, id_: int) -> _Staged | None:
+        """What staging ``id_`` took (its reader's, for an id read as another), or ``None``: not staged."""
+        id_ = self.read_as.get(id_, id_)
+        stats = self.stats.get(id_)
+        if stats is None:
+            return None
+        return _Staged(
+            stats,
+            id_ not in self.unreduced,
+            self.fingerprints,
+            id_,
+            id_ in self.failed,
+            self.tensors.get(id_),
+            self.sampled.get(id_),
+        )
+
+
+class _StagedBySlot:
+    """A drain's kept tensors staged before it, by drained slot (``ObservedOps.kept_staged`` gives
+    their ids): each a :class:`_Staged` made as it is asked for and let go after, where a dict of all
+    of them (a step's every tensor, on an accelerator) would be alive through the drain's young
+    collections; those the drain saves itself (``task="tensor"``) are set."""
+
+    def __init__(self, values: _StagedValues, ids: dict[int, int]) -> None:
+        self._values = values
+        self._ids = ids
+        self._set: dict[int, _Staged] = {}
+
+    def get(self, slot: int) -> _Staged | None:
+        found = self._set.get(slot)
+        if found is not None:
+            return found
+        id_ = self._ids.get(slot)
+        return None if id_ is None else self._values.staged(id_)
+
+    def __setitem__(self, slot: int, staged: _Staged) -> None:
+        self._set[slot] = staged
 
 
 Saved = tuple[dict[str, Any], dict[str, Any] | None, int | None]
@@ -687,44 +717,35 @@ class NativeStepCapture:
         a kept tensor is on, and once enough bytes of them are held; with ``snapshots``
         (:meth:`snapshots`), save them too. A fault here costs their statistics (their slots say so),
         never the op."""
-        first, tensors = self.observer.stage_kept()
-        facts = self.observer.staged_facts(len(tensors))
         # A tensor kept by several slots at one version (an op's output, the next op's input) is read
         # once a staging: its slots share what it gives. Only within one staging, where each would
         # read the same memory now: between two, a write the observer does not see (a collective's
         # into an allocation, FSDP2's copy-in) may change it at the same version.
         by_values: dict[tuple[int, int, int], int] = {}
-        for start in range(0, len(tensors), _STAGED_TOGETHER):
-            self._stage_part(
-                first,
-                tensors,
-                facts,
-                range(start, min(start + _STAGED_TOGETHER, len(tensors))),
-                by_values,
-                stage,
-                statistics,
-                fingerprints,
-                snapshots,
-            )
+        while True:  # in parts: the objects made for a part's tensors alive only meanwhile
+            first, tensors = self.observer.stage_kept(_STAGED_TOGETHER)
+            facts = self.observer.staged_facts(len(tensors))
+            self._stage_part(first, tensors, facts, by_values, stage, statistics, fingerprints, snapshots)
+            if len(tensors) < _STAGED_TOGETHER:
+                return
 
     def _stage_part(
         self,
         first: int,
-        tensors: list[torch.Tensor | None],
+        tensors: list[torch.Tensor],
         facts: array,
-        part: range,
         by_values: dict[tuple[int, int, int], int],
         stage: Callable[[list[tuple]], None],
         statistics: bool,
         fingerprints: bool,
         snapshots: Snapshots | None,
     ) -> None:
-        """Stage ``part`` of a staging's ``tensors`` (by index; let go of once staged) and hold what
-        they give in :class:`_StagedValues`: a few objects a tensor, alive only meanwhile."""
+        """Stage one part of a staging, ``tensors`` (ids from ``first`` on), and hold what they give
+        in :class:`_StagedValues`: a few objects a tensor, alive only meanwhile."""
         values_of = self._staged
         due, ids = [], []
-        for index in part:
-            tensor, id_ = tensors[index], first + index
+        for index, tensor in enumerate(tensors):
+            id_ = first + index
             key, version, _, same_values, writes = facts[
                 index * STAGED_FACTS_WIDTH : (index + 1) * STAGED_FACTS_WIDTH
             ]  # (StagedFacts')
@@ -733,7 +754,6 @@ class NativeStepCapture:
             if known is not None:
                 values_of.read_as[id_] = known
                 continue
-            assert tensor is not None
             if values is not None:
                 by_values[values] = id_
             values_of.fingerprints[id_] = None
@@ -753,8 +773,6 @@ class NativeStepCapture:
                 fingerprint_sink = (values_of.fingerprints, id_) if fingerprints else None
                 due.append((tensor, sink, fingerprint_sink))
                 ids.append(id_)
-        for index in part:
-            tensors[index] = None
         for failed in self._failed_to_stage(stage, due) if due else ():
             values_of.failed.add(ids[failed])
 
@@ -857,10 +875,10 @@ class NativeStepCapture:
             unshards=self._unshard_rows(ops),
         )
         self.record_slots = walked.slots
-        kept_entries = list(zip(ops.kept_slot.tolist(), ops.kept_staged.tolist()))
-        kept = dict(zip((slot for slot, id_ in kept_entries if slot >= 0 and id_ < 0), ops.kept))
-        by_id, self._staged = self._staged.by_id(), _StagedValues()  # (the rest: of calls found hidden after they were staged)
-        staged = {slot: by_id[id_] for slot, id_ in kept_entries if id_ >= 0 and id_ in by_id}
+        handed, was_staged = (ops.kept_slot >= 0) & (ops.kept_staged < 0), ops.kept_staged >= 0  # (no tuple an entry)
+        kept = dict(zip(ops.kept_slot[handed].tolist(), ops.kept))
+        staged = _StagedBySlot(self._staged, dict(zip(ops.kept_slot[was_staged].tolist(), ops.kept_staged[was_staged].tolist())))
+        self._staged = _StagedValues()  # (what is not asked for: of calls found hidden after they were staged)
         taken: list[dict] = []
         taken_fingerprints: list[int | None] = []
         due: list[tuple] = []
@@ -906,7 +924,7 @@ class NativeStepCapture:
             taken,
             taken_fingerprints,
             due,
-            staged,
+            staged.get,
             arriving,
             statistics=statistics,
             fingerprints=fingerprints,
@@ -964,7 +982,7 @@ class NativeStepCapture:
         self,
         ops: ObservedOps,
         walked: WalkedSlots,
-        staged: dict[int, _Staged],
+        staged: _StagedBySlot,
         kept: dict[int, torch.Tensor],
         snapshots: Snapshots,
     ) -> SavedTensors:

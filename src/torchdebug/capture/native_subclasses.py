@@ -16,7 +16,7 @@ so, as a plain kept tensor does).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +90,7 @@ def read_subclasses(
     taken: list[dict[str, Any]],
     taken_fingerprints: list[int | None],
     due: list[Due],
-    staged: Mapping[int, Any],
+    staged: Callable[[int], Any],
     arriving: list[tuple[int, Landing, int]],
     *,
     statistics: bool,
@@ -99,7 +99,7 @@ def read_subclasses(
     """Describe the subclass slots of ``walked`` that were described at their op (``described_at``:
     by ``TensorImpl`` address, ``addresses``: each drained slot's; ``versions``: each drained slot's
     version at its op), or ``None`` when there is none. What the callback did not read was staged at
-    its op (``staged``, by drained slot: ``NativeStepCapture.stage_kept``'s entries, whose
+    its op (``staged``: by drained slot, ``NativeStepCapture.stage_kept``'s entry or ``None``, whose
     fingerprints land later: ``arriving``, as ``slot_columns`` takes them) or is read now:
     from the plain tensor the observer kept for it (``kept``, by drained slot: one a collective was
     still writing), else from the plain tensor itself unless it changed since its op
@@ -129,7 +129,7 @@ def read_subclasses(
         if not (read_stats or read_fingerprint):
             overrides.errors.append(None)
             continue
-        early = staged.get(slot)
+        early = staged(slot)
         if early is not None:  # its plain tensor staged at its op (observer_stage_kept)
             overrides.errors.append(STATS_NOT_TAKEN if early.failed else None)
             if read_stats:

@@ -3886,8 +3886,9 @@ std::vector<at::Tensor> observer_kept() {
 // the next id (kept_staged) and let go: Python stages their statistics now, in this order (a
 // subclass's plain tensor too, at its op: read_subclasses takes what was staged). Left for the drain:
 // one whose tensor changed since it was kept (the drain says so), one still waiting (a factory's output).
-std::vector<at::Tensor> observer_stage_kept() {
+std::vector<at::Tensor> observer_stage_kept(int64_t most) {
   std::vector<at::Tensor> out;
+  auto full = [&] { return static_cast<int64_t>(out.size()) >= most; };
   auto& thread = thread_ref(state);
   // Hand over kept entry `entry` (one of a kind staged here, not staged yet) if it is to be staged
   // now; false where a later staging may (stage_retry).
@@ -3913,15 +3914,19 @@ std::vector<at::Tensor> observer_stage_kept() {
                                              static_cast<int64_t>(written)});
     return true;
   };
-  // The entries left before (in order, all before stage_scan), then those kept since.
+  // The entries left before (in order, all before stage_scan), then those kept since, until `most`
+  // are handed over (the next call goes on from there).
   auto take_from = [&](Slots& slots) {
-    size_t left = 0;
-    for (auto entry : slots.stage_retry) {
-      if (!take(slots, entry)) slots.stage_retry[left++] = entry;
+    auto& retry = slots.stage_retry;
+    size_t left = 0, at = 0;
+    for (; at < retry.size() && !full(); ++at) {
+      ++stage_looked;
+      if (!take(slots, retry[at])) retry[left++] = retry[at];
     }
-    stage_looked += static_cast<int64_t>(slots.stage_retry.size() + slots.kept.size() - slots.stage_scan);
-    slots.stage_retry.resize(left);
-    for (; slots.stage_scan < slots.kept.size(); ++slots.stage_scan) {
+    for (; at < retry.size(); ++at) retry[left++] = retry[at];
+    retry.resize(left);
+    for (; slots.stage_scan < slots.kept.size() && !full(); ++slots.stage_scan) {
+      ++stage_looked;
       auto entry = slots.stage_scan;
       auto flag = slots.flag[static_cast<size_t>(slots.kept_slot[entry])];
       if (slots.kept_staged[entry] >= 0 || (flag != kPlain && flag != kSubclass)) continue;  // (never staged here)
@@ -3949,5 +3954,5 @@ std::vector<at::Tensor> observer_overflow_kept() {
 TORCH_LIBRARY_FRAGMENT(torchdebug, library) {
   library.def("observer_overflow_kept() -> Tensor[]", &observer_overflow_kept);
   library.def("observer_kept() -> Tensor[]", &observer_kept);
-  library.def("observer_stage_kept() -> Tensor[]", &observer_stage_kept);
+  library.def("observer_stage_kept(int most) -> Tensor[]", &observer_stage_kept);
 }

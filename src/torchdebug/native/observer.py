@@ -556,12 +556,12 @@ class NativeObserver:
         self._stage_hook = hook  # alive while the observer holds its address
         self._lib.td_observer_stage_kept(None if hook is None else id(hook), after_bytes)
 
-    def stage_kept(self) -> tuple[int, list[torch.Tensor]]:
+    def stage_kept(self, most: int) -> tuple[int, list[torch.Tensor]]:
         """The kept tensors not handed over yet, let go by the observer, whose statistics are to be
-        staged now, and the id of the first (the others' follow): :attr:`ObservedOps.kept_staged`
-        names them so."""
+        staged now, at most ``most`` of them (fewer: none is left), and the id of the first (the
+        others' follow): :attr:`ObservedOps.kept_staged` names them so."""
         first = self._staged
-        tensors = torch.ops.torchdebug.observer_stage_kept()
+        tensors = torch.ops.torchdebug.observer_stage_kept(most)
         self._staged += len(tensors)
         return first, tensors
 

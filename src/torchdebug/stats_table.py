@@ -51,8 +51,9 @@ DIRECTORY_ENTRIES = 1 << 16
 _Sink = Callable[[Any], None]
 
 StatsSink = Callable[[Any], None] | dict[str, Any]
-"""Where a tensor's statistics go: a callable that gets them, or a dict they update (no object a
-tensor is made for it: ``NativeStepCapture``'s stagings hold thousands a step)."""
+"""Where a tensor's statistics go: a callable that gets them, or a dict a record's statistics update
+(a stager that finishes them): no object a tensor is made for it, where ``NativeStepCapture``'s
+stagings hold thousands a step."""
 Landing = dict[int, int | None] | list[int | None]
 """Where fingerprints land as they arrive, by id or by index (``None`` until then)."""
 FingerprintSink = Callable[[int], None] | tuple[Landing, int]
@@ -60,7 +61,7 @@ FingerprintSink = Callable[[int], None] | tuple[Landing, int]
 ``container[key]``."""
 
 
-def give_stats(sink: StatsSink, stats: Any) -> None:
+def _give_stats(sink: StatsSink, stats: Any) -> None:
     """Hand ``stats`` to ``sink`` (:data:`StatsSink`)."""
     if type(sink) is dict:
         sink.update(stats)
@@ -68,15 +69,15 @@ def give_stats(sink: StatsSink, stats: Any) -> None:
         sink(stats)  # type: ignore[operator]
 
 
-def give_fingerprint(sink: FingerprintSink, value: int) -> None:
+def _give_fingerprint(sink: FingerprintSink, value: int) -> None:
     """Hand ``value`` to ``sink`` (:data:`FingerprintSink`)."""
     if type(sink) is tuple:
-        _give_fingerprint(sink[0], sink[1], value)
+        _give_fingerprint_at(sink[0], sink[1], value)
     else:
         sink(value)  # type: ignore[operator]
 
 
-def _give_fingerprint(sink: Callable[[int], None] | Landing, key: int | None, value: int) -> None:
+def _give_fingerprint_at(sink: Callable[[int], None] | Landing, key: int | None, value: int) -> None:
     """Hand ``value`` to a fingerprint sink as a table holds it: a callable (``key`` ``None``) or a
     container and its key."""
     if key is None:
@@ -351,10 +352,10 @@ class StatsStager:
         """:meth:`add` for each ``(tensor, sink)``, or ``(tensor, sink, checksum_sink)`` to also take
         the tensor's fingerprint (either sink may be ``None``; ``sink`` a :data:`StatsSink`;
         ``checksum_sink`` a :data:`FingerprintSink`, which gets an unsigned 64-bit int; a meta tensor
-        has none). The tensors the Triton kernel reads are reduced
-        together, up to :data:`~torchdebug.native.triton_stats.TENSORS_PER_LAUNCH` of one device
-        and dtype per launch (pass an op's inputs, or its outputs, or a step's gradients, together),
-        statistics and fingerprint in the same pass."""
+        has none). The tensors the Triton kernel reads are reduced together, up to
+        :data:`~torchdebug.native.triton_stats.TENSORS_PER_LAUNCH` of one device and dtype per
+        launch (pass an op's inputs, or its outputs, or a step's gradients, together), statistics
+        and fingerprint in the same pass."""
         # (device, dtype, statistics, fingerprint, aligned) -> the tensors one launch takes together
         launches: dict[tuple[torch.device, torch.dtype, bool, bool, bool], list[tuple[torch.Tensor, bool, Any, Any]]] = {}
         for item in items:
@@ -362,9 +363,9 @@ class StatsStager:
             checksum_sink = item[2] if len(item) > 2 else None
             if tensor.numel() == 0 or tensor.is_meta:
                 if sink is not None:
-                    give_stats(sink, empty_stats() if self._finish else list(IDENTITY))
+                    _give_stats(sink, empty_stats() if self._finish else list(IDENTITY))
                 if checksum_sink is not None and not tensor.is_meta:
-                    give_fingerprint(checksum_sink, 0)  # the fingerprint of no elements
+                    _give_fingerprint(checksum_sink, 0)  # the fingerprint of no elements
                 continue
             if _resolves_now(tensor):
                 self._resolve_now(tensor, sink, checksum_sink)
@@ -414,16 +415,16 @@ class StatsStager:
     def _resolve_now(self, tensor: torch.Tensor, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> None:
         """Statistics (or sums) and/or fingerprint of a tensor the host reads at no cost, delivered at once."""
         if sink is not None and not self._finish:
-            give_stats(sink, cpu_sums(as_real(tensor.detach())))
+            _give_stats(sink, cpu_sums(as_real(tensor.detach())))
             sink = None
         if sink is not None and checksum_sink is not None:
             stats, value = cpu_stats_and_fingerprint(tensor)
-            give_stats(sink, stats)
-            give_fingerprint(checksum_sink, value)
+            _give_stats(sink, stats)
+            _give_fingerprint(checksum_sink, value)
         elif sink is not None:
-            give_stats(sink, cpu_stats(tensor))
+            _give_stats(sink, cpu_stats(tensor))
         elif checksum_sink is not None:
-            give_fingerprint(checksum_sink, cpu_fingerprint(tensor))
+            _give_fingerprint(checksum_sink, cpu_fingerprint(tensor))
 
     def stage(self, result: torch.Tensor, sink: Callable[[list], None]) -> None:
         """Deliver ``result`` (a small tensor) to ``sink`` as a list of Python numbers by the next
@@ -512,9 +513,9 @@ class StatsStager:
                 table.reset()
                 for row, sink in enumerate(sinks):
                     if sink is not None:
-                        give_stats(sink, stats_from_sums(rows[row], numels[row], integral[row]) if self._finish else rows[row])
+                        _give_stats(sink, stats_from_sums(rows[row], numels[row], integral[row]) if self._finish else rows[row])
                     if (fingerprint_sink := fingerprint_sinks[row]) is not None:
-                        _give_fingerprint(fingerprint_sink, keys[row], prints[row] & _MASK)
+                        _give_fingerprint_at(fingerprint_sink, keys[row], prints[row] & _MASK)
             for host, sinks in transfer.staged:
                 values = host.tolist()
                 for start, end, sink in sinks:

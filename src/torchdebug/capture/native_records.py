@@ -137,7 +137,8 @@ def _error_texts(observer: NativeObserver) -> pa.Array:
 @dataclass(slots=True)
 class _Staged:
     """A kept tensor's statistics and fingerprint staged (:meth:`NativeStepCapture.stage_kept`) or
-    read at the drain, as they arrive; made at the drain (:class:`_StagedValues` holds them meanwhile)."""
+    read at the drain, as they arrive: made where one is used, :class:`_StagedValues` holding what
+    it holds from a staging to the drain."""
 
     stats: dict[str, Any]
     reduced: bool

@@ -159,11 +159,14 @@ def test_host_per_op_runs_the_staged_native_arms_and_prints_their_collector_tabl
     from bench import host_per_op
     from torchdebug.native.observer import load_observer
 
-    if load_observer() is None:
+    observer = load_observer()
+    if observer is None:
         pytest.skip("the native observer cannot be built here")
     argv = ["host_per_op.py", "--modes", "statistics/op native", "--rounds", "1", "--warmup", "0", "--block", "1", "--staged"]
     monkeypatch.setattr(sys, "argv", [*argv, "--dir", str(tmp_path)])
+    before = observer._staged
     host_per_op.main()
+    assert observer._staged - before > 1000  # (the tiny GPT's step: about 1,600 tensors staged; unstaged, a handful)
     printed = capsys.readouterr().out
     table = printed[printed.index("collector (gc)") :].splitlines()
     assert [line.split()[0] for line in table[1:3]] == ["plain", "statistics/op"]

@@ -33,7 +33,7 @@ from tests.capture.test_native_capture import (
 )
 from torchdebug import stats_table
 from torchdebug.capture import native_capture, native_records
-from torchdebug.native.observer import load_observer
+from torchdebug.native.observer import NativeObserver, load_observer
 from torchdebug.records import STATS_NOT_TAKEN
 
 
@@ -283,9 +283,19 @@ def test_a_staging_of_more_tensors_than_a_part_takes_them_part_by_part(tmp_path,
     python = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=False, task="statistics", checksum=True)
     counts = staged(-1)
     monkeypatch.setattr(native_records, "_STAGED_TOGETHER", 7)
+    handed: list[int] = []  # the tensors each call of the observer handed over
+    hand = NativeObserver.stage_kept
+
+    def handing(self: NativeObserver, most: int) -> tuple[int, list[torch.Tensor]]:
+        first, tensors = hand(self, most)
+        handed.append(len(tensors))
+        return first, tensors
+
+    monkeypatch.setattr(NativeObserver, "stage_kept", handing)
     native = _dump(tmp_path, monkeypatch, caplog, gpt_training, native=True, task="statistics", checksum=True)
     _assert_same_dumps(python, native)
-    assert max(counts) > 7
+    assert max(counts) > 7 and max(handed) == 7  # a staging of more, handed over 7 at a time
+    assert sum(handed) == sum(counts) and len(handed) > len(counts)
 
 
 def test_each_staging_looks_at_the_tensors_kept_since_the_last_not_at_every_one_of_the_step(tmp_path, staged) -> None:

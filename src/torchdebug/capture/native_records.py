@@ -156,11 +156,9 @@ class _Staged:
 
 _STAGED_TOGETHER = 256
 """Kept tensors the observer hands over together at most, the objects made for them (their Python
-tensors, the stager's items) alive meanwhile: a staging of more (the small tensors of a backward;
-64 MiB of kept tensors bound one of large ones) is taken in parts, each its own launches of the
-Triton kernel. With parts of 1,024 (one launch's most) those objects still brought on a full
-collection every 8 steps of a 48-layer tiny GPT with every tensor staged; with 256, none in 8
-(``docs/architecture.md``, "The native path (issue 48)", staging)."""
+tensors, the stager's items) alive meanwhile: a staging of more is taken in parts, each its own
+launches of the Triton kernel. Why 256, not one launch's 1,024: ``docs/architecture.md``, "The
+native path (issue 48)", staging."""
 
 
 class _StagedValues:

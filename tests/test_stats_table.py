@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -22,10 +23,12 @@ import torchdebug
 from tests.triton_interpreter import interpreter_env, interpreter_skip
 from torchdebug import stats_table
 from torchdebug.checksum import fingerprint
+from torchdebug.native.fused_stats import finish_sums
 from torchdebug.records import STATS_NOT_TAKEN
 from torchdebug.stats import tensor_stats
 from torchdebug.stats._schema import COUNT_KEYS, WIDTH, empty_stats, stats_from_sums
-from torchdebug.stats_table import StatsStager
+from torchdebug.stats_table import LandedSums, StatsStager
+from torchdebug.store._slot_columns import _finished
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,6 +199,39 @@ def test_a_dict_takes_the_statistics_and_a_container_the_fingerprint_at_its_key_
         _assert_same_stats(stats[at], _reference(tensor), str(at))
         assert prints[at] == _reference_fingerprint(tensor)
     assert held < 10
+
+
+@pytest.mark.parametrize("path", ["now", "table"])
+@pytest.mark.parametrize("hashed", [False, True], ids=["statistics", "with fingerprints"])
+def test_sums_landed_by_key_finish_at_once_into_the_reference_statistics(path, hashed, monkeypatch):
+    """``(landed, key)`` sinks (``NativeStepCapture``'s stagings): each tensor's unfinished sums land
+    at its key of one ``LandedSums`` (on the CPU the kernel's dtypes in one native call, at once; from
+    the table at the flush), across two stagings that grow it, and finished all at once as the drain
+    finishes them (``fused_stats.finish_sums``) they are the reference statistics; the keys not
+    given, not expected."""
+    if path == "table":
+        monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+    cases = {**_edge_cases(), "empty": torch.empty(0, 3), "float32, a second": torch.randn(5, 7)}
+    names = list(cases)
+    keys = {name: 3 * at + 1 for at, name in enumerate(names)}  # (apart: the keys between are not given)
+    landed = LandedSums()
+    prints: dict[int, int | None] = {}
+    stager = StatsStager()
+    for part in (names[: len(names) // 2], names[len(names) // 2 :]):  # the second grows the table
+        landed.expect([keys[name] for name in part])
+        stager.add_all([(cases[name], (landed, keys[name]), (prints, keys[name]) if hashed else None) for name in part])
+    if path == "table":  # nothing is read before the flush (an empty tensor's sums land at once)
+        assert landed.arrived.nonzero()[0].tolist() == [keys["empty"]]
+    stager.flush()
+    rows = np.array([keys[name] for name in names])
+    assert landed.arrived[rows].all() and landed.arrived.sum() == len(names)
+    assert all(landed.holds(key) for key in rows.tolist()) and not landed.holds(0) and not landed.holds(10**6)
+    done = finish_sums(rows, landed.sums.reshape(-1), np.ones(len(landed.numels), np.int8), landed.numels)
+    column = _finished(done).to_pylist()  # (the column the drain makes)
+    for at, name in enumerate(names):
+        _assert_same_stats(column[at], _reference(cases[name]) if cases[name].numel() else empty_stats(), name)
+        if hashed:
+            assert prints[keys[name]] == _reference_fingerprint(cases[name]), name
 
 
 def test_an_empty_tensor_gets_fingerprint_zero_at_once(on_device):

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchdebug.checksum import cpu_fingerprint, fingerprint
 from torchdebug.native.build import DISABLE_ENV
+from torchdebug.native.fused_stats import stats_and_fingerprint
 from torchdebug.stats import (
     IDENTITY,
     WIDTH,
@@ -29,6 +31,7 @@ from torchdebug.stats import (
     cpu_stats,
     cpu_stats_and_fingerprint,
     cpu_sums,
+    cpu_sums_many_into,
     device_sums,
     empty_stats,
     stats_from_sums,
@@ -50,10 +53,72 @@ DIRECTORY_ENTRIES = 1 << 16
 
 _Sink = Callable[[Any], None]
 
-StatsSink = Callable[[Any], None] | dict[str, Any]
-"""Where a tensor's statistics go: a callable that gets them, or a dict a record's statistics update
-(a stager that finishes them): no object a tensor is made for it, where ``NativeStepCapture``'s
-stagings hold thousands a step."""
+
+class LandedSums:
+    """Sums vectors (``schema.COLUMNS``, as the kernels give them, not finished) landed by key 0, 1,
+    2, ...: a staging's statistics held in one table until the drain finishes them all at once
+    (``fused_stats.finish_sums``), with no dict a tensor and no statistics made one by one; the
+    CPU's of one :meth:`StatsStager.add_all` are taken by one native call."""
+
+    def __init__(self) -> None:
+        self.sums = np.zeros((0, WIDTH))
+        self.numels = np.zeros(0, np.int64)
+        self.expected = np.zeros(0, bool)
+        """Keys whose sums are to land (given to a stager)."""
+        self.arrived = np.zeros(0, bool)
+        self._address = 0
+        """Where :attr:`sums` starts."""
+
+    def expect(self, keys: list[int]) -> None:
+        """Note that the sums of ``keys`` are to land (the table grows to hold them)."""
+        if not keys:
+            return
+        end = max(keys) + 1
+        if end > len(self.expected):
+            size = max(end, 2 * len(self.expected), 256)
+            self.sums = _grown(self.sums, size)
+            self.numels, self.expected, self.arrived = (_grown(a, size) for a in (self.numels, self.expected, self.arrived))
+            self._address = self.sums.ctypes.data
+        self.expected[keys] = True
+
+    def holds(self, key: int) -> bool:
+        """Whether ``key``'s sums were expected (see :meth:`expect`)."""
+        return 0 <= key < len(self.expected) and bool(self.expected[key])
+
+    def land(self, key: int, sums: Any, numel: int) -> None:
+        """``key``'s sums, of a tensor of ``numel`` elements, have arrived."""
+        self.sums[key] = sums
+        self.numels[key] = numel
+        self.arrived[key] = True
+
+    def land_many(self, keys: list[int], sums: np.ndarray, numels: np.ndarray) -> None:
+        """:meth:`land` of each of ``keys``, their sums the rows of ``sums``."""
+        self.sums[keys] = sums
+        self.numels[keys] = numels
+        self.arrived[keys] = True
+
+    def land_in_place(self, keys: list[int], tensors: list[torch.Tensor]) -> None:
+        """The CPU sums of ``tensors``, each written where its key's land (``cpu_sums_many_into``:
+        the kernel's dtypes in one native call)."""
+        start, row = self._address, WIDTH * self.sums.itemsize
+        cpu_sums_many_into(tensors, [start + key * row for key in keys])
+        numels, arrived = self.numels, self.arrived
+        for key, tensor in zip(keys, tensors):
+            numels[key] = tensor.numel()
+            arrived[key] = True
+
+
+def _grown(values: np.ndarray, size: int) -> np.ndarray:
+    """``values`` with zeros after it up to ``size`` rows."""
+    out = np.zeros((size, *values.shape[1:]), values.dtype)
+    out[: len(values)] = values
+    return out
+
+
+StatsSink = Callable[[Any], None] | dict[str, Any] | tuple[LandedSums, int]
+"""Where a tensor's statistics go: a callable that gets them, a dict a record's statistics update
+(a stager that finishes them), or ``(landed, key)``: its sums land unfinished (:class:`LandedSums`).
+The last two make no object a tensor, where ``NativeStepCapture``'s stagings hold thousands a step."""
 Landing = dict[int, int | None] | list[int | None]
 """Where fingerprints land as they arrive, by id or by index (``None`` until then)."""
 FingerprintSink = Callable[[int], None] | tuple[Landing, int]
@@ -202,7 +267,9 @@ class _Table:
         # callables would outlive the collector's young passes, as StatsSink says).
         self.numels: list[int] = []
         self.integral: list[bool] = []
-        self.sinks: list[StatsSink | None] = []
+        self.sinks: list[Callable[[Any], None] | dict[str, Any] | LandedSums | None] = []
+        self.keys: list[int | None] = []
+        """A :class:`LandedSums` sink's key (``None``: another sink)."""
         self.fingerprint_sinks: list[Callable[[int], None] | Landing | None] = []
         self.fingerprint_keys: list[int | None] = []
         """A fingerprint sink's key in its container (``None``: the sink is a callable)."""
@@ -246,14 +313,20 @@ class _Table:
         self.used = self.scratch_used = self.directory_used = 0
         self.streams = []
         self.fingerprinted = False
-        self.numels, self.integral, self.sinks, self.fingerprint_sinks, self.fingerprint_keys = [], [], [], [], []
+        self.numels, self.integral, self.sinks, self.keys = [], [], [], []
+        self.fingerprint_sinks, self.fingerprint_keys = [], []
 
     def add_row(self, numel: int, integral: bool, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> int:
         """Take the next row for a tensor's statistics and/or fingerprint; returns its number."""
         row = self.used
         self.numels.append(numel)
         self.integral.append(integral)
-        self.sinks.append(sink)
+        if type(sink) is tuple:
+            self.sinks.append(sink[0])
+            self.keys.append(sink[1])
+        else:
+            self.sinks.append(sink)  # type: ignore[arg-type]
+            self.keys.append(None)
         if type(checksum_sink) is tuple:
             self.fingerprint_sinks.append(checksum_sink[0])
             self.fingerprint_keys.append(checksum_sink[1])
@@ -358,17 +431,28 @@ class StatsStager:
         and fingerprint in the same pass."""
         # (device, dtype, statistics, fingerprint, aligned) -> the tensors one launch takes together
         launches: dict[tuple[torch.device, torch.dtype, bool, bool, bool], list[tuple[torch.Tensor, bool, Any, Any]]] = {}
+        landing: dict[int, tuple[LandedSums, list[torch.Tensor], list[int]]] = {}  # CPU tensors whose sums land
         for item in items:
             tensor, sink = item[0], item[1]
             checksum_sink = item[2] if len(item) > 2 else None
             if tensor.numel() == 0 or tensor.is_meta:
-                if sink is not None:
+                if type(sink) is tuple:
+                    sink[0].land(sink[1], IDENTITY, 0)
+                elif sink is not None:
                     _give_stats(sink, empty_stats() if self._finish else list(IDENTITY))
                 if checksum_sink is not None and not tensor.is_meta:
                     _give_fingerprint(checksum_sink, 0)  # the fingerprint of no elements
                 continue
             if _resolves_now(tensor):
-                self._resolve_now(tensor, sink, checksum_sink)
+                if type(sink) is tuple and checksum_sink is None:
+                    landed, key = sink
+                    group = landing.get(id(landed))
+                    if group is None:
+                        group = landing[id(landed)] = (landed, [], [])
+                    group[1].append(tensor)
+                    group[2].append(key)
+                else:
+                    self._resolve_now(tensor, sink, checksum_sink)
                 continue
             x = tensor.detach()
             integral = not (x.is_floating_point() or x.is_complex())
@@ -411,9 +495,21 @@ class StatsStager:
                 kernel.launch(tensors, *rows, *fingerprints, stats=stats, directory=table.take_directory(entries))
                 for x, integral, sink, checksum_sink in group:
                     table.add_row(x.numel(), integral, sink, checksum_sink)
+        for landed, tensors, keys in landing.values():
+            landed.land_in_place(keys, tensors)
 
     def _resolve_now(self, tensor: torch.Tensor, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> None:
         """Statistics (or sums) and/or fingerprint of a tensor the host reads at no cost, delivered at once."""
+        if type(sink) is tuple:
+            x = tensor.detach()
+            both = stats_and_fingerprint(x) if checksum_sink is not None else None
+            if both is None:
+                sink[0].land(sink[1], cpu_sums(as_real(x)), x.numel())
+            else:
+                sink[0].land(sink[1], both[0], x.numel())
+                _give_fingerprint(checksum_sink, both[1])  # type: ignore[arg-type]
+                return
+            sink = None
         if sink is not None and not self._finish:
             _give_stats(sink, cpu_sums(as_real(tensor.detach())))
             sink = None
@@ -505,17 +601,28 @@ class StatsStager:
                 return False
             self._in_flight.pop(0)
             for table in transfer.tables:
-                rows = table.host[: table.used].tolist()
+                values = table.host[: table.used].numpy().copy()  # (a sink may fill the table again)
+                rows = None  # the values as lists, where a sink takes them so
                 prints = table.host_fingerprints[: table.used].tolist() if table.fingerprinted else []
                 numels, integral, sinks = table.numels, table.integral, table.sinks
-                fingerprint_sinks, keys = table.fingerprint_sinks, table.fingerprint_keys
+                fingerprint_sinks, fingerprint_keys, keys = table.fingerprint_sinks, table.fingerprint_keys, table.keys
                 self._free.setdefault(table.device, []).append(table)
                 table.reset()
+                landing: dict[int, tuple[LandedSums, list[int], list[int]]] = {}  # by table: its rows and keys
                 for row, sink in enumerate(sinks):
-                    if sink is not None:
+                    if type(sink) is LandedSums:
+                        group = landing.get(id(sink))
+                        if group is None:
+                            group = landing[id(sink)] = (sink, [], [])
+                        group[1].append(row)
+                        group[2].append(keys[row])  # type: ignore[arg-type]
+                    elif sink is not None:
+                        rows = values.tolist() if rows is None else rows
                         _give_stats(sink, stats_from_sums(rows[row], numels[row], integral[row]) if self._finish else rows[row])
                     if (fingerprint_sink := fingerprint_sinks[row]) is not None:
-                        _give_fingerprint_at(fingerprint_sink, keys[row], prints[row] & _MASK)
+                        _give_fingerprint_at(fingerprint_sink, fingerprint_keys[row], prints[row] & _MASK)
+                for landed, at, into in landing.values():
+                    landed.land_many(into, values[at], np.asarray(numels)[at])
             for host, sinks in transfer.staged:
                 values = host.tolist()
                 for start, end, sink in sinks:

@@ -1001,11 +1001,20 @@ def test_a_failure_to_take_statistics_is_recorded_and_the_step_goes_on(tmp_path,
 
         return take
 
+    def failing_many(taken: Callable[[list[torch.Tensor], list[int]], None]) -> Callable[[list[torch.Tensor], list[int]], None]:
+        def take(tensors: list[torch.Tensor], addresses: list[int]) -> None:
+            if any(tensor.dtype == torch.float16 for tensor in tensors):
+                raise RuntimeError("planted")
+            taken(tensors, addresses)
+
+        return take
+
     if resolution == "at flush":
         monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
         monkeypatch.setattr(stats_table, "device_sums", failing(stats_table.device_sums))
-    else:
+    else:  # (the native path's kept tensors land their sums, a staging's in one call: retried alone where it fails)
         monkeypatch.setattr(stats_table, "cpu_stats", failing(stats_table.cpu_stats))
+        monkeypatch.setattr(stats_table, "cpu_sums_many_into", failing_many(stats_table.cpu_sums_many_into))
     records = _dump(tmp_path, monkeypatch, caplog, _half_training, native=native, task="statistics")
     half = [record for record in records if record.dtype == "float16"]
     assert half and {(record.stats, record.capture_error) for record in half} == {(None, STATS_NOT_TAKEN)}

@@ -76,7 +76,7 @@ from torchdebug.native.observer import (
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
-from torchdebug.stats_table import Landing
+from torchdebug.stats_table import LandedSums, Landing, StatsSink
 from torchdebug.store import (
     FixedColumns,
     SavedTensors,
@@ -127,6 +127,11 @@ _LAYOUT_CODES = 16
 """Layout codes a ``LAID_OUT`` slot's flag may add (c10 has 8; a later one is named ``torch.layout``)."""
 
 
+def _has(stats: dict[str, Any] | int, arrived: np.ndarray) -> bool:
+    """Whether a ``taken`` entry's statistics arrived: a dict filled, or a key of sums landed."""
+    return bool(arrived[stats]) if type(stats) is int else bool(stats)
+
+
 @functools.cache
 def _error_texts(observer: NativeObserver) -> pa.Array:
     """``capture_error`` by the walk's code (``WalkedSlots.errors``), made once an observer names its layouts."""
@@ -140,7 +145,8 @@ class _Staged:
     read at the drain, as they arrive: made where one is used, :class:`_StagedValues` holding what
     it holds from a staging to the drain."""
 
-    stats: dict[str, Any]
+    stats: dict[str, Any] | int
+    """Its statistics, or the key of its sums among the drain's :class:`LandedSums`."""
     reduced: bool
     """Its dtype has statistics (else a fingerprint alone)."""
     fingerprint: Landing
@@ -166,11 +172,18 @@ class _StagedValues:
     gave each, in dicts of plain values: an object a tensor (a :class:`_Staged`, its fingerprint's
     list) would outlive the young collections of the step, and at every tensor of a step staged (an
     accelerator's, ``task="tensor"``) bring on a full collection of the process every few steps
-    (``docs/architecture.md``, "The native path (issue 48)", staging)."""
+    (``docs/architecture.md``, "The native path (issue 48)", staging). Their statistics land as sums
+    in :attr:`landed`, by id less :attr:`first`, finished at the drain all at once; those a saved
+    copy took (``task="tensor"``) come as dicts."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: int) -> None:
+        self.first = first
+        """The id of the first tensor staged after the last drain."""
+        self.landed = LandedSums()
+        """By id less :attr:`first`: the sums of the tensors staged without a copy."""
         self.stats: dict[int, dict[str, Any]] = {}
-        """By the id of the tensor that read them (a statistics dict of numbers: untracked by the collector)."""
+        """By the id of the tensor that read them, those a saved copy took (a statistics dict of
+        numbers: untracked by the collector)."""
         self.fingerprints: dict[int, int | None] = {}
         """By the same id, ``None`` until it arrives."""
         self.read_as: dict[int, int] = {}
@@ -186,9 +199,11 @@ class _StagedValues:
     def staged(self, id_: int) -> _Staged | None:
         """What staging ``id_`` took (its reader's, for an id read as another), or ``None``: not staged."""
         id_ = self.read_as.get(id_, id_)
-        stats = self.stats.get(id_)
+        stats: dict[str, Any] | int | None = self.stats.get(id_)
         if stats is None:
-            return None
+            stats = id_ - self.first
+            if not self.landed.holds(stats):
+                return None
         return _Staged(
             stats,
             id_ not in self.unreduced,
@@ -394,7 +409,7 @@ class NativeStepCapture:
         """The same by ``TensorImpl`` address, the last instance met at each."""
         self.record_slots = np.zeros(0, np.int64)
         """The drained slot of each record :meth:`slot_columns` made last, in order."""
-        self._staged = _StagedValues()
+        self._staged = _StagedValues(observer.next_staged_id)
         """The kept tensors staged before the drain, by the id the observer gave them (:meth:`stage_kept`)."""
         self._told_stage_fault = False
         self._told_save_fault = False
@@ -742,7 +757,8 @@ class NativeStepCapture:
         """Stage one part of a staging, ``tensors`` (ids from ``first`` on), and hold what they give
         in :class:`_StagedValues`: a few objects a tensor, alive only meanwhile."""
         values_of = self._staged
-        due, ids = [], []
+        first_key = first - values_of.first
+        due, ids, keys = [], [], []
         for index, tensor in enumerate(tensors):
             id_ = first + index
             key, version, _, same_values, writes = facts[
@@ -756,13 +772,18 @@ class NativeStepCapture:
             if values is not None:
                 by_values[values] = id_
             values_of.fingerprints[id_] = None
-            stats: dict[str, Any] = {}
-            values_of.stats[id_] = stats
             reduced = statistics and has_statistics(tensor.dtype)
             if not reduced:
                 values_of.unreduced.add(id_)
-            sink = stats if reduced else None  # (a dict the statistics update: no object a tensor)
-            if snapshots is not None:
+            sink: StatsSink | None = None
+            if snapshots is None:  # its sums land (no object a tensor)
+                keys.append(first_key + index)
+                if reduced:
+                    sink = (values_of.landed, first_key + index)
+            else:
+                stats: dict[str, Any] = {}
+                values_of.stats[id_] = stats
+                sink = stats if reduced else None  # (a dict the statistics update)
                 staged = _Staged(stats, reduced, values_of.fingerprints, id_)
                 sink = self._save(snapshots, staged, tensor, sink, staged_fact(facts, index))
                 values_of.tensors[id_] = staged.tensor
@@ -772,6 +793,7 @@ class NativeStepCapture:
                 fingerprint_sink = (values_of.fingerprints, id_) if fingerprints else None
                 due.append((tensor, sink, fingerprint_sink))
                 ids.append(id_)
+        values_of.landed.expect(keys)
         for failed in self._failed_to_stage(stage, due) if due else ():
             values_of.failed.add(ids[failed])
 
@@ -876,9 +898,13 @@ class NativeStepCapture:
         self.record_slots = walked.slots
         handed, was_staged = (ops.kept_slot >= 0) & (ops.kept_staged < 0), ops.kept_staged >= 0  # (no tuple an entry)
         kept = dict(zip(ops.kept_slot[handed].tolist(), ops.kept))
+        landed = self._staged.landed
+        next_key = self.observer.next_staged_id - self._staged.first  # (the keys after the staged ones': the drain's)
+        drained_keys = []
         staged = _StagedBySlot(self._staged, dict(zip(ops.kept_slot[was_staged].tolist(), ops.kept_staged[was_staged].tolist())))
-        self._staged = _StagedValues()  # (what is not asked for: of calls found hidden after they were staged)
-        taken: list[dict] = []
+        # (what is not asked for: of calls found hidden after they were staged)
+        self._staged = _StagedValues(self.observer.next_staged_id)
+        taken: list[dict | int] = []  # (an int: a key of ``landed``)
         taken_fingerprints: list[int | None] = []
         due: list[tuple] = []
         refs = walked.fingerprints
@@ -906,8 +932,13 @@ class NativeStepCapture:
                 reduced = statistics and has_statistics(kept[slot].dtype)
                 if statistics and not reduced:
                     unreduced.append(-2 - entry)
-                sink = stats if reduced else None
-                if snapshots is not None:
+                sink: StatsSink | None = None
+                if snapshots is None:  # its sums land, as a staging's
+                    stats, next_key = next_key, next_key + 1
+                    drained_keys.append(stats)
+                    sink = (landed, stats) if reduced else None
+                else:
+                    sink = stats if reduced else None
                     staged[slot] = saved = _Staged(stats, reduced, [None])
                     sink = self._save(snapshots, saved, kept[slot], sink)
                 due.append((kept[slot], sink, fingerprint_sink))
@@ -934,18 +965,20 @@ class NativeStepCapture:
             else None
         )
         due = [item for item in due if item[1] is not None or item[2] is not None]
+        landed.expect(drained_keys)
         if due and stage is not None:
             self._failed_to_stage(stage, due)  # (what failed is left empty: said below)
         _without_statistics(walked, failed, STATS_NOT_TAKEN_CODE)
         _without_statistics(walked, unreduced, NO_STATISTICS_CODE)
         refs = walked.stats
         read = distinct(-2 - refs[refs <= -2]).tolist() if statistics else []  # the entries slots take statistics from
-        waiting = any(not taken[entry] for entry in read) or any(landed[at] is None for _, landed, at in arriving)
+        arrived = landed.arrived
+        waiting = any(not _has(taken[entry], arrived) for entry in read) or any(into[at] is None for _, into, at in arriving)
         if (waiting or tensors is not None) and deliver is not None:
             deliver()  # an accelerator's tensors: their values arrive with one host read
-        for entry, landed, at in arriving:
-            taken_fingerprints[entry] = landed[at]
-        _without_statistics(walked, [-2 - entry for entry in read if not taken[entry]], STATS_NOT_TAKEN_CODE)
+        for entry, into, at in arriving:
+            taken_fingerprints[entry] = into[at]
+        _without_statistics(walked, [-2 - entry for entry in read if not _has(taken[entry], arrived)], STATS_NOT_TAKEN_CODE)
         columns = SlotColumns(
             walked.slots,
             walked.args,
@@ -962,6 +995,7 @@ class NativeStepCapture:
             self._texts([None if why is None else unread_text(why) for why in walk.whys], "whys"),
             overrides,
             tensors,
+            landed,
         )
         return columns.batch(
             ops,

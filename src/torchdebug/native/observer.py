@@ -565,6 +565,11 @@ class NativeObserver:
         self._staged += len(tensors)
         return first, tensors
 
+    @property
+    def next_staged_id(self) -> int:
+        """The id :meth:`stage_kept` gives the next tensor it hands over."""
+        return self._staged
+
     def staged_facts(self, count: int) -> array:
         """What the observer knew of each of the ``count`` tensors the last :meth:`stage_kept` handed
         over: :data:`STAGED_FACTS_WIDTH` numbers a tensor, in :class:`StagedFacts`' order

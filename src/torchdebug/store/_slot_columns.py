@@ -133,8 +133,9 @@ class SlotColumns:
 
     A slot's statistics are a reference: ``>= 0`` the drained slot whose callback sums give them
     (a slot that shows a tensor again names the slot that first showed it), ``-1`` none, ``<= -2``
-    the dict ``stats[-2 - ref]`` (statistics torch ops take at the flush, filled before
-    :meth:`batch`). A slot's fingerprint is a reference of the same kind: the callback's of a
+    ``stats[-2 - ref]``: a dict (statistics taken at the flush, filled before :meth:`batch`) or an
+    int, the key of sums landed in :attr:`landed` (finished here, all at once). A slot's
+    fingerprint is a reference of the same kind: the callback's of a
     drained slot, none, or ``fingerprints[-2 - ref]`` (``None`` where it was not delivered)."""
 
     slots: np.ndarray
@@ -146,7 +147,7 @@ class SlotColumns:
     view_of: np.ndarray
     """-1: none."""
     stats_refs: np.ndarray
-    stats: list[dict[str, Any]]
+    stats: list[dict[str, Any] | int]
     fingerprint_refs: np.ndarray
     fingerprints: list[int | None]
     error_codes: np.ndarray
@@ -160,6 +161,8 @@ class SlotColumns:
     drained ones."""
     tensors: SavedTensors | None = None
     """With ``task="tensor"``: each slot's saved tensor."""
+    landed: Any = None
+    """The ``stats_table.LandedSums`` whose keys :attr:`stats` holds, if any."""
 
     def batch(
         self,
@@ -240,18 +243,33 @@ class SlotColumns:
         """The statistics column by reference (the class docstring), and the rows whose statistics
         the column cannot hold exactly (kept whole in ``json_fields``, as ``records_batch`` keeps them).
         The referenced sums are gathered first and finished once, a recorded slot each; statistics
-        taken at the flush (rare: tensors the callback did not sum) replace their rows after."""
+        taken at the flush (tensors the callback did not sum) and sums landed before it (those staged:
+        finished once too) replace their rows after."""
         refs = self.stats_refs
         column = _finished(finish_sums(refs, ops.stats, ops.slot_ndim, ops.shape))
         if not self.stats:
             return column, {}
+        taken = self.stats
+        keyed = np.fromiter((type(stats) is int for stats in taken), bool, len(taken))
+        where = np.empty(len(taken), np.int64)  # each entry's row after the column's
+        pieces, start = [column], len(refs)
+        dicts, keys = np.flatnonzero(~keyed), np.flatnonzero(keyed)
         odd_dicts: dict[int, dict[str, Any]] = {}
-        taken = stats_array(self.stats, odd_dicts)
-        index = np.where(refs <= -2, len(refs) - 2 - refs, np.arange(len(refs)))
+        if dicts.size:
+            pieces.append(stats_array([taken[entry] for entry in dicts.tolist()], odd_dicts))  # type: ignore[misc]
+            where[dicts] = start + np.arange(dicts.size)
+            start += dicts.size
+        if keys.size:  # sums landed: finished in one call, as the callback's
+            numels = self.landed.numels
+            rows = np.array([taken[entry] for entry in keys.tolist()], np.int64)
+            pieces.append(_finished(finish_sums(rows, self.landed.sums.reshape(-1), np.ones(len(numels), np.int8), numels)))
+            where[keys] = start + np.arange(keys.size)
+        index = np.where(refs <= -2, where[np.maximum(-2 - refs, 0)], np.arange(len(refs)))
         odd = {}
         if odd_dicts:  # rare: statistics of huge ints (beyond a float's exact ints)
-            odd = {row: odd_dicts[-2 - ref] for row, ref in enumerate(refs.tolist()) if ref <= -2 and -2 - ref in odd_dicts}
-        return pa.concat_arrays([column, taken]).take(array(index)), odd
+            place = {entry: at for at, entry in enumerate(dicts.tolist())}
+            odd = {row: odd_dicts[at] for row, ref in enumerate(refs.tolist()) if (at := place.get(-2 - ref, -1)) in odd_dicts}
+        return pa.concat_arrays(pieces).take(array(index)), odd
 
     def _checksum_column(self, ops: Any) -> pa.Array:
         """The ``checksum`` column by reference (the class docstring): 16 lowercase hex digits,

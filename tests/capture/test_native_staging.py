@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +34,8 @@ from tests.capture.test_native_capture import (
     _quantized_training,
     _written_between_reads,
 )
+from tests.test_stats_table import _assert_same_stats as assert_same_stats
+from tests.triton_interpreter import interpreter_env, interpreter_skip
 from torchdebug import stats_table
 from torchdebug.capture import native_capture, native_records
 from torchdebug.native.observer import NativeObserver, load_observer
@@ -313,3 +318,62 @@ def test_each_staging_looks_at_the_tensors_kept_since_the_last_not_at_every_one_
     kept = sum(counts)
     assert len(counts) >= 400 and kept >= 800
     assert observer.stage_looked() - before < 3 * kept
+
+
+_KERNEL_SCRIPT = """
+import json, sys, tempfile
+import torch
+import torchdebug
+from torchdebug import stats_table
+from torchdebug.native.observer import load_observer
+
+launches = []
+if sys.argv[1] == "kernel":  # every tensor kept as an accelerator's, its sums through the Triton kernel
+    load_observer().defer_cpu(True)
+    stats_table._resolves_now = lambda tensor: False
+    kernel = stats_table._triton()
+    launch = kernel.launch
+    def counted(tensors, *rest, **options):
+        launches.append(len(tensors))
+        launch(tensors, *rest, **options)
+    kernel.launch = counted
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+debugger = torchdebug.Debugger(dump_path=tempfile.mkdtemp(), task="statistics", checksum=True)
+for _ in range(2):
+    debugger.start(model)
+    model(torch.randn(8, 16)).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    debugger.stop()
+    debugger.step()
+debugger.close()
+records = torchdebug.load(debugger.run_dir).ranks[0].records()
+print(json.dumps({"stats": {f"{r.step} {r.name}": r.stats for r in records if r.stats},
+                  "checksums": {f"{r.step} {r.name}": r.checksum for r in records if r.kind == "tensor"},
+                  "errors": [r.capture_error for r in records if r.capture_error], "launches": launches}))
+"""
+
+
+def test_a_step_staged_through_the_triton_kernel_in_its_interpreter_is_the_callbacks_capture() -> None:
+    """The path ``DEVICE_STATISTICS`` turns on for an accelerator's tensors, run in Triton's interpreter
+    on the CPU: every tensor kept, staged before writes, reduced by the Triton kernel (several a
+    launch) into the stager's table and landed as sums at the flush; its records are those of the
+    callback's own statistics and fingerprints."""
+    reason = interpreter_skip()
+    if reason:
+        pytest.skip(reason)
+    runs = {}
+    for arm in ("callback", "kernel"):
+        done = subprocess.run(
+            [sys.executable, "-c", _KERNEL_SCRIPT, arm], capture_output=True, text=True, env=interpreter_env(), timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[arm] = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+    callback, kernel = runs["callback"], runs["kernel"]
+    assert callback["stats"].keys() == kernel["stats"].keys() and len(callback["stats"]) > 100
+    for name, want in callback["stats"].items():
+        assert_same_stats(kernel["stats"][name], want, name)
+    assert kernel["checksums"] == callback["checksums"] and not kernel["errors"]
+    assert not callback["launches"] and max(kernel["launches"]) > 1

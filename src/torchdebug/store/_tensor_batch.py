@@ -89,7 +89,9 @@ class TensorBatch:
         start = -raw.data_ptr() % BLOCK if slack else 0
         self.buffer = raw[start : start + size]
         self.pinned = pin_memory
-        self.entries: list[tuple[str, str, list[int], int, int]] = []
+        self.entries: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        """Each tensor's key, dtype code, shape and span, in tuples of plain values that the collector
+        stops tracking at its next pass (``task="tensor"`` holds thousands a step)."""
         self.used = 0
         self.staged_bytes = 0
         """Device memory of the snapshots' device copies, at most ``used`` (released by the
@@ -116,7 +118,7 @@ class TensorBatch:
             raise TypeError(f"dtype {tensor.dtype} cannot be saved in safetensors")
         pad = (-self.used) % _ALIGN
         if pad:
-            self.entries.append((f"{PAD_PREFIX}{len(self.entries)}", "U8", [pad], self.used, self.used + pad))
+            self.entries.append((f"{PAD_PREFIX}{len(self.entries)}", "U8", (pad,), self.used, self.used + pad))
             ctypes.memset(self.buffer.data_ptr() + self.used, 0, pad)  # files hold no stale bytes
             self.used += pad
         nbytes = tensor.numel() * tensor.element_size()
@@ -134,7 +136,7 @@ class TensorBatch:
                 self._transfer(target, tensor)
             else:
                 target.copy_(tensor)
-        self.entries.append((key, code, list(tensor.shape), self.used, self.used + nbytes))
+        self.entries.append((key, code, tuple(tensor.shape), self.used, self.used + nbytes))
         self.used += nbytes
         return sums
 
@@ -183,7 +185,7 @@ class TensorBatch:
         entries = self.entries
         end = self.used + (-self.used) % BLOCK
         if end > self.used:  # the data ends on a block (the buffer's last block is kept for this)
-            entries = [*entries, (f"{PAD_PREFIX}{len(entries)}", "U8", [end - self.used], self.used, end)]
+            entries = [*entries, (f"{PAD_PREFIX}{len(entries)}", "U8", (end - self.used,), self.used, end)]
             ctypes.memset(self.buffer.data_ptr() + self.used, 0, end - self.used)
         header: dict[str, object] = {"__metadata__": metadata}
         for key, code, shape, begin, stop in entries:

@@ -2,6 +2,7 @@
 and (on CUDA) transfers on a side stream without a host synchronisation."""
 
 import errno
+import gc
 import logging
 import os
 import threading
@@ -160,6 +161,17 @@ def test_tensor_files_end_their_header_and_their_data_on_whole_blocks(tmp_path):
     assert (8 + header_bytes) % BLOCK == 0 and len(raw) % BLOCK == 0
     loaded = load_file(str(path))
     assert loaded["a"].tolist() == list(range(1000)) and loaded["c"].tolist() == list(range(7))
+
+
+def test_a_batchs_entries_are_left_alone_by_the_collector_once_it_has_looked_at_them() -> None:
+    """Each entry (key, dtype, shape, span) holds plain values only, so the collector stops tracking
+    it (its shape at the first pass, the entry at the next: before it reaches the oldest generation):
+    ``task="tensor"`` holds thousands a step until the batch is written, which would otherwise bring
+    on full collections of the process."""
+    batch = _filled_batch()
+    gc.collect()
+    gc.collect()
+    assert batch.entries and not any(gc.is_tracked(entry) or gc.is_tracked(entry[2]) for entry in batch.entries)
 
 
 @pytest.mark.parametrize("refused", ["open", "write"])

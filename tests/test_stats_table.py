@@ -9,9 +9,6 @@ import importlib.util
 import json
 import logging
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchdebug
-from tests.triton_interpreter import interpreter_env, interpreter_skip
+from tests.triton_interpreter import interpreter_skip, run_in_interpreter
 from torchdebug import stats_table
 from torchdebug.checksum import fingerprint
 from torchdebug.native.fused_stats import finish_sums
@@ -540,12 +537,7 @@ def test_triton_kernel_equals_the_reference_statistics_in_the_interpreter():
     reason = interpreter_skip()
     if reason:
         pytest.skip(reason)
-    script = _TRITON_SCRIPT.format(tests=str(ROOT / "tests"))
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=interpreter_env(), timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+    results = run_in_interpreter(_TRITON_SCRIPT.format(tests=str(ROOT / "tests")))
     together, launches, small = results.pop("together"), results.pop("launches"), results.pop("small programs")
     kernel_cases = {case for case, result in results.items() if result["kernel"]}
     # every float32/16/bf16/64 layout that fills one dense span goes through the kernel
@@ -616,15 +608,7 @@ def test_a_captured_step_through_the_triton_kernel_equals_the_cpu_capture():
         pytest.skip(reason)
     runs = {}
     for arm in ("cpu", "kernel"):
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm, "statistics"],
-            capture_output=True,
-            text=True,
-            env=interpreter_env(),
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs[arm] = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+        runs[arm] = run_in_interpreter(_CAPTURE_SCRIPT.format(), arm, "statistics")
     cpu, kernel = runs["cpu"]["stats"], runs["kernel"]["stats"]
     assert cpu.keys() == kernel.keys() and len(cpu) > 100
     for name, want in cpu.items():
@@ -644,16 +628,8 @@ def test_a_captured_steps_fingerprints_through_the_triton_kernel_equal_the_torch
     if reason:
         pytest.skip(reason)
     runs = {}
-    for arm, env in (("reference", interpreter_env(TORCHDEBUG_NATIVE="0")), ("kernel", interpreter_env())):
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_CAPTURE_SCRIPT.format()), arm, task],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs[arm] = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+    for arm, env in (("reference", {"TORCHDEBUG_NATIVE": "0"}), ("kernel", {})):
+        runs[arm] = run_in_interpreter(_CAPTURE_SCRIPT.format(), arm, task, **env)
     reference, kernel = runs["reference"]["checksums"], runs["kernel"]["checksums"]
     assert len(reference) > 100 and all(reference.values())
     assert kernel == reference
@@ -707,12 +683,7 @@ def test_triton_kernel_fingerprints_equal_the_torch_op_fingerprints_in_the_inter
     reason = interpreter_skip()
     if reason:
         pytest.skip(reason)
-    script = _FINGERPRINT_SCRIPT.format(tests=str(ROOT / "tests"))
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=interpreter_env(), timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+    results = run_in_interpreter(_FINGERPRINT_SCRIPT.format(tests=str(ROOT / "tests")))
     cases = _fingerprint_cases()
     for arm, result in results.items():
         assert result["launched"] == len(cases), arm  # every fingerprint came from the kernel

@@ -4,9 +4,14 @@ suite's way to check it on machines without a GPU (where Triton is installed).""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
+import textwrap
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,3 +32,17 @@ def interpreter_env(**extra: str) -> dict[str, str]:
     path held)."""
     path = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, **extra}
+
+
+def run_in_interpreter(script: str, *args: str, **env: str) -> Any:
+    """Run ``script`` (dedented) with ``args`` in a subprocess under Triton's interpreter, ``env``
+    added to its environment; what the JSON of its last line of output holds."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        env=interpreter_env(**env),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)

@@ -154,6 +154,11 @@ def _give_fingerprint_at(sink: Callable[[int], None] | Landing, key: int | None,
 _MASK = (1 << 64) - 1
 
 
+def _held(sink: Any) -> tuple[Any, int | None]:
+    """How a table row holds a sink: ``(container, key)`` as it is, another (``None`` too) with key ``None``."""
+    return sink if type(sink) is tuple else (sink, None)
+
+
 def _resolves_now(tensor: torch.Tensor) -> bool:
     """CPU tensors need no table: the host can read them at no cost (tests patch this to exercise
     the device path on the CPU)."""
@@ -321,18 +326,12 @@ class _Table:
         row = self.used
         self.numels.append(numel)
         self.integral.append(integral)
-        if type(sink) is tuple:
-            self.sinks.append(sink[0])
-            self.keys.append(sink[1])
-        else:
-            self.sinks.append(sink)  # type: ignore[arg-type]
-            self.keys.append(None)
-        if type(checksum_sink) is tuple:
-            self.fingerprint_sinks.append(checksum_sink[0])
-            self.fingerprint_keys.append(checksum_sink[1])
-        else:
-            self.fingerprint_sinks.append(checksum_sink)  # type: ignore[arg-type]
-            self.fingerprint_keys.append(None)
+        into, key = _held(sink)
+        self.sinks.append(into)
+        self.keys.append(key)
+        into, key = _held(checksum_sink)
+        self.fingerprint_sinks.append(into)
+        self.fingerprint_keys.append(key)
         self.fingerprinted |= checksum_sink is not None
         self.used += 1
         return row

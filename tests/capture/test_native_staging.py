@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,7 +32,7 @@ from tests.capture.test_native_capture import (
     _written_between_reads,
 )
 from tests.test_stats_table import _assert_same_stats as assert_same_stats
-from tests.triton_interpreter import interpreter_env, interpreter_skip
+from tests.triton_interpreter import interpreter_skip, run_in_interpreter
 from torchdebug import stats_table
 from torchdebug.capture import native_capture, native_records
 from torchdebug.native.observer import NativeObserver, load_observer
@@ -366,11 +363,7 @@ def test_a_step_staged_through_the_triton_kernel_in_its_interpreter_is_the_callb
         pytest.skip(reason)
     runs = {}
     for arm in ("callback", "kernel"):
-        done = subprocess.run(
-            [sys.executable, "-c", _KERNEL_SCRIPT, arm], capture_output=True, text=True, env=interpreter_env(), timeout=600
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs[arm] = json.loads(done.stdout.strip().splitlines()[-1], parse_constant=float)
+        runs[arm] = run_in_interpreter(_KERNEL_SCRIPT, arm)
     callback, kernel = runs["callback"], runs["kernel"]
     assert callback["stats"].keys() == kernel["stats"].keys() and len(callback["stats"]) > 100
     for name, want in callback["stats"].items():

@@ -759,11 +759,9 @@ class NativeStepCapture:
         values_of = self._staged
         first_key = first - values_of.first
         due, ids, keys = [], [], []
-        for index, tensor in enumerate(tensors):
+        each = zip(*[iter(facts)] * STAGED_FACTS_WIDTH)  # (StagedFacts', a tensor's at a time)
+        for index, (tensor, (key, version, _, same_values, writes)) in enumerate(zip(tensors, each)):
             id_ = first + index
-            key, version, _, same_values, writes = facts[
-                index * STAGED_FACTS_WIDTH : (index + 1) * STAGED_FACTS_WIDTH
-            ]  # (StagedFacts')
             values = (key, version, writes) if same_values else None
             known = by_values.get(values) if values is not None else None
             if known is not None:
@@ -771,7 +769,8 @@ class NativeStepCapture:
                 continue
             if values is not None:
                 by_values[values] = id_
-            values_of.fingerprints[id_] = None
+            if fingerprints:
+                values_of.fingerprints[id_] = None
             reduced = statistics and has_statistics(tensor.dtype)
             if not reduced:
                 values_of.unreduced.add(id_)

@@ -499,13 +499,11 @@ class StatsStager:
 
     def _resolve_now(self, tensor: torch.Tensor, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> None:
         """Statistics (or sums) and/or fingerprint of a tensor the host reads at no cost, delivered at once."""
-        if type(sink) is tuple:
+        if type(sink) is tuple:  # its sums land (with its fingerprint, from the fused pass of both)
             x = tensor.detach()
             both = stats_and_fingerprint(x) if checksum_sink is not None else None
-            if both is None:
-                sink[0].land(sink[1], cpu_sums(as_real(x)), x.numel())
-            else:
-                sink[0].land(sink[1], both[0], x.numel())
+            sink[0].land(sink[1], cpu_sums(as_real(x)) if both is None else both[0], x.numel())
+            if both is not None:
                 _give_fingerprint(checksum_sink, both[1])  # type: ignore[arg-type]
                 return
             sink = None

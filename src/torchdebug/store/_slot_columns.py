@@ -135,8 +135,8 @@ class SlotColumns:
     (a slot that shows a tensor again names the slot that first showed it), ``-1`` none, ``<= -2``
     ``stats[-2 - ref]``: a dict (statistics taken at the flush, filled before :meth:`batch`) or an
     int, the key of sums landed in :attr:`landed` (finished here, all at once). A slot's
-    fingerprint is a reference of the same kind: the callback's of a
-    drained slot, none, or ``fingerprints[-2 - ref]`` (``None`` where it was not delivered)."""
+    fingerprint is a reference of the same kind: the callback's of a drained slot, none, or
+    ``fingerprints[-2 - ref]`` (``None`` where it was not delivered)."""
 
     slots: np.ndarray
     """The drained index of each recorded slot."""

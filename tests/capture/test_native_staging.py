@@ -6,7 +6,9 @@ dump, with every CPU tensor kept as an accelerator's would be (``NativeObserver.
 at every op (``STAGE_AFTER_BYTES = 0``) or only before writes (-1), read at once or delivered at the
 flush as an accelerator's are; a tensor kept by several slots, read once a staging; a float16
 model's tensors, kept on any machine; a fault while staging; a hook that stages nothing (each
-tensor is copied before the write, as without one); and, on a GPU, a CUDA model with ``DEVICE_STATISTICS`` on."""
+tensor is copied before the write, as without one); where Triton is installed, a step whose staged
+tensors take the Triton kernel in its interpreter; and, on a GPU, a CUDA model with
+``DEVICE_STATISTICS`` on."""
 
 from __future__ import annotations
 

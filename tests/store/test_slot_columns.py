@@ -1,7 +1,8 @@
 """The native path's statistics column, finished from the callback's sums in one pass of ``stats.c``
 (``fused_stats.finish_sums``, made a column by ``store/_slot_columns.py``), holds what
 ``stats_from_sums`` gives one slot at a time, bit for bit, and the element counts it divides by are
-the slots' sizes' products; its ``checksum`` column spells each fingerprint as ``hex_digits`` does,
+the slots' sizes' products (and a staging's sums landed by key, beside dicts taken at the flush, each
+at its slots); its ``checksum`` column spells each fingerprint as ``hex_digits`` does,
 by reference; its ``value`` column is made as the codes a records file stores."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torchdebug.store._arrow_buffers import strings
 from torchdebug.store._record_columns import SCHEMA, STATS_TYPE, VALUE_CODES, columns_batch, plain_values, records_batch
 from torchdebug.store._record_file import RecordFile, read_records
 from torchdebug.store._record_json import json_text
+from torchdebug.stats_table import LandedSums
 from torchdebug.store._slot_columns import SlotColumns, _complex, _finished, _value_text, _values
 
 SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros
@@ -72,6 +74,32 @@ def test_the_statistics_column_takes_each_slots_by_reference_sums_none_or_taken_
     assert column.to_pylist() == [finished[3], None, finished[0], None]
     stored = [np.frombuffer(column.field(key).buffers()[1], np.int64)[[1, 3]] for key in ("max", "nan")]
     assert all((values == 0).all() for values in stored)  # a row without sums stores zeros: they compress best
+
+
+def test_taken_statistics_mix_dicts_and_keys_of_sums_landed_each_in_its_rows():
+    """Taken entries are dicts (statistics taken at the flush) or keys of sums landed before it
+    (``stats_table.LandedSums``, a staging's), in any order: each slot gets its own entry's, the landed
+    finished as the callback's are, and a dict no column holds exactly kept whole at its own rows."""
+    landed = LandedSums()
+    landed.expect([0, 1, 2])
+    for key, (row, count) in enumerate(SUMS[:3]):
+        landed.land(key, row, count)
+    taken = {**stats_from_sums(SUMS[0][0], 6), "min": -7.0}
+    huge = {**stats_from_sums((0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0), 1, integral=True), "max": 2**62 + 1}
+    entries = [2, taken, 0, huge, 1]
+    refs = np.array([-6, -5, 0, -2, -1, -3, -4, -5, -3], np.int64)
+    unused, no_text = np.zeros(len(refs), np.int64), pa.array([None], pa.string())
+    args = pa.RecordBatch.from_pydict({})
+    columns = SlotColumns(
+        unused, unused, args, unused, unused, refs, entries, unused, [], unused, no_text, unused, no_text, landed=landed
+    )
+    drained = SimpleNamespace(stats=array("d", SUMS[5][0]), shape=array("q", [3]), slot_ndim=array("b", [1]))
+    column, odd = columns._stats_column(drained)
+    finished = [stats_from_sums(row, count) for row, count in SUMS]
+    got = column.to_pylist()
+    held = {**huge, "max": None}  # what the column holds of it: all but the value no float holds
+    assert got == [finished[1], held, finished[5], finished[2], None, taken, finished[0], held, taken]
+    assert odd == {1: {"stats": huge}, 7: {"stats": huge}}  # kept whole beside the column, at its rows
 
 
 def test_the_elements_of_each_drained_slot_are_its_sizes_product_and_one_for_no_sizes():

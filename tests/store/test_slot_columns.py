@@ -21,11 +21,11 @@ from torchdebug.checksum import hex_digits
 from torchdebug.native.fused_stats import finish_sums
 from torchdebug.slots import json_value
 from torchdebug.stats._schema import IDENTITY, stats_from_sums
+from torchdebug.stats_table import LandedSums
 from torchdebug.store._arrow_buffers import strings
 from torchdebug.store._record_columns import SCHEMA, STATS_TYPE, VALUE_CODES, columns_batch, plain_values, records_batch
 from torchdebug.store._record_file import RecordFile, read_records
 from torchdebug.store._record_json import json_text
-from torchdebug.stats_table import LandedSums
 from torchdebug.store._slot_columns import SlotColumns, _complex, _finished, _value_text, _values
 
 SUMS = [  # min, max, sum, squares, nan, posinf, neginf, zeros

@@ -231,6 +231,110 @@ def test_sums_landed_by_key_finish_at_once_into_the_reference_statistics(path, h
             assert prints[keys[name]] == _reference_fingerprint(cases[name]), name
 
 
+class _ListedKernel:
+    """What ``StatsStager.add_landed`` asks of ``triton_stats``, on the CPU without Triton: each launch
+    writes the CPU sums of the tensors it is given, or finds by address those listed, into the
+    table's rows, and says what it was given (launches of at most 5 tensors, 2 as arguments, 1 to 4
+    programs a tensor)."""
+
+    DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+    TENSORS_PER_LAUNCH, SLOTS = 5, 2
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.at = {tensor.data_ptr(): tensor for tensor in tensors if tensor.numel()}
+        self.launches: list[tuple[str, int, bool]] = []
+
+    @staticmethod
+    def interpreted() -> bool:
+        return True  # (CPU tensors are the kernel's)
+
+    @staticmethod
+    def is_dense(tensor: torch.Tensor) -> bool:
+        return tensor.is_contiguous()
+
+    @staticmethod
+    def programs_of(numels: np.ndarray) -> np.ndarray:
+        return np.clip(-(-numels // 256), 1, 4)
+
+    def _fits(self, scratch_row: int, numels: np.ndarray) -> None:
+        programs = self.programs_of(numels)
+        assert programs.max() == 1 or scratch_row + programs.sum() <= stats_table.SCRATCH_ROWS
+
+    def launch(self, tensors, table, row, scratch, scratch_row, counters, *rest, **options) -> None:
+        assert len(tensors) <= self.SLOTS and not rest and options.get("directory") is None
+        self._fits(scratch_row, np.array([tensor.numel() for tensor in tensors]))
+        self.launches.append(("slots", len(tensors), all(tensor.data_ptr() % 16 == 0 for tensor in tensors)))
+        for at, tensor in enumerate(tensors):
+            table[row + at] = torch.tensor(stats_table.cpu_sums(tensor), dtype=torch.float64)
+
+    def launch_listed(self, addresses, numels, template, table, row, scratch, scratch_row, counters, *, directory, aligned):
+        assert self.SLOTS < len(addresses) <= self.TENSORS_PER_LAUNCH and len(directory[1]) == 3 * len(addresses)
+        self._fits(scratch_row, numels)
+        assert aligned == all(address % 16 == 0 for address in addresses.tolist())
+        self.launches.append(("listed", len(addresses), aligned))
+        for at, (address, numel) in enumerate(zip(addresses.tolist(), numels.tolist())):
+            tensor = self.at[address]
+            assert tensor.numel() == numel and tensor.dtype == template.dtype
+            table[row + at] = torch.tensor(stats_table.cpu_sums(tensor), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("path", ["now", "table"])
+def test_sums_listed_by_array_land_at_their_keys_in_launches_of_one_dtype_and_alignment(path, monkeypatch):
+    """``StatsStager.add_landed`` (a staging's tensors whose statistics alone are asked, with where each
+    one's elements are, as the observer says): the kernel's tensors of one dtype and alignment take
+    launches by array, cut by the launch's tensors and its scratch's programs, each one run of rows;
+    those it does not read (empty, not dense, an integer dtype) the per-tensor path; on a device the
+    host reads at no cost, one native call. Every sum lands at its tensor's key, and finished it is
+    the reference statistics."""
+    torch.manual_seed(0)
+    base = torch.randn(101)
+    cases = {
+        "float32": torch.randn(1000),
+        "several programs": torch.randn(70_001) * 3 + 1,
+        "unaligned": base[1:],
+        "float64": torch.randn(40, dtype=torch.float64),
+        "bfloat16": torch.randn(33).to(torch.bfloat16),
+        "permuted": torch.randn(6, 8).t(),
+        "strided": torch.randn(6, 8)[:, ::2],
+        "empty": torch.empty(0, 3),
+        "int64": torch.arange(10),
+        **{f"small {at}": torch.randn(7 + at) for at in range(12)},
+        "unaligned too": base[5:],
+    }
+    tensors = list(cases.values())
+    dense = {"strided": 0, "empty": 0}
+    codes = {dtype: code for code, dtype in enumerate(sorted({tensor.dtype for tensor in tensors}, key=str))}
+    layout = np.array(
+        [
+            [tensor.data_ptr() if tensor.numel() else 0, tensor.numel(), codes[tensor.dtype], 0, dense.get(name, 1)]
+            for name, tensor in cases.items()
+        ],
+        np.int64,
+    )
+    kernel = _ListedKernel(tensors)
+    if path == "table":
+        monkeypatch.setattr(stats_table, "_resolves_now", lambda tensor: False)
+        monkeypatch.setattr(stats_table, "_triton", lambda: kernel)
+        monkeypatch.setattr(stats_table, "SCRATCH_ROWS", 6)
+    keys = 2 * np.arange(len(tensors)) + 3  # (apart, not from 0)
+    landed = LandedSums()
+    landed.expect(keys)
+    stager = StatsStager()
+    stager.add_landed(tensors, landed, keys, layout)
+    stager.flush()
+    assert landed.arrived[keys].all() and landed.arrived.sum() == len(tensors)
+    done = finish_sums(keys, landed.sums.reshape(-1), np.ones(len(landed.numels), np.int8), landed.numels)
+    for name, got in zip(cases, _finished(done).to_pylist()):
+        _assert_same_stats(got, _reference(cases[name]) if cases[name].numel() else empty_stats(), name)
+    if path == "table":
+        listed = [launch for launch in kernel.launches if launch[0] == "listed"]
+        assert {aligned for _, _, aligned in listed} == {True} and max(count for _, count, _ in listed) == 5
+        assert ("slots", 2, False) in kernel.launches  # the two unaligned float32 tensors together
+        assert sum(count for _, count, _ in kernel.launches) == len(tensors) - 3  # (all but strided, empty, int64)
+    else:
+        assert not kernel.launches
+
+
 def test_an_empty_tensor_gets_fingerprint_zero_at_once(on_device):
     got: list = []
     StatsStager().add_all([(torch.empty(0, 3), None, got.append)])

@@ -69,11 +69,11 @@ class LandedSums:
         self._address = 0
         """Where :attr:`sums` starts."""
 
-    def expect(self, keys: list[int]) -> None:
+    def expect(self, keys: list[int] | np.ndarray) -> None:
         """Note that the sums of ``keys`` are to land (the table grows to hold them)."""
-        if not keys:
+        if not len(keys):
             return
-        end = max(keys) + 1
+        end = int(np.max(keys)) + 1
         if end > len(self.expected):
             size = max(end, 2 * len(self.expected), 256)
             self.sums = _grown(self.sums, size)
@@ -91,21 +91,19 @@ class LandedSums:
         self.numels[key] = numel
         self.arrived[key] = True
 
-    def land_many(self, keys: list[int], sums: np.ndarray, numels: np.ndarray) -> None:
+    def land_many(self, keys: list[int] | np.ndarray, sums: np.ndarray, numels: np.ndarray) -> None:
         """:meth:`land` of each of ``keys``, their sums the rows of ``sums``."""
         self.sums[keys] = sums
         self.numels[keys] = numels
         self.arrived[keys] = True
 
-    def land_in_place(self, keys: list[int], tensors: list[torch.Tensor]) -> None:
+    def land_in_place(self, keys: list[int], tensors: list[torch.Tensor], numels: np.ndarray | None = None) -> None:
         """The CPU sums of ``tensors``, each written where its key's land (``cpu_sums_many_into``:
-        the kernel's dtypes in one native call)."""
+        the kernel's dtypes in one native call); ``numels``: their element counts, where known."""
         start, row = self._address, WIDTH * self.sums.itemsize
         cpu_sums_many_into(tensors, [start + key * row for key in keys])
-        numels, arrived = self.numels, self.arrived
-        for key, tensor in zip(keys, tensors):
-            numels[key] = tensor.numel()
-            arrived[key] = True
+        self.numels[keys] = [tensor.numel() for tensor in tensors] if numels is None else numels
+        self.arrived[keys] = True
 
 
 def _grown(values: np.ndarray, size: int) -> np.ndarray:
@@ -270,6 +268,8 @@ class _Table:
         """Whether a row in use holds a fingerprint (else that column is not copied)."""
         # Each row's in-use facts, by row, in lists of their own: no object a row (a tuple holding
         # callables would outlive the collector's young passes, as StatsSink says).
+        self.rows: list[int] = []
+        """The row of each entry of the lists below (rows a run takes have none)."""
         self.numels: list[int] = []
         self.integral: list[bool] = []
         self.sinks: list[Callable[[Any], None] | dict[str, Any] | LandedSums | None] = []
@@ -278,6 +278,9 @@ class _Table:
         self.fingerprint_sinks: list[Callable[[int], None] | Landing | None] = []
         self.fingerprint_keys: list[int | None] = []
         """A fingerprint sink's key in its container (``None``: the sink is a callable)."""
+        self.runs: list[tuple[int, LandedSums, np.ndarray, np.ndarray]] = []
+        """Rows whose sums land in a :class:`LandedSums` by array (:meth:`add_run`): the first row,
+        where they land, their keys and element counts, no entry a row."""
 
     def fits(self, rows: int, scratch_rows: int, entries: int, stream: Any) -> bool:
         return (
@@ -318,12 +321,13 @@ class _Table:
         self.used = self.scratch_used = self.directory_used = 0
         self.streams = []
         self.fingerprinted = False
-        self.numels, self.integral, self.sinks, self.keys = [], [], [], []
-        self.fingerprint_sinks, self.fingerprint_keys = [], []
+        self.rows, self.numels, self.integral, self.sinks, self.keys = [], [], [], [], []
+        self.fingerprint_sinks, self.fingerprint_keys, self.runs = [], [], []
 
     def add_row(self, numel: int, integral: bool, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> int:
         """Take the next row for a tensor's statistics and/or fingerprint; returns its number."""
         row = self.used
+        self.rows.append(row)
         self.numels.append(numel)
         self.integral.append(integral)
         into, key = _held(sink)
@@ -335,6 +339,12 @@ class _Table:
         self.fingerprinted |= checksum_sink is not None
         self.used += 1
         return row
+
+    def add_run(self, landed: LandedSums, keys: np.ndarray, numels: np.ndarray) -> None:
+        """Take the next ``len(keys)`` rows for sums that land in ``landed`` at ``keys``, of tensors
+        of ``numels`` elements (statistics alone)."""
+        self.runs.append((self.used, landed, keys, numels))
+        self.used += len(keys)
 
     @property
     def nbytes(self) -> int:
@@ -497,6 +507,79 @@ class StatsStager:
         for landed, tensors, keys in landing.values():
             landed.land_in_place(keys, tensors)
 
+    def add_landed(self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, layout: np.ndarray) -> None:
+        """:meth:`add_all` of ``(tensors[k], (landed, keys[k]))``: each tensor's statistics, its sums
+        landed at its key, with no Python a tensor where ``layout`` (a row a tensor: its data's
+        address, element count, ``c10::ScalarType`` code, device code and density, as
+        ``observer.StagedFacts`` ends) says the Triton kernel reads it: those of one device, dtype
+        and alignment take launches of up to ``TENSORS_PER_LAUNCH``, listed by array, and land as
+        one run of rows; a device's tensors the host reads at no cost land by one native call. The
+        rest (a tensor the kernel does not read: empty, not dense, another dtype) take :meth:`add_all`."""
+        address, numel, dtype, device, dense = layout.T
+        order = np.argsort(device << 16 | dtype, kind="stable")  # (one device's, one dtype's, together)
+        ends = np.flatnonzero(np.diff((device << 16 | dtype)[order])).tolist() + [len(order) - 1]
+        rest: list[np.ndarray] = []
+        start = 0
+        for end in ends:
+            members, start = order[start : end + 1], end + 1
+            example = tensors[members[0]]
+            if _resolves_now(example):
+                filled = numel[members] > 0
+                rest.append(members[~filled])
+                members = members[filled]
+                if len(members):
+                    landed.land_in_place(keys[members].tolist(), [tensors[k] for k in members.tolist()], numel[members])
+                continue
+            kernel = _kernel_for(example)
+            read = (address[members] != 0) & (dense[members] != 0) & (numel[members] > 0)
+            if kernel is None or not read.any():
+                rest.append(members)
+                continue
+            rest.append(members[~read])
+            members = members[read]
+            aligned = address[members] % 16 == 0
+            for group, group_aligned in ((members[aligned], True), (members[~aligned], False)):
+                if len(group):
+                    self._launch_landed(kernel, tensors, group, layout, landed, keys, group_aligned)
+        left = np.concatenate(rest).tolist() if rest else []
+        if left:
+            self.add_all([(tensors[k], (landed, int(keys[k]))) for k in left])
+
+    def _launch_landed(
+        self,
+        kernel: Any,
+        tensors: list[torch.Tensor],
+        members: np.ndarray,
+        layout: np.ndarray,
+        landed: LandedSums,
+        keys: np.ndarray,
+        aligned: bool,
+    ) -> None:
+        """:meth:`add_landed`'s launches over ``tensors[members]`` (one device's and dtype's, each read
+        by the kernel; ``aligned``: all or none): each of up to ``TENSORS_PER_LAUNCH`` whose programs
+        fit one table's scratch (as :func:`_launch_groups` cuts them), its rows one run."""
+        address, numel = layout[members, 0], layout[members, 1]
+        programs = kernel.programs_of(numel)
+        device = tensors[members[0]].device
+        stream = _current_stream(device)
+        start = 0
+        while start < len(members):
+            total = np.cumsum(programs[start : start + kernel.TENSORS_PER_LAUNCH])
+            count = max(1, int(np.searchsorted(total, SCRATCH_ROWS, side="right")))
+            end = start + count
+            scratch_rows = int(total[count - 1]) if programs[start:end].max() > 1 else 0
+            entries = 3 * count if count > kernel.SLOTS else 0
+            table = self._table(device, rows=count, scratch_rows=scratch_rows, entries=entries, stream=stream)
+            rows = (table.values, table.used, table.scratch, table.take_scratch(scratch_rows, stream), table.counters)
+            template = tensors[members[start]]
+            if entries:
+                directory = table.take_directory(entries)
+                kernel.launch_listed(address[start:end], numel[start:end], template, *rows, directory=directory, aligned=aligned)
+            else:
+                kernel.launch([tensors[k] for k in members[start:end].tolist()], *rows)
+            table.add_run(landed, keys[members[start:end]], numel[start:end])
+            start = end
+
     def _resolve_now(self, tensor: torch.Tensor, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> None:
         """Statistics (or sums) and/or fingerprint of a tensor the host reads at no cost, delivered at once."""
         if type(sink) is tuple:  # its sums land (with its fingerprint, from the fused pass of both)
@@ -601,25 +684,30 @@ class StatsStager:
                 values = table.host[: table.used].numpy().copy()  # (a sink may fill the table again)
                 rows = None  # the values as lists, where a sink takes them so
                 prints = table.host_fingerprints[: table.used].tolist() if table.fingerprinted else []
-                numels, integral, sinks = table.numels, table.integral, table.sinks
+                numels, integral, sinks, runs = table.numels, table.integral, table.sinks, table.runs
                 fingerprint_sinks, fingerprint_keys, keys = table.fingerprint_sinks, table.fingerprint_keys, table.keys
+                table_rows = table.rows
                 self._free.setdefault(table.device, []).append(table)
                 table.reset()
-                landing: dict[int, tuple[LandedSums, list[int], list[int]]] = {}  # by table: its rows and keys
-                for row, sink in enumerate(sinks):
+                landing: dict[int, tuple[LandedSums, list[int], list[int], list[int]]] = {}  # by table: rows, keys, sizes
+                for entry, (row, sink) in enumerate(zip(table_rows, sinks)):
                     if type(sink) is LandedSums:
                         group = landing.get(id(sink))
                         if group is None:
-                            group = landing[id(sink)] = (sink, [], [])
+                            group = landing[id(sink)] = (sink, [], [], [])
                         group[1].append(row)
-                        group[2].append(keys[row])  # type: ignore[arg-type]
+                        group[2].append(keys[entry])  # type: ignore[arg-type]
+                        group[3].append(numels[entry])
                     elif sink is not None:
                         rows = values.tolist() if rows is None else rows
-                        _give_stats(sink, stats_from_sums(rows[row], numels[row], integral[row]) if self._finish else rows[row])
-                    if (fingerprint_sink := fingerprint_sinks[row]) is not None:
-                        _give_fingerprint_at(fingerprint_sink, fingerprint_keys[row], prints[row] & _MASK)
-                for landed, at, into in landing.values():
-                    landed.land_many(into, values[at], np.asarray(numels)[at])
+                        sums = rows[row]
+                        _give_stats(sink, stats_from_sums(sums, numels[entry], integral[entry]) if self._finish else sums)
+                    if (fingerprint_sink := fingerprint_sinks[entry]) is not None:
+                        _give_fingerprint_at(fingerprint_sink, fingerprint_keys[entry], prints[row] & _MASK)
+                for landed, at, into, sizes in landing.values():
+                    landed.land_many(into, values[at], np.asarray(sizes))
+                for start, landed, into, sizes in runs:
+                    landed.land_many(into, values[start : start + len(into)], sizes)
             for host, sinks in transfer.staged:
                 values = host.tolist()
                 for start, end, sink in sinks:

@@ -271,7 +271,9 @@ class NativeOpCapture:
         """The observer's hook: stage the kept tensors' statistics now (``NativeStepCapture.stage_kept``).
         Never raises into the op that starts (a fault costs those statistics, said once)."""
         try:
-            self.rows.stage_kept(self.session.stage_stats, self._statistics, self._fingerprints, self._snapshots)
+            self.rows.stage_kept(
+                self.session.stage_stats, self.session.stage_landed, self._statistics, self._fingerprints, self._snapshots
+            )
         except Exception as error:
             if not self._told_staging:
                 self._told_staging = True

@@ -160,6 +160,13 @@ class _Staged:
     """Its sampling stride where it was saved sampled."""
 
 
+StageLanded = Callable[[list[torch.Tensor], LandedSums, np.ndarray, np.ndarray], None]
+"""``StatsStager.add_landed``: tensors whose statistics land as sums at their keys, and what the
+observer says of where their elements are (``StagedFacts`` from :attr:`~StagedFacts.address` on)."""
+
+_DTYPE_FACT = StagedFacts._fields.index("dtype")
+_LAYOUT_FACTS = StagedFacts._fields.index("address")
+
 _STAGED_TOGETHER = 256
 """Kept tensors the observer hands over together at most, the objects made for them (their Python
 tensors, the stager's items) alive meanwhile: a staging of more is taken in parts, each its own
@@ -186,8 +193,6 @@ class _StagedValues:
         numbers: untracked by the collector)."""
         self.fingerprints: dict[int, int | None] = {}
         """By the same id, ``None`` until it arrives."""
-        self.read_as: dict[int, int] = {}
-        """Each id whose values another tensor of its staging read: that one's id."""
         self.unreduced: set[int] = set()
         """The ids of tensors whose dtype has no statistics (a fingerprint alone)."""
         self.failed: set[int] = set()
@@ -197,8 +202,7 @@ class _StagedValues:
         """With ``task="tensor"``: by id, its sampling stride where it was saved sampled."""
 
     def staged(self, id_: int) -> _Staged | None:
-        """What staging ``id_`` took (its reader's, for an id read as another), or ``None``: not staged."""
-        id_ = self.read_as.get(id_, id_)
+        """What staging ``id_`` took, or ``None``: not staged."""
         stats: dict[str, Any] | int | None = self.stats.get(id_)
         if stats is None:
             stats = id_ - self.first
@@ -413,6 +417,8 @@ class NativeStepCapture:
         """The kept tensors staged before the drain, by the id the observer gave them (:meth:`stage_kept`)."""
         self._told_stage_fault = False
         self._told_save_fault = False
+        self._has_statistics: np.ndarray | None = None
+        """Whether a dtype has statistics, by ``c10::ScalarType`` code (:meth:`_reduced`)."""
         self._saved = [0]
         """Tensors saved in this run (``task="tensor"``): the last key's number (:class:`Snapshots`)."""
 
@@ -723,76 +729,115 @@ class NativeStepCapture:
         return self._stacks
 
     def stage_kept(
-        self, stage: Callable[[list[tuple]], None], statistics: bool, fingerprints: bool, snapshots: Snapshots | None = None
+        self,
+        stage: Callable[[list[tuple]], None],
+        stage_landed: StageLanded,
+        statistics: bool,
+        fingerprints: bool,
+        snapshots: Snapshots | None = None,
     ) -> None:
         """Stage the statistics (with ``statistics``) and fingerprints (with ``fingerprints``) of the
-        kept tensors the observer lets go now (``stage``: ``CaptureSession.stage_stats``), for
+        kept tensors the observer lets go now (``stage``: ``CaptureSession.stage_stats``; statistics
+        alone, landed as sums: ``stage_landed``, ``CaptureSession.stage_landed``), for
         :meth:`slot_columns` to take at the drain: the observer's hook, run before an op writes memory
         a kept tensor is on, and once enough bytes of them are held; with ``snapshots``
         (:meth:`snapshots`), save them too. A fault here costs their statistics (their slots say so),
-        never the op."""
-        # A tensor kept by several slots at one version (an op's output, the next op's input) is read
-        # once a staging: its slots share what it gives. Only within one staging, where each would
-        # read the same memory now: between two, a write the observer does not see (a collective's
-        # into an allocation, FSDP2's copy-in) may change it at the same version.
-        by_values: dict[tuple[int, int, int], int] = {}
+        never the op. A tensor kept by several slots at one version (an op's output, the next op's
+        input) is handed over once a staging (``NativeObserver.stage_kept``): its slots share what it gives."""
+        first_part = True
         while True:  # in parts: the objects made for a part's tensors alive only meanwhile
-            first, tensors = self.observer.stage_kept(_STAGED_TOGETHER)
+            first, tensors = self.observer.stage_kept(_STAGED_TOGETHER, first_part)
             facts = self.observer.staged_facts(len(tensors))
-            self._stage_part(first, tensors, facts, by_values, stage, statistics, fingerprints, snapshots)
+            self._stage_part(first, tensors, facts, stage, stage_landed, statistics, fingerprints, snapshots)
             if len(tensors) < _STAGED_TOGETHER:
                 return
+            first_part = False
 
     def _stage_part(
         self,
         first: int,
         tensors: list[torch.Tensor],
         facts: array,
-        by_values: dict[tuple[int, int, int], int],
         stage: Callable[[list[tuple]], None],
+        stage_landed: StageLanded,
         statistics: bool,
         fingerprints: bool,
         snapshots: Snapshots | None,
     ) -> None:
         """Stage one part of a staging, ``tensors`` (ids from ``first`` on), and hold what they give
-        in :class:`_StagedValues`: a few objects a tensor, alive only meanwhile."""
+        in :class:`_StagedValues`: by array where their sums land, a few objects a tensor where a
+        copy or a fingerprint is taken."""
         values_of = self._staged
+        count = len(tensors)
+        if not count:
+            return
+        table = np.frombuffer(facts, np.int64).reshape(count, STAGED_FACTS_WIDTH)
         first_key = first - values_of.first
-        due, ids, keys = [], [], []
-        each = zip(*[iter(facts)] * STAGED_FACTS_WIDTH)  # (StagedFacts', a tensor's at a time)
-        for index, (tensor, (key, version, _, same_values, writes)) in enumerate(zip(tensors, each)):
+        keys = np.arange(first_key, first_key + count)
+        reduced = self._reduced(table[:, _DTYPE_FACT]) if statistics else np.zeros(count, bool)
+        if not reduced.all():
+            values_of.unreduced.update((keys[~reduced] + values_of.first).tolist())
+        if snapshots is not None:
+            self._stage_saved(first, tensors, facts, reduced.tolist(), stage, fingerprints, snapshots)
+            return
+        landed = values_of.landed
+        landed.expect(keys)
+        if fingerprints:  # (the kernel's pass takes both: a sink of each a tensor)
+            marks = values_of.fingerprints
+            marks.update(dict.fromkeys(range(first, first + count)))
+            due = [
+                (tensor, (landed, key) if statistics_too else None, (marks, first + index))
+                for index, (tensor, key, statistics_too) in enumerate(zip(tensors, keys.tolist(), reduced.tolist()))
+            ]
+            failed = self._failed_to_stage(stage, due)
+        else:
+            taken = np.flatnonzero(reduced)
+            held = tensors if len(taken) == count else [tensors[index] for index in taken.tolist()]
+            try:
+                stage_landed(held, landed, keys[taken], table[taken, _LAYOUT_FACTS:])
+                failed = []
+            except Exception as error:
+                self._tell_stage_fault(error)
+                failed = self._failed_alone(stage, [(tensor, (landed, int(keys[index]))) for tensor, index in zip(held, taken)])
+                failed = taken[failed].tolist()
+        values_of.failed.update(first + index for index in failed)
+
+    def _reduced(self, dtypes: np.ndarray) -> np.ndarray:
+        """Whether each of ``dtypes`` (``c10::ScalarType`` codes) has statistics."""
+        if self._has_statistics is None:
+            known = self.observer.dtypes
+            self._has_statistics = np.zeros(max(known) + 1, bool)
+            self._has_statistics[list(known)] = [has_statistics(dtype) for dtype in known.values()]
+        return self._has_statistics[dtypes]
+
+    def _stage_saved(
+        self,
+        first: int,
+        tensors: list[torch.Tensor],
+        facts: array,
+        reduced: list[bool],
+        stage: Callable[[list[tuple]], None],
+        fingerprints: bool,
+        snapshots: Snapshots,
+    ) -> None:
+        """:meth:`_stage_part` where each tensor is saved (``task="tensor"``): its statistics from its
+        copy where that took them, else staged, as a dict a tensor."""
+        values_of = self._staged
+        due, ids = [], []
+        for index, (tensor, statistics_too) in enumerate(zip(tensors, reduced)):
             id_ = first + index
-            values = (key, version, writes) if same_values else None
-            known = by_values.get(values) if values is not None else None
-            if known is not None:
-                values_of.read_as[id_] = known
-                continue
-            if values is not None:
-                by_values[values] = id_
             if fingerprints:
                 values_of.fingerprints[id_] = None
-            reduced = statistics and has_statistics(tensor.dtype)
-            if not reduced:
-                values_of.unreduced.add(id_)
-            sink: StatsSink | None = None
-            if snapshots is None:  # its sums land (no object a tensor)
-                keys.append(first_key + index)
-                if reduced:
-                    sink = (values_of.landed, first_key + index)
-            else:
-                stats: dict[str, Any] = {}
-                values_of.stats[id_] = stats
-                sink = stats if reduced else None  # (a dict the statistics update)
-                staged = _Staged(stats, reduced, values_of.fingerprints, id_)
-                sink = self._save(snapshots, staged, tensor, sink, staged_fact(facts, index))
-                values_of.tensors[id_] = staged.tensor
-                if staged.sampled is not None:
-                    values_of.sampled[id_] = staged.sampled
+            stats: dict[str, Any] = {}
+            values_of.stats[id_] = stats
+            staged = _Staged(stats, statistics_too, values_of.fingerprints, id_)
+            sink = self._save(snapshots, staged, tensor, stats if statistics_too else None, staged_fact(facts, index))
+            values_of.tensors[id_] = staged.tensor
+            if staged.sampled is not None:
+                values_of.sampled[id_] = staged.sampled
             if sink is not None or fingerprints:  # (not where the copy took the statistics)
-                fingerprint_sink = (values_of.fingerprints, id_) if fingerprints else None
-                due.append((tensor, sink, fingerprint_sink))
+                due.append((tensor, sink, (values_of.fingerprints, id_) if fingerprints else None))
                 ids.append(id_)
-        values_of.landed.expect(keys)
         for failed in self._failed_to_stage(stage, due) if due else ():
             values_of.failed.add(ids[failed])
 
@@ -833,9 +878,17 @@ class NativeStepCapture:
             stage(due)
             return []
         except Exception as error:
-            if not self._told_stage_fault:
-                self._told_stage_fault = True
-                logger.warning("torchdebug: could not take the statistics of kept tensors (%s: %s)", type(error).__name__, error)
+            self._tell_stage_fault(error)
+        return self._failed_alone(stage, due)
+
+    def _tell_stage_fault(self, error: Exception) -> None:
+        """Say once a capture that staging raised (a fault of ours: memory, a kernel)."""
+        if not self._told_stage_fault:
+            self._told_stage_fault = True
+            logger.warning("torchdebug: could not take the statistics of kept tensors (%s: %s)", type(error).__name__, error)
+
+    def _failed_alone(self, stage: Callable[[list[tuple]], None], due: list[tuple]) -> list[int]:
+        """Stage each of ``due`` alone; the indices of those that raised."""
         failed = []
         for index, item in enumerate(due):
             try:

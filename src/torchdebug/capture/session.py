@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import torch
 
@@ -32,7 +33,7 @@ from torchdebug.errors import DumpError
 from torchdebug.records import STATS_NOT_TAKEN, UNINITIALISED, UNREAD, Record, layout_not_captured, make_name
 from torchdebug.slots import DTYPE_NAMES, Slot, dtype_name, json_value
 from torchdebug.stats import NO_STATISTICS, has_statistics, stats_from_sums
-from torchdebug.stats_table import StatsStager
+from torchdebug.stats_table import LandedSums, StatsStager
 from torchdebug.store import RankWriter, TensorBatch, register_live, storable
 
 logger = logging.getLogger("torchdebug.capture.session")
@@ -436,6 +437,11 @@ class CaptureSession:
         :meth:`flush` on an accelerator (pass one side of an op's tensors together: they share
         kernel launches)."""
         self._stager.add_all(items)
+
+    def stage_landed(self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, layout: np.ndarray) -> None:
+        """:meth:`stage_stats` of tensors whose sums land in ``landed`` at ``keys``, ``layout`` saying
+        where each one's elements are (``StatsStager.add_landed``: no Python a tensor the kernel reads)."""
+        self._stager.add_landed(tensors, landed, keys, layout)
 
     def _fill_description(self, record: Record, tensor: torch.Tensor) -> bool:
         """Set dtype, shape, device and stride; ``False`` (with the reason in ``record.capture_error``) for

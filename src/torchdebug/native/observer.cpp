@@ -1729,10 +1729,36 @@ int64_t stage_looked = 0;  // kept entries the stagings looked at so far (td_obs
 // What observer_stage_kept knew of each tensor it handed over last, kFactsWidth a tensor: its
 // slot's key and version, its base's key (0: none), whether a later slot of the same key and
 // version holds the same values (a plain tensor outside compiled code: inductor's kernels and a
-// subclass's handlers write unseen), and the collectives' writes into its storage so far (they move
-// no version). td_observer_staged_facts copies them out; with recorder.mutex.
-constexpr size_t kFactsWidth = 5;
+// subclass's handlers write unseen), the collectives' writes into its storage so far (they move
+// no version); then where its elements are, for a kernel to read them without Python asking the
+// tensor: its data's address, its element count, its ScalarType code, its device (the type's code
+// << 8 | the index + 1) and whether its elements fill one span with none twice (contiguous or
+// permuted); the address 0 for a subclass or a tensor without memory to read.
+// td_observer_staged_facts copies them out; with recorder.mutex.
+constexpr size_t kFactsWidth = 10;
 std::vector<int64_t> staged_facts;
+// What a staging reads once: the values of a slot's key at a version, with the collectives' writes
+// into its storage so far (they move no version). A later kept tensor of a staging found here holds
+// the same values (same_values above): it takes the id of the tensor handed over for them, and is not
+// handed over itself (its slots share what that one gives). Within one staging only, where each
+// would read the same memory now: between two, a write the observer does not see (a collective's
+// into an allocation, FSDP2's copy-in) may change it at the same version.
+struct StagedValues {
+  int64_t key = 0;
+  int64_t version = 0;
+  int64_t writes = 0;
+  bool operator==(const StagedValues&) const = default;
+};
+template <>
+struct MapKey<StagedValues> {  // no slot's key is INT64_MIN
+  static StagedValues empty() { return StagedValues{INT64_MIN}; }
+  static bool is_empty(const StagedValues& values) { return values.key == INT64_MIN; }
+  static uint64_t hash(const StagedValues& values) {
+    uint64_t hash = static_cast<uint64_t>(values.key) * 0x9E3779B97F4A7C15ULL;
+    return (hash ^ static_cast<uint64_t>(values.version)) * 0x100000001B3ULL + static_cast<uint64_t>(values.writes);
+  }
+};
+AddressMap<int64_t, StagedValues> staged_values;  // the staged id of each: of this staging; with recorder.mutex
 // The module context of the rows recorded from now on. Python stores into it at each module call
 // (NativeObserver.set_module: ctypes writes the 8 bytes at td_observer_module_context), a seventh of a
 // foreign call's cost; an aligned 8-byte store is what a relaxed store of this lock-free atomic is.
@@ -3883,15 +3909,17 @@ std::vector<at::Tensor> observer_kept() {
 }
 
 // The kept tensors not staged yet (of the recorder's slots and of this thread's stashes), each given
-// the next id (kept_staged) and let go: Python stages their statistics now, in this order (a
+// the next id (kept_staged) and let go, or the id of the one of this staging (from a call with
+// `first`) that holds its values: Python stages their statistics now, in this order (a
 // subclass's plain tensor too, at its op: read_subclasses takes what was staged). Left for the drain:
 // one whose tensor changed since it was kept (the drain says so), one still waiting (a factory's output).
-std::vector<at::Tensor> observer_stage_kept(int64_t most) {
+std::vector<at::Tensor> observer_stage_kept(int64_t most, bool first) {
   std::vector<at::Tensor> out;
   auto full = [&] { return static_cast<int64_t>(out.size()) >= most; };
   auto& thread = thread_ref(state);
   // Hand over kept entry `entry` (one of a kind staged here, not staged yet) if it is to be staged
-  // now; false where a later staging may (stage_retry).
+  // now, or give it the id of the tensor of this staging that holds its values; false where a later
+  // staging may (stage_retry).
   auto take = [&](Slots& slots, size_t entry) {
     auto& tensor = slots.kept[entry];
     auto at = static_cast<size_t>(slots.kept_slot[entry]);
@@ -3905,13 +3933,31 @@ std::vector<at::Tensor> observer_stage_kept(int64_t most) {
       std::lock_guard<std::mutex> reads(reads_mutex);
       written = writes_into(tensor.unsafeGetTensorImpl());
     }
-    slots.kept_staged[entry] = staged_count++;
-    out.push_back(std::move(tensor));
-    tensor = at::Tensor();
     auto key = [&](int64_t value) { return slots.keyed || value == 0 ? value : key_of(value); };  // (a stash's: addresses)
     bool same_values = slots.flag[at] == kPlain && compiled_scopes == 0 && slots.kept_version[entry] != kCopied;
-    staged_facts.insert(staged_facts.end(), {key(slots.value[at]), slots.version[at], key(slots.base[at]), int64_t{same_values},
-                                             static_cast<int64_t>(written)});
+    auto value_key = key(slots.value[at]);
+    if (same_values) {
+      auto& id = staged_values[StagedValues{value_key, slots.version[at], static_cast<int64_t>(written)}];
+      if (id > 0) {  // (ids from 1 in the map: 0 is a new entry's)
+        slots.kept_staged[entry] = id - 1;
+        tensor = at::Tensor();
+        return true;
+      }
+      id = staged_count + 1;
+    }
+    slots.kept_staged[entry] = staged_count++;
+    const auto* impl = tensor.unsafeGetTensorImpl();
+    bool readable = slots.flag[at] == kPlain && impl->has_storage() && !impl->is_meta() && tensor.layout() == at::kStrided;
+    auto device = tensor.device();
+    staged_facts.insert(
+        staged_facts.end(),
+        {value_key, slots.version[at], key(slots.base[at]), int64_t{same_values}, static_cast<int64_t>(written),
+         readable ? reinterpret_cast<int64_t>(tensor.const_data_ptr()) : 0, tensor.numel(),
+         static_cast<int64_t>(tensor.scalar_type()),
+         static_cast<int64_t>(device.type()) << 8 | (device.index() + 1),
+         int64_t{readable && impl->is_non_overlapping_and_dense()}});
+    out.push_back(std::move(tensor));
+    tensor = at::Tensor();
     return true;
   };
   // The entries left before (in order, all before stage_scan), then those kept since, until `most`
@@ -3935,6 +3981,7 @@ std::vector<at::Tensor> observer_stage_kept(int64_t most) {
   };
   std::lock_guard<std::mutex> lock(recorder.mutex);
   staged_facts.clear();
+  if (first) staged_values.clear();
   take_from(recorder.slots);
   for (size_t stash = 0; stash < thread.stashed; ++stash) take_from(thread.stashes[stash].slots);
   kept_bytes.store(0, std::memory_order_relaxed);
@@ -3954,5 +4001,5 @@ std::vector<at::Tensor> observer_overflow_kept() {
 TORCH_LIBRARY_FRAGMENT(torchdebug, library) {
   library.def("observer_overflow_kept() -> Tensor[]", &observer_overflow_kept);
   library.def("observer_kept() -> Tensor[]", &observer_kept);
-  library.def("observer_stage_kept(int most) -> Tensor[]", &observer_stage_kept);
+  library.def("observer_stage_kept(int most, bool first) -> Tensor[]", &observer_stage_kept);
 }

@@ -53,7 +53,7 @@ input slot at arg 0, its element its index in the call's list."""
 MODULE_ROW_SLOTS = 32767
 """Tensors a module row holds at most (its slots' element is an ``int16``)."""
 
-STAGED_FACTS_WIDTH = 5
+STAGED_FACTS_WIDTH = 10
 """The facts :meth:`NativeObserver.staged_facts` gives of a tensor (``observer.cpp``'s ``kFactsWidth``)."""
 
 
@@ -72,6 +72,17 @@ class StagedFacts(NamedTuple):
     version), not a copy the observer took before a write (it holds the values from before it)."""
     writes: int
     """The collectives' writes into its storage so far (they move no version)."""
+    address: int
+    """Where its first element is (0: a subclass, or no memory to read): with the next four, what a
+    kernel reads of it without Python asking the tensor (``StatsStager.add_landed``)."""
+    numel: int
+    """Its element count."""
+    dtype: int
+    """Its ``c10::ScalarType`` code (:attr:`NativeObserver.dtypes`)."""
+    device: int
+    """Its device: the ``c10::DeviceType`` code ``<< 8 |`` the index + 1 (0: the CPU)."""
+    dense: int
+    """1 where its elements fill one span of memory with none twice (contiguous or permuted)."""
 
 
 def staged_fact(facts: array, index: int) -> StagedFacts:
@@ -556,12 +567,14 @@ class NativeObserver:
         self._stage_hook = hook  # alive while the observer holds its address
         self._lib.td_observer_stage_kept(None if hook is None else id(hook), after_bytes)
 
-    def stage_kept(self, most: int) -> tuple[int, list[torch.Tensor]]:
+    def stage_kept(self, most: int, first_part: bool) -> tuple[int, list[torch.Tensor]]:
         """The kept tensors not handed over yet, let go by the observer, whose statistics are to be
         staged now, at most ``most`` of them (fewer: none is left), and the id of the first (the
-        others' follow): :attr:`ObservedOps.kept_staged` names them so."""
+        others' follow): :attr:`ObservedOps.kept_staged` names them so. A staging takes them in parts
+        (``first_part``: its first call); a kept tensor holding the values of one it handed over
+        (:attr:`StagedFacts.same_values`) is not handed over again: its slots name that one's id."""
         first = self._staged
-        tensors = torch.ops.torchdebug.observer_stage_kept(most)
+        tensors = torch.ops.torchdebug.observer_stage_kept(most, first_part)
         self._staged += len(tensors)
         return first, tensors
 

@@ -16,6 +16,7 @@ import inspect
 import os
 from typing import Any
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -461,6 +462,11 @@ def programs_for(numel: int) -> int:
     return max(1, min(MAX_PROGRAMS, -(-numel // ELEMENTS_PER_PROGRAM)))
 
 
+def programs_of(numels: np.ndarray) -> np.ndarray:
+    """:func:`programs_for` of each of ``numels`` (int64)."""
+    return np.clip(-(-numels // ELEMENTS_PER_PROGRAM), 1, MAX_PROGRAMS)
+
+
 @functools.cache
 def interpreted() -> bool:
     """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``): the kernel then takes CPU tensors."""
@@ -579,28 +585,69 @@ def _launch_directory(
     stats: bool,
     hashed: bool,
 ) -> None:
-    """Up to :data:`TENSORS_PER_LAUNCH` tensors listed in a directory: written on the host, copied
-    to the device without waiting (ordered before the launch on the same stream)."""
+    """Up to :data:`TENSORS_PER_LAUNCH` tensors listed in a directory (:func:`launch_listed`)."""
+    addresses = np.array([tensor.data_ptr() for tensor in tensors], np.int64)
+    numels = np.array([tensor.numel() for tensor in tensors], np.int64)
+    aligned_all = all(aligned(tensor) for tensor in tensors)
+    _launch_listed(addresses, numels, tensors[0], directory, rows, row, scratch_row, stats, hashed, aligned_all)
+
+
+def launch_listed(
+    addresses: np.ndarray,
+    numels: np.ndarray,
+    template: torch.Tensor,
+    table: torch.Tensor,
+    row: int,
+    scratch: torch.Tensor,
+    scratch_row: int,
+    counters: torch.Tensor,
+    *,
+    directory: tuple[torch.Tensor, torch.Tensor],
+    aligned: bool,
+) -> None:
+    """:func:`launch` of the statistics of up to :data:`TENSORS_PER_LAUNCH` tensors known by their
+    data's ``addresses`` and element counts ``numels`` (int64 arrays: no Python a tensor), each
+    non-empty and :func:`is_dense`, of ``template``'s dtype and device (which must hold them until
+    the launch has run); ``aligned``: every address a multiple of 16 bytes. One launch through
+    ``directory``, whatever their number."""
+    rows = (table, scratch, counters, counters, counters)  # (no fingerprint: any pointer)
+    _launch_listed(addresses, numels, template, directory, rows, row, scratch_row, True, False, aligned)
+
+
+def _launch_listed(
+    addresses: np.ndarray,
+    numels: np.ndarray,
+    template: torch.Tensor,
+    directory: tuple[torch.Tensor, torch.Tensor],
+    rows: tuple,
+    row: int,
+    scratch_row: int,
+    stats: bool,
+    hashed: bool,
+    aligned_all: bool,
+) -> None:
+    """Tensors listed in a directory: written on the host, copied to the device without waiting
+    (ordered before the launch on the same stream)."""
     entries, host = directory
-    count = len(tensors)
-    firsts = _firsts(tensors)
+    count = len(addresses)
+    programs = programs_of(numels)
     listing = host.numpy()  # no torch op: a tensor built from host data would be one per launch
-    listing[:count] = [tensor.data_ptr() for tensor in tensors]
-    listing[count : 2 * count] = [tensor.numel() for tensor in tensors]
-    listing[2 * count : 3 * count] = firsts[:-1]
+    listing[:count] = addresses
+    listing[count : 2 * count] = numels
+    listing[2 * count] = 0
+    np.cumsum(programs[:-1], out=listing[2 * count + 1 : 3 * count])
     if entries.data_ptr() != host.data_ptr():
         entries.copy_(host, non_blocking=host.is_pinned())
-    aligned_all = all(aligned(tensor) for tensor in tensors)
-    _directory_kernel[(firsts[-1],)](
+    _directory_kernel[(int(programs.sum()),)](
         entries,
         count,
-        tensors[0],
+        template,
         *rows,
         row,
         scratch_row,
         TENSORS=TENSORS_PER_LAUNCH,
         ALIGNED=aligned_all,
-        **_constexprs(tensors[0].dtype, stats, hashed),
+        **_constexprs(template.dtype, stats, hashed),
         **_OPTIONS,
     )
 

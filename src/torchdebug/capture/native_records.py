@@ -167,6 +167,11 @@ observer says of where their elements are (``StagedFacts`` from :attr:`~StagedFa
 _DTYPE_FACT = StagedFacts._fields.index("dtype")
 _LAYOUT_FACTS = StagedFacts._fields.index("address")
 
+_LISTED_FROM = 32
+"""Tensors of a staging's part from which their statistics are staged by array
+(:meth:`NativeStepCapture._stage_listed`): below, numpy's calls a part cost more than the Python a
+tensor they spare (``docs/architecture.md``, "The native path (issue 48)", staging)."""
+
 _STAGED_TOGETHER = 256
 """Kept tensors the observer hands over together at most, the objects made for them (their Python
 tensors, the stager's items) alive meanwhile: a staging of more is taken in parts, each its own
@@ -765,42 +770,71 @@ class NativeStepCapture:
         snapshots: Snapshots | None,
     ) -> None:
         """Stage one part of a staging, ``tensors`` (ids from ``first`` on), and hold what they give
-        in :class:`_StagedValues`: by array where their sums land, a few objects a tensor where a
-        copy or a fingerprint is taken."""
+        in :class:`_StagedValues`: statistics alone of :data:`_LISTED_FROM` tensors or more by array
+        (:meth:`_stage_listed`), else a few objects a tensor, alive only meanwhile."""
+        if snapshots is None and not fingerprints and statistics and len(tensors) >= _LISTED_FROM:
+            self._stage_listed(first, tensors, facts, stage, stage_landed)
+            return
         values_of = self._staged
-        count = len(tensors)
-        if not count:
-            return
-        table = np.frombuffer(facts, np.int64).reshape(count, STAGED_FACTS_WIDTH)
         first_key = first - values_of.first
-        keys = np.arange(first_key, first_key + count)
-        reduced = self._reduced(table[:, _DTYPE_FACT]) if statistics else np.zeros(count, bool)
-        if not reduced.all():
-            values_of.unreduced.update((keys[~reduced] + values_of.first).tolist())
-        if snapshots is not None:
-            self._stage_saved(first, tensors, facts, reduced.tolist(), stage, fingerprints, snapshots)
-            return
+        due, ids, keys = [], [], []
+        for index, tensor in enumerate(tensors):
+            id_ = first + index
+            if fingerprints:
+                values_of.fingerprints[id_] = None
+            reduced = statistics and has_statistics(tensor.dtype)
+            if not reduced:
+                values_of.unreduced.add(id_)
+            sink: StatsSink | None = None
+            if snapshots is None:  # its sums land (no object a tensor)
+                keys.append(first_key + index)
+                if reduced:
+                    sink = (values_of.landed, first_key + index)
+            else:
+                stats: dict[str, Any] = {}
+                values_of.stats[id_] = stats
+                sink = stats if reduced else None  # (a dict the statistics update)
+                staged = _Staged(stats, reduced, values_of.fingerprints, id_)
+                sink = self._save(snapshots, staged, tensor, sink, staged_fact(facts, index))
+                values_of.tensors[id_] = staged.tensor
+                if staged.sampled is not None:
+                    values_of.sampled[id_] = staged.sampled
+            if sink is not None or fingerprints:  # (not where the copy took the statistics)
+                fingerprint_sink = (values_of.fingerprints, id_) if fingerprints else None
+                due.append((tensor, sink, fingerprint_sink))
+                ids.append(id_)
+        values_of.landed.expect(keys)
+        for failed in self._failed_to_stage(stage, due) if due else ():
+            values_of.failed.add(ids[failed])
+
+    def _stage_listed(
+        self,
+        first: int,
+        tensors: list[torch.Tensor],
+        facts: array,
+        stage: Callable[[list[tuple]], None],
+        stage_landed: StageLanded,
+    ) -> None:
+        """:meth:`_stage_part` of the statistics alone of many tensors, by array: the observer's facts
+        say each one's dtype and where its elements are, and ``stage_landed`` reads them without
+        Python a tensor (``StatsStager.add_landed``); where that raises, each again alone (``stage``)."""
+        values_of, count = self._staged, len(tensors)
+        table = np.frombuffer(facts, np.int64).reshape(count, STAGED_FACTS_WIDTH)
+        keys = np.arange(first - values_of.first, first - values_of.first + count)
         landed = values_of.landed
         landed.expect(keys)
-        if fingerprints:  # (the kernel's pass takes both: a sink of each a tensor)
-            marks = values_of.fingerprints
-            marks.update(dict.fromkeys(range(first, first + count)))
-            due = [
-                (tensor, (landed, key) if statistics_too else None, (marks, first + index))
-                for index, (tensor, key, statistics_too) in enumerate(zip(tensors, keys.tolist(), reduced.tolist()))
-            ]
-            failed = self._failed_to_stage(stage, due)
-        else:
-            taken = np.flatnonzero(reduced)
-            held = tensors if len(taken) == count else [tensors[index] for index in taken.tolist()]
-            try:
-                stage_landed(held, landed, keys[taken], table[taken, _LAYOUT_FACTS:])
-                failed = []
-            except Exception as error:
-                self._tell_stage_fault(error)
-                failed = self._failed_alone(stage, [(tensor, (landed, int(keys[index]))) for tensor, index in zip(held, taken)])
-                failed = taken[failed].tolist()
-        values_of.failed.update(first + index for index in failed)
+        reduced = self._reduced(table[:, _DTYPE_FACT])
+        taken = np.flatnonzero(reduced)
+        if len(taken) < count:
+            values_of.unreduced.update((keys[~reduced] + values_of.first).tolist())
+            tensors = [tensors[index] for index in taken.tolist()]
+        try:
+            stage_landed(tensors, landed, keys[taken], table[taken, _LAYOUT_FACTS:])
+            return
+        except Exception as error:
+            self._tell_stage_fault(error)
+        failed = self._failed_alone(stage, [(tensor, (landed, key)) for tensor, key in zip(tensors, keys[taken].tolist())])
+        values_of.failed.update((first + taken[failed]).tolist())
 
     def _reduced(self, dtypes: np.ndarray) -> np.ndarray:
         """Whether each of ``dtypes`` (``c10::ScalarType`` codes) has statistics."""
@@ -809,37 +843,6 @@ class NativeStepCapture:
             self._has_statistics = np.zeros(max(known) + 1, bool)
             self._has_statistics[list(known)] = [has_statistics(dtype) for dtype in known.values()]
         return self._has_statistics[dtypes]
-
-    def _stage_saved(
-        self,
-        first: int,
-        tensors: list[torch.Tensor],
-        facts: array,
-        reduced: list[bool],
-        stage: Callable[[list[tuple]], None],
-        fingerprints: bool,
-        snapshots: Snapshots,
-    ) -> None:
-        """:meth:`_stage_part` where each tensor is saved (``task="tensor"``): its statistics from its
-        copy where that took them, else staged, as a dict a tensor."""
-        values_of = self._staged
-        due, ids = [], []
-        for index, (tensor, statistics_too) in enumerate(zip(tensors, reduced)):
-            id_ = first + index
-            if fingerprints:
-                values_of.fingerprints[id_] = None
-            stats: dict[str, Any] = {}
-            values_of.stats[id_] = stats
-            staged = _Staged(stats, statistics_too, values_of.fingerprints, id_)
-            sink = self._save(snapshots, staged, tensor, stats if statistics_too else None, staged_fact(facts, index))
-            values_of.tensors[id_] = staged.tensor
-            if staged.sampled is not None:
-                values_of.sampled[id_] = staged.sampled
-            if sink is not None or fingerprints:  # (not where the copy took the statistics)
-                due.append((tensor, sink, (values_of.fingerprints, id_) if fingerprints else None))
-                ids.append(id_)
-        for failed in self._failed_to_stage(stage, due) if due else ():
-            values_of.failed.add(ids[failed])
 
     def snapshots(self, save: Save, view_ref: Callable[..., dict[str, Any]]) -> Snapshots:
         """What saves the kept tensors of one step (``save``: ``CaptureSession.snapshot``, ``view_ref``:

@@ -26,6 +26,7 @@ from tests.capture.native_compare import gpt_training
 from tests.capture.test_native_capture import (
     Training,
     _assert_same_dumps,
+    _bits_dtypes,
     _checkpointed_training,
     _compiled_gpt,
     _dump,
@@ -39,6 +40,7 @@ from torchdebug import stats_table
 from torchdebug.capture import native_capture, native_records
 from torchdebug.native.observer import NativeObserver, load_observer
 from torchdebug.records import STATS_NOT_TAKEN
+from torchdebug.stats import NO_STATISTICS
 
 
 @pytest.fixture
@@ -204,6 +206,19 @@ def _half_training() -> tuple[nn.Module, Callable[[], None]]:
         optimizer.zero_grad()
 
     return model, step
+
+
+def test_a_dtype_with_no_statistics_staged_before_the_drain_says_why(tmp_path, monkeypatch, caplog, staged) -> None:
+    """A packed fp4 and a ``bits8`` tensor staged at their ops, long before the drain (which takes
+    what the stagings landed by array): no statistics, and the reason a dtype without them gives,
+    as the dispatch mode says it (not that they were not taken)."""
+    python = _dump(tmp_path, monkeypatch, caplog, _bits_dtypes, native=False, task="statistics")
+    counts = staged(0)
+    native = _dump(tmp_path, monkeypatch, caplog, _bits_dtypes, native=True, task="statistics")
+    _assert_same_dumps(python, native)
+    bits = [record for record in native if record.dtype in ("float4_e2m1fn_x2", "bits8")]
+    assert {record.dtype for record in bits} == {"float4_e2m1fn_x2", "bits8"} and sum(counts) > len(bits)
+    assert {(record.stats, record.capture_error) for record in bits} == {(None, NO_STATISTICS)}
 
 
 def test_a_float16_models_kept_tensors_are_staged_before_writes(tmp_path, monkeypatch, caplog) -> None:

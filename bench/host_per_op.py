@@ -1,7 +1,7 @@
 """Host time eager capture adds per aten op, on the tiny GPT, per mode and path (issue 48, items 6 and 2b).
 
     python bench/host_per_op.py [--rounds 8] [--block 3] [--warmup 2] [--modes ...] [--layers 4]
-                                [--dir /dev/shm] [--staged] [--profile structure/op [--top 30]]
+                                [--dir /dev/shm] [--staged [--foreach]] [--profile structure/op [--top 30]]
 
 The model is the GPT example at its smallest (4 layers, width 32, 4 heads, sequence 16, batch 2,
 vocabulary 64, AdamW; one intra-op thread unless ``--threads``: on a shared 2-core machine a second
@@ -44,7 +44,10 @@ collections brings these on.
 ``--staged`` has the native arms keep every CPU tensor as an accelerator's
 (``NativeObserver.defer_cpu``): their values staged before an op writes their memory and once
 ``STAGE_AFTER_BYTES`` of them are held (``NativeStepCapture.stage_kept``), the path an
-accelerator's tensors take with ``DEVICE_STATISTICS``, run on the CPU.
+accelerator's tensors take with ``DEVICE_STATISTICS``, run on the CPU. ``--foreach`` gives AdamW
+the multi-tensor updates torch picks by default on an accelerator (on the CPU it updates parameter
+by parameter): a step's in-place writes, before each of which a staging runs, are then a few ops of
+many tensors each, as on a GPU, instead of several hundred of one or two.
 
 ``--profile MODE`` runs ``--block`` steps of that mode under cProfile after the timing and prints
 the ``--top`` functions by their own time, then by cumulative time: where the host time goes.
@@ -237,6 +240,9 @@ def main() -> None:
         action="store_true",
         help="native arms keep every CPU tensor as an accelerator's, staged (DEVICE_STATISTICS's path)",
     )
+    parser.add_argument(
+        "--foreach", action="store_true", help="AdamW's multi-tensor updates, as torch picks them on an accelerator"
+    )
     args = parser.parse_args()
     observer = load_observer() if args.staged else None
     if args.staged and observer is None:
@@ -245,7 +251,7 @@ def main() -> None:
     torchdebug.seed_all(1234)
     config = dataclasses.replace(CONFIG, n_layer=args.layers)
     model = GPT(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=args.foreach)
     batch = make_batch(config, batch=BATCH)
 
     def step() -> None:

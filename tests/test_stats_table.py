@@ -238,6 +238,7 @@ class _ListedKernel:
     programs a tensor)."""
 
     DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+    WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
     TENSORS_PER_LAUNCH, SLOTS = 5, 2
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
@@ -256,36 +257,61 @@ class _ListedKernel:
     def programs_of(numels: np.ndarray) -> np.ndarray:
         return np.clip(-(-numels // 256), 1, 4)
 
+    @staticmethod
+    def aligned(tensor: torch.Tensor) -> bool:
+        return tensor.data_ptr() % 16 == 0
+
+    def programs_for(self, numel: int) -> int:
+        return int(self.programs_of(np.array([numel]))[0])
+
+    def scratch_rows(self, tensors: list[torch.Tensor]) -> int:
+        programs = self.programs_of(np.array([tensor.numel() for tensor in tensors]))
+        return int(programs.sum()) if programs.max() > 1 else 0
+
+    @staticmethod
+    def directory_entries(tensors: list[torch.Tensor]) -> int:
+        return 0  # (add_all's launches: their tensors as arguments)
+
     def _fits(self, scratch_row: int, numels: np.ndarray) -> None:
         programs = self.programs_of(numels)
         assert programs.max() == 1 or scratch_row + programs.sum() <= stats_table.SCRATCH_ROWS
 
-    def launch(self, tensors, table, row, scratch, scratch_row, counters, *rest, **options) -> None:
-        assert len(tensors) <= self.SLOTS and not rest and options.get("directory") is None
+    def launch(self, tensors, table, row, scratch, scratch_row, counters, fingerprints=None, *rest, **options) -> None:
+        assert options.get("directory") is None
         self._fits(scratch_row, np.array([tensor.numel() for tensor in tensors]))
         self.launches.append(("slots", len(tensors), all(tensor.data_ptr() % 16 == 0 for tensor in tensors)))
-        for at, tensor in enumerate(tensors):
-            table[row + at] = torch.tensor(stats_table.cpu_sums(tensor), dtype=torch.float64)
+        self._write(tensors, table, row, fingerprints, options.get("stats", True))
 
-    def launch_listed(self, addresses, numels, template, table, row, scratch, scratch_row, counters, *, directory, aligned):
+    def launch_listed(
+        self, addresses, numels, template, table, row, scratch, scratch_row, counters, fingerprints=None, *_, directory, aligned
+    ):
         assert self.SLOTS < len(addresses) <= self.TENSORS_PER_LAUNCH and len(directory[1]) == 3 * len(addresses)
         self._fits(scratch_row, numels)
         assert aligned == all(address % 16 == 0 for address in addresses.tolist())
         self.launches.append(("listed", len(addresses), aligned))
-        for at, (address, numel) in enumerate(zip(addresses.tolist(), numels.tolist())):
-            tensor = self.at[address]
-            assert tensor.numel() == numel and tensor.dtype == template.dtype
-            table[row + at] = torch.tensor(stats_table.cpu_sums(tensor), dtype=torch.float64)
+        tensors = [self.at[address] for address in addresses.tolist()]
+        assert [tensor.numel() for tensor in tensors] == numels.tolist() and {t.dtype for t in tensors} == {template.dtype}
+        self._write(tensors, table, row, fingerprints, True)
+
+    @staticmethod
+    def _write(tensors, table, row, fingerprints, stats: bool) -> None:
+        for at, tensor in enumerate(tensors):
+            if stats:
+                table[row + at] = torch.tensor(stats_table.cpu_sums(tensor), dtype=torch.float64)
+            if fingerprints is not None:
+                assert tensor.is_contiguous()  # (the fingerprint reads the elements in their order)
+                fingerprints[row + at] = fingerprint(tensor)
 
 
 @pytest.mark.parametrize("path", ["now", "table"])
-def test_sums_listed_by_array_land_at_their_keys_in_launches_of_one_dtype_and_alignment(path, monkeypatch):
-    """``StatsStager.add_landed`` (a staging's tensors whose statistics alone are asked, with where each
-    one's elements are, as the observer says): the kernel's tensors of one dtype and alignment take
-    launches by array, cut by the launch's tensors and its scratch's programs, each one run of rows;
-    those it does not read (empty, not dense, an integer dtype) the per-tensor path; on a device the
-    host reads at no cost, one native call. Every sum lands at its tensor's key, and finished it is
-    the reference statistics."""
+@pytest.mark.parametrize("hashed", [False, True], ids=["statistics", "with fingerprints"])
+def test_sums_listed_by_array_land_at_their_keys_in_launches_of_one_dtype_and_alignment(path, hashed, monkeypatch):
+    """``StatsStager.add_landed`` (a staging's tensors, with where each one's elements are, as the
+    observer says): the kernel's tensors of one dtype and alignment take launches by array, cut by
+    the launch's tensors and its scratch's programs, each one run of rows; those it does not read
+    (empty, not dense, not contiguous for a fingerprint, an integer dtype) the per-tensor path; on a
+    device the host reads at no cost, one native call (statistics alone). Every sum and fingerprint
+    lands at its tensor's key, and finished the sums are the reference statistics."""
     torch.manual_seed(0)
     base = torch.randn(101)
     cases = {
@@ -302,11 +328,11 @@ def test_sums_listed_by_array_land_at_their_keys_in_launches_of_one_dtype_and_al
         "unaligned too": base[5:],
     }
     tensors = list(cases.values())
-    dense = {"strided": 0, "empty": 0}
+    flags = {"strided": 0, "empty": 0, "permuted": stats_table.DENSE}
     codes = {dtype: code for code, dtype in enumerate(sorted({tensor.dtype for tensor in tensors}, key=str))}
     layout = np.array(
         [
-            [tensor.data_ptr() if tensor.numel() else 0, tensor.numel(), codes[tensor.dtype], 0, dense.get(name, 1)]
+            [tensor.data_ptr() if tensor.numel() else 0, tensor.numel(), codes[tensor.dtype], 0, flags.get(name, 3)]
             for name, tensor in cases.items()
         ],
         np.int64,
@@ -320,9 +346,12 @@ def test_sums_listed_by_array_land_at_their_keys_in_launches_of_one_dtype_and_al
     landed = LandedSums()
     landed.expect(keys)
     stager = StatsStager()
-    stager.add_landed(tensors, landed, keys, layout)
+    stager.add_landed(tensors, landed, keys, layout, hashed)
     stager.flush()
     assert landed.arrived[keys].all() and landed.arrived.sum() == len(tensors)
+    assert landed.printed.sum() == (len(tensors) if hashed else 0)
+    if hashed:
+        assert [landed[key] for key in keys.tolist()] == [_reference_fingerprint(tensor) for tensor in tensors]
     done = finish_sums(keys, landed.sums.reshape(-1), np.ones(len(landed.numels), np.int8), landed.numels)
     for name, got in zip(cases, _finished(done).to_pylist()):
         _assert_same_stats(got, _reference(cases[name]) if cases[name].numel() else empty_stats(), name)
@@ -330,7 +359,8 @@ def test_sums_listed_by_array_land_at_their_keys_in_launches_of_one_dtype_and_al
         listed = [launch for launch in kernel.launches if launch[0] == "listed"]
         assert {aligned for _, _, aligned in listed} == {True} and max(count for _, count, _ in listed) == 5
         assert ("slots", 2, False) in kernel.launches  # the two unaligned float32 tensors together
-        assert sum(count for _, count, _ in kernel.launches) == len(tensors) - 3  # (all but strided, empty, int64)
+        # (add_all's launches too: without fingerprints strided and int64 take torch ops; no launch reads the empty one)
+        assert sum(count for _, count, _ in kernel.launches) == len(tensors) - (1 if hashed else 3)
     else:
         assert not kernel.launches
 

@@ -53,12 +53,18 @@ DIRECTORY_ENTRIES = 1 << 16
 
 _Sink = Callable[[Any], None]
 
+DENSE, CONTIGUOUS = 1, 2
+"""The flags of a tensor's layout (:meth:`StatsStager.add_landed`): its elements fill one span of
+memory with none twice (contiguous or permuted: its statistics read it in memory order), and in
+its own order (its fingerprint reads it so)."""
+
 
 class LandedSums:
     """Sums vectors (``schema.COLUMNS``, as the kernels give them, not finished) landed by key 0, 1,
     2, ...: a staging's statistics held in one table until the drain finishes them all at once
     (``fused_stats.finish_sums``), with no dict a tensor and no statistics made one by one; the
-    CPU's of one :meth:`StatsStager.add_all` are taken by one native call."""
+    CPU's of one :meth:`StatsStager.add_all` are taken by one native call. Fingerprints land by key
+    beside them: it is a :data:`Landing` (``landed[key]``: ``None`` until one arrives)."""
 
     def __init__(self) -> None:
         self.sums = np.zeros((0, WIDTH))
@@ -66,6 +72,9 @@ class LandedSums:
         self.expected = np.zeros(0, bool)
         """Keys whose sums are to land (given to a stager)."""
         self.arrived = np.zeros(0, bool)
+        self.fingerprints = np.zeros(0, np.uint64)
+        self.printed = np.zeros(0, bool)
+        """Keys whose fingerprint arrived."""
         self._address = 0
         """Where :attr:`sums` starts."""
 
@@ -77,7 +86,9 @@ class LandedSums:
         if end > len(self.expected):
             size = max(end, 2 * len(self.expected), 256)
             self.sums = _grown(self.sums, size)
-            self.numels, self.expected, self.arrived = (_grown(a, size) for a in (self.numels, self.expected, self.arrived))
+            self.numels, self.expected, self.arrived, self.fingerprints, self.printed = (
+                _grown(a, size) for a in (self.numels, self.expected, self.arrived, self.fingerprints, self.printed)
+            )
             self._address = self.sums.ctypes.data
         self.expected[keys] = True
 
@@ -96,6 +107,20 @@ class LandedSums:
         self.sums[keys] = sums
         self.numels[keys] = numels
         self.arrived[keys] = True
+
+    def __setitem__(self, key: int, fingerprint: int) -> None:
+        """``key``'s fingerprint (unsigned 64-bit) has arrived."""
+        self.fingerprints[key] = fingerprint
+        self.printed[key] = True
+
+    def __getitem__(self, key: int) -> int | None:
+        """``key``'s fingerprint, ``None`` until it arrives."""
+        return int(self.fingerprints[key]) if self.printed[key] else None
+
+    def land_fingerprints(self, keys: np.ndarray, fingerprints: np.ndarray) -> None:
+        """:meth:`__setitem__` of each of ``keys``, their fingerprints ``fingerprints`` (``uint64``)."""
+        self.fingerprints[keys] = fingerprints
+        self.printed[keys] = True
 
     def land_in_place(self, keys: list[int], tensors: list[torch.Tensor], numels: np.ndarray | None = None) -> None:
         """The CPU sums of ``tensors``, each written where its key's land (``cpu_sums_many_into``:
@@ -123,8 +148,8 @@ StatsSink = Callable[[Any], None] | dict[str, Any] | tuple[LandedSums, int]
 """Where a tensor's statistics go: a callable that gets them, a dict a record's statistics update
 (a stager that finishes them), or ``(landed, key)``: its sums land unfinished (:class:`LandedSums`).
 The last two make no object a tensor, where ``NativeStepCapture``'s stagings hold thousands a step."""
-Landing = dict[int, int | None] | list[int | None]
-"""Where fingerprints land as they arrive, by id or by index (``None`` until then)."""
+Landing = dict[int, int | None] | list[int | None] | LandedSums
+"""Where fingerprints land as they arrive, by id, by index or by key (``None`` until then)."""
 FingerprintSink = Callable[[int], None] | tuple[Landing, int]
 """Where a tensor's fingerprint goes: a callable that gets it, or ``(container, key)``: it lands at
 ``container[key]``."""
@@ -153,9 +178,6 @@ def _give_fingerprint_at(sink: Callable[[int], None] | Landing, key: int | None,
         sink(value)  # type: ignore[operator]
     else:
         sink[key] = value  # type: ignore[index]
-
-
-_MASK = (1 << 64) - 1
 
 
 def _held(sink: Any) -> tuple[Any, int | None]:
@@ -284,9 +306,9 @@ class _Table:
         self.fingerprint_sinks: list[Callable[[int], None] | Landing | None] = []
         self.fingerprint_keys: list[int | None] = []
         """A fingerprint sink's key in its container (``None``: the sink is a callable)."""
-        self.runs: list[tuple[int, LandedSums, np.ndarray, np.ndarray]] = []
+        self.runs: list[tuple[int, LandedSums, np.ndarray, np.ndarray, bool]] = []
         """Rows whose sums land in a :class:`LandedSums` by array (:meth:`add_run`): the first row,
-        where they land, their keys and element counts, no entry a row."""
+        where they land, their keys and element counts, whether their fingerprints too; no entry a row."""
 
     def fits(self, rows: int, scratch_rows: int, entries: int, stream: Any) -> bool:
         return (
@@ -346,10 +368,11 @@ class _Table:
         self.used += 1
         return row
 
-    def add_run(self, landed: LandedSums, keys: np.ndarray, numels: np.ndarray) -> None:
+    def add_run(self, landed: LandedSums, keys: np.ndarray, numels: np.ndarray, hashed: bool) -> None:
         """Take the next ``len(keys)`` rows for sums that land in ``landed`` at ``keys``, of tensors
-        of ``numels`` elements (statistics alone)."""
-        self.runs.append((self.used, landed, keys, numels))
+        of ``numels`` elements, with their fingerprints where ``hashed``."""
+        self.runs.append((self.used, landed, keys, numels, hashed))
+        self.fingerprinted |= hashed
         self.used += len(keys)
 
     @property
@@ -513,15 +536,19 @@ class StatsStager:
         for landed, tensors, keys in landing.values():
             landed.land_in_place(keys, tensors)
 
-    def add_landed(self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, layout: np.ndarray) -> None:
-        """:meth:`add_all` of ``(tensors[k], (landed, keys[k]))``: each tensor's statistics, its sums
+    def add_landed(
+        self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, layout: np.ndarray, hashed: bool = False
+    ) -> None:
+        """:meth:`add_all` of ``(tensors[k], (landed, keys[k]))`` (with ``hashed``, ``(tensors[k],
+        (landed, keys[k]), (landed, keys[k]))``): each tensor's statistics, its sums (and fingerprint)
         landed at its key, with no Python a tensor where ``layout`` (a row a tensor: its data's
-        address, element count, ``c10::ScalarType`` code, device code and density, as
-        ``observer.StagedFacts`` ends) says the Triton kernel reads it: those of one device, dtype
-        and alignment take launches of up to ``TENSORS_PER_LAUNCH``, listed by array, and land as
-        one run of rows; a device's tensors the host reads at no cost land by one native call. The
-        rest (a tensor the kernel does not read: empty, not dense, another dtype) take :meth:`add_all`."""
-        address, numel, dtype, device, dense = layout.T
+        address, element count, ``c10::ScalarType`` code, device code and :data:`DENSE` /
+        :data:`CONTIGUOUS` flags, as ``observer.StagedFacts`` ends) says the Triton kernel reads it:
+        those of one device, dtype and alignment take launches of up to ``TENSORS_PER_LAUNCH``,
+        listed by array, and land as one run of rows; a device's tensors the host reads at no cost
+        land by one native call (statistics alone). The rest (a tensor the kernel does not read:
+        empty, not dense, not contiguous for a fingerprint, another dtype) take :meth:`add_all`."""
+        address, numel, dtype, device, flags = layout.T
         order = np.argsort(device << 16 | dtype, kind="stable")  # (one device's, one dtype's, together)
         ends = np.flatnonzero(np.diff((device << 16 | dtype)[order])).tolist() + [len(order) - 1]
         rest: list[np.ndarray] = []
@@ -529,15 +556,15 @@ class StatsStager:
         for end in ends:
             members, start = order[start : end + 1], end + 1
             example = tensors[members[0]]
-            if _resolves_now(example):
+            if _resolves_now(example) and not hashed:
                 filled = numel[members] > 0
                 rest.append(members[~filled])
                 members = members[filled]
                 if len(members):
                     landed.land_in_place(keys[members].tolist(), [tensors[k] for k in members.tolist()], numel[members])
                 continue
-            kernel = _kernel_for(example)
-            read = (address[members] != 0) & (dense[members] != 0) & (numel[members] > 0)
+            kernel = None if _resolves_now(example) else _kernel_for(example)
+            read = (address[members] != 0) & (flags[members] & (CONTIGUOUS if hashed else DENSE) != 0) & (numel[members] > 0)
             if kernel is None or not read.any():
                 rest.append(members)
                 continue
@@ -546,10 +573,11 @@ class StatsStager:
             aligned = address[members] % 16 == 0
             for group, group_aligned in ((members[aligned], True), (members[~aligned], False)):
                 if len(group):
-                    self._launch_landed(kernel, tensors, group, layout, landed, keys, group_aligned)
+                    self._launch_landed(kernel, tensors, group, layout, landed, keys, group_aligned, hashed)
         left = np.concatenate(rest).tolist() if rest else []
         if left:
-            self.add_all([(tensors[k], (landed, int(keys[k]))) for k in left])
+            landing = [(landed, key) for key in keys[left].tolist()]
+            self.add_all([(tensors[k], at, at if hashed else None) for k, at in zip(left, landing)])
 
     def _launch_landed(
         self,
@@ -560,10 +588,12 @@ class StatsStager:
         landed: LandedSums,
         keys: np.ndarray,
         aligned: bool,
+        hashed: bool,
     ) -> None:
         """:meth:`add_landed`'s launches over ``tensors[members]`` (one device's and dtype's, each read
-        by the kernel; ``aligned``: all or none): each of up to ``TENSORS_PER_LAUNCH`` whose programs
-        fit one table's scratch (as :func:`_launch_groups` cuts them), its rows one run."""
+        by the kernel; ``aligned``: all or none; ``hashed``: their fingerprints too): each of up to
+        ``TENSORS_PER_LAUNCH`` whose programs fit one table's scratch (as :func:`_launch_groups` cuts
+        them), its rows one run."""
         address, numel = layout[members, 0], layout[members, 1]
         programs = kernel.programs_of(numel)
         device = tensors[members[0]].device
@@ -578,12 +608,14 @@ class StatsStager:
             table = self._table(device, rows=count, scratch_rows=scratch_rows, entries=entries, stream=stream)
             rows = (table.values, table.used, table.scratch, table.take_scratch(scratch_rows, stream), table.counters)
             template = tensors[members[start]]
+            fingerprints = (table.fingerprints, table.scratch_fingerprints) if hashed else ()
             if entries:
                 directory = table.take_directory(entries)
-                kernel.launch_listed(address[start:end], numel[start:end], template, *rows, directory=directory, aligned=aligned)
+                listed = (address[start:end], numel[start:end], template)
+                kernel.launch_listed(*listed, *rows, *fingerprints, directory=directory, aligned=aligned)
             else:
-                kernel.launch([tensors[k] for k in members[start:end].tolist()], *rows)
-            table.add_run(landed, keys[members[start:end]], numel[start:end])
+                kernel.launch([tensors[k] for k in members[start:end].tolist()], *rows, *fingerprints)
+            table.add_run(landed, keys[members[start:end]], numel[start:end], hashed)
             start = end
 
     def _resolve_now(self, tensor: torch.Tensor, sink: StatsSink | None, checksum_sink: FingerprintSink | None) -> None:
@@ -689,7 +721,8 @@ class StatsStager:
             for table in transfer.tables:
                 values = table.host[: table.used].numpy().copy()  # (a sink may fill the table again)
                 rows = None  # the values as lists, where a sink takes them so
-                prints = table.host_fingerprints[: table.used].tolist() if table.fingerprinted else []
+                printed = table.host_fingerprints[: table.used].numpy().view(np.uint64).copy() if table.fingerprinted else None
+                prints = printed.tolist() if printed is not None and table.fingerprint_sinks else []
                 numels, integral, sinks, runs = table.numels, table.integral, table.sinks, table.runs
                 fingerprint_sinks, fingerprint_keys, keys = table.fingerprint_sinks, table.fingerprint_keys, table.keys
                 table_rows = table.rows
@@ -709,11 +742,13 @@ class StatsStager:
                         sums = rows[row]
                         _give_stats(sink, stats_from_sums(sums, numels[entry], integral[entry]) if self._finish else sums)
                     if (fingerprint_sink := fingerprint_sinks[entry]) is not None:
-                        _give_fingerprint_at(fingerprint_sink, fingerprint_keys[entry], prints[row] & _MASK)
+                        _give_fingerprint_at(fingerprint_sink, fingerprint_keys[entry], prints[row])
                 for landed, at, into, sizes in landing.values():
                     landed.land_many(into, values[at], np.asarray(sizes))
-                for start, landed, into, sizes in runs:
+                for start, landed, into, sizes, hashed in runs:
                     landed.land_many(into, values[start : start + len(into)], sizes)
+                    if hashed:
+                        landed.land_fingerprints(into, printed[start : start + len(into)])  # type: ignore[index]
             for host, sinks in transfer.staged:
                 values = host.tolist()
                 for start, end, sink in sinks:

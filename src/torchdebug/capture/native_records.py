@@ -76,7 +76,7 @@ from torchdebug.native.observer import (
 from torchdebug.records import NO_MODULE, STATS_NOT_TAKEN, Record, layout_not_captured
 from torchdebug.slots import dtype_name
 from torchdebug.stats import NO_STATISTICS, empty_stats, has_statistics
-from torchdebug.stats_table import LandedSums, Landing, StatsSink
+from torchdebug.stats_table import FingerprintSink, LandedSums, Landing, StatsSink
 from torchdebug.store import (
     FixedColumns,
     SavedTensors,
@@ -173,9 +173,10 @@ class _Staged:
     """Its sampling stride where it was saved sampled."""
 
 
-StageLanded = Callable[[list[torch.Tensor], LandedSums, np.ndarray, np.ndarray], None]
-"""``StatsStager.add_landed``: tensors whose statistics land as sums at their keys, and what the
-observer says of where their elements are (``StagedFacts`` from :attr:`~StagedFacts.address` on)."""
+StageLanded = Callable[[list[torch.Tensor], LandedSums, np.ndarray, np.ndarray, bool], None]
+"""``StatsStager.add_landed``: tensors whose statistics land as sums at their keys, what the
+observer says of where their elements are (``StagedFacts`` from :attr:`~StagedFacts.address` on),
+and whether their fingerprints land there too."""
 
 _DTYPE_FACT = StagedFacts._fields.index("dtype")
 _LAYOUT_FACTS = StagedFacts._fields.index("address")
@@ -210,7 +211,8 @@ class _StagedValues:
         """By the id of the tensor that read them, those a saved copy took (a statistics dict of
         numbers: untracked by the collector)."""
         self.fingerprints: dict[int, int | None] = {}
-        """By the same id, ``None`` until it arrives."""
+        """By the same id, ``None`` until it arrives: those of saved tensors (the others land in
+        :attr:`landed`, by key)."""
         self.unreduced: set[int] = set()
         """The ids of tensors whose dtype has no statistics (a fingerprint alone)."""
         self.failed: set[int] = set()
@@ -222,15 +224,18 @@ class _StagedValues:
     def staged(self, id_: int) -> _Staged | None:
         """What staging ``id_`` took, or ``None``: not staged."""
         stats: dict[str, Any] | int | None = self.stats.get(id_)
+        fingerprint: Landing = self.fingerprints
+        at = id_
         if stats is None:
-            stats = id_ - self.first
+            stats = at = id_ - self.first
+            fingerprint = self.landed
             if not self.landed.holds(stats):
                 return None
         return _Staged(
             stats,
             id_ not in self.unreduced,
-            self.fingerprints,
-            id_,
+            fingerprint,
+            at,
             id_ in self.failed,
             self.tensors.get(id_),
             self.sampled.get(id_),
@@ -785,15 +790,15 @@ class NativeStepCapture:
         """Stage one part of a staging, ``tensors`` (ids from ``first`` on), and hold what they give
         in :class:`_StagedValues`: statistics alone of :data:`_LISTED_FROM` tensors or more by array
         (:meth:`_stage_listed`), else a few objects a tensor, alive only meanwhile."""
-        if snapshots is None and not fingerprints and statistics and len(tensors) >= _LISTED_FROM:
-            self._stage_listed(first, tensors, facts, stage, stage_landed)
+        if snapshots is None and statistics and len(tensors) >= _LISTED_FROM:
+            self._stage_listed(first, tensors, facts, stage, stage_landed, fingerprints)
             return
         values_of = self._staged
         first_key = first - values_of.first
         due, ids, keys = [], [], []
         for index, tensor in enumerate(tensors):
             id_ = first + index
-            if fingerprints:
+            if fingerprints and snapshots is not None:
                 values_of.fingerprints[id_] = None
             reduced = statistics and has_statistics(tensor.dtype)
             if not reduced:
@@ -813,7 +818,11 @@ class NativeStepCapture:
                 if staged.sampled is not None:
                     values_of.sampled[id_] = staged.sampled
             if sink is not None or fingerprints:  # (not where the copy took the statistics)
-                fingerprint_sink = (values_of.fingerprints, id_) if fingerprints else None
+                fingerprint_sink: FingerprintSink | None = None
+                if fingerprints and snapshots is not None:
+                    fingerprint_sink = (values_of.fingerprints, id_)
+                elif fingerprints:  # (by key, where its sums land)
+                    fingerprint_sink = (values_of.landed, first_key + index)
                 due.append((tensor, sink, fingerprint_sink))
                 ids.append(id_)
         values_of.landed.expect(keys)
@@ -827,10 +836,12 @@ class NativeStepCapture:
         facts: array,
         stage: Callable[[list[tuple]], None],
         stage_landed: StageLanded,
+        fingerprints: bool,
     ) -> None:
-        """:meth:`_stage_part` of the statistics alone of many tensors, by array: the observer's facts
-        say each one's dtype and where its elements are, and ``stage_landed`` reads them without
-        Python a tensor (``StatsStager.add_landed``); where that raises, each again alone (``stage``)."""
+        """:meth:`_stage_part` of the statistics (and ``fingerprints``) of many tensors, by array: the
+        observer's facts say each one's dtype and where its elements are, and ``stage_landed`` reads
+        them without Python a tensor (``StatsStager.add_landed``; a dtype without statistics, its
+        fingerprint alone, through ``stage``); where that raises, each again alone."""
         values_of, count = self._staged, len(tensors)
         table = np.frombuffer(facts, np.int64).reshape(count, STAGED_FACTS_WIDTH)
         keys = np.arange(first - values_of.first, first - values_of.first + count)
@@ -838,15 +849,22 @@ class NativeStepCapture:
         landed.expect(keys)
         reduced = self._reduced(table[:, _DTYPE_FACT])
         taken = np.flatnonzero(reduced)
+        printed: list[tuple] = []  # (a dtype without statistics: its fingerprint alone)
         if len(taken) < count:
-            values_of.unreduced.update((keys[~reduced] + values_of.first).tolist())
+            left = np.flatnonzero(~reduced)
+            values_of.unreduced.update((left + first).tolist())
+            if fingerprints:
+                printed = [(tensors[index], None, (landed, key)) for index, key in zip(left.tolist(), keys[left].tolist())]
+                failed = self._failed_to_stage(stage, printed)
+                values_of.failed.update((first + left[failed]).tolist())
             tensors = [tensors[index] for index in taken.tolist()]
         try:
-            stage_landed(tensors, landed, keys[taken], table[taken, _LAYOUT_FACTS:])
+            stage_landed(tensors, landed, keys[taken], table[taken, _LAYOUT_FACTS:], fingerprints)
             return
         except Exception as error:
             self._tell_stage_fault(error)
-        failed = self._failed_alone(stage, [(tensor, (landed, key)) for tensor, key in zip(tensors, keys[taken].tolist())])
+        landing = [(landed, key) for key in keys[taken].tolist()]
+        failed = self._failed_alone(stage, [(tensor, at, at if fingerprints else None) for tensor, at in zip(tensors, landing)])
         values_of.failed.update((first + taken[failed]).tolist())
 
     def _reduced(self, dtypes: np.ndarray) -> np.ndarray:
@@ -1115,7 +1133,7 @@ class NativeStepCapture:
         ids = keys[early] + values.first
         for entry in sorted(hashed):
             if keys[entry] >= 0:
-                arriving.append((entry, values.fingerprints, int(keys[entry]) + values.first))
+                arriving.append((entry, values.landed, int(keys[entry])))
         codes = []
         for marked, asked in ((values.unreduced, statistics), (values.failed, True)):
             found = early[np.isin(ids, np.fromiter(marked, np.int64, len(marked)))] if marked and asked else early[:0]

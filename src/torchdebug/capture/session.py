@@ -438,10 +438,13 @@ class CaptureSession:
         kernel launches)."""
         self._stager.add_all(items)
 
-    def stage_landed(self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, layout: np.ndarray) -> None:
-        """:meth:`stage_stats` of tensors whose sums land in ``landed`` at ``keys``, ``layout`` saying
-        where each one's elements are (``StatsStager.add_landed``: no Python a tensor the kernel reads)."""
-        self._stager.add_landed(tensors, landed, keys, layout)
+    def stage_landed(
+        self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, layout: np.ndarray, hashed: bool
+    ) -> None:
+        """:meth:`stage_stats` of tensors whose sums (and with ``hashed``, fingerprints) land in
+        ``landed`` at ``keys``, ``layout`` saying where each one's elements are
+        (``StatsStager.add_landed``: no Python a tensor the kernel reads)."""
+        self._stager.add_landed(tensors, landed, keys, layout, hashed)
 
     def _fill_description(self, record: Record, tensor: torch.Tensor) -> bool:
         """Set dtype, shape, device and stride; ``False`` (with the reason in ``record.capture_error``) for

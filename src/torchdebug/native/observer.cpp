@@ -1732,8 +1732,9 @@ int64_t stage_looked = 0;  // kept entries the stagings looked at so far (td_obs
 // subclass's handlers write unseen), the collectives' writes into its storage so far (they move
 // no version); then where its elements are, for a kernel to read them without Python asking the
 // tensor: its data's address, its element count, its ScalarType code, its device (the type's code
-// << 8 | the index + 1) and whether its elements fill one span with none twice (contiguous or
-// permuted); the address 0 for a subclass or a tensor without memory to read.
+// << 8 | the index + 1) and flags: 1 its elements fill one span with none twice (contiguous or
+// permuted), 2 in their own order (contiguous); the address 0 for a subclass or a tensor without
+// memory to read.
 // td_observer_staged_facts copies them out; with recorder.mutex.
 constexpr size_t kFactsWidth = 10;
 std::vector<int64_t> staged_facts;
@@ -3955,7 +3956,7 @@ std::vector<at::Tensor> observer_stage_kept(int64_t most, bool first) {
          readable ? reinterpret_cast<int64_t>(tensor.const_data_ptr()) : 0, tensor.numel(),
          static_cast<int64_t>(tensor.scalar_type()),
          static_cast<int64_t>(device.type()) << 8 | (device.index() + 1),
-         int64_t{readable && impl->is_non_overlapping_and_dense()}});
+         readable ? int64_t{impl->is_non_overlapping_and_dense()} | int64_t{impl->is_contiguous()} << 1 : 0});
     out.push_back(std::move(tensor));
     tensor = at::Tensor();
     return true;

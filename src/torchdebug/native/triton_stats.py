@@ -601,17 +601,21 @@ def launch_listed(
     scratch: torch.Tensor,
     scratch_row: int,
     counters: torch.Tensor,
+    fingerprints: torch.Tensor | None = None,
+    scratch_fingerprints: torch.Tensor | None = None,
     *,
     directory: tuple[torch.Tensor, torch.Tensor],
     aligned: bool,
 ) -> None:
-    """:func:`launch` of the statistics of up to :data:`TENSORS_PER_LAUNCH` tensors known by their
-    data's ``addresses`` and element counts ``numels`` (int64 arrays: no Python a tensor), each
-    non-empty and :func:`is_dense`, of ``template``'s dtype and device (which must hold them until
-    the launch has run); ``aligned``: every address a multiple of 16 bytes. One launch through
-    ``directory``, whatever their number."""
-    rows = (table, scratch, counters, counters, counters)  # (no fingerprint: any pointer)
-    _launch_listed(addresses, numels, template, directory, rows, row, scratch_row, True, False, aligned)
+    """:func:`launch` of the statistics (and with ``fingerprints``, the fingerprints) of up to
+    :data:`TENSORS_PER_LAUNCH` tensors known by their data's ``addresses`` and element counts
+    ``numels`` (int64 arrays: no Python a tensor), each non-empty and :func:`is_dense` (contiguous,
+    with fingerprints), of ``template``'s dtype and device (which must hold them until the launch
+    has run); ``aligned``: every address a multiple of 16 bytes. One launch through ``directory``,
+    whatever their number."""
+    hashed = fingerprints is not None
+    rows = (table, scratch, counters, fingerprints if hashed else counters, scratch_fingerprints if hashed else counters)
+    _launch_listed(addresses, numels, template, directory, rows, row, scratch_row, True, hashed, aligned)
 
 
 def _launch_listed(

@@ -72,9 +72,8 @@ class LandedSums:
         self.expected = np.zeros(0, bool)
         """Keys whose sums are to land (given to a stager)."""
         self.arrived = np.zeros(0, bool)
-        self.fingerprints = np.zeros(0, np.uint64)
-        self.printed = np.zeros(0, bool)
-        """Keys whose fingerprint arrived."""
+        self.fingerprints: dict[int, int] = {}
+        """By key, those arrived (a dict: one set at a time costs a third of a numpy array's)."""
         self._address = 0
         """Where :attr:`sums` starts."""
 
@@ -86,9 +85,7 @@ class LandedSums:
         if end > len(self.expected):
             size = max(end, 2 * len(self.expected), 256)
             self.sums = _grown(self.sums, size)
-            self.numels, self.expected, self.arrived, self.fingerprints, self.printed = (
-                _grown(a, size) for a in (self.numels, self.expected, self.arrived, self.fingerprints, self.printed)
-            )
+            self.numels, self.expected, self.arrived = (_grown(a, size) for a in (self.numels, self.expected, self.arrived))
             self._address = self.sums.ctypes.data
         self.expected[keys] = True
 
@@ -111,16 +108,14 @@ class LandedSums:
     def __setitem__(self, key: int, fingerprint: int) -> None:
         """``key``'s fingerprint (unsigned 64-bit) has arrived."""
         self.fingerprints[key] = fingerprint
-        self.printed[key] = True
 
     def __getitem__(self, key: int) -> int | None:
         """``key``'s fingerprint, ``None`` until it arrives."""
-        return int(self.fingerprints[key]) if self.printed[key] else None
+        return self.fingerprints.get(key)
 
     def land_fingerprints(self, keys: np.ndarray, fingerprints: np.ndarray) -> None:
         """:meth:`__setitem__` of each of ``keys``, their fingerprints ``fingerprints`` (``uint64``)."""
-        self.fingerprints[keys] = fingerprints
-        self.printed[keys] = True
+        self.fingerprints.update(zip(keys.tolist(), fingerprints.tolist()))
 
     def land_in_place(self, keys: list[int], tensors: list[torch.Tensor], numels: np.ndarray | None = None) -> None:
         """The CPU sums of ``tensors``, each written where its key's land (``cpu_sums_many_into``:

@@ -544,12 +544,16 @@ class StatsStager:
         land by one native call (statistics alone). The rest (a tensor the kernel does not read:
         empty, not dense, not contiguous for a fingerprint, another dtype) take :meth:`add_all`."""
         address, numel, dtype, device, flags = layout.T
-        order = np.argsort(device << 16 | dtype, kind="stable")  # (one device's, one dtype's, together)
-        ends = np.flatnonzero(np.diff((device << 16 | dtype)[order])).tolist() + [len(order) - 1]
+        kinds = device << 16 | dtype
+        if (kinds == kinds[0]).all():  # (most often: one device's and dtype's, in one group)
+            groups = [np.arange(len(kinds))]
+        else:
+            order = np.argsort(kinds, kind="stable")
+            groups = np.split(order, np.flatnonzero(np.diff(kinds[order])) + 1)
+        read = (address != 0) & (flags & (CONTIGUOUS if hashed else DENSE) != 0) & (numel > 0)
+        aligned = address % 16 == 0
         rest: list[np.ndarray] = []
-        start = 0
-        for end in ends:
-            members, start = order[start : end + 1], end + 1
+        for members in groups:
             example = tensors[members[0]]
             if _resolves_now(example) and not hashed:
                 filled = numel[members] > 0
@@ -559,14 +563,16 @@ class StatsStager:
                     landed.land_in_place(keys[members].tolist(), [tensors[k] for k in members.tolist()], numel[members])
                 continue
             kernel = None if _resolves_now(example) else _kernel_for(example)
-            read = (address[members] != 0) & (flags[members] & (CONTIGUOUS if hashed else DENSE) != 0) & (numel[members] > 0)
-            if kernel is None or not read.any():
+            taken = read[members]
+            if kernel is None or not taken.any():
                 rest.append(members)
                 continue
-            rest.append(members[~read])
-            members = members[read]
-            aligned = address[members] % 16 == 0
-            for group, group_aligned in ((members[aligned], True), (members[~aligned], False)):
+            if not taken.all():
+                rest.append(members[~taken])
+                members = members[taken]
+            on_16 = aligned[members]
+            parts = ((members, True),) if on_16.all() else ((members[on_16], True), (members[~on_16], False))
+            for group, group_aligned in parts:
                 if len(group):
                     self._launch_landed(kernel, tensors, group, layout, landed, keys, group_aligned, hashed)
         left = np.concatenate(rest).tolist() if rest else []

@@ -463,8 +463,8 @@ def programs_for(numel: int) -> int:
 
 
 def programs_of(numels: np.ndarray) -> np.ndarray:
-    """:func:`programs_for` of each of ``numels`` (int64)."""
-    return np.clip(-(-numels // ELEMENTS_PER_PROGRAM), 1, MAX_PROGRAMS)
+    """:func:`programs_for` of each of ``numels`` (int64; two ufuncs where ``np.clip`` takes 6 µs)."""
+    return np.minimum(np.maximum(-(-numels // ELEMENTS_PER_PROGRAM), 1), MAX_PROGRAMS)
 
 
 @functools.cache

@@ -77,7 +77,7 @@ class LandedSums:
         self._address = 0
         """Where :attr:`sums` starts."""
 
-    def expect(self, keys: list[int] | np.ndarray) -> None:
+    def expect(self, keys: list[int] | range | np.ndarray) -> None:
         """Note that the sums of ``keys`` are to land (the table grows to hold them)."""
         if not len(keys):
             return
@@ -87,7 +87,10 @@ class LandedSums:
             self.sums = _grown(self.sums, size)
             self.numels, self.expected, self.arrived = (_grown(a, size) for a in (self.numels, self.expected, self.arrived))
             self._address = self.sums.ctypes.data
-        self.expected[keys] = True
+        if type(keys) is range:  # (a staging's keys follow each other: a slice, where a list's indexing takes 2 µs)
+            self.expected[keys.start : keys.stop] = True
+        else:
+            self.expected[keys] = True
 
     def holds(self, key: int) -> bool:
         """Whether ``key``'s sums were expected (see :meth:`expect`)."""

@@ -795,7 +795,7 @@ class NativeStepCapture:
             return
         values_of = self._staged
         first_key = first - values_of.first
-        due, ids, keys = [], [], []
+        due, ids = [], []
         for index, tensor in enumerate(tensors):
             id_ = first + index
             if fingerprints and snapshots is not None:
@@ -805,7 +805,6 @@ class NativeStepCapture:
                 values_of.unreduced.add(id_)
             sink: StatsSink | None = None
             if snapshots is None:  # its sums land (no object a tensor)
-                keys.append(first_key + index)
                 if reduced:
                     sink = (values_of.landed, first_key + index)
             else:
@@ -825,7 +824,8 @@ class NativeStepCapture:
                     fingerprint_sink = (values_of.landed, first_key + index)
                 due.append((tensor, sink, fingerprint_sink))
                 ids.append(id_)
-        values_of.landed.expect(keys)
+        if snapshots is None:
+            values_of.landed.expect(range(first_key, first_key + len(tensors)))
         for failed in self._failed_to_stage(stage, due) if due else ():
             values_of.failed.add(ids[failed])
 

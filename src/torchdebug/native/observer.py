@@ -381,6 +381,8 @@ class NativeObserver:
         library.td_observer_held.restype = None
         library.td_observer_stage_looked.argtypes = []
         library.td_observer_stage_looked.restype = ctypes.c_int64
+        library.td_observer_write_looked.argtypes = []
+        library.td_observer_write_looked.restype = ctypes.c_int64
         library.td_observer_want_stacks.argtypes = [ctypes.c_int]
         library.td_observer_want_values.argtypes = [ctypes.c_int]
         library.td_observer_compiling.argtypes = [ctypes.c_int]
@@ -611,6 +613,11 @@ class NativeObserver:
     def stage_looked(self) -> int:
         """The kept entries the stagings (:meth:`stage_kept`) looked at so far in this process (tests)."""
         return int(self._lib.td_observer_stage_looked())
+
+    def write_looked(self) -> int:
+        """The kept entries the checks before an op's writes looked at so far in this process, for one
+        on the memory the op writes (tests)."""
+        return int(self._lib.td_observer_write_looked())
 
     def held(self) -> tuple[int, int]:
         """The weak references the observer holds of tensors and storages, and the keys sweeps let go

@@ -760,8 +760,8 @@ class NativeStepCapture:
         snapshots: Snapshots | None = None,
     ) -> None:
         """Stage the statistics (with ``statistics``) and fingerprints (with ``fingerprints``) of the
-        kept tensors the observer lets go now (``stage``: ``CaptureSession.stage_stats``; statistics
-        alone, landed as sums: ``stage_landed``, ``CaptureSession.stage_landed``), for
+        kept tensors the observer lets go now (``stage``: ``CaptureSession.stage_stats``; many at once,
+        their sums and fingerprints landed by key: ``stage_landed``, ``CaptureSession.stage_landed``), for
         :meth:`slot_columns` to take at the drain: the observer's hook, run before an op writes memory
         a kept tensor is on, and once enough bytes of them are held; with ``snapshots``
         (:meth:`snapshots`), save them too. A fault here costs their statistics (their slots say so),
@@ -849,11 +849,10 @@ class NativeStepCapture:
         landed.expect(keys)
         reduced = self._reduced(table[:, _DTYPE_FACT])
         taken = np.flatnonzero(reduced)
-        printed: list[tuple] = []  # (a dtype without statistics: its fingerprint alone)
         if len(taken) < count:
             left = np.flatnonzero(~reduced)
             values_of.unreduced.update((left + first).tolist())
-            if fingerprints:
+            if fingerprints:  # (a dtype without statistics: its fingerprint alone)
                 printed = [(tensors[index], None, (landed, key)) for index, key in zip(left.tolist(), keys[left].tolist())]
                 failed = self._failed_to_stage(stage, printed)
                 values_of.failed.update((first + left[failed]).tolist())
@@ -1131,7 +1130,7 @@ class NativeStepCapture:
         (``-2 - entry``) of those whose dtype has no statistics and of those whose staging failed."""
         early = np.flatnonzero(keys >= 0)
         ids = keys[early] + values.first
-        for entry in sorted(hashed):
+        for entry in hashed:
             if keys[entry] >= 0:
                 arriving.append((entry, values.landed, int(keys[entry])))
         codes = []

@@ -330,7 +330,7 @@ def test_sums_listed_by_array_land_at_their_keys_in_launches_of_one_dtype_and_al
     tensors = list(cases.values())
     flags = {"strided": 0, "empty": 0, "permuted": stats_table.DENSE}
     codes = {dtype: code for code, dtype in enumerate(sorted({tensor.dtype for tensor in tensors}, key=str))}
-    layout = np.array(
+    memory = np.array(
         [
             [tensor.data_ptr() if tensor.numel() else 0, tensor.numel(), codes[tensor.dtype], 0, flags.get(name, 3)]
             for name, tensor in cases.items()
@@ -346,7 +346,7 @@ def test_sums_listed_by_array_land_at_their_keys_in_launches_of_one_dtype_and_al
     landed = LandedSums()
     landed.expect(keys)
     stager = StatsStager()
-    stager.add_landed(tensors, landed, keys, layout, hashed)
+    stager.add_landed(tensors, landed, keys, memory, hashed)
     stager.flush()
     assert landed.arrived[keys].all() and landed.arrived.sum() == len(tensors)
     assert len(landed.fingerprints) == (len(tensors) if hashed else 0)

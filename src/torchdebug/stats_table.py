@@ -54,7 +54,7 @@ DIRECTORY_ENTRIES = 1 << 16
 _Sink = Callable[[Any], None]
 
 DENSE, CONTIGUOUS = 1, 2
-"""The flags of a tensor's layout (:meth:`StatsStager.add_landed`): its elements fill one span of
+"""How a tensor's elements fill its memory (:meth:`StatsStager.add_landed`): its elements fill one span of
 memory with none twice (contiguous or permuted: its statistics read it in memory order), and in
 its own order (its fingerprint reads it so)."""
 
@@ -535,18 +535,18 @@ class StatsStager:
             landed.land_in_place(keys, tensors)
 
     def add_landed(
-        self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, layout: np.ndarray, hashed: bool = False
+        self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, memory: np.ndarray, hashed: bool = False
     ) -> None:
         """:meth:`add_all` of ``(tensors[k], (landed, keys[k]))`` (with ``hashed``, ``(tensors[k],
         (landed, keys[k]), (landed, keys[k]))``): each tensor's statistics, its sums (and fingerprint)
-        landed at its key, with no Python a tensor where ``layout`` (a row a tensor: its data's
+        landed at its key, with no Python a tensor where ``memory`` (a row a tensor: its data's
         address, element count, ``c10::ScalarType`` code, device code and :data:`DENSE` /
         :data:`CONTIGUOUS` flags, as ``observer.StagedFacts`` ends) says the Triton kernel reads it:
         those of one device, dtype and alignment take launches of up to ``TENSORS_PER_LAUNCH``,
         listed by array, and land as one run of rows; a device's tensors the host reads at no cost
         land by one native call (statistics alone). The rest (a tensor the kernel does not read:
         empty, not dense, not contiguous for a fingerprint, another dtype) take :meth:`add_all`."""
-        address, numel, dtype, device, flags = layout.T
+        address, numel, dtype, device, flags = memory.T
         kinds = device << 16 | dtype
         if (kinds == kinds[0]).all():  # (most often: one device's and dtype's, in one group)
             groups = [np.arange(len(kinds))]
@@ -577,7 +577,7 @@ class StatsStager:
             parts = ((members, True),) if on_16.all() else ((members[on_16], True), (members[~on_16], False))
             for group, group_aligned in parts:
                 if len(group):
-                    self._launch_landed(kernel, tensors, group, layout, landed, keys, group_aligned, hashed)
+                    self._launch_landed(kernel, tensors, group, memory, landed, keys, group_aligned, hashed)
         left = np.concatenate(rest).tolist() if rest else []
         if left:
             landing = [(landed, key) for key in keys[left].tolist()]
@@ -588,7 +588,7 @@ class StatsStager:
         kernel: Any,
         tensors: list[torch.Tensor],
         members: np.ndarray,
-        layout: np.ndarray,
+        memory: np.ndarray,
         landed: LandedSums,
         keys: np.ndarray,
         aligned: bool,
@@ -598,7 +598,7 @@ class StatsStager:
         by the kernel; ``aligned``: all or none; ``hashed``: their fingerprints too): each of up to
         ``TENSORS_PER_LAUNCH`` whose programs fit one table's scratch (as :func:`_launch_groups` cuts
         them), its rows one run."""
-        address, numel = layout[members, 0], layout[members, 1]
+        address, numel = memory[members, 0], memory[members, 1]
         programs = kernel.programs_of(numel)
         device = tensors[members[0]].device
         stream = _current_stream(device)

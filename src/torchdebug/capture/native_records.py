@@ -179,7 +179,7 @@ observer says of where their elements are (``StagedFacts`` from :attr:`~StagedFa
 and whether their fingerprints land there too."""
 
 _DTYPE_FACT = StagedFacts._fields.index("dtype")
-_LAYOUT_FACTS = StagedFacts._fields.index("address")
+_MEMORY_FACTS = StagedFacts._fields.index("address")
 
 _LISTED_FROM = 32
 """Tensors of a staging's part from which their statistics are staged by array
@@ -858,7 +858,7 @@ class NativeStepCapture:
                 values_of.failed.update((first + left[failed]).tolist())
             tensors = [tensors[index] for index in taken.tolist()]
         try:
-            stage_landed(tensors, landed, keys[taken], table[taken, _LAYOUT_FACTS:], fingerprints)
+            stage_landed(tensors, landed, keys[taken], table[taken, _MEMORY_FACTS:], fingerprints)
             return
         except Exception as error:
             self._tell_stage_fault(error)

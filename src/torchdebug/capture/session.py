@@ -439,12 +439,12 @@ class CaptureSession:
         self._stager.add_all(items)
 
     def stage_landed(
-        self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, layout: np.ndarray, hashed: bool
+        self, tensors: list[torch.Tensor], landed: LandedSums, keys: np.ndarray, memory: np.ndarray, hashed: bool
     ) -> None:
         """:meth:`stage_stats` of tensors whose sums (and with ``hashed``, fingerprints) land in
-        ``landed`` at ``keys``, ``layout`` saying where each one's elements are
+        ``landed`` at ``keys``, ``memory`` saying where each one's elements are
         (``StatsStager.add_landed``: no Python a tensor the kernel reads)."""
-        self._stager.add_landed(tensors, landed, keys, layout, hashed)
+        self._stager.add_landed(tensors, landed, keys, memory, hashed)
 
     def _fill_description(self, record: Record, tensor: torch.Tensor) -> bool:
         """Set dtype, shape, device and stride; ``False`` (with the reason in ``record.capture_error``) for

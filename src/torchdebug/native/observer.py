@@ -81,7 +81,7 @@ class StagedFacts(NamedTuple):
     """Its ``c10::ScalarType`` code (:attr:`NativeObserver.dtypes`)."""
     device: int
     """Its device: the ``c10::DeviceType`` code ``<< 8 |`` the index + 1 (0: the CPU)."""
-    layout: int
+    density: int
     """``stats_table.DENSE`` where its elements fill one span of memory with none twice (contiguous
     or permuted), ``| CONTIGUOUS`` where in their own order."""
 
